@@ -1,0 +1,384 @@
+//! GTP-U version 1 (3GPP TS 29.281) for user data, and the GTPv2-C header
+//! (3GPP TS 29.274) for the signaling that creates and updates per-user state.
+
+use crate::field::{be16, be32, set_be16, set_be32};
+use crate::{Error, Result, need};
+
+/// UDP port of GTP-U.
+pub const GTPU_PORT: u16 = 2152;
+/// UDP port of GTP-C.
+pub const GTPC_PORT: u16 = 2123;
+
+pub const GTPU_MIN_HEADER_LEN: usize = 8;
+/// GTP-U message type of a user-data packet (T-PDU).
+pub const GTPU_T_PDU: u8 = 255;
+
+const FLAG_PT: u8 = 0x10;
+const FLAG_E: u8 = 0x04;
+const FLAG_S: u8 = 0x02;
+const FLAG_PN: u8 = 0x01;
+/// The walk over GTP-U extension headers gives up (`Malformed`) after this many.
+pub const MAX_GTPU_EXTENSIONS: usize = 8;
+
+/// A view of a GTP-U header. After `check_len`, the mandatory header, the optional fields,
+/// every extension header and the `length` bytes the header declares are in the buffer.
+#[derive(Debug, Clone)]
+pub struct GtpuPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> GtpuPacket<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        GtpuPacket { buffer }
+    }
+
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    pub fn check_len(&self) -> Result<()> {
+        let b = self.buffer.as_ref();
+        if b.len() < GTPU_MIN_HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if self.version() != 1 || self.flags() & FLAG_PT == 0 {
+            return Err(Error::Malformed);
+        }
+        if b.len() < GTPU_MIN_HEADER_LEN + usize::from(self.length()) {
+            return Err(Error::Truncated);
+        }
+        let header_len = self.walk_header()?;
+        if header_len > GTPU_MIN_HEADER_LEN + usize::from(self.length()) {
+            return Err(Error::Malformed);
+        }
+        Ok(())
+    }
+
+    /// Walks the optional fields and extension headers; returns the whole header length.
+    fn walk_header(&self) -> Result<usize> {
+        let b = self.buffer.as_ref();
+        if self.flags() & (FLAG_E | FLAG_S | FLAG_PN) == 0 {
+            return Ok(GTPU_MIN_HEADER_LEN);
+        }
+        if b.len() < GTPU_MIN_HEADER_LEN + 4 {
+            return Err(Error::Truncated);
+        }
+        let mut at = GTPU_MIN_HEADER_LEN + 4;
+        if self.flags() & FLAG_E == 0 {
+            return Ok(at);
+        }
+        let mut next = b[at - 1];
+        let mut count = 0;
+        while next != 0 {
+            if count == MAX_GTPU_EXTENSIONS {
+                return Err(Error::Malformed);
+            }
+            let units = usize::from(*b.get(at).ok_or(Error::Truncated)?);
+            if units == 0 {
+                return Err(Error::Malformed);
+            }
+            let end = at + units * 4;
+            if b.len() < end {
+                return Err(Error::Truncated);
+            }
+            next = b[end - 1];
+            at = end;
+            count += 1;
+        }
+        Ok(at)
+    }
+
+    pub fn flags(&self) -> u8 {
+        self.buffer.as_ref()[0]
+    }
+    pub fn version(&self) -> u8 {
+        self.flags() >> 5
+    }
+    pub fn message_type(&self) -> u8 {
+        self.buffer.as_ref()[1]
+    }
+    /// Length of everything after the 8-byte mandatory header.
+    pub fn length(&self) -> u16 {
+        be16(self.buffer.as_ref(), 2)
+    }
+    pub fn teid(&self) -> u32 {
+        be32(self.buffer.as_ref(), 4)
+    }
+    pub fn sequence(&self) -> Option<u16> {
+        (self.flags() & FLAG_S != 0).then(|| be16(self.buffer.as_ref(), 8))
+    }
+    /// The header length, optional fields and extension headers included.
+    pub fn header_len(&self) -> usize {
+        self.walk_header().unwrap_or(GTPU_MIN_HEADER_LEN)
+    }
+    /// The payload: for a T-PDU, the user's IP packet.
+    pub fn payload(&self) -> &[u8] {
+        let end = GTPU_MIN_HEADER_LEN + usize::from(self.length());
+        &self.buffer.as_ref()[self.header_len().min(end)..end]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> GtpuPacket<T> {
+    pub fn set_teid(&mut self, teid: u32) {
+        set_be32(self.buffer.as_mut(), 4, teid);
+    }
+}
+
+/// An owned GTP-U header (without extension headers when emitted; skipped when parsed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GtpuRepr {
+    pub message_type: u8,
+    pub teid: u32,
+    pub sequence: Option<u16>,
+    pub payload_len: u16,
+}
+
+impl GtpuRepr {
+    pub fn parse<T: AsRef<[u8]>>(p: &GtpuPacket<T>) -> Result<Self> {
+        p.check_len()?;
+        Ok(GtpuRepr {
+            message_type: p.message_type(),
+            teid: p.teid(),
+            sequence: p.sequence(),
+            payload_len: p.payload().len() as u16,
+        })
+    }
+
+    pub fn header_len(&self) -> usize {
+        if self.sequence.is_some() {
+            GTPU_MIN_HEADER_LEN + 4
+        } else {
+            GTPU_MIN_HEADER_LEN
+        }
+    }
+
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        let header_len = self.header_len();
+        need(buf, header_len)?;
+        let length = (header_len - GTPU_MIN_HEADER_LEN) as u16 + self.payload_len;
+        buf[0] = (1 << 5) | FLAG_PT | if self.sequence.is_some() { FLAG_S } else { 0 };
+        buf[1] = self.message_type;
+        set_be16(buf, 2, length);
+        set_be32(buf, 4, self.teid);
+        if let Some(seq) = self.sequence {
+            set_be16(buf, 8, seq);
+            buf[10] = 0;
+            buf[11] = 0;
+        }
+        Ok(())
+    }
+}
+
+/// GTPv2-C message types the generator and the gateway program use.
+pub mod gtpv2_type {
+    pub const CREATE_SESSION_REQUEST: u8 = 32;
+    pub const MODIFY_BEARER_REQUEST: u8 = 34;
+    pub const DELETE_SESSION_REQUEST: u8 = 36;
+}
+
+/// GTPv2-C information element types the generator and the gateway program use.
+pub mod gtpv2_ie {
+    pub const IMSI: u8 = 1;
+    /// Fully qualified TEID: flags (V4 0x80, V6 0x40, interface type), TEID, IPv4 address.
+    pub const F_TEID: u8 = 87;
+}
+
+pub const GTPV2_HEADER_LEN_NO_TEID: usize = 8;
+pub const GTPV2_HEADER_LEN: usize = 12;
+
+/// An owned GTPv2-C header. `payload_len` covers the information elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gtpv2Repr {
+    pub message_type: u8,
+    pub teid: Option<u32>,
+    /// 24 bits.
+    pub sequence: u32,
+    pub payload_len: u16,
+}
+
+impl Gtpv2Repr {
+    pub fn parse(b: &[u8]) -> Result<Self> {
+        if b.len() < GTPV2_HEADER_LEN_NO_TEID {
+            return Err(Error::Truncated);
+        }
+        if b[0] >> 5 != 2 {
+            return Err(Error::Malformed);
+        }
+        let has_teid = b[0] & 0x08 != 0;
+        let header_len = if has_teid {
+            GTPV2_HEADER_LEN
+        } else {
+            GTPV2_HEADER_LEN_NO_TEID
+        };
+        let length = usize::from(be16(b, 2));
+        if length + 4 < header_len {
+            return Err(Error::Malformed);
+        }
+        if b.len() < length + 4 {
+            return Err(Error::Truncated);
+        }
+        let (teid, seq_at) = if has_teid {
+            (Some(be32(b, 4)), 8)
+        } else {
+            (None, 4)
+        };
+        Ok(Gtpv2Repr {
+            message_type: b[1],
+            teid,
+            sequence: be32(b, seq_at) >> 8,
+            payload_len: (length + 4 - header_len) as u16,
+        })
+    }
+
+    pub fn header_len(&self) -> usize {
+        if self.teid.is_some() {
+            GTPV2_HEADER_LEN
+        } else {
+            GTPV2_HEADER_LEN_NO_TEID
+        }
+    }
+
+    pub fn emit(&self, buf: &mut [u8]) -> Result<()> {
+        let header_len = self.header_len();
+        need(buf, header_len)?;
+        buf[0] = (2 << 5) | if self.teid.is_some() { 0x08 } else { 0 };
+        buf[1] = self.message_type;
+        set_be16(buf, 2, (header_len - 4) as u16 + self.payload_len);
+        let seq_at = match self.teid {
+            Some(teid) => {
+                set_be32(buf, 4, teid);
+                8
+            }
+            None => 4,
+        };
+        set_be32(buf, seq_at, (self.sequence & 0x00ff_ffff) << 8);
+        Ok(())
+    }
+}
+
+/// One GTPv2-C information element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gtpv2Ie<'a> {
+    pub ie_type: u8,
+    pub instance: u8,
+    pub data: &'a [u8],
+}
+
+/// Iterates over the information elements of a GTPv2-C payload; yields `Err(Truncated)` once
+/// (then stops) when an element runs past the end.
+pub fn gtpv2_ies(mut bytes: &[u8]) -> impl Iterator<Item = Result<Gtpv2Ie<'_>>> {
+    std::iter::from_fn(move || {
+        if bytes.is_empty() {
+            return None;
+        }
+        if bytes.len() < 4 || bytes.len() < 4 + usize::from(be16(bytes, 1)) {
+            bytes = &[];
+            return Some(Err(Error::Truncated));
+        }
+        let len = usize::from(be16(bytes, 1));
+        let ie = Gtpv2Ie {
+            ie_type: bytes[0],
+            instance: bytes[3] & 0x0f,
+            data: &bytes[4..4 + len],
+        };
+        bytes = &bytes[4 + len..];
+        Some(Ok(ie))
+    })
+}
+
+/// Appends an information element at the start of `buf`; returns its length.
+pub fn emit_gtpv2_ie(buf: &mut [u8], ie_type: u8, instance: u8, data: &[u8]) -> Result<usize> {
+    let len = 4 + data.len();
+    need(buf, len)?;
+    buf[0] = ie_type;
+    set_be16(
+        buf,
+        1,
+        u16::try_from(data.len()).map_err(|_| Error::Malformed)?,
+    );
+    buf[3] = instance & 0x0f;
+    buf[4..len].copy_from_slice(data);
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn gtpu_round_trip(mt in any::<u8>(), teid in any::<u32>(), seq in proptest::option::of(any::<u16>()), pl in 0u16..1400) {
+            let repr = GtpuRepr { message_type: mt, teid, sequence: seq, payload_len: pl };
+            let mut buf = vec![0u8; repr.header_len() + usize::from(pl)];
+            repr.emit(&mut buf).unwrap();
+            prop_assert_eq!(GtpuRepr::parse(&GtpuPacket::new_checked(&buf[..]).unwrap()).unwrap(), repr);
+            for cut in 0..buf.len() {
+                prop_assert!(GtpuRepr::parse(&GtpuPacket::new_unchecked(&buf[..cut])).is_err());
+            }
+        }
+
+        #[test]
+        fn gtpv2_round_trip(mt in any::<u8>(), teid in proptest::option::of(any::<u32>()), seq in 0u32..(1 << 24), pl in 0u16..200) {
+            let repr = Gtpv2Repr { message_type: mt, teid, sequence: seq, payload_len: pl };
+            let mut buf = vec![0u8; repr.header_len() + usize::from(pl)];
+            repr.emit(&mut buf).unwrap();
+            prop_assert_eq!(Gtpv2Repr::parse(&buf).unwrap(), repr);
+            for cut in 0..buf.len() {
+                prop_assert!(Gtpv2Repr::parse(&buf[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn gtpu_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(p) = GtpuPacket::new_checked(&bytes[..]) {
+                let _ = p.payload();
+            }
+        }
+    }
+
+    #[test]
+    fn gtpu_extension_headers_are_skipped() {
+        // Flags: version 1, PT, E. One PDU session container (1 unit of 4 bytes), then none.
+        let mut buf = vec![
+            0x34, GTPU_T_PDU, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0x85, 1, 0x10, 0x05, 0x00,
+        ];
+        buf.extend_from_slice(&[0x45; 6]);
+        let length = (buf.len() - GTPU_MIN_HEADER_LEN) as u16;
+        buf[2..4].copy_from_slice(&length.to_be_bytes());
+        let p = GtpuPacket::new_checked(&buf[..]).unwrap();
+        assert_eq!(p.header_len(), 16);
+        assert_eq!(p.payload(), &[0x45; 6]);
+        assert_eq!(p.teid(), 9);
+        buf[12] = 0; // an extension of zero length is not allowed
+        assert_eq!(
+            GtpuPacket::new_checked(&buf[..]).err(),
+            Some(Error::Malformed)
+        );
+    }
+
+    #[test]
+    fn gtpv2_ies_walk() {
+        let mut buf = [0u8; 32];
+        let mut at = emit_gtpv2_ie(&mut buf, gtpv2_ie::IMSI, 0, &[0x21, 0x43, 0x65]).unwrap();
+        at += emit_gtpv2_ie(
+            &mut buf[at..],
+            gtpv2_ie::F_TEID,
+            1,
+            &[0x80, 0, 0, 0, 7, 198, 18, 0, 1],
+        )
+        .unwrap();
+        let ies: Vec<_> = gtpv2_ies(&buf[..at]).map(|i| i.unwrap()).collect();
+        assert_eq!(ies.len(), 2);
+        assert_eq!(
+            (ies[1].ie_type, ies[1].instance, ies[1].data.len()),
+            (gtpv2_ie::F_TEID, 1, 9)
+        );
+        assert_eq!(
+            gtpv2_ies(&buf[..at - 1]).last(),
+            Some(Err(Error::Truncated))
+        );
+    }
+}
