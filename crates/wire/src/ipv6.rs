@@ -210,7 +210,7 @@ pub fn walk_extensions(mut next_header: u8, payload: &[u8]) -> Result<ExtWalk> {
 /// `data`, which must make the header a multiple of 8 bytes: `data.len() % 8 == 6`.
 pub fn emit_generic_extension(buf: &mut [u8], next_header: u8, data: &[u8]) -> Result<usize> {
     let len = data.len() + 2;
-    if len % 8 != 0 || len > 2048 {
+    if !len.is_multiple_of(8) || len > 2048 {
         return Err(Error::Malformed);
     }
     need(buf, len)?;
