@@ -1,0 +1,292 @@
+//! The format-independent face of capture files: records, errors, and a reader and writer
+//! that pick pcap or pcapng (from the file's magic number, or the output's extension).
+
+use crate::{pcap, pcapng};
+use stateplane_runtime::{RxPacket, RxPort, TxPort};
+use std::fmt;
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read};
+use std::path::{Path, PathBuf};
+
+/// One packet read from a capture, borrowed until the next read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    pub ts_ns: u64,
+    pub data: &'a [u8],
+    pub orig_len: u32,
+}
+
+/// Link type 1, the only one Stateplane reads.
+pub const LINKTYPE_ETHERNET: u32 = 1;
+
+/// The largest captured length a record may claim; more is a corrupt file, not a packet.
+pub const MAX_RECORD_LEN: u32 = 256 * 1024;
+
+/// Why a capture could not be read or written.
+#[derive(Debug)]
+pub enum CaptureError {
+    Io(io::Error),
+    /// The file starts with neither a pcap nor a pcapng magic number.
+    NotACapture {
+        magic: u32,
+    },
+    /// The capture's link type is not Ethernet.
+    UnsupportedLinkType {
+        linktype: u32,
+    },
+    /// The file ends in the middle of a record or block (a capture cut short).
+    Truncated {
+        at_byte: u64,
+    },
+    /// A record or block header holds an impossible value.
+    Corrupt {
+        at_byte: u64,
+        what: &'static str,
+    },
+}
+
+/// The conventional name of a link type, for messages.
+pub fn linktype_name(linktype: u32) -> &'static str {
+    match linktype {
+        0 => "NULL (BSD loopback)",
+        1 => "ETHERNET",
+        101 => "RAW (IP without a link header)",
+        105 => "IEEE802_11 (Wi-Fi)",
+        113 => "LINUX_SLL (Linux cooked capture, e.g. tcpdump -i any)",
+        127 => "IEEE802_11_RADIOTAP",
+        228 => "IPV4",
+        229 => "IPV6",
+        276 => "LINUX_SLL2 (Linux cooked capture v2, e.g. tcpdump -i any)",
+        _ => "unknown",
+    }
+}
+
+impl fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CaptureError::Io(e) => write!(f, "{e}"),
+            CaptureError::NotACapture { magic } => write!(
+                f,
+                "not a pcap or pcapng file (it starts with {magic:#010x}); give a capture written by tcpdump, tshark or `stateplane gen`"
+            ),
+            CaptureError::UnsupportedLinkType { linktype } => write!(
+                f,
+                "link type {linktype} ({}) is not supported: Stateplane reads Ethernet captures (link type 1) only; capture on an Ethernet interface rather than 'any'",
+                linktype_name(*linktype)
+            ),
+            CaptureError::Truncated { at_byte } => {
+                write!(
+                    f,
+                    "the capture ends in the middle of a record at byte {at_byte} (was it cut short while being written?)"
+                )
+            }
+            CaptureError::Corrupt { at_byte, what } => {
+                write!(f, "corrupt capture at byte {at_byte}: {what}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CaptureError {}
+
+impl From<io::Error> for CaptureError {
+    fn from(e: io::Error) -> Self {
+        CaptureError::Io(e)
+    }
+}
+
+impl From<CaptureError> for io::Error {
+    fn from(e: CaptureError) -> Self {
+        match e {
+            CaptureError::Io(e) => e,
+            other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes, or reports how many it got before the end.
+pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// A capture-file reader of either format.
+pub enum CaptureReader<R: Read> {
+    Pcap(pcap::PcapReader<R>),
+    Pcapng(pcapng::PcapngReader<R>),
+}
+
+impl<R: Read> CaptureReader<R> {
+    /// Detects the format from the first four bytes.
+    pub fn new(mut r: R) -> Result<Self, CaptureError> {
+        let mut magic = [0u8; 4];
+        let got = read_full(&mut r, &mut magic)?;
+        if got < 4 {
+            return Err(CaptureError::Truncated {
+                at_byte: got as u64,
+            });
+        }
+        if pcapng::is_magic(magic) {
+            Ok(CaptureReader::Pcapng(pcapng::PcapngReader::after_magic(
+                r, magic,
+            )?))
+        } else {
+            Ok(CaptureReader::Pcap(pcap::PcapReader::after_magic(
+                r, magic,
+            )?))
+        }
+    }
+
+    pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
+        match self {
+            CaptureReader::Pcap(p) => p.next_record(),
+            CaptureReader::Pcapng(p) => p.next_record(),
+        }
+    }
+}
+
+/// A capture file opened as an input port.
+pub struct FileRx {
+    name: String,
+    reader: CaptureReader<BufReader<File>>,
+}
+
+impl FileRx {
+    pub fn open(path: &Path) -> Result<Self, CaptureError> {
+        let file = File::open(path)?;
+        let reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file))?;
+        Ok(FileRx {
+            name: path.display().to_string(),
+            reader,
+        })
+    }
+}
+
+impl RxPort for FileRx {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
+        Ok(self.reader.next_record()?.map(|r| RxPacket {
+            data: r.data,
+            orig_len: r.orig_len,
+            ts_ns: r.ts_ns,
+        }))
+    }
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureFormat {
+    /// Classic pcap, microsecond timestamps (what most tools default to).
+    PcapMicro,
+    /// Classic pcap, nanosecond timestamps (magic 0xa1b23c4d).
+    PcapNano,
+    /// pcapng with nanosecond timestamps (`if_tsresol` 9).
+    Pcapng,
+}
+
+impl CaptureFormat {
+    /// `.pcapng` gives pcapng; anything else pcap with nanosecond timestamps.
+    pub fn from_path(path: &Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("pcapng") => CaptureFormat::Pcapng,
+            _ => CaptureFormat::PcapNano,
+        }
+    }
+}
+
+/// A capture-file writer of either format.
+pub enum CaptureWriter<W: io::Write> {
+    Pcap(pcap::PcapWriter<W>),
+    Pcapng(pcapng::PcapngWriter<W>),
+}
+
+impl<W: io::Write> CaptureWriter<W> {
+    pub fn new(w: W, format: CaptureFormat) -> io::Result<Self> {
+        Ok(match format {
+            CaptureFormat::PcapMicro => CaptureWriter::Pcap(pcap::PcapWriter::new(w, false)?),
+            CaptureFormat::PcapNano => CaptureWriter::Pcap(pcap::PcapWriter::new(w, true)?),
+            CaptureFormat::Pcapng => CaptureWriter::Pcapng(pcapng::PcapngWriter::new(w)?),
+        })
+    }
+
+    pub fn write(&mut self, ts_ns: u64, data: &[u8], orig_len: u32) -> io::Result<()> {
+        match self {
+            CaptureWriter::Pcap(p) => p.write(ts_ns, data, orig_len),
+            CaptureWriter::Pcapng(p) => p.write(ts_ns, data, orig_len),
+        }
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        match self {
+            CaptureWriter::Pcap(p) => p.flush(),
+            CaptureWriter::Pcapng(p) => p.flush(),
+        }
+    }
+}
+
+impl CaptureWriter<BufWriter<File>> {
+    /// Creates `path`, its format chosen by [`CaptureFormat::from_path`].
+    pub fn create(path: &Path) -> io::Result<Self> {
+        let file = File::create(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
+        Self::new(
+            BufWriter::with_capacity(1 << 20, file),
+            CaptureFormat::from_path(path),
+        )
+    }
+}
+
+/// A capture file opened as an output port.
+pub struct FileTx {
+    name: String,
+    path: PathBuf,
+    writer: CaptureWriter<BufWriter<File>>,
+}
+
+impl FileTx {
+    pub fn create(path: &Path) -> io::Result<Self> {
+        Ok(FileTx {
+            name: path.display().to_string(),
+            path: path.to_owned(),
+            writer: CaptureWriter::create(path)?,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl TxPort for FileTx {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn send(&mut self, data: &[u8], orig_len: u32, ts_ns: u64) -> io::Result<()> {
+        self.writer.write(ts_ns, data, orig_len)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.writer.flush()
+    }
+}
+
+/// Reads a whole capture into memory: (timestamp, bytes, original length) per packet.
+/// For tests and small traces; large ones stream through [`CaptureReader`].
+pub fn read_all(path: &Path) -> Result<Vec<(u64, Vec<u8>, u32)>, CaptureError> {
+    let mut r = CaptureReader::new(BufReader::new(File::open(path)?))?;
+    let mut out = Vec::new();
+    while let Some(rec) = r.next_record()? {
+        out.push((rec.ts_ns, rec.data.to_vec(), rec.orig_len));
+    }
+    Ok(out)
+}

@@ -1,0 +1,17 @@
+//! Packet I/O.
+//!
+//! Owns: reading and writing capture files (pcap with micro- or nanosecond timestamps,
+//! pcapng), streamed so files larger than memory work; in-memory replay queues that load a
+//! trace once and replay it N times for benchmarks; sinks; and huge-page-backed buffers.
+//!
+//! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
+//! or accept a capture whose link type is not Ethernet (it says which it found instead).
+
+pub mod capture;
+pub mod hugemem;
+pub mod pcap;
+pub mod pcapng;
+pub mod replay;
+
+pub use capture::{CaptureError, CaptureFormat, CaptureReader, CaptureWriter, Record};
+pub use replay::{ReplayQueue, ReplayTrace};

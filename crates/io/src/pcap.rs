@@ -1,0 +1,263 @@
+//! Classic pcap files: a 24-byte file header, then a 16-byte header per record.
+//! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
+
+use crate::capture::{CaptureError, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
+use std::io::{self, Read, Write};
+
+const MAGIC_MICRO: u32 = 0xa1b2_c3d4;
+const MAGIC_NANO: u32 = 0xa1b2_3c4d;
+const FILE_HEADER_LEN: usize = 24;
+const RECORD_HEADER_LEN: usize = 16;
+
+pub struct PcapReader<R: Read> {
+    r: R,
+    swapped: bool,
+    nanos: bool,
+    buf: Vec<u8>,
+    at_byte: u64,
+}
+
+impl<R: Read> PcapReader<R> {
+    pub fn new(mut r: R) -> Result<Self, CaptureError> {
+        let mut magic = [0u8; 4];
+        if read_full(&mut r, &mut magic)? < 4 {
+            return Err(CaptureError::Truncated { at_byte: 0 });
+        }
+        Self::after_magic(r, magic)
+    }
+
+    /// Continues after the caller has read the 4-byte magic number.
+    pub fn after_magic(mut r: R, magic: [u8; 4]) -> Result<Self, CaptureError> {
+        let (swapped, nanos) = match (u32::from_le_bytes(magic), u32::from_be_bytes(magic)) {
+            (MAGIC_MICRO, _) => (false, false),
+            (MAGIC_NANO, _) => (false, true),
+            (_, MAGIC_MICRO) => (true, false),
+            (_, MAGIC_NANO) => (true, true),
+            (m, _) => {
+                return Err(CaptureError::NotACapture {
+                    magic: m.swap_bytes(),
+                });
+            }
+        };
+        let mut rest = [0u8; FILE_HEADER_LEN - 4];
+        let got = read_full(&mut r, &mut rest)?;
+        if got < rest.len() {
+            return Err(CaptureError::Truncated {
+                at_byte: 4 + got as u64,
+            });
+        }
+        let reader = PcapReader {
+            r,
+            swapped,
+            nanos,
+            buf: Vec::new(),
+            at_byte: FILE_HEADER_LEN as u64,
+        };
+        // The link type's upper 16 bits may carry FCS information (pcap-linktype(7)).
+        let linktype = reader.u32_at(&rest, 16) & 0xffff;
+        if linktype != LINKTYPE_ETHERNET {
+            return Err(CaptureError::UnsupportedLinkType { linktype });
+        }
+        Ok(reader)
+    }
+
+    fn u32_at(&self, b: &[u8], at: usize) -> u32 {
+        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
+        if self.swapped {
+            u32::from_be_bytes(v)
+        } else {
+            u32::from_le_bytes(v)
+        }
+    }
+
+    /// Whether timestamps are in nanoseconds.
+    pub fn is_nanosecond(&self) -> bool {
+        self.nanos
+    }
+
+    pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
+        let mut header = [0u8; RECORD_HEADER_LEN];
+        let got = read_full(&mut self.r, &mut header)?;
+        if got == 0 {
+            return Ok(None);
+        }
+        if got < RECORD_HEADER_LEN {
+            return Err(CaptureError::Truncated {
+                at_byte: self.at_byte,
+            });
+        }
+        let secs = u64::from(self.u32_at(&header, 0));
+        let frac = u64::from(self.u32_at(&header, 4));
+        let caplen = self.u32_at(&header, 8);
+        let orig_len = self.u32_at(&header, 12);
+        if caplen > MAX_RECORD_LEN {
+            return Err(CaptureError::Corrupt {
+                at_byte: self.at_byte,
+                what: "a record claims more than 256 KiB of data",
+            });
+        }
+        let limit = if self.nanos { 1_000_000_000 } else { 1_000_000 };
+        if frac >= limit {
+            return Err(CaptureError::Corrupt {
+                at_byte: self.at_byte,
+                what: "a timestamp's fraction is a second or more",
+            });
+        }
+        self.buf.resize(caplen as usize, 0);
+        let got = read_full(&mut self.r, &mut self.buf)?;
+        if got < caplen as usize {
+            return Err(CaptureError::Truncated {
+                at_byte: self.at_byte,
+            });
+        }
+        self.at_byte += (RECORD_HEADER_LEN + caplen as usize) as u64;
+        let ts_ns = secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 };
+        Ok(Some(Record {
+            ts_ns,
+            data: &self.buf,
+            orig_len: orig_len.max(caplen),
+        }))
+    }
+}
+
+pub struct PcapWriter<W: Write> {
+    w: W,
+    nanos: bool,
+}
+
+/// The snap length written in headers: what the file may hold per record.
+pub const SNAPLEN: u32 = 262_144;
+
+impl<W: Write> PcapWriter<W> {
+    pub fn new(mut w: W, nanos: bool) -> io::Result<Self> {
+        let mut h = [0u8; FILE_HEADER_LEN];
+        h[0..4].copy_from_slice(&(if nanos { MAGIC_NANO } else { MAGIC_MICRO }).to_le_bytes());
+        h[4..6].copy_from_slice(&2u16.to_le_bytes());
+        h[6..8].copy_from_slice(&4u16.to_le_bytes());
+        h[16..20].copy_from_slice(&SNAPLEN.to_le_bytes());
+        h[20..24].copy_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        w.write_all(&h)?;
+        Ok(PcapWriter { w, nanos })
+    }
+
+    pub fn write(&mut self, ts_ns: u64, data: &[u8], orig_len: u32) -> io::Result<()> {
+        let secs = ts_ns / 1_000_000_000;
+        let sub = ts_ns % 1_000_000_000;
+        let frac = if self.nanos { sub } else { sub / 1000 };
+        let secs = u32::try_from(secs)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "timestamp beyond 2106"))?;
+        let mut h = [0u8; RECORD_HEADER_LEN];
+        h[0..4].copy_from_slice(&secs.to_le_bytes());
+        h[4..8].copy_from_slice(&(frac as u32).to_le_bytes());
+        h[8..12].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&orig_len.max(data.len() as u32).to_le_bytes());
+        self.w.write_all(&h)?;
+        self.w.write_all(data)
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+
+    pub fn into_inner(self) -> W {
+        self.w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn packets() -> Vec<(u64, Vec<u8>)> {
+        vec![
+            (1_700_000_000_123_456_789, vec![1; 60]),
+            (1_700_000_001_000_000_001, vec![2; 1514]),
+            (1_700_000_002_999_999_999, vec![3; 14]),
+        ]
+    }
+
+    #[test]
+    fn round_trip_both_resolutions() {
+        for nanos in [false, true] {
+            let mut w = PcapWriter::new(Vec::new(), nanos).unwrap();
+            for (ts, d) in packets() {
+                w.write(ts, &d, d.len() as u32).unwrap();
+            }
+            let bytes = w.into_inner();
+            let mut r = PcapReader::new(&bytes[..]).unwrap();
+            assert_eq!(r.is_nanosecond(), nanos);
+            for (ts, d) in packets() {
+                let rec = r.next_record().unwrap().unwrap();
+                let want = if nanos { ts } else { ts / 1000 * 1000 };
+                assert_eq!((rec.ts_ns, rec.data), (want, &d[..]));
+            }
+            assert!(r.next_record().unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn big_endian_files_are_read() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&MAGIC_MICRO.to_be_bytes());
+        bytes.extend_from_slice(&[
+            0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 1,
+        ]);
+        bytes.extend_from_slice(&[0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 9, 0xaa, 0xbb]);
+        let mut r = PcapReader::new(&bytes[..]).unwrap();
+        let rec = r.next_record().unwrap().unwrap();
+        assert_eq!(
+            (rec.ts_ns, rec.data, rec.orig_len),
+            (5_000_007_000, &[0xaa, 0xbb][..], 9)
+        );
+    }
+
+    #[test]
+    fn other_link_types_are_refused_by_name() {
+        let mut w = PcapWriter::new(Vec::new(), false).unwrap().into_inner();
+        w[20..24].copy_from_slice(&113u32.to_le_bytes());
+        let err = PcapReader::new(&w[..]).err().unwrap();
+        assert!(err.to_string().contains("LINUX_SLL"), "{err}");
+    }
+
+    #[test]
+    fn cut_files_say_truncated_never_panic() {
+        let mut w = PcapWriter::new(Vec::new(), true).unwrap();
+        for (ts, d) in packets() {
+            w.write(ts, &d, d.len() as u32).unwrap();
+        }
+        let bytes = w.into_inner();
+        for cut in 0..bytes.len() {
+            let result = PcapReader::new(&bytes[..cut]).and_then(|mut r| {
+                let mut n = 0;
+                while r.next_record()?.is_some() {
+                    n += 1;
+                }
+                Ok(n)
+            });
+            match result {
+                Ok(n) => assert!(
+                    n < 3 && [24, 24 + 76, 24 + 76 + 1530].contains(&cut),
+                    "cut {cut} read {n}"
+                ),
+                Err(e) => assert!(
+                    matches!(e, CaptureError::Truncated { .. }),
+                    "cut {cut}: {e}"
+                ),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut framed = MAGIC_NANO.to_le_bytes().to_vec();
+            framed.extend_from_slice(&bytes);
+            if let Ok(mut r) = PcapReader::new(&framed[..]) {
+                for _ in 0..20 {
+                    if !matches!(r.next_record(), Ok(Some(_))) { break; }
+                }
+            }
+        }
+    }
+}

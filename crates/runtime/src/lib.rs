@@ -1,0 +1,28 @@
+//! The data-plane runtime.
+//!
+//! Owns: the [`Burst`] that packets travel in, the [`Program`] interface that network
+//! functions implement, the [`Worker`] that runs a program to completion on a burst, the
+//! port traits ([`RxPort`], [`TxPort`]), the counters every component reports, and the
+//! [`pipeline`] that wires ports, workers and outputs together on threads.
+//!
+//! Must never: allocate, lock or make a system call per packet on the fast path (bursts
+//! and their arenas are preallocated and recycled; counters are published once per burst);
+//! know any file format or wire protocol beyond what `stateplane-wire` parses.
+//!
+//! Later capabilities plug in here without changing program code: state primitives hang
+//! off a program's own struct (declared at construction, one instance per worker shard),
+//! flow records and sync run as stages that see each burst after the program, and the
+//! control plane reaches workers between bursts through the [`Context`].
+
+pub mod burst;
+pub mod pipeline;
+pub mod port;
+pub mod program;
+pub mod stats;
+pub mod worker;
+
+pub use burst::{Burst, PacketDesc, PacketMut};
+pub use port::{RxPacket, RxPort, TxPort};
+pub use program::{Context, DropReason, PortId, Program, ProgramFactory, Verdict};
+pub use stats::{Counter, SharedStats, Stats};
+pub use worker::Worker;

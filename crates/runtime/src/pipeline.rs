@@ -1,0 +1,530 @@
+//! Wiring: ports, a dispatcher, workers and the output stage on threads.
+//!
+//! Two shapes:
+//!
+//! * [`run_offline`] — packets come from stream ports (capture files). A dispatcher thread
+//!   reads them in timestamp order across ports, parses each once, and hands it to the
+//!   worker that owns its flow (by the flow hash). It works in *rounds*: every round sends
+//!   one burst, possibly empty, to every worker, and the output stage takes round `r` from
+//!   every worker and merges the bursts by input sequence number. So output order equals
+//!   input order whatever the number of workers, and every queue stays bounded.
+//! * [`run_sharded`] — each worker has its own [`BurstSource`] (a replay queue sharded by
+//!   flow hash at load time, like a NIC's RSS queue, or later a live socket in a fanout
+//!   group) and its own output; there is no dispatcher and nothing shared per packet.
+//!
+//! Shutdown is by draining: when input ends or the stop flag is raised, the dispatcher
+//! finishes its round and closes its queues; workers finish what is queued, then the output
+//! stage does, and every count is final.
+
+use crate::burst::{Burst, MAX_FRAME, PacketDesc};
+use crate::port::{RxPort, TxPort};
+use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
+use crate::stats::{Counter, SharedStats, Stats};
+use crate::worker::{Worker, count_malformed};
+use crossbeam_channel::{Receiver, Sender, bounded};
+use stateplane_wire::flow::shard_of;
+use stateplane_wire::{FlowHasher, Parsed, parse};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How the runtime is shaped.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    pub workers: usize,
+    /// Packets per burst.
+    pub burst_size: usize,
+    /// Bursts that may wait in each worker's queue.
+    pub queue_depth: usize,
+    pub hasher: FlowHasher,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            workers: 1,
+            burst_size: 64,
+            queue_depth: 8,
+            hasher: FlowHasher::random(),
+        }
+    }
+}
+
+/// What a run shares with whoever watches it (a progress display, a metrics endpoint).
+pub struct RunHandle {
+    /// Index 0 is the dispatcher (malformed and oversize packets), then one per worker.
+    pub stats: Vec<Arc<SharedStats>>,
+    /// Raise to stop the run; it drains and reports.
+    pub stop: Arc<AtomicBool>,
+    /// Bytes consumed from the input files, for progress.
+    pub input_bytes: Arc<AtomicU64>,
+}
+
+impl RunHandle {
+    pub fn new(workers: usize) -> Self {
+        RunHandle {
+            stats: (0..=workers)
+                .map(|_| Arc::new(SharedStats::default()))
+                .collect(),
+            stop: Arc::new(AtomicBool::new(false)),
+            input_bytes: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Totals over the dispatcher and every worker, as of now.
+    pub fn totals(&self) -> Stats {
+        let mut total = Stats::default();
+        for s in &self.stats {
+            total.merge(&s.snapshot());
+        }
+        total
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub total: Stats,
+    pub per_worker: Vec<Stats>,
+    /// Packets and bytes sent out of each port.
+    pub tx_per_port: Vec<(u64, u64)>,
+    /// Packets longer than `MAX_FRAME`, refused at the port.
+    pub oversize: u64,
+    pub drop_reason_names: &'static [&'static str],
+    pub wall: Duration,
+    /// Time each worker spent from its first to its last burst.
+    pub worker_busy: Vec<Duration>,
+    /// Problems that ended the run early or lost output (read or write errors).
+    pub errors: Vec<String>,
+}
+
+/// The ports of an offline run.
+pub struct OfflinePorts {
+    /// Input streams and the port each one arrives on.
+    pub rx: Vec<(PortId, Box<dyn RxPort>)>,
+    /// Output per port id; `None` discards (after counting).
+    pub tx: Vec<Option<Box<dyn TxPort>>>,
+    /// Where packets for the control plane go; `None` counts them only.
+    pub control: Option<Box<dyn TxPort>>,
+}
+
+/// A staged packet from one input port: the head of that port's stream.
+struct Head {
+    port: PortId,
+    data: Vec<u8>,
+    orig_len: u32,
+    ts_ns: u64,
+}
+
+fn next_head(
+    rx: &mut dyn RxPort,
+    port: PortId,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<Head>> {
+    Ok(rx.next_packet()?.map(|p| {
+        buf.clear();
+        buf.extend_from_slice(p.data);
+        Head {
+            port,
+            data: std::mem::take(buf),
+            orig_len: p.orig_len,
+            ts_ns: p.ts_ns,
+        }
+    }))
+}
+
+/// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
+pub fn run_offline(
+    config: &RuntimeConfig,
+    mut ports: OfflinePorts,
+    factory: &ProgramFactory,
+    handle: &RunHandle,
+) -> RunReport {
+    let workers = config.workers.max(1);
+    let start = Instant::now();
+    let port_count = ports.tx.len();
+    let pool = config.queue_depth * 2 + 2;
+    let mut to_worker = Vec::new();
+    let mut worker_rx = Vec::new();
+    let mut to_output = Vec::new();
+    let mut output_rx = Vec::new();
+    let mut free_tx = Vec::new();
+    let mut free_rx = Vec::new();
+    for _ in 0..workers {
+        let (t, r) = bounded::<Burst>(config.queue_depth);
+        to_worker.push(t);
+        worker_rx.push(r);
+        let (t, r) = bounded::<Burst>(config.queue_depth);
+        to_output.push(t);
+        output_rx.push(r);
+        let (t, r) = bounded::<Burst>(pool);
+        for _ in 0..pool {
+            let _ = t.send(Burst::with_capacity(config.burst_size));
+        }
+        free_tx.push(t);
+        free_rx.push(r);
+    }
+    let drop_reason_names = factory(0).drop_reasons();
+
+    std::thread::scope(|scope| {
+        let dispatcher =
+            scope.spawn(|| dispatch(config, &mut ports.rx, to_worker, free_rx, handle));
+        let worker_threads: Vec<_> = worker_rx
+            .into_iter()
+            .zip(to_output)
+            .enumerate()
+            .map(|(w, (input, output))| {
+                let program = factory(w);
+                let shared = handle.stats[w + 1].clone();
+                let hasher = config.hasher;
+                scope.spawn(move || {
+                    let mut worker = Worker::new(program, w, workers, port_count, hasher);
+                    let mut busy = Duration::ZERO;
+                    for mut burst in input.iter() {
+                        let t = Instant::now();
+                        worker.handle(&mut burst);
+                        busy += t.elapsed();
+                        shared.publish(&worker.stats);
+                        if output.send(burst).is_err() {
+                            break;
+                        }
+                    }
+                    (worker.stats, busy)
+                })
+            })
+            .collect();
+        let (tx_per_port, mut errors) = output_stage(
+            &output_rx,
+            &free_tx,
+            &mut ports.tx,
+            &mut ports.control,
+            handle,
+        );
+        let (dispatcher_stats, oversize, dispatch_errors) = match dispatcher.join() {
+            Ok(r) => r,
+            Err(_) => (
+                Stats::default(),
+                0,
+                vec!["the dispatcher thread panicked".to_owned()],
+            ),
+        };
+        errors.extend(dispatch_errors);
+        let mut per_worker = Vec::new();
+        let mut worker_busy = Vec::new();
+        for t in worker_threads {
+            match t.join() {
+                Ok((s, busy)) => {
+                    per_worker.push(s);
+                    worker_busy.push(busy);
+                }
+                Err(_) => errors.push("a worker thread panicked".to_owned()),
+            }
+        }
+        let mut total = dispatcher_stats;
+        for s in &per_worker {
+            total.merge(s);
+        }
+        RunReport {
+            total,
+            per_worker,
+            tx_per_port,
+            oversize,
+            drop_reason_names,
+            wall: start.elapsed(),
+            worker_busy,
+            errors,
+        }
+    })
+}
+
+/// The dispatcher: merges the input ports by timestamp, parses, shards, and sends rounds.
+fn dispatch(
+    config: &RuntimeConfig,
+    rx: &mut [(PortId, Box<dyn RxPort>)],
+    to_worker: Vec<Sender<Burst>>,
+    free: Vec<Receiver<Burst>>,
+    handle: &RunHandle,
+) -> (Stats, u64, Vec<String>) {
+    let workers = to_worker.len();
+    let mut stats = Stats::default();
+    let mut oversize = 0u64;
+    let mut errors = Vec::new();
+    let mut spare = Vec::new();
+    let mut heads: Vec<Option<Head>> = Vec::with_capacity(rx.len());
+    for (port, src) in rx.iter_mut() {
+        match next_head(src.as_mut(), *port, &mut spare) {
+            Ok(h) => heads.push(h),
+            Err(e) => {
+                errors.push(format!("reading {}: {e}", src.name()));
+                heads.push(None);
+            }
+        }
+    }
+    let mut seq = 0u64;
+    let mut now_ns = 0u64;
+    let mut round = 0u64;
+    let mut bytes_in = 0u64;
+    'rounds: loop {
+        let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
+        for f in &free {
+            match f.recv() {
+                Ok(b) => bursts.push(b),
+                Err(_) => break 'rounds,
+            }
+        }
+        let mut taken = 0;
+        let stopping = handle.stop.load(Ordering::Relaxed);
+        while taken < config.burst_size && !stopping {
+            // The port whose next packet is the earliest.
+            let Some(i) = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| h.as_ref().map(|h| (h.ts_ns, i)))
+                .min()
+                .map(|(_, i)| i)
+            else {
+                break;
+            };
+            let Some(head) = heads[i].as_ref() else { break };
+            now_ns = now_ns.max(head.ts_ns);
+            if head.data.len() > MAX_FRAME {
+                oversize += 1;
+                stats.add(Counter::Dropped, 1);
+            } else {
+                match parse(&head.data, head.port, &config.hasher) {
+                    Ok(parsed) => {
+                        let w = shard_of(parsed.hash, workers);
+                        if !bursts[w].has_room(head.data.len()) {
+                            break; // this worker's burst is full: the packet opens the next round
+                        }
+                        bursts[w].push_desc(&head.data, desc(head, parsed, seq));
+                    }
+                    Err(m) => count_malformed(&mut stats, m, head.data.len() as u32),
+                }
+            }
+            seq += 1;
+            taken += 1;
+            bytes_in += head.data.len() as u64 + 16;
+            // Advance this port's stream, reusing the staged buffer.
+            let (port, src) = &mut rx[i];
+            let mut buf = heads[i].take().map(|h| h.data).unwrap_or_default();
+            heads[i] = match next_head(src.as_mut(), *port, &mut buf) {
+                Ok(h) => h,
+                Err(e) => {
+                    errors.push(format!("reading {}: {e}", src.name()));
+                    None
+                }
+            };
+        }
+        handle.input_bytes.store(bytes_in, Ordering::Relaxed);
+        handle.stats[0].publish(&stats);
+        let done = stopping || heads.iter().all(Option::is_none);
+        for (w, mut b) in bursts.into_iter().enumerate() {
+            b.round = round;
+            b.now_ns = now_ns;
+            b.parsed = true;
+            if to_worker[w].send(b).is_err() {
+                break 'rounds;
+            }
+        }
+        round += 1;
+        if done {
+            break;
+        }
+    }
+    (stats, oversize, errors)
+}
+
+fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
+    PacketDesc {
+        offset: 0,
+        len: head.data.len() as u32,
+        orig_len: head.orig_len,
+        ts_ns: head.ts_ns,
+        seq,
+        in_port: head.port,
+        parsed,
+        malformed: None,
+        verdict: Verdict::Drop(DropReason::NO_VERDICT),
+    }
+}
+
+/// The output stage: takes round `r` from every worker, merges by sequence number, sends.
+#[allow(clippy::type_complexity)]
+fn output_stage(
+    from_workers: &[Receiver<Burst>],
+    free: &[Sender<Burst>],
+    tx: &mut [Option<Box<dyn TxPort>>],
+    control: &mut Option<Box<dyn TxPort>>,
+    handle: &RunHandle,
+) -> (Vec<(u64, u64)>, Vec<String>) {
+    let mut counts = vec![(0u64, 0u64); tx.len()];
+    let mut errors: Vec<String> = Vec::new();
+    let mut failed = vec![false; tx.len()];
+    let mut control_failed = false;
+    let mut bursts: Vec<Burst> = Vec::with_capacity(from_workers.len());
+    let mut cursor = vec![0usize; from_workers.len()];
+    'rounds: loop {
+        bursts.clear();
+        for r in from_workers {
+            match r.recv() {
+                Ok(b) => bursts.push(b),
+                Err(_) => break 'rounds,
+            }
+        }
+        cursor.iter_mut().for_each(|c| *c = 0);
+        loop {
+            let next = (0..bursts.len())
+                .filter(|&w| cursor[w] < bursts[w].len())
+                .min_by_key(|&w| bursts[w].descs()[cursor[w]].seq);
+            let Some(w) = next else { break };
+            let i = cursor[w];
+            cursor[w] += 1;
+            let d = bursts[w].descs()[i];
+            let data = bursts[w].data(i);
+            match d.verdict {
+                Verdict::Forward(port) => {
+                    let p = usize::from(port);
+                    counts[p].0 += 1;
+                    counts[p].1 += u64::from(d.len);
+                    if let Some(out) = tx[p].as_mut().filter(|_| !failed[p])
+                        && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
+                    {
+                        errors.push(format!("writing port {} ({}): {e}; its later packets were counted but not written", p, out.name()));
+                        failed[p] = true;
+                        handle.stop.store(true, Ordering::Relaxed);
+                    }
+                }
+                Verdict::ToControl(_) => {
+                    if let Some(out) = control.as_mut().filter(|_| !control_failed)
+                        && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
+                    {
+                        errors.push(format!(
+                            "writing control-plane output ({}): {e}",
+                            out.name()
+                        ));
+                        control_failed = true;
+                    }
+                }
+                Verdict::Drop(_) => {}
+            }
+        }
+        for (w, mut b) in bursts.drain(..).enumerate() {
+            b.clear();
+            let _ = free[w].send(b);
+        }
+    }
+    for (p, out) in tx.iter_mut().enumerate() {
+        if let Some(out) = out
+            && let Err(e) = out.flush()
+        {
+            errors.push(format!("flushing port {p} ({}): {e}", out.name()));
+        }
+    }
+    if let Some(out) = control
+        && let Err(e) = out.flush()
+    {
+        errors.push(format!(
+            "flushing control-plane output ({}): {e}",
+            out.name()
+        ));
+    }
+    (counts, errors)
+}
+
+/// A per-worker source of whole bursts (a replay queue, a live socket in a fanout group).
+pub trait BurstSource: Send {
+    /// Fills `burst` (cleared by the caller); returns `false` once the source is exhausted
+    /// and nothing was added.
+    fn fill(&mut self, burst: &mut Burst) -> bool;
+}
+
+/// Runs one worker per source, each to completion on its own thread, with outputs counted
+/// per port and discarded (the benchmark's null sink).
+pub fn run_sharded(
+    config: &RuntimeConfig,
+    sources: Vec<Box<dyn BurstSource>>,
+    ports: usize,
+    factory: &ProgramFactory,
+    handle: &RunHandle,
+) -> RunReport {
+    let workers = sources.len();
+    let start = Instant::now();
+    let drop_reason_names = factory(0).drop_reasons();
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = sources
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut source)| {
+                let program = factory(w);
+                let shared = handle.stats[w + 1].clone();
+                let stop = handle.stop.clone();
+                let hasher = config.hasher;
+                let burst_size = config.burst_size;
+                scope.spawn(move || {
+                    let mut worker = Worker::new(program, w, workers, ports, hasher);
+                    let mut sink = vec![(0u64, 0u64); ports];
+                    let mut burst = Burst::with_capacity(burst_size);
+                    let t = Instant::now();
+                    let mut bursts = 0u32;
+                    while source.fill(&mut burst) {
+                        worker.handle(&mut burst);
+                        null_sink(&burst, &mut sink);
+                        burst.clear();
+                        bursts = bursts.wrapping_add(1);
+                        // Publishing every burst would cost a cache line per burst on a
+                        // shared counter page; every 64th keeps progress live.
+                        if bursts.is_multiple_of(64) {
+                            shared.publish(&worker.stats);
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                        }
+                    }
+                    let busy = t.elapsed();
+                    shared.publish(&worker.stats);
+                    (worker.stats, busy, sink)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join()).collect()
+    });
+    let mut report = RunReport {
+        total: Stats::default(),
+        per_worker: Vec::new(),
+        tx_per_port: vec![(0, 0); ports],
+        oversize: 0,
+        drop_reason_names,
+        wall: start.elapsed(),
+        worker_busy: Vec::new(),
+        errors: Vec::new(),
+    };
+    for r in results {
+        match r {
+            Ok((stats, busy, sink)) => {
+                report.total.merge(&stats);
+                report.per_worker.push(stats);
+                report.worker_busy.push(busy);
+                for (acc, s) in report.tx_per_port.iter_mut().zip(sink) {
+                    acc.0 += s.0;
+                    acc.1 += s.1;
+                }
+            }
+            Err(_) => report.errors.push("a worker thread panicked".to_owned()),
+        }
+    }
+    report
+}
+
+/// Counts forwarded packets per port: the output of a benchmark.
+#[inline]
+fn null_sink(burst: &Burst, counts: &mut [(u64, u64)]) {
+    for d in burst.descs() {
+        if let Verdict::Forward(p) = d.verdict
+            && let Some(c) = counts.get_mut(usize::from(p))
+        {
+            c.0 += 1;
+            c.1 += u64::from(d.len);
+        }
+    }
+}

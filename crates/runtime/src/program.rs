@@ -1,0 +1,98 @@
+//! The program interface: what a network function implements.
+//!
+//! A program sees a whole burst of parsed packets and sets each packet's [`Verdict`]. One
+//! instance runs per worker, and each worker owns a shard of the flows (all packets of a
+//! flow reach the same worker), so a program keeps its per-flow state in its own struct
+//! with no locks. Malformed packets never reach a program: the runtime counts and drops
+//! them first.
+
+use crate::burst::Burst;
+use stateplane_wire::FlowHasher;
+
+/// A port number: the index of the port in the switch's port list.
+pub type PortId = u16;
+
+/// Why a packet was dropped. Codes below [`DropReason::PROGRAM_BASE`] belong to the
+/// runtime; a program's own reasons are `DropReason::program(i)`, named by the `i`-th entry
+/// of its [`Program::drop_reasons`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DropReason(pub u8);
+
+impl DropReason {
+    /// The program set no verdict (a bug in the program, made visible in the counters).
+    pub const NO_VERDICT: DropReason = DropReason(0);
+    /// The packet failed to parse (counted by reason as well).
+    pub const MALFORMED: DropReason = DropReason(1);
+    /// The verdict named a port the switch does not have.
+    pub const NO_SUCH_PORT: DropReason = DropReason(2);
+    /// The control-plane queue was full.
+    pub const CONTROL_QUEUE_FULL: DropReason = DropReason(3);
+    pub const PROGRAM_BASE: u8 = 16;
+    /// How many codes there are in all (runtime and program).
+    pub const COUNT: usize = 64;
+
+    const RUNTIME_NAMES: [&'static str; 4] = [
+        "no_verdict",
+        "malformed",
+        "no_such_port",
+        "control_queue_full",
+    ];
+
+    /// The program's `i`-th reason. Programs have at most 48.
+    pub const fn program(i: u8) -> DropReason {
+        DropReason(Self::PROGRAM_BASE + i)
+    }
+
+    /// The name of this reason, given the program's list of names.
+    pub fn name(self, program_reasons: &[&'static str]) -> &'static str {
+        if self.0 < Self::PROGRAM_BASE {
+            Self::RUNTIME_NAMES
+                .get(usize::from(self.0))
+                .copied()
+                .unwrap_or("runtime_reserved")
+        } else {
+            program_reasons
+                .get(usize::from(self.0 - Self::PROGRAM_BASE))
+                .copied()
+                .unwrap_or("program_unnamed")
+        }
+    }
+}
+
+/// What happens to a packet after the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send out of this port.
+    Forward(PortId),
+    /// Drop, for this reason.
+    Drop(DropReason),
+    /// Hand to the control plane (a packet-in), with a program-defined reason code.
+    ToControl(u16),
+}
+
+/// What the runtime tells a program about the burst it is processing.
+pub struct Context {
+    /// The data-plane clock: capture time offline, the system clock on live ports.
+    pub now_ns: u64,
+    /// This worker's index and the number of workers.
+    pub worker: usize,
+    pub workers: usize,
+    /// The per-process flow hasher (for programs that hash other keys, e.g. symmetric).
+    pub hasher: FlowHasher,
+    /// How many ports the switch has; a `Forward` to a port at or past it is dropped.
+    pub ports: usize,
+}
+
+/// A network function. See the module documentation for the contract.
+pub trait Program: Send {
+    /// Sets the verdict of every packet in `burst` (all of them parsed and well formed).
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context);
+
+    /// Names of the program's drop reasons, indexed by `DropReason::program(i)`.
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// Makes one program instance per worker (`worker index -> program`).
+pub type ProgramFactory = std::sync::Arc<dyn Fn(usize) -> Box<dyn Program> + Send + Sync>;

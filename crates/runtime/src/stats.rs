@@ -1,0 +1,150 @@
+//! Counters of the runtime: one documented enum, plain counts on the fast path, published
+//! once per burst to atomics that the progress display and the metrics endpoint read.
+
+use crate::program::DropReason;
+use stateplane_wire::Malformed;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every scalar counter a worker keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Packets and bytes (captured length) received by the worker.
+    RxPackets,
+    RxBytes,
+    /// Packets and bytes the program forwarded to a port.
+    TxPackets,
+    TxBytes,
+    /// Packets handed to the control plane.
+    ToControl,
+    /// Packets dropped, all reasons together (by reason: `Stats::drops`).
+    Dropped,
+    /// Packets that failed to parse (by reason: `Stats::malformed`); also counted in `Dropped`.
+    Malformed,
+    /// Bursts processed.
+    Bursts,
+}
+
+impl Counter {
+    pub const COUNT: usize = 8;
+    pub const ALL: [Counter; Self::COUNT] = [
+        Counter::RxPackets,
+        Counter::RxBytes,
+        Counter::TxPackets,
+        Counter::TxBytes,
+        Counter::ToControl,
+        Counter::Dropped,
+        Counter::Malformed,
+        Counter::Bursts,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::RxPackets => "rx_packets",
+            Counter::RxBytes => "rx_bytes",
+            Counter::TxPackets => "tx_packets",
+            Counter::TxBytes => "tx_bytes",
+            Counter::ToControl => "to_control",
+            Counter::Dropped => "dropped",
+            Counter::Malformed => "malformed",
+            Counter::Bursts => "bursts",
+        }
+    }
+}
+
+/// A worker's counts. Plain integers: only the owning worker writes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub counters: [u64; Counter::COUNT],
+    pub drops: [u64; DropReason::COUNT],
+    pub malformed: [u64; Malformed::COUNT],
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            counters: [0; Counter::COUNT],
+            drops: [0; DropReason::COUNT],
+            malformed: [0; Malformed::COUNT],
+        }
+    }
+}
+
+impl Stats {
+    #[inline(always)]
+    pub fn add(&mut self, c: Counter, n: u64) {
+        self.counters[c as usize] += n;
+    }
+
+    pub fn get(&self, c: Counter) -> u64 {
+        self.counters[c as usize]
+    }
+
+    /// Adds `other` into `self` (for totals over workers).
+    pub fn merge(&mut self, other: &Stats) {
+        let sum = |a: &mut [u64], b: &[u64]| a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+        sum(&mut self.counters, &other.counters);
+        sum(&mut self.drops, &other.drops);
+        sum(&mut self.malformed, &other.malformed);
+    }
+
+    /// Drop reasons with a non-zero count, named.
+    pub fn drops_by_reason(&self, program_reasons: &[&'static str]) -> Vec<(&'static str, u64)> {
+        (0..DropReason::COUNT)
+            .filter(|&i| self.drops[i] > 0)
+            .map(|i| (DropReason(i as u8).name(program_reasons), self.drops[i]))
+            .collect()
+    }
+
+    /// Malformed reasons with a non-zero count, named.
+    pub fn malformed_by_reason(&self) -> Vec<(&'static str, u64)> {
+        Malformed::ALL
+            .iter()
+            .filter(|m| self.malformed[m.index()] > 0)
+            .map(|m| (m.name(), self.malformed[m.index()]))
+            .collect()
+    }
+}
+
+/// A worker's counters as atomics, written by that worker once per burst (relaxed stores of
+/// its own running totals: no read-modify-write, no contention) and read by anyone.
+pub struct SharedStats {
+    counters: [AtomicU64; Counter::COUNT],
+    drops: [AtomicU64; DropReason::COUNT],
+    malformed: [AtomicU64; Malformed::COUNT],
+}
+
+impl Default for SharedStats {
+    fn default() -> Self {
+        SharedStats {
+            counters: std::array::from_fn(|_| AtomicU64::new(0)),
+            drops: std::array::from_fn(|_| AtomicU64::new(0)),
+            malformed: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl SharedStats {
+    pub fn publish(&self, s: &Stats) {
+        let store = |a: &[AtomicU64], v: &[u64]| {
+            a.iter()
+                .zip(v)
+                .for_each(|(a, v)| a.store(*v, Ordering::Relaxed))
+        };
+        store(&self.counters, &s.counters);
+        store(&self.drops, &s.drops);
+        store(&self.malformed, &s.malformed);
+    }
+
+    pub fn snapshot(&self) -> Stats {
+        let load = |a: &[AtomicU64], v: &mut [u64]| {
+            a.iter()
+                .zip(v)
+                .for_each(|(a, v)| *v = a.load(Ordering::Relaxed))
+        };
+        let mut s = Stats::default();
+        load(&self.counters, &mut s.counters);
+        load(&self.drops, &mut s.drops);
+        load(&self.malformed, &mut s.malformed);
+        s
+    }
+}

@@ -1,0 +1,129 @@
+//! A worker runs its program to completion on one burst at a time and counts the outcome.
+
+use crate::burst::Burst;
+use crate::program::{Context, DropReason, Program, Verdict};
+use crate::stats::{Counter, Stats};
+use stateplane_wire::{FlowHasher, parse};
+
+pub struct Worker {
+    program: Box<dyn Program>,
+    ctx: Context,
+    pub stats: Stats,
+}
+
+impl Worker {
+    pub fn new(
+        program: Box<dyn Program>,
+        worker: usize,
+        workers: usize,
+        ports: usize,
+        hasher: FlowHasher,
+    ) -> Self {
+        Worker {
+            program,
+            ctx: Context {
+                now_ns: 0,
+                worker,
+                workers,
+                hasher,
+                ports,
+            },
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn drop_reasons(&self) -> &'static [&'static str] {
+        self.program.drop_reasons()
+    }
+
+    /// Parses the burst (unless the dispatcher already did, in which case it also took out
+    /// the malformed packets), drops and counts malformed packets, runs the program, and
+    /// counts every verdict. Afterwards each packet's verdict is final: `Forward` only to
+    /// ports that exist.
+    #[inline]
+    pub fn handle(&mut self, burst: &mut Burst) {
+        self.stats.add(Counter::Bursts, 1);
+        if !burst.parsed {
+            let bad = parse_burst(burst, &self.ctx.hasher);
+            if bad > 0 {
+                self.drop_malformed(burst);
+            }
+        }
+        let mut rx_bytes = 0u64;
+        let mut now = self.ctx.now_ns.max(burst.now_ns);
+        for d in burst.descs() {
+            rx_bytes += u64::from(d.len);
+            now = now.max(d.ts_ns);
+        }
+        self.ctx.now_ns = now;
+        self.stats.add(Counter::RxPackets, burst.len() as u64);
+        self.stats.add(Counter::RxBytes, rx_bytes);
+        self.program.process(burst, &mut self.ctx);
+        self.count_verdicts(burst);
+    }
+
+    #[cold]
+    fn drop_malformed(&mut self, burst: &mut Burst) {
+        for d in burst.descs() {
+            if let Some(m) = d.malformed {
+                count_malformed(&mut self.stats, m, d.len);
+            }
+        }
+        burst.retain(|d| d.malformed.is_none());
+    }
+
+    #[inline]
+    fn count_verdicts(&mut self, burst: &mut Burst) {
+        let ports = self.ctx.ports;
+        let (mut tx, mut tx_bytes, mut ctl, mut dropped) = (0u64, 0u64, 0u64, 0u64);
+        for d in burst.descs_mut() {
+            match d.verdict {
+                Verdict::Forward(port) if usize::from(port) < ports => {
+                    tx += 1;
+                    tx_bytes += u64::from(d.len);
+                }
+                Verdict::Forward(_) => {
+                    d.verdict = Verdict::Drop(DropReason::NO_SUCH_PORT);
+                    self.stats.drops[usize::from(DropReason::NO_SUCH_PORT.0)] += 1;
+                    dropped += 1;
+                }
+                Verdict::ToControl(_) => ctl += 1,
+                Verdict::Drop(reason) => {
+                    self.stats.drops[usize::from(reason.0) % DropReason::COUNT] += 1;
+                    dropped += 1;
+                }
+            }
+        }
+        self.stats.add(Counter::TxPackets, tx);
+        self.stats.add(Counter::TxBytes, tx_bytes);
+        self.stats.add(Counter::ToControl, ctl);
+        self.stats.add(Counter::Dropped, dropped);
+    }
+}
+
+/// Counts one malformed packet of `len` bytes: received, malformed by reason, dropped.
+pub fn count_malformed(stats: &mut Stats, m: stateplane_wire::Malformed, len: u32) {
+    stats.malformed[m.index()] += 1;
+    stats.drops[usize::from(DropReason::MALFORMED.0)] += 1;
+    stats.add(Counter::Malformed, 1);
+    stats.add(Counter::Dropped, 1);
+    stats.add(Counter::RxPackets, 1);
+    stats.add(Counter::RxBytes, u64::from(len));
+}
+
+/// Parses every packet of `burst` in place; returns how many are malformed.
+#[inline]
+pub fn parse_burst(burst: &mut Burst, hasher: &FlowHasher) -> usize {
+    let mut bad = 0;
+    for p in burst.iter_mut() {
+        match parse(p.data, p.desc.in_port, hasher) {
+            Ok(parsed) => p.desc.parsed = parsed,
+            Err(m) => {
+                p.desc.malformed = Some(m);
+                bad += 1;
+            }
+        }
+    }
+    burst.parsed = true;
+    bad
+}
