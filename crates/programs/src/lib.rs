@@ -1,0 +1,82 @@
+//! The network functions that ship with Stateplane.
+//!
+//! Owns: each program's logic and its configuration, and [`build`], which turns a program
+//! name and its TOML table into a factory of per-worker instances.
+//!
+//! Must never: touch ports, threads or files (the runtime and the CLI do), or keep state
+//! shared between workers (each instance owns its worker's shard of flows).
+
+pub mod forward;
+pub mod l2;
+
+use stateplane_runtime::{PortId, ProgramFactory};
+use std::fmt;
+use std::sync::Arc;
+
+/// The programs `build` knows, with a line about each.
+pub const CATALOG: &[(&str, &str)] =
+    &[("forward", "port-to-port pass-through by a static port map"), ("l2", "Ethernet switching by a static MAC table")];
+
+/// A configuration problem, naming the field and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError { field: field.into(), problem: problem.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The switch's port names, for resolving the names programs use in their configuration.
+#[derive(Debug, Clone)]
+pub struct PortNames(pub Vec<String>);
+
+impl PortNames {
+    /// A port given by name or by number.
+    pub fn resolve(&self, field: &str, name: &str) -> Result<PortId, ConfigError> {
+        if let Some(i) = self.0.iter().position(|n| n == name) {
+            return Ok(i as PortId);
+        }
+        match name.parse::<usize>() {
+            Ok(i) if i < self.0.len() => Ok(i as PortId),
+            _ => Err(ConfigError::new(
+                field,
+                format!("there is no port '{name}'; the ports are: {} (by name, or by number from 0)", self.0.join(", ")),
+            )),
+        }
+    }
+}
+
+/// Builds the factory of program `name` from its configuration table (`None`: defaults).
+pub fn build(name: &str, config: Option<&toml::Value>, ports: &PortNames) -> Result<ProgramFactory, ConfigError> {
+    let field = format!("program.{name}");
+    let table = config.cloned().unwrap_or_else(|| toml::Value::Table(Default::default()));
+    let parse_error = |e: toml::de::Error| ConfigError::new(field.clone(), e.message().to_owned());
+    match name {
+        "forward" => {
+            let cfg: forward::ForwardConfig = table.try_into().map_err(parse_error)?;
+            let program = forward::Forward::new(&cfg, ports, &field)?;
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "l2" => {
+            let cfg: l2::L2Config = table.try_into().map_err(parse_error)?;
+            let program = l2::L2::new(&cfg, ports, &field)?;
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        other => {
+            let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();
+            Err(ConfigError::new("program", format!("there is no program '{other}'; choose one of: {}", names.join(", "))))
+        }
+    }
+}
