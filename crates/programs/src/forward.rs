@@ -41,7 +41,11 @@ impl Forward {
 
     /// A map from a list of (in, out) port numbers, for tests and benchmarks.
     pub fn from_pairs(pairs: &[(PortId, PortId)]) -> Self {
-        let n = pairs.iter().map(|&(a, b)| a.max(b)).max().map_or(0, |m| usize::from(m) + 1);
+        let n = pairs
+            .iter()
+            .map(|&(a, b)| a.max(b))
+            .max()
+            .map_or(0, |m| usize::from(m) + 1);
         let mut out = vec![None; n];
         for &(a, b) in pairs {
             out[usize::from(a)] = Some(b);

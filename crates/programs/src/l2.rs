@@ -48,7 +48,10 @@ pub struct MacTable {
 impl MacTable {
     pub fn new(entries: &[(u64, PortId)]) -> Self {
         let size = (entries.len() * 2).next_power_of_two().max(16);
-        let mut table = MacTable { slots: vec![(0, 0); size], mask: size - 1 };
+        let mut table = MacTable {
+            slots: vec![(0, 0); size],
+            mask: size - 1,
+        };
         for &(key, port) in entries {
             let mut i = Self::slot(key) & table.mask;
             while table.slots[i].0 != 0 && table.slots[i].0 != key + 1 {
@@ -95,17 +98,29 @@ impl L2 {
         let mut entries = Vec::new();
         for (i, e) in cfg.macs.iter().enumerate() {
             let f = format!("{field}.macs[{i}]");
-            let mac: MacAddr = e.mac.parse().map_err(|err| ConfigError::new(format!("{f}.mac"), format!("{err}")))?;
+            let mac: MacAddr = e
+                .mac
+                .parse()
+                .map_err(|err| ConfigError::new(format!("{f}.mac"), format!("{err}")))?;
             if e.vlan > 4095 {
-                return Err(ConfigError::new(format!("{f}.vlan"), "a VLAN id is 0 to 4095"));
+                return Err(ConfigError::new(
+                    format!("{f}.vlan"),
+                    "a VLAN id is 0 to 4095",
+                ));
             }
-            entries.push((table_key(e.vlan, mac.0), ports.resolve(&format!("{f}.port"), &e.port)?));
+            entries.push((
+                table_key(e.vlan, mac.0),
+                ports.resolve(&format!("{f}.port"), &e.port)?,
+            ));
         }
         let unknown = match cfg.unknown.as_deref() {
             None | Some("drop") => None,
             Some(p) => Some(ports.resolve(&format!("{field}.unknown"), p)?),
         };
-        Ok(L2 { table: MacTable::new(&entries), unknown })
+        Ok(L2 {
+            table: MacTable::new(&entries),
+            unknown,
+        })
     }
 }
 
@@ -116,7 +131,12 @@ impl Program for L2 {
             let mut dst = [0u8; 6];
             dst.copy_from_slice(&p.data[..6]);
             let vlan = p.desc.parsed.key.vlan;
-            let port = if dst[0] & 1 == 0 { self.table.get(table_key(vlan, dst)) } else { None }.or(self.unknown);
+            let port = if dst[0] & 1 == 0 {
+                self.table.get(table_key(vlan, dst))
+            } else {
+                None
+            }
+            .or(self.unknown);
             p.desc.verdict = match port {
                 Some(port) if port == p.desc.in_port => Verdict::Drop(SAME_PORT),
                 Some(port) => Verdict::Forward(port),
@@ -141,7 +161,9 @@ mod tests {
 
     #[test]
     fn table_finds_every_entry_and_nothing_else() {
-        let entries: Vec<(u64, PortId)> = (0..500u64).map(|i| (i * 7919 + 1, (i % 3) as PortId)).collect();
+        let entries: Vec<(u64, PortId)> = (0..500u64)
+            .map(|i| (i * 7919 + 1, (i % 3) as PortId))
+            .collect();
         let t = MacTable::new(&entries);
         for &(k, p) in &entries {
             assert_eq!(t.get(k), Some(p));
@@ -171,27 +193,57 @@ mod tests {
             f
         };
         let mut burst = Burst::with_capacity(8);
-        for (i, f) in [frame(2, None), frame(2, Some(7)), frame(1, None), frame(5, None)].iter().enumerate() {
+        for (i, f) in [
+            frame(2, None),
+            frame(2, Some(7)),
+            frame(1, None),
+            frame(5, None),
+        ]
+        .iter()
+        .enumerate()
+        {
             burst.push(f, 60, 0, if i >= 2 { 0 } else { 2 }, i as u64);
         }
         let hasher = FlowHasher::with_seed(1);
         stateplane_runtime::worker::parse_burst(&mut burst, &hasher);
-        let mut ctx = Context { now_ns: 0, worker: 0, workers: 1, hasher, ports: 3 };
+        let mut ctx = Context {
+            now_ns: 0,
+            worker: 0,
+            workers: 1,
+            hasher,
+            ports: 3,
+        };
         l2.process(&mut burst, &mut ctx);
         let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
-        assert_eq!(verdicts, [Verdict::Forward(1), Verdict::Forward(0), Verdict::Drop(SAME_PORT), Verdict::Forward(2)]);
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Forward(1),
+                Verdict::Forward(0),
+                Verdict::Drop(SAME_PORT),
+                Verdict::Forward(2)
+            ]
+        );
     }
 
     #[test]
     fn config_errors_name_the_field() {
-        let bad_mac: L2Config = toml::from_str(r#"macs = [ { mac = "02:00", port = "a" } ]"#).unwrap();
+        let bad_mac: L2Config =
+            toml::from_str(r#"macs = [ { mac = "02:00", port = "a" } ]"#).unwrap();
         let e = L2::new(&bad_mac, &ports(), "program.l2").unwrap_err();
         assert_eq!(e.field, "program.l2.macs[0].mac");
-        let bad_port: L2Config = toml::from_str(r#"macs = [ { mac = "02:00:00:00:00:01", port = "z" } ]"#).unwrap();
+        let bad_port: L2Config =
+            toml::from_str(r#"macs = [ { mac = "02:00:00:00:00:01", port = "z" } ]"#).unwrap();
         let e = L2::new(&bad_port, &ports(), "program.l2").unwrap_err();
-        assert!(e.to_string().contains("program.l2.macs[0].port: there is no port 'z'; the ports are: a, b, c"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("program.l2.macs[0].port: there is no port 'z'; the ports are: a, b, c"),
+            "{e}"
+        );
         let unknown_field = toml::from_str::<toml::Value>("mac_table = 1").unwrap();
-        let e = crate::build("l2", Some(&unknown_field), &ports()).err().unwrap();
+        let e = crate::build("l2", Some(&unknown_field), &ports())
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("mac_table"), "{e}");
     }
 }

@@ -14,8 +14,10 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The programs `build` knows, with a line about each.
-pub const CATALOG: &[(&str, &str)] =
-    &[("forward", "port-to-port pass-through by a static port map"), ("l2", "Ethernet switching by a static MAC table")];
+pub const CATALOG: &[(&str, &str)] = &[
+    ("forward", "port-to-port pass-through by a static port map"),
+    ("l2", "Ethernet switching by a static MAC table"),
+];
 
 /// A configuration problem, naming the field and what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +28,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
-        ConfigError { field: field.into(), problem: problem.into() }
+        ConfigError {
+            field: field.into(),
+            problem: problem.into(),
+        }
     }
 }
 
@@ -52,16 +57,25 @@ impl PortNames {
             Ok(i) if i < self.0.len() => Ok(i as PortId),
             _ => Err(ConfigError::new(
                 field,
-                format!("there is no port '{name}'; the ports are: {} (by name, or by number from 0)", self.0.join(", ")),
+                format!(
+                    "there is no port '{name}'; the ports are: {} (by name, or by number from 0)",
+                    self.0.join(", ")
+                ),
             )),
         }
     }
 }
 
 /// Builds the factory of program `name` from its configuration table (`None`: defaults).
-pub fn build(name: &str, config: Option<&toml::Value>, ports: &PortNames) -> Result<ProgramFactory, ConfigError> {
+pub fn build(
+    name: &str,
+    config: Option<&toml::Value>,
+    ports: &PortNames,
+) -> Result<ProgramFactory, ConfigError> {
     let field = format!("program.{name}");
-    let table = config.cloned().unwrap_or_else(|| toml::Value::Table(Default::default()));
+    let table = config
+        .cloned()
+        .unwrap_or_else(|| toml::Value::Table(Default::default()));
     let parse_error = |e: toml::de::Error| ConfigError::new(field.clone(), e.message().to_owned());
     match name {
         "forward" => {
@@ -76,7 +90,13 @@ pub fn build(name: &str, config: Option<&toml::Value>, ports: &PortNames) -> Res
         }
         other => {
             let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();
-            Err(ConfigError::new("program", format!("there is no program '{other}'; choose one of: {}", names.join(", "))))
+            Err(ConfigError::new(
+                "program",
+                format!(
+                    "there is no program '{other}'; choose one of: {}",
+                    names.join(", ")
+                ),
+            ))
         }
     }
 }

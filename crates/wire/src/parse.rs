@@ -48,14 +48,10 @@ pub enum Malformed {
     UdpBadLength,
     /// ICMP/ICMPv6 header runs past the IP payload.
     IcmpTruncated,
-    /// GTP-U header runs past the UDP payload.
-    GtpTruncated,
-    /// GTP-U version, flags or extension headers are impossible.
-    GtpBadHeader,
 }
 
 impl Malformed {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 15;
     pub const ALL: [Malformed; Self::COUNT] = [
         Malformed::EthernetTruncated,
         Malformed::VlanTruncated,
@@ -72,8 +68,6 @@ impl Malformed {
         Malformed::UdpTruncated,
         Malformed::UdpBadLength,
         Malformed::IcmpTruncated,
-        Malformed::GtpTruncated,
-        Malformed::GtpBadHeader,
     ];
 
     pub fn index(self) -> usize {
@@ -98,8 +92,6 @@ impl Malformed {
             Malformed::UdpTruncated => "udp_truncated",
             Malformed::UdpBadLength => "udp_bad_length",
             Malformed::IcmpTruncated => "icmp_truncated",
-            Malformed::GtpTruncated => "gtp_truncated",
-            Malformed::GtpBadHeader => "gtp_bad_header",
         }
     }
 }
@@ -327,7 +319,7 @@ fn parse_transport(
             p.l4_offset = base as u16;
             p.payload_offset = (base + udp::HEADER_LEN) as u16;
             if !fragmented {
-                parse_gtp(udp.payload(), base + udp::HEADER_LEN, p)?;
+                parse_gtp(udp.payload(), base + udp::HEADER_LEN, p);
             }
         }
         protocol::ICMP | protocol::ICMPV6 if (p.key.proto == protocol::ICMPV6) == v6 => {
@@ -348,20 +340,20 @@ fn parse_transport(
     Ok(())
 }
 
-fn parse_gtp(udp_payload: &[u8], base: usize, p: &mut Parsed) -> Result<(), Malformed> {
+/// Flags GTP on its well-known ports. A payload on the GTP-U port that is not valid GTP-U
+/// is plain UDP, not a malformed packet: any application may use port 2152, and a
+/// gateway program checks the flag before it trusts the tunnel header.
+fn parse_gtp(udp_payload: &[u8], base: usize, p: &mut Parsed) {
     if p.key.dst_port == GTPU_PORT {
-        let gtp = GtpuPacket::new_checked(udp_payload).map_err(|e| match e {
-            Error::Truncated => Malformed::GtpTruncated,
-            _ => Malformed::GtpBadHeader,
-        })?;
-        p.flags.0 |= ParseFlags::GTPU;
-        p.gtp_offset = base as u16;
-        p.teid = gtp.teid();
+        if let Ok(gtp) = GtpuPacket::new_checked(udp_payload) {
+            p.flags.0 |= ParseFlags::GTPU;
+            p.gtp_offset = base as u16;
+            p.teid = gtp.teid();
+        }
     } else if p.key.dst_port == GTPC_PORT || p.key.src_port == GTPC_PORT {
         p.flags.0 |= ParseFlags::GTPC;
         p.gtp_offset = base as u16;
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -589,6 +581,15 @@ mod tests {
         let mut u = frame(false, 0, protocol::UDP, &udp(1, 2, b"abcd"), 0);
         u[14 + 20 + 5] = 99; // UDP length beyond the IP payload
         assert_eq!(parse(&u, 0, &h), Err(Malformed::UdpBadLength));
+        let not_gtp = frame(
+            false,
+            0,
+            protocol::UDP,
+            &udp(5, GTPU_PORT, b"not gtp at all"),
+            0,
+        );
+        let p = parse(&not_gtp, 0, &h).unwrap();
+        assert!(p.flags.has(ParseFlags::UDP) && !p.flags.has(ParseFlags::GTPU));
     }
 
     #[test]

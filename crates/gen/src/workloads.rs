@@ -1,0 +1,785 @@
+//! The workloads: flow populations, their sizes, their interleaving in time, and the
+//! frames each packet becomes.
+
+use crate::build::{Hosts, L4, emit_frame, emit_ip, header_len};
+use crate::kv;
+use crate::rng::{Rng, Zipf};
+use crate::{GenConfig, GenError, GenSummary, Workload};
+use stateplane_wire::ethernet::MacAddr;
+use stateplane_wire::gtp::{
+    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, gtpv2_ie, gtpv2_type,
+};
+use stateplane_wire::tcp::flags;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The router MACs on the client side and on the server side.
+pub const CLIENT_SIDE_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+pub const SERVER_SIDE_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 2]);
+const SERVERS: usize = 1024;
+const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 1);
+const SGW: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
+const MME: Ipv4Addr = Ipv4Addr::new(198, 18, 255, 1);
+
+/// One flow of the population.
+#[derive(Clone, Copy)]
+struct Flow {
+    id: u32,
+    size: u32,
+    sent: u32,
+    v6: bool,
+    tcp: bool,
+    /// TCP: end with RST instead of FIN.
+    reset: bool,
+    server: u16,
+    server_port: u16,
+    client_seq: u32,
+    server_seq: u32,
+    vt_gap: u64,
+}
+
+fn client_ip(id: u32, v6: bool) -> IpAddr {
+    // Scramble the low 16 bits (a bijection: multiply by an odd number) so neighbours in id
+    // are not neighbours in address; the high bits come from the port slot.
+    let low = (id & 0xffff).wrapping_mul(40_503) & 0xffff;
+    if v6 {
+        IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0x2,
+            0,
+            1,
+            0,
+            0,
+            (id >> 16) as u16,
+            low as u16,
+        ))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(198, 18, (low >> 8) as u8, low as u8))
+    }
+}
+
+fn client_port(id: u32, v6: bool) -> u16 {
+    if v6 {
+        1024 + (id % 60_000) as u16
+    } else {
+        1024 + ((id >> 16) % 60_000) as u16
+    }
+}
+
+fn server_ip(server: u16, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0x2, 0, 2, 0, 0, 0, server + 1))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(
+            198,
+            19,
+            (server >> 8) as u8,
+            (server & 0xff) as u8 + 1,
+        ))
+    }
+}
+
+/// Splits `packets` among `flows` with sizes proportional to 1/rank^s (at least 1 each),
+/// in random order.
+fn flow_sizes(packets: u64, flows: usize, s: f64, rng: &mut Rng) -> Vec<u32> {
+    let weights: Vec<f64> = (0..flows).map(|i| 1.0 / ((i + 1) as f64).powf(s)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut sizes: Vec<u64> = weights
+        .iter()
+        .map(|w| ((packets as f64 * w / total) as u64).max(1))
+        .collect();
+    let mut sum: u64 = sizes.iter().sum();
+    // Rounding leaves a difference: the largest flows absorb it.
+    let mut i = 0;
+    while sum < packets {
+        sizes[i % flows] += 1;
+        sum += 1;
+        i += 1;
+    }
+    i = 0;
+    while sum > packets {
+        if sizes[i % flows] > 1 {
+            sizes[i % flows] -= 1;
+            sum -= 1;
+        }
+        i += 1;
+    }
+    for j in (1..sizes.len()).rev() {
+        sizes.swap(j, rng.below(j as u64 + 1) as usize);
+    }
+    sizes
+        .into_iter()
+        .map(|s| s.min(u64::from(u32::MAX)) as u32)
+        .collect()
+}
+
+/// Frame sizes (as captured) of data packets, as in backbone traces: many small, many full.
+fn data_size(rng: &mut Rng, downstream: bool) -> usize {
+    let u = rng.unit();
+    match (downstream, u) {
+        (true, u) if u < 0.65 => 1514,
+        (true, _) => rng.range(64, 1514) as usize,
+        (false, u) if u < 0.8 => 64,
+        (false, _) => rng.range(64, 1514) as usize,
+    }
+}
+
+/// Everything the packet loop needs, mutable.
+struct Gen<'a> {
+    cfg: &'a GenConfig,
+    rng: Rng,
+    frame: Vec<u8>,
+    scratch: Vec<u8>,
+    payload: Vec<u8>,
+    summary: GenSummary,
+    index: u64,
+    gap_ns: f64,
+}
+
+impl Gen<'_> {
+    fn vlan(&self, id: u32) -> u16 {
+        if self.cfg.vlans == 0 {
+            0
+        } else {
+            1 + (id % u32::from(self.cfg.vlans)) as u16
+        }
+    }
+
+    /// Frame of `target` bytes (or the configured fixed size) for these headers.
+    fn frame_with_size(&mut self, hosts: &Hosts, l4: &L4, target: usize) {
+        let target = self.cfg.packet_size.unwrap_or(target);
+        let payload_len = target.saturating_sub(header_len(hosts, l4));
+        self.payload.clear();
+        self.payload.resize(payload_len, 0);
+        emit_frame(&mut self.frame, hosts, l4, &self.payload);
+    }
+
+    fn emit(&mut self, out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>) -> io::Result<()> {
+        let ts = self.cfg.start_ns + (self.index as f64 * self.gap_ns) as u64;
+        if self.index == 0 {
+            self.summary.first_ns = ts;
+        }
+        self.summary.last_ns = ts;
+        self.index += 1;
+        self.summary.packets += 1;
+        self.summary.bytes += self.frame.len() as u64;
+        let ethertype = if self.frame[12..14] == [0x81, 0x00] {
+            [self.frame[16], self.frame[17]]
+        } else {
+            [self.frame[12], self.frame[13]]
+        };
+        let l3 = if self.frame[12..14] == [0x81, 0x00] {
+            18
+        } else {
+            14
+        };
+        match ethertype {
+            [0x86, 0xdd] => {
+                self.summary.ipv6_packets += 1;
+                self.count_proto(self.frame[l3 + 6]);
+            }
+            _ => self.count_proto(self.frame[l3 + 9]),
+        }
+        out(ts, &self.frame)
+    }
+
+    fn count_proto(&mut self, proto: u8) {
+        match proto {
+            6 => self.summary.tcp_packets += 1,
+            17 => self.summary.udp_packets += 1,
+            _ => {}
+        }
+    }
+
+    /// The next packet of an internet-like flow.
+    fn flow_packet(&mut self, f: &mut Flow) {
+        let k = f.sent;
+        let last = k + 1 == f.size;
+        f.sent += 1;
+        let client = client_ip(f.id, f.v6);
+        let server = server_ip(f.server, f.v6);
+        let cport = client_port(f.id, f.v6);
+        let vlan = self.vlan(f.id);
+        let up = Hosts {
+            src_mac: CLIENT_SIDE_MAC,
+            dst_mac: SERVER_SIDE_MAC,
+            vlan,
+            src: client,
+            dst: server,
+            ttl: 64,
+        };
+        let down = Hosts {
+            src_mac: SERVER_SIDE_MAC,
+            dst_mac: CLIENT_SIDE_MAC,
+            vlan,
+            src: server,
+            dst: client,
+            ttl: 56,
+        };
+        if !f.tcp {
+            // UDP: requests upstream, about a third answered.
+            let downstream = k > 0 && self.rng.chance(0.35);
+            let (hosts, l4) = if downstream {
+                (
+                    down,
+                    L4::Udp {
+                        src_port: f.server_port,
+                        dst_port: cport,
+                    },
+                )
+            } else {
+                (
+                    up,
+                    L4::Udp {
+                        src_port: cport,
+                        dst_port: f.server_port,
+                    },
+                )
+            };
+            let size = data_size(&mut self.rng, downstream);
+            self.frame_with_size(&hosts, &l4, size);
+            return;
+        }
+        // TCP: handshake, data both ways, then FIN (or RST) from the client.
+        let tcp = |src_port, dst_port, seq, ack, fl| L4::Tcp {
+            src_port,
+            dst_port,
+            seq,
+            ack,
+            flags: fl,
+        };
+        let (hosts, l4, size) = match k {
+            0 => (
+                up,
+                tcp(cport, f.server_port, f.client_seq, 0, flags::SYN),
+                64,
+            ),
+            1 if last && f.reset => (
+                down,
+                tcp(
+                    f.server_port,
+                    cport,
+                    0,
+                    f.client_seq + 1,
+                    flags::RST | flags::ACK,
+                ),
+                64,
+            ),
+            1 => (
+                down,
+                tcp(
+                    f.server_port,
+                    cport,
+                    f.server_seq,
+                    f.client_seq + 1,
+                    flags::SYN | flags::ACK,
+                ),
+                64,
+            ),
+            _ if last => {
+                let fl = if f.reset {
+                    flags::RST | flags::ACK
+                } else {
+                    flags::FIN | flags::ACK
+                };
+                (
+                    up,
+                    tcp(cport, f.server_port, f.client_seq + 1, f.server_seq + 1, fl),
+                    64,
+                )
+            }
+            2 => (
+                up,
+                tcp(
+                    cport,
+                    f.server_port,
+                    f.client_seq + 1,
+                    f.server_seq + 1,
+                    flags::ACK,
+                ),
+                64,
+            ),
+            _ => {
+                let downstream = self.rng.chance(0.7);
+                let size = data_size(&mut self.rng, downstream);
+                if downstream {
+                    let seq = f.server_seq + 1;
+                    f.server_seq = f.server_seq.wrapping_add(size as u32);
+                    (
+                        down,
+                        tcp(
+                            f.server_port,
+                            cport,
+                            seq,
+                            f.client_seq + 1,
+                            flags::ACK | flags::PSH,
+                        ),
+                        size,
+                    )
+                } else {
+                    let seq = f.client_seq + 1;
+                    f.client_seq = f.client_seq.wrapping_add(size as u32);
+                    (
+                        up,
+                        tcp(
+                            cport,
+                            f.server_port,
+                            seq,
+                            f.server_seq + 1,
+                            flags::ACK | flags::PSH,
+                        ),
+                        size,
+                    )
+                }
+            }
+        };
+        self.frame_with_size(&hosts, &l4, size);
+    }
+
+    /// One spoofed attack packet to the victim.
+    fn attack_packet(&mut self, syn: bool) {
+        let src = IpAddr::V4(Ipv4Addr::from(
+            0xc612_0000u32 | self.rng.below(1 << 16) as u32,
+        ));
+        let hosts = Hosts {
+            src_mac: CLIENT_SIDE_MAC,
+            dst_mac: SERVER_SIDE_MAC,
+            vlan: self.vlan(0),
+            src,
+            dst: IpAddr::V4(VICTIM),
+            ttl: 64,
+        };
+        let sport = self.rng.range(1024, 65535) as u16;
+        let (l4, size) = if syn {
+            (
+                L4::Tcp {
+                    src_port: sport,
+                    dst_port: 80,
+                    seq: self.rng.next_u64() as u32,
+                    ack: 0,
+                    flags: flags::SYN,
+                },
+                64,
+            )
+        } else {
+            (
+                L4::Udp {
+                    src_port: sport,
+                    dst_port: self.rng.range(1, 65535) as u16,
+                },
+                if self.rng.chance(0.5) { 64 } else { 512 },
+            )
+        };
+        self.frame_with_size(&hosts, &l4, size);
+        self.summary.special_packets += 1;
+    }
+}
+
+fn new_flow(id: u32, size: u32, cfg: &GenConfig, rng: &mut Rng, servers: &Zipf) -> Flow {
+    let tcp = rng.chance(0.8);
+    let server_port = if tcp {
+        match rng.unit() {
+            u if u < 0.6 => 443,
+            u if u < 0.9 => 80,
+            _ => rng.range(1, 65535) as u16,
+        }
+    } else {
+        match rng.unit() {
+            u if u < 0.5 => 53,
+            u if u < 0.8 => 443,
+            _ => rng.range(1, 65535) as u16,
+        }
+    };
+    Flow {
+        id,
+        size,
+        sent: 0,
+        v6: rng.chance(cfg.ipv6_share),
+        tcp,
+        reset: rng.chance(0.1),
+        server: servers.sample(rng) as u16,
+        server_port,
+        client_seq: rng.next_u64() as u32,
+        server_seq: rng.next_u64() as u32,
+        vt_gap: 0,
+    }
+}
+
+/// Virtual time runs over [0, 2^40); flows start uniformly and spread their packets over a
+/// random part of what is left, so short flows come and go while elephants stay.
+const VT_END: u64 = 1 << 40;
+
+/// A population of flows interleaved in virtual time.
+struct Schedule {
+    flows: Vec<Flow>,
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+impl Schedule {
+    fn new(packets: u64, flows: usize, zipf: f64, cfg: &GenConfig, rng: &mut Rng) -> Self {
+        let sizes = flow_sizes(packets, flows, zipf, rng);
+        let servers = Zipf::new(SERVERS, 1.0);
+        let mut heap = BinaryHeap::with_capacity(flows);
+        let flows: Vec<Flow> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                let mut f = new_flow(i as u32, size, cfg, rng, &servers);
+                let start = rng.below(VT_END);
+                let span = ((VT_END - start) as f64 * (0.05 + 0.95 * rng.unit())) as u64;
+                f.vt_gap = (span / u64::from(size.max(1))).max(1);
+                heap.push(Reverse((start, i as u32)));
+                f
+            })
+            .collect();
+        Schedule { flows, heap }
+    }
+
+    /// The flow whose next packet comes first, rescheduled for the one after.
+    fn next(&mut self) -> Option<usize> {
+        let Reverse((vt, i)) = self.heap.pop()?;
+        let f = &self.flows[i as usize];
+        if f.sent + 1 < f.size {
+            self.heap.push(Reverse((vt + f.vt_gap, i)));
+        }
+        Some(i as usize)
+    }
+}
+
+/// Generates the configured trace, handing each frame and its timestamp to `out`, and
+/// calling `progress` with the packet count now and then.
+pub fn generate(
+    cfg: &GenConfig,
+    mut out: impl FnMut(u64, &[u8]) -> io::Result<()>,
+    mut progress: impl FnMut(u64),
+) -> Result<GenSummary, GenGenerateError> {
+    cfg.validate()?;
+    let mut g = Gen {
+        cfg,
+        rng: Rng::new(cfg.seed),
+        frame: Vec::with_capacity(9100),
+        scratch: Vec::with_capacity(9100),
+        payload: Vec::with_capacity(9100),
+        summary: GenSummary::default(),
+        index: 0,
+        gap_ns: cfg.gap_ns(),
+    };
+    let out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()> = &mut out;
+    match cfg.workload {
+        Workload::Internet | Workload::Datacenter | Workload::Synflood | Workload::Udpflood => {
+            let attack = match cfg.workload {
+                Workload::Synflood | Workload::Udpflood => {
+                    (cfg.packets as f64 * cfg.attack_share).round() as u64
+                }
+                _ => 0,
+            };
+            let background = cfg.packets - attack;
+            let (default_flows, default_zipf) = match cfg.workload {
+                Workload::Datacenter => (background / 2000, 0.6),
+                _ => (background / 20, 1.0),
+            };
+            let flows = cfg
+                .flows
+                .unwrap_or(default_flows)
+                .clamp(1, background.max(1)) as usize;
+            let mut schedule = (background > 0).then(|| {
+                Schedule::new(
+                    background,
+                    flows,
+                    cfg.zipf.unwrap_or(default_zipf),
+                    cfg,
+                    &mut g.rng,
+                )
+            });
+            g.summary.flows = if background > 0 { flows as u64 } else { 0 };
+            let (mut attack_left, mut background_left) = (attack, background);
+            while attack_left + background_left > 0 {
+                // Attack packets spread at random, with exact totals.
+                let pick_attack = g.rng.below(attack_left + background_left) < attack_left;
+                if pick_attack {
+                    g.attack_packet(cfg.workload == Workload::Synflood);
+                    attack_left -= 1;
+                } else if let Some(s) = schedule.as_mut()
+                    && let Some(i) = s.next()
+                {
+                    let mut f = s.flows[i];
+                    g.flow_packet(&mut f);
+                    s.flows[i] = f;
+                    background_left -= 1;
+                } else {
+                    break;
+                }
+                g.emit(out)?;
+                if g.index.is_multiple_of(1 << 16) {
+                    progress(g.index);
+                }
+            }
+        }
+        Workload::Kv => kv_workload(&mut g, out, &mut progress)?,
+        Workload::Gtp => gtp_workload(&mut g, out, &mut progress)?,
+    }
+    progress(g.index);
+    Ok(g.summary)
+}
+
+fn kv_workload(
+    g: &mut Gen,
+    out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<()> {
+    let cfg = g.cfg;
+    let clients = cfg.flows.unwrap_or(1000).max(1);
+    g.summary.flows = clients;
+    let keys = Zipf::new(
+        cfg.kv_keys.min(10_000_000) as usize,
+        cfg.zipf.unwrap_or(0.99),
+    );
+    let server = IpAddr::V4(Ipv4Addr::new(198, 19, 0, 100));
+    let value = [0x5au8; 16];
+    for request_id in 0..cfg.packets {
+        let client = g.rng.below(clients) as u32;
+        let v6 = (f64::from(client) / clients as f64) < cfg.ipv6_share;
+        let server = if v6 { server_ip(99, true) } else { server };
+        let hosts = Hosts {
+            src_mac: CLIENT_SIDE_MAC,
+            dst_mac: SERVER_SIDE_MAC,
+            vlan: g.vlan(client),
+            src: client_ip(client, v6),
+            dst: server,
+            ttl: 64,
+        };
+        let get = g.rng.chance(cfg.kv_get_share);
+        let key = keys.sample(&mut g.rng) as u64;
+        let msg = kv::Message {
+            op: if get { kv::Op::Get } else { kv::Op::Put },
+            request_id: request_id as u32,
+            key,
+            value: if get { &[] } else { &value },
+        };
+        msg.emit(&mut g.scratch);
+        let l4 = L4::Udp {
+            src_port: client_port(client, v6),
+            dst_port: kv::PORT,
+        };
+        let mut payload = std::mem::take(&mut g.scratch);
+        if let Some(size) = cfg.packet_size {
+            payload.resize(
+                size.saturating_sub(header_len(&hosts, &l4))
+                    .max(payload.len()),
+                0,
+            );
+        }
+        emit_frame(&mut g.frame, &hosts, &l4, &payload);
+        g.scratch = payload;
+        g.emit(out)?;
+        if g.index.is_multiple_of(1 << 16) {
+            progress(g.index);
+        }
+    }
+    Ok(())
+}
+
+fn gtp_workload(
+    g: &mut Gen,
+    out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<()> {
+    let cfg = g.cfg;
+    let users = cfg.flows.unwrap_or(cfg.packets / 100).clamp(1, cfg.packets) as usize;
+    g.summary.flows = users as u64;
+    let mut schedule = Schedule::new(cfg.packets, users, cfg.zipf.unwrap_or(0.8), cfg, &mut g.rng);
+    // Every user's first packet is its Create Session Request; further signaling (Modify
+    // Bearer, as on a handover) brings the total to one message per 18 packets.
+    let extra = (cfg.packets / 18).saturating_sub(users as u64) as f64;
+    let p_signal = extra / (cfg.packets - users as u64).max(1) as f64;
+    let mut sequence = 0u32;
+    while let Some(i) = schedule.next() {
+        let mut f = schedule.flows[i];
+        let user = f.id;
+        let first = f.sent == 0;
+        f.sent += 1;
+        let enb = Ipv4Addr::new(198, 18, 200, (user % 50) as u8 + 1);
+        let ue = IpAddr::V4(Ipv4Addr::new(
+            198,
+            18,
+            128 + ((user >> 8) & 0x7f) as u8,
+            user as u8,
+        ));
+        if first || g.rng.chance(p_signal) {
+            sequence = sequence.wrapping_add(1);
+            signaling(g, user, first, enb, sequence);
+            g.summary.special_packets += 1;
+        } else if g.rng.chance(0.5) {
+            // Uplink: the user's packet inside GTP-U from the eNodeB to the gateway.
+            let inner = Hosts {
+                src_mac: CLIENT_SIDE_MAC,
+                dst_mac: SERVER_SIDE_MAC,
+                vlan: 0,
+                src: ue,
+                dst: server_ip(f.server, false),
+                ttl: 64,
+            };
+            let l4 = L4::Udp {
+                src_port: 40_000 + (user % 20_000) as u16,
+                dst_port: f.server_port,
+            };
+            // The outer frame gets the drawn size: Ethernet, IPv4, UDP and GTP-U (50 bytes)
+            // around the inner IP and UDP headers.
+            let size = g
+                .cfg
+                .packet_size
+                .unwrap_or_else(|| data_size(&mut g.rng, false));
+            let payload_len = size.saturating_sub(50 + header_len(&inner, &l4) - 14);
+            g.payload.clear();
+            g.payload.resize(payload_len, 0);
+            g.scratch.clear();
+            g.scratch.resize(20 + 8 + payload_len + 8, 0);
+            let gtp = GtpuRepr {
+                message_type: GTPU_T_PDU,
+                teid: 0x2000_0000 | user,
+                sequence: None,
+                payload_len: 0,
+            };
+            let inner_len = emit_ip(&mut g.scratch[8..], &inner, &l4, &g.payload);
+            let gtp = GtpuRepr {
+                payload_len: inner_len as u16,
+                ..gtp
+            };
+            let _ = gtp.emit(&mut g.scratch);
+            g.scratch.truncate(8 + inner_len);
+            let outer = Hosts {
+                src_mac: CLIENT_SIDE_MAC,
+                dst_mac: SERVER_SIDE_MAC,
+                vlan: g.vlan(user),
+                src: IpAddr::V4(enb),
+                dst: IpAddr::V4(SGW),
+                ttl: 64,
+            };
+            let scratch = std::mem::take(&mut g.scratch);
+            emit_frame(
+                &mut g.frame,
+                &outer,
+                &L4::Udp {
+                    src_port: GTPU_PORT,
+                    dst_port: GTPU_PORT,
+                },
+                &scratch,
+            );
+            g.scratch = scratch;
+        } else {
+            // Downlink: a plain packet towards the user, which the gateway will encapsulate.
+            let hosts = Hosts {
+                src_mac: SERVER_SIDE_MAC,
+                dst_mac: CLIENT_SIDE_MAC,
+                vlan: g.vlan(user),
+                src: server_ip(f.server, false),
+                dst: ue,
+                ttl: 56,
+            };
+            let l4 = L4::Udp {
+                src_port: f.server_port,
+                dst_port: 40_000 + (user % 20_000) as u16,
+            };
+            let size = data_size(&mut g.rng, true);
+            g.frame_with_size(&hosts, &l4, size);
+        }
+        schedule.flows[i] = f;
+        g.emit(out)?;
+        if g.index.is_multiple_of(1 << 16) {
+            progress(g.index);
+        }
+    }
+    Ok(())
+}
+
+/// A GTPv2-C Create Session Request (first) or Modify Bearer Request from the MME.
+fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32) {
+    let mut ies = [0u8; 64];
+    let mut at = 0;
+    if create {
+        // IMSI, TBCD-encoded: 001 01 then the user number.
+        let imsi = [
+            0x00,
+            0xf1,
+            0x10,
+            (user >> 24) as u8,
+            (user >> 16) as u8,
+            (user >> 8) as u8,
+            user as u8,
+            0xf0,
+        ];
+        at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::IMSI, 0, &imsi).unwrap_or(0);
+    }
+    // F-TEID of the eNodeB's S1-U interface (type 0), IPv4: where downlink goes.
+    let mut fteid = [0u8; 9];
+    fteid[0] = 0x80;
+    fteid[1..5].copy_from_slice(&(0x3000_0000 | user).to_be_bytes());
+    fteid[5..9].copy_from_slice(&enb.octets());
+    at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &fteid).unwrap_or(0);
+    let header = Gtpv2Repr {
+        message_type: if create {
+            gtpv2_type::CREATE_SESSION_REQUEST
+        } else {
+            gtpv2_type::MODIFY_BEARER_REQUEST
+        },
+        teid: Some(if create { 0 } else { 0x1000_0000 | user }),
+        sequence,
+        payload_len: at as u16,
+    };
+    g.scratch.clear();
+    g.scratch.resize(header.header_len() + at, 0);
+    let _ = header.emit(&mut g.scratch);
+    let h = header.header_len();
+    g.scratch[h..].copy_from_slice(&ies[..at]);
+    let hosts = Hosts {
+        src_mac: CLIENT_SIDE_MAC,
+        dst_mac: SERVER_SIDE_MAC,
+        vlan: g.vlan(user),
+        src: IpAddr::V4(MME),
+        dst: IpAddr::V4(SGW),
+        ttl: 64,
+    };
+    let scratch = std::mem::take(&mut g.scratch);
+    emit_frame(
+        &mut g.frame,
+        &hosts,
+        &L4::Udp {
+            src_port: GTPC_PORT,
+            dst_port: GTPC_PORT,
+        },
+        &scratch,
+    );
+    g.scratch = scratch;
+}
+
+/// Why generation stopped: a bad configuration, or the output failed.
+#[derive(Debug)]
+pub enum GenGenerateError {
+    Config(GenError),
+    Io(io::Error),
+}
+
+impl std::fmt::Display for GenGenerateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GenGenerateError::Config(e) => write!(f, "{e}"),
+            GenGenerateError::Io(e) => write!(f, "writing the trace: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for GenGenerateError {}
+
+impl From<GenError> for GenGenerateError {
+    fn from(e: GenError) -> Self {
+        GenGenerateError::Config(e)
+    }
+}
+
+impl From<io::Error> for GenGenerateError {
+    fn from(e: io::Error) -> Self {
+        GenGenerateError::Io(e)
+    }
+}
