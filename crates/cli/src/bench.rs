@@ -1,0 +1,234 @@
+//! `stateplane bench`: packets per second per core through a program, on an in-memory
+//! replay sharded across workers as a NIC's RSS would shard it. Also measures a bare
+//! receive loop (copy into bursts, no parse) as the baseline in the same run, and repeats
+//! each measurement to report the median.
+
+use crate::CliResult;
+use crate::run::bounded;
+use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_io::ReplayTrace;
+use stateplane_programs::forward::Forward;
+use stateplane_programs::l2::{L2, L2Config, MacEntry};
+use stateplane_programs::PortNames;
+use stateplane_runtime::pipeline::{BurstSource, RunHandle, RuntimeConfig, run_sharded};
+use stateplane_runtime::{Burst, Counter, ProgramFactory};
+use stateplane_wire::FlowHasher;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Replay this capture instead of generating one.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Workload of the generated trace.
+    #[arg(long, default_value = "internet")]
+    pub workload: String,
+    /// Packets in the generated trace.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub packets: u64,
+    /// Frame size of the generated trace (as captured).
+    #[arg(long, default_value_t = 64)]
+    pub packet_size: usize,
+    /// Share of IPv6 flows in the generated trace.
+    #[arg(long, default_value_t = 0.0)]
+    pub ipv6_share: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Times each worker replays its share of the trace.
+    #[arg(long, default_value_t = 5)]
+    pub loops: u64,
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 64)]
+    pub burst: usize,
+    /// Comma-separated: rx (baseline), forward, l2.
+    #[arg(long, default_value = "rx,forward,l2")]
+    pub programs: String,
+    /// Repeat each measurement and report the median.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Do not ask for huge pages for the replay memory.
+    #[arg(long)]
+    pub no_hugepages: bool,
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+}
+
+struct Measurement {
+    program: String,
+    packets: u64,
+    /// Median over repeats of the per-core rate (packets / busy time, averaged over workers).
+    mpps_per_core: f64,
+    ns_per_packet: f64,
+    /// Median over repeats of all workers together (packets / slowest worker's time).
+    mpps_total: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn l2_factory() -> CliResult<ProgramFactory> {
+    // Both router MACs of the generated traces lead to port 1, among 4094 other stations,
+    // so lookups hit a table larger than a toy one.
+    let mut macs = vec![
+        MacEntry { mac: "02:00:00:00:00:01".into(), port: "1".into(), vlan: 0 },
+        MacEntry { mac: "02:00:00:00:00:02".into(), port: "1".into(), vlan: 0 },
+    ];
+    for i in 0..4094u32 {
+        macs.push(MacEntry { mac: format!("02:10:00:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff), port: "0".into(), vlan: 0 });
+    }
+    let ports = PortNames(vec!["0".into(), "1".into()]);
+    let l2 = L2::new(&L2Config { macs, unknown: None }, &ports, "bench.l2").map_err(|e| e.to_string())?;
+    Ok(Arc::new(move |_| Box::new(l2.clone())))
+}
+
+/// The baseline: receive into bursts and count, touching no packet data.
+fn rx_only(trace: &ReplayTrace, cfg: &RuntimeConfig, loops: u64, huge: bool) -> (u64, Vec<f64>) {
+    let queues = trace.into_queues(cfg.workers, &cfg.hasher, loops, 0, huge);
+    let results: Vec<(u64, f64)> = std::thread::scope(|s| {
+        let threads: Vec<_> = queues
+            .into_iter()
+            .map(|mut q| {
+                let burst_size = cfg.burst_size;
+                s.spawn(move || {
+                    let mut burst = Burst::with_capacity(burst_size);
+                    let mut n = 0u64;
+                    let t = Instant::now();
+                    while q.fill(&mut burst) {
+                        n += burst.len() as u64;
+                        burst.clear();
+                    }
+                    (n, t.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        threads.into_iter().filter_map(|t| t.join().ok()).collect()
+    });
+    (results.iter().map(|r| r.0).sum(), results.iter().map(|r| r.1 / r.0.max(1) as f64).collect())
+}
+
+pub fn main(a: BenchArgs) -> CliResult<()> {
+    let workers = bounded("--workers", a.workers, 1, 64)?;
+    let burst_size = bounded("--burst", a.burst, 1, 1024)?;
+    let repeat = bounded("--repeat", a.repeat, 1, 101)?;
+    let huge = !a.no_hugepages;
+    let t = Instant::now();
+    let (trace, input) = match &a.trace {
+        Some(path) => {
+            let trace = ReplayTrace::load(path, None, huge).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            (trace, format!("trace {}", path.display()))
+        }
+        None => {
+            let workload: Workload = a.workload.parse().map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
+            let mut cfg = GenConfig::new(workload, a.packets);
+            cfg.seed = a.seed;
+            cfg.packet_size = Some(a.packet_size);
+            cfg.ipv6_share = a.ipv6_share;
+            let mut frames = Vec::new();
+            let mut bounds = Vec::new();
+            generate(&cfg, |ts, f| {
+                bounds.push((ts, frames.len(), f.len()));
+                frames.extend_from_slice(f);
+                Ok(())
+            }, |_| {})
+            .map_err(|e| e.to_string())?;
+            let trace = ReplayTrace::from_packets(bounds.iter().map(|&(ts, at, len)| (ts, &frames[at..at + len])));
+            let input = format!(
+                "generated: stateplane gen {} --packets {} --packet-size {} --ipv6-share {} --seed {}",
+                a.workload, a.packets, a.packet_size, a.ipv6_share, a.seed
+            );
+            (trace, input)
+        }
+    };
+    if trace.is_empty() {
+        return Err("the trace has no packets".into());
+    }
+    eprintln!("loaded {} packets ({} bytes) in {:.1} s", trace.len(), trace.bytes(), t.elapsed().as_secs_f64());
+    let runtime = RuntimeConfig { workers, burst_size, queue_depth: 8, hasher: FlowHasher::random() };
+    let mut results = Vec::new();
+    for program in a.programs.split(',').map(str::trim) {
+        let mut per_core = Vec::new();
+        let mut total = Vec::new();
+        let mut ns = Vec::new();
+        let mut packets = 0;
+        for _ in 0..repeat {
+            let (n, per_worker_ns) = if program == "rx" {
+                let (n, secs_per_pkt) = rx_only(&trace, &runtime, a.loops, huge);
+                (n, secs_per_pkt.iter().map(|s| s * 1e9).collect::<Vec<_>>())
+            } else {
+                let factory = match program {
+                    "forward" => {
+                        let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
+                        Arc::new(move |_| Box::new(f.clone()) as Box<dyn stateplane_runtime::Program>) as ProgramFactory
+                    }
+                    "l2" => l2_factory()?,
+                    other => return Err(format!("--programs: '{other}' is not one of rx, forward, l2")),
+                };
+                let queues: Vec<Box<dyn BurstSource>> = trace
+                    .into_queues(workers, &runtime.hasher, a.loops, 0, huge)
+                    .into_iter()
+                    .map(|q| Box::new(q) as Box<dyn BurstSource>)
+                    .collect();
+                let handle = RunHandle::new(workers);
+                let report = run_sharded(&runtime, queues, 2, &factory, &handle);
+                if let Some(e) = report.errors.first() {
+                    return Err(e.clone());
+                }
+                let forwarded = report.total.get(Counter::TxPackets);
+                if forwarded != report.total.get(Counter::RxPackets) {
+                    return Err(format!("{program}: forwarded {forwarded} of {} packets; the benchmark expects all", report.total.get(Counter::RxPackets)));
+                }
+                let ns: Vec<f64> = report
+                    .per_worker
+                    .iter()
+                    .zip(&report.worker_busy)
+                    .map(|(s, b)| b.as_secs_f64() * 1e9 / s.get(Counter::RxPackets).max(1) as f64)
+                    .collect();
+                (report.total.get(Counter::RxPackets), ns)
+            };
+            packets = n;
+            let mean_ns = per_worker_ns.iter().sum::<f64>() / per_worker_ns.len() as f64;
+            let slowest = per_worker_ns.iter().copied().fold(0.0, f64::max);
+            ns.push(mean_ns);
+            per_core.push(1e3 / mean_ns);
+            total.push(n as f64 / (slowest * n as f64 / workers as f64) * 1e3);
+        }
+        results.push(Measurement { program: program.to_owned(), packets, mpps_per_core: median(per_core), ns_per_packet: median(ns), mpps_total: median(total) });
+    }
+    report(&a, &input, workers, burst_size, huge && trace.is_huge(), &results)
+}
+
+fn report(a: &BenchArgs, input: &str, workers: usize, burst: usize, huge: bool, results: &[Measurement]) -> CliResult<()> {
+    if a.json {
+        let rows: Vec<_> = results
+            .iter()
+            .map(|m| serde_json::json!({"program": m.program, "packets": m.packets, "mpps_per_core": m.mpps_per_core,
+                                         "ns_per_packet": m.ns_per_packet, "mpps_total": m.mpps_total}))
+            .collect();
+        let v = serde_json::json!({"input": input, "workers": workers, "burst": burst, "loops": a.loops, "repeat": a.repeat,
+                                   "hugepages": huge, "results": rows});
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+    } else {
+        println!("input: {input}");
+        println!("workers {workers}, burst {burst}, loops {}, repeat {} (median), huge pages {}", a.loops, a.repeat, if huge { "yes" } else { "no" });
+        println!("{:<10} {:>14} {:>14} {:>12} {:>14}", "program", "packets", "Mpps/core", "ns/packet", "Mpps total");
+        for m in results {
+            println!("{:<10} {:>14} {:>14.2} {:>12.1} {:>14.2}", m.program, m.packets, m.mpps_per_core, m.ns_per_packet, m.mpps_total);
+        }
+    }
+    if let Some(path) = &a.csv {
+        let mut csv = String::from("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total\n");
+        for m in results {
+            csv.push_str(&format!("{},{},{},{},{:.3},{:.2},{:.3}\n", m.program, m.packets, workers, burst, m.mpps_per_core, m.ns_per_packet, m.mpps_total));
+        }
+        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! The TOML configuration of `stateplane run`. Unknown keys are errors that name the key.
+//!
+//! ```toml
+//! workers = 2          # worker threads (default 1)
+//! burst = 64           # packets per burst (default 64)
+//! metrics = "127.0.0.1:9464"   # optional Prometheus endpoint, loopback only
+//!
+//! [program]
+//! name = "l2"          # see `stateplane run --help` for the catalog
+//! [program.l2]         # the program's own settings
+//! macs = [ { mac = "02:00:00:00:00:02", port = "out" } ]
+//!
+//! [[port]]
+//! name = "in"
+//! rx = "trace.pcap"    # read packets from this capture
+//! [[port]]
+//! name = "out"
+//! tx = "out.pcap"      # write packets sent to this port (omit: count and discard)
+//! ```
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub workers: Option<usize>,
+    pub burst: Option<usize>,
+    pub queue_depth: Option<usize>,
+    pub metrics: Option<String>,
+    pub program: Option<ProgramSection>,
+    #[serde(default)]
+    pub port: Vec<PortSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ProgramSection {
+    pub name: String,
+    /// The program's own table, `[program.NAME]`, and nothing else.
+    #[serde(flatten)]
+    pub settings: toml::Table,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSection {
+    pub name: String,
+    pub rx: Option<PathBuf>,
+    pub tx: Option<PathBuf>,
+}
+
+impl RunConfig {
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let cfg: RunConfig = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        if let Some(p) = &cfg.program
+            && let Some(other) = p.settings.keys().find(|k| **k != p.name)
+        {
+            return Err(format!(
+                "{}: program.{other}: the program is '{}', so its settings go in [program.{}]",
+                path.display(),
+                p.name,
+                p.name
+            ));
+        }
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,59 @@
+//! `stateplane`: the command line.
+//!
+//! Owns: argument and configuration parsing (errors name the field and the fix), progress
+//! display, summaries, the metrics endpoint, and the benchmark driver.
+//!
+//! Must never: implement packet processing itself; it only wires the library crates.
+
+mod bench;
+mod config;
+mod gen_cmd;
+mod metrics;
+mod progress;
+mod run;
+mod summary;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "stateplane", version, about = "A fast software data plane for stateful network functions")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program over ports (capture files), from flags or a TOML config.
+    Run(run::RunArgs),
+    /// Generate a trace deterministically from a seed.
+    Gen(gen_cmd::GenArgs),
+    /// Measure packets per second per core on an in-memory replay.
+    Bench(bench::BenchArgs),
+    /// Print the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Gen(args) => gen_cmd::main(args),
+        Command::Bench(args) => bench::main(args),
+        Command::Version => {
+            println!("stateplane {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error type of every command: a message a user can act on.
+pub type CliResult<T> = Result<T, String>;

@@ -1,0 +1,138 @@
+//! `stateplane run`: a program over capture-file ports.
+
+use crate::config::{PortSection, RunConfig};
+use crate::progress::Progress;
+use crate::{CliResult, metrics, summary};
+use stateplane_io::capture::{FileRx, FileTx};
+use stateplane_programs::{CATALOG, PortNames};
+use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
+use stateplane_runtime::{PortId, RxPort, TxPort};
+use stateplane_wire::FlowHasher;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+#[derive(clap::Args)]
+#[command(after_help = program_list())]
+pub struct RunArgs {
+    /// The program (overrides the config's [program] name); default `forward`.
+    pub program: Option<String>,
+    /// A TOML configuration (see docs/cli.md).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// An input capture (pcap or pcapng); repeat for several ports, named in0, in1, ...
+    #[arg(long = "in", short = 'i')]
+    pub inputs: Vec<PathBuf>,
+    /// The output capture, port `out` (after the inputs); `.pcapng` writes pcapng.
+    #[arg(long = "out", short = 'o')]
+    pub output: Option<PathBuf>,
+    /// Worker threads, each owning a shard of the flows.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Packets per burst.
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Write packets sent to the control plane into this capture.
+    #[arg(long)]
+    pub control_pcap: Option<PathBuf>,
+    /// Seed of the flow hash (default: random per process), for reproducible sharding.
+    #[arg(long)]
+    pub hash_seed: Option<u64>,
+}
+
+fn program_list() -> String {
+    let mut s = String::from("Programs:\n");
+    for (name, about) in CATALOG {
+        s.push_str(&format!("  {name:<10} {about}\n"));
+    }
+    s
+}
+
+/// Checks a count given by flag or config against its range.
+pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> CliResult<usize> {
+    if (lo..=hi).contains(&value) { Ok(value) } else { Err(format!("{name}: {value} is outside {lo} to {hi}")) }
+}
+
+pub fn main(args: RunArgs) -> CliResult<()> {
+    let cfg = match &args.config {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    let ports = match (cfg.port.is_empty(), args.inputs.is_empty() && args.output.is_none()) {
+        (false, false) => return Err("give ports either in the config's [[port]] tables or with --in/--out, not both".into()),
+        (false, true) => cfg.port.clone(),
+        (true, _) => {
+            if args.inputs.is_empty() {
+                return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), or [[port]] tables with rx in --config".into());
+            }
+            let mut ports: Vec<PortSection> =
+                args.inputs.iter().enumerate().map(|(i, p)| PortSection { name: format!("in{i}"), rx: Some(p.clone()), tx: None }).collect();
+            ports.push(PortSection { name: "out".into(), rx: None, tx: args.output.clone() });
+            ports
+        }
+    };
+    let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
+    for (i, p) in ports.iter().enumerate() {
+        if ports[..i].iter().any(|q| q.name == p.name) {
+            return Err(format!("port[{i}].name: '{}' is used twice; give each port its own name", p.name));
+        }
+    }
+    if ports.len() > usize::from(PortId::MAX) {
+        return Err("too many ports".into());
+    }
+    let program_name = args.program.clone().or_else(|| cfg.program.as_ref().map(|p| p.name.clone())).unwrap_or_else(|| "forward".into());
+    let settings = cfg.program.as_ref().filter(|p| p.name == program_name).and_then(|p| p.settings.get(&program_name)).cloned();
+    let factory = stateplane_programs::build(&program_name, settings.as_ref(), &names).map_err(|e| e.to_string())?;
+
+    let workers = bounded("--workers", args.workers.or(cfg.workers).unwrap_or(1), 1, 64)?;
+    let burst_size = bounded("--burst", args.burst.or(cfg.burst).unwrap_or(64), 1, 1024)?;
+    let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
+    let hasher = args.hash_seed.map_or_else(FlowHasher::random, FlowHasher::with_seed);
+    let runtime = RuntimeConfig { workers, burst_size, queue_depth, hasher };
+
+    let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
+    let mut tx: Vec<Option<Box<dyn TxPort>>> = Vec::new();
+    let mut input_size = 0u64;
+    for (i, p) in ports.iter().enumerate() {
+        if let Some(path) = &p.rx {
+            let port = FileRx::open(path).map_err(|e| format!("port {} (rx {}): {e}", p.name, path.display()))?;
+            input_size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            rx.push((i as PortId, Box::new(port)));
+        }
+        tx.push(match &p.tx {
+            Some(path) => Some(Box::new(FileTx::create(path).map_err(|e| format!("port {}: {e}", p.name))?)),
+            None => None,
+        });
+    }
+    if rx.is_empty() {
+        return Err("no port has an rx capture: give one with --in FILE or rx = \"FILE\" in a [[port]] table".into());
+    }
+    let control: Option<Box<dyn TxPort>> = match &args.control_pcap {
+        Some(path) => Some(Box::new(FileTx::create(path).map_err(|e| format!("--control-pcap: {e}"))?)),
+        None => None,
+    };
+
+    let handle = Arc::new(RunHandle::new(workers));
+    if let Some(addr) = args.metrics.as_ref().or(cfg.metrics.as_ref()) {
+        let addr = metrics::parse_addr(addr)?;
+        metrics::serve(addr, handle.clone(), factory(0).drop_reasons())?;
+        eprintln!("metrics on http://{addr}/metrics");
+    }
+    let watched = handle.input_bytes.clone();
+    let progress = Progress::start(input_size, true, move || watched.load(Ordering::Relaxed));
+    let report = run_offline(&runtime, OfflinePorts { rx, tx, control }, &factory, &handle);
+    drop(progress);
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary::to_json(&report, &program_name, &names.0)).map_err(|e| e.to_string())?);
+    } else {
+        summary::print_table(&report, &program_name, &names.0);
+    }
+    if report.errors.is_empty() { Ok(()) } else { Err(format!("the run had {} error(s), listed above", report.errors.len())) }
+}

@@ -1,0 +1,76 @@
+//! The end-of-run summary, as a table for people and as JSON for scripts.
+
+use serde_json::json;
+use stateplane_runtime::Counter;
+use stateplane_runtime::pipeline::RunReport;
+
+/// Packets per second over the wall time.
+fn mpps(packets: u64, secs: f64) -> f64 {
+    if secs > 0.0 { packets as f64 / secs / 1e6 } else { 0.0 }
+}
+
+pub fn to_json(report: &RunReport, program: &str, port_names: &[String]) -> serde_json::Value {
+    let t = &report.total;
+    let secs = report.wall.as_secs_f64();
+    let counters: serde_json::Map<String, serde_json::Value> = Counter::ALL.iter().map(|c| (c.name().to_owned(), json!(t.get(*c)))).collect();
+    let drops: serde_json::Map<String, serde_json::Value> =
+        t.drops_by_reason(report.drop_reason_names).into_iter().map(|(n, v)| (n.to_owned(), json!(v))).collect();
+    let malformed: serde_json::Map<String, serde_json::Value> = t.malformed_by_reason().into_iter().map(|(n, v)| (n.to_owned(), json!(v))).collect();
+    let ports: Vec<serde_json::Value> = report
+        .tx_per_port
+        .iter()
+        .enumerate()
+        .map(|(i, (p, b))| json!({"port": port_names.get(i).cloned().unwrap_or_else(|| i.to_string()), "tx_packets": p, "tx_bytes": b}))
+        .collect();
+    json!({
+        "program": program,
+        "workers": report.per_worker.len(),
+        "wall_seconds": secs,
+        "mpps": mpps(t.get(Counter::RxPackets), secs),
+        "counters": counters,
+        "oversize": report.oversize,
+        "drops": drops,
+        "malformed": malformed,
+        "ports": ports,
+        "per_worker_rx_packets": report.per_worker.iter().map(|s| s.get(Counter::RxPackets)).collect::<Vec<_>>(),
+        "errors": report.errors,
+    })
+}
+
+pub fn print_table(report: &RunReport, program: &str, port_names: &[String]) {
+    let t = &report.total;
+    let secs = report.wall.as_secs_f64();
+    let row = |k: &str, v: String| println!("  {k:<28} {v:>16}");
+    println!("stateplane run: {program}, {} worker(s)", report.per_worker.len());
+    row("packets in", t.get(Counter::RxPackets).to_string());
+    row("packets out", t.get(Counter::TxPackets).to_string());
+    row("to control plane", t.get(Counter::ToControl).to_string());
+    row("dropped", t.get(Counter::Dropped).to_string());
+    row("wall time (s)", format!("{secs:.3}"));
+    row("rate (Mpps, wall)", format!("{:.3}", mpps(t.get(Counter::RxPackets), secs)));
+    let drops = t.drops_by_reason(report.drop_reason_names);
+    if !drops.is_empty() {
+        println!("  drops by reason:");
+        for (n, v) in drops {
+            row(&format!("  {n}"), v.to_string());
+        }
+    }
+    let malformed = t.malformed_by_reason();
+    if !malformed.is_empty() {
+        println!("  malformed by reason:");
+        for (n, v) in malformed {
+            row(&format!("  {n}"), v.to_string());
+        }
+    }
+    if report.oversize > 0 {
+        row("oversize (dropped at port)", report.oversize.to_string());
+    }
+    println!("  out by port:");
+    for (i, (p, b)) in report.tx_per_port.iter().enumerate() {
+        let name = port_names.get(i).cloned().unwrap_or_else(|| i.to_string());
+        row(&format!("  {name}"), format!("{p} pkts {b} B"));
+    }
+    for e in &report.errors {
+        println!("  error: {e}");
+    }
+}
