@@ -7,9 +7,9 @@ use crate::CliResult;
 use crate::run::bounded;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::ReplayTrace;
+use stateplane_programs::PortNames;
 use stateplane_programs::forward::Forward;
 use stateplane_programs::l2::{L2, L2Config, MacEntry};
-use stateplane_programs::PortNames;
 use stateplane_runtime::pipeline::{BurstSource, RunHandle, RuntimeConfig, run_sharded};
 use stateplane_runtime::{Burst, Counter, ProgramFactory};
 use stateplane_wire::FlowHasher;
@@ -78,14 +78,39 @@ fn l2_factory() -> CliResult<ProgramFactory> {
     // Both router MACs of the generated traces lead to port 1, among 4094 other stations,
     // so lookups hit a table larger than a toy one.
     let mut macs = vec![
-        MacEntry { mac: "02:00:00:00:00:01".into(), port: "1".into(), vlan: 0 },
-        MacEntry { mac: "02:00:00:00:00:02".into(), port: "1".into(), vlan: 0 },
+        MacEntry {
+            mac: "02:00:00:00:00:01".into(),
+            port: "1".into(),
+            vlan: 0,
+        },
+        MacEntry {
+            mac: "02:00:00:00:00:02".into(),
+            port: "1".into(),
+            vlan: 0,
+        },
     ];
     for i in 0..4094u32 {
-        macs.push(MacEntry { mac: format!("02:10:00:{:02x}:{:02x}:{:02x}", i >> 16, (i >> 8) & 0xff, i & 0xff), port: "0".into(), vlan: 0 });
+        macs.push(MacEntry {
+            mac: format!(
+                "02:10:00:{:02x}:{:02x}:{:02x}",
+                i >> 16,
+                (i >> 8) & 0xff,
+                i & 0xff
+            ),
+            port: "0".into(),
+            vlan: 0,
+        });
     }
     let ports = PortNames(vec!["0".into(), "1".into()]);
-    let l2 = L2::new(&L2Config { macs, unknown: None }, &ports, "bench.l2").map_err(|e| e.to_string())?;
+    let l2 = L2::new(
+        &L2Config {
+            macs,
+            unknown: None,
+        },
+        &ports,
+        "bench.l2",
+    )
+    .map_err(|e| e.to_string())?;
     Ok(Arc::new(move |_| Box::new(l2.clone())))
 }
 
@@ -111,7 +136,10 @@ fn rx_only(trace: &ReplayTrace, cfg: &RuntimeConfig, loops: u64, huge: bool) -> 
             .collect();
         threads.into_iter().filter_map(|t| t.join().ok()).collect()
     });
-    (results.iter().map(|r| r.0).sum(), results.iter().map(|r| r.1 / r.0.max(1) as f64).collect())
+    (
+        results.iter().map(|r| r.0).sum(),
+        results.iter().map(|r| r.1 / r.0.max(1) as f64).collect(),
+    )
 }
 
 pub fn main(a: BenchArgs) -> CliResult<()> {
@@ -122,24 +150,36 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
     let t = Instant::now();
     let (trace, input) = match &a.trace {
         Some(path) => {
-            let trace = ReplayTrace::load(path, None, huge).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            let trace = ReplayTrace::load(path, None, huge)
+                .map_err(|e| format!("--trace {}: {e}", path.display()))?;
             (trace, format!("trace {}", path.display()))
         }
         None => {
-            let workload: Workload = a.workload.parse().map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
+            let workload: Workload = a
+                .workload
+                .parse()
+                .map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
             let mut cfg = GenConfig::new(workload, a.packets);
             cfg.seed = a.seed;
             cfg.packet_size = Some(a.packet_size);
             cfg.ipv6_share = a.ipv6_share;
             let mut frames = Vec::new();
             let mut bounds = Vec::new();
-            generate(&cfg, |ts, f| {
-                bounds.push((ts, frames.len(), f.len()));
-                frames.extend_from_slice(f);
-                Ok(())
-            }, |_| {})
+            generate(
+                &cfg,
+                |ts, f| {
+                    bounds.push((ts, frames.len(), f.len()));
+                    frames.extend_from_slice(f);
+                    Ok(())
+                },
+                |_| {},
+            )
             .map_err(|e| e.to_string())?;
-            let trace = ReplayTrace::from_packets(bounds.iter().map(|&(ts, at, len)| (ts, &frames[at..at + len])));
+            let trace = ReplayTrace::from_packets(
+                bounds
+                    .iter()
+                    .map(|&(ts, at, len)| (ts, &frames[at..at + len])),
+            );
             let input = format!(
                 "generated: stateplane gen {} --packets {} --packet-size {} --ipv6-share {} --seed {}",
                 a.workload, a.packets, a.packet_size, a.ipv6_share, a.seed
@@ -150,8 +190,18 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
     if trace.is_empty() {
         return Err("the trace has no packets".into());
     }
-    eprintln!("loaded {} packets ({} bytes) in {:.1} s", trace.len(), trace.bytes(), t.elapsed().as_secs_f64());
-    let runtime = RuntimeConfig { workers, burst_size, queue_depth: 8, hasher: FlowHasher::random() };
+    eprintln!(
+        "loaded {} packets ({} bytes) in {:.1} s",
+        trace.len(),
+        trace.bytes(),
+        t.elapsed().as_secs_f64()
+    );
+    let runtime = RuntimeConfig {
+        workers,
+        burst_size,
+        queue_depth: 8,
+        hasher: FlowHasher::random(),
+    };
     let mut results = Vec::new();
     for program in a.programs.split(',').map(str::trim) {
         let mut per_core = Vec::new();
@@ -166,10 +216,16 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
                 let factory = match program {
                     "forward" => {
                         let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
-                        Arc::new(move |_| Box::new(f.clone()) as Box<dyn stateplane_runtime::Program>) as ProgramFactory
+                        Arc::new(move |_| {
+                            Box::new(f.clone()) as Box<dyn stateplane_runtime::Program>
+                        }) as ProgramFactory
                     }
                     "l2" => l2_factory()?,
-                    other => return Err(format!("--programs: '{other}' is not one of rx, forward, l2")),
+                    other => {
+                        return Err(format!(
+                            "--programs: '{other}' is not one of rx, forward, l2"
+                        ));
+                    }
                 };
                 let queues: Vec<Box<dyn BurstSource>> = trace
                     .into_queues(workers, &runtime.hasher, a.loops, 0, huge)
@@ -183,7 +239,10 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
                 }
                 let forwarded = report.total.get(Counter::TxPackets);
                 if forwarded != report.total.get(Counter::RxPackets) {
-                    return Err(format!("{program}: forwarded {forwarded} of {} packets; the benchmark expects all", report.total.get(Counter::RxPackets)));
+                    return Err(format!(
+                        "{program}: forwarded {forwarded} of {} packets; the benchmark expects all",
+                        report.total.get(Counter::RxPackets)
+                    ));
                 }
                 let ns: Vec<f64> = report
                     .per_worker
@@ -200,12 +259,32 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
             per_core.push(1e3 / mean_ns);
             total.push(n as f64 / (slowest * n as f64 / workers as f64) * 1e3);
         }
-        results.push(Measurement { program: program.to_owned(), packets, mpps_per_core: median(per_core), ns_per_packet: median(ns), mpps_total: median(total) });
+        results.push(Measurement {
+            program: program.to_owned(),
+            packets,
+            mpps_per_core: median(per_core),
+            ns_per_packet: median(ns),
+            mpps_total: median(total),
+        });
     }
-    report(&a, &input, workers, burst_size, huge && trace.is_huge(), &results)
+    report(
+        &a,
+        &input,
+        workers,
+        burst_size,
+        huge && trace.is_huge(),
+        &results,
+    )
 }
 
-fn report(a: &BenchArgs, input: &str, workers: usize, burst: usize, huge: bool, results: &[Measurement]) -> CliResult<()> {
+fn report(
+    a: &BenchArgs,
+    input: &str,
+    workers: usize,
+    burst: usize,
+    huge: bool,
+    results: &[Measurement],
+) -> CliResult<()> {
     if a.json {
         let rows: Vec<_> = results
             .iter()
@@ -214,19 +293,43 @@ fn report(a: &BenchArgs, input: &str, workers: usize, burst: usize, huge: bool, 
             .collect();
         let v = serde_json::json!({"input": input, "workers": workers, "burst": burst, "loops": a.loops, "repeat": a.repeat,
                                    "hugepages": huge, "results": rows});
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
     } else {
         println!("input: {input}");
-        println!("workers {workers}, burst {burst}, loops {}, repeat {} (median), huge pages {}", a.loops, a.repeat, if huge { "yes" } else { "no" });
-        println!("{:<10} {:>14} {:>14} {:>12} {:>14}", "program", "packets", "Mpps/core", "ns/packet", "Mpps total");
+        println!(
+            "workers {workers}, burst {burst}, loops {}, repeat {} (median), huge pages {}",
+            a.loops,
+            a.repeat,
+            if huge { "yes" } else { "no" }
+        );
+        println!(
+            "{:<10} {:>14} {:>14} {:>12} {:>14}",
+            "program", "packets", "Mpps/core", "ns/packet", "Mpps total"
+        );
         for m in results {
-            println!("{:<10} {:>14} {:>14.2} {:>12.1} {:>14.2}", m.program, m.packets, m.mpps_per_core, m.ns_per_packet, m.mpps_total);
+            println!(
+                "{:<10} {:>14} {:>14.2} {:>12.1} {:>14.2}",
+                m.program, m.packets, m.mpps_per_core, m.ns_per_packet, m.mpps_total
+            );
         }
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total\n");
+        let mut csv =
+            String::from("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total\n");
         for m in results {
-            csv.push_str(&format!("{},{},{},{},{:.3},{:.2},{:.3}\n", m.program, m.packets, workers, burst, m.mpps_per_core, m.ns_per_packet, m.mpps_total));
+            csv.push_str(&format!(
+                "{},{},{},{},{:.3},{:.2},{:.3}\n",
+                m.program,
+                m.packets,
+                workers,
+                burst,
+                m.mpps_per_core,
+                m.ns_per_packet,
+                m.mpps_total
+            ));
         }
         std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
     }

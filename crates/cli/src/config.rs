@@ -51,8 +51,10 @@ pub struct PortSection {
 
 impl RunConfig {
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let cfg: RunConfig = toml::from_str(&text).map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let cfg: RunConfig = toml::from_str(&text)
+            .map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))?;
         if let Some(p) = &cfg.program
             && let Some(other) = p.settings.keys().find(|k| **k != p.name)
         {

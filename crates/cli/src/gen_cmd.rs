@@ -56,7 +56,10 @@ pub struct GenArgs {
 }
 
 pub fn main(a: GenArgs) -> CliResult<()> {
-    let workload: Workload = a.workload.parse().map_err(|e: stateplane_gen::GenError| e.problem)?;
+    let workload: Workload = a
+        .workload
+        .parse()
+        .map_err(|e: stateplane_gen::GenError| e.problem)?;
     let cfg = GenConfig {
         workload,
         packets: a.packets,
@@ -79,9 +82,15 @@ pub fn main(a: GenArgs) -> CliResult<()> {
     let watched = done.clone();
     let progress = Progress::start(a.packets, false, move || watched.load(Ordering::Relaxed));
     let start = Instant::now();
-    let summary = generate(&cfg, |ts, frame| writer.write(ts, frame, frame.len() as u32), |n| done.store(n, Ordering::Relaxed))
-        .map_err(|e| e.to_string())?;
-    writer.flush().map_err(|e| format!("writing {}: {e}", a.output.display()))?;
+    let summary = generate(
+        &cfg,
+        |ts, frame| writer.write(ts, frame, frame.len() as u32),
+        |n| done.store(n, Ordering::Relaxed),
+    )
+    .map_err(|e| e.to_string())?;
+    writer
+        .flush()
+        .map_err(|e| format!("writing {}: {e}", a.output.display()))?;
     drop(progress);
     let secs = start.elapsed().as_secs_f64();
     if a.json {
@@ -92,9 +101,19 @@ pub fn main(a: GenArgs) -> CliResult<()> {
             "special_packets": summary.special_packets, "trace_seconds": (summary.last_ns - summary.first_ns) as f64 / 1e9,
             "wall_seconds": secs,
         });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+        );
     } else {
-        println!("stateplane gen {}: {} packets, {} bytes, {} flows -> {}", workload.name(), summary.packets, summary.bytes, summary.flows, a.output.display());
+        println!(
+            "stateplane gen {}: {} packets, {} bytes, {} flows -> {}",
+            workload.name(),
+            summary.packets,
+            summary.bytes,
+            summary.flows,
+            a.output.display()
+        );
         println!(
             "  IPv6 {} | TCP {} | UDP {} | {} {} | trace {:.3} s | written in {:.2} s ({:.1} Mpps)",
             summary.ipv6_packets,

@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "stateplane", version, about = "A fast software data plane for stateful network functions")]
+#[command(
+    name = "stateplane",
+    version,
+    about = "A fast software data plane for stateful network functions"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -12,10 +12,13 @@ use std::time::Duration;
 
 /// Parses and checks the address: loopback only, so that nothing is exposed beyond the host.
 pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
-    let addr: SocketAddr =
-        text.parse().map_err(|_| format!("--metrics: '{text}' is not an address and port; write it like 127.0.0.1:9464"))?;
+    let addr: SocketAddr = text.parse().map_err(|_| {
+        format!("--metrics: '{text}' is not an address and port; write it like 127.0.0.1:9464")
+    })?;
     if !addr.ip().is_loopback() {
-        return Err(format!("--metrics: {addr} is not a loopback address; the endpoint serves on 127.0.0.1 or [::1] only"));
+        return Err(format!(
+            "--metrics: {addr} is not a loopback address; the endpoint serves on 127.0.0.1 or [::1] only"
+        ));
     }
     Ok(addr)
 }
@@ -30,7 +33,12 @@ fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
         let _ = writeln!(out, "# TYPE stateplane_{} counter", c.name());
         let _ = writeln!(out, "stateplane_{} {}", c.name(), total.get(c));
         for (w, s) in per_worker.iter().enumerate() {
-            let _ = writeln!(out, "stateplane_{}{{worker=\"{w}\"}} {}", c.name(), s.get(c));
+            let _ = writeln!(
+                out,
+                "stateplane_{}{{worker=\"{w}\"}} {}",
+                c.name(),
+                s.get(c)
+            );
         }
     }
     let _ = writeln!(out, "# TYPE stateplane_drops counter");
@@ -39,14 +47,22 @@ fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
     }
     let _ = writeln!(out, "# TYPE stateplane_malformed_packets counter");
     for (reason, v) in total.malformed_by_reason() {
-        let _ = writeln!(out, "stateplane_malformed_packets{{reason=\"{reason}\"}} {v}");
+        let _ = writeln!(
+            out,
+            "stateplane_malformed_packets{{reason=\"{reason}\"}} {v}"
+        );
     }
     out
 }
 
 /// Serves until the run's stop flag... and beyond: the thread lives as long as the process.
-pub fn serve(addr: SocketAddr, handle: Arc<RunHandle>, drop_names: &'static [&'static str]) -> Result<(), String> {
-    let listener = TcpListener::bind(addr).map_err(|e| format!("--metrics: cannot listen on {addr}: {e}"))?;
+pub fn serve(
+    addr: SocketAddr,
+    handle: Arc<RunHandle>,
+    drop_names: &'static [&'static str],
+) -> Result<(), String> {
+    let listener =
+        TcpListener::bind(addr).map_err(|e| format!("--metrics: cannot listen on {addr}: {e}"))?;
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
@@ -54,7 +70,11 @@ pub fn serve(addr: SocketAddr, handle: Arc<RunHandle>, drop_names: &'static [&'s
             let mut req = [0u8; 1024];
             let n = stream.read(&mut req).unwrap_or(0);
             let ok = req[..n].starts_with(b"GET /metrics");
-            let (status, body) = if ok { ("200 OK", render(&handle, drop_names)) } else { ("404 Not Found", "try /metrics\n".to_owned()) };
+            let (status, body) = if ok {
+                ("200 OK", render(&handle, drop_names))
+            } else {
+                ("404 Not Found", "try /metrics\n".to_owned())
+            };
             let _ = write!(
                 stream,
                 "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",

@@ -41,7 +41,10 @@ impl Progress {
             }
             bar.finish_and_clear();
         });
-        Progress { done, thread: Some(thread) }
+        Progress {
+            done,
+            thread: Some(thread),
+        }
     }
 }
 

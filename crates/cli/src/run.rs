@@ -41,6 +41,9 @@ pub struct RunArgs {
     /// Write packets sent to the control plane into this capture.
     #[arg(long)]
     pub control_pcap: Option<PathBuf>,
+    /// Keep serving metrics this many seconds after the run, for a last scrape.
+    #[arg(long, default_value_t = 0)]
+    pub hold_metrics: u64,
     /// Seed of the flow hash (default: random per process), for reproducible sharding.
     #[arg(long)]
     pub hash_seed: Option<u64>,
@@ -56,7 +59,11 @@ fn program_list() -> String {
 
 /// Checks a count given by flag or config against its range.
 pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> CliResult<usize> {
-    if (lo..=hi).contains(&value) { Ok(value) } else { Err(format!("{name}: {value} is outside {lo} to {hi}")) }
+    if (lo..=hi).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{name}: {value} is outside {lo} to {hi}"))
+    }
 }
 
 pub fn main(args: RunArgs) -> CliResult<()> {
@@ -64,49 +71,97 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         Some(path) => RunConfig::load(path)?,
         None => RunConfig::default(),
     };
-    let ports = match (cfg.port.is_empty(), args.inputs.is_empty() && args.output.is_none()) {
-        (false, false) => return Err("give ports either in the config's [[port]] tables or with --in/--out, not both".into()),
+    let ports = match (
+        cfg.port.is_empty(),
+        args.inputs.is_empty() && args.output.is_none(),
+    ) {
+        (false, false) => {
+            return Err(
+                "give ports either in the config's [[port]] tables or with --in/--out, not both"
+                    .into(),
+            );
+        }
         (false, true) => cfg.port.clone(),
         (true, _) => {
             if args.inputs.is_empty() {
                 return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), or [[port]] tables with rx in --config".into());
             }
-            let mut ports: Vec<PortSection> =
-                args.inputs.iter().enumerate().map(|(i, p)| PortSection { name: format!("in{i}"), rx: Some(p.clone()), tx: None }).collect();
-            ports.push(PortSection { name: "out".into(), rx: None, tx: args.output.clone() });
+            let mut ports: Vec<PortSection> = args
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| PortSection {
+                    name: format!("in{i}"),
+                    rx: Some(p.clone()),
+                    tx: None,
+                })
+                .collect();
+            ports.push(PortSection {
+                name: "out".into(),
+                rx: None,
+                tx: args.output.clone(),
+            });
             ports
         }
     };
     let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
     for (i, p) in ports.iter().enumerate() {
         if ports[..i].iter().any(|q| q.name == p.name) {
-            return Err(format!("port[{i}].name: '{}' is used twice; give each port its own name", p.name));
+            return Err(format!(
+                "port[{i}].name: '{}' is used twice; give each port its own name",
+                p.name
+            ));
         }
     }
     if ports.len() > usize::from(PortId::MAX) {
         return Err("too many ports".into());
     }
-    let program_name = args.program.clone().or_else(|| cfg.program.as_ref().map(|p| p.name.clone())).unwrap_or_else(|| "forward".into());
-    let settings = cfg.program.as_ref().filter(|p| p.name == program_name).and_then(|p| p.settings.get(&program_name)).cloned();
-    let factory = stateplane_programs::build(&program_name, settings.as_ref(), &names).map_err(|e| e.to_string())?;
+    let program_name = args
+        .program
+        .clone()
+        .or_else(|| cfg.program.as_ref().map(|p| p.name.clone()))
+        .unwrap_or_else(|| "forward".into());
+    let settings = cfg
+        .program
+        .as_ref()
+        .filter(|p| p.name == program_name)
+        .and_then(|p| p.settings.get(&program_name))
+        .cloned();
+    let factory = stateplane_programs::build(&program_name, settings.as_ref(), &names)
+        .map_err(|e| e.to_string())?;
 
-    let workers = bounded("--workers", args.workers.or(cfg.workers).unwrap_or(1), 1, 64)?;
+    let workers = bounded(
+        "--workers",
+        args.workers.or(cfg.workers).unwrap_or(1),
+        1,
+        64,
+    )?;
     let burst_size = bounded("--burst", args.burst.or(cfg.burst).unwrap_or(64), 1, 1024)?;
     let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
-    let hasher = args.hash_seed.map_or_else(FlowHasher::random, FlowHasher::with_seed);
-    let runtime = RuntimeConfig { workers, burst_size, queue_depth, hasher };
+    let hasher = args
+        .hash_seed
+        .map_or_else(FlowHasher::random, FlowHasher::with_seed);
+    let runtime = RuntimeConfig {
+        workers,
+        burst_size,
+        queue_depth,
+        hasher,
+    };
 
     let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
     let mut tx: Vec<Option<Box<dyn TxPort>>> = Vec::new();
     let mut input_size = 0u64;
     for (i, p) in ports.iter().enumerate() {
         if let Some(path) = &p.rx {
-            let port = FileRx::open(path).map_err(|e| format!("port {} (rx {}): {e}", p.name, path.display()))?;
+            let port = FileRx::open(path)
+                .map_err(|e| format!("port {} (rx {}): {e}", p.name, path.display()))?;
             input_size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             rx.push((i as PortId, Box::new(port)));
         }
         tx.push(match &p.tx {
-            Some(path) => Some(Box::new(FileTx::create(path).map_err(|e| format!("port {}: {e}", p.name))?)),
+            Some(path) => Some(Box::new(
+                FileTx::create(path).map_err(|e| format!("port {}: {e}", p.name))?,
+            )),
             None => None,
         });
     }
@@ -114,7 +169,9 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         return Err("no port has an rx capture: give one with --in FILE or rx = \"FILE\" in a [[port]] table".into());
     }
     let control: Option<Box<dyn TxPort>> = match &args.control_pcap {
-        Some(path) => Some(Box::new(FileTx::create(path).map_err(|e| format!("--control-pcap: {e}"))?)),
+        Some(path) => Some(Box::new(
+            FileTx::create(path).map_err(|e| format!("--control-pcap: {e}"))?,
+        )),
         None => None,
     };
 
@@ -126,13 +183,32 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     }
     let watched = handle.input_bytes.clone();
     let progress = Progress::start(input_size, true, move || watched.load(Ordering::Relaxed));
-    let report = run_offline(&runtime, OfflinePorts { rx, tx, control }, &factory, &handle);
+    let report = run_offline(
+        &runtime,
+        OfflinePorts { rx, tx, control },
+        &factory,
+        &handle,
+    );
     drop(progress);
 
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary::to_json(&report, &program_name, &names.0)).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary::to_json(&report, &program_name, &names.0))
+                .map_err(|e| e.to_string())?
+        );
     } else {
         summary::print_table(&report, &program_name, &names.0);
     }
-    if report.errors.is_empty() { Ok(()) } else { Err(format!("the run had {} error(s), listed above", report.errors.len())) }
+    if args.hold_metrics > 0 && args.metrics.is_some() {
+        std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
+    }
+    if report.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the run had {} error(s), listed above",
+            report.errors.len()
+        ))
+    }
 }

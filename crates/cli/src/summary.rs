@@ -6,16 +6,30 @@ use stateplane_runtime::pipeline::RunReport;
 
 /// Packets per second over the wall time.
 fn mpps(packets: u64, secs: f64) -> f64 {
-    if secs > 0.0 { packets as f64 / secs / 1e6 } else { 0.0 }
+    if secs > 0.0 {
+        packets as f64 / secs / 1e6
+    } else {
+        0.0
+    }
 }
 
 pub fn to_json(report: &RunReport, program: &str, port_names: &[String]) -> serde_json::Value {
     let t = &report.total;
     let secs = report.wall.as_secs_f64();
-    let counters: serde_json::Map<String, serde_json::Value> = Counter::ALL.iter().map(|c| (c.name().to_owned(), json!(t.get(*c)))).collect();
-    let drops: serde_json::Map<String, serde_json::Value> =
-        t.drops_by_reason(report.drop_reason_names).into_iter().map(|(n, v)| (n.to_owned(), json!(v))).collect();
-    let malformed: serde_json::Map<String, serde_json::Value> = t.malformed_by_reason().into_iter().map(|(n, v)| (n.to_owned(), json!(v))).collect();
+    let counters: serde_json::Map<String, serde_json::Value> = Counter::ALL
+        .iter()
+        .map(|c| (c.name().to_owned(), json!(t.get(*c))))
+        .collect();
+    let drops: serde_json::Map<String, serde_json::Value> = t
+        .drops_by_reason(report.drop_reason_names)
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), json!(v)))
+        .collect();
+    let malformed: serde_json::Map<String, serde_json::Value> = t
+        .malformed_by_reason()
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), json!(v)))
+        .collect();
     let ports: Vec<serde_json::Value> = report
         .tx_per_port
         .iter()
@@ -41,13 +55,19 @@ pub fn print_table(report: &RunReport, program: &str, port_names: &[String]) {
     let t = &report.total;
     let secs = report.wall.as_secs_f64();
     let row = |k: &str, v: String| println!("  {k:<28} {v:>16}");
-    println!("stateplane run: {program}, {} worker(s)", report.per_worker.len());
+    println!(
+        "stateplane run: {program}, {} worker(s)",
+        report.per_worker.len()
+    );
     row("packets in", t.get(Counter::RxPackets).to_string());
     row("packets out", t.get(Counter::TxPackets).to_string());
     row("to control plane", t.get(Counter::ToControl).to_string());
     row("dropped", t.get(Counter::Dropped).to_string());
     row("wall time (s)", format!("{secs:.3}"));
-    row("rate (Mpps, wall)", format!("{:.3}", mpps(t.get(Counter::RxPackets), secs)));
+    row(
+        "rate (Mpps, wall)",
+        format!("{:.3}", mpps(t.get(Counter::RxPackets), secs)),
+    );
     let drops = t.drops_by_reason(report.drop_reason_names);
     if !drops.is_empty() {
         println!("  drops by reason:");

@@ -1,0 +1,332 @@
+//! End to end through the `stateplane` binary, and interoperability with tcpdump and tshark
+//! (installed by scripts/test.sh; these tests fail, loudly, where they are missing).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use stateplane_io::capture::read_all;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stateplane"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stateplane-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn generate_trace(workload: &str, packets: u32, path: &Path) {
+    generate_with(workload, packets, path, &[]);
+}
+
+fn generate_with(workload: &str, packets: u32, path: &Path, extra: &[&str]) {
+    ok(bin()
+        .args([
+            "gen",
+            workload,
+            "--packets",
+            &packets.to_string(),
+            "--seed",
+            "7",
+        ])
+        .args(extra)
+        .arg("-o")
+        .arg(path)
+        .output()
+        .unwrap());
+}
+
+/// A tool the test command installs; its absence is a failure, not a skip.
+fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is not installed: run scripts/test.sh, which installs it (apt-get install tshark tcpdump)"
+    );
+    Command::new(name)
+}
+
+#[test]
+fn forward_output_is_identical_packet_for_packet_with_any_worker_count() {
+    let input = tmp("fwd-in.pcap");
+    generate_trace("internet", 30_000, &input);
+    let want = read_all(&input).unwrap();
+    for workers in ["1", "3"] {
+        let output = tmp(&format!("fwd-out-{workers}.pcapng"));
+        let text = ok(bin()
+            .args([
+                "run",
+                "forward",
+                "--workers",
+                workers,
+                "--burst",
+                "32",
+                "-i",
+            ])
+            .arg(&input)
+            .arg("-o")
+            .arg(&output)
+            .output()
+            .unwrap());
+        assert!(
+            text.contains("packets out                             30000"),
+            "{text}"
+        );
+        assert_eq!(read_all(&output).unwrap(), want, "with {workers} workers");
+    }
+}
+
+#[test]
+fn json_summary_counts_malformed_by_reason_and_loses_nothing() {
+    // A trace with two broken frames among good ones.
+    let input = tmp("mixed.pcap");
+    generate_with("udpflood", 1000, &input, &["--ipv6-share", "0"]);
+    let mut packets = read_all(&input).unwrap();
+    packets[10].1.truncate(30); // IPv4 header cut short
+    packets[20].1[14] = 0x65; // IP version 6 in an IPv4 frame
+    let mut w = stateplane_io::CaptureWriter::new(
+        std::fs::File::create(&input).unwrap(),
+        stateplane_io::CaptureFormat::PcapNano,
+    )
+    .unwrap();
+    for (ts, d, l) in &packets {
+        w.write(*ts, d, *l).unwrap();
+    }
+    w.flush().unwrap();
+    drop(w);
+    let out = ok(bin()
+        .args(["run", "forward", "--workers", "2", "--json", "-i"])
+        .arg(&input)
+        .output()
+        .unwrap());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["counters"]["rx_packets"], 1000);
+    assert_eq!(v["counters"]["tx_packets"], 998);
+    assert_eq!(v["counters"]["malformed"], 2);
+    assert_eq!(v["malformed"]["ipv4_truncated"], 1);
+    assert_eq!(v["malformed"]["ipv4_bad_header"], 1);
+    assert_eq!(v["drops"]["malformed"], 2);
+    let per_worker: u64 = v["per_worker_rx_packets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_worker, 998, "workers saw every well-formed packet once");
+}
+
+#[test]
+fn errors_name_the_field_and_the_fix() {
+    let input = tmp("err-in.pcap");
+    generate_trace("kv", 100, &input);
+    let cfg = tmp("bad.toml");
+    std::fs::write(&cfg, "workers = 2\n[program]\nname = \"l2\"\n[program.l2]\nmacs = [ { mac = \"02:00:00:00:00:02\", port = \"nowhere\" } ]\n[[port]]\nname = \"in\"\nrx = \"x\"\n").unwrap();
+    let out = bin().args(["run", "--config"]).arg(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("program.l2.macs[0].port: there is no port 'nowhere'; the ports are: in"),
+        "{err}"
+    );
+    std::fs::write(&cfg, "wrokers = 2\n").unwrap();
+    let err = String::from_utf8_lossy(
+        &bin()
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert!(err.contains("wrokers"), "{err}");
+    let err = String::from_utf8_lossy(
+        &bin()
+            .args(["run", "--burst", "0", "-i"])
+            .arg(&input)
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert!(err.contains("--burst: 0 is outside 1 to 1024"), "{err}");
+    let err = String::from_utf8_lossy(
+        &bin()
+            .args(["run", "--metrics", "198.18.0.1:9000", "-i"])
+            .arg(&input)
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert!(err.contains("not a loopback address"), "{err}");
+    let err = String::from_utf8_lossy(
+        &bin()
+            .args(["gen", "internet", "--ipv6-share", "2", "-o"])
+            .arg(tmp("x.pcap"))
+            .output()
+            .unwrap()
+            .stderr,
+    )
+    .into_owned();
+    assert!(err.contains("--ipv6-share: 2 is not a share"), "{err}");
+    // A capture of another link type is refused by name.
+    let mut bytes = std::fs::read(&input).unwrap();
+    bytes[20..24].copy_from_slice(&276u32.to_le_bytes());
+    let sll = tmp("sll.pcap");
+    std::fs::write(&sll, bytes).unwrap();
+    let err =
+        String::from_utf8_lossy(&bin().args(["run", "-i"]).arg(&sll).output().unwrap().stderr)
+            .into_owned();
+    assert!(err.contains("link type 276 (LINUX_SLL2"), "{err}");
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text() {
+    let input = tmp("metrics-in.pcap");
+    generate_trace("internet", 2000, &input);
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut child = bin()
+        .args([
+            "run",
+            "forward",
+            "--hold-metrics",
+            "20",
+            "--metrics",
+            &format!("127.0.0.1:{port}"),
+            "-i",
+        ])
+        .arg(&input)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Poll (bounded: 200 tries, about 10 s) until the run is over and the totals are final.
+    let mut body = String::new();
+    for _ in 0..200 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        use std::io::{Read, Write};
+        body.clear();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        s.read_to_string(&mut body).unwrap();
+        if body.contains("stateplane_rx_packets 2000\n") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    assert!(
+        body.contains("# TYPE stateplane_rx_packets counter\nstateplane_rx_packets 2000\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("stateplane_tx_packets{worker=\"0\"} 2000"),
+        "{body}"
+    );
+}
+
+#[test]
+fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
+    let ours = tmp("interop.pcap");
+    generate_trace("internet", 3000, &ours);
+    let ours_ng = tmp("interop-ours.pcapng");
+    ok(bin()
+        .args(["run", "forward", "-i"])
+        .arg(&ours)
+        .arg("-o")
+        .arg(&ours_ng)
+        .output()
+        .unwrap());
+    let want = read_all(&ours).unwrap();
+    for file in [&ours, &ours_ng] {
+        // tshark decodes every frame, with no malformed packet and no expert error (its
+        // warnings about the synthetic traffic itself, like unseen TCP segments, are fine).
+        const EXPERT_ERROR: &str = "8388608";
+        let out = ok(tool("tshark")
+            .args(["-n", "-r"])
+            .arg(file)
+            .args([
+                "-T",
+                "fields",
+                "-e",
+                "frame.number",
+                "-e",
+                "_ws.malformed",
+                "-e",
+                "_ws.expert.severity",
+            ])
+            .output()
+            .unwrap());
+        assert_eq!(
+            out.lines().count(),
+            3000,
+            "tshark frames of {}",
+            file.display()
+        );
+        for line in out.lines() {
+            let fields: Vec<&str> = line.split('\t').collect();
+            assert!(
+                fields.get(1).is_none_or(|m| m.is_empty()),
+                "tshark: malformed frame in {}: {line}",
+                file.display()
+            );
+            assert!(
+                !fields.get(2).is_some_and(|s| s.contains(EXPERT_ERROR)),
+                "tshark: expert error in {}: {line}",
+                file.display()
+            );
+        }
+        let count = ok(tool("tcpdump")
+            .args(["-nn", "-r"])
+            .arg(file)
+            .output()
+            .unwrap());
+        assert_eq!(count.lines().count(), 3000);
+    }
+    // Files written by tcpdump and converted by editcap (pcapng, nanosecond pcap) read back equal.
+    let by_tcpdump = tmp("by-tcpdump.pcap");
+    ok(tool("tcpdump")
+        .args(["-r"])
+        .arg(&ours)
+        .arg("-w")
+        .arg(&by_tcpdump)
+        .output()
+        .unwrap());
+    let micro: Vec<_> = want
+        .iter()
+        .map(|(ts, d, l)| (ts / 1000 * 1000, d.clone(), *l))
+        .collect();
+    assert_eq!(read_all(&by_tcpdump).unwrap(), want);
+    for (format, expect) in [("pcapng", &want), ("nsecpcap", &want), ("pcap", &micro)] {
+        let converted = tmp(&format!("by-editcap.{format}"));
+        ok(tool("editcap")
+            .args(["-F", format])
+            .arg(&ours)
+            .arg(&converted)
+            .output()
+            .unwrap());
+        assert_eq!(
+            &read_all(&converted).unwrap(),
+            expect,
+            "editcap -F {format}"
+        );
+    }
+}

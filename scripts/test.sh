@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, every unit, property and integration test
+# (tcpdump and tshark are real peers here, installed when missing), and a memory check of
+# the one unsafe block under valgrind. Fails loudly on the first problem.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh tshark tcpdump valgrind
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test (release)"
+mkdir -p target
+set +e
+cargo test --release --workspace > target/test.log 2>&1
+rc=$?
+set -e
+grep -E '^test result|FAILED|panicked' target/test.log || true
+if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
+  tail -60 target/test.log >&2
+  echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
+  exit 1
+fi
+echo "== valgrind memcheck of the huge-page buffer (the one unsafe block)"
+bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
+  | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
+[ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
+valgrind --quiet --error-exitcode=1 --leak-check=full "$bin" hugemem --test-threads=1 2>&1 | tail -3
+passed=$(grep -oE 'test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s}')
+echo "all tests: ${passed} passed, 0 failed"
