@@ -10,9 +10,7 @@ command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust
 
 missing=()
 for pkg in "$@"; do
-  bin="$pkg"
-  [ "$pkg" = "linux-perf" ] && bin=perf
-  command -v "$bin" >/dev/null 2>&1 || missing+=("$pkg")
+  command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

@@ -42,7 +42,6 @@ pub fn to_json(report: &RunReport, program: &str, port_names: &[String]) -> serd
         "wall_seconds": secs,
         "mpps": mpps(t.get(Counter::RxPackets), secs),
         "counters": counters,
-        "oversize": report.oversize,
         "drops": drops,
         "malformed": malformed,
         "ports": ports,
@@ -81,9 +80,6 @@ pub fn print_table(report: &RunReport, program: &str, port_names: &[String]) {
         for (n, v) in malformed {
             row(&format!("  {n}"), v.to_string());
         }
-    }
-    if report.oversize > 0 {
-        row("oversize (dropped at port)", report.oversize.to_string());
     }
     println!("  out by port:");
     for (i, (p, b)) in report.tx_per_port.iter().enumerate() {

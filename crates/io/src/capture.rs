@@ -6,7 +6,7 @@ use stateplane_runtime::{RxPacket, RxPort, TxPort};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// One packet read from a capture, borrowed until the next read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,48 @@ impl From<CaptureError> for io::Error {
     }
 }
 
+/// The byte order of a capture's header fields, learnt once from its magic number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Endian {
+    Little,
+    Big,
+}
+
+impl Endian {
+    /// The order in which the four `stored` bytes read as `magic`, if either does.
+    pub fn of(stored: [u8; 4], magic: u32) -> Option<Endian> {
+        if u32::from_le_bytes(stored) == magic {
+            Some(Endian::Little)
+        } else if u32::from_be_bytes(stored) == magic {
+            Some(Endian::Big)
+        } else {
+            None
+        }
+    }
+
+    /// The `N` bytes at `at`, in big-endian order (the caller checked the length).
+    fn bytes<const N: usize>(self, b: &[u8], at: usize) -> [u8; N] {
+        let mut v = [0u8; N];
+        v.copy_from_slice(&b[at..at + N]);
+        if self == Endian::Little {
+            v.reverse();
+        }
+        v
+    }
+
+    pub fn u16(self, b: &[u8], at: usize) -> u16 {
+        u16::from_be_bytes(self.bytes(b, at))
+    }
+
+    pub fn u32(self, b: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes(self.bytes(b, at))
+    }
+
+    pub fn i64(self, b: &[u8], at: usize) -> i64 {
+        i64::from_be_bytes(self.bytes(b, at))
+    }
+}
+
 /// Reads exactly `buf.len()` bytes, or reports how many it got before the end.
 pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
@@ -149,6 +191,14 @@ impl<R: Read> CaptureReader<R> {
         match self {
             CaptureReader::Pcap(p) => p.next_record(),
             CaptureReader::Pcapng(p) => p.next_record(),
+        }
+    }
+
+    /// Bytes of the file consumed so far.
+    pub fn bytes_read(&self) -> u64 {
+        match self {
+            CaptureReader::Pcap(p) => p.bytes_read(),
+            CaptureReader::Pcapng(p) => p.bytes_read(),
         }
     }
 }
@@ -250,7 +300,6 @@ impl CaptureWriter<BufWriter<File>> {
 /// A capture file opened as an output port.
 pub struct FileTx {
     name: String,
-    path: PathBuf,
     writer: CaptureWriter<BufWriter<File>>,
 }
 
@@ -258,13 +307,8 @@ impl FileTx {
     pub fn create(path: &Path) -> io::Result<Self> {
         Ok(FileTx {
             name: path.display().to_string(),
-            path: path.to_owned(),
             writer: CaptureWriter::create(path)?,
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 

@@ -1,7 +1,7 @@
 //! Classic pcap files: a 24-byte file header, then a 16-byte header per record.
 //! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
 
-use crate::capture::{CaptureError, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
+use crate::capture::{CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
 use std::io::{self, Read, Write};
 
 const MAGIC_MICRO: u32 = 0xa1b2_c3d4;
@@ -11,7 +11,7 @@ const RECORD_HEADER_LEN: usize = 16;
 
 pub struct PcapReader<R: Read> {
     r: R,
-    swapped: bool,
+    endian: Endian,
     nanos: bool,
     buf: Vec<u8>,
     at_byte: u64,
@@ -28,14 +28,15 @@ impl<R: Read> PcapReader<R> {
 
     /// Continues after the caller has read the 4-byte magic number.
     pub fn after_magic(mut r: R, magic: [u8; 4]) -> Result<Self, CaptureError> {
-        let (swapped, nanos) = match (u32::from_le_bytes(magic), u32::from_be_bytes(magic)) {
-            (MAGIC_MICRO, _) => (false, false),
-            (MAGIC_NANO, _) => (false, true),
-            (_, MAGIC_MICRO) => (true, false),
-            (_, MAGIC_NANO) => (true, true),
-            (m, _) => {
+        let (endian, nanos) = match (
+            Endian::of(magic, MAGIC_MICRO),
+            Endian::of(magic, MAGIC_NANO),
+        ) {
+            (Some(e), _) => (e, false),
+            (_, Some(e)) => (e, true),
+            _ => {
                 return Err(CaptureError::NotACapture {
-                    magic: m.swap_bytes(),
+                    magic: u32::from_be_bytes(magic),
                 });
             }
         };
@@ -48,26 +49,22 @@ impl<R: Read> PcapReader<R> {
         }
         let reader = PcapReader {
             r,
-            swapped,
+            endian,
             nanos,
             buf: Vec::new(),
             at_byte: FILE_HEADER_LEN as u64,
         };
         // The link type's upper 16 bits may carry FCS information (pcap-linktype(7)).
-        let linktype = reader.u32_at(&rest, 16) & 0xffff;
+        let linktype = reader.endian.u32(&rest, 16) & 0xffff;
         if linktype != LINKTYPE_ETHERNET {
             return Err(CaptureError::UnsupportedLinkType { linktype });
         }
         Ok(reader)
     }
 
-    fn u32_at(&self, b: &[u8], at: usize) -> u32 {
-        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
-        if self.swapped {
-            u32::from_be_bytes(v)
-        } else {
-            u32::from_le_bytes(v)
-        }
+    /// Bytes of the file consumed so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.at_byte
     }
 
     /// Whether timestamps are in nanoseconds.
@@ -86,10 +83,10 @@ impl<R: Read> PcapReader<R> {
                 at_byte: self.at_byte,
             });
         }
-        let secs = u64::from(self.u32_at(&header, 0));
-        let frac = u64::from(self.u32_at(&header, 4));
-        let caplen = self.u32_at(&header, 8);
-        let orig_len = self.u32_at(&header, 12);
+        let secs = u64::from(self.endian.u32(&header, 0));
+        let frac = u64::from(self.endian.u32(&header, 4));
+        let caplen = self.endian.u32(&header, 8);
+        let orig_len = self.endian.u32(&header, 12);
         if caplen > MAX_RECORD_LEN {
             return Err(CaptureError::Corrupt {
                 at_byte: self.at_byte,

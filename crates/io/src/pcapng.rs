@@ -2,7 +2,7 @@
 //! and timestamp resolution, and the packet blocks (enhanced, simple, obsolete). Other
 //! blocks are skipped. Interfaces that are not Ethernet are refused when described.
 
-use crate::capture::{CaptureError, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
+use crate::capture::{CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
 use std::io::{self, Read, Write};
 
 const SHB: u32 = 0x0a0d_0d0a;
@@ -32,7 +32,7 @@ struct Interface {
 
 pub struct PcapngReader<R: Read> {
     r: R,
-    big_endian: bool,
+    endian: Endian,
     interfaces: Vec<Interface>,
     block: Vec<u8>,
     at_byte: u64,
@@ -52,7 +52,7 @@ impl<R: Read> PcapngReader<R> {
         }
         let mut reader = PcapngReader {
             r,
-            big_endian: false,
+            endian: Endian::Little,
             interfaces: Vec::new(),
             block: Vec::new(),
             at_byte: 0,
@@ -61,24 +61,6 @@ impl<R: Read> PcapngReader<R> {
         };
         reader.read_section_header()?;
         Ok(reader)
-    }
-
-    fn u16_at(&self, b: &[u8], at: usize) -> u16 {
-        let v = [b[at], b[at + 1]];
-        if self.big_endian {
-            u16::from_be_bytes(v)
-        } else {
-            u16::from_le_bytes(v)
-        }
-    }
-
-    fn u32_at(&self, b: &[u8], at: usize) -> u32 {
-        let v = [b[at], b[at + 1], b[at + 2], b[at + 3]];
-        if self.big_endian {
-            u32::from_be_bytes(v)
-        } else {
-            u32::from_le_bytes(v)
-        }
     }
 
     fn corrupt(&self, what: &'static str) -> CaptureError {
@@ -118,8 +100,8 @@ impl<R: Read> PcapngReader<R> {
             self.restart_section([head[4], head[5], head[6], head[7]])?;
             return Ok(Some(SHB));
         }
-        let block_type = self.u32_at(&head, 0);
-        let total = self.u32_at(&head, 4);
+        let block_type = self.endian.u32(&head, 0);
+        let total = self.endian.u32(&head, 4);
         if !(12..=MAX_BLOCK_LEN).contains(&total) || !total.is_multiple_of(4) {
             return Err(self.corrupt("block with an impossible length"));
         }
@@ -129,7 +111,7 @@ impl<R: Read> PcapngReader<R> {
                 at_byte: self.at_byte,
             });
         }
-        let trailer = self.u32_at(&self.block, self.block.len() - 4);
+        let trailer = self.endian.u32(&self.block, self.block.len() - 4);
         if trailer != total {
             return Err(self.corrupt("block whose trailing length differs from its leading length"));
         }
@@ -146,12 +128,9 @@ impl<R: Read> PcapngReader<R> {
                 at_byte: self.at_byte,
             });
         }
-        self.big_endian = match (u32::from_le_bytes(magic), u32::from_be_bytes(magic)) {
-            (BYTE_ORDER_MAGIC, _) => false,
-            (_, BYTE_ORDER_MAGIC) => true,
-            _ => return Err(self.corrupt("section header with an unknown byte-order magic")),
-        };
-        let total = self.u32_at(&len_bytes, 0);
+        self.endian = Endian::of(magic, BYTE_ORDER_MAGIC)
+            .ok_or_else(|| self.corrupt("section header with an unknown byte-order magic"))?;
+        let total = self.endian.u32(&len_bytes, 0);
         if !(28..=MAX_BLOCK_LEN).contains(&total) || !total.is_multiple_of(4) {
             return Err(self.corrupt("section header block with an impossible length"));
         }
@@ -171,19 +150,19 @@ impl<R: Read> PcapngReader<R> {
         if b.len() < 8 {
             return Err(self.corrupt("interface description block too short"));
         }
-        let linktype = u32::from(self.u16_at(b, 0));
+        let linktype = u32::from(self.endian.u16(b, 0));
         if linktype != LINKTYPE_ETHERNET {
             return Err(CaptureError::UnsupportedLinkType { linktype });
         }
         let mut iface = Interface {
             units_per_sec: 1_000_000,
             offset_secs: 0,
-            snaplen: self.u32_at(b, 4),
+            snaplen: self.endian.u32(b, 4),
         };
         let mut at = 8;
         while at + 4 <= b.len() {
-            let code = self.u16_at(b, at);
-            let len = usize::from(self.u16_at(b, at + 2));
+            let code = self.endian.u16(b, at);
+            let len = usize::from(self.endian.u16(b, at + 2));
             let value = b
                 .get(at + 4..at + 4 + len)
                 .ok_or_else(|| self.corrupt("option runs past its block"))?;
@@ -199,17 +178,7 @@ impl<R: Read> PcapngReader<R> {
                     }
                     .ok_or_else(|| self.corrupt("if_tsresol beyond 64 bits"))?;
                 }
-                OPT_IF_TSOFFSET if len == 8 => {
-                    let raw = [
-                        value[0], value[1], value[2], value[3], value[4], value[5], value[6],
-                        value[7],
-                    ];
-                    iface.offset_secs = if self.big_endian {
-                        i64::from_be_bytes(raw)
-                    } else {
-                        i64::from_le_bytes(raw)
-                    };
-                }
+                OPT_IF_TSOFFSET if len == 8 => iface.offset_secs = self.endian.i64(value, 0),
                 _ => {}
             }
             at += 4 + len.next_multiple_of(4);
@@ -238,9 +207,10 @@ impl<R: Read> PcapngReader<R> {
             return Err(self.corrupt("packet block too short"));
         }
         let iface = self.interface(id)?;
-        let raw = (u64::from(self.u32_at(b, ts_at)) << 32) | u64::from(self.u32_at(b, ts_at + 4));
-        let caplen = self.u32_at(b, len_at) as usize;
-        let orig_len = self.u32_at(b, len_at + 4);
+        let raw =
+            (u64::from(self.endian.u32(b, ts_at)) << 32) | u64::from(self.endian.u32(b, ts_at + 4));
+        let caplen = self.endian.u32(b, len_at) as usize;
+        let orig_len = self.endian.u32(b, len_at + 4);
         let start = len_at + 8;
         if b.len() < start + caplen {
             return Err(self.corrupt("packet data runs past its block"));
@@ -251,6 +221,11 @@ impl<R: Read> PcapngReader<R> {
         Ok(())
     }
 
+    /// Bytes of the file consumed so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.at_byte
+    }
+
     pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
         loop {
             let Some(block_type) = self.read_block()? else {
@@ -259,12 +234,12 @@ impl<R: Read> PcapngReader<R> {
             match block_type {
                 IDB => self.add_interface()?,
                 EPB => {
-                    let id = self.u32_at(&self.block, 0);
+                    let id = self.endian.u32(&self.block, 0);
                     self.timed_packet(id, 4, 12)?;
                     break;
                 }
                 OBSOLETE_PB => {
-                    let id = u32::from(self.u16_at(&self.block, 0));
+                    let id = u32::from(self.endian.u16(&self.block, 0));
                     self.timed_packet(id, 4, 12)?;
                     break;
                 }
@@ -273,7 +248,7 @@ impl<R: Read> PcapngReader<R> {
                     if self.block.len() < 4 {
                         return Err(self.corrupt("simple packet block too short"));
                     }
-                    let orig_len = self.u32_at(&self.block, 0);
+                    let orig_len = self.endian.u32(&self.block, 0);
                     let snap = if iface.snaplen == 0 {
                         u32::MAX
                     } else {

@@ -205,7 +205,7 @@ mod tests {
             burst.push(f, 60, 0, if i >= 2 { 0 } else { 2 }, i as u64);
         }
         let hasher = FlowHasher::with_seed(1);
-        stateplane_runtime::worker::parse_burst(&mut burst, &hasher);
+        burst.parse(&hasher);
         let mut ctx = Context {
             now_ns: 0,
             worker: 0,

@@ -2,7 +2,7 @@
 //! with a descriptor that carries its parse and, after the program, its verdict.
 
 use crate::program::{DropReason, Verdict};
-use stateplane_wire::{Malformed, Parsed};
+use stateplane_wire::{FlowHasher, Malformed, Parsed};
 
 /// The largest frame a port accepts; longer ones are counted (`oversize`) and dropped at
 /// the port. Large enough for jumbo frames and for the 64 KiB segments of offloaded
@@ -40,30 +40,45 @@ pub struct PacketMut<'a> {
 
 /// A batch of packets that moves through the runtime as one unit.
 ///
-/// Invariant: descriptors are in arena order, non-overlapping, and every descriptor's
-/// bytes lie inside `arena[..used]`.
+/// Invariants: `slots[..count]` are the packets, in arena order, non-overlapping, each
+/// one's bytes inside `arena[..used]`. The slots past `count` hold stale descriptors of
+/// earlier bursts: they are allocated once and overwritten, so receiving a packet writes
+/// only its receive fields and the parser writes `parsed` once.
 pub struct Burst {
     arena: Vec<u8>,
     used: usize,
-    packets: Vec<PacketDesc>,
-    capacity: usize,
+    slots: Vec<PacketDesc>,
+    count: usize,
     /// Whether the packets have been parsed (by the dispatcher or the worker).
     pub parsed: bool,
     /// Which round of the dispatcher this burst belongs to (ordered output merges by it).
     pub round: u64,
-    /// The data-plane clock when the burst was formed (nanoseconds).
+    /// The data-plane clock: never earlier than any packet pushed since creation (pushes
+    /// raise it), and raised further by a dispatcher to move time on for idle workers.
     pub now_ns: u64,
 }
 
+const EMPTY_DESC: PacketDesc = PacketDesc {
+    offset: 0,
+    len: 0,
+    orig_len: 0,
+    ts_ns: 0,
+    seq: 0,
+    in_port: 0,
+    parsed: Parsed::EMPTY,
+    malformed: None,
+    verdict: Verdict::Drop(DropReason::NO_VERDICT),
+};
+
 impl Burst {
-    /// A burst for up to `capacity` packets; its arena is allocated once, here.
+    /// A burst for up to `capacity` packets; its arena and slots are allocated once, here.
     pub fn with_capacity(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Burst {
             arena: vec![0u8; capacity * ARENA_BYTES_PER_SLOT + MAX_FRAME],
             used: 0,
-            packets: Vec::with_capacity(capacity),
-            capacity,
+            slots: vec![EMPTY_DESC; capacity],
+            count: 0,
             parsed: false,
             round: 0,
             now_ns: 0,
@@ -71,86 +86,118 @@ impl Burst {
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.slots.len()
     }
 
     pub fn len(&self) -> usize {
-        self.packets.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.packets.is_empty()
+        self.count == 0
     }
 
     /// Whether another packet of `len` bytes can be pushed.
     pub fn has_room(&self, len: usize) -> bool {
-        self.packets.len() < self.capacity && self.used + len <= self.arena.len()
+        self.count < self.slots.len() && self.used + len <= self.arena.len()
     }
 
     pub fn clear(&mut self) {
-        self.packets.clear();
+        self.count = 0;
         self.used = 0;
         self.parsed = false;
     }
 
-    /// Appends a packet, copying its bytes into the arena. Returns `false` (and changes
-    /// nothing) if the burst is full: the caller starts another burst.
+    /// Copies `data` into the arena and claims the next slot; `None` if the burst is full.
+    #[inline]
+    fn append(&mut self, data: &[u8], ts_ns: u64) -> Option<&mut PacketDesc> {
+        if !self.has_room(data.len()) {
+            return None;
+        }
+        let offset = self.used;
+        self.arena[offset..offset + data.len()].copy_from_slice(data);
+        self.used += data.len();
+        self.now_ns = self.now_ns.max(ts_ns);
+        let slot = &mut self.slots[self.count];
+        self.count += 1;
+        slot.offset = offset as u32;
+        slot.len = data.len() as u32;
+        Some(slot)
+    }
+
+    /// Appends a received packet, copying its bytes into the arena. Returns `false` (and
+    /// changes nothing) if the burst is full: the caller starts another burst.
     #[inline]
     pub fn push(&mut self, data: &[u8], orig_len: u32, ts_ns: u64, in_port: u16, seq: u64) -> bool {
-        if !self.has_room(data.len()) {
+        let Some(slot) = self.append(data, ts_ns) else {
             return false;
-        }
-        let offset = self.used;
-        self.arena[offset..offset + data.len()].copy_from_slice(data);
-        self.used += data.len();
-        self.packets.push(PacketDesc {
-            offset: offset as u32,
-            len: data.len() as u32,
-            orig_len,
-            ts_ns,
-            seq,
-            in_port,
-            parsed: Parsed::default(),
-            malformed: None,
-            verdict: Verdict::Drop(DropReason::NO_VERDICT),
-        });
+        };
+        slot.orig_len = orig_len;
+        slot.ts_ns = ts_ns;
+        slot.seq = seq;
+        slot.in_port = in_port;
+        slot.malformed = None;
+        slot.verdict = Verdict::Drop(DropReason::NO_VERDICT);
         true
     }
 
-    /// Appends a packet whose descriptor (parse included) is already known.
+    /// Appends a packet whose descriptor (parse included) is already known; its `offset`
+    /// and `len` are set here.
     #[inline]
     pub fn push_desc(&mut self, data: &[u8], desc: PacketDesc) -> bool {
-        if !self.has_room(data.len()) {
+        let Some(slot) = self.append(data, desc.ts_ns) else {
             return false;
-        }
-        let offset = self.used;
-        self.arena[offset..offset + data.len()].copy_from_slice(data);
-        self.used += data.len();
-        self.packets.push(PacketDesc {
-            offset: offset as u32,
-            len: data.len() as u32,
+        };
+        *slot = PacketDesc {
+            offset: slot.offset,
+            len: slot.len,
             ..desc
-        });
+        };
         true
     }
 
-    /// Keeps only the packets for which `keep` holds; the bytes of the others stay in the
-    /// arena as dead space until `clear`.
-    pub fn retain(&mut self, keep: impl FnMut(&PacketDesc) -> bool) {
-        self.packets.retain(keep);
+    /// Parses every packet in place, once; returns how many are malformed.
+    #[inline]
+    pub fn parse(&mut self, hasher: &FlowHasher) -> usize {
+        let mut bad = 0;
+        for d in &mut self.slots[..self.count] {
+            let data = &self.arena[d.offset as usize..(d.offset + d.len) as usize];
+            match stateplane_wire::parse(data, d.in_port, hasher) {
+                Ok(parsed) => d.parsed = parsed,
+                Err(m) => {
+                    d.malformed = Some(m);
+                    bad += 1;
+                }
+            }
+        }
+        self.parsed = true;
+        bad
+    }
+
+    /// Keeps only the packets for which `keep` holds, in order; the bytes of the others
+    /// stay in the arena as dead space until `clear`.
+    pub fn retain(&mut self, mut keep: impl FnMut(&PacketDesc) -> bool) {
+        let mut kept = 0;
+        for i in 0..self.count {
+            if keep(&self.slots[i]) {
+                self.slots.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.count = kept;
     }
 
     pub fn descs(&self) -> &[PacketDesc] {
-        &self.packets
+        &self.slots[..self.count]
     }
 
     pub fn descs_mut(&mut self) -> &mut [PacketDesc] {
-        &mut self.packets
+        &mut self.slots[..self.count]
     }
 
     /// The bytes of packet `i`.
     pub fn data(&self, i: usize) -> &[u8] {
-        let d = &self.packets[i];
+        let d = &self.descs()[i];
         &self.arena[d.offset as usize..(d.offset + d.len) as usize]
     }
 
@@ -158,7 +205,7 @@ impl Burst {
     pub fn iter_mut(&mut self) -> impl Iterator<Item = PacketMut<'_>> {
         let mut rest: &mut [u8] = &mut self.arena[..self.used];
         let mut consumed = 0usize;
-        self.packets.iter_mut().map(move |desc| {
+        self.slots[..self.count].iter_mut().map(move |desc| {
             let start = desc.offset as usize - consumed;
             let taken = std::mem::take(&mut rest);
             let (_, tail) = taken.split_at_mut(start);
@@ -171,7 +218,7 @@ impl Burst {
 
     /// Each packet's descriptor and bytes, read-only, in order.
     pub fn iter(&self) -> impl Iterator<Item = (&PacketDesc, &[u8])> {
-        self.packets.iter().map(|d| {
+        self.descs().iter().map(|d| {
             (
                 d,
                 &self.arena[d.offset as usize..(d.offset + d.len) as usize],
@@ -195,6 +242,33 @@ mod tests {
         assert_eq!(b.data(1), &[1; 60]);
         b.clear();
         assert!(b.is_empty());
+    }
+
+    #[test]
+    fn reused_slots_start_clean_and_retain_keeps_order() {
+        let h = FlowHasher::with_seed(1);
+        let mut b = Burst::with_capacity(4);
+        b.push(&[0u8; 10], 10, 5, 0, 0);
+        assert_eq!(b.parse(&h), 1);
+        b.descs_mut()[0].verdict = Verdict::Forward(1);
+        b.clear();
+        // The slot is reused: its malformed mark and verdict from the last burst are gone.
+        b.push(&[1u8; 10], 10, 3, 0, 7);
+        assert_eq!(
+            (
+                b.descs()[0].malformed,
+                b.descs()[0].verdict,
+                b.descs()[0].seq
+            ),
+            (None, Verdict::Drop(DropReason::NO_VERDICT), 7)
+        );
+        assert_eq!(b.now_ns, 5, "the clock never goes back");
+        for i in 1..4u8 {
+            b.push(&[i + 1; 10], 10, 6, 0, u64::from(i) + 7);
+        }
+        b.retain(|d| d.seq % 2 == 1);
+        assert_eq!(b.descs().iter().map(|d| d.seq).collect::<Vec<_>>(), [7, 9]);
+        assert_eq!(b.data(1), &[3; 10]);
     }
 
     #[test]

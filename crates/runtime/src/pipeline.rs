@@ -19,8 +19,8 @@
 use crate::burst::{Burst, MAX_FRAME, PacketDesc};
 use crate::port::{RxPort, TxPort};
 use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
-use crate::stats::{Counter, SharedStats, Stats};
-use crate::worker::{Worker, count_malformed};
+use crate::stats::{SharedStats, Stats};
+use crate::worker::{Worker, count_malformed, count_port_drop};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed, parse};
@@ -52,7 +52,8 @@ impl Default for RuntimeConfig {
 
 /// What a run shares with whoever watches it (a progress display, a metrics endpoint).
 pub struct RunHandle {
-    /// Index 0 is the dispatcher (malformed and oversize packets), then one per worker.
+    /// Index 0 is the dispatcher (packets dropped before a worker: malformed, oversize),
+    /// then one per worker.
     pub stats: Vec<Arc<SharedStats>>,
     /// Raise to stop the run; it drains and reports.
     pub stop: Arc<AtomicBool>,
@@ -88,8 +89,6 @@ pub struct RunReport {
     pub per_worker: Vec<Stats>,
     /// Packets and bytes sent out of each port.
     pub tx_per_port: Vec<(u64, u64)>,
-    /// Packets longer than `MAX_FRAME`, refused at the port.
-    pub oversize: u64,
     pub drop_reason_names: &'static [&'static str],
     pub wall: Duration,
     /// Time each worker spent from its first to its last burst.
@@ -108,29 +107,31 @@ pub struct OfflinePorts {
     pub control: Option<Box<dyn TxPort>>,
 }
 
-/// A staged packet from one input port: the head of that port's stream.
+/// The next packet of one input port, staged so that ports can be merged by time. Each
+/// port keeps one `Head` for the whole run; its buffer grows to the largest frame and is
+/// reused.
 struct Head {
     port: PortId,
     data: Vec<u8>,
     orig_len: u32,
     ts_ns: u64,
+    /// False once the port's input has ended (or failed).
+    live: bool,
 }
 
-fn next_head(
-    rx: &mut dyn RxPort,
-    port: PortId,
-    buf: &mut Vec<u8>,
-) -> std::io::Result<Option<Head>> {
-    Ok(rx.next_packet()?.map(|p| {
-        buf.clear();
-        buf.extend_from_slice(p.data);
-        Head {
-            port,
-            data: std::mem::take(buf),
-            orig_len: p.orig_len,
-            ts_ns: p.ts_ns,
+impl Head {
+    /// Stages the port's next packet, or marks the port ended.
+    fn refill(&mut self, rx: &mut dyn RxPort) -> std::io::Result<()> {
+        self.live = false;
+        if let Some(p) = rx.next_packet()? {
+            self.data.clear();
+            self.data.extend_from_slice(p.data);
+            self.orig_len = p.orig_len;
+            self.ts_ns = p.ts_ns;
+            self.live = true;
         }
-    }))
+        Ok(())
+    }
 }
 
 /// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
@@ -200,11 +201,10 @@ pub fn run_offline(
             &mut ports.control,
             handle,
         );
-        let (dispatcher_stats, oversize, dispatch_errors) = match dispatcher.join() {
+        let (dispatcher_stats, dispatch_errors) = match dispatcher.join() {
             Ok(r) => r,
             Err(_) => (
                 Stats::default(),
-                0,
                 vec!["the dispatcher thread panicked".to_owned()],
             ),
         };
@@ -228,7 +228,6 @@ pub fn run_offline(
             total,
             per_worker,
             tx_per_port,
-            oversize,
             drop_reason_names,
             wall: start.elapsed(),
             worker_busy,
@@ -244,28 +243,29 @@ fn dispatch(
     to_worker: Vec<Sender<Burst>>,
     free: Vec<Receiver<Burst>>,
     handle: &RunHandle,
-) -> (Stats, u64, Vec<String>) {
+) -> (Stats, Vec<String>) {
     let workers = to_worker.len();
     let mut stats = Stats::default();
-    let mut oversize = 0u64;
     let mut errors = Vec::new();
-    let mut spare = Vec::new();
-    let mut heads: Vec<Option<Head>> = Vec::with_capacity(rx.len());
+    let mut heads: Vec<Head> = Vec::with_capacity(rx.len());
     for (port, src) in rx.iter_mut() {
-        match next_head(src.as_mut(), *port, &mut spare) {
-            Ok(h) => heads.push(h),
-            Err(e) => {
-                errors.push(format!("reading {}: {e}", src.name()));
-                heads.push(None);
-            }
+        let mut head = Head {
+            port: *port,
+            data: Vec::new(),
+            orig_len: 0,
+            ts_ns: 0,
+            live: false,
+        };
+        if let Err(e) = head.refill(src.as_mut()) {
+            errors.push(format!("reading {}: {e}", src.name()));
         }
+        heads.push(head);
     }
     let mut seq = 0u64;
     let mut now_ns = 0u64;
     let mut round = 0u64;
-    let mut bytes_in = 0u64;
+    let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
     'rounds: loop {
-        let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
         for f in &free {
             match f.recv() {
                 Ok(b) => bursts.push(b),
@@ -279,17 +279,16 @@ fn dispatch(
             let Some(i) = heads
                 .iter()
                 .enumerate()
-                .filter_map(|(i, h)| h.as_ref().map(|h| (h.ts_ns, i)))
-                .min()
-                .map(|(_, i)| i)
+                .filter(|(_, h)| h.live)
+                .min_by_key(|(_, h)| h.ts_ns)
+                .map(|(i, _)| i)
             else {
                 break;
             };
-            let Some(head) = heads[i].as_ref() else { break };
+            let head = &heads[i];
             now_ns = now_ns.max(head.ts_ns);
             if head.data.len() > MAX_FRAME {
-                oversize += 1;
-                stats.add(Counter::Dropped, 1);
+                count_port_drop(&mut stats, DropReason::OVERSIZE, head.data.len() as u32);
             } else {
                 match parse(&head.data, head.port, &config.hasher) {
                     Ok(parsed) => {
@@ -304,22 +303,18 @@ fn dispatch(
             }
             seq += 1;
             taken += 1;
-            bytes_in += head.data.len() as u64 + 16;
-            // Advance this port's stream, reusing the staged buffer.
-            let (port, src) = &mut rx[i];
-            let mut buf = heads[i].take().map(|h| h.data).unwrap_or_default();
-            heads[i] = match next_head(src.as_mut(), *port, &mut buf) {
-                Ok(h) => h,
-                Err(e) => {
-                    errors.push(format!("reading {}: {e}", src.name()));
-                    None
-                }
-            };
+            let src = &mut rx[i].1;
+            if let Err(e) = heads[i].refill(src.as_mut()) {
+                errors.push(format!("reading {}: {e}", src.name()));
+            }
         }
-        handle.input_bytes.store(bytes_in, Ordering::Relaxed);
+        handle.input_bytes.store(
+            rx.iter().map(|(_, src)| src.bytes_read()).sum(),
+            Ordering::Relaxed,
+        );
         handle.stats[0].publish(&stats);
-        let done = stopping || heads.iter().all(Option::is_none);
-        for (w, mut b) in bursts.into_iter().enumerate() {
+        let done = stopping || heads.iter().all(|h| !h.live);
+        for (w, mut b) in bursts.drain(..).enumerate() {
             b.round = round;
             b.now_ns = now_ns;
             b.parsed = true;
@@ -332,7 +327,7 @@ fn dispatch(
             break;
         }
     }
-    (stats, oversize, errors)
+    (stats, errors)
 }
 
 fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
@@ -350,7 +345,6 @@ fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
 }
 
 /// The output stage: takes round `r` from every worker, merges by sequence number, sends.
-#[allow(clippy::type_complexity)]
 fn output_stage(
     from_workers: &[Receiver<Burst>],
     free: &[Sender<Burst>],
@@ -493,7 +487,6 @@ pub fn run_sharded(
         total: Stats::default(),
         per_worker: Vec::new(),
         tx_per_port: vec![(0, 0); ports],
-        oversize: 0,
         drop_reason_names,
         wall: start.elapsed(),
         worker_busy: Vec::new(),

@@ -16,6 +16,10 @@ pub trait RxPort: Send {
     fn name(&self) -> &str;
     /// The next packet, or `None` at the end of the input.
     fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>>;
+    /// Bytes of the input consumed so far, for progress; 0 where that means nothing.
+    fn bytes_read(&self) -> u64 {
+        0
+    }
 }
 
 /// A sink of packets.

@@ -25,18 +25,14 @@ impl DropReason {
     pub const MALFORMED: DropReason = DropReason(1);
     /// The verdict named a port the switch does not have.
     pub const NO_SUCH_PORT: DropReason = DropReason(2);
-    /// The control-plane queue was full.
-    pub const CONTROL_QUEUE_FULL: DropReason = DropReason(3);
+    /// The frame was longer than `burst::MAX_FRAME`; refused at the port.
+    pub const OVERSIZE: DropReason = DropReason(3);
     pub const PROGRAM_BASE: u8 = 16;
     /// How many codes there are in all (runtime and program).
     pub const COUNT: usize = 64;
 
-    const RUNTIME_NAMES: [&'static str; 4] = [
-        "no_verdict",
-        "malformed",
-        "no_such_port",
-        "control_queue_full",
-    ];
+    const RUNTIME_NAMES: [&'static str; 4] =
+        ["no_verdict", "malformed", "no_such_port", "oversize"];
 
     /// The program's `i`-th reason. Programs have at most 48.
     pub const fn program(i: u8) -> DropReason {

@@ -3,7 +3,7 @@
 use crate::burst::Burst;
 use crate::program::{Context, DropReason, Program, Verdict};
 use crate::stats::{Counter, Stats};
-use stateplane_wire::{FlowHasher, parse};
+use stateplane_wire::{FlowHasher, Malformed};
 
 pub struct Worker {
     program: Box<dyn Program>,
@@ -32,10 +32,6 @@ impl Worker {
         }
     }
 
-    pub fn drop_reasons(&self) -> &'static [&'static str] {
-        self.program.drop_reasons()
-    }
-
     /// Parses the burst (unless the dispatcher already did, in which case it also took out
     /// the malformed packets), drops and counts malformed packets, runs the program, and
     /// counts every verdict. Afterwards each packet's verdict is final: `Forward` only to
@@ -43,21 +39,10 @@ impl Worker {
     #[inline]
     pub fn handle(&mut self, burst: &mut Burst) {
         self.stats.add(Counter::Bursts, 1);
-        if !burst.parsed {
-            let bad = parse_burst(burst, &self.ctx.hasher);
-            if bad > 0 {
-                self.drop_malformed(burst);
-            }
+        if !burst.parsed && burst.parse(&self.ctx.hasher) > 0 {
+            self.drop_malformed(burst);
         }
-        let mut rx_bytes = 0u64;
-        let mut now = self.ctx.now_ns.max(burst.now_ns);
-        for d in burst.descs() {
-            rx_bytes += u64::from(d.len);
-            now = now.max(d.ts_ns);
-        }
-        self.ctx.now_ns = now;
-        self.stats.add(Counter::RxPackets, burst.len() as u64);
-        self.stats.add(Counter::RxBytes, rx_bytes);
+        self.ctx.now_ns = self.ctx.now_ns.max(burst.now_ns);
         self.program.process(burst, &mut self.ctx);
         self.count_verdicts(burst);
     }
@@ -72,11 +57,14 @@ impl Worker {
         burst.retain(|d| d.malformed.is_none());
     }
 
+    /// Counts what came in and what the program decided, in one pass over the burst.
     #[inline]
     fn count_verdicts(&mut self, burst: &mut Burst) {
         let ports = self.ctx.ports;
-        let (mut tx, mut tx_bytes, mut ctl, mut dropped) = (0u64, 0u64, 0u64, 0u64);
+        let (mut rx_bytes, mut tx, mut tx_bytes, mut ctl, mut dropped) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
         for d in burst.descs_mut() {
+            rx_bytes += u64::from(d.len);
             match d.verdict {
                 Verdict::Forward(port) if usize::from(port) < ports => {
                     tx += 1;
@@ -94,6 +82,8 @@ impl Worker {
                 }
             }
         }
+        self.stats.add(Counter::RxPackets, burst.len() as u64);
+        self.stats.add(Counter::RxBytes, rx_bytes);
         self.stats.add(Counter::TxPackets, tx);
         self.stats.add(Counter::TxBytes, tx_bytes);
         self.stats.add(Counter::ToControl, ctl);
@@ -102,28 +92,19 @@ impl Worker {
 }
 
 /// Counts one malformed packet of `len` bytes: received, malformed by reason, dropped.
-pub fn count_malformed(stats: &mut Stats, m: stateplane_wire::Malformed, len: u32) {
+pub fn count_malformed(stats: &mut Stats, m: Malformed, len: u32) {
     stats.malformed[m.index()] += 1;
-    stats.drops[usize::from(DropReason::MALFORMED.0)] += 1;
-    stats.add(Counter::Malformed, 1);
+    count_port_drop(stats, DropReason::MALFORMED, len);
+}
+
+/// Counts one packet of `len` bytes that a port or the dispatcher received and dropped
+/// before any worker saw it.
+pub fn count_port_drop(stats: &mut Stats, reason: DropReason, len: u32) {
+    stats.drops[usize::from(reason.0)] += 1;
+    if reason == DropReason::MALFORMED {
+        stats.add(Counter::Malformed, 1);
+    }
     stats.add(Counter::Dropped, 1);
     stats.add(Counter::RxPackets, 1);
     stats.add(Counter::RxBytes, u64::from(len));
-}
-
-/// Parses every packet of `burst` in place; returns how many are malformed.
-#[inline]
-pub fn parse_burst(burst: &mut Burst, hasher: &FlowHasher) -> usize {
-    let mut bad = 0;
-    for p in burst.iter_mut() {
-        match parse(p.data, p.desc.in_port, hasher) {
-            Ok(parsed) => p.desc.parsed = parsed,
-            Err(m) => {
-                p.desc.malformed = Some(m);
-                bad += 1;
-            }
-        }
-    }
-    burst.parsed = true;
-    bad
 }

@@ -30,6 +30,18 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
+    /// All zero (usable in `const` contexts; the same as `default()`).
+    pub const EMPTY: FlowKey = FlowKey {
+        src: [0; 16],
+        dst: [0; 16],
+        src_port: 0,
+        dst_port: 0,
+        vlan: 0,
+        in_port: 0,
+        proto: 0,
+        ip_version: 0,
+    };
+
     pub fn v4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, src_port: u16, dst_port: u16) -> Self {
         let mut key = FlowKey {
             proto,

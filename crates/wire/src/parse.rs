@@ -161,10 +161,30 @@ pub struct Parsed {
     pub teid: u32,
 }
 
+impl Parsed {
+    /// All zero: no headers found, the key of nothing (usable in `const` contexts).
+    pub const EMPTY: Parsed = Parsed {
+        key: FlowKey::EMPTY,
+        hash: 0,
+        flags: ParseFlags(0),
+        ethertype: 0,
+        vlan_tci: [0; 2],
+        l3_offset: 0,
+        l4_offset: 0,
+        payload_offset: 0,
+        ip_len: 0,
+        tos: 0,
+        ttl: 0,
+        tcp_flags: 0,
+        gtp_offset: 0,
+        teid: 0,
+    };
+}
+
 /// Parses `frame`, received on `in_port`, hashing its key with `hasher`.
 #[inline]
 pub fn parse(frame: &[u8], in_port: u16, hasher: &FlowHasher) -> Result<Parsed, Malformed> {
-    let mut p = Parsed::default();
+    let mut p = Parsed::EMPTY;
     p.key.in_port = in_port;
     parse_into(frame, &mut p)?;
     p.hash = hasher.hash(&p.key);
