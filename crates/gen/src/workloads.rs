@@ -10,6 +10,7 @@ use stateplane_wire::gtp::{
     GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, gtpv2_ie, gtpv2_type,
 };
 use stateplane_wire::tcp::flags;
+use stateplane_wire::{FlowHasher, ParseFlags, parse};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
@@ -129,6 +130,10 @@ fn data_size(rng: &mut Rng, downstream: bool) -> usize {
 /// Everything the packet loop needs, mutable.
 struct Gen<'a> {
     cfg: &'a GenConfig,
+    out: &'a mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
+    progress: &'a mut dyn FnMut(u64),
+    /// Classifies each frame for the summary with the parser the data plane uses.
+    hasher: FlowHasher,
     rng: Rng,
     frame: Vec<u8>,
     scratch: Vec<u8>,
@@ -156,7 +161,8 @@ impl Gen<'_> {
         emit_frame(&mut self.frame, hosts, l4, &self.payload);
     }
 
-    fn emit(&mut self, out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>) -> io::Result<()> {
+    /// Hands the frame built last to the output, counts it, and reports progress now and then.
+    fn emit(&mut self) -> io::Result<()> {
         let ts = self.cfg.start_ns + (self.index as f64 * self.gap_ns) as u64;
         if self.index == 0 {
             self.summary.first_ns = ts;
@@ -165,32 +171,16 @@ impl Gen<'_> {
         self.index += 1;
         self.summary.packets += 1;
         self.summary.bytes += self.frame.len() as u64;
-        let ethertype = if self.frame[12..14] == [0x81, 0x00] {
-            [self.frame[16], self.frame[17]]
-        } else {
-            [self.frame[12], self.frame[13]]
-        };
-        let l3 = if self.frame[12..14] == [0x81, 0x00] {
-            18
-        } else {
-            14
-        };
-        match ethertype {
-            [0x86, 0xdd] => {
-                self.summary.ipv6_packets += 1;
-                self.count_proto(self.frame[l3 + 6]);
-            }
-            _ => self.count_proto(self.frame[l3 + 9]),
+        if let Ok(p) = parse(&self.frame, 0, &self.hasher) {
+            self.summary.ipv6_packets += u64::from(p.key.ip_version == 6);
+            self.summary.tcp_packets += u64::from(p.flags.has(ParseFlags::TCP));
+            self.summary.udp_packets += u64::from(p.flags.has(ParseFlags::UDP));
         }
-        out(ts, &self.frame)
-    }
-
-    fn count_proto(&mut self, proto: u8) {
-        match proto {
-            6 => self.summary.tcp_packets += 1,
-            17 => self.summary.udp_packets += 1,
-            _ => {}
+        (self.out)(ts, &self.frame)?;
+        if self.index.is_multiple_of(1 << 16) {
+            (self.progress)(self.index);
         }
+        Ok(())
     }
 
     /// The next packet of an internet-like flow.
@@ -458,6 +448,9 @@ pub fn generate(
     cfg.validate()?;
     let mut g = Gen {
         cfg,
+        out: &mut out,
+        progress: &mut progress,
+        hasher: FlowHasher::with_seed(0),
         rng: Rng::new(cfg.seed),
         frame: Vec::with_capacity(9100),
         scratch: Vec::with_capacity(9100),
@@ -466,7 +459,6 @@ pub fn generate(
         index: 0,
         gap_ns: cfg.gap_ns(),
     };
-    let out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()> = &mut out;
     match cfg.workload {
         Workload::Internet | Workload::Datacenter | Workload::Synflood | Workload::Udpflood => {
             let attack = match cfg.workload {
@@ -511,24 +503,17 @@ pub fn generate(
                 } else {
                     break;
                 }
-                g.emit(out)?;
-                if g.index.is_multiple_of(1 << 16) {
-                    progress(g.index);
-                }
+                g.emit()?;
             }
         }
-        Workload::Kv => kv_workload(&mut g, out, &mut progress)?,
-        Workload::Gtp => gtp_workload(&mut g, out, &mut progress)?,
+        Workload::Kv => kv_workload(&mut g)?,
+        Workload::Gtp => gtp_workload(&mut g)?,
     }
-    progress(g.index);
+    (g.progress)(g.index);
     Ok(g.summary)
 }
 
-fn kv_workload(
-    g: &mut Gen,
-    out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-    progress: &mut dyn FnMut(u64),
-) -> io::Result<()> {
+fn kv_workload(g: &mut Gen) -> io::Result<()> {
     let cfg = g.cfg;
     let clients = cfg.flows.unwrap_or(1000).max(1);
     g.summary.flows = clients;
@@ -563,29 +548,19 @@ fn kv_workload(
             src_port: client_port(client, v6),
             dst_port: kv::PORT,
         };
-        let mut payload = std::mem::take(&mut g.scratch);
         if let Some(size) = cfg.packet_size {
-            payload.resize(
-                size.saturating_sub(header_len(&hosts, &l4))
-                    .max(payload.len()),
-                0,
-            );
+            let padded = size
+                .saturating_sub(header_len(&hosts, &l4))
+                .max(g.scratch.len());
+            g.scratch.resize(padded, 0);
         }
-        emit_frame(&mut g.frame, &hosts, &l4, &payload);
-        g.scratch = payload;
-        g.emit(out)?;
-        if g.index.is_multiple_of(1 << 16) {
-            progress(g.index);
-        }
+        emit_frame(&mut g.frame, &hosts, &l4, &g.scratch);
+        g.emit()?;
     }
     Ok(())
 }
 
-fn gtp_workload(
-    g: &mut Gen,
-    out: &mut dyn FnMut(u64, &[u8]) -> io::Result<()>,
-    progress: &mut dyn FnMut(u64),
-) -> io::Result<()> {
+fn gtp_workload(g: &mut Gen) -> io::Result<()> {
     let cfg = g.cfg;
     let users = cfg.flows.unwrap_or(cfg.packets / 100).clamp(1, cfg.packets) as usize;
     g.summary.flows = users as u64;
@@ -636,16 +611,12 @@ fn gtp_workload(
             g.payload.resize(payload_len, 0);
             g.scratch.clear();
             g.scratch.resize(20 + 8 + payload_len + 8, 0);
+            let inner_len = emit_ip(&mut g.scratch[8..], &inner, &l4, &g.payload);
             let gtp = GtpuRepr {
                 message_type: GTPU_T_PDU,
                 teid: 0x2000_0000 | user,
                 sequence: None,
-                payload_len: 0,
-            };
-            let inner_len = emit_ip(&mut g.scratch[8..], &inner, &l4, &g.payload);
-            let gtp = GtpuRepr {
                 payload_len: inner_len as u16,
-                ..gtp
             };
             let _ = gtp.emit(&mut g.scratch);
             g.scratch.truncate(8 + inner_len);
@@ -657,17 +628,11 @@ fn gtp_workload(
                 dst: IpAddr::V4(SGW),
                 ttl: 64,
             };
-            let scratch = std::mem::take(&mut g.scratch);
-            emit_frame(
-                &mut g.frame,
-                &outer,
-                &L4::Udp {
-                    src_port: GTPU_PORT,
-                    dst_port: GTPU_PORT,
-                },
-                &scratch,
-            );
-            g.scratch = scratch;
+            let l4 = L4::Udp {
+                src_port: GTPU_PORT,
+                dst_port: GTPU_PORT,
+            };
+            emit_frame(&mut g.frame, &outer, &l4, &g.scratch);
         } else {
             // Downlink: a plain packet towards the user, which the gateway will encapsulate.
             let hosts = Hosts {
@@ -686,10 +651,7 @@ fn gtp_workload(
             g.frame_with_size(&hosts, &l4, size);
         }
         schedule.flows[i] = f;
-        g.emit(out)?;
-        if g.index.is_multiple_of(1 << 16) {
-            progress(g.index);
-        }
+        g.emit()?;
     }
     Ok(())
 }
@@ -741,17 +703,11 @@ fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32)
         dst: IpAddr::V4(SGW),
         ttl: 64,
     };
-    let scratch = std::mem::take(&mut g.scratch);
-    emit_frame(
-        &mut g.frame,
-        &hosts,
-        &L4::Udp {
-            src_port: GTPC_PORT,
-            dst_port: GTPC_PORT,
-        },
-        &scratch,
-    );
-    g.scratch = scratch;
+    let l4 = L4::Udp {
+        src_port: GTPC_PORT,
+        dst_port: GTPC_PORT,
+    };
+    emit_frame(&mut g.frame, &hosts, &l4, &g.scratch);
 }
 
 /// Why generation stopped: a bad configuration, or the output failed.
