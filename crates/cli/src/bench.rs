@@ -6,7 +6,7 @@
 use crate::CliResult;
 use crate::run::bounded;
 use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_io::ReplayTrace;
+use stateplane_io::{ReplayQueue, ReplayTrace};
 use stateplane_programs::PortNames;
 use stateplane_programs::forward::Forward;
 use stateplane_programs::l2::{L2, L2Config, MacEntry};
@@ -62,10 +62,10 @@ pub struct BenchArgs {
 struct Measurement {
     program: String,
     packets: u64,
-    /// Median over repeats of the per-core rate (packets / busy time, averaged over workers).
+    /// Median over repeats of the per-core rate (from each worker's packets / busy time).
     mpps_per_core: f64,
     ns_per_packet: f64,
-    /// Median over repeats of all workers together (packets / slowest worker's time).
+    /// Median over repeats of all workers together (all packets / the slowest worker's time).
     mpps_total: f64,
 }
 
@@ -114,14 +114,17 @@ fn l2_factory() -> CliResult<ProgramFactory> {
     Ok(Arc::new(move |_| Box::new(l2.clone())))
 }
 
+const PROGRAMS: [&str; 3] = ["rx", "forward", "l2"];
+
+/// One worker's share of a measurement: packets handled and seconds busy.
+type WorkerRun = (u64, f64);
+
 /// The baseline: receive into bursts and count, touching no packet data.
-fn rx_only(trace: &ReplayTrace, cfg: &RuntimeConfig, loops: u64, huge: bool) -> (u64, Vec<f64>) {
-    let queues = trace.into_queues(cfg.workers, &cfg.hasher, loops, 0, huge);
-    let results: Vec<(u64, f64)> = std::thread::scope(|s| {
+fn rx_only(queues: Vec<ReplayQueue>, burst_size: usize) -> Vec<WorkerRun> {
+    std::thread::scope(|s| {
         let threads: Vec<_> = queues
             .into_iter()
             .map(|mut q| {
-                let burst_size = cfg.burst_size;
                 s.spawn(move || {
                     let mut burst = Burst::with_capacity(burst_size);
                     let mut n = 0u64;
@@ -135,11 +138,47 @@ fn rx_only(trace: &ReplayTrace, cfg: &RuntimeConfig, loops: u64, huge: bool) -> 
             })
             .collect();
         threads.into_iter().filter_map(|t| t.join().ok()).collect()
-    });
-    (
-        results.iter().map(|r| r.0).sum(),
-        results.iter().map(|r| r.1 / r.0.max(1) as f64).collect(),
-    )
+    })
+}
+
+/// Runs `program` once over fresh replay queues; per-worker results.
+fn measure(
+    program: &str,
+    queues: Vec<ReplayQueue>,
+    runtime: &RuntimeConfig,
+) -> CliResult<Vec<WorkerRun>> {
+    let factory: ProgramFactory = match program {
+        "rx" => return Ok(rx_only(queues, runtime.burst_size)),
+        "forward" => {
+            let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
+            Arc::new(move |_| Box::new(f.clone()))
+        }
+        _ => l2_factory()?,
+    };
+    let workers = queues.len();
+    let sources: Vec<Box<dyn BurstSource>> = queues
+        .into_iter()
+        .map(|q| Box::new(q) as Box<dyn BurstSource>)
+        .collect();
+    let report = run_sharded(runtime, sources, 2, &factory, &RunHandle::new(workers));
+    if let Some(e) = report.errors.first() {
+        return Err(e.clone());
+    }
+    let (rx, tx) = (
+        report.total.get(Counter::RxPackets),
+        report.total.get(Counter::TxPackets),
+    );
+    if tx != rx {
+        return Err(format!(
+            "{program}: forwarded {tx} of {rx} packets; the benchmark expects all"
+        ));
+    }
+    Ok(report
+        .per_worker
+        .iter()
+        .zip(&report.worker_busy)
+        .map(|(s, b)| (s.get(Counter::RxPackets), b.as_secs_f64()))
+        .collect())
 }
 
 pub fn main(a: BenchArgs) -> CliResult<()> {
@@ -147,6 +186,13 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
     let burst_size = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
     let huge = !a.no_hugepages;
+    let programs: Vec<&str> = a.programs.split(',').map(str::trim).collect();
+    if let Some(bad) = programs.iter().find(|p| !PROGRAMS.contains(p)) {
+        return Err(format!(
+            "--programs: '{bad}' is not one of {}",
+            PROGRAMS.join(", ")
+        ));
+    }
     let t = Instant::now();
     let (trace, input) = match &a.trace {
         Some(path) => {
@@ -203,78 +249,34 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
         hasher: FlowHasher::random(),
     };
     let mut results = Vec::new();
-    for program in a.programs.split(',').map(str::trim) {
-        let mut per_core = Vec::new();
-        let mut total = Vec::new();
-        let mut ns = Vec::new();
+    let mut huge_used = huge;
+    for program in &programs {
+        let (mut per_core, mut total, mut ns) = (Vec::new(), Vec::new(), Vec::new());
         let mut packets = 0;
         for _ in 0..repeat {
-            let (n, per_worker_ns) = if program == "rx" {
-                let (n, secs_per_pkt) = rx_only(&trace, &runtime, a.loops, huge);
-                (n, secs_per_pkt.iter().map(|s| s * 1e9).collect::<Vec<_>>())
-            } else {
-                let factory = match program {
-                    "forward" => {
-                        let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
-                        Arc::new(move |_| {
-                            Box::new(f.clone()) as Box<dyn stateplane_runtime::Program>
-                        }) as ProgramFactory
-                    }
-                    "l2" => l2_factory()?,
-                    other => {
-                        return Err(format!(
-                            "--programs: '{other}' is not one of rx, forward, l2"
-                        ));
-                    }
-                };
-                let queues: Vec<Box<dyn BurstSource>> = trace
-                    .into_queues(workers, &runtime.hasher, a.loops, 0, huge)
-                    .into_iter()
-                    .map(|q| Box::new(q) as Box<dyn BurstSource>)
-                    .collect();
-                let handle = RunHandle::new(workers);
-                let report = run_sharded(&runtime, queues, 2, &factory, &handle);
-                if let Some(e) = report.errors.first() {
-                    return Err(e.clone());
-                }
-                let forwarded = report.total.get(Counter::TxPackets);
-                if forwarded != report.total.get(Counter::RxPackets) {
-                    return Err(format!(
-                        "{program}: forwarded {forwarded} of {} packets; the benchmark expects all",
-                        report.total.get(Counter::RxPackets)
-                    ));
-                }
-                let ns: Vec<f64> = report
-                    .per_worker
-                    .iter()
-                    .zip(&report.worker_busy)
-                    .map(|(s, b)| b.as_secs_f64() * 1e9 / s.get(Counter::RxPackets).max(1) as f64)
-                    .collect();
-                (report.total.get(Counter::RxPackets), ns)
-            };
-            packets = n;
-            let mean_ns = per_worker_ns.iter().sum::<f64>() / per_worker_ns.len() as f64;
-            let slowest = per_worker_ns.iter().copied().fold(0.0, f64::max);
+            let queues = trace.into_queues(workers, &runtime.hasher, a.loops, 0, huge);
+            huge_used &= queues.iter().all(|q| q.is_huge());
+            let runs = measure(program, queues, &runtime)?;
+            packets = runs.iter().map(|r| r.0).sum::<u64>();
+            let mean_ns = runs
+                .iter()
+                .map(|&(n, secs)| secs * 1e9 / n.max(1) as f64)
+                .sum::<f64>()
+                / runs.len() as f64;
+            let slowest = runs.iter().map(|r| r.1).fold(0.0, f64::max);
             ns.push(mean_ns);
             per_core.push(1e3 / mean_ns);
-            total.push(n as f64 / (slowest * n as f64 / workers as f64) * 1e3);
+            total.push(packets as f64 / slowest / 1e6);
         }
         results.push(Measurement {
-            program: program.to_owned(),
+            program: program.to_string(),
             packets,
             mpps_per_core: median(per_core),
             ns_per_packet: median(ns),
             mpps_total: median(total),
         });
     }
-    report(
-        &a,
-        &input,
-        workers,
-        burst_size,
-        huge && trace.is_huge(),
-        &results,
-    )
+    report(&a, &input, workers, burst_size, huge_used, &results)
 }
 
 fn report(

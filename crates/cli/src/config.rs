@@ -12,7 +12,7 @@
 //!
 //! [[port]]
 //! name = "in"
-//! rx = "trace.pcap"    # read packets from this capture
+//! rx = "trace.pcap"    # read packets from this capture (relative paths: to this file)
 //! [[port]]
 //! name = "out"
 //! tx = "out.pcap"      # write packets sent to this port (omit: count and discard)
@@ -64,6 +64,16 @@ impl RunConfig {
                 p.name,
                 p.name
             ));
+        }
+        let mut cfg = cfg;
+        // Relative paths are relative to the configuration file, not to wherever it is run.
+        let base = path.parent().unwrap_or(Path::new(""));
+        for port in &mut cfg.port {
+            for file in [&mut port.rx, &mut port.tx].into_iter().flatten() {
+                if file.is_relative() {
+                    *file = base.join(&*file);
+                }
+            }
         }
         Ok(cfg)
     }

@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// Parses and checks the address: loopback only, so that nothing is exposed beyond the host.
@@ -25,10 +24,9 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
 
 fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
     let mut out = String::new();
-    let mut per_worker: Vec<Stats> = handle.stats.iter().map(|s| s.snapshot()).collect();
-    let dispatcher = per_worker.remove(0);
-    let mut total = dispatcher.clone();
-    per_worker.iter().for_each(|s| total.merge(s));
+    let total = handle.totals();
+    // Entry 0 is the dispatcher, whose drops are in the totals but belong to no worker.
+    let per_worker: Vec<Stats> = handle.stats[1..].iter().map(|s| s.snapshot()).collect();
     for c in Counter::ALL {
         let _ = writeln!(out, "# TYPE stateplane_{} counter", c.name());
         let _ = writeln!(out, "stateplane_{} {}", c.name(), total.get(c));
@@ -55,7 +53,8 @@ fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
     out
 }
 
-/// Serves until the run's stop flag... and beyond: the thread lives as long as the process.
+/// Starts serving on a thread that lives as long as the process (so the totals stay
+/// readable after the run, see `--hold-metrics`).
 pub fn serve(
     addr: SocketAddr,
     handle: Arc<RunHandle>,
@@ -80,9 +79,6 @@ pub fn serve(
                 "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
-            if handle.stop.load(Ordering::Relaxed) && !ok {
-                break;
-            }
         }
     });
     Ok(())

@@ -114,7 +114,11 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         }
     }
     if ports.len() > usize::from(PortId::MAX) {
-        return Err("too many ports".into());
+        return Err(format!(
+            "{} ports given; a switch has at most {} ports",
+            ports.len(),
+            PortId::MAX
+        ));
     }
     let program_name = args
         .program

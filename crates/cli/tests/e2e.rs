@@ -330,3 +330,22 @@ fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
         );
     }
 }
+
+#[test]
+fn config_paths_are_relative_to_the_config_file() {
+    let input = tmp("relative-in.pcap");
+    generate_trace("datacenter", 500, &input);
+    let cfg = tmp("relative.toml");
+    std::fs::write(&cfg, "[[port]]\nname = \"a\"\nrx = \"relative-in.pcap\"\n[[port]]\nname = \"b\"\ntx = \"relative-out.pcap\"\n").unwrap();
+    // Run from another directory: the paths still resolve beside the config.
+    ok(bin()
+        .current_dir("/")
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap());
+    assert_eq!(
+        read_all(&tmp("relative-out.pcap")).unwrap(),
+        read_all(&input).unwrap()
+    );
+}
