@@ -57,6 +57,9 @@ pub struct BenchArgs {
     /// Also write the results as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Also draw Mpps per core as an SVG bar chart.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }
 
 struct Measurement {
@@ -335,5 +338,43 @@ fn report(
         }
         std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
     }
+    if let Some(path) = &a.svg {
+        let title = format!("Mpps per core ({workers} worker(s), burst {burst}) - {input}");
+        std::fs::write(path, bar_chart(&title, results))
+            .map_err(|e| format!("--svg {}: {e}", path.display()))?;
+    }
     Ok(())
+}
+
+/// A horizontal bar chart of Mpps per core, one bar per program, as standalone SVG.
+fn bar_chart(title: &str, results: &[Measurement]) -> String {
+    let (left, width, bar, gap) = (90.0, 520.0, 28.0, 12.0);
+    let max = results.iter().map(|m| m.mpps_per_core).fold(1.0, f64::max);
+    let height = 50.0 + results.len() as f64 * (bar + gap);
+    let escape = |t: &str| {
+        t.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+    };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"20\" font-size=\"11\">{}</text>\n",
+        left + width + 90.0,
+        escape(title)
+    );
+    for (i, m) in results.iter().enumerate() {
+        let y = 36.0 + i as f64 * (bar + gap);
+        let w = width * m.mpps_per_core / max;
+        svg.push_str(&format!(
+            "<text x=\"8\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{w:.1}\" height=\"{bar}\" fill=\"#3b6ea5\"/>\
+             <text x=\"{:.1}\" y=\"{:.0}\">{:.2} Mpps</text>\n",
+            y + bar * 0.65,
+            escape(&m.program),
+            left + w + 6.0,
+            y + bar * 0.65,
+            m.mpps_per_core
+        ));
+    }
+    svg.push_str("</svg>\n");
+    svg
 }

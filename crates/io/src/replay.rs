@@ -183,6 +183,7 @@ impl BurstSource for ReplayQueue {
     #[inline]
     fn fill(&mut self, burst: &mut Burst) -> bool {
         let packets = &self.packed.packets;
+        let bytes = self.packed.data.as_slice();
         if packets.is_empty() {
             return false;
         }
@@ -193,7 +194,7 @@ impl BurstSource for ReplayQueue {
                 self.round += 1;
                 continue;
             };
-            let data = &self.packed.data.as_slice()[p.offset..p.offset + p.len as usize];
+            let data = &bytes[p.offset..p.offset + p.len as usize];
             let ts = p.ts_ns + self.round * self.span_ns;
             if !burst.push(data, p.orig_len, ts, self.in_port, self.seq) {
                 break;
@@ -202,7 +203,6 @@ impl BurstSource for ReplayQueue {
             self.seq += 1;
             self.pos += 1;
         }
-        burst.now_ns = burst.descs().last().map_or(burst.now_ns, |d| d.ts_ns);
         added
     }
 }

@@ -162,12 +162,10 @@ impl Burst {
         let mut bad = 0;
         for d in &mut self.slots[..self.count] {
             let data = &self.arena[d.offset as usize..(d.offset + d.len) as usize];
-            match stateplane_wire::parse(data, d.in_port, hasher) {
-                Ok(parsed) => d.parsed = parsed,
-                Err(m) => {
-                    d.malformed = Some(m);
-                    bad += 1;
-                }
+            if let Err(m) = stateplane_wire::parse_in_place(data, d.in_port, hasher, &mut d.parsed)
+            {
+                d.malformed = Some(m);
+                bad += 1;
             }
         }
         self.parsed = true;

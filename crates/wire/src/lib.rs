@@ -26,7 +26,7 @@ pub mod udp;
 
 pub use ethernet::MacAddr;
 pub use flow::{FlowHasher, FlowKey};
-pub use parse::{Malformed, ParseFlags, Parsed, parse};
+pub use parse::{Malformed, ParseFlags, Parsed, parse, parse_in_place};
 
 use std::fmt;
 

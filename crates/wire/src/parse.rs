@@ -185,10 +185,24 @@ impl Parsed {
 #[inline]
 pub fn parse(frame: &[u8], in_port: u16, hasher: &FlowHasher) -> Result<Parsed, Malformed> {
     let mut p = Parsed::EMPTY;
-    p.key.in_port = in_port;
-    parse_into(frame, &mut p)?;
-    p.hash = hasher.hash(&p.key);
+    parse_in_place(frame, in_port, hasher, &mut p)?;
     Ok(p)
+}
+
+/// [`parse`] into a `Parsed` the caller already has (a burst's descriptor), so the result
+/// is written once where it is used. On error `out` holds a partial parse: ignore it.
+#[inline]
+pub fn parse_in_place(
+    frame: &[u8],
+    in_port: u16,
+    hasher: &FlowHasher,
+    out: &mut Parsed,
+) -> Result<(), Malformed> {
+    *out = Parsed::EMPTY;
+    out.key.in_port = in_port;
+    parse_into(frame, out)?;
+    out.hash = hasher.hash(&out.key);
+    Ok(())
 }
 
 fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<(), Malformed> {
