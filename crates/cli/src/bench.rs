@@ -339,18 +339,21 @@ fn report(
         std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
     }
     if let Some(path) = &a.svg {
-        let title = format!("Mpps per core ({workers} worker(s), burst {burst}) - {input}");
-        std::fs::write(path, bar_chart(&title, results))
+        let title = format!(
+            "Mpps per core: {workers} worker(s), burst {burst}, median of {}",
+            a.repeat
+        );
+        std::fs::write(path, bar_chart(&title, input, results))
             .map_err(|e| format!("--svg {}: {e}", path.display()))?;
     }
     Ok(())
 }
 
 /// A horizontal bar chart of Mpps per core, one bar per program, as standalone SVG.
-fn bar_chart(title: &str, results: &[Measurement]) -> String {
+fn bar_chart(title: &str, subtitle: &str, results: &[Measurement]) -> String {
     let (left, width, bar, gap) = (90.0, 520.0, 28.0, 12.0);
     let max = results.iter().map(|m| m.mpps_per_core).fold(1.0, f64::max);
-    let height = 50.0 + results.len() as f64 * (bar + gap);
+    let height = 64.0 + results.len() as f64 * (bar + gap);
     let escape = |t: &str| {
         t.replace('&', "&amp;")
             .replace('<', "&lt;")
@@ -358,12 +361,13 @@ fn bar_chart(title: &str, results: &[Measurement]) -> String {
     };
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"20\" font-size=\"11\">{}</text>\n",
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" font-size=\"13\">{}</text>\n<text x=\"8\" y=\"34\" font-size=\"9\">{}</text>\n",
         left + width + 90.0,
-        escape(title)
+        escape(title),
+        escape(subtitle)
     );
     for (i, m) in results.iter().enumerate() {
-        let y = 36.0 + i as f64 * (bar + gap);
+        let y = 48.0 + i as f64 * (bar + gap);
         let w = width * m.mpps_per_core / max;
         svg.push_str(&format!(
             "<text x=\"8\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{w:.1}\" height=\"{bar}\" fill=\"#3b6ea5\"/>\
