@@ -26,6 +26,10 @@ pub const MAX_RECORD_LEN: u32 = 256 * 1024;
 #[derive(Debug)]
 pub enum CaptureError {
     Io(io::Error),
+    /// The file is shorter than any capture's magic number (empty, or a stray file).
+    TooShort {
+        bytes: u64,
+    },
     /// The file starts with neither a pcap nor a pcapng magic number.
     NotACapture {
         magic: u32,
@@ -65,6 +69,10 @@ impl fmt::Display for CaptureError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CaptureError::Io(e) => write!(f, "{e}"),
+            CaptureError::TooShort { bytes } => write!(
+                f,
+                "only {bytes} bytes long, too short to be a pcap or pcapng file; give a capture written by tcpdump, tshark or `stateplane gen`"
+            ),
             CaptureError::NotACapture { magic } => write!(
                 f,
                 "not a pcap or pcapng file (it starts with {magic:#010x}); give a capture written by tcpdump, tshark or `stateplane gen`"
@@ -172,9 +180,7 @@ impl<R: Read> CaptureReader<R> {
         let mut magic = [0u8; 4];
         let got = read_full(&mut r, &mut magic)?;
         if got < 4 {
-            return Err(CaptureError::Truncated {
-                at_byte: got as u64,
-            });
+            return Err(CaptureError::TooShort { bytes: got as u64 });
         }
         if pcapng::is_magic(magic) {
             Ok(CaptureReader::Pcapng(pcapng::PcapngReader::after_magic(
@@ -333,4 +339,28 @@ pub fn read_all(path: &Path) -> Result<Vec<(u64, Vec<u8>, u32)>, CaptureError> {
         out.push((rec.ts_ns, rec.data.to_vec(), rec.orig_len));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_that_are_no_capture_say_so() {
+        let short = CaptureReader::new(&b"ab\n"[..]).err().unwrap();
+        assert!(
+            short
+                .to_string()
+                .starts_with("only 3 bytes long, too short to be a pcap or pcapng file"),
+            "{short}"
+        );
+        let text = CaptureReader::new(&b"hello world, not a capture"[..])
+            .err()
+            .unwrap();
+        assert!(
+            text.to_string()
+                .starts_with("not a pcap or pcapng file (it starts with 0x68656c6c)"),
+            "{text}"
+        );
+    }
 }
