@@ -620,19 +620,7 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
             };
             let _ = gtp.emit(&mut g.scratch);
             g.scratch.truncate(8 + inner_len);
-            let outer = Hosts {
-                src_mac: CLIENT_SIDE_MAC,
-                dst_mac: SERVER_SIDE_MAC,
-                vlan: g.vlan(user),
-                src: IpAddr::V4(enb),
-                dst: IpAddr::V4(SGW),
-                ttl: 64,
-            };
-            let l4 = L4::Udp {
-                src_port: GTPU_PORT,
-                dst_port: GTPU_PORT,
-            };
-            emit_frame(&mut g.frame, &outer, &l4, &g.scratch);
+            to_gateway(g, user, enb, GTPU_PORT);
         } else {
             // Downlink: a plain packet towards the user, which the gateway will encapsulate.
             let hosts = Hosts {
@@ -695,17 +683,22 @@ fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32)
     let _ = header.emit(&mut g.scratch);
     let h = header.header_len();
     g.scratch[h..].copy_from_slice(&ies[..at]);
+    to_gateway(g, user, MME, GTPC_PORT);
+}
+
+/// Frames `g.scratch` (a GTP message) as UDP from `src` to the gateway, port to port.
+fn to_gateway(g: &mut Gen, user: u32, src: Ipv4Addr, port: u16) {
     let hosts = Hosts {
         src_mac: CLIENT_SIDE_MAC,
         dst_mac: SERVER_SIDE_MAC,
         vlan: g.vlan(user),
-        src: IpAddr::V4(MME),
+        src: IpAddr::V4(src),
         dst: IpAddr::V4(SGW),
         ttl: 64,
     };
     let l4 = L4::Udp {
-        src_port: GTPC_PORT,
-        dst_port: GTPC_PORT,
+        src_port: port,
+        dst_port: port,
     };
     emit_frame(&mut g.frame, &hosts, &l4, &g.scratch);
 }
