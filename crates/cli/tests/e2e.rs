@@ -301,7 +301,7 @@ fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
             .unwrap());
         assert_eq!(count.lines().count(), 3000);
     }
-    // Files written by tcpdump and converted by editcap (pcapng, nanosecond pcap) read back equal.
+    // Files written by tcpdump and tshark, and converted by editcap, read back equal.
     let by_tcpdump = tmp("by-tcpdump.pcap");
     ok(tool("tcpdump")
         .args(["-r"])
@@ -315,6 +315,20 @@ fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
         .map(|(ts, d, l)| (ts / 1000 * 1000, d.clone(), *l))
         .collect();
     assert_eq!(read_all(&by_tcpdump).unwrap(), want);
+    // tshark writes pcapng with nanosecond timestamps by default.
+    let by_tshark = tmp("by-tshark.pcapng");
+    ok(tool("tshark")
+        .args(["-r"])
+        .arg(&ours)
+        .arg("-w")
+        .arg(&by_tshark)
+        .output()
+        .unwrap());
+    assert_eq!(
+        read_all(&by_tshark).unwrap(),
+        want,
+        "a pcapng written by tshark"
+    );
     for (format, expect) in [("pcapng", &want), ("nsecpcap", &want), ("pcap", &micro)] {
         let converted = tmp(&format!("by-editcap.{format}"));
         ok(tool("editcap")
