@@ -9,6 +9,7 @@
 
 pub mod capture;
 pub mod hugemem;
+pub mod live;
 pub mod pcap;
 pub mod pcapng;
 pub mod replay;

@@ -15,14 +15,15 @@
 //! control plane reaches workers between bursts through the [`Context`].
 
 pub mod burst;
+pub mod live;
 pub mod pipeline;
 pub mod port;
 pub mod program;
 pub mod stats;
 pub mod worker;
 
-pub use burst::{Burst, PacketDesc, PacketMut};
-pub use port::{RxPacket, RxPort, TxPort};
+pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
+pub use port::{LiveRx, LiveTx, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};
 pub use worker::Worker;

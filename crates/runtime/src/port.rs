@@ -31,3 +31,83 @@ pub trait TxPort: Send {
         Ok(())
     }
 }
+
+/// What a live port counts, beyond the worker's counters: what the kernel or the rings
+/// dropped, and why. Summed over the queues of an interface in the report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Dropped by the kernel because the receive ring was full.
+    pub rx_kernel_drops: u64,
+    /// Longer than `burst::MAX_FRAME`; dropped at the port.
+    pub rx_oversize: u64,
+    /// Arrived with the checksum left to offload (the sender's checksum offload is on);
+    /// forwarded as they came.
+    pub rx_partial_checksum: u64,
+    pub rx_errors: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Longer than the interface's MTU allows; not sent.
+    pub tx_oversize: u64,
+    /// The transmit ring stayed full; not sent.
+    pub tx_ring_full: u64,
+    /// Refused by the kernel.
+    pub tx_errors: u64,
+}
+
+impl PortCounters {
+    pub fn merge(&mut self, o: &PortCounters) {
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.rx_kernel_drops += o.rx_kernel_drops;
+        self.rx_oversize += o.rx_oversize;
+        self.rx_partial_checksum += o.rx_partial_checksum;
+        self.rx_errors += o.rx_errors;
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_oversize += o.tx_oversize;
+        self.tx_ring_full += o.tx_ring_full;
+        self.tx_errors += o.tx_errors;
+    }
+
+    /// Every count by name, for summaries and metrics.
+    pub fn named(&self) -> [(&'static str, u64); 11] {
+        [
+            ("rx_packets", self.rx_packets),
+            ("rx_bytes", self.rx_bytes),
+            ("rx_kernel_drops", self.rx_kernel_drops),
+            ("rx_oversize", self.rx_oversize),
+            ("rx_partial_checksum", self.rx_partial_checksum),
+            ("rx_errors", self.rx_errors),
+            ("tx_packets", self.tx_packets),
+            ("tx_bytes", self.tx_bytes),
+            ("tx_oversize", self.tx_oversize),
+            ("tx_ring_full", self.tx_ring_full),
+            ("tx_errors", self.tx_errors),
+        ]
+    }
+}
+
+/// One worker's receive queue on a live interface (an AF_PACKET fanout member, an AF_XDP
+/// socket).
+pub trait LiveRx: Send {
+    fn name(&self) -> &str;
+    /// Moves waiting packets into `burst` as arriving on `port` until the burst is full or
+    /// none wait; never blocks. Returns how many it moved.
+    fn recv(&mut self, burst: &mut crate::Burst, port: crate::PortId) -> usize;
+    /// A descriptor that polls readable when packets wait.
+    fn fd(&self) -> std::os::fd::RawFd;
+    /// The counts so far.
+    fn counters(&mut self) -> PortCounters;
+}
+
+/// One worker's transmit queue on a live interface.
+pub trait LiveTx: Send {
+    fn name(&self) -> &str;
+    /// Queues one frame; `false` if it was dropped (counted by reason).
+    fn send(&mut self, frame: &[u8]) -> bool;
+    /// Hands everything queued to the kernel (once per burst).
+    fn flush(&mut self);
+    fn counters(&mut self) -> PortCounters;
+}

@@ -84,6 +84,11 @@ pub trait Program: Send {
     /// Sets the verdict of every packet in `burst` (all of them parsed and well formed).
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context);
 
+    /// Called on live ports about once a millisecond with `out` empty and `ctx.now_ns` the
+    /// wall clock: the program may push packets of its own (probes, notifications) into
+    /// `out`, each with its verdict set. Offline runs never call it.
+    fn poll(&mut self, _out: &mut Burst, _ctx: &mut Context) {}
+
     /// Names of the program's drop reasons, indexed by `DropReason::program(i)`.
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[]

@@ -47,6 +47,19 @@ impl Worker {
         self.count_verdicts(burst);
     }
 
+    /// Runs the program's `poll` (timers, probes of its own) with `out` empty and its clock
+    /// set; returns how many packets the program put in `out` to send.
+    pub fn poll(&mut self, out: &mut Burst) -> usize {
+        self.ctx.now_ns = self.ctx.now_ns.max(out.now_ns);
+        self.program.poll(out, &mut self.ctx);
+        out.len()
+    }
+
+    /// Swaps in a new program (a reload), between two bursts.
+    pub fn replace_program(&mut self, program: Box<dyn Program>) {
+        self.program = program;
+    }
+
     #[cold]
     fn drop_malformed(&mut self, burst: &mut Burst) {
         for d in burst.descs() {

@@ -1,0 +1,288 @@
+//! The system calls of live ports, each wrapped once with its safety argument.
+//!
+//! Everything `unsafe` about live ports is here: sockets and their options, interface
+//! ioctls, `poll`, and the shared memory of packet rings ([`SharedRing`]). The ring modules
+//! above it are safe code that follows the kernel's ownership protocol through this API.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// `errno` of the last failed call, as an `io::Error`.
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// A new socket of `domain`/`kind`/`protocol`, closed on exec.
+pub fn socket(domain: i32, kind: i32, protocol: i32) -> io::Result<OwnedFd> {
+    // SAFETY: socket(2) takes plain integers; a non-negative result is a new descriptor that
+    // nothing else owns, so OwnedFd may take it.
+    let fd = unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, protocol) };
+    if fd < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: see above: `fd` is open and owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets a socket option whose value is the plain-data `value`.
+pub fn setsockopt<T: Copy>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, a live `Copy` (plain data) value that
+    // the kernel only reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 { Err(last_error()) } else { Ok(()) }
+}
+
+/// The packet socket's counts since the last call (the kernel resets them on read):
+/// packets received and packets dropped because the ring was full.
+pub fn packet_statistics(fd: &OwnedFd) -> io::Result<(u32, u32)> {
+    // SAFETY: tpacket_stats_v3 is three u32 counters; all-zero is a valid value.
+    let mut stats: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+    // SAFETY: the pointer and length describe `stats`, which the kernel writes at most
+    // `len` bytes of.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&mut stats as *mut libc::tpacket_stats_v3).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        Err(last_error())
+    } else {
+        Ok((stats.tp_packets, stats.tp_drops))
+    }
+}
+
+/// Binds a packet socket to interface `ifindex` for `protocol` (host order; 0 = none).
+pub fn bind_packet(fd: &OwnedFd, ifindex: i32, protocol: u16) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = protocol.to_be();
+    addr.sll_ifindex = ifindex;
+    // SAFETY: the pointer and length describe `addr`, which the kernel only reads.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 { Err(last_error()) } else { Ok(()) }
+}
+
+/// Asks the kernel to send what a transmit ring holds; `wait` blocks until it is sent
+/// (bounded by the socket's send timeout).
+pub fn kick_send(fd: &OwnedFd, wait: bool) -> io::Result<()> {
+    let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
+    // SAFETY: a zero-length send with a null buffer is how a mapped ring is flushed; the
+    // kernel reads no user buffer.
+    let rc = unsafe { libc::send(fd.as_raw_fd(), std::ptr::null(), 0, flags) };
+    if rc < 0 {
+        let e = last_error();
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ENOBUFS)) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes; returns whether any is.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<bool> {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: the pointer and count describe `polls`, which the kernel writes `revents` of.
+    let rc = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = last_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(rc > 0)
+}
+
+/// The index of interface `name` in this network namespace, or `None` if there is none.
+pub fn interface_index(name: &str) -> Option<i32> {
+    let cname = CString::new(name).ok()?;
+    // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    (index != 0).then_some(index as i32)
+}
+
+/// An `ifreq` naming interface `name`.
+fn ifreq(name: &str) -> io::Result<libc::ifreq> {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface names are at most 15 bytes",
+        ));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// The MTU of interface `name`.
+pub fn interface_mtu(name: &str) -> io::Result<u32> {
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let mut req = ifreq(name)?;
+    // SAFETY: SIOCGIFMTU reads the name in `req` and writes `ifru_mtu`, both inside it.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &mut req) };
+    if rc < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: SIOCGIFMTU succeeded, so the union holds the MTU.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu }.max(0) as u32)
+}
+
+/// Whether interface `name` is up, and brings it up when `bring_up` is set.
+pub fn interface_up(name: &str, bring_up: bool) -> io::Result<bool> {
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let mut req = ifreq(name)?;
+    // SAFETY: SIOCGIFFLAGS reads the name in `req` and writes `ifru_flags`, both inside it.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(last_error());
+    }
+    // SAFETY: SIOCGIFFLAGS succeeded, so the union holds the flags.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    let up = flags & libc::IFF_UP as libc::c_short != 0;
+    if up || !bring_up {
+        return Ok(up);
+    }
+    req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads the name and flags in `req`.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) } < 0 {
+        return Err(last_error());
+    }
+    Ok(true)
+}
+
+/// A packet ring shared with the kernel through `mmap`.
+///
+/// Ownership of each part of the ring passes between the kernel and this process through a
+/// 32-bit status word at the start of that part, as the packet-mmap protocol defines it.
+/// [`SharedRing::status`] and [`SharedRing::set_status`] are the only accesses that may race
+/// with the kernel, and they are atomic. The bytes of a part are read or written only while
+/// its status says this process owns it; the ring modules keep that rule.
+pub struct SharedRing {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; nothing in it is tied to a thread.
+unsafe impl Send for SharedRing {}
+
+impl SharedRing {
+    /// Maps `len` bytes of the ring configured on `fd`.
+    pub fn map(fd: &OwnedFd, len: usize) -> io::Result<SharedRing> {
+        // SAFETY: a fresh shared mapping of the socket's ring; the kernel checks `len`
+        // against the ring it configured and the result is not aliased by any Rust value.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_error());
+        }
+        Ok(SharedRing {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU32 {
+        assert!(
+            offset % 4 == 0 && offset + 4 <= self.len,
+            "ring status word out of bounds"
+        );
+        // SAFETY: in bounds and 4-byte aligned (mmap is page aligned), checked above; an
+        // AtomicU32 has the layout of a u32, and the kernel accesses the word atomically too.
+        unsafe { &*self.ptr.add(offset).cast::<AtomicU32>() }
+    }
+
+    /// The status word at `offset`, read with acquire order: if it hands the part to this
+    /// process, everything the kernel wrote into the part before is visible.
+    pub fn status(&self, offset: usize) -> u32 {
+        self.word(offset).load(Ordering::Acquire)
+    }
+
+    /// Writes the status word at `offset` with release order, handing the part over after
+    /// every write this process made into it.
+    pub fn set_status(&self, offset: usize, value: u32) {
+        self.word(offset).store(value, Ordering::Release)
+    }
+
+    /// The bytes `[offset, offset + len)`, or `None` if out of bounds. The caller must own
+    /// that range by the ring protocol (its status word says so) for as long as it is used.
+    pub fn bytes(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked); the kernel does not write a part that this process
+        // owns, so the bytes do not change while the shared borrow of `self` lives.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(offset), len) })
+    }
+
+    /// The bytes `[offset, offset + len)` for writing, or `None` if out of bounds. As for
+    /// [`SharedRing::bytes`], the caller must own the range.
+    pub fn bytes_mut(&mut self, offset: usize, len: usize) -> Option<&mut [u8]> {
+        if offset.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked); `&mut self` excludes other Rust borrows, and the
+        // kernel does not read a part until its status hands it over.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) })
+    }
+}
+
+impl Drop for SharedRing {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly the mapping made in `map`, unmapped once, here.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// Moves the calling thread into a new, empty network namespace (tests: a private loopback
+/// to send real packets on without touching the host's interfaces).
+#[cfg(test)]
+pub fn enter_new_network_namespace() -> io::Result<()> {
+    // SAFETY: unshare(2) with CLONE_NEWNET changes only this thread's network namespace.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
