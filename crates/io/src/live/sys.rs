@@ -224,7 +224,7 @@ impl SharedRing {
 
     fn word(&self, offset: usize) -> &AtomicU32 {
         assert!(
-            offset % 4 == 0 && offset + 4 <= self.len,
+            offset.is_multiple_of(4) && offset + 4 <= self.len,
             "ring status word out of bounds"
         );
         // SAFETY: in bounds and 4-byte aligned (mmap is page aligned), checked above; an
