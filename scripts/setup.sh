@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Stateplane's commands need when it is missing: a Rust toolchain check, and
-# the Debian packages named as arguments (e.g. tshark tcpdump valgrind). Safe to re-run.
+# the Debian packages named as arguments, each as COMMAND or COMMAND:PACKAGE when the
+# package is named otherwise (e.g. tshark valgrind ping:iputils-ping). Safe to re-run.
 set -euo pipefail
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -9,8 +10,10 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust (https://rustup.rs) and re-run" >&2; exit 1; }
 
 missing=()
-for pkg in "$@"; do
-  command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+for want in "$@"; do
+  cmd=${want%%:*}
+  pkg=${want#*:}
+  command -v "$cmd" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

@@ -17,6 +17,9 @@
 //! name = "out"
 //! tx = "out.pcap"      # write packets sent to this port (omit: count and discard)
 //! ```
+//!
+//! Live ports name an interface instead: `[[port]] name = "left"` and `iface = "veth0"`;
+//! then the run is a daemon until SIGINT/SIGTERM, and SIGHUP reloads `[program]`.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -47,6 +50,8 @@ pub struct PortSection {
     pub name: String,
     pub rx: Option<PathBuf>,
     pub tx: Option<PathBuf>,
+    /// A network interface: the port receives from it and sends to it (instead of files).
+    pub iface: Option<String>,
 }
 
 impl RunConfig {

@@ -8,9 +8,11 @@
 mod bench;
 mod config;
 mod gen_cmd;
+mod logging;
 mod metrics;
 mod progress;
 mod run;
+mod run_live;
 mod summary;
 
 use clap::{Parser, Subcommand};
@@ -23,13 +25,16 @@ use std::process::ExitCode;
     about = "A fast software data plane for stateful network functions"
 )]
 struct Cli {
+    /// Log level: error, warn, info, debug or trace (default: STATEPLANE_LOG, else info).
+    #[arg(long, global = true)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a program over ports (capture files), from flags or a TOML config.
+    /// Run a program over ports (capture files or live interfaces), from flags or a TOML config.
     Run(run::RunArgs),
     /// Generate a trace deterministically from a seed.
     Gen(gen_cmd::GenArgs),
@@ -41,6 +46,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = logging::init(cli.log_level.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Run(args) => run::main(args),
         Command::Gen(args) => gen_cmd::main(args),

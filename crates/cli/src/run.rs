@@ -1,12 +1,13 @@
-//! `stateplane run`: a program over capture-file ports.
+//! `stateplane run`: a program over capture-file ports, or over network interfaces (see
+//! `run_live`).
 
 use crate::config::{PortSection, RunConfig};
 use crate::progress::Progress;
-use crate::{CliResult, metrics, summary};
+use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::{CATALOG, PortNames};
 use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
-use stateplane_runtime::{PortId, RxPort, TxPort};
+use stateplane_runtime::{PortId, ProgramFactory, RxPort, TxPort};
 use stateplane_wire::FlowHasher;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +27,10 @@ pub struct RunArgs {
     /// The output capture, port `out` (after the inputs); `.pcapng` writes pcapng.
     #[arg(long = "out", short = 'o')]
     pub output: Option<PathBuf>,
+    /// A network interface as a live port (named after it); repeat for each port. The run
+    /// goes on until SIGINT or SIGTERM.
+    #[arg(long = "iface", short = 'I')]
+    pub interfaces: Vec<String>,
     /// Worker threads, each owning a shard of the flows.
     #[arg(long)]
     pub workers: Option<usize>,
@@ -66,25 +71,56 @@ pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> CliResult<usiz
     }
 }
 
-pub fn main(args: RunArgs) -> CliResult<()> {
-    let cfg = match &args.config {
-        Some(path) => RunConfig::load(path)?,
-        None => RunConfig::default(),
-    };
-    let ports = match (
-        cfg.port.is_empty(),
-        args.inputs.is_empty() && args.output.is_none(),
-    ) {
-        (false, false) => {
+/// The program named by the flag or the config, built for `names`.
+fn load_program(
+    args_program: Option<&str>,
+    cfg: &RunConfig,
+    names: &PortNames,
+) -> CliResult<(String, ProgramFactory)> {
+    let program_name = args_program
+        .map(str::to_owned)
+        .or_else(|| cfg.program.as_ref().map(|p| p.name.clone()))
+        .unwrap_or_else(|| "forward".into());
+    let settings = cfg
+        .program
+        .as_ref()
+        .filter(|p| p.name == program_name)
+        .and_then(|p| p.settings.get(&program_name))
+        .cloned();
+    let factory = stateplane_programs::build(&program_name, settings.as_ref(), names)
+        .map_err(|e| e.to_string())?;
+    Ok((program_name, factory))
+}
+
+/// The ports from the config's `[[port]]` tables or from the flags, checked.
+fn ports_of(args: &RunArgs, cfg: &RunConfig) -> CliResult<Vec<PortSection>> {
+    let flags_given =
+        !(args.inputs.is_empty() && args.output.is_none() && args.interfaces.is_empty());
+    let ports = match (cfg.port.is_empty(), flags_given) {
+        (false, true) => {
             return Err(
-                "give ports either in the config's [[port]] tables or with --in/--out, not both"
+                "give ports either in the config's [[port]] tables or with --in/--out/--iface, not both"
                     .into(),
             );
         }
-        (false, true) => cfg.port.clone(),
+        (false, false) => cfg.port.clone(),
+        (true, _) if !args.interfaces.is_empty() => {
+            if !args.inputs.is_empty() || args.output.is_some() {
+                return Err("--iface makes live ports; it cannot be mixed with --in/--out files (capture live traffic with tcpdump instead)".into());
+            }
+            args.interfaces
+                .iter()
+                .map(|name| PortSection {
+                    name: name.clone(),
+                    rx: None,
+                    tx: None,
+                    iface: Some(name.clone()),
+                })
+                .collect()
+        }
         (true, _) => {
             if args.inputs.is_empty() {
-                return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), or [[port]] tables with rx in --config".into());
+                return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), an interface with --iface NAME, or [[port]] tables with rx or iface in --config".into());
             }
             let mut ports: Vec<PortSection> = args
                 .inputs
@@ -94,17 +130,18 @@ pub fn main(args: RunArgs) -> CliResult<()> {
                     name: format!("in{i}"),
                     rx: Some(p.clone()),
                     tx: None,
+                    iface: None,
                 })
                 .collect();
             ports.push(PortSection {
                 name: "out".into(),
                 rx: None,
                 tx: args.output.clone(),
+                iface: None,
             });
             ports
         }
     };
-    let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
     for (i, p) in ports.iter().enumerate() {
         if ports[..i].iter().any(|q| q.name == p.name) {
             return Err(format!(
@@ -112,6 +149,16 @@ pub fn main(args: RunArgs) -> CliResult<()> {
                 p.name
             ));
         }
+        if p.iface.is_some() && (p.rx.is_some() || p.tx.is_some()) {
+            return Err(format!(
+                "port[{i}] ({}): give either iface or rx/tx files, not both",
+                p.name
+            ));
+        }
+    }
+    let live = ports.iter().filter(|p| p.iface.is_some()).count();
+    if live > 0 && live < ports.len() {
+        return Err("either every port names an iface (a live run) or none does (a run over capture files); mixing them is not supported".into());
     }
     if ports.len() > usize::from(PortId::MAX) {
         return Err(format!(
@@ -120,19 +167,17 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             PortId::MAX
         ));
     }
-    let program_name = args
-        .program
-        .clone()
-        .or_else(|| cfg.program.as_ref().map(|p| p.name.clone()))
-        .unwrap_or_else(|| "forward".into());
-    let settings = cfg
-        .program
-        .as_ref()
-        .filter(|p| p.name == program_name)
-        .and_then(|p| p.settings.get(&program_name))
-        .cloned();
-    let factory = stateplane_programs::build(&program_name, settings.as_ref(), &names)
-        .map_err(|e| e.to_string())?;
+    Ok(ports)
+}
+
+pub fn main(args: RunArgs) -> CliResult<()> {
+    let cfg = match &args.config {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    let ports = ports_of(&args, &cfg)?;
+    let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
+    let (program_name, factory) = load_program(args.program.as_deref(), &cfg, &names)?;
 
     let workers = bounded(
         "--workers",
@@ -151,6 +196,34 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         queue_depth,
         hasher,
     };
+
+    let metrics_addr = args
+        .metrics
+        .as_ref()
+        .or(cfg.metrics.as_ref())
+        .map(|a| metrics::parse_addr(a))
+        .transpose()?;
+    if ports.iter().all(|p| p.iface.is_some()) {
+        let program = args.program.clone();
+        let config_path = args.config.clone();
+        let rebuild_names = names.clone();
+        return run_live::main(run_live::LiveRun {
+            program: program_name,
+            port_names: names.0.clone(),
+            interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
+            runtime,
+            factory,
+            rebuild: Box::new(move || {
+                let cfg = match &config_path {
+                    Some(path) => RunConfig::load(path)?,
+                    None => RunConfig::default(),
+                };
+                Ok(load_program(program.as_deref(), &cfg, &rebuild_names)?.1)
+            }),
+            metrics: metrics_addr,
+            json: args.json,
+        });
+    }
 
     let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
     let mut tx: Vec<Option<Box<dyn TxPort>>> = Vec::new();
@@ -180,8 +253,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     };
 
     let handle = Arc::new(RunHandle::new(workers));
-    if let Some(addr) = args.metrics.as_ref().or(cfg.metrics.as_ref()) {
-        let addr = metrics::parse_addr(addr)?;
+    if let Some(addr) = metrics_addr {
         metrics::serve(addr, handle.clone(), factory(0).drop_reasons())?;
         eprintln!("metrics on http://{addr}/metrics");
     }

@@ -1,8 +1,8 @@
 //! The end-of-run summary, as a table for people and as JSON for scripts.
 
 use serde_json::json;
-use stateplane_runtime::Counter;
 use stateplane_runtime::pipeline::RunReport;
+use stateplane_runtime::{Counter, PortCounters};
 
 /// Packets per second over the wall time.
 fn mpps(packets: u64, secs: f64) -> f64 {
@@ -88,5 +88,37 @@ pub fn print_table(report: &RunReport, program: &str, port_names: &[String]) {
     }
     for e in &report.errors {
         println!("  error: {e}");
+    }
+}
+
+/// Live ports' own counts (kernel drops, ring full, oversize), per port.
+pub fn port_counters_json(ports: &[PortCounters], names: &[String]) -> serde_json::Value {
+    let map: serde_json::Map<String, serde_json::Value> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let name = names.get(i).cloned().unwrap_or_else(|| i.to_string());
+            let counts: serde_json::Map<String, serde_json::Value> = c
+                .named()
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                .collect();
+            (name, serde_json::Value::Object(counts))
+        })
+        .collect();
+    serde_json::Value::Object(map)
+}
+
+pub fn print_port_counters(ports: &[PortCounters], names: &[String]) {
+    println!("  live ports:");
+    for (i, c) in ports.iter().enumerate() {
+        let name = names.get(i).cloned().unwrap_or_else(|| i.to_string());
+        let nonzero: Vec<String> = c
+            .named()
+            .iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!("    {name}: {}", nonzero.join(" "));
     }
 }

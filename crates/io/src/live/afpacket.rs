@@ -159,7 +159,10 @@ impl PacketRx {
             )?;
         }
         if let Some(group) = fanout {
-            let mode = libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG;
+            // A fanout group ignores outgoing packets only by its own flag, not by the socket option.
+            let mode = libc::PACKET_FANOUT_HASH
+                | libc::PACKET_FANOUT_FLAG_DEFRAG
+                | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
             let arg: i32 = i32::from(group) | ((mode as i32) << 16);
             set_option(
                 &fd,

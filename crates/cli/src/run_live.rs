@@ -1,0 +1,131 @@
+//! `stateplane run` on network interfaces: a daemon that runs until SIGINT or SIGTERM, then
+//! drains its queues and reports; SIGHUP reloads the program from the configuration.
+
+use crate::{CliResult, metrics, summary};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use stateplane_io::live::{self, RingConfig};
+use stateplane_runtime::live::{LiveQueues, Reload, run_live};
+use stateplane_runtime::pipeline::{RunHandle, RuntimeConfig};
+use stateplane_runtime::{LiveRx, LiveTx, PortId, ProgramFactory};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Rebuilds the program from the configuration as it is now (for SIGHUP).
+pub type Rebuild = Box<dyn Fn() -> CliResult<ProgramFactory> + Send>;
+
+pub struct LiveRun {
+    pub program: String,
+    pub port_names: Vec<String>,
+    /// The interface of each port, in port order.
+    pub interfaces: Vec<String>,
+    pub runtime: RuntimeConfig,
+    pub factory: ProgramFactory,
+    pub rebuild: Rebuild,
+    pub metrics: Option<std::net::SocketAddr>,
+    pub json: bool,
+}
+
+pub fn main(run: LiveRun) -> CliResult<()> {
+    let workers = run.runtime.workers;
+    let rings = RingConfig::default();
+    let mut queues: Vec<LiveQueues> = (0..workers)
+        .map(|_| LiveQueues {
+            rx: Vec::new(),
+            tx: Vec::new(),
+        })
+        .collect();
+    for (port, iface) in run.interfaces.iter().enumerate() {
+        let opened = live::open_afpacket(iface, workers, &rings)
+            .map_err(|e| format!("port {}: {e}", run.port_names[port]))?;
+        let pairs = opened.rx.into_iter().zip(opened.tx);
+        for (q, (rx, tx)) in queues.iter_mut().zip(pairs) {
+            let rx: Box<dyn LiveRx> = rx;
+            let tx: Box<dyn LiveTx> = tx;
+            q.rx.push((port as PortId, rx));
+            q.tx.push(Some(tx));
+        }
+    }
+
+    let handle = Arc::new(RunHandle::new(workers));
+    // A second SIGINT or SIGTERM while draining ends the process at once.
+    for signal in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 1, handle.stop.clone())
+            .map_err(|e| format!("installing the signal handler: {e}"))?;
+        signal_hook::flag::register(signal, handle.stop.clone())
+            .map_err(|e| format!("installing the signal handler: {e}"))?;
+    }
+    let hangup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(SIGHUP, hangup.clone())
+        .map_err(|e| format!("installing the signal handler: {e}"))?;
+    if let Some(addr) = run.metrics {
+        metrics::serve(addr, handle.clone(), run.factory.as_ref()(0).drop_reasons())?;
+        log::info!("metrics on http://{addr}/metrics");
+    }
+
+    let reload = Arc::new(Reload::new(run.factory.clone()));
+    let watcher = {
+        let (reload, stop, rebuild) = (reload.clone(), handle.stop.clone(), run.rebuild);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                if hangup.swap(false, Ordering::Relaxed) {
+                    match rebuild() {
+                        Ok(factory) => {
+                            let generation = reload.publish(factory);
+                            log::info!("reloaded the program (generation {generation})");
+                        }
+                        Err(e) => log::error!("reload refused, the running program stays: {e}"),
+                    }
+                }
+            }
+        })
+    };
+    log::info!(
+        "running {} on {} with {workers} worker(s); SIGINT or SIGTERM stops, SIGHUP reloads",
+        run.program,
+        run.port_names
+            .iter()
+            .zip(&run.interfaces)
+            .map(|(p, i)| if p == i {
+                p.clone()
+            } else {
+                format!("{p}={i}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let report = run_live(
+        &run.runtime,
+        queues,
+        run.interfaces.len(),
+        &reload,
+        &handle,
+        |fds, timeout| {
+            let _ = live::poll_readable(fds, timeout.as_millis() as i32);
+        },
+    );
+    let _ = watcher.join();
+    log::info!("stopped; queues drained");
+
+    if run.json {
+        let mut value = summary::to_json(&report.run, &run.program, &run.port_names);
+        value["port_counters"] = summary::port_counters_json(&report.ports, &run.port_names);
+        value["program_generation"] = serde_json::json!(report.generations);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+        );
+    } else {
+        summary::print_table(&report.run, &run.program, &run.port_names);
+        summary::print_port_counters(&report.ports, &run.port_names);
+    }
+    if report.run.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the run had {} error(s), listed above",
+            report.run.errors.len()
+        ))
+    }
+}
