@@ -3,11 +3,13 @@
 //! Owns: each program's logic and its configuration, and [`build`], which turns a program
 //! name and its TOML table into a factory of per-worker instances.
 //!
-//! Must never: touch ports, threads or files (the runtime and the CLI do), or keep state
-//! shared between workers (each instance owns its worker's shard of flows).
+//! Must never: touch ports, threads or files (the runtime and the CLI do), or keep per-flow
+//! state shared between workers (each instance owns its worker's shard of flows; `steer`
+//! shares only its paths' liveness).
 
 pub mod forward;
 pub mod l2;
+pub mod steer;
 
 use stateplane_runtime::{PortId, ProgramFactory};
 use std::fmt;
@@ -17,6 +19,10 @@ use std::sync::Arc;
 pub const CATALOG: &[(&str, &str)] = &[
     ("forward", "port-to-port pass-through by a static port map"),
     ("l2", "Ethernet switching by a static MAC table"),
+    (
+        "steer",
+        "spreads flows over parallel switches and moves them off one that stops answering",
+    ),
 ];
 
 /// A configuration problem, naming the field and what to do.
@@ -86,6 +92,12 @@ pub fn build(
         "l2" => {
             let cfg: l2::L2Config = table.try_into().map_err(parse_error)?;
             let program = l2::L2::new(&cfg, ports, &field)?;
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "steer" => {
+            let cfg: steer::SteerConfig = table.try_into().map_err(parse_error)?;
+            let program = steer::Steer::new(&cfg, ports, &field)?;
+            // One instance per worker, all sharing the paths' liveness (the atomics).
             Ok(Arc::new(move |_| Box::new(program.clone())))
         }
         other => {
