@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every unit, property and integration test
-# (tcpdump and tshark are real peers here, installed when missing), and a memory check of
-# the one unsafe block under valgrind. Fails loudly on the first problem.
+# (tcpdump and tshark are real peers here; the lab tests make network namespaces and send
+# real traffic with ping, iperf3 and python3 through stateplane switches, so they need
+# root), and a memory check of the unsafe blocks under valgrind. Fails loudly on the first
+# problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh tshark tcpdump valgrind
+bash scripts/setup.sh tshark tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3
+[ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== cargo fmt --check"
@@ -23,10 +26,11 @@ if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
   exit 1
 fi
-echo "== valgrind memcheck of the huge-page buffer (the one unsafe block)"
+echo "== valgrind memcheck of the unsafe blocks (huge-page buffer, AF_PACKET rings)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" hugemem --test-threads=1 2>&1 | tail -3
+valgrind --quiet --error-exitcode=1 "$bin" live:: --test-threads=1 2>&1 | tail -3
 passed=$(grep -oE 'test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s}')
 echo "all tests: ${passed} passed, 0 failed"

@@ -8,6 +8,7 @@
 mod bench;
 mod config;
 mod gen_cmd;
+mod lab_cmd;
 mod logging;
 mod metrics;
 mod progress;
@@ -40,6 +41,8 @@ enum Command {
     Gen(gen_cmd::GenArgs),
     /// Measure packets per second per core on an in-memory replay.
     Bench(bench::BenchArgs),
+    /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
+    Lab(lab_cmd::LabArgs),
     /// Print the version.
     Version,
 }
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Gen(args) => gen_cmd::main(args),
         Command::Bench(args) => bench::main(args),
+        Command::Lab(args) => lab_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

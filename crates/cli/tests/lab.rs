@@ -1,0 +1,493 @@
+//! The lab and live ports end to end, as root: real namespaces, veth pairs, `stateplane`
+//! switches on AF_PACKET, and real traffic (ping, ARP, iperf3, a byte-exact TCP transfer).
+//! Each test makes its own lab, under its own name, and removes it even when it fails.
+//! Every traffic command is bounded in count and time. Tools are installed by
+//! scripts/test.sh; their absence fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// One lab at a time: they share two cores, and the failover timing wants a quiet machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stateplane"))
+}
+
+fn topologies() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topologies")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn require(tool: &str) {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool} || test -x /usr/sbin/{tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{tool} is not installed: run scripts/test.sh, which installs it"
+    );
+}
+
+/// A running lab made from a shipped topology under a name of its own; `Drop` takes it
+/// down whatever happened.
+struct Lab {
+    file: PathBuf,
+    name: String,
+}
+
+impl Lab {
+    fn up(topology: &str, name: &str) -> Lab {
+        for t in ["ip", "ethtool", "ping", "iperf3", "python3"] {
+            require(t);
+        }
+        let original = std::fs::read_to_string(topologies().join(topology)).unwrap();
+        // The lab's own name is the first `name = ` line; nodes' names come after it.
+        let mut renamed = false;
+        let renamed: String = original
+            .lines()
+            .map(|l| {
+                if l.starts_with("name = ") && !renamed {
+                    renamed = true;
+                    format!("name = \"{name}\"")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let dir = std::env::temp_dir().join(format!("stateplane-lab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{name}.toml"));
+        std::fs::write(&file, renamed).unwrap();
+        let lab = Lab {
+            file,
+            name: name.to_owned(),
+        };
+        let _ = lab.cmd(&["down"]); // a previous crashed run's leftovers
+        let out = lab.cmd(&["up"]);
+        assert!(out.status.success(), "lab up failed:\n{}", text(&out));
+        lab
+    }
+
+    fn cmd(&self, args: &[&str]) -> Output {
+        let (action, rest) = args.split_first().unwrap();
+        bin()
+            .args(["lab", action])
+            .arg(&self.file)
+            .args(rest)
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a command in a node's namespace.
+    fn exec(&self, node: &str, command: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &format!("sp-{}-{node}", self.name)])
+            .args(command)
+            .output()
+            .unwrap()
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|n| n.starts_with(&format!("sp-{}-", self.name)))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Packets received by `iface` in `node` (the kernel's interface counter).
+    fn rx_packets(&self, node: &str, iface: &str) -> u64 {
+        let out = self.exec(
+            node,
+            &[
+                "cat",
+                &format!("/sys/class/net/{iface}/statistics/rx_packets"),
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    fn switch_pid(&self, node: &str) -> u32 {
+        let dir = std::env::var_os("STATEPLANE_LAB_DIR")
+            .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from);
+        std::fs::read_to_string(dir.join(&self.name).join(format!("{node}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let out = self.cmd(&["down"]);
+        if !std::thread::panicking() {
+            assert!(out.status.success(), "lab down failed:\n{}", text(&out));
+            assert!(self.namespaces().is_empty(), "lab down left namespaces");
+        }
+    }
+}
+
+/// ARP resolves through the switch (h1 learns h2's MAC) and ICMP echo gets every reply,
+/// both ways. With `broadcast_both_ways` false (a switch that sends unknown destinations one
+/// way only), h2 answers from what it learned of h1's request instead of asking itself.
+fn arp_and_icmp(lab: &Lab, broadcast_both_ways: bool) {
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "5", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(out.status.success(), "ping failed:\n{}", text(&out));
+    assert!(
+        text(&out).contains("5 received"),
+        "every echo is answered:\n{}",
+        text(&out)
+    );
+    let neigh = lab.exec("h1", &["ip", "neigh", "show", "198.18.0.2"]);
+    assert!(
+        text(&neigh).contains("02:00:00:00:01:02"),
+        "h1 resolved h2 by ARP through the switch: {}",
+        text(&neigh)
+    );
+    if broadcast_both_ways {
+        // The reverse direction with a fresh ARP exchange.
+        let _ = lab.exec("h2", &["ip", "neigh", "flush", "dev", "eth0"]);
+    }
+    let out = lab.exec(
+        "h2",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.1"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+}
+
+#[test]
+fn forward_carries_arp_and_icmp() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "tfwd");
+    arp_and_icmp(&lab, true);
+    // The controller is reachable from the switch on the management network.
+    let out = lab.exec("s1", &["ping", "-c", "1", "-W", "2", "198.19.255.1"]);
+    assert!(text(&out).contains("1 received"), "{}", text(&out));
+}
+
+#[test]
+fn l2_carries_arp_and_icmp() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line-l2.toml", "tl2");
+    arp_and_icmp(&lab, false);
+}
+
+/// Sends `bytes` pseudo-random bytes over one TCP connection from h1 to h2 and returns what
+/// each side counted and hashed (python3: a byte-exact check that iperf3 does not make).
+fn exact_transfer(lab: &Lab, bytes: usize, port: u16) -> (String, String) {
+    let server = format!(
+        "import socket,hashlib\n\
+         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('198.18.0.2',{port})); s.listen(1); s.settimeout(30)\n\
+         c,_=s.accept(); c.settimeout(30); h=hashlib.sha256(); n=0\n\
+         while True:\n    b=c.recv(65536)\n    if not b: break\n    h.update(b); n+=len(b)\n\
+         print(n, h.hexdigest())"
+    );
+    let client = format!(
+        "import socket,hashlib,random\n\
+         data=random.Random(7).randbytes({bytes})\n\
+         c=socket.create_connection(('198.18.0.2',{port}),timeout=30); c.sendall(data); c.close()\n\
+         print(len(data), hashlib.sha256(data).hexdigest())"
+    );
+    let ns = format!("sp-{}-h2", lab.name);
+    let srv = Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "timeout", "60", "python3", "-c", &server,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = lab.exec("h1", &["timeout", "60", "python3", "-c", &client]);
+    let received = srv.wait_with_output().unwrap();
+    (
+        String::from_utf8_lossy(&sent.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&received.stdout).trim().to_owned(),
+    )
+}
+
+/// Runs iperf3 from h1 to h2 for `total` bytes over `streams` connections; returns the
+/// client's JSON report after checking that it completed.
+fn iperf3(lab: &Lab, total: &str, streams: u32, during: impl FnOnce()) -> serde_json::Value {
+    let out = lab.exec("h2", &["iperf3", "-s", "-1", "-D", "-B", "198.18.0.2"]);
+    assert!(out.status.success(), "iperf3 server: {}", text(&out));
+    std::thread::sleep(Duration::from_millis(300));
+    let ns = format!("sp-{}-h1", lab.name);
+    let client = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "timeout",
+            "90",
+            "iperf3",
+            "-c",
+            "198.18.0.2",
+        ])
+        .args(["-n", total, "-P", &streams.to_string(), "-J"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    during();
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "iperf3 did not complete:\n{}",
+        text(&out)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn mib(n: u64) -> u64 {
+    n << 20
+}
+
+#[test]
+fn tcp_through_the_switch_delivers_every_byte() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "ttcp");
+    let report = iperf3(&lab, "200M", 1, || {});
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    assert_eq!(sent, mib(200), "iperf3 sent the whole transfer");
+    let received = report["end"]["sum_received"]["bytes"].as_u64().unwrap();
+    // iperf3's receiver stops counting at the end-of-test message, so bytes still in
+    // flight then are missing from its total; the exact check follows.
+    assert!(received > sent * 9 / 10, "received {received} of {sent}");
+    let (sent, received) = exact_transfer(&lab, 20 << 20, 5301);
+    assert!(
+        sent.starts_with(&format!("{} ", 20 << 20)),
+        "client: {sent}"
+    );
+    assert_eq!(sent, received, "every byte arrives, in order, unchanged");
+}
+
+#[test]
+fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("dual.toml", "tdual");
+    // Wait (bounded) until the steering point sees both paths, then check the path.
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    let mut killed = String::new();
+    let mut before = (0, 0);
+    let report = iperf3(&lab, "300M", 8, || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let (s1, s2) = (lab.rx_packets("s1", "p0"), lab.rx_packets("s2", "p0"));
+        // Kill the switch carrying more flows, so that flows certainly have to move.
+        killed = if s1 >= s2 { "s1" } else { "s2" }.to_owned();
+        before = (s1.min(s2), s1.max(s2));
+        let pid = lab.switch_pid(&killed).to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-KILL", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    });
+    let survivor = if killed == "s1" { "s2" } else { "s1" };
+    assert!(
+        before.0 > 100,
+        "both switches carried traffic before: {before:?}"
+    );
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    // Each of the streams rounds its share up to whole blocks.
+    assert!(
+        sent >= mib(300),
+        "the transfer completed after the failure: {sent}"
+    );
+    let survivor_now = lab.rx_packets(survivor, "p0");
+    assert!(
+        survivor_now > before.1,
+        "the survivor took the moved flows: {survivor_now} after, {before:?} before"
+    );
+    let status = text(&lab.cmd(&["status"]));
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains(&killed) && l.contains("stopped")),
+        "status shows the dead switch:\n{status}"
+    );
+    // New connections take the survivor alone and still get through, byte for byte.
+    let (sent, received) = exact_transfer(&lab, 4 << 20, 5302);
+    assert_eq!(sent, received);
+}
+
+#[test]
+fn lab_down_cleans_up_after_a_crash_and_up_refuses_a_lab_twice() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "tcrash");
+    assert_eq!(lab.namespaces().len(), 4);
+    let again = lab.cmd(&["up"]);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("already up"), "{}", text(&again));
+    // A crash: the switch dies and the lab's state directory is lost.
+    let pid = lab.switch_pid("s1").to_string();
+    Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    let dir = std::env::var_os("STATEPLANE_LAB_DIR")
+        .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from);
+    std::fs::remove_dir_all(dir.join(&lab.name)).unwrap();
+    let out = lab.cmd(&["down"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(lab.namespaces().is_empty(), "nothing is left behind");
+    let links = Command::new("ip").args(["-br", "link"]).output().unwrap();
+    assert!(
+        !text(&links).contains("m-s1"),
+        "no interface is left in the host namespace"
+    );
+}
+
+#[test]
+fn a_topology_with_an_outside_address_is_refused_before_anything_is_made() {
+    let dir = std::env::temp_dir().join(format!("stateplane-lab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.toml");
+    let text_in = std::fs::read_to_string(topologies().join("line.toml"))
+        .unwrap()
+        .replace("name = \"line\"", "name = \"tbad\"")
+        .replace("198.18.0.2/24", "192.168.1.2/24");
+    std::fs::write(&file, text_in).unwrap();
+    let out = bin().args(["lab", "up"]).arg(&file).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("outside 198.18.0.0/15"),
+        "{}",
+        text(&out)
+    );
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!text(&ns).contains("sp-tbad-"));
+}
+
+#[test]
+fn live_run_errors_name_the_interface_and_the_fix() {
+    let out = bin()
+        .args(["run", "forward", "-I", "nosuch0", "-I", "lo"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("port nosuch0: there is no interface 'nosuch0'"),
+        "{t}"
+    );
+    let out = bin()
+        .args(["run", "-I", "lo", "-i", "x.pcap"])
+        .output()
+        .unwrap();
+    assert!(text(&out).contains("cannot be mixed"), "{}", text(&out));
+}
+
+fn lab_file(lab: &Lab, file: &str) -> PathBuf {
+    std::env::var_os("STATEPLANE_LAB_DIR")
+        .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from)
+        .join(&lab.name)
+        .join(file)
+}
+
+/// SIGHUP reloads the program while traffic flows, losing nothing; a broken configuration
+/// is refused and the running program stays; SIGTERM drains and prints the summary.
+#[test]
+fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "treload");
+    let pid = lab.switch_pid("s1").to_string();
+    let config = lab_file(&lab, "s1.toml");
+    let good = std::fs::read_to_string(&config).unwrap();
+    let ns = format!("sp-{}-h1", lab.name);
+    let ping = Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "ping", "-c", "400", "-i", "0.005", "-W", "2",
+        ])
+        .arg("198.18.0.2")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for round in 0..6 {
+        std::thread::sleep(Duration::from_millis(150));
+        if round == 3 {
+            std::fs::write(&config, good.replace("forward", "no_such_program")).unwrap();
+        } else {
+            std::fs::write(&config, &good).unwrap();
+        }
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let out = ping.wait_with_output().unwrap();
+    assert!(
+        text(&out).contains("400 received"),
+        "no echo lost across reloads:\n{}",
+        text(&out)
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let log = lab_file(&lab, "s1.log");
+    let mut text_log = String::new();
+    for _ in 0..100 {
+        text_log = std::fs::read_to_string(&log).unwrap();
+        if text_log.contains("packets in") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        text_log.contains("reloaded the program (generation 5)"),
+        "{text_log}"
+    );
+    assert!(
+        text_log.contains("reload refused, the running program stays")
+            && text_log.contains("no_such_program"),
+        "{text_log}"
+    );
+    assert!(text_log.contains("stopped; queues drained"), "{text_log}");
+    let line = |key: &str| -> u64 {
+        let l = text_log
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap();
+        l.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    assert!(
+        line("packets in") >= 800,
+        "both directions of 400 echoes were counted"
+    );
+    assert_eq!(
+        line("packets in"),
+        line("packets out"),
+        "forward dropped nothing"
+    );
+}
