@@ -343,42 +343,16 @@ fn report(
             "Mpps per core: {workers} worker(s), burst {burst}, median of {}",
             a.repeat
         );
-        std::fs::write(path, bar_chart(&title, input, results))
+        let panel = crate::chart::Panel {
+            title: "Mpps per core".into(),
+            unit: "Mpps".into(),
+            bars: results
+                .iter()
+                .map(|m| (m.program.clone(), m.mpps_per_core))
+                .collect(),
+        };
+        std::fs::write(path, crate::chart::bars(&title, input, &[panel]))
             .map_err(|e| format!("--svg {}: {e}", path.display()))?;
     }
     Ok(())
-}
-
-/// A horizontal bar chart of Mpps per core, one bar per program, as standalone SVG.
-fn bar_chart(title: &str, subtitle: &str, results: &[Measurement]) -> String {
-    let (left, width, bar, gap) = (90.0, 520.0, 28.0, 12.0);
-    let max = results.iter().map(|m| m.mpps_per_core).fold(1.0, f64::max);
-    let height = 64.0 + results.len() as f64 * (bar + gap);
-    let escape = |t: &str| {
-        t.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" font-size=\"13\">{}</text>\n<text x=\"8\" y=\"34\" font-size=\"9\">{}</text>\n",
-        left + width + 90.0,
-        escape(title),
-        escape(subtitle)
-    );
-    for (i, m) in results.iter().enumerate() {
-        let y = 48.0 + i as f64 * (bar + gap);
-        let w = width * m.mpps_per_core / max;
-        svg.push_str(&format!(
-            "<text x=\"8\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{w:.1}\" height=\"{bar}\" fill=\"#3b6ea5\"/>\
-             <text x=\"{:.1}\" y=\"{:.0}\">{:.2} Mpps</text>\n",
-            y + bar * 0.65,
-            escape(&m.program),
-            left + w + 6.0,
-            y + bar * 0.65,
-            m.mpps_per_core
-        ));
-    }
-    svg.push_str("</svg>\n");
-    svg
 }

@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 pub struct RunConfig {
     pub workers: Option<usize>,
     pub burst: Option<usize>,
+    /// Live ports: "auto" (the default), "afpacket" or "afxdp".
+    pub io: Option<String>,
     pub queue_depth: Option<usize>,
     pub metrics: Option<String>,
     pub program: Option<ProgramSection>,

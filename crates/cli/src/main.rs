@@ -6,14 +6,17 @@
 //! Must never: implement packet processing itself; it only wires the library crates.
 
 mod bench;
+mod chart;
 mod config;
 mod gen_cmd;
+mod lab_bench;
 mod lab_cmd;
 mod logging;
 mod metrics;
 mod progress;
 mod run;
 mod run_live;
+mod send_cmd;
 mod summary;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +46,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
     Lab(lab_cmd::LabArgs),
+    /// Send a capture's frames on an interface at full speed (a traffic source).
+    Send(send_cmd::SendArgs),
     /// Print the version.
     Version,
 }
@@ -58,6 +63,7 @@ fn main() -> ExitCode {
         Command::Gen(args) => gen_cmd::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),
+        Command::Send(args) => send_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

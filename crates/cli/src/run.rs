@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// Packets per burst.
     #[arg(long)]
     pub burst: Option<usize>,
+    /// Live ports' I/O: auto (AF_XDP where it is measured to win and the interface allows,
+    /// else AF_PACKET), afpacket, or afxdp.
+    #[arg(long)]
+    pub io: Option<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -211,6 +215,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             program: program_name,
             port_names: names.0.clone(),
             interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
+            io: run_live::IoChoice::parse(args.io.as_deref().or(cfg.io.as_deref()))?,
             runtime,
             factory,
             rebuild: Box::new(move || {

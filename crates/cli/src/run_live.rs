@@ -4,9 +4,9 @@
 use crate::{CliResult, metrics, summary};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use stateplane_io::live::{self, RingConfig};
+use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::live::{LiveQueues, Reload, run_live};
 use stateplane_runtime::pipeline::{RunHandle, RuntimeConfig};
-use stateplane_runtime::{LiveRx, LiveTx, PortId, ProgramFactory};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,7 +14,29 @@ use std::time::Duration;
 /// Rebuilds the program from the configuration as it is now (for SIGHUP).
 pub type Rebuild = Box<dyn Fn() -> CliResult<ProgramFactory> + Send>;
 
+/// How live ports move packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoChoice {
+    Auto,
+    AfPacket,
+    AfXdp,
+}
+
+impl IoChoice {
+    pub fn parse(text: Option<&str>) -> CliResult<IoChoice> {
+        match text.unwrap_or("auto") {
+            "auto" => Ok(IoChoice::Auto),
+            "afpacket" => Ok(IoChoice::AfPacket),
+            "afxdp" => Ok(IoChoice::AfXdp),
+            other => Err(format!(
+                "io: '{other}' is not a kind of live port; use auto, afpacket or afxdp"
+            )),
+        }
+    }
+}
+
 pub struct LiveRun {
+    pub io: IoChoice,
     pub program: String,
     pub port_names: Vec<String>,
     /// The interface of each port, in port order.
@@ -30,20 +52,21 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     let workers = run.runtime.workers;
     let rings = RingConfig::default();
     let mut queues: Vec<LiveQueues> = (0..workers)
-        .map(|_| LiveQueues {
-            rx: Vec::new(),
-            tx: Vec::new(),
-        })
+        .map(|_| LiveQueues { ports: Vec::new() })
         .collect();
     for (port, iface) in run.interfaces.iter().enumerate() {
-        let opened = live::open_afpacket(iface, workers, &rings)
-            .map_err(|e| format!("port {}: {e}", run.port_names[port]))?;
-        let pairs = opened.rx.into_iter().zip(opened.tx);
-        for (q, (rx, tx)) in queues.iter_mut().zip(pairs) {
-            let rx: Box<dyn LiveRx> = rx;
-            let tx: Box<dyn LiveTx> = tx;
-            q.rx.push((port as PortId, rx));
-            q.tx.push(Some(tx));
+        let opened = match run.io {
+            IoChoice::AfXdp => {
+                return Err(format!(
+                    "port {}: io = \"afxdp\" is not available in this build; use afpacket",
+                    run.port_names[port]
+                ));
+            }
+            IoChoice::Auto | IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
+        }
+        .map_err(|e| format!("port {}: {e}", run.port_names[port]))?;
+        for (q, queue) in queues.iter_mut().zip(opened.queues) {
+            q.ports.push(queue);
         }
     }
 

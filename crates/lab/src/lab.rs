@@ -161,21 +161,25 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
         }
     }
     for s in &t.switch {
-        start_switch(t, s, stateplane, &dir)?;
+        start_switch(t, s, stateplane)?;
     }
     Ok(())
 }
 
-/// Writes the switch's `stateplane run` configuration and starts it in its namespace.
-fn start_switch(
+/// Writes the switch's `stateplane run` configuration and starts it in its namespace;
+/// returns its process id once it reports running.
+pub fn start_switch(
     t: &Topology,
     s: &crate::topology::Switch,
     stateplane: &Path,
-    dir: &Path,
-) -> Result<(), String> {
+) -> Result<u32, String> {
+    let dir = state_dir(&t.name);
     let mut config = toml::Table::new();
     if let Some(w) = s.workers {
         config.insert("workers".into(), toml::Value::Integer(w as i64));
+    }
+    if let Some(io) = &s.io {
+        config.insert("io".into(), toml::Value::String(io.clone()));
     }
     config.insert("program".into(), toml::Value::Table(s.program.clone()));
     let ports: Vec<toml::Value> = t
@@ -216,7 +220,7 @@ fn start_switch(
         let text = fs::read_to_string(&log_path).unwrap_or_default();
         if text.contains("SIGINT or SIGTERM stops") {
             log::info!("{}: running (pid {})", s.name, child.id());
-            return Ok(());
+            return Ok(child.id());
         }
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!(
@@ -235,6 +239,27 @@ fn start_switch(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Stops switch `node`'s `stateplane` (SIGTERM: it drains and reports into its log) and
+/// waits for it to exit.
+pub fn stop_switch(t: &Topology, node: &str) -> Result<(), String> {
+    let pid_file = state_dir(&t.name).join(format!("{node}.pid"));
+    let pid = fs::read_to_string(&pid_file)
+        .map_err(|e| format!("{}: {e}", pid_file.display()))?
+        .trim()
+        .to_owned();
+    let ns = t.namespace(node);
+    let _ = run("kill", &["-TERM", &pid]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while namespace_pids(&ns).iter().any(|p| p.to_string() == pid) {
+        if Instant::now() > deadline {
+            let _ = run("kill", &["-KILL", &pid]);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// Stops every process in the lab's namespaces and removes them; returns what it removed.

@@ -12,5 +12,5 @@
 pub mod lab;
 pub mod topology;
 
-pub use lab::{NodeStatus, down, exec, status, up};
+pub use lab::{NodeStatus, down, exec, start_switch, state_dir, status, stop_switch, up};
 pub use topology::Topology;

@@ -49,6 +49,8 @@ pub struct Host {
 pub struct Switch {
     pub name: String,
     pub workers: Option<usize>,
+    /// How the switch reads and writes its ports: "auto", "afpacket" or "afxdp".
+    pub io: Option<String>,
     /// The `[program]` table of the switch's `stateplane run` configuration.
     pub program: toml::Table,
 }

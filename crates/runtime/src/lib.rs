@@ -23,7 +23,7 @@ pub mod stats;
 pub mod worker;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
-pub use port::{LiveRx, LiveTx, PortCounters, RxPacket, RxPort, TxPort};
+pub use port::{LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};
 pub use worker::Worker;

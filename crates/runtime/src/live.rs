@@ -1,5 +1,5 @@
-//! The live shape: each worker owns one receive queue and one transmit queue per interface
-//! and runs until told to stop.
+//! The live shape: each worker owns one queue pair (receive and transmit) per interface and
+//! runs until told to stop.
 //!
 //! There is no dispatcher: the kernel spreads flows over the workers' receive queues (an
 //! AF_PACKET fanout group in hash mode), so nothing is shared per packet. A worker reads a
@@ -14,7 +14,7 @@
 
 use crate::burst::Burst;
 use crate::pipeline::{RunHandle, RunReport, RuntimeConfig};
-use crate::port::{LiveRx, LiveTx, PortCounters};
+use crate::port::{LiveQueue, PortCounters};
 use crate::program::{PortId, ProgramFactory, Verdict};
 use crate::stats::Stats;
 use crate::worker::Worker;
@@ -30,11 +30,9 @@ const IDLE_WAIT: Duration = Duration::from_millis(10);
 /// How often a program's `poll` runs (timers, probes).
 const POLL_EVERY_NS: u64 = 1_000_000;
 
-/// One worker's queues: receive queues with the port they belong to, and transmit queues
-/// indexed by port id (`None`: the port only receives).
+/// One worker's queues, one per port, indexed by port id.
 pub struct LiveQueues {
-    pub rx: Vec<(PortId, Box<dyn LiveRx>)>,
-    pub tx: Vec<Option<Box<dyn LiveTx>>>,
+    pub ports: Vec<Box<dyn LiveQueue>>,
 }
 
 /// Waits until one of the descriptors is readable or the timeout passes (a wrapper of
@@ -177,7 +175,7 @@ fn worker_loop(
     let (mut generation, factory) = reload.current();
     let mut worker = Worker::new(factory(w), w, workers, ports, config.hasher);
     let mut burst = Burst::with_capacity(config.burst_size);
-    let fds: Vec<RawFd> = q.rx.iter().map(|(_, r)| r.fd()).collect();
+    let fds: Vec<RawFd> = q.ports.iter().map(|p| p.fd()).collect();
     let mut busy = Duration::ZERO;
     let mut last_poll = 0u64;
     let mut stopping_since: Option<Instant> = None;
@@ -195,15 +193,15 @@ fn worker_loop(
         }
         let t = Instant::now();
         let mut received = 0;
-        for (port, rx) in q.rx.iter_mut() {
+        for port in 0..q.ports.len() {
             burst.clear();
-            let n = rx.recv(&mut burst, *port);
+            let n = q.ports[port].recv(&mut burst, port as PortId);
             if n == 0 {
                 continue;
             }
             received += n;
             worker.handle(&mut burst);
-            transmit(&burst, &mut q.tx);
+            transmit(&burst, &mut q.ports);
         }
         let now = wall_clock_ns();
         if now.saturating_sub(last_poll) >= POLL_EVERY_NS {
@@ -211,11 +209,11 @@ fn worker_loop(
             burst.clear();
             burst.now_ns = now;
             if worker.poll(&mut burst) > 0 {
-                transmit(&burst, &mut q.tx);
+                transmit(&burst, &mut q.ports);
             }
         }
-        for tx in q.tx.iter_mut().flatten() {
-            tx.flush();
+        for p in q.ports.iter_mut() {
+            p.flush();
         }
         if received > 0 {
             busy += t.elapsed();
@@ -228,17 +226,7 @@ fn worker_loop(
         }
         wait(&fds, IDLE_WAIT);
     }
-    let mut port_counters = vec![PortCounters::default(); ports];
-    for (port, rx) in q.rx.iter_mut() {
-        if let Some(c) = port_counters.get_mut(usize::from(*port)) {
-            c.merge(&rx.counters());
-        }
-    }
-    for (p, tx) in q.tx.iter_mut().enumerate() {
-        if let (Some(tx), Some(c)) = (tx, port_counters.get_mut(p)) {
-            c.merge(&tx.counters());
-        }
-    }
+    let port_counters = q.ports.iter_mut().map(|p| p.counters()).collect();
     WorkerDone {
         stats: worker.stats,
         busy,
@@ -247,11 +235,11 @@ fn worker_loop(
     }
 }
 
-/// Writes each forwarded packet of `burst` to its port's transmit queue.
-fn transmit(burst: &Burst, tx: &mut [Option<Box<dyn LiveTx>>]) {
+/// Writes each forwarded packet of `burst` to its port's queue.
+fn transmit(burst: &Burst, ports: &mut [Box<dyn LiveQueue>]) {
     for (d, data) in burst.iter() {
         if let Verdict::Forward(p) = d.verdict
-            && let Some(Some(out)) = tx.get_mut(usize::from(p))
+            && let Some(out) = ports.get_mut(usize::from(p))
         {
             out.send(data);
         }

@@ -89,25 +89,19 @@ impl PortCounters {
     }
 }
 
-/// One worker's receive queue on a live interface (an AF_PACKET fanout member, an AF_XDP
-/// socket).
-pub trait LiveRx: Send {
+/// One worker's queue pair on a live interface: receive and transmit (an AF_PACKET fanout
+/// member with its transmit ring, an AF_XDP socket).
+pub trait LiveQueue: Send {
     fn name(&self) -> &str;
     /// Moves waiting packets into `burst` as arriving on `port` until the burst is full or
     /// none wait; never blocks. Returns how many it moved.
     fn recv(&mut self, burst: &mut crate::Burst, port: crate::PortId) -> usize;
-    /// A descriptor that polls readable when packets wait.
-    fn fd(&self) -> std::os::fd::RawFd;
-    /// The counts so far.
-    fn counters(&mut self) -> PortCounters;
-}
-
-/// One worker's transmit queue on a live interface.
-pub trait LiveTx: Send {
-    fn name(&self) -> &str;
-    /// Queues one frame; `false` if it was dropped (counted by reason).
+    /// Queues one frame to send; `false` if it was dropped (counted by reason).
     fn send(&mut self, frame: &[u8]) -> bool;
     /// Hands everything queued to the kernel (once per burst).
     fn flush(&mut self);
+    /// A descriptor that polls readable when packets wait.
+    fn fd(&self) -> std::os::fd::RawFd;
+    /// The counts so far.
     fn counters(&mut self) -> PortCounters;
 }

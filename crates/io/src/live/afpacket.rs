@@ -14,7 +14,7 @@
 
 use super::sys::{self, SharedRing};
 use super::{Interface, LiveError, RingConfig};
-use stateplane_runtime::port::{LiveRx, LiveTx, PortCounters};
+use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, MAX_FRAME, PortId};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
@@ -212,12 +212,10 @@ impl PacketRx {
     }
 }
 
-impl LiveRx for PacketRx {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn recv(&mut self, burst: &mut Burst, port: PortId) -> usize {
+impl PacketRx {
+    /// Moves waiting packets into `burst` as arriving on `port` until the burst is full or
+    /// none wait; never blocks. Returns how many it moved.
+    pub fn recv(&mut self, burst: &mut Burst, port: PortId) -> usize {
         let mut taken = 0;
         loop {
             if self.in_block && self.left == 0 {
@@ -297,11 +295,11 @@ impl LiveRx for PacketRx {
         }
     }
 
-    fn fd(&self) -> RawFd {
+    pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
-    fn counters(&mut self) -> PortCounters {
+    pub fn counters(&mut self) -> PortCounters {
         // The kernel's counts reset when read, so they are added up here.
         if let Ok((_, drops)) = sys::packet_statistics(&self.fd) {
             self.counters.rx_kernel_drops += u64::from(drops);
@@ -312,7 +310,6 @@ impl LiveRx for PacketRx {
 
 /// One worker's transmit ring on an interface.
 pub struct PacketTx {
-    name: String,
     fd: OwnedFd,
     ring: SharedRing,
     frame_size: usize,
@@ -368,7 +365,6 @@ impl PacketTx {
         sys::bind_packet(&fd, iface.index, 0)
             .map_err(|e| LiveError::from_io(iface, "binding to the interface", e))?;
         Ok(PacketTx {
-            name: iface.name.clone(),
             fd,
             ring,
             frame_size,
@@ -396,7 +392,7 @@ impl PacketTx {
             if attempt == 0 {
                 self.pending = 0;
                 if let Err(e) = sys::kick_send(&self.fd, true) {
-                    log::debug!("{}: sending the transmit ring: {e}", self.name);
+                    log::debug!("sending the transmit ring: {e}");
                 }
             }
         }
@@ -404,12 +400,9 @@ impl PacketTx {
     }
 }
 
-impl LiveTx for PacketTx {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn send(&mut self, frame: &[u8]) -> bool {
+impl PacketTx {
+    /// Queues one frame; `false` if it was dropped (counted by reason).
+    pub fn send(&mut self, frame: &[u8]) -> bool {
         let tagged = frame.len() >= 14 && matches!(read_be16(frame, 12), 0x8100 | 0x88a8);
         if frame.len() > self.max_len + if tagged { 4 } else { 0 } {
             self.counters.tx_oversize += 1;
@@ -438,19 +431,55 @@ impl LiveTx for PacketTx {
         true
     }
 
-    fn flush(&mut self) {
+    /// Hands everything queued to the kernel.
+    pub fn flush(&mut self) {
         if self.pending == 0 {
             return;
         }
         self.pending = 0;
         if let Err(e) = sys::kick_send(&self.fd, false) {
             self.counters.tx_errors += 1;
-            log::debug!("{}: sending the transmit ring: {e}", self.name);
+            log::debug!("sending the transmit ring: {e}");
         }
     }
 
-    fn counters(&mut self) -> PortCounters {
+    pub fn counters(&mut self) -> PortCounters {
         self.counters
+    }
+}
+
+/// One worker's queue pair on an interface: a receive ring in the fanout group and a
+/// transmit ring.
+pub struct PacketQueue {
+    pub rx: PacketRx,
+    pub tx: PacketTx,
+}
+
+impl LiveQueue for PacketQueue {
+    fn name(&self) -> &str {
+        &self.rx.name
+    }
+
+    fn recv(&mut self, burst: &mut Burst, port: PortId) -> usize {
+        self.rx.recv(burst, port)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> bool {
+        self.tx.send(frame)
+    }
+
+    fn flush(&mut self) {
+        self.tx.flush()
+    }
+
+    fn fd(&self) -> RawFd {
+        self.rx.fd()
+    }
+
+    fn counters(&mut self) -> PortCounters {
+        let mut c = self.rx.counters();
+        c.merge(&self.tx.counters());
+        c
     }
 }
 

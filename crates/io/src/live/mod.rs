@@ -12,7 +12,7 @@ mod sys;
 
 pub use sys::{interface_up, poll_readable};
 
-use stateplane_runtime::port::{LiveRx, LiveTx};
+use stateplane_runtime::port::LiveQueue;
 use std::fmt;
 use std::io;
 
@@ -143,11 +143,10 @@ impl Default for RingConfig {
     }
 }
 
-/// The queues of one interface: one receive queue and one transmit ring per worker.
+/// The queues of one interface, one per worker.
 pub struct InterfaceQueues {
     pub interface: Interface,
-    pub rx: Vec<Box<dyn LiveRx>>,
-    pub tx: Vec<Box<dyn LiveTx>>,
+    pub queues: Vec<Box<dyn LiveQueue>>,
 }
 
 /// Opens `name` for `workers` workers over AF_PACKET; with more than one worker, the receive
@@ -166,12 +165,13 @@ pub fn open_afpacket(
     // Fanout group ids are per network namespace; process id and interface index keep two
     // switches in one namespace apart.
     let group = ((std::process::id() as u16) ^ (iface.index as u16).rotate_left(8)).max(1);
-    let mut rx: Vec<Box<dyn LiveRx>> = Vec::with_capacity(workers);
-    let mut tx: Vec<Box<dyn LiveTx>> = Vec::with_capacity(workers);
+    let mut queues: Vec<Box<dyn LiveQueue>> = Vec::with_capacity(workers);
     for _ in 0..workers {
         let fanout = (workers > 1).then_some(group);
-        rx.push(Box::new(afpacket::PacketRx::open(&iface, fanout, rings)?));
-        tx.push(Box::new(afpacket::PacketTx::open(&iface, rings)?));
+        queues.push(Box::new(afpacket::PacketQueue {
+            rx: afpacket::PacketRx::open(&iface, fanout, rings)?,
+            tx: afpacket::PacketTx::open(&iface, rings)?,
+        }));
     }
     log::info!(
         "{name}: AF_PACKET, {workers} queue(s), MTU {}, TPACKET_V3 receive, mapped transmit ring",
@@ -179,8 +179,7 @@ pub fn open_afpacket(
     );
     Ok(InterfaceQueues {
         interface: iface,
-        rx,
-        tx,
+        queues,
     })
 }
 
@@ -214,8 +213,8 @@ mod tests {
                 tx_frames: 64,
                 ..RingConfig::default()
             };
-            let mut q = open_afpacket("lo", 1, &rings).expect("open lo");
-            let (rx, tx) = (&mut q.rx[0], &mut q.tx[0]);
+            let mut opened = open_afpacket("lo", 1, &rings).expect("open lo");
+            let q = &mut opened.queues[0];
             let count = 1000u32;
             let mut received = Vec::new();
             let mut burst = Burst::with_capacity(64);
@@ -224,14 +223,14 @@ mod tests {
             while received.len() < count as usize && Instant::now() < deadline {
                 // Send in bursts no bigger than the receive side can hold between reads.
                 for _ in 0..32 {
-                    if sent < count && tx.send(&frame(sent, 60 + (sent as usize % 1400))) {
+                    if sent < count && q.send(&frame(sent, 60 + (sent as usize % 1400))) {
                         sent += 1;
                     }
                 }
-                tx.flush();
-                poll_readable(&[rx.fd()], 5).expect("poll");
+                q.flush();
+                poll_readable(&[q.fd()], 5).expect("poll");
                 burst.clear();
-                rx.recv(&mut burst, 3);
+                q.recv(&mut burst, 3);
                 for (d, data) in burst.iter() {
                     assert_eq!(d.in_port, 3);
                     assert!(d.ts_ns > 0);
@@ -239,21 +238,21 @@ mod tests {
                 }
             }
             let too_big = frame(0, 65_536 + 14 + 1);
-            assert!(!tx.send(&too_big), "a frame over the MTU must be refused");
-            (received, sent, rx.counters(), tx.counters())
+            assert!(!q.send(&too_big), "a frame over the MTU must be refused");
+            (received, sent, q.counters())
         })
         .join()
         .expect("test thread");
-        let (received, sent, rx, tx) = result;
+        let (received, sent, counts) = result;
         assert_eq!(sent, 1000);
         assert_eq!(received.len(), 1000, "every frame sent comes back");
         for (i, data) in received.iter().enumerate() {
             assert_eq!(data, &frame(i as u32, 60 + (i % 1400)), "frame {i}");
         }
-        assert_eq!(rx.rx_packets, 1000);
-        assert_eq!(rx.rx_kernel_drops, 0);
-        assert_eq!(tx.tx_packets, 1000);
-        assert_eq!(tx.tx_oversize, 1);
+        assert_eq!(counts.rx_packets, 1000);
+        assert_eq!(counts.rx_kernel_drops, 0);
+        assert_eq!(counts.tx_packets, 1000);
+        assert_eq!(counts.tx_oversize, 1);
     }
 
     #[test]

@@ -1,0 +1,403 @@
+//! `stateplane lab bench`: the live-port benchmark on the `line` topology (h1 - s1 - h2).
+//!
+//! For each way of switching between the same two veths in s1 (a Linux bridge, stateplane
+//! `forward` over AF_PACKET, over AF_XDP) it measures, in one run, interleaved and repeated:
+//! packets per second delivered to h2 from a small-packet flood sent from h1, TCP
+//! throughput with iperf3, and CPU seconds per million packets (the whole machine's busy
+//! time, and the switch process's own).
+
+use crate::CliResult;
+use stateplane_lab::Topology;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct LabBenchArgs {
+    /// Ways of switching to compare: bridge (the kernel), afpacket, afxdp.
+    #[arg(long, value_delimiter = ',', default_value = "bridge,afpacket,afxdp")]
+    pub modes: Vec<String>,
+    /// Seconds of each flood and of each iperf3 run.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Rounds (all modes in turn each round); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Bytes per frame of the flood.
+    #[arg(long, default_value_t = 64)]
+    pub packet_size: usize,
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+const TOPOLOGY: &str = include_str!("../../../topologies/line.toml");
+
+fn sh(program: &str, args: &[&str]) -> CliResult<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("running {program}: {e} (is it installed?)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Busy and total CPU time of the whole machine, in clock ticks (/proc/stat).
+fn machine_busy_ticks() -> CliResult<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| e.to_string())?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Ok(total - idle)
+}
+
+/// CPU time of a process (user + system), in clock ticks; 0 if it is gone.
+fn process_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.split_whitespace().collect::<Vec<_>>();
+            // Fields after the command: state is 3rd overall, utime 14th, stime 15th.
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0)
+}
+
+fn rx_packets(t: &Topology, node: &str, iface: &str) -> CliResult<u64> {
+    let out = sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.namespace(node),
+            "cat",
+            &format!("/sys/class/net/{iface}/statistics/rx_packets"),
+        ],
+    )?;
+    out.trim().parse().map_err(|e| format!("rx_packets: {e}"))
+}
+
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    mpps: f64,
+    sent_mpps: f64,
+    gbps: f64,
+    machine_cpu_s_per_mpkt: f64,
+    switch_cpu_s_per_mpkt: f64,
+}
+
+/// The switching between p0 and p1 in s1, set up and torn down.
+enum Switching {
+    Bridge,
+    Stateplane(u32),
+}
+
+fn start(t: &Topology, mode: &str, exe: &Path) -> CliResult<Switching> {
+    let ns = t.namespace("s1");
+    if mode == "bridge" {
+        sh("ip", &["-n", &ns, "link", "add", "br0", "type", "bridge"])?;
+        for p in ["p0", "p1"] {
+            sh("ip", &["-n", &ns, "link", "set", p, "master", "br0"])?;
+        }
+        sh("ip", &["-n", &ns, "link", "set", "br0", "up"])?;
+        // Forward at once: no learning delay, no spanning tree.
+        sh(
+            "ip",
+            &[
+                "-n",
+                &ns,
+                "link",
+                "set",
+                "br0",
+                "type",
+                "bridge",
+                "forward_delay",
+                "0",
+            ],
+        )?;
+        return Ok(Switching::Bridge);
+    }
+    let mut s = t.switch[0].clone();
+    s.io = Some(mode.to_owned());
+    Ok(Switching::Stateplane(stateplane_lab::start_switch(
+        t, &s, exe,
+    )?))
+}
+
+fn stop(t: &Topology, s: &Switching) -> CliResult<()> {
+    match s {
+        Switching::Bridge => {
+            sh("ip", &["-n", &t.namespace("s1"), "link", "del", "br0"])?;
+        }
+        Switching::Stateplane(_) => stateplane_lab::stop_switch(t, "s1")?,
+    }
+    Ok(())
+}
+
+fn measure(
+    t: &Topology,
+    s: &Switching,
+    a: &LabBenchArgs,
+    exe: &Path,
+    trace: &Path,
+    hz: f64,
+) -> CliResult<Sample> {
+    let pid = match s {
+        Switching::Stateplane(pid) => Some(*pid),
+        Switching::Bridge => None,
+    };
+    // Small-packet flood from h1; delivered = what h2's interface received.
+    let rx0 = rx_packets(t, "h2", "eth0")?;
+    let (busy0, proc0) = (machine_busy_ticks()?, pid.map_or(0, process_ticks));
+    let started = Instant::now();
+    let out = sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.namespace("h1"),
+            &exe.to_string_lossy(),
+            "send",
+            "-I",
+            "eth0",
+            &trace.to_string_lossy(),
+            "--loops",
+            "1000000",
+            "--seconds",
+            &a.seconds.to_string(),
+            // From h1 to h2 by MAC, so that a learning bridge forwards every frame.
+            "--src-mac",
+            "02:00:00:00:01:01",
+            "--dst-mac",
+            "02:00:00:00:01:02",
+            "--json",
+        ],
+    )?;
+    // Let the last packets through before counting.
+    std::thread::sleep(Duration::from_millis(100));
+    let secs = started.elapsed().as_secs_f64() - 0.1;
+    let (busy1, proc1) = (machine_busy_ticks()?, pid.map_or(0, process_ticks));
+    let delivered = rx_packets(t, "h2", "eth0")? - rx0;
+    let sent: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let sent_packets = sent["sent_packets"].as_u64().unwrap_or(0);
+    let mpkt = (delivered as f64 / 1e6).max(1e-9);
+
+    // TCP from h1 to h2.
+    sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.namespace("h2"),
+            "iperf3",
+            "-s",
+            "-1",
+            "-D",
+            "-B",
+            "198.18.0.2",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let out = sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.namespace("h1"),
+            "timeout",
+            "60",
+            "iperf3",
+            "-c",
+            "198.18.0.2",
+            "-t",
+            &a.seconds.to_string(),
+            "-J",
+        ],
+    )?;
+    let iperf: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
+    let gbps = iperf["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
+    Ok(Sample {
+        mpps: delivered as f64 / secs / 1e6,
+        sent_mpps: sent_packets as f64 / secs / 1e6,
+        gbps,
+        machine_cpu_s_per_mpkt: (busy1 - busy0) as f64 / hz / mpkt,
+        switch_cpu_s_per_mpkt: (proc1 - proc0) as f64 / hz / mpkt,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+pub fn main(a: LabBenchArgs) -> CliResult<()> {
+    for m in &a.modes {
+        if !["bridge", "afpacket", "afxdp"].contains(&m.as_str()) {
+            return Err(format!(
+                "--modes: '{m}' is not a mode; use bridge, afpacket or afxdp"
+            ));
+        }
+    }
+    if !(0.5..=600.0).contains(&a.seconds) || a.repeat == 0 || a.repeat > 50 {
+        return Err("--seconds must be 0.5 to 600 and --repeat 1 to 50".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let hz: f64 = sh("getconf", &["CLK_TCK"])?
+        .trim()
+        .parse()
+        .map_err(|e| format!("CLK_TCK: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("stateplane-lab-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let trace = dir.join("flood.pcap");
+    let out = Command::new(&exe)
+        .args([
+            "gen",
+            "udpflood",
+            "--packets",
+            "100000",
+            "--flows",
+            "1000",
+            "--seed",
+            "7",
+        ])
+        .args(["--packet-size", &a.packet_size.to_string(), "-o"])
+        .arg(&trace)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let topology_text = TOPOLOGY.replacen("name = \"line\"", "name = \"bench\"", 1);
+    let topology_file = dir.join("bench.toml");
+    std::fs::write(&topology_file, topology_text).map_err(|e| e.to_string())?;
+    let t = Topology::load(&topology_file)?;
+    let _ = stateplane_lab::down(&t.name);
+    stateplane_lab::up(&t, &exe)?;
+    let result = run_rounds(&t, &a, &exe, &trace, hz);
+    let _ = stateplane_lab::down(&t.name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let samples = result?;
+    report(&a, &samples)
+}
+
+fn run_rounds(
+    t: &Topology,
+    a: &LabBenchArgs,
+    exe: &Path,
+    trace: &Path,
+    hz: f64,
+) -> CliResult<Vec<(String, Vec<Sample>)>> {
+    // The lab starts s1 running forward; the rounds start and stop it themselves.
+    stateplane_lab::stop_switch(t, "s1")?;
+    let mut samples: Vec<(String, Vec<Sample>)> =
+        a.modes.iter().map(|m| (m.clone(), Vec::new())).collect();
+    for round in 0..a.repeat {
+        for (mode, acc) in samples.iter_mut() {
+            eprint!("\rround {}/{}: {mode:<10}", round + 1, a.repeat);
+            let s = start(t, mode, exe)?;
+            let sample = measure(t, &s, a, exe, trace, hz);
+            stop(t, &s)?;
+            acc.push(sample?);
+        }
+    }
+    eprintln!();
+    Ok(samples)
+}
+
+fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> CliResult<()> {
+    let rows: Vec<(String, Sample)> = samples
+        .iter()
+        .map(|(m, v)| {
+            let pick = |f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
+            (
+                m.clone(),
+                Sample {
+                    mpps: pick(|s| s.mpps),
+                    sent_mpps: pick(|s| s.sent_mpps),
+                    gbps: pick(|s| s.gbps),
+                    machine_cpu_s_per_mpkt: pick(|s| s.machine_cpu_s_per_mpkt),
+                    switch_cpu_s_per_mpkt: pick(|s| s.switch_cpu_s_per_mpkt),
+                },
+            )
+        })
+        .collect();
+    let input = format!(
+        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; TCP: iperf3 -t {}; median of {}",
+        a.packet_size, a.seconds, a.seconds, a.repeat
+    );
+    if a.json {
+        let v: Vec<_> = rows.iter().map(|(m, s)| serde_json::json!({"mode": m, "mpps": s.mpps, "offered_mpps": s.sent_mpps,
+            "tcp_gbps": s.gbps, "machine_cpu_s_per_mpkt": s.machine_cpu_s_per_mpkt, "switch_cpu_s_per_mpkt": s.switch_cpu_s_per_mpkt})).collect();
+        println!("{}", serde_json::json!({"input": input, "results": v}));
+    } else {
+        println!("input: {input}");
+        println!(
+            "{:<10} {:>10} {:>12} {:>10} {:>22} {:>20}",
+            "mode", "Mpps", "offered Mpps", "TCP Gb/s", "machine CPU s/Mpkt", "switch CPU s/Mpkt"
+        );
+        for (m, s) in &rows {
+            println!(
+                "{m:<10} {:>10.3} {:>12.3} {:>10.2} {:>22.2} {:>20.2}",
+                s.mpps, s.sent_mpps, s.gbps, s.machine_cpu_s_per_mpkt, s.switch_cpu_s_per_mpkt
+            );
+        }
+    }
+    if let Some(path) = &a.csv {
+        let mut csv = String::from(
+            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt\n",
+        );
+        for (m, s) in &rows {
+            csv.push_str(&format!(
+                "{m},{:.4},{:.4},{:.3},{:.3},{:.3}\n",
+                s.mpps, s.sent_mpps, s.gbps, s.machine_cpu_s_per_mpkt, s.switch_cpu_s_per_mpkt
+            ));
+        }
+        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.svg {
+        let panel = |title: &str, unit: &str, f: fn(&Sample) -> f64| crate::chart::Panel {
+            title: title.to_owned(),
+            unit: unit.to_owned(),
+            bars: rows.iter().map(|(m, s)| (m.clone(), f(s))).collect(),
+        };
+        let svg = crate::chart::bars(
+            "Switching between two veths: Linux bridge vs stateplane forward",
+            &input,
+            &[
+                panel(
+                    "Packets per second delivered (64-byte flood)",
+                    "Mpps",
+                    |s| s.mpps,
+                ),
+                panel("TCP throughput (iperf3)", "Gbit/s", |s| s.gbps),
+                panel(
+                    "Machine CPU per million packets (lower is better)",
+                    "s",
+                    |s| s.machine_cpu_s_per_mpkt,
+                ),
+            ],
+        );
+        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
