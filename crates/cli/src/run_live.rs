@@ -56,13 +56,12 @@ pub fn main(run: LiveRun) -> CliResult<()> {
         .collect();
     for (port, iface) in run.interfaces.iter().enumerate() {
         let opened = match run.io {
-            IoChoice::AfXdp => {
-                return Err(format!(
-                    "port {}: io = \"afxdp\" is not available in this build; use afpacket",
-                    run.port_names[port]
-                ));
-            }
-            IoChoice::Auto | IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
+            IoChoice::AfXdp => live::open_afxdp(iface, workers),
+            IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
+            IoChoice::Auto => live::open_afxdp(iface, workers).or_else(|e| {
+                log::info!("{iface}: AF_XDP not possible ({e}); using AF_PACKET");
+                live::open_afpacket(iface, workers, &rings)
+            }),
         }
         .map_err(|e| format!("port {}: {e}", run.port_names[port]))?;
         for (q, queue) in queues.iter_mut().zip(opened.queues) {

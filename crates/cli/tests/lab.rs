@@ -50,6 +50,11 @@ struct Lab {
 
 impl Lab {
     fn up(topology: &str, name: &str) -> Lab {
+        Lab::up_with(topology, name, None)
+    }
+
+    /// With `io`, every switch uses that kind of live port (afpacket or afxdp).
+    fn up_with(topology: &str, name: &str, io: Option<&str>) -> Lab {
         for t in ["ip", "ethtool", "ping", "iperf3", "python3"] {
             require(t);
         }
@@ -68,6 +73,13 @@ impl Lab {
             })
             .collect::<Vec<_>>()
             .join("\n");
+        let renamed = match io {
+            Some(io) => renamed.replace(
+                "[switch.program]\n",
+                &format!("io = \"{io}\"\n[switch.program]\n"),
+            ),
+            None => renamed,
+        };
         let dir = std::env::temp_dir().join(format!("stateplane-lab-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join(format!("{name}.toml"));
@@ -79,6 +91,14 @@ impl Lab {
         let _ = lab.cmd(&["down"]); // a previous crashed run's leftovers
         let out = lab.cmd(&["up"]);
         assert!(out.status.success(), "lab up failed:\n{}", text(&out));
+        if let Some(io) = io {
+            let log = std::fs::read_to_string(lab_file(&lab, "s1.log")).unwrap();
+            let kind = if io == "afxdp" { "AF_XDP" } else { "AF_PACKET" };
+            assert!(
+                log.contains(&format!("p0: {kind}")),
+                "s1 uses {kind}:\n{log}"
+            );
+        }
         lab
     }
 
@@ -176,20 +196,24 @@ fn arp_and_icmp(lab: &Lab, broadcast_both_ways: bool) {
 }
 
 #[test]
-fn forward_carries_arp_and_icmp() {
+fn forward_carries_arp_and_icmp_over_afpacket_and_afxdp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = Lab::up("line.toml", "tfwd");
-    arp_and_icmp(&lab, true);
-    // The controller is reachable from the switch on the management network.
-    let out = lab.exec("s1", &["ping", "-c", "1", "-W", "2", "198.19.255.1"]);
-    assert!(text(&out).contains("1 received"), "{}", text(&out));
+    for (io, name) in [("afpacket", "tfwdp"), ("afxdp", "tfwdx")] {
+        let lab = Lab::up_with("line.toml", name, Some(io));
+        arp_and_icmp(&lab, true);
+        // The controller is reachable from the switch on the management network.
+        let out = lab.exec("s1", &["ping", "-c", "1", "-W", "2", "198.19.255.1"]);
+        assert!(text(&out).contains("1 received"), "{}", text(&out));
+    }
 }
 
 #[test]
-fn l2_carries_arp_and_icmp() {
+fn l2_carries_arp_and_icmp_over_afpacket_and_afxdp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = Lab::up("line-l2.toml", "tl2");
-    arp_and_icmp(&lab, false);
+    for (io, name) in [("afpacket", "tl2p"), ("afxdp", "tl2x")] {
+        let lab = Lab::up_with("line-l2.toml", name, Some(io));
+        arp_and_icmp(&lab, false);
+    }
 }
 
 /// Sends `bytes` pseudo-random bytes over one TCP connection from h1 to h2 and returns what
@@ -264,9 +288,18 @@ fn mib(n: u64) -> u64 {
 }
 
 #[test]
-fn tcp_through_the_switch_delivers_every_byte() {
+fn tcp_through_the_switch_delivers_every_byte_over_afpacket() {
+    tcp_delivers_every_byte("afpacket", "ttcpp");
+}
+
+#[test]
+fn tcp_through_the_switch_delivers_every_byte_over_afxdp() {
+    tcp_delivers_every_byte("afxdp", "ttcpx");
+}
+
+fn tcp_delivers_every_byte(io: &str, name: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = Lab::up("line.toml", "ttcp");
+    let lab = Lab::up_with("line.toml", name, Some(io));
     let report = iperf3(&lab, "200M", 1, || {});
     let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
     assert_eq!(sent, mib(200), "iperf3 sent the whole transfer");

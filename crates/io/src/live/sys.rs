@@ -161,6 +161,19 @@ pub fn interface_mtu(name: &str) -> io::Result<u32> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu }.max(0) as u32)
 }
 
+/// Sets the MTU of interface `name` (tests: loopback down to an Ethernet MTU).
+#[cfg(test)]
+pub fn set_interface_mtu(name: &str, mtu: u32) -> io::Result<()> {
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_mtu = mtu as libc::c_int;
+    // SAFETY: SIOCSIFMTU reads the name and MTU in `req`.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFMTU, &mut req) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
 /// Whether interface `name` is up, and brings it up when `bring_up` is set.
 pub fn interface_up(name: &str, bring_up: bool) -> io::Result<bool> {
     let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
@@ -201,16 +214,26 @@ unsafe impl Send for SharedRing {}
 impl SharedRing {
     /// Maps `len` bytes of the ring configured on `fd`.
     pub fn map(fd: &OwnedFd, len: usize) -> io::Result<SharedRing> {
-        // SAFETY: a fresh shared mapping of the socket's ring; the kernel checks `len`
-        // against the ring it configured and the result is not aliased by any Rust value.
+        Self::map_at(Some(fd), len, 0)
+    }
+
+    /// Maps `len` bytes at page offset `offset` of `fd` (the kernel's selector of which
+    /// ring), or anonymous zeroed memory without `fd` (an AF_XDP packet area).
+    pub fn map_at(fd: Option<&OwnedFd>, len: usize, offset: u64) -> io::Result<SharedRing> {
+        let (flags, raw) = match fd {
+            Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a fresh mapping, not aliased by any Rust value; for a socket the kernel
+        // checks `len` and `offset` against the ring it configured.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
+                flags,
+                raw,
+                offset as libc::off_t,
             )
         };
         if ptr == libc::MAP_FAILED {
@@ -220,6 +243,11 @@ impl SharedRing {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// The start address, for registering the area with the kernel.
+    pub fn address(&self) -> u64 {
+        self.ptr as u64
     }
 
     fn word(&self, offset: usize) -> &AtomicU32 {
@@ -273,6 +301,157 @@ impl Drop for SharedRing {
         unsafe {
             libc::munmap(self.ptr.cast(), self.len);
         }
+    }
+}
+
+/// `bpf(2)` with an attribute block; returns the new descriptor (or 0) on success.
+fn bpf(command: i32, attr: &mut [u64; 16]) -> io::Result<i64> {
+    // SAFETY: `attr` is a 128-byte, 8-aligned block laid out as `union bpf_attr` for
+    // `command`; any pointers in it were set by the callers below to live buffers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr.as_mut_ptr(),
+            size_of::<[u64; 16]>(),
+        )
+    };
+    if rc < 0 { Err(last_error()) } else { Ok(rc) }
+}
+
+fn put_u32(attr: &mut [u64; 16], byte: usize, value: u32) {
+    let word = &mut attr[byte / 8];
+    let shift = (byte % 8) * 8;
+    *word = (*word & !(0xffff_ffffu64 << shift)) | (u64::from(value) << shift);
+}
+
+/// Takes ownership of a descriptor `bpf(2)` returned.
+fn owned(fd: i64) -> OwnedFd {
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+}
+
+/// A new XSKMAP (queue index -> AF_XDP socket) of `entries` entries.
+pub fn bpf_xsk_map(entries: u32) -> io::Result<OwnedFd> {
+    const BPF_MAP_CREATE: i32 = 0;
+    const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+    let mut attr = [0u64; 16];
+    put_u32(&mut attr, 0, BPF_MAP_TYPE_XSKMAP);
+    put_u32(&mut attr, 4, 4); // key: u32 queue index
+    put_u32(&mut attr, 8, 4); // value: u32 socket descriptor
+    put_u32(&mut attr, 12, entries);
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
+}
+
+/// Sets `map[key] = value` for a map of u32 keys and values.
+pub fn bpf_map_set(map: &OwnedFd, key: u32, value: u32) -> io::Result<()> {
+    const BPF_MAP_UPDATE_ELEM: i32 = 2;
+    let mut attr = [0u64; 16];
+    put_u32(&mut attr, 0, map.as_raw_fd() as u32);
+    attr[1] = (&key as *const u32) as u64;
+    attr[2] = (&value as *const u32) as u64;
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
+}
+
+/// Loads an XDP program of raw instructions; on refusal, the verifier's log is the error.
+pub fn bpf_load_xdp(instructions: &[u64]) -> io::Result<OwnedFd> {
+    const BPF_PROG_LOAD: i32 = 5;
+    const BPF_PROG_TYPE_XDP: u32 = 6;
+    let license = c"Dual MIT/GPL";
+    let mut log = vec![0u8; 16 << 10];
+    let mut attr = [0u64; 16];
+    put_u32(&mut attr, 0, BPF_PROG_TYPE_XDP);
+    put_u32(&mut attr, 4, instructions.len() as u32);
+    attr[1] = instructions.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    put_u32(&mut attr, 24, 1); // log level
+    put_u32(&mut attr, 28, log.len() as u32);
+    attr[4] = log.as_mut_ptr() as u64;
+    bpf(BPF_PROG_LOAD, &mut attr).map(owned).map_err(|e| {
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        io::Error::new(
+            e.kind(),
+            format!("{e}: {}", String::from_utf8_lossy(&log[..end]).trim()),
+        )
+    })
+}
+
+/// Attaches an XDP program to interface `ifindex` through a BPF link: the program stays
+/// attached exactly as long as the returned descriptor is open, so it goes away with the
+/// process, however that ends.
+pub fn bpf_attach_xdp(program: &OwnedFd, ifindex: i32, native: bool) -> io::Result<OwnedFd> {
+    const BPF_LINK_CREATE: i32 = 28;
+    const BPF_XDP: u32 = 37;
+    const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+    let mut attr = [0u64; 16];
+    put_u32(&mut attr, 0, program.as_raw_fd() as u32);
+    put_u32(&mut attr, 4, ifindex as u32);
+    put_u32(&mut attr, 8, BPF_XDP);
+    put_u32(
+        &mut attr,
+        12,
+        if native {
+            XDP_FLAGS_DRV_MODE
+        } else {
+            XDP_FLAGS_SKB_MODE
+        },
+    );
+    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
+}
+
+/// The ring offsets of an AF_XDP socket.
+pub fn xdp_mmap_offsets(fd: &OwnedFd) -> io::Result<libc::xdp_mmap_offsets> {
+    // SAFETY: xdp_mmap_offsets is plain u64 offsets; all-zero is a valid value.
+    let mut offsets: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+    // SAFETY: the pointer and length describe `offsets`, which the kernel writes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_XDP,
+            libc::XDP_MMAP_OFFSETS,
+            (&mut offsets as *mut libc::xdp_mmap_offsets).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(last_error());
+    }
+    Ok(offsets)
+}
+
+/// Binds an AF_XDP socket to queue `queue` of interface `ifindex`.
+pub fn bind_xdp(fd: &OwnedFd, ifindex: i32, queue: u32, flags: u16) -> io::Result<()> {
+    // SAFETY: sockaddr_xdp is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_xdp = unsafe { std::mem::zeroed() };
+    addr.sxdp_family = libc::AF_XDP as u16;
+    addr.sxdp_flags = flags;
+    addr.sxdp_ifindex = ifindex as u32;
+    addr.sxdp_queue_id = queue;
+    // SAFETY: the pointer and length describe `addr`, which the kernel only reads.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_xdp).cast(),
+            size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 { Err(last_error()) } else { Ok(()) }
+}
+
+/// Wakes the kernel to refill an AF_XDP socket's receive side (a zero-length receive).
+pub fn kick_receive(fd: &OwnedFd) {
+    // SAFETY: a zero-length, non-blocking receive with a null buffer reads no user memory.
+    unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+            0,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
     }
 }
 
