@@ -184,6 +184,59 @@ pub fn open_afpacket(
     })
 }
 
+/// Receive queues the interface has (veth: as created, 1 by default).
+pub fn receive_queues(name: &str) -> usize {
+    std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Opens `name` for `workers` workers over AF_XDP: the XDP program on the interface, one
+/// socket per worker on receive queues 0..workers.
+pub fn open_afxdp(name: &str, workers: usize) -> Result<InterfaceQueues, LiveError> {
+    let iface = Interface::lookup(name)?;
+    let queues = receive_queues(name);
+    if workers > queues {
+        return Err(LiveError::Io {
+            interface: name.to_owned(),
+            what: "matching workers to queues",
+            source: io::Error::other(format!(
+                "AF_XDP needs a receive queue per worker: {workers} workers, {queues} queue(s) (a veth made with `numrxqueues {workers} numtxqueues {workers}` has more); or use io = \"afpacket\""
+            )),
+        });
+    }
+    if !sys::interface_up(name, true)
+        .map_err(|e| LiveError::from_io(&iface, "bringing it up", e))?
+    {
+        log::warn!("{name}: the interface is down");
+    }
+    let attachment = std::sync::Arc::new(afxdp::XdpAttachment::attach(&iface, queues as u32)?);
+    let mut opened: Vec<Box<dyn LiveQueue>> = Vec::with_capacity(workers);
+    for q in 0..workers {
+        opened.push(Box::new(afxdp::XdpQueue::open(
+            &iface,
+            q as u32,
+            attachment.clone(),
+        )?));
+    }
+    log::info!(
+        "{name}: AF_XDP, {workers} queue(s), MTU {}, XDP program in {} mode, copy mode sockets",
+        iface.mtu,
+        match attachment.mode {
+            afxdp::XdpMode::Native => "native (driver)",
+            afxdp::XdpMode::Generic => "generic",
+        }
+    );
+    Ok(InterfaceQueues {
+        interface: iface,
+        queues: opened,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,57 +443,4 @@ mod tests {
             "lists the interfaces there are: {text}"
         );
     }
-}
-
-/// Receive queues the interface has (veth: as created, 1 by default).
-pub fn receive_queues(name: &str) -> usize {
-    std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-                .count()
-        })
-        .unwrap_or(0)
-}
-
-/// Opens `name` for `workers` workers over AF_XDP: the XDP program on the interface, one
-/// socket per worker on receive queues 0..workers.
-pub fn open_afxdp(name: &str, workers: usize) -> Result<InterfaceQueues, LiveError> {
-    let iface = Interface::lookup(name)?;
-    let queues = receive_queues(name);
-    if workers > queues {
-        return Err(LiveError::Io {
-            interface: name.to_owned(),
-            what: "matching workers to queues",
-            source: io::Error::other(format!(
-                "AF_XDP needs a receive queue per worker: {workers} workers, {queues} queue(s) (a veth made with `numrxqueues {workers} numtxqueues {workers}` has more); or use io = \"afpacket\""
-            )),
-        });
-    }
-    if !sys::interface_up(name, true)
-        .map_err(|e| LiveError::from_io(&iface, "bringing it up", e))?
-    {
-        log::warn!("{name}: the interface is down");
-    }
-    let attachment = std::sync::Arc::new(afxdp::XdpAttachment::attach(&iface, queues as u32)?);
-    let mut opened: Vec<Box<dyn LiveQueue>> = Vec::with_capacity(workers);
-    for q in 0..workers {
-        opened.push(Box::new(afxdp::XdpQueue::open(
-            &iface,
-            q as u32,
-            attachment.clone(),
-        )?));
-    }
-    log::info!(
-        "{name}: AF_XDP, {workers} queue(s), MTU {}, XDP program in {} mode, copy mode sockets",
-        iface.mtu,
-        match attachment.mode {
-            afxdp::XdpMode::Native => "native (driver)",
-            afxdp::XdpMode::Generic => "generic",
-        }
-    );
-    Ok(InterfaceQueues {
-        interface: iface,
-        queues: opened,
-    })
 }
