@@ -58,12 +58,23 @@ pub fn main(run: LiveRun) -> CliResult<()> {
         let opened = match run.io {
             IoChoice::AfXdp => live::open_afxdp(iface, workers),
             IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
-            IoChoice::Auto => live::open_afxdp(iface, workers).or_else(|e| {
-                log::info!("{iface}: AF_XDP not possible ({e}); using AF_PACKET");
-                live::open_afpacket(iface, workers, &rings)
-            }),
+            IoChoice::Auto => match live::open_afxdp(iface, workers) {
+                Err(e @ live::LiveError::NoSuchInterface { .. }) => Err(e),
+                Err(e) => {
+                    log::info!("{iface}: AF_XDP not possible ({e}); using AF_PACKET");
+                    live::open_afpacket(iface, workers, &rings)
+                }
+                ok => ok,
+            },
         }
-        .map_err(|e| format!("port {}: {e}", run.port_names[port]))?;
+        .map_err(|e| {
+            let name = &run.port_names[port];
+            if name == iface {
+                e.to_string()
+            } else {
+                format!("port {name}: {e}")
+            }
+        })?;
         for (q, queue) in queues.iter_mut().zip(opened.queues) {
             q.ports.push(queue);
         }

@@ -423,8 +423,23 @@ fn live_run_errors_name_the_interface_and_the_fix() {
         .unwrap();
     assert!(!out.status.success());
     let t = text(&out);
+    assert!(t.contains("there is no interface 'nosuch0'"), "{t}");
     assert!(
-        t.contains("port nosuch0: there is no interface 'nosuch0'"),
+        !t.contains("AF_XDP not possible"),
+        "a missing interface is not a fallback: {t}"
+    );
+    // Without the privilege: an unprivileged user is told which capabilities and how.
+    require("setpriv");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_stateplane"))
+        .args(["run", "--io", "afpacket", "-I", "lo"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("not permitted") && t.contains("CAP_NET_RAW") && t.contains("setcap"),
         "{t}"
     );
     let out = bin()

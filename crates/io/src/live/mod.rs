@@ -106,7 +106,7 @@ impl fmt::Display for LiveError {
             ),
             LiveError::NotPermitted { interface, what } => write!(
                 f,
-                "{interface}: {what} is not permitted: live ports need CAP_NET_RAW and CAP_NET_ADMIN; run as root, or grant them with `setcap cap_net_raw,cap_net_admin+ep $(command -v stateplane)`"
+                "{interface}: {what} is not permitted: live ports need CAP_NET_RAW and CAP_NET_ADMIN (and CAP_BPF for AF_XDP); run as root, or grant them with `setcap cap_net_raw,cap_net_admin,cap_bpf+ep $(command -v stateplane)`"
             ),
             LiveError::Io {
                 interface,
