@@ -26,7 +26,7 @@ echo "== l2: switching by a static MAC table (examples/l2.toml)"
 $sp run --config examples/l2.toml
 echo
 if [ $live -eq 0 ]; then
-  echo "== live lab: not run, because it creates network namespaces and needs root (sudo ./scripts/demo.sh)"
+  echo "== live lab: not run, because it creates network namespaces and needs root (run ./scripts/demo.sh as root)"
   exit 0
 fi
 lab=topologies/line.toml

@@ -163,7 +163,44 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
     for s in &t.switch {
         start_switch(t, s, stateplane)?;
     }
+    wait_for_carrier(t);
     Ok(())
+}
+
+/// Waits (at most 3 s) until every link end has carrier: a veth reports it a moment after
+/// both ends are up, and again after an XDP program is attached.
+fn wait_for_carrier(t: &Topology) {
+    let mut ends: Vec<(String, String)> = t
+        .link
+        .iter()
+        .flat_map(|l| [&l.a, &l.b])
+        .map(|e| (e.node.clone(), e.iface.clone()))
+        .collect();
+    if let Some(c) = &t.controller {
+        for s in &t.switch {
+            ends.push((s.name.clone(), "mgmt".into()));
+            ends.push((c.name.clone(), format!("m-{}", s.name)));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let down: Vec<String> = ends
+            .iter()
+            .filter(|(node, iface)| {
+                let out = ip(&["-n", &t.namespace(node), "-br", "link", "show", iface]);
+                !out.is_ok_and(|o| o.split_whitespace().nth(1) == Some("UP"))
+            })
+            .map(|(node, iface)| format!("{node}:{iface}"))
+            .collect();
+        if down.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            log::warn!("no carrier yet on {}", down.join(", "));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Writes the switch's `stateplane run` configuration and starts it in its namespace;
