@@ -119,15 +119,7 @@ pub fn run_live(
         threads.into_iter().map(|t| t.join()).collect()
     });
     let mut report = LiveReport {
-        run: RunReport {
-            total: Stats::default(),
-            per_worker: Vec::new(),
-            tx_per_port: vec![(0, 0); ports],
-            drop_reason_names,
-            wall: start.elapsed(),
-            worker_busy: Vec::new(),
-            errors: Vec::new(),
-        },
+        run: RunReport::empty(ports, drop_reason_names, start.elapsed()),
         ports: vec![PortCounters::default(); ports],
         generations: Vec::new(),
     };

@@ -97,6 +97,21 @@ pub struct RunReport {
     pub errors: Vec<String>,
 }
 
+impl RunReport {
+    /// A report with no counts yet, for `ports` ports, to add workers' results to.
+    pub fn empty(ports: usize, drop_reason_names: &'static [&'static str], wall: Duration) -> Self {
+        RunReport {
+            total: Stats::default(),
+            per_worker: Vec::new(),
+            tx_per_port: vec![(0, 0); ports],
+            drop_reason_names,
+            wall,
+            worker_busy: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+}
+
 /// The ports of an offline run.
 pub struct OfflinePorts {
     /// Input streams and the port each one arrives on.
@@ -483,15 +498,7 @@ pub fn run_sharded(
             .collect();
         threads.into_iter().map(|t| t.join()).collect()
     });
-    let mut report = RunReport {
-        total: Stats::default(),
-        per_worker: Vec::new(),
-        tx_per_port: vec![(0, 0); ports],
-        drop_reason_names,
-        wall: start.elapsed(),
-        worker_busy: Vec::new(),
-        errors: Vec::new(),
-    };
+    let mut report = RunReport::empty(ports, drop_reason_names, start.elapsed());
     for r in results {
         match r {
             Ok((stats, busy, sink)) => {

@@ -42,28 +42,36 @@ pub fn setsockopt<T: Copy>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> io
     if rc < 0 { Err(last_error()) } else { Ok(()) }
 }
 
-/// The packet socket's counts since the last call (the kernel resets them on read):
-/// packets received and packets dropped because the ring was full.
-pub fn packet_statistics(fd: &OwnedFd) -> io::Result<(u32, u32)> {
-    // SAFETY: tpacket_stats_v3 is three u32 counters; all-zero is a valid value.
-    let mut stats: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
-    // SAFETY: the pointer and length describe `stats`, which the kernel writes at most
+/// Reads a socket option of plain-data type `T`.
+///
+/// # Safety
+/// `T` must be plain data: integers only, so that all-zero and any bytes the kernel writes
+/// are valid values.
+unsafe fn getsockopt_plain<T: Copy>(fd: &OwnedFd, level: i32, name: i32) -> io::Result<T> {
+    // SAFETY: the caller guarantees `T` is plain data, for which all-zero is valid.
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: the pointer and length describe `value`, which the kernel writes at most
     // `len` bytes of.
     let rc = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_STATISTICS,
-            (&mut stats as *mut libc::tpacket_stats_v3).cast(),
+            level,
+            name,
+            (&mut value as *mut T).cast(),
             &mut len,
         )
     };
-    if rc < 0 {
-        Err(last_error())
-    } else {
-        Ok((stats.tp_packets, stats.tp_drops))
-    }
+    if rc < 0 { Err(last_error()) } else { Ok(value) }
+}
+
+/// The packet socket's counts since the last call (the kernel resets them on read):
+/// packets received and packets dropped because the ring was full.
+pub fn packet_statistics(fd: &OwnedFd) -> io::Result<(u32, u32)> {
+    // SAFETY: tpacket_stats_v3 is three u32 counters.
+    let stats: libc::tpacket_stats_v3 =
+        unsafe { getsockopt_plain(fd, libc::SOL_PACKET, libc::PACKET_STATISTICS)? };
+    Ok((stats.tp_packets, stats.tp_drops))
 }
 
 /// Binds a packet socket to interface `ifindex` for `protocol` (host order; 0 = none).
@@ -402,23 +410,8 @@ pub fn bpf_attach_xdp(program: &OwnedFd, ifindex: i32, native: bool) -> io::Resu
 
 /// The ring offsets of an AF_XDP socket.
 pub fn xdp_mmap_offsets(fd: &OwnedFd) -> io::Result<libc::xdp_mmap_offsets> {
-    // SAFETY: xdp_mmap_offsets is plain u64 offsets; all-zero is a valid value.
-    let mut offsets: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-    let mut len = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-    // SAFETY: the pointer and length describe `offsets`, which the kernel writes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_XDP,
-            libc::XDP_MMAP_OFFSETS,
-            (&mut offsets as *mut libc::xdp_mmap_offsets).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(last_error());
-    }
-    Ok(offsets)
+    // SAFETY: xdp_mmap_offsets is four sets of u64 offsets.
+    unsafe { getsockopt_plain(fd, libc::SOL_XDP, libc::XDP_MMAP_OFFSETS) }
 }
 
 /// Binds an AF_XDP socket to queue `queue` of interface `ifindex`.
