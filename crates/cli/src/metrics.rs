@@ -22,7 +22,7 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
+fn render(handle: &RunHandle, drop_names: &'static [&'static str], ports: &[String]) -> String {
     let mut out = String::new();
     let total = handle.totals();
     // Entry 0 is the dispatcher, whose drops are in the totals but belong to no worker.
@@ -50,6 +50,18 @@ fn render(handle: &RunHandle, drop_names: &'static [&'static str]) -> String {
             "stateplane_malformed_packets{{reason=\"{reason}\"}} {v}"
         );
     }
+    // Live ports: the kernel's and the rings' own counts (drops before any worker saw them).
+    let port_totals = handle.port_totals();
+    if let Some(first) = port_totals.first() {
+        for (i, (name, _)) in first.named().iter().enumerate() {
+            let _ = writeln!(out, "# TYPE stateplane_port_{name} counter");
+            for (p, counts) in port_totals.iter().enumerate() {
+                let port = ports.get(p).map_or_else(|| p.to_string(), Clone::clone);
+                let value = counts.named()[i].1;
+                let _ = writeln!(out, "stateplane_port_{name}{{port=\"{port}\"}} {value}");
+            }
+        }
+    }
     out
 }
 
@@ -59,6 +71,7 @@ pub fn serve(
     addr: SocketAddr,
     handle: Arc<RunHandle>,
     drop_names: &'static [&'static str],
+    ports: Vec<String>,
 ) -> Result<(), String> {
     let listener =
         TcpListener::bind(addr).map_err(|e| format!("--metrics: cannot listen on {addr}: {e}"))?;
@@ -70,7 +83,7 @@ pub fn serve(
             let n = stream.read(&mut req).unwrap_or(0);
             let ok = req[..n].starts_with(b"GET /metrics");
             let (status, body) = if ok {
-                ("200 OK", render(&handle, drop_names))
+                ("200 OK", render(&handle, drop_names, &ports))
             } else {
                 ("404 Not Found", "try /metrics\n".to_owned())
             };

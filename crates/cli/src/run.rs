@@ -259,7 +259,12 @@ pub fn main(args: RunArgs) -> CliResult<()> {
 
     let handle = Arc::new(RunHandle::new(workers));
     if let Some(addr) = metrics_addr {
-        metrics::serve(addr, handle.clone(), factory(0).drop_reasons())?;
+        metrics::serve(
+            addr,
+            handle.clone(),
+            factory(0).drop_reasons(),
+            names.0.clone(),
+        )?;
         eprintln!("metrics on http://{addr}/metrics");
     }
     let watched = handle.input_bytes.clone();

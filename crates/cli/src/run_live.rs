@@ -92,7 +92,12 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     signal_hook::flag::register(SIGHUP, hangup.clone())
         .map_err(|e| format!("installing the signal handler: {e}"))?;
     if let Some(addr) = run.metrics {
-        metrics::serve(addr, handle.clone(), run.factory.as_ref()(0).drop_reasons())?;
+        metrics::serve(
+            addr,
+            handle.clone(),
+            run.factory.as_ref()(0).drop_reasons(),
+            run.port_names.clone(),
+        )?;
         log::info!("metrics on http://{addr}/metrics");
     }
 

@@ -204,6 +204,23 @@ fn forward_carries_arp_and_icmp_over_afpacket_and_afxdp() {
         // The controller is reachable from the switch on the management network.
         let out = lab.exec("s1", &["ping", "-c", "1", "-W", "2", "198.19.255.1"]);
         assert!(text(&out).contains("1 received"), "{}", text(&out));
+        // The switch's metrics, on its own loopback, count the traffic per port too.
+        std::thread::sleep(Duration::from_millis(300));
+        let metrics = metric_lines(&lab, "s1");
+        let value = |name: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(name));
+            line.and_then(|l| l.split_whitespace().last()?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+        };
+        assert!(value("stateplane_rx_packets ") >= 16, "{metrics}");
+        assert!(
+            value("stateplane_port_rx_packets{port=\"p0\"}") >= 8,
+            "{metrics}"
+        );
+        assert!(
+            value("stateplane_port_tx_packets{port=\"p1\"}") >= 8,
+            "{metrics}"
+        );
     }
 }
 
@@ -447,6 +464,14 @@ fn live_run_errors_name_the_interface_and_the_fix() {
         .output()
         .unwrap();
     assert!(text(&out).contains("cannot be mixed"), "{}", text(&out));
+}
+
+/// The Prometheus text a switch serves on its namespace's loopback.
+fn metric_lines(lab: &Lab, node: &str) -> String {
+    let fetch = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())";
+    let out = lab.exec(node, &["python3", "-c", fetch]);
+    assert!(out.status.success(), "metrics: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn lab_file(lab: &Lab, file: &str) -> PathBuf {

@@ -16,6 +16,9 @@ pub fn state_dir(lab: &str) -> PathBuf {
     base.join(lab)
 }
 
+/// Where every switch serves Prometheus metrics, inside its namespace.
+pub const METRICS: &str = "127.0.0.1:9464";
+
 /// Runs a command; its stderr is the error.
 fn run(program: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(program)
@@ -218,6 +221,9 @@ pub fn start_switch(
     if let Some(io) = &s.io {
         config.insert("io".into(), toml::Value::String(io.clone()));
     }
+    // Each switch has its own loopback, so every one serves metrics on the same address:
+    // `stateplane lab exec LAB s1 curl 127.0.0.1:9464/metrics`.
+    config.insert("metrics".into(), METRICS.into());
     config.insert("program".into(), toml::Value::Table(s.program.clone()));
     let ports: Vec<toml::Value> = t
         .switch_ports(&s.name)

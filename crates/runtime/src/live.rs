@@ -27,6 +27,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DRAIN_LIMIT: Duration = Duration::from_millis(200);
 /// How long an idle worker sleeps in `poll` before looking at its flags again.
 const IDLE_WAIT: Duration = Duration::from_millis(10);
+/// How often a worker publishes its ports' counts (a system call per queue for the
+/// kernel's drop counts, so not per burst).
+const PORT_REFRESH: Duration = Duration::from_millis(100);
 /// How often a program's `poll` runs (timers, probes).
 const POLL_EVERY_NS: u64 = 1_000_000;
 
@@ -107,12 +110,10 @@ pub fn run_live(
             .into_iter()
             .enumerate()
             .map(|(w, q)| {
-                let shared = handle.stats[w + 1].clone();
-                let stop = handle.stop.clone();
                 let reload = reload.clone();
                 let config = config.clone();
                 scope.spawn(move || {
-                    worker_loop(w, workers, ports, &config, q, &reload, &shared, &stop, wait)
+                    worker_loop(w, workers, ports, &config, q, &reload, handle, wait)
                 })
             })
             .collect();
@@ -160,10 +161,12 @@ fn worker_loop(
     config: &RuntimeConfig,
     mut q: LiveQueues,
     reload: &Reload,
-    shared: &crate::stats::SharedStats,
-    stop: &std::sync::atomic::AtomicBool,
+    handle: &RunHandle,
     wait: WaitReadable,
 ) -> WorkerDone {
+    let shared = &handle.stats[w + 1];
+    let stop = &handle.stop;
+    let mut last_port_refresh = Instant::now();
     let (mut generation, factory) = reload.current();
     let mut worker = Worker::new(factory(w), w, workers, ports, config.hasher);
     let mut burst = Burst::with_capacity(config.burst_size);
@@ -206,6 +209,18 @@ fn worker_loop(
         }
         for p in q.ports.iter_mut() {
             p.flush();
+        }
+        if last_port_refresh.elapsed() >= PORT_REFRESH {
+            last_port_refresh = Instant::now();
+            let counts = q.ports.iter_mut().map(|p| p.counters()).collect();
+            if let Some(slot) = handle
+                .port_counters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(w)
+            {
+                *slot = counts;
+            }
         }
         if received > 0 {
             busy += t.elapsed();

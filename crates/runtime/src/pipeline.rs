@@ -59,6 +59,9 @@ pub struct RunHandle {
     pub stop: Arc<AtomicBool>,
     /// Bytes consumed from the input files, for progress.
     pub input_bytes: Arc<AtomicU64>,
+    /// Live ports' own counts, per worker and port, refreshed every 100 ms by live workers
+    /// (empty offline).
+    pub port_counters: std::sync::Mutex<Vec<Vec<crate::PortCounters>>>,
 }
 
 impl RunHandle {
@@ -69,7 +72,26 @@ impl RunHandle {
                 .collect(),
             stop: Arc::new(AtomicBool::new(false)),
             input_bytes: Arc::new(AtomicU64::new(0)),
+            port_counters: std::sync::Mutex::new(vec![Vec::new(); workers]),
         }
+    }
+
+    /// Live ports' counts summed over workers, per port, as of the last refresh.
+    pub fn port_totals(&self) -> Vec<crate::PortCounters> {
+        let per_worker = self
+            .port_counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut total: Vec<crate::PortCounters> = Vec::new();
+        for w in per_worker.iter() {
+            if total.len() < w.len() {
+                total.resize(w.len(), crate::PortCounters::default());
+            }
+            for (t, c) in total.iter_mut().zip(w) {
+                t.merge(c);
+            }
+        }
+        total
     }
 
     /// Totals over the dispatcher and every worker, as of now.
