@@ -208,6 +208,9 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         .map(|a| metrics::parse_addr(a))
         .transpose()?;
     if ports.iter().all(|p| p.iface.is_some()) {
+        if args.control_pcap.is_some() || args.hold_metrics > 0 {
+            return Err("--control-pcap and --hold-metrics are for runs over capture files; a live run counts packets for the control plane and serves metrics until it stops".into());
+        }
         let program = args.program.clone();
         let config_path = args.config.clone();
         let rebuild_names = names.clone();
