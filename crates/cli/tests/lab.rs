@@ -55,6 +55,16 @@ impl Lab {
 
     /// With `io`, every switch uses that kind of live port (afpacket or afxdp).
     fn up_with(topology: &str, name: &str, io: Option<&str>) -> Lab {
+        Lab::up_edited(topology, name, io, |t| t)
+    }
+
+    /// With the topology's text changed by `edit` first.
+    fn up_edited(
+        topology: &str,
+        name: &str,
+        io: Option<&str>,
+        edit: impl Fn(String) -> String,
+    ) -> Lab {
         for t in ["ip", "ethtool", "ping", "iperf3", "python3"] {
             require(t);
         }
@@ -73,6 +83,7 @@ impl Lab {
             })
             .collect::<Vec<_>>()
             .join("\n");
+        let renamed = edit(renamed);
         let renamed = match io {
             Some(io) => renamed.replace(
                 "[switch.program]\n",
@@ -571,4 +582,39 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
         line("packets out"),
         "forward dropped nothing"
     );
+}
+
+/// Two workers on single-queue veths: `io = "auto"` falls back to AF_PACKET (saying why),
+/// the fanout group spreads connections over both workers, and TCP still arrives whole.
+#[test]
+fn two_workers_share_each_port_through_the_fanout_group() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tfan", None, |t| {
+        t.replace("workers = 1", "workers = 2")
+    });
+    let started = std::fs::read_to_string(lab_file(&lab, "s1.log")).unwrap();
+    assert!(
+        started.contains("AF_XDP not possible") && started.contains("queue per worker"),
+        "{started}"
+    );
+    assert!(started.contains("p0: AF_PACKET, 2 queue(s)"), "{started}");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    iperf3(&lab, ["-n", "64M"], 16, || {});
+    let (sent, received) = exact_transfer(&lab, 8 << 20, 5303);
+    assert_eq!(sent, received, "every byte arrives with two workers");
+    let metrics = metric_lines(&lab, "s1");
+    for w in 0..2 {
+        let key = format!("stateplane_rx_packets{{worker=\"{w}\"}} ");
+        let n: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{key} missing:\n{metrics}"));
+        assert!(n > 1000, "worker {w} got connections: {n}\n{metrics}");
+    }
 }
