@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 live=0
 [ "$(id -u)" -eq 0 ] && live=1
 if [ $live -eq 1 ]; then
-  bash scripts/setup.sh ip:iproute2 ethtool ping:iputils-ping iperf3
+  bash scripts/setup.sh ip:iproute2 ethtool ping:iputils-ping iperf3 sysctl:procps kill:procps
 else
   bash scripts/setup.sh
 fi

@@ -6,7 +6,8 @@
 # problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh tshark tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3
+bash scripts/setup.sh tshark tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
+  sysctl:procps kill:procps setpriv:util-linux getconf:libc-bin
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 #[derive(clap::Args)]
 #[command(after_help = program_list())]
 pub struct RunArgs {
-    /// The program (overrides the config's [program] name); default `forward`.
+    /// The program (overrides the config's `[program]` name); default `forward`.
     pub program: Option<String>,
     /// A TOML configuration (see docs/cli.md).
     #[arg(long, short)]

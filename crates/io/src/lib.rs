@@ -2,10 +2,13 @@
 //!
 //! Owns: reading and writing capture files (pcap with micro- or nanosecond timestamps,
 //! pcapng), streamed so files larger than memory work; in-memory replay queues that load a
-//! trace once and replay it N times for benchmarks; sinks; and huge-page-backed buffers.
+//! trace once and replay it N times for benchmarks; sinks; huge-page-backed buffers; and
+//! live ports on network interfaces (AF_XDP and AF_PACKET rings, in [`live`]).
 //!
 //! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
 //! or accept a capture whose link type is not Ethernet (it says which it found instead).
+//! `unsafe` lives in two places only, each checked under valgrind by the test script:
+//! [`hugemem`] (one `madvise`) and `live::sys` (sockets, rings, BPF).
 
 pub mod capture;
 pub mod hugemem;

@@ -2,8 +2,9 @@
 //!
 //! Owns: the [`Burst`] that packets travel in, the [`Program`] interface that network
 //! functions implement, the [`Worker`] that runs a program to completion on a burst, the
-//! port traits ([`RxPort`], [`TxPort`]), the counters every component reports, and the
-//! [`pipeline`] that wires ports, workers and outputs together on threads.
+//! port traits ([`RxPort`], [`TxPort`] for files, [`LiveQueue`] for interfaces), the
+//! counters every component reports, and the [`pipeline`]s and the [`live`] loop that wire
+//! ports, workers and outputs together on threads.
 //!
 //! Must never: allocate, lock or make a system call per packet on the fast path (bursts
 //! and their arenas are preallocated and recycled; counters are published once per burst);
