@@ -332,7 +332,11 @@ fn tcp_delivers_every_byte(io: &str, name: &str) {
     let lab = Lab::up_with("line.toml", name, Some(io));
     let report = iperf3(&lab, ["-n", "200M"], 1, || {});
     let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
-    assert_eq!(sent, mib(200), "iperf3 sent the whole transfer");
+    // iperf3 may overshoot `-n` by up to one 128 KiB write.
+    assert!(
+        (mib(200)..=mib(200) + (128 << 10)).contains(&sent),
+        "iperf3 sent the whole transfer: {sent}"
+    );
     let received = report["end"]["sum_received"]["bytes"].as_u64().unwrap();
     // iperf3's receiver stops counting at the end-of-test message, so bytes still in
     // flight then are missing from its total; the exact check follows.

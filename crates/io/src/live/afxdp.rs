@@ -322,7 +322,9 @@ impl XdpQueue {
         self.completion.release();
     }
 
+    /// Publishes the queued descriptors and asks the kernel to send them.
     fn kick_transmit(&mut self) {
+        self.tx.publish();
         self.pending = 0;
         if let Err(e) = sys::kick_send(&self.fd, false) {
             self.counters.tx_errors += 1;
@@ -394,7 +396,6 @@ impl LiveQueue for XdpQueue {
             }
         }
         self.tx.put_desc(addr, frame.len() as u32);
-        self.tx.publish();
         self.pending += 1;
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += frame.len() as u64;
