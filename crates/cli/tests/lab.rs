@@ -522,13 +522,22 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let log = lab_file(&lab, "s1.log");
+    let mut generation = 0;
     for round in 0..6 {
-        std::thread::sleep(Duration::from_millis(150));
-        if round == 3 {
+        std::thread::sleep(Duration::from_millis(100));
+        let expect = if round == 3 {
             std::fs::write(&config, good.replace("forward", "no_such_program")).unwrap();
+            "reload refused".to_owned()
         } else {
             std::fs::write(&config, &good).unwrap();
-        }
+            generation += 1;
+            format!("reloaded the program (generation {generation})")
+        };
+        let seen_before = std::fs::read_to_string(&log)
+            .unwrap()
+            .matches(&expect)
+            .count();
         assert!(
             Command::new("kill")
                 .args(["-HUP", &pid])
@@ -536,6 +545,17 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
                 .unwrap()
                 .success()
         );
+        // One reload at a time: wait (bounded) until the switch has logged this one.
+        for _ in 0..100 {
+            let now = std::fs::read_to_string(&log)
+                .unwrap()
+                .matches(&expect)
+                .count();
+            if now > seen_before {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     let out = ping.wait_with_output().unwrap();
     assert!(
@@ -551,7 +571,6 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
             .unwrap()
             .success()
     );
-    let log = lab_file(&lab, "s1.log");
     let mut text_log = String::new();
     for _ in 0..100 {
         text_log = std::fs::read_to_string(&log).unwrap();
