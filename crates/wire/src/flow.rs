@@ -96,9 +96,9 @@ impl FlowKey {
         }
     }
 
-    /// The key as six words, for hashing.
+    /// The key as six words, for hashing (here and by tables keyed by flows).
     #[inline(always)]
-    fn words(&self) -> [u64; 6] {
+    pub fn words(&self) -> [u64; 6] {
         let w = |b: &[u8; 16], i: usize| {
             let mut x = [0u8; 8];
             x.copy_from_slice(&b[i..i + 8]);

@@ -1,0 +1,697 @@
+//! Exact-match tables with PNA add-on-miss semantics.
+//!
+//! A table has a fixed capacity chosen at creation and all its memory is allocated then:
+//! Robin Hood open addressing over a power-of-two slot array at most 7/8 full, with
+//! backward-shift deletion, so there are no tombstones to clean, no rehash, and a full
+//! table refuses an insert (counted) instead of growing.
+//!
+//! PNA semantics, as the seed slides and the PNA specification give them:
+//! * `add_entry` (from a miss, with action data and an expiry profile) makes the entry
+//!   visible to the very next lookup; it fails with a reason (full, rate limited).
+//! * Action data is updatable in place by the data plane ([`ExactTable::value_mut`]).
+//! * Idle timeouts: each entry has a profile (`Never`, `NotifyControl`, `AutoDelete`) and a
+//!   deadline set when it is added. A hit does not restart the timer unless the action asks
+//!   ([`ExactTable::restart_timer`]): that one timestamp write is the only per-packet cost.
+//!   Expiry is found by [`ExactTable::sweep`], which looks at a bounded number of slots per
+//!   call (once per burst), and is reported as [`Expired`] notifications.
+//! * The data plane may delete (e.g. on a TCP RST); every entry counts its hits.
+//!
+//! Invariant (Robin Hood): an occupied slot's `dist` is 1 + its distance from the slot its
+//! hash prefers, and along any probe sequence `dist` never rises by more than one from one
+//! slot to the next; an empty slot has `meta == 0`.
+
+use crate::key::TableKey;
+
+/// What happens when an entry's idle time runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpireMode {
+    /// The entry never expires.
+    Never,
+    /// The control plane is told (once); the entry stays until someone deletes it.
+    NotifyControl,
+    /// The entry is deleted (and the control plane told).
+    AutoDelete,
+}
+
+/// An idle-timeout profile; entries refer to profiles by index (PNA's
+/// `expire_time_profile_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpireProfile {
+    pub timeout_ns: u64,
+    pub mode: ExpireMode,
+}
+
+impl ExpireProfile {
+    pub const NEVER: ExpireProfile = ExpireProfile {
+        timeout_ns: 0,
+        mode: ExpireMode::Never,
+    };
+}
+
+/// Why `add_entry` did not add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddError {
+    /// The table holds its capacity.
+    TableFull,
+    /// The key is already there (the caller should have hit it).
+    Exists,
+    /// No such expiry profile.
+    NoSuchProfile,
+}
+
+/// An entry whose idle time ran out, for the control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expired<K, V> {
+    pub key: K,
+    pub value: V,
+    pub hits: u64,
+    /// Whether the table deleted it (`AutoDelete`) or kept it (`NotifyControl`).
+    pub deleted: bool,
+    pub at_ns: u64,
+}
+
+/// A table's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub lookups: u64,
+    pub hits: u64,
+    pub adds: u64,
+    pub add_full: u64,
+    pub deletes: u64,
+    pub expired_deleted: u64,
+    pub expired_notified: u64,
+    /// `AutoDelete` notifications lost because nobody drained them (the queue holds
+    /// `capacity / 8 + 64`; `NotifyControl` expiries wait for room instead).
+    pub notifications_dropped: u64,
+}
+
+const NO_DEADLINE: u64 = u64::MAX;
+const TAG_BITS: u32 = 24;
+const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
+/// Probe distances are kept in 8 bits; a longer probe counts as full (practically never
+/// at 7/8 load).
+const MAX_DIST: u32 = 255;
+
+#[derive(Clone, Copy)]
+struct Slot<K, V> {
+    key: K,
+    value: V,
+    deadline_ns: u64,
+    hits: u64,
+    profile: u8,
+    notified: bool,
+}
+
+/// An exact-match table of at most `capacity` entries. See the module documentation.
+pub struct ExactTable<K: TableKey, V: Copy + Default> {
+    /// Per slot: 0 empty, else `dist << 24 | tag` (tag: 24 hash bits).
+    meta: Box<[u32]>,
+    slots: Box<[Slot<K, V>]>,
+    mask: usize,
+    len: usize,
+    capacity: usize,
+    seed: u64,
+    profiles: Vec<ExpireProfile>,
+    sweep_cursor: usize,
+    notifications: Vec<Expired<K, V>>,
+    notification_limit: usize,
+    pub stats: TableStats,
+}
+
+impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
+    /// A table for `capacity` entries with these expiry profiles, hashing with `seed`
+    /// (random per process in production, fixed in tests).
+    pub fn new(capacity: usize, profiles: &[ExpireProfile], seed: u64) -> Self {
+        let capacity = capacity.max(1);
+        let slots = (capacity + capacity / 7 + 1).next_power_of_two();
+        let empty = Slot {
+            key: K::default(),
+            value: V::default(),
+            deadline_ns: NO_DEADLINE,
+            hits: 0,
+            profile: 0,
+            notified: false,
+        };
+        ExactTable {
+            meta: vec![0u32; slots].into_boxed_slice(),
+            slots: vec![empty; slots].into_boxed_slice(),
+            mask: slots - 1,
+            len: 0,
+            capacity,
+            seed,
+            profiles: profiles.to_vec(),
+            sweep_cursor: 0,
+            notifications: Vec::with_capacity(capacity / 8 + 64),
+            notification_limit: capacity / 8 + 64,
+            stats: TableStats::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    #[inline(always)]
+    fn split(&self, key: &K) -> (usize, u32) {
+        let h = key.hash_with(self.seed);
+        ((h as usize) & self.mask, ((h >> 40) as u32) & TAG_MASK)
+    }
+
+    /// The slot holding `key`, if any.
+    #[inline]
+    fn find(&self, key: &K) -> Option<usize> {
+        let (mut i, tag) = self.split(key);
+        let mut dist = 1u32;
+        loop {
+            let m = self.meta[i];
+            // Robin Hood: once the resident is closer to home than we would be, the key is
+            // not in the table.
+            if m == 0 || (m >> TAG_BITS) < dist {
+                return None;
+            }
+            if m & TAG_MASK == tag && self.slots[i].key == *key {
+                return Some(i);
+            }
+            i = (i + 1) & self.mask;
+            dist += 1;
+        }
+    }
+
+    /// Looks `key` up as a packet would: counts the lookup, and on a hit the entry's hit
+    /// counter; returns the entry's handle (valid until the next add or delete).
+    #[inline]
+    pub fn lookup(&mut self, key: &K) -> Option<EntryId> {
+        self.stats.lookups += 1;
+        let i = self.find(key)?;
+        self.stats.hits += 1;
+        self.slots[i].hits += 1;
+        Some(EntryId(i as u32))
+    }
+
+    /// Looks up a burst of keys; `out[i]` gets `keys[i]`'s handle. The slots of the whole
+    /// burst are touched first, so their cache misses overlap instead of queueing.
+    pub fn lookup_burst(&mut self, keys: &[K], out: &mut [Option<EntryId>]) {
+        let mut homes = [0usize; 64];
+        for chunk in keys.chunks(64).zip(out.chunks_mut(64)) {
+            let (keys, out) = chunk;
+            for (h, k) in homes.iter_mut().zip(keys) {
+                *h = self.split(k).0;
+                // A plain read of the metadata word starts the miss; the value is unused.
+                std::hint::black_box(self.meta[*h]);
+            }
+            for (k, o) in keys.iter().zip(out.iter_mut()) {
+                *o = self.lookup(k);
+            }
+        }
+    }
+
+    /// A read-only lookup (control plane, tests): no counters change.
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.find(key).map(|i| &self.slots[i].value)
+    }
+
+    /// The action data of an entry, for the data plane to update in place (PNA's
+    /// updatable entries, the slides' `@__ref`).
+    #[inline]
+    pub fn value_mut(&mut self, id: EntryId) -> &mut V {
+        &mut self.slots[id.0 as usize].value
+    }
+
+    #[inline]
+    pub fn value(&self, id: EntryId) -> &V {
+        &self.slots[id.0 as usize].value
+    }
+
+    /// Hits counted on an entry so far.
+    pub fn hits(&self, id: EntryId) -> u64 {
+        self.slots[id.0 as usize].hits
+    }
+
+    /// Restarts the entry's idle timer from `now_ns` (PNA `restart_expire_timer`).
+    #[inline]
+    pub fn restart_timer(&mut self, id: EntryId, now_ns: u64) {
+        let slot = &mut self.slots[id.0 as usize];
+        if let Some(p) = self.profiles.get(usize::from(slot.profile))
+            && p.mode != ExpireMode::Never
+        {
+            slot.deadline_ns = now_ns.saturating_add(p.timeout_ns);
+            slot.notified = false;
+        }
+    }
+
+    /// Moves the entry to another expiry profile and restarts its timer (PNA
+    /// `set_entry_expire_time`).
+    pub fn set_profile(&mut self, id: EntryId, profile: u8, now_ns: u64) -> Result<(), AddError> {
+        if usize::from(profile) >= self.profiles.len() {
+            return Err(AddError::NoSuchProfile);
+        }
+        self.slots[id.0 as usize].profile = profile;
+        self.restart_timer(id, now_ns);
+        Ok(())
+    }
+
+    /// Adds `key` with action data `value` and expiry `profile` (PNA `add_entry`, from the
+    /// default action of a miss). The next lookup of `key` hits it.
+    pub fn add_entry(
+        &mut self,
+        key: K,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<EntryId, AddError> {
+        let Some(p) = self.profiles.get(usize::from(profile)).copied() else {
+            return Err(AddError::NoSuchProfile);
+        };
+        if self.find(&key).is_some() {
+            return Err(AddError::Exists);
+        }
+        if self.len >= self.capacity {
+            self.stats.add_full += 1;
+            return Err(AddError::TableFull);
+        }
+        let deadline_ns = match p.mode {
+            ExpireMode::Never => NO_DEADLINE,
+            _ => now_ns.saturating_add(p.timeout_ns),
+        };
+        let mut carry = Slot {
+            key,
+            value,
+            deadline_ns,
+            hits: 0,
+            profile,
+            notified: false,
+        };
+        let (mut i, tag) = self.split(&key);
+        let mut meta = (1 << TAG_BITS) | tag;
+        let mut placed: Option<usize> = None;
+        loop {
+            let m = self.meta[i];
+            if m == 0 {
+                self.meta[i] = meta;
+                self.slots[i] = carry;
+                self.len += 1;
+                self.stats.adds += 1;
+                return Ok(EntryId(placed.unwrap_or(i) as u32));
+            }
+            if (m >> TAG_BITS) < (meta >> TAG_BITS) {
+                // The resident is richer (closer to home): take its place and carry it on.
+                std::mem::swap(&mut self.meta[i], &mut meta);
+                std::mem::swap(&mut self.slots[i], &mut carry);
+                placed.get_or_insert(i);
+            }
+            if (meta >> TAG_BITS) >= MAX_DIST {
+                // Cannot happen below 7/8 load in practice; undo is not needed because
+                // the table stays consistent: refuse as full.
+                self.stats.add_full += 1;
+                return Err(AddError::TableFull);
+            }
+            meta += 1 << TAG_BITS;
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Deletes `key` (control plane or data plane, e.g. on a TCP RST); whether it was there.
+    pub fn delete(&mut self, key: &K) -> bool {
+        match self.find(key) {
+            Some(i) => {
+                self.remove_at(i);
+                self.stats.deletes += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes slot `i` and shifts the rest of its cluster back (no tombstones).
+    fn remove_at(&mut self, mut i: usize) {
+        self.len -= 1;
+        loop {
+            let next = (i + 1) & self.mask;
+            let m = self.meta[next];
+            if m == 0 || (m >> TAG_BITS) == 1 {
+                self.meta[i] = 0;
+                return;
+            }
+            self.meta[i] = m - (1 << TAG_BITS);
+            self.slots[i] = self.slots[next];
+            i = next;
+        }
+    }
+
+    /// Looks at up to `budget` slots for entries whose idle time has run out by `now_ns`:
+    /// `AutoDelete` entries are deleted, `NotifyControl` ones marked; both are queued as
+    /// [`Expired`]. Called once per burst with a small budget, it visits the whole table
+    /// every `slots / budget` bursts. Returns how many expired.
+    pub fn sweep(&mut self, now_ns: u64, budget: usize) -> usize {
+        let mut expired = 0;
+        let mut visited = 0;
+        // `visited` counts slots moved past; a deletion shifts the next entry into the
+        // current slot, which is then looked at again without counting.
+        while visited < budget.min(self.meta.len()) {
+            let i = self.sweep_cursor;
+            let slot = self.slots[i];
+            if self.meta[i] != 0 && slot.deadline_ns <= now_ns && !slot.notified {
+                let mode = self
+                    .profiles
+                    .get(usize::from(slot.profile))
+                    .map_or(ExpireMode::Never, |p| p.mode);
+                let deleted = mode == ExpireMode::AutoDelete;
+                if mode == ExpireMode::NotifyControl && self.notifications_full() {
+                    // Told nobody yet: leave it for a later sweep rather than lose it.
+                    self.sweep_cursor = (i + 1) & self.mask;
+                    visited += 1;
+                    continue;
+                }
+                if mode != ExpireMode::Never {
+                    expired += 1;
+                    self.notify(Expired {
+                        key: slot.key,
+                        value: slot.value,
+                        hits: slot.hits,
+                        deleted,
+                        at_ns: now_ns,
+                    });
+                }
+                if deleted {
+                    self.stats.expired_deleted += 1;
+                    // The cluster shifts back into slot i: look at it again.
+                    self.remove_at(i);
+                    continue;
+                }
+                if mode == ExpireMode::NotifyControl {
+                    self.stats.expired_notified += 1;
+                    self.slots[i].notified = true;
+                }
+            }
+            self.sweep_cursor = (i + 1) & self.mask;
+            visited += 1;
+        }
+        expired
+    }
+
+    fn notifications_full(&self) -> bool {
+        self.notifications.len() >= self.notification_limit
+    }
+
+    /// Queues a notification; when the queue is full (nobody drains it) an `AutoDelete`
+    /// expiry still deletes, and the lost notification is counted.
+    fn notify(&mut self, e: Expired<K, V>) {
+        if self.notifications.len() < self.notification_limit {
+            self.notifications.push(e);
+        } else {
+            self.stats.notifications_dropped += 1;
+        }
+    }
+
+    /// Takes the queued expiry notifications.
+    pub fn drain_notifications(&mut self) -> std::vec::Drain<'_, Expired<K, V>> {
+        self.notifications.drain(..)
+    }
+
+    /// Every entry (control-plane reads): key, value, hits.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V, u64)> {
+        self.meta
+            .iter()
+            .zip(self.slots.iter())
+            .filter(|(m, _)| **m != 0)
+            .map(|(_, s)| (&s.key, &s.value, s.hits))
+    }
+
+    /// Checks the Robin Hood invariant (tests).
+    #[cfg(test)]
+    fn check_invariant(&self) {
+        let mut count = 0;
+        for i in 0..self.meta.len() {
+            let m = self.meta[i];
+            if m == 0 {
+                continue;
+            }
+            count += 1;
+            let (home, tag) = self.split(&self.slots[i].key);
+            assert_eq!(m & TAG_MASK, tag, "slot {i}: tag");
+            let dist = ((i + self.meta.len() - home) & self.mask) as u32 + 1;
+            assert_eq!(m >> TAG_BITS, dist, "slot {i}: distance");
+        }
+        assert_eq!(count, self.len);
+    }
+}
+
+/// A handle on an entry, valid until the table's next add or delete (they move entries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryId(u32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    const MS: u64 = 1_000_000;
+
+    fn profiles() -> Vec<ExpireProfile> {
+        vec![
+            ExpireProfile::NEVER,
+            ExpireProfile {
+                timeout_ns: 10 * MS,
+                mode: ExpireMode::NotifyControl,
+            },
+            ExpireProfile {
+                timeout_ns: 5 * MS,
+                mode: ExpireMode::AutoDelete,
+            },
+        ]
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Lookup(u16),
+        Add(u16, u32, u8),
+        Delete(u16),
+        Restart(u16),
+        Update(u16, u32),
+        Tick(u64),
+        Sweep,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // Few distinct keys, so hits, collisions, deletes and a full table all happen.
+        let key = 0u16..300;
+        prop_oneof![
+            4 => key.clone().prop_map(Op::Lookup),
+            4 => (key.clone(), any::<u32>(), 0u8..3).prop_map(|(k, v, p)| Op::Add(k, v, p)),
+            2 => key.clone().prop_map(Op::Delete),
+            1 => key.clone().prop_map(Op::Restart),
+            1 => (key, any::<u32>()).prop_map(|(k, v)| Op::Update(k, v)),
+            1 => (0u64..4 * MS).prop_map(Op::Tick),
+            1 => Just(Op::Sweep),
+        ]
+    }
+
+    /// The reference: a map with the same semantics, no layout at all.
+    #[derive(Default)]
+    struct Model {
+        map: HashMap<u64, (u32, u64, u8, bool, u64)>, // value, deadline, profile, notified, hits
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Random sequences of adds, lookups, in-place updates, deletes, timer restarts,
+        /// clock ticks and sweeps give the same results as a plain map, and the Robin Hood
+        /// invariant holds after every step.
+        #[test]
+        fn behaves_like_a_map_with_timeouts(ops in proptest::collection::vec(op(), 1..400), seed in any::<u64>()) {
+            let capacity = 200;
+            let mut t: ExactTable<u64, u32> = ExactTable::new(capacity, &profiles(), seed);
+            let mut m = Model::default();
+            let mut now = 1_000 * MS;
+            for op in ops {
+                match op {
+                    Op::Lookup(k) => {
+                        let k = u64::from(k);
+                        let got = t.lookup(&k).map(|id| *t.value(id));
+                        let want = m.map.get_mut(&k).map(|e| { e.4 += 1; e.0 });
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Add(k, v, p) => {
+                        let k = u64::from(k);
+                        let got = t.add_entry(k, v, p, now).map(|_| ());
+                        let want = if m.map.contains_key(&k) {
+                            Err(AddError::Exists)
+                        } else if m.map.len() >= capacity {
+                            Err(AddError::TableFull)
+                        } else {
+                            let deadline = match profiles()[usize::from(p)].mode {
+                                ExpireMode::Never => NO_DEADLINE,
+                                _ => now + profiles()[usize::from(p)].timeout_ns,
+                            };
+                            m.map.insert(k, (v, deadline, p, false, 0));
+                            Ok(())
+                        };
+                        prop_assert_eq!(got, want);
+                        // Visible to the very next lookup.
+                        if got.is_ok() {
+                            prop_assert_eq!(t.get(&k), Some(&v));
+                        }
+                    }
+                    Op::Delete(k) => {
+                        let k = u64::from(k);
+                        prop_assert_eq!(t.delete(&k), m.map.remove(&k).is_some());
+                    }
+                    Op::Restart(k) => {
+                        let k = u64::from(k);
+                        if let Some(id) = t.lookup(&k) {
+                            t.restart_timer(id, now);
+                        }
+                        if let Some(e) = m.map.get_mut(&k) {
+                            e.4 += 1;
+                            let p = profiles()[usize::from(e.2)];
+                            if p.mode != ExpireMode::Never {
+                                e.1 = now + p.timeout_ns;
+                                e.3 = false;
+                            }
+                        }
+                    }
+                    Op::Update(k, v) => {
+                        let k = u64::from(k);
+                        if let Some(id) = t.lookup(&k) {
+                            *t.value_mut(id) = v;
+                        }
+                        if let Some(e) = m.map.get_mut(&k) {
+                            e.4 += 1;
+                            e.0 = v;
+                        }
+                    }
+                    Op::Tick(d) => now += d,
+                    Op::Sweep => {
+                        // A full sweep (budget = every slot) against the model's expiry.
+                        t.sweep(now, usize::MAX);
+                        let mut want: Vec<(u64, bool)> = Vec::new();
+                        m.map.retain(|k, e| {
+                            if e.1 <= now && !e.3 {
+                                let mode = profiles()[usize::from(e.2)].mode;
+                                if mode == ExpireMode::AutoDelete {
+                                    want.push((*k, true));
+                                    return false;
+                                }
+                                want.push((*k, false));
+                                e.3 = true;
+                            }
+                            true
+                        });
+                        let mut got: Vec<(u64, bool)> =
+                            t.drain_notifications().map(|e| (e.key, e.deleted)).collect();
+                        got.sort_unstable();
+                        want.sort_unstable();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+                t.check_invariant();
+                prop_assert_eq!(t.len(), m.map.len());
+            }
+            for (k, e) in &m.map {
+                let id = t.find(k).map(|i| EntryId(i as u32));
+                prop_assert_eq!(id.map(|id| (*t.value(id), t.hits(id))), Some((e.0, e.4)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_table_refuses_and_counts_then_takes_again_after_a_delete() {
+        let mut t: ExactTable<u64, u64> = ExactTable::new(1000, &[ExpireProfile::NEVER], 7);
+        for k in 0..1000u64 {
+            t.add_entry(k, k * 2, 0, 0).unwrap();
+        }
+        assert_eq!(t.add_entry(5000, 1, 0, 0), Err(AddError::TableFull));
+        assert_eq!(t.stats.add_full, 1);
+        assert!(t.delete(&17));
+        t.add_entry(5000, 1, 0, 0).unwrap();
+        for k in (0..1000u64).filter(|&k| k != 17) {
+            assert_eq!(t.get(&k), Some(&(k * 2)));
+        }
+        assert_eq!(t.get(&5000), Some(&1));
+    }
+
+    /// PNA: a hit does not restart the timer; only the action's restart does. The sweep
+    /// with a small budget finds every expired entry within `slots / budget` calls.
+    #[test]
+    fn hits_do_not_restart_timers_and_a_bounded_sweep_finds_every_expiry() {
+        let mut t: ExactTable<u32, u8> = ExactTable::new(1000, &profiles(), 1);
+        for k in 0..500u32 {
+            t.add_entry(k, 0, 2, 0).unwrap(); // AutoDelete after 5 ms
+        }
+        // Keys below 100 are hit all along but never restarted; 100..200 are restarted.
+        let mut now = 0;
+        while now < 4 * MS {
+            for k in 0..200u32 {
+                let id = t.lookup(&k).unwrap();
+                if k >= 100 {
+                    t.restart_timer(id, now);
+                }
+            }
+            now += MS;
+        }
+        now = 6 * MS;
+        let slots = t.meta.len();
+        let mut calls = 0;
+        let mut expired: Vec<u32> = Vec::new();
+        while calls * 64 < slots {
+            t.sweep(now, 64);
+            expired.extend(t.drain_notifications().map(|e| e.key));
+            calls += 1;
+        }
+        assert_eq!(expired.len(), 400, "all but the restarted 100 expired");
+        assert!(expired.iter().all(|k| !(100..200).contains(k)));
+        assert_eq!(t.len(), 100);
+        assert_eq!(t.stats.expired_deleted, 400);
+        assert_eq!(t.stats.notifications_dropped, 0);
+    }
+
+    /// Nobody drains: `AutoDelete` still deletes (the lost notices are counted), while
+    /// `NotifyControl` expiries wait until there is room, so none is lost.
+    #[test]
+    fn an_undrained_queue_loses_no_notify_control_expiry() {
+        let mut t: ExactTable<u32, u8> = ExactTable::new(1000, &profiles(), 1);
+        for k in 0..400u32 {
+            t.add_entry(k, 0, 1, 0).unwrap(); // NotifyControl after 10 ms
+        }
+        for k in 400..800u32 {
+            t.add_entry(k, 0, 2, 0).unwrap(); // AutoDelete after 5 ms
+        }
+        t.sweep(20 * MS, usize::MAX);
+        let first: Vec<Expired<u32, u8>> = t.drain_notifications().collect();
+        assert_eq!(first.len(), t.notification_limit, "the queue filled up");
+        assert_eq!(t.len(), 400, "every AutoDelete entry is gone");
+        let mut told = first.iter().filter(|e| !e.deleted).count();
+        for _ in 0..10 {
+            t.sweep(20 * MS, usize::MAX);
+            told += t.drain_notifications().filter(|e| !e.deleted).count();
+        }
+        assert_eq!(told, 400, "every NotifyControl expiry was told, once");
+        assert_eq!(t.stats.expired_notified, 400);
+        assert_eq!(t.len(), 400, "NotifyControl entries stay");
+        assert!(t.stats.notifications_dropped > 0);
+    }
+
+    #[test]
+    fn burst_lookup_equals_single_lookups() {
+        let mut t: ExactTable<u64, u64> = ExactTable::new(5000, &[ExpireProfile::NEVER], 3);
+        for k in (0..10_000u64).step_by(2) {
+            t.add_entry(k, k + 1, 0, 0).unwrap();
+        }
+        let keys: Vec<u64> = (0..200).map(|i| i * 37 % 10_000).collect();
+        let mut out = vec![None; keys.len()];
+        t.lookup_burst(&keys, &mut out);
+        for (k, id) in keys.iter().zip(out) {
+            assert_eq!(id.map(|id| *t.value(id)), t.get(k).copied());
+        }
+    }
+}

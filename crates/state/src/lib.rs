@@ -1,0 +1,51 @@
+//! State that programs keep, declared with its guarantees.
+//!
+//! Owns: the state primitives a program holds in its own struct, one instance per worker
+//! shard: exact-match tables with PNA add-on-miss, data-plane-updatable entries, idle
+//! timeouts and hit counters ([`exact`]). LPM and ternary tables, registers, counters,
+//! meters and sketches come next (issue 4).
+//!
+//! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
+//! delete (capacity is fixed at creation and preallocated; a full table refuses and
+//! counts), or read a clock (time comes in as `now_ns`, the data-plane clock, so tests run
+//! on a virtual one).
+
+pub mod exact;
+pub mod key;
+
+pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
+pub use key::TableKey;
+
+/// What a piece of state promises beyond this worker's memory. Declared with the state, so
+/// that the sync, replication and flow-record stages can honour it without the program's
+/// logic changing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarantee {
+    /// Kept by this worker only (the default).
+    Local,
+    /// Copies on other switches converge (approximately, within a bound).
+    Synced,
+    /// Survives the switch's failure (written through to a store before output).
+    Replicated,
+    /// Reported to collectors (flow records).
+    Exported,
+}
+
+/// A table's or register's declaration: its name in the control API, its size, and what
+/// it promises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declaration {
+    pub name: String,
+    pub capacity: usize,
+    pub guarantees: Vec<Guarantee>,
+}
+
+impl Declaration {
+    pub fn local(name: impl Into<String>, capacity: usize) -> Self {
+        Declaration {
+            name: name.into(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+        }
+    }
+}
