@@ -6,6 +6,7 @@
 //! Must never: implement packet processing itself; it only wires the library crates.
 
 mod bench;
+mod bench_tables;
 mod chart;
 mod config;
 mod gen_cmd;
@@ -44,6 +45,8 @@ enum Command {
     Gen(gen_cmd::GenArgs),
     /// Measure packets per second per core on an in-memory replay.
     Bench(bench::BenchArgs),
+    /// Operations per second per core on the state primitives (exact tables).
+    BenchTables(bench_tables::BenchTablesArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
     Lab(lab_cmd::LabArgs),
     /// Send a capture's frames on an interface at full speed (a traffic source).
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Gen(args) => gen_cmd::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),
+        Command::BenchTables(args) => bench_tables::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,170 @@
+//! `stateplane bench-tables`: operations per second per core on the state primitives, on
+//! keys and orders fixed by a seed, each measured `--repeat` times (median reported).
+//!
+//! Exact tables keyed by flow (the 40-byte `FlowKey`, as conntrack and NAT key them):
+//! add-on-miss insertion into an empty table up to its capacity, lookups that hit (one at
+//! a time, and a burst at a time with the burst's slots touched first), and lookups that
+//! miss. One table small enough for the CPU caches, one far larger.
+
+use crate::CliResult;
+use stateplane_gen::rng::Rng;
+use stateplane_state::{ExactTable, ExpireProfile};
+use stateplane_wire::FlowKey;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchTablesArgs {
+    /// Table sizes (entries), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "4096,1048576")]
+    pub entries: Vec<usize>,
+    /// Lookups per measurement.
+    #[arg(long, default_value_t = 4_000_000)]
+    pub lookups: usize,
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+fn flow(rng: &mut Rng) -> FlowKey {
+    let a = rng.next_u64();
+    let b = rng.next_u64();
+    FlowKey::v4(
+        std::net::Ipv4Addr::from((a as u32) | 0xc612_0000),
+        std::net::Ipv4Addr::from((b as u32) | 0xc613_0000),
+        6,
+        (a >> 32) as u16,
+        (b >> 32) as u16,
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+struct Row {
+    op: String,
+    entries: usize,
+    mops: f64,
+    ns: f64,
+}
+
+pub fn main(a: BenchTablesArgs) -> CliResult<()> {
+    if a.repeat == 0 || a.lookups == 0 || a.entries.iter().any(|&e| e == 0 || e > 1 << 26) {
+        return Err("--repeat and --lookups must be above 0, and --entries 1 to 67108864".into());
+    }
+    let mut rows = Vec::new();
+    for &n in &a.entries {
+        let mut rng = Rng::new(a.seed);
+        let present: Vec<FlowKey> = (0..n).map(|_| flow(&mut rng)).collect();
+        let absent: Vec<FlowKey> = (0..n).map(|_| flow(&mut rng)).collect();
+        // Lookup orders: random draws from each set.
+        let order: Vec<usize> = (0..a.lookups)
+            .map(|_| rng.below(n as u64) as usize)
+            .collect();
+        let hits: Vec<FlowKey> = order.iter().map(|&i| present[i]).collect();
+        let misses: Vec<FlowKey> = order.iter().map(|&i| absent[i]).collect();
+        let mut insert = Vec::new();
+        let (mut hit, mut hit_burst, mut miss) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.repeat {
+            let mut t: ExactTable<FlowKey, u64> =
+                ExactTable::new(n, &[ExpireProfile::NEVER], a.seed);
+            let start = Instant::now();
+            for (i, k) in present.iter().enumerate() {
+                // The add-on-miss path as a program runs it: the lookup misses, then adds.
+                if t.lookup(k).is_none() {
+                    black_box(t.add_entry(*k, i as u64, 0, 0).is_ok());
+                }
+            }
+            insert.push(start.elapsed().as_secs_f64() / n as f64);
+            if t.len() != n {
+                return Err(format!("only {} of {n} keys went in", t.len()));
+            }
+            let time = |t: &mut ExactTable<FlowKey, u64>, keys: &[FlowKey]| {
+                let start = Instant::now();
+                let mut found = 0u64;
+                for k in keys {
+                    if let Some(id) = t.lookup(k) {
+                        found += *t.value(id) & 1;
+                    }
+                }
+                black_box(found);
+                start.elapsed().as_secs_f64() / keys.len() as f64
+            };
+            hit.push(time(&mut t, &hits));
+            miss.push(time(&mut t, &misses));
+            let mut out = vec![None; 64];
+            let start = Instant::now();
+            let mut found = 0u64;
+            for chunk in hits.chunks(64) {
+                t.lookup_burst(chunk, &mut out[..chunk.len()]);
+                found += out[..chunk.len()].iter().flatten().count() as u64;
+            }
+            black_box(found);
+            hit_burst.push(start.elapsed().as_secs_f64() / hits.len() as f64);
+        }
+        for (op, v) in [
+            ("add-on-miss insert", insert),
+            ("lookup hit", hit),
+            ("lookup hit, burst of 64", hit_burst),
+            ("lookup miss", miss),
+        ] {
+            let s = median(v);
+            rows.push(Row {
+                op: op.to_owned(),
+                entries: n,
+                mops: 1e-6 / s,
+                ns: s * 1e9,
+            });
+        }
+    }
+    println!(
+        "input: exact tables of FlowKey -> u64, seed {}, {} lookups per measurement, median of {}",
+        a.seed, a.lookups, a.repeat
+    );
+    println!(
+        "{:<26} {:>10} {:>12} {:>10}",
+        "operation", "entries", "M ops/s", "ns/op"
+    );
+    for r in &rows {
+        println!(
+            "{:<26} {:>10} {:>12.1} {:>10.1}",
+            r.op, r.entries, r.mops, r.ns
+        );
+    }
+    if let Some(path) = &a.csv {
+        let mut csv = String::from("operation,entries,mops_per_core,ns_per_op\n");
+        for r in &rows {
+            csv.push_str(&format!(
+                "{},{},{:.2},{:.2}\n",
+                r.op, r.entries, r.mops, r.ns
+            ));
+        }
+        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.svg {
+        let panels: Vec<crate::chart::Panel> = a
+            .entries
+            .iter()
+            .map(|&n| crate::chart::Panel {
+                title: format!("Exact table, {n} entries: million operations per second per core"),
+                unit: "M/s".into(),
+                bars: rows
+                    .iter()
+                    .filter(|r| r.entries == n)
+                    .map(|r| (r.op.clone(), r.mops))
+                    .collect(),
+            })
+            .collect();
+        let svg = crate::chart::bars("State primitives", "FlowKey -> u64", &panels);
+        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
