@@ -206,9 +206,8 @@ impl Program for Steer {
                 Some(Role::Out(_)) => Verdict::Forward(self.left),
                 Some(Role::Back(_)) => Verdict::Forward(self.right),
                 Some(side @ (Role::Left | Role::Right)) => {
-                    let mut key = d.parsed.key;
-                    key.in_port = 0;
-                    let i = self.choose(ctx.hasher.hash_symmetric(&key), now);
+                    // The connection hash: both directions choose the same path.
+                    let i = self.choose(d.parsed.hash, now);
                     let (out, back) = self.paths[i];
                     Verdict::Forward(if side == Role::Left { out } else { back })
                 }

@@ -195,6 +195,16 @@ impl FlowHasher {
         folded_multiply(a ^ c.rotate_left(23), b ^ s[0])
     }
 
+    /// The hash of the connection `key` belongs to: the same for both directions and
+    /// whichever port they arrive on (the port is left out). Workers are chosen by it, so
+    /// both directions of a connection meet in one worker's state.
+    #[inline]
+    pub fn hash_connection(&self, key: &FlowKey) -> u64 {
+        let mut k = *key;
+        k.in_port = 0;
+        self.hash_symmetric(&k)
+    }
+
     /// The same hash for both directions of a connection: the endpoints are put in a
     /// canonical order first. For ICMP the type/code field is left out, so that an echo
     /// request and its reply agree.
@@ -274,6 +284,10 @@ mod tests {
             0,
         );
         assert_eq!(h.hash_symmetric(&request), h.hash_symmetric(&reply));
+        let (mut a, mut b) = (request, reply);
+        a.in_port = 1;
+        b.in_port = 2;
+        assert_eq!(h.hash_connection(&a), h.hash_connection(&b));
         reply.src_port = 78;
         assert_ne!(h.hash_symmetric(&request), h.hash_symmetric(&reply));
     }

@@ -137,7 +137,8 @@ impl ParseFlags {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
     pub key: FlowKey,
-    /// `FlowHasher::hash` of `key`.
+    /// `FlowHasher::hash_connection` of `key`: the same for both directions of a
+    /// connection, whatever port they arrive on (workers are chosen by it).
     pub hash: u64,
     pub flags: ParseFlags,
     /// The payload EtherType, after any VLAN tags.
@@ -201,7 +202,7 @@ pub fn parse_in_place(
     *out = Parsed::EMPTY;
     out.key.in_port = in_port;
     parse_into(frame, out)?;
-    out.hash = hasher.hash(&out.key);
+    out.hash = hasher.hash_connection(&out.key);
     Ok(())
 }
 
@@ -568,7 +569,7 @@ mod tests {
         );
         assert_eq!(p.tcp_flags, flags::SYN | flags::ACK);
         assert_eq!((p.tos, p.ttl, p.ip_len), (0x28, 64, 24 + 34));
-        assert_eq!(p.hash, h.hash(&p.key));
+        assert_eq!(p.hash, h.hash_connection(&p.key));
 
         let corpus = corpus();
         let g = parse(&corpus[7], 0, &h).unwrap();
