@@ -363,3 +363,35 @@ fn config_paths_are_relative_to_the_config_file() {
         read_all(&input).unwrap()
     );
 }
+
+/// Connection tracking keeps per-connection state in each worker, so both directions of a
+/// connection must meet in one worker: with the connection hash they do, and the output is
+/// the same packet for packet with one worker or three.
+#[test]
+fn conntrack_output_is_the_same_with_any_worker_count() {
+    let input = tmp("ct-in.pcap");
+    generate_trace("datacenter", 40_000, &input);
+    let mut outputs = Vec::new();
+    for workers in ["1", "3"] {
+        let output = tmp(&format!("ct-out-{workers}.pcap"));
+        let text = ok(bin()
+            .args(["run", "conntrack", "--json", "--workers", workers, "-i"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&output)
+            .output()
+            .unwrap());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let out = v["counters"]["tx_packets"].as_u64().unwrap();
+        assert!(
+            out > 20_000,
+            "most packets belong to tracked connections: {v}"
+        );
+        outputs.push((read_all(&output).unwrap(), v["drops"].clone()));
+    }
+    assert_eq!(outputs[0].1, outputs[1].1, "the same drops by reason");
+    assert!(
+        outputs[0].0 == outputs[1].0,
+        "the same output, packet for packet"
+    );
+}

@@ -7,16 +7,22 @@
 //! state shared between workers (each instance owns its worker's shard of flows; `steer`
 //! shares only its paths' liveness).
 
+pub mod conntrack;
 pub mod forward;
 pub mod l2;
 pub mod steer;
 
 use stateplane_runtime::{PortId, ProgramFactory};
+use stateplane_wire::{FlowHasher, FlowKey};
 use std::fmt;
 use std::sync::Arc;
 
 /// The programs `build` knows, with a line about each.
 pub const CATALOG: &[(&str, &str)] = &[
+    (
+        "conntrack",
+        "TCP/UDP connection tracking by add-on-miss, with per-state idle timeouts",
+    ),
     ("forward", "port-to-port pass-through by a static port map"),
     ("l2", "Ethernet switching by a static MAC table"),
     (
@@ -92,6 +98,14 @@ pub fn build(
         "l2" => {
             let cfg: l2::L2Config = table.try_into().map_err(parse_error)?;
             let program = l2::L2::new(&cfg, ports, &field)?;
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "conntrack" => {
+            let cfg: conntrack::ConntrackConfig = table.try_into().map_err(parse_error)?;
+            // A random table seed per process, so crafted traffic cannot aim at a bucket.
+            let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
+            let program = conntrack::Conntrack::new(&cfg, ports, &field, seed)?;
+            // Each worker starts from an empty copy of the table.
             Ok(Arc::new(move |_| Box::new(program.clone())))
         }
         "steer" => {

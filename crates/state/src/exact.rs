@@ -103,6 +103,7 @@ struct Slot<K, V> {
 }
 
 /// An exact-match table of at most `capacity` entries. See the module documentation.
+#[derive(Clone)]
 pub struct ExactTable<K: TableKey, V: Copy + Default> {
     /// Per slot: 0 empty, else `dist << 24 | tag` (tag: 24 hash bits).
     meta: Box<[u32]>,

@@ -1,0 +1,451 @@
+//! `conntrack`: TCP and UDP connection tracking, with state kept by the data plane itself.
+//!
+//! Each connection is an entry of an exact table keyed by its flow key in a canonical
+//! orientation (both directions find the same entry). A new connection is added on the
+//! miss (PNA add-on-miss: TCP on a SYN, UDP on any packet); its state is updated in place by
+//! later packets; each state has its own idle timeout (an expiry profile, AUTO_DELETE),
+//! restarted only where the state machine says so, as in PNA's TCP example:
+//!
+//! * TCP `new` (SYN seen): the timer runs from the SYN; the originator's first ACK after
+//!   the responder's SYN+ACK makes it `established`.
+//! * `established`: every packet restarts the timer.
+//! * `closing` (a FIN seen): packets no longer restart it, so it ages out.
+//! * A RST deletes the entry at once (a data-plane delete).
+//! * UDP: `udp` after the first packet, `udp_stream` once the other side answered; every
+//!   packet restarts the timer.
+//!
+//! Packets are forwarded by the port map of `forward`. With `drop_invalid` (default true),
+//! a TCP packet that is not a SYN and belongs to no connection is dropped (`invalid`); a
+//! new connection that finds the table full is dropped (`table_full`). Other protocols pass
+//! untracked.
+//!
+//! State: one table per worker (workers own connections by the connection hash).
+//! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
+//! `drop_invalid`, and timeouts in seconds: `new`, `established`, `closing`, `udp`,
+//! `udp_stream` (defaults 30, 300, 10, 30, 120).
+
+use crate::forward::{Forward, ForwardConfig};
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_state::{ExactTable, ExpireMode, ExpireProfile};
+use stateplane_wire::FlowKey;
+use stateplane_wire::tcp::flags;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConntrackConfig {
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+    #[serde(default = "default_true")]
+    pub drop_invalid: bool,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Output port per input port, as `forward`'s `map`.
+    #[serde(default)]
+    pub map: std::collections::BTreeMap<String, String>,
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Idle timeouts per state, in seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    pub new: f64,
+    pub established: f64,
+    pub closing: f64,
+    pub udp: f64,
+    pub udp_stream: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            new: 30.0,
+            established: 300.0,
+            closing: 10.0,
+            udp: 30.0,
+            udp_stream: 120.0,
+        }
+    }
+}
+
+/// A connection's state; its discriminant is also its expiry profile's index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    #[default]
+    New = 0,
+    Established = 1,
+    Closing = 2,
+    Udp = 3,
+    UdpStream = 4,
+}
+
+/// A connection's entry: what the data plane updates in place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conn {
+    pub state: ConnState,
+    /// Whether the originator's key is the canonical orientation.
+    pub originator_is_canonical: bool,
+    /// The responder's SYN+ACK (TCP) or any answer (UDP) was seen.
+    pub answered: bool,
+    pub packets: u32,
+}
+
+const INVALID: DropReason = DropReason::program(1);
+const TABLE_FULL: DropReason = DropReason::program(2);
+
+/// The canonical orientation of a key (the lower endpoint first), port left out, and
+/// whether the key was already in it.
+fn canonical(key: &FlowKey) -> (FlowKey, bool) {
+    let mut k = *key;
+    k.in_port = 0;
+    if (k.src, k.src_port) <= (k.dst, k.dst_port) {
+        (k, true)
+    } else {
+        (k.reversed(), false)
+    }
+}
+
+#[derive(Clone)]
+pub struct Conntrack {
+    forward: Forward,
+    table: ExactTable<FlowKey, Conn>,
+    drop_invalid: bool,
+    /// Expired connections by the state they were in (for tests and, later, counters).
+    pub expired: [u64; 5],
+}
+
+impl Conntrack {
+    pub fn new(
+        cfg: &ConntrackConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                "give 1 to 67108864 connections per worker",
+            ));
+        }
+        let t = &cfg.timeouts;
+        let mut profiles = Vec::new();
+        for (name, secs) in [
+            ("new", t.new),
+            ("established", t.established),
+            ("closing", t.closing),
+            ("udp", t.udp),
+            ("udp_stream", t.udp_stream),
+        ] {
+            if !(0.001..=1e7).contains(&secs) {
+                return Err(ConfigError::new(
+                    format!("{field}.timeouts.{name}"),
+                    format!("{secs} is outside 0.001 to 10000000 seconds"),
+                ));
+            }
+            profiles.push(ExpireProfile {
+                timeout_ns: (secs * 1e9) as u64,
+                mode: ExpireMode::AutoDelete,
+            });
+        }
+        Ok(Conntrack {
+            forward: Forward::new(
+                &ForwardConfig {
+                    map: cfg.map.clone(),
+                },
+                ports,
+                field,
+            )?,
+            table: ExactTable::new(cfg.capacity, &profiles, seed),
+            drop_invalid: cfg.drop_invalid,
+            expired: [0; 5],
+        })
+    }
+
+    /// The state of the connection `key` belongs to (either direction), if tracked.
+    pub fn state_of(&self, key: &FlowKey) -> Option<Conn> {
+        self.table.get(&canonical(key).0).copied()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Tracks one packet; `Some(reason)` if it must be dropped.
+    fn track(&mut self, key: &FlowKey, tcp_flags: u8, now: u64) -> Option<DropReason> {
+        let (ckey, is_canonical) = canonical(key);
+        let tcp = key.proto == 6;
+        let Some(id) = self.table.lookup(&ckey) else {
+            if tcp && (tcp_flags & (flags::SYN | flags::ACK | flags::RST)) != flags::SYN {
+                return self.drop_invalid.then_some(INVALID);
+            }
+            let state = if tcp { ConnState::New } else { ConnState::Udp };
+            let conn = Conn {
+                state,
+                originator_is_canonical: is_canonical,
+                answered: false,
+                packets: 1,
+            };
+            // The add-on-miss: the next packet of this connection hits the new entry.
+            return match self.table.add_entry(ckey, conn, state as u8, now) {
+                Ok(_) => None,
+                Err(_) => Some(TABLE_FULL),
+            };
+        };
+        let from_originator = self.table.value(id).originator_is_canonical == is_canonical;
+        if tcp && tcp_flags & flags::RST != 0 {
+            self.table.delete(&ckey);
+            return None;
+        }
+        let conn = self.table.value_mut(id);
+        conn.packets = conn.packets.saturating_add(1);
+        let before = conn.state;
+        match conn.state {
+            ConnState::New => {
+                if !from_originator
+                    && tcp_flags & (flags::SYN | flags::ACK) == flags::SYN | flags::ACK
+                {
+                    conn.answered = true;
+                } else if from_originator && conn.answered && tcp_flags & flags::ACK != 0 {
+                    conn.state = ConnState::Established;
+                }
+            }
+            ConnState::Established | ConnState::Closing => {}
+            ConnState::Udp if !from_originator => {
+                conn.answered = true;
+                conn.state = ConnState::UdpStream;
+            }
+            ConnState::Udp | ConnState::UdpStream => {}
+        }
+        if tcp && tcp_flags & flags::FIN != 0 && conn.state != ConnState::New {
+            conn.state = ConnState::Closing;
+        }
+        let after = conn.state;
+        if after != before {
+            // A new state runs its own timeout from now (PNA set_entry_expire_time).
+            let _ = self.table.set_profile(id, after as u8, now);
+        } else if matches!(
+            after,
+            ConnState::Established | ConnState::Udp | ConnState::UdpStream
+        ) {
+            self.table.restart_timer(id, now);
+        }
+        None
+    }
+}
+
+/// Slots the expiry sweep looks at per burst: the whole table every `slots / 256` bursts.
+const SWEEP_PER_BURST: usize = 256;
+
+impl Program for Conntrack {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.forward.process(burst, ctx);
+        for d in burst.descs_mut() {
+            let key = d.parsed.key;
+            if !matches!(key.proto, 6 | 17) || key.ip_version == 0 {
+                continue;
+            }
+            if let Some(reason) = self.track(&key, d.parsed.tcp_flags, d.ts_ns) {
+                d.verdict = Verdict::Drop(reason);
+            }
+        }
+        self.table.sweep(ctx.now_ns, SWEEP_PER_BURST);
+        for e in self.table.drain_notifications() {
+            self.expired[e.value.state as usize] += 1;
+        }
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &["no_mapping", "invalid", "table_full"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_wire::FlowHasher;
+    use stateplane_wire::ethernet::MacAddr;
+
+    const S: u64 = 1_000_000_000;
+
+    fn conntrack(capacity: usize) -> Conntrack {
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let cfg: ConntrackConfig = toml::from_str(&format!("capacity = {capacity}")).unwrap();
+        Conntrack::new(&cfg, &names, "program.conntrack", 9).unwrap()
+    }
+
+    fn hosts(from_inside: bool) -> Hosts {
+        let a = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: "198.18.0.1".parse().unwrap(),
+            dst: "198.19.0.2".parse().unwrap(),
+            ttl: 64,
+        };
+        if from_inside {
+            a
+        } else {
+            Hosts {
+                src_mac: a.dst_mac,
+                dst_mac: a.src_mac,
+                src: a.dst,
+                dst: a.src,
+                ..a
+            }
+        }
+    }
+
+    /// Runs one packet through the program at time `t`; returns its verdict.
+    fn send(c: &mut Conntrack, t: u64, from_inside: bool, l4: L4) -> Verdict {
+        let mut f = Vec::new();
+        emit_frame(&mut f, &hosts(from_inside), &l4, b"data");
+        let mut burst = Burst::with_capacity(4);
+        burst.push(&f, f.len() as u32, t, if from_inside { 0 } else { 1 }, 0);
+        burst.now_ns = t;
+        burst.parse(&FlowHasher::with_seed(1));
+        let mut ctx = Context {
+            now_ns: t,
+            worker: 0,
+            workers: 1,
+            hasher: FlowHasher::with_seed(1),
+            ports: 2,
+        };
+        c.process(&mut burst, &mut ctx);
+        burst.descs()[0].verdict
+    }
+
+    fn tcp(port: u16, from_inside: bool, f: u8) -> L4 {
+        let (src_port, dst_port) = if from_inside { (port, 80) } else { (80, port) };
+        L4::Tcp {
+            src_port,
+            dst_port,
+            seq: 1,
+            ack: 1,
+            flags: f,
+        }
+    }
+
+    fn state(c: &Conntrack, port: u16) -> Option<ConnState> {
+        let key = FlowKey::v4(
+            "198.18.0.1".parse().unwrap(),
+            "198.19.0.2".parse().unwrap(),
+            6,
+            port,
+            80,
+        );
+        c.state_of(&key).map(|conn| conn.state)
+    }
+
+    const OUT: Verdict = Verdict::Forward(1);
+    const IN: Verdict = Verdict::Forward(0);
+
+    /// The handshake, data, a FIN and the closing timeout, on a virtual clock.
+    #[test]
+    fn a_tcp_connection_goes_through_its_states_and_ages_out_when_closing() {
+        let mut c = conntrack(64);
+        assert_eq!(send(&mut c, S, true, tcp(1000, true, flags::SYN)), OUT);
+        assert_eq!(state(&c, 1000), Some(ConnState::New), "added on the miss");
+        let syn_ack = flags::SYN | flags::ACK;
+        assert_eq!(send(&mut c, S + 1, false, tcp(1000, false, syn_ack)), IN);
+        assert_eq!(state(&c, 1000), Some(ConnState::New));
+        assert_eq!(send(&mut c, S + 2, true, tcp(1000, true, flags::ACK)), OUT);
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        // Traffic every 100 s keeps it past the 300 s established timeout.
+        for i in 1..=10 {
+            send(&mut c, S + i * 100 * S, false, tcp(1000, false, flags::ACK));
+        }
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        let t = S + 1000 * S;
+        send(&mut c, t, true, tcp(1000, true, flags::FIN | flags::ACK));
+        assert_eq!(state(&c, 1000), Some(ConnState::Closing));
+        // Closing: packets do not restart the 10 s timer.
+        send(&mut c, t + 5 * S, false, tcp(1000, false, flags::ACK));
+        assert_eq!(state(&c, 1000), Some(ConnState::Closing));
+        // Another connection's packet moves the clock; the sweep removes this one.
+        send(&mut c, t + 11 * S, true, tcp(2000, true, flags::SYN));
+        assert_eq!(state(&c, 1000), None);
+        assert_eq!(c.expired[ConnState::Closing as usize], 1);
+    }
+
+    #[test]
+    fn unknown_mid_stream_packets_are_invalid_and_a_rst_deletes() {
+        let mut c = conntrack(64);
+        let drop = Verdict::Drop(INVALID);
+        assert_eq!(send(&mut c, S, false, tcp(1000, false, flags::ACK)), drop);
+        send(&mut c, S, true, tcp(1000, true, flags::SYN));
+        assert!(state(&c, 1000).is_some());
+        assert_eq!(send(&mut c, S + 1, false, tcp(1000, false, flags::RST)), IN);
+        assert_eq!(state(&c, 1000), None, "a RST deletes in the data plane");
+        assert_eq!(send(&mut c, S + 2, true, tcp(1000, true, flags::ACK)), drop);
+    }
+
+    #[test]
+    fn idle_connections_expire_in_the_state_they_are_in() {
+        let mut c = conntrack(64);
+        send(&mut c, S, true, tcp(1000, true, flags::SYN));
+        send(&mut c, S, false, tcp(1000, false, flags::SYN | flags::ACK));
+        send(&mut c, S, true, tcp(1000, true, flags::ACK));
+        send(&mut c, S, true, tcp(3000, true, flags::SYN)); // stays new
+        send(&mut c, 40 * S, true, tcp(9000, true, flags::SYN));
+        assert_eq!(state(&c, 3000), None, "new connections time out after 30 s");
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        send(&mut c, 302 * S, true, tcp(9001, true, flags::SYN));
+        assert_eq!(state(&c, 1000), None, "established after 300 s idle");
+        assert_eq!(c.expired[ConnState::New as usize], 2, "3000 and 9000");
+        assert_eq!(c.expired[ConnState::Established as usize], 1);
+    }
+
+    #[test]
+    fn udp_becomes_a_stream_when_answered() {
+        let mut c = conntrack(64);
+        let udp = |from_inside: bool| {
+            if from_inside {
+                L4::Udp {
+                    src_port: 5000,
+                    dst_port: 53,
+                }
+            } else {
+                L4::Udp {
+                    src_port: 53,
+                    dst_port: 5000,
+                }
+            }
+        };
+        send(&mut c, S, true, udp(true));
+        let key = FlowKey::v4(
+            "198.18.0.1".parse().unwrap(),
+            "198.19.0.2".parse().unwrap(),
+            17,
+            5000,
+            53,
+        );
+        assert_eq!(c.state_of(&key).map(|x| x.state), Some(ConnState::Udp));
+        send(&mut c, S + 1, false, udp(false));
+        let conn = c.state_of(&key).unwrap();
+        assert_eq!((conn.state, conn.packets), (ConnState::UdpStream, 2));
+    }
+
+    #[test]
+    fn a_full_table_drops_new_connections_by_name() {
+        let mut c = conntrack(4);
+        for port in 0..4 {
+            assert_eq!(send(&mut c, S, true, tcp(port, true, flags::SYN)), OUT);
+        }
+        assert_eq!(
+            send(&mut c, S, true, tcp(99, true, flags::SYN)),
+            Verdict::Drop(TABLE_FULL)
+        );
+        assert_eq!(c.drop_reasons()[2], "table_full");
+    }
+}
