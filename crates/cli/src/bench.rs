@@ -43,7 +43,7 @@ pub struct BenchArgs {
     pub workers: usize,
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
-    /// Comma-separated: rx (baseline), forward, l2.
+    /// Comma-separated: rx (baseline), forward, l2, conntrack.
     #[arg(long, default_value = "rx,forward,l2")]
     pub programs: String,
     /// Repeat each measurement and report the median.
@@ -117,7 +117,21 @@ fn l2_factory() -> CliResult<ProgramFactory> {
     Ok(Arc::new(move |_| Box::new(l2.clone())))
 }
 
-const PROGRAMS: [&str; 3] = ["rx", "forward", "l2"];
+/// `conntrack` tracking every connection of the trace: room for a million per worker, and
+/// packets of connections that started before the trace are passed, not dropped, so the
+/// benchmark's every-packet-forwarded check holds.
+fn conntrack_factory() -> CliResult<ProgramFactory> {
+    let settings: toml::Value =
+        toml::from_str("capacity = 1048576\ndrop_invalid = false").map_err(|e| e.to_string())?;
+    stateplane_programs::build(
+        "conntrack",
+        Some(&settings),
+        &PortNames(vec!["0".into(), "1".into()]),
+    )
+    .map_err(|e| e.to_string())
+}
+
+const PROGRAMS: [&str; 4] = ["rx", "forward", "l2", "conntrack"];
 
 /// One worker's share of a measurement: packets handled and seconds busy.
 type WorkerRun = (u64, f64);
@@ -156,6 +170,7 @@ fn measure(
             let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
             Arc::new(move |_| Box::new(f.clone()))
         }
+        "conntrack" => conntrack_factory()?,
         _ => l2_factory()?,
     };
     let workers = queues.len();

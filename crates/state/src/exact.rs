@@ -370,8 +370,9 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         // current slot, which is then looked at again without counting.
         while visited < budget.min(self.meta.len()) {
             let i = self.sweep_cursor;
-            let slot = self.slots[i];
-            if self.meta[i] != 0 && slot.deadline_ns <= now_ns && !slot.notified {
+            // Empty slots cost one metadata read; only occupied ones touch the entry.
+            if self.meta[i] != 0 && self.slots[i].deadline_ns <= now_ns && !self.slots[i].notified {
+                let slot = self.slots[i];
                 let mode = self
                     .profiles
                     .get(usize::from(slot.profile))
