@@ -2,8 +2,9 @@
 //!
 //! Owns: the state primitives a program holds in its own struct, one instance per worker
 //! shard: exact-match tables with PNA add-on-miss, data-plane-updatable entries, idle
-//! timeouts and hit counters ([`exact`]). LPM and ternary tables, registers, counters,
-//! meters and sketches come next (issue 4).
+//! timeouts and hit counters ([`exact`]); registers and indexed counters ([`register`]);
+//! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]). LPM and
+//! ternary tables come next (issue 4).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
@@ -13,9 +14,15 @@
 
 pub mod exact;
 pub mod key;
+pub mod meter;
+pub mod register;
+pub mod sketch;
 
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
+pub use meter::{Colour, SrTcm, TrTcm};
+pub use register::{Counters, OutOfRange, PacketBytes, Register};
+pub use sketch::CountMin;
 
 /// What a piece of state promises beyond this worker's memory. Declared with the state, so
 /// that the sync, replication and flow-record stages can honour it without the program's
