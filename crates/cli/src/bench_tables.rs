@@ -26,6 +26,12 @@ pub struct BenchTablesArgs {
     pub repeat: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// IPv4 prefixes of the generated routing table for the LPM measurement (0: skip).
+    #[arg(long, default_value_t = 400_000)]
+    pub ipv4_prefixes: usize,
+    /// IPv6 prefixes of the generated routing table (0: skip).
+    #[arg(long, default_value_t = 150_000)]
+    pub ipv6_prefixes: usize,
     #[arg(long)]
     pub csv: Option<PathBuf>,
     #[arg(long)]
@@ -125,32 +131,36 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
             });
         }
     }
+    lpm_rows(&a, &mut rows);
     println!(
-        "input: exact tables of FlowKey -> u64, seed {}, {} lookups per measurement, median of {}",
-        a.seed, a.lookups, a.repeat
+        "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
+        a.ipv4_prefixes, a.ipv6_prefixes, a.seed, a.lookups, a.repeat
     );
     println!(
         "{:<26} {:>10} {:>12} {:>10}",
-        "operation", "entries", "M ops/s", "ns/op"
+        "operation", "entries", "M ops/s | s", "ns/op"
     );
     for r in &rows {
+        // Build rows carry seconds in the rate column.
+        let digits = if r.op.ends_with("(s)") { 3 } else { 1 };
         println!(
-            "{:<26} {:>10} {:>12.1} {:>10.1}",
+            "{:<26} {:>10} {:>12.digits$} {:>10.1}",
             r.op, r.entries, r.mops, r.ns
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("operation,entries,mops_per_core,ns_per_op\n");
+        let mut csv = String::from("operation,entries,value,unit,ns_per_op\n");
         for r in &rows {
+            let unit = if r.op.ends_with("(s)") { "s" } else { "Mops/s" };
             csv.push_str(&format!(
-                "{},{},{:.2},{:.2}\n",
+                "{},{},{:.4},{unit},{:.2}\n",
                 r.op, r.entries, r.mops, r.ns
             ));
         }
         std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
     }
     if let Some(path) = &a.svg {
-        let panels: Vec<crate::chart::Panel> = a
+        let mut panels: Vec<crate::chart::Panel> = a
             .entries
             .iter()
             .map(|&n| crate::chart::Panel {
@@ -158,13 +168,108 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
                 unit: "M/s".into(),
                 bars: rows
                     .iter()
-                    .filter(|r| r.entries == n)
+                    .filter(|r| r.entries == n && !r.op.starts_with("lpm"))
                     .map(|r| (r.op.clone(), r.mops))
                     .collect(),
             })
             .collect();
+        panels.push(crate::chart::Panel {
+            title: "Longest-prefix match: million lookups per second per core".into(),
+            unit: "M/s".into(),
+            bars: rows
+                .iter()
+                .filter(|r| r.op.starts_with("lpm") && r.op.contains("lookup"))
+                .map(|r| (r.op.clone(), r.mops))
+                .collect(),
+        });
         let svg = crate::chart::bars("State primitives", "FlowKey -> u64", &panels);
         std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// LPM: build time of an Internet-sized table, and lookups of random addresses inside its
+/// prefixes (every lookup finds a route).
+fn lpm_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
+    use stateplane_state::{Lpm4, Lpm6, prefixes};
+    let mut rng = Rng::new(a.seed);
+    if a.ipv4_prefixes > 0 {
+        let v4 = prefixes::ipv4(a.ipv4_prefixes, a.seed);
+        let addrs: Vec<u32> = (0..a.lookups)
+            .map(|_| {
+                let (p, len, _) = v4[rng.below(v4.len() as u64) as usize];
+                let host = if len >= 32 {
+                    0
+                } else {
+                    (rng.next_u64() as u32) >> len
+                };
+                u32::from(p) | host
+            })
+            .collect();
+        let (mut build, mut lookup) = (Vec::new(), Vec::new());
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            let Ok(table) = Lpm4::build(&v4) else { return };
+            build.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let mut sum = 0u64;
+            for &x in &addrs {
+                sum += u64::from(table.lookup(x).copied().unwrap_or(0));
+            }
+            black_box(sum);
+            lookup.push(t.elapsed().as_secs_f64() / addrs.len() as f64);
+        }
+        let b = median(build);
+        rows.push(Row {
+            op: "lpm4 build (s)".into(),
+            entries: v4.len(),
+            mops: b,
+            ns: b * 1e9 / v4.len() as f64,
+        });
+        let l = median(lookup);
+        rows.push(Row {
+            op: "lpm4 lookup".into(),
+            entries: v4.len(),
+            mops: 1e-6 / l,
+            ns: l * 1e9,
+        });
+    }
+    if a.ipv6_prefixes > 0 {
+        let v6 = prefixes::ipv6(a.ipv6_prefixes, a.seed);
+        let addrs: Vec<std::net::Ipv6Addr> = (0..a.lookups)
+            .map(|_| {
+                let (p, len, _) = v6[rng.below(v6.len() as u64) as usize];
+                let r = (u128::from(rng.next_u64()) << 64) | u128::from(rng.next_u64());
+                let host = if len == 0 { r } else { r >> len };
+                std::net::Ipv6Addr::from(u128::from(p) | host)
+            })
+            .collect();
+        let (mut build, mut lookup) = (Vec::new(), Vec::new());
+        for _ in 0..a.repeat {
+            let t = Instant::now();
+            let Ok(table) = Lpm6::build(&v6) else { return };
+            build.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let mut sum = 0u64;
+            for x in &addrs {
+                sum += u64::from(table.lookup(x).copied().unwrap_or(0));
+            }
+            black_box(sum);
+            lookup.push(t.elapsed().as_secs_f64() / addrs.len() as f64);
+        }
+        let b = median(build);
+        rows.push(Row {
+            op: "lpm6 build (s)".into(),
+            entries: v6.len(),
+            mops: b,
+            ns: b * 1e9 / v6.len() as f64,
+        });
+        let l = median(lookup);
+        rows.push(Row {
+            op: "lpm6 lookup".into(),
+            entries: v6.len(),
+            mops: 1e-6 / l,
+            ns: l * 1e9,
+        });
+    }
 }

@@ -3,8 +3,9 @@
 //! Owns: the state primitives a program holds in its own struct, one instance per worker
 //! shard: exact-match tables with PNA add-on-miss, data-plane-updatable entries, idle
 //! timeouts and hit counters ([`exact`]); registers and indexed counters ([`register`]);
-//! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]). LPM and
-//! ternary tables come next (issue 4).
+//! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]);
+//! longest-prefix match for IPv4 and IPv6 ([`lpm`]) with an Internet-like prefix
+//! generator ([`prefixes`]). Ternary tables come next (issue 4).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
@@ -14,12 +15,15 @@
 
 pub mod exact;
 pub mod key;
+pub mod lpm;
 pub mod meter;
+pub mod prefixes;
 pub mod register;
 pub mod sketch;
 
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
+pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};
 pub use sketch::CountMin;
