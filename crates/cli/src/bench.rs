@@ -43,7 +43,7 @@ pub struct BenchArgs {
     pub workers: usize,
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
-    /// Comma-separated: rx (baseline), forward, l2, conntrack.
+    /// Comma-separated: rx (baseline), forward, l2, conntrack, router.
     #[arg(long, default_value = "rx,forward,l2")]
     pub programs: String,
     /// Repeat each measurement and report the median.
@@ -131,7 +131,31 @@ fn conntrack_factory() -> CliResult<ProgramFactory> {
     .map_err(|e| e.to_string())
 }
 
-const PROGRAMS: [&str; 4] = ["rx", "forward", "l2", "conntrack"];
+/// `router` with an Internet-sized table: 400,000 generated IPv4 and 150,000 IPv6
+/// prefixes, plus the generator's address blocks so that every packet has a route.
+fn router_factory() -> CliResult<ProgramFactory> {
+    use stateplane_programs::router::{NextHop, Router};
+    use stateplane_state::prefixes;
+    let hop = |i: u32| NextHop {
+        port: (i % 2) as u16,
+        mac: [2, 0, 0, 0, 0x10, (i % 251) as u8],
+    };
+    let mut v4: Vec<_> = prefixes::ipv4(400_000, 1)
+        .into_iter()
+        .map(|(a, l, i)| (a, l, hop(i)))
+        .collect();
+    v4.push(("198.18.0.0".parse().map_err(|_| "address")?, 15, hop(1)));
+    let mut v6: Vec<_> = prefixes::ipv6(150_000, 1)
+        .into_iter()
+        .map(|(a, l, i)| (a, l, hop(i)))
+        .collect();
+    v6.push(("2001:2::".parse().map_err(|_| "address")?, 48, hop(1)));
+    let router = Router::from_routes(&v4, &v6, vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]])
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(move |_| Box::new(router.clone())))
+}
+
+const PROGRAMS: [&str; 5] = ["rx", "forward", "l2", "conntrack", "router"];
 
 /// One worker's share of a measurement: packets handled and seconds busy.
 type WorkerRun = (u64, f64);
@@ -171,6 +195,7 @@ fn measure(
             Arc::new(move |_| Box::new(f.clone()))
         }
         "conntrack" => conntrack_factory()?,
+        "router" => router_factory()?,
         _ => l2_factory()?,
     };
     let workers = queues.len();

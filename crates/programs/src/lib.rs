@@ -10,6 +10,7 @@
 pub mod conntrack;
 pub mod forward;
 pub mod l2;
+pub mod router;
 pub mod steer;
 
 use stateplane_runtime::{PortId, ProgramFactory};
@@ -25,6 +26,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     ),
     ("forward", "port-to-port pass-through by a static port map"),
     ("l2", "Ethernet switching by a static MAC table"),
+    (
+        "router",
+        "IPv4/IPv6 forwarding by longest-prefix match, TTL and MAC rewriting",
+    ),
     (
         "steer",
         "spreads flows over parallel switches and moves them off one that stops answering",
@@ -106,6 +111,12 @@ pub fn build(
             let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
             let program = conntrack::Conntrack::new(&cfg, ports, &field, seed)?;
             // Each worker starts from an empty copy of the table.
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "router" => {
+            let cfg: router::RouterConfig = table.try_into().map_err(parse_error)?;
+            let program = router::Router::new(&cfg, ports, &field)?;
+            // The route tables are shared read-only (an Arc); each worker holds a handle.
             Ok(Arc::new(move |_| Box::new(program.clone())))
         }
         "steer" => {

@@ -1,0 +1,314 @@
+//! `router`: IPv4 and IPv6 forwarding by longest-prefix match, with next-hop rewriting.
+//!
+//! For each packet: look the destination up in the LPM table of its IP version; no route
+//! drops (`no_route`); a TTL or hop limit of 1 or less drops (`ttl_expired`); otherwise the
+//! TTL is decremented (the IPv4 header checksum updated incrementally, RFC 1624), the
+//! destination MAC becomes the next hop's and the source MAC the output port's, and the
+//! packet leaves by the route's port. ARP and other non-IP frames go to the control plane
+//! (`ToControl(1)`), which answers for the router.
+//!
+//! State: two LPM tables (read-centric: the data plane only reads them; a route change
+//! builds new tables off the data path). Configuration: `routes`, a list of
+//! `{ prefix = "198.19.0.0/16", port = PORT, next_hop_mac = "02:..." }` (IPv4 or IPv6
+//! prefixes); `port_macs`, each port's own MAC (`{ PORT = "02:..." }`; default
+//! 02:00:00:00:00:NN for port NN-1).
+
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_state::{Lpm4, Lpm6};
+use stateplane_wire::MacAddr;
+use stateplane_wire::checksum;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteEntry {
+    pub prefix: String,
+    pub port: String,
+    pub next_hop_mac: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    #[serde(default)]
+    pub routes: Vec<RouteEntry>,
+    #[serde(default)]
+    pub port_macs: BTreeMap<String, String>,
+}
+
+/// Where a route leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextHop {
+    pub port: PortId,
+    pub mac: [u8; 6],
+}
+
+const NO_ROUTE: DropReason = DropReason::program(0);
+const TTL_EXPIRED: DropReason = DropReason::program(1);
+/// `ToControl` code for frames the router's control plane answers (ARP, neighbour
+/// discovery).
+pub const TO_CONTROL_NOT_ROUTED: u16 = 1;
+
+/// The tables, shared read-only by every worker.
+struct Tables {
+    v4: Lpm4<NextHop>,
+    v6: Lpm6<NextHop>,
+}
+
+#[derive(Clone)]
+pub struct Router {
+    tables: Arc<Tables>,
+    port_macs: Vec<[u8; 6]>,
+}
+
+fn parse_mac(field: &str, text: &str) -> Result<[u8; 6], ConfigError> {
+    text.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
+        ConfigError::new(
+            field,
+            format!("'{text}' is not a MAC address like 02:00:00:00:00:01"),
+        )
+    })
+}
+
+impl Router {
+    pub fn new(cfg: &RouterConfig, ports: &PortNames, field: &str) -> Result<Self, ConfigError> {
+        let mut port_macs: Vec<[u8; 6]> = (0..ports.0.len())
+            .map(|i| [0x02, 0, 0, 0, 0, (i + 1) as u8])
+            .collect();
+        for (port, mac) in &cfg.port_macs {
+            let f = format!("{field}.port_macs.{port}");
+            let p = ports.resolve(&f, port)?;
+            port_macs[usize::from(p)] = parse_mac(&f, mac)?;
+        }
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (i, r) in cfg.routes.iter().enumerate() {
+            let f = format!("{field}.routes[{i}]");
+            let hop = NextHop {
+                port: ports.resolve(&format!("{f}.port"), &r.port)?,
+                mac: parse_mac(&format!("{f}.next_hop_mac"), &r.next_hop_mac)?,
+            };
+            let bad = || {
+                ConfigError::new(
+                    format!("{f}.prefix"),
+                    format!(
+                        "'{}' is not a prefix like 198.19.0.0/16 or 2001:2::/48",
+                        r.prefix
+                    ),
+                )
+            };
+            let (addr, len) = r.prefix.split_once('/').ok_or_else(bad)?;
+            let len: u8 = len.parse().map_err(|_| bad())?;
+            match addr.parse::<IpAddr>().map_err(|_| bad())? {
+                IpAddr::V4(a) if len <= 32 => v4.push((a, len, hop)),
+                IpAddr::V6(a) if len <= 128 => v6.push((a, len, hop)),
+                _ => return Err(bad()),
+            }
+        }
+        Router::from_routes(&v4, &v6, port_macs)
+            .map_err(|e| ConfigError::new(format!("{field}.routes"), e.to_string()))
+    }
+
+    /// A router from route lists (benchmarks, large generated tables) and each port's MAC.
+    pub fn from_routes(
+        v4: &[(std::net::Ipv4Addr, u8, NextHop)],
+        v6: &[(std::net::Ipv6Addr, u8, NextHop)],
+        port_macs: Vec<[u8; 6]>,
+    ) -> Result<Self, stateplane_state::PrefixError> {
+        Ok(Router {
+            tables: Arc::new(Tables {
+                v4: Lpm4::build(v4)?,
+                v6: Lpm6::build(v6)?,
+            }),
+            port_macs,
+        })
+    }
+
+    /// Routes one packet in place; its verdict.
+    fn route(
+        &self,
+        data: &mut [u8],
+        l3: usize,
+        ip_version: u8,
+        dst: &[u8; 16],
+        ttl: u8,
+    ) -> Verdict {
+        let hop = match ip_version {
+            4 => {
+                let a = u32::from_be_bytes([dst[0], dst[1], dst[2], dst[3]]);
+                self.tables.v4.lookup(a)
+            }
+            _ => self.tables.v6.lookup(&std::net::Ipv6Addr::from(*dst)),
+        };
+        let Some(hop) = hop.copied() else {
+            return Verdict::Drop(NO_ROUTE);
+        };
+        if ttl <= 1 {
+            return Verdict::Drop(TTL_EXPIRED);
+        }
+        if ip_version == 4 {
+            // TTL is the high byte of the 16-bit word at offset 8; the checksum at 10.
+            let old = u16::from_be_bytes([data[l3 + 8], data[l3 + 9]]);
+            let new = old - 0x0100;
+            data[l3 + 8] = (new >> 8) as u8;
+            let stored = u16::from_be_bytes([data[l3 + 10], data[l3 + 11]]);
+            let c = checksum::update16(stored, old, new);
+            data[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        } else {
+            data[l3 + 7] = ttl - 1;
+        }
+        data[..6].copy_from_slice(&hop.mac);
+        data[6..12].copy_from_slice(&self.port_macs[usize::from(hop.port)]);
+        Verdict::Forward(hop.port)
+    }
+}
+
+impl Program for Router {
+    fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+        for p in burst.iter_mut() {
+            let d = p.desc;
+            let key = d.parsed.key;
+            let l3 = usize::from(d.parsed.l3_offset);
+            d.verdict = if key.ip_version == 0 || l3 == 0 {
+                Verdict::ToControl(TO_CONTROL_NOT_ROUTED)
+            } else {
+                self.route(p.data, l3, key.ip_version, &key.dst, d.parsed.ttl)
+            };
+        }
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &["no_route", "ttl_expired"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_wire::FlowHasher;
+    use stateplane_wire::ipv4::Ipv4Packet;
+
+    fn router() -> Router {
+        let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
+        let cfg: RouterConfig = toml::from_str(
+            r#"
+            routes = [
+              { prefix = "198.19.0.0/16", port = "b", next_hop_mac = "02:00:00:00:0b:01" },
+              { prefix = "198.19.7.0/24", port = "c", next_hop_mac = "02:00:00:00:0c:01" },
+              { prefix = "2001:2::/32", port = "c", next_hop_mac = "02:00:00:00:0c:06" },
+            ]
+            port_macs = { b = "02:00:00:00:00:bb" }
+            "#,
+        )
+        .unwrap();
+        Router::new(&cfg, &names, "program.router").unwrap()
+    }
+
+    fn frame(dst: &str, ttl: u8) -> Vec<u8> {
+        let dst: IpAddr = dst.parse().unwrap();
+        let src: IpAddr = if dst.is_ipv4() {
+            "198.18.0.1".parse().unwrap()
+        } else {
+            "2001:2:0:1::1".parse().unwrap()
+        };
+        let hosts = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 0x99]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            vlan: 0,
+            src,
+            dst,
+            ttl,
+        };
+        let mut f = Vec::new();
+        emit_frame(
+            &mut f,
+            &hosts,
+            &L4::Udp {
+                src_port: 1,
+                dst_port: 2,
+            },
+            b"x",
+        );
+        f
+    }
+
+    fn run(r: &mut Router, frames: &[Vec<u8>]) -> Burst {
+        let mut b = Burst::with_capacity(16);
+        for f in frames {
+            b.push(f, f.len() as u32, 1, 0, 0);
+        }
+        b.parse(&FlowHasher::with_seed(1));
+        let mut ctx = Context {
+            now_ns: 1,
+            worker: 0,
+            workers: 1,
+            hasher: FlowHasher::with_seed(1),
+            ports: 3,
+        };
+        r.process(&mut b, &mut ctx);
+        b
+    }
+
+    #[test]
+    fn routes_by_longest_prefix_and_rewrites_the_packet() {
+        let mut r = router();
+        let b = run(
+            &mut r,
+            &[
+                frame("198.19.1.1", 64),
+                frame("198.19.7.9", 64),
+                frame("198.20.0.1", 64),
+                frame("198.19.1.1", 1),
+                frame("2001:2:5::1", 9),
+            ],
+        );
+        let v: Vec<Verdict> = b.descs().iter().map(|d| d.verdict).collect();
+        assert_eq!(
+            v,
+            [
+                Verdict::Forward(1),
+                Verdict::Forward(2),
+                Verdict::Drop(NO_ROUTE),
+                Verdict::Drop(TTL_EXPIRED),
+                Verdict::Forward(2),
+            ]
+        );
+        // The first packet: next hop's MAC, port b's own MAC, TTL 63, checksum still valid.
+        let out = b.data(0);
+        assert_eq!(&out[..6], &[2, 0, 0, 0, 0x0b, 1]);
+        assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0xbb]);
+        let ip = Ipv4Packet::new_checked(&out[14..]).unwrap();
+        assert_eq!(ip.ttl(), 63);
+        assert!(
+            ip.verify_checksum(),
+            "incremental update keeps the header checksum valid"
+        );
+        // Port c has the default MAC 02:00:00:00:00:03; IPv6 hop limit 9 -> 8.
+        assert_eq!(&b.data(4)[6..12], &[2, 0, 0, 0, 0, 3]);
+        assert_eq!(b.data(4)[14 + 7], 8);
+    }
+
+    #[test]
+    fn arp_goes_to_the_control_plane_and_bad_routes_name_the_field() {
+        let mut r = router();
+        let mut arp = frame("198.19.1.1", 64);
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        arp.truncate(42);
+        let b = run(&mut r, &[arp]);
+        assert_eq!(
+            b.descs()[0].verdict,
+            Verdict::ToControl(TO_CONTROL_NOT_ROUTED)
+        );
+        let names = PortNames(vec!["a".into()]);
+        let cfg: RouterConfig = toml::from_str(
+            r#"routes = [{ prefix = "198.19.0.0/33", port = "a", next_hop_mac = "02:00:00:00:00:01" }]"#,
+        )
+        .unwrap();
+        let e = Router::new(&cfg, &names, "program.router").err().unwrap();
+        assert_eq!(e.field, "program.router.routes[0].prefix");
+    }
+}
