@@ -26,6 +26,9 @@ pub struct BenchTablesArgs {
     pub repeat: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Rule counts of the generated ACLs for the ternary measurement (empty: skip).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub acl_rules: Vec<usize>,
     /// IPv4 prefixes of the generated routing table for the LPM measurement (0: skip).
     #[arg(long, default_value_t = 400_000)]
     pub ipv4_prefixes: usize,
@@ -132,6 +135,7 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
         }
     }
     lpm_rows(&a, &mut rows);
+    ternary_rows(&a, &mut rows);
     println!(
         "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
         a.ipv4_prefixes, a.ipv6_prefixes, a.seed, a.lookups, a.repeat
@@ -168,11 +172,22 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
                 unit: "M/s".into(),
                 bars: rows
                     .iter()
-                    .filter(|r| r.entries == n && !r.op.starts_with("lpm"))
+                    .filter(|r| {
+                        r.entries == n && !r.op.starts_with("lpm") && !r.op.starts_with("acl")
+                    })
                     .map(|r| (r.op.clone(), r.mops))
                     .collect(),
             })
             .collect();
+        panels.push(crate::chart::Panel {
+            title: "Ternary ACL (tuple-space search vs linear scan): million classifications per second".into(),
+            unit: "M/s".into(),
+            bars: rows
+                .iter()
+                .filter(|r| r.op.starts_with("acl"))
+                .map(|r| (format!("{} ({} rules)", r.op, r.entries), r.mops))
+                .collect(),
+        });
         panels.push(crate::chart::Panel {
             title: "Longest-prefix match: million lookups per second per core".into(),
             unit: "M/s".into(),
@@ -270,6 +285,67 @@ fn lpm_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
             entries: v6.len(),
             mops: 1e-6 / l,
             ns: l * 1e9,
+        });
+    }
+}
+
+/// Ternary ACLs: classifications per second by tuple-space search, and by the linear
+/// scan it replaces, on packets aimed at random rules (half exactly at a rule's corner,
+/// half anywhere in the rules' blocks).
+fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
+    use stateplane_state::ternary::{Packet5, Ternary, acl_rules};
+    for &n in &a.acl_rules {
+        if n == 0 {
+            continue;
+        }
+        let rules = acl_rules(n, a.seed);
+        let table = Ternary::build(&rules);
+        let mut rng = Rng::new(a.seed);
+        let packets: Vec<Packet5> = (0..a.lookups.min(1_000_000))
+            .map(|i| {
+                let r = &rules[rng.below(n as u64) as usize];
+                let noise = if i % 2 == 0 {
+                    0
+                } else {
+                    rng.next_u64() as u32 & 0xff
+                };
+                Packet5 {
+                    src: r.src | noise,
+                    dst: r.dst | (noise << 3),
+                    proto: r.proto.unwrap_or(6),
+                    src_port: r.src_ports.0,
+                    dst_port: r.dst_ports.1,
+                }
+            })
+            .collect();
+        let time = |f: &dyn Fn(&Packet5) -> Option<u32>, packets: &[Packet5]| {
+            let mut v = Vec::new();
+            for _ in 0..a.repeat {
+                let t = Instant::now();
+                let mut sum = 0u64;
+                for p in packets {
+                    sum += u64::from(f(p).unwrap_or(0));
+                }
+                black_box(sum);
+                v.push(t.elapsed().as_secs_f64() / packets.len() as f64);
+            }
+            median(v)
+        };
+        let tss = time(&|p| table.classify(p).map(|r| r.action), &packets);
+        rows.push(Row {
+            op: format!("acl tuple-space ({} tuples)", table.tuples()),
+            entries: n,
+            mops: 1e-6 / tss,
+            ns: tss * 1e9,
+        });
+        // The linear scan is slow; a sample shows its rate.
+        let sample = &packets[..packets.len().min(20_000)];
+        let lin = time(&|p| table.classify_linear(p).map(|r| r.action), sample);
+        rows.push(Row {
+            op: "acl linear scan".into(),
+            entries: n,
+            mops: 1e-6 / lin,
+            ns: lin * 1e9,
         });
     }
 }

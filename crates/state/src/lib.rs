@@ -5,7 +5,8 @@
 //! timeouts and hit counters ([`exact`]); registers and indexed counters ([`register`]);
 //! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]);
 //! longest-prefix match for IPv4 and IPv6 ([`lpm`]) with an Internet-like prefix
-//! generator ([`prefixes`]). Ternary tables come next (issue 4).
+//! generator ([`prefixes`]); ternary 5-tuple ACLs by tuple-space search with a
+//! ClassBench-like rule generator ([`ternary`]).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
@@ -20,6 +21,7 @@ pub mod meter;
 pub mod prefixes;
 pub mod register;
 pub mod sketch;
+pub mod ternary;
 
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
@@ -27,6 +29,7 @@ pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};
 pub use sketch::CountMin;
+pub use ternary::{Packet5, Rule, Ternary};
 
 /// What a piece of state promises beyond this worker's memory. Declared with the state, so
 /// that the sync, replication and flow-record stages can honour it without the program's
