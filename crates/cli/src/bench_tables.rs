@@ -185,7 +185,10 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
             bars: rows
                 .iter()
                 .filter(|r| r.op.starts_with("acl"))
-                .map(|r| (format!("{} ({} rules)", r.op, r.entries), r.mops))
+                .map(|r| {
+                    let how = if r.op.contains("linear") { "linear" } else { "tuple-space" };
+                    (format!("{how}, {} rules", r.entries), r.mops)
+                })
                 .collect(),
         });
         panels.push(crate::chart::Panel {

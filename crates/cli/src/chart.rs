@@ -14,7 +14,14 @@ fn escape(t: &str) -> String {
 
 /// Panels stacked top to bottom, each scaled to its own largest bar.
 pub fn bars(title: &str, subtitle: &str, panels: &[Panel]) -> String {
-    let (left, width, bar, gap) = (90.0, 520.0, 24.0, 10.0);
+    // The label column fits the longest label (about 7 px per character at 12 px).
+    let longest = panels
+        .iter()
+        .flat_map(|p| p.bars.iter().map(|b| b.0.chars().count()))
+        .max()
+        .unwrap_or(0);
+    let left = (longest as f64 * 7.0 + 16.0).max(90.0);
+    let (width, bar, gap) = (520.0, 24.0, 10.0);
     let panel_height = |p: &Panel| 26.0 + p.bars.len() as f64 * (bar + gap) + 8.0;
     let height = 44.0 + panels.iter().map(panel_height).sum::<f64>();
     let mut svg = format!(
