@@ -176,9 +176,8 @@ impl Drop for Lab {
 }
 
 /// ARP resolves through the switch (h1 learns h2's MAC) and ICMP echo gets every reply,
-/// both ways. With `broadcast_both_ways` false (a switch that sends unknown destinations one
-/// way only), h2 answers from what it learned of h1's request instead of asking itself.
-fn arp_and_icmp(lab: &Lab, broadcast_both_ways: bool) {
+/// both ways, the second time after a fresh ARP exchange.
+fn arp_and_icmp(lab: &Lab) {
     let out = lab.exec(
         "h1",
         &["ping", "-c", "5", "-i", "0.2", "-W", "2", "198.18.0.2"],
@@ -195,10 +194,7 @@ fn arp_and_icmp(lab: &Lab, broadcast_both_ways: bool) {
         "h1 resolved h2 by ARP through the switch: {}",
         text(&neigh)
     );
-    if broadcast_both_ways {
-        // The reverse direction with a fresh ARP exchange.
-        let _ = lab.exec("h2", &["ip", "neigh", "flush", "dev", "eth0"]);
-    }
+    let _ = lab.exec("h2", &["ip", "neigh", "flush", "dev", "eth0"]);
     let out = lab.exec(
         "h2",
         &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.1"],
@@ -211,7 +207,7 @@ fn forward_carries_arp_and_icmp_over_afpacket_and_afxdp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for (io, name) in [("afpacket", "tfwdp"), ("afxdp", "tfwdx")] {
         let lab = Lab::up_with("line.toml", name, Some(io));
-        arp_and_icmp(&lab, true);
+        arp_and_icmp(&lab);
         // The controller is reachable from the switch on the management network.
         let out = lab.exec("s1", &["ping", "-c", "1", "-W", "2", "198.19.255.1"]);
         assert!(text(&out).contains("1 received"), "{}", text(&out));
@@ -235,12 +231,17 @@ fn forward_carries_arp_and_icmp_over_afpacket_and_afxdp() {
     }
 }
 
+/// `l2` (static table, flooding the unknown) over both kinds of port, and `l2learn`.
 #[test]
-fn l2_carries_arp_and_icmp_over_afpacket_and_afxdp() {
+fn l2_and_l2learn_carry_arp_and_icmp() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for (io, name) in [("afpacket", "tl2p"), ("afxdp", "tl2x")] {
-        let lab = Lab::up_with("line-l2.toml", name, Some(io));
-        arp_and_icmp(&lab, false);
+    for (topology, io, name) in [
+        ("line-l2.toml", Some("afpacket"), "tl2p"),
+        ("line-l2.toml", Some("afxdp"), "tl2x"),
+        ("line-learn.toml", None, "tlearn"),
+    ] {
+        let lab = Lab::up_with(topology, name, io);
+        arp_and_icmp(&lab);
     }
 }
 

@@ -3,12 +3,10 @@
 //! State: a table from (VLAN, destination MAC) to output port, fixed at configuration and
 //! read-only on the fast path (read-centric). Configuration: `macs`, a list of
 //! `{ mac, port, vlan }` (vlan 0 or absent: untagged); `unknown`, what to do with a
-//! destination the table lacks, and with broadcast and multicast: `"drop"` (default) or a
-//! port. A packet whose destination is the port it came in on is dropped (`same_port`).
-//! Counters: drops for `unknown_destination` and `same_port`.
-//!
-//! One packet leaves by at most one port: flooding to every port needs packet replication,
-//! which comes with multicast groups in a later issue.
+//! destination the table lacks, and with broadcast and multicast: `"drop"` (default),
+//! `"flood"` (every port but the one it came in on), or a port. A packet whose destination
+//! is the port it came in on is dropped (`same_port`). Counters: drops for
+//! `unknown_destination` and `same_port`.
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
@@ -87,10 +85,18 @@ fn table_key(vlan: u16, mac: [u8; 6]) -> u64 {
     u64::from(vlan & 0x0fff) << 48 | MacAddr(mac).to_u64()
 }
 
+/// What happens to a frame whose destination the table does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unknown {
+    Drop,
+    Flood,
+    Port(PortId),
+}
+
 #[derive(Debug, Clone)]
 pub struct L2 {
     table: MacTable,
-    unknown: Option<PortId>,
+    unknown: Unknown,
 }
 
 impl L2 {
@@ -114,8 +120,9 @@ impl L2 {
             ));
         }
         let unknown = match cfg.unknown.as_deref() {
-            None | Some("drop") => None,
-            Some(p) => Some(ports.resolve(&format!("{field}.unknown"), p)?),
+            None | Some("drop") => Unknown::Drop,
+            Some("flood") => Unknown::Flood,
+            Some(p) => Unknown::Port(ports.resolve(&format!("{field}.unknown"), p)?),
         };
         Ok(L2 {
             table: MacTable::new(&entries),
@@ -131,12 +138,19 @@ impl Program for L2 {
             let mut dst = [0u8; 6];
             dst.copy_from_slice(&p.data[..6]);
             let vlan = p.desc.parsed.key.vlan;
-            let port = if dst[0] & 1 == 0 {
+            let known = if dst[0] & 1 == 0 {
                 self.table.get(table_key(vlan, dst))
             } else {
                 None
-            }
-            .or(self.unknown);
+            };
+            let port = match (known, self.unknown) {
+                (Some(port), _) | (None, Unknown::Port(port)) => Some(port),
+                (None, Unknown::Flood) => {
+                    p.desc.verdict = Verdict::Flood;
+                    continue;
+                }
+                (None, Unknown::Drop) => None,
+            };
             p.desc.verdict = match port {
                 Some(port) if port == p.desc.in_port => Verdict::Drop(SAME_PORT),
                 Some(port) => Verdict::Forward(port),
@@ -223,6 +237,40 @@ mod tests {
                 Verdict::Drop(SAME_PORT),
                 Verdict::Forward(2)
             ]
+        );
+    }
+
+    #[test]
+    fn unknown_destinations_and_broadcasts_flood_when_asked() {
+        let cfg: L2Config = toml::from_str(
+            r#"
+            unknown = "flood"
+            macs = [ { mac = "02:00:00:00:00:01", port = "a" } ]
+            "#,
+        )
+        .unwrap();
+        let mut l2 = L2::new(&cfg, &ports(), "program.l2").unwrap();
+        let mut burst = Burst::with_capacity(4);
+        for dst in [[0xff; 6], [2, 0, 0, 0, 0, 7], [2, 0, 0, 0, 0, 1]] {
+            let mut f = dst.to_vec();
+            f.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x88, 0xb5]);
+            f.resize(60, 0);
+            burst.push(&f, 60, 0, 2, 0);
+        }
+        let hasher = FlowHasher::with_seed(1);
+        burst.parse(&hasher);
+        let mut ctx = Context {
+            now_ns: 0,
+            worker: 0,
+            workers: 1,
+            hasher,
+            ports: 3,
+        };
+        l2.process(&mut burst, &mut ctx);
+        let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
+        assert_eq!(
+            verdicts,
+            [Verdict::Flood, Verdict::Flood, Verdict::Forward(0)]
         );
     }
 

@@ -10,6 +10,7 @@
 pub mod conntrack;
 pub mod forward;
 pub mod l2;
+pub mod l2learn;
 pub mod router;
 pub mod steer;
 
@@ -26,6 +27,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     ),
     ("forward", "port-to-port pass-through by a static port map"),
     ("l2", "Ethernet switching by a static MAC table"),
+    (
+        "l2learn",
+        "Ethernet learning switch: learns by add-on-miss, floods the unknown, ages out",
+    ),
     (
         "router",
         "IPv4/IPv6 forwarding by longest-prefix match, TTL and MAC rewriting",
@@ -111,6 +116,12 @@ pub fn build(
             let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
             let program = conntrack::Conntrack::new(&cfg, ports, &field, seed)?;
             // Each worker starts from an empty copy of the table.
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "l2learn" => {
+            let cfg: l2learn::L2LearnConfig = table.try_into().map_err(parse_error)?;
+            let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
+            let program = l2learn::L2Learn::new(&cfg, ports, &field, seed)?;
             Ok(Arc::new(move |_| Box::new(program.clone())))
         }
         "router" => {

@@ -15,7 +15,7 @@
 use crate::burst::Burst;
 use crate::pipeline::{RunHandle, RunReport, RuntimeConfig};
 use crate::port::{LiveQueue, PortCounters};
-use crate::program::{PortId, ProgramFactory, Verdict};
+use crate::program::{PortId, ProgramFactory};
 use crate::stats::Stats;
 use crate::worker::Worker;
 use std::os::fd::RawFd;
@@ -244,11 +244,10 @@ fn worker_loop(
 
 /// Writes each forwarded packet of `burst` to its port's queue.
 fn transmit(burst: &Burst, ports: &mut [Box<dyn LiveQueue>]) {
+    let n = ports.len();
     for (d, data) in burst.iter() {
-        if let Verdict::Forward(p) = d.verdict
-            && let Some(out) = ports.get_mut(usize::from(p))
-        {
-            out.send(data);
+        for p in d.verdict.out_ports(d.in_port, n) {
+            ports[usize::from(p)].send(data);
         }
     }
 }

@@ -414,16 +414,18 @@ fn output_stage(
             let d = bursts[w].descs()[i];
             let data = bursts[w].data(i);
             match d.verdict {
-                Verdict::Forward(port) => {
-                    let p = usize::from(port);
-                    counts[p].0 += 1;
-                    counts[p].1 += u64::from(d.len);
-                    if let Some(out) = tx[p].as_mut().filter(|_| !failed[p])
-                        && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
-                    {
-                        errors.push(format!("writing port {} ({}): {e}; its later packets were counted but not written", p, out.name()));
-                        failed[p] = true;
-                        handle.stop.store(true, Ordering::Relaxed);
+                Verdict::Forward(_) | Verdict::Flood => {
+                    for port in d.verdict.out_ports(d.in_port, tx.len()) {
+                        let p = usize::from(port);
+                        counts[p].0 += 1;
+                        counts[p].1 += u64::from(d.len);
+                        if let Some(out) = tx[p].as_mut().filter(|_| !failed[p])
+                            && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
+                        {
+                            errors.push(format!("writing port {} ({}): {e}; its later packets were counted but not written", p, out.name()));
+                            failed[p] = true;
+                            handle.stop.store(true, Ordering::Relaxed);
+                        }
                     }
                 }
                 Verdict::ToControl(_) => {
@@ -541,10 +543,10 @@ pub fn run_sharded(
 /// Counts forwarded packets per port: the output of a benchmark.
 #[inline]
 fn null_sink(burst: &Burst, counts: &mut [(u64, u64)]) {
+    let ports = counts.len();
     for d in burst.descs() {
-        if let Verdict::Forward(p) = d.verdict
-            && let Some(c) = counts.get_mut(usize::from(p))
-        {
+        for p in d.verdict.out_ports(d.in_port, ports) {
+            let c = &mut counts[usize::from(p)];
             c.0 += 1;
             c.1 += u64::from(d.len);
         }

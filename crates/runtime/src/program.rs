@@ -60,10 +60,62 @@ impl DropReason {
 pub enum Verdict {
     /// Send out of this port.
     Forward(PortId),
+    /// Send a copy out of every port but the one it came in on (unknown destinations,
+    /// broadcasts).
+    Flood,
     /// Drop, for this reason.
     Drop(DropReason),
     /// Hand to the control plane (a packet-in), with a program-defined reason code.
     ToControl(u16),
+}
+
+impl Verdict {
+    /// The ports this verdict sends a packet out of, for a packet that came in on
+    /// `in_port` of a switch with `ports` ports. Every output stage (files, live queues,
+    /// the benchmark's sink, the counters) goes through this one function.
+    #[inline]
+    pub fn out_ports(self, in_port: PortId, ports: usize) -> OutPorts {
+        match self {
+            Verdict::Forward(p) if usize::from(p) < ports => OutPorts {
+                next: usize::from(p),
+                end: usize::from(p) + 1,
+                skip: usize::MAX,
+            },
+            Verdict::Flood => OutPorts {
+                next: 0,
+                end: ports,
+                skip: usize::from(in_port),
+            },
+            _ => OutPorts {
+                next: 0,
+                end: 0,
+                skip: usize::MAX,
+            },
+        }
+    }
+}
+
+/// The output ports of a verdict, in port order (see [`Verdict::out_ports`]).
+pub struct OutPorts {
+    next: usize,
+    end: usize,
+    skip: usize,
+}
+
+impl Iterator for OutPorts {
+    type Item = PortId;
+
+    #[inline]
+    fn next(&mut self) -> Option<PortId> {
+        while self.next < self.end {
+            let p = self.next;
+            self.next += 1;
+            if p != self.skip {
+                return Some(p as PortId);
+            }
+        }
+        None
+    }
 }
 
 /// What the runtime tells a program about the burst it is processing.
@@ -97,3 +149,22 @@ pub trait Program: Send {
 
 /// Makes one program instance per worker (`worker index -> program`).
 pub type ProgramFactory = std::sync::Arc<dyn Fn(usize) -> Box<dyn Program> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_ports_of_each_verdict() {
+        let all = |v: Verdict, in_port| v.out_ports(in_port, 4).collect::<Vec<_>>();
+        assert_eq!(all(Verdict::Forward(2), 0), [2]);
+        assert_eq!(all(Verdict::Forward(9), 0), [], "no such port: nowhere");
+        assert_eq!(
+            all(Verdict::Flood, 1),
+            [0, 2, 3],
+            "every port but the ingress"
+        );
+        assert_eq!(all(Verdict::Drop(DropReason::NO_VERDICT), 1), []);
+        assert_eq!(all(Verdict::ToControl(1), 1), []);
+    }
+}

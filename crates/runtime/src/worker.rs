@@ -83,6 +83,12 @@ impl Worker {
                     tx += 1;
                     tx_bytes += u64::from(d.len);
                 }
+                Verdict::Flood => {
+                    // Counted as the copies that go out.
+                    let copies = d.verdict.out_ports(d.in_port, ports).count() as u64;
+                    tx += copies;
+                    tx_bytes += copies * u64::from(d.len);
+                }
                 Verdict::Forward(_) => {
                     d.verdict = Verdict::Drop(DropReason::NO_SUCH_PORT);
                     self.stats.drops[usize::from(DropReason::NO_SUCH_PORT.0)] += 1;

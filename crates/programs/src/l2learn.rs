@@ -1,0 +1,218 @@
+//! `l2learn`: an Ethernet learning switch, learning in the data plane by add-on-miss.
+//!
+//! Every frame teaches the switch where its source lives: a source MAC the table misses is
+//! added on the spot (PNA add-on-miss) with the port it came in on; a known source's entry
+//! has its ageing timer restarted, and its port updated in place if the station moved. The
+//! destination is then looked up: a known one on another port is forwarded there, one on
+//! the ingress port is dropped (`same_port`), and unknown, broadcast and multicast
+//! destinations are flooded to every other port. Stations not heard from for `ageing`
+//! seconds are forgotten (AUTO_DELETE).
+//!
+//! State: one table per worker from (VLAN, MAC) to port, written by the data plane
+//! (write-centric). With several workers each worker learns from the frames of the flows
+//! it owns; a destination another worker learned is flooded until this one sees it too.
+//! Configuration: `capacity` (stations per worker, default 65536), `ageing` (seconds,
+//! default 300, as IEEE 802.1D recommends). Counters: drops `same_port`, `table_full`
+//! (a station not learned; its frames still flood).
+
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_state::{ExactTable, ExpireMode, ExpireProfile};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct L2LearnConfig {
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+    #[serde(default = "default_ageing")]
+    pub ageing: f64,
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+fn default_ageing() -> f64 {
+    300.0
+}
+
+const SAME_PORT: DropReason = DropReason::program(0);
+
+#[derive(Clone)]
+pub struct L2Learn {
+    table: ExactTable<u64, PortId>,
+    /// Stations not learned because the table was full.
+    pub not_learned: u64,
+}
+
+fn station(vlan: u16, mac: &[u8]) -> u64 {
+    let mut m = [0u8; 8];
+    m[2..].copy_from_slice(&mac[..6]);
+    u64::from(vlan & 0x0fff) << 48 | u64::from_be_bytes(m)
+}
+
+impl L2Learn {
+    pub fn new(
+        cfg: &L2LearnConfig,
+        _ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        if cfg.capacity == 0 || cfg.capacity > 1 << 24 {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                "give 1 to 16777216 stations per worker",
+            ));
+        }
+        if !(1.0..=1e6).contains(&cfg.ageing) {
+            return Err(ConfigError::new(
+                format!("{field}.ageing"),
+                format!("{} is outside 1 to 1000000 seconds", cfg.ageing),
+            ));
+        }
+        let ageing = ExpireProfile {
+            timeout_ns: (cfg.ageing * 1e9) as u64,
+            mode: ExpireMode::AutoDelete,
+        };
+        Ok(L2Learn {
+            table: ExactTable::new(cfg.capacity, &[ageing], seed),
+            not_learned: 0,
+        })
+    }
+
+    /// The port station `mac` on `vlan` was learned on.
+    pub fn port_of(&self, vlan: u16, mac: [u8; 6]) -> Option<PortId> {
+        self.table.get(&station(vlan, &mac)).copied()
+    }
+
+    pub fn stations(&self) -> usize {
+        self.table.len()
+    }
+}
+
+impl Program for L2Learn {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        let now = ctx.now_ns;
+        for p in burst.iter_mut() {
+            let d = p.desc;
+            let vlan = d.parsed.key.vlan;
+            let (dst, src) = (&p.data[..6], &p.data[6..12]);
+            // Learn the source (a multicast source is bogus and never learned).
+            if src[0] & 1 == 0 {
+                let key = station(vlan, src);
+                match self.table.lookup(&key) {
+                    Some(id) => {
+                        *self.table.value_mut(id) = d.in_port;
+                        self.table.restart_timer(id, now);
+                    }
+                    None => {
+                        if self.table.add_entry(key, d.in_port, 0, now).is_err() {
+                            self.not_learned += 1;
+                        }
+                    }
+                }
+            }
+            let known = if dst[0] & 1 == 0 {
+                self.table
+                    .lookup(&station(vlan, dst))
+                    .map(|id| *self.table.value(id))
+            } else {
+                None
+            };
+            d.verdict = match known {
+                Some(port) if port == d.in_port => Verdict::Drop(SAME_PORT),
+                Some(port) => Verdict::Forward(port),
+                None => Verdict::Flood,
+            };
+        }
+        self.table.sweep(now, 16 + 2 * burst.len());
+        self.table.drain_notifications().for_each(drop);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &["same_port"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_wire::FlowHasher;
+
+    const S: u64 = 1_000_000_000;
+
+    fn switch(ageing: f64) -> L2Learn {
+        // A small table, so that a few bursts sweep all of it.
+        let cfg: L2LearnConfig =
+            toml::from_str(&format!("ageing = {ageing}\ncapacity = 64")).unwrap();
+        L2Learn::new(&cfg, &PortNames(vec![]), "program.l2learn", 5).unwrap()
+    }
+
+    fn mac(n: u8) -> [u8; 6] {
+        [2, 0, 0, 0, 0, n]
+    }
+
+    /// One frame from station `src` on `port` to `dst` at time `t`; its verdict.
+    fn send(sw: &mut L2Learn, t: u64, port: PortId, src: [u8; 6], dst: [u8; 6]) -> Verdict {
+        let mut f = dst.to_vec();
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&[0x88, 0xb5]);
+        f.resize(60, 0);
+        let mut b = Burst::with_capacity(2);
+        b.push(&f, 60, t, port, 0);
+        b.now_ns = t;
+        b.parse(&FlowHasher::with_seed(1));
+        let mut ctx = Context {
+            now_ns: t,
+            worker: 0,
+            workers: 1,
+            hasher: FlowHasher::with_seed(1),
+            ports: 4,
+        };
+        sw.process(&mut b, &mut ctx);
+        b.descs()[0].verdict
+    }
+
+    #[test]
+    fn learns_from_sources_floods_the_unknown_and_follows_a_moved_station() {
+        let mut sw = switch(300.0);
+        // A to B: B is unknown, so flood; A is learned on port 0 by add-on-miss.
+        assert_eq!(send(&mut sw, S, 0, mac(1), mac(2)), Verdict::Flood);
+        assert_eq!(sw.port_of(0, mac(1)), Some(0));
+        // B answers from port 2: A is known, so it goes straight to port 0.
+        assert_eq!(send(&mut sw, S, 2, mac(2), mac(1)), Verdict::Forward(0));
+        assert_eq!(send(&mut sw, S, 0, mac(1), mac(2)), Verdict::Forward(2));
+        // Broadcasts always flood; a frame back to its own port is dropped.
+        assert_eq!(send(&mut sw, S, 0, mac(1), [0xff; 6]), Verdict::Flood);
+        assert_eq!(
+            send(&mut sw, S, 2, mac(3), mac(2)),
+            Verdict::Drop(SAME_PORT)
+        );
+        // B moves to port 3: the next frame from it updates its entry in place.
+        send(&mut sw, 2 * S, 3, mac(2), mac(1));
+        assert_eq!(send(&mut sw, 2 * S, 0, mac(1), mac(2)), Verdict::Forward(3));
+        assert_eq!(sw.stations(), 3);
+    }
+
+    #[test]
+    fn silent_stations_age_out_and_talking_ones_stay() {
+        let mut sw = switch(10.0);
+        send(&mut sw, S, 0, mac(1), [0xff; 6]);
+        send(&mut sw, S, 1, mac(2), [0xff; 6]);
+        // Station 2 keeps talking every 4 s; station 1 goes silent.
+        for i in 1..=5 {
+            send(&mut sw, S + i * 4 * S, 1, mac(2), [0xff; 6]);
+        }
+        for _ in 0..20 {
+            send(&mut sw, 21 * S + S / 2, 1, mac(2), [0xff; 6]);
+        }
+        assert_eq!(
+            sw.port_of(0, mac(1)),
+            None,
+            "aged out after 10 s of silence"
+        );
+        assert_eq!(sw.port_of(0, mac(2)), Some(1));
+        assert_eq!(send(&mut sw, 22 * S, 1, mac(2), mac(1)), Verdict::Flood);
+    }
+}
