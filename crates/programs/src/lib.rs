@@ -7,6 +7,7 @@
 //! state shared between workers (each instance owns its worker's shard of flows; `steer`
 //! shares only its paths' liveness).
 
+pub mod acl;
 pub mod conntrack;
 pub mod forward;
 pub mod l2;
@@ -21,6 +22,10 @@ use std::sync::Arc;
 
 /// The programs `build` knows, with a line about each.
 pub const CATALOG: &[(&str, &str)] = &[
+    (
+        "acl",
+        "5-tuple permit/deny list (first match wins) before forward or router",
+    ),
     (
         "conntrack",
         "TCP/UDP connection tracking by add-on-miss, with per-state idle timeouts",
@@ -108,6 +113,11 @@ pub fn build(
         "l2" => {
             let cfg: l2::L2Config = table.try_into().map_err(parse_error)?;
             let program = l2::L2::new(&cfg, ports, &field)?;
+            Ok(Arc::new(move |_| Box::new(program.clone())))
+        }
+        "acl" => {
+            let cfg: acl::AclConfig = table.try_into().map_err(parse_error)?;
+            let program = acl::Acl::new(&cfg, ports, &field)?;
             Ok(Arc::new(move |_| Box::new(program.clone())))
         }
         "conntrack" => {
