@@ -6,6 +6,7 @@
 //! Must never: implement packet processing itself; it only wires the library crates.
 
 mod bench;
+mod bench_addonmiss;
 mod bench_tables;
 mod chart;
 mod config;
@@ -45,6 +46,8 @@ enum Command {
     Gen(gen_cmd::GenArgs),
     /// Measure packets per second per core on an in-memory replay.
     Bench(bench::BenchArgs),
+    /// The add-on-miss insertion-latency experiment (phase 1 inserts, phase 2 mixes).
+    BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
     /// Operations per second per core on the state primitives (exact tables).
     BenchTables(bench_tables::BenchTablesArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),
         Command::BenchTables(args) => bench_tables::main(args),
+        Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
