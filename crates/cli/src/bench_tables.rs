@@ -26,6 +26,9 @@ pub struct BenchTablesArgs {
     pub repeat: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Keep exact tables on 4 KiB pages (default: huge pages where the kernel gives them).
+    #[arg(long)]
+    pub no_hugepages: bool,
     /// Rule counts of the generated ACLs for the ternary measurement (empty: skip).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     pub acl_rules: Vec<usize>,
@@ -84,7 +87,7 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
         let (mut hit, mut hit_burst, mut miss) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.repeat {
             let mut t: ExactTable<FlowKey, u64> =
-                ExactTable::new(n, &[ExpireProfile::NEVER], a.seed);
+                ExactTable::with_pages(n, &[ExpireProfile::NEVER], a.seed, !a.no_hugepages);
             let start = Instant::now();
             for (i, k) in present.iter().enumerate() {
                 // The add-on-miss path as a program runs it: the lookup misses, then adds.

@@ -7,8 +7,8 @@
 //!
 //! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
 //! or accept a capture whose link type is not Ethernet (it says which it found instead).
-//! `unsafe` lives in two places only, each checked under valgrind by the test script:
-//! [`hugemem`] (one `madvise`) and `live::sys` (sockets, rings, BPF).
+//! Its `unsafe` lives in `live::sys` only (sockets, rings, BPF), checked under valgrind by
+//! the test script; huge-page advice is `stateplane-mem`'s.
 
 pub mod capture;
 pub mod hugemem;

@@ -103,7 +103,6 @@ struct Slot<K, V> {
 }
 
 /// An exact-match table of at most `capacity` entries. See the module documentation.
-#[derive(Clone)]
 pub struct ExactTable<K: TableKey, V: Copy + Default> {
     /// Per slot: 0 empty, else `dist << 24 | tag` (tag: 24 hash bits).
     meta: Box<[u32]>,
@@ -123,6 +122,16 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// A table for `capacity` entries with these expiry profiles, hashing with `seed`
     /// (random per process in production, fixed in tests).
     pub fn new(capacity: usize, profiles: &[ExpireProfile], seed: u64) -> Self {
+        Self::with_pages(capacity, profiles, seed, true)
+    }
+
+    /// As [`ExactTable::new`]; `huge_pages` false keeps 4 KiB pages (for comparisons).
+    pub fn with_pages(
+        capacity: usize,
+        profiles: &[ExpireProfile],
+        seed: u64,
+        huge_pages: bool,
+    ) -> Self {
         let capacity = capacity.max(1);
         let slots = (capacity + capacity / 7 + 1).next_power_of_two();
         let empty = Slot {
@@ -133,9 +142,15 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             profile: 0,
             notified: false,
         };
+        // Large tables get huge pages where the kernel gives them: a lookup then costs no
+        // page walk beyond the TLB's reach (see docs/BENCHMARKS.md).
         ExactTable {
-            meta: vec![0u32; slots].into_boxed_slice(),
-            slots: vec![empty; slots].into_boxed_slice(),
+            meta: stateplane_mem::huge_vec(slots, 0u32, huge_pages)
+                .0
+                .into_boxed_slice(),
+            slots: stateplane_mem::huge_vec(slots, empty, huge_pages)
+                .0
+                .into_boxed_slice(),
             mask: slots - 1,
             len: 0,
             capacity,
@@ -455,6 +470,33 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             assert_eq!(m >> TAG_BITS, dist, "slot {i}: distance");
         }
         assert_eq!(count, self.len);
+    }
+}
+
+/// A copy in memory of its own, with huge pages again (each worker's table is a clone of a
+/// template; a derived clone would allocate 4 KiB pages).
+impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
+    fn clone(&self) -> Self {
+        let copy = |meta: &[u32]| {
+            let mut m = stateplane_mem::huge_vec(meta.len(), 0u32, true).0;
+            m.copy_from_slice(meta);
+            m.into_boxed_slice()
+        };
+        let mut slots = stateplane_mem::huge_vec(self.slots.len(), self.slots[0], true).0;
+        slots.copy_from_slice(&self.slots);
+        ExactTable {
+            meta: copy(&self.meta),
+            slots: slots.into_boxed_slice(),
+            mask: self.mask,
+            len: self.len,
+            capacity: self.capacity,
+            seed: self.seed,
+            profiles: self.profiles.clone(),
+            sweep_cursor: self.sweep_cursor,
+            notifications: self.notifications.clone(),
+            notification_limit: self.notification_limit,
+            stats: self.stats,
+        }
     }
 }
 

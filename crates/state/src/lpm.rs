@@ -55,7 +55,9 @@ impl<V: Copy> Lpm4<V> {
         }
         order.sort_by_key(|&i| prefixes[i].1);
         let mut t = Lpm4 {
-            tbl24: vec![0u32; 1 << 24].into_boxed_slice(),
+            tbl24: stateplane_mem::huge_vec(1 << 24, 0u32, true)
+                .0
+                .into_boxed_slice(),
             tbl8: Vec::new(),
             values: Vec::with_capacity(prefixes.len()),
         };
