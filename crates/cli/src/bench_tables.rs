@@ -227,33 +227,15 @@ fn lpm_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
                 u32::from(p) | host
             })
             .collect();
-        let (mut build, mut lookup) = (Vec::new(), Vec::new());
-        for _ in 0..a.repeat {
-            let t = Instant::now();
-            let Ok(table) = Lpm4::build(&v4) else { return };
-            build.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            let mut sum = 0u64;
-            for &x in &addrs {
-                sum += u64::from(table.lookup(x).copied().unwrap_or(0));
-            }
-            black_box(sum);
-            lookup.push(t.elapsed().as_secs_f64() / addrs.len() as f64);
-        }
-        let b = median(build);
-        rows.push(Row {
-            op: "lpm4 build (s)".into(),
-            entries: v4.len(),
-            mops: b,
-            ns: b * 1e9 / v4.len() as f64,
-        });
-        let l = median(lookup);
-        rows.push(Row {
-            op: "lpm4 lookup".into(),
-            entries: v4.len(),
-            mops: 1e-6 / l,
-            ns: l * 1e9,
-        });
+        build_and_lookup(
+            "lpm4",
+            v4.len(),
+            a.repeat,
+            || Lpm4::build(&v4).ok(),
+            &addrs,
+            |t, x| t.lookup(*x).copied().unwrap_or(0),
+            rows,
+        );
     }
     if a.ipv6_prefixes > 0 {
         let v6 = prefixes::ipv6(a.ipv6_prefixes, a.seed);
@@ -265,34 +247,59 @@ fn lpm_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
                 std::net::Ipv6Addr::from(u128::from(p) | host)
             })
             .collect();
-        let (mut build, mut lookup) = (Vec::new(), Vec::new());
-        for _ in 0..a.repeat {
-            let t = Instant::now();
-            let Ok(table) = Lpm6::build(&v6) else { return };
-            build.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            let mut sum = 0u64;
-            for x in &addrs {
-                sum += u64::from(table.lookup(x).copied().unwrap_or(0));
-            }
-            black_box(sum);
-            lookup.push(t.elapsed().as_secs_f64() / addrs.len() as f64);
-        }
-        let b = median(build);
-        rows.push(Row {
-            op: "lpm6 build (s)".into(),
-            entries: v6.len(),
-            mops: b,
-            ns: b * 1e9 / v6.len() as f64,
-        });
-        let l = median(lookup);
-        rows.push(Row {
-            op: "lpm6 lookup".into(),
-            entries: v6.len(),
-            mops: 1e-6 / l,
-            ns: l * 1e9,
-        });
+        build_and_lookup(
+            "lpm6",
+            v6.len(),
+            a.repeat,
+            || Lpm6::build(&v6).ok(),
+            &addrs,
+            |t, x| t.lookup(x).copied().unwrap_or(0),
+            rows,
+        );
     }
+}
+
+/// Builds a table `repeat` times and looks every address up in it each time; adds the
+/// median build time and lookup rate as rows `NAME build (s)` and `NAME lookup`.
+fn build_and_lookup<T, A>(
+    name: &str,
+    entries: usize,
+    repeat: usize,
+    build: impl Fn() -> Option<T>,
+    addrs: &[A],
+    lookup: impl Fn(&T, &A) -> u32,
+    rows: &mut Vec<Row>,
+) {
+    let (mut builds, mut lookups) = (Vec::new(), Vec::new());
+    for _ in 0..repeat {
+        let t = Instant::now();
+        let Some(table) = build() else {
+            eprintln!("{name}: the generated table could not be built");
+            return;
+        };
+        builds.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for x in addrs {
+            sum += u64::from(lookup(&table, x));
+        }
+        black_box(sum);
+        lookups.push(t.elapsed().as_secs_f64() / addrs.len() as f64);
+    }
+    let b = median(builds);
+    rows.push(Row {
+        op: format!("{name} build (s)"),
+        entries,
+        mops: b,
+        ns: b * 1e9 / entries as f64,
+    });
+    let l = median(lookups);
+    rows.push(Row {
+        op: format!("{name} lookup"),
+        entries,
+        mops: 1e-6 / l,
+        ns: l * 1e9,
+    });
 }
 
 /// Ternary ACLs: classifications per second by tuple-space search, and by the linear
