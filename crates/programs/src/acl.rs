@@ -238,7 +238,6 @@ impl Program for Acl {
 mod tests {
     use super::*;
     use stateplane_gen::build::{Hosts, L4, emit_frame};
-    use stateplane_wire::FlowHasher;
     use stateplane_wire::ethernet::MacAddr;
 
     fn frame(src: &str, dst: &str, l4: L4) -> Vec<u8> {
@@ -266,19 +265,7 @@ mod tests {
     }
 
     fn run(acl: &mut Acl, frames: &[Vec<u8>]) -> Vec<Verdict> {
-        let mut b = Burst::with_capacity(16);
-        for f in frames {
-            b.push(f, f.len() as u32, 1, 0, 0);
-        }
-        b.parse(&FlowHasher::with_seed(1));
-        let mut ctx = Context {
-            now_ns: 1,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 2,
-        };
-        acl.process(&mut b, &mut ctx);
+        let b = crate::testutil::run(acl, frames, 2);
         b.descs().iter().map(|d| d.verdict).collect()
     }
 

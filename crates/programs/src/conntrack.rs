@@ -318,13 +318,7 @@ mod tests {
         burst.push(&f, f.len() as u32, t, if from_inside { 0 } else { 1 }, 0);
         burst.now_ns = t;
         burst.parse(&FlowHasher::with_seed(1));
-        let mut ctx = Context {
-            now_ns: t,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 2,
-        };
+        let mut ctx = crate::testutil::ctx(t, 2);
         c.process(&mut burst, &mut ctx);
         burst.descs()[0].verdict
     }
@@ -332,13 +326,7 @@ mod tests {
     /// Lets time pass at `t` with no traffic: empty bursts, enough for the sweep to see
     /// the whole (small) table.
     fn idle(c: &mut Conntrack, t: u64) {
-        let mut ctx = Context {
-            now_ns: t,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 2,
-        };
+        let mut ctx = crate::testutil::ctx(t, 2);
         for _ in 0..32 {
             let mut burst = Burst::with_capacity(1);
             burst.now_ns = t;

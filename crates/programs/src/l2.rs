@@ -220,13 +220,7 @@ mod tests {
         }
         let hasher = FlowHasher::with_seed(1);
         burst.parse(&hasher);
-        let mut ctx = Context {
-            now_ns: 0,
-            worker: 0,
-            workers: 1,
-            hasher,
-            ports: 3,
-        };
+        let mut ctx = crate::testutil::ctx(0, 3);
         l2.process(&mut burst, &mut ctx);
         let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
         assert_eq!(
@@ -259,13 +253,7 @@ mod tests {
         }
         let hasher = FlowHasher::with_seed(1);
         burst.parse(&hasher);
-        let mut ctx = Context {
-            now_ns: 0,
-            worker: 0,
-            workers: 1,
-            hasher,
-            ports: 3,
-        };
+        let mut ctx = crate::testutil::ctx(0, 3);
         l2.process(&mut burst, &mut ctx);
         let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
         assert_eq!(

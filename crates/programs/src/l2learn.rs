@@ -163,13 +163,7 @@ mod tests {
         b.push(&f, 60, t, port, 0);
         b.now_ns = t;
         b.parse(&FlowHasher::with_seed(1));
-        let mut ctx = Context {
-            now_ns: t,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 4,
-        };
+        let mut ctx = crate::testutil::ctx(t, 4);
         sw.process(&mut b, &mut ctx);
         b.descs()[0].verdict
     }

@@ -14,6 +14,8 @@ pub mod l2;
 pub mod l2learn;
 pub mod router;
 pub mod steer;
+#[cfg(test)]
+mod testutil;
 
 use stateplane_runtime::{PortId, ProgramFactory};
 use stateplane_wire::{FlowHasher, FlowKey};

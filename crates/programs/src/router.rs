@@ -189,7 +189,6 @@ impl Program for Router {
 mod tests {
     use super::*;
     use stateplane_gen::build::{Hosts, L4, emit_frame};
-    use stateplane_wire::FlowHasher;
     use stateplane_wire::ipv4::Ipv4Packet;
 
     fn router() -> Router {
@@ -237,20 +236,7 @@ mod tests {
     }
 
     fn run(r: &mut Router, frames: &[Vec<u8>]) -> Burst {
-        let mut b = Burst::with_capacity(16);
-        for f in frames {
-            b.push(f, f.len() as u32, 1, 0, 0);
-        }
-        b.parse(&FlowHasher::with_seed(1));
-        let mut ctx = Context {
-            now_ns: 1,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 3,
-        };
-        r.process(&mut b, &mut ctx);
-        b
+        crate::testutil::run(r, frames, 3)
     }
 
     #[test]
