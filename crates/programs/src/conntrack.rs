@@ -15,7 +15,9 @@
 //!   packet restarts the timer.
 //!
 //! Packets are forwarded by the port map of `forward`. With `drop_invalid` (default true),
-//! a TCP packet that is not a SYN and belongs to no connection is dropped (`invalid`); a
+//! a TCP packet that is not a SYN and belongs to no connection is dropped (`invalid`),
+//! except a RST, which only ever closes things and passes (as the repeated resets of a
+//! peer that just reset a connection do); a
 //! new connection that finds the table full is dropped (`table_full`). Other protocols pass
 //! untracked.
 //!
@@ -185,7 +187,12 @@ impl Conntrack {
         let (ckey, is_canonical) = canonical(key);
         let tcp = key.proto == 6;
         let Some(id) = self.table.lookup(&ckey) else {
-            if tcp && (tcp_flags & (flags::SYN | flags::ACK | flags::RST)) != flags::SYN {
+            if tcp && tcp_flags & flags::RST != 0 {
+                // A reset of a connection we do not (or no longer) track: let it through
+                // (it only ever closes things) and keep no state for it.
+                return None;
+            }
+            if tcp && (tcp_flags & (flags::SYN | flags::ACK)) != flags::SYN {
                 return self.drop_invalid.then_some(INVALID);
             }
             let state = if tcp { ConnState::New } else { ConnState::Udp };
@@ -397,6 +404,12 @@ mod tests {
         assert_eq!(send(&mut c, S + 1, false, tcp(1000, false, flags::RST)), IN);
         assert_eq!(state(&c, 1000), None, "a RST deletes in the data plane");
         assert_eq!(send(&mut c, S + 2, true, tcp(1000, true, flags::ACK)), drop);
+        assert_eq!(
+            send(&mut c, S + 3, false, tcp(1000, false, flags::RST)),
+            IN,
+            "a repeated reset passes, and creates nothing"
+        );
+        assert_eq!(c.connections(), 0);
     }
 
     #[test]
