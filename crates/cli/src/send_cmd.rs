@@ -37,9 +37,12 @@ pub fn main(a: SendArgs) -> CliResult<()> {
     let mut frames = read_all(&a.trace).map_err(|e| format!("{}: {e}", a.trace.display()))?;
     for (flag, value, at) in [("--dst-mac", &a.dst_mac, 0), ("--src-mac", &a.src_mac, 6)] {
         if let Some(text) = value {
-            let mac = parse_mac(text).ok_or_else(|| {
-                format!("{flag}: '{text}' is not a MAC address like 02:00:00:00:01:02")
-            })?;
+            let mac = text
+                .parse::<stateplane_wire::MacAddr>()
+                .map_err(|_| {
+                    format!("{flag}: '{text}' is not a MAC address like 02:00:00:00:01:02")
+                })?
+                .0;
             for (_, data, _) in frames.iter_mut().filter(|f| f.1.len() >= 14) {
                 data[at..at + 6].copy_from_slice(&mac);
             }
@@ -91,13 +94,4 @@ pub fn main(a: SendArgs) -> CliResult<()> {
         );
     }
     Ok(())
-}
-
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let mut parts = text.split(':');
-    for byte in mac.iter_mut() {
-        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(mac)
 }

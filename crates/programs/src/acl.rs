@@ -19,7 +19,7 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -95,21 +95,13 @@ fn prefix(field: &str, text: &str) -> Result<(u32, u8), ConfigError> {
     if text == "any" {
         return Ok((0, 0));
     }
-    let bad = || {
-        ConfigError::new(
+    match crate::parse_prefix(field, text)? {
+        (IpAddr::V4(a), len) => Ok((u32::from(a), len)),
+        (IpAddr::V6(_), _) => Err(ConfigError::new(
             field,
-            format!("'{text}' is not an IPv4 prefix like 198.18.0.0/16, an address, or any"),
-        )
-    };
-    let (addr, len) = match text.split_once('/') {
-        Some((a, l)) => (a, l.parse::<u8>().map_err(|_| bad())?),
-        None => (text, 32),
-    };
-    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-    if len > 32 {
-        return Err(bad());
+            format!("'{text}' is IPv6; acl rules match IPv4 (IPv6 packets take the default)"),
+        )),
     }
-    Ok((u32::from(addr), len))
 }
 
 fn ports(field: &str, text: &str) -> Result<(u16, u16), ConfigError> {

@@ -81,7 +81,7 @@ impl MacTable {
     }
 }
 
-fn table_key(vlan: u16, mac: [u8; 6]) -> u64 {
+pub(crate) fn table_key(vlan: u16, mac: [u8; 6]) -> u64 {
     u64::from(vlan & 0x0fff) << 48 | MacAddr(mac).to_u64()
 }
 

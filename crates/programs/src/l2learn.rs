@@ -46,10 +46,11 @@ pub struct L2Learn {
     pub not_learned: u64,
 }
 
+/// A station's key: the same (VLAN, MAC) key as `l2`'s static table.
 fn station(vlan: u16, mac: &[u8]) -> u64 {
-    let mut m = [0u8; 8];
-    m[2..].copy_from_slice(&mac[..6]);
-    u64::from(vlan & 0x0fff) << 48 | u64::from_be_bytes(m)
+    let mut m = [0u8; 6];
+    m.copy_from_slice(&mac[..6]);
+    crate::l2::table_key(vlan, m)
 }
 
 impl L2Learn {

@@ -17,9 +17,10 @@ pub mod steer;
 #[cfg(test)]
 mod testutil;
 
-use stateplane_runtime::{PortId, ProgramFactory};
+use stateplane_runtime::{PortId, Program, ProgramFactory};
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// The programs `build` knows, with a line about each.
@@ -95,6 +96,53 @@ impl PortNames {
     }
 }
 
+/// A prefix as configurations write it: `198.18.0.0/16`, `2001:2::/48`, or a bare address
+/// (a host prefix). Host bits beyond the length are left to the tables, which ignore them.
+pub(crate) fn parse_prefix(field: &str, text: &str) -> Result<(IpAddr, u8), ConfigError> {
+    let bad = || {
+        ConfigError::new(
+            field,
+            format!("'{text}' is not a prefix like 198.19.0.0/16 or 2001:2::/48, or an address"),
+        )
+    };
+    let (addr, len) = match text.split_once('/') {
+        Some((a, l)) => (a, Some(l.parse::<u8>().map_err(|_| bad())?)),
+        None => (text, None),
+    };
+    let addr: IpAddr = addr.parse().map_err(|_| bad())?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    let len = len.unwrap_or(max);
+    if len > max {
+        return Err(bad());
+    }
+    Ok((addr, len))
+}
+
+/// Parses the program's table as `C`, builds the program once with `make` (so configuration
+/// errors surface here, not in a worker), and gives each worker its own clone: an empty copy
+/// of per-worker tables, or a handle on shared read-only ones (`Arc`s inside the program).
+fn factory<C, P>(
+    table: toml::Value,
+    field: &str,
+    make: impl FnOnce(&C) -> Result<P, ConfigError>,
+) -> Result<ProgramFactory, ConfigError>
+where
+    C: serde::de::DeserializeOwned,
+    P: Program + Clone + Sync + 'static,
+{
+    let cfg: C = table
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::new(field, e.message().to_owned()))?;
+    let program = make(&cfg)?;
+    Ok(Arc::new(move |_| Box::new(program.clone())))
+}
+
+/// A random seed for a program's tables, per process, so crafted traffic cannot aim at a
+/// bucket.
+fn table_seed() -> u64 {
+    FlowHasher::random().hash(&FlowKey::EMPTY)
+}
+
 /// Builds the factory of program `name` from its configuration table (`None`: defaults).
 pub fn build(
     name: &str,
@@ -102,52 +150,22 @@ pub fn build(
     ports: &PortNames,
 ) -> Result<ProgramFactory, ConfigError> {
     let field = format!("program.{name}");
+    let f = field.as_str();
     let table = config
         .cloned()
         .unwrap_or_else(|| toml::Value::Table(Default::default()));
-    let parse_error = |e: toml::de::Error| ConfigError::new(field.clone(), e.message().to_owned());
     match name {
-        "forward" => {
-            let cfg: forward::ForwardConfig = table.try_into().map_err(parse_error)?;
-            let program = forward::Forward::new(&cfg, ports, &field)?;
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "l2" => {
-            let cfg: l2::L2Config = table.try_into().map_err(parse_error)?;
-            let program = l2::L2::new(&cfg, ports, &field)?;
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "acl" => {
-            let cfg: acl::AclConfig = table.try_into().map_err(parse_error)?;
-            let program = acl::Acl::new(&cfg, ports, &field)?;
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "conntrack" => {
-            let cfg: conntrack::ConntrackConfig = table.try_into().map_err(parse_error)?;
-            // A random table seed per process, so crafted traffic cannot aim at a bucket.
-            let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
-            let program = conntrack::Conntrack::new(&cfg, ports, &field, seed)?;
-            // Each worker starts from an empty copy of the table.
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "l2learn" => {
-            let cfg: l2learn::L2LearnConfig = table.try_into().map_err(parse_error)?;
-            let seed = FlowHasher::random().hash(&FlowKey::EMPTY);
-            let program = l2learn::L2Learn::new(&cfg, ports, &field, seed)?;
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "router" => {
-            let cfg: router::RouterConfig = table.try_into().map_err(parse_error)?;
-            let program = router::Router::new(&cfg, ports, &field)?;
-            // The route tables are shared read-only (an Arc); each worker holds a handle.
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
-        "steer" => {
-            let cfg: steer::SteerConfig = table.try_into().map_err(parse_error)?;
-            let program = steer::Steer::new(&cfg, ports, &field)?;
-            // One instance per worker, all sharing the paths' liveness (the atomics).
-            Ok(Arc::new(move |_| Box::new(program.clone())))
-        }
+        "forward" => factory(table, f, |c| forward::Forward::new(c, ports, f)),
+        "l2" => factory(table, f, |c| l2::L2::new(c, ports, f)),
+        "l2learn" => factory(table, f, |c| {
+            l2learn::L2Learn::new(c, ports, f, table_seed())
+        }),
+        "acl" => factory(table, f, |c| acl::Acl::new(c, ports, f)),
+        "conntrack" => factory(table, f, |c| {
+            conntrack::Conntrack::new(c, ports, f, table_seed())
+        }),
+        "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
+        "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),
         other => {
             let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();
             Err(ConfigError::new(

@@ -91,21 +91,9 @@ impl Router {
                 port: ports.resolve(&format!("{f}.port"), &r.port)?,
                 mac: parse_mac(&format!("{f}.next_hop_mac"), &r.next_hop_mac)?,
             };
-            let bad = || {
-                ConfigError::new(
-                    format!("{f}.prefix"),
-                    format!(
-                        "'{}' is not a prefix like 198.19.0.0/16 or 2001:2::/48",
-                        r.prefix
-                    ),
-                )
-            };
-            let (addr, len) = r.prefix.split_once('/').ok_or_else(bad)?;
-            let len: u8 = len.parse().map_err(|_| bad())?;
-            match addr.parse::<IpAddr>().map_err(|_| bad())? {
-                IpAddr::V4(a) if len <= 32 => v4.push((a, len, hop)),
-                IpAddr::V6(a) if len <= 128 => v6.push((a, len, hop)),
-                _ => return Err(bad()),
+            match crate::parse_prefix(&format!("{f}.prefix"), &r.prefix)? {
+                (IpAddr::V4(a), len) => v4.push((a, len, hop)),
+                (IpAddr::V6(a), len) => v6.push((a, len, hop)),
             }
         }
         Router::from_routes(&v4, &v6, port_macs)
