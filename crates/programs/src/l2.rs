@@ -167,7 +167,6 @@ impl Program for L2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stateplane_wire::FlowHasher;
 
     fn ports() -> PortNames {
         PortNames(vec!["a".into(), "b".into(), "c".into()])
@@ -206,25 +205,15 @@ mod tests {
             f.resize(60, 0);
             f
         };
-        let mut burst = Burst::with_capacity(8);
-        for (i, f) in [
+        let (a, b, c, d) = (
             frame(2, None),
             frame(2, Some(7)),
             frame(1, None),
             frame(5, None),
-        ]
-        .iter()
-        .enumerate()
-        {
-            burst.push(f, 60, 0, if i >= 2 { 0 } else { 2 }, i as u64);
-        }
-        let hasher = FlowHasher::with_seed(1);
-        burst.parse(&hasher);
-        let mut ctx = crate::testutil::ctx(0, 3);
-        l2.process(&mut burst, &mut ctx);
-        let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
+        );
+        let burst = crate::testutil::run_on(&mut l2, &[(&a, 2), (&b, 2), (&c, 0), (&d, 0)], 3);
         assert_eq!(
-            verdicts,
+            crate::testutil::verdicts(&burst),
             [
                 Verdict::Forward(1),
                 Verdict::Forward(0),
@@ -244,20 +233,19 @@ mod tests {
         )
         .unwrap();
         let mut l2 = L2::new(&cfg, &ports(), "program.l2").unwrap();
-        let mut burst = Burst::with_capacity(4);
-        for dst in [[0xff; 6], [2, 0, 0, 0, 0, 7], [2, 0, 0, 0, 0, 1]] {
-            let mut f = dst.to_vec();
-            f.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x88, 0xb5]);
-            f.resize(60, 0);
-            burst.push(&f, 60, 0, 2, 0);
-        }
-        let hasher = FlowHasher::with_seed(1);
-        burst.parse(&hasher);
-        let mut ctx = crate::testutil::ctx(0, 3);
-        l2.process(&mut burst, &mut ctx);
-        let verdicts: Vec<Verdict> = burst.descs().iter().map(|d| d.verdict).collect();
+        let frames: Vec<Vec<u8>> = [[0xff; 6], [2, 0, 0, 0, 0, 7], [2, 0, 0, 0, 0, 1]]
+            .iter()
+            .map(|dst| {
+                let mut f = dst.to_vec();
+                f.extend_from_slice(&[2, 0, 0, 0, 0, 9, 0x88, 0xb5]);
+                f.resize(60, 0);
+                f
+            })
+            .collect();
+        let on_port_2: Vec<(&[u8], PortId)> = frames.iter().map(|f| (f.as_slice(), 2)).collect();
+        let burst = crate::testutil::run_on(&mut l2, &on_port_2, 3);
         assert_eq!(
-            verdicts,
+            crate::testutil::verdicts(&burst),
             [Verdict::Flood, Verdict::Flood, Verdict::Forward(0)]
         );
     }

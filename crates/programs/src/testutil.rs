@@ -1,6 +1,6 @@
 //! Helpers for the programs' tests.
 
-use stateplane_runtime::{Burst, Context, Program};
+use stateplane_runtime::{Burst, Context, PortId, Program};
 use stateplane_wire::FlowHasher;
 
 /// The hasher the tests parse with.
@@ -22,11 +22,22 @@ pub fn ctx(now_ns: u64, ports: usize) -> Context {
 /// Runs `program` on one burst of `frames`, all arriving on port 0 at time 1, on a switch
 /// of `ports` ports; returns the burst with the verdicts.
 pub fn run(program: &mut impl Program, frames: &[Vec<u8>], ports: usize) -> Burst {
+    let on_port_0: Vec<(&[u8], PortId)> = frames.iter().map(|f| (f.as_slice(), 0)).collect();
+    run_on(program, &on_port_0, ports)
+}
+
+/// As [`run`], each frame arriving on its own port.
+pub fn run_on(program: &mut impl Program, frames: &[(&[u8], PortId)], ports: usize) -> Burst {
     let mut b = Burst::with_capacity(frames.len().max(1));
-    for f in frames {
-        b.push(f, f.len() as u32, 1, 0, 0);
+    for (i, (f, port)) in frames.iter().enumerate() {
+        b.push(f, f.len() as u32, 1, *port, i as u64);
     }
     b.parse(&hasher());
     program.process(&mut b, &mut ctx(1, ports));
     b
+}
+
+/// The verdict of each packet of a burst.
+pub fn verdicts(b: &Burst) -> Vec<stateplane_runtime::Verdict> {
+    b.descs().iter().map(|d| d.verdict).collect()
 }
