@@ -444,7 +444,7 @@ fn a_topology_with_an_outside_address_is_refused_before_anything_is_made() {
         .unwrap()
         .replace("name = \"line\"", "name = \"tbad\"")
         .replace("198.18.0.2/24", "192.168.1.2/24");
-    std::fs::write(&file, text_in).unwrap();
+    std::fs::write(&file, &text_in).unwrap();
     let out = bin().args(["lab", "up"]).arg(&file).output().unwrap();
     assert!(!out.status.success());
     assert!(
@@ -454,6 +454,23 @@ fn a_topology_with_an_outside_address_is_refused_before_anything_is_made() {
     );
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(!text(&ns).contains("sp-tbad-"));
+    // Without root, the user is told so before anything is tried.
+    let good = dir.join("good.toml");
+    std::fs::write(&good, text_in.replace("192.168.1.2/24", "198.18.0.2/24")).unwrap();
+    require("setpriv");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_stateplane"))
+        .args(["lab", "up"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("run stateplane lab as root"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

@@ -73,8 +73,29 @@ fn namespace_pids(ns: &str) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// Whether this process runs as root (effective uid 0, from /proc/self/status).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let uids = s.lines().find(|l| l.starts_with("Uid:"))?.to_owned();
+            uids.split_whitespace().nth(2).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// The lab's one privilege check, so that a user sees the fix rather than `ip`'s refusal.
+fn require_root() -> Result<(), String> {
+    if is_root() {
+        Ok(())
+    } else {
+        Err("the lab creates network namespaces, veth links and raw sockets: run stateplane lab as root".into())
+    }
+}
+
 /// Creates the lab and starts its switches; on any failure removes what it made.
 pub fn up(t: &Topology, stateplane: &Path) -> Result<(), String> {
+    require_root()?;
     if !lab_namespaces(&t.name)?.is_empty() {
         return Err(format!(
             "lab '{}' is already up (or was left behind by a crash): run `stateplane lab down` on it first",
@@ -308,6 +329,7 @@ pub fn stop_switch(t: &Topology, node: &str) -> Result<(), String> {
 /// Stops every process in the lab's namespaces and removes them; returns what it removed.
 /// Works from the namespace names alone, so it also cleans up after a crash.
 pub fn down(lab: &str) -> Result<Vec<String>, String> {
+    require_root()?;
     let namespaces = lab_namespaces(lab)?;
     for signal in ["TERM", "KILL"] {
         let pids: Vec<String> = namespaces
