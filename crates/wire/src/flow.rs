@@ -198,11 +198,21 @@ impl FlowHasher {
     /// The hash of the connection `key` belongs to: the same for both directions and
     /// whichever port they arrive on (the port is left out). Workers are chosen by it, so
     /// both directions of a connection meet in one worker's state.
+    ///
+    /// Each endpoint (address and port) is mixed on its own and the two are added, which
+    /// is symmetric without comparing or copying the key (it runs for every packet). For
+    /// ICMP both endpoints take the echo identifier, so a request and its reply agree.
     #[inline]
     pub fn hash_connection(&self, key: &FlowKey) -> u64 {
-        let mut k = *key;
-        k.in_port = 0;
-        self.hash_symmetric(&k)
+        let w = key.words();
+        let s = self.seed;
+        let icmp = matches!(key.proto, 1 | 58) && key.ip_version != 0;
+        let dst_port = if icmp { key.src_port } else { key.dst_port };
+        let a = folded_multiply(w[0] ^ s[0], w[1] ^ s[1] ^ u64::from(key.src_port));
+        let b = folded_multiply(w[2] ^ s[0], w[3] ^ s[1] ^ u64::from(dst_port));
+        let rest =
+            u64::from(key.vlan) | u64::from(key.proto) << 16 | u64::from(key.ip_version) << 24;
+        folded_multiply(a.wrapping_add(b) ^ s[2], rest ^ s[3])
     }
 
     /// The same hash for both directions of a connection: the endpoints are put in a
@@ -243,6 +253,9 @@ mod tests {
             let h = FlowHasher::with_seed(7);
             let k = key(a, b, sp, dp);
             prop_assert_eq!(h.hash_symmetric(&k), h.hash_symmetric(&k.reversed()));
+            let mut r = k.reversed();
+            r.in_port = 3;
+            prop_assert_eq!(h.hash_connection(&k), h.hash_connection(&r));
         }
 
         #[test]
