@@ -325,6 +325,25 @@ mod tests {
         assert_eq!(acl.drop_reasons()[2], "denied");
     }
 
+    /// The acl's reason names are its next stage's, then `denied`, at the index `denied()`
+    /// uses: the two lists are written apart, so this keeps them together.
+    #[test]
+    fn drop_reason_names_extend_the_next_stage() {
+        let names = PortNames(vec!["in".into(), "out".into()]);
+        for text in ["", "[router]\nroutes = []"] {
+            let cfg: AclConfig = toml::from_str(text).unwrap();
+            let acl = Acl::new(&cfg, &names, "program.acl").unwrap();
+            let next = next_reasons(&acl.next);
+            let all = acl.drop_reasons();
+            assert_eq!(&all[..next.len()], next);
+            assert_eq!(
+                all[usize::from(denied(&acl.next).0 - DropReason::PROGRAM_BASE)],
+                "denied"
+            );
+            assert_eq!(all.len(), next.len() + 1);
+        }
+    }
+
     #[test]
     fn bad_rules_name_the_field() {
         let names = PortNames(vec!["in".into(), "out".into()]);
