@@ -107,11 +107,13 @@ fn l2_factory() -> CliResult<ProgramFactory> {
     let ports = PortNames(vec!["0".into(), "1".into()]);
     let l2 = L2::new(
         &L2Config {
+            capacity: macs.len().max(1),
             macs,
             unknown: None,
         },
         &ports,
         "bench.l2",
+        0x5eed,
     )
     .map_err(|e| e.to_string())?;
     Ok(Arc::new(move |_| Box::new(l2.clone())))

@@ -73,11 +73,12 @@ fn server_ip(server: u16, v6: bool) -> IpAddr {
     if v6 {
         IpAddr::V6(Ipv6Addr::new(0x2001, 0x2, 0, 2, 0, 0, 0, server + 1))
     } else {
+        // Host numbers 1 to 254 in each /24, so no server is a network or broadcast address.
         IpAddr::V4(Ipv4Addr::new(
             198,
             19,
-            (server >> 8) as u8,
-            (server & 0xff) as u8 + 1,
+            (server / 254) as u8,
+            (server % 254) as u8 + 1,
         ))
     }
 }

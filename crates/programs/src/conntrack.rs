@@ -30,9 +30,14 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
-use stateplane_state::{ExactTable, ExpireMode, ExpireProfile};
+use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
+use stateplane_state::{
+    ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireMode, ExpireProfile,
+    Guarantee, Kind, Match, Notification, Outbox, Reply, Request,
+};
 use stateplane_wire::FlowKey;
 use stateplane_wire::tcp::flags;
+use std::net::{IpAddr, Ipv6Addr};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,6 +96,105 @@ pub enum ConnState {
     UdpStream = 4,
 }
 
+/// State names in the control API, by `ConnState` discriminant.
+const STATES: [&str; 5] = ["new", "established", "closing", "udp", "udp_stream"];
+
+impl ConnState {
+    fn from_index(i: usize) -> ConnState {
+        match i {
+            1 => ConnState::Established,
+            2 => ConnState::Closing,
+            3 => ConnState::Udp,
+            4 => ConnState::UdpStream,
+            _ => ConnState::New,
+        }
+    }
+}
+
+/// The control plane's view of the connection table: key the connection's canonical
+/// 5-tuple and VLAN; action its state, with its packet count.
+struct ConnCodec;
+
+impl ConnCodec {
+    fn declaration(capacity: usize) -> Declaration {
+        let packets = || vec![Field::exact("packets", 32, Format::Int)];
+        Declaration {
+            name: "connections".to_string(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![
+                    Field::exact("src", 128, Format::Ip),
+                    Field::exact("dst", 128, Format::Ip),
+                    Field::exact("proto", 8, Format::Int),
+                    Field::exact("src_port", 16, Format::Int),
+                    Field::exact("dst_port", 16, Format::Int),
+                    Field::exact("vlan", 12, Format::Int),
+                ],
+                actions: STATES
+                    .iter()
+                    .map(|&name| Action {
+                        name,
+                        params: packets(),
+                    })
+                    .collect(),
+                writable: false,
+            },
+        }
+    }
+}
+
+impl ExactCodec for ConnCodec {
+    type Key = FlowKey;
+    type Value = Conn;
+
+    fn key(fields: &[Match]) -> FlowKey {
+        let f = |i: usize| match fields.get(i) {
+            Some(Match::Exact(v)) => *v,
+            _ => 0,
+        };
+        let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
+        let mut key = match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                FlowKey::v4(s, d, f(2) as u8, f(3) as u16, f(4) as u16)
+            }
+            _ => FlowKey::v6(
+                Ipv6Addr::from(f(0)),
+                Ipv6Addr::from(f(1)),
+                f(2) as u8,
+                f(3) as u16,
+                f(4) as u16,
+            ),
+        };
+        key.vlan = f(5) as u16;
+        key
+    }
+
+    fn fields(key: &FlowKey) -> Vec<Match> {
+        let ip = |a: Option<IpAddr>| Match::Exact(a.map_or(0, ip_value));
+        vec![
+            ip(key.src_ip()),
+            ip(key.dst_ip()),
+            Match::Exact(u128::from(key.proto)),
+            Match::Exact(u128::from(key.src_port)),
+            Match::Exact(u128::from(key.dst_port)),
+            Match::Exact(u128::from(key.vlan)),
+        ]
+    }
+
+    fn value(action: usize, params: &[u128]) -> Conn {
+        Conn {
+            state: ConnState::from_index(action),
+            packets: params.first().map_or(0, |&p| p as u32),
+            ..Conn::default()
+        }
+    }
+
+    fn action(conn: &Conn) -> (usize, Vec<u128>) {
+        (conn.state as usize, vec![u128::from(conn.packets)])
+    }
+}
+
 /// A connection's entry: what the data plane updates in place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Conn {
@@ -121,6 +225,8 @@ fn canonical(key: &FlowKey) -> (FlowKey, bool) {
 pub struct Conntrack {
     forward: Forward,
     table: ExactTable<FlowKey, Conn>,
+    decl: Declaration,
+    outbox: Outbox,
     drop_invalid: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
     pub expired: [u64; 5],
@@ -168,6 +274,8 @@ impl Conntrack {
                 field,
             )?,
             table: ExactTable::new(cfg.capacity, &profiles, seed),
+            decl: ConnCodec::declaration(cfg.capacity),
+            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
             drop_invalid: cfg.drop_invalid,
             expired: [0; 5],
         })
@@ -270,13 +378,33 @@ impl Program for Conntrack {
         }
         self.table
             .sweep(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * burst.len());
-        for e in self.table.drain_notifications() {
-            self.expired[e.value.state as usize] += 1;
-        }
+        let expired = &mut self.expired;
+        self.outbox
+            .expired::<ConnCodec>(&self.decl, &mut self.table, |conn| {
+                expired[conn.state as usize] += 1
+            });
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["no_mapping", "invalid", "table_full"]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.decl.clone()]
+    }
+
+    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+        ExactControl::<ConnCodec> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns: ctx.now_ns,
+        }
+        .answer(request)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        out.append(&mut self.outbox.pending);
     }
 }
 

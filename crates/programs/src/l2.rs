@@ -11,6 +11,11 @@
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::{
+    ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireProfile, Guarantee,
+    Kind, Match, Reply, Request,
+};
 use stateplane_wire::MacAddr;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -29,55 +34,68 @@ pub struct L2Config {
     pub macs: Vec<MacEntry>,
     #[serde(default)]
     pub unknown: Option<String>,
+    /// Entries the table holds at most (configured and added by the control plane).
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+}
+
+fn default_capacity() -> usize {
+    4096
 }
 
 const UNKNOWN_DESTINATION: DropReason = DropReason::program(0);
 const SAME_PORT: DropReason = DropReason::program(1);
 
-/// A fixed-size open-addressing table from `vlan << 48 | mac` to a port: small enough to
-/// stay in cache, probed linearly, never resized after construction.
-#[derive(Debug, Clone)]
-pub struct MacTable {
-    /// Key + 1 (0 marks an empty slot), and the port.
-    slots: Vec<(u64, PortId)>,
-    mask: usize,
+/// The control plane's view of a MAC table (this one's and `l2learn`'s): key `vlan`,
+/// `mac`; action `forward(port)`.
+pub(crate) struct StationCodec;
+
+impl StationCodec {
+    pub(crate) fn declaration(name: &str, capacity: usize, writable: bool) -> Declaration {
+        Declaration {
+            name: name.to_string(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![
+                    Field::exact("vlan", 12, Format::Int),
+                    Field::exact("mac", 48, Format::Mac),
+                ],
+                actions: vec![Action {
+                    name: "forward",
+                    params: vec![Field::exact("port", 16, Format::Int)],
+                }],
+                writable,
+            },
+        }
+    }
 }
 
-impl MacTable {
-    pub fn new(entries: &[(u64, PortId)]) -> Self {
-        let size = (entries.len() * 2).next_power_of_two().max(16);
-        let mut table = MacTable {
-            slots: vec![(0, 0); size],
-            mask: size - 1,
+impl ExactCodec for StationCodec {
+    type Key = u64;
+    type Value = PortId;
+
+    fn key(fields: &[Match]) -> u64 {
+        let exact = |i: usize| match fields.get(i) {
+            Some(Match::Exact(v)) => *v as u64,
+            _ => 0,
         };
-        for &(key, port) in entries {
-            let mut i = Self::slot(key) & table.mask;
-            while table.slots[i].0 != 0 && table.slots[i].0 != key + 1 {
-                i = (i + 1) & table.mask;
-            }
-            table.slots[i] = (key + 1, port);
-        }
-        table
+        (exact(0) & 0x0fff) << 48 | (exact(1) & 0xffff_ffff_ffff)
     }
 
-    #[inline(always)]
-    fn slot(key: u64) -> usize {
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
+    fn fields(key: &u64) -> Vec<Match> {
+        vec![
+            Match::Exact(u128::from(key >> 48)),
+            Match::Exact(u128::from(key & 0xffff_ffff_ffff)),
+        ]
     }
 
-    #[inline]
-    pub fn get(&self, key: u64) -> Option<PortId> {
-        let mut i = Self::slot(key) & self.mask;
-        loop {
-            let (k, port) = self.slots[i];
-            if k == key + 1 {
-                return Some(port);
-            }
-            if k == 0 {
-                return None;
-            }
-            i = (i + 1) & self.mask;
-        }
+    fn value(_action: usize, params: &[u128]) -> PortId {
+        params.first().map_or(0, |&p| p as PortId)
+    }
+
+    fn action(port: &PortId) -> (usize, Vec<u128>) {
+        (0, vec![u128::from(*port)])
     }
 }
 
@@ -93,15 +111,31 @@ pub enum Unknown {
     Port(PortId),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct L2 {
-    table: MacTable,
+    table: ExactTable<u64, PortId>,
+    decl: Declaration,
     unknown: Unknown,
 }
 
 impl L2 {
-    pub fn new(cfg: &L2Config, ports: &PortNames, field: &str) -> Result<Self, ConfigError> {
-        let mut entries = Vec::new();
+    pub fn new(
+        cfg: &L2Config,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        if cfg.capacity == 0 || cfg.capacity > 1 << 24 || cfg.capacity < cfg.macs.len() {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                format!(
+                    "give {} to 16777216 entries (at least the {} configured)",
+                    cfg.macs.len().max(1),
+                    cfg.macs.len()
+                ),
+            ));
+        }
+        let mut table = ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed);
         for (i, e) in cfg.macs.iter().enumerate() {
             let f = format!("{field}.macs[{i}]");
             let mac: MacAddr = e
@@ -114,10 +148,9 @@ impl L2 {
                     "a VLAN id is 0 to 4095",
                 ));
             }
-            entries.push((
-                table_key(e.vlan, mac.0),
-                ports.resolve(&format!("{f}.port"), &e.port)?,
-            ));
+            let port = ports.resolve(&format!("{f}.port"), &e.port)?;
+            // A repeated (VLAN, MAC) keeps its first port, as a table insert would.
+            let _ = table.add_entry(table_key(e.vlan, mac.0), port, 0, 0);
         }
         let unknown = match cfg.unknown.as_deref() {
             None | Some("drop") => Unknown::Drop,
@@ -125,7 +158,8 @@ impl L2 {
             Some(p) => Unknown::Port(ports.resolve(&format!("{field}.unknown"), p)?),
         };
         Ok(L2 {
-            table: MacTable::new(&entries),
+            table,
+            decl: StationCodec::declaration("macs", cfg.capacity, true),
             unknown,
         })
     }
@@ -139,7 +173,8 @@ impl Program for L2 {
             dst.copy_from_slice(&p.data[..6]);
             let vlan = p.desc.parsed.key.vlan;
             let known = if dst[0] & 1 == 0 {
-                self.table.get(table_key(vlan, dst))
+                let id = self.table.lookup(&table_key(vlan, dst));
+                id.map(|id| *self.table.value(id))
             } else {
                 None
             };
@@ -162,6 +197,20 @@ impl Program for L2 {
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["unknown_destination", "same_port"]
     }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.decl.clone()]
+    }
+
+    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+        ExactControl::<StationCodec> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns: ctx.now_ns,
+        }
+        .answer(request)
+    }
 }
 
 #[cfg(test)]
@@ -170,18 +219,6 @@ mod tests {
 
     fn ports() -> PortNames {
         PortNames(vec!["a".into(), "b".into(), "c".into()])
-    }
-
-    #[test]
-    fn table_finds_every_entry_and_nothing_else() {
-        let entries: Vec<(u64, PortId)> = (0..500u64)
-            .map(|i| (i * 7919 + 1, (i % 3) as PortId))
-            .collect();
-        let t = MacTable::new(&entries);
-        for &(k, p) in &entries {
-            assert_eq!(t.get(k), Some(p));
-        }
-        assert_eq!(t.get(2), None);
     }
 
     #[test]
@@ -195,7 +232,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let mut l2 = L2::new(&cfg, &ports(), "program.l2").unwrap();
+        let mut l2 = L2::new(&cfg, &ports(), "program.l2", 1).unwrap();
         let frame = |dst: u8, vlan: Option<u16>| {
             let mut f = vec![2, 0, 0, 0, 0, dst, 2, 0, 0, 0, 0, 9];
             if let Some(v) = vlan {
@@ -232,7 +269,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let mut l2 = L2::new(&cfg, &ports(), "program.l2").unwrap();
+        let mut l2 = L2::new(&cfg, &ports(), "program.l2", 1).unwrap();
         let frames: Vec<Vec<u8>> = [[0xff; 6], [2, 0, 0, 0, 0, 7], [2, 0, 0, 0, 0, 1]]
             .iter()
             .map(|dst| {
@@ -254,11 +291,15 @@ mod tests {
     fn config_errors_name_the_field() {
         let bad_mac: L2Config =
             toml::from_str(r#"macs = [ { mac = "02:00", port = "a" } ]"#).unwrap();
-        let e = L2::new(&bad_mac, &ports(), "program.l2").unwrap_err();
+        let Err(e) = L2::new(&bad_mac, &ports(), "program.l2", 1) else {
+            panic!("a bad MAC is refused")
+        };
         assert_eq!(e.field, "program.l2.macs[0].mac");
         let bad_port: L2Config =
             toml::from_str(r#"macs = [ { mac = "02:00:00:00:00:01", port = "z" } ]"#).unwrap();
-        let e = L2::new(&bad_port, &ports(), "program.l2").unwrap_err();
+        let Err(e) = L2::new(&bad_port, &ports(), "program.l2", 1) else {
+            panic!("a bad port is refused")
+        };
         assert!(
             e.to_string()
                 .contains("program.l2.macs[0].port: there is no port 'z'; the ports are: a, b, c"),

@@ -15,10 +15,14 @@
 //! default 300, as IEEE 802.1D recommends). Counters: drops `same_port`, `table_full`
 //! (a station not learned; its frames still flood).
 
+use crate::l2::StationCodec;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
-use stateplane_state::{ExactTable, ExpireMode, ExpireProfile};
+use stateplane_state::{
+    ControlError, Declaration, ExactControl, ExactTable, ExpireMode, ExpireProfile, Notification,
+    Outbox, Reply, Request,
+};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,6 +46,8 @@ const SAME_PORT: DropReason = DropReason::program(0);
 #[derive(Clone)]
 pub struct L2Learn {
     table: ExactTable<u64, PortId>,
+    decl: Declaration,
+    outbox: Outbox,
     /// Stations not learned because the table was full.
     pub not_learned: u64,
 }
@@ -78,6 +84,8 @@ impl L2Learn {
         };
         Ok(L2Learn {
             table: ExactTable::new(cfg.capacity, &[ageing], seed),
+            decl: StationCodec::declaration("stations", cfg.capacity, false),
+            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
             not_learned: 0,
         })
     }
@@ -128,11 +136,30 @@ impl Program for L2Learn {
             };
         }
         self.table.sweep(now, 16 + 2 * burst.len());
-        self.table.drain_notifications().for_each(drop);
+        self.outbox
+            .expired::<StationCodec>(&self.decl, &mut self.table, |_| {});
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["same_port"]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.decl.clone()]
+    }
+
+    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+        ExactControl::<StationCodec> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns: ctx.now_ns,
+        }
+        .answer(request)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        out.append(&mut self.outbox.pending);
     }
 }
 

@@ -9,6 +9,8 @@
 
 pub mod acl;
 pub mod conntrack;
+#[cfg(test)]
+mod control_tests;
 pub mod forward;
 pub mod l2;
 pub mod l2learn;
@@ -156,7 +158,7 @@ pub fn build(
         .unwrap_or_else(|| toml::Value::Table(Default::default()));
     match name {
         "forward" => factory(table, f, |c| forward::Forward::new(c, ports, f)),
-        "l2" => factory(table, f, |c| l2::L2::new(c, ports, f)),
+        "l2" => factory(table, f, |c| l2::L2::new(c, ports, f, table_seed())),
         "l2learn" => factory(table, f, |c| {
             l2learn::L2Learn::new(c, ports, f, table_seed())
         }),

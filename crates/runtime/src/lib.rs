@@ -16,6 +16,7 @@
 //! control plane reaches workers between bursts through the [`Context`].
 
 pub mod burst;
+pub mod control;
 pub mod live;
 pub mod pipeline;
 pub mod port;
@@ -24,6 +25,7 @@ pub mod stats;
 pub mod worker;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
+pub use control::{Applied, ControlPlane, WorkerControl};
 pub use port::{LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};

@@ -7,6 +7,7 @@
 //! them first.
 
 use crate::burst::Burst;
+use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::FlowHasher;
 
 /// A port number: the index of the port in the switch's port list.
@@ -145,6 +146,23 @@ pub trait Program: Send {
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[]
     }
+
+    /// The tables and registers the program keeps, as the control plane sees them.
+    fn declarations(&self) -> Vec<Declaration> {
+        Vec::new()
+    }
+
+    /// Answers a control-plane request between two bursts. The request has passed
+    /// [`Declaration::check`] against `declarations()`; a refusal must change nothing.
+    fn control(&mut self, request: &Request, _ctx: &Context) -> Result<Reply, ControlError> {
+        Err(ControlError::UnknownTable {
+            name: request.target().to_string(),
+            known: Vec::new(),
+        })
+    }
+
+    /// Moves the program's pending notifications (idle timeouts, digests) into `out`.
+    fn notifications(&mut self, _out: &mut Vec<Notification>) {}
 }
 
 /// Makes one program instance per worker (`worker index -> program`).

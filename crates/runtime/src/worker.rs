@@ -1,6 +1,7 @@
 //! A worker runs its program to completion on one burst at a time and counts the outcome.
 
 use crate::burst::Burst;
+use crate::control::WorkerControl;
 use crate::program::{Context, DropReason, Program, Verdict};
 use crate::stats::{Counter, Stats};
 use stateplane_wire::{FlowHasher, Malformed};
@@ -8,6 +9,7 @@ use stateplane_wire::{FlowHasher, Malformed};
 pub struct Worker {
     program: Box<dyn Program>,
     ctx: Context,
+    control: Option<WorkerControl>,
     pub stats: Stats,
 }
 
@@ -28,7 +30,22 @@ impl Worker {
                 hasher,
                 ports,
             },
+            control: None,
             stats: Stats::default(),
+        }
+    }
+
+    /// Connects the worker to the control plane: requests are applied before each burst.
+    pub fn with_control(mut self, control: WorkerControl) -> Self {
+        self.control = Some(control);
+        self
+    }
+
+    /// Applies waiting control requests and passes notifications on (between bursts).
+    #[inline]
+    fn poll_control(&mut self) {
+        if let Some(c) = &mut self.control {
+            c.poll(self.program.as_mut(), &self.ctx);
         }
     }
 
@@ -43,6 +60,7 @@ impl Worker {
             self.drop_malformed(burst);
         }
         self.ctx.now_ns = self.ctx.now_ns.max(burst.now_ns);
+        self.poll_control();
         self.program.process(burst, &mut self.ctx);
         self.count_verdicts(burst);
     }
@@ -51,6 +69,7 @@ impl Worker {
     /// set; returns how many packets the program put in `out` to send.
     pub fn poll(&mut self, out: &mut Burst) -> usize {
         self.ctx.now_ns = self.ctx.now_ns.max(out.now_ns);
+        self.poll_control();
         self.program.poll(out, &mut self.ctx);
         out.len()
     }
@@ -58,6 +77,11 @@ impl Worker {
     /// Swaps in a new program (a reload), between two bursts.
     pub fn replace_program(&mut self, program: Box<dyn Program>) {
         self.program = program;
+        if let Some(c) = &self.control
+            && self.ctx.worker == 0
+        {
+            c.declare(self.program.as_ref());
+        }
     }
 
     #[cold]

@@ -227,6 +227,16 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
+    /// Finds `key` without counting anything (control plane, tests).
+    pub fn find_id(&self, key: &K) -> Option<EntryId> {
+        self.find(key).map(|i| EntryId(i as u32))
+    }
+
+    /// The expiry profile an entry was added with.
+    pub fn profile(&self, id: EntryId) -> u8 {
+        self.slots[id.0 as usize].profile
+    }
+
     /// A read-only lookup (control plane, tests): no counters change.
     pub fn get(&self, key: &K) -> Option<&V> {
         self.find(key).map(|i| &self.slots[i].value)

@@ -14,6 +14,7 @@
 //! on a virtual one). Its one `unsafe` block is a prefetch hint, checked under valgrind by
 //! the test script.
 
+pub mod control;
 pub mod exact;
 pub mod key;
 pub mod lpm;
@@ -23,6 +24,10 @@ pub mod register;
 pub mod sketch;
 pub mod ternary;
 
+pub use control::{
+    ControlError, Declaration, Entry, ExactCodec, ExactControl, Guarantee, Kind, Match,
+    Notification, NotificationKind, Outbox, Reply, Request, Write,
+};
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
@@ -30,37 +35,3 @@ pub use meter::{Colour, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};
 pub use sketch::CountMin;
 pub use ternary::{Packet5, Rule, Ternary};
-
-/// What a piece of state promises beyond this worker's memory. Declared with the state, so
-/// that the sync, replication and flow-record stages can honour it without the program's
-/// logic changing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Guarantee {
-    /// Kept by this worker only (the default).
-    Local,
-    /// Copies on other switches converge (approximately, within a bound).
-    Synced,
-    /// Survives the switch's failure (written through to a store before output).
-    Replicated,
-    /// Reported to collectors (flow records).
-    Exported,
-}
-
-/// A table's or register's declaration: its name in the control API, its size, and what
-/// it promises.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Declaration {
-    pub name: String,
-    pub capacity: usize,
-    pub guarantees: Vec<Guarantee>,
-}
-
-impl Declaration {
-    pub fn local(name: impl Into<String>, capacity: usize) -> Self {
-        Declaration {
-            name: name.into(),
-            capacity,
-            guarantees: vec![Guarantee::Local],
-        }
-    }
-}

@@ -1,0 +1,329 @@
+//! The control plane end to end on the programs, without sockets: workers on threads run
+//! bursts continuously (on a virtual clock the test moves) while the test submits requests.
+
+use crate::testutil::hasher;
+use crate::{PortNames, build};
+use stateplane_runtime::{Burst, ControlPlane, Verdict, Worker};
+use stateplane_state::{
+    ControlError, Entry, Match, Notification, NotificationKind, Reply, Request, Write,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const WORKERS: usize = 2;
+const SECOND: u64 = 1_000_000_000;
+
+/// Per worker: bursts handled, and the verdict of the probe frame in the latest one.
+struct Seen {
+    bursts: AtomicU64,
+    verdict: Mutex<Option<Verdict>>,
+}
+
+struct Switch {
+    plane: Arc<ControlPlane>,
+    stop: Arc<AtomicBool>,
+    clock: Arc<AtomicU64>,
+    /// The frame every burst carries.
+    frame: Arc<Mutex<Vec<u8>>>,
+    seen: Vec<Arc<Seen>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Switch {
+    /// Starts `WORKERS` workers of `program` (configured by `config`) on ports a, b, c; each
+    /// takes `frame` (until changed) in through port 0 in every burst.
+    fn start(program: &str, config: &str, frame: Vec<u8>) -> Switch {
+        let table: toml::Value = toml::from_str(config).unwrap();
+        let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
+        let factory = build(program, Some(&table), &names).unwrap();
+        let (plane, ends) = ControlPlane::new(WORKERS, factory(0).declarations());
+        let stop = Arc::new(AtomicBool::new(false));
+        let clock = Arc::new(AtomicU64::new(SECOND));
+        let frame = Arc::new(Mutex::new(frame));
+        let mut seen = Vec::new();
+        let mut threads = Vec::new();
+        for (w, end) in ends.into_iter().enumerate() {
+            let s = Arc::new(Seen {
+                bursts: AtomicU64::new(0),
+                verdict: Mutex::new(None),
+            });
+            seen.push(s.clone());
+            let mut worker = Worker::new(factory(w), w, WORKERS, 3, hasher()).with_control(end);
+            let (stop, clock, frame) = (stop.clone(), clock.clone(), frame.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut burst = Burst::with_capacity(4);
+                while !stop.load(Ordering::Acquire) {
+                    burst.clear();
+                    let now = clock.load(Ordering::Acquire);
+                    burst.now_ns = now;
+                    let f = frame.lock().unwrap().clone();
+                    burst.push(&f, f.len() as u32, now, 0, 0);
+                    worker.handle(&mut burst);
+                    *s.verdict.lock().unwrap() = burst.descs().first().map(|d| d.verdict);
+                    s.bursts.fetch_add(1, Ordering::AcqRel);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }));
+        }
+        Switch {
+            plane,
+            stop,
+            clock,
+            frame,
+            seen,
+            threads,
+        }
+    }
+
+    /// The probe's verdict on every worker, from a burst each began after this call.
+    fn verdicts(&self) -> Vec<Option<Verdict>> {
+        let start: Vec<u64> = self
+            .seen
+            .iter()
+            .map(|s| s.bursts.load(Ordering::Acquire))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (s, b) in self.seen.iter().zip(start) {
+            while s.bursts.load(Ordering::Acquire) < b + 2 {
+                assert!(Instant::now() < deadline, "a worker stopped taking bursts");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.seen
+            .iter()
+            .map(|s| *s.verdict.lock().unwrap())
+            .collect()
+    }
+
+    fn read(&self, table: &str) -> Vec<Entry> {
+        let read = Request::Read {
+            table: table.into(),
+            key: None,
+        };
+        match self.plane.submit(read).unwrap().reply {
+            Reply::Entries(mut e) => {
+                e.sort_by_key(|e| e.key.clone().into_iter().map(exact).collect::<Vec<_>>());
+                e
+            }
+            other => panic!("a read answered {other:?}"),
+        }
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn exact(m: Match) -> u128 {
+    match m {
+        Match::Exact(v) => v,
+        other => panic!("not an exact match: {other:?}"),
+    }
+}
+
+const MAC_A: u128 = 0x0200_0000_000a;
+const MAC_B: u128 = 0x0200_0000_000b;
+
+/// A frame from 02:..:0a to 02:..:0b.
+fn frame_to_b() -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 0x0b, 2, 0, 0, 0, 0, 0x0a, 0x88, 0xb5];
+    f.resize(60, 0);
+    f
+}
+
+fn station(mac: u128, port: u128) -> Entry {
+    Entry {
+        key: vec![Match::Exact(0), Match::Exact(mac)],
+        action: "forward".into(),
+        params: vec![port],
+        priority: 0,
+        hits: 0,
+    }
+}
+
+fn write(table: &str, writes: Vec<Write>) -> Request {
+    Request::Write {
+        table: table.into(),
+        writes,
+    }
+}
+
+#[test]
+fn an_acknowledged_insert_is_seen_by_every_worker_and_a_delete_undoes_it() {
+    let sw = Switch::start("l2", "capacity = 8", frame_to_b());
+    let unknown = Some(Verdict::Drop(stateplane_runtime::DropReason::program(0)));
+    assert_eq!(sw.verdicts(), vec![unknown; WORKERS]);
+
+    let done = sw
+        .plane
+        .submit(write("macs", vec![Write::Insert(station(MAC_B, 2))]))
+        .unwrap();
+    assert_eq!(done.version, 1);
+    assert_eq!(
+        sw.plane.version(),
+        1,
+        "every worker applied it before the reply"
+    );
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+
+    let moved = write("macs", vec![Write::Modify(station(MAC_B, 1))]);
+    assert_eq!(sw.plane.submit(moved).unwrap().version, 2);
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    let entries = sw.read("macs");
+    assert_eq!(
+        entries.len(),
+        1,
+        "one entry, however many workers hold a copy"
+    );
+    assert_eq!(entries[0].params, [1]);
+    assert!(entries[0].hits >= 4, "hits of both workers are summed");
+
+    let gone = write("macs", vec![Write::Delete(station(MAC_B, 0).key)]);
+    assert_eq!(
+        sw.plane.submit(gone).unwrap().version,
+        4,
+        "the read took version 3"
+    );
+    assert_eq!(sw.verdicts(), vec![unknown; WORKERS]);
+}
+
+#[test]
+fn a_refused_request_changes_nothing_and_says_why() {
+    let sw = Switch::start(
+        "l2",
+        "capacity = 3\nmacs = [ { mac = \"02:00:00:00:00:01\", port = \"a\" } ]",
+        frame_to_b(),
+    );
+    let before = sw.read("macs");
+    let refused = |req: Request| sw.plane.submit(req).unwrap_err();
+
+    assert!(matches!(
+        refused(write("nope", vec![])),
+        ControlError::UnknownTable { known, .. } if known == ["macs"]
+    ));
+    let too_wide = station(1 << 48, 1);
+    assert!(matches!(
+        refused(write("macs", vec![Write::Insert(too_wide)])),
+        ControlError::Width { field, bits: 48 } if field == "mac"
+    ));
+    let mut short_key = station(MAC_B, 1);
+    short_key.key.pop();
+    assert!(matches!(
+        refused(write("macs", vec![Write::Insert(short_key)])),
+        ControlError::Arity {
+            expected: 2,
+            got: 1,
+            ..
+        }
+    ));
+    let mut bad_action = station(MAC_B, 1);
+    bad_action.action = "flood".into();
+    assert!(matches!(
+        refused(write("macs", vec![Write::Insert(bad_action)])),
+        ControlError::UnknownAction { .. }
+    ));
+    let mut prefix = station(MAC_B, 1);
+    prefix.key[1] = Match::Prefix {
+        value: MAC_B,
+        len: 8,
+    };
+    assert!(matches!(
+        refused(write("macs", vec![Write::Insert(prefix)])),
+        ControlError::MatchKind { .. }
+    ));
+    // A batch whose third insert does not fit: the first two are taken back.
+    let batch = (10..13).map(|m| Write::Insert(station(m, 1))).collect();
+    assert!(matches!(
+        refused(write("macs", batch)),
+        ControlError::TableFull { capacity: 3, .. }
+    ));
+    // A batch that ends in an insert of a key that exists: the modify before it is undone.
+    let batch = vec![
+        Write::Modify(station(0x0200_0000_0001, 2)),
+        Write::Insert(station(0x0200_0000_0001, 1)),
+    ];
+    assert!(matches!(
+        refused(write("macs", batch)),
+        ControlError::Exists { .. }
+    ));
+    assert!(matches!(
+        refused(write("macs", vec![Write::Delete(station(MAC_B, 0).key)])),
+        ControlError::NoSuchEntry { .. }
+    ));
+    let after = sw.read("macs");
+    assert_eq!(before.len(), 1);
+    let strip = |e: &[Entry]| {
+        e.iter()
+            .map(|e| (e.key.clone(), e.params.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&after), strip(&before));
+    assert_eq!(
+        sw.verdicts(),
+        vec![Some(Verdict::Drop(stateplane_runtime::DropReason::program(0))); WORKERS],
+        "the data plane still misses"
+    );
+}
+
+#[test]
+fn learned_stations_are_read_deleted_and_their_ageing_streamed() {
+    let sw = Switch::start("l2learn", "ageing = 5\ncapacity = 64", frame_to_b());
+    let stream = sw.plane.subscribe();
+    sw.verdicts();
+    let learned = sw.read("stations");
+    assert_eq!(learned.len(), 1, "the sender 02:..:0a was learned");
+    assert_eq!(learned[0].key, [Match::Exact(0), Match::Exact(MAC_A)]);
+    assert_eq!(learned[0].params, [0], "on port 0");
+    assert!(matches!(
+        sw.plane
+            .submit(write("stations", vec![Write::Insert(station(MAC_B, 1))]))
+            .unwrap_err(),
+        ControlError::ReadOnly { .. }
+    ));
+
+    // The sender falls silent (the frames now come from a group address, which teaches
+    // nothing) and the clock passes the ageing time.
+    let mut quiet = frame_to_b();
+    quiet[6] = 1;
+    *sw.frame.lock().unwrap() = quiet;
+    sw.verdicts();
+    sw.clock.store(100 * SECOND, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut aged: Vec<Notification> = Vec::new();
+    while aged.len() < WORKERS && Instant::now() < deadline {
+        aged.extend(stream.try_iter());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!aged.is_empty(), "an ageing notification within 10 s");
+    for n in &aged {
+        assert_eq!(n.table, "stations");
+        assert_eq!(n.kind, NotificationKind::IdleTimeout { deleted: true });
+        assert_eq!(n.entry.key[1], Match::Exact(MAC_A));
+    }
+    assert!(sw.read("stations").is_empty());
+}
+
+#[test]
+fn a_learned_station_deleted_by_the_control_plane_is_learned_again() {
+    let sw = Switch::start("l2learn", "capacity = 64", frame_to_b());
+    sw.verdicts();
+    let key = vec![Match::Exact(0), Match::Exact(MAC_A)];
+    let mut quiet = frame_to_b();
+    quiet[6] = 1;
+    *sw.frame.lock().unwrap() = quiet;
+    sw.verdicts();
+    sw.plane
+        .submit(write("stations", vec![Write::Delete(key.clone())]))
+        .unwrap();
+    assert!(sw.read("stations").is_empty());
+    *sw.frame.lock().unwrap() = frame_to_b();
+    sw.verdicts();
+    assert_eq!(sw.read("stations")[0].key, key);
+}

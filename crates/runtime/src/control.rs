@@ -1,0 +1,256 @@
+//! The control plane's path to the workers' state.
+//!
+//! Owns: versioning control requests, handing each one to every worker, collecting their
+//! answers into one reply, and fanning data-plane notifications out to subscribers.
+//!
+//! Must never: touch program state from its own thread (a worker applies each request to
+//! its own program between two bursts, so the fast path takes no lock), or let a slow
+//! subscriber hold up a worker (notifications beyond a subscriber's queue are dropped and
+//! counted).
+//!
+//! The guarantee: a request is checked against the program's declarations first, so a
+//! malformed one reaches no worker. A worker applies a request whole between two bursts
+//! (all of a write's entries or none of them) and never in the middle of one; `submit`
+//! returns once every worker has, with the request's version. So a packet a worker takes
+//! after the reply is processed with the change, on every worker.
+
+use crate::program::{Context, Program};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use stateplane_state::control::{self, ControlError, Declaration, Entry, Notification, Reply};
+use stateplane_state::{Match, Request, Write};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// How long `submit` waits for every worker before it answers `Unavailable`.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Notifications a subscriber may have waiting before newer ones are dropped for it.
+const SUBSCRIBER_QUEUE: usize = 65_536;
+
+struct Job {
+    version: u64,
+    request: Arc<Request>,
+    answer: Sender<Result<Reply, ControlError>>,
+}
+
+/// A reply and the version at which it took effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub version: u64,
+    pub reply: Reply,
+}
+
+/// The control plane's side: shared by the API server's threads.
+pub struct ControlPlane {
+    workers: Vec<Sender<Job>>,
+    declarations: Mutex<Vec<Declaration>>,
+    /// Serializes requests, so versions are applied in order on every worker.
+    next_version: Mutex<u64>,
+    subscribers: Mutex<Vec<Sender<Notification>>>,
+    /// Notifications dropped for slow subscribers, and by programs whose outbox was full.
+    pub notifications_dropped: AtomicU64,
+    applied: Vec<Arc<AtomicU64>>,
+}
+
+/// A worker's side: polled by the worker between bursts.
+pub struct WorkerControl {
+    jobs: Receiver<Job>,
+    applied: Arc<AtomicU64>,
+    plane: Arc<ControlPlane>,
+    notifications: Vec<Notification>,
+}
+
+impl ControlPlane {
+    /// A control plane for `workers` workers running a program with these declarations;
+    /// returns each worker's end.
+    pub fn new(workers: usize, declarations: Vec<Declaration>) -> (Arc<Self>, Vec<WorkerControl>) {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..workers)
+            .map(|_| crossbeam_channel::bounded::<Job>(64))
+            .unzip();
+        let applied: Vec<_> = (0..workers).map(|_| Arc::new(AtomicU64::new(0))).collect();
+        let plane = Arc::new(ControlPlane {
+            workers: senders,
+            declarations: Mutex::new(declarations),
+            next_version: Mutex::new(0),
+            subscribers: Mutex::new(Vec::new()),
+            notifications_dropped: AtomicU64::new(0),
+            applied: applied.clone(),
+        });
+        let ends = receivers
+            .into_iter()
+            .zip(applied)
+            .map(|(jobs, applied)| WorkerControl {
+                jobs,
+                applied,
+                plane: plane.clone(),
+                notifications: Vec::new(),
+            })
+            .collect();
+        (plane, ends)
+    }
+
+    /// What the running program declares.
+    pub fn declarations(&self) -> Vec<Declaration> {
+        self.declarations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the declarations (after a reload).
+    pub fn set_declarations(&self, declarations: Vec<Declaration>) {
+        *self
+            .declarations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = declarations;
+    }
+
+    /// The version every worker has applied.
+    pub fn version(&self) -> u64 {
+        self.applied
+            .iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Checks `request`, has every worker apply it between two bursts, and merges their
+    /// answers. Blocks until all have answered (or [`ANSWER_TIMEOUT`]).
+    pub fn submit(&self, request: Request) -> Result<Applied, ControlError> {
+        control::find(&self.declarations(), request.target())?.check(&request)?;
+        let mut next = self
+            .next_version
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let version = *next + 1;
+        // Taken even if a worker cannot be reached: some may have the request already.
+        *next = version;
+        let request = Arc::new(request);
+        let (answer, answers) = crossbeam_channel::bounded(self.workers.len());
+        for w in &self.workers {
+            let job = Job {
+                version,
+                request: request.clone(),
+                answer: answer.clone(),
+            };
+            w.send_timeout(job, ANSWER_TIMEOUT)
+                .map_err(|_| ControlError::Unavailable)?;
+        }
+        let mut replies = Vec::with_capacity(self.workers.len());
+        for _ in &self.workers {
+            replies.push(
+                answers
+                    .recv_timeout(ANSWER_TIMEOUT)
+                    .map_err(|_| ControlError::Unavailable)?,
+            );
+        }
+        merge(&request, replies).map(|reply| Applied { version, reply })
+    }
+
+    /// A stream of the data plane's notifications from now on.
+    pub fn subscribe(&self) -> Receiver<Notification> {
+        let (tx, rx) = crossbeam_channel::bounded(SUBSCRIBER_QUEUE);
+        self.subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
+        rx
+    }
+
+    fn publish(&self, notifications: &mut Vec<Notification>) {
+        let mut subs = self
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for n in notifications.drain(..) {
+            subs.retain(|s| match s.try_send(n.clone()) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    self.notifications_dropped.fetch_add(1, Ordering::Relaxed);
+                    true
+                }
+                Err(TrySendError::Disconnected(_)) => false,
+            });
+        }
+    }
+}
+
+/// One answer from the answers of all workers. Each worker holds its own copy of a table
+/// (the same entries, for tables the control plane fills) or its own shard (tables the data
+/// plane fills), so entries are merged by key with their hits summed, register values are
+/// summed, and a delete succeeds if some worker held the key.
+fn merge(
+    request: &Request,
+    replies: Vec<Result<Reply, ControlError>>,
+) -> Result<Reply, ControlError> {
+    let deletes_only = matches!(request, Request::Write { writes, .. }
+        if writes.iter().all(|w| matches!(w, Write::Delete(_))));
+    let reads_one = matches!(request, Request::Read { key: Some(_), .. });
+    let mut first_error = None;
+    let mut ok = Vec::new();
+    for r in replies {
+        match r {
+            Ok(reply) => ok.push(reply),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if ok.is_empty() || !(deletes_only || reads_one) => return Err(e),
+        _ => {}
+    }
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut at: HashMap<Vec<Match>, usize> = HashMap::new();
+    let mut values: Vec<u128> = Vec::new();
+    for reply in ok {
+        match reply {
+            Reply::Done => {}
+            Reply::Entries(es) => {
+                for e in es {
+                    match at.get(&e.key) {
+                        Some(&i) => entries[i].hits += e.hits,
+                        None => {
+                            at.insert(e.key.clone(), entries.len());
+                            entries.push(e);
+                        }
+                    }
+                }
+            }
+            Reply::Values(vs) => {
+                values.resize(values.len().max(vs.len()), 0);
+                for (sum, v) in values.iter_mut().zip(vs) {
+                    *sum = sum.wrapping_add(v);
+                }
+            }
+        }
+    }
+    Ok(match request {
+        Request::Read { .. } => Reply::Entries(entries),
+        Request::ReadRegister { .. } => Reply::Values(values),
+        _ => Reply::Done,
+    })
+}
+
+impl WorkerControl {
+    /// Tells the control plane what a new program declares (worker 0, after a reload).
+    pub fn declare(&self, program: &dyn Program) {
+        self.plane.set_declarations(program.declarations());
+    }
+
+    /// Applies waiting requests to `program` and hands its notifications on. Called by the
+    /// worker between bursts; costs one atomic load when nothing waits.
+    pub fn poll(&mut self, program: &mut dyn Program, ctx: &Context) {
+        while let Ok(job) = self.jobs.try_recv() {
+            let answer = program.control(&job.request, ctx);
+            self.applied.store(job.version, Ordering::Release);
+            // The submitter may have given up waiting; the change stands either way.
+            let _ = job.answer.send(answer);
+        }
+        program.notifications(&mut self.notifications);
+        if !self.notifications.is_empty() {
+            self.plane.publish(&mut self.notifications);
+        }
+    }
+}

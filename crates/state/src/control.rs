@@ -1,0 +1,709 @@
+//! The control plane's view of declared state: schemas, entries, requests and errors.
+//!
+//! Owns: how a table or register is described to clients (its [`Declaration`]: name,
+//! capacity, guarantees, key fields with their widths and match kinds, actions with their
+//! parameters), the field-level form of entries every table kind shares ([`Entry`],
+//! [`Match`]), the requests a program answers between bursts ([`Request`]), the checks a
+//! request must pass against a declaration before any worker sees it ([`Declaration::check`]),
+//! and the errors split by cause ([`ControlError`]). [`ExactControl`] applies writes to an
+//! [`ExactTable`] all-or-nothing.
+//!
+//! Must never: do I/O or know the wire format of the control API (the gRPC layer converts);
+//! change any state when a request fails.
+//!
+//! Field values travel as `u128` (an IPv6 address is the widest field); a value must fit
+//! the field's declared width. Ports are port indices.
+
+use crate::exact::{AddError, ExactTable};
+use crate::key::TableKey;
+use std::fmt;
+
+/// What a piece of state promises beyond this worker's memory. Declared with the state, so
+/// that the sync, replication and flow-record stages can honour it without the program's
+/// logic changing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarantee {
+    /// Kept by this worker only (the default).
+    Local,
+    /// Copies on other switches converge (approximately, within a bound).
+    Synced,
+    /// Survives the switch's failure (written through to a store before output).
+    Replicated,
+    /// Reported to collectors (flow records).
+    Exported,
+}
+
+impl Guarantee {
+    pub fn name(self) -> &'static str {
+        match self {
+            Guarantee::Local => "local",
+            Guarantee::Synced => "synced",
+            Guarantee::Replicated => "replicated",
+            Guarantee::Exported => "exported",
+        }
+    }
+}
+
+/// How a field's value is written for people (the client parses and prints by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Int,
+    Mac,
+    Ipv4,
+    Ipv6,
+    /// Either family in 128 bits: IPv4 as the IPv4-mapped IPv6 address `::ffff:a.b.c.d`.
+    Ip,
+}
+
+/// An IP address as a [`Format::Ip`] field value.
+pub fn ip_value(addr: std::net::IpAddr) -> u128 {
+    match addr {
+        std::net::IpAddr::V4(a) => u128::from(a.to_ipv6_mapped()),
+        std::net::IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// A [`Format::Ip`] field value as an address.
+pub fn ip_addr(value: u128) -> std::net::IpAddr {
+    let v6 = std::net::Ipv6Addr::from(value);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => std::net::IpAddr::V4(v4),
+        None => std::net::IpAddr::V6(v6),
+    }
+}
+
+/// How a key field is matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchKind {
+    Exact,
+    Lpm,
+    Ternary,
+    Range,
+}
+
+/// A key field or an action parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    pub bits: u8,
+    pub format: Format,
+    pub kind: MatchKind,
+}
+
+impl Field {
+    pub const fn exact(name: &'static str, bits: u8, format: Format) -> Field {
+        Field {
+            name,
+            bits,
+            format,
+            kind: MatchKind::Exact,
+        }
+    }
+
+    fn max(&self) -> u128 {
+        if self.bits >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << self.bits) - 1
+        }
+    }
+
+    fn check_value(&self, value: u128) -> Result<(), ControlError> {
+        if value > self.max() {
+            return Err(ControlError::Width {
+                field: self.name.to_string(),
+                bits: self.bits,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An action a table's entries can carry, with its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Action {
+    pub name: &'static str,
+    pub params: Vec<Field>,
+}
+
+/// What kind of state is declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// A match table: key fields, the actions its entries carry, and whether the control
+    /// plane may write it (tables the data plane alone fills are read and deleted only).
+    Table {
+        key: Vec<Field>,
+        actions: Vec<Action>,
+        writable: bool,
+    },
+    /// An array of `bits`-wide values, readable and writable by index.
+    Register { bits: u8 },
+}
+
+/// A table's or register's declaration: its name in the control API, its size, what it
+/// promises, and its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declaration {
+    pub name: String,
+    pub capacity: usize,
+    pub guarantees: Vec<Guarantee>,
+    pub kind: Kind,
+}
+
+/// One key field's match in an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Match {
+    Exact(u128),
+    Prefix { value: u128, len: u8 },
+    Ternary { value: u128, mask: u128 },
+    Range { low: u128, high: u128 },
+}
+
+/// A table entry as the control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub key: Vec<Match>,
+    pub action: String,
+    pub params: Vec<u128>,
+    /// Ternary and range tables: higher wins. Zero elsewhere.
+    pub priority: u32,
+    /// Lookups that hit the entry (reads only; ignored on writes).
+    pub hits: u64,
+}
+
+/// One change to a table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    Insert(Entry),
+    Modify(Entry),
+    Delete(Vec<Match>),
+}
+
+/// What the control plane asks of a program, answered between two bursts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Applies every write, in order, or none of them.
+    Write { table: String, writes: Vec<Write> },
+    /// Every entry, or the one with this key.
+    Read {
+        table: String,
+        key: Option<Vec<Match>>,
+    },
+    /// `count` values from `first`.
+    ReadRegister {
+        name: String,
+        first: usize,
+        count: usize,
+    },
+    /// Sets `count` values from `first` to `value`.
+    WriteRegister {
+        name: String,
+        first: usize,
+        count: usize,
+        value: u128,
+    },
+}
+
+impl Request {
+    /// The table or register the request is about.
+    pub fn target(&self) -> &str {
+        match self {
+            Request::Write { table, .. } | Request::Read { table, .. } => table,
+            Request::ReadRegister { name, .. } | Request::WriteRegister { name, .. } => name,
+        }
+    }
+}
+
+/// A program's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Reply {
+    #[default]
+    Done,
+    Entries(Vec<Entry>),
+    Values(Vec<u128>),
+}
+
+/// Why a request was refused. Every refusal leaves the state as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlError {
+    UnknownTable {
+        name: String,
+        known: Vec<String>,
+    },
+    UnknownAction {
+        table: String,
+        action: String,
+        known: Vec<String>,
+    },
+    /// A key has the wrong number of fields or an action the wrong number of parameters.
+    Arity {
+        what: String,
+        expected: usize,
+        got: usize,
+    },
+    /// A value does not fit its field.
+    Width {
+        field: String,
+        bits: u8,
+    },
+    /// A field was given a match of another kind (e.g. a prefix for an exact field).
+    MatchKind {
+        field: String,
+        expected: MatchKind,
+    },
+    ReadOnly {
+        table: String,
+    },
+    TableFull {
+        table: String,
+        capacity: usize,
+    },
+    Exists {
+        table: String,
+    },
+    NoSuchEntry {
+        table: String,
+    },
+    OutOfRange {
+        name: String,
+        index: usize,
+        size: usize,
+    },
+    /// The program was replaced or stopped while the request waited.
+    Unavailable,
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::UnknownTable { name, known } => {
+                write!(
+                    f,
+                    "no table or register `{name}`; the program has: {}",
+                    list(known)
+                )
+            }
+            ControlError::UnknownAction {
+                table,
+                action,
+                known,
+            } => write!(
+                f,
+                "table `{table}` has no action `{action}`; its actions are: {}",
+                list(known)
+            ),
+            ControlError::Arity {
+                what,
+                expected,
+                got,
+            } => {
+                write!(f, "{what} takes {expected} values, not {got}")
+            }
+            ControlError::Width { field, bits } => {
+                write!(f, "the value of `{field}` does not fit its {bits} bits")
+            }
+            ControlError::MatchKind { field, expected } => {
+                write!(
+                    f,
+                    "`{field}` is matched {expected:?}, give it that kind of match"
+                )
+            }
+            ControlError::ReadOnly { table } => write!(
+                f,
+                "table `{table}` is filled by the data plane: it can be read and its entries deleted"
+            ),
+            ControlError::TableFull { table, capacity } => {
+                write!(
+                    f,
+                    "table `{table}` is full ({capacity} entries); nothing was written"
+                )
+            }
+            ControlError::Exists { table } => write!(
+                f,
+                "table `{table}` already has an entry with that key (modify it instead); nothing was written"
+            ),
+            ControlError::NoSuchEntry { table } => {
+                write!(
+                    f,
+                    "table `{table}` has no entry with that key; nothing was written"
+                )
+            }
+            ControlError::OutOfRange { name, index, size } => {
+                write!(
+                    f,
+                    "index {index} is out of range for `{name}` (size {size})"
+                )
+            }
+            ControlError::Unavailable => {
+                write!(f, "the program was replaced or stopped; try again")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// Finds the declaration a request is about, or says which ones there are.
+pub fn find<'a>(decls: &'a [Declaration], name: &str) -> Result<&'a Declaration, ControlError> {
+    decls
+        .iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| ControlError::UnknownTable {
+            name: name.to_string(),
+            known: decls.iter().map(|d| d.name.clone()).collect(),
+        })
+}
+
+impl Declaration {
+    /// Checks everything about `req` that does not depend on the table's contents, so a
+    /// request that passes can fail only on a full table or a missing or existing key, the
+    /// same on every worker.
+    pub fn check(&self, req: &Request) -> Result<(), ControlError> {
+        match (&self.kind, req) {
+            (
+                Kind::Table {
+                    key,
+                    actions,
+                    writable,
+                },
+                Request::Write { writes, .. },
+            ) => {
+                for w in writes {
+                    let (k, entry) = match w {
+                        Write::Insert(e) | Write::Modify(e) => (&e.key, Some(e)),
+                        Write::Delete(k) => (k, None),
+                    };
+                    if !writable && entry.is_some() {
+                        return Err(ControlError::ReadOnly {
+                            table: self.name.clone(),
+                        });
+                    }
+                    check_key(key, k)?;
+                    if let Some(e) = entry {
+                        self.action_index(actions, e)?;
+                    }
+                }
+                Ok(())
+            }
+            (Kind::Table { key, .. }, Request::Read { key: Some(k), .. }) => check_key(key, k),
+            (Kind::Table { .. }, Request::Read { key: None, .. }) => Ok(()),
+            (Kind::Register { bits }, Request::ReadRegister { first, count, .. })
+            | (Kind::Register { bits }, Request::WriteRegister { first, count, .. }) => {
+                if let Request::WriteRegister { value, .. } = req {
+                    Field::exact("value", *bits, Format::Int).check_value(*value)?;
+                }
+                let end = first.saturating_add(*count);
+                if *count == 0 || end > self.capacity {
+                    return Err(ControlError::OutOfRange {
+                        name: self.name.clone(),
+                        index: end.saturating_sub(1).max(*first),
+                        size: self.capacity,
+                    });
+                }
+                Ok(())
+            }
+            (Kind::Table { .. }, _) => Err(ControlError::MatchKind {
+                field: format!("{} (a table, not a register)", self.name),
+                expected: MatchKind::Exact,
+            }),
+            (Kind::Register { .. }, _) => Err(ControlError::OutOfRange {
+                name: format!("{} (a register, not a table)", self.name),
+                index: 0,
+                size: self.capacity,
+            }),
+        }
+    }
+
+    /// The index of `entry`'s action, its parameters checked.
+    pub fn action_index(&self, actions: &[Action], entry: &Entry) -> Result<usize, ControlError> {
+        let Some(i) = actions.iter().position(|a| a.name == entry.action) else {
+            return Err(ControlError::UnknownAction {
+                table: self.name.clone(),
+                action: entry.action.clone(),
+                known: actions.iter().map(|a| a.name.to_string()).collect(),
+            });
+        };
+        let params = &actions[i].params;
+        if params.len() != entry.params.len() {
+            return Err(ControlError::Arity {
+                what: format!("action `{}`", entry.action),
+                expected: params.len(),
+                got: entry.params.len(),
+            });
+        }
+        for (p, &v) in params.iter().zip(&entry.params) {
+            p.check_value(v)?;
+        }
+        Ok(i)
+    }
+}
+
+fn check_key(fields: &[Field], key: &[Match]) -> Result<(), ControlError> {
+    if fields.len() != key.len() {
+        return Err(ControlError::Arity {
+            what: "the key".to_string(),
+            expected: fields.len(),
+            got: key.len(),
+        });
+    }
+    for (f, m) in fields.iter().zip(key) {
+        let values: &[u128] = match (f.kind, m) {
+            (MatchKind::Exact, Match::Exact(v)) => &[*v],
+            (MatchKind::Lpm, Match::Prefix { value, len }) => {
+                if *len > f.bits {
+                    return Err(ControlError::Width {
+                        field: format!("{} (prefix length)", f.name),
+                        bits: f.bits,
+                    });
+                }
+                &[*value]
+            }
+            (MatchKind::Ternary, Match::Ternary { value, mask }) => &[*value, *mask],
+            (MatchKind::Range, Match::Range { low, high }) => &[*low, *high],
+            (expected, _) => {
+                return Err(ControlError::MatchKind {
+                    field: f.name.to_string(),
+                    expected,
+                });
+            }
+        };
+        for &v in values {
+            f.check_value(v)?;
+        }
+    }
+    Ok(())
+}
+
+/// How a program's exact table turns keys and values into entries and back.
+pub trait ExactCodec {
+    type Key: TableKey;
+    type Value: Copy + Default;
+    fn key(fields: &[Match]) -> Self::Key;
+    fn fields(key: &Self::Key) -> Vec<Match>;
+    /// The value of an entry whose action is `actions[action]`.
+    fn value(action: usize, params: &[u128]) -> Self::Value;
+    /// The action index and parameters of a value.
+    fn action(value: &Self::Value) -> (usize, Vec<u128>);
+}
+
+/// Control-plane access to an exact table: writes all-or-nothing, reads with hit counts.
+pub struct ExactControl<'a, C: ExactCodec> {
+    pub decl: &'a Declaration,
+    pub table: &'a mut ExactTable<C::Key, C::Value>,
+    /// The expiry profile control-plane inserts get.
+    pub profile: u8,
+    pub now_ns: u64,
+}
+
+enum Undo<K, V> {
+    Remove(K),
+    Restore(K, V),
+    Reinsert(K, V, u8),
+}
+
+impl<C: ExactCodec> ExactControl<'_, C> {
+    /// Answers a request that [`Declaration::check`] passed.
+    pub fn answer(mut self, req: &Request) -> Result<Reply, ControlError> {
+        let Kind::Table { actions, .. } = &self.decl.kind else {
+            return Err(ControlError::Unavailable);
+        };
+        match req {
+            Request::Write { writes, .. } => {
+                let mut undo = Vec::with_capacity(writes.len());
+                for w in writes {
+                    if let Err(e) = self.write(actions, w, &mut undo) {
+                        self.roll_back(undo);
+                        return Err(e);
+                    }
+                }
+                Ok(Reply::Done)
+            }
+            Request::Read { key, .. } => {
+                let wanted = key.as_deref().map(C::key);
+                let entries = self
+                    .table
+                    .iter()
+                    .filter(|(k, _, _)| wanted.is_none_or(|w| w == **k))
+                    .map(|(k, v, hits)| {
+                        let (a, params) = C::action(v);
+                        Entry {
+                            key: C::fields(k),
+                            action: actions.get(a).map_or("?", |a| a.name).to_string(),
+                            params,
+                            priority: 0,
+                            hits,
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                if key.is_some() && entries.is_empty() {
+                    return Err(self.no_such_entry());
+                }
+                Ok(Reply::Entries(entries))
+            }
+            _ => Err(ControlError::Unavailable),
+        }
+    }
+
+    fn write(
+        &mut self,
+        actions: &[Action],
+        w: &Write,
+        undo: &mut Vec<Undo<C::Key, C::Value>>,
+    ) -> Result<(), ControlError> {
+        match w {
+            Write::Insert(e) => {
+                let key = C::key(&e.key);
+                let value = C::value(self.decl.action_index(actions, e)?, &e.params);
+                match self.table.add_entry(key, value, self.profile, self.now_ns) {
+                    Ok(_) => undo.push(Undo::Remove(key)),
+                    Err(AddError::Exists) => {
+                        return Err(ControlError::Exists {
+                            table: self.decl.name.clone(),
+                        });
+                    }
+                    Err(AddError::TableFull | AddError::NoSuchProfile) => {
+                        return Err(ControlError::TableFull {
+                            table: self.decl.name.clone(),
+                            capacity: self.table.capacity(),
+                        });
+                    }
+                }
+            }
+            Write::Modify(e) => {
+                let key = C::key(&e.key);
+                let value = C::value(self.decl.action_index(actions, e)?, &e.params);
+                let id = self
+                    .table
+                    .find_id(&key)
+                    .ok_or_else(|| self.no_such_entry())?;
+                let old = std::mem::replace(self.table.value_mut(id), value);
+                undo.push(Undo::Restore(key, old));
+            }
+            Write::Delete(k) => {
+                let key = C::key(k);
+                let id = self
+                    .table
+                    .find_id(&key)
+                    .ok_or_else(|| self.no_such_entry())?;
+                let (old, profile) = (*self.table.value(id), self.table.profile(id));
+                self.table.delete(&key);
+                undo.push(Undo::Reinsert(key, old, profile));
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes applied writes, newest first, so each step finds the table as it left it
+    /// (a reinsert takes back the slot its delete freed).
+    fn roll_back(&mut self, undo: Vec<Undo<C::Key, C::Value>>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Remove(k) => {
+                    self.table.delete(&k);
+                }
+                Undo::Restore(k, v) => {
+                    if let Some(id) = self.table.find_id(&k) {
+                        *self.table.value_mut(id) = v;
+                    }
+                }
+                Undo::Reinsert(k, v, p) => {
+                    // Cannot fail: the delete being undone freed room and the key.
+                    let _ = self.table.add_entry(k, v, p, self.now_ns);
+                }
+            }
+        }
+    }
+
+    fn no_such_entry(&self) -> ControlError {
+        ControlError::NoSuchEntry {
+            table: self.decl.name.clone(),
+        }
+    }
+}
+
+/// Why the control plane is told about an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotificationKind {
+    /// Its idle time ran out; `deleted` says whether the table removed it (`AUTO_DELETE`)
+    /// or kept it (`NOTIFY_CONTROL`).
+    IdleTimeout { deleted: bool },
+    /// The data plane asks the control plane to act on it (a digest).
+    Digest,
+}
+
+/// A message from the data plane to control-plane subscribers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    pub table: String,
+    pub kind: NotificationKind,
+    pub entry: Entry,
+    pub at_ns: u64,
+}
+
+/// Notifications a program holds until the runtime collects them between bursts: at most
+/// `limit`, the rest counted as dropped (a slow subscriber never holds up the data plane).
+#[derive(Debug, Clone, Default)]
+pub struct Outbox {
+    pub pending: Vec<Notification>,
+    pub dropped: u64,
+    limit: usize,
+}
+
+impl Outbox {
+    /// What a worker holds between two collections unless a program says otherwise.
+    pub const DEFAULT_LIMIT: usize = 4096;
+
+    pub fn new(limit: usize) -> Self {
+        Outbox {
+            pending: Vec::new(),
+            dropped: 0,
+            limit,
+        }
+    }
+
+    pub fn push(&mut self, n: Notification) {
+        if self.pending.len() < self.limit {
+            self.pending.push(n);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Queues the table's expiry notifications as entries of `decl`'s table, showing each
+    /// expired value to `seen` first (queued or not).
+    pub fn expired<C: ExactCodec>(
+        &mut self,
+        decl: &Declaration,
+        table: &mut ExactTable<C::Key, C::Value>,
+        mut seen: impl FnMut(&C::Value),
+    ) {
+        let Kind::Table { actions, .. } = &decl.kind else {
+            return;
+        };
+        for e in table.drain_notifications() {
+            seen(&e.value);
+            let (a, params) = C::action(&e.value);
+            let entry = Entry {
+                key: C::fields(&e.key),
+                action: actions.get(a).map_or("?", |a| a.name).to_string(),
+                params,
+                priority: 0,
+                hits: e.hits,
+            };
+            self.push(Notification {
+                table: decl.name.clone(),
+                kind: NotificationKind::IdleTimeout { deleted: e.deleted },
+                entry,
+                at_ns: e.at_ns,
+            });
+        }
+    }
+}
