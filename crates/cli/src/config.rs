@@ -33,6 +33,8 @@ pub struct RunConfig {
     pub io: Option<String>,
     pub queue_depth: Option<usize>,
     pub metrics: Option<String>,
+    /// The control API's loopback address, or "off".
+    pub control: Option<String>,
     pub program: Option<ProgramSection>,
     #[serde(default)]
     pub port: Vec<PortSection>,

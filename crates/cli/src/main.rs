@@ -10,6 +10,7 @@ mod bench_addonmiss;
 mod bench_tables;
 mod chart;
 mod config;
+mod ctl;
 mod gen_cmd;
 mod lab_bench;
 mod lab_cmd;
@@ -54,6 +55,8 @@ enum Command {
     Lab(lab_cmd::LabArgs),
     /// Send a capture's frames on an interface at full speed (a traffic source).
     Send(send_cmd::SendArgs),
+    /// Talk to a running switch's control API: tables, registers, notifications, counters.
+    Ctl(ctl::CtlArgs),
     /// Print the version.
     Version,
 }
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::BenchTables(args) => bench_tables::main(args),
         Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
+        Command::Ctl(args) => ctl::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -10,13 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Parses and checks the address: loopback only, so that nothing is exposed beyond the host.
-pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+/// A loopback address and port given to `flag` (an endpoint with no authentication), e.g.
+/// `example`.
+pub fn parse_addr(flag: &str, text: &str, example: &str) -> Result<SocketAddr, String> {
     let addr: SocketAddr = text.parse().map_err(|_| {
-        format!("--metrics: '{text}' is not an address and port; write it like 127.0.0.1:9464")
+        format!("{flag}: '{text}' is not an address and port; write it like {example}")
     })?;
     if !addr.ip().is_loopback() {
         return Err(format!(
-            "--metrics: {addr} is not a loopback address; the endpoint serves on 127.0.0.1 or [::1] only"
+            "{flag}: {addr} is not a loopback address; the endpoint serves on 127.0.0.1 or [::1] only"
         ));
     }
     Ok(addr)

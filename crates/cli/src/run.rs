@@ -47,6 +47,10 @@ pub struct RunArgs {
     /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Live runs: serve the control API (`stateplane ctl`) on this loopback address
+    /// (default 127.0.0.1:9559), or `off`.
+    #[arg(long)]
+    pub control: Option<String>,
     /// Write packets sent to the control plane into this capture.
     #[arg(long)]
     pub control_pcap: Option<PathBuf>,
@@ -205,8 +209,17 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         .metrics
         .as_ref()
         .or(cfg.metrics.as_ref())
-        .map(|a| metrics::parse_addr(a))
+        .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
         .transpose()?;
+    let control = match args.control.as_deref().or(cfg.control.as_deref()) {
+        Some("off") => run_live::ControlAddr::Off,
+        Some(a) => run_live::ControlAddr::Given(metrics::parse_addr(
+            "--control",
+            a,
+            stateplane_control::DEFAULT_ADDR,
+        )?),
+        None => run_live::ControlAddr::Default,
+    };
     if ports.iter().all(|p| p.iface.is_some()) {
         if args.control_pcap.is_some() || args.hold_metrics > 0 {
             return Err("--control-pcap and --hold-metrics are for runs over capture files; a live run counts packets for the control plane and serves metrics until it stops".into());
@@ -229,6 +242,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
                 Ok(load_program(program.as_deref(), &cfg, &rebuild_names)?.1)
             }),
             metrics: metrics_addr,
+            control,
             json: args.json,
         });
     }

@@ -3,10 +3,12 @@
 
 use crate::{CliResult, metrics, summary};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use stateplane_control::server::{ControlService, PipelineCounters, Server};
 use stateplane_io::live::{self, RingConfig};
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::live::{LiveQueues, Reload, run_live};
 use stateplane_runtime::pipeline::{RunHandle, RuntimeConfig};
+use stateplane_runtime::{ControlPlane, Counter};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -45,14 +47,29 @@ pub struct LiveRun {
     pub factory: ProgramFactory,
     pub rebuild: Rebuild,
     pub metrics: Option<std::net::SocketAddr>,
+    pub control: ControlAddr,
     pub json: bool,
+}
+
+/// Where the control API listens.
+#[derive(Debug, Clone, Copy)]
+pub enum ControlAddr {
+    /// [`stateplane_control::DEFAULT_ADDR`]; if it is taken, the run goes on without the API
+    /// and says so.
+    Default,
+    /// Given by the user: not being able to listen there is an error.
+    Given(std::net::SocketAddr),
+    Off,
 }
 
 pub fn main(run: LiveRun) -> CliResult<()> {
     let workers = run.runtime.workers;
     let rings = RingConfig::default();
     let mut queues: Vec<LiveQueues> = (0..workers)
-        .map(|_| LiveQueues { ports: Vec::new() })
+        .map(|_| LiveQueues {
+            ports: Vec::new(),
+            control: None,
+        })
         .collect();
     for (port, iface) in run.interfaces.iter().enumerate() {
         let opened = match run.io {
@@ -101,6 +118,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
         log::info!("metrics on http://{addr}/metrics");
     }
 
+    let _control_api = start_control(&run, &handle, &mut queues)?;
     let reload = Arc::new(Reload::new(run.factory.clone()));
     let watcher = {
         let (reload, stop, rebuild) = (reload.clone(), handle.stop.clone(), run.rebuild);
@@ -166,4 +184,49 @@ pub fn main(run: LiveRun) -> CliResult<()> {
             report.run.errors.len()
         ))
     }
+}
+
+/// Connects the workers to a control plane and serves the control API, as `run.control`
+/// says; the server stops when the returned value is dropped.
+fn start_control(
+    run: &LiveRun,
+    handle: &Arc<RunHandle>,
+    queues: &mut [LiveQueues],
+) -> CliResult<Option<stateplane_control::server::Server>> {
+    let addr = match run.control {
+        ControlAddr::Off => return Ok(None),
+        ControlAddr::Given(a) => a,
+        ControlAddr::Default => stateplane_control::DEFAULT_ADDR
+            .parse()
+            .map_err(|e| format!("{e}"))?,
+    };
+    let (plane, ends) = ControlPlane::new(queues.len(), run.factory.as_ref()(0).declarations());
+    let stats = handle.clone();
+    let pipeline: PipelineCounters = Arc::new(move || {
+        let total = stats.totals();
+        Counter::ALL
+            .iter()
+            .map(|&c| (c.name().to_string(), total.get(c)))
+            .collect()
+    });
+    let service = ControlService::new(plane, &run.program, pipeline);
+    let server = match (Server::start(addr, service), run.control) {
+        (Ok(s), _) => s,
+        (Err(e), ControlAddr::Default) => {
+            log::warn!(
+                "{e}; running without the control API (give --control ADDR or --control off)"
+            );
+            return Ok(None);
+        }
+        (Err(e), _) => return Err(format!("--control: {e}")),
+    };
+    for (q, end) in queues.iter_mut().zip(ends) {
+        q.control = Some(end);
+    }
+    log::info!(
+        "control API on {} (stateplane ctl --server {})",
+        server.addr,
+        server.addr
+    );
+    Ok(Some(server))
 }

@@ -692,3 +692,150 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
         "a clean connection loses nothing to the tracker"
     );
 }
+
+/// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on its
+/// loopback).
+fn ctl(lab: &Lab, args: &[&str]) -> Output {
+    let mut command = vec![env!("CARGO_BIN_EXE_stateplane"), "ctl"];
+    command.extend_from_slice(args);
+    lab.exec("s1", &command)
+}
+
+/// `stateplane ctl` programs a live `l2` switch: the hosts reach each other only once
+/// their stations are inserted, the entries count hits, bad requests are refused with the
+/// cause and change nothing, and a delete cuts the path again.
+#[test]
+fn ctl_programs_a_live_switch_and_streams_ageing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line-l2.toml", "tctl", None, |t| {
+        t.replace(
+            "macs = [\n  { mac = \"02:00:00:00:01:01\", port = \"p0\" },\n  { mac = \"02:00:00:00:01:02\", port = \"p1\" },\n]\nunknown = \"flood\"",
+            "unknown = \"drop\"",
+        )
+    });
+    for (host, peer, mac) in [
+        ("h1", "198.18.0.2", "02:00:00:00:01:02"),
+        ("h2", "198.18.0.1", "02:00:00:00:01:01"),
+    ] {
+        let out = lab.exec(
+            host,
+            &["ip", "neigh", "replace", peer, "lladdr", mac, "dev", "eth0"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let ping = || {
+        let out = lab.exec(
+            "h1",
+            &["ping", "-c", "3", "-i", "0.2", "-W", "1", "198.18.0.2"],
+        );
+        text(&out)
+    };
+    assert!(ping().contains(" 0 received"), "no path before the insert");
+
+    let out = ctl(&lab, &["describe"]);
+    assert!(
+        text(&out).contains("table macs capacity=4096"),
+        "{}",
+        text(&out)
+    );
+    let out = ctl(
+        &lab,
+        &[
+            "insert",
+            "macs",
+            "vlan=0",
+            "mac=02:00:00:00:01:02",
+            "forward",
+            "port=1",
+        ],
+    );
+    assert!(
+        text(&out).contains("inserted 1 entry of macs at version 1"),
+        "{}",
+        text(&out)
+    );
+    let file = lab.file.with_extension("entries");
+    std::fs::write(&file, "# h1\nvlan=0 mac=02:00:00:00:01:01 forward port=0\n").unwrap();
+    let out = ctl(&lab, &["insert", "macs", "--file", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        ping().contains("3 received"),
+        "the inserted entries carry the echo"
+    );
+
+    let out = ctl(&lab, &["read", "macs"]);
+    let listing = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = listing
+        .lines()
+        .find(|l| l.contains("mac=02:00:00:00:01:02"))
+        .unwrap_or_else(|| panic!("h2's entry is read back:\n{}", text(&out)));
+    let hits: u64 = line.rsplit("hits=").next().unwrap().parse().unwrap();
+    assert!(line.contains("forward port=1") && hits >= 3, "{line}");
+
+    // Refusals: the cause, a failing exit, and the table as it was.
+    let refused = [
+        (
+            vec![
+                "insert",
+                "macs",
+                "vlan=0",
+                "mac=02:00:00:00:01:02",
+                "forward",
+                "port=1",
+            ],
+            "already has an entry",
+        ),
+        (
+            vec![
+                "insert",
+                "macs",
+                "vlan=0",
+                "mac=02:00:00:00:01:03",
+                "forward",
+                "port=70000",
+            ],
+            "does not fit its 16 bits",
+        ),
+        (
+            vec!["insert", "nope", "vlan=0"],
+            "no table or register `nope`; the program has: macs",
+        ),
+        (
+            vec!["delete", "macs", "vlan=0", "mac=02:00:00:00:09:09"],
+            "has no entry with that key",
+        ),
+    ];
+    for (args, cause) in refused {
+        let out = ctl(&lab, &args);
+        assert!(!out.status.success(), "{args:?} is refused");
+        assert!(text(&out).contains(cause), "{args:?}: {}", text(&out));
+    }
+    let out = ctl(&lab, &["stats", "macs"]);
+    assert!(text(&out).contains("macs.entries 2\n"), "{}", text(&out));
+    assert!(
+        text(&out).contains("pipeline.rx_packets "),
+        "{}",
+        text(&out)
+    );
+
+    let out = ctl(&lab, &["delete", "macs", "vlan=0", "mac=02:00:00:00:01:02"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(ping().contains(" 0 received"), "no path after the delete");
+    drop(lab);
+
+    // A learning switch ageing stations out after a second: the stream reports them.
+    let lab = Lab::up_edited("line-learn.toml", "tctlw", None, |t| {
+        t.replace("ageing = 300", "ageing = 1")
+    });
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "2", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("2 received"), "{}", text(&out));
+    let out = ctl(&lab, &["watch", "--count", "1", "--timeout", "20"]);
+    assert!(
+        text(&out).contains(" aged-out stations vlan=0 mac=02:00:00:00:01:0"),
+        "{}",
+        text(&out)
+    );
+}

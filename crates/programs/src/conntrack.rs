@@ -134,7 +134,7 @@ impl ConnCodec {
                 actions: STATES
                     .iter()
                     .map(|&name| Action {
-                        name,
+                        name: name.to_string(),
                         params: packets(),
                     })
                     .collect(),
@@ -290,6 +290,16 @@ impl Conntrack {
         self.table.len()
     }
 
+    /// Looks at `budget` slots for connections idle past their state's timeout.
+    fn expire(&mut self, now: u64, budget: usize) {
+        self.table.sweep(now, budget);
+        let expired = &mut self.expired;
+        self.outbox
+            .expired::<ConnCodec>(&self.decl, &mut self.table, |conn| {
+                expired[conn.state as usize] += 1
+            });
+    }
+
     /// Tracks one packet; `Some(reason)` if it must be dropped.
     fn track(&mut self, key: &FlowKey, tcp_flags: u8, now: u64) -> Option<DropReason> {
         let (ckey, is_canonical) = canonical(key);
@@ -376,13 +386,12 @@ impl Program for Conntrack {
                 d.verdict = Verdict::Drop(reason);
             }
         }
-        self.table
-            .sweep(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * burst.len());
-        let expired = &mut self.expired;
-        self.outbox
-            .expired::<ConnCodec>(&self.decl, &mut self.table, |conn| {
-                expired[conn.state as usize] += 1
-            });
+        self.expire(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * burst.len());
+    }
+
+    /// Idle live ports still time connections out: the sweep goes on between bursts.
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {

@@ -62,7 +62,7 @@ impl StationCodec {
                     Field::exact("mac", 48, Format::Mac),
                 ],
                 actions: vec![Action {
-                    name: "forward",
+                    name: "forward".to_string(),
                     params: vec![Field::exact("port", 16, Format::Int)],
                 }],
                 writable,

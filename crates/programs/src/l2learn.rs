@@ -98,6 +98,13 @@ impl L2Learn {
     pub fn stations(&self) -> usize {
         self.table.len()
     }
+
+    /// Looks at `budget` slots for stations not heard from within the ageing time.
+    fn age(&mut self, now: u64, budget: usize) {
+        self.table.sweep(now, budget);
+        self.outbox
+            .expired::<StationCodec>(&self.decl, &mut self.table, |_| {});
+    }
 }
 
 impl Program for L2Learn {
@@ -135,9 +142,12 @@ impl Program for L2Learn {
                 None => Verdict::Flood,
             };
         }
-        self.table.sweep(now, 16 + 2 * burst.len());
-        self.outbox
-            .expired::<StationCodec>(&self.decl, &mut self.table, |_| {});
+        self.age(now, 16 + 2 * burst.len());
+    }
+
+    /// Idle live ports still age stations out: the sweep goes on between bursts.
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.age(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {

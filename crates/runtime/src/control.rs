@@ -15,7 +15,8 @@
 //! after the reply is processed with the change, on every worker.
 
 use crate::program::{Context, Program};
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+pub use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Sender, TrySendError};
 use stateplane_state::control::{self, ControlError, Declaration, Entry, Notification, Reply};
 use stateplane_state::{Match, Request, Write};
 use std::collections::HashMap;
@@ -179,7 +180,7 @@ impl ControlPlane {
 /// One answer from the answers of all workers. Each worker holds its own copy of a table
 /// (the same entries, for tables the control plane fills) or its own shard (tables the data
 /// plane fills), so entries are merged by key with their hits summed, register values are
-/// summed, and a delete succeeds if some worker held the key.
+/// summed, counters are summed by name, and a delete succeeds if some worker held the key.
 fn merge(
     request: &Request,
     replies: Vec<Result<Reply, ControlError>>,
@@ -204,6 +205,7 @@ fn merge(
     let mut entries: Vec<Entry> = Vec::new();
     let mut at: HashMap<Vec<Match>, usize> = HashMap::new();
     let mut values: Vec<u128> = Vec::new();
+    let mut counters: Vec<(&'static str, u64)> = Vec::new();
     for reply in ok {
         match reply {
             Reply::Done => {}
@@ -218,6 +220,14 @@ fn merge(
                     }
                 }
             }
+            Reply::Counters(cs) => {
+                for (name, v) in cs {
+                    match counters.iter_mut().find(|(n, _)| *n == name) {
+                        Some((_, sum)) => *sum += v,
+                        None => counters.push((name, v)),
+                    }
+                }
+            }
             Reply::Values(vs) => {
                 values.resize(values.len().max(vs.len()), 0);
                 for (sum, v) in values.iter_mut().zip(vs) {
@@ -229,6 +239,7 @@ fn merge(
     Ok(match request {
         Request::Read { .. } => Reply::Entries(entries),
         Request::ReadRegister { .. } => Reply::Values(values),
+        Request::Stats { .. } => Reply::Counters(counters),
         _ => Reply::Done,
     })
 }

@@ -13,6 +13,7 @@
 //! reload loses none.
 
 use crate::burst::Burst;
+use crate::control::WorkerControl;
 use crate::pipeline::{RunHandle, RunReport, RuntimeConfig};
 use crate::port::{LiveQueue, PortCounters};
 use crate::program::{PortId, ProgramFactory};
@@ -36,6 +37,8 @@ const POLL_EVERY_NS: u64 = 1_000_000;
 /// One worker's queues, one per port, indexed by port id.
 pub struct LiveQueues {
     pub ports: Vec<Box<dyn LiveQueue>>,
+    /// The worker's end of the control plane, if the run has one.
+    pub control: Option<WorkerControl>,
 }
 
 /// Waits until one of the descriptors is readable or the timeout passes (a wrapper of
@@ -169,6 +172,9 @@ fn worker_loop(
     let mut last_port_refresh = Instant::now();
     let (mut generation, factory) = reload.current();
     let mut worker = Worker::new(factory(w), w, workers, ports, config.hasher);
+    if let Some(control) = q.control.take() {
+        worker = worker.with_control(control);
+    }
     let mut burst = Burst::with_capacity(config.burst_size);
     let fds: Vec<RawFd> = q.ports.iter().map(|p| p.fd()).collect();
     let mut busy = Duration::ZERO;

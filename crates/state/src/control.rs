@@ -84,16 +84,16 @@ pub enum MatchKind {
 /// A key field or an action parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Field {
-    pub name: &'static str,
+    pub name: String,
     pub bits: u8,
     pub format: Format,
     pub kind: MatchKind,
 }
 
 impl Field {
-    pub const fn exact(name: &'static str, bits: u8, format: Format) -> Field {
+    pub fn exact(name: &str, bits: u8, format: Format) -> Field {
         Field {
-            name,
+            name: name.to_string(),
             bits,
             format,
             kind: MatchKind::Exact,
@@ -108,10 +108,11 @@ impl Field {
         }
     }
 
-    fn check_value(&self, value: u128) -> Result<(), ControlError> {
+    /// Whether `value` fits the field's width.
+    pub fn check_value(&self, value: u128) -> Result<(), ControlError> {
         if value > self.max() {
             return Err(ControlError::Width {
-                field: self.name.to_string(),
+                field: self.name.clone(),
                 bits: self.bits,
             });
         }
@@ -122,7 +123,7 @@ impl Field {
 /// An action a table's entries can carry, with its parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Action {
-    pub name: &'static str,
+    pub name: String,
     pub params: Vec<Field>,
 }
 
@@ -202,13 +203,17 @@ pub enum Request {
         count: usize,
         value: u128,
     },
+    /// The table's counters.
+    Stats { table: String },
 }
 
 impl Request {
     /// The table or register the request is about.
     pub fn target(&self) -> &str {
         match self {
-            Request::Write { table, .. } | Request::Read { table, .. } => table,
+            Request::Write { table, .. }
+            | Request::Read { table, .. }
+            | Request::Stats { table } => table,
             Request::ReadRegister { name, .. } | Request::WriteRegister { name, .. } => name,
         }
     }
@@ -221,6 +226,7 @@ pub enum Reply {
     Done,
     Entries(Vec<Entry>),
     Values(Vec<u128>),
+    Counters(Vec<(&'static str, u64)>),
 }
 
 /// Why a request was refused. Every refusal leaves the state as it was.
@@ -394,7 +400,9 @@ impl Declaration {
                 Ok(())
             }
             (Kind::Table { key, .. }, Request::Read { key: Some(k), .. }) => check_key(key, k),
-            (Kind::Table { .. }, Request::Read { key: None, .. }) => Ok(()),
+            (Kind::Table { .. }, Request::Read { key: None, .. }) | (_, Request::Stats { .. }) => {
+                Ok(())
+            }
             (Kind::Register { bits }, Request::ReadRegister { first, count, .. })
             | (Kind::Register { bits }, Request::WriteRegister { first, count, .. }) => {
                 if let Request::WriteRegister { value, .. } = req {
@@ -428,7 +436,7 @@ impl Declaration {
             return Err(ControlError::UnknownAction {
                 table: self.name.clone(),
                 action: entry.action.clone(),
-                known: actions.iter().map(|a| a.name.to_string()).collect(),
+                known: actions.iter().map(|a| a.name.clone()).collect(),
             });
         };
         let params = &actions[i].params;
@@ -470,7 +478,7 @@ fn check_key(fields: &[Field], key: &[Match]) -> Result<(), ControlError> {
             (MatchKind::Range, Match::Range { low, high }) => &[*low, *high],
             (expected, _) => {
                 return Err(ControlError::MatchKind {
-                    field: f.name.to_string(),
+                    field: f.name.clone(),
                     expected,
                 });
             }
@@ -536,7 +544,7 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                         let (a, params) = C::action(v);
                         Entry {
                             key: C::fields(k),
-                            action: actions.get(a).map_or("?", |a| a.name).to_string(),
+                            action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
                             params,
                             priority: 0,
                             hits,
@@ -547,6 +555,20 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                     return Err(self.no_such_entry());
                 }
                 Ok(Reply::Entries(entries))
+            }
+            Request::Stats { .. } => {
+                let s = &self.table.stats;
+                Ok(Reply::Counters(vec![
+                    ("entries", self.table.len() as u64),
+                    ("lookups", s.lookups),
+                    ("hits", s.hits),
+                    ("adds", s.adds),
+                    ("adds_refused_full", s.add_full),
+                    ("deletes", s.deletes),
+                    ("expired_deleted", s.expired_deleted),
+                    ("expired_notified", s.expired_notified),
+                    ("notifications_dropped", s.notifications_dropped),
+                ]))
             }
             _ => Err(ControlError::Unavailable),
         }
@@ -693,7 +715,7 @@ impl Outbox {
             let (a, params) = C::action(&e.value);
             let entry = Entry {
                 key: C::fields(&e.key),
-                action: actions.get(a).map_or("?", |a| a.name).to_string(),
+                action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
                 params,
                 priority: 0,
                 hits: e.hits,

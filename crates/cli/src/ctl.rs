@@ -1,0 +1,305 @@
+//! `stateplane ctl`: the control API's command-line client.
+//!
+//! Entries are written and printed in the text form of `stateplane_control::text`
+//! (`FIELD=VALUE ... ACTION PARAM=VALUE ...`), so `read` output can be edited and fed back
+//! with `insert --file`.
+
+use crate::CliResult;
+use clap::{Args, Subcommand};
+use stateplane_control::client::Client;
+use stateplane_control::text;
+use stateplane_state::control::{Field, Format, Kind, MatchKind};
+use stateplane_state::{Declaration, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The control API of a running `stateplane run`.
+    #[arg(long, short = 's', default_value = stateplane_control::DEFAULT_ADDR)]
+    pub server: String,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// The program's tables and registers: key fields, actions, capacity, guarantees.
+    Describe,
+    /// Insert entries, all or none: one on the command line, or one per line of --file.
+    Insert(WriteArgs),
+    /// Change the action of existing entries, all or none.
+    Modify(WriteArgs),
+    /// Delete entries by key (FIELD=VALUE ...), all or none.
+    Delete(WriteArgs),
+    /// Print a table's entries (or the one with the key given) with their hit counts.
+    Read {
+        table: String,
+        /// FIELD=VALUE words of a key.
+        key: Vec<String>,
+    },
+    /// Read a register (one index, a range FIRST..END, or all), or set values with --set.
+    Register {
+        name: String,
+        /// An index or a range FIRST..END (end excluded); all of it when left out.
+        range: Option<String>,
+        #[arg(long)]
+        set: Option<String>,
+    },
+    /// Print idle-timeout notifications and digests as they come.
+    Watch {
+        /// Stop after this many.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds without one.
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+    /// The pipeline's counters, and a table's.
+    Stats { table: Option<String> },
+}
+
+#[derive(Debug, Args)]
+pub struct WriteArgs {
+    pub table: String,
+    /// The entry (or, for delete, the key) as words: FIELD=VALUE ... ACTION PARAM=VALUE.
+    pub entry: Vec<String>,
+    /// One entry per line ('#' starts a comment), applied as one all-or-nothing batch.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+}
+
+pub fn main(args: CtlArgs) -> CliResult<()> {
+    let mut client = Client::connect(&args.server).map_err(|e| e.to_string())?;
+    match args.command {
+        CtlCommand::Describe => {
+            println!("program {}", client.program());
+            for d in client.declarations() {
+                println!("{}", describe(d));
+            }
+        }
+        CtlCommand::Insert(w) => write(&mut client, w, Op::Insert)?,
+        CtlCommand::Modify(w) => write(&mut client, w, Op::Modify)?,
+        CtlCommand::Delete(w) => write(&mut client, w, Op::Delete)?,
+        CtlCommand::Read { table, key } => {
+            let d = client
+                .declaration(&table)
+                .map_err(|e| e.to_string())?
+                .clone();
+            let key = if key.is_empty() {
+                None
+            } else {
+                let words: Vec<&str> = key.iter().map(String::as_str).collect();
+                Some(text::parse_key(&d, &words)?)
+            };
+            let (version, entries) = client
+                .read(&table, key.as_deref())
+                .map_err(|e| e.to_string())?;
+            for e in &entries {
+                println!("{}", text::print_entry(&d, e));
+            }
+            eprintln!("{} entries of {table} at version {version}", entries.len());
+        }
+        CtlCommand::Register { name, range, set } => register(&mut client, &name, range, set)?,
+        CtlCommand::Watch { count, timeout } => {
+            let timeout = timeout.map(Duration::from_secs_f64);
+            let declarations = client.declarations().to_vec();
+            let seen = client
+                .watch(count, timeout, |n| {
+                    println!("{}", notification(&declarations, n));
+                    true
+                })
+                .map_err(|e| e.to_string())?;
+            eprintln!("{seen} notifications");
+        }
+        CtlCommand::Stats { table } => {
+            let reply = client
+                .stats(table.as_deref().unwrap_or(""))
+                .map_err(|e| e.to_string())?;
+            for c in &reply.pipeline {
+                println!("pipeline.{} {}", c.name, c.value);
+            }
+            for c in &reply.table {
+                println!("{}.{} {}", table.as_deref().unwrap_or(""), c.name, c.value);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Insert,
+    Modify,
+    Delete,
+}
+
+fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
+    let d = client
+        .declaration(&args.table)
+        .map_err(|e| e.to_string())?
+        .clone();
+    let mut lines: Vec<(String, String)> = Vec::new();
+    if !args.entry.is_empty() {
+        lines.push(("the command line".into(), args.entry.join(" ")));
+    }
+    if let Some(path) = &args.file {
+        let content = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        for (i, line) in content.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if !line.is_empty() {
+                lines.push((format!("{}:{}", path.display(), i + 1), line.to_string()));
+            }
+        }
+    }
+    if lines.is_empty() {
+        return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
+    }
+    let writes = lines
+        .iter()
+        .map(|(at, line)| {
+            let parsed = match op {
+                Op::Insert => text::parse_entry(&d, line).map(Write::Insert),
+                Op::Modify => text::parse_entry(&d, line).map(Write::Modify),
+                Op::Delete => {
+                    // A key, or a whole entry as `read` prints it (the key is taken).
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    let key_words = words
+                        .iter()
+                        .position(|w| !w.contains('='))
+                        .map_or(&words[..], |at| &words[..at]);
+                    text::parse_key(&d, key_words).map(Write::Delete)
+                }
+            };
+            parsed.map_err(|e| format!("{at}: {e}"))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let version = client
+        .write(&args.table, &writes)
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{} {} entr{} of {} at version {version}",
+        match op {
+            Op::Insert => "inserted",
+            Op::Modify => "modified",
+            Op::Delete => "deleted",
+        },
+        writes.len(),
+        if writes.len() == 1 { "y" } else { "ies" },
+        args.table
+    );
+    Ok(())
+}
+
+fn register(
+    client: &mut Client,
+    name: &str,
+    range: Option<String>,
+    set: Option<String>,
+) -> CliResult<()> {
+    let d = client.declaration(name).map_err(|e| e.to_string())?.clone();
+    let Kind::Register { bits } = d.kind else {
+        return Err(format!("`{name}` is a table; use `ctl read {name}`"));
+    };
+    let bad = |t: &str| format!("'{t}' is not an index or a range FIRST..END");
+    let (first, count) = match range.as_deref() {
+        None => (0, 0),
+        Some(r) => match r.split_once("..") {
+            Some((a, b)) => {
+                let a: u64 = a.parse().map_err(|_| bad(r))?;
+                let b: u64 = b.parse().map_err(|_| bad(r))?;
+                if b <= a {
+                    return Err(format!("the range {r} is empty"));
+                }
+                (a, b - a)
+            }
+            None => (r.parse().map_err(|_| bad(r))?, 1),
+        },
+    };
+    let field = Field {
+        name: "value".into(),
+        bits,
+        format: Format::Int,
+        kind: MatchKind::Exact,
+    };
+    match set {
+        Some(v) => {
+            let value = text::parse_value(&field, &v)?;
+            let bytes = stateplane_control::convert::to_bytes(value, bits);
+            let version = client
+                .write_register(name, first, count, bytes)
+                .map_err(|e| e.to_string())?;
+            println!("set {name} at version {version}");
+        }
+        None => {
+            let values = client
+                .read_register(name, first, count)
+                .map_err(|e| e.to_string())?;
+            for (i, v) in values.iter().enumerate() {
+                let v = v.iter().fold(0u128, |a, &b| a << 8 | u128::from(b));
+                println!("{name}[{}] {v}", first + i as u64);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(d: &Declaration) -> String {
+    let guarantees: Vec<&str> = d.guarantees.iter().map(|g| g.name()).collect();
+    let field = |f: &Field| format!("{}:{}/{:?}", f.name, f.bits, f.kind).to_lowercase();
+    match &d.kind {
+        Kind::Table {
+            key,
+            actions,
+            writable,
+        } => {
+            let mut s = format!(
+                "table {} capacity={} guarantees={} {}\n  key: {}",
+                d.name,
+                d.capacity,
+                guarantees.join(","),
+                if *writable {
+                    "read-write"
+                } else {
+                    "filled by the data plane (read, delete)"
+                },
+                key.iter().map(field).collect::<Vec<_>>().join(" ")
+            );
+            for a in actions {
+                let params: Vec<String> = a
+                    .params
+                    .iter()
+                    .map(|p| format!("{}:{}", p.name, p.bits))
+                    .collect();
+                s.push_str(&format!("\n  action: {} {}", a.name, params.join(" ")));
+            }
+            s
+        }
+        Kind::Register { bits } => format!(
+            "register {} size={} bits={bits} guarantees={}",
+            d.name,
+            d.capacity,
+            guarantees.join(",")
+        ),
+    }
+}
+
+fn notification(declarations: &[Declaration], n: &stateplane_control::pb::Notification) -> String {
+    let entry = declarations
+        .iter()
+        .find(|d| d.name == n.table)
+        .and_then(|d| {
+            let e = n.entry.as_ref()?;
+            let mut entry = stateplane_control::convert::entry_from_pb(e, d).ok()?;
+            entry.hits = e.hits;
+            Some(text::print_entry(d, &entry))
+        })
+        .unwrap_or_default();
+    let what = match (n.kind.as_str(), n.deleted) {
+        ("idle_timeout", true) => "aged-out",
+        ("idle_timeout", false) => "idle",
+        (k, _) => k,
+    };
+    format!("{} {what} {} {entry}", n.at_ns, n.table)
+}

@@ -1,0 +1,256 @@
+//! A blocking client of the control API (what `stateplane ctl` and tests use).
+
+use crate::convert;
+use crate::pb::{self, control_client::ControlClient};
+use stateplane_state::{Declaration, Entry, Match, Write};
+use std::time::Duration;
+use tonic::transport::Channel;
+
+pub struct Client {
+    runtime: tokio::runtime::Runtime,
+    inner: ControlClient<Channel>,
+    program: String,
+    declarations: Vec<Declaration>,
+}
+
+/// A refusal from the server (its gRPC code and message) or a failure to reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientError {
+    pub code: tonic::Code,
+    pub message: String,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError {
+            code: s.code(),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+fn local(message: String) -> ClientError {
+    ClientError {
+        code: tonic::Code::InvalidArgument,
+        message,
+    }
+}
+
+impl Client {
+    /// Connects to the control API at `addr` (`host:port`) and reads what the program
+    /// declares.
+    pub fn connect(addr: &str) -> Result<Client, ClientError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
+        let unreachable = |e: &dyn std::fmt::Display| ClientError {
+            code: tonic::Code::Unavailable,
+            message: format!(
+                "cannot reach the control API at {addr}: {e} (is `stateplane run` running with \
+                 --control {addr}?)"
+            ),
+        };
+        let endpoint = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
+            .connect_timeout(Duration::from_secs(3));
+        let inner = runtime
+            .block_on(endpoint.connect())
+            .map(ControlClient::new)
+            .map_err(|e| unreachable(&e))?;
+        let mut client = Client {
+            runtime,
+            inner,
+            program: String::new(),
+            declarations: Vec::new(),
+        };
+        client.refresh()?;
+        Ok(client)
+    }
+
+    /// Reads the program's declarations again (after a reload).
+    pub fn refresh(&mut self) -> Result<u64, ClientError> {
+        let reply = self
+            .runtime
+            .block_on(self.inner.describe(pb::DescribeRequest {}))?
+            .into_inner();
+        self.declarations = reply
+            .declarations
+            .iter()
+            .map(convert::declaration_from_pb)
+            .collect::<Result<_, _>>()
+            .map_err(local)?;
+        self.program = reply.program;
+        Ok(reply.version)
+    }
+
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    pub fn declarations(&self) -> &[Declaration] {
+        &self.declarations
+    }
+
+    pub fn declaration(&self, name: &str) -> Result<&Declaration, ClientError> {
+        stateplane_state::control::find(&self.declarations, name)
+            .map_err(|e| ClientError::from(convert::status(e)))
+    }
+
+    /// Applies `writes` to `table`, all or none; returns the version.
+    pub fn write(&mut self, table: &str, writes: &[Write]) -> Result<u64, ClientError> {
+        let d = self.declaration(table)?.clone();
+        let (key, _) = convert::table_shape(&d)?;
+        let updates = writes
+            .iter()
+            .map(|w| {
+                use pb::update::Type;
+                let (t, entry) = match w {
+                    Write::Insert(e) => (Type::Insert, convert::entry_to_pb(e, &d)),
+                    Write::Modify(e) => (Type::Modify, convert::entry_to_pb(e, &d)),
+                    Write::Delete(k) => (
+                        Type::Delete,
+                        pb::Entry {
+                            key: convert::key_to_pb(k, key),
+                            ..Default::default()
+                        },
+                    ),
+                };
+                pb::Update {
+                    r#type: t as i32,
+                    entry: Some(entry),
+                }
+            })
+            .collect();
+        let request = pb::WriteRequest {
+            table: table.to_string(),
+            updates,
+        };
+        Ok(self
+            .runtime
+            .block_on(self.inner.write(request))?
+            .into_inner()
+            .version)
+    }
+
+    /// Every entry of `table` (or the one with `key`), and the version read.
+    pub fn read(
+        &mut self,
+        table: &str,
+        key: Option<&[Match]>,
+    ) -> Result<(u64, Vec<Entry>), ClientError> {
+        let d = self.declaration(table)?.clone();
+        let (fields, _) = convert::table_shape(&d)?;
+        let request = pb::ReadRequest {
+            table: table.to_string(),
+            key: key.map_or_else(Vec::new, |k| convert::key_to_pb(k, fields)),
+        };
+        let reply = self
+            .runtime
+            .block_on(self.inner.read(request))?
+            .into_inner();
+        let entries = reply
+            .entries
+            .iter()
+            .map(|e| {
+                let mut entry = convert::entry_from_pb(e, &d)?;
+                entry.hits = e.hits;
+                Ok(entry)
+            })
+            .collect::<Result<_, tonic::Status>>()?;
+        Ok((reply.version, entries))
+    }
+
+    /// `count` values of register `name` from `first` (count 0: to the end).
+    pub fn read_register(
+        &mut self,
+        name: &str,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<Vec<u8>>, ClientError> {
+        let request = pb::RegisterRange {
+            name: name.to_string(),
+            first,
+            count,
+        };
+        Ok(self
+            .runtime
+            .block_on(self.inner.read_register(request))?
+            .into_inner()
+            .values)
+    }
+
+    pub fn write_register(
+        &mut self,
+        name: &str,
+        first: u64,
+        count: u64,
+        value: Vec<u8>,
+    ) -> Result<u64, ClientError> {
+        let request = pb::RegisterWrite {
+            range: Some(pb::RegisterRange {
+                name: name.to_string(),
+                first,
+                count,
+            }),
+            value,
+        };
+        Ok(self
+            .runtime
+            .block_on(self.inner.write_register(request))?
+            .into_inner()
+            .version)
+    }
+
+    /// The pipeline's counters, and `table`'s if given.
+    pub fn stats(&mut self, table: &str) -> Result<pb::StatsReply, ClientError> {
+        let request = pb::StatsRequest {
+            table: table.to_string(),
+        };
+        Ok(self
+            .runtime
+            .block_on(self.inner.stats(request))?
+            .into_inner())
+    }
+
+    /// Streams notifications to `each` until it returns false, `limit` have come, or
+    /// `timeout` passes without one; returns how many came.
+    pub fn watch(
+        &mut self,
+        limit: Option<u64>,
+        timeout: Option<Duration>,
+        mut each: impl FnMut(&pb::Notification) -> bool,
+    ) -> Result<u64, ClientError> {
+        let inner = &mut self.inner;
+        self.runtime.block_on(async move {
+            let mut stream = inner
+                .notifications(pb::NotificationsRequest {})
+                .await?
+                .into_inner();
+            let mut seen = 0;
+            while limit.is_none_or(|l| seen < l) {
+                let next = match timeout {
+                    Some(t) => match tokio::time::timeout(t, stream.message()).await {
+                        Ok(m) => m?,
+                        Err(_) => break,
+                    },
+                    None => stream.message().await?,
+                };
+                let Some(n) = next else { break };
+                seen += 1;
+                if !each(&n) {
+                    break;
+                }
+            }
+            Ok(seen)
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! The control API: a gRPC service over the running program's declared state.
+//!
+//! Owns: the protobuf schema (`proto/`, compiled at build time by protox, so no `protoc`
+//! is needed), the service that turns calls into [`stateplane_runtime::ControlPlane`]
+//! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
+//! text form of entries people type and read ([`text`]).
+//!
+//! Must never: touch program state itself (requests go through the control plane, which
+//! has the workers apply them between bursts), or listen beyond loopback (the API has no
+//! authentication).
+
+pub mod client;
+pub mod convert;
+pub mod server;
+pub mod text;
+
+/// The generated protobuf messages and gRPC stubs.
+#[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]
+pub mod pb {
+    tonic::include_proto!("stateplane.control.v1");
+}
+
+/// Where the control API listens unless told otherwise (P4Runtime's port, on loopback).
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9559";

@@ -1,0 +1,340 @@
+//! The gRPC service, on a thread of its own with a small async runtime.
+
+use crate::convert::{self, status};
+use crate::pb::{self, control_server};
+use stateplane_runtime::ControlPlane;
+use stateplane_state::{Declaration, Reply, Request};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::Stream;
+use tonic::{Response, Status};
+
+/// Reads the pipeline's counters (the data path's totals) when a client asks.
+pub type PipelineCounters = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
+
+pub struct ControlService {
+    plane: Arc<ControlPlane>,
+    program: String,
+    pipeline: PipelineCounters,
+}
+
+impl ControlService {
+    pub fn new(plane: Arc<ControlPlane>, program: &str, pipeline: PipelineCounters) -> Self {
+        ControlService {
+            plane,
+            program: program.to_string(),
+            pipeline,
+        }
+    }
+
+    fn declaration(&self, name: &str) -> Result<Declaration, Status> {
+        stateplane_state::control::find(&self.plane.declarations(), name)
+            .cloned()
+            .map_err(status)
+    }
+
+    /// Submits on a blocking thread (the call waits for every worker).
+    async fn submit(&self, request: Request) -> Result<stateplane_runtime::Applied, Status> {
+        let plane = self.plane.clone();
+        tokio::task::spawn_blocking(move || plane.submit(request))
+            .await
+            .map_err(|e| Status::internal(format!("the request's thread failed: {e}")))?
+            .map_err(status)
+    }
+}
+
+fn counters(cs: Vec<(&'static str, u64)>) -> Vec<pb::Counter> {
+    cs.into_iter()
+        .map(|(name, value)| pb::Counter {
+            name: name.to_string(),
+            value,
+        })
+        .collect()
+}
+
+type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl control_server::Control for ControlService {
+    async fn describe(
+        &self,
+        _: tonic::Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeReply>, Status> {
+        Ok(Response::new(pb::DescribeReply {
+            version: self.plane.version(),
+            program: self.program.clone(),
+            declarations: self
+                .plane
+                .declarations()
+                .iter()
+                .map(convert::declaration_to_pb)
+                .collect(),
+        }))
+    }
+
+    async fn write(
+        &self,
+        request: tonic::Request<pb::WriteRequest>,
+    ) -> Result<Response<pb::WriteReply>, Status> {
+        let r = request.into_inner();
+        let d = self.declaration(&r.table)?;
+        let writes = r
+            .updates
+            .iter()
+            .map(|u| convert::write_from_pb(u, &d))
+            .collect::<Result<_, _>>()?;
+        let done = self
+            .submit(Request::Write {
+                table: r.table,
+                writes,
+            })
+            .await?;
+        Ok(Response::new(pb::WriteReply {
+            version: done.version,
+        }))
+    }
+
+    async fn read(
+        &self,
+        request: tonic::Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadReply>, Status> {
+        let r = request.into_inner();
+        let d = self.declaration(&r.table)?;
+        let key = if r.key.is_empty() {
+            None
+        } else {
+            Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
+        };
+        let done = self
+            .submit(Request::Read {
+                table: r.table,
+                key,
+            })
+            .await?;
+        let Reply::Entries(entries) = done.reply else {
+            return Err(Status::internal("a read answered no entries"));
+        };
+        Ok(Response::new(pb::ReadReply {
+            version: done.version,
+            entries: entries
+                .iter()
+                .map(|e| convert::entry_to_pb(e, &d))
+                .collect(),
+        }))
+    }
+
+    async fn read_register(
+        &self,
+        request: tonic::Request<pb::RegisterRange>,
+    ) -> Result<Response<pb::RegisterValues>, Status> {
+        let r = request.into_inner();
+        let (d, first, count) = self.register_range(&r)?;
+        let done = self
+            .submit(Request::ReadRegister {
+                name: r.name,
+                first,
+                count,
+            })
+            .await?;
+        let (Reply::Values(values), stateplane_state::Kind::Register { bits }) =
+            (done.reply, &d.kind)
+        else {
+            return Err(Status::internal("a register read answered no values"));
+        };
+        Ok(Response::new(pb::RegisterValues {
+            version: done.version,
+            first: first as u64,
+            values: values
+                .into_iter()
+                .map(|v| convert::to_bytes(v, *bits))
+                .collect(),
+        }))
+    }
+
+    async fn write_register(
+        &self,
+        request: tonic::Request<pb::RegisterWrite>,
+    ) -> Result<Response<pb::WriteReply>, Status> {
+        let r = request.into_inner();
+        let range = r.range.unwrap_or_default();
+        let (d, first, count) = self.register_range(&range)?;
+        let stateplane_state::Kind::Register { bits } = d.kind else {
+            return Err(Status::internal("not a register"));
+        };
+        let field = stateplane_state::control::Field::exact(
+            "value",
+            bits,
+            stateplane_state::control::Format::Int,
+        );
+        let value = convert::from_bytes(&r.value, &field)?;
+        let done = self
+            .submit(Request::WriteRegister {
+                name: range.name,
+                first,
+                count,
+                value,
+            })
+            .await?;
+        Ok(Response::new(pb::WriteReply {
+            version: done.version,
+        }))
+    }
+
+    type NotificationsStream = NotificationStream;
+
+    async fn notifications(
+        &self,
+        _: tonic::Request<pb::NotificationsRequest>,
+    ) -> Result<Response<NotificationStream>, Status> {
+        let from_workers = self.plane.subscribe();
+        let declarations = self.plane.declarations();
+        let (to_client, stream) = tokio::sync::mpsc::channel(1024);
+        // A plain thread forwards: the workers' side is a blocking channel. It ends when
+        // the client hangs up (or the control plane goes away).
+        std::thread::Builder::new()
+            .name("ctl-notify".into())
+            .spawn(move || {
+                loop {
+                    match from_workers.recv_timeout(Duration::from_millis(200)) {
+                        Ok(n) => {
+                            let d = declarations.iter().find(|d| d.name == n.table);
+                            let n = convert::notification_to_pb(&n, d);
+                            if to_client.blocking_send(Ok(n)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(crossbeam::RecvTimeoutError::Timeout) if to_client.is_closed() => {
+                            return;
+                        }
+                        Err(crossbeam::RecvTimeoutError::Timeout) => {}
+                        Err(crossbeam::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })
+            .map_err(|e| Status::internal(format!("cannot start a stream: {e}")))?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(stream),
+        )))
+    }
+
+    async fn stats(
+        &self,
+        request: tonic::Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsReply>, Status> {
+        let table = request.into_inner().table;
+        let mut pipeline: Vec<pb::Counter> = (self.pipeline)()
+            .into_iter()
+            .map(|(name, value)| pb::Counter { name, value })
+            .collect();
+        pipeline.push(pb::Counter {
+            name: "notifications_dropped".into(),
+            value: self
+                .plane
+                .notifications_dropped
+                .load(std::sync::atomic::Ordering::Relaxed),
+        });
+        let (version, table) = if table.is_empty() {
+            (self.plane.version(), Vec::new())
+        } else {
+            let done = self.submit(Request::Stats { table }).await?;
+            match done.reply {
+                Reply::Counters(cs) => (done.version, counters(cs)),
+                _ => (done.version, Vec::new()),
+            }
+        };
+        Ok(Response::new(pb::StatsReply {
+            version,
+            pipeline,
+            table,
+        }))
+    }
+}
+
+impl ControlService {
+    /// A register's declaration and the range asked for (count 0: to the end).
+    fn register_range(&self, r: &pb::RegisterRange) -> Result<(Declaration, usize, usize), Status> {
+        let d = self.declaration(&r.name)?;
+        let first = usize::try_from(r.first).unwrap_or(usize::MAX);
+        let count = match r.count {
+            0 => d.capacity.saturating_sub(first),
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        Ok((d, first, count))
+    }
+}
+
+mod crossbeam {
+    pub use stateplane_runtime::control::RecvTimeoutError;
+}
+
+/// A running control API server; stops when dropped.
+pub struct Server {
+    pub addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listens on `addr` (loopback only) and serves `service` on a thread of its own.
+    pub fn start(addr: SocketAddr, service: ControlService) -> Result<Server, String> {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "the control API has no authentication, so it listens on loopback only; \
+                 give an address like {} instead of {addr}",
+                crate::DEFAULT_ADDR
+            ));
+        }
+        let listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("cannot listen for the control API on {addr}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the control API's runtime: {e}"))?;
+        let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("control-api".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            log::error!("control API: {e}");
+                            return;
+                        }
+                    };
+                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    let served = tonic::transport::Server::builder()
+                        .add_service(control_server::ControlServer::new(service))
+                        .serve_with_incoming_shutdown(incoming, async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                    if let Err(e) = served {
+                        log::error!("control API stopped: {e}");
+                    }
+                });
+            })
+            .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
+        log::info!("control API listening on {addr}");
+        Ok(Server {
+            addr,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
