@@ -38,6 +38,12 @@ pub struct BenchTablesArgs {
     /// IPv6 prefixes of the generated routing table (0: skip).
     #[arg(long, default_value_t = 150_000)]
     pub ipv6_prefixes: usize,
+    /// Entries inserted by the control plane for the bulk-insertion measurement (0: skip).
+    #[arg(long, default_value_t = 200_000)]
+    pub control_entries: usize,
+    /// Entries per control-plane write.
+    #[arg(long, default_value_t = 1000)]
+    pub control_batch: usize,
     #[arg(long)]
     pub csv: Option<PathBuf>,
     #[arg(long)]
@@ -139,19 +145,20 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
     }
     lpm_rows(&a, &mut rows);
     ternary_rows(&a, &mut rows);
+    control_rows(&a, &mut rows)?;
     println!(
         "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
         a.ipv4_prefixes, a.ipv6_prefixes, a.seed, a.lookups, a.repeat
     );
     println!(
-        "{:<26} {:>10} {:>12} {:>10}",
+        "{:<40} {:>10} {:>12} {:>10}",
         "operation", "entries", "M ops/s | s", "ns/op"
     );
     for r in &rows {
         // Build rows carry seconds in the rate column.
         let digits = if r.op.ends_with("(s)") { 3 } else { 1 };
         println!(
-            "{:<26} {:>10} {:>12.digits$} {:>10.1}",
+            "{:<40} {:>10} {:>12.digits$} {:>10.1}",
             r.op, r.entries, r.mops, r.ns
         );
     }
@@ -176,7 +183,10 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
                 bars: rows
                     .iter()
                     .filter(|r| {
-                        r.entries == n && !r.op.starts_with("lpm") && !r.op.starts_with("acl")
+                        r.entries == n
+                            && !r.op.starts_with("lpm")
+                            && !r.op.starts_with("acl")
+                            && !r.op.starts_with("control")
                     })
                     .map(|r| (r.op.clone(), r.mops))
                     .collect(),
@@ -200,6 +210,16 @@ pub fn main(a: BenchTablesArgs) -> CliResult<()> {
             bars: rows
                 .iter()
                 .filter(|r| r.op.starts_with("lpm") && r.op.contains("lookup"))
+                .map(|r| (r.op.clone(), r.mops))
+                .collect(),
+        });
+        panels.push(crate::chart::Panel {
+            title: "Control-plane bulk insertion into l2's table: million entries per second"
+                .into(),
+            unit: "M/s".into(),
+            bars: rows
+                .iter()
+                .filter(|r| r.op.starts_with("control"))
                 .map(|r| (r.op.clone(), r.mops))
                 .collect(),
         });
@@ -361,4 +381,96 @@ fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
             ns: lin * 1e9,
         });
     }
+}
+
+/// Control-plane bulk insertion: `l2`'s MAC table filled by writes of `--control-batch`
+/// entries, while one worker polls for requests as an idle live worker does; through the
+/// control plane directly, and through gRPC on loopback with `ctl`'s client.
+fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
+    use stateplane_control::client::Client;
+    use stateplane_control::server::{ControlService, Server};
+    use stateplane_runtime::{Burst, ControlPlane, Worker};
+    use stateplane_state::{Entry, Match, Request, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let n = a.control_entries;
+    if n == 0 {
+        return Ok(());
+    }
+    if a.control_batch == 0 || n > 1 << 23 {
+        return Err("--control-batch must be above 0 and --control-entries at most 8388608".into());
+    }
+    let batches: Vec<Vec<Write>> = (0..n as u128)
+        .map(|i| {
+            Write::Insert(Entry {
+                key: vec![Match::Exact(0), Match::Exact(0x0200_0000_0000 | i)],
+                action: "forward".into(),
+                params: vec![1],
+                priority: 0,
+                hits: 0,
+            })
+        })
+        .collect::<Vec<_>>()
+        .chunks(a.control_batch)
+        .map(<[Write]>::to_vec)
+        .collect();
+    let config: toml::Value =
+        toml::from_str(&format!("capacity = {n}")).map_err(|e| e.to_string())?;
+    let names = stateplane_programs::PortNames(vec!["0".into(), "1".into()]);
+    for via in ["direct", "gRPC"] {
+        let factory =
+            stateplane_programs::build("l2", Some(&config), &names).map_err(|e| e.to_string())?;
+        let (plane, mut ends) = ControlPlane::new(1, factory(0).declarations());
+        let stop = Arc::new(AtomicBool::new(false));
+        let end = ends.pop().ok_or("no worker end")?;
+        let worker_stop = stop.clone();
+        let worker = std::thread::spawn(move || {
+            let mut w = Worker::new(
+                factory(0),
+                0,
+                1,
+                2,
+                stateplane_wire::FlowHasher::with_seed(1),
+            )
+            .with_control(end);
+            let mut idle = Burst::with_capacity(1);
+            while !worker_stop.load(Ordering::Relaxed) {
+                w.poll(&mut idle);
+                std::thread::yield_now();
+            }
+        });
+        let t = Instant::now();
+        let outcome: CliResult<()> = if via == "direct" {
+            batches.iter().try_for_each(|b| {
+                plane
+                    .submit(Request::Write {
+                        table: "macs".into(),
+                        writes: b.clone(),
+                    })
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+        } else {
+            let service = ControlService::new(plane.clone(), "l2", Arc::new(Vec::new));
+            let server =
+                Server::start("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?, service)?;
+            let mut client =
+                Client::connect(&server.addr.to_string()).map_err(|e| e.to_string())?;
+            batches
+                .iter()
+                .try_for_each(|b| client.write("macs", b).map(drop).map_err(|e| e.to_string()))
+        };
+        let secs = t.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        let _ = worker.join();
+        outcome?;
+        rows.push(Row {
+            op: format!("control insert ({via}, {} per write)", a.control_batch),
+            entries: n,
+            mops: n as f64 / secs / 1e6,
+            ns: secs * 1e9 / n as f64,
+        });
+    }
+    Ok(())
 }
