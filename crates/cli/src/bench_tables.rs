@@ -389,10 +389,8 @@ fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
 fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
     use stateplane_control::client::Client;
     use stateplane_control::server::{ControlService, Server};
-    use stateplane_runtime::{Burst, ControlPlane, Worker};
     use stateplane_state::{Entry, Match, Request, Write};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     let n = a.control_entries;
     if n == 0 {
@@ -421,50 +419,28 @@ fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
     for via in ["direct", "gRPC"] {
         let factory =
             stateplane_programs::build("l2", Some(&config), &names).map_err(|e| e.to_string())?;
-        let (plane, mut ends) = ControlPlane::new(1, factory(0).declarations());
-        let stop = Arc::new(AtomicBool::new(false));
-        let end = ends.pop().ok_or("no worker end")?;
-        let worker_stop = stop.clone();
-        let worker = std::thread::spawn(move || {
-            let mut w = Worker::new(
-                factory(0),
-                0,
-                1,
-                2,
-                stateplane_wire::FlowHasher::with_seed(1),
-            )
-            .with_control(end);
-            let mut idle = Burst::with_capacity(1);
-            while !worker_stop.load(Ordering::Relaxed) {
-                w.poll(&mut idle);
-                std::thread::yield_now();
-            }
-        });
-        let t = Instant::now();
-        let outcome: CliResult<()> = if via == "direct" {
-            batches.iter().try_for_each(|b| {
-                plane
-                    .submit(Request::Write {
+        let secs = with_idle_worker(&factory, |plane| {
+            let t = Instant::now();
+            if via == "direct" {
+                for b in &batches {
+                    let write = Request::Write {
                         table: "macs".into(),
                         writes: b.clone(),
-                    })
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            })
-        } else {
-            let service = ControlService::new(plane.clone(), "l2", Arc::new(Vec::new));
-            let server =
-                Server::start("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?, service)?;
-            let mut client =
-                Client::connect(&server.addr.to_string()).map_err(|e| e.to_string())?;
-            batches
-                .iter()
-                .try_for_each(|b| client.write("macs", b).map(drop).map_err(|e| e.to_string()))
-        };
-        let secs = t.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        let _ = worker.join();
-        outcome?;
+                    };
+                    plane.submit(write).map_err(|e| e.to_string())?;
+                }
+            } else {
+                let service = ControlService::new(plane.clone(), "l2", Arc::new(Vec::new));
+                let any_port = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+                let server = Server::start(any_port, service)?;
+                let mut client =
+                    Client::connect(&server.addr.to_string()).map_err(|e| e.to_string())?;
+                for b in &batches {
+                    client.write("macs", b).map_err(|e| e.to_string())?;
+                }
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })?;
         rows.push(Row {
             op: format!("control insert ({via}, {} per write)", a.control_batch),
             entries: n,
@@ -472,5 +448,90 @@ fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
             ns: secs * 1e9 / n as f64,
         });
     }
+    route_update_rows(a, rows)
+}
+
+/// Route changes on a running router with the Internet-sized IPv4 table: the latency of a
+/// one-route write (the control plane updates a copy of the tables; the worker swaps it in).
+fn route_update_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
+    use stateplane_programs::router::{NextHop, Router};
+    use stateplane_state::{Entry, Match, Request, Write, prefixes};
+    const WRITES: usize = 21;
+    if a.ipv4_prefixes == 0 {
+        return Ok(());
+    }
+    let hop = NextHop {
+        port: 1,
+        mac: [2, 0, 0, 0, 0, 1],
+    };
+    let v4: Vec<_> = prefixes::ipv4(a.ipv4_prefixes, a.seed)
+        .into_iter()
+        .map(|(p, len, _)| (p, len, hop))
+        .collect();
+    let router =
+        Router::from_routes(&v4, &[], vec![[2, 0, 0, 0, 0, 1]; 2]).map_err(|e| e.to_string())?;
+    let factory: stateplane_runtime::ProgramFactory =
+        std::sync::Arc::new(move |_| Box::new(router.clone()));
+    let ns = with_idle_worker(&factory, |plane| {
+        let mut ns = Vec::new();
+        for i in 0..WRITES as u128 {
+            // /24s under 198.19.0.0/16, beyond the generated table's prefixes' reach.
+            let entry = Entry {
+                key: vec![Match::Prefix {
+                    value: 0xc613_0000 | i << 8,
+                    len: 24,
+                }],
+                action: "route".into(),
+                params: vec![0, 0x0200_0000_0002],
+                priority: 0,
+                hits: 0,
+            };
+            let t = Instant::now();
+            plane
+                .submit(Request::Write {
+                    table: "routes4".into(),
+                    writes: vec![Write::Insert(entry)],
+                })
+                .map_err(|e| e.to_string())?;
+            ns.push(t.elapsed().as_nanos() as f64);
+        }
+        Ok(ns)
+    })?;
+    let median_ns = median(ns);
+    rows.push(Row {
+        op: "control route insert (1 per write)".into(),
+        entries: a.ipv4_prefixes,
+        mops: 1e3 / median_ns,
+        ns: median_ns,
+    });
     Ok(())
+}
+
+/// Runs `f` with the control plane of one worker of `factory`'s program, the worker polling
+/// for requests in a loop as an idle live worker does.
+fn with_idle_worker<T>(
+    factory: &stateplane_runtime::ProgramFactory,
+    f: impl FnOnce(&std::sync::Arc<stateplane_runtime::ControlPlane>) -> CliResult<T>,
+) -> CliResult<T> {
+    use stateplane_runtime::{Burst, ControlPlane, Worker};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (plane, mut ends) = ControlPlane::new(1, factory(0));
+    let end = ends.pop().ok_or("no worker end")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker_stop = stop.clone();
+    let program = factory(0);
+    let worker = std::thread::spawn(move || {
+        let hasher = stateplane_wire::FlowHasher::with_seed(1);
+        let mut w = Worker::new(program, 0, 1, 2, hasher).with_control(end);
+        let mut idle = Burst::with_capacity(1);
+        while !worker_stop.load(Ordering::Relaxed) {
+            w.poll(&mut idle);
+            std::thread::yield_now();
+        }
+    });
+    let result = f(&plane);
+    stop.store(true, Ordering::Relaxed);
+    let _ = worker.join();
+    result
 }

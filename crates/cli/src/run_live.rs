@@ -200,7 +200,7 @@ fn start_control(
             .parse()
             .map_err(|e| format!("{e}"))?,
     };
-    let (plane, ends) = ControlPlane::new(queues.len(), run.factory.as_ref()(0).declarations());
+    let (plane, ends) = ControlPlane::new(queues.len(), run.factory.as_ref()(0));
     let stats = handle.clone();
     let pipeline: PipelineCounters = Arc::new(move || {
         let total = stats.totals();

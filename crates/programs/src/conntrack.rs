@@ -29,7 +29,7 @@
 use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
 use stateplane_state::{
     ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireMode, ExpireProfile,
@@ -402,7 +402,12 @@ impl Program for Conntrack {
         vec![self.decl.clone()]
     }
 
-    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
         ExactControl::<ConnCodec> {
             decl: &self.decl,
             table: &mut self.table,

@@ -38,7 +38,7 @@ impl Switch {
         let table: toml::Value = toml::from_str(config).unwrap();
         let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
         let factory = build(program, Some(&table), &names).unwrap();
-        let (plane, ends) = ControlPlane::new(WORKERS, factory(0).declarations());
+        let (plane, ends) = ControlPlane::new(WORKERS, factory(0));
         let stop = Arc::new(AtomicBool::new(false));
         let clock = Arc::new(AtomicU64::new(SECOND));
         let frame = Arc::new(Mutex::new(frame));
@@ -104,7 +104,7 @@ impl Switch {
         };
         match self.plane.submit(read).unwrap().reply {
             Reply::Entries(mut e) => {
-                e.sort_by_key(|e| e.key.clone().into_iter().map(exact).collect::<Vec<_>>());
+                e.sort_by_key(|e| format!("{:?}", e.key));
                 e
             }
             other => panic!("a read answered {other:?}"),
@@ -118,13 +118,6 @@ impl Drop for Switch {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-    }
-}
-
-fn exact(m: Match) -> u128 {
-    match m {
-        Match::Exact(v) => v,
-        other => panic!("not an exact match: {other:?}"),
     }
 }
 
@@ -326,4 +319,64 @@ fn a_learned_station_deleted_by_the_control_plane_is_learned_again() {
     *sw.frame.lock().unwrap() = frame_to_b();
     sw.verdicts();
     assert_eq!(sw.read("stations")[0].key, key);
+}
+
+fn route(prefix: u128, len: u8, port: u128) -> Entry {
+    Entry {
+        key: vec![Match::Prefix { value: prefix, len }],
+        action: "route".into(),
+        params: vec![port, 0x0200_0000_0b01],
+        priority: 0,
+        hits: 0,
+    }
+}
+
+#[test]
+fn route_changes_reach_every_worker_and_fall_back_to_the_covering_prefix() {
+    let sw = Switch::start(
+        "router",
+        "routes = []",
+        crate::testutil::udp_frame("198.19.7.9", 64),
+    );
+    let no_route = Some(Verdict::Drop(stateplane_runtime::DropReason::program(0)));
+    assert_eq!(sw.verdicts(), vec![no_route; WORKERS]);
+    let net16 = 0xc613_0000; // 198.19.0.0
+    let net24 = 0xc613_0700; // 198.19.7.0
+    let add = |p, len, port| write("routes4", vec![Write::Insert(route(p, len, port))]);
+    sw.plane.submit(add(net16, 16, 2)).unwrap();
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+    sw.plane.submit(add(net24, 24, 1)).unwrap();
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+
+    // Refused: an existing prefix, a port the switch lacks; neither changes a route.
+    assert!(matches!(
+        sw.plane.submit(add(net24, 24, 2)),
+        Err(ControlError::Exists { .. })
+    ));
+    let batch = write(
+        "routes4",
+        vec![
+            Write::Modify(route(net24, 24, 2)),
+            Write::Insert(route(0xc613_0800, 24, 9)),
+        ],
+    );
+    assert!(matches!(
+        sw.plane.submit(batch),
+        Err(ControlError::OutOfRange {
+            index: 9,
+            size: 3,
+            ..
+        })
+    ));
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    let routes = sw.read("routes4");
+    assert_eq!(routes.len(), 2);
+
+    let delete = write("routes4", vec![Write::Delete(route(net24, 24, 0).key)]);
+    sw.plane.submit(delete).unwrap();
+    assert_eq!(
+        sw.verdicts(),
+        vec![Some(Verdict::Forward(2)); WORKERS],
+        "the /16 covers the /24's addresses again"
+    );
 }

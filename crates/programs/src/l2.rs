@@ -10,7 +10,7 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
     ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireProfile, Guarantee,
@@ -202,7 +202,12 @@ impl Program for L2 {
         vec![self.decl.clone()]
     }
 
-    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
         ExactControl::<StationCodec> {
             decl: &self.decl,
             table: &mut self.table,

@@ -18,7 +18,7 @@
 use crate::l2::StationCodec;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
 use stateplane_state::{
     ControlError, Declaration, ExactControl, ExactTable, ExpireMode, ExpireProfile, Notification,
     Outbox, Reply, Request,
@@ -158,7 +158,12 @@ impl Program for L2Learn {
         vec![self.decl.clone()]
     }
 
-    fn control(&mut self, request: &Request, ctx: &Context) -> Result<Reply, ControlError> {
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
         ExactControl::<StationCodec> {
             decl: &self.decl,
             table: &mut self.table,

@@ -7,21 +7,27 @@
 //! packet leaves by the route's port. ARP and other non-IP frames go to the control plane
 //! (`ToControl(1)`), which answers for the router.
 //!
-//! State: two LPM tables (read-centric: the data plane only reads them; a route change
-//! builds new tables off the data path). Configuration: `routes`, a list of
+//! State: two LPM tables, `routes4` and `routes6` in the control API (read-centric: the
+//! data plane only reads them, shared by every worker). A route change from the control
+//! plane updates a copy of the newest tables on the control plane's thread (only the
+//! entries the prefix covers are rewritten) and each worker takes the copy between two
+//! bursts, so a lookup never waits for an update. Configuration: `routes`, a list of
 //! `{ prefix = "198.19.0.0/16", port = PORT, next_hop_mac = "02:..." }` (IPv4 or IPv6
 //! prefixes); `port_macs`, each port's own MAC (`{ PORT = "02:..." }`; default
 //! 02:00:00:00:00:NN for port NN-1).
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
-use stateplane_state::{Lpm4, Lpm6};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_state::control::{Action, Field, Format, MatchKind};
+use stateplane_state::{
+    ControlError, Declaration, Entry, Guarantee, Kind, Lpm4, Lpm6, Match, Reply, Request, Write,
+};
 use stateplane_wire::MacAddr;
 use stateplane_wire::checksum;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, Mutex, PoisonError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +60,7 @@ const TTL_EXPIRED: DropReason = DropReason::program(1);
 pub const TO_CONTROL_NOT_ROUTED: u16 = 1;
 
 /// The tables, shared read-only by every worker.
+#[derive(Clone)]
 struct Tables {
     v4: Lpm4<NextHop>,
     v6: Lpm6<NextHop>,
@@ -62,7 +69,118 @@ struct Tables {
 #[derive(Clone)]
 pub struct Router {
     tables: Arc<Tables>,
+    /// The newest tables, shared by every instance: the control plane's instance replaces
+    /// them with an updated copy, which the workers then take.
+    newest: Arc<Mutex<Arc<Tables>>>,
     port_macs: Vec<[u8; 6]>,
+}
+
+/// Route tables in the control API: key the destination prefix; action `route(port, mac)`.
+fn route_table(name: &str, bits: u8, format: Format) -> Declaration {
+    Declaration {
+        name: name.to_string(),
+        capacity: 1 << 24,
+        guarantees: vec![Guarantee::Local],
+        kind: Kind::Table {
+            key: vec![Field {
+                name: "dst".into(),
+                bits,
+                format,
+                kind: MatchKind::Lpm,
+            }],
+            actions: vec![Action {
+                name: "route".into(),
+                params: vec![
+                    Field::exact("port", 16, Format::Int),
+                    Field::exact("mac", 48, Format::Mac),
+                ],
+            }],
+            writable: true,
+        },
+    }
+}
+
+fn route_entry(addr: u128, len: u8, hop: &NextHop) -> Entry {
+    Entry {
+        key: vec![Match::Prefix { value: addr, len }],
+        action: "route".into(),
+        params: vec![u128::from(hop.port), u128::from(MacAddr(hop.mac).to_u64())],
+        priority: 0,
+        hits: 0,
+    }
+}
+
+/// The prefix of a checked key (one LPM field).
+fn prefix_of(key: &[Match]) -> (u128, u8) {
+    match key.first() {
+        Some(Match::Prefix { value, len }) => (*value, *len),
+        _ => (0, 0),
+    }
+}
+
+impl Tables {
+    /// Applies one checked write for the IPv4 (`v4`) or IPv6 table.
+    fn apply(
+        &mut self,
+        v4: bool,
+        w: &Write,
+        table: &str,
+        ports: usize,
+    ) -> Result<(), ControlError> {
+        let key = match w {
+            Write::Insert(e) | Write::Modify(e) => &e.key,
+            Write::Delete(k) => k,
+        };
+        let (addr, len) = prefix_of(key);
+        let (a4, a6) = (Ipv4Addr::from(addr as u32), Ipv6Addr::from(addr));
+        let present = if v4 {
+            self.v4.contains(a4, len)
+        } else {
+            self.v6.contains(a6, len)
+        };
+        let refused = match (w, present) {
+            (Write::Insert(_), true) => Some(ControlError::Exists {
+                table: table.into(),
+            }),
+            (Write::Modify(_) | Write::Delete(_), false) => Some(ControlError::NoSuchEntry {
+                table: table.into(),
+            }),
+            _ => None,
+        };
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        let (Write::Insert(e) | Write::Modify(e)) = w else {
+            if v4 {
+                self.v4.remove(a4, len);
+            } else {
+                self.v6.remove(a6, len);
+            }
+            return Ok(());
+        };
+        let port = e.params.first().copied().unwrap_or(0);
+        if port >= ports as u128 {
+            return Err(ControlError::OutOfRange {
+                name: "port".into(),
+                index: port as usize,
+                size: ports,
+            });
+        }
+        let mac = e.params.get(1).copied().unwrap_or(0) as u64;
+        let hop = NextHop {
+            port: port as PortId,
+            mac: MacAddr::from_u64(mac).0,
+        };
+        let added = if v4 {
+            self.v4.insert(a4, len, hop)
+        } else {
+            self.v6.insert(a6, len, hop)
+        };
+        added.map_err(|_| ControlError::TableFull {
+            table: table.into(),
+            capacity: 1 << 24,
+        })
+    }
 }
 
 fn parse_mac(field: &str, text: &str) -> Result<[u8; 6], ConfigError> {
@@ -106,11 +224,13 @@ impl Router {
         v6: &[(std::net::Ipv6Addr, u8, NextHop)],
         port_macs: Vec<[u8; 6]>,
     ) -> Result<Self, stateplane_state::PrefixError> {
+        let tables = Arc::new(Tables {
+            v4: Lpm4::build(v4)?,
+            v6: Lpm6::build(v6)?,
+        });
         Ok(Router {
-            tables: Arc::new(Tables {
-                v4: Lpm4::build(v4)?,
-                v6: Lpm6::build(v6)?,
-            }),
+            newest: Arc::new(Mutex::new(tables.clone())),
+            tables,
             port_macs,
         })
     }
@@ -171,12 +291,87 @@ impl Program for Router {
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["no_route", "ttl_expired"]
     }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![
+            route_table("routes4", 32, Format::Ipv4),
+            route_table("routes6", 128, Format::Ipv6),
+        ]
+    }
+
+    /// A write updates a copy of the newest tables, here on the control plane's thread; a
+    /// refused write leaves the newest tables as they were.
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        let Request::Write { table, writes } = request else {
+            return Ok(None);
+        };
+        let mut newest = self.newest.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut copy = Tables::clone(&newest);
+        for w in writes {
+            copy.apply(table == "routes4", w, table, self.port_macs.len())?;
+        }
+        let copy = Arc::new(copy);
+        *newest = copy.clone();
+        Ok(Some(copy))
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        match request {
+            Request::Write { .. } => {
+                let tables = prepared
+                    .and_then(|p| p.clone().downcast::<Tables>().ok())
+                    .ok_or(ControlError::Unavailable)?;
+                self.tables = tables;
+                Ok(Reply::Done)
+            }
+            Request::Read { table, key } => {
+                let wanted = key.as_deref().map(prefix_of);
+                let keep = |a: u128, len: u8| wanted.is_none_or(|w| w == (a, len));
+                let entries: Vec<Entry> = if table == "routes4" {
+                    let t = &self.tables.v4;
+                    t.iter()
+                        .map(|(a, len, hop)| (u128::from(u32::from(a)), len, hop))
+                        .filter(|&(a, len, _)| keep(a, len))
+                        .map(|(a, len, hop)| route_entry(a, len, hop))
+                        .collect()
+                } else {
+                    let t = &self.tables.v6;
+                    t.iter()
+                        .map(|(a, len, hop)| (u128::from(a), len, hop))
+                        .filter(|&(a, len, _)| keep(a, len))
+                        .map(|(a, len, hop)| route_entry(a, len, hop))
+                        .collect()
+                };
+                if key.is_some() && entries.is_empty() {
+                    return Err(ControlError::NoSuchEntry {
+                        table: table.clone(),
+                    });
+                }
+                Ok(Reply::Entries(entries))
+            }
+            // The tables are shared: one worker counts them.
+            Request::Stats { table } if ctx.worker == 0 => {
+                let n = if table == "routes4" {
+                    self.tables.v4.len()
+                } else {
+                    self.tables.v6.len()
+                };
+                Ok(Reply::Counters(vec![("prefixes", n as u64)]))
+            }
+            Request::Stats { .. } => Ok(Reply::Counters(Vec::new())),
+            _ => Err(ControlError::Unavailable),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
     use stateplane_wire::ipv4::Ipv4Packet;
 
     fn router() -> Router {
@@ -196,31 +391,7 @@ mod tests {
     }
 
     fn frame(dst: &str, ttl: u8) -> Vec<u8> {
-        let dst: IpAddr = dst.parse().unwrap();
-        let src: IpAddr = if dst.is_ipv4() {
-            "198.18.0.1".parse().unwrap()
-        } else {
-            "2001:2:0:1::1".parse().unwrap()
-        };
-        let hosts = Hosts {
-            src_mac: MacAddr([2, 0, 0, 0, 0, 0x99]),
-            dst_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            vlan: 0,
-            src,
-            dst,
-            ttl,
-        };
-        let mut f = Vec::new();
-        emit_frame(
-            &mut f,
-            &hosts,
-            &L4::Udp {
-                src_port: 1,
-                dst_port: 2,
-            },
-            b"x",
-        );
-        f
+        crate::testutil::udp_frame(dst, ttl)
     }
 
     fn run(r: &mut Router, frames: &[Vec<u8>]) -> Burst {

@@ -41,3 +41,34 @@ pub fn run_on(program: &mut impl Program, frames: &[(&[u8], PortId)], ports: usi
 pub fn verdicts(b: &Burst) -> Vec<stateplane_runtime::Verdict> {
     b.descs().iter().map(|d| d.verdict).collect()
 }
+
+/// A UDP frame to `dst` (IPv4 or IPv6) with this TTL or hop limit, from 198.18.0.1 or
+/// 2001:2:0:1::1.
+pub fn udp_frame(dst: &str, ttl: u8) -> Vec<u8> {
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    let dst: std::net::IpAddr = dst.parse().unwrap();
+    let src = if dst.is_ipv4() {
+        "198.18.0.1"
+    } else {
+        "2001:2:0:1::1"
+    };
+    let hosts = Hosts {
+        src_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 0x99]),
+        dst_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 1]),
+        vlan: 0,
+        src: src.parse().unwrap(),
+        dst,
+        ttl,
+    };
+    let mut f = Vec::new();
+    emit_frame(
+        &mut f,
+        &hosts,
+        &L4::Udp {
+            src_port: 1,
+            dst_port: 2,
+        },
+        b"x",
+    );
+    f
+}

@@ -14,7 +14,7 @@
 //! returns once every worker has, with the request's version. So a packet a worker takes
 //! after the reply is processed with the change, on every worker.
 
-use crate::program::{Context, Program};
+use crate::program::{Context, Prepared, Program};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
 use stateplane_state::control::{self, ControlError, Declaration, Entry, Notification, Reply};
@@ -32,7 +32,13 @@ const SUBSCRIBER_QUEUE: usize = 65_536;
 struct Job {
     version: u64,
     request: Arc<Request>,
+    prepared: Option<Prepared>,
     answer: Sender<Result<Reply, ControlError>>,
+}
+
+struct Next {
+    version: u64,
+    preparer: Box<dyn Program>,
 }
 
 /// A reply and the version at which it took effect.
@@ -46,8 +52,9 @@ pub struct Applied {
 pub struct ControlPlane {
     workers: Vec<Sender<Job>>,
     declarations: Mutex<Vec<Declaration>>,
-    /// Serializes requests, so versions are applied in order on every worker.
-    next_version: Mutex<u64>,
+    /// Serializes requests, so versions are applied in order on every worker, and holds
+    /// the instance of the program that prepares them.
+    next: Mutex<Next>,
     subscribers: Mutex<Vec<Sender<Notification>>>,
     /// Notifications dropped for slow subscribers, and by programs whose outbox was full.
     pub notifications_dropped: AtomicU64,
@@ -63,17 +70,20 @@ pub struct WorkerControl {
 }
 
 impl ControlPlane {
-    /// A control plane for `workers` workers running a program with these declarations;
-    /// returns each worker's end.
-    pub fn new(workers: usize, declarations: Vec<Declaration>) -> (Arc<Self>, Vec<WorkerControl>) {
+    /// A control plane for `workers` workers running the program `preparer` is an instance
+    /// of (from the same factory); returns each worker's end.
+    pub fn new(workers: usize, preparer: Box<dyn Program>) -> (Arc<Self>, Vec<WorkerControl>) {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..workers)
             .map(|_| crossbeam_channel::bounded::<Job>(64))
             .unzip();
         let applied: Vec<_> = (0..workers).map(|_| Arc::new(AtomicU64::new(0))).collect();
         let plane = Arc::new(ControlPlane {
             workers: senders,
-            declarations: Mutex::new(declarations),
-            next_version: Mutex::new(0),
+            declarations: Mutex::new(preparer.declarations()),
+            next: Mutex::new(Next {
+                version: 0,
+                preparer,
+            }),
             subscribers: Mutex::new(Vec::new()),
             notifications_dropped: AtomicU64::new(0),
             applied: applied.clone(),
@@ -99,12 +109,15 @@ impl ControlPlane {
             .clone()
     }
 
-    /// Replaces the declarations (after a reload).
-    pub fn set_declarations(&self, declarations: Vec<Declaration>) {
+    /// Takes an instance of a reloaded program: its declarations, and what prepares
+    /// requests from now on.
+    pub fn set_program(&self, preparer: Box<dyn Program>) {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         *self
             .declarations
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = declarations;
+            .unwrap_or_else(PoisonError::into_inner) = preparer.declarations();
+        next.preparer = preparer;
     }
 
     /// The version every worker has applied.
@@ -120,19 +133,18 @@ impl ControlPlane {
     /// answers. Blocks until all have answered (or [`ANSWER_TIMEOUT`]).
     pub fn submit(&self, request: Request) -> Result<Applied, ControlError> {
         control::find(&self.declarations(), request.target())?.check(&request)?;
-        let mut next = self
-            .next_version
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let version = *next + 1;
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        let prepared = next.preparer.prepare(&request)?;
+        let version = next.version + 1;
         // Taken even if a worker cannot be reached: some may have the request already.
-        *next = version;
+        next.version = version;
         let request = Arc::new(request);
         let (answer, answers) = crossbeam_channel::bounded(self.workers.len());
         for w in &self.workers {
             let job = Job {
                 version,
                 request: request.clone(),
+                prepared: prepared.clone(),
                 answer: answer.clone(),
             };
             w.send_timeout(job, ANSWER_TIMEOUT)
@@ -245,16 +257,16 @@ fn merge(
 }
 
 impl WorkerControl {
-    /// Tells the control plane what a new program declares (worker 0, after a reload).
-    pub fn declare(&self, program: &dyn Program) {
-        self.plane.set_declarations(program.declarations());
+    /// Hands the control plane an instance of a reloaded program (worker 0 does).
+    pub fn reloaded(&self, preparer: Box<dyn Program>) {
+        self.plane.set_program(preparer);
     }
 
     /// Applies waiting requests to `program` and hands its notifications on. Called by the
     /// worker between bursts; costs one atomic load when nothing waits.
     pub fn poll(&mut self, program: &mut dyn Program, ctx: &Context) {
         while let Ok(job) = self.jobs.try_recv() {
-            let answer = program.control(&job.request, ctx);
+            let answer = program.control(&job.request, job.prepared.as_ref(), ctx);
             self.applied.store(job.version, Ordering::Release);
             // The submitter may have given up waiting; the change stands either way.
             let _ = job.answer.send(answer);

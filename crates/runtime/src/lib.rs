@@ -27,6 +27,6 @@ pub mod worker;
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
 pub use port::{LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
-pub use program::{Context, DropReason, PortId, Program, ProgramFactory, Verdict};
+pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};
 pub use worker::Worker;

@@ -188,7 +188,7 @@ fn worker_loop(
         }
         if reload.generation() != generation {
             let (g, factory) = reload.current();
-            worker.replace_program(factory(w));
+            worker.replace_program(factory(w), || factory(0));
             generation = g;
             log::info!("worker {w}: now running program generation {g}");
         }

@@ -152,9 +152,23 @@ pub trait Program: Send {
         Vec::new()
     }
 
-    /// Answers a control-plane request between two bursts. The request has passed
-    /// [`Declaration::check`] against `declarations()`; a refusal must change nothing.
-    fn control(&mut self, request: &Request, _ctx: &Context) -> Result<Reply, ControlError> {
+    /// Runs on the control plane's thread before `request` goes to the workers, for work
+    /// too heavy to do between two bursts: an updated copy of a table the workers share,
+    /// which each worker's `control` then takes (a pointer swap). A refusal here reaches
+    /// no worker. Called on an instance of its own, made by the same factory.
+    fn prepare(&self, _request: &Request) -> Result<Option<Prepared>, ControlError> {
+        Ok(None)
+    }
+
+    /// Answers a control-plane request between two bursts, with what `prepare` made. The
+    /// request has passed [`Declaration::check`] against `declarations()`; a refusal must
+    /// change nothing.
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        _ctx: &Context,
+    ) -> Result<Reply, ControlError> {
         Err(ControlError::UnknownTable {
             name: request.target().to_string(),
             known: Vec::new(),
@@ -164,6 +178,9 @@ pub trait Program: Send {
     /// Moves the program's pending notifications (idle timeouts, digests) into `out`.
     fn notifications(&mut self, _out: &mut Vec<Notification>) {}
 }
+
+/// What [`Program::prepare`] hands to every worker with a request.
+pub type Prepared = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 /// Makes one program instance per worker (`worker index -> program`).
 pub type ProgramFactory = std::sync::Arc<dyn Fn(usize) -> Box<dyn Program> + Send + Sync>;

@@ -74,13 +74,18 @@ impl Worker {
         out.len()
     }
 
-    /// Swaps in a new program (a reload), between two bursts.
-    pub fn replace_program(&mut self, program: Box<dyn Program>) {
+    /// Swaps in a new program (a reload), between two bursts; worker 0 also hands the
+    /// control plane `spare`, another instance from the same factory.
+    pub fn replace_program(
+        &mut self,
+        program: Box<dyn Program>,
+        spare: impl FnOnce() -> Box<dyn Program>,
+    ) {
         self.program = program;
         if let Some(c) = &self.control
             && self.ctx.worker == 0
         {
-            c.declare(self.program.as_ref());
+            c.reloaded(spare());
         }
     }
 

@@ -7,11 +7,16 @@
 //!   so a /48 takes six accesses. Each entry holds a result or a child pointer; a new
 //!   child inherits its parent entry's result, so no backtracking is ever needed.
 //!
-//! Both are built from the whole prefix list at once, shortest prefixes first, so a longer
-//! prefix always overwrites a shorter one it lies in. Updates build a new table off the
-//! data path and publish it between bursts (as an `Arc` swap), so a lookup never waits
-//! for an update. Results are indices into a next-hop array; entry value 0 is "no route".
+//! Each result entry holds the slot of the prefix that painted it (slot + 1; 0 is "no
+//! route"), and each slot knows its prefix's length. So an insert paints only the entries
+//! in its range whose prefix is shorter, and a remove repaints only the entries that hold
+//! its own slot, with the next longest prefix covering them (found in a hash index of the
+//! prefixes, at most one probe per shorter length). Both touch nothing outside the range.
+//! A build inserts shortest first. Programs keep a table read-only on the data path and
+//! publish an updated copy between bursts, so a lookup never waits for an update.
+//! Second-level groups and trie nodes a removal leaves unused are kept (memory only).
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A prefix could not be taken.
@@ -36,62 +41,184 @@ impl std::fmt::Display for PrefixError {
 
 const EXTENDED: u32 = 1 << 31;
 
+/// An address as a table keys its prefixes: the bits beyond a length can be cleared.
+trait Addr: Copy + Eq + std::hash::Hash {
+    const BITS: u8;
+    fn masked(self, len: u8) -> Self;
+}
+
+impl Addr for u32 {
+    const BITS: u8 = 32;
+    fn masked(self, len: u8) -> u32 {
+        self & mask32(len)
+    }
+}
+
+impl Addr for u128 {
+    const BITS: u8 = 128;
+    fn masked(self, len: u8) -> u128 {
+        if len == 0 {
+            0
+        } else {
+            self & (u128::MAX << (128 - u32::from(len)))
+        }
+    }
+}
+
+/// The prefixes of a table: each one's value and length in a slot, and the slots by
+/// prefix. A table entry that is not a pointer holds a slot + 1 (0: no route), so an entry
+/// tells which prefix painted it, and how long that prefix is.
+#[derive(Clone)]
+struct Prefixes<A: Addr, V> {
+    values: Vec<V>,
+    lens: Vec<u8>,
+    free: Vec<u32>,
+    slots: HashMap<(A, u8), u32>,
+}
+
+impl<A: Addr, V: Copy> Prefixes<A, V> {
+    fn new() -> Self {
+        Prefixes {
+            values: Vec::new(),
+            lens: Vec::new(),
+            free: Vec::new(),
+            slots: HashMap::new(),
+        }
+    }
+
+    fn check(len: u8) -> Result<(), PrefixError> {
+        if len > A::BITS {
+            return Err(PrefixError::Length { len, max: A::BITS });
+        }
+        Ok(())
+    }
+
+    /// The length of the prefix that painted entry `e`, -1 for no route.
+    fn len_of(&self, e: u32) -> i16 {
+        match e.checked_sub(1) {
+            Some(slot) => i16::from(self.lens[slot as usize]),
+            None => -1,
+        }
+    }
+
+    /// Takes a slot for a new prefix; its entry value.
+    fn add(&mut self, a: A, len: u8, value: V) -> Result<u32, PrefixError> {
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.values[s as usize] = value;
+                self.lens[s as usize] = len;
+                s
+            }
+            None => {
+                let s = self.values.len() as u32;
+                if s + 1 >= EXTENDED {
+                    return Err(PrefixError::Full);
+                }
+                self.values.push(value);
+                self.lens.push(len);
+                s
+            }
+        };
+        self.slots.insert((a, len), slot);
+        Ok(slot + 1)
+    }
+
+    fn contains(&self, a: A, len: u8) -> bool {
+        len <= A::BITS && self.slots.contains_key(&(a.masked(len), len))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (A, u8, &V)> {
+        self.slots
+            .iter()
+            .map(|(&(a, len), &slot)| (a, len, &self.values[slot as usize]))
+    }
+
+    /// The entry of the longest prefix strictly shorter than `len` that covers `a`.
+    fn covering(&self, a: A, len: u8) -> u32 {
+        (0..len)
+            .rev()
+            .find_map(|l| self.slots.get(&(a.masked(l), l)))
+            .map_or(0, |&s| s + 1)
+    }
+}
+
 /// IPv4 longest-prefix match (DIR-24-8) to values of type `V`.
 pub struct Lpm4<V> {
     tbl24: Box<[u32]>,
     tbl8: Vec<u32>,
-    values: Vec<V>,
+    prefixes: Prefixes<u32, V>,
 }
 
 impl<V: Copy> Lpm4<V> {
-    /// Builds the table from `(address, length, value)` prefixes; for duplicates the last
-    /// one wins. Host bits beyond the length are ignored.
-    pub fn build(prefixes: &[(Ipv4Addr, u8, V)]) -> Result<Self, PrefixError> {
-        let mut order: Vec<usize> = (0..prefixes.len()).collect();
-        for &(_, len, _) in prefixes {
-            if len > 32 {
-                return Err(PrefixError::Length { len, max: 32 });
-            }
-        }
-        order.sort_by_key(|&i| prefixes[i].1);
-        let mut t = Lpm4 {
+    /// An empty table (its first level, 64 MiB, is allocated here, on huge pages where the
+    /// kernel gives them).
+    pub fn new() -> Self {
+        Lpm4 {
             tbl24: stateplane_mem::huge_vec(1 << 24, 0u32, true)
                 .0
                 .into_boxed_slice(),
             tbl8: Vec::new(),
-            values: Vec::with_capacity(prefixes.len()),
-        };
+            prefixes: Prefixes::new(),
+        }
+    }
+
+    /// Builds the table from `(address, length, value)` prefixes; for duplicates the last
+    /// one wins. Host bits beyond the length are ignored. Shortest first, so each insert
+    /// paints its range once.
+    pub fn build(prefixes: &[(Ipv4Addr, u8, V)]) -> Result<Self, PrefixError> {
+        for &(_, len, _) in prefixes {
+            Prefixes::<u32, V>::check(len)?;
+        }
+        let mut order: Vec<usize> = (0..prefixes.len()).collect();
+        order.sort_by_key(|&i| prefixes[i].1);
+        let mut t = Lpm4::new();
         for i in order {
             let (addr, len, value) = prefixes[i];
-            t.values.push(value);
-            let entry = t.values.len() as u32; // index + 1
-            if entry >= EXTENDED {
-                return Err(PrefixError::Full);
-            }
-            let a = u32::from(addr) & mask32(len);
-            if len <= 24 {
-                let first = (a >> 8) as usize;
-                let count = 1usize << (24 - len);
-                t.tbl24[first..first + count].fill(entry);
-            } else {
-                let slot = (a >> 8) as usize;
-                let group = match t.tbl24[slot] {
-                    e if e & EXTENDED != 0 => (e & !EXTENDED) as usize,
-                    inherited => {
-                        let g = t.tbl8.len() / 256;
-                        if g >= (EXTENDED as usize) / 256 {
-                            return Err(PrefixError::Full);
-                        }
-                        t.tbl8.extend(std::iter::repeat_n(inherited, 256));
-                        t.tbl24[slot] = EXTENDED | g as u32;
-                        g
-                    }
-                };
-                let first = group * 256 + (a & 0xff) as usize;
-                t.tbl8[first..first + (1usize << (32 - len))].fill(entry);
-            }
+            t.insert(addr, len, value)?;
         }
         Ok(t)
+    }
+
+    /// Adds a prefix, or changes the value of one already there. Touches only the entries
+    /// the prefix covers.
+    pub fn insert(&mut self, addr: Ipv4Addr, len: u8, value: V) -> Result<(), PrefixError> {
+        Prefixes::<u32, V>::check(len)?;
+        let a = u32::from(addr).masked(len);
+        if let Some(&slot) = self.prefixes.slots.get(&(a, len)) {
+            self.prefixes.values[slot as usize] = value;
+            return Ok(());
+        }
+        if len > 24 && self.tbl24[(a >> 8) as usize] & EXTENDED == 0 {
+            let g = self.tbl8.len() / 256;
+            if g >= (EXTENDED as usize) / 256 {
+                return Err(PrefixError::Full);
+            }
+            let inherited = self.tbl24[(a >> 8) as usize];
+            self.tbl8.extend(std::iter::repeat_n(inherited, 256));
+            self.tbl24[(a >> 8) as usize] = EXTENDED | g as u32;
+        }
+        let entry = self.prefixes.add(a, len, value)?;
+        let l = i16::from(len);
+        let prefixes = &self.prefixes;
+        paint4(&mut self.tbl24, &mut self.tbl8, a, len, &|old| {
+            (prefixes.len_of(old) < l).then_some(entry)
+        });
+        Ok(())
+    }
+
+    /// Removes a prefix; the addresses it covered fall back to the next longest prefix
+    /// covering them. Whether it was there.
+    pub fn remove(&mut self, addr: Ipv4Addr, len: u8) -> bool {
+        let a = u32::from(addr).masked(len);
+        let Some(slot) = self.prefixes.slots.remove(&(a, len)) else {
+            return false;
+        };
+        let (entry, fallback) = (slot + 1, self.prefixes.covering(a, len));
+        paint4(&mut self.tbl24, &mut self.tbl8, a, len, &|old| {
+            (old == entry).then_some(fallback)
+        });
+        self.prefixes.free.push(slot);
+        true
     }
 
     /// The value of the longest prefix containing `addr`.
@@ -101,12 +228,85 @@ impl<V: Copy> Lpm4<V> {
         if e & EXTENDED != 0 {
             e = self.tbl8[((e & !EXTENDED) as usize) * 256 + (addr & 0xff) as usize];
         }
-        e.checked_sub(1).map(|i| &self.values[i as usize])
+        e.checked_sub(1).map(|i| &self.prefixes.values[i as usize])
     }
 
-    /// Bytes the table uses.
+    /// How many prefixes the table holds.
+    pub fn len(&self) -> usize {
+        self.prefixes.slots.len()
+    }
+
+    /// Whether the table has exactly this prefix.
+    pub fn contains(&self, addr: Ipv4Addr, len: u8) -> bool {
+        self.prefixes.contains(u32::from(addr), len)
+    }
+
+    /// Every prefix (in no particular order) with its value.
+    pub fn iter(&self) -> impl Iterator<Item = (Ipv4Addr, u8, &V)> {
+        self.prefixes
+            .iter()
+            .map(|(a, len, v)| (Ipv4Addr::from(a), len, v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the table uses (lookup structures and values; not the prefix index).
     pub fn memory(&self) -> usize {
-        self.tbl24.len() * 4 + self.tbl8.len() * 4 + self.values.len() * size_of::<V>()
+        self.tbl24.len() * 4 + self.tbl8.len() * 4 + self.prefixes.values.len() * size_of::<V>()
+    }
+}
+
+impl<V: Copy> Default for Lpm4<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A copy with its first level on huge pages again (a derived clone would not ask).
+impl<V: Copy> Clone for Lpm4<V> {
+    fn clone(&self) -> Self {
+        let mut tbl24 = stateplane_mem::huge_vec(self.tbl24.len(), 0u32, true).0;
+        tbl24.copy_from_slice(&self.tbl24);
+        Lpm4 {
+            tbl24: tbl24.into_boxed_slice(),
+            tbl8: self.tbl8.clone(),
+            prefixes: self.prefixes.clone(),
+        }
+    }
+}
+
+/// Rewrites, as `paint` says, each result `a/len` covers (second-level groups included).
+fn paint4(
+    tbl24: &mut [u32],
+    tbl8: &mut [u32],
+    a: u32,
+    len: u8,
+    paint: &dyn Fn(u32) -> Option<u32>,
+) {
+    let one = |e: &mut u32| {
+        if let Some(new) = paint(*e) {
+            *e = new;
+        }
+    };
+    if len <= 24 {
+        let first = (a >> 8) as usize;
+        for e in &mut tbl24[first..first + (1usize << (24 - len))] {
+            if *e & EXTENDED != 0 {
+                let g = (*e & !EXTENDED) as usize * 256;
+                tbl8[g..g + 256].iter_mut().for_each(one);
+            } else {
+                one(e);
+            }
+        }
+    } else if let e = tbl24[(a >> 8) as usize]
+        && e & EXTENDED != 0
+    {
+        let first = (e & !EXTENDED) as usize * 256 + (a & 0xff) as usize;
+        tbl8[first..first + (1usize << (32 - len))]
+            .iter_mut()
+            .for_each(one);
     }
 }
 
@@ -119,78 +319,93 @@ fn mask32(len: u8) -> u32 {
 }
 
 /// IPv6 longest-prefix match (stride-8 multibit trie) to values of type `V`.
+#[derive(Clone)]
 pub struct Lpm6<V> {
     /// Nodes of 256 entries each; node 0 is the root.
     nodes: Vec<u32>,
-    values: Vec<V>,
+    prefixes: Prefixes<u128, V>,
 }
 
 impl<V: Copy> Lpm6<V> {
+    pub fn new() -> Self {
+        Lpm6 {
+            nodes: vec![0u32; 256],
+            prefixes: Prefixes::new(),
+        }
+    }
+
+    /// As [`Lpm4::build`].
     pub fn build(prefixes: &[(Ipv6Addr, u8, V)]) -> Result<Self, PrefixError> {
         for &(_, len, _) in prefixes {
-            if len > 128 {
-                return Err(PrefixError::Length { len, max: 128 });
-            }
+            Prefixes::<u128, V>::check(len)?;
         }
         let mut order: Vec<usize> = (0..prefixes.len()).collect();
         order.sort_by_key(|&i| prefixes[i].1);
-        let mut t = Lpm6 {
-            nodes: vec![0u32; 256],
-            values: Vec::with_capacity(prefixes.len()),
-        };
+        let mut t = Lpm6::new();
         for i in order {
             let (addr, len, value) = prefixes[i];
-            t.values.push(value);
-            let entry = t.values.len() as u32;
-            if entry >= EXTENDED {
-                return Err(PrefixError::Full);
-            }
-            let bytes = addr.octets();
-            let mut node = 0usize;
-            // Whole bytes of the prefix walk down, making children as needed; the last,
-            // partial byte (or a whole one ending exactly at the length) is a range.
-            let full = usize::from(len / 8);
-            let rest = len % 8;
-            let (walk, last) = if rest == 0 && full > 0 {
-                (full - 1, full - 1)
-            } else {
-                (full, full)
-            };
-            for &b in &bytes[..walk] {
-                let at = node * 256 + usize::from(b);
-                let e = t.nodes[at];
-                node = if e & EXTENDED != 0 {
-                    (e & !EXTENDED) as usize
-                } else {
-                    let child = t.nodes.len() / 256;
-                    if child >= (EXTENDED as usize) / 256 {
-                        return Err(PrefixError::Full);
-                    }
-                    t.nodes.extend(std::iter::repeat_n(e, 256));
-                    t.nodes[at] = EXTENDED | child as u32;
-                    child
-                };
-            }
-            let span_bits = if rest == 0 { 8 } else { u32::from(rest) };
-            if len == 0 {
-                t.nodes[..256].fill(entry);
-                continue;
-            }
-            let b = bytes[last];
-            let keep = if span_bits == 8 {
-                0xff
-            } else {
-                0xffu8 << (8 - span_bits)
-            };
-            let first = node * 256 + usize::from(b & keep);
-            let count = 1usize << (8 - span_bits);
-            for e in &mut t.nodes[first..first + count] {
-                // Shortest first: an entry here is never yet a child (a child would need a
-                // longer prefix, added later), so a plain overwrite is right.
-                *e = entry;
-            }
+            t.insert(addr, len, value)?;
         }
         Ok(t)
+    }
+
+    /// As [`Lpm4::insert`].
+    pub fn insert(&mut self, addr: Ipv6Addr, len: u8, value: V) -> Result<(), PrefixError> {
+        Prefixes::<u128, V>::check(len)?;
+        let a = u128::from(addr).masked(len);
+        if let Some(&slot) = self.prefixes.slots.get(&(a, len)) {
+            self.prefixes.values[slot as usize] = value;
+            return Ok(());
+        }
+        let node = self.node_of(a, len, true)?;
+        let entry = self.prefixes.add(a, len, value)?;
+        let l = i16::from(len);
+        let (nodes, prefixes) = (&mut self.nodes, &self.prefixes);
+        paint_range(nodes, node, a, len, &|old| {
+            (prefixes.len_of(old) < l).then_some(entry)
+        });
+        Ok(())
+    }
+
+    /// As [`Lpm4::remove`].
+    pub fn remove(&mut self, addr: Ipv6Addr, len: u8) -> bool {
+        let a = u128::from(addr).masked(len);
+        let Some(slot) = self.prefixes.slots.remove(&(a, len)) else {
+            return false;
+        };
+        let (entry, fallback) = (slot + 1, self.prefixes.covering(a, len));
+        if let Ok(node) = self.node_of(a, len, false) {
+            paint_range(&mut self.nodes, node, a, len, &|old| {
+                (old == entry).then_some(fallback)
+            });
+        }
+        self.prefixes.free.push(slot);
+        true
+    }
+
+    /// The node holding the last byte of `a/len`, made on the way (children inherit their
+    /// parent entry's result) when `make`; `Full` when it cannot be.
+    fn node_of(&mut self, a: u128, len: u8, make: bool) -> Result<usize, PrefixError> {
+        let bytes = a.to_be_bytes();
+        let mut node = 0usize;
+        for &b in &bytes[..last_byte(len)] {
+            let at = node * 256 + usize::from(b);
+            let e = self.nodes[at];
+            node = if e & EXTENDED != 0 {
+                (e & !EXTENDED) as usize
+            } else if make {
+                let child = self.nodes.len() / 256;
+                if child >= (EXTENDED as usize) / 256 {
+                    return Err(PrefixError::Full);
+                }
+                self.nodes.extend(std::iter::repeat_n(e, 256));
+                self.nodes[at] = EXTENDED | child as u32;
+                child
+            } else {
+                return Err(PrefixError::Full);
+            };
+        }
+        Ok(node)
     }
 
     #[inline]
@@ -200,15 +415,74 @@ impl<V: Copy> Lpm6<V> {
         for &b in &bytes {
             let e = self.nodes[node * 256 + usize::from(b)];
             if e & EXTENDED == 0 {
-                return e.checked_sub(1).map(|i| &self.values[i as usize]);
+                return e.checked_sub(1).map(|i| &self.prefixes.values[i as usize]);
             }
             node = (e & !EXTENDED) as usize;
         }
         None
     }
 
+    pub fn len(&self) -> usize {
+        self.prefixes.slots.len()
+    }
+
+    pub fn contains(&self, addr: Ipv6Addr, len: u8) -> bool {
+        self.prefixes.contains(u128::from(addr), len)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (Ipv6Addr, u8, &V)> {
+        self.prefixes
+            .iter()
+            .map(|(a, len, v)| (Ipv6Addr::from(a), len, v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn memory(&self) -> usize {
-        self.nodes.len() * 4 + self.values.len() * size_of::<V>()
+        self.nodes.len() * 4 + self.prefixes.values.len() * size_of::<V>()
+    }
+}
+
+impl<V: Copy> Default for Lpm6<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The index of the address byte that holds a prefix's last bit (0 for /0).
+fn last_byte(len: u8) -> usize {
+    usize::from(len.saturating_sub(1) / 8)
+}
+
+/// Rewrites, as `paint` says, every result `a/len` covers in `node`, down through the
+/// children there.
+fn paint_range(
+    nodes: &mut [u32],
+    node: usize,
+    a: u128,
+    len: u8,
+    paint: &dyn Fn(u32) -> Option<u32>,
+) {
+    let d = last_byte(len);
+    let bits = len - 8 * d as u8; // 0 to 8 bits of the prefix in byte d
+    let keep = if bits == 0 { 0 } else { 0xffu8 << (8 - bits) };
+    let first = node * 256 + usize::from(a.to_be_bytes()[d] & keep);
+    for at in first..first + (1usize << (8 - bits)) {
+        paint_subtree(nodes, at, paint);
+    }
+}
+
+fn paint_subtree(nodes: &mut [u32], at: usize, paint: &dyn Fn(u32) -> Option<u32>) {
+    let e = nodes[at];
+    if e & EXTENDED != 0 {
+        let child = (e & !EXTENDED) as usize * 256;
+        for i in child..child + 256 {
+            paint_subtree(nodes, i, paint);
+        }
+    } else if let Some(new) = paint(e) {
+        nodes[at] = new;
     }
 }
 
@@ -304,6 +578,96 @@ mod tests {
                 prop_assert_eq!(t.lookup(&a).copied(), linear6(&prefixes, &a), "address {}", a);
             }
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Random inserts, value changes and removals, one at a time, against a linear scan
+        /// of the prefixes present after each step.
+        #[test]
+        fn ipv4_updates_match_a_rebuilt_reference(
+            steps in proptest::collection::vec((any::<u32>(), 0u8..=32, any::<bool>()), 1..80),
+            probes in proptest::collection::vec(any::<u32>(), 30),
+        ) {
+            let mut t = Lpm4::new();
+            let mut present: Vec<(Ipv4Addr, u8, u32)> = Vec::new();
+            for (i, &(raw, len, add)) in steps.iter().enumerate() {
+                let p = Ipv4Addr::from(((raw & 0x00ff_ffff) | 0xc600_0000) & mask32(len));
+                let at = present.iter().position(|&(q, l, _)| q == p && l == len);
+                if add {
+                    t.insert(p, len, i as u32).unwrap();
+                    match at {
+                        Some(j) => present[j].2 = i as u32,
+                        None => present.push((p, len, i as u32)),
+                    }
+                } else if let Some(j) = at {
+                    prop_assert!(t.remove(p, len));
+                    present.remove(j);
+                } else {
+                    prop_assert!(!t.remove(p, len));
+                }
+                prop_assert_eq!(t.len(), present.len());
+                let mut addrs: Vec<u32> = probes.iter().map(|a| (a & 0x00ff_ffff) | 0xc600_0000).collect();
+                addrs.extend([u32::from(p), u32::from(p) | !mask32(len), u32::from(p).wrapping_sub(1)]);
+                for a in addrs {
+                    prop_assert_eq!(t.lookup(a).copied(), linear4(&present, a), "step {} address {}", i, Ipv4Addr::from(a));
+                }
+            }
+        }
+
+        #[test]
+        fn ipv6_updates_match_a_rebuilt_reference(
+            steps in proptest::collection::vec((any::<u64>(), 0u8..=128, any::<bool>()), 1..60),
+            probes in proptest::collection::vec(any::<u64>(), 30),
+        ) {
+            let addr = |x: u64| (0x2001_0002u128 << 96) | (u128::from(x) << 32) | u128::from(x >> 40);
+            let mut t = Lpm6::new();
+            let mut present: Vec<(Ipv6Addr, u8, u32)> = Vec::new();
+            for (i, &(raw, len, add)) in steps.iter().enumerate() {
+                let p = Ipv6Addr::from(addr(raw & 0xffff_f0ff_ffff_ffff).masked(len));
+                let at = present.iter().position(|&(q, l, _)| q == p && l == len);
+                if add {
+                    t.insert(p, len, i as u32).unwrap();
+                    match at {
+                        Some(j) => present[j].2 = i as u32,
+                        None => present.push((p, len, i as u32)),
+                    }
+                } else if let Some(j) = at {
+                    prop_assert!(t.remove(p, len));
+                    present.remove(j);
+                } else {
+                    prop_assert!(!t.remove(p, len));
+                }
+                let mut addrs: Vec<Ipv6Addr> = probes.iter().map(|&x| Ipv6Addr::from(addr(x))).collect();
+                addrs.extend([p, Ipv6Addr::from(u128::from(p).wrapping_sub(1))]);
+                for a in addrs {
+                    prop_assert_eq!(t.lookup(&a).copied(), linear6(&present, &a), "step {} address {}", i, a);
+                }
+            }
+        }
+    }
+
+    /// Removing a prefix inside a /24 that has longer prefixes keeps them, and the addresses
+    /// it covered fall back to the covering /16.
+    #[test]
+    fn a_removed_prefix_falls_back_to_the_one_covering_it() {
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let mut t = Lpm4::new();
+        t.insert(a("198.18.0.0"), 16, 1).unwrap();
+        t.insert(a("198.18.5.0"), 24, 2).unwrap();
+        t.insert(a("198.18.5.128"), 25, 3).unwrap();
+        fn t_lookup(t: &Lpm4<u32>, s: &str) -> Option<u32> {
+            t.lookup(u32::from(s.parse::<Ipv4Addr>().unwrap())).copied()
+        }
+        assert_eq!(t_lookup(&t, "198.18.5.1"), Some(2));
+        assert_eq!(t_lookup(&t, "198.18.5.200"), Some(3));
+        assert!(t.remove(a("198.18.5.0"), 24));
+        assert_eq!(t_lookup(&t, "198.18.5.1"), Some(1));
+        assert_eq!(t_lookup(&t, "198.18.5.200"), Some(3));
+        assert!(t.remove(a("198.18.0.0"), 16));
+        assert_eq!(t_lookup(&t, "198.18.5.1"), None);
+        assert!(!t.remove(a("198.18.0.0"), 16));
     }
 
     #[test]

@@ -40,6 +40,12 @@ impl MacAddr {
         b[2..].copy_from_slice(&self.0);
         u64::from_be_bytes(b)
     }
+
+    /// The address in the low 48 bits of `v` (the inverse of [`MacAddr::to_u64`]).
+    pub fn from_u64(v: u64) -> MacAddr {
+        let b = v.to_be_bytes();
+        MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]])
+    }
 }
 
 impl fmt::Display for MacAddr {
