@@ -10,14 +10,27 @@
 //!
 //! Latency here is the table's share of a packet's time, timed with the monotonic clock
 //! around each packet's table work, minus the clock's own cost (measured first); the
-//! slides timed whole packets on the wire with hardware timestamps. The digest baseline
-//! (a miss goes to the control plane, which inserts) needs the control API and is not
-//! measured yet.
+//! slides timed whole packets on the wire with hardware timestamps.
+//!
+//! The digest baseline runs the same packets through the other way P4 switches learn: a
+//! miss sends a digest (the key) to the control plane and the packet goes on; a
+//! controller thread takes the digests as they come, in batches, and inserts them through
+//! the control plane, which the worker applies between bursts of 64 packets. Reported:
+//! the data plane's per-packet cost (a miss now costs the digest), and the time from a
+//! miss to its entry being visible to the data plane, with the rate entries go in and the
+//! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::CliResult;
-use stateplane_state::{ExactTable, ExpireProfile};
+use stateplane_runtime::{Context, ControlPlane, Prepared, Program};
+use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::{
+    ControlError, Declaration, Entry, ExactCodec, ExactControl, ExactTable, ExpireProfile,
+    Guarantee, Kind, Match, Notification, NotificationKind, Outbox, Reply, Request, Write,
+};
 use std::hint::black_box;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -194,8 +207,9 @@ pub fn main(a: AddOnMissArgs) -> CliResult<()> {
         });
     }
     eprintln!();
+    digest_rows(&a, clock, &mut rows)?;
     println!(
-        "input: {} keys inserted by add-on-miss, then {} packets of lookups with every N-th inserting; u64 keys and values; latency per packet's table work (clock cost {clock} ns subtracted)",
+        "input: {} keys inserted by add-on-miss, then {} packets of lookups with every N-th inserting; u64 keys and values; latency per packet's table work (clock cost {clock} ns subtracted). Digest rows: `miss` is a miss that sends a digest, `visible` the time from a miss to its entry being in, with Mpps the entries the controller put in per second",
         a.keys, a.packets
     );
     println!(
@@ -247,4 +261,297 @@ pub fn main(a: AddOnMissArgs) -> CliResult<()> {
         std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The experiment's table in the control API: key `key`, action `set(value)`.
+struct KeyCodec;
+
+impl ExactCodec for KeyCodec {
+    type Key = u64;
+    type Value = u64;
+    fn key(fields: &[Match]) -> u64 {
+        match fields.first() {
+            Some(Match::Exact(v)) => *v as u64,
+            _ => 0,
+        }
+    }
+    fn fields(key: &u64) -> Vec<Match> {
+        vec![Match::Exact(u128::from(*key))]
+    }
+    fn value(_action: usize, params: &[u128]) -> u64 {
+        params.first().map_or(0, |&v| v as u64)
+    }
+    fn action(value: &u64) -> (usize, Vec<u128>) {
+        (0, vec![u128::from(*value)])
+    }
+}
+
+/// A table that learns by digest: a miss queues the key for the control plane.
+struct DigestLearner {
+    table: ExactTable<u64, u64>,
+    decl: Declaration,
+    outbox: Outbox,
+}
+
+impl DigestLearner {
+    fn new(capacity: usize) -> Self {
+        DigestLearner {
+            table: ExactTable::new(capacity, &[ExpireProfile::NEVER], 7),
+            decl: Declaration {
+                name: "keys".into(),
+                capacity,
+                guarantees: vec![Guarantee::Local],
+                kind: Kind::Table {
+                    key: vec![Field::exact("key", 64, Format::Int)],
+                    actions: vec![Action {
+                        name: "set".into(),
+                        params: vec![Field::exact("value", 64, Format::Int)],
+                    }],
+                    writable: true,
+                },
+            },
+            // As deep as the subscriber's queue: beyond that, digests are lost and counted.
+            outbox: Outbox::new(65_536),
+        }
+    }
+
+    /// One packet's table work; whether it hit.
+    #[inline]
+    fn packet(&mut self, key: u64, now_ns: u64) -> bool {
+        match self.table.lookup(&key) {
+            Some(id) => {
+                black_box(*self.table.value(id));
+                true
+            }
+            None => {
+                self.outbox.push(Notification {
+                    table: String::new(),
+                    kind: NotificationKind::Digest,
+                    entry: Entry {
+                        key: vec![Match::Exact(u128::from(key))],
+                        action: String::new(),
+                        params: Vec::new(),
+                        priority: 0,
+                        hits: 0,
+                    },
+                    at_ns: now_ns,
+                });
+                false
+            }
+        }
+    }
+}
+
+impl Program for DigestLearner {
+    fn process(&mut self, _burst: &mut stateplane_runtime::Burst, _ctx: &mut Context) {}
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.decl.clone()]
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        ExactControl::<KeyCodec> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns: ctx.now_ns,
+        }
+        .answer(request)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        out.append(&mut self.outbox.pending);
+    }
+}
+
+/// What one pass of a digest phase measured.
+struct DigestPass {
+    lookups: Vec<u32>,
+    misses: Vec<u32>,
+    /// Per inserted key: nanoseconds from its miss to its entry being visible.
+    visible: Vec<u32>,
+    lost: u64,
+    /// Packets per second of the data plane, and entries per second the controller put in.
+    mpps: f64,
+    inserts_per_s: f64,
+}
+
+/// The digest baseline: phase 1 and phase 2 for each N, learning by digest; latencies from
+/// a timed pass, packet rates from an untimed one.
+fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> CliResult<()> {
+    let phases: Vec<(String, Option<usize>)> =
+        std::iter::once(("phase 1, digest".to_string(), None))
+            .chain(
+                a.every
+                    .iter()
+                    .map(|&n| (format!("phase 2, N={n}, digest"), Some(n))),
+            )
+            .collect();
+    for (phase, every) in phases {
+        eprint!("\r{phase}   ");
+        let mut timed = digest_pass(a, every, Some(clock))?;
+        let untimed = digest_pass(a, every, None)?;
+        eprintln!(
+            "\r{phase}: {} misses, {} entries in, {} digests lost",
+            timed.misses.len(),
+            timed.visible.len(),
+            timed.lost + untimed.lost
+        );
+        rows.push(Row {
+            phase: phase.clone(),
+            kind: "miss",
+            p: percentiles(&mut timed.misses),
+            mpps: untimed.mpps,
+        });
+        if every.is_some() {
+            rows.push(Row {
+                phase: phase.clone(),
+                kind: "lookup",
+                p: percentiles(&mut timed.lookups),
+                mpps: untimed.mpps,
+            });
+        }
+        rows.push(Row {
+            phase,
+            kind: "visible",
+            p: percentiles(&mut timed.visible),
+            mpps: untimed.inserts_per_s / 1e6,
+        });
+    }
+    Ok(())
+}
+
+/// One pass of a digest phase (`every`: None for phase 1), per-packet timing when `clock`
+/// (the clock's cost) is given.
+fn digest_pass(
+    a: &AddOnMissArgs,
+    every: Option<usize>,
+    clock: Option<u32>,
+) -> CliResult<DigestPass> {
+    const BURST: usize = 64;
+    let most_inserts = a.packets / a.every.iter().copied().min().unwrap_or(1) + 1;
+    let epoch = Instant::now();
+    let now_ns = move || epoch.elapsed().as_nanos() as u64;
+    let mut learner = DigestLearner::new(a.keys + most_inserts);
+    let loaded = if every.is_some() { a.keys } else { 0 };
+    for i in 0..loaded as u64 {
+        let _ = learner.table.add_entry(key(i), i, 0, 0);
+    }
+    let (plane, mut ends) = ControlPlane::new(1, Box::new(DigestLearner::new(1)));
+    let mut control = ends.pop().ok_or("no worker end")?;
+    let digests = plane.subscribe();
+    let done = Arc::new(AtomicBool::new(false));
+    // The controller: takes what digests there are (up to 1024), inserts them in one write,
+    // and notes for each how long after its miss the entry was in.
+    let controller = {
+        let (plane, done) = (plane.clone(), done.clone());
+        std::thread::spawn(move || -> Result<(Vec<u32>, u64), String> {
+            let (mut visible, mut last) = (Vec::new(), 0u64);
+            loop {
+                let first = match digests.recv_timeout(std::time::Duration::from_millis(20)) {
+                    Ok(d) => d,
+                    Err(_) if done.load(Ordering::Acquire) => break,
+                    Err(_) => continue,
+                };
+                let batch: Vec<Notification> = std::iter::once(first)
+                    .chain(digests.try_iter().take(1023))
+                    .collect();
+                let writes = batch
+                    .iter()
+                    .map(|d| {
+                        Write::Insert(Entry {
+                            key: d.entry.key.clone(),
+                            action: "set".into(),
+                            params: vec![1],
+                            priority: 0,
+                            hits: 0,
+                        })
+                    })
+                    .collect();
+                let write = Request::Write {
+                    table: "keys".into(),
+                    writes,
+                };
+                plane.submit(write).map_err(|e| e.to_string())?;
+                last = now_ns();
+                for d in &batch {
+                    visible.push(last.saturating_sub(d.at_ns).min(u64::from(u32::MAX)) as u32);
+                }
+            }
+            Ok((visible, last))
+        })
+    };
+    let ctx = Context {
+        now_ns: 0,
+        worker: 0,
+        workers: 1,
+        hasher: stateplane_wire::FlowHasher::with_seed(1),
+        ports: 1,
+    };
+    let (mut lookups, mut misses) = (Vec::new(), Vec::new());
+    let mut missed = 0u64;
+    let packets = every.map_or(a.keys, |_| a.packets);
+    let (mut next_new, mut j) = (loaded as u64, 0u64);
+    let span = (a.keys as u64).next_power_of_two();
+    let start = now_ns();
+    for p in 1..=packets {
+        let insert = every.is_none_or(|n| p % n == 0);
+        let k = if insert {
+            next_new += 1;
+            key(next_new - 1)
+        } else {
+            loop {
+                j = (j + 0x9e37_79b9) & (span - 1);
+                if j < a.keys as u64 {
+                    break key(j);
+                }
+            }
+        };
+        // The digest's timestamp is for the latency measurement only: the untimed pass
+        // does without the clock reading.
+        let at = if clock.is_some() { now_ns() } else { 0 };
+        let t = clock.map(|_| Instant::now());
+        let hit = learner.packet(k, at);
+        if let (Some(t), Some(clock)) = (t, clock) {
+            let ns = (t.elapsed().as_nanos() as u32).saturating_sub(clock);
+            if hit { &mut lookups } else { &mut misses }.push(ns);
+        }
+        missed += u64::from(!hit);
+        if p % BURST == 0 {
+            control.poll(&mut learner, &ctx);
+        }
+    }
+    let mpps = packets as f64 / ((now_ns() - start) as f64 / 1e9) / 1e6;
+    control.poll(&mut learner, &ctx);
+    let lost = learner.outbox.dropped + plane.notifications_dropped.load(Ordering::Relaxed);
+    // Keep applying the controller's writes until every digest that was not lost is in.
+    let want = loaded + (missed - lost) as usize;
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while learner.table.len() < want && Instant::now() < deadline {
+        control.poll(&mut learner, &ctx);
+        std::thread::yield_now();
+    }
+    done.store(true, Ordering::Release);
+    // Answer the controller's last write, if any, while it finishes.
+    while !controller.is_finished() {
+        control.poll(&mut learner, &ctx);
+        std::thread::yield_now();
+    }
+    let (visible, last) = controller
+        .join()
+        .map_err(|_| "the controller thread failed")??;
+    let inserts_per_s = visible.len() as f64 / (last.saturating_sub(start) as f64 / 1e9);
+    Ok(DigestPass {
+        lookups,
+        misses,
+        visible,
+        lost,
+        mpps,
+        inserts_per_s,
+    })
 }

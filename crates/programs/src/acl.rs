@@ -16,8 +16,9 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::router::{Router, RouterConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
+use stateplane_state::{ControlError, Counters, Declaration, Guarantee, Kind, Reply, Request};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -66,6 +67,20 @@ pub struct Acl {
     table: Arc<Ternary<bool>>,
     permit_by_default: bool,
     next: Next,
+    /// Per rule (by position; the last one counts packets no rule matched): packets and
+    /// bytes (IP packets' frame lengths), per worker.
+    counters: Counters,
+}
+
+/// The counters in the control API: `rule_packets` and `rule_bytes`, one value per rule
+/// and a last one for the default.
+fn counter_declaration(name: &str, rules: usize) -> Declaration {
+    Declaration {
+        name: name.to_string(),
+        capacity: rules + 1,
+        guarantees: vec![Guarantee::Local],
+        kind: Kind::Register { bits: 64 },
+    }
 }
 
 /// The drop reason of denied packets: after the next stage's own reasons.
@@ -179,6 +194,7 @@ impl Acl {
             )?),
         };
         Ok(Acl {
+            counters: Counters::new(rules.len() + 1),
             table: Arc::new(Ternary::build(&rules)),
             permit_by_default: permit(
                 &format!("{field}.default"),
@@ -196,6 +212,7 @@ impl Program for Acl {
             Next::Router(r) => r.process(burst, ctx),
         }
         let deny = denied(&self.next);
+        let default_rule = self.counters.len() - 1;
         for d in burst.descs_mut() {
             let k = &d.parsed.key;
             let permitted = if k.ip_version == 4 {
@@ -206,9 +223,11 @@ impl Program for Acl {
                     src_port: k.src_port,
                     dst_port: k.dst_port,
                 };
-                self.table
-                    .classify(&p)
-                    .map_or(self.permit_by_default, |r| r.action)
+                let rule = self.table.classify(&p);
+                // Rules rank by position: the first has the highest priority.
+                let index = rule.map_or(default_rule, |r| default_rule - r.priority as usize);
+                self.counters.count(index, d.len);
+                rule.map_or(self.permit_by_default, |r| r.action)
             } else {
                 self.permit_by_default
             };
@@ -222,6 +241,77 @@ impl Program for Acl {
         match self.next {
             Next::Forward(_) => &["no_mapping", "denied"],
             Next::Router(_) => &["no_route", "ttl_expired", "denied"],
+        }
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        let mut d = vec![
+            counter_declaration("rule_packets", self.counters.len() - 1),
+            counter_declaration("rule_bytes", self.counters.len() - 1),
+        ];
+        if let Next::Router(r) = &self.next {
+            d.extend(r.declarations());
+        }
+        d
+    }
+
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        match &self.next {
+            Next::Router(r) if request.target().starts_with("routes") => r.prepare(request),
+            _ => Ok(None),
+        }
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        match (request, &mut self.next) {
+            (Request::ReadRegister { name, first, count }, _) => {
+                let values = self
+                    .counters
+                    .range(*first, first + count)
+                    .map_err(|e| ControlError::OutOfRange {
+                        name: name.clone(),
+                        index: e.index,
+                        size: e.size,
+                    })?
+                    .iter()
+                    .map(|c| {
+                        u128::from(if name == "rule_packets" {
+                            c.packets
+                        } else {
+                            c.bytes
+                        })
+                    })
+                    .collect();
+                Ok(Reply::Values(values))
+            }
+            (
+                Request::WriteRegister {
+                    name,
+                    first,
+                    count,
+                    value,
+                },
+                _,
+            ) => {
+                let v = *value as u64;
+                for i in *first..first + count {
+                    self.counters.update(i, |c| {
+                        if name == "rule_packets" {
+                            c.packets = v;
+                        } else {
+                            c.bytes = v;
+                        }
+                    });
+                }
+                Ok(Reply::Done)
+            }
+            (_, Next::Router(r)) => r.control(request, prepared, ctx),
+            _ => Err(ControlError::Unavailable),
         }
     }
 }

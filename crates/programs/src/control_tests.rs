@@ -380,3 +380,62 @@ fn route_changes_reach_every_worker_and_fall_back_to_the_covering_prefix() {
         "the /16 covers the /24's addresses again"
     );
 }
+
+#[test]
+fn acl_rule_counters_are_read_summed_over_workers_and_reset() {
+    let config = r#"
+        rules = [ { action = "deny", dst = "198.19.7.0/24" },
+                  { action = "permit", dst = "198.19.0.0/16" } ]
+    "#;
+    let sw = Switch::start("acl", config, crate::testutil::udp_frame("198.19.7.9", 64));
+    sw.verdicts();
+    let read = |first, count| match sw.plane.submit(Request::ReadRegister {
+        name: "rule_packets".into(),
+        first,
+        count,
+    }) {
+        Ok(done) => done.reply,
+        Err(e) => panic!("{e}"),
+    };
+    let Reply::Values(all) = read(0, 3) else {
+        panic!("a register read answers values")
+    };
+    assert!(
+        all[0] >= 2 * WORKERS as u128,
+        "the deny rule counted on both workers: {all:?}"
+    );
+    assert_eq!(
+        all[1..],
+        [0, 0],
+        "the permit rule and the default saw nothing"
+    );
+    assert!(matches!(
+        sw.plane.submit(Request::ReadRegister {
+            name: "rule_packets".into(),
+            first: 2,
+            count: 2
+        }),
+        Err(ControlError::OutOfRange { size: 3, .. })
+    ));
+    *sw.frame.lock().unwrap() = crate::testutil::udp_frame("198.18.0.9", 64);
+    sw.verdicts();
+    let Reply::Values(default) = read(2, 1) else {
+        panic!("a register read answers values")
+    };
+    assert!(
+        default[0] >= 2,
+        "an address no rule matches counts as the default: {default:?}"
+    );
+    *sw.frame.lock().unwrap() = vec![0; 60]; // not IP: not counted
+    sw.verdicts();
+    sw.plane
+        .submit(Request::WriteRegister {
+            name: "rule_packets".into(),
+            first: 0,
+            count: 3,
+            value: 0,
+        })
+        .unwrap();
+    sw.verdicts();
+    assert_eq!(read(0, 3), Reply::Values(vec![0, 0, 0]));
+}
