@@ -5,8 +5,9 @@
 //! timeouts and hit counters ([`exact`]); registers and indexed counters ([`register`]);
 //! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]);
 //! longest-prefix match for IPv4 and IPv6 ([`lpm`]) with an Internet-like prefix
-//! generator ([`prefixes`]); ternary 5-tuple ACLs by tuple-space search with a
-//! ClassBench-like rule generator ([`ternary`]).
+//! generator ([`prefixes`]), updated prefix by prefix; ternary 5-tuple ACLs by tuple-space
+//! search with a ClassBench-like rule generator ([`ternary`]); and the control plane's view
+//! of all this ([`control`]): declarations with guarantees, entries, requests, errors.
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
