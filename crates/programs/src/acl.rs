@@ -7,21 +7,32 @@
 //! a firewall-router), or else `forward`'s port map. Denied packets are dropped (`denied`).
 //! IPv4 only; IPv6 and non-IP packets take `default`.
 //!
-//! State: a ternary table (read-centric; built whole from the rules). Configuration:
+//! State: a ternary table, `rules` in the control API (read-centric: shared by the workers;
+//! a change from the control plane builds an updated table on the control plane's thread,
+//! which the workers swap in between bursts), and per rule its packet and byte counters
+//! (per worker; `rule_packets` and `rule_bytes` by rule id, the last index for packets no
+//! rule matched; a rule's packets are also its entry's hits). Configured rules take ids 0,
+//! 1, ... and priorities from the top down (the first rule highest); rules the control
+//! plane inserts name their own priority and take free ids. Configuration:
 //! `rules = [{ action = "permit" | "deny", src = "198.18.0.0/16", dst = "any",
 //! proto = "tcp" | "udp" | "icmp" | NUMBER | "any", src_ports = "any" | "80" | "1024-65535",
-//! dst_ports = ... }]`, `default`, and `map` or `router`.
+//! dst_ports = ... }]`, `capacity` (rules at most, default 4096), `default`, and `map` or
+//! `router`.
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::router::{Router, RouterConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_state::control::{Action, Field, Format, MatchKind};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
-use stateplane_state::{ControlError, Counters, Declaration, Guarantee, Kind, Reply, Request};
+use stateplane_state::{
+    ControlError, Counters, Declaration, Entry, Guarantee, Kind, Match, PacketBytes, Reply,
+    Request, Write,
+};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +64,215 @@ pub struct AclConfig {
     #[serde(default)]
     pub map: BTreeMap<String, String>,
     pub router: Option<RouterConfig>,
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+}
+
+fn default_capacity() -> usize {
+    4096
+}
+
+/// What a matching rule does, and whose counters count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleAction {
+    pub permit: bool,
+    pub id: u32,
+}
+
+/// The rules and their classifier, replaced whole by the control plane.
+struct Rules {
+    list: Vec<Rule<RuleAction>>,
+    table: Ternary<RuleAction>,
+    capacity: usize,
+}
+
+/// A change the control plane prepared: the new rules, and the ids whose counters start
+/// again from zero (rules added or removed).
+struct RulesUpdate {
+    rules: Arc<Rules>,
+    reset: Vec<u32>,
+}
+
+/// The rules table in the control API.
+fn rules_declaration(capacity: usize) -> Declaration {
+    let f = |name: &str, bits, format, kind| Field {
+        name: name.into(),
+        bits,
+        format,
+        kind,
+    };
+    Declaration {
+        name: "rules".into(),
+        capacity,
+        guarantees: vec![Guarantee::Local],
+        kind: Kind::Table {
+            key: vec![
+                f("src", 32, Format::Ipv4, MatchKind::Lpm),
+                f("dst", 32, Format::Ipv4, MatchKind::Lpm),
+                f("proto", 8, Format::Int, MatchKind::Ternary),
+                f("src_port", 16, Format::Int, MatchKind::Range),
+                f("dst_port", 16, Format::Int, MatchKind::Range),
+            ],
+            actions: ["permit", "deny"]
+                .iter()
+                .map(|&name| Action {
+                    name: name.into(),
+                    params: Vec::new(),
+                })
+                .collect(),
+            writable: true,
+        },
+    }
+}
+
+/// A rule from a checked entry's key (its action and id set by the caller).
+fn rule_of(key: &[Match], priority: u32, action: RuleAction) -> Rule<RuleAction> {
+    let prefix = |i: usize| match key.get(i) {
+        Some(Match::Prefix { value, len }) => (*value as u32, *len),
+        _ => (0, 0),
+    };
+    let range = |i: usize| match key.get(i) {
+        Some(Match::Range { low, high }) => (*low as u16, *high as u16),
+        _ => (0, u16::MAX),
+    };
+    let proto = match key.get(2) {
+        Some(Match::Ternary { value, mask }) if *mask != 0 => Some(*value as u8),
+        _ => None,
+    };
+    let ((src, src_len), (dst, dst_len)) = (prefix(0), prefix(1));
+    Rule {
+        src,
+        src_len,
+        dst,
+        dst_len,
+        proto,
+        src_ports: range(3),
+        dst_ports: range(4),
+        priority,
+        action,
+    }
+}
+
+fn entry_of(r: &Rule<RuleAction>, hits: u64) -> Entry {
+    let (proto, proto_mask) = r.proto.map_or((0, 0), |p| (u128::from(p), 0xff));
+    Entry {
+        key: vec![
+            Match::Prefix {
+                value: u128::from(r.src),
+                len: r.src_len,
+            },
+            Match::Prefix {
+                value: u128::from(r.dst),
+                len: r.dst_len,
+            },
+            Match::Ternary {
+                value: proto,
+                mask: proto_mask,
+            },
+            Match::Range {
+                low: u128::from(r.src_ports.0),
+                high: u128::from(r.src_ports.1),
+            },
+            Match::Range {
+                low: u128::from(r.dst_ports.0),
+                high: u128::from(r.dst_ports.1),
+            },
+        ],
+        action: if r.action.permit { "permit" } else { "deny" }.into(),
+        params: Vec::new(),
+        priority: r.priority,
+        hits,
+    }
+}
+
+/// Whether two rules have the same key and priority (how the control plane names a rule).
+fn same_rule(a: &Rule<RuleAction>, b: &Rule<RuleAction>) -> bool {
+    (
+        a.src,
+        a.src_len,
+        a.dst,
+        a.dst_len,
+        a.proto,
+        a.src_ports,
+        a.dst_ports,
+        a.priority,
+    ) == (
+        b.src,
+        b.src_len,
+        b.dst,
+        b.dst_len,
+        b.proto,
+        b.src_ports,
+        b.dst_ports,
+        b.priority,
+    )
+}
+
+impl Rules {
+    fn new(list: Vec<Rule<RuleAction>>, capacity: usize) -> Self {
+        Rules {
+            table: Ternary::build(&list),
+            list,
+            capacity,
+        }
+    }
+
+    /// The rules after `writes`, and the ids whose counters restart; nothing if refused.
+    fn updated(&self, writes: &[Write]) -> Result<RulesUpdate, ControlError> {
+        let mut list = self.list.clone();
+        let mut reset = Vec::new();
+        let unnamed = RuleAction {
+            permit: false,
+            id: 0,
+        };
+        for w in writes {
+            let (key, priority) = match w {
+                Write::Insert(e) | Write::Modify(e) => (&e.key, e.priority),
+                // A delete names its rule by key alone when one rule has it; the key and
+                // priority of a read's output also work.
+                Write::Delete(k) => (k, u32::MAX),
+            };
+            let probe = rule_of(key, priority, unnamed);
+            let at = list.iter().position(|r| {
+                let mut r2 = probe;
+                if priority == u32::MAX {
+                    r2.priority = r.priority;
+                }
+                same_rule(r, &r2)
+            });
+            match (w, at) {
+                (Write::Insert(_), Some(_)) => {
+                    return Err(ControlError::Exists {
+                        table: "rules".into(),
+                    });
+                }
+                (Write::Modify(_) | Write::Delete(_), None) => {
+                    return Err(ControlError::NoSuchEntry {
+                        table: "rules".into(),
+                    });
+                }
+                (Write::Insert(e), None) => {
+                    let Some(id) = (0..self.capacity as u32)
+                        .find(|id| !list.iter().any(|r| r.action.id == *id))
+                    else {
+                        return Err(ControlError::TableFull {
+                            table: "rules".into(),
+                            capacity: self.capacity,
+                        });
+                    };
+                    let permit = e.action == "permit";
+                    list.push(rule_of(key, priority, RuleAction { permit, id }));
+                    reset.push(id);
+                }
+                (Write::Modify(e), Some(i)) => list[i].action.permit = e.action == "permit",
+                (Write::Delete(_), Some(i)) => reset.push(list.remove(i).action.id),
+            }
+        }
+        Ok(RulesUpdate {
+            rules: Arc::new(Rules::new(list, self.capacity)),
+            reset,
+        })
+    }
 }
 
 /// The next stage for permitted packets.
@@ -64,11 +284,14 @@ enum Next {
 
 #[derive(Clone)]
 pub struct Acl {
-    table: Arc<Ternary<bool>>,
+    rules: Arc<Rules>,
+    /// The newest rules, shared by every instance: the control plane's instance replaces
+    /// them with an updated copy, which the workers then take.
+    newest: Arc<Mutex<Arc<Rules>>>,
     permit_by_default: bool,
     next: Next,
-    /// Per rule (by position; the last one counts packets no rule matched): packets and
-    /// bytes (IP packets' frame lengths), per worker.
+    /// Per rule id (the last index counts packets no rule matched): packets and bytes
+    /// (frame lengths) of IPv4 packets, per worker.
     counters: Counters,
 }
 
@@ -157,6 +380,16 @@ fn proto(field: &str, text: &str) -> Result<Option<u8>, ConfigError> {
 
 impl Acl {
     pub fn new(cfg: &AclConfig, names: &PortNames, field: &str) -> Result<Self, ConfigError> {
+        if cfg.capacity == 0 || cfg.capacity > 1 << 20 || cfg.capacity < cfg.rules.len() {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                format!(
+                    "give {} to 1048576 rules (at least the {} configured)",
+                    cfg.rules.len().max(1),
+                    cfg.rules.len()
+                ),
+            ));
+        }
         let mut rules = Vec::with_capacity(cfg.rules.len());
         for (i, r) in cfg.rules.iter().enumerate() {
             let f = format!("{field}.rules[{i}]");
@@ -172,7 +405,10 @@ impl Acl {
                 dst_ports: ports(&format!("{f}.dst_ports"), &r.dst_ports)?,
                 // First match wins: earlier rules rank higher.
                 priority: (cfg.rules.len() - i) as u32,
-                action: permit(&format!("{f}.action"), &r.action)?,
+                action: RuleAction {
+                    permit: permit(&format!("{f}.action"), &r.action)?,
+                    id: i as u32,
+                },
             });
         }
         let next = match &cfg.router {
@@ -193,9 +429,11 @@ impl Acl {
                 field,
             )?),
         };
+        let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
-            counters: Counters::new(rules.len() + 1),
-            table: Arc::new(Ternary::build(&rules)),
+            counters: Counters::new(cfg.capacity + 1),
+            newest: Arc::new(Mutex::new(rules.clone())),
+            rules,
             permit_by_default: permit(
                 &format!("{field}.default"),
                 cfg.default.as_deref().unwrap_or("deny"),
@@ -223,11 +461,10 @@ impl Program for Acl {
                     src_port: k.src_port,
                     dst_port: k.dst_port,
                 };
-                let rule = self.table.classify(&p);
-                // Rules rank by position: the first has the highest priority.
-                let index = rule.map_or(default_rule, |r| default_rule - r.priority as usize);
+                let rule = self.rules.table.classify(&p);
+                let index = rule.map_or(default_rule, |r| r.action.id as usize);
                 self.counters.count(index, d.len);
-                rule.map_or(self.permit_by_default, |r| r.action)
+                rule.map_or(self.permit_by_default, |r| r.action.permit)
             } else {
                 self.permit_by_default
             };
@@ -246,6 +483,7 @@ impl Program for Acl {
 
     fn declarations(&self) -> Vec<Declaration> {
         let mut d = vec![
+            rules_declaration(self.rules.capacity),
             counter_declaration("rule_packets", self.counters.len() - 1),
             counter_declaration("rule_bytes", self.counters.len() - 1),
         ];
@@ -256,8 +494,14 @@ impl Program for Acl {
     }
 
     fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
-        match &self.next {
-            Next::Router(r) if request.target().starts_with("routes") => r.prepare(request),
+        match (request, &self.next) {
+            (Request::Write { table, writes }, _) if table == "rules" => {
+                let mut newest = self.newest.lock().unwrap_or_else(PoisonError::into_inner);
+                let update = newest.updated(writes)?;
+                *newest = update.rules.clone();
+                Ok(Some(Arc::new(update)))
+            }
+            (_, Next::Router(r)) if request.target().starts_with("routes") => r.prepare(request),
             _ => Ok(None),
         }
     }
@@ -269,6 +513,37 @@ impl Program for Acl {
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         match (request, &mut self.next) {
+            (Request::Write { table, .. }, _) if table == "rules" => {
+                let update = prepared
+                    .and_then(|p| p.clone().downcast::<RulesUpdate>().ok())
+                    .ok_or(ControlError::Unavailable)?;
+                for &id in &update.reset {
+                    let _ = self.counters.write(id as usize, PacketBytes::default());
+                }
+                self.rules = update.rules.clone();
+                Ok(Reply::Done)
+            }
+            (Request::Read { table, key }, _) if table == "rules" => {
+                let entries: Vec<Entry> = self
+                    .rules
+                    .list
+                    .iter()
+                    .map(|r| {
+                        let hits = self
+                            .counters
+                            .read(r.action.id as usize)
+                            .map_or(0, |c| c.packets);
+                        entry_of(r, hits)
+                    })
+                    .filter(|e| key.as_ref().is_none_or(|k| *k == e.key))
+                    .collect();
+                if key.is_some() && entries.is_empty() {
+                    return Err(ControlError::NoSuchEntry {
+                        table: table.clone(),
+                    });
+                }
+                Ok(Reply::Entries(entries))
+            }
             (Request::ReadRegister { name, first, count }, _) => {
                 let values = self
                     .counters

@@ -384,6 +384,7 @@ fn route_changes_reach_every_worker_and_fall_back_to_the_covering_prefix() {
 #[test]
 fn acl_rule_counters_are_read_summed_over_workers_and_reset() {
     let config = r#"
+        capacity = 2
         rules = [ { action = "deny", dst = "198.19.7.0/24" },
                   { action = "permit", dst = "198.19.0.0/16" } ]
     "#;
@@ -438,4 +439,98 @@ fn acl_rule_counters_are_read_summed_over_workers_and_reset() {
         .unwrap();
     sw.verdicts();
     assert_eq!(read(0, 3), Reply::Values(vec![0, 0, 0]));
+}
+
+/// A rule the way `ctl` writes one: `src=... dst=... proto=... src_port=... dst_port=...`.
+fn acl_rule(dst: u128, dst_len: u8, dst_port: (u128, u128), priority: u32, action: &str) -> Entry {
+    Entry {
+        key: vec![
+            Match::Prefix { value: 0, len: 0 },
+            Match::Prefix {
+                value: dst,
+                len: dst_len,
+            },
+            Match::Ternary {
+                value: 17,
+                mask: 0xff,
+            },
+            Match::Range {
+                low: 0,
+                high: 65535,
+            },
+            Match::Range {
+                low: dst_port.0,
+                high: dst_port.1,
+            },
+        ],
+        action: action.into(),
+        params: Vec::new(),
+        priority,
+        hits: 0,
+    }
+}
+
+#[test]
+fn acl_rules_inserted_by_the_control_plane_take_effect_by_priority() {
+    let config = r#"
+        capacity = 3
+        rules = [ { action = "permit", dst = "198.19.0.0/16" } ]
+    "#;
+    let sw = Switch::start("acl", config, crate::testutil::udp_frame("198.19.7.9", 64));
+    let forwarded = Some(Verdict::Forward(1));
+    let denied = Some(Verdict::Drop(stateplane_runtime::DropReason::program(1)));
+    assert_eq!(sw.verdicts(), vec![forwarded; WORKERS]);
+    let deny_udp_2 = acl_rule(0xc613_0700, 24, (2, 2), 10, "deny");
+    let done = sw
+        .plane
+        .submit(write("rules", vec![Write::Insert(deny_udp_2.clone())]))
+        .unwrap();
+    assert!(done.version > 0);
+    assert_eq!(
+        sw.verdicts(),
+        vec![denied; WORKERS],
+        "the higher priority deny wins"
+    );
+    let rules = sw.read("rules");
+    assert_eq!(rules.len(), 2);
+    let ours = rules.iter().find(|r| r.priority == 10).unwrap();
+    assert!(
+        ours.hits >= 2 * WORKERS as u64,
+        "its hits are the packets it denied"
+    );
+
+    // Below the configured rule's priority it loses; the same key and priority twice is
+    // refused; four rules do not fit in three.
+    let low = acl_rule(0xc613_0700, 24, (2, 2), 0, "deny");
+    let refused = write(
+        "rules",
+        vec![
+            Write::Insert(low.clone()),
+            Write::Insert(deny_udp_2.clone()),
+        ],
+    );
+    assert!(matches!(
+        sw.plane.submit(refused),
+        Err(ControlError::Exists { .. })
+    ));
+    let third = acl_rule(0xc613_0800, 24, (2, 2), 5, "deny");
+    let fourth = acl_rule(0xc613_0900, 24, (2, 2), 5, "deny");
+    let too_many = write("rules", vec![Write::Insert(third), Write::Insert(fourth)]);
+    assert!(matches!(
+        sw.plane.submit(too_many),
+        Err(ControlError::TableFull { capacity: 3, .. })
+    ));
+    assert_eq!(sw.read("rules").len(), 2, "refused writes changed nothing");
+
+    sw.plane
+        .submit(write("rules", vec![Write::Delete(deny_udp_2.key.clone())]))
+        .unwrap();
+    sw.plane
+        .submit(write("rules", vec![Write::Insert(low)]))
+        .unwrap();
+    assert_eq!(
+        sw.verdicts(),
+        vec![forwarded; WORKERS],
+        "the configured permit ranks higher"
+    );
 }

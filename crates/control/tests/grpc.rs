@@ -1,0 +1,117 @@
+//! The gRPC service and client end to end on loopback, over a real program (`acl` before
+//! `router`) whose workers poll for requests: entries of every match kind go through the
+//! wire and come back as they went in, and refusals arrive with their gRPC code.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use stateplane_control::client::Client;
+use stateplane_control::server::{ControlService, Server};
+use stateplane_control::text;
+use stateplane_runtime::{Burst, ControlPlane, Worker};
+use stateplane_state::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[test]
+fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
+    let config: toml::Value = toml::from_str(
+        r#"
+        capacity = 8
+        rules = [ { action = "permit", dst = "198.19.0.0/16" } ]
+        [router]
+        routes = [ { prefix = "198.19.0.0/16", port = "b", next_hop_mac = "02:00:00:00:0b:01" } ]
+        "#,
+    )
+    .unwrap();
+    let names = stateplane_programs::PortNames(vec!["a".into(), "b".into()]);
+    let factory = stateplane_programs::build("acl", Some(&config), &names).unwrap();
+    let (plane, ends) = ControlPlane::new(2, factory(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = ends
+        .into_iter()
+        .enumerate()
+        .map(|(w, end)| {
+            let (program, stop) = (factory(w), stop.clone());
+            std::thread::spawn(move || {
+                let hasher = stateplane_wire::FlowHasher::with_seed(1);
+                let mut worker = Worker::new(program, w, 2, 2, hasher).with_control(end);
+                let mut idle = Burst::with_capacity(1);
+                while !stop.load(Ordering::Relaxed) {
+                    worker.poll(&mut idle);
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
+            })
+        })
+        .collect();
+    let service = ControlService::new(plane, "acl", Arc::new(Vec::new));
+    let server = Server::start("127.0.0.1:0".parse().unwrap(), service).unwrap();
+    let mut client = Client::connect(&server.addr.to_string()).unwrap();
+    assert_eq!(client.program(), "acl");
+    let names: Vec<&str> = client
+        .declarations()
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["rules", "rule_packets", "rule_bytes", "routes4", "routes6"]
+    );
+
+    let rule = "src=198.18.0.0/15 dst=198.19.7.0/24 proto=17&&&255 src_port=0..65535 \
+                dst_port=1000..2000 deny priority=9";
+    let rules = client.declaration("rules").unwrap().clone();
+    let entry = text::parse_entry(&rules, rule).unwrap();
+    let v1 = client
+        .write("rules", &[Write::Insert(entry.clone())])
+        .unwrap();
+    let (v2, read) = client.read("rules", None).unwrap();
+    assert!(v2 > v1);
+    let back = read
+        .iter()
+        .find(|e| e.priority == 9)
+        .expect("the rule is read back");
+    assert_eq!((&back.key, &back.action), (&entry.key, &entry.action));
+    assert_eq!(text::print_entry(&rules, back), format!("{rule} hits=0"));
+
+    let routes = client.declaration("routes6").unwrap().clone();
+    let route = text::parse_entry(
+        &routes,
+        "dst=2001:2:5::/48 route port=1 mac=02:00:00:00:0b:06",
+    )
+    .unwrap();
+    client
+        .write("routes6", &[Write::Insert(route.clone())])
+        .unwrap();
+    let (_, read) = client.read("routes6", Some(&route.key)).unwrap();
+    assert_eq!((read.len(), &read[0].params), (1, &route.params));
+
+    // Refusals keep their cause across the wire.
+    let again = client.write("rules", &[Write::Insert(entry)]).unwrap_err();
+    assert_eq!(again.code, tonic::Code::AlreadyExists, "{again}");
+    let port = text::parse_entry(
+        &routes,
+        "dst=2001:2:6::/48 route port=7 mac=02:00:00:00:0b:06",
+    )
+    .unwrap();
+    let far = client.write("routes6", &[Write::Insert(port)]).unwrap_err();
+    assert_eq!(far.code, tonic::Code::OutOfRange, "{far}");
+    let missing = client.read("nope", None).unwrap_err();
+    assert_eq!(missing.code, tonic::Code::NotFound);
+    assert!(missing.message.contains("rules, rule_packets"), "{missing}");
+    let values = client.read_register("rule_packets", 0, 0).unwrap();
+    assert_eq!(
+        values.len(),
+        9,
+        "the whole register: 8 rules and the default"
+    );
+    assert!(
+        values.iter().all(|v| v.len() == 8),
+        "64-bit values as 8 bytes"
+    );
+
+    drop(client);
+    drop(server);
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+}
