@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
 use stateplane_control::text;
 use stateplane_state::control::{Field, Format, Kind, MatchKind};
-use stateplane_state::{Declaration, Write};
+use stateplane_state::{Declaration, MeterConfig, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -45,6 +45,22 @@ pub enum CtlCommand {
         range: Option<String>,
         #[arg(long)]
         set: Option<String>,
+    },
+    /// Read meters' settings (one index, a range FIRST..END, or all), or set them: rates in
+    /// bytes per second, bursts in bytes.
+    Meter {
+        name: String,
+        /// An index or a range FIRST..END (end excluded); all of them when left out.
+        range: Option<String>,
+        /// RFC 2697 single-rate three-colour marker: CIR,CBS,EBS.
+        #[arg(long, value_delimiter = ',', num_args = 3, conflicts_with_all = ["trtcm", "off"])]
+        srtcm: Option<Vec<u64>>,
+        /// RFC 2698 two-rate three-colour marker: CIR,CBS,PIR,PBS.
+        #[arg(long, value_delimiter = ',', num_args = 4, conflicts_with = "off")]
+        trtcm: Option<Vec<u64>>,
+        /// Turn the meters off (every packet passes green).
+        #[arg(long)]
+        off: bool,
     },
     /// Print idle-timeout notifications and digests as they come.
     Watch {
@@ -101,6 +117,39 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             eprintln!("{} entries of {table} at version {version}", entries.len());
         }
         CtlCommand::Register { name, range, set } => register(&mut client, &name, range, set)?,
+        CtlCommand::Meter {
+            name,
+            range,
+            srtcm,
+            trtcm,
+            off,
+        } => {
+            let (first, count) = parse_range(range.as_deref())?;
+            let config = match (srtcm.as_deref(), trtcm.as_deref(), off) {
+                (Some(&[cir, cbs, ebs]), _, _) => Some(MeterConfig::SrTcm { cir, cbs, ebs }),
+                (_, Some(&[cir, cbs, pir, pbs]), _) => {
+                    Some(MeterConfig::TrTcm { cir, cbs, pir, pbs })
+                }
+                (_, _, true) => Some(MeterConfig::Off),
+                _ => None,
+            };
+            match config {
+                Some(c) => {
+                    let version = client
+                        .set_meter(&name, first, count, &c)
+                        .map_err(|e| e.to_string())?;
+                    println!("set {name} at version {version}");
+                }
+                None => {
+                    let configs = client
+                        .read_meter(&name, first, count)
+                        .map_err(|e| e.to_string())?;
+                    for (i, c) in configs.iter().enumerate() {
+                        println!("{name}[{}] {}", first + i as u64, meter_text(c));
+                    }
+                }
+            }
+        }
         CtlCommand::Watch { count, timeout } => {
             let timeout = timeout.map(Duration::from_secs_f64);
             let declarations = client.declarations().to_vec();
@@ -200,23 +249,11 @@ fn register(
 ) -> CliResult<()> {
     let d = client.declaration(name).map_err(|e| e.to_string())?.clone();
     let Kind::Register { bits } = d.kind else {
-        return Err(format!("`{name}` is a table; use `ctl read {name}`"));
+        return Err(format!(
+            "`{name}` is not a register; `ctl describe` says what it is"
+        ));
     };
-    let bad = |t: &str| format!("'{t}' is not an index or a range FIRST..END");
-    let (first, count) = match range.as_deref() {
-        None => (0, 0),
-        Some(r) => match r.split_once("..") {
-            Some((a, b)) => {
-                let a: u64 = a.parse().map_err(|_| bad(r))?;
-                let b: u64 = b.parse().map_err(|_| bad(r))?;
-                if b <= a {
-                    return Err(format!("the range {r} is empty"));
-                }
-                (a, b - a)
-            }
-            None => (r.parse().map_err(|_| bad(r))?, 1),
-        },
-    };
+    let (first, count) = parse_range(range.as_deref())?;
     let field = Field {
         name: "value".into(),
         bits,
@@ -243,6 +280,35 @@ fn register(
         }
     }
     Ok(())
+}
+
+/// An index or a range `FIRST..END` as (first, count); all of an array (count 0) when absent.
+fn parse_range(range: Option<&str>) -> CliResult<(u64, u64)> {
+    let bad = |t: &str| format!("'{t}' is not an index or a range FIRST..END");
+    Ok(match range {
+        None => (0, 0),
+        Some(r) => match r.split_once("..") {
+            Some((a, b)) => {
+                let a: u64 = a.parse().map_err(|_| bad(r))?;
+                let b: u64 = b.parse().map_err(|_| bad(r))?;
+                if b <= a {
+                    return Err(format!("the range {r} is empty"));
+                }
+                (a, b - a)
+            }
+            None => (r.parse().map_err(|_| bad(r))?, 1),
+        },
+    })
+}
+
+fn meter_text(c: &MeterConfig) -> String {
+    match *c {
+        MeterConfig::Off => "off".into(),
+        MeterConfig::SrTcm { cir, cbs, ebs } => format!("srtcm cir={cir} cbs={cbs} ebs={ebs}"),
+        MeterConfig::TrTcm { cir, cbs, pir, pbs } => {
+            format!("trtcm cir={cir} cbs={cbs} pir={pir} pbs={pbs}")
+        }
+    }
 }
 
 fn describe(d: &Declaration) -> String {
@@ -278,6 +344,12 @@ fn describe(d: &Declaration) -> String {
         }
         Kind::Register { bits } => format!(
             "register {} size={} bits={bits} guarantees={}",
+            d.name,
+            d.capacity,
+            guarantees.join(",")
+        ),
+        Kind::Meters => format!(
+            "meters {} size={} guarantees={}",
             d.name,
             d.capacity,
             guarantees.join(",")

@@ -2,7 +2,7 @@
 
 use crate::convert;
 use crate::pb::{self, control_client::ControlClient};
-use stateplane_state::{Declaration, Entry, Match, Write};
+use stateplane_state::{Declaration, Entry, Match, MeterConfig, Write};
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -208,6 +208,48 @@ impl Client {
             .block_on(self.inner.write_register(request))?
             .into_inner()
             .version)
+    }
+
+    /// Sets `count` meters of `name` from `first` (count 0: to the end); returns the version.
+    pub fn set_meter(
+        &mut self,
+        name: &str,
+        first: u64,
+        count: u64,
+        config: &MeterConfig,
+    ) -> Result<u64, ClientError> {
+        let request = pb::MeterWrite {
+            range: Some(pb::RegisterRange {
+                name: name.to_string(),
+                first,
+                count,
+            }),
+            config: Some(convert::meter_to_pb(config)),
+        };
+        Ok(self
+            .runtime
+            .block_on(self.inner.set_meter(request))?
+            .into_inner()
+            .version)
+    }
+
+    /// The settings of `count` meters of `name` from `first` (count 0: to the end).
+    pub fn read_meter(
+        &mut self,
+        name: &str,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<MeterConfig>, ClientError> {
+        let request = pb::RegisterRange {
+            name: name.to_string(),
+            first,
+            count,
+        };
+        let reply = self
+            .runtime
+            .block_on(self.inner.read_meter(request))?
+            .into_inner();
+        Ok(reply.configs.iter().map(convert::meter_from_pb).collect())
     }
 
     /// The pipeline's counters, and `table`'s if given.

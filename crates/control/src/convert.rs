@@ -6,7 +6,7 @@
 use crate::pb;
 use stateplane_state::control::{Action, Field, Format, Kind, MatchKind};
 use stateplane_state::{ControlError, Declaration, Entry, Guarantee, Match, Notification};
-use stateplane_state::{NotificationKind, Write};
+use stateplane_state::{MeterConfig, NotificationKind, Write};
 use tonic::{Code, Status};
 
 /// The bytes a field of `bits` takes.
@@ -44,6 +44,7 @@ pub fn status(e: ControlError) -> Status {
         ControlError::TableFull { .. } => Code::ResourceExhausted,
         ControlError::Exists { .. } => Code::AlreadyExists,
         ControlError::OutOfRange { .. } => Code::OutOfRange,
+        ControlError::Invalid { .. } => Code::InvalidArgument,
         ControlError::Unavailable => Code::Unavailable,
     };
     Status::new(code, e.to_string())
@@ -129,6 +130,7 @@ pub fn declaration_to_pb(d: &Declaration) -> pb::Declaration {
         Kind::Register { bits } => pb::declaration::Kind::Register(pb::RegisterShape {
             bits: u32::from(*bits),
         }),
+        Kind::Meters => pb::declaration::Kind::Meters(pb::MeterShape {}),
     };
     pb::Declaration {
         name: d.name.clone(),
@@ -162,6 +164,7 @@ pub fn declaration_from_pb(d: &pb::Declaration) -> Result<Declaration, String> {
         Some(pb::declaration::Kind::Register(r)) => Kind::Register {
             bits: u8::try_from(r.bits).map_err(|_| format!("register {} bits", r.bits))?,
         },
+        Some(pb::declaration::Kind::Meters(_)) => Kind::Meters,
         None => return Err(format!("`{}` declares no kind", d.name)),
     };
     let guarantees = d
@@ -255,8 +258,8 @@ pub fn key_from_pb(key: &[pb::Match], fields: &[Field]) -> Result<Vec<Match>, St
 pub fn table_shape(d: &Declaration) -> Result<(&[Field], &[Action]), Status> {
     match &d.kind {
         Kind::Table { key, actions, .. } => Ok((key, actions)),
-        Kind::Register { .. } => Err(Status::invalid_argument(format!(
-            "`{}` is a register, not a table",
+        Kind::Register { .. } | Kind::Meters => Err(Status::invalid_argument(format!(
+            "`{}` is not a table",
             d.name
         ))),
     }
@@ -330,5 +333,28 @@ pub fn notification_to_pb(n: &Notification, d: Option<&Declaration>) -> pb::Noti
         deleted,
         entry: d.map(|d| entry_to_pb(&n.entry, d)),
         at_ns: n.at_ns,
+    }
+}
+
+pub fn meter_to_pb(c: &MeterConfig) -> pb::MeterConfig {
+    use pb::meter_config::Kind as K;
+    let kind = match *c {
+        MeterConfig::Off => None,
+        MeterConfig::SrTcm { cir, cbs, ebs } => Some(K::Srtcm(pb::SrTcm { cir, cbs, ebs })),
+        MeterConfig::TrTcm { cir, cbs, pir, pbs } => {
+            Some(K::Trtcm(pb::TrTcm { cir, cbs, pir, pbs }))
+        }
+    };
+    pb::MeterConfig { kind }
+}
+
+pub fn meter_from_pb(c: &pb::MeterConfig) -> MeterConfig {
+    use pb::meter_config::Kind as K;
+    match c.kind {
+        None => MeterConfig::Off,
+        Some(K::Srtcm(pb::SrTcm { cir, cbs, ebs })) => MeterConfig::SrTcm { cir, cbs, ebs },
+        Some(K::Trtcm(pb::TrTcm { cir, cbs, pir, pbs })) => {
+            MeterConfig::TrTcm { cir, cbs, pir, pbs }
+        }
     }
 }

@@ -182,6 +182,50 @@ impl control_server::Control for ControlService {
         }))
     }
 
+    async fn set_meter(
+        &self,
+        request: tonic::Request<pb::MeterWrite>,
+    ) -> Result<Response<pb::WriteReply>, Status> {
+        let r = request.into_inner();
+        let range = r.range.unwrap_or_default();
+        let (_, first, count) = self.register_range(&range)?;
+        let config = convert::meter_from_pb(&r.config.unwrap_or_default());
+        let done = self
+            .submit(Request::SetMeter {
+                name: range.name,
+                first,
+                count,
+                config,
+            })
+            .await?;
+        Ok(Response::new(pb::WriteReply {
+            version: done.version,
+        }))
+    }
+
+    async fn read_meter(
+        &self,
+        request: tonic::Request<pb::RegisterRange>,
+    ) -> Result<Response<pb::MeterConfigs>, Status> {
+        let r = request.into_inner();
+        let (_, first, count) = self.register_range(&r)?;
+        let done = self
+            .submit(Request::ReadMeter {
+                name: r.name,
+                first,
+                count,
+            })
+            .await?;
+        let Reply::Meters(configs) = done.reply else {
+            return Err(Status::internal("a meter read answered no settings"));
+        };
+        Ok(Response::new(pb::MeterConfigs {
+            version: done.version,
+            first: first as u64,
+            configs: configs.iter().map(convert::meter_to_pb).collect(),
+        }))
+    }
+
     type NotificationsStream = NotificationStream;
 
     async fn notifications(

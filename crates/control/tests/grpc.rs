@@ -53,7 +53,14 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
         .collect();
     assert_eq!(
         names,
-        ["rules", "rule_packets", "rule_bytes", "routes4", "routes6"]
+        [
+            "rules",
+            "rule_packets",
+            "rule_bytes",
+            "rule_meters",
+            "routes4",
+            "routes6"
+        ]
     );
 
     let rule = "src=198.18.0.0/15 dst=198.19.7.0/24 proto=17&&&255 src_port=0..65535 \
@@ -107,6 +114,28 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
         values.iter().all(|v| v.len() == 8),
         "64-bit values as 8 bytes"
     );
+
+    // Meters: set over a range, read back; impossible settings refused with the cause.
+    let police = stateplane_state::MeterConfig::SrTcm {
+        cir: 125_000,
+        cbs: 3000,
+        ebs: 6000,
+    };
+    client.set_meter("rule_meters", 2, 3, &police).unwrap();
+    let read = client.read_meter("rule_meters", 1, 5).unwrap();
+    let off = stateplane_state::MeterConfig::Off;
+    assert_eq!(read, [off, police, police, police, off]);
+    let backwards = stateplane_state::MeterConfig::TrTcm {
+        cir: 10,
+        cbs: 1,
+        pir: 5,
+        pbs: 1,
+    };
+    let refused = client
+        .set_meter("rule_meters", 0, 1, &backwards)
+        .unwrap_err();
+    assert_eq!(refused.code, tonic::Code::InvalidArgument);
+    assert!(refused.message.contains("RFC 2698"), "{refused}");
 
     drop(client);
     drop(server);

@@ -13,7 +13,9 @@
 //! (per worker; `rule_packets` and `rule_bytes` by rule id, the last index for packets no
 //! rule matched; a rule's packets are also its entry's hits). Configured rules take ids 0,
 //! 1, ... and priorities from the top down (the first rule highest); rules the control
-//! plane inserts name their own priority and take free ids. Configuration:
+//! plane inserts name their own priority and take free ids. A rule can be given a policer
+//! (`rule_meters`, srTCM or trTCM, set by the control plane): packets it permits that the
+//! meter colours red are dropped (`policed`). Configuration:
 //! `rules = [{ action = "permit" | "deny", src = "198.18.0.0/16", dst = "any",
 //! proto = "tcp" | "udp" | "icmp" | NUMBER | "any", src_ports = "any" | "80" | "1024-65535",
 //! dst_ports = ... }]`, `capacity` (rules at most, default 4096), `default`, and `map` or
@@ -27,8 +29,8 @@ use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict}
 use stateplane_state::control::{Action, Field, Format, MatchKind};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
 use stateplane_state::{
-    ControlError, Counters, Declaration, Entry, Guarantee, Kind, Match, PacketBytes, Reply,
-    Request, Write,
+    Colour, ControlError, Counters, Declaration, Entry, Guarantee, Kind, Match, Meter, PacketBytes,
+    Reply, Request, Write,
 };
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -293,6 +295,10 @@ pub struct Acl {
     /// Per rule id (the last index counts packets no rule matched): packets and bytes
     /// (frame lengths) of IPv4 packets, per worker.
     counters: Counters,
+    /// Per rule id (the last for the default): a policer of the packets the rule permits;
+    /// red ones are dropped (`policed`). Off until the control plane sets one. Per worker,
+    /// so a rate holds for each worker's share of the traffic.
+    meters: Vec<Meter>,
 }
 
 /// The counters in the control API: `rule_packets` and `rule_bytes`, one value per rule
@@ -306,7 +312,8 @@ fn counter_declaration(name: &str, rules: usize) -> Declaration {
     }
 }
 
-/// The drop reason of denied packets: after the next stage's own reasons.
+/// The drop reason of denied packets: after the next stage's own reasons (`policed` comes
+/// next).
 fn denied(next: &Next) -> DropReason {
     DropReason::program(next_reasons(next).len() as u8)
 }
@@ -432,6 +439,7 @@ impl Acl {
         let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
             counters: Counters::new(cfg.capacity + 1),
+            meters: vec![Meter::Off; cfg.capacity + 1],
             newest: Arc::new(Mutex::new(rules.clone())),
             rules,
             permit_by_default: permit(
@@ -450,6 +458,7 @@ impl Program for Acl {
             Next::Router(r) => r.process(burst, ctx),
         }
         let deny = denied(&self.next);
+        let policed = DropReason::program(next_reasons(&self.next).len() as u8 + 1);
         let default_rule = self.counters.len() - 1;
         for d in burst.descs_mut() {
             let k = &d.parsed.key;
@@ -464,7 +473,12 @@ impl Program for Acl {
                 let rule = self.rules.table.classify(&p);
                 let index = rule.map_or(default_rule, |r| r.action.id as usize);
                 self.counters.count(index, d.len);
-                rule.map_or(self.permit_by_default, |r| r.action.permit)
+                let permitted = rule.map_or(self.permit_by_default, |r| r.action.permit);
+                if permitted && self.meters[index].mark(d.len, d.ts_ns, None) == Colour::Red {
+                    d.verdict = Verdict::Drop(policed);
+                    continue;
+                }
+                permitted
             } else {
                 self.permit_by_default
             };
@@ -476,8 +490,8 @@ impl Program for Acl {
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         match self.next {
-            Next::Forward(_) => &["no_mapping", "denied"],
-            Next::Router(_) => &["no_route", "ttl_expired", "denied"],
+            Next::Forward(_) => &["no_mapping", "denied", "policed"],
+            Next::Router(_) => &["no_route", "ttl_expired", "denied", "policed"],
         }
     }
 
@@ -486,6 +500,12 @@ impl Program for Acl {
             rules_declaration(self.rules.capacity),
             counter_declaration("rule_packets", self.counters.len() - 1),
             counter_declaration("rule_bytes", self.counters.len() - 1),
+            Declaration {
+                name: "rule_meters".into(),
+                capacity: self.meters.len(),
+                guarantees: vec![Guarantee::Local],
+                kind: Kind::Meters,
+            },
         ];
         if let Next::Router(r) = &self.next {
             d.extend(r.declarations());
@@ -519,6 +539,9 @@ impl Program for Acl {
                     .ok_or(ControlError::Unavailable)?;
                 for &id in &update.reset {
                     let _ = self.counters.write(id as usize, PacketBytes::default());
+                    if let Some(m) = self.meters.get_mut(id as usize) {
+                        *m = Meter::Off;
+                    }
                 }
                 self.rules = update.rules.clone();
                 Ok(Reply::Done)
@@ -544,6 +567,26 @@ impl Program for Acl {
                 }
                 Ok(Reply::Entries(entries))
             }
+            (
+                Request::SetMeter {
+                    first,
+                    count,
+                    config,
+                    ..
+                },
+                _,
+            ) => {
+                for m in &mut self.meters[*first..first + count] {
+                    *m = Meter::new(*config, ctx.now_ns);
+                }
+                Ok(Reply::Done)
+            }
+            (Request::ReadMeter { first, count, .. }, _) => Ok(Reply::Meters(
+                self.meters[*first..first + count]
+                    .iter()
+                    .map(Meter::config)
+                    .collect(),
+            )),
             (Request::ReadRegister { name, first, count }, _) => {
                 let values = self
                     .counters
@@ -690,8 +733,8 @@ mod tests {
         assert_eq!(acl.drop_reasons()[2], "denied");
     }
 
-    /// The acl's reason names are its next stage's, then `denied`, at the index `denied()`
-    /// uses: the two lists are written apart, so this keeps them together.
+    /// The acl's reason names are its next stage's, then `denied` and `policed`, at the
+    /// indices the data plane uses: the lists are written apart, so this keeps them together.
     #[test]
     fn drop_reason_names_extend_the_next_stage() {
         let names = PortNames(vec!["in".into(), "out".into()]);
@@ -705,7 +748,8 @@ mod tests {
                 all[usize::from(denied(&acl.next).0 - DropReason::PROGRAM_BASE)],
                 "denied"
             );
-            assert_eq!(all.len(), next.len() + 1);
+            assert_eq!(all[next.len() + 1], "policed");
+            assert_eq!(all.len(), next.len() + 2);
         }
     }
 

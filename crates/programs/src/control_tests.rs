@@ -534,3 +534,51 @@ fn acl_rules_inserted_by_the_control_plane_take_effect_by_priority() {
         "the configured permit ranks higher"
     );
 }
+
+#[test]
+fn a_meter_set_on_a_rule_polices_what_the_rule_permits() {
+    use stateplane_state::MeterConfig;
+    let config = r#"
+        capacity = 2
+        rules = [ { action = "permit", dst = "198.19.0.0/16" } ]
+    "#;
+    let sw = Switch::start("acl", config, crate::testutil::udp_frame("198.19.7.9", 64));
+    let policed = Some(Verdict::Drop(stateplane_runtime::DropReason::program(2)));
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    let set = |config| Request::SetMeter {
+        name: "rule_meters".into(),
+        first: 0,
+        count: 1,
+        config,
+    };
+    // A committed burst smaller than one frame and no excess: every packet is red.
+    let tiny = MeterConfig::TrTcm {
+        cir: 1,
+        cbs: 1,
+        pir: 1,
+        pbs: 1,
+    };
+    sw.plane.submit(set(tiny)).unwrap();
+    assert_eq!(sw.verdicts(), vec![policed; WORKERS]);
+    let read = sw.plane.submit(Request::ReadMeter {
+        name: "rule_meters".into(),
+        first: 0,
+        count: 3,
+    });
+    assert_eq!(
+        read.unwrap().reply,
+        Reply::Meters(vec![tiny, MeterConfig::Off, MeterConfig::Off])
+    );
+    let backwards = MeterConfig::TrTcm {
+        cir: 10,
+        cbs: 1,
+        pir: 5,
+        pbs: 1,
+    };
+    assert!(matches!(
+        sw.plane.submit(set(backwards)),
+        Err(ControlError::Invalid { .. })
+    ));
+    sw.plane.submit(set(MeterConfig::Off)).unwrap();
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+}

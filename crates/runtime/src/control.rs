@@ -192,7 +192,8 @@ impl ControlPlane {
 /// One answer from the answers of all workers. Each worker holds its own copy of a table
 /// (the same entries, for tables the control plane fills) or its own shard (tables the data
 /// plane fills), so entries are merged by key with their hits summed, register values are
-/// summed, counters are summed by name, and a delete succeeds if some worker held the key.
+/// summed, counters are summed by name, meter settings (the same on every worker) taken
+/// from the first, and a delete succeeds if some worker held the key.
 fn merge(
     request: &Request,
     replies: Vec<Result<Reply, ControlError>>,
@@ -218,6 +219,7 @@ fn merge(
     let mut at: HashMap<Vec<Match>, usize> = HashMap::new();
     let mut values: Vec<u128> = Vec::new();
     let mut counters: Vec<(&'static str, u64)> = Vec::new();
+    let mut meters = None;
     for reply in ok {
         match reply {
             Reply::Done => {}
@@ -231,6 +233,10 @@ fn merge(
                         }
                     }
                 }
+            }
+            // Every worker holds the same settings: the first answer says them.
+            Reply::Meters(ms) => {
+                meters.get_or_insert(ms);
             }
             Reply::Counters(cs) => {
                 for (name, v) in cs {
@@ -252,6 +258,7 @@ fn merge(
         Request::Read { .. } => Reply::Entries(entries),
         Request::ReadRegister { .. } => Reply::Values(values),
         Request::Stats { .. } => Reply::Counters(counters),
+        Request::ReadMeter { .. } => Reply::Meters(meters.unwrap_or_default()),
         _ => Reply::Done,
     })
 }

@@ -16,6 +16,7 @@
 
 use crate::exact::{AddError, ExactTable};
 use crate::key::TableKey;
+use crate::meter::MeterConfig;
 use std::fmt;
 
 /// What a piece of state promises beyond this worker's memory. Declared with the state, so
@@ -139,6 +140,8 @@ pub enum Kind {
     },
     /// An array of `bits`-wide values, readable and writable by index.
     Register { bits: u8 },
+    /// An array of meters (srTCM or trTCM, or off), configured by index.
+    Meters,
 }
 
 /// A table's or register's declaration: its name in the control API, its size, what it
@@ -205,6 +208,19 @@ pub enum Request {
     },
     /// The table's counters.
     Stats { table: String },
+    /// Sets `count` meters from `first` to `config` (their buckets start full).
+    SetMeter {
+        name: String,
+        first: usize,
+        count: usize,
+        config: MeterConfig,
+    },
+    /// The settings of `count` meters from `first`.
+    ReadMeter {
+        name: String,
+        first: usize,
+        count: usize,
+    },
 }
 
 impl Request {
@@ -214,7 +230,10 @@ impl Request {
             Request::Write { table, .. }
             | Request::Read { table, .. }
             | Request::Stats { table } => table,
-            Request::ReadRegister { name, .. } | Request::WriteRegister { name, .. } => name,
+            Request::ReadRegister { name, .. }
+            | Request::WriteRegister { name, .. }
+            | Request::SetMeter { name, .. }
+            | Request::ReadMeter { name, .. } => name,
         }
     }
 }
@@ -227,6 +246,7 @@ pub enum Reply {
     Entries(Vec<Entry>),
     Values(Vec<u128>),
     Counters(Vec<(&'static str, u64)>),
+    Meters(Vec<MeterConfig>),
 }
 
 /// Why a request was refused. Every refusal leaves the state as it was.
@@ -274,6 +294,11 @@ pub enum ControlError {
         name: String,
         index: usize,
         size: usize,
+    },
+    /// Settings that cannot work (e.g. a meter's peak rate below its committed rate).
+    Invalid {
+        what: String,
+        why: String,
     },
     /// The program was replaced or stopped while the request waited.
     Unavailable,
@@ -340,6 +365,7 @@ impl fmt::Display for ControlError {
                     "index {index} is out of range for `{name}` (size {size})"
                 )
             }
+            ControlError::Invalid { what, why } => write!(f, "{what}: {why}"),
             ControlError::Unavailable => {
                 write!(f, "the program was replaced or stopped; try again")
             }
@@ -408,25 +434,49 @@ impl Declaration {
                 if let Request::WriteRegister { value, .. } = req {
                     Field::exact("value", *bits, Format::Int).check_value(*value)?;
                 }
-                let end = first.saturating_add(*count);
-                if *count == 0 || end > self.capacity {
-                    return Err(ControlError::OutOfRange {
-                        name: self.name.clone(),
-                        index: end.saturating_sub(1).max(*first),
-                        size: self.capacity,
+                self.check_range(*first, *count)
+            }
+            (Kind::Meters, Request::SetMeter { first, count, .. })
+            | (Kind::Meters, Request::ReadMeter { first, count, .. }) => {
+                if let Request::SetMeter { config, .. } = req
+                    && let Some(why) = config.problem()
+                {
+                    return Err(ControlError::Invalid {
+                        what: format!("meter `{}`", self.name),
+                        why: why.to_string(),
                     });
                 }
-                Ok(())
+                self.check_range(*first, *count)
             }
             (Kind::Table { .. }, _) => Err(ControlError::MatchKind {
                 field: format!("{} (a table, not a register)", self.name),
                 expected: MatchKind::Exact,
             }),
-            (Kind::Register { .. }, _) => Err(ControlError::OutOfRange {
-                name: format!("{} (a register, not a table)", self.name),
-                index: 0,
-                size: self.capacity,
+            (Kind::Register { .. } | Kind::Meters, _) => Err(ControlError::Invalid {
+                what: format!("`{}`", self.name),
+                why: format!("it is {}, and takes no such request", self.kind_name()),
             }),
+        }
+    }
+
+    /// Checks that `count` (at least one) values from `first` lie inside the array.
+    fn check_range(&self, first: usize, count: usize) -> Result<(), ControlError> {
+        let end = first.saturating_add(count);
+        if count == 0 || end > self.capacity {
+            return Err(ControlError::OutOfRange {
+                name: self.name.clone(),
+                index: end.saturating_sub(1).max(first),
+                size: self.capacity,
+            });
+        }
+        Ok(())
+    }
+
+    fn kind_name(&self) -> &'static str {
+        match self.kind {
+            Kind::Table { .. } => "a table",
+            Kind::Register { .. } => "a register",
+            Kind::Meters => "a meter array",
         }
     }
 

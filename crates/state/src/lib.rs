@@ -32,7 +32,7 @@ pub use control::{
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
-pub use meter::{Colour, SrTcm, TrTcm};
+pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};
 pub use sketch::CountMin;
 pub use ternary::{Packet5, Rule, Ternary};

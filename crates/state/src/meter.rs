@@ -132,6 +132,85 @@ impl TrTcm {
     }
 }
 
+/// A meter's settings as the control plane gives them: rates in bytes per second, bursts in
+/// bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MeterConfig {
+    /// No metering: every packet keeps its colour (green unless marked before).
+    #[default]
+    Off,
+    SrTcm {
+        cir: u64,
+        cbs: u64,
+        ebs: u64,
+    },
+    TrTcm {
+        cir: u64,
+        cbs: u64,
+        pir: u64,
+        pbs: u64,
+    },
+}
+
+impl MeterConfig {
+    /// Why the settings cannot work, if they cannot.
+    pub fn problem(&self) -> Option<&'static str> {
+        match *self {
+            MeterConfig::Off => None,
+            MeterConfig::SrTcm { cbs, ebs, .. } if cbs == 0 && ebs == 0 => {
+                Some("srTCM needs a committed or an excess burst above 0 bytes")
+            }
+            MeterConfig::TrTcm { cir, pir, .. } if pir < cir => {
+                Some("trTCM's peak rate (PIR) must be at least its committed rate (CIR), RFC 2698")
+            }
+            MeterConfig::TrTcm { cbs, pbs, .. } if cbs == 0 || pbs == 0 => {
+                Some("trTCM needs committed and peak bursts above 0 bytes")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One meter of a meter array: off, or a marker made from its settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Meter {
+    #[default]
+    Off,
+    Sr(SrTcm, MeterConfig),
+    Tr(TrTcm, MeterConfig),
+}
+
+impl Meter {
+    /// A meter with these settings, its buckets full at `now_ns`.
+    pub fn new(config: MeterConfig, now_ns: u64) -> Meter {
+        match config {
+            MeterConfig::Off => Meter::Off,
+            MeterConfig::SrTcm { cir, cbs, ebs } => {
+                Meter::Sr(SrTcm::new(cir, cbs, ebs, now_ns), config)
+            }
+            MeterConfig::TrTcm { cir, cbs, pir, pbs } => {
+                Meter::Tr(TrTcm::new(pir, pbs, cir, cbs, now_ns), config)
+            }
+        }
+    }
+
+    #[inline]
+    pub fn mark(&mut self, bytes: u32, now_ns: u64, pre: Option<Colour>) -> Colour {
+        match self {
+            Meter::Off => pre.unwrap_or(Colour::Green),
+            Meter::Sr(m, _) => m.mark(bytes, now_ns, pre),
+            Meter::Tr(m, _) => m.mark(bytes, now_ns, pre),
+        }
+    }
+
+    pub fn config(&self) -> MeterConfig {
+        match self {
+            Meter::Off => MeterConfig::Off,
+            Meter::Sr(_, c) | Meter::Tr(_, c) => *c,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Colour::*;
