@@ -35,6 +35,9 @@ pub struct RunConfig {
     pub metrics: Option<String>,
     /// The control API's loopback address, or "off".
     pub control: Option<String>,
+    /// Guarantees for the program's declared state, by name (`connections = ["replicated"]`).
+    #[serde(default)]
+    pub guarantees: std::collections::BTreeMap<String, Vec<String>>,
     pub program: Option<ProgramSection>,
     #[serde(default)]
     pub port: Vec<PortSection>,

@@ -96,6 +96,7 @@ fn load_program(
         .and_then(|p| p.settings.get(&program_name))
         .cloned();
     let factory = stateplane_programs::build(&program_name, settings.as_ref(), names)
+        .and_then(|f| stateplane_programs::with_guarantees(f, &cfg.guarantees))
         .map_err(|e| e.to_string())?;
     Ok((program_name, factory))
 }

@@ -171,15 +171,10 @@ pub fn declaration_from_pb(d: &pb::Declaration) -> Result<Declaration, String> {
         .guarantees
         .iter()
         .map(|g| {
-            [
-                Guarantee::Local,
-                Guarantee::Synced,
-                Guarantee::Replicated,
-                Guarantee::Exported,
-            ]
-            .into_iter()
-            .find(|x| x.name() == g)
-            .ok_or_else(|| format!("`{}` has an unknown guarantee `{g}`", d.name))
+            Guarantee::ALL
+                .into_iter()
+                .find(|x| x.name() == g)
+                .ok_or_else(|| format!("`{}` has an unknown guarantee `{g}`", d.name))
         })
         .collect::<Result<_, _>>()?;
     Ok(Declaration {

@@ -582,3 +582,36 @@ fn a_meter_set_on_a_rule_polices_what_the_rule_permits() {
     sw.plane.submit(set(MeterConfig::Off)).unwrap();
     assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
 }
+
+#[test]
+fn configured_guarantees_reach_the_declarations_and_bad_ones_are_named() {
+    use stateplane_state::Guarantee;
+    use std::collections::BTreeMap;
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let build_with = |wanted: &[(&str, &[&str])]| {
+        let wanted: BTreeMap<String, Vec<String>> = wanted
+            .iter()
+            .map(|(n, g)| (n.to_string(), g.iter().map(|s| s.to_string()).collect()))
+            .collect();
+        let factory = build("conntrack", None, &names).unwrap();
+        crate::with_guarantees(factory, &wanted)
+    };
+    let factory = build_with(&[("connections", &["replicated", "exported"])]).unwrap();
+    let declared = factory(1).declarations();
+    assert_eq!(
+        declared[0].guarantees,
+        [Guarantee::Replicated, Guarantee::Exported]
+    );
+    let Err(e) = build_with(&[("conections", &["synced"])]) else {
+        panic!("a misspelt name is refused")
+    };
+    assert_eq!(e.field, "guarantees.conections");
+    assert!(e.problem.contains("it declares: connections"), "{e}");
+    let Err(e) = build_with(&[("connections", &["durable"])]) else {
+        panic!("an unknown guarantee is refused")
+    };
+    assert!(
+        e.problem.contains("local, synced, replicated, exported"),
+        "{e}"
+    );
+}

@@ -19,8 +19,10 @@ pub mod steer;
 #[cfg(test)]
 mod testutil;
 
-use stateplane_runtime::{PortId, Program, ProgramFactory};
+use stateplane_runtime::{Burst, Context, PortId, Prepared, Program, ProgramFactory};
+use stateplane_state::{ControlError, Declaration, Guarantee, Notification, Reply, Request};
 use stateplane_wire::{FlowHasher, FlowKey};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -182,5 +184,112 @@ pub fn build(
                 ),
             ))
         }
+    }
+}
+
+/// Gives declared state the guarantees a configuration asks for (`[guarantees]` in the run
+/// configuration, e.g. `connections = ["replicated"]`): a program's code declares its
+/// state, the operator chooses what it promises, and the stages that keep the promises read
+/// them from the declarations, so no program changes for them. Each name must be declared
+/// by the program and each guarantee known.
+pub fn with_guarantees(
+    factory: ProgramFactory,
+    wanted: &BTreeMap<String, Vec<String>>,
+) -> Result<ProgramFactory, ConfigError> {
+    if wanted.is_empty() {
+        return Ok(factory);
+    }
+    let declared = factory(0).declarations();
+    let mut overrides = Vec::new();
+    for (name, guarantees) in wanted {
+        let field = format!("guarantees.{name}");
+        if !declared.iter().any(|d| &d.name == name) {
+            let names: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "the program declares no `{name}`; it declares: {}",
+                    if names.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            ));
+        }
+        let known = || Guarantee::ALL.map(Guarantee::name).join(", ");
+        let parsed = guarantees
+            .iter()
+            .map(|g| {
+                Guarantee::ALL
+                    .into_iter()
+                    .find(|x| x.name() == g)
+                    .ok_or_else(|| {
+                        ConfigError::new(&field, format!("'{g}' is not one of {}", known()))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if parsed.is_empty() {
+            return Err(ConfigError::new(
+                field,
+                format!("give one or more of {}", known()),
+            ));
+        }
+        overrides.push((name.clone(), parsed));
+    }
+    let overrides = Arc::new(overrides);
+    Ok(Arc::new(move |w| {
+        Box::new(Guaranteed {
+            inner: factory(w),
+            overrides: overrides.clone(),
+        })
+    }))
+}
+
+/// A program whose declarations carry the configured guarantees; everything else is the
+/// program's own.
+struct Guaranteed {
+    inner: Box<dyn Program>,
+    overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+}
+
+impl Program for Guaranteed {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.inner.process(burst, ctx);
+    }
+
+    fn poll(&mut self, out: &mut Burst, ctx: &mut Context) {
+        self.inner.poll(out, ctx);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        self.inner.drop_reasons()
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        let mut declared = self.inner.declarations();
+        for d in &mut declared {
+            if let Some((_, g)) = self.overrides.iter().find(|(name, _)| *name == d.name) {
+                d.guarantees = g.clone();
+            }
+        }
+        declared
+    }
+
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        self.inner.prepare(request)
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        self.inner.control(request, prepared, ctx)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.inner.notifications(out);
     }
 }

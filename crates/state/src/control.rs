@@ -35,6 +35,13 @@ pub enum Guarantee {
 }
 
 impl Guarantee {
+    pub const ALL: [Guarantee; 4] = [
+        Guarantee::Local,
+        Guarantee::Synced,
+        Guarantee::Replicated,
+        Guarantee::Exported,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Guarantee::Local => "local",
