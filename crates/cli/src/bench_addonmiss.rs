@@ -24,8 +24,8 @@ use crate::CliResult;
 use stateplane_runtime::{Context, ControlPlane, Prepared, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, Entry, ExactCodec, ExactControl, ExactTable, ExpireProfile,
-    Guarantee, Kind, Match, Notification, NotificationKind, Outbox, Reply, Request, Write,
+    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, ExactTable, ExpireProfile,
+    Guarantee, Kind, Match, Notification, NotificationKind, Reply, Request, Write,
 };
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -295,30 +295,27 @@ impl ExactCodec for KeyCodec {
 
 /// A table that learns by digest: a miss queues the key for the control plane.
 struct DigestLearner {
-    table: ExactTable<u64, u64>,
-    decl: Declaration,
-    outbox: Outbox,
+    table: DeclaredTable<KeyCodec>,
 }
 
 impl DigestLearner {
     fn new(capacity: usize) -> Self {
-        DigestLearner {
-            table: ExactTable::new(capacity, &[ExpireProfile::NEVER], 7),
-            decl: Declaration {
-                name: "keys".into(),
-                capacity,
-                guarantees: vec![Guarantee::Local],
-                kind: Kind::Table {
-                    key: vec![Field::exact("key", 64, Format::Int)],
-                    actions: vec![Action {
-                        name: "set".into(),
-                        params: vec![Field::exact("value", 64, Format::Int)],
-                    }],
-                    writable: true,
-                },
+        let table = ExactTable::new(capacity, &[ExpireProfile::NEVER], 7);
+        let decl = Declaration {
+            name: "keys".into(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![Field::exact("key", 64, Format::Int)],
+                actions: vec![Action {
+                    name: "set".into(),
+                    params: vec![Field::exact("value", 64, Format::Int)],
+                }],
+                writable: true,
             },
-            // As deep as the subscriber's queue: beyond that, digests are lost and counted.
-            outbox: Outbox::new(65_536),
+        };
+        DigestLearner {
+            table: DeclaredTable::new(table, decl),
         }
     }
 
@@ -331,7 +328,7 @@ impl DigestLearner {
                 true
             }
             None => {
-                self.outbox.push(Notification {
+                self.table.notify(Notification {
                     table: String::new(),
                     kind: NotificationKind::Digest,
                     entry: Entry {
@@ -353,7 +350,7 @@ impl Program for DigestLearner {
     fn process(&mut self, _burst: &mut stateplane_runtime::Burst, _ctx: &mut Context) {}
 
     fn declarations(&self) -> Vec<Declaration> {
-        vec![self.decl.clone()]
+        vec![self.table.declaration().clone()]
     }
 
     fn control(
@@ -362,17 +359,11 @@ impl Program for DigestLearner {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        ExactControl::<KeyCodec> {
-            decl: &self.decl,
-            table: &mut self.table,
-            profile: 0,
-            now_ns: ctx.now_ns,
-        }
-        .answer(request)
+        self.table.answer(request, ctx.now_ns)
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
-        out.append(&mut self.outbox.pending);
+        self.table.take_notifications(out);
     }
 }
 
@@ -536,7 +527,8 @@ fn digest_pass(
     }
     let mpps = packets as f64 / ((now_ns() - start) as f64 / 1e9) / 1e6;
     control.poll(&mut learner, &ctx);
-    let lost = learner.outbox.dropped + plane.notifications_dropped.load(Ordering::Relaxed);
+    let lost =
+        learner.table.notifications_dropped() + plane.notifications_dropped.load(Ordering::Relaxed);
     // Keep applying the controller's writes until every digest that was not lost is in.
     let want = loaded + (missed - lost) as usize;
     let deadline = Instant::now() + std::time::Duration::from_secs(60);

@@ -32,8 +32,8 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
 use stateplane_state::{
-    ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireMode, ExpireProfile,
-    Guarantee, Kind, Match, Notification, Outbox, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
+    Guarantee, Kind, Match, Notification, Reply, Request,
 };
 use stateplane_wire::FlowKey;
 use stateplane_wire::tcp::flags;
@@ -224,9 +224,7 @@ fn canonical(key: &FlowKey) -> (FlowKey, bool) {
 #[derive(Clone)]
 pub struct Conntrack {
     forward: Forward,
-    table: ExactTable<FlowKey, Conn>,
-    decl: Declaration,
-    outbox: Outbox,
+    table: DeclaredTable<ConnCodec>,
     drop_invalid: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
     pub expired: [u64; 5],
@@ -273,9 +271,10 @@ impl Conntrack {
                 ports,
                 field,
             )?,
-            table: ExactTable::new(cfg.capacity, &profiles, seed),
-            decl: ConnCodec::declaration(cfg.capacity),
-            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
+            table: DeclaredTable::new(
+                ExactTable::new(cfg.capacity, &profiles, seed),
+                ConnCodec::declaration(cfg.capacity),
+            ),
             drop_invalid: cfg.drop_invalid,
             expired: [0; 5],
         })
@@ -292,12 +291,9 @@ impl Conntrack {
 
     /// Looks at `budget` slots for connections idle past their state's timeout.
     fn expire(&mut self, now: u64, budget: usize) {
-        self.table.sweep(now, budget);
         let expired = &mut self.expired;
-        self.outbox
-            .expired::<ConnCodec>(&self.decl, &mut self.table, |conn| {
-                expired[conn.state as usize] += 1
-            });
+        self.table
+            .expire(now, budget, |conn| expired[conn.state as usize] += 1);
     }
 
     /// Tracks one packet; `Some(reason)` if it must be dropped.
@@ -399,7 +395,7 @@ impl Program for Conntrack {
     }
 
     fn declarations(&self) -> Vec<Declaration> {
-        vec![self.decl.clone()]
+        vec![self.table.declaration().clone()]
     }
 
     fn control(
@@ -408,17 +404,11 @@ impl Program for Conntrack {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        ExactControl::<ConnCodec> {
-            decl: &self.decl,
-            table: &mut self.table,
-            profile: 0,
-            now_ns: ctx.now_ns,
-        }
-        .answer(request)
+        self.table.answer(request, ctx.now_ns)
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
-        out.append(&mut self.outbox.pending);
+        self.table.take_notifications(out);
     }
 }
 

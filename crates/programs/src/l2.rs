@@ -13,7 +13,7 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, ExactCodec, ExactControl, ExactTable, ExpireProfile, Guarantee,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
     Kind, Match, Reply, Request,
 };
 use stateplane_wire::MacAddr;
@@ -113,8 +113,7 @@ pub enum Unknown {
 
 #[derive(Clone)]
 pub struct L2 {
-    table: ExactTable<u64, PortId>,
-    decl: Declaration,
+    table: DeclaredTable<StationCodec>,
     unknown: Unknown,
 }
 
@@ -158,8 +157,7 @@ impl L2 {
             Some(p) => Unknown::Port(ports.resolve(&format!("{field}.unknown"), p)?),
         };
         Ok(L2 {
-            table,
-            decl: StationCodec::declaration("macs", cfg.capacity, true),
+            table: DeclaredTable::new(table, StationCodec::declaration("macs", cfg.capacity, true)),
             unknown,
         })
     }
@@ -199,7 +197,7 @@ impl Program for L2 {
     }
 
     fn declarations(&self) -> Vec<Declaration> {
-        vec![self.decl.clone()]
+        vec![self.table.declaration().clone()]
     }
 
     fn control(
@@ -208,13 +206,7 @@ impl Program for L2 {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        ExactControl::<StationCodec> {
-            decl: &self.decl,
-            table: &mut self.table,
-            profile: 0,
-            now_ns: ctx.now_ns,
-        }
-        .answer(request)
+        self.table.answer(request, ctx.now_ns)
     }
 }
 

@@ -20,8 +20,8 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
 use stateplane_state::{
-    ControlError, Declaration, ExactControl, ExactTable, ExpireMode, ExpireProfile, Notification,
-    Outbox, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactTable, ExpireMode, ExpireProfile, Notification,
+    Reply, Request,
 };
 
 #[derive(Debug, Clone, Deserialize)]
@@ -45,9 +45,7 @@ const SAME_PORT: DropReason = DropReason::program(0);
 
 #[derive(Clone)]
 pub struct L2Learn {
-    table: ExactTable<u64, PortId>,
-    decl: Declaration,
-    outbox: Outbox,
+    table: DeclaredTable<StationCodec>,
     /// Stations not learned because the table was full.
     pub not_learned: u64,
 }
@@ -83,9 +81,10 @@ impl L2Learn {
             mode: ExpireMode::AutoDelete,
         };
         Ok(L2Learn {
-            table: ExactTable::new(cfg.capacity, &[ageing], seed),
-            decl: StationCodec::declaration("stations", cfg.capacity, false),
-            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
+            table: DeclaredTable::new(
+                ExactTable::new(cfg.capacity, &[ageing], seed),
+                StationCodec::declaration("stations", cfg.capacity, false),
+            ),
             not_learned: 0,
         })
     }
@@ -101,9 +100,7 @@ impl L2Learn {
 
     /// Looks at `budget` slots for stations not heard from within the ageing time.
     fn age(&mut self, now: u64, budget: usize) {
-        self.table.sweep(now, budget);
-        self.outbox
-            .expired::<StationCodec>(&self.decl, &mut self.table, |_| {});
+        self.table.expire(now, budget, |_| {});
     }
 }
 
@@ -155,7 +152,7 @@ impl Program for L2Learn {
     }
 
     fn declarations(&self) -> Vec<Declaration> {
-        vec![self.decl.clone()]
+        vec![self.table.declaration().clone()]
     }
 
     fn control(
@@ -164,17 +161,11 @@ impl Program for L2Learn {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        ExactControl::<StationCodec> {
-            decl: &self.decl,
-            table: &mut self.table,
-            profile: 0,
-            now_ns: ctx.now_ns,
-        }
-        .answer(request)
+        self.table.answer(request, ctx.now_ns)
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
-        out.append(&mut self.outbox.pending);
+        self.table.take_notifications(out);
     }
 }
 

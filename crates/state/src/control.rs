@@ -5,8 +5,9 @@
 //! parameters), the field-level form of entries every table kind shares ([`Entry`],
 //! [`Match`]), the requests a program answers between bursts ([`Request`]), the checks a
 //! request must pass against a declaration before any worker sees it ([`Declaration::check`]),
-//! and the errors split by cause ([`ControlError`]). [`ExactControl`] applies writes to an
-//! [`ExactTable`] all-or-nothing.
+//! and the errors split by cause ([`ControlError`]). [`DeclaredTable`] holds an
+//! [`ExactTable`] with its declaration and answers requests about it, writes
+//! all-or-nothing.
 //!
 //! Must never: do I/O or know the wire format of the control API (the gRPC layer converts);
 //! change any state when a request fails.
@@ -559,13 +560,94 @@ pub trait ExactCodec {
     fn action(value: &Self::Value) -> (usize, Vec<u128>);
 }
 
+/// An exact table as a program keeps it when the control plane may see it: the table
+/// (reached through `Deref` on the fast path, unchanged), its declaration, and the
+/// notifications it holds for the control plane. One piece of code answers every program's
+/// requests about its exact tables.
+pub struct DeclaredTable<C: ExactCodec> {
+    table: ExactTable<C::Key, C::Value>,
+    decl: Declaration,
+    outbox: Outbox,
+}
+
+impl<C: ExactCodec> DeclaredTable<C> {
+    pub fn new(table: ExactTable<C::Key, C::Value>, decl: Declaration) -> Self {
+        DeclaredTable {
+            table,
+            decl,
+            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
+        }
+    }
+
+    pub fn declaration(&self) -> &Declaration {
+        &self.decl
+    }
+
+    /// Answers a request about this table (checked against its declaration); entries the
+    /// control plane inserts get expiry profile 0.
+    pub fn answer(&mut self, request: &Request, now_ns: u64) -> Result<Reply, ControlError> {
+        ExactControl::<C> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns,
+        }
+        .answer(request)
+    }
+
+    /// Sweeps up to `budget` slots for expired entries and queues their notifications,
+    /// showing each expired value to `seen` first.
+    pub fn expire(&mut self, now_ns: u64, budget: usize, seen: impl FnMut(&C::Value)) {
+        self.table.sweep(now_ns, budget);
+        self.outbox.expired::<C>(&self.decl, &mut self.table, seen);
+    }
+
+    /// Queues a notification of the program's own (a digest).
+    pub fn notify(&mut self, n: Notification) {
+        self.outbox.push(n);
+    }
+
+    /// Notifications lost because the outbox was full.
+    pub fn notifications_dropped(&self) -> u64 {
+        self.outbox.dropped
+    }
+
+    /// Moves the queued notifications into `out` (for `Program::notifications`).
+    pub fn take_notifications(&mut self, out: &mut Vec<Notification>) {
+        out.append(&mut self.outbox.pending);
+    }
+}
+
+impl<C: ExactCodec> std::ops::Deref for DeclaredTable<C> {
+    type Target = ExactTable<C::Key, C::Value>;
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl<C: ExactCodec> std::ops::DerefMut for DeclaredTable<C> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl<C: ExactCodec> Clone for DeclaredTable<C> {
+    fn clone(&self) -> Self {
+        DeclaredTable {
+            table: self.table.clone(),
+            decl: self.decl.clone(),
+            outbox: self.outbox.clone(),
+        }
+    }
+}
+
 /// Control-plane access to an exact table: writes all-or-nothing, reads with hit counts.
-pub struct ExactControl<'a, C: ExactCodec> {
-    pub decl: &'a Declaration,
-    pub table: &'a mut ExactTable<C::Key, C::Value>,
+struct ExactControl<'a, C: ExactCodec> {
+    decl: &'a Declaration,
+    table: &'a mut ExactTable<C::Key, C::Value>,
     /// The expiry profile control-plane inserts get.
-    pub profile: u8,
-    pub now_ns: u64,
+    profile: u8,
+    now_ns: u64,
 }
 
 enum Undo<K, V> {

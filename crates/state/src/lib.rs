@@ -26,7 +26,7 @@ pub mod sketch;
 pub mod ternary;
 
 pub use control::{
-    ControlError, Declaration, Entry, ExactCodec, ExactControl, Guarantee, Kind, Match,
+    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Guarantee, Kind, Match,
     Notification, NotificationKind, Outbox, Reply, Request, Write,
 };
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};

@@ -93,6 +93,30 @@ impl<A: Addr, V: Copy> Prefixes<A, V> {
         Ok(())
     }
 
+    /// For an insert: the masked address of a prefix not there yet, or `None` when it was
+    /// there and has taken `value`.
+    fn new_prefix(&mut self, a: A, len: u8, value: V) -> Result<Option<A>, PrefixError> {
+        Self::check(len)?;
+        let a = a.masked(len);
+        match self.slots.get(&(a, len)) {
+            Some(&slot) => {
+                self.values[slot as usize] = value;
+                Ok(None)
+            }
+            None => Ok(Some(a)),
+        }
+    }
+
+    /// For a remove: forgets the prefix; its masked address, its entry, and the entry of
+    /// the prefix its addresses fall back to. The slot is free for the next add (the
+    /// caller repaints before any add).
+    fn take(&mut self, a: A, len: u8) -> Option<(A, u32, u32)> {
+        let a = a.masked(len);
+        let slot = self.slots.remove(&(a, len))?;
+        self.free.push(slot);
+        Some((a, slot + 1, self.covering(a, len)))
+    }
+
     /// The length of the prefix that painted entry `e`, -1 for no route.
     fn len_of(&self, e: u32) -> i16 {
         match e.checked_sub(1) {
@@ -166,28 +190,15 @@ impl<V: Copy> Lpm4<V> {
     /// one wins. Host bits beyond the length are ignored. Shortest first, so each insert
     /// paints its range once.
     pub fn build(prefixes: &[(Ipv4Addr, u8, V)]) -> Result<Self, PrefixError> {
-        for &(_, len, _) in prefixes {
-            Prefixes::<u32, V>::check(len)?;
-        }
-        let mut order: Vec<usize> = (0..prefixes.len()).collect();
-        order.sort_by_key(|&i| prefixes[i].1);
-        let mut t = Lpm4::new();
-        for i in order {
-            let (addr, len, value) = prefixes[i];
-            t.insert(addr, len, value)?;
-        }
-        Ok(t)
+        build_shortest_first(Lpm4::new(), prefixes, 32, Lpm4::insert)
     }
 
     /// Adds a prefix, or changes the value of one already there. Touches only the entries
     /// the prefix covers.
     pub fn insert(&mut self, addr: Ipv4Addr, len: u8, value: V) -> Result<(), PrefixError> {
-        Prefixes::<u32, V>::check(len)?;
-        let a = u32::from(addr).masked(len);
-        if let Some(&slot) = self.prefixes.slots.get(&(a, len)) {
-            self.prefixes.values[slot as usize] = value;
+        let Some(a) = self.prefixes.new_prefix(u32::from(addr), len, value)? else {
             return Ok(());
-        }
+        };
         if len > 24 && self.tbl24[(a >> 8) as usize] & EXTENDED == 0 {
             let g = self.tbl8.len() / 256;
             if g >= (EXTENDED as usize) / 256 {
@@ -209,15 +220,12 @@ impl<V: Copy> Lpm4<V> {
     /// Removes a prefix; the addresses it covered fall back to the next longest prefix
     /// covering them. Whether it was there.
     pub fn remove(&mut self, addr: Ipv4Addr, len: u8) -> bool {
-        let a = u32::from(addr).masked(len);
-        let Some(slot) = self.prefixes.slots.remove(&(a, len)) else {
+        let Some((a, entry, fallback)) = self.prefixes.take(u32::from(addr), len) else {
             return false;
         };
-        let (entry, fallback) = (slot + 1, self.prefixes.covering(a, len));
         paint4(&mut self.tbl24, &mut self.tbl8, a, len, &|old| {
             (old == entry).then_some(fallback)
         });
-        self.prefixes.free.push(slot);
         true
     }
 
@@ -336,27 +344,14 @@ impl<V: Copy> Lpm6<V> {
 
     /// As [`Lpm4::build`].
     pub fn build(prefixes: &[(Ipv6Addr, u8, V)]) -> Result<Self, PrefixError> {
-        for &(_, len, _) in prefixes {
-            Prefixes::<u128, V>::check(len)?;
-        }
-        let mut order: Vec<usize> = (0..prefixes.len()).collect();
-        order.sort_by_key(|&i| prefixes[i].1);
-        let mut t = Lpm6::new();
-        for i in order {
-            let (addr, len, value) = prefixes[i];
-            t.insert(addr, len, value)?;
-        }
-        Ok(t)
+        build_shortest_first(Lpm6::new(), prefixes, 128, Lpm6::insert)
     }
 
     /// As [`Lpm4::insert`].
     pub fn insert(&mut self, addr: Ipv6Addr, len: u8, value: V) -> Result<(), PrefixError> {
-        Prefixes::<u128, V>::check(len)?;
-        let a = u128::from(addr).masked(len);
-        if let Some(&slot) = self.prefixes.slots.get(&(a, len)) {
-            self.prefixes.values[slot as usize] = value;
+        let Some(a) = self.prefixes.new_prefix(u128::from(addr), len, value)? else {
             return Ok(());
-        }
+        };
         let node = self.node_of(a, len, true)?;
         let entry = self.prefixes.add(a, len, value)?;
         let l = i16::from(len);
@@ -369,17 +364,14 @@ impl<V: Copy> Lpm6<V> {
 
     /// As [`Lpm4::remove`].
     pub fn remove(&mut self, addr: Ipv6Addr, len: u8) -> bool {
-        let a = u128::from(addr).masked(len);
-        let Some(slot) = self.prefixes.slots.remove(&(a, len)) else {
+        let Some((a, entry, fallback)) = self.prefixes.take(u128::from(addr), len) else {
             return false;
         };
-        let (entry, fallback) = (slot + 1, self.prefixes.covering(a, len));
         if let Ok(node) = self.node_of(a, len, false) {
             paint_range(&mut self.nodes, node, a, len, &|old| {
                 (old == entry).then_some(fallback)
             });
         }
-        self.prefixes.free.push(slot);
         true
     }
 
@@ -449,6 +441,26 @@ impl<V: Copy> Default for Lpm6<V> {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// Builds a table by inserting `prefixes` shortest first (so each insert paints its range
+/// once); lengths are checked against `max` before anything is inserted.
+fn build_shortest_first<T, P: Copy, V: Copy>(
+    mut table: T,
+    prefixes: &[(P, u8, V)],
+    max: u8,
+    insert: impl Fn(&mut T, P, u8, V) -> Result<(), PrefixError>,
+) -> Result<T, PrefixError> {
+    if let Some(&(_, len, _)) = prefixes.iter().find(|p| p.1 > max) {
+        return Err(PrefixError::Length { len, max });
+    }
+    let mut order: Vec<usize> = (0..prefixes.len()).collect();
+    order.sort_by_key(|&i| prefixes[i].1);
+    for i in order {
+        let (addr, len, value) = prefixes[i];
+        insert(&mut table, addr, len, value)?;
+    }
+    Ok(table)
 }
 
 /// The index of the address byte that holds a prefix's last bit (0 for /0).
