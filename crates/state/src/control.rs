@@ -851,6 +851,12 @@ impl Outbox {
         };
         for e in table.drain_notifications() {
             seen(&e.value);
+            if self.pending.len() >= self.limit {
+                // Nobody is collecting (an offline run) or they are behind: count it
+                // without building it.
+                self.dropped += 1;
+                continue;
+            }
             let (a, params) = C::action(&e.value);
             let entry = Entry {
                 key: C::fields(&e.key),
