@@ -3,7 +3,7 @@
 use crate::convert::{self, status};
 use crate::pb::{self, control_server};
 use stateplane_runtime::ControlPlane;
-use stateplane_state::{Declaration, Reply, Request};
+use stateplane_state::{ControlError, Declaration, Reply, Request};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -37,8 +37,18 @@ impl ControlService {
 
     /// Submits on a blocking thread (the call waits for every worker).
     async fn submit(&self, request: Request) -> Result<stateplane_runtime::Applied, Status> {
+        self.blocking(move |plane| plane.submit(request)).await
+    }
+
+    /// Runs `f` on the control plane on a blocking thread.
+    async fn blocking(
+        &self,
+        f: impl FnOnce(&ControlPlane) -> Result<stateplane_runtime::Applied, ControlError>
+        + Send
+        + 'static,
+    ) -> Result<stateplane_runtime::Applied, Status> {
         let plane = self.plane.clone();
-        tokio::task::spawn_blocking(move || plane.submit(request))
+        tokio::task::spawn_blocking(move || f(&plane))
             .await
             .map_err(|e| Status::internal(format!("the request's thread failed: {e}")))?
             .map_err(status)
@@ -107,12 +117,8 @@ impl control_server::Control for ControlService {
         } else {
             Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
         };
-        let done = self
-            .submit(Request::Read {
-                table: r.table,
-                key,
-            })
-            .await?;
+        let table = r.table;
+        let done = self.blocking(move |plane| plane.read(&table, key)).await?;
         let Reply::Entries(entries) = done.reply else {
             return Err(Status::internal("a read answered no entries"));
         };

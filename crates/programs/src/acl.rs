@@ -26,7 +26,7 @@ use crate::router::{Router, RouterConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format, MatchKind};
+use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
 use stateplane_state::{
     Colour, ControlError, Counters, Declaration, Entry, Guarantee, Kind, Match, Meter, PacketBytes,
@@ -546,26 +546,29 @@ impl Program for Acl {
                 self.rules = update.rules.clone();
                 Ok(Reply::Done)
             }
-            (Request::Read { table, key }, _) if table == "rules" => {
-                let entries: Vec<Entry> = self
-                    .rules
-                    .list
-                    .iter()
-                    .map(|r| {
-                        let hits = self
-                            .counters
-                            .read(r.action.id as usize)
-                            .map_or(0, |c| c.packets);
-                        entry_of(r, hits)
-                    })
-                    .filter(|e| key.as_ref().is_none_or(|k| *k == e.key))
-                    .collect();
-                if key.is_some() && entries.is_empty() {
-                    return Err(ControlError::NoSuchEntry {
-                        table: table.clone(),
-                    });
+            (Request::Read { table, key, from }, _) if table == "rules" => {
+                // Every worker answers: each counts its own share of a rule's packets.
+                let hits = |r: &Rule<RuleAction>| {
+                    let c = self.counters.read(r.action.id as usize);
+                    c.map_or(0, |c| c.packets)
+                };
+                let list = &self.rules.list;
+                if let Some(key) = key {
+                    let entries: Vec<Entry> = list
+                        .iter()
+                        .map(|r| entry_of(r, hits(r)))
+                        .filter(|e| e.key == *key)
+                        .collect();
+                    if entries.is_empty() {
+                        return Err(ControlError::NoSuchEntry {
+                            table: table.clone(),
+                        });
+                    }
+                    return Ok(Reply::Page(entries, None));
                 }
-                Ok(Reply::Entries(entries))
+                let (rules, next) = page(list.iter(), *from, list.len());
+                let entries = rules.into_iter().map(|r| entry_of(r, hits(r))).collect();
+                Ok(Reply::Page(entries, next))
             }
             (
                 Request::SetMeter {

@@ -98,11 +98,7 @@ impl Switch {
     }
 
     fn read(&self, table: &str) -> Vec<Entry> {
-        let read = Request::Read {
-            table: table.into(),
-            key: None,
-        };
-        match self.plane.submit(read).unwrap().reply {
+        match self.plane.read(table, None).unwrap().reply {
             Reply::Entries(mut e) => {
                 e.sort_by_key(|e| format!("{:?}", e.key));
                 e
@@ -614,4 +610,34 @@ fn configured_guarantees_reach_the_declarations_and_bad_ones_are_named() {
         e.problem.contains("local, synced, replicated, exported"),
         "{e}"
     );
+}
+
+#[test]
+fn a_big_table_is_read_page_by_page_and_whole() {
+    let sw = Switch::start("l2", "capacity = 20000", frame_to_b());
+    let batch = (0..20_000u128)
+        .map(|i| Write::Insert(station(0x0200_0000_0000 + i, 1)))
+        .collect();
+    let inserted = sw.plane.submit(write("macs", batch)).unwrap().version;
+    let read = sw.plane.read("macs", None).unwrap();
+    let Reply::Entries(entries) = read.reply else {
+        panic!("a read answers entries")
+    };
+    assert_eq!(
+        entries.len(),
+        20_000,
+        "every entry, once, merged over both workers"
+    );
+    assert!(
+        read.version >= inserted + 3,
+        "more than one page: {} slots are read {} at a time",
+        20_000 * 8 / 7,
+        stateplane_state::control::READ_PAGE
+    );
+    let one = sw
+        .plane
+        .read("macs", Some(station(0x0200_0000_0007, 0).key))
+        .unwrap();
+    assert_eq!(one.version, read.version + 1, "a key is one request");
+    assert!(matches!(one.reply, Reply::Entries(e) if e.len() == 1));
 }

@@ -19,7 +19,7 @@
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format, MatchKind};
+use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::{
     ControlError, Declaration, Entry, Guarantee, Kind, Lpm4, Lpm6, Match, Reply, Request, Write,
 };
@@ -119,6 +119,15 @@ fn prefix_of(key: &[Match]) -> (u128, u8) {
 }
 
 impl Tables {
+    /// The next hop of exactly this prefix, in the IPv4 (`v4`) or IPv6 table.
+    fn get(&self, v4: bool, addr: u128, len: u8) -> Option<&NextHop> {
+        if v4 {
+            self.v4.get(Ipv4Addr::from(addr as u32), len)
+        } else {
+            self.v6.get(Ipv6Addr::from(addr), len)
+        }
+    }
+
     /// Applies one checked write for the IPv4 (`v4`) or IPv6 table.
     fn apply(
         &mut self,
@@ -133,11 +142,7 @@ impl Tables {
         };
         let (addr, len) = prefix_of(key);
         let (a4, a6) = (Ipv4Addr::from(addr as u32), Ipv6Addr::from(addr));
-        let present = if v4 {
-            self.v4.contains(a4, len)
-        } else {
-            self.v6.contains(a6, len)
-        };
+        let present = self.get(v4, addr, len).is_some();
         let refused = match (w, present) {
             (Write::Insert(_), true) => Some(ControlError::Exists {
                 table: table.into(),
@@ -329,30 +334,37 @@ impl Program for Router {
                 self.tables = tables;
                 Ok(Reply::Done)
             }
-            Request::Read { table, key } => {
-                let wanted = key.as_deref().map(prefix_of);
-                let keep = |a: u128, len: u8| wanted.is_none_or(|w| w == (a, len));
-                let entries: Vec<Entry> = if table == "routes4" {
-                    let t = &self.tables.v4;
-                    t.iter()
-                        .map(|(a, len, hop)| (u128::from(u32::from(a)), len, hop))
-                        .filter(|&(a, len, _)| keep(a, len))
-                        .map(|(a, len, hop)| route_entry(a, len, hop))
-                        .collect()
-                } else {
-                    let t = &self.tables.v6;
-                    t.iter()
-                        .map(|(a, len, hop)| (u128::from(a), len, hop))
-                        .filter(|&(a, len, _)| keep(a, len))
-                        .map(|(a, len, hop)| route_entry(a, len, hop))
-                        .collect()
-                };
-                if key.is_some() && entries.is_empty() {
-                    return Err(ControlError::NoSuchEntry {
-                        table: table.clone(),
-                    });
+            Request::Read { table, key, from } => {
+                let v4 = table == "routes4";
+                if let Some(key) = key {
+                    let (a, len) = prefix_of(key);
+                    let hop =
+                        self.tables
+                            .get(v4, a, len)
+                            .ok_or_else(|| ControlError::NoSuchEntry {
+                                table: table.clone(),
+                            })?;
+                    return Ok(Reply::Page(vec![route_entry(a, len, hop)], None));
                 }
-                Ok(Reply::Entries(entries))
+                // The tables are shared: one worker reads them.
+                if ctx.worker != 0 {
+                    return Ok(Reply::Page(Vec::new(), None));
+                }
+                let t = &self.tables;
+                let (entries, next) = if v4 {
+                    let all =
+                        t.v4.iter()
+                            .map(|(a, l, h)| (u128::from(u32::from(a)), l, h));
+                    page(all, *from, t.v4.len())
+                } else {
+                    let all = t.v6.iter().map(|(a, l, h)| (u128::from(a), l, h));
+                    page(all, *from, t.v6.len())
+                };
+                let entries = entries
+                    .into_iter()
+                    .map(|(a, len, hop)| route_entry(a, len, hop))
+                    .collect();
+                Ok(Reply::Page(entries, next))
             }
             // The tables are shared: one worker counts them.
             Request::Stats { table } if ctx.worker == 0 => {

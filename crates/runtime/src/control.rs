@@ -161,6 +161,36 @@ impl ControlPlane {
         merge(&request, replies).map(|reply| Applied { version, reply })
     }
 
+    /// Every entry of `table` (or the one with `key`), page by page, so that no worker is
+    /// held longer than a page takes; entries merged by key over workers and pages. The
+    /// version is the last page's: entries changed by the data plane meanwhile may show as
+    /// they were when their page was read.
+    pub fn read(&self, table: &str, key: Option<Vec<Match>>) -> Result<Applied, ControlError> {
+        let mut from = 0;
+        let mut all = Gathered::default();
+        loop {
+            let request = Request::Read {
+                table: table.to_string(),
+                key: key.clone(),
+                from,
+            };
+            let done = self.submit(request)?;
+            let Reply::Page(entries, next) = done.reply else {
+                return Err(ControlError::Unavailable);
+            };
+            all.add(entries);
+            match next {
+                Some(n) if n > from => from = n,
+                _ => {
+                    return Ok(Applied {
+                        version: done.version,
+                        reply: Reply::Entries(all.entries),
+                    });
+                }
+            }
+        }
+    }
+
     /// A stream of the data plane's notifications from now on.
     pub fn subscribe(&self) -> Receiver<Notification> {
         let (tx, rx) = crossbeam_channel::bounded(SUBSCRIBER_QUEUE);
@@ -185,6 +215,27 @@ impl ControlPlane {
                 }
                 Err(TrySendError::Disconnected(_)) => false,
             });
+        }
+    }
+}
+
+/// Entries from several workers or pages, merged by key with their hits summed.
+#[derive(Default)]
+struct Gathered {
+    entries: Vec<Entry>,
+    at: HashMap<Vec<Match>, usize>,
+}
+
+impl Gathered {
+    fn add(&mut self, entries: Vec<Entry>) {
+        for e in entries {
+            match self.at.get(&e.key) {
+                Some(&i) => self.entries[i].hits += e.hits,
+                None => {
+                    self.at.insert(e.key.clone(), self.entries.len());
+                    self.entries.push(e);
+                }
+            }
         }
     }
 }
@@ -215,25 +266,19 @@ fn merge(
         Some(e) if ok.is_empty() || !(deletes_only || reads_one) => return Err(e),
         _ => {}
     }
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut at: HashMap<Vec<Match>, usize> = HashMap::new();
+    let mut entries = Gathered::default();
     let mut values: Vec<u128> = Vec::new();
     let mut counters: Vec<(&'static str, u64)> = Vec::new();
     let mut meters = None;
+    let mut next = None;
     for reply in ok {
         match reply {
             Reply::Done => {}
-            Reply::Entries(es) => {
-                for e in es {
-                    match at.get(&e.key) {
-                        Some(&i) => entries[i].hits += e.hits,
-                        None => {
-                            at.insert(e.key.clone(), entries.len());
-                            entries.push(e);
-                        }
-                    }
-                }
+            Reply::Page(es, n) => {
+                next = next.max(n);
+                entries.add(es);
             }
+            Reply::Entries(es) => entries.add(es),
             // Every worker holds the same settings: the first answer says them.
             Reply::Meters(ms) => {
                 meters.get_or_insert(ms);
@@ -255,7 +300,7 @@ fn merge(
         }
     }
     Ok(match request {
-        Request::Read { .. } => Reply::Entries(entries),
+        Request::Read { .. } => Reply::Page(entries.entries, next),
         Request::ReadRegister { .. } => Reply::Values(values),
         Request::Stats { .. } => Reply::Counters(counters),
         Request::ReadMeter { .. } => Reply::Meters(meters.unwrap_or_default()),

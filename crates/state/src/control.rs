@@ -196,10 +196,12 @@ pub enum Write {
 pub enum Request {
     /// Applies every write, in order, or none of them.
     Write { table: String, writes: Vec<Write> },
-    /// Every entry, or the one with this key.
+    /// The entry with this key, or a page of entries: those from position `from` (0 at
+    /// first, then the `next` of the page before) up to [`READ_PAGE`] positions on.
     Read {
         table: String,
         key: Option<Vec<Match>>,
+        from: usize,
     },
     /// `count` values from `first`.
     ReadRegister {
@@ -252,6 +254,8 @@ pub enum Reply {
     #[default]
     Done,
     Entries(Vec<Entry>),
+    /// A page of a read, and where the next page starts (`None`: this was the last).
+    Page(Vec<Entry>, Option<usize>),
     Values(Vec<u128>),
     Counters(Vec<(&'static str, u64)>),
     Meters(Vec<MeterConfig>),
@@ -548,6 +552,22 @@ fn check_key(fields: &[Field], key: &[Match]) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// Positions a read covers per page (table slots for exact tables, entries for others):
+/// bounds what a worker does between two bursts to answer a read, whatever the table's
+/// size.
+pub const READ_PAGE: usize = 8192;
+
+/// The page of `items` (in a stable order) a read from position `from` covers.
+pub fn page<T>(
+    items: impl Iterator<Item = T>,
+    from: usize,
+    total: usize,
+) -> (Vec<T>, Option<usize>) {
+    let end = from.saturating_add(READ_PAGE);
+    let items = items.skip(from).take(READ_PAGE).collect();
+    (items, (end < total).then_some(end))
+}
+
 /// How a program's exact table turns keys and values into entries and back.
 pub trait ExactCodec {
     type Key: TableKey;
@@ -673,27 +693,33 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                 }
                 Ok(Reply::Done)
             }
-            Request::Read { key, .. } => {
-                let wanted = key.as_deref().map(C::key);
+            Request::Read { key, from, .. } => {
+                let entry = |k: &C::Key, v: &C::Value, hits| {
+                    let (a, params) = C::action(v);
+                    Entry {
+                        key: C::fields(k),
+                        action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
+                        params,
+                        priority: 0,
+                        hits,
+                    }
+                };
+                if let Some(key) = key {
+                    let k = C::key(key);
+                    let id = self.table.find_id(&k).ok_or_else(|| self.no_such_entry())?;
+                    let found = entry(&k, self.table.value(id), self.table.hits(id));
+                    return Ok(Reply::Page(vec![found], None));
+                }
                 let entries = self
                     .table
-                    .iter()
-                    .filter(|(k, _, _)| wanted.is_none_or(|w| w == **k))
-                    .map(|(k, v, hits)| {
-                        let (a, params) = C::action(v);
-                        Entry {
-                            key: C::fields(k),
-                            action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
-                            params,
-                            priority: 0,
-                            hits,
-                        }
-                    })
-                    .collect::<Vec<_>>();
-                if key.is_some() && entries.is_empty() {
-                    return Err(self.no_such_entry());
-                }
-                Ok(Reply::Entries(entries))
+                    .iter_slots(*from, READ_PAGE)
+                    .map(|(k, v, hits)| entry(k, v, hits))
+                    .collect();
+                let end = from.saturating_add(READ_PAGE);
+                Ok(Reply::Page(
+                    entries,
+                    (end < self.table.slot_count()).then_some(end),
+                ))
             }
             Request::Stats { .. } => {
                 let s = &self.table.stats;

@@ -455,6 +455,24 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         self.notifications.drain(..)
     }
 
+    /// How many slots the table has (at least `capacity / 7 * 8`): the range of the
+    /// cursor [`ExactTable::iter_slots`] takes.
+    pub fn slot_count(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// The entries in slots `from..from + count` (a page of a control-plane read, so that
+    /// reading a big table never holds a worker for long): key, value, hits.
+    pub fn iter_slots(&self, from: usize, count: usize) -> impl Iterator<Item = (&K, &V, u64)> {
+        let end = from.saturating_add(count).min(self.meta.len());
+        let from = from.min(end);
+        self.meta[from..end]
+            .iter()
+            .zip(self.slots[from..end].iter())
+            .filter(|(m, _)| **m != 0)
+            .map(|(_, s)| (&s.key, &s.value, s.hits))
+    }
+
     /// Every entry (control-plane reads): key, value, hits.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V, u64)> {
         self.meta

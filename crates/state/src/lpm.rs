@@ -147,8 +147,9 @@ impl<A: Addr, V: Copy> Prefixes<A, V> {
         Ok(slot + 1)
     }
 
-    fn contains(&self, a: A, len: u8) -> bool {
-        len <= A::BITS && self.slots.contains_key(&(a.masked(len), len))
+    fn get(&self, a: A, len: u8) -> Option<&V> {
+        let slot = self.slots.get(&(a.masked(len.min(A::BITS)), len))?;
+        Some(&self.values[*slot as usize])
     }
 
     fn iter(&self) -> impl Iterator<Item = (A, u8, &V)> {
@@ -244,9 +245,9 @@ impl<V: Copy> Lpm4<V> {
         self.prefixes.slots.len()
     }
 
-    /// Whether the table has exactly this prefix.
-    pub fn contains(&self, addr: Ipv4Addr, len: u8) -> bool {
-        self.prefixes.contains(u32::from(addr), len)
+    /// The value of exactly this prefix, if the table has it.
+    pub fn get(&self, addr: Ipv4Addr, len: u8) -> Option<&V> {
+        self.prefixes.get(u32::from(addr), len)
     }
 
     /// Every prefix (in no particular order) with its value.
@@ -418,8 +419,8 @@ impl<V: Copy> Lpm6<V> {
         self.prefixes.slots.len()
     }
 
-    pub fn contains(&self, addr: Ipv6Addr, len: u8) -> bool {
-        self.prefixes.contains(u128::from(addr), len)
+    pub fn get(&self, addr: Ipv6Addr, len: u8) -> Option<&V> {
+        self.prefixes.get(u128::from(addr), len)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (Ipv6Addr, u8, &V)> {
