@@ -9,9 +9,9 @@
 //!
 //! State: two LPM tables, `routes4` and `routes6` in the control API (read-centric: the
 //! data plane only reads them, shared by every worker). A route change from the control
-//! plane updates a copy of the newest tables on the control plane's thread (only the
-//! entries the prefix covers are rewritten) and each worker takes the copy between two
-//! bursts, so a lookup never waits for an update. Configuration: `routes`, a list of
+//! plane makes the next version of the tables on the control plane's thread, in the spare
+//! of a left-right pair (only the entries the prefix covers are rewritten), and each worker
+//! swaps to it between two bursts, so a lookup never waits for an update. Configuration: `routes`, a list of
 //! `{ prefix = "198.19.0.0/16", port = PORT, next_hop_mac = "02:..." }` (IPv4 or IPv6
 //! prefixes); `port_macs`, each port's own MAC (`{ PORT = "02:..." }`; default
 //! 02:00:00:00:00:NN for port NN-1).
