@@ -25,7 +25,7 @@ use stateplane_runtime::{Context, ControlPlane, Prepared, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, Entry, ExactCodec, ExactTable, ExpireProfile,
-    Guarantee, Kind, Match, Notification, NotificationKind, Reply, Request, Write,
+    Guarantee, Kind, Match, Notification, Reply, Request, Write,
 };
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -328,18 +328,8 @@ impl DigestLearner {
                 true
             }
             None => {
-                self.table.notify(Notification {
-                    table: String::new(),
-                    kind: NotificationKind::Digest,
-                    entry: Entry {
-                        key: vec![Match::Exact(u128::from(key))],
-                        action: String::new(),
-                        params: Vec::new(),
-                        priority: 0,
-                        hits: 0,
-                    },
-                    at_ns: now_ns,
-                });
+                // The digest carries the key (the value is the controller's to choose).
+                self.table.digest(&key, &0, now_ns);
                 false
             }
         }

@@ -641,3 +641,35 @@ fn a_big_table_is_read_page_by_page_and_whole() {
     assert_eq!(one.version, read.version + 1, "a key is one request");
     assert!(matches!(one.reply, Reply::Entries(e) if e.len() == 1));
 }
+
+#[test]
+fn a_learning_switch_asked_for_digests_streams_each_station_it_learns() {
+    // Frames from a group address teach nothing until the stream is subscribed.
+    let mut quiet = frame_to_b();
+    quiet[6] = 1;
+    let sw = Switch::start("l2learn", "digests = true", quiet);
+    let stream = sw.plane.subscribe();
+    *sw.frame.lock().unwrap() = frame_to_b();
+    sw.verdicts();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got: Vec<Notification> = Vec::new();
+    while got.is_empty() && Instant::now() < deadline {
+        got.extend(stream.try_iter());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let n = got.first().expect("a digest within 10 s");
+    assert_eq!(
+        (n.table.as_str(), n.kind),
+        ("stations", NotificationKind::Digest)
+    );
+    assert_eq!(n.entry.key, [Match::Exact(0), Match::Exact(MAC_A)]);
+    assert_eq!(n.entry.params, [0], "learned on port 0");
+    // A station already known sends no second digest.
+    sw.verdicts();
+    std::thread::sleep(Duration::from_millis(20));
+    let more: Vec<Notification> = stream.try_iter().collect();
+    assert!(
+        got.len() + more.len() <= WORKERS,
+        "one digest per worker at most: {more:?}"
+    );
+}

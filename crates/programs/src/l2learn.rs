@@ -12,7 +12,9 @@
 //! (write-centric). With several workers each worker learns from the frames of the flows
 //! it owns; a destination another worker learned is flooded until this one sees it too.
 //! Configuration: `capacity` (stations per worker, default 65536), `ageing` (seconds,
-//! default 300, as IEEE 802.1D recommends). Counters: drops `same_port`, `table_full`
+//! default 300, as IEEE 802.1D recommends), `digests` (default false: when true, each
+//! station learned is also sent to the control plane as a digest). Counters: drops
+//! `same_port`, `table_full`
 //! (a station not learned; its frames still flood).
 
 use crate::l2::StationCodec;
@@ -31,6 +33,9 @@ pub struct L2LearnConfig {
     pub capacity: usize,
     #[serde(default = "default_ageing")]
     pub ageing: f64,
+    /// Send a digest of each station learned to the control plane (`ctl watch`).
+    #[serde(default)]
+    pub digests: bool,
 }
 
 fn default_capacity() -> usize {
@@ -46,6 +51,7 @@ const SAME_PORT: DropReason = DropReason::program(0);
 #[derive(Clone)]
 pub struct L2Learn {
     table: DeclaredTable<StationCodec>,
+    digests: bool,
     /// Stations not learned because the table was full.
     pub not_learned: u64,
 }
@@ -85,6 +91,7 @@ impl L2Learn {
                 ExactTable::new(cfg.capacity, &[ageing], seed),
                 StationCodec::declaration("stations", cfg.capacity, false),
             ),
+            digests: cfg.digests,
             not_learned: 0,
         })
     }
@@ -119,11 +126,11 @@ impl Program for L2Learn {
                         *self.table.value_mut(id) = d.in_port;
                         self.table.restart_timer(id, now);
                     }
-                    None => {
-                        if self.table.add_entry(key, d.in_port, 0, now).is_err() {
-                            self.not_learned += 1;
-                        }
-                    }
+                    None => match self.table.add_entry(key, d.in_port, 0, now) {
+                        Ok(_) if self.digests => self.table.digest(&key, &d.in_port, now),
+                        Ok(_) => {}
+                        Err(_) => self.not_learned += 1,
+                    },
                 }
             }
             let known = if dst[0] & 1 == 0 {

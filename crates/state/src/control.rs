@@ -627,6 +627,25 @@ impl<C: ExactCodec> DeclaredTable<C> {
         self.outbox.push(n);
     }
 
+    /// Queues a digest of an entry (e.g. one the data plane just added), for a control
+    /// plane that follows the table.
+    pub fn digest(&mut self, key: &C::Key, value: &C::Value, at_ns: u64) {
+        let Kind::Table { actions, .. } = &self.decl.kind else {
+            return;
+        };
+        if self.outbox.pending.len() >= self.outbox.limit {
+            self.outbox.dropped += 1;
+            return;
+        }
+        let entry = entry_of::<C>(actions, key, value, 0);
+        self.outbox.push(Notification {
+            table: self.decl.name.clone(),
+            kind: NotificationKind::Digest,
+            entry,
+            at_ns,
+        });
+    }
+
     /// Notifications lost because the outbox was full.
     pub fn notifications_dropped(&self) -> u64 {
         self.outbox.dropped
@@ -658,6 +677,18 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             decl: self.decl.clone(),
             outbox: self.outbox.clone(),
         }
+    }
+}
+
+/// An exact table's entry as the control plane sees it.
+fn entry_of<C: ExactCodec>(actions: &[Action], key: &C::Key, value: &C::Value, hits: u64) -> Entry {
+    let (a, params) = C::action(value);
+    Entry {
+        key: C::fields(key),
+        action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
+        params,
+        priority: 0,
+        hits,
     }
 }
 
@@ -694,16 +725,7 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                 Ok(Reply::Done)
             }
             Request::Read { key, from, .. } => {
-                let entry = |k: &C::Key, v: &C::Value, hits| {
-                    let (a, params) = C::action(v);
-                    Entry {
-                        key: C::fields(k),
-                        action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
-                        params,
-                        priority: 0,
-                        hits,
-                    }
-                };
+                let entry = |k: &C::Key, v: &C::Value, hits| entry_of::<C>(actions, k, v, hits);
                 if let Some(key) = key {
                     let k = C::key(key);
                     let id = self.table.find_id(&k).ok_or_else(|| self.no_such_entry())?;
@@ -883,14 +905,7 @@ impl Outbox {
                 self.dropped += 1;
                 continue;
             }
-            let (a, params) = C::action(&e.value);
-            let entry = Entry {
-                key: C::fields(&e.key),
-                action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
-                params,
-                priority: 0,
-                hits: e.hits,
-            };
+            let entry = entry_of::<C>(actions, &e.key, &e.value, e.hits);
             self.push(Notification {
                 table: decl.name.clone(),
                 kind: NotificationKind::IdleTimeout { deleted: e.deleted },
