@@ -1,0 +1,20 @@
+//! Multi-table rule pipelines in the OpenFlow style, and (to come) their microflow cache.
+//!
+//! Owns: the fields rules match on, taken once per packet ([`fields`]); rules with
+//! prioritized wildcard patterns, port ranges, cookies, timeouts and instructions
+//! ([`rule`]); their one-rule-per-line text format ([`text`]); and the reference walk
+//! through numbered tables ([`pipeline`]) that every faster classifier and the cache must
+//! agree with.
+//!
+//! Must never: read a clock, allocate on a cache hit, or give a packet processed after an
+//! update was acknowledged a result the new rule set would not give.
+
+pub mod fields;
+pub mod pipeline;
+pub mod rule;
+pub mod text;
+
+pub use fields::Fields;
+pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
+pub use rule::{Action, Pattern, Rule, SetField};
+pub use text::{RuleParseError, parse_rule};
