@@ -2,18 +2,21 @@
 //!
 //! Owns: the fields rules match on, taken once per packet ([`fields`]); rules with
 //! prioritized wildcard patterns, port ranges, cookies, timeouts and instructions
-//! ([`rule`]); their one-rule-per-line text format ([`text`]); and the reference walk
-//! through numbered tables ([`pipeline`]) that every faster classifier and the cache must
-//! agree with.
+//! ([`rule`]); their one-rule-per-line text format ([`text`]); the reference walk through
+//! numbered tables ([`pipeline`]) that every faster classifier and the cache must agree
+//! with; and the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways,
+//! signatures, pseudo-LRU).
 //!
 //! Must never: read a clock, allocate on a cache hit, or give a packet processed after an
 //! update was acknowledged a result the new rule set would not give.
 
+pub mod cache;
 pub mod fields;
 pub mod pipeline;
 pub mod rule;
 pub mod text;
 
+pub use cache::{CacheStats, MicroflowCache};
 pub use fields::Fields;
 pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
 pub use rule::{Action, Pattern, Rule, SetField};
