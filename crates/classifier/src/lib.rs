@@ -11,12 +11,14 @@
 //! update was acknowledged a result the new rule set would not give.
 
 pub mod cache;
+pub mod cached;
 pub mod fields;
 pub mod pipeline;
 pub mod rule;
 pub mod text;
 
 pub use cache::{CacheStats, MicroflowCache};
+pub use cached::{CachedPipeline, Consistency};
 pub use fields::Fields;
 pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
 pub use rule::{Action, Pattern, Rule, SetField};

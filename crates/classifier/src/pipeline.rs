@@ -65,7 +65,7 @@ impl fmt::Display for RuleError {
 impl std::error::Error for RuleError {}
 
 /// The outcome of a packet's walk through the tables.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Outcome {
     /// The actions applied, in order (outputs among them).
     pub actions: Vec<Action>,
@@ -73,6 +73,17 @@ pub struct Outcome {
     pub rules: Vec<RuleId>,
     /// A table missed and sent the packet to the control plane.
     pub to_controller: bool,
+    /// The tables visited where no rule matched.
+    pub missed: Vec<u8>,
+}
+
+/// A goto must lead to a later table that exists.
+fn check_goto(from: u8, goto: Option<u8>, tables: usize) -> Result<(), RuleError> {
+    match goto {
+        Some(to) if to <= from => Err(RuleError::GotoBackwards { from, to }),
+        Some(to) if usize::from(to) >= tables => Err(RuleError::NoSuchTable { table: to, tables }),
+        _ => Ok(()),
+    }
 }
 
 /// A pipeline of tables 0 to N-1.
@@ -109,20 +120,7 @@ impl RuleSet {
 
     /// Adds a rule; its handle.
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
-        if let Some(to) = rule.goto {
-            if to <= rule.table {
-                return Err(RuleError::GotoBackwards {
-                    from: rule.table,
-                    to,
-                });
-            }
-            if usize::from(to) >= self.tables.len() {
-                return Err(RuleError::NoSuchTable {
-                    table: to,
-                    tables: self.tables.len(),
-                });
-            }
-        }
+        check_goto(rule.table, rule.goto, self.tables.len())?;
         let id = RuleId(self.next_id);
         let table = self.table_mut(rule.table)?;
         let at = table
@@ -131,6 +129,29 @@ impl RuleSet {
         table.rules.insert(at, (id, rule));
         self.next_id += 1;
         Ok(id)
+    }
+
+    /// Replaces a rule's actions and goto, keeping its place; whether it was there.
+    pub fn modify(
+        &mut self,
+        id: RuleId,
+        actions: Vec<Action>,
+        goto: Option<u8>,
+    ) -> Result<bool, RuleError> {
+        let tables = self.tables.len();
+        let Some(rule) = self
+            .tables
+            .iter_mut()
+            .flat_map(|t| t.rules.iter_mut())
+            .find(|(r, _)| *r == id)
+            .map(|(_, rule)| rule)
+        else {
+            return Ok(false);
+        };
+        check_goto(rule.table, goto, tables)?;
+        rule.actions = actions;
+        rule.goto = goto;
+        Ok(true)
     }
 
     /// Removes a rule; whether it was there.
@@ -162,6 +183,7 @@ impl RuleSet {
         let mut t = 0usize;
         while let Some(table) = self.tables.get(t) {
             let Some((id, rule)) = table.rules.iter().find(|(_, r)| r.pattern.matches(&f)) else {
+                out.missed.push(t as u8);
                 match table.miss {
                     Miss::Drop => break,
                     Miss::Controller => {
