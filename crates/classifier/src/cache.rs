@@ -153,6 +153,13 @@ impl<V: Copy + Default> MicroflowCache<V> {
         self.stats.inserts += 1;
     }
 
+    /// Whether `key` is cached (counts nothing, touches nothing).
+    pub fn contains(&self, hash: u64, key: &Fields) -> bool {
+        let (set, sig) = self.place(hash);
+        let first = set * self.ways;
+        (first..first + self.ways).any(|i| self.signatures[i] == sig && self.keys[i] == *key)
+    }
+
     /// Forgets `key`; whether it was cached.
     pub fn remove(&mut self, hash: u64, key: &Fields) -> bool {
         let (set, sig) = self.place(hash);

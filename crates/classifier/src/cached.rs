@@ -1,5 +1,6 @@
-//! A rule pipeline with a microflow cache in front of it that is never stale (FlowShadow's
-//! `action` scheme, made correct for every kind of update).
+//! A rule pipeline with a microflow cache in front of it that is never stale: FlowShadow's
+//! three schemes (`action`, `cookie`, `strong`; see [`Consistency`]), each made correct for
+//! every kind of update.
 //!
 //! A cache entry holds a microflow's full key and a reference into the **Action Table**:
 //! the deduplicated outcomes of walks through the tables (actions, and the rule matched in
@@ -8,6 +9,10 @@
 //! a change invalidates the Action Table entries it can affect and gives them a newer
 //! stamp, and a cached microflow whose entry is invalid or newer than itself is dropped
 //! and resolved again by the tables.
+//!
+//! The other modes follow the same sources differently: `cookie` stamps each rule (and
+//! table miss) and checks the stamps of an entry's sources on every hit; `strong` lists the
+//! microflows cached through each source and removes them from the cache at the change.
 //!
 //! What a change can affect:
 //! * modifying or deleting a rule (a timeout too): the entries it contributed to;
@@ -33,6 +38,11 @@ pub enum Consistency {
     Off,
     /// Action Table entries with valid bits and stamps (see the module documentation).
     Action,
+    /// Every rule (and table miss) has a stamp; a hit checks those of its entry's sources.
+    Cookie,
+    /// Each rule (and table miss) lists the microflows cached through it; a change removes
+    /// them from the cache at once, and hits check nothing.
+    Strong,
 }
 
 /// What contributes to an outcome: a rule, or a table's miss.
@@ -46,6 +56,7 @@ struct ActionEntry {
     outcome: Outcome,
     valid: bool,
     stamp: u64,
+    sources: Vec<Source>,
 }
 
 /// A pipeline and its cache, for one worker.
@@ -56,6 +67,10 @@ pub struct CachedPipeline {
     actions: Vec<ActionEntry>,
     by_outcome: HashMap<Outcome, u32>,
     by_source: HashMap<Source, Vec<u32>>,
+    /// `Cookie`: when each source last changed.
+    source_stamps: HashMap<Source, u64>,
+    /// `Strong`: the microflows cached through each source (some since evicted).
+    source_flows: HashMap<Source, Vec<(u64, Fields)>>,
     clock: u64,
     /// Packets and bytes per rule, by `RuleId`.
     counters: Vec<(u64, u64)>,
@@ -76,6 +91,8 @@ impl CachedPipeline {
             actions: Vec::new(),
             by_outcome: HashMap::new(),
             by_source: HashMap::new(),
+            source_stamps: HashMap::new(),
+            source_flows: HashMap::new(),
             clock: 1,
             counters: Vec::new(),
         })
@@ -98,7 +115,7 @@ impl CachedPipeline {
     pub fn classify(&mut self, fields: &Fields, bytes: u32) -> Outcome {
         let outcome = match self.mode {
             Consistency::Off => self.rules.classify(fields),
-            Consistency::Action => self.cached(fields),
+            Consistency::Action | Consistency::Cookie | Consistency::Strong => self.cached(fields),
         };
         for r in &outcome.rules {
             let i = r.0 as usize;
@@ -115,7 +132,16 @@ impl CachedPipeline {
         let hash = self.cache.hash(fields);
         if let Some((at, stamp)) = self.cache.lookup(hash, fields) {
             let a = &self.actions[at as usize];
-            if a.valid && a.stamp <= stamp {
+            let fresh = match self.mode {
+                Consistency::Cookie => a.sources.iter().all(|s| {
+                    self.source_stamps
+                        .get(s)
+                        .is_none_or(|&changed| changed <= stamp)
+                }),
+                Consistency::Strong => true,
+                _ => a.valid && a.stamp <= stamp,
+            };
+            if fresh {
                 return a.outcome.clone();
             }
             self.cache.remove(hash, fields);
@@ -123,6 +149,9 @@ impl CachedPipeline {
         let outcome = self.rules.classify(fields);
         let at = self.action_entry(&outcome);
         self.cache.insert(hash, fields, (at, self.clock));
+        if self.mode == Consistency::Strong {
+            self.track(at, hash, fields);
+        }
         outcome
     }
 
@@ -148,14 +177,32 @@ impl CachedPipeline {
             outcome: outcome.clone(),
             valid: true,
             stamp: self.clock,
+            sources,
         });
         self.by_outcome.insert(outcome.clone(), at);
         at
     }
 
-    /// Invalidates the Action Table entries `source` contributes to.
+    /// `Strong`: notes a cached microflow under each of its entry's sources (a list that
+    /// outgrows the cache is trimmed to the microflows still cached).
+    fn track(&mut self, at: u32, hash: u64, fields: &Fields) {
+        let limit = 2 * self.cache.capacity();
+        for s in &self.actions[at as usize].sources {
+            let list = self.source_flows.entry(*s).or_default();
+            list.push((hash, *fields));
+            if list.len() > limit {
+                list.retain(|(h, f)| self.cache.contains(*h, f));
+            }
+        }
+    }
+
+    /// Invalidates what `source` contributes to, as the mode keeps track.
     fn invalidate(&mut self, source: Source) {
         self.clock += 1;
+        self.source_stamps.insert(source, self.clock);
+        for (h, f) in self.source_flows.remove(&source).unwrap_or_default() {
+            self.cache.remove(h, &f);
+        }
         if let Some(list) = self.by_source.get(&source) {
             for &at in list {
                 let a = &mut self.actions[at as usize];
@@ -214,6 +261,8 @@ impl CachedPipeline {
         self.actions.clear();
         self.by_outcome.clear();
         self.by_source.clear();
+        self.source_stamps.clear();
+        self.source_flows.clear();
         self.clock += 1;
     }
 }
@@ -339,12 +388,12 @@ mod tests {
     /// The differential tester: the same random updates applied to a cached pipeline and to
     /// the uncached reference, with packets in between; every packet's outcome, and every
     /// rule's counters at the end, must be the same.
-    fn differential(seed: u64, steps: usize, ways: usize) {
+    fn differential(seed: u64, steps: usize, ways: usize, mode: Consistency) {
         let mut rng = Rng(seed | 1);
         let mut base = RuleSet::new(usize::from(TABLES));
         base.set_miss(0, Miss::Continue).unwrap();
         let mut off = CachedPipeline::new(base.clone(), Consistency::Off, 16, 1, seed).unwrap();
-        let mut on = CachedPipeline::new(base, Consistency::Action, 64, ways, seed).unwrap();
+        let mut on = CachedPipeline::new(base, mode, 64, ways, seed).unwrap();
         let mut ids: Vec<RuleId> = Vec::new();
         for step in 0..steps {
             match rng.below(100) {
@@ -377,7 +426,7 @@ mod tests {
                 _ => {
                     let p = packet(&mut rng);
                     let (a, b) = (off.classify(&p, 60), on.classify(&p, 60));
-                    assert_eq!(a, b, "seed {seed}, step {step}, packet {p:?}");
+                    assert_eq!(a, b, "{mode:?}, seed {seed}, step {step}, packet {p:?}");
                 }
             }
         }
@@ -393,8 +442,19 @@ mod tests {
 
     #[test]
     fn the_cache_agrees_with_the_tables_under_every_kind_of_update() {
-        for seed in 0..40u64 {
-            differential(seed * 7919 + 3, 20_000, [1, 2, 4][(seed % 3) as usize]);
+        for mode in [
+            Consistency::Action,
+            Consistency::Cookie,
+            Consistency::Strong,
+        ] {
+            for seed in 0..40u64 {
+                differential(
+                    seed * 7919 + 3,
+                    20_000,
+                    [1, 2, 4][(seed % 3) as usize],
+                    mode,
+                );
+            }
         }
     }
 
