@@ -72,8 +72,20 @@ pub struct CachedPipeline {
     /// `Strong`: the microflows cached through each source (some since evicted).
     source_flows: HashMap<Source, Vec<(u64, Fields)>>,
     clock: u64,
-    /// Packets and bytes per rule, by `RuleId`.
-    counters: Vec<(u64, u64)>,
+    /// Per rule, by `RuleId`: its counters and times.
+    counters: Vec<RuleCounters>,
+    /// The latest time seen (packets, expiry), for rules added now.
+    now_ns: u64,
+    /// `Off`: the last outcome, so that `classify` can hand out a reference either way.
+    uncached: Outcome,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RuleCounters {
+    packets: u64,
+    bytes: u64,
+    added_ns: u64,
+    last_hit_ns: u64,
 }
 
 impl CachedPipeline {
@@ -95,6 +107,8 @@ impl CachedPipeline {
             source_flows: HashMap::new(),
             clock: 1,
             counters: Vec::new(),
+            now_ns: 0,
+            uncached: Outcome::default(),
         })
     }
 
@@ -108,27 +122,71 @@ impl CachedPipeline {
 
     /// The packets and bytes a rule has matched.
     pub fn counters(&self, id: RuleId) -> (u64, u64) {
-        self.counters.get(id.0 as usize).copied().unwrap_or((0, 0))
+        let c = self
+            .counters
+            .get(id.0 as usize)
+            .copied()
+            .unwrap_or_default();
+        (c.packets, c.bytes)
     }
 
-    /// Classifies one packet of `bytes` bytes, counting it on the rules it matched.
-    pub fn classify(&mut self, fields: &Fields, bytes: u32) -> Outcome {
+    /// Removes the rules whose idle or hard timeout has run out by `now_ns`, as deletes;
+    /// their handles. (A rule's idle time counts from its last hit, or from when it was
+    /// added.)
+    pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
+        self.now_ns = self.now_ns.max(now_ns);
+        let now = self.now_ns;
+        let expired: Vec<RuleId> = self
+            .rules
+            .rules()
+            .filter(|(id, r)| {
+                let c = self
+                    .counters
+                    .get(id.0 as usize)
+                    .copied()
+                    .unwrap_or_default();
+                let idle_since = c.last_hit_ns.max(c.added_ns);
+                let s = 1_000_000_000u64;
+                (r.hard_timeout > 0 && now >= c.added_ns + u64::from(r.hard_timeout) * s)
+                    || (r.idle_timeout > 0 && now >= idle_since + u64::from(r.idle_timeout) * s)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        for &id in &expired {
+            self.remove(id);
+        }
+        expired
+    }
+
+    /// Classifies one packet of `bytes` bytes arriving at `now_ns`, counting it on the
+    /// rules it matched. A cache hit allocates nothing: the outcome is the Action Table's.
+    pub fn classify(&mut self, fields: &Fields, bytes: u32, now_ns: u64) -> &Outcome {
+        self.now_ns = self.now_ns.max(now_ns);
         let outcome = match self.mode {
-            Consistency::Off => self.rules.classify(fields),
-            Consistency::Action | Consistency::Cookie | Consistency::Strong => self.cached(fields),
+            Consistency::Off => {
+                self.uncached = self.rules.classify(fields);
+                &self.uncached
+            }
+            Consistency::Action | Consistency::Cookie | Consistency::Strong => {
+                let at = self.cached(fields);
+                &self.actions[at as usize].outcome
+            }
         };
         for r in &outcome.rules {
             let i = r.0 as usize;
             if self.counters.len() <= i {
-                self.counters.resize(i + 1, (0, 0));
+                self.counters.resize(i + 1, RuleCounters::default());
             }
-            self.counters[i].0 += 1;
-            self.counters[i].1 += u64::from(bytes);
+            let c = &mut self.counters[i];
+            c.packets += 1;
+            c.bytes += u64::from(bytes);
+            c.last_hit_ns = self.now_ns;
         }
         outcome
     }
 
-    fn cached(&mut self, fields: &Fields) -> Outcome {
+    /// The Action Table entry of `fields`: the cached one if it is fresh, else the tables'.
+    fn cached(&mut self, fields: &Fields) -> u32 {
         let hash = self.cache.hash(fields);
         if let Some((at, stamp)) = self.cache.lookup(hash, fields) {
             let a = &self.actions[at as usize];
@@ -142,7 +200,7 @@ impl CachedPipeline {
                 _ => a.valid && a.stamp <= stamp,
             };
             if fresh {
-                return a.outcome.clone();
+                return at;
             }
             self.cache.remove(hash, fields);
         }
@@ -152,7 +210,7 @@ impl CachedPipeline {
         if self.mode == Consistency::Strong {
             self.track(at, hash, fields);
         }
-        outcome
+        at
     }
 
     /// The Action Table entry of `outcome`, made (or made valid again) if need be.
@@ -224,6 +282,11 @@ impl CachedPipeline {
             .map(|(id, _)| id)
             .collect();
         let id = self.rules.insert(rule)?;
+        let i = id.0 as usize;
+        if self.counters.len() <= i {
+            self.counters.resize(i + 1, RuleCounters::default());
+        }
+        self.counters[i].added_ns = self.now_ns;
         for s in shadowed {
             self.invalidate(Source::Rule(s));
         }
@@ -370,10 +433,12 @@ mod tests {
             actions: actions(rng),
             goto: (table + 1 < TABLES && rng.below(2) == 0)
                 .then(|| table + 1 + rng.below(u64::from(TABLES - table - 1)) as u8),
-            idle_timeout: 0,
-            hard_timeout: 0,
+            idle_timeout: rng.pick(&[0u32, 0, 0, 2, 5]),
+            hard_timeout: rng.pick(&[0u32, 0, 0, 0, 8]),
         }
     }
+
+    const SECOND: u64 = 1_000_000_000;
 
     fn actions(rng: &mut Rng) -> Vec<Action> {
         (0..rng.below(3))
@@ -388,13 +453,16 @@ mod tests {
     /// The differential tester: the same random updates applied to a cached pipeline and to
     /// the uncached reference, with packets in between; every packet's outcome, and every
     /// rule's counters at the end, must be the same.
-    fn differential(seed: u64, steps: usize, ways: usize, mode: Consistency) {
+    /// Returns how many rules timed out.
+    fn differential(seed: u64, steps: usize, ways: usize, mode: Consistency) -> usize {
         let mut rng = Rng(seed | 1);
         let mut base = RuleSet::new(usize::from(TABLES));
         base.set_miss(0, Miss::Continue).unwrap();
         let mut off = CachedPipeline::new(base.clone(), Consistency::Off, 16, 1, seed).unwrap();
         let mut on = CachedPipeline::new(base, mode, 64, ways, seed).unwrap();
         let mut ids: Vec<RuleId> = Vec::new();
+        let mut now = 0u64;
+        let mut expired = 0;
         for step in 0..steps {
             match rng.below(100) {
                 0..=4 => {
@@ -423,10 +491,19 @@ mod tests {
                     let rules = off.rules().clone();
                     on.replace(rules);
                 }
+                10..=11 => {
+                    // Time passes; rules time out the same on both.
+                    now += rng.below(3) * SECOND;
+                    let (a, b) = (off.expire(now), on.expire(now));
+                    assert_eq!(a, b, "seed {seed}, step {step}: the same rules expire");
+                    ids.retain(|id| !a.contains(id));
+                    expired += a.len();
+                }
                 _ => {
                     let p = packet(&mut rng);
-                    let (a, b) = (off.classify(&p, 60), on.classify(&p, 60));
-                    assert_eq!(a, b, "{mode:?}, seed {seed}, step {step}, packet {p:?}");
+                    let a = off.classify(&p, 60, now).clone();
+                    let b = on.classify(&p, 60, now);
+                    assert_eq!(&a, b, "{mode:?}, seed {seed}, step {step}, packet {p:?}");
                 }
             }
         }
@@ -438,6 +515,7 @@ mod tests {
             );
         }
         assert!(on.cache_stats().hits > 0, "seed {seed}: the cache was used");
+        expired
     }
 
     #[test]
@@ -470,18 +548,18 @@ mod tests {
             ip_dst: mapped(0xc613_0505),
             ..Fields::default()
         };
-        assert_eq!(p.classify(&f, 60).actions, [Action::Output(1)]);
-        assert_eq!(p.classify(&f, 60).actions, [Action::Output(1)]);
+        assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(1)]);
+        assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(1)]);
         assert_eq!(p.cache_stats().hits, 1);
         let high =
             crate::text::parse_rule("priority=9,ip,nw_dst=198.19.5.0/24,actions=output:2").unwrap();
         p.insert(high).unwrap();
-        assert_eq!(p.classify(&f, 60).actions, [Action::Output(2)]);
+        assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(2)]);
         // A rule that cannot overlap leaves the cached microflow alone.
         let hits = p.cache_stats().hits;
         let other = crate::text::parse_rule("priority=9,ipv6,actions=output:3").unwrap();
         p.insert(other).unwrap();
-        p.classify(&f, 60);
+        p.classify(&f, 60, 0);
         assert_eq!(p.cache_stats().hits, hits + 1);
     }
 }
