@@ -21,11 +21,11 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::CliResult;
-use stateplane_runtime::{Context, ControlPlane, Prepared, Program};
+use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, ExactTable, ExpireProfile,
-    Guarantee, Kind, Match, Notification, Reply, Request, Write,
+    Declaration, DeclaredTable, Entry, ExactCodec, ExactTable, ExpireProfile, Guarantee, Kind,
+    Match, Notification, Request, Write,
 };
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -339,22 +339,7 @@ impl DigestLearner {
 impl Program for DigestLearner {
     fn process(&mut self, _burst: &mut stateplane_runtime::Burst, _ctx: &mut Context) {}
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.table.take_notifications(out);
-    }
+    stateplane_programs::answer_by_table!(table);
 }
 
 /// What one pass of a digest phase measured.

@@ -29,11 +29,11 @@
 use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
-    Guarantee, Kind, Match, Notification, Reply, Request,
+    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
+    Match,
 };
 use stateplane_wire::FlowKey;
 use stateplane_wire::tcp::flags;
@@ -394,22 +394,7 @@ impl Program for Conntrack {
         &["no_mapping", "invalid", "table_full"]
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.table.take_notifications(out);
-    }
+    crate::answer_by_table!(table);
 }
 
 #[cfg(test)]

@@ -10,11 +10,10 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
-    Kind, Match, Reply, Request,
+    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee, Kind, Match,
 };
 use stateplane_wire::MacAddr;
 
@@ -196,18 +195,7 @@ impl Program for L2 {
         &["unknown_destination", "same_port"]
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.table.answer(request, ctx.now_ns)
-    }
+    crate::answer_by_table!(table);
 }
 
 #[cfg(test)]

@@ -20,11 +20,8 @@
 use crate::l2::StationCodec;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
-use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactTable, ExpireMode, ExpireProfile, Notification,
-    Reply, Request,
-};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -158,22 +155,7 @@ impl Program for L2Learn {
         &["same_port"]
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.table.take_notifications(out);
-    }
+    crate::answer_by_table!(table);
 }
 
 #[cfg(test)]

@@ -27,6 +27,37 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+/// Writes the `Program` methods of a program whose control-plane state is one
+/// `DeclaredTable`, in field `$table`: its declaration, the answers to requests about it,
+/// and its notifications. Used inside `impl Program for ...`.
+#[macro_export]
+macro_rules! answer_by_table {
+    ($table:ident) => {
+        fn declarations(&self) -> Vec<$crate::macro_support::Declaration> {
+            vec![self.$table.declaration().clone()]
+        }
+
+        fn control(
+            &mut self,
+            request: &$crate::macro_support::Request,
+            _prepared: Option<&$crate::macro_support::Prepared>,
+            ctx: &$crate::macro_support::Context,
+        ) -> Result<$crate::macro_support::Reply, $crate::macro_support::ControlError> {
+            self.$table.answer(request, ctx.now_ns)
+        }
+
+        fn notifications(&mut self, out: &mut Vec<$crate::macro_support::Notification>) {
+            self.$table.take_notifications(out);
+        }
+    };
+}
+
+#[doc(hidden)]
+pub mod macro_support {
+    pub use stateplane_runtime::{Context, Prepared};
+    pub use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+}
+
 /// Table slots an expiry sweep looks at per `poll` (about once a millisecond on idle live
 /// ports): a million-slot table is swept in about four seconds with no traffic at all.
 pub(crate) const IDLE_SWEEP: usize = 256;
