@@ -501,7 +501,12 @@ mod tests {
                 }
                 _ => {
                     let p = packet(&mut rng);
+                    let reference = off.rules().classify_linear(&p);
                     let a = off.classify(&p, 60, now).clone();
+                    assert_eq!(
+                        a, reference,
+                        "tuple search, seed {seed}, step {step}, {p:?}"
+                    );
                     let b = on.classify(&p, 60, now);
                     assert_eq!(&a, b, "{mode:?}, seed {seed}, step {step}, packet {p:?}");
                 }

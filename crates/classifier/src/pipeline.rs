@@ -2,11 +2,13 @@
 //! applies its actions (which may change the fields later tables match on) and may go on to
 //! a later table; a table miss does what the table says.
 //!
-//! This is the reference semantics: every table is scanned in priority order. The fast
-//! classifiers and the microflow cache are checked against it.
+//! Each table is searched by tuple-space search; `classify_linear` scans it in priority
+//! order instead, the reference semantics the search and the microflow cache are checked
+//! against.
 
 use crate::fields::Fields;
 use crate::rule::{Action, Rule};
+use std::collections::HashMap;
 use std::fmt;
 
 /// What a table does with a packet no rule matches.
@@ -28,6 +30,107 @@ struct Table {
     /// Highest priority first; among equals, the rule added first.
     rules: Vec<(RuleId, Rule)>,
     miss: Miss,
+    index: TupleIndex,
+}
+
+/// Tuple-space search over one table's rules: rules with the same field masks form a
+/// tuple, where one hash lookup of the packet's masked fields finds the rules that can
+/// match (ports, which are ranges, are checked on those). Tuples are visited highest
+/// priority first, and the search stops once no tuple left can beat the match found.
+#[derive(Debug, Clone, Default)]
+struct TupleIndex {
+    tuples: Vec<Tuple>,
+}
+
+#[derive(Debug, Clone)]
+struct Tuple {
+    mask: Fields,
+    /// The highest priority among its rules.
+    best: u16,
+    /// Masked fields -> positions in the table's rule list, in list order.
+    rules: HashMap<Fields, Vec<u32>>,
+}
+
+fn masked(f: &Fields, m: &Fields) -> Fields {
+    Fields {
+        in_port: f.in_port & m.in_port,
+        eth_src: f.eth_src & m.eth_src,
+        eth_dst: f.eth_dst & m.eth_dst,
+        vlan: f.vlan & m.vlan,
+        eth_type: f.eth_type & m.eth_type,
+        ip_src: f.ip_src & m.ip_src,
+        ip_dst: f.ip_dst & m.ip_dst,
+        ip_proto: f.ip_proto & m.ip_proto,
+        tcp_flags: f.tcp_flags & m.tcp_flags,
+        tp_src: 0,
+        tp_dst: 0,
+    }
+}
+
+impl TupleIndex {
+    fn build(rules: &[(RuleId, Rule)]) -> TupleIndex {
+        let mut tuples: Vec<Tuple> = Vec::new();
+        for (pos, (_, r)) in rules.iter().enumerate() {
+            let mask = r.pattern.mask;
+            let t = match tuples.iter().position(|t| t.mask == mask) {
+                Some(t) => t,
+                None => {
+                    tuples.push(Tuple {
+                        mask,
+                        best: 0,
+                        rules: HashMap::new(),
+                    });
+                    tuples.len() - 1
+                }
+            };
+            let t = &mut tuples[t];
+            t.best = t.best.max(r.priority);
+            t.rules
+                .entry(masked(&r.pattern.value, &mask))
+                .or_default()
+                .push(pos as u32);
+        }
+        tuples.sort_by_key(|t| std::cmp::Reverse(t.best));
+        TupleIndex { tuples }
+    }
+}
+
+impl Table {
+    /// The position of the rule matching `f`: the first in list order among matches.
+    fn lookup(&self, f: &Fields) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for t in &self.index.tuples {
+            if let Some(b) = best
+                && t.best < self.rules[b].1.priority
+            {
+                break; // no rule in this or a later tuple can win
+            }
+            let Some(list) = t.rules.get(&masked(f, &t.mask)) else {
+                continue;
+            };
+            // Lists are in list order: the first whose ports match is this tuple's winner.
+            let found = list.iter().map(|&p| p as usize).find(|&p| {
+                let pat = &self.rules[p].1.pattern;
+                (pat.tp_src.0..=pat.tp_src.1).contains(&f.tp_src)
+                    && (pat.tp_dst.0..=pat.tp_dst.1).contains(&f.tp_dst)
+            });
+            if let Some(p) = found
+                && best.is_none_or(|b| p < b)
+            {
+                best = Some(p);
+            }
+        }
+        best
+    }
+
+    /// The reference: the first rule in list order that matches.
+    fn lookup_linear(&self, f: &Fields) -> Option<usize> {
+        self.rules.iter().position(|(_, r)| r.pattern.matches(f))
+    }
+
+    fn reindex(&mut self) {
+        self.index = TupleIndex::build(&self.rules);
+    }
 }
 
 /// Why a rule was refused.
@@ -127,6 +230,7 @@ impl RuleSet {
             .rules
             .partition_point(|(_, r)| r.priority >= rule.priority);
         table.rules.insert(at, (id, rule));
+        table.reindex();
         self.next_id += 1;
         Ok(id)
     }
@@ -159,6 +263,7 @@ impl RuleSet {
         for t in &mut self.tables {
             if let Some(i) = t.rules.iter().position(|(r, _)| *r == id) {
                 t.rules.remove(i);
+                t.reindex();
                 return true;
             }
         }
@@ -176,13 +281,22 @@ impl RuleSet {
             .flat_map(|t| t.rules.iter().map(|(id, r)| (*id, r)))
     }
 
-    /// Walks the tables for a packet with these fields.
+    /// Walks the tables for a packet with these fields (tuple-space search in each).
     pub fn classify(&self, fields: &Fields) -> Outcome {
+        self.walk(fields, Table::lookup)
+    }
+
+    /// As [`RuleSet::classify`], scanning each table's rules in order: the reference.
+    pub fn classify_linear(&self, fields: &Fields) -> Outcome {
+        self.walk(fields, Table::lookup_linear)
+    }
+
+    fn walk(&self, fields: &Fields, find: impl Fn(&Table, &Fields) -> Option<usize>) -> Outcome {
         let mut f = *fields;
         let mut out = Outcome::default();
         let mut t = 0usize;
         while let Some(table) = self.tables.get(t) {
-            let Some((id, rule)) = table.rules.iter().find(|(_, r)| r.pattern.matches(&f)) else {
+            let Some((id, rule)) = find(table, &f).map(|p| &table.rules[p]) else {
                 out.missed.push(t as u8);
                 match table.miss {
                     Miss::Drop => break,
