@@ -7,6 +7,7 @@
 
 mod bench;
 mod bench_addonmiss;
+mod bench_cache;
 mod bench_tables;
 mod chart;
 mod config;
@@ -49,6 +50,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The add-on-miss insertion-latency experiment (phase 1 inserts, phase 2 mixes).
     BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
+    /// The microflow cache's hit rate against its size and ways on generated traces.
+    BenchCache(bench_cache::BenchCacheArgs),
     /// Operations per second per core on the state primitives (exact tables).
     BenchTables(bench_tables::BenchTablesArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),
         Command::BenchTables(args) => bench_tables::main(args),
+        Command::BenchCache(args) => bench_cache::main(args),
         Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Ctl(args) => ctl::main(args),
