@@ -56,6 +56,40 @@ fn key(i: u64) -> u64 {
     i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1_e995
 }
 
+/// The keys of the experiment's packets, both ways of learning alike: a new key for an
+/// inserting packet, else the next of a pseudo-random cycle over the `loaded` keys
+/// inserted before (an odd stride modulo a power of two).
+struct Keys {
+    loaded: u64,
+    span: u64,
+    cursor: u64,
+    next_new: u64,
+}
+
+impl Keys {
+    fn new(loaded: usize) -> Self {
+        Keys {
+            loaded: loaded as u64,
+            span: (loaded as u64).next_power_of_two(),
+            cursor: 0,
+            next_new: loaded as u64,
+        }
+    }
+
+    fn next(&mut self, new: bool) -> u64 {
+        if new {
+            self.next_new += 1;
+            return key(self.next_new - 1);
+        }
+        loop {
+            self.cursor = (self.cursor + 0x9e37_79b9) & (self.span - 1);
+            if self.cursor < self.loaded {
+                return key(self.cursor);
+            }
+        }
+    }
+}
+
 struct Percentiles {
     p50: f64,
     p99: f64,
@@ -144,24 +178,11 @@ pub fn main(a: AddOnMissArgs) -> CliResult<()> {
         let run = |timed: bool| -> (ExactTable<u64, u64>, Vec<u32>, Vec<u32>, f64) {
             let mut t2 = table.clone();
             let (mut lookups, mut inserts) = (Vec::new(), Vec::new());
-            let mut next_new = a.keys as u64;
-            // A pseudo-random cycle over the inserted keys (an odd stride mod a power of 2).
-            let span = (a.keys as u64).next_power_of_two();
-            let mut j = 0u64;
+            let mut keys = Keys::new(a.keys);
             let start = Instant::now();
             for p in 1..=a.packets {
                 let insert = p % n == 0;
-                let k = if insert {
-                    next_new += 1;
-                    key(next_new - 1)
-                } else {
-                    loop {
-                        j = (j + 0x9e37_79b9) & (span - 1);
-                        if j < a.keys as u64 {
-                            break key(j);
-                        }
-                    }
-                };
+                let k = keys.next(insert);
                 let t = timed.then(Instant::now);
                 match t2.lookup(&k) {
                     Some(id) => {
@@ -470,22 +491,11 @@ fn digest_pass(
     let (mut lookups, mut misses) = (Vec::new(), Vec::new());
     let mut missed = 0u64;
     let packets = every.map_or(a.keys, |_| a.packets);
-    let (mut next_new, mut j) = (loaded as u64, 0u64);
-    let span = (a.keys as u64).next_power_of_two();
+    let mut keys = Keys::new(a.keys);
+    keys.next_new = loaded as u64;
     let start = now_ns();
     for p in 1..=packets {
-        let insert = every.is_none_or(|n| p % n == 0);
-        let k = if insert {
-            next_new += 1;
-            key(next_new - 1)
-        } else {
-            loop {
-                j = (j + 0x9e37_79b9) & (span - 1);
-                if j < a.keys as u64 {
-                    break key(j);
-                }
-            }
-        };
+        let k = keys.next(every.is_none_or(|n| p % n == 0));
         // The digest's timestamp is for the latency measurement only: the untimed pass
         // does without the clock reading.
         let at = if clock.is_some() { now_ns() } else { 0 };

@@ -248,12 +248,7 @@ mod tests {
     use stateplane_state::control::Action;
 
     fn table() -> Declaration {
-        let f = |name: &str, bits, format, kind| Field {
-            name: name.into(),
-            bits,
-            format,
-            kind,
-        };
+        let f = Field::new;
         Declaration {
             name: "t".into(),
             capacity: 8,

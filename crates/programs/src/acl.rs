@@ -97,12 +97,7 @@ struct RulesUpdate {
 
 /// The rules table in the control API.
 fn rules_declaration(capacity: usize) -> Declaration {
-    let f = |name: &str, bits, format, kind| Field {
-        name: name.into(),
-        bits,
-        format,
-        kind,
-    };
+    let f = Field::new;
     Declaration {
         name: "rules".into(),
         capacity,

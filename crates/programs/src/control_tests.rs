@@ -246,6 +246,15 @@ fn a_refused_request_changes_nothing_and_says_why() {
         refused(write("macs", vec![Write::Delete(station(MAC_B, 0).key)])),
         ControlError::NoSuchEntry { .. }
     ));
+    let as_register = refused(Request::ReadRegister {
+        name: "macs".into(),
+        first: 0,
+        count: 1,
+    });
+    assert!(
+        as_register.to_string().contains("`macs`: it is a table"),
+        "{as_register}"
+    );
     let after = sw.read("macs");
     assert_eq!(before.len(), 1);
     let strip = |e: &[Entry]| {

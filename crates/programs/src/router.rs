@@ -82,12 +82,7 @@ fn route_table(name: &str, bits: u8, format: Format) -> Declaration {
         capacity: 1 << 24,
         guarantees: vec![Guarantee::Local],
         kind: Kind::Table {
-            key: vec![Field {
-                name: "dst".into(),
-                bits,
-                format,
-                kind: MatchKind::Lpm,
-            }],
+            key: vec![Field::new("dst", bits, format, MatchKind::Lpm)],
             actions: vec![Action {
                 name: "route".into(),
                 params: vec![

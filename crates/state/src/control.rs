@@ -100,13 +100,17 @@ pub struct Field {
 }
 
 impl Field {
-    pub fn exact(name: &str, bits: u8, format: Format) -> Field {
+    pub fn new(name: &str, bits: u8, format: Format, kind: MatchKind) -> Field {
         Field {
             name: name.to_string(),
             bits,
             format,
-            kind: MatchKind::Exact,
+            kind,
         }
+    }
+
+    pub fn exact(name: &str, bits: u8, format: Format) -> Field {
+        Field::new(name, bits, format, MatchKind::Exact)
     }
 
     fn max(&self) -> u128 {
@@ -460,11 +464,7 @@ impl Declaration {
                 }
                 self.check_range(*first, *count)
             }
-            (Kind::Table { .. }, _) => Err(ControlError::MatchKind {
-                field: format!("{} (a table, not a register)", self.name),
-                expected: MatchKind::Exact,
-            }),
-            (Kind::Register { .. } | Kind::Meters, _) => Err(ControlError::Invalid {
+            (_, _) => Err(ControlError::Invalid {
                 what: format!("`{}`", self.name),
                 why: format!("it is {}, and takes no such request", self.kind_name()),
             }),
