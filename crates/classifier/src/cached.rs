@@ -28,7 +28,7 @@
 use crate::cache::MicroflowCache;
 use crate::fields::Fields;
 use crate::pipeline::{Outcome, RuleError, RuleId, RuleSet};
-use crate::rule::{Pattern, Rule};
+use crate::rule::Rule;
 use std::collections::HashMap;
 
 /// How the cache is kept consistent.
@@ -272,15 +272,8 @@ impl CachedPipeline {
 
     /// Adds a rule; its handle. Cached microflows it may now catch are resolved again.
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
-        let (table, priority, pattern) = (rule.table, rule.priority, rule.pattern);
-        let shadowed: Vec<RuleId> = self
-            .rules
-            .rules()
-            .filter(|(_, r)| {
-                r.table == table && r.priority < priority && overlap(&r.pattern, &pattern)
-            })
-            .map(|(id, _)| id)
-            .collect();
+        let table = rule.table;
+        let shadowed = self.rules.overlapping_below(&rule);
         let id = self.rules.insert(rule)?;
         let i = id.0 as usize;
         if self.counters.len() <= i {
@@ -330,36 +323,13 @@ impl CachedPipeline {
     }
 }
 
-/// Whether some packet can match both patterns.
-pub fn overlap(a: &Pattern, b: &Pattern) -> bool {
-    let (av, am, bv, bm) = (&a.value, &a.mask, &b.value, &b.mask);
-    macro_rules! agree {
-        ($f:ident) => {
-            (av.$f ^ bv.$f) & am.$f & bm.$f == 0
-        };
-    }
-    agree!(in_port)
-        && agree!(eth_src)
-        && agree!(eth_dst)
-        && agree!(vlan)
-        && agree!(eth_type)
-        && agree!(ip_src)
-        && agree!(ip_dst)
-        && agree!(ip_proto)
-        && agree!(tcp_flags)
-        && a.tp_src.0 <= b.tp_src.1
-        && b.tp_src.0 <= a.tp_src.1
-        && a.tp_dst.0 <= b.tp_dst.1
-        && b.tp_dst.0 <= a.tp_dst.1
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::fields::mapped;
     use crate::pipeline::Miss;
-    use crate::rule::{Action, SetField};
+    use crate::rule::{Action, Pattern, SetField};
 
     /// A small generator (xorshift) so a failing seed can be replayed.
     struct Rng(u64);
@@ -467,6 +437,20 @@ mod tests {
             match rng.below(100) {
                 0..=4 => {
                     let r = rule(&mut rng);
+                    // The index finds exactly the lower-ranked overlapping rules.
+                    let mut found = off.rules().overlapping_below(&r);
+                    found.sort();
+                    let brute: Vec<RuleId> = (off.rules().rules())
+                        .filter(|(_, o)| {
+                            o.table == r.table
+                                && o.priority < r.priority
+                                && o.pattern.overlaps(&r.pattern)
+                        })
+                        .map(|(id, _)| id)
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    assert_eq!(found, brute, "seed {seed}, step {step}: overlaps");
                     let a = off.insert(r.clone());
                     let b = on.insert(r);
                     assert_eq!(a, b);

@@ -7,7 +7,7 @@
 //! against.
 
 use crate::fields::Fields;
-use crate::rule::{Action, Rule};
+use crate::rule::{Action, Pattern, Rule};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -25,30 +25,62 @@ pub enum Miss {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(pub u32);
 
+/// One table. Invariants: every rule of the table is in `order` and in exactly one
+/// tuple's bucket; `tuples` is sorted by `best`, highest first, and a tuple's `best` is at
+/// least the priority of each of its rules (it may be stale high after a remove, which
+/// only costs an early stop).
 #[derive(Debug, Clone, Default)]
 struct Table {
-    /// Highest priority first; among equals, the rule added first.
-    rules: Vec<(RuleId, Rule)>,
+    /// Every rule in rank order: the reference scan and iteration.
+    order: Vec<Rank>,
     miss: Miss,
-    index: TupleIndex,
+    tuples: Vec<Tuple>,
+}
+
+/// A rule's place in its table: higher priority first, among equals the older (smaller
+/// id, as ids are never reused) first. Sorting ranks ascending sorts rules best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    priority: std::cmp::Reverse<u16>,
+    id: RuleId,
+}
+
+impl Rank {
+    fn of(id: RuleId, rule: &Rule) -> Rank {
+        Rank {
+            priority: std::cmp::Reverse(rule.priority),
+            id,
+        }
+    }
 }
 
 /// Tuple-space search over one table's rules: rules with the same field masks form a
 /// tuple, where one hash lookup of the packet's masked fields finds the rules that can
 /// match (ports, which are ranges, are checked on those). Tuples are visited highest
 /// priority first, and the search stops once no tuple left can beat the match found.
-#[derive(Debug, Clone, Default)]
-struct TupleIndex {
-    tuples: Vec<Tuple>,
-}
-
+/// Inserts and removes touch one tuple, so updates cost the same at any table size.
 #[derive(Debug, Clone)]
 struct Tuple {
     mask: Fields,
-    /// The highest priority among its rules.
     best: u16,
-    /// Masked fields -> positions in the table's rule list, in list order.
-    rules: HashMap<Fields, Vec<u32>>,
+    len: usize,
+    /// Masked fields -> the rules with those values, in rank order.
+    buckets: HashMap<Fields, Vec<Candidate>, Fold>,
+}
+
+/// What a lookup checks on a rule of a bucket, kept inline so a search touches no rule.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    rank: Rank,
+    tp_src: (u16, u16),
+    tp_dst: (u16, u16),
+}
+
+impl Candidate {
+    fn ports_match(&self, f: &Fields) -> bool {
+        (self.tp_src.0..=self.tp_src.1).contains(&f.tp_src)
+            && (self.tp_dst.0..=self.tp_dst.1).contains(&f.tp_dst)
+    }
 }
 
 fn masked(f: &Fields, m: &Fields) -> Fields {
@@ -67,69 +99,185 @@ fn masked(f: &Fields, m: &Fields) -> Fields {
     }
 }
 
-impl TupleIndex {
-    fn build(rules: &[(RuleId, Rule)]) -> TupleIndex {
-        let mut tuples: Vec<Tuple> = Vec::new();
-        for (pos, (_, r)) in rules.iter().enumerate() {
-            let mask = r.pattern.mask;
-            let t = match tuples.iter().position(|t| t.mask == mask) {
-                Some(t) => t,
-                None => {
-                    tuples.push(Tuple {
-                        mask,
-                        best: 0,
-                        rules: HashMap::new(),
-                    });
-                    tuples.len() - 1
-                }
-            };
-            let t = &mut tuples[t];
-            t.best = t.best.max(r.priority);
-            t.rules
-                .entry(masked(&r.pattern.value, &mask))
-                .or_default()
-                .push(pos as u32);
-        }
-        tuples.sort_by_key(|t| std::cmp::Reverse(t.best));
-        TupleIndex { tuples }
-    }
+/// Whether every bit of `inner` is in `outer`.
+fn within(inner: &Fields, outer: &Fields) -> bool {
+    masked(inner, outer) == masked(inner, inner)
 }
 
 impl Table {
-    /// The position of the rule matching `f`: the first in list order among matches.
-    fn lookup(&self, f: &Fields) -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for t in &self.index.tuples {
+    fn add(&mut self, id: RuleId, rule: &Rule) {
+        let rank = Rank::of(id, rule);
+        let at = self.order.partition_point(|r| *r < rank);
+        self.order.insert(at, rank);
+        let mask = rule.pattern.mask;
+        let t = match self.tuples.iter().position(|t| t.mask == mask) {
+            Some(t) => t,
+            None => {
+                self.tuples.push(Tuple {
+                    mask,
+                    best: 0,
+                    len: 0,
+                    buckets: HashMap::default(),
+                });
+                self.tuples.len() - 1
+            }
+        };
+        let tuple = &mut self.tuples[t];
+        tuple.best = tuple.best.max(rule.priority);
+        tuple.len += 1;
+        let bucket = tuple
+            .buckets
+            .entry(masked(&rule.pattern.value, &mask))
+            .or_default();
+        let at = bucket.partition_point(|c| c.rank < rank);
+        bucket.insert(
+            at,
+            Candidate {
+                rank,
+                tp_src: rule.pattern.tp_src,
+                tp_dst: rule.pattern.tp_dst,
+            },
+        );
+        self.sort_tuples();
+    }
+
+    fn take(&mut self, id: RuleId, rule: &Rule) {
+        let rank = Rank::of(id, rule);
+        if let Ok(at) = self.order.binary_search(&rank) {
+            self.order.remove(at);
+        }
+        let mask = rule.pattern.mask;
+        let Some(t) = self.tuples.iter().position(|t| t.mask == mask) else {
+            return;
+        };
+        let tuple = &mut self.tuples[t];
+        let key = masked(&rule.pattern.value, &mask);
+        if let Some(bucket) = tuple.buckets.get_mut(&key) {
+            bucket.retain(|c| c.rank != rank);
+            if bucket.is_empty() {
+                tuple.buckets.remove(&key);
+            }
+        }
+        tuple.len -= 1;
+        if tuple.len == 0 {
+            self.tuples.remove(t);
+        }
+    }
+
+    fn sort_tuples(&mut self) {
+        // Stable and nearly sorted already: one new or raised tuple moves into place.
+        self.tuples.sort_by_key(|t| std::cmp::Reverse(t.best));
+    }
+
+    /// The rule matching `f`: the best ranked among matches.
+    fn lookup(&self, f: &Fields) -> Option<RuleId> {
+        let mut best: Option<Rank> = None;
+        for t in &self.tuples {
             if let Some(b) = best
-                && t.best < self.rules[b].1.priority
+                && t.best < b.priority.0
             {
                 break; // no rule in this or a later tuple can win
             }
-            let Some(list) = t.rules.get(&masked(f, &t.mask)) else {
+            let Some(bucket) = t.buckets.get(&masked(f, &t.mask)) else {
                 continue;
             };
-            // Lists are in list order: the first whose ports match is this tuple's winner.
-            let found = list.iter().map(|&p| p as usize).find(|&p| {
-                let pat = &self.rules[p].1.pattern;
-                (pat.tp_src.0..=pat.tp_src.1).contains(&f.tp_src)
-                    && (pat.tp_dst.0..=pat.tp_dst.1).contains(&f.tp_dst)
-            });
-            if let Some(p) = found
-                && best.is_none_or(|b| p < b)
+            // Buckets are in rank order: the first whose ports match is this tuple's best.
+            if let Some(c) = bucket.iter().find(|c| c.ports_match(f))
+                && best.is_none_or(|b| c.rank < b)
             {
-                best = Some(p);
+                best = Some(c.rank);
             }
         }
-        best
+        best.map(|b| b.id)
     }
 
-    /// The reference: the first rule in list order that matches.
-    fn lookup_linear(&self, f: &Fields) -> Option<usize> {
-        self.rules.iter().position(|(_, r)| r.pattern.matches(f))
+    /// The rules ranked below `rank` whose patterns overlap `pattern`. A tuple whose mask
+    /// lies within the pattern's holds at most one bucket that can overlap it, found by one
+    /// lookup (a shorter prefix under a longer one, say); other tuples are scanned.
+    fn overlapping_below(&self, rank: Rank, pattern: &Pattern) -> Vec<RuleId> {
+        let mut found = Vec::new();
+        let mut take = |bucket: &Vec<Candidate>| {
+            found.extend(
+                bucket
+                    .iter()
+                    .filter(|c| {
+                        c.rank > rank
+                            && c.tp_src.0 <= pattern.tp_src.1
+                            && pattern.tp_src.0 <= c.tp_src.1
+                            && c.tp_dst.0 <= pattern.tp_dst.1
+                            && pattern.tp_dst.0 <= c.tp_dst.1
+                    })
+                    .map(|c| c.rank.id),
+            )
+        };
+        for t in &self.tuples {
+            if within(&t.mask, &pattern.mask) {
+                if let Some(bucket) = t.buckets.get(&masked(&pattern.value, &t.mask)) {
+                    take(bucket);
+                }
+            } else {
+                let both = masked(&t.mask, &pattern.mask);
+                let want = masked(&pattern.value, &both);
+                for (value, bucket) in &t.buckets {
+                    if masked(value, &both) == want {
+                        take(bucket);
+                    }
+                }
+            }
+        }
+        found
     }
+}
 
-    fn reindex(&mut self) {
-        self.index = TupleIndex::build(&self.rules);
+/// The hasher of tuple buckets: [`Fields::hash`], which mixes the whole key in a few
+/// multiplies (SipHash would cost more than the rest of a lookup).
+#[derive(Debug, Clone, Copy, Default)]
+struct Fold;
+
+impl std::hash::BuildHasher for Fold {
+    type Hasher = FoldHasher;
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+/// Folds each word written into the state with a widening multiply.
+#[derive(Debug, Clone, Copy)]
+struct FoldHasher(u64);
+
+impl FoldHasher {
+    fn fold(&mut self, w: u64) {
+        let p = u128::from(self.0 ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
+        self.0 = (p as u64) ^ ((p >> 64) as u64);
+    }
+}
+
+impl std::hash::Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.fold(u64::from_le_bytes(w));
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.fold(u64::from(v));
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.fold(u64::from(v));
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.fold(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.fold(v);
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.fold(v as u64);
+        self.fold((v >> 64) as u64);
     }
 }
 
@@ -193,6 +341,7 @@ fn check_goto(from: u8, goto: Option<u8>, tables: usize) -> Result<(), RuleError
 #[derive(Debug, Clone)]
 pub struct RuleSet {
     tables: Vec<Table>,
+    rules: HashMap<RuleId, Rule, Fold>,
     next_id: u32,
 }
 
@@ -201,6 +350,7 @@ impl RuleSet {
     pub fn new(tables: usize) -> Self {
         RuleSet {
             tables: vec![Table::default(); tables.max(1)],
+            rules: HashMap::default(),
             next_id: 0,
         }
     }
@@ -209,9 +359,22 @@ impl RuleSet {
         self.tables.len()
     }
 
+    /// How many rules the tables hold.
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
     pub fn set_miss(&mut self, table: u8, miss: Miss) -> Result<(), RuleError> {
         self.table_mut(table)?.miss = miss;
         Ok(())
+    }
+
+    pub fn miss(&self, table: u8) -> Option<Miss> {
+        self.tables.get(usize::from(table)).map(|t| t.miss)
     }
 
     fn table_mut(&mut self, table: u8) -> Result<&mut Table, RuleError> {
@@ -221,16 +384,14 @@ impl RuleSet {
             .ok_or(RuleError::NoSuchTable { table, tables })
     }
 
-    /// Adds a rule; its handle.
+    /// Adds a rule; its handle. Costs the same at any table size (one tuple touched).
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
         check_goto(rule.table, rule.goto, self.tables.len())?;
         let id = RuleId(self.next_id);
-        let table = self.table_mut(rule.table)?;
-        let at = table
-            .rules
-            .partition_point(|(_, r)| r.priority >= rule.priority);
-        table.rules.insert(at, (id, rule));
-        table.reindex();
+        let mut rule = rule;
+        rule.pattern = rule.pattern.normalized();
+        self.table_mut(rule.table)?.add(id, &rule);
+        self.rules.insert(id, rule);
         self.next_id += 1;
         Ok(id)
     }
@@ -243,13 +404,7 @@ impl RuleSet {
         goto: Option<u8>,
     ) -> Result<bool, RuleError> {
         let tables = self.tables.len();
-        let Some(rule) = self
-            .tables
-            .iter_mut()
-            .flat_map(|t| t.rules.iter_mut())
-            .find(|(r, _)| *r == id)
-            .map(|(_, rule)| rule)
-        else {
+        let Some(rule) = self.rules.get_mut(&id) else {
             return Ok(false);
         };
         check_goto(rule.table, goto, tables)?;
@@ -260,25 +415,35 @@ impl RuleSet {
 
     /// Removes a rule; whether it was there.
     pub fn remove(&mut self, id: RuleId) -> bool {
-        for t in &mut self.tables {
-            if let Some(i) = t.rules.iter().position(|(r, _)| *r == id) {
-                t.rules.remove(i);
-                t.reindex();
-                return true;
-            }
+        let Some(rule) = self.rules.remove(&id) else {
+            return false;
+        };
+        if let Some(t) = self.tables.get_mut(usize::from(rule.table)) {
+            t.take(id, &rule);
         }
-        false
+        true
     }
 
     pub fn get(&self, id: RuleId) -> Option<&Rule> {
-        self.rules().find(|(r, _)| *r == id).map(|(_, rule)| rule)
+        self.rules.get(&id)
     }
 
-    /// Every rule, table by table, in priority order.
+    /// Every rule, table by table, in rank order.
     pub fn rules(&self) -> impl Iterator<Item = (RuleId, &Rule)> {
         self.tables
             .iter()
-            .flat_map(|t| t.rules.iter().map(|(id, r)| (*id, r)))
+            .flat_map(|t| t.order.iter())
+            .filter_map(|r| self.rules.get(&r.id).map(|rule| (r.id, rule)))
+    }
+
+    /// The rules of `rule`'s table ranked below it (as if it were inserted now) that some
+    /// packet could match as well as it: those whose microflows it may take over.
+    pub fn overlapping_below(&self, rule: &Rule) -> Vec<RuleId> {
+        let rank = Rank::of(RuleId(self.next_id), rule);
+        let pattern = rule.pattern.normalized();
+        self.tables
+            .get(usize::from(rule.table))
+            .map_or_else(Vec::new, |t| t.overlapping_below(rank, &pattern))
     }
 
     /// Walks the tables for a packet with these fields (tuple-space search in each).
@@ -288,15 +453,25 @@ impl RuleSet {
 
     /// As [`RuleSet::classify`], scanning each table's rules in order: the reference.
     pub fn classify_linear(&self, fields: &Fields) -> Outcome {
-        self.walk(fields, Table::lookup_linear)
+        self.walk(fields, |t, f| {
+            t.order
+                .iter()
+                .find(|r| {
+                    self.rules
+                        .get(&r.id)
+                        .is_some_and(|rule| rule.pattern.matches(f))
+                })
+                .map(|r| r.id)
+        })
     }
 
-    fn walk(&self, fields: &Fields, find: impl Fn(&Table, &Fields) -> Option<usize>) -> Outcome {
+    fn walk(&self, fields: &Fields, find: impl Fn(&Table, &Fields) -> Option<RuleId>) -> Outcome {
         let mut f = *fields;
         let mut out = Outcome::default();
         let mut t = 0usize;
         while let Some(table) = self.tables.get(t) {
-            let Some((id, rule)) = find(table, &f).map(|p| &table.rules[p]) else {
+            let Some((id, rule)) = find(table, &f).and_then(|id| self.rules.get_key_value(&id))
+            else {
                 out.missed.push(t as u8);
                 match table.miss {
                     Miss::Drop => break,

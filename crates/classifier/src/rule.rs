@@ -39,6 +39,30 @@ impl Pattern {
             && (self.tp_dst.0..=self.tp_dst.1).contains(&f.tp_dst)
     }
 
+    /// Whether some packet can match both patterns.
+    pub fn overlaps(&self, b: &Pattern) -> bool {
+        let a = self;
+        let (av, am, bv, bm) = (&a.value, &a.mask, &b.value, &b.mask);
+        macro_rules! agree {
+            ($f:ident) => {
+                (av.$f ^ bv.$f) & am.$f & bm.$f == 0
+            };
+        }
+        agree!(in_port)
+            && agree!(eth_src)
+            && agree!(eth_dst)
+            && agree!(vlan)
+            && agree!(eth_type)
+            && agree!(ip_src)
+            && agree!(ip_dst)
+            && agree!(ip_proto)
+            && agree!(tcp_flags)
+            && a.tp_src.0 <= b.tp_src.1
+            && b.tp_src.0 <= a.tp_src.1
+            && a.tp_dst.0 <= b.tp_dst.1
+            && b.tp_dst.0 <= a.tp_dst.1
+    }
+
     /// Keeps `value` within `mask` (bits outside a mask never matter).
     pub fn normalized(mut self) -> Pattern {
         let (v, m) = (&mut self.value, &self.mask);
