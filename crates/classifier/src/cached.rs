@@ -54,17 +54,27 @@ enum Source {
 
 struct ActionEntry {
     outcome: Outcome,
+    /// The counters of `outcome.rules`, in order: what a hit counts on.
+    slots: Vec<u32>,
     valid: bool,
+    /// When the entry was made, or last made valid again. A cached microflow older than
+    /// its entry is stale, in every mode: that is also what makes reusing a freed entry
+    /// safe.
     stamp: u64,
     sources: Vec<Source>,
 }
 
 /// A pipeline and its cache, for one worker.
+///
+/// Memory stays bounded under any update rate: the Action Table entries, counters and
+/// stamps of a removed rule are freed with it (its id is never seen again), and the slots
+/// are reused.
 pub struct CachedPipeline {
     rules: RuleSet,
     mode: Consistency,
     cache: MicroflowCache<(u32, u64)>,
     actions: Vec<ActionEntry>,
+    free_actions: Vec<u32>,
     by_outcome: HashMap<Outcome, u32>,
     by_source: HashMap<Source, Vec<u32>>,
     /// `Cookie`: when each source last changed.
@@ -72,8 +82,12 @@ pub struct CachedPipeline {
     /// `Strong`: the microflows cached through each source (some since evicted).
     source_flows: HashMap<Source, Vec<(u64, Fields)>>,
     clock: u64,
-    /// Per rule, by `RuleId`: its counters and times.
+    /// Each rule's counters and times, in a slot of its own.
     counters: Vec<RuleCounters>,
+    slot_of: HashMap<RuleId, u32>,
+    free_slots: Vec<u32>,
+    /// The rules with an idle or hard timeout: the only ones `expire` looks at.
+    timed: Vec<RuleId>,
     /// The latest time seen (packets, expiry), for rules added now.
     now_ns: u64,
     /// `Off`: the last outcome, so that `classify` can hand out a reference either way.
@@ -88,7 +102,11 @@ struct RuleCounters {
     last_hit_ns: u64,
 }
 
+const SECOND_NS: u64 = 1_000_000_000;
+
 impl CachedPipeline {
+    /// A pipeline over `rules` (with whatever counters they had reset) and a cache of
+    /// `entries` in sets of `ways`.
     pub fn new(
         rules: RuleSet,
         mode: Consistency,
@@ -96,62 +114,77 @@ impl CachedPipeline {
         ways: usize,
         seed: u64,
     ) -> Result<Self, crate::cache::CacheSizeError> {
-        Ok(CachedPipeline {
-            rules,
+        let mut p = CachedPipeline {
+            rules: RuleSet::new(1),
             mode,
             cache: MicroflowCache::new(entries, ways, seed)?,
             actions: Vec::new(),
+            free_actions: Vec::new(),
             by_outcome: HashMap::new(),
             by_source: HashMap::new(),
             source_stamps: HashMap::new(),
             source_flows: HashMap::new(),
             clock: 1,
             counters: Vec::new(),
+            slot_of: HashMap::new(),
+            free_slots: Vec::new(),
+            timed: Vec::new(),
             now_ns: 0,
             uncached: Outcome::default(),
-        })
+        };
+        p.replace(rules);
+        Ok(p)
     }
 
     pub fn rules(&self) -> &RuleSet {
         &self.rules
     }
 
+    pub fn mode(&self) -> Consistency {
+        self.mode
+    }
+
     pub fn cache_stats(&self) -> crate::cache::CacheStats {
         self.cache.stats
     }
 
+    /// How many Action Table entries are in use.
+    pub fn action_entries(&self) -> usize {
+        self.actions.len() - self.free_actions.len()
+    }
+
     /// The packets and bytes a rule has matched.
     pub fn counters(&self, id: RuleId) -> (u64, u64) {
-        let c = self
-            .counters
-            .get(id.0 as usize)
-            .copied()
-            .unwrap_or_default();
+        let c = self.rule_counters(id);
         (c.packets, c.bytes)
+    }
+
+    fn rule_counters(&self, id: RuleId) -> RuleCounters {
+        (self.slot_of.get(&id))
+            .and_then(|&s| self.counters.get(s as usize))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Removes the rules whose idle or hard timeout has run out by `now_ns`, as deletes;
     /// their handles. (A rule's idle time counts from its last hit, or from when it was
-    /// added.)
+    /// added.) Only rules with a timeout are looked at. Handles come oldest rule first.
     pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
         self.now_ns = self.now_ns.max(now_ns);
         let now = self.now_ns;
-        let expired: Vec<RuleId> = self
-            .rules
-            .rules()
-            .filter(|(id, r)| {
-                let c = self
-                    .counters
-                    .get(id.0 as usize)
-                    .copied()
-                    .unwrap_or_default();
+        let mut expired: Vec<RuleId> = (self.timed.iter().copied())
+            .filter(|&id| {
+                let Some(r) = self.rules.get(id) else {
+                    return false;
+                };
+                let c = self.rule_counters(id);
                 let idle_since = c.last_hit_ns.max(c.added_ns);
-                let s = 1_000_000_000u64;
-                (r.hard_timeout > 0 && now >= c.added_ns + u64::from(r.hard_timeout) * s)
-                    || (r.idle_timeout > 0 && now >= idle_since + u64::from(r.idle_timeout) * s)
+                (r.hard_timeout > 0 && now >= c.added_ns + u64::from(r.hard_timeout) * SECOND_NS)
+                    || (r.idle_timeout > 0
+                        && now >= idle_since + u64::from(r.idle_timeout) * SECOND_NS)
             })
-            .map(|(id, _)| id)
             .collect();
+        expired.sort_unstable();
         for &id in &expired {
             self.remove(id);
         }
@@ -162,27 +195,26 @@ impl CachedPipeline {
     /// rules it matched. A cache hit allocates nothing: the outcome is the Action Table's.
     pub fn classify(&mut self, fields: &Fields, bytes: u32, now_ns: u64) -> &Outcome {
         self.now_ns = self.now_ns.max(now_ns);
-        let outcome = match self.mode {
+        let now = self.now_ns;
+        match self.mode {
             Consistency::Off => {
                 self.uncached = self.rules.classify(fields);
+                for r in &self.uncached.rules {
+                    if let Some(&s) = self.slot_of.get(r) {
+                        count(&mut self.counters[s as usize], bytes, now);
+                    }
+                }
                 &self.uncached
             }
             Consistency::Action | Consistency::Cookie | Consistency::Strong => {
-                let at = self.cached(fields);
-                &self.actions[at as usize].outcome
+                let at = self.cached(fields) as usize;
+                let entry = &self.actions[at];
+                for &s in &entry.slots {
+                    count(&mut self.counters[s as usize], bytes, now);
+                }
+                &entry.outcome
             }
-        };
-        for r in &outcome.rules {
-            let i = r.0 as usize;
-            if self.counters.len() <= i {
-                self.counters.resize(i + 1, RuleCounters::default());
-            }
-            let c = &mut self.counters[i];
-            c.packets += 1;
-            c.bytes += u64::from(bytes);
-            c.last_hit_ns = self.now_ns;
         }
-        outcome
     }
 
     /// The Action Table entry of `fields`: the cached one if it is fresh, else the tables'.
@@ -190,15 +222,16 @@ impl CachedPipeline {
         let hash = self.cache.hash(fields);
         if let Some((at, stamp)) = self.cache.lookup(hash, fields) {
             let a = &self.actions[at as usize];
-            let fresh = match self.mode {
-                Consistency::Cookie => a.sources.iter().all(|s| {
-                    self.source_stamps
-                        .get(s)
-                        .is_none_or(|&changed| changed <= stamp)
-                }),
-                Consistency::Strong => true,
-                _ => a.valid && a.stamp <= stamp,
-            };
+            let fresh = a.stamp <= stamp
+                && match self.mode {
+                    Consistency::Cookie => a.sources.iter().all(|s| {
+                        self.source_stamps
+                            .get(s)
+                            .is_none_or(|&changed| changed <= stamp)
+                    }),
+                    Consistency::Strong => true,
+                    _ => a.valid,
+                };
             if fresh {
                 return at;
             }
@@ -223,20 +256,33 @@ impl CachedPipeline {
             }
             return at;
         }
-        let at = self.actions.len() as u32;
         // The tables the walk missed in (visited, no rule matched) are sources too.
         let sources: Vec<Source> = (outcome.rules.iter().map(|&r| Source::Rule(r)))
             .chain(outcome.missed.iter().map(|&t| Source::Miss(t)))
             .collect();
-        for s in &sources {
-            self.by_source.entry(*s).or_default().push(at);
-        }
-        self.actions.push(ActionEntry {
+        let slots = (outcome.rules.iter())
+            .filter_map(|r| self.slot_of.get(r).copied())
+            .collect();
+        let entry = ActionEntry {
             outcome: outcome.clone(),
+            slots,
             valid: true,
             stamp: self.clock,
             sources,
-        });
+        };
+        let at = match self.free_actions.pop() {
+            Some(at) => {
+                self.actions[at as usize] = entry;
+                at
+            }
+            None => {
+                self.actions.push(entry);
+                self.actions.len() as u32 - 1
+            }
+        };
+        for s in &self.actions[at as usize].sources {
+            self.by_source.entry(*s).or_default().push(at);
+        }
         self.by_outcome.insert(outcome.clone(), at);
         at
     }
@@ -257,29 +303,53 @@ impl CachedPipeline {
     /// Invalidates what `source` contributes to, as the mode keeps track.
     fn invalidate(&mut self, source: Source) {
         self.clock += 1;
-        self.source_stamps.insert(source, self.clock);
-        for (h, f) in self.source_flows.remove(&source).unwrap_or_default() {
-            self.cache.remove(h, &f);
-        }
-        if let Some(list) = self.by_source.get(&source) {
-            for &at in list {
-                let a = &mut self.actions[at as usize];
-                a.valid = false;
-                a.stamp = self.clock;
+        match self.mode {
+            Consistency::Off => {}
+            Consistency::Cookie => {
+                self.source_stamps.insert(source, self.clock);
             }
+            Consistency::Strong => {
+                for (h, f) in self.source_flows.remove(&source).unwrap_or_default() {
+                    self.cache.remove(h, &f);
+                }
+            }
+            Consistency::Action => {
+                for &at in self.by_source.get(&source).into_iter().flatten() {
+                    let a = &mut self.actions[at as usize];
+                    a.valid = false;
+                    a.stamp = self.clock;
+                }
+            }
+        }
+    }
+
+    /// Frees what a rule that is gone or changed contributed to: its Action Table entries
+    /// can never be the outcome of a walk again.
+    fn forget(&mut self, id: RuleId) {
+        let source = Source::Rule(id);
+        self.invalidate(source);
+        for at in self.by_source.remove(&source).unwrap_or_default() {
+            let entry = &mut self.actions[at as usize];
+            entry.valid = false;
+            entry.stamp = self.clock;
+            let sources = std::mem::take(&mut entry.sources);
+            self.by_outcome.remove(&entry.outcome);
+            for s in sources.iter().filter(|&&s| s != source) {
+                if let Some(list) = self.by_source.get_mut(s) {
+                    list.retain(|&a| a != at);
+                }
+            }
+            self.free_actions.push(at);
         }
     }
 
     /// Adds a rule; its handle. Cached microflows it may now catch are resolved again.
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
         let table = rule.table;
+        let timed = rule.idle_timeout > 0 || rule.hard_timeout > 0;
         let shadowed = self.rules.overlapping_below(&rule);
         let id = self.rules.insert(rule)?;
-        let i = id.0 as usize;
-        if self.counters.len() <= i {
-            self.counters.resize(i + 1, RuleCounters::default());
-        }
-        self.counters[i].added_ns = self.now_ns;
+        self.add_counters(id, timed);
         for s in shadowed {
             self.invalidate(Source::Rule(s));
         }
@@ -287,7 +357,29 @@ impl CachedPipeline {
         Ok(id)
     }
 
-    /// Replaces a rule's actions and goto (an OpenFlow modify); whether it was there.
+    fn add_counters(&mut self, id: RuleId, timed: bool) {
+        let fresh = RuleCounters {
+            added_ns: self.now_ns,
+            ..RuleCounters::default()
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.counters[s as usize] = fresh;
+                s
+            }
+            None => {
+                self.counters.push(fresh);
+                self.counters.len() as u32 - 1
+            }
+        };
+        self.slot_of.insert(id, slot);
+        if timed {
+            self.timed.push(id);
+        }
+    }
+
+    /// Replaces a rule's actions and goto (an OpenFlow modify), keeping its counters;
+    /// whether it was there.
     pub fn modify(
         &mut self,
         id: RuleId,
@@ -296,31 +388,64 @@ impl CachedPipeline {
     ) -> Result<bool, RuleError> {
         let changed = self.rules.modify(id, actions, goto)?;
         if changed {
-            self.invalidate(Source::Rule(id));
+            self.forget(id);
         }
         Ok(changed)
     }
 
     /// Removes a rule (a delete or a timeout); whether it was there.
     pub fn remove(&mut self, id: RuleId) -> bool {
-        let was = self.rules.remove(id);
-        if was {
-            self.invalidate(Source::Rule(id));
+        let Some(rule) = self.rules.get(id) else {
+            return false;
+        };
+        if rule.idle_timeout > 0 || rule.hard_timeout > 0 {
+            self.timed.retain(|&t| t != id);
         }
-        was
+        self.rules.remove(id);
+        self.forget(id);
+        self.source_stamps.remove(&Source::Rule(id));
+        if let Some(slot) = self.slot_of.remove(&id) {
+            self.free_slots.push(slot);
+        }
+        true
     }
 
-    /// Replaces every rule: the cache starts empty.
+    /// Replaces every rule: the cache starts empty. A rule that stays (the same id, as
+    /// when the new set was made from this one's) keeps its counters and times.
     pub fn replace(&mut self, rules: RuleSet) {
+        let kept: HashMap<RuleId, RuleCounters> = (rules.rules())
+            .map(|(id, _)| (id, self.rule_counters(id)))
+            .filter(|(id, _)| self.slot_of.contains_key(id))
+            .collect();
         self.rules = rules;
         self.cache.clear();
         self.actions.clear();
+        self.free_actions.clear();
         self.by_outcome.clear();
         self.by_source.clear();
         self.source_stamps.clear();
         self.source_flows.clear();
+        self.counters.clear();
+        self.slot_of.clear();
+        self.free_slots.clear();
+        self.timed.clear();
         self.clock += 1;
+        let ids: Vec<(RuleId, bool)> = (self.rules.rules())
+            .map(|(id, r)| (id, r.idle_timeout > 0 || r.hard_timeout > 0))
+            .collect();
+        for (id, timed) in ids {
+            self.add_counters(id, timed);
+            if let (Some(c), Some(&slot)) = (kept.get(&id), self.slot_of.get(&id)) {
+                self.counters[slot as usize] = *c;
+            }
+        }
     }
+}
+
+fn count(c: &mut RuleCounters, bytes: u32, now_ns: u64) {
+    c.packets += 1;
+    c.bytes += u64::from(bytes);
+    c.last_hit_ns = now_ns;
 }
 
 #[cfg(test)]
@@ -554,5 +679,48 @@ mod tests {
         p.insert(other).unwrap();
         p.classify(&f, 60, 0);
         assert_eq!(p.cache_stats().hits, hits + 1);
+    }
+
+    /// Churn leaves no garbage: the Action Table and the counters of removed and modified
+    /// rules are reused, so memory stays bounded at any update rate.
+    #[test]
+    fn rule_churn_reuses_action_entries_and_counters() {
+        for mode in [
+            Consistency::Action,
+            Consistency::Cookie,
+            Consistency::Strong,
+        ] {
+            let mut p = CachedPipeline::new(RuleSet::new(1), mode, 256, 2, 1).unwrap();
+            let base = crate::text::parse_rule("priority=1,actions=output:1").unwrap();
+            let base = p.insert(base).unwrap();
+            for i in 0..5_000u32 {
+                let line = format!(
+                    "priority=5,ip,nw_dst=198.19.{}.0/24,actions=output:2",
+                    i % 200
+                );
+                let id = p.insert(crate::text::parse_rule(&line).unwrap()).unwrap();
+                let f = Fields {
+                    eth_type: 0x0800,
+                    ip_dst: mapped(0xc613_0005 | (i % 200) << 8),
+                    ..Fields::default()
+                };
+                assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(2)]);
+                p.modify(id, vec![Action::Output(3)], None).unwrap();
+                assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(3)]);
+                assert!(p.remove(id));
+                assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(1)]);
+            }
+            assert!(
+                p.actions.len() <= 4,
+                "{mode:?}: {} entries",
+                p.actions.len()
+            );
+            assert!(
+                p.counters.len() <= 2,
+                "{mode:?}: {} counters",
+                p.counters.len()
+            );
+            assert_eq!(p.counters(base), (5_000, 300_000), "{mode:?}");
+        }
     }
 }
