@@ -24,7 +24,7 @@ use stateplane_state::{
     ControlError, Declaration, Entry, Guarantee, Kind, Lpm4, Lpm6, Match, Reply, Request, Write,
 };
 use stateplane_wire::MacAddr;
-use stateplane_wire::checksum;
+use stateplane_wire::{Parsed, edit};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -283,15 +283,9 @@ impl Router {
     }
 
     /// Routes one packet in place; its verdict.
-    fn route(
-        &self,
-        data: &mut [u8],
-        l3: usize,
-        ip_version: u8,
-        dst: &[u8; 16],
-        ttl: u8,
-    ) -> Verdict {
-        let hop = match ip_version {
+    fn route(&self, data: &mut [u8], parsed: &Parsed) -> Verdict {
+        let dst = &parsed.key.dst;
+        let hop = match parsed.key.ip_version {
             4 => {
                 let a = u32::from_be_bytes([dst[0], dst[1], dst[2], dst[3]]);
                 self.tables.v4.lookup(a)
@@ -301,19 +295,8 @@ impl Router {
         let Some(hop) = hop.copied() else {
             return Verdict::Drop(NO_ROUTE);
         };
-        if ttl <= 1 {
+        if edit::dec_ttl(data, parsed).is_err() {
             return Verdict::Drop(TTL_EXPIRED);
-        }
-        if ip_version == 4 {
-            // TTL is the high byte of the 16-bit word at offset 8; the checksum at 10.
-            let old = u16::from_be_bytes([data[l3 + 8], data[l3 + 9]]);
-            let new = old - 0x0100;
-            data[l3 + 8] = (new >> 8) as u8;
-            let stored = u16::from_be_bytes([data[l3 + 10], data[l3 + 11]]);
-            let c = checksum::update16(stored, old, new);
-            data[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
-        } else {
-            data[l3 + 7] = ttl - 1;
         }
         data[..6].copy_from_slice(&hop.mac);
         data[6..12].copy_from_slice(&self.port_macs[usize::from(hop.port)]);
@@ -330,7 +313,7 @@ impl Program for Router {
             d.verdict = if key.ip_version == 0 || l3 == 0 {
                 Verdict::ToControl(TO_CONTROL_NOT_ROUTED)
             } else {
-                self.route(p.data, l3, key.ip_version, &key.dst, d.parsed.ttl)
+                self.route(p.data, &d.parsed)
             };
         }
     }

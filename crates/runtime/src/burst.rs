@@ -12,6 +12,10 @@ pub const MAX_FRAME: usize = 65_535 + 14 + 8;
 /// Arena bytes reserved per packet slot: a burst of full-size Ethernet frames fits.
 pub const ARENA_BYTES_PER_SLOT: usize = 2048;
 
+/// Bytes left free before each packet, so that a program can add a header in place (one
+/// VLAN tag) without moving the packet: see [`Burst::grow_front`].
+pub const HEADROOM: usize = 4;
+
 /// Where one packet sits in its burst, and what is known of it.
 #[derive(Clone, Copy, Debug)]
 pub struct PacketDesc {
@@ -26,6 +30,8 @@ pub struct PacketDesc {
     /// Position of the packet in its input stream, for order-preserving output.
     pub seq: u64,
     pub in_port: u16,
+    /// Free bytes before `offset` that belong to this packet (set by the burst).
+    pub headroom: u8,
     /// Valid when `malformed` is `None`.
     pub parsed: Parsed,
     pub malformed: Option<Malformed>,
@@ -65,6 +71,7 @@ const EMPTY_DESC: PacketDesc = PacketDesc {
     ts_ns: 0,
     seq: 0,
     in_port: 0,
+    headroom: 0,
     parsed: Parsed::EMPTY,
     malformed: None,
     verdict: Verdict::Drop(DropReason::NO_VERDICT),
@@ -99,7 +106,7 @@ impl Burst {
 
     /// Whether another packet of `len` bytes can be pushed.
     pub fn has_room(&self, len: usize) -> bool {
-        self.count < self.slots.len() && self.used + len <= self.arena.len()
+        self.count < self.slots.len() && self.used + HEADROOM + len <= self.arena.len()
     }
 
     pub fn clear(&mut self) {
@@ -114,14 +121,15 @@ impl Burst {
         if !self.has_room(data.len()) {
             return None;
         }
-        let offset = self.used;
+        let offset = self.used + HEADROOM;
         self.arena[offset..offset + data.len()].copy_from_slice(data);
-        self.used += data.len();
+        self.used = offset + data.len();
         self.now_ns = self.now_ns.max(ts_ns);
         let slot = &mut self.slots[self.count];
         self.count += 1;
         slot.offset = offset as u32;
         slot.len = data.len() as u32;
+        slot.headroom = HEADROOM as u8;
         Some(slot)
     }
 
@@ -151,6 +159,7 @@ impl Burst {
         *slot = PacketDesc {
             offset: slot.offset,
             len: slot.len,
+            headroom: slot.headroom,
             ..desc
         };
         true
@@ -197,6 +206,41 @@ impl Burst {
     pub fn data(&self, i: usize) -> &[u8] {
         let d = &self.descs()[i];
         &self.arena[d.offset as usize..(d.offset + d.len) as usize]
+    }
+
+    /// Packet `i`'s descriptor and bytes, mutable.
+    pub fn packet_mut(&mut self, i: usize) -> PacketMut<'_> {
+        let desc = &mut self.slots[..self.count][i];
+        let data = &mut self.arena[desc.offset as usize..(desc.offset + desc.len) as usize];
+        PacketMut { desc, data }
+    }
+
+    /// Makes packet `i` start `n` bytes earlier, in its headroom; its bytes, the first `n`
+    /// of them for the caller to fill. `None` (and nothing changed) if its headroom is
+    /// smaller. The parse's offsets still describe the frame as it was.
+    pub fn grow_front(&mut self, i: usize, n: usize) -> Option<PacketMut<'_>> {
+        let desc = self.slots[..self.count].get_mut(i)?;
+        if usize::from(desc.headroom) < n {
+            return None;
+        }
+        desc.headroom -= n as u8;
+        desc.offset -= n as u32;
+        desc.len += n as u32;
+        Some(self.packet_mut(i))
+    }
+
+    /// Drops the first `n` bytes of packet `i` (they become headroom); whether it had them.
+    pub fn shrink_front(&mut self, i: usize, n: usize) -> bool {
+        let Some(desc) = self.slots[..self.count].get_mut(i) else {
+            return false;
+        };
+        if (desc.len as usize) < n || usize::from(desc.headroom) + n > usize::from(u8::MAX) {
+            return false;
+        }
+        desc.headroom += n as u8;
+        desc.offset += n as u32;
+        desc.len -= n as u32;
+        true
     }
 
     /// Each packet with its descriptor and its bytes, mutable, in order.
@@ -291,5 +335,24 @@ mod tests {
         }
         assert_eq!(b.data(3)[0], 103);
         assert_eq!(b.data(3)[1], 3);
+    }
+
+    #[test]
+    fn a_packet_grows_into_its_own_headroom_only() {
+        let mut b = Burst::with_capacity(2);
+        b.push(&[1u8; 20], 20, 0, 0, 0);
+        b.push(&[2u8; 20], 20, 0, 0, 1);
+        let p = b.grow_front(1, HEADROOM).unwrap();
+        p.data[..HEADROOM].fill(9);
+        assert!(b.grow_front(1, 1).is_none(), "its headroom is used up");
+        assert_eq!(b.data(0), &[1u8; 20], "the packet before is untouched");
+        assert_eq!(&b.data(1)[..HEADROOM + 1], &[9, 9, 9, 9, 2]);
+        assert!(b.shrink_front(1, HEADROOM));
+        assert_eq!(b.data(1), &[2u8; 20]);
+        assert!(
+            b.grow_front(1, HEADROOM).is_some(),
+            "shrinking gives it back"
+        );
+        assert!(!b.shrink_front(0, 21));
     }
 }

@@ -375,6 +375,7 @@ fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
         ts_ns: head.ts_ns,
         seq,
         in_port: head.port,
+        headroom: 0,
         parsed,
         malformed: None,
         verdict: Verdict::Drop(DropReason::NO_VERDICT),

@@ -14,6 +14,7 @@
 
 pub mod arp;
 pub mod checksum;
+pub mod edit;
 pub mod ethernet;
 pub mod flow;
 pub mod gtp;
