@@ -34,6 +34,7 @@ impl std::error::Error for CacheSizeError {}
 
 /// See the module documentation. `V` is what a hit returns (a reference into the Action
 /// Table, in the pipeline).
+#[derive(Clone)]
 pub struct MicroflowCache<V: Copy> {
     ways: usize,
     set_mask: usize,

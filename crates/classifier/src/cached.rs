@@ -52,6 +52,7 @@ enum Source {
     Miss(u8),
 }
 
+#[derive(Clone)]
 struct ActionEntry {
     outcome: Outcome,
     /// The counters of `outcome.rules`, in order: what a hit counts on.
@@ -69,6 +70,7 @@ struct ActionEntry {
 /// Memory stays bounded under any update rate: the Action Table entries, counters and
 /// stamps of a removed rule are freed with it (its id is never seen again), and the slots
 /// are reused.
+#[derive(Clone)]
 pub struct CachedPipeline {
     rules: RuleSet,
     mode: Consistency,

@@ -10,6 +10,7 @@
 //! Must never: read a clock, allocate on a cache hit, or give a packet processed after an
 //! update was acknowledged a result the new rule set would not give.
 
+pub mod apply;
 pub mod cache;
 pub mod cached;
 pub mod fields;
@@ -22,4 +23,4 @@ pub use cached::{CachedPipeline, Consistency};
 pub use fields::Fields;
 pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
 pub use rule::{Action, Pattern, Rule, SetField};
-pub use text::{RuleParseError, parse_rule};
+pub use text::{RuleParseError, format_rule, parse_rule};

@@ -326,6 +326,8 @@ pub struct Outcome {
     pub to_controller: bool,
     /// The tables visited where no rule matched.
     pub missed: Vec<u8>,
+    /// The walk ended on a table miss that drops (or ran past the last table).
+    pub dropped_by_miss: bool,
 }
 
 /// A goto must lead to a later table that exists.
@@ -474,13 +476,17 @@ impl RuleSet {
             else {
                 out.missed.push(t as u8);
                 match table.miss {
-                    Miss::Drop => break,
+                    Miss::Drop => {
+                        out.dropped_by_miss = true;
+                        break;
+                    }
                     Miss::Controller => {
                         out.to_controller = true;
                         break;
                     }
                     Miss::Continue => {
                         t += 1;
+                        out.dropped_by_miss = t == self.tables.len();
                         continue;
                     }
                 }

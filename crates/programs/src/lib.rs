@@ -14,6 +14,7 @@ mod control_tests;
 pub mod forward;
 pub mod l2;
 pub mod l2learn;
+pub mod pipeline;
 pub mod router;
 pub mod steer;
 #[cfg(test)]
@@ -77,6 +78,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "l2learn",
         "Ethernet learning switch: learns by add-on-miss, floods the unknown, ages out",
+    ),
+    (
+        "pipeline",
+        "OpenFlow-style tables of wildcard rules, with a microflow cache that is never stale",
     ),
     (
         "router",
@@ -178,7 +183,7 @@ where
 
 /// A random seed for a program's tables, per process, so crafted traffic cannot aim at a
 /// bucket.
-fn table_seed() -> u64 {
+pub(crate) fn table_seed() -> u64 {
     FlowHasher::random().hash(&FlowKey::EMPTY)
 }
 
@@ -204,6 +209,7 @@ pub fn build(
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),
         "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
+        "pipeline" => factory(table, f, |c| pipeline::Pipeline::new(c, ports, f)),
         "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),
         other => {
             let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();

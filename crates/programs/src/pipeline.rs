@@ -1,0 +1,427 @@
+//! `pipeline`: an OpenFlow-style switch. Numbered tables of prioritized wildcard rules
+//! (`stateplane-classifier`) decide each packet's actions; a microflow cache per worker
+//! remembers the outcome for each exact header combination, and is kept consistent with
+//! the rules under every kind of update (FlowShadow's schemes, made correct for inserts
+//! that overlap cached microflows, timeouts and replacements).
+//!
+//! Actions change the packet itself: set-field on MACs, IP addresses and ports (checksums
+//! updated incrementally), `dec_ttl`, VLAN push (in the burst's headroom), pop and
+//! rewrite, and the last `output` applied is where it goes. No output: dropped
+//! (`no_output`); a table miss that drops: `no_match`; a TTL at 1 before `dec_ttl`:
+//! `ttl_expired`; a set-field the packet has no field for (a port on ICMP, an IPv4 address
+//! on IPv6): `cannot_edit`. `controller` and a table miss set to `controller` hand the
+//! packet to the control plane.
+//!
+//! State: the rule set (read-centric; each worker holds a copy, changed between bursts by
+//! the control plane, all workers alike), each rule's packet and byte counters (per worker,
+//! summed on read), and the per-worker microflow cache and Action Table. Rules with idle or
+//! hard timeouts expire by the data-plane clock, checked once a second; an idle timeout
+//! counts this worker's packets.
+//!
+//! Configuration: `tables` (default 1), `rules` (rule lines) and/or `rules_file` (one rule
+//! per line, `#` comments) in the format of docs/cli.md, `miss` (per table from 0:
+//! "drop", "controller" or "continue"; tables not listed drop), `cache` ("action",
+//! "cookie", "strong" or "off"; default "action"), `cache_entries` (a power of two,
+//! default 65,536) and `cache_ways` (1, 2 or 4; default 1).
+
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_classifier::apply::{self, ApplyError, VlanChange};
+use stateplane_classifier::{CachedPipeline, Consistency, Fields, Miss, Rule, RuleSet, parse_rule};
+use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_wire::{ParseFlags, edit};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    #[serde(default = "one")]
+    pub tables: usize,
+    #[serde(default)]
+    pub rules: Vec<String>,
+    pub rules_file: Option<String>,
+    #[serde(default)]
+    pub miss: Vec<String>,
+    #[serde(default = "default_cache")]
+    pub cache: String,
+    #[serde(default = "default_entries")]
+    pub cache_entries: usize,
+    #[serde(default = "one")]
+    pub cache_ways: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn default_cache() -> String {
+    "action".into()
+}
+
+fn default_entries() -> usize {
+    1 << 16
+}
+
+/// Tables a pipeline may have: table numbers are bytes, and a walk visits each at most once.
+pub const MAX_TABLES: usize = 64;
+
+const NO_MATCH: DropReason = DropReason::program(0);
+const NO_OUTPUT: DropReason = DropReason::program(1);
+const TTL_EXPIRED: DropReason = DropReason::program(2);
+const CANNOT_EDIT: DropReason = DropReason::program(3);
+
+/// `ToControl` codes: a table miss set to `controller`, and a `controller` action.
+pub const TO_CONTROL_MISS: u16 = 1;
+pub const TO_CONTROL_ACTION: u16 = 2;
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+#[derive(Clone)]
+pub struct Pipeline {
+    flows: CachedPipeline,
+    /// When the next expiry check is due (data-plane clock).
+    next_expiry_ns: u64,
+}
+
+/// Reads a consistency mode by its configuration name.
+pub fn consistency(name: &str) -> Option<Consistency> {
+    Some(match name {
+        "off" => Consistency::Off,
+        "action" => Consistency::Action,
+        "cookie" => Consistency::Cookie,
+        "strong" => Consistency::Strong,
+        _ => return None,
+    })
+}
+
+/// Reads rule lines (blank lines and `#` comments skipped) into `rules`, checking each
+/// against the pipeline's tables and the switch's ports; an error names the line.
+pub fn load_rules<'a>(
+    rules: &mut RuleSet,
+    lines: impl IntoIterator<Item = &'a str>,
+    ports: usize,
+) -> Result<usize, String> {
+    let mut added = 0;
+    for (n, line) in lines.into_iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let rule = parse_rule(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        check_ports(&rule, ports).map_err(|e| format!("line {}: {e}", n + 1))?;
+        rules
+            .insert(rule)
+            .map_err(|e| format!("line {}: {e}", n + 1))?;
+        added += 1;
+    }
+    Ok(added)
+}
+
+/// A rule may only output to a port the switch has.
+pub fn check_ports(rule: &Rule, ports: usize) -> Result<(), String> {
+    for a in &rule.actions {
+        if let stateplane_classifier::Action::Output(p) = a
+            && usize::from(*p) >= ports
+        {
+            return Err(format!(
+                "output:{p}: there is no port {p}; the switch has ports 0 to {}",
+                ports.saturating_sub(1)
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Pipeline {
+    pub fn new(cfg: &PipelineConfig, ports: &PortNames, field: &str) -> Result<Self, ConfigError> {
+        if cfg.tables == 0 || cfg.tables > MAX_TABLES {
+            return Err(ConfigError::new(
+                format!("{field}.tables"),
+                format!("give 1 to {MAX_TABLES} tables"),
+            ));
+        }
+        let mut rules = RuleSet::new(cfg.tables);
+        for (t, miss) in cfg.miss.iter().enumerate() {
+            let m = match miss.as_str() {
+                "drop" => Miss::Drop,
+                "controller" => Miss::Controller,
+                "continue" => Miss::Continue,
+                other => {
+                    return Err(ConfigError::new(
+                        format!("{field}.miss[{t}]"),
+                        format!("'{other}' is not one of drop, controller, continue"),
+                    ));
+                }
+            };
+            rules
+                .set_miss(t as u8, m)
+                .map_err(|e| ConfigError::new(format!("{field}.miss[{t}]"), e.to_string()))?;
+        }
+        let n = ports.0.len();
+        load_rules(&mut rules, cfg.rules.iter().map(String::as_str), n)
+            .map_err(|e| ConfigError::new(format!("{field}.rules"), e))?;
+        if let Some(path) = &cfg.rules_file {
+            let file_field = format!("{field}.rules_file");
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::new(&file_field, format!("cannot read '{path}': {e}")))?;
+            load_rules(&mut rules, text.lines(), n)
+                .map_err(|e| ConfigError::new(&file_field, format!("{path}: {e}")))?;
+        }
+        let mode = consistency(&cfg.cache).ok_or_else(|| {
+            ConfigError::new(
+                format!("{field}.cache"),
+                format!("'{}' is not one of action, cookie, strong, off", cfg.cache),
+            )
+        })?;
+        Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
+            .map_err(|e| ConfigError::new(format!("{field}.cache_entries"), e))
+    }
+
+    /// A pipeline over `rules` with a cache of `entries` in sets of `ways` (benchmarks and
+    /// tests build it so).
+    pub fn with_rules(
+        rules: RuleSet,
+        mode: Consistency,
+        entries: usize,
+        ways: usize,
+    ) -> Result<Self, String> {
+        let flows = CachedPipeline::new(rules, mode, entries, ways, crate::table_seed())
+            .map_err(|e| e.to_string())?;
+        Ok(Pipeline {
+            flows,
+            next_expiry_ns: 0,
+        })
+    }
+
+    pub fn flows(&self) -> &CachedPipeline {
+        &self.flows
+    }
+
+    pub fn flows_mut(&mut self) -> &mut CachedPipeline {
+        &mut self.flows
+    }
+
+    fn expire_due(&mut self, now_ns: u64) {
+        if now_ns >= self.next_expiry_ns {
+            self.flows.expire(now_ns);
+            self.next_expiry_ns = now_ns + SECOND_NS;
+        }
+    }
+}
+
+impl Program for Pipeline {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.expire_due(ctx.now_ns);
+        for i in 0..burst.len() {
+            let p = burst.packet_mut(i);
+            let parsed = &p.desc.parsed;
+            let fields = Fields::of(parsed, p.data, p.desc.in_port);
+            let outcome = self.flows.classify(&fields, p.desc.len, ctx.now_ns);
+            let applied = apply::apply(p.data, parsed, &outcome.actions);
+            let tagged = parsed.flags.has(ParseFlags::VLAN);
+            let (to_controller, dropped_by_miss) = (outcome.to_controller, outcome.dropped_by_miss);
+            let verdict = match applied {
+                Err(ApplyError::TtlExpired) => Verdict::Drop(TTL_EXPIRED),
+                Err(ApplyError::CannotEdit(_)) => Verdict::Drop(CANNOT_EDIT),
+                Ok(a) => {
+                    let vlan_done = match a.vlan {
+                        VlanChange::Keep => true,
+                        VlanChange::Set(id) if tagged => edit::set_vlan_id(p.data, id).is_ok(),
+                        VlanChange::Set(id) => burst
+                            .grow_front(i, 4)
+                            .is_some_and(|g| edit::insert_vlan_tag(g.data, id).is_ok()),
+                        VlanChange::Pop => {
+                            edit::remove_vlan_tag(p.data).is_ok() && burst.shrink_front(i, 4)
+                        }
+                    };
+                    if !vlan_done {
+                        Verdict::Drop(CANNOT_EDIT)
+                    } else if to_controller {
+                        Verdict::ToControl(TO_CONTROL_MISS)
+                    } else if a.controller {
+                        Verdict::ToControl(TO_CONTROL_ACTION)
+                    } else if let Some(port) = a.output {
+                        Verdict::Forward(port)
+                    } else if dropped_by_miss {
+                        Verdict::Drop(NO_MATCH)
+                    } else {
+                        Verdict::Drop(NO_OUTPUT)
+                    }
+                }
+            };
+            burst.descs_mut()[i].verdict = verdict;
+        }
+    }
+
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.expire_due(ctx.now_ns);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &["no_match", "no_output", "ttl_expired", "cannot_edit"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::testutil::{hasher, run, udp_frame, verdicts};
+    use stateplane_wire::checksum::{pseudo_v4, pseudo_v6};
+    use stateplane_wire::ipv4::Ipv4Packet;
+    use stateplane_wire::udp::UdpPacket;
+
+    fn ports(n: usize) -> PortNames {
+        PortNames((0..n).map(|i| format!("p{i}")).collect())
+    }
+
+    fn config(toml_text: &str) -> Result<Pipeline, ConfigError> {
+        let cfg: PipelineConfig = toml::from_str(toml_text).unwrap();
+        Pipeline::new(&cfg, &ports(4), "program.pipeline")
+    }
+
+    /// Whether a frame's IPv4 header and UDP checksums verify from scratch.
+    fn checksums_valid(f: &[u8]) -> bool {
+        let p = stateplane_wire::parse(f, 0, &hasher()).unwrap();
+        let (l3, l4) = (usize::from(p.l3_offset), usize::from(p.l4_offset));
+        let udp = UdpPacket::new_checked(&f[l4..]).unwrap();
+        let len = (f.len() - l4) as u32;
+        if p.key.ip_version == 4 {
+            let ip = Ipv4Packet::new_checked(&f[l3..]).unwrap();
+            let pseudo = pseudo_v4(ip.src(), ip.dst(), 17, len as u16);
+            ip.verify_checksum() && udp.verify_checksum(pseudo)
+        } else {
+            let a = |at: usize| {
+                std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&f[at..at + 16]).unwrap())
+            };
+            udp.verify_checksum(pseudo_v6(a(l3 + 8), a(l3 + 24), 17, len))
+        }
+    }
+
+    const ACL_THEN_FIB: &str = r#"
+        tables = 2
+        miss = ["drop", "drop"]
+        rules = [
+            "table=0,priority=100,udp,tp_dst=22,actions=drop",
+            "table=0,priority=10,ip,actions=goto_table:1",
+            "table=0,priority=10,ipv6,actions=goto_table:1",
+            "table=1,priority=16,ip,nw_dst=198.19.0.0/16,actions=dec_ttl,mod_dl_dst:02:00:00:00:0b:01,output:1",
+            "table=1,priority=24,ip,nw_dst=198.19.7.0/24,actions=dec_ttl,mod_nw_dst:198.19.8.8,mod_tp_dst:5353,output:2",
+            "table=1,priority=32,ipv6,ipv6_dst=2001:2:1::/48,actions=dec_ttl,mod_vlan_vid:42,output:3",
+        ]
+    "#;
+
+    #[test]
+    fn an_acl_then_a_fib_forwards_and_rewrites_real_packets() {
+        for cache in ["off", "action", "cookie", "strong"] {
+            let mut p = config(&format!("cache = \"{cache}\"\n{ACL_THEN_FIB}")).unwrap();
+            let frames = [
+                udp_frame("198.19.1.1", 64),
+                udp_frame("198.19.7.7", 64),
+                udp_frame("2001:2:1::9", 64),
+                udp_frame("198.20.0.1", 64),
+                udp_frame("198.19.1.1", 1),
+            ];
+            // Twice, so that the second round comes from the cache.
+            for round in 0..2 {
+                let b = run(&mut p, &frames, 4);
+                assert_eq!(
+                    verdicts(&b),
+                    [
+                        Verdict::Forward(1),
+                        Verdict::Forward(2),
+                        Verdict::Forward(3),
+                        Verdict::Drop(NO_MATCH),
+                        Verdict::Drop(TTL_EXPIRED),
+                    ],
+                    "{cache}, round {round}"
+                );
+                let routed = stateplane_wire::parse(b.data(0), 0, &hasher()).unwrap();
+                assert_eq!(
+                    (routed.ttl, &b.data(0)[..6]),
+                    (63, &[2, 0, 0, 0, 0x0b, 1][..])
+                );
+                let nat = stateplane_wire::parse(b.data(1), 0, &hasher()).unwrap();
+                assert_eq!(
+                    (&nat.key.dst[..4], nat.key.dst_port),
+                    (&[198, 19, 8, 8][..], 5353)
+                );
+                let tagged = stateplane_wire::parse(b.data(2), 0, &hasher()).unwrap();
+                assert_eq!((tagged.key.vlan, tagged.ttl), (42, 63));
+                assert_eq!(b.data(2).len(), frames[2].len() + 4);
+                for i in 0..3 {
+                    assert!(
+                        checksums_valid(b.data(i)),
+                        "{cache}: packet {i}'s checksums"
+                    );
+                }
+            }
+            let counted: Vec<(u64, u64)> = (p.flows().rules().rules())
+                .map(|(id, _)| p.flows().counters(id))
+                .collect();
+            let packets: u64 = counted.iter().map(|c| c.0).sum();
+            // Per round, all 5 packets match in table 0 and 4 in table 1 (198.20.0.1 has no
+            // route; the TTL-expired one matched before its TTL was found at 1).
+            assert_eq!(packets, 2 * (5 + 4), "{cache}: {counted:?}");
+        }
+    }
+
+    #[test]
+    fn a_tag_is_popped_and_a_miss_can_go_to_the_controller() {
+        let mut p = config(
+            r#"
+            miss = ["controller"]
+            rules = ["dl_vlan=7,actions=strip_vlan,output:1"]
+            "#,
+        )
+        .unwrap();
+        let mut tagged = vec![0u8; 0];
+        let plain = udp_frame("198.19.1.1", 64);
+        tagged.extend(&plain[..12]);
+        tagged.extend([0x81, 0x00, 0x00, 0x07]);
+        tagged.extend(&plain[12..]);
+        let b = run(&mut p, &[tagged, plain.clone()], 4);
+        assert_eq!(
+            verdicts(&b),
+            [Verdict::Forward(1), Verdict::ToControl(TO_CONTROL_MISS)]
+        );
+        assert_eq!(b.data(0), &plain[..], "the tag is gone, the rest as it was");
+    }
+
+    #[test]
+    fn a_set_field_the_packet_lacks_drops_it_counted() {
+        let mut p = config(r#"rules = ["actions=mod_nw_dst:2001:db8::1,output:1"]"#).unwrap();
+        let b = run(&mut p, &[udp_frame("198.19.1.1", 64)], 4);
+        assert_eq!(verdicts(&b), [Verdict::Drop(CANNOT_EDIT)]);
+    }
+
+    #[test]
+    fn configuration_mistakes_name_the_field_and_the_line() {
+        let err = |text: &str| config(text).err().unwrap().to_string();
+        assert!(err(r#"miss = ["sometimes"]"#).contains("program.pipeline.miss[0]"));
+        assert!(err(r#"cache = "lru""#).contains("'lru' is not one of"));
+        assert!(err("tables = 0").contains("program.pipeline.tables"));
+        let bad_port = err(r#"rules = ["priority=1,actions=output:9"]"#);
+        assert!(
+            bad_port.contains("line 1") && bad_port.contains("no port 9"),
+            "{bad_port}"
+        );
+        let bad_goto = err(r#"rules = ["", "table=0,actions=goto_table:3"]"#);
+        assert!(
+            bad_goto.contains("line 2") && bad_goto.contains("table 3"),
+            "{bad_goto}"
+        );
+        let dir = std::env::temp_dir().join(format!("sp-rules-{}", std::process::id()));
+        std::fs::write(
+            &dir,
+            "# ACL\npriority=5,ip,actions=output:1\npriority=x,actions=drop\n",
+        )
+        .unwrap();
+        let file = err(&format!("rules_file = {:?}", dir.display().to_string()));
+        std::fs::remove_file(&dir).unwrap();
+        assert!(
+            file.contains("rules_file") && file.contains("line 3") && file.contains("priority=x"),
+            "{file}"
+        );
+        assert!(err(r#"rules_file = "/nonexistent/rules""#).contains("cannot read"));
+    }
+}
