@@ -386,9 +386,21 @@ impl RuleSet {
             .ok_or(RuleError::NoSuchTable { table, tables })
     }
 
+    /// Whether `insert` would take this rule (its table and goto exist and lead on).
+    pub fn check(&self, rule: &Rule) -> Result<(), RuleError> {
+        let tables = self.tables.len();
+        if usize::from(rule.table) >= tables {
+            return Err(RuleError::NoSuchTable {
+                table: rule.table,
+                tables,
+            });
+        }
+        check_goto(rule.table, rule.goto, tables)
+    }
+
     /// Adds a rule; its handle. Costs the same at any table size (one tuple touched).
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
-        check_goto(rule.table, rule.goto, self.tables.len())?;
+        self.check(&rule)?;
         let id = RuleId(self.next_id);
         let mut rule = rule;
         rule.pattern = rule.pattern.normalized();

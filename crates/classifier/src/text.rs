@@ -275,9 +275,26 @@ pub fn format_rule(rule: &Rule) -> String {
     if m.vlan != 0 {
         words.push(format!("dl_vlan={}", v.vlan));
     }
-    if m.eth_type != 0 {
-        words.push(format!("dl_type={:#06x}", v.eth_type));
+    // The shorthands the parser reads, where they say it all (as ovs-ofctl prints).
+    let proto = (m.ip_proto == u8::MAX).then_some(v.ip_proto);
+    let shorthand = match (m.eth_type == u16::MAX, v.eth_type, proto) {
+        (true, 0x0800, Some(6)) => Some(("tcp", true)),
+        (true, 0x0800, Some(17)) => Some(("udp", true)),
+        (true, 0x0800, Some(1)) => Some(("icmp", true)),
+        (true, 0x86dd, Some(6)) => Some(("tcp6", true)),
+        (true, 0x86dd, Some(17)) => Some(("udp6", true)),
+        (true, 0x86dd, Some(58)) => Some(("icmp6", true)),
+        (true, 0x0800, _) => Some(("ip", false)),
+        (true, 0x86dd, _) => Some(("ipv6", false)),
+        (true, 0x0806, _) => Some(("arp", false)),
+        _ => None,
+    };
+    match shorthand {
+        Some((word, _)) => words.push(word.into()),
+        None if m.eth_type != 0 => words.push(format!("dl_type={:#06x}", v.eth_type)),
+        None => {}
     }
+    let proto_said = shorthand.is_some_and(|(_, p)| p);
     for (side, value, mask) in [("src", v.ip_src, m.ip_src), ("dst", v.ip_dst, m.ip_dst)] {
         if mask == 0 {
             continue;
@@ -290,7 +307,7 @@ pub fn format_rule(rule: &Rule) -> String {
             words.push(format!("ipv6_{side}={}/{len}", Ipv6Addr::from(value)));
         }
     }
-    if m.ip_proto != 0 {
+    if m.ip_proto != 0 && !proto_said {
         words.push(format!("nw_proto={}", v.ip_proto));
     }
     for (name, (lo, hi)) in [

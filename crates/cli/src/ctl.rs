@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
 use stateplane_control::text;
 use stateplane_state::control::{Field, Format, Kind, MatchKind};
-use stateplane_state::{Declaration, MeterConfig, Write};
+use stateplane_state::{Declaration, FlowChange, FlowFilter, MeterConfig, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -73,6 +73,46 @@ pub enum CtlCommand {
     },
     /// The pipeline's counters, and a table's.
     Stats { table: Option<String> },
+    /// Add one rule of a rule pipeline (the `pipeline` program), in the rule format.
+    AddFlow {
+        /// The rule, e.g. table=0,priority=10,tcp,tp_dst=80,actions=output:1
+        rule: Vec<String>,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
+    /// Add the rules of a file (one per line, '#' comments), all or none.
+    AddFlows {
+        file: PathBuf,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
+    /// Give the rules that match FILTER (table=N,cookie=VALUE/MASK) these actions.
+    ModFlows {
+        filter: String,
+        /// The actions, as after actions= (e.g. mod_dl_dst:02:00:00:00:0b:01,output:2).
+        actions: String,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
+    /// Delete the rules that match FILTER (all of them when left out).
+    DelFlows {
+        filter: Option<String>,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
+    /// Print the rules that match FILTER with their packet and byte counters.
+    DumpFlows {
+        filter: Option<String>,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct FlowTarget {
+    /// The rule pipeline (default: the program's first).
+    #[arg(long)]
+    pub pipeline: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -171,6 +211,32 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             for c in &reply.table {
                 println!("{}.{} {}", table.as_deref().unwrap_or(""), c.name, c.value);
             }
+        }
+        CtlCommand::AddFlow { rule, target } => {
+            flows(&mut client, &target, FlowChange::Add(vec![rule.join(",")]))?
+        }
+        CtlCommand::AddFlows { file, target } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            // Comments and blank lines go too, so that errors give the file's line numbers.
+            let lines = text.lines().map(String::from).collect();
+            flows(&mut client, &target, FlowChange::Add(lines))?
+        }
+        CtlCommand::ModFlows {
+            filter,
+            actions,
+            target,
+        } => {
+            let filter = parse_flow_filter(&filter)?;
+            flows(&mut client, &target, FlowChange::Modify { filter, actions })?
+        }
+        CtlCommand::DelFlows { filter, target } => {
+            let filter = parse_flow_filter(filter.as_deref().unwrap_or(""))?;
+            flows(&mut client, &target, FlowChange::Delete(filter))?
+        }
+        CtlCommand::DumpFlows { filter, target } => {
+            let filter = parse_flow_filter(filter.as_deref().unwrap_or(""))?;
+            flows(&mut client, &target, FlowChange::Dump(filter))?
         }
     }
     Ok(())
@@ -354,7 +420,94 @@ fn describe(d: &Declaration) -> String {
             d.capacity,
             guarantees.join(",")
         ),
+        Kind::Rules { tables } => format!(
+            "rules {} tables={tables} capacity={} guarantees={}\n  written as rule text: ctl add-flow, mod-flows, del-flows, dump-flows",
+            d.name,
+            d.capacity,
+            guarantees.join(",")
+        ),
     }
+}
+
+/// Reads a flow filter: `table=N`, `cookie=VALUE` (all bits) or `cookie=VALUE/MASK`,
+/// separated by commas; empty: every rule.
+pub fn parse_flow_filter(text: &str) -> Result<FlowFilter, String> {
+    let mut f = FlowFilter::default();
+    let number = |word: &str, t: &str| -> Result<u64, String> {
+        match t.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16),
+            None => t.parse(),
+        }
+        .map_err(|_| format!("'{word}': '{t}' is not a number"))
+    };
+    for word in text.split([',', ' ']).filter(|w| !w.is_empty()) {
+        match word.split_once('=') {
+            Some(("table", t)) => {
+                f.table = Some(
+                    u8::try_from(number(word, t)?)
+                        .map_err(|_| format!("'{word}': tables are numbered 0 to 255"))?,
+                );
+            }
+            Some(("cookie", c)) => {
+                let (v, m) = c.split_once('/').unwrap_or((c, "0xffffffffffffffff"));
+                (f.cookie, f.cookie_mask) = (number(word, v)?, number(word, m)?);
+            }
+            _ => {
+                return Err(format!(
+                    "'{word}' is not a filter word: use table=N and cookie=VALUE[/MASK]"
+                ));
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// The rule pipeline a flow command is about: the one named, or the program's first.
+fn pipeline_name(client: &Client, target: &FlowTarget) -> Result<String, String> {
+    if let Some(name) = &target.pipeline {
+        return Ok(name.clone());
+    }
+    (client.declarations().iter())
+        .find(|d| matches!(d.kind, Kind::Rules { .. }))
+        .map(|d| d.name.clone())
+        .ok_or_else(|| {
+            format!(
+                "the running program ({}) has no rule pipeline; run the `pipeline` program",
+                client.program()
+            )
+        })
+}
+
+fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliResult<()> {
+    let name = pipeline_name(client, target)?;
+    let dump = matches!(change, FlowChange::Dump(_));
+    let what = match &change {
+        FlowChange::Add(lines) => format!(
+            "added {} rules",
+            (lines.iter().map(|l| l.trim()))
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .count()
+        ),
+        FlowChange::Modify { .. } => "modified".into(),
+        FlowChange::Delete(_) => "deleted".into(),
+        FlowChange::Dump(_) => "dumped".into(),
+    };
+    let (version, rules) = client.flows(&name, &change).map_err(|e| e.to_string())?;
+    for r in &rules {
+        if dump {
+            println!("n_packets={} n_bytes={} {}", r.packets, r.bytes, r.rule);
+        } else {
+            println!("{}", r.rule);
+        }
+    }
+    match change {
+        FlowChange::Add(_) => eprintln!("{what} at version {version}"),
+        _ => eprintln!(
+            "{what} {} rules of {name} at version {version}",
+            rules.len()
+        ),
+    }
+    Ok(())
 }
 
 fn notification(declarations: &[Declaration], n: &stateplane_control::pb::Notification) -> String {

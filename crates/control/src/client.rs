@@ -2,7 +2,7 @@
 
 use crate::convert;
 use crate::pb::{self, control_client::ControlClient};
-use stateplane_state::{Declaration, Entry, Match, MeterConfig, Write};
+use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, Write};
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -261,6 +261,24 @@ impl Client {
             .runtime
             .block_on(self.inner.stats(request))?
             .into_inner())
+    }
+
+    /// Applies a change to rule pipeline `name` (or dumps it); the version and the rules
+    /// dumped, modified or deleted.
+    pub fn flows(
+        &mut self,
+        name: &str,
+        change: &FlowChange,
+    ) -> Result<(u64, Vec<pb::Flow>), ClientError> {
+        let request = pb::FlowsRequest {
+            name: name.to_string(),
+            change: Some(convert::flow_change_to_pb(change)),
+        };
+        let reply = self
+            .runtime
+            .block_on(self.inner.flows(request))?
+            .into_inner();
+        Ok((reply.version, reply.flows))
     }
 
     /// Streams notifications to `each` until it returns false, `limit` have come, or

@@ -6,7 +6,7 @@
 use crate::pb;
 use stateplane_state::control::{Action, Field, Format, Kind, MatchKind};
 use stateplane_state::{ControlError, Declaration, Entry, Guarantee, Match, Notification};
-use stateplane_state::{MeterConfig, NotificationKind, Write};
+use stateplane_state::{FlowChange, FlowFilter, FlowStat, MeterConfig, NotificationKind, Write};
 use tonic::{Code, Status};
 
 /// The bytes a field of `bits` takes.
@@ -131,6 +131,9 @@ pub fn declaration_to_pb(d: &Declaration) -> pb::Declaration {
             bits: u32::from(*bits),
         }),
         Kind::Meters => pb::declaration::Kind::Meters(pb::MeterShape {}),
+        Kind::Rules { tables } => pb::declaration::Kind::Rules(pb::RulesShape {
+            tables: u32::from(*tables),
+        }),
     };
     pb::Declaration {
         name: d.name.clone(),
@@ -165,6 +168,10 @@ pub fn declaration_from_pb(d: &pb::Declaration) -> Result<Declaration, String> {
             bits: u8::try_from(r.bits).map_err(|_| format!("register {} bits", r.bits))?,
         },
         Some(pb::declaration::Kind::Meters(_)) => Kind::Meters,
+        Some(pb::declaration::Kind::Rules(r)) => Kind::Rules {
+            tables: u8::try_from(r.tables)
+                .map_err(|_| format!("`{}` has {} tables", d.name, r.tables))?,
+        },
         None => return Err(format!("`{}` declares no kind", d.name)),
     };
     let guarantees = d
@@ -253,10 +260,9 @@ pub fn key_from_pb(key: &[pb::Match], fields: &[Field]) -> Result<Vec<Match>, St
 pub fn table_shape(d: &Declaration) -> Result<(&[Field], &[Action]), Status> {
     match &d.kind {
         Kind::Table { key, actions, .. } => Ok((key, actions)),
-        Kind::Register { .. } | Kind::Meters => Err(Status::invalid_argument(format!(
-            "`{}` is not a table",
-            d.name
-        ))),
+        Kind::Register { .. } | Kind::Meters | Kind::Rules { .. } => Err(Status::invalid_argument(
+            format!("`{}` is not a table", d.name),
+        )),
     }
 }
 
@@ -351,5 +357,71 @@ pub fn meter_from_pb(c: &pb::MeterConfig) -> MeterConfig {
         Some(K::Trtcm(pb::TrTcm { cir, cbs, pir, pbs })) => {
             MeterConfig::TrTcm { cir, cbs, pir, pbs }
         }
+    }
+}
+
+pub fn flow_filter_from_pb(f: Option<&pb::FlowFilter>) -> Result<FlowFilter, Status> {
+    let Some(f) = f else {
+        return Ok(FlowFilter::default());
+    };
+    let table = f
+        .table
+        .map(|t| {
+            u8::try_from(t).map_err(|_| Status::invalid_argument(format!("there is no table {t}")))
+        })
+        .transpose()?;
+    Ok(FlowFilter {
+        table,
+        cookie: f.cookie,
+        cookie_mask: f.cookie_mask,
+    })
+}
+
+pub fn flow_filter_to_pb(f: &FlowFilter) -> pb::FlowFilter {
+    pb::FlowFilter {
+        table: f.table.map(u32::from),
+        cookie: f.cookie,
+        cookie_mask: f.cookie_mask,
+    }
+}
+
+pub fn flow_change_from_pb(c: Option<&pb::flows_request::Change>) -> Result<FlowChange, Status> {
+    use pb::flows_request::Change;
+    Ok(match c {
+        Some(Change::Add(lines)) => FlowChange::Add(lines.rules.clone()),
+        Some(Change::Modify(m)) => FlowChange::Modify {
+            filter: flow_filter_from_pb(m.filter.as_ref())?,
+            actions: m.actions.clone(),
+        },
+        Some(Change::Delete(f)) => FlowChange::Delete(flow_filter_from_pb(Some(f))?),
+        Some(Change::Dump(f)) => FlowChange::Dump(flow_filter_from_pb(Some(f))?),
+        None => return Err(Status::invalid_argument("a flows request needs a change")),
+    })
+}
+
+pub fn flow_change_to_pb(c: &FlowChange) -> pb::flows_request::Change {
+    use pb::flows_request::Change;
+    match c {
+        FlowChange::Add(rules) => Change::Add(pb::FlowLines {
+            rules: rules.clone(),
+        }),
+        FlowChange::Modify { filter, actions } => Change::Modify(pb::FlowModify {
+            filter: Some(flow_filter_to_pb(filter)),
+            actions: actions.clone(),
+        }),
+        FlowChange::Delete(f) => Change::Delete(flow_filter_to_pb(f)),
+        FlowChange::Dump(f) => Change::Dump(flow_filter_to_pb(f)),
+    }
+}
+
+pub fn flow_to_pb(f: &FlowStat) -> pb::Flow {
+    pb::Flow {
+        id: f.id,
+        table: u32::from(f.table),
+        priority: u32::from(f.priority),
+        cookie: f.cookie,
+        rule: f.rule.clone(),
+        packets: f.packets,
+        bytes: f.bytes,
     }
 }

@@ -300,6 +300,28 @@ impl control_server::Control for ControlService {
             table,
         }))
     }
+
+    async fn flows(
+        &self,
+        request: tonic::Request<pb::FlowsRequest>,
+    ) -> Result<Response<pb::FlowsReply>, Status> {
+        let r = request.into_inner();
+        let change = convert::flow_change_from_pb(r.change.as_ref())?;
+        let done = self
+            .submit(Request::Flows {
+                name: r.name,
+                change,
+            })
+            .await?;
+        let flows = match done.reply {
+            Reply::Flows(fs) => fs.iter().map(convert::flow_to_pb).collect(),
+            _ => Vec::new(),
+        };
+        Ok(Response::new(pb::FlowsReply {
+            version: done.version,
+            flows,
+        }))
+    }
 }
 
 impl ControlService {

@@ -123,7 +123,9 @@ pub fn print_match(field: &Field, m: &Match) -> String {
 fn shape(d: &Declaration) -> Result<(&[Field], &[stateplane_state::control::Action]), String> {
     match &d.kind {
         Kind::Table { key, actions, .. } => Ok((key, actions)),
-        Kind::Register { .. } | Kind::Meters => Err(format!("`{}` is not a table", d.name)),
+        Kind::Register { .. } | Kind::Meters | Kind::Rules { .. } => {
+            Err(format!("`{}` is not a table", d.name))
+        }
     }
 }
 

@@ -21,15 +21,28 @@
 //! Configuration: `tables` (default 1), `rules` (rule lines) and/or `rules_file` (one rule
 //! per line, `#` comments) in the format of docs/cli.md, `miss` (per table from 0:
 //! "drop", "controller" or "continue"; tables not listed drop), `cache` ("action",
-//! "cookie", "strong" or "off"; default "action"), `cache_entries` (a power of two,
+//! "cookie", "strong" or "off"; default "action"), `capacity` (rules at most, default
+//! 1,048,576), `cache_entries` (a power of two,
 //! default 65,536) and `cache_ways` (1, 2 or 4; default 1).
+//!
+//! Control API: the rule pipeline `flows`, written as rule text (`ctl add-flow`,
+//! `add-flows`, `mod-flows`, `del-flows`, `dump-flows`, with `table=N,cookie=V/M`
+//! filters). Rule text is parsed and checked on the control plane's thread; each worker
+//! then applies the change between two bursts, and once the API has answered, no packet
+//! gets an outcome the new rules would not give.
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
-use stateplane_classifier::{CachedPipeline, Consistency, Fields, Miss, Rule, RuleSet, parse_rule};
-use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_classifier::{
+    CachedPipeline, Consistency, Fields, Miss, Rule, RuleId, RuleSet, format_rule, parse_rule,
+};
+use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_state::{
+    ControlError, Declaration, FlowChange, FlowFilter, FlowStat, Guarantee, Kind, Reply, Request,
+};
 use stateplane_wire::{ParseFlags, edit};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +60,12 @@ pub struct PipelineConfig {
     pub cache_entries: usize,
     #[serde(default = "one")]
     pub cache_ways: usize,
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+}
+
+fn default_capacity() -> usize {
+    DEFAULT_CAPACITY
 }
 
 fn one() -> usize {
@@ -80,7 +99,17 @@ pub struct Pipeline {
     flows: CachedPipeline,
     /// When the next expiry check is due (data-plane clock).
     next_expiry_ns: u64,
+    /// The switch's ports, which outputs must name.
+    ports: usize,
+    /// Rules at most, all tables together.
+    capacity: usize,
 }
+
+/// The rules a pipeline holds at most unless configured otherwise.
+pub const DEFAULT_CAPACITY: usize = 1 << 20;
+
+/// The rule pipeline's name in the control API.
+pub const FLOWS: &str = "flows";
 
 /// Reads a consistency mode by its configuration name.
 pub fn consistency(name: &str) -> Option<Consistency> {
@@ -93,27 +122,26 @@ pub fn consistency(name: &str) -> Option<Consistency> {
     })
 }
 
-/// Reads rule lines (blank lines and `#` comments skipped) into `rules`, checking each
-/// against the pipeline's tables and the switch's ports; an error names the line.
-pub fn load_rules<'a>(
-    rules: &mut RuleSet,
+/// Reads rule lines (blank lines and `#` comments skipped), checking each against the
+/// tables of `rules` and the switch's `ports`; an error names the line.
+pub fn parse_rules<'a>(
+    rules: &RuleSet,
     lines: impl IntoIterator<Item = &'a str>,
     ports: usize,
-) -> Result<usize, String> {
-    let mut added = 0;
+) -> Result<Vec<Rule>, String> {
+    let mut parsed = Vec::new();
     for (n, line) in lines.into_iter().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let rule = parse_rule(line).map_err(|e| format!("line {}: {e}", n + 1))?;
-        check_ports(&rule, ports).map_err(|e| format!("line {}: {e}", n + 1))?;
-        rules
-            .insert(rule)
-            .map_err(|e| format!("line {}: {e}", n + 1))?;
-        added += 1;
+        let at = |e: &dyn std::fmt::Display| format!("line {}: {e}", n + 1);
+        let rule = parse_rule(line).map_err(|e| at(&e))?;
+        check_ports(&rule, ports).map_err(|e| at(&e))?;
+        rules.check(&rule).map_err(|e| at(&e))?;
+        parsed.push(rule);
     }
-    Ok(added)
+    Ok(parsed)
 }
 
 /// A rule may only output to a port the switch has.
@@ -157,14 +185,30 @@ impl Pipeline {
                 .map_err(|e| ConfigError::new(format!("{field}.miss[{t}]"), e.to_string()))?;
         }
         let n = ports.0.len();
-        load_rules(&mut rules, cfg.rules.iter().map(String::as_str), n)
+        let mut given = parse_rules(&rules, cfg.rules.iter().map(String::as_str), n)
             .map_err(|e| ConfigError::new(format!("{field}.rules"), e))?;
         if let Some(path) = &cfg.rules_file {
             let file_field = format!("{field}.rules_file");
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError::new(&file_field, format!("cannot read '{path}': {e}")))?;
-            load_rules(&mut rules, text.lines(), n)
-                .map_err(|e| ConfigError::new(&file_field, format!("{path}: {e}")))?;
+            given.extend(
+                parse_rules(&rules, text.lines(), n)
+                    .map_err(|e| ConfigError::new(&file_field, format!("{path}: {e}")))?,
+            );
+        }
+        if given.len() > cfg.capacity {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                format!(
+                    "{} rules are given and the capacity is {}; raise it",
+                    given.len(),
+                    cfg.capacity
+                ),
+            ));
+        }
+        for rule in given {
+            // Checked against these tables just above.
+            let _ = rules.insert(rule);
         }
         let mode = consistency(&cfg.cache).ok_or_else(|| {
             ConfigError::new(
@@ -172,8 +216,10 @@ impl Pipeline {
                 format!("'{}' is not one of action, cookie, strong, off", cfg.cache),
             )
         })?;
-        Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
-            .map_err(|e| ConfigError::new(format!("{field}.cache_entries"), e))
+        let mut p = Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
+            .map_err(|e| ConfigError::new(format!("{field}.cache_entries"), e))?;
+        (p.ports, p.capacity) = (n, cfg.capacity);
+        Ok(p)
     }
 
     /// A pipeline over `rules` with a cache of `entries` in sets of `ways` (benchmarks and
@@ -189,6 +235,8 @@ impl Pipeline {
         Ok(Pipeline {
             flows,
             next_expiry_ns: 0,
+            ports: usize::from(u16::MAX),
+            capacity: DEFAULT_CAPACITY,
         })
     }
 
@@ -258,6 +306,143 @@ impl Program for Pipeline {
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["no_match", "no_output", "ttl_expired", "cannot_edit"]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![Declaration {
+            name: FLOWS.into(),
+            capacity: self.capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Rules {
+                tables: self.flows.rules().tables() as u8,
+            },
+        }]
+    }
+
+    /// Rule text is read here, on the control plane's thread, and checked against the
+    /// tables and ports, so that the workers only insert: all or none, never half.
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        let Request::Flows { change, .. } = request else {
+            return Ok(None);
+        };
+        match change {
+            FlowChange::Add(lines) => {
+                let rules = parse_rules(
+                    self.flows.rules(),
+                    lines.iter().map(String::as_str),
+                    self.ports,
+                )
+                .map_err(invalid)?;
+                Ok(Some(Arc::new(rules)))
+            }
+            FlowChange::Modify { actions, .. } => {
+                let rule = parse_rule(&format!("actions={actions}"))
+                    .map_err(|e| invalid(e.to_string()))?;
+                check_ports(&rule, self.ports).map_err(invalid)?;
+                Ok(Some(Arc::new(rule)))
+            }
+            FlowChange::Delete(_) | FlowChange::Dump(_) => Ok(None),
+        }
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        _ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let Request::Flows { change, .. } = request else {
+            return Err(invalid(
+                "it is a rule pipeline: use the flow requests".into(),
+            ));
+        };
+        match change {
+            FlowChange::Add(_) => {
+                let rules = prepared
+                    .and_then(|p| p.clone().downcast::<Vec<Rule>>().ok())
+                    .ok_or(ControlError::Unavailable)?;
+                if self.flows.rules().len() + rules.len() > self.capacity {
+                    return Err(ControlError::TableFull {
+                        table: FLOWS.into(),
+                        capacity: self.capacity,
+                    });
+                }
+                for rule in rules.iter() {
+                    // `prepare` checked each against these same tables, so none fails.
+                    self.flows
+                        .insert(rule.clone())
+                        .map_err(|e| invalid(e.to_string()))?;
+                }
+                Ok(Reply::Done)
+            }
+            FlowChange::Modify { filter, .. } => {
+                let new = prepared
+                    .and_then(|p| p.clone().downcast::<Rule>().ok())
+                    .ok_or(ControlError::Unavailable)?;
+                let ids = self.matching(filter);
+                // Every goto is checked before any rule changes: all or none.
+                for &id in &ids {
+                    if let Some(r) = self.flows.rules().get(id) {
+                        let probe = Rule {
+                            goto: new.goto,
+                            ..r.clone()
+                        };
+                        self.flows
+                            .rules()
+                            .check(&probe)
+                            .map_err(|e| invalid(e.to_string()))?;
+                    }
+                }
+                for &id in &ids {
+                    let _ = self.flows.modify(id, new.actions.clone(), new.goto);
+                }
+                Ok(Reply::Flows(self.stats(&ids)))
+            }
+            FlowChange::Delete(filter) => {
+                let ids = self.matching(filter);
+                let stats = self.stats(&ids);
+                for id in ids {
+                    self.flows.remove(id);
+                }
+                Ok(Reply::Flows(stats))
+            }
+            FlowChange::Dump(filter) => Ok(Reply::Flows(self.stats(&self.matching(filter)))),
+        }
+    }
+}
+
+fn invalid(why: String) -> ControlError {
+    ControlError::Invalid {
+        what: format!("`{FLOWS}`"),
+        why,
+    }
+}
+
+impl Pipeline {
+    fn matching(&self, filter: &FlowFilter) -> Vec<RuleId> {
+        (self.flows.rules().rules())
+            .filter(|(_, r)| filter.matches(r.table, r.cookie))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// The rules `ids` as the control API shows them, with this worker's counters.
+    fn stats(&self, ids: &[RuleId]) -> Vec<FlowStat> {
+        (ids.iter())
+            .filter_map(|&id| {
+                let r = self.flows.rules().get(id)?;
+                let (packets, bytes) = self.flows.counters(id);
+                Some(FlowStat {
+                    id: u64::from(id.0),
+                    table: r.table,
+                    priority: r.priority,
+                    cookie: r.cookie,
+                    rule: format_rule(r),
+                    packets,
+                    bytes,
+                })
+            })
+            .collect()
     }
 }
 

@@ -18,7 +18,7 @@ use crate::program::{Context, Prepared, Program};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
 use stateplane_state::control::{self, ControlError, Declaration, Entry, Notification, Reply};
-use stateplane_state::{Match, Request, Write};
+use stateplane_state::{FlowChange, FlowStat, Match, Request, Write};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -271,6 +271,8 @@ fn merge(
     let mut counters: Vec<(&'static str, u64)> = Vec::new();
     let mut meters = None;
     let mut next = None;
+    // Rules by id: every worker holds the same rules under the same ids.
+    let mut flows: std::collections::BTreeMap<u64, FlowStat> = Default::default();
     for reply in ok {
         match reply {
             Reply::Done => {}
@@ -297,13 +299,32 @@ fn merge(
                     *sum = sum.wrapping_add(v);
                 }
             }
+            Reply::Flows(fs) => {
+                for f in fs {
+                    let (packets, bytes) = (f.packets, f.bytes);
+                    let sum = flows.entry(f.id).or_insert(FlowStat {
+                        packets: 0,
+                        bytes: 0,
+                        ..f
+                    });
+                    sum.packets += packets;
+                    sum.bytes += bytes;
+                }
+            }
         }
     }
+    let mut flows: Vec<FlowStat> = flows.into_values().collect();
+    flows.sort_by_key(|f| (f.table, std::cmp::Reverse(f.priority), f.id));
     Ok(match request {
         Request::Read { .. } => Reply::Page(entries.entries, next),
         Request::ReadRegister { .. } => Reply::Values(values),
         Request::Stats { .. } => Reply::Counters(counters),
         Request::ReadMeter { .. } => Reply::Meters(meters.unwrap_or_default()),
+        Request::Flows {
+            change: FlowChange::Add(_),
+            ..
+        } => Reply::Done,
+        Request::Flows { .. } => Reply::Flows(flows),
         _ => Reply::Done,
     })
 }

@@ -154,6 +154,54 @@ pub enum Kind {
     Register { bits: u8 },
     /// An array of meters (srTCM or trTCM, or off), configured by index.
     Meters,
+    /// OpenFlow-style tables 0 to `tables - 1` of prioritized wildcard rules, written and
+    /// read as rule text (see [`FlowChange`]).
+    Rules { tables: u8 },
+}
+
+/// Which rules a flow request is about: those of `table` (all tables if `None`) whose
+/// cookie agrees with `cookie` on the bits of `cookie_mask` (as `ovs-ofctl`'s
+/// `cookie=VALUE/MASK`; a zero mask takes every cookie).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowFilter {
+    pub table: Option<u8>,
+    pub cookie: u64,
+    pub cookie_mask: u64,
+}
+
+impl FlowFilter {
+    pub fn matches(&self, table: u8, cookie: u64) -> bool {
+        self.table.is_none_or(|t| t == table) && (cookie ^ self.cookie) & self.cookie_mask == 0
+    }
+}
+
+/// A change to, or a read of, a rule pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlowChange {
+    /// Adds these rules (one per line, the rule text format), all or none.
+    Add(Vec<String>),
+    /// Gives the matching rules these actions (the text after `actions=`), keeping their
+    /// counters.
+    Modify {
+        filter: FlowFilter,
+        actions: String,
+    },
+    Delete(FlowFilter),
+    Dump(FlowFilter),
+}
+
+/// A rule as a dump shows it, with its counters summed over workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowStat {
+    /// The rule's handle: the same on every worker, never reused.
+    pub id: u64,
+    pub table: u8,
+    pub priority: u16,
+    pub cookie: u64,
+    /// The rule in the text format `Add` takes.
+    pub rule: String,
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// A table's or register's declaration: its name in the control API, its size, what it
@@ -235,6 +283,8 @@ pub enum Request {
         first: usize,
         count: usize,
     },
+    /// A change to a rule pipeline, or a dump of its rules.
+    Flows { name: String, change: FlowChange },
 }
 
 impl Request {
@@ -247,7 +297,8 @@ impl Request {
             Request::ReadRegister { name, .. }
             | Request::WriteRegister { name, .. }
             | Request::SetMeter { name, .. }
-            | Request::ReadMeter { name, .. } => name,
+            | Request::ReadMeter { name, .. }
+            | Request::Flows { name, .. } => name,
         }
     }
 }
@@ -263,6 +314,8 @@ pub enum Reply {
     Values(Vec<u128>),
     Counters(Vec<(&'static str, u64)>),
     Meters(Vec<MeterConfig>),
+    /// The rules a flow request dumped, modified or deleted.
+    Flows(Vec<FlowStat>),
 }
 
 /// Why a request was refused. Every refusal leaves the state as it was.
@@ -464,6 +517,23 @@ impl Declaration {
                 }
                 self.check_range(*first, *count)
             }
+            (Kind::Rules { tables }, Request::Flows { change, .. }) => match change {
+                FlowChange::Modify { filter, .. }
+                | FlowChange::Delete(filter)
+                | FlowChange::Dump(filter)
+                    if filter.table.is_some_and(|t| t >= *tables) =>
+                {
+                    Err(ControlError::Invalid {
+                        what: format!("`{}`", self.name),
+                        why: format!(
+                            "there is no table {}: the pipeline has tables 0 to {}",
+                            filter.table.unwrap_or_default(),
+                            tables.saturating_sub(1)
+                        ),
+                    })
+                }
+                _ => Ok(()),
+            },
             (_, _) => Err(ControlError::Invalid {
                 what: format!("`{}`", self.name),
                 why: format!("it is {}, and takes no such request", self.kind_name()),
@@ -489,6 +559,7 @@ impl Declaration {
             Kind::Table { .. } => "a table",
             Kind::Register { .. } => "a register",
             Kind::Meters => "a meter array",
+            Kind::Rules { .. } => "a rule pipeline",
         }
     }
 

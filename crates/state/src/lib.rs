@@ -26,8 +26,8 @@ pub mod sketch;
 pub mod ternary;
 
 pub use control::{
-    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Guarantee, Kind, Match,
-    Notification, NotificationKind, Outbox, Reply, Request, Write,
+    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, FlowChange, FlowFilter, FlowStat,
+    Guarantee, Kind, Match, Notification, NotificationKind, Outbox, Reply, Request, Write,
 };
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
