@@ -27,16 +27,20 @@ if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
   exit 1
 fi
-echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; table prefetch)"
+echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; prefetch in tables and the cache)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" hugemem --test-threads=1 2>&1 | tail -3
 valgrind --quiet --error-exitcode=1 "$bin" live:: --test-threads=1 2>&1 | tail -3
-# The exact table's prefetch hint (stateplane-state's one unsafe block).
+# The prefetch hint (stateplane-mem's) as the exact table and the microflow cache use it.
 bin=$(cargo test --release -p stateplane-state --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_state[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-state test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" burst --test-threads=1 2>&1 | tail -3
+bin=$(cargo test --release -p stateplane-classifier --lib --no-run --message-format=json 2>/dev/null \
+  | grep -o '"executable":"[^"]*stateplane_classifier[^"]*"' | head -1 | cut -d'"' -f4)
+[ -n "$bin" ] || { echo "could not find the stateplane-classifier test binary" >&2; exit 1; }
+valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
 passed=$(grep -oE 'test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s}')
 echo "all tests: ${passed} passed, 0 failed"

@@ -27,9 +27,9 @@
 
 use crate::cache::MicroflowCache;
 use crate::fields::Fields;
-use crate::pipeline::{Outcome, RuleError, RuleId, RuleSet};
+use crate::pipeline::{Fold, Outcome, RuleError, RuleId, RuleSet};
 use crate::rule::Rule;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// How the cache is kept consistent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,10 @@ pub enum Consistency {
     Strong,
 }
 
+/// What a cache probe found: the Action Table entry and the stamp it was cached with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Probe(Option<(u32, u64)>);
+
 /// What contributes to an outcome: a rule, or a table's miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Source {
@@ -54,9 +58,17 @@ enum Source {
 
 #[derive(Clone)]
 struct ActionEntry {
+    path: Box<[u32]>,
     outcome: Outcome,
-    /// The counters of `outcome.rules`, in order: what a hit counts on.
-    slots: Vec<u32>,
+    /// The packets that took this outcome from the cache or its misses, not yet added to
+    /// the counters of its rules (a hit counts here, in the entry's own cache line; a
+    /// rule's counters are its own plus those of its entries, and an entry's are added to
+    /// its rules' own when it is freed).
+    packets: u64,
+    bytes: u64,
+    last_hit_ns: u64,
+    /// Retired: stale for good, waiting to be freed.
+    dying: bool,
     valid: bool,
     /// When the entry was made, or last made valid again. A cached microflow older than
     /// its entry is stale, in every mode: that is also what makes reusing a freed entry
@@ -77,16 +89,23 @@ pub struct CachedPipeline {
     cache: MicroflowCache<(u32, u64)>,
     actions: Vec<ActionEntry>,
     free_actions: Vec<u32>,
-    by_outcome: HashMap<Outcome, u32>,
-    by_source: HashMap<Source, Vec<u32>>,
+    /// Retired entries waiting to be freed (see `forget`).
+    dying: Vec<u32>,
+    /// Entries by the path of the walk that made them (see [`RuleSet::path`]).
+    by_path: HashMap<Box<[u32]>, u32, Fold>,
+    /// A miss's path, reused so that a miss whose outcome is known allocates nothing.
+    path: Vec<u32>,
+    /// The entries each source contributes to: sets, so that freeing an entry costs the
+    /// same however many entries share a rule with it (a default rule is in most).
+    by_source: HashMap<Source, HashSet<u32, Fold>, Fold>,
     /// `Cookie`: when each source last changed.
-    source_stamps: HashMap<Source, u64>,
+    source_stamps: HashMap<Source, u64, Fold>,
     /// `Strong`: the microflows cached through each source (some since evicted).
-    source_flows: HashMap<Source, Vec<(u64, Fields)>>,
+    source_flows: HashMap<Source, Vec<(u64, Fields)>, Fold>,
     clock: u64,
-    /// Each rule's counters and times, in a slot of its own.
+    /// Each rule's own counters and times (see `ActionEntry`), in a slot of its own.
     counters: Vec<RuleCounters>,
-    slot_of: HashMap<RuleId, u32>,
+    slot_of: HashMap<RuleId, u32, Fold>,
     free_slots: Vec<u32>,
     /// The rules with an idle or hard timeout: the only ones `expire` looks at.
     timed: Vec<RuleId>,
@@ -106,6 +125,10 @@ struct RuleCounters {
 
 const SECOND_NS: u64 = 1_000_000_000;
 
+/// Retired Action Table entries a change frees before it returns (the rest wait for
+/// `maintain`).
+const RETIRE_PER_CHANGE: usize = 16;
+
 impl CachedPipeline {
     /// A pipeline over `rules` (with whatever counters they had reset) and a cache of
     /// `entries` in sets of `ways`.
@@ -122,13 +145,15 @@ impl CachedPipeline {
             cache: MicroflowCache::new(entries, ways, seed)?,
             actions: Vec::new(),
             free_actions: Vec::new(),
-            by_outcome: HashMap::new(),
-            by_source: HashMap::new(),
-            source_stamps: HashMap::new(),
-            source_flows: HashMap::new(),
+            dying: Vec::new(),
+            by_path: HashMap::default(),
+            path: Vec::new(),
+            by_source: HashMap::default(),
+            source_stamps: HashMap::default(),
+            source_flows: HashMap::default(),
             clock: 1,
             counters: Vec::new(),
-            slot_of: HashMap::new(),
+            slot_of: HashMap::default(),
             free_slots: Vec::new(),
             timed: Vec::new(),
             now_ns: 0,
@@ -152,7 +177,7 @@ impl CachedPipeline {
 
     /// How many Action Table entries are in use.
     pub fn action_entries(&self) -> usize {
-        self.actions.len() - self.free_actions.len()
+        self.actions.len() - self.free_actions.len() - self.dying.len()
     }
 
     /// The packets and bytes a rule has matched.
@@ -161,11 +186,19 @@ impl CachedPipeline {
         (c.packets, c.bytes)
     }
 
+    /// A rule's own counters plus those of its Action Table entries.
     fn rule_counters(&self, id: RuleId) -> RuleCounters {
-        (self.slot_of.get(&id))
+        let mut c = (self.slot_of.get(&id))
             .and_then(|&s| self.counters.get(s as usize))
             .copied()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        for &at in self.by_source.get(&Source::Rule(id)).into_iter().flatten() {
+            let a = &self.actions[at as usize];
+            c.packets += a.packets;
+            c.bytes += a.bytes;
+            c.last_hit_ns = c.last_hit_ns.max(a.last_hit_ns);
+        }
+        c
     }
 
     /// Removes the rules whose idle or hard timeout has run out by `now_ns`, as deletes;
@@ -196,11 +229,83 @@ impl CachedPipeline {
     /// Classifies one packet of `bytes` bytes arriving at `now_ns`, counting it on the
     /// rules it matched. A cache hit allocates nothing: the outcome is the Action Table's.
     pub fn classify(&mut self, fields: &Fields, bytes: u32, now_ns: u64) -> &Outcome {
+        let hash = self.hash(fields);
+        self.classify_hashed(fields, hash, bytes, now_ns)
+    }
+
+    /// The cache's hash of `fields`. For a burst, take every packet's hash and
+    /// [`CachedPipeline::warm`] its slot first, then classify them: the slots' memory
+    /// reads then overlap instead of stalling one packet at a time.
+    #[inline]
+    pub fn hash(&self, fields: &Fields) -> u64 {
+        self.cache.hash(fields)
+    }
+
+    /// Starts loading `hash`'s cache slot ahead of its lookup.
+    #[inline]
+    pub fn warm(&self, hash: u64) {
+        if self.mode != Consistency::Off {
+            self.cache.warm(hash);
+        }
+    }
+
+    /// [`CachedPipeline::classify`] with the hash already taken.
+    pub fn classify_hashed(
+        &mut self,
+        fields: &Fields,
+        hash: u64,
+        bytes: u32,
+        now_ns: u64,
+    ) -> &Outcome {
+        let probe = self.probe(fields, hash);
+        self.classify_probed(fields, hash, probe, bytes, now_ns)
+    }
+
+    /// Looks `fields` up in the cache (counting the hit or miss) and starts loading the
+    /// Action Table entry found. A burst probes every packet, then classifies each with
+    /// [`CachedPipeline::classify_probed`]; the rules must not change in between (they
+    /// change between bursts).
+    #[inline]
+    pub fn probe(&mut self, fields: &Fields, hash: u64) -> Probe {
+        if self.mode == Consistency::Off {
+            return Probe(None);
+        }
+        let found = self.cache.lookup(hash, fields);
+        if let Some((at, _)) = found
+            && let Some(entry) = self.actions.get(at as usize)
+        {
+            stateplane_mem::prefetch(entry);
+        }
+        Probe(found)
+    }
+
+    /// Starts loading the actions of the entry `probe` found (whose entry line a probe
+    /// earlier in the burst has loaded by now).
+    #[inline]
+    pub fn warm_outcome(&self, probe: Probe) {
+        if let Some((at, _)) = probe.0
+            && let Some(entry) = self.actions.get(at as usize)
+            && let Some(first) = entry.outcome.actions.first()
+        {
+            stateplane_mem::prefetch(first);
+        }
+    }
+
+    /// Classifies a packet whose cache probe is `probe`: the probe's entry if it is
+    /// fresh, else the tables' walk (see [`CachedPipeline::classify`]).
+    pub fn classify_probed(
+        &mut self,
+        fields: &Fields,
+        hash: u64,
+        probe: Probe,
+        bytes: u32,
+        now_ns: u64,
+    ) -> &Outcome {
         self.now_ns = self.now_ns.max(now_ns);
         let now = self.now_ns;
         match self.mode {
             Consistency::Off => {
-                self.uncached = self.rules.classify(fields);
+                self.rules.classify_into(fields, &mut self.uncached);
                 for r in &self.uncached.rules {
                     if let Some(&s) = self.slot_of.get(r) {
                         count(&mut self.counters[s as usize], bytes, now);
@@ -209,20 +314,19 @@ impl CachedPipeline {
                 &self.uncached
             }
             Consistency::Action | Consistency::Cookie | Consistency::Strong => {
-                let at = self.cached(fields) as usize;
-                let entry = &self.actions[at];
-                for &s in &entry.slots {
-                    count(&mut self.counters[s as usize], bytes, now);
-                }
+                let at = self.cached(fields, hash, probe.0) as usize;
+                let entry = &mut self.actions[at];
+                entry.packets += 1;
+                entry.bytes += u64::from(bytes);
+                entry.last_hit_ns = now;
                 &entry.outcome
             }
         }
     }
 
     /// The Action Table entry of `fields`: the cached one if it is fresh, else the tables'.
-    fn cached(&mut self, fields: &Fields) -> u32 {
-        let hash = self.cache.hash(fields);
-        if let Some((at, stamp)) = self.cache.lookup(hash, fields) {
+    fn cached(&mut self, fields: &Fields, hash: u64, found: Option<(u32, u64)>) -> u32 {
+        if let Some((at, stamp)) = found {
             let a = &self.actions[at as usize];
             let fresh = a.stamp <= stamp
                 && match self.mode {
@@ -239,8 +343,10 @@ impl CachedPipeline {
             }
             self.cache.remove(hash, fields);
         }
-        let outcome = self.rules.classify(fields);
-        let at = self.action_entry(&outcome);
+        let mut path = std::mem::take(&mut self.path);
+        self.rules.path(fields, &mut path);
+        let at = self.action_entry(&path);
+        self.path = path;
         self.cache.insert(hash, fields, (at, self.clock));
         if self.mode == Consistency::Strong {
             self.track(at, hash, fields);
@@ -248,9 +354,11 @@ impl CachedPipeline {
         at
     }
 
-    /// The Action Table entry of `outcome`, made (or made valid again) if need be.
-    fn action_entry(&mut self, outcome: &Outcome) -> u32 {
-        if let Some(&at) = self.by_outcome.get(outcome) {
+    /// The Action Table entry of a walk's path, made (or made valid again) if need be.
+    fn action_entry(&mut self, path: &[u32]) -> u32 {
+        if let Some(&at) = self.by_path.get(path)
+            && !self.actions[at as usize].dying
+        {
             let a = &mut self.actions[at as usize];
             if !a.valid {
                 a.valid = true;
@@ -258,16 +366,18 @@ impl CachedPipeline {
             }
             return at;
         }
+        let outcome = self.rules.outcome_of_path(path);
         // The tables the walk missed in (visited, no rule matched) are sources too.
         let sources: Vec<Source> = (outcome.rules.iter().map(|&r| Source::Rule(r)))
             .chain(outcome.missed.iter().map(|&t| Source::Miss(t)))
             .collect();
-        let slots = (outcome.rules.iter())
-            .filter_map(|r| self.slot_of.get(r).copied())
-            .collect();
         let entry = ActionEntry {
-            outcome: outcome.clone(),
-            slots,
+            path: path.into(),
+            outcome,
+            packets: 0,
+            bytes: 0,
+            last_hit_ns: 0,
+            dying: false,
             valid: true,
             stamp: self.clock,
             sources,
@@ -283,9 +393,9 @@ impl CachedPipeline {
             }
         };
         for s in &self.actions[at as usize].sources {
-            self.by_source.entry(*s).or_default().push(at);
+            self.by_source.entry(*s).or_default().insert(at);
         }
-        self.by_outcome.insert(outcome.clone(), at);
+        self.by_path.insert(path.into(), at);
         at
     }
 
@@ -325,8 +435,11 @@ impl CachedPipeline {
         }
     }
 
-    /// Frees what a rule that is gone or changed contributed to: its Action Table entries
-    /// can never be the outcome of a walk again.
+    /// Retires what a rule that is gone or changed contributed to: its Action Table
+    /// entries can never be the outcome of a walk again. The work that cannot wait is
+    /// done here, a few writes per entry (made stale, their counts added to their rules'
+    /// own counters); taking them out of the other rules' lists and reusing them waits for
+    /// [`CachedPipeline::maintain`], so that no single change holds a worker for long.
     fn forget(&mut self, id: RuleId) {
         let source = Source::Rule(id);
         self.invalidate(source);
@@ -334,15 +447,51 @@ impl CachedPipeline {
             let entry = &mut self.actions[at as usize];
             entry.valid = false;
             entry.stamp = self.clock;
+            if entry.dying {
+                continue;
+            }
+            entry.dying = true;
+            let counted = RuleCounters {
+                packets: std::mem::take(&mut entry.packets),
+                bytes: std::mem::take(&mut entry.bytes),
+                added_ns: 0,
+                last_hit_ns: entry.last_hit_ns,
+            };
+            for s in &entry.sources {
+                if let Source::Rule(r) = s
+                    && let Some(&slot) = self.slot_of.get(r)
+                {
+                    let c = &mut self.counters[slot as usize];
+                    c.packets += counted.packets;
+                    c.bytes += counted.bytes;
+                    c.last_hit_ns = c.last_hit_ns.max(counted.last_hit_ns);
+                }
+            }
+            self.dying.push(at);
+        }
+        self.maintain(RETIRE_PER_CHANGE);
+    }
+
+    /// Frees up to `budget` retired Action Table entries for reuse; how many are left.
+    /// Call it between bursts (changes call it too, with a small budget).
+    pub fn maintain(&mut self, budget: usize) -> usize {
+        for _ in 0..budget {
+            let Some(at) = self.dying.pop() else {
+                break;
+            };
+            let entry = &mut self.actions[at as usize];
             let sources = std::mem::take(&mut entry.sources);
-            self.by_outcome.remove(&entry.outcome);
-            for s in sources.iter().filter(|&&s| s != source) {
-                if let Some(list) = self.by_source.get_mut(s) {
-                    list.retain(|&a| a != at);
+            if self.by_path.get(&entry.path) == Some(&at) {
+                self.by_path.remove(&entry.path);
+            }
+            for s in &sources {
+                if let Some(set) = self.by_source.get_mut(s) {
+                    set.remove(&at);
                 }
             }
             self.free_actions.push(at);
         }
+        self.dying.len()
     }
 
     /// Adds a rule; its handle. Cached microflows it may now catch are resolved again.
@@ -412,18 +561,23 @@ impl CachedPipeline {
         true
     }
 
-    /// Replaces every rule: the cache starts empty. A rule that stays (the same id, as
-    /// when the new set was made from this one's) keeps its counters and times.
+    /// Replaces every rule: the cache starts empty. A rule that stays (the same id and
+    /// match, as when the new set was made from this one's) keeps its counters and times.
     pub fn replace(&mut self, rules: RuleSet) {
         let kept: HashMap<RuleId, RuleCounters> = (rules.rules())
+            .filter(|(id, r)| {
+                self.rules.get(*id).is_some_and(|old| {
+                    (old.table, old.priority, old.pattern) == (r.table, r.priority, r.pattern)
+                })
+            })
             .map(|(id, _)| (id, self.rule_counters(id)))
-            .filter(|(id, _)| self.slot_of.contains_key(id))
             .collect();
         self.rules = rules;
         self.cache.clear();
         self.actions.clear();
         self.free_actions.clear();
-        self.by_outcome.clear();
+        self.dying.clear();
+        self.by_path.clear();
         self.by_source.clear();
         self.source_stamps.clear();
         self.source_flows.clear();
@@ -601,6 +755,10 @@ mod tests {
                 9 if rng.below(20) == 0 => {
                     let rules = off.rules().clone();
                     on.replace(rules);
+                }
+                12 => {
+                    // Retired entries freed a few at a time, between other steps.
+                    on.maintain(rng.below(4) as usize);
                 }
                 10..=11 => {
                     // Time passes; rules time out the same on both.

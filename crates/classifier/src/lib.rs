@@ -19,7 +19,7 @@ pub mod rule;
 pub mod text;
 
 pub use cache::{CacheStats, MicroflowCache};
-pub use cached::{CachedPipeline, Consistency};
+pub use cached::{CachedPipeline, Consistency, Probe};
 pub use fields::Fields;
 pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
 pub use rule::{Action, Pattern, Rule, SetField};

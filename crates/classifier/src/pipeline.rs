@@ -31,8 +31,9 @@ pub struct RuleId(pub u32);
 /// only costs an early stop).
 #[derive(Debug, Clone, Default)]
 struct Table {
-    /// Every rule in rank order: the reference scan and iteration.
-    order: Vec<Rank>,
+    /// Every rule in rank order: the reference scan and iteration (a tree, so that an
+    /// insert or remove costs log n, not a shift of the rules after it).
+    order: std::collections::BTreeSet<Rank>,
     miss: Miss,
     tuples: Vec<Tuple>,
 }
@@ -107,8 +108,7 @@ fn within(inner: &Fields, outer: &Fields) -> bool {
 impl Table {
     fn add(&mut self, id: RuleId, rule: &Rule) {
         let rank = Rank::of(id, rule);
-        let at = self.order.partition_point(|r| *r < rank);
-        self.order.insert(at, rank);
+        self.order.insert(rank);
         let mask = rule.pattern.mask;
         let t = match self.tuples.iter().position(|t| t.mask == mask) {
             Some(t) => t,
@@ -143,9 +143,7 @@ impl Table {
 
     fn take(&mut self, id: RuleId, rule: &Rule) {
         let rank = Rank::of(id, rule);
-        if let Ok(at) = self.order.binary_search(&rank) {
-            self.order.remove(at);
-        }
+        self.order.remove(&rank);
         let mask = rule.pattern.mask;
         let Some(t) = self.tuples.iter().position(|t| t.mask == mask) else {
             return;
@@ -232,7 +230,7 @@ impl Table {
 /// The hasher of tuple buckets: [`Fields::hash`], which mixes the whole key in a few
 /// multiplies (SipHash would cost more than the rest of a lookup).
 #[derive(Debug, Clone, Copy, Default)]
-struct Fold;
+pub(crate) struct Fold;
 
 impl std::hash::BuildHasher for Fold {
     type Hasher = FoldHasher;
@@ -243,7 +241,7 @@ impl std::hash::BuildHasher for Fold {
 
 /// Folds each word written into the state with a widening multiply.
 #[derive(Debug, Clone, Copy)]
-struct FoldHasher(u64);
+pub(crate) struct FoldHasher(u64);
 
 impl FoldHasher {
     fn fold(&mut self, w: u64) {
@@ -293,6 +291,8 @@ pub enum RuleError {
         from: u8,
         to: u8,
     },
+    /// Every rule handle (about a billion) has been given out.
+    IdsExhausted,
 }
 
 impl fmt::Display for RuleError {
@@ -308,6 +308,9 @@ impl fmt::Display for RuleError {
             RuleError::GotoBackwards { from, to } => write!(
                 f,
                 "table {from} cannot go to table {to}: a goto must lead to a later table"
+            ),
+            RuleError::IdsExhausted => f.write_str(
+                "every rule handle has been used: replace the rule set (a new one starts at 0)",
             ),
         }
     }
@@ -401,6 +404,9 @@ impl RuleSet {
     /// Adds a rule; its handle. Costs the same at any table size (one tuple touched).
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
         self.check(&rule)?;
+        if self.next_id > MAX_RULE_ID {
+            return Err(RuleError::IdsExhausted);
+        }
         let id = RuleId(self.next_id);
         let mut rule = rule;
         rule.pattern = rule.pattern.normalized();
@@ -462,60 +468,153 @@ impl RuleSet {
 
     /// Walks the tables for a packet with these fields (tuple-space search in each).
     pub fn classify(&self, fields: &Fields) -> Outcome {
-        self.walk(fields, Table::lookup)
+        let mut out = Outcome::default();
+        self.classify_into(fields, &mut out);
+        out
+    }
+
+    /// As [`RuleSet::classify`], into `out` (cleared first): with `out` reused, a walk
+    /// allocates nothing once its vectors have grown.
+    pub fn classify_into(&self, fields: &Fields, out: &mut Outcome) {
+        self.outcome_by(fields, Table::lookup, out);
     }
 
     /// As [`RuleSet::classify`], scanning each table's rules in order: the reference.
     pub fn classify_linear(&self, fields: &Fields) -> Outcome {
-        self.walk(fields, |t, f| {
-            t.order
-                .iter()
-                .find(|r| {
-                    self.rules
-                        .get(&r.id)
-                        .is_some_and(|rule| rule.pattern.matches(f))
-                })
-                .map(|r| r.id)
-        })
+        let mut out = Outcome::default();
+        self.outcome_by(
+            fields,
+            |t, f| {
+                t.order
+                    .iter()
+                    .find(|r| {
+                        self.rules
+                            .get(&r.id)
+                            .is_some_and(|rule| rule.pattern.matches(f))
+                    })
+                    .map(|r| r.id)
+            },
+            &mut out,
+        );
+        out
     }
 
-    fn walk(&self, fields: &Fields, find: impl Fn(&Table, &Fields) -> Option<RuleId>) -> Outcome {
-        let mut f = *fields;
+    /// The path of a packet's walk into `path` (cleared first): per table visited, the
+    /// matching rule's id or [`PATH_MISS`] with the table, then [`PATH_END`] with how it
+    /// ended. The rules on a path decide its outcome, so a path names an outcome without
+    /// building it: [`RuleSet::outcome_of_path`] does that.
+    pub fn path(&self, fields: &Fields, path: &mut Vec<u32>) {
+        path.clear();
+        let end = self.walk(fields, Table::lookup, |step| {
+            path.push(match step {
+                Step::Matched(id, _) => id.0,
+                Step::Missed(t) => PATH_MISS | u32::from(t),
+            })
+        });
+        path.push(PATH_END | u32::from(end.to_controller) | u32::from(end.dropped_by_miss) << 1);
+    }
+
+    /// The outcome a path leads to with the rules as they are now.
+    pub fn outcome_of_path(&self, path: &[u32]) -> Outcome {
         let mut out = Outcome::default();
+        for &step in path {
+            if step & PATH_END != 0 {
+                out.to_controller = step & 1 != 0;
+                out.dropped_by_miss = step & 2 != 0;
+            } else if step & PATH_MISS != 0 {
+                out.missed.push(step as u8);
+            } else if let Some(rule) = self.rules.get(&RuleId(step)) {
+                out.rules.push(RuleId(step));
+                out.actions.extend_from_slice(&rule.actions);
+            }
+        }
+        out
+    }
+
+    fn outcome_by(
+        &self,
+        fields: &Fields,
+        find: impl Fn(&Table, &Fields) -> Option<RuleId>,
+        out: &mut Outcome,
+    ) {
+        out.actions.clear();
+        out.rules.clear();
+        out.missed.clear();
+        let end = self.walk(fields, find, |step| match step {
+            Step::Matched(id, rule) => {
+                out.rules.push(id);
+                out.actions.extend_from_slice(&rule.actions);
+            }
+            Step::Missed(t) => out.missed.push(t),
+        });
+        out.to_controller = end.to_controller;
+        out.dropped_by_miss = end.dropped_by_miss;
+    }
+
+    /// The one walk through the tables: each table's match (found by `find`) applies its
+    /// actions to the fields later tables see and may go on; a miss does what the table
+    /// says. `visit` sees each step.
+    fn walk(
+        &self,
+        fields: &Fields,
+        find: impl Fn(&Table, &Fields) -> Option<RuleId>,
+        mut visit: impl FnMut(Step<'_>),
+    ) -> End {
+        let mut f = *fields;
+        let mut end = End::default();
         let mut t = 0usize;
         while let Some(table) = self.tables.get(t) {
             let Some((id, rule)) = find(table, &f).and_then(|id| self.rules.get_key_value(&id))
             else {
-                out.missed.push(t as u8);
+                visit(Step::Missed(t as u8));
                 match table.miss {
                     Miss::Drop => {
-                        out.dropped_by_miss = true;
+                        end.dropped_by_miss = true;
                         break;
                     }
                     Miss::Controller => {
-                        out.to_controller = true;
+                        end.to_controller = true;
                         break;
                     }
                     Miss::Continue => {
                         t += 1;
-                        out.dropped_by_miss = t == self.tables.len();
+                        end.dropped_by_miss = t == self.tables.len();
                         continue;
                     }
                 }
             };
-            out.rules.push(*id);
+            visit(Step::Matched(*id, rule));
             for a in &rule.actions {
                 a.apply(&mut f);
-                out.actions.push(*a);
             }
             match rule.goto {
                 Some(next) => t = usize::from(next),
                 None => break,
             }
         }
-        out
+        end
     }
 }
+
+/// A step of a walk.
+enum Step<'a> {
+    Matched(RuleId, &'a Rule),
+    Missed(u8),
+}
+
+/// How a walk ended (besides on a rule with no goto).
+#[derive(Default)]
+struct End {
+    to_controller: bool,
+    dropped_by_miss: bool,
+}
+
+/// A path step that is a table miss (the low bits: the table).
+pub const PATH_MISS: u32 = 1 << 31;
+/// The last step of a path (bit 0: to the controller; bit 1: dropped by a miss).
+pub const PATH_END: u32 = 1 << 30;
+/// Rule ids stay below the path's flag bits.
+pub const MAX_RULE_ID: u32 = PATH_END - 1;
 
 #[cfg(test)]
 mod tests {

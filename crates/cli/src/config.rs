@@ -12,7 +12,8 @@
 //!
 //! [[port]]
 //! name = "in"
-//! rx = "trace.pcap"    # read packets from this capture (relative paths: to this file)
+//! rx = "trace.pcap"    # read packets from this capture (relative paths: to this file,
+//!                      # as are the `*_file` paths of a program's settings)
 //! [[port]]
 //! name = "out"
 //! tx = "out.pcap"      # write packets sent to this port (omit: count and discard)
@@ -84,6 +85,19 @@ impl RunConfig {
             for file in [&mut port.rx, &mut port.tx].into_iter().flatten() {
                 if file.is_relative() {
                     *file = base.join(&*file);
+                }
+            }
+        }
+        // So are the files a program's settings name (keys ending in `_file`).
+        for (_, table) in cfg.program.iter_mut().flat_map(|p| p.settings.iter_mut()) {
+            if let toml::Value::Table(t) = table {
+                for (key, value) in t.iter_mut() {
+                    if let toml::Value::String(file) = value
+                        && key.ends_with("_file")
+                        && Path::new(file.as_str()).is_relative()
+                    {
+                        *file = base.join(&*file).display().to_string();
+                    }
                 }
             }
         }

@@ -8,6 +8,7 @@
 mod bench;
 mod bench_addonmiss;
 mod bench_cache;
+mod bench_pipeline;
 mod bench_tables;
 mod chart;
 mod config;
@@ -52,6 +53,8 @@ enum Command {
     BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(bench_cache::BenchCacheArgs),
+    /// The rule pipeline's Mpps with and without its cache, under rule updates, by tables.
+    BenchPipeline(bench_pipeline::BenchPipelineArgs),
     /// Operations per second per core on the state primitives (exact tables).
     BenchTables(bench_tables::BenchTablesArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Lab(args) => lab_cmd::main(args),
         Command::BenchTables(args) => bench_tables::main(args),
         Command::BenchCache(args) => bench_cache::main(args),
+        Command::BenchPipeline(args) => bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Ctl(args) => ctl::main(args),

@@ -2,7 +2,8 @@
 //!
 //! Owns: the one `madvise(MADV_HUGEPAGE)` call of the project, and the two shapes that use
 //! it: [`huge_vec`] (a vector whose pages are advised before anything touches them, for
-//! large tables) and [`HUGE_PAGE`]-aligned windows of it.
+//! large tables) and [`HUGE_PAGE`]-aligned windows of it; and [`prefetch`], the project's
+//! one cache-line hint (tables and caches warm the lines a batch will read).
 //!
 //! Must never: change what memory holds or how long it lives; advice is only about page
 //! size, and where the kernel refuses it everything works the same, only slower.
@@ -10,6 +11,21 @@
 //! Large replay buffers and tables touch far more memory than the TLB covers with 4 KiB
 //! pages; 2 MiB pages roughly halve the cost of a bare packet loop on this kind of machine,
 //! and save a page walk per lookup in tables of hundreds of megabytes.
+
+/// Asks the CPU to start loading the cache line of `value`: a hint with no effect on
+/// results, so that a batch can start every lookup's memory read before it needs any.
+#[inline(always)]
+pub fn prefetch<T>(value: &T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: SSE is part of the x86-64 baseline, and a prefetch is a hint that never
+        // faults or changes memory, whatever the address (here, a live reference's).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast()) };
+    }
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
+    let _ = value;
+}
 
 /// Size of a huge page on x86-64 and aarch64 with 4 KiB base pages.
 pub const HUGE_PAGE: usize = 2 << 20;

@@ -35,7 +35,8 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
 use stateplane_classifier::{
-    CachedPipeline, Consistency, Fields, Miss, Rule, RuleId, RuleSet, format_rule, parse_rule,
+    CachedPipeline, Consistency, Fields, Miss, Probe, Rule, RuleId, RuleSet, format_rule,
+    parse_rule,
 };
 use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
 use stateplane_state::{
@@ -94,6 +95,9 @@ pub const TO_CONTROL_ACTION: u16 = 2;
 
 const SECOND_NS: u64 = 1_000_000_000;
 
+/// Retired Action Table entries freed per burst: a bounded share of the work of a change.
+const RETIRE_PER_BURST: usize = 64;
+
 #[derive(Clone)]
 pub struct Pipeline {
     flows: CachedPipeline,
@@ -103,6 +107,8 @@ pub struct Pipeline {
     ports: usize,
     /// Rules at most, all tables together.
     capacity: usize,
+    /// The burst's keys and hashes (kept to reuse its memory).
+    batch: Vec<(Fields, u64, Probe)>,
 }
 
 /// The rules a pipeline holds at most unless configured otherwise.
@@ -237,6 +243,7 @@ impl Pipeline {
             next_expiry_ns: 0,
             ports: usize::from(u16::MAX),
             capacity: DEFAULT_CAPACITY,
+            batch: Vec::new(),
         })
     }
 
@@ -248,7 +255,10 @@ impl Pipeline {
         &mut self.flows
     }
 
+    /// Between bursts: frees some retired Action Table entries, and expires rules once a
+    /// second.
     fn expire_due(&mut self, now_ns: u64) {
+        self.flows.maintain(RETIRE_PER_BURST);
         if now_ns >= self.next_expiry_ns {
             self.flows.expire(now_ns);
             self.next_expiry_ns = now_ns + SECOND_NS;
@@ -259,11 +269,32 @@ impl Pipeline {
 impl Program for Pipeline {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.expire_due(ctx.now_ns);
+        // First every packet's key and hash, reading its cache slot ahead; then the
+        // lookups, which find the slots loaded.
+        // Passes over the burst, so that memory reads overlap across its packets: every
+        // packet's key and hash (loading its cache slot), every cache probe (loading the
+        // Action Table entry found), every entry's actions, then the outcomes and the
+        // rewrites.
+        self.batch.clear();
+        for (d, data) in burst.iter() {
+            let fields = Fields::of(&d.parsed, data, d.in_port);
+            let hash = self.flows.hash(&fields);
+            self.flows.warm(hash);
+            self.batch.push((fields, hash, Probe::default()));
+        }
+        for (fields, hash, probe) in &mut self.batch {
+            *probe = self.flows.probe(fields, *hash);
+        }
+        for &(_, _, probe) in &self.batch {
+            self.flows.warm_outcome(probe);
+        }
         for i in 0..burst.len() {
             let p = burst.packet_mut(i);
             let parsed = &p.desc.parsed;
-            let fields = Fields::of(parsed, p.data, p.desc.in_port);
-            let outcome = self.flows.classify(&fields, p.desc.len, ctx.now_ns);
+            let (fields, hash, probe) = self.batch[i];
+            let outcome = self
+                .flows
+                .classify_probed(&fields, hash, probe, p.desc.len, ctx.now_ns);
             let applied = apply::apply(p.data, parsed, &outcome.actions);
             let tagged = parsed.flags.has(ParseFlags::VLAN);
             let (to_controller, dropped_by_miss) = (outcome.to_controller, outcome.dropped_by_miss);

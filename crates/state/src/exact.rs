@@ -218,8 +218,8 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         for (keys, out) in keys.chunks(64).zip(out.chunks_mut(64)) {
             for k in keys {
                 let home = self.split(k).0;
-                prefetch(&self.meta[home]);
-                prefetch(&self.slots[home]);
+                stateplane_mem::prefetch(&self.meta[home]);
+                stateplane_mem::prefetch(&self.slots[home]);
             }
             for (k, o) in keys.iter().zip(out.iter_mut()) {
                 *o = self.lookup(k);
@@ -526,20 +526,6 @@ impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
             stats: self.stats,
         }
     }
-}
-
-/// Asks the CPU to start loading the cache line of `value` (a hint: no effect on results).
-#[inline(always)]
-fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: SSE is part of the x86-64 baseline, and a prefetch is a hint that never
-        // faults or changes memory, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((value as *const T).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = value;
 }
 
 /// A handle on an entry, valid until the table's next add or delete (they move entries).

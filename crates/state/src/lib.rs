@@ -12,8 +12,7 @@
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
 //! counts), or read a clock (time comes in as `now_ns`, the data-plane clock, so tests run
-//! on a virtual one). Its one `unsafe` block is a prefetch hint, checked under valgrind by
-//! the test script.
+//! on a virtual one). It has no `unsafe` code (its prefetch hints are `stateplane-mem`'s).
 
 pub mod control;
 pub mod exact;

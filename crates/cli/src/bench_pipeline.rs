@@ -1,0 +1,674 @@
+//! `stateplane bench-pipeline`: the `pipeline` program on one core, replaying a generated
+//! trace from memory through an ACL of ClassBench-like rules and an Internet-sized FIB
+//! (FlowShadow's section IV on our software). Three experiments, in one run:
+//!
+//! * speed-up: Mpps with the cache in each consistency mode against the same rules with
+//!   no cache (`off`), on the two-table pipeline;
+//! * update rate: Mpps of each mode while a share of all rules (0 to 10% per second) is
+//!   modified between bursts, with the longest single update against a burst's time;
+//! * tables: Mpps of each mode with 1 to 4 tables;
+//! * lookup: the cache's lookup speed alone (the paper's), classifications of the trace's
+//!   keys per second with a warm cache, no packet handling.
+//!
+//! Each run replays the trace through real packet handling: frames copied into bursts,
+//! parsed, classified, rewritten (dec_ttl, MACs) and given a verdict, as the runtime's
+//! workers do. With no updates, every mode's verdicts and output bytes must equal `off`'s
+//! (a digest of them is compared), so a fast wrong cache cannot pass.
+
+use crate::CliResult;
+use stateplane_classifier::{
+    Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
+};
+use stateplane_gen::rng::Rng;
+use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_programs::pipeline::{Pipeline, consistency};
+use stateplane_runtime::{Burst, Context, Program, Verdict};
+use stateplane_wire::FlowHasher;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchPipelineArgs {
+    /// Workloads of the generated traces (internet, datacenter).
+    #[arg(long, value_delimiter = ',', default_value = "internet,datacenter")]
+    pub workloads: Vec<String>,
+    #[arg(long, default_value_t = 2_000_000)]
+    pub packets: u64,
+    /// ClassBench-like ACL rules in table 0 (stateplane_state::ternary::acl_rules).
+    #[arg(long, default_value_t = 750)]
+    pub acl_rules: usize,
+    /// Generated Internet-like IPv4 prefixes in table 1 (stateplane_state::prefixes), besides
+    /// the routes of the trace's own addresses.
+    #[arg(long, default_value_t = 400_000)]
+    pub fib_prefixes: usize,
+    /// Microflow cache entries (a power of two) and ways.
+    #[arg(long, default_value_t = 1 << 18)]
+    pub cache_entries: usize,
+    #[arg(long, default_value_t = 1)]
+    pub cache_ways: usize,
+    /// Consistency modes to measure (off is always measured: it is the reference).
+    #[arg(long, value_delimiter = ',', default_value = "action,cookie,strong")]
+    pub modes: Vec<String>,
+    /// Rules modified per second, as percentages of all rules (internet trace only).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.1,1,10")]
+    pub update_rates: Vec<f64>,
+    /// Table counts of the tables experiment (internet trace only, no updates).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
+    pub tables: Vec<usize>,
+    #[arg(long, default_value_t = 64)]
+    pub burst: usize,
+    /// Repeat each measurement and report the median.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Measure only the modes given, without `off` (for profiling one mode): results are
+    /// then not checked against the tables alone.
+    #[arg(long, hide = true)]
+    pub no_reference: bool,
+    /// Also write the results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Also draw them as an SVG bar chart.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// One measurement's result.
+struct Row {
+    experiment: &'static str,
+    workload: String,
+    mode: Consistency,
+    tables: usize,
+    /// Rules modified per second, in percent of all rules.
+    update_pct: f64,
+    mpps: f64,
+    /// Against `off` in the same rounds (median of the rounds' ratios).
+    speedup: f64,
+    hit_rate: f64,
+    updates: u64,
+    /// Single updates' 99th and 99.9th percentiles and longest (which a shared machine's
+    /// preemptions dominate), and the median burst, in microseconds.
+    p99_update_us: f64,
+    p999_update_us: f64,
+    max_update_us: f64,
+    median_burst_us: f64,
+}
+
+/// A trace in memory: frames back to back, and where each one is.
+struct Trace {
+    bytes: Vec<u8>,
+    frames: Vec<(usize, usize)>,
+}
+
+fn load_trace(workload: &str, a: &BenchPipelineArgs) -> CliResult<Trace> {
+    let w: Workload = workload
+        .parse()
+        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
+    let mut cfg = GenConfig::new(w, a.packets);
+    cfg.seed = a.seed;
+    cfg.packet_size = Some(64);
+    cfg.ipv6_share = 0.0;
+    let mut t = Trace {
+        bytes: Vec::new(),
+        frames: Vec::new(),
+    };
+    generate(
+        &cfg,
+        |_, f| {
+            t.frames.push((t.bytes.len(), f.len()));
+            t.bytes.extend_from_slice(f);
+            Ok(())
+        },
+        |_| {},
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(t)
+}
+
+/// The rule text of a pipeline of `tables` tables: the ACL (permit: on to the FIB, deny:
+/// drop), the FIB (routes for the trace's /24s and a default, over the generated
+/// prefixes; dec_ttl, next hop's MAC, output), and policy tables of port-range rules that
+/// rewrite the source MAC.
+fn rule_lines(a: &BenchPipelineArgs, tables: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let last = tables - 1;
+    let on = |from: usize| {
+        if from < last {
+            format!(",goto_table:{}", from + 1)
+        } else {
+            String::new()
+        }
+    };
+    let permit = if tables == 1 {
+        "output:1".to_string()
+    } else {
+        "goto_table:1".to_string()
+    };
+    for r in stateplane_state::ternary::acl_rules(a.acl_rules, a.seed) {
+        let mut words = vec![format!("table=0,priority={},ip", 100 + r.priority)];
+        if let Some(p) = r.proto {
+            words.push(format!("nw_proto={p}"));
+        }
+        for (name, addr, len) in [("nw_src", r.src, r.src_len), ("nw_dst", r.dst, r.dst_len)] {
+            if len > 0 {
+                words.push(format!("{name}={}/{len}", std::net::Ipv4Addr::from(addr)));
+            }
+        }
+        for (name, (lo, hi)) in [("tp_src", r.src_ports), ("tp_dst", r.dst_ports)] {
+            if (lo, hi) != (0, u16::MAX) {
+                words.push(format!("{name}={lo}-{hi}"));
+            }
+        }
+        // One rule in eight denies, as an ACL's exceptions do.
+        let action = if r.action % 8 == 7 { "drop" } else { &permit };
+        lines.push(format!("{},actions={action}", words.join(",")));
+    }
+    lines.push(format!("table=0,priority=0,ip,actions={permit}"));
+    if tables >= 2 {
+        let route = |prefix: String, len: u8, port: u8| {
+            format!(
+                "table=1,priority={len},ip,nw_dst={prefix}/{len},actions=dec_ttl,mod_dl_dst:02:00:00:00:0b:{port:02x},output:{port}{}",
+                on(1)
+            )
+        };
+        for (p, len, v) in stateplane_state::prefixes::ipv4(a.fib_prefixes, a.seed) {
+            lines.push(route(p.to_string(), len, 1 + (v % 2) as u8));
+        }
+        for third in 0..=255u32 {
+            for second in [18, 19] {
+                let port = 1 + ((third + second) % 2) as u8;
+                lines.push(route(format!("198.{second}.{third}.0"), 24, port));
+            }
+        }
+        lines.push(route("0.0.0.0".into(), 0, 1));
+    }
+    for t in 2..tables {
+        let mut rng = Rng::new(a.seed + t as u64);
+        for i in 0..100 {
+            let lo = rng.below(60_000) as u16;
+            let hi = lo + rng.below(5_000) as u16;
+            lines.push(format!(
+                "table={t},priority={},tcp,tp_dst={lo}-{hi},actions=mod_dl_src:02:00:00:00:{t:02x}:{i:02x}{}",
+                200 - i,
+                on(t)
+            ));
+        }
+        lines.push(format!(
+            "table={t},priority=0,actions=mod_dl_src:02:00:00:00:{t:02x}:ff{}",
+            on(t)
+        ));
+    }
+    lines
+}
+
+fn rule_set(a: &BenchPipelineArgs, tables: usize) -> CliResult<RuleSet> {
+    let mut rules = RuleSet::new(tables);
+    for line in rule_lines(a, tables) {
+        let rule = parse_rule(&line).map_err(|e| format!("generated rule {line}: {e}"))?;
+        rules
+            .insert(rule)
+            .map_err(|e| format!("generated rule {line}: {e}"))?;
+    }
+    Ok(rules)
+}
+
+/// Modifies a random rule between bursts at a steady rate: a FIB route moves to the other
+/// next hop, any other rule gets its own actions again (which invalidates all the same).
+struct Updater {
+    ids: Vec<RuleId>,
+    per_second: f64,
+    done: u64,
+    /// How long each update held the worker.
+    took_ns: Vec<u64>,
+    rng: Rng,
+}
+
+impl Updater {
+    fn new(flows: &CachedPipeline, pct: f64, seed: u64) -> Updater {
+        let ids: Vec<RuleId> = flows.rules().rules().map(|(id, _)| id).collect();
+        Updater {
+            per_second: ids.len() as f64 * pct / 100.0,
+            ids,
+            done: 0,
+            took_ns: Vec::new(),
+            rng: Rng::new(seed),
+        }
+    }
+
+    fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) {
+        let due = (elapsed_s * self.per_second) as u64;
+        while self.done < due && !self.ids.is_empty() {
+            let id = self.ids[self.rng.below(self.ids.len() as u64) as usize];
+            let t = Instant::now();
+            if let Some(rule) = flows.rules().get(id) {
+                let actions: Vec<Action> = (rule.actions.iter())
+                    .map(|a| match *a {
+                        Action::Output(p @ 1..=2) => Action::Output(3 - p),
+                        other => other,
+                    })
+                    .collect();
+                let goto = rule.goto;
+                let _ = flows.modify(id, actions, goto);
+            }
+            self.took_ns.push(t.elapsed().as_nanos() as u64);
+            self.done += 1;
+        }
+    }
+}
+
+/// What one replay of the trace gave.
+struct Replay {
+    seconds: f64,
+    packets: u64,
+    /// A digest of every packet's verdict and output bytes, in order.
+    digest: u64,
+    burst_ns: Vec<u64>,
+}
+
+fn replay(
+    pipeline: &mut Pipeline,
+    trace: &Trace,
+    burst_size: usize,
+    updater: &mut Updater,
+) -> Replay {
+    let hasher = FlowHasher::with_seed(7);
+    let mut ctx = Context {
+        now_ns: 0,
+        worker: 0,
+        workers: 1,
+        hasher,
+        ports: 4,
+    };
+    let mut burst = Burst::with_capacity(burst_size);
+    let mut digest = 0xcbf2_9ce4_8422_2325u64;
+    let mut burst_ns = Vec::with_capacity(trace.frames.len() / burst_size + 1);
+    let start = Instant::now();
+    for chunk in trace.frames.chunks(burst_size) {
+        let t = Instant::now();
+        burst.clear();
+        for (i, &(at, len)) in chunk.iter().enumerate() {
+            burst.push(&trace.bytes[at..at + len], len as u32, 0, 0, i as u64);
+        }
+        burst.parse(&hasher);
+        ctx.now_ns = start.elapsed().as_nanos() as u64;
+        pipeline.process(&mut burst, &mut ctx);
+        for (d, data) in burst.iter() {
+            let v = match d.verdict {
+                Verdict::Forward(p) => u64::from(p),
+                Verdict::Drop(r) => 0x100 | u64::from(r.0),
+                _ => 0x200,
+            };
+            digest = (digest ^ v ^ u64::from(data[5]) ^ u64::from(data[22]) << 8)
+                .wrapping_mul(0x0100_0000_01b3);
+        }
+        burst_ns.push(t.elapsed().as_nanos() as u64);
+        updater.catch_up(pipeline.flows_mut(), start.elapsed().as_secs_f64());
+    }
+    Replay {
+        seconds: start.elapsed().as_secs_f64(),
+        packets: trace.frames.len() as u64,
+        digest,
+        burst_ns,
+    }
+}
+
+/// The paper's lookup speed: classifications per second of the trace's keys alone (no
+/// packet copy, parse or rewrite), counters included, after one pass that warms the
+/// cache; every mode in each round, as [`measure`] does.
+fn lookups(
+    a: &BenchPipelineArgs,
+    workload: &str,
+    trace: &Trace,
+    rules: &RuleSet,
+    modes: &[Consistency],
+) -> CliResult<Vec<Row>> {
+    let hasher = FlowHasher::with_seed(7);
+    let keys: Vec<Fields> = (trace.frames.iter())
+        .filter_map(|&(at, len)| {
+            let frame = &trace.bytes[at..at + len];
+            let parsed = stateplane_wire::parse(frame, 0, &hasher).ok()?;
+            Some(Fields::of(&parsed, frame, 0))
+        })
+        .collect();
+    let mut runs: Vec<Runs> = modes.iter().map(|_| Runs::default()).collect();
+    for _ in 0..a.repeat {
+        for (m, &mode) in modes.iter().enumerate() {
+            let mut p =
+                CachedPipeline::new(rules.clone(), mode, a.cache_entries, a.cache_ways, a.seed)
+                    .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))?;
+            for k in &keys {
+                p.classify(k, 64, 0);
+            }
+            let before = p.cache_stats().hits;
+            let t = Instant::now();
+            let mut outputs = 0usize;
+            for k in &keys {
+                outputs += p.classify(k, 64, 0).actions.len();
+            }
+            let secs = t.elapsed().as_secs_f64();
+            std::hint::black_box(outputs);
+            runs[m].mpps.push(keys.len() as f64 / secs / 1e6);
+            runs[m]
+                .hits
+                .push((p.cache_stats().hits - before) as f64 / keys.len().max(1) as f64);
+            eprintln!(
+                "  lookup   {workload:<10} {:<6}: {:.2} M lookups/s",
+                mode_name(mode),
+                runs[m].mpps.last().copied().unwrap_or(0.0)
+            );
+        }
+    }
+    let off = modes.iter().position(|&m| m == Consistency::Off);
+    Ok(modes
+        .iter()
+        .zip(&runs)
+        .map(|(&mode, run)| Row {
+            experiment: "lookup",
+            workload: workload.to_string(),
+            mode,
+            tables: rules.tables(),
+            update_pct: 0.0,
+            mpps: median_f(run.mpps.clone()),
+            speedup: off.map_or(f64::NAN, |o| {
+                median_f(
+                    run.mpps
+                        .iter()
+                        .zip(&runs[o].mpps)
+                        .map(|(m, b)| m / b)
+                        .collect(),
+                )
+            }),
+            hit_rate: median_f(run.hits.clone()),
+            updates: 0,
+            p99_update_us: 0.0,
+            p999_update_us: 0.0,
+            max_update_us: 0.0,
+            median_burst_us: 0.0,
+        })
+        .collect())
+}
+
+fn percentile(v: &mut [u64], q: f64) -> u64 {
+    v.sort_unstable();
+    v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0)
+}
+
+fn median_f(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One mode's runs of a configuration.
+#[derive(Default)]
+struct Runs {
+    mpps: Vec<f64>,
+    hits: Vec<f64>,
+    bursts: Vec<f64>,
+    took: Vec<u64>,
+    updates: u64,
+}
+
+/// Measures a configuration in every mode, `repeat` rounds of one run per mode (a fresh
+/// pipeline each time: a cold cache), the modes interleaved so that the machine's noise
+/// falls on all of them alike. A mode's speed-up is the median over rounds of its Mpps
+/// over `off`'s in the same round. With no updates, each run's verdicts and bytes must
+/// equal `off`'s.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    a: &BenchPipelineArgs,
+    experiment: &'static str,
+    workload: &str,
+    trace: &Trace,
+    rules: &RuleSet,
+    modes: &[Consistency],
+    update_pct: f64,
+) -> CliResult<Vec<Row>> {
+    let mut runs: Vec<Runs> = modes.iter().map(|_| Runs::default()).collect();
+    for r in 0..a.repeat {
+        let mut reference = None;
+        for (m, &mode) in modes.iter().enumerate() {
+            let mut p = Pipeline::with_rules(rules.clone(), mode, a.cache_entries, a.cache_ways)
+                .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))?;
+            let mut updater = Updater::new(p.flows(), update_pct, a.seed + r as u64);
+            let run = replay(&mut p, trace, a.burst, &mut updater);
+            if update_pct == 0.0 && run.digest != *reference.get_or_insert(run.digest) {
+                return Err(format!(
+                    "{workload}, {} tables: the {} cache gave other verdicts or bytes than the tables alone",
+                    rules.tables(),
+                    mode_name(mode)
+                ));
+            }
+            let out = &mut runs[m];
+            out.mpps.push(run.packets as f64 / run.seconds / 1e6);
+            out.hits
+                .push(p.flows().cache_stats().hits as f64 / run.packets.max(1) as f64);
+            out.took.extend(&updater.took_ns);
+            let mut b = run.burst_ns;
+            b.sort_unstable();
+            out.bursts
+                .push(b.get(b.len() / 2).copied().unwrap_or(0) as f64 / 1e3);
+            out.updates = updater.done;
+            eprintln!(
+                "  {experiment:<8} {workload:<10} {:<6} tables={} updates={update_pct}%/s, round {}: {:.2} Mpps",
+                mode_name(mode),
+                rules.tables(),
+                r + 1,
+                out.mpps[r]
+            );
+        }
+    }
+    let off = modes.iter().position(|&m| m == Consistency::Off);
+    Ok(modes
+        .iter()
+        .zip(&runs)
+        .map(|(&mode, run)| {
+            let speedup = off.map_or(f64::NAN, |o| {
+                median_f(
+                    (run.mpps.iter().zip(&runs[o].mpps))
+                        .map(|(m, b)| m / b)
+                        .collect(),
+                )
+            });
+            let mut took = run.took.clone();
+            Row {
+                experiment,
+                workload: workload.to_string(),
+                mode,
+                tables: rules.tables(),
+                update_pct,
+                mpps: median_f(run.mpps.clone()),
+                speedup,
+                hit_rate: median_f(run.hits.clone()),
+                updates: run.updates,
+                p99_update_us: percentile(&mut took, 0.99) as f64 / 1e3,
+                p999_update_us: percentile(&mut took, 0.999) as f64 / 1e3,
+                max_update_us: took.iter().copied().max().unwrap_or(0) as f64 / 1e3,
+                median_burst_us: median_f(run.bursts.clone()),
+            }
+        })
+        .collect())
+}
+
+fn mode_name(m: Consistency) -> &'static str {
+    match m {
+        Consistency::Off => "off",
+        Consistency::Action => "action",
+        Consistency::Cookie => "cookie",
+        Consistency::Strong => "strong",
+    }
+}
+
+pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
+    if a.repeat == 0 || a.burst == 0 || a.burst > 1024 {
+        return Err("--repeat must be above 0 and --burst 1 to 1024".into());
+    }
+    if let Some(t) = a.tables.iter().find(|&&t| !(1..=4).contains(&t)) {
+        return Err(format!("--tables: {t} is not 1 to 4"));
+    }
+    if let Some(r) = a
+        .update_rates
+        .iter()
+        .find(|&&r| !(0.0..=100.0).contains(&r))
+    {
+        return Err(format!(
+            "--update-rates: {r} is not a percentage (0 to 100)"
+        ));
+    }
+    let mut modes = if a.no_reference {
+        eprintln!("--no-reference: no off run, so the caches' verdicts are not checked");
+        vec![]
+    } else {
+        vec![Consistency::Off]
+    };
+    for m in &a.modes {
+        let mode = consistency(m)
+            .ok_or_else(|| format!("--modes: '{m}' is not one of action, cookie, strong, off"))?;
+        if !modes.contains(&mode) {
+            modes.push(mode);
+        }
+    }
+    let mut rows = Vec::new();
+    let t = Instant::now();
+    let two = rule_set(&a, 2)?;
+    eprintln!(
+        "built {} rules in 2 tables in {:.1} s",
+        two.len(),
+        t.elapsed().as_secs_f64()
+    );
+    for (w, workload) in a.workloads.iter().enumerate() {
+        eprintln!("generating {workload}");
+        let trace = load_trace(workload, &a)?;
+        // Speed-up, and (first workload) the update-rate experiment.
+        let rates: Vec<f64> = if w == 0 {
+            a.update_rates.clone()
+        } else {
+            vec![0.0]
+        };
+        for &rate in &rates {
+            let experiment = if rate == 0.0 { "speedup" } else { "updates" };
+            rows.extend(measure(
+                &a, experiment, workload, &trace, &two, &modes, rate,
+            )?);
+        }
+        rows.extend(lookups(&a, workload, &trace, &two, &modes)?);
+        if w == 0 {
+            for &tables in a.tables.iter().filter(|&&t| t != 2) {
+                let rules = rule_set(&a, tables)?;
+                rows.extend(measure(
+                    &a, "tables", workload, &trace, &rules, &modes, 0.0,
+                )?);
+            }
+        }
+    }
+    report(&a, &two, &rows)
+}
+
+fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
+    println!(
+        "input: stateplane gen WORKLOAD --packets {} --packet-size 64 --ipv6-share 0 --seed {}, replayed from memory on one core in bursts of {}; \
+         table 0: {} ClassBench-like ACL rules (1 in 8 deny) and a default; table 1: {} generated prefixes, 512 /24s of the trace and a default ({} rules in all); \
+         tables 2-3: 100 port-range rules each; cache {} entries, {} way(s); median of {}",
+        a.packets,
+        a.seed,
+        a.burst,
+        a.acl_rules,
+        a.fib_prefixes,
+        two.len(),
+        a.cache_entries,
+        a.cache_ways,
+        a.repeat
+    );
+    println!(
+        "{:<8} {:<10} {:<6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>12} {:>12} {:>12}",
+        "exp",
+        "workload",
+        "mode",
+        "tables",
+        "updates",
+        "Mpps",
+        "vs off",
+        "hit rate",
+        "update p99",
+        "update p99.9",
+        "median burst"
+    );
+    let mut csv = String::from(
+        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us\n",
+    );
+    for r in rows {
+        let ratio = r.speedup;
+        println!(
+            "{:<8} {:<10} {:<6} {:>6} {:>8}% {:>8.2} {:>7.2}x {:>8.1}% {:>9.1} µs {:>9.1} µs {:>9.1} µs",
+            r.experiment,
+            r.workload,
+            mode_name(r.mode),
+            r.tables,
+            r.update_pct,
+            r.mpps,
+            ratio,
+            r.hit_rate * 100.0,
+            r.p99_update_us,
+            r.p999_update_us,
+            r.median_burst_us
+        );
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{:.3},{:.3},{:.4},{:.2},{:.2},{:.2},{:.2}\n",
+            r.experiment,
+            r.workload,
+            mode_name(r.mode),
+            r.tables,
+            r.update_pct,
+            r.updates,
+            r.mpps,
+            ratio,
+            r.hit_rate,
+            r.p99_update_us,
+            r.p999_update_us,
+            r.max_update_us,
+            r.median_burst_us
+        ));
+    }
+    if let Some(path) = &a.csv {
+        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.svg {
+        let panel = |title: String, pick: &dyn Fn(&Row) -> Option<String>| crate::chart::Panel {
+            title,
+            unit: "Mpps".into(),
+            bars: rows
+                .iter()
+                .filter_map(|r| pick(r).map(|label| (label, r.mpps)))
+                .collect(),
+        };
+        let mut panels = Vec::new();
+        for w in &a.workloads {
+            panels.push(panel(format!("{w}: ACL + FIB, no updates"), &|r: &Row| {
+                (r.experiment == "speedup" && &r.workload == w).then(|| mode_name(r.mode).into())
+            }));
+        }
+        panels.push(panel(
+            "internet: rules modified per second (% of all)".into(),
+            &|r: &Row| {
+                (r.workload == a.workloads[0] && r.experiment != "tables" && r.tables == 2)
+                    .then(|| format!("{} at {}%/s", mode_name(r.mode), r.update_pct))
+            },
+        ));
+        panels.push(panel("internet: tables".into(), &|r: &Row| {
+            (r.workload == a.workloads[0] && r.update_pct == 0.0)
+                .then(|| format!("{} with {} table(s)", mode_name(r.mode), r.tables))
+        }));
+        let svg = crate::chart::bars(
+            "The rule pipeline with and without its microflow cache",
+            &format!(
+                "one core; {} packets per trace; cache {} entries",
+                a.packets, a.cache_entries
+            ),
+            &panels,
+        );
+        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
