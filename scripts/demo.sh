@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on embedded defaults: build, generate a sample trace, run it through the
-# `forward` and `l2` programs, and print what happened (output files go to ./out/); then,
+# `forward`, `l2` and `pipeline` programs, and print what happened (output files go to ./out/); then,
 # as root, switch real traffic live: a lab of two hosts and a stateplane switch in network
 # namespaces on this machine, with ping and an iperf3 TCP transfer through the switch.
 set -euo pipefail
@@ -24,6 +24,9 @@ $sp run forward --workers 2 -i out/sample.pcap -o out/forwarded.pcap
 echo
 echo "== l2: switching by a static MAC table (examples/l2.toml)"
 $sp run --config examples/l2.toml
+echo
+echo "== pipeline: an ACL then a routing table, OpenFlow style, with its microflow cache (examples/pipeline.toml)"
+$sp run --config examples/pipeline.toml
 echo
 if [ $live -eq 0 ]; then
   echo "== live lab: not run, because it creates network namespaces and needs root (run ./scripts/demo.sh as root)"

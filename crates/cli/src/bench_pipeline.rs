@@ -34,6 +34,9 @@ pub struct BenchPipelineArgs {
     pub workloads: Vec<String>,
     #[arg(long, default_value_t = 2_000_000)]
     pub packets: u64,
+    /// Times each run replays the trace (the cache stays warm from one to the next).
+    #[arg(long, default_value_t = 1)]
+    pub loops: usize,
     /// ClassBench-like ACL rules in table 0 (stateplane_state::ternary::acl_rules).
     #[arg(long, default_value_t = 750)]
     pub acl_rules: usize,
@@ -66,6 +69,21 @@ pub struct BenchPipelineArgs {
     /// then not checked against the tables alone.
     #[arg(long, hide = true)]
     pub no_reference: bool,
+    /// Replay this capture instead of generating traces.
+    #[arg(long, conflicts_with = "workloads")]
+    pub trace: Option<PathBuf>,
+    /// Take the pipeline's rules from this file (one per line) instead of generating them;
+    /// the table-count experiment is then skipped.
+    #[arg(long)]
+    pub rules_file: Option<PathBuf>,
+    /// Write the generated two-table rules to this file and stop (to run the same rules
+    /// elsewhere, as scripts/compare-ovs.sh does).
+    #[arg(long)]
+    pub write_rules: Option<PathBuf>,
+    /// Generate only rules Open vSwitch also takes: ports matched exactly and only under
+    /// TCP or UDP (no ranges).
+    #[arg(long)]
+    pub ovs_compatible: bool,
     /// Also write the results as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
@@ -85,6 +103,10 @@ struct Row {
     mpps: f64,
     /// Against `off` in the same rounds (median of the rounds' ratios).
     speedup: f64,
+    /// With updates: against the same mode with none in the same rounds (median ratio).
+    vs_still: f64,
+    /// The share of packets given an output port.
+    forwarded: f64,
     hit_rate: f64,
     updates: u64,
     /// Single updates' 99th and 99.9th percentiles and longest (which a shared machine's
@@ -101,7 +123,29 @@ struct Trace {
     frames: Vec<(usize, usize)>,
 }
 
+/// A capture file's frames, in memory.
+fn read_trace(path: &std::path::Path) -> CliResult<Trace> {
+    let file = std::fs::File::open(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
+    let mut reader = stateplane_io::CaptureReader::new(std::io::BufReader::new(file))
+        .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+    let mut t = Trace {
+        bytes: Vec::new(),
+        frames: Vec::new(),
+    };
+    while let Some(r) = reader
+        .next_record()
+        .map_err(|e| format!("--trace {}: {e}", path.display()))?
+    {
+        t.frames.push((t.bytes.len(), r.data.len()));
+        t.bytes.extend_from_slice(r.data);
+    }
+    Ok(t)
+}
+
 fn load_trace(workload: &str, a: &BenchPipelineArgs) -> CliResult<Trace> {
+    if let Some(path) = &a.trace {
+        return read_trace(path);
+    }
     let w: Workload = workload
         .parse()
         .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
@@ -156,8 +200,14 @@ fn rule_lines(a: &BenchPipelineArgs, tables: usize) -> Vec<String> {
             }
         }
         for (name, (lo, hi)) in [("tp_src", r.src_ports), ("tp_dst", r.dst_ports)] {
-            if (lo, hi) != (0, u16::MAX) {
+            if (lo, hi) == (0, u16::MAX) {
+                continue;
+            }
+            if !a.ovs_compatible {
                 words.push(format!("{name}={lo}-{hi}"));
+            } else if lo == hi && matches!(r.proto, Some(6 | 17)) {
+                // Open vSwitch matches a port only under TCP or UDP, and has no ranges.
+                words.push(format!("{name}={lo}"));
             }
         }
         // One rule in eight denies, as an ACL's exceptions do.
@@ -263,12 +313,15 @@ struct Replay {
     packets: u64,
     /// A digest of every packet's verdict and output bytes, in order.
     digest: u64,
+    /// Packets given an output port.
+    forwarded: u64,
     burst_ns: Vec<u64>,
 }
 
 fn replay(
     pipeline: &mut Pipeline,
     trace: &Trace,
+    loops: usize,
     burst_size: usize,
     updater: &mut Updater,
 ) -> Replay {
@@ -282,9 +335,10 @@ fn replay(
     };
     let mut burst = Burst::with_capacity(burst_size);
     let mut digest = 0xcbf2_9ce4_8422_2325u64;
+    let mut forwarded = 0;
     let mut burst_ns = Vec::with_capacity(trace.frames.len() / burst_size + 1);
     let start = Instant::now();
-    for chunk in trace.frames.chunks(burst_size) {
+    for chunk in std::iter::repeat_n(&trace.frames, loops).flat_map(|f| f.chunks(burst_size)) {
         let t = Instant::now();
         burst.clear();
         for (i, &(at, len)) in chunk.iter().enumerate() {
@@ -295,7 +349,10 @@ fn replay(
         pipeline.process(&mut burst, &mut ctx);
         for (d, data) in burst.iter() {
             let v = match d.verdict {
-                Verdict::Forward(p) => u64::from(p),
+                Verdict::Forward(p) => {
+                    forwarded += 1;
+                    u64::from(p)
+                }
                 Verdict::Drop(r) => 0x100 | u64::from(r.0),
                 _ => 0x200,
             };
@@ -307,8 +364,9 @@ fn replay(
     }
     Replay {
         seconds: start.elapsed().as_secs_f64(),
-        packets: trace.frames.len() as u64,
+        packets: (trace.frames.len() * loops) as u64,
         digest,
+        forwarded,
         burst_ns,
     }
 }
@@ -379,6 +437,8 @@ fn lookups(
                         .collect(),
                 )
             }),
+            vs_still: f64::NAN,
+            forwarded: f64::NAN,
             hit_rate: median_f(run.hits.clone()),
             updates: 0,
             p99_update_us: 0.0,
@@ -405,6 +465,9 @@ fn median_f(mut v: Vec<f64>) -> f64 {
 #[derive(Default)]
 struct Runs {
     mpps: Vec<f64>,
+    /// With updates: the same mode's Mpps with none, in the same round.
+    still: Vec<f64>,
+    forwarded: f64,
     hits: Vec<f64>,
     bursts: Vec<f64>,
     took: Vec<u64>,
@@ -430,10 +493,21 @@ fn measure(
     for r in 0..a.repeat {
         let mut reference = None;
         for (m, &mode) in modes.iter().enumerate() {
-            let mut p = Pipeline::with_rules(rules.clone(), mode, a.cache_entries, a.cache_ways)
-                .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))?;
+            let fresh = || {
+                Pipeline::with_rules(rules.clone(), mode, a.cache_entries, a.cache_ways)
+                    .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))
+            };
+            if update_pct > 0.0 {
+                let mut p = fresh()?;
+                let mut none = Updater::new(p.flows(), 0.0, 0);
+                let still = replay(&mut p, trace, a.loops, a.burst, &mut none);
+                runs[m]
+                    .still
+                    .push(still.packets as f64 / still.seconds / 1e6);
+            }
+            let mut p = fresh()?;
             let mut updater = Updater::new(p.flows(), update_pct, a.seed + r as u64);
-            let run = replay(&mut p, trace, a.burst, &mut updater);
+            let run = replay(&mut p, trace, a.loops, a.burst, &mut updater);
             if update_pct == 0.0 && run.digest != *reference.get_or_insert(run.digest) {
                 return Err(format!(
                     "{workload}, {} tables: the {} cache gave other verdicts or bytes than the tables alone",
@@ -451,6 +525,7 @@ fn measure(
             out.bursts
                 .push(b.get(b.len() / 2).copied().unwrap_or(0) as f64 / 1e3);
             out.updates = updater.done;
+            out.forwarded = run.forwarded as f64 / run.packets.max(1) as f64;
             eprintln!(
                 "  {experiment:<8} {workload:<10} {:<6} tables={} updates={update_pct}%/s, round {}: {:.2} Mpps",
                 mode_name(mode),
@@ -473,6 +548,17 @@ fn measure(
                 )
             });
             let mut took = run.took.clone();
+            let vs_still = if run.still.is_empty() {
+                f64::NAN
+            } else {
+                median_f(
+                    run.mpps
+                        .iter()
+                        .zip(&run.still)
+                        .map(|(m, b)| m / b)
+                        .collect(),
+                )
+            };
             Row {
                 experiment,
                 workload: workload.to_string(),
@@ -481,6 +567,8 @@ fn measure(
                 update_pct,
                 mpps: median_f(run.mpps.clone()),
                 speedup,
+                vs_still,
+                forwarded: run.forwarded,
                 hit_rate: median_f(run.hits.clone()),
                 updates: run.updates,
                 p99_update_us: percentile(&mut took, 0.99) as f64 / 1e3,
@@ -502,8 +590,8 @@ fn mode_name(m: Consistency) -> &'static str {
 }
 
 pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
-    if a.repeat == 0 || a.burst == 0 || a.burst > 1024 {
-        return Err("--repeat must be above 0 and --burst 1 to 1024".into());
+    if a.repeat == 0 || a.loops == 0 || a.burst == 0 || a.burst > 1024 {
+        return Err("--repeat and --loops must be above 0, and --burst 1 to 1024".into());
     }
     if let Some(t) = a.tables.iter().find(|&&t| !(1..=4).contains(&t)) {
         return Err(format!("--tables: {t} is not 1 to 4"));
@@ -530,15 +618,49 @@ pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
             modes.push(mode);
         }
     }
+    if let Some(path) = &a.write_rules {
+        let mut text = rule_lines(&a, 2).join("\n");
+        text.push('\n');
+        std::fs::write(path, text).map_err(|e| format!("--write-rules {}: {e}", path.display()))?;
+        return Ok(());
+    }
     let mut rows = Vec::new();
     let t = Instant::now();
-    let two = rule_set(&a, 2)?;
+    let two = match &a.rules_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--rules-file {}: {e}", path.display()))?;
+            let lines: Vec<&str> = text.lines().collect();
+            let tables = (lines.iter())
+                .filter_map(|l| parse_rule(l).ok())
+                .map(|r| usize::from(r.table.max(r.goto.unwrap_or(0))) + 1)
+                .max()
+                .unwrap_or(1);
+            let mut rules = RuleSet::new(tables);
+            let parsed = stateplane_programs::pipeline::parse_rules(&rules, lines, 4)
+                .map_err(|e| format!("--rules-file {}: {e}", path.display()))?;
+            for rule in parsed {
+                rules
+                    .insert(rule)
+                    .map_err(|e| format!("--rules-file {}: {e}", path.display()))?;
+            }
+            rules
+        }
+        None => rule_set(&a, 2)?,
+    };
     eprintln!(
         "built {} rules in 2 tables in {:.1} s",
         two.len(),
         t.elapsed().as_secs_f64()
     );
-    for (w, workload) in a.workloads.iter().enumerate() {
+    let workloads = match &a.trace {
+        Some(path) => vec![(path.file_name()).map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into(),
+        )],
+        None => a.workloads.clone(),
+    };
+    for (w, workload) in workloads.iter().enumerate() {
         eprintln!("generating {workload}");
         let trace = load_trace(workload, &a)?;
         // Speed-up, and (first workload) the update-rate experiment.
@@ -554,7 +676,7 @@ pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
             )?);
         }
         rows.extend(lookups(&a, workload, &trace, &two, &modes)?);
-        if w == 0 {
+        if w == 0 && a.rules_file.is_none() {
             for &tables in a.tables.iter().filter(|&&t| t != 2) {
                 let rules = rule_set(&a, tables)?;
                 rows.extend(measure(
@@ -563,26 +685,47 @@ pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
             }
         }
     }
-    report(&a, &two, &rows)
+    report(&a, &two, &rows, &workloads)
 }
 
-fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
+fn report(
+    a: &BenchPipelineArgs,
+    two: &RuleSet,
+    rows: &[Row],
+    workloads: &[String],
+) -> CliResult<()> {
+    let trace = match &a.trace {
+        Some(path) => format!("trace {}", path.display()),
+        None => format!(
+            "stateplane gen WORKLOAD --packets {} --packet-size 64 --ipv6-share 0 --seed {}",
+            a.packets, a.seed
+        ),
+    };
+    let rules = match &a.rules_file {
+        Some(path) => format!(
+            "rules from {} ({} in {} tables)",
+            path.display(),
+            two.len(),
+            two.tables()
+        ),
+        None => format!(
+            "table 0: {} ClassBench-like ACL rules (1 in 8 deny{}) and a default; table 1: {} generated prefixes, 512 /24s of the trace and a default ({} rules in all); tables 2-3: 100 port-range rules each",
+            a.acl_rules,
+            if a.ovs_compatible {
+                "; ports exact, under TCP or UDP only"
+            } else {
+                ""
+            },
+            a.fib_prefixes,
+            two.len()
+        ),
+    };
     println!(
-        "input: stateplane gen WORKLOAD --packets {} --packet-size 64 --ipv6-share 0 --seed {}, replayed from memory on one core in bursts of {}; \
-         table 0: {} ClassBench-like ACL rules (1 in 8 deny) and a default; table 1: {} generated prefixes, 512 /24s of the trace and a default ({} rules in all); \
-         tables 2-3: 100 port-range rules each; cache {} entries, {} way(s); median of {}",
-        a.packets,
-        a.seed,
-        a.burst,
-        a.acl_rules,
-        a.fib_prefixes,
-        two.len(),
-        a.cache_entries,
-        a.cache_ways,
-        a.repeat
+        "input: {trace}, replayed from memory on one core in bursts of {}; {rules}; cache {} entries, {} way(s); median of {} rounds (modes interleaved in each)",
+        a.burst, a.cache_entries, a.cache_ways, a.repeat
     );
     println!(
-        "{:<8} {:<10} {:<6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>12} {:>12} {:>12}",
+        "{:<8} {:<10} {:<6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>12} {:>12} {:>12}",
         "exp",
         "workload",
         "mode",
@@ -590,18 +733,19 @@ fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
         "updates",
         "Mpps",
         "vs off",
+        "vs none",
         "hit rate",
         "update p99",
         "update p99.9",
         "median burst"
     );
     let mut csv = String::from(
-        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us\n",
+        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us\n",
     );
     for r in rows {
         let ratio = r.speedup;
         println!(
-            "{:<8} {:<10} {:<6} {:>6} {:>8}% {:>8.2} {:>7.2}x {:>8.1}% {:>9.1} µs {:>9.1} µs {:>9.1} µs",
+            "{:<8} {:<10} {:<6} {:>6} {:>8}% {:>8.2} {:>7.2}x {:>8} {:>8.1}% {:>9.1} µs {:>9.1} µs {:>9.1} µs",
             r.experiment,
             r.workload,
             mode_name(r.mode),
@@ -609,13 +753,18 @@ fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
             r.update_pct,
             r.mpps,
             ratio,
+            if r.vs_still.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{:.2}x", r.vs_still)
+            },
             r.hit_rate * 100.0,
             r.p99_update_us,
             r.p999_update_us,
             r.median_burst_us
         );
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{:.3},{:.3},{:.4},{:.2},{:.2},{:.2},{:.2}\n",
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2}\n",
             r.experiment,
             r.workload,
             mode_name(r.mode),
@@ -624,6 +773,8 @@ fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
             r.updates,
             r.mpps,
             ratio,
+            r.vs_still,
+            r.forwarded,
             r.hit_rate,
             r.p99_update_us,
             r.p999_update_us,
@@ -644,7 +795,7 @@ fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
                 .collect(),
         };
         let mut panels = Vec::new();
-        for w in &a.workloads {
+        for w in workloads {
             panels.push(panel(format!("{w}: ACL + FIB, no updates"), &|r: &Row| {
                 (r.experiment == "speedup" && &r.workload == w).then(|| mode_name(r.mode).into())
             }));
@@ -652,12 +803,12 @@ fn report(a: &BenchPipelineArgs, two: &RuleSet, rows: &[Row]) -> CliResult<()> {
         panels.push(panel(
             "internet: rules modified per second (% of all)".into(),
             &|r: &Row| {
-                (r.workload == a.workloads[0] && r.experiment != "tables" && r.tables == 2)
+                (r.workload == workloads[0] && r.experiment != "tables" && r.tables == 2)
                     .then(|| format!("{} at {}%/s", mode_name(r.mode), r.update_pct))
             },
         ));
         panels.push(panel("internet: tables".into(), &|r: &Row| {
-            (r.workload == a.workloads[0] && r.update_pct == 0.0)
+            (r.workload == workloads[0] && r.update_pct == 0.0)
                 .then(|| format!("{} with {} table(s)", mode_name(r.mode), r.tables))
         }));
         let svg = crate::chart::bars(
