@@ -800,17 +800,26 @@ fn report(
                 (r.experiment == "speedup" && &r.workload == w).then(|| mode_name(r.mode).into())
             }));
         }
+        let first = &workloads[0];
         panels.push(panel(
-            "internet: rules modified per second (% of all)".into(),
+            format!("{first}: rules modified per second (% of all)"),
             &|r: &Row| {
-                (r.workload == workloads[0] && r.experiment != "tables" && r.tables == 2)
+                (&r.workload == first && ["speedup", "updates"].contains(&r.experiment))
                     .then(|| format!("{} at {}%/s", mode_name(r.mode), r.update_pct))
             },
         ));
-        panels.push(panel("internet: tables".into(), &|r: &Row| {
-            (r.workload == workloads[0] && r.update_pct == 0.0)
+        panels.push(panel(format!("{first}: tables"), &|r: &Row| {
+            (&r.workload == first && ["speedup", "tables"].contains(&r.experiment))
                 .then(|| format!("{} with {} table(s)", mode_name(r.mode), r.tables))
         }));
+        for w in workloads {
+            panels.push(panel(
+                format!("{w}: lookups alone (M/s, warm cache)"),
+                &|r: &Row| {
+                    (r.experiment == "lookup" && &r.workload == w).then(|| mode_name(r.mode).into())
+                },
+            ));
+        }
         let svg = crate::chart::bars(
             "The rule pipeline with and without its microflow cache",
             &format!(
