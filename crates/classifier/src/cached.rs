@@ -382,16 +382,7 @@ impl CachedPipeline {
             stamp: self.clock,
             sources,
         };
-        let at = match self.free_actions.pop() {
-            Some(at) => {
-                self.actions[at as usize] = entry;
-                at
-            }
-            None => {
-                self.actions.push(entry);
-                self.actions.len() as u32 - 1
-            }
-        };
+        let at = reuse_or_push(&mut self.actions, &mut self.free_actions, entry);
         for s in &self.actions[at as usize].sources {
             self.by_source.entry(*s).or_default().insert(at);
         }
@@ -513,16 +504,7 @@ impl CachedPipeline {
             added_ns: self.now_ns,
             ..RuleCounters::default()
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.counters[s as usize] = fresh;
-                s
-            }
-            None => {
-                self.counters.push(fresh);
-                self.counters.len() as u32 - 1
-            }
-        };
+        let slot = reuse_or_push(&mut self.counters, &mut self.free_slots, fresh);
         self.slot_of.insert(id, slot);
         if timed {
             self.timed.push(id);
@@ -594,6 +576,20 @@ impl CachedPipeline {
             if let (Some(c), Some(&slot)) = (kept.get(&id), self.slot_of.get(&id)) {
                 self.counters[slot as usize] = *c;
             }
+        }
+    }
+}
+
+/// Puts `item` in a freed place of `items` if there is one, else at the end; its index.
+fn reuse_or_push<T>(items: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
+    match free.pop() {
+        Some(i) => {
+            items[i as usize] = item;
+            i
+        }
+        None => {
+            items.push(item);
+            items.len() as u32 - 1
         }
     }
 }
