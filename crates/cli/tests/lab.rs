@@ -839,3 +839,50 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
         text(&out)
     );
 }
+
+/// The `pipeline` program on live ports, its rules changed through its control API while
+/// traffic runs: pings cross it (TTL decremented), a higher-priority rule added with `ctl
+/// add-flow` blocks them at once, `dump-flows` counts what it dropped, and deleting it by
+/// cookie lets them through again.
+#[test]
+fn pipeline_rules_change_live_through_ctl() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_with("line-pipeline.toml", "tpipe", None);
+    let sp = env!("CARGO_BIN_EXE_stateplane");
+    let ping = |count: &str| {
+        text(&lab.exec(
+            "h1",
+            &["ping", "-c", count, "-i", "0.2", "-W", "1", "198.18.0.2"],
+        ))
+    };
+    let ok = ping("3");
+    assert!(ok.contains("3 received"), "{ok}");
+    assert!(
+        ok.contains("ttl=63"),
+        "the switch decremented the TTL: {ok}"
+    );
+    let ctl = |args: &[&str]| {
+        let mut command = vec![sp, "ctl"];
+        command.extend_from_slice(args);
+        let out = lab.exec("s1", &command);
+        assert!(out.status.success(), "ctl {args:?}: {}", text(&out));
+        text(&out)
+    };
+    ctl(&[
+        "add-flow",
+        "priority=100,cookie=0x77,icmp,in_port=0,actions=drop",
+    ]);
+    let blocked = ping("3");
+    assert!(
+        blocked.contains("0 received"),
+        "the new rule drops echoes: {blocked}"
+    );
+    let dumped = ctl(&["dump-flows", "cookie=0x77"]);
+    assert!(
+        dumped.contains("n_packets=3 ") && dumped.contains("icmp"),
+        "the rule counted the three echoes it dropped: {dumped}"
+    );
+    ctl(&["del-flows", "cookie=0x77"]);
+    let again = ping("3");
+    assert!(again.contains("3 received"), "{again}");
+}
