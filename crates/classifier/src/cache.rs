@@ -104,25 +104,9 @@ impl<V: Copy + Default> MicroflowCache<V> {
     /// The hash a lookup and an insert of `key` take (computed once per packet).
     #[inline]
     pub fn hash(&self, key: &Fields) -> u64 {
-        let words = [
-            u64::from(key.in_port) << 48 | key.eth_src,
-            u64::from(key.vlan) << 48 | key.eth_dst,
-            key.ip_src as u64,
-            (key.ip_src >> 64) as u64,
-            key.ip_dst as u64,
-            (key.ip_dst >> 64) as u64,
-            u64::from(key.eth_type) << 48
-                | u64::from(key.ip_proto) << 40
-                | u64::from(key.tcp_flags) << 32
-                | u64::from(key.tp_src) << 16
-                | u64::from(key.tp_dst),
-        ];
-        let mut h = self.seed ^ 0x9e37_79b9_7f4a_7c15;
-        for w in words {
-            let p = u128::from(h ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
-            h = (p as u64) ^ ((p >> 64) as u64);
-        }
-        h
+        key.words()
+            .into_iter()
+            .fold(self.seed ^ 0x9e37_79b9_7f4a_7c15, crate::fields::fold)
     }
 
     #[inline]

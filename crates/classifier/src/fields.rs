@@ -29,7 +29,53 @@ pub fn mapped(v4: u32) -> u128 {
     0xffff_u128 << 32 | u128::from(v4)
 }
 
+/// One step of the folded-multiply hash (as foldhash and wyhash): `h` and a word mixed by a
+/// 64x64->128 multiply whose halves are folded together. Cache hashes and the tables'
+/// bucket hashes are both made of it.
+#[inline]
+pub(crate) fn fold(h: u64, w: u64) -> u64 {
+    let p = u128::from(h ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
 impl Fields {
+    /// Every field under `mask`'s bits; ports (which rules match by range) zero.
+    #[inline]
+    pub fn masked(&self, mask: &Fields) -> Fields {
+        let (f, m) = (self, mask);
+        Fields {
+            in_port: f.in_port & m.in_port,
+            eth_src: f.eth_src & m.eth_src,
+            eth_dst: f.eth_dst & m.eth_dst,
+            vlan: f.vlan & m.vlan,
+            eth_type: f.eth_type & m.eth_type,
+            ip_src: f.ip_src & m.ip_src,
+            ip_dst: f.ip_dst & m.ip_dst,
+            ip_proto: f.ip_proto & m.ip_proto,
+            tcp_flags: f.tcp_flags & m.tcp_flags,
+            tp_src: 0,
+            tp_dst: 0,
+        }
+    }
+
+    /// The key as seven 64-bit words, every bit of every field once: what the cache hashes.
+    #[inline]
+    pub fn words(&self) -> [u64; 7] {
+        [
+            u64::from(self.in_port) << 48 | self.eth_src,
+            u64::from(self.vlan) << 48 | self.eth_dst,
+            self.ip_src as u64,
+            (self.ip_src >> 64) as u64,
+            self.ip_dst as u64,
+            (self.ip_dst >> 64) as u64,
+            u64::from(self.eth_type) << 48
+                | u64::from(self.ip_proto) << 40
+                | u64::from(self.tcp_flags) << 32
+                | u64::from(self.tp_src) << 16
+                | u64::from(self.tp_dst),
+        ]
+    }
+
     /// The fields of a parsed frame that arrived on `in_port` (`frame` starts with its
     /// Ethernet header; the parser has checked it is there).
     pub fn of(parsed: &Parsed, frame: &[u8], in_port: u16) -> Fields {

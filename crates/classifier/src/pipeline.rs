@@ -84,25 +84,9 @@ impl Candidate {
     }
 }
 
-fn masked(f: &Fields, m: &Fields) -> Fields {
-    Fields {
-        in_port: f.in_port & m.in_port,
-        eth_src: f.eth_src & m.eth_src,
-        eth_dst: f.eth_dst & m.eth_dst,
-        vlan: f.vlan & m.vlan,
-        eth_type: f.eth_type & m.eth_type,
-        ip_src: f.ip_src & m.ip_src,
-        ip_dst: f.ip_dst & m.ip_dst,
-        ip_proto: f.ip_proto & m.ip_proto,
-        tcp_flags: f.tcp_flags & m.tcp_flags,
-        tp_src: 0,
-        tp_dst: 0,
-    }
-}
-
 /// Whether every bit of `inner` is in `outer`.
 fn within(inner: &Fields, outer: &Fields) -> bool {
-    masked(inner, outer) == masked(inner, inner)
+    inner.masked(outer) == inner.masked(inner)
 }
 
 impl Table {
@@ -127,7 +111,7 @@ impl Table {
         tuple.len += 1;
         let bucket = tuple
             .buckets
-            .entry(masked(&rule.pattern.value, &mask))
+            .entry(rule.pattern.value.masked(&mask))
             .or_default();
         let at = bucket.partition_point(|c| c.rank < rank);
         bucket.insert(
@@ -149,7 +133,7 @@ impl Table {
             return;
         };
         let tuple = &mut self.tuples[t];
-        let key = masked(&rule.pattern.value, &mask);
+        let key = rule.pattern.value.masked(&mask);
         if let Some(bucket) = tuple.buckets.get_mut(&key) {
             bucket.retain(|c| c.rank != rank);
             if bucket.is_empty() {
@@ -176,7 +160,7 @@ impl Table {
             {
                 break; // no rule in this or a later tuple can win
             }
-            let Some(bucket) = t.buckets.get(&masked(f, &t.mask)) else {
+            let Some(bucket) = t.buckets.get(&f.masked(&t.mask)) else {
                 continue;
             };
             // Buckets are in rank order: the first whose ports match is this tuple's best.
@@ -210,14 +194,14 @@ impl Table {
         };
         for t in &self.tuples {
             if within(&t.mask, &pattern.mask) {
-                if let Some(bucket) = t.buckets.get(&masked(&pattern.value, &t.mask)) {
+                if let Some(bucket) = t.buckets.get(&pattern.value.masked(&t.mask)) {
                     take(bucket);
                 }
             } else {
-                let both = masked(&t.mask, &pattern.mask);
-                let want = masked(&pattern.value, &both);
+                let both = t.mask.masked(&pattern.mask);
+                let want = pattern.value.masked(&both);
                 for (value, bucket) in &t.buckets {
-                    if masked(value, &both) == want {
+                    if value.masked(&both) == want {
                         take(bucket);
                     }
                 }
@@ -227,8 +211,9 @@ impl Table {
     }
 }
 
-/// The hasher of tuple buckets: [`Fields::hash`], which mixes the whole key in a few
-/// multiplies (SipHash would cost more than the rest of a lookup).
+/// The hasher of tuple buckets and the cache's side tables: the folded multiply
+/// ([`crate::fields::fold`]) over each word written (SipHash would cost more than the rest
+/// of a lookup).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Fold;
 
@@ -245,8 +230,7 @@ pub(crate) struct FoldHasher(u64);
 
 impl FoldHasher {
     fn fold(&mut self, w: u64) {
-        let p = u128::from(self.0 ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
-        self.0 = (p as u64) ^ ((p >> 64) as u64);
+        self.0 = crate::fields::fold(self.0, w);
     }
 }
 
@@ -310,7 +294,8 @@ impl fmt::Display for RuleError {
                 "table {from} cannot go to table {to}: a goto must lead to a later table"
             ),
             RuleError::IdsExhausted => f.write_str(
-                "every rule handle has been used: replace the rule set (a new one starts at 0)",
+                "every rule handle (about a billion inserts) has been used: reload the program \
+                 (SIGHUP) to start again from its configured rules",
             ),
         }
     }

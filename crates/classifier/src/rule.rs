@@ -65,18 +65,7 @@ impl Pattern {
 
     /// Keeps `value` within `mask` (bits outside a mask never matter).
     pub fn normalized(mut self) -> Pattern {
-        let (v, m) = (&mut self.value, &self.mask);
-        v.in_port &= m.in_port;
-        v.eth_src &= m.eth_src;
-        v.eth_dst &= m.eth_dst;
-        v.vlan &= m.vlan;
-        v.eth_type &= m.eth_type;
-        v.ip_src &= m.ip_src;
-        v.ip_dst &= m.ip_dst;
-        v.ip_proto &= m.ip_proto;
-        v.tcp_flags &= m.tcp_flags;
-        v.tp_src = 0;
-        v.tp_dst = 0;
+        self.value = self.value.masked(&self.mask);
         self
     }
 }

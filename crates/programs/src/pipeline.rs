@@ -222,6 +222,12 @@ impl Pipeline {
                 format!("'{}' is not one of action, cookie, strong, off", cfg.cache),
             )
         })?;
+        if ![1, 2, 4].contains(&cfg.cache_ways) {
+            return Err(ConfigError::new(
+                format!("{field}.cache_ways"),
+                format!("{} ways: give 1, 2 or 4", cfg.cache_ways),
+            ));
+        }
         let mut p = Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
             .map_err(|e| ConfigError::new(format!("{field}.cache_entries"), e))?;
         (p.ports, p.capacity) = (n, cfg.capacity);
@@ -616,6 +622,8 @@ mod tests {
         assert!(err(r#"miss = ["sometimes"]"#).contains("program.pipeline.miss[0]"));
         assert!(err(r#"cache = "lru""#).contains("'lru' is not one of"));
         assert!(err("tables = 0").contains("program.pipeline.tables"));
+        assert!(err("cache_ways = 3").contains("program.pipeline.cache_ways"));
+        assert!(err("cache_entries = 1000").contains("program.pipeline.cache_entries"));
         let bad_port = err(r#"rules = ["priority=1,actions=output:9"]"#);
         assert!(
             bad_port.contains("line 1") && bad_port.contains("no port 9"),
