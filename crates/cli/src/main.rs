@@ -13,6 +13,8 @@ mod bench_tables;
 mod chart;
 mod config;
 mod ctl;
+mod export;
+mod flows_cmd;
 mod gen_cmd;
 mod lab_bench;
 mod lab_cmd;
@@ -45,6 +47,8 @@ struct Cli {
 enum Command {
     /// Run a program over ports (capture files or live interfaces), from flags or a TOML config.
     Run(run::RunArgs),
+    /// Flow records (IPFIX, CSV, JSON) from capture files or interfaces, unsampled.
+    Flows(flows_cmd::FlowsArgs),
     /// Generate a trace deterministically from a seed.
     Gen(gen_cmd::GenArgs),
     /// Measure packets per second per core on an in-memory replay.
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Run(args) => run::main(args),
+        Command::Flows(args) => flows_cmd::main(args),
         Command::Gen(args) => gen_cmd::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),

@@ -204,6 +204,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         burst_size,
         queue_depth,
         hasher,
+        tap: None,
     };
 
     let metrics_addr = args

@@ -22,6 +22,7 @@ pub mod pipeline;
 pub mod port;
 pub mod program;
 pub mod stats;
+pub mod tap;
 pub mod worker;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
@@ -29,4 +30,5 @@ pub use control::{Applied, ControlPlane, WorkerControl};
 pub use port::{LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};
+pub use tap::{Tap, TapFactory};
 pub use worker::Worker;

@@ -171,7 +171,8 @@ fn worker_loop(
     let stop = &handle.stop;
     let mut last_port_refresh = Instant::now();
     let (mut generation, factory) = reload.current();
-    let mut worker = Worker::new(factory(w), w, workers, ports, config.hasher);
+    let mut worker = Worker::new(factory(w), w, workers, ports, config.hasher)
+        .with_tap(config.tap.as_ref().map(|f| f(w)));
     if let Some(control) = q.control.take() {
         worker = worker.with_control(control);
     }
@@ -239,6 +240,7 @@ fn worker_loop(
         }
         wait(&fds, IDLE_WAIT);
     }
+    worker.finish();
     let port_counters = q.ports.iter_mut().map(|p| p.counters()).collect();
     WorkerDone {
         stats: worker.stats,

@@ -20,6 +20,7 @@ use crate::burst::{Burst, MAX_FRAME, PacketDesc};
 use crate::port::{RxPort, TxPort};
 use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
 use crate::stats::{SharedStats, Stats};
+use crate::tap::TapFactory;
 use crate::worker::{Worker, count_malformed, count_port_drop};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How the runtime is shaped.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RuntimeConfig {
     pub workers: usize,
     /// Packets per burst.
@@ -37,6 +38,19 @@ pub struct RuntimeConfig {
     /// Bursts that may wait in each worker's queue.
     pub queue_depth: usize,
     pub hasher: FlowHasher,
+    /// A stage every worker runs after its program (flow records), if any.
+    pub tap: Option<TapFactory>,
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("workers", &self.workers)
+            .field("burst_size", &self.burst_size)
+            .field("queue_depth", &self.queue_depth)
+            .field("tap", &self.tap.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -46,6 +60,7 @@ impl Default for RuntimeConfig {
             burst_size: 64,
             queue_depth: 8,
             hasher: FlowHasher::random(),
+            tap: None,
         }
     }
 }
@@ -215,8 +230,10 @@ pub fn run_offline(
                 let program = factory(w);
                 let shared = handle.stats[w + 1].clone();
                 let hasher = config.hasher;
+                let tap = config.tap.as_ref().map(|f| f(w));
                 scope.spawn(move || {
-                    let mut worker = Worker::new(program, w, workers, port_count, hasher);
+                    let mut worker =
+                        Worker::new(program, w, workers, port_count, hasher).with_tap(tap);
                     let mut busy = Duration::ZERO;
                     for mut burst in input.iter() {
                         let t = Instant::now();
@@ -227,6 +244,7 @@ pub fn run_offline(
                             break;
                         }
                     }
+                    worker.finish();
                     (worker.stats, busy)
                 })
             })
@@ -495,8 +513,9 @@ pub fn run_sharded(
                 let stop = handle.stop.clone();
                 let hasher = config.hasher;
                 let burst_size = config.burst_size;
+                let tap = config.tap.as_ref().map(|f| f(w));
                 scope.spawn(move || {
-                    let mut worker = Worker::new(program, w, workers, ports, hasher);
+                    let mut worker = Worker::new(program, w, workers, ports, hasher).with_tap(tap);
                     let mut sink = vec![(0u64, 0u64); ports];
                     let mut burst = Burst::with_capacity(burst_size);
                     let t = Instant::now();
@@ -516,6 +535,7 @@ pub fn run_sharded(
                         }
                     }
                     let busy = t.elapsed();
+                    worker.finish();
                     shared.publish(&worker.stats);
                     (worker.stats, busy, sink)
                 })

@@ -4,12 +4,14 @@ use crate::burst::Burst;
 use crate::control::WorkerControl;
 use crate::program::{Context, DropReason, Program, Verdict};
 use crate::stats::{Counter, Stats};
+use crate::tap::Tap;
 use stateplane_wire::{FlowHasher, Malformed};
 
 pub struct Worker {
     program: Box<dyn Program>,
     ctx: Context,
     control: Option<WorkerControl>,
+    tap: Option<Box<dyn Tap>>,
     pub stats: Stats,
 }
 
@@ -31,6 +33,7 @@ impl Worker {
                 ports,
             },
             control: None,
+            tap: None,
             stats: Stats::default(),
         }
     }
@@ -39,6 +42,19 @@ impl Worker {
     pub fn with_control(mut self, control: WorkerControl) -> Self {
         self.control = Some(control);
         self
+    }
+
+    /// Gives the worker a stage that sees each burst after the program.
+    pub fn with_tap(mut self, tap: Option<Box<dyn Tap>>) -> Self {
+        self.tap = tap;
+        self
+    }
+
+    /// The worker is done: its tap hands on what it holds (flow records of open flows).
+    pub fn finish(&mut self) {
+        if let Some(tap) = &mut self.tap {
+            tap.finish(&self.ctx);
+        }
     }
 
     /// Applies waiting control requests and passes notifications on (between bursts).
@@ -63,6 +79,9 @@ impl Worker {
         self.poll_control();
         self.program.process(burst, &mut self.ctx);
         self.count_verdicts(burst);
+        if let Some(tap) = &mut self.tap {
+            tap.observe(burst, &self.ctx);
+        }
     }
 
     /// Runs the program's `poll` (timers, probes of its own) with `out` empty and its clock
@@ -71,6 +90,9 @@ impl Worker {
         self.ctx.now_ns = self.ctx.now_ns.max(out.now_ns);
         self.poll_control();
         self.program.poll(out, &mut self.ctx);
+        if let Some(tap) = &mut self.tap {
+            tap.tick(&self.ctx);
+        }
         out.len()
     }
 

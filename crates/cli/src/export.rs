@@ -1,0 +1,352 @@
+//! The flow exporter: the thread that takes finished flow records from the workers' flow
+//! stages and writes them to every sink (IPFIX over UDP or TCP, IPFIX files, CSV, JSON
+//! lines). Offline, workers wait for it when it falls behind (nothing is lost); live, a
+//! full queue drops records and counts them.
+
+use crate::CliResult;
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use stateplane_flows::FlowRecord;
+use stateplane_flows::ipfix::{Encoder, Features, TemplateRefresh};
+use stateplane_flows::stage::RecordSink;
+use stateplane_flows::text;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where records go.
+#[derive(Clone, Debug)]
+pub enum SinkSpec {
+    IpfixUdp(SocketAddr),
+    IpfixTcp(SocketAddr),
+    IpfixFile(PathBuf),
+    /// `None`: standard output.
+    Csv(Option<PathBuf>),
+    Json(Option<PathBuf>),
+}
+
+/// How records are written.
+#[derive(Clone, Debug)]
+pub struct ExportConfig {
+    pub sinks: Vec<SinkSpec>,
+    pub features: Features,
+    pub biflow: bool,
+    pub domain: u32,
+    /// Largest IPFIX message over UDP (bytes).
+    pub mtu: usize,
+    /// IPFIX messages per second over UDP; 0: as fast as the socket takes them.
+    pub rate: u64,
+}
+
+/// What the exporter did.
+#[derive(Clone, Debug, Default)]
+pub struct ExportReport {
+    pub records: u64,
+    /// Records dropped because the exporter's queue was full (live runs only).
+    pub dropped: u64,
+    /// Per sink: its name, messages (or lines) and bytes written, and its first error.
+    pub sinks: Vec<(String, u64, u64, Option<String>)>,
+}
+
+enum Out {
+    Udp(UdpSocket),
+    Stream(Box<dyn Write + Send>),
+}
+
+struct Sink {
+    name: String,
+    out: Out,
+    /// `None` for the text formats.
+    encoder: Option<Encoder>,
+    csv: bool,
+    units: u64,
+    bytes: u64,
+    error: Option<String>,
+}
+
+fn file_or_stdout(path: &Option<PathBuf>) -> CliResult<Box<dyn Write + Send>> {
+    Ok(match path {
+        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+        Some(p) => Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        )),
+    })
+}
+
+impl Sink {
+    fn open(spec: &SinkSpec, c: &ExportConfig) -> CliResult<Sink> {
+        let enc = |mtu, refresh| Some(Encoder::new(c.domain, c.features, c.biflow, mtu, refresh));
+        let (name, out, encoder, csv) = match spec {
+            SinkSpec::IpfixUdp(addr) => {
+                let bind: SocketAddr = if addr.is_ipv4() {
+                    "0.0.0.0:0"
+                } else {
+                    "[::]:0"
+                }
+                .parse()
+                .map_err(|e| format!("{e}"))?;
+                let s = UdpSocket::bind(bind).map_err(|e| format!("--ipfix {addr}: {e}"))?;
+                s.connect(addr)
+                    .map_err(|e| format!("--ipfix {addr}: {e}"))?;
+                (
+                    format!("ipfix udp {addr}"),
+                    Out::Udp(s),
+                    enc(c.mtu, TemplateRefresh::UDP),
+                    false,
+                )
+            }
+            SinkSpec::IpfixTcp(addr) => {
+                let s = TcpStream::connect_timeout(addr, Duration::from_secs(5)).map_err(|e| {
+                    format!("--ipfix-tcp {addr}: {e} (is a collector listening there?)")
+                })?;
+                let w: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(s));
+                (
+                    format!("ipfix tcp {addr}"),
+                    Out::Stream(w),
+                    enc(65_535, TemplateRefresh::ONCE),
+                    false,
+                )
+            }
+            SinkSpec::IpfixFile(p) => (
+                format!("ipfix file {}", p.display()),
+                Out::Stream(
+                    file_or_stdout(&Some(p.clone())).map_err(|e| format!("--ipfix-file {e}"))?,
+                ),
+                enc(65_535, TemplateRefresh::ONCE),
+                false,
+            ),
+            SinkSpec::Csv(p) => {
+                let mut w = file_or_stdout(p).map_err(|e| format!("--csv {e}"))?;
+                writeln!(w, "{}", text::csv_header(c.features, c.biflow))
+                    .map_err(|e| format!("--csv: {e}"))?;
+                ("csv".to_string(), Out::Stream(w), None, true)
+            }
+            SinkSpec::Json(p) => (
+                "json".to_string(),
+                Out::Stream(file_or_stdout(p).map_err(|e| format!("--json {e}"))?),
+                None,
+                false,
+            ),
+        };
+        Ok(Sink {
+            name,
+            out,
+            encoder,
+            csv,
+            units: 0,
+            bytes: 0,
+            error: None,
+        })
+    }
+
+    /// Writes bytes, keeping the first error (a sink that fails stops; the others go on).
+    fn write(&mut self, bytes: &[u8], pacer: &mut Pacer) {
+        if self.error.is_some() {
+            return;
+        }
+        let r = match &mut self.out {
+            Out::Udp(s) => {
+                pacer.wait();
+                // A collector that is not listening (yet) makes the kernel refuse the next
+                // send; a flow exporter keeps going, as softflowd and nfprobe do.
+                match s.send(bytes) {
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
+            Out::Stream(w) => w.write_all(bytes),
+        };
+        match r {
+            Ok(()) => {
+                self.units += 1;
+                self.bytes += bytes.len() as u64;
+            }
+            Err(e) => self.error = Some(format!("{}: {e}", self.name)),
+        }
+    }
+
+    fn records(
+        &mut self,
+        records: &[FlowRecord],
+        c: &ExportConfig,
+        export_s: u32,
+        pacer: &mut Pacer,
+        line: &mut String,
+    ) {
+        if let Some(mut enc) = self.encoder.take() {
+            enc.encode(records, export_s, &mut |m| self.write(m, pacer));
+            self.encoder = Some(enc);
+            return;
+        }
+        for r in records {
+            line.clear();
+            if self.csv {
+                text::csv_line(r, c.features, c.biflow, line);
+            } else {
+                text::json_line(r, c.features, c.biflow, line);
+            }
+            self.write(line.as_bytes(), pacer);
+        }
+    }
+
+    fn finish(&mut self, pacer: &mut Pacer) {
+        if let Some(mut enc) = self.encoder.take() {
+            enc.finish(&mut |m| self.write(m, pacer));
+            self.encoder = Some(enc);
+        }
+        if let Out::Stream(w) = &mut self.out
+            && let Err(e) = w.flush()
+            && self.error.is_none()
+        {
+            self.error = Some(format!("{}: {e}", self.name));
+        }
+    }
+}
+
+/// Spaces UDP messages so that a collector's socket buffer is not overrun by a burst.
+struct Pacer {
+    gap: Duration,
+    next: Instant,
+}
+
+impl Pacer {
+    fn new(rate: u64) -> Pacer {
+        Pacer {
+            gap: 1_000_000_000u64
+                .checked_div(rate)
+                .map_or(Duration::ZERO, Duration::from_nanos),
+            next: Instant::now(),
+        }
+    }
+
+    fn wait(&mut self) {
+        if self.gap.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        if self.next > now {
+            std::thread::sleep(self.next - now);
+        }
+        // No credit for idle time beyond a few messages: bursts stay short.
+        self.next = self.next.max(now - self.gap * 8) + self.gap;
+    }
+}
+
+/// The workers' end of the exporter's queue.
+#[derive(Clone)]
+pub struct ChannelSink {
+    tx: Sender<Vec<FlowRecord>>,
+    /// Emptied vectors coming back, so delivering does not allocate.
+    spare: Receiver<Vec<FlowRecord>>,
+    /// Live runs: drop rather than wait when the queue is full.
+    lossy: bool,
+    dropped: Arc<AtomicU64>,
+}
+
+impl RecordSink for ChannelSink {
+    fn deliver(&mut self, records: &mut Vec<FlowRecord>) {
+        let mut batch = self.spare.try_recv().unwrap_or_default();
+        batch.clear();
+        std::mem::swap(&mut batch, records);
+        if self.lossy {
+            if let Err(TrySendError::Full(b) | TrySendError::Disconnected(b)) =
+                self.tx.try_send(batch)
+            {
+                self.dropped.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+        } else if let Err(e) = self.tx.send(batch) {
+            self.dropped.fetch_add(e.0.len() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A running exporter: make a [`ChannelSink`] per worker, then `finish` after the run.
+pub struct Exporter {
+    tx: Sender<Vec<FlowRecord>>,
+    spare_rx: Receiver<Vec<FlowRecord>>,
+    dropped: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<ExportReport>,
+    lossy: bool,
+}
+
+impl Exporter {
+    /// Opens every sink (an error names the one that failed) and starts the thread.
+    pub fn start(config: ExportConfig, lossy: bool) -> CliResult<Exporter> {
+        if config.sinks.is_empty() {
+            return Err("no sink: give --ipfix HOST:PORT, --ipfix-tcp HOST:PORT, --ipfix-file FILE, --csv FILE|- or --json FILE|-".into());
+        }
+        let mut sinks = config
+            .sinks
+            .iter()
+            .map(|s| Sink::open(s, &config))
+            .collect::<CliResult<Vec<_>>>()?;
+        let (tx, rx) = bounded::<Vec<FlowRecord>>(256);
+        let (spare_tx, spare_rx) = bounded::<Vec<FlowRecord>>(256);
+        let thread = std::thread::Builder::new()
+            .name("exporter".into())
+            .spawn(move || {
+                let mut pacer = Pacer::new(config.rate);
+                let mut report = ExportReport::default();
+                let mut export_s = 0u32;
+                let mut line = String::new();
+                for batch in rx.iter() {
+                    report.records += batch.len() as u64;
+                    // The export time follows the flows' clock (capture time offline).
+                    let latest = batch
+                        .iter()
+                        .map(|r| r.forward.last_ns.max(r.reverse.map_or(0, |x| x.last_ns)))
+                        .max()
+                        .unwrap_or(0);
+                    export_s = export_s.max((latest / 1_000_000_000) as u32);
+                    for s in &mut sinks {
+                        s.records(&batch, &config, export_s, &mut pacer, &mut line);
+                    }
+                    let _ = spare_tx.try_send(batch);
+                }
+                for s in &mut sinks {
+                    s.finish(&mut pacer);
+                }
+                report.sinks = sinks
+                    .into_iter()
+                    .map(|s| (s.name, s.units, s.bytes, s.error))
+                    .collect();
+                report
+            })
+            .map_err(|e| format!("cannot start the exporter thread: {e}"))?;
+        Ok(Exporter {
+            tx,
+            spare_rx,
+            dropped: Arc::new(AtomicU64::new(0)),
+            thread,
+            lossy,
+        })
+    }
+
+    pub fn sink(&self) -> ChannelSink {
+        ChannelSink {
+            tx: self.tx.clone(),
+            spare: self.spare_rx.clone(),
+            lossy: self.lossy,
+            dropped: self.dropped.clone(),
+        }
+    }
+
+    /// Waits for every record to be written (all [`ChannelSink`]s must be dropped first).
+    pub fn finish(self) -> ExportReport {
+        drop(self.tx);
+        let mut report = self.thread.join().unwrap_or_else(|_| ExportReport {
+            sinks: vec![(
+                "exporter".into(),
+                0,
+                0,
+                Some("the exporter thread panicked".into()),
+            )],
+            ..ExportReport::default()
+        });
+        report.dropped = self.dropped.load(Ordering::Relaxed);
+        report
+    }
+}

@@ -1,0 +1,558 @@
+//! The aggregator: TurboFlow's second level, stitching microflow records into flow records.
+//!
+//! A flat linear-probing table (records stored in the slots, no pointers; a miss's next
+//! candidates are in the same cache lines), keyed by compact keys, looked up in batches
+//! whose home slots are prefetched first. Flows leave on FIN/RST, on the inactive and
+//! active timeouts (found by a sweep that covers the table a bounded number of slots at a
+//! time), when the table is full (the least recently active flow of a sample, counted), and
+//! at `flush`.
+//!
+//! Capacity is fixed at creation: the table never grows, rehashes or allocates; removal
+//! shifts the following entries back (no tombstones). It never reads a clock: time comes
+//! in with the records and with `sweep`.
+
+use crate::key::{CompactKey, hash_key};
+use crate::microflow::{Microflow, SizeError, power_of_two};
+use crate::record::{EndReason, FlowRecord};
+use crate::stats::{FlowStats, TCP_FIN, TCP_RST};
+
+/// What the table keeps per flow: one direction, or both (biflows).
+pub trait FlowValue: Copy + Send + 'static {
+    /// Whether records are keyed by connection (both directions in one record).
+    const BIFLOW: bool;
+    fn start(stats: &FlowStats, reversed: bool) -> Self;
+    fn merge(&mut self, stats: &FlowStats, reversed: bool);
+    fn first_ns(&self) -> u64;
+    fn last_ns(&self) -> u64;
+    /// Whether TCP has ended the flow.
+    fn ended(&self) -> bool;
+    /// The record, given the table's key for it.
+    fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord;
+}
+
+/// One direction (a uniflow record, as NetFlow and IPFIX exporters make by default).
+#[derive(Clone, Copy, Debug)]
+pub struct Uniflow(FlowStats);
+
+impl FlowValue for Uniflow {
+    const BIFLOW: bool = false;
+    #[inline]
+    fn start(stats: &FlowStats, _: bool) -> Self {
+        Uniflow(*stats)
+    }
+    #[inline]
+    fn merge(&mut self, stats: &FlowStats, _: bool) {
+        self.0.merge(stats)
+    }
+    fn first_ns(&self) -> u64 {
+        self.0.first_ns
+    }
+    fn last_ns(&self) -> u64 {
+        self.0.last_ns
+    }
+    #[inline]
+    fn ended(&self) -> bool {
+        self.0.ended_by_tcp()
+    }
+    fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord {
+        FlowRecord {
+            key: key.unpack(),
+            forward: self.0,
+            reverse: None,
+            end,
+        }
+    }
+}
+
+/// Both directions of a connection, by the canonical key's direction (index 0) and the
+/// other; a direction that sent nothing has 0 packets.
+#[derive(Clone, Copy, Debug)]
+pub struct Biflow([FlowStats; 2]);
+
+impl Biflow {
+    fn side(&self, i: usize) -> Option<&FlowStats> {
+        (self.0[i].packets != 0).then_some(&self.0[i])
+    }
+}
+
+impl FlowValue for Biflow {
+    const BIFLOW: bool = true;
+    #[inline]
+    fn start(stats: &FlowStats, reversed: bool) -> Self {
+        let mut none = *stats;
+        none.packets = 0;
+        let mut b = Biflow([none; 2]);
+        b.0[usize::from(reversed)] = *stats;
+        b
+    }
+    #[inline]
+    fn merge(&mut self, stats: &FlowStats, reversed: bool) {
+        let side = &mut self.0[usize::from(reversed)];
+        if side.packets == 0 {
+            *side = *stats;
+        } else {
+            side.merge(stats);
+        }
+    }
+    fn first_ns(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|s| s.packets != 0)
+            .map(|s| s.first_ns)
+            .min()
+            .unwrap_or(0)
+    }
+    fn last_ns(&self) -> u64 {
+        self.0
+            .iter()
+            .filter(|s| s.packets != 0)
+            .map(|s| s.last_ns)
+            .max()
+            .unwrap_or(0)
+    }
+    /// RST from either side, or FIN from both.
+    #[inline]
+    fn ended(&self) -> bool {
+        let flags = |i: usize| self.side(i).map_or(0, |s| s.tcp_flags);
+        (flags(0) | flags(1)) & TCP_RST != 0 || flags(0) & flags(1) & TCP_FIN != 0
+    }
+    /// The forward direction is the one whose first packet came first: the side that
+    /// opened the connection, as far as the capture saw it.
+    fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord {
+        let forward_is_0 = match (self.side(0), self.side(1)) {
+            (Some(a), Some(b)) => a.first_ns <= b.first_ns,
+            (a, _) => a.is_some(),
+        };
+        let (f, r, key) = if forward_is_0 {
+            (0, 1, *key)
+        } else {
+            (1, 0, key.reversed())
+        };
+        FlowRecord {
+            key: key.unpack(),
+            forward: self.0[f],
+            reverse: self.side(r).copied(),
+            end,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slot<K, V> {
+    /// The key's hash; 0 marks an empty slot (`hash_key` is never 0).
+    hash: u64,
+    key: K,
+    value: V,
+}
+
+/// When flows time out, in the clock of the records (ns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A flow with no packet for this long is exported (softflowd, nfpcapd: 15 s).
+    pub inactive_ns: u64,
+    /// A flow open this long is exported and starts over (mature exporters: 30 min).
+    pub active_ns: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            inactive_ns: 15 * 1_000_000_000,
+            active_ns: 1800 * 1_000_000_000,
+        }
+    }
+}
+
+/// What the aggregator has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggregatorCounters {
+    pub records_in: u64,
+    pub flows_created: u64,
+    /// Flows exported to make room in a full table.
+    pub evicted_full: u64,
+    pub exported: u64,
+}
+
+/// Flows looked up together: their home slots are prefetched before any is touched.
+const BATCH: usize = 16;
+/// Slots looked at to choose a flow to evict from a full table.
+const EVICTION_SAMPLE: usize = 64;
+
+/// The flow table of one worker for one address family.
+pub struct Aggregator<K, V> {
+    slots: Vec<Slot<K, V>>,
+    mask: usize,
+    len: usize,
+    max_len: usize,
+    seed: u64,
+    cursor: usize,
+    timeouts: Timeouts,
+    prefetch: bool,
+    pub counters: AggregatorCounters,
+}
+
+impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
+    /// A table that holds up to `max_flows` flows (in a power of two of slots at most 7/8
+    /// full), hashing with `seed`.
+    pub fn new(max_flows: usize, timeouts: Timeouts, seed: u64) -> Result<Self, SizeError> {
+        if max_flows == 0 {
+            return Err(SizeError(
+                "max_flows = 0: the flow table must hold at least one flow".into(),
+            ));
+        }
+        let slots = power_of_two((max_flows * 8).div_ceil(7).next_power_of_two(), 2, "slots")?;
+        let empty = Slot {
+            hash: 0,
+            key: K::default(),
+            value: V::start(&FlowStats::start(&Default::default()), false),
+        };
+        let (slots_vec, _) =
+            stateplane_mem::huge_vec(slots, empty, slots * size_of::<Slot<K, V>>() >= 1 << 21);
+        Ok(Aggregator {
+            slots: slots_vec,
+            mask: slots - 1,
+            len: 0,
+            max_len: max_flows,
+            seed,
+            cursor: 0,
+            timeouts,
+            prefetch: true,
+            counters: AggregatorCounters::default(),
+        })
+    }
+
+    /// Turns the batch prefetch off (to measure what it brings).
+    pub fn without_prefetch(mut self) -> Self {
+        self.prefetch = false;
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.max_len
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.len() * size_of::<Slot<K, V>>()
+    }
+
+    /// Adds microflow records to their flows; pushes the flows they end to `out`.
+    pub fn ingest(&mut self, records: &[Microflow<K>], out: &mut Vec<FlowRecord>) {
+        let mut keys = [(K::default(), false, 0u64); BATCH];
+        for batch in records.chunks(BATCH) {
+            for (k, m) in keys.iter_mut().zip(batch) {
+                let (key, reversed) = if V::BIFLOW {
+                    m.key.canonical()
+                } else {
+                    (m.key, false)
+                };
+                let hash = hash_key(&key, self.seed);
+                if self.prefetch {
+                    stateplane_mem::prefetch(&self.slots[hash as usize & self.mask]);
+                }
+                *k = (key, reversed, hash);
+            }
+            for (&(key, reversed, hash), m) in keys.iter().zip(batch) {
+                self.add(key, reversed, hash, &m.stats, out);
+            }
+        }
+    }
+
+    #[inline]
+    fn add(
+        &mut self,
+        key: K,
+        reversed: bool,
+        hash: u64,
+        stats: &FlowStats,
+        out: &mut Vec<FlowRecord>,
+    ) {
+        self.counters.records_in += 1;
+        let mut i = hash as usize & self.mask;
+        loop {
+            let slot = &mut self.slots[i];
+            if slot.hash == 0 {
+                break;
+            }
+            if slot.hash == hash && slot.key == key {
+                slot.value.merge(stats, reversed);
+                if slot.value.ended() {
+                    self.export(i, EndReason::EndOfFlow, out);
+                }
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // A new flow.
+        if self.len == self.max_len {
+            self.evict_one(out);
+            i = hash as usize & self.mask;
+            while self.slots[i].hash != 0 {
+                i = (i + 1) & self.mask;
+            }
+        }
+        self.counters.flows_created += 1;
+        self.len += 1;
+        self.slots[i] = Slot {
+            hash,
+            key,
+            value: V::start(stats, reversed),
+        };
+        if self.slots[i].value.ended() {
+            self.export(i, EndReason::EndOfFlow, out);
+        }
+    }
+
+    /// Exports the least recently active of a sample of flows (from the sweep's cursor).
+    #[cold]
+    fn evict_one(&mut self, out: &mut Vec<FlowRecord>) {
+        let mut best: Option<(u64, usize)> = None;
+        let mut seen = 0;
+        let mut i = self.cursor;
+        for _ in 0..self.slots.len() {
+            if self.slots[i].hash != 0 {
+                let last = self.slots[i].value.last_ns();
+                if best.is_none_or(|(b, _)| last < b) {
+                    best = Some((last, i));
+                }
+                seen += 1;
+                if seen == EVICTION_SAMPLE {
+                    break;
+                }
+            }
+            i = (i + 1) & self.mask;
+        }
+        if let Some((_, i)) = best {
+            self.counters.evicted_full += 1;
+            self.export(i, EndReason::LackOfResources, out);
+        }
+    }
+
+    /// Exports the flow in slot `i` and removes it, shifting back the entries after it
+    /// that would no longer be found (backward-shift deletion).
+    fn export(&mut self, i: usize, end: EndReason, out: &mut Vec<FlowRecord>) {
+        let slot = &self.slots[i];
+        out.push(slot.value.record(&slot.key, end));
+        self.counters.exported += 1;
+        self.len -= 1;
+        let mut hole = i;
+        let mut j = (i + 1) & self.mask;
+        while self.slots[j].hash != 0 {
+            let home = self.slots[j].hash as usize & self.mask;
+            // Entry j may move to the hole unless its home lies cyclically in (hole, j].
+            if (j.wrapping_sub(home) & self.mask) >= (j.wrapping_sub(hole) & self.mask) {
+                self.slots[hole] = self.slots[j];
+                hole = j;
+            }
+            j = (j + 1) & self.mask;
+        }
+        self.slots[hole].hash = 0;
+    }
+
+    /// Looks at the next `visit` slots and exports the flows that have timed out by
+    /// `now_ns`.
+    pub fn sweep(&mut self, now_ns: u64, visit: usize, out: &mut Vec<FlowRecord>) {
+        for _ in 0..visit.min(self.slots.len()) {
+            let i = self.cursor;
+            if self.slots[i].hash != 0 {
+                let v = &self.slots[i].value;
+                let end = if now_ns.saturating_sub(v.last_ns()) >= self.timeouts.inactive_ns {
+                    Some(EndReason::Idle)
+                } else if now_ns.saturating_sub(v.first_ns()) >= self.timeouts.active_ns {
+                    Some(EndReason::Active)
+                } else {
+                    None
+                };
+                if let Some(end) = end {
+                    // The entry shifted into slot i is looked at on the next step.
+                    self.export(i, end, out);
+                    continue;
+                }
+            }
+            self.cursor = (self.cursor + 1) & self.mask;
+        }
+    }
+
+    /// Slots to sweep so that the whole table is covered about once per `period_ns` of
+    /// record time, given `elapsed_ns` since the last sweep.
+    pub fn sweep_share(&self, elapsed_ns: u64, period_ns: u64) -> usize {
+        let share = (self.slots.len() as u128 * u128::from(elapsed_ns))
+            .div_ceil(u128::from(period_ns.max(1)));
+        share.min(self.slots.len() as u128) as usize
+    }
+
+    /// Exports every flow (the end of a run).
+    pub fn flush(&mut self, out: &mut Vec<FlowRecord>) {
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            if slot.hash != 0 {
+                out.push(slot.value.record(&slot.key, EndReason::Forced));
+                self.counters.exported += 1;
+                self.slots[i].hash = 0;
+            }
+        }
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::V4Key;
+    use crate::stats::{Observation, TCP_SYN};
+    use std::collections::HashMap;
+
+    fn part(ts_ns: u64, packets: u64, flags: u8) -> FlowStats {
+        let o = Observation {
+            ts_ns,
+            ip_len: 100,
+            tcp_flags: flags,
+            ..Observation::default()
+        };
+        let mut s = FlowStats::start(&o);
+        for _ in 1..packets {
+            s.add(&Observation { tcp_flags: 0, ..o });
+        }
+        s
+    }
+
+    /// Random records against a plain map: every packet is in exactly one exported record,
+    /// whatever the table size (evictions when full included).
+    #[test]
+    fn every_packet_is_exported_once() {
+        for max_flows in [1, 7, 100, 10_000] {
+            let mut agg =
+                Aggregator::<V4Key, Uniflow>::new(max_flows, Timeouts::default(), 3).unwrap();
+            let mut want: HashMap<V4Key, u64> = HashMap::new();
+            let mut out = Vec::new();
+            let mut x = 12345u64;
+            let mut records = Vec::new();
+            for t in 0..20_000u64 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let key = V4Key([x >> 54, 0]);
+                let stats = part(
+                    t,
+                    1 + (x >> 60),
+                    if x.is_multiple_of(97) { TCP_FIN } else { 0 },
+                );
+                *want.entry(key).or_default() += stats.packets;
+                records.push(Microflow { key, stats });
+            }
+            agg.ingest(&records, &mut out);
+            assert!(agg.len() <= max_flows);
+            agg.flush(&mut out);
+            let mut got: HashMap<V4Key, u64> = HashMap::new();
+            for r in &out {
+                *got.entry(V4Key::pack(&r.key).unwrap()).or_default() += r.forward.packets;
+            }
+            assert_eq!(got, want, "max_flows {max_flows}");
+            if max_flows < 1024 {
+                assert!(agg.counters.evicted_full > 0);
+            }
+        }
+    }
+
+    #[test]
+    fn timeouts_and_tcp_end_flows() {
+        let t = Timeouts {
+            inactive_ns: 100,
+            active_ns: 1_000,
+        };
+        let mut agg = Aggregator::<V4Key, Uniflow>::new(64, t, 1).unwrap();
+        let mut out = Vec::new();
+        let (a, b, c) = (V4Key([1, 1]), V4Key([2, 2]), V4Key([3, 3]));
+        agg.ingest(
+            &[
+                Microflow {
+                    key: a,
+                    stats: part(0, 2, TCP_SYN),
+                },
+                Microflow {
+                    key: b,
+                    stats: part(50, 1, 0),
+                },
+                Microflow {
+                    key: c,
+                    stats: part(0, 1, 0),
+                },
+                Microflow {
+                    key: a,
+                    stats: part(60, 1, TCP_FIN),
+                },
+            ],
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].end, out[0].forward.packets),
+            (EndReason::EndOfFlow, 3)
+        );
+        agg.ingest(
+            &[Microflow {
+                key: c,
+                stats: part(990, 1, 0),
+            }],
+            &mut out,
+        );
+        agg.sweep(160, 128, &mut out);
+        assert_eq!(out.len(), 2, "b idle since 50");
+        assert_eq!(out[1].end, EndReason::Idle);
+        agg.sweep(1_000, 128, &mut out);
+        assert_eq!(
+            out[2].end,
+            EndReason::Active,
+            "c open since 0, active recently"
+        );
+        assert!(agg.is_empty());
+    }
+
+    #[test]
+    fn biflows_take_the_opener_as_forward() {
+        let mut agg = Aggregator::<V4Key, Biflow>::new(16, Timeouts::default(), 1).unwrap();
+        let client = V4Key::pack(&stateplane_wire::FlowKey::v4(
+            [198, 18, 9, 9].into(),
+            [198, 18, 0, 1].into(),
+            6,
+            50000,
+            80,
+        ))
+        .unwrap();
+        let mut out = Vec::new();
+        // The server's packets arrive first at the aggregator, but were sent later.
+        agg.ingest(
+            &[
+                Microflow {
+                    key: client.reversed(),
+                    stats: part(20, 3, TCP_FIN),
+                },
+                Microflow {
+                    key: client,
+                    stats: part(10, 4, TCP_SYN),
+                },
+            ],
+            &mut out,
+        );
+        assert!(out.is_empty(), "one FIN is not the end of a biflow");
+        agg.ingest(
+            &[Microflow {
+                key: client,
+                stats: part(40, 1, TCP_FIN),
+            }],
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        let r = out[0];
+        assert_eq!(V4Key::pack(&r.key), Some(client));
+        assert_eq!(r.forward.packets, 5);
+        assert_eq!(r.reverse.map(|s| s.packets), Some(3));
+    }
+}

@@ -1,0 +1,179 @@
+//! Compact flow keys: what the microflow table and the aggregator compare on every packet.
+//!
+//! A flow is the 5-tuple and the outer VLAN (the ingress port is a feature, not part of
+//! the key, as in nfpcapd and softflowd). IPv4 keys are two 64-bit words, so two keys
+//! compare in two instructions (TurboFlow's 128-bit keys); IPv6 keys are five.
+
+use stateplane_wire::FlowKey;
+
+/// A flow key packed into words. `Default` is the all-zero key, which no table treats as
+/// special (slots say whether they are used).
+pub trait CompactKey: Copy + Eq + Default + std::fmt::Debug + Send + 'static {
+    /// The key of `key`, or `None` if `key` is not of this family.
+    fn pack(key: &FlowKey) -> Option<Self>;
+    fn unpack(&self) -> FlowKey;
+    /// The same connection seen from the other side.
+    fn reversed(&self) -> Self;
+    /// The words hashed by the tables.
+    fn words(&self) -> &[u64];
+    /// The smaller (by words) of the key and its reverse, and whether that is the reverse:
+    /// both directions of a connection have the same canonical key.
+    #[inline]
+    fn canonical(&self) -> (Self, bool) {
+        let r = self.reversed();
+        if r.words() < self.words() {
+            (r, true)
+        } else {
+            (*self, false)
+        }
+    }
+}
+
+/// `proto`, ports and VLAN in one word (the VLAN id has 12 bits).
+fn tail(k: &FlowKey) -> u64 {
+    u64::from(k.src_port) << 48
+        | u64::from(k.dst_port) << 32
+        | u64::from(k.proto) << 16
+        | u64::from(k.vlan & 0x0fff)
+}
+
+fn untail(w: u64, k: &mut FlowKey) {
+    k.src_port = (w >> 48) as u16;
+    k.dst_port = (w >> 32) as u16;
+    k.proto = (w >> 16) as u8;
+    k.vlan = (w & 0x0fff) as u16;
+}
+
+fn swap_tail(w: u64) -> u64 {
+    let (s, d) = ((w >> 48) & 0xffff, (w >> 32) & 0xffff);
+    (w & 0xffff_ffff) | d << 48 | s << 32
+}
+
+/// An IPv4 flow: addresses in the first word, ports, protocol and VLAN in the second.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash)]
+pub struct V4Key(pub [u64; 2]);
+
+impl CompactKey for V4Key {
+    #[inline]
+    fn pack(k: &FlowKey) -> Option<Self> {
+        if k.ip_version != 4 {
+            return None;
+        }
+        let a = |b: &[u8; 16]| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        Some(V4Key([a(&k.src) << 32 | a(&k.dst), tail(k)]))
+    }
+
+    fn unpack(&self) -> FlowKey {
+        let mut k = FlowKey {
+            ip_version: 4,
+            ..FlowKey::EMPTY
+        };
+        k.src[..4].copy_from_slice(&((self.0[0] >> 32) as u32).to_be_bytes());
+        k.dst[..4].copy_from_slice(&(self.0[0] as u32).to_be_bytes());
+        untail(self.0[1], &mut k);
+        k
+    }
+
+    fn reversed(&self) -> Self {
+        V4Key([self.0[0].rotate_left(32), swap_tail(self.0[1])])
+    }
+
+    #[inline]
+    fn words(&self) -> &[u64] {
+        &self.0
+    }
+}
+
+/// An IPv6 flow: source and destination in two words each, then ports, protocol and VLAN.
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash)]
+pub struct V6Key(pub [u64; 5]);
+
+impl CompactKey for V6Key {
+    #[inline]
+    fn pack(k: &FlowKey) -> Option<Self> {
+        if k.ip_version != 6 {
+            return None;
+        }
+        let hi = |b: &[u8; 16]| (u128::from_be_bytes(*b) >> 64) as u64;
+        let lo = |b: &[u8; 16]| u128::from_be_bytes(*b) as u64;
+        Some(V6Key([
+            hi(&k.src),
+            lo(&k.src),
+            hi(&k.dst),
+            lo(&k.dst),
+            tail(k),
+        ]))
+    }
+
+    fn unpack(&self) -> FlowKey {
+        let mut k = FlowKey {
+            ip_version: 6,
+            ..FlowKey::EMPTY
+        };
+        let addr = |hi: u64, lo: u64| (u128::from(hi) << 64 | u128::from(lo)).to_be_bytes();
+        k.src = addr(self.0[0], self.0[1]);
+        k.dst = addr(self.0[2], self.0[3]);
+        untail(self.0[4], &mut k);
+        k
+    }
+
+    fn reversed(&self) -> Self {
+        let w = self.0;
+        V6Key([w[2], w[3], w[0], w[1], swap_tail(w[4])])
+    }
+
+    #[inline]
+    fn words(&self) -> &[u64] {
+        &self.0
+    }
+}
+
+/// The tables' hash of a key: seeded, one folded multiply per word (as foldhash), never 0
+/// (the aggregator marks empty slots with 0).
+#[inline]
+pub fn hash_key<K: CompactKey>(key: &K, seed: u64) -> u64 {
+    let mut h = seed;
+    for &w in key.words() {
+        let p = u128::from(h ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
+        h = (p as u64) ^ ((p >> 64) as u64);
+    }
+    h | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn keys_round_trip_and_reverse() {
+        let mut k4 = FlowKey::v4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 1, 2),
+            6,
+            40000,
+            80,
+        );
+        k4.vlan = 42;
+        let p = V4Key::pack(&k4).unwrap();
+        assert_eq!(p.unpack(), k4);
+        let mut back = k4.reversed();
+        back.in_port = 0;
+        assert_eq!(p.reversed().unpack(), back);
+        assert_eq!(p.canonical().0, p.reversed().canonical().0);
+        assert_ne!(p.canonical().1, p.reversed().canonical().1);
+        assert_eq!(V6Key::pack(&k4), None);
+
+        let k6 = FlowKey::v6(
+            "2001:db8::1".parse::<Ipv6Addr>().unwrap(),
+            "2001:db8::2".parse::<Ipv6Addr>().unwrap(),
+            17,
+            5353,
+            53,
+        );
+        let p6 = V6Key::pack(&k6).unwrap();
+        assert_eq!(p6.unpack(), k6);
+        assert_eq!(p6.reversed().reversed(), p6);
+        assert_eq!(p6.canonical().0, p6.reversed().canonical().0);
+    }
+}

@@ -1,0 +1,234 @@
+//! The microflow table: TurboFlow's first level, kept by each worker.
+//!
+//! A small direct-mapped table (sized to stay in the CPU cache) that adds each packet to
+//! the features of its flow's slot. When a packet of another flow takes the slot, the old
+//! entry leaves as a *microflow record*: the features of the flow's most recent packets,
+//! which the aggregator adds to the flow's record. A packet with FIN or RST sends its
+//! entry out at once (so the aggregator can end the flow), and a sweep sends out entries
+//! that began more than `max_age` ago (so timeouts are seen within that much).
+//!
+//! It never allocates after creation (records go into the caller's buffer) and never
+//! loses a packet: every packet added is in exactly one record that leaves, by eviction,
+//! sweep or `flush`.
+
+use crate::key::CompactKey;
+use crate::stats::{FlowStats, Observation};
+
+/// The features of some consecutive packets of one flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Microflow<K> {
+    pub key: K,
+    pub stats: FlowStats,
+}
+
+#[derive(Clone, Copy)]
+struct Slot<K> {
+    key: K,
+    /// `stats.packets == 0`: the slot is empty.
+    stats: FlowStats,
+}
+
+const EMPTY_STATS: FlowStats = FlowStats {
+    packets: 0,
+    bytes: 0,
+    first_ns: 0,
+    last_ns: 0,
+    iat_min_ns: 0,
+    iat_max_ns: 0,
+    len_min: 0,
+    len_max: 0,
+    in_port: 0,
+    out_port: 0,
+    ttl_min: 0,
+    ttl_max: 0,
+    tcp_flags: 0,
+    tos: 0,
+};
+
+/// A direct-mapped table of microflows.
+pub struct MicroflowTable<K> {
+    slots: Vec<Slot<K>>,
+    mask: usize,
+    /// Where the next sweep starts.
+    cursor: usize,
+}
+
+/// A size that is not a power of two, or is zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeError(pub String);
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SizeError {}
+
+/// Checks that `n` is a power of two of at least `min`; names `what` if not.
+pub(crate) fn power_of_two(n: usize, min: usize, what: &str) -> Result<usize, SizeError> {
+    if n < min || !n.is_power_of_two() {
+        return Err(SizeError(format!(
+            "{what} = {n}: must be a power of two of at least {min} (e.g. {})",
+            n.max(min).next_power_of_two()
+        )));
+    }
+    Ok(n)
+}
+
+impl<K: CompactKey> MicroflowTable<K> {
+    /// A table of `slots` entries (a power of two).
+    pub fn new(slots: usize) -> Result<Self, SizeError> {
+        let slots = power_of_two(slots, 1, "microflow slots")?;
+        Ok(MicroflowTable {
+            slots: vec![
+                Slot {
+                    key: K::default(),
+                    stats: EMPTY_STATS,
+                };
+                slots
+            ],
+            mask: slots - 1,
+            cursor: 0,
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes held by the slots.
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot<K>>()
+    }
+
+    /// Adds a packet of flow `key` (whose hash is `hash`); pushes the record of whatever
+    /// it evicts to `out`, and its own flow's record if the packet ends the flow (FIN or
+    /// RST). Returns whether it evicted another flow.
+    #[inline]
+    pub fn observe(
+        &mut self,
+        key: K,
+        hash: u64,
+        o: &Observation,
+        out: &mut Vec<Microflow<K>>,
+    ) -> bool {
+        let slot = &mut self.slots[hash as usize & self.mask];
+        let mut evicted = false;
+        if slot.stats.packets != 0 && slot.key == key {
+            slot.stats.add(o);
+        } else {
+            if slot.stats.packets != 0 {
+                out.push(Microflow {
+                    key: slot.key,
+                    stats: slot.stats,
+                });
+                evicted = true;
+            }
+            slot.key = key;
+            slot.stats = FlowStats::start(o);
+        }
+        if slot.stats.ended_by_tcp() {
+            out.push(Microflow {
+                key: slot.key,
+                stats: slot.stats,
+            });
+            slot.stats.packets = 0;
+        }
+        evicted
+    }
+
+    /// Looks at the next `visit` slots and sends out the entries that began at or before
+    /// `now_ns - max_age_ns`.
+    pub fn sweep(
+        &mut self,
+        now_ns: u64,
+        max_age_ns: u64,
+        visit: usize,
+        out: &mut Vec<Microflow<K>>,
+    ) {
+        let oldest = now_ns.saturating_sub(max_age_ns);
+        for _ in 0..visit.min(self.slots.len()) {
+            let slot = &mut self.slots[self.cursor];
+            if slot.stats.packets != 0 && slot.stats.first_ns <= oldest {
+                out.push(Microflow {
+                    key: slot.key,
+                    stats: slot.stats,
+                });
+                slot.stats.packets = 0;
+            }
+            self.cursor = (self.cursor + 1) & self.mask;
+        }
+    }
+
+    /// Sends out every entry (the end of a run).
+    pub fn flush(&mut self, out: &mut Vec<Microflow<K>>) {
+        for slot in &mut self.slots {
+            if slot.stats.packets != 0 {
+                out.push(Microflow {
+                    key: slot.key,
+                    stats: slot.stats,
+                });
+                slot.stats.packets = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{V4Key, hash_key};
+    use crate::stats::{TCP_FIN, TCP_SYN};
+
+    fn obs(ts_ns: u64, flags: u8) -> Observation {
+        Observation {
+            ts_ns,
+            ip_len: 100,
+            tcp_flags: flags,
+            ..Observation::default()
+        }
+    }
+
+    #[test]
+    fn collisions_evict_and_fin_sends_out_at_once() {
+        let mut t = MicroflowTable::<V4Key>::new(1).unwrap();
+        let (a, b) = (V4Key([1, 2]), V4Key([3, 4]));
+        let mut out = Vec::new();
+        assert!(!t.observe(a, 7, &obs(1, TCP_SYN), &mut out));
+        assert!(!t.observe(a, 7, &obs(2, 0), &mut out));
+        assert!(
+            t.observe(b, 9, &obs(3, 0), &mut out),
+            "one slot: b evicts a"
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].key, out[0].stats.packets), (a, 2));
+        t.observe(b, 9, &obs(4, TCP_FIN), &mut out);
+        assert_eq!((out[1].key, out[1].stats.packets), (b, 2));
+        t.flush(&mut out);
+        assert_eq!(out.len(), 2, "the FIN emptied the slot");
+    }
+
+    #[test]
+    fn sweep_sends_out_old_entries_only() {
+        let mut t = MicroflowTable::<V4Key>::new(64).unwrap();
+        let mut out = Vec::new();
+        for i in 0..32u64 {
+            let k = V4Key([i, 0]);
+            t.observe(k, hash_key(&k, 5), &obs(i * 100, 0), &mut out);
+        }
+        let before = out.len();
+        t.sweep(3_000, 1_500, 64, &mut out);
+        let swept: Vec<_> = out[before..].iter().map(|m| m.stats.first_ns).collect();
+        assert!(!swept.is_empty() && swept.iter().all(|&f| f <= 1_500));
+        let mut rest = Vec::new();
+        t.flush(&mut rest);
+        assert!(rest.iter().all(|m| m.stats.first_ns > 1_500));
+        assert_eq!(
+            out.len() + rest.len(),
+            32,
+            "every packet leaves exactly once"
+        );
+        assert!(MicroflowTable::<V4Key>::new(100).is_err());
+    }
+}

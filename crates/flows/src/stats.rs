@@ -1,0 +1,190 @@
+//! A flow's features: what one packet contributes and how two parts of a flow combine.
+
+/// What the flow stage takes from one packet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub ts_ns: u64,
+    /// IP total length (IPv6: payload length plus 40), the bytes nfpcapd and pmacct count.
+    pub ip_len: u16,
+    pub ttl: u8,
+    pub tos: u8,
+    pub tcp_flags: u8,
+    pub in_port: u16,
+    /// The port the packet left by, or [`NO_PORT`] (dropped, sent to the controller).
+    pub out_port: u16,
+}
+
+/// An egress port for packets that did not leave.
+pub const NO_PORT: u16 = u16::MAX;
+
+/// A flow's features over a run of its packets (a microflow, or a whole flow). Every
+/// feature is kept; a run chooses which ones it exports.
+///
+/// Invariant: `packets >= 1`; `first_ns <= last_ns`; with one packet the inter-arrival
+/// extremes are `iat_min_ns == u64::MAX` and `iat_max_ns == 0` (none seen).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowStats {
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub iat_min_ns: u64,
+    pub iat_max_ns: u64,
+    pub len_min: u16,
+    pub len_max: u16,
+    /// The ingress port of the first packet.
+    pub in_port: u16,
+    /// The egress port of the last packet.
+    pub out_port: u16,
+    pub ttl_min: u8,
+    pub ttl_max: u8,
+    /// TCP flags of every packet, ORed.
+    pub tcp_flags: u8,
+    /// The first packet's TOS / traffic class.
+    pub tos: u8,
+}
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+
+impl FlowStats {
+    /// The features of a flow's first packet.
+    #[inline]
+    pub fn start(o: &Observation) -> FlowStats {
+        FlowStats {
+            packets: 1,
+            bytes: u64::from(o.ip_len),
+            first_ns: o.ts_ns,
+            last_ns: o.ts_ns,
+            iat_min_ns: u64::MAX,
+            iat_max_ns: 0,
+            len_min: o.ip_len,
+            len_max: o.ip_len,
+            in_port: o.in_port,
+            out_port: o.out_port,
+            ttl_min: o.ttl,
+            ttl_max: o.ttl,
+            tcp_flags: o.tcp_flags,
+            tos: o.tos,
+        }
+    }
+
+    /// Adds the flow's next packet.
+    #[inline]
+    pub fn add(&mut self, o: &Observation) {
+        let gap = o.ts_ns.saturating_sub(self.last_ns);
+        self.packets += 1;
+        self.bytes += u64::from(o.ip_len);
+        self.last_ns = self.last_ns.max(o.ts_ns);
+        self.iat_min_ns = self.iat_min_ns.min(gap);
+        self.iat_max_ns = self.iat_max_ns.max(gap);
+        self.len_min = self.len_min.min(o.ip_len);
+        self.len_max = self.len_max.max(o.ip_len);
+        self.out_port = o.out_port;
+        self.ttl_min = self.ttl_min.min(o.ttl);
+        self.ttl_max = self.ttl_max.max(o.ttl);
+        self.tcp_flags |= o.tcp_flags;
+    }
+
+    /// Adds `later`, the features of the packets that came after this part's (a later
+    /// microflow of the same flow): the gap between the two parts is an inter-arrival
+    /// time like any other, so the result equals the features of all the packets at once.
+    #[inline]
+    pub fn merge(&mut self, later: &FlowStats) {
+        let gap = later.first_ns.saturating_sub(self.last_ns);
+        self.packets += later.packets;
+        self.bytes += later.bytes;
+        self.iat_min_ns = self.iat_min_ns.min(later.iat_min_ns).min(gap);
+        self.iat_max_ns = self.iat_max_ns.max(later.iat_max_ns).max(gap);
+        self.first_ns = self.first_ns.min(later.first_ns);
+        self.last_ns = self.last_ns.max(later.last_ns);
+        self.len_min = self.len_min.min(later.len_min);
+        self.len_max = self.len_max.max(later.len_max);
+        self.out_port = later.out_port;
+        self.ttl_min = self.ttl_min.min(later.ttl_min);
+        self.ttl_max = self.ttl_max.max(later.ttl_max);
+        self.tcp_flags |= later.tcp_flags;
+    }
+
+    /// Mean IP length, rounded down.
+    pub fn len_mean(&self) -> u64 {
+        self.bytes / self.packets.max(1)
+    }
+
+    /// Mean inter-arrival time in ns, or `None` with a single packet.
+    pub fn iat_mean_ns(&self) -> Option<u64> {
+        (self.packets > 1).then(|| (self.last_ns - self.first_ns) / (self.packets - 1))
+    }
+
+    /// The smallest inter-arrival time, or `None` with a single packet.
+    pub fn iat_min(&self) -> Option<u64> {
+        (self.packets > 1).then_some(self.iat_min_ns)
+    }
+
+    pub fn ended_by_tcp(&self) -> bool {
+        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn obs(ts_ns: u64, ip_len: u16, ttl: u8, flags: u8) -> Observation {
+        Observation {
+            ts_ns,
+            ip_len,
+            ttl,
+            tcp_flags: flags,
+            ..Observation::default()
+        }
+    }
+
+    proptest! {
+        /// Splitting a flow's packets into consecutive microflows and merging them gives
+        /// the features of the whole flow.
+        #[test]
+        fn merging_parts_equals_the_whole(
+            gaps in prop::collection::vec((0u64..1_000_000, 40u16..1500, 1u8..255, 0u8..64), 1..40),
+            cuts in prop::collection::vec(any::<bool>(), 40),
+        ) {
+            let mut ts = 1_000;
+            let packets: Vec<Observation> = gaps.iter().map(|&(g, len, ttl, f)| {
+                ts += g;
+                obs(ts, len, ttl, f)
+            }).collect();
+            let mut whole = FlowStats::start(&packets[0]);
+            for p in &packets[1..] {
+                whole.add(p);
+            }
+            let mut merged: Option<FlowStats> = None;
+            let mut part = FlowStats::start(&packets[0]);
+            for (i, p) in packets.iter().enumerate().skip(1) {
+                if cuts[i] {
+                    match &mut merged { Some(m) => m.merge(&part), None => merged = Some(part) }
+                    part = FlowStats::start(p);
+                } else {
+                    part.add(p);
+                }
+            }
+            match &mut merged { Some(m) => m.merge(&part), None => merged = Some(part) }
+            prop_assert_eq!(merged, Some(whole));
+        }
+    }
+
+    #[test]
+    fn means_and_single_packets() {
+        let mut s = FlowStats::start(&obs(10, 100, 64, TCP_SYN));
+        assert_eq!(s.iat_mean_ns(), None);
+        assert_eq!(s.iat_min(), None);
+        s.add(&obs(30, 200, 60, TCP_FIN));
+        s.add(&obs(70, 60, 61, 0));
+        assert_eq!(s.len_mean(), 120);
+        assert_eq!(s.iat_mean_ns(), Some(30));
+        assert_eq!((s.iat_min(), s.iat_max_ns), (Some(20), 40));
+        assert_eq!((s.ttl_min, s.ttl_max), (60, 64));
+        assert!(s.ended_by_tcp());
+    }
+}

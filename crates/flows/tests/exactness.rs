@@ -1,0 +1,197 @@
+//! Exactness against ground truth: generated traces go through the flow stage in every
+//! shape (two levels or one, uniflows or biflows, tables small enough to evict, timeouts
+//! short enough to split flows), and a plain map computed here from the same packets must
+//! equal the sums over the exported records, flow by flow.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
+use stateplane_flows::{CompactKey, FlowRecord, Observation, Timeouts, V4Key, V6Key};
+use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_wire::{FlowHasher, FlowKey, parse};
+use std::collections::HashMap;
+
+struct Collect(Vec<FlowRecord>);
+
+impl RecordSink for Collect {
+    fn deliver(&mut self, records: &mut Vec<FlowRecord>) {
+        self.0.append(records);
+    }
+}
+
+/// Per flow: packets, bytes, first and last time, TCP flags ORed.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
+struct Truth {
+    packets: u64,
+    bytes: u64,
+    first_ns: u64,
+    last_ns: u64,
+    flags: u8,
+}
+
+impl Truth {
+    fn add(&mut self, packets: u64, bytes: u64, first: u64, last: u64, flags: u8) {
+        if self.packets == 0 {
+            self.first_ns = first;
+        }
+        self.packets += packets;
+        self.bytes += bytes;
+        self.first_ns = self.first_ns.min(first);
+        self.last_ns = self.last_ns.max(last);
+        self.flags |= flags;
+    }
+}
+
+/// The key both directions share when `biflow` (so truth and records compare alike).
+fn flow_of(key: &FlowKey, biflow: bool) -> FlowKey {
+    let mut k = *key;
+    k.in_port = 0;
+    if !biflow {
+        return k;
+    }
+    match k.ip_version {
+        4 => V4Key::pack(&k).map(|p| p.canonical().0.unpack()),
+        _ => V6Key::pack(&k).map(|p| p.canonical().0.unpack()),
+    }
+    .unwrap_or(k)
+}
+
+fn trace(workload: Workload, packets: u64, seed: u64) -> Vec<(FlowKey, Observation)> {
+    let mut cfg = GenConfig::new(workload, packets);
+    cfg.seed = seed;
+    cfg.ipv6_share = 0.3;
+    cfg.vlans = 3;
+    let hasher = FlowHasher::with_seed(1);
+    let mut out = Vec::new();
+    generate(
+        &cfg,
+        |ts_ns, frame| {
+            if let Ok(p) = parse(frame, 0, &hasher) {
+                out.push((
+                    p.key,
+                    Observation {
+                        ts_ns,
+                        ip_len: p.ip_len,
+                        ttl: p.ttl,
+                        tos: p.tos,
+                        tcp_flags: p.tcp_flags,
+                        in_port: 0,
+                        out_port: 1,
+                    },
+                ));
+            }
+            Ok(())
+        },
+        |_| {},
+    )
+    .unwrap();
+    out
+}
+
+/// Returns the stage's counters and how many flows the truth has.
+fn check(
+    packets: &[(FlowKey, Observation)],
+    config: StageConfig,
+    what: &str,
+) -> (stateplane_flows::stage::StageCounters, usize) {
+    let mut stage = FlowStage::new(config, 99).unwrap();
+    let mut sink = Collect(Vec::new());
+    let mut truth: HashMap<FlowKey, Truth> = HashMap::new();
+    for burst in packets.chunks(64) {
+        for (key, o) in burst {
+            stage.observe(key, o);
+            truth.entry(flow_of(key, config.biflow)).or_default().add(
+                1,
+                o.ip_len.into(),
+                o.ts_ns,
+                o.ts_ns,
+                o.tcp_flags,
+            );
+        }
+        stage.end_burst(burst[burst.len() - 1].1.ts_ns, &mut sink);
+    }
+    stage.finish(&mut sink);
+    let mut got: HashMap<FlowKey, Truth> = HashMap::new();
+    for r in &sink.0 {
+        assert!(r.forward.packets > 0, "{what}: an empty record");
+        for s in std::iter::once(&r.forward).chain(r.reverse.as_ref()) {
+            got.entry(flow_of(&r.key, config.biflow)).or_default().add(
+                s.packets,
+                s.bytes,
+                s.first_ns,
+                s.last_ns,
+                s.tcp_flags,
+            );
+        }
+    }
+    let total = |m: &HashMap<FlowKey, Truth>| {
+        m.values()
+            .map(|t| (t.packets, t.bytes))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    assert_eq!(total(&got), total(&truth), "{what}: packet and byte totals");
+    assert_eq!(got.len(), truth.len(), "{what}: flows");
+    for (k, t) in &truth {
+        assert_eq!(got.get(k), Some(t), "{what}: flow {k:?}");
+    }
+    let c = stage.counters;
+    assert_eq!(c.packets, packets.len() as u64);
+    assert_eq!(c.records_out, sink.0.len() as u64);
+    (c, truth.len())
+}
+
+#[test]
+fn every_packet_and_byte_is_in_the_records() {
+    let internet = trace(Workload::Internet, 200_000, 7);
+    let datacenter = trace(Workload::Datacenter, 100_000, 8);
+    let base = StageConfig::default();
+    for (name, packets) in [("internet", &internet), ("datacenter", &datacenter)] {
+        for biflow in [false, true] {
+            for (shape, config) in [
+                ("two levels", StageConfig { biflow, ..base }),
+                (
+                    "one level",
+                    StageConfig {
+                        biflow,
+                        microflow_slots: 0,
+                        ..base
+                    },
+                ),
+                (
+                    "tiny tables",
+                    StageConfig {
+                        biflow,
+                        microflow_slots: 16,
+                        max_flows: 8,
+                        ..base
+                    },
+                ),
+                (
+                    "short timeouts",
+                    StageConfig {
+                        biflow,
+                        timeouts: Timeouts {
+                            inactive_ns: 2_000_000,
+                            active_ns: 50_000_000,
+                        },
+                        microflow_max_age_ns: 500_000,
+                        sweep_period_ns: 5_000_000,
+                        ..base
+                    },
+                ),
+            ] {
+                let what = format!("{name}, {shape}, biflow {biflow}");
+                let (c, flows) = check(packets, config, &what);
+                // The shapes do what they are named for.
+                match shape {
+                    "tiny tables" => assert!(c.evicted_full > 0, "{what}"),
+                    "short timeouts" => {
+                        assert!(c.records_out > flows as u64, "{what}: no flow split")
+                    }
+                    "one level" => assert_eq!(c.microflow_records, c.packets, "{what}"),
+                    _ => assert!(c.microflow_records < c.packets, "{what}"),
+                }
+            }
+        }
+    }
+}
