@@ -6,7 +6,7 @@
 # problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh tshark tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
+bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
   sysctl:procps kill:procps setpriv:util-linux getconf:libc-bin
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -27,6 +27,8 @@ if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
   exit 1
 fi
+echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
+bash scripts/test-flows-collectors.sh
 echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; prefetch in tables and the cache)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
