@@ -206,11 +206,15 @@ impl Sink {
     }
 }
 
-/// Spaces UDP messages so that a collector's socket buffer is not overrun by a burst.
+/// Spaces UDP messages so that a collector's socket buffer is not overrun: a token bucket
+/// of `BURST` messages refilled at the rate (sleeping per message would cost more than the
+/// gap it waits for).
 struct Pacer {
     gap: Duration,
     next: Instant,
 }
+
+const BURST: u32 = 64;
 
 impl Pacer {
     fn new(rate: u64) -> Pacer {
@@ -227,11 +231,17 @@ impl Pacer {
             return;
         }
         let now = Instant::now();
-        if self.next > now {
+        // `next` runs ahead of now by the messages sent beyond the rate; at most BURST
+        // of them go without waiting, and idle time earns no more credit than that.
+        // Past the burst, sleep until all of it is earned back: one sleep per BURST
+        // messages, not one per message.
+        self.next = self
+            .next
+            .max(now.checked_sub(self.gap * BURST).unwrap_or(now))
+            + self.gap;
+        if self.next > now + self.gap * BURST {
             std::thread::sleep(self.next - now);
         }
-        // No credit for idle time beyond a few messages: bursts stay short.
-        self.next = self.next.max(now - self.gap * 8) + self.gap;
     }
 }
 

@@ -66,7 +66,7 @@ pub struct FlowsArgs {
     pub microflow_slots: usize,
     /// Flows each worker holds per address family; when full, the least recently active
     /// of a sample is exported early (counted).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = 1 << 18)]
     pub max_flows: usize,
     /// IPFIX messages per second over UDP (0: unpaced).
     #[arg(long, default_value_t = 20_000)]

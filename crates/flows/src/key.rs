@@ -137,7 +137,8 @@ pub fn hash_key<K: CompactKey>(key: &K, seed: u64) -> u64 {
         let p = u128::from(h ^ w).wrapping_mul(0xa076_1d64_78bd_642f);
         h = (p as u64) ^ ((p >> 64) as u64);
     }
-    h | 1
+    // The top bit, not the bottom one: tables index with the low bits.
+    h | 1 << 63
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ impl Default for StageConfig {
         StageConfig {
             // 4,096 slots of 88 bytes: 352 KiB, inside this machine's 1 MiB L2.
             microflow_slots: 4096,
-            max_flows: 1 << 20,
+            max_flows: 1 << 18,
             timeouts: Timeouts::default(),
             biflow: false,
             microflow_max_age_ns: 1_000_000_000,
