@@ -448,28 +448,9 @@ impl Encoder {
             b.push(r.end as u8);
         }
         if self.biflow {
-            let none = zero_stats();
+            let none = FlowStats::ZERO;
             write_direction(b, f, r.reverse.as_ref().unwrap_or(&none));
         }
-    }
-}
-
-fn zero_stats() -> FlowStats {
-    FlowStats {
-        packets: 0,
-        bytes: 0,
-        first_ns: 0,
-        last_ns: 0,
-        iat_min_ns: 0,
-        iat_max_ns: 0,
-        len_min: 0,
-        len_max: 0,
-        in_port: 0,
-        out_port: 0,
-        ttl_min: 0,
-        ttl_max: 0,
-        tcp_flags: 0,
-        tos: 0,
     }
 }
 
@@ -638,7 +619,7 @@ impl Decoder {
 
 fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
     let mut key = FlowKey::EMPTY;
-    let (mut fwd, mut rev) = (zero_stats(), zero_stats());
+    let (mut fwd, mut rev) = (FlowStats::ZERO, FlowStats::ZERO);
     let mut end = EndReason::Forced;
     let mut icmp = 0;
     for f in fields {

@@ -28,23 +28,6 @@ struct Slot<K> {
     stats: FlowStats,
 }
 
-const EMPTY_STATS: FlowStats = FlowStats {
-    packets: 0,
-    bytes: 0,
-    first_ns: 0,
-    last_ns: 0,
-    iat_min_ns: 0,
-    iat_max_ns: 0,
-    len_min: 0,
-    len_max: 0,
-    in_port: 0,
-    out_port: 0,
-    ttl_min: 0,
-    ttl_max: 0,
-    tcp_flags: 0,
-    tos: 0,
-};
-
 /// A direct-mapped table of microflows.
 pub struct MicroflowTable<K> {
     slots: Vec<Slot<K>>,
@@ -84,7 +67,7 @@ impl<K: CompactKey> MicroflowTable<K> {
             slots: vec![
                 Slot {
                     key: K::default(),
-                    stats: EMPTY_STATS,
+                    stats: FlowStats::ZERO,
                 };
                 slots
             ],

@@ -49,6 +49,24 @@ pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 
 impl FlowStats {
+    /// All zero: no packets (an empty slot, a direction that sent nothing).
+    pub const ZERO: FlowStats = FlowStats {
+        packets: 0,
+        bytes: 0,
+        first_ns: 0,
+        last_ns: 0,
+        iat_min_ns: 0,
+        iat_max_ns: 0,
+        len_min: 0,
+        len_max: 0,
+        in_port: 0,
+        out_port: 0,
+        ttl_min: 0,
+        ttl_max: 0,
+        tcp_flags: 0,
+        tos: 0,
+    };
+
     /// The features of a flow's first packet.
     #[inline]
     pub fn start(o: &Observation) -> FlowStats {
