@@ -51,7 +51,8 @@ pub struct ExportReport {
 }
 
 enum Out {
-    Udp(UdpSocket),
+    /// Each UDP collector is paced on its own.
+    Udp(UdpSocket, Pacer),
     Stream(Box<dyn Write + Send>),
 }
 
@@ -93,7 +94,7 @@ impl Sink {
                     .map_err(|e| format!("--ipfix {addr}: {e}"))?;
                 (
                     format!("ipfix udp {addr}"),
-                    Out::Udp(s),
+                    Out::Udp(s, Pacer::new(c.rate)),
                     enc(c.mtu, TemplateRefresh::UDP),
                     false,
                 )
@@ -143,12 +144,12 @@ impl Sink {
     }
 
     /// Writes bytes, keeping the first error (a sink that fails stops; the others go on).
-    fn write(&mut self, bytes: &[u8], pacer: &mut Pacer) {
+    fn write(&mut self, bytes: &[u8]) {
         if self.error.is_some() {
             return;
         }
         let r = match &mut self.out {
-            Out::Udp(s) => {
+            Out::Udp(s, pacer) => {
                 pacer.wait();
                 // A collector that is not listening (yet) makes the kernel refuse the next
                 // send; a flow exporter keeps going, as softflowd and nfprobe do.
@@ -173,11 +174,10 @@ impl Sink {
         records: &[FlowRecord],
         c: &ExportConfig,
         export_s: u32,
-        pacer: &mut Pacer,
         line: &mut String,
     ) {
         if let Some(mut enc) = self.encoder.take() {
-            enc.encode(records, export_s, &mut |m| self.write(m, pacer));
+            enc.encode(records, export_s, &mut |m| self.write(m));
             self.encoder = Some(enc);
             return;
         }
@@ -188,13 +188,13 @@ impl Sink {
             } else {
                 text::json_line(r, c.features, c.biflow, line);
             }
-            self.write(line.as_bytes(), pacer);
+            self.write(line.as_bytes());
         }
     }
 
-    fn finish(&mut self, pacer: &mut Pacer) {
+    fn finish(&mut self) {
         if let Some(mut enc) = self.encoder.take() {
-            enc.finish(&mut |m| self.write(m, pacer));
+            enc.finish(&mut |m| self.write(m));
             self.encoder = Some(enc);
         }
         if let Out::Stream(w) = &mut self.out
@@ -298,7 +298,6 @@ impl Exporter {
         let thread = std::thread::Builder::new()
             .name("exporter".into())
             .spawn(move || {
-                let mut pacer = Pacer::new(config.rate);
                 let mut report = ExportReport::default();
                 let mut export_s = 0u32;
                 let mut line = String::new();
@@ -312,12 +311,12 @@ impl Exporter {
                         .unwrap_or(0);
                     export_s = export_s.max((latest / 1_000_000_000) as u32);
                     for s in &mut sinks {
-                        s.records(&batch, &config, export_s, &mut pacer, &mut line);
+                        s.records(&batch, &config, export_s, &mut line);
                     }
                     let _ = spare_tx.try_send(batch);
                 }
                 for s in &mut sinks {
-                    s.finish(&mut pacer);
+                    s.finish();
                 }
                 report.sinks = sinks
                     .into_iter()

@@ -122,8 +122,9 @@ fn seconds(name: &str, s: f64) -> CliResult<u64> {
     }
 }
 
-fn stdout_or(path: &Option<PathBuf>) -> Option<PathBuf> {
-    path.as_ref().filter(|p| p.as_os_str() != "-").cloned()
+/// A text sink's file, or `None` for `-` (standard output).
+fn file_or_stdout(path: &std::path::Path) -> Option<PathBuf> {
+    (path.as_os_str() != "-").then(|| path.to_path_buf())
 }
 
 pub fn main(args: FlowsArgs) -> CliResult<()> {
@@ -147,10 +148,10 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             .map(|p| SinkSpec::IpfixFile(p.clone())),
     );
     if let Some(p) = &args.csv {
-        sinks.push(SinkSpec::Csv(stdout_or(&Some(p.clone()))));
+        sinks.push(SinkSpec::Csv(file_or_stdout(p)));
     }
     if let Some(p) = &args.json {
-        sinks.push(SinkSpec::Json(stdout_or(&Some(p.clone()))));
+        sinks.push(SinkSpec::Json(file_or_stdout(p)));
     }
     let live = !args.interfaces.is_empty();
     if live != args.inputs.is_empty() {
@@ -188,7 +189,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         let mut taken = stages
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // A worker asks once; a reload (live) gets a stage that keeps nothing from before.
+        // Each worker asks once (a live reload replaces the program, not the tap).
         match taken.get_mut(w).and_then(Option::take) {
             Some(tap) => Box::new(tap) as Box<dyn Tap>,
             None => Box::new(NoTap),
@@ -239,7 +240,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             &handle,
         );
         drop(progress);
-        drop(runtime); // the taps' sinks: the exporter's queue ends with them
+        // Stages no worker took hold sinks too: the exporter's queue ends when they go.
+        drop(runtime);
         let malformed: u64 = report.total.malformed.iter().sum();
         if malformed > 0 {
             eprintln!("{malformed} malformed packets counted and skipped");
@@ -269,13 +271,7 @@ fn print_summary(
 ) {
     let mut t = StageCounters::default();
     for s in stages {
-        t.packets += s.packets;
-        t.bytes += s.bytes;
-        t.not_ip += s.not_ip;
-        t.microflow_records += s.microflow_records;
-        t.flows_created += s.flows_created;
-        t.evicted_full += s.evicted_full;
-        t.records_out += s.records_out;
+        t.merge(s);
     }
     let mpps = t.packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6;
     if json {

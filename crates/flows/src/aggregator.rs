@@ -79,9 +79,7 @@ impl FlowValue for Biflow {
     const BIFLOW: bool = true;
     #[inline]
     fn start(stats: &FlowStats, reversed: bool) -> Self {
-        let mut none = *stats;
-        none.packets = 0;
-        let mut b = Biflow([none; 2]);
+        let mut b = Biflow([FlowStats::ZERO; 2]);
         b.0[usize::from(reversed)] = *stats;
         b
     }
@@ -204,7 +202,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         let empty = Slot {
             hash: 0,
             key: K::default(),
-            value: V::start(&FlowStats::start(&Default::default()), false),
+            value: V::start(&FlowStats::ZERO, false),
         };
         let (slots_vec, _) =
             stateplane_mem::huge_vec(slots, empty, slots * size_of::<Slot<K, V>>() >= 1 << 21);

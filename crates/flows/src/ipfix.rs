@@ -140,33 +140,46 @@ pub mod ie {
     pub const IAT_MAX: u16 = 2;
 }
 
+/// A per-direction element: the feature that brings it, its IANA id and length, and how it
+/// is read from and written to a direction's features. The template, the encoder and the
+/// decoder all walk this one list, so they cannot disagree on order or size.
+struct DirectionElement {
+    feature: u16,
+    id: u16,
+    len: u16,
+    get: fn(&FlowStats) -> u64,
+    set: fn(&mut FlowStats, u64),
+}
+
+const MS: u64 = 1_000_000;
+
+#[rustfmt::skip]
+const DIRECTION: [DirectionElement; 10] = [
+    DirectionElement { feature: Features::COUNTS, id: ie::PACKETS, len: 8, get: |s| s.packets, set: |s, n| s.packets = n },
+    DirectionElement { feature: Features::COUNTS, id: ie::OCTETS, len: 8, get: |s| s.bytes, set: |s, n| s.bytes = n },
+    DirectionElement { feature: Features::TIMES, id: ie::START_MS, len: 8, get: |s| s.first_ns / MS, set: |s, n| s.first_ns = n.saturating_mul(MS) },
+    DirectionElement { feature: Features::TIMES, id: ie::END_MS, len: 8, get: |s| s.last_ns / MS, set: |s, n| s.last_ns = n.saturating_mul(MS) },
+    DirectionElement { feature: Features::TCP_FLAGS, id: ie::TCP_FLAGS, len: 2, get: |s| s.tcp_flags.into(), set: |s, n| s.tcp_flags = n as u8 },
+    DirectionElement { feature: Features::TOS, id: ie::TOS, len: 1, get: |s| s.tos.into(), set: |s, n| s.tos = n as u8 },
+    DirectionElement { feature: Features::TTL, id: ie::TTL_MIN, len: 1, get: |s| s.ttl_min.into(), set: |s, n| s.ttl_min = n as u8 },
+    DirectionElement { feature: Features::TTL, id: ie::TTL_MAX, len: 1, get: |s| s.ttl_max.into(), set: |s, n| s.ttl_max = n as u8 },
+    DirectionElement { feature: Features::SIZES, id: ie::LEN_MIN, len: 2, get: |s| s.len_min.into(), set: |s, n| s.len_min = n as u16 },
+    DirectionElement { feature: Features::SIZES, id: ie::LEN_MAX, len: 2, get: |s| s.len_max.into(), set: |s, n| s.len_max = n as u16 },
+];
+
+fn direction_elements(features: Features) -> impl Iterator<Item = &'static DirectionElement> {
+    DIRECTION.iter().filter(move |e| features.has(e.feature))
+}
+
 /// The per-direction fields of `features` (reversed for a biflow's other direction).
 fn direction_fields(features: Features, pen: u32) -> Vec<Field> {
-    let mut f = Vec::new();
-    let mut push = |id, len| f.push(Field { id, len, pen });
-    if features.has(Features::COUNTS) {
-        push(ie::PACKETS, 8);
-        push(ie::OCTETS, 8);
-    }
-    if features.has(Features::TIMES) {
-        push(ie::START_MS, 8);
-        push(ie::END_MS, 8);
-    }
-    if features.has(Features::TCP_FLAGS) {
-        push(ie::TCP_FLAGS, 2);
-    }
-    if features.has(Features::TOS) {
-        push(ie::TOS, 1);
-    }
-    if features.has(Features::TTL) {
-        push(ie::TTL_MIN, 1);
-        push(ie::TTL_MAX, 1);
-    }
-    if features.has(Features::SIZES) {
-        push(ie::LEN_MIN, 2);
-        push(ie::LEN_MAX, 2);
-    }
-    f
+    direction_elements(features)
+        .map(|e| Field {
+            id: e.id,
+            len: e.len,
+            pen,
+        })
+        .collect()
 }
 
 /// The fields of the template for one family.
@@ -455,26 +468,8 @@ impl Encoder {
 }
 
 fn write_direction(b: &mut Vec<u8>, f: Features, s: &FlowStats) {
-    if f.has(Features::COUNTS) {
-        b.extend_from_slice(&s.packets.to_be_bytes());
-        b.extend_from_slice(&s.bytes.to_be_bytes());
-    }
-    if f.has(Features::TIMES) {
-        b.extend_from_slice(&(s.first_ns / 1_000_000).to_be_bytes());
-        b.extend_from_slice(&(s.last_ns / 1_000_000).to_be_bytes());
-    }
-    if f.has(Features::TCP_FLAGS) {
-        b.extend_from_slice(&u16::from(s.tcp_flags).to_be_bytes());
-    }
-    if f.has(Features::TOS) {
-        b.push(s.tos);
-    }
-    if f.has(Features::TTL) {
-        b.extend_from_slice(&[s.ttl_min, s.ttl_max]);
-    }
-    if f.has(Features::SIZES) {
-        b.extend_from_slice(&s.len_min.to_be_bytes());
-        b.extend_from_slice(&s.len_max.to_be_bytes());
+    for e in direction_elements(f) {
+        b.extend_from_slice(&(e.get)(s).to_be_bytes()[8 - usize::from(e.len)..]);
     }
 }
 
@@ -638,6 +633,10 @@ fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
                 continue;
             }
         };
+        if let Some(e) = DIRECTION.iter().find(|e| e.id == f.id) {
+            (e.set)(s, n);
+            continue;
+        }
         match f.id {
             ie::SRC_V4 | ie::SRC_V6 => {
                 key.ip_version = if f.id == ie::SRC_V4 { 4 } else { 6 };
@@ -651,16 +650,6 @@ fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
             ie::PROTOCOL => key.proto = n as u8,
             ie::VLAN => key.vlan = n as u16,
             ie::ICMP_V4 | ie::ICMP_V6 => icmp = n as u16,
-            ie::PACKETS => s.packets = n,
-            ie::OCTETS => s.bytes = n,
-            ie::START_MS => s.first_ns = n * 1_000_000,
-            ie::END_MS => s.last_ns = n * 1_000_000,
-            ie::TCP_FLAGS => s.tcp_flags = n as u8,
-            ie::TOS => s.tos = n as u8,
-            ie::TTL_MIN => s.ttl_min = n as u8,
-            ie::TTL_MAX => s.ttl_max = n as u8,
-            ie::LEN_MIN => s.len_min = n as u16,
-            ie::LEN_MAX => s.len_max = n as u16,
             ie::INGRESS => s.in_port = (n as u16).wrapping_sub(1),
             ie::EGRESS => s.out_port = (n as u16).wrapping_sub(1),
             ie::END_REASON => {

@@ -8,8 +8,8 @@
 //! that began more than `max_age` ago (so timeouts are seen within that much).
 //!
 //! It never allocates after creation (records go into the caller's buffer) and never
-//! loses a packet: every packet added is in exactly one record that leaves, by eviction,
-//! sweep or `flush`.
+//! loses a packet: every packet added is in exactly one record that leaves, by eviction
+//! or sweep (a sweep of every slot with no age limit empties the table).
 
 use crate::key::CompactKey;
 use crate::stats::{FlowStats, Observation};
@@ -143,19 +143,6 @@ impl<K: CompactKey> MicroflowTable<K> {
             self.cursor = (self.cursor + 1) & self.mask;
         }
     }
-
-    /// Sends out every entry (the end of a run).
-    pub fn flush(&mut self, out: &mut Vec<Microflow<K>>) {
-        for slot in &mut self.slots {
-            if slot.stats.packets != 0 {
-                out.push(Microflow {
-                    key: slot.key,
-                    stats: slot.stats,
-                });
-                slot.stats.packets = 0;
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -188,7 +175,7 @@ mod tests {
         assert_eq!((out[0].key, out[0].stats.packets), (a, 2));
         t.observe(b, 9, &obs(4, TCP_FIN), &mut out);
         assert_eq!((out[1].key, out[1].stats.packets), (b, 2));
-        t.flush(&mut out);
+        t.sweep(u64::MAX, 0, t.slots(), &mut out);
         assert_eq!(out.len(), 2, "the FIN emptied the slot");
     }
 
@@ -238,7 +225,7 @@ mod tests {
         let swept: Vec<_> = out[before..].iter().map(|m| m.stats.first_ns).collect();
         assert!(!swept.is_empty() && swept.iter().all(|&f| f <= 1_500));
         let mut rest = Vec::new();
-        t.flush(&mut rest);
+        t.sweep(u64::MAX, 0, t.slots(), &mut rest);
         assert!(rest.iter().all(|m| m.stats.first_ns > 1_500));
         assert_eq!(
             out.len() + rest.len(),

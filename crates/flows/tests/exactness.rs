@@ -134,7 +134,7 @@ fn check(
     for (k, t) in &truth {
         assert_eq!(got.get(k), Some(t), "{what}: flow {k:?}");
     }
-    let c = stage.counters;
+    let c = stage.counters();
     assert_eq!(c.packets, packets.len() as u64);
     assert_eq!(c.records_out, sink.0.len() as u64);
     (c, truth.len())
