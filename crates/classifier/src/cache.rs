@@ -73,7 +73,9 @@ impl<V: Copy + Default> MicroflowCache<V> {
             ways,
             set_mask: entries / ways - 1,
             seed,
-            slots: vec![Slot::default(); entries],
+            // Huge pages where the system gives them: a big cache on 4 KiB pages pays a
+            // page walk on most probes.
+            slots: stateplane_mem::huge_vec(entries, Slot::default(), true).0,
             lru: vec![0; entries / ways],
             stats: CacheStats::default(),
         })
