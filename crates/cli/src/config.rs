@@ -19,9 +19,15 @@
 //! tx = "out.pcap"      # write packets sent to this port (omit: count and discard)
 //! ```
 //!
+//! Flow records of what the program forwarded (with the egress port it chose) go to the
+//! sinks of a `[flows]` section, whose keys are the flags of `stateplane flows` written
+//! with underscores (`csv = "flows.csv"`, `ipfix = ["127.0.0.1:4739"]`, `biflow = true`,
+//! `inactive_timeout = 15`, ...).
+//!
 //! Live ports name an interface instead: `[[port]] name = "left"` and `iface = "veth0"`;
 //! then the run is a daemon until SIGINT/SIGTERM, and SIGHUP reloads `[program]`.
 
+use crate::flows_cmd::FlowSettings;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -42,6 +48,8 @@ pub struct RunConfig {
     pub program: Option<ProgramSection>,
     #[serde(default)]
     pub port: Vec<PortSection>,
+    /// Flow records of what the program forwarded.
+    pub flows: Option<FlowSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,11 +89,18 @@ impl RunConfig {
         let mut cfg = cfg;
         // Relative paths are relative to the configuration file, not to wherever it is run.
         let base = path.parent().unwrap_or(Path::new(""));
-        for port in &mut cfg.port {
-            for file in [&mut port.rx, &mut port.tx].into_iter().flatten() {
-                if file.is_relative() {
-                    *file = base.join(&*file);
-                }
+        let mut files: Vec<&mut PathBuf> = (cfg.port.iter_mut())
+            .flat_map(|p| [&mut p.rx, &mut p.tx])
+            .flatten()
+            .collect();
+        if let Some(f) = &mut cfg.flows {
+            files.extend([&mut f.csv, &mut f.json].into_iter().flatten());
+            files.extend(f.ipfix_file.iter_mut());
+        }
+        for file in files {
+            // `-` is standard output.
+            if file.is_relative() && file.as_os_str() != "-" {
+                *file = base.join(&*file);
             }
         }
         // So are the files a program's settings name (keys ending in `_file`).

@@ -27,9 +27,28 @@ pub enum SinkSpec {
     Json(Option<PathBuf>),
 }
 
+/// How a setting is named in errors: as a flag of `stateplane flows`, or as a key of the
+/// `[flows]` section of a run's configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    Flags,
+    Config,
+}
+
+impl Naming {
+    /// `key` (written as in the config, `max_flows`) as the user gave it.
+    pub fn name(self, key: &str) -> String {
+        match self {
+            Naming::Flags => format!("--{}", key.replace('_', "-")),
+            Naming::Config => format!("flows.{key}"),
+        }
+    }
+}
+
 /// How records are written.
 #[derive(Clone, Debug)]
 pub struct ExportConfig {
+    pub naming: Naming,
     pub sinks: Vec<SinkSpec>,
     pub features: Features,
     pub biflow: bool,
@@ -89,9 +108,9 @@ impl Sink {
                 }
                 .parse()
                 .map_err(|e| format!("{e}"))?;
-                let s = UdpSocket::bind(bind).map_err(|e| format!("--ipfix {addr}: {e}"))?;
-                s.connect(addr)
-                    .map_err(|e| format!("--ipfix {addr}: {e}"))?;
+                let flag = c.naming.name("ipfix");
+                let s = UdpSocket::bind(bind).map_err(|e| format!("{flag} {addr}: {e}"))?;
+                s.connect(addr).map_err(|e| format!("{flag} {addr}: {e}"))?;
                 (
                     format!("ipfix udp {addr}"),
                     Out::Udp(s, Pacer::new(c.rate)),
@@ -101,7 +120,8 @@ impl Sink {
             }
             SinkSpec::IpfixTcp(addr) => {
                 let s = TcpStream::connect_timeout(addr, Duration::from_secs(5)).map_err(|e| {
-                    format!("--ipfix-tcp {addr}: {e} (is a collector listening there?)")
+                    let flag = c.naming.name("ipfix_tcp");
+                    format!("{flag} {addr}: {e} (is a collector listening there?)")
                 })?;
                 let w: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(s));
                 (
@@ -114,20 +134,24 @@ impl Sink {
             SinkSpec::IpfixFile(p) => (
                 format!("ipfix file {}", p.display()),
                 Out::Stream(
-                    file_or_stdout(&Some(p.clone())).map_err(|e| format!("--ipfix-file {e}"))?,
+                    file_or_stdout(&Some(p.clone()))
+                        .map_err(|e| format!("{} {e}", c.naming.name("ipfix_file")))?,
                 ),
                 enc(65_535, TemplateRefresh::ONCE),
                 false,
             ),
             SinkSpec::Csv(p) => {
-                let mut w = file_or_stdout(p).map_err(|e| format!("--csv {e}"))?;
+                let flag = c.naming.name("csv");
+                let mut w = file_or_stdout(p).map_err(|e| format!("{flag} {e}"))?;
                 writeln!(w, "{}", text::csv_header(c.features, c.biflow))
-                    .map_err(|e| format!("--csv: {e}"))?;
+                    .map_err(|e| format!("{flag}: {e}"))?;
                 ("csv".to_string(), Out::Stream(w), None, true)
             }
             SinkSpec::Json(p) => (
                 "json".to_string(),
-                Out::Stream(file_or_stdout(p).map_err(|e| format!("--json {e}"))?),
+                Out::Stream(
+                    file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("json")))?,
+                ),
                 None,
                 false,
             ),
@@ -286,7 +310,15 @@ impl Exporter {
     /// Opens every sink (an error names the one that failed) and starts the thread.
     pub fn start(config: ExportConfig, lossy: bool) -> CliResult<Exporter> {
         if config.sinks.is_empty() {
-            return Err("no sink: give --ipfix HOST:PORT, --ipfix-tcp HOST:PORT, --ipfix-file FILE, --csv FILE|- or --json FILE|-".into());
+            let n = |k| config.naming.name(k);
+            return Err(format!(
+                "no sink: give {} HOST:PORT, {} HOST:PORT, {} FILE, {} FILE|- or {} FILE|-",
+                n("ipfix"),
+                n("ipfix_tcp"),
+                n("ipfix_file"),
+                n("csv"),
+                n("json")
+            ));
         }
         let mut sinks = config
             .sinks

@@ -2,7 +2,7 @@
 //! over UDP or TCP, IPFIX files, CSV, JSON lines), through the same parse, sharding and
 //! workers as `stateplane run`, with the flow stage as each worker's tap.
 
-use crate::export::{ExportConfig, ExportReport, Exporter, SinkSpec};
+use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
 use crate::progress::Progress;
 use crate::{CliResult, run::bounded, run_live};
 use stateplane_flows::aggregator::Timeouts;
@@ -28,6 +28,25 @@ pub struct FlowsArgs {
     /// Interfaces to capture from instead (runs until SIGINT or SIGTERM).
     #[arg(long = "iface", short = 'I')]
     pub interfaces: Vec<String>,
+    #[command(flatten)]
+    pub settings: FlowSettings,
+    /// Worker threads, each owning a shard of the flows.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub summary_json: bool,
+    /// Seed of the flow hash (default: random per process).
+    #[arg(long)]
+    pub hash_seed: Option<u64>,
+}
+
+/// The flow stage's and the exporter's settings: the flags of `stateplane flows`, and the
+/// keys of the `[flows]` section with which `stateplane run` gives any program flow
+/// records of what it forwarded. Defaults as mature exporters (15 s inactive, 30 min active).
+#[derive(clap::Args, serde::Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlowSettings {
     /// Send IPFIX over UDP to this collector (repeatable), e.g. 127.0.0.1:4739.
     #[arg(long)]
     pub ipfix: Vec<SocketAddr>,
@@ -51,38 +70,56 @@ pub struct FlowsArgs {
     /// that sent first as forward.
     #[arg(long)]
     pub biflow: bool,
-    /// Worker threads, each owning a shard of the flows.
-    #[arg(long, default_value_t = 1)]
-    pub workers: usize,
     /// Seconds without a packet after which a flow is exported.
-    #[arg(long, default_value_t = 15.0)]
+    #[arg(long, default_value_t = DEFAULT.inactive_timeout)]
     pub inactive_timeout: f64,
     /// Seconds after which a long flow is exported (and goes on in a new record).
-    #[arg(long, default_value_t = 1800.0)]
+    #[arg(long, default_value_t = DEFAULT.active_timeout)]
     pub active_timeout: f64,
     /// Microflow table slots per worker and family (a power of two); 0 sends every packet
     /// straight to the flow table (one level).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = DEFAULT.microflow_slots)]
     pub microflow_slots: usize,
     /// Flows each worker holds per address family; when full, the least recently active
     /// of a sample is exported early (counted).
-    #[arg(long, default_value_t = 1 << 18)]
+    #[arg(long, default_value_t = DEFAULT.max_flows)]
     pub max_flows: usize,
     /// IPFIX messages per second over UDP (0: unpaced).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = DEFAULT.ipfix_rate)]
     pub ipfix_rate: u64,
     /// Largest IPFIX message over UDP, in bytes.
-    #[arg(long, default_value_t = 1400)]
+    #[arg(long, default_value_t = DEFAULT.mtu)]
     pub mtu: usize,
     /// IPFIX observation domain id.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT.domain)]
     pub domain: u32,
-    /// Print the summary as JSON.
-    #[arg(long)]
-    pub summary_json: bool,
-    /// Seed of the flow hash (default: random per process).
-    #[arg(long)]
-    pub hash_seed: Option<u64>,
+}
+
+/// The defaults of [`FlowSettings`], for the flags and the config alike.
+const DEFAULT: FlowSettings = FlowSettings {
+    ipfix: Vec::new(),
+    ipfix_tcp: Vec::new(),
+    ipfix_file: Vec::new(),
+    csv: None,
+    json: None,
+    features: String::new(),
+    biflow: false,
+    inactive_timeout: 15.0,
+    active_timeout: 1800.0,
+    microflow_slots: 4096,
+    max_flows: 1 << 18,
+    ipfix_rate: 20_000,
+    mtu: 1400,
+    domain: 1,
+};
+
+impl Default for FlowSettings {
+    fn default() -> Self {
+        FlowSettings {
+            features: "default".into(),
+            ..DEFAULT
+        }
+    }
 }
 
 /// What a worker gets if it asks twice for its stage (never in one run).
@@ -92,7 +129,8 @@ impl Tap for NoTap {
     fn observe(&mut self, _burst: &Burst, _ctx: &Context) {}
 }
 
-fn random_seed() -> u64 {
+/// A per-process random seed for the flow hash.
+pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(std::process::id().into());
@@ -127,74 +165,192 @@ fn file_or_stdout(path: &std::path::Path) -> Option<PathBuf> {
     (path.as_os_str() != "-").then(|| path.to_path_buf())
 }
 
-pub fn main(args: FlowsArgs) -> CliResult<()> {
-    let features = Features::parse(&args.features).map_err(|e| format!("--features: {e}"))?;
-    let stage = StageConfig {
-        microflow_slots: args.microflow_slots,
-        max_flows: bounded("--max-flows", args.max_flows, 1, 1 << 28)?,
-        timeouts: Timeouts {
-            inactive_ns: seconds("--inactive-timeout", args.inactive_timeout)?,
-            active_ns: seconds("--active-timeout", args.active_timeout)?,
-        },
-        biflow: args.biflow,
-        ..StageConfig::default()
-    };
-    let workers = bounded("--workers", args.workers, 1, 64)?;
-    let mut sinks: Vec<SinkSpec> = args.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();
-    sinks.extend(args.ipfix_tcp.iter().map(|a| SinkSpec::IpfixTcp(*a)));
-    sinks.extend(
-        args.ipfix_file
+/// A flow stage in every worker and the exporter they feed: what `stateplane flows` runs
+/// behind an observer, and what a `[flows]` section adds to `stateplane run`.
+pub struct FlowExport {
+    exporter: Exporter,
+    counters: Arc<Mutex<Vec<StageCounters>>>,
+}
+
+/// What a run's flow stages and exporter did.
+pub struct FlowReport {
+    pub stages: StageCounters,
+    pub export: ExportReport,
+}
+
+impl FlowSettings {
+    /// Checks the settings (errors name the flag or key, as `naming` says), opens every
+    /// sink and builds a stage for each of `workers`, hashing with `seed`. `live`: a full
+    /// exporter queue drops records (counted) instead of holding the workers.
+    pub fn start(
+        &self,
+        naming: Naming,
+        workers: usize,
+        seed: u64,
+        live: bool,
+    ) -> CliResult<(FlowExport, TapFactory)> {
+        let name = |key| naming.name(key);
+        let features =
+            Features::parse(&self.features).map_err(|e| format!("{}: {e}", name("features")))?;
+        let stage = StageConfig {
+            microflow_slots: self.microflow_slots,
+            max_flows: bounded(&name("max_flows"), self.max_flows, 1, 1 << 28)?,
+            timeouts: Timeouts {
+                inactive_ns: seconds(&name("inactive_timeout"), self.inactive_timeout)?,
+                active_ns: seconds(&name("active_timeout"), self.active_timeout)?,
+            },
+            biflow: self.biflow,
+            ..StageConfig::default()
+        };
+        let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();
+        sinks.extend(self.ipfix_tcp.iter().map(|a| SinkSpec::IpfixTcp(*a)));
+        sinks.extend(
+            self.ipfix_file
+                .iter()
+                .map(|p| SinkSpec::IpfixFile(p.clone())),
+        );
+        if let Some(p) = &self.csv {
+            sinks.push(SinkSpec::Csv(file_or_stdout(p)));
+        }
+        if let Some(p) = &self.json {
+            sinks.push(SinkSpec::Json(file_or_stdout(p)));
+        }
+        // Stages first, so that a bad size is an error before any sink is opened.
+        let stages = (0..workers)
+            .map(|w| {
+                FlowStage::new(
+                    stage,
+                    seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                )
+                .map_err(|e| format!("{} / {}: {e}", name("microflow_slots"), name("max_flows")))
+            })
+            .collect::<CliResult<Vec<_>>>()?;
+        let exporter = Exporter::start(
+            ExportConfig {
+                naming,
+                sinks,
+                features,
+                biflow: self.biflow,
+                domain: self.domain,
+                mtu: self.mtu,
+                rate: self.ipfix_rate,
+            },
+            live,
+        )?;
+        let counters = Arc::new(Mutex::new(Vec::new()));
+        let taps: Vec<Option<FlowTap>> = (stages.into_iter())
+            .map(|stage| {
+                let sink = Box::new(exporter.sink());
+                Some(FlowTap::new(stage, sink).reporting_to(counters.clone()))
+            })
+            .collect();
+        let taps = Mutex::new(taps);
+        let factory: TapFactory = Arc::new(move |w| {
+            let mut taken = taps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Each worker asks once (a live reload replaces the program, not the tap).
+            match taken.get_mut(w).and_then(Option::take) {
+                Some(tap) => Box::new(tap) as Box<dyn Tap>,
+                None => Box::new(NoTap),
+            }
+        });
+        Ok((FlowExport { exporter, counters }, factory))
+    }
+}
+
+impl FlowExport {
+    /// Waits until every record is written. The run and its tap factory must be gone
+    /// (stages no worker took hold sinks too, and the exporter's queue ends with them).
+    pub fn finish(self) -> FlowReport {
+        let export = self.exporter.finish();
+        let mut stages = StageCounters::default();
+        let counters = self.counters.lock();
+        for s in counters
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
-            .map(|p| SinkSpec::IpfixFile(p.clone())),
-    );
-    if let Some(p) = &args.csv {
-        sinks.push(SinkSpec::Csv(file_or_stdout(p)));
+        {
+            stages.merge(s);
+        }
+        FlowReport { stages, export }
     }
-    if let Some(p) = &args.json {
-        sinks.push(SinkSpec::Json(file_or_stdout(p)));
+}
+
+impl FlowReport {
+    /// The first sink that failed, as an error.
+    pub fn error(&self) -> Option<String> {
+        (self.export.sinks.iter())
+            .find_map(|s| s.3.as_ref().map(|e| format!("export failed: {}: {e}", s.0)))
     }
+
+    pub fn to_json(&self, wall: std::time::Duration) -> serde_json::Value {
+        let t = &self.stages;
+        let sinks: Vec<_> = (self.export.sinks.iter())
+            .map(|(name, units, bytes, error)| serde_json::json!({"sink": name, "messages": units, "bytes": bytes, "error": error}))
+            .collect();
+        serde_json::json!({
+            "packets": t.packets, "bytes": t.bytes, "not_ip": t.not_ip,
+            "flows": t.flows_created, "records": t.records_out,
+            "microflow_records": t.microflow_records, "evicted_full": t.evicted_full,
+            "records_exported": self.export.records, "records_dropped": self.export.dropped,
+            "seconds": wall.as_secs_f64(), "mpps": mpps(t.packets, wall), "sinks": sinks,
+        })
+    }
+
+    /// The summary as a table.
+    pub fn table(&self, wall: std::time::Duration) -> String {
+        use std::fmt::Write;
+        let t = &self.stages;
+        let ratio = t.packets as f64 / t.microflow_records.max(1) as f64;
+        let mut s = String::new();
+        let rate = mpps(t.packets, wall);
+        let secs = wall.as_secs_f64();
+        let _ = writeln!(
+            s,
+            "packets        {:>14}   ({rate:.2} Mpps over {secs:.2} s)",
+            t.packets
+        );
+        let _ = writeln!(s, "bytes (IP)     {:>14}", t.bytes);
+        let _ = writeln!(s, "not IP         {:>14}   (in no flow)", t.not_ip);
+        let _ = writeln!(s, "flows          {:>14}", t.flows_created);
+        let _ = writeln!(s, "records        {:>14}", t.records_out);
+        let recs = t.microflow_records;
+        let _ = writeln!(
+            s,
+            "microflow recs {recs:>14}   ({ratio:.2} packets per record)"
+        );
+        let _ = writeln!(s, "evicted (full) {:>14}", t.evicted_full);
+        if self.export.dropped > 0 {
+            let dropped = self.export.dropped;
+            let _ = writeln!(
+                s,
+                "DROPPED        {dropped:>14}   records: the exporter fell behind"
+            );
+        }
+        for (name, units, bytes, error) in &self.export.sinks {
+            let _ = match error {
+                None => writeln!(s, "{name}: {units} messages/lines, {bytes} bytes"),
+                Some(e) => writeln!(s, "{name}: FAILED after {units} messages: {e}"),
+            };
+        }
+        s
+    }
+}
+
+fn mpps(packets: u64, wall: std::time::Duration) -> f64 {
+    packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6
+}
+
+pub fn main(args: FlowsArgs) -> CliResult<()> {
+    let workers = bounded("--workers", args.workers, 1, 64)?;
     let live = !args.interfaces.is_empty();
     if live != args.inputs.is_empty() {
         return Err(
             "give capture files with --in FILE, or interfaces with --iface NAME (not both)".into(),
         );
     }
-    let exporter = Exporter::start(
-        ExportConfig {
-            sinks,
-            features,
-            biflow: args.biflow,
-            domain: args.domain,
-            mtu: args.mtu,
-            rate: args.ipfix_rate,
-        },
-        live,
-    )?;
-    let counters = Arc::new(Mutex::new(Vec::new()));
     let seed = args.hash_seed.unwrap_or_else(random_seed);
-    // Built here, so that a bad size is an error before the run and workers only take them.
-    let stages = (0..workers)
-        .map(|w| {
-            let stage = FlowStage::new(
-                stage,
-                seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            )
-            .map_err(|e| format!("--microflow-slots / --max-flows: {e}"))?;
-            let tap = FlowTap::new(stage, Box::new(exporter.sink())).reporting_to(counters.clone());
-            Ok(Some(tap))
-        })
-        .collect::<CliResult<Vec<_>>>()?;
-    let stages = Mutex::new(stages);
-    let tap: TapFactory = Arc::new(move |w| {
-        let mut taken = stages
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Each worker asks once (a live reload replaces the program, not the tap).
-        match taken.get_mut(w).and_then(Option::take) {
-            Some(tap) => Box::new(tap) as Box<dyn Tap>,
-            None => Box::new(NoTap),
-        }
-    });
+    let (export, tap) = args.settings.start(Naming::Flags, workers, seed, live)?;
     let runtime = RuntimeConfig {
         workers,
         hasher: FlowHasher::with_seed(seed),
@@ -240,7 +396,6 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             &handle,
         );
         drop(progress);
-        // Stages no worker took hold sinks too: the exporter's queue ends when they go.
         drop(runtime);
         let malformed: u64 = report.total.malformed.iter().sum();
         if malformed > 0 {
@@ -248,74 +403,14 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         }
         (!report.errors.is_empty()).then(|| report.errors.join("; "))
     };
-    let export = exporter.finish();
-    let stages = counters
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
-    print_summary(&stages, &export, start.elapsed(), args.summary_json);
-    if let Some(e) = run_error {
-        return Err(e);
+    let report = export.finish();
+    let wall = start.elapsed();
+    if args.summary_json {
+        println!("{}", report.to_json(wall));
+    } else {
+        // Standard error: records may be going to standard output.
+        eprint!("{}", report.table(wall));
     }
-    if let Some(e) = export.sinks.iter().find_map(|s| s.3.clone()) {
-        return Err(format!("export failed: {e}"));
-    }
-    Ok(())
-}
-
-fn print_summary(
-    stages: &[StageCounters],
-    export: &ExportReport,
-    wall: std::time::Duration,
-    json: bool,
-) {
-    let mut t = StageCounters::default();
-    for s in stages {
-        t.merge(s);
-    }
-    let mpps = t.packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6;
-    if json {
-        let sinks: Vec<_> = export
-            .sinks
-            .iter()
-            .map(|(name, units, bytes, error)| serde_json::json!({"sink": name, "messages": units, "bytes": bytes, "error": error}))
-            .collect();
-        let v = serde_json::json!({
-            "packets": t.packets, "bytes": t.bytes, "not_ip": t.not_ip,
-            "flows": t.flows_created, "records": t.records_out,
-            "microflow_records": t.microflow_records, "evicted_full": t.evicted_full,
-            "records_exported": export.records, "records_dropped": export.dropped,
-            "seconds": wall.as_secs_f64(), "mpps": mpps, "sinks": sinks,
-        });
-        println!("{v}");
-        return;
-    }
-    let ratio = t.packets as f64 / t.microflow_records.max(1) as f64;
-    eprintln!(
-        "packets        {:>14}   ({:.2} Mpps over {:.2} s)",
-        t.packets,
-        mpps,
-        wall.as_secs_f64()
-    );
-    eprintln!("bytes (IP)     {:>14}", t.bytes);
-    eprintln!("not IP         {:>14}   (in no flow)", t.not_ip);
-    eprintln!("flows          {:>14}", t.flows_created);
-    eprintln!("records        {:>14}", t.records_out);
-    eprintln!(
-        "microflow recs {:>14}   ({ratio:.2} packets per record)",
-        t.microflow_records
-    );
-    eprintln!("evicted (full) {:>14}", t.evicted_full);
-    if export.dropped > 0 {
-        eprintln!(
-            "DROPPED        {:>14}   records: the exporter fell behind",
-            export.dropped
-        );
-    }
-    for (name, units, bytes, error) in &export.sinks {
-        match error {
-            None => eprintln!("{name}: {units} messages/lines, {bytes} bytes"),
-            Some(e) => eprintln!("{name}: FAILED after {units} messages: {e}"),
-        }
-    }
+    run_error.map_or(Ok(()), Err)?;
+    report.error().map_or(Ok(()), Err)
 }

@@ -2,6 +2,8 @@
 //! `run_live`).
 
 use crate::config::{PortSection, RunConfig};
+use crate::export::Naming;
+use crate::flows_cmd::{self, FlowExport, FlowReport};
 use crate::progress::Progress;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
@@ -196,15 +198,18 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     )?;
     let burst_size = bounded("--burst", args.burst.or(cfg.burst).unwrap_or(64), 1, 1024)?;
     let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
-    let hasher = args
-        .hash_seed
-        .map_or_else(FlowHasher::random, FlowHasher::with_seed);
+    let seed = args.hash_seed.unwrap_or_else(flows_cmd::random_seed);
+    let live = ports.iter().all(|p| p.iface.is_some());
+    let flows = (cfg.flows.as_ref())
+        .map(|f| f.start(Naming::Config, workers, seed, live))
+        .transpose()?;
+    let (flows, tap) = flows.unzip();
     let runtime = RuntimeConfig {
         workers,
         burst_size,
         queue_depth,
-        hasher,
-        tap: None,
+        hasher: FlowHasher::with_seed(seed),
+        tap,
     };
 
     let metrics_addr = args
@@ -222,14 +227,15 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         )?),
         None => run_live::ControlAddr::Default,
     };
-    if ports.iter().all(|p| p.iface.is_some()) {
+    if live {
         if args.control_pcap.is_some() || args.hold_metrics > 0 {
             return Err("--control-pcap and --hold-metrics are for runs over capture files; a live run counts packets for the control plane and serves metrics until it stops".into());
         }
         let program = args.program.clone();
         let config_path = args.config.clone();
         let rebuild_names = names.clone();
-        return run_live::main(run_live::LiveRun {
+        let started = std::time::Instant::now();
+        let result = run_live::main(run_live::LiveRun {
             program: program_name,
             port_names: names.0.clone(),
             interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
@@ -247,6 +253,10 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             control,
             json: args.json,
         });
+        return match flows.map(|f| finish_flows(f, started, args.json)) {
+            Some(Err(e)) => result.and(Err(e)),
+            _ => result,
+        };
     }
 
     let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
@@ -288,6 +298,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     }
     let watched = handle.input_bytes.clone();
     let progress = Progress::start(input_size, true, move || watched.load(Ordering::Relaxed));
+    let started = std::time::Instant::now();
     let report = run_offline(
         &runtime,
         OfflinePorts { rx, tx, control },
@@ -295,15 +306,27 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         &handle,
     );
     drop(progress);
+    // The taps no worker took hold the exporter's queue open.
+    drop(runtime);
+    let flows = flows.map(|f| f.finish());
 
     if args.json {
+        let mut summary = summary::to_json(&report, &program_name, &names.0);
+        if let Some(f) = &flows {
+            summary["flows"] = f.to_json(started.elapsed());
+        }
         println!(
             "{}",
-            serde_json::to_string_pretty(&summary::to_json(&report, &program_name, &names.0))
-                .map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?
         );
     } else {
         summary::print_table(&report, &program_name, &names.0);
+        if let Some(f) = &flows {
+            print!("flow records:\n{}", f.table(started.elapsed()));
+        }
+    }
+    if let Some(e) = flows.as_ref().and_then(FlowReport::error) {
+        return Err(e);
     }
     if args.hold_metrics > 0 && args.metrics.is_some() {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
@@ -316,4 +339,19 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             report.errors.len()
         ))
     }
+}
+
+/// Ends a live run's flow export: the summary (as JSON with `--json`), or the first sink
+/// that failed.
+fn finish_flows(flows: FlowExport, started: std::time::Instant, json: bool) -> CliResult<()> {
+    let report = flows.finish();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "flows": report.to_json(started.elapsed()) })
+        );
+    } else {
+        print!("flow records:\n{}", report.table(started.elapsed()));
+    }
+    report.error().map_or(Ok(()), Err)
 }

@@ -1,0 +1,293 @@
+//! Flow records end to end through the `stateplane` binary: a `[flows]` section on any
+//! program's run (records of what it forwarded, with the egress port it chose), IPFIX
+//! files (RFC 5655) and IPFIX over TCP read back by our decoder, and pcapng input. The
+//! collectors' side (nfcapd/nfdump, tshark over UDP) is scripts/test-flows-collectors.sh.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use stateplane_flows::FlowRecord;
+use stateplane_flows::ipfix::Decoder;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stateplane"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stateplane-flows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn generate(packets: u32, seed: u32, path: &Path) {
+    let args = ["gen", "internet", "--packets", &packets.to_string()];
+    ok(bin()
+        .args(args)
+        .args(["--seed", &seed.to_string(), "-o"])
+        .arg(path)
+        .output()
+        .unwrap());
+}
+
+/// Decodes back-to-back IPFIX messages (a file or a TCP stream), checking that each
+/// message's sequence number counts the data records sent before it.
+fn decode_stream(bytes: &[u8]) -> Vec<FlowRecord> {
+    let mut decoder = Decoder::default();
+    let mut records = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        assert!(rest.len() >= 16, "a message header cut short");
+        let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]));
+        assert!(len >= 16 && len <= rest.len(), "message length {len}");
+        let (header, mut got) = decoder.decode(&rest[..len]).unwrap();
+        assert_eq!(
+            header.sequence as usize,
+            records.len(),
+            "sequence = records before this message"
+        );
+        records.append(&mut got);
+        rest = &rest[len..];
+    }
+    records
+}
+
+/// A CSV file as rows of named columns.
+fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
+fn number(row: &BTreeMap<String, String>, column: &str) -> u64 {
+    row[column].parse().unwrap()
+}
+
+#[test]
+fn a_flows_section_records_what_any_program_forwarded_with_its_egress_port() {
+    let trace = tmp("section.pcap");
+    generate(20_000, 3, &trace);
+    std::fs::write(
+        tmp("section.rules"),
+        "table=0,priority=10,tcp,actions=output:1\n\
+         table=0,priority=10,udp,actions=output:2\n\
+         table=0,priority=10,tcp6,actions=output:1\n\
+         table=0,priority=10,udp6,actions=output:2\n",
+    )
+    .unwrap();
+    let cfg = tmp("section.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\n[program]\nname = \"pipeline\"\n[program.pipeline]\nrules_file = \"section.rules\"\n\
+         [[port]]\nname = \"in\"\nrx = \"section.pcap\"\n[[port]]\nname = \"tcp\"\n[[port]]\nname = \"udp\"\n\
+         [flows]\ncsv = \"section.csv\"\nipfix_file = [\"section.ipfix\"]\nfeatures = \"all\"\n",
+    )
+    .unwrap();
+    let text = ok(bin()
+        .args(["run", "--json", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap());
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = csv_rows(&tmp("section.csv"));
+    let (mut tcp, mut udp, mut other) = (0, 0, 0);
+    for row in &rows {
+        let out_port = row["out_port"].as_str();
+        match number(row, "proto") {
+            6 => tcp += assert_port(row, out_port, "1"),
+            17 => udp += assert_port(row, out_port, "2"),
+            // Dropped by the table's miss: no egress port.
+            _ => other += assert_port(row, out_port, ""),
+        }
+    }
+    let packets = summary["counters"]["rx_packets"].as_u64().unwrap();
+    assert!(
+        tcp > 1000 && udp > 100,
+        "tcp {tcp}, udp {udp}, other {other}"
+    );
+    assert_eq!(tcp + udp + other, packets, "every packet in one record");
+    assert_eq!(
+        tcp + udp,
+        summary["counters"]["tx_packets"].as_u64().unwrap(),
+        "what was forwarded"
+    );
+    let flows = &summary["flows"];
+    assert_eq!(flows["packets"], packets);
+    assert_eq!(flows["records"], rows.len() as u64);
+    assert_eq!(flows["records_exported"], rows.len() as u64);
+
+    // The IPFIX file holds the same records as the CSV.
+    let records = decode_stream(&std::fs::read(tmp("section.ipfix")).unwrap());
+    assert_eq!(records.len(), rows.len());
+    let sum = |f: fn(&FlowRecord) -> u64| records.iter().map(f).sum::<u64>();
+    assert_eq!(sum(FlowRecord::packets), packets);
+    let csv_bytes: u64 = rows.iter().map(|r| number(r, "bytes")).sum();
+    assert_eq!(sum(FlowRecord::bytes), csv_bytes);
+    let by_port = |port| {
+        (records.iter())
+            .filter(|r| r.forward.out_port == port)
+            .map(FlowRecord::packets)
+            .sum::<u64>()
+    };
+    assert_eq!((by_port(1), by_port(2)), (tcp, udp));
+}
+
+/// Counts a record's packets after checking its egress port column.
+fn assert_port(row: &BTreeMap<String, String>, got: &str, want: &str) -> u64 {
+    assert_eq!(got, want, "egress port of {row:?}");
+    number(row, "packets")
+}
+
+#[test]
+fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
+    let trace = tmp("tcp.pcap");
+    generate(20_000, 5, &trace);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let collector = std::thread::spawn(move || {
+        listener.set_nonblocking(false).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let mut bytes = Vec::new();
+        conn.read_to_end(&mut bytes).unwrap();
+        bytes
+    });
+    let text = ok(bin()
+        .args([
+            "flows",
+            "--biflow",
+            "--workers",
+            "2",
+            "--summary-json",
+            "-i",
+        ])
+        .arg(&trace)
+        .args(["--ipfix-tcp", &addr.to_string()])
+        .output()
+        .unwrap());
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let records = decode_stream(&collector.join().unwrap());
+    assert_eq!(summary["records"], records.len() as u64);
+    assert_eq!(
+        summary["packets"],
+        records.iter().map(FlowRecord::packets).sum::<u64>()
+    );
+    assert_eq!(
+        summary["bytes"],
+        records.iter().map(FlowRecord::bytes).sum::<u64>()
+    );
+    let both_ways = records.iter().filter(|r| r.reverse.is_some()).count();
+    assert!(
+        both_ways * 2 > records.len(),
+        "biflows: {both_ways} of {} records have both directions",
+        records.len()
+    );
+
+    // No collector there: the error names the flag and asks the question.
+    drop(std::net::TcpListener::bind(addr).map(drop));
+    let out = bin()
+        .args(["flows", "-i"])
+        .arg(&trace)
+        .args(["--ipfix-tcp", &addr.to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--ipfix-tcp") && err.contains("is a collector listening there?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn pcapng_input_gives_the_same_records_as_pcap() {
+    let (pcap, pcapng) = (tmp("same.pcap"), tmp("same.pcapng"));
+    generate(10_000, 9, &pcap);
+    generate(10_000, 9, &pcapng);
+    assert_ne!(
+        std::fs::read(&pcap).unwrap()[..4],
+        std::fs::read(&pcapng).unwrap()[..4],
+        "two formats"
+    );
+    let csv = |input: &Path, name: &str| {
+        let out = tmp(name);
+        ok(bin()
+            .args(["flows", "--hash-seed", "1", "--features", "all", "-i"])
+            .arg(input)
+            .arg("--csv")
+            .arg(&out)
+            .output()
+            .unwrap());
+        let mut lines: Vec<String> = (std::fs::read_to_string(&out).unwrap().lines())
+            .map(String::from)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let (a, b) = (csv(&pcap, "same-pcap.csv"), csv(&pcapng, "same-pcapng.csv"));
+    assert!(a.len() > 500, "{} records", a.len());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn flows_settings_errors_name_the_key_or_flag() {
+    let trace = tmp("errors.pcap");
+    generate(100, 1, &trace);
+    let run_with = |flows: &str| {
+        let cfg = tmp("errors.toml");
+        std::fs::write(
+            &cfg,
+            format!("[[port]]\nname = \"in\"\nrx = \"errors.pcap\"\n[flows]\n{flows}\n"),
+        )
+        .unwrap();
+        let out = bin().args(["run", "-c"]).arg(&cfg).output().unwrap();
+        assert!(!out.status.success(), "{flows}: refused");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run_with("csv = \"x.csv\"\nmax_flows = 0");
+    assert!(err.contains("flows.max_flows: 0 is outside"), "{err}");
+    let err = run_with("csv = \"x.csv\"\nfeatures = \"counts,colour\"");
+    assert!(
+        err.contains("flows.features") && err.contains("colour"),
+        "{err}"
+    );
+    let err = run_with("csv = \"x.csv\"\nidle_timeout = 3");
+    assert!(err.contains("idle_timeout"), "{err}");
+    let err = run_with("inactive_timeout = 3");
+    assert!(
+        err.contains("no sink") && err.contains("flows.csv"),
+        "{err}"
+    );
+    let out = bin()
+        .args(["flows", "--csv", "-", "--inactive-timeout", "0", "-i"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--inactive-timeout: 0 is not a positive number"),
+        "{err}"
+    );
+}
