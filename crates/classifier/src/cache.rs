@@ -93,9 +93,8 @@ impl<V: Copy + Default> MicroflowCache<V> {
         let (set, _) = self.place(hash);
         let first = set * self.ways;
         for slot in &self.slots[first..first + self.ways] {
-            stateplane_mem::prefetch(slot);
-            // A slot is two lines: the key's second half is in the next one.
-            stateplane_mem::prefetch(&slot.key.ip_dst);
+            // A slot is two lines: signature and key's first half, then the rest.
+            stateplane_mem::prefetch_whole(slot);
         }
     }
 

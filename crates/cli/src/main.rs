@@ -8,6 +8,7 @@
 mod bench;
 mod bench_addonmiss;
 mod bench_cache;
+mod bench_flows;
 mod bench_pipeline;
 mod bench_tables;
 mod chart;
@@ -57,6 +58,9 @@ enum Command {
     BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(bench_cache::BenchCacheArgs),
+    /// The flow stage's experiments: microflow records per packet against table memory,
+    /// the aggregator with each optimization on in turn, two levels against one.
+    BenchFlows(bench_flows::BenchFlowsArgs),
     /// The rule pipeline's Mpps with and without its cache, under rule updates, by tables.
     BenchPipeline(bench_pipeline::BenchPipelineArgs),
     /// Operations per second per core on the state primitives (exact tables).
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         Command::Lab(args) => lab_cmd::main(args),
         Command::BenchTables(args) => bench_tables::main(args),
         Command::BenchCache(args) => bench_cache::main(args),
+        Command::BenchFlows(args) => bench_flows::main(args),
         Command::BenchPipeline(args) => bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

@@ -172,7 +172,7 @@ pub struct AggregatorCounters {
 }
 
 /// Flows looked up together: their home slots are prefetched before any is touched.
-const BATCH: usize = 16;
+const BATCH: usize = 32;
 /// Slots looked at to choose a flow to evict from a full table.
 const EVICTION_SAMPLE: usize = 64;
 
@@ -253,7 +253,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
                 };
                 let hash = hash_key(&key, self.seed);
                 if self.prefetch {
-                    stateplane_mem::prefetch(&self.slots[hash as usize & self.mask]);
+                    stateplane_mem::prefetch_whole(&self.slots[hash as usize & self.mask]);
                 }
                 *k = (key, reversed, hash);
             }

@@ -1,0 +1,412 @@
+//! `stateplane bench-flows`: the flow stage's experiments (TurboFlow's section 6), on one
+//! core, from memory (no capture file, no export):
+//!
+//! * ratio (the paper's Figure 11): microflow records per packet against the microflow
+//!   tables' memory, on generated `internet` and `datacenter` traces: how much work the
+//!   first level takes off the aggregator;
+//! * aggregator (Figure 12): microflow records per second into the flow table, with each
+//!   optimization switched on in turn, from a std map with a wide key to the flat,
+//!   linear-probing table with compact keys and batched prefetch; every variant must
+//!   export the same records, or the command fails;
+//! * stage: packets per second through the whole stage with two levels (the default
+//!   microflow table) and with one (every packet straight to the flow table), the
+//!   measurement behind keeping the two-level design.
+//!
+//! Measurements of one experiment are interleaved in each round, and figures are medians
+//! over rounds.
+
+use crate::CliResult;
+use crate::chart::{Panel, bars};
+use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
+use stateplane_flows::stats::NO_PORT;
+use stateplane_flows::{
+    Aggregator, CompactKey, EndReason, FlowRecord, FlowValue, Microflow, MicroflowTable,
+    Observation, Timeouts, Uniflow, V4Key,
+};
+use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_wire::{FlowHasher, FlowKey};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::hash::Hash;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchFlowsArgs {
+    /// Generated workloads, comma-separated (internet, datacenter).
+    #[arg(long, value_delimiter = ',', default_value = "internet,datacenter")]
+    pub workloads: Vec<String>,
+    /// Packets per trace.
+    #[arg(long, default_value_t = 4_000_000)]
+    pub packets: u64,
+    /// Microflow table slots per address family for the ratio experiment (powers of two).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64,256,1024,4096,16384,65536"
+    )]
+    pub slots: Vec<usize>,
+    /// Rounds of each timed experiment (figures are medians).
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Also write the results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Also draw them as an SVG bar chart.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+struct Row {
+    experiment: &'static str,
+    workload: String,
+    variant: String,
+    value: f64,
+    unit: &'static str,
+}
+
+/// A packet as the flow stage sees it.
+type Packet = (FlowKey, Observation);
+
+fn trace(workload: &str, a: &BenchFlowsArgs) -> CliResult<Vec<Packet>> {
+    let w: Workload = workload
+        .parse()
+        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
+    let mut cfg = GenConfig::new(w, a.packets);
+    cfg.seed = a.seed;
+    let hasher = FlowHasher::with_seed(a.seed);
+    let mut packets = Vec::with_capacity(a.packets as usize);
+    generate(
+        &cfg,
+        |ts_ns, frame| {
+            if let Ok(p) = stateplane_wire::parse(frame, 0, &hasher) {
+                let o = Observation {
+                    ts_ns,
+                    ip_len: p.ip_len,
+                    ttl: p.ttl,
+                    tos: p.tos,
+                    tcp_flags: p.tcp_flags,
+                    in_port: 0,
+                    out_port: NO_PORT,
+                };
+                packets.push((p.key, o));
+            }
+            Ok(())
+        },
+        |_| {},
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(packets)
+}
+
+/// Counts the records it is given and their packets, and drops them.
+#[derive(Default)]
+struct Count {
+    records: u64,
+    packets: u64,
+}
+
+impl RecordSink for Count {
+    fn deliver(&mut self, records: &mut Vec<FlowRecord>) {
+        self.records += records.len() as u64;
+        self.packets += records.iter().map(FlowRecord::packets).sum::<u64>();
+        records.clear();
+    }
+}
+
+/// Long enough that no flow times out during a run: the experiments measure the tables.
+const NO_TIMEOUTS: Timeouts = Timeouts {
+    inactive_ns: u64::MAX / 4,
+    active_ns: u64::MAX / 4,
+};
+
+fn stage(slots: usize, max_flows: usize, timeouts: Timeouts) -> CliResult<FlowStage> {
+    let config = StageConfig {
+        microflow_slots: slots,
+        max_flows,
+        timeouts,
+        ..StageConfig::default()
+    };
+    FlowStage::new(config, 7).map_err(|e| format!("--slots: {e}"))
+}
+
+/// Runs every packet through `stage` in bursts of 64, as a worker does; returns what it
+/// exported.
+fn run_stage(stage: &mut FlowStage, packets: &[Packet]) -> Count {
+    let mut sink = Count::default();
+    for burst in packets.chunks(64) {
+        for (key, o) in burst {
+            stage.observe(key, o);
+        }
+        let now = burst.last().map_or(0, |p| p.1.ts_ns);
+        stage.end_burst(now, &mut sink);
+    }
+    stage.finish(&mut sink);
+    sink
+}
+
+fn ratio(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+    let base = stage(0, 1 << 10, NO_TIMEOUTS)?.memory_bytes();
+    let mut rows = Vec::new();
+    for &slots in &a.slots {
+        eprint!("\r  ratio {workload}: {slots} slots      ");
+        let mut s = stage(slots, 1 << 10, NO_TIMEOUTS)?;
+        let kib = (s.memory_bytes() - base) as f64 / 1024.0;
+        run_stage(&mut s, packets);
+        let c = s.counters();
+        rows.push(Row {
+            experiment: "ratio",
+            workload: workload.into(),
+            variant: format!("{slots} slots ({kib:.0} KiB)"),
+            value: c.microflow_records as f64 / c.packets.max(1) as f64,
+            unit: "records/packet",
+        });
+    }
+    Ok(rows)
+}
+
+/// A flow table the aggregator experiment measures: microflow records in, records of the
+/// flows they end out.
+trait Table {
+    fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>);
+}
+
+impl Table for Aggregator<V4Key, Uniflow> {
+    fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>) {
+        Aggregator::ingest(self, records, out);
+    }
+}
+
+/// The baseline: a std `HashMap` (SipHash) from a flow key of type `K` to the flow, doing
+/// what the aggregator does per record (merge, or start a flow; export it if it ended).
+struct StdMap<K>(HashMap<K, Uniflow>, fn(&V4Key) -> K);
+
+impl<K: Hash + Eq> Table for StdMap<K> {
+    fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>) {
+        for m in records {
+            match self.0.entry((self.1)(&m.key)) {
+                Entry::Occupied(mut e) => {
+                    e.get_mut().merge(&m.stats, false);
+                    if e.get().ended() {
+                        out.push(e.remove().record(&m.key, EndReason::EndOfFlow));
+                    }
+                }
+                Entry::Vacant(e) => {
+                    let flow = Uniflow::start(&m.stats, false);
+                    if flow.ended() {
+                        out.push(flow.record(&m.key, EndReason::EndOfFlow));
+                    } else {
+                        e.insert(flow);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The IPv4 microflow records the default first level sends the aggregator.
+fn microflow_records(packets: &[Packet]) -> CliResult<Vec<Microflow<V4Key>>> {
+    let slots = StageConfig::default().microflow_slots;
+    let mut table = MicroflowTable::<V4Key>::new(slots).map_err(|e| e.to_string())?;
+    let mut records = Vec::new();
+    for (key, o) in packets {
+        if let Some(k) = V4Key::pack(key) {
+            let hash = stateplane_flows::key::hash_key(&k, 7);
+            table.observe(k, hash, o, &mut records);
+        }
+    }
+    table.sweep(u64::MAX, 0, table.slots(), &mut records);
+    Ok(records)
+}
+
+fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+    let records = microflow_records(packets)?;
+    let flows = records
+        .iter()
+        .map(|m| m.key)
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    // Room for every flow, so that no variant evicts (the std maps have no budget).
+    let max_flows = (flows + 1).next_power_of_two();
+    type Make = fn(usize) -> CliResult<Box<dyn Table>>;
+    let variants: [(&str, Make); 4] = [
+        ("std map, wide key", |n| {
+            Ok(Box::new(StdMap(HashMap::with_capacity(n), V4Key::unpack)))
+        }),
+        ("std map, compact key", |n| {
+            Ok(Box::new(StdMap(HashMap::with_capacity(n), |k: &V4Key| *k)))
+        }),
+        ("flat linear probing, compact key", |n| {
+            Ok(Box::new(new_aggregator(n)?.without_prefetch()))
+        }),
+        ("+ batched prefetch (ours)", |n| {
+            Ok(Box::new(new_aggregator(n)?))
+        }),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let mut exported: Vec<usize> = vec![0; variants.len()];
+    let mut out = Vec::with_capacity(1 << 16);
+    for round in 0..a.repeat {
+        for (v, (name, make)) in variants.iter().enumerate() {
+            eprint!(
+                "\r  aggregator {workload}: round {} {name}          ",
+                round + 1
+            );
+            let mut table = make(max_flows)?;
+            let mut n = 0;
+            let t = Instant::now();
+            // In the ring's batches, as the stage hands them over.
+            for chunk in records.chunks(4096) {
+                table.ingest(chunk, &mut out);
+                n += out.len();
+                out.clear();
+            }
+            let secs = t.elapsed().as_secs_f64();
+            rates[v].push(records.len() as f64 / secs / 1e6);
+            exported[v] = n;
+        }
+    }
+    if let Some(v) = exported.iter().position(|&n| n != exported[0]) {
+        return Err(format!(
+            "aggregator: '{}' ended {} flows, '{}' {}: the variants disagree",
+            variants[0].0, exported[0], variants[v].0, exported[v]
+        ));
+    }
+    eprintln!(
+        "\r  aggregator {workload}: {} microflow records of {flows} flows; {} flows ended by FIN/RST in each variant",
+        records.len(),
+        exported[0]
+    );
+    Ok((variants.iter().zip(rates))
+        .map(|((name, _), r)| Row {
+            experiment: "aggregator",
+            workload: workload.into(),
+            variant: (*name).into(),
+            value: median(r),
+            unit: "M records/s",
+        })
+        .collect())
+}
+
+fn new_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
+    Aggregator::new(max_flows, NO_TIMEOUTS, 7).map_err(|e| e.to_string())
+}
+
+fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+    let variants = [
+        ("two levels (4096-slot microflow tables)", 4096),
+        ("one level (flow table only)", 0),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    let ip = packets.iter().filter(|p| p.0.ip_version != 0).count() as u64;
+    for round in 0..a.repeat {
+        for (v, &(name, slots)) in variants.iter().enumerate() {
+            eprint!("\r  stage {workload}: round {} {name}          ", round + 1);
+            // The product's defaults: its flow budget and timeouts.
+            let mut s = stage(slots, StageConfig::default().max_flows, Timeouts::default())?;
+            let t = Instant::now();
+            let exported = run_stage(&mut s, packets);
+            rates[v].push(packets.len() as f64 / t.elapsed().as_secs_f64() / 1e6);
+            // Either shape puts every packet in exactly one record.
+            if exported.packets != ip {
+                return Err(format!(
+                    "stage, {name}: {} packets in records, {ip} in the trace",
+                    exported.packets
+                ));
+            }
+        }
+    }
+    Ok((variants.iter().zip(rates))
+        .map(|(&(name, _), r)| Row {
+            experiment: "stage",
+            workload: workload.into(),
+            variant: name.into(),
+            value: median(r),
+            unit: "Mpps",
+        })
+        .collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
+    if a.packets == 0 || a.repeat == 0 {
+        return Err("--packets and --repeat must be above 0".into());
+    }
+    let mut rows = Vec::new();
+    for workload in &a.workloads {
+        eprint!("\rgenerating {workload}      ");
+        let packets = trace(workload, &a)?;
+        rows.extend(ratio(workload, &packets, &a)?);
+        rows.extend(aggregator(workload, &packets, &a)?);
+        rows.extend(stage_speed(workload, &packets, &a)?);
+    }
+    eprintln!();
+    println!(
+        "input: stateplane gen WORKLOAD --packets {} --seed {} (IPv4 and IPv6), parsed once, from memory on one core; medians of {} rounds",
+        a.packets, a.seed, a.repeat
+    );
+    println!(
+        "{:<11} {:<11} {:<42} {:>10}",
+        "experiment", "workload", "variant", "value"
+    );
+    for r in &rows {
+        println!(
+            "{:<11} {:<11} {:<42} {:>10.4} {}",
+            r.experiment, r.workload, r.variant, r.value, r.unit
+        );
+    }
+    if let Some(path) = &a.csv {
+        let mut csv = String::from("experiment,workload,variant,value,unit\n");
+        for r in &rows {
+            csv.push_str(&format!(
+                "{},{},\"{}\",{:.5},{}\n",
+                r.experiment, r.workload, r.variant, r.value, r.unit
+            ));
+        }
+        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+    }
+    if let Some(path) = &a.svg {
+        let mut panels = Vec::new();
+        for (experiment, title) in [
+            (
+                "ratio",
+                "microflow records per packet, by microflow table memory",
+            ),
+            (
+                "aggregator",
+                "aggregator throughput, optimizations on in turn",
+            ),
+            ("stage", "whole flow stage, two levels against one"),
+        ] {
+            for w in &a.workloads {
+                let chosen: Vec<&Row> = (rows.iter())
+                    .filter(|r| r.experiment == experiment && &r.workload == w)
+                    .collect();
+                panels.push(Panel {
+                    title: format!("{w}: {title}"),
+                    unit: chosen.first().map_or("", |r| r.unit).into(),
+                    bars: chosen
+                        .iter()
+                        .map(|r| (r.variant.clone(), r.value))
+                        .collect(),
+                });
+            }
+        }
+        let svg = bars(
+            "Flow records (TurboFlow section 6 on this CPU)",
+            &format!(
+                "{} packets per trace, seed {}, one core, medians of {} rounds",
+                a.packets, a.seed, a.repeat
+            ),
+            &panels,
+        );
+        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
