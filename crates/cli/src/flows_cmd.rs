@@ -25,7 +25,8 @@ pub struct FlowsArgs {
     /// Capture files to read (pcap or pcapng), merged by time; timestamps come from them.
     #[arg(long = "in", short = 'i')]
     pub inputs: Vec<PathBuf>,
-    /// Interfaces to capture from instead (runs until SIGINT or SIGTERM).
+    /// Interfaces to capture from instead (runs until SIGINT or SIGTERM): copies of what
+    /// they receive and send, the host's traffic undisturbed.
     #[arg(long = "iface", short = 'I')]
     pub interfaces: Vec<String>,
     #[command(flatten)]
@@ -359,9 +360,9 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     };
     let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));
     let start = Instant::now();
-    let run_error = if live {
-        run_live::main(run_live::LiveRun {
-            io: run_live::IoChoice::Auto,
+    if live {
+        return run_live::main(run_live::LiveRun {
+            io: run_live::IoChoice::Observe,
             program: "flows".into(),
             port_names: args.interfaces.clone(),
             interfaces: args.interfaces.clone(),
@@ -371,38 +372,34 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             metrics: None,
             control: run_live::ControlAddr::Off,
             json: args.summary_json,
-        })
-        .err()
-    } else {
-        let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
-        let mut size = 0;
-        for (i, path) in args.inputs.iter().enumerate() {
-            let port = FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
-            size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            rx.push((i as PortId, Box::new(port)));
-        }
-        let tx = (0..rx.len()).map(|_| None).collect();
-        let handle = RunHandle::new(workers);
-        let watched = handle.input_bytes.clone();
-        let progress = Progress::start(size, true, move || watched.load(Ordering::Relaxed));
-        let report = run_offline(
-            &runtime,
-            OfflinePorts {
-                rx,
-                tx,
-                control: None,
-            },
-            &factory,
-            &handle,
-        );
-        drop(progress);
-        drop(runtime);
-        let malformed: u64 = report.total.malformed.iter().sum();
-        if malformed > 0 {
-            eprintln!("{malformed} malformed packets counted and skipped");
-        }
-        (!report.errors.is_empty()).then(|| report.errors.join("; "))
+            // The records' summary comes with the run's.
+            flows: Some(export),
+        });
+    }
+    let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
+    let mut size = 0;
+    for (i, path) in args.inputs.iter().enumerate() {
+        let port = FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
+        size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        rx.push((i as PortId, Box::new(port)));
+    }
+    let tx = (0..rx.len()).map(|_| None).collect();
+    let handle = RunHandle::new(workers);
+    let watched = handle.input_bytes.clone();
+    let progress = Progress::start(size, true, move || watched.load(Ordering::Relaxed));
+    let ports = OfflinePorts {
+        rx,
+        tx,
+        control: None,
     };
+    let run = run_offline(&runtime, ports, &factory, &handle);
+    drop(progress);
+    // The taps no worker took hold the exporter's queue open.
+    drop(runtime);
+    let malformed: u64 = run.total.malformed.iter().sum();
+    if malformed > 0 {
+        eprintln!("{malformed} malformed packets counted and skipped");
+    }
     let report = export.finish();
     let wall = start.elapsed();
     if args.summary_json {
@@ -411,6 +408,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         // Standard error: records may be going to standard output.
         eprint!("{}", report.table(wall));
     }
-    run_error.map_or(Ok(()), Err)?;
+    if !run.errors.is_empty() {
+        return Err(run.errors.join("; "));
+    }
     report.error().map_or(Ok(()), Err)
 }

@@ -3,7 +3,7 @@
 
 use crate::config::{PortSection, RunConfig};
 use crate::export::Naming;
-use crate::flows_cmd::{self, FlowExport, FlowReport};
+use crate::flows_cmd::{self, FlowReport};
 use crate::progress::Progress;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
@@ -234,8 +234,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         let program = args.program.clone();
         let config_path = args.config.clone();
         let rebuild_names = names.clone();
-        let started = std::time::Instant::now();
-        let result = run_live::main(run_live::LiveRun {
+        return run_live::main(run_live::LiveRun {
             program: program_name,
             port_names: names.0.clone(),
             interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
@@ -252,11 +251,8 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             metrics: metrics_addr,
             control,
             json: args.json,
+            flows,
         });
-        return match flows.map(|f| finish_flows(f, started, args.json)) {
-            Some(Err(e)) => result.and(Err(e)),
-            _ => result,
-        };
     }
 
     let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
@@ -339,19 +335,4 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             report.errors.len()
         ))
     }
-}
-
-/// Ends a live run's flow export: the summary (as JSON with `--json`), or the first sink
-/// that failed.
-fn finish_flows(flows: FlowExport, started: std::time::Instant, json: bool) -> CliResult<()> {
-    let report = flows.finish();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({ "flows": report.to_json(started.elapsed()) })
-        );
-    } else {
-        print!("flow records:\n{}", report.table(started.elapsed()));
-    }
-    report.error().map_or(Ok(()), Err)
 }

@@ -22,6 +22,10 @@ pub enum IoChoice {
     Auto,
     AfPacket,
     AfXdp,
+    /// Copies of what crosses the interface, both directions, through AF_PACKET: the
+    /// host's own traffic goes on undisturbed (a monitor such as `stateplane flows`; AF_XDP
+    /// would take the packets away from the host).
+    Observe,
 }
 
 impl IoChoice {
@@ -49,6 +53,8 @@ pub struct LiveRun {
     pub metrics: Option<std::net::SocketAddr>,
     pub control: ControlAddr,
     pub json: bool,
+    /// Flow records of the run (its taps are in `runtime`), summed up at the end.
+    pub flows: Option<crate::flows_cmd::FlowExport>,
 }
 
 /// Where the control API listens.
@@ -75,6 +81,13 @@ pub fn main(run: LiveRun) -> CliResult<()> {
         let opened = match run.io {
             IoChoice::AfXdp => live::open_afxdp(iface, workers),
             IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
+            IoChoice::Observe => {
+                let rings = RingConfig {
+                    outgoing: true,
+                    ..RingConfig::default()
+                };
+                live::open_afpacket(iface, workers, &rings)
+            }
             IoChoice::Auto => match live::open_afxdp(iface, workers) {
                 Err(e @ live::LiveError::NoSuchInterface { .. }) => Err(e),
                 Err(e) => {
@@ -163,11 +176,17 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     );
     let _ = watcher.join();
     log::info!("stopped; queues drained");
+    // The taps no worker took hold the exporter's queue open.
+    drop(run.runtime);
+    let flows = run.flows.map(|f| f.finish());
 
     if run.json {
         let mut value = summary::to_json(&report.run, &run.program, &run.port_names);
         value["port_counters"] = summary::port_counters_json(&report.ports, &run.port_names);
         value["program_generation"] = serde_json::json!(report.generations);
+        if let Some(f) = &flows {
+            value["flows"] = f.to_json(report.run.wall);
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
@@ -175,6 +194,12 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     } else {
         summary::print_table(&report.run, &run.program, &run.port_names);
         summary::print_port_counters(&report.ports, &run.port_names);
+        if let Some(f) = &flows {
+            print!("flow records:\n{}", f.table(report.run.wall));
+        }
+    }
+    if let Some(e) = flows.as_ref().and_then(crate::flows_cmd::FlowReport::error) {
+        return Err(e);
     }
     if report.run.errors.is_empty() {
         Ok(())

@@ -886,3 +886,79 @@ fn pipeline_rules_change_live_through_ctl() {
     let again = ping("3");
     assert!(again.contains("3 received"), "{again}");
 }
+
+/// `stateplane flows` on a host's own interface is a passive monitor: the host's pings and
+/// TCP go on undisturbed (AF_XDP would take its packets away), and a real TCP connection
+/// is recorded whole, both directions in one biflow opened by the client.
+#[test]
+fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "tflows");
+    let csv = std::env::temp_dir().join(format!("stateplane-lab-flows-{}.csv", std::process::id()));
+    let ns = format!("sp-{}-h2", lab.name);
+    let monitor = Command::new("ip")
+        .args(["netns", "exec", &ns, "timeout", "60"])
+        .arg(env!("CARGO_BIN_EXE_stateplane"))
+        .args(["flows", "-I", "eth0", "--biflow", "--summary-json", "--csv"])
+        .arg(&csv)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    let (sent, received) = exact_transfer(&lab, 8 << 20, 5307);
+    assert_eq!(sent, received, "every byte with the monitor on");
+    std::thread::sleep(Duration::from_millis(300));
+    // `timeout` passes the signal on to the monitor.
+    Command::new("kill")
+        .args(["-INT", &monitor.id().to_string()])
+        .status()
+        .unwrap();
+    let out = monitor.wait_with_output().unwrap();
+    assert!(out.status.success(), "monitor: {}", text(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary = &summary["flows"];
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    let _ = std::fs::remove_file(&csv);
+    let mut lines = rows.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<std::collections::HashMap<&str, &str>> = lines
+        .map(|l| header.iter().copied().zip(l.split(',')).collect())
+        .collect();
+    assert_eq!(summary["records"], rows.len() as u64, "{summary}");
+    let connection: Vec<_> = (rows.iter())
+        .filter(|r| r["dst_port"] == "5307" || r["src_port"] == "5307")
+        .collect();
+    // The whole connection in one record; the last ACK of the close comes after both FINs
+    // ended it, and makes a one-packet record of its own (as nfpcapd's).
+    type Row<'a> = &'a std::collections::HashMap<&'a str, &'a str>;
+    let (whole, after): (Vec<Row>, Vec<Row>) =
+        (connection.iter().copied()).partition(|r| r["end_reason"] == "end_of_flow");
+    assert_eq!(whole.len(), 1, "one record: {connection:?}");
+    assert!(
+        after
+            .iter()
+            .all(|r: &Row| r["packets"] == "1" && r["tcp_flags"] == ".A...."),
+        "only the closing ACK after it: {after:?}"
+    );
+    let c = whole[0];
+    assert_eq!(
+        (c["src"], c["dst"], c["dst_port"]),
+        ("198.18.0.1", "198.18.0.2", "5307"),
+        "the client's side is forward: {c:?}"
+    );
+    let bytes: u64 = c["bytes"].parse().unwrap();
+    let back: u64 = c["rev_packets"].parse().unwrap();
+    assert!(bytes > 8 << 20, "the data with its headers: {c:?}");
+    assert!(back > 10, "the acks came back: {c:?}");
+    let pings = (rows.iter())
+        .filter(|r| r["proto"] == "1")
+        .map(|r| r["packets"].parse::<u64>().unwrap())
+        .sum::<u64>();
+    assert_eq!(pings, 6, "three echoes each way");
+}

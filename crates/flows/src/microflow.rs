@@ -85,6 +85,19 @@ impl<K: CompactKey> MicroflowTable<K> {
         self.slots.len() * std::mem::size_of::<Slot<K>>()
     }
 
+    /// Sends out flow `key`'s entry (whose hash is `hash`), if the table holds one.
+    #[inline]
+    pub fn take(&mut self, key: K, hash: u64, out: &mut Vec<Microflow<K>>) {
+        let slot = &mut self.slots[hash as usize & self.mask];
+        if slot.stats.packets != 0 && slot.key == key {
+            out.push(Microflow {
+                key: slot.key,
+                stats: slot.stats,
+            });
+            slot.stats.packets = 0;
+        }
+    }
+
     /// Adds a packet of flow `key` (whose hash is `hash`); pushes the record of whatever
     /// it evicts to `out`, and its own flow's record if the packet ends the flow (FIN or
     /// RST). Returns whether it evicted another flow.

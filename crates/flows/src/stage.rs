@@ -9,7 +9,7 @@ use crate::aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
 use crate::key::{CompactKey, V4Key, V6Key, hash_key};
 use crate::microflow::{Microflow, MicroflowTable, SizeError};
 use crate::record::FlowRecord;
-use crate::stats::{NO_PORT, Observation};
+use crate::stats::{NO_PORT, Observation, TCP_FIN, TCP_RST};
 use stateplane_runtime::{Burst, Context, Tap, Verdict};
 use stateplane_wire::FlowKey;
 
@@ -111,6 +111,12 @@ impl<K: CompactKey, V: FlowValue> Family<K, V> {
     fn observe(&mut self, key: K, o: &Observation, out: &mut Vec<FlowRecord>) {
         match &mut self.micro {
             Some(m) => {
+                // A packet that may end a biflow first sends the other direction's pending
+                // packets on, so that the aggregator has both sides when it ends the flow.
+                if V::BIFLOW && o.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+                    let reverse = key.reversed();
+                    m.take(reverse, hash_key(&reverse, self.seed), &mut self.ring);
+                }
                 m.observe(key, hash_key(&key, self.seed), o, &mut self.ring);
             }
             None => self.ring.push(Microflow {
@@ -405,5 +411,57 @@ mod tests {
         let microflow = two_levels.memory_bytes() - one_level.memory_bytes();
         assert_eq!(microflow, 4096 * (80 + 104));
         assert!(microflow < 1 << 20);
+    }
+
+    /// A reset from one side ends the biflow with the other side's packets in it, even
+    /// those still in the microflow table when the reset came.
+    #[test]
+    fn a_reset_ends_a_biflow_with_both_directions() {
+        struct Keep(Vec<FlowRecord>);
+        impl RecordSink for Keep {
+            fn deliver(&mut self, records: &mut Vec<FlowRecord>) {
+                self.0.append(records);
+            }
+        }
+        let config = StageConfig {
+            biflow: true,
+            ..StageConfig::default()
+        };
+        let mut stage = FlowStage::new(config, 3).unwrap();
+        let mut key = FlowKey {
+            ip_version: 4,
+            proto: 6,
+            src_port: 40000,
+            dst_port: 5201,
+            ..FlowKey::default()
+        };
+        key.src[..4].copy_from_slice(&[198, 18, 0, 1]);
+        key.dst[..4].copy_from_slice(&[198, 18, 0, 2]);
+        let mut back = key;
+        std::mem::swap(&mut back.src, &mut back.dst);
+        std::mem::swap(&mut back.src_port, &mut back.dst_port);
+        let packet = |ts_ns, tcp_flags| Observation {
+            ts_ns,
+            ip_len: 100,
+            tcp_flags,
+            ..Observation::default()
+        };
+        let mut sink = Keep(Vec::new());
+        // Data one way, acks the other, within one burst: all still in the microflow table.
+        for i in 0..10 {
+            stage.observe(&key, &packet(i * 10, 0x18));
+            stage.observe(&back, &packet(i * 10 + 5, 0x10));
+        }
+        stage.observe(&back, &packet(200, 0x04));
+        stage.end_burst(200, &mut sink);
+        assert_eq!(sink.0.len(), 1, "{:?}", sink.0);
+        let r = &sink.0[0];
+        assert_eq!(r.end, crate::record::EndReason::EndOfFlow);
+        let reverse = r.reverse.expect("both directions");
+        let mut counts = [r.forward.packets, reverse.packets];
+        counts.sort();
+        assert_eq!(counts, [10, 11]);
+        stage.finish(&mut sink);
+        assert_eq!(sink.0.len(), 1, "nothing left behind: {:?}", &sink.0[1..]);
     }
 }

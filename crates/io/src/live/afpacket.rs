@@ -10,7 +10,7 @@
 //!
 //! Each socket is bound to one interface, so nothing from other interfaces is seen, and the
 //! receive socket ignores what this host sends (`PACKET_IGNORE_OUTGOING`), so the switch
-//! never receives its own output.
+//! never receives its own output; a monitor ([`RingConfig::outgoing`]) receives both.
 
 use super::sys::{self, SharedRing};
 use super::{Interface, LiveError, RingConfig};
@@ -134,13 +134,15 @@ impl PacketRx {
         )?;
         let ring = SharedRing::map(&fd, block_size * rings.rx_blocks)
             .map_err(|e| LiveError::from_io(iface, "mapping the receive ring", e))?;
-        set_option(
-            &fd,
-            iface,
-            "ignoring outgoing packets",
-            libc::PACKET_IGNORE_OUTGOING,
-            &1i32,
-        )?;
+        if !rings.outgoing {
+            set_option(
+                &fd,
+                iface,
+                "ignoring outgoing packets",
+                libc::PACKET_IGNORE_OUTGOING,
+                &1i32,
+            )?;
+        }
         sys::bind_packet(&fd, iface.index, ETH_P_ALL)
             .map_err(|e| LiveError::from_io(iface, "binding to the interface", e))?;
         if rings.promiscuous {
@@ -160,9 +162,10 @@ impl PacketRx {
         }
         if let Some(group) = fanout {
             // A fanout group ignores outgoing packets only by its own flag, not by the socket option.
-            let mode = libc::PACKET_FANOUT_HASH
-                | libc::PACKET_FANOUT_FLAG_DEFRAG
-                | libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+            let mut mode = libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG;
+            if !rings.outgoing {
+                mode |= libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
+            }
             let arg: i32 = i32::from(group) | ((mode as i32) << 16);
             set_option(
                 &fd,

@@ -130,6 +130,10 @@ pub struct RingConfig {
     pub rx_block_timeout_ms: u32,
     pub tx_frames: usize,
     pub promiscuous: bool,
+    /// AF_PACKET: also receive what this host sends on the interface (a monitor of a
+    /// host's own interface sees both directions); a switch never does, or it would
+    /// receive its own output.
+    pub outgoing: bool,
 }
 
 impl Default for RingConfig {
@@ -140,6 +144,7 @@ impl Default for RingConfig {
             rx_block_timeout_ms: 1,
             tx_frames: 512,
             promiscuous: true,
+            outgoing: false,
         }
     }
 }
