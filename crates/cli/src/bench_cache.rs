@@ -4,8 +4,6 @@
 
 use crate::CliResult;
 use stateplane_classifier::{Fields, MicroflowCache};
-use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_wire::FlowHasher;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -43,24 +41,10 @@ struct Row {
 
 /// The trace's packets as the fields the cache keys on, and how many distinct ones.
 fn trace(workload: &str, a: &BenchCacheArgs) -> CliResult<(Vec<Fields>, usize)> {
-    let w: Workload = workload
-        .parse()
-        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
-    let mut cfg = GenConfig::new(w, a.packets);
-    cfg.seed = a.seed;
-    let hasher = FlowHasher::with_seed(a.seed);
     let mut keys = Vec::with_capacity(a.packets as usize);
-    generate(
-        &cfg,
-        |_, frame| {
-            if let Ok(parsed) = stateplane_wire::parse(frame, 0, &hasher) {
-                keys.push(Fields::of(&parsed, frame, 0));
-            }
-            Ok(())
-        },
-        |_| {},
-    )
-    .map_err(|e| e.to_string())?;
+    crate::gen_cmd::each_parsed(workload, a.packets, a.seed, |_, parsed, frame| {
+        keys.push(Fields::of(parsed, frame, 0));
+    })?;
     let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
     Ok((keys, distinct))
 }

@@ -23,8 +23,7 @@ use stateplane_flows::{
     Aggregator, CompactKey, EndReason, FlowRecord, FlowValue, Microflow, MicroflowTable,
     Observation, Timeouts, Uniflow, V4Key,
 };
-use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_wire::{FlowHasher, FlowKey};
+use stateplane_wire::FlowKey;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::Hash;
@@ -71,33 +70,10 @@ struct Row {
 type Packet = (FlowKey, Observation);
 
 fn trace(workload: &str, a: &BenchFlowsArgs) -> CliResult<Vec<Packet>> {
-    let w: Workload = workload
-        .parse()
-        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
-    let mut cfg = GenConfig::new(w, a.packets);
-    cfg.seed = a.seed;
-    let hasher = FlowHasher::with_seed(a.seed);
     let mut packets = Vec::with_capacity(a.packets as usize);
-    generate(
-        &cfg,
-        |ts_ns, frame| {
-            if let Ok(p) = stateplane_wire::parse(frame, 0, &hasher) {
-                let o = Observation {
-                    ts_ns,
-                    ip_len: p.ip_len,
-                    ttl: p.ttl,
-                    tos: p.tos,
-                    tcp_flags: p.tcp_flags,
-                    in_port: 0,
-                    out_port: NO_PORT,
-                };
-                packets.push((p.key, o));
-            }
-            Ok(())
-        },
-        |_| {},
-    )
-    .map_err(|e| e.to_string())?;
+    crate::gen_cmd::each_parsed(workload, a.packets, a.seed, |ts_ns, p, _| {
+        packets.push((p.key, Observation::of(p, ts_ns, 0, NO_PORT)));
+    })?;
     Ok(packets)
 }
 

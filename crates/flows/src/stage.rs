@@ -327,19 +327,11 @@ fn pack<K: CompactKey>(key: &FlowKey) -> K {
 /// What a packet contributes to its flow, as the stage sees it after the program.
 #[inline]
 pub fn observation(d: &stateplane_runtime::PacketDesc) -> Observation {
-    let p = &d.parsed;
-    Observation {
-        ts_ns: d.ts_ns,
-        ip_len: p.ip_len,
-        ttl: p.ttl,
-        tos: p.tos,
-        tcp_flags: p.tcp_flags,
-        in_port: d.in_port,
-        out_port: match d.verdict {
-            Verdict::Forward(port) => port,
-            _ => NO_PORT,
-        },
-    }
+    let out_port = match d.verdict {
+        Verdict::Forward(port) => port,
+        _ => NO_PORT,
+    };
+    Observation::of(&d.parsed, d.ts_ns, d.in_port, out_port)
 }
 
 /// A [`FlowStage`] as a runtime stage, with the sink its records go to.

@@ -17,6 +17,23 @@ pub struct Observation {
 /// An egress port for packets that did not leave.
 pub const NO_PORT: u16 = u16::MAX;
 
+impl Observation {
+    /// What parsed packet `p`, seen at `ts_ns` on `in_port` and sent to `out_port` (or
+    /// [`NO_PORT`]), adds to its flow.
+    #[inline]
+    pub fn of(p: &stateplane_wire::Parsed, ts_ns: u64, in_port: u16, out_port: u16) -> Self {
+        Observation {
+            ts_ns,
+            ip_len: p.ip_len,
+            ttl: p.ttl,
+            tos: p.tos,
+            tcp_flags: p.tcp_flags,
+            in_port,
+            out_port,
+        }
+    }
+}
+
 /// A flow's features over a run of its packets (a microflow, or a whole flow). Every
 /// feature is kept; a run chooses which ones it exports.
 ///

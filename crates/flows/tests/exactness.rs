@@ -67,18 +67,7 @@ fn trace(workload: Workload, packets: u64, seed: u64) -> Vec<(FlowKey, Observati
         &cfg,
         |ts_ns, frame| {
             if let Ok(p) = parse(frame, 0, &hasher) {
-                out.push((
-                    p.key,
-                    Observation {
-                        ts_ns,
-                        ip_len: p.ip_len,
-                        ttl: p.ttl,
-                        tos: p.tos,
-                        tcp_flags: p.tcp_flags,
-                        in_port: 0,
-                        out_port: 1,
-                    },
-                ));
+                out.push((p.key, Observation::of(&p, ts_ns, 0, 1)));
             }
             Ok(())
         },
