@@ -9,7 +9,7 @@ use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::capture::FileRx;
-use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
+use stateplane_runtime::pipeline::{BurstSource, OwnShard, RunHandle, RuntimeConfig, run_sharded};
 use stateplane_runtime::{
     Burst, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap, TapFactory, Verdict,
 };
@@ -376,23 +376,31 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             flows: Some(export),
         });
     }
-    let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
-    let mut size = 0;
-    for (i, path) in args.inputs.iter().enumerate() {
-        let port = FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
-        size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        rx.push((i as PortId, Box::new(port)));
-    }
-    let tx = (0..rx.len()).map(|_| None).collect();
+    // Each worker reads the files for its own share of the flows (no dispatcher thread:
+    // the flow stage is light, and a thread in between would cost it more than parsing
+    // every packet once per worker).
+    let open_inputs = || {
+        (args.inputs.iter().enumerate())
+            .map(|(i, path)| {
+                let port =
+                    FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
+                Ok((i as PortId, Box::new(port) as Box<dyn RxPort>))
+            })
+            .collect::<CliResult<Vec<_>>>()
+    };
     let handle = RunHandle::new(workers);
+    let sources = (0..workers)
+        .map(|w| {
+            let shard = OwnShard::new(open_inputs()?, w, workers, runtime.hasher, &handle);
+            Ok(Box::new(shard) as Box<dyn BurstSource>)
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let size = (args.inputs.iter())
+        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+        .sum();
     let watched = handle.input_bytes.clone();
     let progress = Progress::start(size, true, move || watched.load(Ordering::Relaxed));
-    let ports = OfflinePorts {
-        rx,
-        tx,
-        control: None,
-    };
-    let run = run_offline(&runtime, ports, &factory, &handle);
+    let run = run_sharded(&runtime, sources, args.inputs.len(), &factory, &handle);
     drop(progress);
     // The taps no worker took hold the exporter's queue open.
     drop(runtime);

@@ -10,7 +10,8 @@
 //!   input order whatever the number of workers, and every queue stays bounded.
 //! * [`run_sharded`] — each worker has its own [`BurstSource`] (a replay queue sharded by
 //!   flow hash at load time, like a NIC's RSS queue, or later a live socket in a fanout
-//!   group) and its own output; there is no dispatcher and nothing shared per packet.
+//!   group, or [`OwnShard`]: capture files read by each worker for its own share) and its
+//!   own output; there is no dispatcher and nothing shared per packet.
 //!
 //! Shutdown is by draining: when input ends or the stop flag is raised, the dispatcher
 //! finishes its round and closes its queues; workers finish what is queued, then the output
@@ -186,6 +187,96 @@ impl Head {
     }
 }
 
+/// Capture-file ports read in timestamp order across ports, the earliest next packet first:
+/// what the dispatcher reads, and what a worker reading its own shard reads.
+struct Merged {
+    rx: Vec<(PortId, Box<dyn RxPort>)>,
+    heads: Vec<Head>,
+    /// The input sequence number of the current packet.
+    seq: u64,
+    /// The latest timestamp read so far.
+    now_ns: u64,
+    /// The port [`Merged::earliest`] last gave.
+    current: Option<usize>,
+    errors: Vec<String>,
+}
+
+impl Merged {
+    fn open(mut rx: Vec<(PortId, Box<dyn RxPort>)>) -> Merged {
+        let mut errors = Vec::new();
+        let mut heads = Vec::with_capacity(rx.len());
+        for (port, src) in rx.iter_mut() {
+            let mut head = Head {
+                port: *port,
+                data: Vec::new(),
+                orig_len: 0,
+                ts_ns: 0,
+                live: false,
+            };
+            if let Err(e) = head.refill(src.as_mut()) {
+                errors.push(format!("reading {}: {e}", src.name()));
+            }
+            heads.push(head);
+        }
+        Merged {
+            rx,
+            heads,
+            seq: 0,
+            now_ns: 0,
+            current: None,
+            errors,
+        }
+    }
+
+    /// The port whose next packet is the earliest, if any input is left; the clock moves to
+    /// that packet.
+    fn earliest(&mut self) -> Option<&Head> {
+        let i = (self.heads.iter().enumerate())
+            .filter(|(_, h)| h.live)
+            .min_by_key(|(_, h)| h.ts_ns)
+            .map(|(i, _)| i)?;
+        self.current = Some(i);
+        self.now_ns = self.now_ns.max(self.heads[i].ts_ns);
+        Some(&self.heads[i])
+    }
+
+    /// Parses the current packet (the one [`Merged::earliest`] gave): `None` when it is
+    /// oversize or malformed, which is counted in `stats`.
+    fn parse(head: &Head, hasher: &FlowHasher, stats: &mut Stats) -> Option<Parsed> {
+        if head.data.len() > MAX_FRAME {
+            count_port_drop(stats, DropReason::OVERSIZE, head.data.len() as u32);
+            return None;
+        }
+        match parse(&head.data, head.port, hasher) {
+            Ok(parsed) => Some(parsed),
+            Err(m) => {
+                count_malformed(stats, m, head.data.len() as u32);
+                None
+            }
+        }
+    }
+
+    /// Moves past the current packet: the next sequence number, and its port's next packet.
+    fn advance(&mut self) {
+        let Some(i) = self.current.take() else {
+            return;
+        };
+        self.seq += 1;
+        let src = &mut self.rx[i].1;
+        if let Err(e) = self.heads[i].refill(src.as_mut()) {
+            self.errors.push(format!("reading {}: {e}", src.name()));
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.heads.iter().all(|h| !h.live)
+    }
+
+    fn bytes_read(&self) -> u64 {
+        self.rx.iter().map(|(_, src)| src.bytes_read()).sum()
+    }
+}
+
 /// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
 pub fn run_offline(
     config: &RuntimeConfig,
@@ -220,8 +311,8 @@ pub fn run_offline(
     let drop_reason_names = factory(0).drop_reasons();
 
     std::thread::scope(|scope| {
-        let dispatcher =
-            scope.spawn(|| dispatch(config, &mut ports.rx, to_worker, free_rx, handle));
+        let rx = std::mem::take(&mut ports.rx);
+        let dispatcher = scope.spawn(|| dispatch(config, rx, to_worker, free_rx, handle));
         let worker_threads: Vec<_> = worker_rx
             .into_iter()
             .zip(to_output)
@@ -294,30 +385,14 @@ pub fn run_offline(
 /// The dispatcher: merges the input ports by timestamp, parses, shards, and sends rounds.
 fn dispatch(
     config: &RuntimeConfig,
-    rx: &mut [(PortId, Box<dyn RxPort>)],
+    rx: Vec<(PortId, Box<dyn RxPort>)>,
     to_worker: Vec<Sender<Burst>>,
     free: Vec<Receiver<Burst>>,
     handle: &RunHandle,
 ) -> (Stats, Vec<String>) {
     let workers = to_worker.len();
     let mut stats = Stats::default();
-    let mut errors = Vec::new();
-    let mut heads: Vec<Head> = Vec::with_capacity(rx.len());
-    for (port, src) in rx.iter_mut() {
-        let mut head = Head {
-            port: *port,
-            data: Vec::new(),
-            orig_len: 0,
-            ts_ns: 0,
-            live: false,
-        };
-        if let Err(e) = head.refill(src.as_mut()) {
-            errors.push(format!("reading {}: {e}", src.name()));
-        }
-        heads.push(head);
-    }
-    let mut seq = 0u64;
-    let mut now_ns = 0u64;
+    let mut input = Merged::open(rx);
     let mut round = 0u64;
     let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
     'rounds: loop {
@@ -330,48 +405,28 @@ fn dispatch(
         let mut taken = 0;
         let stopping = handle.stop.load(Ordering::Relaxed);
         while taken < config.burst_size && !stopping {
-            // The port whose next packet is the earliest.
-            let Some(i) = heads
-                .iter()
-                .enumerate()
-                .filter(|(_, h)| h.live)
-                .min_by_key(|(_, h)| h.ts_ns)
-                .map(|(i, _)| i)
-            else {
+            let seq = input.seq;
+            let Some(head) = input.earliest() else {
                 break;
             };
-            let head = &heads[i];
-            now_ns = now_ns.max(head.ts_ns);
-            if head.data.len() > MAX_FRAME {
-                count_port_drop(&mut stats, DropReason::OVERSIZE, head.data.len() as u32);
-            } else {
-                match parse(&head.data, head.port, &config.hasher) {
-                    Ok(parsed) => {
-                        let w = shard_of(parsed.hash, workers);
-                        if !bursts[w].has_room(head.data.len()) {
-                            break; // this worker's burst is full: the packet opens the next round
-                        }
-                        bursts[w].push_desc(&head.data, desc(head, parsed, seq));
-                    }
-                    Err(m) => count_malformed(&mut stats, m, head.data.len() as u32),
+            if let Some(parsed) = Merged::parse(head, &config.hasher, &mut stats) {
+                let w = shard_of(parsed.hash, workers);
+                if !bursts[w].has_room(head.data.len()) {
+                    break; // this worker's burst is full: the packet opens the next round
                 }
+                bursts[w].push_desc(&head.data, desc(head, parsed, seq));
             }
-            seq += 1;
+            input.advance();
             taken += 1;
-            let src = &mut rx[i].1;
-            if let Err(e) = heads[i].refill(src.as_mut()) {
-                errors.push(format!("reading {}: {e}", src.name()));
-            }
         }
-        handle.input_bytes.store(
-            rx.iter().map(|(_, src)| src.bytes_read()).sum(),
-            Ordering::Relaxed,
-        );
+        handle
+            .input_bytes
+            .store(input.bytes_read(), Ordering::Relaxed);
         handle.stats[0].publish(&stats);
-        let done = stopping || heads.iter().all(|h| !h.live);
+        let done = stopping || input.done();
         for (w, mut b) in bursts.drain(..).enumerate() {
             b.round = round;
-            b.now_ns = now_ns;
+            b.now_ns = input.now_ns;
             b.parsed = true;
             if to_worker[w].send(b).is_err() {
                 break 'rounds;
@@ -382,7 +437,7 @@ fn dispatch(
             break;
         }
     }
-    (stats, errors)
+    (stats, input.errors)
 }
 
 fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
@@ -489,6 +544,96 @@ pub trait BurstSource: Send {
     /// Fills `burst` (cleared by the caller); returns `false` once the source is exhausted
     /// and nothing was added.
     fn fill(&mut self, burst: &mut Burst) -> bool;
+
+    /// After the last fill: what the source itself counted (packets it dropped before the
+    /// worker) and the errors it met.
+    fn finish(&mut self) -> (Stats, Vec<String>) {
+        (Stats::default(), Vec::new())
+    }
+}
+
+/// A worker's share of capture-file ports, read by the worker itself: it reads and parses
+/// every packet in time order and keeps those of its shard (the dispatcher's
+/// [`shard_of`]), so that a run over files needs no dispatcher thread and no queues. The
+/// price is parsing every packet once per worker; for a worker whose per-packet work is
+/// light (the flow stage), that is less than a thread between reader and worker costs.
+/// Oversize and malformed packets are counted by worker 0's shard only. Worker 0 reports
+/// the bytes read (for progress).
+pub struct OwnShard {
+    input: Merged,
+    worker: usize,
+    workers: usize,
+    hasher: FlowHasher,
+    /// What this shard dropped before its worker (worker 0: all of them).
+    stats: Stats,
+    /// Counts of the other shards' drops, thrown away.
+    others: Stats,
+    round: u64,
+    input_bytes: Option<Arc<AtomicU64>>,
+}
+
+impl OwnShard {
+    /// Worker `worker`'s (of `workers`) shard of the ports `rx` (each worker opens its
+    /// own), hashing as the run's `hasher`.
+    pub fn new(
+        rx: Vec<(PortId, Box<dyn RxPort>)>,
+        worker: usize,
+        workers: usize,
+        hasher: FlowHasher,
+        handle: &RunHandle,
+    ) -> OwnShard {
+        OwnShard {
+            input: Merged::open(rx),
+            worker,
+            workers: workers.max(1),
+            hasher,
+            stats: Stats::default(),
+            others: Stats::default(),
+            round: 0,
+            input_bytes: (worker == 0).then(|| handle.input_bytes.clone()),
+        }
+    }
+}
+
+impl BurstSource for OwnShard {
+    fn fill(&mut self, burst: &mut Burst) -> bool {
+        let mine = self.worker == 0;
+        while burst.len() < burst.capacity() {
+            let seq = self.input.seq;
+            let Some(head) = self.input.earliest() else {
+                break;
+            };
+            let stats = if mine {
+                &mut self.stats
+            } else {
+                &mut self.others
+            };
+            if let Some(parsed) = Merged::parse(head, &self.hasher, stats)
+                && shard_of(parsed.hash, self.workers) == self.worker
+            {
+                if !burst.has_room(head.data.len()) {
+                    break; // the packet opens the next burst
+                }
+                burst.push_desc(&head.data, desc(head, parsed, seq));
+            }
+            self.input.advance();
+        }
+        if let Some(bytes) = &self.input_bytes {
+            bytes.store(self.input.bytes_read(), Ordering::Relaxed);
+        }
+        burst.round = self.round;
+        burst.now_ns = self.input.now_ns;
+        burst.parsed = true;
+        self.round += 1;
+        !burst.is_empty() || !self.input.done()
+    }
+
+    fn finish(&mut self) -> (Stats, Vec<String>) {
+        (
+            std::mem::take(&mut self.stats),
+            std::mem::take(&mut self.input.errors),
+        )
+    }
 }
 
 /// Runs one worker per source, each to completion on its own thread, with outputs counted
@@ -537,7 +682,10 @@ pub fn run_sharded(
                     let busy = t.elapsed();
                     worker.finish();
                     shared.publish(&worker.stats);
-                    (worker.stats, busy, sink)
+                    let (dropped, errors) = source.finish();
+                    let mut stats = worker.stats;
+                    stats.merge(&dropped);
+                    (stats, busy, sink, errors)
                 })
             })
             .collect();
@@ -546,7 +694,8 @@ pub fn run_sharded(
     let mut report = RunReport::empty(ports, drop_reason_names, start.elapsed());
     for r in results {
         match r {
-            Ok((stats, busy, sink)) => {
+            Ok((stats, busy, sink, errors)) => {
+                report.errors.extend(errors);
                 report.total.merge(&stats);
                 report.per_worker.push(stats);
                 report.worker_busy.push(busy);

@@ -1,9 +1,12 @@
 //! Sharding and shutdown of the offline pipeline: every packet of a flow reaches the same
-//! worker, no packet is lost or duplicated across workers, and a stop drains cleanly.
+//! worker, no packet is lost or duplicated across workers, and a stop drains cleanly; the
+//! same for workers that read their own shard of the input ([`OwnShard`]).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
+use stateplane_runtime::pipeline::{
+    BurstSource, OfflinePorts, OwnShard, RunHandle, RuntimeConfig, run_offline, run_sharded,
+};
 use stateplane_runtime::{
     Burst, Context, Counter, Program, ProgramFactory, RxPacket, RxPort, TxPort, Verdict,
 };
@@ -169,4 +172,61 @@ fn a_stop_drains_every_queue_and_counts_stay_consistent() {
     let (sent, tx, _, per_worker, _) = run(&packets, 3, 16, true);
     assert_eq!(sent.len() as u64, tx);
     assert_eq!(per_worker.iter().sum::<u64>(), tx);
+}
+
+/// Workers that each read the whole input and keep their own shard see every packet
+/// exactly once between them, each flow on one worker, in the dispatcher's split; a
+/// malformed packet is counted once, not once per worker.
+#[test]
+fn own_shards_partition_the_input_as_the_dispatcher_does() {
+    let mut packets = trace(20_000);
+    packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
+    for workers in [1, 3] {
+        let seen = Arc::new(Mutex::new(HashMap::new()));
+        let conflicts = Arc::new(Mutex::new(0));
+        let (s, c) = (seen.clone(), conflicts.clone());
+        let factory: ProgramFactory = Arc::new(move |_| {
+            Box::new(Recorder {
+                seen: s.clone(),
+                conflicts: c.clone(),
+            })
+        });
+        let cfg = RuntimeConfig {
+            workers,
+            burst_size: 32,
+            hasher: FlowHasher::with_seed(3),
+            ..RuntimeConfig::default()
+        };
+        let handle = RunHandle::new(workers);
+        let sources: Vec<Box<dyn BurstSource>> = (0..workers)
+            .map(|w| {
+                let rx = MemRx {
+                    packets: packets.clone(),
+                    next: 0,
+                };
+                let port: Box<dyn RxPort> = Box::new(rx);
+                Box::new(OwnShard::new(
+                    vec![(0, port)],
+                    w,
+                    workers,
+                    cfg.hasher,
+                    &handle,
+                )) as Box<dyn BurstSource>
+            })
+            .collect();
+        let report = run_sharded(&cfg, sources, 2, &factory, &handle);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(*conflicts.lock().unwrap(), 0, "a flow reached two workers");
+        // Received: every packet once, the malformed one included.
+        assert_eq!(report.total.get(Counter::RxPackets), 20_001);
+        assert_eq!(report.total.get(Counter::TxPackets), 20_000);
+        assert_eq!(report.total.get(Counter::Malformed), 1, "{workers} workers");
+        // The same packets per worker as through the dispatcher.
+        let (_, _, _, dispatched, _) = run(&packets[..], workers, 32, false);
+        let mut own: Vec<u64> = (report.per_worker.iter())
+            .map(|s| s.get(Counter::RxPackets))
+            .collect();
+        own[0] -= 1; // worker 0's shard counted the malformed packet, the dispatcher did there
+        assert_eq!(own, dispatched);
+    }
 }
