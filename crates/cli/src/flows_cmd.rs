@@ -1,6 +1,8 @@
 //! `stateplane flows`: capture files or interfaces in, unsampled flow records out (IPFIX
-//! over UDP or TCP, IPFIX files, CSV, JSON lines), through the same parse, sharding and
-//! workers as `stateplane run`, with the flow stage as each worker's tap.
+//! over UDP or TCP, IPFIX files, CSV, JSON lines), with the flow stage as each worker's
+//! tap behind a program that only observes. Over files each worker reads its own shard
+//! (`OwnShard`: no dispatcher); live, interfaces are opened passively (AF_PACKET copies).
+//! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
 use crate::progress::Progress;
@@ -128,14 +130,6 @@ struct NoTap;
 
 impl Tap for NoTap {
     fn observe(&mut self, _burst: &Burst, _ctx: &Context) {}
-}
-
-/// A per-process random seed for the flow hash.
-pub fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(std::process::id().into());
-    h.finish()
 }
 
 /// Observes only: the packets end here (their records carry no egress port).
@@ -350,7 +344,9 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             "give capture files with --in FILE, or interfaces with --iface NAME (not both)".into(),
         );
     }
-    let seed = args.hash_seed.unwrap_or_else(random_seed);
+    let seed = args
+        .hash_seed
+        .unwrap_or_else(stateplane_wire::flow::random_seed);
     let (export, tap) = args.settings.start(Naming::Flags, workers, seed, live)?;
     let runtime = RuntimeConfig {
         workers,

@@ -3,7 +3,7 @@
 
 use crate::config::{PortSection, RunConfig};
 use crate::export::Naming;
-use crate::flows_cmd::{self, FlowReport};
+use crate::flows_cmd::FlowReport;
 use crate::progress::Progress;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
@@ -198,7 +198,9 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     )?;
     let burst_size = bounded("--burst", args.burst.or(cfg.burst).unwrap_or(64), 1, 1024)?;
     let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
-    let seed = args.hash_seed.unwrap_or_else(flows_cmd::random_seed);
+    let seed = args
+        .hash_seed
+        .unwrap_or_else(stateplane_wire::flow::random_seed);
     let live = ports.iter().all(|p| p.iface.is_some());
     let flows = (cfg.flows.as_ref())
         .map(|f| f.start(Naming::Config, workers, seed, live))

@@ -2,29 +2,12 @@
 //! (installed by scripts/test.sh; these tests fail, loudly, where they are missing).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{bin, ok, tmp};
 use stateplane_io::capture::read_all;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_stateplane"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stateplane-e2e-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use std::path::Path;
+use std::process::Command;
 
 fn generate_trace(workload: &str, packets: u32, path: &Path) {
     generate_with(workload, packets, path, &[]);

@@ -4,32 +4,14 @@
 //! collectors' side (nfcapd/nfdump, tshark over UDP) is scripts/test-flows-collectors.sh.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{bin, ok, tmp};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::ipfix::Decoder;
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_stateplane"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stateplane-flows-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use std::path::Path;
 
 fn generate(packets: u32, seed: u32, path: &Path) {
     let args = ["gen", "internet", "--packets", &packets.to_string()];

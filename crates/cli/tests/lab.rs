@@ -5,6 +5,9 @@
 //! scripts/test.sh; their absence fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::bin;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -12,10 +15,6 @@ use std::time::Duration;
 
 /// One lab at a time: they share two cores, and the failover timing wants a quiet machine.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_stateplane"))
-}
 
 fn topologies() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topologies")

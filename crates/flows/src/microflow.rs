@@ -28,6 +28,22 @@ struct Slot<K> {
     stats: FlowStats,
 }
 
+impl<K: Copy> Slot<K> {
+    /// The entry as a record.
+    fn record(&self) -> Microflow<K> {
+        Microflow {
+            key: self.key,
+            stats: self.stats,
+        }
+    }
+
+    /// Sends the entry out and empties the slot.
+    fn send_out(&mut self, out: &mut Vec<Microflow<K>>) {
+        out.push(self.record());
+        self.stats.packets = 0;
+    }
+}
+
 /// A direct-mapped table of microflows.
 pub struct MicroflowTable<K> {
     slots: Vec<Slot<K>>,
@@ -90,11 +106,7 @@ impl<K: CompactKey> MicroflowTable<K> {
     pub fn take(&mut self, key: K, hash: u64, out: &mut Vec<Microflow<K>>) {
         let slot = &mut self.slots[hash as usize & self.mask];
         if slot.stats.packets != 0 && slot.key == key {
-            out.push(Microflow {
-                key: slot.key,
-                stats: slot.stats,
-            });
-            slot.stats.packets = 0;
+            slot.send_out(out);
         }
     }
 
@@ -115,21 +127,14 @@ impl<K: CompactKey> MicroflowTable<K> {
             slot.stats.add(o);
         } else {
             if slot.stats.packets != 0 {
-                out.push(Microflow {
-                    key: slot.key,
-                    stats: slot.stats,
-                });
+                out.push(slot.record());
                 evicted = true;
             }
             slot.key = key;
             slot.stats = FlowStats::start(o);
         }
         if slot.stats.ended_by_tcp() {
-            out.push(Microflow {
-                key: slot.key,
-                stats: slot.stats,
-            });
-            slot.stats.packets = 0;
+            slot.send_out(out);
         }
         evicted
     }
@@ -147,11 +152,7 @@ impl<K: CompactKey> MicroflowTable<K> {
         for _ in 0..visit.min(self.slots.len()) {
             let slot = &mut self.slots[self.cursor];
             if slot.stats.packets != 0 && slot.stats.first_ns <= oldest {
-                out.push(Microflow {
-                    key: slot.key,
-                    stats: slot.stats,
-                });
-                slot.stats.packets = 0;
+                slot.send_out(out);
             }
             self.cursor = (self.cursor + 1) & self.mask;
         }

@@ -23,12 +23,20 @@ pub fn prefetch<T>(value: &T) {
 #[inline(always)]
 pub fn prefetch_whole<T>(value: &T) {
     let first = (value as *const T).cast::<u8>();
-    let start = first as usize;
-    let last = start + size_of::<T>().max(1) - 1;
+    each_line(first as usize, size_of::<T>(), |offset| {
+        prefetch_line(first.wrapping_add(offset));
+    });
+}
+
+/// Calls `visit` with an offset inside a value of `size` bytes at address `start` in each
+/// 64-byte cache line it covers: its first byte, then each later line's first byte. (A
+/// plain loop: an iterator chain here measured a third slower in the aggregator.)
+#[inline(always)]
+fn each_line(start: usize, size: usize, mut visit: impl FnMut(usize)) {
+    let last = start + size.max(1) - 1;
     let mut line = start & !63;
     while line <= last {
-        // An address inside `value`: its first byte, then each later line's first.
-        prefetch_line(first.wrapping_add(line.max(start) - start));
+        visit(line.max(start) - start);
         line += 64;
     }
 }
@@ -111,26 +119,29 @@ mod tests {
         assert!(b.iter().all(|&x| x == 0));
     }
 
-    /// Prefetches of records of any size and alignment leave them as they were (under
-    /// valgrind, scripts/test.sh also checks that no prefetch reads outside them).
+    /// `prefetch_whole` touches one address in every line a value covers, and only
+    /// addresses inside the value.
     #[test]
-    fn prefetch_whole_of_any_size_changes_nothing() {
-        let bytes: Vec<u8> = (0..=255).collect();
-        for start in [0, 1, 63, 64, 100] {
-            for len in [0, 1, 2, 63, 64, 65, 130] {
-                let slice = &bytes[start..start + len];
-                prefetch_whole(&slice);
-                prefetch_whole(slice.first().unwrap_or(&0));
+    fn whole_prefetch_covers_each_line_once_and_stays_inside() {
+        for start in [0, 1, 8, 63, 64, 100, 4095] {
+            for size in [0, 1, 2, 40, 63, 64, 65, 88, 128, 130, 200] {
+                let mut offsets = Vec::new();
+                each_line(start, size, |o| offsets.push(o));
+                let lines: Vec<usize> = offsets.iter().map(|o| (start + o) / 64).collect();
+                let first_line = start / 64;
+                let last_line = (start + size.max(1) - 1) / 64;
+                assert_eq!(
+                    lines,
+                    (first_line..=last_line).collect::<Vec<_>>(),
+                    "start {start}, size {size}"
+                );
+                assert_eq!(offsets[0], 0);
+                assert!(offsets.iter().all(|&o| o < size.max(1)), "{offsets:?}");
             }
         }
-        #[derive(Clone, Copy, PartialEq, Debug)]
-        struct Record([u64; 11]);
-        let records = vec![Record([3; 11]); 8];
-        for r in &records {
-            prefetch_whole(r);
-        }
+        // And on real values (the hint reads nothing back).
+        let records = vec![[3u64; 11]; 8];
+        records.iter().for_each(prefetch_whole);
         prefetch_whole(&());
-        assert!(records.iter().all(|r| *r == Record([3; 11])));
-        assert_eq!(bytes[255], 255);
     }
 }

@@ -241,16 +241,21 @@ impl Merged {
     }
 
     /// Parses the current packet (the one [`Merged::earliest`] gave): `None` when it is
-    /// oversize or malformed, which is counted in `stats`.
-    fn parse(head: &Head, hasher: &FlowHasher, stats: &mut Stats) -> Option<Parsed> {
+    /// oversize or malformed, which is counted in `stats` if given.
+    fn parse(head: &Head, hasher: &FlowHasher, stats: Option<&mut Stats>) -> Option<Parsed> {
+        let len = head.data.len() as u32;
         if head.data.len() > MAX_FRAME {
-            count_port_drop(stats, DropReason::OVERSIZE, head.data.len() as u32);
+            if let Some(stats) = stats {
+                count_port_drop(stats, DropReason::OVERSIZE, len);
+            }
             return None;
         }
         match parse(&head.data, head.port, hasher) {
             Ok(parsed) => Some(parsed),
             Err(m) => {
-                count_malformed(stats, m, head.data.len() as u32);
+                if let Some(stats) = stats {
+                    count_malformed(stats, m, len);
+                }
                 None
             }
         }
@@ -409,7 +414,7 @@ fn dispatch(
             let Some(head) = input.earliest() else {
                 break;
             };
-            if let Some(parsed) = Merged::parse(head, &config.hasher, &mut stats) {
+            if let Some(parsed) = Merged::parse(head, &config.hasher, Some(&mut stats)) {
                 let w = shard_of(parsed.hash, workers);
                 if !bursts[w].has_room(head.data.len()) {
                     break; // this worker's burst is full: the packet opens the next round
@@ -564,10 +569,8 @@ pub struct OwnShard {
     worker: usize,
     workers: usize,
     hasher: FlowHasher,
-    /// What this shard dropped before its worker (worker 0: all of them).
+    /// What worker 0's shard dropped before its worker: every shard's drops, counted once.
     stats: Stats,
-    /// Counts of the other shards' drops, thrown away.
-    others: Stats,
     round: u64,
     input_bytes: Option<Arc<AtomicU64>>,
 }
@@ -588,7 +591,6 @@ impl OwnShard {
             workers: workers.max(1),
             hasher,
             stats: Stats::default(),
-            others: Stats::default(),
             round: 0,
             input_bytes: (worker == 0).then(|| handle.input_bytes.clone()),
         }
@@ -597,17 +599,12 @@ impl OwnShard {
 
 impl BurstSource for OwnShard {
     fn fill(&mut self, burst: &mut Burst) -> bool {
-        let mine = self.worker == 0;
         while burst.len() < burst.capacity() {
             let seq = self.input.seq;
             let Some(head) = self.input.earliest() else {
                 break;
             };
-            let stats = if mine {
-                &mut self.stats
-            } else {
-                &mut self.others
-            };
+            let stats = (self.worker == 0).then_some(&mut self.stats);
             if let Some(parsed) = Merged::parse(head, &self.hasher, stats)
                 && shard_of(parsed.hash, self.workers) == self.worker
             {
@@ -625,7 +622,7 @@ impl BurstSource for OwnShard {
         burst.now_ns = self.input.now_ns;
         burst.parsed = true;
         self.round += 1;
-        !burst.is_empty() || !self.input.done()
+        !burst.is_empty()
     }
 
     fn finish(&mut self) -> (Stats, Vec<String>) {

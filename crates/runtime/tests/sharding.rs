@@ -65,6 +65,22 @@ impl Program for Recorder {
     }
 }
 
+type Seen = Arc<Mutex<HashMap<FlowKey, usize>>>;
+
+/// A program that records which worker saw each flow, with what it records.
+fn recorder() -> (ProgramFactory, Seen, Arc<Mutex<u64>>) {
+    let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
+    let conflicts = Arc::new(Mutex::new(0));
+    let (s, c) = (seen.clone(), conflicts.clone());
+    let factory: ProgramFactory = Arc::new(move |_| {
+        Box::new(Recorder {
+            seen: s.clone(),
+            conflicts: c.clone(),
+        })
+    });
+    (factory, seen, conflicts)
+}
+
 fn trace(packets: u64) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     generate(
@@ -85,15 +101,7 @@ fn run(
     burst: usize,
     stop_early: bool,
 ) -> (Vec<u64>, u64, u64, Vec<u64>, usize) {
-    let seen = Arc::new(Mutex::new(HashMap::new()));
-    let conflicts = Arc::new(Mutex::new(0));
-    let (s, c) = (seen.clone(), conflicts.clone());
-    let factory: ProgramFactory = Arc::new(move |_| {
-        Box::new(Recorder {
-            seen: s.clone(),
-            conflicts: c.clone(),
-        })
-    });
+    let (factory, seen, conflicts) = recorder();
     let out = Collect::default();
     let ports = OfflinePorts {
         rx: vec![(
@@ -182,15 +190,7 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
     let mut packets = trace(20_000);
     packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
     for workers in [1, 3] {
-        let seen = Arc::new(Mutex::new(HashMap::new()));
-        let conflicts = Arc::new(Mutex::new(0));
-        let (s, c) = (seen.clone(), conflicts.clone());
-        let factory: ProgramFactory = Arc::new(move |_| {
-            Box::new(Recorder {
-                seen: s.clone(),
-                conflicts: c.clone(),
-            })
-        });
+        let (factory, _, conflicts) = recorder();
         let cfg = RuntimeConfig {
             workers,
             burst_size: 32,

@@ -162,13 +162,20 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A seed drawn from the operating system's randomness (through std's `RandomState`,
+/// which is seeded from it): for a run's hashes, so that crafted traffic cannot aim at one
+/// bucket; a run that needs the seed twice (the flow hash and the flow tables') draws it
+/// once.
+pub fn random_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5354_4154_4550_4c41);
+    h.finish()
+}
+
 impl FlowHasher {
-    /// A hasher with a seed drawn from the operating system's randomness (through std's
-    /// `RandomState`, which is seeded from it).
+    /// A hasher with a [`random_seed`].
     pub fn random() -> Self {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(0x5354_4154_4550_4c41);
-        Self::with_seed(h.finish())
+        Self::with_seed(random_seed())
     }
 
     /// A hasher with a fixed seed, for reproducible tests and traces.

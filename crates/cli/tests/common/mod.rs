@@ -1,0 +1,29 @@
+//! Helpers the `stateplane` binary's integration tests share (each test file uses some).
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The `stateplane` binary under test.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stateplane"))
+}
+
+/// A path in this test process's own temporary folder.
+pub fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stateplane-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Standard output of a command that must have succeeded (else both outputs, in the
+/// failure).
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
