@@ -314,6 +314,13 @@ pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
     if a.packets == 0 || a.repeat == 0 {
         return Err("--packets and --repeat must be above 0".into());
     }
+    // Checked before the traces are generated, which takes a while.
+    if let Some(&n) = a.slots.iter().find(|n| !n.is_power_of_two()) {
+        return Err(format!(
+            "--slots: {n} is not a power of two (e.g. {})",
+            n.max(1).next_power_of_two()
+        ));
+    }
     let mut rows = Vec::new();
     for workload in &a.workloads {
         eprint!("\rgenerating {workload}      ");

@@ -272,4 +272,15 @@ fn flows_settings_errors_name_the_key_or_flag() {
         err.contains("--inactive-timeout: 0 is not a positive number"),
         "{err}"
     );
+    // bench-flows refuses a bad size at once, before it generates its traces.
+    let out = bin()
+        .args(["bench-flows", "--slots", "64,100"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--slots: 100 is not a power of two (e.g. 128)"),
+        "{err}"
+    );
 }
