@@ -5,7 +5,7 @@ use crate::{pcap, pcapng};
 use stateplane_runtime::{RxPacket, RxPort, TxPort};
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read};
+use std::io::{self, BufRead, BufReader, BufWriter, Read};
 use std::path::Path;
 
 /// One packet read from a capture, borrowed until the next read.
@@ -169,12 +169,12 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> 
 }
 
 /// A capture-file reader of either format.
-pub enum CaptureReader<R: Read> {
+pub enum CaptureReader<R: BufRead> {
     Pcap(pcap::PcapReader<R>),
     Pcapng(pcapng::PcapngReader<R>),
 }
 
-impl<R: Read> CaptureReader<R> {
+impl<R: BufRead> CaptureReader<R> {
     /// Detects the format from the first four bytes.
     pub fn new(mut r: R) -> Result<Self, CaptureError> {
         let mut magic = [0u8; 4];

@@ -2,22 +2,34 @@
 //! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
 
 use crate::capture::{CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Write};
 
 const MAGIC_MICRO: u32 = 0xa1b2_c3d4;
 const MAGIC_NANO: u32 = 0xa1b2_3c4d;
 const FILE_HEADER_LEN: usize = 24;
 const RECORD_HEADER_LEN: usize = 16;
 
-pub struct PcapReader<R: Read> {
+/// Reads records in place from `r`'s buffer when a whole one is there (nearly always with
+/// a large buffer), and through a copy only when one straddles the buffer's end.
+pub struct PcapReader<R: BufRead> {
     r: R,
     endian: Endian,
     nanos: bool,
+    /// A record that straddled the end of `r`'s buffer.
     buf: Vec<u8>,
+    /// Bytes of `r`'s buffer lent out as the last record: consumed at the next read.
+    lent: usize,
     at_byte: u64,
 }
 
-impl<R: Read> PcapReader<R> {
+/// A record header's fields, checked.
+struct RecordHeader {
+    ts_ns: u64,
+    caplen: usize,
+    orig_len: u32,
+}
+
+impl<R: BufRead> PcapReader<R> {
     pub fn new(mut r: R) -> Result<Self, CaptureError> {
         let mut magic = [0u8; 4];
         if read_full(&mut r, &mut magic)? < 4 {
@@ -52,6 +64,7 @@ impl<R: Read> PcapReader<R> {
             endian,
             nanos,
             buf: Vec::new(),
+            lent: 0,
             at_byte: FILE_HEADER_LEN as u64,
         };
         // The link type's upper 16 bits may carry FCS information (pcap-linktype(7)).
@@ -73,20 +86,55 @@ impl<R: Read> PcapReader<R> {
     }
 
     pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
-        let mut header = [0u8; RECORD_HEADER_LEN];
-        let got = read_full(&mut self.r, &mut header)?;
-        if got == 0 {
+        self.r.consume(std::mem::take(&mut self.lent));
+        // Peek: when the header and its data are both buffered, lend them as they lie.
+        let buffered = self.r.fill_buf()?;
+        if buffered.is_empty() {
             return Ok(None);
         }
-        if got < RECORD_HEADER_LEN {
+        let (peeked, available) = (buffered.first_chunk().copied(), buffered.len());
+        if let Some(header) = peeked {
+            let h = self.check(&header)?;
+            let len = RECORD_HEADER_LEN + h.caplen;
+            if available >= len {
+                self.lent = len;
+                self.at_byte += len as u64;
+                // The same bytes again: `fill_buf` reads nothing while some are buffered.
+                let data = (self.r.fill_buf()?.get(RECORD_HEADER_LEN..len))
+                    .ok_or_else(|| io::Error::other("the reader's buffer shrank unread"))?;
+                return Ok(Some(Record {
+                    ts_ns: h.ts_ns,
+                    data,
+                    orig_len: h.orig_len,
+                }));
+            }
+        }
+        let mut header = [0u8; RECORD_HEADER_LEN];
+        if read_full(&mut self.r, &mut header)? < RECORD_HEADER_LEN {
             return Err(CaptureError::Truncated {
                 at_byte: self.at_byte,
             });
         }
-        let secs = u64::from(self.endian.u32(&header, 0));
-        let frac = u64::from(self.endian.u32(&header, 4));
-        let caplen = self.endian.u32(&header, 8);
-        let orig_len = self.endian.u32(&header, 12);
+        let h = self.check(&header)?;
+        self.buf.resize(h.caplen, 0);
+        if read_full(&mut self.r, &mut self.buf)? < h.caplen {
+            return Err(CaptureError::Truncated {
+                at_byte: self.at_byte,
+            });
+        }
+        self.at_byte += (RECORD_HEADER_LEN + h.caplen) as u64;
+        Ok(Some(Record {
+            ts_ns: h.ts_ns,
+            data: &self.buf,
+            orig_len: h.orig_len,
+        }))
+    }
+
+    fn check(&self, header: &[u8; RECORD_HEADER_LEN]) -> Result<RecordHeader, CaptureError> {
+        let secs = u64::from(self.endian.u32(header, 0));
+        let frac = u64::from(self.endian.u32(header, 4));
+        let caplen = self.endian.u32(header, 8);
+        let orig_len = self.endian.u32(header, 12);
         if caplen > MAX_RECORD_LEN {
             return Err(CaptureError::Corrupt {
                 at_byte: self.at_byte,
@@ -100,20 +148,11 @@ impl<R: Read> PcapReader<R> {
                 what: "a timestamp's fraction is a second or more",
             });
         }
-        self.buf.resize(caplen as usize, 0);
-        let got = read_full(&mut self.r, &mut self.buf)?;
-        if got < caplen as usize {
-            return Err(CaptureError::Truncated {
-                at_byte: self.at_byte,
-            });
-        }
-        self.at_byte += (RECORD_HEADER_LEN + caplen as usize) as u64;
-        let ts_ns = secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 };
-        Ok(Some(Record {
-            ts_ns,
-            data: &self.buf,
+        Ok(RecordHeader {
+            ts_ns: secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 },
+            caplen: caplen as usize,
             orig_len: orig_len.max(caplen),
-        }))
+        })
     }
 }
 
@@ -190,6 +229,31 @@ mod tests {
                 assert_eq!((rec.ts_ns, rec.data), (want, &d[..]));
             }
             assert!(r.next_record().unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn records_straddling_the_buffer_read_the_same_as_records_in_it() {
+        let mut w = PcapWriter::new(Vec::new(), true).unwrap();
+        for (ts, d) in packets().into_iter().cycle().take(12) {
+            w.write(ts, &d, d.len() as u32).unwrap();
+        }
+        let bytes = w.into_inner();
+        let read_all = |capacity: usize| {
+            let mut r =
+                PcapReader::new(std::io::BufReader::with_capacity(capacity, &bytes[..])).unwrap();
+            let mut got = Vec::new();
+            while let Some(rec) = r.next_record().unwrap() {
+                got.push((rec.ts_ns, rec.data.to_vec(), r.bytes_read()));
+            }
+            got
+        };
+        let in_place = read_all(bytes.len());
+        assert_eq!(in_place.len(), 12);
+        assert_eq!(in_place.last().unwrap().2, bytes.len() as u64);
+        // Buffers smaller than a header, than a record, and cutting records anywhere.
+        for capacity in [1, 7, 16, 17, 75, 76, 77, 1000, 1531, 4096] {
+            assert_eq!(read_all(capacity), in_place, "buffer of {capacity} bytes");
         }
     }
 
