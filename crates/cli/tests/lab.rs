@@ -247,13 +247,19 @@ fn l2_and_l2learn_carry_arp_and_icmp() {
 /// Sends `bytes` pseudo-random bytes over one TCP connection from h1 to h2 and returns what
 /// each side counted and hashed (python3: a byte-exact check that iperf3 does not make).
 fn exact_transfer(lab: &Lab, bytes: usize, port: u16) -> (String, String) {
+    let (sent, received, _) = exact_transfer_from(lab, bytes, port);
+    (sent, received)
+}
+
+/// As [`exact_transfer`], also giving the client's address as the server saw it.
+fn exact_transfer_from(lab: &Lab, bytes: usize, port: u16) -> (String, String, String) {
     let server = format!(
         "import socket,hashlib\n\
          s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
          s.bind(('198.18.0.2',{port})); s.listen(1); s.settimeout(30)\n\
-         c,_=s.accept(); c.settimeout(30); h=hashlib.sha256(); n=0\n\
+         c,peer=s.accept(); c.settimeout(30); h=hashlib.sha256(); n=0\n\
          while True:\n    b=c.recv(65536)\n    if not b: break\n    h.update(b); n+=len(b)\n\
-         print(n, h.hexdigest())"
+         print(n, h.hexdigest()); print(peer[0])"
     );
     let client = format!(
         "import socket,hashlib,random\n\
@@ -272,9 +278,12 @@ fn exact_transfer(lab: &Lab, bytes: usize, port: u16) -> (String, String) {
     std::thread::sleep(Duration::from_millis(500));
     let sent = lab.exec("h1", &["timeout", "60", "python3", "-c", &client]);
     let received = srv.wait_with_output().unwrap();
+    let received = String::from_utf8_lossy(&received.stdout);
+    let mut lines = received.lines();
     (
         String::from_utf8_lossy(&sent.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&received.stdout).trim().to_owned(),
+        lines.next().unwrap_or("").trim().to_owned(),
+        lines.next().unwrap_or("").trim().to_owned(),
     )
 }
 
@@ -690,6 +699,66 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
         before,
         "a clean connection loses nothing to the tracker"
     );
+}
+
+/// `nat` on live ports: ping, iperf3 and an exact transfer from h1 reach h2 as the
+/// external address, every byte arrives, and the translations are there to read.
+#[test]
+fn tcp_udp_and_ping_through_nat_arrive_from_the_external_address() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line-nat.toml", "tnat");
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    let report = iperf3(&lab, ["-n", "50M"], 4, || {});
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    assert!(sent >= mib(50), "iperf3 sent {sent}");
+    // UDP: 100 datagrams echoed by h2, which names the address they came from.
+    let server = "import socket\n\
+         s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind(('198.18.0.2',5306))\n\
+         s.settimeout(20); peers=set()\n\
+         for _ in range(100):\n    b,a=s.recvfrom(2048); peers.add(a[0]); s.sendto(b,a)\n\
+         print(' '.join(sorted(peers)))";
+    let client = "import socket\n\
+         c=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); c.settimeout(2); n=0\n\
+         for i in range(100):\n    c.sendto(b'x%d'%i,('198.18.0.2',5306))\n    \
+         try:\n        n+=c.recvfrom(2048)[0]==b'x%d'%i\n    except OSError: pass\n\
+         print(n)";
+    let ns = format!("sp-{}-h2", lab.name);
+    let srv = Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "timeout", "30", "python3", "-c", server,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let echoed = lab.exec("h1", &["timeout", "30", "python3", "-c", client]);
+    let peers = srv.wait_with_output().unwrap();
+    assert_eq!(text(&echoed).trim(), "100", "every datagram echoed");
+    assert_eq!(
+        String::from_utf8_lossy(&peers.stdout).trim(),
+        "198.18.0.100",
+        "UDP arrives from the external address"
+    );
+    let (sent, received, peer) = exact_transfer_from(&lab, 8 << 20, 5305);
+    assert_eq!(sent, received, "every byte through nat");
+    assert_eq!(peer, "198.18.0.100", "h2 sees the external address");
+    let table = ctl(&lab, &["read", "translations"]);
+    let table = text(&table);
+    let entry = |needle: &str| table.lines().find(|l| l.contains(needle)).unwrap_or("");
+    assert!(
+        entry("dst_port=5305").contains("tcp_closing"),
+        "the transfer's connection, closed by FIN, is closing:\n{table}"
+    );
+    assert!(
+        entry("dst_port=5306").contains("udp external_port=")
+            && entry("dst_port=5306").contains("packets_out=100 packets_in=100"),
+        "every datagram counted both ways:\n{table}"
+    );
+    assert!(entry("proto=1 ").contains("icmp"), "{table}");
 }
 
 /// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on its

@@ -183,6 +183,21 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
             args.extend(r.split_whitespace());
             ip(&args)?;
         }
+        for n in &h.neighbors {
+            ip(&[
+                "-n",
+                &ns,
+                "neigh",
+                "replace",
+                &n.addr,
+                "lladdr",
+                &n.mac,
+                "dev",
+                &n.iface,
+                "nud",
+                "permanent",
+            ])?;
+        }
     }
     for s in &t.switch {
         start_switch(t, s, stateplane)?;

@@ -42,6 +42,19 @@ pub struct Host {
     /// Extra routes, as `ip route add` takes them ("198.19.0.0/16 via 198.18.0.254").
     #[serde(default)]
     pub routes: Vec<String>,
+    /// Static neighbor (ARP) entries: for addresses nobody answers ARP for, such as the
+    /// external address of a `nat` running as a bump in the wire.
+    #[serde(default)]
+    pub neighbors: Vec<Neighbor>,
+}
+
+/// `{ addr = "198.18.0.100", mac = "02:00:00:00:01:01", iface = "eth0" }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Neighbor {
+    pub addr: String,
+    pub mac: String,
+    pub iface: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -207,6 +220,21 @@ impl Topology {
                 }
                 if let Some(m) = &e.mac {
                     check_mac(m).map_err(|m| format!("{field}.mac: {m}"))?;
+                }
+            }
+        }
+        for h in &self.host {
+            for (i, n) in h.neighbors.iter().enumerate() {
+                let field = format!("host '{}' neighbors[{i}]", h.name);
+                let ip: Ipv4Addr = (n.addr.parse())
+                    .map_err(|_| format!("{field}.addr: '{}' is not an IPv4 address", n.addr))?;
+                check_lab_address(ip).map_err(|m| format!("{field}.addr: {m}"))?;
+                check_mac(&n.mac).map_err(|m| format!("{field}.mac: {m}"))?;
+                if !ifaces.contains(&(h.name.clone(), n.iface.clone())) {
+                    return Err(format!(
+                        "{field}.iface: host '{}' has no link on '{}'",
+                        h.name, n.iface
+                    ));
                 }
             }
         }
@@ -378,6 +406,20 @@ mod tests {
                     "b = { node = \"s1\", iface = \"p0\", addr = \"198.18.0.9/24\" }",
                 ),
                 "switch ports carry no address",
+            ),
+            (
+                LINE.replace(
+                    "name = \"h2\"",
+                    "name = \"h2\"\nneighbors = [{ addr = \"8.8.8.8\", mac = \"02:00:00:00:01:01\", iface = \"eth0\" }]",
+                ),
+                "neighbors[0].addr: 8.8.8.8 is outside 198.18.0.0/15",
+            ),
+            (
+                LINE.replace(
+                    "name = \"h2\"",
+                    "name = \"h2\"\nneighbors = [{ addr = \"198.18.0.9\", mac = \"02:00:00:00:01:01\", iface = \"eth1\" }]",
+                ),
+                "host 'h2' neighbors[0].iface: host 'h2' has no link on 'eth1'",
             ),
         ];
         for (text, want) in cases {

@@ -111,6 +111,53 @@ impl ConnState {
     }
 }
 
+/// The key of a table of connections as the control plane sees it: the 5-tuple and VLAN
+/// (shared by every program whose table is keyed by flows).
+pub(crate) fn flow_key_declared() -> Vec<Field> {
+    vec![
+        Field::exact("src", 128, Format::Ip),
+        Field::exact("dst", 128, Format::Ip),
+        Field::exact("proto", 8, Format::Int),
+        Field::exact("src_port", 16, Format::Int),
+        Field::exact("dst_port", 16, Format::Int),
+        Field::exact("vlan", 12, Format::Int),
+    ]
+}
+
+/// The flow key of the fields of [`flow_key_declared`].
+pub(crate) fn flow_key_of(fields: &[Match]) -> FlowKey {
+    let f = |i: usize| match fields.get(i) {
+        Some(Match::Exact(v)) => *v,
+        _ => 0,
+    };
+    let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
+    let mut key = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => FlowKey::v4(s, d, f(2) as u8, f(3) as u16, f(4) as u16),
+        _ => FlowKey::v6(
+            Ipv6Addr::from(f(0)),
+            Ipv6Addr::from(f(1)),
+            f(2) as u8,
+            f(3) as u16,
+            f(4) as u16,
+        ),
+    };
+    key.vlan = f(5) as u16;
+    key
+}
+
+/// The fields of [`flow_key_declared`] of a flow key.
+pub(crate) fn flow_key_fields(key: &FlowKey) -> Vec<Match> {
+    let ip = |a: Option<IpAddr>| Match::Exact(a.map_or(0, ip_value));
+    vec![
+        ip(key.src_ip()),
+        ip(key.dst_ip()),
+        Match::Exact(u128::from(key.proto)),
+        Match::Exact(u128::from(key.src_port)),
+        Match::Exact(u128::from(key.dst_port)),
+        Match::Exact(u128::from(key.vlan)),
+    ]
+}
+
 /// The control plane's view of the connection table: key the connection's canonical
 /// 5-tuple and VLAN; action its state, with its packet count.
 struct ConnCodec;
@@ -123,14 +170,7 @@ impl ConnCodec {
             capacity,
             guarantees: vec![Guarantee::Local],
             kind: Kind::Table {
-                key: vec![
-                    Field::exact("src", 128, Format::Ip),
-                    Field::exact("dst", 128, Format::Ip),
-                    Field::exact("proto", 8, Format::Int),
-                    Field::exact("src_port", 16, Format::Int),
-                    Field::exact("dst_port", 16, Format::Int),
-                    Field::exact("vlan", 12, Format::Int),
-                ],
+                key: flow_key_declared(),
                 actions: STATES
                     .iter()
                     .map(|&name| Action {
@@ -149,37 +189,11 @@ impl ExactCodec for ConnCodec {
     type Value = Conn;
 
     fn key(fields: &[Match]) -> FlowKey {
-        let f = |i: usize| match fields.get(i) {
-            Some(Match::Exact(v)) => *v,
-            _ => 0,
-        };
-        let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
-        let mut key = match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                FlowKey::v4(s, d, f(2) as u8, f(3) as u16, f(4) as u16)
-            }
-            _ => FlowKey::v6(
-                Ipv6Addr::from(f(0)),
-                Ipv6Addr::from(f(1)),
-                f(2) as u8,
-                f(3) as u16,
-                f(4) as u16,
-            ),
-        };
-        key.vlan = f(5) as u16;
-        key
+        flow_key_of(fields)
     }
 
     fn fields(key: &FlowKey) -> Vec<Match> {
-        let ip = |a: Option<IpAddr>| Match::Exact(a.map_or(0, ip_value));
-        vec![
-            ip(key.src_ip()),
-            ip(key.dst_ip()),
-            Match::Exact(u128::from(key.proto)),
-            Match::Exact(u128::from(key.src_port)),
-            Match::Exact(u128::from(key.dst_port)),
-            Match::Exact(u128::from(key.vlan)),
-        ]
+        flow_key_fields(key)
     }
 
     fn value(action: usize, params: &[u128]) -> Conn {
@@ -293,7 +307,7 @@ impl Conntrack {
     fn expire(&mut self, now: u64, budget: usize) {
         let expired = &mut self.expired;
         self.table
-            .expire(now, budget, |conn| expired[conn.state as usize] += 1);
+            .expire(now, budget, |_, conn| expired[conn.state as usize] += 1);
     }
 
     /// Tracks one packet; `Some(reason)` if it must be dropped.

@@ -104,7 +104,7 @@ impl L2Learn {
 
     /// Looks at `budget` slots for stations not heard from within the ageing time.
     fn age(&mut self, now: u64, budget: usize) {
-        self.table.expire(now, budget, |_| {});
+        self.table.expire(now, budget, |_, _| {});
     }
 }
 

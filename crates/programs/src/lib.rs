@@ -14,6 +14,7 @@ mod control_tests;
 pub mod forward;
 pub mod l2;
 pub mod l2learn;
+pub mod nat;
 pub mod pipeline;
 pub mod router;
 pub mod steer;
@@ -78,6 +79,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "l2learn",
         "Ethernet learning switch: learns by add-on-miss, floods the unknown, ages out",
+    ),
+    (
+        "nat",
+        "source NAT (NAPT) for TCP, UDP and ICMP echo, translations added on the first packet",
     ),
     (
         "pipeline",
@@ -208,6 +213,7 @@ pub fn build(
         "conntrack" => factory(table, f, |c| {
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),
+        "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
         "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
         "pipeline" => factory(table, f, |c| pipeline::Pipeline::new(c, ports, f)),
         "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),

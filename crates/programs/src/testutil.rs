@@ -72,3 +72,26 @@ pub fn udp_frame(dst: &str, ttl: u8) -> Vec<u8> {
     );
     f
 }
+
+/// Whether an IPv4 frame's header checksum and its TCP, UDP or ICMP checksum verify,
+/// computed from scratch (the check a receiving host makes).
+pub fn ipv4_checksums_valid(frame: &[u8]) -> bool {
+    use stateplane_wire::checksum;
+    let p = stateplane_wire::parse(frame, 0, &hasher()).unwrap();
+    let (l3, l4) = (usize::from(p.l3_offset), usize::from(p.l4_offset));
+    let ihl = usize::from(frame[l3] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([frame[l3 + 2], frame[l3 + 3]]));
+    if checksum::checksum(&frame[l3..l3 + ihl]) != 0 {
+        return false;
+    }
+    let l4_bytes = &frame[l4..l3 + total];
+    let sum = match p.key.proto {
+        1 => checksum::accumulate(0, l4_bytes),
+        proto => {
+            let mut s = checksum::accumulate(0, &frame[l3 + 12..l3 + 20]);
+            s += l4_bytes.len() as u32 + u32::from(proto);
+            checksum::accumulate(s, l4_bytes)
+        }
+    };
+    checksum::finish(sum) == 0
+}

@@ -687,8 +687,9 @@ impl<C: ExactCodec> DeclaredTable<C> {
     }
 
     /// Sweeps up to `budget` slots for expired entries and queues their notifications,
-    /// showing each expired value to `seen` first.
-    pub fn expire(&mut self, now_ns: u64, budget: usize, seen: impl FnMut(&C::Value)) {
+    /// showing each expired entry to `seen` first (a program may keep state derived from
+    /// it, such as a reverse index).
+    pub fn expire(&mut self, now_ns: u64, budget: usize, seen: impl FnMut(&C::Key, &C::Value)) {
         self.table.sweep(now_ns, budget);
         self.outbox.expired::<C>(&self.decl, &mut self.table, seen);
     }
@@ -958,18 +959,18 @@ impl Outbox {
     }
 
     /// Queues the table's expiry notifications as entries of `decl`'s table, showing each
-    /// expired value to `seen` first (queued or not).
+    /// expired key and value to `seen` first (queued or not).
     pub fn expired<C: ExactCodec>(
         &mut self,
         decl: &Declaration,
         table: &mut ExactTable<C::Key, C::Value>,
-        mut seen: impl FnMut(&C::Value),
+        mut seen: impl FnMut(&C::Key, &C::Value),
     ) {
         let Kind::Table { actions, .. } = &decl.kind else {
             return;
         };
         for e in table.drain_notifications() {
-            seen(&e.value);
+            seen(&e.key, &e.value);
             if self.pending.len() >= self.limit {
                 // Nobody is collecting (an offline run) or they are behind: count it
                 // without building it.

@@ -16,6 +16,8 @@ pub enum EditError {
     NotIp,
     /// The packet has no TCP or UDP header (another protocol, or a later fragment).
     NoPorts,
+    /// The packet is not an ICMP or ICMPv6 echo request or reply.
+    NotEcho,
     /// An address of the other IP family (4 bytes for IPv6 or 16 for IPv4).
     WrongFamily,
     /// Decrementing would take the TTL (hop limit) to zero.
@@ -119,6 +121,25 @@ pub fn set_port(frame: &mut [u8], parsed: &Parsed, side: Side, port: u16) -> Res
     let sum = pseudo_checksum_at(frame, parsed);
     rewrite_words(frame, at, &port.to_be_bytes(), sum.as_slice());
     fix_zero_udp(frame, parsed, sum);
+    Ok(())
+}
+
+/// Sets the identifier of an ICMP or ICMPv6 echo request or reply: what a NAT translates
+/// where TCP and UDP have a port. The identifier is outside the ICMPv6 pseudo header, so
+/// one checksum update serves both families.
+pub fn set_echo_id(frame: &mut [u8], parsed: &Parsed, id: u16) -> Result<(), EditError> {
+    let f = parsed.flags;
+    if !f.has(ParseFlags::ICMP) || f.has(ParseFlags::LATER_FRAGMENT) {
+        return Err(EditError::NotEcho);
+    }
+    let l4 = usize::from(parsed.l4_offset);
+    if l4 + crate::icmp::HEADER_LEN > frame.len() {
+        return Err(EditError::Truncated);
+    }
+    if !crate::icmp::types::is_echo(f.has(ParseFlags::IPV6), frame[l4]) {
+        return Err(EditError::NotEcho);
+    }
+    rewrite_words(frame, l4 + 4, &id.to_be_bytes(), &[l4 + 2]);
     Ok(())
 }
 
@@ -313,6 +334,39 @@ mod tests {
                 Err(EditError::WrongFamily)
             );
         }
+    }
+
+    #[test]
+    fn echo_identifiers_are_rewritten_with_a_valid_checksum_and_others_refused() {
+        for (icmp_type, id) in [(8u8, 0x1234u16), (0, 0xffff), (3, 7)] {
+            let mut f = vec![0u8; 14];
+            f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+            let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 1, 0, 0, 198, 18, 0, 1];
+            ip.extend([198, 18, 0, 2]);
+            let c = checksum::checksum(&ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f.extend(ip);
+            let mut icmp = vec![icmp_type, 0, 0, 0, 0x00, 0x2a, 0, 1];
+            icmp.extend(b"pingping");
+            let c = checksum::checksum(&icmp);
+            icmp[2..4].copy_from_slice(&c.to_be_bytes());
+            f.extend(icmp);
+            let p = parsed(&f);
+            if icmp_type == 3 {
+                assert_eq!(set_echo_id(&mut f, &p, id), Err(EditError::NotEcho));
+                continue;
+            }
+            set_echo_id(&mut f, &p, id).unwrap();
+            assert_eq!(
+                checksum::checksum(&f[34..]),
+                0,
+                "ICMP checksum after the edit"
+            );
+            assert_eq!(parsed(&f).key.src_port, id);
+        }
+        let mut tcp = frame(false, false);
+        let p = parsed(&tcp);
+        assert_eq!(set_echo_id(&mut tcp, &p, 1), Err(EditError::NotEcho));
     }
 
     #[test]

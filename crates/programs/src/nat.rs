@@ -1,0 +1,1115 @@
+//! `nat`: source NAT with port translation (NAPT, RFC 3022) for TCP, UDP and ICMP echo,
+//! from an inside port to an outside port, every connection's translation kept by the data
+//! plane itself.
+//!
+//! The first packet of a connection from the inside (PNA add-on-miss) picks an external
+//! port (for ICMP echo, an identifier) from the pool, keeping the inside source port when
+//! it is free, and adds two entries: the translation, keyed by the connection as the inside
+//! sees it, and its reverse, keyed by the connection as the outside sees it, which leads
+//! answers back to the translation. Packets from the inside leave with the external address
+//! and port as their source; answers from the outside get the inside host's address and
+//! port back as their destination. Checksums are updated incrementally (RFC 1624), so a
+//! packet whose checksum was right stays right.
+//!
+//! Timeouts follow the RFCs' minimums for NATs: TCP connections being opened or closed
+//! (`tcp_transitory`, RFC 5382: 4 min) and established (`tcp_established`, 2 h 4 min),
+//! UDP (`udp`, RFC 4787: 5 min), ICMP echo (`icmp`, RFC 5508: 60 s). A TCP connection is
+//! established once the outside answers; a FIN from either side starts its closing timer,
+//! which later packets do not restart; a RST removes the translation after passing.
+//!
+//! Workers: each worker keeps its own translations. A worker picks only external ports
+//! whose answers the runtime's flow hash sends back to that same worker, so answers meet
+//! their translation with no state shared between workers. Live ports spread packets by
+//! the kernel's own hash instead, so a live `nat` runs with one worker.
+//!
+//! Not translated: IPv6 and non-IP frames (ARP) pass unchanged between the two ports;
+//! other IPv4 protocols and ICMP messages other than echo (errors quoting a translated
+//! packet) are dropped as `unsupported`, later fragments as `fragment`.
+//!
+//! State: `translations` (declared; key the inside 5-tuple and VLAN, action the TCP/UDP/ICMP
+//! state with the external port and packet counts; write-centric: created per connection,
+//! updated by every packet) and its reverse index (derived from it, kept alongside).
+//! Configuration: `external` (the public IPv4 address, required), `inside` and `outside`
+//! (ports, default 0 and 1), `ports` (the pool, default `1024-65535`), `capacity`
+//! (connections per worker, default 65536), `timeouts` in seconds.
+
+use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{
+    Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
+};
+use stateplane_state::control::{Action, Field, Format, Write};
+use stateplane_state::{
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
+    Guarantee, Kind, Match, Notification, Reply, Request,
+};
+use stateplane_wire::edit::{self, EditError, Side};
+use stateplane_wire::flow::shard_of;
+use stateplane_wire::parse::{ParseFlags, Parsed};
+use stateplane_wire::tcp::flags;
+use stateplane_wire::{FlowKey, icmp};
+use std::net::Ipv4Addr;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatConfig {
+    /// The public IPv4 address inside connections take.
+    pub external: String,
+    #[serde(default = "default_inside")]
+    pub inside: String,
+    #[serde(default = "default_outside")]
+    pub outside: String,
+    /// External ports (and ICMP identifiers) to choose from: `first-last`.
+    #[serde(default = "default_ports")]
+    pub ports: String,
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+fn default_inside() -> String {
+    "0".into()
+}
+
+fn default_outside() -> String {
+    "1".into()
+}
+
+fn default_ports() -> String {
+    "1024-65535".into()
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+/// Idle timeouts in seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    pub tcp_transitory: f64,
+    pub tcp_established: f64,
+    pub udp: f64,
+    pub icmp: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            tcp_transitory: 240.0,
+            tcp_established: 7440.0,
+            udp: 300.0,
+            icmp: 60.0,
+        }
+    }
+}
+
+/// A translation's state; its discriminant is also its expiry profile's index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NatState {
+    /// TCP, opened from the inside, not answered yet.
+    #[default]
+    TcpNew = 0,
+    TcpEstablished = 1,
+    /// TCP with a FIN seen: ages out on its transitory timeout.
+    TcpClosing = 2,
+    Udp = 3,
+    Icmp = 4,
+}
+
+/// State names in the control API, by `NatState` discriminant.
+const STATES: [&str; 5] = ["tcp_new", "tcp_established", "tcp_closing", "udp", "icmp"];
+
+impl NatState {
+    fn from_index(i: usize) -> NatState {
+        match i {
+            1 => NatState::TcpEstablished,
+            2 => NatState::TcpClosing,
+            3 => NatState::Udp,
+            4 => NatState::Icmp,
+            _ => NatState::TcpNew,
+        }
+    }
+}
+
+/// A connection's translation: what the data plane updates in place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Translation {
+    pub state: NatState,
+    /// The external port (ICMP: identifier) the connection took.
+    pub external_port: u16,
+    pub packets_out: u32,
+    pub packets_in: u32,
+}
+
+struct TranslationCodec;
+
+impl TranslationCodec {
+    fn declaration(capacity: usize) -> Declaration {
+        let params = || {
+            vec![
+                Field::exact("external_port", 16, Format::Int),
+                Field::exact("packets_out", 32, Format::Int),
+                Field::exact("packets_in", 32, Format::Int),
+            ]
+        };
+        Declaration {
+            name: "translations".to_string(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: flow_key_declared(),
+                actions: STATES
+                    .iter()
+                    .map(|&name| Action {
+                        name: name.to_string(),
+                        params: params(),
+                    })
+                    .collect(),
+                writable: false,
+            },
+        }
+    }
+}
+
+impl ExactCodec for TranslationCodec {
+    type Key = FlowKey;
+    type Value = Translation;
+
+    fn key(fields: &[Match]) -> FlowKey {
+        flow_key_of(fields)
+    }
+
+    fn fields(key: &FlowKey) -> Vec<Match> {
+        flow_key_fields(key)
+    }
+
+    fn value(action: usize, params: &[u128]) -> Translation {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0);
+        Translation {
+            state: NatState::from_index(action),
+            external_port: p(0) as u16,
+            packets_out: p(1) as u32,
+            packets_in: p(2) as u32,
+        }
+    }
+
+    fn action(t: &Translation) -> (usize, Vec<u128>) {
+        (
+            t.state as usize,
+            vec![
+                u128::from(t.external_port),
+                u128::from(t.packets_out),
+                u128::from(t.packets_in),
+            ],
+        )
+    }
+}
+
+const NO_TRANSLATION: DropReason = DropReason::program(0);
+const PORTS_EXHAUSTED: DropReason = DropReason::program(1);
+const TABLE_FULL: DropReason = DropReason::program(2);
+const UNSUPPORTED: DropReason = DropReason::program(3);
+const FRAGMENT: DropReason = DropReason::program(4);
+const TRUNCATED: DropReason = DropReason::program(5);
+const OTHER_PORT: DropReason = DropReason::program(6);
+
+/// External ports looked at for a new connection, per worker: with `n` workers about one
+/// port in `n` sends its answers back to this worker.
+const PORT_TRIES_PER_WORKER: u32 = 64;
+
+const ICMP: u8 = 1;
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+
+/// A connection's key as the tables hold it: no ingress port, and for ICMP echo no
+/// type (a request and its reply are one connection, told apart by the identifier).
+fn table_key(key: &FlowKey) -> FlowKey {
+    let mut k = *key;
+    k.in_port = 0;
+    if k.proto == ICMP {
+        k.dst_port = 0;
+    }
+    k
+}
+
+/// The table key of the answers to the inside connection `inside` once it goes out as
+/// `external:port`.
+fn answer_key(inside: &FlowKey, external: [u8; 16], port: u16) -> FlowKey {
+    let mut k = FlowKey {
+        src: inside.dst,
+        dst: external,
+        in_port: 0,
+        ..*inside
+    };
+    if inside.proto == ICMP {
+        (k.src_port, k.dst_port) = (port, 0);
+    } else {
+        (k.src_port, k.dst_port) = (inside.dst_port, port);
+    }
+    k
+}
+
+/// Whether the packet is one `nat` translates: TCP, UDP, or an ICMP echo request (`out`)
+/// or reply (from the outside); `Err` with the reason to drop it otherwise.
+fn translatable(parsed: &Parsed, data: &[u8], out: bool) -> Result<(), DropReason> {
+    let f = parsed.flags;
+    if f.has(ParseFlags::LATER_FRAGMENT) {
+        return Err(FRAGMENT);
+    }
+    match parsed.key.proto {
+        TCP | UDP => Ok(()),
+        ICMP => {
+            let t = data.get(usize::from(parsed.l4_offset)).copied();
+            let want = if out {
+                icmp::types::V4_ECHO_REQUEST
+            } else {
+                icmp::types::V4_ECHO_REPLY
+            };
+            if t == Some(want) {
+                Ok(())
+            } else {
+                Err(UNSUPPORTED)
+            }
+        }
+        _ => Err(UNSUPPORTED),
+    }
+}
+
+/// Rewrites one side's address and port (ICMP: the echo identifier, which sits where the
+/// source port is in the key) and updates the packet's key to match.
+fn rewrite(
+    data: &mut [u8],
+    parsed: &mut Parsed,
+    side: Side,
+    addr: [u8; 16],
+    port: u16,
+) -> Result<(), EditError> {
+    edit::set_ip_addr(data, parsed, side, &addr[..4])?;
+    if parsed.key.proto == ICMP {
+        edit::set_echo_id(data, parsed, port)?;
+        parsed.key.src_port = port;
+    } else {
+        edit::set_port(data, parsed, side, port)?;
+    }
+    let key = &mut parsed.key;
+    match side {
+        Side::Src => key.src = addr,
+        Side::Dst => key.dst = addr,
+    }
+    if key.proto != ICMP {
+        match side {
+            Side::Src => key.src_port = port,
+            Side::Dst => key.dst_port = port,
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone)]
+pub struct Nat {
+    inside: PortId,
+    outside: PortId,
+    external: [u8; 16],
+    /// The pool: its first port and how many.
+    first_port: u16,
+    pool: u32,
+    translations: DeclaredTable<TranslationCodec>,
+    /// Answer key -> inside key, for every translation.
+    answers: ExactTable<FlowKey, FlowKey>,
+    /// Translations made, and those that expired by the state they were in.
+    pub created: u64,
+    pub expired: [u64; 5],
+}
+
+impl Nat {
+    pub fn new(
+        cfg: &NatConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let external: Ipv4Addr = cfg.external.parse().map_err(|_| {
+            ConfigError::new(
+                format!("{field}.external"),
+                format!("'{}' is not an IPv4 address like 198.19.0.1", cfg.external),
+            )
+        })?;
+        let (first_port, last_port) = parse_pool(&format!("{field}.ports"), &cfg.ports)?;
+        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                "give 1 to 67108864 connections per worker",
+            ));
+        }
+        let inside = ports.resolve(&format!("{field}.inside"), &cfg.inside)?;
+        let outside = ports.resolve(&format!("{field}.outside"), &cfg.outside)?;
+        if inside == outside {
+            return Err(ConfigError::new(
+                format!("{field}.outside"),
+                "the outside port must differ from the inside port",
+            ));
+        }
+        let t = &cfg.timeouts;
+        let mut profiles = Vec::new();
+        // By `NatState` discriminant.
+        for (name, secs) in [
+            ("tcp_transitory", t.tcp_transitory),
+            ("tcp_established", t.tcp_established),
+            ("tcp_transitory", t.tcp_transitory),
+            ("udp", t.udp),
+            ("icmp", t.icmp),
+        ] {
+            if !(0.001..=1e7).contains(&secs) {
+                return Err(ConfigError::new(
+                    format!("{field}.timeouts.{name}"),
+                    format!("{secs} is outside 0.001 to 10000000 seconds"),
+                ));
+            }
+            profiles.push(ExpireProfile {
+                timeout_ns: (secs * 1e9) as u64,
+                mode: ExpireMode::AutoDelete,
+            });
+        }
+        let mut external_bytes = [0u8; 16];
+        external_bytes[..4].copy_from_slice(&external.octets());
+        Ok(Nat {
+            inside,
+            outside,
+            external: external_bytes,
+            first_port,
+            pool: u32::from(last_port - first_port) + 1,
+            translations: DeclaredTable::new(
+                ExactTable::new(cfg.capacity, &profiles, seed),
+                TranslationCodec::declaration(cfg.capacity),
+            ),
+            answers: ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed.rotate_left(7)),
+            created: 0,
+            expired: [0; 5],
+        })
+    }
+
+    /// The translation of the inside connection `key` (as a packet from the inside has it).
+    pub fn translation_of(&self, key: &FlowKey) -> Option<Translation> {
+        self.translations.get(&table_key(key)).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.translations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.translations.is_empty()
+    }
+
+    /// A free external port for the inside connection `key` whose answers come back to
+    /// this worker: the inside source port if it is one, else from a hashed start.
+    fn choose_port(&self, key: &FlowKey, ctx: &Context) -> Option<u16> {
+        let offset = u32::from(key.src_port.wrapping_sub(self.first_port));
+        let start = if offset < self.pool && key.proto != ICMP {
+            offset
+        } else {
+            (ctx.hasher.hash(key) % u64::from(self.pool)) as u32
+        };
+        let tries = self
+            .pool
+            .min(PORT_TRIES_PER_WORKER * ctx.workers.max(1) as u32);
+        (0..tries).find_map(|i| {
+            let port = self.first_port + ((start + i) % self.pool) as u16;
+            let answer = answer_key(key, self.external, port);
+            let here = ctx.workers <= 1
+                || shard_of(ctx.hasher.hash_connection(&answer), ctx.workers) == ctx.worker;
+            (here && self.answers.find_id(&answer).is_none()).then_some(port)
+        })
+    }
+
+    /// Adds the translation of `key` and its answer entry.
+    fn create(&mut self, key: FlowKey, ctx: &Context, now: u64) -> Result<u16, DropReason> {
+        if self.translations.len() >= self.translations.capacity() {
+            return Err(TABLE_FULL);
+        }
+        let port = self.choose_port(&key, ctx).ok_or(PORTS_EXHAUSTED)?;
+        let state = if key.proto == TCP {
+            NatState::TcpNew
+        } else if key.proto == UDP {
+            NatState::Udp
+        } else {
+            NatState::Icmp
+        };
+        let t = Translation {
+            state,
+            external_port: port,
+            packets_out: 1,
+            packets_in: 0,
+        };
+        let answer = answer_key(&key, self.external, port);
+        self.answers
+            .add_entry(answer, key, 0, now)
+            .map_err(|_| TABLE_FULL)?;
+        if self
+            .translations
+            .add_entry(key, t, state as u8, now)
+            .is_err()
+        {
+            self.answers.delete(&answer);
+            return Err(TABLE_FULL);
+        }
+        self.created += 1;
+        Ok(port)
+    }
+
+    /// Removes a translation and its answer entry.
+    fn remove(&mut self, key: &FlowKey, port: u16) {
+        self.translations.delete(key);
+        self.answers.delete(&answer_key(key, self.external, port));
+    }
+
+    /// Counts a packet of the translation `key` (from the inside if `out`) and moves its
+    /// state and timer on; a RST removes it. Returns its external port.
+    fn track(&mut self, key: &FlowKey, out: bool, tcp_flags: u8, now: u64) -> Option<u16> {
+        let id = self.translations.lookup(key)?;
+        let t = self.translations.value_mut(id);
+        if out {
+            t.packets_out = t.packets_out.saturating_add(1);
+        } else {
+            t.packets_in = t.packets_in.saturating_add(1);
+        }
+        let (port, before) = (t.external_port, t.state);
+        if key.proto == TCP {
+            if tcp_flags & flags::RST != 0 {
+                self.remove(key, port);
+                return Some(port);
+            }
+            if tcp_flags & flags::FIN != 0 {
+                t.state = NatState::TcpClosing;
+            } else if before == NatState::TcpNew && !out {
+                t.state = NatState::TcpEstablished;
+            }
+        }
+        let after = t.state;
+        if after != before {
+            let _ = self.translations.set_profile(id, after as u8, now);
+        } else if !matches!(after, NatState::TcpNew | NatState::TcpClosing) {
+            self.translations.restart_timer(id, now);
+        }
+        Some(port)
+    }
+
+    /// A packet from the inside: translated on its way out.
+    fn outbound(&mut self, data: &mut [u8], d: &mut PacketDesc, ctx: &Context) -> Verdict {
+        if d.parsed.key.ip_version != 4 {
+            return Verdict::Forward(self.outside);
+        }
+        if let Err(reason) = translatable(&d.parsed, data, true) {
+            return Verdict::Drop(reason);
+        }
+        let key = table_key(&d.parsed.key);
+        let tcp_flags = d.parsed.tcp_flags;
+        let port = match self.track(&key, true, tcp_flags, d.ts_ns) {
+            Some(port) => port,
+            // A reset of nothing we translate would leak the inside address.
+            None if key.proto == TCP && tcp_flags & flags::RST != 0 => {
+                return Verdict::Drop(NO_TRANSLATION);
+            }
+            None => match self.create(key, ctx, d.ts_ns) {
+                Ok(port) => port,
+                Err(reason) => return Verdict::Drop(reason),
+            },
+        };
+        match rewrite(data, &mut d.parsed, Side::Src, self.external, port) {
+            Ok(()) => Verdict::Forward(self.outside),
+            Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    /// A packet from the outside: an answer to a translation goes in, restored.
+    fn inbound(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        if d.parsed.key.ip_version != 4 {
+            return Verdict::Forward(self.inside);
+        }
+        if d.parsed.key.dst != self.external {
+            return Verdict::Drop(NO_TRANSLATION);
+        }
+        if let Err(reason) = translatable(&d.parsed, data, false) {
+            return Verdict::Drop(reason);
+        }
+        let Some(inside) = self.answers.get(&table_key(&d.parsed.key)).copied() else {
+            return Verdict::Drop(NO_TRANSLATION);
+        };
+        if self
+            .track(&inside, false, d.parsed.tcp_flags, d.ts_ns)
+            .is_none()
+        {
+            return Verdict::Drop(NO_TRANSLATION);
+        }
+        match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
+            Ok(()) => Verdict::Forward(self.inside),
+            Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    /// Looks at `budget` slots for translations idle past their state's timeout.
+    fn expire(&mut self, now: u64, budget: usize) {
+        let (answers, expired, external) = (&mut self.answers, &mut self.expired, self.external);
+        self.translations.expire(now, budget, |key, t| {
+            expired[t.state as usize] += 1;
+            answers.delete(&answer_key(key, external, t.external_port));
+        });
+    }
+}
+
+/// Parses a port pool, `first-last` (or one port).
+fn parse_pool(field: &str, text: &str) -> Result<(u16, u16), ConfigError> {
+    let bad = || {
+        ConfigError::new(
+            field,
+            format!("'{text}' is not a range of ports like 1024-65535 (first at least 1)"),
+        )
+    };
+    let (a, b) = text.split_once('-').unwrap_or((text, text));
+    let first: u16 = a.trim().parse().map_err(|_| bad())?;
+    let last: u16 = b.trim().parse().map_err(|_| bad())?;
+    if first == 0 || last < first {
+        return Err(bad());
+    }
+    Ok((first, last))
+}
+
+/// Slots the expiry sweep looks at per packet and per burst (as `conntrack`).
+const SWEEP_PER_PACKET: usize = 2;
+const SWEEP_PER_BURST: usize = 16;
+
+impl Program for Nat {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        let n = burst.len();
+        for p in burst.iter_mut() {
+            let d = p.desc;
+            d.verdict = if d.in_port == self.inside {
+                self.outbound(p.data, d, ctx)
+            } else if d.in_port == self.outside {
+                self.inbound(p.data, d)
+            } else {
+                Verdict::Drop(OTHER_PORT)
+            };
+        }
+        self.expire(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * n);
+    }
+
+    /// Idle live ports still time translations out.
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.expire(ctx.now_ns, crate::IDLE_SWEEP);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &[
+            "no_translation",
+            "ports_exhausted",
+            "table_full",
+            "unsupported",
+            "fragment",
+            "truncated",
+            "other_port",
+        ]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.translations.declaration().clone()]
+    }
+
+    /// As `answer_by_table!`, and a translation the control plane deletes takes its
+    /// answer entry with it (the table is read and delete only).
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let deleting: Vec<(FlowKey, u16)> = match request {
+            Request::Write { writes, .. } => (writes.iter())
+                .filter_map(|w| match w {
+                    Write::Delete(fields) => {
+                        let key = TranslationCodec::key(fields);
+                        self.translations.get(&key).map(|t| (key, t.external_port))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let reply = self.translations.answer(request, ctx.now_ns)?;
+        for (key, port) in deleting {
+            if self.translations.get(&key).is_none() {
+                self.answers.delete(&answer_key(&key, self.external, port));
+            }
+        }
+        Ok(reply)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.translations.take_notifications(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{ctx, hasher, ipv4_checksums_valid};
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_wire::ethernet::MacAddr;
+    use stateplane_wire::parse;
+
+    const S: u64 = 1_000_000_000;
+    const INSIDE: &str = "198.18.0.1";
+    const REMOTE: &str = "198.19.0.2";
+    const EXTERNAL: &str = "198.18.255.1";
+
+    fn nat(extra: &str) -> Nat {
+        let names = PortNames(vec!["inside".into(), "outside".into(), "other".into()]);
+        let cfg: NatConfig = toml::from_str(&format!(
+            "external = \"{EXTERNAL}\"\ninside = \"inside\"\noutside = \"outside\"\n{extra}"
+        ))
+        .unwrap();
+        Nat::new(&cfg, &names, "program.nat", 9).unwrap()
+    }
+
+    fn ip(s: &str) -> std::net::IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A frame from `src` to `dst`.
+    fn frame(src: &str, dst: &str, l4: L4) -> Vec<u8> {
+        let hosts = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: ip(src),
+            dst: ip(dst),
+            ttl: 64,
+        };
+        let mut f = Vec::new();
+        emit_frame(&mut f, &hosts, &l4, b"payload!");
+        f
+    }
+
+    fn tcp(src_port: u16, dst_port: u16, f: u8) -> L4 {
+        L4::Tcp {
+            src_port,
+            dst_port,
+            seq: 7,
+            ack: 9,
+            flags: f,
+        }
+    }
+
+    /// Runs frames through the program as worker `worker` of `workers`, at time `t`, each
+    /// on its port; returns each packet's verdict and bytes after.
+    fn run_as(
+        n: &mut Nat,
+        t: u64,
+        frames: &[(Vec<u8>, PortId)],
+        worker: usize,
+        workers: usize,
+    ) -> Vec<(Verdict, Vec<u8>)> {
+        let mut b = Burst::with_capacity(frames.len().max(1));
+        for (i, (f, port)) in frames.iter().enumerate() {
+            b.push(f, f.len() as u32, t, *port, i as u64);
+        }
+        b.now_ns = t;
+        b.parse(&hasher());
+        let mut c = Context {
+            worker,
+            workers,
+            ..ctx(t, 3)
+        };
+        n.process(&mut b, &mut c);
+        (0..b.len())
+            .map(|i| (b.descs()[i].verdict, b.data(i).to_vec()))
+            .collect()
+    }
+
+    fn run(n: &mut Nat, t: u64, frames: &[(Vec<u8>, PortId)]) -> Vec<(Verdict, Vec<u8>)> {
+        run_as(n, t, frames, 0, 1)
+    }
+
+    fn one(n: &mut Nat, t: u64, f: Vec<u8>, port: PortId) -> (Verdict, FlowKey, Vec<u8>) {
+        let (v, bytes) = run(n, t, &[(f, port)]).remove(0);
+        let key = parse(&bytes, port, &hasher()).unwrap().key;
+        (v, key, bytes)
+    }
+
+    const OUT: Verdict = Verdict::Forward(1);
+    const IN: Verdict = Verdict::Forward(0);
+
+    fn addr(key: &FlowKey, src: bool) -> std::net::IpAddr {
+        if src { key.src_ip() } else { key.dst_ip() }.unwrap()
+    }
+
+    #[test]
+    fn tcp_goes_out_as_the_external_address_and_answers_come_back_restored() {
+        let mut n = nat("");
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        let (v, out, bytes) = one(&mut n, S, syn, 0);
+        assert_eq!(v, OUT);
+        assert_eq!(addr(&out, true), ip(EXTERNAL));
+        assert_eq!(out.src_port, 40_000, "the inside port is kept when free");
+        assert_eq!((addr(&out, false), out.dst_port), (ip(REMOTE), 80));
+        assert!(ipv4_checksums_valid(&bytes), "checksums after translation");
+        // The answer, to the external address, comes back to the inside host.
+        let syn_ack = frame(REMOTE, EXTERNAL, tcp(80, 40_000, flags::SYN | flags::ACK));
+        let (v, back, bytes) = one(&mut n, S + 1, syn_ack, 1);
+        assert_eq!(v, IN);
+        assert_eq!((addr(&back, false), back.dst_port), (ip(INSIDE), 40_000));
+        assert_eq!((addr(&back, true), back.src_port), (ip(REMOTE), 80));
+        assert!(ipv4_checksums_valid(&bytes));
+        let key = FlowKey::v4(
+            INSIDE.parse().unwrap(),
+            REMOTE.parse().unwrap(),
+            TCP,
+            40_000,
+            80,
+        );
+        let t = n.translation_of(&key).unwrap();
+        assert_eq!(t.state, NatState::TcpEstablished);
+        assert_eq!((t.packets_out, t.packets_in), (1, 1));
+    }
+
+    #[test]
+    fn udp_and_icmp_echo_are_translated_both_ways_and_the_key_follows_the_bytes() {
+        let mut n = nat("");
+        let udp = frame(
+            INSIDE,
+            REMOTE,
+            L4::Udp {
+                src_port: 5353,
+                dst_port: 53,
+            },
+        );
+        let ping = frame(
+            INSIDE,
+            REMOTE,
+            L4::IcmpEcho {
+                request: true,
+                ident: 0x77,
+                seq: 1,
+            },
+        );
+        let out = run(&mut n, S, &[(udp, 0), (ping, 0)]);
+        for (v, bytes) in &out {
+            assert_eq!(*v, OUT);
+            assert!(ipv4_checksums_valid(bytes));
+            assert_eq!(
+                addr(&parse(bytes, 0, &hasher()).unwrap().key, true),
+                ip(EXTERNAL)
+            );
+        }
+        let ident = parse(&out[1].1, 0, &hasher()).unwrap().key.src_port;
+        let udp_back = frame(
+            REMOTE,
+            EXTERNAL,
+            L4::Udp {
+                src_port: 53,
+                dst_port: 5353,
+            },
+        );
+        let pong = frame(
+            REMOTE,
+            EXTERNAL,
+            L4::IcmpEcho {
+                request: false,
+                ident,
+                seq: 1,
+            },
+        );
+        let back = run(&mut n, S + 1, &[(udp_back, 1), (pong, 1)]);
+        for (v, bytes) in &back {
+            assert_eq!(*v, IN);
+            assert!(ipv4_checksums_valid(bytes));
+        }
+        let udp_key = parse(&back[0].1, 1, &hasher()).unwrap().key;
+        assert_eq!(
+            (addr(&udp_key, false), udp_key.dst_port),
+            (ip(INSIDE), 5353)
+        );
+        let pong_key = parse(&back[1].1, 1, &hasher()).unwrap().key;
+        assert_eq!(
+            (addr(&pong_key, false), pong_key.src_port),
+            (ip(INSIDE), 0x77)
+        );
+        assert_eq!(n.len(), 2);
+    }
+
+    #[test]
+    fn unsolicited_and_unsupported_packets_are_dropped_by_reason_and_others_pass() {
+        let mut n = nat("");
+        let drop = |r| Verdict::Drop(r);
+        let cases = [
+            // Nobody inside asked for it.
+            (
+                frame(REMOTE, EXTERNAL, tcp(80, 40_000, flags::SYN)),
+                1,
+                drop(NO_TRANSLATION),
+            ),
+            // Not to the external address.
+            (
+                frame(REMOTE, INSIDE, tcp(80, 40_000, flags::ACK)),
+                1,
+                drop(NO_TRANSLATION),
+            ),
+            // A reset of nothing would leak the inside address.
+            (
+                frame(INSIDE, REMOTE, tcp(1, 2, flags::RST)),
+                0,
+                drop(NO_TRANSLATION),
+            ),
+            // An echo reply from the inside is not a connection it opens.
+            (
+                frame(
+                    INSIDE,
+                    REMOTE,
+                    L4::IcmpEcho {
+                        request: false,
+                        ident: 1,
+                        seq: 1,
+                    },
+                ),
+                0,
+                drop(UNSUPPORTED),
+            ),
+            (
+                frame(INSIDE, REMOTE, tcp(1, 2, flags::SYN)),
+                2,
+                drop(OTHER_PORT),
+            ),
+            // IPv6 is not translated: it passes either way.
+            (
+                frame("2001:2::1", "2001:2::2", tcp(1, 2, flags::SYN)),
+                0,
+                OUT,
+            ),
+            (
+                frame("2001:2::2", "2001:2::1", tcp(2, 1, flags::SYN)),
+                1,
+                IN,
+            ),
+        ];
+        for (i, (f, port, want)) in cases.into_iter().enumerate() {
+            assert_eq!(one(&mut n, S, f, port).0, want, "case {i}");
+        }
+        assert_eq!(n.len(), 0, "no translation made");
+    }
+
+    #[test]
+    fn a_taken_port_moves_the_next_connection_and_an_exhausted_pool_drops() {
+        let mut n = nat("ports = \"2000-2001\"");
+        let from = |host: &str| frame(host, REMOTE, tcp(2000, 80, flags::SYN));
+        let ports: Vec<_> = ["198.18.0.1", "198.18.0.2"]
+            .iter()
+            .map(|h| {
+                let (v, k, _) = one(&mut n, S, from(h), 0);
+                assert_eq!(v, OUT);
+                k.src_port
+            })
+            .collect();
+        assert_eq!(ports, [2000, 2001], "the second host cannot keep port 2000");
+        assert_eq!(
+            one(&mut n, S, from("198.18.0.3"), 0).0,
+            Verdict::Drop(PORTS_EXHAUSTED)
+        );
+        // Another remote can reuse the ports: translations are per connection.
+        let elsewhere = frame("198.18.0.3", "198.19.0.9", tcp(2000, 80, flags::SYN));
+        assert_eq!(one(&mut n, S, elsewhere, 0).0, OUT);
+    }
+
+    #[test]
+    fn translations_time_out_by_state_and_a_reset_removes_one_at_once() {
+        // A small table, so that the sweeps of a few bursts see all of it.
+        let mut n = nat("capacity = 8\n[timeouts]\ntcp_transitory = 10.0\nudp = 30.0");
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        let udp = frame(
+            INSIDE,
+            REMOTE,
+            L4::Udp {
+                src_port: 40_000,
+                dst_port: 53,
+            },
+        );
+        run(&mut n, S, &[(syn, 0), (udp.clone(), 0)]);
+        assert_eq!(n.len(), 2);
+        // UDP is refreshed by its traffic; the unanswered TCP connection is not.
+        for t in [8, 16, 24] {
+            run(&mut n, t * S, &[(udp.clone(), 0)]);
+        }
+        assert_eq!(n.len(), 1, "the SYN with no answer aged out after 10 s");
+        assert_eq!(n.expired[NatState::TcpNew as usize], 1);
+        // Its answer entry went with it: the late SYN+ACK (to the port it kept) finds nothing.
+        let late = frame(REMOTE, EXTERNAL, tcp(80, 40_000, flags::SYN | flags::ACK));
+        assert_eq!(
+            one(&mut n, 25 * S, late, 1).0,
+            Verdict::Drop(NO_TRANSLATION)
+        );
+        // A new connection, answered, then reset from the outside: gone at once.
+        run(
+            &mut n,
+            26 * S,
+            &[(frame(INSIDE, REMOTE, tcp(40_001, 80, flags::SYN)), 0)],
+        );
+        let rst = frame(REMOTE, EXTERNAL, tcp(80, 40_001, flags::RST));
+        assert_eq!(
+            one(&mut n, 26 * S, rst.clone(), 1).0,
+            IN,
+            "the reset itself passes"
+        );
+        assert_eq!(one(&mut n, 26 * S, rst, 1).0, Verdict::Drop(NO_TRANSLATION));
+        assert_eq!(n.len(), 1);
+        assert_eq!(n.answers.len(), 1, "every answer entry has its translation");
+    }
+
+    #[test]
+    fn with_several_workers_answers_hash_back_to_the_worker_that_translated() {
+        let workers = 4;
+        let h = hasher();
+        for worker in 0..workers {
+            let mut n = nat("");
+            for port in 0..50u16 {
+                let f = frame(INSIDE, REMOTE, tcp(3000 + port, 443, flags::SYN));
+                let (v, bytes) = run_as(&mut n, S, &[(f, 0)], worker, workers).remove(0);
+                assert_eq!(v, OUT);
+                // The answer as the runtime will see it, and the worker it will go to.
+                let out = parse(&bytes, 0, &h).unwrap().key;
+                assert_eq!(addr(&out, false), ip(REMOTE));
+                let answer = frame(
+                    REMOTE,
+                    EXTERNAL,
+                    tcp(443, out.src_port, flags::SYN | flags::ACK),
+                );
+                let parsed = parse(&answer, 1, &h).unwrap();
+                assert_eq!(shard_of(parsed.hash, workers), worker);
+                let (v, _) = run_as(&mut n, S, &[(answer, 1)], worker, workers).remove(0);
+                assert_eq!(v, IN);
+            }
+        }
+    }
+
+    #[test]
+    fn a_translation_deleted_by_the_control_plane_frees_its_port() {
+        let mut n = nat("ports = \"40000-40000\"");
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        assert_eq!(one(&mut n, S, syn, 0).0, OUT);
+        let other = frame("198.18.0.7", REMOTE, tcp(40_000, 80, flags::SYN));
+        assert_eq!(
+            one(&mut n, S, other.clone(), 0).0,
+            Verdict::Drop(PORTS_EXHAUSTED)
+        );
+        let key = FlowKey::v4(
+            INSIDE.parse().unwrap(),
+            REMOTE.parse().unwrap(),
+            TCP,
+            40_000,
+            80,
+        );
+        let delete = Request::Write {
+            table: "translations".into(),
+            writes: vec![Write::Delete(flow_key_fields(&key))],
+        };
+        n.control(&delete, None, &ctx(S, 3)).unwrap();
+        assert_eq!((n.len(), n.answers.len()), (0, 0));
+        assert_eq!(one(&mut n, S, other, 0).0, OUT, "the port is free again");
+        // Inserting is the data plane's alone (the control server checks every request
+        // against the declaration before a program sees it).
+        let insert = Request::Write {
+            table: "translations".into(),
+            writes: vec![Write::Insert(stateplane_state::control::Entry {
+                key: flow_key_fields(&key),
+                action: "udp".into(),
+                params: vec![1, 0, 0],
+                priority: 0,
+                hits: 0,
+            })],
+        };
+        assert!(n.declarations()[0].check(&insert).is_err());
+        assert!(n.declarations()[0].check(&delete).is_ok());
+    }
+
+    proptest::proptest! {
+        /// Random connections from many inside hosts (clashing ports included): each goes
+        /// out with valid checksums as the external address, and its answer comes back to
+        /// exactly the inside host and port that opened it.
+        #[test]
+        fn every_answer_is_restored_to_its_connection(
+            conns in proptest::collection::vec(
+                (1u8..8, 1u16..4, 1u8..4, 0u8..3, proptest::prelude::any::<bool>()),
+                1..60,
+            )
+        ) {
+            let mut n = nat("ports = \"1024-1100\"");
+            for (i, &(host, port, remote, proto, answer_twice)) in conns.iter().enumerate() {
+                let inside = format!("198.18.0.{host}");
+                let remote = format!("198.19.0.{remote}");
+                let sport = 1023 + port; // 1024..1026: often the same port from two hosts
+                let l4 = |out: bool, nat_port: u16| match proto {
+                    0 => tcp(if out { sport } else { 80 }, if out { 80 } else { nat_port }, flags::ACK),
+                    1 => L4::Udp {
+                        src_port: if out { sport } else { 53 },
+                        dst_port: if out { 53 } else { nat_port },
+                    },
+                    _ => L4::IcmpEcho { request: out, ident: if out { sport } else { nat_port }, seq: 1 },
+                };
+                let t = S + i as u64;
+                let (v, out, bytes) = one(&mut n, t, frame(&inside, &remote, l4(true, 0)), 0);
+                proptest::prop_assert_eq!(v, OUT);
+                proptest::prop_assert!(ipv4_checksums_valid(&bytes));
+                proptest::prop_assert_eq!(addr(&out, true), ip(EXTERNAL));
+                let nat_port = out.src_port; // ICMP: the identifier, where the key keeps it
+                for _ in 0..1 + u8::from(answer_twice) {
+                    let answer = frame(&remote, EXTERNAL, l4(false, nat_port));
+                    let (v, back, bytes) = one(&mut n, t, answer, 1);
+                    proptest::prop_assert_eq!(v, IN);
+                    proptest::prop_assert!(ipv4_checksums_valid(&bytes));
+                    proptest::prop_assert_eq!(addr(&back, false), ip(&inside));
+                    let restored = if proto == 2 { back.src_port } else { back.dst_port };
+                    proptest::prop_assert_eq!(restored, sport);
+                }
+            }
+            proptest::prop_assert_eq!(n.answers.len(), n.len());
+        }
+    }
+
+    #[test]
+    fn configuration_errors_name_the_field() {
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        for (text, field) in [
+            ("external = \"host\"", "program.nat.external"),
+            (
+                "external = \"198.18.0.9\"\nports = \"10-5\"",
+                "program.nat.ports",
+            ),
+            (
+                "external = \"198.18.0.9\"\nports = \"0-5\"",
+                "program.nat.ports",
+            ),
+            (
+                "external = \"198.18.0.9\"\ncapacity = 0",
+                "program.nat.capacity",
+            ),
+            (
+                "external = \"198.18.0.9\"\noutside = \"inside\"\ninside = \"inside\"",
+                "program.nat.outside",
+            ),
+            (
+                "external = \"198.18.0.9\"\ninside = \"eth9\"",
+                "program.nat.inside",
+            ),
+            (
+                "external = \"198.18.0.9\"\n[timeouts]\nudp = 0.0",
+                "program.nat.timeouts.udp",
+            ),
+        ] {
+            let cfg: NatConfig = toml::from_str(text).unwrap();
+            let err = Nat::new(&cfg, &names, "program.nat", 1).err().unwrap();
+            assert_eq!(err.field, field, "{text}: {err}");
+        }
+    }
+}
