@@ -761,6 +761,36 @@ fn tcp_udp_and_ping_through_nat_arrive_from_the_external_address() {
     assert!(entry("proto=1 ").contains("icmp"), "{table}");
 }
 
+/// `firewall` on live ports: h1 (inside) reaches h2 with ping and TCP, every byte
+/// arrives; h2 cannot ping h1, and the refusals are counted as unsolicited.
+#[test]
+fn a_firewall_lets_the_inside_out_and_only_answers_in() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tfw", None, |t| {
+        t.replace("name = \"forward\"", "name = \"firewall\"")
+    });
+    let ping = |from: &str, to: &str| {
+        text(&lab.exec(from, &["ping", "-c", "2", "-i", "0.2", "-W", "1", to]))
+    };
+    assert!(ping("h1", "198.18.0.2").contains("2 received"));
+    let refused = ping("h2", "198.18.0.1");
+    assert!(refused.contains(" 0 received"), "{refused}");
+    iperf3(&lab, ["-n", "50M"], 4, || {});
+    let (sent, received) = exact_transfer(&lab, 8 << 20, 5308);
+    assert_eq!(sent, received, "every byte through the firewall");
+    std::thread::sleep(Duration::from_millis(300));
+    let unsolicited = metric_lines(&lab, "s1")
+        .lines()
+        .find_map(|l| l.strip_prefix("stateplane_drops{reason=\"unsolicited\"} "))
+        .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    assert!(unsolicited >= 2, "h2's pings are counted: {unsolicited}");
+    let connections = text(&ctl(&lab, &["read", "connections"]));
+    assert!(
+        connections.contains("dst_port=5308") || connections.contains("src_port=5308"),
+        "the transfer's connection is tracked:\n{connections}"
+    );
+}
+
 /// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on its
 /// loopback).
 fn ctl(lab: &Lab, args: &[&str]) -> Output {

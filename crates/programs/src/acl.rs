@@ -25,7 +25,7 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::router::{Router, RouterConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Prepared, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
 use stateplane_state::{
@@ -446,6 +446,47 @@ impl Acl {
     }
 }
 
+/// What the access list makes of a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Judgement {
+    Permit,
+    Deny,
+    /// Permitted, but over its rule's policer.
+    Policed,
+}
+
+impl Acl {
+    /// Classifies one packet, counting it against the rule that matched (or the default)
+    /// and its policer.
+    pub(crate) fn judge(&mut self, d: &PacketDesc) -> Judgement {
+        let k = &d.parsed.key;
+        if k.ip_version != 4 {
+            return if self.permit_by_default {
+                Judgement::Permit
+            } else {
+                Judgement::Deny
+            };
+        }
+        let p = Packet5 {
+            src: u32::from_be_bytes([k.src[0], k.src[1], k.src[2], k.src[3]]),
+            dst: u32::from_be_bytes([k.dst[0], k.dst[1], k.dst[2], k.dst[3]]),
+            proto: k.proto,
+            src_port: k.src_port,
+            dst_port: k.dst_port,
+        };
+        let rule = self.rules.table.classify(&p);
+        let index = rule.map_or(self.counters.len() - 1, |r| r.action.id as usize);
+        self.counters.count(index, d.len);
+        if !rule.map_or(self.permit_by_default, |r| r.action.permit) {
+            Judgement::Deny
+        } else if self.meters[index].mark(d.len, d.ts_ns, None) == Colour::Red {
+            Judgement::Policed
+        } else {
+            Judgement::Permit
+        }
+    }
+}
+
 impl Program for Acl {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         match &mut self.next {
@@ -454,31 +495,11 @@ impl Program for Acl {
         }
         let deny = denied(&self.next);
         let policed = DropReason::program(next_reasons(&self.next).len() as u8 + 1);
-        let default_rule = self.counters.len() - 1;
         for d in burst.descs_mut() {
-            let k = &d.parsed.key;
-            let permitted = if k.ip_version == 4 {
-                let p = Packet5 {
-                    src: u32::from_be_bytes([k.src[0], k.src[1], k.src[2], k.src[3]]),
-                    dst: u32::from_be_bytes([k.dst[0], k.dst[1], k.dst[2], k.dst[3]]),
-                    proto: k.proto,
-                    src_port: k.src_port,
-                    dst_port: k.dst_port,
-                };
-                let rule = self.rules.table.classify(&p);
-                let index = rule.map_or(default_rule, |r| r.action.id as usize);
-                self.counters.count(index, d.len);
-                let permitted = rule.map_or(self.permit_by_default, |r| r.action.permit);
-                if permitted && self.meters[index].mark(d.len, d.ts_ns, None) == Colour::Red {
-                    d.verdict = Verdict::Drop(policed);
-                    continue;
-                }
-                permitted
-            } else {
-                self.permit_by_default
-            };
-            if !permitted {
-                d.verdict = Verdict::Drop(deny);
+            match self.judge(d) {
+                Judgement::Permit => {}
+                Judgement::Deny => d.verdict = Verdict::Drop(deny),
+                Judgement::Policed => d.verdict = Verdict::Drop(policed),
             }
         }
     }

@@ -1,4 +1,5 @@
-//! `conntrack`: TCP and UDP connection tracking, with state kept by the data plane itself.
+//! `conntrack`: TCP, UDP and ICMP echo connection tracking, with state kept by the data
+//! plane itself.
 //!
 //! Each connection is an entry of an exact table keyed by its flow key in a canonical
 //! orientation (both directions find the same entry). A new connection is added on the
@@ -13,18 +14,20 @@
 //! * A RST deletes the entry at once (a data-plane delete).
 //! * UDP: `udp` after the first packet, `udp_stream` once the other side answered; every
 //!   packet restarts the timer.
+//! * ICMP and ICMPv6 echo: `icmp`, opened by a request (the identifier is the connection's
+//!   port on both sides); every packet restarts the timer.
 //!
 //! Packets are forwarded by the port map of `forward`. With `drop_invalid` (default true),
 //! a TCP packet that is not a SYN and belongs to no connection is dropped (`invalid`),
 //! except a RST, which only ever closes things and passes (as the repeated resets of a
-//! peer that just reset a connection do); a
-//! new connection that finds the table full is dropped (`table_full`). Other protocols pass
-//! untracked.
+//! peer that just reset a connection do), and so is an echo reply to no request; a
+//! new connection that finds the table full is dropped (`table_full`). Other protocols
+//! (and ICMP errors) pass untracked.
 //!
 //! State: one table per worker (workers own connections by the connection hash).
 //! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
 //! `drop_invalid`, and timeouts in seconds: `new`, `established`, `closing`, `udp`,
-//! `udp_stream` (defaults 30, 300, 10, 30, 120).
+//! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
@@ -35,8 +38,8 @@ use stateplane_state::{
     Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
     Match,
 };
-use stateplane_wire::FlowKey;
 use stateplane_wire::tcp::flags;
+use stateplane_wire::{FlowKey, icmp};
 use std::net::{IpAddr, Ipv6Addr};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,6 +73,7 @@ pub struct Timeouts {
     pub closing: f64,
     pub udp: f64,
     pub udp_stream: f64,
+    pub icmp: f64,
 }
 
 impl Default for Timeouts {
@@ -80,6 +84,7 @@ impl Default for Timeouts {
             closing: 10.0,
             udp: 30.0,
             udp_stream: 120.0,
+            icmp: 30.0,
         }
     }
 }
@@ -94,10 +99,12 @@ pub enum ConnState {
     Closing = 2,
     Udp = 3,
     UdpStream = 4,
+    /// ICMP or ICMPv6 echo: a request opens it, replies belong to it.
+    Icmp = 5,
 }
 
 /// State names in the control API, by `ConnState` discriminant.
-const STATES: [&str; 5] = ["new", "established", "closing", "udp", "udp_stream"];
+const STATES: [&str; 6] = ["new", "established", "closing", "udp", "udp_stream", "icmp"];
 
 impl ConnState {
     fn from_index(i: usize) -> ConnState {
@@ -106,6 +113,7 @@ impl ConnState {
             2 => ConnState::Closing,
             3 => ConnState::Udp,
             4 => ConnState::UdpStream,
+            5 => ConnState::Icmp,
             _ => ConnState::New,
         }
     }
@@ -223,11 +231,43 @@ pub struct Conn {
 const INVALID: DropReason = DropReason::program(1);
 const TABLE_FULL: DropReason = DropReason::program(2);
 
+/// Why the tracker refuses a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// It belongs to no connection, and the caller did not let it open one.
+    Unknown,
+    /// It belongs to no connection and cannot open one: TCP other than a SYN, an echo
+    /// reply.
+    Invalid,
+    TableFull,
+}
+
+/// Whether ICMP key `key` is an echo request or reply (`Some(true)` for a request).
+fn echo(key: &FlowKey) -> Option<bool> {
+    let v6 = match (key.proto, key.ip_version) {
+        (1, 4) => false,
+        (58, 6) => true,
+        _ => return None,
+    };
+    let t = (key.dst_port >> 8) as u8;
+    icmp::types::is_echo(v6, t)
+        .then_some(t == icmp::types::V4_ECHO_REQUEST || t == icmp::types::V6_ECHO_REQUEST)
+}
+
+/// Whether the tracker follows packets like this one: TCP, UDP and ICMP echo.
+pub(crate) fn tracked(key: &FlowKey) -> bool {
+    key.ip_version != 0 && (matches!(key.proto, 6 | 17) || echo(key).is_some())
+}
+
 /// The canonical orientation of a key (the lower endpoint first), port left out, and
-/// whether the key was already in it.
+/// whether the key was already in it. An echo's identifier stands for both ports, so a
+/// request and its reply are one connection.
 fn canonical(key: &FlowKey) -> (FlowKey, bool) {
     let mut k = *key;
     k.in_port = 0;
+    if echo(key).is_some() {
+        k.dst_port = k.src_port;
+    }
     if (k.src, k.src_port) <= (k.dst, k.dst_port) {
         (k, true)
     } else {
@@ -241,7 +281,7 @@ pub struct Conntrack {
     table: DeclaredTable<ConnCodec>,
     drop_invalid: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
-    pub expired: [u64; 5],
+    pub expired: [u64; 6],
 }
 
 impl Conntrack {
@@ -265,6 +305,7 @@ impl Conntrack {
             ("closing", t.closing),
             ("udp", t.udp),
             ("udp_stream", t.udp_stream),
+            ("icmp", t.icmp),
         ] {
             if !(0.001..=1e7).contains(&secs) {
                 return Err(ConfigError::new(
@@ -290,7 +331,7 @@ impl Conntrack {
                 ConnCodec::declaration(cfg.capacity),
             ),
             drop_invalid: cfg.drop_invalid,
-            expired: [0; 5],
+            expired: [0; 6],
         })
     }
 
@@ -304,26 +345,49 @@ impl Conntrack {
     }
 
     /// Looks at `budget` slots for connections idle past their state's timeout.
-    fn expire(&mut self, now: u64, budget: usize) {
+    pub(crate) fn expire(&mut self, now: u64, budget: usize) {
         let expired = &mut self.expired;
         self.table
             .expire(now, budget, |_, conn| expired[conn.state as usize] += 1);
     }
 
-    /// Tracks one packet; `Some(reason)` if it must be dropped.
-    fn track(&mut self, key: &FlowKey, tcp_flags: u8, now: u64) -> Option<DropReason> {
+    /// Tracks one packet of a tracked kind (see [`tracked`]). One that belongs to no
+    /// connection opens one if `may_open` and it can (a TCP SYN, UDP, an echo request);
+    /// with `drop_invalid` off, one that cannot passes untracked.
+    pub(crate) fn track(
+        &mut self,
+        key: &FlowKey,
+        tcp_flags: u8,
+        now: u64,
+        may_open: bool,
+    ) -> Result<(), Refusal> {
         let (ckey, is_canonical) = canonical(key);
         let tcp = key.proto == 6;
         let Some(id) = self.table.lookup(&ckey) else {
+            if !may_open {
+                return Err(Refusal::Unknown);
+            }
             if tcp && tcp_flags & flags::RST != 0 {
                 // A reset of a connection we do not (or no longer) track: let it through
                 // (it only ever closes things) and keep no state for it.
-                return None;
+                return Ok(());
             }
-            if tcp && (tcp_flags & (flags::SYN | flags::ACK)) != flags::SYN {
-                return self.drop_invalid.then_some(INVALID);
+            let opens = match echo(key) {
+                Some(request) => request,
+                None => !tcp || (tcp_flags & (flags::SYN | flags::ACK)) == flags::SYN,
+            };
+            if !opens {
+                return if self.drop_invalid {
+                    Err(Refusal::Invalid)
+                } else {
+                    Ok(())
+                };
             }
-            let state = if tcp { ConnState::New } else { ConnState::Udp };
+            let state = match key.proto {
+                6 => ConnState::New,
+                17 => ConnState::Udp,
+                _ => ConnState::Icmp,
+            };
             let conn = Conn {
                 state,
                 originator_is_canonical: is_canonical,
@@ -332,14 +396,14 @@ impl Conntrack {
             };
             // The add-on-miss: the next packet of this connection hits the new entry.
             return match self.table.add_entry(ckey, conn, state as u8, now) {
-                Ok(_) => None,
-                Err(_) => Some(TABLE_FULL),
+                Ok(_) => Ok(()),
+                Err(_) => Err(Refusal::TableFull),
             };
         };
         let from_originator = self.table.value(id).originator_is_canonical == is_canonical;
         if tcp && tcp_flags & flags::RST != 0 {
             self.table.delete(&ckey);
-            return None;
+            return Ok(());
         }
         let conn = self.table.value_mut(id);
         conn.packets = conn.packets.saturating_add(1);
@@ -360,6 +424,7 @@ impl Conntrack {
                 conn.state = ConnState::UdpStream;
             }
             ConnState::Udp | ConnState::UdpStream => {}
+            ConnState::Icmp => conn.answered |= !from_originator,
         }
         if tcp && tcp_flags & flags::FIN != 0 && conn.state != ConnState::New {
             conn.state = ConnState::Closing;
@@ -370,33 +435,29 @@ impl Conntrack {
             let _ = self.table.set_profile(id, after as u8, now);
         } else if matches!(
             after,
-            ConnState::Established | ConnState::Udp | ConnState::UdpStream
+            ConnState::Established | ConnState::Udp | ConnState::UdpStream | ConnState::Icmp
         ) {
             self.table.restart_timer(id, now);
         }
-        None
+        Ok(())
     }
 }
-
-/// Slots the expiry sweep looks at per packet of a burst (plus a few per burst, so an idle
-/// link still ages its connections out): the whole table is seen every `slots / 2`
-/// packets, well inside the shortest timeout at any rate that fills the table.
-const SWEEP_PER_PACKET: usize = 2;
-const SWEEP_PER_BURST: usize = 16;
 
 impl Program for Conntrack {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {
             let key = d.parsed.key;
-            if !matches!(key.proto, 6 | 17) || key.ip_version == 0 {
+            if !tracked(&key) {
                 continue;
             }
-            if let Some(reason) = self.track(&key, d.parsed.tcp_flags, d.ts_ns) {
-                d.verdict = Verdict::Drop(reason);
+            match self.track(&key, d.parsed.tcp_flags, d.ts_ns, true) {
+                Ok(()) => {}
+                Err(Refusal::TableFull) => d.verdict = Verdict::Drop(TABLE_FULL),
+                Err(Refusal::Invalid | Refusal::Unknown) => d.verdict = Verdict::Drop(INVALID),
             }
         }
-        self.expire(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * burst.len());
+        self.expire(ctx.now_ns, crate::sweep_budget(burst.len()));
     }
 
     /// Idle live ports still time connections out: the sweep goes on between bursts.
@@ -557,6 +618,41 @@ mod tests {
         assert_eq!(state(&c, 1000), None, "established after 300 s idle");
         assert_eq!(c.expired[ConnState::New as usize], 1);
         assert_eq!(c.expired[ConnState::Established as usize], 1);
+    }
+
+    #[test]
+    fn an_echo_request_opens_a_connection_its_replies_belong_to() {
+        let mut c = conntrack(64);
+        let echo = |request: bool, ident: u16| L4::IcmpEcho {
+            request,
+            ident,
+            seq: 1,
+        };
+        assert_eq!(
+            send(&mut c, S, false, echo(false, 9)),
+            Verdict::Drop(INVALID),
+            "a reply to no request"
+        );
+        assert_eq!(send(&mut c, S, true, echo(true, 9)), OUT);
+        assert_eq!(send(&mut c, S + 1, false, echo(false, 9)), IN);
+        assert_eq!(c.connections(), 1, "request and reply are one connection");
+        let key = FlowKey::v4(
+            "198.18.0.1".parse().unwrap(),
+            "198.19.0.2".parse().unwrap(),
+            1,
+            9,
+            8 << 8,
+        );
+        let conn = c.state_of(&key).unwrap();
+        assert_eq!(
+            (conn.state, conn.answered, conn.packets),
+            (ConnState::Icmp, true, 2)
+        );
+        assert_eq!(
+            send(&mut c, S + 2, false, echo(false, 10)),
+            Verdict::Drop(INVALID),
+            "another identifier is another connection"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod acl;
 pub mod conntrack;
 #[cfg(test)]
 mod control_tests;
+pub mod firewall;
 pub mod forward;
 pub mod l2;
 pub mod l2learn;
@@ -64,6 +65,13 @@ pub mod macro_support {
 /// ports): a million-slot table is swept in about four seconds with no traffic at all.
 pub(crate) const IDLE_SWEEP: usize = 256;
 
+/// Table slots an expiry sweep looks at for a burst of `packets`: two per packet, plus a
+/// few per burst so that a quiet link still ages entries out. The whole table is seen
+/// every `slots / 2` packets, well inside the shortest timeout at any rate that fills it.
+pub(crate) fn sweep_budget(packets: usize) -> usize {
+    16 + 2 * packets
+}
+
 /// The programs `build` knows, with a line about each.
 pub const CATALOG: &[(&str, &str)] = &[
     (
@@ -73,6 +81,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "conntrack",
         "TCP/UDP connection tracking by add-on-miss, with per-state idle timeouts",
+    ),
+    (
+        "firewall",
+        "stateful firewall: the inside opens connections as an acl policy allows, the outside only answers",
     ),
     ("forward", "port-to-port pass-through by a static port map"),
     ("l2", "Ethernet switching by a static MAC table"),
@@ -214,6 +226,9 @@ pub fn build(
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),
         "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
+        "firewall" => factory(table, f, |c| {
+            firewall::Firewall::new(c, ports, f, table_seed())
+        }),
         "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
         "pipeline" => factory(table, f, |c| pipeline::Pipeline::new(c, ports, f)),
         "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),

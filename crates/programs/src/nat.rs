@@ -578,10 +578,6 @@ fn parse_pool(field: &str, text: &str) -> Result<(u16, u16), ConfigError> {
     Ok((first, last))
 }
 
-/// Slots the expiry sweep looks at per packet and per burst (as `conntrack`).
-const SWEEP_PER_PACKET: usize = 2;
-const SWEEP_PER_BURST: usize = 16;
-
 impl Program for Nat {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let n = burst.len();
@@ -595,7 +591,7 @@ impl Program for Nat {
                 Verdict::Drop(OTHER_PORT)
             };
         }
-        self.expire(ctx.now_ns, SWEEP_PER_BURST + SWEEP_PER_PACKET * n);
+        self.expire(ctx.now_ns, crate::sweep_budget(n));
     }
 
     /// Idle live ports still time translations out.

@@ -1,0 +1,480 @@
+//! `firewall`: a stateful firewall, `conntrack` behind an `acl` policy.
+//!
+//! A packet of a connection the tracker knows passes, whichever side sent it (its state
+//! moves on as in `conntrack`). A packet of no known connection is judged by where it came
+//! from: from the inside port, the policy (an `acl`: first match wins, `default` permit
+//! unless said otherwise) decides whether it may open one; from any other port nothing may
+//! open a connection, and it is dropped (`unsolicited`). So the inside reaches out as
+//! policy allows, and the outside gets in only as answers.
+//!
+//! What is tracked is `conntrack`'s: TCP (opened by a SYN), UDP and ICMP echo. Other IP
+//! packets are judged on their own: from the inside by the policy, from outside dropped as
+//! `unsolicited`, except ICMP errors (destination unreachable, time exceeded, parameter
+//! problem; ICMPv6 also packet too big), which pass so that path MTU discovery and
+//! traceroute work (they are not matched to the connection they quote). Non-IP frames
+//! (ARP) pass. Forwarding is `forward`'s port map (default port 0 <-> 1).
+//!
+//! The policy judges the first packet of a connection only; its per-rule counters count
+//! connection attempts and its policers (`rule_meters`) limit their rate.
+//!
+//! State: the policy's `rules` (read-centric, shared, from configuration and the control
+//! plane), `rule_packets`/`rule_bytes`/`rule_meters` (per worker), and `connections`
+//! (write-centric, per worker) as `conntrack` declares them.
+//! Configuration: `inside` (default port 0), `rules`, `default`, `capacity` (rules) as
+//! `acl`; `connections` (per worker, default 65536) and `timeouts` as `conntrack`; `map`
+//! as `forward`.
+
+use crate::acl::{Acl, AclConfig, AclRule, Judgement};
+use crate::conntrack::{Conntrack, ConntrackConfig, Refusal, Timeouts, tracked};
+use crate::forward::{Forward, ForwardConfig};
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+use stateplane_wire::icmp::types;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirewallConfig {
+    #[serde(default = "default_inside")]
+    pub inside: String,
+    /// The policy for connections opened from the inside.
+    #[serde(default)]
+    pub rules: Vec<AclRule>,
+    /// "permit" (the default) or "deny" for connections no rule matches.
+    #[serde(default = "default_permit")]
+    pub default: String,
+    /// Rules at most.
+    #[serde(default = "default_rules")]
+    pub capacity: usize,
+    /// Connections per worker.
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub map: BTreeMap<String, String>,
+}
+
+fn default_inside() -> String {
+    "0".into()
+}
+
+fn default_permit() -> String {
+    "permit".into()
+}
+
+fn default_rules() -> usize {
+    4096
+}
+
+fn default_connections() -> usize {
+    65_536
+}
+
+const DENIED: DropReason = DropReason::program(1);
+const POLICED: DropReason = DropReason::program(2);
+const UNSOLICITED: DropReason = DropReason::program(3);
+const INVALID: DropReason = DropReason::program(4);
+const TABLE_FULL: DropReason = DropReason::program(5);
+
+/// ICMP errors, which quote the packet they are about rather than belong to a connection.
+fn icmp_error(proto: u8, icmp_type: u8) -> bool {
+    match proto {
+        1 => matches!(
+            icmp_type,
+            types::V4_DEST_UNREACHABLE | types::V4_TIME_EXCEEDED | 12
+        ),
+        58 => (types::V6_DEST_UNREACHABLE..=4).contains(&icmp_type),
+        _ => false,
+    }
+}
+
+#[derive(Clone)]
+pub struct Firewall {
+    inside: PortId,
+    forward: Forward,
+    policy: Acl,
+    conntrack: Conntrack,
+}
+
+impl Firewall {
+    pub fn new(
+        cfg: &FirewallConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        if cfg.connections == 0 || cfg.connections > 1 << 26 {
+            return Err(ConfigError::new(
+                format!("{field}.connections"),
+                "give 1 to 67108864 connections per worker",
+            ));
+        }
+        let policy = Acl::new(
+            &AclConfig {
+                rules: cfg.rules.clone(),
+                default: Some(cfg.default.clone()),
+                map: BTreeMap::new(),
+                router: None,
+                capacity: cfg.capacity,
+            },
+            ports,
+            field,
+        )?;
+        let conntrack = Conntrack::new(
+            &ConntrackConfig {
+                capacity: cfg.connections,
+                drop_invalid: true,
+                timeouts: cfg.timeouts.clone(),
+                map: BTreeMap::new(),
+            },
+            ports,
+            field,
+            seed,
+        )?;
+        Ok(Firewall {
+            inside: ports.resolve(&format!("{field}.inside"), &cfg.inside)?,
+            forward: Forward::new(
+                &ForwardConfig {
+                    map: cfg.map.clone(),
+                },
+                ports,
+                field,
+            )?,
+            policy,
+            conntrack,
+        })
+    }
+
+    pub fn connections(&self) -> usize {
+        self.conntrack.connections()
+    }
+
+    /// Why to drop a packet of no known connection that may not open one: `None` to let
+    /// it on.
+    fn judge(&mut self, d: &stateplane_runtime::PacketDesc) -> Option<DropReason> {
+        match self.policy.judge(d) {
+            Judgement::Permit => None,
+            Judgement::Deny => Some(DENIED),
+            Judgement::Policed => Some(POLICED),
+        }
+    }
+}
+
+impl Program for Firewall {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.forward.process(burst, ctx);
+        let n = burst.len();
+        for d in burst.descs_mut() {
+            if matches!(d.verdict, Verdict::Drop(_)) {
+                continue;
+            }
+            let key = d.parsed.key;
+            let from_inside = d.in_port == self.inside;
+            let reason = if key.ip_version == 0 {
+                None
+            } else if !tracked(&key) {
+                if from_inside {
+                    self.judge(d)
+                } else if icmp_error(key.proto, (key.dst_port >> 8) as u8) {
+                    None
+                } else {
+                    Some(UNSOLICITED)
+                }
+            } else {
+                let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
+                match self.conntrack.track(&key, flags, now, false) {
+                    Ok(()) => None,
+                    Err(Refusal::Unknown) if from_inside => self.judge(d).or_else(|| {
+                        match self.conntrack.track(&key, flags, now, true) {
+                            Ok(()) => None,
+                            Err(Refusal::TableFull) => Some(TABLE_FULL),
+                            Err(Refusal::Invalid | Refusal::Unknown) => Some(INVALID),
+                        }
+                    }),
+                    Err(Refusal::Unknown) => Some(UNSOLICITED),
+                    Err(Refusal::Invalid) => Some(INVALID),
+                    Err(Refusal::TableFull) => Some(TABLE_FULL),
+                }
+            };
+            if let Some(reason) = reason {
+                d.verdict = Verdict::Drop(reason);
+            }
+        }
+        self.conntrack.expire(ctx.now_ns, crate::sweep_budget(n));
+    }
+
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.conntrack.expire(ctx.now_ns, crate::IDLE_SWEEP);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &[
+            "no_mapping",
+            "denied",
+            "policed",
+            "unsolicited",
+            "invalid",
+            "table_full",
+        ]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        let mut d = self.policy.declarations();
+        d.extend(self.conntrack.declarations());
+        d
+    }
+
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        self.policy.prepare(request)
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        if request.target() == "connections" {
+            self.conntrack.control(request, prepared, ctx)
+        } else {
+            self.policy.control(request, prepared, ctx)
+        }
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.conntrack.notifications(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{hasher, verdicts};
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_wire::ethernet::MacAddr;
+    use stateplane_wire::tcp::flags;
+
+    const INSIDE: &str = "198.18.0.1";
+    const REMOTE: &str = "198.19.0.2";
+
+    fn firewall(extra: &str) -> Firewall {
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let cfg: FirewallConfig = toml::from_str(&format!("inside = \"inside\"\n{extra}")).unwrap();
+        Firewall::new(&cfg, &names, "program.firewall", 5).unwrap()
+    }
+
+    fn frame(src: &str, dst: &str, l4: L4) -> Vec<u8> {
+        let hosts = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            ttl: 64,
+        };
+        let mut f = Vec::new();
+        emit_frame(&mut f, &hosts, &l4, b"data");
+        f
+    }
+
+    fn tcp(src_port: u16, dst_port: u16, f: u8) -> L4 {
+        L4::Tcp {
+            src_port,
+            dst_port,
+            seq: 1,
+            ack: 1,
+            flags: f,
+        }
+    }
+
+    /// Frames from the inside (`true`) or the outside, in one burst; their verdicts.
+    fn run(fw: &mut Firewall, frames: &[(Vec<u8>, bool)]) -> Vec<Verdict> {
+        let mut b = Burst::with_capacity(frames.len());
+        for (i, (f, inside)) in frames.iter().enumerate() {
+            b.push(f, f.len() as u32, 1, if *inside { 0 } else { 1 }, i as u64);
+        }
+        b.parse(&hasher());
+        fw.process(&mut b, &mut crate::testutil::ctx(1, 2));
+        verdicts(&b)
+    }
+
+    const OUT: Verdict = Verdict::Forward(1);
+    const IN: Verdict = Verdict::Forward(0);
+
+    #[test]
+    fn the_inside_opens_connections_and_the_outside_only_answers() {
+        let mut fw = firewall("");
+        let out = |l4| (frame(INSIDE, REMOTE, l4), true);
+        let back = |l4| (frame(REMOTE, INSIDE, l4), false);
+        let echo = |request, ident| L4::IcmpEcho {
+            request,
+            ident,
+            seq: 1,
+        };
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let got = run(
+            &mut fw,
+            &[
+                // Unsolicited, before anything was opened.
+                back(tcp(80, 40_000, flags::SYN | flags::ACK)),
+                back(tcp(22, 40_001, flags::SYN)),
+                back(echo(true, 5)),
+                back(udp(53, 5353)),
+                back(tcp(80, 40_000, flags::RST)),
+                // Opened from the inside, then answered.
+                out(tcp(40_000, 80, flags::SYN)),
+                back(tcp(80, 40_000, flags::SYN | flags::ACK)),
+                out(tcp(40_000, 80, flags::ACK)),
+                out(echo(true, 6)),
+                back(echo(false, 6)),
+                out(udp(5353, 53)),
+                back(udp(53, 5353)),
+                // Mid-stream from the inside with no connection: invalid.
+                out(tcp(40_002, 80, flags::ACK)),
+            ],
+        );
+        let drop = Verdict::Drop;
+        assert_eq!(
+            got,
+            [
+                drop(UNSOLICITED),
+                drop(UNSOLICITED),
+                drop(UNSOLICITED),
+                drop(UNSOLICITED),
+                drop(UNSOLICITED),
+                OUT,
+                IN,
+                OUT,
+                OUT,
+                IN,
+                OUT,
+                IN,
+                drop(INVALID),
+            ]
+        );
+        assert_eq!(fw.connections(), 3);
+    }
+
+    #[test]
+    fn the_policy_decides_which_connections_the_inside_may_open() {
+        let mut fw = firewall(
+            "rules = [{ action = \"deny\", proto = \"tcp\", dst_ports = \"25\" }, \
+             { action = \"permit\", dst = \"198.19.0.0/16\" }]",
+        );
+        let mut denied_default = firewall("default = \"deny\"");
+        let smtp = frame(INSIDE, REMOTE, tcp(40_000, 25, flags::SYN));
+        let web = frame(INSIDE, REMOTE, tcp(40_000, 443, flags::SYN));
+        let elsewhere = frame(INSIDE, "198.18.9.9", tcp(40_000, 443, flags::SYN));
+        let got = run(
+            &mut fw,
+            &[(smtp, true), (web.clone(), true), (elsewhere.clone(), true)],
+        );
+        // The last matches no rule: the default, permit.
+        assert_eq!(got, [Verdict::Drop(DENIED), OUT, OUT]);
+        assert_eq!(fw.connections(), 2, "a denied attempt leaves no state");
+        let answer = frame(REMOTE, INSIDE, tcp(25, 40_000, flags::SYN | flags::ACK));
+        assert_eq!(
+            run(&mut fw, &[(answer, false)]),
+            [Verdict::Drop(UNSOLICITED)]
+        );
+        assert_eq!(
+            run(&mut denied_default, &[(web, true), (elsewhere, true)]),
+            [Verdict::Drop(DENIED), Verdict::Drop(DENIED)]
+        );
+    }
+
+    #[test]
+    fn icmp_errors_and_arp_come_in_other_protocols_do_not() {
+        let mut fw = firewall("");
+        let mut unreachable = frame(
+            REMOTE,
+            INSIDE,
+            L4::IcmpEcho {
+                request: true,
+                ident: 1,
+                seq: 1,
+            },
+        );
+        unreachable[14 + 20] = types::V4_DEST_UNREACHABLE;
+        let mut gre = frame(
+            REMOTE,
+            INSIDE,
+            L4::Udp {
+                src_port: 1,
+                dst_port: 2,
+            },
+        );
+        gre[14 + 9] = 47; // IP protocol: GRE (the checksum does not matter here)
+        let mut arp = vec![0xff; 6];
+        arp.extend([2, 0, 0, 0, 0, 2, 0x08, 0x06]);
+        arp.extend([0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 0, 2, 198, 19, 0, 2]);
+        arp.extend([
+            0, 0, 0, 0, 0, 0, 198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ]);
+        let got = run(
+            &mut fw,
+            &[
+                (unreachable, false),
+                (gre.clone(), false),
+                (arp, false),
+                (gre, true),
+            ],
+        );
+        assert_eq!(got, [IN, Verdict::Drop(UNSOLICITED), IN, OUT]);
+    }
+
+    #[test]
+    fn ipv6_connections_are_tracked_too() {
+        let mut fw = firewall("");
+        let got = run(
+            &mut fw,
+            &[
+                (
+                    frame(
+                        "2001:2::2",
+                        "2001:2::1",
+                        tcp(80, 4000, flags::SYN | flags::ACK),
+                    ),
+                    false,
+                ),
+                (
+                    frame("2001:2::1", "2001:2::2", tcp(4000, 80, flags::SYN)),
+                    true,
+                ),
+                (
+                    frame(
+                        "2001:2::2",
+                        "2001:2::1",
+                        tcp(80, 4000, flags::SYN | flags::ACK),
+                    ),
+                    false,
+                ),
+            ],
+        );
+        assert_eq!(got, [Verdict::Drop(UNSOLICITED), OUT, IN]);
+    }
+
+    #[test]
+    fn configuration_errors_name_the_field() {
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        for (text, field) in [
+            ("connections = 0", "program.firewall.connections"),
+            ("inside = \"eth7\"", "program.firewall.inside"),
+            ("default = \"maybe\"", "program.firewall.default"),
+            (
+                "rules = [{ action = \"permit\", dst = \"300.1.1.1/8\" }]",
+                "program.firewall.rules[0].dst",
+            ),
+            ("[timeouts]\nicmp = -1.0", "program.firewall.timeouts.icmp"),
+        ] {
+            let cfg: FirewallConfig = toml::from_str(text).unwrap();
+            let err = Firewall::new(&cfg, &names, "program.firewall", 1)
+                .err()
+                .unwrap();
+            assert_eq!(err.field, field, "{text}: {err}");
+        }
+    }
+}
