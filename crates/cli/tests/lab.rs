@@ -791,6 +791,124 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     );
 }
 
+/// `lb` on live ports: h1's connections to the VIP are spread over h2 and h3 and each is
+/// answered whole; once h3 is marked down through `ctl`, every new connection reaches h2;
+/// iperf3's streams (a VIP with client affinity) all meet one backend.
+#[test]
+fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line-lb.toml", "tlb");
+    // Each backend answers every connection with its name, for up to 40 s.
+    let spawn_in = |host: &str, command: &[&str]| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &format!("sp-{}-{host}", lab.name),
+                "timeout",
+                "60",
+            ])
+            .args(command)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut servers: Vec<std::process::Child> = ["h2", "h3"]
+        .iter()
+        .map(|&host| {
+            let code = format!(
+                "import socket\n\
+                 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+                 s.bind(('0.0.0.0',5300)); s.listen(64); s.settimeout(40)\n\
+                 while True:\n    c,a=s.accept(); c.sendall(b'{host}'); c.close()"
+            );
+            spawn_in(host, &["python3", "-c", &code])
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let names = |n: usize| -> Vec<String> {
+        let client = format!(
+            "import socket\n\
+             for i in range({n}):\n    \
+             c=socket.create_connection(('198.18.0.100',5300),timeout=3)\n    \
+             print(c.recv(16).decode()); c.close()"
+        );
+        let out = lab.exec("h1", &["timeout", "30", "python3", "-c", &client]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let spread = names(40);
+    assert_eq!(spread.len(), 40, "every connection answered");
+    let on = |host: &str, of: &[String]| of.iter().filter(|n| *n == host).count();
+    assert!(
+        on("h2", &spread) >= 5 && on("h3", &spread) >= 5,
+        "both backends serve: {spread:?}"
+    );
+    let down = ctl(
+        &lab,
+        &[
+            "modify",
+            "backends",
+            "address=198.18.0.3",
+            "port=5300",
+            "proto=6",
+            "down",
+        ],
+    );
+    assert!(down.status.success(), "{}", text(&down));
+    let spared = names(20);
+    assert_eq!(on("h2", &spared), 20, "h3 is spared: {spared:?}");
+    let backends = text(&ctl(&lab, &["read", "backends"]));
+    assert!(
+        backends.contains("address=198.18.0.3 port=5300 proto=6 down"),
+        "{backends}"
+    );
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    // iperf3: one server per backend, one of which the client's streams all reach.
+    let mut iperf_servers: Vec<std::process::Child> = [("h2", "198.18.0.2"), ("h3", "198.18.0.3")]
+        .iter()
+        .map(|&(host, addr)| spawn_in(host, &["iperf3", "-s", "-1", "-B", addr]))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = lab.exec(
+        "h1",
+        &[
+            "timeout",
+            "60",
+            "iperf3",
+            "-c",
+            "198.18.0.100",
+            "-n",
+            "50M",
+            "-P",
+            "4",
+            "-J",
+        ],
+    );
+    for server in &mut iperf_servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    assert!(out.status.success(), "iperf3 through lb:\n{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    assert!(sent >= mib(50), "iperf3 sent {sent}");
+    let connections = text(&ctl(&lab, &["read", "connections"]));
+    let iperf_backends: std::collections::BTreeSet<&str> = connections
+        .lines()
+        .filter(|l| l.contains("dst_port=5201"))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("address=")))
+        .collect();
+    assert_eq!(iperf_backends.len(), 1, "{connections}");
+}
+
 /// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on its
 /// loopback).
 fn ctl(lab: &Lab, args: &[&str]) -> Output {

@@ -252,9 +252,8 @@ impl Program for Firewall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{hasher, verdicts};
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
-    use stateplane_wire::ethernet::MacAddr;
+    use crate::testutil::{hasher, tcp, verdicts};
+    use stateplane_gen::build::L4;
     use stateplane_wire::tcp::flags;
 
     const INSIDE: &str = "198.18.0.1";
@@ -267,27 +266,7 @@ mod tests {
     }
 
     fn frame(src: &str, dst: &str, l4: L4) -> Vec<u8> {
-        let hosts = Hosts {
-            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan: 0,
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            ttl: 64,
-        };
-        let mut f = Vec::new();
-        emit_frame(&mut f, &hosts, &l4, b"data");
-        f
-    }
-
-    fn tcp(src_port: u16, dst_port: u16, f: u8) -> L4 {
-        L4::Tcp {
-            src_port,
-            dst_port,
-            seq: 1,
-            ack: 1,
-            flags: f,
-        }
+        crate::testutil::ip_frame(src, dst, l4)
     }
 
     /// Frames from the inside (`true`) or the outside, in one burst; their verdicts.

@@ -15,6 +15,7 @@ pub mod firewall;
 pub mod forward;
 pub mod l2;
 pub mod l2learn;
+pub mod lb;
 pub mod nat;
 pub mod pipeline;
 pub mod router;
@@ -91,6 +92,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "l2learn",
         "Ethernet learning switch: learns by add-on-miss, floods the unknown, ages out",
+    ),
+    (
+        "lb",
+        "layer-4 load balancer: VIPs to backend pools by Maglev hashing, per-connection affinity",
     ),
     (
         "nat",
@@ -179,6 +184,18 @@ pub(crate) fn parse_prefix(field: &str, text: &str) -> Result<(IpAddr, u8), Conf
     Ok((addr, len))
 }
 
+/// An IPv4 address as configurations write it, as its four bytes.
+pub(crate) fn parse_ipv4(field: &str, text: &str) -> Result<[u8; 4], ConfigError> {
+    text.parse::<std::net::Ipv4Addr>()
+        .map(|a| a.octets())
+        .map_err(|_| {
+            ConfigError::new(
+                field,
+                format!("'{text}' is not an IPv4 address like 198.19.0.1"),
+            )
+        })
+}
+
 /// Parses the program's table as `C`, builds the program once with `make` (so configuration
 /// errors surface here, not in a worker), and gives each worker its own clone: an empty copy
 /// of per-worker tables, or a handle on shared read-only ones (`Arc`s inside the program).
@@ -225,6 +242,7 @@ pub fn build(
         "conntrack" => factory(table, f, |c| {
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),
+        "lb" => factory(table, f, |c| lb::Lb::new(c, ports, f, table_seed())),
         "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
         "firewall" => factory(table, f, |c| {
             firewall::Firewall::new(c, ports, f, table_seed())

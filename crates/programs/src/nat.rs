@@ -34,7 +34,7 @@
 //! (connections per worker, default 65536), `timeouts` in seconds.
 
 use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
-use crate::{ConfigError, PortNames};
+use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
 use stateplane_runtime::{
     Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
@@ -49,7 +49,6 @@ use stateplane_wire::flow::shard_of;
 use stateplane_wire::parse::{ParseFlags, Parsed};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
-use std::net::Ipv4Addr;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,8 +279,9 @@ fn translatable(parsed: &Parsed, data: &[u8], out: bool) -> Result<(), DropReaso
 }
 
 /// Rewrites one side's address and port (ICMP: the echo identifier, which sits where the
-/// source port is in the key) and updates the packet's key to match.
-fn rewrite(
+/// source port is in the key) and updates the packet's key to match. Checksums are
+/// updated incrementally.
+pub(crate) fn rewrite(
     data: &mut [u8],
     parsed: &mut Parsed,
     side: Side,
@@ -332,12 +332,7 @@ impl Nat {
         field: &str,
         seed: u64,
     ) -> Result<Self, ConfigError> {
-        let external: Ipv4Addr = cfg.external.parse().map_err(|_| {
-            ConfigError::new(
-                format!("{field}.external"),
-                format!("'{}' is not an IPv4 address like 198.19.0.1", cfg.external),
-            )
-        })?;
+        let external = parse_ipv4(&format!("{field}.external"), &cfg.external)?;
         let (first_port, last_port) = parse_pool(&format!("{field}.ports"), &cfg.ports)?;
         if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
             return Err(ConfigError::new(
@@ -375,7 +370,7 @@ impl Nat {
             });
         }
         let mut external_bytes = [0u8; 16];
-        external_bytes[..4].copy_from_slice(&external.octets());
+        external_bytes[..4].copy_from_slice(&external);
         Ok(Nat {
             inside,
             outside,
@@ -652,9 +647,8 @@ impl Program for Nat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{ctx, hasher, ipv4_checksums_valid};
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
-    use stateplane_wire::ethernet::MacAddr;
+    use crate::testutil::{ctx, hasher, ipv4_checksums_valid, tcp};
+    use stateplane_gen::build::L4;
     use stateplane_wire::parse;
 
     const S: u64 = 1_000_000_000;
@@ -675,33 +669,10 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// A frame from `src` to `dst`.
     fn frame(src: &str, dst: &str, l4: L4) -> Vec<u8> {
-        let hosts = Hosts {
-            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan: 0,
-            src: ip(src),
-            dst: ip(dst),
-            ttl: 64,
-        };
-        let mut f = Vec::new();
-        emit_frame(&mut f, &hosts, &l4, b"payload!");
-        f
+        crate::testutil::ip_frame(src, dst, l4)
     }
 
-    fn tcp(src_port: u16, dst_port: u16, f: u8) -> L4 {
-        L4::Tcp {
-            src_port,
-            dst_port,
-            seq: 7,
-            ack: 9,
-            flags: f,
-        }
-    }
-
-    /// Runs frames through the program as worker `worker` of `workers`, at time `t`, each
-    /// on its port; returns each packet's verdict and bytes after.
     fn run_as(
         n: &mut Nat,
         t: u64,
@@ -709,21 +680,7 @@ mod tests {
         worker: usize,
         workers: usize,
     ) -> Vec<(Verdict, Vec<u8>)> {
-        let mut b = Burst::with_capacity(frames.len().max(1));
-        for (i, (f, port)) in frames.iter().enumerate() {
-            b.push(f, f.len() as u32, t, *port, i as u64);
-        }
-        b.now_ns = t;
-        b.parse(&hasher());
-        let mut c = Context {
-            worker,
-            workers,
-            ..ctx(t, 3)
-        };
-        n.process(&mut b, &mut c);
-        (0..b.len())
-            .map(|i| (b.descs()[i].verdict, b.data(i).to_vec()))
-            .collect()
+        crate::testutil::run_at(n, t, frames, (worker, workers), 3)
     }
 
     fn run(n: &mut Nat, t: u64, frames: &[(Vec<u8>, PortId)]) -> Vec<(Verdict, Vec<u8>)> {

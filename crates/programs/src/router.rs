@@ -226,7 +226,7 @@ impl Tables {
     }
 }
 
-fn parse_mac(field: &str, text: &str) -> Result<[u8; 6], ConfigError> {
+pub(crate) fn parse_mac(field: &str, text: &str) -> Result<[u8; 6], ConfigError> {
     text.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
         ConfigError::new(
             field,

@@ -95,3 +95,57 @@ pub fn ipv4_checksums_valid(frame: &[u8]) -> bool {
     };
     checksum::finish(sum) == 0
 }
+
+/// An IP frame from `src` to `dst` (both IPv4 or both IPv6) carrying `l4` and a few bytes
+/// of payload.
+pub fn ip_frame(src: &str, dst: &str, l4: stateplane_gen::build::L4) -> Vec<u8> {
+    use stateplane_gen::build::{Hosts, emit_frame};
+    let hosts = Hosts {
+        src_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 1]),
+        dst_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 2]),
+        vlan: 0,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        ttl: 64,
+    };
+    let mut f = Vec::new();
+    emit_frame(&mut f, &hosts, &l4, b"payload!");
+    f
+}
+
+/// A TCP segment's header fields with these ports and flags.
+pub fn tcp(src_port: u16, dst_port: u16, flags: u8) -> stateplane_gen::build::L4 {
+    stateplane_gen::build::L4::Tcp {
+        src_port,
+        dst_port,
+        seq: 7,
+        ack: 9,
+        flags,
+    }
+}
+
+/// Runs frames, each on its port, through `program` as worker `worker` of `workers` at
+/// time `t` on a switch of `ports` ports; returns each packet's verdict and bytes after.
+pub fn run_at(
+    program: &mut impl Program,
+    t: u64,
+    frames: &[(Vec<u8>, PortId)],
+    (worker, workers): (usize, usize),
+    ports: usize,
+) -> Vec<(stateplane_runtime::Verdict, Vec<u8>)> {
+    let mut b = Burst::with_capacity(frames.len().max(1));
+    for (i, (f, port)) in frames.iter().enumerate() {
+        b.push(f, f.len() as u32, t, *port, i as u64);
+    }
+    b.now_ns = t;
+    b.parse(&hasher());
+    let mut c = Context {
+        worker,
+        workers,
+        ..ctx(t, ports)
+    };
+    program.process(&mut b, &mut c);
+    (0..b.len())
+        .map(|i| (b.descs()[i].verdict, b.data(i).to_vec()))
+        .collect()
+}

@@ -1,0 +1,850 @@
+//! `lb`: a layer-4 load balancer. Clients reach virtual IPs (VIPs); each connection is
+//! sent to one backend of its VIP's pool and stays with it.
+//!
+//! The first packet of a connection (PNA add-on-miss) picks its backend from the VIP's
+//! Maglev table (consistent hashing over the backends that are up, so that a change of the
+//! pool moves few connections) and adds an affinity entry, which every later packet of the
+//! connection follows, whatever happens to the table since. Packets to a backend leave with
+//! the backend's address and port as their destination (and its MAC, when configured), out
+//! of the backend's port; the backend's answers come back with the VIP as their source.
+//! Answers need no per-connection state: a backend (address, port, protocol) serves one VIP.
+//!
+//! Health is the control plane's: `ctl modify backends address=A port=P proto=6 down`
+//! takes a backend out of its VIP's table; its connections move to others at their next
+//! packet (counted in `moved`), and every other connection stays where it is. Marking it
+//! `up` gives it its slots back for new connections.
+//!
+//! A VIP may hash clients instead of connections (`affinity = "client"`): every
+//! connection of a client goes to one backend, for protocols that open several
+//! connections that must meet (FTP, iperf3's control and data streams).
+//!
+//! Workers: the Maglev tables are shared and identical on every worker, and the hash they
+//! are read with is fixed, so every worker (and a restarted switch) picks the same backend
+//! for a connection; each worker keeps the affinity of the connections the runtime sends
+//! it.
+//!
+//! Not balanced: non-IP frames (ARP) pass (from the clients' port to every other port,
+//! from the others to the clients'); IP packets to no VIP, and from a backend's side not
+//! from a backend, are dropped (`no_vip`, `not_backend`), as are later fragments.
+//!
+//! State: `connections` (declared; key the client's 5-tuple; write-centric: added per
+//! connection, its timer and packet count updated by every packet) and `backends`
+//! (declared; key address, port and protocol; action `up` or `down`; read-centric, shared
+//! by the workers, written by the control plane). Configuration: `clients` (port, default
+//! 0), `servers` (the default port of backends, default 1), `vips`, `capacity`
+//! (connections per worker, default 65536), `table_size` (Maglev slots per VIP, a prime,
+//! default 65537), `timeouts` in seconds.
+
+mod maglev;
+
+use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::nat::rewrite;
+use crate::{ConfigError, PortNames, parse_ipv4, router::parse_mac};
+use serde::Deserialize;
+use stateplane_runtime::{
+    Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
+};
+use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
+use stateplane_state::{
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
+    Guarantee, Kind, Match, Notification, Reply, Request,
+};
+use stateplane_wire::edit::Side;
+use stateplane_wire::parse::ParseFlags;
+use stateplane_wire::tcp::flags;
+use stateplane_wire::{FlowHasher, FlowKey};
+use std::sync::{Arc, Mutex, PoisonError};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LbConfig {
+    #[serde(default = "default_clients")]
+    pub clients: String,
+    #[serde(default = "default_servers")]
+    pub servers: String,
+    pub vips: Vec<VipConfig>,
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+    #[serde(default = "default_table_size")]
+    pub table_size: usize,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VipConfig {
+    pub address: String,
+    pub port: u16,
+    /// "tcp" (the default) or "udp".
+    #[serde(default = "default_proto")]
+    pub proto: String,
+    /// "connection" (the default): each connection is hashed; "client": each client.
+    #[serde(default = "default_affinity")]
+    pub affinity: String,
+    pub backends: Vec<BackendConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub address: String,
+    /// The backend's port; the VIP's by default.
+    pub port: Option<u16>,
+    /// The switch port it is reached by; `servers` by default.
+    pub via: Option<String>,
+    /// The MAC address to send to; unchanged by default.
+    pub mac: Option<String>,
+}
+
+fn default_clients() -> String {
+    "0".into()
+}
+
+fn default_servers() -> String {
+    "1".into()
+}
+
+fn default_proto() -> String {
+    "tcp".into()
+}
+
+fn default_affinity() -> String {
+    "connection".into()
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+fn default_table_size() -> usize {
+    65_537
+}
+
+/// Idle timeouts of affinity entries, in seconds (those of Linux IPVS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    pub tcp: f64,
+    /// After a FIN from the client.
+    pub tcp_closing: f64,
+    pub udp: f64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            tcp: 900.0,
+            tcp_closing: 120.0,
+            udp: 300.0,
+        }
+    }
+}
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+
+/// The hash connections are read from the Maglev tables with: fixed, so that every worker
+/// and every restart of the switch agrees.
+const HASH_SEED: u64 = 0x4c42_4d41_474c_4556;
+
+/// A connection's affinity: what the data plane keeps per connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Affinity {
+    /// 0 TCP, 1 TCP closing, 2 UDP: also the index of its expiry profile.
+    pub state: u8,
+    /// The backend, by its place in the configuration (VIP by VIP).
+    pub backend: u16,
+    pub address: [u8; 4],
+    pub port: u16,
+    pub packets: u32,
+}
+
+const STATES: [&str; 3] = ["tcp", "tcp_closing", "udp"];
+const CLOSING: u8 = 1;
+
+struct AffinityCodec;
+
+impl AffinityCodec {
+    fn declaration(capacity: usize) -> Declaration {
+        let params = || {
+            vec![
+                Field::exact("backend", 16, Format::Int),
+                Field::exact("address", 32, Format::Ipv4),
+                Field::exact("port", 16, Format::Int),
+                Field::exact("packets", 32, Format::Int),
+            ]
+        };
+        Declaration {
+            name: "connections".to_string(),
+            capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: flow_key_declared(),
+                actions: STATES
+                    .iter()
+                    .map(|&name| Action {
+                        name: name.to_string(),
+                        params: params(),
+                    })
+                    .collect(),
+                writable: false,
+            },
+        }
+    }
+}
+
+impl ExactCodec for AffinityCodec {
+    type Key = FlowKey;
+    type Value = Affinity;
+
+    fn key(fields: &[Match]) -> FlowKey {
+        flow_key_of(fields)
+    }
+
+    fn fields(key: &FlowKey) -> Vec<Match> {
+        flow_key_fields(key)
+    }
+
+    fn value(action: usize, params: &[u128]) -> Affinity {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0);
+        Affinity {
+            state: action.min(STATES.len() - 1) as u8,
+            backend: p(0) as u16,
+            address: (p(1) as u32).to_be_bytes(),
+            port: p(2) as u16,
+            packets: p(3) as u32,
+        }
+    }
+
+    fn action(a: &Affinity) -> (usize, Vec<u128>) {
+        (
+            usize::from(a.state),
+            vec![
+                u128::from(a.backend),
+                u128::from(u32::from_be_bytes(a.address)),
+                u128::from(a.port),
+                u128::from(a.packets),
+            ],
+        )
+    }
+}
+
+const NO_VIP: DropReason = DropReason::program(0);
+const NO_BACKEND: DropReason = DropReason::program(1);
+const TABLE_FULL: DropReason = DropReason::program(2);
+const NOT_BACKEND: DropReason = DropReason::program(3);
+const FRAGMENT: DropReason = DropReason::program(4);
+const TRUNCATED: DropReason = DropReason::program(5);
+
+#[derive(Debug, Clone)]
+struct Backend {
+    address: [u8; 4],
+    port: u16,
+    proto: u8,
+    via: PortId,
+    mac: Option<[u8; 6]>,
+    vip: u16,
+    up: bool,
+}
+
+impl Backend {
+    /// What Maglev knows it by: its address and port, not its place in the configuration.
+    fn identity(&self) -> u64 {
+        endpoint(self.address, self.port, self.proto)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Vip {
+    address: [u8; 4],
+    port: u16,
+    by_client: bool,
+    /// Its backends, by index.
+    members: Vec<u16>,
+    /// The Maglev table over its members that are up (empty: none is).
+    table: Arc<Vec<u16>>,
+}
+
+/// An (address, port, protocol) as one table key.
+fn endpoint(address: [u8; 4], port: u16, proto: u8) -> u64 {
+    u64::from(u32::from_be_bytes(address)) << 24 | u64::from(port) << 8 | u64::from(proto)
+}
+
+/// The pools, shared read-only by every worker and replaced whole when health changes.
+#[derive(Clone)]
+struct Pools {
+    vips: Vec<Vip>,
+    backends: Vec<Backend>,
+    /// VIP endpoint -> VIP index.
+    vip_of: ExactTable<u64, u16>,
+    /// Backend endpoint -> backend index.
+    backend_of: ExactTable<u64, u16>,
+    table_size: usize,
+}
+
+impl Pools {
+    /// Fills VIP `v`'s Maglev table from its members that are up.
+    fn fill(&mut self, v: usize) {
+        let members: Vec<maglev::Member> = (self.vips[v].members.iter())
+            .map(|&b| &self.backends[usize::from(b)])
+            .zip(&self.vips[v].members)
+            .filter(|(b, _)| b.up)
+            .map(|(b, &index)| maglev::Member {
+                index,
+                identity: b.identity(),
+            })
+            .collect();
+        self.vips[v].table = Arc::new(maglev::populate(&members, self.table_size));
+    }
+
+    /// The backend `hash` picks among VIP `v`'s backends that are up.
+    #[inline]
+    fn pick(&self, v: usize, hash: u64) -> Option<u16> {
+        let table = &self.vips[v].table;
+        (!table.is_empty()).then(|| table[(hash % table.len() as u64) as usize])
+    }
+
+    /// Applies health writes (each a `Modify` to `up` or `down`); nothing changes if one
+    /// is refused.
+    fn apply(&mut self, writes: &[Write]) -> Result<(), ControlError> {
+        let mut changed = Vec::new();
+        for w in writes {
+            let Write::Modify(entry) = w else {
+                return Err(ControlError::Invalid {
+                    what: "backends".into(),
+                    why: "the backends come from the configuration; modify one to `up` or \
+                          `down`"
+                        .into(),
+                });
+            };
+            let (address, port, proto) = backend_key(&entry.key);
+            let b = self
+                .backend_of
+                .get(&endpoint(address, port, proto))
+                .copied()
+                .ok_or(ControlError::NoSuchEntry {
+                    table: "backends".into(),
+                })?;
+            changed.push((b, entry.action == "up"));
+        }
+        for (b, up) in changed {
+            let backend = &mut self.backends[usize::from(b)];
+            if backend.up != up {
+                backend.up = up;
+                let v = usize::from(backend.vip);
+                self.fill(v);
+            }
+        }
+        Ok(())
+    }
+
+    fn entry(&self, b: &Backend) -> Entry {
+        Entry {
+            key: vec![
+                Match::Exact(u128::from(u32::from_be_bytes(b.address))),
+                Match::Exact(u128::from(b.port)),
+                Match::Exact(u128::from(b.proto)),
+            ],
+            action: if b.up { "up" } else { "down" }.into(),
+            params: Vec::new(),
+            priority: 0,
+            hits: 0,
+        }
+    }
+}
+
+/// The address, port and protocol of a checked `backends` key.
+fn backend_key(key: &[Match]) -> ([u8; 4], u16, u8) {
+    let v = |i: usize| match key.get(i) {
+        Some(Match::Exact(v)) => *v,
+        _ => 0,
+    };
+    ((v(0) as u32).to_be_bytes(), v(1) as u16, v(2) as u8)
+}
+
+fn backends_declaration(count: usize) -> Declaration {
+    let state = |name: &str| Action {
+        name: name.into(),
+        params: Vec::new(),
+    };
+    Declaration {
+        name: "backends".into(),
+        capacity: count,
+        guarantees: vec![Guarantee::Local],
+        kind: Kind::Table {
+            key: vec![
+                Field::new("address", 32, Format::Ipv4, MatchKind::Exact),
+                Field::exact("port", 16, Format::Int),
+                Field::exact("proto", 8, Format::Int),
+            ],
+            actions: vec![state("up"), state("down")],
+            writable: true,
+        },
+    }
+}
+
+#[derive(Clone)]
+pub struct Lb {
+    clients: PortId,
+    pools: Arc<Pools>,
+    /// The newest pools, shared by every instance: the control plane's instance makes the
+    /// next from it, which the workers then take.
+    newest: Arc<Mutex<Arc<Pools>>>,
+    hasher: FlowHasher,
+    connections: DeclaredTable<AffinityCodec>,
+    /// Connections added, and those moved off a backend that went down.
+    pub created: u64,
+    pub moved: u64,
+}
+
+impl Lb {
+    pub fn new(
+        cfg: &LbConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let clients = ports.resolve(&format!("{field}.clients"), &cfg.clients)?;
+        let servers = ports.resolve(&format!("{field}.servers"), &cfg.servers)?;
+        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
+            return Err(ConfigError::new(
+                format!("{field}.capacity"),
+                "give 1 to 67108864 connections per worker",
+            ));
+        }
+        if !maglev::is_prime(cfg.table_size) || cfg.table_size > 16_777_213 {
+            return Err(ConfigError::new(
+                format!("{field}.table_size"),
+                format!(
+                    "{} is not a prime up to 16777213; Maglev tables need a prime number of \
+                     slots, such as 251, 65537 or 655373 (about 100 per backend or more)",
+                    cfg.table_size
+                ),
+            ));
+        }
+        if cfg.vips.is_empty() {
+            return Err(ConfigError::new(
+                format!("{field}.vips"),
+                "give at least one VIP: [[program.lb.vips]] with address, port and backends",
+            ));
+        }
+        let mut pools = Pools {
+            vips: Vec::new(),
+            backends: Vec::new(),
+            vip_of: ExactTable::new(cfg.vips.len(), &[ExpireProfile::NEVER], seed),
+            backend_of: ExactTable::new(
+                cfg.vips
+                    .iter()
+                    .map(|v| v.backends.len())
+                    .sum::<usize>()
+                    .max(1),
+                &[ExpireProfile::NEVER],
+                seed.rotate_left(11),
+            ),
+            table_size: cfg.table_size,
+        };
+        for (v, vip) in cfg.vips.iter().enumerate() {
+            let at = format!("{field}.vips[{v}]");
+            let address = parse_ipv4(&format!("{at}.address"), &vip.address)?;
+            let proto = match vip.proto.as_str() {
+                "tcp" => TCP,
+                "udp" => UDP,
+                other => {
+                    return Err(ConfigError::new(
+                        format!("{at}.proto"),
+                        format!("'{other}' is not tcp or udp"),
+                    ));
+                }
+            };
+            let by_client = match vip.affinity.as_str() {
+                "connection" => false,
+                "client" => true,
+                other => {
+                    return Err(ConfigError::new(
+                        format!("{at}.affinity"),
+                        format!("'{other}' is not connection or client"),
+                    ));
+                }
+            };
+            if vip.backends.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.backends"),
+                    "give at least one backend, like { address = \"198.18.1.1\" }",
+                ));
+            }
+            if pools
+                .vip_of
+                .get(&endpoint(address, vip.port, proto))
+                .is_some()
+            {
+                return Err(ConfigError::new(
+                    at.to_string(),
+                    format!(
+                        "{}:{} {} is already a VIP",
+                        vip.address, vip.port, vip.proto
+                    ),
+                ));
+            }
+            let _ = pools
+                .vip_of
+                .add_entry(endpoint(address, vip.port, proto), v as u16, 0, 0);
+            let mut members = Vec::new();
+            for (i, b) in vip.backends.iter().enumerate() {
+                let at = format!("{at}.backends[{i}]");
+                let index = pools.backends.len();
+                if index >= usize::from(u16::MAX) {
+                    return Err(ConfigError::new(at, "at most 65535 backends in all"));
+                }
+                let backend = Backend {
+                    address: parse_ipv4(&format!("{at}.address"), &b.address)?,
+                    port: b.port.unwrap_or(vip.port),
+                    proto,
+                    via: match &b.via {
+                        Some(port) => ports.resolve(&format!("{at}.via"), port)?,
+                        None => servers,
+                    },
+                    mac: match &b.mac {
+                        Some(mac) => Some(parse_mac(&format!("{at}.mac"), mac)?),
+                        None => None,
+                    },
+                    vip: v as u16,
+                    up: true,
+                };
+                if backend.via == clients {
+                    return Err(ConfigError::new(
+                        format!("{at}.via"),
+                        "a backend must be reached by a port other than the clients' port",
+                    ));
+                }
+                let key = endpoint(backend.address, backend.port, proto);
+                if pools.backend_of.get(&key).is_some() {
+                    return Err(ConfigError::new(
+                        at.to_string(),
+                        format!(
+                            "{}:{} {} already serves a VIP; answers could not tell which \
+                             VIP to come from (give it another port)",
+                            b.address, backend.port, vip.proto
+                        ),
+                    ));
+                }
+                let _ = pools.backend_of.add_entry(key, index as u16, 0, 0);
+                members.push(index as u16);
+                pools.backends.push(backend);
+            }
+            pools.vips.push(Vip {
+                address,
+                port: vip.port,
+                by_client,
+                members,
+                table: Arc::new(Vec::new()),
+            });
+            pools.fill(v);
+        }
+        let t = &cfg.timeouts;
+        let mut profiles = Vec::new();
+        // By `Affinity::state`.
+        for (name, secs) in [
+            ("tcp", t.tcp),
+            ("tcp_closing", t.tcp_closing),
+            ("udp", t.udp),
+        ] {
+            if !(0.001..=1e7).contains(&secs) {
+                return Err(ConfigError::new(
+                    format!("{field}.timeouts.{name}"),
+                    format!("{secs} is outside 0.001 to 10000000 seconds"),
+                ));
+            }
+            profiles.push(ExpireProfile {
+                timeout_ns: (secs * 1e9) as u64,
+                mode: ExpireMode::AutoDelete,
+            });
+        }
+        let pools = Arc::new(pools);
+        Ok(Lb {
+            clients,
+            newest: Arc::new(Mutex::new(pools.clone())),
+            pools,
+            hasher: FlowHasher::with_seed(HASH_SEED),
+            connections: DeclaredTable::new(
+                ExactTable::new(cfg.capacity, &profiles, seed.rotate_left(23)),
+                AffinityCodec::declaration(cfg.capacity),
+            ),
+            created: 0,
+            moved: 0,
+        })
+    }
+
+    /// The affinity of the client connection `key` (as a packet from the client has it).
+    pub fn affinity_of(&self, key: &FlowKey) -> Option<Affinity> {
+        self.connections
+            .get(&FlowKey { in_port: 0, ..*key })
+            .copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.connections.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.connections.is_empty()
+    }
+
+    /// A packet from a client: to the backend of its connection.
+    fn toward_backend(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        let parsed = &d.parsed;
+        if parsed.key.ip_version == 0 {
+            return Verdict::Flood;
+        }
+        let key = FlowKey {
+            in_port: 0,
+            ..parsed.key
+        };
+        let pools = &*self.pools;
+        let vip = match (key.ip_version, key.proto) {
+            (4, TCP | UDP) => {
+                let dst = [key.dst[0], key.dst[1], key.dst[2], key.dst[3]];
+                pools.vip_of.get(&endpoint(dst, key.dst_port, key.proto))
+            }
+            _ => None,
+        };
+        let Some(&vip) = vip else {
+            return Verdict::Drop(NO_VIP);
+        };
+        if parsed.flags.has(ParseFlags::LATER_FRAGMENT) {
+            return Verdict::Drop(FRAGMENT);
+        }
+        let v = usize::from(vip);
+        let now = d.ts_ns;
+        let tcp_flags = if key.proto == TCP {
+            parsed.tcp_flags
+        } else {
+            0
+        };
+        let backend = match self.connections.lookup(&key) {
+            Some(id) => {
+                let a = self.connections.value_mut(id);
+                a.packets = a.packets.saturating_add(1);
+                let mut b = a.backend;
+                if !pools.backends[usize::from(b)].up {
+                    let Some(other) = pools.pick(v, self.connection_hash(v, &key)) else {
+                        return Verdict::Drop(NO_BACKEND);
+                    };
+                    b = other;
+                    let to = &pools.backends[usize::from(b)];
+                    let a = self.connections.value_mut(id);
+                    (a.backend, a.address, a.port) = (b, to.address, to.port);
+                    self.moved += 1;
+                }
+                let a = self.connections.value_mut(id);
+                if tcp_flags & flags::RST != 0 {
+                    self.connections.delete(&key);
+                } else if tcp_flags & flags::FIN != 0 && a.state != CLOSING {
+                    a.state = CLOSING;
+                    let _ = self.connections.set_profile(id, CLOSING, now);
+                } else if a.state != CLOSING {
+                    self.connections.restart_timer(id, now);
+                }
+                b
+            }
+            None => {
+                let Some(b) = pools.pick(v, self.connection_hash(v, &key)) else {
+                    return Verdict::Drop(NO_BACKEND);
+                };
+                // A reset of an unknown connection passes and leaves nothing behind.
+                if tcp_flags & flags::RST == 0 {
+                    if self.connections.len() >= self.connections.capacity() {
+                        return Verdict::Drop(TABLE_FULL);
+                    }
+                    let to = &pools.backends[usize::from(b)];
+                    let state = if key.proto == UDP {
+                        2
+                    } else if tcp_flags & flags::FIN != 0 {
+                        CLOSING
+                    } else {
+                        0
+                    };
+                    let a = Affinity {
+                        state,
+                        backend: b,
+                        address: to.address,
+                        port: to.port,
+                        packets: 1,
+                    };
+                    if self.connections.add_entry(key, a, state, now).is_err() {
+                        return Verdict::Drop(TABLE_FULL);
+                    }
+                    self.created += 1;
+                }
+                b
+            }
+        };
+        let to = &self.pools.backends[usize::from(backend)];
+        let mut address = [0u8; 16];
+        address[..4].copy_from_slice(&to.address);
+        if rewrite(data, &mut d.parsed, Side::Dst, address, to.port).is_err() {
+            return Verdict::Drop(TRUNCATED);
+        }
+        if let (Some(mac), Some(dst)) = (to.mac, data.get_mut(..6)) {
+            dst.copy_from_slice(&mac);
+        }
+        Verdict::Forward(to.via)
+    }
+
+    /// The hash VIP `v`'s table is read with for the connection `key`.
+    #[inline]
+    fn connection_hash(&self, v: usize, key: &FlowKey) -> u64 {
+        if self.pools.vips[v].by_client {
+            self.hasher.hash(&FlowKey {
+                src: key.src,
+                ..FlowKey::EMPTY
+            })
+        } else {
+            self.hasher.hash(key)
+        }
+    }
+
+    /// A packet from a backend's side: an answer leaves from its VIP.
+    fn toward_client(&self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        let key = &d.parsed.key;
+        if key.ip_version == 0 {
+            return Verdict::Forward(self.clients);
+        }
+        let pools = &*self.pools;
+        let backend = match (key.ip_version, key.proto) {
+            (4, TCP | UDP) if !d.parsed.flags.has(ParseFlags::LATER_FRAGMENT) => {
+                let src = [key.src[0], key.src[1], key.src[2], key.src[3]];
+                pools
+                    .backend_of
+                    .get(&endpoint(src, key.src_port, key.proto))
+            }
+            _ => None,
+        };
+        let Some(&b) = backend else {
+            return Verdict::Drop(NOT_BACKEND);
+        };
+        let vip = &pools.vips[usize::from(pools.backends[usize::from(b)].vip)];
+        let mut address = [0u8; 16];
+        address[..4].copy_from_slice(&vip.address);
+        match rewrite(data, &mut d.parsed, Side::Src, address, vip.port) {
+            Ok(()) => Verdict::Forward(self.clients),
+            Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    fn expire(&mut self, now: u64, budget: usize) {
+        self.connections.expire(now, budget, |_, _| {});
+    }
+}
+
+impl Program for Lb {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        let n = burst.len();
+        for p in burst.iter_mut() {
+            let d = p.desc;
+            d.verdict = if d.in_port == self.clients {
+                self.toward_backend(p.data, d)
+            } else {
+                self.toward_client(p.data, d)
+            };
+        }
+        self.expire(ctx.now_ns, crate::sweep_budget(n));
+    }
+
+    /// Idle live ports still time affinities out.
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.expire(ctx.now_ns, crate::IDLE_SWEEP);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &[
+            "no_vip",
+            "no_backend",
+            "table_full",
+            "not_backend",
+            "fragment",
+            "truncated",
+        ]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![
+            self.connections.declaration().clone(),
+            backends_declaration(self.pools.backends.len()),
+        ]
+    }
+
+    /// Health writes make the next pools here, on the control plane's thread, with the
+    /// Maglev tables of the VIPs they change filled again.
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        let Request::Write { table, writes } = request else {
+            return Ok(None);
+        };
+        if table != "backends" {
+            return Ok(None);
+        }
+        let mut newest = self.newest.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Pools::clone(&newest);
+        next.apply(writes)?;
+        let next = Arc::new(next);
+        *newest = next.clone();
+        Ok(Some(next))
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        if request.target() != "backends" {
+            return self.connections.answer(request, ctx.now_ns);
+        }
+        match request {
+            Request::Write { .. } => {
+                self.pools = prepared
+                    .and_then(|p| p.clone().downcast::<Pools>().ok())
+                    .ok_or(ControlError::Unavailable)?;
+                Ok(Reply::Done)
+            }
+            Request::Read { key: Some(key), .. } => {
+                let (address, port, proto) = backend_key(key);
+                let pools = &self.pools;
+                let b = pools
+                    .backend_of
+                    .get(&endpoint(address, port, proto))
+                    .ok_or(ControlError::NoSuchEntry {
+                        table: "backends".into(),
+                    })?;
+                Ok(Reply::Page(
+                    vec![pools.entry(&pools.backends[usize::from(*b)])],
+                    None,
+                ))
+            }
+            // The pools are shared: one worker reads and counts them.
+            Request::Read { .. } if ctx.worker != 0 => Ok(Reply::Page(Vec::new(), None)),
+            Request::Stats { .. } if ctx.worker != 0 => Ok(Reply::Counters(Vec::new())),
+            Request::Read { from, .. } => {
+                let pools = &self.pools;
+                let all = pools.backends.iter().map(|b| pools.entry(b));
+                let (entries, next) = page(all, *from, pools.backends.len());
+                Ok(Reply::Page(entries, next))
+            }
+            Request::Stats { .. } => {
+                let up = self.pools.backends.iter().filter(|b| b.up).count();
+                Ok(Reply::Counters(vec![
+                    ("backends", self.pools.backends.len() as u64),
+                    ("up", up as u64),
+                ]))
+            }
+            _ => Err(ControlError::Unavailable),
+        }
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.connections.take_notifications(out);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,486 @@
+use super::*;
+use crate::testutil::{ctx, hasher, ip_frame, ipv4_checksums_valid, run_at, tcp};
+use stateplane_gen::build::L4;
+use stateplane_wire::parse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+const S: u64 = 1_000_000_000;
+const VIP: &str = "198.19.0.10";
+const DNS_VIP: &str = "198.19.0.11";
+const CONFIG: &str = r#"
+clients = "clients"
+servers = "s1"
+[[vips]]
+address = "198.19.0.10"
+port = 80
+backends = [
+  { address = "198.18.1.1", mac = "02:00:00:00:0b:01" },
+  { address = "198.18.1.2", via = "s2" },
+  { address = "198.18.1.3", port = 8080 },
+]
+[[vips]]
+address = "198.19.0.11"
+port = 53
+proto = "udp"
+affinity = "client"
+backends = [{ address = "198.18.1.1" }, { address = "198.18.1.2" }]
+"#;
+
+fn names() -> PortNames {
+    PortNames(vec!["clients".into(), "s1".into(), "s2".into()])
+}
+
+fn lb_with(config: &str) -> Result<Lb, ConfigError> {
+    let cfg: LbConfig =
+        toml::from_str(config).map_err(|e| ConfigError::new("toml", e.message()))?;
+    Lb::new(&cfg, &names(), "program.lb", 3)
+}
+
+fn lb() -> Lb {
+    lb_with(CONFIG).unwrap()
+}
+
+/// The destination (address, port) of a frame, its output port, and its destination MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Sent {
+    to: (IpAddr, u16),
+    via: PortId,
+    mac: [u8; 6],
+}
+
+/// Runs frames from the clients' port through `lb` at time `t`; where each went.
+fn send(lb: &mut Lb, t: u64, frames: &[Vec<u8>]) -> Vec<Option<Sent>> {
+    let on_clients: Vec<(Vec<u8>, PortId)> = frames.iter().map(|f| (f.clone(), 0)).collect();
+    run_at(lb, t, &on_clients, (0, 1), 3)
+        .into_iter()
+        .map(|(v, bytes)| {
+            let Verdict::Forward(via) = v else {
+                return None;
+            };
+            assert!(ipv4_checksums_valid(&bytes), "checksums after rewriting");
+            let key = parse(&bytes, 0, &hasher()).unwrap().key;
+            let mut mac = [0; 6];
+            mac.copy_from_slice(&bytes[..6]);
+            Some(Sent {
+                to: (key.dst_ip().unwrap(), key.dst_port),
+                via,
+                mac,
+            })
+        })
+        .collect()
+}
+
+/// The verdict of one frame from `port`.
+fn verdict(lb: &mut Lb, frame: Vec<u8>, port: PortId) -> Verdict {
+    run_at(lb, S, &[(frame, port)], (0, 1), 3)[0].0
+}
+
+/// Connection `i`'s packet to the web VIP, with these TCP flags.
+fn web(i: u32, f: u8) -> Vec<u8> {
+    let client = format!("198.18.{}.{}", 2 + i / 250, 1 + i % 250);
+    ip_frame(&client, VIP, tcp(30_000 + (i % 7) as u16, 80, f))
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Marks backends up or down through the control plane, as the runtime does: prepared on
+/// an instance of its own, then taken by each worker.
+fn set_health(workers: &mut [&mut Lb], preparer: &Lb, changes: &[(&str, u16, u8, bool)]) {
+    let request = health(changes);
+    let prepared = preparer.prepare(&request).unwrap();
+    for lb in workers {
+        let reply = lb.control(&request, prepared.as_ref(), &ctx(S, 3));
+        assert_eq!(reply, Ok(Reply::Done));
+    }
+}
+
+fn health(changes: &[(&str, u16, u8, bool)]) -> Request {
+    let writes = changes
+        .iter()
+        .map(|&(address, port, proto, up)| {
+            Write::Modify(Entry {
+                key: backend_fields(address, port, proto),
+                action: if up { "up" } else { "down" }.into(),
+                params: Vec::new(),
+                priority: 0,
+                hits: 0,
+            })
+        })
+        .collect();
+    Request::Write {
+        table: "backends".into(),
+        writes,
+    }
+}
+
+fn backend_fields(address: &str, port: u16, proto: u8) -> Vec<Match> {
+    let a: std::net::Ipv4Addr = address.parse().unwrap();
+    vec![
+        Match::Exact(u128::from(u32::from(a))),
+        Match::Exact(u128::from(port)),
+        Match::Exact(u128::from(proto)),
+    ]
+}
+
+const SYN: u8 = flags::SYN;
+const ACK: u8 = flags::ACK;
+
+#[test]
+fn every_packet_of_a_connection_reaches_one_backend_and_answers_leave_from_the_vip() {
+    let mut lb = lb();
+    let n = 600;
+    let opened = send(&mut lb, S, &(0..n).map(|i| web(i, SYN)).collect::<Vec<_>>());
+    let mut per_backend: BTreeMap<(IpAddr, u16), u32> = BTreeMap::new();
+    for sent in &opened {
+        let sent = sent.expect("every connection is balanced");
+        *per_backend.entry(sent.to).or_default() += 1;
+        let (via, mac) = match sent.to {
+            (a, 80) if a == ip("198.18.1.1") => (1, [2, 0, 0, 0, 0x0b, 1]),
+            (a, 80) if a == ip("198.18.1.2") => (2, [2, 0, 0, 0, 0, 2]),
+            (a, 8080) if a == ip("198.18.1.3") => (1, [2, 0, 0, 0, 0, 2]),
+            other => panic!("{other:?} is not a backend of the VIP"),
+        };
+        assert_eq!((sent.via, sent.mac), (via, mac), "{sent:?}");
+    }
+    // Maglev gives each backend a third of the slots; 600 connections land near 200 each.
+    assert_eq!(per_backend.len(), 3, "{per_backend:?}");
+    assert!(per_backend.values().all(|&c| c > 120), "{per_backend:?}");
+    assert_eq!((lb.created, lb.len()), (u64::from(n), n as usize));
+    // Later packets, in another order and another burst, follow their connection.
+    let later: Vec<u32> = (0..n).rev().collect();
+    let again = send(
+        &mut lb,
+        2 * S,
+        &later.iter().map(|&i| web(i, ACK)).collect::<Vec<_>>(),
+    );
+    for (&i, sent) in later.iter().zip(&again) {
+        assert_eq!(*sent, opened[i as usize], "connection {i}");
+    }
+    let key = parse(&web(5, ACK), 0, &hasher()).unwrap().key;
+    assert_eq!(lb.affinity_of(&key).map(|a| a.packets), Some(2));
+    // The backend's answer leaves for the client from the VIP, checksums right.
+    let to = opened[5].unwrap().to;
+    let answer = ip_frame(
+        &to.0.to_string(),
+        "198.18.2.6",
+        tcp(to.1, 30_005, SYN | ACK),
+    );
+    let (v, bytes) = run_at(
+        &mut lb,
+        3 * S,
+        &[(answer, opened[5].unwrap().via)],
+        (0, 1),
+        3,
+    )
+    .remove(0);
+    assert_eq!(v, Verdict::Forward(0));
+    assert!(ipv4_checksums_valid(&bytes));
+    let back = parse(&bytes, 0, &hasher()).unwrap().key;
+    assert_eq!(
+        back,
+        FlowKey { in_port: 0, ..key }.reversed(),
+        "the client's tuple, reversed"
+    );
+}
+
+#[test]
+fn a_backend_going_down_moves_only_its_connections_and_up_again_takes_new_ones() {
+    let mut worker = lb();
+    let preparer = worker.clone();
+    let n = 600;
+    let frames: Vec<Vec<u8>> = (0..n).map(|i| web(i, SYN)).collect();
+    let before = send(&mut worker, S, &frames);
+    let on_down = |s: &Option<Sent>| s.unwrap().to == (ip("198.18.1.2"), 80);
+    let victims = before.iter().filter(|s| on_down(s)).count();
+    assert!(victims > 100, "{victims}");
+    set_health(
+        &mut [&mut worker],
+        &preparer,
+        &[("198.18.1.2", 80, 6, false)],
+    );
+    let acks: Vec<Vec<u8>> = (0..n).map(|i| web(i, ACK)).collect();
+    let after = send(&mut worker, 2 * S, &acks);
+    for (b, a) in before.iter().zip(&after) {
+        if on_down(b) {
+            assert!(!on_down(a), "moved off the backend that went down");
+        } else {
+            assert_eq!(a, b, "a connection of a backend still up stays");
+        }
+    }
+    assert_eq!(worker.moved, victims as u64);
+    // New connections avoid it; when it is up again, new connections reach it while the
+    // connections that moved stay where they went.
+    let new: Vec<Vec<u8>> = (n..2 * n).map(|i| web(i, SYN)).collect();
+    assert!(!send(&mut worker, 3 * S, &new).iter().any(on_down));
+    set_health(
+        &mut [&mut worker],
+        &preparer,
+        &[("198.18.1.2", 80, 6, true)],
+    );
+    assert_eq!(send(&mut worker, 4 * S, &acks), after);
+    let newer: Vec<Vec<u8>> = (2 * n..3 * n).map(|i| web(i, SYN)).collect();
+    assert!(
+        send(&mut worker, 4 * S, &newer)
+            .iter()
+            .filter(|s| on_down(s))
+            .count()
+            > 100
+    );
+}
+
+#[test]
+fn every_worker_and_every_restart_picks_the_same_backend() {
+    let frames: Vec<Vec<u8>> = (0..200).map(|i| web(i, SYN)).collect();
+    let first = send(&mut lb(), S, &frames);
+    // Another switch's instance, with the table's seed drawn anew.
+    let cfg: LbConfig = toml::from_str(CONFIG).unwrap();
+    let mut other = Lb::new(&cfg, &names(), "program.lb", 12_345).unwrap();
+    assert_eq!(send(&mut other, S, &frames), first);
+}
+
+#[test]
+fn client_affinity_sends_each_client_to_one_backend() {
+    let mut lb = lb();
+    let mut backends_of: BTreeMap<u32, BTreeSet<IpAddr>> = BTreeMap::new();
+    for client in 0..40u32 {
+        let src = format!("198.18.3.{}", client + 1);
+        let frames: Vec<Vec<u8>> = (0..8)
+            .map(|p| {
+                let l4 = L4::Udp {
+                    src_port: 5000 + p,
+                    dst_port: 53,
+                };
+                ip_frame(&src, DNS_VIP, l4)
+            })
+            .collect();
+        for sent in send(&mut lb, S, &frames) {
+            let sent = sent.expect("balanced");
+            assert_eq!(sent.to.1, 53);
+            backends_of.entry(client).or_default().insert(sent.to.0);
+        }
+    }
+    assert!(
+        backends_of.values().all(|b| b.len() == 1),
+        "{backends_of:?}"
+    );
+    let used: BTreeSet<&IpAddr> = backends_of.values().flatten().collect();
+    assert_eq!(used.len(), 2, "both backends serve some clients");
+}
+
+#[test]
+fn drops_say_why_and_arp_passes() {
+    let mut lb = lb();
+    let reason = |lb: &Lb, v: Verdict| match v {
+        Verdict::Drop(r) => r.name(lb.drop_reasons()),
+        other => panic!("{other:?} is not a drop"),
+    };
+    let v = verdict(
+        &mut lb,
+        ip_frame("198.18.2.1", "198.19.0.99", tcp(1, 80, SYN)),
+        0,
+    );
+    assert_eq!(reason(&lb, v), "no_vip", "an address that is no VIP");
+    let v = verdict(&mut lb, ip_frame("198.18.2.1", VIP, tcp(1, 81, SYN)), 0);
+    assert_eq!(reason(&lb, v), "no_vip", "a port that is no VIP's");
+    let udp = L4::Udp {
+        src_port: 1,
+        dst_port: 80,
+    };
+    let v = verdict(&mut lb, ip_frame("198.18.2.1", VIP, udp), 0);
+    assert_eq!(reason(&lb, v), "no_vip", "the VIP is TCP");
+    let v = verdict(
+        &mut lb,
+        ip_frame("198.18.9.9", "198.18.2.1", tcp(80, 1, ACK)),
+        1,
+    );
+    assert_eq!(reason(&lb, v), "not_backend");
+    let v = verdict(
+        &mut lb,
+        ip_frame("198.18.1.3", "198.18.2.1", tcp(80, 1, ACK)),
+        1,
+    );
+    assert_eq!(
+        reason(&lb, v),
+        "not_backend",
+        "that backend serves port 8080"
+    );
+    let mut arp = vec![0u8; 42];
+    arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    assert_eq!(verdict(&mut lb, arp.clone(), 0), Verdict::Flood);
+    assert_eq!(verdict(&mut lb, arp, 2), Verdict::Forward(0));
+    // With every backend down, the VIP has nowhere to send.
+    let preparer = lb.clone();
+    let all_down = [
+        ("198.18.1.1", 80, 6, false),
+        ("198.18.1.2", 80, 6, false),
+        ("198.18.1.3", 8080, 6, false),
+    ];
+    set_health(&mut [&mut lb], &preparer, &all_down);
+    let v = verdict(&mut lb, web(1, SYN), 0);
+    assert_eq!(reason(&lb, v), "no_backend");
+    // A full affinity table refuses new connections and keeps the ones it has.
+    let mut small = lb_with(&format!("capacity = 2\n{CONFIG}")).unwrap();
+    let sent = send(&mut small, S, &[web(1, SYN), web(2, SYN), web(3, SYN)]);
+    assert!(sent[0].is_some() && sent[1].is_some() && sent[2].is_none());
+    let v = verdict(&mut small, web(3, SYN), 0);
+    assert_eq!(reason(&small, v), "table_full");
+    assert!(send(&mut small, S, &[web(1, ACK)])[0].is_some());
+}
+
+#[test]
+fn affinities_close_on_fin_go_on_rst_and_time_out() {
+    // A small table, so that a few idle sweeps see all of it.
+    let mut lb = lb_with(&format!(
+        "capacity = 16\ntimeouts = {{ tcp = 10.0, tcp_closing = 2.0, udp = 5.0 }}\n{CONFIG}"
+    ))
+    .unwrap();
+    let key = |f: &Vec<u8>| FlowKey {
+        in_port: 0,
+        ..parse(f, 0, &hasher()).unwrap().key
+    };
+    let (a, b, c) = (web(1, SYN), web(2, SYN), web(3, SYN));
+    send(&mut lb, S, &[a.clone(), b.clone(), c.clone()]);
+    send(
+        &mut lb,
+        2 * S,
+        &[web(1, flags::FIN | ACK), web(2, flags::RST)],
+    );
+    assert_eq!(lb.affinity_of(&key(&a)).map(|x| x.state), Some(CLOSING));
+    assert_eq!(lb.affinity_of(&key(&b)), None, "a reset ends the affinity");
+    // Later packets of a closing connection do not restart its timer.
+    send(&mut lb, 3 * S, &[web(1, ACK), web(3, ACK)]);
+    let idle = |lb: &mut Lb, t: u64| {
+        for _ in 0..4 {
+            lb.poll(&mut Burst::with_capacity(1), &mut ctx(t, 3));
+        }
+    };
+    idle(&mut lb, 4 * S + 1);
+    assert_eq!(lb.affinity_of(&key(&a)), None, "closed 2 s after its FIN");
+    assert!(lb.affinity_of(&key(&c)).is_some());
+    idle(&mut lb, 13 * S + 1);
+    assert_eq!(lb.affinity_of(&key(&c)), None, "idle for 10 s");
+    assert!(lb.is_empty());
+}
+
+#[test]
+fn backends_are_read_and_marked_through_the_control_plane() {
+    let mut lb = lb();
+    let preparer = lb.clone();
+    let c = ctx(S, 3);
+    let read = |lb: &mut Lb, key| {
+        let request = Request::Read {
+            table: "backends".into(),
+            key,
+            from: 0,
+        };
+        match lb.control(&request, None, &c).unwrap() {
+            Reply::Page(entries, None) => entries,
+            other => panic!("{other:?}"),
+        }
+    };
+    let all = read(&mut lb, None);
+    assert_eq!(all.len(), 5);
+    assert!(all.iter().all(|e| e.action == "up"));
+    set_health(&mut [&mut lb], &preparer, &[("198.18.1.3", 8080, 6, false)]);
+    let one = read(&mut lb, Some(backend_fields("198.18.1.3", 8080, 6)));
+    assert_eq!((one.len(), one[0].action.as_str()), (1, "down"));
+    // The declaration lets the runtime check requests before they reach the program.
+    let decl = lb.declarations();
+    assert!(
+        decl[1]
+            .check(&health(&[("198.18.1.1", 80, 6, false)]))
+            .is_ok()
+    );
+    // A batch with a backend that does not exist changes nothing.
+    let bad = health(&[("198.18.1.1", 80, 6, false), ("198.18.1.9", 80, 6, false)]);
+    assert!(matches!(
+        preparer.prepare(&bad),
+        Err(ControlError::NoSuchEntry { .. })
+    ));
+    let insert = Request::Write {
+        table: "backends".into(),
+        writes: vec![Write::Insert(read(&mut lb, None)[0].clone())],
+    };
+    assert!(matches!(
+        preparer.prepare(&insert),
+        Err(ControlError::Invalid { .. })
+    ));
+    let ups = read(&mut lb, None);
+    assert_eq!(ups.iter().filter(|e| e.action == "up").count(), 4);
+    // The next change starts from the newest pools, not the worker's.
+    set_health(&mut [&mut lb], &preparer, &[("198.18.1.1", 80, 6, false)]);
+    assert_eq!(
+        read(&mut lb, None)
+            .iter()
+            .filter(|e| e.action == "up")
+            .count(),
+        3
+    );
+    // Worker 1 leaves the shared pools' pages to worker 0.
+    let request = Request::Read {
+        table: "backends".into(),
+        key: None,
+        from: 0,
+    };
+    let c1 = Context {
+        worker: 1,
+        ..ctx(S, 3)
+    };
+    assert_eq!(
+        lb.control(&request, None, &c1),
+        Ok(Reply::Page(Vec::new(), None))
+    );
+}
+
+#[test]
+fn configuration_errors_name_the_field_and_the_fix() {
+    let field = |extra: &str| lb_with(extra).err().map(|e| e.field).unwrap_or_default();
+    let vip = |backends: &str| {
+        format!("[[vips]]\naddress = \"198.19.0.10\"\nport = 80\nbackends = [{backends}]\n")
+    };
+    assert_eq!(field("vips = []"), "program.lb.vips");
+    assert_eq!(
+        field(&format!(
+            "table_size = 65536\n{}",
+            vip("{ address = \"198.18.1.1\" }")
+        )),
+        "program.lb.table_size"
+    );
+    assert_eq!(field(&vip("")), "program.lb.vips[0].backends");
+    assert_eq!(
+        field(&vip("{ address = \"198.18.1\" }")),
+        "program.lb.vips[0].backends[0].address"
+    );
+    assert_eq!(
+        field(&vip("{ address = \"198.18.1.1\", via = \"clients\" }")),
+        "program.lb.vips[0].backends[0].via"
+    );
+    assert_eq!(
+        field(&vip("{ address = \"198.18.1.1\", mac = \"02:00\" }")),
+        "program.lb.vips[0].backends[0].mac"
+    );
+    assert_eq!(
+        field(&vip(
+            "{ address = \"198.18.1.1\" }, { address = \"198.18.1.1\" }"
+        )),
+        "program.lb.vips[0].backends[1]"
+    );
+    let twice = format!(
+        "{}{}",
+        vip("{ address = \"198.18.1.1\" }"),
+        vip("{ address = \"198.18.1.2\" }")
+    );
+    assert_eq!(field(&twice), "program.lb.vips[1]");
+    let bad_proto = vip("{ address = \"198.18.1.1\" }") + "proto = \"sctp\"\n";
+    assert_eq!(field(&bad_proto), "program.lb.vips[0].proto");
+    let err = lb_with(&format!(
+        "table_size = 100\n{}",
+        vip("{ address = \"198.18.1.1\" }")
+    ))
+    .err()
+    .unwrap();
+    assert!(err.problem.contains("65537"), "{err}");
+}
