@@ -35,8 +35,7 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
 use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
-    Match,
+    Declaration, DeclaredTable, ExactCodec, ExactTable, Guarantee, Kind, Match,
 };
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
@@ -291,33 +290,19 @@ impl Conntrack {
         field: &str,
         seed: u64,
     ) -> Result<Self, ConfigError> {
-        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
-            return Err(ConfigError::new(
-                format!("{field}.capacity"),
-                "give 1 to 67108864 connections per worker",
-            ));
-        }
+        crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "connections")?;
         let t = &cfg.timeouts;
-        let mut profiles = Vec::new();
-        for (name, secs) in [
-            ("new", t.new),
-            ("established", t.established),
-            ("closing", t.closing),
-            ("udp", t.udp),
-            ("udp_stream", t.udp_stream),
-            ("icmp", t.icmp),
-        ] {
-            if !(0.001..=1e7).contains(&secs) {
-                return Err(ConfigError::new(
-                    format!("{field}.timeouts.{name}"),
-                    format!("{secs} is outside 0.001 to 10000000 seconds"),
-                ));
-            }
-            profiles.push(ExpireProfile {
-                timeout_ns: (secs * 1e9) as u64,
-                mode: ExpireMode::AutoDelete,
-            });
-        }
+        let profiles = crate::idle_profiles(
+            &format!("{field}.timeouts"),
+            &[
+                ("new", t.new),
+                ("established", t.established),
+                ("closing", t.closing),
+                ("udp", t.udp),
+                ("udp_stream", t.udp_stream),
+                ("icmp", t.icmp),
+            ],
+        )?;
         Ok(Conntrack {
             forward: Forward::new(
                 &ForwardConfig {

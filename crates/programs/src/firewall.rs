@@ -106,12 +106,11 @@ impl Firewall {
         field: &str,
         seed: u64,
     ) -> Result<Self, ConfigError> {
-        if cfg.connections == 0 || cfg.connections > 1 << 26 {
-            return Err(ConfigError::new(
-                format!("{field}.connections"),
-                "give 1 to 67108864 connections per worker",
-            ));
-        }
+        crate::check_capacity(
+            &format!("{field}.connections"),
+            cfg.connections,
+            "connections",
+        )?;
         let policy = Acl::new(
             &AclConfig {
                 rules: cfg.rules.clone(),

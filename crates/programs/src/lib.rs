@@ -11,20 +11,27 @@ pub mod acl;
 pub mod conntrack;
 #[cfg(test)]
 mod control_tests;
+pub mod counter;
 pub mod firewall;
+pub mod flood;
 pub mod forward;
+pub mod hh;
 pub mod l2;
 pub mod l2learn;
 pub mod lb;
 pub mod nat;
 pub mod pipeline;
+mod report;
 pub mod router;
 pub mod steer;
+pub mod superspreader;
 #[cfg(test)]
 mod testutil;
 
 use stateplane_runtime::{Burst, Context, PortId, Prepared, Program, ProgramFactory};
-use stateplane_state::{ControlError, Declaration, Guarantee, Notification, Reply, Request};
+use stateplane_state::{
+    ControlError, Declaration, ExpireMode, ExpireProfile, Guarantee, Notification, Reply, Request,
+};
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -84,10 +91,26 @@ pub const CATALOG: &[(&str, &str)] = &[
         "TCP/UDP connection tracking by add-on-miss, with per-state idle timeouts",
     ),
     (
+        "counter",
+        "packet and byte counters per flow, updated by every packet",
+    ),
+    (
         "firewall",
         "stateful firewall: the inside opens connections as an acl policy allows, the outside only answers",
     ),
+    (
+        "synflood",
+        "TCP SYN flood detection per destination, with dropping or rate-limiting",
+    ),
+    (
+        "udpflood",
+        "UDP flood detection per destination, with dropping or rate-limiting",
+    ),
     ("forward", "port-to-port pass-through by a static port map"),
+    (
+        "hh",
+        "heavy hitters: flows over a threshold per interval, by a count-min sketch per VLAN",
+    ),
     ("l2", "Ethernet switching by a static MAC table"),
     (
         "l2learn",
@@ -112,6 +135,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "steer",
         "spreads flows over parallel switches and moves them off one that stops answering",
+    ),
+    (
+        "superspreader",
+        "sources contacting more than k distinct destinations per interval",
     ),
 ];
 
@@ -184,6 +211,40 @@ pub(crate) fn parse_prefix(field: &str, text: &str) -> Result<(IpAddr, u8), Conf
     Ok((addr, len))
 }
 
+/// Checks a per-worker table size in the configuration: 1 to 2^26 `what`.
+pub(crate) fn check_capacity(field: &str, capacity: usize, what: &str) -> Result<(), ConfigError> {
+    if capacity == 0 || capacity > 1 << 26 {
+        return Err(ConfigError::new(
+            field,
+            format!("give 1 to 67108864 {what} per worker"),
+        ));
+    }
+    Ok(())
+}
+
+/// Expiry profiles that delete entries idle for so many seconds, from `(name, seconds)`
+/// pairs in order (the fields `{field}.{name}`); each must be 0.001 to 10^7 seconds.
+pub(crate) fn idle_profiles(
+    field: &str,
+    timeouts: &[(&str, f64)],
+) -> Result<Vec<ExpireProfile>, ConfigError> {
+    timeouts
+        .iter()
+        .map(|&(name, secs)| {
+            if !(0.001..=1e7).contains(&secs) {
+                return Err(ConfigError::new(
+                    format!("{field}.{name}"),
+                    format!("{secs} is outside 0.001 to 10000000 seconds"),
+                ));
+            }
+            Ok(ExpireProfile {
+                timeout_ns: (secs * 1e9) as u64,
+                mode: ExpireMode::AutoDelete,
+            })
+        })
+        .collect()
+}
+
 /// An IPv4 address as configurations write it, as its four bytes.
 pub(crate) fn parse_ipv4(field: &str, text: &str) -> Result<[u8; 4], ConfigError> {
     text.parse::<std::net::Ipv4Addr>()
@@ -243,6 +304,16 @@ pub fn build(
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),
         "lb" => factory(table, f, |c| lb::Lb::new(c, ports, f, table_seed())),
+        "counter" => factory(table, f, |c| {
+            counter::Counter::new(c, ports, f, table_seed())
+        }),
+        "hh" => factory(table, f, |c| hh::Hh::new(c, ports, f, table_seed())),
+        "udpflood" => factory(table, f, |c| {
+            flood::Flood::new(flood::Attack::Udp, c, ports, f, table_seed())
+        }),
+        "synflood" => factory(table, f, |c| {
+            flood::Flood::new(flood::Attack::Syn, c, ports, f, table_seed())
+        }),
         "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
         "firewall" => factory(table, f, |c| {
             firewall::Firewall::new(c, ports, f, table_seed())
@@ -250,6 +321,9 @@ pub fn build(
         "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
         "pipeline" => factory(table, f, |c| pipeline::Pipeline::new(c, ports, f)),
         "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),
+        "superspreader" => factory(table, f, |c| {
+            superspreader::Superspreader::new(c, ports, f, table_seed())
+        }),
         other => {
             let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();
             Err(ConfigError::new(

@@ -41,8 +41,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Action, Field, Format, Write};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
-    Guarantee, Kind, Match, Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
+    Kind, Match, Notification, Reply, Request,
 };
 use stateplane_wire::edit::{self, EditError, Side};
 use stateplane_wire::flow::shard_of;
@@ -334,12 +334,7 @@ impl Nat {
     ) -> Result<Self, ConfigError> {
         let external = parse_ipv4(&format!("{field}.external"), &cfg.external)?;
         let (first_port, last_port) = parse_pool(&format!("{field}.ports"), &cfg.ports)?;
-        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
-            return Err(ConfigError::new(
-                format!("{field}.capacity"),
-                "give 1 to 67108864 connections per worker",
-            ));
-        }
+        crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "connections")?;
         let inside = ports.resolve(&format!("{field}.inside"), &cfg.inside)?;
         let outside = ports.resolve(&format!("{field}.outside"), &cfg.outside)?;
         if inside == outside {
@@ -349,26 +344,17 @@ impl Nat {
             ));
         }
         let t = &cfg.timeouts;
-        let mut profiles = Vec::new();
         // By `NatState` discriminant.
-        for (name, secs) in [
-            ("tcp_transitory", t.tcp_transitory),
-            ("tcp_established", t.tcp_established),
-            ("tcp_transitory", t.tcp_transitory),
-            ("udp", t.udp),
-            ("icmp", t.icmp),
-        ] {
-            if !(0.001..=1e7).contains(&secs) {
-                return Err(ConfigError::new(
-                    format!("{field}.timeouts.{name}"),
-                    format!("{secs} is outside 0.001 to 10000000 seconds"),
-                ));
-            }
-            profiles.push(ExpireProfile {
-                timeout_ns: (secs * 1e9) as u64,
-                mode: ExpireMode::AutoDelete,
-            });
-        }
+        let profiles = crate::idle_profiles(
+            &format!("{field}.timeouts"),
+            &[
+                ("tcp_transitory", t.tcp_transitory),
+                ("tcp_established", t.tcp_established),
+                ("tcp_transitory", t.tcp_transitory),
+                ("udp", t.udp),
+                ("icmp", t.icmp),
+            ],
+        )?;
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
         Ok(Nat {

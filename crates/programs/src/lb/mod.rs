@@ -46,8 +46,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile,
-    Guarantee, Kind, Match, Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
+    Kind, Match, Notification, Reply, Request,
 };
 use stateplane_wire::edit::Side;
 use stateplane_wire::parse::ParseFlags;
@@ -407,12 +407,7 @@ impl Lb {
     ) -> Result<Self, ConfigError> {
         let clients = ports.resolve(&format!("{field}.clients"), &cfg.clients)?;
         let servers = ports.resolve(&format!("{field}.servers"), &cfg.servers)?;
-        if cfg.capacity == 0 || cfg.capacity > 1 << 26 {
-            return Err(ConfigError::new(
-                format!("{field}.capacity"),
-                "give 1 to 67108864 connections per worker",
-            ));
-        }
+        crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "connections")?;
         if !maglev::is_prime(cfg.table_size) || cfg.table_size > 16_777_213 {
             return Err(ConfigError::new(
                 format!("{field}.table_size"),
@@ -542,24 +537,15 @@ impl Lb {
             pools.fill(v);
         }
         let t = &cfg.timeouts;
-        let mut profiles = Vec::new();
         // By `Affinity::state`.
-        for (name, secs) in [
-            ("tcp", t.tcp),
-            ("tcp_closing", t.tcp_closing),
-            ("udp", t.udp),
-        ] {
-            if !(0.001..=1e7).contains(&secs) {
-                return Err(ConfigError::new(
-                    format!("{field}.timeouts.{name}"),
-                    format!("{secs} is outside 0.001 to 10000000 seconds"),
-                ));
-            }
-            profiles.push(ExpireProfile {
-                timeout_ns: (secs * 1e9) as u64,
-                mode: ExpireMode::AutoDelete,
-            });
-        }
+        let profiles = crate::idle_profiles(
+            &format!("{field}.timeouts"),
+            &[
+                ("tcp", t.tcp),
+                ("tcp_closing", t.tcp_closing),
+                ("udp", t.udp),
+            ],
+        )?;
         let pools = Arc::new(pools);
         Ok(Lb {
             clients,

@@ -1,0 +1,244 @@
+//! `counter`: packet and byte counters per flow, updated by every packet (the
+//! write-heaviest kind of state: each packet writes its flow's entry).
+//!
+//! A flow is the 5-tuple and VLAN in the direction the packet travels (the two directions
+//! of a connection are two flows, as in NetFlow). Its entry is added by its first packet
+//! (add-on-miss) and removed when the flow has been idle for `idle` seconds; the removal
+//! is a notification carrying the final counts (`ctl watch`). Packets are forwarded by
+//! `forward`'s port map whether or not their flow could be counted: a full table loses
+//! counts (`ctl stats flows` shows them as `add_full`), never traffic.
+//!
+//! State: `flows` (declared; key the flow; action `count` with `packets bytes`; per
+//! worker, write-centric). Configuration: `capacity` (flows per worker, default 65536),
+//! `idle` (seconds, default 60), `map` as `forward`.
+
+use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::forward::{Forward, ForwardConfig};
+use crate::{ConfigError, PortNames, answer_by_table};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, Program, Verdict};
+use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::{
+    Declaration, DeclaredTable, ExactCodec, ExactTable, Guarantee, Kind, Match,
+};
+use stateplane_wire::FlowKey;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CounterConfig {
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+    #[serde(default = "default_idle")]
+    pub idle: f64,
+    #[serde(default)]
+    pub map: BTreeMap<String, String>,
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+fn default_idle() -> f64 {
+    60.0
+}
+
+/// A flow's counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+struct CountsCodec;
+
+impl ExactCodec for CountsCodec {
+    type Key = FlowKey;
+    type Value = Counts;
+
+    fn key(fields: &[Match]) -> FlowKey {
+        flow_key_of(fields)
+    }
+
+    fn fields(key: &FlowKey) -> Vec<Match> {
+        flow_key_fields(key)
+    }
+
+    fn value(_action: usize, params: &[u128]) -> Counts {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0) as u64;
+        Counts {
+            packets: p(0),
+            bytes: p(1),
+        }
+    }
+
+    fn action(c: &Counts) -> (usize, Vec<u128>) {
+        (0, vec![u128::from(c.packets), u128::from(c.bytes)])
+    }
+}
+
+#[derive(Clone)]
+pub struct Counter {
+    forward: Forward,
+    flows: DeclaredTable<CountsCodec>,
+}
+
+impl Counter {
+    pub fn new(
+        cfg: &CounterConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "flows")?;
+        let profiles = crate::idle_profiles(field, &[("idle", cfg.idle)])?;
+        let declaration = Declaration {
+            name: "flows".into(),
+            capacity: cfg.capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: flow_key_declared(),
+                actions: vec![Action {
+                    name: "count".into(),
+                    params: vec![
+                        Field::exact("packets", 64, Format::Int),
+                        Field::exact("bytes", 64, Format::Int),
+                    ],
+                }],
+                writable: false,
+            },
+        };
+        Ok(Counter {
+            forward: Forward::new(
+                &ForwardConfig {
+                    map: cfg.map.clone(),
+                },
+                ports,
+                field,
+            )?,
+            flows: DeclaredTable::new(ExactTable::new(cfg.capacity, &profiles, seed), declaration),
+        })
+    }
+
+    /// The counts of the flow `key` (as its packets have it).
+    pub fn counts(&self, key: &FlowKey) -> Option<Counts> {
+        self.flows.get(&FlowKey { in_port: 0, ..*key }).copied()
+    }
+}
+
+impl Program for Counter {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.forward.process(burst, ctx);
+        for d in burst.descs_mut() {
+            if matches!(d.verdict, Verdict::Drop(_)) {
+                continue;
+            }
+            let key = FlowKey {
+                in_port: 0,
+                ..d.parsed.key
+            };
+            let bytes = u64::from(d.orig_len);
+            match self.flows.lookup(&key) {
+                Some(id) => {
+                    let c = self.flows.value_mut(id);
+                    c.packets += 1;
+                    c.bytes += bytes;
+                    self.flows.restart_timer(id, d.ts_ns);
+                }
+                None => {
+                    let first = Counts { packets: 1, bytes };
+                    // A full table is counted by the table (`add_full`); the packet goes on.
+                    let _ = self.flows.add_entry(key, first, 0, d.ts_ns);
+                }
+            }
+        }
+        self.flows
+            .expire(ctx.now_ns, crate::sweep_budget(burst.len()), |_, _| {});
+    }
+
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.flows.expire(ctx.now_ns, crate::IDLE_SWEEP, |_, _| {});
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        self.forward.drop_reasons()
+    }
+
+    answer_by_table!(flows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{hasher, ip_frame, run_at, tcp};
+    use std::collections::HashMap;
+
+    fn counter(extra: &str) -> Counter {
+        let names = PortNames(vec!["a".into(), "b".into()]);
+        let cfg: CounterConfig = toml::from_str(extra).unwrap();
+        Counter::new(&cfg, &names, "program.counter", 4).unwrap()
+    }
+
+    #[test]
+    fn every_packet_is_counted_on_its_flow_and_forwarded() {
+        let mut c = counter("");
+        // 50 flows, flow i sending i + 1 packets, interleaved over bursts of 32.
+        let mut frames = Vec::new();
+        for round in 0..50 {
+            for i in round..50u16 {
+                frames.push((
+                    ip_frame("198.18.0.1", "198.19.0.1", tcp(1000 + i, 80, 0x10)),
+                    0,
+                ));
+            }
+        }
+        let mut exact: HashMap<FlowKey, Counts> = HashMap::new();
+        for (t, chunk) in frames.chunks(32).enumerate() {
+            for (v, bytes) in run_at(&mut c, t as u64, chunk, (0, 1), 2) {
+                assert_eq!(v, Verdict::Forward(1));
+                let key = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap().key;
+                let e = exact.entry(key).or_default();
+                e.packets += 1;
+                e.bytes += bytes.len() as u64;
+            }
+        }
+        assert_eq!(exact.len(), 50);
+        for (key, counts) in &exact {
+            assert_eq!(c.counts(key), Some(*counts), "{key:?}");
+        }
+        assert_eq!(exact.values().map(|c| c.packets).max(), Some(50));
+    }
+
+    #[test]
+    fn idle_flows_leave_with_a_notification_of_their_counts_and_a_full_table_forwards() {
+        let mut c = counter("capacity = 2\nidle = 1.0");
+        let frame = |port| (ip_frame("198.18.0.1", "198.19.0.1", tcp(port, 80, 0x10)), 0);
+        let out = run_at(
+            &mut c,
+            0,
+            &[frame(1), frame(1), frame(2), frame(3)],
+            (0, 1),
+            2,
+        );
+        assert!(
+            out.iter().all(|(v, _)| *v == Verdict::Forward(1)),
+            "full: still forwarded"
+        );
+        assert_eq!(c.flows.stats.add_full, 1);
+        for _ in 0..8 {
+            c.poll(
+                &mut Burst::with_capacity(1),
+                &mut crate::testutil::ctx(2_000_000_000, 2),
+            );
+        }
+        assert_eq!(c.flows.len(), 0);
+        let mut notes = Vec::new();
+        c.notifications(&mut notes);
+        assert_eq!(notes.len(), 2);
+        let first = notes
+            .iter()
+            .find(|n| n.entry.key[3] == Match::Exact(1))
+            .unwrap();
+        assert_eq!(first.entry.params[0], 2, "the final packet count");
+    }
+}

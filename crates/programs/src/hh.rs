@@ -1,0 +1,342 @@
+//! `hh`: heavy-hitter detection. Each tenant (VLAN) counts its flows in a count-min sketch
+//! of its own, started afresh every interval; a flow whose count in the interval reaches
+//! `threshold` is reported (once per interval as a digest, and in the `heavy_hitters`
+//! table with its latest estimate, kept for two intervals).
+//!
+//! A count-min sketch never undercounts, so every flow at or over the threshold is
+//! reported; it overcounts by more than `e * N / width` (N: the tenant's count in the
+//! interval) with probability at most `e^-depth`, so a reported flow's true count is at
+//! least `threshold - e * N / width` with that probability. One sketch per tenant keeps a
+//! busy tenant's traffic from inflating another's estimates. Tenants beyond `tenants` share
+//! one more sketch (counted, with that sketch's larger error).
+//!
+//! Workers: a flow is counted by the worker the runtime sends it to, so its count is whole
+//! there. Packets are forwarded by `forward`'s port map, whatever is measured.
+//!
+//! State: the sketches (per worker, write-centric: every packet adds to `depth` counters)
+//! and `heavy_hitters` (declared; key the flow; action `found` with `interval` and the
+//! count). Configuration: `threshold` (default 1000), `by` (`packets` or `bytes`),
+//! `tenants` (default 64), `interval_ms`, `width`, `depth`, `reports` (see
+//! docs/programs.md), `map` as `forward`.
+
+use crate::forward::{Forward, ForwardConfig};
+use crate::report::{Intervals, Measurement, Reports};
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, Prepared, Program, Verdict};
+use stateplane_state::{ControlError, CountMin, Declaration, Notification, Reply, Request};
+use stateplane_wire::FlowKey;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HhConfig {
+    #[serde(default = "default_threshold")]
+    pub threshold: u32,
+    /// "packets" (the default) or "bytes".
+    #[serde(default = "default_by")]
+    pub by: String,
+    #[serde(default = "default_tenants")]
+    pub tenants: usize,
+    #[serde(flatten)]
+    pub measurement: Measurement,
+    #[serde(default)]
+    pub map: BTreeMap<String, String>,
+}
+
+fn default_threshold() -> u32 {
+    1000
+}
+
+fn default_by() -> String {
+    "packets".into()
+}
+
+fn default_tenants() -> usize {
+    64
+}
+
+#[derive(Clone)]
+pub struct Hh {
+    forward: Forward,
+    threshold: u32,
+    bytes: bool,
+    intervals: Intervals,
+    /// VLAN -> 1 + its sketch (0: none yet); `sketches[tenants]` is shared by the tenants
+    /// beyond.
+    tenant_of: Vec<u16>,
+    tenants_seen: usize,
+    sketches: Vec<CountMin>,
+    /// Whether each sketch was added to in this interval (only those are cleared).
+    touched: Vec<bool>,
+    reports: Reports<FlowKey>,
+}
+
+impl Hh {
+    pub fn new(
+        cfg: &HhConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let m = &cfg.measurement;
+        m.check(field)?;
+        let bytes = match cfg.by.as_str() {
+            "packets" => false,
+            "bytes" => true,
+            other => {
+                return Err(ConfigError::new(
+                    format!("{field}.by"),
+                    format!("'{other}' is not packets or bytes"),
+                ));
+            }
+        };
+        if cfg.threshold == 0 {
+            return Err(ConfigError::new(
+                format!("{field}.threshold"),
+                "give a count above 0",
+            ));
+        }
+        if !(1..=4096).contains(&cfg.tenants) {
+            return Err(ConfigError::new(
+                format!("{field}.tenants"),
+                "give 1 to 4096 tenants (VLANs) with a sketch of their own",
+            ));
+        }
+        Ok(Hh {
+            forward: Forward::new(
+                &ForwardConfig {
+                    map: cfg.map.clone(),
+                },
+                ports,
+                field,
+            )?,
+            threshold: cfg.threshold,
+            bytes,
+            intervals: Intervals::new(m.interval_ns()),
+            tenant_of: vec![0; 4096],
+            tenants_seen: 0,
+            sketches: vec![CountMin::new(m.depth, m.width, seed.rotate_left(17)); cfg.tenants + 1],
+            touched: vec![false; cfg.tenants + 1],
+            reports: Reports::new(
+                "heavy_hitters",
+                "",
+                &cfg.by,
+                m,
+                2 * m.interval_ns(),
+                seed.rotate_left(31),
+            ),
+        })
+    }
+
+    /// The report of the flow `key` (as its packets have it), if it was found heavy.
+    pub fn report(&self, key: &FlowKey) -> Option<crate::report::Report> {
+        self.reports.get(&FlowKey { in_port: 0, ..*key })
+    }
+
+    /// The sketch of tenant `vlan`, given one if there is room.
+    fn sketch(&mut self, vlan: u16) -> usize {
+        let slot = usize::from(vlan & 0x0fff);
+        match self.tenant_of[slot] {
+            0 if self.tenants_seen + 1 < self.sketches.len() => {
+                self.tenants_seen += 1;
+                self.tenant_of[slot] = self.tenants_seen as u16;
+                self.tenants_seen - 1
+            }
+            0 => self.sketches.len() - 1,
+            s => usize::from(s) - 1,
+        }
+    }
+
+    /// Starts the counts of a new interval.
+    fn roll(&mut self, now_ns: u64) -> u32 {
+        let (interval, later) = self.intervals.at(now_ns);
+        if later {
+            for (sketch, touched) in self.sketches.iter_mut().zip(&mut self.touched) {
+                if std::mem::take(touched) {
+                    sketch.clear();
+                }
+            }
+        }
+        interval
+    }
+}
+
+impl Program for Hh {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        self.forward.process(burst, ctx);
+        for d in burst.descs_mut() {
+            if matches!(d.verdict, Verdict::Drop(_)) {
+                continue;
+            }
+            let interval = self.roll(d.ts_ns);
+            let key = FlowKey {
+                in_port: 0,
+                ..d.parsed.key
+            };
+            let s = self.sketch(key.vlan);
+            self.touched[s] = true;
+            let n = if self.bytes { d.orig_len } else { 1 };
+            let estimate = self.sketches[s].add(&key, n);
+            if estimate >= self.threshold {
+                self.reports.file(key, estimate, interval, d.ts_ns);
+            }
+        }
+        self.reports
+            .expire(ctx.now_ns, crate::sweep_budget(burst.len()));
+    }
+
+    fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
+        self.roll(ctx.now_ns);
+        self.reports.expire(ctx.now_ns, crate::IDLE_SWEEP);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        self.forward.drop_reasons()
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.reports.table.declaration().clone()]
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        self.reports.table.answer(request, ctx.now_ns)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.reports.table.take_notifications(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{hasher, run_at};
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_wire::MacAddr;
+    use std::collections::HashMap;
+
+    /// Flow `i` of tenant `vlan`: a UDP flow to port 53 from its own port.
+    fn frame(vlan: u16, i: u32) -> Vec<u8> {
+        let hosts = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan,
+            src: format!("198.18.{}.{}", i / 200, 1 + i % 200)
+                .parse()
+                .unwrap(),
+            dst: "198.19.0.1".parse().unwrap(),
+            ttl: 64,
+        };
+        let mut f = Vec::new();
+        emit_frame(
+            &mut f,
+            &hosts,
+            &L4::Udp {
+                src_port: 1000,
+                dst_port: 53,
+            },
+            b"x",
+        );
+        f
+    }
+
+    fn hh(extra: &str) -> Hh {
+        let names = PortNames(vec!["a".into(), "b".into()]);
+        let cfg: HhConfig = toml::from_str(extra).unwrap();
+        Hh::new(&cfg, &names, "program.hh", 8).unwrap()
+    }
+
+    #[test]
+    fn every_heavy_flow_is_reported_and_no_light_one_beyond_the_sketch_bound() {
+        let (width, depth, threshold) = (256usize, 4, 200u32);
+        let mut p = hh(&format!(
+            "threshold = {threshold}\nwidth = {width}\ndepth = {depth}"
+        ));
+        // Three tenants; in each, flow i sends about 4000 / (i + 1) packets (Zipf-like),
+        // interleaved, in one interval.
+        let mut frames = Vec::new();
+        let mut exact: HashMap<FlowKey, u32> = HashMap::new();
+        let mut per_tenant: HashMap<u16, u32> = HashMap::new();
+        for vlan in [10u16, 20, 30] {
+            for i in 0..600u32 {
+                let n = 4000 / (i + 1) / (u32::from(vlan) / 10);
+                for _ in 0..n.max(1) {
+                    frames.push((frame(vlan, i), 0));
+                }
+            }
+        }
+        // A fixed shuffle, so that flows interleave.
+        let mut state = 1u64;
+        for i in (1..frames.len()).rev() {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            frames.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        for chunk in frames.chunks(64) {
+            for (v, bytes) in run_at(&mut p, 5_000_000, chunk, (0, 1), 2) {
+                assert_eq!(v, Verdict::Forward(1));
+                let key = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap().key;
+                *exact.entry(FlowKey { in_port: 0, ..key }).or_default() += 1;
+                *per_tenant.entry(key.vlan).or_default() += 1;
+            }
+        }
+        let (mut heavy, mut reported) = (0, 0);
+        for (key, &count) in &exact {
+            let report = p.report(key);
+            if count >= threshold {
+                heavy += 1;
+                assert!(report.is_some(), "a flow of {count} packets was missed");
+            }
+            if let Some(r) = report {
+                reported += 1;
+                let bound = std::f64::consts::E * f64::from(per_tenant[&key.vlan]) / width as f64;
+                assert!(
+                    f64::from(count) >= f64::from(threshold) - bound,
+                    "{count} packets reported (bound {bound:.0})"
+                );
+                assert!(r.estimate >= count, "count-min never undercounts");
+            }
+        }
+        assert!(heavy >= 20, "the test has heavy flows: {heavy}");
+        assert!(
+            reported < heavy + heavy / 2,
+            "{reported} reported of {heavy}"
+        );
+        // Each report was sent once as a digest.
+        let mut notes = Vec::new();
+        p.notifications(&mut notes);
+        assert_eq!(notes.len(), reported);
+    }
+
+    #[test]
+    fn counts_start_again_every_interval_and_tenants_are_apart() {
+        let mut p = hh("threshold = 10\ninterval_ms = 100\ntenants = 1");
+        let ms = 1_000_000u64;
+        let burst = |vlan, n| vec![(frame(vlan, 0), 0); n];
+        run_at(&mut p, 10 * ms, &burst(10, 6), (0, 1), 2);
+        run_at(&mut p, 150 * ms, &burst(10, 6), (0, 1), 2);
+        let key = |vlan| {
+            let k = stateplane_wire::parse(&frame(vlan, 0), 0, &hasher())
+                .unwrap()
+                .key;
+            FlowKey { in_port: 0, ..k }
+        };
+        assert_eq!(
+            p.report(&key(10)),
+            None,
+            "6 + 6 in two intervals is never 10"
+        );
+        run_at(&mut p, 160 * ms, &burst(10, 4), (0, 1), 2);
+        assert_eq!(p.report(&key(10)).map(|r| r.interval), Some(1));
+        // A second tenant beyond `tenants` shares the overflow sketch but is still counted.
+        run_at(&mut p, 170 * ms, &burst(20, 10), (0, 1), 2);
+        assert_eq!(p.report(&key(20)).map(|r| r.estimate), Some(10));
+    }
+}

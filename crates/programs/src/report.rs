@@ -1,0 +1,321 @@
+//! What the measurement programs (`hh`, `superspreader`, `udpflood`, `synflood`) share:
+//! measurement intervals on the packets' clock, and a table of what an interval found.
+//!
+//! Owns: interval numbering and the declared `Reports` table (the key, the interval it was
+//! found in, the estimate), whose first entry per key and interval is also sent to the
+//! control plane as a digest (`ctl watch`). Must never: decide what is worth reporting
+//! (the programs do).
+
+use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use serde::Deserialize;
+use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::{
+    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
+    Match, TableKey,
+};
+use stateplane_wire::FlowKey;
+use std::marker::PhantomData;
+
+/// The settings every measurement program has.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    /// Interval length in milliseconds: counts start again at each one.
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+    /// Count-min sketch columns per row (rounded up to a power of two) and rows.
+    #[serde(default = "default_width")]
+    pub width: usize,
+    #[serde(default = "default_depth")]
+    pub depth: usize,
+    /// Reports kept per worker.
+    #[serde(default = "default_reports")]
+    pub reports: usize,
+}
+
+impl Default for Measurement {
+    fn default() -> Self {
+        Measurement {
+            interval_ms: default_interval(),
+            width: default_width(),
+            depth: default_depth(),
+            reports: default_reports(),
+        }
+    }
+}
+
+fn default_interval() -> u64 {
+    1000
+}
+
+fn default_width() -> usize {
+    4096
+}
+
+fn default_depth() -> usize {
+    4
+}
+
+fn default_reports() -> usize {
+    4096
+}
+
+impl Measurement {
+    /// Checks the settings (under `field`).
+    pub(crate) fn check(&self, field: &str) -> Result<(), crate::ConfigError> {
+        use crate::ConfigError;
+        if !(1..=3_600_000).contains(&self.interval_ms) {
+            return Err(ConfigError::new(
+                format!("{field}.interval_ms"),
+                "give 1 to 3600000 milliseconds",
+            ));
+        }
+        if !(16..=1 << 24).contains(&self.width) {
+            return Err(ConfigError::new(
+                format!("{field}.width"),
+                "give 16 to 16777216 counters per row",
+            ));
+        }
+        if !(1..=8).contains(&self.depth) {
+            return Err(ConfigError::new(
+                format!("{field}.depth"),
+                "give 1 to 8 rows",
+            ));
+        }
+        crate::check_capacity(&format!("{field}.reports"), self.reports, "reports")
+    }
+
+    pub(crate) fn interval_ns(&self) -> u64 {
+        self.interval_ms * 1_000_000
+    }
+}
+
+/// Which interval a time falls in, and whether time has moved into a later one.
+#[derive(Debug, Clone)]
+pub(crate) struct Intervals {
+    length_ns: u64,
+    current: Option<u64>,
+}
+
+impl Intervals {
+    pub fn new(length_ns: u64) -> Self {
+        Intervals {
+            length_ns: length_ns.max(1),
+            current: None,
+        }
+    }
+
+    /// The interval `now_ns` falls in, and whether it is a later one than the last call's
+    /// (the first call's is not: nothing was counted before it).
+    #[inline]
+    pub fn at(&mut self, now_ns: u64) -> (u32, bool) {
+        let i = now_ns / self.length_ns;
+        let later = self.current.is_some_and(|c| i > c);
+        if later || self.current.is_none() {
+            self.current = Some(i);
+        }
+        (self.current.unwrap_or(i) as u32, later)
+    }
+}
+
+/// What an interval found about a key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The interval's number (time / interval length).
+    pub interval: u32,
+    /// The measured count when last updated.
+    pub estimate: u32,
+}
+
+/// A key reports are filed under, with its fields in the control API.
+pub(crate) trait ReportKey: TableKey {
+    fn declared(name: &str) -> Vec<Field>;
+    fn of(fields: &[Match]) -> Self;
+    fn fields(&self) -> Vec<Match>;
+}
+
+/// Flows, as the connection tables declare them.
+impl ReportKey for FlowKey {
+    fn declared(_name: &str) -> Vec<Field> {
+        flow_key_declared()
+    }
+
+    fn of(fields: &[Match]) -> Self {
+        flow_key_of(fields)
+    }
+
+    fn fields(&self) -> Vec<Match> {
+        flow_key_fields(self)
+    }
+}
+
+/// IP addresses (IPv4 mapped into IPv6), one field named as the program says.
+impl ReportKey for u128 {
+    fn declared(name: &str) -> Vec<Field> {
+        vec![Field::exact(name, 128, Format::Ip)]
+    }
+
+    fn of(fields: &[Match]) -> Self {
+        match fields.first() {
+            Some(Match::Exact(v)) => *v,
+            _ => 0,
+        }
+    }
+
+    fn fields(&self) -> Vec<Match> {
+        vec![Match::Exact(*self)]
+    }
+}
+
+pub(crate) struct ReportCodec<K>(PhantomData<K>);
+
+impl<K: ReportKey> ExactCodec for ReportCodec<K> {
+    type Key = K;
+    type Value = Report;
+
+    fn key(fields: &[Match]) -> K {
+        K::of(fields)
+    }
+
+    fn fields(key: &K) -> Vec<Match> {
+        key.fields()
+    }
+
+    fn value(_action: usize, params: &[u128]) -> Report {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0) as u32;
+        Report {
+            interval: p(0),
+            estimate: p(1),
+        }
+    }
+
+    fn action(r: &Report) -> (usize, Vec<u128>) {
+        (0, vec![u128::from(r.interval), u128::from(r.estimate)])
+    }
+}
+
+/// The reports of the last intervals: an entry leaves once it has not been reported for
+/// a while (`keep_ns`).
+pub(crate) struct Reports<K: ReportKey> {
+    pub table: DeclaredTable<ReportCodec<K>>,
+}
+
+impl<K: ReportKey> Clone for Reports<K> {
+    fn clone(&self) -> Self {
+        Reports {
+            table: self.table.clone(),
+        }
+    }
+}
+
+impl<K: ReportKey> Reports<K> {
+    /// A table `name` of reports keyed by a field `key_name` (for address keys), each
+    /// naming the measured count `what`, kept `keep_ns` after their last report.
+    pub fn new(
+        name: &str,
+        key_name: &str,
+        what: &str,
+        m: &Measurement,
+        keep_ns: u64,
+        seed: u64,
+    ) -> Reports<K> {
+        let declaration = Declaration {
+            name: name.into(),
+            capacity: m.reports,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: K::declared(key_name),
+                actions: vec![Action {
+                    name: "found".into(),
+                    params: vec![
+                        Field::exact("interval", 32, Format::Int),
+                        Field::exact(what, 32, Format::Int),
+                    ],
+                }],
+                writable: false,
+            },
+        };
+        let keep = ExpireProfile {
+            timeout_ns: keep_ns,
+            mode: ExpireMode::AutoDelete,
+        };
+        Reports {
+            table: DeclaredTable::new(ExactTable::new(m.reports, &[keep], seed), declaration),
+        }
+    }
+
+    /// Files `estimate` for `key` in `interval`; the first report of a key in an interval
+    /// is also a digest. Returns whether it was the first. A full table keeps what it has
+    /// (`ctl stats` counts the refusals).
+    pub fn file(&mut self, key: K, estimate: u32, interval: u32, now_ns: u64) -> bool {
+        let report = Report { interval, estimate };
+        let first = match self.table.lookup(&key) {
+            Some(id) => {
+                let r = self.table.value_mut(id);
+                let first = r.interval != interval;
+                *r = report;
+                self.table.restart_timer(id, now_ns);
+                first
+            }
+            None => self.table.add_entry(key, report, 0, now_ns).is_ok(),
+        };
+        if first {
+            self.table.digest(&key, &report, now_ns);
+        }
+        first
+    }
+
+    pub fn get(&self, key: &K) -> Option<Report> {
+        self.table.get(key).copied()
+    }
+
+    pub fn expire(&mut self, now_ns: u64, budget: usize) {
+        self.table.expire(now_ns, budget, |_, _| {});
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_number_time_and_say_when_a_later_one_begins() {
+        let mut i = Intervals::new(10);
+        assert_eq!(i.at(25), (2, false), "the first is no change");
+        assert_eq!(i.at(29), (2, false));
+        assert_eq!(i.at(31), (3, true));
+        assert_eq!(
+            i.at(28),
+            (3, false),
+            "a late packet stays in the current one"
+        );
+        assert_eq!(i.at(75), (7, true));
+    }
+
+    #[test]
+    fn a_key_is_first_once_per_interval_and_each_first_is_a_digest() {
+        let m = Measurement {
+            interval_ms: 1,
+            ..Measurement::default()
+        };
+        let mut r: Reports<u128> = Reports::new("found", "dst", "packets", &m, 2_000_000, 1);
+        assert!(r.file(7, 100, 1, 0));
+        assert!(!r.file(7, 150, 1, 0));
+        assert_eq!(
+            r.get(&7),
+            Some(Report {
+                interval: 1,
+                estimate: 150
+            })
+        );
+        assert!(r.file(7, 120, 2, 1_000_000));
+        let mut out = Vec::new();
+        r.table.take_notifications(&mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].entry.params, [2, 120]);
+        for _ in 0..8 {
+            r.expire(3_000_001, 4096);
+        }
+        assert_eq!(r.get(&7), None, "gone two intervals after its last report");
+    }
+}
