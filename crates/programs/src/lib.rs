@@ -14,6 +14,7 @@ mod control_tests;
 pub mod counter;
 pub mod firewall;
 pub mod flood;
+pub mod flowlet;
 pub mod forward;
 pub mod hh;
 pub mod l2;
@@ -105,6 +106,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "udpflood",
         "UDP flood detection per destination, with dropping or rate-limiting",
+    ),
+    (
+        "flowlet",
+        "flowlet switching: a flow moves between equal-cost next hops only after a pause",
     ),
     ("forward", "port-to-port pass-through by a static port map"),
     (
@@ -313,6 +318,9 @@ pub fn build(
         }),
         "synflood" => factory(table, f, |c| {
             flood::Flood::new(flood::Attack::Syn, c, ports, f, table_seed())
+        }),
+        "flowlet" => factory(table, f, |c| {
+            flowlet::Flowlet::new(c, ports, f, table_seed())
         }),
         "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
         "firewall" => factory(table, f, |c| {
