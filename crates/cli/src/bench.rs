@@ -184,14 +184,9 @@ fn rx_only(queues: Vec<ReplayQueue>, burst_size: usize) -> Vec<WorkerRun> {
     })
 }
 
-/// Runs `program` once over fresh replay queues; per-worker results.
-fn measure(
-    program: &str,
-    queues: Vec<ReplayQueue>,
-    runtime: &RuntimeConfig,
-) -> CliResult<Vec<WorkerRun>> {
-    let factory: ProgramFactory = match program {
-        "rx" => return Ok(rx_only(queues, runtime.burst_size)),
+/// The factory of one of this benchmark's programs.
+fn factory_of(program: &str) -> CliResult<ProgramFactory> {
+    Ok(match program {
         "forward" => {
             let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
             Arc::new(move |_| Box::new(f.clone()))
@@ -199,31 +194,124 @@ fn measure(
         "conntrack" => conntrack_factory()?,
         "router" => router_factory()?,
         _ => l2_factory()?,
+    })
+}
+
+/// Runs `program` once over fresh replay queues (`None`: the receive-only baseline):
+/// per-worker results, and the packets forwarded of those received.
+pub(crate) fn measure(
+    factory: Option<&ProgramFactory>,
+    queues: Vec<ReplayQueue>,
+    runtime: &RuntimeConfig,
+) -> CliResult<(Vec<WorkerRun>, u64, u64)> {
+    let Some(factory) = factory else {
+        let runs = rx_only(queues, runtime.burst_size);
+        let n = runs.iter().map(|r| r.0).sum();
+        return Ok((runs, n, n));
     };
     let workers = queues.len();
     let sources: Vec<Box<dyn BurstSource>> = queues
         .into_iter()
         .map(|q| Box::new(q) as Box<dyn BurstSource>)
         .collect();
-    let report = run_sharded(runtime, sources, 2, &factory, &RunHandle::new(workers));
+    let report = run_sharded(runtime, sources, 2, factory, &RunHandle::new(workers));
     if let Some(e) = report.errors.first() {
         return Err(e.clone());
     }
-    let (rx, tx) = (
-        report.total.get(Counter::RxPackets),
-        report.total.get(Counter::TxPackets),
-    );
-    if tx != rx {
-        return Err(format!(
-            "{program}: forwarded {tx} of {rx} packets; the benchmark expects all"
-        ));
-    }
-    Ok(report
+    let runs = report
         .per_worker
         .iter()
         .zip(&report.worker_busy)
         .map(|(s, b)| (s.get(Counter::RxPackets), b.as_secs_f64()))
-        .collect())
+        .collect();
+    Ok((
+        runs,
+        report.total.get(Counter::RxPackets),
+        report.total.get(Counter::TxPackets),
+    ))
+}
+
+/// A program's rates over `repeat` runs of the trace: medians of Mpps per core (from each
+/// worker's packets and busy time), ns per packet, and Mpps of all workers together; and
+/// the packets handled and forwarded in a run.
+pub(crate) struct Rates {
+    pub packets: u64,
+    pub forwarded: u64,
+    pub mpps_per_core: f64,
+    pub ns_per_packet: f64,
+    pub mpps_total: f64,
+}
+
+pub(crate) fn rates(
+    factory: Option<&ProgramFactory>,
+    trace: &ReplayTrace,
+    runtime: &RuntimeConfig,
+    (loops, repeat, huge): (u64, usize, bool),
+) -> CliResult<(Rates, bool)> {
+    let (mut per_core, mut total, mut ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut packets, mut forwarded, mut huge_used) = (0, 0, huge);
+    for _ in 0..repeat {
+        let queues = trace.into_queues(runtime.workers, &runtime.hasher, loops, 0, huge);
+        huge_used &= queues.iter().all(|q| q.is_huge());
+        let (runs, rx, tx) = measure(factory, queues, runtime)?;
+        (packets, forwarded) = (rx, tx);
+        let mean_ns = runs
+            .iter()
+            .map(|&(n, secs)| secs * 1e9 / n.max(1) as f64)
+            .sum::<f64>()
+            / runs.len() as f64;
+        let slowest = runs.iter().map(|r| r.1).fold(0.0, f64::max);
+        ns.push(mean_ns);
+        per_core.push(1e3 / mean_ns);
+        total.push(packets as f64 / slowest / 1e6);
+    }
+    let rates = Rates {
+        packets,
+        forwarded,
+        mpps_per_core: median(per_core),
+        ns_per_packet: median(ns),
+        mpps_total: median(total),
+    };
+    Ok((rates, huge_used))
+}
+
+/// Generates a trace in memory: the trace, and the command that makes the same one.
+pub(crate) fn generated_trace(
+    workload: &str,
+    packets: u64,
+    packet_size: usize,
+    ipv6_share: f64,
+    seed: u64,
+) -> CliResult<(ReplayTrace, String)> {
+    let w: Workload = workload
+        .parse()
+        .map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
+    let mut cfg = GenConfig::new(w, packets);
+    cfg.seed = seed;
+    cfg.packet_size = Some(packet_size);
+    cfg.ipv6_share = ipv6_share;
+    let mut frames = Vec::new();
+    let mut bounds = Vec::new();
+    generate(
+        &cfg,
+        |ts, f| {
+            bounds.push((ts, frames.len(), f.len()));
+            frames.extend_from_slice(f);
+            Ok(())
+        },
+        |_| {},
+    )
+    .map_err(|e| e.to_string())?;
+    let trace = ReplayTrace::from_packets(
+        bounds
+            .iter()
+            .map(|&(ts, at, len)| (ts, &frames[at..at + len])),
+    );
+    let input = format!(
+        "generated: stateplane gen {workload} --packets {packets} --packet-size {packet_size} \
+         --ipv6-share {ipv6_share} --seed {seed}"
+    );
+    Ok((trace, input))
 }
 
 pub fn main(a: BenchArgs) -> CliResult<()> {
@@ -245,38 +333,7 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
                 .map_err(|e| format!("--trace {}: {e}", path.display()))?;
             (trace, format!("trace {}", path.display()))
         }
-        None => {
-            let workload: Workload = a
-                .workload
-                .parse()
-                .map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
-            let mut cfg = GenConfig::new(workload, a.packets);
-            cfg.seed = a.seed;
-            cfg.packet_size = Some(a.packet_size);
-            cfg.ipv6_share = a.ipv6_share;
-            let mut frames = Vec::new();
-            let mut bounds = Vec::new();
-            generate(
-                &cfg,
-                |ts, f| {
-                    bounds.push((ts, frames.len(), f.len()));
-                    frames.extend_from_slice(f);
-                    Ok(())
-                },
-                |_| {},
-            )
-            .map_err(|e| e.to_string())?;
-            let trace = ReplayTrace::from_packets(
-                bounds
-                    .iter()
-                    .map(|&(ts, at, len)| (ts, &frames[at..at + len])),
-            );
-            let input = format!(
-                "generated: stateplane gen {} --packets {} --packet-size {} --ipv6-share {} --seed {}",
-                a.workload, a.packets, a.packet_size, a.ipv6_share, a.seed
-            );
-            (trace, input)
-        }
+        None => generated_trace(&a.workload, a.packets, a.packet_size, a.ipv6_share, a.seed)?,
     };
     if trace.is_empty() {
         return Err("the trace has no packets".into());
@@ -297,29 +354,24 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
     let mut results = Vec::new();
     let mut huge_used = huge;
     for program in &programs {
-        let (mut per_core, mut total, mut ns) = (Vec::new(), Vec::new(), Vec::new());
-        let mut packets = 0;
-        for _ in 0..repeat {
-            let queues = trace.into_queues(workers, &runtime.hasher, a.loops, 0, huge);
-            huge_used &= queues.iter().all(|q| q.is_huge());
-            let runs = measure(program, queues, &runtime)?;
-            packets = runs.iter().map(|r| r.0).sum::<u64>();
-            let mean_ns = runs
-                .iter()
-                .map(|&(n, secs)| secs * 1e9 / n.max(1) as f64)
-                .sum::<f64>()
-                / runs.len() as f64;
-            let slowest = runs.iter().map(|r| r.1).fold(0.0, f64::max);
-            ns.push(mean_ns);
-            per_core.push(1e3 / mean_ns);
-            total.push(packets as f64 / slowest / 1e6);
+        let factory = match *program {
+            "rx" => None,
+            p => Some(factory_of(p)?),
+        };
+        let (r, huge) = rates(factory.as_ref(), &trace, &runtime, (a.loops, repeat, huge))?;
+        huge_used &= huge;
+        if r.forwarded != r.packets {
+            return Err(format!(
+                "{program}: forwarded {} of {} packets; the benchmark expects all",
+                r.forwarded, r.packets
+            ));
         }
         results.push(Measurement {
             program: program.to_string(),
-            packets,
-            mpps_per_core: median(per_core),
-            ns_per_packet: median(ns),
-            mpps_total: median(total),
+            packets: r.packets,
+            mpps_per_core: r.mpps_per_core,
+            ns_per_packet: r.ns_per_packet,
+            mpps_total: r.mpps_total,
         });
     }
     report(&a, &input, workers, burst_size, huge_used, &results)

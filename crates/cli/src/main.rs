@@ -8,6 +8,7 @@
 mod bench;
 mod bench_addonmiss;
 mod bench_cache;
+mod bench_catalog;
 mod bench_flows;
 mod bench_pipeline;
 mod bench_tables;
@@ -56,6 +57,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The add-on-miss insertion-latency experiment (phase 1 inserts, phase 2 mixes).
     BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
+    /// Mpps per core of each program of the catalog on its workload, beside forward.
+    BenchCatalog(bench_catalog::BenchCatalogArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(bench_cache::BenchCacheArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Lab(args) => lab_cmd::main(args),
         Command::BenchTables(args) => bench_tables::main(args),
         Command::BenchCache(args) => bench_cache::main(args),
+        Command::BenchCatalog(args) => bench_catalog::main(args),
         Command::BenchFlows(args) => bench_flows::main(args),
         Command::BenchPipeline(args) => bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),

@@ -387,23 +387,35 @@ impl Nat {
     }
 
     /// A free external port for the inside connection `key` whose answers come back to
-    /// this worker: the inside source port if it is one, else from a hashed start.
+    /// this worker: the inside source port if it is one; else, in a pool no larger than
+    /// the tries, every port in turn; else ports drawn at random from a hash of the
+    /// connection. Random draws, not a walk from one start, because inside ports cluster
+    /// (ephemeral ranges): a walk through a cluster of taken ports runs out of tries while
+    /// most of the pool is free.
     fn choose_port(&self, key: &FlowKey, ctx: &Context) -> Option<u16> {
-        let offset = u32::from(key.src_port.wrapping_sub(self.first_port));
-        let start = if offset < self.pool && key.proto != ICMP {
-            offset
-        } else {
-            (ctx.hasher.hash(key) % u64::from(self.pool)) as u32
-        };
-        let tries = self
-            .pool
-            .min(PORT_TRIES_PER_WORKER * ctx.workers.max(1) as u32);
-        (0..tries).find_map(|i| {
-            let port = self.first_port + ((start + i) % self.pool) as u16;
+        let usable = |offset: u32| {
+            let port = self.first_port + offset as u16;
             let answer = answer_key(key, self.external, port);
             let here = ctx.workers <= 1
                 || shard_of(ctx.hasher.hash_connection(&answer), ctx.workers) == ctx.worker;
             (here && self.answers.find_id(&answer).is_none()).then_some(port)
+        };
+        let offset = u32::from(key.src_port.wrapping_sub(self.first_port));
+        if offset < self.pool
+            && key.proto != ICMP
+            && let Some(port) = usable(offset)
+        {
+            return Some(port);
+        }
+        let tries = PORT_TRIES_PER_WORKER * ctx.workers.max(1) as u32;
+        if self.pool <= tries {
+            return (0..self.pool).find_map(usable);
+        }
+        let mut h = ctx.hasher.hash(key);
+        (0..tries).find_map(|_| {
+            h = h.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mixed = (h ^ (h >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            usable(((mixed >> 32) % u64::from(self.pool)) as u32)
         })
     }
 
@@ -1014,6 +1026,37 @@ mod tests {
             }
             proptest::prop_assert_eq!(n.answers.len(), n.len());
         }
+    }
+
+    #[test]
+    fn clustered_inside_ports_do_not_exhaust_a_pool_that_has_room() {
+        // 3,000 hosts open connections to one server from ports 40000 up, which they keep;
+        // 3,000 more use the same ports, so each must find another port away from that
+        // run of taken ones. A walk from the inside port would run out of tries in it.
+        let mut n = nat("capacity = 8192");
+        let mut frames = Vec::new();
+        for round in 0..2u32 {
+            for i in 0..3000u32 {
+                let h = round * 3000 + i;
+                let src = format!("198.18.{}.{}", 1 + h / 250, 1 + h % 250);
+                frames.push((
+                    frame(&src, REMOTE, tcp(40_000 + i as u16, 80, flags::SYN)),
+                    0,
+                ));
+            }
+        }
+        let mut ports = std::collections::HashSet::new();
+        for chunk in frames.chunks(256) {
+            for (v, bytes) in run(&mut n, S, chunk) {
+                assert_eq!(v, OUT);
+                ports.insert(parse(&bytes, 0, &hasher()).unwrap().key.src_port);
+            }
+        }
+        assert_eq!(
+            ports.len(),
+            6000,
+            "one external port per connection to the server"
+        );
     }
 
     #[test]
