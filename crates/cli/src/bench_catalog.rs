@@ -46,7 +46,8 @@ pub struct BenchCatalogArgs {
 
 /// Each program: the workload it runs on and its settings (ports `p0`, where every packet
 /// arrives, and `p1`). Tables have room for every flow of the trace. Traces have a fifth of
-/// their flows on IPv6, but `kv`'s, whose IPv6 server is no VIP of `lb`'s.
+/// their flows on IPv6, but `kv`'s (whose IPv6 server is no VIP of `lb`'s) and `gtp`'s
+/// (`sgw` tunnels IPv4 subscribers).
 const SETUPS: &[(&str, &str, &str)] = &[
     (
         "conntrack",
@@ -75,6 +76,11 @@ const SETUPS: &[(&str, &str, &str)] = &[
     ("udpflood", "udpflood", "threshold = 10000"),
     ("synflood", "synflood", "threshold = 10000"),
     ("flowlet", "internet", ""),
+    (
+        "sgw",
+        "gtp",
+        "address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"",
+    ),
 ];
 
 struct Row {
@@ -131,7 +137,11 @@ pub fn main(a: BenchCatalogArgs) -> CliResult<()> {
     for (i, ((name, workload, _), program)) in chosen.iter().zip(&factories).enumerate() {
         if !traces.contains_key(workload) {
             eprintln!("generating {} packets of {workload}", a.packets);
-            let ipv6_share = if *workload == "kv" { 0.0 } else { 0.2 };
+            let ipv6_share = if matches!(*workload, "kv" | "gtp") {
+                0.0
+            } else {
+                0.2
+            };
             let (trace, input) =
                 generated_trace(workload, a.packets, a.packet_size, ipv6_share, a.seed)?;
             let (forward_rates, _) = rates(Some(&forward), &trace, &runtime, how)?;

@@ -24,6 +24,7 @@ pub mod nat;
 pub mod pipeline;
 mod report;
 pub mod router;
+pub mod sgw;
 pub mod steer;
 pub mod superspreader;
 #[cfg(test)]
@@ -136,6 +137,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "router",
         "IPv4/IPv6 forwarding by longest-prefix match, TTL and MAC rewriting",
+    ),
+    (
+        "sgw",
+        "mobile serving gateway: GTP-U tunnels per subscriber, sessions made by GTPv2-C signaling",
     ),
     (
         "steer",
@@ -328,6 +333,7 @@ pub fn build(
         }),
         "router" => factory(table, f, |c| router::Router::new(c, ports, f)),
         "pipeline" => factory(table, f, |c| pipeline::Pipeline::new(c, ports, f)),
+        "sgw" => factory(table, f, |c| sgw::Sgw::new(c, ports, f, table_seed())),
         "steer" => factory(table, f, |c| steer::Steer::new(c, ports, f)),
         "superspreader" => factory(table, f, |c| {
             superspreader::Superspreader::new(c, ports, f, table_seed())

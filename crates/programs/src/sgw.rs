@@ -1,0 +1,495 @@
+//! `sgw`: a simplified mobile serving gateway (the user plane of an EPC S-GW/P-GW, with
+//! the session signaling it needs handled in the data plane).
+//!
+//! Signaling (GTPv2-C to the gateway's address, port 2123) creates and updates each
+//! subscriber's session; data packets read it:
+//! - Create Session Request: IMSI and the eNodeB's S1-U F-TEID (its address and the TEID
+//!   downlink must carry) make a session. The subscriber's number `n` is the IMSI's 32 bits
+//!   after its MCC/MNC bytes (as the `gtp` workload encodes it); the gateway gives the
+//!   subscriber the address at position `n` of `ue_pool` (modulo its size: a pool at least
+//!   as large as the subscribers keeps them apart) and takes the TEIDs `0x1000_0000 | n`
+//!   (S11, signaling) and `0x2000_0000 | n` (S1-U, uplink). A real gateway returns these in
+//!   its Create Session Response; the generator's traces assume them.
+//! - Modify Bearer Request (to the session's S11 TEID): a new eNodeB F-TEID (a handover).
+//! - Delete Session Request: the session goes.
+//!
+//! Signaling messages are consumed and handed to the control plane (`ToControl(1)`), which
+//! would answer them. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID) is
+//! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session)
+//! is encapsulated in IPv4, UDP and GTP-U with the eNodeB's TEID, from the gateway's
+//! address to the eNodeB's, and sent to `access`. Direction is read from the packet, not
+//! the port it came in by. Non-IP frames pass to the other port.
+//!
+//! Workers: sessions are written by signaling, which comes from one MME (one flow, one
+//! worker), and read by every user's data (spread over workers): with several workers,
+//! sessions need the `synced` guarantee of the state-sync issue; until then run `sgw` with
+//! one worker (others count `no_session`).
+//!
+//! State: `sessions` (declared; key the subscriber number `n`; action `session` with `enb
+//! enb_teid ue`; read-centric: written by about one packet in 18, read by the rest) and
+//! the index from subscriber address to number, derived from it. Configuration: `address`
+//! (the gateway's IPv4 address, required), `ue_pool` (required), `access` and `core`
+//! (ports, default 0 and 1), `capacity` (sessions, default 65536).
+
+use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_state::control::{Action, Field, Format, Write};
+use stateplane_state::{
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
+    Kind, Match, Notification, Reply, Request,
+};
+use stateplane_wire::gtp::{
+    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, gtpv2_ie, gtpv2_ies,
+    gtpv2_type,
+};
+use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
+use stateplane_wire::parse::{ParseFlags, Parsed};
+use stateplane_wire::udp::UdpRepr;
+use std::net::{IpAddr, Ipv4Addr};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SgwConfig {
+    pub address: String,
+    pub ue_pool: String,
+    #[serde(default = "default_access")]
+    pub access: String,
+    #[serde(default = "default_core")]
+    pub core: String,
+    #[serde(default = "default_capacity")]
+    pub capacity: usize,
+}
+
+fn default_access() -> String {
+    "0".into()
+}
+
+fn default_core() -> String {
+    "1".into()
+}
+
+fn default_capacity() -> usize {
+    65_536
+}
+
+/// TEID spaces of the gateway's own tunnel ends: the subscriber number in the low bits.
+pub const S11_TEIDS: u32 = 0x1000_0000;
+pub const S1U_TEIDS: u32 = 0x2000_0000;
+const TEID_SPACE: u32 = 0xf000_0000;
+
+/// `ToControl` code of signaling messages.
+pub const TO_CONTROL_SIGNALING: u16 = 1;
+
+/// Outer IPv4, UDP and GTP-U headers: what encapsulation adds.
+const TUNNEL_HEADERS: usize = 20 + 8 + 8;
+
+/// A subscriber's session: where its downlink goes, and its address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    pub enb: [u8; 4],
+    pub enb_teid: u32,
+    pub ue: [u8; 4],
+}
+
+struct SessionCodec;
+
+impl ExactCodec for SessionCodec {
+    type Key = u32;
+    type Value = Session;
+
+    fn key(fields: &[Match]) -> u32 {
+        match fields.first() {
+            Some(Match::Exact(v)) => *v as u32,
+            _ => 0,
+        }
+    }
+
+    fn fields(key: &u32) -> Vec<Match> {
+        vec![Match::Exact(u128::from(*key))]
+    }
+
+    fn value(_action: usize, params: &[u128]) -> Session {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0) as u32;
+        Session {
+            enb: p(0).to_be_bytes(),
+            enb_teid: p(1),
+            ue: p(2).to_be_bytes(),
+        }
+    }
+
+    fn action(s: &Session) -> (usize, Vec<u128>) {
+        (
+            0,
+            vec![
+                u128::from(u32::from_be_bytes(s.enb)),
+                u128::from(s.enb_teid),
+                u128::from(u32::from_be_bytes(s.ue)),
+            ],
+        )
+    }
+}
+
+const NO_SESSION: DropReason = DropReason::program(0);
+const BAD_SIGNALING: DropReason = DropReason::program(1);
+const TABLE_FULL: DropReason = DropReason::program(2);
+const NOT_ROUTED: DropReason = DropReason::program(3);
+const NO_ROOM: DropReason = DropReason::program(4);
+
+/// What to do with a packet once it has been read.
+enum Step {
+    Done(Verdict),
+    /// Put it in a tunnel to this session's eNodeB.
+    Encapsulate(Session),
+    /// Take the user's packet out of its tunnel: it starts at this offset.
+    Decapsulate(usize),
+}
+
+#[derive(Clone)]
+pub struct Sgw {
+    address: [u8; 4],
+    access: PortId,
+    core: PortId,
+    pool_base: u32,
+    pool_size: u32,
+    sessions: DeclaredTable<SessionCodec>,
+    /// Subscriber address -> number, for every session.
+    by_ue: ExactTable<u32, u32>,
+}
+
+impl Sgw {
+    pub fn new(
+        cfg: &SgwConfig,
+        ports: &PortNames,
+        field: &str,
+        seed: u64,
+    ) -> Result<Self, ConfigError> {
+        let address = parse_ipv4(&format!("{field}.address"), &cfg.address)?;
+        let pool_field = format!("{field}.ue_pool");
+        let (pool, len) = parse_prefix(&pool_field, &cfg.ue_pool)?;
+        let IpAddr::V4(pool) = pool else {
+            return Err(ConfigError::new(
+                pool_field,
+                "give an IPv4 prefix like 198.18.128.0/17",
+            ));
+        };
+        if !(8..=30).contains(&len) {
+            return Err(ConfigError::new(
+                pool_field,
+                "give a prefix length from 8 to 30",
+            ));
+        }
+        crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "sessions")?;
+        let access = ports.resolve(&format!("{field}.access"), &cfg.access)?;
+        let core = ports.resolve(&format!("{field}.core"), &cfg.core)?;
+        if access == core {
+            return Err(ConfigError::new(
+                format!("{field}.core"),
+                "the core port must differ from the access port",
+            ));
+        }
+        let declaration = Declaration {
+            name: "sessions".into(),
+            capacity: cfg.capacity,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![Field::exact("subscriber", 32, Format::Int)],
+                actions: vec![Action {
+                    name: "session".into(),
+                    params: vec![
+                        Field::exact("enb", 32, Format::Ipv4),
+                        Field::exact("enb_teid", 32, Format::Int),
+                        Field::exact("ue", 32, Format::Ipv4),
+                    ],
+                }],
+                writable: false,
+            },
+        };
+        let never = [ExpireProfile::NEVER];
+        let size = 1u32 << (32 - len);
+        Ok(Sgw {
+            address,
+            access,
+            core,
+            pool_base: u32::from(pool) & !(size - 1),
+            pool_size: size,
+            sessions: DeclaredTable::new(ExactTable::new(cfg.capacity, &never, seed), declaration),
+            by_ue: ExactTable::new(cfg.capacity, &never, seed.rotate_left(9)),
+        })
+    }
+
+    /// Subscriber `n`'s session.
+    pub fn session(&self, n: u32) -> Option<Session> {
+        self.sessions.get(&n).copied()
+    }
+
+    /// The address the pool gives subscriber `n`.
+    fn ue_address(&self, n: u32) -> [u8; 4] {
+        (self.pool_base + n % self.pool_size).to_be_bytes()
+    }
+
+    fn to_gateway(&self, parsed: &Parsed, port: u16) -> bool {
+        parsed.key.ip_version == 4
+            && parsed.key.dst[..4] == self.address
+            && parsed.key.dst_port == port
+    }
+
+    /// Reads one packet: what to do with it.
+    fn step(&mut self, data: &[u8], parsed: &Parsed) -> Step {
+        let f = parsed.flags;
+        if parsed.key.ip_version == 0 {
+            let other = if parsed.key.in_port == self.access {
+                self.core
+            } else {
+                self.access
+            };
+            return Step::Done(Verdict::Forward(other));
+        }
+        if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
+            let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
+            return Step::Done(match self.signal(gtp) {
+                Ok(()) => Verdict::ToControl(TO_CONTROL_SIGNALING),
+                Err(reason) => Verdict::Drop(reason),
+            });
+        }
+        if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
+            let at = usize::from(parsed.gtp_offset);
+            let Some(gtp) = data.get(at..).map(GtpuPacket::new_unchecked) else {
+                return Step::Done(Verdict::Drop(NO_ROOM));
+            };
+            let n = parsed.teid & !TEID_SPACE;
+            if parsed.teid & TEID_SPACE != S1U_TEIDS
+                || gtp.message_type() != GTPU_T_PDU
+                || self.sessions.get(&n).is_none()
+            {
+                return Step::Done(Verdict::Drop(NO_SESSION));
+            }
+            return Step::Decapsulate(at + gtp.header_len());
+        }
+        if parsed.key.ip_version == 4 {
+            let dst = u32::from_be_bytes([
+                parsed.key.dst[0],
+                parsed.key.dst[1],
+                parsed.key.dst[2],
+                parsed.key.dst[3],
+            ]);
+            if dst.wrapping_sub(self.pool_base) < self.pool_size {
+                let session = self.by_ue.get(&dst).and_then(|n| self.sessions.get(n));
+                return match session {
+                    Some(s) => Step::Encapsulate(*s),
+                    None => Step::Done(Verdict::Drop(NO_SESSION)),
+                };
+            }
+        }
+        Step::Done(Verdict::Drop(NOT_ROUTED))
+    }
+
+    /// Applies a GTPv2-C message to the sessions.
+    fn signal(&mut self, gtp: &[u8]) -> Result<(), DropReason> {
+        let header = Gtpv2Repr::parse(gtp).map_err(|_| BAD_SIGNALING)?;
+        let ies_at = header.header_len();
+        let ies = gtp
+            .get(ies_at..ies_at + usize::from(header.payload_len))
+            .ok_or(BAD_SIGNALING)?;
+        let (mut imsi, mut fteid) = (None, None);
+        for ie in gtpv2_ies(ies) {
+            let ie = ie.map_err(|_| BAD_SIGNALING)?;
+            match ie.ie_type {
+                gtpv2_ie::IMSI if ie.data.len() >= 7 => {
+                    imsi = Some(u32::from_be_bytes([
+                        ie.data[3], ie.data[4], ie.data[5], ie.data[6],
+                    ]));
+                }
+                // IPv4 F-TEIDs only: flags, TEID, address.
+                gtpv2_ie::F_TEID if ie.data.len() >= 9 && ie.data[0] & 0x80 != 0 => {
+                    let teid = u32::from_be_bytes([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
+                    let enb = [ie.data[5], ie.data[6], ie.data[7], ie.data[8]];
+                    fteid = Some((enb, teid));
+                }
+                _ => {}
+            }
+        }
+        let control_subscriber = || {
+            header
+                .teid
+                .filter(|t| t & TEID_SPACE == S11_TEIDS)
+                .map(|t| t & !TEID_SPACE)
+        };
+        match header.message_type {
+            gtpv2_type::CREATE_SESSION_REQUEST => {
+                let (n, (enb, enb_teid)) = imsi.zip(fteid).ok_or(BAD_SIGNALING)?;
+                let ue = self.ue_address(n);
+                let session = Session { enb, enb_teid, ue };
+                if let Some(old) = self.sessions.get(&n).copied() {
+                    self.by_ue.delete(&u32::from_be_bytes(old.ue));
+                    self.sessions.delete(&n);
+                }
+                if self.sessions.add_entry(n, session, 0, 0).is_err() {
+                    return Err(TABLE_FULL);
+                }
+                if self
+                    .by_ue
+                    .add_entry(u32::from_be_bytes(ue), n, 0, 0)
+                    .is_err()
+                {
+                    self.sessions.delete(&n);
+                    return Err(TABLE_FULL);
+                }
+                Ok(())
+            }
+            gtpv2_type::MODIFY_BEARER_REQUEST => {
+                let n = control_subscriber().ok_or(BAD_SIGNALING)?;
+                let (enb, enb_teid) = fteid.ok_or(BAD_SIGNALING)?;
+                let id = self.sessions.lookup(&n).ok_or(NO_SESSION)?;
+                let s = self.sessions.value_mut(id);
+                (s.enb, s.enb_teid) = (enb, enb_teid);
+                Ok(())
+            }
+            gtpv2_type::DELETE_SESSION_REQUEST => {
+                let n = control_subscriber().ok_or(BAD_SIGNALING)?;
+                let old = self.sessions.get(&n).copied().ok_or(NO_SESSION)?;
+                self.sessions.delete(&n);
+                self.by_ue.delete(&u32::from_be_bytes(old.ue));
+                Ok(())
+            }
+            _ => Err(BAD_SIGNALING),
+        }
+    }
+
+    /// Puts packet `i` (an IP packet after its link header) in a GTP-U tunnel to the
+    /// session's eNodeB.
+    fn encapsulate(&self, burst: &mut Burst, i: usize, s: Session) -> Verdict {
+        let d = burst.descs()[i];
+        let l2 = usize::from(d.parsed.l3_offset);
+        let inner_len = usize::from(d.parsed.ip_len);
+        let Some(p) = burst.grow_front(i, TUNNEL_HEADERS) else {
+            return Verdict::Drop(NO_ROOM);
+        };
+        let data = p.data;
+        if data.len() < TUNNEL_HEADERS + l2 + inner_len || inner_len + TUNNEL_HEADERS > 0xffff {
+            return Verdict::Drop(NO_ROOM);
+        }
+        // The link header moves to the new front; the tunnel's headers go between it and
+        // the user's packet.
+        data.copy_within(TUNNEL_HEADERS..TUNNEL_HEADERS + l2, 0);
+        data[l2 - 2..l2].copy_from_slice(&0x0800u16.to_be_bytes());
+        let outer = Ipv4Repr {
+            src: Ipv4Addr::from(self.address),
+            dst: Ipv4Addr::from(s.enb),
+            protocol: 17,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: false,
+            more_frags: false,
+            frag_offset: 0,
+            options: Ipv4Options::default(),
+            payload_len: (8 + 8 + inner_len) as u16,
+        };
+        let udp = UdpRepr {
+            src_port: GTPU_PORT,
+            dst_port: GTPU_PORT,
+            payload_len: (8 + inner_len) as u16,
+        };
+        let gtp = GtpuRepr {
+            message_type: GTPU_T_PDU,
+            teid: s.enb_teid,
+            sequence: None,
+            payload_len: inner_len as u16,
+        };
+        let headers = &mut data[l2..l2 + TUNNEL_HEADERS];
+        let written = outer
+            .emit(headers)
+            .and_then(|()| udp.emit(&mut headers[20..]))
+            .and_then(|()| gtp.emit(&mut headers[28..]));
+        match written {
+            Ok(()) => Verdict::Forward(self.access),
+            Err(_) => Verdict::Drop(NO_ROOM),
+        }
+    }
+
+    /// Takes the user's packet, at `inner` in packet `i`, out of its tunnel.
+    fn decapsulate(&self, burst: &mut Burst, i: usize, inner: usize) -> Verdict {
+        let l2 = usize::from(burst.descs()[i].parsed.l3_offset);
+        let p = burst.packet_mut(i);
+        let Some(&first) = p.data.get(inner) else {
+            return Verdict::Drop(NO_ROOM);
+        };
+        let ethertype: u16 = if first >> 4 == 6 { 0x86dd } else { 0x0800 };
+        let start = inner - l2;
+        p.data.copy_within(..l2, start);
+        p.data[inner - 2..inner].copy_from_slice(&ethertype.to_be_bytes());
+        if burst.shrink_front(i, start) {
+            Verdict::Forward(self.core)
+        } else {
+            Verdict::Drop(NO_ROOM)
+        }
+    }
+}
+
+impl Program for Sgw {
+    fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+        for i in 0..burst.len() {
+            let step = {
+                let p = burst.packet_mut(i);
+                self.step(p.data, &p.desc.parsed)
+            };
+            let verdict = match step {
+                Step::Done(v) => v,
+                Step::Encapsulate(s) => self.encapsulate(burst, i, s),
+                Step::Decapsulate(inner) => self.decapsulate(burst, i, inner),
+            };
+            burst.descs_mut()[i].verdict = verdict;
+        }
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        &[
+            "no_session",
+            "bad_signaling",
+            "table_full",
+            "not_routed",
+            "no_room",
+        ]
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![self.sessions.declaration().clone()]
+    }
+
+    /// As `answer_by_table!`; a session the control plane deletes takes its address
+    /// entry with it.
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let deleting: Vec<(u32, Session)> = match request {
+            Request::Write { writes, .. } => (writes.iter())
+                .filter_map(|w| match w {
+                    Write::Delete(fields) => {
+                        let n = SessionCodec::key(fields);
+                        self.sessions.get(&n).map(|s| (n, *s))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let reply = self.sessions.answer(request, ctx.now_ns)?;
+        for (n, s) in deleting {
+            if self.sessions.get(&n).is_none() {
+                self.by_ue.delete(&u32::from_be_bytes(s.ue));
+            }
+        }
+        Ok(reply)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.sessions.take_notifications(out);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,282 @@
+use super::*;
+use crate::testutil::{hasher, ip_frame, run_at};
+use stateplane_gen::build::L4;
+use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_wire::checksum;
+use stateplane_wire::gtp::emit_gtpv2_ie;
+
+const SGW: &str = "198.19.255.2";
+
+fn sgw() -> Sgw {
+    let names = PortNames(vec!["access".into(), "core".into()]);
+    let cfg: SgwConfig = toml::from_str(&format!(
+        "address = \"{SGW}\"\nue_pool = \"198.18.128.0/17\"\naccess = \"access\"\ncore = \"core\""
+    ))
+    .unwrap();
+    Sgw::new(&cfg, &names, "program.sgw", 3).unwrap()
+}
+
+/// The generator's subscriber `u`: its eNodeB, the TEID its downlink carries, its address.
+fn generated_subscriber(u: u32) -> ([u8; 4], u32, [u8; 4]) {
+    (
+        [198, 18, 200, (u % 50) as u8 + 1],
+        0x3000_0000 | u,
+        [198, 18, 128 + ((u >> 8) & 0x7f) as u8, u as u8],
+    )
+}
+
+#[test]
+fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
+    let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
+    cfg.ipv6_share = 0.0;
+    let mut frames = Vec::new();
+    generate(
+        &cfg,
+        |_, f| {
+            frames.push((f.to_vec(), 0));
+            Ok(())
+        },
+        |_| {},
+    )
+    .unwrap();
+    let mut p = sgw();
+    let (mut signaling, mut uplink, mut downlink) = (0, 0, 0);
+    for chunk in frames.chunks(32) {
+        let out = run_at(&mut p, 1, chunk, (0, 1), 2);
+        for ((before, _), (verdict, after)) in chunk.iter().zip(out) {
+            let b = stateplane_wire::parse(before, 0, &hasher()).unwrap();
+            if b.flags.has(ParseFlags::GTPC) {
+                assert_eq!(verdict, Verdict::ToControl(TO_CONTROL_SIGNALING));
+                signaling += 1;
+            } else if b.flags.has(ParseFlags::GTPU) {
+                // Out of the tunnel: the user's packet, byte for byte, behind the link header.
+                assert_eq!(verdict, Verdict::Forward(1), "uplink to the core");
+                let inner = usize::from(b.gtp_offset) + 8;
+                assert_eq!(
+                    &after[14..],
+                    &before[inner..],
+                    "the user's packet, unchanged"
+                );
+                assert_eq!(&after[..12], &before[..12], "the link header kept");
+                let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
+                let u = b.teid & 0x0fff_ffff;
+                assert_eq!(
+                    a.key.src[..4],
+                    generated_subscriber(u).2,
+                    "from its address"
+                );
+                uplink += 1;
+            } else {
+                // Into the tunnel: to the subscriber's eNodeB, with its TEID.
+                assert_eq!(verdict, Verdict::Forward(0), "downlink to the access side");
+                let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
+                assert!(a.flags.has(ParseFlags::GTPU), "a GTP-U packet");
+                let ue = &b.key.dst[..4];
+                let u = (u32::from(ue[2] - 128) << 8) | u32::from(ue[3]);
+                let (enb, teid, _) = generated_subscriber(u);
+                assert_eq!((a.key.dst[..4].to_vec(), a.teid), (enb.to_vec(), teid));
+                assert_eq!(a.key.src[..4], [198, 19, 255, 2], "from the gateway");
+                assert_eq!(checksum::checksum(&after[14..34]), 0, "outer IPv4 checksum");
+                let inner = usize::from(a.gtp_offset) + 8;
+                assert_eq!(&after[inner..], &before[14..], "the user's packet, whole");
+                downlink += 1;
+            }
+        }
+    }
+    // About one signaling message per 18 packets, the rest split between the directions.
+    assert!((800..=1500).contains(&signaling), "{signaling}");
+    assert!(uplink > 5000 && downlink > 5000, "{uplink} {downlink}");
+}
+
+/// A GTPv2-C message from the MME to the gateway.
+fn signal(message_type: u8, teid: u32, imsi: Option<u32>, enb: [u8; 4], enb_teid: u32) -> Vec<u8> {
+    let mut ies = [0u8; 64];
+    let mut at = 0;
+    if let Some(n) = imsi {
+        let b = n.to_be_bytes();
+        let imsi = [0x00, 0xf1, 0x10, b[0], b[1], b[2], b[3], 0xf0];
+        at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::IMSI, 0, &imsi).unwrap();
+    }
+    let mut fteid = [0x80u8; 9];
+    fteid[1..5].copy_from_slice(&enb_teid.to_be_bytes());
+    fteid[5..9].copy_from_slice(&enb);
+    at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &fteid).unwrap();
+    let header = Gtpv2Repr {
+        message_type,
+        teid: Some(teid),
+        sequence: 1,
+        payload_len: at as u16,
+    };
+    let mut payload = vec![0u8; header.header_len() + at];
+    header.emit(&mut payload).unwrap();
+    payload[header.header_len()..].copy_from_slice(&ies[..at]);
+    udp_frame("198.18.255.1", SGW, GTPC_PORT, &payload)
+}
+
+fn udp_frame(src: &str, dst: &str, port: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = ip_frame(
+        src,
+        dst,
+        L4::Udp {
+            src_port: port,
+            dst_port: port,
+        },
+    );
+    // Replace the helper's payload with ours, fixing the lengths (checksums do not matter
+    // to the gateway).
+    f.truncate(14 + 20 + 8);
+    f.extend_from_slice(payload);
+    let ip_len = (20 + 8 + payload.len()) as u16;
+    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = checksum::checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[40..42].copy_from_slice(&[0, 0]);
+    f
+}
+
+fn downlink_to(ue: &str) -> Vec<u8> {
+    ip_frame(
+        "198.19.0.9",
+        ue,
+        L4::Udp {
+            src_port: 53,
+            dst_port: 4000,
+        },
+    )
+}
+
+#[test]
+fn signaling_creates_moves_and_deletes_a_session() {
+    let mut p = sgw();
+    let one = |p: &mut Sgw, f: Vec<u8>| run_at(p, 1, &[(f, 0)], (0, 1), 2).remove(0);
+    let reason = |p: &Sgw, v: Verdict| match v {
+        Verdict::Drop(r) => r.name(p.drop_reasons()),
+        _ => "pass",
+    };
+    // Subscriber 7 gets 198.18.128.7; no session yet, so its downlink is dropped.
+    let v = one(&mut p, downlink_to("198.18.128.7")).0;
+    assert_eq!(reason(&p, v), "no_session");
+    let create = signal(
+        gtpv2_type::CREATE_SESSION_REQUEST,
+        0,
+        Some(7),
+        [198, 18, 200, 1],
+        0xaaaa,
+    );
+    assert_eq!(
+        one(&mut p, create).0,
+        Verdict::ToControl(TO_CONTROL_SIGNALING)
+    );
+    let s = p.session(7).unwrap();
+    assert_eq!(
+        (s.enb, s.enb_teid, s.ue),
+        ([198, 18, 200, 1], 0xaaaa, [198, 18, 128, 7])
+    );
+    let (v, bytes) = one(&mut p, downlink_to("198.18.128.7"));
+    assert_eq!(v, Verdict::Forward(0));
+    let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
+    assert_eq!(
+        (a.key.dst[..4].to_vec(), a.teid),
+        (vec![198, 18, 200, 1], 0xaaaa)
+    );
+    // A handover: the downlink follows the new eNodeB and TEID.
+    let modify = signal(
+        gtpv2_type::MODIFY_BEARER_REQUEST,
+        S11_TEIDS | 7,
+        None,
+        [198, 18, 200, 9],
+        0xbbbb,
+    );
+    assert_eq!(
+        one(&mut p, modify).0,
+        Verdict::ToControl(TO_CONTROL_SIGNALING)
+    );
+    let (_, bytes) = one(&mut p, downlink_to("198.18.128.7"));
+    let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
+    assert_eq!(
+        (a.key.dst[..4].to_vec(), a.teid),
+        (vec![198, 18, 200, 9], 0xbbbb)
+    );
+    // Uplink with another subscriber's TEID, or a TEID outside the S1-U space, is dropped.
+    let uplink = |teid: u32| {
+        let mut gtp = vec![0u8; 8];
+        let inner = downlink_to("198.19.0.9")[14..].to_vec();
+        GtpuRepr {
+            message_type: GTPU_T_PDU,
+            teid,
+            sequence: None,
+            payload_len: inner.len() as u16,
+        }
+        .emit(&mut gtp)
+        .unwrap();
+        gtp.extend_from_slice(&inner);
+        udp_frame("198.18.200.9", SGW, GTPU_PORT, &gtp)
+    };
+    assert_eq!(one(&mut p, uplink(S1U_TEIDS | 7)).0, Verdict::Forward(1));
+    let v = one(&mut p, uplink(S1U_TEIDS | 8)).0;
+    assert_eq!(reason(&p, v), "no_session");
+    let v = one(&mut p, uplink(0x3000_0007)).0;
+    assert_eq!(reason(&p, v), "no_session");
+    // Broken signaling is counted and changes nothing.
+    let mut broken = signal(
+        gtpv2_type::MODIFY_BEARER_REQUEST,
+        S11_TEIDS | 7,
+        None,
+        [1, 1, 1, 1],
+        1,
+    );
+    // Its F-TEID claims more bytes than the message has.
+    let ie = 14 + 20 + 8 + 12;
+    broken[ie + 1..ie + 3].copy_from_slice(&[0, 0xff]);
+    let v = one(&mut p, broken).0;
+    assert_eq!(reason(&p, v), "bad_signaling");
+    assert_eq!(p.session(7).unwrap().enb_teid, 0xbbbb);
+    // Delete: the session and its address go.
+    let delete = signal(
+        gtpv2_type::DELETE_SESSION_REQUEST,
+        S11_TEIDS | 7,
+        None,
+        [0; 4],
+        0,
+    );
+    assert_eq!(
+        one(&mut p, delete).0,
+        Verdict::ToControl(TO_CONTROL_SIGNALING)
+    );
+    assert_eq!(p.session(7), None);
+    let v = one(&mut p, downlink_to("198.18.128.7")).0;
+    assert_eq!(reason(&p, v), "no_session");
+    // Not for a subscriber at all.
+    let v = one(&mut p, downlink_to("198.19.0.1")).0;
+    assert_eq!(reason(&p, v), "not_routed");
+}
+
+#[test]
+fn bad_settings_name_the_field() {
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let err = |text: &str| {
+        let cfg: SgwConfig = toml::from_str(text).unwrap();
+        Sgw::new(&cfg, &names, "program.sgw", 1)
+            .err()
+            .map(|e| e.field)
+    };
+    let ok = "address = \"198.19.255.2\"\n";
+    assert_eq!(
+        err(&format!("{ok}ue_pool = \"2001:2::/64\"")).as_deref(),
+        Some("program.sgw.ue_pool")
+    );
+    assert_eq!(
+        err(&format!("{ok}ue_pool = \"198.18.0.0/4\"")).as_deref(),
+        Some("program.sgw.ue_pool")
+    );
+    assert_eq!(
+        err("address = \"x\"\nue_pool = \"198.18.128.0/17\"").as_deref(),
+        Some("program.sgw.address")
+    );
+    assert_eq!(
+        err(&format!("{ok}ue_pool = \"198.18.128.0/17\"\ncore = \"a\"")).as_deref(),
+        Some("program.sgw.core")
+    );
+}
