@@ -70,6 +70,7 @@ const SETUPS: &[(&str, &str, &str)] = &[
          { address = \"198.18.200.5\" }, { address = \"198.18.200.6\" }, \
          { address = \"198.18.200.7\" }, { address = \"198.18.200.8\" }]",
     ),
+    ("kv", "kv", "server = \"198.19.0.100\""),
     ("counter", "internet", "capacity = 1048576"),
     ("hh", "internet", "threshold = 1000"),
     ("superspreader", "internet", "threshold = 100"),

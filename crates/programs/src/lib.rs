@@ -17,6 +17,7 @@ pub mod flood;
 pub mod flowlet;
 pub mod forward;
 pub mod hh;
+pub mod kv;
 pub mod l2;
 pub mod l2learn;
 pub mod lb;
@@ -116,6 +117,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "hh",
         "heavy hitters: flows over a threshold per interval, by a count-min sketch per VLAN",
+    ),
+    (
+        "kv",
+        "in-network key-value cache: GETs of cached keys answered by the data plane",
     ),
     ("l2", "Ethernet switching by a static MAC table"),
     (
@@ -327,6 +332,7 @@ pub fn build(
         "flowlet" => factory(table, f, |c| {
             flowlet::Flowlet::new(c, ports, f, table_seed())
         }),
+        "kv" => factory(table, f, |c| kv::Kv::new(c, ports, f, table_seed())),
         "nat" => factory(table, f, |c| nat::Nat::new(c, ports, f, table_seed())),
         "firewall" => factory(table, f, |c| {
             firewall::Firewall::new(c, ports, f, table_seed())

@@ -1,4 +1,5 @@
-//! The key-value request protocol of the `kv` workload (documented in docs/kv-protocol.md).
+//! The key-value request protocol of the `kv` workload and the `kv` program (documented in
+//! docs/kv-protocol.md).
 //!
 //! A UDP payload, all integers big-endian:
 //!
