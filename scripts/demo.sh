@@ -28,6 +28,9 @@ echo
 echo "== pipeline: an ACL then a routing table, OpenFlow style, with its microflow cache (examples/pipeline.toml)"
 $sp run --config examples/pipeline.toml
 echo
+echo "== chain: acl, then nat, then router, with flow records (examples/chain.toml, out/chain-flows.csv)"
+$sp run --config examples/chain.toml
+echo
 if [ $live -eq 0 ]; then
   echo "== live lab: not run, because it creates network namespaces and needs root (run ./scripts/demo.sh as root)"
   exit 0

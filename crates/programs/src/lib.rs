@@ -8,6 +8,7 @@
 //! shares only its paths' liveness).
 
 pub mod acl;
+pub mod chain;
 pub mod conntrack;
 #[cfg(test)]
 mod control_tests;
@@ -88,6 +89,10 @@ pub const CATALOG: &[(&str, &str)] = &[
     (
         "acl",
         "5-tuple permit/deny list (first match wins) before forward or router",
+    ),
+    (
+        "chain",
+        "programs one after another (stages = [\"acl\", \"nat\", \"router\"])",
     ),
     (
         "conntrack",
@@ -315,6 +320,12 @@ pub fn build(
             l2learn::L2Learn::new(c, ports, f, table_seed())
         }),
         "acl" => factory(table, f, |c| acl::Acl::new(c, ports, f)),
+        "chain" => {
+            let cfg: chain::ChainConfig = table
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::new(f, e.message().to_owned()))?;
+            chain::factory(&cfg, ports, f)
+        }
         "conntrack" => factory(table, f, |c| {
             conntrack::Conntrack::new(c, ports, f, table_seed())
         }),

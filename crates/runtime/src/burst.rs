@@ -196,6 +196,26 @@ impl Burst {
         self.count = kept;
     }
 
+    /// Runs `f` on the packets for which `keep` holds, as if they were the whole burst
+    /// (in their order); the others are out of its sight and come back afterwards,
+    /// untouched and in their places. For a program that runs on part of a burst: a
+    /// chain's later stages see only what the earlier ones passed. `f` must not add
+    /// packets.
+    pub fn with_only<R>(
+        &mut self,
+        keep: impl FnMut(&PacketDesc) -> bool,
+        f: impl FnOnce(&mut Burst) -> R,
+    ) -> R {
+        let all = self.count;
+        self.retain(keep);
+        let result = f(self);
+        self.count = all;
+        // Packets sit in the arena in arrival order and grow or shrink only within their
+        // own room, so their offsets give that order back.
+        self.slots[..all].sort_unstable_by_key(|d| d.offset);
+        result
+    }
+
     pub fn descs(&self) -> &[PacketDesc] {
         &self.slots[..self.count]
     }
@@ -337,6 +357,48 @@ mod tests {
         }
         assert_eq!(b.data(3)[0], 103);
         assert_eq!(b.data(3)[1], 3);
+    }
+
+    #[test]
+    fn a_part_of_a_burst_is_worked_on_alone_and_the_rest_comes_back_in_place() {
+        let mut b = Burst::with_capacity(8);
+        for i in 0..6u8 {
+            b.push(&[i; 30], 30, 0, 0, u64::from(i));
+            b.descs_mut()[usize::from(i)].verdict = if i % 2 == 0 {
+                Verdict::Forward(1)
+            } else {
+                Verdict::Drop(DropReason::program(0))
+            };
+        }
+        let seen = b.with_only(
+            |d| d.verdict == Verdict::Forward(1),
+            |part| {
+                // The even packets, in order; one grows into its headroom on the way.
+                let seen: Vec<u64> = part.descs().iter().map(|d| d.seq).collect();
+                part.grow_front(1, 4).unwrap().data[..4].fill(0xee);
+                for d in part.descs_mut() {
+                    d.verdict = Verdict::Forward(2);
+                }
+                seen
+            },
+        );
+        assert_eq!(seen, [0, 2, 4]);
+        let order: Vec<u64> = b.descs().iter().map(|d| d.seq).collect();
+        assert_eq!(order, [0, 1, 2, 3, 4, 5], "back in arrival order");
+        for (i, d) in b.descs().iter().enumerate() {
+            let want = if i % 2 == 0 {
+                Verdict::Forward(2)
+            } else {
+                Verdict::Drop(DropReason::program(0))
+            };
+            assert_eq!(d.verdict, want, "packet {i}");
+        }
+        assert_eq!(
+            &b.data(2)[..5],
+            &[0xee, 0xee, 0xee, 0xee, 2],
+            "the grown one kept"
+        );
+        assert_eq!(b.data(3), &[3u8; 30], "a hidden one untouched");
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! `chain`: programs one after another, e.g. `acl` then `nat` then `router`.
+//!
+//! Each stage sees only the packets every stage before it passed (sent on, or flooded);
+//! a packet a stage drops or hands to the control plane is done, with that verdict. The
+//! last stage's choice of port stands: an earlier stage's port only says "pass". Packets a
+//! stage rewrites reach the next stage rewritten, with their parse as the rewriting stage
+//! left it (`nat` updates the flow key it rewrites, so a `router` after it routes by the
+//! translated address).
+//!
+//! Drop reasons are each stage's, named `stage.reason` (`nat.no_translation`); state is
+//! each stage's under its own names, and control-plane requests go to the stage that
+//! declares the name, so two stages may not declare the same name. Configuration: `stages`,
+//! the programs in order (each at most once), and each one's settings in a table named
+//! after it: `[program.chain.nat]`.
+
+use crate::{ConfigError, PortNames};
+use serde::Deserialize;
+use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, ProgramFactory, Verdict};
+use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Every key besides `stages` is a stage's settings (so unknown keys are caught by
+/// `factory`, which names the stages, rather than by serde).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChainConfig {
+    pub stages: Vec<String>,
+    /// Each stage's settings, by its name.
+    #[serde(flatten)]
+    pub settings: BTreeMap<String, toml::Value>,
+}
+
+/// The most drop reasons a program may name (`DropReason::program` codes).
+const MAX_REASONS: usize = DropReason::COUNT - DropReason::PROGRAM_BASE as usize;
+
+pub struct Chain {
+    stages: Vec<Box<dyn Program>>,
+    /// Where each stage's drop reasons start among the chain's.
+    reason_base: Vec<u8>,
+    reasons: &'static [&'static str],
+    /// Which stage declares each name.
+    owner: BTreeMap<String, usize>,
+}
+
+/// Builds the chain's factory: each stage's factory from its settings, checked together.
+pub fn factory(
+    cfg: &ChainConfig,
+    ports: &PortNames,
+    field: &str,
+) -> Result<ProgramFactory, ConfigError> {
+    if cfg.stages.is_empty() {
+        return Err(ConfigError::new(
+            format!("{field}.stages"),
+            "give the programs in order, like stages = [\"acl\", \"nat\"]",
+        ));
+    }
+    if let Some(extra) = cfg.settings.keys().find(|k| !cfg.stages.contains(k)) {
+        return Err(ConfigError::new(
+            format!("{field}.{extra}"),
+            format!(
+                "'{extra}' is not one of the stages; settings go in a table named after a stage"
+            ),
+        ));
+    }
+    let mut factories = Vec::new();
+    for (i, name) in cfg.stages.iter().enumerate() {
+        if name == "chain" || cfg.stages[..i].contains(name) {
+            return Err(ConfigError::new(
+                format!("{field}.stages"),
+                format!("'{name}' appears twice or is a chain: each program at most once"),
+            ));
+        }
+        let built = crate::build(name, cfg.settings.get(name), ports).map_err(|e| {
+            // The stage's own field names, placed inside the chain's table.
+            let inner = e.field.strip_prefix("program.").unwrap_or(&e.field);
+            ConfigError::new(format!("{field}.{inner}"), e.problem)
+        })?;
+        factories.push(built);
+    }
+    // One instance, to check what the stages declare and name together.
+    let probe = Chain::new(&cfg.stages, &factories, 0, field)?;
+    let reasons = probe.reasons;
+    Ok(Arc::new(move |worker| {
+        Box::new(Chain::assemble(&factories, worker, reasons))
+    }))
+}
+
+impl Chain {
+    fn new(
+        names: &[String],
+        factories: &[ProgramFactory],
+        worker: usize,
+        field: &str,
+    ) -> Result<Chain, ConfigError> {
+        let stages: Vec<Box<dyn Program>> = factories.iter().map(|f| f(worker)).collect();
+        let mut reasons = Vec::new();
+        for (name, stage) in names.iter().zip(&stages) {
+            reasons.extend(stage.drop_reasons().iter().map(|r| format!("{name}.{r}")));
+        }
+        if reasons.len() > MAX_REASONS {
+            return Err(ConfigError::new(
+                format!("{field}.stages"),
+                format!(
+                    "the stages name {} drop reasons, more than the {MAX_REASONS} a program may",
+                    reasons.len()
+                ),
+            ));
+        }
+        let mut owner: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, stage) in stages.iter().enumerate() {
+            for d in stage.declarations() {
+                if let Some(&j) = owner.get(&d.name) {
+                    return Err(ConfigError::new(
+                        format!("{field}.stages"),
+                        format!(
+                            "'{}' and '{}' both declare `{}`; the control plane could not \
+                             tell them apart",
+                            names[j], names[i], d.name
+                        ),
+                    ));
+                }
+                owner.insert(d.name, i);
+            }
+        }
+        // Named once per configuration (a reload names them again).
+        let reasons: &'static [&'static str] = Box::leak(
+            reasons
+                .into_iter()
+                .map(|r| &*Box::leak(r.into_boxed_str()))
+                .collect::<Vec<&'static str>>()
+                .into_boxed_slice(),
+        );
+        Ok(Chain::with(stages, reasons, owner))
+    }
+
+    /// A worker's chain, from stages already checked together.
+    fn assemble(
+        factories: &[ProgramFactory],
+        worker: usize,
+        reasons: &'static [&'static str],
+    ) -> Chain {
+        let stages: Vec<Box<dyn Program>> = factories.iter().map(|f| f(worker)).collect();
+        let mut owner = BTreeMap::new();
+        for (i, stage) in stages.iter().enumerate() {
+            for d in stage.declarations() {
+                owner.entry(d.name).or_insert(i);
+            }
+        }
+        Chain::with(stages, reasons, owner)
+    }
+
+    fn with(
+        stages: Vec<Box<dyn Program>>,
+        reasons: &'static [&'static str],
+        owner: BTreeMap<String, usize>,
+    ) -> Chain {
+        let mut reason_base = Vec::new();
+        let mut at = 0u8;
+        for stage in &stages {
+            reason_base.push(at);
+            at += stage.drop_reasons().len() as u8;
+        }
+        Chain {
+            stages,
+            reason_base,
+            reasons,
+            owner,
+        }
+    }
+
+    fn stage_of(&self, name: &str) -> Result<usize, ControlError> {
+        self.owner
+            .get(name)
+            .copied()
+            .ok_or_else(|| ControlError::UnknownTable {
+                name: name.to_string(),
+                known: self.owner.keys().cloned().collect(),
+            })
+    }
+}
+
+/// Whether a packet goes on to the next stage.
+fn passed(v: Verdict) -> bool {
+    matches!(v, Verdict::Forward(_) | Verdict::Flood)
+}
+
+/// Renames stage drop reasons into the chain's: the stage's `i`-th is the chain's
+/// `base + i`-th.
+fn rebase(burst: &mut Burst, base: u8) {
+    for d in burst.descs_mut() {
+        if let Verdict::Drop(DropReason(code)) = d.verdict
+            && code >= DropReason::PROGRAM_BASE
+        {
+            d.verdict = Verdict::Drop(DropReason(code + base));
+        }
+    }
+}
+
+impl Program for Chain {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        for (i, stage) in self.stages.iter_mut().enumerate() {
+            let base = self.reason_base[i];
+            if i == 0 {
+                stage.process(burst, ctx);
+                rebase(burst, base);
+            } else {
+                burst.with_only(
+                    |d| passed(d.verdict),
+                    |part| {
+                        stage.process(part, ctx);
+                        rebase(part, base);
+                    },
+                );
+            }
+        }
+    }
+
+    fn poll(&mut self, out: &mut Burst, ctx: &mut Context) {
+        for stage in &mut self.stages {
+            stage.poll(out, ctx);
+        }
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        self.reasons
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        self.stages.iter().flat_map(|s| s.declarations()).collect()
+    }
+
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        self.stages[self.stage_of(request.target())?].prepare(request)
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let i = self.stage_of(request.target())?;
+        self.stages[i].control(request, prepared, ctx)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        for stage in &mut self.stages {
+            stage.notifications(out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{hasher, ip_frame, run_at, tcp};
+    use stateplane_state::Reply;
+
+    const CHAIN: &str = r#"
+stages = ["acl", "nat", "router"]
+[acl]
+default = "permit"
+rules = [{ action = "deny", proto = "tcp", dst_ports = "23" }]
+[nat]
+external = "198.18.255.1"
+capacity = 64
+inside = "inside"
+outside = "outside"
+[router]
+routes = [
+  { prefix = "198.19.0.0/16", port = "outside", next_hop_mac = "02:00:00:00:0b:01" },
+  { prefix = "198.18.0.0/24", port = "inside", next_hop_mac = "02:00:00:00:0a:01" },
+]
+"#;
+
+    fn names() -> PortNames {
+        PortNames(vec!["inside".into(), "outside".into()])
+    }
+
+    fn chain(text: &str) -> Result<Box<dyn Program>, ConfigError> {
+        let table: toml::Value = toml::from_str(text).unwrap();
+        Ok(crate::build("chain", Some(&table), &names())?(0))
+    }
+
+    fn reason(p: &dyn Program, v: Verdict) -> &'static str {
+        match v {
+            Verdict::Drop(r) => r.name(p.drop_reasons()),
+            _ => "pass",
+        }
+    }
+
+    /// Runs frames through a boxed program (the test helper wants a sized one).
+    struct Boxed(Box<dyn Program>);
+
+    impl Program for Boxed {
+        fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+            self.0.process(burst, ctx);
+        }
+    }
+
+    #[test]
+    fn acl_then_nat_then_router_each_see_what_the_one_before_passed() {
+        let mut p = Boxed(chain(CHAIN).unwrap());
+        let out = run_at(
+            &mut p,
+            1,
+            &[
+                (
+                    ip_frame("198.18.0.5", "198.19.0.9", tcp(40_000, 80, 0x02)),
+                    0,
+                ),
+                (
+                    ip_frame("198.18.0.5", "198.19.0.9", tcp(40_001, 23, 0x02)),
+                    0,
+                ),
+            ],
+            (0, 1),
+            2,
+        );
+        // Permitted, translated, routed: from the external address, to the next hop's MAC.
+        assert_eq!(out[0].0, Verdict::Forward(1));
+        let key = stateplane_wire::parse(&out[0].1, 0, &hasher()).unwrap().key;
+        assert_eq!(key.src_ip(), Some("198.18.255.1".parse().unwrap()));
+        assert_eq!(out[0].1[..6], [2, 0, 0, 0, 0x0b, 1]);
+        assert_eq!(out[0].1[22], 63, "the router took one off the TTL");
+        // Denied by the first stage, under its name; the NAT never saw it.
+        assert_eq!(reason(p.0.as_ref(), out[1].0), "acl.denied");
+        let read = Request::Read {
+            table: "translations".into(),
+            key: None,
+            from: 0,
+        };
+        let ctx = crate::testutil::ctx(1, 2);
+        match p.0.control(&read, None, &ctx).unwrap() {
+            Reply::Page(entries, _) => assert_eq!(entries.len(), 1, "only the permitted one"),
+            other => panic!("{other:?}"),
+        }
+        // The answer comes back through all three, to the inside host.
+        let answer = ip_frame("198.19.0.9", "198.18.255.1", tcp(80, 40_000, 0x12));
+        let out = run_at(&mut p, 2, &[(answer, 1)], (0, 1), 2);
+        assert_eq!(out[0].0, Verdict::Forward(0));
+        let key = stateplane_wire::parse(&out[0].1, 0, &hasher()).unwrap().key;
+        assert_eq!(key.dst_ip(), Some("198.18.0.5".parse().unwrap()));
+        // An unsolicited packet: the NAT's drop, named as the NAT's.
+        let stray = ip_frame("198.19.0.9", "198.18.255.1", tcp(80, 41_000, 0x02));
+        let out = run_at(&mut p, 3, &[(stray, 1)], (0, 1), 2);
+        assert_eq!(reason(p.0.as_ref(), out[0].0), "nat.no_translation");
+        // Control-plane requests reach the stage that declares the name.
+        let unknown = Request::Read {
+            table: "nothing".into(),
+            key: None,
+            from: 0,
+        };
+        match p.0.control(&unknown, None, &ctx) {
+            Err(ControlError::UnknownTable { known, .. }) => {
+                assert!(known.contains(&"routes4".to_string()), "{known:?}");
+                assert!(known.contains(&"rules".to_string()), "{known:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_chains_name_the_field_and_the_fix() {
+        let field = |text: &str| chain(text).err().map(|e| e.field).unwrap_or_default();
+        assert_eq!(field("stages = []"), "program.chain.stages");
+        assert_eq!(field("stages = [\"acl\", \"acl\"]"), "program.chain.stages");
+        assert_eq!(
+            field("stages = [\"acl\"]\n[nat]\nexternal = \"1.2.3.4\""),
+            "program.chain.nat"
+        );
+        assert_eq!(
+            field("stages = [\"nat\"]\n[nat]\nexternal = \"x\""),
+            "program.chain.nat.external",
+            "a stage's own field, inside the chain"
+        );
+        let twice = chain("stages = [\"conntrack\", \"firewall\"]")
+            .err()
+            .unwrap();
+        assert!(twice.problem.contains("`connections`"), "{twice}");
+        assert_eq!(field("stages = [\"teleport\"]"), "program.chain.program");
+    }
+}
