@@ -27,6 +27,11 @@ if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
   exit 1
 fi
+echo "== examples/tollbooth: a program of one's own, in its own crate (fmt, clippy, tests)"
+(cd examples/tollbooth && export CARGO_TARGET_DIR="$PWD/../../target" \
+  && cargo fmt -- --check \
+  && cargo clippy --release --all-targets --quiet -- -D warnings \
+  && cargo test --release --quiet 2>&1 | grep -E '^test result|FAILED|panicked')
 echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
 echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; prefetch in tables and the cache)"

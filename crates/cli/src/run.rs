@@ -7,7 +7,7 @@ use crate::flows_cmd::FlowReport;
 use crate::progress::Progress;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
-use stateplane_programs::{CATALOG, PortNames};
+use stateplane_programs::PortNames;
 use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
 use stateplane_runtime::{PortId, ProgramFactory, RxPort, TxPort};
 use stateplane_wire::FlowHasher;
@@ -66,8 +66,8 @@ pub struct RunArgs {
 
 fn program_list() -> String {
     let mut s = String::from("Programs:\n");
-    for (name, about) in CATALOG {
-        s.push_str(&format!("  {name:<10} {about}\n"));
+    for (name, about) in stateplane_programs::catalog() {
+        s.push_str(&format!("  {name:<13} {about}\n"));
     }
     s
 }

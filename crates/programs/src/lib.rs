@@ -40,7 +40,7 @@ use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// Writes the `Program` methods of a program whose control-plane state is one
 /// `DeclaredTable`, in field `$table`: its declaration, the answers to requests about it,
@@ -280,7 +280,8 @@ pub(crate) fn parse_ipv4(field: &str, text: &str) -> Result<[u8; 4], ConfigError
 /// Parses the program's table as `C`, builds the program once with `make` (so configuration
 /// errors surface here, not in a worker), and gives each worker its own clone: an empty copy
 /// of per-worker tables, or a handle on shared read-only ones (`Arc`s inside the program).
-fn factory<C, P>(
+/// Programs of your own build their factory with it too (see [`register`]).
+pub fn factory<C, P>(
     table: toml::Value,
     field: &str,
     make: impl FnOnce(&C) -> Result<P, ConfigError>,
@@ -300,6 +301,41 @@ where
 /// bucket.
 pub(crate) fn table_seed() -> u64 {
     FlowHasher::random().hash(&FlowKey::EMPTY)
+}
+
+/// How a program from outside this crate is built: from its settings (an empty table if
+/// the configuration has none), the switch's ports, and the configuration field its
+/// settings are under (`program.NAME`, for errors).
+pub type Builder = fn(toml::Value, &PortNames, &str) -> Result<ProgramFactory, ConfigError>;
+
+/// Programs registered from outside this crate: name, a line about it, its builder.
+static REGISTERED: RwLock<Vec<(&'static str, &'static str, Builder)>> = RwLock::new(Vec::new());
+
+/// Adds a program of your own to those [`build`] knows (and so to `stateplane run`, the
+/// lab's switches and the control API when your binary hands over to `stateplane::main`).
+/// Refused if the name is taken.
+pub fn register(
+    name: &'static str,
+    about: &'static str,
+    builder: Builder,
+) -> Result<(), ConfigError> {
+    let mut registered = REGISTERED.write().unwrap_or_else(PoisonError::into_inner);
+    if CATALOG.iter().any(|(n, _)| *n == name) || registered.iter().any(|r| r.0 == name) {
+        return Err(ConfigError::new(
+            "program",
+            format!("'{name}' is already a program; give yours another name"),
+        ));
+    }
+    registered.push((name, about, builder));
+    Ok(())
+}
+
+/// Every program `build` knows, built-in and registered, with a line about each.
+pub fn catalog() -> Vec<(&'static str, &'static str)> {
+    let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+    let mut all: Vec<_> = CATALOG.to_vec();
+    all.extend(registered.iter().map(|r| (r.0, r.1)));
+    all
 }
 
 /// Builds the factory of program `name` from its configuration table (`None`: defaults).
@@ -356,7 +392,12 @@ pub fn build(
             superspreader::Superspreader::new(c, ports, f, table_seed())
         }),
         other => {
-            let names: Vec<&str> = CATALOG.iter().map(|(n, _)| *n).collect();
+            let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(r) = registered.iter().find(|r| r.0 == other) {
+                return (r.2)(table, ports, f);
+            }
+            drop(registered);
+            let names: Vec<&str> = catalog().iter().map(|(n, _)| *n).collect();
             Err(ConfigError::new(
                 "program",
                 format!(

@@ -1,0 +1,120 @@
+//! `stateplane`: the command line, as a library so that a binary of your own can add
+//! programs and keep every command (`run`, `lab`, `ctl`, the benchmarks): register them
+//! with `stateplane_programs::register`, then call [`main`] (see examples/tollbooth and
+//! docs/program-api.md).
+//!
+//! Owns: argument and configuration parsing (errors name the field and the fix), progress
+//! display, summaries, the metrics endpoint, and the benchmark driver.
+//!
+//! Must never: implement packet processing itself; it only wires the library crates.
+
+mod bench;
+mod bench_addonmiss;
+mod bench_cache;
+mod bench_catalog;
+mod bench_flows;
+mod bench_pipeline;
+mod bench_tables;
+mod chart;
+mod config;
+mod ctl;
+mod export;
+mod flows_cmd;
+mod gen_cmd;
+mod lab_bench;
+mod lab_cmd;
+mod logging;
+mod metrics;
+mod progress;
+mod run;
+mod run_live;
+mod send_cmd;
+mod summary;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "stateplane",
+    version,
+    about = "A fast software data plane for stateful network functions"
+)]
+struct Cli {
+    /// Log level: error, warn, info, debug or trace (default: STATEPLANE_LOG, else info).
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a program over ports (capture files or live interfaces), from flags or a TOML config.
+    Run(run::RunArgs),
+    /// Flow records (IPFIX, CSV, JSON) from capture files or interfaces, unsampled.
+    Flows(flows_cmd::FlowsArgs),
+    /// Generate a trace deterministically from a seed.
+    Gen(gen_cmd::GenArgs),
+    /// Measure packets per second per core on an in-memory replay.
+    Bench(bench::BenchArgs),
+    /// The add-on-miss insertion-latency experiment (phase 1 inserts, phase 2 mixes).
+    BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
+    /// Mpps per core of each program of the catalog on its workload, beside forward.
+    BenchCatalog(bench_catalog::BenchCatalogArgs),
+    /// The microflow cache's hit rate against its size and ways on generated traces.
+    BenchCache(bench_cache::BenchCacheArgs),
+    /// The flow stage's experiments: microflow records per packet against table memory,
+    /// the aggregator with each optimization on in turn, two levels against one.
+    BenchFlows(bench_flows::BenchFlowsArgs),
+    /// The rule pipeline's Mpps with and without its cache, under rule updates, by tables.
+    BenchPipeline(bench_pipeline::BenchPipelineArgs),
+    /// Operations per second per core on the state primitives (exact tables).
+    BenchTables(bench_tables::BenchTablesArgs),
+    /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
+    Lab(lab_cmd::LabArgs),
+    /// Send a capture's frames on an interface at full speed (a traffic source).
+    Send(send_cmd::SendArgs),
+    /// Talk to a running switch's control API: tables, registers, notifications, counters.
+    Ctl(ctl::CtlArgs),
+    /// Print the version.
+    Version,
+}
+
+/// Runs the command line: parses the arguments, runs the command, and says how it went.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(cli.log_level.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let result = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Flows(args) => flows_cmd::main(args),
+        Command::Gen(args) => gen_cmd::main(args),
+        Command::Bench(args) => bench::main(args),
+        Command::Lab(args) => lab_cmd::main(args),
+        Command::BenchTables(args) => bench_tables::main(args),
+        Command::BenchCache(args) => bench_cache::main(args),
+        Command::BenchCatalog(args) => bench_catalog::main(args),
+        Command::BenchFlows(args) => bench_flows::main(args),
+        Command::BenchPipeline(args) => bench_pipeline::main(args),
+        Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
+        Command::Send(args) => send_cmd::main(args),
+        Command::Ctl(args) => ctl::main(args),
+        Command::Version => {
+            println!("stateplane {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error type of every command: a message a user can act on.
+pub type CliResult<T> = Result<T, String>;
