@@ -28,12 +28,9 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::ip_value;
-use stateplane_state::{
-    Colour, ControlError, CountMin, Declaration, ExactTable, ExpireProfile, Meter, MeterConfig,
-    Notification, Reply, Request,
-};
+use stateplane_state::{Colour, CountMin, ExactTable, ExpireProfile, Meter, MeterConfig};
 use stateplane_wire::parse::Parsed;
 use stateplane_wire::tcp::flags;
 use std::collections::BTreeMap;
@@ -244,22 +241,7 @@ impl Program for Flood {
         &["no_mapping", "flood", "policed"]
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.victims.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.victims.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.victims.table.take_notifications(out);
-    }
+    crate::answer_by_table!(victims.table);
 }
 
 #[cfg(test)]

@@ -23,8 +23,8 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, Prepared, Program, Verdict};
-use stateplane_state::{ControlError, CountMin, Declaration, Notification, Reply, Request};
+use stateplane_runtime::{Burst, Context, Program, Verdict};
+use stateplane_state::CountMin;
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -195,22 +195,7 @@ impl Program for Hh {
         self.forward.drop_reasons()
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.reports.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.reports.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.reports.table.take_notifications(out);
-    }
+    crate::answer_by_table!(reports.table);
 }
 
 #[cfg(test)]
@@ -272,13 +257,7 @@ mod tests {
             }
         }
         // A fixed shuffle, so that flows interleave.
-        let mut state = 1u64;
-        for i in (1..frames.len()).rev() {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            frames.swap(i, (state >> 33) as usize % (i + 1));
-        }
+        crate::testutil::shuffle(&mut frames, 1);
         for chunk in frames.chunks(64) {
             for (v, bytes) in run_at(&mut p, 5_000_000, chunk, (0, 1), 2) {
                 assert_eq!(v, Verdict::Forward(1));

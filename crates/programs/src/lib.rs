@@ -43,13 +43,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 
 /// Writes the `Program` methods of a program whose control-plane state is one
-/// `DeclaredTable`, in field `$table`: its declaration, the answers to requests about it,
-/// and its notifications. Used inside `impl Program for ...`.
+/// `DeclaredTable`, at field path `$table` (`cache`, or `reports.table`): its declaration,
+/// the answers to requests about it, and its notifications. Used inside
+/// `impl Program for ...`.
 #[macro_export]
 macro_rules! answer_by_table {
-    ($table:ident) => {
+    ($($table:ident).+) => {
         fn declarations(&self) -> Vec<$crate::macro_support::Declaration> {
-            vec![self.$table.declaration().clone()]
+            vec![self.$($table).+.declaration().clone()]
         }
 
         fn control(
@@ -58,11 +59,11 @@ macro_rules! answer_by_table {
             _prepared: Option<&$crate::macro_support::Prepared>,
             ctx: &$crate::macro_support::Context,
         ) -> Result<$crate::macro_support::Reply, $crate::macro_support::ControlError> {
-            self.$table.answer(request, ctx.now_ns)
+            self.$($table).+.answer(request, ctx.now_ns)
         }
 
         fn notifications(&mut self, out: &mut Vec<$crate::macro_support::Notification>) {
-            self.$table.take_notifications(out);
+            self.$($table).+.take_notifications(out);
         }
     };
 }

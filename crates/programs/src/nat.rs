@@ -39,7 +39,7 @@ use serde::Deserialize;
 use stateplane_runtime::{
     Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
 };
-use stateplane_state::control::{Action, Field, Format, Write};
+use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
     Kind, Match, Notification, Reply, Request,
@@ -616,25 +616,11 @@ impl Program for Nat {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        let deleting: Vec<(FlowKey, u16)> = match request {
-            Request::Write { writes, .. } => (writes.iter())
-                .filter_map(|w| match w {
-                    Write::Delete(fields) => {
-                        let key = TranslationCodec::key(fields);
-                        self.translations.get(&key).map(|t| (key, t.external_port))
-                    }
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        let reply = self.translations.answer(request, ctx.now_ns)?;
-        for (key, port) in deleting {
-            if self.translations.get(&key).is_none() {
-                self.answers.delete(&answer_key(&key, self.external, port));
-            }
-        }
-        Ok(reply)
+        let (answers, external) = (&mut self.answers, self.external);
+        self.translations
+            .answer_seeing_deletes(request, ctx.now_ns, |key, t| {
+                answers.delete(&answer_key(key, external, t.external_port));
+            })
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
@@ -647,6 +633,7 @@ mod tests {
     use super::*;
     use crate::testutil::{ctx, hasher, ipv4_checksums_valid, tcp};
     use stateplane_gen::build::L4;
+    use stateplane_state::control::Write;
     use stateplane_wire::parse;
 
     const S: u64 = 1_000_000_000;

@@ -34,7 +34,7 @@
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format, Write};
+use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
     Kind, Match, Notification, Reply, Request,
@@ -465,25 +465,11 @@ impl Program for Sgw {
         _prepared: Option<&Prepared>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        let deleting: Vec<(u32, Session)> = match request {
-            Request::Write { writes, .. } => (writes.iter())
-                .filter_map(|w| match w {
-                    Write::Delete(fields) => {
-                        let n = SessionCodec::key(fields);
-                        self.sessions.get(&n).map(|s| (n, *s))
-                    }
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        let reply = self.sessions.answer(request, ctx.now_ns)?;
-        for (n, s) in deleting {
-            if self.sessions.get(&n).is_none() {
-                self.by_ue.delete(&u32::from_be_bytes(s.ue));
-            }
-        }
-        Ok(reply)
+        let by_ue = &mut self.by_ue;
+        self.sessions
+            .answer_seeing_deletes(request, ctx.now_ns, |_, s| {
+                by_ue.delete(&u32::from_be_bytes(s.ue));
+            })
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {

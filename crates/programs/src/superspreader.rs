@@ -22,10 +22,8 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, Prepared, Program, Verdict};
-use stateplane_state::{
-    ControlError, CountMin, Declaration, Notification, Reply, Request, TableKey,
-};
+use stateplane_runtime::{Burst, Context, Program, Verdict};
+use stateplane_state::{CountMin, TableKey};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -196,22 +194,7 @@ impl Program for Superspreader {
         self.forward.drop_reasons()
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![self.reports.table.declaration().clone()]
-    }
-
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&Prepared>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        self.reports.table.answer(request, ctx.now_ns)
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.reports.table.take_notifications(out);
-    }
+    crate::answer_by_table!(reports.table);
 }
 
 #[cfg(test)]
@@ -262,13 +245,7 @@ mod tests {
         }
         // One heavy talker to a single destination is not spreading.
         frames.extend((0..5000).map(|_| packet("198.18.9.9", 7)));
-        let mut state = 5u64;
-        for i in (1..frames.len()).rev() {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            frames.swap(i, (state >> 33) as usize % (i + 1));
-        }
+        crate::testutil::shuffle(&mut frames, 5);
         for chunk in frames.chunks(64) {
             run_at(&mut p, 1, chunk, (0, 1), 2);
         }

@@ -99,6 +99,16 @@ pub fn ipv4_checksums_valid(frame: &[u8]) -> bool {
 /// An IP frame from `src` to `dst` (both IPv4 or both IPv6) carrying `l4` and a few bytes
 /// of payload.
 pub fn ip_frame(src: &str, dst: &str, l4: stateplane_gen::build::L4) -> Vec<u8> {
+    ip_frame_with(src, dst, l4, b"payload!")
+}
+
+/// As [`ip_frame`], with this payload (lengths and checksums made for it).
+pub fn ip_frame_with(
+    src: &str,
+    dst: &str,
+    l4: stateplane_gen::build::L4,
+    payload: &[u8],
+) -> Vec<u8> {
     use stateplane_gen::build::{Hosts, emit_frame};
     let hosts = Hosts {
         src_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 1]),
@@ -109,7 +119,7 @@ pub fn ip_frame(src: &str, dst: &str, l4: stateplane_gen::build::L4) -> Vec<u8> 
         ttl: 64,
     };
     let mut f = Vec::new();
-    emit_frame(&mut f, &hosts, &l4, b"payload!");
+    emit_frame(&mut f, &hosts, &l4, payload);
     f
 }
 
@@ -148,4 +158,31 @@ pub fn run_at(
     (0..b.len())
         .map(|i| (b.descs()[i].verdict, b.data(i).to_vec()))
         .collect()
+}
+
+/// Puts `items` in a fixed pseudo-random order (Fisher-Yates over an LCG from `seed`), so
+/// that flows interleave the same way on every run.
+pub fn shuffle<T>(items: &mut [T], seed: u64) {
+    let mut state = seed;
+    for i in (1..items.len()).rev() {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        items.swap(i, (state >> 33) as usize % (i + 1));
+    }
+}
+
+/// The frames of a generated trace, each arriving on port 0.
+pub fn generated(cfg: &stateplane_gen::GenConfig) -> Vec<(Vec<u8>, PortId)> {
+    let mut frames = Vec::new();
+    stateplane_gen::generate(
+        cfg,
+        |_, f| {
+            frames.push((f.to_vec(), 0));
+            Ok(())
+        },
+        |_| {},
+    )
+    .unwrap();
+    frames
 }

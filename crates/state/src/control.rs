@@ -686,6 +686,37 @@ impl<C: ExactCodec> DeclaredTable<C> {
         .answer(request)
     }
 
+    /// As [`answer`](Self::answer), and shows each entry a write deleted to `deleted`
+    /// (for state derived from the table, such as a reverse index). A refused request
+    /// deleted nothing.
+    pub fn answer_seeing_deletes(
+        &mut self,
+        request: &Request,
+        now_ns: u64,
+        mut deleted: impl FnMut(&C::Key, &C::Value),
+    ) -> Result<Reply, ControlError> {
+        let doomed: Vec<(C::Key, C::Value)> = match request {
+            Request::Write { writes, .. } => writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Delete(fields) => {
+                        let key = C::key(fields);
+                        self.table.get(&key).map(|v| (key, *v))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let reply = self.answer(request, now_ns)?;
+        for (key, value) in &doomed {
+            if self.table.get(key).is_none() {
+                deleted(key, value);
+            }
+        }
+        Ok(reply)
+    }
+
     /// Sweeps up to `budget` slots for expired entries and queues their notifications,
     /// showing each expired entry to `seen` first (a program may keep state derived from
     /// it, such as a reverse index).

@@ -1,8 +1,7 @@
 use super::*;
 use crate::testutil::{hasher, ipv4_checksums_valid, run_at};
-use stateplane_gen::build::{Hosts, L4, emit_frame};
-use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_wire::MacAddr;
+use stateplane_gen::build::L4;
+use stateplane_gen::{GenConfig, Workload};
 use std::collections::HashMap;
 
 const SERVER: &str = "198.19.0.100";
@@ -17,23 +16,13 @@ fn kv(extra: &str) -> Kv {
 fn frame(client: &str, to_server: bool, m: &Message) -> Vec<u8> {
     let mut payload = Vec::new();
     m.emit(&mut payload);
-    let (c, s): (IpAddr, IpAddr) = (client.parse().unwrap(), SERVER.parse().unwrap());
-    let hosts = Hosts {
-        src_mac: MacAddr([2, 0, 0, 0, 0, if to_server { 1 } else { 2 }]),
-        dst_mac: MacAddr([2, 0, 0, 0, 0, if to_server { 2 } else { 1 }]),
-        vlan: 0,
-        src: if to_server { c } else { s },
-        dst: if to_server { s } else { c },
-        ttl: 64,
-    };
-    let (src_port, dst_port) = if to_server {
-        (5000, kv::PORT)
+    let (src, dst, src_port, dst_port) = if to_server {
+        (client, SERVER, 5000, kv::PORT)
     } else {
-        (kv::PORT, 5000)
+        (SERVER, client, kv::PORT, 5000)
     };
-    let mut f = Vec::new();
-    emit_frame(&mut f, &hosts, &L4::Udp { src_port, dst_port }, &payload);
-    f
+    let l4 = L4::Udp { src_port, dst_port };
+    crate::testutil::ip_frame_with(src, dst, l4, &payload)
 }
 
 fn msg(op: Op, key: u64, value: &[u8]) -> Message<'_> {
@@ -114,16 +103,7 @@ fn on_the_kv_workload_every_answer_is_the_last_value_put() {
     let mut cfg = GenConfig::new(Workload::Kv, 30_000);
     cfg.ipv6_share = 0.3;
     cfg.kv_keys = 500;
-    let mut frames = Vec::new();
-    generate(
-        &cfg,
-        |_, f| {
-            frames.push((f.to_vec(), 0));
-            Ok(())
-        },
-        |_| {},
-    )
-    .unwrap();
+    let frames = crate::testutil::generated(&cfg);
     // The server is IPv4 only here: IPv6 requests go to another server and pass.
     let mut p = kv("");
     let mut last: HashMap<u64, Vec<u8>> = HashMap::new();

@@ -1,7 +1,7 @@
 use super::*;
 use crate::testutil::{hasher, ip_frame, run_at};
 use stateplane_gen::build::L4;
-use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_gen::{GenConfig, Workload};
 use stateplane_wire::checksum;
 use stateplane_wire::gtp::emit_gtpv2_ie;
 
@@ -29,16 +29,7 @@ fn generated_subscriber(u: u32) -> ([u8; 4], u32, [u8; 4]) {
 fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
     let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
     cfg.ipv6_share = 0.0;
-    let mut frames = Vec::new();
-    generate(
-        &cfg,
-        |_, f| {
-            frames.push((f.to_vec(), 0));
-            Ok(())
-        },
-        |_| {},
-    )
-    .unwrap();
+    let frames = crate::testutil::generated(&cfg);
     let mut p = sgw();
     let (mut signaling, mut uplink, mut downlink) = (0, 0, 0);
     for chunk in frames.chunks(32) {
@@ -114,26 +105,11 @@ fn signal(message_type: u8, teid: u32, imsi: Option<u32>, enb: [u8; 4], enb_teid
 }
 
 fn udp_frame(src: &str, dst: &str, port: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = ip_frame(
-        src,
-        dst,
-        L4::Udp {
-            src_port: port,
-            dst_port: port,
-        },
-    );
-    // Replace the helper's payload with ours, fixing the lengths (checksums do not matter
-    // to the gateway).
-    f.truncate(14 + 20 + 8);
-    f.extend_from_slice(payload);
-    let ip_len = (20 + 8 + payload.len()) as u16;
-    f[16..18].copy_from_slice(&ip_len.to_be_bytes());
-    f[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
-    f[24..26].copy_from_slice(&[0, 0]);
-    let c = checksum::checksum(&f[14..34]);
-    f[24..26].copy_from_slice(&c.to_be_bytes());
-    f[40..42].copy_from_slice(&[0, 0]);
-    f
+    let l4 = L4::Udp {
+        src_port: port,
+        dst_port: port,
+    };
+    crate::testutil::ip_frame_with(src, dst, l4, payload)
 }
 
 fn downlink_to(ue: &str) -> Vec<u8> {
