@@ -31,7 +31,10 @@
 //! updated by every packet) and its reverse index (derived from it, kept alongside).
 //! Configuration: `external` (the public IPv4 address, required), `inside` and `outside`
 //! (ports, default 0 and 1), `ports` (the pool, default `1024-65535`), `capacity`
-//! (connections per worker, default 65536), `timeouts` in seconds.
+//! (connections per worker, default 65536), `timeouts` in seconds, `forwards` (port
+//! forwards: a TCP SYN or UDP datagram from the outside to a forwarded external port opens
+//! a translation to an inside host, as if that host had opened it; forwarded ports lie
+//! outside the pool).
 
 use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
 use crate::{ConfigError, PortNames, parse_ipv4};
@@ -66,6 +69,30 @@ pub struct NatConfig {
     pub capacity: usize,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Port forwards: connections from the outside to these external ports reach an inside
+    /// host.
+    #[serde(default)]
+    pub forwards: Vec<PortForwardConfig>,
+}
+
+/// A port forward: `proto` to external port `port` goes to `to`, port `to_port` (by
+/// default the same port).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortForwardConfig {
+    pub proto: String,
+    pub port: u16,
+    pub to: String,
+    pub to_port: Option<u16>,
+}
+
+/// A port forward, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PortForward {
+    proto: u8,
+    external_port: u16,
+    inside: [u8; 16],
+    inside_port: u16,
 }
 
 fn default_inside() -> String {
@@ -320,6 +347,7 @@ pub struct Nat {
     translations: DeclaredTable<TranslationCodec>,
     /// Answer key -> inside key, for every translation.
     answers: ExactTable<FlowKey, FlowKey>,
+    forwards: Vec<PortForward>,
     /// Translations made, and those that expired by the state they were in.
     pub created: u64,
     pub expired: [u64; 5],
@@ -334,6 +362,47 @@ impl Nat {
     ) -> Result<Self, ConfigError> {
         let external = parse_ipv4(&format!("{field}.external"), &cfg.external)?;
         let (first_port, last_port) = parse_pool(&format!("{field}.ports"), &cfg.ports)?;
+        let mut forwards = Vec::new();
+        for (i, f) in cfg.forwards.iter().enumerate() {
+            let at = format!("{field}.forwards[{i}]");
+            let proto = match f.proto.as_str() {
+                "tcp" => TCP,
+                "udp" => UDP,
+                other => {
+                    return Err(ConfigError::new(
+                        format!("{at}.proto"),
+                        format!("'{other}' is not tcp or udp"),
+                    ));
+                }
+            };
+            if (first_port..=last_port).contains(&f.port) || f.port == 0 {
+                return Err(ConfigError::new(
+                    format!("{at}.port"),
+                    format!(
+                        "{} is 0 or in the pool {first_port}-{last_port}, which new connections \
+                         take ports from; forward a port outside it, or narrow `ports`",
+                        f.port
+                    ),
+                ));
+            }
+            if forwards
+                .iter()
+                .any(|x: &PortForward| (x.proto, x.external_port) == (proto, f.port))
+            {
+                return Err(ConfigError::new(
+                    format!("{at}.port"),
+                    format!("{} {} is forwarded twice", f.proto, f.port),
+                ));
+            }
+            let mut inside = [0u8; 16];
+            inside[..4].copy_from_slice(&parse_ipv4(&format!("{at}.to"), &f.to)?);
+            forwards.push(PortForward {
+                proto,
+                external_port: f.port,
+                inside,
+                inside_port: f.to_port.unwrap_or(f.port),
+            });
+        }
         crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "connections")?;
         let inside = ports.resolve(&format!("{field}.inside"), &cfg.inside)?;
         let outside = ports.resolve(&format!("{field}.outside"), &cfg.outside)?;
@@ -368,6 +437,7 @@ impl Nat {
                 TranslationCodec::declaration(cfg.capacity),
             ),
             answers: ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed.rotate_left(7)),
+            forwards,
             created: 0,
             expired: [0; 5],
         })
@@ -425,6 +495,16 @@ impl Nat {
             return Err(TABLE_FULL);
         }
         let port = self.choose_port(&key, ctx).ok_or(PORTS_EXHAUSTED)?;
+        self.insert(key, port, true, now)?;
+        Ok(port)
+    }
+
+    /// Adds the translation of the inside connection `key` on external `port`, and its
+    /// answer entry, counting its first packet (from the inside if `out`).
+    fn insert(&mut self, key: FlowKey, port: u16, out: bool, now: u64) -> Result<(), DropReason> {
+        if self.translations.len() >= self.translations.capacity() {
+            return Err(TABLE_FULL);
+        }
         let state = if key.proto == TCP {
             NatState::TcpNew
         } else if key.proto == UDP {
@@ -435,8 +515,8 @@ impl Nat {
         let t = Translation {
             state,
             external_port: port,
-            packets_out: 1,
-            packets_in: 0,
+            packets_out: u32::from(out),
+            packets_in: u32::from(!out),
         };
         let answer = answer_key(&key, self.external, port);
         self.answers
@@ -451,7 +531,30 @@ impl Nat {
             return Err(TABLE_FULL);
         }
         self.created += 1;
-        Ok(port)
+        Ok(())
+    }
+
+    /// A connection from the outside to a forwarded port: its translation, to the inside
+    /// host, made on its first packet (a TCP SYN, or any UDP datagram). Returns the inside
+    /// connection's key.
+    fn forwarded(&mut self, outside: &FlowKey, tcp_flags: u8, now: u64) -> Option<FlowKey> {
+        let f = *self
+            .forwards
+            .iter()
+            .find(|f| (f.proto, f.external_port) == (outside.proto, outside.dst_port))?;
+        if f.proto == TCP && tcp_flags & (flags::SYN | flags::ACK | flags::RST) != flags::SYN {
+            return None;
+        }
+        let inside = FlowKey {
+            src: f.inside,
+            src_port: f.inside_port,
+            dst: outside.src,
+            dst_port: outside.src_port,
+            in_port: 0,
+            ..*outside
+        };
+        self.insert(inside, f.external_port, false, now).ok()?;
+        Some(inside)
     }
 
     /// Removes a translation and its answer entry.
@@ -529,15 +632,22 @@ impl Nat {
         if let Err(reason) = translatable(&d.parsed, data, false) {
             return Verdict::Drop(reason);
         }
-        let Some(inside) = self.answers.get(&table_key(&d.parsed.key)).copied() else {
-            return Verdict::Drop(NO_TRANSLATION);
+        let outside = table_key(&d.parsed.key);
+        let inside = match self.answers.get(&outside).copied() {
+            Some(inside) => {
+                if self
+                    .track(&inside, false, d.parsed.tcp_flags, d.ts_ns)
+                    .is_none()
+                {
+                    return Verdict::Drop(NO_TRANSLATION);
+                }
+                inside
+            }
+            None => match self.forwarded(&outside, d.parsed.tcp_flags, d.ts_ns) {
+                Some(inside) => inside,
+                None => return Verdict::Drop(NO_TRANSLATION),
+            },
         };
-        if self
-            .track(&inside, false, d.parsed.tcp_flags, d.ts_ns)
-            .is_none()
-        {
-            return Verdict::Drop(NO_TRANSLATION);
-        }
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
             Err(_) => Verdict::Drop(TRUNCATED),
@@ -1013,6 +1123,92 @@ mod tests {
             }
             proptest::prop_assert_eq!(n.answers.len(), n.len());
         }
+    }
+
+    #[test]
+    fn a_forwarded_port_lets_an_outside_client_reach_an_inside_server() {
+        let mut n = nat(
+            "ports = \"20000-65535\"\nforwards = [\n  { proto = \"tcp\", port = 8080, to = \"198.18.0.5\", to_port = 80 },\n  { proto = \"udp\", port = 53, to = \"198.18.0.6\" },\n]",
+        );
+        // The outside client's SYN to the external address, port 8080, reaches the server.
+        let syn = frame(REMOTE, EXTERNAL, tcp(50_000, 8080, flags::SYN));
+        let (v, key, bytes) = one(&mut n, S, syn, 1);
+        assert_eq!(v, IN);
+        assert_eq!((addr(&key, false), key.dst_port), (ip("198.18.0.5"), 80));
+        assert_eq!(
+            (addr(&key, true), key.src_port),
+            (ip(REMOTE), 50_000),
+            "from the client"
+        );
+        assert!(ipv4_checksums_valid(&bytes));
+        // The server's answer leaves from the forwarded port.
+        let syn_ack = frame(
+            "198.18.0.5",
+            REMOTE,
+            tcp(80, 50_000, flags::SYN | flags::ACK),
+        );
+        let (v, key, bytes) = one(&mut n, S + 1, syn_ack, 0);
+        assert_eq!(v, OUT);
+        assert_eq!((addr(&key, true), key.src_port), (ip(EXTERNAL), 8080));
+        assert!(ipv4_checksums_valid(&bytes));
+        let ack = frame(REMOTE, EXTERNAL, tcp(50_000, 8080, flags::ACK));
+        assert_eq!(one(&mut n, S + 2, ack, 1).0, IN);
+        let inside = FlowKey::v4(
+            "198.18.0.5".parse().unwrap(),
+            REMOTE.parse().unwrap(),
+            TCP,
+            80,
+            50_000,
+        );
+        assert_eq!(
+            n.translation_of(&inside).map(|t| t.state),
+            Some(NatState::TcpEstablished)
+        );
+        // Only a SYN opens a forwarded TCP connection; other ports stay closed.
+        let stray = frame(REMOTE, EXTERNAL, tcp(50_001, 8080, flags::ACK));
+        assert_eq!(one(&mut n, S, stray, 1).0, Verdict::Drop(NO_TRANSLATION));
+        let closed = frame(REMOTE, EXTERNAL, tcp(50_002, 8081, flags::SYN));
+        assert_eq!(one(&mut n, S, closed, 1).0, Verdict::Drop(NO_TRANSLATION));
+        // UDP to a forwarded port, to the same port inside.
+        let query = frame(
+            REMOTE,
+            EXTERNAL,
+            L4::Udp {
+                src_port: 4000,
+                dst_port: 53,
+            },
+        );
+        let (v, key, _) = one(&mut n, S, query, 1);
+        assert_eq!(v, IN);
+        assert_eq!((addr(&key, false), key.dst_port), (ip("198.18.0.6"), 53));
+    }
+
+    #[test]
+    fn forwards_are_checked() {
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let err = |extra: &str| {
+            let cfg: NatConfig =
+                toml::from_str(&format!("external = \"{EXTERNAL}\"\n{extra}")).unwrap();
+            Nat::new(&cfg, &names, "program.nat", 1)
+                .err()
+                .map(|e| e.field)
+        };
+        let fwd = |body: &str| format!("forwards = [{{ {body} }}]");
+        assert_eq!(
+            err(&fwd("proto = \"tcp\", port = 8080, to = \"198.18.0.5\"")).as_deref(),
+            Some("program.nat.forwards[0].port"),
+            "8080 is in the default pool"
+        );
+        assert_eq!(
+            err(&fwd("proto = \"sctp\", port = 80, to = \"198.18.0.5\"")).as_deref(),
+            Some("program.nat.forwards[0].proto")
+        );
+        assert_eq!(
+            err(&fwd("proto = \"tcp\", port = 80, to = \"nowhere\"")).as_deref(),
+            Some("program.nat.forwards[0].to")
+        );
+        let twice = "forwards = [\n{ proto = \"tcp\", port = 80, to = \"198.18.0.5\" },\n{ proto = \"tcp\", port = 80, to = \"198.18.0.6\" }]";
+        assert_eq!(err(twice).as_deref(), Some("program.nat.forwards[1].port"));
     }
 
     #[test]
