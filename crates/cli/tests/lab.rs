@@ -904,7 +904,7 @@ fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
     let iperf_backends: std::collections::BTreeSet<&str> = connections
         .lines()
         .filter(|l| l.contains("dst_port=5201"))
-        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("address=")))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("backend=")))
         .collect();
     assert_eq!(iperf_backends.len(), 1, "{connections}");
 }

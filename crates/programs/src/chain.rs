@@ -73,7 +73,9 @@ pub fn factory(
         let built = crate::build(name, cfg.settings.get(name), ports).map_err(|e| {
             // The stage's own field names, placed inside the chain's table.
             let inner = e.field.strip_prefix("program.").unwrap_or(&e.field);
-            ConfigError::new(format!("{field}.{inner}"), e.problem)
+            let table = |prefix: &str| format!("`[{prefix}.{name}]`");
+            let problem = e.problem.replace(&table("program"), &table(field));
+            ConfigError::new(format!("{field}.{inner}"), problem)
         })?;
         factories.push(built);
     }
@@ -379,5 +381,14 @@ routes = [
             .unwrap();
         assert!(twice.problem.contains("`connections`"), "{twice}");
         assert_eq!(field("stages = [\"teleport\"]"), "program.chain.program");
+        // A missing setting says where the settings go, inside the chain or not.
+        let missing = chain("stages = [\"nat\"]").err().unwrap();
+        assert_eq!(missing.field, "program.chain.nat");
+        assert!(
+            missing.problem.contains("`[program.chain.nat]`"),
+            "{missing}"
+        );
+        let alone = crate::build("lb", None, &names()).err().unwrap();
+        assert!(alone.problem.contains("`[program.lb]` table"), "{alone}");
     }
 }

@@ -30,16 +30,14 @@
 //! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
 
 use crate::forward::{Forward, ForwardConfig};
+use crate::keys::{KeyFields, filled_table};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format, ip_addr, ip_value};
-use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, Guarantee, Kind, Match,
-};
+use stateplane_state::control::{Field, Format};
+use stateplane_state::{Declaration, DeclaredTable, ExactCodec, ExactTable, Match};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
-use std::net::{IpAddr, Ipv6Addr};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -118,76 +116,14 @@ impl ConnState {
     }
 }
 
-/// The key of a table of connections as the control plane sees it: the 5-tuple and VLAN
-/// (shared by every program whose table is keyed by flows).
-pub(crate) fn flow_key_declared() -> Vec<Field> {
-    vec![
-        Field::exact("src", 128, Format::Ip),
-        Field::exact("dst", 128, Format::Ip),
-        Field::exact("proto", 8, Format::Int),
-        Field::exact("src_port", 16, Format::Int),
-        Field::exact("dst_port", 16, Format::Int),
-        Field::exact("vlan", 12, Format::Int),
-    ]
-}
-
-/// The flow key of the fields of [`flow_key_declared`].
-pub(crate) fn flow_key_of(fields: &[Match]) -> FlowKey {
-    let f = |i: usize| match fields.get(i) {
-        Some(Match::Exact(v)) => *v,
-        _ => 0,
-    };
-    let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
-    let mut key = match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => FlowKey::v4(s, d, f(2) as u8, f(3) as u16, f(4) as u16),
-        _ => FlowKey::v6(
-            Ipv6Addr::from(f(0)),
-            Ipv6Addr::from(f(1)),
-            f(2) as u8,
-            f(3) as u16,
-            f(4) as u16,
-        ),
-    };
-    key.vlan = f(5) as u16;
-    key
-}
-
-/// The fields of [`flow_key_declared`] of a flow key.
-pub(crate) fn flow_key_fields(key: &FlowKey) -> Vec<Match> {
-    let ip = |a: Option<IpAddr>| Match::Exact(a.map_or(0, ip_value));
-    vec![
-        ip(key.src_ip()),
-        ip(key.dst_ip()),
-        Match::Exact(u128::from(key.proto)),
-        Match::Exact(u128::from(key.src_port)),
-        Match::Exact(u128::from(key.dst_port)),
-        Match::Exact(u128::from(key.vlan)),
-    ]
-}
-
 /// The control plane's view of the connection table: key the connection's canonical
 /// 5-tuple and VLAN; action its state, with its packet count.
 struct ConnCodec;
 
 impl ConnCodec {
     fn declaration(capacity: usize) -> Declaration {
-        let packets = || vec![Field::exact("packets", 32, Format::Int)];
-        Declaration {
-            name: "connections".to_string(),
-            capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: flow_key_declared(),
-                actions: STATES
-                    .iter()
-                    .map(|&name| Action {
-                        name: name.to_string(),
-                        params: packets(),
-                    })
-                    .collect(),
-                writable: false,
-            },
-        }
+        let packets = vec![Field::exact("packets", 32, Format::Int)];
+        filled_table::<FlowKey>("connections", "", capacity, &STATES, packets)
     }
 }
 
@@ -196,11 +132,11 @@ impl ExactCodec for ConnCodec {
     type Value = Conn;
 
     fn key(fields: &[Match]) -> FlowKey {
-        flow_key_of(fields)
+        FlowKey::of(fields)
     }
 
     fn fields(key: &FlowKey) -> Vec<Match> {
-        flow_key_fields(key)
+        key.fields()
     }
 
     fn value(action: usize, params: &[u128]) -> Conn {

@@ -12,15 +12,13 @@
 //! worker, write-centric). Configuration: `capacity` (flows per worker, default 65536),
 //! `idle` (seconds, default 60), `map` as `forward`.
 
-use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
 use crate::forward::{Forward, ForwardConfig};
+use crate::keys::{KeyFields, filled_table};
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format};
-use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, Guarantee, Kind, Match,
-};
+use stateplane_state::control::{Field, Format};
+use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, Match};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -57,11 +55,11 @@ impl ExactCodec for CountsCodec {
     type Value = Counts;
 
     fn key(fields: &[Match]) -> FlowKey {
-        flow_key_of(fields)
+        FlowKey::of(fields)
     }
 
     fn fields(key: &FlowKey) -> Vec<Match> {
-        flow_key_fields(key)
+        key.fields()
     }
 
     fn value(_action: usize, params: &[u128]) -> Counts {
@@ -92,22 +90,11 @@ impl Counter {
     ) -> Result<Self, ConfigError> {
         crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "flows")?;
         let profiles = crate::idle_profiles(field, &[("idle", cfg.idle)])?;
-        let declaration = Declaration {
-            name: "flows".into(),
-            capacity: cfg.capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: flow_key_declared(),
-                actions: vec![Action {
-                    name: "count".into(),
-                    params: vec![
-                        Field::exact("packets", 64, Format::Int),
-                        Field::exact("bytes", 64, Format::Int),
-                    ],
-                }],
-                writable: false,
-            },
-        };
+        let counts = vec![
+            Field::exact("packets", 64, Format::Int),
+            Field::exact("bytes", 64, Format::Int),
+        ];
+        let declaration = filled_table::<FlowKey>("flows", "", cfg.capacity, &["count"], counts);
         Ok(Counter {
             forward: Forward::new(
                 &ForwardConfig {

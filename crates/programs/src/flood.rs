@@ -188,19 +188,27 @@ impl Flood {
             self.counts.clear();
         }
         let count = self.counts.add(&dst, 1);
-        if count >= self.threshold
-            && self.victims.file(dst, count, interval, now)
-            && let Mitigation::Limit(config) = self.mitigation
-            && self.meters.get(&dst).is_none()
-        {
-            let _ = self.meters.add_entry(dst, Meter::new(config, now), 0, now);
+        // One look at the victims per packet: filed at or over the threshold, else read.
+        let victim = if count >= self.threshold {
+            self.victims.file(dst, count, interval, now).is_some()
+        } else {
+            self.victims.get(&dst).is_some()
+        };
+        if !victim {
+            return None;
         }
-        self.victims.get(&dst)?;
         match self.mitigation {
             Mitigation::None => None,
             Mitigation::Drop => Some(FLOOD),
-            Mitigation::Limit(_) => {
-                let id = self.meters.lookup(&dst)?;
+            Mitigation::Limit(config) => {
+                // A victim's meter starts full when it is first found.
+                let id = match self.meters.lookup(&dst) {
+                    Some(id) => id,
+                    None => self
+                        .meters
+                        .add_entry(dst, Meter::new(config, now), 0, now)
+                        .ok()?,
+                };
                 let colour = self.meters.value_mut(id).mark(bytes, now, None);
                 (colour == Colour::Red).then_some(POLICED)
             }

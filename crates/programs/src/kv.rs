@@ -24,13 +24,12 @@
 //! 60). Drop reasons: none of its own (malformed requests go on to the server, which
 //! answers them or not).
 
+use crate::keys::{KeyFields, filled_table};
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PortId, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format};
-use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, Guarantee, Kind, Match,
-};
+use stateplane_state::control::{Field, Format};
+use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, Match};
 use stateplane_wire::checksum;
 use stateplane_wire::kv::{self, Message, Op};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -101,14 +100,11 @@ impl ExactCodec for CacheCodec {
     type Value = Cached;
 
     fn key(fields: &[Match]) -> u64 {
-        match fields.first() {
-            Some(Match::Exact(v)) => *v as u64,
-            _ => 0,
-        }
+        u64::of(fields)
     }
 
     fn fields(key: &u64) -> Vec<Match> {
-        vec![Match::Exact(u128::from(*key))]
+        key.fields()
     }
 
     fn value(_action: usize, params: &[u128]) -> Cached {
@@ -158,22 +154,11 @@ impl Kv {
         let profiles = crate::idle_profiles(field, &[("idle", cfg.idle)])?;
         let clients = ports.resolve(&format!("{field}.clients"), &cfg.clients)?;
         let backend = ports.resolve(&format!("{field}.backend"), &cfg.backend)?;
-        let declaration = Declaration {
-            name: "cache".into(),
-            capacity: cfg.capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: vec![Field::exact("key", 64, Format::Int)],
-                actions: vec![Action {
-                    name: "value".into(),
-                    params: vec![
-                        Field::exact("len", 8, Format::Int),
-                        Field::exact("value", 128, Format::Int),
-                    ],
-                }],
-                writable: false,
-            },
-        };
+        let value = vec![
+            Field::exact("len", 8, Format::Int),
+            Field::exact("value", 128, Format::Int),
+        ];
+        let declaration = filled_table::<u64>("cache", "key", cfg.capacity, &["value"], value);
         Ok(Kv {
             server,
             clients,

@@ -18,6 +18,7 @@ pub mod flood;
 pub mod flowlet;
 pub mod forward;
 pub mod hh;
+mod keys;
 pub mod kv;
 pub mod l2;
 pub mod l2learn;
@@ -278,6 +279,19 @@ pub(crate) fn parse_ipv4(field: &str, text: &str) -> Result<[u8; 4], ConfigError
         })
 }
 
+/// A program's settings that do not parse, with where they go when one is missing (a run
+/// with no configuration gives the program none).
+fn settings_error(field: &str, e: &toml::de::Error) -> ConfigError {
+    let mut problem = e.message().to_owned();
+    if problem.starts_with("missing field") {
+        problem.push_str(&format!(
+            "; give the program's settings in a `[{field}]` table of a configuration \
+             (`stateplane run --config FILE`; docs/programs.md and docs/cli.md list them)"
+        ));
+    }
+    ConfigError::new(field, problem)
+}
+
 /// Parses the program's table as `C`, builds the program once with `make` (so configuration
 /// errors surface here, not in a worker), and gives each worker its own clone: an empty copy
 /// of per-worker tables, or a handle on shared read-only ones (`Arc`s inside the program).
@@ -291,9 +305,7 @@ where
     C: serde::de::DeserializeOwned,
     P: Program + Clone + Sync + 'static,
 {
-    let cfg: C = table
-        .try_into()
-        .map_err(|e: toml::de::Error| ConfigError::new(field, e.message().to_owned()))?;
+    let cfg: C = table.try_into().map_err(|e| settings_error(field, &e))?;
     let program = make(&cfg)?;
     Ok(Arc::new(move |_| Box::new(program.clone())))
 }
@@ -358,9 +370,7 @@ pub fn build(
         }),
         "acl" => factory(table, f, |c| acl::Acl::new(c, ports, f)),
         "chain" => {
-            let cfg: chain::ChainConfig = table
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::new(f, e.message().to_owned()))?;
+            let cfg: chain::ChainConfig = table.try_into().map_err(|e| settings_error(f, &e))?;
             chain::factory(&cfg, ports, f)
         }
         "conntrack" => factory(table, f, |c| {

@@ -36,16 +36,16 @@
 //! a translation to an inside host, as if that host had opened it; forwarded ports lie
 //! outside the pool).
 
-use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::keys::{KeyFields, filled_table};
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
 use stateplane_runtime::{
     Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
 };
-use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
-    Kind, Match, Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Match,
+    Notification, Reply, Request,
 };
 use stateplane_wire::edit::{self, EditError, Side};
 use stateplane_wire::flow::shard_of;
@@ -175,29 +175,12 @@ struct TranslationCodec;
 
 impl TranslationCodec {
     fn declaration(capacity: usize) -> Declaration {
-        let params = || {
-            vec![
-                Field::exact("external_port", 16, Format::Int),
-                Field::exact("packets_out", 32, Format::Int),
-                Field::exact("packets_in", 32, Format::Int),
-            ]
-        };
-        Declaration {
-            name: "translations".to_string(),
-            capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: flow_key_declared(),
-                actions: STATES
-                    .iter()
-                    .map(|&name| Action {
-                        name: name.to_string(),
-                        params: params(),
-                    })
-                    .collect(),
-                writable: false,
-            },
-        }
+        let params = vec![
+            Field::exact("external_port", 16, Format::Int),
+            Field::exact("packets_out", 32, Format::Int),
+            Field::exact("packets_in", 32, Format::Int),
+        ];
+        filled_table::<FlowKey>("translations", "", capacity, &STATES, params)
     }
 }
 
@@ -206,11 +189,11 @@ impl ExactCodec for TranslationCodec {
     type Value = Translation;
 
     fn key(fields: &[Match]) -> FlowKey {
-        flow_key_of(fields)
+        FlowKey::of(fields)
     }
 
     fn fields(key: &FlowKey) -> Vec<Match> {
-        flow_key_fields(key)
+        key.fields()
     }
 
     fn value(action: usize, params: &[u128]) -> Translation {
@@ -1060,7 +1043,7 @@ mod tests {
         );
         let delete = Request::Write {
             table: "translations".into(),
-            writes: vec![Write::Delete(flow_key_fields(&key))],
+            writes: vec![Write::Delete(key.fields())],
         };
         n.control(&delete, None, &ctx(S, 3)).unwrap();
         assert_eq!((n.len(), n.answers.len()), (0, 0));
@@ -1070,7 +1053,7 @@ mod tests {
         let insert = Request::Write {
             table: "translations".into(),
             writes: vec![Write::Insert(stateplane_state::control::Entry {
-                key: flow_key_fields(&key),
+                key: key.fields(),
                 action: "udp".into(),
                 params: vec![1, 0, 0],
                 priority: 0,

@@ -6,14 +6,10 @@
 //! control plane as a digest (`ctl watch`). Must never: decide what is worth reporting
 //! (the programs do).
 
-use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::keys::{KeyFields, filled_table};
 use serde::Deserialize;
-use stateplane_state::control::{Action, Field, Format};
-use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
-    Match, TableKey,
-};
-use stateplane_wire::FlowKey;
+use stateplane_state::control::{Field, Format};
+use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Match};
 use std::marker::PhantomData;
 
 /// The settings every measurement program has.
@@ -127,49 +123,9 @@ pub struct Report {
     pub estimate: u32,
 }
 
-/// A key reports are filed under, with its fields in the control API.
-pub(crate) trait ReportKey: TableKey {
-    fn declared(name: &str) -> Vec<Field>;
-    fn of(fields: &[Match]) -> Self;
-    fn fields(&self) -> Vec<Match>;
-}
-
-/// Flows, as the connection tables declare them.
-impl ReportKey for FlowKey {
-    fn declared(_name: &str) -> Vec<Field> {
-        flow_key_declared()
-    }
-
-    fn of(fields: &[Match]) -> Self {
-        flow_key_of(fields)
-    }
-
-    fn fields(&self) -> Vec<Match> {
-        flow_key_fields(self)
-    }
-}
-
-/// IP addresses (IPv4 mapped into IPv6), one field named as the program says.
-impl ReportKey for u128 {
-    fn declared(name: &str) -> Vec<Field> {
-        vec![Field::exact(name, 128, Format::Ip)]
-    }
-
-    fn of(fields: &[Match]) -> Self {
-        match fields.first() {
-            Some(Match::Exact(v)) => *v,
-            _ => 0,
-        }
-    }
-
-    fn fields(&self) -> Vec<Match> {
-        vec![Match::Exact(*self)]
-    }
-}
-
 pub(crate) struct ReportCodec<K>(PhantomData<K>);
 
-impl<K: ReportKey> ExactCodec for ReportCodec<K> {
+impl<K: KeyFields> ExactCodec for ReportCodec<K> {
     type Key = K;
     type Value = Report;
 
@@ -196,11 +152,11 @@ impl<K: ReportKey> ExactCodec for ReportCodec<K> {
 
 /// The reports of the last intervals: an entry leaves once it has not been reported for
 /// a while (`keep_ns`).
-pub(crate) struct Reports<K: ReportKey> {
+pub(crate) struct Reports<K: KeyFields> {
     pub table: DeclaredTable<ReportCodec<K>>,
 }
 
-impl<K: ReportKey> Clone for Reports<K> {
+impl<K: KeyFields> Clone for Reports<K> {
     fn clone(&self) -> Self {
         Reports {
             table: self.table.clone(),
@@ -208,7 +164,7 @@ impl<K: ReportKey> Clone for Reports<K> {
     }
 }
 
-impl<K: ReportKey> Reports<K> {
+impl<K: KeyFields> Reports<K> {
     /// A table `name` of reports keyed by a field `key_name` (for address keys), each
     /// naming the measured count `what`, kept `keep_ns` after their last report.
     pub fn new(
@@ -219,22 +175,11 @@ impl<K: ReportKey> Reports<K> {
         keep_ns: u64,
         seed: u64,
     ) -> Reports<K> {
-        let declaration = Declaration {
-            name: name.into(),
-            capacity: m.reports,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: K::declared(key_name),
-                actions: vec![Action {
-                    name: "found".into(),
-                    params: vec![
-                        Field::exact("interval", 32, Format::Int),
-                        Field::exact(what, 32, Format::Int),
-                    ],
-                }],
-                writable: false,
-            },
-        };
+        let found = vec![
+            Field::exact("interval", 32, Format::Int),
+            Field::exact(what, 32, Format::Int),
+        ];
+        let declaration = filled_table::<K>(name, key_name, m.reports, &["found"], found);
         let keep = ExpireProfile {
             timeout_ns: keep_ns,
             mode: ExpireMode::AutoDelete,
@@ -245,9 +190,9 @@ impl<K: ReportKey> Reports<K> {
     }
 
     /// Files `estimate` for `key` in `interval`; the first report of a key in an interval
-    /// is also a digest. Returns whether it was the first. A full table keeps what it has
-    /// (`ctl stats` counts the refusals).
-    pub fn file(&mut self, key: K, estimate: u32, interval: u32, now_ns: u64) -> bool {
+    /// is also a digest. Returns whether it was the first, or `None` if the key is not in
+    /// the table (a full table keeps what it has; `ctl stats` counts the refusals).
+    pub fn file(&mut self, key: K, estimate: u32, interval: u32, now_ns: u64) -> Option<bool> {
         let report = Report { interval, estimate };
         let first = match self.table.lookup(&key) {
             Some(id) => {
@@ -257,12 +202,15 @@ impl<K: ReportKey> Reports<K> {
                 self.table.restart_timer(id, now_ns);
                 first
             }
-            None => self.table.add_entry(key, report, 0, now_ns).is_ok(),
+            None => {
+                self.table.add_entry(key, report, 0, now_ns).ok()?;
+                true
+            }
         };
         if first {
             self.table.digest(&key, &report, now_ns);
         }
-        first
+        Some(first)
     }
 
     pub fn get(&self, key: &K) -> Option<Report> {
@@ -299,8 +247,8 @@ mod tests {
             ..Measurement::default()
         };
         let mut r: Reports<u128> = Reports::new("found", "dst", "packets", &m, 2_000_000, 1);
-        assert!(r.file(7, 100, 1, 0));
-        assert!(!r.file(7, 150, 1, 0));
+        assert_eq!(r.file(7, 100, 1, 0), Some(true));
+        assert_eq!(r.file(7, 150, 1, 0), Some(false));
         assert_eq!(
             r.get(&7),
             Some(Report {
@@ -308,7 +256,7 @@ mod tests {
                 estimate: 150
             })
         );
-        assert!(r.file(7, 120, 2, 1_000_000));
+        assert_eq!(r.file(7, 120, 2, 1_000_000), Some(true));
         let mut out = Vec::new();
         r.table.take_notifications(&mut out);
         assert_eq!(out.len(), 2);

@@ -31,13 +31,14 @@
 //! (the gateway's IPv4 address, required), `ue_pool` (required), `access` and `core`
 //! (ports, default 0 and 1), `capacity` (sessions, default 65536).
 
+use crate::keys::{KeyFields, filled_table};
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
-use stateplane_state::control::{Action, Field, Format};
+use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
-    Kind, Match, Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Match,
+    Notification, Reply, Request,
 };
 use stateplane_wire::gtp::{
     GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, gtpv2_ie, gtpv2_ies,
@@ -99,14 +100,11 @@ impl ExactCodec for SessionCodec {
     type Value = Session;
 
     fn key(fields: &[Match]) -> u32 {
-        match fields.first() {
-            Some(Match::Exact(v)) => *v as u32,
-            _ => 0,
-        }
+        u32::of(fields)
     }
 
     fn fields(key: &u32) -> Vec<Match> {
-        vec![Match::Exact(u128::from(*key))]
+        key.fields()
     }
 
     fn value(_action: usize, params: &[u128]) -> Session {
@@ -188,23 +186,18 @@ impl Sgw {
                 "the core port must differ from the access port",
             ));
         }
-        let declaration = Declaration {
-            name: "sessions".into(),
-            capacity: cfg.capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: vec![Field::exact("subscriber", 32, Format::Int)],
-                actions: vec![Action {
-                    name: "session".into(),
-                    params: vec![
-                        Field::exact("enb", 32, Format::Ipv4),
-                        Field::exact("enb_teid", 32, Format::Int),
-                        Field::exact("ue", 32, Format::Ipv4),
-                    ],
-                }],
-                writable: false,
-            },
-        };
+        let session = vec![
+            Field::exact("enb", 32, Format::Ipv4),
+            Field::exact("enb_teid", 32, Format::Int),
+            Field::exact("ue", 32, Format::Ipv4),
+        ];
+        let declaration = filled_table::<u32>(
+            "sessions",
+            "subscriber",
+            cfg.capacity,
+            &["session"],
+            session,
+        );
         let never = [ExpireProfile::NEVER];
         let size = 1u32 << (32 - len);
         Ok(Sgw {

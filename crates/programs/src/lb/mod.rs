@@ -37,7 +37,7 @@
 
 mod maglev;
 
-use crate::conntrack::{flow_key_declared, flow_key_fields, flow_key_of};
+use crate::keys::{KeyFields, filled_table};
 use crate::nat::rewrite;
 use crate::{ConfigError, PortNames, parse_ipv4, router::parse_mac};
 use serde::Deserialize;
@@ -153,10 +153,9 @@ const HASH_SEED: u64 = 0x4c42_4d41_474c_4556;
 pub struct Affinity {
     /// 0 TCP, 1 TCP closing, 2 UDP: also the index of its expiry profile.
     pub state: u8,
-    /// The backend, by its place in the configuration (VIP by VIP).
+    /// The backend, by its place in the configuration (VIP by VIP), which is also its
+    /// place in `ctl read backends`.
     pub backend: u16,
-    pub address: [u8; 4],
-    pub port: u16,
     pub packets: u32,
 }
 
@@ -167,30 +166,11 @@ struct AffinityCodec;
 
 impl AffinityCodec {
     fn declaration(capacity: usize) -> Declaration {
-        let params = || {
-            vec![
-                Field::exact("backend", 16, Format::Int),
-                Field::exact("address", 32, Format::Ipv4),
-                Field::exact("port", 16, Format::Int),
-                Field::exact("packets", 32, Format::Int),
-            ]
-        };
-        Declaration {
-            name: "connections".to_string(),
-            capacity,
-            guarantees: vec![Guarantee::Local],
-            kind: Kind::Table {
-                key: flow_key_declared(),
-                actions: STATES
-                    .iter()
-                    .map(|&name| Action {
-                        name: name.to_string(),
-                        params: params(),
-                    })
-                    .collect(),
-                writable: false,
-            },
-        }
+        let params = vec![
+            Field::exact("backend", 16, Format::Int),
+            Field::exact("packets", 32, Format::Int),
+        ];
+        filled_table::<FlowKey>("connections", "", capacity, &STATES, params)
     }
 }
 
@@ -199,11 +179,11 @@ impl ExactCodec for AffinityCodec {
     type Value = Affinity;
 
     fn key(fields: &[Match]) -> FlowKey {
-        flow_key_of(fields)
+        FlowKey::of(fields)
     }
 
     fn fields(key: &FlowKey) -> Vec<Match> {
-        flow_key_fields(key)
+        key.fields()
     }
 
     fn value(action: usize, params: &[u128]) -> Affinity {
@@ -211,21 +191,14 @@ impl ExactCodec for AffinityCodec {
         Affinity {
             state: action.min(STATES.len() - 1) as u8,
             backend: p(0) as u16,
-            address: (p(1) as u32).to_be_bytes(),
-            port: p(2) as u16,
-            packets: p(3) as u32,
+            packets: p(1) as u32,
         }
     }
 
     fn action(a: &Affinity) -> (usize, Vec<u128>) {
         (
             usize::from(a.state),
-            vec![
-                u128::from(a.backend),
-                u128::from(u32::from_be_bytes(a.address)),
-                u128::from(a.port),
-                u128::from(a.packets),
-            ],
+            vec![u128::from(a.backend), u128::from(a.packets)],
         )
     }
 }
@@ -609,40 +582,36 @@ impl Lb {
         };
         let backend = match self.connections.lookup(&key) {
             Some(id) => {
-                let a = self.connections.value_mut(id);
-                a.packets = a.packets.saturating_add(1);
-                let mut b = a.backend;
-                if !pools.backends[usize::from(b)].up {
+                let a = *self.connections.value(id);
+                let mut backend = a.backend;
+                if !pools.backends[usize::from(backend)].up {
                     let Some(other) = pools.pick(v, self.connection_hash(v, &key)) else {
                         return Verdict::Drop(NO_BACKEND);
                     };
-                    b = other;
-                    let to = &pools.backends[usize::from(b)];
-                    let a = self.connections.value_mut(id);
-                    (a.backend, a.address, a.port) = (b, to.address, to.port);
+                    backend = other;
                     self.moved += 1;
                 }
-                let a = self.connections.value_mut(id);
+                let closing = a.state == CLOSING || tcp_flags & flags::FIN != 0;
+                *self.connections.value_mut(id) = Affinity {
+                    state: if closing { CLOSING } else { a.state },
+                    backend,
+                    packets: a.packets.saturating_add(1),
+                };
                 if tcp_flags & flags::RST != 0 {
                     self.connections.delete(&key);
-                } else if tcp_flags & flags::FIN != 0 && a.state != CLOSING {
-                    a.state = CLOSING;
+                } else if closing && a.state != CLOSING {
                     let _ = self.connections.set_profile(id, CLOSING, now);
-                } else if a.state != CLOSING {
+                } else if !closing {
                     self.connections.restart_timer(id, now);
                 }
-                b
+                backend
             }
             None => {
-                let Some(b) = pools.pick(v, self.connection_hash(v, &key)) else {
+                let Some(backend) = pools.pick(v, self.connection_hash(v, &key)) else {
                     return Verdict::Drop(NO_BACKEND);
                 };
                 // A reset of an unknown connection passes and leaves nothing behind.
                 if tcp_flags & flags::RST == 0 {
-                    if self.connections.len() >= self.connections.capacity() {
-                        return Verdict::Drop(TABLE_FULL);
-                    }
-                    let to = &pools.backends[usize::from(b)];
                     let state = if key.proto == UDP {
                         2
                     } else if tcp_flags & flags::FIN != 0 {
@@ -652,9 +621,7 @@ impl Lb {
                     };
                     let a = Affinity {
                         state,
-                        backend: b,
-                        address: to.address,
-                        port: to.port,
+                        backend,
                         packets: 1,
                     };
                     if self.connections.add_entry(key, a, state, now).is_err() {
@@ -662,7 +629,7 @@ impl Lb {
                     }
                     self.created += 1;
                 }
-                b
+                backend
             }
         };
         let to = &self.pools.backends[usize::from(backend)];
