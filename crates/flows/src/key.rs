@@ -8,7 +8,9 @@ use stateplane_wire::FlowKey;
 
 /// A flow key packed into words. `Default` is the all-zero key, which no table treats as
 /// special (slots say whether they are used).
-pub trait CompactKey: Copy + Eq + Default + std::fmt::Debug + Send + 'static {
+pub trait CompactKey:
+    Copy + Eq + Default + std::fmt::Debug + Send + bytemuck::Zeroable + 'static
+{
     /// The key of `key`, or `None` if `key` is not of this family.
     fn pack(key: &FlowKey) -> Option<Self>;
     fn unpack(&self) -> FlowKey;
@@ -50,7 +52,7 @@ fn swap_tail(w: u64) -> u64 {
 }
 
 /// An IPv4 flow: addresses in the first word, ports, protocol and VLAN in the second.
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash, bytemuck::Zeroable)]
 pub struct V4Key(pub [u64; 2]);
 
 impl CompactKey for V4Key {
@@ -85,7 +87,7 @@ impl CompactKey for V4Key {
 }
 
 /// An IPv6 flow: source and destination in two words each, then ports, protocol and VLAN.
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash, bytemuck::Zeroable)]
 pub struct V6Key(pub [u64; 5]);
 
 impl CompactKey for V6Key {

@@ -39,7 +39,7 @@ impl Observation {
 ///
 /// Invariant: `packets >= 1`; `first_ns <= last_ns`; with one packet the inter-arrival
 /// extremes are `iat_min_ns == u64::MAX` and `iat_max_ns == 0` (none seen).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct FlowStats {
     pub packets: u64,
     pub bytes: u64,

@@ -1,9 +1,11 @@
 //! Memory backed by huge pages where the system gives them.
 //!
-//! Owns: the one `madvise(MADV_HUGEPAGE)` call of the project, and the two shapes that use
-//! it: [`huge_vec`] (a vector whose pages are advised before anything touches them, for
-//! large tables) and [`HUGE_PAGE`]-aligned windows of it; and [`prefetch`], the project's
-//! one cache-line hint (tables and caches warm the lines a batch will read).
+//! Owns: the one `madvise(MADV_HUGEPAGE)` call of the project, and the shapes that use it:
+//! [`huge_vec`] (a vector whose pages are advised before anything touches them, for large
+//! tables), [`lazy_zeroed_vec`] (the same, all zero bytes, whose pages the kernel supplies
+//! only when first touched, for tables that use a growing prefix of a fixed budget) and
+//! [`HUGE_PAGE`]-aligned windows of them; and [`prefetch`], the project's one cache-line
+//! hint (tables and caches warm the lines a batch will read).
 //!
 //! Must never: change what memory holds or how long it lives; advice is only about page
 //! size, and where the kernel refuses it everything works the same, only slower.
@@ -90,6 +92,17 @@ pub fn huge_vec<T: Clone>(n: usize, fill: T, want_huge: bool) -> (Vec<T>, bool) 
     (v, huge)
 }
 
+/// A vector of `n` all-zero values whose memory is not touched here: a large one comes
+/// straight from the kernel (`calloc` of a fresh mapping), whose pages are zero-filled on
+/// first touch, so that a table using a prefix of it costs only that prefix in time and
+/// resident memory. Pages are advised huge as in [`huge_vec`].
+pub fn lazy_zeroed_vec<T: bytemuck::Zeroable>(n: usize, want_huge: bool) -> (Vec<T>, bool) {
+    let v: Vec<T> = bytemuck::allocation::zeroed_vec(n);
+    let bytes = n.saturating_mul(size_of::<T>());
+    let huge = want_huge && bytes >= 2 * HUGE_PAGE && advise(v.as_ptr() as usize, bytes);
+    (v, huge)
+}
+
 /// Bytes, zeroed, with huge-page advice: the replay buffers' shape.
 pub fn huge_bytes(len: usize, want_huge: bool) -> (Vec<u8>, bool) {
     huge_vec(len, 0u8, want_huge)
@@ -117,6 +130,35 @@ mod tests {
         }
         let (b, _) = huge_bytes(5 * HUGE_PAGE, true);
         assert!(b.iter().all(|&x| x == 0));
+    }
+
+    /// A lazily zeroed vector reads as zeros and is usable, small or large; a large one is
+    /// not resident until touched (its pages come on first touch).
+    #[test]
+    fn lazy_zeroed_reads_zero_and_stays_untouched() {
+        for (n, want) in [
+            (10, true),
+            (5 * HUGE_PAGE / 8, true),
+            (5 * HUGE_PAGE / 8, false),
+        ] {
+            let (mut v, _) = lazy_zeroed_vec::<u64>(n, want);
+            assert_eq!(v.len(), n);
+            v[n - 1] = 9;
+            assert_eq!(v[n - 1], 9);
+            assert!(v[..n - 1].iter().all(|&x| x == 0));
+        }
+        let resident_kib = || -> Option<u64> {
+            let status = std::fs::read_to_string("/proc/self/status").ok()?;
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        };
+        let before = resident_kib();
+        let (v, _) = lazy_zeroed_vec::<u64>(512 << 20 >> 3, true); // 512 MiB, untouched
+        let after = resident_kib();
+        if let (Some(b), Some(a)) = (before, after) {
+            assert!(a < b + (64 << 10), "{b} KiB resident before, {a} KiB after");
+        }
+        drop(v);
     }
 
     /// `prefetch_whole` touches one address in every line a value covers, and only
