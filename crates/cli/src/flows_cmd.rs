@@ -11,7 +11,9 @@ use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::capture::FileRx;
-use stateplane_runtime::pipeline::{BurstSource, OwnShard, RunHandle, RuntimeConfig, run_sharded};
+use stateplane_runtime::pipeline::{
+    BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
+};
 use stateplane_runtime::{
     Burst, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap, TapFactory, Verdict,
 };
@@ -36,12 +38,35 @@ pub struct FlowsArgs {
     /// Worker threads, each owning a shard of the flows.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Reading capture files: give each worker a thread of its own that reads and parses
+    /// ahead of it (on), or not (off); auto does when the machine has a spare core per
+    /// worker (a reader thread without a core of its own slows its worker down).
+    #[arg(long, value_enum, default_value_t = ReadAheadChoice::Auto)]
+    pub read_ahead: ReadAheadChoice,
     /// Print the summary as JSON.
     #[arg(long)]
     pub summary_json: bool,
     /// Seed of the flow hash (default: random per process).
     #[arg(long)]
     pub hash_seed: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadAheadChoice {
+    Auto,
+    On,
+    Off,
+}
+
+impl ReadAheadChoice {
+    /// Whether `workers` workers get reader threads on a machine of `cores` cores.
+    fn applies(self, workers: usize, cores: usize) -> bool {
+        match self {
+            ReadAheadChoice::On => true,
+            ReadAheadChoice::Off => false,
+            ReadAheadChoice::Auto => workers * 2 <= cores,
+        }
+    }
 }
 
 /// The flow stage's and the exporter's settings: the flags of `stateplane flows`, and the
@@ -373,8 +398,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         });
     }
     // Each worker reads the files for its own share of the flows (no dispatcher thread:
-    // the flow stage is light, and a thread in between would cost it more than parsing
-    // every packet once per worker).
+    // the flow stage is light, and one thread feeding every worker would cost them more
+    // than parsing every packet once per worker), on a thread of its own if cores allow.
     let open_inputs = || {
         (args.inputs.iter().enumerate())
             .map(|(i, path)| {
@@ -385,10 +410,26 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             .collect::<CliResult<Vec<_>>>()
     };
     let handle = RunHandle::new(workers);
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let read_ahead = args.read_ahead.applies(workers, cores);
     let sources = (0..workers)
         .map(|w| {
-            let shard = OwnShard::new(open_inputs()?, w, workers, runtime.hasher, &handle);
-            Ok(Box::new(shard) as Box<dyn BurstSource>)
+            let shard = Box::new(OwnShard::new(
+                open_inputs()?,
+                w,
+                workers,
+                runtime.hasher,
+                &handle,
+            ));
+            Ok(if read_ahead {
+                let name = format!("reader-{w}");
+                Box::new(
+                    ReadAhead::spawn(shard, runtime.burst_size, name)
+                        .map_err(|e| format!("starting a reader thread: {e}"))?,
+                ) as Box<dyn BurstSource>
+            } else {
+                shard as Box<dyn BurstSource>
+            })
         })
         .collect::<CliResult<Vec<_>>>()?;
     let size = (args.inputs.iter())

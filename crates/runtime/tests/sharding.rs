@@ -1,11 +1,13 @@
 //! Sharding and shutdown of the offline pipeline: every packet of a flow reaches the same
 //! worker, no packet is lost or duplicated across workers, and a stop drains cleanly; the
-//! same for workers that read their own shard of the input ([`OwnShard`]).
+//! same for workers that read their own shard of the input ([`OwnShard`]), with or without
+//! a reader thread ahead of each ([`ReadAhead`]).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_runtime::pipeline::{
-    BurstSource, OfflinePorts, OwnShard, RunHandle, RuntimeConfig, run_offline, run_sharded,
+    BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
+    run_sharded,
 };
 use stateplane_runtime::{
     Burst, Context, Counter, Program, ProgramFactory, RxPacket, RxPort, TxPort, Verdict,
@@ -184,12 +186,13 @@ fn a_stop_drains_every_queue_and_counts_stay_consistent() {
 
 /// Workers that each read the whole input and keep their own shard see every packet
 /// exactly once between them, each flow on one worker, in the dispatcher's split; a
-/// malformed packet is counted once, not once per worker.
+/// malformed packet is counted once, not once per worker. A reader thread ahead of each
+/// worker changes nothing of that.
 #[test]
 fn own_shards_partition_the_input_as_the_dispatcher_does() {
     let mut packets = trace(20_000);
     packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
-    for workers in [1, 3] {
+    for (workers, read_ahead) in [(1, false), (3, false), (1, true), (3, true)] {
         let (factory, _, conflicts) = recorder();
         let cfg = RuntimeConfig {
             workers,
@@ -205,13 +208,19 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
                     next: 0,
                 };
                 let port: Box<dyn RxPort> = Box::new(rx);
-                Box::new(OwnShard::new(
+                let shard = Box::new(OwnShard::new(
                     vec![(0, port)],
                     w,
                     workers,
                     cfg.hasher,
                     &handle,
-                )) as Box<dyn BurstSource>
+                ));
+                if read_ahead {
+                    Box::new(ReadAhead::spawn(shard, cfg.burst_size, format!("r{w}")).unwrap())
+                        as Box<dyn BurstSource>
+                } else {
+                    shard as Box<dyn BurstSource>
+                }
             })
             .collect();
         let report = run_sharded(&cfg, sources, 2, &factory, &handle);
@@ -229,4 +238,47 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         own[0] -= 1; // worker 0's shard counted the malformed packet, the dispatcher did there
         assert_eq!(own, dispatched);
     }
+}
+
+/// A reader thread hands out its source's bursts whole and in order, ends when the source
+/// does (also when the source ends exactly at a batch's end), and stops promptly when its
+/// worker stops early.
+#[test]
+fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
+    let hasher = FlowHasher::with_seed(3);
+    let handle = RunHandle::new(1);
+    let shard = |packets: &[(u64, Vec<u8>)]| {
+        let rx = MemRx {
+            packets: packets.to_vec(),
+            next: 0,
+        };
+        let port: Box<dyn RxPort> = Box::new(rx);
+        Box::new(OwnShard::new(vec![(0, port)], 0, 1, hasher, &handle))
+    };
+    let stamps = |source: &mut dyn BurstSource| {
+        let mut burst = Burst::with_capacity(32);
+        let mut seen = Vec::new();
+        while source.fill(&mut burst) {
+            seen.push(burst.descs().iter().map(|d| d.ts_ns).collect::<Vec<_>>());
+            burst.clear();
+        }
+        assert!(!source.fill(&mut burst), "an ended source stays ended");
+        seen
+    };
+    // 16 bursts of 32 make one batch: 512 packets end exactly at a batch's end.
+    let all = trace(5_000);
+    for n in [0, 1, 511, 512, 513, 5_000] {
+        let packets = &all[..n as usize];
+        let direct = stamps(shard(packets).as_mut());
+        let mut ahead = ReadAhead::spawn(shard(packets), 32, "r".into()).unwrap();
+        assert_eq!(stamps(&mut ahead), direct, "{n} packets");
+        assert_eq!(direct.iter().map(Vec::len).sum::<usize>() as u64, n);
+        let (_, errors) = ahead.finish();
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    // A worker that stops after one burst of a long input: dropping the source ends the
+    // reader (the test would hang otherwise).
+    let mut ahead = ReadAhead::spawn(shard(&trace(50_000)), 32, "r".into()).unwrap();
+    assert!(ahead.fill(&mut Burst::with_capacity(32)));
+    drop(ahead);
 }
