@@ -52,8 +52,29 @@ fn swap_tail(w: u64) -> u64 {
 }
 
 /// An IPv4 flow: addresses in the first word, ports, protocol and VLAN in the second.
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Eq, Default, Debug, bytemuck::Zeroable)]
 pub struct V4Key(pub [u64; 2]);
+
+/// Whether two keys' words are equal, compared word by word in registers: the derived
+/// comparison of a word array calls `memcmp`, which was 2% of a flow export run.
+#[inline(always)]
+fn same_words<const N: usize>(a: &[u64; N], b: &[u64; N]) -> bool {
+    a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+impl PartialEq for V4Key {
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        same_words(&self.0, &other.0)
+    }
+}
+
+/// Hashes the words, as equality compares them (for maps in tests and tools).
+impl std::hash::Hash for V4Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl CompactKey for V4Key {
     #[inline]
@@ -87,8 +108,21 @@ impl CompactKey for V4Key {
 }
 
 /// An IPv6 flow: source and destination in two words each, then ports, protocol and VLAN.
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug, Hash, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Eq, Default, Debug, bytemuck::Zeroable)]
 pub struct V6Key(pub [u64; 5]);
+
+impl PartialEq for V6Key {
+    #[inline(always)]
+    fn eq(&self, other: &Self) -> bool {
+        same_words(&self.0, &other.0)
+    }
+}
+
+impl std::hash::Hash for V6Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl CompactKey for V6Key {
     #[inline]
