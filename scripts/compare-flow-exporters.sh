@@ -2,7 +2,8 @@
 # End-to-end flow export from a capture file (in the page cache) to IPFIX on loopback:
 # stateplane flows (1 and 2 workers) side by side with softflowd and nfpcapd from Debian,
 # interleaved over ROUNDS rounds on the same file; prints the median packets per second,
-# the ratio to softflowd, and the peak memory (max RSS) of each, and writes a CSV.
+# the ratio to softflowd (of the medians, and the median of the rounds' own ratios), the
+# CPU time (user + system, every thread) and the peak memory (max RSS) of each; writes a CSV.
 #   PACKETS=5000000 ROUNDS=3 OUT=docs/bench/flow-exporters.csv scripts/compare-flow-exporters.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,17 +43,20 @@ cmd[softflowd]="softflowd -r trace.pcap -n 127.0.0.1:$port -v 10 -6 -m 1048576 -
 cmd[nfpcapd]="nfpcapd -r trace.pcap -w nfp -e 1800,15"
 cmd[stateplane-1w]="$bin flows -i trace.pcap --ipfix 127.0.0.1:$port --workers 1 --ipfix-rate 0"
 cmd[stateplane-2w]="$bin flows -i trace.pcap --ipfix 127.0.0.1:$port --workers 2 --ipfix-rate 0"
-names=(softflowd nfpcapd stateplane-1w stateplane-2w)
-declare -A secs mem
+# One worker reading for itself, no reader thread (what auto chooses with one core per worker).
+cmd[stateplane-1w-off]="${cmd[stateplane-1w]} --read-ahead off"
+names=(softflowd nfpcapd stateplane-1w stateplane-2w stateplane-1w-off)
+declare -A secs mem cpu
 for r in $(seq "$rounds"); do
   for n in "${names[@]}"; do
     rm -rf nfp; mkdir -p nfp
     # shellcheck disable=SC2086
-    timeout 600 /usr/bin/time -f "%e %M" -o time ${cmd[$n]} >"$n.log" 2>&1 \
+    timeout 600 /usr/bin/time -f "%e %M %U %S" -o time ${cmd[$n]} >"$n.log" 2>&1 \
       || { tail -5 "$n.log" >&2; echo "error: $n failed" >&2; exit 1; }
-    read -r s m <time
-    secs[$n]="${secs[$n]:-} $s"; mem[$n]="${mem[$n]:-} $m"
-    printf "  round %d %-14s %6.2f s  %7d KiB\n" "$r" "$n" "$s" "$m"
+    read -r s m u k <time
+    c=$(python3 -c "print($u + $k)")
+    secs[$n]="${secs[$n]:-} $s"; mem[$n]="${mem[$n]:-} $m"; cpu[$n]="${cpu[$n]:-} $c"
+    printf "  round %d %-17s %6.2f s  %5.2f s CPU  %7d KiB\n" "$r" "$n" "$s" "$c" "$m"
   done
 done
 
@@ -62,17 +66,20 @@ import statistics, sys
 packets, out, names = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 secs = {$(for n in "${names[@]}"; do printf '"%s": [%s], ' "$n" "$(echo ${secs[$n]} | tr ' ' ',')"; done)}
 mem = {$(for n in "${names[@]}"; do printf '"%s": [%s], ' "$n" "$(echo ${mem[$n]} | tr ' ' ',')"; done)}
+cpu = {$(for n in "${names[@]}"; do printf '"%s": [%s], ' "$n" "$(echo ${cpu[$n]} | tr ' ' ',')"; done)}
 rows = []
 base = packets / statistics.median(secs["softflowd"])
-print(f"{'exporter':<16}{'median s':>10}{'Mpps':>8}{'vs softflowd':>14}{'peak MiB':>10}")
+print(f"{'exporter':<18}{'median s':>10}{'Mpps':>8}{'vs softflowd':>14}{'per round':>11}{'CPU s':>8}{'peak MiB':>10}")
 for n in names:
     s = statistics.median(secs[n]); pps = packets / s
+    per_round = statistics.median(a / b for a, b in zip(secs["softflowd"], secs[n]))
+    c = statistics.median(cpu[n])
     m = max(mem[n]) / 1024
-    rows.append((n, s, pps / 1e6, pps / base, m))
-    print(f"{n:<16}{s:>10.2f}{pps/1e6:>8.2f}{pps/base:>13.1f}x{m:>10.0f}")
+    rows.append((n, s, pps / 1e6, pps / base, per_round, c, m))
+    print(f"{n:<18}{s:>10.2f}{pps/1e6:>8.2f}{pps/base:>13.1f}x{per_round:>10.1f}x{c:>8.2f}{m:>10.0f}")
 if out:
     with open(out, "w") as f:
-        f.write("exporter,median_s,mpps,vs_softflowd,peak_mib,packets\n")
+        f.write("exporter,median_s,mpps,vs_softflowd,vs_softflowd_per_round,cpu_s,peak_mib,packets\n")
         for r in rows:
-            f.write(f"{r[0]},{r[1]:.3f},{r[2]:.3f},{r[3]:.2f},{r[4]:.0f},{packets}\n")
+            f.write(f"{r[0]},{r[1]:.3f},{r[2]:.3f},{r[3]:.2f},{r[4]:.2f},{r[5]:.2f},{r[6]:.0f},{packets}\n")
 PY

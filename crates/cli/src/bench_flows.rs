@@ -10,7 +10,10 @@
 //!   export the same records, or the command fails;
 //! * stage: packets per second through the whole stage with two levels (the default
 //!   microflow table) and with one (every packet straight to the flow table), the
-//!   measurement behind keeping the two-level design.
+//!   measurement behind keeping the two-level design;
+//! * workers: packets per second through the whole stage with one worker and with two,
+//!   each on its own thread with its own shard of the flows (split by the runtime's flow
+//!   hash beforehand): how the stage scales when reading is not in the way.
 //!
 //! Measurements of one experiment are interleaved in each round, and figures are medians
 //! over rounds.
@@ -206,8 +209,11 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
         .len();
     // Room for every flow, so that no variant evicts (the std maps have no budget).
     let max_flows = (flows + 1).next_power_of_two();
+    // Every variant is sized for the flows beforehand (the std maps by `with_capacity`, ours
+    // by `reserve`), memory touched as flows arrive; the last row is ours as the product
+    // runs it, starting small and doubling as flows arrive.
     type Make = fn(usize) -> CliResult<Box<dyn Table>>;
-    let variants: [(&str, Make); 4] = [
+    let variants: [(&str, Make); 5] = [
         ("std map, wide key", |n| {
             Ok(Box::new(StdMap(HashMap::with_capacity(n), V4Key::unpack)))
         }),
@@ -215,9 +221,12 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
             Ok(Box::new(StdMap(HashMap::with_capacity(n), |k: &V4Key| *k)))
         }),
         ("flat linear probing, compact key", |n| {
-            Ok(Box::new(new_aggregator(n)?.without_prefetch()))
+            Ok(Box::new(sized_aggregator(n)?.without_prefetch()))
         }),
         ("+ batched prefetch (ours)", |n| {
+            Ok(Box::new(sized_aggregator(n)?))
+        }),
+        ("ours, growing from empty", |n| {
             Ok(Box::new(new_aggregator(n)?))
         }),
     ];
@@ -270,6 +279,12 @@ fn new_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
     Aggregator::new(max_flows, NO_TIMEOUTS, 7).map_err(|e| e.to_string())
 }
 
+fn sized_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
+    let mut table = new_aggregator(max_flows)?;
+    table.reserve(max_flows);
+    Ok(table)
+}
+
 fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
     let variants = [
         ("two levels (4096-slot microflow tables)", 4096),
@@ -305,6 +320,59 @@ fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliRes
         .collect())
 }
 
+/// Worker counts of the scaling experiment.
+const WORKERS: [usize; 2] = [1, 2];
+
+fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+    let hasher = stateplane_wire::FlowHasher::with_seed(a.seed);
+    let ip = packets.iter().filter(|p| p.0.ip_version != 0).count() as u64;
+    let shards_of = |workers: usize| {
+        let mut shards = vec![Vec::new(); workers];
+        for p in packets {
+            let shard = stateplane_wire::flow::shard_of(hasher.hash_connection(&p.0), workers);
+            shards[shard].push(*p);
+        }
+        shards
+    };
+    let split: Vec<Vec<Vec<Packet>>> = WORKERS.iter().map(|&w| shards_of(w)).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); WORKERS.len()];
+    for round in 0..a.repeat {
+        for (v, shards) in split.iter().enumerate() {
+            eprint!(
+                "\r  workers {workload}: round {} {} worker(s)      ",
+                round + 1,
+                shards.len()
+            );
+            let mut stages = (shards.iter())
+                .map(|_| stage(4096, StageConfig::default().max_flows, Timeouts::default()))
+                .collect::<CliResult<Vec<_>>>()?;
+            let t = Instant::now();
+            let exported: u64 = std::thread::scope(|scope| {
+                let threads: Vec<_> = (stages.iter_mut().zip(shards))
+                    .map(|(s, shard)| scope.spawn(move || run_stage(s, shard).packets))
+                    .collect();
+                threads.into_iter().map(|t| t.join().unwrap_or(0)).sum()
+            });
+            rates[v].push(packets.len() as f64 / t.elapsed().as_secs_f64() / 1e6);
+            if exported != ip {
+                return Err(format!(
+                    "workers, {} worker(s): {exported} packets in records, {ip} in the trace",
+                    shards.len()
+                ));
+            }
+        }
+    }
+    Ok((WORKERS.iter().zip(rates))
+        .map(|(&workers, r)| Row {
+            experiment: "workers",
+            workload: workload.into(),
+            variant: format!("{workers} worker(s)"),
+            value: median(r),
+            unit: "Mpps",
+        })
+        .collect())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -328,10 +396,11 @@ pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
         rows.extend(ratio(workload, &packets, &a)?);
         rows.extend(aggregator(workload, &packets, &a)?);
         rows.extend(stage_speed(workload, &packets, &a)?);
+        rows.extend(worker_scaling(workload, &packets, &a)?);
     }
     eprintln!();
     println!(
-        "input: stateplane gen WORKLOAD --packets {} --seed {} (IPv4 and IPv6), parsed once, from memory on one core; medians of {} rounds",
+        "input: stateplane gen WORKLOAD --packets {} --seed {} (IPv4 and IPv6), parsed once, from memory on one core (two in `workers`); medians of {} rounds",
         a.packets, a.seed, a.repeat
     );
     println!(
@@ -366,6 +435,7 @@ pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
                 "aggregator throughput, optimizations on in turn",
             ),
             ("stage", "whole flow stage, two levels against one"),
+            ("workers", "whole flow stage, one worker and two"),
         ] {
             for w in &a.workloads {
                 let chosen: Vec<&Row> = (rows.iter())
@@ -384,7 +454,7 @@ pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
         let svg = bars(
             "Flow records (TurboFlow section 6 on this CPU)",
             &format!(
-                "{} packets per trace, seed {}, one core, medians of {} rounds",
+                "{} packets per trace, seed {}, one core (workers: one per core), medians of {} rounds",
                 a.packets, a.seed, a.repeat
             ),
             &panels,

@@ -266,6 +266,19 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         self.slots.len() * size_of::<Slot<K, V>>()
     }
 
+    /// Grows the table now, so that it holds `flows` flows (up to its budget) without
+    /// growing again: for a caller that knows its load, and to measure the table apart
+    /// from its growth. Memory is still touched only as flows arrive.
+    pub fn reserve(&mut self, flows: usize) {
+        while self.grow_at < flows.min(self.max_len) {
+            let in_use = self.mask;
+            self.grow();
+            if self.mask == in_use {
+                break; // cannot happen (the table is never full); no endless loop if it did
+            }
+        }
+    }
+
     fn growth_threshold(in_use: usize, budget: usize) -> usize {
         if in_use < budget {
             in_use / 8 * 7
@@ -626,6 +639,16 @@ mod tests {
             }
             assert_eq!(agg.counters.flows_created, 66_000, "seed {seed}");
             assert!(agg.memory_bytes() > 60_000 * size_of::<Slot<V4Key, Uniflow>>());
+            let mut reserved =
+                Aggregator::<V4Key, Uniflow>::new(100_000, Timeouts::default(), seed).unwrap();
+            reserved.reserve(60_000);
+            assert_eq!(
+                reserved.memory_bytes(),
+                agg.memory_bytes(),
+                "reserved as grown"
+            );
+            reserved.reserve(usize::MAX);
+            assert_eq!(reserved.memory_bytes(), reserved.budget_bytes());
             assert!(agg.memory_bytes() <= agg.budget_bytes());
             agg.flush(&mut out);
             let mut packets: HashMap<V4Key, u64> = HashMap::new();
