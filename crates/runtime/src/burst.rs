@@ -168,6 +168,27 @@ impl Burst {
         true
     }
 
+    /// Parses the last packet in place (for a source that decides per packet whether to
+    /// keep it): its connection hash, or why it is malformed (also kept in its
+    /// descriptor). `None` for an empty burst.
+    #[inline]
+    pub fn parse_last(&mut self, hasher: &FlowHasher) -> Option<Result<u64, Malformed>> {
+        let d = self.slots[..self.count].last_mut()?;
+        let data = &self.arena[d.offset as usize..(d.offset + d.len) as usize];
+        let parsed = stateplane_wire::parse_in_place(data, d.in_port, hasher, &mut d.parsed);
+        d.malformed = parsed.err();
+        Some(parsed.map(|()| d.parsed.hash))
+    }
+
+    /// Takes the last packet back out, its bytes included (undoing its push).
+    #[inline]
+    pub fn pop(&mut self) {
+        if let Some(d) = self.slots[..self.count].last() {
+            self.used = d.offset as usize - usize::from(d.headroom);
+            self.count -= 1;
+        }
+    }
+
     /// Parses every packet in place, once; returns how many are malformed.
     #[inline]
     pub fn parse(&mut self, hasher: &FlowHasher) -> usize {
@@ -338,6 +359,43 @@ mod tests {
         b.retain(|d| d.seq % 2 == 1);
         assert_eq!(b.descs().iter().map(|d| d.seq).collect::<Vec<_>>(), [7, 9]);
         assert_eq!(b.data(1), &[3; 10]);
+    }
+
+    /// A packet parsed where it lies and taken back out leaves the burst as it was: the
+    /// next push lands where it had, and its bytes and descriptor are the new packet's.
+    #[test]
+    fn the_last_packet_parses_in_place_and_pops_without_a_trace() {
+        let h = FlowHasher::with_seed(1);
+        let mut b = Burst::with_capacity(4);
+        assert_eq!(b.parse_last(&h), None);
+        b.pop(); // nothing to take out
+        let hosts = stateplane_gen::build::Hosts {
+            src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: [198, 18, 0, 1].into(),
+            dst: [198, 18, 0, 2].into(),
+            ttl: 64,
+        };
+        let l4 = stateplane_gen::build::L4::Udp {
+            src_port: 5,
+            dst_port: 6,
+        };
+        let mut frame = Vec::new();
+        stateplane_gen::build::emit_frame(&mut frame, &hosts, &l4, b"x");
+        b.push(&frame, frame.len() as u32, 1, 0, 0);
+        let hash = b.parse_last(&h).unwrap().unwrap();
+        assert_eq!(hash, stateplane_wire::parse(&frame, 0, &h).unwrap().hash);
+        let used = b.used;
+        b.push(&[0u8; 10], 10, 2, 0, 1);
+        assert!(matches!(b.parse_last(&h), Some(Err(_))));
+        assert!(b.descs()[1].malformed.is_some());
+        b.pop();
+        assert_eq!((b.len(), b.used), (1, used));
+        b.push(&[9u8; 12], 12, 3, 0, 2);
+        assert_eq!(b.data(1), &[9; 12]);
+        assert_eq!(b.descs()[1].seq, 2);
+        assert_eq!(b.data(0), &frame[..]);
     }
 
     #[test]

@@ -604,14 +604,26 @@ impl BurstSource for OwnShard {
             let Some(head) = self.input.earliest() else {
                 break;
             };
-            let stats = (self.worker == 0).then_some(&mut self.stats);
-            if let Some(parsed) = Merged::parse(head, &self.hasher, stats)
-                && shard_of(parsed.hash, self.workers) == self.worker
-            {
-                if !burst.has_room(head.data.len()) {
+            let counted = self.worker == 0;
+            let len = head.data.len() as u32;
+            if head.data.len() > MAX_FRAME {
+                if counted {
+                    count_port_drop(&mut self.stats, DropReason::OVERSIZE, len);
+                }
+            } else {
+                // Pushed first and parsed where it lies (no parse result copied about),
+                // then taken back out if it is another worker's or malformed.
+                if !burst.push(&head.data, head.orig_len, head.ts_ns, head.port, seq) {
                     break; // the packet opens the next burst
                 }
-                burst.push_desc(&head.data, desc(head, parsed, seq));
+                match burst.parse_last(&self.hasher) {
+                    Some(Ok(hash)) if shard_of(hash, self.workers) == self.worker => {}
+                    Some(Err(m)) if counted => {
+                        count_malformed(&mut self.stats, m, len);
+                        burst.pop();
+                    }
+                    _ => burst.pop(),
+                }
             }
             self.input.advance();
         }
