@@ -369,6 +369,14 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             "give capture files with --in FILE, or interfaces with --iface NAME (not both)".into(),
         );
     }
+    // Inputs are checked before the sinks start, so that a wrong name leaves no output
+    // file with a header and nothing else.
+    for name in &args.interfaces {
+        stateplane_io::live::Interface::lookup(name).map_err(|e| format!("--iface: {e}"))?;
+    }
+    for path in &args.inputs {
+        FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
+    }
     let seed = args
         .hash_seed
         .unwrap_or_else(stateplane_wire::flow::random_seed);

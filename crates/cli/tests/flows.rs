@@ -272,6 +272,20 @@ fn flows_settings_errors_name_the_key_or_flag() {
         err.contains("--inactive-timeout: 0 is not a positive number"),
         "{err}"
     );
+    // A missing input or interface is refused before any sink starts: no CSV file with a
+    // header and nothing else is left behind.
+    for (flag, name) in [("-i", "no-such-trace.pcap"), ("-I", "nosuchif0")] {
+        let csv = tmp(&format!("orphan{flag}.csv"));
+        let out = bin()
+            .args(["flows", flag, name, "--csv"])
+            .arg(&csv)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}");
+        assert!(err.contains(name), "{err}");
+        assert!(!csv.exists(), "{} was written", csv.display());
+    }
     // bench-flows refuses a bad size at once, before it generates its traces.
     let out = bin()
         .args(["bench-flows", "--slots", "64,100"])
