@@ -304,6 +304,7 @@ pub struct Exporter {
     dropped: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<ExportReport>,
     lossy: bool,
+    stdout: bool,
 }
 
 impl Exporter {
@@ -320,6 +321,8 @@ impl Exporter {
                 n("json")
             ));
         }
+        let stdout =
+            (config.sinks.iter()).any(|s| matches!(s, SinkSpec::Csv(None) | SinkSpec::Json(None)));
         let mut sinks = config
             .sinks
             .iter()
@@ -363,7 +366,13 @@ impl Exporter {
             dropped: Arc::new(AtomicU64::new(0)),
             thread,
             lossy,
+            stdout,
         })
+    }
+
+    /// Whether records go to standard output (so that a summary goes elsewhere).
+    pub fn writes_to_stdout(&self) -> bool {
+        self.stdout
     }
 
     pub fn sink(&self) -> ChannelSink {

@@ -280,6 +280,11 @@ impl FlowSettings {
 }
 
 impl FlowExport {
+    /// Whether records go to standard output.
+    pub fn writes_to_stdout(&self) -> bool {
+        self.exporter.writes_to_stdout()
+    }
+
     /// Waits until every record is written. The run and its tap factory must be gone
     /// (stages no worker took hold sinks too, and the exporter's queue ends with them).
     pub fn finish(self) -> FlowReport {
@@ -453,12 +458,13 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     if malformed > 0 {
         eprintln!("{malformed} malformed packets counted and skipped");
     }
+    let records_to_stdout = export.writes_to_stdout();
     let report = export.finish();
     let wall = start.elapsed();
     if args.summary_json {
-        println!("{}", report.to_json(wall));
+        crate::summary::emit(&format!("{}\n", report.to_json(wall)), records_to_stdout);
     } else {
-        // Standard error: records may be going to standard output.
+        // Standard error: a table is for people, and records may be on standard output.
         eprint!("{}", report.table(wall));
     }
     if !run.errors.is_empty() {

@@ -306,23 +306,23 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     drop(progress);
     // The taps no worker took hold the exporter's queue open.
     drop(runtime);
+    let records_to_stdout = flows.as_ref().is_some_and(|f| f.writes_to_stdout());
     let flows = flows.map(|f| f.finish());
 
-    if args.json {
+    let text = if args.json {
         let mut summary = summary::to_json(&report, &program_name, &names.0);
         if let Some(f) = &flows {
             summary["flows"] = f.to_json(started.elapsed());
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?
-        );
+        serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())? + "\n"
     } else {
-        summary::print_table(&report, &program_name, &names.0);
+        let mut table = summary::table(&report, &program_name, &names.0);
         if let Some(f) = &flows {
-            print!("flow records:\n{}", f.table(started.elapsed()));
+            table += &format!("flow records:\n{}", f.table(started.elapsed()));
         }
-    }
+        table
+    };
+    summary::emit(&text, records_to_stdout);
     if let Some(e) = flows.as_ref().and_then(FlowReport::error) {
         return Err(e);
     }

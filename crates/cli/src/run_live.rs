@@ -178,26 +178,26 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     log::info!("stopped; queues drained");
     // The taps no worker took hold the exporter's queue open.
     drop(run.runtime);
+    let records_to_stdout = run.flows.as_ref().is_some_and(|f| f.writes_to_stdout());
     let flows = run.flows.map(|f| f.finish());
 
-    if run.json {
+    let text = if run.json {
         let mut value = summary::to_json(&report.run, &run.program, &run.port_names);
         value["port_counters"] = summary::port_counters_json(&report.ports, &run.port_names);
         value["program_generation"] = serde_json::json!(report.generations);
         if let Some(f) = &flows {
             value["flows"] = f.to_json(report.run.wall);
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
-        );
+        serde_json::to_string_pretty(&value).map_err(|e| e.to_string())? + "\n"
     } else {
-        summary::print_table(&report.run, &run.program, &run.port_names);
-        summary::print_port_counters(&report.ports, &run.port_names);
+        let mut table = summary::table(&report.run, &run.program, &run.port_names);
+        table += &summary::port_counters_table(&report.ports, &run.port_names);
         if let Some(f) = &flows {
-            print!("flow records:\n{}", f.table(report.run.wall));
+            table += &format!("flow records:\n{}", f.table(report.run.wall));
         }
-    }
+        table
+    };
+    summary::emit(&text, records_to_stdout);
     if let Some(e) = flows.as_ref().and_then(crate::flows_cmd::FlowReport::error) {
         return Err(e);
     }

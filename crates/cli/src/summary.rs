@@ -50,45 +50,75 @@ pub fn to_json(report: &RunReport, program: &str, port_names: &[String]) -> serd
     })
 }
 
-pub fn print_table(report: &RunReport, program: &str, port_names: &[String]) {
+/// Prints a run's summary (a table or JSON): to standard output, or to standard error when
+/// flow records are going to standard output, so that the two never mix.
+pub fn emit(summary: &str, records_to_stdout: bool) {
+    if records_to_stdout {
+        eprint!("{summary}");
+    } else {
+        print!("{summary}");
+    }
+}
+
+/// The run's summary as a table, for people.
+pub fn table(report: &RunReport, program: &str, port_names: &[String]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
     let t = &report.total;
     let secs = report.wall.as_secs_f64();
-    let row = |k: &str, v: String| println!("  {k:<28} {v:>16}");
-    println!(
+    let row = |out: &mut String, k: &str, v: String| {
+        let _ = writeln!(out, "  {k:<28} {v:>16}");
+    };
+    let _ = writeln!(
+        out,
         "stateplane run: {program}, {} worker(s)",
         report.per_worker.len()
     );
-    row("packets in", t.get(Counter::RxPackets).to_string());
-    row("packets out", t.get(Counter::TxPackets).to_string());
-    row("to control plane", t.get(Counter::ToControl).to_string());
-    row("dropped", t.get(Counter::Dropped).to_string());
-    row("wall time (s)", format!("{secs:.3}"));
     row(
+        &mut out,
+        "packets in",
+        t.get(Counter::RxPackets).to_string(),
+    );
+    row(
+        &mut out,
+        "packets out",
+        t.get(Counter::TxPackets).to_string(),
+    );
+    row(
+        &mut out,
+        "to control plane",
+        t.get(Counter::ToControl).to_string(),
+    );
+    row(&mut out, "dropped", t.get(Counter::Dropped).to_string());
+    row(&mut out, "wall time (s)", format!("{secs:.3}"));
+    row(
+        &mut out,
         "rate (Mpps, wall)",
         format!("{:.3}", mpps(t.get(Counter::RxPackets), secs)),
     );
     let drops = t.drops_by_reason(report.drop_reason_names);
     if !drops.is_empty() {
-        println!("  drops by reason:");
+        out.push_str("  drops by reason:\n");
         for (n, v) in drops {
-            row(&format!("  {n}"), v.to_string());
+            row(&mut out, &format!("  {n}"), v.to_string());
         }
     }
     let malformed = t.malformed_by_reason();
     if !malformed.is_empty() {
-        println!("  malformed by reason:");
+        out.push_str("  malformed by reason:\n");
         for (n, v) in malformed {
-            row(&format!("  {n}"), v.to_string());
+            row(&mut out, &format!("  {n}"), v.to_string());
         }
     }
-    println!("  out by port:");
+    out.push_str("  out by port:\n");
     for (i, (p, b)) in report.tx_per_port.iter().enumerate() {
         let name = port_names.get(i).cloned().unwrap_or_else(|| i.to_string());
-        row(&format!("  {name}"), format!("{p} pkts {b} B"));
+        row(&mut out, &format!("  {name}"), format!("{p} pkts {b} B"));
     }
     for e in &report.errors {
-        println!("  error: {e}");
+        let _ = writeln!(out, "  error: {e}");
     }
+    out
 }
 
 /// Live ports' own counts (kernel drops, ring full, oversize), per port.
@@ -109,8 +139,9 @@ pub fn port_counters_json(ports: &[PortCounters], names: &[String]) -> serde_jso
     serde_json::Value::Object(map)
 }
 
-pub fn print_port_counters(ports: &[PortCounters], names: &[String]) {
-    println!("  live ports:");
+/// Live ports' own counts as lines of the summary table.
+pub fn port_counters_table(ports: &[PortCounters], names: &[String]) -> String {
+    let mut out = String::from("  live ports:\n");
     for (i, c) in ports.iter().enumerate() {
         let name = names.get(i).cloned().unwrap_or_else(|| i.to_string());
         let nonzero: Vec<String> = c
@@ -119,6 +150,7 @@ pub fn print_port_counters(ports: &[PortCounters], names: &[String]) {
             .filter(|(_, v)| *v > 0)
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        println!("    {name}: {}", nonzero.join(" "));
+        out.push_str(&format!("    {name}: {}\n", nonzero.join(" ")));
     }
+    out
 }

@@ -298,3 +298,56 @@ fn flows_settings_errors_name_the_key_or_flag() {
         "{err}"
     );
 }
+
+/// Records on standard output stay alone there: the run's summary, table or JSON, goes to
+/// standard error instead, for `flows` and for a `run` with a `[flows]` section.
+#[test]
+fn records_on_stdout_are_not_mixed_with_the_summary() {
+    let trace = tmp("stdout.pcap");
+    generate(2_000, 3, &trace);
+    let cfg = tmp("stdout.toml");
+    std::fs::write(
+        &cfg,
+        "[[port]]\nname = \"in\"\nrx = \"stdout.pcap\"\n[flows]\ncsv = \"-\"\n",
+    )
+    .unwrap();
+    let runs = [
+        bin()
+            .args(["flows", "--csv", "-", "--summary-json", "-i"])
+            .arg(&trace)
+            .output()
+            .unwrap(),
+        bin()
+            .args(["flows", "--csv", "-", "-i"])
+            .arg(&trace)
+            .output()
+            .unwrap(),
+        bin().args(["run", "-c"]).arg(&cfg).output().unwrap(),
+        bin()
+            .args(["run", "--json", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap(),
+    ];
+    for out in runs {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let mut lines = stdout.lines();
+        let columns = lines.next().unwrap().split(',').count();
+        let mut records = 0;
+        for line in lines {
+            assert_eq!(line.split(',').count(), columns, "not a record: {line}");
+            records += 1;
+        }
+        assert!(records > 100, "{records} records");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("records") || stderr.contains("flow records"),
+            "the summary is on standard error: {stderr}"
+        );
+    }
+}
