@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 pub struct RunConfig {
     pub workers: Option<usize>,
     pub burst: Option<usize>,
-    /// Live ports: "auto" (the default), "afpacket" or "afxdp".
+    /// Live ports: "auto" (the default), "afpacket", "afxdp" or "observe".
     pub io: Option<String>,
     pub queue_depth: Option<usize>,
     pub metrics: Option<String>,

@@ -5,10 +5,11 @@ use crate::{CliResult, metrics, summary};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use stateplane_control::server::{ControlService, PipelineCounters, Server};
 use stateplane_io::live::{self, RingConfig};
-use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::live::{LiveQueues, Reload, run_live};
 use stateplane_runtime::pipeline::{RunHandle, RuntimeConfig};
+use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
+use stateplane_runtime::{PortId, ProgramFactory};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -34,10 +35,35 @@ impl IoChoice {
             "auto" => Ok(IoChoice::Auto),
             "afpacket" => Ok(IoChoice::AfPacket),
             "afxdp" => Ok(IoChoice::AfXdp),
+            "observe" => Ok(IoChoice::Observe),
             other => Err(format!(
-                "io: '{other}' is not a kind of live port; use auto, afpacket or afxdp"
+                "io: '{other}' is not a kind of live port; use auto, afpacket, afxdp or observe"
             )),
         }
+    }
+}
+
+/// A live queue that takes copies in and sends nothing: what a program forwards from an
+/// observed interface goes no further, since the originals went on in the kernel (a
+/// monitor must never put a second copy on the wire).
+struct ObserveOnly(Box<dyn LiveQueue>);
+
+impl LiveQueue for ObserveOnly {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn recv(&mut self, burst: &mut stateplane_runtime::Burst, port: PortId) -> usize {
+        self.0.recv(burst, port)
+    }
+    fn send(&mut self, _frame: &[u8]) -> bool {
+        true
+    }
+    fn flush(&mut self) {}
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.0.fd()
+    }
+    fn counters(&mut self) -> PortCounters {
+        self.0.counters()
     }
 }
 
@@ -106,7 +132,10 @@ pub fn main(run: LiveRun) -> CliResult<()> {
             }
         })?;
         for (q, queue) in queues.iter_mut().zip(opened.queues) {
-            q.ports.push(queue);
+            q.ports.push(match run.io {
+                IoChoice::Observe => Box::new(ObserveOnly(queue)),
+                _ => queue,
+            });
         }
     }
 

@@ -1178,3 +1178,68 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
         .sum::<u64>();
     assert_eq!(pings, 6, "three echoes each way");
 }
+
+/// `io = "observe"` makes any program a passive monitor of a host's own interface: it sees
+/// copies of both directions, the host's traffic goes on undisturbed, and what the program
+/// forwards is never sent (here `forward` sends every packet back out of the same port:
+/// with afpacket it does, with observe nothing leaves).
+#[test]
+fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "tobserve");
+    let ns = format!("sp-{}-h2", lab.name);
+    let config =
+        std::env::temp_dir().join(format!("stateplane-observe-{}.toml", std::process::id()));
+    for io in ["observe", "afpacket"] {
+        std::fs::write(
+            &config,
+            format!(
+                "io = \"{io}\"\ncontrol = \"off\"\n[[port]]\nname = \"eth0\"\niface = \"eth0\"\n\
+                 [program]\nname = \"forward\"\n[program.forward]\nmap = {{ eth0 = \"eth0\" }}\n"
+            ),
+        )
+        .unwrap();
+        let monitor = Command::new("ip")
+            .args(["netns", "exec", &ns, "timeout", "30"])
+            .arg(env!("CARGO_BIN_EXE_stateplane"))
+            .args(["run", "--json", "-c"])
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let out = lab.exec(
+            "h1",
+            &["ping", "-c", "5", "-i", "0.2", "-W", "2", "198.18.0.2"],
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        Command::new("kill")
+            .args(["-INT", &monitor.id().to_string()])
+            .status()
+            .unwrap();
+        let run = monitor.wait_with_output().unwrap();
+        assert!(run.status.success(), "{io}: {}", text(&run));
+        let summary: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+        let port = &summary["port_counters"]["eth0"];
+        let (seen, sent) = (
+            port["rx_packets"].as_u64().unwrap_or(0),
+            port["tx_packets"].as_u64().unwrap_or(0),
+        );
+        if io == "observe" {
+            assert!(seen >= 10, "copies of the pings both ways: {summary}");
+            assert!(text(&out).contains("5 received"), "{}", text(&out));
+            assert!(!text(&out).contains("DUP"), "{}", text(&out));
+            assert_eq!(sent, 0, "a monitor sends nothing: {summary}");
+            assert!(
+                summary["counters"]["tx_packets"].as_u64().unwrap_or(0) >= 10,
+                "forward's verdicts are still counted: {summary}"
+            );
+        } else {
+            // afpacket takes what arrives (the requests) and sends it back out.
+            assert!(seen >= 5, "{summary}");
+            assert!(sent >= 5, "the same program on afpacket sends: {summary}");
+        }
+    }
+    let _ = std::fs::remove_file(&config);
+}
