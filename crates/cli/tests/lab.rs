@@ -1103,6 +1103,32 @@ fn pipeline_rules_change_live_through_ctl() {
     assert!(again.contains("3 received"), "{again}");
 }
 
+/// Starts `stateplane ARGS` in namespace `ns` (bounded by `timeout`), its output
+/// captured, and gives it time to open its ports.
+fn start_in(ns: &str, args: &[&std::ffi::OsStr]) -> std::process::Child {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns, "timeout", "60"])
+        .arg(env!("CARGO_BIN_EXE_stateplane"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    child
+}
+
+/// Stops a run started by [`start_in`] as an operator would, with SIGINT (`timeout`
+/// passes it on), once the last packets have had time to arrive; its output.
+fn interrupt(child: std::process::Child) -> Output {
+    std::thread::sleep(Duration::from_millis(300));
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// `stateplane flows` on a host's own interface is a passive monitor: the host's pings and
 /// TCP go on undisturbed (AF_XDP would take its packets away), and a real TCP connection
 /// is recorded whole, both directions in one biflow opened by the client.
@@ -1112,16 +1138,18 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     let lab = Lab::up("line.toml", "tflows");
     let csv = std::env::temp_dir().join(format!("stateplane-lab-flows-{}.csv", std::process::id()));
     let ns = format!("sp-{}-h2", lab.name);
-    let monitor = Command::new("ip")
-        .args(["netns", "exec", &ns, "timeout", "60"])
-        .arg(env!("CARGO_BIN_EXE_stateplane"))
-        .args(["flows", "-I", "eth0", "--biflow", "--summary-json", "--csv"])
-        .arg(&csv)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let monitor = start_in(
+        &ns,
+        &[
+            "flows".as_ref(),
+            "-I".as_ref(),
+            "eth0".as_ref(),
+            "--biflow".as_ref(),
+            "--summary-json".as_ref(),
+            "--csv".as_ref(),
+            csv.as_os_str(),
+        ],
+    );
     let out = lab.exec(
         "h1",
         &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
@@ -1129,13 +1157,7 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     assert!(text(&out).contains("3 received"), "{}", text(&out));
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5307);
     assert_eq!(sent, received, "every byte with the monitor on");
-    std::thread::sleep(Duration::from_millis(300));
-    // `timeout` passes the signal on to the monitor.
-    Command::new("kill")
-        .args(["-INT", &monitor.id().to_string()])
-        .status()
-        .unwrap();
-    let out = monitor.wait_with_output().unwrap();
+    let out = interrupt(monitor);
     assert!(out.status.success(), "monitor: {}", text(&out));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let summary = &summary["flows"];
@@ -1199,26 +1221,20 @@ fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
             ),
         )
         .unwrap();
-        let monitor = Command::new("ip")
-            .args(["netns", "exec", &ns, "timeout", "30"])
-            .arg(env!("CARGO_BIN_EXE_stateplane"))
-            .args(["run", "--json", "-c"])
-            .arg(&config)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
+        let monitor = start_in(
+            &ns,
+            &[
+                "run".as_ref(),
+                "--json".as_ref(),
+                "-c".as_ref(),
+                config.as_os_str(),
+            ],
+        );
         let out = lab.exec(
             "h1",
             &["ping", "-c", "5", "-i", "0.2", "-W", "2", "198.18.0.2"],
         );
-        std::thread::sleep(Duration::from_millis(300));
-        Command::new("kill")
-            .args(["-INT", &monitor.id().to_string()])
-            .status()
-            .unwrap();
-        let run = monitor.wait_with_output().unwrap();
+        let run = interrupt(monitor);
         assert!(run.status.success(), "{io}: {}", text(&run));
         let summary: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
         let port = &summary["port_counters"]["eth0"];

@@ -55,26 +55,27 @@ fn swap_tail(w: u64) -> u64 {
 #[derive(Clone, Copy, Eq, Default, Debug, bytemuck::Zeroable)]
 pub struct V4Key(pub [u64; 2]);
 
-/// Whether two keys' words are equal, compared word by word in registers: the derived
-/// comparison of a word array calls `memcmp`, which was 2% of a flow export run.
-#[inline(always)]
-fn same_words<const N: usize>(a: &[u64; N], b: &[u64; N]) -> bool {
-    a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+/// Equality of a key of words, compared word by word in registers (the derived comparison
+/// of a word array calls `memcmp`, which was 2% of a flow export run), and the hash of its
+/// words to go with it (for maps in tests and tools).
+macro_rules! compare_words {
+    ($key:ty) => {
+        impl PartialEq for $key {
+            #[inline(always)]
+            fn eq(&self, other: &Self) -> bool {
+                (self.0.iter().zip(&other.0)).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+            }
+        }
+
+        impl std::hash::Hash for $key {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state);
+            }
+        }
+    };
 }
 
-impl PartialEq for V4Key {
-    #[inline(always)]
-    fn eq(&self, other: &Self) -> bool {
-        same_words(&self.0, &other.0)
-    }
-}
-
-/// Hashes the words, as equality compares them (for maps in tests and tools).
-impl std::hash::Hash for V4Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.hash(state);
-    }
-}
+compare_words!(V4Key);
 
 impl CompactKey for V4Key {
     #[inline]
@@ -111,18 +112,7 @@ impl CompactKey for V4Key {
 #[derive(Clone, Copy, Eq, Default, Debug, bytemuck::Zeroable)]
 pub struct V6Key(pub [u64; 5]);
 
-impl PartialEq for V6Key {
-    #[inline(always)]
-    fn eq(&self, other: &Self) -> bool {
-        same_words(&self.0, &other.0)
-    }
-}
-
-impl std::hash::Hash for V6Key {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.hash(state);
-    }
-}
+compare_words!(V6Key);
 
 impl CompactKey for V6Key {
     #[inline]
