@@ -25,7 +25,7 @@ use crate::tap::TapFactory;
 use crate::worker::{Worker, count_malformed, count_port_drop};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
-use stateplane_wire::{FlowHasher, Parsed, parse};
+use stateplane_wire::{FlowHasher, Malformed, Parsed, parse};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -240,25 +240,33 @@ impl Merged {
         Some(&self.heads[i])
     }
 
+    /// Whether the current packet fits a burst; one that does not is counted in `stats`
+    /// if given (the packets the input drops before any worker: oversize here, malformed
+    /// in [`Merged::reject_malformed`]).
+    fn fits(head: &Head, stats: Option<&mut Stats>) -> bool {
+        let fits = head.data.len() <= MAX_FRAME;
+        if let (false, Some(stats)) = (fits, stats) {
+            count_port_drop(stats, DropReason::OVERSIZE, head.data.len() as u32);
+        }
+        fits
+    }
+
+    /// Counts the current packet as malformed in `stats`, if given.
+    fn reject_malformed(head: &Head, why: Malformed, stats: Option<&mut Stats>) {
+        if let Some(stats) = stats {
+            count_malformed(stats, why, head.data.len() as u32);
+        }
+    }
+
     /// Parses the current packet (the one [`Merged::earliest`] gave): `None` when it is
     /// oversize or malformed, which is counted in `stats` if given.
-    fn parse(head: &Head, hasher: &FlowHasher, stats: Option<&mut Stats>) -> Option<Parsed> {
-        let len = head.data.len() as u32;
-        if head.data.len() > MAX_FRAME {
-            if let Some(stats) = stats {
-                count_port_drop(stats, DropReason::OVERSIZE, len);
-            }
+    fn parse(head: &Head, hasher: &FlowHasher, mut stats: Option<&mut Stats>) -> Option<Parsed> {
+        if !Merged::fits(head, stats.as_deref_mut()) {
             return None;
         }
-        match parse(&head.data, head.port, hasher) {
-            Ok(parsed) => Some(parsed),
-            Err(m) => {
-                if let Some(stats) = stats {
-                    count_malformed(stats, m, len);
-                }
-                None
-            }
-        }
+        parse(&head.data, head.port, hasher)
+            .map_err(|m| Merged::reject_malformed(head, m, stats))
+            .ok()
     }
 
     /// Moves past the current packet: the next sequence number, and its port's next packet.
@@ -604,13 +612,9 @@ impl BurstSource for OwnShard {
             let Some(head) = self.input.earliest() else {
                 break;
             };
-            let counted = self.worker == 0;
-            let len = head.data.len() as u32;
-            if head.data.len() > MAX_FRAME {
-                if counted {
-                    count_port_drop(&mut self.stats, DropReason::OVERSIZE, len);
-                }
-            } else {
+            // Only worker 0's shard counts what the input drops, so it is counted once.
+            let mut stats = (self.worker == 0).then_some(&mut self.stats);
+            if Merged::fits(head, stats.as_deref_mut()) {
                 // Pushed first and parsed where it lies (no parse result copied about),
                 // then taken back out if it is another worker's or malformed.
                 if !burst.push(&head.data, head.orig_len, head.ts_ns, head.port, seq) {
@@ -618,8 +622,8 @@ impl BurstSource for OwnShard {
                 }
                 match burst.parse_last(&self.hasher) {
                     Some(Ok(hash)) if shard_of(hash, self.workers) == self.worker => {}
-                    Some(Err(m)) if counted => {
-                        count_malformed(&mut self.stats, m, len);
+                    Some(Err(m)) => {
+                        Merged::reject_malformed(head, m, stats);
                         burst.pop();
                     }
                     _ => burst.pop(),

@@ -192,6 +192,8 @@ fn a_stop_drains_every_queue_and_counts_stay_consistent() {
 fn own_shards_partition_the_input_as_the_dispatcher_does() {
     let mut packets = trace(20_000);
     packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
+    let oversize = vec![0u8; stateplane_runtime::MAX_FRAME + 1];
+    packets.insert(200, (packets[199].0, oversize));
     for (workers, read_ahead) in [(1, false), (3, false), (1, true), (3, true)] {
         let (factory, _, conflicts) = recorder();
         let cfg = RuntimeConfig {
@@ -226,16 +228,19 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         let report = run_sharded(&cfg, sources, 2, &factory, &handle);
         assert!(report.errors.is_empty(), "{:?}", report.errors);
         assert_eq!(*conflicts.lock().unwrap(), 0, "a flow reached two workers");
-        // Received: every packet once, the malformed one included.
-        assert_eq!(report.total.get(Counter::RxPackets), 20_001);
+        // Received: every packet once, the malformed and the oversize one included, each
+        // of those counted once whatever the number of workers.
+        assert_eq!(report.total.get(Counter::RxPackets), 20_002);
         assert_eq!(report.total.get(Counter::TxPackets), 20_000);
         assert_eq!(report.total.get(Counter::Malformed), 1, "{workers} workers");
+        let oversize = usize::from(stateplane_runtime::DropReason::OVERSIZE.0);
+        assert_eq!(report.total.drops[oversize], 1, "{workers} workers");
         // The same packets per worker as through the dispatcher.
         let (_, _, _, dispatched, _) = run(&packets[..], workers, 32, false);
         let mut own: Vec<u64> = (report.per_worker.iter())
             .map(|s| s.get(Counter::RxPackets))
             .collect();
-        own[0] -= 1; // worker 0's shard counted the malformed packet, the dispatcher did there
+        own[0] -= 2; // worker 0's shard counted the two bad packets, the dispatcher did there
         assert_eq!(own, dispatched);
     }
 }
