@@ -40,7 +40,8 @@ pub struct FlowsArgs {
     pub workers: usize,
     /// Reading capture files: give each worker a thread of its own that reads and parses
     /// ahead of it (on), or not (off); auto does when the machine has a spare core per
-    /// worker (a reader thread without a core of its own slows its worker down).
+    /// worker (a reader thread without a core of its own only takes its worker's; measured no
+    /// faster with two workers on two cores).
     #[arg(long, value_enum, default_value_t = ReadAheadChoice::Auto)]
     pub read_ahead: ReadAheadChoice,
     /// Print the summary as JSON.
