@@ -661,7 +661,8 @@ pub struct ReadAhead {
     batch: Vec<Burst>,
     next: usize,
     filled: usize,
-    ended: bool,
+    /// The reader ends after its last batch and drops its sender, so a `recv` after that
+    /// batch fails: the end of the input.
     reader: Option<std::thread::JoinHandle<Box<dyn BurstSource>>>,
 }
 
@@ -709,7 +710,6 @@ impl ReadAhead {
             batch: Vec::new(),
             next: 0,
             filled: 0,
-            ended: false,
             reader: Some(reader),
         })
     }
@@ -730,19 +730,14 @@ impl BurstSource for ReadAhead {
                 self.next += 1;
                 return true;
             }
-            if self.ended {
-                return false;
-            }
             if let Some(spent) = &self.spent
                 && !self.batch.is_empty()
             {
                 let _ = spent.send(std::mem::take(&mut self.batch));
             }
             let Some(Ok((batch, filled))) = self.full.as_ref().map(Receiver::recv) else {
-                self.ended = true;
                 return false;
             };
-            self.ended = filled < batch.len();
             (self.batch, self.filled, self.next) = (batch, filled, 0);
         }
     }
