@@ -22,6 +22,18 @@
 //!   counts as a rule of its own, below all others);
 //! * replacing the rule set: everything.
 //!
+//! The cache's key is not the whole of a packet's fields but the fields under the *key
+//! mask*: every bit some rule's match reads (a port whole, where a rule narrows its range).
+//! Packets that agree under it take the same walk, because a rule's actions only set whole
+//! fields to constants, so they keep agreeing table after table; one entry serves them all.
+//! A TCP connection's packets with different flags are then one microflow unless a rule
+//! matches flags. The mask grows as rules are inserted (a superset stays correct) and is
+//! made again when the rule set is replaced. An entry cached before it grew keeps a key
+//! whose new bits are 0, found only by packets that agree with the one that made it on the
+//! old mask, so that they walked alike before the insert; if the insert changes that walk,
+//! the rule it beats or the miss it fills is one of the entry's sources, and the entry is
+//! invalidated like any other.
+//!
 //! The guarantee: once a change has returned, no packet classified afterwards gets an
 //! outcome the new rule set would not give. (The caller applies changes between bursts.)
 
@@ -87,6 +99,8 @@ pub struct CachedPipeline {
     rules: RuleSet,
     mode: Consistency,
     cache: MicroflowCache<(u32, u64)>,
+    /// The key mask (see the module documentation): at least every bit a rule's match reads.
+    key_mask: Fields,
     actions: Vec<ActionEntry>,
     free_actions: Vec<u32>,
     /// Retired entries waiting to be freed (see `forget`).
@@ -143,6 +157,7 @@ impl CachedPipeline {
             rules: RuleSet::new(1),
             mode,
             cache: MicroflowCache::new(entries, ways, seed)?,
+            key_mask: Fields::default(),
             actions: Vec::new(),
             free_actions: Vec::new(),
             dying: Vec::new(),
@@ -238,7 +253,18 @@ impl CachedPipeline {
     /// reads then overlap instead of stalling one packet at a time.
     #[inline]
     pub fn hash(&self, fields: &Fields) -> u64 {
-        self.cache.hash(fields)
+        self.cache.hash(&self.key(fields))
+    }
+
+    /// The fields the cache keys `fields` by: those under the key mask.
+    #[inline]
+    fn key(&self, fields: &Fields) -> Fields {
+        fields.and(&self.key_mask)
+    }
+
+    /// The bits of a packet's fields the cache tells microflows apart by.
+    pub fn key_mask(&self) -> &Fields {
+        &self.key_mask
     }
 
     /// Starts loading `hash`'s cache slot ahead of its lookup.
@@ -270,7 +296,7 @@ impl CachedPipeline {
         if self.mode == Consistency::Off {
             return Probe(None);
         }
-        let found = self.cache.lookup(hash, fields);
+        let found = self.cache.lookup(hash, &self.key(fields));
         if let Some((at, _)) = found
             && let Some(entry) = self.actions.get(at as usize)
         {
@@ -326,6 +352,7 @@ impl CachedPipeline {
 
     /// The Action Table entry of `fields`: the cached one if it is fresh, else the tables'.
     fn cached(&mut self, fields: &Fields, hash: u64, found: Option<(u32, u64)>) -> u32 {
+        let key = self.key(fields);
         if let Some((at, stamp)) = found {
             let a = &self.actions[at as usize];
             let fresh = a.stamp <= stamp
@@ -341,15 +368,15 @@ impl CachedPipeline {
             if fresh {
                 return at;
             }
-            self.cache.remove(hash, fields);
+            self.cache.remove(hash, &key);
         }
         let mut path = std::mem::take(&mut self.path);
         self.rules.path(fields, &mut path);
         let at = self.action_entry(&path);
         self.path = path;
-        self.cache.insert(hash, fields, (at, self.clock));
+        self.cache.insert(hash, &key, (at, self.clock));
         if self.mode == Consistency::Strong {
-            self.track(at, hash, fields);
+            self.track(at, hash, &key);
         }
         at
     }
@@ -392,11 +419,11 @@ impl CachedPipeline {
 
     /// `Strong`: notes a cached microflow under each of its entry's sources (a list that
     /// outgrows the cache is trimmed to the microflows still cached).
-    fn track(&mut self, at: u32, hash: u64, fields: &Fields) {
+    fn track(&mut self, at: u32, hash: u64, key: &Fields) {
         let limit = 2 * self.cache.capacity();
         for s in &self.actions[at as usize].sources {
             let list = self.source_flows.entry(*s).or_default();
-            list.push((hash, *fields));
+            list.push((hash, *key));
             if list.len() > limit {
                 list.retain(|(h, f)| self.cache.contains(*h, f));
             }
@@ -490,7 +517,9 @@ impl CachedPipeline {
         let table = rule.table;
         let timed = rule.idle_timeout > 0 || rule.hard_timeout > 0;
         let shadowed = self.rules.overlapping_below(&rule);
+        let key_bits = rule.pattern.key_bits();
         let id = self.rules.insert(rule)?;
+        self.key_mask = self.key_mask.union(&key_bits);
         self.add_counters(id, timed);
         for s in shadowed {
             self.invalidate(Source::Rule(s));
@@ -555,6 +584,9 @@ impl CachedPipeline {
             .map(|(id, _)| (id, self.rule_counters(id)))
             .collect();
         self.rules = rules;
+        self.key_mask = (self.rules.rules()).fold(Fields::default(), |m, (_, r)| {
+            m.union(&r.pattern.key_bits())
+        });
         self.cache.clear();
         self.actions.clear();
         self.free_actions.clear();
@@ -648,6 +680,7 @@ mod tests {
             ip_proto: rng.pick(&[6u8, 17]),
             tp_src: rng.pick(&PORTS),
             tp_dst: rng.pick(&PORTS),
+            tcp_flags: rng.pick(&[0x02u8, 0x10, 0x18, 0x11]),
             ..Fields::default()
         }
     }
@@ -671,6 +704,19 @@ mod tests {
         if rng.below(4) == 0 {
             p.mask.in_port = u16::MAX;
             p.value.in_port = rng.below(3) as u16;
+        }
+        // Rare matches on fields most rules leave alone, so that the cache's key mask
+        // grows in the middle of a run, over microflows cached without them.
+        if rng.below(40) == 0 {
+            p.mask.tcp_flags = 0x02;
+            p.value.tcp_flags = 0x02;
+        }
+        if rng.below(60) == 0 {
+            p.tp_src = (1024, u16::MAX);
+        }
+        if rng.below(80) == 0 {
+            p.mask.ip_src = u128::MAX;
+            p.value.ip_src = mapped(rng.pick(&HOSTS));
         }
         Rule {
             table,
@@ -835,6 +881,50 @@ mod tests {
         p.insert(other).unwrap();
         p.classify(&f, 60, 0);
         assert_eq!(p.cache_stats().hits, hits + 1);
+    }
+
+    /// Packets that differ only in fields no rule reads share one cache entry; a rule that
+    /// reads one of them (here TCP flags) tells them apart from then on.
+    #[test]
+    fn the_cache_keys_microflows_by_the_fields_rules_read() {
+        let rule = |line: &str| crate::text::parse_rule(line).unwrap();
+        let mut p = CachedPipeline::new(RuleSet::new(1), Consistency::Action, 64, 1, 1).unwrap();
+        p.insert(rule("priority=1,tcp,nw_dst=198.19.0.0/16,actions=output:1"))
+            .unwrap();
+        let packet = |flags: u8, port: u16| Fields {
+            eth_type: 0x0800,
+            ip_proto: 6,
+            ip_dst: mapped(0xc613_0505),
+            tp_src: port,
+            tcp_flags: flags,
+            ..Fields::default()
+        };
+        let (syn, ack) = (packet(0x02, 40000), packet(0x10, 40000));
+        p.classify(&syn, 60, 0);
+        assert_eq!(p.classify(&ack, 60, 0).actions, [Action::Output(1)]);
+        assert_eq!(p.cache_stats().hits, 1, "a SYN's entry serves its ACK");
+        assert_eq!(p.key_mask().tcp_flags, 0);
+        assert_eq!(p.key_mask().tp_src, 0, "no rule narrows the source port");
+
+        p.insert(rule("priority=9,tcp,tcp_flags=0x02/0x02,actions=drop"))
+            .unwrap();
+        assert_eq!(p.key_mask().tcp_flags, 0x02);
+        assert!(p.classify(&syn, 60, 0).actions.is_empty(), "SYNs dropped");
+        assert_eq!(p.classify(&ack, 60, 0).actions, [Action::Output(1)]);
+        let hits = p.cache_stats().hits;
+        assert_eq!(p.classify(&ack, 60, 0).actions, [Action::Output(1)]);
+        assert!(p.classify(&syn, 60, 0).actions.is_empty());
+        assert_eq!(p.cache_stats().hits, hits + 2, "each has its own entry now");
+
+        // Replacing the rules makes the mask again, from the rules that are left.
+        let mut only_ports = RuleSet::new(1);
+        only_ports
+            .insert(rule("priority=1,tcp,tp_src=40000-40010,actions=output:2"))
+            .unwrap();
+        p.replace(only_ports);
+        assert_eq!(p.key_mask().tcp_flags, 0);
+        assert_eq!(p.key_mask().tp_src, u16::MAX);
+        assert_eq!(p.key_mask().ip_dst, 0);
     }
 
     /// Churn leaves no garbage: the Action Table and the counters of removed and modified

@@ -58,6 +58,35 @@ impl Fields {
         }
     }
 
+    /// Every field under `mask`'s bits, ports included.
+    #[inline]
+    pub fn and(&self, mask: &Fields) -> Fields {
+        let (f, m) = (self, mask);
+        Fields {
+            tp_src: f.tp_src & m.tp_src,
+            tp_dst: f.tp_dst & m.tp_dst,
+            ..f.masked(m)
+        }
+    }
+
+    /// The bits set in either, field by field.
+    pub fn union(&self, other: &Fields) -> Fields {
+        let (a, b) = (self, other);
+        Fields {
+            in_port: a.in_port | b.in_port,
+            eth_src: a.eth_src | b.eth_src,
+            eth_dst: a.eth_dst | b.eth_dst,
+            vlan: a.vlan | b.vlan,
+            eth_type: a.eth_type | b.eth_type,
+            ip_src: a.ip_src | b.ip_src,
+            ip_dst: a.ip_dst | b.ip_dst,
+            ip_proto: a.ip_proto | b.ip_proto,
+            tp_src: a.tp_src | b.tp_src,
+            tp_dst: a.tp_dst | b.tp_dst,
+            tcp_flags: a.tcp_flags | b.tcp_flags,
+        }
+    }
+
     /// The key as seven 64-bit words, every bit of every field once: what the cache hashes.
     #[inline]
     pub fn words(&self) -> [u64; 7] {

@@ -63,6 +63,17 @@ impl Pattern {
             && b.tp_dst.0 <= a.tp_dst.1
     }
 
+    /// The bits of a packet's fields that can decide whether it matches: the mask, and
+    /// all of a port whose range is not every port.
+    pub fn key_bits(&self) -> Fields {
+        let all = |range: (u16, u16)| if range == (0, u16::MAX) { 0 } else { u16::MAX };
+        Fields {
+            tp_src: all(self.tp_src),
+            tp_dst: all(self.tp_dst),
+            ..self.mask
+        }
+    }
+
     /// Keeps `value` within `mask` (bits outside a mask never matter).
     pub fn normalized(mut self) -> Pattern {
         self.value = self.value.masked(&self.mask);
