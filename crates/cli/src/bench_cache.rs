@@ -1,6 +1,11 @@
 //! `stateplane bench-cache`: the microflow cache's hit rate against its size and ways on
 //! generated traces (FlowShadow's section IV experiment), with the best any cache could do
 //! (every microflow's first packet misses) for reference.
+//!
+//! Two keys: `full`, every parsed field (MACs, VLAN, TCP flags...), what the pipeline's
+//! cache keys by when its rules read them all; and `5-tuple`, EtherType, addresses,
+//! protocol and ports, what it keys by under rules that read only those (as the benchmark
+//! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::CliResult;
 use stateplane_classifier::{Fields, MicroflowCache};
@@ -24,6 +29,10 @@ pub struct BenchCacheArgs {
     /// Ways per set, comma-separated (1, 2, 4).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub ways: Vec<usize>,
+    /// Keys, comma-separated: full (every parsed field), 5-tuple (EtherType, addresses,
+    /// protocol, ports).
+    #[arg(long, value_delimiter = ',', default_value = "full,5-tuple")]
+    pub keys: Vec<String>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[arg(long)]
@@ -32,99 +41,158 @@ pub struct BenchCacheArgs {
     pub svg: Option<PathBuf>,
 }
 
+/// A trace under a key: workload, key, packets, distinct keys, the best hit rate.
+type Bound = (String, String, usize, usize, f64);
+
 struct Row {
     workload: String,
+    key: String,
     entries: usize,
     ways: usize,
     hit_rate: f64,
 }
 
-/// The trace's packets as the fields the cache keys on, and how many distinct ones.
-fn trace(workload: &str, a: &BenchCacheArgs) -> CliResult<(Vec<Fields>, usize)> {
+/// The bits of [`Fields`] a key keeps, by its name.
+fn key_mask(name: &str) -> Option<Fields> {
+    let all = Fields {
+        in_port: u16::MAX,
+        eth_src: u64::MAX,
+        eth_dst: u64::MAX,
+        vlan: u16::MAX,
+        eth_type: u16::MAX,
+        ip_src: u128::MAX,
+        ip_dst: u128::MAX,
+        ip_proto: u8::MAX,
+        tp_src: u16::MAX,
+        tp_dst: u16::MAX,
+        tcp_flags: u8::MAX,
+    };
+    match name {
+        "full" => Some(all),
+        "5-tuple" => Some(Fields {
+            in_port: 0,
+            eth_src: 0,
+            eth_dst: 0,
+            vlan: 0,
+            tcp_flags: 0,
+            ..all
+        }),
+        _ => None,
+    }
+}
+
+/// The trace's packets as the fields the cache keys on.
+fn trace(workload: &str, a: &BenchCacheArgs) -> CliResult<Vec<Fields>> {
     let mut keys = Vec::with_capacity(a.packets as usize);
     crate::gen_cmd::each_parsed(workload, a.packets, a.seed, |_, parsed, frame| {
         keys.push(Fields::of(parsed, frame, 0));
     })?;
-    let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
-    Ok((keys, distinct))
+    Ok(keys)
 }
 
 pub fn main(a: BenchCacheArgs) -> CliResult<()> {
     if a.packets == 0 || a.sizes.iter().any(|&s| s == 0 || s > 1 << 26) {
         return Err("--packets must be above 0 and --sizes 1 to 67108864".into());
     }
+    let masks = (a.keys.iter())
+        .map(|k| match key_mask(k) {
+            Some(m) => Ok((k.clone(), m)),
+            None => Err(format!("--keys: '{k}' is not one of full, 5-tuple")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut rows = Vec::new();
     let mut bounds = Vec::new();
     for workload in &a.workloads {
         eprint!("\rgenerating {workload}   ");
-        let (keys, distinct) = trace(workload, &a)?;
-        let best = 1.0 - distinct as f64 / keys.len().max(1) as f64;
-        bounds.push((workload.clone(), keys.len(), distinct, best));
-        for &size in &a.sizes {
-            for &ways in &a.ways {
-                let entries = size.next_power_of_two().max(ways);
-                eprint!("\r{workload}: {entries} entries, {ways} ways      ");
-                let mut cache: MicroflowCache<u8> = MicroflowCache::new(entries, ways, a.seed)
-                    .map_err(|e| format!("--sizes/--ways: {e}"))?;
-                for k in &keys {
-                    let h = cache.hash(k);
-                    if cache.lookup(h, k).is_none() {
-                        cache.insert(h, k, 0);
-                    }
-                }
-                rows.push(Row {
-                    workload: workload.clone(),
-                    entries,
-                    ways,
-                    hit_rate: cache.stats.hits as f64 / keys.len().max(1) as f64,
-                });
-            }
+        let packets = trace(workload, &a)?;
+        for (key, mask) in &masks {
+            let keys: Vec<Fields> = packets.iter().map(|p| p.and(mask)).collect();
+            let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
+            let best = 1.0 - distinct as f64 / keys.len().max(1) as f64;
+            bounds.push((workload.clone(), key.clone(), keys.len(), distinct, best));
+            measure(workload, key, &keys, &a, &mut rows)?;
         }
     }
     eprintln!();
+    report(&a, &bounds, &rows)
+}
+
+/// The hit rate of each size and ways on `keys`, a miss inserting.
+fn measure(
+    workload: &str,
+    key: &str,
+    keys: &[Fields],
+    a: &BenchCacheArgs,
+    rows: &mut Vec<Row>,
+) -> CliResult<()> {
+    for &size in &a.sizes {
+        for &ways in &a.ways {
+            let entries = size.next_power_of_two().max(ways);
+            eprint!("\r{workload}, {key} key: {entries} entries, {ways} ways      ");
+            let mut cache: MicroflowCache<u8> = MicroflowCache::new(entries, ways, a.seed)
+                .map_err(|e| format!("--sizes/--ways: {e}"))?;
+            for k in keys {
+                let h = cache.hash(k);
+                if cache.lookup(h, k).is_none() {
+                    cache.insert(h, k, 0);
+                }
+            }
+            rows.push(Row {
+                workload: workload.to_string(),
+                key: key.to_string(),
+                entries,
+                ways,
+                hit_rate: cache.stats.hits as f64 / keys.len().max(1) as f64,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> CliResult<()> {
     println!(
         "input: stateplane gen WORKLOAD --packets {} --seed {}; a miss inserts (replacing the set's pseudo-LRU way)",
         a.packets, a.seed
     );
-    for (w, packets, distinct, best) in &bounds {
+    for (w, key, packets, distinct, best) in bounds {
         println!(
-            "{w}: {packets} packets, {distinct} microflows: at best {:.2}% hits (each microflow's first packet misses)",
+            "{w}, {key} key: {packets} packets, {distinct} microflows: at best {:.2}% hits (each microflow's first packet misses)",
             best * 100.0
         );
     }
     println!(
-        "{:<12} {:>10} {:>5} {:>10}",
-        "workload", "entries", "ways", "hit rate"
+        "{:<12} {:<8} {:>10} {:>5} {:>10}",
+        "workload", "key", "entries", "ways", "hit rate"
     );
-    for r in &rows {
+    for r in rows {
         println!(
-            "{:<12} {:>10} {:>5} {:>9.2}%",
+            "{:<12} {:<8} {:>10} {:>5} {:>9.2}%",
             r.workload,
+            r.key,
             r.entries,
             r.ways,
             r.hit_rate * 100.0
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("workload,entries,ways,hit_rate\n");
-        for r in &rows {
+        let mut csv = String::from("workload,key,entries,ways,hit_rate\n");
+        for r in rows {
             csv.push_str(&format!(
-                "{},{},{},{:.5}\n",
-                r.workload, r.entries, r.ways, r.hit_rate
+                "{},{},{},{},{:.5}\n",
+                r.workload, r.key, r.entries, r.ways, r.hit_rate
             ));
         }
         std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
     }
     if let Some(path) = &a.svg {
-        let panels: Vec<crate::chart::Panel> = a
-            .workloads
+        let panels: Vec<crate::chart::Panel> = bounds
             .iter()
-            .map(|w| crate::chart::Panel {
-                title: format!("{w}: hit rate by cache entries and ways"),
+            .map(|(w, key, ..)| crate::chart::Panel {
+                title: format!("{w}, {key} key: hit rate by cache entries and ways"),
                 unit: "%".into(),
                 bars: rows
                     .iter()
-                    .filter(|r| &r.workload == w)
+                    .filter(|r| &r.workload == w && &r.key == key)
                     .map(|r| {
                         (
                             format!("{} entries, {} way(s)", r.entries, r.ways),

@@ -565,3 +565,52 @@ fn lb_output_is_the_same_with_any_worker_count() {
         "{backends:?}"
     );
 }
+
+/// bench-cache keys a trace two ways: the 5-tuple, which leaves out fields that split a
+/// connection into microflows (TCP flags), hits more often than the full key, and neither
+/// beats its own bound (each microflow's first packet misses). An unknown key is refused.
+#[test]
+fn bench_cache_compares_the_full_key_with_the_5_tuple() {
+    let csv = tmp("cache-keys.csv");
+    let stdout = ok(bin()
+        .args([
+            "bench-cache",
+            "--workloads",
+            "internet",
+            "--packets",
+            "20000",
+        ])
+        .args(["--sizes", "65536", "--ways", "1", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let rate = |key: &str| -> f64 {
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let row = (text.lines())
+            .find(|l| l.starts_with(&format!("internet,{key},")))
+            .unwrap_or_else(|| panic!("no {key} row in {text}"));
+        row.rsplit(',').next().unwrap().parse().unwrap()
+    };
+    let bound = |key: &str| -> f64 {
+        let line = (stdout.lines())
+            .find(|l| l.starts_with(&format!("internet, {key} key:")))
+            .unwrap_or_else(|| panic!("no {key} bound in {stdout}"));
+        let best = line.split("at best ").nth(1).unwrap();
+        best.split('%').next().unwrap().parse::<f64>().unwrap() / 100.0
+    };
+    let (full, tuple) = (rate("full"), rate("5-tuple"));
+    assert!(full > 0.5 && tuple > full, "full {full}, 5-tuple {tuple}");
+    assert!(full <= bound("full") + 5e-5, "{stdout}");
+    assert!(tuple <= bound("5-tuple") + 5e-5, "{stdout}");
+
+    let out = bin()
+        .args(["bench-cache", "--keys", "full,megaflow"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--keys: 'megaflow' is not one of full, 5-tuple"),
+        "{err}"
+    );
+}
