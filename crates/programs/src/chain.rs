@@ -124,15 +124,7 @@ impl Chain {
                 owner.insert(d.name, i);
             }
         }
-        // Named once per configuration (a reload names them again).
-        let reasons: &'static [&'static str] = Box::leak(
-            reasons
-                .into_iter()
-                .map(|r| &*Box::leak(r.into_boxed_str()))
-                .collect::<Vec<&'static str>>()
-                .into_boxed_slice(),
-        );
-        Ok(Chain::with(stages, reasons, owner))
+        Ok(Chain::with(stages, interned(reasons), owner))
     }
 
     /// A worker's chain, from stages already checked together.
@@ -252,6 +244,28 @@ impl Program for Chain {
     }
 }
 
+/// The drop-reason names `reasons` as the `Program` trait hands them out (`'static`). Each
+/// list of names is made once per process and kept: a reload that names the same reasons
+/// again (as most do) gets the same list rather than leaking another.
+fn interned(reasons: Vec<String>) -> &'static [&'static str] {
+    type Lists = BTreeMap<Vec<String>, &'static [&'static str]>;
+    static LISTS: std::sync::Mutex<Lists> = std::sync::Mutex::new(BTreeMap::new());
+    let mut lists = LISTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&list) = lists.get(&reasons) {
+        return list;
+    }
+    let list: &'static [&'static str] = Box::leak(
+        (reasons.iter())
+            .map(|r| &*Box::leak(r.clone().into_boxed_str()))
+            .collect::<Vec<&'static str>>()
+            .into_boxed_slice(),
+    );
+    lists.insert(reasons, list);
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,6 +312,21 @@ routes = [
         fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
             self.0.process(burst, ctx);
         }
+    }
+
+    /// A chain built again from the same configuration (a reload) reuses the drop-reason
+    /// names of the first build instead of leaking a new list.
+    #[test]
+    fn rebuilding_a_chain_reuses_its_drop_reason_names() {
+        let first = chain(CHAIN).unwrap().drop_reasons();
+        let again = chain(CHAIN).unwrap().drop_reasons();
+        assert!(first.contains(&"nat.no_translation"), "{first:?}");
+        assert!(std::ptr::eq(first, again));
+        let other = chain("stages = [\"acl\"]\n[acl]\ndefault = \"permit\"\n")
+            .unwrap()
+            .drop_reasons();
+        assert!(!std::ptr::eq(first, other));
+        assert!(other.iter().all(|r| r.starts_with("acl.")), "{other:?}");
     }
 
     #[test]
