@@ -1,8 +1,9 @@
 //! `pipeline`: an OpenFlow-style switch. Numbered tables of prioritized wildcard rules
 //! (`stateplane-classifier`) decide each packet's actions; a microflow cache per worker
-//! remembers the outcome for each exact header combination, and is kept consistent with
-//! the rules under every kind of update (FlowShadow's schemes, made correct for inserts
-//! that overlap cached microflows, timeouts and replacements).
+//! remembers the outcome for each exact combination of the header bits the rules read,
+//! and is kept consistent with the rules under every kind of update (FlowShadow's
+//! schemes, made correct for inserts that overlap cached microflows, timeouts and
+//! replacements).
 //!
 //! Actions change the packet itself: set-field on MACs, IP addresses and ports (checksums
 //! updated incrementally), `dec_ttl`, VLAN push (in the burst's headroom), pop and
