@@ -18,6 +18,8 @@ work=$(mktemp -d /tmp/stateplane-exporters.XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # nfcapd writes its last file as it exits: wait for it before removing its folder.
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT

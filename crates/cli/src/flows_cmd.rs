@@ -1,7 +1,8 @@
 //! `stateplane flows`: capture files or interfaces in, unsampled flow records out (IPFIX
 //! over UDP or TCP, IPFIX files, CSV, JSON lines), with the flow stage as each worker's
-//! tap behind a program that only observes. Over files each worker reads its own shard
-//! (`OwnShard`: no dispatcher); live, interfaces are opened passively (AF_PACKET copies).
+//! tap behind a program that only observes. Over files a reader thread reads and parses
+//! ahead (`ReadAhead`: one worker's, or one for all workers), or each worker reads its own
+//! shard (`OwnShard`); live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
@@ -38,10 +39,11 @@ pub struct FlowsArgs {
     /// Worker threads, each owning a shard of the flows.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
-    /// Reading capture files: give each worker a thread of its own that reads and parses
-    /// ahead of it (on), or not (off); auto does when the machine has a spare core per
-    /// worker (a reader thread without a core of its own only takes its worker's; measured no
-    /// faster with two workers on two cores).
+    /// Reading capture files: a thread that reads and parses ahead of the workers (on:
+    /// one worker's own, or one for all workers), or each worker reading the files for
+    /// itself and keeping its shard (off). Auto: on for one worker on a machine of two
+    /// cores or more, and always for several (each worker reading for itself repeats the
+    /// reading).
     #[arg(long, value_enum, default_value_t = ReadAheadChoice::Auto)]
     pub read_ahead: ReadAheadChoice,
     /// Print the summary as JSON.
@@ -60,12 +62,12 @@ pub enum ReadAheadChoice {
 }
 
 impl ReadAheadChoice {
-    /// Whether `workers` workers get reader threads on a machine of `cores` cores.
+    /// Whether a reader thread reads ahead for `workers` workers on a machine of `cores` cores.
     fn applies(self, workers: usize, cores: usize) -> bool {
         match self {
             ReadAheadChoice::On => true,
             ReadAheadChoice::Off => false,
-            ReadAheadChoice::Auto => workers * 2 <= cores,
+            ReadAheadChoice::Auto => workers > 1 || cores >= 2,
         }
     }
 }
@@ -411,9 +413,9 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             flows: Some(export),
         });
     }
-    // Each worker reads the files for its own share of the flows (no dispatcher thread:
-    // the flow stage is light, and one thread feeding every worker would cost them more
-    // than parsing every packet once per worker), on a thread of its own if cores allow.
+    // Reading ahead: a reader thread fills batches of bursts (handed over 16 at a time, so
+    // the threads wake each other once per batch), for one worker or for all. Otherwise
+    // each worker reads the files for itself and keeps its own shard.
     let open_inputs = || {
         (args.inputs.iter().enumerate())
             .map(|(i, path)| {
@@ -426,26 +428,38 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     let handle = RunHandle::new(workers);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let read_ahead = args.read_ahead.applies(workers, cores);
-    let sources = (0..workers)
-        .map(|w| {
-            let shard = Box::new(OwnShard::new(
-                open_inputs()?,
-                w,
-                workers,
-                runtime.hasher,
-                &handle,
-            ));
-            Ok(if read_ahead {
-                let name = format!("reader-{w}");
-                Box::new(
-                    ReadAhead::spawn(shard, runtime.burst_size, name)
-                        .map_err(|e| format!("starting a reader thread: {e}"))?,
-                ) as Box<dyn BurstSource>
-            } else {
-                shard as Box<dyn BurstSource>
+    let sources = if read_ahead && workers > 1 {
+        // One reader for all: each worker reading for itself would repeat the reading.
+        ReadAhead::spawn_shared(
+            open_inputs()?,
+            workers,
+            runtime.hasher,
+            runtime.burst_size,
+            &handle,
+        )
+        .map_err(|e| format!("starting the reader thread: {e}"))?
+    } else {
+        (0..workers)
+            .map(|w| {
+                let shard = Box::new(OwnShard::new(
+                    open_inputs()?,
+                    w,
+                    workers,
+                    runtime.hasher,
+                    &handle,
+                ));
+                Ok(if read_ahead {
+                    let name = format!("reader-{w}");
+                    Box::new(
+                        ReadAhead::spawn(shard, runtime.burst_size, name)
+                            .map_err(|e| format!("starting a reader thread: {e}"))?,
+                    ) as Box<dyn BurstSource>
+                } else {
+                    shard as Box<dyn BurstSource>
+                })
             })
-        })
-        .collect::<CliResult<Vec<_>>>()?;
+            .collect::<CliResult<Vec<_>>>()?
+    };
     let size = (args.inputs.iter())
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
         .sum();

@@ -61,6 +61,25 @@ fn csv_rows(path: &Path) -> Vec<BTreeMap<String, String>> {
         .collect()
 }
 
+/// The CSV lines of `flows` over `input` with every feature and `flags`, written to a
+/// file named `name`, sorted (the order of records depends on the workers').
+fn sorted_records(input: &Path, flags: &[&str], name: &str) -> Vec<String> {
+    let out = tmp(name);
+    ok(bin()
+        .args(["flows", "--hash-seed", "1", "--features", "all", "-i"])
+        .arg(input)
+        .args(flags)
+        .arg("--csv")
+        .arg(&out)
+        .output()
+        .unwrap());
+    let mut lines: Vec<String> = (std::fs::read_to_string(&out).unwrap().lines())
+        .map(String::from)
+        .collect();
+    lines.sort();
+    lines
+}
+
 fn number(row: &BTreeMap<String, String>, column: &str) -> u64 {
     row[column].parse().unwrap()
 }
@@ -212,24 +231,40 @@ fn pcapng_input_gives_the_same_records_as_pcap() {
         std::fs::read(&pcapng).unwrap()[..4],
         "two formats"
     );
-    let csv = |input: &Path, name: &str| {
-        let out = tmp(name);
-        ok(bin()
-            .args(["flows", "--hash-seed", "1", "--features", "all", "-i"])
-            .arg(input)
-            .arg("--csv")
-            .arg(&out)
-            .output()
-            .unwrap());
-        let mut lines: Vec<String> = (std::fs::read_to_string(&out).unwrap().lines())
-            .map(String::from)
-            .collect();
-        lines.sort();
-        lines
-    };
-    let (a, b) = (csv(&pcap, "same-pcap.csv"), csv(&pcapng, "same-pcapng.csv"));
+    let (a, b) = (
+        sorted_records(&pcap, &[], "same-pcap.csv"),
+        sorted_records(&pcapng, &[], "same-pcapng.csv"),
+    );
     assert!(a.len() > 500, "{} records", a.len());
     assert_eq!(a, b);
+}
+
+/// The records do not depend on how the input is read: one worker or several, each worker
+/// reading for itself or one reader thread for all.
+#[test]
+fn every_reading_layout_gives_the_same_records() {
+    let pcap = tmp("layouts.pcap");
+    generate(30_000, 4, &pcap);
+    let csv = |layout: &[&str], name: &str| sorted_records(&pcap, layout, name);
+    let one = csv(&["--workers", "1", "--read-ahead", "off"], "layout-1.csv");
+    assert!(one.len() > 1000, "{} records", one.len());
+    for (layout, name) in [
+        (
+            &["--workers", "1", "--read-ahead", "on"][..],
+            "layout-1-on.csv",
+        ),
+        (
+            &["--workers", "2", "--read-ahead", "off"][..],
+            "layout-2-off.csv",
+        ),
+        (
+            &["--workers", "2", "--read-ahead", "on"][..],
+            "layout-2-on.csv",
+        ),
+        (&["--workers", "3"][..], "layout-3.csv"),
+    ] {
+        assert_eq!(csv(layout, name), one, "{layout:?}");
+    }
 }
 
 #[test]

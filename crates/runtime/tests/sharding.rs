@@ -49,17 +49,21 @@ impl TxPort for Collect {
     }
 }
 
-/// Records which worker saw each flow (test-only: a lock per burst is fine here).
+/// Records which worker saw each flow (test-only: a lock per burst is fine here), and
+/// counts as a conflict too a packet that reaches its worker before one read ahead of it.
 struct Recorder {
     seen: Arc<Mutex<HashMap<FlowKey, usize>>>,
     conflicts: Arc<Mutex<u64>>,
+    last_seq: Option<u64>,
 }
 
 impl Program for Recorder {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let mut seen = self.seen.lock().unwrap();
         for d in burst.descs_mut() {
-            if *seen.entry(d.parsed.key).or_insert(ctx.worker) != ctx.worker {
+            let out_of_order = self.last_seq.is_some_and(|last| d.seq <= last);
+            self.last_seq = Some(d.seq);
+            if *seen.entry(d.parsed.key).or_insert(ctx.worker) != ctx.worker || out_of_order {
                 *self.conflicts.lock().unwrap() += 1;
             }
             d.verdict = Verdict::Forward(1);
@@ -78,6 +82,7 @@ fn recorder() -> (ProgramFactory, Seen, Arc<Mutex<u64>>) {
         Box::new(Recorder {
             seen: s.clone(),
             conflicts: c.clone(),
+            last_seq: None,
         })
     });
     (factory, seen, conflicts)
@@ -187,14 +192,21 @@ fn a_stop_drains_every_queue_and_counts_stay_consistent() {
 /// Workers that each read the whole input and keep their own shard see every packet
 /// exactly once between them, each flow on one worker, in the dispatcher's split; a
 /// malformed packet is counted once, not once per worker. A reader thread ahead of each
-/// worker changes nothing of that.
+/// worker changes nothing of that, nor does one reader thread shared by all.
 #[test]
 fn own_shards_partition_the_input_as_the_dispatcher_does() {
     let mut packets = trace(20_000);
     packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
     let oversize = vec![0u8; stateplane_runtime::MAX_FRAME + 1];
     packets.insert(200, (packets[199].0, oversize));
-    for (workers, read_ahead) in [(1, false), (3, false), (1, true), (3, true)] {
+    for (workers, read_ahead, shared) in [
+        (1, false, false),
+        (3, false, false),
+        (1, true, false),
+        (3, true, false),
+        (1, true, true),
+        (3, true, true),
+    ] {
         let (factory, _, conflicts) = recorder();
         let cfg = RuntimeConfig {
             workers,
@@ -203,31 +215,41 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
             ..RuntimeConfig::default()
         };
         let handle = RunHandle::new(workers);
-        let sources: Vec<Box<dyn BurstSource>> = (0..workers)
-            .map(|w| {
-                let rx = MemRx {
-                    packets: packets.clone(),
-                    next: 0,
-                };
-                let port: Box<dyn RxPort> = Box::new(rx);
-                let shard = Box::new(OwnShard::new(
-                    vec![(0, port)],
-                    w,
-                    workers,
-                    cfg.hasher,
-                    &handle,
-                ));
-                if read_ahead {
-                    Box::new(ReadAhead::spawn(shard, cfg.burst_size, format!("r{w}")).unwrap())
-                        as Box<dyn BurstSource>
-                } else {
-                    shard as Box<dyn BurstSource>
-                }
-            })
-            .collect();
+        let port = |packets: &[(u64, Vec<u8>)]| -> Vec<(u16, Box<dyn RxPort>)> {
+            let rx = MemRx {
+                packets: packets.to_vec(),
+                next: 0,
+            };
+            vec![(0, Box::new(rx))]
+        };
+        let sources: Vec<Box<dyn BurstSource>> = if shared {
+            ReadAhead::spawn_shared(port(&packets), workers, cfg.hasher, 32, &handle).unwrap()
+        } else {
+            (0..workers)
+                .map(|w| {
+                    let shard = Box::new(OwnShard::new(
+                        port(&packets),
+                        w,
+                        workers,
+                        cfg.hasher,
+                        &handle,
+                    ));
+                    if read_ahead {
+                        let ahead = ReadAhead::spawn(shard, cfg.burst_size, format!("r{w}"));
+                        Box::new(ahead.unwrap()) as Box<dyn BurstSource>
+                    } else {
+                        shard as Box<dyn BurstSource>
+                    }
+                })
+                .collect()
+        };
         let report = run_sharded(&cfg, sources, 2, &factory, &handle);
         assert!(report.errors.is_empty(), "{:?}", report.errors);
-        assert_eq!(*conflicts.lock().unwrap(), 0, "a flow reached two workers");
+        assert_eq!(
+            *conflicts.lock().unwrap(),
+            0,
+            "a flow reached two workers, or a worker's packets came out of order"
+        );
         // Received: every packet once, the malformed and the oversize one included, each
         // of those counted once whatever the number of workers.
         assert_eq!(report.total.get(Counter::RxPackets), 20_002);
@@ -286,4 +308,31 @@ fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
     let mut ahead = ReadAhead::spawn(shard(&trace(50_000)), 32, "r".into()).unwrap();
     assert!(ahead.fill(&mut Burst::with_capacity(32)));
     drop(ahead);
+}
+
+/// A shared reader ends when one of its workers stops early: the others' inputs end with
+/// it (a stopping run), and nothing waits forever.
+#[test]
+fn a_shared_reader_ends_when_a_worker_stops() {
+    let packets = trace(20_000);
+    let handle = RunHandle::new(2);
+    let rx = MemRx { packets, next: 0 };
+    let ports: Vec<(u16, Box<dyn RxPort>)> = vec![(0, Box::new(rx))];
+    let mut sources = ReadAhead::spawn_shared(ports, 2, FlowHasher::with_seed(3), 32, &handle)
+        .unwrap()
+        .into_iter();
+    let (mut first, mut second) = (sources.next().unwrap(), sources.next().unwrap());
+    let mut burst = Burst::with_capacity(32);
+    assert!(second.fill(&mut burst) && !burst.is_empty());
+    drop(second);
+    let mut seen = 0;
+    while first.fill(&mut burst) {
+        seen += burst.len();
+        burst.clear();
+    }
+    // Run to its end, the input would give the first worker about 10,000 packets; the
+    // reader stops at its next batch for the second, a few thousand packets in.
+    assert!(seen < 7_000, "the first worker's input went on ({seen})");
+    let (_, errors) = first.finish();
+    assert!(errors.is_empty(), "{errors:?}");
 }
