@@ -45,9 +45,11 @@ cmd[softflowd]="softflowd -r trace.pcap -n 127.0.0.1:$port -v 10 -6 -m 1048576 -
 cmd[nfpcapd]="nfpcapd -r trace.pcap -w nfp -e 1800,15"
 cmd[stateplane-1w]="$bin flows -i trace.pcap --ipfix 127.0.0.1:$port --workers 1 --ipfix-rate 0"
 cmd[stateplane-2w]="$bin flows -i trace.pcap --ipfix 127.0.0.1:$port --workers 2 --ipfix-rate 0"
-# One worker reading for itself, no reader thread (what auto chooses with one core per worker).
+# Workers reading for themselves, no reader thread (what auto chooses for one worker on
+# one core; two workers without the reader they share, each reading the whole file).
 cmd[stateplane-1w-off]="${cmd[stateplane-1w]} --read-ahead off"
-names=(softflowd nfpcapd stateplane-1w stateplane-2w stateplane-1w-off)
+cmd[stateplane-2w-off]="${cmd[stateplane-2w]} --read-ahead off"
+names=(softflowd nfpcapd stateplane-1w stateplane-2w stateplane-1w-off stateplane-2w-off)
 declare -A secs mem cpu
 for r in $(seq "$rounds"); do
   for n in "${names[@]}"; do
