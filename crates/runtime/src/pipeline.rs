@@ -649,11 +649,12 @@ impl BurstSource for OwnShard {
     }
 }
 
-/// A burst source run ahead of its worker on a thread of its own, so that reading and
-/// parsing (a capture file's, in [`OwnShard`]) overlap the worker's processing. Bursts
-/// travel between the two threads in batches, full one way and spent the other, so that
-/// the threads wake each other once per batch rather than once per burst (a wake per burst
-/// cost more than the overlap gained).
+/// A worker's bursts, filled ahead of it by a reader thread, so that reading and parsing
+/// overlap the worker's processing: a thread of the worker's own running a burst source
+/// ([`ReadAhead::spawn`], e.g. an [`OwnShard`]), or one thread for all workers
+/// ([`ReadAhead::spawn_shared`]). Bursts travel between the threads in batches, full one
+/// way and spent the other, so that the threads wake each other once per batch rather than
+/// once per burst (a wake per burst cost more than the overlap gained).
 pub struct ReadAhead {
     full: Option<Receiver<FullBatch>>,
     spent: Option<Sender<Vec<Burst>>>,
@@ -743,9 +744,9 @@ impl ReadAhead {
     /// One reader thread for `workers` workers: it reads the capture-file ports `rx` once,
     /// in time order, parses each packet and hands it to its shard's worker (the
     /// dispatcher's [`shard_of`]), in batches of bursts as [`ReadAhead::spawn`] does for
-    /// one. Parsing once for all workers, where [`OwnShard`]s each parse everything. Each
-    /// worker's source, in order; the first one's reports what the input dropped, and the
-    /// reader updates `handle`'s bytes read.
+    /// one: the input is read and parsed once, where [`OwnShard`]s each read all of it.
+    /// Each worker's source, in order; the first one's reports what the input dropped, and
+    /// the reader updates `handle`'s bytes read (for progress).
     pub fn spawn_shared(
         rx: Vec<(PortId, Box<dyn RxPort>)>,
         workers: usize,
