@@ -13,7 +13,10 @@
 //!   measurement behind keeping the two-level design;
 //! * workers: packets per second through the whole stage with one worker and with two,
 //!   each on its own thread with its own shard of the flows (split by the runtime's flow
-//!   hash beforehand): how the stage scales when reading is not in the way.
+//!   hash beforehand): how the stage scales when reading is not in the way;
+//! * growth: the aggregator as the product runs it, starting small and doubling in place,
+//!   fed in the stage's batches of 4,096 records, each timed: the longest batch holds the
+//!   last doubling, how long the table's growth stalls a worker.
 //!
 //! Measurements of one experiment are interleaved in each round, and figures are medians
 //! over rounds.
@@ -233,6 +236,9 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut exported: Vec<usize> = vec![0; variants.len()];
     let mut out = Vec::with_capacity(1 << 16);
+    // The growing table's batches, each timed: a doubling stalls the batch it falls in.
+    let growing = variants.len() - 1;
+    let (mut typical_ms, mut longest_ms) = (Vec::new(), Vec::new());
     for round in 0..a.repeat {
         for (v, (name, make)) in variants.iter().enumerate() {
             eprint!(
@@ -241,14 +247,21 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
             );
             let mut table = make(max_flows)?;
             let mut n = 0;
+            let mut batch_ms = Vec::new();
             let t = Instant::now();
             // In the ring's batches, as the stage hands them over.
             for chunk in records.chunks(4096) {
+                let b = Instant::now();
                 table.ingest(chunk, &mut out);
+                batch_ms.push(b.elapsed().as_secs_f64() * 1e3);
                 n += out.len();
                 out.clear();
             }
             let secs = t.elapsed().as_secs_f64();
+            if v == growing {
+                longest_ms.push(batch_ms.iter().copied().fold(0.0, f64::max));
+                typical_ms.push(median(batch_ms));
+            }
             rates[v].push(records.len() as f64 / secs / 1e6);
             exported[v] = n;
         }
@@ -264,7 +277,7 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
         records.len(),
         exported[0]
     );
-    Ok((variants.iter().zip(rates))
+    let mut rows: Vec<Row> = (variants.iter().zip(rates))
         .map(|((name, _), r)| Row {
             experiment: "aggregator",
             workload: workload.into(),
@@ -272,7 +285,20 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
             value: median(r),
             unit: "M records/s",
         })
-        .collect())
+        .collect();
+    for (variant, ms) in [
+        ("median batch of 4096 records", typical_ms),
+        ("longest batch (the last doubling's)", longest_ms),
+    ] {
+        rows.push(Row {
+            experiment: "growth",
+            workload: workload.into(),
+            variant: variant.into(),
+            value: median(ms),
+            unit: "ms",
+        });
+    }
+    Ok(rows)
 }
 
 fn new_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
@@ -436,6 +462,7 @@ pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
             ),
             ("stage", "whole flow stage, two levels against one"),
             ("workers", "whole flow stage, one worker and two"),
+            ("growth", "the table growing from empty: a batch's time"),
         ] {
             for w in &a.workloads {
                 let chosen: Vec<&Row> = (rows.iter())
