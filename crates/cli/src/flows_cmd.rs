@@ -115,6 +115,12 @@ pub struct FlowSettings {
     /// of a sample is exported early (counted).
     #[arg(long, default_value_t = DEFAULT.max_flows)]
     pub max_flows: usize,
+    /// Make each flow table its full size (--max-flows) at the start, so that it never
+    /// doubles while running: the last doubling holds a worker about 2 ms at the default
+    /// size, which a live port at line rate must hold in its rings. Memory is still touched
+    /// only as flows arrive (but fills toward the budget sooner).
+    #[arg(long)]
+    pub presize_flows: bool,
     /// IPFIX messages per second over UDP (0: unpaced).
     #[arg(long, default_value_t = DEFAULT.ipfix_rate)]
     pub ipfix_rate: u64,
@@ -139,6 +145,7 @@ const DEFAULT: FlowSettings = FlowSettings {
     active_timeout: 1800.0,
     microflow_slots: 4096,
     max_flows: 1 << 18,
+    presize_flows: false,
     ipfix_rate: 20_000,
     mtu: 1400,
     domain: 1,
@@ -223,6 +230,7 @@ impl FlowSettings {
                 active_ns: seconds(&name("active_timeout"), self.active_timeout)?,
             },
             biflow: self.biflow,
+            presize: self.presize_flows,
             ..StageConfig::default()
         };
         let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();

@@ -239,8 +239,9 @@ fn pcapng_input_gives_the_same_records_as_pcap() {
     assert_eq!(a, b);
 }
 
-/// The records do not depend on how the input is read: one worker or several, each worker
-/// reading for itself or one reader thread for all.
+/// The records do not depend on how the input is read (one worker or several, each worker
+/// reading for itself or one reader thread for all) nor on whether the flow tables grow or
+/// start full size.
 #[test]
 fn every_reading_layout_gives_the_same_records() {
     let pcap = tmp("layouts.pcap");
@@ -262,6 +263,10 @@ fn every_reading_layout_gives_the_same_records() {
             "layout-2-on.csv",
         ),
         (&["--workers", "3"][..], "layout-3.csv"),
+        (
+            &["--workers", "2", "--presize-flows"][..],
+            "layout-presized.csv",
+        ),
     ] {
         assert_eq!(csv(layout, name), one, "{layout:?}");
     }

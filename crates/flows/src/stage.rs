@@ -28,6 +28,10 @@ pub struct StageConfig {
     pub microflow_max_age_ns: u64,
     /// The sweeps cover each table about once per this much data time.
     pub sweep_period_ns: u64,
+    /// Flow tables at their budget's size from the start, so that they never double while
+    /// running: a doubling holds the worker (about 2 ms for the last one at the default
+    /// budget, `bench-flows` *growth*). Pages are still touched only as flows arrive.
+    pub presize: bool,
 }
 
 impl Default for StageConfig {
@@ -41,6 +45,7 @@ impl Default for StageConfig {
             biflow: false,
             microflow_max_age_ns: 1_000_000_000,
             sweep_period_ns: 1_000_000_000,
+            presize: false,
         }
     }
 }
@@ -113,7 +118,14 @@ impl<K: CompactKey, V: FlowValue> Family<K, V> {
                 n => Some(MicroflowTable::new(n)?),
             },
             ring: Vec::with_capacity(RING + 2),
-            agg: Aggregator::new(config.max_flows, config.timeouts, seed ^ 0x5bd1_e995)?,
+            agg: {
+                let mut agg =
+                    Aggregator::new(config.max_flows, config.timeouts, seed ^ 0x5bd1_e995)?;
+                if config.presize {
+                    agg.reserve(config.max_flows);
+                }
+                agg
+            },
             seed,
         })
     }
@@ -435,6 +447,30 @@ mod tests {
         let microflow = two_levels.memory_bytes() - one_level.memory_bytes();
         assert_eq!(microflow, 4096 * (80 + 104));
         assert!(microflow < 1 << 20);
+    }
+
+    /// A presized stage's flow tables start at their budget's size (then never double); a
+    /// growing one's start small.
+    #[test]
+    fn presized_flow_tables_start_full_size() {
+        let config = StageConfig {
+            microflow_slots: 0,
+            ..StageConfig::default()
+        };
+        let growing = FlowStage::new(config, 1).unwrap();
+        let presized = FlowStage::new(
+            StageConfig {
+                presize: true,
+                ..config
+            },
+            1,
+        )
+        .unwrap();
+        assert!(growing.memory_bytes() * 64 < presized.memory_bytes());
+        // 262,144 flows a family fit, at most 7/8 full, in 2^19 slots of each family's size.
+        let slots = 1 << 19;
+        assert_eq!(presized.memory_bytes() % slots, 0);
+        assert!(presized.memory_bytes() / slots >= 88 + 104);
     }
 
     /// A reset from one side ends the biflow with the other side's packets in it, even
