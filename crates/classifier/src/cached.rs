@@ -4,11 +4,11 @@
 //!
 //! A cache entry holds a microflow's key (see the key mask below) and a reference into the
 //! **Action Table**: the deduplicated outcomes of walks through the tables (actions, and
-//! the rule matched in each table, so rule counters stay exact on hits). Each Action Table entry knows the rules
-//! that produced it, and each rule the entries it contributes to. Entries carry a stamp;
-//! a change invalidates the Action Table entries it can affect and gives them a newer
-//! stamp, and a cached microflow whose entry is invalid or newer than itself is dropped
-//! and resolved again by the tables.
+//! the rule matched in each table, so rule counters stay exact on hits). Each Action Table
+//! entry knows the rules that produced it, and each rule the entries it contributes to.
+//! Entries carry a stamp; a change invalidates the Action Table entries it can affect and
+//! gives them a newer stamp, and a cached microflow whose entry is invalid or newer than
+//! itself is dropped and resolved again by the tables.
 //!
 //! The other modes follow the same sources differently: `cookie` stamps each rule (and
 //! table miss) and checks the stamps of an entry's sources on every hit; `strong` lists the
