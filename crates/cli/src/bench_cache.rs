@@ -41,8 +41,14 @@ pub struct BenchCacheArgs {
     pub svg: Option<PathBuf>,
 }
 
-/// A trace under a key: workload, key, packets, distinct keys, the best hit rate.
-type Bound = (String, String, usize, usize, f64);
+/// A trace under a key, and the best hit rate any cache could have on it.
+struct Bound {
+    workload: String,
+    key: String,
+    packets: usize,
+    microflows: usize,
+    best: f64,
+}
 
 struct Row {
     workload: String,
@@ -109,7 +115,13 @@ pub fn main(a: BenchCacheArgs) -> CliResult<()> {
             let keys: Vec<Fields> = packets.iter().map(|p| p.and(mask)).collect();
             let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
             let best = 1.0 - distinct as f64 / keys.len().max(1) as f64;
-            bounds.push((workload.clone(), key.clone(), keys.len(), distinct, best));
+            bounds.push(Bound {
+                workload: workload.clone(),
+                key: key.clone(),
+                packets: keys.len(),
+                microflows: distinct,
+                best,
+            });
             measure(workload, key, &keys, &a, &mut rows)?;
         }
     }
@@ -154,10 +166,14 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> CliResult<()> {
         "input: stateplane gen WORKLOAD --packets {} --seed {}; a miss inserts (replacing the set's pseudo-LRU way)",
         a.packets, a.seed
     );
-    for (w, key, packets, distinct, best) in bounds {
+    for b in bounds {
         println!(
-            "{w}, {key} key: {packets} packets, {distinct} microflows: at best {:.2}% hits (each microflow's first packet misses)",
-            best * 100.0
+            "{}, {} key: {} packets, {} microflows: at best {:.2}% hits (each microflow's first packet misses)",
+            b.workload,
+            b.key,
+            b.packets,
+            b.microflows,
+            b.best * 100.0
         );
     }
     println!(
@@ -187,12 +203,15 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> CliResult<()> {
     if let Some(path) = &a.svg {
         let panels: Vec<crate::chart::Panel> = bounds
             .iter()
-            .map(|(w, key, ..)| crate::chart::Panel {
-                title: format!("{w}, {key} key: hit rate by cache entries and ways"),
+            .map(|b| crate::chart::Panel {
+                title: format!(
+                    "{}, {} key: hit rate by cache entries and ways",
+                    b.workload, b.key
+                ),
                 unit: "%".into(),
                 bars: rows
                     .iter()
-                    .filter(|r| &r.workload == w && &r.key == key)
+                    .filter(|r| r.workload == b.workload && r.key == b.key)
                     .map(|r| {
                         (
                             format!("{} entries, {} way(s)", r.entries, r.ways),
