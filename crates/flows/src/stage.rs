@@ -112,20 +112,17 @@ pub const DELIVERY_DELAY_NS: u64 = 100_000_000;
 
 impl<K: CompactKey, V: FlowValue> Family<K, V> {
     fn new(config: &StageConfig, seed: u64) -> Result<Self, SizeError> {
+        let mut agg = Aggregator::new(config.max_flows, config.timeouts, seed ^ 0x5bd1_e995)?;
+        if config.presize {
+            agg.reserve(config.max_flows);
+        }
         Ok(Family {
             micro: match config.microflow_slots {
                 0 => None,
                 n => Some(MicroflowTable::new(n)?),
             },
             ring: Vec::with_capacity(RING + 2),
-            agg: {
-                let mut agg =
-                    Aggregator::new(config.max_flows, config.timeouts, seed ^ 0x5bd1_e995)?;
-                if config.presize {
-                    agg.reserve(config.max_flows);
-                }
-                agg
-            },
+            agg,
             seed,
         })
     }
