@@ -231,13 +231,20 @@ impl Merged {
     /// The port whose next packet is the earliest, if any input is left; the clock moves to
     /// that packet.
     fn earliest(&mut self) -> Option<&Head> {
+        let i = self.step()?;
+        Some(&self.heads[i])
+    }
+
+    /// [`Merged::earliest`] as an index into `heads`, so that a caller can read the packet
+    /// and the clock together.
+    fn step(&mut self) -> Option<usize> {
         let i = (self.heads.iter().enumerate())
             .filter(|(_, h)| h.live)
             .min_by_key(|(_, h)| h.ts_ns)
             .map(|(i, _)| i)?;
         self.current = Some(i);
         self.now_ns = self.now_ns.max(self.heads[i].ts_ns);
-        Some(&self.heads[i])
+        Some(i)
     }
 
     /// Whether the current packet fits a burst; one that does not is counted in `stats`
@@ -785,7 +792,8 @@ impl ReadAhead {
 /// A batch of bursts on its way to a worker, and how many of them are filled.
 type FullBatch = (Vec<Burst>, usize);
 
-/// A worker's lane out of a shared reader: the batch being filled and its channels.
+/// A worker's lane out of a reader thread: its channels, and (for the shared reader) the
+/// batch being filled.
 struct Lane {
     full: Sender<FullBatch>,
     spent: Receiver<Vec<Burst>>,
@@ -854,16 +862,11 @@ fn read_shared(
     let mut stats = Stats::default();
     let workers = lanes.len();
     let mut packets = 0u32;
-    let mut now_ns = 0;
-    loop {
-        let seq = input.seq;
-        let Some(head) = input.earliest() else {
-            break;
-        };
-        now_ns = now_ns.max(head.ts_ns); // the input's clock, as `earliest` moved it
+    while let Some(i) = input.step() {
+        let (head, seq) = (&input.heads[i], input.seq);
         if let Some(parsed) = Merged::parse(head, hasher, Some(&mut stats)) {
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
-            let Some(burst) = lane.room(head.data.len(), now_ns) else {
+            let Some(burst) = lane.room(head.data.len(), input.now_ns) else {
                 break; // that worker stopped: the run is stopping
             };
             burst.push_desc(&head.data, desc(head, parsed, seq));
