@@ -15,8 +15,9 @@
 //!   each on its own thread with its own shard of the flows (split by the runtime's flow
 //!   hash beforehand): how the stage scales when reading is not in the way;
 //! * growth: the aggregator as the product runs it, starting small and doubling in place,
-//!   fed in the stage's batches of 4,096 records, each timed: the longest batch holds the
-//!   last doubling, how long the table's growth stalls a worker.
+//!   fed in the stage's batches of 4,096 records, each timed: the median, the longest
+//!   batch in which the table doubled (how long its growth stalls a worker) and the longest
+//!   in which it did not (the noise).
 //!
 //! Measurements of one experiment are interleaved in each round, and figures are medians
 //! over rounds.
@@ -151,11 +152,18 @@ fn ratio(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Ve
 /// flows they end out.
 trait Table {
     fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>);
+    /// The memory in use, where the table says (to see when it grows).
+    fn memory_bytes(&self) -> usize {
+        0
+    }
 }
 
 impl Table for Aggregator<V4Key, Uniflow> {
     fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>) {
         Aggregator::ingest(self, records, out);
+    }
+    fn memory_bytes(&self) -> usize {
+        Aggregator::memory_bytes(self)
     }
 }
 
@@ -236,9 +244,10 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut exported: Vec<usize> = vec![0; variants.len()];
     let mut out = Vec::with_capacity(1 << 16);
-    // The growing table's batches, each timed: a doubling stalls the batch it falls in.
+    // The growing table's batches, each timed, and whether the table doubled in it: a
+    // doubling stalls the batch it falls in.
     let growing = variants.len() - 1;
-    let (mut typical_ms, mut longest_ms) = (Vec::new(), Vec::new());
+    let (mut typical_ms, mut doubling_ms, mut other_ms) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..a.repeat {
         for (v, (name, make)) in variants.iter().enumerate() {
             eprint!(
@@ -247,20 +256,27 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
             );
             let mut table = make(max_flows)?;
             let mut n = 0;
-            let mut batch_ms = Vec::new();
+            let mut batches = Vec::new();
             let t = Instant::now();
             // In the ring's batches, as the stage hands them over.
             for chunk in records.chunks(4096) {
-                let b = Instant::now();
+                let (b, before) = (Instant::now(), table.memory_bytes());
                 table.ingest(chunk, &mut out);
-                batch_ms.push(b.elapsed().as_secs_f64() * 1e3);
+                let ms = b.elapsed().as_secs_f64() * 1e3;
+                batches.push((ms, table.memory_bytes() != before));
                 n += out.len();
                 out.clear();
             }
             let secs = t.elapsed().as_secs_f64();
             if v == growing {
-                longest_ms.push(batch_ms.iter().copied().fold(0.0, f64::max));
-                typical_ms.push(median(batch_ms));
+                // NaN when no batch was of that kind (a table that never doubled).
+                let longest = |doubled: bool| {
+                    (batches.iter().filter(|b| b.1 == doubled))
+                        .fold(f64::NAN, |m: f64, b| m.max(b.0))
+                };
+                doubling_ms.push(longest(true));
+                other_ms.push(longest(false));
+                typical_ms.push(median(batches.iter().map(|b| b.0).collect()));
             }
             rates[v].push(records.len() as f64 / secs / 1e6);
             exported[v] = n;
@@ -288,7 +304,8 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
         .collect();
     for (variant, ms) in [
         ("median batch of 4096 records", typical_ms),
-        ("longest batch (the last doubling's)", longest_ms),
+        ("longest batch in which the table doubled", doubling_ms),
+        ("longest batch in which it did not", other_ms),
     ] {
         rows.push(Row {
             experiment: "growth",

@@ -41,15 +41,20 @@ pub fn bars(title: &str, subtitle: &str, panels: &[Panel]) -> String {
         y += 26.0;
         let max = p.bars.iter().map(|b| b.1).fold(f64::MIN_POSITIVE, f64::max);
         for (label, value) in &p.bars {
-            let w = width * value / max;
+            // A value that is not a number (nothing measured) gets no bar.
+            let (w, shown) = if value.is_finite() {
+                (width * value / max, format!("{value:.2} {}", p.unit))
+            } else {
+                (0.0, "none".to_string())
+            };
             svg.push_str(&format!(
                 "<text x=\"8\" y=\"{:.0}\">{}</text><rect x=\"{left}\" y=\"{y:.0}\" width=\"{w:.1}\" height=\"{bar}\" fill=\"#3b6ea5\"/>\
-                 <text x=\"{:.1}\" y=\"{:.0}\">{value:.2} {}</text>\n",
+                 <text x=\"{:.1}\" y=\"{:.0}\">{}</text>\n",
                 y + bar * 0.65,
                 escape(label),
                 left + w + 6.0,
                 y + bar * 0.65,
-                escape(&p.unit)
+                escape(&shown)
             ));
             y += bar + gap;
         }
@@ -57,4 +62,29 @@ pub fn bars(title: &str, subtitle: &str, panels: &[Panel]) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value that is not a number draws no bar and says so, and leaves the other bars'
+    /// scale alone: no "NaN" reaches the SVG, whose attributes must be numbers.
+    #[test]
+    fn a_missing_value_draws_no_bar() {
+        let panel = Panel {
+            title: "t".into(),
+            unit: "ms".into(),
+            bars: vec![
+                ("measured".into(), 2.0),
+                ("never happened".into(), f64::NAN),
+            ],
+        };
+        let svg = bars("title", "subtitle", &[panel]);
+        assert!(!svg.contains("NaN"), "{svg}");
+        assert!(
+            svg.contains(">none</text>") && svg.contains(">2.00 ms</text>"),
+            "{svg}"
+        );
+    }
 }
