@@ -1103,13 +1103,14 @@ fn pipeline_rules_change_live_through_ctl() {
     assert!(again.contains("3 received"), "{again}");
 }
 
-/// Starts `stateplane ARGS` in namespace `ns` (bounded by `timeout`), its output
+/// Starts `stateplane ARGS FILE` in namespace `ns` (bounded by `timeout`), its output
 /// captured, and gives it time to open its ports.
-fn start_in(ns: &str, args: &[&std::ffi::OsStr]) -> std::process::Child {
+fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Child {
     let child = Command::new("ip")
         .args(["netns", "exec", ns, "timeout", "60"])
         .arg(env!("CARGO_BIN_EXE_stateplane"))
         .args(args)
+        .arg(file)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1140,15 +1141,8 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     let ns = format!("sp-{}-h2", lab.name);
     let monitor = start_in(
         &ns,
-        &[
-            "flows".as_ref(),
-            "-I".as_ref(),
-            "eth0".as_ref(),
-            "--biflow".as_ref(),
-            "--summary-json".as_ref(),
-            "--csv".as_ref(),
-            csv.as_os_str(),
-        ],
+        &["flows", "-I", "eth0", "--biflow", "--summary-json", "--csv"],
+        &csv,
     );
     let out = lab.exec(
         "h1",
@@ -1221,15 +1215,7 @@ fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
             ),
         )
         .unwrap();
-        let monitor = start_in(
-            &ns,
-            &[
-                "run".as_ref(),
-                "--json".as_ref(),
-                "-c".as_ref(),
-                config.as_os_str(),
-            ],
-        );
+        let monitor = start_in(&ns, &["run", "--json", "-c"], &config);
         let out = lab.exec(
             "h1",
             &["ping", "-c", "5", "-i", "0.2", "-W", "2", "198.18.0.2"],
