@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, ok, tmp};
+use common::{bin, ok, refused, tmp};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::ipfix::Decoder;
 use std::collections::BTreeMap;
@@ -327,15 +327,9 @@ fn flows_settings_errors_name_the_key_or_flag() {
         assert!(!csv.exists(), "{} was written", csv.display());
     }
     // bench-flows refuses a bad size at once, before it generates its traces.
-    let out = bin()
-        .args(["bench-flows", "--slots", "64,100"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("--slots: 100 is not a power of two (e.g. 128)"),
-        "{err}"
+    refused(
+        &["bench-flows", "--slots", "64,100"],
+        "--slots: 100 is not a power of two (e.g. 128)",
     );
 }
 

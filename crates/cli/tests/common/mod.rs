@@ -16,6 +16,16 @@ pub fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Standard error of a `stateplane` run with `args` that must have failed, and said
+/// `message` there.
+pub fn refused(args: &[&str], message: &str) -> String {
+    let out = bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(err.contains(message), "{args:?}: {err}");
+    err
+}
+
 /// Standard output of a command that must have succeeded (else both outputs, in the
 /// failure).
 pub fn ok(out: Output) -> String {
