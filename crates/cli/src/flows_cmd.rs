@@ -1,8 +1,9 @@
 //! `stateplane flows`: capture files or interfaces in, unsampled flow records out (IPFIX
 //! over UDP or TCP, IPFIX files, CSV, JSON lines), with the flow stage as each worker's
 //! tap behind a program that only observes. Over files a reader thread reads and parses
-//! ahead (`ReadAhead`: one worker's, or one for all workers), or each worker reads its own
-//! shard (`OwnShard`); live, interfaces are opened passively (AF_PACKET copies).
+//! ahead (`ReadAhead`: one worker's, or one for all workers), each worker reads its own
+//! shard (`OwnShard`), or the workers read one pcap file's chunks in turn (`ChunkShard`);
+//! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
@@ -12,6 +13,8 @@ use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::capture::FileRx;
+use stateplane_io::pcap::PcapFile;
+use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::pipeline::{
     BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
 };
@@ -40,10 +43,11 @@ pub struct FlowsArgs {
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// Reading capture files: a thread that reads and parses ahead of the workers (on:
-    /// one worker's own, or one for all workers), or each worker reading the files for
-    /// itself and keeping its shard (off). Auto: on for one worker on a machine of two
-    /// cores or more, and always for several (each worker reading for itself repeats the
-    /// reading).
+    /// one worker's own, or one for all workers); each worker reading the files for
+    /// itself and keeping its shard (off); or the workers reading one pcap file's chunks
+    /// in turn and handing each other their flows' packets (chunks), so that reading grows
+    /// with the workers. Auto: chunks for several workers on one pcap file, else one
+    /// reader for all; for one worker, on with two cores or more.
     #[arg(long, value_enum, default_value_t = ReadAheadChoice::Auto)]
     pub read_ahead: ReadAheadChoice,
     /// Print the summary as JSON.
@@ -59,16 +63,40 @@ pub enum ReadAheadChoice {
     Auto,
     On,
     Off,
+    Chunks,
+}
+
+/// How capture files reach the workers.
+enum Reading {
+    /// Each worker reads every file and keeps its shard, with a reader thread of its own
+    /// ahead of it or not.
+    OwnShard { ahead: bool },
+    /// One reader thread for all the workers.
+    Shared,
+    /// The workers read one pcap file's chunks in turn ([`ChunkShard`]).
+    Chunks(PcapFile),
 }
 
 impl ReadAheadChoice {
-    /// Whether a reader thread reads ahead for `workers` workers on a machine of `cores` cores.
-    fn applies(self, workers: usize, cores: usize) -> bool {
-        match self {
-            ReadAheadChoice::On => true,
-            ReadAheadChoice::Off => false,
-            ReadAheadChoice::Auto => workers > 1 || cores >= 2,
-        }
+    /// How `workers` workers read `inputs` on a machine of `cores` cores.
+    fn reading(self, inputs: &[PathBuf], workers: usize, cores: usize) -> CliResult<Reading> {
+        let one_pcap = || match inputs {
+            [path] => PcapFile::open(path).map_err(|e| format!("--in {}: {e}", path.display())),
+            _ => Ok(None),
+        };
+        Ok(match self {
+            ReadAheadChoice::On if workers > 1 => Reading::Shared,
+            ReadAheadChoice::On => Reading::OwnShard { ahead: true },
+            ReadAheadChoice::Off => Reading::OwnShard { ahead: false },
+            ReadAheadChoice::Chunks => Reading::Chunks(one_pcap()?.ok_or(
+                "--read-ahead chunks reads one classic pcap file (not pcapng, not several \
+                 files): use auto, on or off",
+            )?),
+            ReadAheadChoice::Auto if workers > 1 => {
+                one_pcap()?.map_or(Reading::Shared, Reading::Chunks)
+            }
+            ReadAheadChoice::Auto => Reading::OwnShard { ahead: cores >= 2 },
+        })
     }
 }
 
@@ -423,7 +451,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     }
     // Reading ahead: a reader thread fills batches of bursts (handed over 16 at a time, so
     // the threads wake each other once per batch), for one worker or for all. Otherwise
-    // each worker reads the files for itself and keeps its own shard.
+    // each worker reads the files for itself and keeps its own shard, or its turn of one
+    // file's chunks.
     let open_inputs = || {
         (args.inputs.iter().enumerate())
             .map(|(i, path)| {
@@ -435,38 +464,31 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     };
     let handle = RunHandle::new(workers);
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let read_ahead = args.read_ahead.applies(workers, cores);
-    let sources = if read_ahead && workers > 1 {
-        // One reader for all: each worker reading for itself would repeat the reading.
-        ReadAhead::spawn_shared(
-            open_inputs()?,
-            workers,
-            runtime.hasher,
-            runtime.burst_size,
-            &handle,
-        )
-        .map_err(|e| format!("starting the reader thread: {e}"))?
-    } else {
-        (0..workers)
+    let reading = args.read_ahead.reading(&args.inputs, workers, cores)?;
+    let (hasher, burst_size) = (runtime.hasher, runtime.burst_size);
+    let sources = match reading {
+        Reading::Chunks(file) => {
+            let file = Arc::new(file);
+            ChunkShard::for_workers(file, 0, workers, hasher, burst_size, CHUNK_BYTES, &handle)
+        }
+        Reading::Shared => {
+            ReadAhead::spawn_shared(open_inputs()?, workers, hasher, burst_size, &handle)
+                .map_err(|e| format!("starting the reader thread: {e}"))?
+        }
+        Reading::OwnShard { ahead } => (0..workers)
             .map(|w| {
-                let shard = Box::new(OwnShard::new(
-                    open_inputs()?,
-                    w,
-                    workers,
-                    runtime.hasher,
-                    &handle,
-                ));
-                Ok(if read_ahead {
+                let shard = OwnShard::new(open_inputs()?, w, workers, hasher, &handle);
+                Ok(if ahead {
                     let name = format!("reader-{w}");
                     Box::new(
-                        ReadAhead::spawn(shard, runtime.burst_size, name)
+                        ReadAhead::spawn(Box::new(shard), burst_size, name)
                             .map_err(|e| format!("starting a reader thread: {e}"))?,
                     ) as Box<dyn BurstSource>
                 } else {
-                    shard as Box<dyn BurstSource>
+                    Box::new(shard) as Box<dyn BurstSource>
                 })
             })
-            .collect::<CliResult<Vec<_>>>()?
+            .collect::<CliResult<Vec<_>>>()?,
     };
     let size = (args.inputs.iter())
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))

@@ -2,7 +2,11 @@
 //! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
 
 use crate::capture::{CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
+use stateplane_runtime::{ChunkedFile, RxPacket};
+use std::fs::File;
 use std::io::{self, BufRead, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 const MAGIC_MICRO: u32 = 0xa1b2_c3d4;
 const MAGIC_NANO: u32 = 0xa1b2_3c4d;
@@ -13,13 +17,19 @@ const RECORD_HEADER_LEN: usize = 16;
 /// a large buffer), and through a copy only when one straddles the buffer's end.
 pub struct PcapReader<R: BufRead> {
     r: R,
-    endian: Endian,
-    nanos: bool,
+    format: Format,
     /// A record that straddled the end of `r`'s buffer.
     buf: Vec<u8>,
     /// Bytes of `r`'s buffer lent out as the last record: consumed at the next read.
     lent: usize,
     at_byte: u64,
+}
+
+/// What a file header says about its records: their byte order and timestamp resolution.
+#[derive(Debug, Clone, Copy)]
+struct Format {
+    endian: Endian,
+    nanos: bool,
 }
 
 /// A record header's fields, checked.
@@ -29,17 +39,9 @@ struct RecordHeader {
     orig_len: u32,
 }
 
-impl<R: BufRead> PcapReader<R> {
-    pub fn new(mut r: R) -> Result<Self, CaptureError> {
-        let mut magic = [0u8; 4];
-        if read_full(&mut r, &mut magic)? < 4 {
-            return Err(CaptureError::Truncated { at_byte: 0 });
-        }
-        Self::after_magic(r, magic)
-    }
-
-    /// Continues after the caller has read the 4-byte magic number.
-    pub fn after_magic(mut r: R, magic: [u8; 4]) -> Result<Self, CaptureError> {
+impl Format {
+    /// Reads the rest of the file header, after the caller has read its 4-byte magic number.
+    fn after_magic(r: &mut impl io::Read, magic: [u8; 4]) -> Result<Format, CaptureError> {
         let (endian, nanos) = match (
             Endian::of(magic, MAGIC_MICRO),
             Endian::of(magic, MAGIC_NANO),
@@ -53,26 +55,91 @@ impl<R: BufRead> PcapReader<R> {
             }
         };
         let mut rest = [0u8; FILE_HEADER_LEN - 4];
-        let got = read_full(&mut r, &mut rest)?;
+        let got = read_full(r, &mut rest)?;
         if got < rest.len() {
             return Err(CaptureError::Truncated {
                 at_byte: 4 + got as u64,
             });
         }
-        let reader = PcapReader {
-            r,
-            endian,
-            nanos,
-            buf: Vec::new(),
-            lent: 0,
-            at_byte: FILE_HEADER_LEN as u64,
-        };
         // The link type's upper 16 bits may carry FCS information (pcap-linktype(7)).
-        let linktype = reader.endian.u32(&rest, 16) & 0xffff;
+        let linktype = endian.u32(&rest, 16) & 0xffff;
         if linktype != LINKTYPE_ETHERNET {
             return Err(CaptureError::UnsupportedLinkType { linktype });
         }
-        Ok(reader)
+        Ok(Format { endian, nanos })
+    }
+
+    /// The record header `header`, which lies at `at_byte` in the file, checked.
+    fn check(
+        self,
+        header: &[u8; RECORD_HEADER_LEN],
+        at_byte: u64,
+    ) -> Result<RecordHeader, CaptureError> {
+        let secs = u64::from(self.endian.u32(header, 0));
+        let frac = u64::from(self.endian.u32(header, 4));
+        let caplen = self.endian.u32(header, 8);
+        let orig_len = self.endian.u32(header, 12);
+        if caplen > MAX_RECORD_LEN {
+            return Err(CaptureError::Corrupt {
+                at_byte,
+                what: "a record claims more than 256 KiB of data",
+            });
+        }
+        let limit = if self.nanos { 1_000_000_000 } else { 1_000_000 };
+        if frac >= limit {
+            return Err(CaptureError::Corrupt {
+                at_byte,
+                what: "a timestamp's fraction is a second or more",
+            });
+        }
+        Ok(RecordHeader {
+            ts_ns: secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 },
+            caplen: caplen as usize,
+            orig_len: orig_len.max(caplen),
+        })
+    }
+
+    /// The record at the start of `bytes`, which lie at `at_byte` in the file, and its
+    /// length in the file; `None` when `bytes` hold less than all of it.
+    fn record(
+        self,
+        bytes: &[u8],
+        at_byte: u64,
+    ) -> Result<Option<(Record<'_>, usize)>, CaptureError> {
+        let Some(header) = bytes.first_chunk() else {
+            return Ok(None);
+        };
+        let h = self.check(header, at_byte)?;
+        let len = RECORD_HEADER_LEN + h.caplen;
+        Ok(bytes.get(RECORD_HEADER_LEN..len).map(|data| {
+            let record = Record {
+                ts_ns: h.ts_ns,
+                data,
+                orig_len: h.orig_len,
+            };
+            (record, len)
+        }))
+    }
+}
+
+impl<R: BufRead> PcapReader<R> {
+    pub fn new(mut r: R) -> Result<Self, CaptureError> {
+        let mut magic = [0u8; 4];
+        if read_full(&mut r, &mut magic)? < 4 {
+            return Err(CaptureError::Truncated { at_byte: 0 });
+        }
+        Self::after_magic(r, magic)
+    }
+
+    /// Continues after the caller has read the 4-byte magic number.
+    pub fn after_magic(mut r: R, magic: [u8; 4]) -> Result<Self, CaptureError> {
+        Ok(PcapReader {
+            format: Format::after_magic(&mut r, magic)?,
+            r,
+            buf: Vec::new(),
+            lent: 0,
+            at_byte: FILE_HEADER_LEN as u64,
+        })
     }
 
     /// Bytes of the file consumed so far.
@@ -82,7 +149,7 @@ impl<R: BufRead> PcapReader<R> {
 
     /// Whether timestamps are in nanoseconds.
     pub fn is_nanosecond(&self) -> bool {
-        self.nanos
+        self.format.nanos
     }
 
     pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
@@ -92,22 +159,18 @@ impl<R: BufRead> PcapReader<R> {
         if buffered.is_empty() {
             return Ok(None);
         }
-        let (peeked, available) = (buffered.first_chunk().copied(), buffered.len());
-        if let Some(header) = peeked {
-            let h = self.check(&header)?;
-            let len = RECORD_HEADER_LEN + h.caplen;
-            if available >= len {
-                self.lent = len;
-                self.at_byte += len as u64;
-                // The same bytes again: `fill_buf` reads nothing while some are buffered.
-                let data = (self.r.fill_buf()?.get(RECORD_HEADER_LEN..len))
-                    .ok_or_else(|| io::Error::other("the reader's buffer shrank unread"))?;
-                return Ok(Some(Record {
-                    ts_ns: h.ts_ns,
-                    data,
-                    orig_len: h.orig_len,
-                }));
-            }
+        if let Some((record, len)) = self.format.record(buffered, self.at_byte)? {
+            let (ts_ns, orig_len) = (record.ts_ns, record.orig_len);
+            self.lent = len;
+            self.at_byte += len as u64;
+            // The same bytes again: `fill_buf` reads nothing while some are buffered.
+            let data = (self.r.fill_buf()?.get(RECORD_HEADER_LEN..len))
+                .ok_or_else(|| io::Error::other("the reader's buffer shrank unread"))?;
+            return Ok(Some(Record {
+                ts_ns,
+                data,
+                orig_len,
+            }));
         }
         let mut header = [0u8; RECORD_HEADER_LEN];
         if read_full(&mut self.r, &mut header)? < RECORD_HEADER_LEN {
@@ -115,7 +178,7 @@ impl<R: BufRead> PcapReader<R> {
                 at_byte: self.at_byte,
             });
         }
-        let h = self.check(&header)?;
+        let h = self.format.check(&header, self.at_byte)?;
         self.buf.resize(h.caplen, 0);
         if read_full(&mut self.r, &mut self.buf)? < h.caplen {
             return Err(CaptureError::Truncated {
@@ -129,30 +192,82 @@ impl<R: BufRead> PcapReader<R> {
             orig_len: h.orig_len,
         }))
     }
+}
 
-    fn check(&self, header: &[u8; RECORD_HEADER_LEN]) -> Result<RecordHeader, CaptureError> {
-        let secs = u64::from(self.endian.u32(header, 0));
-        let frac = u64::from(self.endian.u32(header, 4));
-        let caplen = self.endian.u32(header, 8);
-        let orig_len = self.endian.u32(header, 12);
-        if caplen > MAX_RECORD_LEN {
-            return Err(CaptureError::Corrupt {
-                at_byte: self.at_byte,
-                what: "a record claims more than 256 KiB of data",
-            });
+/// A classic pcap file read in chunks by several threads at once (see [`ChunkedFile`]).
+pub struct PcapFile {
+    name: String,
+    file: File,
+    format: Format,
+}
+
+impl PcapFile {
+    /// Opens `path` for chunked reading; `None` when it is a pcapng file, whose records
+    /// depend on the interface blocks before them and so are read in one stream.
+    pub fn open(path: &Path) -> Result<Option<PcapFile>, CaptureError> {
+        let mut file = File::open(path)?;
+        let mut magic = [0u8; 4];
+        let got = read_full(&mut file, &mut magic)?;
+        if got < magic.len() {
+            return Err(CaptureError::TooShort { bytes: got as u64 });
         }
-        let limit = if self.nanos { 1_000_000_000 } else { 1_000_000 };
-        if frac >= limit {
-            return Err(CaptureError::Corrupt {
-                at_byte: self.at_byte,
-                what: "a timestamp's fraction is a second or more",
-            });
+        if crate::pcapng::is_magic(magic) {
+            return Ok(None);
         }
-        Ok(RecordHeader {
-            ts_ns: secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 },
-            caplen: caplen as usize,
-            orig_len: orig_len.max(caplen),
-        })
+        Ok(Some(PcapFile {
+            format: Format::after_magic(&mut file, magic)?,
+            name: path.display().to_string(),
+            file,
+        }))
+    }
+}
+
+impl ChunkedFile for PcapFile {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn first_record(&self) -> u64 {
+        FILE_HEADER_LEN as u64
+    }
+
+    fn max_record_len(&self) -> usize {
+        RECORD_HEADER_LEN + MAX_RECORD_LEN as usize
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        read_full(&mut FileAt(&self.file, offset), buf)
+    }
+
+    fn record<'a>(
+        &self,
+        bytes: &'a [u8],
+        at_byte: u64,
+        at_end: bool,
+    ) -> io::Result<Option<(RxPacket<'a>, usize)>> {
+        let record = self.format.record(bytes, at_byte)?;
+        if record.is_none() && at_end && !bytes.is_empty() {
+            return Err(CaptureError::Truncated { at_byte }.into());
+        }
+        Ok(record.map(|(r, len)| {
+            let packet = RxPacket {
+                data: r.data,
+                orig_len: r.orig_len,
+                ts_ns: r.ts_ns,
+            };
+            (packet, len)
+        }))
+    }
+}
+
+/// A file read from an offset on, without moving its cursor (so threads can share it).
+struct FileAt<'a>(&'a File, u64);
+
+impl io::Read for FileAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.0.read_at(buf, self.1)?;
+        self.1 += n as u64;
+        Ok(n)
     }
 }
 
@@ -307,6 +422,55 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// Chunked reading walks a file (whole or cut anywhere) to the records, the end or the
+    /// error of streamed reading, the error at the same byte; pcapng is left to the stream.
+    #[test]
+    fn chunked_reading_meets_what_streamed_reading_meets() {
+        type Walk = (Vec<(u64, Vec<u8>)>, Option<String>);
+        let mut w = PcapWriter::new(Vec::new(), true).unwrap();
+        for (ts, d) in packets() {
+            w.write(ts, &d, d.len() as u32).unwrap();
+        }
+        let bytes = w.into_inner();
+        let path = std::env::temp_dir().join(format!("chunked-{}.pcap", std::process::id()));
+        for cut in 24..=bytes.len() {
+            let mut streamed: Walk = (Vec::new(), None);
+            let mut r = PcapReader::new(&bytes[..cut]).unwrap();
+            loop {
+                match r.next_record() {
+                    Ok(Some(rec)) => streamed.0.push((rec.ts_ns, rec.data.to_vec())),
+                    Ok(None) => break,
+                    Err(e) => break streamed.1 = Some(e.to_string()),
+                }
+            }
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let file = PcapFile::open(&path).unwrap().unwrap();
+            let mut buf = vec![0; bytes.len()];
+            let n = file.read_at(file.first_record(), &mut buf).unwrap();
+            let (mut chunked, mut at): (Walk, usize) = ((Vec::new(), None), 0);
+            loop {
+                let at_byte = file.first_record() + at as u64;
+                match file.record(&buf[at..n], at_byte, true) {
+                    Ok(Some((p, len))) => {
+                        chunked.0.push((p.ts_ns, p.data.to_vec()));
+                        at += len;
+                    }
+                    Ok(None) => break,
+                    Err(e) => break chunked.1 = Some(e.to_string()),
+                }
+            }
+            assert_eq!(chunked, streamed, "cut at {cut}");
+        }
+        let mut ng = crate::pcapng::PcapngWriter::new(Vec::new()).unwrap();
+        ng.write(1, &[0; 60], 60).unwrap();
+        std::fs::write(&path, ng.into_inner()).unwrap();
+        assert!(
+            PcapFile::open(&path).unwrap().is_none(),
+            "pcapng is not chunked"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 
     proptest! {

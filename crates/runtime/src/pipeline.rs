@@ -18,14 +18,14 @@
 //! stage does, and every count is final.
 
 use crate::burst::{Burst, MAX_FRAME, PacketDesc};
-use crate::port::{RxPort, TxPort};
+use crate::port::{RxPacket, RxPort, TxPort};
 use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
 use crate::stats::{SharedStats, Stats};
 use crate::tap::TapFactory;
 use crate::worker::{Worker, count_malformed, count_port_drop};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
-use stateplane_wire::{FlowHasher, Malformed, Parsed, parse};
+use stateplane_wire::{FlowHasher, Malformed, Parsed};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -173,6 +173,14 @@ struct Head {
 }
 
 impl Head {
+    fn packet(&self) -> RxPacket<'_> {
+        RxPacket {
+            data: &self.data,
+            orig_len: self.orig_len,
+            ts_ns: self.ts_ns,
+        }
+    }
+
     /// Stages the port's next packet, or marks the port ended.
     fn refill(&mut self, rx: &mut dyn RxPort) -> std::io::Result<()> {
         self.live = false;
@@ -245,35 +253,6 @@ impl Merged {
         self.current = Some(i);
         self.now_ns = self.now_ns.max(self.heads[i].ts_ns);
         Some(i)
-    }
-
-    /// Whether the current packet fits a burst; one that does not is counted in `stats`
-    /// if given (the packets the input drops before any worker: oversize here, malformed
-    /// in [`Merged::reject_malformed`]).
-    fn fits(head: &Head, stats: Option<&mut Stats>) -> bool {
-        let fits = head.data.len() <= MAX_FRAME;
-        if let (false, Some(stats)) = (fits, stats) {
-            count_port_drop(stats, DropReason::OVERSIZE, head.data.len() as u32);
-        }
-        fits
-    }
-
-    /// Counts the current packet as malformed in `stats`, if given.
-    fn reject_malformed(head: &Head, why: Malformed, stats: Option<&mut Stats>) {
-        if let Some(stats) = stats {
-            count_malformed(stats, why, head.data.len() as u32);
-        }
-    }
-
-    /// Parses the current packet (the one [`Merged::earliest`] gave): `None` when it is
-    /// oversize or malformed, which is counted in `stats` if given.
-    fn parse(head: &Head, hasher: &FlowHasher, mut stats: Option<&mut Stats>) -> Option<Parsed> {
-        if !Merged::fits(head, stats.as_deref_mut()) {
-            return None;
-        }
-        parse(&head.data, head.port, hasher)
-            .map_err(|m| Merged::reject_malformed(head, m, stats))
-            .ok()
     }
 
     /// Moves past the current packet: the next sequence number, and its port's next packet.
@@ -429,12 +408,15 @@ fn dispatch(
             let Some(head) = input.earliest() else {
                 break;
             };
-            if let Some(parsed) = Merged::parse(head, &config.hasher, Some(&mut stats)) {
+            let packet = head.packet();
+            if let Some(parsed) =
+                ingress::parse(&packet, head.port, &config.hasher, Some(&mut stats))
+            {
                 let w = shard_of(parsed.hash, workers);
                 if !bursts[w].has_room(head.data.len()) {
                     break; // this worker's burst is full: the packet opens the next round
                 }
-                bursts[w].push_desc(&head.data, desc(head, parsed, seq));
+                bursts[w].push_desc(&head.data, ingress::desc(&packet, head.port, parsed, seq));
             }
             input.advance();
             taken += 1;
@@ -460,18 +442,60 @@ fn dispatch(
     (stats, input.errors)
 }
 
-fn desc(head: &Head, parsed: Parsed, seq: u64) -> PacketDesc {
-    PacketDesc {
-        offset: 0,
-        len: head.data.len() as u32,
-        orig_len: head.orig_len,
-        ts_ns: head.ts_ns,
-        seq,
-        in_port: head.port,
-        headroom: 0,
-        parsed,
-        malformed: None,
-        verdict: Verdict::Drop(DropReason::NO_VERDICT),
+/// What a reader does with each packet of the input (the dispatcher, the shared reader, a
+/// worker reading its own shard or its chunks of a file).
+pub(crate) mod ingress {
+    use super::*;
+
+    /// Whether a packet of `len` bytes fits a burst; one that does not is counted in
+    /// `stats` if given (the packets the input drops before any worker: oversize here,
+    /// malformed in [`reject_malformed`]).
+    pub fn fits(len: usize, stats: Option<&mut Stats>) -> bool {
+        let fits = len <= MAX_FRAME;
+        if let (false, Some(stats)) = (fits, stats) {
+            count_port_drop(stats, DropReason::OVERSIZE, len as u32);
+        }
+        fits
+    }
+
+    /// Counts a packet of `len` bytes as malformed in `stats`, if given.
+    pub fn reject_malformed(len: usize, why: Malformed, stats: Option<&mut Stats>) {
+        if let Some(stats) = stats {
+            count_malformed(stats, why, len as u32);
+        }
+    }
+
+    /// Parses `packet`, which arrived on `port`: `None` when it is oversize or malformed,
+    /// which is counted in `stats` if given.
+    pub fn parse(
+        packet: &RxPacket,
+        port: PortId,
+        hasher: &FlowHasher,
+        mut stats: Option<&mut Stats>,
+    ) -> Option<Parsed> {
+        let len = packet.data.len();
+        if !fits(len, stats.as_deref_mut()) {
+            return None;
+        }
+        stateplane_wire::parse(packet.data, port, hasher)
+            .map_err(|m| reject_malformed(len, m, stats))
+            .ok()
+    }
+
+    /// The descriptor of `packet`, the input's `seq`th, parsed.
+    pub fn desc(packet: &RxPacket, port: PortId, parsed: Parsed, seq: u64) -> PacketDesc {
+        PacketDesc {
+            offset: 0,
+            len: packet.data.len() as u32,
+            orig_len: packet.orig_len,
+            ts_ns: packet.ts_ns,
+            seq,
+            in_port: port,
+            headroom: 0,
+            parsed,
+            malformed: None,
+            verdict: Verdict::Drop(DropReason::NO_VERDICT),
+        }
     }
 }
 
@@ -621,7 +645,7 @@ impl BurstSource for OwnShard {
             };
             // Only worker 0's shard counts what the input drops, so it is counted once.
             let mut stats = (self.worker == 0).then_some(&mut self.stats);
-            if Merged::fits(head, stats.as_deref_mut()) {
+            if ingress::fits(head.data.len(), stats.as_deref_mut()) {
                 // Pushed first and parsed where it lies (no parse result copied about),
                 // then taken back out if it is another worker's or malformed.
                 if !burst.push(&head.data, head.orig_len, head.ts_ns, head.port, seq) {
@@ -630,7 +654,7 @@ impl BurstSource for OwnShard {
                 match burst.parse_last(&self.hasher) {
                     Some(Ok(hash)) if shard_of(hash, self.workers) == self.worker => {}
                     Some(Err(m)) => {
-                        Merged::reject_malformed(head, m, stats);
+                        ingress::reject_malformed(head.data.len(), m, stats);
                         burst.pop();
                     }
                     _ => burst.pop(),
@@ -864,12 +888,13 @@ fn read_shared(
     let mut packets = 0u32;
     while let Some(i) = input.step() {
         let (head, seq) = (&input.heads[i], input.seq);
-        if let Some(parsed) = Merged::parse(head, hasher, Some(&mut stats)) {
+        let packet = head.packet();
+        if let Some(parsed) = ingress::parse(&packet, head.port, hasher, Some(&mut stats)) {
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
             let Some(burst) = lane.room(head.data.len(), input.now_ns) else {
                 break; // that worker stopped: the run is stopping
             };
-            burst.push_desc(&head.data, desc(head, parsed, seq));
+            burst.push_desc(&head.data, ingress::desc(&packet, head.port, parsed, seq));
         }
         input.advance();
         packets = packets.wrapping_add(1);

@@ -22,6 +22,29 @@ pub trait RxPort: Send {
     }
 }
 
+/// A capture file that several threads read at once, each a chunk of whole records at a
+/// time, by positioned reads (no shared cursor). Only the format knows where a record
+/// ends, so a chunk's reader finds where the next chunk starts by walking its records.
+pub trait ChunkedFile: Send + Sync {
+    fn name(&self) -> &str;
+    /// Where the first record starts.
+    fn first_record(&self) -> u64;
+    /// The most bytes one record can take in the file: a read of that many always holds
+    /// a whole record, unless the file ends first.
+    fn max_record_len(&self) -> usize;
+    /// Reads into `buf` from `offset`; fewer bytes than `buf.len()` only at the file's end.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// The record at the start of `bytes`, which lie at `at_byte` in the file, and its
+    /// length in the file; `None` when `bytes` are empty or hold less than all of it, which
+    /// is an error instead when they run to the file's end (`at_end`): a file cut short.
+    fn record<'a>(
+        &self,
+        bytes: &'a [u8],
+        at_byte: u64,
+        at_end: bool,
+    ) -> io::Result<Option<(RxPacket<'a>, usize)>>;
+}
+
 /// A sink of packets.
 pub trait TxPort: Send {
     fn name(&self) -> &str;

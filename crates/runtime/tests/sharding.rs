@@ -1,16 +1,19 @@
 //! Sharding and shutdown of the offline pipeline: every packet of a flow reaches the same
 //! worker, no packet is lost or duplicated across workers, and a stop drains cleanly; the
 //! same for workers that read their own shard of the input ([`OwnShard`]), with or without
-//! a reader thread ahead of each ([`ReadAhead`]).
+//! a reader thread ahead of each ([`ReadAhead`]), and for workers that read a file's chunks
+//! in turn and hand each other their flows' packets ([`ChunkShard`]).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::{GenConfig, Workload, generate};
+use stateplane_runtime::chunked::ChunkShard;
 use stateplane_runtime::pipeline::{
     BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
     run_sharded,
 };
 use stateplane_runtime::{
-    Burst, Context, Counter, Program, ProgramFactory, RxPacket, RxPort, TxPort, Verdict,
+    Burst, ChunkedFile, Context, Counter, Program, ProgramFactory, RxPacket, RxPort, TxPort,
+    Verdict,
 };
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::HashMap;
@@ -35,6 +38,71 @@ impl RxPort for MemRx {
         }))
     }
 }
+
+/// A file in memory for [`ChunkShard`]: records of an 8-byte timestamp, a 4-byte length
+/// and the packet, little-endian, after a 4-byte file header.
+struct MemFile {
+    bytes: Vec<u8>,
+}
+
+impl MemFile {
+    const HEADER: usize = 12;
+
+    fn new(packets: &[(u64, Vec<u8>)]) -> Arc<MemFile> {
+        let mut bytes = b"MEM!".to_vec();
+        for (ts, data) in packets {
+            bytes.extend_from_slice(&ts.to_le_bytes());
+            bytes.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(data);
+        }
+        Arc::new(MemFile { bytes })
+    }
+}
+
+impl ChunkedFile for MemFile {
+    fn name(&self) -> &str {
+        "memory"
+    }
+    fn first_record(&self) -> u64 {
+        4
+    }
+    fn max_record_len(&self) -> usize {
+        Self::HEADER + stateplane_runtime::MAX_FRAME + 1
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let rest = self.bytes.get(offset as usize..).unwrap_or_default();
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        Ok(n)
+    }
+    fn record<'a>(
+        &self,
+        bytes: &'a [u8],
+        at_byte: u64,
+        at_end: bool,
+    ) -> std::io::Result<Option<(RxPacket<'a>, usize)>> {
+        let whole = bytes.get(..Self::HEADER).and_then(|h| {
+            let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+            let data = bytes.get(Self::HEADER..Self::HEADER + len)?;
+            let ts_ns = u64::from_le_bytes(h[..8].try_into().unwrap());
+            let packet = RxPacket {
+                data,
+                orig_len: len as u32,
+                ts_ns,
+            };
+            Some((packet, Self::HEADER + len))
+        });
+        if whole.is_none() && at_end && !bytes.is_empty() {
+            return Err(std::io::Error::other(format!(
+                "cut short at byte {at_byte}"
+            )));
+        }
+        Ok(whole)
+    }
+}
+
+/// Chunks small enough that a test's trace spans a few hundred of them.
+const CHUNK: usize = 4096;
 
 #[derive(Clone, Default)]
 struct Collect(Arc<Mutex<Vec<u64>>>);
@@ -199,13 +267,16 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
     packets.insert(100, (packets[99].0, vec![0u8; 10])); // too short for Ethernet
     let oversize = vec![0u8; stateplane_runtime::MAX_FRAME + 1];
     packets.insert(200, (packets[199].0, oversize));
-    for (workers, read_ahead, shared) in [
-        (1, false, false),
-        (3, false, false),
-        (1, true, false),
-        (3, true, false),
-        (1, true, true),
-        (3, true, true),
+    for (workers, read_ahead, shared, chunked) in [
+        (1, false, false, false),
+        (3, false, false, false),
+        (1, true, false, false),
+        (3, true, false, false),
+        (1, true, true, false),
+        (3, true, true, false),
+        (1, false, false, true),
+        (2, false, false, true),
+        (3, false, false, true),
     ] {
         let (factory, _, conflicts) = recorder();
         let cfg = RuntimeConfig {
@@ -222,7 +293,10 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
             };
             vec![(0, Box::new(rx))]
         };
-        let sources: Vec<Box<dyn BurstSource>> = if shared {
+        let sources: Vec<Box<dyn BurstSource>> = if chunked {
+            let file = MemFile::new(&packets);
+            ChunkShard::for_workers(file, 0, workers, cfg.hasher, 32, CHUNK, &handle)
+        } else if shared {
             ReadAhead::spawn_shared(port(&packets), workers, cfg.hasher, 32, &handle).unwrap()
         } else {
             (0..workers)
@@ -259,11 +333,21 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         assert_eq!(report.total.drops[oversize], 1, "{workers} workers");
         // The same packets per worker as through the dispatcher.
         let (_, _, _, dispatched, _) = run(&packets[..], workers, 32, false);
-        let mut own: Vec<u64> = (report.per_worker.iter())
-            .map(|s| s.get(Counter::RxPackets))
+        // Each bad packet is counted by the worker that read it (worker 0 when each reads
+        // the whole input); the dispatcher counts them before any worker.
+        let own: Vec<u64> = (report.per_worker.iter())
+            .map(|s| s.get(Counter::RxPackets) - s.get(Counter::Malformed) - s.drops[oversize])
             .collect();
-        own[0] -= 2; // worker 0's shard counted the two bad packets, the dispatcher did there
-        assert_eq!(own, dispatched);
+        assert_eq!(own, dispatched, "{workers} workers, chunked {chunked}");
+        if chunked {
+            assert_eq!(
+                handle
+                    .input_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                MemFile::new(&packets).bytes.len() as u64 - 4,
+                "progress counts every byte of records once"
+            );
+        }
     }
 }
 
@@ -335,4 +419,71 @@ fn a_shared_reader_ends_when_a_worker_stops() {
     assert!(seen < 7_000, "the first worker's input went on ({seen})");
     let (_, errors) = first.finish();
     assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// Workers reading a file's chunks in turn: an empty file, a file of one chunk for several
+/// workers, and a file cut short (its whole records processed, the cut reported once) all
+/// end without waiting forever; and a worker that stops ends the others' input.
+#[test]
+fn chunk_shards_end_at_the_input_end_a_fault_or_a_stop() {
+    let hasher = FlowHasher::with_seed(3);
+    let drain = |sources: Vec<Box<dyn BurstSource>>| -> (usize, Vec<String>) {
+        let threads: Vec<_> = (sources.into_iter())
+            .map(|mut source| {
+                std::thread::spawn(move || {
+                    let mut burst = Burst::with_capacity(32);
+                    let mut seen = 0;
+                    while source.fill(&mut burst) {
+                        seen += burst.len();
+                        burst.clear();
+                    }
+                    assert!(!source.fill(&mut burst), "an ended source stays ended");
+                    (seen, source.finish().1)
+                })
+            })
+            .collect();
+        (threads.into_iter().map(|t| t.join().unwrap())).fold(
+            (0, Vec::new()),
+            |(n, mut errors), (seen, e)| {
+                errors.extend(e);
+                (n + seen, errors)
+            },
+        )
+    };
+    let packets = trace(5_000);
+    for (n, workers) in [(0, 1), (0, 3), (10, 4), (5_000, 2)] {
+        let file = MemFile::new(&packets[..n]);
+        let handle = RunHandle::new(workers);
+        let sources = ChunkShard::for_workers(file, 0, workers, hasher, 32, CHUNK, &handle);
+        assert_eq!(
+            drain(sources),
+            (n, Vec::new()),
+            "{n} packets, {workers} workers"
+        );
+    }
+    // Cut in the middle of the last record: the others all arrive, and the cut is said.
+    let mut cut = MemFile::new(&packets);
+    let whole = cut.bytes.len();
+    Arc::get_mut(&mut cut).unwrap().bytes.truncate(whole - 5);
+    let handle = RunHandle::new(3);
+    let (seen, errors) = drain(ChunkShard::for_workers(
+        cut, 0, 3, hasher, 32, CHUNK, &handle,
+    ));
+    assert_eq!(seen, 4_999);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("reading memory: cut short at byte"),
+        "{errors:?}"
+    );
+    // A worker that stops early: the other's input ends soon after (it would hang if a
+    // worker waited on the stopped one's shares).
+    let handle = RunHandle::new(2);
+    let file = MemFile::new(&trace(50_000));
+    let mut sources = ChunkShard::for_workers(file, 0, 2, hasher, 32, CHUNK, &handle).into_iter();
+    let (first, mut second) = (sources.next().unwrap(), sources.next().unwrap());
+    let first = std::thread::spawn(move || drain(vec![first]));
+    assert!(second.fill(&mut Burst::with_capacity(32)));
+    drop(second);
+    let (seen, _) = first.join().unwrap();
+    assert!(seen < 25_000, "the first worker's input went on ({seen})");
 }
