@@ -11,14 +11,17 @@
 //!
 //! Each worker processes the shares of chunks 0, 1, 2, ... in that order, its own and the
 //! others', so each flow's packets reach their worker in file order, as from the
-//! dispatcher. A worker reads its own next chunk before it waits for the others' shares
-//! (up to `N - 1` chunks ahead of the one it processes), so that the workers read at the
-//! same time rather than in turn.
+//! dispatcher. A worker reads its own next chunks before it waits for the others' shares
+//! (up to `AHEAD` of its own ahead of the chunk it processes), so that the workers read
+//! at the same time rather than in turn, and one slow chunk does not stall the others.
 //!
 //! Must never: block on a send (shares and spent bursts travel on unbounded channels; what
-//! is in flight stays bounded because no worker reads more than `N - 1` chunks ahead of
-//! what it processes, and it processes only what every worker has read), or wait for a
-//! worker that has stopped (its channels close, which reads as the input's end).
+//! is in flight stays bounded because no worker reads more than `AHEAD` of its chunks
+//! ahead of what it processes, and it processes only what every worker has read), or wait
+//! for a worker that has stopped (its channels close, which reads as the input's end).
+//! It cannot deadlock: the lowest chunk not yet read has its start known (the chunk before
+//! it is read), and its reader is not waiting on anything else, since a worker reads its
+//! own chunks up to `AHEAD` ahead before it waits for a share of an earlier chunk.
 
 use crate::burst::Burst;
 use crate::pipeline::{BurstSource, RunHandle, ingress};
