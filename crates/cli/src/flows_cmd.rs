@@ -12,7 +12,7 @@ use crate::{CliResult, run::bounded, run_live};
 use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
-use stateplane_io::capture::FileRx;
+use stateplane_io::capture::{FileRx, is_stdin};
 use stateplane_io::pcap::PcapFile;
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::pipeline::{
@@ -31,6 +31,7 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct FlowsArgs {
     /// Capture files to read (pcap or pcapng), merged by time; timestamps come from them.
+    /// `-` reads standard input (e.g. `tcpdump -w - | stateplane flows -i - ...`).
     #[arg(long = "in", short = 'i')]
     pub inputs: Vec<PathBuf>,
     /// Interfaces to capture from instead (runs until SIGINT or SIGTERM): copies of what
@@ -81,16 +82,26 @@ impl ReadAheadChoice {
     /// How `workers` workers read `inputs` on a machine of `cores` cores.
     fn reading(self, inputs: &[PathBuf], workers: usize, cores: usize) -> CliResult<Reading> {
         let one_pcap = || match inputs {
-            [path] => PcapFile::open(path).map_err(|e| format!("--in {}: {e}", path.display())),
+            [path] if !is_stdin(path) => {
+                PcapFile::open(path).map_err(|e| format!("--in {}: {e}", path.display()))
+            }
             _ => Ok(None),
         };
+        let stdin = inputs.iter().any(|path| is_stdin(path));
         Ok(match self {
             ReadAheadChoice::On if workers > 1 => Reading::Shared,
             ReadAheadChoice::On => Reading::OwnShard { ahead: true },
+            ReadAheadChoice::Off if workers > 1 && stdin => {
+                return Err(
+                    "--read-ahead off: each worker reads the input for itself, and \
+                            standard input can be read once: use auto or on"
+                        .into(),
+                );
+            }
             ReadAheadChoice::Off => Reading::OwnShard { ahead: false },
             ReadAheadChoice::Chunks => Reading::Chunks(one_pcap()?.ok_or(
                 "--read-ahead chunks reads one classic pcap file (not pcapng, not several \
-                 files): use auto, on or off",
+                 files, not standard input): use auto, on or off",
             )?),
             ReadAheadChoice::Auto if workers > 1 => {
                 one_pcap()?.map_or(Reading::Shared, Reading::Chunks)
@@ -418,9 +429,23 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     for name in &args.interfaces {
         stateplane_io::live::Interface::lookup(name).map_err(|e| format!("--iface: {e}"))?;
     }
-    for path in &args.inputs {
-        FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
-    }
+    let open_inputs = || {
+        (args.inputs.iter().enumerate())
+            .map(|(i, path)| {
+                let port =
+                    FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
+                Ok((i as PortId, Box::new(port) as Box<dyn RxPort>))
+            })
+            .collect::<CliResult<Vec<_>>>()
+    };
+    // Files: how they are read is chosen, and they are opened, before the sinks start too.
+    let files = if live {
+        None
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let reading = args.read_ahead.reading(&args.inputs, workers, cores)?;
+        Some((reading, open_inputs()?))
+    };
     let seed = args
         .hash_seed
         .unwrap_or_else(stateplane_wire::flow::random_seed);
@@ -433,7 +458,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     };
     let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));
     let start = Instant::now();
-    if live {
+    let Some((reading, opened)) = files else {
         return run_live::main(run_live::LiveRun {
             io: run_live::IoChoice::Observe,
             program: "flows".into(),
@@ -448,36 +473,26 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             // The records' summary comes with the run's.
             flows: Some(export),
         });
-    }
+    };
     // Reading ahead: a reader thread fills batches of bursts (handed over 16 at a time, so
     // the threads wake each other once per batch), for one worker or for all. Otherwise
     // each worker reads the files for itself and keeps its own shard, or its turn of one
-    // file's chunks.
-    let open_inputs = || {
-        (args.inputs.iter().enumerate())
-            .map(|(i, path)| {
-                let port =
-                    FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
-                Ok((i as PortId, Box::new(port) as Box<dyn RxPort>))
-            })
-            .collect::<CliResult<Vec<_>>>()
-    };
+    // file's chunks. The inputs opened above serve the first reader; a worker reading for
+    // itself after it opens them again (`reading` has refused that for standard input).
+    let mut opened = Some(opened);
+    let mut inputs = || opened.take().map_or_else(open_inputs, Ok);
     let handle = RunHandle::new(workers);
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let reading = args.read_ahead.reading(&args.inputs, workers, cores)?;
     let (hasher, burst_size) = (runtime.hasher, runtime.burst_size);
     let sources = match reading {
         Reading::Chunks(file) => {
             let file = Arc::new(file);
             ChunkShard::for_workers(file, 0, workers, hasher, burst_size, CHUNK_BYTES, &handle)
         }
-        Reading::Shared => {
-            ReadAhead::spawn_shared(open_inputs()?, workers, hasher, burst_size, &handle)
-                .map_err(|e| format!("starting the reader thread: {e}"))?
-        }
+        Reading::Shared => ReadAhead::spawn_shared(inputs()?, workers, hasher, burst_size, &handle)
+            .map_err(|e| format!("starting the reader thread: {e}"))?,
         Reading::OwnShard { ahead } => (0..workers)
             .map(|w| {
-                let shard = OwnShard::new(open_inputs()?, w, workers, hasher, &handle);
+                let shard = OwnShard::new(inputs()?, w, workers, hasher, &handle);
                 Ok(if ahead {
                     let name = format!("reader-{w}");
                     Box::new(
@@ -490,9 +505,14 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             })
             .collect::<CliResult<Vec<_>>>()?,
     };
-    let size = (args.inputs.iter())
-        .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
-        .sum();
+    // Standard input's size is not known: the progress then shows bytes read so far.
+    let size = if args.inputs.iter().any(|p| is_stdin(p)) {
+        0
+    } else {
+        (args.inputs.iter())
+            .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
+            .sum()
+    };
     let watched = handle.input_bytes.clone();
     let progress = Progress::start(size, true, move || watched.load(Ordering::Relaxed));
     let run = run_sharded(&runtime, sources, args.inputs.len(), &factory, &handle);

@@ -14,7 +14,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// `total` in the unit `read` returns; `unit` names it ("packets", "bytes").
+    /// `total` in the unit `read` returns (0: unknown); `bytes` says whether that is bytes.
     pub fn start(total: u64, bytes: bool, read: impl Fn() -> u64 + Send + 'static) -> Self {
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
@@ -27,7 +27,15 @@ impl Progress {
                 std::thread::sleep(Duration::from_millis(50));
             }
             let bar = ProgressBar::new(total);
-            let template = if bytes {
+            // An input of unknown size (standard input) shows how far it has got, not how
+            // far it has to go.
+            let template = if total == 0 {
+                if bytes {
+                    "{elapsed_precise} {bytes} ({bytes_per_sec})"
+                } else {
+                    "{elapsed_precise} {human_pos} ({per_sec})"
+                }
+            } else if bytes {
                 "{elapsed_precise} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, eta {eta})"
             } else {
                 "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} ({per_sec}, eta {eta})"

@@ -73,7 +73,12 @@ fn sorted_records(input: &Path, flags: &[&str], name: &str) -> Vec<String> {
         .arg(&out)
         .output()
         .unwrap());
-    let mut lines: Vec<String> = (std::fs::read_to_string(&out).unwrap().lines())
+    sorted_lines(&out)
+}
+
+/// The lines of the file `path`, sorted.
+fn sorted_lines(path: &Path) -> Vec<String> {
+    let mut lines: Vec<String> = (std::fs::read_to_string(path).unwrap().lines())
         .map(String::from)
         .collect();
     lines.sort();
@@ -288,6 +293,34 @@ fn every_reading_layout_gives_the_same_records() {
         ),
     ] {
         assert_eq!(csv(layout, name), one, "{layout:?}");
+    }
+}
+
+/// `-i -` reads standard input (a pipe from tcpdump): the same records as from the file,
+/// with one worker or two; layouts that would read it more than once are refused.
+#[test]
+fn standard_input_gives_the_same_records_as_the_file() {
+    let pcap = tmp("stdin.pcap");
+    generate(20_000, 6, &pcap);
+    let from_file = sorted_records(&pcap, &[], "stdin-file.csv");
+    assert!(from_file.len() > 500, "{} records", from_file.len());
+    for workers in ["1", "2"] {
+        let out = tmp(&format!("stdin-{workers}.csv"));
+        ok(bin()
+            .args(["flows", "--hash-seed", "1", "--features", "all", "-i", "-"])
+            .args(["--workers", workers, "--csv"])
+            .arg(&out)
+            .stdin(std::fs::File::open(&pcap).unwrap())
+            .output()
+            .unwrap());
+        assert_eq!(sorted_lines(&out), from_file, "{workers} workers");
+    }
+    for (layout, message) in [
+        ("off", "standard input can be read once: use auto or on"),
+        ("chunks", "not standard input"),
+    ] {
+        let args = ["flows", "-i", "-", "--workers", "2", "--read-ahead", layout];
+        refused(&[&args[..], &["--csv", "-"]].concat(), message);
     }
 }
 

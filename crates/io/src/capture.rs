@@ -209,20 +209,26 @@ impl<R: BufRead> CaptureReader<R> {
     }
 }
 
-/// A capture file opened as an input port.
+/// Whether `path` names standard input (`-`), which can be read once only.
+pub fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// A capture file opened as an input port; `-` is standard input (`tcpdump -w - | ...`).
 pub struct FileRx {
     name: String,
-    reader: CaptureReader<BufReader<File>>,
+    reader: CaptureReader<BufReader<Box<dyn Read + Send>>>,
 }
 
 impl FileRx {
     pub fn open(path: &Path) -> Result<Self, CaptureError> {
-        let file = File::open(path)?;
-        let reader = CaptureReader::new(BufReader::with_capacity(1 << 20, file))?;
-        Ok(FileRx {
-            name: path.display().to_string(),
-            reader,
-        })
+        let (source, name): (Box<dyn Read + Send>, _) = if is_stdin(path) {
+            (Box::new(io::stdin()), "standard input".to_owned())
+        } else {
+            (Box::new(File::open(path)?), path.display().to_string())
+        };
+        let reader = CaptureReader::new(BufReader::with_capacity(1 << 20, source))?;
+        Ok(FileRx { name, reader })
     }
 }
 
