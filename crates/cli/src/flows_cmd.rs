@@ -87,7 +87,11 @@ impl ReadAheadChoice {
             }
             _ => Ok(None),
         };
-        let stdin = inputs.iter().any(|path| is_stdin(path));
+        let stdin = inputs.iter().filter(|path| is_stdin(path)).count();
+        if stdin > 1 {
+            return Err("--in -: standard input is given more than once".into());
+        }
+        let stdin = stdin == 1;
         Ok(match self {
             ReadAheadChoice::On if workers > 1 => Reading::Shared,
             ReadAheadChoice::On => Reading::OwnShard { ahead: true },

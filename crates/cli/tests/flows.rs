@@ -322,6 +322,8 @@ fn standard_input_gives_the_same_records_as_the_file() {
         let args = ["flows", "-i", "-", "--workers", "2", "--read-ahead", layout];
         refused(&[&args[..], &["--csv", "-"]].concat(), message);
     }
+    let twice = ["flows", "-i", "-", "-i", "-", "--csv", "-"];
+    refused(&twice, "standard input is given more than once");
 }
 
 #[test]
