@@ -448,7 +448,12 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     } else {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let reading = args.read_ahead.reading(&args.inputs, workers, cores)?;
-        Some((reading, open_inputs()?))
+        // Chunks read the file they opened; the other layouts read these streams.
+        let streams = match reading {
+            Reading::Chunks(_) => None,
+            _ => Some(open_inputs()?),
+        };
+        Some((reading, streams))
     };
     let seed = args
         .hash_seed
@@ -462,7 +467,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     };
     let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));
     let start = Instant::now();
-    let Some((reading, opened)) = files else {
+    let Some((reading, mut opened)) = files else {
         return run_live::main(run_live::LiveRun {
             io: run_live::IoChoice::Observe,
             program: "flows".into(),
@@ -483,7 +488,6 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     // each worker reads the files for itself and keeps its own shard, or its turn of one
     // file's chunks. The inputs opened above serve the first reader; a worker reading for
     // itself after it opens them again (`reading` has refused that for standard input).
-    let mut opened = Some(opened);
     let mut inputs = || opened.take().map_or_else(open_inputs, Ok);
     let handle = RunHandle::new(workers);
     let (hasher, burst_size) = (runtime.hasher, runtime.burst_size);

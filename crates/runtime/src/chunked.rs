@@ -204,11 +204,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
     fn walk(&mut self, buf: &mut Vec<u8>, start: ChunkStart) -> (usize, Start) {
         let read = match self.file.read_at(start.offset, buf) {
             Ok(n) => n,
-            Err(e) => {
-                self.errors
-                    .push(format!("reading {}: {e}", self.file.name()));
-                return (0, None);
-            }
+            Err(e) => return (0, self.fault(e)),
         };
         let at_end = read < buf.len();
         let bytes = &buf[..read];
@@ -229,18 +225,12 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                     if buf.len() >= longest {
                         let e =
                             format!("a record at byte {at_byte} claims more than {longest} bytes");
-                        self.errors
-                            .push(format!("reading {}: {e}", self.file.name()));
-                        return (walked, None);
+                        return (walked, self.fault(e));
                     }
                     buf.resize(longest, 0);
                     return self.walk(buf, start);
                 }
-                Err(e) => {
-                    self.errors
-                        .push(format!("reading {}: {e}", self.file.name()));
-                    return (walked, None);
-                }
+                Err(e) => return (walked, self.fault(e)),
             }
         }
         let next = ChunkStart {
@@ -249,6 +239,13 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             clock_ns,
         };
         (walked, (!at_end).then_some(next))
+    }
+
+    /// Keeps `e` as the input's error, where it stops: no chunk starts after this one.
+    fn fault(&mut self, e: impl std::fmt::Display) -> Start {
+        self.errors
+            .push(format!("reading {}: {e}", self.file.name()));
+        None
     }
 
     /// Parses the walked records `bytes` of the chunk at `start` into each worker's share.
