@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A chunk's size where nothing else is asked for. A chunk and the bursts made from it
 /// should stay in the reading core's cache: on this project's 2-core machine (1 MiB of L2
 /// per core), two workers took the same time with chunks of 64 to 256 KiB, and 1.3x as
-/// long with 1 MiB, 1.5x with 4 MiB.
+/// long with 1 MiB, 1.5x with 4 MiB (BENCHMARKS.md, flow export, says how).
 pub const CHUNK_BYTES: usize = 256 << 10;
 
 /// How many of its own chunks a worker reads ahead of the one it processes, so that
