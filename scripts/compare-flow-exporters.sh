@@ -28,7 +28,9 @@ trap cleanup EXIT
 trace="$work/trace.pcap"
 echo "trace: stateplane gen internet --packets $packets --packet-size 64 --ipv6-share 0.2 --seed 1"
 "$bin" gen internet --packets "$packets" --packet-size 64 --ipv6-share 0.2 --seed 1 -o "$trace" >/dev/null 2>&1
-cat "$trace" >/dev/null # into the page cache
+# The same packets as pcapng (what dumpcap and tshark write), for the pcapng rows.
+"$bin" gen internet --packets "$packets" --packet-size 64 --ipv6-share 0.2 --seed 1 -o "$work/trace.pcapng" >/dev/null 2>&1
+cat "$trace" "$work/trace.pcapng" >/dev/null # into the page cache
 
 port=$((20000 + RANDOM % 20000))
 mkdir -p "$work/nf"
@@ -59,8 +61,14 @@ cmd[stateplane-2w-off]="${cmd[stateplane-2w]} --read-ahead off"
 chunks_to_file="$bin flows -i trace.pcap --ipfix-file out.ipfix --read-ahead chunks --workers"
 cmd[stateplane-1w-chunks-file]="$chunks_to_file 1"
 cmd[stateplane-2w-chunks-file]="$chunks_to_file 2"
+# pcapng: the defaults (chunks for two workers, with the interfaces carried from chunk to
+# chunk), and one reader thread for both (what two workers did on pcapng before).
+cmd[stateplane-1w-pcapng]="${cmd[stateplane-1w]/trace.pcap/trace.pcapng}"
+cmd[stateplane-2w-pcapng]="${cmd[stateplane-2w]/trace.pcap/trace.pcapng}"
+cmd[stateplane-2w-pcapng-shared]="${cmd[stateplane-2w-pcapng]} --read-ahead on"
 names=(softflowd nfpcapd stateplane-1w stateplane-2w stateplane-1w-chunks stateplane-2w-shared
-  stateplane-1w-off stateplane-2w-off stateplane-1w-chunks-file stateplane-2w-chunks-file)
+  stateplane-1w-off stateplane-2w-off stateplane-1w-chunks-file stateplane-2w-chunks-file
+  stateplane-1w-pcapng stateplane-2w-pcapng stateplane-2w-pcapng-shared)
 declare -A secs mem cpu
 for r in $(seq "$rounds"); do
   for n in "${names[@]}"; do
@@ -99,7 +107,10 @@ print("second worker:"
       f" chunks {ratio('stateplane-1w-chunks', 'stateplane-2w')};"
       f" chunks to a file {ratio('stateplane-1w-chunks-file', 'stateplane-2w-chunks-file')};"
       f" off {ratio('stateplane-1w-off', 'stateplane-2w-off')};"
-      f" defaults {ratio('stateplane-1w', 'stateplane-2w')}")
+      f" defaults {ratio('stateplane-1w', 'stateplane-2w')};"
+      f" pcapng defaults {ratio('stateplane-1w-pcapng', 'stateplane-2w-pcapng')};"
+      f" pcapng chunks against one reader for both"
+      f" {ratio('stateplane-2w-pcapng-shared', 'stateplane-2w-pcapng')}")
 if out:
     bar, width = 22, 640
     top = max(r[2] for r in rows)

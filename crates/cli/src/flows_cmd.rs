@@ -2,7 +2,7 @@
 //! over UDP or TCP, IPFIX files, CSV, JSON lines), with the flow stage as each worker's
 //! tap behind a program that only observes. Over files a reader thread reads and parses
 //! ahead (`ReadAhead`: one worker's, or one for all workers), each worker reads its own
-//! shard (`OwnShard`), or the workers read one pcap file's chunks in turn (`ChunkShard`);
+//! shard (`OwnShard`), or the workers read one capture file's chunks in turn (`ChunkShard`);
 //! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
@@ -12,14 +12,15 @@ use crate::{CliResult, run::bounded, run_live};
 use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
+use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
-use stateplane_io::pcap::PcapFile;
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::pipeline::{
     BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
 };
 use stateplane_runtime::{
-    Burst, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap, TapFactory, Verdict,
+    Burst, ChunkedFile, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap,
+    TapFactory, Verdict,
 };
 use stateplane_wire::FlowHasher;
 use std::net::SocketAddr;
@@ -45,10 +46,10 @@ pub struct FlowsArgs {
     pub workers: usize,
     /// Reading capture files: a thread that reads and parses ahead of the workers (on:
     /// one worker's own, or one for all workers); each worker reading the files for
-    /// itself and keeping its shard (off); or the workers reading one pcap file's chunks
+    /// itself and keeping its shard (off); or the workers reading one capture file's chunks
     /// in turn and handing each other their flows' packets (chunks), so that reading grows
-    /// with the workers. Auto: chunks for several workers on one pcap file, else one
-    /// reader for all; for one worker, on with two cores or more.
+    /// with the workers. Auto: chunks for several workers on one file, else (several files,
+    /// standard input) one reader for all; for one worker, on with two cores or more.
     #[arg(long, value_enum, default_value_t = ReadAheadChoice::Auto)]
     pub read_ahead: ReadAheadChoice,
     /// Print the summary as JSON.
@@ -74,17 +75,17 @@ enum Reading {
     OwnShard { ahead: bool },
     /// One reader thread for all the workers.
     Shared,
-    /// The workers read one pcap file's chunks in turn ([`ChunkShard`]).
-    Chunks(PcapFile),
+    /// The workers read one capture file's chunks in turn ([`ChunkShard`]).
+    Chunks(ChunkedCapture),
 }
 
 impl ReadAheadChoice {
     /// How `workers` workers read `inputs` on a machine of `cores` cores.
     fn reading(self, inputs: &[PathBuf], workers: usize, cores: usize) -> CliResult<Reading> {
-        let one_pcap = || match inputs {
-            [path] if !is_stdin(path) => {
-                PcapFile::open(path).map_err(|e| format!("--in {}: {e}", path.display()))
-            }
+        let one_file = || match inputs {
+            [path] if !is_stdin(path) => ChunkedCapture::open(path)
+                .map(Some)
+                .map_err(|e| format!("--in {}: {e}", path.display())),
             _ => Ok(None),
         };
         let stdin = inputs.iter().filter(|path| is_stdin(path)).count();
@@ -103,12 +104,12 @@ impl ReadAheadChoice {
                 );
             }
             ReadAheadChoice::Off => Reading::OwnShard { ahead: false },
-            ReadAheadChoice::Chunks => Reading::Chunks(one_pcap()?.ok_or(
-                "--read-ahead chunks reads one classic pcap file (not pcapng, not several \
-                 files, not standard input): use auto, on or off",
+            ReadAheadChoice::Chunks => Reading::Chunks(one_file()?.ok_or(
+                "--read-ahead chunks reads one capture file (not several files, not \
+                 standard input): use auto, on or off",
             )?),
             ReadAheadChoice::Auto if workers > 1 => {
-                one_pcap()?.map_or(Reading::Shared, Reading::Chunks)
+                one_file()?.map_or(Reading::Shared, Reading::Chunks)
             }
             ReadAheadChoice::Auto => Reading::OwnShard { ahead: cores >= 2 },
         })
@@ -492,10 +493,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     let handle = RunHandle::new(workers);
     let (hasher, burst_size) = (runtime.hasher, runtime.burst_size);
     let sources = match reading {
-        Reading::Chunks(file) => {
-            let file = Arc::new(file);
-            ChunkShard::for_workers(file, 0, workers, hasher, burst_size, CHUNK_BYTES, &handle)
-        }
+        Reading::Chunks(ChunkedCapture::Pcap(file)) => chunk_shards(file, &runtime, &handle),
+        Reading::Chunks(ChunkedCapture::Pcapng(file)) => chunk_shards(file, &runtime, &handle),
         Reading::Shared => ReadAhead::spawn_shared(inputs()?, workers, hasher, burst_size, &handle)
             .map_err(|e| format!("starting the reader thread: {e}"))?,
         Reading::OwnShard { ahead } => (0..workers)
@@ -544,4 +543,22 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         return Err(run.errors.join("; "));
     }
     report.error().map_or(Ok(()), Err)
+}
+
+/// The workers' sources for `file`, read in chunks by all of them.
+fn chunk_shards<F: ChunkedFile + 'static>(
+    file: F,
+    runtime: &RuntimeConfig,
+    handle: &RunHandle,
+) -> Vec<Box<dyn BurstSource>> {
+    let (workers, hasher, burst) = (runtime.workers, runtime.hasher, runtime.burst_size);
+    ChunkShard::for_workers(
+        Arc::new(file),
+        0,
+        workers,
+        hasher,
+        burst,
+        CHUNK_BYTES,
+        handle,
+    )
 }

@@ -242,16 +242,29 @@ fn pcapng_input_gives_the_same_records_as_pcap() {
     );
     assert!(a.len() > 500, "{} records", a.len());
     assert_eq!(a, b);
-    // Several workers read pcapng through one reader (its chunks are not chosen: a
-    // pcapng record depends on the interface blocks before it); asked for, chunks are
-    // refused with the way out, as for several files.
-    let two = sorted_records(&pcapng, &["--workers", "2"], "same-pcapng-2.csv");
-    assert_eq!(two, a);
-    let (pcap, pcapng) = (pcap.to_str().unwrap(), pcapng.to_str().unwrap());
-    for inputs in [&["-i", pcapng][..], &["-i", pcap, "-i", pcap]] {
-        let args = [&["flows", "--read-ahead", "chunks", "--csv", "-"], inputs].concat();
-        refused(&args, "--read-ahead chunks reads one classic pcap file");
+    // Several workers read pcapng in chunks (auto, with the interfaces each chunk's records
+    // need carried from chunk to chunk), or through one reader thread.
+    for (layout, name) in [
+        (&["--workers", "2"][..], "same-pcapng-2.csv"),
+        (
+            &["--workers", "3", "--read-ahead", "chunks"],
+            "same-pcapng-3.csv",
+        ),
+        (
+            &["--workers", "2", "--read-ahead", "on"],
+            "same-pcapng-2-on.csv",
+        ),
+    ] {
+        assert_eq!(sorted_records(&pcapng, layout, name), a, "{layout:?}");
     }
+    // Chunks of several files are refused with the way out.
+    let (pcap, pcapng) = (pcap.to_str().unwrap(), pcapng.to_str().unwrap());
+    let args = ["flows", "--read-ahead", "chunks", "--csv", "-"];
+    let inputs = ["-i", pcap, "-i", pcapng];
+    refused(
+        &[&args[..], &inputs].concat(),
+        "--read-ahead chunks reads one capture file",
+    );
 }
 
 /// The records do not depend on how the input is read (one worker or several, each worker

@@ -6,6 +6,7 @@ use stateplane_runtime::{RxPacket, RxPort, TxPort};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// One packet read from a capture, borrowed until the next read.
@@ -14,6 +15,16 @@ pub struct Record<'a> {
     pub ts_ns: u64,
     pub data: &'a [u8],
     pub orig_len: u32,
+}
+
+impl<'a> From<Record<'a>> for RxPacket<'a> {
+    fn from(r: Record<'a>) -> Self {
+        RxPacket {
+            data: r.data,
+            orig_len: r.orig_len,
+            ts_ns: r.ts_ns,
+        }
+    }
 }
 
 /// Link type 1, the only one Stateplane reads.
@@ -168,6 +179,43 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> 
     Ok(got)
 }
 
+/// A file read from an offset on, without moving its cursor (so threads can share it).
+pub(crate) struct FileAt<'a>(pub &'a File, pub u64);
+
+impl Read for FileAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.0.read_at(buf, self.1)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+}
+
+/// A capture file of either format, opened to be read in chunks by several workers at
+/// once ([`stateplane_runtime::ChunkedFile`]).
+pub enum ChunkedCapture {
+    Pcap(pcap::PcapFile),
+    Pcapng(pcapng::PcapngFile),
+}
+
+impl ChunkedCapture {
+    /// Opens `path`, whose format it detects from the first four bytes, and checks its
+    /// file or section header.
+    pub fn open(path: &Path) -> Result<Self, CaptureError> {
+        let mut file = File::open(path)?;
+        let mut magic = [0u8; 4];
+        let got = read_full(&mut file, &mut magic)?;
+        if got < magic.len() {
+            return Err(CaptureError::TooShort { bytes: got as u64 });
+        }
+        let name = path.display().to_string();
+        Ok(if pcapng::is_magic(magic) {
+            ChunkedCapture::Pcapng(pcapng::PcapngFile::after_magic(file, magic, name)?)
+        } else {
+            ChunkedCapture::Pcap(pcap::PcapFile::after_magic(file, magic, name)?)
+        })
+    }
+}
+
 /// A capture-file reader of either format.
 pub enum CaptureReader<R: BufRead> {
     Pcap(pcap::PcapReader<R>),
@@ -238,11 +286,7 @@ impl RxPort for FileRx {
     }
 
     fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
-        Ok(self.reader.next_record()?.map(|r| RxPacket {
-            data: r.data,
-            orig_len: r.orig_len,
-            ts_ns: r.ts_ns,
-        }))
+        Ok(self.reader.next_record()?.map(RxPacket::from))
     }
 }
 
@@ -368,5 +412,89 @@ mod tests {
                 .starts_with("not a pcap or pcapng file (it starts with 0x68656c6c)"),
             "{text}"
         );
+    }
+}
+
+/// Reading a capture in chunks against reading it as a stream, for the formats' tests.
+#[cfg(test)]
+pub(crate) mod chunked_vs_streamed {
+    use super::*;
+    use stateplane_runtime::ChunkedFile;
+
+    /// What reading met: the packets (time, data, length on the wire), and the error that
+    /// stopped it (opening included).
+    pub type Met = (Vec<(u64, Vec<u8>, u32)>, Option<String>);
+
+    pub fn streamed(bytes: &[u8]) -> Met {
+        let mut met: Met = (Vec::new(), None);
+        let mut reader = match CaptureReader::new(bytes) {
+            Ok(reader) => reader,
+            Err(e) => return (met.0, Some(e.to_string())),
+        };
+        loop {
+            match reader.next_record() {
+                Ok(Some(r)) => met.0.push((r.ts_ns, r.data.to_vec(), r.orig_len)),
+                Ok(None) => return met,
+                Err(e) => return (met.0, Some(e.to_string())),
+            }
+        }
+    }
+
+    /// Reads `file` as the workers do: chunks of `chunk` bytes from where the last one's
+    /// whole records ended, with the context carried over (a chunk too small for a record
+    /// grows).
+    pub fn chunked<F: ChunkedFile>(file: &F, chunk: usize) -> Met {
+        let mut met: Met = (Vec::new(), None);
+        let (mut offset, mut context) = file.first_record();
+        let mut buf = vec![0; chunk];
+        loop {
+            let n = match file.read_at(offset, &mut buf) {
+                Ok(n) => n,
+                Err(e) => return (met.0, Some(e.to_string())),
+            };
+            let at_end = n < buf.len();
+            let mut at = 0;
+            loop {
+                let at_byte = offset + at as u64;
+                match file.record(&buf[at..n], at_byte, at_end, &mut context) {
+                    Ok(Some(record)) => {
+                        if let Some(p) = record.packet {
+                            met.0.push((p.ts_ns, p.data.to_vec(), p.orig_len));
+                        }
+                        at += record.len;
+                    }
+                    Ok(None) => break,
+                    Err(e) => return (met.0, Some(e.to_string())),
+                }
+            }
+            match (at_end, at) {
+                (true, _) => return met,
+                (false, 0) => buf.resize(buf.len() * 2, 0),
+                (false, _) => offset += at as u64,
+            }
+        }
+    }
+
+    /// Reads `bytes`, whole and cut at every byte, in chunks of several sizes and as a
+    /// stream: the same packets, and the same error at the same byte.
+    pub fn assert_same_at_every_cut(bytes: &[u8]) {
+        let path = std::env::temp_dir().join(format!(
+            "chunked-{}-{:?}.cap",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        for cut in 0..=bytes.len() {
+            let streamed = streamed(&bytes[..cut]);
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            for chunk in [13, 100, bytes.len().max(1)] {
+                let met = match ChunkedCapture::open(&path) {
+                    Ok(ChunkedCapture::Pcap(file)) => chunked(&file, chunk),
+                    Ok(ChunkedCapture::Pcapng(file)) => chunked(&file, chunk),
+                    Err(e) => (Vec::new(), Some(e.to_string())),
+                };
+                assert_eq!(met, streamed, "cut at {cut}, chunks of {chunk}");
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 }

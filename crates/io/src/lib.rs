@@ -17,5 +17,7 @@ pub mod pcap;
 pub mod pcapng;
 pub mod replay;
 
-pub use capture::{CaptureError, CaptureFormat, CaptureReader, CaptureWriter, Record};
+pub use capture::{
+    CaptureError, CaptureFormat, CaptureReader, CaptureWriter, ChunkedCapture, Record,
+};
 pub use replay::{ReplayQueue, ReplayTrace};

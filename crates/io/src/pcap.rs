@@ -1,12 +1,12 @@
 //! Classic pcap files: a 24-byte file header, then a 16-byte header per record.
 //! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
 
-use crate::capture::{CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full};
-use stateplane_runtime::{ChunkedFile, RxPacket};
+use crate::capture::{
+    CaptureError, Endian, FileAt, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full,
+};
+use stateplane_runtime::{ChunkedFile, FileRecord};
 use std::fs::File;
 use std::io::{self, BufRead, Write};
-use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 const MAGIC_MICRO: u32 = 0xa1b2_c3d4;
 const MAGIC_NANO: u32 = 0xa1b2_3c4d;
@@ -202,33 +202,27 @@ pub struct PcapFile {
 }
 
 impl PcapFile {
-    /// Opens `path` for chunked reading; `None` when it is a pcapng file, whose records
-    /// depend on the interface blocks before them and so are read in one stream.
-    pub fn open(path: &Path) -> Result<Option<PcapFile>, CaptureError> {
-        let mut file = File::open(path)?;
-        let mut magic = [0u8; 4];
-        let got = read_full(&mut file, &mut magic)?;
-        if got < magic.len() {
-            return Err(CaptureError::TooShort { bytes: got as u64 });
-        }
-        if crate::pcapng::is_magic(magic) {
-            return Ok(None);
-        }
-        Ok(Some(PcapFile {
+    /// Opens `file`, named `name`, whose magic (already read) is not pcapng's, for chunked
+    /// reading; its file header is checked here.
+    pub fn after_magic(mut file: File, magic: [u8; 4], name: String) -> Result<Self, CaptureError> {
+        Ok(PcapFile {
             format: Format::after_magic(&mut file, magic)?,
-            name: path.display().to_string(),
+            name,
             file,
-        }))
+        })
     }
 }
 
 impl ChunkedFile for PcapFile {
+    /// Every record of a classic pcap file reads alike (the file header said how).
+    type Context = ();
+
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn first_record(&self) -> u64 {
-        FILE_HEADER_LEN as u64
+    fn first_record(&self) -> (u64, ()) {
+        (FILE_HEADER_LEN as u64, ())
     }
 
     fn max_record_len(&self) -> usize {
@@ -244,30 +238,16 @@ impl ChunkedFile for PcapFile {
         bytes: &'a [u8],
         at_byte: u64,
         at_end: bool,
-    ) -> io::Result<Option<(RxPacket<'a>, usize)>> {
+        _: &mut (),
+    ) -> io::Result<Option<FileRecord<'a>>> {
         let record = self.format.record(bytes, at_byte)?;
         if record.is_none() && at_end && !bytes.is_empty() {
             return Err(CaptureError::Truncated { at_byte }.into());
         }
-        Ok(record.map(|(r, len)| {
-            let packet = RxPacket {
-                data: r.data,
-                orig_len: r.orig_len,
-                ts_ns: r.ts_ns,
-            };
-            (packet, len)
+        Ok(record.map(|(r, len)| FileRecord {
+            packet: Some(r.into()),
+            len,
         }))
-    }
-}
-
-/// A file read from an offset on, without moving its cursor (so threads can share it).
-struct FileAt<'a>(&'a File, u64);
-
-impl io::Read for FileAt<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.0.read_at(buf, self.1)?;
-        self.1 += n as u64;
-        Ok(n)
     }
 }
 
@@ -425,52 +405,14 @@ mod tests {
     }
 
     /// Chunked reading walks a file (whole or cut anywhere) to the records, the end or the
-    /// error of streamed reading, the error at the same byte; pcapng is left to the stream.
+    /// error of streamed reading, the error at the same byte.
     #[test]
     fn chunked_reading_meets_what_streamed_reading_meets() {
-        type Walk = (Vec<(u64, Vec<u8>)>, Option<String>);
         let mut w = PcapWriter::new(Vec::new(), true).unwrap();
         for (ts, d) in packets() {
             w.write(ts, &d, d.len() as u32).unwrap();
         }
-        let bytes = w.into_inner();
-        let path = std::env::temp_dir().join(format!("chunked-{}.pcap", std::process::id()));
-        for cut in 24..=bytes.len() {
-            let mut streamed: Walk = (Vec::new(), None);
-            let mut r = PcapReader::new(&bytes[..cut]).unwrap();
-            loop {
-                match r.next_record() {
-                    Ok(Some(rec)) => streamed.0.push((rec.ts_ns, rec.data.to_vec())),
-                    Ok(None) => break,
-                    Err(e) => break streamed.1 = Some(e.to_string()),
-                }
-            }
-            std::fs::write(&path, &bytes[..cut]).unwrap();
-            let file = PcapFile::open(&path).unwrap().unwrap();
-            let mut buf = vec![0; bytes.len()];
-            let n = file.read_at(file.first_record(), &mut buf).unwrap();
-            let (mut chunked, mut at): (Walk, usize) = ((Vec::new(), None), 0);
-            loop {
-                let at_byte = file.first_record() + at as u64;
-                match file.record(&buf[at..n], at_byte, true) {
-                    Ok(Some((p, len))) => {
-                        chunked.0.push((p.ts_ns, p.data.to_vec()));
-                        at += len;
-                    }
-                    Ok(None) => break,
-                    Err(e) => break chunked.1 = Some(e.to_string()),
-                }
-            }
-            assert_eq!(chunked, streamed, "cut at {cut}");
-        }
-        let mut ng = crate::pcapng::PcapngWriter::new(Vec::new()).unwrap();
-        ng.write(1, &[0; 60], 60).unwrap();
-        std::fs::write(&path, ng.into_inner()).unwrap();
-        assert!(
-            PcapFile::open(&path).unwrap().is_none(),
-            "pcapng is not chunked"
-        );
-        std::fs::remove_file(&path).unwrap();
+        crate::capture::chunked_vs_streamed::assert_same_at_every_cut(&w.into_inner());
     }
 
     proptest! {

@@ -5,8 +5,8 @@
 //!
 //! Chunk `k` is read by worker `k % N`. A chunk is the whole records in one read of
 //! `chunk_bytes` from where the chunk before it ended. Its reader walks it first and passes
-//! on where the next chunk starts (with the packet count and the input's clock there), then
-//! parses it, so the next chunk's reader starts while this one parses. Parsing sorts the
+//! on where the next chunk starts (with the packet count, the input's clock, and the
+//! format's context there, such as the pcapng interfaces described so far), then parses it, so the next chunk's reader starts while this one parses. Parsing sorts the
 //! chunk's packets into one share per worker, by flow hash (the dispatcher's [`shard_of`]).
 //!
 //! Each worker processes the shares of chunks 0, 1, 2, ... in that order, its own and the
@@ -46,9 +46,11 @@ pub const CHUNK_BYTES: usize = 256 << 10;
 const AHEAD: usize = 2;
 
 /// Where a chunk starts, passed from each chunk's reader to the next one's.
-#[derive(Debug, Clone, Copy)]
-struct ChunkStart {
+#[derive(Debug, Clone)]
+struct ChunkStart<C> {
     offset: u64,
+    /// The format's context there (what its records need from the ones before).
+    context: C,
     /// The input sequence number of the chunk's first packet.
     seq: u64,
     /// The input's clock before the chunk: the latest timestamp of the chunks before it.
@@ -56,16 +58,16 @@ struct ChunkStart {
 }
 
 /// A chunk's start, or `None` once the input has ended before it.
-type Start = Option<ChunkStart>;
+type Start<C> = Option<ChunkStart<C>>;
 
 /// One worker's packets of one chunk, in file order, or `None` where the input ended.
 type Share = Option<Vec<Burst>>;
 
 /// How the workers of one file reach each other.
-struct Channels {
+struct Channels<C> {
     /// Chunk starts, from the reader of each chunk to the next one's.
-    starts: Receiver<Start>,
-    next_reader: Sender<Start>,
+    starts: Receiver<Start<C>>,
+    next_reader: Sender<Start<C>>,
     /// Shares from each worker (this one's own entry stays unused), and to each.
     shares_in: Vec<Receiver<Share>>,
     shares_out: Vec<Sender<Share>>,
@@ -76,7 +78,7 @@ struct Channels {
 
 /// A worker's source of bursts from a capture file read in chunks by all the workers (see
 /// the module doc).
-pub struct ChunkShard<F> {
+pub struct ChunkShard<F: ChunkedFile> {
     worker: usize,
     workers: usize,
     file: Arc<F>,
@@ -84,7 +86,7 @@ pub struct ChunkShard<F> {
     hasher: FlowHasher,
     burst_size: usize,
     chunk_bytes: usize,
-    channels: Channels,
+    channels: Channels<F::Context>,
     /// The chunk whose share is processed next.
     next_chunk: u64,
     /// The share being handed out, and the worker its bursts go back to.
@@ -126,8 +128,10 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         let (share_tx, share_rx): (Vec<Vec<_>>, Vec<Vec<_>>) = (0..workers)
             .map(|_| (0..workers).map(|_| unbounded::<Share>()).unzip())
             .unzip();
+        let (offset, context) = file.first_record();
         let first = ChunkStart {
-            offset: file.first_record(),
+            offset,
+            context,
             seq: 0,
             clock_ns: 0,
         };
@@ -181,7 +185,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             return;
         };
         let mut buf = std::mem::take(&mut self.buf);
-        let (walked, next) = self.walk(&mut buf, start);
+        let (walked, next) = self.walk(&mut buf, &start);
         let _ = self.channels.next_reader.send(next);
         self.parse(&buf[..walked], start);
         buf.truncate(self.chunk_bytes);
@@ -201,7 +205,11 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
     /// Reads the chunk at `start` into `buf` and walks its records: how many bytes of
     /// whole records it holds, and where the next chunk starts (`None` if the input ends
     /// in this one, or cannot be read past a fault in it, which is kept as an error).
-    fn walk(&mut self, buf: &mut Vec<u8>, start: ChunkStart) -> (usize, Start) {
+    fn walk(
+        &mut self,
+        buf: &mut Vec<u8>,
+        start: &ChunkStart<F::Context>,
+    ) -> (usize, Start<F::Context>) {
         let read = match self.file.read_at(start.offset, buf) {
             Ok(n) => n,
             Err(e) => return (0, self.fault(e)),
@@ -209,15 +217,18 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         let at_end = read < buf.len();
         let bytes = &buf[..read];
         let (mut walked, mut packets, mut clock_ns) = (0, 0, start.clock_ns);
+        let mut context = start.context.clone();
         loop {
             let at_byte = start.offset + walked as u64;
-            match self.file.record(&bytes[walked..], at_byte, at_end) {
-                Ok(Some((packet, len))) => {
-                    walked += len;
-                    packets += 1;
-                    clock_ns = clock_ns.max(packet.ts_ns);
+            match (self.file).record(&bytes[walked..], at_byte, at_end, &mut context) {
+                Ok(Some(record)) => {
+                    walked += record.len;
+                    if let Some(packet) = record.packet {
+                        packets += 1;
+                        clock_ns = clock_ns.max(packet.ts_ns);
+                    }
                 }
-                Ok(None) if at_end || packets > 0 => break,
+                Ok(None) if at_end || walked > 0 => break,
                 Ok(None) => {
                     // A record longer than a chunk: read it whole (chunks are kept small
                     // to stay in the core's cache; records that long are rare).
@@ -235,6 +246,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         }
         let next = ChunkStart {
             offset: start.offset + walked as u64,
+            context,
             seq: start.seq + packets,
             clock_ns,
         };
@@ -242,18 +254,24 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
     }
 
     /// Keeps `e` as the input's error, where it stops: no chunk starts after this one.
-    fn fault(&mut self, e: impl std::fmt::Display) -> Start {
+    fn fault(&mut self, e: impl std::fmt::Display) -> Start<F::Context> {
         self.errors
             .push(format!("reading {}: {e}", self.file.name()));
         None
     }
 
     /// Parses the walked records `bytes` of the chunk at `start` into each worker's share.
-    fn parse(&mut self, bytes: &[u8], start: ChunkStart) {
+    fn parse(&mut self, bytes: &[u8], start: ChunkStart<F::Context>) {
         let (mut at, mut seq, mut clock_ns) = (0, start.seq, start.clock_ns);
+        let mut context = start.context;
         let at_byte = |at: usize| start.offset + at as u64;
-        while let Ok(Some((packet, len))) = self.file.record(&bytes[at..], at_byte(at), false) {
-            at += len;
+        while let Ok(Some(record)) =
+            (self.file).record(&bytes[at..], at_byte(at), false, &mut context)
+        {
+            at += record.len;
+            let Some(packet) = record.packet else {
+                continue;
+            };
             clock_ns = clock_ns.max(packet.ts_ns);
             if let Some(parsed) =
                 ingress::parse(&packet, self.port, &self.hasher, Some(&mut self.stats))

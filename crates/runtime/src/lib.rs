@@ -28,7 +28,7 @@ pub mod worker;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
-pub use port::{ChunkedFile, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
+pub use port::{ChunkedFile, FileRecord, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
 pub use stats::{Counter, SharedStats, Stats};
 pub use tap::{Tap, TapFactory};

@@ -25,24 +25,39 @@ pub trait RxPort: Send {
 /// A capture file that several threads read at once, each a chunk of whole records at a
 /// time, by positioned reads (no shared cursor). Only the format knows where a record
 /// ends, so a chunk's reader finds where the next chunk starts by walking its records.
+/// Where a record's meaning depends on the records before it (a pcapng packet on the
+/// interfaces described earlier in its section), the format keeps that in a `Context`,
+/// which the walk carries from each chunk to the next.
 pub trait ChunkedFile: Send + Sync {
+    /// What reading a record needs to know from the records before it.
+    type Context: Clone + Send;
     fn name(&self) -> &str;
-    /// Where the first record starts.
-    fn first_record(&self) -> u64;
+    /// Where the first record starts, and the context there.
+    fn first_record(&self) -> (u64, Self::Context);
     /// The most bytes one record can take in the file: a read of that many always holds
     /// a whole record, unless the file ends first.
     fn max_record_len(&self) -> usize;
     /// Reads into `buf` from `offset`; fewer bytes than `buf.len()` only at the file's end.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
-    /// The record at the start of `bytes`, which lie at `at_byte` in the file, and its
-    /// length in the file; `None` when `bytes` are empty or hold less than all of it, which
-    /// is an error instead when they run to the file's end (`at_end`): a file cut short.
+    /// The record at the start of `bytes`, which lie at `at_byte` in the file, read in
+    /// `context` (which it updates to the context after it); `None` when `bytes` are empty
+    /// or hold less than all of it, which is an error instead when they run to the file's
+    /// end (`at_end`): a file cut short. `context` changes only when a record is returned.
     fn record<'a>(
         &self,
         bytes: &'a [u8],
         at_byte: u64,
         at_end: bool,
-    ) -> io::Result<Option<(RxPacket<'a>, usize)>>;
+        context: &mut Self::Context,
+    ) -> io::Result<Option<FileRecord<'a>>>;
+}
+
+/// A record of a [`ChunkedFile`]: its length in the file, and its packet if it holds one
+/// (a pcapng interface description or statistics block holds none).
+#[derive(Debug, Clone, Copy)]
+pub struct FileRecord<'a> {
+    pub packet: Option<RxPacket<'a>>,
+    pub len: usize,
 }
 
 /// A sink of packets.

@@ -12,8 +12,8 @@ use stateplane_runtime::pipeline::{
     run_sharded,
 };
 use stateplane_runtime::{
-    Burst, ChunkedFile, Context, Counter, Program, ProgramFactory, RxPacket, RxPort, TxPort,
-    Verdict,
+    Burst, ChunkedFile, Context, Counter, FileRecord, Program, ProgramFactory, RxPacket, RxPort,
+    TxPort, Verdict,
 };
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::HashMap;
@@ -40,18 +40,28 @@ impl RxPort for MemRx {
 }
 
 /// A file in memory for [`ChunkShard`]: records of an 8-byte timestamp, a 4-byte length
-/// and the packet, little-endian, after a 4-byte file header.
+/// and the packet, little-endian, after a 4-byte file header. Every `NOTE_EVERY` packets
+/// comes a note (length `NOTE`, no packet), and the timestamps after it are stored less
+/// the notes before them, as pcapng's depend on its interface blocks: read with the wrong
+/// context (the notes so far), a packet's timestamp comes out wrong.
 struct MemFile {
     bytes: Vec<u8>,
 }
 
 impl MemFile {
     const HEADER: usize = 12;
+    const NOTE: u32 = u32::MAX;
+    const NOTE_EVERY: usize = 37;
 
     fn new(packets: &[(u64, Vec<u8>)]) -> Arc<MemFile> {
         let mut bytes = b"MEM!".to_vec();
-        for (ts, data) in packets {
-            bytes.extend_from_slice(&ts.to_le_bytes());
+        for (i, (ts, data)) in packets.iter().enumerate() {
+            let notes = (i / Self::NOTE_EVERY) as u64;
+            if i > 0 && i % Self::NOTE_EVERY == 0 {
+                bytes.extend_from_slice(&0u64.to_le_bytes());
+                bytes.extend_from_slice(&Self::NOTE.to_le_bytes());
+            }
+            bytes.extend_from_slice(&ts.wrapping_sub(notes).to_le_bytes());
             bytes.extend_from_slice(&(data.len() as u32).to_le_bytes());
             bytes.extend_from_slice(data);
         }
@@ -60,11 +70,14 @@ impl MemFile {
 }
 
 impl ChunkedFile for MemFile {
+    /// The notes so far.
+    type Context = u64;
+
     fn name(&self) -> &str {
         "memory"
     }
-    fn first_record(&self) -> u64 {
-        4
+    fn first_record(&self) -> (u64, u64) {
+        (4, 0)
     }
     fn max_record_len(&self) -> usize {
         Self::HEADER + stateplane_runtime::MAX_FRAME + 1
@@ -80,17 +93,26 @@ impl ChunkedFile for MemFile {
         bytes: &'a [u8],
         at_byte: u64,
         at_end: bool,
-    ) -> std::io::Result<Option<(RxPacket<'a>, usize)>> {
+        notes: &mut u64,
+    ) -> std::io::Result<Option<FileRecord<'a>>> {
         let whole = bytes.get(..Self::HEADER).and_then(|h| {
-            let len = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
-            let data = bytes.get(Self::HEADER..Self::HEADER + len)?;
-            let ts_ns = u64::from_le_bytes(h[..8].try_into().unwrap());
-            let packet = RxPacket {
+            let len = u32::from_le_bytes(h[8..12].try_into().unwrap());
+            if len == Self::NOTE {
+                *notes += 1;
+                let (packet, len) = (None, Self::HEADER);
+                return Some(FileRecord { packet, len });
+            }
+            let data = bytes.get(Self::HEADER..Self::HEADER + len as usize)?;
+            let ts_ns = u64::from_le_bytes(h[..8].try_into().unwrap()).wrapping_add(*notes);
+            let packet = Some(RxPacket {
                 data,
-                orig_len: len as u32,
+                orig_len: len,
                 ts_ns,
-            };
-            Some((packet, Self::HEADER + len))
+            });
+            Some(FileRecord {
+                packet,
+                len: Self::HEADER + data.len(),
+            })
         });
         if whole.is_none() && at_end && !bytes.is_empty() {
             return Err(std::io::Error::other(format!(
@@ -118,11 +140,13 @@ impl TxPort for Collect {
 }
 
 /// Records which worker saw each flow (test-only: a lock per burst is fine here), and
-/// counts as a conflict too a packet that reaches its worker before one read ahead of it.
+/// counts as a conflict too a packet that reaches its worker before one read ahead of it,
+/// or with another timestamp than the input's (`ts_by_seq`, where given).
 struct Recorder {
     seen: Arc<Mutex<HashMap<FlowKey, usize>>>,
     conflicts: Arc<Mutex<u64>>,
     last_seq: Option<u64>,
+    ts_by_seq: Option<Arc<Vec<u64>>>,
 }
 
 impl Program for Recorder {
@@ -130,8 +154,11 @@ impl Program for Recorder {
         let mut seen = self.seen.lock().unwrap();
         for d in burst.descs_mut() {
             let out_of_order = self.last_seq.is_some_and(|last| d.seq <= last);
+            let mistimed = (self.ts_by_seq.as_ref())
+                .is_some_and(|ts| ts.get(d.seq as usize) != Some(&d.ts_ns));
             self.last_seq = Some(d.seq);
-            if *seen.entry(d.parsed.key).or_insert(ctx.worker) != ctx.worker || out_of_order {
+            let moved = *seen.entry(d.parsed.key).or_insert(ctx.worker) != ctx.worker;
+            if moved || out_of_order || mistimed {
                 *self.conflicts.lock().unwrap() += 1;
             }
             d.verdict = Verdict::Forward(1);
@@ -141,8 +168,10 @@ impl Program for Recorder {
 
 type Seen = Arc<Mutex<HashMap<FlowKey, usize>>>;
 
-/// A program that records which worker saw each flow, with what it records.
-fn recorder() -> (ProgramFactory, Seen, Arc<Mutex<u64>>) {
+/// A program that records which worker saw each flow, with what it records; it checks the
+/// timestamps against `packets`' where given.
+fn recorder(packets: Option<&[(u64, Vec<u8>)]>) -> (ProgramFactory, Seen, Arc<Mutex<u64>>) {
+    let ts_by_seq = packets.map(|p| Arc::new(p.iter().map(|(ts, _)| *ts).collect::<Vec<_>>()));
     let seen: Seen = Arc::new(Mutex::new(HashMap::new()));
     let conflicts = Arc::new(Mutex::new(0));
     let (s, c) = (seen.clone(), conflicts.clone());
@@ -151,6 +180,7 @@ fn recorder() -> (ProgramFactory, Seen, Arc<Mutex<u64>>) {
             seen: s.clone(),
             conflicts: c.clone(),
             last_seq: None,
+            ts_by_seq: ts_by_seq.clone(),
         })
     });
     (factory, seen, conflicts)
@@ -176,7 +206,7 @@ fn run(
     burst: usize,
     stop_early: bool,
 ) -> (Vec<u64>, u64, u64, Vec<u64>, usize) {
-    let (factory, seen, conflicts) = recorder();
+    let (factory, seen, conflicts) = recorder(None);
     let out = Collect::default();
     let ports = OfflinePorts {
         rx: vec![(
@@ -278,7 +308,7 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         (2, false, false, true),
         (3, false, false, true),
     ] {
-        let (factory, _, conflicts) = recorder();
+        let (factory, _, conflicts) = recorder(Some(&packets));
         let cfg = RuntimeConfig {
             workers,
             burst_size: 32,
@@ -322,7 +352,8 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         assert_eq!(
             *conflicts.lock().unwrap(),
             0,
-            "a flow reached two workers, or a worker's packets came out of order"
+            "a flow reached two workers, or a worker's packets came out of order or \
+             with another timestamp"
         );
         // Received: every packet once, the malformed and the oversize one included, each
         // of those counted once whatever the number of workers.
