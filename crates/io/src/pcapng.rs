@@ -13,7 +13,7 @@ use crate::capture::{
 };
 use stateplane_runtime::{ChunkedFile, FileRecord, RxPacket};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Write};
 
 const SHB: u32 = 0x0a0d_0d0a;
 const IDB: u32 = 1;
@@ -231,16 +231,20 @@ impl Section {
     }
 }
 
-/// Reads a pcapng stream block by block.
-pub struct PcapngReader<R: Read> {
+/// Reads a pcapng stream block by block: in place from `r`'s buffer when a whole block is
+/// there (nearly always with a large buffer), through a copy only when one straddles the
+/// buffer's end.
+pub struct PcapngReader<R: BufRead> {
     r: R,
     section: Section,
-    /// The block read last, whole.
+    /// A block that straddled the end of `r`'s buffer, whole.
     block: Vec<u8>,
+    /// Bytes of `r`'s buffer lent out as the last packet: consumed at the next read.
+    lent: usize,
     at_byte: u64,
 }
 
-impl<R: Read> PcapngReader<R> {
+impl<R: BufRead> PcapngReader<R> {
     /// Continues after the caller has read the section header block's type (the magic).
     pub fn after_magic(r: R, magic: [u8; 4]) -> Result<Self, CaptureError> {
         if !is_magic(magic) {
@@ -252,6 +256,7 @@ impl<R: Read> PcapngReader<R> {
             r,
             section: Section::default(),
             block: magic.to_vec(),
+            lent: 0,
             at_byte: 0,
         };
         if !reader.read_block(magic.len())? {
@@ -290,19 +295,48 @@ impl<R: Read> PcapngReader<R> {
     }
 
     pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
-        let found = loop {
-            if !self.read_block(0)? {
+        self.r.consume(std::mem::take(&mut self.lent));
+        let (found, in_place) = loop {
+            let at_byte = self.at_byte;
+            let buffered = self.r.fill_buf()?;
+            if buffered.is_empty() {
                 return Ok(None);
             }
-            let at_byte = self.at_byte;
-            self.at_byte += self.block.len() as u64;
-            if let Some(found) = self.section.read(&self.block, at_byte)? {
-                break found;
+            let whole = match buffered.first_chunk() {
+                Some(head) => {
+                    let len = block_len(head, self.section.endian, at_byte)?;
+                    buffered.get(..len)
+                }
+                None => None,
+            };
+            if let Some(block) = whole {
+                let (len, found) = (block.len(), self.section.read(block, at_byte)?);
+                self.at_byte += len as u64;
+                match found {
+                    Some(found) => {
+                        self.lent = len;
+                        break (found, true);
+                    }
+                    None => self.r.consume(len),
+                }
+            } else if self.read_block(0)? {
+                self.at_byte += self.block.len() as u64;
+                if let Some(found) = self.section.read(&self.block, at_byte)? {
+                    break (found, false);
+                }
             }
         };
+        let data = if in_place {
+            // The same bytes again: `fill_buf` reads nothing while some are buffered.
+            self.r.fill_buf()?
+        } else {
+            &self.block
+        };
+        let data = (data.get(found.start..found.start + found.caplen))
+            .ok_or_else(|| io::Error::other("the reader's buffer shrank unread"))?;
         Ok(Some(Record {
             ts_ns: found.ts_ns,
-            data: &self.block[found.start..found.start + found.caplen],
+            data,
             orig_len: found.orig_len,
         }))
     }
@@ -319,7 +353,7 @@ impl PcapngFile {
     /// Opens `file`, named `name`, whose magic (already read) is pcapng's, for chunked
     /// reading; its section header is checked here, as the streaming reader does.
     pub fn after_magic(mut file: File, magic: [u8; 4], name: String) -> Result<Self, CaptureError> {
-        PcapngReader::after_magic(&mut file, magic)?;
+        PcapngReader::after_magic(io::BufReader::new(&mut file), magic)?;
         Ok(PcapngFile { name, file })
     }
 }
@@ -609,6 +643,30 @@ mod tests {
             (7, vec![6; 30], 30),
         ];
         assert_eq!(got, want);
+    }
+
+    /// Blocks are read in place from the stream's buffer when whole in it, through a copy
+    /// when they straddle its end: the same packets either way, with buffers of any size.
+    #[test]
+    fn blocks_straddling_the_buffer_read_the_same_as_blocks_in_it() {
+        let bytes = varied();
+        let read_all = |capacity: usize| {
+            let mut magic = [0u8; 4];
+            magic.copy_from_slice(&bytes[..4]);
+            let buffered = std::io::BufReader::with_capacity(capacity, &bytes[4..]);
+            let mut r = PcapngReader::after_magic(buffered, magic).unwrap();
+            let mut got = Vec::new();
+            while let Some(rec) = r.next_record().unwrap() {
+                got.push((rec.ts_ns, rec.data.to_vec(), r.bytes_read()));
+            }
+            got
+        };
+        let in_place = read_all(bytes.len());
+        assert_eq!(in_place.len(), 6);
+        assert_eq!(in_place.last().unwrap().2, bytes.len() as u64);
+        for capacity in [1, 7, 11, 12, 13, 40, 100, 101, 1000] {
+            assert_eq!(read_all(capacity), in_place, "buffer of {capacity} bytes");
+        }
     }
 
     /// Chunked reading carries each chunk's section (byte order, interfaces, last time) to
