@@ -40,7 +40,8 @@ drained() {
 
 # case name, gen arguments, flows arguments
 run_case() {
-  local name=$1 gen=$2 extra=$3
+  local name=$1 gen=$2 extra=$3 gso=false
+  [[ " $extra " == *" --ipfix-gso "* ]] && gso=true
   echo "-- $name"
   local dir="$work/$name" port
   mkdir -p "$dir/nf"
@@ -85,6 +86,15 @@ print(s["records"], s["packets"], s["bytes"], s["sinks"][0]["messages"])' "$dir/
   [ "$got_packets" = "$want_packets" ] || fail "$name: packets differ"
   [ "$got_bytes" = "$want_bytes" ] || fail "$name: bytes differ"
   [ "$seqfail" = 0 ] || fail "$name: sequence failures"
+  if $gso; then
+    # A capture on the sending host holds each send before the kernel cuts it, so tshark
+    # would see oversized packets: here the capture shows that sends carried several
+    # messages each, and nfdump above that the collector got every one of them.
+    local sends; sends=$(tcpdump -r "$dir/export.pcap" 2>/dev/null | wc -l)
+    echo "   capture:    $sends sends for $messages messages (UDP segmentation offload; tshark not run on it)"
+    [ "$sends" -gt 0 ] && [ "$sends" -lt "$messages" ] || fail "$name: no send carried several messages"
+    return
+  fi
   local decoded bad
   decoded=$(tshark -r "$dir/export.pcap" -d "udp.port==$port,cflow" -Y cflow 2>/dev/null | wc -l)
   bad=$(tshark -r "$dir/export.pcap" -d "udp.port==$port,cflow" -T fields -e _ws.malformed -e _ws.expert 2>/dev/null | grep -c '[^[:space:]]' || true)
@@ -99,4 +109,5 @@ print(s["records"], s["packets"], s["bytes"], s["sinks"][0]["messages"])' "$dir/
 run_case ipv4 "internet --packets 300000 --ipv6-share 0" ""
 run_case ipv6 "internet --packets 200000 --ipv6-share 1" "--features all"
 run_case mixed-biflow "internet --packets 300000 --ipv6-share 0.3" "--biflow --features all --workers 2"
+run_case mixed-gso "internet --packets 300000 --ipv6-share 0.2" "--ipfix-gso --ipfix-rate 0 --workers 2"
 echo "collectors: nfdump and tshark agree with stateplane flows"

@@ -246,6 +246,10 @@ impl TemplateRefresh {
 }
 
 /// Turns flow records into IPFIX messages for one observation domain.
+///
+/// Each message holds the records of one address family, or the templates alone, so that
+/// full messages of a family are all the same size: a UDP sender can then hand the kernel
+/// many at once to cut into datagrams (generic segmentation offload).
 pub struct Encoder {
     domain: u32,
     max_message: usize,
@@ -258,14 +262,34 @@ pub struct Encoder {
     refresh: TemplateRefresh,
     messages_since_templates: Option<u32>,
     templates_sent_s: u64,
-    buf: Vec<u8>,
-    /// Where the open data set starts and which template it is for.
-    open_set: Option<(usize, u16)>,
-    records_in_message: u32,
+    /// The message being filled for each family (IPv4, IPv6), the full ones waiting to go
+    /// out at the end of the `encode` call, and emptied ones to fill again.
+    open: [Message; 2],
+    full: [Vec<Message>; 2],
+    spare: Vec<Message>,
     export_s: u32,
     pub messages: u64,
     pub records: u64,
 }
+
+/// A message being filled: empty, or its header and one data set (whose header is at
+/// `SET_AT`) with `records` records.
+struct Message {
+    buf: Vec<u8>,
+    records: u32,
+}
+
+impl Message {
+    fn new(capacity: usize) -> Message {
+        Message {
+            buf: Vec::with_capacity(capacity),
+            records: 0,
+        }
+    }
+}
+
+/// Where a message's only set starts: after the header.
+const SET_AT: usize = HEADER_LEN;
 
 impl Encoder {
     /// An encoder whose messages are at most `max_message` bytes (e.g. 1,400 for UDP on
@@ -282,9 +306,11 @@ impl Encoder {
             template_fields(features, true, biflow),
         ];
         let len = |t: &[Field]| t.iter().map(|f| usize::from(f.len)).sum();
+        let max_message = max_message.clamp(512, 65_535);
+
         Encoder {
             domain,
-            max_message: max_message.clamp(512, 65_535),
+            max_message,
             sequence: 0,
             record_len: [len(&templates[0]), len(&templates[1])],
             templates,
@@ -293,9 +319,9 @@ impl Encoder {
             refresh,
             messages_since_templates: None,
             templates_sent_s: 0,
-            buf: Vec::with_capacity(max_message),
-            open_set: None,
-            records_in_message: 0,
+            open: [Message::new(max_message), Message::new(max_message)],
+            full: [Vec::new(), Vec::new()],
+            spare: Vec::new(),
             export_s: 0,
             messages: 0,
             records: 0,
@@ -314,50 +340,74 @@ impl Encoder {
     }
 
     /// Encodes `records` exported at `export_s` (seconds since the epoch), handing each
-    /// finished message to `emit`; the last, partly filled message waits for more records
-    /// or [`Encoder::finish`].
+    /// finished message to `emit`: those of IPv4, then those of IPv6, so that a sender
+    /// meets long runs of one size. The last, partly filled message of each family waits
+    /// for more records or [`Encoder::finish`].
     pub fn encode(&mut self, records: &[FlowRecord], export_s: u32, emit: &mut dyn FnMut(&[u8])) {
         self.export_s = export_s;
         for r in records {
             let v6 = usize::from(r.key.ip_version == 6);
-            let template = TEMPLATE_V4 + v6 as u16;
-            let need = self.record_len[v6]
-                + if self.open_set.map(|s| s.1) == Some(template) {
-                    0
-                } else {
-                    SET_HEADER_LEN
-                };
-            if !self.buf.is_empty() && self.buf.len() + need > self.max_message {
-                self.finish(emit);
+            let open = &self.open[v6].buf;
+            if !open.is_empty() && open.len() + self.record_len[v6] > self.max_message {
+                let spare = self
+                    .spare
+                    .pop()
+                    .unwrap_or_else(|| Message::new(self.max_message));
+                let full = std::mem::replace(&mut self.open[v6], spare);
+                self.full[v6].push(full);
             }
-            if self.buf.is_empty() {
-                self.start_message();
+            if self.open[v6].buf.is_empty() {
+                self.start_message(v6);
             }
-            if self.open_set.map(|s| s.1) != Some(template) {
-                self.close_set();
-                self.open_set = Some((self.buf.len(), template));
-                self.buf.extend_from_slice(&template.to_be_bytes());
-                self.buf.extend_from_slice(&[0, 0]);
+            self.write_record(r, v6);
+        }
+        for family in 0..2 {
+            for mut m in std::mem::take(&mut self.full[family]) {
+                self.send(&mut m, emit);
+                self.spare.push(m);
             }
-            self.write_record(r, v6 == 1);
-            self.records_in_message += 1;
         }
     }
 
-    /// Sends the partly filled message, if any.
+    /// Sends the partly filled messages, if any.
     pub fn finish(&mut self, emit: &mut dyn FnMut(&[u8])) {
-        if self.buf.is_empty() {
+        for family in 0..2 {
+            let mut m = std::mem::replace(&mut self.open[family], Message::new(0));
+            self.send(&mut m, emit);
+            self.open[family] = m;
+        }
+    }
+
+    /// Sends `m` if it holds anything (and empties it), after the templates if they are
+    /// due (in a message of their own, so that they go out before any data that uses
+    /// them, whichever family's message fills first). Its sequence number is filled in
+    /// here, so that the numbers follow the order messages go out in.
+    fn send(&mut self, m: &mut Message, emit: &mut dyn FnMut(&[u8])) {
+        if m.buf.is_empty() {
             return;
         }
-        self.close_set();
-        let len = self.buf.len() as u16;
-        self.buf[2..4].copy_from_slice(&len.to_be_bytes());
-        emit(&self.buf);
+        if self.templates_due() {
+            self.send_templates(emit);
+        }
+        if let Some(n) = &mut self.messages_since_templates {
+            *n += 1;
+        }
+        let set_len = (m.buf.len() - SET_AT) as u16;
+        m.buf[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
+        Self::seal(&mut m.buf, self.sequence);
+        emit(&m.buf);
         self.messages += 1;
-        self.records += u64::from(self.records_in_message);
-        self.sequence = self.sequence.wrapping_add(self.records_in_message);
-        self.records_in_message = 0;
-        self.buf.clear();
+        self.records += u64::from(m.records);
+        self.sequence = self.sequence.wrapping_add(m.records);
+        m.records = 0;
+        m.buf.clear();
+    }
+
+    /// Fills in a finished message's length and sequence number.
+    fn seal(message: &mut [u8], sequence: u32) {
+        let len = message.len() as u16;
+        message[2..4].copy_from_slice(&len.to_be_bytes());
+        message[8..12].copy_from_slice(&sequence.to_be_bytes());
     }
 
     fn templates_due(&self) -> bool {
@@ -373,51 +423,59 @@ impl Encoder {
         }
     }
 
-    fn start_message(&mut self) {
-        let due = self.templates_due();
-        let b = &mut self.buf;
+    /// Sends a message of the templates alone.
+    fn send_templates(&mut self, emit: &mut dyn FnMut(&[u8])) {
+        let mut b = Vec::with_capacity(self.max_message);
+        self.write_header(&mut b);
+        b.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
+        for (id, fields) in [TEMPLATE_V4, TEMPLATE_V6].iter().zip(&self.templates) {
+            b.extend_from_slice(&id.to_be_bytes());
+            b.extend_from_slice(&(fields.len() as u16).to_be_bytes());
+            for f in fields {
+                let id = if f.pen != 0 { f.id | 0x8000 } else { f.id };
+                b.extend_from_slice(&id.to_be_bytes());
+                b.extend_from_slice(&f.len.to_be_bytes());
+                if f.pen != 0 {
+                    b.extend_from_slice(&f.pen.to_be_bytes());
+                }
+            }
+        }
+        let set_len = (b.len() - SET_AT) as u16;
+        b[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
+        Self::seal(&mut b, self.sequence);
+        emit(&b);
+        self.messages += 1;
+        self.messages_since_templates = Some(0);
+        self.templates_sent_s = u64::from(self.export_s);
+    }
+
+    /// A message header; its length and sequence number are filled in when it is sent.
+    fn write_header(&self, b: &mut Vec<u8>) {
         b.extend_from_slice(&VERSION.to_be_bytes());
         b.extend_from_slice(&[0, 0]);
         b.extend_from_slice(&self.export_s.to_be_bytes());
-        b.extend_from_slice(&self.sequence.to_be_bytes());
+        b.extend_from_slice(&[0; 4]);
         b.extend_from_slice(&self.domain.to_be_bytes());
-        if due {
-            let start = b.len();
-            b.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
-            b.extend_from_slice(&[0, 0]);
-            for (id, fields) in [TEMPLATE_V4, TEMPLATE_V6].iter().zip(&self.templates) {
-                b.extend_from_slice(&id.to_be_bytes());
-                b.extend_from_slice(&(fields.len() as u16).to_be_bytes());
-                for f in fields {
-                    let id = if f.pen != 0 { f.id | 0x8000 } else { f.id };
-                    b.extend_from_slice(&id.to_be_bytes());
-                    b.extend_from_slice(&f.len.to_be_bytes());
-                    if f.pen != 0 {
-                        b.extend_from_slice(&f.pen.to_be_bytes());
-                    }
-                }
-            }
-            let len = (b.len() - start) as u16;
-            b[start + 2..start + 4].copy_from_slice(&len.to_be_bytes());
-            self.messages_since_templates = Some(0);
-            self.templates_sent_s = u64::from(self.export_s);
-        } else if let Some(n) = &mut self.messages_since_templates {
-            *n += 1;
-        }
     }
 
-    fn close_set(&mut self) {
-        if let Some((start, _)) = self.open_set.take() {
-            let len = (self.buf.len() - start) as u16;
-            self.buf[start + 2..start + 4].copy_from_slice(&len.to_be_bytes());
-        }
+    /// Starts the message of `family`: the header and the family's data set header.
+    fn start_message(&mut self, family: usize) {
+        let mut b = std::mem::take(&mut self.open[family].buf);
+        self.write_header(&mut b);
+        let template = TEMPLATE_V4 + family as u16;
+        b.extend_from_slice(&template.to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
+        self.open[family].buf = b;
     }
 
-    fn write_record(&mut self, r: &FlowRecord, v6: bool) {
+    /// Appends `r` to the open data set of its family (`v6`: 0 or 1).
+    fn write_record(&mut self, r: &FlowRecord, v6: usize) {
         let f = self.features;
-        let b = &mut self.buf;
+        self.open[v6].records += 1;
+        let b = &mut self.open[v6].buf;
         let k = &r.key;
-        if v6 {
+        if v6 == 1 {
             b.extend_from_slice(&k.src);
             b.extend_from_slice(&k.dst);
         } else {
@@ -744,7 +802,15 @@ mod tests {
             .collect();
         let back = round_trip(Features::ALL, false, &records);
         assert_eq!(back.len(), records.len());
-        for (a, b) in records.iter().zip(&back) {
+        // Each message holds one family: within a family, records keep their order.
+        let family = |rs: &[FlowRecord], v: u8| -> Vec<FlowRecord> {
+            rs.iter()
+                .filter(|r| r.key.ip_version == v)
+                .cloned()
+                .collect()
+        };
+        let pairs = [4, 6].map(|v| (family(&records, v), family(&back, v)));
+        for (a, b) in pairs.iter().flat_map(|(a, b)| a.iter().zip(b)) {
             assert_eq!(a.key, b.key);
             let (x, y) = (&a.forward, &b.forward);
             assert_eq!(
@@ -774,6 +840,49 @@ mod tests {
         assert_eq!(bi[1].reverse, None);
     }
 
+    /// Each message holds one family; the full ones of a family are all the same size, and
+    /// one `encode` call hands out its IPv4 messages, then its IPv6 ones: long runs of one
+    /// size for a sender to hand the kernel at once.
+    #[test]
+    fn full_messages_of_a_family_are_one_size_and_come_in_runs() {
+        let v4 = FlowKey::v4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            6,
+            1,
+            2,
+        );
+        let v6 = FlowKey::v6(
+            "2001:db8::1".parse::<Ipv6Addr>().unwrap(),
+            "2001:db8::2".parse::<Ipv6Addr>().unwrap(),
+            6,
+            1,
+            2,
+        );
+        let records: Vec<FlowRecord> = (0..5_000u64)
+            .map(|i| record(if i % 5 == 0 { v6 } else { v4 }, 1, false))
+            .collect();
+        let mut enc = Encoder::new(7, Features::DEFAULT, false, 1400, TemplateRefresh::UDP);
+        let mut msgs = Vec::new();
+        enc.encode(&records, 1, &mut |m| msgs.push(m.to_vec()));
+        let set_id = |m: &Vec<u8>| u16::from_be_bytes([m[16], m[17]]);
+        let ids: Vec<u16> = msgs.iter().map(set_id).collect();
+        let runs = ids.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(ids[0], TEMPLATE_SET_ID);
+        assert_eq!(runs, 2, "templates, then IPv4, then IPv6: {ids:?}");
+        for template in [TEMPLATE_V4, TEMPLATE_V6] {
+            let sizes: Vec<usize> = (msgs.iter())
+                .filter(|m| set_id(m) == template)
+                .map(Vec::len)
+                .collect();
+            assert!(sizes.len() > 5, "{sizes:?}");
+            assert!(
+                sizes.iter().all(|&n| n == sizes[0] && n <= 1400),
+                "{sizes:?}"
+            );
+        }
+    }
+
     #[test]
     fn templates_are_refreshed_and_errors_named() {
         let key = FlowKey::v4(
@@ -792,14 +901,18 @@ mod tests {
         enc.encode(&vec![record(key, 1, false); 100], 5, &mut |m| {
             msgs.push(m.to_vec())
         });
-        let with_templates = msgs
-            .iter()
-            .filter(|m| m[16..18] == TEMPLATE_SET_ID.to_be_bytes())
-            .count();
+        // The templates in messages of their own, first, then again after every third
+        // data message.
+        let kinds: String = (msgs.iter())
+            .map(|m| match m[16..18] == TEMPLATE_SET_ID.to_be_bytes() {
+                true => 'T',
+                false => 'D',
+            })
+            .collect();
+        assert!(kinds.len() > 10, "{kinds}");
         assert!(
-            msgs.len() > 6 && with_templates == msgs.len().div_ceil(4),
-            "{with_templates} of {}",
-            msgs.len()
+            kinds.starts_with("TDDDTDDDT") && !kinds.contains("DDDD") && !kinds.contains("TT"),
+            "{kinds}"
         );
         let mut dec = Decoder::default();
         assert_eq!(

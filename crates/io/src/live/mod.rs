@@ -5,11 +5,11 @@
 //! the errors a user can act on (no such interface, not permitted).
 //!
 //! Must never: block a worker except in the runtime's idle wait, or panic on what the
-//! kernel hands over; `unsafe` lives in the private `sys` module only.
+//! kernel hands over; `unsafe` lives in the crate-private `sys` module only.
 
 pub mod afpacket;
 pub mod afxdp;
-mod sys;
+pub(crate) mod sys;
 
 pub use sys::{interface_up, poll_readable};
 

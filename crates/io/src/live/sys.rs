@@ -27,7 +27,7 @@ pub fn socket(domain: i32, kind: i32, protocol: i32) -> io::Result<OwnedFd> {
 }
 
 /// Sets a socket option whose value is the plain-data `value`.
-pub fn setsockopt<T: Copy>(fd: &OwnedFd, level: i32, name: i32, value: &T) -> io::Result<()> {
+pub fn setsockopt<T: Copy>(fd: &impl AsRawFd, level: i32, name: i32, value: &T) -> io::Result<()> {
     // SAFETY: the pointer and length describe `value`, a live `Copy` (plain data) value that
     // the kernel only reads.
     let rc = unsafe {
