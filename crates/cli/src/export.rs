@@ -327,11 +327,17 @@ impl UdpOut {
         }
     }
 
-    /// Holds `message` for the next send, sending what is held first if it cannot join.
+    /// Sends `message`, or with segmentation offload holds it for the next send (sending
+    /// what is held first if it cannot join).
     fn push(&mut self, message: &[u8]) -> std::io::Result<()> {
         if let Some(wait) = self.pacer.delay() {
             self.flush()?;
             std::thread::sleep(wait);
+        }
+        if !self.gso {
+            Self::send(&self.socket, message)?;
+            self.count(1, message.len());
+            return Ok(());
         }
         let joins = self.segments > 0
             && !self.tail
@@ -366,11 +372,17 @@ impl UdpOut {
         } else {
             self.send_each()
         };
-        self.sent_messages += self.segments as u64;
-        self.sent_bytes += self.pending.len() as u64;
+        if sent.is_ok() {
+            self.count(self.segments, self.pending.len());
+        }
         self.pending.clear();
         self.segments = 0;
         sent
+    }
+
+    fn count(&mut self, messages: usize, bytes: usize) {
+        self.sent_messages += messages as u64;
+        self.sent_bytes += bytes as u64;
     }
 
     /// Sets the socket's segment size for the messages held: theirs for several, and for
