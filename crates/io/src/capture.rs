@@ -142,26 +142,41 @@ impl Endian {
         }
     }
 
-    /// The `N` bytes at `at`, in big-endian order (the caller checked the length).
-    fn bytes<const N: usize>(self, b: &[u8], at: usize) -> [u8; N] {
+    /// The `N` bytes at `at`, as stored (the caller checked the length).
+    fn bytes<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
         let mut v = [0u8; N];
         v.copy_from_slice(&b[at..at + N]);
-        if self == Endian::Little {
-            v.reverse();
-        }
         v
     }
 
+    // Each reads the stored order and swaps for a big-endian file: one load and at most
+    // one byte swap per field (reversing the bytes first cost a loop per field in the
+    // per-record path).
     pub fn u16(self, b: &[u8], at: usize) -> u16 {
-        u16::from_be_bytes(self.bytes(b, at))
+        let v = u16::from_le_bytes(Self::bytes(b, at));
+        if self == Endian::Big {
+            v.swap_bytes()
+        } else {
+            v
+        }
     }
 
     pub fn u32(self, b: &[u8], at: usize) -> u32 {
-        u32::from_be_bytes(self.bytes(b, at))
+        let v = u32::from_le_bytes(Self::bytes(b, at));
+        if self == Endian::Big {
+            v.swap_bytes()
+        } else {
+            v
+        }
     }
 
     pub fn i64(self, b: &[u8], at: usize) -> i64 {
-        i64::from_be_bytes(self.bytes(b, at))
+        let v = i64::from_le_bytes(Self::bytes(b, at));
+        if self == Endian::Big {
+            v.swap_bytes()
+        } else {
+            v
+        }
     }
 }
 
