@@ -40,7 +40,38 @@ struct Interface {
     units_per_sec: u64,
     /// Seconds added to every timestamp.
     offset_secs: i64,
+    /// Nanoseconds per unit where that is a whole number and there is no offset (the
+    /// common case: micro- or nanoseconds), else 0.
+    ns_per_unit: u64,
     snaplen: u32,
+}
+
+impl Interface {
+    fn new(snaplen: u32, units_per_sec: u64, offset_secs: i64) -> Interface {
+        let per_unit = 1_000_000_000u64.checked_div(units_per_sec);
+        let whole = per_unit.filter(|&p| p * units_per_sec == 1_000_000_000);
+        Interface {
+            units_per_sec,
+            offset_secs,
+            ns_per_unit: whole.filter(|_| offset_secs == 0).unwrap_or(0),
+            snaplen,
+        }
+    }
+
+    /// A raw timestamp in nanoseconds since the epoch (0 before it, the most a u64 holds
+    /// past it).
+    fn ns(&self, raw: u64) -> u64 {
+        // The common case in one multiplication, where the general one divides 128-bit
+        // numbers (a library call per packet).
+        if self.ns_per_unit != 0
+            && let Some(ns) = raw.checked_mul(self.ns_per_unit)
+        {
+            return ns;
+        }
+        let ns = u128::from(raw) * 1_000_000_000 / u128::from(self.units_per_sec.max(1));
+        (ns as i128 + i128::from(self.offset_secs) * 1_000_000_000).clamp(0, i128::from(u64::MAX))
+            as u64
+    }
 }
 
 /// What the blocks before a point of a pcapng file say about the blocks after it.
@@ -102,9 +133,11 @@ impl Section {
     fn read(&mut self, block: &[u8], at_byte: u64) -> Result<Option<Found>, CaptureError> {
         let corrupt = |what| CaptureError::Corrupt { at_byte, what };
         let total = block.len();
-        if is_magic([block[0], block[1], block[2], block[3]]) {
+        let head: &[u8; BLOCK_HEAD_LEN] =
+            (block.first_chunk()).ok_or(corrupt("block too short"))?;
+        if is_magic([head[0], head[1], head[2], head[3]]) {
             // `block_len` has checked the byte-order magic.
-            let magic = [block[8], block[9], block[10], block[11]];
+            let magic = [head[8], head[9], head[10], head[11]];
             self.endian = Endian::of(magic, BYTE_ORDER_MAGIC).unwrap_or(self.endian);
             self.interfaces.clear();
         }
@@ -137,11 +170,7 @@ impl Section {
         if linktype != LINKTYPE_ETHERNET {
             return Err(CaptureError::UnsupportedLinkType { linktype });
         }
-        let mut iface = Interface {
-            units_per_sec: 1_000_000,
-            offset_secs: 0,
-            snaplen: self.endian.u32(b, 4),
-        };
+        let (mut units_per_sec, mut offset_secs) = (1_000_000, 0);
         let mut at = 8;
         while at + 4 <= b.len() {
             let code = self.endian.u16(b, at);
@@ -153,24 +182,25 @@ impl Section {
                 OPT_IF_TSRESOL if len == 1 => {
                     let v = value[0];
                     let exp = u32::from(v & 0x7f);
-                    iface.units_per_sec = if v & 0x80 == 0 {
+                    units_per_sec = if v & 0x80 == 0 {
                         10u64.checked_pow(exp)
                     } else {
                         2u64.checked_pow(exp)
                     }
                     .ok_or_else(|| corrupt("if_tsresol beyond 64 bits"))?;
                 }
-                OPT_IF_TSOFFSET if len == 8 => iface.offset_secs = self.endian.i64(value, 0),
+                OPT_IF_TSOFFSET if len == 8 => offset_secs = self.endian.i64(value, 0),
                 _ => {}
             }
             at += 4 + len.next_multiple_of(4);
         }
-        self.interfaces.push(iface);
+        let snaplen = self.endian.u32(b, 4);
+        (self.interfaces).push(Interface::new(snaplen, units_per_sec, offset_secs));
         Ok(())
     }
 
-    fn interface(&self, id: u32, at_byte: u64) -> Result<Interface, CaptureError> {
-        (self.interfaces.get(id as usize).copied()).ok_or(CaptureError::Corrupt {
+    fn interface(&self, id: u32, at_byte: u64) -> Result<&Interface, CaptureError> {
+        (self.interfaces.get(id as usize)).ok_or(CaptureError::Corrupt {
             at_byte,
             what: "packet on an interface that was never described",
         })
@@ -196,9 +226,7 @@ impl Section {
         if b.len() < DATA_AT + caplen {
             return Err(corrupt("packet data runs past its block"));
         }
-        let ns = u128::from(raw) * 1_000_000_000 / u128::from(iface.units_per_sec.max(1));
-        let ts_ns = (ns as i128 + i128::from(iface.offset_secs) * 1_000_000_000)
-            .clamp(0, i128::from(u64::MAX)) as u64;
+        let ts_ns = iface.ns(raw);
         Ok(Found {
             start: DATA_AT,
             caplen,
@@ -574,11 +602,27 @@ mod tests {
         }
         /// An Ethernet interface, with its timestamp resolution option if given.
         fn interface(&mut self, snaplen: u32, tsresol: Option<u8>) {
+            self.interface_offset(snaplen, tsresol, None);
+        }
+        /// An Ethernet interface with its resolution and offset options, where given.
+        fn interface_offset(&mut self, snaplen: u32, tsresol: Option<u8>, offset: Option<i64>) {
             let mut body = [&self.u16(1)[..], &self.u16(0), &self.u32(snaplen)].concat();
             if let Some(r) = tsresol {
                 body.extend_from_slice(
                     &[&self.u16(OPT_IF_TSRESOL)[..], &self.u16(1), &[r, 0, 0, 0]].concat(),
                 );
+            }
+            if let Some(secs) = offset {
+                let v = if self.big {
+                    secs.to_be_bytes()
+                } else {
+                    secs.to_le_bytes()
+                };
+                body.extend_from_slice(
+                    &[&self.u16(OPT_IF_TSOFFSET)[..], &self.u16(8), &v].concat(),
+                );
+            }
+            if tsresol.is_some() || offset.is_some() {
                 body.extend_from_slice(&[0; 4]);
             }
             self.block(IDB, &body);
@@ -674,6 +718,30 @@ mod tests {
     #[test]
     fn chunked_reading_meets_what_streamed_reading_meets() {
         crate::capture::chunked_vs_streamed::assert_same_at_every_cut(&varied());
+    }
+
+    /// Timestamps in any resolution (powers of ten and of two) and with an offset, each
+    /// in nanoseconds since the epoch; none before it, and none past what a u64 holds.
+    #[test]
+    fn timestamps_of_every_resolution_and_offset() {
+        let mut b = Blocks {
+            big: false,
+            bytes: Vec::new(),
+        };
+        b.section(false);
+        b.interface_offset(0, Some(3), None); // milliseconds
+        b.interface_offset(0, Some(0x80 | 10), Some(10)); // 1/1024 s, 10 s later
+        b.interface_offset(0, Some(9), Some(-5)); // nanoseconds, 5 s earlier
+        b.interface_offset(0, Some(9), Some(2)); // nanoseconds, 2 s later
+        b.enhanced(0, 1_500, &[1; 20], 20);
+        b.enhanced(1, 1_536, &[1; 20], 20);
+        b.enhanced(2, 7, &[1; 20], 20);
+        b.enhanced(3, u64::MAX, &[1; 20], 20);
+        b.enhanced(0, u64::MAX / 10, &[1; 20], 20);
+        let got: Vec<u64> = read(&b.bytes).unwrap().iter().map(|p| p.0).collect();
+        let ms = u128::from(u64::MAX / 10) * 1_000_000;
+        let want_last = u64::try_from(ms).unwrap_or(u64::MAX);
+        assert_eq!(got, [1_500_000_000, 11_500_000_000, 0, u64::MAX, want_last]);
     }
 
     #[test]
