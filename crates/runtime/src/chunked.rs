@@ -6,8 +6,10 @@
 //! Chunk `k` is read by worker `k % N`. A chunk is the whole records in one read of
 //! `chunk_bytes` from where the chunk before it ended. Its reader walks it first and passes
 //! on where the next chunk starts (with the packet count, the input's clock, and the
-//! format's context there, such as the pcapng interfaces described so far), then parses it, so the next chunk's reader starts while this one parses. Parsing sorts the
-//! chunk's packets into one share per worker, by flow hash (the dispatcher's [`shard_of`]).
+//! format's context there, such as the pcapng interfaces described so far), so the next
+//! chunk's reader starts while this one parses. Parsing takes the packets the walk found
+//! (it does not read their records again) and sorts them into one share per worker, by
+//! flow hash (the dispatcher's [`shard_of`]).
 //!
 //! Each worker processes the shares of chunks 0, 1, 2, ... in that order, its own and the
 //! others', so each flow's packets reach their worker in file order, as from the
@@ -25,7 +27,7 @@
 
 use crate::burst::Burst;
 use crate::pipeline::{BurstSource, RunHandle, ingress};
-use crate::port::ChunkedFile;
+use crate::port::{ChunkedFile, RxPacket};
 use crate::program::PortId;
 use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender, unbounded};
@@ -55,6 +57,16 @@ struct ChunkStart<C> {
     seq: u64,
     /// The input's clock before the chunk: the latest timestamp of the chunks before it.
     clock_ns: u64,
+}
+
+/// A packet the walk of a chunk found: where its data lies in the chunk, its length on the
+/// wire and its time, so that parsing the chunk does not read its record again.
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    at: usize,
+    len: usize,
+    orig_len: u32,
+    ts_ns: u64,
 }
 
 /// A chunk's start, or `None` once the input has ended before it.
@@ -98,8 +110,10 @@ pub struct ChunkShard<F: ChunkedFile> {
     next_read: Option<u64>,
     /// Whether the input's end has been handed out.
     done: bool,
-    /// What this worker's chunks hold: the records in `buf`, their shares.
+    /// What this worker's chunks hold: the records in `buf`, the packets among them, their
+    /// shares.
     buf: Vec<u8>,
+    walked: Vec<Walked>,
     building: Vec<Vec<Burst>>,
     /// What this worker's chunks dropped before any worker, and the errors it met.
     stats: Stats,
@@ -162,6 +176,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                     next_read: Some(w as u64),
                     done: false,
                     buf: vec![0; chunk_bytes],
+                    walked: Vec::new(),
                     building: (0..workers).map(|_| Vec::new()).collect(),
                     stats: Stats::default(),
                     errors: Vec::new(),
@@ -187,7 +202,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         let mut buf = std::mem::take(&mut self.buf);
         let (walked, next) = self.walk(&mut buf, &start);
         let _ = self.channels.next_reader.send(next);
-        self.parse(&buf[..walked], start);
+        self.parse(&buf, &start);
         buf.truncate(self.chunk_bytes);
         self.buf = buf;
         self.input_bytes.fetch_add(walked as u64, Ordering::Relaxed);
@@ -218,6 +233,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         let bytes = &buf[..read];
         let (mut walked, mut packets, mut clock_ns) = (0, 0, start.clock_ns);
         let mut context = start.context.clone();
+        self.walked.clear();
         loop {
             let at_byte = start.offset + walked as u64;
             match (self.file).record(&bytes[walked..], at_byte, at_end, &mut context) {
@@ -226,6 +242,13 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                     if let Some(packet) = record.packet {
                         packets += 1;
                         clock_ns = clock_ns.max(packet.ts_ns);
+                        self.walked.push(Walked {
+                            // The packet's data lies inside `bytes`.
+                            at: packet.data.as_ptr() as usize - bytes.as_ptr() as usize,
+                            len: packet.data.len(),
+                            orig_len: packet.orig_len,
+                            ts_ns: packet.ts_ns,
+                        });
                     }
                 }
                 Ok(None) if at_end || walked > 0 => break,
@@ -260,17 +283,16 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         None
     }
 
-    /// Parses the walked records `bytes` of the chunk at `start` into each worker's share.
-    fn parse(&mut self, bytes: &[u8], start: ChunkStart<F::Context>) {
-        let (mut at, mut seq, mut clock_ns) = (0, start.seq, start.clock_ns);
-        let mut context = start.context;
-        let at_byte = |at: usize| start.offset + at as u64;
-        while let Ok(Some(record)) =
-            (self.file).record(&bytes[at..], at_byte(at), false, &mut context)
-        {
-            at += record.len;
-            let Some(packet) = record.packet else {
-                continue;
+    /// Parses the packets the walk found in the chunk `bytes`, which starts at `start`,
+    /// into each worker's share.
+    fn parse(&mut self, bytes: &[u8], start: &ChunkStart<F::Context>) {
+        let (mut seq, mut clock_ns) = (start.seq, start.clock_ns);
+        let walked = std::mem::take(&mut self.walked);
+        for w in &walked {
+            let packet = RxPacket {
+                data: &bytes[w.at..w.at + w.len],
+                orig_len: w.orig_len,
+                ts_ns: w.ts_ns,
             };
             clock_ns = clock_ns.max(packet.ts_ns);
             if let Some(parsed) =
@@ -283,6 +305,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             }
             seq += 1;
         }
+        self.walked = walked;
         for bursts in &mut self.building {
             if let Some(last) = bursts.last_mut() {
                 last.now_ns = clock_ns;
