@@ -195,13 +195,27 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> 
 }
 
 /// A file read from an offset on, without moving its cursor (so threads can share it).
-pub(crate) struct FileAt<'a>(pub &'a File, pub u64);
+struct FileAt<'a>(&'a File, u64);
 
 impl Read for FileAt<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.0.read_at(buf, self.1)?;
         self.1 += n as u64;
         Ok(n)
+    }
+}
+
+/// Fills `buf` from `offset` of `file` (fewer bytes only at its end): a chunk's read.
+pub(crate) fn read_chunk_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    read_full(&mut FileAt(file, offset), buf)
+}
+
+/// What a chunked reader says when `bytes` (at `at_byte`) hold less than a whole record:
+/// wait for the next chunk, or, where they run to the file's end, a file cut short.
+pub(crate) fn partial_record<T>(bytes: &[u8], at_byte: u64, at_end: bool) -> io::Result<Option<T>> {
+    match at_end && !bytes.is_empty() {
+        true => Err(CaptureError::Truncated { at_byte }.into()),
+        false => Ok(None),
     }
 }
 

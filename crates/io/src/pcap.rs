@@ -2,7 +2,8 @@
 //! Both byte orders and both timestamp resolutions (micro 0xa1b2c3d4, nano 0xa1b23c4d).
 
 use crate::capture::{
-    CaptureError, Endian, FileAt, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full,
+    CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, partial_record, read_chunk_at,
+    read_full,
 };
 use stateplane_runtime::{ChunkedFile, FileRecord};
 use std::fs::File;
@@ -230,7 +231,7 @@ impl ChunkedFile for PcapFile {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_full(&mut FileAt(&self.file, offset), buf)
+        read_chunk_at(&self.file, offset, buf)
     }
 
     fn record<'a>(
@@ -240,14 +241,13 @@ impl ChunkedFile for PcapFile {
         at_end: bool,
         _: &mut (),
     ) -> io::Result<Option<FileRecord<'a>>> {
-        let record = self.format.record(bytes, at_byte)?;
-        if record.is_none() && at_end && !bytes.is_empty() {
-            return Err(CaptureError::Truncated { at_byte }.into());
+        match self.format.record(bytes, at_byte)? {
+            Some((r, len)) => Ok(Some(FileRecord {
+                packet: Some(r.into()),
+                len,
+            })),
+            None => partial_record(bytes, at_byte, at_end),
         }
-        Ok(record.map(|(r, len)| FileRecord {
-            packet: Some(r.into()),
-            len,
-        }))
     }
 }
 

@@ -9,7 +9,8 @@
 //! file in chunks. Both read every block through [`Section::read`].
 
 use crate::capture::{
-    CaptureError, Endian, FileAt, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, read_full,
+    CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, partial_record, read_chunk_at,
+    read_full,
 };
 use stateplane_runtime::{ChunkedFile, FileRecord, RxPacket};
 use std::fs::File;
@@ -402,7 +403,7 @@ impl ChunkedFile for PcapngFile {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_full(&mut FileAt(&self.file, offset), buf)
+        read_chunk_at(&self.file, offset, buf)
     }
 
     fn record<'a>(
@@ -412,16 +413,12 @@ impl ChunkedFile for PcapngFile {
         at_end: bool,
         section: &mut Section,
     ) -> io::Result<Option<FileRecord<'a>>> {
-        let cut = || match at_end && !bytes.is_empty() {
-            true => Err(CaptureError::Truncated { at_byte }.into()),
-            false => Ok(None),
-        };
         let Some(head) = bytes.first_chunk() else {
-            return cut();
+            return partial_record(bytes, at_byte, at_end);
         };
         let len = block_len(head, section.endian, at_byte)?;
         let Some(block) = bytes.get(..len) else {
-            return cut();
+            return partial_record(bytes, at_byte, at_end);
         };
         let packet = section.read(block, at_byte)?.map(|found| RxPacket {
             data: &block[found.start..found.start + found.caplen],
