@@ -149,33 +149,26 @@ impl Endian {
         v
     }
 
-    // Each reads the stored order and swaps for a big-endian file: one load and at most
-    // one byte swap per field (reversing the bytes first cost a loop per field in the
-    // per-record path).
+    // One load and at most one byte swap per field (reversing the bytes first cost a
+    // loop per field on the per-record path).
     pub fn u16(self, b: &[u8], at: usize) -> u16 {
-        let v = u16::from_le_bytes(Self::bytes(b, at));
-        if self == Endian::Big {
-            v.swap_bytes()
-        } else {
-            v
+        match self {
+            Endian::Little => u16::from_le_bytes(Self::bytes(b, at)),
+            Endian::Big => u16::from_be_bytes(Self::bytes(b, at)),
         }
     }
 
     pub fn u32(self, b: &[u8], at: usize) -> u32 {
-        let v = u32::from_le_bytes(Self::bytes(b, at));
-        if self == Endian::Big {
-            v.swap_bytes()
-        } else {
-            v
+        match self {
+            Endian::Little => u32::from_le_bytes(Self::bytes(b, at)),
+            Endian::Big => u32::from_be_bytes(Self::bytes(b, at)),
         }
     }
 
     pub fn i64(self, b: &[u8], at: usize) -> i64 {
-        let v = i64::from_le_bytes(Self::bytes(b, at));
-        if self == Endian::Big {
-            v.swap_bytes()
-        } else {
-            v
+        match self {
+            Endian::Little => i64::from_le_bytes(Self::bytes(b, at)),
+            Endian::Big => i64::from_be_bytes(Self::bytes(b, at)),
         }
     }
 }
@@ -192,6 +185,16 @@ pub(crate) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> 
         }
     }
     Ok(got)
+}
+
+/// A capture's first four bytes, which say its format; too few is an error of its own.
+fn read_magic(r: &mut impl Read) -> Result<[u8; 4], CaptureError> {
+    let mut magic = [0u8; 4];
+    let got = read_full(r, &mut magic)?;
+    if got < magic.len() {
+        return Err(CaptureError::TooShort { bytes: got as u64 });
+    }
+    Ok(magic)
 }
 
 /// A file read from an offset on, without moving its cursor (so threads can share it).
@@ -231,11 +234,7 @@ impl ChunkedCapture {
     /// file or section header.
     pub fn open(path: &Path) -> Result<Self, CaptureError> {
         let mut file = File::open(path)?;
-        let mut magic = [0u8; 4];
-        let got = read_full(&mut file, &mut magic)?;
-        if got < magic.len() {
-            return Err(CaptureError::TooShort { bytes: got as u64 });
-        }
+        let magic = read_magic(&mut file)?;
         let name = path.display().to_string();
         Ok(if pcapng::is_magic(magic) {
             ChunkedCapture::Pcapng(pcapng::PcapngFile::after_magic(file, magic, name)?)
@@ -254,11 +253,7 @@ pub enum CaptureReader<R: BufRead> {
 impl<R: BufRead> CaptureReader<R> {
     /// Detects the format from the first four bytes.
     pub fn new(mut r: R) -> Result<Self, CaptureError> {
-        let mut magic = [0u8; 4];
-        let got = read_full(&mut r, &mut magic)?;
-        if got < 4 {
-            return Err(CaptureError::TooShort { bytes: got as u64 });
-        }
+        let magic = read_magic(&mut r)?;
         if pcapng::is_magic(magic) {
             Ok(CaptureReader::Pcapng(pcapng::PcapngReader::after_magic(
                 r, magic,
@@ -502,6 +497,17 @@ pub(crate) mod chunked_vs_streamed {
                 (false, _) => offset += at as u64,
             }
         }
+    }
+
+    /// Reads `bytes` as a stream through a buffer of `capacity` bytes: each packet's time and
+    /// data, and the bytes read once it was returned.
+    pub fn through_buffer(bytes: &[u8], capacity: usize) -> Vec<(u64, Vec<u8>, u64)> {
+        let mut r = CaptureReader::new(BufReader::with_capacity(capacity, bytes)).unwrap();
+        let mut got = Vec::new();
+        while let Some(rec) = r.next_record().unwrap() {
+            got.push((rec.ts_ns, rec.data.to_vec(), r.bytes_read()));
+        }
+        got
     }
 
     /// Reads `bytes`, whole and cut at every byte, in chunks of several sizes and as a

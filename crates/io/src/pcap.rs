@@ -334,15 +334,8 @@ mod tests {
             w.write(ts, &d, d.len() as u32).unwrap();
         }
         let bytes = w.into_inner();
-        let read_all = |capacity: usize| {
-            let mut r =
-                PcapReader::new(std::io::BufReader::with_capacity(capacity, &bytes[..])).unwrap();
-            let mut got = Vec::new();
-            while let Some(rec) = r.next_record().unwrap() {
-                got.push((rec.ts_ns, rec.data.to_vec(), r.bytes_read()));
-            }
-            got
-        };
+        let read_all =
+            |capacity| crate::capture::chunked_vs_streamed::through_buffer(&bytes, capacity);
         let in_place = read_all(bytes.len());
         assert_eq!(in_place.len(), 12);
         assert_eq!(in_place.last().unwrap().2, bytes.len() as u64);

@@ -103,13 +103,14 @@ struct Found {
     ts_ns: u64,
 }
 
-/// The length of the block that starts with `head` (at `at_byte` in the file), checked:
-/// a section header's in the byte order it declares, any other block's in `endian`.
+/// The length of the block that starts with `head` (at `at_byte` in the file), checked,
+/// and the byte order it is written in: a section header's own, which it declares, any
+/// other block's the section's, `endian`.
 fn block_len(
     head: &[u8; BLOCK_HEAD_LEN],
     endian: Endian,
     at_byte: u64,
-) -> Result<usize, CaptureError> {
+) -> Result<(usize, Endian), CaptureError> {
     let corrupt = |what| CaptureError::Corrupt { at_byte, what };
     let (endian, least, what) = if is_magic([head[0], head[1], head[2], head[3]]) {
         let magic = [head[8], head[9], head[10], head[11]];
@@ -123,23 +124,25 @@ fn block_len(
     if !(least..=MAX_BLOCK_LEN).contains(&total) || !total.is_multiple_of(4) {
         return Err(corrupt(what));
     }
-    Ok(total as usize)
+    Ok((total as usize, endian))
 }
 
 impl Section {
-    /// Reads the whole block `block` (its length checked by [`block_len`]), which lies at
-    /// `at_byte` in the file: a section header starts a new section, an interface
-    /// description adds an interface, and a packet block's packet is returned. Other
-    /// blocks (statistics, name resolution, custom) are skipped.
-    fn read(&mut self, block: &[u8], at_byte: u64) -> Result<Option<Found>, CaptureError> {
+    /// Reads the whole block `block`, whose length and byte order `endian` [`block_len`]
+    /// found, and which lies at `at_byte` in the file: a section header starts a new
+    /// section, an interface description adds an interface, and a packet block's packet is
+    /// returned. Other blocks (statistics, name resolution, custom) are skipped.
+    fn read(
+        &mut self,
+        block: &[u8],
+        endian: Endian,
+        at_byte: u64,
+    ) -> Result<Option<Found>, CaptureError> {
         let corrupt = |what| CaptureError::Corrupt { at_byte, what };
         let total = block.len();
-        let head: &[u8; BLOCK_HEAD_LEN] =
-            (block.first_chunk()).ok_or(corrupt("block too short"))?;
-        if is_magic([head[0], head[1], head[2], head[3]]) {
-            // `block_len` has checked the byte-order magic.
-            let magic = [head[8], head[9], head[10], head[11]];
-            self.endian = Endian::of(magic, BYTE_ORDER_MAGIC).unwrap_or(self.endian);
+        if block.first_chunk().is_some_and(|magic| is_magic(*magic)) {
+            // A section header: its own byte order, and no interfaces yet.
+            self.endian = endian;
             self.interfaces.clear();
         }
         if self.endian.u32(block, total - 4) as usize != total {
@@ -288,21 +291,21 @@ impl<R: BufRead> PcapngReader<R> {
             lent: 0,
             at_byte: 0,
         };
-        if !reader.read_block(magic.len())? {
+        let Some(endian) = reader.read_block(magic.len())? else {
             return Err(CaptureError::Truncated { at_byte: 0 });
-        }
-        reader.section.read(&reader.block, 0)?;
+        };
+        reader.section.read(&reader.block, endian, 0)?;
         reader.at_byte = reader.block.len() as u64;
         Ok(reader)
     }
 
     /// Reads the next block whole into `self.block`, whose first `have` bytes are there
-    /// already; `false` at the stream's end.
-    fn read_block(&mut self, have: usize) -> Result<bool, CaptureError> {
+    /// already: the byte order it is written in, or `None` at the stream's end.
+    fn read_block(&mut self, have: usize) -> Result<Option<Endian>, CaptureError> {
         self.block.resize(BLOCK_HEAD_LEN, 0);
         let got = have + read_full(&mut self.r, &mut self.block[have..])?;
         if got == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let truncated = CaptureError::Truncated {
             at_byte: self.at_byte,
@@ -310,12 +313,12 @@ impl<R: BufRead> PcapngReader<R> {
         let Some(head) = self.block.first_chunk().filter(|_| got == BLOCK_HEAD_LEN) else {
             return Err(truncated);
         };
-        let total = block_len(head, self.section.endian, self.at_byte)?;
+        let (total, endian) = block_len(head, self.section.endian, self.at_byte)?;
         self.block.resize(total, 0);
         if read_full(&mut self.r, &mut self.block[BLOCK_HEAD_LEN..])? < total - BLOCK_HEAD_LEN {
             return Err(truncated);
         }
-        Ok(true)
+        Ok(Some(endian))
     }
 
     /// Bytes of the file consumed so far.
@@ -333,13 +336,13 @@ impl<R: BufRead> PcapngReader<R> {
             }
             let whole = match buffered.first_chunk() {
                 Some(head) => {
-                    let len = block_len(head, self.section.endian, at_byte)?;
-                    buffered.get(..len)
+                    let (len, endian) = block_len(head, self.section.endian, at_byte)?;
+                    buffered.get(..len).map(|block| (block, endian))
                 }
                 None => None,
             };
-            if let Some(block) = whole {
-                let (len, found) = (block.len(), self.section.read(block, at_byte)?);
+            if let Some((block, endian)) = whole {
+                let (len, found) = (block.len(), self.section.read(block, endian, at_byte)?);
                 self.at_byte += len as u64;
                 match found {
                     Some(found) => {
@@ -348,9 +351,9 @@ impl<R: BufRead> PcapngReader<R> {
                     }
                     None => self.r.consume(len),
                 }
-            } else if self.read_block(0)? {
+            } else if let Some(endian) = self.read_block(0)? {
                 self.at_byte += self.block.len() as u64;
-                if let Some(found) = self.section.read(&self.block, at_byte)? {
+                if let Some(found) = self.section.read(&self.block, endian, at_byte)? {
                     break (found, false);
                 }
             }
@@ -416,11 +419,11 @@ impl ChunkedFile for PcapngFile {
         let Some(head) = bytes.first_chunk() else {
             return partial_record(bytes, at_byte, at_end);
         };
-        let len = block_len(head, section.endian, at_byte)?;
+        let (len, endian) = block_len(head, section.endian, at_byte)?;
         let Some(block) = bytes.get(..len) else {
             return partial_record(bytes, at_byte, at_end);
         };
-        let packet = section.read(block, at_byte)?.map(|found| RxPacket {
+        let packet = section.read(block, endian, at_byte)?.map(|found| RxPacket {
             data: &block[found.start..found.start + found.caplen],
             orig_len: found.orig_len,
             ts_ns: found.ts_ns,
@@ -691,17 +694,8 @@ mod tests {
     #[test]
     fn blocks_straddling_the_buffer_read_the_same_as_blocks_in_it() {
         let bytes = varied();
-        let read_all = |capacity: usize| {
-            let mut magic = [0u8; 4];
-            magic.copy_from_slice(&bytes[..4]);
-            let buffered = std::io::BufReader::with_capacity(capacity, &bytes[4..]);
-            let mut r = PcapngReader::after_magic(buffered, magic).unwrap();
-            let mut got = Vec::new();
-            while let Some(rec) = r.next_record().unwrap() {
-                got.push((rec.ts_ns, rec.data.to_vec(), r.bytes_read()));
-            }
-            got
-        };
+        let read_all =
+            |capacity| crate::capture::chunked_vs_streamed::through_buffer(&bytes, capacity);
         let in_place = read_all(bytes.len());
         assert_eq!(in_place.len(), 6);
         assert_eq!(in_place.last().unwrap().2, bytes.len() as u64);
