@@ -231,7 +231,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         };
         let at_end = read < buf.len();
         let bytes = &buf[..read];
-        let (mut walked, mut packets, mut clock_ns) = (0, 0, start.clock_ns);
+        let (mut walked, mut clock_ns) = (0, start.clock_ns);
         let mut context = start.context.clone();
         self.walked.clear();
         loop {
@@ -240,7 +240,6 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 Ok(Some(record)) => {
                     walked += record.len;
                     if let Some(packet) = record.packet {
-                        packets += 1;
                         clock_ns = clock_ns.max(packet.ts_ns);
                         self.walked.push(Walked {
                             // The packet's data lies inside `bytes`.
@@ -270,7 +269,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         let next = ChunkStart {
             offset: start.offset + walked as u64,
             context,
-            seq: start.seq + packets,
+            seq: start.seq + self.walked.len() as u64,
             clock_ns,
         };
         (walked, (!at_end).then_some(next))

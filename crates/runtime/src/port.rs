@@ -43,6 +43,7 @@ pub trait ChunkedFile: Send + Sync {
     /// `context` (which it updates to the context after it); `None` when `bytes` are empty
     /// or hold less than all of it, which is an error instead when they run to the file's
     /// end (`at_end`): a file cut short. `context` changes only when a record is returned.
+    /// A packet's data lies within `bytes` (the chunk reader finds it again by its place).
     fn record<'a>(
         &self,
         bytes: &'a [u8],
