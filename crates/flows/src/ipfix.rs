@@ -274,6 +274,7 @@ pub struct Encoder {
 
 /// A message being filled: empty, or its header and one data set (whose header is at
 /// `SET_AT`) with `records` records.
+#[derive(Default)]
 struct Message {
     buf: Vec<u8>,
     records: u32,
@@ -307,7 +308,6 @@ impl Encoder {
         ];
         let len = |t: &[Field]| t.iter().map(|f| usize::from(f.len)).sum();
         let max_message = max_message.clamp(512, 65_535);
-
         Encoder {
             domain,
             max_message,
@@ -362,17 +362,19 @@ impl Encoder {
             self.write_record(r, v6);
         }
         for family in 0..2 {
-            for mut m in std::mem::take(&mut self.full[family]) {
+            let mut full = std::mem::take(&mut self.full[family]);
+            for mut m in full.drain(..) {
                 self.send(&mut m, emit);
                 self.spare.push(m);
             }
+            self.full[family] = full;
         }
     }
 
     /// Sends the partly filled messages, if any.
     pub fn finish(&mut self, emit: &mut dyn FnMut(&[u8])) {
         for family in 0..2 {
-            let mut m = std::mem::replace(&mut self.open[family], Message::new(0));
+            let mut m = std::mem::take(&mut self.open[family]);
             self.send(&mut m, emit);
             self.open[family] = m;
         }
@@ -392,8 +394,6 @@ impl Encoder {
         if let Some(n) = &mut self.messages_since_templates {
             *n += 1;
         }
-        let set_len = (m.buf.len() - SET_AT) as u16;
-        m.buf[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
         Self::seal(&mut m.buf, self.sequence);
         emit(&m.buf);
         self.messages += 1;
@@ -403,11 +403,14 @@ impl Encoder {
         m.buf.clear();
     }
 
-    /// Fills in a finished message's length and sequence number.
+    /// Fills in a finished message's lengths (its own and its one set's, which runs to its
+    /// end) and its sequence number.
     fn seal(message: &mut [u8], sequence: u32) {
         let len = message.len() as u16;
         message[2..4].copy_from_slice(&len.to_be_bytes());
         message[8..12].copy_from_slice(&sequence.to_be_bytes());
+        let set_len = len - SET_AT as u16;
+        message[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
     }
 
     fn templates_due(&self) -> bool {
@@ -441,8 +444,6 @@ impl Encoder {
                 }
             }
         }
-        let set_len = (b.len() - SET_AT) as u16;
-        b[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
         Self::seal(&mut b, self.sequence);
         emit(&b);
         self.messages += 1;
