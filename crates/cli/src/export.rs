@@ -178,12 +178,9 @@ impl Sink {
         }
         let r = match &mut self.out {
             Out::Udp(udp) => udp.push(bytes),
-            Out::Stream(w) => w.write_all(bytes).map(|()| {
-                self.units += 1;
-                self.bytes += bytes.len() as u64;
-            }),
+            Out::Stream(w) => w.write_all(bytes).map(|()| (1, bytes.len())),
         };
-        self.keep_error(r);
+        self.count(r);
     }
 
     /// Sends what a UDP sink holds.
@@ -192,23 +189,19 @@ impl Sink {
             && self.error.is_none()
         {
             let r = udp.flush();
-            self.keep_error(r);
+            self.count(r);
         }
     }
 
-    fn keep_error(&mut self, r: std::io::Result<()>) {
-        if let Err(e) = r
-            && self.error.is_none()
-        {
-            self.error = Some(format!("{}: {e}", self.name));
-        }
-    }
-
-    /// Messages (or lines) and bytes written so far.
-    fn written(&self) -> (u64, u64) {
-        match &self.out {
-            Out::Udp(udp) => (udp.sent_messages, udp.sent_bytes),
-            Out::Stream(_) => (self.units, self.bytes),
+    /// Counts what went out (messages or lines, and bytes), or keeps the first error.
+    fn count(&mut self, r: std::io::Result<Sent>) {
+        match r {
+            Ok((units, bytes)) => {
+                self.units += units as u64;
+                self.bytes += bytes as u64;
+            }
+            Err(e) if self.error.is_none() => self.error = Some(format!("{}: {e}", self.name)),
+            Err(_) => {}
         }
     }
 
@@ -306,9 +299,10 @@ struct UdpOut {
     /// The segment size the socket is set to, and whether the kernel takes one at all.
     socket_segment: Option<usize>,
     gso: bool,
-    sent_messages: u64,
-    sent_bytes: u64,
 }
+
+/// Messages (or lines) and bytes a sink sent by one call.
+type Sent = (usize, usize);
 
 impl UdpOut {
     /// `gso`: send runs of messages at once where the kernel can; else one per send.
@@ -322,22 +316,20 @@ impl UdpOut {
             tail: false,
             socket_segment: None,
             gso,
-            sent_messages: 0,
-            sent_bytes: 0,
         }
     }
 
     /// Sends `message`, or with segmentation offload holds it for the next send (sending
-    /// what is held first if it cannot join).
-    fn push(&mut self, message: &[u8]) -> std::io::Result<()> {
+    /// what is held first if it cannot join): what went out.
+    fn push(&mut self, message: &[u8]) -> std::io::Result<Sent> {
+        let mut sent = (0, 0);
         if let Some(wait) = self.pacer.delay() {
-            self.flush()?;
+            sent = self.flush()?;
             std::thread::sleep(wait);
         }
         if !self.gso {
             Self::send(&self.socket, message)?;
-            self.count(1, message.len());
-            return Ok(());
+            return Ok((sent.0 + 1, sent.1 + message.len()));
         }
         let joins = self.segments > 0
             && !self.tail
@@ -345,19 +337,20 @@ impl UdpOut {
             && self.segments < udp::MAX_SEGMENTS
             && self.pending.len() + message.len() <= udp::MAX_SEND_BYTES;
         if !joins {
-            self.flush()?;
+            let flushed = self.flush()?;
+            sent = (sent.0 + flushed.0, sent.1 + flushed.1);
             self.segment = message.len();
         }
         self.pending.extend_from_slice(message);
         self.segments += 1;
         self.tail = message.len() < self.segment;
-        Ok(())
+        Ok(sent)
     }
 
-    /// Sends the messages held, in one send where the kernel takes it.
-    fn flush(&mut self) -> std::io::Result<()> {
+    /// Sends the messages held, in one send where the kernel takes it: what went out.
+    fn flush(&mut self) -> std::io::Result<Sent> {
         if self.segments == 0 {
-            return Ok(());
+            return Ok((0, 0));
         }
         let sent = if self.gso && self.segment_for_send() {
             match Self::send(&self.socket, &self.pending) {
@@ -372,17 +365,10 @@ impl UdpOut {
         } else {
             self.send_each()
         };
-        if sent.is_ok() {
-            self.count(self.segments, self.pending.len());
-        }
+        let sent = sent.map(|()| (self.segments, self.pending.len()));
         self.pending.clear();
         self.segments = 0;
         sent
-    }
-
-    fn count(&mut self, messages: usize, bytes: usize) {
-        self.sent_messages += messages as u64;
-        self.sent_bytes += bytes as u64;
     }
 
     /// Sets the socket's segment size for the messages held: theirs for several, and for
@@ -506,10 +492,7 @@ impl Exporter {
                 }
                 report.sinks = sinks
                     .into_iter()
-                    .map(|s| {
-                        let (units, bytes) = s.written();
-                        (s.name, units, bytes, s.error)
-                    })
+                    .map(|s| (s.name, s.units, s.bytes, s.error))
                     .collect();
                 report
             })
@@ -575,15 +558,16 @@ mod tests {
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             tx.connect(rx.local_addr().unwrap()).unwrap();
             let mut out = UdpOut::new(tx, 0, gso);
+            let mut sent = 0;
             for (i, m) in messages.iter().enumerate() {
-                out.push(m).unwrap();
+                sent += out.push(m).unwrap().0;
                 // A flush mid-way, as at the end of a batch of records.
                 if i == 8 {
-                    out.flush().unwrap();
+                    sent += out.flush().unwrap().0;
                 }
             }
-            out.flush().unwrap();
-            assert_eq!(out.sent_messages, messages.len() as u64);
+            sent += out.flush().unwrap().0;
+            assert_eq!(sent, messages.len());
             let mut buf = [0u8; 2000];
             for (i, m) in messages.iter().enumerate() {
                 let n = rx.recv(&mut buf).unwrap();
