@@ -285,8 +285,8 @@ impl Pacer {
 
 /// A UDP collector's socket. With segmentation offload asked for, runs of equal-size
 /// messages (the encoder fills each family's messages to the same size) go out in one
-/// send, which the kernel cuts into datagrams (on loopback a sixth of the cost of a send
-/// per message); else, or where the kernel cannot, one send per message.
+/// send, which the kernel cuts into datagrams (on loopback about a quarter of the time
+/// per message: `stateplane-io`'s `udp_gso` example); else, or where the kernel cannot, one send per message.
 struct UdpOut {
     socket: UdpSocket,
     pacer: Pacer,

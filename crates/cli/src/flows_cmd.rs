@@ -172,7 +172,7 @@ pub struct FlowSettings {
     #[arg(long, default_value_t = DEFAULT.mtu)]
     pub mtu: usize,
     /// Hand the kernel runs of equal-size IPFIX messages in one send, to cut into datagrams
-    /// (UDP generic segmentation offload): about a sixth of the CPU per message on
+    /// (UDP generic segmentation offload): about a quarter of the time per message on
     /// loopback. Collectors receive the same datagrams, but a capture taken on this host
     /// (tcpdump on the sending side, or on loopback) shows each send as one oversized
     /// packet, which tshark calls malformed; hence off unless asked for.
