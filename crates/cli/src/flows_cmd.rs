@@ -283,6 +283,7 @@ impl FlowSettings {
             },
             biflow: self.biflow,
             presize: self.presize_flows,
+            extremes: features.needs_extremes(),
             ..StageConfig::default()
         };
         let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();

@@ -309,6 +309,56 @@ fn every_reading_layout_gives_the_same_records() {
     }
 }
 
+/// The default features make the same records whether or not the run also asks for the
+/// extremes (the flow tables keep only totals when it does not), and the extremes are
+/// real when asked for: each within its flow's bounds.
+#[test]
+fn extremes_are_kept_when_asked_for_and_the_rest_is_the_same() {
+    let pcap = tmp("extremes.pcap");
+    generate(30_000, 6, &pcap);
+    let run = |features: &str, name: &str| {
+        let out = tmp(name);
+        ok(bin()
+            .args(["flows", "--hash-seed", "1", "--features", features, "-i"])
+            .arg(&pcap)
+            .arg("--csv")
+            .arg(&out)
+            .output()
+            .unwrap());
+        let mut rows = csv_rows(&out);
+        rows.sort_by_key(|r| format!("{r:?}"));
+        rows
+    };
+    let totals = run("default", "extremes-default.csv");
+    let all = run("default,ttl,sizes,iat", "extremes-all.csv");
+    assert!(totals.len() > 1000, "{} records", totals.len());
+    let mut defaults_of_all: Vec<_> = all
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.retain(|column, _| totals[0].contains_key(column));
+            r
+        })
+        .collect();
+    defaults_of_all.sort_by_key(|r| format!("{r:?}"));
+    assert_eq!(defaults_of_all, totals);
+    let mut several_packets = 0;
+    for r in &all {
+        let n = |c| number(r, c);
+        assert!(1 <= n("ttl_min") && n("ttl_min") <= n("ttl_max"), "{r:?}");
+        assert!(20 <= n("len_min") && n("len_min") <= n("len_mean"), "{r:?}");
+        assert!(n("len_mean") <= n("len_max"), "{r:?}");
+        if n("packets") > 1 {
+            several_packets += 1;
+            assert!(n("iat_min_ns") <= n("iat_mean_ns"), "{r:?}");
+            assert!(n("iat_mean_ns") <= n("iat_max_ns"), "{r:?}");
+            let span_ns = (n("end_ms") - n("start_ms") + 1) * 1_000_000;
+            assert!(n("iat_max_ns") <= span_ns, "{r:?}");
+        }
+    }
+    assert!(several_packets > all.len() / 4, "{several_packets}");
+}
+
 /// `-i -` reads standard input (a pipe from tcpdump): the same records as from the file,
 /// with one worker or two; layouts that would read it more than once are refused.
 #[test]

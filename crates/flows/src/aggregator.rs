@@ -17,7 +17,7 @@
 use crate::key::{CompactKey, hash_key};
 use crate::microflow::{Microflow, SizeError, power_of_two};
 use crate::record::{EndReason, FlowRecord};
-use crate::stats::{FlowStats, TCP_FIN, TCP_RST};
+use crate::stats::{FlowStats, KeptStats, TCP_FIN, TCP_RST};
 
 /// What the table keeps per flow: one direction, or both (biflows).
 pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
@@ -33,34 +33,35 @@ pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
     fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord;
 }
 
-/// One direction (a uniflow record, as NetFlow and IPFIX exporters make by default).
+/// One direction (a uniflow record, as NetFlow and IPFIX exporters make by default),
+/// keeping `S` of its features.
 #[derive(Clone, Copy, Debug, bytemuck::Zeroable)]
-pub struct Uniflow(FlowStats);
+pub struct Uniflow<S = FlowStats>(S);
 
-impl FlowValue for Uniflow {
+impl<S: KeptStats> FlowValue for Uniflow<S> {
     const BIFLOW: bool = false;
     #[inline]
     fn start(stats: &FlowStats, _: bool) -> Self {
-        Uniflow(*stats)
+        Uniflow(S::keep(stats))
     }
     #[inline]
     fn merge(&mut self, stats: &FlowStats, _: bool) {
         self.0.merge(stats)
     }
     fn first_ns(&self) -> u64 {
-        self.0.first_ns
+        self.0.first_ns()
     }
     fn last_ns(&self) -> u64 {
-        self.0.last_ns
+        self.0.last_ns()
     }
     #[inline]
     fn ended(&self) -> bool {
-        self.0.ended_by_tcp()
+        self.0.tcp_flags() & (TCP_FIN | TCP_RST) != 0
     }
     fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord {
         FlowRecord {
             key: key.unpack(),
-            forward: self.0,
+            forward: self.0.stats(),
             reverse: None,
             end,
         }
@@ -68,60 +69,58 @@ impl FlowValue for Uniflow {
 }
 
 /// Both directions of a connection, by the canonical key's direction (index 0) and the
-/// other; a direction that sent nothing has 0 packets.
+/// other, keeping `S` of their features; a direction that sent nothing has 0 packets.
 #[derive(Clone, Copy, Debug, bytemuck::Zeroable)]
-pub struct Biflow([FlowStats; 2]);
+pub struct Biflow<S = FlowStats>([S; 2]);
 
-impl Biflow {
-    fn side(&self, i: usize) -> Option<&FlowStats> {
-        (self.0[i].packets != 0).then_some(&self.0[i])
+impl<S: KeptStats> Biflow<S> {
+    fn side(&self, i: usize) -> Option<&S> {
+        (self.0[i].packets() != 0).then_some(&self.0[i])
     }
 }
 
-impl FlowValue for Biflow {
+impl<S: KeptStats> FlowValue for Biflow<S> {
     const BIFLOW: bool = true;
     #[inline]
     fn start(stats: &FlowStats, reversed: bool) -> Self {
-        let mut b = Biflow([FlowStats::ZERO; 2]);
-        b.0[usize::from(reversed)] = *stats;
+        let mut b = Biflow([S::zeroed(); 2]);
+        b.0[usize::from(reversed)] = S::keep(stats);
         b
     }
     #[inline]
     fn merge(&mut self, stats: &FlowStats, reversed: bool) {
         let side = &mut self.0[usize::from(reversed)];
-        if side.packets == 0 {
-            *side = *stats;
+        if side.packets() == 0 {
+            *side = S::keep(stats);
         } else {
             side.merge(stats);
         }
     }
     fn first_ns(&self) -> u64 {
-        self.0
-            .iter()
-            .filter(|s| s.packets != 0)
-            .map(|s| s.first_ns)
+        (0..2)
+            .filter_map(|i| self.side(i))
+            .map(S::first_ns)
             .min()
             .unwrap_or(0)
     }
     fn last_ns(&self) -> u64 {
-        self.0
-            .iter()
-            .filter(|s| s.packets != 0)
-            .map(|s| s.last_ns)
+        (0..2)
+            .filter_map(|i| self.side(i))
+            .map(S::last_ns)
             .max()
             .unwrap_or(0)
     }
     /// RST from either side, or FIN from both.
     #[inline]
     fn ended(&self) -> bool {
-        let flags = |i: usize| self.side(i).map_or(0, |s| s.tcp_flags);
+        let flags = |i: usize| self.side(i).map_or(0, S::tcp_flags);
         (flags(0) | flags(1)) & TCP_RST != 0 || flags(0) & flags(1) & TCP_FIN != 0
     }
     /// The forward direction is the one whose first packet came first: the side that
     /// opened the connection, as far as the capture saw it.
     fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord {
         let forward_is_0 = match (self.side(0), self.side(1)) {
-            (Some(a), Some(b)) => a.first_ns <= b.first_ns,
+            (Some(a), Some(b)) => a.first_ns() <= b.first_ns(),
             (a, _) => a.is_some(),
         };
         let (f, r, key) = if forward_is_0 {
@@ -131,8 +130,8 @@ impl FlowValue for Biflow {
         };
         FlowRecord {
             key: key.unpack(),
-            forward: self.0[f],
-            reverse: self.side(r).copied(),
+            forward: self.0[f].stats(),
+            reverse: self.side(r).map(S::stats),
             end,
         }
     }

@@ -74,6 +74,13 @@ impl Features {
         self.0 & bit != 0
     }
 
+    /// Whether records need a flow's extremes (smallest and largest sizes, TTLs and
+    /// inter-arrival times), which flow tables keep only when asked to
+    /// (`StageConfig::extremes`).
+    pub fn needs_extremes(self) -> bool {
+        self.has(Self::TTL | Self::SIZES | Self::IAT)
+    }
+
     /// Parses a comma-separated list of names, `all` or `default`.
     pub fn parse(text: &str) -> Result<Features, String> {
         let mut bits = 0;

@@ -18,4 +18,4 @@ pub use aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
 pub use key::{CompactKey, V4Key, V6Key};
 pub use microflow::{Microflow, MicroflowTable};
 pub use record::{EndReason, FlowRecord};
-pub use stats::{FlowStats, Observation};
+pub use stats::{FlowStats, FlowTotals, KeptStats, Observation};

@@ -162,6 +162,128 @@ impl FlowStats {
     }
 }
 
+/// What a flow table keeps of a flow's features: all of them ([`FlowStats`]), or only the
+/// totals ([`FlowTotals`]) when a run exports none of the extremes. Microflow records
+/// always carry every feature; a flow table folds them into what it keeps.
+pub trait KeptStats: Copy + std::fmt::Debug + Send + bytemuck::Zeroable + 'static {
+    /// What is kept of a flow's first part.
+    fn keep(first: &FlowStats) -> Self;
+    /// Adds `later`, a later part of the same flow (as [`FlowStats::merge`]).
+    fn merge(&mut self, later: &FlowStats);
+    /// The features kept, as a record carries them.
+    fn stats(&self) -> FlowStats;
+    /// 0 for a direction that sent nothing (all zero bytes).
+    fn packets(&self) -> u64;
+    fn first_ns(&self) -> u64;
+    fn last_ns(&self) -> u64;
+    fn tcp_flags(&self) -> u8;
+}
+
+impl KeptStats for FlowStats {
+    #[inline]
+    fn keep(first: &FlowStats) -> Self {
+        *first
+    }
+    #[inline]
+    fn merge(&mut self, later: &FlowStats) {
+        FlowStats::merge(self, later)
+    }
+    fn stats(&self) -> FlowStats {
+        *self
+    }
+    #[inline]
+    fn packets(&self) -> u64 {
+        self.packets
+    }
+    #[inline]
+    fn first_ns(&self) -> u64 {
+        self.first_ns
+    }
+    #[inline]
+    fn last_ns(&self) -> u64 {
+        self.last_ns
+    }
+    #[inline]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
+/// The features NetFlow-style records carry, the default set: counts, times, TCP flags,
+/// TOS and ports, without the extremes (sizes, TTLs, inter-arrival times). 40 bytes
+/// against [`FlowStats`]' 64, so that an IPv4 flow-table slot is one cache line: the
+/// tables of a run touch a quarter less memory, which the kernel zeroes page by page
+/// (`docs/BENCHMARKS.md`, session 12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Zeroable)]
+pub struct FlowTotals {
+    pub packets: u64,
+    pub bytes: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub in_port: u16,
+    pub out_port: u16,
+    pub tcp_flags: u8,
+    pub tos: u8,
+}
+
+impl KeptStats for FlowTotals {
+    #[inline]
+    fn keep(s: &FlowStats) -> Self {
+        FlowTotals {
+            packets: s.packets,
+            bytes: s.bytes,
+            first_ns: s.first_ns,
+            last_ns: s.last_ns,
+            in_port: s.in_port,
+            out_port: s.out_port,
+            tcp_flags: s.tcp_flags,
+            tos: s.tos,
+        }
+    }
+    /// The same rules as [`FlowStats::merge`] for the fields kept.
+    #[inline]
+    fn merge(&mut self, later: &FlowStats) {
+        self.packets += later.packets;
+        self.bytes += later.bytes;
+        self.first_ns = self.first_ns.min(later.first_ns);
+        self.last_ns = self.last_ns.max(later.last_ns);
+        self.out_port = later.out_port;
+        self.tcp_flags |= later.tcp_flags;
+    }
+    /// The extremes, not kept, read as none seen: lengths and TTLs 0, inter-arrival
+    /// minimum `u64::MAX` and maximum 0. A run that keeps totals exports none of them.
+    fn stats(&self) -> FlowStats {
+        FlowStats {
+            packets: self.packets,
+            bytes: self.bytes,
+            first_ns: self.first_ns,
+            last_ns: self.last_ns,
+            iat_min_ns: u64::MAX,
+            in_port: self.in_port,
+            out_port: self.out_port,
+            tcp_flags: self.tcp_flags,
+            tos: self.tos,
+            ..FlowStats::ZERO
+        }
+    }
+    #[inline]
+    fn packets(&self) -> u64 {
+        self.packets
+    }
+    #[inline]
+    fn first_ns(&self) -> u64 {
+        self.first_ns
+    }
+    #[inline]
+    fn last_ns(&self) -> u64 {
+        self.last_ns
+    }
+    #[inline]
+    fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,15 @@
 //! Exactness against ground truth: generated traces go through the flow stage in every
 //! shape (two levels or one, uniflows or biflows, tables small enough to evict, timeouts
 //! short enough to split flows), and a plain map computed here from the same packets must
-//! equal the sums over the exported records, flow by flow.
+//! equal the sums over the exported records, flow by flow. Tables that keep only totals
+//! give the records of tables that keep everything, less the extremes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
-use stateplane_flows::{CompactKey, FlowRecord, Observation, Timeouts, V4Key, V6Key};
+use stateplane_flows::{
+    CompactKey, FlowRecord, FlowStats, FlowTotals, KeptStats, Observation, Timeouts, V4Key, V6Key,
+};
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_wire::{FlowHasher, FlowKey, parse};
 use std::collections::HashMap;
@@ -139,6 +142,14 @@ fn every_packet_and_byte_is_in_the_records() {
             for (shape, config) in [
                 ("two levels", StageConfig { biflow, ..base }),
                 (
+                    "totals only",
+                    StageConfig {
+                        biflow,
+                        extremes: false,
+                        ..base
+                    },
+                ),
+                (
                     "one level",
                     StageConfig {
                         biflow,
@@ -181,6 +192,77 @@ fn every_packet_and_byte_is_in_the_records() {
                     _ => assert!(c.microflow_records < c.packets, "{what}"),
                 }
             }
+        }
+    }
+}
+
+/// The records of a stage, in an order that does not depend on the table's layout.
+fn records(packets: &[(FlowKey, Observation)], config: StageConfig) -> Vec<FlowRecord> {
+    let mut stage = FlowStage::new(config, 99).unwrap();
+    let mut sink = Collect(Vec::new());
+    for burst in packets.chunks(64) {
+        for (key, o) in burst {
+            stage.observe(key, o);
+        }
+        stage.end_burst(burst[burst.len() - 1].1.ts_ns, &mut sink);
+    }
+    stage.finish(&mut sink);
+    let mut records = sink.0;
+    records.sort_by_key(|r| (r.forward.first_ns, format!("{:?}", r.key)));
+    records
+}
+
+/// A stage that keeps only totals makes the same records as one that
+/// keeps every feature, with the extremes read as none seen; uniflows and biflows, with
+/// tables small enough to evict.
+#[test]
+fn totals_only_tables_make_the_same_records_less_the_extremes() {
+    let mut packets = trace(Workload::Internet, 50_000, 5);
+    // Ports that change within flows: the first packet's ingress and the last one's egress
+    // are kept.
+    for (i, (_, o)) in packets.iter_mut().enumerate() {
+        (o.in_port, o.out_port) = ((i % 3) as u16, (i % 5) as u16);
+    }
+    for biflow in [false, true] {
+        for max_flows in [1 << 18, 64] {
+            let all = StageConfig {
+                biflow,
+                max_flows,
+                ..StageConfig::default()
+            };
+            let totals = StageConfig {
+                extremes: false,
+                ..all
+            };
+            let (want, got) = (records(&packets, all), records(&packets, totals));
+            assert_eq!(want.len(), got.len());
+            let none_seen = |s: &FlowStats| {
+                (
+                    s.len_min,
+                    s.len_max,
+                    s.ttl_min,
+                    s.ttl_max,
+                    s.iat_min_ns,
+                    s.iat_max_ns,
+                ) == (0, 0, 0, 0, u64::MAX, 0)
+            };
+            let mut extremes_differ = 0;
+            for (w, g) in want.iter().zip(&got) {
+                let what = format!("biflow {biflow}, max_flows {max_flows}, flow {:?}", w.key);
+                assert_eq!((w.key, w.end), (g.key, g.end), "{what}");
+                let sides = |r: &FlowRecord| [Some(r.forward), r.reverse];
+                for (ws, gs) in sides(w).into_iter().zip(sides(g)) {
+                    assert_eq!(ws.is_some(), gs.is_some(), "{what}");
+                    let (Some(ws), Some(gs)) = (ws, gs) else {
+                        continue;
+                    };
+                    assert_eq!(FlowTotals::keep(&ws), FlowTotals::keep(&gs), "{what}");
+                    assert!(none_seen(&gs), "{what}: {gs:?}");
+                    extremes_differ += usize::from(ws != gs);
+                }
+            }
+            // The comparison is of records whose extremes were really kept on one side.
+            assert!(extremes_differ > want.len() / 2, "{extremes_differ}");
         }
     }
 }
