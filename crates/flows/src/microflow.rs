@@ -101,6 +101,13 @@ impl<K: CompactKey> MicroflowTable<K> {
         self.slots.len() * std::mem::size_of::<Slot<K>>()
     }
 
+    /// Starts loading the slot of a flow whose hash is `hash` into the cache, for a burst
+    /// that looks up every packet's slot before it touches any.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        stateplane_mem::prefetch_whole(&self.slots[hash as usize & self.mask]);
+    }
+
     /// Sends out flow `key`'s entry (whose hash is `hash`), if the table holds one.
     #[inline]
     pub fn take(&mut self, key: K, hash: u64, out: &mut Vec<Microflow<K>>) {

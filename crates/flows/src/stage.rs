@@ -137,6 +137,13 @@ impl<K: CompactKey, V: FlowValue> Family<K, V> {
     }
 
     #[inline]
+    fn prefetch(&self, key: K) {
+        if let Some(m) = &self.micro {
+            m.prefetch(hash_key(&key, self.seed));
+        }
+    }
+
+    #[inline]
     fn observe(&mut self, key: K, o: &Observation, out: &mut Vec<FlowRecord>) {
         match &mut self.micro {
             Some(m) => {
@@ -308,6 +315,17 @@ impl FlowStage {
         c
     }
 
+    /// Starts loading the microflow slot of flow `key` into the cache: for a caller with a
+    /// burst of packets, before it adds any of them.
+    #[inline]
+    pub fn prefetch(&self, key: &FlowKey) {
+        each_shape!(&self.tables, f => match key.ip_version {
+            4 => f.v4.prefetch(pack(key)),
+            6 => f.v6.prefetch(pack(key)),
+            _ => {}
+        })
+    }
+
     /// Adds one packet of flow `key`.
     #[inline]
     pub fn observe(&mut self, key: &FlowKey, o: &Observation) {
@@ -422,6 +440,9 @@ impl FlowTap {
 
 impl Tap for FlowTap {
     fn observe(&mut self, burst: &Burst, ctx: &Context) {
+        for d in burst.descs() {
+            self.stage.prefetch(&d.parsed.key);
+        }
         for d in burst.descs() {
             self.stage.observe(&d.parsed.key, &observation(d));
         }
