@@ -23,8 +23,10 @@ use crate::stats::{FlowStats, KeptStats, TCP_FIN, TCP_RST};
 pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
     /// Whether records are keyed by connection (both directions in one record).
     const BIFLOW: bool;
-    fn start(stats: &FlowStats, reversed: bool) -> Self;
-    fn merge(&mut self, stats: &FlowStats, reversed: bool);
+    /// What the flow's microflow records carry and the table keeps of each direction.
+    type Kept: KeptStats;
+    fn start(stats: &Self::Kept, reversed: bool) -> Self;
+    fn merge(&mut self, stats: &Self::Kept, reversed: bool);
     fn first_ns(&self) -> u64;
     fn last_ns(&self) -> u64;
     /// Whether TCP has ended the flow.
@@ -40,12 +42,13 @@ pub struct Uniflow<S = FlowStats>(S);
 
 impl<S: KeptStats> FlowValue for Uniflow<S> {
     const BIFLOW: bool = false;
+    type Kept = S;
     #[inline]
-    fn start(stats: &FlowStats, _: bool) -> Self {
-        Uniflow(S::keep(stats))
+    fn start(stats: &S, _: bool) -> Self {
+        Uniflow(*stats)
     }
     #[inline]
-    fn merge(&mut self, stats: &FlowStats, _: bool) {
+    fn merge(&mut self, stats: &S, _: bool) {
         self.0.merge(stats)
     }
     fn first_ns(&self) -> u64 {
@@ -81,17 +84,18 @@ impl<S: KeptStats> Biflow<S> {
 
 impl<S: KeptStats> FlowValue for Biflow<S> {
     const BIFLOW: bool = true;
+    type Kept = S;
     #[inline]
-    fn start(stats: &FlowStats, reversed: bool) -> Self {
+    fn start(stats: &S, reversed: bool) -> Self {
         let mut b = Biflow([S::zeroed(); 2]);
-        b.0[usize::from(reversed)] = S::keep(stats);
+        b.0[usize::from(reversed)] = *stats;
         b
     }
     #[inline]
-    fn merge(&mut self, stats: &FlowStats, reversed: bool) {
+    fn merge(&mut self, stats: &S, reversed: bool) {
         let side = &mut self.0[usize::from(reversed)];
         if side.packets() == 0 {
-            *side = S::keep(stats);
+            *side = *stats;
         } else {
             side.merge(stats);
         }
@@ -343,7 +347,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
     }
 
     /// Adds microflow records to their flows; pushes the flows they end to `out`.
-    pub fn ingest(&mut self, records: &[Microflow<K>], out: &mut Vec<FlowRecord>) {
+    pub fn ingest(&mut self, records: &[Microflow<K, V::Kept>], out: &mut Vec<FlowRecord>) {
         let mut keys = [(K::default(), false, 0u64); BATCH];
         for batch in records.chunks(BATCH) {
             for (k, m) in keys.iter_mut().zip(batch) {
@@ -370,7 +374,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         key: K,
         reversed: bool,
         hash: u64,
-        stats: &FlowStats,
+        stats: &V::Kept,
         out: &mut Vec<FlowRecord>,
     ) {
         self.counters.records_in += 1;

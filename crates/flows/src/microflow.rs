@@ -12,25 +12,25 @@
 //! or sweep (a sweep of every slot with no age limit empties the table).
 
 use crate::key::CompactKey;
-use crate::stats::{FlowStats, Observation};
+use crate::stats::{FlowStats, KeptStats, Observation, TCP_FIN, TCP_RST};
 
-/// The features of some consecutive packets of one flow.
+/// The features (`S` of them) of some consecutive packets of one flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Microflow<K> {
+pub struct Microflow<K, S = FlowStats> {
     pub key: K,
-    pub stats: FlowStats,
+    pub stats: S,
 }
 
 #[derive(Clone, Copy)]
-struct Slot<K> {
+struct Slot<K, S> {
     key: K,
-    /// `stats.packets == 0`: the slot is empty.
-    stats: FlowStats,
+    /// `stats.packets() == 0`: the slot is empty.
+    stats: S,
 }
 
-impl<K: Copy> Slot<K> {
+impl<K: Copy, S: KeptStats> Slot<K, S> {
     /// The entry as a record.
-    fn record(&self) -> Microflow<K> {
+    fn record(&self) -> Microflow<K, S> {
         Microflow {
             key: self.key,
             stats: self.stats,
@@ -38,15 +38,19 @@ impl<K: Copy> Slot<K> {
     }
 
     /// Sends the entry out and empties the slot.
-    fn send_out(&mut self, out: &mut Vec<Microflow<K>>) {
+    fn send_out(&mut self, out: &mut Vec<Microflow<K, S>>) {
         out.push(self.record());
-        self.stats.packets = 0;
+        self.stats = S::zeroed();
+    }
+
+    fn ended_by_tcp(&self) -> bool {
+        self.stats.tcp_flags() & (TCP_FIN | TCP_RST) != 0
     }
 }
 
-/// A direct-mapped table of microflows.
-pub struct MicroflowTable<K> {
-    slots: Vec<Slot<K>>,
+/// A direct-mapped table of microflows, keeping `S` of their features.
+pub struct MicroflowTable<K, S = FlowStats> {
+    slots: Vec<Slot<K, S>>,
     mask: usize,
     /// Where the next sweep starts.
     cursor: usize,
@@ -75,7 +79,7 @@ pub(crate) fn power_of_two(n: usize, min: usize, what: &str) -> Result<usize, Si
     Ok(n)
 }
 
-impl<K: CompactKey> MicroflowTable<K> {
+impl<K: CompactKey, S: KeptStats> MicroflowTable<K, S> {
     /// A table of `slots` entries (a power of two).
     pub fn new(slots: usize) -> Result<Self, SizeError> {
         let slots = power_of_two(slots, 1, "microflow slots")?;
@@ -83,7 +87,7 @@ impl<K: CompactKey> MicroflowTable<K> {
             slots: vec![
                 Slot {
                     key: K::default(),
-                    stats: FlowStats::ZERO,
+                    stats: S::zeroed(),
                 };
                 slots
             ],
@@ -98,7 +102,7 @@ impl<K: CompactKey> MicroflowTable<K> {
 
     /// Bytes held by the slots.
     pub fn memory_bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<Slot<K>>()
+        self.slots.len() * std::mem::size_of::<Slot<K, S>>()
     }
 
     /// Starts loading the slot of a flow whose hash is `hash` into the cache, for a burst
@@ -110,9 +114,9 @@ impl<K: CompactKey> MicroflowTable<K> {
 
     /// Sends out flow `key`'s entry (whose hash is `hash`), if the table holds one.
     #[inline]
-    pub fn take(&mut self, key: K, hash: u64, out: &mut Vec<Microflow<K>>) {
+    pub fn take(&mut self, key: K, hash: u64, out: &mut Vec<Microflow<K, S>>) {
         let slot = &mut self.slots[hash as usize & self.mask];
-        if slot.stats.packets != 0 && slot.key == key {
+        if slot.stats.packets() != 0 && slot.key == key {
             slot.send_out(out);
         }
     }
@@ -126,21 +130,21 @@ impl<K: CompactKey> MicroflowTable<K> {
         key: K,
         hash: u64,
         o: &Observation,
-        out: &mut Vec<Microflow<K>>,
+        out: &mut Vec<Microflow<K, S>>,
     ) -> bool {
         let slot = &mut self.slots[hash as usize & self.mask];
         let mut evicted = false;
-        if slot.stats.packets != 0 && slot.key == key {
+        if slot.stats.packets() != 0 && slot.key == key {
             slot.stats.add(o);
         } else {
-            if slot.stats.packets != 0 {
+            if slot.stats.packets() != 0 {
                 out.push(slot.record());
                 evicted = true;
             }
             slot.key = key;
-            slot.stats = FlowStats::start(o);
+            slot.stats = S::start(o);
         }
-        if slot.stats.ended_by_tcp() {
+        if slot.ended_by_tcp() {
             slot.send_out(out);
         }
         evicted
@@ -153,12 +157,12 @@ impl<K: CompactKey> MicroflowTable<K> {
         now_ns: u64,
         max_age_ns: u64,
         visit: usize,
-        out: &mut Vec<Microflow<K>>,
+        out: &mut Vec<Microflow<K, S>>,
     ) {
         let oldest = now_ns.saturating_sub(max_age_ns);
         for _ in 0..visit.min(self.slots.len()) {
             let slot = &mut self.slots[self.cursor];
-            if slot.stats.packets != 0 && slot.stats.first_ns <= oldest {
+            if slot.stats.packets() != 0 && slot.stats.first_ns() <= oldest {
                 slot.send_out(out);
             }
             self.cursor = (self.cursor + 1) & self.mask;

@@ -162,17 +162,19 @@ impl FlowStats {
     }
 }
 
-/// What a flow table keeps of a flow's features: all of them ([`FlowStats`]), or only the
-/// totals ([`FlowTotals`]) when a run exports none of the extremes. Microflow records
-/// always carry every feature; a flow table folds them into what it keeps.
+/// What the tables keep of a flow's features: all of them ([`FlowStats`]), or only the
+/// totals ([`FlowTotals`]) when a run exports none of the extremes. Both tables of a run,
+/// the microflow table and the aggregator, keep the same.
 pub trait KeptStats: Copy + std::fmt::Debug + Send + bytemuck::Zeroable + 'static {
-    /// What is kept of a flow's first part.
-    fn keep(first: &FlowStats) -> Self;
-    /// Adds `later`, a later part of the same flow (as [`FlowStats::merge`]).
-    fn merge(&mut self, later: &FlowStats);
+    /// The features of a flow's first packet.
+    fn start(o: &Observation) -> Self;
+    /// Adds the flow's next packet.
+    fn add(&mut self, o: &Observation);
+    /// Adds `later`, a later part of the same flow (see [`FlowStats::merge`]).
+    fn merge(&mut self, later: &Self);
     /// The features kept, as a record carries them.
     fn stats(&self) -> FlowStats;
-    /// 0 for a direction that sent nothing (all zero bytes).
+    /// 0 for no packets (an empty slot, a direction that sent nothing: all zero bytes).
     fn packets(&self) -> u64;
     fn first_ns(&self) -> u64;
     fn last_ns(&self) -> u64;
@@ -181,11 +183,15 @@ pub trait KeptStats: Copy + std::fmt::Debug + Send + bytemuck::Zeroable + 'stati
 
 impl KeptStats for FlowStats {
     #[inline]
-    fn keep(first: &FlowStats) -> Self {
-        *first
+    fn start(o: &Observation) -> Self {
+        FlowStats::start(o)
     }
     #[inline]
-    fn merge(&mut self, later: &FlowStats) {
+    fn add(&mut self, o: &Observation) {
+        FlowStats::add(self, o)
+    }
+    #[inline]
+    fn merge(&mut self, later: &Self) {
         FlowStats::merge(self, later)
     }
     fn stats(&self) -> FlowStats {
@@ -226,9 +232,9 @@ pub struct FlowTotals {
     pub tos: u8,
 }
 
-impl KeptStats for FlowTotals {
-    #[inline]
-    fn keep(s: &FlowStats) -> Self {
+/// The totals of a flow's features.
+impl From<&FlowStats> for FlowTotals {
+    fn from(s: &FlowStats) -> Self {
         FlowTotals {
             packets: s.packets,
             bytes: s.bytes,
@@ -240,9 +246,33 @@ impl KeptStats for FlowTotals {
             tos: s.tos,
         }
     }
-    /// The same rules as [`FlowStats::merge`] for the fields kept.
+}
+
+/// The same rules as [`FlowStats`]' for the fields kept.
+impl KeptStats for FlowTotals {
     #[inline]
-    fn merge(&mut self, later: &FlowStats) {
+    fn start(o: &Observation) -> Self {
+        FlowTotals {
+            packets: 1,
+            bytes: u64::from(o.ip_len),
+            first_ns: o.ts_ns,
+            last_ns: o.ts_ns,
+            in_port: o.in_port,
+            out_port: o.out_port,
+            tcp_flags: o.tcp_flags,
+            tos: o.tos,
+        }
+    }
+    #[inline]
+    fn add(&mut self, o: &Observation) {
+        self.packets += 1;
+        self.bytes += u64::from(o.ip_len);
+        self.last_ns = self.last_ns.max(o.ts_ns);
+        self.out_port = o.out_port;
+        self.tcp_flags |= o.tcp_flags;
+    }
+    #[inline]
+    fn merge(&mut self, later: &Self) {
         self.packets += later.packets;
         self.bytes += later.bytes;
         self.first_ns = self.first_ns.min(later.first_ns);
@@ -299,35 +329,55 @@ mod tests {
         }
     }
 
+    /// `packets` added one by one, and as consecutive parts cut before each packet whose
+    /// `cuts` entry is set, merged: the whole and the merged parts.
+    fn whole_and_merged<S: KeptStats>(packets: &[Observation], cuts: &[bool]) -> (S, S) {
+        let mut whole = S::start(&packets[0]);
+        for p in &packets[1..] {
+            whole.add(p);
+        }
+        let mut merged: Option<S> = None;
+        let mut part = S::start(&packets[0]);
+        for (i, p) in packets.iter().enumerate().skip(1) {
+            if cuts[i] {
+                match &mut merged {
+                    Some(m) => m.merge(&part),
+                    None => merged = Some(part),
+                }
+                part = S::start(p);
+            } else {
+                part.add(p);
+            }
+        }
+        match &mut merged {
+            Some(m) => m.merge(&part),
+            None => merged = Some(part),
+        }
+        (whole, merged.unwrap_or(part))
+    }
+
     proptest! {
         /// Splitting a flow's packets into consecutive microflows and merging them gives
-        /// the features of the whole flow.
+        /// the features of the whole flow, all of them or the totals; the totals are those
+        /// of all the features.
         #[test]
         fn merging_parts_equals_the_whole(
-            gaps in prop::collection::vec((0u64..1_000_000, 40u16..1500, 1u8..255, 0u8..64), 1..40),
+            gaps in prop::collection::vec(
+                (0u64..1_000_000, 40u16..1500, 1u8..255, 0u8..64, 0u16..4),
+                1..40,
+            ),
             cuts in prop::collection::vec(any::<bool>(), 40),
         ) {
             let mut ts = 1_000;
-            let packets: Vec<Observation> = gaps.iter().map(|&(g, len, ttl, f)| {
+            let packets: Vec<Observation> = gaps.iter().map(|&(g, len, ttl, f, port)| {
                 ts += g;
-                obs(ts, len, ttl, f)
+                Observation { in_port: port, out_port: port + 1, ..obs(ts, len, ttl, f) }
             }).collect();
-            let mut whole = FlowStats::start(&packets[0]);
-            for p in &packets[1..] {
-                whole.add(p);
-            }
-            let mut merged: Option<FlowStats> = None;
-            let mut part = FlowStats::start(&packets[0]);
-            for (i, p) in packets.iter().enumerate().skip(1) {
-                if cuts[i] {
-                    match &mut merged { Some(m) => m.merge(&part), None => merged = Some(part) }
-                    part = FlowStats::start(p);
-                } else {
-                    part.add(p);
-                }
-            }
-            match &mut merged { Some(m) => m.merge(&part), None => merged = Some(part) }
-            prop_assert_eq!(merged, Some(whole));
+            let (whole, merged) = whole_and_merged::<FlowStats>(&packets, &cuts);
+            prop_assert_eq!(merged, whole);
+            let (totals, merged_totals) = whole_and_merged::<FlowTotals>(&packets, &cuts);
+            prop_assert_eq!(merged_totals, totals);
+            prop_assert_eq!(totals, FlowTotals::from(&whole));
         }
     }
 
