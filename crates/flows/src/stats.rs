@@ -181,6 +181,28 @@ pub trait KeptStats: Copy + std::fmt::Debug + Send + bytemuck::Zeroable + 'stati
     fn tcp_flags(&self) -> u8;
 }
 
+/// The [`KeptStats`] methods that read a field of the same name, which both kinds have.
+macro_rules! kept_fields {
+    () => {
+        #[inline]
+        fn packets(&self) -> u64 {
+            self.packets
+        }
+        #[inline]
+        fn first_ns(&self) -> u64 {
+            self.first_ns
+        }
+        #[inline]
+        fn last_ns(&self) -> u64 {
+            self.last_ns
+        }
+        #[inline]
+        fn tcp_flags(&self) -> u8 {
+            self.tcp_flags
+        }
+    };
+}
+
 impl KeptStats for FlowStats {
     #[inline]
     fn start(o: &Observation) -> Self {
@@ -197,22 +219,7 @@ impl KeptStats for FlowStats {
     fn stats(&self) -> FlowStats {
         *self
     }
-    #[inline]
-    fn packets(&self) -> u64 {
-        self.packets
-    }
-    #[inline]
-    fn first_ns(&self) -> u64 {
-        self.first_ns
-    }
-    #[inline]
-    fn last_ns(&self) -> u64 {
-        self.last_ns
-    }
-    #[inline]
-    fn tcp_flags(&self) -> u8 {
-        self.tcp_flags
-    }
+    kept_fields!();
 }
 
 /// The features NetFlow-style records carry, the default set: counts, times, TCP flags,
@@ -296,22 +303,7 @@ impl KeptStats for FlowTotals {
             ..FlowStats::ZERO
         }
     }
-    #[inline]
-    fn packets(&self) -> u64 {
-        self.packets
-    }
-    #[inline]
-    fn first_ns(&self) -> u64 {
-        self.first_ns
-    }
-    #[inline]
-    fn last_ns(&self) -> u64 {
-        self.last_ns
-    }
-    #[inline]
-    fn tcp_flags(&self) -> u8 {
-        self.tcp_flags
-    }
+    kept_fields!();
 }
 
 #[cfg(test)]
