@@ -6,8 +6,9 @@
 //!   first level takes off the aggregator;
 //! * aggregator (Figure 12): microflow records per second into the flow table, with each
 //!   optimization switched on in turn, from a std map with a wide key to the flat,
-//!   linear-probing table with compact keys and batched prefetch; every variant must
-//!   export the same records, or the command fails;
+//!   linear-probing table with compact keys and batched prefetch, then keeping only the
+//!   totals (the default features' smaller slots); every variant must export the same
+//!   records, or the command fails;
 //! * stage: packets per second through the whole stage with two levels (the default
 //!   microflow table) and with one (every packet straight to the flow table), the
 //!   measurement behind keeping the two-level design;
@@ -27,8 +28,8 @@ use crate::chart::{Panel, bars};
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
 use stateplane_flows::stats::NO_PORT;
 use stateplane_flows::{
-    Aggregator, CompactKey, EndReason, FlowRecord, FlowValue, Microflow, MicroflowTable,
-    Observation, Timeouts, Uniflow, V4Key,
+    Aggregator, CompactKey, EndReason, FlowRecord, FlowStats, FlowTotals, FlowValue, KeptStats,
+    Microflow, MicroflowTable, Observation, Timeouts, Uniflow, V4Key,
 };
 use stateplane_wire::FlowKey;
 use std::collections::HashMap;
@@ -148,18 +149,18 @@ fn ratio(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Ve
     Ok(rows)
 }
 
-/// A flow table the aggregator experiment measures: microflow records in, records of the
-/// flows they end out.
-trait Table {
-    fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>);
+/// A flow table the aggregator experiment measures: microflow records (keeping `S` of
+/// their features) in, records of the flows they end out.
+trait Table<S = FlowStats> {
+    fn ingest(&mut self, records: &[Microflow<V4Key, S>], out: &mut Vec<FlowRecord>);
     /// The memory in use, where the table says (to see when it grows).
     fn memory_bytes(&self) -> usize {
         0
     }
 }
 
-impl Table for Aggregator<V4Key, Uniflow> {
-    fn ingest(&mut self, records: &[Microflow<V4Key>], out: &mut Vec<FlowRecord>) {
+impl<S: KeptStats> Table<S> for Aggregator<V4Key, Uniflow<S>> {
+    fn ingest(&mut self, records: &[Microflow<V4Key, S>], out: &mut Vec<FlowRecord>) {
         Aggregator::ingest(self, records, out);
     }
     fn memory_bytes(&self) -> usize {
@@ -222,23 +223,43 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     let max_flows = (flows + 1).next_power_of_two();
     // Every variant is sized for the flows beforehand (the std maps by `with_capacity`, ours
     // by `reserve`), memory touched as flows arrive; the last row is ours as the product
-    // runs it, starting small and doubling as flows arrive.
-    type Make = fn(usize) -> CliResult<Box<dyn Table>>;
-    let variants: [(&str, Make); 5] = [
-        ("std map, wide key", |n| {
-            Ok(Box::new(StdMap(HashMap::with_capacity(n), V4Key::unpack)))
+    // runs it, starting small and doubling as flows arrive. The tables that keep only the
+    // totals get the same records with only their totals, converted here, untimed.
+    let records = Records {
+        totals: (records.iter())
+            .map(|m| Microflow {
+                key: m.key,
+                stats: FlowTotals::from(&m.stats),
+            })
+            .collect(),
+        all: records,
+    };
+    type Run = fn(usize, &Records, &mut Vec<FlowRecord>) -> CliResult<Fed>;
+    let variants: [(&str, Run); 6] = [
+        ("std map, wide key", |n, r, out| {
+            let mut table = StdMap(HashMap::with_capacity(n), V4Key::unpack);
+            Ok(feed(&mut table, &r.all, out))
         }),
-        ("std map, compact key", |n| {
-            Ok(Box::new(StdMap(HashMap::with_capacity(n), |k: &V4Key| *k)))
+        ("std map, compact key", |n, r, out| {
+            let mut table = StdMap(HashMap::with_capacity(n), |k: &V4Key| *k);
+            Ok(feed(&mut table, &r.all, out))
         }),
-        ("flat linear probing, compact key", |n| {
-            Ok(Box::new(sized_aggregator(n)?.without_prefetch()))
+        ("flat linear probing, compact key", |n, r, out| {
+            let mut table = sized_aggregator::<FlowStats>(n)?.without_prefetch();
+            Ok(feed(&mut table, &r.all, out))
         }),
-        ("+ batched prefetch (ours)", |n| {
-            Ok(Box::new(sized_aggregator(n)?))
+        ("+ batched prefetch (ours)", |n, r, out| {
+            Ok(feed(&mut sized_aggregator::<FlowStats>(n)?, &r.all, out))
         }),
-        ("ours, growing from empty", |n| {
-            Ok(Box::new(new_aggregator(n)?))
+        ("+ totals only (the default features)", |n, r, out| {
+            Ok(feed(
+                &mut sized_aggregator::<FlowTotals>(n)?,
+                &r.totals,
+                out,
+            ))
+        }),
+        ("ours, growing from empty", |n, r, out| {
+            Ok(feed(&mut new_aggregator::<FlowStats>(n)?, &r.all, out))
         }),
     ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
@@ -249,26 +270,14 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     let growing = variants.len() - 1;
     let (mut typical_ms, mut doubling_ms, mut other_ms) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..a.repeat {
-        for (v, (name, make)) in variants.iter().enumerate() {
+        for (v, (name, run)) in variants.iter().enumerate() {
             eprint!(
                 "\r  aggregator {workload}: round {} {name}          ",
                 round + 1
             );
-            let mut table = make(max_flows)?;
-            let mut n = 0;
-            let mut batches = Vec::new();
-            let t = Instant::now();
-            // In the ring's batches, as the stage hands them over.
-            for chunk in records.chunks(4096) {
-                let (b, before) = (Instant::now(), table.memory_bytes());
-                table.ingest(chunk, &mut out);
-                let ms = b.elapsed().as_secs_f64() * 1e3;
-                batches.push((ms, table.memory_bytes() != before));
-                n += out.len();
-                out.clear();
-            }
-            let secs = t.elapsed().as_secs_f64();
+            let fed = run(max_flows, &records, &mut out)?;
             if v == growing {
+                let batches = &fed.batches;
                 // NaN when no batch was of that kind (a table that never doubled).
                 let longest = |doubled: bool| {
                     (batches.iter().filter(|b| b.1 == doubled))
@@ -278,8 +287,8 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
                 other_ms.push(longest(false));
                 typical_ms.push(median(batches.iter().map(|b| b.0).collect()));
             }
-            rates[v].push(records.len() as f64 / secs / 1e6);
-            exported[v] = n;
+            rates[v].push(fed.rate);
+            exported[v] = fed.ended;
         }
     }
     if let Some(v) = exported.iter().position(|&n| n != exported[0]) {
@@ -290,7 +299,7 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     }
     eprintln!(
         "\r  aggregator {workload}: {} microflow records of {flows} flows; {} flows ended by FIN/RST in each variant",
-        records.len(),
+        records.all.len(),
         exported[0]
     );
     let mut rows: Vec<Row> = (variants.iter().zip(rates))
@@ -318,11 +327,52 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
     Ok(rows)
 }
 
-fn new_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
+/// The aggregator experiment's records: every feature, and the totals alone.
+struct Records {
+    all: Vec<Microflow<V4Key>>,
+    totals: Vec<Microflow<V4Key, FlowTotals>>,
+}
+
+/// What feeding a table its records gave: microflow records per second (millions), the
+/// records of the flows it ended, and each batch's time (ms) with whether the table's
+/// memory changed in it (a doubling).
+struct Fed {
+    rate: f64,
+    ended: usize,
+    batches: Vec<(f64, bool)>,
+}
+
+/// Feeds `records` to `table` in the ring's batches of 4,096, as the stage hands them over,
+/// each batch timed.
+fn feed<S>(
+    table: &mut impl Table<S>,
+    records: &[Microflow<V4Key, S>],
+    out: &mut Vec<FlowRecord>,
+) -> Fed {
+    let (mut ended, mut batches) = (0, Vec::new());
+    let t = Instant::now();
+    for chunk in records.chunks(4096) {
+        let (b, before) = (Instant::now(), table.memory_bytes());
+        table.ingest(chunk, out);
+        batches.push((
+            b.elapsed().as_secs_f64() * 1e3,
+            table.memory_bytes() != before,
+        ));
+        ended += out.len();
+        out.clear();
+    }
+    Fed {
+        rate: records.len() as f64 / t.elapsed().as_secs_f64() / 1e6,
+        ended,
+        batches,
+    }
+}
+
+fn new_aggregator<S: KeptStats>(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow<S>>> {
     Aggregator::new(max_flows, NO_TIMEOUTS, 7).map_err(|e| e.to_string())
 }
 
-fn sized_aggregator(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow>> {
+fn sized_aggregator<S: KeptStats>(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow<S>>> {
     let mut table = new_aggregator(max_flows)?;
     table.reserve(max_flows);
     Ok(table)

@@ -502,3 +502,31 @@ fn records_on_stdout_are_not_mixed_with_the_summary() {
         );
     }
 }
+
+/// `bench-flows` runs every experiment on a small trace, and its aggregator variants,
+/// the one keeping only the totals among them, end the same flows (the command fails
+/// otherwise) at a measured, positive rate.
+#[test]
+fn bench_flows_variants_agree_on_a_small_trace() {
+    let csv = tmp("bench-flows.csv");
+    ok(bin()
+        .args([
+            "bench-flows",
+            "--workloads",
+            "internet",
+            "--packets",
+            "20000",
+        ])
+        .args(["--slots", "64", "--repeat", "1", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let totals: Vec<&str> = text.lines().filter(|l| l.contains("totals only")).collect();
+    assert_eq!(totals.len(), 1, "{text}");
+    let rate: f64 = totals[0]
+        .split(',')
+        .find_map(|field| field.parse().ok())
+        .unwrap();
+    assert!(rate > 0.0, "{}", totals[0]);
+}
