@@ -262,7 +262,9 @@ pub struct Encoder {
     max_message: usize,
     /// Data records sent in earlier messages (RFC 7011's sequence number), mod 2^32.
     sequence: u32,
-    templates: [Vec<Field>; 2],
+    /// The message of the templates alone, made once; its export time and sequence number
+    /// are filled in each time it is sent.
+    templates: Vec<u8>,
     record_len: [usize; 2],
     features: Features,
     biflow: bool,
@@ -299,6 +301,37 @@ impl Message {
 /// Where a message's only set starts: after the header.
 const SET_AT: usize = HEADER_LEN;
 
+/// A message header of `domain` exported at `export_s`; its length and sequence number are
+/// filled in when it is sent.
+fn write_header(b: &mut Vec<u8>, domain: u32, export_s: u32) {
+    b.extend_from_slice(&VERSION.to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(&export_s.to_be_bytes());
+    b.extend_from_slice(&[0; 4]);
+    b.extend_from_slice(&domain.to_be_bytes());
+}
+
+/// A message of `domain`'s two templates (IPv4, IPv6) alone, in one template set.
+fn templates_message(domain: u32, templates: &[Vec<Field>; 2]) -> Vec<u8> {
+    let mut b = Vec::new();
+    write_header(&mut b, domain, 0);
+    b.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    for (id, fields) in [TEMPLATE_V4, TEMPLATE_V6].iter().zip(templates) {
+        b.extend_from_slice(&id.to_be_bytes());
+        b.extend_from_slice(&(fields.len() as u16).to_be_bytes());
+        for f in fields {
+            let id = if f.pen != 0 { f.id | 0x8000 } else { f.id };
+            b.extend_from_slice(&id.to_be_bytes());
+            b.extend_from_slice(&f.len.to_be_bytes());
+            if f.pen != 0 {
+                b.extend_from_slice(&f.pen.to_be_bytes());
+            }
+        }
+    }
+    b
+}
+
 impl Encoder {
     /// An encoder whose messages are at most `max_message` bytes (e.g. 1,400 for UDP on
     /// an Ethernet path; at least 512).
@@ -320,7 +353,7 @@ impl Encoder {
             max_message,
             sequence: 0,
             record_len: [len(&templates[0]), len(&templates[1])],
-            templates,
+            templates: templates_message(domain, &templates),
             features,
             biflow,
             refresh,
@@ -435,42 +468,18 @@ impl Encoder {
 
     /// Sends a message of the templates alone.
     fn send_templates(&mut self, emit: &mut dyn FnMut(&[u8])) {
-        let mut b = Vec::with_capacity(self.max_message);
-        self.write_header(&mut b);
-        b.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
-        b.extend_from_slice(&[0, 0]);
-        for (id, fields) in [TEMPLATE_V4, TEMPLATE_V6].iter().zip(&self.templates) {
-            b.extend_from_slice(&id.to_be_bytes());
-            b.extend_from_slice(&(fields.len() as u16).to_be_bytes());
-            for f in fields {
-                let id = if f.pen != 0 { f.id | 0x8000 } else { f.id };
-                b.extend_from_slice(&id.to_be_bytes());
-                b.extend_from_slice(&f.len.to_be_bytes());
-                if f.pen != 0 {
-                    b.extend_from_slice(&f.pen.to_be_bytes());
-                }
-            }
-        }
-        Self::seal(&mut b, self.sequence);
-        emit(&b);
+        self.templates[4..8].copy_from_slice(&self.export_s.to_be_bytes());
+        Self::seal(&mut self.templates, self.sequence);
+        emit(&self.templates);
         self.messages += 1;
         self.messages_since_templates = Some(0);
         self.templates_sent_s = u64::from(self.export_s);
     }
 
-    /// A message header; its length and sequence number are filled in when it is sent.
-    fn write_header(&self, b: &mut Vec<u8>) {
-        b.extend_from_slice(&VERSION.to_be_bytes());
-        b.extend_from_slice(&[0, 0]);
-        b.extend_from_slice(&self.export_s.to_be_bytes());
-        b.extend_from_slice(&[0; 4]);
-        b.extend_from_slice(&self.domain.to_be_bytes());
-    }
-
     /// Starts the message of `family`: the header and the family's data set header.
     fn start_message(&mut self, family: usize) {
         let mut b = std::mem::take(&mut self.open[family].buf);
-        self.write_header(&mut b);
+        write_header(&mut b, self.domain, self.export_s);
         let template = TEMPLATE_V4 + family as u16;
         b.extend_from_slice(&template.to_be_bytes());
         b.extend_from_slice(&[0, 0]);
@@ -922,6 +931,31 @@ mod tests {
             kinds.starts_with("TDDDTDDDT") && !kinds.contains("DDDD") && !kinds.contains("TT"),
             "{kinds}"
         );
+        // The template message is made once and sent again and again: each time with the
+        // time of its sending and the sequence number of the records sent before it, as
+        // every message.
+        let batch = msgs.len();
+        enc.encode(&vec![record(key, 1, false); 30], 9, &mut |m| {
+            msgs.push(m.to_vec())
+        });
+        enc.finish(&mut |m| msgs.push(m.to_vec()));
+        assert!(
+            msgs[batch..]
+                .iter()
+                .any(|m| m[16..18] == TEMPLATE_SET_ID.to_be_bytes())
+        );
+        let mut reader = Decoder::default();
+        let mut records_before = 0;
+        for (i, m) in msgs.iter().enumerate() {
+            let (header, records) = reader.decode(m).unwrap();
+            assert_eq!(header.sequence, records_before, "message {i}");
+            if m[16..18] == TEMPLATE_SET_ID.to_be_bytes() {
+                let export_s = if i < batch { 5 } else { 9 };
+                assert_eq!(header.export_s, export_s, "message {i}");
+            }
+            records_before += records.len() as u32;
+        }
+        assert_eq!(records_before, 130);
         let mut dec = Decoder::default();
         assert_eq!(
             dec.decode(&msgs[1]).unwrap_err(),
