@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
+use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig, StageCounters};
 use stateplane_flows::{
     CompactKey, FlowRecord, FlowStats, FlowTotals, Observation, Timeouts, V4Key, V6Key,
 };
@@ -80,31 +80,43 @@ fn trace(workload: Workload, packets: u64, seed: u64) -> Vec<(FlowKey, Observati
     out
 }
 
+/// Runs `packets` through a stage shaped by `config` in bursts of 64, as a worker does:
+/// the records it exported, and its counters.
+fn run(
+    packets: &[(FlowKey, Observation)],
+    config: StageConfig,
+) -> (Vec<FlowRecord>, StageCounters) {
+    let mut stage = FlowStage::new(config, 99).unwrap();
+    let mut sink = Collect(Vec::new());
+    for burst in packets.chunks(64) {
+        for (key, o) in burst {
+            stage.observe(key, o);
+        }
+        stage.end_burst(burst[burst.len() - 1].1.ts_ns, &mut sink);
+    }
+    stage.finish(&mut sink);
+    (sink.0, stage.counters())
+}
+
 /// Returns the stage's counters and how many flows the truth has.
 fn check(
     packets: &[(FlowKey, Observation)],
     config: StageConfig,
     what: &str,
-) -> (stateplane_flows::stage::StageCounters, usize) {
-    let mut stage = FlowStage::new(config, 99).unwrap();
-    let mut sink = Collect(Vec::new());
+) -> (StageCounters, usize) {
+    let (records, c) = run(packets, config);
     let mut truth: HashMap<FlowKey, Truth> = HashMap::new();
-    for burst in packets.chunks(64) {
-        for (key, o) in burst {
-            stage.observe(key, o);
-            truth.entry(flow_of(key, config.biflow)).or_default().add(
-                1,
-                o.ip_len.into(),
-                o.ts_ns,
-                o.ts_ns,
-                o.tcp_flags,
-            );
-        }
-        stage.end_burst(burst[burst.len() - 1].1.ts_ns, &mut sink);
+    for (key, o) in packets {
+        truth.entry(flow_of(key, config.biflow)).or_default().add(
+            1,
+            o.ip_len.into(),
+            o.ts_ns,
+            o.ts_ns,
+            o.tcp_flags,
+        );
     }
-    stage.finish(&mut sink);
     let mut got: HashMap<FlowKey, Truth> = HashMap::new();
-    for r in &sink.0 {
+    for r in &records {
         assert!(r.forward.packets > 0, "{what}: an empty record");
         for s in std::iter::once(&r.forward).chain(r.reverse.as_ref()) {
             got.entry(flow_of(&r.key, config.biflow)).or_default().add(
@@ -126,9 +138,8 @@ fn check(
     for (k, t) in &truth {
         assert_eq!(got.get(k), Some(t), "{what}: flow {k:?}");
     }
-    let c = stage.counters();
     assert_eq!(c.packets, packets.len() as u64);
-    assert_eq!(c.records_out, sink.0.len() as u64);
+    assert_eq!(c.records_out, records.len() as u64);
     (c, truth.len())
 }
 
@@ -198,16 +209,7 @@ fn every_packet_and_byte_is_in_the_records() {
 
 /// The records of a stage, in an order that does not depend on the table's layout.
 fn records(packets: &[(FlowKey, Observation)], config: StageConfig) -> Vec<FlowRecord> {
-    let mut stage = FlowStage::new(config, 99).unwrap();
-    let mut sink = Collect(Vec::new());
-    for burst in packets.chunks(64) {
-        for (key, o) in burst {
-            stage.observe(key, o);
-        }
-        stage.end_burst(burst[burst.len() - 1].1.ts_ns, &mut sink);
-    }
-    stage.finish(&mut sink);
-    let mut records = sink.0;
+    let mut records = run(packets, config).0;
     records.sort_by_key(|r| (r.forward.first_ns, format!("{:?}", r.key)));
     records
 }
