@@ -252,7 +252,12 @@ struct Pacer {
     next: Instant,
 }
 
-const BURST: u32 = 64;
+/// Small enough that several bursts fit in a collector's default receive buffer (Linux:
+/// 208 KiB, where each 1,428-byte datagram takes 2,304), so that a collector kept off the
+/// CPU for a few bursts loses nothing. With 64 (and twice that after an idle spell, which
+/// the pacer then allowed), nfcapd at its default buffer lost 0.2-2.3% of the records of a
+/// two-worker run at the default rate, in every run; with 16, none.
+const BURST: u32 = 16;
 
 impl Pacer {
     fn new(rate: u64) -> Pacer {
@@ -264,22 +269,19 @@ impl Pacer {
         }
     }
 
-    /// How long to wait before the next message, if at all (the message is counted as
-    /// sent when that wait is over).
-    fn delay(&mut self) -> Option<Duration> {
+    /// How long to wait, from `now`, before the next message, if at all (the message is
+    /// counted as sent when that wait is over).
+    fn delay(&mut self, now: Instant) -> Option<Duration> {
         if self.gap.is_zero() {
             return None;
         }
-        let now = Instant::now();
-        // `next` runs ahead of now by the messages sent beyond the rate; at most BURST
-        // of them go without waiting, and idle time earns no more credit than that.
-        // Past the burst, sleep until all of it is earned back: one sleep per BURST
-        // messages, not one per message.
-        self.next = self
-            .next
-            .max(now.checked_sub(self.gap * BURST).unwrap_or(now))
-            + self.gap;
-        (self.next > now + self.gap * BURST).then(|| self.next - now)
+        // `next` is this message's slot at the rate: it runs ahead of now by the messages
+        // sent beyond the rate, and idle time earns nothing (a slot is never in the past),
+        // so at most BURST go at once. The one after them waits for its slot, so that the
+        // next BURST go together then: one sleep per BURST messages, not one per message.
+        let slot = self.next.max(now);
+        self.next = slot + self.gap;
+        (slot > now + self.gap * (BURST - 1)).then(|| slot - now)
     }
 }
 
@@ -323,7 +325,7 @@ impl UdpOut {
     /// what is held first if it cannot join): what went out.
     fn push(&mut self, message: &[u8]) -> std::io::Result<Sent> {
         let mut sent = (0, 0);
-        if let Some(wait) = self.pacer.delay() {
+        if let Some(wait) = self.pacer.delay(Instant::now()) {
             sent = self.flush()?;
             std::thread::sleep(wait);
         }
@@ -541,6 +543,42 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On the pacer's own clock: `BURST` messages go at once, the next waits until the
+    /// burst is earned back at the rate and then goes with the next burst, and a long idle
+    /// spell earns no more than one burst (each burst must fit a collector's buffer).
+    #[test]
+    fn the_pacer_sends_bursts_of_16_at_the_rate() {
+        let gap = Duration::from_micros(50); // 20,000 messages per second
+        let start = Instant::now() + Duration::from_secs(1);
+        let mut pacer = Pacer::new(20_000);
+        // The messages that go at `now` without a wait, and the wait of the next one.
+        let mut burst = |now| {
+            let mut free = 0;
+            loop {
+                match pacer.delay(now) {
+                    None if free < 100 => free += 1,
+                    wait => return (free, wait),
+                }
+            }
+        };
+        let (free, wait) = burst(start);
+        assert_eq!(free, BURST as usize, "the first burst");
+        assert_eq!(wait, Some(gap * BURST));
+        // The message that waited goes when its wait is over, with the rest of its burst.
+        let mut now = start + gap * BURST;
+        for round in 0..5 {
+            let (free, wait) = burst(now);
+            assert_eq!(free + 1, BURST as usize, "burst {round} after a wait");
+            assert_eq!(wait, Some(gap * BURST), "burst {round}");
+            now += gap * BURST;
+        }
+        let (free, _) = burst(now + Duration::from_secs(10));
+        assert_eq!(free, BURST as usize, "after an idle spell");
+        // Unpaced: never a wait.
+        let mut unpaced = Pacer::new(0);
+        assert!((0..1000).all(|_| unpaced.delay(start).is_none()));
+    }
 
     /// Messages of changing sizes, with and without segmentation offload, reach a
     /// receiver as the same datagrams in the same order: runs of one size go out together,
