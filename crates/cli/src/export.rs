@@ -46,6 +46,114 @@ impl Naming {
     }
 }
 
+/// The largest IPFIX message over UDP: what one packet on the route to the collector
+/// carries (`auto`), or a number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub enum MessageSize {
+    Auto,
+    Bytes(usize),
+}
+
+impl MessageSize {
+    /// Where the route's MTU cannot be read: what fits in a 1,500-byte Ethernet frame with
+    /// room for a tunnel's headers, as most exporters send.
+    pub const FALLBACK: usize = 1400;
+    /// What the IPFIX header's length field allows, and the least RFC 7011 lets a
+    /// collector expect (its 512 bytes).
+    pub const RANGE: std::ops::RangeInclusive<usize> = 512..=65_535;
+}
+
+impl std::str::FromStr for MessageSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(MessageSize::Auto);
+        }
+        let (lo, hi) = (Self::RANGE.start(), Self::RANGE.end());
+        match s.parse::<usize>() {
+            Ok(n) if Self::RANGE.contains(&n) => Ok(MessageSize::Bytes(n)),
+            _ => Err(format!(
+                "'{s}' is neither auto nor a number of bytes from {lo} to {hi}"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for MessageSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MessageSize::Auto => write!(f, "auto"),
+            MessageSize::Bytes(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A pace in bytes per second: a number, with k, M or G for thousands, millions or
+/// billions (`28M`); 0 for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub struct ByteRate(pub u64);
+
+impl std::str::FromStr for ByteRate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (digits, scale) = match s.as_bytes().last() {
+            Some(b'k') => (&s[..s.len() - 1], 1_000),
+            Some(b'M') => (&s[..s.len() - 1], 1_000_000),
+            Some(b'G') => (&s[..s.len() - 1], 1_000_000_000),
+            _ => (s, 1),
+        };
+        (digits.parse::<u64>().ok())
+            .and_then(|n| n.checked_mul(scale))
+            .map(ByteRate)
+            .ok_or_else(|| {
+                format!("'{s}' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0")
+            })
+    }
+}
+
+impl std::fmt::Display for ByteRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        match n {
+            0 => write!(f, "0"),
+            _ if n.is_multiple_of(1_000_000_000) => write!(f, "{}G", n / 1_000_000_000),
+            _ if n.is_multiple_of(1_000_000) => write!(f, "{}M", n / 1_000_000),
+            _ if n.is_multiple_of(1_000) => write!(f, "{}k", n / 1_000),
+            _ => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A config value given as a number or as text (`mtu = 1400` or `mtu = "auto"`).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<NumberOrText> for MessageSize {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => n.to_string().parse(),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
+impl TryFrom<NumberOrText> for ByteRate {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => Ok(ByteRate(n)),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
 /// How records are written.
 #[derive(Clone, Debug)]
 pub struct ExportConfig {
@@ -54,10 +162,10 @@ pub struct ExportConfig {
     pub features: Features,
     pub biflow: bool,
     pub domain: u32,
-    /// Largest IPFIX message over UDP (bytes).
-    pub mtu: usize,
-    /// IPFIX messages per second over UDP; 0: as fast as the socket takes them.
-    pub rate: u64,
+    /// Largest IPFIX message over UDP.
+    pub mtu: MessageSize,
+    /// IPFIX bytes per second to each UDP collector; 0: as fast as the socket takes them.
+    pub rate: ByteRate,
     /// Send runs of equal-size UDP messages at once (UDP generic segmentation offload).
     pub gso: bool,
 }
@@ -114,10 +222,18 @@ impl Sink {
                 let flag = c.naming.name("ipfix");
                 let s = UdpSocket::bind(bind).map_err(|e| format!("{flag} {addr}: {e}"))?;
                 s.connect(addr).map_err(|e| format!("{flag} {addr}: {e}"))?;
+                let size = match c.mtu {
+                    MessageSize::Bytes(n) => n,
+                    // Fewer, larger datagrams where the path carries them (64 KiB on
+                    // loopback): less work per record for the exporter and the collector.
+                    MessageSize::Auto => (udp::max_payload(&s).ok())
+                        .filter(|n| MessageSize::RANGE.contains(n))
+                        .unwrap_or(MessageSize::FALLBACK),
+                };
                 (
                     format!("ipfix udp {addr}"),
                     Out::Udp(UdpOut::new(s, c.rate, c.gso)),
-                    enc(c.mtu, TemplateRefresh::UDP),
+                    enc(size, TemplateRefresh::UDP),
                     false,
                 )
             }
@@ -245,43 +361,53 @@ impl Sink {
 }
 
 /// Spaces UDP messages so that a collector's socket buffer is not overrun: a token bucket
-/// of `BURST` messages refilled at the rate (sleeping per message would cost more than the
-/// gap it waits for).
+/// of `BURST_BYTES` refilled at the rate in bytes, so that large messages (64 KiB on
+/// loopback) and small ones put the same load on the collector (sleeping per message
+/// would cost more than the gap it waits for).
 struct Pacer {
-    gap: Duration,
+    /// Bytes per second; 0: unpaced.
+    rate: u64,
+    /// Where the next message's slot begins: this runs ahead of now by the time the bytes
+    /// sent beyond the rate take at the rate.
     next: Instant,
 }
 
 /// Small enough that several bursts fit in a collector's default receive buffer (Linux:
 /// 208 KiB, where each 1,428-byte datagram takes 2,304), so that a collector kept off the
-/// CPU for a few bursts loses nothing. With 64 (and twice that after an idle spell, which
-/// the pacer then allowed), nfcapd at its default buffer lost 0.2-2.3% of the records of a
-/// two-worker run at the default rate, in every run; with 16, none.
-const BURST: u32 = 16;
+/// CPU for a few bursts loses nothing: 16 messages of 1,400 bytes. With 64 (and twice
+/// that after an idle spell, which the pacer then allowed), nfcapd at its default buffer
+/// lost 0.2-2.3% of the records of a two-worker run at the default rate, in every run;
+/// with 16, none. A message larger than a burst goes on its own.
+const BURST_BYTES: u64 = 16 * 1400;
 
 impl Pacer {
-    fn new(rate: u64) -> Pacer {
+    fn new(rate: ByteRate) -> Pacer {
         Pacer {
-            gap: 1_000_000_000u64
-                .checked_div(rate)
-                .map_or(Duration::ZERO, Duration::from_nanos),
+            rate: rate.0,
             next: Instant::now(),
         }
     }
 
-    /// How long to wait, from `now`, before the next message, if at all (the message is
-    /// counted as sent when that wait is over).
-    fn delay(&mut self, now: Instant) -> Option<Duration> {
-        if self.gap.is_zero() {
+    /// How long `bytes` take at the rate.
+    fn time(&self, bytes: u64) -> Duration {
+        let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(self.rate);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// How long to wait, from `now`, before a message of `len` bytes, if at all (the
+    /// message is counted as sent when that wait is over).
+    fn delay(&mut self, now: Instant, len: usize) -> Option<Duration> {
+        if self.rate == 0 {
             return None;
         }
-        // `next` is this message's slot at the rate: it runs ahead of now by the messages
-        // sent beyond the rate, and idle time earns nothing (a slot is never in the past),
-        // so at most BURST go at once. The one after them waits for its slot, so that the
-        // next BURST go together then: one sleep per BURST messages, not one per message.
+        // Idle time earns nothing (a slot is never in the past), so at most a burst goes
+        // at once. The message that would overfill it waits for its slot, and the next
+        // burst goes with it then: one sleep per burst, not one per message.
         let slot = self.next.max(now);
-        self.next = slot + self.gap;
-        (slot > now + self.gap * (BURST - 1)).then(|| slot - now)
+        let ahead = slot - now;
+        let time = self.time(len as u64);
+        self.next = slot + time;
+        (!ahead.is_zero() && ahead + time > self.time(BURST_BYTES)).then_some(ahead)
     }
 }
 
@@ -308,7 +434,7 @@ type Sent = (usize, usize);
 
 impl UdpOut {
     /// `gso`: send runs of messages at once where the kernel can; else one per send.
-    fn new(socket: UdpSocket, rate: u64, gso: bool) -> UdpOut {
+    fn new(socket: UdpSocket, rate: ByteRate, gso: bool) -> UdpOut {
         UdpOut {
             socket,
             pacer: Pacer::new(rate),
@@ -325,7 +451,7 @@ impl UdpOut {
     /// what is held first if it cannot join): what went out.
     fn push(&mut self, message: &[u8]) -> std::io::Result<Sent> {
         let mut sent = (0, 0);
-        if let Some(wait) = self.pacer.delay(Instant::now()) {
+        if let Some(wait) = self.pacer.delay(Instant::now(), message.len()) {
             sent = self.flush()?;
             std::thread::sleep(wait);
         }
@@ -544,40 +670,93 @@ impl Exporter {
 mod tests {
     use super::*;
 
-    /// On the pacer's own clock: `BURST` messages go at once, the next waits until the
-    /// burst is earned back at the rate and then goes with the next burst, and a long idle
-    /// spell earns no more than one burst (each burst must fit a collector's buffer).
+    /// On the pacer's own clock: 16 messages of 1,400 bytes go at once, the next waits
+    /// until the burst is earned back at the rate and then goes with the next burst, and a
+    /// long idle spell earns no more than one burst (each burst must fit a collector's
+    /// buffer); messages larger than a burst go one at a time, spaced at the rate.
     #[test]
-    fn the_pacer_sends_bursts_of_16_at_the_rate() {
-        let gap = Duration::from_micros(50); // 20,000 messages per second
+    fn the_pacer_sends_bursts_of_16_small_messages_at_the_rate() {
+        let rate = ByteRate(28_000_000);
+        let gap = Duration::from_micros(50); // 1,400 bytes at 28 MB/s
         let start = Instant::now() + Duration::from_secs(1);
-        let mut pacer = Pacer::new(20_000);
-        // The messages that go at `now` without a wait, and the wait of the next one.
-        let mut burst = |now| {
+        let mut pacer = Pacer::new(rate);
+        // The messages of `len` bytes that go at `now` without a wait, and the wait of
+        // the next one.
+        let mut burst = |now, len| {
             let mut free = 0;
             loop {
-                match pacer.delay(now) {
+                match pacer.delay(now, len) {
                     None if free < 100 => free += 1,
                     wait => return (free, wait),
                 }
             }
         };
-        let (free, wait) = burst(start);
-        assert_eq!(free, BURST as usize, "the first burst");
-        assert_eq!(wait, Some(gap * BURST));
+        let (free, wait) = burst(start, 1400);
+        assert_eq!(free, 16, "the first burst");
+        assert_eq!(wait, Some(gap * 16));
         // The message that waited goes when its wait is over, with the rest of its burst.
-        let mut now = start + gap * BURST;
+        let mut now = start + gap * 16;
         for round in 0..5 {
-            let (free, wait) = burst(now);
-            assert_eq!(free + 1, BURST as usize, "burst {round} after a wait");
-            assert_eq!(wait, Some(gap * BURST), "burst {round}");
-            now += gap * BURST;
+            let (free, wait) = burst(now, 1400);
+            assert_eq!(free + 1, 16, "burst {round} after a wait");
+            assert_eq!(wait, Some(gap * 16), "burst {round}");
+            now += gap * 16;
         }
-        let (free, _) = burst(now + Duration::from_secs(10));
-        assert_eq!(free, BURST as usize, "after an idle spell");
+        let (free, _) = burst(now + Duration::from_secs(10), 1400);
+        assert_eq!(free, 16, "after an idle spell");
+        // 64 KiB messages: one at a time, each waiting for the one before it.
+        let now = now + Duration::from_secs(20);
+        let big_gap = Duration::from_nanos(65_000 * 1_000_000_000 / 28_000_000);
+        let (free, wait) = burst(now, 65_000);
+        assert_eq!((free, wait), (1, Some(big_gap)));
+        let (free, wait) = burst(now + big_gap, 65_000);
+        assert_eq!((free, wait), (0, Some(big_gap)));
         // Unpaced: never a wait.
-        let mut unpaced = Pacer::new(0);
-        assert!((0..1000).all(|_| unpaced.delay(start).is_none()));
+        let mut unpaced = Pacer::new(ByteRate(0));
+        assert!((0..1000).all(|_| unpaced.delay(start, 65_000).is_none()));
+    }
+
+    /// Rates and message sizes as the flags and the config give them, and errors that say
+    /// what is expected.
+    #[test]
+    fn rates_and_message_sizes_parse_as_written() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("28M", 28_000_000),
+            ("500k", 500_000),
+            ("1G", 1_000_000_000),
+            ("12345", 12_345),
+        ] {
+            let rate: ByteRate = text.parse().unwrap();
+            assert_eq!(rate, ByteRate(bytes));
+            assert_eq!(rate.to_string().parse::<ByteRate>(), Ok(rate), "{text}");
+        }
+        for bad in ["", "M", "28m", "-1", "1.5M", "99999999999G"] {
+            let e = bad.parse::<ByteRate>().unwrap_err();
+            assert!(e.contains("bytes per second"), "{bad}: {e}");
+        }
+        assert_eq!("auto".parse(), Ok(MessageSize::Auto));
+        assert_eq!("1400".parse(), Ok(MessageSize::Bytes(1400)));
+        for bad in ["511", "65536", "big", ""] {
+            let e = bad.parse::<MessageSize>().unwrap_err();
+            assert!(e.contains("512 to 65535"), "{bad}: {e}");
+        }
+        #[derive(serde::Deserialize)]
+        struct Keys {
+            mtu: MessageSize,
+            rate: ByteRate,
+        }
+        let keys: Keys = toml::from_str("mtu = 1400\nrate = 28000000").unwrap();
+        assert_eq!(
+            (keys.mtu, keys.rate),
+            (MessageSize::Bytes(1400), ByteRate(28_000_000))
+        );
+        let keys: Keys = toml::from_str("mtu = \"auto\"\nrate = \"28M\"").unwrap();
+        assert_eq!(
+            (keys.mtu, keys.rate),
+            (MessageSize::Auto, ByteRate(28_000_000))
+        );
+        assert!(toml::from_str::<Keys>("mtu = 100\nrate = 0").is_err());
     }
 
     /// Messages of changing sizes, with and without segmentation offload, reach a
@@ -595,7 +774,7 @@ mod tests {
             rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             tx.connect(rx.local_addr().unwrap()).unwrap();
-            let mut out = UdpOut::new(tx, 0, gso);
+            let mut out = UdpOut::new(tx, ByteRate(0), gso);
             let mut sent = 0;
             for (i, m) in messages.iter().enumerate() {
                 sent += out.push(m).unwrap().0;

@@ -6,7 +6,9 @@
 //! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
-use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
+use crate::export::{
+    ByteRate, ExportConfig, ExportReport, Exporter, MessageSize, Naming, SinkSpec,
+};
 use crate::progress::Progress;
 use crate::{CliResult, run::bounded, run_live};
 use stateplane_flows::aggregator::Timeouts;
@@ -165,15 +167,20 @@ pub struct FlowSettings {
     /// only as flows arrive (but fills toward the budget sooner).
     #[arg(long)]
     pub presize_flows: bool,
-    /// IPFIX messages per second over UDP (0: unpaced).
+    /// IPFIX bytes per second to each UDP collector, in bursts of at most 22,400 bytes
+    /// (or one larger message): k, M and G for thousands, millions, billions; 0 unpaced.
     #[arg(long, default_value_t = DEFAULT.ipfix_rate)]
-    pub ipfix_rate: u64,
-    /// Largest IPFIX message over UDP, in bytes.
+    pub ipfix_rate: ByteRate,
+    /// Largest IPFIX message over UDP, in bytes (512 to 65535), or auto: what one packet
+    /// on the route to the collector carries (its MTU less the IP and UDP headers: 64 KiB
+    /// on loopback, 1,472 bytes on Ethernet, read when the socket opens), or 1,400 where
+    /// the kernel does not say.
     #[arg(long, default_value_t = DEFAULT.mtu)]
-    pub mtu: usize,
+    pub mtu: MessageSize,
     /// Hand the kernel runs of equal-size IPFIX messages in one send, to cut into datagrams
     /// (UDP generic segmentation offload): about a quarter of the time per message on
-    /// loopback. Collectors receive the same datagrams, but a capture taken on this host
+    /// loopback. One send holds 64 KiB, so this joins messages only with a --mtu of a few
+    /// thousand bytes or less (not --mtu auto on loopback). Collectors receive the same datagrams, but a capture taken on this host
     /// (tcpdump on the sending side, or on loopback) shows each send as one oversized
     /// packet, which tshark calls malformed; hence off unless asked for.
     #[arg(long)]
@@ -197,8 +204,10 @@ const DEFAULT: FlowSettings = FlowSettings {
     microflow_slots: 4096,
     max_flows: 1 << 18,
     presize_flows: false,
-    ipfix_rate: 20_000,
-    mtu: 1400,
+    // What 20,000 messages of 1,400 bytes a second were: nfcapd keeps up with it at its
+    // default receive buffer while the exporter shares its two cores.
+    ipfix_rate: ByteRate(28_000_000),
+    mtu: MessageSize::Auto,
     ipfix_gso: false,
     domain: 1,
 };

@@ -226,6 +226,77 @@ fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
     );
 }
 
+/// Over UDP, messages are as large as the route to the collector carries (64 KiB on
+/// loopback) unless `--mtu` says otherwise, and either way every datagram is a whole
+/// message whose sequence number counts the records before it; bad sizes and rates are
+/// refused with what is expected.
+#[test]
+fn ipfix_over_udp_fills_what_the_path_carries() {
+    let trace = tmp("udp.pcap");
+    generate(20_000, 6, &trace);
+    for mtu in ["auto", "1400"] {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        socket
+            .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = done.clone();
+        // Reads until the run has ended and nothing more arrives.
+        let collector = std::thread::spawn(move || {
+            let mut datagrams = Vec::new();
+            let mut buf = vec![0u8; 70_000];
+            loop {
+                match socket.recv(&mut buf) {
+                    Ok(n) => datagrams.push(buf[..n].to_vec()),
+                    Err(_) if sent.load(std::sync::atomic::Ordering::Acquire) => break,
+                    Err(_) => {}
+                }
+            }
+            datagrams
+        });
+        let text = ok(bin()
+            .args([
+                "flows",
+                "--summary-json",
+                "--mtu",
+                mtu,
+                "--ipfix",
+                &addr.to_string(),
+                "-i",
+            ])
+            .arg(&trace)
+            .output()
+            .unwrap());
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let datagrams = collector.join().unwrap();
+        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let records = decode_stream(&datagrams.concat());
+        assert_eq!(summary["records"], records.len() as u64, "--mtu {mtu}");
+        assert_eq!(summary["sinks"][0]["messages"], datagrams.len() as u64);
+        let largest = datagrams.iter().map(Vec::len).max().unwrap();
+        if mtu == "auto" {
+            assert!(
+                (1473..=65_507).contains(&largest),
+                "auto: the largest message is {largest} bytes (loopback carries 64 KiB)"
+            );
+        } else {
+            assert!(
+                (1300..=1400).contains(&largest),
+                "--mtu 1400: {largest} bytes"
+            );
+        }
+    }
+    refused(
+        &["flows", "-i", "x.pcap", "--csv", "-", "--mtu", "100"],
+        "--mtu <MTU>': '100' is neither auto nor a number of bytes from 512 to 65535",
+    );
+    refused(
+        &["flows", "-i", "x.pcap", "--csv", "-", "--ipfix-rate", "2x"],
+        "'2x' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0",
+    );
+}
+
 #[test]
 fn pcapng_input_gives_the_same_records_as_pcap() {
     let (pcap, pcapng) = (tmp("same.pcap"), tmp("same.pcapng"));
@@ -409,6 +480,16 @@ fn flows_settings_errors_name_the_key_or_flag() {
     let err = run_with("csv = \"x.csv\"\nfeatures = \"counts,colour\"");
     assert!(
         err.contains("flows.features") && err.contains("colour"),
+        "{err}"
+    );
+    let err = run_with("csv = \"x.csv\"\nmtu = 70000");
+    assert!(
+        err.contains("mtu = 70000") && err.contains("from 512 to 65535"),
+        "{err}"
+    );
+    let err = run_with("csv = \"x.csv\"\nipfix_rate = \"fast\"");
+    assert!(
+        err.contains("ipfix_rate") && err.contains("is not bytes per second"),
         "{err}"
     );
     let err = run_with("csv = \"x.csv\"\nidle_timeout = 3");

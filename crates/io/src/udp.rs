@@ -1,13 +1,33 @@
-//! UDP generic segmentation offload (GSO): one send of many equal-size datagrams, which
-//! the kernel (or the network card) cuts apart, so that the stack is walked once per send
-//! rather than once per datagram. Flow exporters send IPFIX this way.
+//! Sending datagrams cheaply: as large as the path to the receiver carries whole (its path
+//! MTU, as the kernel knows it), and with UDP generic segmentation offload (GSO), one send
+//! of many equal-size datagrams, which the kernel (or the network card) cuts apart, so
+//! that the stack is walked once per send rather than once per datagram. Flow exporters
+//! send IPFIX this way.
 //!
 //! Must never: change how a receiver sees the datagrams (it gets each one on its own, of
 //! the size the sender chose).
 
 use crate::live::sys;
 use std::io;
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
+
+/// The largest datagram payload that reaches the peer of the connected `socket` in one IP
+/// packet: the path MTU the kernel holds for it (the route's MTU, until path MTU discovery
+/// learns of a smaller one on the way), less the IP and UDP headers. 65,507 bytes at most
+/// (what a UDP datagram can carry); on loopback, whose MTU is 64 KiB, that.
+pub fn max_payload(socket: &UdpSocket) -> io::Result<usize> {
+    let (level, name, headers) = match socket.peer_addr()? {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_MTU, 20 + 8),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_MTU, 40 + 8),
+    };
+    let mtu = sys::getsockopt_int(socket, level, name)?;
+    let payload = usize::try_from(mtu).unwrap_or(0).saturating_sub(headers);
+    Ok(payload.min(MAX_DATAGRAM))
+}
+
+/// The most payload one UDP datagram over IPv4 can carry (65,535 less 20 and 8 bytes of
+/// headers).
+pub const MAX_DATAGRAM: usize = 65_507;
 
 /// The most datagrams one send may carry (the kernel's `UDP_MAX_SEGMENTS`).
 pub const MAX_SEGMENTS: usize = 64;
@@ -35,6 +55,26 @@ pub fn cannot_segment(e: &io::Error) -> bool {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// On loopback, what one packet carries is the interface's MTU less the headers, for
+    /// both families; a socket with no peer has no path.
+    #[test]
+    fn the_largest_payload_follows_the_routes_mtu() {
+        let lo_mtu: usize = std::fs::read_to_string("/sys/class/net/lo/mtu")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        v4.connect("127.0.0.1:9").unwrap();
+        assert_eq!(max_payload(&v4).unwrap(), (lo_mtu - 28).min(MAX_DATAGRAM));
+        if let Ok(v6) = UdpSocket::bind("[::1]:0") {
+            v6.connect("[::1]:9").unwrap();
+            assert_eq!(max_payload(&v6).unwrap(), (lo_mtu - 48).min(MAX_DATAGRAM));
+        }
+        let unconnected = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(max_payload(&unconnected).is_err());
+    }
 
     /// One send of three messages and a shorter fourth arrives as four datagrams.
     #[test]

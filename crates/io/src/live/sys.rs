@@ -47,7 +47,7 @@ pub fn setsockopt<T: Copy>(fd: &impl AsRawFd, level: i32, name: i32, value: &T) 
 /// # Safety
 /// `T` must be plain data: integers only, so that all-zero and any bytes the kernel writes
 /// are valid values.
-unsafe fn getsockopt_plain<T: Copy>(fd: &OwnedFd, level: i32, name: i32) -> io::Result<T> {
+unsafe fn getsockopt_plain<T: Copy>(fd: &impl AsRawFd, level: i32, name: i32) -> io::Result<T> {
     // SAFETY: the caller guarantees `T` is plain data, for which all-zero is valid.
     let mut value: T = unsafe { std::mem::zeroed() };
     let mut len = size_of::<T>() as libc::socklen_t;
@@ -63,6 +63,12 @@ unsafe fn getsockopt_plain<T: Copy>(fd: &OwnedFd, level: i32, name: i32) -> io::
         )
     };
     if rc < 0 { Err(last_error()) } else { Ok(value) }
+}
+
+/// Reads a socket option whose value is one `int`.
+pub fn getsockopt_int(fd: &impl AsRawFd, level: i32, name: i32) -> io::Result<libc::c_int> {
+    // SAFETY: c_int is plain data.
+    unsafe { getsockopt_plain(fd, level, name) }
 }
 
 /// The packet socket's counts since the last call (the kernel resets them on read):
