@@ -586,6 +586,15 @@ impl Exporter {
                 n("json")
             ));
         }
+        if config.gso && !(config.sinks.iter()).any(|s| matches!(s, SinkSpec::IpfixUdp(_))) {
+            let n = |k| config.naming.name(k);
+            return Err(format!(
+                "{}: segmentation offload is for IPFIX over UDP, and no {} HOST:PORT is \
+                 given: add one, or leave it out",
+                n("ipfix_gso"),
+                n("ipfix")
+            ));
+        }
         let stdout =
             (config.sinks.iter()).any(|s| matches!(s, SinkSpec::Csv(None) | SinkSpec::Json(None)));
         let mut sinks = config

@@ -292,6 +292,17 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
         "--mtu <MTU>': '100' is neither auto nor a number of bytes from 512 to 65535",
     );
     refused(
+        &[
+            "flows",
+            "-i",
+            trace.to_str().unwrap(),
+            "--csv",
+            "-",
+            "--ipfix-gso",
+        ],
+        "--ipfix-gso: segmentation offload is for IPFIX over UDP, and no --ipfix HOST:PORT",
+    );
+    refused(
         &["flows", "-i", "x.pcap", "--csv", "-", "--ipfix-rate", "2x"],
         "'2x' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0",
     );
