@@ -267,6 +267,8 @@ pub struct Encoder {
     templates: Vec<u8>,
     record_len: [usize; 2],
     features: Features,
+    /// The per-direction elements of `features`, picked once.
+    direction: Vec<&'static DirectionElement>,
     biflow: bool,
     refresh: TemplateRefresh,
     messages_since_templates: Option<u32>,
@@ -353,6 +355,7 @@ impl Encoder {
             record_len: [len(&templates[0]), len(&templates[1])],
             templates: templates_message(domain, &templates),
             features,
+            direction: direction_elements(features).collect(),
             biflow,
             refresh,
             messages_since_templates: None,
@@ -490,13 +493,22 @@ impl Encoder {
         let f = self.features;
         self.open[v6].records += 1;
         let b = &mut self.open[v6].buf;
+        // The record's place is made first, at its template's length, and each field is
+        // then a store at a known place: pushing field by field onto the growing message
+        // took 400 instructions a record.
+        let start = b.len();
+        b.resize(start + self.record_len[v6], 0);
+        let mut w = RecordWriter {
+            out: &mut b[start..],
+            at: 0,
+        };
         let k = &r.key;
         if v6 == 1 {
-            b.extend_from_slice(&k.src);
-            b.extend_from_slice(&k.dst);
+            w.put(k.src);
+            w.put(k.dst);
         } else {
-            b.extend_from_slice(&k.src[..4]);
-            b.extend_from_slice(&k.dst[..4]);
+            w.put([k.src[0], k.src[1], k.src[2], k.src[3]]);
+            w.put([k.dst[0], k.dst[1], k.dst[2], k.dst[3]]);
         }
         let icmp = matches!(k.proto, 1 | 58);
         // ICMP's type and code ride in the key's destination port; IPFIX has them apart.
@@ -505,14 +517,14 @@ impl Encoder {
         } else {
             (k.src_port, k.dst_port)
         };
-        b.extend_from_slice(&sport.to_be_bytes());
-        b.extend_from_slice(&dport.to_be_bytes());
-        b.push(k.proto);
-        write_direction(b, f, &r.forward);
+        w.put(sport.to_be_bytes());
+        w.put(dport.to_be_bytes());
+        w.put([k.proto]);
+        w.direction(&self.direction, &r.forward);
         if f.has(Features::IAT) {
             let s = &r.forward;
-            b.extend_from_slice(&s.iat_min().unwrap_or(0).to_be_bytes());
-            b.extend_from_slice(&s.iat_max_ns.to_be_bytes());
+            w.put(s.iat_min().unwrap_or(0).to_be_bytes());
+            w.put(s.iat_max_ns.to_be_bytes());
         }
         if f.has(Features::PORTS) {
             let port = |p: u16| {
@@ -522,28 +534,52 @@ impl Encoder {
                     u32::from(p) + 1
                 }
             };
-            b.extend_from_slice(&port(r.forward.in_port).to_be_bytes());
-            b.extend_from_slice(&port(r.forward.out_port).to_be_bytes());
+            w.put(port(r.forward.in_port).to_be_bytes());
+            w.put(port(r.forward.out_port).to_be_bytes());
         }
         if f.has(Features::VLAN) {
-            b.extend_from_slice(&k.vlan.to_be_bytes());
+            w.put(k.vlan.to_be_bytes());
         }
         if f.has(Features::ICMP) {
-            b.extend_from_slice(&(if icmp { k.dst_port } else { 0 }).to_be_bytes());
+            w.put((if icmp { k.dst_port } else { 0 }).to_be_bytes());
         }
         if f.has(Features::END_REASON) {
-            b.push(r.end as u8);
+            w.put([r.end as u8]);
         }
         if self.biflow {
             let none = FlowStats::ZERO;
-            write_direction(b, f, r.reverse.as_ref().unwrap_or(&none));
+            w.direction(&self.direction, r.reverse.as_ref().unwrap_or(&none));
         }
+        debug_assert_eq!(w.at, self.record_len[v6], "the record fills its template");
     }
 }
 
-fn write_direction(b: &mut Vec<u8>, f: Features, s: &FlowStats) {
-    for e in direction_elements(f) {
-        b.extend_from_slice(&(e.get)(s).to_be_bytes()[8 - usize::from(e.len)..]);
+/// Writes one record's fields in order into the place made for it.
+///
+/// Invariant: the place is the template's record length, which the same features give
+/// (`template_fields`), so no write runs past it.
+struct RecordWriter<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl RecordWriter<'_> {
+    fn put<const N: usize>(&mut self, bytes: [u8; N]) {
+        self.out[self.at..self.at + N].copy_from_slice(&bytes);
+        self.at += N;
+    }
+
+    /// A direction's `elements`, each in its length (the low bytes of its value).
+    fn direction(&mut self, elements: &[&DirectionElement], s: &FlowStats) {
+        for e in elements {
+            let v = (e.get)(s);
+            match e.len {
+                1 => self.put([v as u8]),
+                2 => self.put((v as u16).to_be_bytes()),
+                4 => self.put((v as u32).to_be_bytes()),
+                _ => self.put(v.to_be_bytes()),
+            }
+        }
     }
 }
 
