@@ -231,7 +231,8 @@ impl Sink {
                         .unwrap_or(MessageSize::FALLBACK),
                 };
                 (
-                    format!("ipfix udp {addr}"),
+                    // The size shows in the summary: what `auto` found on the route.
+                    format!("ipfix udp {addr} (messages of up to {size} bytes)"),
                     Out::Udp(UdpOut::new(s, c.rate, c.gso)),
                     enc(size, TemplateRefresh::UDP),
                     false,

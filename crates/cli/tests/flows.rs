@@ -274,6 +274,15 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
         let records = decode_stream(&datagrams.concat());
         assert_eq!(summary["records"], records.len() as u64, "--mtu {mtu}");
         assert_eq!(summary["sinks"][0]["messages"], datagrams.len() as u64);
+        // The summary says how large the messages may be, which `auto` found on the route.
+        let name = summary["sinks"][0]["sink"].as_str().unwrap();
+        let limit = name
+            .split("up to ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next());
+        let limit: usize = limit.and_then(|n| n.parse().ok()).expect(name);
+        assert!(datagrams.iter().all(|d| d.len() <= limit), "{name}");
+        assert!(limit >= 1400, "{name}");
         let largest = datagrams.iter().map(Vec::len).max().unwrap();
         if mtu == "auto" {
             assert!(
