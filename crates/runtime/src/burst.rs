@@ -1,6 +1,7 @@
 //! A burst: up to `capacity` packets, their bytes packed one after another in an arena, each
 //! with a descriptor that carries its parse and, after the program, its verdict.
 
+use crate::port::RxPacket;
 use crate::program::{DropReason, Verdict};
 use stateplane_wire::{FlowHasher, Malformed, Parsed};
 
@@ -152,20 +153,21 @@ impl Burst {
         true
     }
 
-    /// Appends a packet whose descriptor (parse included) is already known; its `offset`
-    /// and `len` are set here.
+    /// Appends a received packet already parsed (`parsed` is copied once, into its
+    /// descriptor). Returns `false` (and changes nothing) if the burst is full.
     #[inline]
-    pub fn push_desc(&mut self, data: &[u8], desc: PacketDesc) -> bool {
-        let Some(slot) = self.append(data, desc.ts_ns) else {
-            return false;
-        };
-        *slot = PacketDesc {
-            offset: slot.offset,
-            len: slot.len,
-            headroom: slot.headroom,
-            ..desc
-        };
-        true
+    pub fn push_parsed(
+        &mut self,
+        packet: &RxPacket,
+        in_port: u16,
+        seq: u64,
+        parsed: &Parsed,
+    ) -> bool {
+        let pushed = self.push(packet.data, packet.orig_len, packet.ts_ns, in_port, seq);
+        if pushed {
+            self.slots[self.count - 1].parsed = *parsed;
+        }
+        pushed
     }
 
     /// Parses the last packet in place (for a source that decides per packet whether to

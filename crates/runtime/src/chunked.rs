@@ -31,8 +31,8 @@ use crate::port::{ChunkedFile, RxPacket};
 use crate::program::PortId;
 use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use stateplane_wire::FlowHasher;
 use stateplane_wire::flow::shard_of;
+use stateplane_wire::{FlowHasher, Parsed};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -287,6 +287,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
     fn parse(&mut self, bytes: &[u8], start: &ChunkStart<F::Context>) {
         let (mut seq, mut clock_ns) = (start.seq, start.clock_ns);
         let walked = std::mem::take(&mut self.walked);
+        let mut parsed = Parsed::EMPTY;
         for w in &walked {
             let packet = RxPacket {
                 data: &bytes[w.at..w.at + w.len],
@@ -294,13 +295,11 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 ts_ns: w.ts_ns,
             };
             clock_ns = clock_ns.max(packet.ts_ns);
-            if let Some(parsed) =
-                ingress::parse(&packet, self.port, &self.hasher, Some(&mut self.stats))
-            {
+            let (port, hasher) = (self.port, &self.hasher);
+            if ingress::parse(&packet, port, hasher, &mut parsed, Some(&mut self.stats)) {
                 let to = shard_of(parsed.hash, self.workers);
-                let desc = ingress::desc(&packet, self.port, parsed, seq);
-                self.room(to, packet.data.len(), clock_ns)
-                    .push_desc(packet.data, desc);
+                (self.room(to, packet.data.len(), clock_ns))
+                    .push_parsed(&packet, port, seq, &parsed);
             }
             seq += 1;
         }

@@ -17,7 +17,7 @@
 //! finishes its round and closes its queues; workers finish what is queued, then the output
 //! stage does, and every count is final.
 
-use crate::burst::{Burst, MAX_FRAME, PacketDesc};
+use crate::burst::{Burst, MAX_FRAME};
 use crate::port::{RxPacket, RxPort, TxPort};
 use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
 use crate::stats::{SharedStats, Stats};
@@ -391,6 +391,7 @@ fn dispatch(
 ) -> (Stats, Vec<String>) {
     let workers = to_worker.len();
     let mut stats = Stats::default();
+    let mut parsed = Parsed::EMPTY;
     let mut input = Merged::open(rx);
     let mut round = 0u64;
     let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
@@ -409,14 +410,18 @@ fn dispatch(
                 break;
             };
             let packet = head.packet();
-            if let Some(parsed) =
-                ingress::parse(&packet, head.port, &config.hasher, Some(&mut stats))
-            {
+            if ingress::parse(
+                &packet,
+                head.port,
+                &config.hasher,
+                &mut parsed,
+                Some(&mut stats),
+            ) {
                 let w = shard_of(parsed.hash, workers);
                 if !bursts[w].has_room(head.data.len()) {
                     break; // this worker's burst is full: the packet opens the next round
                 }
-                bursts[w].push_desc(&head.data, ingress::desc(&packet, head.port, parsed, seq));
+                bursts[w].push_parsed(&packet, head.port, seq, &parsed);
             }
             input.advance();
             taken += 1;
@@ -465,37 +470,24 @@ pub(crate) mod ingress {
         }
     }
 
-    /// Parses `packet`, which arrived on `port`: `None` when it is oversize or malformed,
-    /// which is counted in `stats` if given.
+    /// Parses `packet`, which arrived on `port`, into `out` (a scratch the caller keeps,
+    /// so that the parse is copied once, into the descriptor of the burst its hash
+    /// chooses): `false` when it is oversize or malformed, which is counted in `stats` if
+    /// given.
     pub fn parse(
         packet: &RxPacket,
         port: PortId,
         hasher: &FlowHasher,
+        out: &mut Parsed,
         mut stats: Option<&mut Stats>,
-    ) -> Option<Parsed> {
+    ) -> bool {
         let len = packet.data.len();
         if !fits(len, stats.as_deref_mut()) {
-            return None;
+            return false;
         }
-        stateplane_wire::parse(packet.data, port, hasher)
+        stateplane_wire::parse_in_place(packet.data, port, hasher, out)
             .map_err(|m| reject_malformed(len, m, stats))
-            .ok()
-    }
-
-    /// The descriptor of `packet`, the input's `seq`th, parsed.
-    pub fn desc(packet: &RxPacket, port: PortId, parsed: Parsed, seq: u64) -> PacketDesc {
-        PacketDesc {
-            offset: 0,
-            len: packet.data.len() as u32,
-            orig_len: packet.orig_len,
-            ts_ns: packet.ts_ns,
-            seq,
-            in_port: port,
-            headroom: 0,
-            parsed,
-            malformed: None,
-            verdict: Verdict::Drop(DropReason::NO_VERDICT),
-        }
+            .is_ok()
     }
 }
 
@@ -884,17 +876,18 @@ fn read_shared(
     input_bytes: &AtomicU64,
 ) -> (Stats, Vec<String>) {
     let mut stats = Stats::default();
+    let mut parsed = Parsed::EMPTY;
     let workers = lanes.len();
     let mut packets = 0u32;
     while let Some(i) = input.step() {
         let (head, seq) = (&input.heads[i], input.seq);
         let packet = head.packet();
-        if let Some(parsed) = ingress::parse(&packet, head.port, hasher, Some(&mut stats)) {
+        if ingress::parse(&packet, head.port, hasher, &mut parsed, Some(&mut stats)) {
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
             let Some(burst) = lane.room(head.data.len(), input.now_ns) else {
                 break; // that worker stopped: the run is stopping
             };
-            burst.push_desc(&head.data, ingress::desc(&packet, head.port, parsed, seq));
+            burst.push_parsed(&packet, head.port, seq, &parsed);
         }
         input.advance();
         packets = packets.wrapping_add(1);
