@@ -12,7 +12,70 @@ use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long after the first SIGINT or SIGTERM another one means "stop at once, without
+/// draining". Closer ones are the same request: under `timeout`, a Ctrl-C reaches the run
+/// two or three times within milliseconds (the terminal's, and `timeout` passing its own
+/// on to the run and to its group), and ending at the second lost every record not yet
+/// written.
+const SECOND_STOP_AFTER: Duration = Duration::from_secs(1);
+
+/// What a SIGINT or SIGTERM asks for, given the ones before it.
+#[derive(Debug, PartialEq, Eq)]
+enum StopRequest {
+    /// The first: stop taking packets, drain, report.
+    Drain,
+    /// Within [`SECOND_STOP_AFTER`] of the first: the same request again.
+    Repeat,
+    /// Later: end the process now.
+    AtOnce,
+}
+
+/// The stop signals seen so far (fed the time, so it is tested on a clock of its own).
+#[derive(Default)]
+struct StopSignals {
+    first: Option<Instant>,
+}
+
+impl StopSignals {
+    fn on_signal(&mut self, now: Instant) -> StopRequest {
+        match self.first {
+            None => {
+                self.first = Some(now);
+                StopRequest::Drain
+            }
+            Some(at) if now.saturating_duration_since(at) >= SECOND_STOP_AFTER => {
+                StopRequest::AtOnce
+            }
+            Some(_) => StopRequest::Repeat,
+        }
+    }
+}
+
+/// SIGINT or SIGTERM sets `stop` (the run drains and reports); another one at least
+/// [`SECOND_STOP_AFTER`] later ends the process at once, with status 1.
+fn stop_on_signals(stop: Arc<AtomicBool>) -> CliResult<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .map_err(|e| format!("installing the signal handler: {e}"))?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut seen = StopSignals::default();
+            for signal in signals.forever() {
+                match seen.on_signal(Instant::now()) {
+                    StopRequest::Drain => stop.store(true, Ordering::Relaxed),
+                    StopRequest::Repeat => {}
+                    StopRequest::AtOnce => {
+                        log::warn!("signal {signal} again: stopping at once, without draining");
+                        std::process::exit(1);
+                    }
+                }
+            }
+        })
+        .map_err(|e| format!("starting the signal thread: {e}"))?;
+    Ok(())
+}
 
 /// Rebuilds the program from the configuration as it is now (for SIGHUP).
 pub type Rebuild = Box<dyn Fn() -> CliResult<ProgramFactory> + Send>;
@@ -140,13 +203,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     }
 
     let handle = Arc::new(RunHandle::new(workers));
-    // A second SIGINT or SIGTERM while draining ends the process at once.
-    for signal in [SIGINT, SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 1, handle.stop.clone())
-            .map_err(|e| format!("installing the signal handler: {e}"))?;
-        signal_hook::flag::register(signal, handle.stop.clone())
-            .map_err(|e| format!("installing the signal handler: {e}"))?;
-    }
+    stop_on_signals(handle.stop.clone())?;
     let hangup = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(SIGHUP, hangup.clone())
         .map_err(|e| format!("installing the signal handler: {e}"))?;
@@ -283,4 +340,23 @@ fn start_control(
         server.addr
     );
     Ok(Some(server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Signals within a second of the first are one request to drain (a Ctrl-C under
+    /// `timeout` arrives two or three times); one later ends the run at once.
+    #[test]
+    fn a_second_stop_signal_ends_the_run_only_when_it_comes_later() {
+        let start = Instant::now();
+        let mut seen = StopSignals::default();
+        assert_eq!(seen.on_signal(start), StopRequest::Drain);
+        let soon = start + Duration::from_millis(50);
+        assert_eq!(seen.on_signal(soon), StopRequest::Repeat);
+        assert_eq!(seen.on_signal(soon), StopRequest::Repeat);
+        let later = start + SECOND_STOP_AFTER;
+        assert_eq!(seen.on_signal(later), StopRequest::AtOnce);
+    }
 }

@@ -1119,14 +1119,27 @@ fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Ch
     child
 }
 
-/// Stops a run started by [`start_in`] as an operator would, with SIGINT (`timeout`
-/// passes it on), once the last packets have had time to arrive; its output.
+/// Stops a run started by [`start_in`] as an operator would, with SIGINT, once the last
+/// packets have had time to arrive; its output. The run (the child of `timeout`) gets it
+/// twice, 50 ms apart, as under `timeout` it may (a Ctrl-C reaches `timeout` and the run,
+/// and `timeout` passes its own on, to the run and to its group): one request to stop and
+/// drain, not a second one that would end it at once with its records unwritten.
 fn interrupt(child: std::process::Child) -> Output {
     std::thread::sleep(Duration::from_millis(300));
-    Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
+    let timeout = child.id().to_string();
+    let run = Command::new("pgrep")
+        .args(["-P", &timeout])
+        .output()
         .unwrap();
+    let run = String::from_utf8_lossy(&run.stdout).trim().to_string();
+    assert!(
+        !run.is_empty(),
+        "the run under timeout {timeout} has ended early"
+    );
+    for _ in 0..2 {
+        Command::new("kill").args(["-INT", &run]).status().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
     child.wait_with_output().unwrap()
 }
 
