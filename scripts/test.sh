@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
-  sysctl:procps kill:procps setpriv:util-linux getconf:libc-bin
+  sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 

@@ -1126,6 +1126,7 @@ fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Ch
 /// drain, not a second one that would end it at once with its records unwritten.
 fn interrupt(child: std::process::Child) -> Output {
     std::thread::sleep(Duration::from_millis(300));
+    require("pgrep");
     let timeout = child.id().to_string();
     let run = Command::new("pgrep")
         .args(["-P", &timeout])
