@@ -53,28 +53,54 @@ impl StopSignals {
     }
 }
 
-/// SIGINT or SIGTERM sets `stop` (the run drains and reports); another one at least
-/// [`SECOND_STOP_AFTER`] later ends the process at once, with status 1.
-fn stop_on_signals(stop: Arc<AtomicBool>) -> CliResult<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .map_err(|e| format!("installing the signal handler: {e}"))?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut seen = StopSignals::default();
-            for signal in signals.forever() {
-                match seen.on_signal(Instant::now()) {
-                    StopRequest::Drain => stop.store(true, Ordering::Relaxed),
-                    StopRequest::Repeat => {}
-                    StopRequest::AtOnce => {
-                        log::warn!("signal {signal} again: stopping at once, without draining");
-                        std::process::exit(1);
+/// The run's signals, on a thread of their own until [`SignalThread::close`]: SIGINT or
+/// SIGTERM sets `stop` (the run drains and reports), and another one at least
+/// [`SECOND_STOP_AFTER`] later ends the process at once, with status 1; SIGHUP rebuilds
+/// the program from the configuration and publishes it to the workers.
+struct SignalThread {
+    handle: signal_hook::iterator::Handle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SignalThread {
+    fn start(stop: Arc<AtomicBool>, reload: Arc<Reload>, rebuild: Rebuild) -> CliResult<Self> {
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| format!("installing the signal handler: {e}"))?;
+        let handle = signals.handle();
+        let thread = std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut stops = StopSignals::default();
+                for signal in signals.forever() {
+                    if signal == SIGHUP {
+                        match rebuild() {
+                            Ok(factory) => {
+                                let generation = reload.publish(factory);
+                                log::info!("reloaded the program (generation {generation})");
+                            }
+                            Err(e) => log::error!("reload refused, the running program stays: {e}"),
+                        }
+                        continue;
+                    }
+                    match stops.on_signal(Instant::now()) {
+                        StopRequest::Drain => stop.store(true, Ordering::Relaxed),
+                        StopRequest::Repeat => {}
+                        StopRequest::AtOnce => {
+                            log::warn!("signal {signal} again: stopping at once, without draining");
+                            std::process::exit(1);
+                        }
                     }
                 }
-            }
-        })
-        .map_err(|e| format!("starting the signal thread: {e}"))?;
-    Ok(())
+            })
+            .map_err(|e| format!("starting the signal thread: {e}"))?;
+        Ok(SignalThread { handle, thread })
+    }
+
+    /// Stops taking signals (the run has ended) and waits for the thread.
+    fn close(self) {
+        self.handle.close();
+        let _ = self.thread.join();
+    }
 }
 
 /// Rebuilds the program from the configuration as it is now (for SIGHUP).
@@ -203,10 +229,6 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     }
 
     let handle = Arc::new(RunHandle::new(workers));
-    stop_on_signals(handle.stop.clone())?;
-    let hangup = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(SIGHUP, hangup.clone())
-        .map_err(|e| format!("installing the signal handler: {e}"))?;
     if let Some(addr) = run.metrics {
         metrics::serve(
             addr,
@@ -219,23 +241,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
 
     let _control_api = start_control(&run, &handle, &mut queues)?;
     let reload = Arc::new(Reload::new(run.factory.clone()));
-    let watcher = {
-        let (reload, stop, rebuild) = (reload.clone(), handle.stop.clone(), run.rebuild);
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(50));
-                if hangup.swap(false, Ordering::Relaxed) {
-                    match rebuild() {
-                        Ok(factory) => {
-                            let generation = reload.publish(factory);
-                            log::info!("reloaded the program (generation {generation})");
-                        }
-                        Err(e) => log::error!("reload refused, the running program stays: {e}"),
-                    }
-                }
-            }
-        })
-    };
+    let signals = SignalThread::start(handle.stop.clone(), reload.clone(), run.rebuild)?;
     log::info!(
         "running {} on {} with {workers} worker(s); SIGINT or SIGTERM stops, SIGHUP reloads",
         run.program,
@@ -260,7 +266,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
             let _ = live::poll_readable(fds, timeout.as_millis() as i32);
         },
     );
-    let _ = watcher.join();
+    signals.close();
     log::info!("stopped; queues drained");
     // The taps no worker took hold the exporter's queue open.
     drop(run.runtime);
