@@ -6,7 +6,7 @@
 use crate::CliResult;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use stateplane_flows::FlowRecord;
-use stateplane_flows::ipfix::{Encoder, Features, TemplateRefresh};
+use stateplane_flows::ipfix::{Encoder, Features, MESSAGE_LEN, TemplateRefresh};
 use stateplane_flows::stage::RecordSink;
 use stateplane_flows::text;
 use stateplane_io::udp;
@@ -59,9 +59,6 @@ impl MessageSize {
     /// Where the route's MTU cannot be read: what fits in a 1,500-byte Ethernet frame with
     /// room for a tunnel's headers, as most exporters send.
     pub const FALLBACK: usize = 1400;
-    /// What the IPFIX header's length field allows, and the least RFC 7011 lets a
-    /// collector expect (its 512 bytes).
-    pub const RANGE: std::ops::RangeInclusive<usize> = 512..=65_535;
 }
 
 impl std::str::FromStr for MessageSize {
@@ -70,9 +67,9 @@ impl std::str::FromStr for MessageSize {
         if s == "auto" {
             return Ok(MessageSize::Auto);
         }
-        let (lo, hi) = (Self::RANGE.start(), Self::RANGE.end());
+        let (lo, hi) = (MESSAGE_LEN.start(), MESSAGE_LEN.end());
         match s.parse::<usize>() {
-            Ok(n) if Self::RANGE.contains(&n) => Ok(MessageSize::Bytes(n)),
+            Ok(n) if MESSAGE_LEN.contains(&n) => Ok(MessageSize::Bytes(n)),
             _ => Err(format!(
                 "'{s}' is neither auto nor a number of bytes from {lo} to {hi}"
             )),
@@ -227,7 +224,7 @@ impl Sink {
                     // Fewer, larger datagrams where the path carries them (64 KiB on
                     // loopback): less work per record for the exporter and the collector.
                     MessageSize::Auto => (udp::max_payload(&s).ok())
-                        .filter(|n| MessageSize::RANGE.contains(n))
+                        .filter(|n| MESSAGE_LEN.contains(n))
                         .unwrap_or(MessageSize::FALLBACK),
                 };
                 (
@@ -368,6 +365,8 @@ impl Sink {
 struct Pacer {
     /// Bytes per second; 0: unpaced.
     rate: u64,
+    /// How long a burst takes at the rate.
+    burst: Duration,
     /// Where the next message's slot begins: this runs ahead of now by the time the bytes
     /// sent beyond the rate take at the rate.
     next: Instant,
@@ -383,16 +382,19 @@ const BURST_BYTES: u64 = 16 * 1400;
 
 impl Pacer {
     fn new(rate: ByteRate) -> Pacer {
-        Pacer {
+        let mut pacer = Pacer {
             rate: rate.0,
+            burst: Duration::ZERO,
             next: Instant::now(),
-        }
+        };
+        pacer.burst = pacer.time(BURST_BYTES);
+        pacer
     }
 
-    /// How long `bytes` take at the rate.
+    /// How long `bytes` take at the rate (0 unpaced).
     fn time(&self, bytes: u64) -> Duration {
-        let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(self.rate);
-        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        let nanos = (u128::from(bytes) * 1_000_000_000).checked_div(u128::from(self.rate));
+        Duration::from_nanos(nanos.map_or(0, |n| u64::try_from(n).unwrap_or(u64::MAX)))
     }
 
     /// How long to wait, from `now`, before a message of `len` bytes, if at all (the
@@ -408,7 +410,7 @@ impl Pacer {
         let ahead = slot - now;
         let time = self.time(len as u64);
         self.next = slot + time;
-        (!ahead.is_zero() && ahead + time > self.time(BURST_BYTES)).then_some(ahead)
+        (!ahead.is_zero() && ahead + time > self.burst).then_some(ahead)
     }
 }
 

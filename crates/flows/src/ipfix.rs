@@ -252,6 +252,10 @@ impl TemplateRefresh {
     };
 }
 
+/// The lengths an IPFIX message may have here: what the header's 16-bit length field
+/// allows, and no less than the 512 bytes RFC 7011 lets an exporter assume a path carries.
+pub const MESSAGE_LEN: std::ops::RangeInclusive<usize> = 512..=65_535;
+
 /// Turns flow records into IPFIX messages for one observation domain.
 ///
 /// Each message holds the records of one address family, or the templates alone, so that
@@ -334,7 +338,7 @@ fn templates_message(domain: u32, templates: &[Vec<Field>; 2]) -> Vec<u8> {
 
 impl Encoder {
     /// An encoder whose messages are at most `max_message` bytes (e.g. 1,400 for UDP on
-    /// an Ethernet path; at least 512).
+    /// an Ethernet path), brought into [`MESSAGE_LEN`].
     pub fn new(
         domain: u32,
         features: Features,
@@ -347,7 +351,7 @@ impl Encoder {
             template_fields(features, true, biflow),
         ];
         let len = |t: &[Field]| t.iter().map(|f| usize::from(f.len)).sum();
-        let max_message = max_message.clamp(512, 65_535);
+        let max_message = max_message.clamp(*MESSAGE_LEN.start(), *MESSAGE_LEN.end());
         Encoder {
             domain,
             max_message,
