@@ -92,21 +92,24 @@ impl std::fmt::Display for MessageSize {
 #[serde(try_from = "NumberOrText")]
 pub struct ByteRate(pub u64);
 
+/// A whole number with an optional k, M or G for thousands, millions or billions (`28M`);
+/// none if it is not one or does not fit.
+pub fn scaled_number(s: &str) -> Option<u64> {
+    let (digits, scale) = match s.as_bytes().last() {
+        Some(b'k') => (&s[..s.len() - 1], 1_000),
+        Some(b'M') => (&s[..s.len() - 1], 1_000_000),
+        Some(b'G') => (&s[..s.len() - 1], 1_000_000_000),
+        _ => (s, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
 impl std::str::FromStr for ByteRate {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (digits, scale) = match s.as_bytes().last() {
-            Some(b'k') => (&s[..s.len() - 1], 1_000),
-            Some(b'M') => (&s[..s.len() - 1], 1_000_000),
-            Some(b'G') => (&s[..s.len() - 1], 1_000_000_000),
-            _ => (s, 1),
-        };
-        (digits.parse::<u64>().ok())
-            .and_then(|n| n.checked_mul(scale))
-            .map(ByteRate)
-            .ok_or_else(|| {
-                format!("'{s}' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0")
-            })
+        scaled_number(s).map(ByteRate).ok_or_else(|| {
+            format!("'{s}' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0")
+        })
     }
 }
 

@@ -16,6 +16,7 @@ use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
+use stateplane_io::live::RingConfig;
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::pipeline::{
     BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
@@ -41,6 +42,12 @@ pub struct FlowsArgs {
     /// they receive and send, the host's traffic undisturbed.
     #[arg(long = "iface", short = 'I')]
     pub interfaces: Vec<String>,
+    /// With --iface: each worker's capture ring on each interface, in bytes, with k, M or G
+    /// (default 64M; 1M to 1G, in blocks of 256 KiB). A monitor cannot slow the traffic
+    /// down, so its ring carries it through a spell off the CPU; what the kernel drops
+    /// when the ring is full is in the summary (rx_kernel_drops).
+    #[arg(long, value_name = "BYTES", value_parser = capture_buffer)]
+    pub capture_buffer: Option<usize>,
     #[command(flatten)]
     pub settings: FlowSettings,
     /// Worker threads, each owning a shard of the flows.
@@ -440,6 +447,16 @@ fn mpps(packets: u64, wall: std::time::Duration) -> f64 {
     packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6
 }
 
+/// `--capture-buffer`: bytes, up to the largest ring a monitor may have (and never less
+/// than the switch's, which [`RingConfig::monitor`] rounds up to).
+fn capture_buffer(s: &str) -> Result<usize, String> {
+    let range = 1_000_000..=RingConfig::MONITOR_BUFFER_MAX;
+    (crate::export::scaled_number(s))
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| format!("'{s}' is not a number of bytes from 1M to 1G (e.g. 64M)"))
+}
+
 pub fn main(args: FlowsArgs) -> CliResult<()> {
     let workers = bounded("--workers", args.workers, 1, 64)?;
     let live = !args.interfaces.is_empty();
@@ -447,6 +464,9 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         return Err(
             "give capture files with --in FILE, or interfaces with --iface NAME (not both)".into(),
         );
+    }
+    if !live && args.capture_buffer.is_some() {
+        return Err("--capture-buffer sizes the ring of a capture on an interface (--iface); capture files are read as they are".into());
     }
     // Inputs are checked before the sinks start, so that a wrong name leaves no output
     // file with a header and nothing else.
@@ -499,6 +519,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             metrics: None,
             control: run_live::ControlAddr::Off,
             json: args.summary_json,
+            monitor_buffer: args.capture_buffer.unwrap_or(RingConfig::MONITOR_BUFFER),
             // The records' summary comes with the run's.
             flows: Some(export),
         });

@@ -254,6 +254,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             metrics: metrics_addr,
             control,
             json: args.json,
+            monitor_buffer: stateplane_io::live::RingConfig::MONITOR_BUFFER,
             flows,
         });
     }

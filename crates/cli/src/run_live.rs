@@ -168,6 +168,8 @@ pub struct LiveRun {
     pub metrics: Option<std::net::SocketAddr>,
     pub control: ControlAddr,
     pub json: bool,
+    /// With [`IoChoice::Observe`]: each receive ring's bytes ([`RingConfig::monitor`]).
+    pub monitor_buffer: usize,
     /// Flow records of the run (its taps are in `runtime`), summed up at the end.
     pub flows: Option<crate::flows_cmd::FlowExport>,
 }
@@ -197,11 +199,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
             IoChoice::AfXdp => live::open_afxdp(iface, workers),
             IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
             IoChoice::Observe => {
-                let rings = RingConfig {
-                    outgoing: true,
-                    ..RingConfig::default()
-                };
-                live::open_afpacket(iface, workers, &rings)
+                live::open_afpacket(iface, workers, &RingConfig::monitor(run.monitor_buffer))
             }
             IoChoice::Auto => match live::open_afxdp(iface, workers) {
                 Err(e @ live::LiveError::NoSuchInterface { .. }) => Err(e),
@@ -268,6 +266,18 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     );
     signals.close();
     log::info!("stopped; queues drained");
+    for (name, port) in run.port_names.iter().zip(&report.ports) {
+        if port.rx_kernel_drops > 0 {
+            let hint = match run.io {
+                IoChoice::Observe => " (stateplane flows --capture-buffer makes it larger)",
+                _ => "",
+            };
+            log::warn!(
+                "{name}: the kernel dropped {} packets, its receive ring full while the run fell behind{hint}",
+                port.rx_kernel_drops
+            );
+        }
+    }
     // The taps no worker took hold the exporter's queue open.
     drop(run.runtime);
     let records_to_stdout = run.flows.as_ref().is_some_and(|f| f.writes_to_stdout());

@@ -544,6 +544,26 @@ fn flows_settings_errors_name_the_key_or_flag() {
         assert!(err.contains(name), "{err}");
         assert!(!csv.exists(), "{} was written", csv.display());
     }
+    // The capture ring's size: a size in range, and only for interfaces.
+    for bad in ["64x", "500k", "2G"] {
+        refused(
+            &["flows", "-I", "lo", "--csv", "-", "--capture-buffer", bad],
+            &format!("--capture-buffer <BYTES>': '{bad}' is not a number of bytes from 1M to 1G"),
+        );
+    }
+    let trace_path = trace.to_string_lossy();
+    refused(
+        &[
+            "flows",
+            "-i",
+            &trace_path,
+            "--csv",
+            "-",
+            "--capture-buffer",
+            "8M",
+        ],
+        "--capture-buffer sizes the ring of a capture on an interface (--iface)",
+    );
     // bench-flows refuses a bad size at once, before it generates its traces.
     refused(
         &["bench-flows", "--slots", "64,100"],

@@ -120,7 +120,7 @@ impl PacketRx {
             tp_block_size: block_size as u32,
             tp_block_nr: rings.rx_blocks as u32,
             tp_frame_size: frame_size,
-            tp_frame_nr: (block_size * rings.rx_blocks) as u32 / frame_size,
+            tp_frame_nr: rings.rx_bytes() as u32 / frame_size,
             tp_retire_blk_tov: rings.rx_block_timeout_ms,
             tp_sizeof_priv: 0,
             tp_feature_req_word: 0,
@@ -132,7 +132,7 @@ impl PacketRx {
             libc::PACKET_RX_RING,
             &req,
         )?;
-        let ring = SharedRing::map(&fd, block_size * rings.rx_blocks)
+        let ring = SharedRing::map(&fd, rings.rx_bytes())
             .map_err(|e| LiveError::from_io(iface, "mapping the receive ring", e))?;
         if !rings.outgoing {
             set_option(

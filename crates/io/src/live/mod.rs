@@ -149,6 +149,34 @@ impl Default for RingConfig {
     }
 }
 
+impl RingConfig {
+    /// A passive monitor's receive ring, in bytes per worker and interface, unless told
+    /// otherwise: the size of a flow monitor's capture buffer (Zeek's is 128 MiB). A
+    /// monitor cannot slow the traffic down, so its ring is all that carries it through a
+    /// spell off the CPU: the switch's 2 MiB held a few milliseconds, and a busy host's
+    /// scheduler takes more than that.
+    pub const MONITOR_BUFFER: usize = 64_000_000;
+    /// The largest monitor ring (the kernel takes a ring's size in 32 bits).
+    pub const MONITOR_BUFFER_MAX: usize = 1_000_000_000;
+
+    /// A monitor's rings: it also receives what the host sends, and its receive ring holds
+    /// `buffer` bytes (rounded up to whole blocks, at least the default's).
+    pub fn monitor(buffer: usize) -> Self {
+        let switch = RingConfig::default();
+        let buffer = buffer.min(Self::MONITOR_BUFFER_MAX);
+        RingConfig {
+            rx_blocks: (buffer.div_ceil(switch.rx_block_bytes)).max(switch.rx_blocks),
+            outgoing: true,
+            ..switch
+        }
+    }
+
+    /// The receive ring's size in bytes.
+    pub fn rx_bytes(&self) -> usize {
+        self.rx_block_bytes * self.rx_blocks
+    }
+}
+
 /// The queues of one interface, one per worker.
 pub struct InterfaceQueues {
     pub interface: Interface,
@@ -247,6 +275,31 @@ mod tests {
     use super::*;
     use stateplane_runtime::{Burst, PortCounters};
     use std::time::{Duration, Instant};
+
+    /// A monitor's ring is the size asked for in whole blocks, never smaller than a
+    /// switch's nor larger than the kernel takes, and receives the host's own output too.
+    #[test]
+    fn a_monitor_ring_holds_what_was_asked_in_whole_blocks() {
+        let switch = RingConfig::default();
+        let block = switch.rx_block_bytes;
+        assert!(!switch.outgoing);
+        let default = RingConfig::monitor(RingConfig::MONITOR_BUFFER);
+        assert!(default.outgoing);
+        assert_eq!(default.rx_block_bytes, block);
+        assert_eq!(
+            default.rx_blocks,
+            RingConfig::MONITOR_BUFFER.div_ceil(block)
+        );
+        assert!(default.rx_bytes() >= RingConfig::MONITOR_BUFFER);
+        assert!(default.rx_bytes() < RingConfig::MONITOR_BUFFER + block);
+        assert_eq!(RingConfig::monitor(1).rx_bytes(), switch.rx_bytes());
+        let largest = RingConfig::monitor(usize::MAX).rx_bytes();
+        assert!(largest <= RingConfig::MONITOR_BUFFER_MAX + block);
+        assert!(
+            u32::try_from(largest).is_ok(),
+            "the kernel's size is 32 bits"
+        );
+    }
 
     /// A frame of `len` bytes whose payload carries `i`.
     fn frame(i: u32, len: usize) -> Vec<u8> {
