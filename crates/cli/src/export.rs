@@ -4,7 +4,7 @@
 //! full queue drops records and counts them.
 
 use crate::CliResult;
-use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::ipfix::{Encoder, Features, MESSAGE_LEN, TemplateRefresh};
 use stateplane_flows::stage::RecordSink;
@@ -176,14 +176,128 @@ pub struct ExportReport {
     pub records: u64,
     /// Records dropped because the exporter's queue was full (live runs only).
     pub dropped: u64,
-    /// Per sink: its name, messages (or lines) and bytes written, and its first error.
-    pub sinks: Vec<(String, u64, u64, Option<String>)>,
+    pub sinks: Vec<SinkReport>,
+}
+
+/// What one sink did.
+#[derive(Clone, Debug, Default)]
+pub struct SinkReport {
+    pub name: String,
+    /// Messages (or lines) and bytes written.
+    pub units: u64,
+    pub bytes: u64,
+    /// IPFIX over TCP: messages lost while the collector's connection was down, and how
+    /// many times it was made again.
+    pub lost: u64,
+    pub reconnects: u64,
+    /// The first error, after which the sink wrote nothing more.
+    pub error: Option<String>,
 }
 
 enum Out {
     /// Each UDP collector is paced on its own.
     Udp(UdpOut),
+    Tcp(TcpOut),
     Stream(Box<dyn Write + Send>),
+}
+
+/// How often, at least, what the sinks hold goes out: the partly filled IPFIX messages
+/// and the buffered bytes. A live monitor may take minutes to fill a message of 64 KiB or
+/// a buffer, and its records are wanted within a moment of the flows' end; a run that
+/// keeps the exporter busy flushes no more often than this.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
+/// 7011 10.4.2 has the exporter re-establish the connection and send its templates
+/// again). What is written while it is down is lost and counted. What the kernel had
+/// taken for the old connection and the collector never read cannot be known (IPFIX has
+/// no acknowledgements), and is not counted.
+struct TcpOut {
+    addr: SocketAddr,
+    stream: Option<std::io::BufWriter<TcpStream>>,
+    /// While it is down: when to try again, at most once a second (a try may wait up to
+    /// a second itself, and holds the exporter meanwhile).
+    retry_at: Instant,
+    /// Messages written while it was down, and the connections made again.
+    lost: u64,
+    reconnects: u64,
+    /// Why it was last lost, or last failed to connect.
+    cause: Option<String>,
+}
+
+impl TcpOut {
+    const RETRY: Duration = Duration::from_secs(1);
+
+    fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpOut> {
+        let stream = TcpStream::connect_timeout(addr, timeout)?;
+        Ok(TcpOut {
+            addr: *addr,
+            stream: Some(std::io::BufWriter::new(stream)),
+            retry_at: Instant::now(),
+            lost: 0,
+            reconnects: 0,
+            cause: None,
+        })
+    }
+
+    fn write(&mut self, message: &[u8]) -> Sent {
+        let written = match &mut self.stream {
+            Some(stream) => stream.write_all(message),
+            None => {
+                self.lost += 1;
+                return (0, 0);
+            }
+        };
+        match written {
+            Ok(()) => (1, message.len()),
+            Err(e) => {
+                self.lose(e);
+                self.lost += 1;
+                (0, 0)
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(Err(e)) = self.stream.as_mut().map(std::io::BufWriter::flush) {
+            self.lose(e);
+        }
+    }
+
+    fn lose(&mut self, e: std::io::Error) {
+        log::warn!(
+            "ipfix tcp {}: {e}; connecting again, what is exported until then is lost",
+            self.addr
+        );
+        self.stream = None;
+        self.cause = Some(e.to_string());
+        self.retry_at = Instant::now() + Self::RETRY;
+    }
+
+    /// Connects again if the connection is down and it is time to try (at `now`): whether
+    /// it did, so that a new IPFIX stream begins.
+    fn reconnect(&mut self, now: Instant) -> bool {
+        if self.stream.is_some() || now < self.retry_at {
+            return false;
+        }
+        match TcpStream::connect_timeout(&self.addr, Self::RETRY) {
+            Ok(stream) => {
+                self.stream = Some(std::io::BufWriter::new(stream));
+                self.reconnects += 1;
+                log::info!(
+                    "ipfix tcp {}: connected again ({} messages lost while it was down)",
+                    self.addr,
+                    self.lost
+                );
+                true
+            }
+            Err(e) => {
+                self.cause = Some(e.to_string());
+                self.retry_at = now + Self::RETRY;
+                false
+            }
+        }
+    }
 }
 
 struct Sink {
@@ -239,14 +353,14 @@ impl Sink {
                 )
             }
             SinkSpec::IpfixTcp(addr) => {
-                let s = TcpStream::connect_timeout(addr, Duration::from_secs(5)).map_err(|e| {
+                // The first connection must be made: a wrong address is the user's to fix.
+                let tcp = TcpOut::connect(addr, Duration::from_secs(5)).map_err(|e| {
                     let flag = c.naming.name("ipfix_tcp");
                     format!("{flag} {addr}: {e} (is a collector listening there?)")
                 })?;
-                let w: Box<dyn Write + Send> = Box::new(std::io::BufWriter::new(s));
                 (
                     format!("ipfix tcp {addr}"),
-                    Out::Stream(w),
+                    Out::Tcp(tcp),
                     enc(65_535, TemplateRefresh::ONCE),
                     false,
                 )
@@ -295,6 +409,7 @@ impl Sink {
         }
         let r = match &mut self.out {
             Out::Udp(udp) => udp.push(bytes),
+            Out::Tcp(tcp) => Ok(tcp.write(bytes)),
             Out::Stream(w) => w.write_all(bytes).map(|()| (1, bytes.len())),
         };
         self.count(r);
@@ -329,6 +444,12 @@ impl Sink {
         export_s: u32,
         line: &mut String,
     ) {
+        if let Out::Tcp(tcp) = &mut self.out
+            && tcp.reconnect(Instant::now())
+            && let Some(enc) = &mut self.encoder
+        {
+            enc.new_stream();
+        }
         if let Some(mut enc) = self.encoder.take() {
             enc.encode(records, export_s, &mut |m| self.write(m));
             self.encoder = Some(enc);
@@ -346,17 +467,54 @@ impl Sink {
         }
     }
 
-    fn finish(&mut self) {
+    /// Sends what the sink holds: the partly filled IPFIX messages, and buffered bytes.
+    fn flush(&mut self) {
         if let Some(mut enc) = self.encoder.take() {
             enc.finish(&mut |m| self.write(m));
             self.encoder = Some(enc);
         }
         self.flush_udp();
-        if let Out::Stream(w) = &mut self.out
-            && let Err(e) = w.flush()
-            && self.error.is_none()
+        match &mut self.out {
+            Out::Tcp(tcp) => tcp.flush(),
+            Out::Stream(w) => {
+                if let Err(e) = w.flush()
+                    && self.error.is_none()
+                {
+                    self.error = Some(format!("{}: {e}", self.name));
+                }
+            }
+            Out::Udp(_) => {}
+        }
+    }
+
+    /// Sends what is left (a TCP collector's connection, if it is down, is tried once
+    /// more, whenever it was last tried); what it did.
+    fn finish(mut self) -> SinkReport {
+        if let Out::Tcp(tcp) = &mut self.out
+            && tcp.reconnect(tcp.retry_at.max(Instant::now()))
+            && let Some(enc) = &mut self.encoder
         {
-            self.error = Some(format!("{}: {e}", self.name));
+            enc.new_stream();
+        }
+        self.flush();
+        let (mut lost, mut reconnects) = (0, 0);
+        if let Out::Tcp(tcp) = &self.out {
+            (lost, reconnects) = (tcp.lost, tcp.reconnects);
+            if tcp.stream.is_none() && self.error.is_none() {
+                let cause = tcp.cause.as_deref().unwrap_or("lost");
+                self.error = Some(format!(
+                    "{}: the connection is down ({cause}), {lost} messages unsent",
+                    self.name
+                ));
+            }
+        }
+        SinkReport {
+            name: self.name,
+            units: self.units,
+            bytes: self.bytes,
+            lost,
+            reconnects,
+            error: self.error,
         }
     }
 }
@@ -616,7 +774,20 @@ impl Exporter {
                 let mut report = ExportReport::default();
                 let mut export_s = 0u32;
                 let mut line = String::new();
-                for batch in rx.iter() {
+                let mut flushed_at = Instant::now();
+                loop {
+                    let batch = match rx.recv_timeout(FLUSH_EVERY) {
+                        Ok(batch) => batch,
+                        Err(RecvTimeoutError::Timeout) => Vec::new(),
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
+                    if flushed_at.elapsed() >= FLUSH_EVERY {
+                        sinks.iter_mut().for_each(Sink::flush);
+                        flushed_at = Instant::now();
+                    }
+                    if batch.is_empty() {
+                        continue;
+                    }
                     report.records += batch.len() as u64;
                     // The export time follows the flows' clock (capture time offline).
                     let latest = batch
@@ -630,13 +801,7 @@ impl Exporter {
                     }
                     let _ = spare_tx.try_send(batch);
                 }
-                for s in &mut sinks {
-                    s.finish();
-                }
-                report.sinks = sinks
-                    .into_iter()
-                    .map(|s| (s.name, s.units, s.bytes, s.error))
-                    .collect();
+                report.sinks = sinks.into_iter().map(Sink::finish).collect();
                 report
             })
             .map_err(|e| format!("cannot start the exporter thread: {e}"))?;
@@ -668,12 +833,11 @@ impl Exporter {
     pub fn finish(self) -> ExportReport {
         drop(self.tx);
         let mut report = self.thread.join().unwrap_or_else(|_| ExportReport {
-            sinks: vec![(
-                "exporter".into(),
-                0,
-                0,
-                Some("the exporter thread panicked".into()),
-            )],
+            sinks: vec![SinkReport {
+                name: "exporter".into(),
+                error: Some("the exporter thread panicked".into()),
+                ..SinkReport::default()
+            }],
             ..ExportReport::default()
         });
         report.dropped = self.dropped.load(Ordering::Relaxed);
@@ -806,5 +970,144 @@ mod tests {
                 assert_eq!(&buf[..n], &m[..], "message {i}, gso {gso}");
             }
         }
+    }
+
+    /// `n` IPv4 records of one packet each, told apart by their source port from `first`.
+    fn records(first: u16, n: u16) -> Vec<FlowRecord> {
+        use stateplane_flows::stats::{FlowStats, Observation};
+        let o = Observation {
+            ts_ns: 1_700_000_000_000_000_000,
+            ip_len: 100,
+            ..Observation::default()
+        };
+        (first..first + n)
+            .map(|port| FlowRecord {
+                key: stateplane_wire::FlowKey::v4(
+                    [198, 18, 0, 1].into(),
+                    [198, 18, 0, 2].into(),
+                    17,
+                    port,
+                    53,
+                ),
+                forward: FlowStats::start(&o),
+                reverse: None,
+                end: stateplane_flows::EndReason::Idle,
+            })
+            .collect()
+    }
+
+    fn tcp_config(addr: SocketAddr) -> ExportConfig {
+        ExportConfig {
+            naming: Naming::Flags,
+            sinks: vec![SinkSpec::IpfixTcp(addr)],
+            features: Features::DEFAULT,
+            biflow: false,
+            domain: 7,
+            mtu: MessageSize::Auto,
+            rate: ByteRate(0),
+            gso: false,
+        }
+    }
+
+    /// Reads IPFIX messages from `conn` until `records` records have come (or 5 s pass):
+    /// each message's sequence number, and the records' source ports.
+    fn read_messages(conn: &mut TcpStream, records: usize) -> (Vec<u32>, Vec<u16>) {
+        use std::io::Read;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut decoder = stateplane_flows::ipfix::Decoder::default();
+        let (mut sequences, mut ports) = (Vec::new(), Vec::new());
+        let mut header = [0u8; 16];
+        while ports.len() < records {
+            conn.read_exact(&mut header).unwrap();
+            let len = usize::from(u16::from_be_bytes([header[2], header[3]]));
+            let mut message = header.to_vec();
+            message.resize(len, 0);
+            conn.read_exact(&mut message[16..]).unwrap();
+            let (header, got) = decoder.decode(&message).unwrap();
+            sequences.push(header.sequence);
+            ports.extend(got.iter().map(|r| r.key.src_port));
+        }
+        (sequences, ports)
+    }
+
+    /// A collector that goes away and comes back gets a new connection, which is a new
+    /// IPFIX stream: the templates first, sequence numbers from 0, and the records of
+    /// after; what was written while it was down is counted as lost, and the run ends
+    /// without an error. One that never comes back is an error at the end.
+    #[test]
+    fn a_tcp_collector_that_comes_back_gets_a_new_stream() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = tcp_config(listener.local_addr().unwrap());
+        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
+        let mut line = String::new();
+        let (mut first, _) = listener.accept().unwrap();
+        sink.records(&records(1000, 10), &config, 1, &mut line);
+        sink.flush();
+        let (sequences, ports) = read_messages(&mut first, 10);
+        assert_eq!((sequences, ports), (vec![0, 0], (1000..1010).collect()));
+
+        // The collector goes; the exporter finds out on a later write (bounded).
+        drop(first);
+        let down = |sink: &Sink| matches!(&sink.out, Out::Tcp(t) if t.stream.is_none());
+        for i in 0..100 {
+            if down(&sink) {
+                break;
+            }
+            sink.records(&records(2000 + i * 10, 10), &config, 2, &mut line);
+            sink.flush();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(down(&sink), "the lost connection was never noticed");
+        // Before a retry is due, records are lost; then it connects again.
+        sink.records(&records(3000, 10), &config, 3, &mut line);
+        sink.flush();
+        if let Out::Tcp(t) = &mut sink.out {
+            assert!(t.lost > 0);
+            t.retry_at = Instant::now();
+        }
+        sink.records(&records(4000, 20), &config, 4, &mut line);
+        sink.flush();
+        let (mut second, _) = listener.accept().unwrap();
+        let (sequences, ports) = read_messages(&mut second, 20);
+        assert_eq!((sequences, ports), (vec![0, 0], (4000..4020).collect()));
+        let report = sink.finish();
+        assert_eq!((report.reconnects, &report.error), (1, &None));
+        assert!(report.lost >= 1, "{report:?}");
+
+        // A collector that does not come back: an error at the end that says so.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = tcp_config(listener.local_addr().unwrap());
+        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
+        drop(listener.accept().unwrap());
+        drop(listener);
+        for i in 0..100 {
+            if down(&sink) {
+                break;
+            }
+            sink.records(&records(i * 10, 10), &config, 2, &mut line);
+            sink.flush();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let report = sink.finish();
+        let error = report.error.unwrap_or_default();
+        assert!(error.contains("the connection is down"), "{error}");
+    }
+
+    /// What a live run exports reaches its collector within moments, not when a message
+    /// or a buffer fills: the exporter sends what it holds when it has been idle.
+    #[test]
+    fn records_reach_the_collector_while_the_run_goes_on() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = tcp_config(listener.local_addr().unwrap());
+        let exporter = Exporter::start(config, true).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut sink = exporter.sink();
+        sink.deliver(&mut records(500, 3));
+        // Three records fill neither a message nor a buffer: only the idle flush sends them.
+        let (_, ports) = read_messages(&mut conn, 3);
+        assert_eq!(ports, vec![500, 501, 502]);
+        drop(sink);
+        let report = exporter.finish();
+        assert_eq!(report.sinks[0].error, None);
     }
 }

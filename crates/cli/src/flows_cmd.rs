@@ -386,13 +386,16 @@ impl FlowReport {
     /// The first sink that failed, as an error.
     pub fn error(&self) -> Option<String> {
         (self.export.sinks.iter())
-            .find_map(|s| s.3.as_ref().map(|e| format!("export failed: {}: {e}", s.0)))
+            .find_map(|s| (s.error.as_ref()).map(|e| format!("export failed: {}: {e}", s.name)))
     }
 
     pub fn to_json(&self, wall: std::time::Duration) -> serde_json::Value {
         let t = &self.stages;
         let sinks: Vec<_> = (self.export.sinks.iter())
-            .map(|(name, units, bytes, error)| serde_json::json!({"sink": name, "messages": units, "bytes": bytes, "error": error}))
+            .map(|s| {
+                serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
+                "lost_messages": s.lost, "reconnects": s.reconnects, "error": s.error})
+            })
             .collect();
         serde_json::json!({
             "packets": t.packets, "bytes": t.bytes, "not_ip": t.not_ip,
@@ -433,11 +436,20 @@ impl FlowReport {
                 "DROPPED        {dropped:>14}   records: the exporter fell behind"
             );
         }
-        for (name, units, bytes, error) in &self.export.sinks {
-            let _ = match error {
-                None => writeln!(s, "{name}: {units} messages/lines, {bytes} bytes"),
-                Some(e) => writeln!(s, "{name}: FAILED after {units} messages: {e}"),
+        for sink in &self.export.sinks {
+            let (name, units, bytes) = (&sink.name, sink.units, sink.bytes);
+            let _ = match &sink.error {
+                None => write!(s, "{name}: {units} messages/lines, {bytes} bytes"),
+                Some(e) => write!(s, "{name}: FAILED after {units} messages: {e}"),
             };
+            if sink.reconnects > 0 {
+                let (lost, again) = (sink.lost, sink.reconnects);
+                let _ = write!(
+                    s,
+                    "; LOST {lost} messages while the collector was away (connected again {again} times)"
+                );
+            }
+            s.push('\n');
         }
         s
     }

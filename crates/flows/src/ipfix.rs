@@ -378,9 +378,11 @@ impl Encoder {
         self.sequence
     }
 
-    /// Sends the templates in the next message whatever the refresh says (a new TCP
-    /// connection, a new file).
-    pub fn resend_templates(&mut self) {
+    /// Starts a new stream (a new TCP connection to the collector): its sequence numbers
+    /// count from 0 again (RFC 7011 3.1 counts "in the current stream"), and its first
+    /// message holds the templates. Records already encoded but not yet sent go in it.
+    pub fn new_stream(&mut self) {
+        self.sequence = 0;
         self.messages_since_templates = None;
     }
 
