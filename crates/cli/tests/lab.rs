@@ -1175,6 +1175,12 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     assert!(text(&out).contains("3 received"), "{}", text(&out));
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5307);
     assert_eq!(sent, received, "every byte with the monitor on");
+    // The connection's record is written while the monitor runs, once both FINs are seen.
+    let written_live = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::read_to_string(&csv).is_ok_and(|rows| rows.contains(",5307,"))
+    });
+    assert!(written_live, "no record of the connection before the stop");
     let out = interrupt(monitor);
     assert!(out.status.success(), "monitor: {}", text(&out));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
