@@ -134,7 +134,10 @@ impl PacketRx {
         )?;
         let ring = SharedRing::map(&fd, rings.rx_bytes())
             .map_err(|e| LiveError::from_io(iface, "mapping the receive ring", e))?;
-        if !rings.outgoing {
+        // A loopback device receives all it sends: the outgoing copy would count each
+        // packet twice (libpcap drops it too).
+        let outgoing = rings.outgoing && !iface.loopback;
+        if !outgoing {
             set_option(
                 &fd,
                 iface,
@@ -163,7 +166,7 @@ impl PacketRx {
         if let Some(group) = fanout {
             // A fanout group ignores outgoing packets only by its own flag, not by the socket option.
             let mut mode = libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG;
-            if !rings.outgoing {
+            if !outgoing {
                 mode |= libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
             }
             let arg: i32 = i32::from(group) | ((mode as i32) << 16);

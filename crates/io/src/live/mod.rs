@@ -23,6 +23,8 @@ pub struct Interface {
     pub name: String,
     pub index: i32,
     pub mtu: u32,
+    /// A loopback device: what it sends it also receives.
+    pub loopback: bool,
 }
 
 impl Interface {
@@ -36,10 +38,16 @@ impl Interface {
             what: "reading the MTU",
             source: e,
         })?;
+        let flags = sys::interface_flags(name).map_err(|e| LiveError::Io {
+            interface: name.to_owned(),
+            what: "reading the flags",
+            source: e,
+        })?;
         Ok(Interface {
             name: name.to_owned(),
             index,
             mtu,
+            loopback: flags & libc::IFF_LOOPBACK as libc::c_short != 0,
         })
     }
 }
@@ -377,6 +385,43 @@ mod tests {
             open_afpacket("lo", 1, &rings)
         });
         check_loop(&received, sent, &counts);
+    }
+
+    /// A monitor of loopback sees each packet once, as libpcap does: loopback receives
+    /// all it sends, so the outgoing copies are left out there (on other interfaces a
+    /// monitor receives what the host sends as well).
+    #[test]
+    fn a_monitor_of_loopback_sees_each_packet_once() {
+        let (frames, counts) = std::thread::spawn(|| {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            sys::interface_up("lo", true).expect("bring lo up");
+            let mut opened = open_afpacket("lo", 1, &RingConfig::monitor(1 << 20)).expect("lo");
+            assert!(opened.interface.loopback);
+            let q = &mut opened.queues[0];
+            let rx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            for i in 0..100u8 {
+                tx.send_to(&[i; 20], rx.local_addr().expect("address"))
+                    .expect("send");
+            }
+            // Every datagram has reached the receiving socket, so the ring has its copies.
+            let mut buf = [0u8; 64];
+            for _ in 0..100 {
+                rx.recv(&mut buf).expect("receive");
+            }
+            let (mut frames, mut burst) = (0, Burst::with_capacity(64));
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < deadline {
+                poll_readable(&[q.fd()], 10).expect("poll");
+                burst.clear();
+                frames += q.recv(&mut burst, 0);
+            }
+            (frames, q.counters())
+        })
+        .join()
+        .expect("test thread");
+        assert_eq!(frames, 100, "{counts:?}");
+        assert_eq!(counts.rx_packets, 100);
     }
 
     /// The same over AF_XDP: the XDP program (generic mode on loopback) steers every frame

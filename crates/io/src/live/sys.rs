@@ -188,8 +188,8 @@ pub fn set_interface_mtu(name: &str, mtu: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether interface `name` is up, and brings it up when `bring_up` is set.
-pub fn interface_up(name: &str, bring_up: bool) -> io::Result<bool> {
+/// The flags of interface `name` (`IFF_UP`, `IFF_LOOPBACK`, ...).
+pub fn interface_flags(name: &str) -> io::Result<libc::c_short> {
     let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
     let mut req = ifreq(name)?;
     // SAFETY: SIOCGIFFLAGS reads the name in `req` and writes `ifru_flags`, both inside it.
@@ -197,11 +197,18 @@ pub fn interface_up(name: &str, bring_up: bool) -> io::Result<bool> {
         return Err(last_error());
     }
     // SAFETY: SIOCGIFFLAGS succeeded, so the union holds the flags.
-    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    Ok(unsafe { req.ifr_ifru.ifru_flags })
+}
+
+/// Whether interface `name` is up, and brings it up when `bring_up` is set.
+pub fn interface_up(name: &str, bring_up: bool) -> io::Result<bool> {
+    let flags = interface_flags(name)?;
     let up = flags & libc::IFF_UP as libc::c_short != 0;
     if up || !bring_up {
         return Ok(up);
     }
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let mut req = ifreq(name)?;
     req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     // SAFETY: SIOCSIFFLAGS reads the name and flags in `req`.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &mut req) } < 0 {
