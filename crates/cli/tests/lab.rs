@@ -1197,17 +1197,20 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     let connection: Vec<_> = (rows.iter())
         .filter(|r| r["dst_port"] == "5307" || r["src_port"] == "5307")
         .collect();
-    // The whole connection in one record; the last ACK of the close comes after both FINs
-    // ended it, and makes a one-packet record of its own (as nfpcapd's).
+    // The whole connection in one record. What comes after both FINs ended it makes a
+    // record of its own (as nfpcapd's): the last ACK of the close, and on a busy machine
+    // a retransmitted FIN and its ACK (seen in CI: `.AP..F` twice, `.A....` once), but
+    // never a SYN or more than a few packets.
     type Row<'a> = &'a std::collections::HashMap<&'a str, &'a str>;
     let (whole, after): (Vec<Row>, Vec<Row>) =
         (connection.iter().copied()).partition(|r| r["end_reason"] == "end_of_flow");
     assert_eq!(whole.len(), 1, "one record: {connection:?}");
+    let count = |r: Row, key: &str| r[key].parse::<u64>().unwrap_or(0);
     assert!(
-        after
-            .iter()
-            .all(|r: &Row| r["packets"] == "1" && r["tcp_flags"] == ".A...."),
-        "only the closing ACK after it: {after:?}"
+        after.iter().all(|&r: &Row| !r["tcp_flags"].contains('S')
+            && !r.get("rev_tcp_flags").is_some_and(|f| f.contains('S'))
+            && count(r, "packets") + count(r, "rev_packets") <= 4),
+        "only the close's last packets after it: {after:?}"
     );
     let c = whole[0];
     assert_eq!(
