@@ -38,6 +38,8 @@ pub struct RunConfig {
     pub burst: Option<usize>,
     /// Live ports: "auto" (the default), "afpacket", "afxdp" or "observe".
     pub io: Option<String>,
+    /// With `io = "observe"`: each receive ring's bytes (`"64M"`).
+    pub capture_buffer: Option<crate::units::CaptureBuffer>,
     pub queue_depth: Option<usize>,
     pub metrics: Option<String>,
     /// The control API's loopback address, or "off".

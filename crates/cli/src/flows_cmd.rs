@@ -6,17 +6,15 @@
 //! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
-use crate::export::{
-    ByteRate, ExportConfig, ExportReport, Exporter, MessageSize, Naming, SinkSpec,
-};
+use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
 use crate::progress::Progress;
+use crate::units::{ByteRate, CaptureBuffer, MessageSize};
 use crate::{CliResult, run::bounded, run_live};
 use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
-use stateplane_io::live::RingConfig;
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::pipeline::{
     BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
@@ -46,8 +44,8 @@ pub struct FlowsArgs {
     /// (default 64M; 1M to 1G, in blocks of 256 KiB). A monitor cannot slow the traffic
     /// down, so its ring carries it through a spell off the CPU; what the kernel drops
     /// when the ring is full is in the summary (rx_kernel_drops).
-    #[arg(long, value_name = "BYTES", value_parser = capture_buffer)]
-    pub capture_buffer: Option<usize>,
+    #[arg(long, value_name = "BYTES")]
+    pub capture_buffer: Option<CaptureBuffer>,
     #[command(flatten)]
     pub settings: FlowSettings,
     /// Worker threads, each owning a shard of the flows.
@@ -460,16 +458,6 @@ fn mpps(packets: u64, wall: std::time::Duration) -> f64 {
     packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6
 }
 
-/// `--capture-buffer`: bytes, up to the largest ring a monitor may have (and never less
-/// than the switch's, which [`RingConfig::monitor`] rounds up to).
-fn capture_buffer(s: &str) -> Result<usize, String> {
-    let range = 1_000_000..=RingConfig::MONITOR_BUFFER_MAX;
-    (crate::export::scaled_number(s))
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|n| range.contains(n))
-        .ok_or_else(|| format!("'{s}' is not a number of bytes from 1M to 1G (e.g. 64M)"))
-}
-
 pub fn main(args: FlowsArgs) -> CliResult<()> {
     let workers = bounded("--workers", args.workers, 1, 64)?;
     let live = !args.interfaces.is_empty();
@@ -532,7 +520,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             metrics: None,
             control: run_live::ControlAddr::Off,
             json: args.summary_json,
-            monitor_buffer: args.capture_buffer.unwrap_or(RingConfig::MONITOR_BUFFER),
+            monitor_buffer: args.capture_buffer.unwrap_or_default().0,
             // The records' summary comes with the run's.
             flows: Some(export),
         });

@@ -30,6 +30,7 @@ mod run;
 mod run_live;
 mod send_cmd;
 mod summary;
+mod units;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -5,6 +5,7 @@ use crate::config::{PortSection, RunConfig};
 use crate::export::Naming;
 use crate::flows_cmd::FlowReport;
 use crate::progress::Progress;
+use crate::units::CaptureBuffer;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
@@ -44,6 +45,10 @@ pub struct RunArgs {
     /// what the interfaces receive and send, the host's traffic undisturbed, nothing sent).
     #[arg(long)]
     pub io: Option<String>,
+    /// With --io observe: each worker's capture ring on each interface, in bytes, with k,
+    /// M or G (default 64M; 1M to 1G), as `stateplane flows --capture-buffer`.
+    #[arg(long, value_name = "BYTES")]
+    pub capture_buffer: Option<CaptureBuffer>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -230,6 +235,11 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         )?),
         None => run_live::ControlAddr::Default,
     };
+    let capture_buffer = args.capture_buffer.or(cfg.capture_buffer);
+    let io = run_live::IoChoice::parse(args.io.as_deref().or(cfg.io.as_deref()))?;
+    if capture_buffer.is_some() && !(live && io == run_live::IoChoice::Observe) {
+        return Err("--capture-buffer (capture_buffer) sizes the ring of a passive monitor, a live run with --io observe (io = \"observe\"); a switch's rings are fixed, and capture files are read as they are".into());
+    }
     if live {
         if args.control_pcap.is_some() || args.hold_metrics > 0 {
             return Err("--control-pcap and --hold-metrics are for runs over capture files; a live run counts packets for the control plane and serves metrics until it stops".into());
@@ -241,7 +251,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             program: program_name,
             port_names: names.0.clone(),
             interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
-            io: run_live::IoChoice::parse(args.io.as_deref().or(cfg.io.as_deref()))?,
+            io,
             runtime,
             factory,
             rebuild: Box::new(move || {
@@ -254,7 +264,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             metrics: metrics_addr,
             control,
             json: args.json,
-            monitor_buffer: stateplane_io::live::RingConfig::MONITOR_BUFFER,
+            monitor_buffer: capture_buffer.unwrap_or_default().0,
             flows,
         });
     }

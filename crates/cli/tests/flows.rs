@@ -564,6 +564,26 @@ fn flows_settings_errors_name_the_key_or_flag() {
         ],
         "--capture-buffer sizes the ring of a capture on an interface (--iface)",
     );
+    // `stateplane run` sizes a monitor's ring too (flag or key), and only a monitor's.
+    let cfg = tmp("capture.toml");
+    for (value, message) in [
+        ("\"2G\"", "'2G' is not a number of bytes from 1M to 1G"),
+        (
+            "\"8M\"",
+            "sizes the ring of a passive monitor, a live run with --io observe",
+        ),
+    ] {
+        std::fs::write(
+            &cfg,
+            format!("capture_buffer = {value}\n[[port]]\nname = \"in\"\nrx = \"errors.pcap\"\n"),
+        )
+        .unwrap();
+        refused(&["run", "-c", &cfg.to_string_lossy()], message);
+    }
+    refused(
+        &["run", "-I", "lo", "--capture-buffer", "8M"],
+        "sizes the ring of a passive monitor, a live run with --io observe",
+    );
     // bench-flows refuses a bad size at once, before it generates its traces.
     refused(
         &["bench-flows", "--slots", "64,100"],

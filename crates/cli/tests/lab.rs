@@ -1289,10 +1289,16 @@ fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
     let config =
         std::env::temp_dir().join(format!("stateplane-observe-{}.toml", std::process::id()));
     for io in ["observe", "afpacket"] {
+        // A monitor's ring may be sized (a switch's may not).
+        let ring = if io == "observe" {
+            "capture_buffer = \"8M\"\n"
+        } else {
+            ""
+        };
         std::fs::write(
             &config,
             format!(
-                "io = \"{io}\"\ncontrol = \"off\"\n[[port]]\nname = \"eth0\"\niface = \"eth0\"\n\
+                "io = \"{io}\"\n{ring}control = \"off\"\n[[port]]\nname = \"eth0\"\niface = \"eth0\"\n\
                  [program]\nname = \"forward\"\n[program.forward]\nmap = {{ eth0 = \"eth0\" }}\n"
             ),
         )

@@ -1,0 +1,216 @@
+//! Sizes and rates as users write them, in flags and in config files: numbers with k, M
+//! or G (`28M`), or `auto`. Each type checks its range and says what it expects; none of
+//! them does any I/O.
+
+use stateplane_flows::ipfix::MESSAGE_LEN;
+use stateplane_io::live::RingConfig;
+
+/// The largest IPFIX message over UDP: what one packet on the route to the collector
+/// carries (`auto`), or a number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub enum MessageSize {
+    Auto,
+    Bytes(usize),
+}
+
+impl MessageSize {
+    /// Where the route's MTU cannot be read: what fits in a 1,500-byte Ethernet frame with
+    /// room for a tunnel's headers, as most exporters send.
+    pub const FALLBACK: usize = 1400;
+}
+
+impl std::str::FromStr for MessageSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(MessageSize::Auto);
+        }
+        let (lo, hi) = (MESSAGE_LEN.start(), MESSAGE_LEN.end());
+        match s.parse::<usize>() {
+            Ok(n) if MESSAGE_LEN.contains(&n) => Ok(MessageSize::Bytes(n)),
+            _ => Err(format!(
+                "'{s}' is neither auto nor a number of bytes from {lo} to {hi}"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for MessageSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MessageSize::Auto => write!(f, "auto"),
+            MessageSize::Bytes(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A pace in bytes per second: a number, with k, M or G for thousands, millions or
+/// billions (`28M`); 0 for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub struct ByteRate(pub u64);
+
+/// A whole number with an optional k, M or G for thousands, millions or billions (`28M`);
+/// none if it is not one or does not fit.
+pub fn scaled_number(s: &str) -> Option<u64> {
+    let (digits, scale) = match s.as_bytes().last() {
+        Some(b'k') => (&s[..s.len() - 1], 1_000),
+        Some(b'M') => (&s[..s.len() - 1], 1_000_000),
+        Some(b'G') => (&s[..s.len() - 1], 1_000_000_000),
+        _ => (s, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
+}
+
+impl std::str::FromStr for ByteRate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        scaled_number(s).map(ByteRate).ok_or_else(|| {
+            format!("'{s}' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0")
+        })
+    }
+}
+
+impl std::fmt::Display for ByteRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        match n {
+            0 => write!(f, "0"),
+            _ if n.is_multiple_of(1_000_000_000) => write!(f, "{}G", n / 1_000_000_000),
+            _ if n.is_multiple_of(1_000_000) => write!(f, "{}M", n / 1_000_000),
+            _ if n.is_multiple_of(1_000) => write!(f, "{}k", n / 1_000),
+            _ => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A config value given as a number or as text (`mtu = 1400` or `mtu = "auto"`).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum NumberOrText {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<NumberOrText> for MessageSize {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => n.to_string().parse(),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
+impl TryFrom<NumberOrText> for ByteRate {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => Ok(ByteRate(n)),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
+/// A passive monitor's capture ring per worker and interface, in bytes: a number with k,
+/// M or G, from 1M to what [`RingConfig::MONITOR_BUFFER_MAX`] allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub struct CaptureBuffer(pub usize);
+
+impl Default for CaptureBuffer {
+    fn default() -> Self {
+        CaptureBuffer(RingConfig::MONITOR_BUFFER)
+    }
+}
+
+impl std::str::FromStr for CaptureBuffer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let range = 1_000_000..=RingConfig::MONITOR_BUFFER_MAX;
+        (scaled_number(s))
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| range.contains(n))
+            .map(CaptureBuffer)
+            .ok_or_else(|| format!("'{s}' is not a number of bytes from 1M to 1G (e.g. 64M)"))
+    }
+}
+
+impl TryFrom<NumberOrText> for CaptureBuffer {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => n.to_string().parse(),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rates and message sizes as the flags and the config give them, and errors that say
+    /// what is expected.
+    #[test]
+    fn rates_and_message_sizes_parse_as_written() {
+        for (text, bytes) in [
+            ("0", 0),
+            ("28M", 28_000_000),
+            ("500k", 500_000),
+            ("1G", 1_000_000_000),
+            ("12345", 12_345),
+        ] {
+            let rate: ByteRate = text.parse().unwrap();
+            assert_eq!(rate, ByteRate(bytes));
+            assert_eq!(rate.to_string().parse::<ByteRate>(), Ok(rate), "{text}");
+        }
+        for bad in ["", "M", "28m", "-1", "1.5M", "99999999999G"] {
+            let e = bad.parse::<ByteRate>().unwrap_err();
+            assert!(e.contains("bytes per second"), "{bad}: {e}");
+        }
+        assert_eq!("auto".parse(), Ok(MessageSize::Auto));
+        assert_eq!("1400".parse(), Ok(MessageSize::Bytes(1400)));
+        for bad in ["511", "65536", "big", ""] {
+            let e = bad.parse::<MessageSize>().unwrap_err();
+            assert!(e.contains("512 to 65535"), "{bad}: {e}");
+        }
+        #[derive(serde::Deserialize)]
+        struct Keys {
+            mtu: MessageSize,
+            rate: ByteRate,
+        }
+        let keys: Keys = toml::from_str("mtu = 1400\nrate = 28000000").unwrap();
+        assert_eq!(
+            (keys.mtu, keys.rate),
+            (MessageSize::Bytes(1400), ByteRate(28_000_000))
+        );
+        let keys: Keys = toml::from_str("mtu = \"auto\"\nrate = \"28M\"").unwrap();
+        assert_eq!(
+            (keys.mtu, keys.rate),
+            (MessageSize::Auto, ByteRate(28_000_000))
+        );
+        assert!(toml::from_str::<Keys>("mtu = 100\nrate = 0").is_err());
+    }
+
+    /// A capture ring's size, from a flag or a config key.
+    #[test]
+    fn capture_buffers_parse_as_written() {
+        assert_eq!("64M".parse(), Ok(CaptureBuffer(64_000_000)));
+        assert_eq!("1G".parse(), Ok(CaptureBuffer(1_000_000_000)));
+        for bad in ["64x", "500k", "2G", ""] {
+            let e = bad.parse::<CaptureBuffer>().unwrap_err();
+            assert!(e.contains("from 1M to 1G"), "{bad}: {e}");
+        }
+        #[derive(serde::Deserialize)]
+        struct Keys {
+            buffer: CaptureBuffer,
+        }
+        let keys: Keys = toml::from_str("buffer = \"8M\"").unwrap();
+        assert_eq!(keys.buffer, CaptureBuffer(8_000_000));
+        let keys: Keys = toml::from_str("buffer = 8000000").unwrap();
+        assert_eq!(keys.buffer, CaptureBuffer(8_000_000));
+        assert!(toml::from_str::<Keys>("buffer = 1000").is_err());
+    }
+}
