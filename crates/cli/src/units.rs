@@ -93,25 +93,29 @@ enum NumberOrText {
     Text(String),
 }
 
-impl TryFrom<NumberOrText> for MessageSize {
-    type Error = String;
-    fn try_from(v: NumberOrText) -> Result<Self, String> {
-        match v {
+impl NumberOrText {
+    /// The value parsed as its text would be from a flag (a number as its digits).
+    fn parse<T: std::str::FromStr<Err = String>>(self) -> Result<T, String> {
+        match self {
             NumberOrText::Number(n) => n.to_string().parse(),
             NumberOrText::Text(t) => t.parse(),
         }
     }
 }
 
-impl TryFrom<NumberOrText> for ByteRate {
-    type Error = String;
-    fn try_from(v: NumberOrText) -> Result<Self, String> {
-        match v {
-            NumberOrText::Number(n) => Ok(ByteRate(n)),
-            NumberOrText::Text(t) => t.parse(),
+/// Config values taken as a number or as text, checked as the flags are.
+macro_rules! from_number_or_text {
+    ($($t:ty),*) => {$(
+        impl TryFrom<NumberOrText> for $t {
+            type Error = String;
+            fn try_from(v: NumberOrText) -> Result<Self, String> {
+                v.parse()
+            }
         }
-    }
+    )*};
 }
+
+from_number_or_text!(MessageSize, ByteRate, CaptureBuffer);
 
 /// A passive monitor's capture ring per worker and interface, in bytes: a number with k,
 /// M or G, from 1M to what [`RingConfig::MONITOR_BUFFER_MAX`] allows.
@@ -137,22 +141,12 @@ impl std::str::FromStr for CaptureBuffer {
     }
 }
 
-impl TryFrom<NumberOrText> for CaptureBuffer {
-    type Error = String;
-    fn try_from(v: NumberOrText) -> Result<Self, String> {
-        match v {
-            NumberOrText::Number(n) => n.to_string().parse(),
-            NumberOrText::Text(t) => t.parse(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Rates and message sizes as the flags and the config give them, and errors that say
-    /// what is expected.
+    /// Rates, message sizes and capture buffers as the flags and the config give them, and
+    /// errors that say what is expected.
     #[test]
     fn rates_and_message_sizes_parse_as_written() {
         for (text, bytes) in [
@@ -192,25 +186,22 @@ mod tests {
             (MessageSize::Auto, ByteRate(28_000_000))
         );
         assert!(toml::from_str::<Keys>("mtu = 100\nrate = 0").is_err());
-    }
 
-    /// A capture ring's size, from a flag or a config key.
-    #[test]
-    fn capture_buffers_parse_as_written() {
         assert_eq!("64M".parse(), Ok(CaptureBuffer(64_000_000)));
         assert_eq!("1G".parse(), Ok(CaptureBuffer(1_000_000_000)));
         for bad in ["64x", "500k", "2G", ""] {
             let e = bad.parse::<CaptureBuffer>().unwrap_err();
             assert!(e.contains("from 1M to 1G"), "{bad}: {e}");
         }
-        #[derive(serde::Deserialize)]
-        struct Keys {
+        #[derive(Debug, serde::Deserialize)]
+        struct Ring {
             buffer: CaptureBuffer,
         }
-        let keys: Keys = toml::from_str("buffer = \"8M\"").unwrap();
-        assert_eq!(keys.buffer, CaptureBuffer(8_000_000));
-        let keys: Keys = toml::from_str("buffer = 8000000").unwrap();
-        assert_eq!(keys.buffer, CaptureBuffer(8_000_000));
-        assert!(toml::from_str::<Keys>("buffer = 1000").is_err());
+        for text in ["buffer = \"8M\"", "buffer = 8000000"] {
+            let ring: Ring = toml::from_str(text).unwrap();
+            assert_eq!(ring.buffer, CaptureBuffer(8_000_000), "{text}");
+        }
+        assert!(toml::from_str::<Ring>("buffer = 1000").is_err());
+        assert!(toml::from_str::<Keys>("mtu = 1400\nrate = \"1.5M\"").is_err());
     }
 }
