@@ -269,7 +269,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     for (name, port) in run.port_names.iter().zip(&report.ports) {
         if port.rx_kernel_drops > 0 {
             let hint = match run.io {
-                IoChoice::Observe => " (stateplane flows --capture-buffer makes it larger)",
+                IoChoice::Observe => " (--capture-buffer makes it larger)",
                 _ => "",
             };
             log::warn!(
