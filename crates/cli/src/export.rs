@@ -102,15 +102,18 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
 /// 7011 10.4.2 has the exporter re-establish the connection and send its templates
-/// again). What is written while it is down is lost and counted. What the kernel had
+/// again): a second after, then at waits that double up to 30 s while it fails. What is written while it is down is lost and counted. What the kernel had
 /// taken for the old connection and the collector never read cannot be known (IPFIX has
 /// no acknowledgements), and is not counted.
 struct TcpOut {
     addr: SocketAddr,
     stream: Option<std::io::BufWriter<TcpStream>>,
-    /// While it is down: when to try again, at most once a second (a try may wait up to
-    /// a second itself, and holds the exporter meanwhile).
+    /// While it is down: when to try again, and the wait after a failed try, which
+    /// doubles from a second up to `MAX_BACKOFF` (a try may wait up to a second itself
+    /// and holds the exporter meanwhile, so a collector that is gone for good must not
+    /// take the exporter's time from the other sinks).
     retry_at: Instant,
+    backoff: Duration,
     /// Messages written while it was down, and the connections made again.
     lost: u64,
     reconnects: u64,
@@ -120,6 +123,7 @@ struct TcpOut {
 
 impl TcpOut {
     const RETRY: Duration = Duration::from_secs(1);
+    const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
     fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpOut> {
         let stream = TcpStream::connect_timeout(addr, timeout)?;
@@ -127,6 +131,7 @@ impl TcpOut {
             addr: *addr,
             stream: Some(std::io::BufWriter::new(stream)),
             retry_at: Instant::now(),
+            backoff: Self::RETRY,
             lost: 0,
             reconnects: 0,
             cause: None,
@@ -176,6 +181,7 @@ impl TcpOut {
         match TcpStream::connect_timeout(&self.addr, Self::RETRY) {
             Ok(stream) => {
                 self.stream = Some(std::io::BufWriter::new(stream));
+                self.backoff = Self::RETRY;
                 self.reconnects += 1;
                 log::info!(
                     "ipfix tcp {}: connected again ({} messages lost while it was down)",
@@ -186,7 +192,9 @@ impl TcpOut {
             }
             Err(e) => {
                 self.cause = Some(e.to_string());
-                self.retry_at = now + Self::RETRY;
+                // From the try's end: a try that timed out took its second already.
+                self.retry_at = Instant::now() + self.backoff;
+                self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
                 false
             }
         }
@@ -938,6 +946,19 @@ mod tests {
             sink.flush();
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Each failed try doubles the wait before the next, up to 30 s.
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            if let Out::Tcp(t) = &mut sink.out {
+                t.retry_at = Instant::now();
+            }
+            let before = Instant::now();
+            sink.records(&records(9000, 1), &config, 3, &mut line);
+            if let Out::Tcp(t) = &sink.out {
+                waits.push((t.retry_at - before).as_secs());
+            }
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
         let report = sink.finish();
         let error = report.error.unwrap_or_default();
         assert!(error.contains("the connection is down"), "{error}");

@@ -132,8 +132,9 @@ pub struct FlowSettings {
     /// Send IPFIX over UDP to this collector (repeatable), e.g. 127.0.0.1:4739.
     #[arg(long)]
     pub ipfix: Vec<SocketAddr>,
-    /// Send IPFIX over TCP to this collector (a connection lost later is made again, at
-    /// most once a second, as a new stream; what is exported meanwhile is lost and counted).
+    /// Send IPFIX over TCP to this collector (a connection lost later is made again, a
+    /// second later and then at waits doubling up to 30 s, as a new stream; what is
+    /// exported meanwhile is lost and counted).
     #[arg(long)]
     pub ipfix_tcp: Vec<SocketAddr>,
     /// Write IPFIX to this file (RFC 5655).
