@@ -125,11 +125,23 @@ impl TcpOut {
     const RETRY: Duration = Duration::from_secs(1);
     const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-    fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpOut> {
+    /// A collector that takes nothing for this long is taken as lost (else the exporter,
+    /// and with it the end of the run, would wait on it for ever).
+    const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+    fn open(
+        addr: &SocketAddr,
+        timeout: Duration,
+    ) -> std::io::Result<std::io::BufWriter<TcpStream>> {
         let stream = TcpStream::connect_timeout(addr, timeout)?;
+        stream.set_write_timeout(Some(Self::WRITE_TIMEOUT))?;
+        Ok(std::io::BufWriter::new(stream))
+    }
+
+    fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpOut> {
         Ok(TcpOut {
             addr: *addr,
-            stream: Some(std::io::BufWriter::new(stream)),
+            stream: Some(Self::open(addr, timeout)?),
             retry_at: Instant::now(),
             backoff: Self::RETRY,
             lost: 0,
@@ -163,12 +175,19 @@ impl TcpOut {
     }
 
     fn lose(&mut self, e: std::io::Error) {
+        // A write that timed out says only "Resource temporarily unavailable".
+        let cause = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                "the collector took nothing for a while (a send timed out)".to_string()
+            }
+            _ => e.to_string(),
+        };
         log::warn!(
-            "ipfix tcp {}: {e}; connecting again, what is exported until then is lost",
+            "ipfix tcp {}: {cause}; connecting again, what is exported until then is lost",
             self.addr
         );
         self.stream = None;
-        self.cause = Some(e.to_string());
+        self.cause = Some(cause);
         self.retry_at = Instant::now() + Self::RETRY;
     }
 
@@ -178,9 +197,9 @@ impl TcpOut {
         if self.stream.is_some() || now < self.retry_at {
             return false;
         }
-        match TcpStream::connect_timeout(&self.addr, Self::RETRY) {
+        match Self::open(&self.addr, Self::RETRY) {
             Ok(stream) => {
-                self.stream = Some(std::io::BufWriter::new(stream));
+                self.stream = Some(stream);
                 self.backoff = Self::RETRY;
                 self.reconnects += 1;
                 log::info!(
@@ -962,6 +981,39 @@ mod tests {
         let report = sink.finish();
         let error = report.error.unwrap_or_default();
         assert!(error.contains("the connection is down"), "{error}");
+    }
+
+    /// A collector that accepts but never reads is taken as lost once a send has waited
+    /// its timeout, so the exporter (and the end of the run) never waits on it for ever.
+    #[test]
+    fn a_tcp_collector_that_reads_nothing_is_taken_as_lost() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = tcp_config(listener.local_addr().unwrap());
+        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
+        let (_silent, _) = listener.accept().unwrap();
+        if let Out::Tcp(t) = &sink.out
+            && let Some(stream) = &t.stream
+        {
+            let timeout = stream.get_ref().write_timeout().unwrap();
+            assert_eq!(timeout, Some(TcpOut::WRITE_TIMEOUT));
+            // The test's own timeout, not the 10 s a real run waits.
+            (stream.get_ref())
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+        }
+        let mut line = String::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let down = |sink: &Sink| matches!(&sink.out, Out::Tcp(t) if t.stream.is_none());
+        while !down(&sink) && Instant::now() < deadline {
+            sink.records(&records(0, 1000), &config, 1, &mut line);
+            sink.flush();
+        }
+        let Out::Tcp(t) = &sink.out else {
+            unreachable!("a TCP sink")
+        };
+        assert!(down(&sink), "the silent collector was never given up");
+        let cause = t.cause.clone().unwrap_or_default();
+        assert!(cause.contains("took nothing"), "{cause}");
     }
 
     /// What a live run exports reaches its collector within moments, not when a message
