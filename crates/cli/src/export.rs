@@ -102,9 +102,10 @@ const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
 /// 7011 10.4.2 has the exporter re-establish the connection and send its templates
-/// again): a second after, then at waits that double up to 30 s while it fails. What is written while it is down is lost and counted. What the kernel had
-/// taken for the old connection and the collector never read cannot be known (IPFIX has
-/// no acknowledgements), and is not counted.
+/// again): a second after, then at waits that double up to 30 s while it fails. What is
+/// written while it is down is lost and counted. What the kernel had taken for the old
+/// connection and the collector never read cannot be known (IPFIX has no
+/// acknowledgements), and is not counted.
 struct TcpOut {
     addr: SocketAddr,
     stream: Option<std::io::BufWriter<TcpStream>>,
@@ -364,12 +365,7 @@ impl Sink {
         export_s: u32,
         line: &mut String,
     ) {
-        if let Out::Tcp(tcp) = &mut self.out
-            && tcp.reconnect(Instant::now())
-            && let Some(enc) = &mut self.encoder
-        {
-            enc.new_stream();
-        }
+        self.reconnect(false);
         if let Some(mut enc) = self.encoder.take() {
             enc.encode(records, export_s, &mut |m| self.write(m));
             self.encoder = Some(enc);
@@ -384,6 +380,20 @@ impl Sink {
                 text::json_line(r, c.features, c.biflow, line);
             }
             self.write(line.as_bytes());
+        }
+    }
+
+    /// A TCP collector's lost connection made again when a try is due (or, `at_end`, one
+    /// last try whenever the last was): a new connection begins a new IPFIX stream.
+    fn reconnect(&mut self, at_end: bool) {
+        if let Out::Tcp(tcp) = &mut self.out {
+            let now = Instant::now();
+            let now = if at_end { now.max(tcp.retry_at) } else { now };
+            if tcp.reconnect(now)
+                && let Some(enc) = &mut self.encoder
+            {
+                enc.new_stream();
+            }
         }
     }
 
@@ -410,12 +420,7 @@ impl Sink {
     /// Sends what is left (a TCP collector's connection, if it is down, is tried once
     /// more, whenever it was last tried); what it did.
     fn finish(mut self) -> SinkReport {
-        if let Out::Tcp(tcp) = &mut self.out
-            && tcp.reconnect(tcp.retry_at.max(Instant::now()))
-            && let Some(enc) = &mut self.encoder
-        {
-            enc.new_stream();
-        }
+        self.reconnect(true);
         self.flush();
         let (mut lost, mut reconnects) = (0, 0);
         if let Out::Tcp(tcp) = &self.out {
@@ -423,7 +428,7 @@ impl Sink {
             if tcp.stream.is_none() && self.error.is_none() {
                 let cause = tcp.cause.as_deref().unwrap_or("lost");
                 self.error = Some(format!(
-                    "{}: the connection is down ({cause}), {lost} messages unsent",
+                    "{}: the connection is down ({cause}), {lost} messages unsent (is the collector running and listening there?)",
                     self.name
                 ));
             }
@@ -697,17 +702,15 @@ impl Exporter {
                 let mut flushed_at = Instant::now();
                 loop {
                     let batch = match rx.recv_timeout(FLUSH_EVERY) {
-                        Ok(batch) => batch,
-                        Err(RecvTimeoutError::Timeout) => Vec::new(),
+                        Ok(batch) => Some(batch),
+                        Err(RecvTimeoutError::Timeout) => None,
                         Err(RecvTimeoutError::Disconnected) => break,
                     };
                     if flushed_at.elapsed() >= FLUSH_EVERY {
                         sinks.iter_mut().for_each(Sink::flush);
                         flushed_at = Instant::now();
                     }
-                    if batch.is_empty() {
-                        continue;
-                    }
+                    let Some(batch) = batch else { continue };
                     report.records += batch.len() as u64;
                     // The export time follows the flows' clock (capture time offline).
                     let latest = batch

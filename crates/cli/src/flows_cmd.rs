@@ -187,9 +187,10 @@ pub struct FlowSettings {
     /// Hand the kernel runs of equal-size IPFIX messages in one send, to cut into datagrams
     /// (UDP generic segmentation offload): about a quarter of the time per message on
     /// loopback. One send holds 64 KiB, so this joins messages only with a --mtu of a few
-    /// thousand bytes or less (not --mtu auto on loopback). Collectors receive the same datagrams, but a capture taken on this host
-    /// (tcpdump on the sending side, or on loopback) shows each send as one oversized
-    /// packet, which tshark calls malformed; hence off unless asked for.
+    /// thousand bytes or less (not --mtu auto on loopback). Collectors receive the same
+    /// datagrams, but a capture taken on this host (tcpdump on the sending side, or on
+    /// loopback) shows each send as one oversized packet, which tshark calls malformed;
+    /// hence off unless asked for.
     #[arg(long)]
     pub ipfix_gso: bool,
     /// IPFIX observation domain id.

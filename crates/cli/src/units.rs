@@ -53,7 +53,7 @@ pub struct ByteRate(pub u64);
 
 /// A whole number with an optional k, M or G for thousands, millions or billions (`28M`);
 /// none if it is not one or does not fit.
-pub fn scaled_number(s: &str) -> Option<u64> {
+fn scaled_number(s: &str) -> Option<u64> {
     let (digits, scale) = match s.as_bytes().last() {
         Some(b'k') => (&s[..s.len() - 1], 1_000),
         Some(b'M') => (&s[..s.len() - 1], 1_000_000),

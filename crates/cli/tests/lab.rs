@@ -377,13 +377,7 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
         killed = if s1 >= s2 { "s1" } else { "s2" }.to_owned();
         before = (s1.min(s2), s1.max(s2));
         let pid = lab.switch_pid(&killed).to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-KILL", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        assert!(kill("-KILL", &pid));
     });
     let survivor = if killed == "s1" { "s2" } else { "s1" };
     assert!(
@@ -429,7 +423,7 @@ fn lab_down_cleans_up_after_a_crash_and_up_refuses_a_lab_twice() {
     assert!(text(&again).contains("already up"), "{}", text(&again));
     // A crash: the switch dies and the lab's state directory is lost.
     let pid = lab.switch_pid("s1").to_string();
-    Command::new("kill").args(["-KILL", &pid]).status().unwrap();
+    kill("-KILL", &pid);
     let dir = std::env::var_os("STATEPLANE_LAB_DIR")
         .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from);
     std::fs::remove_dir_all(dir.join(&lab.name)).unwrap();
@@ -564,13 +558,7 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
             .unwrap()
             .matches(&expect)
             .count();
-        assert!(
-            Command::new("kill")
-                .args(["-HUP", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
+        assert!(kill("-HUP", &pid));
         // One reload at a time: wait (bounded) until the switch has logged this one.
         for _ in 0..100 {
             let now = std::fs::read_to_string(&log)
@@ -590,13 +578,7 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
         text(&out)
     );
     std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(kill("-TERM", &pid));
     let mut text_log = String::new();
     for _ in 0..100 {
         text_log = std::fs::read_to_string(&log).unwrap();
@@ -1127,13 +1109,16 @@ fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Ch
 fn interrupt(child: std::process::Child) -> Output {
     std::thread::sleep(Duration::from_millis(300));
     let run = run_of(&child);
-    for (i, _) in (0..2).enumerate() {
-        let sent = Command::new("kill").args(["-INT", &run]).status().unwrap();
-        // The second may come after the run has drained and gone.
-        assert!(i > 0 || sent.success(), "kill -INT {run}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(kill("-INT", &run), "kill -INT {run}");
+    std::thread::sleep(Duration::from_millis(50));
+    // The second may come after the run has drained and gone.
+    kill("-INT", &run);
     child.wait_with_output().unwrap()
+}
+
+/// Sends `signal` (`-INT`, `-STOP`, ...) to process `pid`: whether it was delivered.
+fn kill(signal: &str, pid: &str) -> bool {
+    (Command::new("kill").args([signal, pid]).status()).is_ok_and(|s| s.success())
 }
 
 /// The process id of a run started by [`start_in`] (the child of its `timeout`).
@@ -1249,19 +1234,10 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
         &csv,
     );
     let run = run_of(&behind);
-    let signal = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, &run])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    signal("-STOP");
+    assert!(kill("-STOP", &run), "kill -STOP {run}");
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5308);
     assert_eq!(sent, received, "every byte with the monitor stopped");
-    signal("-CONT");
+    assert!(kill("-CONT", &run), "kill -CONT {run}");
     let out = interrupt(behind);
     let _ = std::fs::remove_file(&csv);
     assert!(out.status.success(), "monitor: {}", text(&out));
