@@ -5,7 +5,7 @@
 # and no expert warning. IPv4, IPv6 and biflows. Fails loudly if a collector cannot start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 >/dev/null
+bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 iperf3 >/dev/null
 export PATH="$HOME/.cargo/bin:$PATH"
 bin=target/release/stateplane
 [ -x "$bin" ] || cargo build --release --quiet
@@ -18,14 +18,14 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# A loopback UDP port nobody holds.
+# A loopback port nobody holds: UDP, or TCP with `t`.
 free_port() {
-  local p
+  local p proto=${1:-u}
   for _ in $(seq 50); do
     p=$((20000 + RANDOM % 20000))
-    ss -uan | grep -q ":$p " || { echo "$p"; return; }
+    ss -"$proto"an | grep -q ":$p " || { echo "$p"; return; }
   done
-  fail "no free UDP port on loopback"
+  fail "no free port on loopback"
 }
 
 # Waits (bounded) until the socket on port $1 has nothing left in its receive queue.
@@ -108,6 +108,62 @@ print(s["records"], s["packets"], s["bytes"], s["sinks"][0]["messages"])' "$dir/
   fi
 }
 
+# Live: a monitor of loopback (`flows -I lo`) while iperf3 sends real TCP over it for 2 s,
+# exporting to nfcapd. Loopback receives all it sends, and the monitor must take each
+# packet once; nfdump must read back what the summary says, the kernel must have dropped
+# nothing, and the monitor's own IPFIX datagrams are among the packets it counts.
+run_live_case() {
+  echo "-- live-lo"
+  local dir="$work/live-lo" port data
+  mkdir -p "$dir/nf"
+  port=$(free_port); data=$(free_port t)
+  nfcapd -w "$dir/nf" -p "$port" -b 127.0.0.1 -B 33554432 >"$dir/nfcapd.log" 2>&1 &
+  local nf=$!; pids+=("$nf")
+  for _ in $(seq 50); do ss -uan | grep -q "127.0.0.1:$port " && break; sleep 0.1; done
+  ss -uan | grep -q "127.0.0.1:$port " || { cat "$dir/nfcapd.log" >&2; fail "live-lo: nfcapd did not start"; }
+  timeout 60 "$bin" flows -I lo --ipfix "127.0.0.1:$port" --summary-json >"$dir/summary.json" 2>"$dir/flows.log" &
+  local mon=$!; pids+=("$mon")
+  sleep 1.5
+  kill -0 "$mon" 2>/dev/null || { cat "$dir/flows.log" >&2; fail "live-lo: the monitor did not start (root is needed)"; }
+  timeout 30 iperf3 -s -1 -B 127.0.0.1 -p "$data" >"$dir/iperf-server.log" 2>&1 &
+  local srv=$!; pids+=("$srv")
+  sleep 0.5
+  timeout 30 iperf3 -c 127.0.0.1 -p "$data" -t 2 -P 4 -J >"$dir/iperf-client.json" 2>&1 || { cat "$dir/iperf-client.json" >&2; fail "live-lo: iperf3 failed"; }
+  wait "$srv" || true
+  sleep 0.5
+  kill -INT "$(pgrep -P "$mon")" 2>/dev/null || kill -INT "$mon"
+  wait "$mon" || { cat "$dir/flows.log" >&2; fail "live-lo: the monitor failed"; }
+  drained "$port"
+  sleep 0.5
+  kill -INT "$nf"; wait "$nf" || true
+  local want_flows want_packets want_bytes drops
+  read -r want_flows want_packets want_bytes drops < <(python3 -c '
+import json,sys; s=json.load(open(sys.argv[1])); f=s["flows"]
+print(f["records"], f["packets"], f["bytes"], s["port_counters"]["lo"]["rx_kernel_drops"])' "$dir/summary.json")
+  nfdump -R "$dir/nf" -I >"$dir/nfdump.txt" 2>&1 || { cat "$dir/nfdump.txt" >&2; fail "live-lo: nfdump could not read the files"; }
+  local got_flows got_packets got_bytes seqfail
+  got_flows=$(awk '/^Flows:/ {print $2}' "$dir/nfdump.txt")
+  got_packets=$(awk '/^Packets:/ {print $2}' "$dir/nfdump.txt")
+  got_bytes=$(awk '/^Bytes:/ {print $2}' "$dir/nfdump.txt")
+  seqfail=$(awk '/^Sequence failures:/ {print $3}' "$dir/nfdump.txt")
+  echo "   stateplane: $want_flows records, $want_packets packets, $want_bytes bytes, $drops kernel drops"
+  echo "   nfdump:     $got_flows flows, $got_packets packets, $got_bytes bytes, $seqfail sequence failures"
+  [ "$want_packets" -gt 10000 ] || fail "live-lo: the monitor saw too little of iperf3's transfer"
+  [ "$drops" = 0 ] || fail "live-lo: the kernel dropped packets"
+  [ "$got_flows" = "$want_flows" ] || fail "live-lo: flows differ"
+  [ "$got_packets" = "$want_packets" ] || fail "live-lo: packets differ"
+  [ "$got_bytes" = "$want_bytes" ] || fail "live-lo: bytes differ"
+  [ "$seqfail" = 0 ] || fail "live-lo: sequence failures"
+  # Each packet once: the monitor's IP bytes are iperf3's payload plus headers and ACKs
+  # (well under a fifth more), not twice it.
+  local sent_bytes
+  sent_bytes=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_sent"]["bytes"])' "$dir/iperf-client.json")
+  echo "   iperf3:     $sent_bytes bytes of payload sent"
+  [ "$sent_bytes" -gt 0 ] || fail "live-lo: no iperf3 total"
+  python3 -c 'import sys; got, sent = int(sys.argv[1]), int(sys.argv[2]); sys.exit(0 if sent <= got < 1.2 * sent else 1)' "$want_bytes" "$sent_bytes" \
+    || fail "live-lo: $want_bytes bytes seen for $sent_bytes sent (each packet must be taken once)"
+}
+
 # Messages as large as loopback carries (--mtu auto, 64 KiB), and of Ethernet's size.
 run_case ipv4 "internet --packets 300000 --ipv6-share 0" ""
 run_case ipv4-1400 "internet --packets 300000 --ipv6-share 0" "--mtu 1400"
@@ -120,4 +176,5 @@ run_case mixed-gso "internet --packets 300000 --ipv6-share 0.2" "--ipfix-gso --m
 # 64 KiB messages or with many small ones.
 run_case default-buffer "internet --packets 1000000 --ipv6-share 0.2" "--workers 2" ""
 run_case default-buffer-1400 "internet --packets 1000000 --ipv6-share 0.2" "--workers 2 --mtu 1400" ""
+run_live_case
 echo "collectors: nfdump and tshark agree with stateplane flows"
