@@ -13,7 +13,9 @@ missing=()
 for want in "$@"; do
   cmd=${want%%:*}
   pkg=${want#*:}
-  command -v "$cmd" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  # type -P finds files only: `command -v time` is satisfied by bash's keyword, and
+  # /usr/bin/time was never installed.
+  type -P "$cmd" >/dev/null || PATH="$PATH:/usr/sbin:/sbin" type -P "$cmd" >/dev/null || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
