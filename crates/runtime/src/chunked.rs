@@ -83,9 +83,10 @@ struct Channels<C> {
     /// Shares from each worker (this one's own entry stays unused), and to each.
     shares_in: Vec<Receiver<Share>>,
     shares_out: Vec<Sender<Share>>,
-    /// Bursts given back to this worker to fill again, and the way back to each worker.
-    spent_in: Receiver<Burst>,
-    spent_out: Vec<Sender<Burst>>,
+    /// Bursts given back to this worker to fill again, a share's at once, and the way
+    /// back to each worker.
+    spent_in: Receiver<Vec<Burst>>,
+    spent_out: Vec<Sender<Vec<Burst>>>,
 }
 
 /// A worker's source of bursts from a capture file read in chunks by all the workers (see
@@ -101,9 +102,14 @@ pub struct ChunkShard<F: ChunkedFile> {
     channels: Channels<F::Context>,
     /// The chunk whose share is processed next.
     next_chunk: u64,
-    /// The share being handed out, and the worker its bursts go back to.
+    /// The share being handed out, the worker its bursts go back to, and those of its
+    /// bursts already processed, which go back together once it is done: one message a
+    /// share, not one a burst.
     current: VecDeque<Burst>,
     current_from: usize,
+    spent: Vec<Burst>,
+    /// Bursts this worker may fill (its own, and those given back).
+    free: Vec<Burst>,
     /// This worker's own shares of the chunks it has read and not processed, in order.
     own: VecDeque<Share>,
     /// The next chunk this worker reads; `None` once it has met the input's end.
@@ -172,6 +178,8 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                     next_chunk: 0,
                     current: VecDeque::new(),
                     current_from: w,
+                    spent: Vec::new(),
+                    free: Vec::new(),
                     own: VecDeque::new(),
                     next_read: Some(w as u64),
                     done: false,
@@ -319,14 +327,33 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             if let Some(full) = bursts.last_mut() {
                 full.now_ns = now_ns;
             }
-            let mut burst = (self.channels.spent_in.try_recv())
-                .unwrap_or_else(|_| Burst::with_capacity(self.burst_size));
+            if self.free.is_empty() {
+                while let Ok(spent) = self.channels.spent_in.try_recv() {
+                    self.free.extend(spent);
+                }
+            }
+            let mut burst =
+                (self.free.pop()).unwrap_or_else(|| Burst::with_capacity(self.burst_size));
             burst.clear();
             burst.parsed = true;
             bursts.push(burst);
         }
         let last = bursts.len() - 1;
         &mut bursts[last]
+    }
+
+    /// Gives the processed bursts of the share just done back to the worker that filled
+    /// them (this worker's own go straight to its free list).
+    fn give_back_spent(&mut self) {
+        if self.spent.is_empty() {
+            return;
+        }
+        if self.current_from == self.worker {
+            self.free.append(&mut self.spent);
+        } else {
+            let spent = std::mem::take(&mut self.spent);
+            let _ = self.channels.spent_out[self.current_from].send(spent);
+        }
     }
 
     /// The input has ended before this worker's next chunk: every worker hears it there.
@@ -347,12 +374,12 @@ impl<F: ChunkedFile + 'static> BurstSource for ChunkShard<F> {
         loop {
             if let Some(mut next) = self.current.pop_front() {
                 std::mem::swap(burst, &mut next);
-                next.clear();
-                let _ = self.channels.spent_out[self.current_from].send(next);
+                self.spent.push(next);
                 burst.round = self.round;
                 self.round += 1;
                 return true;
             }
+            self.give_back_spent();
             if self.done {
                 return false;
             }
