@@ -14,7 +14,8 @@
 //!   measurement behind keeping the two-level design;
 //! * workers: packets per second through the whole stage with one worker and with two,
 //!   each on its own thread with its own shard of the flows (split by the runtime's flow
-//!   hash beforehand): how the stage scales when reading is not in the way;
+//!   hash beforehand): how the stage scales when reading is not in the way; and
+//!   `scaling`, the median of each round's own ratio of the two;
 //! * growth: the aggregator as the product runs it, starting small and doubling in place,
 //!   fed in the stage's batches of 4,096 records, each timed: the median, the longest
 //!   batch in which the table doubled (how long its growth stalls a worker) and the longest
@@ -455,6 +456,17 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Cli
             }
         }
     }
+    // Each round's own ratio: a slow spell of the shared machine falls on both its runs.
+    let per_round = (rates[1].iter().zip(&rates[0]))
+        .map(|(two, one)| two / one)
+        .collect();
+    let scaling = Row {
+        experiment: "scaling",
+        workload: workload.into(),
+        variant: "2 workers to 1, median of the rounds' ratios".into(),
+        value: median(per_round),
+        unit: "x",
+    };
     Ok((WORKERS.iter().zip(rates))
         .map(|(&workers, r)| Row {
             experiment: "workers",
@@ -463,6 +475,7 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Cli
             value: median(r),
             unit: "Mpps",
         })
+        .chain([scaling])
         .collect())
 }
 

@@ -670,4 +670,7 @@ fn bench_flows_variants_agree_on_a_small_trace() {
         .find_map(|field| field.parse().ok())
         .unwrap();
     assert!(rate > 0.0, "{}", totals[0]);
+    let scaling: Vec<&str> = text.lines().filter(|l| l.starts_with("scaling,")).collect();
+    assert_eq!(scaling.len(), 1, "{text}");
+    assert!(scaling[0].ends_with(",x"), "{}", scaling[0]);
 }
