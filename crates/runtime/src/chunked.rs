@@ -351,7 +351,9 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         if self.current_from == self.worker {
             self.free.append(&mut self.spent);
         } else {
-            let spent = std::mem::take(&mut self.spent);
+            // The next share's list is made at this one's size: one allocation a share.
+            let next = Vec::with_capacity(self.spent.len());
+            let spent = std::mem::replace(&mut self.spent, next);
             let _ = self.channels.spent_out[self.current_from].send(spent);
         }
     }
