@@ -15,7 +15,8 @@
 //! * workers: packets per second through the whole stage with one worker and with two,
 //!   each on its own thread with its own shard of the flows (split by the runtime's flow
 //!   hash beforehand): how the stage scales when reading is not in the way; and
-//!   `scaling`, the median of each round's own ratio of the two;
+//!   `scaling`, the median of each round's own ratio of the two, beside the shards'
+//!   balance (two workers end when the larger shard does);
 //! * growth: the aggregator as the product runs it, starting small and doubling in place,
 //!   fed in the stage's batches of 4,096 records, each timed: the median, the longest
 //!   batch in which the table doubled (how long its growth stalls a worker) and the longest
@@ -460,13 +461,26 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Cli
     let per_round = (rates[1].iter().zip(&rates[0]))
         .map(|(two, one)| two / one)
         .collect();
-    let scaling = Row {
+    // The split's balance: two workers end when the larger shard does, so at one
+    // worker's speed a packet they give this much (smaller flow tables can beat it).
+    let largest = split[1].iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let scaling = [
+        (
+            "2 workers to 1, median of the rounds' ratios",
+            median(per_round),
+        ),
+        (
+            "the shards' balance (packets / larger shard)",
+            packets.len() as f64 / largest as f64,
+        ),
+    ]
+    .map(|(variant, value)| Row {
         experiment: "scaling",
         workload: workload.into(),
-        variant: "2 workers to 1, median of the rounds' ratios".into(),
-        value: median(per_round),
+        variant: variant.into(),
+        value,
         unit: "x",
-    };
+    });
     Ok((WORKERS.iter().zip(rates))
         .map(|(&workers, r)| Row {
             experiment: "workers",
@@ -475,7 +489,7 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Cli
             value: median(r),
             unit: "Mpps",
         })
-        .chain([scaling])
+        .chain(scaling)
         .collect())
 }
 
