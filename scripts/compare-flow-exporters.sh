@@ -14,7 +14,9 @@ packets=${PACKETS:-5000000}
 rounds=${ROUNDS:-3}
 out=${OUT:-}
 bin=$PWD/target/release/stateplane
-[ -x "$bin" ] || cargo build --release --quiet
+# Always: a binary left from before a change would run in its place (a no-op when
+# it is up to date).
+cargo build --release --quiet
 work=$(mktemp -d /tmp/stateplane-exporters.XXXXXX)
 pids=()
 cleanup() {

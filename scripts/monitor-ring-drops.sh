@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "error: run as root (network namespaces, AF_PACKET)" >&2; exit 1; }
 bash scripts/setup.sh ip:iproute2 pgrep:procps python3 >/dev/null
 bin=target/release/stateplane
-[ -x "$bin" ] || cargo build --release --quiet
+# Always: a binary left from before a change would run in its place (a no-op when
+# it is up to date).
+cargo build --release --quiet
 sizes=("$@")
 [ ${#sizes[@]} -gt 0 ] || sizes=(1M 64M)
 work=$(mktemp -d /tmp/monitor-ring-drops.XXXXXX)

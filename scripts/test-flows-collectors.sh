@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 iperf3 >/dev/null
 export PATH="$HOME/.cargo/bin:$PATH"
 bin=target/release/stateplane
-[ -x "$bin" ] || cargo build --release --quiet
+# Always: a binary left from before a change would run in its place (a no-op when
+# it is up to date).
+cargo build --release --quiet
 work=$(mktemp -d /tmp/stateplane-collectors.XXXXXX)
 pids=()
 cleanup() {
