@@ -8,7 +8,7 @@ use crate::bench::{Rates, generated_trace, rates};
 use crate::run::bounded;
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
-use stateplane_runtime::pipeline::RuntimeConfig;
+use stateplane_runtime::RuntimeConfig;
 use stateplane_wire::FlowHasher;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

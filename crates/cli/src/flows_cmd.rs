@@ -16,13 +16,11 @@ use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
-use stateplane_runtime::pipeline::{
-    BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded,
-};
 use stateplane_runtime::{
     Burst, ChunkedFile, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap,
     TapFactory, Verdict,
 };
+use stateplane_runtime::{BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded};
 use stateplane_wire::FlowHasher;
 use std::net::SocketAddr;
 use std::path::PathBuf;

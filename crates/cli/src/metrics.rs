@@ -1,7 +1,7 @@
 //! A Prometheus text endpoint on loopback: `GET /metrics` returns every counter, totals and
 //! per worker. One small thread, one connection at a time; nothing on the packet path.
 
-use stateplane_runtime::pipeline::RunHandle;
+use stateplane_runtime::RunHandle;
 use stateplane_runtime::{Counter, Stats};
 use std::fmt::Write as _;
 use std::io::{Read, Write};

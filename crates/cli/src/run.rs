@@ -9,7 +9,7 @@ use crate::units::CaptureBuffer;
 use crate::{CliResult, metrics, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
-use stateplane_runtime::pipeline::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
+use stateplane_runtime::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
 use stateplane_runtime::{PortId, ProgramFactory, RxPort, TxPort};
 use stateplane_wire::FlowHasher;
 use std::path::PathBuf;

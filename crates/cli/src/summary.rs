@@ -1,7 +1,7 @@
 //! The end-of-run summary, as a table for people and as JSON for scripts.
 
 use serde_json::json;
-use stateplane_runtime::pipeline::RunReport;
+use stateplane_runtime::RunReport;
 use stateplane_runtime::{Counter, PortCounters};
 
 /// Packets per second over the wall time.

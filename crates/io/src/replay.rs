@@ -4,7 +4,7 @@
 use crate::capture::{CaptureError, CaptureReader};
 use crate::hugemem::HugeBuf;
 use stateplane_runtime::Burst;
-use stateplane_runtime::pipeline::BurstSource;
+use stateplane_runtime::BurstSource;
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, parse};
 use std::fs::File;

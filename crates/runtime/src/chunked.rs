@@ -26,9 +26,10 @@
 //! own chunks up to `AHEAD` ahead before it waits for a share of an earlier chunk.
 
 use crate::burst::Burst;
-use crate::pipeline::{BurstSource, RunHandle, ingress};
 use crate::port::{ChunkedFile, RxPacket};
 use crate::program::PortId;
+use crate::run::RunHandle;
+use crate::source::{BurstSource, ingress};
 use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use stateplane_wire::flow::shard_of;

@@ -3,8 +3,8 @@
 //! Owns: the [`Burst`] that packets travel in, the [`Program`] interface that network
 //! functions implement, the [`Worker`] that runs a program to completion on a burst, the
 //! port traits ([`RxPort`], [`TxPort`] for files, [`LiveQueue`] for interfaces), the
-//! counters every component reports, and the [`pipeline`]s and the [`live`] loop that wire
-//! ports, workers and outputs together on threads.
+//! counters every component reports, and the shapes of a run that wire ports, workers and
+//! outputs together on threads ([`offline`], [`sharded`], [`live`]).
 //!
 //! Must never: allocate, lock or make a system call per packet on the fast path (bursts
 //! and their arenas are preallocated and recycled; counters are published once per burst);
@@ -19,17 +19,26 @@ pub mod burst;
 pub mod chunked;
 pub mod control;
 pub mod live;
-pub mod pipeline;
+pub mod offline;
 pub mod port;
 pub mod program;
+pub mod read_ahead;
+pub mod run;
+pub mod sharded;
+pub mod source;
 pub mod stats;
 pub mod tap;
 pub mod worker;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
+pub use offline::{OfflinePorts, run_offline};
 pub use port::{ChunkedFile, FileRecord, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
+pub use read_ahead::ReadAhead;
+pub use run::{RunHandle, RunReport, RuntimeConfig};
+pub use sharded::run_sharded;
+pub use source::{BurstSource, OwnShard};
 pub use stats::{Counter, SharedStats, Stats};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;

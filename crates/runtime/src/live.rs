@@ -14,9 +14,9 @@
 
 use crate::burst::Burst;
 use crate::control::WorkerControl;
-use crate::pipeline::{RunHandle, RunReport, RuntimeConfig};
 use crate::port::{LiveQueue, PortCounters};
 use crate::program::{PortId, ProgramFactory};
+use crate::run::{RunHandle, RunReport, RuntimeConfig};
 use crate::stats::Stats;
 use crate::worker::Worker;
 use std::os::fd::RawFd;

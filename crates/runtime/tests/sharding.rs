@@ -7,13 +7,13 @@
 
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_runtime::chunked::ChunkShard;
-use stateplane_runtime::pipeline::{
-    BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
-    run_sharded,
-};
 use stateplane_runtime::{
     Burst, ChunkedFile, Context, Counter, FileRecord, Program, ProgramFactory, RxPacket, RxPort,
     TxPort, Verdict,
+};
+use stateplane_runtime::{
+    BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
+    run_sharded,
 };
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::HashMap;

@@ -1,0 +1,288 @@
+//! The offline shape: packets come from stream ports (capture files). A dispatcher thread
+//! reads them in timestamp order across ports, parses each once, and hands it to the
+//! worker that owns its flow (by the flow hash). It works in *rounds*: every round sends
+//! one burst, possibly empty, to every worker, and the output stage takes round `r` from
+//! every worker and merges the bursts by input sequence number. So output order equals
+//! input order whatever the number of workers, and every queue stays bounded.
+//!
+//! Shutdown is by draining: when input ends or the stop flag is raised, the dispatcher
+//! finishes its round and closes its queues; workers finish what is queued, then the output
+//! stage does, and every count is final.
+
+use crate::burst::Burst;
+use crate::port::{RxPort, TxPort};
+use crate::program::{PortId, ProgramFactory, Verdict};
+use crate::run::{RunHandle, RunReport, RuntimeConfig};
+use crate::source::{Merged, ingress};
+use crate::stats::Stats;
+use crate::worker::Worker;
+use crossbeam_channel::{Receiver, Sender, bounded};
+use stateplane_wire::Parsed;
+use stateplane_wire::flow::shard_of;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The ports of an offline run.
+pub struct OfflinePorts {
+    /// Input streams and the port each one arrives on.
+    pub rx: Vec<(PortId, Box<dyn RxPort>)>,
+    /// Output per port id; `None` discards (after counting).
+    pub tx: Vec<Option<Box<dyn TxPort>>>,
+    /// Where packets for the control plane go; `None` counts them only.
+    pub control: Option<Box<dyn TxPort>>,
+}
+
+/// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
+pub fn run_offline(
+    config: &RuntimeConfig,
+    mut ports: OfflinePorts,
+    factory: &ProgramFactory,
+    handle: &RunHandle,
+) -> RunReport {
+    let workers = config.workers.max(1);
+    let start = Instant::now();
+    let port_count = ports.tx.len();
+    let pool = config.queue_depth * 2 + 2;
+    let mut to_worker = Vec::new();
+    let mut worker_rx = Vec::new();
+    let mut to_output = Vec::new();
+    let mut output_rx = Vec::new();
+    let mut free_tx = Vec::new();
+    let mut free_rx = Vec::new();
+    for _ in 0..workers {
+        let (t, r) = bounded::<Burst>(config.queue_depth);
+        to_worker.push(t);
+        worker_rx.push(r);
+        let (t, r) = bounded::<Burst>(config.queue_depth);
+        to_output.push(t);
+        output_rx.push(r);
+        let (t, r) = bounded::<Burst>(pool);
+        for _ in 0..pool {
+            let _ = t.send(Burst::with_capacity(config.burst_size));
+        }
+        free_tx.push(t);
+        free_rx.push(r);
+    }
+    let drop_reason_names = factory(0).drop_reasons();
+
+    std::thread::scope(|scope| {
+        let rx = std::mem::take(&mut ports.rx);
+        let dispatcher = scope.spawn(|| dispatch(config, rx, to_worker, free_rx, handle));
+        let worker_threads: Vec<_> = worker_rx
+            .into_iter()
+            .zip(to_output)
+            .enumerate()
+            .map(|(w, (input, output))| {
+                let program = factory(w);
+                let shared = handle.stats[w + 1].clone();
+                let hasher = config.hasher;
+                let tap = config.tap.as_ref().map(|f| f(w));
+                scope.spawn(move || {
+                    let mut worker =
+                        Worker::new(program, w, workers, port_count, hasher).with_tap(tap);
+                    let mut busy = Duration::ZERO;
+                    for mut burst in input.iter() {
+                        let t = Instant::now();
+                        worker.handle(&mut burst);
+                        busy += t.elapsed();
+                        shared.publish(&worker.stats);
+                        if output.send(burst).is_err() {
+                            break;
+                        }
+                    }
+                    worker.finish();
+                    (worker.stats, busy)
+                })
+            })
+            .collect();
+        let (tx_per_port, mut errors) = output_stage(
+            &output_rx,
+            &free_tx,
+            &mut ports.tx,
+            &mut ports.control,
+            handle,
+        );
+        let (dispatcher_stats, dispatch_errors) = match dispatcher.join() {
+            Ok(r) => r,
+            Err(_) => (
+                Stats::default(),
+                vec!["the dispatcher thread panicked".to_owned()],
+            ),
+        };
+        errors.extend(dispatch_errors);
+        let mut per_worker = Vec::new();
+        let mut worker_busy = Vec::new();
+        for t in worker_threads {
+            match t.join() {
+                Ok((s, busy)) => {
+                    per_worker.push(s);
+                    worker_busy.push(busy);
+                }
+                Err(_) => errors.push("a worker thread panicked".to_owned()),
+            }
+        }
+        let mut total = dispatcher_stats;
+        for s in &per_worker {
+            total.merge(s);
+        }
+        RunReport {
+            total,
+            per_worker,
+            tx_per_port,
+            drop_reason_names,
+            wall: start.elapsed(),
+            worker_busy,
+            errors,
+        }
+    })
+}
+
+/// The dispatcher: merges the input ports by timestamp, parses, shards, and sends rounds.
+fn dispatch(
+    config: &RuntimeConfig,
+    rx: Vec<(PortId, Box<dyn RxPort>)>,
+    to_worker: Vec<Sender<Burst>>,
+    free: Vec<Receiver<Burst>>,
+    handle: &RunHandle,
+) -> (Stats, Vec<String>) {
+    let workers = to_worker.len();
+    let mut stats = Stats::default();
+    let mut parsed = Parsed::EMPTY;
+    let mut input = Merged::open(rx);
+    let mut round = 0u64;
+    let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
+    'rounds: loop {
+        for f in &free {
+            match f.recv() {
+                Ok(b) => bursts.push(b),
+                Err(_) => break 'rounds,
+            }
+        }
+        let mut taken = 0;
+        let stopping = handle.stop.load(Ordering::Relaxed);
+        while taken < config.burst_size && !stopping {
+            let seq = input.seq;
+            let Some(head) = input.earliest() else {
+                break;
+            };
+            let packet = head.packet();
+            if ingress::parse(
+                &packet,
+                head.port,
+                &config.hasher,
+                &mut parsed,
+                Some(&mut stats),
+            ) {
+                let w = shard_of(parsed.hash, workers);
+                if !bursts[w].has_room(head.data.len()) {
+                    break; // this worker's burst is full: the packet opens the next round
+                }
+                bursts[w].push_parsed(&packet, head.port, seq, &parsed);
+            }
+            input.advance();
+            taken += 1;
+        }
+        handle
+            .input_bytes
+            .store(input.bytes_read(), Ordering::Relaxed);
+        handle.stats[0].publish(&stats);
+        let done = stopping || input.done();
+        for (w, mut b) in bursts.drain(..).enumerate() {
+            b.round = round;
+            b.now_ns = input.now_ns;
+            b.parsed = true;
+            if to_worker[w].send(b).is_err() {
+                break 'rounds;
+            }
+        }
+        round += 1;
+        if done {
+            break;
+        }
+    }
+    (stats, input.errors)
+}
+
+/// The output stage: takes round `r` from every worker, merges by sequence number, sends.
+fn output_stage(
+    from_workers: &[Receiver<Burst>],
+    free: &[Sender<Burst>],
+    tx: &mut [Option<Box<dyn TxPort>>],
+    control: &mut Option<Box<dyn TxPort>>,
+    handle: &RunHandle,
+) -> (Vec<(u64, u64)>, Vec<String>) {
+    let mut counts = vec![(0u64, 0u64); tx.len()];
+    let mut errors: Vec<String> = Vec::new();
+    let mut failed = vec![false; tx.len()];
+    let mut control_failed = false;
+    let mut bursts: Vec<Burst> = Vec::with_capacity(from_workers.len());
+    let mut cursor = vec![0usize; from_workers.len()];
+    'rounds: loop {
+        bursts.clear();
+        for r in from_workers {
+            match r.recv() {
+                Ok(b) => bursts.push(b),
+                Err(_) => break 'rounds,
+            }
+        }
+        cursor.iter_mut().for_each(|c| *c = 0);
+        loop {
+            let next = (0..bursts.len())
+                .filter(|&w| cursor[w] < bursts[w].len())
+                .min_by_key(|&w| bursts[w].descs()[cursor[w]].seq);
+            let Some(w) = next else { break };
+            let i = cursor[w];
+            cursor[w] += 1;
+            let d = bursts[w].descs()[i];
+            let data = bursts[w].data(i);
+            match d.verdict {
+                Verdict::Forward(_) | Verdict::Flood => {
+                    for port in d.verdict.out_ports(d.in_port, tx.len()) {
+                        let p = usize::from(port);
+                        counts[p].0 += 1;
+                        counts[p].1 += u64::from(d.len);
+                        if let Some(out) = tx[p].as_mut().filter(|_| !failed[p])
+                            && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
+                        {
+                            errors.push(format!("writing port {} ({}): {e}; its later packets were counted but not written", p, out.name()));
+                            failed[p] = true;
+                            handle.stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Verdict::ToControl(_) => {
+                    if let Some(out) = control.as_mut().filter(|_| !control_failed)
+                        && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
+                    {
+                        errors.push(format!(
+                            "writing control-plane output ({}): {e}",
+                            out.name()
+                        ));
+                        control_failed = true;
+                    }
+                }
+                Verdict::Drop(_) => {}
+            }
+        }
+        for (w, mut b) in bursts.drain(..).enumerate() {
+            b.clear();
+            let _ = free[w].send(b);
+        }
+    }
+    for (p, out) in tx.iter_mut().enumerate() {
+        if let Some(out) = out
+            && let Err(e) = out.flush()
+        {
+            errors.push(format!("flushing port {p} ({}): {e}", out.name()));
+        }
+    }
+    if let Some(out) = control
+        && let Err(e) = out.flush()
+    {
+        errors.push(format!(
+            "flushing control-plane output ({}): {e}",
+            out.name()
+        ));
+    }
+    (counts, errors)
+}

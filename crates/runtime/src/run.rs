@@ -1,0 +1,129 @@
+//! What every shape of run shares: its configuration, the handle that watchers read while
+//! it runs, and the report it ends with.
+
+use crate::stats::{SharedStats, Stats};
+use crate::tap::TapFactory;
+use stateplane_wire::FlowHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+/// How the runtime is shaped.
+#[derive(Clone)]
+pub struct RuntimeConfig {
+    pub workers: usize,
+    /// Packets per burst.
+    pub burst_size: usize,
+    /// Bursts that may wait in each worker's queue.
+    pub queue_depth: usize,
+    pub hasher: FlowHasher,
+    /// A stage every worker runs after its program (flow records), if any.
+    pub tap: Option<TapFactory>,
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("workers", &self.workers)
+            .field("burst_size", &self.burst_size)
+            .field("queue_depth", &self.queue_depth)
+            .field("tap", &self.tap.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            workers: 1,
+            burst_size: 64,
+            queue_depth: 8,
+            hasher: FlowHasher::random(),
+            tap: None,
+        }
+    }
+}
+
+/// What a run shares with whoever watches it (a progress display, a metrics endpoint).
+pub struct RunHandle {
+    /// Index 0 is the dispatcher (packets dropped before a worker: malformed, oversize),
+    /// then one per worker.
+    pub stats: Vec<Arc<SharedStats>>,
+    /// Raise to stop the run; it drains and reports.
+    pub stop: Arc<AtomicBool>,
+    /// Bytes consumed from the input files, for progress.
+    pub input_bytes: Arc<AtomicU64>,
+    /// Live ports' own counts, per worker and port, refreshed every 100 ms by live workers
+    /// (empty offline).
+    pub port_counters: std::sync::Mutex<Vec<Vec<crate::PortCounters>>>,
+}
+
+impl RunHandle {
+    pub fn new(workers: usize) -> Self {
+        RunHandle {
+            stats: (0..=workers)
+                .map(|_| Arc::new(SharedStats::default()))
+                .collect(),
+            stop: Arc::new(AtomicBool::new(false)),
+            input_bytes: Arc::new(AtomicU64::new(0)),
+            port_counters: std::sync::Mutex::new(vec![Vec::new(); workers]),
+        }
+    }
+
+    /// Live ports' counts summed over workers, per port, as of the last refresh.
+    pub fn port_totals(&self) -> Vec<crate::PortCounters> {
+        let per_worker = self
+            .port_counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut total: Vec<crate::PortCounters> = Vec::new();
+        for w in per_worker.iter() {
+            if total.len() < w.len() {
+                total.resize(w.len(), crate::PortCounters::default());
+            }
+            for (t, c) in total.iter_mut().zip(w) {
+                t.merge(c);
+            }
+        }
+        total
+    }
+
+    /// Totals over the dispatcher and every worker, as of now.
+    pub fn totals(&self) -> Stats {
+        let mut total = Stats::default();
+        for s in &self.stats {
+            total.merge(&s.snapshot());
+        }
+        total
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub total: Stats,
+    pub per_worker: Vec<Stats>,
+    /// Packets and bytes sent out of each port.
+    pub tx_per_port: Vec<(u64, u64)>,
+    pub drop_reason_names: &'static [&'static str],
+    pub wall: Duration,
+    /// Time each worker spent from its first to its last burst.
+    pub worker_busy: Vec<Duration>,
+    /// Problems that ended the run early or lost output (read or write errors).
+    pub errors: Vec<String>,
+}
+
+impl RunReport {
+    /// A report with no counts yet, for `ports` ports, to add workers' results to.
+    pub fn empty(ports: usize, drop_reason_names: &'static [&'static str], wall: Duration) -> Self {
+        RunReport {
+            total: Stats::default(),
+            per_worker: Vec::new(),
+            tx_per_port: vec![(0, 0); ports],
+            drop_reason_names,
+            wall,
+            worker_busy: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+}
