@@ -349,7 +349,7 @@ pub fn main(a: BenchArgs) -> CliResult<()> {
         burst_size,
         queue_depth: 8,
         hasher: FlowHasher::random(),
-        tap: None,
+        taps: Vec::new(),
     };
     let mut results = Vec::new();
     let mut huge_used = huge;

@@ -129,7 +129,7 @@ pub fn main(a: BenchCatalogArgs) -> CliResult<()> {
         burst_size,
         queue_depth: 8,
         hasher: FlowHasher::random(),
-        tap: None,
+        taps: Vec::new(),
     };
     let how = (a.loops, repeat, true);
     let forward = factory("forward", "map = { p0 = \"p1\", p1 = \"p0\" }")?;

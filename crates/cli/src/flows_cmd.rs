@@ -503,7 +503,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     let runtime = RuntimeConfig {
         workers,
         hasher: FlowHasher::with_seed(seed),
-        tap: Some(tap),
+        taps: vec![tap],
         ..RuntimeConfig::default()
     };
     let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));

@@ -217,7 +217,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         burst_size,
         queue_depth,
         hasher: FlowHasher::with_seed(seed),
-        tap,
+        taps: tap.into_iter().collect(),
     };
 
     let metrics_addr = args

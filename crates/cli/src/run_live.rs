@@ -5,7 +5,8 @@ use crate::{CliResult, metrics, summary};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use stateplane_control::server::{ControlService, PipelineCounters, Server};
 use stateplane_io::live::{self, RingConfig};
-use stateplane_runtime::live::{LiveQueues, Reload, run_live};
+use stateplane_runtime::Reload;
+use stateplane_runtime::live::{LiveQueues, run_live};
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
@@ -266,7 +267,7 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     );
     signals.close();
     log::info!("stopped; queues drained");
-    for (name, port) in run.port_names.iter().zip(&report.ports) {
+    for (name, port) in run.port_names.iter().zip(&report.port_counters) {
         if port.rx_kernel_drops > 0 {
             let hint = match run.io {
                 IoChoice::Observe => " (--capture-buffer makes it larger)",
@@ -284,18 +285,19 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     let flows = run.flows.map(|f| f.finish());
 
     let text = if run.json {
-        let mut value = summary::to_json(&report.run, &run.program, &run.port_names);
-        value["port_counters"] = summary::port_counters_json(&report.ports, &run.port_names);
+        let mut value = summary::to_json(&report, &run.program, &run.port_names);
+        value["port_counters"] =
+            summary::port_counters_json(&report.port_counters, &run.port_names);
         value["program_generation"] = serde_json::json!(report.generations);
         if let Some(f) = &flows {
-            value["flows"] = f.to_json(report.run.wall);
+            value["flows"] = f.to_json(report.wall);
         }
         serde_json::to_string_pretty(&value).map_err(|e| e.to_string())? + "\n"
     } else {
-        let mut table = summary::table(&report.run, &run.program, &run.port_names);
-        table += &summary::port_counters_table(&report.ports, &run.port_names);
+        let mut table = summary::table(&report, &run.program, &run.port_names);
+        table += &summary::port_counters_table(&report.port_counters, &run.port_names);
         if let Some(f) = &flows {
-            table += &format!("flow records:\n{}", f.table(report.run.wall));
+            table += &format!("flow records:\n{}", f.table(report.wall));
         }
         table
     };
@@ -303,12 +305,12 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     if let Some(e) = flows.as_ref().and_then(crate::flows_cmd::FlowReport::error) {
         return Err(e);
     }
-    if report.run.errors.is_empty() {
+    if report.errors.is_empty() {
         Ok(())
     } else {
         Err(format!(
             "the run had {} error(s), listed above",
-            report.run.errors.len()
+            report.errors.len()
         ))
     }
 }

@@ -81,6 +81,22 @@ const EMPTY_DESC: PacketDesc = PacketDesc {
     verdict: Verdict::Drop(DropReason::NO_VERDICT),
 };
 
+/// A burst with no room at all, allocating nothing: a placeholder for a slot whose burst
+/// has been handed on (`std::mem::take`).
+impl Default for Burst {
+    fn default() -> Self {
+        Burst {
+            arena: Vec::new(),
+            used: 0,
+            slots: Vec::new(),
+            count: 0,
+            parsed: false,
+            round: 0,
+            now_ns: 0,
+        }
+    }
+}
+
 impl Burst {
     /// A burst for up to `capacity` packets; its arena and slots are allocated once, here.
     pub fn with_capacity(capacity: usize) -> Self {

@@ -29,6 +29,7 @@ pub mod source;
 pub mod stats;
 pub mod tap;
 pub mod worker;
+pub mod worker_loop;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
@@ -42,3 +43,7 @@ pub use source::{BurstSource, OwnShard};
 pub use stats::{Counter, SharedStats, Stats};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
+pub use worker_loop::{
+    Clock, ManualClock, PortsReport, Receive, Reload, Timekeeping, WallClock, WorkerPorts,
+    WorkerReport, WorkerSetup, run_worker, run_workers,
+};

@@ -15,7 +15,7 @@ use crate::program::{PortId, ProgramFactory, Verdict};
 use crate::run::{RunHandle, RunReport, RuntimeConfig};
 use crate::source::{Merged, ingress};
 use crate::stats::Stats;
-use crate::worker::Worker;
+use crate::worker_loop::{Receive, Reload, WorkerPorts, WorkerSetup, spawn_workers};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::Parsed;
 use stateplane_wire::flow::shard_of;
@@ -63,78 +63,59 @@ pub fn run_offline(
         free_tx.push(t);
         free_rx.push(r);
     }
-    let drop_reason_names = factory(0).drop_reasons();
-
+    let reload = Reload::new(factory.clone());
+    let mut report = RunReport::empty(port_count, factory(0).drop_reasons(), Duration::ZERO);
     std::thread::scope(|scope| {
         let rx = std::mem::take(&mut ports.rx);
         let dispatcher = scope.spawn(|| dispatch(config, rx, to_worker, free_rx, handle));
-        let worker_threads: Vec<_> = worker_rx
-            .into_iter()
-            .zip(to_output)
-            .enumerate()
-            .map(|(w, (input, output))| {
-                let program = factory(w);
-                let shared = handle.stats[w + 1].clone();
-                let hasher = config.hasher;
-                let tap = config.tap.as_ref().map(|f| f(w));
-                scope.spawn(move || {
-                    let mut worker =
-                        Worker::new(program, w, workers, port_count, hasher).with_tap(tap);
-                    let mut busy = Duration::ZERO;
-                    for mut burst in input.iter() {
-                        let t = Instant::now();
-                        worker.handle(&mut burst);
-                        busy += t.elapsed();
-                        shared.publish(&worker.stats);
-                        if output.send(burst).is_err() {
-                            break;
-                        }
-                    }
-                    worker.finish();
-                    (worker.stats, busy)
-                })
-            })
+        let setups = (worker_rx.into_iter().zip(to_output))
+            .map(|(input, output)| WorkerSetup::new(Box::new(FromDispatcher { input, output })))
             .collect();
-        let (tx_per_port, mut errors) = output_stage(
+        let workers = spawn_workers(scope, config, setups, port_count, &reload, handle);
+        let (tx_per_port, errors) = output_stage(
             &output_rx,
             &free_tx,
             &mut ports.tx,
             &mut ports.control,
             handle,
         );
-        let (dispatcher_stats, dispatch_errors) = match dispatcher.join() {
-            Ok(r) => r,
-            Err(_) => (
-                Stats::default(),
-                vec!["the dispatcher thread panicked".to_owned()],
-            ),
-        };
-        errors.extend(dispatch_errors);
-        let mut per_worker = Vec::new();
-        let mut worker_busy = Vec::new();
-        for t in worker_threads {
-            match t.join() {
-                Ok((s, busy)) => {
-                    per_worker.push(s);
-                    worker_busy.push(busy);
-                }
-                Err(_) => errors.push("a worker thread panicked".to_owned()),
+        report.tx_per_port = tx_per_port;
+        report.errors = errors;
+        match dispatcher.join() {
+            Ok((stats, errors)) => {
+                report.total.merge(&stats);
+                report.errors.extend(errors);
             }
+            Err(_) => (report.errors).push("the dispatcher thread panicked".to_owned()),
         }
-        let mut total = dispatcher_stats;
-        for s in &per_worker {
-            total.merge(s);
+        report.add_workers(workers);
+    });
+    report.wall = start.elapsed();
+    report
+}
+
+/// A worker's ports in an offline run: bursts from the dispatcher, handled bursts on to the
+/// output stage, which writes them in input order.
+struct FromDispatcher {
+    input: Receiver<Burst>,
+    output: Sender<Burst>,
+}
+
+impl WorkerPorts for FromDispatcher {
+    fn receive(&mut self, _input: usize, burst: &mut Burst) -> Receive {
+        match self.input.recv() {
+            Ok(next) => {
+                *burst = next;
+                Receive::Burst
+            }
+            Err(_) => Receive::Ended,
         }
-        RunReport {
-            total,
-            per_worker,
-            tx_per_port,
-            drop_reason_names,
-            wall: start.elapsed(),
-            worker_busy,
-            errors,
-        }
-    })
+    }
+
+    fn send(&mut self, burst: &mut Burst) {
+        // The output stage gone means the run is ending; the dispatcher sees it too.
+        let _ = self.output.send(std::mem::take(burst));
+    }
 }
 
 /// The dispatcher: merges the input ports by timestamp, parses, shards, and sends rounds.

@@ -17,8 +17,8 @@ pub struct RuntimeConfig {
     /// Bursts that may wait in each worker's queue.
     pub queue_depth: usize,
     pub hasher: FlowHasher,
-    /// A stage every worker runs after its program (flow records), if any.
-    pub tap: Option<TapFactory>,
+    /// Stages every worker runs after its program, in order (flow records).
+    pub taps: Vec<TapFactory>,
 }
 
 impl std::fmt::Debug for RuntimeConfig {
@@ -27,7 +27,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("workers", &self.workers)
             .field("burst_size", &self.burst_size)
             .field("queue_depth", &self.queue_depth)
-            .field("tap", &self.tap.is_some())
+            .field("taps", &self.taps.len())
             .finish_non_exhaustive()
     }
 }
@@ -39,7 +39,7 @@ impl Default for RuntimeConfig {
             burst_size: 64,
             queue_depth: 8,
             hasher: FlowHasher::random(),
-            tap: None,
+            taps: Vec::new(),
         }
     }
 }
@@ -111,6 +111,10 @@ pub struct RunReport {
     pub worker_busy: Vec<Duration>,
     /// Problems that ended the run early or lost output (read or write errors).
     pub errors: Vec<String>,
+    /// Live ports' own counts per port, summed over workers (empty offline).
+    pub port_counters: Vec<crate::PortCounters>,
+    /// The program generation each worker ran last (0: the program it started with).
+    pub generations: Vec<u64>,
 }
 
 impl RunReport {
@@ -124,6 +128,8 @@ impl RunReport {
             wall,
             worker_busy: Vec::new(),
             errors: Vec::new(),
+            port_counters: Vec::new(),
+            generations: Vec::new(),
         }
     }
 }

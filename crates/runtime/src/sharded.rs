@@ -7,12 +7,10 @@ use crate::burst::Burst;
 use crate::program::ProgramFactory;
 use crate::run::{RunHandle, RunReport, RuntimeConfig};
 use crate::source::BurstSource;
-use crate::worker::Worker;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use crate::worker_loop::{PortsReport, Receive, Reload, WorkerPorts, WorkerSetup, run_workers};
 
 /// Runs one worker per source, each to completion on its own thread, with outputs counted
-/// per port and discarded (the benchmark's null sink).
+/// per port and discarded (the benchmark's null sink). A stop ends each source at once.
 pub fn run_sharded(
     config: &RuntimeConfig,
     sources: Vec<Box<dyn BurstSource>>,
@@ -20,80 +18,59 @@ pub fn run_sharded(
     factory: &ProgramFactory,
     handle: &RunHandle,
 ) -> RunReport {
-    let workers = sources.len();
-    let start = Instant::now();
-    let drop_reason_names = factory(0).drop_reasons();
-    let results: Vec<_> = std::thread::scope(|scope| {
-        let threads: Vec<_> = sources
-            .into_iter()
-            .enumerate()
-            .map(|(w, mut source)| {
-                let program = factory(w);
-                let shared = handle.stats[w + 1].clone();
-                let stop = handle.stop.clone();
-                let hasher = config.hasher;
-                let burst_size = config.burst_size;
-                let tap = config.tap.as_ref().map(|f| f(w));
-                scope.spawn(move || {
-                    let mut worker = Worker::new(program, w, workers, ports, hasher).with_tap(tap);
-                    let mut sink = vec![(0u64, 0u64); ports];
-                    let mut burst = Burst::with_capacity(burst_size);
-                    let t = Instant::now();
-                    let mut bursts = 0u32;
-                    while source.fill(&mut burst) {
-                        worker.handle(&mut burst);
-                        null_sink(&burst, &mut sink);
-                        burst.clear();
-                        bursts = bursts.wrapping_add(1);
-                        // Publishing every burst would cost a cache line per burst on a
-                        // shared counter page; every 64th keeps progress live.
-                        if bursts.is_multiple_of(64) {
-                            shared.publish(&worker.stats);
-                            if stop.load(Ordering::Relaxed) {
-                                break;
-                            }
-                        }
-                    }
-                    let busy = t.elapsed();
-                    worker.finish();
-                    shared.publish(&worker.stats);
-                    let (dropped, errors) = source.finish();
-                    let mut stats = worker.stats;
-                    stats.merge(&dropped);
-                    (stats, busy, sink, errors)
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join()).collect()
-    });
-    let mut report = RunReport::empty(ports, drop_reason_names, start.elapsed());
-    for r in results {
-        match r {
-            Ok((stats, busy, sink, errors)) => {
-                report.errors.extend(errors);
-                report.total.merge(&stats);
-                report.per_worker.push(stats);
-                report.worker_busy.push(busy);
-                for (acc, s) in report.tx_per_port.iter_mut().zip(sink) {
-                    acc.0 += s.0;
-                    acc.1 += s.1;
-                }
-            }
-            Err(_) => report.errors.push("a worker thread panicked".to_owned()),
-        }
-    }
-    report
+    let setups = (sources.into_iter())
+        .map(|source| {
+            WorkerSetup::new(Box::new(FromSource {
+                source,
+                sent: vec![(0, 0); ports],
+                stopped: false,
+            }))
+        })
+        .collect();
+    run_workers(config, setups, ports, &Reload::new(factory.clone()), handle)
 }
 
-/// Counts forwarded packets per port: the output of a benchmark.
-#[inline]
-fn null_sink(burst: &Burst, counts: &mut [(u64, u64)]) {
-    let ports = counts.len();
-    for d in burst.descs() {
-        for p in d.verdict.out_ports(d.in_port, ports) {
-            let c = &mut counts[usize::from(p)];
-            c.0 += 1;
-            c.1 += u64::from(d.len);
+/// A worker's ports in a sharded run: bursts from its own source, and a null sink that
+/// counts what goes out of each port.
+struct FromSource {
+    source: Box<dyn BurstSource>,
+    /// Packets and bytes per port.
+    sent: Vec<(u64, u64)>,
+    stopped: bool,
+}
+
+impl WorkerPorts for FromSource {
+    fn receive(&mut self, _input: usize, burst: &mut Burst) -> Receive {
+        if !self.stopped && self.source.fill(burst) {
+            Receive::Burst
+        } else {
+            Receive::Ended
+        }
+    }
+
+    #[inline]
+    fn send(&mut self, burst: &mut Burst) {
+        let ports = self.sent.len();
+        for d in burst.descs() {
+            for p in d.verdict.out_ports(d.in_port, ports) {
+                let c = &mut self.sent[usize::from(p)];
+                c.0 += 1;
+                c.1 += u64::from(d.len);
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        self.stopped = true;
+    }
+
+    fn finish(&mut self) -> PortsReport {
+        let (dropped, errors) = self.source.finish();
+        PortsReport {
+            dropped,
+            errors,
+            tx_per_port: std::mem::take(&mut self.sent),
+            counters: Vec::new(),
         }
     }
 }

@@ -11,7 +11,8 @@ pub struct Worker {
     program: Box<dyn Program>,
     ctx: Context,
     control: Option<WorkerControl>,
-    tap: Option<Box<dyn Tap>>,
+    /// Stages that see each burst after the program, in order.
+    taps: Vec<Box<dyn Tap>>,
     pub stats: Stats,
 }
 
@@ -33,7 +34,7 @@ impl Worker {
                 ports,
             },
             control: None,
-            tap: None,
+            taps: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -44,15 +45,15 @@ impl Worker {
         self
     }
 
-    /// Gives the worker a stage that sees each burst after the program.
-    pub fn with_tap(mut self, tap: Option<Box<dyn Tap>>) -> Self {
-        self.tap = tap;
+    /// Gives the worker stages that see each burst after the program, in this order.
+    pub fn with_taps(mut self, taps: Vec<Box<dyn Tap>>) -> Self {
+        self.taps = taps;
         self
     }
 
-    /// The worker is done: its tap hands on what it holds (flow records of open flows).
+    /// The worker is done: its taps hand on what they hold (flow records of open flows).
     pub fn finish(&mut self) {
-        if let Some(tap) = &mut self.tap {
+        for tap in &mut self.taps {
             tap.finish(&self.ctx);
         }
     }
@@ -79,7 +80,7 @@ impl Worker {
         self.poll_control();
         self.program.process(burst, &mut self.ctx);
         self.count_verdicts(burst);
-        if let Some(tap) = &mut self.tap {
+        for tap in &mut self.taps {
             tap.observe(burst, &self.ctx);
         }
     }
@@ -90,7 +91,7 @@ impl Worker {
         self.ctx.now_ns = self.ctx.now_ns.max(out.now_ns);
         self.poll_control();
         self.program.poll(out, &mut self.ctx);
-        if let Some(tap) = &mut self.tap {
+        for tap in &mut self.taps {
             tap.tick(&self.ctx);
         }
         out.len()

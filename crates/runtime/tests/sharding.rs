@@ -224,7 +224,7 @@ fn run(
         burst_size: burst,
         queue_depth: 2,
         hasher: FlowHasher::with_seed(3),
-        tap: None,
+        taps: Vec::new(),
     };
     let handle = RunHandle::new(workers);
     if stop_early {
