@@ -4,7 +4,6 @@
 //! each measurement to report the median.
 
 use crate::CliResult;
-use crate::run::bounded;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
 use stateplane_programs::PortNames;
@@ -12,6 +11,7 @@ use stateplane_programs::forward::Forward;
 use stateplane_programs::l2::{L2, L2Config, MacEntry};
 use stateplane_runtime::{Burst, Counter, ProgramFactory};
 use stateplane_runtime::{BurstSource, RunHandle, RuntimeConfig, run_sharded};
+use stateplane_switch::units::bounded;
 use stateplane_wire::FlowHasher;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -5,10 +5,10 @@
 
 use crate::CliResult;
 use crate::bench::{Rates, generated_trace, rates};
-use crate::run::bounded;
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::RuntimeConfig;
+use stateplane_switch::units::bounded;
 use stateplane_wire::FlowHasher;
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -6,26 +6,22 @@
 //! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
-use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
 use crate::progress::Progress;
-use crate::units::{ByteRate, CaptureBuffer, MessageSize};
-use crate::{CliResult, run::bounded, run_live};
-use stateplane_flows::aggregator::Timeouts;
-use stateplane_flows::ipfix::Features;
-use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
+use crate::{CliResult, run_live};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
 use stateplane_runtime::{
-    Burst, ChunkedFile, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Tap,
-    TapFactory, Verdict,
+    Burst, ChunkedFile, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Verdict,
 };
 use stateplane_runtime::{BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded};
+use stateplane_switch::export::Naming;
+use stateplane_switch::flow_export::FlowSettings;
+use stateplane_switch::units::{CaptureBuffer, bounded};
 use stateplane_wire::FlowHasher;
-use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -121,119 +117,6 @@ impl ReadAheadChoice {
     }
 }
 
-/// The flow stage's and the exporter's settings: the flags of `stateplane flows`, and the
-/// keys of the `[flows]` section with which `stateplane run` gives any program flow
-/// records of what it forwarded. Defaults as mature exporters (15 s inactive, 30 min active).
-#[derive(clap::Args, serde::Deserialize, Clone, Debug)]
-#[serde(deny_unknown_fields, default)]
-pub struct FlowSettings {
-    /// Send IPFIX over UDP to this collector (repeatable), e.g. 127.0.0.1:4739.
-    #[arg(long)]
-    pub ipfix: Vec<SocketAddr>,
-    /// Send IPFIX over TCP to this collector (a connection lost later is made again, a
-    /// second later and then at waits doubling up to 30 s, as a new stream; what is
-    /// exported meanwhile is lost and counted).
-    #[arg(long)]
-    pub ipfix_tcp: Vec<SocketAddr>,
-    /// Write IPFIX to this file (RFC 5655).
-    #[arg(long)]
-    pub ipfix_file: Vec<PathBuf>,
-    /// Write CSV to this file, or - for standard output.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Write JSON lines to this file, or - for standard output.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Features to export: default, all, or a list of counts, times, tcp_flags, tos, ttl,
-    /// sizes, iat, ports, vlan, icmp, end_reason.
-    #[arg(long, default_value = "default")]
-    pub features: String,
-    /// Biflow records (RFC 5103): both directions of a connection in one record, the side
-    /// that sent first as forward.
-    #[arg(long)]
-    pub biflow: bool,
-    /// Seconds without a packet after which a flow is exported.
-    #[arg(long, default_value_t = DEFAULT.inactive_timeout)]
-    pub inactive_timeout: f64,
-    /// Seconds after which a long flow is exported (and goes on in a new record).
-    #[arg(long, default_value_t = DEFAULT.active_timeout)]
-    pub active_timeout: f64,
-    /// Microflow table slots per worker and family (a power of two); 0 sends every packet
-    /// straight to the flow table (one level).
-    #[arg(long, default_value_t = DEFAULT.microflow_slots)]
-    pub microflow_slots: usize,
-    /// Flows each worker holds per address family; when full, the least recently active
-    /// of a sample is exported early (counted).
-    #[arg(long, default_value_t = DEFAULT.max_flows)]
-    pub max_flows: usize,
-    /// Make each flow table its full size (--max-flows) at the start, so that it never
-    /// doubles while running: the last doubling holds a worker about 2 ms at the default
-    /// size, which a live port at line rate must hold in its rings. Memory is still touched
-    /// only as flows arrive (but fills toward the budget sooner).
-    #[arg(long)]
-    pub presize_flows: bool,
-    /// IPFIX bytes per second to each UDP collector, in bursts of at most 22,400 bytes
-    /// (or one larger message): k, M and G for thousands, millions, billions; 0 unpaced.
-    #[arg(long, default_value_t = DEFAULT.ipfix_rate)]
-    pub ipfix_rate: ByteRate,
-    /// Largest IPFIX message over UDP, in bytes (512 to 65535), or auto: what one packet
-    /// on the route to the collector carries (its MTU less the IP and UDP headers: 64 KiB
-    /// on loopback, 1,472 bytes on Ethernet, read when the socket opens), or 1,400 where
-    /// the kernel does not say.
-    #[arg(long, default_value_t = DEFAULT.mtu)]
-    pub mtu: MessageSize,
-    /// Hand the kernel runs of equal-size IPFIX messages in one send, to cut into datagrams
-    /// (UDP generic segmentation offload): about a quarter of the time per message on
-    /// loopback. One send holds 64 KiB, so this joins messages only with a --mtu of a few
-    /// thousand bytes or less (not --mtu auto on loopback). Collectors receive the same
-    /// datagrams, but a capture taken on this host (tcpdump on the sending side, or on
-    /// loopback) shows each send as one oversized packet, which tshark calls malformed;
-    /// hence off unless asked for.
-    #[arg(long)]
-    pub ipfix_gso: bool,
-    /// IPFIX observation domain id.
-    #[arg(long, default_value_t = DEFAULT.domain)]
-    pub domain: u32,
-}
-
-/// The defaults of [`FlowSettings`], for the flags and the config alike.
-const DEFAULT: FlowSettings = FlowSettings {
-    ipfix: Vec::new(),
-    ipfix_tcp: Vec::new(),
-    ipfix_file: Vec::new(),
-    csv: None,
-    json: None,
-    features: String::new(),
-    biflow: false,
-    inactive_timeout: 15.0,
-    active_timeout: 1800.0,
-    microflow_slots: 4096,
-    max_flows: 1 << 18,
-    presize_flows: false,
-    // What 20,000 messages of 1,400 bytes a second were: nfcapd keeps up with it at its
-    // default receive buffer while the exporter shares its two cores.
-    ipfix_rate: ByteRate(28_000_000),
-    mtu: MessageSize::Auto,
-    ipfix_gso: false,
-    domain: 1,
-};
-
-impl Default for FlowSettings {
-    fn default() -> Self {
-        FlowSettings {
-            features: "default".into(),
-            ..DEFAULT
-        }
-    }
-}
-
-/// What a worker gets if it asks twice for its stage (never in one run).
-struct NoTap;
-
-impl Tap for NoTap {
-    fn observe(&mut self, _burst: &Burst, _ctx: &Context) {}
-}
-
 /// Observes only: the packets end here (their records carry no egress port).
 struct Monitor;
 
@@ -247,215 +130,6 @@ impl Program for Monitor {
     fn drop_reasons(&self) -> &'static [&'static str] {
         &["observed"]
     }
-}
-
-fn seconds(name: &str, s: f64) -> CliResult<u64> {
-    if s.is_finite() && s > 0.0 && s < 1e9 {
-        Ok((s * 1e9) as u64)
-    } else {
-        Err(format!("{name}: {s} is not a positive number of seconds"))
-    }
-}
-
-/// A text sink's file, or `None` for `-` (standard output).
-fn file_or_stdout(path: &std::path::Path) -> Option<PathBuf> {
-    (path.as_os_str() != "-").then(|| path.to_path_buf())
-}
-
-/// A flow stage in every worker and the exporter they feed: what `stateplane flows` runs
-/// behind an observer, and what a `[flows]` section adds to `stateplane run`.
-pub struct FlowExport {
-    exporter: Exporter,
-    counters: Arc<Mutex<Vec<StageCounters>>>,
-}
-
-/// What a run's flow stages and exporter did.
-pub struct FlowReport {
-    pub stages: StageCounters,
-    pub export: ExportReport,
-}
-
-impl FlowSettings {
-    /// Checks the settings (errors name the flag or key, as `naming` says), opens every
-    /// sink and builds a stage for each of `workers`, hashing with `seed`. `live`: a full
-    /// exporter queue drops records (counted) instead of holding the workers.
-    pub fn start(
-        &self,
-        naming: Naming,
-        workers: usize,
-        seed: u64,
-        live: bool,
-    ) -> CliResult<(FlowExport, TapFactory)> {
-        let name = |key| naming.name(key);
-        let features =
-            Features::parse(&self.features).map_err(|e| format!("{}: {e}", name("features")))?;
-        let stage = StageConfig {
-            microflow_slots: self.microflow_slots,
-            max_flows: bounded(&name("max_flows"), self.max_flows, 1, 1 << 28)?,
-            timeouts: Timeouts {
-                inactive_ns: seconds(&name("inactive_timeout"), self.inactive_timeout)?,
-                active_ns: seconds(&name("active_timeout"), self.active_timeout)?,
-            },
-            biflow: self.biflow,
-            presize: self.presize_flows,
-            extremes: features.needs_extremes(),
-            ..StageConfig::default()
-        };
-        let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();
-        sinks.extend(self.ipfix_tcp.iter().map(|a| SinkSpec::IpfixTcp(*a)));
-        sinks.extend(
-            self.ipfix_file
-                .iter()
-                .map(|p| SinkSpec::IpfixFile(p.clone())),
-        );
-        if let Some(p) = &self.csv {
-            sinks.push(SinkSpec::Csv(file_or_stdout(p)));
-        }
-        if let Some(p) = &self.json {
-            sinks.push(SinkSpec::Json(file_or_stdout(p)));
-        }
-        // Stages first, so that a bad size is an error before any sink is opened.
-        let stages = (0..workers)
-            .map(|w| {
-                FlowStage::new(
-                    stage,
-                    seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                )
-                .map_err(|e| format!("{} / {}: {e}", name("microflow_slots"), name("max_flows")))
-            })
-            .collect::<CliResult<Vec<_>>>()?;
-        let exporter = Exporter::start(
-            ExportConfig {
-                naming,
-                sinks,
-                features,
-                biflow: self.biflow,
-                domain: self.domain,
-                mtu: self.mtu,
-                rate: self.ipfix_rate,
-                gso: self.ipfix_gso,
-            },
-            live,
-        )?;
-        let counters = Arc::new(Mutex::new(Vec::new()));
-        let taps: Vec<Option<FlowTap>> = (stages.into_iter())
-            .map(|stage| {
-                let sink = Box::new(exporter.sink());
-                Some(FlowTap::new(stage, sink).reporting_to(counters.clone()))
-            })
-            .collect();
-        let taps = Mutex::new(taps);
-        let factory: TapFactory = Arc::new(move |w| {
-            let mut taken = taps
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Each worker asks once (a live reload replaces the program, not the tap).
-            match taken.get_mut(w).and_then(Option::take) {
-                Some(tap) => Box::new(tap) as Box<dyn Tap>,
-                None => Box::new(NoTap),
-            }
-        });
-        Ok((FlowExport { exporter, counters }, factory))
-    }
-}
-
-impl FlowExport {
-    /// Whether records go to standard output.
-    pub fn writes_to_stdout(&self) -> bool {
-        self.exporter.writes_to_stdout()
-    }
-
-    /// Waits until every record is written. The run and its tap factory must be gone
-    /// (stages no worker took hold sinks too, and the exporter's queue ends with them).
-    pub fn finish(self) -> FlowReport {
-        let export = self.exporter.finish();
-        let mut stages = StageCounters::default();
-        let counters = self.counters.lock();
-        for s in counters
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-        {
-            stages.merge(s);
-        }
-        FlowReport { stages, export }
-    }
-}
-
-impl FlowReport {
-    /// The first sink that failed, as an error.
-    pub fn error(&self) -> Option<String> {
-        (self.export.sinks.iter())
-            .find_map(|s| (s.error.as_ref()).map(|e| format!("export failed: {}: {e}", s.name)))
-    }
-
-    pub fn to_json(&self, wall: std::time::Duration) -> serde_json::Value {
-        let t = &self.stages;
-        let sinks: Vec<_> = (self.export.sinks.iter())
-            .map(|s| {
-                serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
-                "lost_messages": s.lost, "reconnects": s.reconnects, "error": s.error})
-            })
-            .collect();
-        serde_json::json!({
-            "packets": t.packets, "bytes": t.bytes, "not_ip": t.not_ip,
-            "flows": t.flows_created, "records": t.records_out,
-            "microflow_records": t.microflow_records, "evicted_full": t.evicted_full,
-            "records_exported": self.export.records, "records_dropped": self.export.dropped,
-            "seconds": wall.as_secs_f64(), "mpps": mpps(t.packets, wall), "sinks": sinks,
-        })
-    }
-
-    /// The summary as a table.
-    pub fn table(&self, wall: std::time::Duration) -> String {
-        use std::fmt::Write;
-        let t = &self.stages;
-        let ratio = t.packets as f64 / t.microflow_records.max(1) as f64;
-        let mut s = String::new();
-        let rate = mpps(t.packets, wall);
-        let secs = wall.as_secs_f64();
-        let _ = writeln!(
-            s,
-            "packets        {:>14}   ({rate:.2} Mpps over {secs:.2} s)",
-            t.packets
-        );
-        let _ = writeln!(s, "bytes (IP)     {:>14}", t.bytes);
-        let _ = writeln!(s, "not IP         {:>14}   (in no flow)", t.not_ip);
-        let _ = writeln!(s, "flows          {:>14}", t.flows_created);
-        let _ = writeln!(s, "records        {:>14}", t.records_out);
-        let recs = t.microflow_records;
-        let _ = writeln!(
-            s,
-            "microflow recs {recs:>14}   ({ratio:.2} packets per record)"
-        );
-        let _ = writeln!(s, "evicted (full) {:>14}", t.evicted_full);
-        if self.export.dropped > 0 {
-            let dropped = self.export.dropped;
-            let _ = writeln!(
-                s,
-                "DROPPED        {dropped:>14}   records: the exporter fell behind"
-            );
-        }
-        for sink in &self.export.sinks {
-            let (name, units, bytes) = (&sink.name, sink.units, sink.bytes);
-            let _ = match &sink.error {
-                None => write!(s, "{name}: {units} messages/lines, {bytes} bytes"),
-                Some(e) => write!(s, "{name}: FAILED after {units} messages: {e}"),
-            };
-            if sink.reconnects > 0 {
-                let (lost, again) = (sink.lost, sink.reconnects);
-                let _ = write!(
-                    s,
-                    "; LOST {lost} messages while the collector was away (connected again {again} times)"
-                );
-            }
-            s.push('\n');
-        }
-        s
-    }
-}
-
-fn mpps(packets: u64, wall: std::time::Duration) -> f64 {
-    packets as f64 / wall.as_secs_f64().max(1e-9) / 1e6
 }
 
 pub fn main(args: FlowsArgs) -> CliResult<()> {

@@ -1,16 +1,18 @@
 //! `stateplane run`: a program over capture-file ports, or over network interfaces (see
 //! `run_live`).
 
-use crate::config::{PortSection, RunConfig};
-use crate::export::Naming;
-use crate::flows_cmd::FlowReport;
 use crate::progress::Progress;
-use crate::units::CaptureBuffer;
-use crate::{CliResult, metrics, run_live, summary};
+use crate::{CliResult, run_live, summary};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
 use stateplane_runtime::{OfflinePorts, RunHandle, RuntimeConfig, run_offline};
 use stateplane_runtime::{PortId, ProgramFactory, RxPort, TxPort};
+use stateplane_switch::config::{PortSection, RunConfig};
+use stateplane_switch::export::Naming;
+use stateplane_switch::flow_export::FlowReport;
+use stateplane_switch::metrics;
+use stateplane_switch::units::CaptureBuffer;
+use stateplane_switch::units::bounded;
 use stateplane_wire::FlowHasher;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,15 +78,6 @@ fn program_list() -> String {
         s.push_str(&format!("  {name:<13} {about}\n"));
     }
     s
-}
-
-/// Checks a count given by flag or config against its range.
-pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> CliResult<usize> {
-    if (lo..=hi).contains(&value) {
-        Ok(value)
-    } else {
-        Err(format!("{name}: {value} is outside {lo} to {hi}"))
-    }
 }
 
 /// The program named by the flag or the config, built for `names`.

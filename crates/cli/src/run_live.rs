@@ -1,7 +1,7 @@
 //! `stateplane run` on network interfaces: a daemon that runs until SIGINT or SIGTERM, then
 //! drains its queues and reports; SIGHUP reloads the program from the configuration.
 
-use crate::{CliResult, metrics, summary};
+use crate::{CliResult, summary};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use stateplane_control::server::{ControlService, PipelineCounters, Server};
 use stateplane_io::live::{self, RingConfig};
@@ -11,6 +11,7 @@ use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
 use stateplane_runtime::{RunHandle, RuntimeConfig};
+use stateplane_switch::metrics;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -172,7 +173,7 @@ pub struct LiveRun {
     /// With [`IoChoice::Observe`]: each receive ring's bytes ([`RingConfig::monitor`]).
     pub monitor_buffer: usize,
     /// Flow records of the run (its taps are in `runtime`), summed up at the end.
-    pub flows: Option<crate::flows_cmd::FlowExport>,
+    pub flows: Option<stateplane_switch::flow_export::FlowExport>,
 }
 
 /// Where the control API listens.
@@ -302,7 +303,10 @@ pub fn main(run: LiveRun) -> CliResult<()> {
         table
     };
     summary::emit(&text, records_to_stdout);
-    if let Some(e) = flows.as_ref().and_then(crate::flows_cmd::FlowReport::error) {
+    if let Some(e) = flows
+        .as_ref()
+        .and_then(stateplane_switch::flow_export::FlowReport::error)
+    {
         return Err(e);
     }
     if report.errors.is_empty() {

@@ -3,7 +3,7 @@
 //! lines). Offline, workers wait for it when it falls behind (nothing is lost); live, a
 //! full queue drops records and counts them.
 
-use crate::CliResult;
+use crate::SetupResult;
 use crate::units::{ByteRate, MessageSize};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use stateplane_flows::FlowRecord;
@@ -232,7 +232,7 @@ struct Sink {
     error: Option<String>,
 }
 
-fn file_or_stdout(path: &Option<PathBuf>) -> CliResult<Box<dyn Write + Send>> {
+fn file_or_stdout(path: &Option<PathBuf>) -> SetupResult<Box<dyn Write + Send>> {
     Ok(match path {
         None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         Some(p) => Box::new(std::io::BufWriter::with_capacity(
@@ -243,7 +243,7 @@ fn file_or_stdout(path: &Option<PathBuf>) -> CliResult<Box<dyn Write + Send>> {
 }
 
 impl Sink {
-    fn open(spec: &SinkSpec, c: &ExportConfig) -> CliResult<Sink> {
+    fn open(spec: &SinkSpec, c: &ExportConfig) -> SetupResult<Sink> {
         let enc = |mtu, refresh| Some(Encoder::new(c.domain, c.features, c.biflow, mtu, refresh));
         let (name, out, encoder, csv) = match spec {
             SinkSpec::IpfixUdp(addr) => {
@@ -663,7 +663,7 @@ pub struct Exporter {
 
 impl Exporter {
     /// Opens every sink (an error names the one that failed) and starts the thread.
-    pub fn start(config: ExportConfig, lossy: bool) -> CliResult<Exporter> {
+    pub fn start(config: ExportConfig, lossy: bool) -> SetupResult<Exporter> {
         if config.sinks.is_empty() {
             let n = |k| config.naming.name(k);
             return Err(format!(
@@ -690,7 +690,7 @@ impl Exporter {
             .sinks
             .iter()
             .map(|s| Sink::open(s, &config))
-            .collect::<CliResult<Vec<_>>>()?;
+            .collect::<SetupResult<Vec<_>>>()?;
         let (tx, rx) = bounded::<Vec<FlowRecord>>(256);
         let (spare_tx, spare_rx) = bounded::<Vec<FlowRecord>>(256);
         let thread = std::thread::Builder::new()

@@ -27,7 +27,7 @@
 //! Live ports name an interface instead: `[[port]] name = "left"` and `iface = "veth0"`;
 //! then the run is a daemon until SIGINT/SIGTERM, and SIGHUP reloads `[program]`.
 
-use crate::flows_cmd::FlowSettings;
+use crate::flow_export::FlowSettings;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 

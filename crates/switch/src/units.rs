@@ -141,6 +141,15 @@ impl std::str::FromStr for CaptureBuffer {
     }
 }
 
+/// Checks a count given by flag or config against its range.
+pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> crate::SetupResult<usize> {
+    if (lo..=hi).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{name}: {value} is outside {lo} to {hi}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,20 @@
+//! A running switch assembled from a configuration: its ports, workers and program, the
+//! flow stage and exporter of its records, the metrics endpoint, the control server and
+//! the live daemon's signals, so that a test or another binary builds a switch in a few
+//! lines, and the command line only parses, calls and prints.
+//!
+//! Owns: the run configuration (`config`: TOML, checked, errors that name the key), the
+//! units users write (`units`), flow export (`flow_export`: settings, stages, report;
+//! `export`: the exporter thread and its sinks), the metrics endpoint (`metrics`).
+//!
+//! Must never: process packets itself (the runtime's workers and the programs do), print
+//! (it returns reports; the caller shows them), or read standard input.
+
+pub mod config;
+pub mod export;
+pub mod flow_export;
+pub mod metrics;
+pub mod units;
+
+/// Errors of setting a switch up: one line that names the field or flag and the fix.
+pub type SetupResult<T> = Result<T, String>;
