@@ -6,15 +6,15 @@
 //! live, interfaces are opened passively (AF_PACKET copies).
 //! [`FlowSettings::start`] also serves a run's `[flows]` section.
 
+use crate::CliResult;
 use crate::progress::Progress;
-use crate::{CliResult, run_live};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
+use stateplane_programs::monitor::Monitor;
 use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
-use stateplane_runtime::{
-    Burst, ChunkedFile, Context, DropReason, PortId, Program, ProgramFactory, RxPort, Verdict,
-};
 use stateplane_runtime::{BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded};
+use stateplane_runtime::{ChunkedFile, PortId, ProgramFactory, RxPort};
+use stateplane_switch::daemon::{self, ControlAddr, IoChoice, LiveRun};
 use stateplane_switch::export::Naming;
 use stateplane_switch::flow_export::FlowSettings;
 use stateplane_switch::units::{CaptureBuffer, bounded};
@@ -117,21 +117,6 @@ impl ReadAheadChoice {
     }
 }
 
-/// Observes only: the packets end here (their records carry no egress port).
-struct Monitor;
-
-impl Program for Monitor {
-    fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
-        for d in burst.descs_mut() {
-            d.verdict = Verdict::Drop(DropReason::program(0));
-        }
-    }
-
-    fn drop_reasons(&self) -> &'static [&'static str] {
-        &["observed"]
-    }
-}
-
 pub fn main(args: FlowsArgs) -> CliResult<()> {
     let workers = bounded("--workers", args.workers, 1, 64)?;
     let live = !args.interfaces.is_empty();
@@ -183,8 +168,8 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));
     let start = Instant::now();
     let Some((reading, mut opened)) = files else {
-        return run_live::main(run_live::LiveRun {
-            io: run_live::IoChoice::Observe,
+        let outcome = daemon::run(LiveRun {
+            io: IoChoice::Observe,
             program: "flows".into(),
             port_names: args.interfaces.clone(),
             interfaces: args.interfaces.clone(),
@@ -192,12 +177,13 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             factory: factory.clone(),
             rebuild: Box::new(move || Ok(factory.clone())),
             metrics: None,
-            control: run_live::ControlAddr::Off,
-            json: args.summary_json,
+            control: ControlAddr::Off,
             monitor_buffer: args.capture_buffer.unwrap_or_default().0,
             // The records' summary comes with the run's.
             flows: Some(export),
-        });
+        })?;
+        crate::print_summary(&outcome, args.summary_json)?;
+        return outcome.error().map_or(Ok(()), Err);
     };
     // Reading ahead: a reader thread fills batches of bursts (handed over 16 at a time, so
     // the threads wake each other once per batch), for one worker or for all. Otherwise
@@ -249,7 +235,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     let report = export.finish();
     let wall = start.elapsed();
     if args.summary_json {
-        crate::summary::emit(&format!("{}\n", report.to_json(wall)), records_to_stdout);
+        crate::emit(&format!("{}\n", report.to_json(wall)), records_to_stdout);
     } else {
         // Standard error: a table is for people, and records may be on standard output.
         eprint!("{}", report.table(wall));

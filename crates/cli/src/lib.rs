@@ -23,10 +23,8 @@ mod lab_bench;
 mod lab_cmd;
 mod logging;
 mod progress;
-mod run;
-mod run_live;
+mod run_cmd;
 mod send_cmd;
-mod summary;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -48,7 +46,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a program over ports (capture files or live interfaces), from flags or a TOML config.
-    Run(run::RunArgs),
+    Run(run_cmd::RunArgs),
     /// Flow records (IPFIX, CSV, JSON) from capture files or interfaces, unsampled.
     Flows(flows_cmd::FlowsArgs),
     /// Generate a trace deterministically from a seed.
@@ -86,7 +84,7 @@ pub fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Command::Run(args) => run::main(args),
+        Command::Run(args) => run_cmd::main(args),
         Command::Flows(args) => flows_cmd::main(args),
         Command::Gen(args) => gen_cmd::main(args),
         Command::Bench(args) => bench::main(args),
@@ -115,3 +113,24 @@ pub fn main() -> ExitCode {
 
 /// The error type of every command: a message a user can act on.
 pub type CliResult<T> = Result<T, String>;
+
+/// Prints a run's summary, a table or JSON, where it does not mix with flow records.
+fn print_summary(outcome: &stateplane_switch::Outcome, json: bool) -> CliResult<()> {
+    let text = if json {
+        serde_json::to_string_pretty(&outcome.to_json()).map_err(|e| e.to_string())? + "\n"
+    } else {
+        outcome.table()
+    };
+    emit(&text, outcome.records_to_stdout);
+    Ok(())
+}
+
+/// Prints a summary to standard output, or to standard error when flow records are going
+/// to standard output.
+fn emit(text: &str, records_to_stdout: bool) {
+    if records_to_stdout {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+}

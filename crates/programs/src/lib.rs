@@ -23,6 +23,7 @@ pub mod kv;
 pub mod l2;
 pub mod l2learn;
 pub mod lb;
+pub mod monitor;
 pub mod nat;
 pub mod pipeline;
 mod report;

@@ -73,24 +73,28 @@ pub struct PortSection {
 }
 
 impl RunConfig {
+    /// Reads the configuration at `path`; relative paths in it are taken from its folder.
     pub fn load(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        let cfg: RunConfig = toml::from_str(&text)
-            .map_err(|e| format!("{}: {}", path.display(), e.to_string().trim_end()))?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        RunConfig::parse(&text, base).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A configuration from its text; relative paths in it are taken from `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<Self, String> {
+        let cfg: RunConfig =
+            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
         if let Some(p) = &cfg.program
             && let Some(other) = p.settings.keys().find(|k| **k != p.name)
         {
             return Err(format!(
-                "{}: program.{other}: the program is '{}', so its settings go in [program.{}]",
-                path.display(),
-                p.name,
-                p.name
+                "program.{other}: the program is '{}', so its settings go in [program.{}]",
+                p.name, p.name
             ));
         }
         let mut cfg = cfg;
         // Relative paths are relative to the configuration file, not to wherever it is run.
-        let base = path.parent().unwrap_or(Path::new(""));
         let mut files: Vec<&mut PathBuf> = (cfg.port.iter_mut())
             .flat_map(|p| [&mut p.rx, &mut p.tx])
             .flatten()

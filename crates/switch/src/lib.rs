@@ -3,18 +3,27 @@
 //! the live daemon's signals, so that a test or another binary builds a switch in a few
 //! lines, and the command line only parses, calls and prints.
 //!
-//! Owns: the run configuration (`config`: TOML, checked, errors that name the key), the
-//! units users write (`units`), flow export (`flow_export`: settings, stages, report;
-//! `export`: the exporter thread and its sinks), the metrics endpoint (`metrics`).
+//! Owns: [`Switch`] (`assemble`: a configuration checked and built into a run over capture
+//! files or interfaces), the live daemon (`daemon`: interfaces opened, signals, reload,
+//! the control server), the run configuration (`config`: TOML, errors that name the key),
+//! the units users write (`units`), flow export (`flow_export`: settings, stages, report;
+//! `export`: the exporter thread and its sinks), the metrics endpoint (`metrics`), and the
+//! summary of what a run did ([`Outcome`], as a table or JSON).
 //!
 //! Must never: process packets itself (the runtime's workers and the programs do), print
 //! (it returns reports; the caller shows them), or read standard input.
 
+pub mod assemble;
 pub mod config;
+pub mod daemon;
 pub mod export;
 pub mod flow_export;
 pub mod metrics;
+pub mod summary;
 pub mod units;
+
+pub use assemble::{Switch, SwitchOptions};
+pub use summary::Outcome;
 
 /// Errors of setting a switch up: one line that names the field or flag and the fix.
 pub type SetupResult<T> = Result<T, String>;

@@ -1,7 +1,9 @@
-//! `stateplane run` on network interfaces: a daemon that runs until SIGINT or SIGTERM, then
-//! drains its queues and reports; SIGHUP reloads the program from the configuration.
+//! A switch on network interfaces: a daemon that runs until SIGINT or SIGTERM, then drains
+//! its queues and reports; SIGHUP reloads the program from the configuration.
 
-use crate::{CliResult, summary};
+use crate::flow_export::FlowExport;
+use crate::summary::Outcome;
+use crate::{SetupResult, metrics};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use stateplane_control::server::{ControlService, PipelineCounters, Server};
 use stateplane_io::live::{self, RingConfig};
@@ -11,7 +13,6 @@ use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
 use stateplane_runtime::{RunHandle, RuntimeConfig};
-use stateplane_switch::metrics;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -65,7 +66,7 @@ struct SignalThread {
 }
 
 impl SignalThread {
-    fn start(stop: Arc<AtomicBool>, reload: Arc<Reload>, rebuild: Rebuild) -> CliResult<Self> {
+    fn start(stop: Arc<AtomicBool>, reload: Arc<Reload>, rebuild: Rebuild) -> SetupResult<Self> {
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
             .map_err(|e| format!("installing the signal handler: {e}"))?;
         let handle = signals.handle();
@@ -106,7 +107,7 @@ impl SignalThread {
 }
 
 /// Rebuilds the program from the configuration as it is now (for SIGHUP).
-pub type Rebuild = Box<dyn Fn() -> CliResult<ProgramFactory> + Send>;
+pub type Rebuild = Box<dyn Fn() -> SetupResult<ProgramFactory> + Send>;
 
 /// How live ports move packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +122,7 @@ pub enum IoChoice {
 }
 
 impl IoChoice {
-    pub fn parse(text: Option<&str>) -> CliResult<IoChoice> {
+    pub fn parse(text: Option<&str>) -> SetupResult<IoChoice> {
         match text.unwrap_or("auto") {
             "auto" => Ok(IoChoice::Auto),
             "afpacket" => Ok(IoChoice::AfPacket),
@@ -169,11 +170,10 @@ pub struct LiveRun {
     pub rebuild: Rebuild,
     pub metrics: Option<std::net::SocketAddr>,
     pub control: ControlAddr,
-    pub json: bool,
     /// With [`IoChoice::Observe`]: each receive ring's bytes ([`RingConfig::monitor`]).
     pub monitor_buffer: usize,
     /// Flow records of the run (its taps are in `runtime`), summed up at the end.
-    pub flows: Option<stateplane_switch::flow_export::FlowExport>,
+    pub flows: Option<FlowExport>,
 }
 
 /// Where the control API listens.
@@ -187,7 +187,8 @@ pub enum ControlAddr {
     Off,
 }
 
-pub fn main(run: LiveRun) -> CliResult<()> {
+/// Runs `run` until SIGINT or SIGTERM, then drains and reports; SIGHUP reloads.
+pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     let workers = run.runtime.workers;
     let rings = RingConfig::default();
     let mut queues: Vec<LiveQueues> = (0..workers)
@@ -283,40 +284,14 @@ pub fn main(run: LiveRun) -> CliResult<()> {
     // The taps no worker took hold the exporter's queue open.
     drop(run.runtime);
     let records_to_stdout = run.flows.as_ref().is_some_and(|f| f.writes_to_stdout());
-    let flows = run.flows.map(|f| f.finish());
-
-    let text = if run.json {
-        let mut value = summary::to_json(&report, &run.program, &run.port_names);
-        value["port_counters"] =
-            summary::port_counters_json(&report.port_counters, &run.port_names);
-        value["program_generation"] = serde_json::json!(report.generations);
-        if let Some(f) = &flows {
-            value["flows"] = f.to_json(report.wall);
-        }
-        serde_json::to_string_pretty(&value).map_err(|e| e.to_string())? + "\n"
-    } else {
-        let mut table = summary::table(&report, &run.program, &run.port_names);
-        table += &summary::port_counters_table(&report.port_counters, &run.port_names);
-        if let Some(f) = &flows {
-            table += &format!("flow records:\n{}", f.table(report.wall));
-        }
-        table
-    };
-    summary::emit(&text, records_to_stdout);
-    if let Some(e) = flows
-        .as_ref()
-        .and_then(stateplane_switch::flow_export::FlowReport::error)
-    {
-        return Err(e);
-    }
-    if report.errors.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the run had {} error(s), listed above",
-            report.errors.len()
-        ))
-    }
+    Ok(Outcome {
+        program: run.program,
+        port_names: run.port_names,
+        report,
+        flows: run.flows.map(FlowExport::finish),
+        live: true,
+        records_to_stdout,
+    })
 }
 
 /// Connects the workers to a control plane and serves the control API, as `run.control`
@@ -325,7 +300,7 @@ fn start_control(
     run: &LiveRun,
     handle: &Arc<RunHandle>,
     queues: &mut [LiveQueues],
-) -> CliResult<Option<stateplane_control::server::Server>> {
+) -> SetupResult<Option<stateplane_control::server::Server>> {
     let addr = match run.control {
         ControlAddr::Off => return Ok(None),
         ControlAddr::Given(a) => a,

@@ -1,5 +1,7 @@
-//! The end-of-run summary, as a table for people and as JSON for scripts.
+//! The end-of-run summary, as a table for people and as JSON for scripts ([`Outcome`]:
+//! what a run did, with its flow records' report if it had any).
 
+use crate::flow_export::FlowReport;
 use serde_json::json;
 use stateplane_runtime::RunReport;
 use stateplane_runtime::{Counter, PortCounters};
@@ -48,16 +50,6 @@ pub fn to_json(report: &RunReport, program: &str, port_names: &[String]) -> serd
         "per_worker_rx_packets": report.per_worker.iter().map(|s| s.get(Counter::RxPackets)).collect::<Vec<_>>(),
         "errors": report.errors,
     })
-}
-
-/// Prints a run's summary (a table or JSON): to standard output, or to standard error when
-/// flow records are going to standard output, so that the two never mix.
-pub fn emit(summary: &str, records_to_stdout: bool) {
-    if records_to_stdout {
-        eprint!("{summary}");
-    } else {
-        print!("{summary}");
-    }
 }
 
 /// The run's summary as a table, for people.
@@ -153,4 +145,57 @@ pub fn port_counters_table(ports: &[PortCounters], names: &[String]) -> String {
         out.push_str(&format!("    {name}: {}\n", nonzero.join(" ")));
     }
     out
+}
+
+/// What a run did: the runtime's report, and its flow records' if it exported any.
+pub struct Outcome {
+    pub program: String,
+    pub port_names: Vec<String>,
+    pub report: RunReport,
+    pub flows: Option<FlowReport>,
+    /// Live ports: the summary adds their own counts and the program generations.
+    pub live: bool,
+    /// Flow records went to standard output, so the summary must not.
+    pub records_to_stdout: bool,
+}
+
+impl Outcome {
+    /// The summary as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut value = to_json(&self.report, &self.program, &self.port_names);
+        if self.live {
+            value["port_counters"] =
+                port_counters_json(&self.report.port_counters, &self.port_names);
+            value["program_generation"] = json!(self.report.generations);
+        }
+        if let Some(f) = &self.flows {
+            value["flows"] = f.to_json(self.report.wall);
+        }
+        value
+    }
+
+    /// The summary as a table.
+    pub fn table(&self) -> String {
+        let mut table = table(&self.report, &self.program, &self.port_names);
+        if self.live {
+            table += &port_counters_table(&self.report.port_counters, &self.port_names);
+        }
+        if let Some(f) = &self.flows {
+            table += &format!("flow records:\n{}", f.table(self.report.wall));
+        }
+        table
+    }
+
+    /// The run's failure, if it had one: an export that failed, then errors of the run.
+    pub fn error(&self) -> Option<String> {
+        if let Some(e) = self.flows.as_ref().and_then(FlowReport::error) {
+            return Some(e);
+        }
+        (!self.report.errors.is_empty()).then(|| {
+            format!(
+                "the run had {} error(s), listed above",
+                self.report.errors.len()
+            )
+        })
+    }
 }

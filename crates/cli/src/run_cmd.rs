@@ -1,0 +1,164 @@
+//! `stateplane run`: flags over a configuration, a switch built from it
+//! ([`stateplane_switch::Switch`]), its summary printed.
+
+use crate::CliResult;
+use crate::progress::Progress;
+use stateplane_switch::config::{PortSection, RunConfig};
+use stateplane_switch::units::{CaptureBuffer, bounded};
+use stateplane_switch::{Switch, SwitchOptions};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+#[derive(clap::Args)]
+#[command(after_help = program_list())]
+pub struct RunArgs {
+    /// The program (overrides the config's `[program]` name); default `forward`.
+    pub program: Option<String>,
+    /// A TOML configuration (see docs/cli.md).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// An input capture (pcap or pcapng); repeat for several ports, named in0, in1, ...
+    #[arg(long = "in", short = 'i')]
+    pub inputs: Vec<PathBuf>,
+    /// The output capture, port `out` (after the inputs); `.pcapng` writes pcapng.
+    #[arg(long = "out", short = 'o')]
+    pub output: Option<PathBuf>,
+    /// A network interface as a live port (named after it); repeat for each port. The run
+    /// goes on until SIGINT or SIGTERM.
+    #[arg(long = "iface", short = 'I')]
+    pub interfaces: Vec<String>,
+    /// Worker threads, each owning a shard of the flows.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Packets per burst.
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// Live ports' I/O: auto (AF_XDP where it is measured to win and the interface allows,
+    /// else AF_PACKET), afpacket, afxdp, or observe (a passive monitor: AF_PACKET copies of
+    /// what the interfaces receive and send, the host's traffic undisturbed, nothing sent).
+    #[arg(long)]
+    pub io: Option<String>,
+    /// With --io observe: each worker's capture ring on each interface, in bytes, with k,
+    /// M or G (default 64M; 1M to 1G), as `stateplane flows --capture-buffer`.
+    #[arg(long, value_name = "BYTES")]
+    pub capture_buffer: Option<CaptureBuffer>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Live runs: serve the control API (`stateplane ctl`) on this loopback address
+    /// (default 127.0.0.1:9559), or `off`.
+    #[arg(long)]
+    pub control: Option<String>,
+    /// Write packets sent to the control plane into this capture.
+    #[arg(long)]
+    pub control_pcap: Option<PathBuf>,
+    /// Keep serving metrics this many seconds after the run, for a last scrape.
+    #[arg(long, default_value_t = 0)]
+    pub hold_metrics: u64,
+    /// Seed of the flow hash (default: random per process), for reproducible sharding.
+    #[arg(long)]
+    pub hash_seed: Option<u64>,
+}
+
+fn program_list() -> String {
+    let mut s = String::from("Programs:\n");
+    for (name, about) in stateplane_programs::catalog() {
+        s.push_str(&format!("  {name:<13} {about}\n"));
+    }
+    s
+}
+
+/// The ports the flags give, if any (a config's `[[port]]` tables, or these, not both).
+fn flag_ports(args: &RunArgs, cfg: &RunConfig) -> CliResult<Option<Vec<PortSection>>> {
+    let flags_given =
+        !(args.inputs.is_empty() && args.output.is_none() && args.interfaces.is_empty());
+    if !flags_given {
+        return Ok(None);
+    }
+    if !cfg.port.is_empty() {
+        return Err(
+            "give ports either in the config's [[port]] tables or with --in/--out/--iface, not both"
+                .into(),
+        );
+    }
+    if !args.interfaces.is_empty() {
+        if !args.inputs.is_empty() || args.output.is_some() {
+            return Err("--iface makes live ports; it cannot be mixed with --in/--out files (capture live traffic with tcpdump instead)".into());
+        }
+        let live = |name: &String| PortSection {
+            name: name.clone(),
+            rx: None,
+            tx: None,
+            iface: Some(name.clone()),
+        };
+        return Ok(Some(args.interfaces.iter().map(live).collect()));
+    }
+    if args.inputs.is_empty() {
+        return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), an interface with --iface NAME, or [[port]] tables with rx or iface in --config".into());
+    }
+    let mut ports: Vec<PortSection> = (args.inputs.iter().enumerate())
+        .map(|(i, p)| PortSection {
+            name: format!("in{i}"),
+            rx: Some(p.clone()),
+            tx: None,
+            iface: None,
+        })
+        .collect();
+    ports.push(PortSection {
+        name: "out".into(),
+        rx: None,
+        tx: args.output.clone(),
+        iface: None,
+    });
+    Ok(Some(ports))
+}
+
+pub fn main(args: RunArgs) -> CliResult<()> {
+    let mut cfg = match &args.config {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    if let Some(ports) = flag_ports(&args, &cfg)? {
+        cfg.port = ports;
+    }
+    // Flags over the config's keys; flags are checked under their own names.
+    if let Some(w) = args.workers {
+        cfg.workers = Some(bounded("--workers", w, 1, 64)?);
+    }
+    if let Some(b) = args.burst {
+        cfg.burst = Some(bounded("--burst", b, 1, 1024)?);
+    }
+    cfg.io = args.io.clone().or(cfg.io);
+    cfg.capture_buffer = args.capture_buffer.or(cfg.capture_buffer);
+    cfg.metrics = args.metrics.clone().or(cfg.metrics);
+    cfg.control = args.control.clone().or(cfg.control);
+    let live = !cfg.port.is_empty() && cfg.port.iter().all(|p| p.iface.is_some());
+    if live && args.hold_metrics > 0 {
+        return Err("--hold-metrics is for runs over capture files; a live run serves metrics until it stops".into());
+    }
+    let switch = Switch::build(
+        cfg,
+        SwitchOptions {
+            program: args.program.clone(),
+            config_path: args.config.clone(),
+            hash_seed: args.hash_seed,
+            control_pcap: args.control_pcap.clone(),
+        },
+    )?;
+    let progress = (!switch.is_live()).then(|| {
+        let watched = switch.handle();
+        Progress::start(switch.input_size(), true, move || {
+            watched.input_bytes.load(Ordering::Relaxed)
+        })
+    });
+    let outcome = switch.run()?;
+    drop(progress);
+    crate::print_summary(&outcome, args.json)?;
+    if args.hold_metrics > 0 && args.metrics.is_some() {
+        std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
+    }
+    outcome.error().map_or(Ok(()), Err)
+}

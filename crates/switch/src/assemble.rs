@@ -1,0 +1,309 @@
+//! A switch assembled from its run configuration ([`RunConfig`]): the program from the
+//! catalog, the ports (capture files, or interfaces for a live daemon), the workers, flow
+//! records, the metrics endpoint and the control API. [`Switch::build`] checks everything
+//! and opens every file before anything runs; [`Switch::run`] runs it to the end.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), String> {
+//! let config = r#"
+//!     workers = 2
+//!     [[port]]
+//!     name = "in"
+//!     rx = "trace.pcap"
+//!     [[port]]
+//!     name = "out"
+//!     tx = "out.pcap"
+//! "#;
+//! let switch = stateplane_switch::Switch::from_toml(config, std::path::Path::new("."))?;
+//! let outcome = switch.run()?;
+//! println!("{}", outcome.table());
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::SetupResult;
+use crate::config::{PortSection, RunConfig};
+use crate::daemon::{self, ControlAddr, IoChoice, LiveRun};
+use crate::export::Naming;
+use crate::flow_export::FlowExport;
+use crate::metrics;
+use crate::summary::Outcome;
+use crate::units::bounded;
+use stateplane_io::capture::{FileRx, FileTx};
+use stateplane_programs::PortNames;
+use stateplane_runtime::{
+    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, TxPort, run_offline,
+};
+use stateplane_wire::FlowHasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a switch takes beside its configuration (the command line's own flags).
+#[derive(Clone, Debug, Default)]
+pub struct SwitchOptions {
+    /// The program's name, over the configuration's `[program]` name (default `forward`).
+    pub program: Option<String>,
+    /// Where the configuration was read from: a live switch reads it again on SIGHUP.
+    pub config_path: Option<PathBuf>,
+    /// Seed of the flow hash (default: random per process), for reproducible sharding.
+    pub hash_seed: Option<u64>,
+    /// Runs over capture files: write packets for the control plane into this capture.
+    pub control_pcap: Option<PathBuf>,
+}
+
+/// A switch ready to run: everything checked, files and sinks open.
+pub struct Switch {
+    program: String,
+    factory: ProgramFactory,
+    port_names: Vec<String>,
+    runtime: RuntimeConfig,
+    flows: Option<FlowExport>,
+    handle: Arc<RunHandle>,
+    metrics: Option<std::net::SocketAddr>,
+    ports: Ports,
+}
+
+/// Where the switch's packets come from and go to.
+enum Ports {
+    Files {
+        ports: OfflinePorts,
+        /// Bytes of the input captures, for progress.
+        input_size: u64,
+    },
+    Live(Box<LiveRun>),
+}
+
+impl Switch {
+    /// A switch from the text of a configuration; relative paths in it are taken from
+    /// `base`.
+    pub fn from_toml(text: &str, base: &Path) -> SetupResult<Switch> {
+        Switch::build(RunConfig::parse(text, base)?, SwitchOptions::default())
+    }
+
+    /// Checks `cfg` (errors name the key and the fix), builds the program, opens the flow
+    /// sinks and the port files; a live configuration is made ready to open its interfaces.
+    pub fn build(cfg: RunConfig, options: SwitchOptions) -> SetupResult<Switch> {
+        let ports = checked_ports(&cfg)?;
+        let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
+        let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
+        let workers = bounded("workers", cfg.workers.unwrap_or(1), 1, 64)?;
+        let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
+        let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
+        let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
+        let live = ports.iter().all(|p| p.iface.is_some());
+        let flows = (cfg.flows.as_ref())
+            .map(|f| f.start(Naming::Config, workers, seed, live))
+            .transpose()?;
+        let (flows, tap) = flows.unzip();
+        let runtime = RuntimeConfig {
+            workers,
+            burst_size,
+            queue_depth,
+            hasher: FlowHasher::with_seed(seed),
+            taps: tap.into_iter().collect(),
+        };
+        let metrics = (cfg.metrics.as_ref())
+            .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
+            .transpose()?;
+        let control = match cfg.control.as_deref() {
+            Some("off") => ControlAddr::Off,
+            Some(a) => ControlAddr::Given(metrics::parse_addr(
+                "--control",
+                a,
+                stateplane_control::DEFAULT_ADDR,
+            )?),
+            None => ControlAddr::Default,
+        };
+        let io = IoChoice::parse(cfg.io.as_deref())?;
+        if cfg.capture_buffer.is_some() && !(live && io == IoChoice::Observe) {
+            return Err("--capture-buffer (capture_buffer) sizes the ring of a passive monitor, a live run with --io observe (io = \"observe\"); a switch's rings are fixed, and capture files are read as they are".into());
+        }
+        let port_names = names.0.clone();
+        let ports = if live {
+            if options.control_pcap.is_some() {
+                return Err("--control-pcap is for runs over capture files; a live run counts packets for the control plane".into());
+            }
+            let rebuild_options = options.clone();
+            Ports::Live(Box::new(LiveRun {
+                program: program.clone(),
+                port_names: port_names.clone(),
+                interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
+                io,
+                runtime: runtime.clone(),
+                factory: factory.clone(),
+                rebuild: Box::new(move || {
+                    let cfg = match &rebuild_options.config_path {
+                        Some(path) => RunConfig::load(path)?,
+                        None => RunConfig::default(),
+                    };
+                    Ok(load_program(rebuild_options.program.as_deref(), &cfg, &names)?.1)
+                }),
+                metrics,
+                control,
+                monitor_buffer: cfg.capture_buffer.unwrap_or_default().0,
+                flows: None,
+            }))
+        } else {
+            open_files(&ports, options.control_pcap.as_deref())?
+        };
+        Ok(Switch {
+            program,
+            factory,
+            port_names,
+            runtime,
+            flows,
+            handle: Arc::new(RunHandle::new(workers)),
+            metrics,
+            ports,
+        })
+    }
+
+    /// What a watcher reads while the switch runs (counters, input read so far); raise its
+    /// `stop` to stop the run (it drains and reports).
+    pub fn handle(&self) -> Arc<RunHandle> {
+        self.handle.clone()
+    }
+
+    /// Bytes of the input captures (0 on live ports).
+    pub fn input_size(&self) -> u64 {
+        match &self.ports {
+            Ports::Files { input_size, .. } => *input_size,
+            Ports::Live(_) => 0,
+        }
+    }
+
+    /// Whether the switch runs on interfaces (a daemon until SIGINT or SIGTERM).
+    pub fn is_live(&self) -> bool {
+        matches!(self.ports, Ports::Live(_))
+    }
+
+    /// Runs the switch to the end: over capture files until every input ends (or the
+    /// handle's stop), live until SIGINT or SIGTERM.
+    pub fn run(self) -> SetupResult<Outcome> {
+        let Switch {
+            program,
+            factory,
+            port_names,
+            runtime,
+            flows,
+            handle,
+            metrics: metrics_addr,
+            ports,
+        } = self;
+        let (ports, _) = match ports {
+            Ports::Live(mut run) => {
+                run.flows = flows;
+                return daemon::run(*run);
+            }
+            Ports::Files { ports, input_size } => (ports, input_size),
+        };
+        if let Some(addr) = metrics_addr {
+            let drop_reasons = factory(0).drop_reasons();
+            metrics::serve(addr, handle.clone(), drop_reasons, port_names.clone())?;
+            log::info!("metrics on http://{addr}/metrics");
+        }
+        let report = run_offline(&runtime, ports, &factory, &handle);
+        // The taps no worker took hold the exporter's queue open.
+        drop(runtime);
+        let records_to_stdout = flows.as_ref().is_some_and(FlowExport::writes_to_stdout);
+        Ok(Outcome {
+            program,
+            port_names,
+            report,
+            flows: flows.map(FlowExport::finish),
+            live: false,
+            records_to_stdout,
+        })
+    }
+}
+
+/// The program named by `name` or the config, built for the ports `names`.
+fn load_program(
+    name: Option<&str>,
+    cfg: &RunConfig,
+    names: &PortNames,
+) -> SetupResult<(String, ProgramFactory)> {
+    let program_name = name
+        .map(str::to_owned)
+        .or_else(|| cfg.program.as_ref().map(|p| p.name.clone()))
+        .unwrap_or_else(|| "forward".into());
+    let settings = cfg
+        .program
+        .as_ref()
+        .filter(|p| p.name == program_name)
+        .and_then(|p| p.settings.get(&program_name))
+        .cloned();
+    let factory = stateplane_programs::build(&program_name, settings.as_ref(), names)
+        .and_then(|f| stateplane_programs::with_guarantees(f, &cfg.guarantees))
+        .map_err(|e| e.to_string())?;
+    Ok((program_name, factory))
+}
+
+/// The config's ports, checked: names unique, each port either files or an interface, and
+/// either every port live or none.
+fn checked_ports(cfg: &RunConfig) -> SetupResult<Vec<PortSection>> {
+    let ports = &cfg.port;
+    if ports.is_empty() {
+        return Err("no input: give a capture with --in FILE (make one with `stateplane gen internet -o trace.pcap`), an interface with --iface NAME, or [[port]] tables with rx or iface in --config".into());
+    }
+    for (i, p) in ports.iter().enumerate() {
+        if ports[..i].iter().any(|q| q.name == p.name) {
+            return Err(format!(
+                "port[{i}].name: '{}' is used twice; give each port its own name",
+                p.name
+            ));
+        }
+        if p.iface.is_some() && (p.rx.is_some() || p.tx.is_some()) {
+            return Err(format!(
+                "port[{i}] ({}): give either iface or rx/tx files, not both",
+                p.name
+            ));
+        }
+    }
+    let live = ports.iter().filter(|p| p.iface.is_some()).count();
+    if live > 0 && live < ports.len() {
+        return Err("either every port names an iface (a live run) or none does (a run over capture files); mixing them is not supported".into());
+    }
+    if ports.len() > usize::from(PortId::MAX) {
+        return Err(format!(
+            "{} ports given; a switch has at most {} ports",
+            ports.len(),
+            PortId::MAX
+        ));
+    }
+    Ok(ports.clone())
+}
+
+/// Opens the ports' capture files (and the control plane's, if given).
+fn open_files(ports: &[PortSection], control_pcap: Option<&Path>) -> SetupResult<Ports> {
+    let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
+    let mut tx: Vec<Option<Box<dyn TxPort>>> = Vec::new();
+    let mut input_size = 0u64;
+    for (i, p) in ports.iter().enumerate() {
+        if let Some(path) = &p.rx {
+            let port = FileRx::open(path)
+                .map_err(|e| format!("port {} (rx {}): {e}", p.name, path.display()))?;
+            input_size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            rx.push((i as PortId, Box::new(port)));
+        }
+        tx.push(match &p.tx {
+            Some(path) => Some(Box::new(
+                FileTx::create(path).map_err(|e| format!("port {}: {e}", p.name))?,
+            )),
+            None => None,
+        });
+    }
+    if rx.is_empty() {
+        return Err("no port has an rx capture: give one with --in FILE or rx = \"FILE\" in a [[port]] table".into());
+    }
+    let control: Option<Box<dyn TxPort>> = match control_pcap {
+        Some(path) => Some(Box::new(
+            FileTx::create(path).map_err(|e| format!("--control-pcap: {e}"))?,
+        )),
+        None => None,
+    };
+    Ok(Ports::Files {
+        ports: OfflinePorts { rx, tx, control },
+        input_size,
+    })
+}
