@@ -9,31 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Generates `packets` of `workload` (a name, checked: errors name `--workloads`) with
-/// `seed`, in memory, and hands each one that parses to `each` with its time and bytes:
-/// the benchmarks' traces.
-pub fn each_parsed(
-    workload: &str,
-    packets: u64,
-    seed: u64,
-    mut each: impl FnMut(u64, &stateplane_wire::Parsed, &[u8]),
-) -> CliResult<()> {
-    let w: Workload = workload
-        .parse()
-        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
-    let mut cfg = GenConfig::new(w, packets);
-    cfg.seed = seed;
-    let hasher = stateplane_wire::FlowHasher::with_seed(seed);
-    let frame_parsed = |ts_ns, frame: &[u8]| {
-        if let Ok(p) = stateplane_wire::parse(frame, 0, &hasher) {
-            each(ts_ns, &p, frame);
-        }
-        Ok(())
-    };
-    generate(&cfg, frame_parsed, |_| {}).map_err(|e| e.to_string())?;
-    Ok(())
-}
-
 #[derive(clap::Args)]
 pub struct GenArgs {
     /// internet, datacenter, synflood, udpflood, kv or gtp.

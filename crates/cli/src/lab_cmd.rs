@@ -19,7 +19,7 @@ enum Action {
     /// Show each node: namespace, switch process, interfaces and addresses.
     Status { topology: PathBuf },
     /// Benchmark live ports on a line lab of its own: Linux bridge vs AF_PACKET vs AF_XDP.
-    Bench(crate::lab_bench::LabBenchArgs),
+    Bench(stateplane_bench::lab_bench::LabBenchArgs),
     /// Run a command in a node's namespace, e.g. `lab exec line.toml h1 ping 198.18.0.2`.
     Exec {
         topology: PathBuf,
@@ -46,7 +46,7 @@ pub fn main(args: LabArgs) -> CliResult<()> {
             Ok(())
         }
         Action::Status { topology } => print_status(&Topology::load(&topology)?),
-        Action::Bench(args) => crate::lab_bench::main(args),
+        Action::Bench(args) => stateplane_bench::lab_bench::main(args),
         Action::Exec {
             topology,
             node,

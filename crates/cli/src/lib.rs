@@ -3,23 +3,15 @@
 //! with `stateplane_programs::register`, then call [`main`] (see examples/tollbooth and
 //! docs/program-api.md).
 //!
-//! Owns: argument and configuration parsing (errors name the field and the fix), progress
-//! display, summaries, the metrics endpoint, and the benchmark driver.
+//! Owns: argument parsing (errors name the flag and the fix), progress display, and
+//! printing. A run is built by `stateplane-switch`, an experiment is run by
+//! `stateplane-bench`; this crate only parses, calls and prints.
 //!
-//! Must never: implement packet processing itself; it only wires the library crates.
+//! Must never: process packets or assemble a switch itself.
 
-mod bench;
-mod bench_addonmiss;
-mod bench_cache;
-mod bench_catalog;
-mod bench_flows;
-mod bench_pipeline;
-mod bench_tables;
-mod chart;
 mod ctl;
 mod flows_cmd;
 mod gen_cmd;
-mod lab_bench;
 mod lab_cmd;
 mod logging;
 mod progress;
@@ -52,20 +44,20 @@ enum Command {
     /// Generate a trace deterministically from a seed.
     Gen(gen_cmd::GenArgs),
     /// Measure packets per second per core on an in-memory replay.
-    Bench(bench::BenchArgs),
+    Bench(stateplane_bench::bench::BenchArgs),
     /// The add-on-miss insertion-latency experiment (phase 1 inserts, phase 2 mixes).
-    BenchAddOnMiss(bench_addonmiss::AddOnMissArgs),
+    BenchAddOnMiss(stateplane_bench::bench_addonmiss::AddOnMissArgs),
     /// Mpps per core of each program of the catalog on its workload, beside forward.
-    BenchCatalog(bench_catalog::BenchCatalogArgs),
+    BenchCatalog(stateplane_bench::bench_catalog::BenchCatalogArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
-    BenchCache(bench_cache::BenchCacheArgs),
+    BenchCache(stateplane_bench::bench_cache::BenchCacheArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
-    BenchFlows(bench_flows::BenchFlowsArgs),
+    BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
     /// The rule pipeline's Mpps with and without its cache, under rule updates, by tables.
-    BenchPipeline(bench_pipeline::BenchPipelineArgs),
+    BenchPipeline(stateplane_bench::bench_pipeline::BenchPipelineArgs),
     /// Operations per second per core on the state primitives (exact tables).
-    BenchTables(bench_tables::BenchTablesArgs),
+    BenchTables(stateplane_bench::bench_tables::BenchTablesArgs),
     /// Hosts and switches in network namespaces on this machine: up, down, status, exec.
     Lab(lab_cmd::LabArgs),
     /// Send a capture's frames on an interface at full speed (a traffic source).
@@ -87,14 +79,14 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run_cmd::main(args),
         Command::Flows(args) => flows_cmd::main(args),
         Command::Gen(args) => gen_cmd::main(args),
-        Command::Bench(args) => bench::main(args),
+        Command::Bench(args) => stateplane_bench::bench::main(args),
         Command::Lab(args) => lab_cmd::main(args),
-        Command::BenchTables(args) => bench_tables::main(args),
-        Command::BenchCache(args) => bench_cache::main(args),
-        Command::BenchCatalog(args) => bench_catalog::main(args),
-        Command::BenchFlows(args) => bench_flows::main(args),
-        Command::BenchPipeline(args) => bench_pipeline::main(args),
-        Command::BenchAddOnMiss(args) => bench_addonmiss::main(args),
+        Command::BenchTables(args) => stateplane_bench::bench_tables::main(args),
+        Command::BenchCache(args) => stateplane_bench::bench_cache::main(args),
+        Command::BenchCatalog(args) => stateplane_bench::bench_catalog::main(args),
+        Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
+        Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
+        Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Ctl(args) => ctl::main(args),
         Command::Version => {

@@ -3,7 +3,7 @@
 //! receive loop (copy into bursts, no parse) as the baseline in the same run, and repeats
 //! each measurement to report the median.
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
 use stateplane_programs::PortNames;
@@ -77,7 +77,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn l2_factory() -> CliResult<ProgramFactory> {
+fn l2_factory() -> BenchResult<ProgramFactory> {
     // Both router MACs of the generated traces lead to port 1, among 4094 other stations,
     // so lookups hit a table larger than a toy one.
     let mut macs = vec![
@@ -122,7 +122,7 @@ fn l2_factory() -> CliResult<ProgramFactory> {
 /// `conntrack` tracking every connection of the trace: room for a million per worker, and
 /// packets of connections that started before the trace are passed, not dropped, so the
 /// benchmark's every-packet-forwarded check holds.
-fn conntrack_factory() -> CliResult<ProgramFactory> {
+fn conntrack_factory() -> BenchResult<ProgramFactory> {
     let settings: toml::Value =
         toml::from_str("capacity = 1048576\ndrop_invalid = false").map_err(|e| e.to_string())?;
     stateplane_programs::build(
@@ -135,7 +135,7 @@ fn conntrack_factory() -> CliResult<ProgramFactory> {
 
 /// `router` with an Internet-sized table: 400,000 generated IPv4 and 150,000 IPv6
 /// prefixes, plus the generator's address blocks so that every packet has a route.
-fn router_factory() -> CliResult<ProgramFactory> {
+fn router_factory() -> BenchResult<ProgramFactory> {
     use stateplane_programs::router::{NextHop, Router};
     use stateplane_state::prefixes;
     let hop = |i: u32| NextHop {
@@ -185,7 +185,7 @@ fn rx_only(queues: Vec<ReplayQueue>, burst_size: usize) -> Vec<WorkerRun> {
 }
 
 /// The factory of one of this benchmark's programs.
-fn factory_of(program: &str) -> CliResult<ProgramFactory> {
+fn factory_of(program: &str) -> BenchResult<ProgramFactory> {
     Ok(match program {
         "forward" => {
             let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
@@ -203,7 +203,7 @@ pub(crate) fn measure(
     factory: Option<&ProgramFactory>,
     queues: Vec<ReplayQueue>,
     runtime: &RuntimeConfig,
-) -> CliResult<(Vec<WorkerRun>, u64, u64)> {
+) -> BenchResult<(Vec<WorkerRun>, u64, u64)> {
     let Some(factory) = factory else {
         let runs = rx_only(queues, runtime.burst_size);
         let n = runs.iter().map(|r| r.0).sum();
@@ -247,7 +247,7 @@ pub(crate) fn rates(
     trace: &ReplayTrace,
     runtime: &RuntimeConfig,
     (loops, repeat, huge): (u64, usize, bool),
-) -> CliResult<(Rates, bool)> {
+) -> BenchResult<(Rates, bool)> {
     let (mut per_core, mut total, mut ns) = (Vec::new(), Vec::new(), Vec::new());
     let (mut packets, mut forwarded, mut huge_used) = (0, 0, huge);
     for _ in 0..repeat {
@@ -282,7 +282,7 @@ pub(crate) fn generated_trace(
     packet_size: usize,
     ipv6_share: f64,
     seed: u64,
-) -> CliResult<(ReplayTrace, String)> {
+) -> BenchResult<(ReplayTrace, String)> {
     let w: Workload = workload
         .parse()
         .map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
@@ -314,7 +314,7 @@ pub(crate) fn generated_trace(
     Ok((trace, input))
 }
 
-pub fn main(a: BenchArgs) -> CliResult<()> {
+pub fn main(a: BenchArgs) -> BenchResult<()> {
     let workers = bounded("--workers", a.workers, 1, 64)?;
     let burst_size = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
@@ -384,7 +384,7 @@ fn report(
     burst: usize,
     huge: bool,
     results: &[Measurement],
-) -> CliResult<()> {
+) -> BenchResult<()> {
     if a.json {
         let rows: Vec<_> = results
             .iter()

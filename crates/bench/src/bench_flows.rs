@@ -25,7 +25,7 @@
 //! Measurements of one experiment are interleaved in each round, and figures are medians
 //! over rounds.
 
-use crate::CliResult;
+use crate::BenchResult;
 use crate::chart::{Panel, bars};
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
 use stateplane_flows::stats::NO_PORT;
@@ -79,9 +79,9 @@ struct Row {
 /// A packet as the flow stage sees it.
 type Packet = (FlowKey, Observation);
 
-fn trace(workload: &str, a: &BenchFlowsArgs) -> CliResult<Vec<Packet>> {
+fn trace(workload: &str, a: &BenchFlowsArgs) -> BenchResult<Vec<Packet>> {
     let mut packets = Vec::with_capacity(a.packets as usize);
-    crate::gen_cmd::each_parsed(workload, a.packets, a.seed, |ts_ns, p, _| {
+    crate::each_parsed(workload, a.packets, a.seed, |ts_ns, p, _| {
         packets.push((p.key, Observation::of(p, ts_ns, 0, NO_PORT)));
     })?;
     Ok(packets)
@@ -106,7 +106,7 @@ const NO_TIMEOUTS: Timeouts = Timeouts {
     active_ns: u64::MAX / 4,
 };
 
-fn stage(slots: usize, max_flows: usize, timeouts: Timeouts) -> CliResult<FlowStage> {
+fn stage(slots: usize, max_flows: usize, timeouts: Timeouts) -> BenchResult<FlowStage> {
     let config = StageConfig {
         microflow_slots: slots,
         max_flows,
@@ -131,7 +131,7 @@ fn run_stage(stage: &mut FlowStage, packets: &[Packet]) -> Count {
     sink
 }
 
-fn ratio(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+fn ratio(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> BenchResult<Vec<Row>> {
     let base = stage(0, 1 << 10, NO_TIMEOUTS)?.memory_bytes();
     let mut rows = Vec::new();
     for &slots in &a.slots {
@@ -200,7 +200,7 @@ impl<K: Hash + Eq> Table for StdMap<K> {
 }
 
 /// The IPv4 microflow records the default first level sends the aggregator.
-fn microflow_records(packets: &[Packet]) -> CliResult<Vec<Microflow<V4Key>>> {
+fn microflow_records(packets: &[Packet]) -> BenchResult<Vec<Microflow<V4Key>>> {
     let slots = StageConfig::default().microflow_slots;
     let mut table = MicroflowTable::<V4Key>::new(slots).map_err(|e| e.to_string())?;
     let mut records = Vec::new();
@@ -214,7 +214,7 @@ fn microflow_records(packets: &[Packet]) -> CliResult<Vec<Microflow<V4Key>>> {
     Ok(records)
 }
 
-fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> BenchResult<Vec<Row>> {
     let records = microflow_records(packets)?;
     let flows = records
         .iter()
@@ -236,7 +236,7 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResu
             .collect(),
         all: records,
     };
-    type Run = fn(usize, &Records, &mut Vec<FlowRecord>) -> CliResult<Fed>;
+    type Run = fn(usize, &Records, &mut Vec<FlowRecord>) -> BenchResult<Fed>;
     let variants: [(&str, Run); 6] = [
         ("std map, wide key", |n, r, out| {
             let mut table = StdMap(HashMap::with_capacity(n), V4Key::unpack);
@@ -370,17 +370,17 @@ fn feed<S>(
     }
 }
 
-fn new_aggregator<S: KeptStats>(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow<S>>> {
+fn new_aggregator<S: KeptStats>(max_flows: usize) -> BenchResult<Aggregator<V4Key, Uniflow<S>>> {
     Aggregator::new(max_flows, NO_TIMEOUTS, 7).map_err(|e| e.to_string())
 }
 
-fn sized_aggregator<S: KeptStats>(max_flows: usize) -> CliResult<Aggregator<V4Key, Uniflow<S>>> {
+fn sized_aggregator<S: KeptStats>(max_flows: usize) -> BenchResult<Aggregator<V4Key, Uniflow<S>>> {
     let mut table = new_aggregator(max_flows)?;
     table.reserve(max_flows);
     Ok(table)
 }
 
-fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> BenchResult<Vec<Row>> {
     let variants = [
         ("two levels (4096-slot microflow tables)", 4096),
         ("one level (flow table only)", 0),
@@ -418,7 +418,7 @@ fn stage_speed(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliRes
 /// Worker counts of the scaling experiment.
 const WORKERS: [usize; 2] = [1, 2];
 
-fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> CliResult<Vec<Row>> {
+fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> BenchResult<Vec<Row>> {
     let hasher = stateplane_wire::FlowHasher::with_seed(a.seed);
     let ip = packets.iter().filter(|p| p.0.ip_version != 0).count() as u64;
     let shards_of = |workers: usize| {
@@ -440,7 +440,7 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Cli
             );
             let mut stages = (shards.iter())
                 .map(|_| stage(4096, StageConfig::default().max_flows, Timeouts::default()))
-                .collect::<CliResult<Vec<_>>>()?;
+                .collect::<BenchResult<Vec<_>>>()?;
             let t = Instant::now();
             let exported: u64 = std::thread::scope(|scope| {
                 let threads: Vec<_> = (stages.iter_mut().zip(shards))
@@ -498,7 +498,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-pub fn main(a: BenchFlowsArgs) -> CliResult<()> {
+pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
     if a.packets == 0 || a.repeat == 0 {
         return Err("--packets and --repeat must be above 0".into());
     }

@@ -7,7 +7,7 @@
 //! protocol and ports, what it keys by under rules that read only those (as the benchmark
 //! pipeline's ACL and FIB), and the paper's microflow.
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_classifier::{Fields, MicroflowCache};
 use std::path::PathBuf;
 
@@ -88,15 +88,15 @@ fn key_mask(name: &str) -> Option<Fields> {
 }
 
 /// The trace's packets as the fields the cache keys on.
-fn trace(workload: &str, a: &BenchCacheArgs) -> CliResult<Vec<Fields>> {
+fn trace(workload: &str, a: &BenchCacheArgs) -> BenchResult<Vec<Fields>> {
     let mut keys = Vec::with_capacity(a.packets as usize);
-    crate::gen_cmd::each_parsed(workload, a.packets, a.seed, |_, parsed, frame| {
+    crate::each_parsed(workload, a.packets, a.seed, |_, parsed, frame| {
         keys.push(Fields::of(parsed, frame, 0));
     })?;
     Ok(keys)
 }
 
-pub fn main(a: BenchCacheArgs) -> CliResult<()> {
+pub fn main(a: BenchCacheArgs) -> BenchResult<()> {
     if a.packets == 0 || a.sizes.iter().any(|&s| s == 0 || s > 1 << 26) {
         return Err("--packets must be above 0 and --sizes 1 to 67108864".into());
     }
@@ -136,7 +136,7 @@ fn measure(
     keys: &[Fields],
     a: &BenchCacheArgs,
     rows: &mut Vec<Row>,
-) -> CliResult<()> {
+) -> BenchResult<()> {
     for &size in &a.sizes {
         for &ways in &a.ways {
             let entries = size.next_power_of_two().max(ways);
@@ -161,7 +161,7 @@ fn measure(
     Ok(())
 }
 
-fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> CliResult<()> {
+fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()> {
     println!(
         "input: stateplane gen WORKLOAD --packets {} --seed {}; a miss inserts (replacing the set's pseudo-LRU way)",
         a.packets, a.seed

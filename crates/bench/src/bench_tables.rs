@@ -6,7 +6,7 @@
 //! a time, and a burst at a time with the burst's slots touched first), and lookups that
 //! miss. One table small enough for the CPU caches, one far larger.
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
 use stateplane_wire::FlowKey;
@@ -74,7 +74,7 @@ struct Row {
     ns: f64,
 }
 
-pub fn main(a: BenchTablesArgs) -> CliResult<()> {
+pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
     if a.repeat == 0 || a.lookups == 0 || a.entries.iter().any(|&e| e == 0 || e > 1 << 26) {
         return Err("--repeat and --lookups must be above 0, and --entries 1 to 67108864".into());
     }
@@ -386,7 +386,7 @@ fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
 /// Control-plane bulk insertion: `l2`'s MAC table filled by writes of `--control-batch`
 /// entries, while one worker polls for requests as an idle live worker does; through the
 /// control plane directly, and through gRPC on loopback with `ctl`'s client.
-fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
+fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> BenchResult<()> {
     use stateplane_control::client::Client;
     use stateplane_control::server::{ControlService, Server};
     use stateplane_state::{Entry, Match, Request, Write};
@@ -453,7 +453,7 @@ fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
 
 /// Route changes on a running router with the Internet-sized IPv4 table: the latency of a
 /// one-route write (the control plane updates a copy of the tables; the worker swaps it in).
-fn route_update_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> {
+fn route_update_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> BenchResult<()> {
     use stateplane_programs::router::{NextHop, Router};
     use stateplane_state::{Entry, Match, Request, Write, prefixes};
     const WRITES: usize = 21;
@@ -511,8 +511,8 @@ fn route_update_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> CliResult<()> 
 /// for requests in a loop as an idle live worker does.
 fn with_idle_worker<T>(
     factory: &stateplane_runtime::ProgramFactory,
-    f: impl FnOnce(&std::sync::Arc<stateplane_runtime::ControlPlane>) -> CliResult<T>,
-) -> CliResult<T> {
+    f: impl FnOnce(&std::sync::Arc<stateplane_runtime::ControlPlane>) -> BenchResult<T>,
+) -> BenchResult<T> {
     use stateplane_runtime::{Burst, ControlPlane, Worker};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};

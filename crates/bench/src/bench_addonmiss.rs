@@ -20,7 +20,7 @@
 //! miss to its entry being visible to the data plane, with the rate entries go in and the
 //! digests lost to full queues (a controller slower than the misses loses them).
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
@@ -133,7 +133,7 @@ struct Row {
     mpps: f64,
 }
 
-pub fn main(a: AddOnMissArgs) -> CliResult<()> {
+pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
     if a.keys == 0 || a.keys > 1 << 26 || a.packets == 0 || a.every.contains(&0) {
         return Err("--keys must be 1 to 67108864, --packets above 0, and every N above 0".into());
     }
@@ -377,7 +377,7 @@ struct DigestPass {
 
 /// The digest baseline: phase 1 and phase 2 for each N, learning by digest; latencies from
 /// a timed pass, packet rates from an untimed one.
-fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> CliResult<()> {
+fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> BenchResult<()> {
     let phases: Vec<(String, Option<usize>)> =
         std::iter::once(("phase 1, digest".to_string(), None))
             .chain(
@@ -427,7 +427,7 @@ fn digest_pass(
     a: &AddOnMissArgs,
     every: Option<usize>,
     clock: Option<u32>,
-) -> CliResult<DigestPass> {
+) -> BenchResult<DigestPass> {
     const BURST: usize = 64;
     let most_inserts = a.packets / a.every.iter().copied().min().unwrap_or(1) + 1;
     let epoch = Instant::now();

@@ -15,7 +15,7 @@
 //! workers do. With no updates, every mode's verdicts and output bytes must equal `off`'s
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
 };
@@ -124,7 +124,7 @@ struct Trace {
 }
 
 /// A capture file's frames, in memory.
-fn read_trace(path: &std::path::Path) -> CliResult<Trace> {
+fn read_trace(path: &std::path::Path) -> BenchResult<Trace> {
     let file = std::fs::File::open(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
     let mut reader = stateplane_io::CaptureReader::new(std::io::BufReader::new(file))
         .map_err(|e| format!("--trace {}: {e}", path.display()))?;
@@ -142,7 +142,7 @@ fn read_trace(path: &std::path::Path) -> CliResult<Trace> {
     Ok(t)
 }
 
-fn load_trace(workload: &str, a: &BenchPipelineArgs) -> CliResult<Trace> {
+fn load_trace(workload: &str, a: &BenchPipelineArgs) -> BenchResult<Trace> {
     if let Some(path) = &a.trace {
         return read_trace(path);
     }
@@ -252,7 +252,7 @@ fn rule_lines(a: &BenchPipelineArgs, tables: usize) -> Vec<String> {
     lines
 }
 
-fn rule_set(a: &BenchPipelineArgs, tables: usize) -> CliResult<RuleSet> {
+fn rule_set(a: &BenchPipelineArgs, tables: usize) -> BenchResult<RuleSet> {
     let mut rules = RuleSet::new(tables);
     for line in rule_lines(a, tables) {
         let rule = parse_rule(&line).map_err(|e| format!("generated rule {line}: {e}"))?;
@@ -380,7 +380,7 @@ fn lookups(
     trace: &Trace,
     rules: &RuleSet,
     modes: &[Consistency],
-) -> CliResult<Vec<Row>> {
+) -> BenchResult<Vec<Row>> {
     let hasher = FlowHasher::with_seed(7);
     let keys: Vec<Fields> = (trace.frames.iter())
         .filter_map(|&(at, len)| {
@@ -488,7 +488,7 @@ fn measure(
     rules: &RuleSet,
     modes: &[Consistency],
     update_pct: f64,
-) -> CliResult<Vec<Row>> {
+) -> BenchResult<Vec<Row>> {
     let mut runs: Vec<Runs> = modes.iter().map(|_| Runs::default()).collect();
     for r in 0..a.repeat {
         let mut reference = None;
@@ -589,7 +589,7 @@ fn mode_name(m: Consistency) -> &'static str {
     }
 }
 
-pub fn main(a: BenchPipelineArgs) -> CliResult<()> {
+pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
     if a.repeat == 0 || a.loops == 0 || a.burst == 0 || a.burst > 1024 {
         return Err("--repeat and --loops must be above 0, and --burst 1 to 1024".into());
     }
@@ -693,7 +693,7 @@ fn report(
     two: &RuleSet,
     rows: &[Row],
     workloads: &[String],
-) -> CliResult<()> {
+) -> BenchResult<()> {
     let trace = match &a.trace {
         Some(path) => format!("trace {}", path.display()),
         None => format!(

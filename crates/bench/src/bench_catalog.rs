@@ -3,7 +3,7 @@
 //! function's state shows as a ratio. Every packet arrives on port 0 (the inside, the
 //! clients' side); each program's settings are in `SETUPS` and printed with the results.
 
-use crate::CliResult;
+use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
@@ -91,7 +91,7 @@ struct Row {
     forward_mpps: f64,
 }
 
-fn factory(name: &str, settings: &str) -> CliResult<ProgramFactory> {
+fn factory(name: &str, settings: &str) -> BenchResult<ProgramFactory> {
     let table: toml::Value =
         toml::from_str(settings).map_err(|e| format!("{name}'s settings: {e}"))?;
     stateplane_programs::build(
@@ -102,7 +102,7 @@ fn factory(name: &str, settings: &str) -> CliResult<ProgramFactory> {
     .map_err(|e| e.to_string())
 }
 
-pub fn main(a: BenchCatalogArgs) -> CliResult<()> {
+pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
     let workers = bounded("--workers", a.workers, 1, 64)?;
     let burst_size = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
@@ -117,13 +117,13 @@ pub fn main(a: BenchCatalogArgs) -> CliResult<()> {
                     format!("--programs: '{p}' is not one of {}", names.join(", "))
                 })
             })
-            .collect::<CliResult<_>>()?,
+            .collect::<BenchResult<_>>()?,
     };
     // Settings are checked before any trace is made.
     let factories = chosen
         .iter()
         .map(|(name, _, settings)| factory(name, settings))
-        .collect::<CliResult<Vec<_>>>()?;
+        .collect::<BenchResult<Vec<_>>>()?;
     let runtime = RuntimeConfig {
         workers,
         burst_size,

@@ -6,7 +6,7 @@
 //! throughput with iperf3, and CPU seconds per million packets (the whole machine's busy
 //! time, and the switch process's own).
 
-use crate::CliResult;
+use crate::BenchResult;
 use stateplane_lab::Topology;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +36,7 @@ pub struct LabBenchArgs {
 
 const TOPOLOGY: &str = include_str!("../../../topologies/line.toml");
 
-fn sh(program: &str, args: &[&str]) -> CliResult<String> {
+fn sh(program: &str, args: &[&str]) -> BenchResult<String> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -52,7 +52,7 @@ fn sh(program: &str, args: &[&str]) -> CliResult<String> {
 }
 
 /// Busy and total CPU time of the whole machine, in clock ticks (/proc/stat).
-fn machine_busy_ticks() -> CliResult<u64> {
+fn machine_busy_ticks() -> BenchResult<u64> {
     let stat = std::fs::read_to_string("/proc/stat").map_err(|e| e.to_string())?;
     let fields: Vec<u64> = stat
         .lines()
@@ -80,7 +80,7 @@ fn process_ticks(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn rx_packets(t: &Topology, node: &str, iface: &str) -> CliResult<u64> {
+fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u64> {
     let out = sh(
         "ip",
         &[
@@ -109,7 +109,7 @@ enum Switching {
     Stateplane(u32),
 }
 
-fn start(t: &Topology, mode: &str, exe: &Path) -> CliResult<Switching> {
+fn start(t: &Topology, mode: &str, exe: &Path) -> BenchResult<Switching> {
     let ns = t.namespace("s1");
     if mode == "bridge" {
         sh("ip", &["-n", &ns, "link", "add", "br0", "type", "bridge"])?;
@@ -141,7 +141,7 @@ fn start(t: &Topology, mode: &str, exe: &Path) -> CliResult<Switching> {
     )?))
 }
 
-fn stop(t: &Topology, s: &Switching) -> CliResult<()> {
+fn stop(t: &Topology, s: &Switching) -> BenchResult<()> {
     match s {
         Switching::Bridge => {
             sh("ip", &["-n", &t.namespace("s1"), "link", "del", "br0"])?;
@@ -158,7 +158,7 @@ fn measure(
     exe: &Path,
     trace: &Path,
     hz: f64,
-) -> CliResult<Sample> {
+) -> BenchResult<Sample> {
     let pid = match s {
         Switching::Stateplane(pid) => Some(*pid),
         Switching::Bridge => None,
@@ -250,7 +250,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-pub fn main(a: LabBenchArgs) -> CliResult<()> {
+pub fn main(a: LabBenchArgs) -> BenchResult<()> {
     for m in &a.modes {
         if !["bridge", "afpacket", "afxdp"].contains(&m.as_str()) {
             return Err(format!(
@@ -306,7 +306,7 @@ fn run_rounds(
     exe: &Path,
     trace: &Path,
     hz: f64,
-) -> CliResult<Vec<(String, Vec<Sample>)>> {
+) -> BenchResult<Vec<(String, Vec<Sample>)>> {
     // The lab starts s1 running forward; the rounds start and stop it themselves.
     stateplane_lab::stop_switch(t, "s1")?;
     let mut samples: Vec<(String, Vec<Sample>)> =
@@ -324,7 +324,7 @@ fn run_rounds(
     Ok(samples)
 }
 
-fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> CliResult<()> {
+fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()> {
     let rows: Vec<(String, Sample)> = samples
         .iter()
         .map(|(m, v)| {

@@ -1,0 +1,49 @@
+//! The experiments and benchmarks of the `stateplane` command: each takes its arguments
+//! (`clap`), runs, and prints a table, with CSV and a chart when asked.
+//!
+//! Owns: `bench` (Mpps per core on an in-memory replay), `bench_addonmiss`,
+//! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_tables`,
+//! `lab_bench` (real TCP through a lab), and `chart` (SVG bar charts).
+//!
+//! Must never: be on a packet path (it drives the runtime and the programs as a user
+//! would), or report a figure without the input it used.
+
+pub mod bench;
+pub mod bench_addonmiss;
+pub mod bench_cache;
+pub mod bench_catalog;
+pub mod bench_flows;
+pub mod bench_pipeline;
+pub mod bench_tables;
+pub mod chart;
+pub mod lab_bench;
+
+use stateplane_gen::{GenConfig, Workload, generate};
+
+/// The error type of every experiment: a message a user can act on.
+pub type BenchResult<T> = Result<T, String>;
+
+/// Generates `packets` of `workload` (a name, checked: errors name `--workloads`) with
+/// `seed`, in memory, and hands each one that parses to `each` with its time and bytes:
+/// the benchmarks' traces.
+pub fn each_parsed(
+    workload: &str,
+    packets: u64,
+    seed: u64,
+    mut each: impl FnMut(u64, &stateplane_wire::Parsed, &[u8]),
+) -> BenchResult<()> {
+    let w: Workload = workload
+        .parse()
+        .map_err(|e: stateplane_gen::GenError| format!("--workloads: {}", e.problem))?;
+    let mut cfg = GenConfig::new(w, packets);
+    cfg.seed = seed;
+    let hasher = stateplane_wire::FlowHasher::with_seed(seed);
+    let frame_parsed = |ts_ns, frame: &[u8]| {
+        if let Ok(p) = stateplane_wire::parse(frame, 0, &hasher) {
+            each(ts_ns, &p, frame);
+        }
+        Ok(())
+    };
+    generate(&cfg, frame_parsed, |_| {}).map_err(|e| e.to_string())?;
+    Ok(())
+}
