@@ -4,6 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
+use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
 use stateplane_programs::PortNames;
@@ -70,11 +71,6 @@ struct Measurement {
     ns_per_packet: f64,
     /// Median over repeats of all workers together (all packets / the slowest worker's time).
     mpps_total: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn l2_factory() -> BenchResult<ProgramFactory> {

@@ -21,6 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
+use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
@@ -98,18 +99,10 @@ struct Percentiles {
 }
 
 fn percentiles(v: &mut [u32]) -> Percentiles {
-    v.sort_unstable();
-    let at = |q: f64| {
-        if v.is_empty() {
-            0.0
-        } else {
-            f64::from(v[((v.len() - 1) as f64 * q) as usize])
-        }
-    };
     Percentiles {
-        p50: at(0.5),
-        p99: at(0.99),
-        p999: at(0.999),
+        p50: f64::from(percentile(v, 0.5)),
+        p99: f64::from(percentile(v, 0.99)),
+        p999: f64::from(percentile(v, 0.999)),
         count: v.len(),
     }
 }

@@ -27,6 +27,7 @@
 
 use crate::BenchResult;
 use crate::chart::{Panel, bars};
+use crate::statistics::median;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
 use stateplane_flows::stats::NO_PORT;
 use stateplane_flows::{
@@ -491,11 +492,6 @@ fn worker_scaling(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> Ben
         })
         .chain(scaling)
         .collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {

@@ -16,6 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
+use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
 };
@@ -427,9 +428,9 @@ fn lookups(
             mode,
             tables: rules.tables(),
             update_pct: 0.0,
-            mpps: median_f(run.mpps.clone()),
+            mpps: median(run.mpps.clone()),
             speedup: off.map_or(f64::NAN, |o| {
-                median_f(
+                median(
                     run.mpps
                         .iter()
                         .zip(&runs[o].mpps)
@@ -439,7 +440,7 @@ fn lookups(
             }),
             vs_still: f64::NAN,
             forwarded: f64::NAN,
-            hit_rate: median_f(run.hits.clone()),
+            hit_rate: median(run.hits.clone()),
             updates: 0,
             p99_update_us: 0.0,
             p999_update_us: 0.0,
@@ -447,18 +448,6 @@ fn lookups(
             median_burst_us: 0.0,
         })
         .collect())
-}
-
-fn percentile(v: &mut [u64], q: f64) -> u64 {
-    v.sort_unstable();
-    v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(0)
-}
-
-fn median_f(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// One mode's runs of a configuration.
@@ -541,7 +530,7 @@ fn measure(
         .zip(&runs)
         .map(|(&mode, run)| {
             let speedup = off.map_or(f64::NAN, |o| {
-                median_f(
+                median(
                     (run.mpps.iter().zip(&runs[o].mpps))
                         .map(|(m, b)| m / b)
                         .collect(),
@@ -551,7 +540,7 @@ fn measure(
             let vs_still = if run.still.is_empty() {
                 f64::NAN
             } else {
-                median_f(
+                median(
                     run.mpps
                         .iter()
                         .zip(&run.still)
@@ -565,16 +554,16 @@ fn measure(
                 mode,
                 tables: rules.tables(),
                 update_pct,
-                mpps: median_f(run.mpps.clone()),
+                mpps: median(run.mpps.clone()),
                 speedup,
                 vs_still,
                 forwarded: run.forwarded,
-                hit_rate: median_f(run.hits.clone()),
+                hit_rate: median(run.hits.clone()),
                 updates: run.updates,
                 p99_update_us: percentile(&mut took, 0.99) as f64 / 1e3,
                 p999_update_us: percentile(&mut took, 0.999) as f64 / 1e3,
                 max_update_us: took.iter().copied().max().unwrap_or(0) as f64 / 1e3,
-                median_burst_us: median_f(run.bursts.clone()),
+                median_burst_us: median(run.bursts.clone()),
             }
         })
         .collect())

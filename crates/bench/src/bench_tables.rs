@@ -7,6 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
+use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
 use stateplane_wire::FlowKey;
@@ -60,11 +61,6 @@ fn flow(rng: &mut Rng) -> FlowKey {
         (a >> 32) as u16,
         (b >> 32) as u16,
     )
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 struct Row {

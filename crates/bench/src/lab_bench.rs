@@ -7,6 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
+use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -243,11 +244,6 @@ fn measure(
         machine_cpu_s_per_mpkt: (busy1 - busy0) as f64 / hz / mpkt,
         switch_cpu_s_per_mpkt: (proc1 - proc0) as f64 / hz / mpkt,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 pub fn main(a: LabBenchArgs) -> BenchResult<()> {
