@@ -4,6 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
@@ -414,10 +415,10 @@ fn report(
     }
     if let Some(path) = &a.csv {
         let mut csv =
-            String::from("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total\n");
+            Csv::new("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total");
         for m in results {
-            csv.push_str(&format!(
-                "{},{},{},{},{:.3},{:.2},{:.3}\n",
+            csv.row(format_args!(
+                "{},{},{},{},{:.3},{:.2},{:.3}",
                 m.program,
                 m.packets,
                 workers,
@@ -427,7 +428,7 @@ fn report(
                 m.mpps_total
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let title = format!(
@@ -442,8 +443,7 @@ fn report(
                 .map(|m| (m.program.clone(), m.mpps_per_core))
                 .collect(),
         };
-        std::fs::write(path, crate::chart::bars(&title, input, &[panel]))
-            .map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        write_chart(path, &title, input, &[panel])?;
     }
     Ok(())
 }

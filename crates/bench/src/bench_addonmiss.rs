@@ -21,6 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
@@ -237,14 +238,14 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets\n");
+        let mut csv = Csv::new("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets");
         for r in &rows {
-            csv.push_str(&format!(
-                "{},{},{},{:.0},{:.0},{:.0},{:.3}\n",
+            csv.row(format_args!(
+                "{},{},{},{:.0},{:.0},{:.0},{:.3}",
                 r.phase, r.kind, r.p.count, r.p.p50, r.p.p99, r.p.p999, r.mpps
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         // Per-packet costs (ns) and the digest's miss-to-entry times (µs) on panels apart.
@@ -271,15 +272,15 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
                 bars: bars(|p| p.p50, true, 1e3),
             },
         ];
-        let svg = crate::chart::bars(
+        write_chart(
+            path,
             "Add-on-miss insertion latency (the slides' experiment)",
             &format!(
                 "{} keys, then {} packets with every N-th inserting",
                 a.keys, a.packets
             ),
             &panels,
-        );
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        )?;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use stateplane_classifier::{Fields, MicroflowCache};
 use std::path::PathBuf;
 
@@ -191,14 +192,14 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("workload,key,entries,ways,hit_rate\n");
+        let mut csv = Csv::new("workload,key,entries,ways,hit_rate");
         for r in rows {
-            csv.push_str(&format!(
-                "{},{},{},{},{:.5}\n",
+            csv.row(format_args!(
+                "{},{},{},{},{:.5}",
                 r.workload, r.key, r.entries, r.ways, r.hit_rate
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let panels: Vec<crate::chart::Panel> = bounds
@@ -221,12 +222,12 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
                     .collect(),
             })
             .collect();
-        let svg = crate::chart::bars(
+        write_chart(
+            path,
             "Microflow cache hit rate",
             &format!("{} packets per trace, seed {}", a.packets, a.seed),
             &panels,
-        );
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        )?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates};
+use crate::report::{Csv, write_chart};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::RuntimeConfig;
@@ -183,13 +184,13 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from(
-            "program,workload,packets,workers,mpps_per_core,forward_mpps_per_core,ratio,ns_per_packet,forwarded_share\n",
+        let mut csv = Csv::new(
+            "program,workload,packets,workers,mpps_per_core,forward_mpps_per_core,ratio,ns_per_packet,forwarded_share",
         );
         for r in &rows {
             let p = &r.program_rates;
-            csv.push_str(&format!(
-                "{},{},{},{},{:.3},{:.3},{:.3},{:.2},{:.4}\n",
+            csv.row(format_args!(
+                "{},{},{},{},{:.3},{:.3},{:.3},{:.2},{:.4}",
                 r.program,
                 r.workload,
                 p.packets,
@@ -201,7 +202,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
                 p.forwarded as f64 / p.packets.max(1) as f64
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let mut bars = Vec::new();
@@ -217,8 +218,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         let title =
             format!("The catalog: {workers} worker(s), burst {burst_size}, median of {repeat}");
         let subtitle = format!("{} packets per trace, {} bytes", a.packets, a.packet_size);
-        std::fs::write(path, crate::chart::bars(&title, &subtitle, &[panel]))
-            .map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        write_chart(path, &title, &subtitle, &[panel])?;
     }
     Ok(())
 }

@@ -26,7 +26,8 @@
 //! over rounds.
 
 use crate::BenchResult;
-use crate::chart::{Panel, bars};
+use crate::chart::Panel;
+use crate::report::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
 use stateplane_flows::stats::NO_PORT;
@@ -530,14 +531,14 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("experiment,workload,variant,value,unit\n");
+        let mut csv = Csv::new("experiment,workload,variant,value,unit");
         for r in &rows {
-            csv.push_str(&format!(
-                "{},{},\"{}\",{:.5},{}\n",
+            csv.row(format_args!(
+                "{},{},\"{}\",{:.5},{}",
                 r.experiment, r.workload, r.variant, r.value, r.unit
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let mut panels = Vec::new();
@@ -568,15 +569,15 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
                 });
             }
         }
-        let svg = bars(
+        write_chart(
+            path,
             "Flow records (TurboFlow section 6 on this CPU)",
             &format!(
                 "{} packets per trace, seed {}, one core (workers: one per core), medians of {} rounds",
                 a.packets, a.seed, a.repeat
             ),
             &panels,
-        );
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        )?;
     }
     Ok(())
 }

@@ -16,6 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
@@ -728,8 +729,8 @@ fn report(
         "update p99.9",
         "median burst"
     );
-    let mut csv = String::from(
-        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us\n",
+    let mut csv = Csv::new(
+        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us",
     );
     for r in rows {
         let ratio = r.speedup;
@@ -752,8 +753,8 @@ fn report(
             r.p999_update_us,
             r.median_burst_us
         );
-        csv.push_str(&format!(
-            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2}\n",
+        csv.row(format_args!(
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2}",
             r.experiment,
             r.workload,
             mode_name(r.mode),
@@ -772,7 +773,7 @@ fn report(
         ));
     }
     if let Some(path) = &a.csv {
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let panel = |title: String, pick: &dyn Fn(&Row) -> Option<String>| crate::chart::Panel {
@@ -809,15 +810,15 @@ fn report(
                 },
             ));
         }
-        let svg = crate::chart::bars(
+        write_chart(
+            path,
             "The rule pipeline with and without its microflow cache",
             &format!(
                 "one core; {} packets per trace; cache {} entries",
                 a.packets, a.cache_entries
             ),
             &panels,
-        );
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        )?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
@@ -159,15 +160,15 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         );
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from("operation,entries,value,unit,ns_per_op\n");
+        let mut csv = Csv::new("operation,entries,value,unit,ns_per_op");
         for r in &rows {
             let unit = if r.op.ends_with("(s)") { "s" } else { "Mops/s" };
-            csv.push_str(&format!(
-                "{},{},{:.4},{unit},{:.2}\n",
+            csv.row(format_args!(
+                "{},{},{:.4},{unit},{:.2}",
                 r.op, r.entries, r.mops, r.ns
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let mut panels: Vec<crate::chart::Panel> = a
@@ -219,8 +220,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
                 .map(|r| (r.op.clone(), r.mops))
                 .collect(),
         });
-        let svg = crate::chart::bars("State primitives", "FlowKey -> u64", &panels);
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        write_chart(path, "State primitives", "FlowKey -> u64", &panels)?;
     }
     Ok(())
 }

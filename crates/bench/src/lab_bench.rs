@@ -7,6 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
+use crate::report::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::{Path, PathBuf};
@@ -359,16 +360,16 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         }
     }
     if let Some(path) = &a.csv {
-        let mut csv = String::from(
-            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt\n",
+        let mut csv = Csv::new(
+            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt",
         );
         for (m, s) in &rows {
-            csv.push_str(&format!(
-                "{m},{:.4},{:.4},{:.3},{:.3},{:.3}\n",
+            csv.row(format_args!(
+                "{m},{:.4},{:.4},{:.3},{:.3},{:.3}",
                 s.mpps, s.sent_mpps, s.gbps, s.machine_cpu_s_per_mpkt, s.switch_cpu_s_per_mpkt
             ));
         }
-        std::fs::write(path, csv).map_err(|e| format!("--csv {}: {e}", path.display()))?;
+        csv.write(path)?;
     }
     if let Some(path) = &a.svg {
         let panel = |title: &str, unit: &str, f: fn(&Sample) -> f64| crate::chart::Panel {
@@ -376,7 +377,8 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
             unit: unit.to_owned(),
             bars: rows.iter().map(|(m, s)| (m.clone(), f(s))).collect(),
         };
-        let svg = crate::chart::bars(
+        write_chart(
+            path,
             "Switching between two veths: Linux bridge vs stateplane forward",
             &input,
             &[
@@ -392,8 +394,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                     |s| s.machine_cpu_s_per_mpkt,
                 ),
             ],
-        );
-        std::fs::write(path, svg).map_err(|e| format!("--svg {}: {e}", path.display()))?;
+        )?;
     }
     Ok(())
 }

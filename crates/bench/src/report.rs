@@ -1,0 +1,50 @@
+//! Where an experiment's results go beside its table: CSV for scripts and an SVG chart for
+//! people, written the same way by every experiment (a failed write names the flag and the
+//! file).
+
+use crate::BenchResult;
+use crate::chart::{Panel, bars};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// An experiment's CSV: a header line, then one line per result.
+pub struct Csv(String);
+
+impl Csv {
+    /// A CSV whose first line is `header` (the column names, comma-separated).
+    pub fn new(header: &str) -> Csv {
+        Csv(format!("{header}\n"))
+    }
+
+    /// Adds one line (its fields formatted by the caller, comma-separated).
+    pub fn row(&mut self, line: std::fmt::Arguments) {
+        let _ = writeln!(self.0, "{line}");
+    }
+
+    /// Writes the CSV to `path` (given with `--csv`).
+    pub fn write(&self, path: &Path) -> BenchResult<()> {
+        std::fs::write(path, &self.0).map_err(|e| format!("--csv {}: {e}", path.display()))
+    }
+}
+
+/// Draws `panels` as one SVG bar chart under `title` and `subtitle` and writes it to `path`
+/// (given with `--svg`).
+pub fn write_chart(path: &Path, title: &str, subtitle: &str, panels: &[Panel]) -> BenchResult<()> {
+    std::fs::write(path, bars(title, subtitle, panels))
+        .map_err(|e| format!("--svg {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_csv_has_its_header_then_one_line_per_row_and_a_failed_write_names_the_flag() {
+        let mut csv = Csv::new("a,b");
+        csv.row(format_args!("{},{:.2}", 1, 2.0));
+        csv.row(format_args!("x,y"));
+        assert_eq!(csv.0, "a,b\n1,2.00\nx,y\n");
+        let err = csv.write(Path::new("/nonexistent/dir/x.csv")).err();
+        assert!(err.is_some_and(|e| e.starts_with("--csv /nonexistent/dir/x.csv: ")));
+    }
+}
