@@ -6,6 +6,7 @@
 //! bytes to send. It never reads a clock, opens a socket or file, or allocates per packet.
 
 pub mod aggregator;
+pub mod exporter;
 pub mod ipfix;
 pub mod key;
 pub mod microflow;

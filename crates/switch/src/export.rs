@@ -7,9 +7,9 @@ use crate::SetupResult;
 use crate::units::{ByteRate, MessageSize};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use stateplane_flows::FlowRecord;
-use stateplane_flows::ipfix::{Encoder, Features, MESSAGE_LEN, TemplateRefresh};
+use stateplane_flows::exporter::{ExportCore, FLUSH_EVERY, Format, Output};
+use stateplane_flows::ipfix::{Features, MESSAGE_LEN, TemplateRefresh};
 use stateplane_flows::stage::RecordSink;
-use stateplane_flows::text;
 use stateplane_io::udp;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -94,12 +94,6 @@ enum Out {
     Stream(Box<dyn Write + Send>),
 }
 
-/// How often, at least, what the sinks hold goes out: the partly filled IPFIX messages
-/// and the buffered bytes. A live monitor may take minutes to fill a message of 64 KiB or
-/// a buffer, and its records are wanted within a moment of the flows' end; a run that
-/// keeps the exporter busy flushes no more often than this.
-const FLUSH_EVERY: Duration = Duration::from_millis(100);
-
 /// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
 /// 7011 10.4.2 has the exporter re-establish the connection and send its templates
 /// again): a second after, then at waits that double up to 30 s while it fails. What is
@@ -139,11 +133,11 @@ impl TcpOut {
         Ok(std::io::BufWriter::new(stream))
     }
 
-    fn connect(addr: &SocketAddr, timeout: Duration) -> std::io::Result<TcpOut> {
+    fn connect(addr: &SocketAddr, timeout: Duration, now: Instant) -> std::io::Result<TcpOut> {
         Ok(TcpOut {
             addr: *addr,
             stream: Some(Self::open(addr, timeout)?),
-            retry_at: Instant::now(),
+            retry_at: now,
             backoff: Self::RETRY,
             lost: 0,
             reconnects: 0,
@@ -151,7 +145,7 @@ impl TcpOut {
         })
     }
 
-    fn write(&mut self, message: &[u8]) -> Sent {
+    fn write(&mut self, now: Instant, message: &[u8]) -> Sent {
         let written = match &mut self.stream {
             Some(stream) => stream.write_all(message),
             None => {
@@ -162,20 +156,21 @@ impl TcpOut {
         match written {
             Ok(()) => (1, message.len()),
             Err(e) => {
-                self.lose(e);
+                self.lose(now, e);
                 self.lost += 1;
                 (0, 0)
             }
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, now: Instant) {
         if let Some(Err(e)) = self.stream.as_mut().map(std::io::BufWriter::flush) {
-            self.lose(e);
+            self.lose(now, e);
         }
     }
 
-    fn lose(&mut self, e: std::io::Error) {
+    /// The connection failed at `now` with `e`: it is dropped, and a new one tried later.
+    fn lose(&mut self, now: Instant, e: std::io::Error) {
         // A write that timed out says only "Resource temporarily unavailable".
         let cause = match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -189,7 +184,7 @@ impl TcpOut {
         );
         self.stream = None;
         self.cause = Some(cause);
-        self.retry_at = Instant::now() + Self::RETRY;
+        self.retry_at = now + Self::RETRY;
     }
 
     /// Connects again if the connection is down and it is time to try (at `now`): whether
@@ -212,8 +207,9 @@ impl TcpOut {
             }
             Err(e) => {
                 self.cause = Some(e.to_string());
-                // From the try's end: a try that timed out took its second already.
-                self.retry_at = Instant::now() + self.backoff;
+                // From the try's end: a try that timed out took its second already. The
+                // shell's one reading of the clock, since the try itself takes time.
+                self.retry_at = Instant::now().max(now) + self.backoff;
                 self.backoff = (self.backoff * 2).min(Self::MAX_BACKOFF);
                 false
             }
@@ -221,12 +217,11 @@ impl TcpOut {
     }
 }
 
+/// One sink's transport, with what it wrote: the shell that writes what the exporter's
+/// core ([`ExportCore`]) hands it.
 struct Sink {
     name: String,
     out: Out,
-    /// `None` for the text formats.
-    encoder: Option<Encoder>,
-    csv: bool,
     units: u64,
     bytes: u64,
     error: Option<String>,
@@ -243,9 +238,14 @@ fn file_or_stdout(path: &Option<PathBuf>) -> SetupResult<Box<dyn Write + Send>> 
 }
 
 impl Sink {
-    fn open(spec: &SinkSpec, c: &ExportConfig) -> SetupResult<Sink> {
-        let enc = |mtu, refresh| Some(Encoder::new(c.domain, c.features, c.biflow, mtu, refresh));
-        let (name, out, encoder, csv) = match spec {
+    /// Opens the sink `spec` names at `now`: its transport, and the format its records are
+    /// written in.
+    fn open(spec: &SinkSpec, c: &ExportConfig, now: Instant) -> SetupResult<(Sink, Format)> {
+        let ipfix = |message_len, refresh| Format::Ipfix {
+            message_len,
+            refresh,
+        };
+        let (name, out, format) = match spec {
             SinkSpec::IpfixUdp(addr) => {
                 let bind: SocketAddr = if addr.is_ipv4() {
                     "0.0.0.0:0"
@@ -268,22 +268,20 @@ impl Sink {
                 (
                     // The size shows in the summary: what `auto` found on the route.
                     format!("ipfix udp {addr} (messages of up to {size} bytes)"),
-                    Out::Udp(UdpOut::new(s, c.rate, c.gso)),
-                    enc(size, TemplateRefresh::UDP),
-                    false,
+                    Out::Udp(UdpOut::new(s, c.rate, c.gso, now)),
+                    ipfix(size, TemplateRefresh::UDP),
                 )
             }
             SinkSpec::IpfixTcp(addr) => {
                 // The first connection must be made: a wrong address is the user's to fix.
-                let tcp = TcpOut::connect(addr, Duration::from_secs(5)).map_err(|e| {
+                let tcp = TcpOut::connect(addr, Duration::from_secs(5), now).map_err(|e| {
                     let flag = c.naming.name("ipfix_tcp");
                     format!("{flag} {addr}: {e} (is a collector listening there?)")
                 })?;
                 (
                     format!("ipfix tcp {addr}"),
                     Out::Tcp(tcp),
-                    enc(65_535, TemplateRefresh::ONCE),
-                    false,
+                    ipfix(65_535, TemplateRefresh::ONCE),
                 )
             }
             SinkSpec::IpfixFile(p) => (
@@ -292,51 +290,48 @@ impl Sink {
                     file_or_stdout(&Some(p.clone()))
                         .map_err(|e| format!("{} {e}", c.naming.name("ipfix_file")))?,
                 ),
-                enc(65_535, TemplateRefresh::ONCE),
-                false,
+                ipfix(65_535, TemplateRefresh::ONCE),
             ),
-            SinkSpec::Csv(p) => {
-                let flag = c.naming.name("csv");
-                let mut w = file_or_stdout(p).map_err(|e| format!("{flag} {e}"))?;
-                writeln!(w, "{}", text::csv_header(c.features, c.biflow))
-                    .map_err(|e| format!("{flag}: {e}"))?;
-                ("csv".to_string(), Out::Stream(w), None, true)
-            }
+            SinkSpec::Csv(p) => (
+                "csv".to_string(),
+                Out::Stream(
+                    file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("csv")))?,
+                ),
+                Format::Csv,
+            ),
             SinkSpec::Json(p) => (
                 "json".to_string(),
                 Out::Stream(
                     file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("json")))?,
                 ),
-                None,
-                false,
+                Format::Json,
             ),
         };
-        Ok(Sink {
+        let sink = Sink {
             name,
             out,
-            encoder,
-            csv,
             units: 0,
             bytes: 0,
             error: None,
-        })
+        };
+        Ok((sink, format))
     }
 
     /// Writes bytes (a UDP sink may hold them for its next send), keeping the first error
     /// (a sink that fails stops; the others go on).
-    fn write(&mut self, bytes: &[u8]) {
+    fn write(&mut self, now: Instant, bytes: &[u8]) {
         if self.error.is_some() {
             return;
         }
         let r = match &mut self.out {
-            Out::Udp(udp) => udp.push(bytes),
-            Out::Tcp(tcp) => Ok(tcp.write(bytes)),
+            Out::Udp(udp) => udp.push(now, bytes),
+            Out::Tcp(tcp) => Ok(tcp.write(now, bytes)),
             Out::Stream(w) => w.write_all(bytes).map(|()| (1, bytes.len())),
         };
         self.count(r);
     }
 
-    /// Sends what a UDP sink holds.
+    /// Sends what a UDP sink holds (at the end of a batch).
     fn flush_udp(&mut self) {
         if let Out::Udp(udp) = &mut self.out
             && self.error.is_none()
@@ -358,54 +353,21 @@ impl Sink {
         }
     }
 
-    fn records(
-        &mut self,
-        records: &[FlowRecord],
-        c: &ExportConfig,
-        export_s: u32,
-        line: &mut String,
-    ) {
-        self.reconnect(false);
-        if let Some(mut enc) = self.encoder.take() {
-            enc.encode(records, export_s, &mut |m| self.write(m));
-            self.encoder = Some(enc);
-            self.flush_udp();
-            return;
-        }
-        for r in records {
-            line.clear();
-            if self.csv {
-                text::csv_line(r, c.features, c.biflow, line);
-            } else {
-                text::json_line(r, c.features, c.biflow, line);
-            }
-            self.write(line.as_bytes());
+    /// A TCP collector's lost connection made again when a try is due at `now` (or,
+    /// `at_end`, one last try whenever the last was): whether it was, since a new
+    /// connection begins a new IPFIX stream.
+    fn reconnect(&mut self, now: Instant, at_end: bool) -> bool {
+        match &mut self.out {
+            Out::Tcp(tcp) => tcp.reconnect(if at_end { now.max(tcp.retry_at) } else { now }),
+            _ => false,
         }
     }
 
-    /// A TCP collector's lost connection made again when a try is due (or, `at_end`, one
-    /// last try whenever the last was): a new connection begins a new IPFIX stream.
-    fn reconnect(&mut self, at_end: bool) {
-        if let Out::Tcp(tcp) = &mut self.out {
-            let now = Instant::now();
-            let now = if at_end { now.max(tcp.retry_at) } else { now };
-            if tcp.reconnect(now)
-                && let Some(enc) = &mut self.encoder
-            {
-                enc.new_stream();
-            }
-        }
-    }
-
-    /// Sends what the sink holds: the partly filled IPFIX messages, and buffered bytes.
-    fn flush(&mut self) {
-        if let Some(mut enc) = self.encoder.take() {
-            enc.finish(&mut |m| self.write(m));
-            self.encoder = Some(enc);
-        }
+    /// Sends what the transport holds: buffered bytes, UDP messages held.
+    fn flush(&mut self, now: Instant) {
         self.flush_udp();
         match &mut self.out {
-            Out::Tcp(tcp) => tcp.flush(),
+            Out::Tcp(tcp) => tcp.flush(now),
             Out::Stream(w) => {
                 if let Err(e) = w.flush()
                     && self.error.is_none()
@@ -417,11 +379,8 @@ impl Sink {
         }
     }
 
-    /// Sends what is left (a TCP collector's connection, if it is down, is tried once
-    /// more, whenever it was last tried); what it did.
+    /// What it did (a TCP collector still away at the end is an error).
     fn finish(mut self) -> SinkReport {
-        self.reconnect(true);
-        self.flush();
         let (mut lost, mut reconnects) = (0, 0);
         if let Out::Tcp(tcp) = &self.out {
             (lost, reconnects) = (tcp.lost, tcp.reconnects);
@@ -441,6 +400,76 @@ impl Sink {
             reconnects,
             error: self.error,
         }
+    }
+}
+
+/// The exporter's core and its sinks' transports: each batch, timeout and the end go
+/// through the core, and what it hands out is written to the sinks.
+struct Exporting {
+    core: ExportCore,
+    sinks: Vec<Sink>,
+}
+
+impl Exporting {
+    /// Opens every sink (an error names the one that failed) at `now`, and writes what
+    /// they begin with.
+    fn open(config: &ExportConfig, now: Instant) -> SetupResult<Exporting> {
+        let (sinks, formats): (Vec<Sink>, Vec<Format>) = (config.sinks.iter())
+            .map(|s| Sink::open(s, config, now))
+            .collect::<SetupResult<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let core = ExportCore::new(&formats, config.features, config.biflow, config.domain);
+        let mut exporting = Exporting { core, sinks };
+        let Exporting { core, sinks } = &mut exporting;
+        core.start(now, &mut |o| deliver(sinks, now, o));
+        Ok(exporting)
+    }
+
+    /// A batch of records at `now`: lost TCP collectors tried again if due, then the
+    /// records written, and what UDP sinks hold sent.
+    fn records(&mut self, now: Instant, batch: &[FlowRecord]) {
+        let Exporting { core, sinks } = self;
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            if sink.reconnect(now, false) {
+                core.new_stream(i);
+            }
+        }
+        core.records(now, batch, &mut |o| deliver(sinks, now, o));
+        sinks.iter_mut().for_each(Sink::flush_udp);
+    }
+
+    /// At `now`: everything held goes out, due or not.
+    #[cfg(test)]
+    fn flush(&mut self, now: Instant) {
+        let Exporting { core, sinks } = self;
+        core.flush(&mut |o| deliver(sinks, now, o));
+    }
+
+    /// At `now`: what the core has due (a flush).
+    fn timeout(&mut self, now: Instant) {
+        let Exporting { core, sinks } = self;
+        core.timeout(now, &mut |o| deliver(sinks, now, o));
+    }
+
+    /// The end at `now`: a lost TCP collector is tried once more, everything held goes out.
+    fn finish(mut self, now: Instant) -> Vec<SinkReport> {
+        let Exporting { core, sinks } = &mut self;
+        for (i, sink) in sinks.iter_mut().enumerate() {
+            if sink.reconnect(now, true) {
+                core.new_stream(i);
+            }
+        }
+        core.finish(&mut |o| deliver(sinks, now, o));
+        self.sinks.into_iter().map(Sink::finish).collect()
+    }
+}
+
+/// Carries out one of the core's outputs on the sinks.
+fn deliver(sinks: &mut [Sink], now: Instant, output: Output) {
+    match output {
+        Output::Write { sink, bytes } => sinks[sink].write(now, bytes),
+        Output::Flush { sink } => sinks[sink].flush(now),
     }
 }
 
@@ -467,11 +496,11 @@ struct Pacer {
 const BURST_BYTES: u64 = 16 * 1400;
 
 impl Pacer {
-    fn new(rate: ByteRate) -> Pacer {
+    fn new(rate: ByteRate, now: Instant) -> Pacer {
         let mut pacer = Pacer {
             rate: rate.0,
             burst: Duration::ZERO,
-            next: Instant::now(),
+            next: now,
         };
         pacer.burst = pacer.time(BURST_BYTES);
         pacer
@@ -523,10 +552,10 @@ type Sent = (usize, usize);
 
 impl UdpOut {
     /// `gso`: send runs of messages at once where the kernel can; else one per send.
-    fn new(socket: UdpSocket, rate: ByteRate, gso: bool) -> UdpOut {
+    fn new(socket: UdpSocket, rate: ByteRate, gso: bool, now: Instant) -> UdpOut {
         UdpOut {
             socket,
-            pacer: Pacer::new(rate),
+            pacer: Pacer::new(rate, now),
             pending: Vec::with_capacity(udp::MAX_SEND_BYTES),
             segment: 0,
             segments: 0,
@@ -538,9 +567,9 @@ impl UdpOut {
 
     /// Sends `message`, or with segmentation offload holds it for the next send (sending
     /// what is held first if it cannot join): what went out.
-    fn push(&mut self, message: &[u8]) -> std::io::Result<Sent> {
+    fn push(&mut self, now: Instant, message: &[u8]) -> std::io::Result<Sent> {
         let mut sent = (0, 0);
-        if let Some(wait) = self.pacer.delay(Instant::now(), message.len()) {
+        if let Some(wait) = self.pacer.delay(now, message.len()) {
             sent = self.flush()?;
             std::thread::sleep(wait);
         }
@@ -686,46 +715,35 @@ impl Exporter {
         }
         let stdout =
             (config.sinks.iter()).any(|s| matches!(s, SinkSpec::Csv(None) | SinkSpec::Json(None)));
-        let mut sinks = config
-            .sinks
-            .iter()
-            .map(|s| Sink::open(s, &config))
-            .collect::<SetupResult<Vec<_>>>()?;
+        let mut exporting = Exporting::open(&config, Instant::now())?;
         let (tx, rx) = bounded::<Vec<FlowRecord>>(256);
         let (spare_tx, spare_rx) = bounded::<Vec<FlowRecord>>(256);
         let thread = std::thread::Builder::new()
             .name("exporter".into())
             .spawn(move || {
-                let mut report = ExportReport::default();
-                let mut export_s = 0u32;
-                let mut line = String::new();
-                let mut flushed_at = Instant::now();
                 loop {
-                    let batch = match rx.recv_timeout(FLUSH_EVERY) {
+                    // Wait for records until the core's next timeout (a flush) is due.
+                    let due = exporting.core.poll_timeout();
+                    let wait =
+                        due.map_or(FLUSH_EVERY, |d| d.saturating_duration_since(Instant::now()));
+                    let batch = match rx.recv_timeout(wait) {
                         Ok(batch) => Some(batch),
                         Err(RecvTimeoutError::Timeout) => None,
                         Err(RecvTimeoutError::Disconnected) => break,
                     };
-                    if flushed_at.elapsed() >= FLUSH_EVERY {
-                        sinks.iter_mut().for_each(Sink::flush);
-                        flushed_at = Instant::now();
+                    let now = Instant::now();
+                    exporting.timeout(now);
+                    if let Some(batch) = batch {
+                        exporting.records(now, &batch);
+                        let _ = spare_tx.try_send(batch);
                     }
-                    let Some(batch) = batch else { continue };
-                    report.records += batch.len() as u64;
-                    // The export time follows the flows' clock (capture time offline).
-                    let latest = batch
-                        .iter()
-                        .map(|r| r.forward.last_ns.max(r.reverse.map_or(0, |x| x.last_ns)))
-                        .max()
-                        .unwrap_or(0);
-                    export_s = export_s.max((latest / 1_000_000_000) as u32);
-                    for s in &mut sinks {
-                        s.records(&batch, &config, export_s, &mut line);
-                    }
-                    let _ = spare_tx.try_send(batch);
                 }
-                report.sinks = sinks.into_iter().map(Sink::finish).collect();
-                report
+                let records = exporting.core.records_taken();
+                ExportReport {
+                    records,
+                    dropped: 0,
+                    sinks: exporting.finish(Instant::now()),
+                }
             })
             .map_err(|e| format!("cannot start the exporter thread: {e}"))?;
         Ok(Exporter {
@@ -772,6 +790,31 @@ impl Exporter {
 mod tests {
     use super::*;
 
+    /// One sink behind the core, driven as the exporter thread drives it, on the clock.
+    struct Driven(Exporting);
+
+    impl Driven {
+        fn open(config: &ExportConfig) -> Driven {
+            Driven(Exporting::open(config, Instant::now()).unwrap())
+        }
+        fn records(&mut self, records: &[FlowRecord]) {
+            self.0.records(Instant::now(), records);
+        }
+        /// Everything held goes out, due or not.
+        fn flush(&mut self) {
+            self.0.flush(Instant::now());
+        }
+        fn out(&self) -> &Out {
+            &self.0.sinks[0].out
+        }
+        fn out_mut(&mut self) -> &mut Out {
+            &mut self.0.sinks[0].out
+        }
+        fn finish(self) -> SinkReport {
+            self.0.finish(Instant::now()).remove(0)
+        }
+    }
+
     /// On the pacer's own clock: 16 messages of 1,400 bytes go at once, the next waits
     /// until the burst is earned back at the rate and then goes with the next burst, and a
     /// long idle spell earns no more than one burst (each burst must fit a collector's
@@ -781,7 +824,7 @@ mod tests {
         let rate = ByteRate(28_000_000);
         let gap = Duration::from_micros(50); // 1,400 bytes at 28 MB/s
         let start = Instant::now() + Duration::from_secs(1);
-        let mut pacer = Pacer::new(rate);
+        let mut pacer = Pacer::new(rate, start);
         // The messages of `len` bytes that go at `now` without a wait, and the wait of
         // the next one.
         let mut burst = |now, len| {
@@ -814,7 +857,7 @@ mod tests {
         let (free, wait) = burst(now + big_gap, 65_000);
         assert_eq!((free, wait), (0, Some(big_gap)));
         // Unpaced: never a wait.
-        let mut unpaced = Pacer::new(ByteRate(0));
+        let mut unpaced = Pacer::new(ByteRate(0), Instant::now());
         assert!((0..1000).all(|_| unpaced.delay(start, 65_000).is_none()));
     }
 
@@ -833,10 +876,10 @@ mod tests {
             rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             tx.connect(rx.local_addr().unwrap()).unwrap();
-            let mut out = UdpOut::new(tx, ByteRate(0), gso);
+            let mut out = UdpOut::new(tx, ByteRate(0), gso, Instant::now());
             let mut sent = 0;
             for (i, m) in messages.iter().enumerate() {
-                sent += out.push(m).unwrap().0;
+                sent += out.push(Instant::now(), m).unwrap().0;
                 // A flush mid-way, as at the end of a batch of records.
                 if i == 8 {
                     sent += out.flush().unwrap().0;
@@ -918,34 +961,33 @@ mod tests {
     fn a_tcp_collector_that_comes_back_gets_a_new_stream() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let config = tcp_config(listener.local_addr().unwrap());
-        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
-        let mut line = String::new();
+        let mut sink = Driven::open(&config);
         let (mut first, _) = listener.accept().unwrap();
-        sink.records(&records(1000, 10), &config, 1, &mut line);
+        sink.records(&records(1000, 10));
         sink.flush();
         let (sequences, ports) = read_messages(&mut first, 10);
         assert_eq!((sequences, ports), (vec![0, 0], (1000..1010).collect()));
 
         // The collector goes; the exporter finds out on a later write (bounded).
         drop(first);
-        let down = |sink: &Sink| matches!(&sink.out, Out::Tcp(t) if t.stream.is_none());
+        let down = |sink: &Driven| matches!(sink.out(), Out::Tcp(t) if t.stream.is_none());
         for i in 0..100 {
             if down(&sink) {
                 break;
             }
-            sink.records(&records(2000 + i * 10, 10), &config, 2, &mut line);
+            sink.records(&records(2000 + i * 10, 10));
             sink.flush();
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(down(&sink), "the lost connection was never noticed");
         // Before a retry is due, records are lost; then it connects again.
-        sink.records(&records(3000, 10), &config, 3, &mut line);
+        sink.records(&records(3000, 10));
         sink.flush();
-        if let Out::Tcp(t) = &mut sink.out {
+        if let Out::Tcp(t) = sink.out_mut() {
             assert!(t.lost > 0);
             t.retry_at = Instant::now();
         }
-        sink.records(&records(4000, 20), &config, 4, &mut line);
+        sink.records(&records(4000, 20));
         sink.flush();
         let (mut second, _) = listener.accept().unwrap();
         let (sequences, ports) = read_messages(&mut second, 20);
@@ -957,26 +999,26 @@ mod tests {
         // A collector that does not come back: an error at the end that says so.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let config = tcp_config(listener.local_addr().unwrap());
-        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
+        let mut sink = Driven::open(&config);
         drop(listener.accept().unwrap());
         drop(listener);
         for i in 0..100 {
             if down(&sink) {
                 break;
             }
-            sink.records(&records(i * 10, 10), &config, 2, &mut line);
+            sink.records(&records(i * 10, 10));
             sink.flush();
             std::thread::sleep(Duration::from_millis(10));
         }
         // Each failed try doubles the wait before the next, up to 30 s.
         let mut waits = Vec::new();
         for _ in 0..7 {
-            if let Out::Tcp(t) = &mut sink.out {
+            if let Out::Tcp(t) = sink.out_mut() {
                 t.retry_at = Instant::now();
             }
             let before = Instant::now();
-            sink.records(&records(9000, 1), &config, 3, &mut line);
-            if let Out::Tcp(t) = &sink.out {
+            sink.records(&records(9000, 1));
+            if let Out::Tcp(t) = sink.out() {
                 waits.push((t.retry_at - before).as_secs());
             }
         }
@@ -992,9 +1034,9 @@ mod tests {
     fn a_tcp_collector_that_reads_nothing_is_taken_as_lost() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let config = tcp_config(listener.local_addr().unwrap());
-        let mut sink = Sink::open(&config.sinks[0], &config).unwrap();
+        let mut sink = Driven::open(&config);
         let (_silent, _) = listener.accept().unwrap();
-        if let Out::Tcp(t) = &sink.out
+        if let Out::Tcp(t) = sink.out()
             && let Some(stream) = &t.stream
         {
             let timeout = stream.get_ref().write_timeout().unwrap();
@@ -1004,14 +1046,13 @@ mod tests {
                 .set_write_timeout(Some(Duration::from_millis(200)))
                 .unwrap();
         }
-        let mut line = String::new();
         let deadline = Instant::now() + Duration::from_secs(20);
-        let down = |sink: &Sink| matches!(&sink.out, Out::Tcp(t) if t.stream.is_none());
+        let down = |sink: &Driven| matches!(sink.out(), Out::Tcp(t) if t.stream.is_none());
         while !down(&sink) && Instant::now() < deadline {
-            sink.records(&records(0, 1000), &config, 1, &mut line);
+            sink.records(&records(0, 1000));
             sink.flush();
         }
-        let Out::Tcp(t) = &sink.out else {
+        let Out::Tcp(t) = sink.out() else {
             unreachable!("a TCP sink")
         };
         assert!(down(&sink), "the silent collector was never given up");
