@@ -17,8 +17,8 @@
 use crate::program::{Context, Prepared, Program};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
-use stateplane_state::control::{self, ControlError, Declaration, Entry, Notification, Reply};
-use stateplane_state::{FlowChange, FlowStat, Match, Request, Write};
+use stateplane_api::{self as control, ControlError, Declaration, Entry, Notification, Reply};
+use stateplane_api::{FlowChange, FlowStat, Match, Request, Write};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -51,7 +51,8 @@ pub struct Applied {
 /// The control plane's side: shared by the API server's threads.
 pub struct ControlPlane {
     workers: Vec<Sender<Job>>,
-    declarations: Mutex<Vec<Declaration>>,
+    /// What the running program declares: shared, so a request's check copies nothing.
+    declarations: Mutex<Arc<[Declaration]>>,
     /// Serializes requests, so versions are applied in order on every worker, and holds
     /// the instance of the program that prepares them.
     next: Mutex<Next>,
@@ -79,7 +80,7 @@ impl ControlPlane {
         let applied: Vec<_> = (0..workers).map(|_| Arc::new(AtomicU64::new(0))).collect();
         let plane = Arc::new(ControlPlane {
             workers: senders,
-            declarations: Mutex::new(preparer.declarations()),
+            declarations: Mutex::new(preparer.declarations().into()),
             next: Mutex::new(Next {
                 version: 0,
                 preparer,
@@ -101,8 +102,8 @@ impl ControlPlane {
         (plane, ends)
     }
 
-    /// What the running program declares.
-    pub fn declarations(&self) -> Vec<Declaration> {
+    /// What the running program declares (a shared list: a reference count, no copy).
+    pub fn declarations(&self) -> Arc<[Declaration]> {
         self.declarations
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -116,7 +117,7 @@ impl ControlPlane {
         *self
             .declarations
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = preparer.declarations();
+            .unwrap_or_else(PoisonError::into_inner) = preparer.declarations().into();
         next.preparer = preparer;
     }
 

@@ -7,7 +7,7 @@
 //! them first.
 
 use crate::burst::Burst;
-use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+use stateplane_api::{ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::FlowHasher;
 
 /// A port number: the index of the port in the switch's port list.

@@ -6,15 +6,16 @@
 //! RFC 2697/2698 meters ([`meter`]); a count-min sketch on registers ([`sketch`]);
 //! longest-prefix match for IPv4 and IPv6 ([`lpm`]) with an Internet-like prefix
 //! generator ([`prefixes`]), updated prefix by prefix; ternary 5-tuple ACLs by tuple-space
-//! search with a ClassBench-like rule generator ([`ternary`]); and the control plane's view
-//! of all this ([`control`]): declarations with guarantees, entries, requests, errors.
+//! search with a ClassBench-like rule generator ([`ternary`]); and control requests applied
+//! next to the tables ([`declared`]; the requests' types are `stateplane-api`'s, re-exported
+//! as [`control`]).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
 //! counts), or read a clock (time comes in as `now_ns`, the data-plane clock, so tests run
 //! on a virtual one). It has no `unsafe` code (its prefetch hints are `stateplane-mem`'s).
 
-pub mod control;
+pub mod declared;
 pub mod exact;
 pub mod key;
 pub mod lpm;
@@ -23,6 +24,12 @@ pub mod prefixes;
 pub mod register;
 pub mod sketch;
 pub mod ternary;
+
+/// The control API's types, and what applies them to tables.
+pub mod control {
+    pub use crate::declared::{DeclaredTable, ExactCodec, Outbox};
+    pub use stateplane_api::*;
+}
 
 pub use control::{
     ControlError, Declaration, DeclaredTable, Entry, ExactCodec, FlowChange, FlowFilter, FlowStat,

@@ -5,6 +5,8 @@
 //! bytes per second times an elapsed time in nanoseconds adds exactly, and results do not
 //! depend on rounding: the same packets at the same times always get the same colours.
 
+pub use stateplane_api::MeterConfig;
+
 /// A packet's colour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Colour {
@@ -128,45 +130,6 @@ impl TrTcm {
             self.peak.take(bytes);
             self.committed.take(bytes);
             Colour::Green
-        }
-    }
-}
-
-/// A meter's settings as the control plane gives them: rates in bytes per second, bursts in
-/// bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MeterConfig {
-    /// No metering: every packet keeps its colour (green unless marked before).
-    #[default]
-    Off,
-    SrTcm {
-        cir: u64,
-        cbs: u64,
-        ebs: u64,
-    },
-    TrTcm {
-        cir: u64,
-        cbs: u64,
-        pir: u64,
-        pbs: u64,
-    },
-}
-
-impl MeterConfig {
-    /// Why the settings cannot work, if they cannot.
-    pub fn problem(&self) -> Option<&'static str> {
-        match *self {
-            MeterConfig::Off => None,
-            MeterConfig::SrTcm { cbs, ebs, .. } if cbs == 0 && ebs == 0 => {
-                Some("srTCM needs a committed or an excess burst above 0 bytes")
-            }
-            MeterConfig::TrTcm { cir, pir, .. } if pir < cir => {
-                Some("trTCM's peak rate (PIR) must be at least its committed rate (CIR), RFC 2698")
-            }
-            MeterConfig::TrTcm { cbs, pbs, .. } if cbs == 0 || pbs == 0 => {
-                Some("trTCM needs committed and peak bursts above 0 bytes")
-            }
-            _ => None,
         }
     }
 }

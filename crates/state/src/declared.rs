@@ -1,0 +1,373 @@
+//! Control requests applied next to the tables: [`DeclaredTable`] holds an [`ExactTable`]
+//! with its declaration and answers requests about it, writes all-or-nothing (an undo log);
+//! [`Outbox`] holds a program's notifications until the runtime collects them.
+//!
+//! Must never: change any state when a request fails.
+
+use crate::exact::{AddError, ExactTable};
+use crate::key::TableKey;
+use stateplane_api::{
+    Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
+    READ_PAGE, Reply, Request, Write,
+};
+
+/// How a program's exact table turns keys and values into entries and back.
+pub trait ExactCodec {
+    type Key: TableKey;
+    type Value: Copy + Default;
+    fn key(fields: &[Match]) -> Self::Key;
+    fn fields(key: &Self::Key) -> Vec<Match>;
+    /// The value of an entry whose action is `actions[action]`.
+    fn value(action: usize, params: &[u128]) -> Self::Value;
+    /// The action index and parameters of a value.
+    fn action(value: &Self::Value) -> (usize, Vec<u128>);
+}
+
+/// An exact table as a program keeps it when the control plane may see it: the table
+/// (reached through `Deref` on the fast path, unchanged), its declaration, and the
+/// notifications it holds for the control plane. One piece of code answers every program's
+/// requests about its exact tables.
+pub struct DeclaredTable<C: ExactCodec> {
+    table: ExactTable<C::Key, C::Value>,
+    decl: Declaration,
+    outbox: Outbox,
+}
+
+impl<C: ExactCodec> DeclaredTable<C> {
+    pub fn new(table: ExactTable<C::Key, C::Value>, decl: Declaration) -> Self {
+        DeclaredTable {
+            table,
+            decl,
+            outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
+        }
+    }
+
+    pub fn declaration(&self) -> &Declaration {
+        &self.decl
+    }
+
+    /// Answers a request about this table (checked against its declaration); entries the
+    /// control plane inserts get expiry profile 0.
+    pub fn answer(&mut self, request: &Request, now_ns: u64) -> Result<Reply, ControlError> {
+        ExactControl::<C> {
+            decl: &self.decl,
+            table: &mut self.table,
+            profile: 0,
+            now_ns,
+        }
+        .answer(request)
+    }
+
+    /// As [`answer`](Self::answer), and shows each entry a write deleted to `deleted`
+    /// (for state derived from the table, such as a reverse index). A refused request
+    /// deleted nothing.
+    pub fn answer_seeing_deletes(
+        &mut self,
+        request: &Request,
+        now_ns: u64,
+        mut deleted: impl FnMut(&C::Key, &C::Value),
+    ) -> Result<Reply, ControlError> {
+        let doomed: Vec<(C::Key, C::Value)> = match request {
+            Request::Write { writes, .. } => writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Delete(fields) => {
+                        let key = C::key(fields);
+                        self.table.get(&key).map(|v| (key, *v))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let reply = self.answer(request, now_ns)?;
+        for (key, value) in &doomed {
+            if self.table.get(key).is_none() {
+                deleted(key, value);
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Sweeps up to `budget` slots for expired entries and queues their notifications,
+    /// showing each expired entry to `seen` first (a program may keep state derived from
+    /// it, such as a reverse index).
+    pub fn expire(&mut self, now_ns: u64, budget: usize, seen: impl FnMut(&C::Key, &C::Value)) {
+        self.table.sweep(now_ns, budget);
+        self.outbox.expired::<C>(&self.decl, &mut self.table, seen);
+    }
+
+    /// Queues a notification of the program's own (a digest).
+    pub fn notify(&mut self, n: Notification) {
+        self.outbox.push(n);
+    }
+
+    /// Queues a digest of an entry (e.g. one the data plane just added), for a control
+    /// plane that follows the table.
+    pub fn digest(&mut self, key: &C::Key, value: &C::Value, at_ns: u64) {
+        let Kind::Table { actions, .. } = &self.decl.kind else {
+            return;
+        };
+        if self.outbox.pending.len() >= self.outbox.limit {
+            self.outbox.dropped += 1;
+            return;
+        }
+        let entry = entry_of::<C>(actions, key, value, 0);
+        self.outbox.push(Notification {
+            table: self.decl.name.clone(),
+            kind: NotificationKind::Digest,
+            entry,
+            at_ns,
+        });
+    }
+
+    /// Notifications lost because the outbox was full.
+    pub fn notifications_dropped(&self) -> u64 {
+        self.outbox.dropped
+    }
+
+    /// Moves the queued notifications into `out` (for `Program::notifications`).
+    pub fn take_notifications(&mut self, out: &mut Vec<Notification>) {
+        out.append(&mut self.outbox.pending);
+    }
+}
+
+impl<C: ExactCodec> std::ops::Deref for DeclaredTable<C> {
+    type Target = ExactTable<C::Key, C::Value>;
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl<C: ExactCodec> std::ops::DerefMut for DeclaredTable<C> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl<C: ExactCodec> Clone for DeclaredTable<C> {
+    fn clone(&self) -> Self {
+        DeclaredTable {
+            table: self.table.clone(),
+            decl: self.decl.clone(),
+            outbox: self.outbox.clone(),
+        }
+    }
+}
+
+/// An exact table's entry as the control plane sees it.
+fn entry_of<C: ExactCodec>(actions: &[Action], key: &C::Key, value: &C::Value, hits: u64) -> Entry {
+    let (a, params) = C::action(value);
+    Entry {
+        key: C::fields(key),
+        action: actions.get(a).map_or("?", |a| a.name.as_str()).to_string(),
+        params,
+        priority: 0,
+        hits,
+    }
+}
+
+/// Control-plane access to an exact table: writes all-or-nothing, reads with hit counts.
+struct ExactControl<'a, C: ExactCodec> {
+    decl: &'a Declaration,
+    table: &'a mut ExactTable<C::Key, C::Value>,
+    /// The expiry profile control-plane inserts get.
+    profile: u8,
+    now_ns: u64,
+}
+
+enum Undo<K, V> {
+    Remove(K),
+    Restore(K, V),
+    Reinsert(K, V, u8),
+}
+
+impl<C: ExactCodec> ExactControl<'_, C> {
+    /// Answers a request that [`Declaration::check`] passed.
+    pub fn answer(mut self, req: &Request) -> Result<Reply, ControlError> {
+        let Kind::Table { actions, .. } = &self.decl.kind else {
+            return Err(ControlError::Unavailable);
+        };
+        match req {
+            Request::Write { writes, .. } => {
+                let mut undo = Vec::with_capacity(writes.len());
+                for w in writes {
+                    if let Err(e) = self.write(actions, w, &mut undo) {
+                        self.roll_back(undo);
+                        return Err(e);
+                    }
+                }
+                Ok(Reply::Done)
+            }
+            Request::Read { key, from, .. } => {
+                let entry = |k: &C::Key, v: &C::Value, hits| entry_of::<C>(actions, k, v, hits);
+                if let Some(key) = key {
+                    let k = C::key(key);
+                    let id = self.table.find_id(&k).ok_or_else(|| self.no_such_entry())?;
+                    let found = entry(&k, self.table.value(id), self.table.hits(id));
+                    return Ok(Reply::Page(vec![found], None));
+                }
+                let entries = self
+                    .table
+                    .iter_slots(*from, READ_PAGE)
+                    .map(|(k, v, hits)| entry(k, v, hits))
+                    .collect();
+                let end = from.saturating_add(READ_PAGE);
+                Ok(Reply::Page(
+                    entries,
+                    (end < self.table.slot_count()).then_some(end),
+                ))
+            }
+            Request::Stats { .. } => {
+                let s = &self.table.stats;
+                Ok(Reply::Counters(vec![
+                    ("entries", self.table.len() as u64),
+                    ("lookups", s.lookups),
+                    ("hits", s.hits),
+                    ("adds", s.adds),
+                    ("adds_refused_full", s.add_full),
+                    ("deletes", s.deletes),
+                    ("expired_deleted", s.expired_deleted),
+                    ("expired_notified", s.expired_notified),
+                    ("notifications_dropped", s.notifications_dropped),
+                ]))
+            }
+            _ => Err(ControlError::Unavailable),
+        }
+    }
+
+    fn write(
+        &mut self,
+        actions: &[Action],
+        w: &Write,
+        undo: &mut Vec<Undo<C::Key, C::Value>>,
+    ) -> Result<(), ControlError> {
+        match w {
+            Write::Insert(e) => {
+                let key = C::key(&e.key);
+                let value = C::value(self.decl.action_index(actions, e)?, &e.params);
+                match self.table.add_entry(key, value, self.profile, self.now_ns) {
+                    Ok(_) => undo.push(Undo::Remove(key)),
+                    Err(AddError::Exists) => {
+                        return Err(ControlError::Exists {
+                            table: self.decl.name.clone(),
+                        });
+                    }
+                    Err(AddError::TableFull | AddError::NoSuchProfile) => {
+                        return Err(ControlError::TableFull {
+                            table: self.decl.name.clone(),
+                            capacity: self.table.capacity(),
+                        });
+                    }
+                }
+            }
+            Write::Modify(e) => {
+                let key = C::key(&e.key);
+                let value = C::value(self.decl.action_index(actions, e)?, &e.params);
+                let id = self
+                    .table
+                    .find_id(&key)
+                    .ok_or_else(|| self.no_such_entry())?;
+                let old = std::mem::replace(self.table.value_mut(id), value);
+                undo.push(Undo::Restore(key, old));
+            }
+            Write::Delete(k) => {
+                let key = C::key(k);
+                let id = self
+                    .table
+                    .find_id(&key)
+                    .ok_or_else(|| self.no_such_entry())?;
+                let (old, profile) = (*self.table.value(id), self.table.profile(id));
+                self.table.delete(&key);
+                undo.push(Undo::Reinsert(key, old, profile));
+            }
+        }
+        Ok(())
+    }
+
+    /// Undoes applied writes, newest first, so each step finds the table as it left it
+    /// (a reinsert takes back the slot its delete freed).
+    fn roll_back(&mut self, undo: Vec<Undo<C::Key, C::Value>>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Remove(k) => {
+                    self.table.delete(&k);
+                }
+                Undo::Restore(k, v) => {
+                    if let Some(id) = self.table.find_id(&k) {
+                        *self.table.value_mut(id) = v;
+                    }
+                }
+                Undo::Reinsert(k, v, p) => {
+                    // Cannot fail: the delete being undone freed room and the key.
+                    let _ = self.table.add_entry(k, v, p, self.now_ns);
+                }
+            }
+        }
+    }
+
+    fn no_such_entry(&self) -> ControlError {
+        ControlError::NoSuchEntry {
+            table: self.decl.name.clone(),
+        }
+    }
+}
+
+/// Notifications a program holds until the runtime collects them between bursts: at most
+/// `limit`, the rest counted as dropped (a slow subscriber never holds up the data plane).
+#[derive(Debug, Clone, Default)]
+pub struct Outbox {
+    pub pending: Vec<Notification>,
+    pub dropped: u64,
+    limit: usize,
+}
+
+impl Outbox {
+    /// What a worker holds between two collections unless a program says otherwise.
+    pub const DEFAULT_LIMIT: usize = 4096;
+
+    pub fn new(limit: usize) -> Self {
+        Outbox {
+            pending: Vec::new(),
+            dropped: 0,
+            limit,
+        }
+    }
+
+    pub fn push(&mut self, n: Notification) {
+        if self.pending.len() < self.limit {
+            self.pending.push(n);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Queues the table's expiry notifications as entries of `decl`'s table, showing each
+    /// expired key and value to `seen` first (queued or not).
+    pub fn expired<C: ExactCodec>(
+        &mut self,
+        decl: &Declaration,
+        table: &mut ExactTable<C::Key, C::Value>,
+        mut seen: impl FnMut(&C::Key, &C::Value),
+    ) {
+        let Kind::Table { actions, .. } = &decl.kind else {
+            return;
+        };
+        for e in table.drain_notifications() {
+            seen(&e.key, &e.value);
+            if self.pending.len() >= self.limit {
+                // Nobody is collecting (an offline run) or they are behind: count it
+                // without building it.
+                self.dropped += 1;
+                continue;
+            }
+            let entry = entry_of::<C>(actions, &e.key, &e.value, e.hits);
+            self.push(Notification {
+                table: decl.name.clone(),
+                kind: NotificationKind::IdleTimeout { deleted: e.deleted },
+                entry,
+                at_ns: e.at_ns,
+            });
+        }
+    }
+}
