@@ -26,8 +26,8 @@ use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    Declaration, DeclaredTable, Entry, ExactCodec, ExactTable, ExpireProfile, Guarantee, Kind,
-    Match, Notification, Request, Write,
+    Declaration, DeclaredTable, Entry, ExactTable, ExpireProfile, Guarantee, Kind, Notification,
+    Request, ValueCodec, Write,
 };
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -288,18 +288,9 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
 /// The experiment's table in the control API: key `key`, action `set(value)`.
 struct KeyCodec;
 
-impl ExactCodec for KeyCodec {
+impl ValueCodec for KeyCodec {
     type Key = u64;
     type Value = u64;
-    fn key(fields: &[Match]) -> u64 {
-        match fields.first() {
-            Some(Match::Exact(v)) => *v as u64,
-            _ => 0,
-        }
-    }
-    fn fields(key: &u64) -> Vec<Match> {
-        vec![Match::Exact(u128::from(*key))]
-    }
     fn value(_action: usize, params: &[u128]) -> u64 {
         params.first().map_or(0, |&v| v as u64)
     }

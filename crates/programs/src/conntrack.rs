@@ -30,12 +30,12 @@
 //! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{Declaration, DeclaredTable, ExactCodec, ExactTable, Match};
+use stateplane_state::{Declaration, DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
@@ -127,17 +127,9 @@ impl ConnCodec {
     }
 }
 
-impl ExactCodec for ConnCodec {
+impl ValueCodec for ConnCodec {
     type Key = FlowKey;
     type Value = Conn;
-
-    fn key(fields: &[Match]) -> FlowKey {
-        FlowKey::of(fields)
-    }
-
-    fn fields(key: &FlowKey) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(action: usize, params: &[u128]) -> Conn {
         Conn {

@@ -13,12 +13,12 @@
 //! `idle` (seconds, default 60), `map` as `forward`.
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, Match};
+use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -50,17 +50,9 @@ pub struct Counts {
 
 struct CountsCodec;
 
-impl ExactCodec for CountsCodec {
+impl ValueCodec for CountsCodec {
     type Key = FlowKey;
     type Value = Counts;
-
-    fn key(fields: &[Match]) -> FlowKey {
-        FlowKey::of(fields)
-    }
-
-    fn fields(key: &FlowKey) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(_action: usize, params: &[u128]) -> Counts {
         let p = |i: usize| params.get(i).copied().unwrap_or(0) as u64;
@@ -158,6 +150,7 @@ impl Program for Counter {
 mod tests {
     use super::*;
     use crate::testutil::{hasher, ip_frame, run_at, tcp};
+    use stateplane_state::Match;
     use std::collections::HashMap;
 
     fn counter(extra: &str) -> Counter {

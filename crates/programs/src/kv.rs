@@ -24,12 +24,12 @@
 //! 60). Drop reasons: none of its own (malformed requests go on to the server, which
 //! answers them or not).
 
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, Match};
+use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::checksum;
 use stateplane_wire::kv::{self, Message, Op};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -95,17 +95,9 @@ impl Cached {
 
 struct CacheCodec;
 
-impl ExactCodec for CacheCodec {
+impl ValueCodec for CacheCodec {
     type Key = u64;
     type Value = Cached;
-
-    fn key(fields: &[Match]) -> u64 {
-        u64::of(fields)
-    }
-
-    fn fields(key: &u64) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(_action: usize, params: &[u128]) -> Cached {
         Cached {

@@ -36,7 +36,7 @@
 //! a translation to an inside host, as if that host had opened it; forwarded ports lie
 //! outside the pool).
 
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
 use stateplane_runtime::{
@@ -44,8 +44,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Match,
-    Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
+    Request, ValueCodec,
 };
 use stateplane_wire::edit::{self, EditError, Side};
 use stateplane_wire::flow::shard_of;
@@ -184,17 +184,9 @@ impl TranslationCodec {
     }
 }
 
-impl ExactCodec for TranslationCodec {
+impl ValueCodec for TranslationCodec {
     type Key = FlowKey;
     type Value = Translation;
-
-    fn key(fields: &[Match]) -> FlowKey {
-        FlowKey::of(fields)
-    }
-
-    fn fields(key: &FlowKey) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(action: usize, params: &[u128]) -> Translation {
         let p = |i: usize| params.get(i).copied().unwrap_or(0);
@@ -726,6 +718,7 @@ mod tests {
     use super::*;
     use crate::testutil::{ctx, hasher, ipv4_checksums_valid, tcp};
     use stateplane_gen::build::L4;
+    use stateplane_state::KeyFields;
     use stateplane_state::control::Write;
     use stateplane_wire::parse;
 

@@ -9,7 +9,7 @@
 use crate::keys::{KeyFields, filled_table};
 use serde::Deserialize;
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Match};
+use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, ValueCodec};
 use std::marker::PhantomData;
 
 /// The settings every measurement program has.
@@ -125,17 +125,9 @@ pub struct Report {
 
 pub(crate) struct ReportCodec<K>(PhantomData<K>);
 
-impl<K: KeyFields> ExactCodec for ReportCodec<K> {
+impl<K: KeyFields> ValueCodec for ReportCodec<K> {
     type Key = K;
     type Value = Report;
-
-    fn key(fields: &[Match]) -> K {
-        K::of(fields)
-    }
-
-    fn fields(key: &K) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(_action: usize, params: &[u128]) -> Report {
         let p = |i: usize| params.get(i).copied().unwrap_or(0) as u32;

@@ -31,14 +31,14 @@
 //! (the gateway's IPv4 address, required), `ue_pool` (required), `access` and `core`
 //! (ports, default 0 and 1), `capacity` (sessions, default 65536).
 
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Match,
-    Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
+    Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
     GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, gtpv2_ie, gtpv2_ies,
@@ -95,17 +95,9 @@ pub struct Session {
 
 struct SessionCodec;
 
-impl ExactCodec for SessionCodec {
+impl ValueCodec for SessionCodec {
     type Key = u32;
     type Value = Session;
-
-    fn key(fields: &[Match]) -> u32 {
-        u32::of(fields)
-    }
-
-    fn fields(key: &u32) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(_action: usize, params: &[u128]) -> Session {
         let p = |i: usize| params.get(i).copied().unwrap_or(0) as u32;

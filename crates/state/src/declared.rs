@@ -6,12 +6,42 @@
 
 use crate::exact::{AddError, ExactTable};
 use crate::key::TableKey;
+use crate::key_fields::KeyFields;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
     READ_PAGE, Reply, Request, Write,
 };
 
-/// How a program's exact table turns keys and values into entries and back.
+/// What a codec says when its key speaks for itself ([`KeyFields`]): its values only. Every
+/// `ValueCodec` is an [`ExactCodec`].
+pub trait ValueCodec {
+    type Key: KeyFields;
+    type Value: Copy + Default;
+    /// The value of an entry whose action is `actions[action]`.
+    fn value(action: usize, params: &[u128]) -> Self::Value;
+    /// The action index and parameters of a value.
+    fn action(value: &Self::Value) -> (usize, Vec<u128>);
+}
+
+impl<C: ValueCodec> ExactCodec for C {
+    type Key = C::Key;
+    type Value = C::Value;
+    fn key(fields: &[Match]) -> C::Key {
+        C::Key::of(fields)
+    }
+    fn fields(key: &C::Key) -> Vec<Match> {
+        key.fields()
+    }
+    fn value(action: usize, params: &[u128]) -> C::Value {
+        C::value(action, params)
+    }
+    fn action(value: &C::Value) -> (usize, Vec<u128>) {
+        C::action(value)
+    }
+}
+
+/// How a program's exact table turns keys and values into entries and back (implement
+/// [`ValueCodec`] instead where the key's own fields will do).
 pub trait ExactCodec {
     type Key: TableKey;
     type Value: Copy + Default;

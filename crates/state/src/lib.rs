@@ -18,6 +18,7 @@
 pub mod declared;
 pub mod exact;
 pub mod key;
+pub mod key_fields;
 pub mod lpm;
 pub mod meter;
 pub mod prefixes;
@@ -27,7 +28,7 @@ pub mod ternary;
 
 /// The control API's types, and what applies them to tables.
 pub mod control {
-    pub use crate::declared::{DeclaredTable, ExactCodec, Outbox};
+    pub use crate::declared::{DeclaredTable, ExactCodec, Outbox, ValueCodec};
     pub use stateplane_api::*;
 }
 
@@ -35,8 +36,10 @@ pub use control::{
     ControlError, Declaration, DeclaredTable, Entry, ExactCodec, FlowChange, FlowFilter, FlowStat,
     Guarantee, Kind, Match, Notification, NotificationKind, Outbox, Reply, Request, Write,
 };
+pub use declared::ValueCodec;
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
 pub use key::TableKey;
+pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};

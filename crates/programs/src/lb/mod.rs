@@ -37,7 +37,7 @@
 
 mod maglev;
 
-use crate::keys::{KeyFields, filled_table};
+use crate::keys::filled_table;
 use crate::nat::rewrite;
 use crate::{ConfigError, PortNames, parse_ipv4, router::parse_mac};
 use serde::Deserialize;
@@ -46,8 +46,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee,
-    Kind, Match, Notification, Reply, Request,
+    ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Guarantee, Kind, Match,
+    Notification, Reply, Request, ValueCodec,
 };
 use stateplane_wire::edit::Side;
 use stateplane_wire::parse::ParseFlags;
@@ -174,17 +174,9 @@ impl AffinityCodec {
     }
 }
 
-impl ExactCodec for AffinityCodec {
+impl ValueCodec for AffinityCodec {
     type Key = FlowKey;
     type Value = Affinity;
-
-    fn key(fields: &[Match]) -> FlowKey {
-        FlowKey::of(fields)
-    }
-
-    fn fields(key: &FlowKey) -> Vec<Match> {
-        key.fields()
-    }
 
     fn value(action: usize, params: &[u128]) -> Affinity {
         let p = |i: usize| params.get(i).copied().unwrap_or(0);
