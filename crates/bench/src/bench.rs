@@ -4,7 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};

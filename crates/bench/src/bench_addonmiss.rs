@@ -21,7 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};

@@ -8,7 +8,7 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use stateplane_classifier::{Fields, MicroflowCache};
 use std::path::PathBuf;
 

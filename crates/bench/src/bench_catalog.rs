@@ -5,7 +5,7 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates};
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::RuntimeConfig;

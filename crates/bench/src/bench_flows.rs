@@ -27,10 +27,10 @@
 
 use crate::BenchResult;
 use crate::chart::Panel;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::median;
+use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
-use stateplane_flows::stats::NO_PORT;
 use stateplane_flows::{
     Aggregator, CompactKey, EndReason, FlowRecord, FlowStats, FlowTotals, FlowValue, KeptStats,
     Microflow, MicroflowTable, Observation, Timeouts, Uniflow, V4Key,
@@ -208,7 +208,7 @@ fn microflow_records(packets: &[Packet]) -> BenchResult<Vec<Microflow<V4Key>>> {
     let mut records = Vec::new();
     for (key, o) in packets {
         if let Some(k) = V4Key::pack(key) {
-            let hash = stateplane_flows::key::hash_key(&k, 7);
+            let hash = stateplane_flows::compact_key::hash_key(&k, 7);
             table.observe(k, hash, o, &mut records);
         }
     }

@@ -16,7 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,

@@ -7,7 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};

@@ -7,7 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
-use crate::report::{Csv, write_chart};
+use crate::results::{Csv, write_chart};
 use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::{Path, PathBuf};

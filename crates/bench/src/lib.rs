@@ -17,7 +17,7 @@ pub mod bench_pipeline;
 pub mod bench_tables;
 pub mod chart;
 pub mod lab_bench;
-pub mod report;
+pub mod results;
 pub mod statistics;
 
 use stateplane_gen::{GenConfig, Workload, generate};

@@ -39,8 +39,8 @@
 
 use crate::cache::MicroflowCache;
 use crate::fields::Fields;
-use crate::pipeline::{Fold, Outcome, RuleError, RuleId, RuleSet};
 use crate::rule::Rule;
+use crate::ruleset::{Fold, Outcome, RuleError, RuleId, RuleSet};
 use std::collections::{HashMap, HashSet};
 
 /// How the cache is kept consistent.
@@ -637,8 +637,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::fields::mapped;
-    use crate::pipeline::Miss;
     use crate::rule::{Action, Pattern, SetField};
+    use crate::ruleset::Miss;
 
     /// A small generator (xorshift) so a failing seed can be replayed.
     struct Rng(u64);
@@ -861,7 +861,7 @@ mod tests {
     #[test]
     fn an_inserted_higher_priority_rule_takes_over_cached_microflows() {
         let mut p = CachedPipeline::new(RuleSet::new(1), Consistency::Action, 64, 2, 1).unwrap();
-        let low = crate::text::parse_rule("priority=1,ip,actions=output:1").unwrap();
+        let low = crate::rule_text::parse_rule("priority=1,ip,actions=output:1").unwrap();
         p.insert(low).unwrap();
         let f = Fields {
             eth_type: 0x0800,
@@ -872,12 +872,13 @@ mod tests {
         assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(1)]);
         assert_eq!(p.cache_stats().hits, 1);
         let high =
-            crate::text::parse_rule("priority=9,ip,nw_dst=198.19.5.0/24,actions=output:2").unwrap();
+            crate::rule_text::parse_rule("priority=9,ip,nw_dst=198.19.5.0/24,actions=output:2")
+                .unwrap();
         p.insert(high).unwrap();
         assert_eq!(p.classify(&f, 60, 0).actions, [Action::Output(2)]);
         // A rule that cannot overlap leaves the cached microflow alone.
         let hits = p.cache_stats().hits;
-        let other = crate::text::parse_rule("priority=9,ipv6,actions=output:3").unwrap();
+        let other = crate::rule_text::parse_rule("priority=9,ipv6,actions=output:3").unwrap();
         p.insert(other).unwrap();
         p.classify(&f, 60, 0);
         assert_eq!(p.cache_stats().hits, hits + 1);
@@ -887,7 +888,7 @@ mod tests {
     /// reads one of them (here TCP flags) tells them apart from then on.
     #[test]
     fn the_cache_keys_microflows_by_the_fields_rules_read() {
-        let rule = |line: &str| crate::text::parse_rule(line).unwrap();
+        let rule = |line: &str| crate::rule_text::parse_rule(line).unwrap();
         let mut p = CachedPipeline::new(RuleSet::new(1), Consistency::Action, 64, 1, 1).unwrap();
         p.insert(rule("priority=1,tcp,nw_dst=198.19.0.0/16,actions=output:1"))
             .unwrap();
@@ -937,14 +938,16 @@ mod tests {
             Consistency::Strong,
         ] {
             let mut p = CachedPipeline::new(RuleSet::new(1), mode, 256, 2, 1).unwrap();
-            let base = crate::text::parse_rule("priority=1,actions=output:1").unwrap();
+            let base = crate::rule_text::parse_rule("priority=1,actions=output:1").unwrap();
             let base = p.insert(base).unwrap();
             for i in 0..5_000u32 {
                 let line = format!(
                     "priority=5,ip,nw_dst=198.19.{}.0/24,actions=output:2",
                     i % 200
                 );
-                let id = p.insert(crate::text::parse_rule(&line).unwrap()).unwrap();
+                let id = p
+                    .insert(crate::rule_text::parse_rule(&line).unwrap())
+                    .unwrap();
                 let f = Fields {
                     eth_type: 0x0800,
                     ip_dst: mapped(0xc613_0005 | (i % 200) << 8),

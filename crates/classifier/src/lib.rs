@@ -2,8 +2,8 @@
 //!
 //! Owns: the fields rules match on, taken once per packet ([`fields`]); rules with
 //! prioritized wildcard patterns, port ranges, cookies, timeouts and instructions
-//! ([`rule`]); their one-rule-per-line text format ([`text`]); the reference walk through
-//! numbered tables ([`pipeline`]) that every faster classifier and the cache must agree
+//! ([`rule`]); their one-rule-per-line text format ([`rule_text`]); the reference walk through
+//! numbered tables ([`ruleset`]) that every faster classifier and the cache must agree
 //! with; and the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways,
 //! signatures, pseudo-LRU).
 //!
@@ -14,13 +14,13 @@ pub mod apply;
 pub mod cache;
 pub mod cached;
 pub mod fields;
-pub mod pipeline;
 pub mod rule;
-pub mod text;
+pub mod rule_text;
+pub mod ruleset;
 
 pub use cache::{CacheStats, MicroflowCache};
 pub use cached::{CachedPipeline, Consistency, Probe};
 pub use fields::Fields;
-pub use pipeline::{Miss, Outcome, RuleError, RuleId, RuleSet};
 pub use rule::{Action, Pattern, Rule, SetField};
-pub use text::{RuleParseError, format_rule, parse_rule};
+pub use rule_text::{RuleParseError, format_rule, parse_rule};
+pub use ruleset::{Miss, Outcome, RuleError, RuleId, RuleSet};

@@ -1,13 +1,13 @@
 //! `stateplane ctl`: the control API's command-line client.
 //!
-//! Entries are written and printed in the text form of `stateplane_control::text`
+//! Entries are written and printed in the text form of `stateplane_control::entry_text`
 //! (`FIELD=VALUE ... ACTION PARAM=VALUE ...`), so `read` output can be edited and fed back
 //! with `insert --file`.
 
 use crate::CliResult;
 use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
-use stateplane_control::text;
+use stateplane_control::entry_text as text;
 use stateplane_state::control::{Field, Format, Kind, MatchKind};
 use stateplane_state::{Declaration, FlowChange, FlowFilter, MeterConfig, Write};
 use std::path::PathBuf;

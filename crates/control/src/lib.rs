@@ -3,7 +3,7 @@
 //! Owns: the protobuf schema (`proto/`, compiled at build time by protox, so no `protoc`
 //! is needed), the service that turns calls into [`stateplane_runtime::ControlPlane`]
 //! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
-//! text form of entries people type and read ([`text`]).
+//! text form of entries people type and read ([`entry_text`]).
 //!
 //! Must never: touch program state itself (requests go through the control plane, which
 //! has the workers apply them between bursts), or listen beyond loopback (the API has no
@@ -11,8 +11,8 @@
 
 pub mod client;
 pub mod convert;
+pub mod entry_text;
 pub mod server;
-pub mod text;
 
 /// The generated protobuf messages and gRPC stubs.
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]

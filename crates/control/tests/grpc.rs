@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use stateplane_control::client::Client;
+use stateplane_control::entry_text as text;
 use stateplane_control::server::{ControlService, Server};
-use stateplane_control::text;
 use stateplane_runtime::{Burst, ControlPlane, Worker};
 use stateplane_state::Write;
 use std::sync::Arc;

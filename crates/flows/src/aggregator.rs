@@ -14,10 +14,10 @@
 //! 5-million-packet file. Removal shifts the following entries back (no tombstones). It
 //! never reads a clock: time comes in with the records and with `sweep`.
 
-use crate::key::{CompactKey, hash_key};
+use crate::compact_key::{CompactKey, hash_key};
+use crate::flow_stats::{FlowStats, KeptStats, TCP_FIN, TCP_RST};
 use crate::microflow::{Microflow, SizeError, power_of_two};
 use crate::record::{EndReason, FlowRecord};
-use crate::stats::{FlowStats, KeptStats, TCP_FIN, TCP_RST};
 
 /// What the table keeps per flow: one direction, or both (biflows).
 pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
@@ -509,8 +509,8 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::V4Key;
-    use crate::stats::{Observation, TCP_SYN};
+    use crate::compact_key::V4Key;
+    use crate::flow_stats::{Observation, TCP_SYN};
     use std::collections::HashMap;
 
     fn part(ts_ns: u64, packets: u64, flags: u8) -> FlowStats {

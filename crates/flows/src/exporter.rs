@@ -13,7 +13,7 @@
 
 use crate::FlowRecord;
 use crate::ipfix::{Encoder, Features, TemplateRefresh};
-use crate::text;
+use crate::text_lines as text;
 use std::time::{Duration, Instant};
 
 /// How often, at least, what the sinks hold goes out: the partly filled IPFIX messages
@@ -193,9 +193,9 @@ impl ExportCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow_stats::{FlowStats, Observation};
     use crate::ipfix::Decoder;
     use crate::record::EndReason;
-    use crate::stats::{FlowStats, Observation};
     use stateplane_wire::FlowKey;
     use std::net::Ipv4Addr;
 

@@ -16,8 +16,8 @@
 //! observation domain. Over UDP the templates go out again every `refresh_messages`
 //! messages or `refresh_s` seconds; over TCP and to files, once at the start.
 
+use crate::flow_stats::FlowStats;
 use crate::record::{EndReason, FlowRecord};
-use crate::stats::FlowStats;
 use stateplane_wire::FlowKey;
 use std::collections::HashMap;
 
@@ -534,7 +534,7 @@ impl Encoder {
         }
         if f.has(Features::PORTS) {
             let port = |p: u16| {
-                if p == crate::stats::NO_PORT {
+                if p == crate::flow_stats::NO_PORT {
                     0
                 } else {
                     u32::from(p) + 1
@@ -791,7 +791,7 @@ fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::Observation;
+    use crate::flow_stats::Observation;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn record(key: FlowKey, packets: u64, reverse: bool) -> FlowRecord {

@@ -11,8 +11,8 @@
 //! loses a packet: every packet added is in exactly one record that leaves, by eviction
 //! or sweep (a sweep of every slot with no age limit empties the table).
 
-use crate::key::CompactKey;
-use crate::stats::{FlowStats, KeptStats, Observation, TCP_FIN, TCP_RST};
+use crate::compact_key::CompactKey;
+use crate::flow_stats::{FlowStats, KeptStats, Observation, TCP_FIN, TCP_RST};
 
 /// The features (`S` of them) of some consecutive packets of one flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,8 +173,8 @@ impl<K: CompactKey, S: KeptStats> MicroflowTable<K, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{V4Key, hash_key};
-    use crate::stats::{TCP_FIN, TCP_SYN};
+    use crate::compact_key::{V4Key, hash_key};
+    use crate::flow_stats::{TCP_FIN, TCP_SYN};
 
     fn obs(ts_ns: u64, flags: u8) -> Observation {
         Observation {

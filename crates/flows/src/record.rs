@@ -1,6 +1,6 @@
 //! Flow records as they leave the aggregator, and why they left.
 
-use crate::stats::FlowStats;
+use crate::flow_stats::FlowStats;
 use stateplane_wire::FlowKey;
 
 /// Why a flow record was exported: IPFIX's flowEndReason (IE 136) values.

@@ -6,10 +6,10 @@
 //! a program that only observes.
 
 use crate::aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
-use crate::key::{CompactKey, V4Key, V6Key, hash_key};
+use crate::compact_key::{CompactKey, V4Key, V6Key, hash_key};
+use crate::flow_stats::{FlowTotals, KeptStats, NO_PORT, Observation, TCP_FIN, TCP_RST};
 use crate::microflow::{Microflow, MicroflowTable, SizeError};
 use crate::record::FlowRecord;
-use crate::stats::{FlowTotals, KeptStats, NO_PORT, Observation, TCP_FIN, TCP_RST};
 use stateplane_runtime::{Burst, Context, Tap, Verdict};
 use stateplane_wire::FlowKey;
 

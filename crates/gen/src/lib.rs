@@ -11,7 +11,7 @@
 //! 198.18.0.0/16, servers in 198.19.0.0/16) and IPv6 2001:2::/48 (RFC 5180).
 
 pub mod build;
-pub use stateplane_wire::kv;
+pub use stateplane_wire::kv_proto as kv;
 pub mod rng;
 mod workloads;
 

@@ -1,10 +1,10 @@
 //! The cost of a UDP message on loopback, sent one per send and in runs that the kernel
-//! cuts apart (`stateplane_io::udp`, what `stateplane flows --ipfix-gso` does): a receiver
+//! cuts apart (`stateplane_io::udp_socket`, what `stateplane flows --ipfix-gso` does): a receiver
 //! thread drains a socket of its own while the sender times itself.
 //!
 //!     cargo run --release -p stateplane-io --example udp_gso [MESSAGES] [SIZE]
 
-use stateplane_io::udp;
+use stateplane_io::udp_socket as udp;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 

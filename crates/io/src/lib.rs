@@ -4,7 +4,7 @@
 //! pcapng), streamed so files larger than memory work; in-memory replay queues that load a
 //! trace once and replay it N times for benchmarks; sinks; huge-page-backed buffers; and
 //! live ports on network interfaces (AF_XDP and AF_PACKET rings, in [`live`]); and UDP
-//! segmentation offload for exporters ([`udp`]).
+//! segmentation offload for exporters ([`udp_socket`]).
 //!
 //! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
 //! or accept a capture whose link type is not Ethernet (it says which it found instead).
@@ -17,7 +17,7 @@ pub mod live;
 pub mod pcap;
 pub mod pcapng;
 pub mod replay;
-pub mod udp;
+pub mod udp_socket;
 
 pub use capture::{
     CaptureError, CaptureFormat, CaptureReader, CaptureWriter, ChunkedCapture, Record,

@@ -9,8 +9,8 @@
 //! Must never: touch a namespace or interface it did not name, give a lab a route out of
 //! the lab, or use addresses outside 198.18.0.0/15.
 
-pub mod lab;
+pub mod namespaces;
 pub mod topology;
 
-pub use lab::{NodeStatus, down, exec, start_switch, state_dir, status, stop_switch, up};
+pub use namespaces::{NodeStatus, down, exec, start_switch, state_dir, status, stop_switch, up};
 pub use topology::Topology;

@@ -31,7 +31,7 @@ use stateplane_runtime::{Burst, Context, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::checksum;
-use stateplane_wire::kv::{self, Message, Op};
+use stateplane_wire::kv_proto::{self as kv, Message, Op};
 use stateplane_wire::parse::{ParseFlags, Parsed};
 use std::net::IpAddr;
 

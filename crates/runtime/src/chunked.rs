@@ -26,11 +26,11 @@
 //! own chunks up to `AHEAD` ahead before it waits for a share of an earlier chunk.
 
 use crate::burst::Burst;
+use crate::counters::Stats;
 use crate::port::{ChunkedFile, RxPacket};
 use crate::program::PortId;
-use crate::run::RunHandle;
+use crate::run_config::RunHandle;
 use crate::source::{BurstSource, ingress};
-use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed};

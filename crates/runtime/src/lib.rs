@@ -18,29 +18,29 @@
 pub mod burst;
 pub mod chunked;
 pub mod control;
+pub mod counters;
 pub mod live;
 pub mod offline;
 pub mod port;
 pub mod program;
 pub mod read_ahead;
-pub mod run;
+pub mod run_config;
 pub mod sharded;
 pub mod source;
-pub mod stats;
 pub mod tap;
 pub mod worker;
 pub mod worker_loop;
 
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
+pub use counters::{Counter, SharedStats, Stats};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{ChunkedFile, FileRecord, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
 pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
 pub use read_ahead::ReadAhead;
-pub use run::{RunHandle, RunReport, RuntimeConfig};
+pub use run_config::{RunHandle, RunReport, RuntimeConfig};
 pub use sharded::run_sharded;
 pub use source::{BurstSource, OwnShard};
-pub use stats::{Counter, SharedStats, Stats};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{

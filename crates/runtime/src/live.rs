@@ -16,7 +16,7 @@ use crate::burst::Burst;
 use crate::control::WorkerControl;
 use crate::port::{LiveQueue, PortCounters};
 use crate::program::PortId;
-use crate::run::{RunHandle, RunReport, RuntimeConfig};
+use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
 use crate::worker_loop::{
     Clock, PortsReport, Receive, Reload, Timekeeping, WallClock, WorkerPorts, WorkerSetup,
     run_workers,

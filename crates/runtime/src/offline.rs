@@ -10,11 +10,11 @@
 //! stage does, and every count is final.
 
 use crate::burst::Burst;
+use crate::counters::Stats;
 use crate::port::{RxPort, TxPort};
 use crate::program::{PortId, ProgramFactory, Verdict};
-use crate::run::{RunHandle, RunReport, RuntimeConfig};
+use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
 use crate::source::{Merged, ingress};
-use crate::stats::Stats;
 use crate::worker_loop::{Receive, Reload, WorkerPorts, WorkerSetup, spawn_workers};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::Parsed;

@@ -1,11 +1,11 @@
 //! Reading ahead of workers on threads of their own: [`ReadAhead`].
 
 use crate::burst::Burst;
+use crate::counters::Stats;
 use crate::port::RxPort;
 use crate::program::PortId;
-use crate::run::RunHandle;
+use crate::run_config::RunHandle;
 use crate::source::{BurstSource, Merged, ingress};
-use crate::stats::Stats;
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed};

@@ -5,7 +5,7 @@
 
 use crate::burst::Burst;
 use crate::program::ProgramFactory;
-use crate::run::{RunHandle, RunReport, RuntimeConfig};
+use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
 use crate::source::BurstSource;
 use crate::worker_loop::{PortsReport, Receive, Reload, WorkerPorts, WorkerSetup, run_workers};
 

@@ -3,10 +3,10 @@
 //! ([`ingress`]).
 
 use crate::burst::{Burst, MAX_FRAME};
+use crate::counters::Stats;
 use crate::port::{RxPacket, RxPort};
 use crate::program::{DropReason, PortId};
-use crate::run::RunHandle;
-use crate::stats::Stats;
+use crate::run_config::RunHandle;
 use crate::worker::{count_malformed, count_port_drop};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Malformed, Parsed};

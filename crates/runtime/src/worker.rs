@@ -2,8 +2,8 @@
 
 use crate::burst::Burst;
 use crate::control::WorkerControl;
+use crate::counters::{Counter, Stats};
 use crate::program::{Context, DropReason, Program, Verdict};
-use crate::stats::{Counter, Stats};
 use crate::tap::Tap;
 use stateplane_wire::{FlowHasher, Malformed};
 

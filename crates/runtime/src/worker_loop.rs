@@ -25,10 +25,10 @@
 
 use crate::burst::Burst;
 use crate::control::WorkerControl;
+use crate::counters::Stats;
 use crate::port::PortCounters;
 use crate::program::ProgramFactory;
-use crate::run::{RunHandle, RunReport, RuntimeConfig};
-use crate::stats::Stats;
+use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
 use crate::worker::Worker;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

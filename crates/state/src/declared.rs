@@ -5,8 +5,8 @@
 //! Must never: change any state when a request fails.
 
 use crate::exact::{AddError, ExactTable};
-use crate::key::TableKey;
 use crate::key_fields::KeyFields;
+use crate::table_key::TableKey;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
     READ_PAGE, Reply, Request, Write,

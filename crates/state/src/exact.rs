@@ -20,7 +20,7 @@
 //! hash prefers, and along any probe sequence `dist` never rises by more than one from one
 //! slot to the next; an empty slot has `meta == 0`.
 
-use crate::key::TableKey;
+use crate::table_key::TableKey;
 
 /// What happens when an entry's idle time runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! table uses (flow keys: the 5-tuple and VLAN; single integers and addresses), so that a
 //! codec says what its values are and nothing about its keys ([`crate::ValueCodec`]).
 
-use crate::key::TableKey;
+use crate::table_key::TableKey;
 use stateplane_api::{Field, Format, Match, ip_addr, ip_value};
 use stateplane_wire::FlowKey;
 use std::net::{IpAddr, Ipv6Addr};

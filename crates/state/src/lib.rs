@@ -17,13 +17,13 @@
 
 pub mod declared;
 pub mod exact;
-pub mod key;
 pub mod key_fields;
 pub mod lpm;
 pub mod meter;
 pub mod prefixes;
 pub mod register;
 pub mod sketch;
+pub mod table_key;
 pub mod ternary;
 
 /// The control API's types, and what applies them to tables.
@@ -38,10 +38,10 @@ pub use control::{
 };
 pub use declared::ValueCodec;
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
-pub use key::TableKey;
 pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
 pub use register::{Counters, OutOfRange, PacketBytes, Register};
 pub use sketch::CountMin;
+pub use table_key::TableKey;
 pub use ternary::{Packet5, Rule, Ternary};

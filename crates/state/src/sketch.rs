@@ -3,8 +3,8 @@
 //! underestimates, and overestimates by more than `e * N / width` (N: total count) with
 //! probability at most `e^-depth`.
 
-use crate::key::TableKey;
 use crate::register::Register;
+use crate::table_key::TableKey;
 
 #[derive(Debug, Clone)]
 pub struct CountMin {

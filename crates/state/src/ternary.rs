@@ -11,7 +11,7 @@
 //!
 //! Tables are built whole from the rule list and published by swap, like LPM tables.
 
-use crate::key::TableKey;
+use crate::table_key::TableKey;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 

@@ -10,7 +10,7 @@ use stateplane_flows::FlowRecord;
 use stateplane_flows::exporter::{ExportCore, FLUSH_EVERY, Format, Output};
 use stateplane_flows::ipfix::{Features, MESSAGE_LEN, TemplateRefresh};
 use stateplane_flows::stage::RecordSink;
-use stateplane_io::udp;
+use stateplane_io::udp_socket as udp;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::PathBuf;
@@ -897,7 +897,7 @@ mod tests {
 
     /// `n` IPv4 records of one packet each, told apart by their source port from `first`.
     fn records(first: u16, n: u16) -> Vec<FlowRecord> {
-        use stateplane_flows::stats::{FlowStats, Observation};
+        use stateplane_flows::flow_stats::{FlowStats, Observation};
         let o = Observation {
             ts_ns: 1_700_000_000_000_000_000,
             ip_len: 100,

@@ -21,7 +21,7 @@ pub mod gtp;
 pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
-pub mod kv;
+pub mod kv_proto;
 pub mod parse;
 pub mod tcp;
 pub mod udp;

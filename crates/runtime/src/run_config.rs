@@ -1,7 +1,7 @@
 //! What every shape of run shares: its configuration, the handle that watchers read while
 //! it runs, and the report it ends with.
 
-use crate::stats::{SharedStats, Stats};
+use crate::counters::{SharedStats, Stats};
 use crate::tap::TapFactory;
 use stateplane_wire::FlowHasher;
 use std::sync::Arc;

@@ -1,9 +1,9 @@
 //! Flow records as text for people and scripts: CSV (one header line) and JSON lines.
 //! Both come from one list of named columns, chosen by the run's [`Features`].
 
+use crate::flow_stats::{FlowStats, NO_PORT};
 use crate::ipfix::Features;
 use crate::record::FlowRecord;
-use crate::stats::{FlowStats, NO_PORT};
 use std::fmt::Write;
 
 /// A column's value: numbers and addresses print bare in JSON, text quoted.
@@ -119,7 +119,7 @@ fn columns(r: &FlowRecord, f: Features, biflow: bool) -> Vec<(String, Value)> {
 pub fn csv_header(f: Features, biflow: bool) -> String {
     let any = FlowRecord {
         key: stateplane_wire::FlowKey::EMPTY,
-        forward: crate::stats::FlowStats::start(&Default::default()),
+        forward: crate::flow_stats::FlowStats::start(&Default::default()),
         reverse: None,
         end: crate::record::EndReason::Forced,
     };
@@ -165,8 +165,8 @@ pub fn json_line(r: &FlowRecord, f: Features, biflow: bool, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow_stats::Observation;
     use crate::record::EndReason;
-    use crate::stats::Observation;
     use std::net::Ipv4Addr;
 
     #[test]

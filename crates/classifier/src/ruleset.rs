@@ -605,7 +605,7 @@ pub const MAX_RULE_ID: u32 = PATH_END - 1;
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::text::parse_rule;
+    use crate::rule_text::parse_rule;
 
     fn set(lines: &[&str]) -> RuleSet {
         let mut s = RuleSet::new(3);
