@@ -14,7 +14,7 @@ use crate::counters::Stats;
 use crate::port::{RxPort, TxPort};
 use crate::program::{PortId, ProgramFactory, Verdict};
 use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
-use crate::source::{Merged, ingress};
+use crate::source::{Merged, Offered, ingress};
 use crate::worker_loop::{Receive, Reload, WorkerPorts, WorkerSetup, spawn_workers};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::Parsed;
@@ -142,25 +142,17 @@ fn dispatch(
         let mut taken = 0;
         let stopping = handle.stop.load(Ordering::Relaxed);
         while taken < config.burst_size && !stopping {
-            let seq = input.seq;
-            let Some(head) = input.earliest() else {
-                break;
-            };
-            let packet = head.packet();
-            if ingress::parse(
-                &packet,
-                head.port,
-                &config.hasher,
-                &mut parsed,
-                Some(&mut stats),
-            ) {
-                let w = shard_of(parsed.hash, workers);
-                if !bursts[w].has_room(head.data.len()) {
-                    break; // this worker's burst is full: the packet opens the next round
+            let offered = input.offer(|Offered { port, seq, packet }| {
+                if !ingress::parse(&packet, port, &config.hasher, &mut parsed, Some(&mut stats)) {
+                    return true; // counted and dropped
                 }
-                bursts[w].push_parsed(&packet, head.port, seq, &parsed);
+                let w = shard_of(parsed.hash, workers);
+                // A full burst leaves the packet to open the next round.
+                bursts[w].push_parsed(&packet, port, seq, &parsed)
+            });
+            if offered != Some(true) {
+                break;
             }
-            input.advance();
             taken += 1;
         }
         handle

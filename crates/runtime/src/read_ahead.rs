@@ -5,7 +5,7 @@ use crate::counters::Stats;
 use crate::port::RxPort;
 use crate::program::PortId;
 use crate::run_config::RunHandle;
-use crate::source::{BurstSource, Merged, ingress};
+use crate::source::{BurstSource, Merged, Offered, ingress};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed};
@@ -218,17 +218,23 @@ fn read_shared(
     let mut parsed = Parsed::EMPTY;
     let workers = lanes.len();
     let mut packets = 0u32;
-    while let Some(i) = input.step() {
-        let (head, seq) = (&input.heads[i], input.seq);
-        let packet = head.packet();
-        if ingress::parse(&packet, head.port, hasher, &mut parsed, Some(&mut stats)) {
+    loop {
+        let now_ns = input.now_ns;
+        let offered = input.offer(|Offered { port, seq, packet }| {
+            if !ingress::parse(&packet, port, hasher, &mut parsed, Some(&mut stats)) {
+                return true; // counted and dropped
+            }
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
-            let Some(burst) = lane.room(head.data.len(), input.now_ns) else {
-                break; // that worker stopped: the run is stopping
+            // No room means that worker stopped: the run is stopping.
+            let Some(burst) = lane.room(packet.data.len(), now_ns.max(packet.ts_ns)) else {
+                return false;
             };
-            burst.push_parsed(&packet, head.port, seq, &parsed);
+            burst.push_parsed(&packet, port, seq, &parsed);
+            true
+        });
+        if offered != Some(true) {
+            break;
         }
-        input.advance();
         packets = packets.wrapping_add(1);
         if packets.is_multiple_of(4096) {
             input_bytes.store(input.bytes_read(), Ordering::Relaxed);

@@ -13,20 +13,31 @@ use stateplane_wire::{FlowHasher, Malformed, Parsed};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The next packet of one input port, staged so that ports can be merged by time. Each
-/// port keeps one `Head` for the whole run; its buffer grows to the largest frame and is
-/// reused.
-pub(crate) struct Head {
-    pub(crate) port: PortId,
-    pub(crate) data: Vec<u8>,
-    pub(crate) orig_len: u32,
-    pub(crate) ts_ns: u64,
-    /// False once the port's input has ended (or failed).
-    live: bool,
+/// A packet held back for the next offer: the next packet of one of several input ports
+/// (staged so that ports can be merged by time), or the packet a single port's reader
+/// declined (its burst was full). Each port keeps one `Head` for the whole run; its buffer
+/// grows to the largest frame and is reused.
+struct Head {
+    port: PortId,
+    data: Vec<u8>,
+    orig_len: u32,
+    ts_ns: u64,
+    /// Whether `data` holds a packet not yet taken.
+    held: bool,
 }
 
 impl Head {
-    pub(crate) fn packet(&self) -> RxPacket<'_> {
+    fn new(port: PortId) -> Head {
+        Head {
+            port,
+            data: Vec::new(),
+            orig_len: 0,
+            ts_ns: 0,
+            held: false,
+        }
+    }
+
+    fn packet(&self) -> RxPacket<'_> {
         RxPacket {
             data: &self.data,
             orig_len: self.orig_len,
@@ -34,98 +45,159 @@ impl Head {
         }
     }
 
-    /// Stages the port's next packet, or marks the port ended.
-    pub(crate) fn refill(&mut self, rx: &mut dyn RxPort) -> std::io::Result<()> {
-        self.live = false;
-        if let Some(p) = rx.next_packet()? {
-            self.data.clear();
-            self.data.extend_from_slice(p.data);
-            self.orig_len = p.orig_len;
-            self.ts_ns = p.ts_ns;
-            self.live = true;
-        }
-        Ok(())
+    fn hold(&mut self, packet: &RxPacket) {
+        self.data.clear();
+        self.data.extend_from_slice(packet.data);
+        self.orig_len = packet.orig_len;
+        self.ts_ns = packet.ts_ns;
+        self.held = true;
     }
+}
+
+/// The next packet of the input as [`Merged::offer`] hands it to a reader.
+pub(crate) struct Offered<'a> {
+    pub(crate) port: PortId,
+    /// The packet's input sequence number.
+    pub(crate) seq: u64,
+    pub(crate) packet: RxPacket<'a>,
 }
 
 /// Capture-file ports read in timestamp order across ports, the earliest next packet first:
 /// what the dispatcher reads, and what a worker reading its own shard reads.
+///
+/// Several ports are merged through a [`Head`] per port, which costs a copy of each packet;
+/// a single port needs no merge, so its packets are offered where the port holds them and
+/// copied only when a reader declines one (once per full burst).
 pub(crate) struct Merged {
     rx: Vec<(PortId, Box<dyn RxPort>)>,
-    pub(crate) heads: Vec<Head>,
-    /// The input sequence number of the current packet.
-    pub(crate) seq: u64,
+    heads: Vec<Head>,
+    /// Per port: its name, for errors.
+    names: Vec<String>,
+    /// Per port: whether its input has ended (or failed).
+    ended: Vec<bool>,
+    /// The input sequence number of the next packet.
+    seq: u64,
     /// The latest timestamp read so far.
     pub(crate) now_ns: u64,
-    /// The port [`Merged::earliest`] last gave.
-    current: Option<usize>,
     pub(crate) errors: Vec<String>,
 }
 
 impl Merged {
-    pub(crate) fn open(mut rx: Vec<(PortId, Box<dyn RxPort>)>) -> Merged {
-        let mut errors = Vec::new();
-        let mut heads = Vec::with_capacity(rx.len());
-        for (port, src) in rx.iter_mut() {
-            let mut head = Head {
-                port: *port,
-                data: Vec::new(),
-                orig_len: 0,
-                ts_ns: 0,
-                live: false,
-            };
-            if let Err(e) = head.refill(src.as_mut()) {
-                errors.push(format!("reading {}: {e}", src.name()));
-            }
-            heads.push(head);
-        }
-        Merged {
+    pub(crate) fn open(rx: Vec<(PortId, Box<dyn RxPort>)>) -> Merged {
+        let heads = rx.iter().map(|(port, _)| Head::new(*port)).collect();
+        let mut input = Merged {
+            names: rx.iter().map(|(_, src)| src.name().to_string()).collect(),
+            ended: vec![false; rx.len()],
             rx,
             heads,
             seq: 0,
             now_ns: 0,
-            current: None,
-            errors,
+            errors: Vec::new(),
+        };
+        if input.rx.len() > 1 {
+            for i in 0..input.rx.len() {
+                input.stage(i);
+            }
         }
+        input
     }
 
-    /// The port whose next packet is the earliest, if any input is left; the clock moves to
-    /// that packet.
-    pub(crate) fn earliest(&mut self) -> Option<&Head> {
-        let i = self.step()?;
-        Some(&self.heads[i])
-    }
-
-    /// [`Merged::earliest`] as an index into `heads`, so that a caller can read the packet
-    /// and the clock together.
-    pub(crate) fn step(&mut self) -> Option<usize> {
+    /// Offers the earliest next packet to `take`, which returns whether it took it; one it
+    /// declines is offered again at the next call. `None` once every input has ended. The
+    /// clock moves to the packet's time as it is offered.
+    pub(crate) fn offer(&mut self, take: impl FnOnce(Offered) -> bool) -> Option<bool> {
+        if self.rx.len() == 1 && !self.heads[0].held {
+            return self.offer_from_port(take);
+        }
         let i = (self.heads.iter().enumerate())
-            .filter(|(_, h)| h.live)
+            .filter(|(_, h)| h.held)
             .min_by_key(|(_, h)| h.ts_ns)
             .map(|(i, _)| i)?;
-        self.current = Some(i);
-        self.now_ns = self.now_ns.max(self.heads[i].ts_ns);
-        Some(i)
+        let head = &mut self.heads[i];
+        self.now_ns = self.now_ns.max(head.ts_ns);
+        let offered = Offered {
+            port: head.port,
+            seq: self.seq,
+            packet: head.packet(),
+        };
+        if !take(offered) {
+            return Some(false);
+        }
+        head.held = false;
+        self.seq += 1;
+        if self.rx.len() > 1 {
+            self.stage(i);
+        }
+        Some(true)
     }
 
-    /// Moves past the current packet: the next sequence number, and its port's next packet.
-    pub(crate) fn advance(&mut self) {
-        let Some(i) = self.current.take() else {
-            return;
-        };
-        self.seq += 1;
-        let src = &mut self.rx[i].1;
-        if let Err(e) = self.heads[i].refill(src.as_mut()) {
-            self.errors.push(format!("reading {}: {e}", src.name()));
+    /// A single port's next packet, offered where the port holds it.
+    fn offer_from_port(&mut self, take: impl FnOnce(Offered) -> bool) -> Option<bool> {
+        let Merged {
+            rx,
+            heads,
+            names,
+            ended,
+            seq,
+            now_ns,
+            errors,
+        } = self;
+        let (port, src) = &mut rx[0];
+        let packet = next_packet(src.as_mut(), &names[0], &mut ended[0], errors)?;
+        *now_ns = (*now_ns).max(packet.ts_ns);
+        let taken = take(Offered {
+            port: *port,
+            seq: *seq,
+            packet,
+        });
+        if taken {
+            *seq += 1;
+        } else {
+            heads[0].hold(&packet);
+        }
+        Some(taken)
+    }
+
+    /// Reads port `i`'s next packet into its head, or marks the port ended.
+    fn stage(&mut self, i: usize) {
+        let src = self.rx[i].1.as_mut();
+        let name = &self.names[i];
+        if let Some(packet) = next_packet(src, name, &mut self.ended[i], &mut self.errors) {
+            self.heads[i].hold(&packet);
         }
     }
 
     pub(crate) fn done(&self) -> bool {
-        self.heads.iter().all(|h| !h.live)
+        self.ended.iter().all(|&e| e) && self.heads.iter().all(|h| !h.held)
     }
 
     pub(crate) fn bytes_read(&self) -> u64 {
         self.rx.iter().map(|(_, src)| src.bytes_read()).sum()
+    }
+}
+
+/// `src`'s (named `name`) next packet; `None` at its end or on an error (recorded in
+/// `errors`), after which `ended` is set and the port is not read again.
+fn next_packet<'a>(
+    src: &'a mut dyn RxPort,
+    name: &str,
+    ended: &mut bool,
+    errors: &mut Vec<String>,
+) -> Option<RxPacket<'a>> {
+    if *ended {
+        return None;
+    }
+    match src.next_packet() {
+        Ok(Some(packet)) => Some(packet),
+        Ok(None) => {
+            *ended = true;
+            None
+        }
+        Err(e) => {
+            *ended = true;
+            errors.push(format!("reading {name}: {e}"));
+            None
+        }
     }
 }
 
@@ -229,28 +301,32 @@ impl OwnShard {
 impl BurstSource for OwnShard {
     fn fill(&mut self, burst: &mut Burst) -> bool {
         while burst.len() < burst.capacity() {
-            let seq = self.input.seq;
-            let Some(head) = self.input.earliest() else {
-                break;
-            };
             // Only worker 0's shard counts what the input drops, so it is counted once.
             let mut stats = (self.worker == 0).then_some(&mut self.stats);
-            if ingress::fits(head.data.len(), stats.as_deref_mut()) {
+            let (hasher, worker, workers) = (&self.hasher, self.worker, self.workers);
+            let offered = self.input.offer(|Offered { port, seq, packet }| {
+                let len = packet.data.len();
+                if !ingress::fits(len, stats.as_deref_mut()) {
+                    return true; // counted and dropped
+                }
                 // Pushed first and parsed where it lies (no parse result copied about),
                 // then taken back out if it is another worker's or malformed.
-                if !burst.push(&head.data, head.orig_len, head.ts_ns, head.port, seq) {
-                    break; // the packet opens the next burst
+                if !burst.push(packet.data, packet.orig_len, packet.ts_ns, port, seq) {
+                    return false; // the packet opens the next burst
                 }
-                match burst.parse_last(&self.hasher) {
-                    Some(Ok(hash)) if shard_of(hash, self.workers) == self.worker => {}
+                match burst.parse_last(hasher) {
+                    Some(Ok(hash)) if shard_of(hash, workers) == worker => {}
                     Some(Err(m)) => {
-                        ingress::reject_malformed(head.data.len(), m, stats);
+                        ingress::reject_malformed(len, m, stats);
                         burst.pop();
                     }
                     _ => burst.pop(),
                 }
+                true
+            });
+            if offered != Some(true) {
+                break;
             }
-            self.input.advance();
         }
         if let Some(bytes) = &self.input_bytes {
             bytes.store(self.input.bytes_read(), Ordering::Relaxed);
@@ -267,5 +343,133 @@ impl BurstSource for OwnShard {
             std::mem::take(&mut self.stats),
             std::mem::take(&mut self.input.errors),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    /// A port of packets in memory, each a byte naming it and its index; it fails with an
+    /// error after `fail_after` packets if set.
+    struct MemRx {
+        packets: Vec<(u64, Vec<u8>)>,
+        next: usize,
+        fail_after: Option<usize>,
+    }
+
+    impl RxPort for MemRx {
+        fn name(&self) -> &str {
+            "memory"
+        }
+        fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
+            if self.fail_after == Some(self.next) {
+                return Err(io::Error::other("cut short"));
+            }
+            let p = self.packets.get(self.next);
+            self.next += 1;
+            Ok(p.map(|(ts, d)| RxPacket {
+                data: d,
+                orig_len: d.len() as u32,
+                ts_ns: *ts,
+            }))
+        }
+    }
+
+    fn port(tag: u8, times: &[u64], fail_after: Option<usize>) -> Box<dyn RxPort> {
+        let packets = (times.iter().enumerate())
+            .map(|(i, &ts)| (ts, vec![tag, i as u8]))
+            .collect();
+        Box::new(MemRx {
+            packets,
+            next: 0,
+            fail_after,
+        })
+    }
+
+    /// Takes every packet, declining each one the first time when `decline_first` (as a
+    /// full burst does): `(port, seq, data)` in the order taken.
+    fn read_all(input: &mut Merged, decline_first: bool) -> Vec<(PortId, u64, Vec<u8>)> {
+        let mut taken = Vec::new();
+        let mut declined = false;
+        while let Some(took) = input.offer(|o| {
+            if decline_first && !declined {
+                declined = true;
+                return false;
+            }
+            declined = false;
+            taken.push((o.port, o.seq, o.packet.data.to_vec()));
+            true
+        }) {
+            assert!(took || decline_first);
+        }
+        taken
+    }
+
+    #[test]
+    fn one_port_gives_its_packets_in_order_and_again_when_declined() {
+        for decline_first in [false, true] {
+            let mut input = Merged::open(vec![(3, port(7, &[10, 20, 30], None))]);
+            let got = read_all(&mut input, decline_first);
+            let want = vec![(3, 0, vec![7, 0]), (3, 1, vec![7, 1]), (3, 2, vec![7, 2])];
+            assert_eq!(got, want, "decline_first: {decline_first}");
+            assert!(input.done());
+            assert_eq!(input.now_ns, 30);
+            assert!(input.errors.is_empty());
+        }
+    }
+
+    #[test]
+    fn ports_merge_by_time_and_a_declined_packet_keeps_its_place() {
+        for decline_first in [false, true] {
+            let mut input = Merged::open(vec![
+                (0, port(0, &[10, 40, 50], None)),
+                (1, port(1, &[20, 30, 60], None)),
+            ]);
+            let got = read_all(&mut input, decline_first);
+            let order: Vec<(PortId, u64, u8)> =
+                got.iter().map(|(p, s, d)| (*p, *s, d[1])).collect();
+            assert_eq!(
+                order,
+                vec![
+                    (0, 0, 0),
+                    (1, 1, 0),
+                    (1, 2, 1),
+                    (0, 3, 1),
+                    (0, 4, 2),
+                    (1, 5, 2)
+                ]
+            );
+            assert!(input.done());
+            assert_eq!(input.now_ns, 60);
+        }
+    }
+
+    #[test]
+    fn a_port_that_fails_ends_with_its_error_and_the_others_go_on() {
+        let mut one = Merged::open(vec![(0, port(0, &[1, 2, 3], Some(2)))]);
+        assert_eq!(read_all(&mut one, true).len(), 2);
+        assert_eq!(one.errors, vec!["reading memory: cut short".to_string()]);
+        assert!(one.done());
+
+        let mut two = Merged::open(vec![
+            (0, port(0, &[1, 2, 3], Some(1))),
+            (1, port(1, &[4, 5], None)),
+        ]);
+        let ports: Vec<PortId> = read_all(&mut two, false).iter().map(|t| t.0).collect();
+        assert_eq!(ports, vec![0, 1, 1]);
+        assert_eq!(two.errors.len(), 1);
+        assert!(two.done());
+    }
+
+    #[test]
+    fn an_empty_input_offers_nothing() {
+        let mut input = Merged::open(vec![(0, port(0, &[], None))]);
+        assert_eq!(input.offer(|_| panic!("nothing to offer")), None);
+        assert!(input.done());
+        let mut none = Merged::open(Vec::new());
+        assert_eq!(none.offer(|_| panic!("nothing to offer")), None);
+        assert!(none.done());
     }
 }
