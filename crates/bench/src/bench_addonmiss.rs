@@ -343,6 +343,8 @@ impl DigestLearner {
 }
 
 impl Program for DigestLearner {
+    type Prepared = ();
+
     fn process(&mut self, _burst: &mut stateplane_runtime::Burst, _ctx: &mut Context) {}
 
     stateplane_programs::answer_by_table!(table);

@@ -22,10 +22,10 @@
 //! `router`.
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::router::{Router, RouterConfig};
+use crate::router::{Router, RouterConfig, Tables};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::ternary::{Packet5, Rule, Ternary};
 use stateplane_state::{
@@ -88,9 +88,15 @@ struct Rules {
     capacity: usize,
 }
 
+/// What a write prepares: the next rules, or the next routes of the router behind them.
+pub enum Prepared {
+    Rules(RulesUpdate),
+    Routes(Arc<Tables>),
+}
+
 /// A change the control plane prepared: the new rules, and the ids whose counters start
 /// again from zero (rules added or removed).
-struct RulesUpdate {
+pub struct RulesUpdate {
     rules: Arc<Rules>,
     reset: Vec<u32>,
 }
@@ -488,6 +494,8 @@ impl Acl {
 }
 
 impl Program for Acl {
+    type Prepared = Prepared;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         match &mut self.next {
             Next::Forward(f) => f.process(burst, ctx),
@@ -529,15 +537,17 @@ impl Program for Acl {
         d
     }
 
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Prepared>>, ControlError> {
         match (request, &self.next) {
             (Request::Write { table, writes }, _) if table == "rules" => {
                 let mut newest = self.newest.lock().unwrap_or_else(PoisonError::into_inner);
                 let update = newest.updated(writes)?;
                 *newest = update.rules.clone();
-                Ok(Some(Arc::new(update)))
+                Ok(Some(Arc::new(Prepared::Rules(update))))
             }
-            (_, Next::Router(r)) if request.target().starts_with("routes") => r.prepare(request),
+            (_, Next::Router(r)) if request.target().starts_with("routes") => {
+                Ok(r.prepare(request)?.map(|t| Arc::new(Prepared::Routes(t))))
+            }
             _ => Ok(None),
         }
     }
@@ -545,14 +555,14 @@ impl Program for Acl {
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         match (request, &mut self.next) {
             (Request::Write { table, .. }, _) if table == "rules" => {
-                let update = prepared
-                    .and_then(|p| p.clone().downcast::<RulesUpdate>().ok())
-                    .ok_or(ControlError::Unavailable)?;
+                let Some(Prepared::Rules(update)) = prepared.map(|p| p.as_ref()) else {
+                    return Err(ControlError::Unavailable);
+                };
                 for &id in &update.reset {
                     let _ = self.counters.write(id as usize, PacketBytes::default());
                     if let Some(m) = self.meters.get_mut(id as usize) {
@@ -647,7 +657,13 @@ impl Program for Acl {
                 }
                 Ok(Reply::Done)
             }
-            (_, Next::Router(r)) => r.control(request, prepared, ctx),
+            (_, Next::Router(r)) => {
+                let tables = match prepared.map(|p| p.as_ref()) {
+                    Some(Prepared::Routes(tables)) => Some(tables),
+                    _ => None,
+                };
+                r.control(request, tables, ctx)
+            }
             _ => Err(ControlError::Unavailable),
         }
     }

@@ -15,7 +15,9 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, ProgramFactory, Verdict};
+use stateplane_runtime::{
+    Burst, Context, DropReason, Prepared, Program, ProgramFactory, Running, Verdict,
+};
 use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,7 +36,7 @@ pub struct ChainConfig {
 const MAX_REASONS: usize = DropReason::COUNT - DropReason::PROGRAM_BASE as usize;
 
 pub struct Chain {
-    stages: Vec<Box<dyn Program>>,
+    stages: Vec<Box<dyn Running>>,
     /// Where each stage's drop reasons start among the chain's.
     reason_base: Vec<u8>,
     reasons: &'static [&'static str],
@@ -94,7 +96,7 @@ impl Chain {
         worker: usize,
         field: &str,
     ) -> Result<Chain, ConfigError> {
-        let stages: Vec<Box<dyn Program>> = factories.iter().map(|f| f(worker)).collect();
+        let stages: Vec<Box<dyn Running>> = factories.iter().map(|f| f(worker)).collect();
         let mut reasons = Vec::new();
         for (name, stage) in names.iter().zip(&stages) {
             reasons.extend(stage.drop_reasons().iter().map(|r| format!("{name}.{r}")));
@@ -133,7 +135,7 @@ impl Chain {
         worker: usize,
         reasons: &'static [&'static str],
     ) -> Chain {
-        let stages: Vec<Box<dyn Program>> = factories.iter().map(|f| f(worker)).collect();
+        let stages: Vec<Box<dyn Running>> = factories.iter().map(|f| f(worker)).collect();
         let mut owner = BTreeMap::new();
         for (i, stage) in stages.iter().enumerate() {
             for d in stage.declarations() {
@@ -144,7 +146,7 @@ impl Chain {
     }
 
     fn with(
-        stages: Vec<Box<dyn Program>>,
+        stages: Vec<Box<dyn Running>>,
         reasons: &'static [&'static str],
         owner: BTreeMap<String, usize>,
     ) -> Chain {
@@ -191,6 +193,9 @@ fn rebase(burst: &mut Burst, base: u8) {
 }
 
 impl Program for Chain {
+    /// What the stage the request is for prepared.
+    type Prepared = Prepared;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for (i, stage) in self.stages.iter_mut().enumerate() {
             let base = self.reason_base[i];
@@ -223,18 +228,19 @@ impl Program for Chain {
         self.stages.iter().flat_map(|s| s.declarations()).collect()
     }
 
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
-        self.stages[self.stage_of(request.target())?].prepare(request)
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Prepared>>, ControlError> {
+        let stage = &self.stages[self.stage_of(request.target())?];
+        Ok(stage.prepare(request)?.map(Arc::new))
     }
 
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         let i = self.stage_of(request.target())?;
-        self.stages[i].control(request, prepared, ctx)
+        self.stages[i].control(request, prepared.map(|p| p.as_ref()), ctx)
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
@@ -293,12 +299,12 @@ routes = [
         PortNames(vec!["inside".into(), "outside".into()])
     }
 
-    fn chain(text: &str) -> Result<Box<dyn Program>, ConfigError> {
+    fn chain(text: &str) -> Result<Box<dyn Running>, ConfigError> {
         let table: toml::Value = toml::from_str(text).unwrap();
         Ok(crate::build("chain", Some(&table), &names())?(0))
     }
 
-    fn reason(p: &dyn Program, v: Verdict) -> &'static str {
+    fn reason(p: &dyn Running, v: Verdict) -> &'static str {
         match v {
             Verdict::Drop(r) => r.name(p.drop_reasons()),
             _ => "pass",
@@ -306,9 +312,11 @@ routes = [
     }
 
     /// Runs frames through a boxed program (the test helper wants a sized one).
-    struct Boxed(Box<dyn Program>);
+    struct Boxed(Box<dyn Running>);
 
     impl Program for Boxed {
+        type Prepared = ();
+
         fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
             self.0.process(burst, ctx);
         }

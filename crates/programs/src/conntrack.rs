@@ -357,6 +357,8 @@ impl Conntrack {
 }
 
 impl Program for Conntrack {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {

@@ -106,6 +106,8 @@ impl Counter {
 }
 
 impl Program for Counter {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {

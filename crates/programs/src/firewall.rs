@@ -29,10 +29,11 @@ use crate::conntrack::{Conntrack, ConntrackConfig, Refusal, Timeouts, tracked};
 use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::icmp::types;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,6 +164,9 @@ impl Firewall {
 }
 
 impl Program for Firewall {
+    /// What the policy prepares (the connections table prepares nothing).
+    type Prepared = <Acl as Program>::Prepared;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         let n = burst.len();
@@ -226,18 +230,18 @@ impl Program for Firewall {
         d
     }
 
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Self::Prepared>>, ControlError> {
         self.policy.prepare(request)
     }
 
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Self::Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         if request.target() == "connections" {
-            self.conntrack.control(request, prepared, ctx)
+            self.conntrack.control(request, None, ctx)
         } else {
             self.policy.control(request, prepared, ctx)
         }

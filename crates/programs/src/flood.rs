@@ -224,6 +224,8 @@ impl Flood {
 }
 
 impl Program for Flood {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {

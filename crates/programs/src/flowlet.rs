@@ -131,6 +131,8 @@ impl Flowlet {
 }
 
 impl Program for Flowlet {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for d in burst.descs_mut() {
             if d.in_port != self.ingress {

@@ -55,6 +55,8 @@ impl Forward {
 }
 
 impl Program for Forward {
+    type Prepared = ();
+
     #[inline]
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for d in burst.descs_mut() {

@@ -163,6 +163,8 @@ impl Hh {
 }
 
 impl Program for Hh {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {

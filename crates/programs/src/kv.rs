@@ -285,6 +285,8 @@ impl Kv {
 }
 
 impl Program for Kv {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for i in 0..burst.len() {
             let (in_port, now) = (burst.descs()[i].in_port, burst.descs()[i].ts_ns);

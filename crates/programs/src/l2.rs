@@ -163,6 +163,8 @@ impl L2 {
 }
 
 impl Program for L2 {
+    type Prepared = ();
+
     #[inline]
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for p in burst.iter_mut() {

@@ -109,6 +109,8 @@ impl L2Learn {
 }
 
 impl Program for L2Learn {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let now = ctx.now_ns;
         for p in burst.iter_mut() {

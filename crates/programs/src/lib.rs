@@ -34,7 +34,7 @@ pub mod superspreader;
 #[cfg(test)]
 mod testutil;
 
-use stateplane_runtime::{Burst, Context, PortId, Prepared, Program, ProgramFactory};
+use stateplane_runtime::{Burst, Context, PortId, Prepared, Program, ProgramFactory, Running};
 use stateplane_state::{
     ControlError, Declaration, ExpireMode, ExpireProfile, Guarantee, Notification, Reply, Request,
 };
@@ -58,7 +58,7 @@ macro_rules! answer_by_table {
         fn control(
             &mut self,
             request: &$crate::macro_support::Request,
-            _prepared: Option<&$crate::macro_support::Prepared>,
+            _prepared: Option<&std::sync::Arc<Self::Prepared>>,
             ctx: &$crate::macro_support::Context,
         ) -> Result<$crate::macro_support::Reply, $crate::macro_support::ControlError> {
             self.$($table).+.answer(request, ctx.now_ns)
@@ -72,7 +72,7 @@ macro_rules! answer_by_table {
 
 #[doc(hidden)]
 pub mod macro_support {
-    pub use stateplane_runtime::{Context, Prepared};
+    pub use stateplane_runtime::Context;
     pub use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
 }
 
@@ -483,11 +483,14 @@ pub fn with_guarantees(
 /// A program whose declarations carry the configured guarantees; everything else is the
 /// program's own.
 struct Guaranteed {
-    inner: Box<dyn Program>,
+    inner: Box<dyn Running>,
     overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
 }
 
 impl Program for Guaranteed {
+    /// What the program inside prepared.
+    type Prepared = Prepared;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.inner.process(burst, ctx);
     }
@@ -510,17 +513,18 @@ impl Program for Guaranteed {
         declared
     }
 
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
-        self.inner.prepare(request)
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Prepared>>, ControlError> {
+        Ok(self.inner.prepare(request)?.map(Arc::new))
     }
 
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        self.inner.control(request, prepared, ctx)
+        self.inner
+            .control(request, prepared.map(|p| p.as_ref()), ctx)
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {

@@ -12,6 +12,8 @@ const OBSERVED: DropReason = DropReason::program(0);
 pub struct Monitor;
 
 impl Program for Monitor {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for d in burst.descs_mut() {
             d.verdict = Verdict::Drop(OBSERVED);

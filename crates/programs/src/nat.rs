@@ -39,9 +39,7 @@
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
-use stateplane_runtime::{
-    Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
-};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
@@ -657,6 +655,8 @@ fn parse_pool(field: &str, text: &str) -> Result<(u16, u16), ConfigError> {
 }
 
 impl Program for Nat {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let n = burst.len();
         for p in burst.iter_mut() {
@@ -698,7 +698,7 @@ impl Program for Nat {
     fn control(
         &mut self,
         request: &Request,
-        _prepared: Option<&Prepared>,
+        _prepared: Option<&std::sync::Arc<Self::Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         let (answers, external) = (&mut self.answers, self.external);

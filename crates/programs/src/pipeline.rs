@@ -39,7 +39,7 @@ use stateplane_classifier::{
     CachedPipeline, Consistency, Fields, Miss, Probe, Rule, RuleId, RuleSet, format_rule,
     parse_rule,
 };
-use stateplane_runtime::{Burst, Context, DropReason, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::{
     ControlError, Declaration, FlowChange, FlowFilter, FlowStat, Guarantee, Kind, Reply, Request,
 };
@@ -273,7 +273,15 @@ impl Pipeline {
     }
 }
 
+/// What a flow change prepares: the rules an add parses, or the actions a modify sets.
+pub enum Prepared {
+    Add(Vec<Rule>),
+    Modify(Rule),
+}
+
 impl Program for Pipeline {
+    type Prepared = Prepared;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.expire_due(ctx.now_ns);
         // First every packet's key and hash, reading its cache slot ahead; then the
@@ -359,7 +367,7 @@ impl Program for Pipeline {
 
     /// Rule text is read here, on the control plane's thread, and checked against the
     /// tables and ports, so that the workers only insert: all or none, never half.
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Prepared>>, ControlError> {
         let Request::Flows { change, .. } = request else {
             return Ok(None);
         };
@@ -371,13 +379,13 @@ impl Program for Pipeline {
                     self.ports,
                 )
                 .map_err(invalid)?;
-                Ok(Some(Arc::new(rules)))
+                Ok(Some(Arc::new(Prepared::Add(rules))))
             }
             FlowChange::Modify { actions, .. } => {
                 let rule = parse_rule(&format!("actions={actions}"))
                     .map_err(|e| invalid(e.to_string()))?;
                 check_ports(&rule, self.ports).map_err(invalid)?;
-                Ok(Some(Arc::new(rule)))
+                Ok(Some(Arc::new(Prepared::Modify(rule))))
             }
             FlowChange::Delete(_) | FlowChange::Dump(_) => Ok(None),
         }
@@ -386,7 +394,7 @@ impl Program for Pipeline {
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Prepared>>,
         _ctx: &Context,
     ) -> Result<Reply, ControlError> {
         let Request::Flows { change, .. } = request else {
@@ -396,9 +404,9 @@ impl Program for Pipeline {
         };
         match change {
             FlowChange::Add(_) => {
-                let rules = prepared
-                    .and_then(|p| p.clone().downcast::<Vec<Rule>>().ok())
-                    .ok_or(ControlError::Unavailable)?;
+                let Some(Prepared::Add(rules)) = prepared.map(|p| p.as_ref()) else {
+                    return Err(ControlError::Unavailable);
+                };
                 if self.flows.rules().len() + rules.len() > self.capacity {
                     return Err(ControlError::TableFull {
                         table: FLOWS.into(),
@@ -414,9 +422,9 @@ impl Program for Pipeline {
                 Ok(Reply::Done)
             }
             FlowChange::Modify { filter, .. } => {
-                let new = prepared
-                    .and_then(|p| p.clone().downcast::<Rule>().ok())
-                    .ok_or(ControlError::Unavailable)?;
+                let Some(Prepared::Modify(new)) = prepared.map(|p| p.as_ref()) else {
+                    return Err(ControlError::Unavailable);
+                };
                 let ids = self.matching(filter);
                 // Every goto is checked before any rule changes: all or none.
                 for &id in &ids {

@@ -18,7 +18,7 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::{
     ControlError, Declaration, Entry, Guarantee, Kind, Lpm4, Lpm6, Match, Reply, Request, Write,
@@ -61,7 +61,7 @@ pub const TO_CONTROL_NOT_ROUTED: u16 = 1;
 
 /// The tables, shared read-only by every worker.
 #[derive(Clone)]
-struct Tables {
+pub struct Tables {
     v4: Lpm4<NextHop>,
     v6: Lpm6<NextHop>,
 }
@@ -305,6 +305,9 @@ impl Router {
 }
 
 impl Program for Router {
+    /// The next tables, made by a write.
+    type Prepared = Tables;
+
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for p in burst.iter_mut() {
             let d = p.desc;
@@ -331,7 +334,7 @@ impl Program for Router {
 
     /// A write makes the next tables here, on the control plane's thread; a refused write
     /// leaves the newest tables as they were.
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Tables>>, ControlError> {
         let Request::Write { table, writes } = request else {
             return Ok(None);
         };
@@ -347,15 +350,12 @@ impl Program for Router {
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Tables>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         match request {
             Request::Write { .. } => {
-                let tables = prepared
-                    .and_then(|p| p.clone().downcast::<Tables>().ok())
-                    .ok_or(ControlError::Unavailable)?;
-                self.tables = tables;
+                self.tables = prepared.cloned().ok_or(ControlError::Unavailable)?;
                 Ok(Reply::Done)
             }
             Request::Read { table, key, from } => {
@@ -464,7 +464,7 @@ mod tests {
             };
             match (r.prepare(&request), &write, at) {
                 (Ok(Some(p)), _, _) => {
-                    let t = p.downcast::<Tables>().unwrap();
+                    let t = p;
                     match (&write, at) {
                         (Write::Insert(_), None) => routes.push((addr, len, hop(port))),
                         (Write::Modify(_), Some(i)) => routes[i].2 = hop(port),

@@ -34,7 +34,7 @@
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Prepared, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
@@ -413,6 +413,8 @@ impl Sgw {
 }
 
 impl Program for Sgw {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
         for i in 0..burst.len() {
             let step = {
@@ -447,7 +449,7 @@ impl Program for Sgw {
     fn control(
         &mut self,
         request: &Request,
-        _prepared: Option<&Prepared>,
+        _prepared: Option<&std::sync::Arc<Self::Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         let by_ue = &mut self.by_ue;

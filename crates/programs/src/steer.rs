@@ -190,6 +190,8 @@ fn probe_frame(path: usize, seq: u32) -> [u8; PROBE_LEN] {
 }
 
 impl Program for Steer {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let now = ctx.now_ns;
         for p in burst.iter_mut() {

@@ -165,6 +165,8 @@ impl Superspreader {
 }
 
 impl Program for Superspreader {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         for d in burst.descs_mut() {

@@ -14,7 +14,7 @@
 //! returns once every worker has, with the request's version. So a packet a worker takes
 //! after the reply is processed with the change, on every worker.
 
-use crate::program::{Context, Prepared, Program};
+use crate::program::{Context, Prepared, Running};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
 use stateplane_api::{self as control, ControlError, Declaration, Entry, Notification, Reply};
@@ -38,7 +38,7 @@ struct Job {
 
 struct Next {
     version: u64,
-    preparer: Box<dyn Program>,
+    preparer: Box<dyn Running>,
 }
 
 /// A reply and the version at which it took effect.
@@ -73,7 +73,7 @@ pub struct WorkerControl {
 impl ControlPlane {
     /// A control plane for `workers` workers running the program `preparer` is an instance
     /// of (from the same factory); returns each worker's end.
-    pub fn new(workers: usize, preparer: Box<dyn Program>) -> (Arc<Self>, Vec<WorkerControl>) {
+    pub fn new(workers: usize, preparer: Box<dyn Running>) -> (Arc<Self>, Vec<WorkerControl>) {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..workers)
             .map(|_| crossbeam_channel::bounded::<Job>(64))
             .unzip();
@@ -112,7 +112,7 @@ impl ControlPlane {
 
     /// Takes an instance of a reloaded program: its declarations, and what prepares
     /// requests from now on.
-    pub fn set_program(&self, preparer: Box<dyn Program>) {
+    pub fn set_program(&self, preparer: Box<dyn Running>) {
         let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         *self
             .declarations
@@ -332,13 +332,13 @@ fn merge(
 
 impl WorkerControl {
     /// Hands the control plane an instance of a reloaded program (worker 0 does).
-    pub fn reloaded(&self, preparer: Box<dyn Program>) {
+    pub fn reloaded(&self, preparer: Box<dyn Running>) {
         self.plane.set_program(preparer);
     }
 
     /// Applies waiting requests to `program` and hands its notifications on. Called by the
     /// worker between bursts; costs one atomic load when nothing waits.
-    pub fn poll(&mut self, program: &mut dyn Program, ctx: &Context) {
+    pub fn poll(&mut self, program: &mut dyn Running, ctx: &Context) {
         while let Ok(job) = self.jobs.try_recv() {
             let answer = program.control(&job.request, job.prepared.as_ref(), ctx);
             self.applied.store(job.version, Ordering::Release);

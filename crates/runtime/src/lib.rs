@@ -36,7 +36,9 @@ pub use control::{Applied, ControlPlane, WorkerControl};
 pub use counters::{Counter, SharedStats, Stats};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{ChunkedFile, FileRecord, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
-pub use program::{Context, DropReason, PortId, Prepared, Program, ProgramFactory, Verdict};
+pub use program::{
+    Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,
+};
 pub use read_ahead::ReadAhead;
 pub use run_config::{RunHandle, RunReport, RuntimeConfig};
 pub use sharded::run_sharded;

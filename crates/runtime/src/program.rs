@@ -9,6 +9,8 @@
 use crate::burst::Burst;
 use stateplane_api::{ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::FlowHasher;
+use std::any::Any;
+use std::sync::Arc;
 
 /// A port number: the index of the port in the switch's port list.
 pub type PortId = u16;
@@ -134,6 +136,10 @@ pub struct Context {
 
 /// A network function. See the module documentation for the contract.
 pub trait Program: Send {
+    /// What [`Program::prepare`] makes for every worker's [`Program::control`]; `()` for a
+    /// program that prepares nothing.
+    type Prepared: Send + Sync + 'static;
+
     /// Sets the verdict of every packet in `burst` (all of them parsed and well formed).
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context);
 
@@ -156,7 +162,7 @@ pub trait Program: Send {
     /// too heavy to do between two bursts: an updated copy of a table the workers share,
     /// which each worker's `control` then takes (a pointer swap). A refusal here reaches
     /// no worker. Called on an instance of its own, made by the same factory.
-    fn prepare(&self, _request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, _request: &Request) -> Result<Option<Arc<Self::Prepared>>, ControlError> {
         Ok(None)
     }
 
@@ -166,7 +172,7 @@ pub trait Program: Send {
     fn control(
         &mut self,
         request: &Request,
-        _prepared: Option<&Prepared>,
+        _prepared: Option<&Arc<Self::Prepared>>,
         _ctx: &Context,
     ) -> Result<Reply, ControlError> {
         Err(ControlError::UnknownTable {
@@ -179,11 +185,78 @@ pub trait Program: Send {
     fn notifications(&mut self, _out: &mut Vec<Notification>) {}
 }
 
-/// What [`Program::prepare`] hands to every worker with a request.
-pub type Prepared = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+/// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
+/// prepares in a [`Prepared`]. Implemented for every `Program`; nothing else implements it.
+pub trait Running: Send {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context);
+    fn poll(&mut self, out: &mut Burst, ctx: &mut Context);
+    fn drop_reasons(&self) -> &'static [&'static str];
+    fn declarations(&self) -> Vec<Declaration>;
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError>;
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError>;
+    fn notifications(&mut self, out: &mut Vec<Notification>);
+}
+
+/// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
+/// cannot name each program's type, so it carries it as `Any`, and only [`Running`] opens
+/// it again, as the type it was made as.
+#[derive(Clone)]
+pub struct Prepared(Arc<dyn Any + Send + Sync>);
+
+impl<P: Program> Running for P {
+    #[inline]
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        Program::process(self, burst, ctx);
+    }
+
+    fn poll(&mut self, out: &mut Burst, ctx: &mut Context) {
+        Program::poll(self, out, ctx);
+    }
+
+    fn drop_reasons(&self) -> &'static [&'static str] {
+        Program::drop_reasons(self)
+    }
+
+    fn declarations(&self) -> Vec<Declaration> {
+        Program::declarations(self)
+    }
+
+    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+        Ok(Program::prepare(self, request)?.map(|made| Prepared(made)))
+    }
+
+    /// The preparer and the workers are made by one factory, so what was prepared is
+    /// `P::Prepared`, except when a reload replaced the program between the two: then the
+    /// worker still runs the old one and the request is refused as made for another.
+    fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Prepared>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let typed = match prepared {
+            None => None,
+            Some(Prepared(made)) => Some(
+                Arc::clone(made)
+                    .downcast::<P::Prepared>()
+                    .map_err(|_| ControlError::Unavailable)?,
+            ),
+        };
+        Program::control(self, request, typed.as_ref(), ctx)
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        Program::notifications(self, out);
+    }
+}
 
 /// Makes one program instance per worker (`worker index -> program`).
-pub type ProgramFactory = std::sync::Arc<dyn Fn(usize) -> Box<dyn Program> + Send + Sync>;
+pub type ProgramFactory = Arc<dyn Fn(usize) -> Box<dyn Running> + Send + Sync>;
 
 #[cfg(test)]
 mod tests {
@@ -201,5 +274,58 @@ mod tests {
         );
         assert_eq!(all(Verdict::Drop(DropReason::NO_VERDICT), 1), []);
         assert_eq!(all(Verdict::ToControl(1), 1), []);
+    }
+
+    /// A program that prepares a `T` and answers with what it was handed.
+    struct Preparing<T>(T);
+
+    impl<T: Clone + Send + Sync + 'static + Into<u64>> Program for Preparing<T> {
+        type Prepared = T;
+
+        fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
+
+        fn prepare(&self, _request: &Request) -> Result<Option<Arc<T>>, ControlError> {
+            Ok(Some(Arc::new(self.0.clone())))
+        }
+
+        fn control(
+            &mut self,
+            _request: &Request,
+            prepared: Option<&Arc<T>>,
+            _ctx: &Context,
+        ) -> Result<Reply, ControlError> {
+            let made = prepared.map(|p| T::clone(p).into());
+            Ok(Reply::Values(made.into_iter().map(u128::from).collect()))
+        }
+    }
+
+    /// What one instance prepares reaches another of its type as that type; an instance of
+    /// another program (a reload between prepare and apply) refuses it rather than fail.
+    #[test]
+    fn prepared_state_arrives_typed_and_a_replaced_program_refuses_it() {
+        let ctx = Context {
+            now_ns: 0,
+            worker: 0,
+            workers: 1,
+            hasher: FlowHasher::with_seed(1),
+            ports: 1,
+        };
+        let request = Request::Stats { table: "t".into() };
+        let preparer: Box<dyn Running> = Box::new(Preparing(7u32));
+        let made = preparer.prepare(&request).unwrap();
+        let mut same: Box<dyn Running> = Box::new(Preparing(0u32));
+        assert_eq!(
+            same.control(&request, made.as_ref(), &ctx).unwrap(),
+            Reply::Values(vec![7])
+        );
+        assert_eq!(
+            same.control(&request, None, &ctx).unwrap(),
+            Reply::Values(Vec::new())
+        );
+        let mut other: Box<dyn Running> = Box::new(Preparing(0u64));
+        assert_eq!(
+            other.control(&request, made.as_ref(), &ctx),
+            Err(ControlError::Unavailable)
+        );
     }
 }

@@ -3,12 +3,12 @@
 use crate::burst::Burst;
 use crate::control::WorkerControl;
 use crate::counters::{Counter, Stats};
-use crate::program::{Context, DropReason, Program, Verdict};
+use crate::program::{Context, DropReason, Running, Verdict};
 use crate::tap::Tap;
 use stateplane_wire::{FlowHasher, Malformed};
 
 pub struct Worker {
-    program: Box<dyn Program>,
+    program: Box<dyn Running>,
     ctx: Context,
     control: Option<WorkerControl>,
     /// Stages that see each burst after the program, in order.
@@ -18,7 +18,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(
-        program: Box<dyn Program>,
+        program: Box<dyn Running>,
         worker: usize,
         workers: usize,
         ports: usize,
@@ -101,8 +101,8 @@ impl Worker {
     /// control plane `spare`, another instance from the same factory.
     pub fn replace_program(
         &mut self,
-        program: Box<dyn Program>,
-        spare: impl FnOnce() -> Box<dyn Program>,
+        program: Box<dyn Running>,
+        spare: impl FnOnce() -> Box<dyn Running>,
     ) {
         self.program = program;
         if let Some(c) = &self.control

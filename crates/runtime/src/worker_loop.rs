@@ -614,6 +614,8 @@ mod tests {
     }
 
     impl Program for Probe {
+        type Prepared = ();
+
         fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
             for d in burst.descs_mut() {
                 d.verdict = Verdict::Forward(self.port);

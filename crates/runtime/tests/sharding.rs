@@ -150,6 +150,8 @@ struct Recorder {
 }
 
 impl Program for Recorder {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let mut seen = self.seen.lock().unwrap();
         for d in burst.descs_mut() {

@@ -165,6 +165,8 @@ impl Tollbooth {
 }
 
 impl Program for Tollbooth {
+    type Prepared = ();
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for d in burst.descs_mut() {
             let out = if d.in_port == 0 { 1 } else { 0 };

@@ -41,9 +41,7 @@ use crate::keys::filled_table;
 use crate::nat::rewrite;
 use crate::{ConfigError, PortNames, parse_ipv4, router::parse_mac};
 use serde::Deserialize;
-use stateplane_runtime::{
-    Burst, Context, DropReason, PacketDesc, PortId, Prepared, Program, Verdict,
-};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Guarantee, Kind, Match,
@@ -238,7 +236,7 @@ fn endpoint(address: [u8; 4], port: u16, proto: u8) -> u64 {
 
 /// The pools, shared read-only by every worker and replaced whole when health changes.
 #[derive(Clone)]
-struct Pools {
+pub struct Pools {
     vips: Vec<Vip>,
     backends: Vec<Backend>,
     /// VIP endpoint -> VIP index.
@@ -683,6 +681,9 @@ impl Lb {
 }
 
 impl Program for Lb {
+    /// The next pools, made by a write to the backends.
+    type Prepared = Pools;
+
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         let n = burst.len();
         for p in burst.iter_mut() {
@@ -721,7 +722,7 @@ impl Program for Lb {
 
     /// Health writes make the next pools here, on the control plane's thread, with the
     /// Maglev tables of the VIPs they change filled again.
-    fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError> {
+    fn prepare(&self, request: &Request) -> Result<Option<Arc<Pools>>, ControlError> {
         let Request::Write { table, writes } = request else {
             return Ok(None);
         };
@@ -739,7 +740,7 @@ impl Program for Lb {
     fn control(
         &mut self,
         request: &Request,
-        prepared: Option<&Prepared>,
+        prepared: Option<&Arc<Pools>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
         if request.target() != "backends" {
@@ -747,9 +748,7 @@ impl Program for Lb {
         }
         match request {
             Request::Write { .. } => {
-                self.pools = prepared
-                    .and_then(|p| p.clone().downcast::<Pools>().ok())
-                    .ok_or(ControlError::Unavailable)?;
+                self.pools = prepared.cloned().ok_or(ControlError::Unavailable)?;
                 Ok(Reply::Done)
             }
             Request::Read { key: Some(key), .. } => {
