@@ -3,7 +3,8 @@
 //!
 //! Owns: `bench` (Mpps per core on an in-memory replay), `bench_addonmiss`,
 //! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_tables`,
-//! `lab_bench` (real TCP through a lab), and `chart` (SVG bar charts).
+//! `lab_bench` (real TCP through a lab); what they share: [`statistics`] (median,
+//! percentiles), [`results`] (the CSV and chart files) and `chart` (SVG bar charts).
 //!
 //! Must never: be on a packet path (it drives the runtime and the programs as a user
 //! would), or report a figure without the input it used.

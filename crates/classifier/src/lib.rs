@@ -1,11 +1,12 @@
-//! Multi-table rule pipelines in the OpenFlow style, and (to come) their microflow cache.
+//! Multi-table rule pipelines in the OpenFlow style, and their microflow cache.
 //!
 //! Owns: the fields rules match on, taken once per packet ([`fields`]); rules with
 //! prioritized wildcard patterns, port ranges, cookies, timeouts and instructions
 //! ([`rule`]); their one-rule-per-line text format ([`rule_text`]); the reference walk through
 //! numbered tables ([`ruleset`]) that every faster classifier and the cache must agree
-//! with; and the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways,
-//! signatures, pseudo-LRU).
+//! with; the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways, signatures,
+//! pseudo-LRU); and the cached pipeline in front of the rules ([`cached`]: the Action
+//! Table and the consistency modes); [`apply`] puts a walk's actions onto a packet.
 //!
 //! Must never: read a clock, allocate on a cache hit, or give a packet processed after an
 //! update was acknowledged a result the new rule set would not give.
