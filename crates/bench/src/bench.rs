@@ -4,7 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
@@ -56,12 +56,8 @@ pub struct BenchArgs {
     pub no_hugepages: bool,
     #[arg(long)]
     pub json: bool,
-    /// Also write the results as CSV.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Also draw Mpps per core as an SVG bar chart.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 struct Measurement {
@@ -413,7 +409,7 @@ fn report(
             );
         }
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv =
             Csv::new("program,packets,workers,burst,mpps_per_core,ns_per_packet,mpps_total");
         for m in results {
@@ -430,7 +426,7 @@ fn report(
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let title = format!(
             "Mpps per core: {workers} worker(s), burst {burst}, median of {}",
             a.repeat

@@ -21,7 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
@@ -30,7 +30,6 @@ use stateplane_state::{
     Request, ValueCodec, Write,
 };
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -46,10 +45,8 @@ pub struct AddOnMissArgs {
     /// Insert a new key every N-th packet of phase 2; comma-separated values of N.
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
     pub every: Vec<usize>,
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 /// Keys as the slides' packets carry them: 64-bit values, pseudo-random but distinct.
@@ -237,7 +234,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
             r.phase, r.kind, r.p.count, r.p.p50, r.p.p99, r.p.p999, r.mpps
         );
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets");
         for r in &rows {
             csv.row(format_args!(
@@ -247,7 +244,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         // Per-packet costs (ns) and the digest's miss-to-entry times (µs) on panels apart.
         let bars = |f: fn(&Percentiles) -> f64, visible: bool, scale: f64| {
             rows.iter()

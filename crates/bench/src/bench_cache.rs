@@ -8,9 +8,8 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use stateplane_classifier::{Fields, MicroflowCache};
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct BenchCacheArgs {
@@ -36,10 +35,8 @@ pub struct BenchCacheArgs {
     pub keys: Vec<String>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 /// A trace under a key, and the best hit rate any cache could have on it.
@@ -191,7 +188,7 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
             r.hit_rate * 100.0
         );
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("workload,key,entries,ways,hit_rate");
         for r in rows {
             csv.row(format_args!(
@@ -201,7 +198,7 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let panels: Vec<crate::chart::Panel> = bounds
             .iter()
             .map(|b| crate::chart::Panel {

@@ -5,14 +5,13 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates};
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::RuntimeConfig;
 use stateplane_switch::units::bounded;
 use stateplane_wire::FlowHasher;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct BenchCatalogArgs {
@@ -37,12 +36,8 @@ pub struct BenchCatalogArgs {
     /// Repeat each measurement and report the median.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
-    /// Also write the results as CSV.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Also draw Mpps per core, program beside forward, as an SVG bar chart.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 /// Each program: the workload it runs on and its settings (ports `p0`, where every packet
@@ -183,7 +178,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
             100.0 * p.forwarded as f64 / p.packets.max(1) as f64
         );
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(
             "program,workload,packets,workers,mpps_per_core,forward_mpps_per_core,ratio,ns_per_packet,forwarded_share",
         );
@@ -204,7 +199,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let mut bars = Vec::new();
         for r in &rows {
             bars.push((r.program.clone(), r.program_rates.mpps_per_core));

@@ -27,7 +27,7 @@
 
 use crate::BenchResult;
 use crate::chart::Panel;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::median;
 use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
@@ -39,7 +39,6 @@ use stateplane_wire::FlowKey;
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::Hash;
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -62,12 +61,8 @@ pub struct BenchFlowsArgs {
     pub repeat: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Also write the results as CSV.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Also draw them as an SVG bar chart.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 struct Row {
@@ -530,7 +525,7 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
             r.experiment, r.workload, r.variant, r.value, r.unit
         );
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("experiment,workload,variant,value,unit");
         for r in &rows {
             csv.row(format_args!(
@@ -540,7 +535,7 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let mut panels = Vec::new();
         for (experiment, title) in [
             (

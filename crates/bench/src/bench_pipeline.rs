@@ -16,7 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
@@ -86,12 +86,8 @@ pub struct BenchPipelineArgs {
     /// TCP or UDP (no ranges).
     #[arg(long)]
     pub ovs_compatible: bool,
-    /// Also write the results as CSV.
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    /// Also draw them as an SVG bar chart.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 /// One measurement's result.
@@ -772,10 +768,10 @@ fn report(
             r.median_burst_us
         ));
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let panel = |title: String, pick: &dyn Fn(&Row) -> Option<String>| crate::chart::Panel {
             title,
             unit: "Mpps".into(),

@@ -7,13 +7,12 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
 use stateplane_wire::FlowKey;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -46,10 +45,8 @@ pub struct BenchTablesArgs {
     /// Entries per control-plane write.
     #[arg(long, default_value_t = 1000)]
     pub control_batch: usize,
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
 }
 
 fn flow(rng: &mut Rng) -> FlowKey {
@@ -159,7 +156,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
             r.op, r.entries, r.mops, r.ns
         );
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("operation,entries,value,unit,ns_per_op");
         for r in &rows {
             let unit = if r.op.ends_with("(s)") { "s" } else { "Mops/s" };
@@ -170,7 +167,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let mut panels: Vec<crate::chart::Panel> = a
             .entries
             .iter()

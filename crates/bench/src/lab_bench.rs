@@ -7,10 +7,10 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
-use crate::results::{Csv, write_chart};
+use crate::results::{Csv, ResultFiles, write_chart};
 use crate::statistics::median;
 use stateplane_lab::Topology;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -28,10 +28,8 @@ pub struct LabBenchArgs {
     /// Bytes per frame of the flood.
     #[arg(long, default_value_t = 64)]
     pub packet_size: usize,
-    #[arg(long)]
-    pub csv: Option<PathBuf>,
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
+    #[command(flatten)]
+    pub files: ResultFiles,
     #[arg(long)]
     pub json: bool,
 }
@@ -359,7 +357,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
             );
         }
     }
-    if let Some(path) = &a.csv {
+    if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(
             "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt",
         );
@@ -371,7 +369,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.svg {
+    if let Some(path) = &a.files.svg {
         let panel = |title: &str, unit: &str, f: fn(&Sample) -> f64| crate::chart::Panel {
             title: title.to_owned(),
             unit: unit.to_owned(),

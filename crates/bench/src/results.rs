@@ -5,7 +5,19 @@
 use crate::BenchResult;
 use crate::chart::{Panel, bars};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The files an experiment writes beside its table, named by the same two flags in every
+/// experiment.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ResultFiles {
+    /// Also write the results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Also draw them as an SVG chart.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
 
 /// An experiment's CSV: a header line, then one line per result.
 pub struct Csv(String);

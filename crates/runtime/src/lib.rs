@@ -35,7 +35,9 @@ pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
 pub use counters::{Counter, SharedStats, Stats};
 pub use offline::{OfflinePorts, run_offline};
-pub use port::{ChunkedFile, FileRecord, LiveQueue, PortCounters, RxPacket, RxPort, TxPort};
+pub use port::{
+    ChunkedFile, FileRecord, LiveQueue, MemoryRx, PortCounters, RxPacket, RxPort, TxPort,
+};
 pub use program::{
     Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,
 };

@@ -22,6 +22,35 @@ pub trait RxPort: Send {
     }
 }
 
+/// Frames held in memory as an input port, each with its timestamp in nanoseconds: for
+/// tests and for a program's own harness, where a capture file would only add a write.
+pub struct MemoryRx {
+    packets: Vec<(u64, Vec<u8>)>,
+    next: usize,
+}
+
+impl MemoryRx {
+    pub fn new(packets: Vec<(u64, Vec<u8>)>) -> MemoryRx {
+        MemoryRx { packets, next: 0 }
+    }
+}
+
+impl RxPort for MemoryRx {
+    fn name(&self) -> &str {
+        "memory"
+    }
+
+    fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
+        let packet = self.packets.get(self.next);
+        self.next += usize::from(packet.is_some());
+        Ok(packet.map(|(ts_ns, data)| RxPacket {
+            data,
+            orig_len: data.len() as u32,
+            ts_ns: *ts_ns,
+        }))
+    }
+}
+
 /// A capture file that several threads read at once, each a chunk of whole records at a
 /// time, by positioned reads (no shared cursor). Only the format knows where a record
 /// ends, so a chunk's reader finds where the next chunk starts by walking its records.

@@ -349,42 +349,37 @@ impl BurstSource for OwnShard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::port::MemoryRx;
     use std::io;
 
-    /// A port of packets in memory, each a byte naming it and its index; it fails with an
-    /// error after `fail_after` packets if set.
-    struct MemRx {
-        packets: Vec<(u64, Vec<u8>)>,
-        next: usize,
-        fail_after: Option<usize>,
+    /// A port in memory that fails with an error after `fail_after` packets, if set.
+    struct Failing {
+        rx: MemoryRx,
+        left: Option<usize>,
     }
 
-    impl RxPort for MemRx {
+    impl RxPort for Failing {
         fn name(&self) -> &str {
-            "memory"
+            self.rx.name()
         }
         fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
-            if self.fail_after == Some(self.next) {
-                return Err(io::Error::other("cut short"));
+            match &mut self.left {
+                Some(0) => return Err(io::Error::other("cut short")),
+                Some(left) => *left -= 1,
+                None => {}
             }
-            let p = self.packets.get(self.next);
-            self.next += 1;
-            Ok(p.map(|(ts, d)| RxPacket {
-                data: d,
-                orig_len: d.len() as u32,
-                ts_ns: *ts,
-            }))
+            self.rx.next_packet()
         }
     }
 
+    /// A port whose packets are each a byte naming it and their index, at `times`.
     fn port(tag: u8, times: &[u64], fail_after: Option<usize>) -> Box<dyn RxPort> {
         let packets = (times.iter().enumerate())
             .map(|(i, &ts)| (ts, vec![tag, i as u8]))
             .collect();
-        Box::new(MemRx {
-            packets,
-            next: 0,
-            fail_after,
+        Box::new(Failing {
+            rx: MemoryRx::new(packets),
+            left: fail_after,
         })
     }
 

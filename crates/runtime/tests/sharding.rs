@@ -8,8 +8,8 @@
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_runtime::chunked::ChunkShard;
 use stateplane_runtime::{
-    Burst, ChunkedFile, Context, Counter, FileRecord, Program, ProgramFactory, RxPacket, RxPort,
-    TxPort, Verdict,
+    Burst, ChunkedFile, Context, Counter, FileRecord, MemoryRx, Program, ProgramFactory, RxPacket,
+    RxPort, TxPort, Verdict,
 };
 use stateplane_runtime::{
     BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
@@ -18,26 +18,6 @@ use stateplane_runtime::{
 use stateplane_wire::{FlowHasher, FlowKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-struct MemRx {
-    packets: Vec<(u64, Vec<u8>)>,
-    next: usize,
-}
-
-impl RxPort for MemRx {
-    fn name(&self) -> &str {
-        "memory"
-    }
-    fn next_packet(&mut self) -> std::io::Result<Option<RxPacket<'_>>> {
-        let p = self.packets.get(self.next);
-        self.next += 1;
-        Ok(p.map(|(ts, d)| RxPacket {
-            data: d,
-            orig_len: d.len() as u32,
-            ts_ns: *ts,
-        }))
-    }
-}
 
 /// A file in memory for [`ChunkShard`]: records of an 8-byte timestamp, a 4-byte length
 /// and the packet, little-endian, after a 4-byte file header. Every `NOTE_EVERY` packets
@@ -211,13 +191,7 @@ fn run(
     let (factory, seen, conflicts) = recorder(None);
     let out = Collect::default();
     let ports = OfflinePorts {
-        rx: vec![(
-            0,
-            Box::new(MemRx {
-                packets: packets.to_vec(),
-                next: 0,
-            }),
-        )],
+        rx: vec![(0, Box::new(MemoryRx::new(packets.to_vec())))],
         tx: vec![None, Some(Box::new(out.clone()))],
         control: None,
     };
@@ -319,10 +293,7 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         };
         let handle = RunHandle::new(workers);
         let port = |packets: &[(u64, Vec<u8>)]| -> Vec<(u16, Box<dyn RxPort>)> {
-            let rx = MemRx {
-                packets: packets.to_vec(),
-                next: 0,
-            };
+            let rx = MemoryRx::new(packets.to_vec());
             vec![(0, Box::new(rx))]
         };
         let sources: Vec<Box<dyn BurstSource>> = if chunked {
@@ -392,10 +363,7 @@ fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
     let hasher = FlowHasher::with_seed(3);
     let handle = RunHandle::new(1);
     let shard = |packets: &[(u64, Vec<u8>)]| {
-        let rx = MemRx {
-            packets: packets.to_vec(),
-            next: 0,
-        };
+        let rx = MemoryRx::new(packets.to_vec());
         let port: Box<dyn RxPort> = Box::new(rx);
         Box::new(OwnShard::new(vec![(0, port)], 0, 1, hasher, &handle))
     };
@@ -433,7 +401,7 @@ fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
 fn a_shared_reader_ends_when_a_worker_stops() {
     let packets = trace(20_000);
     let handle = RunHandle::new(2);
-    let rx = MemRx { packets, next: 0 };
+    let rx = MemoryRx::new(packets);
     let ports: Vec<(u16, Box<dyn RxPort>)> = vec![(0, Box::new(rx))];
     let mut sources = ReadAhead::spawn_shared(ports, 2, FlowHasher::with_seed(3), 32, &handle)
         .unwrap()
