@@ -209,7 +209,7 @@ fn metrics_endpoint_serves_prometheus_text() {
         body.clear();
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         s.read_to_string(&mut body).unwrap();
-        if body.contains("stateplane_rx_packets 2000\n") {
+        if body.contains("stateplane_rx_packets_total 2000\n") {
             break;
         }
     }
@@ -217,11 +217,13 @@ fn metrics_endpoint_serves_prometheus_text() {
     let _ = child.wait();
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
     assert!(
-        body.contains("# TYPE stateplane_rx_packets counter\nstateplane_rx_packets 2000\n"),
+        body.contains(
+            "# TYPE stateplane_rx_packets_total counter\nstateplane_rx_packets_total 2000\n"
+        ),
         "{body}"
     );
     assert!(
-        body.contains("stateplane_tx_packets{worker=\"0\"} 2000"),
+        body.contains("stateplane_tx_packets_total{worker=\"0\"} 2000"),
         "{body}"
     );
 }

@@ -218,13 +218,13 @@ fn forward_carries_arp_and_icmp_over_afpacket_and_afxdp() {
             line.and_then(|l| l.split_whitespace().last()?.parse().ok())
                 .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
         };
-        assert!(value("stateplane_rx_packets ") >= 16, "{metrics}");
+        assert!(value("stateplane_rx_packets_total ") >= 16, "{metrics}");
         assert!(
-            value("stateplane_port_rx_packets{port=\"p0\"}") >= 8,
+            value("stateplane_port_rx_packets_total{port=\"p0\"}") >= 8,
             "{metrics}"
         );
         assert!(
-            value("stateplane_port_tx_packets{port=\"p1\"}") >= 8,
+            value("stateplane_port_tx_packets_total{port=\"p1\"}") >= 8,
             "{metrics}"
         );
     }
@@ -640,7 +640,7 @@ fn two_workers_share_each_port_through_the_fanout_group() {
     assert_eq!(sent, received, "every byte arrives with two workers");
     let metrics = metric_lines(&lab, "s1");
     for w in 0..2 {
-        let key = format!("stateplane_rx_packets{{worker=\"{w}\"}} ");
+        let key = format!("stateplane_rx_packets_total{{worker=\"{w}\"}} ");
         let n: u64 = metrics
             .lines()
             .find_map(|l| l.strip_prefix(&key))
@@ -670,7 +670,7 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
         std::thread::sleep(Duration::from_millis(300));
         metric_lines(&lab, "s1")
             .lines()
-            .find_map(|l| l.strip_prefix("stateplane_drops{reason=\"invalid\"} "))
+            .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"invalid\"} "))
             .map_or(0, |v| v.trim().parse::<u64>().unwrap())
     };
     let before = invalid();
@@ -763,7 +763,7 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     std::thread::sleep(Duration::from_millis(300));
     let unsolicited = metric_lines(&lab, "s1")
         .lines()
-        .find_map(|l| l.strip_prefix("stateplane_drops{reason=\"unsolicited\"} "))
+        .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"unsolicited\"} "))
         .map_or(0, |v| v.trim().parse::<u64>().unwrap());
     assert!(unsolicited >= 2, "h2's pings are counted: {unsolicited}");
     let connections = text(&ctl(&lab, &["read", "connections"]));

@@ -49,6 +49,20 @@ impl Counter {
             Counter::Bursts => "bursts",
         }
     }
+
+    /// What the counter counts, in a line (a metric's help).
+    pub fn help(self) -> &'static str {
+        match self {
+            Counter::RxPackets => "Packets received by the workers",
+            Counter::RxBytes => "Bytes (as captured) received by the workers",
+            Counter::TxPackets => "Packets the program forwarded to a port",
+            Counter::TxBytes => "Bytes the program forwarded to a port",
+            Counter::ToControl => "Packets handed to the control plane",
+            Counter::Dropped => "Packets dropped, all reasons together",
+            Counter::Malformed => "Packets that failed to parse (also counted as dropped)",
+            Counter::Bursts => "Bursts processed",
+        }
+    }
 }
 
 /// A worker's counts. Plain integers: only the owning worker writes them.
