@@ -105,6 +105,7 @@ impl Merged {
     /// Offers the earliest next packet to `take`, which returns whether it took it; one it
     /// declines is offered again at the next call. `None` once every input has ended. The
     /// clock moves to the packet's time as it is offered.
+    #[inline]
     pub(crate) fn offer(&mut self, take: impl FnOnce(Offered) -> bool) -> Option<bool> {
         if self.rx.len() == 1 && !self.heads[0].held {
             return self.offer_from_port(take);
@@ -132,6 +133,7 @@ impl Merged {
     }
 
     /// A single port's next packet, offered where the port holds it.
+    #[inline]
     fn offer_from_port(&mut self, take: impl FnOnce(Offered) -> bool) -> Option<bool> {
         let Merged {
             rx,
@@ -178,6 +180,7 @@ impl Merged {
 
 /// `src`'s (named `name`) next packet; `None` at its end or on an error (recorded in
 /// `errors`), after which `ended` is set and the port is not read again.
+#[inline]
 fn next_packet<'a>(
     src: &'a mut dyn RxPort,
     name: &str,
@@ -195,10 +198,15 @@ fn next_packet<'a>(
         }
         Err(e) => {
             *ended = true;
-            errors.push(format!("reading {name}: {e}"));
+            port_failed(name, e, errors);
             None
         }
     }
+}
+
+#[cold]
+fn port_failed(name: &str, e: std::io::Error, errors: &mut Vec<String>) {
+    errors.push(format!("reading {name}: {e}"));
 }
 
 /// What a reader does with each packet of the input (the dispatcher, the shared reader, a
