@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Instructions per packet of two builds of stateplane, from valgrind's callgrind (repeatable
+# where timings are noisy on a shared machine): a base commit, built in a worktree of its
+# own, against the checkout. Each case runs twice per build, on N and on 3N packets; the
+# setup is the same in both, so the difference divided by 2N is one packet's cost in the
+# steady loop. Cases: `bench` (the replay loop) for forward and conntrack; `bench-pipeline`
+# (the rule pipeline with and without its cache: instructions per trace packet over all of
+# the run's measurements); and `run` over one capture file to another (reader, dispatcher,
+# worker, output stage), forward and l2learn.
+# Each run's summary is checked: every packet read is written (forward) or counted.
+# Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
+# Writes target/callgrind-compare.csv and target/callgrind-compare.svg; the base build
+# stays in target/base-COMMIT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]}
+packets=${2:-100000}
+bash scripts/setup.sh valgrind
+export PATH="$HOME/.cargo/bin:$PATH"
+
+work=$(mktemp -d)
+cleanup() { git worktree remove --force "$work/base" 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+head=$(git rev-parse --short HEAD)
+base_short=$(git rev-parse --short "$base")
+echo "building $head (checkout) and $base_short (worktree)..." >&2
+cargo build --release --quiet -p stateplane
+git worktree add --detach --force "$work/base" "$base" >/dev/null 2>&1
+# The base's build is kept in target/base-COMMIT, so that a second comparison reuses it.
+base_target="$PWD/target/base-$base_short"
+(cd "$work/base" && CARGO_TARGET_DIR="$base_target" cargo build --release --quiet -p stateplane) \
+  || fail "the base commit did not build"
+base_bin="$base_target/release/stateplane"
+[ -x "$base_bin" ] || fail "the base commit did not build"
+# A copy, so that a build during the run does not change what is measured.
+cp target/release/stateplane "$work/stateplane-$head"
+new_bin="$work/stateplane-$head"
+
+for n in "$packets" $((3 * packets)); do
+  "$new_bin" gen internet --packets "$n" --packet-size 256 --ipv6-share 0.2 --seed 1 \
+    -o "$work/trace-$n.pcap" >/dev/null
+done
+
+# Callgrind's instruction total of one command.
+instructions() {
+  local file="$work/cg.$RANDOM"
+  valgrind --tool=callgrind --callgrind-out-file="$file" "$@" >"$work/out.json" 2>/dev/null \
+    || fail "$* failed under valgrind"
+  awk '/^summary:/ {print $2}' "$file"
+}
+
+# Checks that a run's JSON summary wrote every packet it read (forward) or handled them all.
+check_run() {
+  python3 - "$work/out.json" "$1" "$2" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1])); n = int(sys.argv[2]); program = sys.argv[3]
+c = s["counters"]
+assert c["rx_packets"] == n, f"read {c['rx_packets']} of {n}"
+if program == "forward":
+    assert c["tx_packets"] == n, f"wrote {c['tx_packets']} of {n}"
+PY
+}
+
+per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b - a) / (2 * n)}'; }
+
+csv=target/callgrind-compare.csv
+echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
+echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1; 1 worker, burst 64"
+printf '%-18s %12s %12s %8s\n' case "$base_short" "$head" ratio
+for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run forward" "run l2learn"; do
+  set -- $case
+  kind=$1 program=$2
+  row=()
+  for bin in "$base_bin" "$new_bin"; do
+    totals=()
+    for n in "$packets" $((3 * packets)); do
+      loops=$(( n / packets ))
+      if [ "$kind" = bench ]; then
+        totals+=("$(instructions "$bin" bench --packets "$packets" --loops "$loops" --repeat 1 \
+          --programs "$program" --no-hugepages)")
+      elif [ "$kind" = bench-pipeline ]; then
+        totals+=("$(instructions "$bin" bench-pipeline --workloads "$program" --packets "$packets" \
+          --loops "$loops" --repeat 1 --modes action --update-rates 0 --tables 2 \
+          --acl-rules 200 --fib-prefixes 10000)")
+      else
+        totals+=("$(instructions "$bin" run "$program" -i "$work/trace-$n.pcap" \
+          -o "$work/out.pcap" --workers 1 --hash-seed 1 --json)")
+        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+      fi
+    done
+    row+=("$(per_packet "${totals[0]}" "${totals[1]}")")
+  done
+  ratio=$(awk -v a="${row[0]}" -v b="${row[1]}" 'BEGIN {printf "%.3f", b / a}')
+  printf '%-18s %12s %12s %8s\n' "$case" "${row[0]}" "${row[1]}" "$ratio"
+  echo "$case,$base_short,${row[0]},$head,${row[1]},$ratio" >> "$csv"
+done
+python3 - "$csv" target/callgrind-compare.svg <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+w, bar, gap, left = 640, 14, 10, 130
+top = 40
+h = top + len(rows) * (2 * bar + gap) + 30
+peak = max(max(float(r["base_instructions_per_packet"]), float(r["instructions_per_packet"])) for r in rows)
+scale = (w - left - 80) / peak
+out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+       f'<text x="10" y="20" font-size="14">instructions per packet (callgrind): {rows[0]["base_commit"]} (grey) and {rows[0]["commit"]} (blue)</text>']
+y = top
+for r in rows:
+    out.append(f'<text x="10" y="{y + bar + 4}">{r["case"]}</text>')
+    for key, colour in (("base_instructions_per_packet", "#999"), ("instructions_per_packet", "#36c")):
+        v = float(r[key])
+        out.append(f'<rect x="{left}" y="{y}" width="{v * scale:.1f}" height="{bar - 2}" fill="{colour}"/>')
+        out.append(f'<text x="{left + v * scale + 4:.1f}" y="{y + bar - 4}">{v:.0f}</text>')
+        y += bar
+    y += gap
+out.append('</svg>')
+open(sys.argv[2], "w").write("\n".join(out))
+PY
+echo "wrote $csv and target/callgrind-compare.svg"
