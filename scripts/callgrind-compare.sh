@@ -68,7 +68,7 @@ per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b
 csv=target/callgrind-compare.csv
 echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
 echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1; 1 worker, burst 64"
-printf '%-18s %12s %12s %8s\n' case "$base_short" "$head" ratio
+printf '%-24s %12s %12s %8s\n' case "$base_short" "$head" ratio
 for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run forward" "run l2learn"; do
   set -- $case
   kind=$1 program=$2
@@ -93,7 +93,7 @@ for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run for
     row+=("$(per_packet "${totals[0]}" "${totals[1]}")")
   done
   ratio=$(awk -v a="${row[0]}" -v b="${row[1]}" 'BEGIN {printf "%.3f", b / a}')
-  printf '%-18s %12s %12s %8s\n' "$case" "${row[0]}" "${row[1]}" "$ratio"
+  printf '%-24s %12s %12s %8s\n' "$case" "${row[0]}" "${row[1]}" "$ratio"
   echo "$case,$base_short,${row[0]},$head,${row[1]},$ratio" >> "$csv"
 done
 python3 - "$csv" target/callgrind-compare.svg <<'PY'

@@ -4,7 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
@@ -426,7 +426,7 @@ fn report(
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let title = format!(
             "Mpps per core: {workers} worker(s), burst {burst}, median of {}",
             a.repeat
@@ -439,7 +439,7 @@ fn report(
                 .map(|m| (m.program.clone(), m.mpps_per_core))
                 .collect(),
         };
-        write_chart(path, &title, input, &[panel])?;
+        a.files.write_chart(&title, input, &[panel])?;
     }
     Ok(())
 }

@@ -21,7 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
@@ -244,7 +244,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         // Per-packet costs (ns) and the digest's miss-to-entry times (µs) on panels apart.
         let bars = |f: fn(&Percentiles) -> f64, visible: bool, scale: f64| {
             rows.iter()
@@ -269,8 +269,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
                 bars: bars(|p| p.p50, true, 1e3),
             },
         ];
-        write_chart(
-            path,
+        a.files.write_chart(
             "Add-on-miss insertion latency (the slides' experiment)",
             &format!(
                 "{} keys, then {} packets with every N-th inserting",

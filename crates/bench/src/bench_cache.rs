@@ -8,7 +8,7 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use stateplane_classifier::{Fields, MicroflowCache};
 
 #[derive(clap::Args)]
@@ -198,7 +198,7 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let panels: Vec<crate::chart::Panel> = bounds
             .iter()
             .map(|b| crate::chart::Panel {
@@ -219,8 +219,7 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
                     .collect(),
             })
             .collect();
-        write_chart(
-            path,
+        a.files.write_chart(
             "Microflow cache hit rate",
             &format!("{} packets per trace, seed {}", a.packets, a.seed),
             &panels,

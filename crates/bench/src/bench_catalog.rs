@@ -5,7 +5,7 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates};
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_runtime::RuntimeConfig;
@@ -199,7 +199,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let mut bars = Vec::new();
         for r in &rows {
             bars.push((r.program.clone(), r.program_rates.mpps_per_core));
@@ -213,7 +213,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         let title =
             format!("The catalog: {workers} worker(s), burst {burst_size}, median of {repeat}");
         let subtitle = format!("{} packets per trace, {} bytes", a.packets, a.packet_size);
-        write_chart(path, &title, &subtitle, &[panel])?;
+        a.files.write_chart(&title, &subtitle, &[panel])?;
     }
     Ok(())
 }

@@ -27,7 +27,7 @@
 
 use crate::BenchResult;
 use crate::chart::Panel;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
@@ -535,7 +535,7 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let mut panels = Vec::new();
         for (experiment, title) in [
             (
@@ -564,9 +564,7 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
                 });
             }
         }
-        write_chart(
-            path,
-            "Flow records (TurboFlow section 6 on this CPU)",
+        a.files.write_chart("Flow records (TurboFlow section 6 on this CPU)",
             &format!(
                 "{} packets per trace, seed {}, one core (workers: one per core), medians of {} rounds",
                 a.packets, a.seed, a.repeat

@@ -16,7 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
@@ -771,7 +771,7 @@ fn report(
     if let Some(path) = &a.files.csv {
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let panel = |title: String, pick: &dyn Fn(&Row) -> Option<String>| crate::chart::Panel {
             title,
             unit: "Mpps".into(),
@@ -806,8 +806,7 @@ fn report(
                 },
             ));
         }
-        write_chart(
-            path,
+        a.files.write_chart(
             "The rule pipeline with and without its microflow cache",
             &format!(
                 "one core; {} packets per trace; cache {} entries",

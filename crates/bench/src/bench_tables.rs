@@ -7,7 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
@@ -167,7 +167,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let mut panels: Vec<crate::chart::Panel> = a
             .entries
             .iter()
@@ -217,7 +217,8 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
                 .map(|r| (r.op.clone(), r.mops))
                 .collect(),
         });
-        write_chart(path, "State primitives", "FlowKey -> u64", &panels)?;
+        a.files
+            .write_chart("State primitives", "FlowKey -> u64", &panels)?;
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles, write_chart};
+use crate::results::{Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::Path;
@@ -369,14 +369,13 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         }
         csv.write(path)?;
     }
-    if let Some(path) = &a.files.svg {
+    if a.files.wants_chart() {
         let panel = |title: &str, unit: &str, f: fn(&Sample) -> f64| crate::chart::Panel {
             title: title.to_owned(),
             unit: unit.to_owned(),
             bars: rows.iter().map(|(m, s)| (m.clone(), f(s))).collect(),
         };
-        write_chart(
-            path,
+        a.files.write_chart(
             "Switching between two veths: Linux bridge vs stateplane forward",
             &input,
             &[

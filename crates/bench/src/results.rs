@@ -1,9 +1,9 @@
-//! Where an experiment's results go beside its table: CSV for scripts and an SVG chart for
-//! people, written the same way by every experiment (a failed write names the flag and the
-//! file).
+//! Where an experiment's results go beside its table: CSV for scripts and an SVG or PNG
+//! chart for people, written the same way by every experiment (a failed write names the
+//! flag and the file).
 
 use crate::BenchResult;
-use crate::chart::{Panel, bars};
+use crate::chart::{self, Panel};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -17,6 +17,27 @@ pub struct ResultFiles {
     /// Also draw them as an SVG chart.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Also draw them as a PNG chart.
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+}
+
+impl ResultFiles {
+    /// Whether a chart was asked for (so that its panels are made only then).
+    pub fn wants_chart(&self) -> bool {
+        self.svg.is_some() || self.png.is_some()
+    }
+
+    /// Draws `panels` under `title` and `subtitle` into each chart file asked for.
+    pub fn write_chart(&self, title: &str, subtitle: &str, panels: &[Panel]) -> BenchResult<()> {
+        for (flag, path) in [("--svg", &self.svg), ("--png", &self.png)] {
+            if let Some(path) = path {
+                chart::write(path, title, subtitle, panels)
+                    .map_err(|e| format!("{flag} {}: {e}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An experiment's CSV: a header line, then one line per result.
@@ -37,13 +58,6 @@ impl Csv {
     pub fn write(&self, path: &Path) -> BenchResult<()> {
         std::fs::write(path, &self.0).map_err(|e| format!("--csv {}: {e}", path.display()))
     }
-}
-
-/// Draws `panels` as one SVG bar chart under `title` and `subtitle` and writes it to `path`
-/// (given with `--svg`).
-pub fn write_chart(path: &Path, title: &str, subtitle: &str, panels: &[Panel]) -> BenchResult<()> {
-    std::fs::write(path, bars(title, subtitle, panels))
-        .map_err(|e| format!("--svg {}: {e}", path.display()))
 }
 
 #[cfg(test)]
