@@ -7,17 +7,21 @@
 //! files or interfaces), the live daemon (`daemon`: interfaces opened, signals, reload,
 //! the control server), the run configuration (`config`: TOML, errors that name the key),
 //! the units users write (`units`), flow export (`flow_export`: settings, stages, report;
-//! `export`: the exporter thread and its sinks), the metrics endpoint (`metrics`), and the
-//! summary of what a run did ([`Outcome`], as a table or JSON).
+//! `export`: the exporter thread and its sinks), the flow monitor behind `stateplane flows`
+//! (`flow_monitor`: files or interfaces in, records out, behind a program that only
+//! observes), the metrics endpoint (`metrics`), and the summary of what a run did
+//! ([`Outcome`], as a table or JSON).
 //!
 //! Must never: process packets itself (the runtime's workers and the programs do), print
-//! (it returns reports; the caller shows them), or read standard input.
+//! (it returns reports; the caller shows them), or read standard input other than as a
+//! capture the user named `-`.
 
 pub mod assemble;
 pub mod config;
 pub mod daemon;
 pub mod export;
 pub mod flow_export;
+pub mod flow_monitor;
 pub mod metrics;
 pub mod summary;
 pub mod units;

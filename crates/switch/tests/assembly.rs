@@ -97,3 +97,62 @@ fn a_configuration_with_an_unknown_key_is_refused_by_name() {
     .expect("refused");
     assert!(err.contains("workers: 0 is outside 1 to 64"), "{err}");
 }
+
+/// A flow monitor built without the command line, over one capture in each way of reading
+/// it with two workers: every packet is in a record, and the CSV holds every record.
+#[test]
+fn a_two_worker_flow_monitor_counts_every_packet_whichever_way_it_reads() {
+    use stateplane_switch::flow_export::FlowSettings;
+    use stateplane_switch::flow_monitor::{
+        FlowMonitor, MonitorOptions, MonitorOutcome, ReadAheadChoice,
+    };
+    let dir = std::env::temp_dir().join(format!("stateplane-monitor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("in.pcap");
+    write_trace(&trace);
+    for read_ahead in [
+        ReadAheadChoice::Chunks,
+        ReadAheadChoice::On,
+        ReadAheadChoice::Off,
+    ] {
+        let csv = dir.join(format!("{read_ahead:?}.csv"));
+        let monitor = FlowMonitor::build(MonitorOptions {
+            inputs: vec![trace.clone()],
+            settings: FlowSettings {
+                csv: Some(csv.clone()),
+                ..FlowSettings::default()
+            },
+            workers: 2,
+            read_ahead,
+            hash_seed: Some(3),
+            ..MonitorOptions::default()
+        })
+        .unwrap();
+        assert!(!monitor.is_live());
+        assert_eq!(
+            monitor.input_size(),
+            std::fs::metadata(&trace).unwrap().len()
+        );
+        let MonitorOutcome::Files {
+            flows,
+            malformed,
+            errors,
+            ..
+        } = monitor.run().unwrap()
+        else {
+            panic!("a run over files");
+        };
+        assert_eq!((malformed, errors.len()), (0, 0), "{read_ahead:?}");
+        assert_eq!(flows.stages.packets, PACKETS, "{read_ahead:?}");
+        let records = std::fs::read_to_string(&csv).unwrap().lines().count() as u64 - 1;
+        assert_eq!(records, flows.export.records, "{read_ahead:?}");
+        assert!(records > 100, "{read_ahead:?}: {records} records");
+    }
+    let refused = FlowMonitor::build(MonitorOptions {
+        workers: 1,
+        ..MonitorOptions::default()
+    });
+    let err = refused.err().expect("no input is refused");
+    assert!(err.contains("--in FILE"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
