@@ -337,13 +337,7 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
         trace.bytes(),
         t.elapsed().as_secs_f64()
     );
-    let runtime = RuntimeConfig {
-        workers,
-        burst_size,
-        queue_depth: 8,
-        hasher: FlowHasher::random(),
-        taps: Vec::new(),
-    };
+    let runtime = replay_runtime(workers, burst_size);
     let mut results = Vec::new();
     let mut huge_used = huge;
     for program in &programs {
@@ -442,4 +436,16 @@ fn report(
         a.files.write_chart(&title, input, &[panel])?;
     }
     Ok(())
+}
+
+/// The runtime of a replay benchmark: `workers` workers on bursts of `burst_size`, shallow
+/// queues (a replay needs no slack), a hash seed of the process's own, no taps.
+pub fn replay_runtime(workers: usize, burst_size: usize) -> RuntimeConfig {
+    RuntimeConfig {
+        workers,
+        burst_size,
+        queue_depth: 8,
+        hasher: FlowHasher::random(),
+        taps: Vec::new(),
+    }
 }

@@ -4,13 +4,11 @@
 //! clients' side); each program's settings are in `SETUPS` and printed with the results.
 
 use crate::BenchResult;
-use crate::bench::{Rates, generated_trace, rates};
+use crate::bench::{Rates, generated_trace, rates, replay_runtime};
 use crate::results::{Csv, ResultFiles};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
-use stateplane_runtime::RuntimeConfig;
 use stateplane_switch::units::bounded;
-use stateplane_wire::FlowHasher;
 use std::collections::BTreeMap;
 
 #[derive(clap::Args)]
@@ -120,13 +118,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
         .iter()
         .map(|(name, _, settings)| factory(name, settings))
         .collect::<BenchResult<Vec<_>>>()?;
-    let runtime = RuntimeConfig {
-        workers,
-        burst_size,
-        queue_depth: 8,
-        hasher: FlowHasher::random(),
-        taps: Vec::new(),
-    };
+    let runtime = replay_runtime(workers, burst_size);
     let how = (a.loops, repeat, true);
     let forward = factory("forward", "map = { p0 = \"p1\", p1 = \"p0\" }")?;
     let mut traces = BTreeMap::new();
