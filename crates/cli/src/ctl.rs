@@ -4,7 +4,7 @@
 //! (`FIELD=VALUE ... ACTION PARAM=VALUE ...`), so `read` output can be edited and fed back
 //! with `insert --file`.
 
-use crate::CliResult;
+use crate::summary_output::CliResult;
 use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
 use stateplane_control::entry_text as text;

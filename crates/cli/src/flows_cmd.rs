@@ -2,8 +2,8 @@
 //! over UDP or TCP, IPFIX files, CSV, JSON lines). The flags become `MonitorOptions`;
 //! `stateplane_switch::flow_monitor` builds and runs the monitor; this prints.
 
-use crate::CliResult;
 use crate::progress::Progress;
+use crate::summary_output::CliResult;
 use stateplane_switch::flow_export::FlowSettings;
 use stateplane_switch::flow_monitor::{
     FlowMonitor, MonitorOptions, MonitorOutcome, ReadAheadChoice,
@@ -68,7 +68,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     drop(progress);
     match outcome {
         MonitorOutcome::Live(outcome) => {
-            crate::print_summary(&outcome, args.summary_json)?;
+            crate::summary_output::print_summary(&outcome, args.summary_json)?;
             outcome.error().map_or(Ok(()), Err)
         }
         MonitorOutcome::Files {
@@ -82,7 +82,10 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
                 eprintln!("{malformed} malformed packets counted and skipped");
             }
             if args.summary_json {
-                crate::emit(&format!("{}\n", flows.to_json(wall)), records_to_stdout);
+                crate::summary_output::emit(
+                    &format!("{}\n", flows.to_json(wall)),
+                    records_to_stdout,
+                );
             } else {
                 // Standard error: a table is for people, and records may be on standard output.
                 eprint!("{}", flows.table(wall));

@@ -1,7 +1,7 @@
 //! `stateplane gen`: write a generated trace to a capture file.
 
-use crate::CliResult;
 use crate::progress::Progress;
+use crate::summary_output::CliResult;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::CaptureWriter;
 use std::path::PathBuf;

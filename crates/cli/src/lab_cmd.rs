@@ -1,6 +1,6 @@
 //! `stateplane lab`: hosts and switches in network namespaces on this machine.
 
-use crate::CliResult;
+use crate::summary_output::CliResult;
 use stateplane_lab::Topology;
 use std::path::PathBuf;
 

@@ -17,6 +17,7 @@ mod logging;
 mod progress;
 mod run_cmd;
 mod send_cmd;
+mod summary_output;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -103,26 +104,4 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The error type of every command: a message a user can act on.
-pub type CliResult<T> = Result<T, String>;
-
-/// Prints a run's summary, a table or JSON, where it does not mix with flow records.
-fn print_summary(outcome: &stateplane_switch::Outcome, json: bool) -> CliResult<()> {
-    let text = if json {
-        serde_json::to_string_pretty(&outcome.to_json()).map_err(|e| e.to_string())? + "\n"
-    } else {
-        outcome.table()
-    };
-    emit(&text, outcome.records_to_stdout);
-    Ok(())
-}
-
-/// Prints a summary to standard output, or to standard error when flow records are going
-/// to standard output.
-fn emit(text: &str, records_to_stdout: bool) {
-    if records_to_stdout {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
-}
+pub use summary_output::CliResult;

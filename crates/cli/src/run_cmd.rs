@@ -1,8 +1,8 @@
 //! `stateplane run`: flags over a configuration, a switch built from it
 //! ([`stateplane_switch::Switch`]), its summary printed.
 
-use crate::CliResult;
 use crate::progress::Progress;
+use crate::summary_output::CliResult;
 use stateplane_switch::config::{PortSection, RunConfig};
 use stateplane_switch::units::{CaptureBuffer, bounded};
 use stateplane_switch::{Switch, SwitchOptions};
@@ -156,7 +156,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     });
     let outcome = switch.run()?;
     drop(progress);
-    crate::print_summary(&outcome, args.json)?;
+    crate::summary_output::print_summary(&outcome, args.json)?;
     if args.hold_metrics > 0 && args.metrics.is_some() {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     }

@@ -2,7 +2,7 @@
 //! takes them (or looped, or for a time), like tcpreplay's top speed: the traffic source of
 //! the live benchmarks.
 
-use crate::CliResult;
+use crate::summary_output::CliResult;
 use stateplane_io::capture::read_all;
 use stateplane_io::live::afpacket::PacketTx;
 use stateplane_io::live::{Interface, RingConfig};
