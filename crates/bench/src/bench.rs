@@ -4,7 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
@@ -392,16 +392,23 @@ fn report(
             a.repeat,
             if huge { "yes" } else { "no" }
         );
-        println!(
-            "{:<10} {:>14} {:>14} {:>12} {:>14}",
-            "program", "packets", "Mpps/core", "ns/packet", "Mpps total"
-        );
+        let mut table = Table::new(&[
+            ("program", Align::Left),
+            ("packets", Align::Right),
+            ("Mpps/core", Align::Right),
+            ("ns/packet", Align::Right),
+            ("Mpps total", Align::Right),
+        ]);
         for m in results {
-            println!(
-                "{:<10} {:>14} {:>14.2} {:>12.1} {:>14.2}",
-                m.program, m.packets, m.mpps_per_core, m.ns_per_packet, m.mpps_total
-            );
+            table.row(vec![
+                m.program.to_string(),
+                m.packets.to_string(),
+                format!("{:.2}", m.mpps_per_core),
+                format!("{:.1}", m.ns_per_packet),
+                format!("{:.2}", m.mpps_total),
+            ]);
         }
+        table.print();
     }
     if let Some(path) = &a.files.csv {
         let mut csv =

@@ -21,7 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
@@ -224,16 +224,27 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         "input: {} keys inserted by add-on-miss, then {} packets of lookups with every N-th inserting; u64 keys and values; latency per packet's table work (clock cost {clock} ns subtracted). Digest rows: `miss` is a miss that sends a digest, `visible` the time from a miss to its entry being in, with Mpps the entries the controller put in per second",
         a.keys, a.packets
     );
-    println!(
-        "{:<18} {:<7} {:>10} {:>8} {:>8} {:>9} {:>8}",
-        "phase", "packets", "count", "p50 ns", "p99 ns", "p99.9 ns", "Mpps"
-    );
+    let mut table = Table::new(&[
+        ("phase", Align::Left),
+        ("packets", Align::Left),
+        ("count", Align::Right),
+        ("p50 ns", Align::Right),
+        ("p99 ns", Align::Right),
+        ("p99.9 ns", Align::Right),
+        ("Mpps", Align::Right),
+    ]);
     for r in &rows {
-        println!(
-            "{:<18} {:<7} {:>10} {:>8.0} {:>8.0} {:>9.0} {:>8.2}",
-            r.phase, r.kind, r.p.count, r.p.p50, r.p.p99, r.p.p999, r.mpps
-        );
+        table.row(vec![
+            r.phase.to_string(),
+            r.kind.to_string(),
+            r.p.count.to_string(),
+            format!("{:.0}", r.p.p50),
+            format!("{:.0}", r.p.p99),
+            format!("{:.0}", r.p.p999),
+            format!("{:.2}", r.mpps),
+        ]);
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets");
         for r in &rows {

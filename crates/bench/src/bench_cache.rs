@@ -8,7 +8,7 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use stateplane_classifier::{Fields, MicroflowCache};
 
 #[derive(clap::Args)]
@@ -174,20 +174,23 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
             b.best * 100.0
         );
     }
-    println!(
-        "{:<12} {:<8} {:>10} {:>5} {:>10}",
-        "workload", "key", "entries", "ways", "hit rate"
-    );
+    let mut table = Table::new(&[
+        ("workload", Align::Left),
+        ("key", Align::Left),
+        ("entries", Align::Right),
+        ("ways", Align::Right),
+        ("hit rate", Align::Right),
+    ]);
     for r in rows {
-        println!(
-            "{:<12} {:<8} {:>10} {:>5} {:>9.2}%",
-            r.workload,
-            r.key,
-            r.entries,
-            r.ways,
-            r.hit_rate * 100.0
-        );
+        table.row(vec![
+            r.workload.to_string(),
+            r.key.to_string(),
+            r.entries.to_string(),
+            r.ways.to_string(),
+            format!("{:.2}%", r.hit_rate * 100.0),
+        ]);
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("workload,key,entries,ways,hit_rate");
         for r in rows {

@@ -5,7 +5,7 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates, replay_runtime};
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_switch::units::bounded;
@@ -153,23 +153,31 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
     for (_, input, _) in traces.values() {
         println!("  {input}");
     }
-    println!(
-        "{:<14} {:<10} {:>10} {:>10} {:>9} {:>10} {:>11}",
-        "program", "workload", "Mpps/core", "forward", "ratio", "ns/packet", "forwarded"
-    );
+    let mut table = Table::new(&[
+        ("program", Align::Left),
+        ("workload", Align::Left),
+        ("Mpps/core", Align::Right),
+        ("forward", Align::Right),
+        ("ratio", Align::Right),
+        ("ns/packet", Align::Right),
+        ("forwarded", Align::Right),
+    ]);
     for r in &rows {
         let p = &r.program_rates;
-        println!(
-            "{:<14} {:<10} {:>10.2} {:>10.2} {:>9.2} {:>10.1} {:>10.1}%",
-            r.program,
-            r.workload,
-            p.mpps_per_core,
-            r.forward_mpps,
-            p.mpps_per_core / r.forward_mpps,
-            p.ns_per_packet,
-            100.0 * p.forwarded as f64 / p.packets.max(1) as f64
-        );
+        table.row(vec![
+            r.program.to_string(),
+            r.workload.to_string(),
+            format!("{:.2}", p.mpps_per_core),
+            format!("{:.2}", r.forward_mpps),
+            format!("{:.2}", p.mpps_per_core / r.forward_mpps),
+            format!("{:.1}", p.ns_per_packet),
+            format!(
+                "{:.1}%",
+                100.0 * p.forwarded as f64 / p.packets.max(1) as f64
+            ),
+        ]);
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(
             "program,workload,packets,workers,mpps_per_core,forward_mpps_per_core,ratio,ns_per_packet,forwarded_share",

@@ -27,7 +27,7 @@
 
 use crate::BenchResult;
 use crate::chart::Panel;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{self, Align, Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
@@ -515,16 +515,23 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
         "input: stateplane gen WORKLOAD --packets {} --seed {} (IPv4 and IPv6), parsed once, from memory on one core (two in `workers`); medians of {} rounds",
         a.packets, a.seed, a.repeat
     );
-    println!(
-        "{:<11} {:<11} {:<42} {:>10}",
-        "experiment", "workload", "variant", "value"
-    );
+    let mut table = results::Table::new(&[
+        ("experiment", Align::Left),
+        ("workload", Align::Left),
+        ("variant", Align::Left),
+        ("value", Align::Right),
+        ("unit", Align::Left),
+    ]);
     for r in &rows {
-        println!(
-            "{:<11} {:<11} {:<42} {:>10.4} {}",
-            r.experiment, r.workload, r.variant, r.value, r.unit
-        );
+        table.row(vec![
+            r.experiment.to_string(),
+            r.workload.to_string(),
+            r.variant.to_string(),
+            format!("{:.4}", r.value),
+            r.unit.to_string(),
+        ]);
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("experiment,workload,variant,value,unit");
         for r in &rows {

@@ -16,7 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
@@ -710,45 +710,43 @@ fn report(
         "input: {trace}, replayed from memory on one core in bursts of {}; {rules}; cache {} entries, {} way(s); median of {} rounds (modes interleaved in each)",
         a.burst, a.cache_entries, a.cache_ways, a.repeat
     );
-    println!(
-        "{:<8} {:<10} {:<6} {:>6} {:>9} {:>8} {:>8} {:>8} {:>9} {:>12} {:>12} {:>12}",
-        "exp",
-        "workload",
-        "mode",
-        "tables",
-        "updates",
-        "Mpps",
-        "vs off",
-        "vs none",
-        "hit rate",
-        "update p99",
-        "update p99.9",
-        "median burst"
-    );
+    let mut table = Table::new(&[
+        ("exp", Align::Left),
+        ("workload", Align::Left),
+        ("mode", Align::Left),
+        ("tables", Align::Right),
+        ("updates", Align::Right),
+        ("Mpps", Align::Right),
+        ("vs off", Align::Right),
+        ("vs none", Align::Right),
+        ("hit rate", Align::Right),
+        ("update p99", Align::Right),
+        ("update p99.9", Align::Right),
+        ("median burst", Align::Right),
+    ]);
     let mut csv = Csv::new(
         "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us",
     );
     for r in rows {
         let ratio = r.speedup;
-        println!(
-            "{:<8} {:<10} {:<6} {:>6} {:>8}% {:>8.2} {:>7.2}x {:>8} {:>8.1}% {:>9.1} µs {:>9.1} µs {:>9.1} µs",
-            r.experiment,
-            r.workload,
-            mode_name(r.mode),
-            r.tables,
-            r.update_pct,
-            r.mpps,
-            ratio,
+        table.row(vec![
+            r.experiment.to_string(),
+            r.workload.to_string(),
+            mode_name(r.mode).to_string(),
+            r.tables.to_string(),
+            format!("{}%", r.update_pct),
+            format!("{:.2}", r.mpps),
+            format!("{ratio:.2}x"),
             if r.vs_still.is_nan() {
                 "-".to_string()
             } else {
                 format!("{:.2}x", r.vs_still)
             },
-            r.hit_rate * 100.0,
-            r.p99_update_us,
-            r.p999_update_us,
-            r.median_burst_us
-        );
+            format!("{:.1}%", r.hit_rate * 100.0),
+            format!("{:.1} µs", r.p99_update_us),
+            format!("{:.1} µs", r.p999_update_us),
+            format!("{:.1} µs", r.median_burst_us),
+        ]);
         csv.row(format_args!(
             "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2}",
             r.experiment,
@@ -768,6 +766,7 @@ fn report(
             r.median_burst_us
         ));
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         csv.write(path)?;
     }

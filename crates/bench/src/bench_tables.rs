@@ -7,7 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
@@ -144,18 +144,23 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
         a.ipv4_prefixes, a.ipv6_prefixes, a.seed, a.lookups, a.repeat
     );
-    println!(
-        "{:<40} {:>10} {:>12} {:>10}",
-        "operation", "entries", "M ops/s | s", "ns/op"
-    );
+    let mut table = Table::new(&[
+        ("operation", Align::Left),
+        ("entries", Align::Right),
+        ("M ops/s | s", Align::Right),
+        ("ns/op", Align::Right),
+    ]);
     for r in &rows {
         // Build rows carry seconds in the rate column.
         let digits = if r.op.ends_with("(s)") { 3 } else { 1 };
-        println!(
-            "{:<40} {:>10} {:>12.digits$} {:>10.1}",
-            r.op, r.entries, r.mops, r.ns
-        );
+        table.row(vec![
+            r.op.to_string(),
+            r.entries.to_string(),
+            format!("{:.digits$}", r.mops),
+            format!("{:.1}", r.ns),
+        ]);
     }
+    table.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("operation,entries,value,unit,ns_per_op");
         for r in &rows {

@@ -7,7 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
-use crate::results::{Csv, ResultFiles};
+use crate::results::{Align, Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::Path;
@@ -346,16 +346,25 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         println!("{}", serde_json::json!({"input": input, "results": v}));
     } else {
         println!("input: {input}");
-        println!(
-            "{:<10} {:>10} {:>12} {:>10} {:>22} {:>20}",
-            "mode", "Mpps", "offered Mpps", "TCP Gb/s", "machine CPU s/Mpkt", "switch CPU s/Mpkt"
-        );
+        let mut table = Table::new(&[
+            ("mode", Align::Left),
+            ("Mpps", Align::Right),
+            ("offered Mpps", Align::Right),
+            ("TCP Gb/s", Align::Right),
+            ("machine CPU s/Mpkt", Align::Right),
+            ("switch CPU s/Mpkt", Align::Right),
+        ]);
         for (m, s) in &rows {
-            println!(
-                "{m:<10} {:>10.3} {:>12.3} {:>10.2} {:>22.2} {:>20.2}",
-                s.mpps, s.sent_mpps, s.gbps, s.machine_cpu_s_per_mpkt, s.switch_cpu_s_per_mpkt
-            );
+            table.row(vec![
+                m.to_string(),
+                format!("{:.3}", s.mpps),
+                format!("{:.3}", s.sent_mpps),
+                format!("{:.2}", s.gbps),
+                format!("{:.2}", s.machine_cpu_s_per_mpkt),
+                format!("{:.2}", s.switch_cpu_s_per_mpkt),
+            ]);
         }
+        table.print();
     }
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(

@@ -40,6 +40,68 @@ impl ResultFiles {
     }
 }
 
+/// How a table column lines up: names to the left, figures to the right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// An experiment's table for people: a header, then a line per result, each column as
+/// wide as its widest cell, two spaces apart.
+pub struct Table {
+    columns: Vec<(&'static str, Align)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table of `columns`: each its header and how it lines up.
+    pub fn new(columns: &[(&'static str, Align)]) -> Table {
+        Table {
+            columns: columns.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a line: a cell per column, formatted by the caller.
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Prints the table on standard output.
+    pub fn print(&self) {
+        print!("{self}");
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let header: Vec<String> = self.columns.iter().map(|c| c.0.to_string()).collect();
+        let lines = std::iter::once(&header).chain(&self.rows);
+        let mut widths: Vec<usize> = vec![0; self.columns.len()];
+        for line in lines.clone() {
+            for (w, cell) in widths.iter_mut().zip(line) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        for line in lines {
+            let mut text = String::new();
+            for (i, ((cell, width), (_, align))) in
+                line.iter().zip(&widths).zip(&self.columns).enumerate()
+            {
+                let pad = " ".repeat(width - cell.chars().count());
+                let gap = if i == 0 { "" } else { "  " };
+                match align {
+                    Align::Left => text += &format!("{gap}{cell}{pad}"),
+                    Align::Right => text += &format!("{gap}{pad}{cell}"),
+                }
+            }
+            writeln!(f, "{}", text.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
 /// An experiment's CSV: a header line, then one line per result.
 pub struct Csv(String);
 
@@ -63,6 +125,17 @@ impl Csv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_lines_names_up_left_and_figures_right_under_their_headers() {
+        let mut table = Table::new(&[("program", Align::Left), ("Mpps", Align::Right)]);
+        table.row(vec!["forward".into(), "43.54".into()]);
+        table.row(vec!["l2".into(), "9.1".into()]);
+        assert_eq!(
+            table.to_string(),
+            "program   Mpps\nforward  43.54\nl2         9.1\n"
+        );
+    }
 
     #[test]
     fn a_csv_has_its_header_then_one_line_per_row_and_a_failed_write_names_the_flag() {
