@@ -4,7 +4,7 @@
 //! each measurement to report the median.
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{ReplayQueue, ReplayTrace};
@@ -392,13 +392,10 @@ fn report(
             a.repeat,
             if huge { "yes" } else { "no" }
         );
-        let mut table = Table::new(&[
-            ("program", Align::Left),
-            ("packets", Align::Right),
-            ("Mpps/core", Align::Right),
-            ("ns/packet", Align::Right),
-            ("Mpps total", Align::Right),
-        ]);
+        let mut table = Table::new(
+            &["program"],
+            &["packets", "Mpps/core", "ns/packet", "Mpps total"],
+        );
         for m in results {
             table.row(vec![
                 m.program.to_string(),

@@ -21,7 +21,7 @@
 //! digests lost to full queues (a controller slower than the misses loses them).
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::percentile;
 use stateplane_runtime::{Context, ControlPlane, Program};
 use stateplane_state::control::{Action, Field, Format};
@@ -224,15 +224,10 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         "input: {} keys inserted by add-on-miss, then {} packets of lookups with every N-th inserting; u64 keys and values; latency per packet's table work (clock cost {clock} ns subtracted). Digest rows: `miss` is a miss that sends a digest, `visible` the time from a miss to its entry being in, with Mpps the entries the controller put in per second",
         a.keys, a.packets
     );
-    let mut table = Table::new(&[
-        ("phase", Align::Left),
-        ("packets", Align::Left),
-        ("count", Align::Right),
-        ("p50 ns", Align::Right),
-        ("p99 ns", Align::Right),
-        ("p99.9 ns", Align::Right),
-        ("Mpps", Align::Right),
-    ]);
+    let mut table = Table::new(
+        &["phase", "packets"],
+        &["count", "p50 ns", "p99 ns", "p99.9 ns", "Mpps"],
+    );
     for r in &rows {
         table.row(vec![
             r.phase.to_string(),

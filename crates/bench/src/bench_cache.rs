@@ -8,7 +8,7 @@
 //! pipeline's ACL and FIB), and the paper's microflow.
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use stateplane_classifier::{Fields, MicroflowCache};
 
 #[derive(clap::Args)]
@@ -174,13 +174,7 @@ fn report(a: &BenchCacheArgs, bounds: &[Bound], rows: &[Row]) -> BenchResult<()>
             b.best * 100.0
         );
     }
-    let mut table = Table::new(&[
-        ("workload", Align::Left),
-        ("key", Align::Left),
-        ("entries", Align::Right),
-        ("ways", Align::Right),
-        ("hit rate", Align::Right),
-    ]);
+    let mut table = Table::new(&["workload", "key"], &["entries", "ways", "hit rate"]);
     for r in rows {
         table.row(vec![
             r.workload.to_string(),

@@ -5,7 +5,7 @@
 
 use crate::BenchResult;
 use crate::bench::{Rates, generated_trace, rates, replay_runtime};
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use stateplane_programs::PortNames;
 use stateplane_runtime::ProgramFactory;
 use stateplane_switch::units::bounded;
@@ -153,15 +153,10 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
     for (_, input, _) in traces.values() {
         println!("  {input}");
     }
-    let mut table = Table::new(&[
-        ("program", Align::Left),
-        ("workload", Align::Left),
-        ("Mpps/core", Align::Right),
-        ("forward", Align::Right),
-        ("ratio", Align::Right),
-        ("ns/packet", Align::Right),
-        ("forwarded", Align::Right),
-    ]);
+    let mut table = Table::new(
+        &["program", "workload"],
+        &["Mpps/core", "forward", "ratio", "ns/packet", "forwarded"],
+    );
     for r in &rows {
         let p = &r.program_rates;
         table.row(vec![

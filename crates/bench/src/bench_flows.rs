@@ -27,7 +27,7 @@
 
 use crate::BenchResult;
 use crate::chart::Panel;
-use crate::results::{self, Align, Csv, ResultFiles};
+use crate::results::{self, Csv, ResultFiles};
 use crate::statistics::median;
 use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
@@ -515,20 +515,14 @@ pub fn main(a: BenchFlowsArgs) -> BenchResult<()> {
         "input: stateplane gen WORKLOAD --packets {} --seed {} (IPv4 and IPv6), parsed once, from memory on one core (two in `workers`); medians of {} rounds",
         a.packets, a.seed, a.repeat
     );
-    let mut table = results::Table::new(&[
-        ("experiment", Align::Left),
-        ("workload", Align::Left),
-        ("variant", Align::Left),
-        ("value", Align::Right),
-        ("unit", Align::Left),
-    ]);
+    let mut table = results::Table::new(&["experiment", "workload", "variant", "unit"], &["value"]);
     for r in &rows {
         table.row(vec![
             r.experiment.to_string(),
             r.workload.to_string(),
             r.variant.to_string(),
-            format!("{:.4}", r.value),
             r.unit.to_string(),
+            format!("{:.4}", r.value),
         ]);
     }
     table.print();

@@ -16,7 +16,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
     Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
@@ -710,20 +710,20 @@ fn report(
         "input: {trace}, replayed from memory on one core in bursts of {}; {rules}; cache {} entries, {} way(s); median of {} rounds (modes interleaved in each)",
         a.burst, a.cache_entries, a.cache_ways, a.repeat
     );
-    let mut table = Table::new(&[
-        ("exp", Align::Left),
-        ("workload", Align::Left),
-        ("mode", Align::Left),
-        ("tables", Align::Right),
-        ("updates", Align::Right),
-        ("Mpps", Align::Right),
-        ("vs off", Align::Right),
-        ("vs none", Align::Right),
-        ("hit rate", Align::Right),
-        ("update p99", Align::Right),
-        ("update p99.9", Align::Right),
-        ("median burst", Align::Right),
-    ]);
+    let mut table = Table::new(
+        &["exp", "workload", "mode"],
+        &[
+            "tables",
+            "updates",
+            "Mpps",
+            "vs off",
+            "vs none",
+            "hit rate",
+            "update p99",
+            "update p99.9",
+            "median burst",
+        ],
+    );
     let mut csv = Csv::new(
         "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us",
     );

@@ -7,7 +7,7 @@
 //! miss. One table small enough for the CPU caches, one far larger.
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_gen::rng::Rng;
 use stateplane_state::{ExactTable, ExpireProfile};
@@ -144,12 +144,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
         a.ipv4_prefixes, a.ipv6_prefixes, a.seed, a.lookups, a.repeat
     );
-    let mut table = Table::new(&[
-        ("operation", Align::Left),
-        ("entries", Align::Right),
-        ("M ops/s | s", Align::Right),
-        ("ns/op", Align::Right),
-    ]);
+    let mut table = Table::new(&["operation"], &["entries", "M ops/s | s", "ns/op"]);
     for r in &rows {
         // Build rows carry seconds in the rate column.
         let digits = if r.op.ends_with("(s)") { 3 } else { 1 };

@@ -7,7 +7,7 @@
 //! time, and the switch process's own).
 
 use crate::BenchResult;
-use crate::results::{Align, Csv, ResultFiles, Table};
+use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
 use stateplane_lab::Topology;
 use std::path::Path;
@@ -346,14 +346,16 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         println!("{}", serde_json::json!({"input": input, "results": v}));
     } else {
         println!("input: {input}");
-        let mut table = Table::new(&[
-            ("mode", Align::Left),
-            ("Mpps", Align::Right),
-            ("offered Mpps", Align::Right),
-            ("TCP Gb/s", Align::Right),
-            ("machine CPU s/Mpkt", Align::Right),
-            ("switch CPU s/Mpkt", Align::Right),
-        ]);
+        let mut table = Table::new(
+            &["mode"],
+            &[
+                "Mpps",
+                "offered Mpps",
+                "TCP Gb/s",
+                "machine CPU s/Mpkt",
+                "switch CPU s/Mpkt",
+            ],
+        );
         for (m, s) in &rows {
             table.row(vec![
                 m.to_string(),

@@ -40,25 +40,21 @@ impl ResultFiles {
     }
 }
 
-/// How a table column lines up: names to the left, figures to the right.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Align {
-    Left,
-    Right,
-}
-
 /// An experiment's table for people: a header, then a line per result, each column as
-/// wide as its widest cell, two spaces apart.
+/// wide as its widest cell, two spaces apart; the names first, lined up to the left, then
+/// the figures, lined up to the right.
 pub struct Table {
-    columns: Vec<(&'static str, Align)>,
+    columns: Vec<&'static str>,
+    names: usize,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    /// A table of `columns`: each its header and how it lines up.
-    pub fn new(columns: &[(&'static str, Align)]) -> Table {
+    /// A table whose columns are `names` then `figures` (their headers).
+    pub fn new(names: &[&'static str], figures: &[&'static str]) -> Table {
         Table {
-            columns: columns.to_vec(),
+            columns: [names, figures].concat(),
+            names: names.len(),
             rows: Vec::new(),
         }
     }
@@ -76,7 +72,7 @@ impl Table {
 
 impl std::fmt::Display for Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let header: Vec<String> = self.columns.iter().map(|c| c.0.to_string()).collect();
+        let header: Vec<String> = self.columns.iter().map(|c| c.to_string()).collect();
         let lines = std::iter::once(&header).chain(&self.rows);
         let mut widths: Vec<usize> = vec![0; self.columns.len()];
         for line in lines.clone() {
@@ -86,14 +82,13 @@ impl std::fmt::Display for Table {
         }
         for line in lines {
             let mut text = String::new();
-            for (i, ((cell, width), (_, align))) in
-                line.iter().zip(&widths).zip(&self.columns).enumerate()
-            {
+            for (i, (cell, width)) in line.iter().zip(&widths).enumerate() {
                 let pad = " ".repeat(width - cell.chars().count());
                 let gap = if i == 0 { "" } else { "  " };
-                match align {
-                    Align::Left => text += &format!("{gap}{cell}{pad}"),
-                    Align::Right => text += &format!("{gap}{pad}{cell}"),
+                if i < self.names {
+                    text += &format!("{gap}{cell}{pad}");
+                } else {
+                    text += &format!("{gap}{pad}{cell}");
                 }
             }
             writeln!(f, "{}", text.trim_end())?;
@@ -128,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_table_lines_names_up_left_and_figures_right_under_their_headers() {
-        let mut table = Table::new(&[("program", Align::Left), ("Mpps", Align::Right)]);
+        let mut table = Table::new(&["program"], &["Mpps"]);
         table.row(vec!["forward".into(), "43.54".into()]);
         table.row(vec!["l2".into(), "9.1".into()]);
         assert_eq!(
