@@ -589,7 +589,7 @@ fn a_meter_set_on_a_rule_polices_what_the_rule_permits() {
 }
 
 #[test]
-fn configured_guarantees_reach_the_declarations_and_bad_ones_are_named() {
+fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_named() {
     use stateplane_state::Guarantee;
     use std::collections::BTreeMap;
     let names = PortNames(vec!["a".into(), "b".into()]);
@@ -601,12 +601,20 @@ fn configured_guarantees_reach_the_declarations_and_bad_ones_are_named() {
         let factory = build("conntrack", None, &names).unwrap();
         crate::with_guarantees(factory, &wanted)
     };
-    let factory = build_with(&[("connections", &["replicated", "exported"])]).unwrap();
+    let factory = build_with(&[("connections", &["local"])]).unwrap();
     let declared = factory(1).declarations();
-    assert_eq!(
-        declared[0].guarantees,
-        [Guarantee::Replicated, Guarantee::Exported]
-    );
+    assert_eq!(declared[0].guarantees, [Guarantee::Local]);
+    // Nothing keeps these yet: each is refused by name, never accepted and ignored.
+    for g in ["synced", "replicated", "exported"] {
+        let Err(e) = build_with(&[("connections", &["local", g])]) else {
+            panic!("'{g}' is refused until a stage keeps it")
+        };
+        assert_eq!(e.field, "guarantees.connections");
+        assert!(
+            e.problem.starts_with(&format!("'{g}' is not built yet: ")),
+            "{e}"
+        );
+    }
     let Err(e) = build_with(&[("conections", &["synced"])]) else {
         panic!("a misspelt name is refused")
     };

@@ -469,6 +469,9 @@ pub fn with_guarantees(
                 format!("give one or more of {}", known()),
             ));
         }
+        if let Some(&g) = parsed.iter().find(|&&g| g != Guarantee::Local) {
+            return Err(ConfigError::new(field, not_built(g)));
+        }
         overrides.push((name.clone(), parsed));
     }
     let overrides = Arc::new(overrides);
@@ -478,6 +481,25 @@ pub fn with_guarantees(
             overrides: overrides.clone(),
         })
     }))
+}
+
+/// Why `g` is refused: no stage keeps it yet, and a promise nothing keeps must not be
+/// accepted.
+fn not_built(g: Guarantee) -> String {
+    let missing = match g {
+        Guarantee::Local => "",
+        Guarantee::Synced => "no stage syncs declared state between switches yet",
+        Guarantee::Replicated => "no stage writes declared state through to a store yet",
+        Guarantee::Exported => {
+            "no stage exports a program's declared tables yet (flow records come from the \
+             run's [flows] section)"
+        }
+    };
+    format!(
+        "'{}' is not built yet: {missing}; only 'local' is kept today, and a guarantee that \
+         nothing keeps is refused rather than ignored",
+        g.name()
+    )
 }
 
 /// A program whose declarations carry the configured guarantees; everything else is the
