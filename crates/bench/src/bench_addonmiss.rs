@@ -141,7 +141,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
     for i in 0..a.keys as u64 {
         let k = key(i);
         let t = Instant::now();
-        if table.lookup(&k).is_none() {
+        if table.lookup(&k, 0).is_none() {
             black_box(table.add_entry(k, i, 0, 0).is_ok());
         }
         lat.push((t.elapsed().as_nanos() as u32).saturating_sub(clock));
@@ -150,7 +150,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
     let t = Instant::now();
     for i in 0..a.keys as u64 {
         let k = key(i);
-        if untimed.lookup(&k).is_none() {
+        if untimed.lookup(&k, 0).is_none() {
             black_box(untimed.add_entry(k, i, 0, 0).is_ok());
         }
     }
@@ -175,7 +175,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
                 let insert = p % n == 0;
                 let k = keys.next(insert);
                 let t = timed.then(Instant::now);
-                match t2.lookup(&k) {
+                match t2.lookup(&k, 0) {
                     Some(id) => {
                         black_box(*t2.value(id));
                     }
@@ -330,7 +330,7 @@ impl DigestLearner {
     /// One packet's table work; whether it hit.
     #[inline]
     fn packet(&mut self, key: u64, now_ns: u64) -> bool {
-        match self.table.lookup(&key) {
+        match self.table.lookup(&key, now_ns) {
             Some(id) => {
                 black_box(*self.table.value(id));
                 true

@@ -91,7 +91,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
             let start = Instant::now();
             for (i, k) in present.iter().enumerate() {
                 // The add-on-miss path as a program runs it: the lookup misses, then adds.
-                if t.lookup(k).is_none() {
+                if t.lookup(k, 0).is_none() {
                     black_box(t.add_entry(*k, i as u64, 0, 0).is_ok());
                 }
             }
@@ -103,7 +103,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
                 let start = Instant::now();
                 let mut found = 0u64;
                 for k in keys {
-                    if let Some(id) = t.lookup(k) {
+                    if let Some(id) = t.lookup(k, 0) {
                         found += *t.value(id) & 1;
                     }
                 }
@@ -116,7 +116,7 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
             let start = Instant::now();
             let mut found = 0u64;
             for chunk in hits.chunks(64) {
-                t.lookup_burst(chunk, &mut out[..chunk.len()]);
+                t.lookup_burst(chunk, &mut out[..chunk.len()], 0);
                 found += out[..chunk.len()].iter().flatten().count() as u64;
             }
             black_box(found);

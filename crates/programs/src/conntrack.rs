@@ -276,7 +276,7 @@ impl Conntrack {
     ) -> Result<(), Refusal> {
         let (ckey, is_canonical) = canonical(key);
         let tcp = key.proto == 6;
-        let Some(id) = self.table.lookup(&ckey) else {
+        let Some(id) = self.table.lookup(&ckey, now) else {
             if !may_open {
                 return Err(Refusal::Unknown);
             }
@@ -517,6 +517,39 @@ mod tests {
             "a repeated reset passes, and creates nothing"
         );
         assert_eq!(c.connections(), 0);
+    }
+
+    /// An ACK 400 s after an established connection's last packet (its timeout is 300 s)
+    /// belongs to no connection, though in a table this large the sweep has not reached
+    /// the entry yet; a SYN then opens the connection again in the expired entry's place.
+    #[test]
+    fn a_connection_past_its_timeout_is_gone_before_the_sweep_reaches_it() {
+        let mut c = conntrack(1 << 20);
+        send(&mut c, S, true, tcp(1000, true, flags::SYN));
+        send(&mut c, S, false, tcp(1000, false, flags::SYN | flags::ACK));
+        send(&mut c, S, true, tcp(1000, true, flags::ACK));
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        let late = S + 400 * S;
+        assert_eq!(
+            send(&mut c, late, true, tcp(1000, true, flags::ACK)),
+            Verdict::Drop(INVALID),
+            "expired at the packet's time: a miss"
+        );
+        assert_eq!(
+            send(&mut c, late + 1, true, tcp(1000, true, flags::SYN)),
+            OUT
+        );
+        assert_eq!(
+            state(&c, 1000),
+            Some(ConnState::New),
+            "opened again in its place"
+        );
+        idle(&mut c, late + 2);
+        assert_eq!(
+            c.expired[ConnState::Established as usize],
+            1,
+            "the expiry it replaced is counted"
+        );
     }
 
     #[test]

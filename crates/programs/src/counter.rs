@@ -119,7 +119,7 @@ impl Program for Counter {
                 ..d.parsed.key
             };
             let bytes = u64::from(d.orig_len);
-            match self.flows.lookup(&key) {
+            match self.flows.lookup(&key, ctx.now_ns) {
                 Some(id) => {
                     let c = self.flows.value_mut(id);
                     c.packets += 1;

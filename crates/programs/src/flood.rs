@@ -202,7 +202,7 @@ impl Flood {
             Mitigation::Drop => Some(FLOOD),
             Mitigation::Limit(config) => {
                 // A victim's meter starts full when it is first found.
-                let id = match self.meters.lookup(&dst) {
+                let id = match self.meters.lookup(&dst, now) {
                     Some(id) => id,
                     None => self
                         .meters

@@ -183,7 +183,7 @@ impl Kv {
     /// Stores `value` for `key`, or forgets the key if the value is too long to cache.
     fn store(&mut self, key: u64, value: &[u8], now: u64) {
         match Cached::of(value) {
-            Some(c) => match self.cache.lookup(&key) {
+            Some(c) => match self.cache.lookup(&key, now) {
                 Some(id) => {
                     *self.cache.value_mut(id) = c;
                     self.cache.restart_timer(id, now);
@@ -209,7 +209,7 @@ impl Kv {
             return Request::Pass;
         };
         match m.op {
-            Op::Get if simple && m.value.is_empty() => match self.cache.lookup(&m.key) {
+            Op::Get if simple && m.value.is_empty() => match self.cache.lookup(&m.key, now) {
                 Some(id) => {
                     self.cache.restart_timer(id, now);
                     Request::Hit(*self.cache.value(id))

@@ -166,13 +166,13 @@ impl Program for L2 {
     type Prepared = ();
 
     #[inline]
-    fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for p in burst.iter_mut() {
             let mut dst = [0u8; 6];
             dst.copy_from_slice(&p.data[..6]);
             let vlan = p.desc.parsed.key.vlan;
             let known = if dst[0] & 1 == 0 {
-                let id = self.table.lookup(&table_key(vlan, dst));
+                let id = self.table.lookup(&table_key(vlan, dst), ctx.now_ns);
                 id.map(|id| *self.table.value(id))
             } else {
                 None

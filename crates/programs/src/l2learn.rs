@@ -120,7 +120,7 @@ impl Program for L2Learn {
             // Learn the source (a multicast source is bogus and never learned).
             if src[0] & 1 == 0 {
                 let key = station(vlan, src);
-                match self.table.lookup(&key) {
+                match self.table.lookup(&key, now) {
                     Some(id) => {
                         *self.table.value_mut(id) = d.in_port;
                         self.table.restart_timer(id, now);
@@ -134,7 +134,7 @@ impl Program for L2Learn {
             }
             let known = if dst[0] & 1 == 0 {
                 self.table
-                    .lookup(&station(vlan, dst))
+                    .lookup(&station(vlan, dst), now)
                     .map(|id| *self.table.value(id))
             } else {
                 None

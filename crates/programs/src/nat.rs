@@ -539,7 +539,7 @@ impl Nat {
     /// Counts a packet of the translation `key` (from the inside if `out`) and moves its
     /// state and timer on; a RST removes it. Returns its external port.
     fn track(&mut self, key: &FlowKey, out: bool, tcp_flags: u8, now: u64) -> Option<u16> {
-        let id = self.translations.lookup(key)?;
+        let id = self.translations.lookup(key, now)?;
         let t = self.translations.value_mut(id);
         if out {
             t.packets_out = t.packets_out.saturating_add(1);

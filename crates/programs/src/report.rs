@@ -186,7 +186,7 @@ impl<K: KeyFields> Reports<K> {
     /// the table (a full table keeps what it has; `ctl stats` counts the refusals).
     pub fn file(&mut self, key: K, estimate: u32, interval: u32, now_ns: u64) -> Option<bool> {
         let report = Report { interval, estimate };
-        let first = match self.table.lookup(&key) {
+        let first = match self.table.lookup(&key, now_ns) {
             Some(id) => {
                 let r = self.table.value_mut(id);
                 let first = r.interval != interval;

@@ -220,7 +220,7 @@ impl Sgw {
     }
 
     /// Reads one packet: what to do with it.
-    fn step(&mut self, data: &[u8], parsed: &Parsed) -> Step {
+    fn step(&mut self, data: &[u8], parsed: &Parsed, now: u64) -> Step {
         let f = parsed.flags;
         if parsed.key.ip_version == 0 {
             let other = if parsed.key.in_port == self.access {
@@ -232,7 +232,7 @@ impl Sgw {
         }
         if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
             let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
-            return Step::Done(match self.signal(gtp) {
+            return Step::Done(match self.signal(gtp, now) {
                 Ok(()) => Verdict::ToControl(TO_CONTROL_SIGNALING),
                 Err(reason) => Verdict::Drop(reason),
             });
@@ -270,7 +270,7 @@ impl Sgw {
     }
 
     /// Applies a GTPv2-C message to the sessions.
-    fn signal(&mut self, gtp: &[u8]) -> Result<(), DropReason> {
+    fn signal(&mut self, gtp: &[u8], now: u64) -> Result<(), DropReason> {
         let header = Gtpv2Repr::parse(gtp).map_err(|_| BAD_SIGNALING)?;
         let ies_at = header.header_len();
         let ies = gtp
@@ -325,7 +325,7 @@ impl Sgw {
             gtpv2_type::MODIFY_BEARER_REQUEST => {
                 let n = control_subscriber().ok_or(BAD_SIGNALING)?;
                 let (enb, enb_teid) = fteid.ok_or(BAD_SIGNALING)?;
-                let id = self.sessions.lookup(&n).ok_or(NO_SESSION)?;
+                let id = self.sessions.lookup(&n, now).ok_or(NO_SESSION)?;
                 let s = self.sessions.value_mut(id);
                 (s.enb, s.enb_teid) = (enb, enb_teid);
                 Ok(())
@@ -415,11 +415,11 @@ impl Sgw {
 impl Program for Sgw {
     type Prepared = ();
 
-    fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+    fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for i in 0..burst.len() {
             let step = {
                 let p = burst.packet_mut(i);
-                self.step(p.data, &p.desc.parsed)
+                self.step(p.data, &p.desc.parsed, ctx.now_ns)
             };
             let verdict = match step {
                 Step::Done(v) => v,

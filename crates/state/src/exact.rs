@@ -201,20 +201,25 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
-    /// Looks `key` up as a packet would: counts the lookup, and on a hit the entry's hit
-    /// counter; returns the entry's handle (valid until the next add or delete).
+    /// Looks `key` up as a packet at `now_ns` would: counts the lookup, and on a hit the
+    /// entry's hit counter; returns the entry's handle (valid until the next add or delete).
+    /// An entry whose idle time has run out by `now_ns` is a miss, whether or not the sweep
+    /// has reached it yet (the sweep only reclaims its slot and tells the control plane).
     #[inline]
-    pub fn lookup(&mut self, key: &K) -> Option<EntryId> {
+    pub fn lookup(&mut self, key: &K, now_ns: u64) -> Option<EntryId> {
         self.stats.lookups += 1;
         let i = self.find(key)?;
+        if self.slots[i].deadline_ns <= now_ns {
+            return None;
+        }
         self.stats.hits += 1;
         self.slots[i].hits += 1;
         Some(EntryId(i as u32))
     }
 
-    /// Looks up a burst of keys; `out[i]` gets `keys[i]`'s handle. The slots of the whole
-    /// burst are touched first, so their cache misses overlap instead of queueing.
-    pub fn lookup_burst(&mut self, keys: &[K], out: &mut [Option<EntryId>]) {
+    /// Looks up a burst of keys at `now_ns`; `out[i]` gets `keys[i]`'s handle. The slots of
+    /// the whole burst are touched first, so their cache misses overlap instead of queueing.
+    pub fn lookup_burst(&mut self, keys: &[K], out: &mut [Option<EntryId>], now_ns: u64) {
         for (keys, out) in keys.chunks(64).zip(out.chunks_mut(64)) {
             for k in keys {
                 let home = self.split(k).0;
@@ -222,14 +227,22 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 stateplane_mem::prefetch(&self.slots[home]);
             }
             for (k, o) in keys.iter().zip(out.iter_mut()) {
-                *o = self.lookup(k);
+                *o = self.lookup(k, now_ns);
             }
         }
     }
 
-    /// Finds `key` without counting anything (control plane, tests).
+    /// Finds `key` without counting anything (control plane, tests), expired or not.
     pub fn find_id(&self, key: &K) -> Option<EntryId> {
         self.find(key).map(|i| EntryId(i as u32))
+    }
+
+    /// Finds `key` as it stands at `now_ns`, without counting anything: `None` once its
+    /// idle time has run out, as for [`ExactTable::lookup`] (for a data plane that only
+    /// looks, e.g. a reverse index).
+    pub fn find_live(&self, key: &K, now_ns: u64) -> Option<EntryId> {
+        let i = self.find(key)?;
+        (self.slots[i].deadline_ns > now_ns).then_some(EntryId(i as u32))
     }
 
     /// The expiry profile an entry was added with.
@@ -283,7 +296,9 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     }
 
     /// Adds `key` with action data `value` and expiry `profile` (PNA `add_entry`, from the
-    /// default action of a miss). The next lookup of `key` hits it.
+    /// default action of a miss). The next lookup of `key` hits it. An entry of `key` whose
+    /// idle time has run out by `now_ns` gives way to the new one in its slot, told and
+    /// counted as the sweep would have.
     ///
     /// One walk does both the check and the insertion: along a key's probe sequence, the
     /// key can only sit before the first resident that is closer to its home than the key
@@ -298,6 +313,18 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         let Some(p) = self.profiles.get(usize::from(profile)).copied() else {
             return Err(AddError::NoSuchProfile);
         };
+        let deadline_ns = match p.mode {
+            ExpireMode::Never => NO_DEADLINE,
+            _ => now_ns.saturating_add(p.timeout_ns),
+        };
+        let entry = Slot {
+            key,
+            value,
+            deadline_ns,
+            hits: 0,
+            profile,
+            notified: false,
+        };
         let (mut i, tag) = self.split(&key);
         let mut meta = (1 << TAG_BITS) | tag;
         // First part: look for the key up to its insertion point; nothing changes yet.
@@ -307,7 +334,13 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 break;
             }
             if m == meta && self.slots[i].key == key {
-                return Err(AddError::Exists);
+                if self.slots[i].deadline_ns > now_ns {
+                    return Err(AddError::Exists);
+                }
+                self.retire_expired(i, now_ns);
+                self.slots[i] = entry;
+                self.stats.adds += 1;
+                return Ok(EntryId(i as u32));
             }
             if (meta >> TAG_BITS) >= MAX_DIST {
                 self.stats.add_full += 1;
@@ -320,18 +353,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             self.stats.add_full += 1;
             return Err(AddError::TableFull);
         }
-        let deadline_ns = match p.mode {
-            ExpireMode::Never => NO_DEADLINE,
-            _ => now_ns.saturating_add(p.timeout_ns),
-        };
-        let mut carry = Slot {
-            key,
-            value,
-            deadline_ns,
-            hits: 0,
-            profile,
-            notified: false,
-        };
+        let mut carry = entry;
         let placed = i;
         // Second part: place it, and carry each displaced resident on to its own place.
         // Below 7/8 load a cluster never reaches MAX_DIST in practice; the distance
@@ -354,6 +376,22 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// Slot `i`'s entry, expired by `now_ns`, gives way to a new entry of its key: the
+    /// control plane is told (unless it was already) and the expiry counted as a deletion.
+    fn retire_expired(&mut self, i: usize, now_ns: u64) {
+        let old = self.slots[i];
+        if !old.notified {
+            self.notify(Expired {
+                key: old.key,
+                value: old.value,
+                hits: old.hits,
+                deleted: true,
+                at_ns: now_ns,
+            });
+        }
+        self.stats.expired_deleted += 1;
     }
 
     /// Deletes `key` (control plane or data plane, e.g. on a TCP RST); whether it was there.
@@ -583,6 +621,8 @@ mod tests {
     #[derive(Default)]
     struct Model {
         map: HashMap<u64, (u32, u64, u8, bool, u64)>, // value, deadline, profile, notified, hits
+        /// Expiries told by an add that took an expired entry's place, not yet drained.
+        pending: Vec<(u64, bool)>,
     }
 
     proptest! {
@@ -601,24 +641,34 @@ mod tests {
                 match op {
                     Op::Lookup(k) => {
                         let k = u64::from(k);
-                        let got = t.lookup(&k).map(|id| *t.value(id));
-                        let want = m.map.get_mut(&k).map(|e| { e.4 += 1; e.0 });
+                        let got = t.lookup(&k, now).map(|id| *t.value(id));
+                        // An entry past its deadline is a miss, swept or not.
+                        let live = m.map.get_mut(&k).filter(|e| e.1 > now);
+                        let want = live.map(|e| { e.4 += 1; e.0 });
                         prop_assert_eq!(got, want);
                     }
                     Op::Add(k, v, p) => {
                         let k = u64::from(k);
                         let got = t.add_entry(k, v, p, now).map(|_| ());
-                        let want = if m.map.contains_key(&k) {
-                            Err(AddError::Exists)
-                        } else if m.map.len() >= capacity {
-                            Err(AddError::TableFull)
-                        } else {
-                            let deadline = match profiles()[usize::from(p)].mode {
-                                ExpireMode::Never => NO_DEADLINE,
-                                _ => now + profiles()[usize::from(p)].timeout_ns,
-                            };
-                            m.map.insert(k, (v, deadline, p, false, 0));
-                            Ok(())
+                        let deadline = match profiles()[usize::from(p)].mode {
+                            ExpireMode::Never => NO_DEADLINE,
+                            _ => now + profiles()[usize::from(p)].timeout_ns,
+                        };
+                        let want = match m.map.get(&k) {
+                            Some(e) if e.1 > now => Err(AddError::Exists),
+                            // An expired entry gives way, told once as deleted.
+                            Some(e) => {
+                                if !e.3 {
+                                    m.pending.push((k, true));
+                                }
+                                m.map.insert(k, (v, deadline, p, false, 0));
+                                Ok(())
+                            }
+                            None if m.map.len() >= capacity => Err(AddError::TableFull),
+                            None => {
+                                m.map.insert(k, (v, deadline, p, false, 0));
+                                Ok(())
+                            }
                         };
                         prop_assert_eq!(got, want);
                         // Visible to the very next lookup.
@@ -632,10 +682,10 @@ mod tests {
                     }
                     Op::Restart(k) => {
                         let k = u64::from(k);
-                        if let Some(id) = t.lookup(&k) {
+                        if let Some(id) = t.lookup(&k, now) {
                             t.restart_timer(id, now);
                         }
-                        if let Some(e) = m.map.get_mut(&k) {
+                        if let Some(e) = m.map.get_mut(&k).filter(|e| e.1 > now) {
                             e.4 += 1;
                             let p = profiles()[usize::from(e.2)];
                             if p.mode != ExpireMode::Never {
@@ -646,10 +696,10 @@ mod tests {
                     }
                     Op::Update(k, v) => {
                         let k = u64::from(k);
-                        if let Some(id) = t.lookup(&k) {
+                        if let Some(id) = t.lookup(&k, now) {
                             *t.value_mut(id) = v;
                         }
-                        if let Some(e) = m.map.get_mut(&k) {
+                        if let Some(e) = m.map.get_mut(&k).filter(|e| e.1 > now) {
                             e.4 += 1;
                             e.0 = v;
                         }
@@ -658,7 +708,7 @@ mod tests {
                     Op::Sweep => {
                         // A full sweep (budget = every slot) against the model's expiry.
                         t.sweep(now, usize::MAX);
-                        let mut want: Vec<(u64, bool)> = Vec::new();
+                        let mut want: Vec<(u64, bool)> = std::mem::take(&mut m.pending);
                         m.map.retain(|k, e| {
                             if e.1 <= now && !e.3 {
                                 let mode = profiles()[usize::from(e.2)].mode;
@@ -716,7 +766,7 @@ mod tests {
         let mut now = 0;
         while now < 4 * MS {
             for k in 0..200u32 {
-                let id = t.lookup(&k).unwrap();
+                let id = t.lookup(&k, now).unwrap();
                 if k >= 100 {
                     t.restart_timer(id, now);
                 }
@@ -773,7 +823,7 @@ mod tests {
         }
         let keys: Vec<u64> = (0..200).map(|i| i * 37 % 10_000).collect();
         let mut out = vec![None; keys.len()];
-        t.lookup_burst(&keys, &mut out);
+        t.lookup_burst(&keys, &mut out, 0);
         for (k, id) in keys.iter().zip(out) {
             assert_eq!(id.map(|id| *t.value(id)), t.get(k).copied());
         }

@@ -142,7 +142,7 @@ impl Tollbooth {
     /// Counts `bytes` from `src` at `now`; whether they are within its budget.
     fn pay(&mut self, src: u128, bytes: u64, now: u64) -> bool {
         let interval = (now / self.interval_ns) as u32;
-        let Some(id) = self.usage.lookup(&src) else {
+        let Some(id) = self.usage.lookup(&src, now) else {
             let first = Usage { interval, bytes };
             // A full table lets the packet through: the budget is a limit, not a gate.
             let _ = self.usage.add_entry(src, first, 0, now);

@@ -570,7 +570,7 @@ impl Lb {
         } else {
             0
         };
-        let backend = match self.connections.lookup(&key) {
+        let backend = match self.connections.lookup(&key, now) {
             Some(id) => {
                 let a = *self.connections.value(id);
                 let mut backend = a.backend;
