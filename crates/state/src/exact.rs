@@ -237,14 +237,6 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         self.find(key).map(|i| EntryId(i as u32))
     }
 
-    /// Finds `key` as it stands at `now_ns`, without counting anything: `None` once its
-    /// idle time has run out, as for [`ExactTable::lookup`] (for a data plane that only
-    /// looks, e.g. a reverse index).
-    pub fn find_live(&self, key: &K, now_ns: u64) -> Option<EntryId> {
-        let i = self.find(key)?;
-        (self.slots[i].deadline_ns > now_ns).then_some(EntryId(i as u32))
-    }
-
     /// The expiry profile an entry was added with.
     pub fn profile(&self, id: EntryId) -> u8 {
         self.slots[id.0 as usize].profile
