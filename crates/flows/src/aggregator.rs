@@ -181,7 +181,7 @@ pub struct AggregatorCounters {
 
 /// Flows looked up together: their home slots are prefetched before any is touched.
 const BATCH: usize = 32;
-/// Slots looked at to choose a flow to evict from a full table.
+/// Flows looked at to choose one to evict from a full table.
 const EVICTION_SAMPLE: usize = 64;
 
 /// Slots the table starts with (fewer if the budget is smaller): 4,096 IPv4 slots are
@@ -200,7 +200,13 @@ pub struct Aggregator<K, V> {
     grow_at: usize,
     max_len: usize,
     seed: u64,
+    /// The sweep's next slot.
     cursor: usize,
+    /// Where the next eviction's sample starts: just past the last one's, so that each
+    /// sample is fresh and no run of slots is walked again and again.
+    evict_cursor: usize,
+    /// Slots walked by evictions (to check that an eviction costs O(1) amortised).
+    evict_walked: u64,
     timeouts: Timeouts,
     prefetch: bool,
     pub counters: AggregatorCounters,
@@ -235,6 +241,8 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             max_len: max_flows,
             seed,
             cursor: 0,
+            evict_cursor: 0,
+            evict_walked: 0,
             timeouts,
             prefetch: true,
             counters: AggregatorCounters::default(),
@@ -414,13 +422,18 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         }
     }
 
-    /// Exports the least recently active of a sample of flows (from the sweep's cursor).
+    /// Exports the least recently active of a sample of flows: the next [`EVICTION_SAMPLE`]
+    /// flows in slot order from where the previous sample ended (slots are in hash order,
+    /// so a sample is a random one). The table is at least 7/16 full when it evicts (full,
+    /// in at most twice the slots it needs), so a sample walks about 150 slots at most: an
+    /// eviction costs O(1), however many came before it.
     #[cold]
     fn evict_one(&mut self, out: &mut Vec<FlowRecord>) {
         let mut best: Option<(u64, usize)> = None;
         let mut seen = 0;
-        let mut i = self.cursor;
+        let mut i = self.evict_cursor & self.mask;
         for _ in 0..=self.mask {
+            self.evict_walked += 1;
             if self.slots[i].hash != 0 {
                 let last = self.slots[i].value.last_ns();
                 if best.is_none_or(|(b, _)| last < b) {
@@ -433,6 +446,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             }
             i = (i + 1) & self.mask;
         }
+        self.evict_cursor = (i + 1) & self.mask;
         if let Some((_, i)) = best {
             self.counters.evicted_full += 1;
             self.export(i, EndReason::LackOfResources, out);
@@ -563,6 +577,38 @@ mod tests {
                 assert!(agg.counters.evicted_full > 0);
             }
         }
+    }
+
+    /// A flood of new flows into a full table (the synflood repro: 200,000 packets, 80% of
+    /// them new flows, against 65,536 flows): every eviction walks a bounded number of
+    /// slots, however many evictions came before it. A sample that started from a fixed
+    /// place walked further at each eviction, as the slots after that place emptied.
+    #[test]
+    fn an_eviction_walks_a_bounded_number_of_slots_however_many_came_before() {
+        let max_flows = 65_536;
+        let mut agg = Aggregator::<V4Key, Uniflow>::new(max_flows, Timeouts::default(), 5).unwrap();
+        let mut out = Vec::new();
+        let mut x = 99u64;
+        let records: Vec<Microflow<V4Key>> = (0..400_000u64)
+            .map(|t| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                Microflow {
+                    key: V4Key([x >> 16, t]),
+                    stats: part(t, 1, 0),
+                }
+            })
+            .collect();
+        agg.ingest(&records, &mut out);
+        let evictions = agg.counters.evicted_full;
+        assert_eq!(evictions, 400_000 - max_flows as u64);
+        let per_eviction = agg.evict_walked as f64 / evictions as f64;
+        // At least 7/16 full: 64 flows lie within about 146 slots.
+        assert!(
+            per_eviction < 160.0,
+            "{per_eviction:.1} slots walked per eviction"
+        );
     }
 
     /// Every entry is reachable from its home slot without passing an empty one.
