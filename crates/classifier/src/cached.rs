@@ -133,7 +133,10 @@ pub struct CachedPipeline {
 struct RuleCounters {
     packets: u64,
     bytes: u64,
-    added_ns: u64,
+    /// When the rule was added; `None` if the pipeline had seen no time yet then (rules
+    /// given at start, or added before the first packet), in which case its timers start
+    /// the first time [`CachedPipeline::expire`] looks at it.
+    added_ns: Option<u64>,
     last_hit_ns: u64,
 }
 
@@ -222,14 +225,21 @@ impl CachedPipeline {
     pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
         self.now_ns = self.now_ns.max(now_ns);
         let now = self.now_ns;
+        for id in &self.timed {
+            if let Some(&slot) = self.slot_of.get(id) {
+                let added = &mut self.counters[slot as usize].added_ns;
+                added.get_or_insert(now);
+            }
+        }
         let mut expired: Vec<RuleId> = (self.timed.iter().copied())
             .filter(|&id| {
                 let Some(r) = self.rules.get(id) else {
                     return false;
                 };
                 let c = self.rule_counters(id);
-                let idle_since = c.last_hit_ns.max(c.added_ns);
-                (r.hard_timeout > 0 && now >= c.added_ns + u64::from(r.hard_timeout) * SECOND_NS)
+                let added = c.added_ns.unwrap_or(now);
+                let idle_since = c.last_hit_ns.max(added);
+                (r.hard_timeout > 0 && now >= added + u64::from(r.hard_timeout) * SECOND_NS)
                     || (r.idle_timeout > 0
                         && now >= idle_since + u64::from(r.idle_timeout) * SECOND_NS)
             })
@@ -472,7 +482,7 @@ impl CachedPipeline {
             let counted = RuleCounters {
                 packets: std::mem::take(&mut entry.packets),
                 bytes: std::mem::take(&mut entry.bytes),
-                added_ns: 0,
+                added_ns: None,
                 last_hit_ns: entry.last_hit_ns,
             };
             for s in &entry.sources {
@@ -512,6 +522,13 @@ impl CachedPipeline {
         self.dying.len()
     }
 
+    /// Moves the pipeline's clock to `now_ns` if it is later (a control change applied
+    /// between bursts brings the worker's time, so that a rule added now is timed from now,
+    /// not from the last packet).
+    pub fn observe_time(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+    }
+
     /// Adds a rule; its handle. Cached microflows it may now catch are resolved again.
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
         let table = rule.table;
@@ -530,7 +547,7 @@ impl CachedPipeline {
 
     fn add_counters(&mut self, id: RuleId, timed: bool) {
         let fresh = RuleCounters {
-            added_ns: self.now_ns,
+            added_ns: (self.now_ns > 0).then_some(self.now_ns),
             ..RuleCounters::default()
         };
         let slot = reuse_or_push(&mut self.counters, &mut self.free_slots, fresh);

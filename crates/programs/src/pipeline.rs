@@ -395,13 +395,15 @@ impl Program for Pipeline {
         &mut self,
         request: &Request,
         prepared: Option<&Arc<Prepared>>,
-        _ctx: &Context,
+        ctx: &Context,
     ) -> Result<Reply, ControlError> {
         let Request::Flows { change, .. } = request else {
             return Err(invalid(
                 "it is a rule pipeline: use the flow requests".into(),
             ));
         };
+        // A rule added now is timed from now, not from the worker's last packet.
+        self.flows.observe_time(ctx.now_ns);
         match change {
             FlowChange::Add(_) => {
                 let Some(Prepared::Add(rules)) = prepared.map(|p| p.as_ref()) else {
@@ -540,6 +542,38 @@ mod tests {
             "table=1,priority=32,ipv6,ipv6_dst=2001:2:1::/48,actions=dec_ttl,mod_vlan_vid:42,output:3",
         ]
     "#;
+
+    /// Runs `frames` as one burst arriving on port 0 at `t`.
+    fn at(p: &mut Pipeline, frames: &[Vec<u8>], t: u64) -> Vec<Verdict> {
+        let mut b = Burst::with_capacity(frames.len());
+        for (i, f) in frames.iter().enumerate() {
+            b.push(f, f.len() as u32, t, 0, i as u64);
+        }
+        b.now_ns = t;
+        b.parse(&hasher());
+        p.process(&mut b, &mut crate::testutil::ctx(t, 4));
+        verdicts(&b)
+    }
+
+    /// A rule given at start with a hard timeout is timed from the first time the pipeline
+    /// sees, not from time 0: at a capture's time (nanoseconds since 1970) it forwards
+    /// until its 60 s have passed, then it is gone. Before, it expired on the first burst.
+    #[test]
+    fn a_timed_rule_given_at_start_counts_from_the_first_packet_not_from_zero() {
+        let mut p =
+            config(r#"rules = ["priority=10,udp,hard_timeout=60,actions=output:1"]"#).unwrap();
+        let t0 = 1_700_000_000 * SECOND_NS;
+        let frames = [udp_frame("198.19.1.1", 64)];
+        assert_eq!(at(&mut p, &frames, t0), [Verdict::Forward(1)]);
+        assert_eq!(
+            at(&mut p, &frames, t0 + 59 * SECOND_NS),
+            [Verdict::Forward(1)]
+        );
+        assert_eq!(
+            at(&mut p, &frames, t0 + 61 * SECOND_NS),
+            [Verdict::Drop(NO_MATCH)]
+        );
+    }
 
     #[test]
     fn an_acl_then_a_fib_forwards_and_rewrites_real_packets() {
