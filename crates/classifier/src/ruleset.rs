@@ -176,6 +176,19 @@ impl Table {
     /// The rules ranked below `rank` whose patterns overlap `pattern`. A tuple whose mask
     /// lies within the pattern's holds at most one bucket that can overlap it, found by one
     /// lookup (a shorter prefix under a longer one, say); other tuples are scanned.
+    /// The rule of this table with `priority` and exactly `pattern` (normalized), if any:
+    /// one tuple, one bucket.
+    fn identical(&self, priority: u16, pattern: &Pattern) -> Option<RuleId> {
+        let tuple = self.tuples.iter().find(|t| t.mask == pattern.mask)?;
+        let bucket = tuple.buckets.get(&pattern.value)?;
+        (bucket.iter())
+            .find(|c| {
+                c.rank.priority.0 == priority
+                    && (c.tp_src, c.tp_dst) == (pattern.tp_src, pattern.tp_dst)
+            })
+            .map(|c| c.rank.id)
+    }
+
     fn overlapping_below(&self, rank: Rank, pattern: &Pattern) -> Vec<RuleId> {
         let mut found = Vec::new();
         let mut take = |bucket: &Vec<Candidate>| {
@@ -439,6 +452,14 @@ impl RuleSet {
             .iter()
             .flat_map(|t| t.order.iter())
             .filter_map(|r| self.rules.get(&r.id).map(|rule| (r.id, rule)))
+    }
+
+    /// The rule of `rule`'s table with its priority and match, if any: the one an
+    /// OpenFlow add of `rule` replaces.
+    pub fn identical(&self, rule: &Rule) -> Option<RuleId> {
+        let pattern = rule.pattern.normalized();
+        (self.tables.get(usize::from(rule.table)))
+            .and_then(|t| t.identical(rule.priority, &pattern))
     }
 
     /// The rules of `rule`'s table ranked below it (as if it were inserted now) that some

@@ -710,6 +710,44 @@ fn dump(sw: &Switch, filter: stateplane_state::FlowFilter) -> Vec<stateplane_sta
     }
 }
 
+/// OpenFlow's add: a rule with the table, priority and match of one there replaces it
+/// (new actions, counters from zero) instead of standing beside it; one of another
+/// priority or match is a rule of its own.
+#[test]
+fn adding_a_rule_identical_in_match_and_priority_replaces_it() {
+    use stateplane_state::{FlowChange, FlowFilter};
+    let frame = crate::testutil::udp_frame("198.19.7.9", 64);
+    let sw = Switch::start(
+        "pipeline",
+        r#"rules = ["priority=5,udp,nw_dst=198.19.0.0/16,actions=output:1"]"#,
+        frame.clone(),
+    );
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    assert!(dump(&sw, FlowFilter::default())[0].packets > 0);
+    // Traffic the rule does not match, so that its counters stand still.
+    *sw.frame.lock().unwrap() = crate::testutil::udp_frame("198.20.0.1", 64);
+    sw.verdicts();
+    let add = |line: &str| {
+        sw.plane
+            .submit(flows(FlowChange::Add(vec![line.to_string()])))
+            .unwrap()
+    };
+    add("priority=5,udp,nw_dst=198.19.0.0/16,actions=output:2");
+    let all = dump(&sw, FlowFilter::default());
+    assert_eq!(all.len(), 1, "replaced, not added: {all:?}");
+    assert!(all[0].rule.contains("output:2"), "{}", all[0].rule);
+    assert_eq!(
+        all[0].packets, 0,
+        "the replacement's counters start from zero"
+    );
+    *sw.frame.lock().unwrap() = frame;
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+    // Another priority, or another match, is a rule of its own.
+    add("priority=6,udp,nw_dst=198.19.0.0/16,actions=output:0");
+    add("priority=5,udp,nw_dst=198.19.0.0/24,actions=output:0");
+    assert_eq!(dump(&sw, FlowFilter::default()).len(), 3);
+}
+
 /// The rule pipeline through the control plane, on two workers running bursts: every
 /// acknowledged change (an overlapping higher-priority insert, a modify, a delete) is what
 /// the next packets get on every worker, counters are summed over workers, and refused

@@ -409,13 +409,21 @@ impl Program for Pipeline {
                 let Some(Prepared::Add(rules)) = prepared.map(|p| p.as_ref()) else {
                     return Err(ControlError::Unavailable);
                 };
-                if self.flows.rules().len() + rules.len() > self.capacity {
+                // As OpenFlow's add: a rule with the table, priority and match of one
+                // there replaces it, its counters and timers starting again.
+                let replaced = (rules.iter())
+                    .filter(|r| self.flows.rules().identical(r).is_some())
+                    .count();
+                if self.flows.rules().len().saturating_sub(replaced) + rules.len() > self.capacity {
                     return Err(ControlError::TableFull {
                         table: FLOWS.into(),
                         capacity: self.capacity,
                     });
                 }
                 for rule in rules.iter() {
+                    if let Some(old) = self.flows.rules().identical(rule) {
+                        self.flows.remove(old);
+                    }
                     // `prepare` checked each against these same tables, so none fails.
                     self.flows
                         .insert(rule.clone())
