@@ -65,9 +65,16 @@ impl Features {
     ];
 
     pub const ALL: Features = Features((1 << 11) - 1);
-    /// What NetFlow-style exporters send by default.
+    /// What NetFlow-style exporters send by default, with the ICMP type and code (IE 32 or
+    /// 139), without which collectors show ICMP flows as `0.0`.
     pub const DEFAULT: Features = Features(
-        Self::COUNTS | Self::TIMES | Self::TCP_FLAGS | Self::TOS | Self::PORTS | Self::END_REASON,
+        Self::COUNTS
+            | Self::TIMES
+            | Self::TCP_FLAGS
+            | Self::TOS
+            | Self::PORTS
+            | Self::ICMP
+            | Self::END_REASON,
     );
 
     pub fn has(self, bit: u16) -> bool {
