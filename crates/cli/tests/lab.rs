@@ -1214,11 +1214,19 @@ fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
         "the data with its headers: {c:?}; the ports: {ports}"
     );
     assert!(back > 10, "the acks came back: {c:?}");
-    let pings = (rows.iter())
-        .filter(|r| r["proto"] == "1")
-        .map(|r| r["packets"].parse::<u64>().unwrap())
-        .sum::<u64>();
-    assert_eq!(pings, 6, "three echoes each way");
+    // One ping's requests and replies are one biflow: three echoes each way.
+    let pings: Vec<Row> = rows.iter().filter(|r| r["proto"] == "1").collect();
+    assert_eq!(
+        pings.len(),
+        1,
+        "the requests and their replies are one record: {pings:?}"
+    );
+    let count = |r: Row, key: &str| r[key].parse::<u64>().unwrap();
+    assert_eq!(
+        (count(pings[0], "packets"), count(pings[0], "rev_packets")),
+        (3, 3),
+        "three echoes each way: {pings:?}"
+    );
 
     let behind = start_in(
         &ns,

@@ -46,8 +46,24 @@ fn untail(w: u64, k: &mut FlowKey) {
     k.vlan = (w & 0x0fff) as u16;
 }
 
+/// The tail of the other direction: ports swapped; for an ICMP echo (whose key holds the
+/// identifier in `src_port` and `type << 8 | code` in `dst_port`), the same identifier and
+/// the answering type (request 8 and reply 0; ICMPv6 128 and 129), so that a request and
+/// its reply are one connection. Other ICMP messages have no other direction: their
+/// reverse is themselves, addresses swapped.
 fn swap_tail(w: u64) -> u64 {
     let (s, d) = ((w >> 48) & 0xffff, (w >> 32) & 0xffff);
+    let proto = (w >> 16) & 0xff;
+    if proto == 1 || proto == 58 {
+        let answer = match (proto, d >> 8) {
+            (1, 8) => 0,
+            (1, 0) => 8,
+            (58, 128) => 129,
+            (58, 129) => 128,
+            _ => return w,
+        };
+        return (w & !(0xffff << 32)) | (answer << 8 | (d & 0xff)) << 32;
+    }
     (w & 0xffff_ffff) | d << 48 | s << 32
 }
 
@@ -171,6 +187,45 @@ pub fn hash_key<K: CompactKey>(key: &K, seed: u64) -> u64 {
 mod tests {
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
+
+    /// An ICMP echo request and its reply are one connection: the reply's key is the
+    /// request's reversed (same identifier, the answering type), both ways, in both
+    /// families; a message that is not an echo pairs with nothing.
+    #[test]
+    fn an_echo_request_and_its_reply_reverse_into_each_other() {
+        let icmp = |proto: u8, src: u8, dst: u8, ty: u16| {
+            let mut k = FlowKey::v4(
+                Ipv4Addr::new(198, 18, 0, src),
+                Ipv4Addr::new(198, 18, 0, dst),
+                proto,
+                0x1234,
+                ty << 8,
+            );
+            if proto == 58 {
+                k = FlowKey::v6(
+                    format!("2001:2::{src}").parse::<Ipv6Addr>().unwrap(),
+                    format!("2001:2::{dst}").parse::<Ipv6Addr>().unwrap(),
+                    proto,
+                    0x1234,
+                    ty << 8,
+                );
+            }
+            k
+        };
+        let (req, rep) = (icmp(1, 1, 2, 8), icmp(1, 2, 1, 0));
+        let (req, rep) = (V4Key::pack(&req).unwrap(), V4Key::pack(&rep).unwrap());
+        assert_eq!(req.reversed(), rep);
+        assert_eq!(rep.reversed(), req);
+        assert_eq!(req.canonical().0, rep.canonical().0);
+        let (req6, rep6) = (icmp(58, 1, 2, 128), icmp(58, 2, 1, 129));
+        let (req6, rep6) = (V6Key::pack(&req6).unwrap(), V6Key::pack(&rep6).unwrap());
+        assert_eq!(req6.reversed(), rep6);
+        assert_eq!(rep6.reversed(), req6);
+        // Destination unreachable (3): its reverse is itself from the other side.
+        let unreachable = V4Key::pack(&icmp(1, 1, 2, 3)).unwrap();
+        assert_eq!(unreachable.reversed().unpack().dst_port, 3 << 8);
+        assert_eq!(unreachable.reversed().reversed(), unreachable);
+    }
 
     #[test]
     fn keys_round_trip_and_reverse() {
