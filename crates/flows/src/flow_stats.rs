@@ -226,7 +226,7 @@ impl KeptStats for FlowStats {
 /// TOS and ports, without the extremes (sizes, TTLs, inter-arrival times). 40 bytes
 /// against [`FlowStats`]' 64, so that an IPv4 flow-table slot is one cache line: the
 /// tables of a run touch a quarter less memory, which the kernel zeroes page by page
-/// (`docs/BENCHMARKS.md`, session 12).
+/// (`docs/BENCHMARKS.md`, measured at 6a54307).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct FlowTotals {
     pub packets: u64,
