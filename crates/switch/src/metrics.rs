@@ -62,7 +62,7 @@ impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let total = self.handle.totals();
         // Entry 0 is the dispatcher, whose drops are in the totals but belong to no worker.
-        let per_worker: Vec<Stats> = (self.handle.stats[1..].iter())
+        let per_worker: Vec<Stats> = (self.handle.stats.iter().skip(1))
             .map(|s| s.snapshot())
             .collect();
         for c in Counter::ALL {
