@@ -33,7 +33,7 @@ use stateplane_flows::flow_stats::NO_PORT;
 use stateplane_flows::stage::{FlowStage, RecordSink, StageConfig};
 use stateplane_flows::{
     Aggregator, CompactKey, EndReason, FlowRecord, FlowStats, FlowTotals, FlowValue, KeptStats,
-    Microflow, MicroflowTable, Observation, Timeouts, Uniflow, V4Key,
+    Microflow, MicroflowTable, Observation, TcpEnd, Timeouts, Uniflow, V4Key,
 };
 use stateplane_wire::FlowKey;
 use std::collections::HashMap;
@@ -98,9 +98,11 @@ impl RecordSink for Count {
 }
 
 /// Long enough that no flow times out during a run: the experiments measure the tables.
+/// Closed flows leave at their FIN, as the baseline's do.
 const NO_TIMEOUTS: Timeouts = Timeouts {
     inactive_ns: u64::MAX / 4,
     active_ns: u64::MAX / 4,
+    fin_ns: 0,
 };
 
 fn stage(slots: usize, max_flows: usize, timeouts: Timeouts) -> BenchResult<FlowStage> {
@@ -179,13 +181,13 @@ impl<K: Hash + Eq> Table for StdMap<K> {
             match self.0.entry((self.1)(&m.key)) {
                 Entry::Occupied(mut e) => {
                     e.get_mut().merge(&m.stats, false);
-                    if e.get().ended() {
+                    if e.get().tcp_end() != TcpEnd::Open {
                         out.push(e.remove().record(&m.key, EndReason::EndOfFlow));
                     }
                 }
                 Entry::Vacant(e) => {
                     let flow = Uniflow::start(&m.stats, false);
-                    if flow.ended() {
+                    if flow.tcp_end() != TcpEnd::Open {
                         out.push(flow.record(&m.key, EndReason::EndOfFlow));
                     } else {
                         e.insert(flow);

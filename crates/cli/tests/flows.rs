@@ -591,6 +591,149 @@ fn flows_settings_errors_name_the_key_or_flag() {
     );
 }
 
+/// Writes TCP connections as a capture: `closes` closed by FIN from both sides, the
+/// client's final ACK `final_ack_ms` after the server's FIN (its last one `late` seconds
+/// later instead), and `resets` reset by the client. Each connection: SYN, SYN-ACK, ACK,
+/// two data segments down, then its close; connections start 0.1 s apart.
+fn write_closes(path: &Path, closes: u16, late: u16, resets: u16, final_ack_ms: u64) {
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_io::pcap::PcapWriter;
+    const SYN: u8 = 0x02;
+    const FIN: u8 = 0x01;
+    const RST: u8 = 0x04;
+    const ACK: u8 = 0x10;
+    let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
+    for c in 0..closes + late + resets {
+        let client = Hosts {
+            src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: std::net::Ipv4Addr::new(198, 18, 0, 1).into(),
+            dst: std::net::Ipv4Addr::new(198, 19, 0, 1).into(),
+            ttl: 64,
+        };
+        let server = Hosts {
+            src_mac: client.dst_mac,
+            dst_mac: client.src_mac,
+            src: client.dst,
+            dst: client.src,
+            ..client
+        };
+        let port = 10_000 + c;
+        let up = |flags, seq| L4::Tcp {
+            src_port: port,
+            dst_port: 80,
+            seq,
+            ack: 1,
+            flags,
+        };
+        let down = |flags, seq| L4::Tcp {
+            src_port: 80,
+            dst_port: port,
+            seq,
+            ack: 1,
+            flags,
+        };
+        let start = u64::from(c) * 100_000_000;
+        let ms = 1_000_000;
+        let mut packets = vec![
+            (start, client, up(SYN, 0)),
+            (start + ms, server, down(SYN | ACK, 0)),
+            (start + 2 * ms, client, up(ACK, 1)),
+            (start + 3 * ms, server, down(ACK, 1)),
+            (start + 4 * ms, server, down(ACK, 1001)),
+        ];
+        if c >= closes + late {
+            packets.push((start + 5 * ms, client, up(RST | ACK, 1)));
+        } else {
+            let ack_at = if c < closes {
+                start + 6 * ms + final_ack_ms * ms
+            } else {
+                start + 6 * ms + 5_000 * ms
+            };
+            packets.push((start + 5 * ms, client, up(FIN | ACK, 1)));
+            packets.push((start + 6 * ms, server, down(FIN | ACK, 2001)));
+            packets.push((ack_at, client, up(ACK, 2)));
+        }
+        for (ts, hosts, l4) in packets {
+            let mut frame = Vec::new();
+            emit_frame(&mut frame, &hosts, &l4, &[0; 10]);
+            frames.push((ts, frame));
+        }
+    }
+    frames.sort_by_key(|(ts, _)| *ts);
+    let mut w = PcapWriter::new(std::fs::File::create(path).unwrap(), true).unwrap();
+    for (ts, frame) in &frames {
+        w.write(*ts, frame, frame.len() as u32).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+/// A connection closed by FIN is one record each way (one biflow), the client's final ACK
+/// included: it comes within the FIN timeout. One that comes later, or with no FIN
+/// timeout, is a record of its own; a reset ends its flow at once.
+#[test]
+fn a_fin_close_is_one_record_with_its_final_ack() {
+    let trace = tmp("closes.pcap");
+    let (closes, late, resets) = (300, 20, 50);
+    write_closes(&trace, closes, late, resets, 40);
+    let records = |flags: &[&str], name: &str| {
+        let csv = tmp(name);
+        ok(bin()
+            .args(["flows", "--features", "default,end_reason", "-i"])
+            .arg(&trace)
+            .args(flags)
+            .arg("--csv")
+            .arg(&csv)
+            .output()
+            .unwrap());
+        let rows = csv_rows(&csv);
+        let packets: u64 = rows.iter().map(|r| number(r, "packets")).sum();
+        let (opened, all) = (closes + late + resets, u64::from(closes + late + resets));
+        if flags.contains(&"--biflow") {
+            // Empty where the server never answered.
+            let reverse: u64 = (rows.iter())
+                .map(|r| r["rev_packets"].parse().unwrap_or(0))
+                .sum();
+            assert_eq!(packets + reverse, all * 6 + u64::from(closes + late) * 2);
+        } else {
+            assert_eq!(packets, all * 6 + u64::from(closes + late) * 2, "{name}");
+        }
+        let ended = rows.iter().filter(|r| r["end_reason"] == "end_of_flow");
+        (rows.len(), ended.count(), usize::from(opened))
+    };
+    let (closes, late, resets) = (usize::from(closes), usize::from(late), usize::from(resets));
+    let (rows, ended, _) = records(&[], "closes-default.csv");
+    assert_eq!(rows, 2 * (closes + late + resets) + late, "uniflows");
+    assert_eq!(
+        ended,
+        rows - late - resets,
+        "ended by TCP: all but the late ACKs and the reset connections' server sides"
+    );
+    let (rows, ended, opened) = records(&["--biflow"], "closes-biflow.csv");
+    assert_eq!(
+        rows,
+        opened + late,
+        "one biflow a connection, and the late ACKs"
+    );
+    assert_eq!(ended, opened);
+    let (rows, _, _) = records(&["--fin-timeout", "0"], "closes-no-timeout.csv");
+    assert_eq!(rows, 2 * (closes + late + resets) + closes + late);
+    let (rows, _, _) = records(&["--fin-timeout", "0", "--biflow"], "closes-biflow-0.csv");
+    assert_eq!(rows, closes + late + resets + closes + late);
+    refused(
+        &[
+            "flows",
+            "-i",
+            &trace.to_string_lossy(),
+            "--csv",
+            "-",
+            "--fin-timeout=-1",
+        ],
+        "--fin-timeout: -1 is not a positive number of seconds (or 0 for none)",
+    );
+}
+
 /// Records on standard output stay alone there: the run's summary, table or JSON, goes to
 /// standard error instead, for `flows` and for a `run` with a `[flows]` section.
 #[test]

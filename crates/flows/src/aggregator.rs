@@ -2,10 +2,12 @@
 //!
 //! A flat linear-probing table (records stored in the slots, no pointers; a miss's next
 //! candidates are in the same cache lines), keyed by compact keys, looked up in batches
-//! whose home slots are prefetched first. Flows leave on FIN/RST, on the inactive and
-//! active timeouts (found by a sweep that covers the table a bounded number of slots at a
-//! time), when the table is full (the least recently active flow of a sample, counted), and
-//! at `flush`.
+//! whose home slots are prefetched first. Flows leave on RST at once; a flow closed by
+//! FIN stays until it has been quiet for the FIN timeout, so that the final ACK of the
+//! close joins it instead of starting a record of its own. Flows also leave on the inactive
+//! and active timeouts (found, as closed flows are, by a sweep that covers the table a
+//! bounded number of slots at a time), when the table is full (a closed flow of a sample
+//! if it has one, else its least recently active flow, counted), and at `flush`.
 //!
 //! The memory budget is fixed at creation and allocated then, but only as address space:
 //! the table uses a prefix of it that doubles, in place, when it is 7/8 full, so a run
@@ -19,6 +21,27 @@ use crate::flow_stats::{FlowStats, KeptStats, TCP_FIN, TCP_RST};
 use crate::microflow::{Microflow, SizeError, power_of_two};
 use crate::record::{EndReason, FlowRecord};
 
+/// How far TCP has ended a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcpEnd {
+    Open,
+    /// Closed by FIN (one direction's, or both for a biflow): what follows within the FIN
+    /// timeout still belongs to it.
+    Closed,
+    /// Reset: nothing follows.
+    Reset,
+}
+
+impl TcpEnd {
+    fn from_flags(reset: bool, closed: bool) -> TcpEnd {
+        match (reset, closed) {
+            (true, _) => TcpEnd::Reset,
+            (false, true) => TcpEnd::Closed,
+            (false, false) => TcpEnd::Open,
+        }
+    }
+}
+
 /// What the table keeps per flow: one direction, or both (biflows).
 pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
     /// Whether records are keyed by connection (both directions in one record).
@@ -29,8 +52,8 @@ pub trait FlowValue: Copy + Send + bytemuck::Zeroable + 'static {
     fn merge(&mut self, stats: &Self::Kept, reversed: bool);
     fn first_ns(&self) -> u64;
     fn last_ns(&self) -> u64;
-    /// Whether TCP has ended the flow.
-    fn ended(&self) -> bool;
+    /// Whether TCP has ended the flow, and how.
+    fn tcp_end(&self) -> TcpEnd;
     /// The record, given the table's key for it.
     fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord;
 }
@@ -58,8 +81,9 @@ impl<S: KeptStats> FlowValue for Uniflow<S> {
         self.0.last_ns()
     }
     #[inline]
-    fn ended(&self) -> bool {
-        self.0.tcp_flags() & (TCP_FIN | TCP_RST) != 0
+    fn tcp_end(&self) -> TcpEnd {
+        let flags = self.0.tcp_flags();
+        TcpEnd::from_flags(flags & TCP_RST != 0, flags & TCP_FIN != 0)
     }
     fn record<K: CompactKey>(&self, key: &K, end: EndReason) -> FlowRecord {
         FlowRecord {
@@ -116,9 +140,12 @@ impl<S: KeptStats> FlowValue for Biflow<S> {
     }
     /// RST from either side, or FIN from both.
     #[inline]
-    fn ended(&self) -> bool {
+    fn tcp_end(&self) -> TcpEnd {
         let flags = |i: usize| self.side(i).map_or(0, S::tcp_flags);
-        (flags(0) | flags(1)) & TCP_RST != 0 || flags(0) & flags(1) & TCP_FIN != 0
+        TcpEnd::from_flags(
+            (flags(0) | flags(1)) & TCP_RST != 0,
+            flags(0) & flags(1) & TCP_FIN != 0,
+        )
     }
     /// The forward direction is the one whose first packet came first: the side that
     /// opened the connection, as far as the capture saw it.
@@ -158,14 +185,25 @@ pub struct Timeouts {
     pub inactive_ns: u64,
     /// A flow open this long is exported and starts over (mature exporters: 30 min).
     pub active_ns: u64,
+    /// A flow closed by FIN is exported once it has been quiet this long (softflowd's
+    /// `tcp.fin`): the final ACK of a close, one round trip after the last FIN, joins it.
+    /// 0 exports it at the FIN, and the final ACK starts a record of its own.
+    pub fin_ns: u64,
+}
+
+impl Timeouts {
+    /// What mature exporters use: 15 s inactive (softflowd, nfpcapd), 30 min active, and
+    /// a 2 s FIN timeout, a round trip longer than any but a satellite link's.
+    pub const DEFAULT: Timeouts = Timeouts {
+        inactive_ns: 15 * 1_000_000_000,
+        active_ns: 1800 * 1_000_000_000,
+        fin_ns: 2 * 1_000_000_000,
+    };
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts {
-            inactive_ns: 15 * 1_000_000_000,
-            active_ns: 1800 * 1_000_000_000,
-        }
+        Timeouts::DEFAULT
     }
 }
 
@@ -177,6 +215,13 @@ pub struct AggregatorCounters {
     /// Flows exported to make room in a full table.
     pub evicted_full: u64,
     pub exported: u64,
+}
+
+/// Whether a flow TCP has ended leaves now (an RST, or a FIN with no FIN timeout) rather
+/// than at a sweep.
+#[inline]
+fn leaves_now(end: TcpEnd, timeouts: &Timeouts) -> bool {
+    end == TcpEnd::Reset || (end == TcpEnd::Closed && timeouts.fin_ns == 0)
 }
 
 /// Flows looked up together: their home slots are prefetched before any is touched.
@@ -394,7 +439,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             }
             if slot.hash == hash && slot.key == key {
                 slot.value.merge(stats, reversed);
-                if slot.value.ended() {
+                if leaves_now(slot.value.tcp_end(), &self.timeouts) {
                     self.export(i, EndReason::EndOfFlow, out);
                 }
                 return;
@@ -417,14 +462,16 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             key,
             value: V::start(stats, reversed),
         };
-        if self.slots[i].value.ended() {
+        if leaves_now(self.slots[i].value.tcp_end(), &self.timeouts) {
             self.export(i, EndReason::EndOfFlow, out);
         }
     }
 
-    /// Exports the least recently active of a sample of flows: the next [`EVICTION_SAMPLE`]
-    /// flows in slot order from where the previous sample ended (slots are in hash order,
-    /// so a sample is a random one). The table is at least 7/16 full when it evicts (full,
+    /// Exports a flow of a sample: the next [`EVICTION_SAMPLE`] flows in slot order from
+    /// where the previous sample ended (slots are in hash order, so a sample is a random
+    /// one). A flow TCP has closed goes first (it has ended: only a late ACK would still
+    /// join it), as an end of flow; else the least recently active, as lack of resources.
+    /// The table is at least 7/16 full when it evicts (full,
     /// in at most twice the slots it needs), so a sample walks about 150 slots at most: an
     /// eviction costs O(1), however many came before it.
     #[cold]
@@ -435,6 +482,13 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         for _ in 0..=self.mask {
             self.evict_walked += 1;
             if self.slots[i].hash != 0 {
+                if self.slots[i].value.tcp_end() == TcpEnd::Closed {
+                    // Slot i holds the entry shifted back into it next.
+                    self.evict_cursor = i;
+                    self.counters.evicted_full += 1;
+                    self.export(i, EndReason::EndOfFlow, out);
+                    return;
+                }
                 let last = self.slots[i].value.last_ns();
                 if best.is_none_or(|(b, _)| last < b) {
                     best = Some((last, i));
@@ -481,7 +535,10 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             let i = self.cursor;
             if self.slots[i].hash != 0 {
                 let v = &self.slots[i].value;
-                let end = if now_ns.saturating_sub(v.last_ns()) >= self.timeouts.inactive_ns {
+                let quiet_ns = now_ns.saturating_sub(v.last_ns());
+                let end = if v.tcp_end() == TcpEnd::Closed && quiet_ns >= self.timeouts.fin_ns {
+                    Some(EndReason::EndOfFlow)
+                } else if quiet_ns >= self.timeouts.inactive_ns {
                     Some(EndReason::Idle)
                 } else if now_ns.saturating_sub(v.first_ns()) >= self.timeouts.active_ns {
                     Some(EndReason::Active)
@@ -506,12 +563,17 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         share.min(in_use) as usize
     }
 
-    /// Exports every flow (the end of a run).
+    /// Exports every flow (the end of a run): those TCP closed as ended, the others as
+    /// forced out.
     pub fn flush(&mut self, out: &mut Vec<FlowRecord>) {
         for i in 0..=self.mask {
             let slot = &self.slots[i];
             if slot.hash != 0 {
-                out.push(slot.value.record(&slot.key, EndReason::Forced));
+                let end = match slot.value.tcp_end() {
+                    TcpEnd::Open => EndReason::Forced,
+                    TcpEnd::Closed | TcpEnd::Reset => EndReason::EndOfFlow,
+                };
+                out.push(slot.value.record(&slot.key, end));
                 self.counters.exported += 1;
                 self.slots[i].hash = 0;
             }
@@ -526,6 +588,12 @@ mod tests {
     use crate::compact_key::V4Key;
     use crate::flow_stats::{Observation, TCP_SYN};
     use std::collections::HashMap;
+
+    /// Flows leave at their FIN, as they did before the FIN timeout.
+    const AT_FIN: Timeouts = Timeouts {
+        fin_ns: 0,
+        ..Timeouts::DEFAULT
+    };
 
     fn part(ts_ns: u64, packets: u64, flags: u8) -> FlowStats {
         let o = Observation {
@@ -661,8 +729,7 @@ mod tests {
     #[test]
     fn growing_keeps_every_flow_findable() {
         for seed in 0..6u64 {
-            let mut agg =
-                Aggregator::<V4Key, Uniflow>::new(100_000, Timeouts::default(), seed).unwrap();
+            let mut agg = Aggregator::<V4Key, Uniflow>::new(100_000, AT_FIN, seed).unwrap();
             assert_eq!(
                 agg.memory_bytes(),
                 FIRST_SLOTS * size_of::<Slot<V4Key, Uniflow>>()
@@ -714,6 +781,7 @@ mod tests {
         let t = Timeouts {
             inactive_ns: 100,
             active_ns: 1_000,
+            fin_ns: 0,
         };
         let mut agg = Aggregator::<V4Key, Uniflow>::new(64, t, 1).unwrap();
         let mut out = Vec::new();
@@ -764,8 +832,97 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_flow_waits_the_fin_timeout_for_its_final_ack() {
+        let t = Timeouts {
+            fin_ns: 100,
+            ..Timeouts::DEFAULT
+        };
+        let mut agg = Aggregator::<V4Key, Uniflow>::new(64, t, 1).unwrap();
+        let mut out = Vec::new();
+        let (a, b, c) = (V4Key([1, 1]), V4Key([2, 2]), V4Key([3, 3]));
+        let record = |key, ts, packets, flags| Microflow {
+            key,
+            stats: part(ts, packets, flags),
+        };
+        agg.ingest(
+            &[
+                record(a, 0, 3, TCP_SYN),
+                record(a, 10, 1, TCP_FIN),
+                record(b, 0, 2, 0),
+                record(b, 10, 1, TCP_RST),
+                record(c, 0, 1, TCP_FIN),
+            ],
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "a reset leaves at once, a FIN waits");
+        assert_eq!(
+            (out[0].forward.packets, out[0].end),
+            (3, EndReason::EndOfFlow)
+        );
+        // a's final ACK joins it; the sweep before a's timeout leaves it (c has been quiet
+        // long enough and goes).
+        agg.ingest(&[record(a, 60, 1, 0)], &mut out);
+        agg.sweep(159, 1024, &mut out);
+        assert_eq!(out.len(), 2);
+        assert_eq!(V4Key::pack(&out[1].key), Some(c));
+        agg.sweep(160, 1024, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(V4Key::pack(&out[2].key), Some(a));
+        assert_eq!(
+            (out[2].forward.packets, out[2].end),
+            (5, EndReason::EndOfFlow),
+            "SYN, FIN and the final ACK in one record, ended by TCP"
+        );
+        // What comes after the timeout is a flow of its own.
+        agg.ingest(&[record(a, 400, 1, 0)], &mut out);
+        assert_eq!(agg.len(), 1);
+        agg.flush(&mut out);
+        assert_eq!((out[3].forward.packets, out[3].end), (1, EndReason::Forced));
+    }
+
+    #[test]
+    fn a_full_table_makes_room_with_a_closed_flow_first() {
+        let t = Timeouts {
+            fin_ns: 1_000,
+            ..Timeouts::DEFAULT
+        };
+        let mut agg = Aggregator::<V4Key, Uniflow>::new(4, t, 1).unwrap();
+        let mut out = Vec::new();
+        let records: Vec<_> = (0..4u64)
+            .map(|i| Microflow {
+                key: V4Key([i, i]),
+                // Flow 3 is the most recently active, but closed.
+                stats: part(i, 1, if i == 3 { TCP_FIN } else { 0 }),
+            })
+            .collect();
+        agg.ingest(&records, &mut out);
+        assert!(out.is_empty());
+        agg.ingest(
+            &[Microflow {
+                key: V4Key([9, 9]),
+                stats: part(10, 1, 0),
+            }],
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(V4Key::pack(&out[0].key), Some(V4Key([3, 3])));
+        assert_eq!(out[0].end, EndReason::EndOfFlow);
+        assert_eq!(agg.counters.evicted_full, 1);
+        // With no closed flow, the least recently active goes.
+        agg.ingest(
+            &[Microflow {
+                key: V4Key([8, 8]),
+                stats: part(11, 1, 0),
+            }],
+            &mut out,
+        );
+        assert_eq!(V4Key::pack(&out[1].key), Some(V4Key([0, 0])));
+        assert_eq!(out[1].end, EndReason::LackOfResources);
+    }
+
+    #[test]
     fn biflows_take_the_opener_as_forward() {
-        let mut agg = Aggregator::<V4Key, Biflow>::new(16, Timeouts::default(), 1).unwrap();
+        let mut agg = Aggregator::<V4Key, Biflow>::new(16, AT_FIN, 1).unwrap();
         let client = V4Key::pack(&stateplane_wire::FlowKey::v4(
             [198, 18, 9, 9].into(),
             [198, 18, 0, 1].into(),

@@ -15,7 +15,7 @@ pub mod record;
 pub mod stage;
 pub mod text_lines;
 
-pub use aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
+pub use aggregator::{Aggregator, Biflow, FlowValue, TcpEnd, Timeouts, Uniflow};
 pub use compact_key::{CompactKey, V4Key, V6Key};
 pub use flow_stats::{FlowStats, FlowTotals, KeptStats, Observation};
 pub use microflow::{Microflow, MicroflowTable};

@@ -184,6 +184,7 @@ fn every_packet_and_byte_is_in_the_records() {
                         timeouts: Timeouts {
                             inactive_ns: 2_000_000,
                             active_ns: 50_000_000,
+                            fin_ns: 1_000_000,
                         },
                         microflow_max_age_ns: 500_000,
                         sweep_period_ns: 5_000_000,

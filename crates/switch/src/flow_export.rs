@@ -50,6 +50,12 @@ pub struct FlowSettings {
     /// Seconds after which a long flow is exported (and goes on in a new record).
     #[arg(long, default_value_t = DEFAULT.active_timeout)]
     pub active_timeout: f64,
+    /// Seconds a TCP flow closed by FIN (both directions' for --biflow) must be quiet
+    /// before it is exported, so that the final ACK of the close joins it; 0 exports it
+    /// at the FIN (the final ACK then makes a one-packet record). An RST ends a flow at
+    /// once.
+    #[arg(long, default_value_t = DEFAULT.fin_timeout)]
+    pub fin_timeout: f64,
     /// Microflow table slots per worker and family (a power of two); 0 sends every packet
     /// straight to the flow table (one level).
     #[arg(long, default_value_t = DEFAULT.microflow_slots)]
@@ -99,6 +105,7 @@ const DEFAULT: FlowSettings = FlowSettings {
     biflow: false,
     inactive_timeout: 15.0,
     active_timeout: 1800.0,
+    fin_timeout: 2.0,
     microflow_slots: 4096,
     max_flows: 1 << 18,
     presize_flows: false,
@@ -131,6 +138,15 @@ fn seconds(name: &str, s: f64) -> SetupResult<u64> {
         Ok((s * 1e9) as u64)
     } else {
         Err(format!("{name}: {s} is not a positive number of seconds"))
+    }
+}
+
+/// [`seconds`], or 0 for none.
+fn seconds_or_zero(name: &str, s: f64) -> SetupResult<u64> {
+    if s == 0.0 {
+        Ok(0)
+    } else {
+        seconds(name, s).map_err(|e| format!("{e} (or 0 for none)"))
     }
 }
 
@@ -172,6 +188,7 @@ impl FlowSettings {
             timeouts: Timeouts {
                 inactive_ns: seconds(&name("inactive_timeout"), self.inactive_timeout)?,
                 active_ns: seconds(&name("active_timeout"), self.active_timeout)?,
+                fin_ns: seconds_or_zero(&name("fin_timeout"), self.fin_timeout)?,
             },
             biflow: self.biflow,
             presize: self.presize_flows,
