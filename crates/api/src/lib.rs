@@ -186,12 +186,45 @@ pub enum FlowChange {
     },
     Delete(FlowFilter),
     Dump(FlowFilter),
+    /// Removes rules whose timeout ran out. The data plane asks for it (a worker that
+    /// finds a rule idle on every worker, or past its hard timeout), never a client: the
+    /// control API does not carry it.
+    Expire(Vec<Expiry>),
+}
+
+/// A rule a worker found expired, and which of its timeouts ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    pub id: u64,
+    pub reason: RemovedReason,
+}
+
+/// Why a rule left its pipeline (OpenFlow's flow-removed reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemovedReason {
+    /// No packet matched it for its idle timeout, on any worker.
+    IdleTimeout,
+    /// Its hard timeout ran out.
+    HardTimeout,
+    /// A client deleted it.
+    Delete,
+}
+
+impl RemovedReason {
+    /// The name `ovs-ofctl monitor` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            RemovedReason::IdleTimeout => "idle",
+            RemovedReason::HardTimeout => "hard",
+            RemovedReason::Delete => "delete",
+        }
+    }
 }
 
 /// A rule as a dump shows it, with its counters summed over workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowStat {
-    /// The rule's handle: the same on every worker, never reused.
+    /// The rule's handle: the same on every worker.
     pub id: u64,
     pub table: u8,
     pub priority: u16,
@@ -200,6 +233,24 @@ pub struct FlowStat {
     pub rule: String,
     pub packets: u64,
     pub bytes: u64,
+    /// How long the rule has been in the pipeline (the longest a worker has held it).
+    pub duration_ns: u64,
+    /// How long since a packet matched it on any worker (or since it was added).
+    pub idle_ns: u64,
+    /// The data plane's time when it was read (the latest worker's).
+    pub at_ns: u64,
+}
+
+impl FlowStat {
+    /// Adds another worker's view of the same rule: counters summed, the longest
+    /// duration, the shortest idle time, the latest time.
+    pub fn merge(&mut self, other: &FlowStat) {
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.duration_ns = self.duration_ns.max(other.duration_ns);
+        self.idle_ns = self.idle_ns.min(other.idle_ns);
+        self.at_ns = self.at_ns.max(other.at_ns);
+    }
 }
 
 /// A table's or register's declaration: its name in the control API, its size, what it
@@ -638,13 +689,19 @@ pub fn page<T>(
 }
 
 /// Why the control plane is told about an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotificationKind {
     /// Its idle time ran out; `deleted` says whether the table removed it (`AUTO_DELETE`)
     /// or kept it (`NOTIFY_CONTROL`).
     IdleTimeout { deleted: bool },
     /// The data plane asks the control plane to act on it (a digest).
     Digest,
+    /// A rule left a rule pipeline (OpenFlow's flow-removed): the rule as it was, its
+    /// counters summed over workers, and why. The notification's entry is empty.
+    FlowRemoved {
+        reason: RemovedReason,
+        flow: FlowStat,
+    },
 }
 
 /// A message from the data plane to control-plane subscribers.

@@ -121,8 +121,8 @@ pub struct CachedPipeline {
     counters: Vec<RuleCounters>,
     slot_of: HashMap<RuleId, u32, Fold>,
     free_slots: Vec<u32>,
-    /// The rules with an idle or hard timeout: the only ones `expire` looks at.
-    timed: Vec<RuleId>,
+    /// The rules with an idle or hard timeout: the only ones `due` looks at.
+    timed: HashSet<RuleId, Fold>,
     /// The latest time seen (packets, expiry), for rules added now.
     now_ns: u64,
     /// `Off`: the last outcome, so that `classify` can hand out a reference either way.
@@ -141,6 +141,25 @@ struct RuleCounters {
 }
 
 const SECOND_NS: u64 = 1_000_000_000;
+
+/// A rule's counters and times on one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleStat {
+    pub packets: u64,
+    pub bytes: u64,
+    /// When it was added (or when its timers started, for a rule given before any time
+    /// was seen).
+    pub added_ns: u64,
+    /// Its last hit on this worker; 0 for none.
+    pub last_hit_ns: u64,
+}
+
+/// Which of a rule's timeouts ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    Idle,
+    Hard,
+}
 
 /// Retired Action Table entries a change frees before it returns (the rest wait for
 /// `maintain`).
@@ -173,7 +192,7 @@ impl CachedPipeline {
             counters: Vec::new(),
             slot_of: HashMap::default(),
             free_slots: Vec::new(),
-            timed: Vec::new(),
+            timed: HashSet::default(),
             now_ns: 0,
             uncached: Outcome::default(),
         };
@@ -219,36 +238,80 @@ impl CachedPipeline {
         c
     }
 
-    /// Removes the rules whose idle or hard timeout has run out by `now_ns`, as deletes;
-    /// their handles. (A rule's idle time counts from its last hit, or from when it was
-    /// added.) Only rules with a timeout are looked at. Handles come oldest rule first.
-    pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
+    /// A rule's counters (with its Action Table entries') and times, as this worker has
+    /// them; `None` for no such rule.
+    pub fn stat(&self, id: RuleId) -> Option<RuleStat> {
+        self.rules.get(id)?;
+        let c = self.rule_counters(id);
+        Some(RuleStat {
+            packets: c.packets,
+            bytes: c.bytes,
+            added_ns: c.added_ns.unwrap_or(self.now_ns),
+            last_hit_ns: c.last_hit_ns,
+        })
+    }
+
+    /// The rules with an idle timeout, and when this worker last saw a packet match each
+    /// (0: never): what it shares with other workers, so that a rule idle here but busy
+    /// elsewhere is not taken for idle.
+    pub fn idle_timed_hits(&self) -> Vec<(RuleId, u64)> {
+        (self.timed.iter())
+            .filter(|&&id| self.rules.get(id).is_some_and(|r| r.idle_timeout > 0))
+            .map(|&id| (id, self.rule_counters(id).last_hit_ns))
+            .collect()
+    }
+
+    /// The rules whose timeout has run out by `now_ns`, oldest first, without removing
+    /// them. A hard timeout counts from when the rule was added; an idle timeout from the
+    /// latest of when it was added, its last hit here and `elsewhere(id)` (its last hit
+    /// on other workers), and runs `grace_ns` longer (for hits elsewhere not yet shared).
+    /// Only rules with a timeout are looked at; a rule whose timers have not started
+    /// (added before the pipeline saw any time) starts them now.
+    pub fn due(
+        &mut self,
+        now_ns: u64,
+        elsewhere: impl Fn(RuleId) -> u64,
+        grace_ns: u64,
+    ) -> Vec<(RuleId, Timeout)> {
         self.now_ns = self.now_ns.max(now_ns);
         let now = self.now_ns;
         for id in &self.timed {
             if let Some(&slot) = self.slot_of.get(id) {
-                let added = &mut self.counters[slot as usize].added_ns;
-                added.get_or_insert(now);
+                self.counters[slot as usize].added_ns.get_or_insert(now);
             }
         }
-        let mut expired: Vec<RuleId> = (self.timed.iter().copied())
-            .filter(|&id| {
-                let Some(r) = self.rules.get(id) else {
-                    return false;
-                };
+        let mut due: Vec<(RuleId, Timeout)> = (self.timed.iter().copied())
+            .filter_map(|id| {
+                let r = self.rules.get(id)?;
                 let c = self.rule_counters(id);
                 let added = c.added_ns.unwrap_or(now);
-                let idle_since = c.last_hit_ns.max(added);
-                (r.hard_timeout > 0 && now >= added + u64::from(r.hard_timeout) * SECOND_NS)
-                    || (r.idle_timeout > 0
-                        && now >= idle_since + u64::from(r.idle_timeout) * SECOND_NS)
+                let idle_since = c.last_hit_ns.max(elsewhere(id)).max(added);
+                let after = |since: u64, seconds: u32, grace: u64| {
+                    seconds > 0
+                        && now >= since.saturating_add(u64::from(seconds) * SECOND_NS + grace)
+                };
+                if after(added, r.hard_timeout, 0) {
+                    Some((id, Timeout::Hard))
+                } else if after(idle_since, r.idle_timeout, grace_ns) {
+                    Some((id, Timeout::Idle))
+                } else {
+                    None
+                }
             })
             .collect();
-        expired.sort_unstable();
-        for &id in &expired {
+        due.sort_unstable_by_key(|&(id, _)| id);
+        due
+    }
+
+    /// Removes the rules whose idle or hard timeout has run out by `now_ns` on this
+    /// pipeline alone (see [`CachedPipeline::due`]), as deletes; their handles, oldest
+    /// first.
+    pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
+        let due = self.due(now_ns, |_| 0, 0);
+        for &(id, _) in &due {
             self.remove(id);
         }
-        expired
+        due.into_iter().map(|(id, _)| id).collect()
     }
 
     /// Classifies one packet of `bytes` bytes arriving at `now_ns`, counting it on the
@@ -553,7 +616,7 @@ impl CachedPipeline {
         let slot = reuse_or_push(&mut self.counters, &mut self.free_slots, fresh);
         self.slot_of.insert(id, slot);
         if timed {
-            self.timed.push(id);
+            self.timed.insert(id);
         }
     }
 
@@ -574,12 +637,10 @@ impl CachedPipeline {
 
     /// Removes a rule (a delete or a timeout); whether it was there.
     pub fn remove(&mut self, id: RuleId) -> bool {
-        let Some(rule) = self.rules.get(id) else {
+        if self.rules.get(id).is_none() {
             return false;
-        };
-        if rule.idle_timeout > 0 || rule.hard_timeout > 0 {
-            self.timed.retain(|&t| t != id);
         }
+        self.timed.remove(&id);
         self.rules.remove(id);
         self.forget(id);
         self.source_stamps.remove(&Source::Rule(id));

@@ -20,7 +20,7 @@ pub mod rule_text;
 pub mod ruleset;
 
 pub use cache::{CacheStats, MicroflowCache};
-pub use cached::{CachedPipeline, Consistency, Probe};
+pub use cached::{CachedPipeline, Consistency, Probe, RuleStat, Timeout};
 pub use fields::Fields;
 pub use rule::{Action, Pattern, Rule, SetField};
 pub use rule_text::{RuleParseError, format_rule, parse_rule};

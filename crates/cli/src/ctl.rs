@@ -62,7 +62,8 @@ pub enum CtlCommand {
         #[arg(long)]
         off: bool,
     },
-    /// Print idle-timeout notifications and digests as they come.
+    /// Print notifications as they come: idle timeouts, digests, and rules removed from a
+    /// rule pipeline (by a timeout or a delete).
     Watch {
         /// Stop after this many.
         #[arg(long)]
@@ -491,11 +492,12 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
         FlowChange::Modify { .. } => "modified".into(),
         FlowChange::Delete(_) => "deleted".into(),
         FlowChange::Dump(_) => "dumped".into(),
+        FlowChange::Expire(_) => "expired".into(),
     };
     let (version, rules) = client.flows(&name, &change).map_err(|e| e.to_string())?;
     for r in &rules {
         if dump {
-            println!("n_packets={} n_bytes={} {}", r.packets, r.bytes, r.rule);
+            println!("{}", dumped_flow(r));
         } else {
             println!("{}", r.rule);
         }
@@ -510,7 +512,29 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
     Ok(())
 }
 
+/// A rule as `ovs-ofctl dump-flows` shows one: its age, counters and time since its last
+/// packet, then the rule.
+fn dumped_flow(r: &stateplane_control::pb::Flow) -> String {
+    format!(
+        " duration={:.3}s, n_packets={}, n_bytes={}, idle_age={}, {}",
+        r.duration_ns as f64 / 1e9,
+        r.packets,
+        r.bytes,
+        r.idle_ns / 1_000_000_000,
+        r.rule
+    )
+}
+
 fn notification(declarations: &[Declaration], n: &stateplane_control::pb::Notification) -> String {
+    if let Some(flow) = &n.flow {
+        return format!(
+            "{} flow_removed {} reason={}{}",
+            n.at_ns,
+            n.table,
+            n.reason,
+            dumped_flow(flow)
+        );
+    }
     let entry = declarations
         .iter()
         .find(|d| d.name == n.table)

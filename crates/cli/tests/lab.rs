@@ -1077,12 +1077,46 @@ fn pipeline_rules_change_live_through_ctl() {
     );
     let dumped = ctl(&["dump-flows", "cookie=0x77"]);
     assert!(
-        dumped.contains("n_packets=3 ") && dumped.contains("icmp"),
+        dumped.contains("n_packets=3,") && dumped.contains("icmp"),
         "the rule counted the three echoes it dropped: {dumped}"
     );
+    // Removals stream to `ctl watch` as they happen: the delete, then a rule that no
+    // packet matches, gone on its idle timeout.
+    let watch = Command::new("ip")
+        .args(["netns", "exec", &format!("sp-{}-s1", lab.name)])
+        .args([sp, "ctl", "watch", "--count", "2", "--timeout", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
     ctl(&["del-flows", "cookie=0x77"]);
     let again = ping("3");
     assert!(again.contains("3 received"), "{again}");
+    ctl(&[
+        "add-flow",
+        "priority=1,cookie=0x78,udp,tp_dst=9,idle_timeout=1,actions=drop",
+    ]);
+    let watched = watch.wait_with_output().unwrap();
+    let events = text(&watched);
+    assert!(watched.status.success(), "{events}");
+    let lines: Vec<&str> = (events.lines())
+        .filter(|l| l.contains("flow_removed"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{events}");
+    assert!(
+        lines[0].contains("reason=delete")
+            && lines[0].contains("n_packets=3,")
+            && lines[0].contains("cookie=0x77"),
+        "{events}"
+    );
+    assert!(
+        lines[1].contains("reason=idle")
+            && lines[1].contains("n_packets=0,")
+            && lines[1].contains("cookie=0x78"),
+        "{events}"
+    );
+    assert!(!ctl(&["dump-flows"]).contains("cookie=0x78"));
 }
 
 /// Starts `stateplane ARGS FILE` in namespace `ns` (bounded by `timeout`), its output

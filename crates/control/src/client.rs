@@ -272,7 +272,7 @@ impl Client {
     ) -> Result<(u64, Vec<pb::Flow>), ClientError> {
         let request = pb::FlowsRequest {
             name: name.to_string(),
-            change: Some(convert::flow_change_to_pb(change)),
+            change: Some(convert::flow_change_to_pb(change)?),
         };
         let reply = self
             .runtime

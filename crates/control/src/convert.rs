@@ -327,13 +327,23 @@ pub fn notification_to_pb(n: &Notification, d: Option<&Declaration>) -> pb::Noti
     let (kind, deleted) = match n.kind {
         NotificationKind::IdleTimeout { deleted } => ("idle_timeout", deleted),
         NotificationKind::Digest => ("digest", false),
+        NotificationKind::FlowRemoved { .. } => ("flow_removed", true),
+    };
+    let (flow, reason) = match &n.kind {
+        NotificationKind::FlowRemoved { reason, flow } => (Some(flow_to_pb(flow)), reason.name()),
+        _ => (None, ""),
     };
     pb::Notification {
         table: n.table.clone(),
         kind: kind.to_string(),
         deleted,
-        entry: d.map(|d| entry_to_pb(&n.entry, d)),
+        entry: flow
+            .is_none()
+            .then(|| d.map(|d| entry_to_pb(&n.entry, d)))
+            .flatten(),
         at_ns: n.at_ns,
+        flow,
+        reason: reason.to_string(),
     }
 }
 
@@ -399,9 +409,10 @@ pub fn flow_change_from_pb(c: Option<&pb::flows_request::Change>) -> Result<Flow
     })
 }
 
-pub fn flow_change_to_pb(c: &FlowChange) -> pb::flows_request::Change {
+/// A client's change as the API carries it; an expiry is the data plane's to ask for.
+pub fn flow_change_to_pb(c: &FlowChange) -> Result<pb::flows_request::Change, Status> {
     use pb::flows_request::Change;
-    match c {
+    Ok(match c {
         FlowChange::Add(rules) => Change::Add(pb::FlowLines {
             rules: rules.clone(),
         }),
@@ -411,7 +422,12 @@ pub fn flow_change_to_pb(c: &FlowChange) -> pb::flows_request::Change {
         }),
         FlowChange::Delete(f) => Change::Delete(flow_filter_to_pb(f)),
         FlowChange::Dump(f) => Change::Dump(flow_filter_to_pb(f)),
-    }
+        FlowChange::Expire(_) => {
+            return Err(Status::invalid_argument(
+                "rules expire by their timeouts; a client deletes them (del-flows)",
+            ));
+        }
+    })
 }
 
 pub fn flow_to_pb(f: &FlowStat) -> pb::Flow {
@@ -423,5 +439,7 @@ pub fn flow_to_pb(f: &FlowStat) -> pb::Flow {
         rule: f.rule.clone(),
         packets: f.packets,
         bytes: f.bytes,
+        duration_ns: f.duration_ns,
+        idle_ns: f.idle_ns,
     }
 }

@@ -278,12 +278,14 @@ impl control_server::Control for ControlService {
             .into_iter()
             .map(|(name, value)| pb::Counter { name, value })
             .collect();
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         pipeline.push(pb::Counter {
             name: "notifications_dropped".into(),
-            value: self
-                .plane
-                .notifications_dropped
-                .load(std::sync::atomic::Ordering::Relaxed),
+            value: load(&self.plane.notifications_dropped),
+        });
+        pipeline.push(pb::Counter {
+            name: "program_requests_refused".into(),
+            value: load(&self.plane.requests_refused),
         });
         let (version, table) = if table.is_empty() {
             (self.plane.version(), Vec::new())

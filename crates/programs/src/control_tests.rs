@@ -676,7 +676,7 @@ fn a_learning_switch_asked_for_digests_streams_each_station_it_learns() {
     }
     let n = got.first().expect("a digest within 10 s");
     assert_eq!(
-        (n.table.as_str(), n.kind),
+        (n.table.as_str(), n.kind.clone()),
         ("stations", NotificationKind::Digest)
     );
     assert_eq!(n.entry.key, [Match::Exact(0), Match::Exact(MAC_A)]);
@@ -821,9 +821,104 @@ fn rule_pipeline_changes_reach_every_worker_at_once() {
     let kept = dump(&sw, by_cookie);
     assert!(kept[0].packets > 0, "a modify keeps the rule's counters");
 
-    sw.plane
+    let events = sw.plane.subscribe();
+    let deleted = sw
+        .plane
         .submit(flows(FlowChange::Delete(by_cookie)))
         .unwrap();
     assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
     assert_eq!(dump(&sw, FlowFilter::default()).len(), 1);
+    // One flow-removed notification, with the counts the delete answered.
+    let Reply::Flows(deleted) = deleted.reply else {
+        panic!("{deleted:?}")
+    };
+    let removed: Vec<Notification> = events.try_iter().collect();
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    assert_eq!(
+        removed[0].kind,
+        NotificationKind::FlowRemoved {
+            reason: stateplane_state::RemovedReason::Delete,
+            flow: deleted[0].clone()
+        }
+    );
+}
+
+/// Rule timeouts count every worker's packets: a rule hit only on worker 1 stays on
+/// worker 0 too, and goes from both at one version once no worker has hit it for its idle
+/// timeout, with one flow-removed notification holding both workers' counters. Stepped
+/// by hand on a virtual clock: worker 1 takes the rule's traffic, worker 0 other traffic.
+#[test]
+fn a_rule_busy_on_one_worker_expires_on_none_and_its_removal_is_reported_once() {
+    use stateplane_state::RemovedReason;
+    let table: toml::Value = toml::from_str(
+        r#"rules = ["priority=5,udp,nw_dst=198.19.0.0/16,idle_timeout=10,actions=output:1",
+                    "priority=1,actions=output:2"]"#,
+    )
+    .unwrap();
+    let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
+    let factory = build("pipeline", Some(&table), &names).unwrap();
+    let (plane, ends) = ControlPlane::new(WORKERS, factory(0));
+    let events = plane.subscribe();
+    let mut workers: Vec<Worker> = (ends.into_iter().enumerate())
+        .map(|(w, end)| Worker::new(factory(w), w, WORKERS, 3, hasher()).with_control(end))
+        .collect();
+    let (hit, miss) = (
+        crate::testutil::udp_frame("198.19.7.9", 64),
+        crate::testutil::udp_frame("198.20.0.1", 64),
+    );
+    let mut step = |w: usize, frame: &[u8], t: u64| {
+        let mut burst = Burst::with_capacity(1);
+        burst.now_ns = t;
+        burst.push(frame, frame.len() as u32, t, 0, 0);
+        workers[w].handle(&mut burst);
+        burst.descs()[0].verdict
+    };
+    let mut hits = 0;
+    for s in 1..=41u64 {
+        let t = s * SECOND;
+        step(0, &miss, t);
+        if s % 2 == 1 {
+            assert_eq!(step(1, &hit, t), Verdict::Forward(1), "t = {s} s");
+            hits += 1;
+        } else {
+            step(1, &miss, t);
+        }
+    }
+    // Worker 0 has not seen the rule hit for 40 s; it still has it.
+    assert_eq!(step(0, &hit, 41 * SECOND + 1), Verdict::Forward(1));
+    hits += 1;
+    assert!(events.try_recv().is_err(), "nothing removed yet");
+    // Now no worker hits it: it goes once 10 s (and the second other workers take to
+    // share their hits) have passed, from both workers at one version.
+    let mut removed: Vec<Notification> = Vec::new();
+    let mut gone_at = 0;
+    for s in 42..=60u64 {
+        for w in 0..WORKERS {
+            step(w, &miss, s * SECOND);
+        }
+        removed.extend(events.try_iter());
+        if !removed.is_empty() {
+            gone_at = s;
+            break;
+        }
+    }
+    // The last hit was at 41 s: idle from 51 s, found so at the check of 53 s (a second's
+    // grace), and applied by each worker at its next burst or two.
+    assert!(
+        (52..=56).contains(&gone_at),
+        "gone at {gone_at} s: {removed:?}"
+    );
+    let t = (gone_at + 1) * SECOND;
+    assert_eq!(
+        [step(0, &hit, t), step(1, &hit, t)],
+        [Verdict::Forward(2); 2]
+    );
+    assert_eq!(removed.len(), 1, "{removed:?}");
+    let NotificationKind::FlowRemoved { reason, flow } = &removed[0].kind else {
+        panic!("{removed:?}")
+    };
+    assert_eq!(*reason, RemovedReason::IdleTimeout);
+    assert_eq!(flow.packets, hits, "both workers' hits");
+    assert!(flow.rule.contains("idle_timeout=10"), "{}", flow.rule);
+    assert!(flow.idle_ns >= 10 * SECOND, "{flow:?}");
 }

@@ -16,8 +16,13 @@
 //! State: the rule set (read-centric; each worker holds a copy, changed between bursts by
 //! the control plane, all workers alike), each rule's packet and byte counters (per worker,
 //! summed on read), and the per-worker microflow cache and Action Table. Rules with idle or
-//! hard timeouts expire by the data-plane clock, checked once a second; an idle timeout
-//! counts this worker's packets.
+//! hard timeouts expire by the data-plane clock, checked once a second: an idle timeout
+//! counts every worker's packets (each worker shares its rules' last hits once a second,
+//! and with several workers an idle rule goes a second later than its timeout, so that a
+//! hit not yet shared can never make it go early). The worker that finds a rule expired
+//! asks the control plane to remove it; every worker removes it at one version, as for a
+//! client's delete, and subscribers get one flow-removed notification with the counters
+//! of all workers.
 //!
 //! Configuration: `tables` (default 1), `rules` (rule lines) and/or `rules_file` (one rule
 //! per line, `#` comments) in the format of docs/cli.md, `miss` (per table from 0:
@@ -34,6 +39,7 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
+use stateplane_classifier::Timeout;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
 use stateplane_classifier::{
     CachedPipeline, Consistency, Fields, Miss, Probe, Rule, RuleId, RuleSet, format_rule,
@@ -41,10 +47,12 @@ use stateplane_classifier::{
 };
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::{
-    ControlError, Declaration, FlowChange, FlowFilter, FlowStat, Guarantee, Kind, Reply, Request,
+    ControlError, Declaration, Expiry, FlowChange, FlowFilter, FlowStat, Guarantee, Kind,
+    RemovedReason, Reply, Request,
 };
 use stateplane_wire::{ParseFlags, edit};
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -110,6 +118,22 @@ pub struct Pipeline {
     capacity: usize,
     /// The burst's keys and hashes (kept to reuse its memory).
     batch: Vec<(Fields, u64, Probe)>,
+    /// Shared by every worker's copy.
+    timers: Arc<Mutex<SharedTimers>>,
+    /// Expired rules this worker found, for the control plane to remove everywhere.
+    expired: Vec<Expiry>,
+}
+
+/// What the workers of one pipeline share about its timed rules, so that they agree on
+/// when each expires.
+#[derive(Default)]
+struct SharedTimers {
+    /// Each rule with an idle timeout: its latest hit on any worker, as of each worker's
+    /// last check.
+    last_hit: HashMap<RuleId, u64>,
+    /// The rules some worker has asked to remove (one request for a rule, not one for
+    /// each worker that finds it expired).
+    asked: HashSet<RuleId>,
 }
 
 /// The rules a pipeline holds at most unless configured otherwise.
@@ -251,6 +275,8 @@ impl Pipeline {
             ports: usize::from(u16::MAX),
             capacity: DEFAULT_CAPACITY,
             batch: Vec::new(),
+            timers: Arc::default(),
+            expired: Vec::new(),
         })
     }
 
@@ -262,14 +288,57 @@ impl Pipeline {
         &mut self.flows
     }
 
-    /// Between bursts: frees some retired Action Table entries, and expires rules once a
-    /// second.
-    fn expire_due(&mut self, now_ns: u64) {
+    /// Between bursts: frees some retired Action Table entries, and checks the timeouts
+    /// once a second.
+    fn expire_due(&mut self, ctx: &Context) {
         self.flows.maintain(RETIRE_PER_BURST);
-        if now_ns >= self.next_expiry_ns {
-            self.flows.expire(now_ns);
-            self.next_expiry_ns = now_ns + SECOND_NS;
+        if ctx.now_ns >= self.next_expiry_ns {
+            self.check_timeouts(ctx.now_ns, ctx.workers);
+            self.next_expiry_ns = ctx.now_ns + SECOND_NS;
         }
+    }
+
+    /// Shares this worker's last hits, then finds the rules expired on every worker's
+    /// account that nobody has asked to remove yet.
+    fn check_timeouts(&mut self, now_ns: u64, workers: usize) {
+        let mine = self.flows.idle_timed_hits();
+        let mut shared = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        for (id, hit) in mine {
+            let latest = shared.last_hit.entry(id).or_default();
+            *latest = (*latest).max(hit);
+        }
+        // Other workers share their hits once a second of their clocks.
+        let grace = if workers > 1 { SECOND_NS } else { 0 };
+        let due = (self.flows).due(
+            now_ns,
+            |id| shared.last_hit.get(&id).copied().unwrap_or(0),
+            grace,
+        );
+        for (id, timeout) in due {
+            if shared.asked.insert(id) {
+                self.expired.push(Expiry {
+                    id: u64::from(id.0),
+                    reason: match timeout {
+                        Timeout::Idle => RemovedReason::IdleTimeout,
+                        Timeout::Hard => RemovedReason::HardTimeout,
+                    },
+                });
+            }
+        }
+    }
+
+    /// Removes rules (a delete, or an expiry every worker applies); what they were.
+    fn remove(&mut self, ids: &[RuleId], now_ns: u64) -> Vec<FlowStat> {
+        let stats = self.stats(ids, now_ns);
+        for &id in ids {
+            self.flows.remove(id);
+        }
+        let mut shared = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in ids {
+            shared.last_hit.remove(id);
+            shared.asked.remove(id);
+        }
+        stats
     }
 }
 
@@ -283,7 +352,7 @@ impl Program for Pipeline {
     type Prepared = Prepared;
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
-        self.expire_due(ctx.now_ns);
+        self.expire_due(ctx);
         // First every packet's key and hash, reading its cache slot ahead; then the
         // lookups, which find the slots loaded.
         // Passes over the burst, so that memory reads overlap across its packets: every
@@ -347,7 +416,16 @@ impl Program for Pipeline {
     }
 
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
-        self.expire_due(ctx.now_ns);
+        self.expire_due(ctx);
+    }
+
+    fn requests(&mut self, out: &mut Vec<Request>) {
+        if !self.expired.is_empty() {
+            out.push(Request::Flows {
+                name: FLOWS.into(),
+                change: FlowChange::Expire(std::mem::take(&mut self.expired)),
+            });
+        }
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
@@ -387,7 +465,7 @@ impl Program for Pipeline {
                 check_ports(&rule, self.ports).map_err(invalid)?;
                 Ok(Some(Arc::new(Prepared::Modify(rule))))
             }
-            FlowChange::Delete(_) | FlowChange::Dump(_) => Ok(None),
+            FlowChange::Delete(_) | FlowChange::Dump(_) | FlowChange::Expire(_) => Ok(None),
         }
     }
 
@@ -452,17 +530,21 @@ impl Program for Pipeline {
                 for &id in &ids {
                     let _ = self.flows.modify(id, new.actions.clone(), new.goto);
                 }
-                Ok(Reply::Flows(self.stats(&ids)))
+                Ok(Reply::Flows(self.stats(&ids, ctx.now_ns)))
             }
             FlowChange::Delete(filter) => {
                 let ids = self.matching(filter);
-                let stats = self.stats(&ids);
-                for id in ids {
-                    self.flows.remove(id);
-                }
-                Ok(Reply::Flows(stats))
+                Ok(Reply::Flows(self.remove(&ids, ctx.now_ns)))
             }
-            FlowChange::Dump(filter) => Ok(Reply::Flows(self.stats(&self.matching(filter)))),
+            FlowChange::Expire(expired) => {
+                let ids: Vec<RuleId> = (expired.iter())
+                    .filter_map(|e| u32::try_from(e.id).ok().map(RuleId))
+                    .collect();
+                Ok(Reply::Flows(self.remove(&ids, ctx.now_ns)))
+            }
+            FlowChange::Dump(filter) => {
+                Ok(Reply::Flows(self.stats(&self.matching(filter), ctx.now_ns)))
+            }
         }
     }
 }
@@ -482,20 +564,24 @@ impl Pipeline {
             .collect()
     }
 
-    /// The rules `ids` as the control API shows them, with this worker's counters.
-    fn stats(&self, ids: &[RuleId]) -> Vec<FlowStat> {
+    /// The rules `ids` as the control API shows them, with this worker's counters and
+    /// times at `now_ns`.
+    fn stats(&self, ids: &[RuleId], now_ns: u64) -> Vec<FlowStat> {
         (ids.iter())
             .filter_map(|&id| {
                 let r = self.flows.rules().get(id)?;
-                let (packets, bytes) = self.flows.counters(id);
+                let s = self.flows.stat(id)?;
                 Some(FlowStat {
                     id: u64::from(id.0),
                     table: r.table,
                     priority: r.priority,
                     cookie: r.cookie,
                     rule: format_rule(r),
-                    packets,
-                    bytes,
+                    packets: s.packets,
+                    bytes: s.bytes,
+                    duration_ns: now_ns.saturating_sub(s.added_ns),
+                    idle_ns: now_ns.saturating_sub(s.last_hit_ns.max(s.added_ns)),
+                    at_ns: now_ns,
                 })
             })
             .collect()
@@ -551,15 +637,22 @@ mod tests {
         ]
     "#;
 
-    /// Runs `frames` as one burst arriving on port 0 at `t`.
+    /// Runs `frames` as one burst arriving on port 0 at `t`, after applying what the
+    /// pipeline asked of the control plane (as the runtime does before a burst).
     fn at(p: &mut Pipeline, frames: &[Vec<u8>], t: u64) -> Vec<Verdict> {
+        let mut ctx = crate::testutil::ctx(t, 4);
+        let mut requests = Vec::new();
+        p.requests(&mut requests);
+        for r in &requests {
+            p.control(r, None, &ctx).unwrap();
+        }
         let mut b = Burst::with_capacity(frames.len());
         for (i, f) in frames.iter().enumerate() {
             b.push(f, f.len() as u32, t, 0, i as u64);
         }
         b.now_ns = t;
         b.parse(&hasher());
-        p.process(&mut b, &mut crate::testutil::ctx(t, 4));
+        p.process(&mut b, &mut ctx);
         verdicts(&b)
     }
 
@@ -577,8 +670,10 @@ mod tests {
             at(&mut p, &frames, t0 + 59 * SECOND_NS),
             [Verdict::Forward(1)]
         );
+        // Found expired at 61 s, removed before the next burst.
+        at(&mut p, &frames, t0 + 61 * SECOND_NS);
         assert_eq!(
-            at(&mut p, &frames, t0 + 61 * SECOND_NS),
+            at(&mut p, &frames, t0 + 61 * SECOND_NS + 1),
             [Verdict::Drop(NO_MATCH)]
         );
     }

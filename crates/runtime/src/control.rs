@@ -1,7 +1,9 @@
 //! The control plane's path to the workers' state.
 //!
-//! Owns: versioning control requests, handing each one to every worker, collecting their
-//! answers into one reply, and fanning data-plane notifications out to subscribers.
+//! Owns: versioning control requests (a client's, and those a program makes of it, such as
+//! a rule's expiry), handing each one to every worker, collecting their answers into one
+//! reply, and fanning data-plane notifications out to subscribers, with one flow-removed
+//! notification for each rule a request removed, its counters summed over workers.
 //!
 //! Must never: touch program state from its own thread (a worker applies each request to
 //! its own program between two bursts, so the fast path takes no lock), or let a slow
@@ -12,16 +14,19 @@
 //! malformed one reaches no worker. A worker applies a request whole between two bursts
 //! (all of a write's entries or none of them) and never in the middle of one; `submit`
 //! returns once every worker has, with the request's version. So a packet a worker takes
-//! after the reply is processed with the change, on every worker.
+//! after the reply is processed with the change, on every worker. A program's own
+//! requests are versioned the same way, in the same order, but nobody waits for them: the
+//! last worker to apply one merges the answers.
 
 use crate::program::{Context, Prepared, Running};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
+use stateplane_api::Write;
 use stateplane_api::{self as control, ControlError, Declaration, Entry, Notification, Reply};
-use stateplane_api::{FlowChange, FlowStat, Match, Request, Write};
+use stateplane_api::{FlowChange, FlowStat, Match, NotificationKind, RemovedReason, Request};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
 /// How long `submit` waits for every worker before it answers `Unavailable`.
@@ -33,7 +38,67 @@ struct Job {
     version: u64,
     request: Arc<Request>,
     prepared: Option<Prepared>,
-    answer: Sender<Result<Reply, ControlError>>,
+    answer: Answer,
+}
+
+/// Where a worker's answer goes.
+enum Answer {
+    /// To a client's `submit`, waiting for every worker's.
+    Waiting(Sender<Result<Reply, ControlError>>),
+    /// Into the answers to a program's own request, which nobody waits for.
+    Gathered(Arc<Gather>),
+}
+
+/// The answers to a program's own request, merged by the last worker to apply it.
+struct Gather {
+    request: Arc<Request>,
+    replies: Mutex<Vec<Result<Reply, ControlError>>>,
+    remaining: AtomicUsize,
+    plane: Weak<ControlPlane>,
+}
+
+impl Gather {
+    fn add(&self, answer: Result<Reply, ControlError>) {
+        let mut replies = self.replies.lock().unwrap_or_else(PoisonError::into_inner);
+        replies.push(answer);
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1
+            && let Some(plane) = self.plane.upgrade()
+            && let Ok(reply) = merge(&self.request, std::mem::take(&mut *replies))
+        {
+            plane.publish(&mut removals(&self.request, &reply));
+        }
+    }
+}
+
+/// One flow-removed notification for each rule `reply` says `request` removed.
+fn removals(request: &Request, reply: &Reply) -> Vec<Notification> {
+    let (Request::Flows { name, change }, Reply::Flows(flows)) = (request, reply) else {
+        return Vec::new();
+    };
+    let reason = |id| match change {
+        FlowChange::Delete(_) => Some(RemovedReason::Delete),
+        FlowChange::Expire(expired) => (expired.iter().find(|e| e.id == id)).map(|e| e.reason),
+        _ => None,
+    };
+    (flows.iter())
+        .filter_map(|f| {
+            Some(Notification {
+                table: name.clone(),
+                kind: NotificationKind::FlowRemoved {
+                    reason: reason(f.id)?,
+                    flow: f.clone(),
+                },
+                entry: Entry {
+                    key: Vec::new(),
+                    action: String::new(),
+                    params: Vec::new(),
+                    priority: 0,
+                    hits: f.packets,
+                },
+                at_ns: f.at_ns,
+            })
+        })
+        .collect()
 }
 
 struct Next {
@@ -59,6 +124,8 @@ pub struct ControlPlane {
     subscribers: Mutex<Vec<Sender<Notification>>>,
     /// Notifications dropped for slow subscribers, and by programs whose outbox was full.
     pub notifications_dropped: AtomicU64,
+    /// A program's own requests that its declarations refused.
+    pub requests_refused: AtomicU64,
     applied: Vec<Arc<AtomicU64>>,
 }
 
@@ -68,6 +135,8 @@ pub struct WorkerControl {
     applied: Arc<AtomicU64>,
     plane: Arc<ControlPlane>,
     notifications: Vec<Notification>,
+    /// The program's own requests not sent yet.
+    requests: Vec<Request>,
 }
 
 impl ControlPlane {
@@ -87,6 +156,7 @@ impl ControlPlane {
             }),
             subscribers: Mutex::new(Vec::new()),
             notifications_dropped: AtomicU64::new(0),
+            requests_refused: AtomicU64::new(0),
             applied: applied.clone(),
         });
         let ends = receivers
@@ -97,6 +167,7 @@ impl ControlPlane {
                 applied,
                 plane: plane.clone(),
                 notifications: Vec::new(),
+                requests: Vec::new(),
             })
             .collect();
         (plane, ends)
@@ -146,7 +217,7 @@ impl ControlPlane {
                 version,
                 request: request.clone(),
                 prepared: prepared.clone(),
-                answer: answer.clone(),
+                answer: Answer::Waiting(answer.clone()),
             };
             w.send_timeout(job, ANSWER_TIMEOUT)
                 .map_err(|_| ControlError::Unavailable)?;
@@ -159,7 +230,57 @@ impl ControlPlane {
                     .map_err(|_| ControlError::Unavailable)?,
             );
         }
-        merge(&request, replies).map(|reply| Applied { version, reply })
+        let reply = merge(&request, replies)?;
+        self.publish(&mut removals(&request, &reply));
+        Ok(Applied { version, reply })
+    }
+
+    /// Sends a program's own requests to every worker, each at the next version, without
+    /// waiting for them; takes those it sent out of `requests`. It sends none while a
+    /// client's request is being applied (the worker asking may be the one that client
+    /// waits for) or while a worker's queue is full: those wait for the next call.
+    /// A request the program's declarations refuse is dropped (a program's mistake:
+    /// counted in `requests_refused`).
+    fn submit_detached(self: &Arc<Self>, requests: &mut Vec<Request>) {
+        let mut next = match self.next.try_lock() {
+            Ok(next) => next,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        while !requests.is_empty() {
+            let full = (self.workers.iter()).any(|w| w.capacity().is_some_and(|c| w.len() >= c));
+            if full {
+                return;
+            }
+            let request = requests.remove(0);
+            let checked = control::find(&self.declarations(), request.target())
+                .and_then(|d| d.check(&request))
+                .and_then(|()| next.preparer.prepare(&request));
+            let Ok(prepared) = checked else {
+                self.requests_refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            next.version += 1;
+            let request = Arc::new(request);
+            let gather = Arc::new(Gather {
+                request: request.clone(),
+                replies: Mutex::new(Vec::with_capacity(self.workers.len())),
+                remaining: AtomicUsize::new(self.workers.len()),
+                plane: Arc::downgrade(self),
+            });
+            for w in &self.workers {
+                let job = Job {
+                    version: next.version,
+                    request: request.clone(),
+                    prepared: prepared.clone(),
+                    answer: Answer::Gathered(gather.clone()),
+                };
+                // Room was checked above, and only this lock's holder sends.
+                if w.try_send(job).is_err() {
+                    gather.add(Err(ControlError::Unavailable));
+                }
+            }
+        }
     }
 
     /// Every entry of `table` (or the one with `key`), page by page, so that no worker is
@@ -302,14 +423,14 @@ fn merge(
             }
             Reply::Flows(fs) => {
                 for f in fs {
-                    let (packets, bytes) = (f.packets, f.bytes);
-                    let sum = flows.entry(f.id).or_insert(FlowStat {
-                        packets: 0,
-                        bytes: 0,
-                        ..f
-                    });
-                    sum.packets += packets;
-                    sum.bytes += bytes;
+                    match flows.entry(f.id) {
+                        std::collections::btree_map::Entry::Occupied(mut o) => {
+                            o.get_mut().merge(&f)
+                        }
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(f);
+                        }
+                    }
                 }
             }
         }
@@ -336,14 +457,25 @@ impl WorkerControl {
         self.plane.set_program(preparer);
     }
 
-    /// Applies waiting requests to `program` and hands its notifications on. Called by the
-    /// worker between bursts; costs one atomic load when nothing waits.
+    /// Sends the program's own requests, applies waiting requests to it (its own among
+    /// them, so that with one worker a rule found expired is gone before the next burst)
+    /// and hands its notifications on. Called by the worker between bursts; costs an
+    /// atomic load and two calls when nothing waits.
     pub fn poll(&mut self, program: &mut dyn Running, ctx: &Context) {
+        program.requests(&mut self.requests);
+        if !self.requests.is_empty() {
+            self.plane.submit_detached(&mut self.requests);
+        }
         while let Ok(job) = self.jobs.try_recv() {
             let answer = program.control(&job.request, job.prepared.as_ref(), ctx);
             self.applied.store(job.version, Ordering::Release);
-            // The submitter may have given up waiting; the change stands either way.
-            let _ = job.answer.send(answer);
+            match job.answer {
+                // The submitter may have given up waiting; the change stands either way.
+                Answer::Waiting(to) => {
+                    let _ = to.send(answer);
+                }
+                Answer::Gathered(gather) => gather.add(answer),
+            }
         }
         program.notifications(&mut self.notifications);
         if !self.notifications.is_empty() {

@@ -183,6 +183,12 @@ pub trait Program: Send {
 
     /// Moves the program's pending notifications (idle timeouts, digests) into `out`.
     fn notifications(&mut self, _out: &mut Vec<Notification>) {}
+
+    /// Moves into `out` the requests the program makes of the control plane: changes its
+    /// state needs on every worker at one version, as a client's are (a rule that
+    /// expired). Each comes back to every worker's [`Program::control`]; until then,
+    /// nothing has changed.
+    fn requests(&mut self, _out: &mut Vec<Request>) {}
 }
 
 /// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
@@ -200,6 +206,7 @@ pub trait Running: Send {
         ctx: &Context,
     ) -> Result<Reply, ControlError>;
     fn notifications(&mut self, out: &mut Vec<Notification>);
+    fn requests(&mut self, out: &mut Vec<Request>);
 }
 
 /// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
@@ -252,6 +259,10 @@ impl<P: Program> Running for P {
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
         Program::notifications(self, out);
+    }
+
+    fn requests(&mut self, out: &mut Vec<Request>) {
+        Program::requests(self, out);
     }
 }
 

@@ -33,8 +33,9 @@ pub mod control {
 }
 
 pub use control::{
-    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, FlowChange, FlowFilter, FlowStat,
-    Guarantee, Kind, Match, Notification, NotificationKind, Outbox, Reply, Request, Write,
+    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Expiry, FlowChange, FlowFilter,
+    FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox, RemovedReason, Reply,
+    Request, Write,
 };
 pub use declared::ValueCodec;
 pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
