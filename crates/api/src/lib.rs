@@ -196,6 +196,9 @@ pub enum FlowChange {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expiry {
     pub id: u64,
+    /// The rule's insert sequence number: the expiry is for that rule only, not for a
+    /// later one given the same id.
+    pub seq: u64,
     pub reason: RemovedReason,
 }
 
@@ -224,7 +227,8 @@ impl RemovedReason {
 /// A rule as a dump shows it, with its counters summed over workers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlowStat {
-    /// The rule's handle: the same on every worker.
+    /// The rule's handle: the same on every worker; a removed rule's is given to a later
+    /// rule.
     pub id: u64,
     pub table: u8,
     pub priority: u16,

@@ -251,28 +251,29 @@ impl CachedPipeline {
         })
     }
 
-    /// The rules with an idle timeout, and when this worker last saw a packet match each
-    /// (0: never): what it shares with other workers, so that a rule idle here but busy
-    /// elsewhere is not taken for idle.
-    pub fn idle_timed_hits(&self) -> Vec<(RuleId, u64)> {
+    /// The rules with an idle timeout, by insert sequence number ([`RuleSet::seq`]), and
+    /// when this worker last saw a packet match each (0: never): what it shares with other
+    /// workers, so that a rule idle here but busy elsewhere is not taken for idle.
+    pub fn idle_timed_hits(&self) -> Vec<(u64, u64)> {
         (self.timed.iter())
             .filter(|&&id| self.rules.get(id).is_some_and(|r| r.idle_timeout > 0))
-            .map(|&id| (id, self.rule_counters(id).last_hit_ns))
+            .filter_map(|&id| Some((self.rules.seq(id)?, self.rule_counters(id).last_hit_ns)))
             .collect()
     }
 
-    /// The rules whose timeout has run out by `now_ns`, oldest first, without removing
-    /// them. A hard timeout counts from when the rule was added; an idle timeout from the
-    /// latest of when it was added, its last hit here and `elsewhere(id)` (its last hit
-    /// on other workers), and runs `grace_ns` longer (for hits elsewhere not yet shared).
-    /// Only rules with a timeout are looked at; a rule whose timers have not started
-    /// (added before the pipeline saw any time) starts them now.
+    /// The rules whose timeout has run out by `now_ns`, with their insert sequence numbers,
+    /// oldest first, without removing them. A hard timeout counts from when the rule was
+    /// added; an idle timeout from the latest of when it was added, its last hit here and
+    /// `elsewhere(seq)` (its last hit on other workers), and runs `grace_ns` longer (for
+    /// hits elsewhere not yet shared). Only rules with a timeout are looked at; a rule
+    /// whose timers have not started (added before the pipeline saw any time) starts them
+    /// now.
     pub fn due(
         &mut self,
         now_ns: u64,
-        elsewhere: impl Fn(RuleId) -> u64,
+        elsewhere: impl Fn(u64) -> u64,
         grace_ns: u64,
-    ) -> Vec<(RuleId, Timeout)> {
+    ) -> Vec<(RuleId, u64, Timeout)> {
         self.now_ns = self.now_ns.max(now_ns);
         let now = self.now_ns;
         for id in &self.timed {
@@ -280,26 +281,27 @@ impl CachedPipeline {
                 self.counters[slot as usize].added_ns.get_or_insert(now);
             }
         }
-        let mut due: Vec<(RuleId, Timeout)> = (self.timed.iter().copied())
+        let mut due: Vec<(RuleId, u64, Timeout)> = (self.timed.iter().copied())
             .filter_map(|id| {
                 let r = self.rules.get(id)?;
+                let seq = self.rules.seq(id)?;
                 let c = self.rule_counters(id);
                 let added = c.added_ns.unwrap_or(now);
-                let idle_since = c.last_hit_ns.max(elsewhere(id)).max(added);
+                let idle_since = c.last_hit_ns.max(elsewhere(seq)).max(added);
                 let after = |since: u64, seconds: u32, grace: u64| {
                     seconds > 0
                         && now >= since.saturating_add(u64::from(seconds) * SECOND_NS + grace)
                 };
                 if after(added, r.hard_timeout, 0) {
-                    Some((id, Timeout::Hard))
+                    Some((id, seq, Timeout::Hard))
                 } else if after(idle_since, r.idle_timeout, grace_ns) {
-                    Some((id, Timeout::Idle))
+                    Some((id, seq, Timeout::Idle))
                 } else {
                     None
                 }
             })
             .collect();
-        due.sort_unstable_by_key(|&(id, _)| id);
+        due.sort_unstable_by_key(|&(_, seq, _)| seq);
         due
     }
 
@@ -308,10 +310,10 @@ impl CachedPipeline {
     /// first.
     pub fn expire(&mut self, now_ns: u64) -> Vec<RuleId> {
         let due = self.due(now_ns, |_| 0, 0);
-        for &(id, _) in &due {
+        for &(id, _, _) in &due {
             self.remove(id);
         }
-        due.into_iter().map(|(id, _)| id).collect()
+        due.into_iter().map(|(id, _, _)| id).collect()
     }
 
     /// Classifies one packet of `bytes` bytes arriving at `now_ns`, counting it on the

@@ -21,7 +21,9 @@ pub enum Miss {
     Continue,
 }
 
-/// A rule's handle: unique for the rule set's lifetime, never reused.
+/// A rule's handle: unique among the rules present. A removed rule's handle is given to a
+/// later rule (the rule's [`RuleSet::seq`] tells them apart), so handles stay below the
+/// rules present at once, however many come and go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(pub u32);
 
@@ -38,18 +40,21 @@ struct Table {
     tuples: Vec<Tuple>,
 }
 
-/// A rule's place in its table: higher priority first, among equals the older (smaller
-/// id, as ids are never reused) first. Sorting ranks ascending sorts rules best first.
+/// A rule's place in its table: higher priority first, among equals the one inserted
+/// first (smaller `seq`; ids are reused, so they do not say). Sorting ranks ascending
+/// sorts rules best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Rank {
     priority: std::cmp::Reverse<u16>,
+    seq: u64,
     id: RuleId,
 }
 
 impl Rank {
-    fn of(id: RuleId, rule: &Rule) -> Rank {
+    fn of(id: RuleId, seq: u64, rule: &Rule) -> Rank {
         Rank {
             priority: std::cmp::Reverse(rule.priority),
+            seq,
             id,
         }
     }
@@ -90,8 +95,7 @@ fn within(inner: &Fields, outer: &Fields) -> bool {
 }
 
 impl Table {
-    fn add(&mut self, id: RuleId, rule: &Rule) {
-        let rank = Rank::of(id, rule);
+    fn add(&mut self, rank: Rank, rule: &Rule) {
         self.order.insert(rank);
         let mask = rule.pattern.mask;
         let t = match self.tuples.iter().position(|t| t.mask == mask) {
@@ -125,8 +129,7 @@ impl Table {
         self.sort_tuples();
     }
 
-    fn take(&mut self, id: RuleId, rule: &Rule) {
-        let rank = Rank::of(id, rule);
+    fn take(&mut self, rank: Rank, rule: &Rule) {
         self.order.remove(&rank);
         let mask = rule.pattern.mask;
         let Some(t) = self.tuples.iter().position(|t| t.mask == mask) else {
@@ -288,7 +291,7 @@ pub enum RuleError {
         from: u8,
         to: u8,
     },
-    /// Every rule handle (about a billion) has been given out.
+    /// Every rule handle (about a billion) is held by a rule present.
     IdsExhausted,
 }
 
@@ -307,8 +310,7 @@ impl fmt::Display for RuleError {
                 "table {from} cannot go to table {to}: a goto must lead to a later table"
             ),
             RuleError::IdsExhausted => f.write_str(
-                "every rule handle (about a billion inserts) has been used: reload the program \
-                 (SIGHUP) to start again from its configured rules",
+                "every rule handle (about a billion) is held by a rule present: delete some",
             ),
         }
     }
@@ -344,8 +346,14 @@ fn check_goto(from: u8, goto: Option<u8>, tables: usize) -> Result<(), RuleError
 #[derive(Debug, Clone)]
 pub struct RuleSet {
     tables: Vec<Table>,
-    rules: HashMap<RuleId, Rule, Fold>,
+    rules: HashMap<RuleId, (Rule, u64), Fold>,
+    /// Handles of removed rules, for the next inserts (last freed first). Every copy of
+    /// a rule set given the same changes gives the same handles, so workers agree.
+    free_ids: Vec<u32>,
+    /// Handles from here on have never been given.
     next_id: u32,
+    /// The next insert's sequence number: its rank among equal priorities.
+    next_seq: u64,
 }
 
 impl RuleSet {
@@ -354,7 +362,9 @@ impl RuleSet {
         RuleSet {
             tables: vec![Table::default(); tables.max(1)],
             rules: HashMap::default(),
+            free_ids: Vec::new(),
             next_id: 0,
+            next_seq: 0,
         }
     }
 
@@ -402,16 +412,28 @@ impl RuleSet {
     /// Adds a rule; its handle. Costs the same at any table size (one tuple touched).
     pub fn insert(&mut self, rule: Rule) -> Result<RuleId, RuleError> {
         self.check(&rule)?;
-        if self.next_id > MAX_RULE_ID {
-            return Err(RuleError::IdsExhausted);
-        }
-        let id = RuleId(self.next_id);
+        let id = match self.free_ids.last() {
+            Some(&id) => RuleId(id),
+            None if self.next_id <= MAX_RULE_ID => RuleId(self.next_id),
+            None => return Err(RuleError::IdsExhausted),
+        };
         let mut rule = rule;
         rule.pattern = rule.pattern.normalized();
-        self.table_mut(rule.table)?.add(id, &rule);
-        self.rules.insert(id, rule);
-        self.next_id += 1;
+        let seq = self.next_seq;
+        self.table_mut(rule.table)?
+            .add(Rank::of(id, seq, &rule), &rule);
+        self.rules.insert(id, (rule, seq));
+        if self.free_ids.pop().is_none() {
+            self.next_id += 1;
+        }
+        self.next_seq += 1;
         Ok(id)
+    }
+
+    /// The sequence number of rule `id`'s insert: unique for the rule set's lifetime, so
+    /// it tells a rule from a later one given the same handle.
+    pub fn seq(&self, id: RuleId) -> Option<u64> {
+        self.rules.get(&id).map(|(_, seq)| *seq)
     }
 
     /// Replaces a rule's actions and goto, keeping its place; whether it was there.
@@ -422,7 +444,7 @@ impl RuleSet {
         goto: Option<u8>,
     ) -> Result<bool, RuleError> {
         let tables = self.tables.len();
-        let Some(rule) = self.rules.get_mut(&id) else {
+        let Some((rule, _)) = self.rules.get_mut(&id) else {
             return Ok(false);
         };
         check_goto(rule.table, goto, tables)?;
@@ -433,17 +455,18 @@ impl RuleSet {
 
     /// Removes a rule; whether it was there.
     pub fn remove(&mut self, id: RuleId) -> bool {
-        let Some(rule) = self.rules.remove(&id) else {
+        let Some((rule, seq)) = self.rules.remove(&id) else {
             return false;
         };
         if let Some(t) = self.tables.get_mut(usize::from(rule.table)) {
-            t.take(id, &rule);
+            t.take(Rank::of(id, seq, &rule), &rule);
         }
+        self.free_ids.push(id.0);
         true
     }
 
     pub fn get(&self, id: RuleId) -> Option<&Rule> {
-        self.rules.get(&id)
+        self.rules.get(&id).map(|(rule, _)| rule)
     }
 
     /// Every rule, table by table, in rank order.
@@ -451,7 +474,7 @@ impl RuleSet {
         self.tables
             .iter()
             .flat_map(|t| t.order.iter())
-            .filter_map(|r| self.rules.get(&r.id).map(|rule| (r.id, rule)))
+            .filter_map(|r| self.get(r.id).map(|rule| (r.id, rule)))
     }
 
     /// The rule of `rule`'s table with its priority and match, if any: the one an
@@ -465,7 +488,7 @@ impl RuleSet {
     /// The rules of `rule`'s table ranked below it (as if it were inserted now) that some
     /// packet could match as well as it: those whose microflows it may take over.
     pub fn overlapping_below(&self, rule: &Rule) -> Vec<RuleId> {
-        let rank = Rank::of(RuleId(self.next_id), rule);
+        let rank = Rank::of(RuleId(u32::MAX), self.next_seq, rule);
         let pattern = rule.pattern.normalized();
         self.tables
             .get(usize::from(rule.table))
@@ -493,11 +516,7 @@ impl RuleSet {
             |t, f| {
                 t.order
                     .iter()
-                    .find(|r| {
-                        self.rules
-                            .get(&r.id)
-                            .is_some_and(|rule| rule.pattern.matches(f))
-                    })
+                    .find(|r| self.get(r.id).is_some_and(|rule| rule.pattern.matches(f)))
                     .map(|r| r.id)
             },
             &mut out,
@@ -529,7 +548,7 @@ impl RuleSet {
                 out.dropped_by_miss = step & 2 != 0;
             } else if step & PATH_MISS != 0 {
                 out.missed.push(step as u8);
-            } else if let Some(rule) = self.rules.get(&RuleId(step)) {
+            } else if let Some(rule) = self.get(RuleId(step)) {
                 out.rules.push(RuleId(step));
                 out.actions.extend_from_slice(&rule.actions);
             }
@@ -570,8 +589,7 @@ impl RuleSet {
         let mut end = End::default();
         let mut t = 0usize;
         while let Some(table) = self.tables.get(t) {
-            let Some((id, rule)) = find(table, &f).and_then(|id| self.rules.get_key_value(&id))
-            else {
+            let Some((id, rule)) = find(table, &f).and_then(|id| Some((id, self.get(id)?))) else {
                 visit(Step::Missed(t as u8));
                 match table.miss {
                     Miss::Drop => {
@@ -589,7 +607,7 @@ impl RuleSet {
                     }
                 }
             };
-            visit(Step::Matched(*id, rule));
+            visit(Step::Matched(id, rule));
             for a in &rule.actions {
                 a.apply(&mut f);
             }
@@ -627,6 +645,52 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::rule_text::parse_rule;
+
+    /// Handles of removed rules go to later rules, so they stay below the rules present
+    /// however many come and go (the lifetime cap of about a billion inserts is gone);
+    /// among equal priorities the rule inserted first still wins, whatever its handle.
+    #[test]
+    fn handles_are_reused_and_order_among_equals_is_by_insertion() {
+        let mut s = RuleSet::new(1);
+        let first = s
+            .insert(parse_rule("priority=5,tcp,actions=output:1").unwrap())
+            .unwrap();
+        let second = s
+            .insert(parse_rule("priority=5,ip,actions=output:2").unwrap())
+            .unwrap();
+        assert!(s.remove(first));
+        let third = s
+            .insert(parse_rule("priority=5,tcp,actions=output:3").unwrap())
+            .unwrap();
+        assert_eq!(third, first, "the freed handle");
+        assert!(s.seq(third) > s.seq(second));
+        let packet = tcp_to([198, 19, 0, 1], 80);
+        for out in [s.classify(&packet), s.classify_linear(&packet)] {
+            assert_eq!(out.rules, [second], "the older of equal priority");
+        }
+        // Near the handles' limit, churn goes on.
+        s.next_id = MAX_RULE_ID;
+        for _ in 0..10_000 {
+            let id = s
+                .insert(parse_rule("priority=9,udp,actions=drop").unwrap())
+                .unwrap();
+            assert!(id.0 <= MAX_RULE_ID);
+            assert!(s.remove(id));
+        }
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s.next_id,
+            MAX_RULE_ID + 1,
+            "one new handle for all the churn"
+        );
+        s.insert(parse_rule("priority=9,udp,actions=drop").unwrap())
+            .unwrap();
+        assert_eq!(
+            s.insert(parse_rule("priority=9,udp,actions=drop").unwrap()),
+            Err(RuleError::IdsExhausted),
+            "only with every handle held"
+        );
+    }
 
     fn set(lines: &[&str]) -> RuleSet {
         let mut s = RuleSet::new(3);

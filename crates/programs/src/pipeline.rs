@@ -126,14 +126,16 @@ pub struct Pipeline {
 
 /// What the workers of one pipeline share about its timed rules, so that they agree on
 /// when each expires.
+/// Rules are known by their insert sequence numbers, which (unlike ids) no later rule
+/// takes.
 #[derive(Default)]
 struct SharedTimers {
     /// Each rule with an idle timeout: its latest hit on any worker, as of each worker's
     /// last check.
-    last_hit: HashMap<RuleId, u64>,
+    last_hit: HashMap<u64, u64>,
     /// The rules some worker has asked to remove (one request for a rule, not one for
     /// each worker that finds it expired).
-    asked: HashSet<RuleId>,
+    asked: HashSet<u64>,
 }
 
 /// The rules a pipeline holds at most unless configured otherwise.
@@ -303,21 +305,22 @@ impl Pipeline {
     fn check_timeouts(&mut self, now_ns: u64, workers: usize) {
         let mine = self.flows.idle_timed_hits();
         let mut shared = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
-        for (id, hit) in mine {
-            let latest = shared.last_hit.entry(id).or_default();
+        for (seq, hit) in mine {
+            let latest = shared.last_hit.entry(seq).or_default();
             *latest = (*latest).max(hit);
         }
         // Other workers share their hits once a second of their clocks.
         let grace = if workers > 1 { SECOND_NS } else { 0 };
         let due = (self.flows).due(
             now_ns,
-            |id| shared.last_hit.get(&id).copied().unwrap_or(0),
+            |seq| shared.last_hit.get(&seq).copied().unwrap_or(0),
             grace,
         );
-        for (id, timeout) in due {
-            if shared.asked.insert(id) {
+        for (id, seq, timeout) in due {
+            if shared.asked.insert(seq) {
                 self.expired.push(Expiry {
                     id: u64::from(id.0),
+                    seq,
                     reason: match timeout {
                         Timeout::Idle => RemovedReason::IdleTimeout,
                         Timeout::Hard => RemovedReason::HardTimeout,
@@ -330,13 +333,17 @@ impl Pipeline {
     /// Removes rules (a delete, or an expiry every worker applies); what they were.
     fn remove(&mut self, ids: &[RuleId], now_ns: u64) -> Vec<FlowStat> {
         let stats = self.stats(ids, now_ns);
+        let seqs: Vec<u64> = ids
+            .iter()
+            .filter_map(|&id| self.flows.rules().seq(id))
+            .collect();
         for &id in ids {
             self.flows.remove(id);
         }
         let mut shared = self.timers.lock().unwrap_or_else(PoisonError::into_inner);
-        for id in ids {
-            shared.last_hit.remove(id);
-            shared.asked.remove(id);
+        for seq in &seqs {
+            shared.last_hit.remove(seq);
+            shared.asked.remove(seq);
         }
         stats
     }
@@ -500,7 +507,7 @@ impl Program for Pipeline {
                 }
                 for rule in rules.iter() {
                     if let Some(old) = self.flows.rules().identical(rule) {
-                        self.flows.remove(old);
+                        self.remove(&[old], ctx.now_ns);
                     }
                     // `prepare` checked each against these same tables, so none fails.
                     self.flows
@@ -537,8 +544,11 @@ impl Program for Pipeline {
                 Ok(Reply::Flows(self.remove(&ids, ctx.now_ns)))
             }
             FlowChange::Expire(expired) => {
+                // Only the rules found expired: not a later rule given the same id.
                 let ids: Vec<RuleId> = (expired.iter())
-                    .filter_map(|e| u32::try_from(e.id).ok().map(RuleId))
+                    .filter_map(|e| Some((RuleId(u32::try_from(e.id).ok()?), e.seq)))
+                    .filter(|&(id, seq)| self.flows.rules().seq(id) == Some(seq))
+                    .map(|(id, _)| id)
                     .collect();
                 Ok(Reply::Flows(self.remove(&ids, ctx.now_ns)))
             }
