@@ -186,6 +186,14 @@ pub enum FlowChange {
     },
     Delete(FlowFilter),
     Dump(FlowFilter),
+    /// Makes the rules of `table` (or of every table) these (one per line, the rule text
+    /// format), at once and all or none, changing only what differs: a rule identical in
+    /// everything stays with its counters and timers; the others there are deleted and
+    /// the new ones added.
+    Replace {
+        table: Option<u8>,
+        lines: Vec<String>,
+    },
     /// Removes rules whose timeout ran out. The data plane asks for it (a worker that
     /// finds a rule idle on every worker, or past its hard timeout), never a client: the
     /// control API does not carry it.
@@ -362,6 +370,13 @@ pub enum Reply {
     #[default]
     Done,
     Entries(Vec<Entry>),
+    /// What a replace did: the rules it deleted (with their counters), and how many it
+    /// added and kept.
+    Replaced {
+        removed: Vec<FlowStat>,
+        added: u64,
+        kept: u64,
+    },
     /// A page of a read, and where the next page starts (`None`: this was the last).
     Page(Vec<Entry>, Option<usize>),
     Values(Vec<u128>),
@@ -570,23 +585,25 @@ impl Declaration {
                 }
                 self.check_range(*first, *count)
             }
-            (Kind::Rules { tables }, Request::Flows { change, .. }) => match change {
-                FlowChange::Modify { filter, .. }
-                | FlowChange::Delete(filter)
-                | FlowChange::Dump(filter)
-                    if filter.table.is_some_and(|t| t >= *tables) =>
-                {
-                    Err(ControlError::Invalid {
+            (Kind::Rules { tables }, Request::Flows { change, .. }) => {
+                let table = match change {
+                    FlowChange::Modify { filter, .. }
+                    | FlowChange::Delete(filter)
+                    | FlowChange::Dump(filter) => filter.table,
+                    FlowChange::Replace { table, .. } => *table,
+                    FlowChange::Add(_) | FlowChange::Expire(_) => None,
+                };
+                match table {
+                    Some(t) if t >= *tables => Err(ControlError::Invalid {
                         what: format!("`{}`", self.name),
                         why: format!(
-                            "there is no table {}: the pipeline has tables 0 to {}",
-                            filter.table.unwrap_or_default(),
+                            "there is no table {t}: the pipeline has tables 0 to {}",
                             tables.saturating_sub(1)
                         ),
-                    })
+                    }),
+                    _ => Ok(()),
                 }
-                _ => Ok(()),
-            },
+            }
             (_, _) => Err(ControlError::Invalid {
                 what: format!("`{}`", self.name),
                 why: format!("it is {}, and takes no such request", self.kind_name()),

@@ -4,7 +4,7 @@ use crate::fields::Fields;
 
 /// What a rule matches: each field under a mask (mask 0: any value; the value is kept
 /// masked), transport ports as inclusive ranges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pattern {
     pub value: Fields,
     /// `tp_src` and `tp_dst` are unused here: ports match by range.

@@ -87,6 +87,16 @@ pub enum CtlCommand {
         #[command(flatten)]
         target: FlowTarget,
     },
+    /// Make the rules of a file (one per line, '#' comments) the pipeline's, or one
+    /// table's (table=N), at once and all or none: rules identical in everything stay with
+    /// their counters, the others are deleted (and printed), the new ones added.
+    ReplaceFlows {
+        file: PathBuf,
+        /// table=N: replace only that table's rules (the file's must all be in it).
+        table: Option<String>,
+        #[command(flatten)]
+        target: FlowTarget,
+    },
     /// Give the rules that match FILTER (table=N,cookie=VALUE/MASK) these actions.
     ModFlows {
         filter: String,
@@ -217,11 +227,22 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             flows(&mut client, &target, FlowChange::Add(vec![rule.join(",")]))?
         }
         CtlCommand::AddFlows { file, target } => {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-            // Comments and blank lines go too, so that errors give the file's line numbers.
-            let lines = text.lines().map(String::from).collect();
-            flows(&mut client, &target, FlowChange::Add(lines))?
+            flows(&mut client, &target, FlowChange::Add(rule_lines(&file)?))?
+        }
+        CtlCommand::ReplaceFlows {
+            file,
+            table,
+            target,
+        } => {
+            let filter = parse_flow_filter(table.as_deref().unwrap_or(""))?;
+            if filter.cookie_mask != 0 {
+                return Err("replace-flows takes table=N only, not a cookie".into());
+            }
+            let change = FlowChange::Replace {
+                table: filter.table,
+                lines: rule_lines(&file)?,
+            };
+            flows(&mut client, &target, change)?
         }
         CtlCommand::ModFlows {
             filter,
@@ -479,6 +500,14 @@ fn pipeline_name(client: &Client, target: &FlowTarget) -> Result<String, String>
         })
 }
 
+/// The lines of a rule file; comments and blank lines are kept, so that errors give the
+/// file's line numbers.
+fn rule_lines(file: &std::path::Path) -> CliResult<Vec<String>> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    Ok(text.lines().map(String::from).collect())
+}
+
 fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliResult<()> {
     let name = pipeline_name(client, target)?;
     let dump = matches!(change, FlowChange::Dump(_));
@@ -492,10 +521,12 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
         FlowChange::Modify { .. } => "modified".into(),
         FlowChange::Delete(_) => "deleted".into(),
         FlowChange::Dump(_) => "dumped".into(),
+        FlowChange::Replace { .. } => "replaced".into(),
         FlowChange::Expire(_) => "expired".into(),
     };
-    let (version, rules) = client.flows(&name, &change).map_err(|e| e.to_string())?;
-    for r in &rules {
+    let reply = client.flows(&name, &change).map_err(|e| e.to_string())?;
+    let (version, rules) = (reply.version, &reply.flows);
+    for r in rules {
         if dump {
             println!("{}", dumped_flow(r));
         } else {
@@ -504,6 +535,13 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
     }
     match change {
         FlowChange::Add(_) => eprintln!("{what} at version {version}"),
+        FlowChange::Replace { table, .. } => eprintln!(
+            "replaced the rules of {name}{} at version {version}: {} deleted (above), {} added, {} kept",
+            table.map_or(String::new(), |t| format!(" table {t}")),
+            rules.len(),
+            reply.added,
+            reply.kept
+        ),
         _ => eprintln!(
             "{what} {} rules of {name} at version {version}",
             rules.len()

@@ -1117,6 +1117,24 @@ fn pipeline_rules_change_live_through_ctl() {
         "{events}"
     );
     assert!(!ctl(&["dump-flows"]).contains("cookie=0x78"));
+    // replace-flows: the file's rules become the pipeline's, the others are deleted.
+    let rules = |dumped: &str| dumped.lines().filter(|l| l.contains("n_packets=")).count();
+    let before = rules(&ctl(&["dump-flows"]));
+    let file = std::env::temp_dir().join(format!("sp-replace-{}.txt", std::process::id()));
+    std::fs::write(
+        &file,
+        "# one rule\npriority=1,cookie=0x79,udp,tp_dst=9,actions=drop\n",
+    )
+    .unwrap();
+    let replaced = ctl(&["replace-flows", &file.to_string_lossy()]);
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        replaced.contains(&format!("{before} deleted (above), 1 added, 0 kept")),
+        "{replaced}"
+    );
+    let after = ctl(&["dump-flows"]);
+    assert_eq!(rules(&after), 1, "{after}");
+    assert!(after.contains("cookie=0x79"), "{after}");
 }
 
 /// Starts `stateplane ARGS FILE` in namespace `ns` (bounded by `timeout`), its output

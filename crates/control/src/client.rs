@@ -263,22 +263,21 @@ impl Client {
             .into_inner())
     }
 
-    /// Applies a change to rule pipeline `name` (or dumps it); the version and the rules
-    /// dumped, modified or deleted.
+    /// Applies a change to rule pipeline `name` (or dumps it); the version, the rules
+    /// dumped, modified or deleted, and what a replace added and kept.
     pub fn flows(
         &mut self,
         name: &str,
         change: &FlowChange,
-    ) -> Result<(u64, Vec<pb::Flow>), ClientError> {
+    ) -> Result<pb::FlowsReply, ClientError> {
         let request = pb::FlowsRequest {
             name: name.to_string(),
             change: Some(convert::flow_change_to_pb(change)?),
         };
-        let reply = self
+        Ok(self
             .runtime
             .block_on(self.inner.flows(request))?
-            .into_inner();
-        Ok((reply.version, reply.flows))
+            .into_inner())
     }
 
     /// Streams notifications to `each` until it returns false, `limit` have come, or

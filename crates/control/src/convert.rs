@@ -370,16 +370,15 @@ pub fn meter_from_pb(c: &pb::MeterConfig) -> MeterConfig {
     }
 }
 
+fn table_from_pb(t: u32) -> Result<u8, Status> {
+    u8::try_from(t).map_err(|_| Status::invalid_argument(format!("there is no table {t}")))
+}
+
 pub fn flow_filter_from_pb(f: Option<&pb::FlowFilter>) -> Result<FlowFilter, Status> {
     let Some(f) = f else {
         return Ok(FlowFilter::default());
     };
-    let table = f
-        .table
-        .map(|t| {
-            u8::try_from(t).map_err(|_| Status::invalid_argument(format!("there is no table {t}")))
-        })
-        .transpose()?;
+    let table = f.table.map(table_from_pb).transpose()?;
     Ok(FlowFilter {
         table,
         cookie: f.cookie,
@@ -405,6 +404,10 @@ pub fn flow_change_from_pb(c: Option<&pb::flows_request::Change>) -> Result<Flow
         },
         Some(Change::Delete(f)) => FlowChange::Delete(flow_filter_from_pb(Some(f))?),
         Some(Change::Dump(f)) => FlowChange::Dump(flow_filter_from_pb(Some(f))?),
+        Some(Change::Replace(r)) => FlowChange::Replace {
+            table: r.table.map(table_from_pb).transpose()?,
+            lines: r.rules.clone(),
+        },
         None => return Err(Status::invalid_argument("a flows request needs a change")),
     })
 }
@@ -422,6 +425,10 @@ pub fn flow_change_to_pb(c: &FlowChange) -> Result<pb::flows_request::Change, St
         }),
         FlowChange::Delete(f) => Change::Delete(flow_filter_to_pb(f)),
         FlowChange::Dump(f) => Change::Dump(flow_filter_to_pb(f)),
+        FlowChange::Replace { table, lines } => Change::Replace(pb::FlowReplace {
+            table: table.map(u32::from),
+            rules: lines.clone(),
+        }),
         FlowChange::Expire(_) => {
             return Err(Status::invalid_argument(
                 "rules expire by their timeouts; a client deletes them (del-flows)",

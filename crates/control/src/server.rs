@@ -315,13 +315,20 @@ impl control_server::Control for ControlService {
                 change,
             })
             .await?;
-        let flows = match done.reply {
-            Reply::Flows(fs) => fs.iter().map(convert::flow_to_pb).collect(),
-            _ => Vec::new(),
+        let (flows, added, kept) = match done.reply {
+            Reply::Flows(fs) => (fs, 0, 0),
+            Reply::Replaced {
+                removed,
+                added,
+                kept,
+            } => (removed, added, kept),
+            _ => (Vec::new(), 0, 0),
         };
         Ok(Response::new(pb::FlowsReply {
             version: done.version,
-            flows,
+            flows: flows.iter().map(convert::flow_to_pb).collect(),
+            added,
+            kept,
         }))
     }
 }

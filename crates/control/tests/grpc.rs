@@ -180,10 +180,11 @@ fn rule_pipeline_flows_go_through_grpc() {
         rule.into(),
         "table=0,priority=1,actions=goto_table:1".into(),
     ]);
-    let (v1, _) = client.flows("flows", &add).unwrap();
-    let (v2, dumped) = client
+    let v1 = client.flows("flows", &add).unwrap().version;
+    let dump = client
         .flows("flows", &FlowChange::Dump(FlowFilter::default()))
         .unwrap();
+    let (v2, dumped) = (dump.version, dump.flows);
     assert!(v2 > v1);
     assert_eq!(dumped.len(), 2);
     assert_eq!(dumped[1].rule, rule, "read back as written");
@@ -198,7 +199,7 @@ fn rule_pipeline_flows_go_through_grpc() {
         filter: cookie,
         actions: "output:0".into(),
     };
-    let (_, modified) = client.flows("flows", &modify).unwrap();
+    let modified = client.flows("flows", &modify).unwrap().flows;
     assert!(
         modified[0].rule.ends_with("actions=output:0"),
         "{}",
@@ -208,10 +209,34 @@ fn rule_pipeline_flows_go_through_grpc() {
     let refused = client.flows("flows", &bad).unwrap_err();
     assert_eq!(refused.code, tonic::Code::InvalidArgument);
     assert!(refused.message.contains("line 2"), "{refused}");
-    let (_, deleted) = client.flows("flows", &FlowChange::Delete(cookie)).unwrap();
+    let deleted = client
+        .flows("flows", &FlowChange::Delete(cookie))
+        .unwrap()
+        .flows;
     assert_eq!(deleted.len(), 1);
-    let (_, left) = client
+    let left = client
         .flows("flows", &FlowChange::Dump(FlowFilter::default()))
-        .unwrap();
+        .unwrap()
+        .flows;
     assert_eq!(left.len(), 1);
+    // A replace over the API: what it deleted, added and kept.
+    let replace = FlowChange::Replace {
+        table: None,
+        lines: vec![
+            "table=0,priority=1,actions=goto_table:1".into(),
+            "table=1,priority=2,actions=drop".into(),
+        ],
+    };
+    let replaced = client.flows("flows", &replace).unwrap();
+    assert_eq!(
+        (replaced.flows.len(), replaced.added, replaced.kept),
+        (0, 1, 1)
+    );
+    // An expiry is the data plane's to ask for: no client sends one.
+    let expire = FlowChange::Expire(Vec::new());
+    let refused = client.flows("flows", &expire).unwrap_err();
+    assert!(
+        refused.message.contains("expire by their timeouts"),
+        "{refused}"
+    );
 }

@@ -922,3 +922,100 @@ fn a_rule_busy_on_one_worker_expires_on_none_and_its_removal_is_reported_once() 
     assert!(flow.rule.contains("idle_timeout=10"), "{}", flow.rule);
     assert!(flow.idle_ns >= 10 * SECOND, "{flow:?}");
 }
+
+/// `replace-flows`: a rule set made the pipeline's at one version on every worker,
+/// changing only what differs (an identical rule keeps its counters), each deleted rule
+/// reported once; a scope of one table leaves the others; a file that strays from its
+/// table, or that the capacity cannot take, changes nothing.
+#[test]
+fn replacing_the_rule_set_changes_only_what_differs() {
+    use stateplane_state::{FlowChange, FlowFilter, RemovedReason};
+    let frame = crate::testutil::udp_frame("198.19.7.9", 64);
+    let sw = Switch::start(
+        "pipeline",
+        r#"tables = 2
+           capacity = 6
+           rules = ["priority=5,udp,nw_dst=198.19.0.0/16,actions=output:1",
+                    "priority=1,actions=output:2",
+                    "priority=3,tcp,actions=output:0",
+                    "table=1,priority=1,actions=drop"]"#,
+        frame.clone(),
+    );
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    let replace = |table: Option<u8>, lines: &[&str]| {
+        sw.plane.submit(flows(FlowChange::Replace {
+            table,
+            lines: lines.iter().map(|l| l.to_string()).collect(),
+        }))
+    };
+    let events = sw.plane.subscribe();
+    let before = dump(&sw, FlowFilter::default());
+    let kept_id = before.iter().find(|f| f.priority == 5).unwrap().id;
+    let done = replace(
+        Some(0),
+        &[
+            "# the same rule, written another way",
+            "udp,priority=5,nw_dst=198.19.0.0/16,actions=output:1",
+            "priority=1,actions=output:0",
+            "priority=7,udp,nw_dst=198.19.7.0/24,actions=output:2",
+        ],
+    )
+    .unwrap();
+    let Reply::Replaced {
+        removed,
+        added,
+        kept,
+    } = done.reply
+    else {
+        panic!("{done:?}")
+    };
+    assert_eq!((added, kept), (2, 1));
+    let mut gone: Vec<u16> = removed.iter().map(|f| f.priority).collect();
+    gone.sort();
+    assert_eq!(
+        gone,
+        [1, 3],
+        "the changed rule and the one left out: {removed:?}"
+    );
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+    let after = dump(&sw, FlowFilter::default());
+    assert_eq!(
+        after.len(),
+        4,
+        "three in table 0, table 1's untouched: {after:?}"
+    );
+    let same = after.iter().find(|f| f.priority == 5).unwrap();
+    assert_eq!(same.id, kept_id);
+    assert!(same.packets >= WORKERS as u64, "kept with its counters");
+    let reported: Vec<Notification> = events.try_iter().collect();
+    assert_eq!(reported.len(), 2, "{reported:?}");
+    assert!(reported.iter().all(|n| matches!(
+        n.kind,
+        NotificationKind::FlowRemoved {
+            reason: RemovedReason::Delete,
+            ..
+        }
+    )));
+    // Refused whole: a rule outside the table replaced, or more rules than the capacity.
+    let e = replace(
+        Some(0),
+        &["priority=2,actions=drop", "table=1,actions=drop"],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("must all be in it"), "{e}");
+    let many: Vec<String> = (0..6)
+        .map(|i| format!("priority={i},actions=drop"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let e = replace(Some(0), &many).unwrap_err();
+    assert!(matches!(e, ControlError::TableFull { .. }), "{e}");
+    let rules = |fs: Vec<stateplane_state::FlowStat>| -> Vec<(u64, String)> {
+        fs.into_iter().map(|f| (f.id, f.rule)).collect()
+    };
+    assert_eq!(rules(dump(&sw, FlowFilter::default())), rules(after));
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+    // Every table: what is not in the file goes, table 1's rule too.
+    replace(None, &["priority=1,actions=output:1"]).unwrap();
+    assert_eq!(dump(&sw, FlowFilter::default()).len(), 1);
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+}

@@ -42,7 +42,7 @@ use serde::Deserialize;
 use stateplane_classifier::Timeout;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
 use stateplane_classifier::{
-    CachedPipeline, Consistency, Fields, Miss, Probe, Rule, RuleId, RuleSet, format_rule,
+    CachedPipeline, Consistency, Fields, Miss, Pattern, Probe, Rule, RuleId, RuleSet, format_rule,
     parse_rule,
 };
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
@@ -330,6 +330,63 @@ impl Pipeline {
         }
     }
 
+    /// Makes `rules` the rules of `table` (or of every table), changing only what differs:
+    /// a rule there identical to one of them in everything stays, with its counters and
+    /// timers; the others there go (as deletes) and the rest of `rules` are added. Among
+    /// `rules` with the same table, priority and match, the last counts (as adds in
+    /// turn would leave it). All between two bursts, so no packet sees a mix of the two
+    /// sets; all or none, refused whole if the pipeline's capacity cannot take it.
+    fn replace(
+        &mut self,
+        table: Option<u8>,
+        rules: &[Rule],
+        now_ns: u64,
+    ) -> Result<Reply, ControlError> {
+        let mut last_of: HashMap<(u8, u16, Pattern), usize> = HashMap::new();
+        for (i, r) in rules.iter().enumerate() {
+            last_of.insert((r.table, r.priority, r.pattern.normalized()), i);
+        }
+        let set = self.flows.rules();
+        let (mut kept, mut added) = (HashSet::new(), Vec::new());
+        for (i, rule) in rules.iter().enumerate() {
+            if last_of.get(&(rule.table, rule.priority, rule.pattern.normalized())) != Some(&i) {
+                continue;
+            }
+            let normalized = Rule {
+                pattern: rule.pattern.normalized(),
+                ..rule.clone()
+            };
+            match set.identical(rule) {
+                Some(old) if set.get(old) == Some(&normalized) => {
+                    kept.insert(old);
+                }
+                _ => added.push(rule),
+            }
+        }
+        let removed: Vec<RuleId> = (set.rules())
+            .filter(|(id, r)| table.is_none_or(|t| r.table == t) && !kept.contains(id))
+            .map(|(id, _)| id)
+            .collect();
+        if set.len() - removed.len() + added.len() > self.capacity {
+            return Err(ControlError::TableFull {
+                table: FLOWS.into(),
+                capacity: self.capacity,
+            });
+        }
+        let removed = self.remove(&removed, now_ns);
+        for rule in &added {
+            // `prepare` checked each against these same tables, so none fails.
+            (self.flows)
+                .insert((*rule).clone())
+                .map_err(|e| invalid(e.to_string()))?;
+        }
+        Ok(Reply::Replaced {
+            removed,
+            added: added.len() as u64,
+            kept: kept.len() as u64,
+        })
+    }
+
     /// Removes rules (a delete, or an expiry every worker applies); what they were.
     fn remove(&mut self, ids: &[RuleId], now_ns: u64) -> Vec<FlowStat> {
         let stats = self.stats(ids, now_ns);
@@ -349,9 +406,10 @@ impl Pipeline {
     }
 }
 
-/// What a flow change prepares: the rules an add parses, or the actions a modify sets.
+/// What a flow change prepares: the rules an add or a replace parses, or the actions a
+/// modify sets.
 pub enum Prepared {
-    Add(Vec<Rule>),
+    Rules(Vec<Rule>),
     Modify(Rule),
 }
 
@@ -464,7 +522,25 @@ impl Program for Pipeline {
                     self.ports,
                 )
                 .map_err(invalid)?;
-                Ok(Some(Arc::new(Prepared::Add(rules))))
+                Ok(Some(Arc::new(Prepared::Rules(rules))))
+            }
+            FlowChange::Replace { table, lines } => {
+                let rules = parse_rules(
+                    self.flows.rules(),
+                    lines.iter().map(String::as_str),
+                    self.ports,
+                )
+                .map_err(invalid)?;
+                if let Some(t) = table
+                    && let Some(other) = rules.iter().find(|r| r.table != *t)
+                {
+                    return Err(invalid(format!(
+                        "replacing table {t}, the rules must all be in it: `{}` is in table {}",
+                        format_rule(other),
+                        other.table
+                    )));
+                }
+                Ok(Some(Arc::new(Prepared::Rules(rules))))
             }
             FlowChange::Modify { actions, .. } => {
                 let rule = parse_rule(&format!("actions={actions}"))
@@ -491,7 +567,7 @@ impl Program for Pipeline {
         self.flows.observe_time(ctx.now_ns);
         match change {
             FlowChange::Add(_) => {
-                let Some(Prepared::Add(rules)) = prepared.map(|p| p.as_ref()) else {
+                let Some(Prepared::Rules(rules)) = prepared.map(|p| p.as_ref()) else {
                     return Err(ControlError::Unavailable);
                 };
                 // As OpenFlow's add: a rule with the table, priority and match of one
@@ -542,6 +618,12 @@ impl Program for Pipeline {
             FlowChange::Delete(filter) => {
                 let ids = self.matching(filter);
                 Ok(Reply::Flows(self.remove(&ids, ctx.now_ns)))
+            }
+            FlowChange::Replace { table, .. } => {
+                let Some(Prepared::Rules(rules)) = prepared.map(|p| p.as_ref()) else {
+                    return Err(ControlError::Unavailable);
+                };
+                self.replace(*table, rules, ctx.now_ns)
             }
             FlowChange::Expire(expired) => {
                 // Only the rules found expired: not a later rule given the same id.

@@ -72,11 +72,15 @@ impl Gather {
 
 /// One flow-removed notification for each rule `reply` says `request` removed.
 fn removals(request: &Request, reply: &Reply) -> Vec<Notification> {
-    let (Request::Flows { name, change }, Reply::Flows(flows)) = (request, reply) else {
+    let (Request::Flows { name, change }, flows) = (request, reply) else {
         return Vec::new();
     };
+    let flows = match flows {
+        Reply::Flows(flows) | Reply::Replaced { removed: flows, .. } => flows,
+        _ => return Vec::new(),
+    };
     let reason = |id| match change {
-        FlowChange::Delete(_) => Some(RemovedReason::Delete),
+        FlowChange::Delete(_) | FlowChange::Replace { .. } => Some(RemovedReason::Delete),
         FlowChange::Expire(expired) => (expired.iter().find(|e| e.id == id)).map(|e| e.reason),
         _ => None,
     };
@@ -395,6 +399,18 @@ fn merge(
     let mut next = None;
     // Rules by id: every worker holds the same rules under the same ids.
     let mut flows: std::collections::BTreeMap<u64, FlowStat> = Default::default();
+    let mut add_flows = |fs: Vec<FlowStat>| {
+        for f in fs {
+            match flows.entry(f.id) {
+                std::collections::btree_map::Entry::Occupied(mut o) => o.get_mut().merge(&f),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(f);
+                }
+            }
+        }
+    };
+    // Every worker replaced the same rules.
+    let mut replaced = None;
     for reply in ok {
         match reply {
             Reply::Done => {}
@@ -421,17 +437,14 @@ fn merge(
                     *sum = sum.wrapping_add(v);
                 }
             }
-            Reply::Flows(fs) => {
-                for f in fs {
-                    match flows.entry(f.id) {
-                        std::collections::btree_map::Entry::Occupied(mut o) => {
-                            o.get_mut().merge(&f)
-                        }
-                        std::collections::btree_map::Entry::Vacant(v) => {
-                            v.insert(f);
-                        }
-                    }
-                }
+            Reply::Flows(fs) => add_flows(fs),
+            Reply::Replaced {
+                removed,
+                added,
+                kept,
+            } => {
+                add_flows(removed);
+                replaced.get_or_insert((added, kept));
             }
         }
     }
@@ -446,6 +459,17 @@ fn merge(
             change: FlowChange::Add(_),
             ..
         } => Reply::Done,
+        Request::Flows {
+            change: FlowChange::Replace { .. },
+            ..
+        } => {
+            let (added, kept) = replaced.unwrap_or_default();
+            Reply::Replaced {
+                removed: flows,
+                added,
+                kept,
+            }
+        }
         Request::Flows { .. } => Reply::Flows(flows),
         _ => Reply::Done,
     })
