@@ -24,9 +24,15 @@
 //! new connection that finds the table full is dropped (`table_full`). Other protocols
 //! (and ICMP errors) pass untracked.
 //!
+//! A full table makes room for a new connection (with `early_drop`, the default), as Linux
+//! conntrack's early drop does: an expired entry near the new one's slot gives way, else
+//! the unestablished one (TCP `new`, unanswered `udp`) closest to expiry. A SYN or UDP
+//! flood then only displaces its own kind: established connections keep their entries,
+//! and new legitimate ones still find room.
+//!
 //! State: one table per worker (workers own connections by the connection hash).
 //! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
-//! `drop_invalid`, and timeouts in seconds: `new`, `established`, `closing`, `udp`,
+//! `drop_invalid`, `early_drop` (default true), and timeouts in seconds: `new`, `established`, `closing`, `udp`,
 //! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
 
 use crate::forward::{Forward, ForwardConfig};
@@ -44,8 +50,11 @@ use stateplane_wire::{FlowKey, icmp};
 pub struct ConntrackConfig {
     #[serde(default = "default_capacity")]
     pub capacity: usize,
-    #[serde(default = "default_true")]
+    #[serde(default = "crate::default_true")]
     pub drop_invalid: bool,
+    /// A full table drops an unestablished connection to make room for a new one.
+    #[serde(default = "crate::default_true")]
+    pub early_drop: bool,
     #[serde(default)]
     pub timeouts: Timeouts,
     /// Output port per input port, as `forward`'s `map`.
@@ -55,10 +64,6 @@ pub struct ConntrackConfig {
 
 fn default_capacity() -> usize {
     65_536
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// Idle timeouts per state, in seconds.
@@ -231,6 +236,10 @@ impl Conntrack {
                 ("icmp", t.icmp),
             ],
         )?;
+        let mut table = ExactTable::new(cfg.capacity, &profiles, seed);
+        if cfg.early_drop {
+            table.set_early_drop(&[ConnState::New as u8, ConnState::Udp as u8]);
+        }
         Ok(Conntrack {
             forward: Forward::new(
                 &ForwardConfig {
@@ -239,10 +248,7 @@ impl Conntrack {
                 ports,
                 field,
             )?,
-            table: DeclaredTable::new(
-                ExactTable::new(cfg.capacity, &profiles, seed),
-                ConnCodec::declaration(cfg.capacity),
-            ),
+            table: DeclaredTable::new(table, ConnCodec::declaration(cfg.capacity)),
             drop_invalid: cfg.drop_invalid,
             expired: [0; 6],
         })
@@ -633,16 +639,39 @@ mod tests {
         assert_eq!((conn.state, conn.packets), (ConnState::UdpStream, 2));
     }
 
+    /// A table full of established connections drops a new one by name; one full of
+    /// unestablished ones makes room (early drop), and a SYN flood at 10x the table leaves
+    /// established connections tracked.
     #[test]
-    fn a_full_table_drops_new_connections_by_name() {
+    fn a_full_table_drops_new_connections_by_name_unless_it_can_make_room() {
+        let establish = |c: &mut Conntrack, port: u16| {
+            assert_eq!(send(c, S, true, tcp(port, true, flags::SYN)), OUT);
+            send(c, S, false, tcp(port, false, flags::SYN | flags::ACK));
+            send(c, S, true, tcp(port, true, flags::ACK));
+            assert_eq!(state(c, port), Some(ConnState::Established));
+        };
         let mut c = conntrack(4);
         for port in 0..4 {
-            assert_eq!(send(&mut c, S, true, tcp(port, true, flags::SYN)), OUT);
+            establish(&mut c, port);
         }
         assert_eq!(
             send(&mut c, S, true, tcp(99, true, flags::SYN)),
             Verdict::Drop(TABLE_FULL)
         );
         assert_eq!(c.drop_reasons()[2], "table_full");
+        // Half established, half a flood of SYNs that nobody answers.
+        let mut c = conntrack(64);
+        for port in 0..32 {
+            establish(&mut c, port);
+        }
+        let taken = (1_000..1_640u16)
+            .filter(|&port| send(&mut c, 2 * S, true, tcp(port, true, flags::SYN)) == OUT)
+            .count();
+        assert!(taken > 600, "{taken} of 640 flood SYNs tracked");
+        assert!(c.connections() <= 64);
+        for port in 0..32 {
+            assert_eq!(state(&c, port), Some(ConnState::Established), "{port}");
+            assert_eq!(send(&mut c, 3 * S, false, tcp(port, false, flags::ACK)), IN);
+        }
     }
 }

@@ -127,6 +127,7 @@ impl Firewall {
             &ConntrackConfig {
                 capacity: cfg.connections,
                 drop_invalid: true,
+                early_drop: true,
                 timeouts: cfg.timeouts.clone(),
                 map: BTreeMap::new(),
             },

@@ -311,6 +311,11 @@ where
     Ok(Arc::new(move |_| Box::new(program.clone())))
 }
 
+/// For settings that are on unless turned off.
+pub(crate) fn default_true() -> bool {
+    true
+}
+
 /// A random seed for a program's tables, per process, so crafted traffic cannot aim at a
 /// bucket.
 pub(crate) fn table_seed() -> u64 {

@@ -31,7 +31,10 @@
 //! updated by every packet) and its reverse index (derived from it, kept alongside).
 //! Configuration: `external` (the public IPv4 address, required), `inside` and `outside`
 //! (ports, default 0 and 1), `ports` (the pool, default `1024-65535`), `capacity`
-//! (connections per worker, default 65536), `timeouts` in seconds, `forwards` (port
+//! (connections per worker, default 65536), `early_drop` (default true: a full table makes
+//! room with an expired translation near the new one's slot, else the one closest to
+//! expiry among unanswered TCP, UDP and ICMP ones, as Linux conntrack's early drop; the
+//! dropped translation's port goes back to the pool), `timeouts` in seconds, `forwards` (port
 //! forwards: a TCP SYN or UDP datagram from the outside to a forwarded external port opens
 //! a translation to an inside host, as if that host had opened it; forwarded ports lie
 //! outside the pool).
@@ -65,6 +68,10 @@ pub struct NatConfig {
     pub ports: String,
     #[serde(default = "default_capacity")]
     pub capacity: usize,
+    /// A full table drops an unestablished translation (TCP not answered yet), or a UDP
+    /// or ICMP one closest to its timeout, to make room for a new one.
+    #[serde(default = "crate::default_true")]
+    pub early_drop: bool,
     #[serde(default)]
     pub timeouts: Timeouts,
     /// Port forwards: connections from the outside to these external ports reach an inside
@@ -399,6 +406,11 @@ impl Nat {
         )?;
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
+        let mut translations = ExactTable::new(cfg.capacity, &profiles, seed);
+        if cfg.early_drop {
+            let states = [NatState::TcpNew, NatState::Udp, NatState::Icmp];
+            translations.set_early_drop(&states.map(|s| s as u8));
+        }
         Ok(Nat {
             inside,
             outside,
@@ -406,7 +418,7 @@ impl Nat {
             first_port,
             pool: u32::from(last_port - first_port) + 1,
             translations: DeclaredTable::new(
-                ExactTable::new(cfg.capacity, &profiles, seed),
+                translations,
                 TranslationCodec::declaration(cfg.capacity),
             ),
             answers: ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed.rotate_left(7)),
@@ -464,20 +476,16 @@ impl Nat {
 
     /// Adds the translation of `key` and its answer entry.
     fn create(&mut self, key: FlowKey, ctx: &Context, now: u64) -> Result<u16, DropReason> {
-        if self.translations.len() >= self.translations.capacity() {
-            return Err(TABLE_FULL);
-        }
         let port = self.choose_port(&key, ctx).ok_or(PORTS_EXHAUSTED)?;
         self.insert(key, port, true, now)?;
         Ok(port)
     }
 
     /// Adds the translation of the inside connection `key` on external `port`, and its
-    /// answer entry, counting its first packet (from the inside if `out`).
+    /// answer entry, counting its first packet (from the inside if `out`). A full table
+    /// makes room with an expired or unestablished translation (with `early_drop`), whose
+    /// answer entry and port go with it.
     fn insert(&mut self, key: FlowKey, port: u16, out: bool, now: u64) -> Result<(), DropReason> {
-        if self.translations.len() >= self.translations.capacity() {
-            return Err(TABLE_FULL);
-        }
         let state = if key.proto == TCP {
             NatState::TcpNew
         } else if key.proto == UDP {
@@ -491,16 +499,18 @@ impl Nat {
             packets_out: u32::from(out),
             packets_in: u32::from(!out),
         };
-        let answer = answer_key(&key, self.external, port);
-        self.answers
-            .add_entry(answer, key, 0, now)
+        let (_, gone) = (self.translations)
+            .add_entry_evicting(key, t, state as u8, now)
             .map_err(|_| TABLE_FULL)?;
-        if self
-            .translations
-            .add_entry(key, t, state as u8, now)
-            .is_err()
-        {
-            self.answers.delete(&answer);
+        if let Some((old, old_t)) = gone {
+            self.answers
+                .delete(&answer_key(&old, self.external, old_t.external_port));
+        }
+        // Every translation has one answer entry and the tables are the same size, so
+        // there is room.
+        let answer = answer_key(&key, self.external, port);
+        if self.answers.add_entry(answer, key, 0, now).is_err() {
+            self.translations.delete(&key);
             return Err(TABLE_FULL);
         }
         self.created += 1;
@@ -606,20 +616,23 @@ impl Nat {
             return Verdict::Drop(reason);
         }
         let outside = table_key(&d.parsed.key);
+        let tcp_flags = d.parsed.tcp_flags;
         let inside = match self.answers.get(&outside).copied() {
-            Some(inside) => {
-                if self
-                    .track(&inside, false, d.parsed.tcp_flags, d.ts_ns)
-                    .is_none()
+            Some(inside) if self.track(&inside, false, tcp_flags, d.ts_ns).is_some() => inside,
+            stale => {
+                // An answer entry whose translation has expired (the sweep has not reached
+                // it yet) goes with it now, so that a forwarded port takes the packet.
+                if let Some(inside) = stale
+                    && let Some(t) = self.translations.get(&inside).copied()
                 {
-                    return Verdict::Drop(NO_TRANSLATION);
+                    self.expired[t.state as usize] += 1;
+                    self.remove(&inside, t.external_port);
                 }
-                inside
+                match self.forwarded(&outside, tcp_flags, d.ts_ns) {
+                    Some(inside) => inside,
+                    None => return Verdict::Drop(NO_TRANSLATION),
+                }
             }
-            None => match self.forwarded(&outside, d.parsed.tcp_flags, d.ts_ns) {
-                Some(inside) => inside,
-                None => return Verdict::Drop(NO_TRANSLATION),
-            },
         };
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
@@ -1157,6 +1170,82 @@ mod tests {
         let (v, key, _) = one(&mut n, S, query, 1);
         assert_eq!(v, IN);
         assert_eq!((addr(&key, false), key.dst_port), (ip("198.18.0.6"), 53));
+    }
+
+    /// A forwarded connection whose translation has expired, not yet swept: the same
+    /// client's next SYN to the forwarded port opens it again (before, the stale answer
+    /// entry dropped it until the sweep came by).
+    #[test]
+    fn an_expired_forwarded_connection_opens_again_before_the_sweep() {
+        let mut n = nat(
+            "ports = \"20000-65535\"\nforwards = [{ proto = \"udp\", port = 53, to = \"198.18.0.6\" }]",
+        );
+        let query = frame(
+            REMOTE,
+            EXTERNAL,
+            L4::Udp {
+                src_port: 4000,
+                dst_port: 53,
+            },
+        );
+        assert_eq!(one(&mut n, S, query.clone(), 1).0, IN);
+        // Past the UDP timeout (30 s), in a single packet's burst: the sweep has seen at
+        // most a few slots.
+        assert_eq!(one(&mut n, 400 * S, query, 1).0, IN);
+        assert_eq!(n.expired[NatState::Udp as usize], 1);
+        assert_eq!(n.len(), 1);
+    }
+
+    /// A SYN flood from the inside at 10x the table: established translations keep theirs
+    /// and their answers come back; the flood's SYNs still go out, each taking the room of
+    /// an unanswered one (whose port returns to the pool). Without early drop, the full
+    /// table refuses the flood and anything new.
+    #[test]
+    fn a_flood_displaces_only_unanswered_translations() {
+        for early in [true, false] {
+            let mut n = nat(&format!("capacity = 64\nearly_drop = {early}"));
+            let host = |i: u32| format!("198.18.{}.{}", i / 200, 1 + i % 200);
+            for i in 0..32u32 {
+                let syn = frame(&host(i), REMOTE, tcp(40_000, 80, flags::SYN));
+                let (_, key, _) = one(&mut n, S, syn, 0);
+                let syn_ack = frame(
+                    REMOTE,
+                    EXTERNAL,
+                    tcp(80, key.src_port, flags::SYN | flags::ACK),
+                );
+                assert_eq!(one(&mut n, S, syn_ack, 1).0, IN);
+            }
+            let out = (0..640u32)
+                .filter(|&i| {
+                    let syn = frame(
+                        &host(1_000 + i),
+                        "198.19.9.9",
+                        tcp(1024 + i as u16, 80, flags::SYN),
+                    );
+                    one(&mut n, 2 * S, syn, 0).0 == OUT
+                })
+                .count();
+            assert!(n.len() <= 64);
+            if early {
+                assert!(out > 600, "{out} of 640 flood SYNs went out");
+            } else {
+                assert_eq!(out, 32, "only until the table was full");
+            }
+            for i in 0..32u32 {
+                let key = FlowKey::v4(
+                    host(i).parse().unwrap(),
+                    REMOTE.parse().unwrap(),
+                    TCP,
+                    40_000,
+                    80,
+                );
+                let t = n
+                    .translation_of(&key)
+                    .expect("an established translation stays");
+                let data = frame(REMOTE, EXTERNAL, tcp(80, t.external_port, flags::ACK));
+                assert_eq!(one(&mut n, 3 * S, data, 1).0, IN, "early drop {early}");
+            }
+        }
     }
 
     #[test]

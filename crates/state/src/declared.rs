@@ -257,6 +257,7 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                     ("adds", s.adds),
                     ("adds_refused_full", s.add_full),
                     ("deletes", s.deletes),
+                    ("early_dropped", s.early_dropped),
                     ("expired_deleted", s.expired_deleted),
                     ("expired_notified", s.expired_notified),
                     ("notifications_dropped", s.notifications_dropped),

@@ -15,6 +15,12 @@
 //!   Expiry is found by [`ExactTable::sweep`], which looks at a bounded number of slots per
 //!   call (once per burst), and is reported as [`Expired`] notifications.
 //! * The data plane may delete (e.g. on a TCP RST); every entry counts its hits.
+//! * A full table makes room for a new entry where it can (Linux conntrack's early drop):
+//!   among the slots from the new key's home on, an entry whose idle time has run out goes
+//!   first (expired, as the sweep would have), else the entry of an *early-drop* profile
+//!   (state not yet established, [`ExactTable::set_early_drop`]) closest to expiry. Only
+//!   when none is there is the add refused as full. So a flood of new keys cannot lock
+//!   established entries' peers out: it only displaces its own kind.
 //!
 //! Invariant (Robin Hood): an occupied slot's `dist` is 1 + its distance from the slot its
 //! hash prefers, and along any probe sequence `dist` never rises by more than one from one
@@ -78,6 +84,8 @@ pub struct TableStats {
     pub adds: u64,
     pub add_full: u64,
     pub deletes: u64,
+    /// Entries of an early-drop profile removed to make room for a new one.
+    pub early_dropped: u64,
     pub expired_deleted: u64,
     pub expired_notified: u64,
     /// `AutoDelete` notifications lost because nobody drained them (the queue holds
@@ -91,6 +99,9 @@ const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 /// Probe distances are kept in 8 bits; a longer probe counts as full (practically never
 /// at 7/8 load).
 const MAX_DIST: u32 = 255;
+/// Slots a full table looks at, from a new key's home, for an entry to make room with:
+/// at 7/8 load a key's cluster is a few slots long, so this spans it and its neighbours.
+const EARLY_DROP_WINDOW: usize = 16;
 
 #[derive(Clone, Copy)]
 struct Slot<K, V> {
@@ -112,6 +123,8 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     capacity: usize,
     seed: u64,
     profiles: Vec<ExpireProfile>,
+    /// Bit `p`: entries of profile `p` may be dropped to make room (see the module doc).
+    early_drop: u64,
     sweep_cursor: usize,
     notifications: Vec<Expired<K, V>>,
     notification_limit: usize,
@@ -156,11 +169,20 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             capacity,
             seed,
             profiles: profiles.to_vec(),
+            early_drop: 0,
             sweep_cursor: 0,
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
             stats: TableStats::default(),
         }
+    }
+
+    /// Lets a full table drop entries of these profiles (state not yet established) to
+    /// make room for a new entry; profiles outside `0..64` are ignored.
+    pub fn set_early_drop(&mut self, profiles: &[u8]) {
+        self.early_drop = (profiles.iter())
+            .filter(|&&p| p < 64)
+            .fold(0, |m, &p| m | 1 << p);
     }
 
     pub fn len(&self) -> usize {
@@ -295,6 +317,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// One walk does both the check and the insertion: along a key's probe sequence, the
     /// key can only sit before the first resident that is closer to its home than the key
     /// would be, which is exactly where Robin Hood inserts it.
+    /// A full table first makes room where it can (see the module documentation).
     pub fn add_entry(
         &mut self,
         key: K,
@@ -302,6 +325,73 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         profile: u8,
         now_ns: u64,
     ) -> Result<EntryId, AddError> {
+        self.add_entry_evicting(key, value, profile, now_ns)
+            .map(|(id, _)| id)
+    }
+
+    /// [`ExactTable::add_entry`], telling which entry left to make way: an expired entry
+    /// of the same key, or the one a full table removed to make room. For a caller that
+    /// keeps state beside the table (a NAT's reverse mapping and port).
+    pub fn add_entry_evicting(
+        &mut self,
+        key: K,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<(EntryId, Option<(K, V)>), AddError> {
+        match self.try_add(key, value, profile, now_ns) {
+            Err(AddError::TableFull) => {
+                let Some(gone) = self.make_room(&key, now_ns) else {
+                    return Err(AddError::TableFull);
+                };
+                self.stats.add_full -= 1;
+                let (id, _) = self.try_add(key, value, profile, now_ns)?;
+                Ok((id, Some(gone)))
+            }
+            other => other,
+        }
+    }
+
+    /// Removes one entry among the [`EARLY_DROP_WINDOW`] slots from `key`'s home: an
+    /// expired one (as the sweep would), else the early-drop one closest to expiry; the
+    /// entry removed.
+    #[cold]
+    fn make_room(&mut self, key: &K, now_ns: u64) -> Option<(K, V)> {
+        let home = self.split(key).0;
+        let mut best: Option<(u64, usize)> = None;
+        for step in 0..EARLY_DROP_WINDOW {
+            let i = (home + step) & self.mask;
+            if self.meta[i] == 0 {
+                continue;
+            }
+            let slot = &self.slots[i];
+            if slot.deadline_ns <= now_ns {
+                let gone = (slot.key, slot.value);
+                self.retire_expired(i, now_ns);
+                self.remove_at(i);
+                return Some(gone);
+            }
+            if self.early_drop & (1 << slot.profile) != 0
+                && best.is_none_or(|(deadline, _)| slot.deadline_ns < deadline)
+            {
+                best = Some((slot.deadline_ns, i));
+            }
+        }
+        let (_, i) = best?;
+        let gone = (self.slots[i].key, self.slots[i].value);
+        self.remove_at(i);
+        self.stats.early_dropped += 1;
+        Some(gone)
+    }
+
+    /// One attempt at an add, and the expired entry of the same key it replaced.
+    fn try_add(
+        &mut self,
+        key: K,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<(EntryId, Option<(K, V)>), AddError> {
         let Some(p) = self.profiles.get(usize::from(profile)).copied() else {
             return Err(AddError::NoSuchProfile);
         };
@@ -329,10 +419,11 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 if self.slots[i].deadline_ns > now_ns {
                     return Err(AddError::Exists);
                 }
+                let gone = (self.slots[i].key, self.slots[i].value);
                 self.retire_expired(i, now_ns);
                 self.slots[i] = entry;
                 self.stats.adds += 1;
-                return Ok(EntryId(i as u32));
+                return Ok((EntryId(i as u32), Some(gone)));
             }
             if (meta >> TAG_BITS) >= MAX_DIST {
                 self.stats.add_full += 1;
@@ -357,7 +448,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 self.slots[i] = carry;
                 self.len += 1;
                 self.stats.adds += 1;
-                return Ok(EntryId(placed as u32));
+                return Ok((EntryId(placed as u32), None));
             }
             if (m >> TAG_BITS) < (meta >> TAG_BITS) {
                 std::mem::swap(&mut self.meta[i], &mut meta);
@@ -550,6 +641,7 @@ impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
             capacity: self.capacity,
             seed: self.seed,
             profiles: self.profiles.clone(),
+            early_drop: self.early_drop,
             sweep_cursor: self.sweep_cursor,
             notifications: self.notifications.clone(),
             notification_limit: self.notification_limit,
@@ -744,6 +836,75 @@ mod tests {
             assert_eq!(t.get(&k), Some(&(k * 2)));
         }
         assert_eq!(t.get(&5000), Some(&1));
+    }
+
+    /// A full table makes room: an expired entry in the new key's window gives way
+    /// without any sweep, and with early drop an entry of an unestablished profile does,
+    /// never an established one. A flood of new keys then displaces only its own kind.
+    #[test]
+    fn a_full_table_makes_room_with_expired_or_unestablished_entries_only() {
+        let profiles = [
+            // 0: established, long; 1: unestablished, short.
+            ExpireProfile {
+                timeout_ns: 300_000 * MS,
+                mode: ExpireMode::AutoDelete,
+            },
+            ExpireProfile {
+                timeout_ns: 30_000 * MS,
+                mode: ExpireMode::AutoDelete,
+            },
+        ];
+        let established = 0..400u64;
+        let fill = |early: bool| {
+            let mut t: ExactTable<u64, u64> = ExactTable::new(800, &profiles, 3);
+            if early {
+                t.set_early_drop(&[1]);
+            }
+            for k in established.clone() {
+                t.add_entry(k, k, 0, 0).unwrap();
+            }
+            for k in 1_000..1_400u64 {
+                t.add_entry(k, k, 1, 0).unwrap();
+            }
+            t
+        };
+        // A flood of 8,000 new unestablished keys, 10x the table.
+        let flood = |t: &mut ExactTable<u64, u64>| {
+            (10_000..18_000u64)
+                .filter(|&k| t.add_entry(k, k, 1, MS).is_ok())
+                .count()
+        };
+        let mut plain = fill(false);
+        assert_eq!(
+            flood(&mut plain),
+            0,
+            "no early drop: the full table refuses"
+        );
+        assert_eq!(plain.stats.add_full, 8_000);
+        let mut t = fill(true);
+        let taken = flood(&mut t);
+        assert!(taken > 7_900, "{taken} of 8,000 flood keys taken");
+        assert_eq!(t.stats.early_dropped, taken as u64);
+        assert_eq!(t.stats.add_full, 8_000 - taken as u64);
+        assert_eq!(t.len(), 800);
+        for k in established.clone() {
+            assert!(t.lookup(&k, 2 * MS).is_some(), "established {k} kept");
+        }
+        t.check_invariant();
+        // Expired entries give way with or without early drop, before any sweep.
+        let late = 30_001 * MS;
+        let mut t = fill(false);
+        let taken = (20_000..20_400u64)
+            .filter(|&k| t.add_entry(k, k, 0, late).is_ok())
+            .count();
+        // Most: the last ones find no expired entry left in their window (the sweep
+        // reclaims the rest).
+        assert!(taken > 300, "{taken} of 400 took expired entries' room");
+        assert_eq!(t.stats.expired_deleted, taken as u64);
+        for k in established {
+            assert!(t.lookup(&k, late).is_some(), "established {k} kept");
+        }
+        t.check_invariant();
     }
 
     /// PNA: a hit does not restart the timer; only the action's restart does. The sweep

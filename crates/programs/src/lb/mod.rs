@@ -33,7 +33,14 @@
 //! by the workers, written by the control plane). Configuration: `clients` (port, default
 //! 0), `servers` (the default port of backends, default 1), `vips`, `capacity`
 //! (connections per worker, default 65536), `table_size` (Maglev slots per VIP, a prime,
-//! default 65537), `timeouts` in seconds.
+//! default 65537), `early_drop` (default true), `timeouts` in seconds.
+//!
+//! A connection opened by a SYN is `tcp_new` until the client's next packet (its ACK of the
+//! handshake), with a short timeout (`tcp_new`, 60 s, as IPVS's SYN_RECV). A full table
+//! makes room for a new connection (with `early_drop`): an expired entry near its slot
+//! gives way, else the `tcp_new` or `udp` one closest to expiry, as Linux conntrack's early
+//! drop; so a SYN flood at a VIP displaces only its own kind, never an established
+//! connection.
 
 mod maglev;
 
@@ -65,6 +72,9 @@ pub struct LbConfig {
     pub capacity: usize,
     #[serde(default = "default_table_size")]
     pub table_size: usize,
+    /// A full table drops an unestablished connection to make room for a new one.
+    #[serde(default = "crate::default_true")]
+    pub early_drop: bool,
     #[serde(default)]
     pub timeouts: Timeouts,
 }
@@ -127,6 +137,8 @@ pub struct Timeouts {
     /// After a FIN from the client.
     pub tcp_closing: f64,
     pub udp: f64,
+    /// After the client's SYN, until its next packet.
+    pub tcp_new: f64,
 }
 
 impl Default for Timeouts {
@@ -135,6 +147,7 @@ impl Default for Timeouts {
             tcp: 900.0,
             tcp_closing: 120.0,
             udp: 300.0,
+            tcp_new: 60.0,
         }
     }
 }
@@ -149,7 +162,8 @@ const HASH_SEED: u64 = 0x4c42_4d41_474c_4556;
 /// A connection's affinity: what the data plane keeps per connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Affinity {
-    /// 0 TCP, 1 TCP closing, 2 UDP: also the index of its expiry profile.
+    /// 0 TCP, 1 TCP closing, 2 UDP, 3 TCP opened by a SYN and not yet acknowledged: also
+    /// the index of its expiry profile.
     pub state: u8,
     /// The backend, by its place in the configuration (VIP by VIP), which is also its
     /// place in `ctl read backends`.
@@ -157,8 +171,11 @@ pub struct Affinity {
     pub packets: u32,
 }
 
-const STATES: [&str; 3] = ["tcp", "tcp_closing", "udp"];
+const STATES: [&str; 4] = ["tcp", "tcp_closing", "udp", "tcp_new"];
+const ESTABLISHED: u8 = 0;
 const CLOSING: u8 = 1;
+const UDP_STATE: u8 = 2;
+const NEW: u8 = 3;
 
 struct AffinityCodec;
 
@@ -507,18 +524,20 @@ impl Lb {
                 ("tcp", t.tcp),
                 ("tcp_closing", t.tcp_closing),
                 ("udp", t.udp),
+                ("tcp_new", t.tcp_new),
             ],
         )?;
+        let mut connections = ExactTable::new(cfg.capacity, &profiles, seed.rotate_left(23));
+        if cfg.early_drop {
+            connections.set_early_drop(&[NEW, UDP_STATE]);
+        }
         let pools = Arc::new(pools);
         Ok(Lb {
             clients,
             newest: Arc::new(Mutex::new(pools.clone())),
             pools,
             hasher: FlowHasher::with_seed(HASH_SEED),
-            connections: DeclaredTable::new(
-                ExactTable::new(cfg.capacity, &profiles, seed.rotate_left(23)),
-                AffinityCodec::declaration(cfg.capacity),
-            ),
+            connections: DeclaredTable::new(connections, AffinityCodec::declaration(cfg.capacity)),
             created: 0,
             moved: 0,
         })
@@ -582,15 +601,23 @@ impl Lb {
                     self.moved += 1;
                 }
                 let closing = a.state == CLOSING || tcp_flags & flags::FIN != 0;
+                // The client's first packet after its SYN establishes the connection.
+                let state = if closing {
+                    CLOSING
+                } else if a.state == NEW && tcp_flags & flags::SYN == 0 {
+                    ESTABLISHED
+                } else {
+                    a.state
+                };
                 *self.connections.value_mut(id) = Affinity {
-                    state: if closing { CLOSING } else { a.state },
+                    state,
                     backend,
                     packets: a.packets.saturating_add(1),
                 };
                 if tcp_flags & flags::RST != 0 {
                     self.connections.delete(&key);
-                } else if closing && a.state != CLOSING {
-                    let _ = self.connections.set_profile(id, CLOSING, now);
+                } else if state != a.state {
+                    let _ = self.connections.set_profile(id, state, now);
                 } else if !closing {
                     self.connections.restart_timer(id, now);
                 }
@@ -603,11 +630,13 @@ impl Lb {
                 // A reset of an unknown connection passes and leaves nothing behind.
                 if tcp_flags & flags::RST == 0 {
                     let state = if key.proto == UDP {
-                        2
+                        UDP_STATE
                     } else if tcp_flags & flags::FIN != 0 {
                         CLOSING
+                    } else if tcp_flags & flags::SYN != 0 {
+                        NEW
                     } else {
-                        0
+                        ESTABLISHED
                     };
                     let a = Affinity {
                         state,

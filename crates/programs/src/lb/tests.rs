@@ -321,13 +321,44 @@ fn drops_say_why_and_arp_passes() {
     set_health(&mut [&mut lb], &preparer, &all_down);
     let v = verdict(&mut lb, web(1, SYN), 0);
     assert_eq!(reason(&lb, v), "no_backend");
-    // A full affinity table refuses new connections and keeps the ones it has.
+    // A full affinity table of established connections refuses new ones and keeps the
+    // ones it has.
     let mut small = lb_with(&format!("capacity = 2\n{CONFIG}")).unwrap();
-    let sent = send(&mut small, S, &[web(1, SYN), web(2, SYN), web(3, SYN)]);
-    assert!(sent[0].is_some() && sent[1].is_some() && sent[2].is_none());
+    let sent = send(
+        &mut small,
+        S,
+        &[web(1, SYN), web(2, SYN), web(1, ACK), web(2, ACK)],
+    );
+    assert!(sent.iter().all(Option::is_some));
     let v = verdict(&mut small, web(3, SYN), 0);
     assert_eq!(reason(&small, v), "table_full");
     assert!(send(&mut small, S, &[web(1, ACK)])[0].is_some());
+}
+
+/// A SYN flood at a VIP, 10x the affinity table: every established connection keeps its
+/// backend, and the flood's SYNs take only the room of unestablished ones.
+#[test]
+fn a_syn_flood_displaces_only_unestablished_connections() {
+    let mut lb = lb_with(&format!("capacity = 64\n{CONFIG}")).unwrap();
+    let established: Vec<Sent> = (1..=32u32)
+        .map(|i| {
+            send(&mut lb, S, &[web(i, SYN)]);
+            send(&mut lb, S, &[web(i, ACK)])[0].unwrap()
+        })
+        .collect();
+    let taken = (1_000..1_640u32)
+        .filter(|&i| send(&mut lb, 2 * S, &[web(i, SYN)])[0].is_some())
+        .count();
+    assert!(taken > 600, "{taken} of 640 flood SYNs balanced");
+    for (i, before) in (1..=32u32).zip(&established) {
+        let key = parse(&web(i, ACK), 0, &hasher()).unwrap().key;
+        assert_eq!(
+            lb.affinity_of(&key).map(|a| a.state),
+            Some(ESTABLISHED),
+            "connection {i} kept, established"
+        );
+        assert_eq!(send(&mut lb, 3 * S, &[web(i, ACK)])[0], Some(*before));
+    }
 }
 
 #[test]
