@@ -85,7 +85,8 @@ struct Row {
     forward_mpps: f64,
 }
 
-fn factory(name: &str, settings: &str) -> BenchResult<ProgramFactory> {
+/// Builds program `name` from its settings (TOML text) on ports `p0` and `p1`.
+pub(crate) fn factory(name: &str, settings: &str) -> BenchResult<ProgramFactory> {
     let table: toml::Value =
         toml::from_str(settings).map_err(|e| format!("{name}'s settings: {e}"))?;
     stateplane_programs::build(

@@ -50,6 +50,9 @@ enum Command {
     BenchAddOnMiss(stateplane_bench::bench_addonmiss::AddOnMissArgs),
     /// Mpps per core of each program of the catalog on its workload, beside forward.
     BenchCatalog(stateplane_bench::bench_catalog::BenchCatalogArgs),
+    /// Legitimate connections through conntrack, nat and lb under a flood at many times
+    /// their table, with early drop on and off: the share of their packets served.
+    BenchFlood(stateplane_bench::bench_flood::BenchFloodArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(stateplane_bench::bench_cache::BenchCacheArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
@@ -85,6 +88,7 @@ pub fn main() -> ExitCode {
         Command::BenchTables(args) => stateplane_bench::bench_tables::main(args),
         Command::BenchCache(args) => stateplane_bench::bench_cache::main(args),
         Command::BenchCatalog(args) => stateplane_bench::bench_catalog::main(args),
+        Command::BenchFlood(args) => stateplane_bench::bench_flood::main(args),
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),

@@ -16,7 +16,7 @@
 //!   call (once per burst), and is reported as [`Expired`] notifications.
 //! * The data plane may delete (e.g. on a TCP RST); every entry counts its hits.
 //! * A full table makes room for a new entry where it can (Linux conntrack's early drop):
-//!   among the slots from the new key's home on, an entry whose idle time has run out goes
+//!   among the 16 entries from the new key's home on, an entry whose idle time has run out goes
 //!   first (expired, as the sweep would have), else the entry of an *early-drop* profile
 //!   (state not yet established, [`ExactTable::set_early_drop`]) closest to expiry. Only
 //!   when none is there is the add refused as full. So a flood of new keys cannot lock
@@ -99,9 +99,11 @@ const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 /// Probe distances are kept in 8 bits; a longer probe counts as full (practically never
 /// at 7/8 load).
 const MAX_DIST: u32 = 255;
-/// Slots a full table looks at, from a new key's home, for an entry to make room with:
-/// at 7/8 load a key's cluster is a few slots long, so this spans it and its neighbours.
+/// Entries a full table looks at, from a new key's home on, for one to make room with,
+/// and the slots it walks at most to find them: a full table is at least 7/16 of its
+/// slots, so 128 slots hold 16 entries but in clusters far rarer than a flood's keys.
 const EARLY_DROP_WINDOW: usize = 16;
+const EARLY_DROP_SLOTS: usize = 128;
 
 #[derive(Clone, Copy)]
 struct Slot<K, V> {
@@ -352,17 +354,22 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
-    /// Removes one entry among the [`EARLY_DROP_WINDOW`] slots from `key`'s home: an
+    /// Removes one entry among the [`EARLY_DROP_WINDOW`] entries from `key`'s home on: an
     /// expired one (as the sweep would), else the early-drop one closest to expiry; the
     /// entry removed.
     #[cold]
     fn make_room(&mut self, key: &K, now_ns: u64) -> Option<(K, V)> {
         let home = self.split(key).0;
         let mut best: Option<(u64, usize)> = None;
-        for step in 0..EARLY_DROP_WINDOW {
+        let mut seen = 0;
+        for step in 0..EARLY_DROP_SLOTS {
             let i = (home + step) & self.mask;
             if self.meta[i] == 0 {
                 continue;
+            }
+            seen += 1;
+            if seen > EARLY_DROP_WINDOW {
+                break;
             }
             let slot = &self.slots[i];
             if slot.deadline_ns <= now_ns {
