@@ -13,15 +13,19 @@
 //! it owns; a destination another worker learned is flooded until this one sees it too.
 //! Configuration: `capacity` (stations per worker, default 65536), `ageing` (seconds,
 //! default 300, as IEEE 802.1D recommends), `digests` (default false: when true, each
-//! station learned is also sent to the control plane as a digest). Counters: drops
-//! `same_port`, `table_full`
-//! (a station not learned; its frames still flood).
+//! station learned is also sent to the control plane as a digest), `learn_rate` and
+//! `learn_burst` (new stations a second each port may teach, default 0: no limit; a
+//! bucket of `learn_burst` stations, default `learn_rate`): a port flooding random source
+//! MACs (a MAC flooding attack) then fills the table no faster than its rate, and the other
+//! ports' stations are still learned. Counters: drops `same_port`; stations not learned
+//! (their frames still flood) are counted by the table, `ctl stats stations`:
+//! `adds_refused_full` and `adds_refused_rate`, as every table's are.
 
 use crate::l2::StationCodec;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
-use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile};
+use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, InsertLimit};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +37,11 @@ pub struct L2LearnConfig {
     /// Send a digest of each station learned to the control plane (`ctl watch`).
     #[serde(default)]
     pub digests: bool,
+    /// New stations a second each port may teach (0: no limit).
+    #[serde(default)]
+    pub learn_rate: u64,
+    /// How many new stations a port may teach at once (default: `learn_rate`).
+    pub learn_burst: Option<u64>,
 }
 
 fn default_capacity() -> usize {
@@ -83,9 +92,29 @@ impl L2Learn {
             timeout_ns: (cfg.ageing * 1e9) as u64,
             mode: ExpireMode::AutoDelete,
         };
+        let mut table = ExactTable::new(cfg.capacity, &[ageing], seed);
+        match (cfg.learn_rate, cfg.learn_burst) {
+            (0, Some(_)) => {
+                return Err(ConfigError::new(
+                    format!("{field}.learn_burst"),
+                    "a burst needs a rate: give learn_rate too (new stations a second per port)",
+                ));
+            }
+            (0, None) => {}
+            (per_second, burst) => {
+                let burst = burst.unwrap_or(per_second);
+                if !(1..=1 << 32).contains(&burst) || per_second > 1 << 32 {
+                    return Err(ConfigError::new(
+                        format!("{field}.learn_burst"),
+                        "give learn_rate and learn_burst from 1 to 4294967296 stations",
+                    ));
+                }
+                table.set_insert_limit(Some(InsertLimit { per_second, burst }));
+            }
+        }
         Ok(L2Learn {
             table: DeclaredTable::new(
-                ExactTable::new(cfg.capacity, &[ageing], seed),
+                table,
                 StationCodec::declaration("stations", cfg.capacity, false),
             ),
             digests: cfg.digests,
@@ -125,7 +154,7 @@ impl Program for L2Learn {
                         *self.table.value_mut(id) = d.in_port;
                         self.table.restart_timer(id, now);
                     }
-                    None => match self.table.add_entry(key, d.in_port, 0, now) {
+                    None => match self.table.add_entry_from(d.in_port, key, d.in_port, 0, now) {
                         Ok(_) if self.digests => self.table.digest(&key, &d.in_port, now),
                         Ok(_) => {}
                         Err(_) => self.not_learned += 1,
@@ -161,25 +190,29 @@ impl Program for L2Learn {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
+    use stateplane_state::{Reply, Request};
     use stateplane_wire::FlowHasher;
 
-    const S: u64 = 1_000_000_000;
+    pub const S: u64 = 1_000_000_000;
 
-    fn switch(ageing: f64) -> L2Learn {
-        // A small table, so that a few bursts sweep all of it.
-        let cfg: L2LearnConfig =
-            toml::from_str(&format!("ageing = {ageing}\ncapacity = 64")).unwrap();
+    pub fn learner(config: &str) -> L2Learn {
+        let cfg: L2LearnConfig = toml::from_str(config).unwrap();
         L2Learn::new(&cfg, &PortNames(vec![]), "program.l2learn", 5).unwrap()
     }
 
-    fn mac(n: u8) -> [u8; 6] {
+    pub fn switch(ageing: f64) -> L2Learn {
+        // A small table, so that a few bursts sweep all of it.
+        learner(&format!("ageing = {ageing}\ncapacity = 64"))
+    }
+
+    pub fn mac(n: u8) -> [u8; 6] {
         [2, 0, 0, 0, 0, n]
     }
 
     /// One frame from station `src` on `port` to `dst` at time `t`; its verdict.
-    fn send(sw: &mut L2Learn, t: u64, port: PortId, src: [u8; 6], dst: [u8; 6]) -> Verdict {
+    pub fn send(sw: &mut L2Learn, t: u64, port: PortId, src: [u8; 6], dst: [u8; 6]) -> Verdict {
         let mut f = dst.to_vec();
         f.extend_from_slice(&src);
         f.extend_from_slice(&[0x88, 0xb5]);
@@ -192,6 +225,23 @@ mod tests {
         sw.process(&mut b, &mut ctx);
         b.descs()[0].verdict
     }
+
+    /// The stations table's counters, as `ctl stats stations` reads them.
+    pub fn counters(sw: &mut L2Learn) -> std::collections::HashMap<&'static str, u64> {
+        let stats = Request::Stats {
+            table: "stations".into(),
+        };
+        match sw.control(&stats, None, &crate::testutil::ctx(0, 4)) {
+            Ok(Reply::Counters(cs)) => cs.into_iter().collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::*;
+    use super::*;
 
     #[test]
     fn learns_from_sources_floods_the_unknown_and_follows_a_moved_station() {
@@ -233,5 +283,55 @@ mod tests {
         );
         assert_eq!(sw.port_of(0, mac(2)), Some(1));
         assert_eq!(send(&mut sw, 22 * S, 1, mac(2), mac(1)), Verdict::Flood);
+    }
+}
+
+#[cfg(test)]
+mod limits {
+    use super::tests_support::*;
+    use super::*;
+
+    /// A port flooding random source MACs: with `learn_rate`, it teaches no more than its
+    /// bucket and rate, the table keeps room, and another port's station is learned; each
+    /// refusal is counted by reason in the table's stats, as a full table's are.
+    #[test]
+    fn a_mac_flood_on_one_port_learns_at_its_rate_and_others_still_learn() {
+        let mut sw = learner("capacity = 64\nlearn_rate = 10\nlearn_burst = 20");
+        for n in 0..1_000u32 {
+            let src = [2, 0, 0, (n >> 16) as u8, (n >> 8) as u8, n as u8];
+            // 1,000 stations in a second, from port 1.
+            send(&mut sw, S + u64::from(n) * 1_000_000, 1, src, [0xff; 6]);
+        }
+        assert_eq!(
+            sw.stations(),
+            29,
+            "the burst of 20, then one each 100 ms of the 0.999 s"
+        );
+        assert_eq!(
+            send(&mut sw, 2 * S, 0, [2, 9, 9, 9, 9, 9], [0xff; 6]),
+            Verdict::Flood
+        );
+        assert_eq!(sw.port_of(0, [2, 9, 9, 9, 9, 9]), Some(0), "port 0 learns");
+        let stats = counters(&mut sw);
+        assert_eq!(stats["adds_refused_rate"], 971);
+        assert_eq!(stats["adds_refused_full"], 0);
+        // Without a limit, the flood fills the table: the next station is refused as full.
+        let mut sw = learner("capacity = 64");
+        for n in 0..1_000u32 {
+            let src = [2, 0, 0, (n >> 16) as u8, (n >> 8) as u8, n as u8];
+            send(&mut sw, S, 1, src, [0xff; 6]);
+        }
+        send(&mut sw, 2 * S, 0, [2, 9, 9, 9, 9, 9], [0xff; 6]);
+        assert_eq!(sw.port_of(0, [2, 9, 9, 9, 9, 9]), None);
+        assert_eq!(counters(&mut sw)["adds_refused_full"], 937);
+        // A burst with no rate says what is missing.
+        let cfg: L2LearnConfig = toml::from_str("learn_burst = 5").unwrap();
+        let Err(err) = L2Learn::new(&cfg, &PortNames(vec![]), "program.l2learn", 5) else {
+            panic!("a burst with no rate was taken");
+        };
+        assert!(
+            err.to_string().contains("program.l2learn.learn_burst"),
+            "{err}"
+        );
     }
 }

@@ -256,6 +256,7 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                     ("hits", s.hits),
                     ("adds", s.adds),
                     ("adds_refused_full", s.add_full),
+                    ("adds_refused_rate", s.add_rate_limited),
                     ("deletes", s.deletes),
                     ("early_dropped", s.early_dropped),
                     ("expired_deleted", s.expired_deleted),
@@ -277,14 +278,16 @@ impl<C: ExactCodec> ExactControl<'_, C> {
             Write::Insert(e) => {
                 let key = C::key(&e.key);
                 let value = C::value(self.decl.action_index(actions, e)?, &e.params);
-                match self.table.add_entry(key, value, self.profile, self.now_ns) {
+                let added =
+                    (self.table).add_entry_keeping_others(key, value, self.profile, self.now_ns);
+                match added {
                     Ok(_) => undo.push(Undo::Remove(key)),
                     Err(AddError::Exists) => {
                         return Err(ControlError::Exists {
                             table: self.decl.name.clone(),
                         });
                     }
-                    Err(AddError::TableFull | AddError::NoSuchProfile) => {
+                    Err(AddError::TableFull | AddError::NoSuchProfile | AddError::RateLimited) => {
                         return Err(ControlError::TableFull {
                             table: self.decl.name.clone(),
                             capacity: self.table.capacity(),

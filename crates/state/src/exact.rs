@@ -7,7 +7,9 @@
 //!
 //! PNA semantics, as the seed slides and the PNA specification give them:
 //! * `add_entry` (from a miss, with action data and an expiry profile) makes the entry
-//!   visible to the very next lookup; it fails with a reason (full, rate limited).
+//!   visible to the very next lookup; it fails with a reason (full, rate limited: with an
+//!   [`InsertLimit`], each source, such as an ingress port, adds at most its rate of new
+//!   entries, so that one source flooding new keys cannot fill the table for the others).
 //! * Action data is updatable in place by the data plane ([`ExactTable::value_mut`]).
 //! * Idle timeouts: each entry has a profile (`Never`, `NotifyControl`, `AutoDelete`) and a
 //!   deadline set when it is added. A hit does not restart the timer unless the action asks
@@ -63,7 +65,26 @@ pub enum AddError {
     Exists,
     /// No such expiry profile.
     NoSuchProfile,
+    /// The source has added its share of new entries for now ([`InsertLimit`]).
+    RateLimited,
 }
+
+/// How fast one source may add new entries: a token bucket per source, `per_second`
+/// tokens a second up to `burst`; each new entry takes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertLimit {
+    pub per_second: u64,
+    pub burst: u64,
+}
+
+/// A source's bucket, in billionths of a token.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    nano_tokens: u64,
+    at_ns: u64,
+}
+
+const NANO: u64 = 1_000_000_000;
 
 /// An entry whose idle time ran out, for the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +107,8 @@ pub struct TableStats {
     pub deletes: u64,
     /// Entries of an early-drop profile removed to make room for a new one.
     pub early_dropped: u64,
+    /// New entries refused because their source was over its [`InsertLimit`].
+    pub add_rate_limited: u64,
     pub expired_deleted: u64,
     pub expired_notified: u64,
     /// `AutoDelete` notifications lost because nobody drained them (the queue holds
@@ -127,6 +150,9 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     profiles: Vec<ExpireProfile>,
     /// Bit `p`: entries of profile `p` may be dropped to make room (see the module doc).
     early_drop: u64,
+    insert_limit: Option<InsertLimit>,
+    /// Per source, for `insert_limit`: sources are ports, so a few.
+    buckets: std::collections::HashMap<u16, Bucket>,
     sweep_cursor: usize,
     notifications: Vec<Expired<K, V>>,
     notification_limit: usize,
@@ -172,6 +198,8 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             seed,
             profiles: profiles.to_vec(),
             early_drop: 0,
+            insert_limit: None,
+            buckets: std::collections::HashMap::new(),
             sweep_cursor: 0,
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
@@ -185,6 +213,50 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         self.early_drop = (profiles.iter())
             .filter(|&&p| p < 64)
             .fold(0, |m, &p| m | 1 << p);
+    }
+
+    /// Limits how fast each source adds new entries through
+    /// [`ExactTable::add_entry_from`] (`None`: no limit).
+    pub fn set_insert_limit(&mut self, limit: Option<InsertLimit>) {
+        self.insert_limit = limit;
+        self.buckets.clear();
+    }
+
+    /// [`ExactTable::add_entry`] for a new key that `source` (an ingress port) brought:
+    /// refused as [`AddError::RateLimited`] (counted) when the source is over its
+    /// [`InsertLimit`]. A refused add takes no token.
+    pub fn add_entry_from(
+        &mut self,
+        source: u16,
+        key: K,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<EntryId, AddError> {
+        let Some(limit) = self.insert_limit else {
+            return self.add_entry(key, value, profile, now_ns);
+        };
+        let cap = limit.burst.max(1).saturating_mul(NANO);
+        let bucket = self.buckets.entry(source).or_insert(Bucket {
+            nano_tokens: cap,
+            at_ns: now_ns,
+        });
+        let earned = now_ns
+            .saturating_sub(bucket.at_ns)
+            .saturating_mul(limit.per_second);
+        bucket.nano_tokens = bucket.nano_tokens.saturating_add(earned).min(cap);
+        bucket.at_ns = bucket.at_ns.max(now_ns);
+        if bucket.nano_tokens < NANO {
+            self.stats.add_rate_limited += 1;
+            return Err(AddError::RateLimited);
+        }
+        let added = self.add_entry(key, value, profile, now_ns);
+        if added.is_ok()
+            && let Some(b) = self.buckets.get_mut(&source)
+        {
+            b.nano_tokens -= NANO;
+        }
+        added
     }
 
     pub fn len(&self) -> usize {
@@ -329,6 +401,19 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     ) -> Result<EntryId, AddError> {
         self.add_entry_evicting(key, value, profile, now_ns)
             .map(|(id, _)| id)
+    }
+
+    /// [`ExactTable::add_entry`] that never makes room in a full table (nor evicts anything
+    /// but an expired entry of the same key): for the control plane, whose batches undo
+    /// their adds when one fails and could not bring an evicted entry back.
+    pub fn add_entry_keeping_others(
+        &mut self,
+        key: K,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<EntryId, AddError> {
+        self.try_add(key, value, profile, now_ns).map(|(id, _)| id)
     }
 
     /// [`ExactTable::add_entry`], telling which entry left to make way: an expired entry
@@ -649,6 +734,8 @@ impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
             seed: self.seed,
             profiles: self.profiles.clone(),
             early_drop: self.early_drop,
+            insert_limit: self.insert_limit,
+            buckets: self.buckets.clone(),
             sweep_cursor: self.sweep_cursor,
             notifications: self.notifications.clone(),
             notification_limit: self.notification_limit,

@@ -38,7 +38,9 @@ pub use control::{
     Request, Write,
 };
 pub use declared::ValueCodec;
-pub use exact::{AddError, ExactTable, ExpireMode, ExpireProfile, Expired, TableStats};
+pub use exact::{
+    AddError, ExactTable, ExpireMode, ExpireProfile, Expired, InsertLimit, TableStats,
+};
 pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
