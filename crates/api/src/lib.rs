@@ -176,8 +176,13 @@ impl FlowFilter {
 /// A change to, or a read of, a rule pipeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FlowChange {
-    /// Adds these rules (one per line, the rule text format), all or none.
-    Add(Vec<String>),
+    /// Adds these rules (one per line, the rule text format), all or none. A rule with the
+    /// table, priority and match of one there replaces it (OpenFlow's add), its counters
+    /// starting from zero, or from the replaced rule's with `keep_counters`.
+    Add {
+        lines: Vec<String>,
+        keep_counters: bool,
+    },
     /// Gives the matching rules these actions (the text after `actions=`), keeping their
     /// counters.
     Modify {
@@ -591,7 +596,7 @@ impl Declaration {
                     | FlowChange::Delete(filter)
                     | FlowChange::Dump(filter) => filter.table,
                     FlowChange::Replace { table, .. } => *table,
-                    FlowChange::Add(_) | FlowChange::Expire(_) => None,
+                    FlowChange::Add { .. } | FlowChange::Expire(_) => None,
                 };
                 match table {
                     Some(t) if t >= *tables => Err(ControlError::Invalid {

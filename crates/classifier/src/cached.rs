@@ -238,6 +238,15 @@ impl CachedPipeline {
         c
     }
 
+    /// Adds to a rule's own counters (a rule that replaces another and keeps its counts).
+    pub fn add_counts(&mut self, id: RuleId, packets: u64, bytes: u64) {
+        if let Some(&slot) = self.slot_of.get(&id) {
+            let c = &mut self.counters[slot as usize];
+            c.packets += packets;
+            c.bytes += bytes;
+        }
+    }
+
     /// A rule's counters (with its Action Table entries') and times, as this worker has
     /// them; `None` for no such rule.
     pub fn stat(&self, id: RuleId) -> Option<RuleStat> {

@@ -78,12 +78,19 @@ pub enum CtlCommand {
     AddFlow {
         /// The rule, e.g. table=0,priority=10,tcp,tp_dst=80,actions=output:1
         rule: Vec<String>,
+        /// A rule that replaces one (the same table, priority and match) keeps its
+        /// counters instead of starting from zero.
+        #[arg(long)]
+        keep_counters: bool,
         #[command(flatten)]
         target: FlowTarget,
     },
     /// Add the rules of a file (one per line, '#' comments), all or none.
     AddFlows {
         file: PathBuf,
+        /// Rules that replace others keep their counters.
+        #[arg(long)]
+        keep_counters: bool,
         #[command(flatten)]
         target: FlowTarget,
     },
@@ -223,11 +230,29 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 println!("{}.{} {}", table.as_deref().unwrap_or(""), c.name, c.value);
             }
         }
-        CtlCommand::AddFlow { rule, target } => {
-            flows(&mut client, &target, FlowChange::Add(vec![rule.join(",")]))?
+        CtlCommand::AddFlow {
+            rule,
+            keep_counters,
+            target,
+        } => {
+            let lines = vec![rule.join(",")];
+            let add = FlowChange::Add {
+                lines,
+                keep_counters,
+            };
+            flows(&mut client, &target, add)?
         }
-        CtlCommand::AddFlows { file, target } => {
-            flows(&mut client, &target, FlowChange::Add(rule_lines(&file)?))?
+        CtlCommand::AddFlows {
+            file,
+            keep_counters,
+            target,
+        } => {
+            let lines = rule_lines(&file)?;
+            let add = FlowChange::Add {
+                lines,
+                keep_counters,
+            };
+            flows(&mut client, &target, add)?
         }
         CtlCommand::ReplaceFlows {
             file,
@@ -512,7 +537,7 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
     let name = pipeline_name(client, target)?;
     let dump = matches!(change, FlowChange::Dump(_));
     let what = match &change {
-        FlowChange::Add(lines) => format!(
+        FlowChange::Add { lines, .. } => format!(
             "added {} rules",
             (lines.iter().map(|l| l.trim()))
                 .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -534,7 +559,7 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
         }
     }
     match change {
-        FlowChange::Add(_) => eprintln!("{what} at version {version}"),
+        FlowChange::Add { .. } => eprintln!("{what} at version {version}"),
         FlowChange::Replace { table, .. } => eprintln!(
             "replaced the rules of {name}{} at version {version}: {} deleted (above), {} added, {} kept",
             table.map_or(String::new(), |t| format!(" table {t}")),

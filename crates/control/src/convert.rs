@@ -397,7 +397,10 @@ pub fn flow_filter_to_pb(f: &FlowFilter) -> pb::FlowFilter {
 pub fn flow_change_from_pb(c: Option<&pb::flows_request::Change>) -> Result<FlowChange, Status> {
     use pb::flows_request::Change;
     Ok(match c {
-        Some(Change::Add(lines)) => FlowChange::Add(lines.rules.clone()),
+        Some(Change::Add(lines)) => FlowChange::Add {
+            lines: lines.rules.clone(),
+            keep_counters: lines.keep_counters,
+        },
         Some(Change::Modify(m)) => FlowChange::Modify {
             filter: flow_filter_from_pb(m.filter.as_ref())?,
             actions: m.actions.clone(),
@@ -416,8 +419,12 @@ pub fn flow_change_from_pb(c: Option<&pb::flows_request::Change>) -> Result<Flow
 pub fn flow_change_to_pb(c: &FlowChange) -> Result<pb::flows_request::Change, Status> {
     use pb::flows_request::Change;
     Ok(match c {
-        FlowChange::Add(rules) => Change::Add(pb::FlowLines {
-            rules: rules.clone(),
+        FlowChange::Add {
+            lines,
+            keep_counters,
+        } => Change::Add(pb::FlowLines {
+            rules: lines.clone(),
+            keep_counters: *keep_counters,
         }),
         FlowChange::Modify { filter, actions } => Change::Modify(pb::FlowModify {
             filter: Some(flow_filter_to_pb(filter)),

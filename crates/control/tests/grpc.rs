@@ -176,10 +176,13 @@ fn rule_pipeline_flows_go_through_grpc() {
     let d = client.declaration("flows").unwrap();
     assert_eq!(d.kind, Kind::Rules { tables: 2 });
     let rule = "table=1,priority=24,cookie=0x7,udp,nw_dst=198.19.7.0/24,tp_dst=1000-2000,actions=mod_dl_dst:02:00:00:00:0b:01,output:1";
-    let add = FlowChange::Add(vec![
-        rule.into(),
-        "table=0,priority=1,actions=goto_table:1".into(),
-    ]);
+    let add = FlowChange::Add {
+        lines: vec![
+            rule.into(),
+            "table=0,priority=1,actions=goto_table:1".into(),
+        ],
+        keep_counters: false,
+    };
     let v1 = client.flows("flows", &add).unwrap().version;
     let dump = client
         .flows("flows", &FlowChange::Dump(FlowFilter::default()))
@@ -205,7 +208,10 @@ fn rule_pipeline_flows_go_through_grpc() {
         "{}",
         modified[0].rule
     );
-    let bad = FlowChange::Add(vec!["".into(), "tcp,tp_dst=eighty,actions=drop".into()]);
+    let bad = FlowChange::Add {
+        lines: vec!["".into(), "tcp,tp_dst=eighty,actions=drop".into()],
+        keep_counters: false,
+    };
     let refused = client.flows("flows", &bad).unwrap_err();
     assert_eq!(refused.code, tonic::Code::InvalidArgument);
     assert!(refused.message.contains("line 2"), "{refused}");

@@ -727,11 +727,15 @@ fn adding_a_rule_identical_in_match_and_priority_replaces_it() {
     // Traffic the rule does not match, so that its counters stand still.
     *sw.frame.lock().unwrap() = crate::testutil::udp_frame("198.20.0.1", 64);
     sw.verdicts();
-    let add = |line: &str| {
+    let add_keeping = |line: &str, keep_counters| {
         sw.plane
-            .submit(flows(FlowChange::Add(vec![line.to_string()])))
+            .submit(flows(FlowChange::Add {
+                lines: vec![line.to_string()],
+                keep_counters,
+            }))
             .unwrap()
     };
+    let add = |line: &str| add_keeping(line, false);
     add("priority=5,udp,nw_dst=198.19.0.0/16,actions=output:2");
     let all = dump(&sw, FlowFilter::default());
     assert_eq!(all.len(), 1, "replaced, not added: {all:?}");
@@ -742,6 +746,16 @@ fn adding_a_rule_identical_in_match_and_priority_replaces_it() {
     );
     *sw.frame.lock().unwrap() = frame;
     assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(2)); WORKERS]);
+    // Asked to keep them, the replacement starts from the old rule's counters.
+    *sw.frame.lock().unwrap() = crate::testutil::udp_frame("198.20.0.1", 64);
+    sw.verdicts();
+    let counted = dump(&sw, FlowFilter::default())[0].packets;
+    assert!(counted > 0);
+    add_keeping("priority=5,udp,nw_dst=198.19.0.0/16,actions=output:1", true);
+    let all = dump(&sw, FlowFilter::default());
+    assert_eq!(all.len(), 1);
+    assert!(all[0].rule.contains("output:1"), "{}", all[0].rule);
+    assert_eq!(all[0].packets, counted, "counters kept");
     // Another priority, or another match, is a rule of its own.
     add("priority=6,udp,nw_dst=198.19.0.0/16,actions=output:0");
     add("priority=5,udp,nw_dst=198.19.0.0/24,actions=output:0");
@@ -763,9 +777,10 @@ fn rule_pipeline_changes_reach_every_worker_at_once() {
     );
     assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
     let add = |lines: &[&str]| {
-        sw.plane.submit(flows(FlowChange::Add(
-            lines.iter().map(|l| l.to_string()).collect(),
-        )))
+        sw.plane.submit(flows(FlowChange::Add {
+            lines: lines.iter().map(|l| l.to_string()).collect(),
+            keep_counters: false,
+        }))
     };
     // Cached microflows now belong to a new, higher-priority rule.
     add(&["priority=5,cookie=0x15,udp,nw_dst=198.19.0.0/16,actions=dec_ttl,output:2"]).unwrap();

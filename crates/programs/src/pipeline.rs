@@ -515,7 +515,7 @@ impl Program for Pipeline {
             return Ok(None);
         };
         match change {
-            FlowChange::Add(lines) => {
+            FlowChange::Add { lines, .. } => {
                 let rules = parse_rules(
                     self.flows.rules(),
                     lines.iter().map(String::as_str),
@@ -566,12 +566,13 @@ impl Program for Pipeline {
         // A rule added now is timed from now, not from the worker's last packet.
         self.flows.observe_time(ctx.now_ns);
         match change {
-            FlowChange::Add(_) => {
+            FlowChange::Add { keep_counters, .. } => {
                 let Some(Prepared::Rules(rules)) = prepared.map(|p| p.as_ref()) else {
                     return Err(ControlError::Unavailable);
                 };
                 // As OpenFlow's add: a rule with the table, priority and match of one
-                // there replaces it, its counters and timers starting again.
+                // there replaces it, its timers starting again, and its counters too
+                // unless asked to keep them.
                 let replaced = (rules.iter())
                     .filter(|r| self.flows.rules().identical(r).is_some())
                     .count();
@@ -582,13 +583,18 @@ impl Program for Pipeline {
                     });
                 }
                 for rule in rules.iter() {
-                    if let Some(old) = self.flows.rules().identical(rule) {
+                    let old = self.flows.rules().identical(rule);
+                    let counts = old.and_then(|old| self.flows.stat(old));
+                    if let Some(old) = old {
                         self.remove(&[old], ctx.now_ns);
                     }
                     // `prepare` checked each against these same tables, so none fails.
-                    self.flows
+                    let id = (self.flows)
                         .insert(rule.clone())
                         .map_err(|e| invalid(e.to_string()))?;
+                    if let (true, Some(c)) = (keep_counters, counts) {
+                        self.flows.add_counts(id, c.packets, c.bytes);
+                    }
                 }
                 Ok(Reply::Done)
             }

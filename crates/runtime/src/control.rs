@@ -456,7 +456,7 @@ fn merge(
         Request::Stats { .. } => Reply::Counters(counters),
         Request::ReadMeter { .. } => Reply::Meters(meters.unwrap_or_default()),
         Request::Flows {
-            change: FlowChange::Add(_),
+            change: FlowChange::Add { .. },
             ..
         } => Reply::Done,
         Request::Flows {
