@@ -8,7 +8,10 @@
 //!   modified between bursts, with the longest single update against a burst's time;
 //! * tables: Mpps of each mode with 1 to 4 tables;
 //! * lookup: the cache's lookup speed alone (the paper's), classifications of the trace's
-//!   keys per second with a warm cache, no packet handling.
+//!   keys per second with a warm cache, no packet handling; and with two workers, each
+//!   with its own cache over its shard of the flows (split by the flow hash, as a NIC's
+//!   RSS would), against the shards' balance: the keys over the larger shard, which two
+//!   workers each as fast as one would give (`lookup2`, with `--two-workers`).
 //!
 //! Each run replays the trace through real packet handling: frames copied into bursts,
 //! parsed, classified, rewritten (dec_ttl, MACs) and given a verdict, as the runtime's
@@ -86,6 +89,10 @@ pub struct BenchPipelineArgs {
     /// TCP or UDP (no ranges).
     #[arg(long)]
     pub ovs_compatible: bool,
+    /// Also measure the lookups with two workers, each with its own cache over its shard
+    /// of the flows, against the shards' balance (experiment `lookup2`).
+    #[arg(long)]
+    pub two_workers: bool,
     #[command(flatten)]
     pub files: ResultFiles,
 }
@@ -113,6 +120,10 @@ struct Row {
     p999_update_us: f64,
     max_update_us: f64,
     median_burst_us: f64,
+    /// `lookup2`: against one worker in the same rounds (median of the rounds' ratios),
+    /// and the shards' balance, the bound of that ratio.
+    vs_one_worker: f64,
+    balance: f64,
 }
 
 /// A trace in memory: frames back to back, and where each one is.
@@ -380,38 +391,72 @@ fn lookups(
     modes: &[Consistency],
 ) -> BenchResult<Vec<Row>> {
     let hasher = FlowHasher::with_seed(7);
-    let keys: Vec<Fields> = (trace.frames.iter())
-        .filter_map(|&(at, len)| {
-            let frame = &trace.bytes[at..at + len];
-            let parsed = stateplane_wire::parse(frame, 0, &hasher).ok()?;
-            Some(Fields::of(&parsed, frame, 0))
-        })
-        .collect();
+    let mut keys: Vec<Fields> = Vec::new();
+    let mut shards: [Vec<Fields>; 2] = [Vec::new(), Vec::new()];
+    for &(at, len) in &trace.frames {
+        let frame = &trace.bytes[at..at + len];
+        if let Ok(parsed) = stateplane_wire::parse(frame, 0, &hasher) {
+            let k = Fields::of(&parsed, frame, 0);
+            keys.push(k);
+            shards[stateplane_wire::flow::shard_of(parsed.hash, 2)].push(k);
+        }
+    }
+    let balance = keys.len() as f64 / shards.iter().map(Vec::len).max().unwrap_or(1).max(1) as f64;
+    let fresh = |mode| {
+        CachedPipeline::new(rules.clone(), mode, a.cache_entries, a.cache_ways, a.seed)
+            .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))
+    };
+    // Classifies `keys` once to warm the cache, then again timed: seconds, and hits then.
+    let timed = |p: &mut CachedPipeline, keys: &[Fields], start: &std::sync::Barrier| {
+        for k in keys {
+            p.classify(k, 64, 0);
+        }
+        let before = p.cache_stats().hits;
+        start.wait();
+        let t = Instant::now();
+        let mut outputs = 0usize;
+        for k in keys {
+            outputs += p.classify(k, 64, 0).actions.len();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(outputs);
+        (secs, p.cache_stats().hits - before)
+    };
     let mut runs: Vec<Runs> = modes.iter().map(|_| Runs::default()).collect();
+    let mut two: Vec<(Vec<f64>, Vec<f64>)> = modes.iter().map(|_| Default::default()).collect();
     for _ in 0..a.repeat {
         for (m, &mode) in modes.iter().enumerate() {
-            let mut p =
-                CachedPipeline::new(rules.clone(), mode, a.cache_entries, a.cache_ways, a.seed)
-                    .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))?;
-            for k in &keys {
-                p.classify(k, 64, 0);
+            let mut p = fresh(mode)?;
+            let (secs, hits) = timed(&mut p, &keys, &std::sync::Barrier::new(1));
+            let one = keys.len() as f64 / secs / 1e6;
+            runs[m].mpps.push(one);
+            runs[m].hits.push(hits as f64 / keys.len().max(1) as f64);
+            if !a.two_workers {
+                eprintln!(
+                    "  lookup   {workload:<10} {:<6}: {one:.2} M lookups/s",
+                    mode_name(mode)
+                );
+                continue;
             }
-            let before = p.cache_stats().hits;
-            let t = Instant::now();
-            let mut outputs = 0usize;
-            for k in &keys {
-                outputs += p.classify(k, 64, 0).actions.len();
-            }
-            let secs = t.elapsed().as_secs_f64();
-            std::hint::black_box(outputs);
-            runs[m].mpps.push(keys.len() as f64 / secs / 1e6);
-            runs[m]
-                .hits
-                .push((p.cache_stats().hits - before) as f64 / keys.len().max(1) as f64);
+            // Two workers, each its own cache and shard, started together; done when the
+            // slower is.
+            let mut caches = [fresh(mode)?, fresh(mode)?];
+            let start = std::sync::Barrier::new(2);
+            let slowest = std::thread::scope(|scope| {
+                let runs: Vec<_> = (caches.iter_mut().zip(&shards))
+                    .map(|(p, shard)| scope.spawn(|| timed(p, shard, &start).0))
+                    .collect();
+                runs.into_iter()
+                    .map(|r| r.join().unwrap_or(f64::INFINITY))
+                    .fold(0.0, f64::max)
+            });
+            let both = keys.len() as f64 / slowest / 1e6;
+            two[m].0.push(both);
+            two[m].1.push(both / one);
             eprintln!(
-                "  lookup   {workload:<10} {:<6}: {:.2} M lookups/s",
+                "  lookup   {workload:<10} {:<6}: {one:.2} M lookups/s, two workers {both:.2} ({:.2}x; shards' balance {balance:.2}x)",
                 mode_name(mode),
-                runs[m].mpps.last().copied().unwrap_or(0.0)
+                both / one
             );
         }
     }
@@ -443,7 +488,32 @@ fn lookups(
             p999_update_us: 0.0,
             max_update_us: 0.0,
             median_burst_us: 0.0,
+            vs_one_worker: f64::NAN,
+            balance: f64::NAN,
         })
+        .chain(
+            (modes.iter().zip(&two))
+                .filter(|_| a.two_workers)
+                .map(|(&mode, (mpps, ratios))| Row {
+                    experiment: "lookup2",
+                    workload: workload.to_string(),
+                    mode,
+                    tables: rules.tables(),
+                    update_pct: 0.0,
+                    mpps: median(mpps.clone()),
+                    speedup: f64::NAN,
+                    vs_still: f64::NAN,
+                    forwarded: f64::NAN,
+                    hit_rate: f64::NAN,
+                    updates: 0,
+                    p99_update_us: 0.0,
+                    p999_update_us: 0.0,
+                    max_update_us: 0.0,
+                    median_burst_us: 0.0,
+                    vs_one_worker: median(ratios.clone()),
+                    balance,
+                }),
+        )
         .collect())
 }
 
@@ -561,6 +631,8 @@ fn measure(
                 p999_update_us: percentile(&mut took, 0.999) as f64 / 1e3,
                 max_update_us: took.iter().copied().max().unwrap_or(0) as f64 / 1e3,
                 median_burst_us: median(run.bursts.clone()),
+                vs_one_worker: f64::NAN,
+                balance: f64::NAN,
             }
         })
         .collect())
@@ -722,10 +794,19 @@ fn report(
             "update p99",
             "update p99.9",
             "median burst",
+            "vs 1 worker",
+            "balance",
         ],
     );
+    let ratio_or_dash = |x: f64| {
+        if x.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{x:.2}x")
+        }
+    };
     let mut csv = Csv::new(
-        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us",
+        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us,vs_one_worker,shards_balance",
     );
     for r in rows {
         let ratio = r.speedup;
@@ -736,19 +817,21 @@ fn report(
             r.tables.to_string(),
             format!("{}%", r.update_pct),
             format!("{:.2}", r.mpps),
-            format!("{ratio:.2}x"),
-            if r.vs_still.is_nan() {
+            ratio_or_dash(ratio),
+            ratio_or_dash(r.vs_still),
+            if r.hit_rate.is_nan() {
                 "-".to_string()
             } else {
-                format!("{:.2}x", r.vs_still)
+                format!("{:.1}%", r.hit_rate * 100.0)
             },
-            format!("{:.1}%", r.hit_rate * 100.0),
             format!("{:.1} µs", r.p99_update_us),
             format!("{:.1} µs", r.p999_update_us),
             format!("{:.1} µs", r.median_burst_us),
+            ratio_or_dash(r.vs_one_worker),
+            ratio_or_dash(r.balance),
         ]);
         csv.row(format_args!(
-            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2}",
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3}",
             r.experiment,
             r.workload,
             mode_name(r.mode),
@@ -763,7 +846,9 @@ fn report(
             r.p99_update_us,
             r.p999_update_us,
             r.max_update_us,
-            r.median_burst_us
+            r.median_burst_us,
+            r.vs_one_worker,
+            r.balance
         ));
     }
     table.print();
@@ -801,7 +886,12 @@ fn report(
             panels.push(panel(
                 format!("{w}: lookups alone (M/s, warm cache)"),
                 &|r: &Row| {
-                    (r.experiment == "lookup" && &r.workload == w).then(|| mode_name(r.mode).into())
+                    (&r.workload == w).then_some(())?;
+                    match r.experiment {
+                        "lookup" => Some(mode_name(r.mode).into()),
+                        "lookup2" => Some(format!("{}, two workers", mode_name(r.mode))),
+                        _ => None,
+                    }
                 },
             ));
         }
