@@ -423,7 +423,9 @@ fn lookups(
         (secs, p.cache_stats().hits - before)
     };
     let mut runs: Vec<Runs> = modes.iter().map(|_| Runs::default()).collect();
-    let mut two: Vec<(Vec<f64>, Vec<f64>)> = modes.iter().map(|_| Default::default()).collect();
+    // Per mode, two workers' rounds: M lookups/s, ratio to one worker, hit rate.
+    let mut two: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
+        modes.iter().map(|_| Default::default()).collect();
     for _ in 0..a.repeat {
         for (m, &mode) in modes.iter().enumerate() {
             let mut p = fresh(mode)?;
@@ -442,17 +444,18 @@ fn lookups(
             // slower is.
             let mut caches = [fresh(mode)?, fresh(mode)?];
             let start = std::sync::Barrier::new(2);
-            let slowest = std::thread::scope(|scope| {
+            let (slowest, hits) = std::thread::scope(|scope| {
                 let runs: Vec<_> = (caches.iter_mut().zip(&shards))
-                    .map(|(p, shard)| scope.spawn(|| timed(p, shard, &start).0))
+                    .map(|(p, shard)| scope.spawn(|| timed(p, shard, &start)))
                     .collect();
                 runs.into_iter()
-                    .map(|r| r.join().unwrap_or(f64::INFINITY))
-                    .fold(0.0, f64::max)
+                    .map(|r| r.join().unwrap_or((f64::INFINITY, 0)))
+                    .fold((0.0, 0), |(t, h), (secs, hits)| (secs.max(t), h + hits))
             });
             let both = keys.len() as f64 / slowest / 1e6;
             two[m].0.push(both);
             two[m].1.push(both / one);
+            two[m].2.push(hits as f64 / keys.len().max(1) as f64);
             eprintln!(
                 "  lookup   {workload:<10} {:<6}: {one:.2} M lookups/s, two workers {both:.2} ({:.2}x; shards' balance {balance:.2}x)",
                 mode_name(mode),
@@ -491,29 +494,27 @@ fn lookups(
             vs_one_worker: f64::NAN,
             balance: f64::NAN,
         })
-        .chain(
-            (modes.iter().zip(&two))
-                .filter(|_| a.two_workers)
-                .map(|(&mode, (mpps, ratios))| Row {
-                    experiment: "lookup2",
-                    workload: workload.to_string(),
-                    mode,
-                    tables: rules.tables(),
-                    update_pct: 0.0,
-                    mpps: median(mpps.clone()),
-                    speedup: f64::NAN,
-                    vs_still: f64::NAN,
-                    forwarded: f64::NAN,
-                    hit_rate: f64::NAN,
-                    updates: 0,
-                    p99_update_us: 0.0,
-                    p999_update_us: 0.0,
-                    max_update_us: 0.0,
-                    median_burst_us: 0.0,
-                    vs_one_worker: median(ratios.clone()),
-                    balance,
-                }),
-        )
+        .chain((modes.iter().zip(&two)).filter(|_| a.two_workers).map(
+            |(&mode, (mpps, ratios, hits))| Row {
+                experiment: "lookup2",
+                workload: workload.to_string(),
+                mode,
+                tables: rules.tables(),
+                update_pct: 0.0,
+                mpps: median(mpps.clone()),
+                speedup: f64::NAN,
+                vs_still: f64::NAN,
+                forwarded: f64::NAN,
+                hit_rate: median(hits.clone()),
+                updates: 0,
+                p99_update_us: 0.0,
+                p999_update_us: 0.0,
+                max_update_us: 0.0,
+                median_burst_us: 0.0,
+                vs_one_worker: median(ratios.clone()),
+                balance,
+            },
+        ))
         .collect())
 }
 
