@@ -14,6 +14,7 @@ pub mod bench_addonmiss;
 pub mod bench_cache;
 pub mod bench_catalog;
 pub mod bench_flood;
+pub mod bench_flow_model;
 pub mod bench_flows;
 pub mod bench_pipeline;
 pub mod bench_tables;

@@ -55,6 +55,9 @@ enum Command {
     BenchFlood(stateplane_bench::bench_flood::BenchFloodArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(stateplane_bench::bench_cache::BenchCacheArgs),
+    /// TurboFlow's eviction model (Equations 1 and 2, Table 5) beside the microflow table
+    /// measured on the model's workload.
+    BenchFlowModel(stateplane_bench::bench_flow_model::BenchFlowModelArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -90,6 +93,7 @@ pub fn main() -> ExitCode {
         Command::BenchCatalog(args) => stateplane_bench::bench_catalog::main(args),
         Command::BenchFlood(args) => stateplane_bench::bench_flood::main(args),
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
+        Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

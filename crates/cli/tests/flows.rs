@@ -823,3 +823,41 @@ fn bench_flows_variants_agree_on_a_small_trace() {
     assert!(scaling[0] > 0.0, "{text}");
     assert!((1.0..=2.0).contains(&scaling[1]), "{text}");
 }
+
+/// `bench-flow-model`: the model's Table 5 figures (Equation 1) as the paper prints them,
+/// and the microflow table measured within 10% of the exact expectation for uniform flows
+/// (half the model's bound); Equation 2's rows rise with the new flows' share.
+#[test]
+fn bench_flow_model_puts_turboflow_beside_the_table() {
+    let csv = tmp("flow-model.csv");
+    ok(bin()
+        .args(["bench-flow-model", "--packets", "400000", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let rows = csv_rows(&csv);
+    assert_eq!(rows.len(), 8);
+    let f = |r: &BTreeMap<String, String>, c: &str| r[c].parse::<f64>().unwrap();
+    // Table 5: .65 (1 - 1/e here, with T = a = 4096), .40, .28, .22, .18.
+    for (r, paper) in rows.iter().zip([0.632, 0.40, 0.28, 0.22, 0.18]) {
+        assert!((f(r, "model_eviction") - paper).abs() < 0.01, "{r:?}");
+        let (measured, exact) = (
+            f(r, "measured_records_per_packet"),
+            f(r, "exact_records_per_packet"),
+        );
+        assert!((measured / exact - 1.0).abs() < 0.1, "{r:?}");
+        assert!(
+            measured < f(r, "model_records_per_packet"),
+            "the model is a bound"
+        );
+    }
+    let churn: Vec<f64> = rows[5..]
+        .iter()
+        .map(|r| f(r, "measured_records_per_packet"))
+        .collect();
+    assert!(churn.windows(2).all(|w| w[0] < w[1]), "{churn:?}");
+    refused(
+        &["bench-flow-model", "--slots", "1000"],
+        "not a power of two",
+    );
+}
