@@ -119,6 +119,8 @@ fn clock_cost_ns() -> u32 {
 
 struct Row {
     phase: String,
+    /// Phase 2's N (an insertion every N-th packet); `None` in phase 1.
+    every: Option<usize>,
     kind: &'static str,
     p: Percentiles,
     mpps: f64,
@@ -158,6 +160,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
     drop(untimed);
     rows.push(Row {
         phase: "phase 1".into(),
+        every: None,
         kind: "insert",
         p: percentiles(&mut lat),
         mpps,
@@ -201,18 +204,21 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         let phase = format!("phase 2, N={n}");
         rows.push(Row {
             phase: phase.clone(),
+            every: Some(n),
             kind: "mixed",
             p: percentiles(&mut mixed),
             mpps,
         });
         rows.push(Row {
             phase: phase.clone(),
+            every: Some(n),
             kind: "lookup",
             p: percentiles(&mut lookups),
             mpps,
         });
         rows.push(Row {
             phase,
+            every: Some(n),
             kind: "insert",
             p: percentiles(&mut inserts),
             mpps,
@@ -240,6 +246,33 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         ]);
     }
     table.print();
+    let by_rate = by_insertion_rate(&rows);
+    println!(
+        "insertion latency against insertion rate (the slides' trend: up to +47% from the lowest rate to the highest), each against its lowest rate:"
+    );
+    let mut rates = Table::new(
+        &["N"],
+        &[
+            "add-on-miss inserts/s",
+            "insert p50 ns",
+            "vs lowest",
+            "digest entries in/s",
+            "miss to in p50 µs",
+            "vs lowest",
+        ],
+    );
+    for r in &by_rate {
+        rates.row(vec![
+            r.every.to_string(),
+            format!("{:.0}", r.add_rate),
+            format!("{:.0}", r.add_p50_ns),
+            format!("{:+.0}%", 100.0 * (r.add_vs_lowest - 1.0)),
+            format!("{:.0}", r.digest_rate),
+            format!("{:.1}", r.digest_p50_ns / 1e3),
+            format!("{:+.0}%", 100.0 * (r.digest_vs_lowest - 1.0)),
+        ]);
+    }
+    rates.print();
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets");
         for r in &rows {
@@ -258,7 +291,20 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
                 .map(|r| (format!("{} {}", r.phase, r.kind), f(&r.p) / scale))
                 .collect()
         };
+        let relative = (by_rate.iter())
+            .flat_map(|r| {
+                [
+                    (format!("add-on-miss, 1 in {}", r.every), r.add_vs_lowest),
+                    (format!("digest, 1 in {}", r.every), r.digest_vs_lowest),
+                ]
+            })
+            .collect();
         let panels = [
+            crate::chart::Panel {
+                title: "Median insertion latency against the lowest insertion rate's (slides: up to 1.47 at the highest)".into(),
+                unit: "x".into(),
+                bars: relative,
+            },
             crate::chart::Panel {
                 title: "Median latency per packet (table work)".into(),
                 unit: "ns".into(),
@@ -285,6 +331,46 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         )?;
     }
     Ok(())
+}
+
+/// Phase 2's insertions at one N, both ways of learning: insertions per second, median
+/// insertion latency (add-on-miss: the inserting packet's table work; digest: from a miss
+/// to its entry being in) and that median over the one at the lowest rate (largest N).
+struct ByRate {
+    every: usize,
+    add_rate: f64,
+    add_p50_ns: f64,
+    add_vs_lowest: f64,
+    digest_rate: f64,
+    digest_p50_ns: f64,
+    digest_vs_lowest: f64,
+}
+
+fn by_insertion_rate(rows: &[Row]) -> Vec<ByRate> {
+    let find = |n: usize, kind: &str, digest: bool| {
+        rows.iter()
+            .find(|r| r.every == Some(n) && r.kind == kind && r.phase.ends_with("digest") == digest)
+    };
+    let mut ns: Vec<usize> = rows.iter().filter_map(|r| r.every).collect();
+    ns.sort_unstable_by(|a, b| b.cmp(a));
+    ns.dedup();
+    let Some(&lowest) = ns.first() else {
+        return Vec::new();
+    };
+    let p50 = |n, kind, digest| find(n, kind, digest).map_or(f64::NAN, |r| r.p.p50);
+    let (add_base, digest_base) = (p50(lowest, "insert", false), p50(lowest, "visible", true));
+    ns.iter()
+        .rev()
+        .map(|&n| ByRate {
+            every: n,
+            add_rate: find(n, "insert", false).map_or(f64::NAN, |r| r.mpps * 1e6 / n as f64),
+            add_p50_ns: p50(n, "insert", false),
+            add_vs_lowest: p50(n, "insert", false) / add_base,
+            digest_rate: find(n, "visible", true).map_or(f64::NAN, |r| r.mpps * 1e6),
+            digest_p50_ns: p50(n, "visible", true),
+            digest_vs_lowest: p50(n, "visible", true) / digest_base,
+        })
+        .collect()
 }
 
 /// The experiment's table in the control API: key `key`, action `set(value)`.
@@ -388,6 +474,7 @@ fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> BenchResul
         );
         rows.push(Row {
             phase: phase.clone(),
+            every,
             kind: "miss",
             p: percentiles(&mut timed.misses),
             mpps: untimed.mpps,
@@ -395,6 +482,7 @@ fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> BenchResul
         if every.is_some() {
             rows.push(Row {
                 phase: phase.clone(),
+                every,
                 kind: "lookup",
                 p: percentiles(&mut timed.lookups),
                 mpps: untimed.mpps,
@@ -402,6 +490,7 @@ fn digest_rows(a: &AddOnMissArgs, clock: u32, rows: &mut Vec<Row>) -> BenchResul
         }
         rows.push(Row {
             phase,
+            every,
             kind: "visible",
             p: percentiles(&mut timed.visible),
             mpps: untimed.inserts_per_s / 1e6,
