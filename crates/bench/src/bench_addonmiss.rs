@@ -277,7 +277,7 @@ pub fn main(a: AddOnMissArgs) -> BenchResult<()> {
         let mut csv = Csv::new("phase,packets,count,p50_ns,p99_ns,p999_ns,mpps_all_packets");
         for r in &rows {
             csv.row(format_args!(
-                "{},{},{},{:.0},{:.0},{:.0},{:.3}",
+                "\"{}\",{},{},{:.0},{:.0},{:.0},{:.3}",
                 r.phase, r.kind, r.p.count, r.p.p50, r.p.p99, r.p.p999, r.mpps
             ));
         }
