@@ -654,3 +654,34 @@ fn bench_flood_serves_established_connections_through_a_flood() {
     refused(&["bench-flood", "--flood", "udp"], "lb's VIP is TCP");
     refused(&["bench-flood", "--programs", "kv"], "'kv' is not one of");
 }
+
+/// A program that cannot work on several workers refuses to start on them, saying why and
+/// the fix, instead of dropping or answering wrongly what reaches the wrong worker: `kv`
+/// and `sgw` (state not synced between workers yet), `nat` with a port forward, and the
+/// same inside a chain. One worker runs.
+#[test]
+fn programs_that_need_one_worker_refuse_more() {
+    let input = tmp("one-worker.pcap");
+    generate_trace("internet", 100, &input);
+    let cfg = tmp("one-worker.toml");
+    let ports = format!(
+        "[[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\ntx = \"/dev/null\"\n",
+        input.display()
+    );
+    let sgw = "[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\n";
+    let nat = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.255.1\"\nports = \"20000-65535\"\nforwards = [{ proto = \"tcp\", port = 8080, to = \"198.18.0.5\" }]\n";
+    let chain = "[program]\nname = \"chain\"\n[program.chain]\nstages = [\"acl\", \"sgw\"]\n[program.chain.acl]\ndefault = \"permit\"\n[program.chain.sgw]\naddress = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\n";
+    let kv = "[program]\nname = \"kv\"\n[program.kv]\nserver = \"198.19.0.100\"\n";
+    for (program, says) in [
+        (kv, "kv runs on one worker"),
+        (sgw, "sgw runs on one worker"),
+        (nat, "a forwarded port is fixed"),
+        (chain, "sgw runs on one worker"),
+    ] {
+        std::fs::write(&cfg, format!("workers = 2\n{program}{ports}")).unwrap();
+        let err = refused(&["run", "-c", &cfg.to_string_lossy()], says);
+        assert!(err.contains("set workers = 1"), "{err}");
+        std::fs::write(&cfg, format!("workers = 1\n{program}{ports}")).unwrap();
+        ok(bin().args(["run", "-c"]).arg(&cfg).output().unwrap());
+    }
+}

@@ -224,6 +224,10 @@ impl Program for Chain {
         self.reasons
     }
 
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
+        (self.stages.iter()).try_for_each(|s| s.check_workers(workers, live))
+    }
+
     fn declarations(&self) -> Vec<Declaration> {
         self.stages.iter().flat_map(|s| s.declarations()).collect()
     }

@@ -14,8 +14,8 @@
 //! Workers: each worker caches the requests the runtime sends it, and requests for one
 //! key come from many clients (many flows): a PUT updates only its worker's cache, so with
 //! several workers another may answer with the value before it until that entry idles
-//! out. Run `kv` with one worker until the state-sync issue gives caches the `synced`
-//! guarantee.
+//! out. A run of `kv` on more workers is refused at start, until the state-sync issue
+//! gives caches the `synced` guarantee.
 //!
 //! State: `cache` (declared; key `key`; action `value` with `len` and `value`, the value's
 //! bytes as a big-endian number; read-centric: GETs read it, PUTs write it).
@@ -286,6 +286,17 @@ impl Kv {
 
 impl Program for Kv {
     type Prepared = ();
+
+    /// A PUT updates only its own worker's cache: on several workers another would answer
+    /// GETs with the value before it until its entry idles out.
+    fn check_workers(&self, workers: usize, _live: bool) -> Result<(), String> {
+        if workers > 1 {
+            return Err(format!(
+                "kv runs on one worker until its cache can be synced between workers (the `synced` guarantee is not built yet): with {workers}, a worker could answer a GET with a value another worker's PUT replaced; set workers = 1 (--workers 1)"
+            ));
+        }
+        Ok(())
+    }
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         for i in 0..burst.len() {

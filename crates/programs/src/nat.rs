@@ -817,6 +817,25 @@ impl Program for Nat {
         self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
+    /// Answers reach the worker that holds their translation only when the runtime's own
+    /// flow hash spreads packets and the external port is chosen for it: not on live ports
+    /// (the kernel spreads them), nor for a forwarded port (fixed).
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
+        let why = if live {
+            "on live ports the kernel spreads packets by its own hash, which does not know the translation"
+        } else if !self.forwards.is_empty() {
+            "a forwarded port is fixed, so its connections' two directions may reach different workers"
+        } else {
+            return Ok(());
+        };
+        if workers > 1 {
+            return Err(format!(
+                "nat runs on one worker here: {why}; with {workers}, answers would be dropped as no_translation; set workers = 1 (--workers 1)"
+            ));
+        }
+        Ok(())
+    }
+
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[
             "no_translation",

@@ -153,6 +153,13 @@ pub trait Program: Send {
         &[]
     }
 
+    /// Whether the program works on `workers` workers (on live ports, whose packets the
+    /// kernel spreads, if `live`); a refusal says why and the fix. A run refuses to start
+    /// rather than lose packets a program cannot handle on the worker they reach.
+    fn check_workers(&self, _workers: usize, _live: bool) -> Result<(), String> {
+        Ok(())
+    }
+
     /// The tables and registers the program keeps, as the control plane sees them.
     fn declarations(&self) -> Vec<Declaration> {
         Vec::new()
@@ -197,6 +204,7 @@ pub trait Running: Send {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context);
     fn poll(&mut self, out: &mut Burst, ctx: &mut Context);
     fn drop_reasons(&self) -> &'static [&'static str];
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String>;
     fn declarations(&self) -> Vec<Declaration>;
     fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError>;
     fn control(
@@ -227,6 +235,10 @@ impl<P: Program> Running for P {
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         Program::drop_reasons(self)
+    }
+
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
+        Program::check_workers(self, workers, live)
     }
 
     fn declarations(&self) -> Vec<Declaration> {

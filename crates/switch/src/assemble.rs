@@ -87,10 +87,11 @@ impl Switch {
         let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
         let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
         let workers = bounded("workers", cfg.workers.unwrap_or(1), 1, 64)?;
+        let live = ports.iter().all(|p| p.iface.is_some());
+        factory(0).check_workers(workers, live)?;
         let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
         let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
         let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
-        let live = ports.iter().all(|p| p.iface.is_some());
         let flows = (cfg.flows.as_ref())
             .map(|f| f.start(Naming::Config, workers, seed, live))
             .transpose()?;
