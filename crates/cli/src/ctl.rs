@@ -234,26 +234,12 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             rule,
             keep_counters,
             target,
-        } => {
-            let lines = vec![rule.join(",")];
-            let add = FlowChange::Add {
-                lines,
-                keep_counters,
-            };
-            flows(&mut client, &target, add)?
-        }
+        } => add_flows(&mut client, &target, vec![rule.join(",")], keep_counters)?,
         CtlCommand::AddFlows {
             file,
             keep_counters,
             target,
-        } => {
-            let lines = rule_lines(&file)?;
-            let add = FlowChange::Add {
-                lines,
-                keep_counters,
-            };
-            flows(&mut client, &target, add)?
-        }
+        } => add_flows(&mut client, &target, rule_lines(&file)?, keep_counters)?,
         CtlCommand::ReplaceFlows {
             file,
             table,
@@ -523,6 +509,19 @@ fn pipeline_name(client: &Client, target: &FlowTarget) -> Result<String, String>
                 client.program()
             )
         })
+}
+
+fn add_flows(
+    client: &mut Client,
+    target: &FlowTarget,
+    lines: Vec<String>,
+    keep_counters: bool,
+) -> CliResult<()> {
+    let add = FlowChange::Add {
+        lines,
+        keep_counters,
+    };
+    flows(client, target, add)
 }
 
 /// The lines of a rule file; comments and blank lines are kept, so that errors give the

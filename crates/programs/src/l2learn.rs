@@ -103,11 +103,13 @@ impl L2Learn {
             (0, None) => {}
             (per_second, burst) => {
                 let burst = burst.unwrap_or(per_second);
-                if !(1..=1 << 32).contains(&burst) || per_second > 1 << 32 {
-                    return Err(ConfigError::new(
-                        format!("{field}.learn_burst"),
-                        "give learn_rate and learn_burst from 1 to 4294967296 stations",
-                    ));
+                for (key, value) in [("learn_rate", per_second), ("learn_burst", burst)] {
+                    if !(1..=1 << 32).contains(&value) {
+                        return Err(ConfigError::new(
+                            format!("{field}.{key}"),
+                            format!("{value} is outside 1 to 4294967296 stations"),
+                        ));
+                    }
                 }
                 table.set_insert_limit(Some(InsertLimit { per_second, burst }));
             }

@@ -79,9 +79,14 @@ fn removals(request: &Request, reply: &Reply) -> Vec<Notification> {
         Reply::Flows(flows) | Reply::Replaced { removed: flows, .. } => flows,
         _ => return Vec::new(),
     };
+    // By id, so that a mass expiry costs one pass, not one search per rule.
+    let expired: HashMap<u64, RemovedReason> = match change {
+        FlowChange::Expire(expired) => expired.iter().map(|e| (e.id, e.reason)).collect(),
+        _ => HashMap::new(),
+    };
     let reason = |id| match change {
         FlowChange::Delete(_) | FlowChange::Replace { .. } => Some(RemovedReason::Delete),
-        FlowChange::Expire(expired) => (expired.iter().find(|e| e.id == id)).map(|e| e.reason),
+        FlowChange::Expire(_) => expired.get(&id).copied(),
         _ => None,
     };
     (flows.iter())

@@ -386,12 +386,8 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// Adds `key` with action data `value` and expiry `profile` (PNA `add_entry`, from the
     /// default action of a miss). The next lookup of `key` hits it. An entry of `key` whose
     /// idle time has run out by `now_ns` gives way to the new one in its slot, told and
-    /// counted as the sweep would have.
-    ///
-    /// One walk does both the check and the insertion: along a key's probe sequence, the
-    /// key can only sit before the first resident that is closer to its home than the key
-    /// would be, which is exactly where Robin Hood inserts it.
-    /// A full table first makes room where it can (see the module documentation).
+    /// counted as the sweep would have. A full table first makes room where it can (see
+    /// the module documentation).
     pub fn add_entry(
         &mut self,
         key: K,
@@ -477,6 +473,10 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     }
 
     /// One attempt at an add, and the expired entry of the same key it replaced.
+    ///
+    /// One walk does both the check and the insertion: along a key's probe sequence, the
+    /// key can only sit before the first resident that is closer to its home than the key
+    /// would be, which is exactly where Robin Hood inserts it.
     fn try_add(
         &mut self,
         key: K,
