@@ -485,6 +485,9 @@ struct Pacer {
     /// Where the next message's slot begins: this runs ahead of now by the time the bytes
     /// sent beyond the rate take at the rate.
     next: Instant,
+    /// When the caller's last wait ends: the time is at least this, even if the caller
+    /// passes the instant its batch began.
+    awake: Instant,
 }
 
 /// Small enough that several bursts fit in a collector's default receive buffer (Linux:
@@ -501,6 +504,7 @@ impl Pacer {
             rate: rate.0,
             burst: Duration::ZERO,
             next: now,
+            awake: now,
         };
         pacer.burst = pacer.time(BURST_BYTES);
         pacer
@@ -521,11 +525,16 @@ impl Pacer {
         // Idle time earns nothing (a slot is never in the past), so at most a burst goes
         // at once. The message that would overfill it waits for its slot, and the next
         // burst goes with it then: one sleep per burst, not one per message.
+        let now = now.max(self.awake);
         let slot = self.next.max(now);
         let ahead = slot - now;
         let time = self.time(len as u64);
         self.next = slot + time;
-        (!ahead.is_zero() && ahead + time > self.burst).then_some(ahead)
+        let wait = !ahead.is_zero() && ahead + time > self.burst;
+        if wait {
+            self.awake = slot;
+        }
+        wait.then_some(ahead)
     }
 }
 
@@ -856,6 +865,14 @@ mod tests {
         assert_eq!((free, wait), (1, Some(big_gap)));
         let (free, wait) = burst(now + big_gap, 65_000);
         assert_eq!((free, wait), (0, Some(big_gap)));
+        // A batch handed over at one instant: each wait counts from the end of the one
+        // before it (the caller has slept meanwhile), so ten messages take nine gaps in
+        // all. Counting each from the batch's instant made the waits grow by a gap per
+        // message: 45 gaps for ten, and 2.9 s for a 600,000-packet trace's 55 messages.
+        let later = now + Duration::from_secs(30);
+        let mut batch = Pacer::new(rate, later);
+        let waited: Duration = (0..10).filter_map(|_| batch.delay(later, 65_000)).sum();
+        assert_eq!(waited, big_gap * 9);
         // Unpaced: never a wait.
         let mut unpaced = Pacer::new(ByteRate(0), Instant::now());
         assert!((0..1000).all(|_| unpaced.delay(start, 65_000).is_none()));
