@@ -92,11 +92,19 @@ run_case() {
     size=$now; sleep 1
   done
   kill -INT "$td"; wait "$td" 2>/dev/null || true
-  local want_flows want_packets want_bytes messages
-  read -r want_flows want_packets want_bytes messages < <(python3 -c '
-import json,sys; s=json.load(open(sys.argv[1]))
-print(s["records"], s["packets"], s["bytes"], s["sinks"][0]["messages"])' "$dir/summary.json")
-  echo "   stateplane: $want_flows records, $want_packets packets, $want_bytes bytes in $messages messages"
+  local want_flows want_packets want_bytes messages pacing
+  read -r want_flows want_packets want_bytes messages pacing < <(python3 -c '
+import json,sys; s=json.load(open(sys.argv[1])); k=s["sinks"][0]
+q=k["collector_queue"]
+pace="queue:%d:%d" % (q["drops"], q["stalls"]) if q else "rate"
+print(s["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summary.json")
+  echo "   stateplane: $want_flows records, $want_packets packets, $want_bytes bytes in $messages messages ($pacing)"
+  # Paced by nfcapd's socket queue (the default, auto, to a collector on this host): the
+  # socket dropped nothing and never stalled.
+  [ "$pacing" = rate ] || [ "$pacing" = queue:0:0 ] \
+    || fail "$name: paced by the collector's queue, yet it dropped or stalled ($pacing: drops, stalls)"
+  [[ " $extra " == *" --ipfix-rate "* ]] || [ "$pacing" != rate ] \
+    || fail "$name: the default pacing did not find nfcapd's socket on loopback"
   agrees_with_nfdump "$name" "$dir" "$want_flows" "$want_packets" "$want_bytes"
   if $gso; then
     # A capture on the sending host holds each send before the kernel cuts it, so tshark
@@ -177,9 +185,12 @@ run_case ipv6 "internet --packets 200000 --ipv6-share 1" "--features all"
 run_case mixed-biflow "internet --packets 300000 --ipv6-share 0.3" "--biflow --features all --workers 2"
 # Segmentation offload joins messages that fit in one send together: Ethernet-size ones.
 run_case mixed-gso "internet --packets 300000 --ipv6-share 0.2" "--ipfix-gso --mtu 1400 --ipfix-rate 0 --workers 2"
-# The default pacing against a collector as it comes (nfcapd's default receive buffer),
+# The default pacing (by the collector's socket queue) against a collector as it comes
+# (nfcapd's default receive buffer),
 # with two workers and the exporter on the same two cores: nothing may be lost, with
 # 64 KiB messages or with many small ones.
+# The same at a fixed rate (what auto does for a collector on another host).
+run_case default-buffer-fixed-rate "internet --packets 300000 --ipv6-share 0.2" "--workers 2 --ipfix-rate 28M" ""
 run_case default-buffer "internet --packets 1000000 --ipv6-share 0.2" "--workers 2" ""
 run_case default-buffer-1400 "internet --packets 1000000 --ipv6-share 0.2" "--workers 2 --mtu 1400" ""
 run_live_case

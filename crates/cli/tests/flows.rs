@@ -313,7 +313,7 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
     );
     refused(
         &["flows", "-i", "x.pcap", "--csv", "-", "--ipfix-rate", "2x"],
-        "'2x' is not bytes per second: a number, with k, M or G (e.g. 28M), or 0",
+        "'2x' is neither auto nor bytes per second: a number, with k, M or G (e.g. 28M), or 0",
     );
 }
 
@@ -509,7 +509,7 @@ fn flows_settings_errors_name_the_key_or_flag() {
     );
     let err = run_with("csv = \"x.csv\"\nipfix_rate = \"fast\"");
     assert!(
-        err.contains("ipfix_rate") && err.contains("is not bytes per second"),
+        err.contains("ipfix_rate") && err.contains("neither auto nor bytes per second"),
         "{err}"
     );
     let err = run_with("csv = \"x.csv\"\nidle_timeout = 3");

@@ -4,7 +4,8 @@
 //! pcapng), streamed so files larger than memory work; in-memory replay queues that load a
 //! trace once and replay it N times for benchmarks; sinks; huge-page-backed buffers; and
 //! live ports on network interfaces (AF_XDP and AF_PACKET rings, in [`live`]); and UDP
-//! segmentation offload for exporters ([`udp_socket`]).
+//! segmentation offload for exporters ([`udp_socket`]) with the queue of a receiver on
+//! this host that they pace themselves by ([`receive_queue`]).
 //!
 //! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
 //! or accept a capture whose link type is not Ethernet (it says which it found instead).
@@ -16,6 +17,7 @@ pub mod hugemem;
 pub mod live;
 pub mod pcap;
 pub mod pcapng;
+pub mod receive_queue;
 pub mod replay;
 pub mod udp_socket;
 

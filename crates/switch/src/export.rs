@@ -4,7 +4,7 @@
 //! full queue drops records and counts them.
 
 use crate::SetupResult;
-use crate::units::{ByteRate, MessageSize};
+use crate::units::{MessageSize, Pace};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError, bounded};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::exporter::{ExportCore, FLUSH_EVERY, Format, Output};
@@ -17,6 +17,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+mod pace;
+use pace::Spacing;
+pub use pace::{CollectorQueue, STALL};
 
 /// Where records go.
 #[derive(Clone, Debug)]
@@ -57,8 +61,8 @@ pub struct ExportConfig {
     pub domain: u32,
     /// Largest IPFIX message over UDP.
     pub mtu: MessageSize,
-    /// IPFIX bytes per second to each UDP collector; 0: as fast as the socket takes them.
-    pub rate: ByteRate,
+    /// How messages to each UDP collector are spaced.
+    pub pace: Pace,
     /// Send runs of equal-size UDP messages at once (UDP generic segmentation offload).
     pub gso: bool,
 }
@@ -85,6 +89,8 @@ pub struct SinkReport {
     pub reconnects: u64,
     /// The first error, after which the sink wrote nothing more.
     pub error: Option<String>,
+    /// IPFIX over UDP paced by its collector's socket queue: what it saw of it.
+    pub collector: Option<CollectorQueue>,
 }
 
 enum Out {
@@ -265,10 +271,14 @@ impl Sink {
                         .filter(|n| MESSAGE_LEN.contains(n))
                         .unwrap_or(MessageSize::FALLBACK),
                 };
+                let udp = UdpOut::new(s, c.pace, c.gso, now);
                 (
-                    // The size shows in the summary: what `auto` found on the route.
-                    format!("ipfix udp {addr} (messages of up to {size} bytes)"),
-                    Out::Udp(UdpOut::new(s, c.rate, c.gso, now)),
+                    // The size and the pace show in the summary: what `auto` found.
+                    format!(
+                        "ipfix udp {addr} (messages of up to {size} bytes, {})",
+                        udp.spacing.describe()
+                    ),
+                    Out::Udp(udp),
                     ipfix(size, TemplateRefresh::UDP),
                 )
             }
@@ -382,7 +392,10 @@ impl Sink {
     /// What it did (a TCP collector still away at the end is an error).
     fn finish(mut self) -> SinkReport {
         let (mut lost, mut reconnects) = (0, 0);
-        if let Out::Tcp(tcp) = &self.out {
+        let mut collector = None;
+        if let Out::Udp(udp) = self.out {
+            collector = udp.spacing.finish();
+        } else if let Out::Tcp(tcp) = &self.out {
             (lost, reconnects) = (tcp.lost, tcp.reconnects);
             if tcp.stream.is_none() && self.error.is_none() {
                 let cause = tcp.cause.as_deref().unwrap_or("lost");
@@ -399,6 +412,7 @@ impl Sink {
             lost,
             reconnects,
             error: self.error,
+            collector,
         }
     }
 }
@@ -473,78 +487,13 @@ fn deliver(sinks: &mut [Sink], now: Instant, output: Output) {
     }
 }
 
-/// Spaces UDP messages so that a collector's socket buffer is not overrun: a token bucket
-/// of `BURST_BYTES` refilled at the rate in bytes, so that large messages (64 KiB on
-/// loopback) and small ones put the same load on the collector (sleeping per message
-/// would cost more than the gap it waits for).
-struct Pacer {
-    /// Bytes per second; 0: unpaced.
-    rate: u64,
-    /// How long a burst takes at the rate.
-    burst: Duration,
-    /// Where the next message's slot begins: this runs ahead of now by the time the bytes
-    /// sent beyond the rate take at the rate.
-    next: Instant,
-    /// When the caller's last wait ends: the time is at least this, even if the caller
-    /// passes the instant its batch began.
-    awake: Instant,
-}
-
-/// Small enough that several bursts fit in a collector's default receive buffer (Linux:
-/// 208 KiB, where each 1,428-byte datagram takes 2,304), so that a collector kept off the
-/// CPU for a few bursts loses nothing: 16 messages of 1,400 bytes. With 64 (and twice
-/// that after an idle spell, which the pacer then allowed), nfcapd at its default buffer
-/// lost 0.2-2.3% of the records of a two-worker run at the default rate, in every run;
-/// with 16, none. A message larger than a burst goes on its own.
-const BURST_BYTES: u64 = 16 * 1400;
-
-impl Pacer {
-    fn new(rate: ByteRate, now: Instant) -> Pacer {
-        let mut pacer = Pacer {
-            rate: rate.0,
-            burst: Duration::ZERO,
-            next: now,
-            awake: now,
-        };
-        pacer.burst = pacer.time(BURST_BYTES);
-        pacer
-    }
-
-    /// How long `bytes` take at the rate (0 unpaced).
-    fn time(&self, bytes: u64) -> Duration {
-        let nanos = (u128::from(bytes) * 1_000_000_000).checked_div(u128::from(self.rate));
-        Duration::from_nanos(nanos.map_or(0, |n| u64::try_from(n).unwrap_or(u64::MAX)))
-    }
-
-    /// How long to wait, from `now`, before a message of `len` bytes, if at all (the
-    /// message is counted as sent when that wait is over).
-    fn delay(&mut self, now: Instant, len: usize) -> Option<Duration> {
-        if self.rate == 0 {
-            return None;
-        }
-        // Idle time earns nothing (a slot is never in the past), so at most a burst goes
-        // at once. The message that would overfill it waits for its slot, and the next
-        // burst goes with it then: one sleep per burst, not one per message.
-        let now = now.max(self.awake);
-        let slot = self.next.max(now);
-        let ahead = slot - now;
-        let time = self.time(len as u64);
-        self.next = slot + time;
-        let wait = !ahead.is_zero() && ahead + time > self.burst;
-        if wait {
-            self.awake = slot;
-        }
-        wait.then_some(ahead)
-    }
-}
-
 /// A UDP collector's socket. With segmentation offload asked for, runs of equal-size
 /// messages (the encoder fills each family's messages to the same size) go out in one
 /// send, which the kernel cuts into datagrams (on loopback about a quarter of the time
 /// per message: `stateplane-io`'s `udp_gso` example); else, or where the kernel cannot, one send per message.
 struct UdpOut {
     socket: UdpSocket,
-    pacer: Pacer,
+    spacing: Spacing,
     /// Messages held for the next send: `segments` of `segment` bytes, the last of which
     /// may be shorter (`tail`), and then nothing more may join.
     pending: Vec<u8>,
@@ -561,10 +510,10 @@ type Sent = (usize, usize);
 
 impl UdpOut {
     /// `gso`: send runs of messages at once where the kernel can; else one per send.
-    fn new(socket: UdpSocket, rate: ByteRate, gso: bool, now: Instant) -> UdpOut {
+    fn new(socket: UdpSocket, pace: Pace, gso: bool, now: Instant) -> UdpOut {
         UdpOut {
+            spacing: Spacing::new(pace, &socket, now),
             socket,
-            pacer: Pacer::new(rate, now),
             pending: Vec::with_capacity(udp::MAX_SEND_BYTES),
             segment: 0,
             segments: 0,
@@ -578,9 +527,9 @@ impl UdpOut {
     /// what is held first if it cannot join): what went out.
     fn push(&mut self, now: Instant, message: &[u8]) -> std::io::Result<Sent> {
         let mut sent = (0, 0);
-        if let Some(wait) = self.pacer.delay(now, message.len()) {
+        if let Some(wait) = self.spacing.before_send(now, message.len()) {
             sent = self.flush()?;
-            std::thread::sleep(wait);
+            self.spacing.wait(wait);
         }
         if !self.gso {
             Self::send(&self.socket, message)?;
@@ -798,6 +747,7 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::units::ByteRate;
 
     /// One sink behind the core, driven as the exporter thread drives it, on the clock.
     struct Driven(Exporting);
@@ -824,60 +774,6 @@ mod tests {
         }
     }
 
-    /// On the pacer's own clock: 16 messages of 1,400 bytes go at once, the next waits
-    /// until the burst is earned back at the rate and then goes with the next burst, and a
-    /// long idle spell earns no more than one burst (each burst must fit a collector's
-    /// buffer); messages larger than a burst go one at a time, spaced at the rate.
-    #[test]
-    fn the_pacer_sends_bursts_of_16_small_messages_at_the_rate() {
-        let rate = ByteRate(28_000_000);
-        let gap = Duration::from_micros(50); // 1,400 bytes at 28 MB/s
-        let start = Instant::now() + Duration::from_secs(1);
-        let mut pacer = Pacer::new(rate, start);
-        // The messages of `len` bytes that go at `now` without a wait, and the wait of
-        // the next one.
-        let mut burst = |now, len| {
-            let mut free = 0;
-            loop {
-                match pacer.delay(now, len) {
-                    None if free < 100 => free += 1,
-                    wait => return (free, wait),
-                }
-            }
-        };
-        let (free, wait) = burst(start, 1400);
-        assert_eq!(free, 16, "the first burst");
-        assert_eq!(wait, Some(gap * 16));
-        // The message that waited goes when its wait is over, with the rest of its burst.
-        let mut now = start + gap * 16;
-        for round in 0..5 {
-            let (free, wait) = burst(now, 1400);
-            assert_eq!(free + 1, 16, "burst {round} after a wait");
-            assert_eq!(wait, Some(gap * 16), "burst {round}");
-            now += gap * 16;
-        }
-        let (free, _) = burst(now + Duration::from_secs(10), 1400);
-        assert_eq!(free, 16, "after an idle spell");
-        // 64 KiB messages: one at a time, each waiting for the one before it.
-        let now = now + Duration::from_secs(20);
-        let big_gap = Duration::from_nanos(65_000 * 1_000_000_000 / 28_000_000);
-        let (free, wait) = burst(now, 65_000);
-        assert_eq!((free, wait), (1, Some(big_gap)));
-        let (free, wait) = burst(now + big_gap, 65_000);
-        assert_eq!((free, wait), (0, Some(big_gap)));
-        // A batch handed over at one instant: each wait counts from the end of the one
-        // before it (the caller has slept meanwhile), so ten messages take nine gaps in
-        // all. Counting each from the batch's instant made the waits grow by a gap per
-        // message: 45 gaps for ten, and 2.9 s for a 600,000-packet trace's 55 messages.
-        let later = now + Duration::from_secs(30);
-        let mut batch = Pacer::new(rate, later);
-        let waited: Duration = (0..10).filter_map(|_| batch.delay(later, 65_000)).sum();
-        assert_eq!(waited, big_gap * 9);
-        // Unpaced: never a wait.
-        let mut unpaced = Pacer::new(ByteRate(0), Instant::now());
-        assert!((0..1000).all(|_| unpaced.delay(start, 65_000).is_none()));
-    }
-
     /// Messages of changing sizes, with and without segmentation offload, reach a
     /// receiver as the same datagrams in the same order: runs of one size go out together,
     /// a shorter message ends a run, and a single message longer than the socket's last
@@ -893,7 +789,7 @@ mod tests {
             rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
             tx.connect(rx.local_addr().unwrap()).unwrap();
-            let mut out = UdpOut::new(tx, ByteRate(0), gso, Instant::now());
+            let mut out = UdpOut::new(tx, Pace::Rate(ByteRate(0)), gso, Instant::now());
             let mut sent = 0;
             for (i, m) in messages.iter().enumerate() {
                 sent += out.push(Instant::now(), m).unwrap().0;
@@ -910,6 +806,75 @@ mod tests {
                 assert_eq!(&buf[..n], &m[..], "message {i}, gso {gso}");
             }
         }
+    }
+
+    /// Sends `count` messages of 1,400 bytes with `pace` to a receiver on loopback that
+    /// reads `per_pause` datagrams between pauses of `pause` (none: it never reads): how
+    /// many it received, and what the sink saw of its queue.
+    fn send_to_a_slow_reader(
+        pace: Pace,
+        count: usize,
+        per_pause: Option<usize>,
+    ) -> (usize, Option<CollectorQueue>) {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        let mut out = UdpOut::new(tx, pace, false, Instant::now());
+        let reader = std::thread::spawn(move || {
+            let Some(per_pause) = per_pause else {
+                return (rx, 0);
+            };
+            rx.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            let mut buf = [0u8; 2048];
+            let mut got = 0;
+            while rx.recv(&mut buf).is_ok() {
+                got += 1;
+                if got % per_pause == 0 {
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            }
+            (rx, got)
+        });
+        for _ in 0..count {
+            out.push(Instant::now(), &[9; 1400]).unwrap();
+        }
+        out.flush().unwrap();
+        let (rx, got) = reader.join().unwrap();
+        let seen = out.spacing.finish();
+        drop(rx);
+        (got, seen)
+    }
+
+    /// Paced by the queue of a collector on this host, every message reaches a reader
+    /// slower than the sender, with no drop seen and the wait counted; unpaced, the same
+    /// reader drops most of them (the sender outruns it).
+    #[test]
+    fn pacing_by_the_collectors_queue_loses_nothing_to_a_slow_reader() {
+        let (got, seen) = send_to_a_slow_reader(Pace::Auto, 3000, Some(20));
+        let seen = seen.expect("a collector on loopback is paced by its queue");
+        assert_eq!(got, 3000, "{seen:?}");
+        assert_eq!((seen.drops, seen.stalls, seen.error), (0, 0, None));
+        assert!(seen.capacity > 0 && !seen.waited.is_zero());
+        let (got, seen) = send_to_a_slow_reader(Pace::Rate(ByteRate(0)), 3000, Some(20));
+        assert!(got < 3000, "unpaced, the slow reader kept up: {got}");
+        assert_eq!(seen, None);
+    }
+
+    /// A collector that reads nothing holds the sender up once for `STALL`, not for ever:
+    /// what its queue takes goes, then the rest goes regardless, and the stall and the
+    /// drops are reported.
+    #[test]
+    fn a_collector_that_stops_reading_is_waited_for_once_and_its_drops_reported() {
+        let start = Instant::now();
+        let (_, seen) = send_to_a_slow_reader(Pace::Auto, 400, None);
+        let seen = seen.unwrap();
+        assert_eq!(seen.stalls, 1, "{seen:?}");
+        assert!(seen.drops > 0, "{seen:?}");
+        assert!(
+            seen.waited >= STALL && start.elapsed() < STALL * 3,
+            "{seen:?}"
+        );
     }
 
     /// `n` IPv4 records of one packet each, told apart by their source port from `first`.
@@ -944,7 +909,7 @@ mod tests {
             biflow: false,
             domain: 7,
             mtu: MessageSize::Auto,
-            rate: ByteRate(0),
+            pace: Pace::Rate(ByteRate(0)),
             gso: false,
         }
     }

@@ -4,7 +4,7 @@
 
 use crate::SetupResult;
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
-use crate::units::{ByteRate, MessageSize, bounded};
+use crate::units::{MessageSize, Pace, bounded};
 use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
@@ -70,10 +70,13 @@ pub struct FlowSettings {
     /// only as flows arrive (but fills toward the budget sooner).
     #[arg(long)]
     pub presize_flows: bool,
-    /// IPFIX bytes per second to each UDP collector, in bursts of at most 22,400 bytes
-    /// (or one larger message): k, M and G for thousands, millions, billions; 0 unpaced.
+    /// How fast IPFIX goes to each UDP collector: auto, as fast as a collector on this
+    /// host reads (its socket's queue, which the kernel shows, is kept below three
+    /// quarters of its buffer, so nothing is dropped) and 28M to one on another host; or
+    /// bytes per second, in bursts of at most 22,400 bytes (or one larger message), with
+    /// k, M and G for thousands, millions, billions; 0 unpaced.
     #[arg(long, default_value_t = DEFAULT.ipfix_rate)]
-    pub ipfix_rate: ByteRate,
+    pub ipfix_rate: Pace,
     /// Largest IPFIX message over UDP, in bytes (512 to 65535), or auto: what one packet
     /// on the route to the collector carries (its MTU less the IP and UDP headers: 64 KiB
     /// on loopback, 1,472 bytes on Ethernet, read when the socket opens), or 1,400 where
@@ -109,9 +112,7 @@ const DEFAULT: FlowSettings = FlowSettings {
     microflow_slots: 4096,
     max_flows: 1 << 18,
     presize_flows: false,
-    // What 20,000 messages of 1,400 bytes a second were: nfcapd keeps up with it at its
-    // default receive buffer while the exporter shares its two cores.
-    ipfix_rate: ByteRate(28_000_000),
+    ipfix_rate: Pace::Auto,
     mtu: MessageSize::Auto,
     ipfix_gso: false,
     domain: 1,
@@ -226,7 +227,7 @@ impl FlowSettings {
                 biflow: self.biflow,
                 domain: self.domain,
                 mtu: self.mtu,
-                rate: self.ipfix_rate,
+                pace: self.ipfix_rate,
                 gso: self.ipfix_gso,
             },
             live,
@@ -286,8 +287,14 @@ impl FlowReport {
         let t = &self.stages;
         let sinks: Vec<_> = (self.export.sinks.iter())
             .map(|s| {
+                let collector = (s.collector.as_ref()).map(|c| {
+                    serde_json::json!({"buffer_bytes": c.capacity, "drops": c.drops,
+                    "waited_seconds": c.waited.as_secs_f64(), "stalls": c.stalls,
+                    "error": c.error})
+                });
                 serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
-                "lost_messages": s.lost, "reconnects": s.reconnects, "error": s.error})
+                "lost_messages": s.lost, "reconnects": s.reconnects, "error": s.error,
+                "collector_queue": collector})
             })
             .collect();
         serde_json::json!({
@@ -341,6 +348,28 @@ impl FlowReport {
                     s,
                     "; LOST {lost} messages while the collector was away (connected again {again} times)"
                 );
+            }
+            if let Some(c) = &sink.collector {
+                let waited = c.waited.as_secs_f64() * 1e3;
+                let _ = write!(
+                    s,
+                    "; the collector's socket: {} byte buffer, waited {waited:.1} ms for room",
+                    c.capacity
+                );
+                if c.drops > 0 {
+                    let _ = write!(s, ", DROPPED {} datagrams while this ran", c.drops);
+                }
+                if c.stalls > 0 {
+                    let _ = write!(
+                        s,
+                        ", STALLED {} times (took nothing for {} s; messages went regardless)",
+                        c.stalls,
+                        crate::export::STALL.as_secs()
+                    );
+                }
+                if let Some(e) = &c.error {
+                    let _ = write!(s, ", {e}");
+                }
             }
             s.push('\n');
         }

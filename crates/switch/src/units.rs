@@ -85,6 +85,44 @@ impl std::fmt::Display for ByteRate {
     }
 }
 
+/// How IPFIX over UDP is spaced: `auto`, as fast as a collector on this host reads (by its
+/// socket's queue, which the kernel shows) and at [`Pace::REMOTE`] to any other; or a
+/// fixed number of bytes per second (0: unpaced).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub enum Pace {
+    Auto,
+    Rate(ByteRate),
+}
+
+impl Pace {
+    /// `auto`'s rate to a collector on another host, whose queue cannot be seen: what
+    /// 20,000 messages of 1,400 bytes a second were, which nfcapd at its default receive
+    /// buffer keeps up with while the exporter shares its two cores.
+    pub const REMOTE: ByteRate = ByteRate(28_000_000);
+}
+
+impl std::str::FromStr for Pace {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Pace::Auto);
+        }
+        s.parse().map(Pace::Rate).map_err(|_| {
+            format!("'{s}' is neither auto nor bytes per second: a number, with k, M or G (e.g. 28M), or 0")
+        })
+    }
+}
+
+impl std::fmt::Display for Pace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pace::Auto => write!(f, "auto"),
+            Pace::Rate(rate) => write!(f, "{rate}"),
+        }
+    }
+}
+
 /// A config value given as a number or as text (`mtu = 1400` or `mtu = "auto"`).
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
@@ -115,7 +153,7 @@ macro_rules! from_number_or_text {
     )*};
 }
 
-from_number_or_text!(MessageSize, ByteRate, CaptureBuffer);
+from_number_or_text!(MessageSize, ByteRate, Pace, CaptureBuffer);
 
 /// A passive monitor's capture ring per worker and interface, in bytes: a number with k,
 /// M or G, from 1M to what [`RingConfig::MONITOR_BUFFER_MAX`] allows.
@@ -172,6 +210,19 @@ mod tests {
         for bad in ["", "M", "28m", "-1", "1.5M", "99999999999G"] {
             let e = bad.parse::<ByteRate>().unwrap_err();
             assert!(e.contains("bytes per second"), "{bad}: {e}");
+        }
+        assert_eq!("auto".parse(), Ok(Pace::Auto));
+        assert_eq!("28M".parse(), Ok(Pace::Rate(ByteRate(28_000_000))));
+        assert_eq!("0".parse(), Ok(Pace::Rate(ByteRate(0))));
+        for pace in [Pace::Auto, Pace::Rate(ByteRate(5_000))] {
+            assert_eq!(pace.to_string().parse(), Ok(pace));
+        }
+        for bad in ["", "Auto", "fast", "1.5M"] {
+            let e = bad.parse::<Pace>().unwrap_err();
+            assert!(
+                e.contains("neither auto nor bytes per second"),
+                "{bad}: {e}"
+            );
         }
         assert_eq!("auto".parse(), Ok(MessageSize::Auto));
         assert_eq!("1400".parse(), Ok(MessageSize::Bytes(1400)));

@@ -115,6 +115,23 @@ pub fn kick_send(fd: &OwnedFd, wait: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends `bytes` as one message on a socket that has its peer (a netlink socket's is the
+/// kernel): how many went.
+pub fn send(fd: &OwnedFd, bytes: &[u8]) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe `bytes`, which the kernel only reads.
+    let rc = unsafe { libc::send(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+    usize::try_from(rc).map_err(|_| last_error())
+}
+
+/// Receives one message into `buf`, waiting for it: how many bytes it filled (a message
+/// longer than `buf` is cut short).
+pub fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the pointer and length describe `buf`, which the kernel writes at most
+    // `buf.len()` bytes of.
+    let rc = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    usize::try_from(rc).map_err(|_| last_error())
+}
+
 /// Waits until one of `fds` is readable or `timeout_ms` passes; returns whether any is.
 pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<bool> {
     let mut polls: Vec<libc::pollfd> = fds
