@@ -164,6 +164,38 @@ fn assert_port(row: &BTreeMap<String, String>, got: &str, want: &str) -> u64 {
     number(row, "packets")
 }
 
+/// A flow table too small for the trace's flows: what it exported early is counted, and
+/// the summary names the setting that makes it larger.
+#[test]
+fn a_full_flow_table_is_reported_with_its_fix() {
+    let trace = tmp("full-table.pcap");
+    generate(20_000, 4, &trace);
+    let csv = tmp("full-table.csv");
+    let out = bin()
+        .args(["flows", "-i"])
+        .arg(&trace)
+        .args(["--max-flows", "16", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&out.stderr).to_string() + &ok(out);
+    let line = (summary.lines())
+        .find(|l| l.starts_with("evicted (full)"))
+        .unwrap_or_else(|| panic!("no eviction line in:\n{summary}"));
+    let evicted: u64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(evicted > 0, "{line}");
+    assert!(
+        line.contains("the flow table was full: --max-flows"),
+        "{line}"
+    );
+    let early = (csv_rows(&csv).iter())
+        .filter(|r| r["end_reason"] == "lack_of_resources")
+        .count() as u64;
+    // Those evicted while open say why; a flow TCP had closed leaves first, as an end of
+    // flow (only its final ACK could still have joined it).
+    assert!(early > 0 && early <= evicted, "{early} of {evicted}");
+}
+
 #[test]
 fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
     let trace = tmp("tcp.pcap");

@@ -328,7 +328,15 @@ impl FlowReport {
             s,
             "microflow recs {recs:>14}   ({ratio:.2} packets per record)"
         );
-        let _ = writeln!(s, "evicted (full) {:>14}", t.evicted_full);
+        let _ = match t.evicted_full {
+            0 => writeln!(s, "evicted (full) {:>14}", 0),
+            // Each of those flows goes on in another record: the user's fix is a larger table.
+            n => writeln!(
+                s,
+                "evicted (full) {n:>14}   (exported early, the flow table was full: \
+                 --max-flows, or max_flows in a [flows] section, makes it larger)"
+            ),
+        };
         if self.export.dropped > 0 {
             let dropped = self.export.dropped;
             let _ = writeln!(
