@@ -247,6 +247,33 @@ mod tests {
         assert!(QueueProbe::for_peer(&sender).unwrap().is_none());
     }
 
+    /// Over IPv6 too, and an IPv4 sender reaches a dual-stack socket bound to `[::]`: the
+    /// lookup finds the socket the kernel delivers to. (Skipped where the host has no IPv6
+    /// loopback.)
+    #[test]
+    fn the_probe_finds_ipv6_and_dual_stack_receivers() {
+        let Ok(receiver) = UdpSocket::bind("[::]:0") else {
+            return;
+        };
+        let port = receiver.local_addr().unwrap().port();
+        for peer in ["[::1]", "127.0.0.1"] {
+            let local = if peer.starts_with('[') {
+                "[::1]:0"
+            } else {
+                "127.0.0.1:0"
+            };
+            let sender = UdpSocket::bind(local).unwrap();
+            sender.connect(format!("{peer}:{port}")).unwrap();
+            let mut probe = QueueProbe::for_peer(&sender).unwrap().expect(peer);
+            assert_eq!(probe.read().unwrap().unwrap().queued, 0, "{peer}");
+            sender.send(&[1; 100]).unwrap();
+            let one = probe.read().unwrap().unwrap();
+            assert!(one.queued > 100, "{peer}: {one:?}");
+            let mut buf = [0; 200];
+            receiver.recv(&mut buf).unwrap();
+        }
+    }
+
     /// Only this host's addresses are read: 198.18.0.1 (benchmarking space, on no
     /// interface of a test machine) is another host's, even if a wildcard socket here has
     /// the port its collector listens on.
