@@ -58,8 +58,6 @@ const SAME_PORT: DropReason = DropReason::program(0);
 pub struct L2Learn {
     table: DeclaredTable<StationCodec>,
     digests: bool,
-    /// Stations not learned because the table was full.
-    pub not_learned: u64,
 }
 
 /// A station's key: the same (VLAN, MAC) key as `l2`'s static table.
@@ -120,7 +118,6 @@ impl L2Learn {
                 StationCodec::declaration("stations", cfg.capacity, false),
             ),
             digests: cfg.digests,
-            not_learned: 0,
         })
     }
 
@@ -156,11 +153,14 @@ impl Program for L2Learn {
                         *self.table.value_mut(id) = d.in_port;
                         self.table.restart_timer(id, now);
                     }
-                    None => match self.table.add_entry_from(d.in_port, key, d.in_port, 0, now) {
-                        Ok(_) if self.digests => self.table.digest(&key, &d.in_port, now),
-                        Ok(_) => {}
-                        Err(_) => self.not_learned += 1,
-                    },
+                    // A station not learned (table full, or its port over its rate) is
+                    // counted by the table by reason; its frames still flood.
+                    None => {
+                        let added = self.table.add_entry_from(d.in_port, key, d.in_port, 0, now);
+                        if added.is_ok() && self.digests {
+                            self.table.digest(&key, &d.in_port, now);
+                        }
+                    }
                 }
             }
             let known = if dst[0] & 1 == 0 {

@@ -151,8 +151,9 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     /// Bit `p`: entries of profile `p` may be dropped to make room (see the module doc).
     early_drop: u64,
     insert_limit: Option<InsertLimit>,
-    /// Per source, for `insert_limit`: sources are ports, so a few.
-    buckets: std::collections::HashMap<u16, Bucket>,
+    /// Per source, for `insert_limit`, indexed by it (sources are ports: a few small
+    /// numbers); `None` for a source not seen yet.
+    buckets: Vec<Option<Bucket>>,
     sweep_cursor: usize,
     notifications: Vec<Expired<K, V>>,
     notification_limit: usize,
@@ -199,7 +200,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             profiles: profiles.to_vec(),
             early_drop: 0,
             insert_limit: None,
-            buckets: std::collections::HashMap::new(),
+            buckets: Vec::new(),
             sweep_cursor: 0,
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
@@ -237,7 +238,12 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             return self.add_entry(key, value, profile, now_ns);
         };
         let cap = limit.burst.max(1).saturating_mul(NANO);
-        let bucket = self.buckets.entry(source).or_insert(Bucket {
+        let index = usize::from(source);
+        if self.buckets.len() <= index {
+            self.buckets.resize(index + 1, None);
+        }
+        // A new source starts with a full bucket.
+        let bucket = self.buckets[index].get_or_insert(Bucket {
             nano_tokens: cap,
             at_ns: now_ns,
         });
@@ -250,11 +256,13 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             self.stats.add_rate_limited += 1;
             return Err(AddError::RateLimited);
         }
+        // The token is taken only if the add succeeds (a full table costs the source none).
+        bucket.nano_tokens -= NANO;
         let added = self.add_entry(key, value, profile, now_ns);
-        if added.is_ok()
-            && let Some(b) = self.buckets.get_mut(&source)
+        if added.is_err()
+            && let Some(bucket) = &mut self.buckets[index]
         {
-            b.nano_tokens -= NANO;
+            bucket.nano_tokens += NANO;
         }
         added
     }
@@ -768,6 +776,56 @@ mod tests {
                 mode: ExpireMode::AutoDelete,
             },
         ]
+    }
+
+    /// Each source has its own bucket, which starts full, refills at the rate up to the
+    /// burst and no further, takes no token for an add the table refuses (full, or the
+    /// key there already), and survives a clock that steps back.
+    #[test]
+    fn insert_limits_are_per_source_buckets_that_refused_adds_do_not_drain() {
+        let mut t: ExactTable<u64, u64> = ExactTable::new(8, &[ExpireProfile::NEVER], 1);
+        t.set_insert_limit(Some(InsertLimit {
+            per_second: 1,
+            burst: 2,
+        }));
+        let s = 1_000 * MS;
+        assert!(t.add_entry_from(0, 1, 0, 0, s).is_ok());
+        assert_eq!(t.add_entry_from(0, 1, 0, 0, s), Err(AddError::Exists));
+        assert!(
+            t.add_entry_from(0, 2, 0, 0, s).is_ok(),
+            "the refusal took no token"
+        );
+        assert_eq!(t.add_entry_from(0, 3, 0, 0, s), Err(AddError::RateLimited));
+        // Another source, and a port number far past the others.
+        assert!(t.add_entry_from(7, 3, 0, 0, s).is_ok());
+        assert!(t.add_entry_from(u16::MAX, 4, 0, 0, s).is_ok());
+        // Ten seconds earn the burst, not ten tokens; a clock a second back earns nothing.
+        assert!(t.add_entry_from(0, 5, 0, 0, 11 * s).is_ok());
+        assert!(t.add_entry_from(0, 6, 0, 0, 10 * s).is_ok());
+        assert_eq!(
+            t.add_entry_from(0, 7, 0, 0, 11 * s),
+            Err(AddError::RateLimited)
+        );
+        assert_eq!(t.stats.add_rate_limited, 2);
+        // A full table refuses without taking the source's token.
+        let mut key = 100;
+        while t.len() < t.capacity() {
+            t.add_entry(key, 0, 0, 0).unwrap();
+            key += 1;
+        }
+        assert_eq!(t.add_entry_from(9, key, 0, 0, s), Err(AddError::TableFull));
+        assert_eq!(t.add_entry_from(9, key, 0, 0, s), Err(AddError::TableFull));
+        t.delete(&100);
+        assert!(t.add_entry_from(9, key, 0, 0, s).is_ok());
+        assert!(
+            t.add_entry_from(9, key + 1, 0, 0, s).is_err(),
+            "table full again"
+        );
+        t.delete(&101);
+        assert!(
+            t.add_entry_from(9, key + 1, 0, 0, s).is_ok(),
+            "the second token"
+        );
     }
 
     #[derive(Debug, Clone)]
