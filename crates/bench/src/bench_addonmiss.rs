@@ -559,13 +559,7 @@ fn digest_pass(
             Ok((visible, last))
         })
     };
-    let ctx = Context {
-        now_ns: 0,
-        worker: 0,
-        workers: 1,
-        hasher: stateplane_wire::FlowHasher::with_seed(1),
-        ports: 1,
-    };
+    let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 1);
     let (mut lookups, mut misses) = (Vec::new(), Vec::new());
     let mut missed = 0u64;
     let packets = every.map_or(a.keys, |_| a.packets);

@@ -246,14 +246,7 @@ fn run(
     let rss_before = resident_kib();
     let factory = factory(program, settings)?;
     let mut p: Box<dyn Running> = factory(0);
-    let hasher = FlowHasher::with_seed(1);
-    let mut ctx = Context {
-        now_ns: 0,
-        worker: 0,
-        workers: 1,
-        hasher,
-        ports: 2,
-    };
+    let mut ctx = Context::one_worker(0, FlowHasher::with_seed(1), 2);
     let mut o = Outcome {
         rss_kib: [rss_before, resident_kib(), 0],
         ..Outcome::default()

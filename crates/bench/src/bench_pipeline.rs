@@ -335,13 +335,7 @@ fn replay(
     updater: &mut Updater,
 ) -> Replay {
     let hasher = FlowHasher::with_seed(7);
-    let mut ctx = Context {
-        now_ns: 0,
-        worker: 0,
-        workers: 1,
-        hasher,
-        ports: 4,
-    };
+    let mut ctx = Context::one_worker(0, hasher, 4);
     let mut burst = Burst::with_capacity(burst_size);
     let mut digest = 0xcbf2_9ce4_8422_2325u64;
     let mut forwarded = 0;

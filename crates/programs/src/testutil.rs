@@ -10,13 +10,7 @@ pub fn hasher() -> FlowHasher {
 
 /// The context of worker 0 of 1 at `now_ns`, on a switch of `ports` ports.
 pub fn ctx(now_ns: u64, ports: usize) -> Context {
-    Context {
-        now_ns,
-        worker: 0,
-        workers: 1,
-        hasher: hasher(),
-        ports,
-    }
+    Context::one_worker(now_ns, hasher(), ports)
 }
 
 /// Runs `program` on one burst of `frames`, all arriving on port 0 at time 1, on a switch

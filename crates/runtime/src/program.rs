@@ -134,6 +134,20 @@ pub struct Context {
     pub ports: usize,
 }
 
+impl Context {
+    /// Worker 0 of 1 at `now_ns`, hashing with `hasher`, on a switch of `ports` ports: for
+    /// benchmarks and tests that run a program by hand.
+    pub fn one_worker(now_ns: u64, hasher: FlowHasher, ports: usize) -> Context {
+        Context {
+            now_ns,
+            worker: 0,
+            workers: 1,
+            hasher,
+            ports,
+        }
+    }
+}
+
 /// A network function. See the module documentation for the contract.
 pub trait Program: Send {
     /// What [`Program::prepare`] makes for every worker's [`Program::control`]; `()` for a
