@@ -96,7 +96,6 @@ def run(exporter, trace, packets, round_, tag):
     folder = os.path.join(work, f"{tag}-{name}-{round_}")
     collector = None
     if own_collector:
-        os.makedirs(os.path.join(work, "nfp"), exist_ok=True)
         subprocess.run(["rm", "-rf", os.path.join(work, "nfp")])
         os.makedirs(os.path.join(work, "nfp"))
         port = 0

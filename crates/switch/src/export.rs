@@ -861,6 +861,26 @@ mod tests {
         assert_eq!(seen, None);
     }
 
+    /// A collector that has gone (its socket closed) is not waited for: each message reads
+    /// the queue, finds none, and goes (the kernel refuses it, which is not an error).
+    #[test]
+    fn a_collector_gone_is_not_waited_for() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        let mut out = UdpOut::new(tx, Pace::Auto, false, Instant::now());
+        out.push(Instant::now(), &[1; 1400]).unwrap();
+        drop(rx);
+        let start = Instant::now();
+        for _ in 0..500 {
+            out.push(Instant::now(), &[1; 1400]).unwrap();
+        }
+        out.flush().unwrap();
+        let seen = out.spacing.finish().unwrap();
+        assert!(start.elapsed() < STALL / 2, "{:?}", start.elapsed());
+        assert_eq!((seen.stalls, seen.error), (0, None));
+    }
+
     /// A collector that reads nothing holds the sender up once for `STALL`, not for ever:
     /// what its queue takes goes, then the rest goes regardless, and the stall and the
     /// drops are reported.

@@ -27,7 +27,15 @@ impl Spacing {
     /// the queue of a collector on this host, and paces at [`Pace::REMOTE`] to any other.
     pub(super) fn new(pace: Pace, socket: &UdpSocket, now: Instant) -> Spacing {
         let probe = match pace {
-            Pace::Auto => QueueProbe::for_peer(socket).ok().flatten(),
+            // Where the kernel will not show the queue (no sock_diag here), the summary
+            // names the fixed rate that applies instead, and the log says why.
+            Pace::Auto => QueueProbe::for_peer(socket).unwrap_or_else(|e| {
+                log::warn!(
+                    "cannot read the collector's socket queue ({e}): pacing at {} bytes/s",
+                    Pace::REMOTE
+                );
+                None
+            }),
             Pace::Rate(_) => None,
         };
         match (pace, probe) {
