@@ -132,13 +132,7 @@ impl Switch {
                 io,
                 runtime: runtime.clone(),
                 factory: factory.clone(),
-                rebuild: Box::new(move || {
-                    let cfg = match &rebuild_options.config_path {
-                        Some(path) => RunConfig::load(path)?,
-                        None => RunConfig::default(),
-                    };
-                    Ok(load_program(rebuild_options.program.as_deref(), &cfg, &names)?.1)
-                }),
+                rebuild: Box::new(move || reload_program(&rebuild_options, &names, workers)),
                 metrics,
                 control,
                 monitor_buffer: cfg.capture_buffer.unwrap_or_default().0,
@@ -240,6 +234,23 @@ fn load_program(
     Ok((program_name, factory))
 }
 
+/// The program of a live run rebuilt from its configuration as it is now (SIGHUP), for the
+/// `workers` it runs on: one that cannot work on them is refused, as at the start (a
+/// reload keeps the workers it has).
+fn reload_program(
+    options: &SwitchOptions,
+    names: &PortNames,
+    workers: usize,
+) -> SetupResult<ProgramFactory> {
+    let cfg = match &options.config_path {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    let factory = load_program(options.program.as_deref(), &cfg, names)?.1;
+    factory(0).check_workers(workers, true)?;
+    Ok(factory)
+}
+
 /// The config's ports, checked: names unique, each port either files or an interface, and
 /// either every port live or none.
 fn checked_ports(cfg: &RunConfig) -> SetupResult<Vec<PortSection>> {
@@ -307,4 +318,35 @@ fn open_files(ports: &[PortSection], control_pcap: Option<&Path>) -> SetupResult
         ports: OfflinePorts { rx, tx, control },
         input_size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload to a program that cannot work on the running workers is refused with the
+    /// reason, as a start would be; on one worker, or to a program that can, it goes.
+    #[test]
+    fn a_reload_refuses_a_program_the_running_workers_cannot_run() {
+        let path =
+            std::env::temp_dir().join(format!("stateplane-reload-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "[program]\nname = \"kv\"\n[program.kv]\nserver = \"198.19.0.100\"\n",
+        )
+        .unwrap();
+        let options = SwitchOptions {
+            config_path: Some(path.clone()),
+            ..SwitchOptions::default()
+        };
+        let names = PortNames(vec!["p0".into(), "p1".into()]);
+        let refused = reload_program(&options, &names, 2)
+            .err()
+            .expect("kv on 2 workers");
+        assert!(refused.contains("kv runs on one worker"), "{refused}");
+        assert!(reload_program(&options, &names, 1).is_ok());
+        std::fs::write(&path, "[program]\nname = \"forward\"\n").unwrap();
+        assert!(reload_program(&options, &names, 2).is_ok());
+        std::fs::remove_file(&path).unwrap();
+    }
 }
