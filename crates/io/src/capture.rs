@@ -464,9 +464,10 @@ pub(crate) mod chunked_vs_streamed {
         }
     }
 
-    /// Reads `file` as the workers do: chunks of `chunk` bytes from where the last one's
-    /// whole records ended, with the context carried over (a chunk too small for a record
-    /// grows).
+    /// Reads `file` through [`ChunkedFile`] in reads of `chunk` bytes, each from where the
+    /// last one's whole records ended, with the context carried over (a read too small for
+    /// a record grows): the formats' side of the workers' walk, which meets records cut
+    /// anywhere after their start.
     pub fn chunked<F: ChunkedFile>(file: &F, chunk: usize) -> Met {
         let mut met: Met = (Vec::new(), None);
         let (mut offset, mut context) = file.first_record();

@@ -3,13 +3,16 @@
 //! packets, so that every packet is read and parsed once, and reading grows with the
 //! workers instead of bounding them.
 //!
-//! Chunk `k` is read by worker `k % N`. A chunk is the whole records in one read of
-//! `chunk_bytes` from where the chunk before it ended. Its reader walks it first and passes
-//! on where the next chunk starts (with the packet count, the input's clock, and the
-//! format's context there, such as the pcapng interfaces described so far), so the next
-//! chunk's reader starts while this one parses. Parsing takes the packets the walk found
-//! (it does not read their records again) and sorts them into one share per worker, by
-//! flow hash (the dispatcher's [`shard_of`]).
+//! Chunk `k` is read by worker `k % N`. A chunk is the records that start in the `k`-th
+//! block of `chunk_bytes` after the file's first record. Its reader reads the block (and a
+//! little past it, for the record that runs on into the next block) before it knows where
+//! its first record starts, so that the workers' reads, the costly part, run at the same
+//! time. Then it waits for that start from the reader of the chunk before (with the packet
+//! count, the input's clock, and the format's context there, such as the pcapng
+//! interfaces described so far), walks its records, and passes on where the first record
+//! after its block starts, so the next chunk's walk starts while this one parses. Parsing
+//! takes the packets the walk found (it does not read their records again) and sorts them
+//! into one share per worker, by flow hash (the dispatcher's [`shard_of`]).
 //!
 //! Each worker processes the shares of chunks 0, 1, 2, ... in that order, its own and the
 //! others', so each flow's packets reach their worker in file order, as from the
@@ -21,9 +24,10 @@
 //! is in flight stays bounded because no worker reads more than `AHEAD` of its chunks
 //! ahead of what it processes, and it processes only what every worker has read), or wait
 //! for a worker that has stopped (its channels close, which reads as the input's end).
-//! It cannot deadlock: the lowest chunk not yet read has its start known (the chunk before
-//! it is read), and its reader is not waiting on anything else, since a worker reads its
-//! own chunks up to `AHEAD` ahead before it waits for a share of an earlier chunk.
+//! It cannot deadlock: the lowest chunk not yet walked has its start known (the chunk
+//! before it is walked), and its reader is not waiting on anything else, since a worker
+//! reads its own chunks up to `AHEAD` ahead before it waits for a share of an earlier
+//! chunk, and a read waits on nothing.
 
 use crate::burst::Burst;
 use crate::counters::Stats;
@@ -38,15 +42,62 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A chunk's size where nothing else is asked for. A chunk and the bursts made from it
-/// should stay in the reading core's cache: on this project's 2-core machine (1 MiB of L2
-/// per core), two workers took the same time with chunks of 64 to 256 KiB, and 1.3x as
-/// long with 1 MiB, 1.5x with 4 MiB (BENCHMARKS.md, flow export, says how).
+/// A chunk's size where nothing else is asked for. A block read should stay in the
+/// reading core's cache (1 MiB of L2 per core on this project's 2-core machine) while it
+/// is parsed, and a chunk should be long enough that the hand-offs between workers are
+/// few: on the 5-million-packet realistic trace of BENCHMARKS.md's flow export, two
+/// workers keeping headers took the same time within the machine's noise with blocks of
+/// 128 KiB to 1 MiB, and each hand-off that finds the other worker not ready costs a
+/// context switch (64 KiB: 3 to 5 times as many, and up to 2x the time).
 pub const CHUNK_BYTES: usize = 256 << 10;
 
 /// How many of its own chunks a worker reads ahead of the one it processes, so that
 /// neither waits when one worker's chunk takes longer.
 const AHEAD: usize = 2;
+
+/// Bytes read past a block's end with it, so that the record that starts in the block and
+/// runs on into the next is read whole with it (a longer one takes a second read).
+const SLACK: usize = 2048;
+
+/// Which bytes of each packet go into the bursts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PacketBytes {
+    /// The packet as the file holds it.
+    #[default]
+    Whole,
+    /// Its headers, up to where the parser found the transport payload to start (the whole
+    /// packet where it did not get that far), as a capture cut at that length would hold
+    /// it: for programs that read the parsed headers and no payload, such as a flow
+    /// monitor's, so that the payload is not copied. The workers' received bytes count
+    /// what is kept.
+    Headers,
+}
+
+impl PacketBytes {
+    /// What of `packet`, parsed as `parsed`, goes into a burst.
+    #[inline]
+    fn kept<'a>(self, packet: &RxPacket<'a>, parsed: &Parsed) -> RxPacket<'a> {
+        let headers = usize::from(parsed.payload_offset);
+        match self {
+            PacketBytes::Headers if headers > 0 && headers < packet.data.len() => RxPacket {
+                data: &packet.data[..headers],
+                ..*packet
+            },
+            _ => *packet,
+        }
+    }
+}
+
+/// How the workers read a file in chunks.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkConfig {
+    pub workers: usize,
+    /// The run's flow hasher: a flow's packets go to the worker its hash chooses.
+    pub hasher: FlowHasher,
+    pub burst_size: usize,
+    pub chunk_bytes: usize,
+    pub bytes: PacketBytes,
+}
 
 /// Where a chunk starts, passed from each chunk's reader to the next one's.
 #[derive(Debug, Clone)]
@@ -94,12 +145,11 @@ struct Channels<C> {
 /// the module doc).
 pub struct ChunkShard<F: ChunkedFile> {
     worker: usize,
-    workers: usize,
     file: Arc<F>,
     port: PortId,
-    hasher: FlowHasher,
-    burst_size: usize,
-    chunk_bytes: usize,
+    config: ChunkConfig,
+    /// Where the first record starts: block `k` starts `k * chunk_bytes` after it.
+    first: u64,
     channels: Channels<F::Context>,
     /// The chunk whose share is processed next.
     next_chunk: u64,
@@ -117,8 +167,8 @@ pub struct ChunkShard<F: ChunkedFile> {
     next_read: Option<u64>,
     /// Whether the input's end has been handed out.
     done: bool,
-    /// What this worker's chunks hold: the records in `buf`, the packets among them, their
-    /// shares.
+    /// What this worker's chunks hold: the bytes read from its block's start, the packets
+    /// among them, their shares.
     buf: Vec<u8>,
     walked: Vec<Walked>,
     building: Vec<Vec<Burst>>,
@@ -129,20 +179,30 @@ pub struct ChunkShard<F: ChunkedFile> {
     round: u64,
 }
 
+/// The bytes of a block read so far: `buf[..read]` holds the file from `offset`, and
+/// `at_end` says that they run to the file's end.
+#[derive(Clone, Copy, Debug)]
+struct BlockRead {
+    offset: u64,
+    read: usize,
+    at_end: bool,
+}
+
 impl<F: ChunkedFile + 'static> ChunkShard<F> {
-    /// The sources of `workers` workers reading `file`, which arrives on `port`, in chunks
-    /// of `chunk_bytes` (one that cannot hold a record whole grows to hold it), hashing as
-    /// the run's `hasher`. The bytes read are added to `handle`'s count, for progress.
+    /// The sources of `config.workers` workers reading `file`, which arrives on `port`, in
+    /// chunks. The bytes read are added to `handle`'s count, for progress.
     pub fn for_workers(
         file: Arc<F>,
         port: PortId,
-        workers: usize,
-        hasher: FlowHasher,
-        burst_size: usize,
-        chunk_bytes: usize,
+        config: ChunkConfig,
         handle: &RunHandle,
     ) -> Vec<Box<dyn BurstSource>> {
-        let workers = workers.max(1);
+        let config = ChunkConfig {
+            workers: config.workers.max(1),
+            chunk_bytes: config.chunk_bytes.max(1),
+            ..config
+        };
+        let workers = config.workers;
         let (start_tx, start_rx): (Vec<_>, Vec<_>) = (0..workers).map(|_| unbounded()).unzip();
         let (spent_tx, spent_rx): (Vec<_>, Vec<_>) = (0..workers).map(|_| unbounded()).unzip();
         // One channel for each pair of workers, by receiver then sender.
@@ -169,12 +229,10 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 };
                 let shard = ChunkShard {
                     worker: w,
-                    workers,
                     file: file.clone(),
                     port,
-                    hasher,
-                    burst_size,
-                    chunk_bytes,
+                    config,
+                    first: offset,
                     channels,
                     next_chunk: 0,
                     current: VecDeque::new(),
@@ -184,7 +242,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                     own: VecDeque::new(),
                     next_read: Some(w as u64),
                     done: false,
-                    buf: vec![0; chunk_bytes],
+                    buf: vec![0; config.chunk_bytes + SLACK],
                     walked: Vec::new(),
                     building: (0..workers).map(|_| Vec::new()).collect(),
                     stats: Stats::default(),
@@ -197,24 +255,39 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             .collect()
     }
 
-    /// Reads this worker's next chunk: passes on where the one after it starts, sends
-    /// each other worker its share and keeps its own; or, when the input has ended before
-    /// it, says so to every worker and to the next reader.
+    /// Reads this worker's next chunk: reads its block, waits for where its first record
+    /// starts, passes on where the next chunk's does, sends each other worker its share
+    /// and keeps its own; or, when the input has ended before it, says so to every worker
+    /// and to the next reader.
     fn read_chunk(&mut self) {
         let Some(chunk) = self.next_read else {
             return;
         };
+        let block_bytes = self.config.chunk_bytes as u64;
+        let offset = chunk.saturating_mul(block_bytes).saturating_add(self.first);
+        self.buf.resize(self.config.chunk_bytes + SLACK, 0);
+        // Before the wait: the reads of the workers' blocks overlap.
+        let read = self
+            .file
+            .read_at(offset, &mut self.buf)
+            .map(|read| BlockRead {
+                offset,
+                read,
+                at_end: read < self.buf.len(),
+            });
         let Ok(Some(start)) = self.channels.starts.recv() else {
             self.end_input();
             return;
         };
-        let mut buf = std::mem::take(&mut self.buf);
-        let (walked, next) = self.walk(&mut buf, &start);
+        let (walked, next) = match read {
+            Ok(block) => self.walk(block, offset.saturating_add(block_bytes), &start),
+            Err(e) => (0, self.fault(e)),
+        };
         let _ = self.channels.next_reader.send(next);
+        let buf = std::mem::take(&mut self.buf);
         self.parse(&buf, &start);
-        buf.truncate(self.chunk_bytes);
         self.buf = buf;
-        self.input_bytes.fetch_add(walked as u64, Ordering::Relaxed);
+        self.input_bytes.fetch_add(walked, Ordering::Relaxed);
         for (to, bursts) in self.building.iter_mut().enumerate() {
             let share = Some(std::mem::take(bursts));
             if to == self.worker {
@@ -223,65 +296,76 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 let _ = self.channels.shares_out[to].send(share);
             }
         }
-        self.next_read = Some(chunk + self.workers as u64);
+        self.next_read = Some(chunk + self.config.workers as u64);
     }
 
-    /// Reads the chunk at `start` into `buf` and walks its records: how many bytes of
-    /// whole records it holds, and where the next chunk starts (`None` if the input ends
-    /// in this one, or cannot be read past a fault in it, which is kept as an error).
+    /// Walks the records that start from `start` up to `block_end` in the block read into
+    /// `buf` (reading on where a record runs past what is read): how many bytes they take,
+    /// and where the next chunk starts (`None` if the input ends in this one, or cannot be
+    /// read past a fault in it, which is kept as an error).
     fn walk(
         &mut self,
-        buf: &mut Vec<u8>,
+        mut block: BlockRead,
+        block_end: u64,
         start: &ChunkStart<F::Context>,
-    ) -> (usize, Start<F::Context>) {
-        let read = match self.file.read_at(start.offset, buf) {
-            Ok(n) => n,
-            Err(e) => return (0, self.fault(e)),
-        };
-        let at_end = read < buf.len();
-        let bytes = &buf[..read];
-        let (mut walked, mut clock_ns) = (0, start.clock_ns);
+    ) -> (u64, Start<F::Context>) {
+        let (mut at, mut clock_ns) = (start.offset, start.clock_ns);
         let mut context = start.context.clone();
         self.walked.clear();
-        loop {
-            let at_byte = start.offset + walked as u64;
-            match (self.file).record(&bytes[walked..], at_byte, at_end, &mut context) {
+        while at < block_end {
+            // The start of a block's first record lies in what was read of it, since the
+            // record before it ended there (and nothing is read past the file's end).
+            let Some(from) = (at.checked_sub(block.offset))
+                .and_then(|from| usize::try_from(from).ok())
+                .filter(|&from| from <= block.read)
+            else {
+                let e = format!("byte {at} lies outside the chunk read at {}", block.offset);
+                return (at - start.offset, self.fault(e));
+            };
+            let bytes = &self.buf[from..block.read];
+            match self.file.record(bytes, at, block.at_end, &mut context) {
                 Ok(Some(record)) => {
-                    walked += record.len;
+                    at += record.len as u64;
                     if let Some(packet) = record.packet {
                         clock_ns = clock_ns.max(packet.ts_ns);
                         self.walked.push(Walked {
-                            // The packet's data lies inside `bytes`.
-                            at: packet.data.as_ptr() as usize - bytes.as_ptr() as usize,
+                            // The packet's data lies inside `buf`.
+                            at: packet.data.as_ptr() as usize - self.buf.as_ptr() as usize,
                             len: packet.data.len(),
                             orig_len: packet.orig_len,
                             ts_ns: packet.ts_ns,
                         });
                     }
                 }
-                Ok(None) if at_end || walked > 0 => break,
+                Ok(None) if block.at_end => break,
                 Ok(None) => {
-                    // A record longer than a chunk: read it whole (chunks are kept small
-                    // to stay in the core's cache; records that long are rare).
+                    // The record runs past what was read: read on, to its longest.
                     let longest = self.file.max_record_len();
-                    if buf.len() >= longest {
-                        let e =
-                            format!("a record at byte {at_byte} claims more than {longest} bytes");
-                        return (walked, self.fault(e));
+                    if bytes.len() >= longest {
+                        let e = format!("a record at byte {at} claims more than {longest} bytes");
+                        return (at - start.offset, self.fault(e));
                     }
-                    buf.resize(longest, 0);
-                    return self.walk(buf, start);
+                    self.buf.resize(from + longest, 0);
+                    let more = block.offset + block.read as u64;
+                    match self.file.read_at(more, &mut self.buf[block.read..]) {
+                        Ok(n) => {
+                            block.read += n;
+                            block.at_end = block.read < self.buf.len();
+                        }
+                        Err(e) => return (at - start.offset, self.fault(e)),
+                    }
                 }
-                Err(e) => return (walked, self.fault(e)),
+                Err(e) => return (at - start.offset, self.fault(e)),
             }
         }
+        let ended = block.at_end && at == block.offset + block.read as u64;
         let next = ChunkStart {
-            offset: start.offset + walked as u64,
+            offset: at,
             context,
             seq: start.seq + self.walked.len() as u64,
             clock_ns,
         };
-        (walked, (!at_end).then_some(next))
+        (at - start.offset, (!ended).then_some(next))
     }
 
     /// Keeps `e` as the input's error, where it stops: no chunk starts after this one.
@@ -291,7 +375,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
         None
     }
 
-    /// Parses the packets the walk found in the chunk `bytes`, which starts at `start`,
+    /// Parses the packets the walk found in the block read into `bytes`, from `start`,
     /// into each worker's share.
     fn parse(&mut self, bytes: &[u8], start: &ChunkStart<F::Context>) {
         let (mut seq, mut clock_ns) = (start.seq, start.clock_ns);
@@ -304,11 +388,11 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 ts_ns: w.ts_ns,
             };
             clock_ns = clock_ns.max(packet.ts_ns);
-            let (port, hasher) = (self.port, &self.hasher);
+            let (port, hasher) = (self.port, &self.config.hasher);
             if ingress::parse(&packet, port, hasher, &mut parsed, Some(&mut self.stats)) {
-                let to = shard_of(parsed.hash, self.workers);
-                (self.room(to, packet.data.len(), clock_ns))
-                    .push_parsed(&packet, port, seq, &parsed);
+                let to = shard_of(parsed.hash, self.config.workers);
+                let kept = self.config.bytes.kept(&packet, &parsed);
+                (self.room(to, kept.data.len(), clock_ns)).push_parsed(&kept, port, seq, &parsed);
             }
             seq += 1;
         }
@@ -334,7 +418,7 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 }
             }
             let mut burst =
-                (self.free.pop()).unwrap_or_else(|| Burst::with_capacity(self.burst_size));
+                (self.free.pop()).unwrap_or_else(|| Burst::with_capacity(self.config.burst_size));
             burst.clear();
             burst.parsed = true;
             bursts.push(burst);
@@ -389,11 +473,11 @@ impl<F: ChunkedFile + 'static> BurstSource for ChunkShard<F> {
             let chunk = self.next_chunk;
             while self
                 .next_read
-                .is_some_and(|c| c < chunk + (AHEAD * self.workers) as u64)
+                .is_some_and(|c| c < chunk + (AHEAD * self.config.workers) as u64)
             {
                 self.read_chunk();
             }
-            let from = (chunk % self.workers as u64) as usize;
+            let from = (chunk % self.config.workers as u64) as usize;
             let share = if from == self.worker {
                 self.own.pop_front().flatten()
             } else {

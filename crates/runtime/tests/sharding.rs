@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_runtime::chunked::ChunkShard;
+use stateplane_runtime::chunked::{ChunkConfig, ChunkShard, PacketBytes};
 use stateplane_runtime::{
     Burst, ChunkedFile, Context, Counter, FileRecord, MemoryRx, Program, ProgramFactory, RxPacket,
     RxPort, TxPort, Verdict,
@@ -103,8 +103,17 @@ impl ChunkedFile for MemFile {
     }
 }
 
-/// Chunks small enough that a test's trace spans a few hundred of them.
-const CHUNK: usize = 4096;
+/// Chunks small enough that a test's trace spans a few hundred of them, for `workers`
+/// workers, in bursts of 32.
+fn chunks(workers: usize, hasher: FlowHasher) -> ChunkConfig {
+    ChunkConfig {
+        workers,
+        hasher,
+        burst_size: 32,
+        chunk_bytes: 4096,
+        bytes: PacketBytes::Whole,
+    }
+}
 
 #[derive(Clone, Default)]
 struct Collect(Arc<Mutex<Vec<u64>>>);
@@ -298,7 +307,7 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
         };
         let sources: Vec<Box<dyn BurstSource>> = if chunked {
             let file = MemFile::new(&packets);
-            ChunkShard::for_workers(file, 0, workers, cfg.hasher, 32, CHUNK, &handle)
+            ChunkShard::for_workers(file, 0, chunks(workers, cfg.hasher), &handle)
         } else if shared {
             ReadAhead::spawn_shared(port(&packets), workers, cfg.hasher, 32, &handle).unwrap()
         } else {
@@ -455,7 +464,7 @@ fn chunk_shards_end_at_the_input_end_a_fault_or_a_stop() {
     for (n, workers) in [(0, 1), (0, 3), (10, 4), (5_000, 2)] {
         let file = MemFile::new(&packets[..n]);
         let handle = RunHandle::new(workers);
-        let sources = ChunkShard::for_workers(file, 0, workers, hasher, 32, CHUNK, &handle);
+        let sources = ChunkShard::for_workers(file, 0, chunks(workers, hasher), &handle);
         assert_eq!(
             drain(sources),
             (n, Vec::new()),
@@ -467,9 +476,7 @@ fn chunk_shards_end_at_the_input_end_a_fault_or_a_stop() {
     let whole = cut.bytes.len();
     Arc::get_mut(&mut cut).unwrap().bytes.truncate(whole - 5);
     let handle = RunHandle::new(3);
-    let (seen, errors) = drain(ChunkShard::for_workers(
-        cut, 0, 3, hasher, 32, CHUNK, &handle,
-    ));
+    let (seen, errors) = drain(ChunkShard::for_workers(cut, 0, chunks(3, hasher), &handle));
     assert_eq!(seen, 4_999);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
@@ -480,11 +487,90 @@ fn chunk_shards_end_at_the_input_end_a_fault_or_a_stop() {
     // worker waited on the stopped one's shares).
     let handle = RunHandle::new(2);
     let file = MemFile::new(&trace(50_000));
-    let mut sources = ChunkShard::for_workers(file, 0, 2, hasher, 32, CHUNK, &handle).into_iter();
+    let mut sources = ChunkShard::for_workers(file, 0, chunks(2, hasher), &handle).into_iter();
     let (first, mut second) = (sources.next().unwrap(), sources.next().unwrap());
     let first = std::thread::spawn(move || drain(vec![first]));
     assert!(second.fill(&mut Burst::with_capacity(32)));
     drop(second);
     let (seen, _) = first.join().unwrap();
     assert!(seen < 25_000, "the first worker's input went on ({seen})");
+}
+
+/// What each worker's bursts held, packet by packet: (input sequence number, time, bytes
+/// held, length on the wire), and the errors the sources met.
+type Held = (Vec<Vec<(u64, u64, Vec<u8>, u32)>>, Vec<String>);
+
+/// Runs each source on a thread of its own to the input's end.
+fn drain_held(sources: Vec<Box<dyn BurstSource>>) -> Held {
+    let threads: Vec<_> = (sources.into_iter())
+        .map(|mut source| {
+            std::thread::spawn(move || {
+                let mut burst = Burst::with_capacity(32);
+                let mut held = Vec::new();
+                while source.fill(&mut burst) {
+                    for (d, data) in burst.iter() {
+                        held.push((d.seq, d.ts_ns, data.to_vec(), d.orig_len));
+                    }
+                    burst.clear();
+                }
+                (held, source.finish().1)
+            })
+        })
+        .collect();
+    let mut out: Held = (Vec::new(), Vec::new());
+    for t in threads {
+        let (held, errors) = t.join().unwrap();
+        out.0.push(held);
+        out.1.extend(errors);
+    }
+    out
+}
+
+/// Records of every size against blocks of 4 KiB: records that run on into the next block
+/// by every number of bytes, and records longer than one block or several (the blocks they
+/// cover start no record), hand out every packet once, whole, in input order per worker,
+/// with its time, to 1 to 4 workers; and with `PacketBytes::Headers`, bursts hold each
+/// packet's headers (up to its transport payload) and its length on the wire.
+#[test]
+fn chunk_shards_hand_out_every_packet_once_whatever_the_records_sizes() {
+    let hasher = FlowHasher::with_seed(3);
+    let mut packets = trace(3_000);
+    for (i, (_, data)) in packets.iter_mut().enumerate() {
+        // Padding after the IP packet, as Ethernet allows: the parse is the same.
+        let pad = match i % 500 {
+            7 => 3 * 4096 + 5,
+            11 => 4096,
+            _ => i % 97,
+        };
+        data.resize(data.len() + pad, 0xee);
+    }
+    let file = MemFile::new(&packets);
+    for workers in 1..=4 {
+        for bytes in [PacketBytes::Whole, PacketBytes::Headers] {
+            let config = ChunkConfig {
+                bytes,
+                ..chunks(workers, hasher)
+            };
+            let handle = RunHandle::new(workers);
+            let (held, errors) =
+                drain_held(ChunkShard::for_workers(file.clone(), 0, config, &handle));
+            assert!(errors.is_empty(), "{errors:?}");
+            let mut all: Vec<_> = held.iter().flatten().cloned().collect();
+            for worker in &held {
+                assert!(worker.windows(2).all(|w| w[0].0 < w[1].0), "out of order");
+            }
+            all.sort_by_key(|p| p.0);
+            assert_eq!(all.len(), packets.len(), "{workers} workers, {bytes:?}");
+            for (seq, ((ts, data), got)) in packets.iter().zip(&all).enumerate() {
+                assert_eq!((got.0, got.1, got.3), (seq as u64, *ts, data.len() as u32));
+                let mut parsed = stateplane_wire::Parsed::EMPTY;
+                stateplane_wire::parse_in_place(data, 0, &hasher, &mut parsed).unwrap();
+                let kept = match (bytes, usize::from(parsed.payload_offset)) {
+                    (PacketBytes::Headers, headers) if headers > 0 => headers,
+                    _ => data.len(),
+                };
+                assert_eq!(got.2, data[..kept], "packet {seq}, {bytes:?}");
+            }
+        }
+    }
 }

@@ -17,7 +17,7 @@ use crate::units::{CaptureBuffer, bounded};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
 use stateplane_programs::monitor::Monitor;
-use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkShard};
+use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkConfig, ChunkShard, PacketBytes};
 use stateplane_runtime::{BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded};
 use stateplane_runtime::{ChunkedFile, PortId, ProgramFactory, RxPort};
 use stateplane_wire::FlowHasher;
@@ -337,20 +337,19 @@ fn input_size(inputs: &[PathBuf]) -> u64 {
         .sum()
 }
 
-/// The workers' sources for `file`, read in chunks by all of them.
+/// The workers' sources for `file`, read in chunks by all of them. The monitor's program
+/// and flow stage read the parsed headers only, so the payload stays out of the bursts.
 fn chunk_shards<F: ChunkedFile + 'static>(
     file: F,
     runtime: &RuntimeConfig,
     handle: &RunHandle,
 ) -> Vec<Box<dyn BurstSource>> {
-    let (workers, hasher, burst) = (runtime.workers, runtime.hasher, runtime.burst_size);
-    ChunkShard::for_workers(
-        Arc::new(file),
-        0,
-        workers,
-        hasher,
-        burst,
-        CHUNK_BYTES,
-        handle,
-    )
+    let config = ChunkConfig {
+        workers: runtime.workers,
+        hasher: runtime.hasher,
+        burst_size: runtime.burst_size,
+        chunk_bytes: CHUNK_BYTES,
+        bytes: PacketBytes::Headers,
+    };
+    ChunkShard::for_workers(Arc::new(file), 0, config, handle)
 }
