@@ -34,7 +34,7 @@ use crate::counters::Stats;
 use crate::port::{ChunkedFile, RxPacket};
 use crate::program::PortId;
 use crate::run_config::RunHandle;
-use crate::source::{BurstSource, ingress};
+use crate::source::{BurstSource, PacketBytes, ingress};
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed};
@@ -58,35 +58,6 @@ const AHEAD: usize = 2;
 /// Bytes read past a block's end with it, so that the record that starts in the block and
 /// runs on into the next is read whole with it (a longer one takes a second read).
 const SLACK: usize = 2048;
-
-/// Which bytes of each packet go into the bursts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum PacketBytes {
-    /// The packet as the file holds it.
-    #[default]
-    Whole,
-    /// Its headers, up to where the parser found the transport payload to start (the whole
-    /// packet where it did not get that far), as a capture cut at that length would hold
-    /// it: for programs that read the parsed headers and no payload, such as a flow
-    /// monitor's, so that the payload is not copied. The workers' received bytes count
-    /// what is kept.
-    Headers,
-}
-
-impl PacketBytes {
-    /// What of `packet`, parsed as `parsed`, goes into a burst.
-    #[inline]
-    fn kept<'a>(self, packet: &RxPacket<'a>, parsed: &Parsed) -> RxPacket<'a> {
-        let headers = usize::from(parsed.payload_offset);
-        match self {
-            PacketBytes::Headers if headers > 0 && headers < packet.data.len() => RxPacket {
-                data: &packet.data[..headers],
-                ..*packet
-            },
-            _ => *packet,
-        }
-    }
-}
 
 /// How the workers read a file in chunks.
 #[derive(Clone, Copy, Debug)]

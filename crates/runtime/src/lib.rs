@@ -44,7 +44,7 @@ pub use program::{
 pub use read_ahead::ReadAhead;
 pub use run_config::{RunHandle, RunReport, RuntimeConfig};
 pub use sharded::run_sharded;
-pub use source::{BurstSource, OwnShard};
+pub use source::{BurstSource, OwnShard, PacketBytes};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{

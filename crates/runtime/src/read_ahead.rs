@@ -5,7 +5,7 @@ use crate::counters::Stats;
 use crate::port::RxPort;
 use crate::program::PortId;
 use crate::run_config::RunHandle;
-use crate::source::{BurstSource, Merged, Offered, ingress};
+use crate::source::{BurstSource, Merged, Offered, PacketBytes, ingress};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::{FlowHasher, Parsed};
@@ -32,9 +32,13 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Bursts per batch, and batches in flight: 16 x 64 packets ahead per batch, and
-    /// enough batches that neither side waits while the other is busy.
-    const BATCH: usize = 16;
+    /// Bursts per batch, and batches in flight: 64 x 64 packets ahead per batch, and
+    /// enough batches that neither side waits while the other is busy. The reader is the
+    /// slower side of a flow monitor, and waking its waiting worker costs it 15 µs on this
+    /// project's 2-core VM: 64 bursts a batch took a fifth less time than 16 on one worker
+    /// (`perf stat` of `stateplane flows` on BENCHMARKS.md's 5-million-packet traces, with
+    /// bursts that keep headers only, 2026-11-26).
+    const BATCH: usize = 64;
     const BATCHES: usize = 4;
 
     /// Runs `source` on a new thread named `name`, filling bursts of `burst_size`.
@@ -107,13 +111,14 @@ impl ReadAhead {
     /// in time order, parses each packet and hands it to its shard's worker (the
     /// dispatcher's [`shard_of`]), in batches of bursts as [`ReadAhead::spawn`] does for
     /// one: the input is read and parsed once, where [`OwnShard`]s each read all of it.
-    /// Each worker's source, in order; the first one's reports what the input dropped, and
-    /// the reader updates `handle`'s bytes read (for progress).
+    /// Each worker's source, in order, with `bytes` of each packet; the first one's reports
+    /// what the input dropped, and the reader updates `handle`'s bytes read (for progress).
     pub fn spawn_shared(
         rx: Vec<(PortId, Box<dyn RxPort>)>,
         workers: usize,
         hasher: FlowHasher,
         burst_size: usize,
+        bytes: PacketBytes,
         handle: &RunHandle,
     ) -> std::io::Result<Vec<Box<dyn BurstSource>>> {
         let mut lanes = Vec::new();
@@ -126,7 +131,7 @@ impl ReadAhead {
         let input_bytes = handle.input_bytes.clone();
         let reader = std::thread::Builder::new()
             .name("reader".into())
-            .spawn(move || read_shared(Merged::open(rx), lanes, &hasher, &input_bytes))?;
+            .spawn(move || read_shared(Merged::open(rx), lanes, &hasher, bytes, &input_bytes))?;
         let mut reader = Some(reader);
         Ok((ends.into_iter())
             .map(|(full, spent)| {
@@ -212,6 +217,7 @@ fn read_shared(
     mut input: Merged,
     mut lanes: Vec<Lane>,
     hasher: &FlowHasher,
+    bytes: PacketBytes,
     input_bytes: &AtomicU64,
 ) -> (Stats, Vec<String>) {
     let mut stats = Stats::default();
@@ -225,11 +231,12 @@ fn read_shared(
                 return true; // counted and dropped
             }
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
+            let kept = bytes.kept(&packet, &parsed);
             // No room means that worker stopped: the run is stopping.
-            let Some(burst) = lane.room(packet.data.len(), now_ns.max(packet.ts_ns)) else {
+            let Some(burst) = lane.room(kept.data.len(), now_ns.max(packet.ts_ns)) else {
                 return false;
             };
-            burst.push_parsed(&packet, port, seq, &parsed);
+            burst.push_parsed(&kept, port, seq, &parsed);
             true
         });
         if offered != Some(true) {

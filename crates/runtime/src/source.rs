@@ -253,6 +253,35 @@ pub(crate) mod ingress {
     }
 }
 
+/// Which bytes of each packet go into the bursts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PacketBytes {
+    /// The packet as the file holds it.
+    #[default]
+    Whole,
+    /// Its headers, up to where the parser found the transport payload to start (the whole
+    /// packet where it did not get that far), as a capture cut at that length would hold
+    /// it: for programs that read the parsed headers and no payload, such as a flow
+    /// monitor's, so that the payload is not copied. The workers' received bytes count
+    /// what is kept. Read by [`OwnShard`] and [`crate::chunked::ChunkShard`].
+    Headers,
+}
+
+impl PacketBytes {
+    /// What of `packet`, parsed as `parsed`, goes into a burst.
+    #[inline]
+    pub(crate) fn kept<'a>(self, packet: &RxPacket<'a>, parsed: &Parsed) -> RxPacket<'a> {
+        let headers = usize::from(parsed.payload_offset);
+        match self {
+            PacketBytes::Headers if headers > 0 && headers < packet.data.len() => RxPacket {
+                data: &packet.data[..headers],
+                ..*packet
+            },
+            _ => *packet,
+        }
+    }
+}
+
 /// A per-worker source of whole bursts (a replay queue, a live socket in a fanout group).
 pub trait BurstSource: Send {
     /// Fills `burst` (cleared by the caller); returns `false` once the source is exhausted
@@ -278,6 +307,7 @@ pub struct OwnShard {
     worker: usize,
     workers: usize,
     hasher: FlowHasher,
+    bytes: PacketBytes,
     /// What worker 0's shard dropped before its worker: every shard's drops, counted once.
     stats: Stats,
     round: u64,
@@ -286,12 +316,13 @@ pub struct OwnShard {
 
 impl OwnShard {
     /// Worker `worker`'s (of `workers`) shard of the ports `rx` (each worker opens its
-    /// own), hashing as the run's `hasher`.
+    /// own), hashing as the run's `hasher`, keeping `bytes` of each packet.
     pub fn new(
         rx: Vec<(PortId, Box<dyn RxPort>)>,
         worker: usize,
         workers: usize,
         hasher: FlowHasher,
+        bytes: PacketBytes,
         handle: &RunHandle,
     ) -> OwnShard {
         OwnShard {
@@ -299,6 +330,7 @@ impl OwnShard {
             worker,
             workers: workers.max(1),
             hasher,
+            bytes,
             stats: Stats::default(),
             round: 0,
             input_bytes: (worker == 0).then(|| handle.input_bytes.clone()),
@@ -308,11 +340,23 @@ impl OwnShard {
 
 impl BurstSource for OwnShard {
     fn fill(&mut self, burst: &mut Burst) -> bool {
+        let mut parsed = Parsed::EMPTY;
         while burst.len() < burst.capacity() {
             // Only worker 0's shard counts what the input drops, so it is counted once.
             let mut stats = (self.worker == 0).then_some(&mut self.stats);
             let (hasher, worker, workers) = (&self.hasher, self.worker, self.workers);
+            let bytes = self.bytes;
             let offered = self.input.offer(|Offered { port, seq, packet }| {
+                if bytes == PacketBytes::Headers {
+                    // Parsed first, so that only what is kept is copied.
+                    if !ingress::parse(&packet, port, hasher, &mut parsed, stats)
+                        || shard_of(parsed.hash, workers) != worker
+                    {
+                        return true; // another worker's, or counted and dropped
+                    }
+                    let kept = bytes.kept(&packet, &parsed);
+                    return burst.push_parsed(&kept, port, seq, &parsed);
+                }
                 let len = packet.data.len();
                 if !ingress::fits(len, stats.as_deref_mut()) {
                     return true; // counted and dropped

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_runtime::chunked::{ChunkConfig, ChunkShard, PacketBytes};
+use stateplane_runtime::chunked::{ChunkConfig, ChunkShard};
 use stateplane_runtime::{
-    Burst, ChunkedFile, Context, Counter, FileRecord, MemoryRx, Program, ProgramFactory, RxPacket,
-    RxPort, TxPort, Verdict,
+    Burst, ChunkedFile, Context, Counter, FileRecord, MemoryRx, PacketBytes, Program,
+    ProgramFactory, RxPacket, RxPort, TxPort, Verdict,
 };
 use stateplane_runtime::{
     BurstSource, OfflinePorts, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_offline,
@@ -309,7 +309,15 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
             let file = MemFile::new(&packets);
             ChunkShard::for_workers(file, 0, chunks(workers, cfg.hasher), &handle)
         } else if shared {
-            ReadAhead::spawn_shared(port(&packets), workers, cfg.hasher, 32, &handle).unwrap()
+            ReadAhead::spawn_shared(
+                port(&packets),
+                workers,
+                cfg.hasher,
+                32,
+                PacketBytes::Whole,
+                &handle,
+            )
+            .unwrap()
         } else {
             (0..workers)
                 .map(|w| {
@@ -318,6 +326,7 @@ fn own_shards_partition_the_input_as_the_dispatcher_does() {
                         w,
                         workers,
                         cfg.hasher,
+                        PacketBytes::Whole,
                         &handle,
                     ));
                     if read_ahead {
@@ -374,7 +383,14 @@ fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
     let shard = |packets: &[(u64, Vec<u8>)]| {
         let rx = MemoryRx::new(packets.to_vec());
         let port: Box<dyn RxPort> = Box::new(rx);
-        Box::new(OwnShard::new(vec![(0, port)], 0, 1, hasher, &handle))
+        Box::new(OwnShard::new(
+            vec![(0, port)],
+            0,
+            1,
+            hasher,
+            PacketBytes::Whole,
+            &handle,
+        ))
     };
     let stamps = |source: &mut dyn BurstSource| {
         let mut burst = Burst::with_capacity(32);
@@ -386,9 +402,9 @@ fn read_ahead_hands_out_the_same_bursts_in_order_and_stops() {
         assert!(!source.fill(&mut burst), "an ended source stays ended");
         seen
     };
-    // 16 bursts of 32 make one batch: 512 packets end exactly at a batch's end.
+    // 64 bursts of 32 make one batch: 2,048 packets end exactly at a batch's end.
     let all = trace(5_000);
-    for n in [0, 1, 511, 512, 513, 5_000] {
+    for n in [0, 1, 2_047, 2_048, 2_049, 5_000] {
         let packets = &all[..n as usize];
         let direct = stamps(shard(packets).as_mut());
         let mut ahead = ReadAhead::spawn(shard(packets), 32, "r".into()).unwrap();
@@ -412,9 +428,16 @@ fn a_shared_reader_ends_when_a_worker_stops() {
     let handle = RunHandle::new(2);
     let rx = MemoryRx::new(packets);
     let ports: Vec<(u16, Box<dyn RxPort>)> = vec![(0, Box::new(rx))];
-    let mut sources = ReadAhead::spawn_shared(ports, 2, FlowHasher::with_seed(3), 32, &handle)
-        .unwrap()
-        .into_iter();
+    let mut sources = ReadAhead::spawn_shared(
+        ports,
+        2,
+        FlowHasher::with_seed(3),
+        32,
+        PacketBytes::Whole,
+        &handle,
+    )
+    .unwrap()
+    .into_iter();
     let (mut first, mut second) = (sources.next().unwrap(), sources.next().unwrap());
     let mut burst = Burst::with_capacity(32);
     assert!(second.fill(&mut burst) && !burst.is_empty());
@@ -526,13 +549,15 @@ fn drain_held(sources: Vec<Box<dyn BurstSource>>) -> Held {
     out
 }
 
-/// Records of every size against blocks of 4 KiB: records that run on into the next block
-/// by every number of bytes, and records longer than one block or several (the blocks they
-/// cover start no record), hand out every packet once, whole, in input order per worker,
-/// with its time, to 1 to 4 workers; and with `PacketBytes::Headers`, bursts hold each
-/// packet's headers (up to its transport payload) and its length on the wire.
+/// Every reader hands out every packet once, whole or its headers only as asked
+/// (`PacketBytes`), in input order per worker, with its time and its length on the wire,
+/// to 1 to 4 workers: workers reading chunks, with records of every size against blocks of
+/// 4 KiB (records that run on into the next block by every number of bytes, and records
+/// longer than one block or several, so that the blocks they cover start no record);
+/// workers reading their own shards, with a reader thread ahead of each or not; and one
+/// reader thread for all.
 #[test]
-fn chunk_shards_hand_out_every_packet_once_whatever_the_records_sizes() {
+fn readers_hand_out_every_packet_once_whole_or_its_headers() {
     let hasher = FlowHasher::with_seed(3);
     let mut packets = trace(3_000);
     for (i, (_, data)) in packets.iter_mut().enumerate() {
@@ -545,31 +570,57 @@ fn chunk_shards_hand_out_every_packet_once_whatever_the_records_sizes() {
         data.resize(data.len() + pad, 0xee);
     }
     let file = MemFile::new(&packets);
+    let port =
+        || -> Vec<(u16, Box<dyn RxPort>)> { vec![(0, Box::new(MemoryRx::new(packets.clone())))] };
     for workers in 1..=4 {
         for bytes in [PacketBytes::Whole, PacketBytes::Headers] {
-            let config = ChunkConfig {
-                bytes,
-                ..chunks(workers, hasher)
-            };
             let handle = RunHandle::new(workers);
-            let (held, errors) =
-                drain_held(ChunkShard::for_workers(file.clone(), 0, config, &handle));
-            assert!(errors.is_empty(), "{errors:?}");
-            let mut all: Vec<_> = held.iter().flatten().cloned().collect();
-            for worker in &held {
-                assert!(worker.windows(2).all(|w| w[0].0 < w[1].0), "out of order");
-            }
-            all.sort_by_key(|p| p.0);
-            assert_eq!(all.len(), packets.len(), "{workers} workers, {bytes:?}");
-            for (seq, ((ts, data), got)) in packets.iter().zip(&all).enumerate() {
-                assert_eq!((got.0, got.1, got.3), (seq as u64, *ts, data.len() as u32));
-                let mut parsed = stateplane_wire::Parsed::EMPTY;
-                stateplane_wire::parse_in_place(data, 0, &hasher, &mut parsed).unwrap();
-                let kept = match (bytes, usize::from(parsed.payload_offset)) {
-                    (PacketBytes::Headers, headers) if headers > 0 => headers,
-                    _ => data.len(),
-                };
-                assert_eq!(got.2, data[..kept], "packet {seq}, {bytes:?}");
+            let own = |w| OwnShard::new(port(), w, workers, hasher, bytes, &handle);
+            let layouts: [(&str, Vec<Box<dyn BurstSource>>); 4] = [
+                ("chunks", {
+                    let config = ChunkConfig {
+                        bytes,
+                        ..chunks(workers, hasher)
+                    };
+                    ChunkShard::for_workers(file.clone(), 0, config, &handle)
+                }),
+                ("own shards", {
+                    (0..workers)
+                        .map(|w| Box::new(own(w)) as Box<dyn BurstSource>)
+                        .collect()
+                }),
+                ("own shards read ahead", {
+                    (0..workers)
+                        .map(|w| {
+                            let ahead = ReadAhead::spawn(Box::new(own(w)), 32, format!("r{w}"));
+                            Box::new(ahead.unwrap()) as Box<dyn BurstSource>
+                        })
+                        .collect()
+                }),
+                ("one reader", {
+                    ReadAhead::spawn_shared(port(), workers, hasher, 32, bytes, &handle).unwrap()
+                }),
+            ];
+            for (layout, sources) in layouts {
+                let case = format!("{layout}, {workers} workers, {bytes:?}");
+                let (held, errors) = drain_held(sources);
+                assert!(errors.is_empty(), "{case}: {errors:?}");
+                for worker in &held {
+                    assert!(worker.windows(2).all(|w| w[0].0 < w[1].0), "{case}: order");
+                }
+                let mut all: Vec<_> = held.iter().flatten().cloned().collect();
+                all.sort_by_key(|p| p.0);
+                assert_eq!(all.len(), packets.len(), "{case}");
+                for (seq, ((ts, data), got)) in packets.iter().zip(&all).enumerate() {
+                    assert_eq!((got.0, got.1, got.3), (seq as u64, *ts, data.len() as u32));
+                    let mut parsed = stateplane_wire::Parsed::EMPTY;
+                    stateplane_wire::parse_in_place(data, 0, &hasher, &mut parsed).unwrap();
+                    let kept = match (bytes, usize::from(parsed.payload_offset)) {
+                        (PacketBytes::Headers, headers) if headers > 0 => headers,
+                        _ => data.len(),
+                    };
+                    assert_eq!(got.2, data[..kept], "{case}: packet {seq}");
+                }
             }
         }
     }

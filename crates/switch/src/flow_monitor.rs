@@ -17,9 +17,9 @@ use crate::units::{CaptureBuffer, bounded};
 use stateplane_io::ChunkedCapture;
 use stateplane_io::capture::{FileRx, is_stdin};
 use stateplane_programs::monitor::Monitor;
-use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkConfig, ChunkShard, PacketBytes};
+use stateplane_runtime::chunked::{CHUNK_BYTES, ChunkConfig, ChunkShard};
 use stateplane_runtime::{BurstSource, OwnShard, ReadAhead, RunHandle, RuntimeConfig, run_sharded};
-use stateplane_runtime::{ChunkedFile, PortId, ProgramFactory, RxPort};
+use stateplane_runtime::{ChunkedFile, PacketBytes, PortId, ProgramFactory, RxPort};
 use stateplane_wire::FlowHasher;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,6 +56,10 @@ pub struct MonitorOptions {
     /// Seed of the flow hash (default: random per process).
     pub hash_seed: Option<u64>,
 }
+
+/// What of each packet the workers' bursts hold: the monitor's program and its flow stage
+/// read the parsed headers only, so the payload is not copied.
+const MONITOR_BYTES: PacketBytes = PacketBytes::Headers;
 
 /// How capture files reach the workers, decided.
 enum Reading {
@@ -307,11 +311,18 @@ fn sources(
     Ok(match reading {
         Reading::Chunks(ChunkedCapture::Pcap(file)) => chunk_shards(file, runtime, handle),
         Reading::Chunks(ChunkedCapture::Pcapng(file)) => chunk_shards(file, runtime, handle),
-        Reading::Shared => ReadAhead::spawn_shared(inputs()?, workers, hasher, burst_size, handle)
-            .map_err(|e| format!("starting the reader thread: {e}"))?,
+        Reading::Shared => ReadAhead::spawn_shared(
+            inputs()?,
+            workers,
+            hasher,
+            burst_size,
+            MONITOR_BYTES,
+            handle,
+        )
+        .map_err(|e| format!("starting the reader thread: {e}"))?,
         Reading::OwnShard { ahead } => (0..workers)
             .map(|w| {
-                let shard = OwnShard::new(inputs()?, w, workers, hasher, handle);
+                let shard = OwnShard::new(inputs()?, w, workers, hasher, MONITOR_BYTES, handle);
                 Ok(if ahead {
                     let name = format!("reader-{w}");
                     Box::new(
@@ -337,8 +348,7 @@ fn input_size(inputs: &[PathBuf]) -> u64 {
         .sum()
 }
 
-/// The workers' sources for `file`, read in chunks by all of them. The monitor's program
-/// and flow stage read the parsed headers only, so the payload stays out of the bursts.
+/// The workers' sources for `file`, read in chunks by all of them.
 fn chunk_shards<F: ChunkedFile + 'static>(
     file: F,
     runtime: &RuntimeConfig,
@@ -349,7 +359,7 @@ fn chunk_shards<F: ChunkedFile + 'static>(
         hasher: runtime.hasher,
         burst_size: runtime.burst_size,
         chunk_bytes: CHUNK_BYTES,
-        bytes: PacketBytes::Headers,
+        bytes: MONITOR_BYTES,
     };
     ChunkShard::for_workers(Arc::new(file), 0, config, handle)
 }
