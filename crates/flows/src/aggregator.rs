@@ -247,6 +247,9 @@ pub struct Aggregator<K, V> {
     seed: u64,
     /// The sweep's next slot.
     cursor: usize,
+    /// The next slot a flush exports from. Invariant: 0 unless a flush has begun and not
+    /// ended, and no flow is added while one has (a flush ends the run).
+    flush_at: usize,
     /// Where the next eviction's sample starts: just past the last one's, so that each
     /// sample is fresh and no run of slots is walked again and again.
     evict_cursor: usize,
@@ -286,6 +289,7 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
             max_len: max_flows,
             seed,
             cursor: 0,
+            flush_at: 0,
             evict_cursor: 0,
             evict_walked: 0,
             timeouts,
@@ -563,22 +567,30 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         share.min(in_use) as usize
     }
 
-    /// Exports every flow (the end of a run): those TCP closed as ended, the others as
-    /// forced out.
-    pub fn flush(&mut self, out: &mut Vec<FlowRecord>) {
-        for i in 0..=self.mask {
-            let slot = &self.slots[i];
+    /// Exports every flow (the end of a run), those TCP closed as ended, the others as
+    /// forced out, until `out` holds `room` records: whether the table is empty. Each call
+    /// goes on where the last one stopped, so that a million flows need not wait in one
+    /// vector.
+    pub fn flush(&mut self, out: &mut Vec<FlowRecord>, room: usize) -> bool {
+        while self.len > 0 && self.flush_at <= self.mask {
+            if out.len() >= room {
+                return false;
+            }
+            let slot = &mut self.slots[self.flush_at];
             if slot.hash != 0 {
                 let end = match slot.value.tcp_end() {
                     TcpEnd::Open => EndReason::Forced,
                     TcpEnd::Closed | TcpEnd::Reset => EndReason::EndOfFlow,
                 };
                 out.push(slot.value.record(&slot.key, end));
+                slot.hash = 0;
                 self.counters.exported += 1;
-                self.slots[i].hash = 0;
+                self.len -= 1;
             }
+            self.flush_at += 1;
         }
-        self.len = 0;
+        self.flush_at = 0;
+        true
     }
 }
 
@@ -610,10 +622,11 @@ mod tests {
     }
 
     /// Random records against a plain map: every packet is in exactly one exported record,
-    /// whatever the table size (evictions when full included).
+    /// whatever the table size (evictions when full included), and whatever the pieces the
+    /// flush at the end hands over (each no longer than asked).
     #[test]
     fn every_packet_is_exported_once() {
-        for max_flows in [1, 7, 100, 10_000] {
+        for (max_flows, piece) in [(1, usize::MAX), (7, 1), (100, 3), (10_000, 1_000)] {
             let mut agg =
                 Aggregator::<V4Key, Uniflow>::new(max_flows, Timeouts::default(), 3).unwrap();
             let mut want: HashMap<V4Key, u64> = HashMap::new();
@@ -635,7 +648,23 @@ mod tests {
             }
             agg.ingest(&records, &mut out);
             assert!(agg.len() <= max_flows);
-            agg.flush(&mut out);
+            let held = agg.len();
+            let mut pieces = 0;
+            loop {
+                let before = out.len();
+                let done = agg.flush(&mut out, before.saturating_add(piece));
+                assert!(out.len() - before <= piece);
+                pieces += 1;
+                if done {
+                    break;
+                }
+                assert_eq!(out.len() - before, piece, "a flush stops only when full");
+            }
+            assert_eq!(pieces, held.div_ceil(piece).max(1), "{held} flows");
+            assert_eq!(agg.len(), 0);
+            let before = out.len();
+            assert!(agg.flush(&mut out, usize::MAX), "an empty table is flushed");
+            assert_eq!(out.len(), before);
             let mut got: HashMap<V4Key, u64> = HashMap::new();
             for r in &out {
                 *got.entry(V4Key::pack(&r.key).unwrap()).or_default() += r.forward.packets;
@@ -766,7 +795,7 @@ mod tests {
             reserved.reserve(usize::MAX);
             assert_eq!(reserved.memory_bytes(), reserved.budget_bytes());
             assert!(agg.memory_bytes() <= agg.budget_bytes());
-            agg.flush(&mut out);
+            assert!(agg.flush(&mut out, usize::MAX));
             let mut packets: HashMap<V4Key, u64> = HashMap::new();
             for r in &out {
                 *packets.entry(V4Key::pack(&r.key).unwrap()).or_default() += r.forward.packets;
@@ -876,7 +905,7 @@ mod tests {
         // What comes after the timeout is a flow of its own.
         agg.ingest(&[record(a, 400, 1, 0)], &mut out);
         assert_eq!(agg.len(), 1);
-        agg.flush(&mut out);
+        assert!(agg.flush(&mut out, usize::MAX));
         assert_eq!((out[3].forward.packets, out[3].end), (1, EndReason::Forced));
     }
 
