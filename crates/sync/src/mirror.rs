@@ -1,0 +1,371 @@
+//! The collector's copy of the switches' synced state, with the bound that holds for each
+//! location: what it claims is of the data plane as of the sending of the stream's last
+//! message applied (`Reading::as_of_ns`).
+//!
+//! A value arrived in message `j` of its stream is within `divergence_bound(T)` of the data
+//! plane's as of message `k`, the last applied, where `T` is the largest `t_max` of
+//! messages `j..=k` (each covers the thresholds in force since the one before it). After a
+//! lost message (a gap in the sequence), every location whose value is older than the gap
+//! may have missed an update: it is unbounded until it arrives again (an update or the
+//! refresh). Messages older than the last applied (duplicates, late ones) change nothing.
+//!
+//! The messages a worker sends at one instant (a batch: all but the last carry
+//! `FLAG_MORE`) are applied together when the last arrives, so that the copy is always the
+//! data plane's as of one instant; a batch cut short by a loss is applied up to the loss
+//! when the next message shows it.
+
+use crate::wire::Message;
+use crate::{Location, divergence_bound};
+use std::collections::HashMap;
+
+/// The largest thresholds since each message, kept short: entries beyond this are merged
+/// (over-approximating, so that a bound stays sound).
+const MAX_THRESHOLDS: usize = 1024;
+
+/// One stream's (a worker's) view.
+#[derive(Clone, Debug)]
+struct StreamView {
+    epoch: u32,
+    next_seq: u64,
+    /// The last message applied: what the copy is as of.
+    applied_seq: u64,
+    /// Messages of a batch whose last has not arrived.
+    staged: Vec<Message>,
+    /// The first message after the latest gap: values older than it are unbounded.
+    gap_seq: u64,
+    last_sent_ns: u64,
+    /// `(seq, t_max)` with `seq` rising and `t_max` falling: the largest `t_max` of the
+    /// messages from `s` on is that of the first entry at or after `s`.
+    thresholds: Vec<(u64, u64)>,
+    values: HashMap<Location, (u64, u64)>,
+}
+
+impl StreamView {
+    fn new(epoch: u32) -> StreamView {
+        StreamView {
+            epoch,
+            next_seq: 1,
+            applied_seq: 0,
+            staged: Vec::new(),
+            gap_seq: 0,
+            last_sent_ns: 0,
+            thresholds: Vec::new(),
+            values: HashMap::new(),
+        }
+    }
+
+    /// Takes `m`'s values and threshold: the copy is now as of `m`.
+    fn take(&mut self, m: &Message) {
+        self.push_threshold(m.seq, m.t_max);
+        for e in &m.entries {
+            self.values.insert(e.location, (e.value, m.seq));
+        }
+        self.applied_seq = m.seq;
+        self.last_sent_ns = m.sent_ns;
+    }
+
+    /// Applies the staged messages (a batch whose end has arrived, or will not).
+    fn take_staged(&mut self) {
+        for m in std::mem::take(&mut self.staged) {
+            self.take(&m);
+        }
+    }
+
+    fn push_threshold(&mut self, seq: u64, t_max: u64) {
+        while self.thresholds.last().is_some_and(|&(_, t)| t <= t_max) {
+            self.thresholds.pop();
+        }
+        self.thresholds.push((seq, t_max));
+        if self.thresholds.len() > MAX_THRESHOLDS {
+            // The two oldest become one, at the later place with the larger threshold.
+            let (_, t0) = self.thresholds[0];
+            self.thresholds.remove(0);
+            self.thresholds[0].1 = t0;
+        }
+    }
+
+    /// The largest threshold in force from message `seq` on.
+    fn threshold_since(&self, seq: u64) -> u64 {
+        let i = self.thresholds.partition_point(|&(s, _)| s < seq);
+        self.thresholds.get(i).map_or(0, |&(_, t)| t)
+    }
+}
+
+/// A location as the collector holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    pub value: u64,
+    /// How far the data plane's value may be from `value`; `None` after a lost message,
+    /// until the location is sent again.
+    pub bound: Option<u64>,
+    /// The sender's clock at the stream's last message applied.
+    pub as_of_ns: u64,
+}
+
+/// Why a message changed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    UnknownSwitch,
+    /// Of an epoch older than the stream's (a switch that started again since).
+    StaleEpoch,
+    /// At or before the stream's last applied message (a duplicate, or late).
+    Stale,
+}
+
+impl Refused {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refused::UnknownSwitch => "unknown_switch",
+            Refused::StaleEpoch => "stale_epoch",
+            Refused::Stale => "stale",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MirrorCounters {
+    pub applied: u64,
+    pub entries: u64,
+    /// Messages known lost: the holes in the streams' sequences.
+    pub missing: u64,
+    pub gaps: u64,
+    pub unknown_switch: u64,
+    pub stale_epoch: u64,
+    pub stale: u64,
+    /// Streams started over by a new epoch.
+    pub restarts: u64,
+}
+
+/// The collector's copy of every stream of the switches it accepts.
+pub struct Mirror {
+    known: Option<Vec<u32>>,
+    streams: HashMap<(u32, u16), StreamView>,
+    pub counters: MirrorCounters,
+}
+
+impl Mirror {
+    /// A mirror of the switches `known` (any switch where `None`).
+    pub fn new(known: Option<Vec<u32>>) -> Mirror {
+        Mirror {
+            known,
+            streams: HashMap::new(),
+            counters: MirrorCounters::default(),
+        }
+    }
+
+    /// Applies `m`, or says why it changes nothing (and counts it).
+    pub fn apply(&mut self, m: &Message) -> Result<(), Refused> {
+        let refused = |c: &mut MirrorCounters, why: Refused| {
+            match why {
+                Refused::UnknownSwitch => c.unknown_switch += 1,
+                Refused::StaleEpoch => c.stale_epoch += 1,
+                Refused::Stale => c.stale += 1,
+            }
+            Err(why)
+        };
+        if self.known.as_ref().is_some_and(|k| !k.contains(&m.switch)) {
+            return refused(&mut self.counters, Refused::UnknownSwitch);
+        }
+        let view =
+            (self.streams.entry((m.switch, m.stream))).or_insert_with(|| StreamView::new(m.epoch));
+        if m.epoch < view.epoch {
+            return refused(&mut self.counters, Refused::StaleEpoch);
+        }
+        if m.epoch > view.epoch {
+            *view = StreamView::new(m.epoch);
+            self.counters.restarts += 1;
+        }
+        if m.seq < view.next_seq {
+            return refused(&mut self.counters, Refused::Stale);
+        }
+        if m.seq > view.next_seq {
+            self.counters.gaps += 1;
+            self.counters.missing += m.seq - view.next_seq;
+            // What came of a batch before the loss is applied; what is older than the gap
+            // is unbounded.
+            view.take_staged();
+            view.gap_seq = m.seq;
+        }
+        view.next_seq = m.seq + 1;
+        if m.more {
+            view.staged.push(m.clone());
+        } else {
+            view.take_staged();
+            view.take(m);
+        }
+        self.counters.applied += 1;
+        self.counters.entries += m.entries.len() as u64;
+        Ok(())
+    }
+
+    /// `location` of `switch`'s `stream`, or `None` before the stream's first message
+    /// applied.
+    pub fn read(&self, switch: u32, stream: u16, location: Location) -> Option<Reading> {
+        let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
+        // A location never sent holds what every location starts with.
+        let (value, seq) = view.values.get(&location).copied().unwrap_or((0, 0));
+        let bound = (seq >= view.gap_seq).then(|| divergence_bound(view.threshold_since(seq)));
+        Some(Reading {
+            value,
+            bound,
+            as_of_ns: view.last_sent_ns,
+        })
+    }
+
+    /// The last message applied of `switch`'s `stream` (what its copy is as of), for the
+    /// checker.
+    pub fn last_seq(&self, switch: u32, stream: u16) -> Option<u64> {
+        (self.streams.get(&(switch, stream)))
+            .map(|v| v.applied_seq)
+            .filter(|&seq| seq > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Update;
+    use crate::wire::Kind;
+
+    fn msg(seq: u64, t_max: u64, entries: &[(u32, u64)]) -> Message {
+        Message {
+            kind: Kind::Updates,
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            seq,
+            sent_ns: seq * 10,
+            t_max,
+            more: false,
+            entries: (entries.iter())
+                .map(|&(index, value)| Update {
+                    location: Location { state: 0, index },
+                    value,
+                    threshold: t_max,
+                })
+                .collect(),
+        }
+    }
+
+    fn at(index: u32) -> Location {
+        Location { state: 0, index }
+    }
+
+    #[test]
+    fn bounds_follow_the_largest_threshold_since_each_value() {
+        let mut m = Mirror::new(Some(vec![1]));
+        m.apply(&msg(1, 0, &[(1, 5)])).unwrap();
+        m.apply(&msg(2, 8, &[(2, 7)])).unwrap();
+        m.apply(&msg(3, 2, &[(3, 9)])).unwrap();
+        let bound = |i| m.read(1, 0, at(i)).unwrap().bound;
+        assert_eq!(bound(1), Some(7), "t 8 came after its value");
+        assert_eq!(bound(2), Some(7));
+        assert_eq!(bound(3), Some(1));
+        assert_eq!(bound(4), Some(7), "never sent: since the stream began");
+        assert_eq!(m.read(1, 0, at(3)).unwrap().as_of_ns, 30);
+    }
+
+    #[test]
+    fn a_gap_unbounds_what_is_older_until_it_comes_again() {
+        let mut m = Mirror::new(None);
+        m.apply(&msg(1, 0, &[(1, 5), (2, 6)])).unwrap();
+        m.apply(&msg(4, 0, &[(2, 8)])).unwrap();
+        assert_eq!(m.counters.missing, 2);
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, None);
+        assert_eq!(m.read(1, 0, at(2)).unwrap().bound, Some(0));
+        assert_eq!(m.apply(&msg(3, 0, &[(1, 1)])), Err(Refused::Stale), "late");
+        assert_eq!(
+            m.read(1, 0, at(1)).unwrap().value,
+            5,
+            "a late message changes nothing"
+        );
+        m.apply(&msg(5, 0, &[(1, 7)])).unwrap();
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(0));
+        assert_eq!(m.apply(&msg(5, 0, &[])), Err(Refused::Stale), "a duplicate");
+    }
+
+    #[test]
+    fn unknown_switches_and_old_epochs_are_refused_and_a_new_epoch_starts_over() {
+        let mut m = Mirror::new(Some(vec![1]));
+        let other = Message {
+            switch: 2,
+            ..msg(1, 0, &[])
+        };
+        assert_eq!(m.apply(&other), Err(Refused::UnknownSwitch));
+        assert_eq!(m.read(2, 0, at(0)), None);
+        m.apply(&Message {
+            epoch: 5,
+            ..msg(7, 0, &[(1, 3)])
+        })
+        .unwrap();
+        assert_eq!(m.read(1, 0, at(2)).unwrap().bound, None, "began with a gap");
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(0), "sent after it");
+        let old = Message {
+            epoch: 4,
+            ..msg(8, 0, &[(1, 1)])
+        };
+        assert_eq!(m.apply(&old), Err(Refused::StaleEpoch));
+        m.apply(&Message {
+            epoch: 6,
+            ..msg(1, 0, &[])
+        })
+        .unwrap();
+        assert_eq!(m.counters.restarts, 1);
+        assert_eq!(
+            m.read(1, 0, at(1)).unwrap(),
+            Reading {
+                value: 0,
+                bound: Some(0),
+                as_of_ns: 10
+            }
+        );
+    }
+
+    /// However many thresholds come, the kept list stays short and its answers never
+    /// below the true largest threshold since each message.
+    #[test]
+    fn merged_thresholds_over_approximate() {
+        let mut view = StreamView::new(1);
+        let ts: Vec<u64> = (1..=5_000u64).map(|s| 10_000 - s).collect();
+        for (s, &t) in (1..).zip(&ts) {
+            view.push_threshold(s, t);
+        }
+        assert!(view.thresholds.len() <= MAX_THRESHOLDS);
+        for s in 1..=5_000u64 {
+            let truth = ts[s as usize - 1..].iter().max().copied().unwrap_or(0);
+            assert!(view.threshold_since(s) >= truth, "from {s}");
+        }
+        assert_eq!(
+            view.threshold_since(5_000),
+            ts[4_999],
+            "exact for the recent ones"
+        );
+    }
+
+    /// A batch is applied when its last message arrives; one cut by a loss is applied up
+    /// to the loss when the next message shows it, what it lost unbounded.
+    #[test]
+    fn a_batch_is_applied_whole_or_up_to_its_loss() {
+        let more = |m: Message| Message { more: true, ..m };
+        let mut m = Mirror::new(None);
+        m.apply(&more(msg(1, 0, &[(1, 5)]))).unwrap();
+        assert_eq!(m.read(1, 0, at(1)), None, "nothing applied yet");
+        m.apply(&msg(2, 0, &[(2, 6)])).unwrap();
+        assert_eq!(m.last_seq(1, 0), Some(2));
+        assert_eq!(m.read(1, 0, at(1)).unwrap().value, 5);
+        m.apply(&more(msg(3, 0, &[(1, 7)]))).unwrap();
+        assert_eq!(m.read(1, 0, at(1)).unwrap().value, 5, "its batch goes on");
+        // Message 4, the batch's last, is lost; 5 shows it.
+        m.apply(&msg(5, 0, &[(3, 1)])).unwrap();
+        assert_eq!(m.last_seq(1, 0), Some(5));
+        assert_eq!(
+            m.read(1, 0, at(1)).unwrap(),
+            Reading {
+                value: 7,
+                bound: None,
+                as_of_ns: 50
+            }
+        );
+        assert_eq!(m.read(1, 0, at(3)).unwrap().bound, Some(0));
+    }
+}

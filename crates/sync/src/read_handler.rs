@@ -1,0 +1,253 @@
+//! A worker's read handler (the paper's Algorithm 1): a direct-mapped table of the
+//! locations it has seen change, each with its value and the value last sent for it, so
+//! that a change is sent only once the location's divergence reaches the threshold.
+//!
+//! Beyond the paper, each change arrives with the location's value before it. A location
+//! leaves the table only by being sent (displaced by another, or too old), so what the
+//! collector holds for it is exactly its value before its next change: the table takes
+//! that as sent when the location comes back, where the paper assumed 0 (which lets a
+//! register that went down after being displaced drift past the bound unseen).
+//!
+//! Invariant, for every location: `|value - last sent| <= divergence_bound(t)`, `t` the
+//! threshold in force at its last change; none past a location's last `send`.
+
+use crate::{Location, Update, divergence_bound};
+
+/// No location: the word of an empty slot.
+const EMPTY: u64 = u64::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    location: u64,
+    value: u64,
+    sent: u64,
+    /// When the location came into the slot or was last sent.
+    since_ns: u64,
+}
+
+/// What a handler has done, for metrics and the rate controller.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandlerCounters {
+    pub changes: u64,
+    /// Updates sent because a location's divergence reached the threshold.
+    pub sent_divergent: u64,
+    /// Updates sent because another location took the slot.
+    pub sent_displaced: u64,
+    /// Updates sent because a location waited longer than the timeout.
+    pub sent_timed_out: u64,
+}
+
+pub struct ReadHandler {
+    slots: Vec<Slot>,
+    mask: usize,
+    threshold: u64,
+    /// The total change since the rate controller last took it: the sum of `|new - old|`.
+    change: u64,
+    /// The timeout sweep's next slot.
+    cursor: usize,
+    pub counters: HandlerCounters,
+}
+
+impl ReadHandler {
+    /// A table of `slots` entries (rounded up to a power of two; 2^16 is the paper's).
+    pub fn new(slots: usize) -> ReadHandler {
+        let slots = slots.max(1).next_power_of_two();
+        ReadHandler {
+            slots: vec![
+                Slot {
+                    location: EMPTY,
+                    value: 0,
+                    sent: 0,
+                    since_ns: 0,
+                };
+                slots
+            ],
+            mask: slots - 1,
+            threshold: 0,
+            change: 0,
+            cursor: 0,
+            counters: HandlerCounters::default(),
+        }
+    }
+
+    pub fn threshold(&self) -> u64 {
+        self.threshold
+    }
+
+    /// Sets the threshold for the changes from now on.
+    pub fn set_threshold(&mut self, t: u64) {
+        self.threshold = t;
+    }
+
+    /// The total change since the last call (the rate controller's Δ).
+    pub fn take_change(&mut self) -> u64 {
+        std::mem::take(&mut self.change)
+    }
+
+    #[inline]
+    fn slot_of(&self, location: u64) -> usize {
+        // Fibonacci hashing: consecutive indexes spread over the table.
+        (location.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    }
+
+    /// `location` changed from `old` to `new` at `now_ns`; what must be sent goes to `out`.
+    #[inline]
+    pub fn change(
+        &mut self,
+        now_ns: u64,
+        location: Location,
+        old: u64,
+        new: u64,
+        out: &mut Vec<Update>,
+    ) {
+        let word = location.packed();
+        let divergence = new.abs_diff(old);
+        self.change = self.change.saturating_add(divergence);
+        self.counters.changes += 1;
+        let t = self.threshold;
+        let p = self.slot_of(word);
+        let slot = &mut self.slots[p];
+        if slot.location != word {
+            if slot.location != EMPTY && slot.value != slot.sent {
+                out.push(Update {
+                    location: Location::unpacked(slot.location),
+                    value: slot.value,
+                    threshold: t,
+                });
+                self.counters.sent_displaced += 1;
+            }
+            // What the collector holds for a location out of the table: its value before
+            // this change (see the module doc).
+            *slot = Slot {
+                location: word,
+                value: old,
+                sent: old,
+                since_ns: now_ns,
+            };
+        }
+        slot.value = new;
+        if slot.value.abs_diff(slot.sent) > divergence_bound(t) {
+            out.push(Update {
+                location,
+                value: new,
+                threshold: t,
+            });
+            slot.sent = new;
+            slot.since_ns = now_ns;
+            self.counters.sent_divergent += 1;
+        }
+    }
+
+    /// Sends the locations among the next `visit` slots that have waited unsent for
+    /// longer than `max_age_ns` (the timeout monitor), so that none stays divergent for
+    /// long when nothing displaces it.
+    pub fn expire(&mut self, now_ns: u64, max_age_ns: u64, visit: usize, out: &mut Vec<Update>) {
+        for _ in 0..visit.min(self.slots.len()) {
+            let t = self.threshold;
+            let slot = &mut self.slots[self.cursor];
+            self.cursor = (self.cursor + 1) & self.mask;
+            if slot.location != EMPTY
+                && slot.value != slot.sent
+                && now_ns.saturating_sub(slot.since_ns) > max_age_ns
+            {
+                out.push(Update {
+                    location: Location::unpacked(slot.location),
+                    value: slot.value,
+                    threshold: t,
+                });
+                slot.sent = slot.value;
+                slot.since_ns = now_ns;
+                self.counters.sent_timed_out += 1;
+            }
+        }
+    }
+
+    /// `location` was sent with `value` outside the handler (the anti-entropy refresh,
+    /// which reads the state itself): the table takes it as sent.
+    pub fn sent_elsewhere(&mut self, now_ns: u64, location: Location, value: u64) {
+        let word = location.packed();
+        let p = self.slot_of(word);
+        let slot = &mut self.slots[p];
+        if slot.location == word {
+            slot.sent = value;
+            slot.since_ns = now_ns;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(index: u32) -> Location {
+        Location { state: 0, index }
+    }
+
+    /// The paper's Figure 5 example, with its threshold of 4: updates go out when the
+    /// divergence reaches 4, and a displaced entry goes out at once.
+    #[test]
+    fn divergence_and_displacement_send_as_the_paper_says() {
+        let mut h = ReadHandler::new(1);
+        h.set_threshold(4);
+        let mut out = Vec::new();
+        h.change(0, at(1), 0, 2, &mut out);
+        assert!(out.is_empty(), "2 < 4");
+        h.change(1, at(1), 2, 5, &mut out);
+        assert_eq!(out.len(), 1, "5 - 0 >= 4");
+        assert_eq!(out[0].value, 5);
+        h.change(2, at(1), 5, 7, &mut out);
+        assert_eq!(out.len(), 1, "7 - 5 < 4");
+        h.change(3, at(2), 0, 1, &mut out);
+        assert_eq!(out.len(), 2, "location 1 displaced with its value");
+        assert_eq!((out[1].location, out[1].value), (at(1), 7));
+        // Location 1 comes back: what the collector holds is its value before (7).
+        h.change(4, at(1), 7, 9, &mut out);
+        assert_eq!(out.len(), 3, "location 2 displaced (1 unsent); 9 - 7 < 4");
+        assert_eq!((out[2].location, out[2].value), (at(2), 1));
+    }
+
+    /// A register that goes down after it was displaced is still sent: the paper's reinsert
+    /// with 0 as the value sent would see 3 - 0 < 4 and keep it, 97 from the collector's.
+    #[test]
+    fn a_location_back_in_the_table_diverges_from_what_was_sent() {
+        let mut h = ReadHandler::new(1);
+        h.set_threshold(4);
+        let mut out = Vec::new();
+        h.change(0, at(1), 0, 100, &mut out);
+        h.change(1, at(2), 0, 1, &mut out);
+        out.clear();
+        h.change(2, at(1), 100, 3, &mut out);
+        assert!(
+            out.iter().any(|u| u.location == at(1) && u.value == 3),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn threshold_zero_sends_every_change_and_nothing_unchanged() {
+        let mut h = ReadHandler::new(16);
+        let mut out = Vec::new();
+        for v in 1..=10 {
+            h.change(v, at(3), v - 1, v, &mut out);
+        }
+        h.change(11, at(3), 10, 10, &mut out);
+        assert_eq!(out.len(), 10);
+        assert_eq!(h.take_change(), 10);
+        assert_eq!(h.take_change(), 0);
+    }
+
+    #[test]
+    fn the_timeout_monitor_sends_what_waited_too_long() {
+        let mut h = ReadHandler::new(8);
+        h.set_threshold(100);
+        let mut out = Vec::new();
+        h.change(0, at(1), 0, 5, &mut out);
+        h.expire(1_000, 1_000, 8, &mut out);
+        assert!(out.is_empty(), "not older than the timeout yet");
+        h.expire(1_001, 1_000, 8, &mut out);
+        assert_eq!(out.len(), 1);
+        h.expire(5_000, 1_000, 8, &mut out);
+        assert_eq!(out.len(), 1, "sent: nothing diverges any more");
+        assert_eq!(h.counters.sent_timed_out, 1);
+    }
+}

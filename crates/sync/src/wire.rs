@@ -1,0 +1,311 @@
+//! The sync messages, as docs/SYNC.md lays them out: a 40-byte header, then 24 bytes per
+//! entry, every field big-endian. [`Message::decode`] checks every length and field before
+//! it returns anything, so a malformed message touches no state; its errors are split by
+//! cause, for counting.
+
+use crate::{Location, Update};
+
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 40;
+pub const ENTRY_LEN: usize = 24;
+/// Entries that fit one UDP datagram on a 1,500-byte MTU (1,472 bytes of payload).
+pub const MAX_ENTRIES: usize = (1472 - HEADER_LEN) / ENTRY_LEN;
+
+/// What a message carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Values the read handler sent: each was the data plane's when it was sent.
+    Updates = 1,
+    /// Values of the anti-entropy refresh: the same, for every location in turn.
+    Refresh = 2,
+    /// No entries: the stream is alive, and its threshold is the header's.
+    Heartbeat = 3,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        match b {
+            1 => Some(Kind::Updates),
+            2 => Some(Kind::Refresh),
+            3 => Some(Kind::Heartbeat),
+            _ => None,
+        }
+    }
+}
+
+/// The flag of a message that more of its batch follow: the messages a worker sends at
+/// one instant are applied together, so that the collector's copy is always the data
+/// plane's as of one instant.
+pub const FLAG_MORE: u8 = 0x01;
+
+/// One message of one stream (a worker's) of one switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub kind: Kind,
+    pub switch: u32,
+    /// Changes when the switch starts again: its streams start over.
+    pub epoch: u32,
+    pub stream: u16,
+    /// 1 for the stream's first message, one more for each after it.
+    pub seq: u64,
+    /// The sender's clock when it sent the message.
+    pub sent_ns: u64,
+    /// The largest threshold in force since the stream's message before this one (since
+    /// the stream began, for its first): every location not in this message or a later one
+    /// is within `divergence_bound(t_max)` of what the collector holds.
+    pub t_max: u64,
+    /// More messages of the same batch follow this one (`FLAG_MORE`).
+    pub more: bool,
+    pub entries: Vec<Update>,
+}
+
+/// Why a message was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Shorter than its header, or than the entries its header counts.
+    Truncated {
+        need: usize,
+        have: usize,
+    },
+    /// Longer than the entries its header counts.
+    Trailing {
+        expected: usize,
+        have: usize,
+    },
+    Version(u8),
+    Kind(u8),
+    /// Flags this version does not know (`FLAG_MORE` is the only one).
+    Flags(u8),
+    /// A reserved byte not zero.
+    Reserved,
+    /// More entries than fit one message, or entries in a heartbeat.
+    Count(u16),
+}
+
+impl DecodeError {
+    /// The reason's name, for counters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DecodeError::Truncated { .. } => "truncated",
+            DecodeError::Trailing { .. } => "trailing_bytes",
+            DecodeError::Version(_) => "bad_version",
+            DecodeError::Kind(_) => "unknown_kind",
+            DecodeError::Flags(_) => "unknown_flags",
+            DecodeError::Reserved => "reserved_not_zero",
+            DecodeError::Count(_) => "bad_count",
+        }
+    }
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Truncated { need, have } => {
+                write!(f, "truncated: {have} bytes where {need} are needed")
+            }
+            DecodeError::Trailing { expected, have } => {
+                write!(f, "{have} bytes where the entries end at {expected}")
+            }
+            DecodeError::Version(v) => write!(f, "version {v}, where {VERSION} is known"),
+            DecodeError::Kind(k) => write!(f, "unknown message kind {k}"),
+            DecodeError::Flags(x) => write!(f, "unknown flags {x:#04x}"),
+            DecodeError::Reserved => write!(f, "a reserved byte is not zero"),
+            DecodeError::Count(n) => write!(f, "{n} entries, which this kind cannot carry"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// A reader that cannot read past its buffer: each read is of a length checked before.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        // The caller checked the length of everything it reads.
+        if let Some(b) = self.bytes.get(self.at..self.at + N) {
+            out.copy_from_slice(b);
+        }
+        self.at += N;
+        out
+    }
+    fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes(self.take())
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_be_bytes(self.take())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_be_bytes(self.take())
+    }
+}
+
+impl Message {
+    /// Appends the message's bytes to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(HEADER_LEN + ENTRY_LEN * self.entries.len());
+        let flags = if self.more { FLAG_MORE } else { 0 };
+        out.extend_from_slice(&[VERSION, self.kind as u8, flags, 0]);
+        out.extend_from_slice(&self.switch.to_be_bytes());
+        out.extend_from_slice(&self.epoch.to_be_bytes());
+        out.extend_from_slice(&self.stream.to_be_bytes());
+        out.extend_from_slice(&(self.entries.len() as u16).to_be_bytes());
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&self.sent_ns.to_be_bytes());
+        out.extend_from_slice(&self.t_max.to_be_bytes());
+        for e in &self.entries {
+            out.extend_from_slice(&e.location.state.to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(&e.location.index.to_be_bytes());
+            out.extend_from_slice(&e.value.to_be_bytes());
+            out.extend_from_slice(&e.threshold.to_be_bytes());
+        }
+    }
+
+    /// Reads one message, all of `bytes`, or says why not.
+    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+        let have = bytes.len();
+        if have < HEADER_LEN {
+            return Err(DecodeError::Truncated {
+                need: HEADER_LEN,
+                have,
+            });
+        }
+        let mut r = Reader { bytes, at: 0 };
+        let version = r.u8();
+        if version != VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let kind_byte = r.u8();
+        let kind = Kind::from_byte(kind_byte).ok_or(DecodeError::Kind(kind_byte))?;
+        let flags = r.u8();
+        if flags & !FLAG_MORE != 0 {
+            return Err(DecodeError::Flags(flags));
+        }
+        if r.u8() != 0 {
+            return Err(DecodeError::Reserved);
+        }
+        let (switch, epoch, stream, count) = (r.u32(), r.u32(), r.u16(), r.u16());
+        let (seq, sent_ns, t_max) = (r.u64(), r.u64(), r.u64());
+        let n = usize::from(count);
+        if n > MAX_ENTRIES || (kind == Kind::Heartbeat && n > 0) {
+            return Err(DecodeError::Count(count));
+        }
+        let expected = HEADER_LEN + n * ENTRY_LEN;
+        if have < expected {
+            return Err(DecodeError::Truncated {
+                need: expected,
+                have,
+            });
+        }
+        if have > expected {
+            return Err(DecodeError::Trailing { expected, have });
+        }
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let state = r.u16();
+            if r.u16() != 0 {
+                return Err(DecodeError::Reserved);
+            }
+            let index = r.u32();
+            let (value, threshold) = (r.u64(), r.u64());
+            entries.push(Update {
+                location: Location { state, index },
+                value,
+                threshold,
+            });
+        }
+        Ok(Message {
+            kind,
+            switch,
+            epoch,
+            stream,
+            seq,
+            sent_ns,
+            t_max,
+            more: flags & FLAG_MORE != 0,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn message(entries: usize) -> Message {
+        Message {
+            kind: Kind::Updates,
+            switch: 7,
+            epoch: 3,
+            stream: 1,
+            seq: u64::MAX,
+            sent_ns: 123,
+            t_max: 9,
+            more: true,
+            entries: (0..entries as u32)
+                .map(|i| Update {
+                    location: Location {
+                        state: u16::MAX,
+                        index: u32::MAX - i,
+                    },
+                    value: u64::MAX - u64::from(i),
+                    threshold: 4,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_largest_message_round_trips_and_fits_a_datagram() {
+        let m = message(MAX_ENTRIES);
+        let mut bytes = Vec::new();
+        m.encode(&mut bytes);
+        assert!(bytes.len() <= 1472);
+        assert_eq!(Message::decode(&bytes), Ok(m));
+    }
+
+    /// Each field's fault is refused with its own reason, and every cut is refused.
+    #[test]
+    fn malformed_messages_are_refused_by_reason() {
+        let mut good = Vec::new();
+        message(2).encode(&mut good);
+        let with = |at: usize, b: u8| {
+            let mut bad = good.clone();
+            bad[at] = b;
+            Message::decode(&bad).map_err(|e| e.reason())
+        };
+        assert_eq!(with(0, 2), Err("bad_version"));
+        assert_eq!(with(1, 9), Err("unknown_kind"));
+        assert_eq!(with(2, 2), Err("unknown_flags"));
+        assert_eq!(with(3, 1), Err("reserved_not_zero"));
+        assert_eq!(with(HEADER_LEN + 2, 1), Err("reserved_not_zero"));
+        assert_eq!(with(15, 3), Err("truncated"));
+        assert_eq!(with(15, 1), Err("trailing_bytes"));
+        assert_eq!(with(14, 1), Err("bad_count"), "more than MAX_ENTRIES");
+        assert_eq!(with(1, Kind::Heartbeat as u8), Err("bad_count"));
+        for cut in 0..good.len() {
+            assert!(Message::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    proptest! {
+        /// Any bytes: decoded or refused, never a panic; what decodes encodes back to them.
+        #[test]
+        fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if let Ok(m) = Message::decode(&bytes) {
+                let mut again = Vec::new();
+                m.encode(&mut again);
+                prop_assert_eq!(again, bytes);
+            }
+        }
+    }
+}
