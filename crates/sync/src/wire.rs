@@ -1,15 +1,18 @@
 //! The sync messages, as docs/SYNC.md lays them out: a 40-byte header, then 24 bytes per
-//! entry, every field big-endian. [`Message::decode`] checks every length and field before
-//! it returns anything, so a malformed message touches no state; its errors are split by
-//! cause, for counting.
+//! entry, every field big-endian, then with a configured [`Key`] a 32-byte MAC (keyed
+//! BLAKE3 of everything before it). [`Message::decode`] checks the MAC, every length and
+//! every field before it returns anything, so a malformed or spoofed message touches no
+//! state; its errors are split by cause, for counting.
 
 use crate::{Location, Update};
 
 pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 40;
 pub const ENTRY_LEN: usize = 24;
-/// Entries that fit one UDP datagram on a 1,500-byte MTU (1,472 bytes of payload).
-pub const MAX_ENTRIES: usize = (1472 - HEADER_LEN) / ENTRY_LEN;
+pub const MAC_LEN: usize = 32;
+/// Entries that fit one UDP datagram on a 1,500-byte MTU (1,472 bytes of payload), with a
+/// MAC.
+pub const MAX_ENTRIES: usize = (1472 - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
 
 /// What a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +40,45 @@ impl Kind {
 /// one instant are applied together, so that the collector's copy is always the data
 /// plane's as of one instant.
 pub const FLAG_MORE: u8 = 0x01;
+/// The flag of a message that ends with a MAC.
+pub const FLAG_MAC: u8 = 0x02;
+
+/// The key switches and collector share: every message carries a MAC made with it, and
+/// one without, or with a wrong one, is refused.
+#[derive(Clone)]
+pub struct Key([u8; 32]);
+
+impl Key {
+    pub fn new(bytes: [u8; 32]) -> Key {
+        Key(bytes)
+    }
+
+    /// A key from its 64 hexadecimal digits (as a configuration gives it).
+    pub fn from_hex(text: &str) -> Result<Key, String> {
+        let text = text.trim();
+        if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "a key is 64 hexadecimal digits (32 bytes), not {} characters",
+                text.len()
+            ));
+        }
+        let mut bytes = [0; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+        }
+        Ok(Key(bytes))
+    }
+
+    fn mac(&self, bytes: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, bytes)
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(..)")
+    }
+}
 
 /// One message of one stream (a worker's) of one switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,8 +116,13 @@ pub enum DecodeError {
     },
     Version(u8),
     Kind(u8),
-    /// Flags this version does not know (`FLAG_MORE` is the only one).
+    /// Flags this version does not know (`FLAG_MORE` and `FLAG_MAC` are the ones).
     Flags(u8),
+    /// No MAC where the collector has a key, or one where it has none.
+    MissingMac,
+    UnexpectedMac,
+    /// A MAC that the key did not make: spoofed, or damaged on the way.
+    BadMac,
     /// A reserved byte not zero.
     Reserved,
     /// More entries than fit one message, or entries in a heartbeat.
@@ -93,6 +140,9 @@ impl DecodeError {
             DecodeError::Flags(_) => "unknown_flags",
             DecodeError::Reserved => "reserved_not_zero",
             DecodeError::Count(_) => "bad_count",
+            DecodeError::MissingMac => "missing_mac",
+            DecodeError::UnexpectedMac => "unexpected_mac",
+            DecodeError::BadMac => "bad_mac",
         }
     }
 }
@@ -111,6 +161,9 @@ impl std::fmt::Display for DecodeError {
             DecodeError::Flags(x) => write!(f, "unknown flags {x:#04x}"),
             DecodeError::Reserved => write!(f, "a reserved byte is not zero"),
             DecodeError::Count(n) => write!(f, "{n} entries, which this kind cannot carry"),
+            DecodeError::MissingMac => write!(f, "no MAC, and a key is configured"),
+            DecodeError::UnexpectedMac => write!(f, "a MAC, and no key is configured"),
+            DecodeError::BadMac => write!(f, "a MAC that the configured key did not make"),
         }
     }
 }
@@ -148,10 +201,19 @@ impl Reader<'_> {
 }
 
 impl Message {
-    /// Appends the message's bytes to `out`.
+    /// Appends the message's bytes to `out`, with no MAC.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        out.reserve(HEADER_LEN + ENTRY_LEN * self.entries.len());
-        let flags = if self.more { FLAG_MORE } else { 0 };
+        self.encode_with(None, out);
+    }
+
+    /// Appends the message's bytes to `out`, ending with a MAC made with `key` if given.
+    pub fn encode_with(&self, key: Option<&Key>, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.reserve(HEADER_LEN + ENTRY_LEN * self.entries.len() + MAC_LEN);
+        let mut flags = if self.more { FLAG_MORE } else { 0 };
+        if key.is_some() {
+            flags |= FLAG_MAC;
+        }
         out.extend_from_slice(&[VERSION, self.kind as u8, flags, 0]);
         out.extend_from_slice(&self.switch.to_be_bytes());
         out.extend_from_slice(&self.epoch.to_be_bytes());
@@ -167,10 +229,41 @@ impl Message {
             out.extend_from_slice(&e.value.to_be_bytes());
             out.extend_from_slice(&e.threshold.to_be_bytes());
         }
+        if let Some(key) = key {
+            let mac = key.mac(&out[start..]);
+            out.extend_from_slice(mac.as_bytes());
+        }
     }
 
-    /// Reads one message, all of `bytes`, or says why not.
+    /// Reads one message with no MAC, all of `bytes`, or says why not.
     pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+        Message::decode_with(None, bytes)
+    }
+
+    /// Reads one message, all of `bytes`, whose MAC `key` must have made (and which must
+    /// have none where `key` is `None`), or says why not.
+    pub fn decode_with(key: Option<&Key>, bytes: &[u8]) -> Result<Message, DecodeError> {
+        let bytes = match (key, bytes.get(2).map(|f| f & FLAG_MAC != 0)) {
+            (Some(key), Some(true)) => {
+                let Some(body_len) = bytes.len().checked_sub(MAC_LEN) else {
+                    return Err(DecodeError::Truncated {
+                        need: HEADER_LEN + MAC_LEN,
+                        have: bytes.len(),
+                    });
+                };
+                let (body, mac) = bytes.split_at(body_len);
+                let mut given = [0; MAC_LEN];
+                given.copy_from_slice(mac);
+                // blake3::Hash compares in constant time.
+                if key.mac(body) != blake3::Hash::from_bytes(given) {
+                    return Err(DecodeError::BadMac);
+                }
+                body
+            }
+            (Some(_), Some(false)) => return Err(DecodeError::MissingMac),
+            (None, Some(true)) => return Err(DecodeError::UnexpectedMac),
+            _ => bytes,
+        };
         let have = bytes.len();
         if have < HEADER_LEN {
             return Err(DecodeError::Truncated {
@@ -186,7 +279,7 @@ impl Message {
         let kind_byte = r.u8();
         let kind = Kind::from_byte(kind_byte).ok_or(DecodeError::Kind(kind_byte))?;
         let flags = r.u8();
-        if flags & !FLAG_MORE != 0 {
+        if flags & !(FLAG_MORE | FLAG_MAC) != 0 {
             return Err(DecodeError::Flags(flags));
         }
         if r.u8() != 0 {
@@ -285,7 +378,7 @@ mod tests {
         };
         assert_eq!(with(0, 2), Err("bad_version"));
         assert_eq!(with(1, 9), Err("unknown_kind"));
-        assert_eq!(with(2, 2), Err("unknown_flags"));
+        assert_eq!(with(2, 4), Err("unknown_flags"));
         assert_eq!(with(3, 1), Err("reserved_not_zero"));
         assert_eq!(with(HEADER_LEN + 2, 1), Err("reserved_not_zero"));
         assert_eq!(with(15, 3), Err("truncated"));
@@ -295,6 +388,44 @@ mod tests {
         for cut in 0..good.len() {
             assert!(Message::decode(&good[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    /// With a key, a message round-trips; one without a MAC, with another key's, or with
+    /// any byte changed is refused, and a keyless collector refuses a MAC.
+    #[test]
+    fn macs_keep_spoofed_and_damaged_messages_out() {
+        let key = Key::from_hex(&"ab".repeat(32)).unwrap();
+        let other = Key::new([7; 32]);
+        let m = message(MAX_ENTRIES);
+        let mut signed = Vec::new();
+        m.encode_with(Some(&key), &mut signed);
+        assert!(
+            signed.len() <= 1472,
+            "the largest message with its MAC fits a datagram"
+        );
+        assert_eq!(Message::decode_with(Some(&key), &signed), Ok(m.clone()));
+        let reason = |k: Option<&Key>, b: &[u8]| Message::decode_with(k, b).map_err(|e| e.reason());
+        assert_eq!(reason(Some(&other), &signed), Err("bad_mac"));
+        assert_eq!(reason(None, &signed), Err("unexpected_mac"));
+        let mut plain = Vec::new();
+        m.encode(&mut plain);
+        assert_eq!(reason(Some(&key), &plain), Err("missing_mac"));
+        for at in (0..signed.len()).step_by(7) {
+            let mut damaged = signed.clone();
+            damaged[at] ^= 0x10;
+            assert!(
+                Message::decode_with(Some(&key), &damaged).is_err(),
+                "byte {at}"
+            );
+        }
+        for cut in 0..signed.len() {
+            assert!(
+                Message::decode_with(Some(&key), &signed[..cut]).is_err(),
+                "cut {cut}"
+            );
+        }
+        assert!(Key::from_hex("abc").is_err());
+        assert!(Key::from_hex(&"zz".repeat(32)).is_err());
     }
 
     proptest! {

@@ -2,7 +2,8 @@
 //! that loses, duplicates, reorders and delays messages, on a virtual clock. At every step,
 //! every location the collector calls bounded is within its bound of the data plane's
 //! value as of the collector's last message; after the changes stop and the channel heals,
-//! the collector holds every value exactly. Each seed draws its own load (0.1x to 100x the
+//! the collector holds every value exactly. Every message carries a MAC, and forged ones
+//! (of another key) arrive among them and are refused. Each seed draws its own load (0.1x to 100x the
 //! channel's capacity) and faults. `SYNC_SEEDS=100000 cargo test --release -p
 //! stateplane-sync --test simulation` runs more seeds than the default 1,000.
 #![allow(clippy::unwrap_used)]
@@ -11,7 +12,7 @@ use stateplane_sync::Location;
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig};
-use stateplane_sync::wire::Message;
+use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::{BTreeMap, HashMap};
 
 /// SplitMix64: a seeded generator, so that a failing seed runs again the same.
@@ -52,6 +53,7 @@ struct Seen {
     bounded: u64,
     sent: u64,
     lost: u64,
+    spoofed: u64,
 }
 
 fn run(seed: u64) -> Seen {
@@ -81,8 +83,11 @@ fn run(seed: u64) -> Seen {
     // In flight: (arrival, order, bytes).
     let mut flight: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
     let mut order = 0u64;
+    let mut refused = 0;
     let mut seen = Seen::default();
     let mut out = Vec::new();
+    let key = Key::new([seed as u8; 32]);
+    let forger = Key::new([!(seed as u8); 32]);
     let mut now = 0;
     while now <= END_NS {
         if now < CHANGES_END_NS {
@@ -116,7 +121,7 @@ fn run(seed: u64) -> Seen {
             snapshots.insert(m.seq, plane.clone());
             seen.sent += 1;
             let mut bytes = Vec::new();
-            m.encode(&mut bytes);
+            m.encode_with(Some(&key), &mut bytes);
             let faulty = now < HEAL_NS;
             let copies = if faulty && rng.chance(loss) {
                 seen.lost += 1;
@@ -136,14 +141,41 @@ fn run(seed: u64) -> Seen {
                 order += 1;
             }
         }
+        // A forger who knows the format, not the key, claims a far-ahead message: taken,
+        // it would end the stream's bounds.
+        if rng.chance(20) {
+            let forged = Message {
+                kind: Kind::Updates,
+                switch: 9,
+                epoch: 1,
+                stream: 0,
+                seq: u64::MAX / 2,
+                sent_ns: now,
+                t_max: 0,
+                more: false,
+                entries: Vec::new(),
+            };
+            let mut bytes = Vec::new();
+            forged.encode_with(Some(&forger), &mut bytes);
+            flight.insert((now, order), bytes);
+            order += 1;
+            seen.spoofed += 1;
+        }
         // What arrives by now, in order of arrival.
         while let Some(entry) = flight.first_entry() {
             if entry.key().0 > now {
                 break;
             }
             let bytes = entry.remove();
-            let m = Message::decode(&bytes).unwrap();
-            let _ = mirror.apply(&m);
+            match Message::decode_with(Some(&key), &bytes) {
+                Ok(m) => {
+                    let _ = mirror.apply(&m);
+                }
+                Err(e) => {
+                    assert_eq!(e.reason(), "bad_mac", "seed {seed}");
+                    refused += 1;
+                }
+            }
         }
         if let Some(k) = mirror.last_seq(9, 0) {
             snapshots.retain(|&seq, _| seq >= k);
@@ -166,6 +198,10 @@ fn run(seed: u64) -> Seen {
         }
         now += STEP_NS;
     }
+    assert_eq!(
+        refused, seen.spoofed,
+        "seed {seed}: every forged message, and only they"
+    );
     for l in locations() {
         let r = mirror.read(9, 0, l).unwrap();
         assert_eq!(
@@ -190,10 +226,12 @@ fn bounds_hold_at_every_step_and_the_mirror_converges() {
         total.bounded += s.bounded;
         total.sent += s.sent;
         total.lost += s.lost;
+        total.spoofed += s.spoofed;
     }
     // The checks checked something: a good share of the readings were bounded (the rest
     // follow losses of up to 30% of the messages), and messages were lost.
     assert!(total.bounded * 4 > total.checks, "{total:?}");
     assert!(total.lost > 0 && total.sent > total.lost * 4, "{total:?}");
+    assert!(total.spoofed > 0, "{total:?}");
     println!("{seeds} seeds: {total:?}");
 }
