@@ -10,11 +10,14 @@
 //! - [`sender`]: updates into numbered messages, each carrying the largest `t` in force since
 //!   the one before, with heartbeats and the anti-entropy refresh of every location;
 //! - [`mirror`]: the collector's copy of each switch's state, with the bound that holds for
-//!   each location, or none after a lost message until the location is sent again.
+//!   each location, or none after a lost message until the location is sent again;
+//! - [`channel`]: a channel on the virtual clock that drops past its capacity and loses,
+//!   duplicates and reorders at configured rates, for the simulation and the experiments.
 //!
 //! Must never: read a clock or do I/O (time arrives as `now_ns`), or let the mirror claim a
 //! bound that does not hold.
 
+pub mod channel;
 pub mod mirror;
 pub mod rate;
 pub mod read_handler;

@@ -8,31 +8,14 @@
 //! stateplane-sync --test simulation` runs more seeds than the default 1,000.
 #![allow(clippy::unwrap_used)]
 
+use stateplane_gen::rng::Rng;
 use stateplane_sync::Location;
+use stateplane_sync::channel::{Channel, ChannelConfig, Faults};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig};
 use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::{BTreeMap, HashMap};
-
-/// SplitMix64: a seeded generator, so that a failing seed runs again the same.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
 
 const COUNTERS: u32 = 32;
 const REGISTERS: u32 = 64;
@@ -57,13 +40,23 @@ struct Seen {
 }
 
 fn run(seed: u64) -> Seen {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     // The channel carries 200 updates a second... to 20,000; the load is 0.1x to 100x that.
     let capacity = 200 * (1 + rng.below(100));
     let load_milli = [100, 1_000, 10_000, 100_000][rng.below(4) as usize];
     let changes_per_step = (capacity * load_milli / 1000 * STEP_NS).div_ceil(1_000_000_000);
-    let (loss, dup) = (rng.below(300), rng.below(100));
-    let max_delay_ns = rng.below(3_000_000);
+    let faults = Faults {
+        loss: rng.below(300) as f64 / 1000.0,
+        duplicate: rng.below(100) as f64 / 1000.0,
+        max_delay_ns: rng.below(3_000_000),
+    };
+    let mut channel = Channel::new(ChannelConfig {
+        bytes_per_second: 0,
+        buffer_bytes: 0,
+        latency_ns: 1_000,
+        faults,
+        seed,
+    });
     let slots = [4, 16, 64, 256][rng.below(4) as usize];
     let mut sender = Sender::new(SenderConfig {
         switch: 9,
@@ -80,9 +73,7 @@ fn run(seed: u64) -> Seen {
     let mut plane: HashMap<Location, u64> = locations().map(|l| (l, 0)).collect();
     // The data plane as each message in flight was sent, by sequence number.
     let mut snapshots: BTreeMap<u64, HashMap<Location, u64>> = BTreeMap::new();
-    // In flight: (arrival, order, bytes).
-    let mut flight: BTreeMap<(u64, u64), Vec<u8>> = BTreeMap::new();
-    let mut order = 0u64;
+    let mut arrived = Vec::new();
     let mut refused = 0;
     let mut seen = Seen::default();
     let mut out = Vec::new();
@@ -92,7 +83,7 @@ fn run(seed: u64) -> Seen {
     while now <= END_NS {
         if now < CHANGES_END_NS {
             for _ in 0..changes_per_step {
-                let (location, new) = if rng.chance(500) {
+                let (location, new) = if rng.chance(0.5) {
                     let l = Location {
                         state: 0,
                         index: rng.below(u64::from(COUNTERS)) as u32,
@@ -116,34 +107,20 @@ fn run(seed: u64) -> Seen {
                 sender.change(now, location, old, new);
             }
         }
+        if now == HEAL_NS {
+            channel.set_faults(Faults::default());
+        }
         sender.poll(now, |l| plane[&l], &mut out);
         for m in out.drain(..) {
             snapshots.insert(m.seq, plane.clone());
-            seen.sent += 1;
             let mut bytes = Vec::new();
             m.encode_with(Some(&key), &mut bytes);
-            let faulty = now < HEAL_NS;
-            let copies = if faulty && rng.chance(loss) {
-                seen.lost += 1;
-                0
-            } else if faulty && rng.chance(dup) {
-                2
-            } else {
-                1
-            };
-            for _ in 0..copies {
-                let delay = if faulty {
-                    rng.below(max_delay_ns + 1)
-                } else {
-                    1_000
-                };
-                flight.insert((now + delay, order), bytes.clone());
-                order += 1;
-            }
+            channel.send(now, bytes);
         }
+        channel.deliver(now, &mut arrived);
         // A forger who knows the format, not the key, claims a far-ahead message: taken,
         // it would end the stream's bounds.
-        if rng.chance(20) {
+        if rng.chance(0.02) {
             let forged = Message {
                 kind: Kind::Updates,
                 switch: 9,
@@ -157,16 +134,10 @@ fn run(seed: u64) -> Seen {
             };
             let mut bytes = Vec::new();
             forged.encode_with(Some(&forger), &mut bytes);
-            flight.insert((now, order), bytes);
-            order += 1;
+            arrived.push(bytes);
             seen.spoofed += 1;
         }
-        // What arrives by now, in order of arrival.
-        while let Some(entry) = flight.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let bytes = entry.remove();
+        for bytes in arrived.drain(..) {
             match Message::decode_with(Some(&key), &bytes) {
                 Ok(m) => {
                     let _ = mirror.apply(&m);
@@ -202,6 +173,8 @@ fn run(seed: u64) -> Seen {
         refused, seen.spoofed,
         "seed {seed}: every forged message, and only they"
     );
+    seen.sent = channel.counters.sent;
+    seen.lost = channel.counters.lost;
     for l in locations() {
         let r = mirror.read(9, 0, l).unwrap();
         assert_eq!(
