@@ -33,6 +33,8 @@ struct StreamView {
     staged: Vec<Message>,
     /// The first message after the latest gap: values older than it are unbounded.
     gap_seq: u64,
+    /// Messages found missing so far.
+    missing: u64,
     last_sent_ns: u64,
     /// `(seq, t_max)` with `seq` rising and `t_max` falling: the largest `t_max` of the
     /// messages from `s` on is that of the first entry at or after `s`.
@@ -48,6 +50,7 @@ impl StreamView {
             applied_seq: 0,
             staged: Vec::new(),
             gap_seq: 0,
+            missing: 0,
             last_sent_ns: 0,
             thresholds: Vec::new(),
             values: HashMap::new(),
@@ -181,6 +184,7 @@ impl Mirror {
         if m.seq > view.next_seq {
             self.counters.gaps += 1;
             self.counters.missing += m.seq - view.next_seq;
+            view.missing += m.seq - view.next_seq;
             // What came of a batch before the loss is applied; what is older than the gap
             // is unbounded.
             view.take_staged();
@@ -209,6 +213,23 @@ impl Mirror {
             value,
             bound,
             as_of_ns: view.last_sent_ns,
+        })
+    }
+
+    /// The report to send `switch` on its `stream` at `now_ns` (its feedback to the rate
+    /// controller): the last message seen and the messages found missing.
+    pub fn report(&self, switch: u32, stream: u16, now_ns: u64) -> Option<Message> {
+        let view = self.streams.get(&(switch, stream))?;
+        Some(Message {
+            kind: crate::wire::Kind::Report,
+            switch,
+            epoch: view.epoch,
+            stream,
+            seq: view.next_seq - 1,
+            sent_ns: now_ns,
+            t_max: view.missing,
+            more: false,
+            entries: Vec::new(),
         })
     }
 

@@ -18,7 +18,7 @@ pub struct SenderConfig {
     pub stream: u16,
     /// Slots of the read handler's table.
     pub slots: usize,
-    pub rate: RateController,
+    pub threshold: Threshold,
     /// A location waits unsent at most this long (the timeout monitor).
     pub max_age_ns: u64,
     /// A message at least this often, entries or none, so that the collector sees the
@@ -29,6 +29,16 @@ pub struct SenderConfig {
     pub refresh_ns: u64,
     /// The synced state: each state's id and length.
     pub states: Vec<(u16, u32)>,
+}
+
+/// How the threshold is set.
+#[derive(Clone, Copy, Debug)]
+pub enum Threshold {
+    /// The same all along (0: every change, the mirroring baseline).
+    Fixed(u64),
+    /// By the rate controller every window, its capacity lowered while the collector
+    /// reports losses and raised back while it reports none (beyond the paper).
+    Adaptive(RateController),
 }
 
 /// Where the refresh is: the next location to send, and when the next pass starts.
@@ -56,20 +66,40 @@ pub struct Sender {
     refreshed: Vec<Update>,
     /// Slots the timeout monitor visits per window: the whole table once per `max_age_ns`.
     expire_visit: usize,
+    /// The window's length, and the capacity the rate controller uses now (the
+    /// configured one, less what the collector's reports of loss took off).
+    window_ns: u64,
+    capacity: u64,
+    /// The collector's last report: messages it found missing, and the last it had seen.
+    reported_missing: u64,
+    reported_seq: u64,
+    pub feedback: FeedbackCounters,
+}
+
+/// What the collector's reports did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedbackCounters {
+    pub reports: u64,
+    /// Reports of loss, each of which lowered the capacity.
+    pub lowered: u64,
 }
 
 impl Sender {
     pub fn new(config: SenderConfig) -> Sender {
-        let handler = ReadHandler::new(config.slots);
+        let mut handler = ReadHandler::new(config.slots);
         let slots = config.slots.max(1).next_power_of_two() as u128;
-        let windows_per_age =
-            (u128::from(config.max_age_ns) / u128::from(config.rate.window_ns.max(1))).max(1);
+        let (window_ns, capacity, threshold) = match config.threshold {
+            Threshold::Fixed(t) => (1_000_000, 0, t),
+            Threshold::Adaptive(rate) => (rate.window_ns.max(1), rate.capacity, 0),
+        };
+        handler.set_threshold(threshold);
+        let windows_per_age = (u128::from(config.max_age_ns) / u128::from(window_ns)).max(1);
         let expire_visit = slots.div_ceil(windows_per_age) as usize;
         Sender {
             handler,
             next_seq: 1,
-            threshold: 0,
-            t_max: 0,
+            threshold,
+            t_max: threshold,
             window_start_ns: None,
             last_sent_ns: None,
             refresh: Refresh {
@@ -81,7 +111,43 @@ impl Sender {
             pending: Vec::new(),
             refreshed: Vec::new(),
             expire_visit,
+            window_ns,
+            capacity,
+            reported_missing: 0,
+            reported_seq: 0,
+            feedback: FeedbackCounters::default(),
             config,
+        }
+    }
+
+    /// The capacity the rate controller uses now (updates a second).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Takes the collector's report on this stream (a `Kind::Report` message): where more
+    /// than 1% of the messages sent since its last report went missing, the capacity drops
+    /// by a quarter (to no less than 1/64 of the configured one); where none did, it rises
+    /// back by 1/16 of the configured one a report, so that overload at the collector or
+    /// in the channel loses little and not for long.
+    pub fn on_report(&mut self, report: &Message) {
+        let c = &self.config;
+        let ours = (report.switch, report.epoch, report.stream) == (c.switch, c.epoch, c.stream);
+        let Threshold::Adaptive(rate) = c.threshold else {
+            return;
+        };
+        if report.kind != Kind::Report || !ours || report.seq < self.reported_seq {
+            return;
+        }
+        self.feedback.reports += 1;
+        let missing = report.t_max.saturating_sub(self.reported_missing);
+        let sent = report.seq - self.reported_seq;
+        (self.reported_missing, self.reported_seq) = (report.t_max, report.seq);
+        if missing * 100 > sent {
+            self.capacity = (self.capacity - self.capacity / 4).max((rate.capacity / 64).max(1));
+            self.feedback.lowered += 1;
+        } else if missing == 0 {
+            self.capacity = (self.capacity + (rate.capacity / 16).max(1)).min(rate.capacity);
         }
     }
 
@@ -106,9 +172,15 @@ impl Sender {
         out: &mut Vec<Message>,
     ) {
         let start = *self.window_start_ns.get_or_insert(now_ns);
-        if now_ns.saturating_sub(start) >= self.config.rate.window_ns {
-            let t = self.config.rate.threshold(self.handler.take_change());
-            self.set_threshold(t);
+        if now_ns.saturating_sub(start) >= self.window_ns {
+            let change = self.handler.take_change();
+            if let Threshold::Adaptive(rate) = self.config.threshold {
+                let rate = RateController {
+                    capacity: self.capacity,
+                    ..rate
+                };
+                self.set_threshold(rate.threshold(change));
+            }
             let visit = self.expire_visit;
             (self.handler).expire(now_ns, self.config.max_age_ns, visit, &mut self.pending);
             self.window_start_ns = Some(now_ns);
@@ -207,5 +279,88 @@ impl Sender {
         // The threshold in force now goes on into the next message's period.
         self.t_max = self.threshold;
         self.last_sent_ns = Some(now_ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sender(capacity: u64) -> Sender {
+        Sender::new(SenderConfig {
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            slots: 16,
+            threshold: Threshold::Adaptive(RateController::new(capacity)),
+            max_age_ns: 1_000_000_000,
+            heartbeat_ns: 1_000_000,
+            refresh_ns: 0,
+            states: Vec::new(),
+        })
+    }
+
+    fn report(seq: u64, missing: u64) -> Message {
+        Message {
+            kind: Kind::Report,
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            seq,
+            sent_ns: 0,
+            t_max: missing,
+            more: false,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Loss lowers the capacity by a quarter a report, to a floor; no loss raises it back
+    /// to the configured one; a report on another stream, or older, changes nothing.
+    #[test]
+    fn reports_of_loss_lower_the_capacity_and_reports_of_none_raise_it() {
+        let mut s = sender(6_400);
+        s.on_report(&report(100, 10));
+        assert_eq!(s.capacity(), 4_800);
+        s.on_report(&report(200, 10));
+        assert_eq!(s.capacity(), 5_200, "no new loss: up by 1/16 of 6,400");
+        s.on_report(&report(300, 10 + 1));
+        assert_eq!(s.capacity(), 5_200, "1 of 100: below the 1% that counts");
+        for i in 0..100 {
+            s.on_report(&report(400 + i * 100, 100 + i * 50));
+        }
+        assert_eq!(s.capacity(), 100, "never below 1/64");
+        for i in 0..100 {
+            s.on_report(&report(20_000 + i, 5_050));
+        }
+        assert_eq!(s.capacity(), 6_400, "never above the configured");
+        let other = Message {
+            stream: 1,
+            ..report(30_000, 9_000)
+        };
+        s.on_report(&other);
+        s.on_report(&report(10, 9_000));
+        assert_eq!(s.capacity(), 6_400);
+        assert_eq!(s.feedback.reports, 203);
+    }
+
+    /// The threshold follows the capacity the reports leave: a window's change that fits
+    /// the configured capacity needs a threshold once loss has lowered it.
+    #[test]
+    fn the_threshold_follows_the_lowered_capacity() {
+        let mut s = sender(100_000);
+        let mut out = Vec::new();
+        let at = |index| Location { state: 0, index };
+        for i in 0..100 {
+            s.change(0, at(i % 16), 0, 1);
+        }
+        s.poll(0, |_| 0, &mut out);
+        s.poll(1_000_000, |_| 0, &mut out);
+        assert_eq!(s.threshold(), 0, "100 changes in 1 ms fit 100,000 a second");
+        s.on_report(&report(2, 1));
+        for i in 0..100 {
+            s.change(1_000_000, at(i % 16), 0, 1);
+        }
+        s.poll(2_000_000, |_| 0, &mut out);
+        assert_eq!(s.threshold(), 2, "75 a window now: ceil(100 / 75)");
     }
 }

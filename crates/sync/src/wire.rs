@@ -23,6 +23,9 @@ pub enum Kind {
     Refresh = 2,
     /// No entries: the stream is alive, and its threshold is the header's.
     Heartbeat = 3,
+    /// From the collector to the switch, no entries: `seq` is the stream's last message
+    /// the collector has seen, `t_max` the messages of the stream it found missing so far.
+    Report = 4,
 }
 
 impl Kind {
@@ -31,6 +34,7 @@ impl Kind {
             1 => Some(Kind::Updates),
             2 => Some(Kind::Refresh),
             3 => Some(Kind::Heartbeat),
+            4 => Some(Kind::Report),
             _ => None,
         }
     }
@@ -288,7 +292,8 @@ impl Message {
         let (switch, epoch, stream, count) = (r.u32(), r.u32(), r.u16(), r.u16());
         let (seq, sent_ns, t_max) = (r.u64(), r.u64(), r.u64());
         let n = usize::from(count);
-        if n > MAX_ENTRIES || (kind == Kind::Heartbeat && n > 0) {
+        let entries_allowed = matches!(kind, Kind::Updates | Kind::Refresh);
+        if n > MAX_ENTRIES || (!entries_allowed && n > 0) {
             return Err(DecodeError::Count(count));
         }
         let expected = HEADER_LEN + n * ENTRY_LEN;
