@@ -2,7 +2,8 @@
 //! (`clap`), runs, and prints a table, with CSV and a chart when asked.
 //!
 //! Owns: `bench` (Mpps per core on an in-memory replay), `bench_addonmiss`,
-//! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_tables`,
+//! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_sync` (the sync
+//! cores' rate experiment, in virtual time), `bench_tables`,
 //! `lab_bench` (real TCP through a lab); what they share: [`statistics`] (median,
 //! percentiles), [`results`] (the CSV and chart files) and `chart` (SVG bar charts).
 //!
@@ -17,6 +18,7 @@ pub mod bench_flood;
 pub mod bench_flow_model;
 pub mod bench_flows;
 pub mod bench_pipeline;
+pub mod bench_sync;
 pub mod bench_tables;
 pub mod chart;
 pub mod lab_bench;

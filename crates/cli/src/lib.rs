@@ -58,6 +58,9 @@ enum Command {
     /// TurboFlow's eviction model (Equations 1 and 2, Table 5) beside the microflow table
     /// measured on the model's workload.
     BenchFlowModel(stateplane_bench::bench_flow_model::BenchFlowModelArgs),
+    /// State sync's rate experiment on the sync cores in virtual time: updates sent and
+    /// lost, and the collector's divergence, for fixed thresholds and the rate controller.
+    BenchSyncRate(stateplane_bench::bench_sync::BenchSyncRateArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -94,6 +97,7 @@ pub fn main() -> ExitCode {
         Command::BenchFlood(args) => stateplane_bench::bench_flood::main(args),
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
         Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
+        Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

@@ -42,6 +42,18 @@ pub struct ChannelCounters {
     pub delivered: u64,
 }
 
+/// What became of a message sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Dropped: the buffer was full.
+    Dropped,
+    Lost,
+    /// On its way, in one copy or two.
+    Sent {
+        copies: u8,
+    },
+}
+
 pub struct Channel {
     config: ChannelConfig,
     rng: Rng,
@@ -79,7 +91,7 @@ impl Channel {
     }
 
     /// Sends `bytes` at `now_ns`.
-    pub fn send(&mut self, now_ns: u64, bytes: Vec<u8>) {
+    pub fn send(&mut self, now_ns: u64, bytes: Vec<u8>) -> Fate {
         self.counters.sent += 1;
         self.counters.sent_bytes += bytes.len() as u64;
         let start = self.busy_until_ns.max(now_ns);
@@ -92,16 +104,16 @@ impl Channel {
             && queued_ns > 0
         {
             self.counters.dropped_full += 1;
-            return;
+            return Fate::Dropped;
         }
         let done = start + self.wire_ns(bytes.len() as u64);
         self.busy_until_ns = done;
         let faults = self.config.faults;
         if self.rng.chance(faults.loss) {
             self.counters.lost += 1;
-            return;
+            return Fate::Lost;
         }
-        let copies = if self.rng.chance(faults.duplicate) {
+        let copies: u8 = if self.rng.chance(faults.duplicate) {
             self.counters.duplicated += 1;
             2
         } else {
@@ -116,6 +128,7 @@ impl Channel {
             self.flight.insert((arrival, self.order), bytes.clone());
             self.order += 1;
         }
+        Fate::Sent { copies }
     }
 
     /// Appends what has arrived by `now_ns` to `out`, in order of arrival.
@@ -155,7 +168,7 @@ mod tests {
         // buffer hold it and one more.
         let mut c = Channel::new(config(1_000, 250));
         for _ in 0..4 {
-            c.send(0, vec![0; 100]);
+            let _ = c.send(0, vec![0; 100]);
         }
         assert_eq!(
             c.counters.dropped_full, 2,
@@ -185,7 +198,7 @@ mod tests {
             ..config(0, 0)
         });
         for i in 0..10_000u32 {
-            c.send(u64::from(i) * 1_000, i.to_be_bytes().to_vec());
+            let _ = c.send(u64::from(i) * 1_000, i.to_be_bytes().to_vec());
         }
         let mut got = Vec::new();
         c.deliver(u64::MAX, &mut got);

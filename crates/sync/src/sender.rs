@@ -24,6 +24,9 @@ pub struct SenderConfig {
     /// A message at least this often, entries or none, so that the collector sees the
     /// stream alive and a lost message soon.
     pub heartbeat_ns: u64,
+    /// Updates wait at most this long to fill a message (0: a message every poll that has
+    /// any).
+    pub batch_ns: u64,
     /// Every location is sent whole at least this often (anti-entropy), so that the
     /// collector's copy converges exactly after any loss. 0: never.
     pub refresh_ns: u64,
@@ -60,8 +63,9 @@ pub struct Sender {
     window_start_ns: Option<u64>,
     last_sent_ns: Option<u64>,
     refresh: Refresh,
-    /// Updates waiting for the next message.
+    /// Updates waiting for the next message, since the poll that first saw them.
     pending: Vec<Update>,
+    pending_since_ns: Option<u64>,
     /// Refresh entries waiting for the next refresh message.
     refreshed: Vec<Update>,
     /// Slots the timeout monitor visits per window: the whole table once per `max_age_ns`.
@@ -109,6 +113,7 @@ impl Sender {
                 running: false,
             },
             pending: Vec::new(),
+            pending_since_ns: None,
             refreshed: Vec::new(),
             expire_visit,
             window_ns,
@@ -126,10 +131,10 @@ impl Sender {
     }
 
     /// Takes the collector's report on this stream (a `Kind::Report` message): where more
-    /// than 1% of the messages sent since its last report went missing, the capacity drops
-    /// by a quarter (to no less than 1/64 of the configured one); where none did, it rises
-    /// back by 1/16 of the configured one a report, so that overload at the collector or
-    /// in the channel loses little and not for long.
+    /// than 1% of the messages sent since its last report went missing, the capacity
+    /// halves (to no less than 1/64 of the configured one); where none did, it rises back
+    /// by 1/64 of the configured one a report (TCP's way: down at once, up slowly), so that
+    /// overload at the collector or in the channel loses little and not for long.
     pub fn on_report(&mut self, report: &Message) {
         let c = &self.config;
         let ours = (report.switch, report.epoch, report.stream) == (c.switch, c.epoch, c.stream);
@@ -144,10 +149,10 @@ impl Sender {
         let sent = report.seq - self.reported_seq;
         (self.reported_missing, self.reported_seq) = (report.t_max, report.seq);
         if missing * 100 > sent {
-            self.capacity = (self.capacity - self.capacity / 4).max((rate.capacity / 64).max(1));
+            self.capacity = (self.capacity / 2).max((rate.capacity / 64).max(1));
             self.feedback.lowered += 1;
         } else if missing == 0 {
-            self.capacity = (self.capacity + (rate.capacity / 16).max(1)).min(rate.capacity);
+            self.capacity = (self.capacity + (rate.capacity / 64).max(1)).min(rate.capacity);
         }
     }
 
@@ -165,6 +170,11 @@ impl Sender {
     /// Once a burst: ends the rate window if it is over (the next threshold), sends what
     /// waited too long, goes on with the refresh (reading the state with `read`), and
     /// appends the messages to send to `out`.
+    ///
+    /// Updates wait to fill a message, up to `batch_ns`; then every update waiting goes, so
+    /// that a batch holds every update made before it (what the collector's bound rests
+    /// on). A refresh's values go in the batch of the poll that read them, after the
+    /// updates made before they were read.
     pub fn poll(
         &mut self,
         now_ns: u64,
@@ -185,13 +195,24 @@ impl Sender {
             (self.handler).expire(now_ns, self.config.max_age_ns, visit, &mut self.pending);
             self.window_start_ns = Some(now_ns);
         }
+        if self.pending.is_empty() {
+            self.pending_since_ns = None;
+        } else {
+            self.pending_since_ns.get_or_insert(now_ns);
+        }
         self.refresh_some(now_ns, &mut read);
         let first = out.len();
-        self.send(now_ns, Kind::Updates, out);
-        self.send(now_ns, Kind::Refresh, out);
-        let quiet = self
-            .last_sent_ns
+        let waited = (self.pending_since_ns)
+            .is_some_and(|since| now_ns.saturating_sub(since) >= self.config.batch_ns);
+        // Any message sent moves the collector's copy on to now, so a heartbeat takes the
+        // waiting updates with it.
+        let quiet = (self.last_sent_ns)
             .is_none_or(|last| now_ns.saturating_sub(last) >= self.config.heartbeat_ns);
+        if waited || quiet || self.pending.len() >= MAX_ENTRIES || !self.refreshed.is_empty() {
+            self.send(now_ns, Kind::Updates, out);
+            self.send(now_ns, Kind::Refresh, out);
+            self.pending_since_ns = None;
+        }
         if quiet && out.len() == first {
             self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
         }
@@ -295,6 +316,7 @@ mod tests {
             threshold: Threshold::Adaptive(RateController::new(capacity)),
             max_age_ns: 1_000_000_000,
             heartbeat_ns: 1_000_000,
+            batch_ns: 0,
             refresh_ns: 0,
             states: Vec::new(),
         })
@@ -314,17 +336,17 @@ mod tests {
         }
     }
 
-    /// Loss lowers the capacity by a quarter a report, to a floor; no loss raises it back
-    /// to the configured one; a report on another stream, or older, changes nothing.
+    /// Loss halves the capacity, to a floor; no loss raises it back by 1/64 a report, to
+    /// the configured one; a report on another stream, or older, changes nothing.
     #[test]
     fn reports_of_loss_lower_the_capacity_and_reports_of_none_raise_it() {
         let mut s = sender(6_400);
         s.on_report(&report(100, 10));
-        assert_eq!(s.capacity(), 4_800);
+        assert_eq!(s.capacity(), 3_200);
         s.on_report(&report(200, 10));
-        assert_eq!(s.capacity(), 5_200, "no new loss: up by 1/16 of 6,400");
+        assert_eq!(s.capacity(), 3_300, "no new loss: up by 1/64 of 6,400");
         s.on_report(&report(300, 10 + 1));
-        assert_eq!(s.capacity(), 5_200, "1 of 100: below the 1% that counts");
+        assert_eq!(s.capacity(), 3_300, "1 of 100: below the 1% that counts");
         for i in 0..100 {
             s.on_report(&report(400 + i * 100, 100 + i * 50));
         }
@@ -361,6 +383,6 @@ mod tests {
             s.change(1_000_000, at(i % 16), 0, 1);
         }
         s.poll(2_000_000, |_| 0, &mut out);
-        assert_eq!(s.threshold(), 2, "75 a window now: ceil(100 / 75)");
+        assert_eq!(s.threshold(), 2, "50 a window now: ceil(100 / 50)");
     }
 }

@@ -76,6 +76,7 @@ fn run(seed: u64) -> Seen {
         threshold,
         max_age_ns: 10_000_000,
         heartbeat_ns: 2_000_000,
+        batch_ns: [0, 100_000, 1_000_000][rng.below(3) as usize],
         refresh_ns: 20_000_000,
         states: vec![(0, COUNTERS), (1, REGISTERS)],
     });
@@ -125,7 +126,7 @@ fn run(seed: u64) -> Seen {
             snapshots.insert(m.seq, plane.clone());
             let mut bytes = Vec::new();
             m.encode_with(Some(&key), &mut bytes);
-            channel.send(now, bytes);
+            let _ = channel.send(now, bytes);
         }
         channel.deliver(now, &mut arrived);
         // The collector's report, every 10 ms, back to the rate controller.

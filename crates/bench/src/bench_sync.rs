@@ -1,0 +1,366 @@
+//! `stateplane bench-sync-rate`: the paper's rate experiment (ApproSync Exp#3) on the sync
+//! cores in virtual time. Counters change far faster than the channel carries one update
+//! per change; each threshold mode is run on the same changes through a channel of the
+//! given capacity and buffer, which drops what does not fit. The table shows the updates
+//! sent and lost, the threshold, and how far the collector's copy is from the data plane.
+//!
+//! Every 10 ms of virtual time the run checks that every location the collector calls
+//! bounded is within its bound of the data plane's value as of the collector's last
+//! message, and it fails if one is not: the figures are of a run that kept its promise.
+
+use crate::BenchResult;
+use crate::chart::Panel;
+use crate::results::{Csv, ResultFiles, Table};
+use stateplane_gen::rng::{Rng, Zipf};
+use stateplane_sync::Location;
+use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults};
+use stateplane_sync::mirror::Mirror;
+use stateplane_sync::rate::RateController;
+use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::wire::{ENTRY_LEN, HEADER_LEN, MAC_LEN, MAX_ENTRIES, Message};
+use std::collections::BTreeMap;
+
+#[derive(clap::Args)]
+pub struct BenchSyncRateArgs {
+    /// Counters, changed with Zipf-distributed popularity (s = 1).
+    #[arg(long, default_value_t = 4096)]
+    pub locations: u32,
+    /// The channel's capacity, bytes a second.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub capacity: u64,
+    /// Changes a second, as multiples of the channel's updates a second.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,2,10")]
+    pub loads: Vec<f64>,
+    /// Virtual seconds of changes per run.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+/// How a run sets its threshold.
+#[derive(Clone, Copy)]
+enum Mode {
+    Fixed(u64),
+    /// The rate controller, told a capacity `over` times the channel's, with the
+    /// collector's reports or not.
+    Adaptive {
+        over: u64,
+        reports: bool,
+    },
+}
+
+impl Mode {
+    fn name(self) -> String {
+        match self {
+            Mode::Fixed(0) => "mirror (t = 0)".into(),
+            Mode::Fixed(t) => format!("fixed t = {t}"),
+            Mode::Adaptive {
+                over: 1,
+                reports: false,
+            } => "adaptive".into(),
+            Mode::Adaptive {
+                over: 1,
+                reports: true,
+            } => "adaptive, reports".into(),
+            Mode::Adaptive {
+                over,
+                reports: false,
+            } => format!("adaptive, M {over}x too high"),
+            Mode::Adaptive {
+                over,
+                reports: true,
+            } => {
+                format!("adaptive, M {over}x too high, reports")
+            }
+        }
+    }
+}
+
+const MODES: [Mode; 9] = [
+    Mode::Fixed(0),
+    Mode::Fixed(2),
+    Mode::Fixed(8),
+    Mode::Fixed(32),
+    Mode::Fixed(128),
+    Mode::Adaptive {
+        over: 1,
+        reports: false,
+    },
+    Mode::Adaptive {
+        over: 1,
+        reports: true,
+    },
+    Mode::Adaptive {
+        over: 4,
+        reports: false,
+    },
+    Mode::Adaptive {
+        over: 4,
+        reports: true,
+    },
+];
+
+struct Row {
+    load: f64,
+    mode: String,
+    changes: u64,
+    updates: u64,
+    updates_lost: u64,
+    messages: u64,
+    messages_dropped: u64,
+    mean_threshold: f64,
+    /// Mean over the samples of the mean |collector - data plane| over the locations.
+    mean_error: f64,
+    max_error: u64,
+    /// Share of the sampled readings with no bound (after a loss).
+    unbounded: f64,
+}
+
+const STEP_NS: u64 = 10_000;
+const SAMPLE_NS: u64 = 10_000_000;
+
+fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) -> BenchResult<Row> {
+    let threshold = match mode {
+        Mode::Fixed(t) => Threshold::Fixed(t),
+        Mode::Adaptive { over, .. } => {
+            Threshold::Adaptive(RateController::new(updates_per_second * over))
+        }
+    };
+    let mut sender = Sender::new(SenderConfig {
+        switch: 1,
+        epoch: 1,
+        stream: 0,
+        slots: 1 << 16,
+        threshold,
+        max_age_ns: 1_000_000_000,
+        heartbeat_ns: 10_000_000,
+        batch_ns: 1_000_000,
+        refresh_ns: 0,
+        states: vec![(0, a.locations)],
+    });
+    let mut channel = Channel::new(ChannelConfig {
+        bytes_per_second: a.capacity,
+        buffer_bytes: 64 << 10,
+        latency_ns: 50_000,
+        faults: Faults::default(),
+        seed: a.seed,
+    });
+    let mut mirror = Mirror::new(Some(vec![1]));
+    let mut rng = Rng::new(a.seed);
+    let zipf = Zipf::new(a.locations as usize, 1.0);
+    let mut plane = vec![0u64; a.locations as usize];
+    let mut snapshots: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let end_ns = (a.seconds * 1e9) as u64;
+    let per_step = load * updates_per_second as f64 * STEP_NS as f64 / 1e9;
+    let (mut owed, mut changes) = (0.0, 0u64);
+    let (mut updates, mut updates_lost, mut messages) = (0u64, 0u64, 0u64);
+    let (mut threshold_sum, mut windows) = (0u128, 0u64);
+    let (mut error_sum, mut max_error, mut samples) = (0.0, 0u64, 0u64);
+    let (mut readings, mut unbounded) = (0u64, 0u64);
+    let (mut out, mut arrived) = (Vec::new(), Vec::new());
+    let mut now = 0;
+    while now <= end_ns {
+        owed += per_step;
+        while owed >= 1.0 {
+            owed -= 1.0;
+            let i = zipf.sample(&mut rng);
+            let location = Location {
+                state: 0,
+                index: i as u32,
+            };
+            sender.change(now, location, plane[i], plane[i] + 1);
+            plane[i] += 1;
+            changes += 1;
+        }
+        sender.poll(now, |l| plane[l.index as usize], &mut out);
+        if now % 1_000_000 == 0 {
+            threshold_sum += u128::from(sender.threshold());
+            windows += 1;
+        }
+        for m in out.drain(..) {
+            let entries = m.entries.len() as u64;
+            let seq = m.seq;
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            messages += 1;
+            updates += entries;
+            match channel.send(now, bytes) {
+                Fate::Sent { .. } => {
+                    snapshots.insert(seq, plane.clone());
+                }
+                Fate::Dropped | Fate::Lost => updates_lost += entries,
+            }
+        }
+        channel.deliver(now, &mut arrived);
+        for bytes in arrived.drain(..) {
+            let m = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
+            let _ = mirror.apply(&m);
+        }
+        if now % SAMPLE_NS == 0 {
+            if matches!(mode, Mode::Adaptive { reports: true, .. })
+                && let Some(report) = mirror.report(1, 0, now)
+            {
+                sender.on_report(&report);
+            }
+            if let Some(k) = mirror.last_seq(1, 0) {
+                snapshots.retain(|&seq, _| seq >= k);
+                let truth = snapshots.get(&k).ok_or("no snapshot of the last message")?;
+                let mut sum = 0u64;
+                for (i, &value) in truth.iter().enumerate() {
+                    let l = Location {
+                        state: 0,
+                        index: i as u32,
+                    };
+                    let r = mirror.read(1, 0, l).ok_or("a stream with no reading")?;
+                    let error = value.abs_diff(r.value);
+                    readings += 1;
+                    match r.bound {
+                        Some(b) if error > b => {
+                            return Err(format!(
+                                "{}, load {load}: location {i} is {value} as of message {k} and \
+                                 the collector holds {} within {b}: a broken bound",
+                                mode.name(),
+                                r.value
+                            ));
+                        }
+                        Some(_) => {}
+                        None => unbounded += 1,
+                    }
+                    sum += error;
+                    max_error = max_error.max(error);
+                }
+                error_sum += sum as f64 / truth.len().max(1) as f64;
+                samples += 1;
+            }
+        }
+        now += STEP_NS;
+    }
+    Ok(Row {
+        load,
+        mode: mode.name(),
+        changes,
+        updates,
+        updates_lost,
+        messages,
+        messages_dropped: channel.counters.dropped_full,
+        mean_threshold: threshold_sum as f64 / windows.max(1) as f64,
+        mean_error: error_sum / samples.max(1) as f64,
+        max_error,
+        unbounded: unbounded as f64 / readings.max(1) as f64,
+    })
+}
+
+pub fn main(a: BenchSyncRateArgs) -> BenchResult<()> {
+    if a.locations == 0 {
+        return Err("--locations must be above 0".into());
+    }
+    if a.capacity < 10_000 {
+        return Err("--capacity: at least 10000 bytes a second (a few messages a second)".into());
+    }
+    if !(a.seconds > 0.0 && a.seconds <= 100.0) {
+        return Err("--seconds: between 0 and 100 virtual seconds".into());
+    }
+    if let Some(l) = a.loads.iter().find(|l| !(**l > 0.0 && **l <= 1000.0)) {
+        return Err(format!("--loads: {l} is not a multiple between 0 and 1000"));
+    }
+    // An update's share of a full message: its entry and its part of the header and MAC.
+    let update_bytes = (ENTRY_LEN + (HEADER_LEN + MAC_LEN).div_ceil(MAX_ENTRIES)) as u64;
+    let updates_per_second = a.capacity / update_bytes;
+    let mut rows = Vec::new();
+    for &load in &a.loads {
+        for mode in &MODES {
+            eprintln!("load {load}x: {}", mode.name());
+            rows.push(run(&a, load, *mode, updates_per_second)?);
+        }
+    }
+    println!(
+        "input: {} counters changed +1 at a time, Zipf (s = 1), for {} virtual s; a channel of {} \
+         bytes/s ({updates_per_second} updates/s at {update_bytes} bytes each), 64 KiB of \
+         buffer, 50 us latency, no other loss; read handler of 65,536 slots, window 1 ms, \
+         timeout 1 s, updates wait up to 1 ms to fill a message, no refresh; reports every 10 ms where used; seed {}",
+        a.locations, a.seconds, a.capacity, a.seed
+    );
+    let mut table = Table::new(
+        &["load", "threshold"],
+        &[
+            "changes/s",
+            "updates/s",
+            "of capacity",
+            "updates lost",
+            "mean t",
+            "mean error",
+            "max error",
+            "unbounded",
+        ],
+    );
+    let mut csv = Csv::new(
+        "load,mode,changes,updates,updates_lost,messages,messages_dropped,mean_threshold,mean_error,max_error,unbounded_share",
+    );
+    for r in &rows {
+        table.row(vec![
+            format!("{}x", r.load),
+            r.mode.clone(),
+            format!("{:.0}", r.changes as f64 / a.seconds),
+            format!("{:.0}", r.updates as f64 / a.seconds),
+            format!(
+                "{:.2}",
+                r.updates as f64 / a.seconds / updates_per_second as f64
+            ),
+            format!(
+                "{} ({:.1}%)",
+                r.updates_lost,
+                100.0 * r.updates_lost as f64 / r.updates.max(1) as f64
+            ),
+            format!("{:.1}", r.mean_threshold),
+            format!("{:.2}", r.mean_error),
+            r.max_error.to_string(),
+            format!("{:.1}%", 100.0 * r.unbounded),
+        ]);
+        csv.row(format_args!(
+            "{},{},{},{},{},{},{},{:.3},{:.4},{},{:.5}",
+            r.load,
+            r.mode,
+            r.changes,
+            r.updates,
+            r.updates_lost,
+            r.messages,
+            r.messages_dropped,
+            r.mean_threshold,
+            r.mean_error,
+            r.max_error,
+            r.unbounded
+        ));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panel = |title: &str, unit: &str, f: &dyn Fn(&Row) -> f64| Panel {
+            title: title.into(),
+            unit: unit.into(),
+            bars: (rows.iter())
+                .map(|r| (format!("{}x, {}", r.load, r.mode), f(r)))
+                .collect(),
+        };
+        a.files.write_chart(
+            "Sync: updates lost and divergence by threshold mode",
+            &format!(
+                "{} counters, channel {} bytes/s, loads as multiples of its updates/s",
+                a.locations, a.capacity
+            ),
+            &[
+                panel("updates lost", "%", &|r| {
+                    100.0 * r.updates_lost as f64 / r.updates.max(1) as f64
+                }),
+                panel("mean |collector - data plane|", "per counter", &|r| {
+                    r.mean_error
+                }),
+            ],
+        )?;
+    }
+    Ok(())
+}
