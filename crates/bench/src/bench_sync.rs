@@ -203,7 +203,7 @@ fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) ->
             if matches!(mode, Mode::Adaptive { reports: true, .. })
                 && let Some(report) = mirror.report(1, 0, now)
             {
-                sender.on_report(&report);
+                sender.on_report(now, &report);
             }
             if let Some(k) = mirror.last_seq(1, 0) {
                 snapshots.retain(|&seq, _| seq >= k);

@@ -77,6 +77,10 @@ pub struct Sender {
     /// The collector's last report: messages it found missing, and the last it had seen.
     reported_missing: u64,
     reported_seq: u64,
+    /// `(seq, sent)` of the messages the collector has not reported seeing yet, and the
+    /// quickest a message has taken to be reported seen.
+    sent_log: std::collections::VecDeque<(u64, u64)>,
+    quickest_ns: u64,
     pub feedback: FeedbackCounters,
 }
 
@@ -84,9 +88,18 @@ pub struct Sender {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FeedbackCounters {
     pub reports: u64,
-    /// Reports of loss, each of which lowered the capacity.
+    /// Reports of loss, each of which halved the capacity.
     pub lowered: u64,
+    /// Reports of a growing queue, each of which took a quarter off.
+    pub queueing: u64,
 }
+
+/// A queue on the way worth reacting to: the last message seen took at least this much
+/// longer to be seen than the quickest one (and at least twice as long).
+pub const QUEUEING_NS: u64 = 2_000_000;
+
+/// Messages whose sending times are kept for the reports (older ones are forgotten).
+const SENT_LOG: usize = 4096;
 
 impl Sender {
     pub fn new(config: SenderConfig) -> Sender {
@@ -120,6 +133,8 @@ impl Sender {
             capacity,
             reported_missing: 0,
             reported_seq: 0,
+            sent_log: std::collections::VecDeque::new(),
+            quickest_ns: u64::MAX,
             feedback: FeedbackCounters::default(),
             config,
         }
@@ -130,12 +145,18 @@ impl Sender {
         self.capacity
     }
 
-    /// Takes the collector's report on this stream (a `Kind::Report` message): where more
-    /// than 1% of the messages sent since its last report went missing, the capacity
-    /// halves (to no less than 1/64 of the configured one); where none did, it rises back
-    /// by 1/64 of the configured one a report (TCP's way: down at once, up slowly), so that
-    /// overload at the collector or in the channel loses little and not for long.
-    pub fn on_report(&mut self, report: &Message) {
+    /// Takes the collector's report on this stream (a `Kind::Report` message), arrived at
+    /// `now_ns`, so that overload at the collector or in the channel loses little and not
+    /// for long:
+    /// - where more than 1% of the messages sent since its last report went missing, the
+    ///   capacity halves;
+    /// - where the last message the collector saw took longer to be seen than the quickest
+    ///   one did, by more than that again and at least `QUEUEING_NS`, a queue is growing
+    ///   on the way (before any loss): the capacity drops by a quarter;
+    /// - otherwise it rises back by 1/64 of the configured one a report.
+    ///
+    /// It stays between 1/64 of the configured capacity and the configured one.
+    pub fn on_report(&mut self, now_ns: u64, report: &Message) {
         let c = &self.config;
         let ours = (report.switch, report.epoch, report.stream) == (c.switch, c.epoch, c.stream);
         let Threshold::Adaptive(rate) = c.threshold else {
@@ -148,11 +169,31 @@ impl Sender {
         let missing = report.t_max.saturating_sub(self.reported_missing);
         let sent = report.seq - self.reported_seq;
         (self.reported_missing, self.reported_seq) = (report.t_max, report.seq);
+        // How long the last message seen took to be seen (and the report to come back).
+        while self
+            .sent_log
+            .front()
+            .is_some_and(|&(seq, _)| seq < report.seq)
+        {
+            self.sent_log.pop_front();
+        }
+        let delay = (self.sent_log.front())
+            .filter(|&&(seq, _)| seq == report.seq)
+            .map(|&(_, sent_ns)| now_ns.saturating_sub(sent_ns));
+        if let Some(d) = delay {
+            self.quickest_ns = self.quickest_ns.min(d);
+        }
+        let queueing =
+            delay.is_some_and(|d| d > self.quickest_ns + self.quickest_ns.max(QUEUEING_NS));
+        let floor = (rate.capacity / 64).max(1);
         if missing * 100 > sent {
-            self.capacity = (self.capacity / 2).max((rate.capacity / 64).max(1));
+            self.capacity = (self.capacity / 2).max(floor);
             self.feedback.lowered += 1;
+        } else if queueing {
+            self.capacity = (self.capacity - self.capacity / 4).max(floor);
+            self.feedback.queueing += 1;
         } else if missing == 0 {
-            self.capacity = (self.capacity + (rate.capacity / 64).max(1)).min(rate.capacity);
+            self.capacity = (self.capacity + floor).min(rate.capacity);
         }
     }
 
@@ -296,6 +337,10 @@ impl Sender {
             more: false,
             entries,
         });
+        self.sent_log.push_back((self.next_seq, now_ns));
+        if self.sent_log.len() > SENT_LOG {
+            self.sent_log.pop_front();
+        }
         self.next_seq += 1;
         // The threshold in force now goes on into the next message's period.
         self.t_max = self.threshold;
@@ -341,26 +386,26 @@ mod tests {
     #[test]
     fn reports_of_loss_lower_the_capacity_and_reports_of_none_raise_it() {
         let mut s = sender(6_400);
-        s.on_report(&report(100, 10));
+        s.on_report(0, &report(100, 10));
         assert_eq!(s.capacity(), 3_200);
-        s.on_report(&report(200, 10));
+        s.on_report(0, &report(200, 10));
         assert_eq!(s.capacity(), 3_300, "no new loss: up by 1/64 of 6,400");
-        s.on_report(&report(300, 10 + 1));
+        s.on_report(0, &report(300, 10 + 1));
         assert_eq!(s.capacity(), 3_300, "1 of 100: below the 1% that counts");
         for i in 0..100 {
-            s.on_report(&report(400 + i * 100, 100 + i * 50));
+            s.on_report(0, &report(400 + i * 100, 100 + i * 50));
         }
         assert_eq!(s.capacity(), 100, "never below 1/64");
         for i in 0..100 {
-            s.on_report(&report(20_000 + i, 5_050));
+            s.on_report(0, &report(20_000 + i, 5_050));
         }
         assert_eq!(s.capacity(), 6_400, "never above the configured");
         let other = Message {
             stream: 1,
             ..report(30_000, 9_000)
         };
-        s.on_report(&other);
-        s.on_report(&report(10, 9_000));
+        s.on_report(0, &other);
+        s.on_report(0, &report(10, 9_000));
         assert_eq!(s.capacity(), 6_400);
         assert_eq!(s.feedback.reports, 203);
     }
@@ -378,11 +423,30 @@ mod tests {
         s.poll(0, |_| 0, &mut out);
         s.poll(1_000_000, |_| 0, &mut out);
         assert_eq!(s.threshold(), 0, "100 changes in 1 ms fit 100,000 a second");
-        s.on_report(&report(2, 1));
+        s.on_report(0, &report(2, 1));
         for i in 0..100 {
             s.change(1_000_000, at(i % 16), 0, 1);
         }
         s.poll(2_000_000, |_| 0, &mut out);
         assert_eq!(s.threshold(), 2, "50 a window now: ceil(100 / 50)");
+    }
+
+    /// A message seen later than the quickest by more than `QUEUEING_NS` (and than the
+    /// quickest again) shows a queue growing on the way: a quarter off before any loss.
+    #[test]
+    fn a_growing_delay_lowers_the_capacity_before_any_loss() {
+        let mut s = sender(6_400);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        s.on_report(1_000_000, &report(1, 0));
+        assert_eq!(s.capacity(), 6_400, "1 ms: the quickest so far");
+        s.poll(10_000_000, |_| 0, &mut out);
+        s.on_report(12_500_000, &report(2, 0));
+        assert_eq!(s.capacity(), 6_400, "2.5 ms: within 2 ms of the quickest");
+        s.poll(20_000_000, |_| 0, &mut out);
+        s.on_report(23_500_000, &report(3, 0));
+        assert_eq!(s.capacity(), 4_800, "3.5 ms: a queue");
+        assert_eq!(s.feedback.queueing, 1);
+        assert_eq!(out.len(), 3, "a heartbeat a poll");
     }
 }

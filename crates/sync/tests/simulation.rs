@@ -133,7 +133,7 @@ fn run(seed: u64) -> Seen {
         if now % 10_000_000 == 0
             && let Some(report) = mirror.report(9, 0, now)
         {
-            sender.on_report(&report);
+            sender.on_report(now, &report);
         }
         // A forger who knows the format, not the key, claims a far-ahead message: taken,
         // it would end the stream's bounds.
