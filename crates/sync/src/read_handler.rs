@@ -79,6 +79,11 @@ impl ReadHandler {
         self.threshold = t;
     }
 
+    /// The total change since the last `take_change`, left in place.
+    pub fn change_so_far(&self) -> u64 {
+        self.change
+    }
+
     /// The total change since the last call (the rate controller's Δ).
     pub fn take_change(&mut self) -> u64 {
         std::mem::take(&mut self.change)

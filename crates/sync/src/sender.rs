@@ -223,18 +223,29 @@ impl Sender {
         out: &mut Vec<Message>,
     ) {
         let start = *self.window_start_ns.get_or_insert(now_ns);
+        let rate = match self.config.threshold {
+            Threshold::Adaptive(rate) => Some(RateController {
+                capacity: self.capacity,
+                ..rate
+            }),
+            Threshold::Fixed(_) => None,
+        };
         if now_ns.saturating_sub(start) >= self.window_ns {
             let change = self.handler.take_change();
-            if let Threshold::Adaptive(rate) = self.config.threshold {
-                let rate = RateController {
-                    capacity: self.capacity,
-                    ..rate
-                };
+            if let Some(rate) = rate {
                 self.set_threshold(rate.threshold(change));
             }
             let visit = self.expire_visit;
             (self.handler).expire(now_ns, self.config.max_age_ns, visit, &mut self.pending);
             self.window_start_ns = Some(now_ns);
+        } else if let Some(rate) = rate {
+            // A window whose change so far is already more than the channel carries in a
+            // window raises the threshold at once, not at its end (a burst at the start
+            // of a run, or after a quiet spell, would fill the channel's queue first).
+            let t = rate.threshold(self.handler.change_so_far());
+            if t > self.threshold {
+                self.set_threshold(t);
+            }
         }
         if self.pending.is_empty() {
             self.pending_since_ns = None;
@@ -448,5 +459,23 @@ mod tests {
         assert_eq!(s.capacity(), 4_800, "3.5 ms: a queue");
         assert_eq!(s.feedback.queueing, 1);
         assert_eq!(out.len(), 3, "a heartbeat a poll");
+    }
+
+    /// A window whose change so far already passes what the channel carries in a window
+    /// raises the threshold at once; the window's end sets it from the whole change.
+    #[test]
+    fn a_burst_raises_the_threshold_within_the_window() {
+        let mut s = sender(100_000);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        for i in 0..300 {
+            s.change(1_000, Location { state: 0, index: i }, 0, 1);
+        }
+        s.poll(2_000, |_| 0, &mut out);
+        assert_eq!(s.threshold(), 3, "300 changes where a window carries 100");
+        s.poll(1_000_000, |_| 0, &mut out);
+        assert_eq!(s.threshold(), 3, "the window's end: the same change");
+        s.poll(2_000_000, |_| 0, &mut out);
+        assert_eq!(s.threshold(), 0, "a quiet window");
     }
 }
