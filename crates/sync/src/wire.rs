@@ -26,6 +26,13 @@ pub enum Kind {
     /// From the collector to the switch, no entries: `seq` is the stream's last message
     /// the collector has seen, `t_max` the messages of the stream it found missing so far.
     Report = 4,
+    /// From the collector to the switch, a part of a write: `seq` is the write's id,
+    /// `t_max` the part's index (high 32 bits) and the write's parts (low 32 bits); each
+    /// entry's `threshold` is its mode (`write::Mode`).
+    Write = 5,
+    /// From the switch to the collector: `seq` is the write's id, `t_max` the parts it holds
+    /// of it, and the entries a bitmap of them (`index` the word, `value` its bits).
+    WriteAck = 6,
 }
 
 impl Kind {
@@ -35,6 +42,8 @@ impl Kind {
             2 => Some(Kind::Refresh),
             3 => Some(Kind::Heartbeat),
             4 => Some(Kind::Report),
+            5 => Some(Kind::Write),
+            6 => Some(Kind::WriteAck),
             _ => None,
         }
     }
@@ -292,7 +301,7 @@ impl Message {
         let (switch, epoch, stream, count) = (r.u32(), r.u32(), r.u16(), r.u16());
         let (seq, sent_ns, t_max) = (r.u64(), r.u64(), r.u64());
         let n = usize::from(count);
-        let entries_allowed = matches!(kind, Kind::Updates | Kind::Refresh);
+        let entries_allowed = !matches!(kind, Kind::Heartbeat | Kind::Report);
         if n > MAX_ENTRIES || (!entries_allowed && n > 0) {
             return Err(DecodeError::Count(count));
         }

@@ -1,0 +1,466 @@
+//! Top-down writes: an application's set of values, written into a switch whole. The
+//! collector's [`WriteEngine`] splits a write into parts of a message each, sends them and
+//! sends again each part not acknowledged within the retransmission timeout; the switch's
+//! [`WriteStage`] holds the parts until it has them all, acknowledges what it holds (a
+//! bitmap, so that any one acknowledgement that gets through says everything), and the
+//! worker commits the write between two bursts, all of it at once: no packet ever sees a
+//! write half applied. Writes commit in the order they were submitted, each once.
+//!
+//! Beyond the paper, which holds back the data plane's updates to the written locations
+//! while a write is on its way and replays them after it (out of order), a location
+//! written with [`Mode::SetKeepingChanges`] keeps the changes made to it from the moment
+//! its part arrived: it becomes the written value plus them (a counter reset at the end of
+//! an interval loses none of the next interval's counts). Nothing is reordered; the
+//! locations whose changes were kept are counted.
+
+use crate::wire::{Kind, MAX_ENTRIES, Message};
+use crate::{Location, Update};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// The parts a write may have: its acknowledgement's bitmap fits one message.
+pub const MAX_PARTS: usize = MAX_ENTRIES * 64;
+/// The values a write may hold.
+pub const MAX_VALUES: usize = MAX_PARTS * MAX_ENTRIES;
+
+/// The synced state a write lands in (a worker's, between two bursts).
+pub trait WriteTarget {
+    fn read(&self, location: Location) -> u64;
+    fn write(&mut self, location: Location, value: u64);
+}
+
+/// How a written value lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The location becomes the value.
+    Set = 0,
+    /// The location becomes the value plus the changes made to it since its part arrived.
+    SetKeepingChanges = 1,
+}
+
+impl Mode {
+    fn of(word: u64) -> Mode {
+        match word {
+            1 => Mode::SetKeepingChanges,
+            _ => Mode::Set,
+        }
+    }
+}
+
+/// One value of a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub location: Location,
+    pub value: u64,
+    pub mode: Mode,
+}
+
+/// A write the engine has seen through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completed {
+    pub id: u64,
+    pub parts: u32,
+    pub latency_ns: u64,
+    /// Parts sent, retransmissions included.
+    pub transmissions: u64,
+}
+
+struct InFlight {
+    id: u64,
+    parts: Vec<Vec<Update>>,
+    acked: Vec<bool>,
+    sent_at: Vec<Option<u64>>,
+    left: usize,
+    started_ns: u64,
+    transmissions: u64,
+}
+
+/// The collector's side: one write in flight per switch stream, the others queued.
+pub struct WriteEngine {
+    switch: u32,
+    epoch: u32,
+    stream: u16,
+    /// A part not acknowledged this long after it was sent goes again.
+    pub rto_ns: u64,
+    next_id: u64,
+    queue: VecDeque<(u64, Vec<Written>)>,
+    current: Option<InFlight>,
+}
+
+impl WriteEngine {
+    pub fn new(switch: u32, epoch: u32, stream: u16, rto_ns: u64) -> WriteEngine {
+        WriteEngine {
+            switch,
+            epoch,
+            stream,
+            rto_ns: rto_ns.max(1),
+            next_id: 1,
+            queue: VecDeque::new(),
+            current: None,
+        }
+    }
+
+    /// Queues a write; its id, or why it cannot go.
+    pub fn submit(&mut self, values: Vec<Written>) -> Result<u64, String> {
+        if values.len() > MAX_VALUES {
+            return Err(format!(
+                "a write holds at most {MAX_VALUES} values ({MAX_PARTS} messages); this one \
+                 has {}: split it",
+                values.len()
+            ));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.push_back((id, values));
+        Ok(id)
+    }
+
+    /// Whether nothing is in flight or queued.
+    pub fn is_idle(&self) -> bool {
+        self.current.is_none() && self.queue.is_empty()
+    }
+
+    /// Starts the next write if none is in flight, and sends its parts that were never
+    /// sent or not acknowledged within the timeout.
+    pub fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
+        if self.current.is_none()
+            && let Some((id, values)) = self.queue.pop_front()
+        {
+            let parts: Vec<Vec<Update>> = (values.chunks(MAX_ENTRIES).map(|chunk| {
+                (chunk.iter())
+                    .map(|w| Update {
+                        location: w.location,
+                        value: w.value,
+                        threshold: w.mode as u64,
+                    })
+                    .collect()
+            }))
+            .collect();
+            // An empty write is one empty part, so that it commits (and is seen to).
+            let parts = if parts.is_empty() {
+                vec![Vec::new()]
+            } else {
+                parts
+            };
+            let n = parts.len();
+            self.current = Some(InFlight {
+                id,
+                acked: vec![false; n],
+                sent_at: vec![None; n],
+                left: n,
+                parts,
+                started_ns: now_ns,
+                transmissions: 0,
+            });
+        }
+        let Some(w) = &mut self.current else { return };
+        let total = w.parts.len() as u64;
+        for (i, part) in w.parts.iter().enumerate() {
+            let due = !w.acked[i]
+                && w.sent_at[i].is_none_or(|at| now_ns.saturating_sub(at) >= self.rto_ns);
+            if due {
+                out.push(Message {
+                    kind: Kind::Write,
+                    switch: self.switch,
+                    epoch: self.epoch,
+                    stream: self.stream,
+                    seq: w.id,
+                    sent_ns: now_ns,
+                    t_max: ((i as u64) << 32) | total,
+                    more: false,
+                    entries: part.clone(),
+                });
+                w.sent_at[i] = Some(now_ns);
+                w.transmissions += 1;
+            }
+        }
+    }
+
+    /// Takes an acknowledgement; the write it completes, if it does.
+    pub fn on_ack(&mut self, now_ns: u64, ack: &Message) -> Option<Completed> {
+        let ours = (ack.switch, ack.epoch, ack.stream) == (self.switch, self.epoch, self.stream);
+        let w = self.current.as_mut()?;
+        if ack.kind != Kind::WriteAck || !ours || ack.seq != w.id {
+            return None;
+        }
+        for e in &ack.entries {
+            let word = e.location.index as usize;
+            for bit in 0..64 {
+                let i = word * 64 + bit;
+                if e.value >> bit & 1 == 1 && i < w.acked.len() && !w.acked[i] {
+                    w.acked[i] = true;
+                    w.left -= 1;
+                }
+            }
+        }
+        if w.left > 0 {
+            return None;
+        }
+        let done = Completed {
+            id: w.id,
+            parts: w.parts.len() as u32,
+            latency_ns: now_ns.saturating_sub(w.started_ns),
+            transmissions: w.transmissions,
+        };
+        self.current = None;
+        Some(done)
+    }
+}
+
+/// A write whose parts are arriving.
+struct Staging {
+    parts: Vec<Option<Vec<Update>>>,
+    received: u64,
+    /// The value of each location kept-changes when its part arrived.
+    baseline: HashMap<Location, u64>,
+}
+
+/// What a commit did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub id: u64,
+    pub values: u64,
+    /// Locations written with their changes kept whose value had changed since their part
+    /// arrived (the updates the paper would have held back and replayed out of order).
+    pub changes_kept: u64,
+    /// What those locations held when their parts arrived: what the write replaced.
+    pub replaced: u64,
+}
+
+/// The switch's side of one stream: the parts of the writes on their way, acknowledged as
+/// they come, and the next write to commit once it is whole.
+#[derive(Default)]
+pub struct WriteStage {
+    staged: BTreeMap<u64, Staging>,
+    committed_up_to: u64,
+    /// Parts refused as malformed (an index past the write's parts, a count that changed).
+    pub refused: u64,
+}
+
+impl WriteStage {
+    /// Takes a part of a write (reading `state` for the locations whose changes are kept);
+    /// the acknowledgement to send back.
+    pub fn on_part(&mut self, part: &Message, state: &impl WriteTarget) -> Option<Message> {
+        if part.kind != Kind::Write {
+            return None;
+        }
+        let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
+        if total == 0 || index >= total || total > MAX_PARTS {
+            self.refused += 1;
+            return None;
+        }
+        let ack = |received: u64, bits: Vec<Update>| Message {
+            kind: Kind::WriteAck,
+            entries: bits,
+            t_max: received,
+            more: false,
+            ..part.clone()
+        };
+        if part.seq <= self.committed_up_to {
+            // Committed already: every part is held, as far as the engine is concerned.
+            let all = (0..total.div_ceil(64))
+                .map(|word| bitmap_word(word, total, |_| true))
+                .collect();
+            return Some(ack(total as u64, all));
+        }
+        let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
+            parts: vec![None; total],
+            received: 0,
+            baseline: HashMap::new(),
+        });
+        if staging.parts.len() != total {
+            self.refused += 1;
+            return None;
+        }
+        if staging.parts[index].is_none() {
+            for e in &part.entries {
+                if Mode::of(e.threshold) == Mode::SetKeepingChanges {
+                    staging
+                        .baseline
+                        .entry(e.location)
+                        .or_insert_with(|| state.read(e.location));
+                }
+            }
+            staging.parts[index] = Some(part.entries.clone());
+            staging.received += 1;
+        }
+        let held = |i: usize| staging.parts[i].is_some();
+        let bits = (0..total.div_ceil(64))
+            .map(|word| bitmap_word(word, total, held))
+            .collect();
+        Some(ack(staging.received, bits))
+    }
+
+    /// Commits the next write into `state` if all of it has arrived (to be called between
+    /// bursts).
+    pub fn commit(&mut self, state: &mut impl WriteTarget) -> Option<Committed> {
+        let next = self.committed_up_to + 1;
+        let whole = (self.staged.get(&next)).is_some_and(|s| s.received == s.parts.len() as u64);
+        if !whole {
+            return None;
+        }
+        let staging = self.staged.remove(&next)?;
+        let mut done = Committed {
+            id: next,
+            ..Committed::default()
+        };
+        for e in staging.parts.iter().flatten().flatten() {
+            let value = match (Mode::of(e.threshold), staging.baseline.get(&e.location)) {
+                (Mode::SetKeepingChanges, Some(&then)) => {
+                    let now = state.read(e.location);
+                    if now != then {
+                        done.changes_kept += 1;
+                    }
+                    done.replaced = done.replaced.wrapping_add(then);
+                    e.value.wrapping_add(now.wrapping_sub(then))
+                }
+                _ => e.value,
+            };
+            state.write(e.location, value);
+            done.values += 1;
+        }
+        self.committed_up_to = next;
+        Some(done)
+    }
+}
+
+/// Word `word` of a bitmap of `total` bits, bit `i` set where `held(i)`.
+fn bitmap_word(word: usize, total: usize, held: impl Fn(usize) -> bool) -> Update {
+    let mut bits = 0u64;
+    for bit in 0..64 {
+        let i = word * 64 + bit;
+        if i < total && held(i) {
+            bits |= 1 << bit;
+        }
+    }
+    Update {
+        location: Location {
+            state: 0,
+            index: word as u32,
+        },
+        value: bits,
+        threshold: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(state: u16, index: u32) -> Location {
+        Location { state, index }
+    }
+
+    /// State in a map, every location 0 until written.
+    #[derive(Default)]
+    struct Map(HashMap<Location, u64>);
+
+    impl WriteTarget for Map {
+        fn read(&self, l: Location) -> u64 {
+            self.0.get(&l).copied().unwrap_or(0)
+        }
+        fn write(&mut self, l: Location, v: u64) {
+            self.0.insert(l, v);
+        }
+    }
+
+    fn values(n: u32, mode: Mode) -> Vec<Written> {
+        (0..n)
+            .map(|i| Written {
+                location: at(1, i),
+                value: u64::from(i) + 1_000,
+                mode,
+            })
+            .collect()
+    }
+
+    /// A write of several parts commits only whole, once, however often its parts and
+    /// acknowledgements come; the engine sends again only what was not acknowledged.
+    #[test]
+    fn a_write_commits_whole_once_and_only_unacknowledged_parts_go_again() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        let mut stage = WriteStage::default();
+        let id = engine.submit(values(150, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 3, "150 values: parts of {MAX_ENTRIES}");
+        let mut state = Map::default();
+        // Parts 0 and 2 arrive; 1 is lost.
+        let ack0 = stage.on_part(&out[0], &state).unwrap();
+        let ack2 = stage.on_part(&out[2], &state).unwrap();
+        assert_eq!(ack2.t_max, 2);
+        assert_eq!(stage.commit(&mut state), None);
+        assert!(state.0.is_empty(), "nothing of a write half arrived");
+        assert_eq!(engine.on_ack(10, &ack2), None);
+        assert_eq!(
+            engine.on_ack(10, &ack0),
+            None,
+            "an older acknowledgement too"
+        );
+        let mut again = Vec::new();
+        engine.poll(999, &mut again);
+        assert!(again.is_empty(), "within the timeout");
+        engine.poll(1_000, &mut again);
+        assert_eq!(again.len(), 1, "only the part not acknowledged");
+        assert_eq!(again[0].t_max >> 32, 1);
+        let ack = stage.on_part(&again[0], &state).unwrap();
+        stage.on_part(&out[0], &state).unwrap();
+        let done = stage.commit(&mut state).unwrap();
+        assert_eq!((done.id, done.values), (id, 150));
+        assert_eq!(state.0.len(), 150);
+        assert_eq!(state.read(at(1, 149)), 1_149);
+        assert_eq!(stage.commit(&mut state), None, "committed once");
+        // A late duplicate of a committed write is acknowledged whole, not applied.
+        let late = stage.on_part(&out[1], &state).unwrap();
+        assert_eq!(late.t_max, 3);
+        let done = engine.on_ack(1_500, &ack).unwrap();
+        assert_eq!((done.id, done.parts, done.transmissions), (id, 3, 4));
+        assert_eq!(done.latency_ns, 1_500);
+        assert!(engine.is_idle());
+    }
+
+    /// Kept changes: a counter reset while its part was on the way keeps what was counted
+    /// since the part arrived.
+    #[test]
+    fn a_reset_keeps_the_counts_made_since_its_part_arrived() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        let mut stage = WriteStage::default();
+        engine
+            .submit(vec![Written {
+                location: at(0, 7),
+                value: 0,
+                mode: Mode::SetKeepingChanges,
+            }])
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let mut state = Map::default();
+        state.write(at(0, 7), 500);
+        stage.on_part(&out[0], &state).unwrap();
+        state.write(at(0, 7), 512);
+        let done = stage.commit(&mut state).unwrap();
+        assert_eq!(state.read(at(0, 7)), 12);
+        assert_eq!((done.changes_kept, done.replaced), (1, 500));
+    }
+
+    #[test]
+    fn malformed_parts_and_oversized_writes_are_refused() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        assert!(
+            engine.submit(values(0, Mode::Set)).is_ok(),
+            "an empty write commits too"
+        );
+        let too_big = vec![values(1, Mode::Set)[0]; MAX_VALUES + 1];
+        assert!(engine.submit(too_big).unwrap_err().contains("split it"));
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let mut stage = WriteStage::default();
+        let mut bad = out[0].clone();
+        bad.t_max = (5 << 32) | 1;
+        let mut state = Map::default();
+        assert_eq!(stage.on_part(&bad, &state), None);
+        assert_eq!(stage.refused, 1);
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
+        assert!(engine.on_ack(5, &ack).is_some());
+    }
+}
