@@ -1,3 +1,6 @@
+//! State sync's experiments on the sync cores in virtual time: `bench-sync-rate` and
+//! `bench-sync-write` (below).
+//!
 //! `stateplane bench-sync-rate`: the paper's rate experiment (ApproSync Exp#3) on the sync
 //! cores in virtual time. Counters change far faster than the channel carries one update
 //! per change; each threshold mode is run on the same changes through a channel of the
@@ -18,6 +21,9 @@ use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
 use stateplane_sync::wire::{ENTRY_LEN, HEADER_LEN, MAC_LEN, MAX_ENTRIES, Message};
+use stateplane_sync::write::{
+    MAX_VALUES, Mode as WriteMode, WriteEngine, WriteStage, WriteTarget, Written,
+};
 use std::collections::BTreeMap;
 
 #[derive(clap::Args)]
@@ -360,6 +366,219 @@ pub fn main(a: BenchSyncRateArgs) -> BenchResult<()> {
                     r.mean_error
                 }),
             ],
+        )?;
+    }
+    Ok(())
+}
+
+/// `stateplane bench-sync-write`: the paper's write experiment (ApproSync Exp#4) on the
+/// write engine and stage in virtual time: how long a write of 2^8 to 2^16 values takes
+/// until the engine has it acknowledged whole, through a channel that loses 0 to 80% of
+/// the messages each way, and how many parts it sent. Every write is checked committed
+/// whole on the switch's side.
+#[derive(clap::Args)]
+pub struct BenchSyncWriteArgs {
+    /// Values per write (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024,4096,16384,65536"
+    )]
+    pub sizes: Vec<usize>,
+    /// Chances of loss, each way (comma-separated, below 1).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.2,0.4,0.6,0.8")]
+    pub losses: Vec<f64>,
+    /// The channel's capacity each way, bytes a second (10 Gb/s by default).
+    #[arg(long, default_value_t = 1_250_000_000)]
+    pub capacity: u64,
+    /// Writes per cell (the median is shown).
+    #[arg(long, default_value_t = 9)]
+    pub writes: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+struct WriteRow {
+    size: usize,
+    loss: f64,
+    median_ns: u64,
+    max_ns: u64,
+    /// Parts sent per part of a write.
+    sent_per_part: f64,
+}
+
+/// The switch's side of the write experiment: a register of the written locations.
+struct Registers(Vec<u64>);
+
+impl WriteTarget for Registers {
+    fn read(&self, l: Location) -> u64 {
+        self.0.get(l.index as usize).copied().unwrap_or(0)
+    }
+    fn write(&mut self, l: Location, v: u64) {
+        if let Some(cell) = self.0.get_mut(l.index as usize) {
+            *cell = v;
+        }
+    }
+}
+
+/// One write of `size` values through channels losing `loss` each way: its latency and
+/// the parts sent.
+fn one_write(
+    a: &BenchSyncWriteArgs,
+    size: usize,
+    loss: f64,
+    seed: u64,
+) -> BenchResult<(u64, u64, u32)> {
+    let channel = |seed| {
+        Channel::new(ChannelConfig {
+            bytes_per_second: a.capacity,
+            buffer_bytes: 16 << 20,
+            latency_ns: 5_000,
+            faults: Faults {
+                loss,
+                ..Faults::default()
+            },
+            seed,
+        })
+    };
+    let (mut down, mut up) = (channel(seed), channel(seed ^ 0x5555));
+    let mut engine = WriteEngine::new(1, 1, 0, 200_000);
+    let mut stage = WriteStage::default();
+    let mut registers = Registers(vec![0; size]);
+    let values = (0..size as u32)
+        .map(|index| Written {
+            location: Location { state: 0, index },
+            value: u64::from(index) + 1,
+            mode: WriteMode::Set,
+        })
+        .collect();
+    engine.submit(values)?;
+    let (mut out, mut arrived) = (Vec::new(), Vec::new());
+    let mut now = 0u64;
+    loop {
+        if now > 10_000_000_000 {
+            return Err(format!(
+                "a write of {size} at {loss} loss still not through after 10 s"
+            ));
+        }
+        engine.poll(now, &mut out);
+        for m in out.drain(..) {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            let _ = down.send(now, bytes);
+        }
+        down.deliver(now, &mut arrived);
+        for bytes in arrived.drain(..) {
+            let part = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
+            if let Some(ack) = stage.on_part(&part, &registers) {
+                let mut bytes = Vec::new();
+                ack.encode(&mut bytes);
+                let _ = up.send(now, bytes);
+            }
+            stage.commit(&mut registers);
+        }
+        up.deliver(now, &mut arrived);
+        for bytes in arrived.drain(..) {
+            let ack = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
+            if let Some(done) = engine.on_ack(now, &ack) {
+                let whole = (registers.0.iter().enumerate()).all(|(i, &v)| v == i as u64 + 1);
+                if !whole {
+                    return Err(format!(
+                        "a write of {size} acknowledged and not committed whole"
+                    ));
+                }
+                return Ok((done.latency_ns, done.transmissions, done.parts));
+            }
+        }
+        now += 2_000;
+    }
+}
+
+pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
+    if let Some(s) = a.sizes.iter().find(|s| **s == 0 || **s > MAX_VALUES) {
+        return Err(format!("--sizes: {s} is not between 1 and {MAX_VALUES}"));
+    }
+    if let Some(l) = a.losses.iter().find(|l| !(**l >= 0.0 && **l < 1.0)) {
+        return Err(format!(
+            "--losses: {l} is not a chance between 0 and 1 (1 excluded)"
+        ));
+    }
+    if a.capacity < 1_000_000 || a.writes == 0 {
+        return Err("--capacity at least 1000000 bytes a second, --writes at least 1".into());
+    }
+    let mut rows = Vec::new();
+    for &size in &a.sizes {
+        for &loss in &a.losses {
+            eprintln!("{size} values, {:.0}% loss each way", loss * 100.0);
+            let mut latencies = Vec::new();
+            let (mut sent, mut parts) = (0u64, 0u64);
+            for w in 0..a.writes {
+                let (latency, transmissions, n) = one_write(&a, size, loss, a.seed + w as u64)?;
+                latencies.push(latency);
+                sent += transmissions;
+                parts += u64::from(n);
+            }
+            latencies.sort_unstable();
+            rows.push(WriteRow {
+                size,
+                loss,
+                median_ns: latencies[latencies.len() / 2],
+                max_ns: latencies[latencies.len() - 1],
+                sent_per_part: sent as f64 / parts.max(1) as f64,
+            });
+        }
+    }
+    println!(
+        "input: writes of 1 to {} values ({} values a message), {} writes a cell; channel of {} \
+         bytes/s each way, 16 MiB of buffer, 5 us latency, losing the chance given each way; \
+         retransmission timeout 200 us until a round trip is measured, then TCP's (at least 50 \
+         us), a part also sent again once parts sent 3 places after it are acknowledged, the \
+         last 32 after two round trips; 128 parts on the way at most; virtual time in steps of 2 us; seed {}",
+        a.sizes.iter().max().copied().unwrap_or(0),
+        MAX_ENTRIES,
+        a.writes,
+        a.capacity,
+        a.seed
+    );
+    let mut table = Table::new(
+        &["values", "loss each way"],
+        &["median ms", "max ms", "parts sent per part"],
+    );
+    let mut csv = Csv::new("values,loss,median_ns,max_ns,sent_per_part");
+    for r in &rows {
+        table.row(vec![
+            r.size.to_string(),
+            format!("{:.0}%", r.loss * 100.0),
+            format!("{:.3}", r.median_ns as f64 / 1e6),
+            format!("{:.3}", r.max_ns as f64 / 1e6),
+            format!("{:.2}", r.sent_per_part),
+        ]);
+        csv.row(format_args!(
+            "{},{},{},{},{:.4}",
+            r.size, r.loss, r.median_ns, r.max_ns, r.sent_per_part
+        ));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panel = Panel {
+            title: "write latency, median".into(),
+            unit: "ms".into(),
+            bars: (rows.iter())
+                .map(|r| {
+                    let label = format!("{} values, {:.0}% loss", r.size, r.loss * 100.0);
+                    (label, r.median_ns as f64 / 1e6)
+                })
+                .collect(),
+        };
+        a.files.write_chart(
+            "Sync: top-down writes through a lossy channel",
+            &format!("{} bytes/s each way, loss each way", a.capacity),
+            &[panel],
         )?;
     }
     Ok(())

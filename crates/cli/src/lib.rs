@@ -61,6 +61,9 @@ enum Command {
     /// State sync's rate experiment on the sync cores in virtual time: updates sent and
     /// lost, and the collector's divergence, for fixed thresholds and the rate controller.
     BenchSyncRate(stateplane_bench::bench_sync::BenchSyncRateArgs),
+    /// State sync's write experiment on the sync cores in virtual time: how long a write
+    /// takes through a lossy channel, and the parts it sent again.
+    BenchSyncWrite(stateplane_bench::bench_sync::BenchSyncWriteArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -98,6 +101,7 @@ pub fn main() -> ExitCode {
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
         Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
         Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),
+        Command::BenchSyncWrite(args) => stateplane_bench::bench_sync::main_write(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

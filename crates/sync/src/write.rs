@@ -1,6 +1,7 @@
 //! Top-down writes: an application's set of values, written into a switch whole. The
 //! collector's [`WriteEngine`] splits a write into parts of a message each, sends them and
-//! sends again each part not acknowledged within the retransmission timeout; the switch's
+//! sends again each part that a later part's acknowledgement shows lost, or that is not
+//! acknowledged within the retransmission timeout; the switch's
 //! [`WriteStage`] holds the parts until it has them all, acknowledges what it holds (a
 //! bitmap, so that any one acknowledgement that gets through says everything), and the
 //! worker commits the write between two bursts, all of it at once: no packet ever sees a
@@ -72,15 +73,50 @@ struct InFlight {
     left: usize,
     started_ns: u64,
     transmissions: u64,
+    /// Each part's place in the order of transmissions (its last), and the latest place
+    /// acknowledged: a part sent more than `REORDERING` places before it and not
+    /// acknowledged is lost.
+    sent_order: Vec<u64>,
+    latest_acked_order: u64,
+    /// How often each part was sent (a part sent once gives a sample of the round trip).
+    tries: Vec<u32>,
 }
+
+/// Parts unacknowledged on the way at most, so that they do not wait in a queue long
+/// enough to time out there (and the round trips measured are the channel's).
+pub const WINDOW: usize = 128;
+
+/// Doublings of the timeout after timeouts in a row, at most: enough to outgrow a queue
+/// (which the window keeps short), few enough to keep trying under heavy loss.
+const MAX_BACKOFF: u32 = 2;
+
+/// Parts left unacknowledged, all sent, that make a write's tail (see `poll`).
+const TAIL: usize = WINDOW / 4;
+
+/// A tail-loss probe never comes sooner than this.
+const MIN_PROBE_NS: u64 = 20_000;
+
+/// The retransmission timeout never goes below this, however quick the round trips.
+pub const MIN_RTO_NS: u64 = 50_000;
+
+/// How many places before an acknowledged part a part must have been sent to be taken as
+/// lost when it is not acknowledged (room for reordering on the way; TCP's three).
+pub const REORDERING: u64 = 3;
 
 /// The collector's side: one write in flight per switch stream, the others queued.
 pub struct WriteEngine {
     switch: u32,
     epoch: u32,
     stream: u16,
-    /// A part not acknowledged this long after it was sent goes again.
+    /// A part not acknowledged this long after it was sent goes again, before any round
+    /// trip is measured; after, the timeout is TCP's (RFC 6298: the smoothed round trip
+    /// and four times its variation, from parts sent once), between `MIN_RTO_NS` and this.
     pub rto_ns: u64,
+    /// The smoothed round trip and its variation, once measured.
+    rtt: Option<(u64, u64)>,
+    /// Timeouts since the last round trip measured: each doubles the timeout (Karn's
+    /// backoff, so that a timeout too short for a queue on the way does not feed it).
+    backoff: u32,
     next_id: u64,
     queue: VecDeque<(u64, Vec<Written>)>,
     current: Option<InFlight>,
@@ -92,7 +128,9 @@ impl WriteEngine {
             switch,
             epoch,
             stream,
-            rto_ns: rto_ns.max(1),
+            rto_ns: rto_ns.max(MIN_RTO_NS),
+            rtt: None,
+            backoff: 0,
             next_id: 1,
             queue: VecDeque::new(),
             current: None,
@@ -112,6 +150,15 @@ impl WriteEngine {
         self.next_id += 1;
         self.queue.push_back((id, values));
         Ok(id)
+    }
+
+    /// The retransmission timeout now.
+    pub fn rto(&self) -> u64 {
+        let base = match self.rtt {
+            None => self.rto_ns,
+            Some((srtt, rttvar)) => (srtt + 4 * rttvar).clamp(MIN_RTO_NS, self.rto_ns),
+        };
+        base.saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
     }
 
     /// Whether nothing is in flight or queued.
@@ -150,14 +197,47 @@ impl WriteEngine {
                 parts,
                 started_ns: now_ns,
                 transmissions: 0,
+                sent_order: vec![0; n],
+                latest_acked_order: 0,
+                tries: vec![0; n],
             });
         }
+        let rto = self.rto();
+        // The last parts have no later ones to show them lost: they go again after two
+        // round trips (a tail-loss probe, as TCP's), not the timeout.
+        let probe = self
+            .rtt
+            .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
         let Some(w) = &mut self.current else { return };
         let total = w.parts.len() as u64;
-        for (i, part) in w.parts.iter().enumerate() {
-            let due = !w.acked[i]
-                && w.sent_at[i].is_none_or(|at| now_ns.saturating_sub(at) >= self.rto_ns);
-            if due {
+        let all_sent = w.sent_at.iter().all(Option::is_some);
+        let rto = if all_sent && w.left <= TAIL {
+            probe
+        } else {
+            rto
+        };
+        // Never sent; sent well before a part since acknowledged (lost, as TCP's SACK
+        // reasons); or unacknowledged past the timeout (the last parts' loss).
+        let due = |w: &InFlight, i: usize| {
+            !w.acked[i]
+                && w.sent_at[i].is_none_or(|at| {
+                    w.sent_order[i] + REORDERING < w.latest_acked_order
+                        || now_ns.saturating_sub(at) >= rto
+                })
+        };
+        let timed_out = (0..w.parts.len()).any(|i| {
+            !w.acked[i] && w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at) >= rto)
+        });
+        let mut outstanding = (0..w.parts.len())
+            .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
+            .count();
+        for i in 0..w.parts.len() {
+            if outstanding >= WINDOW {
+                break;
+            }
+            if due(w, i) {
+                outstanding += 1;
+                let part = &w.parts[i];
                 out.push(Message {
                     kind: Kind::Write,
                     switch: self.switch,
@@ -171,7 +251,12 @@ impl WriteEngine {
                 });
                 w.sent_at[i] = Some(now_ns);
                 w.transmissions += 1;
+                w.sent_order[i] = w.transmissions;
+                w.tries[i] += 1;
             }
+        }
+        if timed_out {
+            self.backoff += 1;
         }
     }
 
@@ -189,9 +274,25 @@ impl WriteEngine {
                 if e.value >> bit & 1 == 1 && i < w.acked.len() && !w.acked[i] {
                     w.acked[i] = true;
                     w.left -= 1;
+                    // Only a part sent once says which transmission arrived, and so dates
+                    // the others: what was sent well before it is lost.
+                    if w.tries[i] == 1 {
+                        w.latest_acked_order = w.latest_acked_order.max(w.sent_order[i]);
+                    }
                 }
             }
         }
+        // The acknowledgement carries the sending time of the part that brought it (as TCP's
+        // timestamps do): a round trip, whichever transmission that was.
+        if ack.sent_ns <= now_ns {
+            let r = now_ns - ack.sent_ns;
+            self.backoff = 0;
+            self.rtt = Some(match self.rtt {
+                None => (r, r / 2),
+                Some((srtt, rttvar)) => ((7 * srtt + r) / 8, (3 * rttvar + srtt.abs_diff(r)) / 4),
+            });
+        }
+        let w = self.current.as_mut()?;
         if w.left > 0 {
             return None;
         }
@@ -377,7 +478,7 @@ mod tests {
     /// acknowledgements come; the engine sends again only what was not acknowledged.
     #[test]
     fn a_write_commits_whole_once_and_only_unacknowledged_parts_go_again() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
         let mut stage = WriteStage::default();
         let id = engine.submit(values(150, Mode::Set)).unwrap();
         let mut out = Vec::new();
@@ -390,16 +491,19 @@ mod tests {
         assert_eq!(ack2.t_max, 2);
         assert_eq!(stage.commit(&mut state), None);
         assert!(state.0.is_empty(), "nothing of a write half arrived");
-        assert_eq!(engine.on_ack(10, &ack2), None);
+        assert_eq!(engine.on_ack(10_000, &ack2), None);
         assert_eq!(
-            engine.on_ack(10, &ack0),
+            engine.on_ack(10_000, &ack0),
             None,
             "an older acknowledgement too"
         );
         let mut again = Vec::new();
-        engine.poll(999, &mut again);
-        assert!(again.is_empty(), "within the timeout");
-        engine.poll(1_000, &mut again);
+        engine.poll(19_999, &mut again);
+        assert!(
+            again.is_empty(),
+            "within the tail's probe (two round trips of 10 us)"
+        );
+        engine.poll(20_000, &mut again);
         assert_eq!(again.len(), 1, "only the part not acknowledged");
         assert_eq!(again[0].t_max >> 32, 1);
         let ack = stage.on_part(&again[0], &state).unwrap();
@@ -412,9 +516,9 @@ mod tests {
         // A late duplicate of a committed write is acknowledged whole, not applied.
         let late = stage.on_part(&out[1], &state).unwrap();
         assert_eq!(late.t_max, 3);
-        let done = engine.on_ack(1_500, &ack).unwrap();
+        let done = engine.on_ack(60_000, &ack).unwrap();
         assert_eq!((done.id, done.parts, done.transmissions), (id, 3, 4));
-        assert_eq!(done.latency_ns, 1_500);
+        assert_eq!(done.latency_ns, 60_000);
         assert!(engine.is_idle());
     }
 
@@ -462,5 +566,33 @@ mod tests {
         let ack = stage.on_part(&out[0], &state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
         assert!(engine.on_ack(5, &ack).is_some());
+    }
+
+    /// A part not acknowledged while parts sent more than three places after it are goes
+    /// again at once, before its timeout.
+    #[test]
+    fn a_part_seen_lost_by_later_acknowledgements_goes_again_before_its_timeout() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        engine
+            .submit(values(6 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 6);
+        let state = Map::default();
+        let mut ack = None;
+        for part in &out[2..] {
+            ack = stage.on_part(part, &state);
+        }
+        assert_eq!(engine.on_ack(10, &ack.unwrap()), None);
+        let mut again = Vec::new();
+        engine.poll(20, &mut again);
+        let parts: Vec<u64> = again.iter().map(|m| m.t_max >> 32).collect();
+        assert_eq!(
+            parts,
+            [0, 1],
+            "parts 3 to 6 places before the last acknowledged"
+        );
     }
 }
