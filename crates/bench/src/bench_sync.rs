@@ -16,7 +16,7 @@ use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
 use stateplane_gen::rng::{Rng, Zipf};
 use stateplane_sync::Location;
-use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults};
+use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults, WriteLink};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
@@ -443,7 +443,7 @@ fn one_write(
             seed,
         })
     };
-    let (mut down, mut up) = (channel(seed), channel(seed ^ 0x5555));
+    let mut link = WriteLink::new(channel(seed), channel(seed ^ 0x5555));
     let mut engine = WriteEngine::new(1, 1, 0, 200_000);
     let mut stage = WriteStage::default();
     let mut registers = Registers(vec![0; size]);
@@ -455,7 +455,6 @@ fn one_write(
         })
         .collect();
     engine.submit(values)?;
-    let (mut out, mut arrived) = (Vec::new(), Vec::new());
     let mut now = 0u64;
     loop {
         if now > 10_000_000_000 {
@@ -463,34 +462,17 @@ fn one_write(
                 "a write of {size} at {loss} loss still not through after 10 s"
             ));
         }
-        engine.poll(now, &mut out);
-        for m in out.drain(..) {
-            let mut bytes = Vec::new();
-            m.encode(&mut bytes);
-            let _ = down.send(now, bytes);
-        }
-        down.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let part = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
-            if let Some(ack) = stage.on_part(&part, &registers) {
-                let mut bytes = Vec::new();
-                ack.encode(&mut bytes);
-                let _ = up.send(now, bytes);
+        let completed = (link.step(now, &mut engine, &mut stage, &registers))
+            .map_err(|e| format!("decoding our own: {e}"))?;
+        stage.commit(&mut registers);
+        if let Some(done) = completed {
+            let whole = (registers.0.iter().enumerate()).all(|(i, &v)| v == i as u64 + 1);
+            if !whole {
+                return Err(format!(
+                    "a write of {size} acknowledged and not committed whole"
+                ));
             }
-            stage.commit(&mut registers);
-        }
-        up.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let ack = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
-            if let Some(done) = engine.on_ack(now, &ack) {
-                let whole = (registers.0.iter().enumerate()).all(|(i, &v)| v == i as u64 + 1);
-                if !whole {
-                    return Err(format!(
-                        "a write of {size} acknowledged and not committed whole"
-                    ));
-                }
-                return Ok((done.latency_ns, done.transmissions, done.parts));
-            }
+            return Ok((done.latency_ns, done.transmissions, done.parts));
         }
         now += 2_000;
     }

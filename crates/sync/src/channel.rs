@@ -4,6 +4,8 @@
 //! Seeded, so that a run repeats. For the simulation and the experiments, which feed it
 //! `(now, bytes)`; never on a real path.
 
+use crate::wire::{DecodeError, Message};
+use crate::write::{Completed, WriteEngine, WriteStage, WriteTarget};
 use stateplane_gen::rng::Rng;
 use std::collections::BTreeMap;
 
@@ -146,6 +148,62 @@ impl Channel {
     pub fn is_idle(&self) -> bool {
         self.flight.is_empty()
     }
+}
+
+/// A write's way between a collector's engine and a switch's stage, over a channel each
+/// way, stepped on the virtual clock (what the simulation and the experiments share).
+pub struct WriteLink {
+    pub down: Channel,
+    pub up: Channel,
+    out: Vec<Message>,
+    arrived: Vec<Vec<u8>>,
+}
+
+impl WriteLink {
+    pub fn new(down: Channel, up: Channel) -> WriteLink {
+        WriteLink {
+            down,
+            up,
+            out: Vec::new(),
+            arrived: Vec::new(),
+        }
+    }
+
+    /// At `now_ns`: the engine's parts go down; those arrived reach the stage (reading
+    /// `state`), and its acknowledgements go up; those arrived reach the engine. The write
+    /// the engine sees completed, if one. Committing is the caller's, between its bursts.
+    pub fn step(
+        &mut self,
+        now_ns: u64,
+        engine: &mut WriteEngine,
+        stage: &mut WriteStage,
+        state: &impl WriteTarget,
+    ) -> Result<Option<Completed>, DecodeError> {
+        engine.poll(now_ns, &mut self.out);
+        for m in self.out.drain(..) {
+            let _ = self.down.send(now_ns, encoded(&m));
+        }
+        self.down.deliver(now_ns, &mut self.arrived);
+        for bytes in self.arrived.drain(..) {
+            if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
+                let _ = self.up.send(now_ns, encoded(&ack));
+            }
+        }
+        self.up.deliver(now_ns, &mut self.arrived);
+        let mut completed = None;
+        for bytes in self.arrived.drain(..) {
+            completed = engine
+                .on_ack(now_ns, &Message::decode(&bytes)?)
+                .or(completed);
+        }
+        Ok(completed)
+    }
+}
+
+fn encoded(m: &Message) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    m.encode(&mut bytes);
+    bytes
 }
 
 #[cfg(test)]

@@ -9,8 +9,7 @@
 
 use stateplane_gen::rng::Rng;
 use stateplane_sync::Location;
-use stateplane_sync::channel::{Channel, ChannelConfig, Faults};
-use stateplane_sync::wire::Message;
+use stateplane_sync::channel::{Channel, ChannelConfig, Faults, WriteLink};
 use stateplane_sync::write::{Mode, WriteEngine, WriteStage, WriteTarget, Written};
 
 const COUNTERS: u32 = 200;
@@ -56,7 +55,7 @@ fn run(seed: u64) -> u64 {
         duplicate: rng.below(20) as f64 / 100.0,
         max_delay_ns: rng.below(500_000),
     };
-    let (mut down, mut up) = (channel(seed, faults), channel(seed ^ 1, faults));
+    let mut link = WriteLink::new(channel(seed, faults), channel(seed ^ 1, faults));
     let mut engine = WriteEngine::new(3, 1, 0, 200_000);
     let mut stage = WriteStage::default();
     let mut sw = Switch {
@@ -66,7 +65,6 @@ fn run(seed: u64) -> u64 {
     let (mut counted, mut replaced) = (0u64, 0u64);
     let (mut submitted, mut committed, mut completed) = (0u64, 0u64, 0u64);
     let mut transmissions = 0;
-    let (mut out, mut arrived) = (Vec::new(), Vec::new());
     let mut now = 0u64;
     while completed < WRITES {
         assert!(
@@ -110,29 +108,10 @@ fn run(seed: u64) -> u64 {
                 "seed {seed}: register {i} is {r}, not of write {write}"
             );
         }
-        engine.poll(now, &mut out);
-        for m in out.drain(..) {
-            let mut bytes = Vec::new();
-            m.encode(&mut bytes);
-            let _ = down.send(now, bytes);
-        }
-        down.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let part = Message::decode(&bytes).unwrap();
-            if let Some(ack) = stage.on_part(&part, &sw) {
-                let mut bytes = Vec::new();
-                ack.encode(&mut bytes);
-                let _ = up.send(now, bytes);
-            }
-        }
-        up.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let ack = Message::decode(&bytes).unwrap();
-            if let Some(done) = engine.on_ack(now, &ack) {
-                completed += 1;
-                assert_eq!(done.id, completed, "seed {seed}");
-                transmissions += done.transmissions;
-            }
+        if let Some(done) = link.step(now, &mut engine, &mut stage, &sw).unwrap() {
+            completed += 1;
+            assert_eq!(done.id, completed, "seed {seed}");
+            transmissions += done.transmissions;
         }
         now += STEP_NS;
     }
