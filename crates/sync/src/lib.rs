@@ -11,7 +11,7 @@
 //!   the one before, with heartbeats and the anti-entropy refresh of every location;
 //! - [`mirror`]: the collector's copy of each switch's state, with the bound that holds for
 //!   each location, or none after a lost message until the location is sent again;
-//! - [`write`]: top-down writes, split into parts, sent again until acknowledged, and
+//! - [`write`](mod@write): top-down writes, split into parts, sent again until acknowledged, and
 //!   committed whole between two bursts;
 //! - [`channel`]: a channel on the virtual clock that drops past its capacity and loses,
 //!   duplicates and reorders at configured rates, for the simulation and the experiments.
