@@ -113,6 +113,8 @@ pub enum Refused {
     StaleEpoch,
     /// At or before the stream's last applied message (a duplicate, or late).
     Stale,
+    /// A sequence number no sender gives (0, or the last one there is).
+    Seq,
 }
 
 impl Refused {
@@ -121,6 +123,7 @@ impl Refused {
             Refused::UnknownSwitch => "unknown_switch",
             Refused::StaleEpoch => "stale_epoch",
             Refused::Stale => "stale",
+            Refused::Seq => "bad_seq",
         }
     }
 }
@@ -135,6 +138,7 @@ pub struct MirrorCounters {
     pub unknown_switch: u64,
     pub stale_epoch: u64,
     pub stale: u64,
+    pub bad_seq: u64,
     /// Streams started over by a new epoch.
     pub restarts: u64,
 }
@@ -163,11 +167,15 @@ impl Mirror {
                 Refused::UnknownSwitch => c.unknown_switch += 1,
                 Refused::StaleEpoch => c.stale_epoch += 1,
                 Refused::Stale => c.stale += 1,
+                Refused::Seq => c.bad_seq += 1,
             }
             Err(why)
         };
         if self.known.as_ref().is_some_and(|k| !k.contains(&m.switch)) {
             return refused(&mut self.counters, Refused::UnknownSwitch);
+        }
+        if m.seq == 0 || m.seq == u64::MAX {
+            return refused(&mut self.counters, Refused::Seq);
         }
         let view =
             (self.streams.entry((m.switch, m.stream))).or_insert_with(|| StreamView::new(m.epoch));
@@ -388,5 +396,21 @@ mod tests {
             }
         );
         assert_eq!(m.read(1, 0, at(3)).unwrap().bound, Some(0));
+    }
+
+    /// Any message, however odd its fields, is applied or refused: no panic, no sequence
+    /// number that wraps the stream's.
+    #[test]
+    fn odd_messages_are_refused_or_applied_without_panic() {
+        let mut m = Mirror::new(None);
+        for seq in [0, u64::MAX] {
+            assert_eq!(m.apply(&msg(seq, 0, &[(1, 1)])), Err(Refused::Seq));
+        }
+        m.apply(&msg(u64::MAX - 1, u64::MAX, &[(u32::MAX, u64::MAX)]))
+            .unwrap();
+        let r = m.read(1, 0, at(u32::MAX)).unwrap();
+        assert_eq!((r.value, r.bound), (u64::MAX, Some(u64::MAX - 1)));
+        assert_eq!(m.counters.bad_seq, 2);
+        assert_eq!(m.report(1, 0, 0).unwrap().seq, u64::MAX - 1);
     }
 }

@@ -307,6 +307,10 @@ impl WriteEngine {
     }
 }
 
+/// Writes a stage holds parts of at most, counted from the next to commit: the engine
+/// sends one at a time, so parts of others are garbage, refused before they take memory.
+pub const MAX_STAGED: u64 = 16;
+
 /// A write whose parts are arriving.
 struct Staging {
     parts: Vec<Option<Vec<Update>>>,
@@ -362,6 +366,10 @@ impl WriteStage {
                 .map(|word| bitmap_word(word, total, |_| true))
                 .collect();
             return Some(ack(total as u64, all));
+        }
+        if part.seq - self.committed_up_to > MAX_STAGED {
+            self.refused += 1;
+            return None;
         }
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
             parts: vec![None; total],
