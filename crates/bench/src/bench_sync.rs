@@ -1,5 +1,5 @@
-//! State sync's experiments on the sync cores in virtual time: `bench-sync-rate` and
-//! `bench-sync-write` (below).
+//! State sync's experiments on the sync cores in virtual time, `bench-sync-rate` and
+//! `bench-sync-write`, and what tracking synced state costs, `bench-sync-track` (below).
 //!
 //! `stateplane bench-sync-rate`: the paper's rate experiment (ApproSync Exp#3) on the sync
 //! cores in virtual time. Counters change far faster than the channel carries one update
@@ -560,6 +560,122 @@ pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
         a.files.write_chart(
             "Sync: top-down writes through a lossy channel",
             &format!("{} bytes/s each way, loss each way", a.capacity),
+            &[panel],
+        )?;
+    }
+    Ok(())
+}
+
+/// `stateplane bench-sync-track`: what tracking synced state costs a register's update,
+/// against the same updates on a plain array and on a register not tracked (which must
+/// cost nothing more), in one run. The tracked run takes the changes every 64 updates, as
+/// the sync stage would once a burst, and checks that it got every one.
+#[derive(clap::Args)]
+pub struct BenchSyncTrackArgs {
+    /// Cells of the register.
+    #[arg(long, default_value_t = 65_536)]
+    pub cells: usize,
+    /// Updates per round.
+    #[arg(long, default_value_t = 20_000_000)]
+    pub updates: usize,
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
+    use stateplane_state::Register;
+    use stateplane_state::changes::{Change, take};
+    use std::time::Instant;
+    if a.cells == 0 || a.updates == 0 || a.rounds == 0 {
+        return Err("--cells, --updates and --rounds must be above 0".into());
+    }
+    let mut rng = Rng::new(a.seed);
+    let indexes: Vec<u32> = (0..a.updates)
+        .map(|_| rng.below(a.cells as u64) as u32)
+        .collect();
+    let (mut plain_ns, mut quiet_ns, mut tracked_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut taken: Vec<Change> = Vec::new();
+    for round in 0..a.rounds {
+        eprintln!("round {} of {}", round + 1, a.rounds);
+        let mut plain = vec![0u64; a.cells];
+        let t = Instant::now();
+        for &i in &indexes {
+            plain[i as usize % a.cells] += 1;
+        }
+        plain_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
+        let mut quiet: Register<u64> = Register::new(a.cells);
+        let t = Instant::now();
+        for &i in &indexes {
+            quiet.update(i as usize, |x| *x += 1);
+        }
+        quiet_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
+        let mut tracked: Register<u64> = Register::new(a.cells);
+        tracked.track(0);
+        let (mut changes, mut dropped) = (0usize, 0u64);
+        let t = Instant::now();
+        for burst in indexes.chunks(64) {
+            for &i in burst {
+                tracked.update(i as usize, |x| *x += 1);
+            }
+            dropped += take(&mut taken);
+            changes += taken.len();
+            taken.clear();
+        }
+        tracked_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
+        let same = plain.iter().sum::<u64>() == a.updates as u64
+            && quiet.as_slice() == plain.as_slice()
+            && tracked.as_slice() == plain.as_slice();
+        if !same || changes != a.updates || dropped != 0 {
+            return Err(format!(
+                "round {round}: the registers differ from the plain array, or the log had \
+                 {changes} of {} changes ({dropped} dropped)",
+                a.updates
+            ));
+        }
+    }
+    let median = crate::statistics::median;
+    let (plain, quiet, tracked) = (median(plain_ns), median(quiet_ns), median(tracked_ns));
+    println!(
+        "input: {} updates (+1) of a register of {} cells at uniform random indexes, seed {}; \
+         median of {} rounds; the tracked register's changes taken every 64 updates, every one \
+         checked",
+        a.updates, a.cells, a.seed, a.rounds
+    );
+    let mut table = Table::new(&["updates on"], &["ns/update", "vs plain array"]);
+    let mut csv = Csv::new("target,ns_per_update,vs_plain");
+    for (name, ns) in [
+        ("a plain array", plain),
+        ("a register, not tracked", quiet),
+        ("a register, tracked", tracked),
+    ] {
+        table.row(vec![
+            name.into(),
+            format!("{ns:.2}"),
+            format!("{:.2}x", ns / plain),
+        ]);
+        csv.row(format_args!("{name},{ns:.4},{:.4}", ns / plain));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panel = Panel {
+            title: "a register's update".into(),
+            unit: "ns".into(),
+            bars: vec![
+                ("plain array".into(), plain),
+                ("register, not tracked".into(), quiet),
+                ("register, tracked".into(), tracked),
+            ],
+        };
+        a.files.write_chart(
+            "Sync: what tracking costs an update",
+            &format!("{} cells, {} updates a round", a.cells, a.updates),
             &[panel],
         )?;
     }

@@ -64,6 +64,9 @@ enum Command {
     /// State sync's write experiment on the sync cores in virtual time: how long a write
     /// takes through a lossy channel, and the parts it sent again.
     BenchSyncWrite(stateplane_bench::bench_sync::BenchSyncWriteArgs),
+    /// What tracking synced state costs a register's update, against a plain array and a
+    /// register not tracked.
+    BenchSyncTrack(stateplane_bench::bench_sync::BenchSyncTrackArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -102,6 +105,7 @@ pub fn main() -> ExitCode {
         Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
         Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),
         Command::BenchSyncWrite(args) => stateplane_bench::bench_sync::main_write(args),
+        Command::BenchSyncTrack(args) => stateplane_bench::bench_sync::main_track(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

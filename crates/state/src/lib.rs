@@ -8,13 +8,14 @@
 //! generator ([`prefixes`]), updated prefix by prefix; ternary 5-tuple ACLs by tuple-space
 //! search with a ClassBench-like rule generator ([`ternary`]); and control requests applied
 //! next to the tables ([`declared`]; the requests' types are `stateplane-api`'s, re-exported
-//! as [`control`]).
+//! as [`control`]); the changes tracked state makes, for the sync stage ([`changes`]).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
-//! counts), or read a clock (time comes in as `now_ns`, the data-plane clock, so tests run
-//! on a virtual one). It has no `unsafe` code (its prefetch hints are `stateplane-mem`'s).
+//! counts; the change log's buffer alone grows, to a burst's changes, once), or read a
+//! clock (time comes in as `now_ns`, the data-plane clock, so tests run on a virtual one). It has no `unsafe` code (its prefetch hints are `stateplane-mem`'s).
 
+pub mod changes;
 pub mod declared;
 pub mod exact;
 pub mod key_fields;
@@ -44,7 +45,7 @@ pub use exact::{
 pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
-pub use register::{Counters, OutOfRange, PacketBytes, Register};
+pub use register::{Counters, OutOfRange, PacketBytes, Register, Word};
 pub use sketch::CountMin;
 pub use table_key::TableKey;
 pub use ternary::{Packet5, Rule, Ternary};

@@ -18,16 +18,70 @@ impl std::fmt::Display for OutOfRange {
     }
 }
 
+/// A cell's value as synced state reports it: one 64-bit word.
+pub trait Word: Copy {
+    fn word(&self) -> u64;
+}
+
+macro_rules! word_of_unsigned {
+    ($($t:ty),*) => {$(
+        impl Word for $t {
+            #[inline]
+            fn word(&self) -> u64 {
+                u64::from(*self)
+            }
+        }
+    )*};
+}
+word_of_unsigned!(u8, u16, u32, u64);
+
+/// Where a register is synced: its state id, and how a cell makes its word.
+#[derive(Debug, Clone, Copy)]
+struct Tracked<T> {
+    state: u16,
+    word: fn(&T) -> u64,
+}
+
 /// A fixed-size array of `T`, zeroed (default) at creation.
 #[derive(Debug, Clone)]
 pub struct Register<T: Copy + Default> {
     cells: Box<[T]>,
+    tracked: Option<Tracked<T>>,
 }
 
 impl<T: Copy + Default> Register<T> {
     pub fn new(size: usize) -> Self {
         Register {
             cells: vec![T::default(); size].into_boxed_slice(),
+            tracked: None,
+        }
+    }
+
+    /// Reports every change of a cell from now on to this thread's change log as state
+    /// `state` (`changes`), for the sync stage.
+    pub fn track(&mut self, state: u16)
+    where
+        T: Word,
+    {
+        self.tracked = Some(Tracked {
+            state,
+            word: T::word,
+        });
+    }
+
+    /// Records the change of cell `index` from `old` to `new` if the register is tracked.
+    #[inline]
+    fn changed(&self, index: usize, old: &T, new: &T) {
+        if let Some(Tracked { state, word }) = self.tracked {
+            let (old, new) = (word(old), word(new));
+            if old != new {
+                crate::changes::record(crate::changes::Change {
+                    state,
+                    index: index as u32,
+                    old,
+                    new,
+                });
+            }
         }
     }
 
@@ -52,7 +106,8 @@ impl<T: Copy + Default> Register<T> {
             .cells
             .get_mut(index)
             .ok_or(OutOfRange { index, size })?;
-        *cell = value;
+        let old = std::mem::replace(cell, value);
+        self.changed(index, &old, &value);
         Ok(())
     }
 
@@ -71,7 +126,12 @@ impl<T: Copy + Default> Register<T> {
     pub fn update(&mut self, index: usize, f: impl FnOnce(&mut T)) {
         let n = self.cells.len();
         if n > 0 {
-            f(&mut self.cells[index % n]);
+            let i = index % n;
+            let cell = &mut self.cells[i];
+            let old = *cell;
+            f(cell);
+            let new = *cell;
+            self.changed(i, &old, &new);
         }
     }
 
@@ -81,7 +141,14 @@ impl<T: Copy + Default> Register<T> {
 
     /// Sets every cell back to its default (e.g. counters reset every interval).
     pub fn clear(&mut self) {
-        self.cells.fill(T::default());
+        if self.tracked.is_some() {
+            for i in 0..self.cells.len() {
+                let old = std::mem::take(&mut self.cells[i]);
+                self.changed(i, &old, &T::default());
+            }
+        } else {
+            self.cells.fill(T::default());
+        }
     }
 }
 
@@ -90,6 +157,14 @@ impl<T: Copy + Default> Register<T> {
 pub struct PacketBytes {
     pub packets: u64,
     pub bytes: u64,
+}
+
+/// A counter's packets are its word when synced (its bytes are not).
+impl Word for PacketBytes {
+    #[inline]
+    fn word(&self) -> u64 {
+        self.packets
+    }
 }
 
 /// Indexed packet and byte counters (P4 `Counter`, type packets_and_bytes).
@@ -109,6 +184,48 @@ impl Register<PacketBytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::{Change, take};
+
+    /// A tracked register reports every change of a cell, by write, update and clear, and
+    /// none that changes nothing; one not tracked reports none.
+    #[test]
+    fn a_tracked_register_reports_each_change_and_an_untracked_one_none() {
+        let mut got = Vec::new();
+        take(&mut got);
+        got.clear();
+        let mut quiet: Register<u64> = Register::new(4);
+        quiet.write(1, 5).unwrap();
+        quiet.update(2, |x| *x += 1);
+        assert_eq!(take(&mut got), 0);
+        assert!(got.is_empty());
+        let mut r: Register<u64> = Register::new(4);
+        r.track(7);
+        r.write(1, 5).unwrap();
+        r.write(1, 5).unwrap();
+        r.update(6, |x| *x += 3);
+        r.clear();
+        take(&mut got);
+        let c = |index, old, new| Change {
+            state: 7,
+            index,
+            old,
+            new,
+        };
+        assert_eq!(got, [c(1, 0, 5), c(2, 0, 3), c(1, 5, 0), c(2, 3, 0)]);
+        let mut counters: Counters = Register::new(2);
+        counters.track(1);
+        counters.count(0, 100);
+        got.clear();
+        take(&mut got);
+        assert_eq!(
+            got,
+            [Change {
+                state: 1,
+                ..c(0, 0, 1)
+            }],
+            "packets are the word"
+        );
+    }
 
     #[test]
     fn reads_writes_ranges_and_errors() {

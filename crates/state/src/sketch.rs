@@ -29,6 +29,12 @@ impl CountMin {
         }
     }
 
+    /// Reports every change of a counter to this thread's change log as state `state`;
+    /// counter `row * width + column` is the location's index.
+    pub fn track(&mut self, state: u16) {
+        self.rows.track(state);
+    }
+
     pub fn width(&self) -> usize {
         self.width
     }
