@@ -326,7 +326,7 @@ pub fn main(a: BenchSyncRateArgs) -> BenchResult<()> {
             format!("{:.1}%", 100.0 * r.unbounded),
         ]);
         csv.row(format_args!(
-            "{},{},{},{},{},{},{},{:.3},{:.4},{},{:.5}",
+            "{},\"{}\",{},{},{},{},{},{:.3},{:.4},{},{:.5}",
             r.load,
             r.mode,
             r.changes,
@@ -502,12 +502,13 @@ pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
                 sent += transmissions;
                 parts += u64::from(n);
             }
-            latencies.sort_unstable();
+            let median_ns =
+                crate::statistics::median(latencies.iter().map(|&l| l as f64).collect());
             rows.push(WriteRow {
                 size,
                 loss,
-                median_ns: latencies[latencies.len() / 2],
-                max_ns: latencies[latencies.len() - 1],
+                median_ns: median_ns as u64,
+                max_ns: crate::statistics::percentile(&mut latencies, 1.0),
                 sent_per_part: sent as f64 / parts.max(1) as f64,
             });
         }
@@ -657,7 +658,7 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
             format!("{ns:.2}"),
             format!("{:.2}x", ns / plain),
         ]);
-        csv.row(format_args!("{name},{ns:.4},{:.4}", ns / plain));
+        csv.row(format_args!("\"{name}\",{ns:.4},{:.4}", ns / plain));
     }
     table.print();
     if let Some(path) = &a.files.csv {

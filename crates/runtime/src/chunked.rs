@@ -44,11 +44,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A chunk's size where nothing else is asked for. A block read should stay in the
 /// reading core's cache (1 MiB of L2 per core on this project's 2-core machine) while it
-/// is parsed, and a chunk should be long enough that the hand-offs between workers are
-/// few: on the 5-million-packet realistic trace of BENCHMARKS.md's flow export, two
-/// workers keeping headers took the same time within the machine's noise with blocks of
-/// 128 KiB to 1 MiB, and each hand-off that finds the other worker not ready costs a
-/// context switch (64 KiB: 3 to 5 times as many, and up to 2x the time).
+/// is parsed, and a chunk should be long enough that the hand-offs between workers, each
+/// a context switch when the other worker is not ready, are few. To choose again, change
+/// it and run `scripts/compare-flow-exporters.sh` (its long realistic trace, two workers):
+/// 128 KiB to 1 MiB took the same time within this machine's noise, 64 KiB was slower.
 pub const CHUNK_BYTES: usize = 256 << 10;
 
 /// How many of its own chunks a worker reads ahead of the one it processes, so that

@@ -16,7 +16,7 @@
 
 use crate::wire::Message;
 use crate::{Location, divergence_bound};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// The largest thresholds since each message, kept short: entries beyond this are merged
 /// (over-approximating, so that a bound stays sound).
@@ -38,7 +38,7 @@ struct StreamView {
     last_sent_ns: u64,
     /// `(seq, t_max)` with `seq` rising and `t_max` falling: the largest `t_max` of the
     /// messages from `s` on is that of the first entry at or after `s`.
-    thresholds: Vec<(u64, u64)>,
+    thresholds: VecDeque<(u64, u64)>,
     values: HashMap<Location, (u64, u64)>,
 }
 
@@ -52,7 +52,7 @@ impl StreamView {
             gap_seq: 0,
             missing: 0,
             last_sent_ns: 0,
-            thresholds: Vec::new(),
+            thresholds: VecDeque::new(),
             values: HashMap::new(),
         }
     }
@@ -75,14 +75,14 @@ impl StreamView {
     }
 
     fn push_threshold(&mut self, seq: u64, t_max: u64) {
-        while self.thresholds.last().is_some_and(|&(_, t)| t <= t_max) {
-            self.thresholds.pop();
+        while self.thresholds.back().is_some_and(|&(_, t)| t <= t_max) {
+            self.thresholds.pop_back();
         }
-        self.thresholds.push((seq, t_max));
-        if self.thresholds.len() > MAX_THRESHOLDS {
+        self.thresholds.push_back((seq, t_max));
+        if self.thresholds.len() > MAX_THRESHOLDS
+            && let Some((_, t0)) = self.thresholds.pop_front()
+        {
             // The two oldest become one, at the later place with the larger threshold.
-            let (_, t0) = self.thresholds[0];
-            self.thresholds.remove(0);
             self.thresholds[0].1 = t0;
         }
     }

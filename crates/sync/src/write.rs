@@ -114,8 +114,9 @@ pub struct WriteEngine {
     pub rto_ns: u64,
     /// The smoothed round trip and its variation, once measured.
     rtt: Option<(u64, u64)>,
-    /// Timeouts since the last round trip measured: each doubles the timeout (Karn's
-    /// backoff, so that a timeout too short for a queue on the way does not feed it).
+    /// Timeouts since the last round trip measured, up to `MAX_BACKOFF`: each doubles the
+    /// timeout (Karn's backoff, so that a timeout too short for a queue on the way does
+    /// not feed it).
     backoff: u32,
     next_id: u64,
     queue: VecDeque<(u64, Vec<Written>)>,
@@ -158,7 +159,7 @@ impl WriteEngine {
             None => self.rto_ns,
             Some((srtt, rttvar)) => (srtt + 4 * rttvar).clamp(MIN_RTO_NS, self.rto_ns),
         };
-        base.saturating_mul(1 << self.backoff.min(MAX_BACKOFF))
+        base.saturating_mul(1 << self.backoff)
     }
 
     /// Whether nothing is in flight or queued.
@@ -256,7 +257,7 @@ impl WriteEngine {
             }
         }
         if timed_out {
-            self.backoff += 1;
+            self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         }
     }
 
