@@ -478,4 +478,17 @@ mod tests {
         s.poll(2_000_000, |_| 0, &mut out);
         assert_eq!(s.threshold(), 0, "a quiet window");
     }
+
+    /// A fixed threshold stays fixed whatever the collector reports, and a report for a
+    /// stream the collector has not seen is none.
+    #[test]
+    fn a_fixed_threshold_ignores_reports() {
+        let mut s = Sender::new(SenderConfig {
+            threshold: Threshold::Fixed(8),
+            ..sender(1).config
+        });
+        s.on_report(0, &report(100, 100));
+        assert_eq!((s.threshold(), s.feedback.reports), (8, 0));
+        assert_eq!(crate::mirror::Mirror::new(None).report(1, 0, 0), None);
+    }
 }
