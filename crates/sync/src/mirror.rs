@@ -14,7 +14,7 @@
 //! data plane's as of one instant; a batch cut short by a loss is applied up to the loss
 //! when the next message shows it.
 
-use crate::wire::Message;
+use crate::wire::{Kind, Message};
 use crate::{Location, divergence_bound};
 use std::collections::{HashMap, VecDeque};
 
@@ -22,10 +22,15 @@ use std::collections::{HashMap, VecDeque};
 /// (over-approximating, so that a bound stays sound).
 const MAX_THRESHOLDS: usize = 1024;
 
+/// Epochs a stream remembers having left (older ones are forgotten).
+const RETIRED_EPOCHS: usize = 64;
+
 /// One stream's (a worker's) view.
 #[derive(Clone, Debug)]
 struct StreamView {
     epoch: u32,
+    /// The epochs the stream has left, latest last: their late messages are refused.
+    retired: Vec<u32>,
     next_seq: u64,
     /// The last message applied: what the copy is as of.
     applied_seq: u64,
@@ -39,13 +44,25 @@ struct StreamView {
     /// `(seq, t_max)` with `seq` rising and `t_max` falling: the largest `t_max` of the
     /// messages from `s` on is that of the first entry at or after `s`.
     thresholds: VecDeque<(u64, u64)>,
-    values: HashMap<Location, (u64, u64)>,
+    values: HashMap<Location, Held>,
+}
+
+/// A location's value, the message it came in, and the first message whose threshold
+/// bounds it: that one for an update (its value may be older than the message), the first
+/// of the next batch for a refresh (its value is the data plane's as the batch is sent,
+/// and every message of a batch carries the `t_max` of the period before it).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    value: u64,
+    seq: u64,
+    bounded_from: u64,
 }
 
 impl StreamView {
     fn new(epoch: u32) -> StreamView {
         StreamView {
             epoch,
+            retired: Vec::new(),
             next_seq: 1,
             applied_seq: 0,
             staged: Vec::new(),
@@ -57,20 +74,31 @@ impl StreamView {
         }
     }
 
-    /// Takes `m`'s values and threshold: the copy is now as of `m`.
-    fn take(&mut self, m: &Message) {
+    /// Takes `m`'s values and threshold, `m` being of the batch that ends with message
+    /// `batch_end`: the copy is now as of `m`.
+    fn take(&mut self, m: &Message, batch_end: u64) {
         self.push_threshold(m.seq, m.t_max);
+        let bounded_from = match m.kind {
+            Kind::Refresh => batch_end + 1,
+            _ => m.seq,
+        };
         for e in &m.entries {
-            self.values.insert(e.location, (e.value, m.seq));
+            let held = Held {
+                value: e.value,
+                seq: m.seq,
+                bounded_from,
+            };
+            self.values.insert(e.location, held);
         }
         self.applied_seq = m.seq;
         self.last_sent_ns = m.sent_ns;
     }
 
-    /// Applies the staged messages (a batch whose end has arrived, or will not).
-    fn take_staged(&mut self) {
+    /// Applies the staged messages of a batch that ends with message `batch_end` (or, cut
+    /// short by a loss, will not end: its values are then older than the gap, unbounded).
+    fn take_staged(&mut self, batch_end: u64) {
         for m in std::mem::take(&mut self.staged) {
-            self.take(&m);
+            self.take(&m, batch_end);
         }
     }
 
@@ -109,7 +137,7 @@ pub struct Reading {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
     UnknownSwitch,
-    /// Of an epoch older than the stream's (a switch that started again since).
+    /// Of an epoch the stream has left (a switch that started again since).
     StaleEpoch,
     /// At or before the stream's last applied message (a duplicate, or late).
     Stale,
@@ -179,11 +207,20 @@ impl Mirror {
         }
         let view =
             (self.streams.entry((m.switch, m.stream))).or_insert_with(|| StreamView::new(m.epoch));
-        if m.epoch < view.epoch {
-            return refused(&mut self.counters, Refused::StaleEpoch);
-        }
-        if m.epoch > view.epoch {
-            *view = StreamView::new(m.epoch);
+        if m.epoch != view.epoch {
+            if view.retired.contains(&m.epoch) {
+                return refused(&mut self.counters, Refused::StaleEpoch);
+            }
+            // A switch that started again draws a new epoch: its stream starts over.
+            let mut retired = std::mem::take(&mut view.retired);
+            if retired.len() == RETIRED_EPOCHS {
+                retired.remove(0);
+            }
+            retired.push(view.epoch);
+            *view = StreamView {
+                retired,
+                ..StreamView::new(m.epoch)
+            };
             self.counters.restarts += 1;
         }
         if m.seq < view.next_seq {
@@ -195,15 +232,15 @@ impl Mirror {
             view.missing += m.seq - view.next_seq;
             // What came of a batch before the loss is applied; what is older than the gap
             // is unbounded.
-            view.take_staged();
+            view.take_staged(m.seq - 1);
             view.gap_seq = m.seq;
         }
         view.next_seq = m.seq + 1;
         if m.more {
             view.staged.push(m.clone());
         } else {
-            view.take_staged();
-            view.take(m);
+            view.take_staged(m.seq);
+            view.take(m, m.seq);
         }
         self.counters.applied += 1;
         self.counters.entries += m.entries.len() as u64;
@@ -215,8 +252,14 @@ impl Mirror {
     pub fn read(&self, switch: u32, stream: u16, location: Location) -> Option<Reading> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         // A location never sent holds what every location starts with.
-        let (value, seq) = view.values.get(&location).copied().unwrap_or((0, 0));
-        let bound = (seq >= view.gap_seq).then(|| divergence_bound(view.threshold_since(seq)));
+        let held = view.values.get(&location).copied().unwrap_or(Held {
+            value: 0,
+            seq: 0,
+            bounded_from: 0,
+        });
+        let bound = (held.seq >= view.gap_seq)
+            .then(|| divergence_bound(view.threshold_since(held.bounded_from)));
+        let value = held.value;
         Some(Reading {
             value,
             bound,
@@ -239,6 +282,31 @@ impl Mirror {
             more: false,
             entries: Vec::new(),
         })
+    }
+
+    /// The streams seen, as `(switch, stream)`, in order.
+    pub fn streams(&self) -> Vec<(u32, u16)> {
+        let mut streams: Vec<(u32, u16)> = self.streams.keys().copied().collect();
+        streams.sort_unstable();
+        streams
+    }
+
+    /// Every location of `switch`'s `stream` that a message has carried, in order, with
+    /// its reading (the others hold 0, as every location starts).
+    pub fn held(&self, switch: u32, stream: u16) -> Vec<(Location, Reading)> {
+        let Some(view) = self.streams.get(&(switch, stream)) else {
+            return Vec::new();
+        };
+        let mut held: Vec<(Location, Reading)> = (view.values.keys())
+            .filter_map(|&l| Some((l, self.read(switch, stream, l)?)))
+            .collect();
+        held.sort_unstable_by_key(|(l, _)| *l);
+        held
+    }
+
+    /// The epoch of `switch`'s `stream` and the messages found missing in it.
+    pub fn stream_state(&self, switch: u32, stream: u16) -> Option<(u32, u64)> {
+        (self.streams.get(&(switch, stream))).map(|v| (v.epoch, v.missing))
     }
 
     /// The last message applied of `switch`'s `stream` (what its copy is as of), for the
@@ -314,7 +382,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_switches_and_old_epochs_are_refused_and_a_new_epoch_starts_over() {
+    fn unknown_switches_and_left_epochs_are_refused_and_a_new_epoch_starts_over() {
         let mut m = Mirror::new(Some(vec![1]));
         let other = Message {
             switch: 2,
@@ -329,17 +397,20 @@ mod tests {
         .unwrap();
         assert_eq!(m.read(1, 0, at(2)).unwrap().bound, None, "began with a gap");
         assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(0), "sent after it");
-        let old = Message {
-            epoch: 4,
-            ..msg(8, 0, &[(1, 1)])
-        };
-        assert_eq!(m.apply(&old), Err(Refused::StaleEpoch));
+        // Epochs are drawn at random: a new one, lower or higher, starts the stream over,
+        // and the one left behind is refused from then on.
         m.apply(&Message {
-            epoch: 6,
+            epoch: 2,
             ..msg(1, 0, &[])
         })
         .unwrap();
         assert_eq!(m.counters.restarts, 1);
+        let old = Message {
+            epoch: 5,
+            ..msg(8, 0, &[(1, 1)])
+        };
+        assert_eq!(m.apply(&old), Err(Refused::StaleEpoch));
+        assert_eq!(m.stream_state(1, 0), Some((2, 0)));
         assert_eq!(
             m.read(1, 0, at(1)).unwrap(),
             Reading {

@@ -57,7 +57,9 @@ pub struct Sender {
     config: SenderConfig,
     pub handler: ReadHandler,
     next_seq: u64,
-    /// The threshold in force, and the largest in force since the last message.
+    /// The threshold in force, and the largest in force at a change since the last
+    /// message (a change held back under `t` leaves the collector at most `t - 1` away;
+    /// no change, no divergence).
     threshold: u64,
     t_max: u64,
     window_start_ns: Option<u64>,
@@ -116,7 +118,7 @@ impl Sender {
             handler,
             next_seq: 1,
             threshold,
-            t_max: threshold,
+            t_max: 0,
             window_start_ns: None,
             last_sent_ns: None,
             refresh: Refresh {
@@ -204,6 +206,7 @@ impl Sender {
     /// `location` changed from `old` to `new` (what a synced state reports of each write).
     #[inline]
     pub fn change(&mut self, now_ns: u64, location: Location, old: u64, new: u64) {
+        self.t_max = self.t_max.max(self.threshold);
         self.handler
             .change(now_ns, location, old, new, &mut self.pending);
     }
@@ -268,27 +271,59 @@ impl Sender {
         if quiet && out.len() == first {
             self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
         }
-        // This poll's messages are one batch: all but its last say that more follow.
-        let batch = &mut out[first..];
+        self.end_batch(&mut out[first..]);
+    }
+
+    /// The messages of one poll are one batch: all but its last say that more follow, and
+    /// all carry the period's `t_max` (the batch's updates may be older than any of its
+    /// messages). The next period starts with no change, so with no divergence.
+    fn end_batch(&mut self, batch: &mut [Message]) {
         if let Some((_, before_last)) = batch.split_last_mut() {
             for m in before_last {
                 m.more = true;
             }
+            self.t_max = 0;
         }
+    }
+
+    /// The worker stops: every update waiting and a whole refresh pass of every location
+    /// go now (`read` reads the state), so that the collector's copy, once these messages
+    /// arrive, is the data plane's exactly.
+    pub fn finish(
+        &mut self,
+        now_ns: u64,
+        mut read: impl FnMut(Location) -> u64,
+        out: &mut Vec<Message>,
+    ) {
+        let first = out.len();
+        self.refresh = Refresh {
+            state: 0,
+            index: 0,
+            next_pass_ns: u64::MAX,
+            running: !self.config.states.is_empty(),
+        };
+        self.send(now_ns, Kind::Updates, out);
+        while self.refresh.running {
+            self.refresh_some(now_ns, &mut read);
+            self.send(now_ns, Kind::Refresh, out);
+        }
+        if out.len() == first {
+            self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
+        }
+        self.end_batch(&mut out[first..]);
     }
 
     fn set_threshold(&mut self, t: u64) {
         self.threshold = t;
-        self.t_max = self.t_max.max(t);
         self.handler.set_threshold(t);
     }
 
     /// Reads the next locations of the refresh pass, at most a message's worth a poll.
     fn refresh_some(&mut self, now_ns: u64, read: &mut impl FnMut(Location) -> u64) {
-        if self.config.refresh_ns == 0 || self.config.states.is_empty() {
+        let r = &mut self.refresh;
+        if !r.running && (self.config.refresh_ns == 0 || self.config.states.is_empty()) {
             return;
         }
-        let r = &mut self.refresh;
         if !r.running {
             if now_ns < r.next_pass_ns {
                 return;
@@ -353,8 +388,6 @@ impl Sender {
             self.sent_log.pop_front();
         }
         self.next_seq += 1;
-        // The threshold in force now goes on into the next message's period.
-        self.t_max = self.threshold;
         self.last_sent_ns = Some(now_ns);
     }
 }
@@ -490,5 +523,44 @@ mod tests {
         s.on_report(0, &report(100, 100));
         assert_eq!((s.threshold(), s.feedback.reports), (8, 0));
         assert_eq!(crate::mirror::Mirror::new(None).report(1, 0, 0), None);
+    }
+
+    /// At the end, every waiting update and a whole refresh go in one batch: applied, it
+    /// leaves the collector every location exactly, whatever the threshold held back.
+    #[test]
+    fn finishing_leaves_the_collector_every_location_exactly() {
+        let mut s = Sender::new(SenderConfig {
+            threshold: Threshold::Fixed(1_000),
+            states: vec![(0, 100), (2, 30)],
+            ..sender(1).config
+        });
+        let value = |l: Location| u64::from(l.state) * 1_000 + u64::from(l.index) * 7;
+        let mut out = Vec::new();
+        s.poll(0, value, &mut out);
+        for i in 0..100 {
+            let at = Location { state: 0, index: i };
+            s.change(1, at, 0, value(at));
+        }
+        s.poll(2, value, &mut out);
+        s.finish(3, value, &mut out);
+        let mut mirror = crate::mirror::Mirror::new(None);
+        for m in &out {
+            mirror.apply(m).unwrap();
+        }
+        let (last, batch) = out.split_last().unwrap();
+        assert!(!last.more && batch.iter().rev().take(2).all(|m| m.more));
+        for (state, len) in [(0u16, 100u32), (2, 30)] {
+            for index in 0..len {
+                let at = Location { state, index };
+                let r = mirror.read(1, 0, at).unwrap();
+                assert_eq!((r.value, r.bound), (value(at), Some(0)), "{at:?}");
+            }
+        }
+        // With nothing synced, a heartbeat still says the stream ended where it did.
+        let mut quiet = sender(1);
+        let mut end = Vec::new();
+        quiet.finish(0, |_| 0, &mut end);
+        assert_eq!(end.len(), 1);
+        assert_eq!(end[0].kind, Kind::Heartbeat);
     }
 }
