@@ -451,5 +451,6 @@ pub fn replay_runtime(workers: usize, burst_size: usize) -> RuntimeConfig {
         queue_depth: 8,
         hasher: FlowHasher::random(),
         taps: Vec::new(),
+        state_stages: Vec::new(),
     }
 }

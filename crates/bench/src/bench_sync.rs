@@ -615,7 +615,7 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
         }
         quiet_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
         let mut tracked: Register<u64> = Register::new(a.cells);
-        tracked.track(0);
+        tracked.track(0, 0);
         let (mut changes, mut dropped) = (0usize, 0u64);
         let t = Instant::now();
         for burst in indexes.chunks(64) {

@@ -9,6 +9,7 @@
 //!
 //! Must never: process packets or assemble a switch itself.
 
+mod collector_cmd;
 mod ctl;
 mod flows_cmd;
 mod gen_cmd;
@@ -78,6 +79,9 @@ enum Command {
     Lab(lab_cmd::LabArgs),
     /// Send a capture's frames on an interface at full speed (a traffic source).
     Send(send_cmd::SendArgs),
+    /// Take switches' synced state (their `[sync]` messages) into a copy with a bound per
+    /// location.
+    Collector(collector_cmd::CollectorArgs),
     /// Talk to a running switch's control API: tables, registers, notifications, counters.
     Ctl(ctl::CtlArgs),
     /// Print the version.
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),
         Command::Ctl(args) => ctl::main(args),
+        Command::Collector(args) => collector_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -51,6 +51,20 @@ pub fn cannot_segment(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EIO)
 }
 
+/// Asks for `bytes` of receive buffer on `socket` (the kernel doubles what it grants, and
+/// caps it at `net.core.rmem_max` unless the process may pass that, as root may); the
+/// bytes granted.
+pub fn set_receive_buffer(socket: &UdpSocket, bytes: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SO_RCVBUFFORCE passes rmem_max where the process may; where it may not, the plain
+    // option gives what the limit allows.
+    if sys::setsockopt(socket, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &want).is_err() {
+        sys::setsockopt(socket, libc::SOL_SOCKET, libc::SO_RCVBUF, &want)?;
+    }
+    let granted = sys::getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    Ok(usize::try_from(granted).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

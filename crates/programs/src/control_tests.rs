@@ -605,7 +605,7 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
     let declared = factory(1).declarations();
     assert_eq!(declared[0].guarantees, [Guarantee::Local]);
     // Nothing keeps these yet: each is refused by name, never accepted and ignored.
-    for g in ["synced", "replicated", "exported"] {
+    for g in ["replicated", "exported"] {
         let Err(e) = build_with(&[("connections", &["local", g])]) else {
             panic!("'{g}' is refused until a stage keeps it")
         };
@@ -615,6 +615,11 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
             "{e}"
         );
     }
+    // An exact table's changes are not tracked yet, so it cannot be synced.
+    let Err(e) = build_with(&[("connections", &["synced"])]) else {
+        panic!("a table whose changes nothing tracks is not synced")
+    };
+    assert!(e.problem.contains("cannot be synced"), "{e}");
     let Err(e) = build_with(&[("conections", &["synced"])]) else {
         panic!("a misspelt name is refused")
     };
@@ -627,6 +632,49 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
         e.problem.contains("local, synced, replicated, exported"),
         "{e}"
     );
+}
+
+#[test]
+fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
+    use stateplane_state::{Guarantee, changes};
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
+    let table = "width = 64\ndepth = 2\ntenants = 1\nmap = { a = \"b\", b = \"a\" }";
+    let factory = build("hh", Some(&toml::from_str(table).unwrap()), &names).unwrap();
+    let factory = crate::with_guarantees(factory, &wanted).unwrap();
+    let mut program = factory(1);
+    let sketch = program
+        .declarations()
+        .into_iter()
+        .find(|d| d.name == "sketch");
+    assert_eq!(sketch.map(|d| d.guarantees), Some(vec![Guarantee::Synced]));
+    // Two sketches (one tenant, and the one the others share) of 2 rows of 64.
+    assert_eq!(program.synced(), [(0, 256)]);
+    let mut taken = Vec::new();
+    changes::take(&mut taken);
+    taken.clear();
+    assert_eq!(program.write_synced(0, 255, 5), Some(0));
+    assert_eq!(program.read_synced(0, 255), Some(5));
+    assert_eq!(program.read_synced(0, 256), None);
+    changes::take(&mut taken);
+    assert_eq!(
+        taken,
+        [changes::Change {
+            state: 0,
+            index: 255,
+            old: 0,
+            new: 5
+        }]
+    );
+    // The wrapper hands on what the program says of its workers (kv runs on one).
+    let kv_table = toml::from_str("server = \"198.19.0.100\"\nclients = \"a\"\nbackend = \"b\"");
+    let kv = build("kv", Some(&kv_table.unwrap()), &names).unwrap();
+    let kv = crate::with_guarantees(
+        kv,
+        &[("cache".to_string(), vec!["local".to_string()])].into(),
+    )
+    .unwrap();
+    assert!(kv(0).check_workers(2, false).is_err());
 }
 
 #[test]

@@ -26,11 +26,15 @@
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports};
+use crate::sketches::SketchRegister;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::ip_value;
-use stateplane_state::{Colour, CountMin, ExactTable, ExpireProfile, Meter, MeterConfig};
+use stateplane_state::{
+    Colour, ControlError, CountMin, Declaration, ExactTable, ExpireProfile, Meter, MeterConfig,
+    Notification, Reply, Request,
+};
 use stateplane_wire::parse::Parsed;
 use stateplane_wire::tcp::flags;
 use std::collections::BTreeMap;
@@ -113,6 +117,8 @@ pub struct Flood {
     mitigation: Mitigation,
     intervals: Intervals,
     counts: CountMin,
+    /// The sketch as a declared register, `sketch`.
+    sketch_register: SketchRegister,
     victims: Reports<u128>,
     /// Each victim's meter (`limit`), removed with it.
     meters: ExactTable<u128, Meter>,
@@ -170,6 +176,7 @@ impl Flood {
             mitigation,
             intervals: Intervals::new(m.interval_ns()),
             counts: CountMin::new(m.depth, m.width, seed),
+            sketch_register: SketchRegister::new("sketch"),
             victims,
             meters: ExactTable::new(m.reports, &[ExpireProfile::NEVER], seed.rotate_left(19)),
         })
@@ -251,7 +258,46 @@ impl Program for Flood {
         &["no_mapping", "flood", "policed"]
     }
 
-    crate::answer_by_table!(victims.table);
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![
+            self.victims.table.declaration().clone(),
+            (self.sketch_register).declaration(std::slice::from_ref(&self.counts)),
+        ]
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&std::sync::Arc<()>>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        if request.target() == self.sketch_register.name() {
+            (self.sketch_register).answer(std::slice::from_mut(&mut self.counts), request)
+        } else {
+            self.victims.table.answer(request, ctx.now_ns)
+        }
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.victims.table.take_notifications(out);
+    }
+
+    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        (self.sketch_register).track(std::slice::from_mut(&mut self.counts), name, id)
+    }
+
+    fn synced(&self) -> Vec<(u16, u32)> {
+        (self.sketch_register).synced(std::slice::from_ref(&self.counts))
+    }
+
+    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+        (self.sketch_register).read_synced(std::slice::from_ref(&self.counts), id, index)
+    }
+
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        let counts = std::slice::from_mut(&mut self.counts);
+        (self.sketch_register).write_synced(counts, id, index, value)
+    }
 }
 
 #[cfg(test)]

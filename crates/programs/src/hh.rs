@@ -21,10 +21,11 @@
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports};
+use crate::sketches::SketchRegister;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
-use stateplane_state::CountMin;
+use stateplane_state::{ControlError, CountMin, Declaration, Notification, Reply, Request};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -69,6 +70,8 @@ pub struct Hh {
     sketches: Vec<CountMin>,
     /// Whether each sketch was added to in this interval (only those are cleared).
     touched: Vec<bool>,
+    /// The sketches as one declared register, `sketch`.
+    sketch_register: SketchRegister,
     reports: Reports<FlowKey>,
 }
 
@@ -118,6 +121,7 @@ impl Hh {
             tenants_seen: 0,
             sketches: vec![CountMin::new(m.depth, m.width, seed.rotate_left(17)); cfg.tenants + 1],
             touched: vec![false; cfg.tenants + 1],
+            sketch_register: SketchRegister::new("sketch"),
             reports: Reports::new(
                 "heavy_hitters",
                 "",
@@ -197,7 +201,45 @@ impl Program for Hh {
         self.forward.drop_reasons()
     }
 
-    crate::answer_by_table!(reports.table);
+    fn declarations(&self) -> Vec<Declaration> {
+        vec![
+            self.reports.table.declaration().clone(),
+            self.sketch_register.declaration(&self.sketches),
+        ]
+    }
+
+    fn control(
+        &mut self,
+        request: &Request,
+        _prepared: Option<&std::sync::Arc<()>>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        if request.target() == self.sketch_register.name() {
+            self.sketch_register.answer(&mut self.sketches, request)
+        } else {
+            self.reports.table.answer(request, ctx.now_ns)
+        }
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) {
+        self.reports.table.take_notifications(out);
+    }
+
+    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        self.sketch_register.track(&mut self.sketches, name, id)
+    }
+
+    fn synced(&self) -> Vec<(u16, u32)> {
+        self.sketch_register.synced(&self.sketches)
+    }
+
+    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+        self.sketch_register.read_synced(&self.sketches, id, index)
+    }
+
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        (self.sketch_register).write_synced(&mut self.sketches, id, index, value)
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub mod pipeline;
 mod report;
 pub mod router;
 pub mod sgw;
+mod sketches;
 pub mod steer;
 pub mod superspreader;
 #[cfg(test)]
@@ -474,17 +475,25 @@ pub fn with_guarantees(
                 format!("give one or more of {}", known()),
             ));
         }
-        if let Some(&g) = parsed.iter().find(|&&g| g != Guarantee::Local) {
+        if let Some(&g) = parsed
+            .iter()
+            .find(|&&g| !matches!(g, Guarantee::Local | Guarantee::Synced))
+        {
             return Err(ConfigError::new(field, not_built(g)));
+        }
+        if parsed.contains(&Guarantee::Synced) && factory(0).track(name, 0).is_none() {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "`{name}` cannot be synced: the program does not track its changes (synced                      state today is a program's count-min sketch, `sketch` in hh, udpflood                      and synflood)"
+                ),
+            ));
         }
         overrides.push((name.clone(), parsed));
     }
     let overrides = Arc::new(overrides);
     Ok(Arc::new(move |w| {
-        Box::new(Guaranteed {
-            inner: factory(w),
-            overrides: overrides.clone(),
-        })
+        Guaranteed::boxed(factory(w), overrides.clone())
     }))
 }
 
@@ -492,8 +501,7 @@ pub fn with_guarantees(
 /// accepted.
 fn not_built(g: Guarantee) -> String {
     let missing = match g {
-        Guarantee::Local => "",
-        Guarantee::Synced => "no stage syncs declared state between switches yet",
+        Guarantee::Local | Guarantee::Synced => "",
         Guarantee::Replicated => "no stage writes declared state through to a store yet",
         Guarantee::Exported => {
             "no stage exports a program's declared tables yet (flow records come from the \
@@ -501,17 +509,36 @@ fn not_built(g: Guarantee) -> String {
         }
     };
     format!(
-        "'{}' is not built yet: {missing}; only 'local' is kept today, and a guarantee that \
+        "'{}' is not built yet: {missing}; only 'local' and 'synced' are kept today, and a guarantee that \
          nothing keeps is refused rather than ignored",
         g.name()
     )
 }
 
-/// A program whose declarations carry the configured guarantees; everything else is the
-/// program's own.
+/// A program whose declarations carry the configured guarantees, and whose `synced`
+/// state is tracked, ids 0, 1, ... in the configuration's order of names; everything else
+/// is the program's own.
 struct Guaranteed {
     inner: Box<dyn Running>,
     overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+}
+
+impl Guaranteed {
+    fn boxed(
+        mut inner: Box<dyn Running>,
+        overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+    ) -> Box<dyn Running> {
+        let synced = overrides
+            .iter()
+            .filter(|(_, g)| g.contains(&Guarantee::Synced));
+        for (id, (name, _)) in synced.enumerate() {
+            // `with_guarantees` made sure an instance tracks each name; one that did not
+            // would sync nothing, so the sync stage checks `synced()` against the
+            // declarations before it starts.
+            let _ = inner.track(name, id as u16);
+        }
+        Box::new(Guaranteed { inner, overrides })
+    }
 }
 
 impl Program for Guaranteed {
@@ -528,6 +555,14 @@ impl Program for Guaranteed {
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         self.inner.drop_reasons()
+    }
+
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
+        self.inner.check_workers(workers, live)
+    }
+
+    fn requests(&mut self, out: &mut Vec<Request>) {
+        self.inner.requests(out);
     }
 
     fn declarations(&self) -> Vec<Declaration> {
@@ -556,5 +591,21 @@ impl Program for Guaranteed {
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
         self.inner.notifications(out);
+    }
+
+    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        self.inner.track(name, id)
+    }
+
+    fn synced(&self) -> Vec<(u16, u32)> {
+        self.inner.synced()
+    }
+
+    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+        self.inner.read_synced(id, index)
+    }
+
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        self.inner.write_synced(id, index, value)
     }
 }

@@ -27,6 +27,7 @@ pub mod read_ahead;
 pub mod run_config;
 pub mod sharded;
 pub mod source;
+pub mod state_stage;
 pub mod tap;
 pub mod worker;
 pub mod worker_loop;
@@ -45,6 +46,7 @@ pub use read_ahead::ReadAhead;
 pub use run_config::{RunHandle, RunReport, RuntimeConfig};
 pub use sharded::run_sharded;
 pub use source::{BurstSource, OwnShard, PacketBytes};
+pub use state_stage::{StateStage, StateStageFactory};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{

@@ -210,6 +210,34 @@ pub trait Program: Send {
     /// expired). Each comes back to every worker's [`Program::control`]; until then,
     /// nothing has changed.
     fn requests(&mut self, _out: &mut Vec<Request>) {}
+
+    /// Starts tracking the declared state `name` as synced state `id`: from then on each
+    /// change of one of its cells goes to the worker thread's change log
+    /// (`stateplane_state::changes`), which the sync stage takes once a burst. Returns the
+    /// state's length in cells, or `None` if the program cannot track it (the
+    /// configuration then refuses `synced` for it, rather than promise what nothing keeps).
+    fn track(&mut self, _name: &str, _id: u16) -> Option<u32> {
+        None
+    }
+
+    /// The state tracked so far, as `(id, length)` in the order it was tracked.
+    fn synced(&self) -> Vec<(u16, u32)> {
+        Vec::new()
+    }
+
+    /// The value at `index` of synced state `id` (what the anti-entropy refresh sends);
+    /// `None` past its end or for an id not tracked.
+    fn read_synced(&self, _id: u16, _index: u32) -> Option<u64> {
+        None
+    }
+
+    /// Writes `value` at `index` of synced state `id` (a top-down write, which the sync
+    /// stage commits between two bursts); the value it replaced, or `None` (nothing
+    /// written) past its end or for an id not tracked. A value wider than the state's
+    /// cells is cut to their width, as the data plane's own arithmetic would.
+    fn write_synced(&mut self, _id: u16, _index: u32, _value: u64) -> Option<u64> {
+        None
+    }
 }
 
 /// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
@@ -229,6 +257,10 @@ pub trait Running: Send {
     ) -> Result<Reply, ControlError>;
     fn notifications(&mut self, out: &mut Vec<Notification>);
     fn requests(&mut self, out: &mut Vec<Request>);
+    fn track(&mut self, name: &str, id: u16) -> Option<u32>;
+    fn synced(&self) -> Vec<(u16, u32)>;
+    fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
 }
 
 /// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
@@ -289,6 +321,22 @@ impl<P: Program> Running for P {
 
     fn requests(&mut self, out: &mut Vec<Request>) {
         Program::requests(self, out);
+    }
+
+    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        Program::track(self, name, id)
+    }
+
+    fn synced(&self) -> Vec<(u16, u32)> {
+        Program::synced(self)
+    }
+
+    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+        Program::read_synced(self, id, index)
+    }
+
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        Program::write_synced(self, id, index, value)
     }
 }
 

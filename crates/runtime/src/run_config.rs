@@ -2,6 +2,7 @@
 //! it runs, and the report it ends with.
 
 use crate::counters::{SharedStats, Stats};
+use crate::state_stage::StateStageFactory;
 use crate::tap::TapFactory;
 use stateplane_wire::FlowHasher;
 use std::sync::Arc;
@@ -19,6 +20,8 @@ pub struct RuntimeConfig {
     pub hasher: FlowHasher,
     /// Stages every worker runs after its program, in order (flow records).
     pub taps: Vec<TapFactory>,
+    /// Duties every worker runs between bursts for its program's declared state (sync).
+    pub state_stages: Vec<StateStageFactory>,
 }
 
 impl std::fmt::Debug for RuntimeConfig {
@@ -28,6 +31,7 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("burst_size", &self.burst_size)
             .field("queue_depth", &self.queue_depth)
             .field("taps", &self.taps.len())
+            .field("state_stages", &self.state_stages.len())
             .finish_non_exhaustive()
     }
 }
@@ -40,6 +44,7 @@ impl Default for RuntimeConfig {
             queue_depth: 8,
             hasher: FlowHasher::random(),
             taps: Vec::new(),
+            state_stages: Vec::new(),
         }
     }
 }

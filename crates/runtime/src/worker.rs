@@ -4,6 +4,7 @@ use crate::burst::Burst;
 use crate::control::WorkerControl;
 use crate::counters::{Counter, Stats};
 use crate::program::{Context, DropReason, Running, Verdict};
+use crate::state_stage::StateStage;
 use crate::tap::Tap;
 use stateplane_wire::{FlowHasher, Malformed};
 
@@ -13,6 +14,8 @@ pub struct Worker {
     control: Option<WorkerControl>,
     /// Stages that see each burst after the program, in order.
     taps: Vec<Box<dyn Tap>>,
+    /// Duties for the program's declared state, run after the taps, between bursts.
+    state_stages: Vec<Box<dyn StateStage>>,
     pub stats: Stats,
 }
 
@@ -35,6 +38,7 @@ impl Worker {
             },
             control: None,
             taps: Vec::new(),
+            state_stages: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -51,10 +55,20 @@ impl Worker {
         self
     }
 
-    /// The worker is done: its taps hand on what they hold (flow records of open flows).
+    /// Gives the worker duties for its program's declared state (the sync stage).
+    pub fn with_state_stages(mut self, stages: Vec<Box<dyn StateStage>>) -> Self {
+        self.state_stages = stages;
+        self
+    }
+
+    /// The worker is done: its taps and state stages hand on what they hold (flow records
+    /// of open flows, the last changes of synced state).
     pub fn finish(&mut self) {
         for tap in &mut self.taps {
             tap.finish(&self.ctx);
+        }
+        for stage in &mut self.state_stages {
+            stage.finish(self.program.as_mut(), &self.ctx);
         }
     }
 
@@ -83,6 +97,9 @@ impl Worker {
         for tap in &mut self.taps {
             tap.observe(burst, &self.ctx);
         }
+        for stage in &mut self.state_stages {
+            stage.after_burst(self.program.as_mut(), &self.ctx);
+        }
     }
 
     /// Runs the program's `poll` (timers, probes of its own) with `out` empty and its clock
@@ -93,6 +110,9 @@ impl Worker {
         self.program.poll(out, &mut self.ctx);
         for tap in &mut self.taps {
             tap.tick(&self.ctx);
+        }
+        for stage in &mut self.state_stages {
+            stage.tick(self.program.as_mut(), &self.ctx);
         }
         out.len()
     }
@@ -105,6 +125,9 @@ impl Worker {
         spare: impl FnOnce() -> Box<dyn Running>,
     ) {
         self.program = program;
+        for stage in &mut self.state_stages {
+            stage.reloaded(self.program.as_mut(), &self.ctx);
+        }
         if let Some(c) = &self.control
             && self.ctx.worker == 0
         {

@@ -262,7 +262,10 @@ pub fn run_worker(
     let shared = &handle.stats[w + 1];
     let (mut generation, factory) = reload.current();
     let taps = config.taps.iter().map(|f| f(w)).collect();
-    let mut worker = Worker::new(factory(w), w, workers, port_count, config.hasher).with_taps(taps);
+    let stages = config.state_stages.iter().map(|f| f(w)).collect();
+    let mut worker = Worker::new(factory(w), w, workers, port_count, config.hasher)
+        .with_taps(taps)
+        .with_state_stages(stages);
     if let Some(control) = control {
         worker = worker.with_control(control);
     }
@@ -853,7 +856,8 @@ mod tests {
     }
 
     /// Taps see every burst after the program (its verdicts set), in the order given, and
-    /// are told once at the end.
+    /// are told once at the end; a state stage runs after them, between bursts, and
+    /// finishes last.
     #[test]
     fn taps_see_each_burst_after_the_program_in_order_and_finish_once() {
         #[derive(Default)]
@@ -879,7 +883,32 @@ mod tests {
                     .push(format!("{} finish", self.0));
             }
         }
+        use crate::Running;
+        struct Stage(Arc<Trace>);
+        impl Stage {
+            fn log(&self, what: &str, program: &dyn Running) {
+                let reasons = program.drop_reasons().len();
+                let mut trace = (self.0).0.lock().unwrap_or_else(PoisonError::into_inner);
+                trace.push(format!("stage {what} ({reasons} reasons)"));
+            }
+        }
+        impl crate::StateStage for Stage {
+            fn after_burst(&mut self, program: &mut dyn Running, _ctx: &Context) {
+                self.log("after", program);
+            }
+            fn tick(&mut self, program: &mut dyn Running, _ctx: &Context) {
+                self.log("tick", program);
+            }
+            fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
+                self.log("reloaded", program);
+            }
+            fn finish(&mut self, program: &mut dyn Running, _ctx: &Context) {
+                self.log("finish", program);
+            }
+        }
         let trace = Arc::new(Trace::default());
+        let staged = trace.clone();
+        let stage: crate::StateStageFactory = Arc::new(move |_| Box::new(Stage(staged.clone())));
         let tap = |name: &'static str| -> crate::TapFactory {
             let t = trace.clone();
             Arc::new(move |_| Box::new(Named(name, t.clone())))
@@ -889,6 +918,7 @@ mod tests {
         ports.ends = true;
         let cfg = RuntimeConfig {
             taps: vec![tap("a"), tap("b")],
+            state_stages: vec![stage],
             ..config()
         };
         let polls = Arc::new(AtomicU64::new(0));
@@ -910,7 +940,15 @@ mod tests {
         assert_eq!(
             got,
             [
-                "a 4 true", "b 4 true", "a 2 true", "b 2 true", "a finish", "b finish"
+                "a 4 true",
+                "b 4 true",
+                "stage after (0 reasons)",
+                "a 2 true",
+                "b 2 true",
+                "stage after (0 reasons)",
+                "a finish",
+                "b finish",
+                "stage finish (0 reasons)"
             ]
         );
     }

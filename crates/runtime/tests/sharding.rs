@@ -210,6 +210,7 @@ fn run(
         queue_depth: 2,
         hasher: FlowHasher::with_seed(3),
         taps: Vec::new(),
+        state_stages: Vec::new(),
     };
     let handle = RunHandle::new(workers);
     if stop_early {

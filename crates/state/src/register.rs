@@ -39,6 +39,7 @@ word_of_unsigned!(u8, u16, u32, u64);
 #[derive(Debug, Clone, Copy)]
 struct Tracked<T> {
     state: u16,
+    first: u32,
     word: fn(&T) -> u64,
 }
 
@@ -58,13 +59,15 @@ impl<T: Copy + Default> Register<T> {
     }
 
     /// Reports every change of a cell from now on to this thread's change log as state
-    /// `state` (`changes`), for the sync stage.
-    pub fn track(&mut self, state: u16)
+    /// `state` (`changes`), for the sync stage; cell `i` is the state's location
+    /// `first + i` (a state made of several registers gives each its own `first`).
+    pub fn track(&mut self, state: u16, first: u32)
     where
         T: Word,
     {
         self.tracked = Some(Tracked {
             state,
+            first,
             word: T::word,
         });
     }
@@ -72,12 +75,12 @@ impl<T: Copy + Default> Register<T> {
     /// Records the change of cell `index` from `old` to `new` if the register is tracked.
     #[inline]
     fn changed(&self, index: usize, old: &T, new: &T) {
-        if let Some(Tracked { state, word }) = self.tracked {
+        if let Some(Tracked { state, first, word }) = self.tracked {
             let (old, new) = (word(old), word(new));
             if old != new {
                 crate::changes::record(crate::changes::Change {
                     state,
-                    index: index as u32,
+                    index: first.wrapping_add(index as u32),
                     old,
                     new,
                 });
@@ -199,7 +202,7 @@ mod tests {
         assert_eq!(take(&mut got), 0);
         assert!(got.is_empty());
         let mut r: Register<u64> = Register::new(4);
-        r.track(7);
+        r.track(7, 0);
         r.write(1, 5).unwrap();
         r.write(1, 5).unwrap();
         r.update(6, |x| *x += 3);
@@ -213,7 +216,7 @@ mod tests {
         };
         assert_eq!(got, [c(1, 0, 5), c(2, 0, 3), c(1, 5, 0), c(2, 3, 0)]);
         let mut counters: Counters = Register::new(2);
-        counters.track(1);
+        counters.track(1, 10);
         counters.count(0, 100);
         got.clear();
         take(&mut got);
@@ -221,9 +224,9 @@ mod tests {
             got,
             [Change {
                 state: 1,
-                ..c(0, 0, 1)
+                ..c(10, 0, 1)
             }],
-            "packets are the word"
+            "packets are the word, cell 0 is location 10"
         );
     }
 

@@ -30,9 +30,20 @@ impl CountMin {
     }
 
     /// Reports every change of a counter to this thread's change log as state `state`;
-    /// counter `row * width + column` is the location's index.
-    pub fn track(&mut self, state: u16) {
-        self.rows.track(state);
+    /// counter `row * width + column` is the location `first + row * width + column`.
+    pub fn track(&mut self, state: u16, first: u32) {
+        self.rows.track(state, first);
+    }
+
+    /// The counters, row after row (what the control plane reads and the sync sends).
+    pub fn counters(&self) -> &Register<u32> {
+        &self.rows
+    }
+
+    /// The counters to write (a control-plane or top-down write; tracked like the data
+    /// plane's own changes).
+    pub fn counters_mut(&mut self) -> &mut Register<u32> {
+        &mut self.rows
     }
 
     pub fn width(&self) -> usize {

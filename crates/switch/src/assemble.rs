@@ -28,12 +28,14 @@ use crate::export::Naming;
 use crate::flow_export::FlowExport;
 use crate::metrics;
 use crate::summary::Outcome;
+use crate::sync_stage::{SyncPlan, SyncSettings};
 use crate::units::bounded;
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
 use stateplane_runtime::{
     OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, TxPort, run_offline,
 };
+use stateplane_state::Guarantee;
 use stateplane_wire::FlowHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -58,6 +60,7 @@ pub struct Switch {
     port_names: Vec<String>,
     runtime: RuntimeConfig,
     flows: Option<FlowExport>,
+    sync: Option<SyncPlan>,
     handle: Arc<RunHandle>,
     metrics: Option<std::net::SocketAddr>,
     ports: Ports,
@@ -96,12 +99,19 @@ impl Switch {
             .map(|f| f.start(Naming::Config, workers, seed, live))
             .transpose()?;
         let (flows, tap) = flows.unzip();
+        let sync = sync_plan(&cfg, &factory, workers)?;
         let runtime = RuntimeConfig {
             workers,
             burst_size,
             queue_depth,
             hasher: FlowHasher::with_seed(seed),
             taps: tap.into_iter().collect(),
+            state_stages: sync
+                .as_ref()
+                .map(SyncPlan::factory)
+                .transpose()?
+                .into_iter()
+                .collect(),
         };
         let metrics = (cfg.metrics.as_ref())
             .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
@@ -125,6 +135,7 @@ impl Switch {
                 return Err("--control-pcap is for runs over capture files; a live run counts packets for the control plane".into());
             }
             let rebuild_options = options.clone();
+            let started_sync = cfg.sync.clone();
             Ports::Live(Box::new(LiveRun {
                 program: program.clone(),
                 port_names: port_names.clone(),
@@ -132,11 +143,14 @@ impl Switch {
                 io,
                 runtime: runtime.clone(),
                 factory: factory.clone(),
-                rebuild: Box::new(move || reload_program(&rebuild_options, &names, workers)),
+                rebuild: Box::new(move || {
+                    reload_program(&rebuild_options, &names, workers, started_sync.as_ref())
+                }),
                 metrics,
                 control,
                 monitor_buffer: cfg.capture_buffer.unwrap_or_default().0,
                 flows: None,
+                sync: sync.clone(),
             }))
         } else {
             open_files(&ports, options.control_pcap.as_deref())?
@@ -147,6 +161,7 @@ impl Switch {
             port_names,
             runtime,
             flows,
+            sync,
             handle: Arc::new(RunHandle::new(workers)),
             metrics,
             ports,
@@ -181,6 +196,7 @@ impl Switch {
             port_names,
             runtime,
             flows,
+            sync,
             handle,
             metrics: metrics_addr,
             ports,
@@ -206,6 +222,7 @@ impl Switch {
             port_names,
             report,
             flows: flows.map(FlowExport::finish),
+            sync: sync.as_ref().map(SyncPlan::report),
             live: false,
             records_to_stdout,
         })
@@ -234,13 +251,45 @@ fn load_program(
     Ok((program_name, factory))
 }
 
+/// The sync plan of a run whose program keeps state `synced`; a `[sync]` section with no
+/// synced state, or synced state with no `[sync]` section, is refused (either would be a
+/// promise nothing keeps).
+fn sync_plan(
+    cfg: &RunConfig,
+    factory: &ProgramFactory,
+    workers: usize,
+) -> SetupResult<Option<SyncPlan>> {
+    let synced: Vec<String> = (factory(0).declarations().into_iter())
+        .filter(|d| d.guarantees.contains(&Guarantee::Synced))
+        .map(|d| d.name)
+        .collect();
+    match (&cfg.sync, synced.is_empty()) {
+        (None, true) => Ok(None),
+        (Some(settings), false) => Ok(Some(settings.plan(workers)?)),
+        (None, false) => Err(format!(
+            "guarantees: {} is synced, but the run has no [sync] section to say where to: add [sync] with collector = \"127.0.0.1:7474\" (where `stateplane collector` listens)",
+            synced.join(", ")
+        )
+        ),
+        (Some(_), true) => Err(
+            "sync: a [sync] section, but no state is synced: name the state in [guarantees] (e.g. sketch = [\"synced\"] for hh), or remove [sync]"
+                .into(),
+        ),
+    }
+}
+
 /// The program of a live run rebuilt from its configuration as it is now (SIGHUP), for the
 /// `workers` it runs on: one that cannot work on them is refused, as at the start (a
 /// reload keeps the workers it has).
+///
+/// The sync stages are the switch's from its start: a reload keeps its `[sync]` section
+/// (the synced state may change; the stages start their streams over), and one that
+/// would sync with another, or none, is refused rather than leave synced state unsent.
 fn reload_program(
     options: &SwitchOptions,
     names: &PortNames,
     workers: usize,
+    started_sync: Option<&SyncSettings>,
 ) -> SetupResult<ProgramFactory> {
     let cfg = match &options.config_path {
         Some(path) => RunConfig::load(path)?,
@@ -248,6 +297,10 @@ fn reload_program(
     };
     let factory = load_program(options.program.as_deref(), &cfg, names)?.1;
     factory(0).check_workers(workers, true)?;
+    sync_plan(&cfg, &factory, workers)?;
+    if cfg.sync.as_ref() != started_sync {
+        return Err("sync: a reload keeps the [sync] section the switch started with (its stages and sockets are the workers'); restart the switch to start, stop or change syncing".into());
+    }
     Ok(factory)
 }
 
@@ -340,13 +393,40 @@ mod tests {
             ..SwitchOptions::default()
         };
         let names = PortNames(vec!["p0".into(), "p1".into()]);
-        let refused = reload_program(&options, &names, 2)
+        let refused = reload_program(&options, &names, 2, None)
             .err()
             .expect("kv on 2 workers");
         assert!(refused.contains("kv runs on one worker"), "{refused}");
-        assert!(reload_program(&options, &names, 1).is_ok());
+        assert!(reload_program(&options, &names, 1, None).is_ok());
         std::fs::write(&path, "[program]\nname = \"forward\"\n").unwrap();
-        assert!(reload_program(&options, &names, 2).is_ok());
+        assert!(reload_program(&options, &names, 2, None).is_ok());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A reload keeps the switch's sync: one that would start, stop or change it is
+    /// refused (its synced state would go unsent, or to a collector no stage knows).
+    #[test]
+    fn a_reload_keeps_the_sync_the_switch_started_with() {
+        let path = std::env::temp_dir().join(format!(
+            "stateplane-reload-sync-{}.toml",
+            std::process::id()
+        ));
+        let synced = "[program]\nname = \"hh\"\n[program.hh]\nmap = { p0 = \"p1\" }\n\
+                      [guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:7474\"\n";
+        std::fs::write(&path, synced).unwrap();
+        let options = SwitchOptions {
+            config_path: Some(path.clone()),
+            ..SwitchOptions::default()
+        };
+        let names = PortNames(vec!["p0".into(), "p1".into()]);
+        let started = RunConfig::load(&path).unwrap().sync;
+        assert!(reload_program(&options, &names, 1, started.as_ref()).is_ok());
+        let refused = reload_program(&options, &names, 1, None).err().unwrap();
+        assert!(refused.starts_with("sync: a reload keeps"), "{refused}");
+        std::fs::write(&path, synced.replace("7474", "7475")).unwrap();
+        assert!(reload_program(&options, &names, 1, started.as_ref()).is_err());
+        std::fs::write(&path, "[program]\nname = \"forward\"\n").unwrap();
+        assert!(reload_program(&options, &names, 1, started.as_ref()).is_err());
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -52,6 +52,8 @@ pub struct RunConfig {
     pub port: Vec<PortSection>,
     /// Flow records of what the program forwarded.
     pub flows: Option<FlowSettings>,
+    /// Where `synced` state goes (`[guarantees] NAME = ["synced"]`): the collector.
+    pub sync: Option<crate::sync_stage::SyncSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -99,6 +101,9 @@ impl RunConfig {
             .flat_map(|p| [&mut p.rx, &mut p.tx])
             .flatten()
             .collect();
+        if let Some(key) = cfg.sync.as_mut().and_then(|s| s.key_file.as_mut()) {
+            files.push(key);
+        }
         if let Some(f) = &mut cfg.flows {
             files.extend([&mut f.csv, &mut f.json].into_iter().flatten());
             files.extend(f.ipfix_file.iter_mut());

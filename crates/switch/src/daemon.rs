@@ -174,6 +174,8 @@ pub struct LiveRun {
     pub monitor_buffer: usize,
     /// Flow records of the run (its taps are in `runtime`), summed up at the end.
     pub flows: Option<FlowExport>,
+    /// The sync stages' plan (its stages are in `runtime`), for the summary.
+    pub sync: Option<crate::sync_stage::SyncPlan>,
 }
 
 /// Where the control API listens.
@@ -289,6 +291,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         port_names: run.port_names,
         report,
         flows: run.flows.map(FlowExport::finish),
+        sync: run.sync.as_ref().map(crate::sync_stage::SyncPlan::report),
         live: true,
         records_to_stdout,
     })

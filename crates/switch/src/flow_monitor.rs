@@ -275,6 +275,7 @@ impl FlowMonitor {
                     monitor_buffer: capture_buffer,
                     // The records' summary comes with the run's.
                     flows: Some(export),
+                    sync: None,
                 })?;
                 return Ok(MonitorOutcome::Live(Box::new(outcome)));
             }

@@ -17,6 +17,7 @@
 //! capture the user named `-`.
 
 pub mod assemble;
+pub mod collector;
 pub mod config;
 pub mod daemon;
 pub mod export;
@@ -24,6 +25,7 @@ pub mod flow_export;
 pub mod flow_monitor;
 pub mod metrics;
 pub mod summary;
+pub mod sync_stage;
 pub mod units;
 
 pub use assemble::{Switch, SwitchOptions};

@@ -153,6 +153,8 @@ pub struct Outcome {
     pub port_names: Vec<String>,
     pub report: RunReport,
     pub flows: Option<FlowReport>,
+    /// What the sync stages sent, where state is `synced`.
+    pub sync: Option<crate::sync_stage::SyncReport>,
     /// Live ports: the summary adds their own counts and the program generations.
     pub live: bool,
     /// Flow records went to standard output, so the summary must not.
@@ -171,6 +173,9 @@ impl Outcome {
         if let Some(f) = &self.flows {
             value["flows"] = f.to_json(self.report.wall);
         }
+        if let Some(s) = &self.sync {
+            value["sync"] = json!(s);
+        }
         value
     }
 
@@ -182,6 +187,9 @@ impl Outcome {
         }
         if let Some(f) = &self.flows {
             table += &format!("flow records:\n{}", f.table(self.report.wall));
+        }
+        if let Some(s) = &self.sync {
+            table += &s.table();
         }
         table
     }

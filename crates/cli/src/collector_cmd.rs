@@ -1,0 +1,66 @@
+//! `stateplane collector`: takes the sync messages of switches whose state is `synced`
+//! (a run's `[guarantees]` and `[sync]`), holds their copy in memory with a bound per
+//! location, and reports back to each stream (docs/SYNC.md).
+
+use crate::summary_output::CliResult;
+use stateplane_switch::collector::{self, CollectorSettings};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct CollectorArgs {
+    /// The UDP address to listen on (a switch's `[sync] collector`).
+    #[arg(long, default_value = "127.0.0.1:7474")]
+    pub listen: String,
+    /// The key file the switches sign with (64 hexadecimal digits); messages without its
+    /// MAC are refused.
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// Take only these switch ids (comma-separated); the others are refused.
+    #[arg(long, value_delimiter = ',')]
+    pub switches: Option<Vec<u32>>,
+    /// Report to each stream this often, in milliseconds (the switches' rate controllers
+    /// lower their rate on reported loss).
+    #[arg(long, default_value_t = 10)]
+    pub report_ms: u64,
+    /// Stop after this many seconds (else at SIGINT or SIGTERM).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Write every location held, with its bound, to this CSV file at the end.
+    #[arg(long)]
+    pub dump: Option<PathBuf>,
+}
+
+pub fn main(a: CollectorArgs) -> CliResult<()> {
+    let listen = a.listen.parse().map_err(|_| {
+        format!(
+            "--listen: '{}' is not an address like 127.0.0.1:7474",
+            a.listen
+        )
+    })?;
+    if !(1..=60_000).contains(&a.report_ms) {
+        return Err(format!(
+            "--report-ms: {} is outside 1 to 60000",
+            a.report_ms
+        ));
+    }
+    let duration = match a.seconds {
+        Some(s) if s > 0.0 && s <= 31_536_000.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => return Err(format!("--seconds: {s} is outside 0 to 31536000")),
+        None => None,
+    };
+    let settings = CollectorSettings {
+        listen,
+        key_file: a.key_file,
+        switches: a.switches,
+        report_every: Duration::from_millis(a.report_ms),
+        duration,
+        dump: a.dump,
+    };
+    let (socket, addr) = collector::bind(&settings)?;
+    let stop = collector::stop_on_signals()?;
+    eprintln!("collector listening on {addr}");
+    let outcome = collector::run(&settings, socket, stop)?;
+    print!("{}", outcome.table());
+    Ok(())
+}

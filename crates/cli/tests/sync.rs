@@ -1,0 +1,310 @@
+//! The `synced` guarantee end to end through the binary: `stateplane run` with a program's
+//! sketch synced to a `stateplane collector` over UDP on loopback, signed with a key, while
+//! malformed and spoofed datagrams arrive at the collector; and the configurations that
+//! must be refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{bin, ok, tmp};
+use stateplane_sync::wire::{Key, Kind, Message};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// A collector on a free loopback port, and that port; its standard error is read on
+/// (for the failure's message).
+fn start_collector(args: &[&str]) -> (Child, String, std::thread::JoinHandle<String>) {
+    let mut child = bin()
+        .args(["collector", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    stderr.read_line(&mut line).unwrap();
+    let rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        rest
+    });
+    let addr = line
+        .trim()
+        .strip_prefix("collector listening on ")
+        .unwrap_or_else(|| panic!("the collector said: {line}"))
+        .to_string();
+    (child, addr, rest)
+}
+
+/// Stops the collector as a user would (SIGTERM) and returns its summary.
+fn stop_collector(child: Child, stderr: std::thread::JoinHandle<String>) -> String {
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out = child.wait_with_output().unwrap();
+    let stderr = stderr.join().unwrap();
+    assert!(out.status.success(), "the collector failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn hh_config(dir: &Path, collector: &str, extra_sync: &str) -> std::path::PathBuf {
+    let config = dir.join("sync-run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+workers = 2
+[program]
+name = "hh"
+[program.hh]
+tenants = 1
+width = 1024
+depth = 2
+interval_ms = 3600000
+map = {{ in = "out" }}
+[guarantees]
+sketch = ["synced"]
+[sync]
+collector = "{collector}"
+{extra_sync}
+[[port]]
+name = "in"
+rx = "sync-in.pcap"
+[[port]]
+name = "out"
+"#
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn signed(key: Option<&Key>, m: &Message) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    m.encode_with(key, &mut bytes);
+    bytes
+}
+
+/// Every counter a run's sketches hold reaches the collector exactly (bound 0) once the
+/// run ends; each row of a worker's sketch sums to the packets it counted, so the rows
+/// of all workers sum to the packets forwarded. Datagrams that are malformed, unsigned,
+/// signed with another key or from an unknown switch are refused, each by its reason,
+/// and change nothing.
+#[test]
+fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused() {
+    let input = tmp("sync-in.pcap");
+    ok(bin()
+        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
+        .arg(&input)
+        .output()
+        .unwrap());
+    let key_file = tmp("sync.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let dump = tmp("sync-dump.csv");
+    let key_arg = key_file.display().to_string();
+    let dump_arg = dump.display().to_string();
+    let (collector, addr, collector_err) = start_collector(&[
+        "--key-file",
+        &key_arg,
+        "--switches",
+        "1",
+        "--dump",
+        &dump_arg,
+    ]);
+
+    // Bad datagrams first: none of them may open a stream or touch one.
+    let key = Key::from_hex(KEY).unwrap();
+    let other = Key::new([7; 32]);
+    let forged = Message {
+        kind: Kind::Updates,
+        switch: 1,
+        epoch: u32::MAX,
+        stream: 0,
+        seq: 1,
+        sent_ns: 0,
+        t_max: 0,
+        more: false,
+        entries: vec![stateplane_sync::Update {
+            location: stateplane_sync::Location { state: 0, index: 0 },
+            value: 1 << 40,
+            threshold: 0,
+        }],
+    };
+    let spoofer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let unknown = Message {
+        switch: 9,
+        ..forged.clone()
+    };
+    for bytes in [
+        signed(Some(&key), &forged)[..30].to_vec(),
+        signed(None, &forged),
+        signed(Some(&other), &forged),
+        signed(Some(&key), &unknown),
+    ] {
+        spoofer.send_to(&bytes, &addr).unwrap();
+    }
+
+    // The rate controller's threshold first; then the switch starts again with a fixed
+    // one that holds most changes back until the timeout monitor or the end's refresh.
+    let dir = input.parent().unwrap();
+    let mut forwarded = 0;
+    for threshold in ["\"adaptive\"", "64"] {
+        let sync = format!("key_file = \"{key_arg}\"\nthreshold = {threshold}");
+        let config = hh_config(dir, &addr, &sync);
+        let out = ok(bin()
+            .args(["run", "--json", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap());
+        let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+        forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
+        assert_eq!(forwarded, 30_000, "{out}");
+        let sync = &summary["sync"];
+        assert!(sync["messages"].as_u64().unwrap() > 0, "{out}");
+        assert_eq!(sync["send_errors"], 0, "{out}");
+        assert_eq!(sync["changes_dropped"], 0, "{out}");
+        // Each packet adds 1 to one counter of each of the 2 rows.
+        assert_eq!(sync["changes"].as_u64().unwrap(), 2 * forwarded, "{out}");
+    }
+
+    // The end-of-run refresh is on its way: give it a moment, then stop.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let table = stop_collector(collector, collector_err);
+    for reason in ["truncated", "missing_mac", "bad_mac", "unknown_switch"] {
+        assert!(table.contains(&format!("{reason} 1")), "{reason}: {table}");
+    }
+    assert!(table.contains("gaps 0"), "{table}");
+    assert!(
+        table.contains("restarts 2"),
+        "the second run's two streams: {table}"
+    );
+
+    // Sketch 0 (the one tenant) and sketch 1 (shared by the others), 2 rows of 1,024 each.
+    let text = std::fs::read_to_string(&dump).unwrap();
+    let mut rows: BTreeMap<(u16, u32), u64> = BTreeMap::new();
+    let mut streams = std::collections::BTreeSet::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(f[0], "1", "only switch 1: {line}");
+        assert_eq!(f[5], "0", "every location exact: {line}");
+        let stream: u16 = f[1].parse().unwrap();
+        let index: u32 = f[3].parse().unwrap();
+        streams.insert(stream);
+        *rows.entry((stream, index / 1024)).or_default() += f[4].parse::<u64>().unwrap();
+    }
+    assert_eq!(streams.len(), 2, "a stream per worker");
+    for stream in [0, 1] {
+        assert_eq!(
+            rows.get(&(stream, 0)),
+            rows.get(&(stream, 1)),
+            "the rows of one sketch count the same packets"
+        );
+    }
+    let counted: u64 = [0, 1].iter().map(|&s| rows[&(s, 0)]).sum();
+    assert_eq!(counted, forwarded);
+    assert!(
+        !text.contains(&(1u64 << 40).to_string()),
+        "a forged value was taken"
+    );
+}
+
+/// With no collector listening, the run still ends, and its summary says the sends failed.
+#[test]
+fn a_run_with_no_collector_ends_and_says_so() {
+    let dir = tmp("sync-no-collector");
+    std::fs::create_dir_all(&dir).unwrap();
+    ok(bin()
+        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
+        .arg(dir.join("sync-in.pcap"))
+        .output()
+        .unwrap());
+    // A port below the ephemeral range, where no test's collector can be given a port
+    // (one bound and closed could go to the collector of a test running beside).
+    let config = hh_config(&dir, "127.0.0.1:9", "");
+    let out = ok(bin()
+        .args(["run", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap());
+    assert!(
+        out.contains("sends failed (is the collector listening?)"),
+        "{out}"
+    );
+}
+
+/// Settings that would promise what nothing keeps are refused, each naming the key.
+#[test]
+fn sync_settings_that_cannot_hold_are_refused() {
+    let dir = tmp("sync-refused");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |text: &str| {
+        let config = dir.join("run.toml");
+        std::fs::write(&config, text).unwrap();
+        let out = bin()
+            .args(["run", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let ports = "[[port]]\nname = \"in\"\nrx = \"none.pcap\"\n[[port]]\nname = \"out\"\n";
+    let hh = "[program]\nname = \"hh\"\n[program.hh]\nmap = { in = \"out\" }\n";
+    let synced = "[guarantees]\nsketch = [\"synced\"]\n";
+    let cases = [
+        (format!("{hh}{synced}{ports}"), "has no [sync] section"),
+        (
+            format!("{hh}[sync]\ncollector = \"127.0.0.1:7474\"\n{ports}"),
+            "no state is synced",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"localhost\"\n{ports}"),
+            "sync.collector: 'localhost' is not an address",
+        ),
+        (
+            format!(
+                "{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nthreshold = \"fast\"\n{ports}"
+            ),
+            "sync.threshold: 'fast'",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nrefresh_ms = 0\n{ports}"),
+            "sync.refresh_ms: 0 is out of range",
+        ),
+        (
+            format!(
+                "{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nkey_file = \"no.key\"\n{ports}"
+            ),
+            "sync.key_file: reading",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nchannel = 5\n{ports}"),
+            "unknown field `channel`",
+        ),
+        (
+            format!(
+                "[program]\nname = \"conntrack\"\n[guarantees]\nconnections = [\"synced\"]\n{ports}"
+            ),
+            "`connections` cannot be synced",
+        ),
+        (
+            format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),
+            "'replicated' is not built yet",
+        ),
+    ];
+    for (text, message) in cases {
+        let err = run(&text);
+        assert!(err.contains(message), "{message}: {err}");
+    }
+}

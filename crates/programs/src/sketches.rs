@@ -1,0 +1,210 @@
+//! Count-min sketches as declared state: a program's sketches (one per tenant in `hh`, one
+//! in the flood detectors) are one register in the control API, sketch `k`'s counters
+//! after sketch `k - 1`'s, row after row. The control plane reads and writes it by index
+//! (which is also how the sync experiments' `poll` baseline reads it), and a configuration
+//! may ask for it `synced`: every counter's change then goes to the worker's sync stage.
+//!
+//! Must never: answer for a register it does not own, or hand out a location past the
+//! sketches' end.
+
+use stateplane_state::{ControlError, CountMin, Declaration, Guarantee, Kind, Reply, Request};
+
+/// The register's name, its synced state id once tracked.
+#[derive(Clone, Debug)]
+pub(crate) struct SketchRegister {
+    name: &'static str,
+    synced: Option<u16>,
+}
+
+impl SketchRegister {
+    pub fn new(name: &'static str) -> SketchRegister {
+        SketchRegister { name, synced: None }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cells(sketches: &[CountMin]) -> usize {
+        sketches.iter().map(|s| s.counters().len()).sum()
+    }
+
+    pub fn declaration(&self, sketches: &[CountMin]) -> Declaration {
+        Declaration {
+            name: self.name.to_string(),
+            capacity: Self::cells(sketches),
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Register { bits: 32 },
+        }
+    }
+
+    /// The sketch holding counter `index`, and the counter's index in it.
+    fn locate(sketches: &[CountMin], mut index: usize) -> Option<(usize, usize)> {
+        for (k, s) in sketches.iter().enumerate() {
+            let n = s.counters().len();
+            if index < n {
+                return Some((k, index));
+            }
+            index -= n;
+        }
+        None
+    }
+
+    /// Answers a read or write of this register (checked against the declaration: the
+    /// range is inside it, a written value fits 32 bits).
+    pub fn answer(
+        &self,
+        sketches: &mut [CountMin],
+        request: &Request,
+    ) -> Result<Reply, ControlError> {
+        let out_of_range = |index| ControlError::OutOfRange {
+            name: self.name.to_string(),
+            index,
+            size: Self::cells(sketches),
+        };
+        match request {
+            Request::ReadRegister { first, count, .. } => (*first..first + count)
+                .map(|i| {
+                    let (k, j) = Self::locate(sketches, i).ok_or_else(|| out_of_range(i))?;
+                    Ok(u128::from(sketches[k].counters().as_slice()[j]))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Reply::Values),
+            Request::WriteRegister {
+                first,
+                count,
+                value,
+                ..
+            } => {
+                let end = first + count;
+                if end > Self::cells(sketches) {
+                    return Err(out_of_range(end));
+                }
+                let value = u32::try_from(*value).unwrap_or(u32::MAX);
+                for i in *first..end {
+                    if let Some((k, j)) = Self::locate(sketches, i) {
+                        let _ = sketches[k].counters_mut().write(j, value);
+                    }
+                }
+                Ok(Reply::Done)
+            }
+            _ => Err(ControlError::Unavailable),
+        }
+    }
+
+    /// Tracks every sketch as synced state `id` (see `Program::track`); `None` if `name`
+    /// is not this register, or it has more counters than a location can name.
+    pub fn track(&mut self, sketches: &mut [CountMin], name: &str, id: u16) -> Option<u32> {
+        if name != self.name {
+            return None;
+        }
+        let cells = u32::try_from(Self::cells(sketches)).ok()?;
+        let mut first = 0;
+        for s in sketches.iter_mut() {
+            s.track(id, first);
+            first += s.counters().len() as u32;
+        }
+        self.synced = Some(id);
+        Some(cells)
+    }
+
+    pub fn synced(&self, sketches: &[CountMin]) -> Vec<(u16, u32)> {
+        self.synced
+            .map(|id| (id, Self::cells(sketches) as u32))
+            .into_iter()
+            .collect()
+    }
+
+    pub fn read_synced(&self, sketches: &[CountMin], id: u16, index: u32) -> Option<u64> {
+        if self.synced != Some(id) {
+            return None;
+        }
+        let (k, j) = Self::locate(sketches, index as usize)?;
+        Some(u64::from(sketches[k].counters().as_slice()[j]))
+    }
+
+    /// Writes a counter, capped at its maximum as the sketch's own additions are.
+    pub fn write_synced(
+        &self,
+        sketches: &mut [CountMin],
+        id: u16,
+        index: u32,
+        value: u64,
+    ) -> Option<u64> {
+        if self.synced != Some(id) {
+            return None;
+        }
+        let (k, j) = Self::locate(sketches, index as usize)?;
+        let counters = sketches[k].counters_mut();
+        let old = counters.as_slice()[j];
+        counters
+            .write(j, u32::try_from(value).unwrap_or(u32::MAX))
+            .ok()?;
+        Some(u64::from(old))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_state::changes;
+
+    fn sketches() -> Vec<CountMin> {
+        vec![CountMin::new(2, 4, 1), CountMin::new(2, 4, 2)]
+    }
+
+    #[test]
+    fn one_register_over_every_sketch_in_order() {
+        let mut s = sketches();
+        let r = SketchRegister::new("sketch");
+        assert_eq!(r.declaration(&s).capacity, 16);
+        s[1].counters_mut().write(3, 7).unwrap();
+        let read = Request::ReadRegister {
+            name: "sketch".into(),
+            first: 10,
+            count: 2,
+        };
+        assert_eq!(r.answer(&mut s, &read), Ok(Reply::Values(vec![0, 7])));
+        let write = Request::WriteRegister {
+            name: "sketch".into(),
+            first: 7,
+            count: 2,
+            value: u128::from(u64::MAX),
+        };
+        assert_eq!(r.answer(&mut s, &write), Ok(Reply::Done));
+        assert_eq!(s[0].counters().as_slice()[7], u32::MAX);
+        assert_eq!(s[1].counters().as_slice()[0], u32::MAX);
+        let past = Request::ReadRegister {
+            name: "sketch".into(),
+            first: 15,
+            count: 2,
+        };
+        assert!(matches!(
+            r.answer(&mut s, &past),
+            Err(ControlError::OutOfRange { index: 16, .. })
+        ));
+    }
+
+    #[test]
+    fn synced_only_once_tracked_and_only_inside() {
+        let mut s = sketches();
+        let mut r = SketchRegister::new("sketch");
+        assert_eq!(r.read_synced(&s, 0, 0), None);
+        assert_eq!(r.track(&mut s, "other", 0), None);
+        assert_eq!(r.track(&mut s, "sketch", 3), Some(16));
+        assert_eq!(r.synced(&s), [(3, 16)]);
+        let mut taken = Vec::new();
+        changes::take(&mut taken);
+        taken.clear();
+        assert_eq!(r.write_synced(&mut s, 3, 9, 1 << 40), Some(0));
+        assert_eq!(r.read_synced(&s, 3, 9), Some(u64::from(u32::MAX)));
+        assert_eq!(r.write_synced(&mut s, 3, 16, 1), None);
+        assert_eq!(r.read_synced(&s, 3, 16), None);
+        assert_eq!(r.read_synced(&s, 2, 9), None);
+        s[0].add(&7u32, 2);
+        changes::take(&mut taken);
+        let states: Vec<u16> = taken.iter().map(|c| c.state).collect();
+        assert_eq!(states, [3, 3, 3], "the write, then the add's two rows");
+        assert_eq!(taken[0].index, 9);
+    }
+}

@@ -1,0 +1,495 @@
+//! The sync stage: what keeps the `synced` guarantee, one per worker, run by the worker
+//! loop between bursts (`runtime::StateStage`). It takes the worker's changes to synced
+//! state (`stateplane_state::changes`) once a burst into the worker's `Sender` (the
+//! protocol core of `stateplane-sync`), and sends the messages it makes to the collector
+//! over UDP, as the worker's stream (stream = worker index). On the same socket it takes
+//! the collector's reports (to the rate controller) and the parts of top-down writes, which
+//! it acknowledges and commits whole between two bursts.
+//!
+//! Configured by a run's `[sync]` section ([`SyncSettings`]); docs/SYNC.md has the
+//! protocol.
+//!
+//! Must never: block the worker (the socket does not block; a send that fails is counted
+//! and the anti-entropy refresh makes up for it), or commit part of a write.
+
+use serde::Deserialize;
+use stateplane_runtime::{Context, Running, StateStage, StateStageFactory};
+use stateplane_state::changes::{self, Change};
+use stateplane_sync::Location;
+use stateplane_sync::rate::RateController;
+use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::wire::{ENTRY_LEN, Key, Kind, Message};
+use stateplane_sync::write::{WriteStage, WriteTarget};
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A run's `[sync]` section.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncSettings {
+    /// The collector's UDP address (`stateplane collector --listen`).
+    pub collector: String,
+    /// This switch's id among the collector's switches (default 1).
+    pub switch: Option<u32>,
+    /// What the channel to the collector carries, in Mbit/s (default 100): the rate
+    /// controller keeps the updates of all workers within it.
+    pub channel_mbps: Option<f64>,
+    /// `"adaptive"` (the default: the rate controller sets it every millisecond), or a
+    /// fixed threshold (0: every change, the mirroring baseline).
+    pub threshold: Option<ThresholdSetting>,
+    /// Every location is sent whole at least this often (anti-entropy; default 1000).
+    pub refresh_ms: Option<u64>,
+    /// A change waits unsent at most this long (the timeout monitor; default 10).
+    pub max_age_ms: Option<u64>,
+    /// Slots of each worker's read handler (default 65536).
+    pub slots: Option<usize>,
+    /// A file holding the key (64 hexadecimal digits) that signs every message; the
+    /// collector must be given the same one.
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ThresholdSetting {
+    Fixed(u64),
+    Named(String),
+}
+
+/// Updates wait at most this long to fill a message.
+const BATCH_NS: u64 = 1_000_000;
+/// A message at least this often, so the collector sees a quiet stream alive.
+const HEARTBEAT_NS: u64 = 10_000_000;
+/// Datagrams a worker takes from its socket per pass at most (reports, write parts).
+const RECEIVE_PER_PASS: usize = 64;
+
+/// The settings, checked, for every worker's stage.
+#[derive(Clone, Debug)]
+pub struct SyncPlan {
+    pub collector: SocketAddr,
+    pub key: Option<Key>,
+    sender: SenderConfig,
+    pub counters: Arc<SyncCounters>,
+}
+
+/// What the sync stages of a run did, summed over workers.
+#[derive(Debug, Default)]
+pub struct SyncCounters {
+    pub changes: AtomicU64,
+    /// Changes the log had no room for (the refresh makes up for them).
+    pub changes_dropped: AtomicU64,
+    pub messages: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Sends that failed (no collector listening, a full buffer).
+    pub send_errors: AtomicU64,
+    pub reports: AtomicU64,
+    /// Datagrams refused (malformed, wrong key, not for this switch).
+    pub refused: AtomicU64,
+    pub write_parts: AtomicU64,
+    pub writes_committed: AtomicU64,
+    pub values_written: AtomicU64,
+    /// Written locations whose changes since their part arrived were kept.
+    pub changes_kept: AtomicU64,
+}
+
+impl SyncCounters {
+    fn add(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+impl SyncSettings {
+    /// Checks the settings for a run of `workers` workers; errors name the key and the fix.
+    pub fn plan(&self, workers: usize) -> Result<SyncPlan, String> {
+        let collector: SocketAddr = self.collector.parse().map_err(|_| {
+            format!(
+                "sync.collector: '{}' is not an address like 127.0.0.1:7474 (where `stateplane collector` listens)",
+                self.collector
+            )
+        })?;
+        let mbps = self.channel_mbps.unwrap_or(100.0);
+        if !(mbps.is_finite() && (0.001..=1_000_000.0).contains(&mbps)) {
+            return Err(format!(
+                "sync.channel_mbps: {mbps} is not a rate; give the channel's Mbit/s, 0.001 to 1000000"
+            ));
+        }
+        let bytes_per_second = (mbps * 125_000.0) as u64;
+        let capacity = RateController::capacity_of(bytes_per_second, ENTRY_LEN as u64);
+        // The channel is the switch's; each worker's stream gets its share.
+        let capacity = (capacity / workers as u64).max(1);
+        let threshold = match &self.threshold {
+            None => Threshold::Adaptive(RateController::new(capacity)),
+            Some(ThresholdSetting::Named(n)) if n == "adaptive" => {
+                Threshold::Adaptive(RateController::new(capacity))
+            }
+            Some(ThresholdSetting::Fixed(t)) => Threshold::Fixed(*t),
+            Some(ThresholdSetting::Named(other)) => {
+                return Err(format!(
+                    "sync.threshold: '{other}' is neither \"adaptive\" nor a number (0 sends every change)"
+                ));
+            }
+        };
+        let refresh_ms = self.refresh_ms.unwrap_or(1000);
+        if !(10..=3_600_000).contains(&refresh_ms) {
+            return Err(format!(
+                "sync.refresh_ms: {refresh_ms} is out of range; give 10 to 3600000 (the refresh is what makes the collector's copy exact again after a loss)"
+            ));
+        }
+        let max_age_ms = self.max_age_ms.unwrap_or(10);
+        if !(1..=3_600_000).contains(&max_age_ms) {
+            return Err(format!(
+                "sync.max_age_ms: {max_age_ms} is out of range; give 1 to 3600000"
+            ));
+        }
+        let slots = self.slots.unwrap_or(1 << 16);
+        if !(1..=1 << 24).contains(&slots) {
+            return Err(format!(
+                "sync.slots: {slots} is out of range; give 1 to 16777216"
+            ));
+        }
+        let key = match &self.key_file {
+            None => None,
+            Some(path) => Some(read_key(path).map_err(|e| format!("sync.key_file: {e}"))?),
+        };
+        Ok(SyncPlan {
+            collector,
+            key,
+            sender: SenderConfig {
+                switch: self.switch.unwrap_or(1),
+                epoch: 0,
+                stream: 0,
+                slots,
+                threshold,
+                max_age_ns: max_age_ms * 1_000_000,
+                heartbeat_ns: HEARTBEAT_NS,
+                batch_ns: BATCH_NS,
+                refresh_ns: refresh_ms * 1_000_000,
+                states: Vec::new(),
+            },
+            counters: Arc::new(SyncCounters::default()),
+        })
+    }
+}
+
+/// The key in `path`: 64 hexadecimal digits (surrounding white space is ignored).
+pub fn read_key(path: &std::path::Path) -> Result<Key, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    Key::from_hex(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+impl SyncPlan {
+    /// One stage per worker, each with a socket of its own toward the collector. The
+    /// epoch, drawn at random, tells the collector a restarted switch's streams start
+    /// over (a clock's seconds would repeat for a switch restarted within one).
+    pub fn factory(&self) -> Result<StateStageFactory, String> {
+        let epoch = new_epoch();
+        // Opened here, so that a collector address no socket can reach is refused before
+        // the run starts.
+        open_socket(self.collector).map_err(|e| format!("sync.collector: {e}"))?;
+        let plan = self.clone();
+        Ok(Arc::new(move |w| {
+            let socket = open_socket(plan.collector).ok();
+            if socket.is_none() {
+                log::warn!(
+                    "sync: worker {w} could not open its socket to {}",
+                    plan.collector
+                );
+            }
+            Box::new(SyncStage {
+                config: SenderConfig {
+                    epoch,
+                    stream: w as u16,
+                    ..plan.sender.clone()
+                },
+                key: plan.key.clone(),
+                socket,
+                sender: None,
+                writes: WriteStage::default(),
+                changes: Vec::new(),
+                out: Vec::new(),
+                bytes: Vec::new(),
+                datagram: vec![0; 65_536],
+                counters: plan.counters.clone(),
+                warned: false,
+            })
+        }))
+    }
+}
+
+/// A random epoch (never 0).
+fn new_epoch() -> u32 {
+    (stateplane_wire::flow::random_seed() as u32).max(1)
+}
+
+/// A socket connected to `collector`, not blocking.
+fn open_socket(collector: SocketAddr) -> std::io::Result<UdpSocket> {
+    let local: SocketAddr = match collector {
+        SocketAddr::V4(_) => "0.0.0.0:0".parse().unwrap_or(collector),
+        SocketAddr::V6(_) => "[::]:0".parse().unwrap_or(collector),
+    };
+    let socket = UdpSocket::bind(local)?;
+    socket.connect(collector)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+struct SyncStage {
+    config: SenderConfig,
+    key: Option<Key>,
+    socket: Option<UdpSocket>,
+    /// Made at the first pass, from the state the program tracks.
+    sender: Option<Sender>,
+    writes: WriteStage,
+    changes: Vec<Change>,
+    out: Vec<Message>,
+    bytes: Vec<u8>,
+    datagram: Vec<u8>,
+    counters: Arc<SyncCounters>,
+    warned: bool,
+}
+
+/// The program's synced state, as the write stage reads and writes it.
+struct ProgramState<'a>(&'a mut dyn Running);
+
+impl WriteTarget for ProgramState<'_> {
+    fn read(&self, location: Location) -> u64 {
+        self.0
+            .read_synced(location.state, location.index)
+            .unwrap_or(0)
+    }
+
+    fn write(&mut self, location: Location, value: u64) {
+        // A location past the state's end writes nothing; the collector's copy, sent
+        // back by the refresh, shows it.
+        let _ = self.0.write_synced(location.state, location.index, value);
+    }
+}
+
+impl SyncStage {
+    fn sender(&mut self, program: &dyn Running) -> &mut Sender {
+        let config = &self.config;
+        self.sender.get_or_insert_with(|| {
+            Sender::new(SenderConfig {
+                states: program.synced(),
+                ..config.clone()
+            })
+        })
+    }
+
+    /// Takes the burst's changes into the sender.
+    fn take_changes(&mut self, program: &dyn Running, now_ns: u64) {
+        let dropped = changes::take(&mut self.changes);
+        SyncCounters::add(&self.counters.changes_dropped, dropped);
+        SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
+        let mut changes = std::mem::take(&mut self.changes);
+        let sender = self.sender(program);
+        for c in changes.drain(..) {
+            let at = Location {
+                state: c.state,
+                index: c.index,
+            };
+            sender.change(now_ns, at, c.old, c.new);
+        }
+        self.changes = changes;
+    }
+
+    /// Takes what the collector sent: reports, and parts of writes (acknowledged).
+    fn receive(&mut self, program: &mut dyn Running, now_ns: u64) {
+        for _ in 0..RECEIVE_PER_PASS {
+            let Some(socket) = &self.socket else { return };
+            let n = match socket.recv(&mut self.datagram) {
+                Ok(n) => n,
+                // Would block, or an ICMP error of an earlier send: nothing (more) to take.
+                Err(_) => break,
+            };
+            let message = match Message::decode_with(self.key.as_ref(), &self.datagram[..n]) {
+                Ok(m) => m,
+                Err(e) => {
+                    SyncCounters::add(&self.counters.refused, 1);
+                    log::debug!(
+                        "sync: refused a datagram from the collector: {}",
+                        e.reason()
+                    );
+                    continue;
+                }
+            };
+            let ours = (message.switch, message.epoch, message.stream)
+                == (self.config.switch, self.config.epoch, self.config.stream);
+            match message.kind {
+                Kind::Report if ours => {
+                    SyncCounters::add(&self.counters.reports, 1);
+                    if let Some(sender) = &mut self.sender {
+                        sender.on_report(now_ns, &message);
+                    }
+                }
+                Kind::Write if ours => {
+                    SyncCounters::add(&self.counters.write_parts, 1);
+                    if let Some(ack) = self.writes.on_part(&message, &ProgramState(program)) {
+                        self.bytes.clear();
+                        ack.encode_with(self.key.as_ref(), &mut self.bytes);
+                        self.send_bytes();
+                    }
+                }
+                _ => SyncCounters::add(&self.counters.refused, 1),
+            }
+        }
+    }
+
+    fn send_bytes(&mut self) {
+        let Some(socket) = &self.socket else { return };
+        match socket.send(&self.bytes) {
+            Ok(n) => {
+                SyncCounters::add(&self.counters.messages, 1);
+                SyncCounters::add(&self.counters.bytes, n as u64);
+            }
+            Err(e) => {
+                SyncCounters::add(&self.counters.send_errors, 1);
+                if !self.warned {
+                    self.warned = true;
+                    log::warn!(
+                        "sync: stream {}: sending to the collector failed ({e}); counting the failures, the refresh makes up for them",
+                        self.config.stream
+                    );
+                }
+            }
+        }
+    }
+
+    fn send_out(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        for m in out.drain(..) {
+            self.bytes.clear();
+            m.encode_with(self.key.as_ref(), &mut self.bytes);
+            self.send_bytes();
+        }
+        self.out = out;
+    }
+
+    /// One pass: changes in, the collector's messages taken, a whole write committed, the
+    /// sender's messages out.
+    fn pass(&mut self, program: &mut dyn Running, now_ns: u64) {
+        self.take_changes(program, now_ns);
+        self.receive(program, now_ns);
+        while let Some(done) = self.writes.commit(&mut ProgramState(program)) {
+            SyncCounters::add(&self.counters.writes_committed, 1);
+            SyncCounters::add(&self.counters.values_written, done.values);
+            SyncCounters::add(&self.counters.changes_kept, done.changes_kept);
+            // The write's own changes go out with this pass.
+            self.take_changes(program, now_ns);
+        }
+        let mut out = std::mem::take(&mut self.out);
+        let read = |l: Location| program.read_synced(l.state, l.index).unwrap_or(0);
+        if let Some(sender) = &mut self.sender {
+            sender.poll(now_ns, read, &mut out);
+        }
+        self.out = out;
+        self.send_out();
+    }
+}
+
+impl StateStage for SyncStage {
+    fn after_burst(&mut self, program: &mut dyn Running, ctx: &Context) {
+        self.pass(program, ctx.now_ns);
+    }
+
+    fn tick(&mut self, program: &mut dyn Running, ctx: &Context) {
+        self.pass(program, ctx.now_ns);
+    }
+
+    fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
+        // The new instance's state starts afresh: a new epoch tells the collector to
+        // start the stream over, and what the old one changed is gone with it.
+        changes::take(&mut self.changes);
+        self.changes.clear();
+        self.config.epoch = new_epoch();
+        self.sender = None;
+        self.writes = WriteStage::default();
+        self.sender(program);
+    }
+
+    fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
+        self.take_changes(program, ctx.now_ns);
+        let mut out = std::mem::take(&mut self.out);
+        let read = |l: Location| program.read_synced(l.state, l.index).unwrap_or(0);
+        if let Some(sender) = &mut self.sender {
+            sender.finish(ctx.now_ns, read, &mut out);
+        }
+        self.out = out;
+        self.send_out();
+    }
+}
+
+/// What a run's sync stages did, for its summary.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SyncReport {
+    pub collector: String,
+    pub changes: u64,
+    pub changes_dropped: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub send_errors: u64,
+    pub reports: u64,
+    pub refused: u64,
+    pub write_parts: u64,
+    pub writes_committed: u64,
+    pub values_written: u64,
+    pub changes_kept: u64,
+}
+
+impl SyncPlan {
+    /// The counters as of now.
+    pub fn report(&self) -> SyncReport {
+        let c = &*self.counters;
+        let get = SyncCounters::get;
+        SyncReport {
+            collector: self.collector.to_string(),
+            changes: get(&c.changes),
+            changes_dropped: get(&c.changes_dropped),
+            messages: get(&c.messages),
+            bytes: get(&c.bytes),
+            send_errors: get(&c.send_errors),
+            reports: get(&c.reports),
+            refused: get(&c.refused),
+            write_parts: get(&c.write_parts),
+            writes_committed: get(&c.writes_committed),
+            values_written: get(&c.values_written),
+            changes_kept: get(&c.changes_kept),
+        }
+    }
+}
+
+impl SyncReport {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}\n",
+            self.collector, self.changes, self.messages, self.bytes, self.reports
+        );
+        if self.writes_committed > 0 || self.write_parts > 0 {
+            s += &format!(
+                "  writes committed {} ({} values, {} with their changes kept; {} parts)\n",
+                self.writes_committed, self.values_written, self.changes_kept, self.write_parts
+            );
+        }
+        for (n, what) in [
+            (
+                self.send_errors,
+                "sends failed (is the collector listening?)",
+            ),
+            (self.changes_dropped, "changes found no room in the log"),
+            (self.refused, "datagrams from the collector refused"),
+        ] {
+            if n > 0 {
+                s += &format!("  {n} {what}; the refresh makes the copy whole\n");
+            }
+        }
+        s
+    }
+}
