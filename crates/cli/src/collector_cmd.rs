@@ -29,6 +29,10 @@ pub struct CollectorArgs {
     /// Write every location held, with its bound, to this CSV file at the end.
     #[arg(long)]
     pub dump: Option<PathBuf>,
+    /// Serve the collector's API (gRPC: reads with bounds, writes, streams, subscriptions;
+    /// `stateplane ctl --server ADDR sync ...`) on this loopback address.
+    #[arg(long)]
+    pub api: Option<String>,
 }
 
 pub fn main(a: CollectorArgs) -> CliResult<()> {
@@ -49,7 +53,14 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
         Some(s) => return Err(format!("--seconds: {s} is outside 0 to 31536000")),
         None => None,
     };
+    let api = (a.api.as_deref())
+        .map(|text| {
+            text.parse()
+                .map_err(|_| format!("--api: '{text}' is not an address like 127.0.0.1:9560"))
+        })
+        .transpose()?;
     let settings = CollectorSettings {
+        api,
         listen,
         key_file: a.key_file,
         switches: a.switches,
@@ -57,10 +68,13 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
         duration,
         dump: a.dump,
     };
-    let (socket, addr) = collector::bind(&settings)?;
+    let bound = collector::bind(&settings)?;
     let stop = collector::stop_on_signals()?;
-    eprintln!("collector listening on {addr}");
-    let outcome = collector::run(&settings, socket, stop)?;
+    eprintln!("collector listening on {}", bound.addr);
+    if let Some(api) = &bound.api {
+        eprintln!("collector API on {}", api.addr);
+    }
+    let outcome = collector::run(&settings, &bound, stop)?;
     print!("{}", outcome.table());
     Ok(())
 }

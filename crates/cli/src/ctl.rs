@@ -124,6 +124,70 @@ pub enum CtlCommand {
         #[command(flatten)]
         target: FlowTarget,
     },
+    /// Talk to a `stateplane collector --api ADDR` (give --server ADDR): its streams,
+    /// reads with their bounds, writes into switches, changes as they come.
+    #[command(subcommand)]
+    Sync(SyncCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SyncCommand {
+    /// Every stream heard from (a worker of a switch): freshness, loss, threshold; and
+    /// what the collector refused, by reason.
+    Streams,
+    /// Read locations of a synced state, each with its bound.
+    Read {
+        #[command(flatten)]
+        at: SyncTarget,
+        /// An index or a range FIRST..END (end excluded).
+        range: String,
+    },
+    /// Write values into a switch's synced state (committed whole between two bursts):
+    /// --values V,V,... from the first index, or --fill V over the range.
+    Write {
+        #[command(flatten)]
+        at: SyncTarget,
+        /// An index or a range FIRST..END (end excluded).
+        range: String,
+        #[arg(long, value_delimiter = ',', conflicts_with = "fill")]
+        values: Option<Vec<u64>>,
+        #[arg(long)]
+        fill: Option<u64>,
+        /// Each location becomes the value plus the changes made while the write was on
+        /// its way (a counter reset that loses no count).
+        #[arg(long)]
+        keep_changes: bool,
+        /// How long to wait for the commits, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u32,
+    },
+    /// Print changes as the collector applies them.
+    Watch {
+        #[arg(long)]
+        switch: Option<u32>,
+        #[arg(long)]
+        state: Option<u32>,
+        /// Stop after this many.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds without one.
+        #[arg(long)]
+        timeout: Option<f64>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SyncTarget {
+    /// The switch's id (its [sync] switch).
+    #[arg(long, default_value_t = 1)]
+    pub switch: u32,
+    /// One stream (a worker); every stream of the switch when left out (a read sums
+    /// them).
+    #[arg(long)]
+    pub stream: Option<u32>,
+    /// The state's id (0 for the first synced name of the run's [guarantees]).
+    #[arg(long, default_value_t = 0)]
+    pub state: u32,
 }
 
 #[derive(Debug, Args)]
@@ -144,8 +208,14 @@ pub struct WriteArgs {
 }
 
 pub fn main(args: CtlArgs) -> CliResult<()> {
+    let command = match args.command {
+        CtlCommand::Sync(command) => return sync(&args.server, command),
+        other => other,
+    };
     let mut client = Client::connect(&args.server).map_err(|e| e.to_string())?;
-    match args.command {
+    match command {
+        // Answered by the collector, before any connection to a switch.
+        CtlCommand::Sync(_) => return Err("ctl sync talks to a collector".into()),
         CtlCommand::Describe => {
             println!("program {}", client.program());
             for d in client.declarations() {
@@ -382,6 +452,156 @@ fn register(
 }
 
 /// An index or a range `FIRST..END` as (first, count); all of an array (count 0) when absent.
+fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
+    use stateplane_control::collector_api::CollectorClient;
+    use stateplane_control::sync_pb;
+    let mut client = CollectorClient::connect(server).map_err(|e| e.to_string())?;
+    let located = |range: &str| -> CliResult<(u32, u32)> {
+        let (first, count) = parse_range(Some(range))?;
+        let first = u32::try_from(first).map_err(|_| format!("{range}: past the last index"))?;
+        let count = u32::try_from(count).map_err(|_| format!("{range}: too long"))?;
+        Ok((first, count))
+    };
+    match command {
+        SyncCommand::Streams => {
+            let r = client.streams().map_err(|e| e.to_string())?;
+            println!(
+                "{:>6} {:>6} {:>10} {:>10} {:>12} {:>8} {:>9} {:>9}",
+                "switch", "stream", "epoch", "last", "age_ms", "missing", "threshold", "locations"
+            );
+            for s in &r.streams {
+                println!(
+                    "{:>6} {:>6} {:>10} {:>10} {:>12.3} {:>8} {:>9} {:>9}{}",
+                    s.switch_id,
+                    s.stream,
+                    s.epoch,
+                    s.last_seq,
+                    s.age_ns as f64 / 1e6,
+                    s.missing,
+                    s.threshold,
+                    s.locations,
+                    if s.writes_in_flight {
+                        "  (writing)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            let refused: Vec<String> = (r.refused.iter())
+                .map(|x| format!("{} {}", x.reason, x.count))
+                .collect();
+            eprintln!(
+                "datagrams {}, applied {}, gaps {} ({} missing), restarts {}; refused: {}",
+                r.datagrams,
+                r.applied,
+                r.gaps,
+                r.missing,
+                r.restarts,
+                if refused.is_empty() {
+                    "none".to_string()
+                } else {
+                    refused.join(", ")
+                }
+            );
+        }
+        SyncCommand::Read { at, range } => {
+            let (first, count) = located(&range)?;
+            let r = client
+                .read(sync_pb::ReadRequest {
+                    switch_id: at.switch,
+                    stream: at.stream,
+                    state: at.state,
+                    first,
+                    count,
+                })
+                .map_err(|e| e.to_string())?;
+            for v in &r.values {
+                let bound = if v.bounded {
+                    format!("±{}", v.bound)
+                } else {
+                    "unbounded".to_string()
+                };
+                println!("{} {} {bound}", v.index, v.value);
+            }
+            eprintln!("as of the switch's {} ns", r.as_of_ns);
+        }
+        SyncCommand::Write {
+            at,
+            range,
+            values,
+            fill,
+            keep_changes,
+            timeout_ms,
+        } => {
+            let (first, count) = located(&range)?;
+            let values = match (values, fill) {
+                (Some(v), None) if v.len() as u64 == u64::from(count) => v,
+                (Some(v), None) => {
+                    return Err(format!(
+                        "--values: {} values for the {count} locations of {range}",
+                        v.len()
+                    ));
+                }
+                (None, Some(_)) => Vec::new(),
+                _ => return Err("give --values V,V,... or --fill V".into()),
+            };
+            let r = client
+                .write(sync_pb::WriteRequest {
+                    switch_id: at.switch,
+                    stream: at.stream,
+                    state: at.state,
+                    first,
+                    values,
+                    fill: fill.unwrap_or(0),
+                    count,
+                    keep_changes,
+                    timeout_ms,
+                })
+                .map_err(|e| e.to_string())?;
+            for d in &r.done {
+                println!(
+                    "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms",
+                    d.stream,
+                    d.id,
+                    d.parts,
+                    d.transmissions,
+                    d.latency_ns as f64 / 1e6
+                );
+            }
+        }
+        SyncCommand::Watch {
+            switch,
+            state,
+            count,
+            timeout,
+        } => {
+            let quiet = timeout.map(Duration::from_secs_f64);
+            let mut seen = 0u64;
+            client
+                .subscribe(
+                    sync_pb::SubscribeRequest {
+                        switch_id: switch,
+                        state,
+                    },
+                    quiet,
+                    |c| {
+                        if c.missed > 0 {
+                            println!("({} changes missed: this watch fell behind)", c.missed);
+                        }
+                        println!(
+                            "switch {} stream {} state {} index {} = {} (as of {} ns)",
+                            c.switch_id, c.stream, c.state, c.index, c.value, c.as_of_ns
+                        );
+                        seen += 1;
+                        count.is_none_or(|n| seen < n)
+                    },
+                )
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 fn parse_range(range: Option<&str>) -> CliResult<(u64, u64)> {
     let bad = |t: &str| format!("'{t}' is not an index or a range FIRST..END");
     Ok(match range {

@@ -1369,3 +1369,122 @@ fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
     }
     let _ = std::fs::remove_file(&config);
 }
+
+/// Values printed as `INDEX VALUE ...` (ctl sync read) or `NAME[INDEX] VALUE` (ctl
+/// register), by index.
+fn indexed_values(out: &Output) -> Vec<(u64, u64)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let first = words.next()?;
+            let index = match first.split_once('[') {
+                Some((_, rest)) => rest.trim_end_matches(']'),
+                None => first,
+            };
+            Some((index.parse().ok()?, words.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A live `hh` switch syncs its sketch over the lab's management network to a
+/// `stateplane collector` on the controller, while real traffic (ping) crosses it: once
+/// the traffic stops, the collector's copy, read with `ctl sync read`, is the switch's own
+/// register, read through its control API (`ctl register`), value for value and with
+/// bound 0. A reset written through the collector (`ctl sync write --fill 0`) commits on
+/// the switch, whose register then reads back zeros but for what crossed it since, and
+/// the copy follows.
+#[test]
+fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tsync", None, |t| {
+        t.replace(
+            "[switch.program]\nname = \"forward\"",
+            "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
+             depth = 2\ninterval_ms = 3600000\nmap = { p0 = \"p1\", p1 = \"p0\" }\n\
+             [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
+             collector = \"198.19.255.1:7474\"\nrefresh_ms = 100",
+        )
+    });
+    let dump = lab.file.with_extension("sync.csv");
+    let collector = start_in(
+        "sp-tsync-c1",
+        &[
+            "collector",
+            "--listen",
+            "198.19.255.1:7474",
+            "--api",
+            "127.0.0.1:9570",
+            "--dump",
+        ],
+        &dump,
+    );
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "300", "-i", "0.002", "-q", "198.18.0.2"],
+    );
+    assert!(text(&ping).contains("300 received"), "{}", text(&ping));
+    // A refresh pass (100 ms) after the last change: the copy is exact.
+    std::thread::sleep(Duration::from_millis(600));
+    let sync = |args: &[&str]| {
+        let mut command = vec![
+            env!("CARGO_BIN_EXE_stateplane"),
+            "ctl",
+            "-s",
+            "127.0.0.1:9570",
+            "sync",
+        ];
+        command.extend_from_slice(args);
+        lab.exec("c1", &command)
+    };
+    let copy_and_switch = || {
+        let copy = sync(&["read", "--stream", "0", "0..1024"]);
+        assert!(copy.status.success(), "{}", text(&copy));
+        assert!(
+            String::from_utf8_lossy(&copy.stdout)
+                .lines()
+                .all(|l| l.ends_with(" ±0")),
+            "every location exact: {}",
+            text(&copy)
+        );
+        let own = ctl(&lab, &["register", "sketch", "0..1024"]);
+        assert!(own.status.success(), "{}", text(&own));
+        (indexed_values(&copy), indexed_values(&own))
+    };
+    let (copy, own) = copy_and_switch();
+    assert_eq!(copy.len(), 1024);
+    assert_eq!(copy, own, "the collector's copy is the switch's register");
+    // Each packet adds 1 to a counter of each row: row 0 (sketch 0, the tenant's) counts
+    // every packet forwarded, at least the 600 of the pings.
+    let row0: u64 = own[..256].iter().map(|(_, v)| v).sum();
+    let row1: u64 = own[256..512].iter().map(|(_, v)| v).sum();
+    assert_eq!(row0, row1);
+    assert!(row0 >= 600, "{row0}");
+
+    let streams = sync(&["streams"]);
+    assert!(
+        text(&streams).contains("refused: none"),
+        "{}",
+        text(&streams)
+    );
+
+    let written = sync(&["write", "0..1024", "--fill", "0"]);
+    assert!(
+        text(&written).contains("stream 0: write 1 committed"),
+        "{}",
+        text(&written)
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let (copy, own) = copy_and_switch();
+    assert_eq!(copy, own, "the copy follows the write");
+    let since: u64 = own[..256].iter().map(|(_, v)| v).sum();
+    assert!(since < 50, "reset: only stray packets since ({since})");
+
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+    // The switch started before the collector: its first messages found no one (one gap
+    // at the stream's start, which the refresh made good, as the reads above show).
+    assert!(text(&out).contains("refused 0"), "{}", text(&out));
+    let csv = std::fs::read_to_string(&dump).unwrap();
+    assert!(csv.lines().count() > 1, "the dump holds the copy");
+}

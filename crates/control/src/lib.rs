@@ -3,13 +3,15 @@
 //! Owns: the protobuf schema (`proto/`, compiled at build time by protox, so no `protoc`
 //! is needed), the service that turns calls into [`stateplane_runtime::ControlPlane`]
 //! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
-//! text form of entries people type and read ([`entry_text`]).
+//! text form of entries people type and read ([`entry_text`]), and the collector's API
+//! over its core ([`collector_api`]: reads with bounds, writes, subscriptions).
 //!
 //! Must never: touch program state itself (requests go through the control plane, which
 //! has the workers apply them between bursts), or listen beyond loopback (the API has no
 //! authentication).
 
 pub mod client;
+pub mod collector_api;
 pub mod convert;
 pub mod entry_text;
 pub mod server;
@@ -18,6 +20,12 @@ pub mod server;
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]
 pub mod pb {
     tonic::include_proto!("stateplane.control.v1");
+}
+
+/// The collector API's generated messages and stubs.
+#[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]
+pub mod sync_pb {
+    tonic::include_proto!("stateplane.sync.v1");
 }
 
 /// Where the control API listens unless told otherwise (P4Runtime's port, on loopback).

@@ -360,47 +360,59 @@ pub struct Server {
 impl Server {
     /// Listens on `addr` (loopback only) and serves `service` on a thread of its own.
     pub fn start(addr: SocketAddr, service: ControlService) -> Result<Server, String> {
+        Server::serve(addr, "control API", move || {
+            tonic::transport::Server::builder()
+                .add_service(control_server::ControlServer::new(service))
+        })
+    }
+
+    /// Listens on `addr` (loopback only: the APIs have no authentication) and serves what
+    /// `router` makes, on a thread of its own; `what` names it in messages.
+    pub fn serve(
+        addr: SocketAddr,
+        what: &'static str,
+        router: impl FnOnce() -> tonic::transport::server::Router + Send + 'static,
+    ) -> Result<Server, String> {
         if !addr.ip().is_loopback() {
             return Err(format!(
-                "the control API has no authentication, so it listens on loopback only; \
+                "the {what} has no authentication, so it listens on loopback only; \
                  give an address like {} instead of {addr}",
                 crate::DEFAULT_ADDR
             ));
         }
         let listener = std::net::TcpListener::bind(addr)
-            .map_err(|e| format!("cannot listen for the control API on {addr}: {e}"))?;
+            .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the control API's runtime: {e}"))?;
+            .map_err(|e| format!("cannot start the {what}'s runtime: {e}"))?;
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("control-api".into())
+            .name(what.replace(' ', "-"))
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(l) => l,
                         Err(e) => {
-                            log::error!("control API: {e}");
+                            log::error!("{what}: {e}");
                             return;
                         }
                     };
                     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-                    let served = tonic::transport::Server::builder()
-                        .add_service(control_server::ControlServer::new(service))
+                    let served = router()
                         .serve_with_incoming_shutdown(incoming, async {
                             let _ = stopped.await;
                         })
                         .await;
                     if let Err(e) = served {
-                        log::error!("control API stopped: {e}");
+                        log::error!("{what} stopped: {e}");
                     }
                 });
             })
-            .map_err(|e| format!("cannot start the control API's thread: {e}"))?;
-        log::info!("control API listening on {addr}");
+            .map_err(|e| format!("cannot start the {what}'s thread: {e}"))?;
+        log::info!("{what} listening on {addr}");
         Ok(Server {
             addr,
             shutdown: Some(shutdown),

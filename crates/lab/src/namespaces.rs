@@ -261,6 +261,11 @@ pub fn start_switch(
     // `stateplane lab exec LAB s1 curl 127.0.0.1:9464/metrics`.
     config.insert("metrics".into(), METRICS.into());
     config.insert("program".into(), toml::Value::Table(s.program.clone()));
+    for (key, table) in [("guarantees", &s.guarantees), ("sync", &s.sync)] {
+        if let Some(t) = table {
+            config.insert(key.into(), toml::Value::Table(t.clone()));
+        }
+    }
     let ports: Vec<toml::Value> = t
         .switch_ports(&s.name)
         .into_iter()

@@ -66,6 +66,10 @@ pub struct Switch {
     pub io: Option<String>,
     /// The `[program]` table of the switch's `stateplane run` configuration.
     pub program: toml::Table,
+    /// Its `[guarantees]` and `[sync]` tables (state synced to a collector, e.g. on the
+    /// controller: `collector = "198.19.255.1:7474"`).
+    pub guarantees: Option<toml::Table>,
+    pub sync: Option<toml::Table>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

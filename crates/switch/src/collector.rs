@@ -1,17 +1,18 @@
-//! `stateplane collector`: the control plane's side of the `synced` guarantee. It takes the
-//! switches' sync messages on a UDP socket into a `Mirror` (the protocol core of
-//! `stateplane-sync`, in memory), sends each stream its report every `report_ms` (the rate
-//! controller's feedback), and at the end can write every location it holds, with its
-//! bound, to a CSV file.
+//! `stateplane collector`: the control plane's side of the `synced` guarantee, a shell of
+//! sockets around the collector core (`stateplane_sync::collector`): it takes the
+//! switches' sync messages on a UDP socket, sends each stream its report every
+//! `report_every` (the rate controller's feedback) and the parts of writes, serves the
+//! collector's API (`stateplane_control::collector_api`) where asked, and at the end can
+//! write every location it holds, with its bound, to a CSV file.
 //!
-//! Must never: apply a message the decoder or the mirror refused (each is counted by
-//! reason), or send a report to an address no accepted message came from (a spoofed
-//! datagram cannot turn the collector on someone else).
+//! Must never: decide what a datagram means (the core does), or block the receive loop
+//! on the API (they share the core through a lock held only to apply or read).
 
 use crate::sync_stage::read_key;
-use stateplane_sync::mirror::{Mirror, MirrorCounters};
-use stateplane_sync::wire::{Key, Kind, Message};
-use std::collections::{BTreeMap, HashMap};
+use stateplane_control::collector_api::{self, CollectorHandle};
+use stateplane_sync::collector::Collector;
+use stateplane_sync::mirror::MirrorCounters;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
@@ -31,6 +32,8 @@ pub struct CollectorSettings {
     pub duration: Option<Duration>,
     /// Write every location held, with its bound, here at the end (CSV).
     pub dump: Option<PathBuf>,
+    /// Serve the collector's API here (loopback).
+    pub api: Option<SocketAddr>,
 }
 
 /// The receive buffer asked for: a switch's end-of-run refresh arrives all at once.
@@ -79,9 +82,21 @@ impl CollectorOutcome {
     }
 }
 
-/// Binds the collector's socket (before anything runs, so that a bad address is refused
-/// at once); the address it listens on.
-pub fn bind(settings: &CollectorSettings) -> Result<(UdpSocket, SocketAddr), String> {
+/// A collector bound to its socket (before anything runs, so that a bad address is
+/// refused at once), with its API served if asked.
+pub struct Bound {
+    handle: Arc<CollectorHandle>,
+    pub addr: SocketAddr,
+    /// The API's server, if asked for; stops when dropped.
+    pub api: Option<stateplane_control::server::Server>,
+}
+
+/// Binds the collector's socket, reads its key, starts its API.
+pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
+    let key = (settings.key_file.as_deref())
+        .map(read_key)
+        .transpose()
+        .map_err(|e| format!("--key-file: {e}"))?;
     let socket = UdpSocket::bind(settings.listen)
         .map_err(|e| format!("--listen {}: {e}", settings.listen))?;
     if let Err(e) = stateplane_io::udp_socket::set_receive_buffer(&socket, RECEIVE_BUFFER) {
@@ -91,32 +106,30 @@ pub fn bind(settings: &CollectorSettings) -> Result<(UdpSocket, SocketAddr), Str
         .set_read_timeout(Some(Duration::from_millis(1)))
         .map_err(|e| format!("--listen: {e}"))?;
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
-    Ok((socket, addr))
+    let core = Collector::new(settings.switches.clone(), key);
+    let handle = Arc::new(CollectorHandle::new(core, socket));
+    let api = (settings.api)
+        .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))
+        .transpose()?;
+    Ok(Bound { handle, addr, api })
 }
 
-/// Runs the collector on `socket` until `stop` is raised or the duration ends.
+/// Runs the collector until `stop` is raised or the duration ends.
 pub fn run(
     settings: &CollectorSettings,
-    socket: UdpSocket,
+    bound: &Bound,
     stop: Arc<AtomicBool>,
 ) -> Result<CollectorOutcome, String> {
-    let key = (settings.key_file.as_deref())
-        .map(read_key)
-        .transpose()
-        .map_err(|e| format!("--key-file: {e}"))?;
-    let mut collector = Collector {
-        mirror: Mirror::new(settings.switches.clone()),
-        key,
-        peers: HashMap::new(),
-        outcome: CollectorOutcome::default(),
-    };
+    let handle = &bound.handle;
     let start = Instant::now();
     let mut last_report = start;
     let mut datagram = vec![0u8; 65_536];
-    let mut bytes = Vec::new();
     while !stop.load(Ordering::Relaxed) && settings.duration.is_none_or(|d| start.elapsed() < d) {
-        match socket.recv_from(&mut datagram) {
-            Ok((n, from)) => collector.take(&datagram[..n], from),
+        match handle.socket().recv_from(&mut datagram) {
+            Ok((n, from)) => {
+                let now = handle.now_ns();
+                handle.with(|c| c.on_datagram(now, &datagram[..n], from));
+            }
             // Nothing yet; a signal (the stop, checked next); an ICMP error of a report
             // to a switch that has gone (its stream stays, to be read).
             Err(e)
@@ -129,97 +142,58 @@ pub fn run(
                 ) => {}
             Err(e) => return Err(format!("collector: receiving: {e}")),
         }
-        if last_report.elapsed() >= settings.report_every {
+        let report = last_report.elapsed() >= settings.report_every;
+        if report {
             last_report = Instant::now();
-            let now_ns = start.elapsed().as_nanos() as u64;
-            collector.report(&socket, now_ns, &mut bytes);
         }
+        handle.pump(report);
     }
     // What is already in the socket's buffer is taken before the end.
+    let socket = handle.socket();
     socket
         .set_nonblocking(true)
         .map_err(|e| format!("collector: {e}"))?;
     while let Ok((n, from)) = socket.recv_from(&mut datagram) {
-        collector.take(&datagram[..n], from);
+        let now = handle.now_ns();
+        handle.with(|c| c.on_datagram(now, &datagram[..n], from));
     }
-    let mut outcome = collector.outcome;
-    outcome.mirror = collector.mirror.counters;
-    for (switch, stream) in collector.mirror.streams() {
-        let (epoch, missing) = collector
-            .mirror
-            .stream_state(switch, stream)
-            .unwrap_or((0, 0));
-        let seq = collector.mirror.last_seq(switch, stream).unwrap_or(0);
-        let held = collector.mirror.held(switch, stream).len();
-        outcome
-            .streams
-            .push((switch, stream, epoch, seq, missing, held));
-    }
-    if let Some(path) = &settings.dump {
-        dump(&collector.mirror, path).map_err(|e| format!("--dump {}: {e}", path.display()))?;
-    }
-    Ok(outcome)
-}
-
-struct Collector {
-    mirror: Mirror,
-    key: Option<Key>,
-    /// Where each stream's accepted messages came from: its reports go there.
-    peers: HashMap<(u32, u16), SocketAddr>,
-    outcome: CollectorOutcome,
-}
-
-impl Collector {
-    fn refuse(&mut self, reason: &'static str) {
-        *self.outcome.refused.entry(reason).or_default() += 1;
-    }
-
-    fn take(&mut self, datagram: &[u8], from: SocketAddr) {
-        self.outcome.datagrams += 1;
-        let message = match Message::decode_with(self.key.as_ref(), datagram) {
-            Ok(m) => m,
-            Err(e) => return self.refuse(e.reason()),
+    handle.with(|c| {
+        let mut outcome = CollectorOutcome {
+            datagrams: c.datagrams,
+            mirror: c.counters(),
+            refused: c.refused.clone(),
+            reports_sent: c.reports_sent,
+            streams: Vec::new(),
         };
-        if !matches!(
-            message.kind,
-            Kind::Updates | Kind::Refresh | Kind::Heartbeat
-        ) {
-            return self.refuse("unexpected_kind");
+        for s in c.streams() {
+            outcome.streams.push((
+                s.switch,
+                s.stream,
+                s.epoch,
+                s.last_seq,
+                s.missing,
+                s.locations,
+            ));
         }
-        match self.mirror.apply(&message) {
-            Ok(()) => {
-                self.peers.insert((message.switch, message.stream), from);
-            }
-            Err(why) => self.refuse(why.reason()),
+        if let Some(path) = &settings.dump {
+            dump(c, path).map_err(|e| format!("--dump {}: {e}", path.display()))?;
         }
-    }
-
-    fn report(&mut self, socket: &UdpSocket, now_ns: u64, bytes: &mut Vec<u8>) {
-        for (&(switch, stream), &addr) in &self.peers {
-            let Some(report) = self.mirror.report(switch, stream, now_ns) else {
-                continue;
-            };
-            bytes.clear();
-            report.encode_with(self.key.as_ref(), bytes);
-            if socket.send_to(bytes, addr).is_ok() {
-                self.outcome.reports_sent += 1;
-            }
-        }
-    }
+        Ok(outcome)
+    })
 }
 
-/// Writes every location held: `switch,stream,state,index,value,bound` (the bound empty
-/// where there is none, after a loss until the location arrives again).
-fn dump(mirror: &Mirror, path: &std::path::Path) -> std::io::Result<()> {
+/// Writes every location held: `switch,stream,state,index,value,bound,as_of_ns` (the
+/// bound empty where there is none, after a loss until the location arrives again).
+fn dump(c: &Collector, path: &std::path::Path) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(out, "switch,stream,state,index,value,bound,as_of_ns")?;
-    for (switch, stream) in mirror.streams() {
-        for (l, r) in mirror.held(switch, stream) {
+    for s in c.streams() {
+        for (l, r) in c.held(s.switch, s.stream) {
             let bound = r.bound.map(|b| b.to_string()).unwrap_or_default();
             writeln!(
                 out,
-                "{switch},{stream},{},{},{},{bound},{}",
-                l.state, l.index, r.value, r.as_of_ns
+                "{},{},{},{},{},{bound},{}",
+                s.switch, s.stream, l.state, l.index, r.value, r.as_of_ns
             )?;
         }
     }

@@ -13,6 +13,8 @@
 //!   each location, or none after a lost message until the location is sent again;
 //! - [`write`](mod@write): top-down writes, split into parts, sent again until acknowledged, and
 //!   committed whole between two bursts;
+//! - [`collector`](mod@collector): the collector whole: datagrams in and out, reads, writes,
+//!   the streams' freshness and the changes as applied, for a shell of sockets;
 //! - [`channel`]: a channel on the virtual clock that drops past its capacity and loses,
 //!   duplicates and reorders at configured rates, for the simulation and the experiments.
 //!
@@ -20,6 +22,7 @@
 //! bound that does not hold.
 
 pub mod channel;
+pub mod collector;
 pub mod mirror;
 pub mod rate;
 pub mod read_handler;

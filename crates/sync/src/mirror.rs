@@ -304,6 +304,14 @@ impl Mirror {
         held
     }
 
+    /// When `switch`'s `stream` sent its last message applied (its clock): what the copy
+    /// is as of.
+    pub fn as_of(&self, switch: u32, stream: u16) -> Option<u64> {
+        (self.streams.get(&(switch, stream)))
+            .filter(|v| v.applied_seq > 0)
+            .map(|v| v.last_sent_ns)
+    }
+
     /// The epoch of `switch`'s `stream` and the messages found missing in it.
     pub fn stream_state(&self, switch: u32, stream: u16) -> Option<(u32, u64)> {
         (self.streams.get(&(switch, stream))).map(|v| (v.epoch, v.missing))

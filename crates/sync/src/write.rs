@@ -162,6 +162,15 @@ impl WriteEngine {
         base.saturating_mul(1 << self.backoff)
     }
 
+    /// The ids of the writes in flight or queued.
+    pub fn pending(&self) -> Vec<u64> {
+        let current = self.current.as_ref().map(|w| w.id);
+        current
+            .into_iter()
+            .chain(self.queue.iter().map(|(id, _)| *id))
+            .collect()
+    }
+
     /// Whether nothing is in flight or queued.
     pub fn is_idle(&self) -> bool {
         self.current.is_none() && self.queue.is_empty()

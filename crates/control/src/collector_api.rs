@@ -1,0 +1,443 @@
+//! The collector's API (`proto/stateplane/sync/v1/collector.proto`): reads of the copy
+//! with their bounds, the streams' freshness and loss, writes into switches, and a stream
+//! of the changes as applied; served over a [`CollectorHandle`], the collector core the
+//! receive loop of `stateplane collector` shares with it.
+//!
+//! Must never: hold the core's lock across a wait (a write's wait polls, unlocked between
+//! looks), or listen beyond loopback.
+
+use crate::server::Server;
+use crate::sync_pb::{self, collector_server};
+use stateplane_sync::Location;
+use stateplane_sync::collector::Collector;
+use stateplane_sync::write::{Mode, Written};
+use std::net::{SocketAddr, UdpSocket};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio_stream::Stream;
+use tonic::{Response, Status};
+
+/// The collector as its receive loop and its API share it: the core behind a lock, and
+/// the socket its datagrams go out on.
+pub struct CollectorHandle {
+    core: Mutex<Collector>,
+    socket: UdpSocket,
+    start: Instant,
+}
+
+impl CollectorHandle {
+    pub fn new(core: Collector, socket: UdpSocket) -> CollectorHandle {
+        CollectorHandle {
+            core: Mutex::new(core),
+            socket,
+            start: Instant::now(),
+        }
+    }
+
+    /// The collector's clock: nanoseconds since it started.
+    pub fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    pub fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+
+    /// Runs `f` on the core.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Collector) -> R) -> R {
+        f(&mut self.core.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Sends what the core has to send now (the parts of writes due, and reports if
+    /// `report`); a send that fails is the next poll's to retry, as a lost datagram is.
+    pub fn pump(&self, report: bool) {
+        let mut out = Vec::new();
+        let now = self.now_ns();
+        self.with(|c| c.poll(now, report, &mut out));
+        for (addr, bytes) in out {
+            if let Err(e) = self.socket.send_to(&bytes, addr) {
+                log::debug!("collector: sending to {addr}: {e}");
+            }
+        }
+    }
+}
+
+pub struct CollectorService {
+    handle: Arc<CollectorHandle>,
+}
+
+/// A write's wait between looks at the core.
+const WRITE_LOOK: Duration = Duration::from_micros(100);
+/// Changes a subscription takes per look.
+const SUBSCRIPTION_BATCH: usize = 4096;
+
+type ChangeStream = Pin<Box<dyn Stream<Item = Result<sync_pb::Change, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl collector_server::Collector for CollectorService {
+    async fn streams(
+        &self,
+        _: tonic::Request<sync_pb::StreamsRequest>,
+    ) -> Result<Response<sync_pb::StreamsReply>, Status> {
+        let now = self.handle.now_ns();
+        let reply = self.handle.with(|c| {
+            let counters = c.counters();
+            sync_pb::StreamsReply {
+                streams: (c.streams().into_iter())
+                    .map(|s| sync_pb::Stream {
+                        switch_id: s.switch,
+                        stream: u32::from(s.stream),
+                        epoch: s.epoch,
+                        last_seq: s.last_seq,
+                        as_of_ns: s.as_of_ns,
+                        age_ns: now.saturating_sub(s.applied_ns),
+                        missing: s.missing,
+                        threshold: s.threshold,
+                        locations: s.locations as u64,
+                        writes_in_flight: s.writes_in_flight,
+                    })
+                    .collect(),
+                datagrams: c.datagrams,
+                applied: counters.applied,
+                gaps: counters.gaps,
+                missing: counters.missing,
+                restarts: counters.restarts,
+                refused: (c.refused.iter())
+                    .map(|(reason, count)| sync_pb::Refusal {
+                        reason: reason.to_string(),
+                        count: *count,
+                    })
+                    .collect(),
+            }
+        });
+        Ok(Response::new(reply))
+    }
+
+    async fn read(
+        &self,
+        request: tonic::Request<sync_pb::ReadRequest>,
+    ) -> Result<Response<sync_pb::ReadReply>, Status> {
+        let r = request.into_inner();
+        let state = state_id(r.state)?;
+        if r.count > 1 << 20 {
+            return Err(Status::invalid_argument(
+                "count: read at most 1048576 locations at a time",
+            ));
+        }
+        let reply = self.handle.with(|c| {
+            let streams = streams_of(c, r.switch_id, r.stream)?;
+            let mut values: Vec<sync_pb::Value> = (0..r.count)
+                .map(|i| sync_pb::Value {
+                    index: r.first.saturating_add(i),
+                    value: 0,
+                    bounded: true,
+                    bound: 0,
+                })
+                .collect();
+            let mut as_of_ns = u64::MAX;
+            for stream in streams {
+                let readings = (c.read(r.switch_id, stream, state, r.first, r.count))
+                    .ok_or_else(|| Status::not_found("the stream has applied no message yet"))?;
+                for (v, reading) in values.iter_mut().zip(readings) {
+                    v.value = v.value.saturating_add(reading.value);
+                    match reading.bound {
+                        Some(b) => v.bound = v.bound.saturating_add(b),
+                        None => v.bounded = false,
+                    }
+                    as_of_ns = as_of_ns.min(reading.as_of_ns);
+                }
+            }
+            for v in values.iter_mut().filter(|v| !v.bounded) {
+                v.bound = 0;
+            }
+            Ok::<_, Status>(sync_pb::ReadReply {
+                values,
+                as_of_ns: if as_of_ns == u64::MAX { 0 } else { as_of_ns },
+            })
+        })?;
+        Ok(Response::new(reply))
+    }
+
+    async fn write(
+        &self,
+        request: tonic::Request<sync_pb::WriteRequest>,
+    ) -> Result<Response<sync_pb::WriteReply>, Status> {
+        let r = request.into_inner();
+        let state = state_id(r.state)?;
+        let values: Vec<u64> = if r.values.is_empty() {
+            if r.count > stateplane_sync::write::MAX_VALUES as u32 {
+                return Err(Status::invalid_argument(format!(
+                    "count: a write holds at most {} values",
+                    stateplane_sync::write::MAX_VALUES
+                )));
+            }
+            vec![r.fill; r.count as usize]
+        } else {
+            r.values
+        };
+        if u64::from(r.first) + values.len() as u64 > u64::from(u32::MAX) + 1 {
+            return Err(Status::invalid_argument(
+                "first + the values: past the last location",
+            ));
+        }
+        let mode = if r.keep_changes {
+            Mode::SetKeepingChanges
+        } else {
+            Mode::Set
+        };
+        let written: Vec<Written> = (values.iter().enumerate())
+            .map(|(i, &value)| Written {
+                location: Location {
+                    state,
+                    index: r.first + i as u32,
+                },
+                value,
+                mode,
+            })
+            .collect();
+        let ids = self.handle.with(|c| {
+            let streams = streams_of(c, r.switch_id, r.stream)?;
+            (streams.into_iter())
+                .map(|stream| {
+                    let id = (c.write(r.switch_id, stream, written.clone()))
+                        .map_err(Status::invalid_argument)?;
+                    Ok((stream, id))
+                })
+                .collect::<Result<Vec<_>, Status>>()
+        })?;
+        self.handle.pump(false);
+        let timeout = Duration::from_millis(match r.timeout_ms {
+            0 => 1000,
+            t => u64::from(t),
+        });
+        let handle = self.handle.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            wait_for_writes(&handle, r.switch_id, &ids, timeout)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the write's thread failed: {e}")))??;
+        Ok(Response::new(sync_pb::WriteReply { done }))
+    }
+
+    type SubscribeStream = ChangeStream;
+
+    async fn subscribe(
+        &self,
+        request: tonic::Request<sync_pb::SubscribeRequest>,
+    ) -> Result<Response<ChangeStream>, Status> {
+        let r = request.into_inner();
+        let handle = self.handle.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut cursor = handle.with(|c| c.next_change()) - 1;
+            loop {
+                let (changes, missed) =
+                    handle.with(|c| c.changes_after(cursor, SUBSCRIPTION_BATCH));
+                let mut missed = missed;
+                if changes.is_empty() {
+                    if tx.is_closed() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                for a in changes {
+                    cursor = a.number;
+                    let wanted = r.switch_id.is_none_or(|s| s == a.switch)
+                        && r.state.is_none_or(|s| s == u32::from(a.location.state));
+                    if !wanted {
+                        continue;
+                    }
+                    let change = sync_pb::Change {
+                        number: a.number,
+                        switch_id: a.switch,
+                        stream: u32::from(a.stream),
+                        state: u32::from(a.location.state),
+                        index: a.location.index,
+                        value: a.value,
+                        as_of_ns: a.as_of_ns,
+                        missed: std::mem::take(&mut missed),
+                    };
+                    if tx.send(Ok(change)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+fn state_id(state: u32) -> Result<u16, Status> {
+    u16::try_from(state).map_err(|_| Status::invalid_argument("state: a state id is 0 to 65535"))
+}
+
+/// The streams a request names: `stream`, or every stream of `switch`.
+fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16>, Status> {
+    let known: Vec<u16> = (c.streams().into_iter())
+        .filter(|s| s.switch == switch)
+        .map(|s| s.stream)
+        .collect();
+    if known.is_empty() {
+        return Err(Status::not_found(format!(
+            "switch {switch} has sent nothing to this collector"
+        )));
+    }
+    match stream {
+        None => Ok(known),
+        Some(s) => match u16::try_from(s).ok().filter(|s| known.contains(s)) {
+            Some(s) => Ok(vec![s]),
+            None => Err(Status::not_found(format!(
+                "switch {switch} has no stream {s} (it has {known:?})"
+            ))),
+        },
+    }
+}
+
+/// Waits until every write `ids` names has committed, sending their parts again as they
+/// fall due; a write given up, or the timeout, is an error that says which.
+fn wait_for_writes(
+    handle: &CollectorHandle,
+    switch: u32,
+    ids: &[(u16, u64)],
+    timeout: Duration,
+) -> Result<Vec<sync_pb::WriteDone>, Status> {
+    let start = Instant::now();
+    let mut done = Vec::new();
+    let mut waiting: Vec<(u16, u64)> = ids.to_vec();
+    while !waiting.is_empty() {
+        let mut failed = None;
+        handle.with(|c| {
+            waiting.retain(|&(stream, id)| match c.take_write(switch, stream, id) {
+                None => true,
+                Some(Ok(d)) => {
+                    done.push(sync_pb::WriteDone {
+                        stream: u32::from(stream),
+                        id,
+                        parts: d.parts,
+                        latency_ns: d.latency_ns,
+                        transmissions: d.transmissions,
+                    });
+                    false
+                }
+                Some(Err(why)) => {
+                    failed = Some(format!("stream {stream}: {why}"));
+                    false
+                }
+            });
+        });
+        if let Some(why) = failed {
+            return Err(Status::aborted(format!("the write was given up: {why}")));
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        if start.elapsed() >= timeout {
+            let streams: Vec<u16> = waiting.iter().map(|w| w.0).collect();
+            return Err(Status::deadline_exceeded(format!(
+                "streams {streams:?} had not committed the write after {} ms (it stays queued; the switch may be gone)",
+                timeout.as_millis()
+            )));
+        }
+        std::thread::sleep(WRITE_LOOK);
+        handle.pump(false);
+    }
+    done.sort_by_key(|d| d.stream);
+    Ok(done)
+}
+
+/// Serves the collector's API on `addr` (loopback only).
+pub fn serve(addr: SocketAddr, handle: Arc<CollectorHandle>) -> Result<Server, String> {
+    Server::serve(addr, "collector API", move || {
+        tonic::transport::Server::builder().add_service(collector_server::CollectorServer::new(
+            CollectorService { handle },
+        ))
+    })
+}
+
+/// A blocking client of the collector's API (what `stateplane ctl sync` and tests use).
+pub struct CollectorClient {
+    runtime: tokio::runtime::Runtime,
+    inner: collector_client::CollectorClient<tonic::transport::Channel>,
+}
+
+use crate::client::ClientError;
+use crate::sync_pb::collector_client;
+
+impl CollectorClient {
+    /// Connects to the collector's API at `addr` (`host:port`).
+    pub fn connect(addr: &str) -> Result<CollectorClient, ClientError> {
+        let local = |message: String| ClientError {
+            code: tonic::Code::InvalidArgument,
+            message,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
+        let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
+            .connect_timeout(Duration::from_secs(3));
+        let inner = runtime
+            .block_on(endpoint.connect())
+            .map(collector_client::CollectorClient::new)
+            .map_err(|e| ClientError {
+                code: tonic::Code::Unavailable,
+                message: format!(
+                    "cannot reach the collector's API at {addr}: {e} (is `stateplane collector` running with --api {addr}?)"
+                ),
+            })?;
+        Ok(CollectorClient { runtime, inner })
+    }
+
+    pub fn streams(&mut self) -> Result<sync_pb::StreamsReply, ClientError> {
+        let call = self.inner.streams(sync_pb::StreamsRequest {});
+        Ok(self.runtime.block_on(call)?.into_inner())
+    }
+
+    pub fn read(
+        &mut self,
+        request: sync_pb::ReadRequest,
+    ) -> Result<sync_pb::ReadReply, ClientError> {
+        let call = self.inner.read(request);
+        Ok(self.runtime.block_on(call)?.into_inner())
+    }
+
+    pub fn write(
+        &mut self,
+        request: sync_pb::WriteRequest,
+    ) -> Result<sync_pb::WriteReply, ClientError> {
+        let call = self.inner.write(request);
+        Ok(self.runtime.block_on(call)?.into_inner())
+    }
+
+    /// Calls `each` with every change applied from now on, until it returns false or
+    /// `quiet` passes without one.
+    pub fn subscribe(
+        &mut self,
+        request: sync_pb::SubscribeRequest,
+        quiet: Option<Duration>,
+        mut each: impl FnMut(&sync_pb::Change) -> bool,
+    ) -> Result<(), ClientError> {
+        let inner = &mut self.inner;
+        self.runtime.block_on(async move {
+            let mut stream = inner.subscribe(request).await?.into_inner();
+            loop {
+                let next = match quiet {
+                    Some(q) => match tokio::time::timeout(q, stream.message()).await {
+                        Ok(m) => m?,
+                        Err(_) => return Ok(()),
+                    },
+                    None => stream.message().await?,
+                };
+                match next {
+                    Some(change) if each(&change) => {}
+                    _ => return Ok(()),
+                }
+            }
+        })
+    }
+}

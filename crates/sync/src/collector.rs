@@ -1,0 +1,422 @@
+//! The collector whole, with no I/O: datagrams in (with the address each came from),
+//! datagrams out (reports, the parts of writes), and what applications ask of it (reads
+//! with their bound, the streams' freshness and loss, writes into a switch, the changes
+//! as they are applied). `stateplane collector` is a shell of sockets around it.
+//!
+//! Must never: apply a message the decoder or the mirror refused (each is counted by
+//! reason), or send to an address no accepted message came from (a spoofed datagram
+//! cannot turn the collector on someone else).
+
+use crate::Location;
+use crate::mirror::{Mirror, MirrorCounters, Reading};
+use crate::wire::{Key, Kind, Message};
+use crate::write::{Completed, WriteEngine, Written};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+
+/// A write's parts go again after this long unacknowledged, before any round trip is
+/// measured.
+const FIRST_RTO_NS: u64 = 10_000_000;
+
+/// Changes kept for subscribers that fall behind (older ones are counted as missed).
+pub const CHANGES_KEPT: usize = 1 << 20;
+
+/// What the collector knows of one stream (one worker of one switch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    pub switch: u32,
+    pub stream: u16,
+    pub epoch: u32,
+    /// The last message applied, and when the switch sent it (its clock).
+    pub last_seq: u64,
+    pub as_of_ns: u64,
+    /// When the collector applied it (the collector's clock): freshness is now less this.
+    pub applied_ns: u64,
+    /// Messages found missing so far.
+    pub missing: u64,
+    /// The `t_max` of the last message applied: the threshold the switch works with.
+    pub threshold: u64,
+    pub locations: usize,
+    pub writes_in_flight: bool,
+}
+
+/// One location's value as applied, for subscribers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Its place among every change applied (from 1), for a subscriber's cursor.
+    pub number: u64,
+    pub switch: u32,
+    pub stream: u16,
+    pub location: Location,
+    pub value: u64,
+    pub as_of_ns: u64,
+}
+
+/// Where one stream's messages come from, and its writes.
+struct Peer {
+    addr: SocketAddr,
+    epoch: u32,
+    applied_ns: u64,
+    threshold: u64,
+    engine: WriteEngine,
+}
+
+pub struct Collector {
+    mirror: Mirror,
+    key: Option<Key>,
+    peers: HashMap<(u32, u16), Peer>,
+    /// Datagrams refused, by reason (the decoder's and the mirror's).
+    pub refused: BTreeMap<&'static str, u64>,
+    pub datagrams: u64,
+    pub reports_sent: u64,
+    /// Writes seen through, by `(switch, stream, id)`, until taken.
+    completed: HashMap<(u32, u16, u64), Completed>,
+    /// Writes that will never complete (their stream started over), by the same key.
+    abandoned: HashMap<(u32, u16, u64), &'static str>,
+    changes: VecDeque<Applied>,
+    next_change: u64,
+    scratch: Vec<Message>,
+}
+
+impl Collector {
+    /// A collector of the switches `known` (any where `None`), checking every message's
+    /// MAC with `key` where one is given.
+    pub fn new(known: Option<Vec<u32>>, key: Option<Key>) -> Collector {
+        Collector {
+            mirror: Mirror::new(known),
+            key,
+            peers: HashMap::new(),
+            refused: BTreeMap::new(),
+            datagrams: 0,
+            reports_sent: 0,
+            completed: HashMap::new(),
+            abandoned: HashMap::new(),
+            changes: VecDeque::new(),
+            next_change: 1,
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn counters(&self) -> MirrorCounters {
+        self.mirror.counters
+    }
+
+    fn refuse(&mut self, reason: &'static str) {
+        *self.refused.entry(reason).or_default() += 1;
+    }
+
+    /// Takes a datagram that came from `from` at `now_ns`.
+    pub fn on_datagram(&mut self, now_ns: u64, bytes: &[u8], from: SocketAddr) {
+        self.datagrams += 1;
+        let message = match Message::decode_with(self.key.as_ref(), bytes) {
+            Ok(m) => m,
+            Err(e) => return self.refuse(e.reason()),
+        };
+        match message.kind {
+            Kind::Updates | Kind::Refresh | Kind::Heartbeat => self.apply(now_ns, message, from),
+            Kind::WriteAck => self.on_ack(now_ns, &message, from),
+            Kind::Report | Kind::Write => self.refuse("unexpected_kind"),
+        }
+    }
+
+    fn apply(&mut self, now_ns: u64, m: Message, from: SocketAddr) {
+        if let Err(why) = self.mirror.apply(&m) {
+            return self.refuse(why.reason());
+        }
+        let key = (m.switch, m.stream);
+        let peer = self.peers.entry(key).or_insert_with(|| Peer {
+            addr: from,
+            epoch: m.epoch,
+            applied_ns: now_ns,
+            threshold: m.t_max,
+            engine: WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS),
+        });
+        if peer.epoch != m.epoch {
+            // The switch started again: its writes on the way are gone with its state.
+            for id in peer.engine.pending() {
+                self.abandoned
+                    .insert((m.switch, m.stream, id), "the switch started again");
+            }
+            peer.epoch = m.epoch;
+            peer.engine = WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS);
+        }
+        peer.addr = from;
+        peer.applied_ns = now_ns;
+        peer.threshold = m.t_max;
+        if m.entries.is_empty() {
+            return;
+        }
+        for e in &m.entries {
+            self.changes.push_back(Applied {
+                number: self.next_change,
+                switch: m.switch,
+                stream: m.stream,
+                location: e.location,
+                value: e.value,
+                as_of_ns: m.sent_ns,
+            });
+            self.next_change += 1;
+        }
+        while self.changes.len() > CHANGES_KEPT {
+            self.changes.pop_front();
+        }
+    }
+
+    fn on_ack(&mut self, now_ns: u64, ack: &Message, from: SocketAddr) {
+        let Some(peer) = self.peers.get_mut(&(ack.switch, ack.stream)) else {
+            return self.refuse("unknown_stream");
+        };
+        // Only the stream's own address may acknowledge its writes.
+        if peer.addr != from || peer.epoch != ack.epoch {
+            return self.refuse("stale");
+        }
+        if let Some(done) = peer.engine.on_ack(now_ns, ack) {
+            self.completed
+                .insert((ack.switch, ack.stream, done.id), done);
+        }
+    }
+
+    /// What to send at `now_ns`: the parts of writes due, and, if `report` is true, a
+    /// report to every stream. Appends `(address, datagram)` to `out`.
+    pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        for (&(switch, stream), peer) in &mut self.peers {
+            self.scratch.clear();
+            peer.engine.poll(now_ns, &mut self.scratch);
+            if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
+                self.scratch.push(r);
+                self.reports_sent += 1;
+            }
+            for m in self.scratch.drain(..) {
+                let mut bytes = Vec::new();
+                m.encode_with(self.key.as_ref(), &mut bytes);
+                out.push((peer.addr, bytes));
+            }
+        }
+    }
+
+    /// `count` locations of `state` from `first` in `switch`'s `stream`; `None` for a
+    /// stream never heard from.
+    pub fn read(
+        &self,
+        switch: u32,
+        stream: u16,
+        state: u16,
+        first: u32,
+        count: u32,
+    ) -> Option<Vec<Reading>> {
+        let at = |index| Location { state, index };
+        (first..first.saturating_add(count))
+            .map(|i| self.mirror.read(switch, stream, at(i)))
+            .collect()
+    }
+
+    /// The streams heard from, in order.
+    pub fn streams(&self) -> Vec<StreamInfo> {
+        (self.mirror.streams().into_iter())
+            .filter_map(|(switch, stream)| {
+                let peer = self.peers.get(&(switch, stream))?;
+                let (epoch, missing) = self.mirror.stream_state(switch, stream)?;
+                Some(StreamInfo {
+                    switch,
+                    stream,
+                    epoch,
+                    last_seq: self.mirror.last_seq(switch, stream).unwrap_or(0),
+                    as_of_ns: self.mirror.as_of(switch, stream).unwrap_or(0),
+                    applied_ns: peer.applied_ns,
+                    missing,
+                    threshold: peer.threshold,
+                    locations: self.mirror.held(switch, stream).len(),
+                    writes_in_flight: !peer.engine.is_idle(),
+                })
+            })
+            .collect()
+    }
+
+    /// Every location held of `switch`'s `stream` (see `Mirror::held`).
+    pub fn held(&self, switch: u32, stream: u16) -> Vec<(Location, Reading)> {
+        self.mirror.held(switch, stream)
+    }
+
+    /// Queues a write of `values` into `switch`'s `stream`; its id, or why it cannot go.
+    pub fn write(&mut self, switch: u32, stream: u16, values: Vec<Written>) -> Result<u64, String> {
+        let peer = (self.peers.get_mut(&(switch, stream))).ok_or_else(|| {
+            format!(
+                "switch {switch} stream {stream} has sent nothing yet, so there is nowhere to write"
+            )
+        })?;
+        peer.engine.submit(values)
+    }
+
+    /// What became of write `id` of `switch`'s `stream`: done, given up (why), or still on
+    /// its way (`None`). Taken once.
+    pub fn take_write(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        id: u64,
+    ) -> Option<Result<Completed, &'static str>> {
+        let key = (switch, stream, id);
+        if let Some(done) = self.completed.remove(&key) {
+            return Some(Ok(done));
+        }
+        self.abandoned.remove(&key).map(Err)
+    }
+
+    /// The changes applied after number `after` (at most `limit`), and how many a
+    /// subscriber that far behind has missed (the oldest are not kept).
+    pub fn changes_after(&self, after: u64, limit: usize) -> (Vec<Applied>, u64) {
+        let oldest = self.changes.front().map_or(self.next_change, |c| c.number);
+        let missed = oldest.saturating_sub(after + 1);
+        let start = (after + 1).saturating_sub(oldest) as usize;
+        let taken = self
+            .changes
+            .iter()
+            .skip(start)
+            .take(limit)
+            .copied()
+            .collect();
+        (taken, missed)
+    }
+
+    /// The number the next change applied will have.
+    pub fn next_change(&self) -> u64 {
+        self.next_change
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sender::{Sender, SenderConfig, Threshold};
+    use crate::write::{Mode, WriteStage, WriteTarget};
+
+    const SWITCH: &str = "127.0.0.1:4000";
+
+    fn sender(epoch: u32) -> Sender {
+        Sender::new(SenderConfig {
+            switch: 1,
+            epoch,
+            stream: 0,
+            slots: 64,
+            threshold: Threshold::Fixed(0),
+            max_age_ns: 1_000_000,
+            heartbeat_ns: 1_000_000,
+            batch_ns: 0,
+            refresh_ns: 0,
+            states: vec![(0, 8)],
+        })
+    }
+
+    struct State(Vec<u64>);
+
+    impl WriteTarget for State {
+        fn read(&self, l: Location) -> u64 {
+            self.0[l.index as usize]
+        }
+        fn write(&mut self, l: Location, v: u64) {
+            self.0[l.index as usize] = v;
+        }
+    }
+
+    fn send(c: &mut Collector, now: u64, messages: &mut Vec<Message>, from: &str) {
+        for m in messages.drain(..) {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            c.on_datagram(now, &bytes, from.parse().unwrap());
+        }
+    }
+
+    #[test]
+    fn updates_are_read_with_their_bound_and_followed_by_subscribers() {
+        let mut c = Collector::new(None, None);
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.change(0, Location { state: 0, index: 3 }, 0, 5);
+        s.poll(10, |_| 0, &mut out);
+        send(&mut c, 20, &mut out, SWITCH);
+        let r = c.read(1, 0, 0, 2, 2).unwrap();
+        assert_eq!((r[0].value, r[1].value, r[1].bound), (0, 5, Some(0)));
+        assert_eq!(c.read(2, 0, 0, 0, 1), None, "a switch never heard from");
+        let info = &c.streams()[0];
+        assert_eq!((info.epoch, info.last_seq, info.applied_ns), (7, 1, 20));
+        let (changes, missed) = c.changes_after(0, 10);
+        assert_eq!((changes.len(), missed), (1, 0));
+        assert_eq!((changes[0].number, changes[0].value), (1, 5));
+        assert_eq!(c.changes_after(1, 10).0, []);
+        // Reports go to where the stream's messages came from, and nowhere else.
+        let mut sent = Vec::new();
+        c.poll(30, true, &mut sent);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0, SWITCH.parse().unwrap());
+    }
+
+    #[test]
+    fn a_write_goes_to_the_stream_and_completes_on_its_acknowledgement() {
+        let mut c = Collector::new(None, None);
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        let values = (0..8)
+            .map(|index| Written {
+                location: Location { state: 0, index },
+                value: 100 + u64::from(index),
+                mode: Mode::Set,
+            })
+            .collect();
+        let id = c.write(1, 0, values).unwrap();
+        assert!(
+            c.write(1, 1, Vec::new()).is_err(),
+            "a stream never heard from"
+        );
+        let mut sent = Vec::new();
+        c.poll(1_000, false, &mut sent);
+        assert_eq!(sent.len(), 1, "one part");
+        let mut stage = WriteStage::default();
+        let mut state = State(vec![0; 8]);
+        let part = Message::decode(&sent[0].1).unwrap();
+        let ack = stage.on_part(&part, &state).unwrap();
+        assert!(stage.commit(&mut state).is_some());
+        assert_eq!(state.0[7], 107);
+        let mut acks = vec![ack];
+        // From another address, an acknowledgement is refused and completes nothing.
+        send(&mut c, 2_000, &mut acks.clone(), "127.0.0.1:4001");
+        assert_eq!(c.refused.get("stale"), Some(&1));
+        assert_eq!(c.take_write(1, 0, id), None);
+        send(&mut c, 2_000, &mut acks, SWITCH);
+        let done = c.take_write(1, 0, id).unwrap().unwrap();
+        assert_eq!((done.parts, done.latency_ns), (1, 1_000));
+        assert_eq!(c.take_write(1, 0, id), None, "taken once");
+    }
+
+    #[test]
+    fn a_restarted_switch_abandons_the_writes_on_their_way() {
+        let mut c = Collector::new(None, None);
+        let mut out = Vec::new();
+        sender(7).poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        let id = c.write(1, 0, Vec::new()).unwrap();
+        sender(8).poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        assert_eq!(
+            c.take_write(1, 0, id),
+            Some(Err("the switch started again"))
+        );
+        assert_eq!(c.streams()[0].epoch, 8);
+    }
+
+    #[test]
+    fn a_subscriber_far_behind_is_told_what_it_missed() {
+        let mut c = Collector::new(None, None);
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        for i in 0..(CHANGES_KEPT as u64 + 10) {
+            s.change(i, Location { state: 0, index: 1 }, i, i + 1);
+            s.poll(i, |_| 0, &mut out);
+            send(&mut c, i, &mut out, SWITCH);
+        }
+        let (changes, missed) = c.changes_after(0, 3);
+        assert_eq!(missed, 10);
+        assert_eq!(changes[0].number, 11);
+    }
+}
