@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every unit, property and integration test
-# (tcpdump and tshark are real peers here; the lab tests make network namespaces and send
+# (tcpdump, tshark and redis-server are real peers here; the lab tests make network namespaces and send
 # real traffic with ping, iperf3 and python3 through stateplane switches, so they need
 # root), and a memory check of the unsafe blocks under valgrind. Fails loudly on the first
 # problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
-  sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin
+  sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 

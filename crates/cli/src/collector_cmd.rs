@@ -33,6 +33,10 @@ pub struct CollectorArgs {
     /// `stateplane ctl --server ADDR sync ...`) on this loopback address.
     #[arg(long)]
     pub api: Option<String>,
+    /// Write the copy through to Redis as it is applied (`redis://127.0.0.1:6379`): a hash
+    /// per stream and state, `stateplane:sync:SWITCH:STREAM:STATE`, index to value.
+    #[arg(long)]
+    pub redis: Option<String>,
 }
 
 pub fn main(a: CollectorArgs) -> CliResult<()> {
@@ -60,6 +64,7 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
         })
         .transpose()?;
     let settings = CollectorSettings {
+        redis: a.redis,
         api,
         listen,
         key_file: a.key_file,
@@ -74,7 +79,7 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
     if let Some(api) = &bound.api {
         eprintln!("collector API on {}", api.addr);
     }
-    let outcome = collector::run(&settings, &bound, stop)?;
+    let outcome = collector::run(&settings, bound, stop)?;
     print!("{}", outcome.table());
     Ok(())
 }

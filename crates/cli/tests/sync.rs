@@ -308,3 +308,162 @@ fn sync_settings_that_cannot_hold_are_refused() {
         assert!(err.contains(message), "{message}: {err}");
     }
 }
+
+/// A tool the test command installs; its absence is a failure, not a skip.
+fn require(tool: &str) {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{tool} is not installed: run scripts/test.sh, which installs it (apt-get install redis-server)"
+    );
+}
+
+/// A redis-server of the test's own on loopback, stopped when dropped.
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start(port: u16) -> Redis {
+        require("redis-server");
+        require("redis-cli");
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let redis = Redis {
+            port,
+            child: Some(child),
+        };
+        for _ in 0..100 {
+            if redis.cli(&["ping"]).trim() == "PONG" {
+                return redis;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Row 0's total over both streams: the packets counted.
+    fn counted(&self) -> u64 {
+        (0..2)
+            .map(|stream| {
+                let all = self.cli(&["hgetall", &format!("stateplane:sync:1:{stream}:0")]);
+                let words: Vec<&str> = all.lines().collect();
+                (words.chunks(2))
+                    .filter(|kv| kv.len() == 2 && kv[0].parse::<u32>().is_ok_and(|i| i < 1024))
+                    .map(|kv| kv[1].parse::<u64>().unwrap())
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port nothing listens on now, for a server of the test's own.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// With `--redis`, the copy is written through to a real Redis server as it is applied;
+/// when Redis goes away the collector goes on (counting the failures), a switch that
+/// starts again meanwhile is not mixed with its earlier run, and once Redis is back the
+/// whole copy is written again. A Redis URL with no server behind it is refused at start.
+#[test]
+fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
+    let dir = tmp("sync-redis");
+    std::fs::create_dir_all(&dir).unwrap();
+    ok(bin()
+        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
+        .arg(dir.join("sync-in.pcap"))
+        .output()
+        .unwrap());
+    let port = free_port();
+    let mut redis = Redis::start(port);
+    let url = format!("redis://127.0.0.1:{port}");
+    let (collector, addr, collector_err) = start_collector(&["--redis", &url]);
+    let config = hh_config(&dir, &addr, "");
+    let run = || {
+        ok(bin()
+            .args(["run", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap())
+    };
+    run();
+    let wait_for = |redis: &Redis, what: &str, done: &dyn Fn(&Redis) -> bool| {
+        for _ in 0..250 {
+            if done(redis) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("{what}: Redis holds {}", redis.counted());
+    };
+    wait_for(&redis, "the first run's copy", &|r| r.counted() == 30_000);
+    let first_epoch = redis.cli(&["hget", "stateplane:sync:1:0", "epoch"]);
+
+    // Redis goes; the switch runs again (a new epoch) while it is away; Redis comes back
+    // empty, and gets the whole copy of the second run, not a sum of the two.
+    redis.stop();
+    run();
+    let redis = Redis::start(port);
+    wait_for(&redis, "the copy written again", &|r| r.counted() == 30_000);
+    let epoch = redis.cli(&["hget", "stateplane:sync:1:0", "epoch"]);
+    assert_ne!(epoch, first_epoch, "the second run's epoch");
+    let table = stop_collector(collector, collector_err);
+    let line = table.lines().find(|l| l.starts_with("redis: ")).unwrap();
+    assert!(!line.contains(" 0 errors"), "{table}");
+    assert!(table.contains("restarts 2"), "{table}");
+
+    let nobody = format!("redis://127.0.0.1:{}", free_port());
+    let out = bin()
+        .args(["collector", "--listen", "127.0.0.1:0", "--redis", &nobody])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--redis") && err.contains("is redis-server running there?"),
+        "{err}"
+    );
+}

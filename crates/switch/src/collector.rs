@@ -8,6 +8,7 @@
 //! Must never: decide what a datagram means (the core does), or block the receive loop
 //! on the API (they share the core through a lock held only to apply or read).
 
+use crate::redis_mirror::{self, RedisWriter};
 use crate::sync_stage::read_key;
 use stateplane_control::collector_api::{self, CollectorHandle};
 use stateplane_sync::collector::Collector;
@@ -34,6 +35,8 @@ pub struct CollectorSettings {
     pub dump: Option<PathBuf>,
     /// Serve the collector's API here (loopback).
     pub api: Option<SocketAddr>,
+    /// Write the copy through to the Redis server at this URL (`redis://127.0.0.1:6379`).
+    pub redis: Option<String>,
 }
 
 /// The receive buffer asked for: a switch's end-of-run refresh arrives all at once.
@@ -50,6 +53,8 @@ pub struct CollectorOutcome {
     /// Per stream: `(switch, stream, epoch, last message applied, messages missing,
     /// locations held)`.
     pub streams: Vec<(u32, u16, u32, u64, u64, usize)>,
+    /// With `--redis`: values written, errors, whole copies written.
+    pub redis: Option<(u64, u64, u64)>,
 }
 
 impl CollectorOutcome {
@@ -73,6 +78,11 @@ impl CollectorOutcome {
                 .collect();
             s.push_str(&format!("refused: {}\n", reasons.join(", ")));
         }
+        if let Some((values, errors, resyncs)) = self.redis {
+            s.push_str(&format!(
+                "redis: {values} values written, {resyncs} whole copies, {errors} errors\n"
+            ));
+        }
         for (switch, stream, epoch, seq, missing, held) in &self.streams {
             s.push_str(&format!(
                 "switch {switch} stream {stream}: epoch {epoch}, last message {seq}, missing {missing}, locations held {held}\n"
@@ -89,6 +99,7 @@ pub struct Bound {
     pub addr: SocketAddr,
     /// The API's server, if asked for; stops when dropped.
     pub api: Option<stateplane_control::server::Server>,
+    redis: Option<RedisWriter>,
 }
 
 /// Binds the collector's socket, reads its key, starts its API.
@@ -106,18 +117,29 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         .set_read_timeout(Some(Duration::from_millis(1)))
         .map_err(|e| format!("--listen: {e}"))?;
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
+    let redis = settings
+        .redis
+        .as_deref()
+        .map(redis_mirror::check)
+        .transpose()?;
     let core = Collector::new(settings.switches.clone(), key);
     let handle = Arc::new(CollectorHandle::new(core, socket));
     let api = (settings.api)
         .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))
         .transpose()?;
-    Ok(Bound { handle, addr, api })
+    let redis = redis.map(|client| RedisWriter::start(client, handle.clone()));
+    Ok(Bound {
+        handle,
+        addr,
+        api,
+        redis,
+    })
 }
 
 /// Runs the collector until `stop` is raised or the duration ends.
 pub fn run(
     settings: &CollectorSettings,
-    bound: &Bound,
+    bound: Bound,
     stop: Arc<AtomicBool>,
 ) -> Result<CollectorOutcome, String> {
     let handle = &bound.handle;
@@ -157,6 +179,16 @@ pub fn run(
         let now = handle.now_ns();
         handle.with(|c| c.on_datagram(now, &datagram[..n], from));
     }
+    let redis = bound.redis.map(|writer| {
+        let counters = writer.counters.clone();
+        writer.finish();
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        (
+            get(&counters.values),
+            get(&counters.errors),
+            get(&counters.resyncs),
+        )
+    });
     handle.with(|c| {
         let mut outcome = CollectorOutcome {
             datagrams: c.datagrams,
@@ -164,6 +196,7 @@ pub fn run(
             refused: c.refused.clone(),
             reports_sent: c.reports_sent,
             streams: Vec::new(),
+            redis,
         };
         for s in c.streams() {
             outcome.streams.push((

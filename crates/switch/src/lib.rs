@@ -24,6 +24,7 @@ pub mod export;
 pub mod flow_export;
 pub mod flow_monitor;
 pub mod metrics;
+pub mod redis_mirror;
 pub mod summary;
 pub mod sync_stage;
 pub mod units;

@@ -47,6 +47,8 @@ pub struct Applied {
     pub number: u64,
     pub switch: u32,
     pub stream: u16,
+    /// The stream's epoch: a new one means the switch started again, its state afresh.
+    pub epoch: u32,
     pub location: Location,
     pub value: u64,
     pub as_of_ns: u64,
@@ -151,6 +153,7 @@ impl Collector {
                 number: self.next_change,
                 switch: m.switch,
                 stream: m.stream,
+                epoch: m.epoch,
                 location: e.location,
                 value: e.value,
                 as_of_ns: m.sent_ns,

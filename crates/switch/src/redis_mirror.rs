@@ -1,0 +1,249 @@
+//! The collector's copy written through to Redis (`stateplane collector --redis URL`), for
+//! applications that read it there. A thread takes the changes the collector core applies
+//! (`Collector::changes_after`) every few milliseconds and writes them in one pipeline:
+//!
+//! - `stateplane:sync:SWITCH:STREAM:STATE`, a hash of index to value;
+//! - `stateplane:sync:SWITCH:STREAM`, a hash of the stream's `epoch`, `last_seq`,
+//!   `as_of_ns` (the switch's clock), `missing` and `threshold`.
+//!
+//! Redis holds values and freshness; a value's bound is the collector's to give (its API).
+//! When a switch starts again (a new epoch), its stream's hashes are deleted before the
+//! new values land, so that no value of the old run is read as the new one's.
+//!
+//! Must never: stop the collector when Redis goes away. A failed write is counted and
+//! logged, the connection made again, and then the whole copy written again (the store
+//! may have lost anything), as it is when the thread falls too far behind.
+
+use stateplane_control::collector_api::CollectorHandle;
+use stateplane_sync::collector::Applied;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How often the thread looks for changes.
+const EVERY: Duration = Duration::from_millis(5);
+/// Changes written per pipeline at most.
+const BATCH: usize = 65_536;
+/// How long a connection may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What the Redis writer did.
+#[derive(Debug, Default)]
+pub struct RedisCounters {
+    pub values: AtomicU64,
+    pub errors: AtomicU64,
+    /// Whole copies written (after a connection, or after falling behind).
+    pub resyncs: AtomicU64,
+}
+
+/// The key of a stream's hash, and of one of its states' hash.
+fn stream_key(switch: u32, stream: u16) -> String {
+    format!("stateplane:sync:{switch}:{stream}")
+}
+
+fn state_key(switch: u32, stream: u16, state: u16) -> String {
+    format!("stateplane:sync:{switch}:{stream}:{state}")
+}
+
+/// Connects to `url` once, so that a wrong URL or a server not running is refused before
+/// the collector starts.
+pub fn check(url: &str) -> Result<redis::Client, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("--redis {url}: {e}"))?;
+    let mut conn = client
+        .get_connection_with_timeout(CONNECT_TIMEOUT)
+        .map_err(|e| format!("--redis {url}: {e} (is redis-server running there?)"))?;
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .map_err(|e| format!("--redis {url}: {e}"))?;
+    Ok(client)
+}
+
+/// The writer's thread; it writes what is left and stops when `stop` is raised.
+pub struct RedisWriter {
+    pub counters: Arc<RedisCounters>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl RedisWriter {
+    pub fn start(client: redis::Client, handle: Arc<CollectorHandle>) -> RedisWriter {
+        let counters = Arc::new(RedisCounters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut state = Writer {
+            client,
+            conn: None,
+            cursor: 0,
+            epochs: HashMap::new(),
+            counters: counters.clone(),
+            failing: false,
+        };
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("redis-mirror".into())
+            .spawn(move || {
+                loop {
+                    let last = stopping.load(Ordering::Relaxed);
+                    state.pass(&handle);
+                    if last {
+                        return;
+                    }
+                    std::thread::sleep(EVERY);
+                }
+            })
+            .ok();
+        RedisWriter {
+            counters,
+            thread,
+            stop,
+        }
+    }
+
+    /// Writes what is left, then stops.
+    pub fn finish(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Writer {
+    client: redis::Client,
+    conn: Option<redis::Connection>,
+    /// The number of the last change written.
+    cursor: u64,
+    /// Each stream's epoch as written, and the states written of it.
+    epochs: HashMap<(u32, u16), (u32, BTreeSet<u16>)>,
+    counters: Arc<RedisCounters>,
+    failing: bool,
+}
+
+impl Writer {
+    fn pass(&mut self, handle: &CollectorHandle) {
+        if let Err(e) = self.write(handle) {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            if !self.failing {
+                log::warn!(
+                    "redis: {e}; the collector goes on, and writes its whole copy again once Redis is back"
+                );
+            }
+            self.failing = true;
+            self.conn = None;
+        }
+    }
+
+    fn write(&mut self, handle: &CollectorHandle) -> redis::RedisResult<()> {
+        let resync = self.conn.is_none();
+        if resync {
+            self.conn = Some(self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?);
+            if self.failing {
+                log::info!("redis: connected again; writing the whole copy");
+            }
+        }
+        let mut pipe = redis::pipe();
+        let (streams, changes, whole) = handle.with(|c| {
+            let (changes, missed) = c.changes_after(self.cursor, BATCH);
+            let streams = c.streams();
+            // A new connection, or changes no longer kept: the whole copy, as of now.
+            let whole = (resync || missed > 0).then(|| {
+                (streams.iter())
+                    .map(|s| (s.switch, s.stream, s.epoch, c.held(s.switch, s.stream)))
+                    .collect::<Vec<_>>()
+            });
+            (streams, changes, whole)
+        });
+        let mut values = 0u64;
+        if let Some(whole) = whole {
+            for (switch, stream, epoch, held) in whole {
+                self.restarted(&mut pipe, switch, stream, epoch, true);
+                for (l, r) in held {
+                    self.note_state(switch, stream, l.state);
+                    pipe.hset(state_key(switch, stream, l.state), l.index, r.value)
+                        .ignore();
+                    values += 1;
+                }
+            }
+            // Everything applied so far is in the copy just written.
+            self.cursor = handle.with(|c| c.next_change()) - 1;
+            self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            for a in &changes {
+                self.change(&mut pipe, a);
+                values += 1;
+            }
+            if let Some(last) = changes.last() {
+                self.cursor = last.number;
+            }
+        }
+        for s in &streams {
+            self.restarted(&mut pipe, s.switch, s.stream, s.epoch, false);
+            pipe.hset_multiple(
+                stream_key(s.switch, s.stream),
+                &[
+                    ("epoch", u64::from(s.epoch)),
+                    ("last_seq", s.last_seq),
+                    ("as_of_ns", s.as_of_ns),
+                    ("missing", s.missing),
+                    ("threshold", s.threshold),
+                ],
+            )
+            .ignore();
+        }
+        // Redis refuses an empty pipeline.
+        if let Some(conn) = &mut self.conn
+            && pipe.cmd_iter().next().is_some()
+        {
+            pipe.query::<()>(conn)?;
+        }
+        self.counters.values.fetch_add(values, Ordering::Relaxed);
+        if self.failing {
+            self.failing = false;
+        }
+        Ok(())
+    }
+
+    fn note_state(&mut self, switch: u32, stream: u16, state: u16) {
+        if let Some((_, states)) = self.epochs.get_mut(&(switch, stream)) {
+            states.insert(state);
+        }
+    }
+
+    fn change(&mut self, pipe: &mut redis::Pipeline, a: &Applied) {
+        self.restarted(pipe, a.switch, a.stream, a.epoch, false);
+        self.note_state(a.switch, a.stream, a.location.state);
+        let key = state_key(a.switch, a.stream, a.location.state);
+        pipe.hset(key, a.location.index, a.value).ignore();
+    }
+
+    /// Deletes a stream's hashes when its epoch is not the one written (or, with
+    /// `always`, before a whole copy), so that no value of an old run stays.
+    fn restarted(
+        &mut self,
+        pipe: &mut redis::Pipeline,
+        switch: u32,
+        stream: u16,
+        epoch: u32,
+        always: bool,
+    ) {
+        let known = self.epochs.get(&(switch, stream));
+        if !always && known.is_some_and(|(e, _)| *e == epoch) {
+            return;
+        }
+        if let Some((_, states)) = known {
+            for &state in states {
+                pipe.del(state_key(switch, stream, state)).ignore();
+            }
+        }
+        if known.is_none() || always {
+            // States this collector never wrote may be there from an earlier collector.
+            pipe.cmd("EVAL")
+                .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
+                .arg(0)
+                .arg(format!("{}:*", stream_key(switch, stream)))
+                .ignore();
+        }
+        self.epochs
+            .insert((switch, stream), (epoch, BTreeSet::new()));
+    }
+}
