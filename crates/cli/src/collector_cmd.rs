@@ -37,6 +37,10 @@ pub struct CollectorArgs {
     /// per stream and state, `stateplane:sync:SWITCH:STREAM:STATE`, index to value.
     #[arg(long)]
     pub redis: Option<String>,
+    /// Serve Prometheus metrics on this loopback address (`GET /metrics`): what was
+    /// applied and refused, each stream's age, threshold and loss, Redis's writes.
+    #[arg(long)]
+    pub metrics: Option<String>,
 }
 
 pub fn main(a: CollectorArgs) -> CliResult<()> {
@@ -63,7 +67,11 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
                 .map_err(|_| format!("--api: '{text}' is not an address like 127.0.0.1:9560"))
         })
         .transpose()?;
+    let metrics = (a.metrics.as_deref())
+        .map(|m| stateplane_switch::metrics::parse_addr("--metrics", m, "127.0.0.1:9465"))
+        .transpose()?;
     let settings = CollectorSettings {
+        metrics,
         redis: a.redis,
         api,
         listen,

@@ -26,9 +26,16 @@ fn start_collector(args: &[&str]) -> (Child, String, std::thread::JoinHandle<Str
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    stderr.read_line(&mut line).unwrap();
+    // Log lines may come first.
+    let mut line = String::new();
+    for _ in 0..20 {
+        line.clear();
+        stderr.read_line(&mut line).unwrap();
+        if line.starts_with("collector listening on ") {
+            break;
+        }
+    }
     let rest = std::thread::spawn(move || {
         let mut rest = String::new();
         let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
@@ -114,7 +121,10 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
     let dump = tmp("sync-dump.csv");
     let key_arg = key_file.display().to_string();
     let dump_arg = dump.display().to_string();
+    let metrics = format!("127.0.0.1:{}", free_port());
     let (collector, addr, collector_err) = start_collector(&[
+        "--metrics",
+        &metrics,
         "--key-file",
         &key_arg,
         "--switches",
@@ -178,8 +188,27 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
         assert_eq!(sync["changes"].as_u64().unwrap(), 2 * forwarded, "{out}");
     }
 
-    // The end-of-run refresh is on its way: give it a moment, then stop.
+    // The end-of-run refresh is on its way: give it a moment, then scrape, then stop.
     std::thread::sleep(std::time::Duration::from_millis(500));
+    let scrape = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    for line in [
+        "stateplane_collector_refused_total{reason=\"bad_mac\"} 1",
+        "stateplane_collector_gaps_total 0",
+        "stateplane_collector_stream_locations{switch=\"1\",stream=\"1\"} 4096",
+    ] {
+        assert!(scrape.lines().any(|l| l == line), "{line}: {scrape}");
+    }
+    assert!(
+        scrape.contains("stateplane_collector_stream_age_seconds{"),
+        "{scrape}"
+    );
     let table = stop_collector(collector, collector_err);
     for reason in ["truncated", "missing_mac", "bad_mac", "unknown_switch"] {
         assert!(table.contains(&format!("{reason} 1")), "{reason}: {table}");

@@ -210,7 +210,8 @@ impl Switch {
         };
         if let Some(addr) = metrics_addr {
             let drop_reasons = factory(0).drop_reasons();
-            metrics::serve(addr, handle.clone(), drop_reasons, port_names.clone())?;
+            let sync = sync.as_ref().map(|s| s.counters.clone());
+            metrics::serve(addr, handle.clone(), drop_reasons, port_names.clone(), sync)?;
             log::info!("metrics on http://{addr}/metrics");
         }
         let report = run_offline(&runtime, ports, &factory, &handle);

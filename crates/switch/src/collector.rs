@@ -37,6 +37,8 @@ pub struct CollectorSettings {
     pub api: Option<SocketAddr>,
     /// Write the copy through to the Redis server at this URL (`redis://127.0.0.1:6379`).
     pub redis: Option<String>,
+    /// Serve Prometheus metrics here (loopback).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The receive buffer asked for: a switch's end-of-run refresh arrives all at once.
@@ -128,6 +130,11 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))
         .transpose()?;
     let redis = redis.map(|client| RedisWriter::start(client, handle.clone()));
+    if let Some(addr) = settings.metrics {
+        let counters = redis.as_ref().map(|r| r.counters.clone());
+        crate::metrics::serve_collector(addr, handle.clone(), counters)?;
+        log::info!("metrics on http://{addr}/metrics");
+    }
     Ok(Bound {
         handle,
         addr,

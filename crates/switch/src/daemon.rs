@@ -238,6 +238,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
             handle.clone(),
             run.factory.as_ref()(0).drop_reasons(),
             run.port_names.clone(),
+            run.sync.as_ref().map(|s| s.counters.clone()),
         )?;
         log::info!("metrics on http://{addr}/metrics");
     }

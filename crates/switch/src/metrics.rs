@@ -3,11 +3,15 @@
 //! suffix as Prometheus expects them). One small thread, one connection at a time; nothing
 //! on the packet path: a scrape reads the counters the workers publish.
 
+use crate::redis_mirror::RedisCounters;
+use crate::sync_stage::SyncCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use stateplane_control::collector_api::CollectorHandle;
 use stateplane_runtime::RunHandle;
 use stateplane_runtime::{Counter, Stats};
 use std::fmt;
@@ -36,6 +40,8 @@ struct Scrape {
     handle: Arc<RunHandle>,
     drop_names: &'static [&'static str],
     ports: Vec<String>,
+    /// The sync stages' counters, where state is synced.
+    sync: Option<Arc<SyncCounters>>,
 }
 
 impl fmt::Debug for Scrape {
@@ -54,6 +60,79 @@ fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, series: Series) ->
     let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, value) in &series {
         ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// Encodes one gauge family (integers as integers, seconds as `f64`).
+fn gauge<T: Copy>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: Vec<(Vec<(&'static str, String)>, T)>,
+) -> fmt::Result
+where
+    ConstGauge<T>: EncodeMetric,
+{
+    let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in &series {
+        ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
+/// One counter with no labels.
+fn single(e: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> fmt::Result {
+    counter(e, name, help, vec![(Vec::new(), value)])
+}
+
+/// The sync stages' counters of a switch (`[sync]`).
+fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
+    let get = SyncCounters::get;
+    for (name, help, value) in [
+        (
+            "changes",
+            "Changes of synced state taken by the sync stages",
+            get(&c.changes),
+        ),
+        (
+            "changes_dropped",
+            "Changes the log had no room for (the refresh makes up for them)",
+            get(&c.changes_dropped),
+        ),
+        (
+            "messages",
+            "Sync messages sent to the collector",
+            get(&c.messages),
+        ),
+        ("bytes", "Bytes of sync messages sent", get(&c.bytes)),
+        (
+            "send_errors",
+            "Sync messages that could not be sent",
+            get(&c.send_errors),
+        ),
+        (
+            "reports",
+            "Reports taken from the collector",
+            get(&c.reports),
+        ),
+        (
+            "refused",
+            "Datagrams from the collector refused",
+            get(&c.refused),
+        ),
+        (
+            "write_parts",
+            "Parts of top-down writes taken",
+            get(&c.write_parts),
+        ),
+        (
+            "writes_committed",
+            "Top-down writes committed whole",
+            get(&c.writes_committed),
+        ),
+    ] {
+        single(e, &format!("stateplane_sync_{name}"), help, value)?;
     }
     Ok(())
 }
@@ -109,8 +188,141 @@ impl Collector for Scrape {
                 counter(&mut e, &format!("stateplane_port_{name}"), help, series)?;
             }
         }
+        if let Some(sync) = &self.sync {
+            encode_sync(&mut e, sync)?;
+        }
         Ok(())
     }
+}
+
+/// What one scrape of `stateplane collector --metrics` reads.
+struct CollectorScrape {
+    handle: Arc<CollectorHandle>,
+    redis: Option<Arc<RedisCounters>>,
+}
+
+impl fmt::Debug for CollectorScrape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CollectorScrape")
+    }
+}
+
+impl Collector for CollectorScrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let now = self.handle.now_ns();
+        let (counters, datagrams, reports, refused, streams) = self.handle.with(|c| {
+            let refused: Series = (c.refused.iter())
+                .map(|(r, n)| (vec![("reason", r.to_string())], *n))
+                .collect();
+            (
+                c.counters(),
+                c.datagrams,
+                c.reports_sent,
+                refused,
+                c.streams(),
+            )
+        });
+        for (name, help, value) in [
+            ("datagrams", "Datagrams received", datagrams),
+            ("applied", "Sync messages applied", counters.applied),
+            ("entries", "Values applied", counters.entries),
+            (
+                "gaps",
+                "Gaps found in the streams' sequence numbers",
+                counters.gaps,
+            ),
+            (
+                "missing_messages",
+                "Messages found missing",
+                counters.missing,
+            ),
+            (
+                "restarts",
+                "Streams started over by a new epoch",
+                counters.restarts,
+            ),
+            ("reports_sent", "Reports sent to the streams", reports),
+        ] {
+            single(&mut e, &format!("stateplane_collector_{name}"), help, value)?;
+        }
+        let help = "Datagrams refused, by reason";
+        counter(&mut e, "stateplane_collector_refused", help, refused)?;
+        let labels = |s: &stateplane_sync::collector::StreamInfo| {
+            vec![
+                ("switch", s.switch.to_string()),
+                ("stream", s.stream.to_string()),
+            ]
+        };
+        let age = (streams.iter())
+            .map(|s| (labels(s), now.saturating_sub(s.applied_ns) as f64 / 1e9))
+            .collect();
+        gauge(
+            &mut e,
+            "stateplane_collector_stream_age_seconds",
+            "Since the stream's last message was applied",
+            age,
+        )?;
+        let per_stream = |f: &dyn Fn(&stateplane_sync::collector::StreamInfo) -> u64| {
+            (streams.iter())
+                .map(|s| (labels(s), i64::try_from(f(s)).unwrap_or(i64::MAX)))
+                .collect()
+        };
+        let t = per_stream(&|s| s.threshold);
+        gauge(
+            &mut e,
+            "stateplane_collector_stream_threshold",
+            "The threshold the stream's worker works with",
+            t,
+        )?;
+        let held = per_stream(&|s| s.locations as u64);
+        gauge(
+            &mut e,
+            "stateplane_collector_stream_locations",
+            "Locations held of the stream",
+            held,
+        )?;
+        let missing = (streams.iter()).map(|s| (labels(s), s.missing)).collect();
+        counter(
+            &mut e,
+            "stateplane_collector_stream_missing_messages",
+            "Messages of the stream found missing",
+            missing,
+        )?;
+        if let Some(r) = &self.redis {
+            let get =
+                |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            single(
+                &mut e,
+                "stateplane_collector_redis_values",
+                "Values written to Redis",
+                get(&r.values),
+            )?;
+            single(
+                &mut e,
+                "stateplane_collector_redis_errors",
+                "Failed writes to Redis",
+                get(&r.errors),
+            )?;
+            single(
+                &mut e,
+                "stateplane_collector_redis_resyncs",
+                "Whole copies written to Redis",
+                get(&r.resyncs),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves a collector's metrics on `addr` (loopback) for as long as the process lives.
+pub fn serve_collector(
+    addr: SocketAddr,
+    handle: Arc<CollectorHandle>,
+    redis: Option<Arc<RedisCounters>>,
+) -> Result<(), String> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(CollectorScrape { handle, redis }));
+    serve_registry(addr, registry)
 }
 
 fn render(registry: &Registry) -> String {
@@ -127,15 +339,22 @@ pub fn serve(
     handle: Arc<RunHandle>,
     drop_names: &'static [&'static str],
     ports: Vec<String>,
+    sync: Option<Arc<SyncCounters>>,
 ) -> Result<(), String> {
-    let listener =
-        TcpListener::bind(addr).map_err(|e| format!("--metrics: cannot listen on {addr}: {e}"))?;
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Scrape {
         handle,
         drop_names,
         ports,
+        sync,
     }));
+    serve_registry(addr, registry)
+}
+
+/// Serves `registry` on `addr` from a thread of its own.
+fn serve_registry(addr: SocketAddr, registry: Registry) -> Result<(), String> {
+    let listener =
+        TcpListener::bind(addr).map_err(|e| format!("--metrics: cannot listen on {addr}: {e}"))?;
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
@@ -176,8 +395,14 @@ mod tests {
             handle,
             drop_names: &["say \"no\""],
             ports: Vec::new(),
+            sync: Some(Arc::new(SyncCounters::default())),
         }));
         let body = render(&registry);
+        assert!(
+            body.lines()
+                .any(|l| l == "stateplane_sync_messages_total 0"),
+            "{body}"
+        );
         for line in [
             "# HELP stateplane_rx_packets_total Packets received by the workers",
             "# TYPE stateplane_rx_packets_total counter",
