@@ -16,6 +16,7 @@ mod gen_cmd;
 mod lab_cmd;
 mod logging;
 mod progress;
+mod relay_cmd;
 mod run_cmd;
 mod send_cmd;
 mod summary_output;
@@ -82,6 +83,9 @@ enum Command {
     /// Take switches' synced state (their `[sync]` messages) into a copy with a bound per
     /// location.
     Collector(collector_cmd::CollectorArgs),
+    /// Relay UDP datagrams both ways, losing, duplicating and delaying them at given
+    /// rates (fault injection on the sync channel).
+    Relay(relay_cmd::RelayArgs),
     /// Talk to a running switch's control API: tables, registers, notifications, counters.
     Ctl(ctl::CtlArgs),
     /// Print the version.
@@ -115,6 +119,7 @@ pub fn main() -> ExitCode {
         Command::Send(args) => send_cmd::main(args),
         Command::Ctl(args) => ctl::main(args),
         Command::Collector(args) => collector_cmd::main(args),
+        Command::Relay(args) => relay_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

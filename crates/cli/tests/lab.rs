@@ -1488,3 +1488,149 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     let csv = std::fs::read_to_string(&dump).unwrap();
     assert!(csv.lines().count() > 1, "the dump holds the copy");
 }
+
+/// The same over a sync channel that loses 30% of the datagrams each way, duplicates 5%
+/// and reorders (`stateplane relay` on the controller, in front of the collector): every
+/// value the collector calls bounded is the switch's own, the loss shows as missing
+/// messages, and a reset of 1,024 values (18 parts) commits whole on the switch through it.
+#[test]
+fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tlossy", None, |t| {
+        t.replace(
+            "[switch.program]\nname = \"forward\"",
+            "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
+             depth = 2\ninterval_ms = 3600000\nmap = { p0 = \"p1\", p1 = \"p0\" }\n\
+             [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
+             collector = \"198.19.255.1:7474\"\nrefresh_ms = 50",
+        )
+    });
+    let dump = lab.file.with_extension("lossy.csv");
+    let collector = start_in(
+        "sp-tlossy-c1",
+        &[
+            "collector",
+            "--listen",
+            "127.0.0.1:7475",
+            "--api",
+            "127.0.0.1:9570",
+            "--dump",
+        ],
+        &dump,
+    );
+    let relay = start_in(
+        "sp-tlossy-c1",
+        &[
+            "relay",
+            "--listen",
+            "198.19.255.1:7474",
+            "--to",
+            "127.0.0.1:7475",
+            "--loss",
+            "0.3",
+            "--duplicate",
+            "0.05",
+            "--delay-ms",
+            "2",
+            "--seed",
+        ],
+        std::path::Path::new("7"),
+    );
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "300", "-i", "0.002", "-q", "198.18.0.2"],
+    );
+    assert!(text(&ping).contains("300 received"), "{}", text(&ping));
+    std::thread::sleep(Duration::from_millis(500));
+    let sync = |args: &[&str]| {
+        let mut command = vec![
+            env!("CARGO_BIN_EXE_stateplane"),
+            "ctl",
+            "-s",
+            "127.0.0.1:9570",
+            "sync",
+        ];
+        command.extend_from_slice(args);
+        lab.exec("c1", &command)
+    };
+    // Every bounded value is the switch's own as of the copy's instant. The register is
+    // read before and after the copy; a round counts only where it did not change between
+    // (a stray packet, ARP, may cross the switch) and the copy is as of a moment between.
+    let wall_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    };
+    let check = || -> Option<usize> {
+        let since = wall_ns();
+        let before = indexed_values(&ctl(&lab, &["register", "sketch", "0..1024"]));
+        std::thread::sleep(Duration::from_millis(60));
+        let copy = sync(&["read", "--stream", "0", "0..1024"]);
+        assert!(copy.status.success(), "{}", text(&copy));
+        let after = indexed_values(&ctl(&lab, &["register", "sketch", "0..1024"]));
+        let as_of: u64 = String::from_utf8_lossy(&copy.stderr)
+            .split_whitespace()
+            .find_map(|w| w.parse().ok())
+            .unwrap_or(0);
+        if before != after || as_of < since {
+            return None;
+        }
+        let own: std::collections::BTreeMap<u64, u64> = after.into_iter().collect();
+        let mut bounded = 0;
+        for line in String::from_utf8_lossy(&copy.stdout).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let (i, v): (u64, u64) = (words[0].parse().unwrap(), words[1].parse().unwrap());
+            match words[2] {
+                "±0" => {
+                    assert_eq!(own.get(&i), Some(&v), "location {i}: {line}");
+                    bounded += 1;
+                }
+                other => assert_eq!(other, "unbounded", "{line}"),
+            }
+        }
+        Some(bounded)
+    };
+    let mut compared = 0;
+    let mut bounded = 0;
+    for _ in 0..20 {
+        if let Some(b) = check() {
+            compared += 1;
+            bounded = bounded.max(b);
+        }
+    }
+    assert!(
+        compared > 0 && bounded > 0,
+        "{compared} rounds compared, {bounded} bounded"
+    );
+
+    let written = sync(&["write", "0..1024", "--fill", "0", "--timeout-ms", "5000"]);
+    assert!(
+        text(&written).contains("stream 0: write 1 committed, 18 parts"),
+        "{}",
+        text(&written)
+    );
+    let own = indexed_values(&ctl(&lab, &["register", "sketch", "0..1024"]));
+    let since: u64 = own[..256].iter().map(|(_, v)| v).sum();
+    assert!(since < 50, "the reset committed whole ({since} since)");
+    for _ in 0..5 {
+        check();
+    }
+
+    let streams = sync(&["streams"]);
+    let missing: u64 = String::from_utf8_lossy(&streams.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().nth(5))
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    assert!(missing > 0, "the loss shows: {}", text(&streams));
+    let relayed = interrupt(relay);
+    assert!(
+        text(&relayed).contains("to the target: received"),
+        "{}",
+        text(&relayed)
+    );
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+}

@@ -25,6 +25,7 @@ pub mod flow_export;
 pub mod flow_monitor;
 pub mod metrics;
 pub mod redis_mirror;
+pub mod relay;
 pub mod summary;
 pub mod sync_stage;
 pub mod units;

@@ -2,7 +2,8 @@
 //! so many bytes a second and queues so many before it drops (a link's or a socket's
 //! queue); and at configured rates it loses, duplicates and delays them (delay reorders).
 //! Seeded, so that a run repeats. For the simulation and the experiments, which feed it
-//! `(now, bytes)`; never on a real path.
+//! `(now, bytes)`, and for `stateplane relay`, the fault injection of tests with real
+//! processes, on the wall clock; never on a switch's or a collector's own path.
 
 use crate::wire::{DecodeError, Message};
 use crate::write::{Completed, WriteEngine, WriteStage, WriteTarget};

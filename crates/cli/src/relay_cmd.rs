@@ -1,0 +1,69 @@
+//! `stateplane relay`: a UDP relay that loses, duplicates and delays datagrams both ways at
+//! given rates: fault injection on the sync channel between real switches and a collector.
+
+use crate::summary_output::CliResult;
+use stateplane_switch::relay::{self, RelaySettings};
+use stateplane_sync::channel::Faults;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct RelayArgs {
+    /// Where the relay listens (the switches' `[sync] collector`).
+    #[arg(long)]
+    pub listen: String,
+    /// Where it relays to (the collector's `--listen`).
+    #[arg(long)]
+    pub to: String,
+    /// Chance that a datagram is lost, each way (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub loss: f64,
+    /// Chance that a datagram arrives twice, each way (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub duplicate: f64,
+    /// Each datagram is delayed by up to this many milliseconds, drawn uniformly (which
+    /// reorders them).
+    #[arg(long, default_value_t = 0.0)]
+    pub delay_ms: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop after this many seconds (else at SIGINT or SIGTERM).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+}
+
+pub fn main(a: RelayArgs) -> CliResult<()> {
+    let addr = |flag: &str, text: &str| {
+        text.parse()
+            .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:7474"))
+    };
+    for (flag, p) in [("--loss", a.loss), ("--duplicate", a.duplicate)] {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("{flag}: {p} is not a chance from 0 to 1"));
+        }
+    }
+    if !(0.0..=10_000.0).contains(&a.delay_ms) {
+        return Err(format!("--delay-ms: {} is outside 0 to 10000", a.delay_ms));
+    }
+    let duration = match a.seconds {
+        Some(s) if s > 0.0 && s <= 31_536_000.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => return Err(format!("--seconds: {s} is outside 0 to 31536000")),
+        None => None,
+    };
+    let settings = RelaySettings {
+        listen: addr("--listen", &a.listen)?,
+        target: addr("--to", &a.to)?,
+        faults: Faults {
+            loss: a.loss,
+            duplicate: a.duplicate,
+            max_delay_ns: (a.delay_ms * 1e6) as u64,
+        },
+        seed: a.seed,
+        duration,
+    };
+    let (socket, listening) = relay::bind(&settings)?;
+    let stop = stateplane_switch::collector::stop_on_signals()?;
+    eprintln!("relay listening on {listening}, to {}", settings.target);
+    let outcome = relay::run(&settings, socket, stop)?;
+    print!("{}", outcome.table());
+    Ok(())
+}
