@@ -682,3 +682,204 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
     }
     Ok(())
 }
+
+/// `stateplane bench-sync-cost`: what syncing a program's sketch costs its forwarding, in
+/// one run: `hh` replayed from memory with sync off, then with its sketch synced to a
+/// collector in the same process over UDP on loopback, at each threshold asked for. The
+/// run checks the work was done: once the last run of each mode has ended, the collector's
+/// copy holds, in each worker's first row, as many counts as packets were forwarded, every
+/// value with bound 0, and nothing was refused or missing.
+#[derive(clap::Args)]
+pub struct BenchSyncCostArgs {
+    /// Packets in the generated trace (internet workload).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub packets: u64,
+    #[arg(long, default_value_t = 64)]
+    pub packet_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Times each worker replays its share of the trace.
+    #[arg(long, default_value_t = 3)]
+    pub loops: u64,
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 64)]
+    pub burst: usize,
+    /// Repeat each measurement and report the median.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// The sketch's width and depth (hh's settings).
+    #[arg(long, default_value_t = 4096)]
+    pub width: usize,
+    #[arg(long, default_value_t = 4)]
+    pub depth: usize,
+    /// The thresholds synced with: "adaptive" or numbers (0: every change).
+    #[arg(long, value_delimiter = ',', default_value = "adaptive,0,64")]
+    pub thresholds: Vec<String>,
+    /// The read handler's slots.
+    #[arg(long, default_value_t = 65_536)]
+    pub slots: usize,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
+    use crate::bench::{generated_trace, rates, replay_runtime};
+    use stateplane_programs::PortNames;
+    use stateplane_switch::collector::{self, CollectorSettings};
+    use stateplane_switch::sync_stage::{SyncSettings, ThresholdSetting};
+    use stateplane_switch::units::bounded;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let workers = bounded("--workers", a.workers, 1, 64)?;
+    let burst = bounded("--burst", a.burst, 1, 1024)?;
+    let repeat = bounded("--repeat", a.repeat, 1, 101)?;
+    let width = a.width.max(1).next_power_of_two();
+    let names = PortNames(vec!["p0".into(), "p1".into()]);
+    let settings = format!(
+        "tenants = 1\nwidth = {width}\ndepth = {}\ninterval_ms = 3600000\nmap = {{ p0 = \"p1\", p1 = \"p0\" }}",
+        a.depth
+    );
+    let table_value: toml::Value = toml::from_str(&settings).map_err(|e| e.to_string())?;
+    let plain =
+        stateplane_programs::build("hh", Some(&table_value), &names).map_err(|e| e.to_string())?;
+    let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
+    let synced =
+        stateplane_programs::with_guarantees(plain.clone(), &wanted).map_err(|e| e.to_string())?;
+    let thresholds = (a.thresholds.iter())
+        .map(|t| match t.trim() {
+            "adaptive" => Ok(ThresholdSetting::Named("adaptive".into())),
+            n => n
+                .parse()
+                .map(ThresholdSetting::Fixed)
+                .map_err(|_| format!("--thresholds: '{n}' is neither adaptive nor a number")),
+        })
+        .collect::<BenchResult<Vec<_>>>()?;
+
+    let collector_settings = CollectorSettings {
+        listen: "127.0.0.1:0".parse().map_err(|_| "an address")?,
+        key_file: None,
+        switches: None,
+        report_every: std::time::Duration::from_millis(10),
+        duration: None,
+        dump: None,
+        api: None,
+        redis: None,
+        metrics: None,
+    };
+    let bound = collector::bind(&collector_settings)?;
+    let addr = bound.addr;
+    let handle = bound.handle();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let collector_thread =
+        std::thread::spawn(move || collector::run(&collector_settings, bound, stopping));
+
+    eprintln!("generating {} packets of internet", a.packets);
+    let (trace, input) = generated_trace("internet", a.packets, a.packet_size, 0.2, a.seed)?;
+    let runtime = replay_runtime(workers, burst);
+    let how = (a.loops, repeat, true);
+    eprintln!("hh, sync off");
+    let (off, _) = rates(Some(&plain), &trace, &runtime, how)?;
+    let mut rows = vec![("sync off".to_string(), off, 0u32)];
+    for (i, t) in thresholds.iter().enumerate() {
+        let switch = i as u32 + 1;
+        let name = match t {
+            ThresholdSetting::Fixed(0) => "sync on, t = 0 (every change)".to_string(),
+            ThresholdSetting::Fixed(n) => format!("sync on, t = {n}"),
+            ThresholdSetting::Named(_) => "sync on, t adaptive".to_string(),
+        };
+        eprintln!("hh, {name}");
+        let plan = SyncSettings {
+            collector: addr.to_string(),
+            switch: Some(switch),
+            channel_mbps: None,
+            threshold: Some(t.clone()),
+            refresh_ms: None,
+            max_age_ms: None,
+            slots: Some(a.slots),
+            key_file: None,
+        }
+        .plan(workers)?;
+        let mut on_runtime = runtime.clone();
+        on_runtime.state_stages = vec![plan.factory()?];
+        let (r, _) = rates(Some(&synced), &trace, &on_runtime, how)?;
+        rows.push((name, r, switch));
+    }
+    // The last messages are on their way; then the copy is checked against the counts.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let outcome = collector_thread
+        .join()
+        .map_err(|_| "the collector's thread failed")??;
+    if !outcome.refused.is_empty() || outcome.mirror.missing > 0 {
+        return Err(format!(
+            "the collector refused {:?} and missed {} messages: the figures would not count",
+            outcome.refused, outcome.mirror.missing
+        ));
+    }
+    for (name, r, switch) in rows.iter().filter(|r| r.2 > 0) {
+        let mut counted = 0u64;
+        for stream in 0..workers as u16 {
+            for (l, reading) in handle.with(|c| c.held(*switch, stream)) {
+                if reading.bound != Some(0) {
+                    return Err(format!("{name}: location {l:?} is not exact at the end"));
+                }
+                if (l.index as usize) < width {
+                    counted += reading.value;
+                }
+            }
+        }
+        if counted != r.forwarded {
+            return Err(format!(
+                "{name}: the collector's copy counts {counted} packets where {} were forwarded",
+                r.forwarded
+            ));
+        }
+    }
+    println!(
+        "input: {input}; hh with one tenant, a sketch of {} x {width}; {workers} worker(s), \
+         burst {burst}, loops {}, median of {repeat}; sync to a collector in this process on \
+         loopback, {} slots; checked: every mode's last copy counts every packet forwarded, \
+         exactly, nothing refused or missing",
+        a.depth, a.loops, a.slots
+    );
+    let off_mpps = rows[0].1.mpps_per_core;
+    let mut table = Table::new(&["hh"], &["Mpps/core", "vs off", "ns/packet"]);
+    let mut csv = Csv::new("mode,mpps_per_core,vs_off,ns_per_packet,packets");
+    for (name, r, _) in &rows {
+        table.row(vec![
+            name.clone(),
+            format!("{:.2}", r.mpps_per_core),
+            format!("{:.2}", r.mpps_per_core / off_mpps),
+            format!("{:.1}", r.ns_per_packet),
+        ]);
+        csv.row(format_args!(
+            "\"{name}\",{:.3},{:.3},{:.2},{}",
+            r.mpps_per_core,
+            r.mpps_per_core / off_mpps,
+            r.ns_per_packet,
+            r.packets
+        ));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panel = Panel {
+            title: "hh, Mpps per core".into(),
+            unit: "Mpps".into(),
+            bars: rows
+                .iter()
+                .map(|(n, r, _)| (n.clone(), r.mpps_per_core))
+                .collect(),
+        };
+        a.files.write_chart(
+            "Sync: what syncing a sketch costs forwarding",
+            &format!("{} packets, {} x {width} sketch", a.packets, a.depth),
+            &[panel],
+        )?;
+    }
+    Ok(())
+}

@@ -69,6 +69,9 @@ enum Command {
     /// What tracking synced state costs a register's update, against a plain array and a
     /// register not tracked.
     BenchSyncTrack(stateplane_bench::bench_sync::BenchSyncTrackArgs),
+    /// What syncing hh's sketch to a collector costs its forwarding, against sync off, in
+    /// one run, with the copy checked against the packets counted.
+    BenchSyncCost(stateplane_bench::bench_sync::BenchSyncCostArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -114,6 +117,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),
         Command::BenchSyncWrite(args) => stateplane_bench::bench_sync::main_write(args),
         Command::BenchSyncTrack(args) => stateplane_bench::bench_sync::main_track(args),
+        Command::BenchSyncCost(args) => stateplane_bench::bench_sync::main_cost(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

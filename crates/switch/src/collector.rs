@@ -104,6 +104,13 @@ pub struct Bound {
     redis: Option<RedisWriter>,
 }
 
+impl Bound {
+    /// The collector's core as its API sees it (for reads in the same process).
+    pub fn handle(&self) -> Arc<CollectorHandle> {
+        self.handle.clone()
+    }
+}
+
 /// Binds the collector's socket, reads its key, starts its API.
 pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     let key = (settings.key_file.as_deref())

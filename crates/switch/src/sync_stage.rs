@@ -186,11 +186,11 @@ pub fn read_key(path: &std::path::Path) -> Result<Key, String> {
 }
 
 impl SyncPlan {
-    /// One stage per worker, each with a socket of its own toward the collector. The
-    /// epoch, drawn at random, tells the collector a restarted switch's streams start
-    /// over (a clock's seconds would repeat for a switch restarted within one).
+    /// One stage per worker, each with a socket of its own toward the collector. Each
+    /// stage draws its epoch at random, which tells the collector that its stream starts
+    /// over (a clock's seconds would repeat for a switch restarted within one, and a
+    /// factory may make the stages of several runs).
     pub fn factory(&self) -> Result<StateStageFactory, String> {
-        let epoch = new_epoch();
         // Opened here, so that a collector address no socket can reach is refused before
         // the run starts.
         open_socket(self.collector).map_err(|e| format!("sync.collector: {e}"))?;
@@ -205,7 +205,7 @@ impl SyncPlan {
             }
             Box::new(SyncStage {
                 config: SenderConfig {
-                    epoch,
+                    epoch: new_epoch(),
                     stream: w as u16,
                     ..plan.sender.clone()
                 },
