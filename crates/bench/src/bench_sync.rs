@@ -883,3 +883,204 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     }
     Ok(())
 }
+
+/// `stateplane bench-sync-read`: how long a control-plane application waits to read N
+/// values of a switch's sketch, 256 to 65,536, two ways, in one run: from the collector's
+/// copy through its API (`sync`), and from the switch's workers through its control API
+/// (`poll`, the switch-OS way: the request crosses to the worker, which answers between
+/// two bursts). Both over gRPC on loopback, in this process, the worker busy polling as
+/// under traffic. Every read of both is checked against the values written.
+#[derive(clap::Args)]
+pub struct BenchSyncReadArgs {
+    /// Comma-separated numbers of values read (at most 65,536).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024,4096,16384,65536"
+    )]
+    pub sizes: Vec<u32>,
+    /// Reads of each size, each way.
+    #[arg(long, default_value_t = 30)]
+    pub reads: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
+    use stateplane_control::collector_api::{self, CollectorClient, CollectorHandle};
+    use stateplane_control::server::{ControlService, Server};
+    use stateplane_control::sync_pb::ReadRequest;
+    use stateplane_programs::PortNames;
+    use stateplane_runtime::{Burst, ControlPlane, Worker};
+    use stateplane_sync::collector::Collector;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    const CELLS: u32 = 65_536;
+    if a.reads == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
+        return Err("--sizes: 1 to 65536 values; --reads above 0".into());
+    }
+    // hh with one tenant: two sketches (the tenant's, the others') of 4 x 8,192.
+    let names = PortNames(vec!["p0".into(), "p1".into()]);
+    let settings: toml::Value = toml::from_str(
+        "tenants = 1\nwidth = 8192\ndepth = 4\ninterval_ms = 3600000\nmap = { p0 = \"p1\" }",
+    )
+    .map_err(|e| e.to_string())?;
+    let factory = stateplane_programs::build("hh", Some(&settings), &names)
+        .and_then(|f| {
+            let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
+            stateplane_programs::with_guarantees(f, &wanted)
+        })
+        .map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(a.seed);
+    let values: Vec<u64> = (0..CELLS).map(|_| rng.below(1 << 31)).collect();
+
+    // The switch: one worker, its sketch holding the values, behind its control API.
+    let mut program = factory(0);
+    for (i, &v) in values.iter().enumerate() {
+        program.write_synced(0, i as u32, v);
+    }
+    let mut dropped = Vec::new();
+    stateplane_state::changes::take(&mut dropped);
+    let (plane, ends) = ControlPlane::new(1, factory(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker_stop = stop.clone();
+    let end = ends.into_iter().next().ok_or("no worker end")?;
+    let worker = std::thread::spawn(move || {
+        let hasher = stateplane_wire::FlowHasher::with_seed(1);
+        let mut worker = Worker::new(program, 0, 1, 2, hasher).with_control(end);
+        let mut idle = Burst::with_capacity(1);
+        while !worker_stop.load(Ordering::Relaxed) {
+            worker.poll(&mut idle);
+        }
+    });
+    let service = ControlService::new(plane, "hh", Arc::new(Vec::new));
+    let loopback = "127.0.0.1:0".parse().map_err(|_| "an address")?;
+    let switch_api = Server::start(loopback, service)?;
+
+    // The collector: its copy of the same sketch, as the switch's refresh would leave it.
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let handle = Arc::new(CollectorHandle::new(Collector::new(None, None), socket));
+    let mut sender = Sender::new(SenderConfig {
+        switch: 1,
+        epoch: 1,
+        stream: 0,
+        slots: 16,
+        threshold: Threshold::Fixed(0),
+        max_age_ns: 1_000_000,
+        heartbeat_ns: 1_000_000,
+        batch_ns: 0,
+        refresh_ns: 0,
+        states: vec![(0, CELLS)],
+    });
+    let mut messages = Vec::new();
+    sender.finish(1, |l| values[l.index as usize], &mut messages);
+    let from = "127.0.0.1:9".parse().map_err(|_| "an address")?;
+    for m in messages {
+        let mut bytes = Vec::new();
+        m.encode(&mut bytes);
+        handle.with(|c| c.on_datagram(1, &bytes, from));
+    }
+    let collector_api = collector_api::serve(loopback, handle)?;
+
+    let mut poll = stateplane_control::client::Client::connect(&switch_api.addr.to_string())
+        .map_err(|e| e.to_string())?;
+    let mut sync =
+        CollectorClient::connect(&collector_api.addr.to_string()).map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for &n in &a.sizes {
+        eprintln!("reading {n} values {} times each way", a.reads);
+        let want = &values[..n as usize];
+        let (mut sync_ms, mut poll_ms) = (Vec::new(), Vec::new());
+        for _ in 0..a.reads {
+            let t = Instant::now();
+            let r = sync
+                .read(ReadRequest {
+                    switch_id: 1,
+                    stream: Some(0),
+                    state: 0,
+                    first: 0,
+                    count: n,
+                })
+                .map_err(|e| e.to_string())?;
+            sync_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            if r.values != want || !r.unbounded.is_empty() || r.bounds.iter().any(|&b| b != 0) {
+                return Err(format!(
+                    "sync: a read of {n} values is not the values written"
+                ));
+            }
+            let t = Instant::now();
+            let r = poll
+                .read_register("sketch", 0, u64::from(n))
+                .map_err(|e| e.to_string())?;
+            poll_ms.push(t.elapsed().as_secs_f64() * 1e3);
+            let got: Vec<u64> = (r.iter())
+                .map(|b| b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
+                .collect();
+            if got != want {
+                return Err(format!(
+                    "poll: a read of {n} values is not the values written"
+                ));
+            }
+        }
+        let stats = |ms: Vec<f64>| {
+            let max = ms.iter().copied().fold(0.0, f64::max);
+            (crate::statistics::median(ms), max)
+        };
+        rows.push((n, stats(sync_ms), stats(poll_ms)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = worker.join();
+    println!(
+        "input: hh's sketch of 65,536 counters holding random values (seed {}), read from \
+         index 0; {} reads of each size each way, in this process over gRPC on loopback; \
+         every read checked against the values written",
+        a.seed, a.reads
+    );
+    let mut table = Table::new(
+        &["values"],
+        &[
+            "sync median ms",
+            "sync max",
+            "poll median ms",
+            "poll max",
+            "poll / sync",
+        ],
+    );
+    let mut csv = Csv::new("values,sync_median_ms,sync_max_ms,poll_median_ms,poll_max_ms");
+    for (n, (sm, sx), (pm, px)) in &rows {
+        table.row(vec![
+            n.to_string(),
+            format!("{sm:.3}"),
+            format!("{sx:.3}"),
+            format!("{pm:.3}"),
+            format!("{px:.3}"),
+            format!("{:.2}x", pm / sm),
+        ]);
+        csv.row(format_args!("{n},{sm:.4},{sx:.4},{pm:.4},{px:.4}"));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let mut bars = Vec::new();
+        for (n, (sm, _), (pm, _)) in &rows {
+            bars.push((format!("{n}: sync"), *sm));
+            bars.push((format!("{n}: poll"), *pm));
+        }
+        let panel = Panel {
+            title: "a read of N values, median".into(),
+            unit: "ms".into(),
+            bars,
+        };
+        a.files.write_chart(
+            "Sync: reading a switch's sketch from the collector and by polling",
+            &format!("{} reads of each size each way, gRPC on loopback", a.reads),
+            &[panel],
+        )?;
+    }
+    Ok(())
+}

@@ -515,13 +515,14 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                     count,
                 })
                 .map_err(|e| e.to_string())?;
-            for v in &r.values {
-                let bound = if v.bounded {
-                    format!("±{}", v.bound)
-                } else {
+            let unbounded: std::collections::HashSet<u32> = r.unbounded.iter().copied().collect();
+            for (i, (value, bound)) in r.values.iter().zip(&r.bounds).enumerate() {
+                let bound = if unbounded.contains(&(i as u32)) {
                     "unbounded".to_string()
+                } else {
+                    format!("±{bound}")
                 };
-                println!("{} {} {bound}", v.index, v.value);
+                println!("{} {value} {bound}", u64::from(r.first) + i as u64);
             }
             eprintln!("as of the switch's {} ns", r.as_of_ns);
         }

@@ -72,6 +72,9 @@ enum Command {
     /// What syncing hh's sketch to a collector costs its forwarding, against sync off, in
     /// one run, with the copy checked against the packets counted.
     BenchSyncCost(stateplane_bench::bench_sync::BenchSyncCostArgs),
+    /// How long reading N values of a switch's sketch takes from the collector's copy and
+    /// by polling the switch's control API.
+    BenchSyncRead(stateplane_bench::bench_sync::BenchSyncReadArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -118,6 +121,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncWrite(args) => stateplane_bench::bench_sync::main_write(args),
         Command::BenchSyncTrack(args) => stateplane_bench::bench_sync::main_track(args),
         Command::BenchSyncCost(args) => stateplane_bench::bench_sync::main_cost(args),
+        Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

@@ -127,32 +127,31 @@ impl collector_server::Collector for CollectorService {
         }
         let reply = self.handle.with(|c| {
             let streams = streams_of(c, r.switch_id, r.stream)?;
-            let mut values: Vec<sync_pb::Value> = (0..r.count)
-                .map(|i| sync_pb::Value {
-                    index: r.first.saturating_add(i),
-                    value: 0,
-                    bounded: true,
-                    bound: 0,
-                })
-                .collect();
+            let n = r.count as usize;
+            let (mut values, mut bounds) = (vec![0u64; n], vec![0u64; n]);
+            let mut bounded = vec![true; n];
             let mut as_of_ns = u64::MAX;
             for stream in streams {
                 let readings = (c.read(r.switch_id, stream, state, r.first, r.count))
                     .ok_or_else(|| Status::not_found("the stream has applied no message yet"))?;
-                for (v, reading) in values.iter_mut().zip(readings) {
-                    v.value = v.value.saturating_add(reading.value);
+                for (i, reading) in readings.iter().enumerate() {
+                    values[i] = values[i].saturating_add(reading.value);
                     match reading.bound {
-                        Some(b) => v.bound = v.bound.saturating_add(b),
-                        None => v.bounded = false,
+                        Some(b) => bounds[i] = bounds[i].saturating_add(b),
+                        None => bounded[i] = false,
                     }
                     as_of_ns = as_of_ns.min(reading.as_of_ns);
                 }
             }
-            for v in values.iter_mut().filter(|v| !v.bounded) {
-                v.bound = 0;
+            let unbounded: Vec<u32> = (0..n as u32).filter(|&i| !bounded[i as usize]).collect();
+            for &i in &unbounded {
+                bounds[i as usize] = 0;
             }
             Ok::<_, Status>(sync_pb::ReadReply {
+                first: r.first,
                 values,
+                bounds,
+                unbounded,
                 as_of_ns: if as_of_ns == u64::MAX { 0 } else { as_of_ns },
             })
         })?;
@@ -277,10 +276,7 @@ fn state_id(state: u32) -> Result<u16, Status> {
 
 /// The streams a request names: `stream`, or every stream of `switch`.
 fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16>, Status> {
-    let known: Vec<u16> = (c.streams().into_iter())
-        .filter(|s| s.switch == switch)
-        .map(|s| s.stream)
-        .collect();
+    let known = c.streams_of(switch);
     if known.is_empty() {
         return Err(Status::not_found(format!(
             "switch {switch} has sent nothing to this collector"

@@ -400,7 +400,12 @@ impl Server {
                             return;
                         }
                     };
-                    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    // Answers go out at once, not held back for more to send (Nagle's
+                    // algorithm against the client's delayed acknowledgement costs 40 ms).
+                    let incoming = tokio_stream::StreamExt::map(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        |accepted| accepted.and_then(|s| s.set_nodelay(true).map(|()| s)),
+                    );
                     let served = router()
                         .serve_with_incoming_shutdown(incoming, async {
                             let _ = stopped.await;

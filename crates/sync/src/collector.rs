@@ -207,10 +207,7 @@ impl Collector {
         first: u32,
         count: u32,
     ) -> Option<Vec<Reading>> {
-        let at = |index| Location { state, index };
-        (first..first.saturating_add(count))
-            .map(|i| self.mirror.read(switch, stream, at(i)))
-            .collect()
+        self.mirror.read_range(switch, stream, state, first, count)
     }
 
     /// The streams heard from, in order.
@@ -228,10 +225,19 @@ impl Collector {
                     applied_ns: peer.applied_ns,
                     missing,
                     threshold: peer.threshold,
-                    locations: self.mirror.held(switch, stream).len(),
+                    locations: self.mirror.held_count(switch, stream),
                     writes_in_flight: !peer.engine.is_idle(),
                 })
             })
+            .collect()
+    }
+
+    /// The streams of `switch` heard from, in order.
+    pub fn streams_of(&self, switch: u32) -> Vec<u16> {
+        (self.mirror.streams().into_iter())
+            .filter(|&(s, _)| s == switch)
+            .map(|(_, stream)| stream)
+            .filter(|stream| self.peers.contains_key(&(switch, *stream)))
             .collect()
     }
 

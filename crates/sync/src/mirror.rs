@@ -44,7 +44,76 @@ struct StreamView {
     /// `(seq, t_max)` with `seq` rising and `t_max` falling: the largest `t_max` of the
     /// messages from `s` on is that of the first entry at or after `s`.
     thresholds: VecDeque<(u64, u64)>,
-    values: HashMap<Location, Held>,
+    values: Values,
+}
+
+/// Indexes below this are held in a vector per state (a read of 65,536 locations is then
+/// 65,536 array reads); those above, which no register of ours reaches, in a map, so that
+/// a message naming a far index cannot make the collector allocate for all below it.
+const DENSE_INDEXES: u32 = 1 << 20;
+
+/// The locations a stream's messages have carried, by state.
+#[derive(Clone, Debug, Default)]
+struct Values {
+    states: HashMap<u16, Cells, foldhash::fast::RandomState>,
+    count: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Cells {
+    /// `seq` 0: never carried (every message has a `seq` of 1 or more).
+    dense: Vec<Held>,
+    sparse: HashMap<u32, Held, foldhash::fast::RandomState>,
+}
+
+const NEVER: Held = Held {
+    value: 0,
+    seq: 0,
+    bounded_from: 0,
+};
+
+impl Cells {
+    fn get(&self, index: u32) -> Option<&Held> {
+        if index < DENSE_INDEXES {
+            self.dense.get(index as usize).filter(|h| h.seq > 0)
+        } else {
+            self.sparse.get(&index)
+        }
+    }
+}
+
+impl Values {
+    fn get(&self, at: Location) -> Option<&Held> {
+        self.states.get(&at.state)?.get(at.index)
+    }
+
+    fn insert(&mut self, at: Location, held: Held) {
+        let cells = self.states.entry(at.state).or_default();
+        let new = if at.index < DENSE_INDEXES {
+            let i = at.index as usize;
+            if i >= cells.dense.len() {
+                cells.dense.resize(i + 1, NEVER);
+            }
+            std::mem::replace(&mut cells.dense[i], held).seq == 0
+        } else {
+            cells.sparse.insert(at.index, held).is_none()
+        };
+        self.count += usize::from(new);
+    }
+
+    /// Every location held, in order.
+    fn locations(&self) -> Vec<Location> {
+        let mut all: Vec<Location> = Vec::with_capacity(self.count);
+        for (&state, cells) in &self.states {
+            let dense = (cells.dense.iter().enumerate())
+                .filter(|(_, h)| h.seq > 0)
+                .map(|(i, _)| i as u32);
+            let indexes = dense.chain(cells.sparse.keys().copied());
+            all.extend(indexes.map(|index| Location { state, index }));
+        }
+        all.sort_unstable();
+        all
+    }
 }
 
 /// A location's value, the message it came in, and the first message whose threshold
@@ -70,7 +139,7 @@ impl StreamView {
             missing: 0,
             last_sent_ns: 0,
             thresholds: VecDeque::new(),
-            values: HashMap::new(),
+            values: Values::default(),
         }
     }
 
@@ -252,7 +321,7 @@ impl Mirror {
     pub fn read(&self, switch: u32, stream: u16, location: Location) -> Option<Reading> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         // A location never sent holds what every location starts with.
-        let held = view.values.get(&location).copied().unwrap_or(Held {
+        let held = view.values.get(location).copied().unwrap_or(Held {
             value: 0,
             seq: 0,
             bounded_from: 0,
@@ -265,6 +334,41 @@ impl Mirror {
             bound,
             as_of_ns: view.last_sent_ns,
         })
+    }
+
+    /// `count` locations of `state` from `first` in `switch`'s `stream`, as `read` gives
+    /// each, with the stream looked up once and the bound worked out once for the
+    /// locations that came in one message (most do: a refresh's).
+    pub fn read_range(
+        &self,
+        switch: u32,
+        stream: u16,
+        state: u16,
+        first: u32,
+        count: u32,
+    ) -> Option<Vec<Reading>> {
+        let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
+        let cells = view.values.states.get(&state);
+        let mut last: Option<(u64, u64)> = None;
+        let readings = (first..first.saturating_add(count))
+            .map(|index| {
+                let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
+                let bound = (held.seq >= view.gap_seq).then(|| match last {
+                    Some((from, bound)) if from == held.bounded_from => bound,
+                    _ => {
+                        let bound = divergence_bound(view.threshold_since(held.bounded_from));
+                        last = Some((held.bounded_from, bound));
+                        bound
+                    }
+                });
+                Reading {
+                    value: held.value,
+                    bound,
+                    as_of_ns: view.last_sent_ns,
+                }
+            })
+            .collect();
+        Some(readings)
     }
 
     /// The report to send `switch` on its `stream` at `now_ns` (its feedback to the rate
@@ -297,11 +401,9 @@ impl Mirror {
         let Some(view) = self.streams.get(&(switch, stream)) else {
             return Vec::new();
         };
-        let mut held: Vec<(Location, Reading)> = (view.values.keys())
-            .filter_map(|&l| Some((l, self.read(switch, stream, l)?)))
-            .collect();
-        held.sort_unstable_by_key(|(l, _)| *l);
-        held
+        (view.values.locations().into_iter())
+            .filter_map(|l| Some((l, self.read(switch, stream, l)?)))
+            .collect()
     }
 
     /// When `switch`'s `stream` sent its last message applied (its clock): what the copy
@@ -310,6 +412,11 @@ impl Mirror {
         (self.streams.get(&(switch, stream)))
             .filter(|v| v.applied_seq > 0)
             .map(|v| v.last_sent_ns)
+    }
+
+    /// How many locations of `switch`'s `stream` a message has carried.
+    pub fn held_count(&self, switch: u32, stream: u16) -> usize {
+        (self.streams.get(&(switch, stream))).map_or(0, |v| v.values.count)
     }
 
     /// The epoch of `switch`'s `stream` and the messages found missing in it.
@@ -491,5 +598,54 @@ mod tests {
         assert_eq!((r.value, r.bound), (u64::MAX, Some(u64::MAX - 1)));
         assert_eq!(m.counters.bad_seq, 2);
         assert_eq!(m.report(1, 0, 0).unwrap().seq, u64::MAX - 1);
+    }
+
+    /// A range read gives what one read of each location gives, near indexes and far
+    /// (held apart), after gaps, refreshes and thresholds; and `held` lists each location
+    /// carried once, in order.
+    #[test]
+    fn a_range_read_is_each_location_read() {
+        let mut rng = stateplane_gen::rng::Rng::new(3);
+        let far = DENSE_INDEXES + 5;
+        let mut m = Mirror::new(None);
+        let mut seq = 1;
+        for _ in 0..300 {
+            // Now and then a message is skipped (a gap), or a refresh comes.
+            seq += 1 + u64::from(rng.chance(0.05));
+            let entries: Vec<(u32, u64)> = (0..rng.below(6))
+                .map(|_| {
+                    let index = if rng.chance(0.1) {
+                        far + rng.below(3) as u32
+                    } else {
+                        rng.below(64) as u32
+                    };
+                    (index, rng.below(1000))
+                })
+                .collect();
+            let mut message = msg(seq, rng.below(5), &entries);
+            if rng.chance(0.2) {
+                message.kind = Kind::Refresh;
+            }
+            let _ = m.apply(&message);
+        }
+        for first in [0, far - 2] {
+            let range = m.read_range(1, 0, 0, first, 70).unwrap();
+            for (i, r) in range.iter().enumerate() {
+                assert_eq!(
+                    Some(*r),
+                    m.read(1, 0, at(first + i as u32)),
+                    "{first} + {i}"
+                );
+            }
+        }
+        let held = m.held(1, 0);
+        assert_eq!(held.len(), m.held_count(1, 0));
+        assert!(held.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(held.iter().any(|(l, _)| l.index >= far));
+        assert_eq!(
+            m.read_range(1, 1, 0, 0, 1),
+            None,
+            "a stream never heard from"
+        );
     }
 }
