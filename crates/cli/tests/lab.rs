@@ -1387,6 +1387,49 @@ fn indexed_values(out: &Output) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The line lab with `hh` on s1, its sketch synced to a collector at 198.19.255.1:7474
+/// (the controller's address on the management network), refreshed every `refresh_ms`.
+fn synced_hh_lab(name: &str, refresh_ms: u32) -> Lab {
+    Lab::up_edited("line.toml", name, None, |t| {
+        t.replace(
+            "[switch.program]\nname = \"forward\"",
+            &format!(
+                "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
+                 depth = 2\ninterval_ms = 3600000\nmap = {{ p0 = \"p1\", p1 = \"p0\" }}\n\
+                 [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
+                 collector = \"198.19.255.1:7474\"\nrefresh_ms = {refresh_ms}"
+            ),
+        )
+    })
+}
+
+/// `stateplane collector` on the controller, listening on `listen`, its API where
+/// [`ctl_sync`] looks, its copy dumped to `dump` at the end.
+fn collector_on_c1(lab: &Lab, listen: &str, dump: &std::path::Path) -> std::process::Child {
+    let args = [
+        "collector",
+        "--listen",
+        listen,
+        "--api",
+        "127.0.0.1:9570",
+        "--dump",
+    ];
+    start_in(&format!("sp-{}-c1", lab.name), &args, dump)
+}
+
+/// `stateplane ctl sync ARGS` on the controller, against the collector's API there.
+fn ctl_sync(lab: &Lab, args: &[&str]) -> Output {
+    let mut command = vec![
+        env!("CARGO_BIN_EXE_stateplane"),
+        "ctl",
+        "-s",
+        "127.0.0.1:9570",
+        "sync",
+    ];
+    command.extend_from_slice(args);
+    lab.exec("c1", &command)
+}
+
 /// A live `hh` switch syncs its sketch over the lab's management network to a
 /// `stateplane collector` on the controller, while real traffic (ping) crosses it: once
 /// the traffic stops, the collector's copy, read with `ctl sync read`, is the switch's own
@@ -1397,28 +1440,9 @@ fn indexed_values(out: &Output) -> Vec<(u64, u64)> {
 #[test]
 fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = Lab::up_edited("line.toml", "tsync", None, |t| {
-        t.replace(
-            "[switch.program]\nname = \"forward\"",
-            "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
-             depth = 2\ninterval_ms = 3600000\nmap = { p0 = \"p1\", p1 = \"p0\" }\n\
-             [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
-             collector = \"198.19.255.1:7474\"\nrefresh_ms = 100",
-        )
-    });
+    let lab = synced_hh_lab("tsync", 100);
     let dump = lab.file.with_extension("sync.csv");
-    let collector = start_in(
-        "sp-tsync-c1",
-        &[
-            "collector",
-            "--listen",
-            "198.19.255.1:7474",
-            "--api",
-            "127.0.0.1:9570",
-            "--dump",
-        ],
-        &dump,
-    );
+    let collector = collector_on_c1(&lab, "198.19.255.1:7474", &dump);
     let ping = lab.exec(
         "h1",
         &["ping", "-c", "300", "-i", "0.002", "-q", "198.18.0.2"],
@@ -1426,19 +1450,8 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     assert!(text(&ping).contains("300 received"), "{}", text(&ping));
     // A refresh pass (100 ms) after the last change: the copy is exact.
     std::thread::sleep(Duration::from_millis(600));
-    let sync = |args: &[&str]| {
-        let mut command = vec![
-            env!("CARGO_BIN_EXE_stateplane"),
-            "ctl",
-            "-s",
-            "127.0.0.1:9570",
-            "sync",
-        ];
-        command.extend_from_slice(args);
-        lab.exec("c1", &command)
-    };
     let copy_and_switch = || {
-        let copy = sync(&["read", "--stream", "0", "0..1024"]);
+        let copy = ctl_sync(&lab, &["read", "--stream", "0", "0..1024"]);
         assert!(copy.status.success(), "{}", text(&copy));
         assert!(
             String::from_utf8_lossy(&copy.stdout)
@@ -1461,14 +1474,14 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     assert_eq!(row0, row1);
     assert!(row0 >= 600, "{row0}");
 
-    let streams = sync(&["streams"]);
+    let streams = ctl_sync(&lab, &["streams"]);
     assert!(
         text(&streams).contains("refused: none"),
         "{}",
         text(&streams)
     );
 
-    let written = sync(&["write", "0..1024", "--fill", "0"]);
+    let written = ctl_sync(&lab, &["write", "0..1024", "--fill", "0"]);
     assert!(
         text(&written).contains("stream 0: write 1 committed"),
         "{}",
@@ -1496,28 +1509,9 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
 #[test]
 fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let lab = Lab::up_edited("line.toml", "tlossy", None, |t| {
-        t.replace(
-            "[switch.program]\nname = \"forward\"",
-            "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
-             depth = 2\ninterval_ms = 3600000\nmap = { p0 = \"p1\", p1 = \"p0\" }\n\
-             [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
-             collector = \"198.19.255.1:7474\"\nrefresh_ms = 50",
-        )
-    });
+    let lab = synced_hh_lab("tlossy", 50);
     let dump = lab.file.with_extension("lossy.csv");
-    let collector = start_in(
-        "sp-tlossy-c1",
-        &[
-            "collector",
-            "--listen",
-            "127.0.0.1:7475",
-            "--api",
-            "127.0.0.1:9570",
-            "--dump",
-        ],
-        &dump,
-    );
+    let collector = collector_on_c1(&lab, "127.0.0.1:7475", &dump);
     let relay = start_in(
         "sp-tlossy-c1",
         &[
@@ -1542,17 +1536,6 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
     );
     assert!(text(&ping).contains("300 received"), "{}", text(&ping));
     std::thread::sleep(Duration::from_millis(500));
-    let sync = |args: &[&str]| {
-        let mut command = vec![
-            env!("CARGO_BIN_EXE_stateplane"),
-            "ctl",
-            "-s",
-            "127.0.0.1:9570",
-            "sync",
-        ];
-        command.extend_from_slice(args);
-        lab.exec("c1", &command)
-    };
     // Every bounded value is the switch's own as of the copy's instant. The register is
     // read before and after the copy; a round counts only where it did not change between
     // (a stray packet, ARP, may cross the switch) and the copy is as of a moment between.
@@ -1566,7 +1549,7 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
         let since = wall_ns();
         let before = indexed_values(&ctl(&lab, &["register", "sketch", "0..1024"]));
         std::thread::sleep(Duration::from_millis(60));
-        let copy = sync(&["read", "--stream", "0", "0..1024"]);
+        let copy = ctl_sync(&lab, &["read", "--stream", "0", "0..1024"]);
         assert!(copy.status.success(), "{}", text(&copy));
         let after = indexed_values(&ctl(&lab, &["register", "sketch", "0..1024"]));
         let as_of: u64 = String::from_utf8_lossy(&copy.stderr)
@@ -1604,7 +1587,10 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
         "{compared} rounds compared, {bounded} bounded"
     );
 
-    let written = sync(&["write", "0..1024", "--fill", "0", "--timeout-ms", "5000"]);
+    let written = ctl_sync(
+        &lab,
+        &["write", "0..1024", "--fill", "0", "--timeout-ms", "5000"],
+    );
     assert!(
         text(&written).contains("stream 0: write 1 committed, 18 parts"),
         "{}",
@@ -1617,7 +1603,7 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
         check();
     }
 
-    let streams = sync(&["streams"]);
+    let streams = ctl_sync(&lab, &["streams"]);
     let missing: u64 = String::from_utf8_lossy(&streams.stdout)
         .lines()
         .nth(1)

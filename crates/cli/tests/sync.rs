@@ -97,6 +97,19 @@ name = "out"
     config
 }
 
+/// A folder of the test's own holding `sync-in.pcap`, the trace `hh_config` reads (each
+/// test its own, as tests run side by side).
+fn trace_in(name: &str) -> std::path::PathBuf {
+    let dir = tmp(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    ok(bin()
+        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
+        .arg(dir.join("sync-in.pcap"))
+        .output()
+        .unwrap());
+    dir
+}
+
 fn signed(key: Option<&Key>, m: &Message) -> Vec<u8> {
     let mut bytes = Vec::new();
     m.encode_with(key, &mut bytes);
@@ -110,12 +123,7 @@ fn signed(key: Option<&Key>, m: &Message) -> Vec<u8> {
 /// and change nothing.
 #[test]
 fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused() {
-    let input = tmp("sync-in.pcap");
-    ok(bin()
-        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
-        .arg(&input)
-        .output()
-        .unwrap());
+    let dir = trace_in("sync-exact");
     let key_file = tmp("sync.key");
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     let dump = tmp("sync-dump.csv");
@@ -167,11 +175,10 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
 
     // The rate controller's threshold first; then the switch starts again with a fixed
     // one that holds most changes back until the timeout monitor or the end's refresh.
-    let dir = input.parent().unwrap();
     let mut forwarded = 0;
     for threshold in ["\"adaptive\"", "64"] {
         let sync = format!("key_file = \"{key_arg}\"\nthreshold = {threshold}");
-        let config = hh_config(dir, &addr, &sync);
+        let config = hh_config(&dir, &addr, &sync);
         let out = ok(bin()
             .args(["run", "--json", "--config"])
             .arg(&config)
@@ -251,13 +258,7 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
 /// With no collector listening, the run still ends, and its summary says the sends failed.
 #[test]
 fn a_run_with_no_collector_ends_and_says_so() {
-    let dir = tmp("sync-no-collector");
-    std::fs::create_dir_all(&dir).unwrap();
-    ok(bin()
-        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
-        .arg(dir.join("sync-in.pcap"))
-        .output()
-        .unwrap());
+    let dir = trace_in("sync-no-collector");
     // A port below the ephemeral range, where no test's collector can be given a port
     // (one bound and closed could go to the collector of a test running beside).
     let config = hh_config(&dir, "127.0.0.1:9", "");
@@ -439,13 +440,7 @@ fn free_port() -> u16 {
 /// whole copy is written again. A Redis URL with no server behind it is refused at start.
 #[test]
 fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
-    let dir = tmp("sync-redis");
-    std::fs::create_dir_all(&dir).unwrap();
-    ok(bin()
-        .args(["gen", "internet", "--packets", "30000", "--seed", "7", "-o"])
-        .arg(dir.join("sync-in.pcap"))
-        .output()
-        .unwrap());
+    let dir = trace_in("sync-redis");
     let port = free_port();
     let mut redis = Redis::start(port);
     let url = format!("redis://127.0.0.1:{port}");
