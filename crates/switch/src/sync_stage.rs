@@ -18,7 +18,9 @@ use stateplane_state::changes::{self, Change};
 use stateplane_sync::Location;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
-use stateplane_sync::wire::{ENTRY_LEN, Key, Kind, Message};
+use stateplane_sync::wire::{
+    ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, MAX_DATAGRAM_ENTRIES, Message,
+};
 use stateplane_sync::write::{WriteStage, WriteTarget};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
@@ -204,6 +206,7 @@ impl SyncPlan {
                 );
             }
             Box::new(SyncStage {
+                message_entries: message_entries(socket.as_ref()),
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -254,6 +257,17 @@ struct SyncStage {
     datagram: Vec<u8>,
     counters: Arc<SyncCounters>,
     warned: bool,
+    /// Entries a message carries: as many as one datagram on the path to the collector
+    /// holds (its MTU, as the kernel knows it; all of 64 KiB on loopback).
+    message_entries: usize,
+}
+
+/// The entries one datagram to the socket's peer carries whole, with a MAC.
+fn message_entries(socket: Option<&UdpSocket>) -> usize {
+    let payload = socket
+        .and_then(|s| stateplane_io::udp_socket::max_payload(s).ok())
+        .unwrap_or(1472);
+    (payload.saturating_sub(HEADER_LEN + MAC_LEN) / ENTRY_LEN).clamp(1, MAX_DATAGRAM_ENTRIES)
 }
 
 /// The program's synced state, as the write stage reads and writes it.
@@ -276,11 +290,13 @@ impl WriteTarget for ProgramState<'_> {
 impl SyncStage {
     fn sender(&mut self, program: &dyn Running) -> &mut Sender {
         let config = &self.config;
+        let entries = self.message_entries;
         self.sender.get_or_insert_with(|| {
             Sender::new(SenderConfig {
                 states: program.synced(),
                 ..config.clone()
             })
+            .with_message_entries(entries)
         })
     }
 

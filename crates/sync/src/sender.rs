@@ -6,7 +6,7 @@
 
 use crate::rate::RateController;
 use crate::read_handler::ReadHandler;
-use crate::wire::{Kind, MAX_ENTRIES, Message};
+use crate::wire::{Kind, MAX_DATAGRAM_ENTRIES, MAX_ENTRIES, Message};
 use crate::{Location, Update};
 
 /// What a worker's sync is asked to do.
@@ -83,6 +83,8 @@ pub struct Sender {
     /// quickest a message has taken to be reported seen.
     sent_log: std::collections::VecDeque<(u64, u64)>,
     quickest_ns: u64,
+    /// Entries a message carries at most (what one datagram on the path holds).
+    message_entries: usize,
     pub feedback: FeedbackCounters,
 }
 
@@ -137,12 +139,21 @@ impl Sender {
             reported_seq: 0,
             sent_log: std::collections::VecDeque::new(),
             quickest_ns: u64::MAX,
+            message_entries: MAX_ENTRIES,
             feedback: FeedbackCounters::default(),
             config,
         }
     }
 
     /// The capacity the rate controller uses now (updates a second).
+    /// Messages of up to `entries` entries (1 to `MAX_DATAGRAM_ENTRIES`; `MAX_ENTRIES`, what
+    /// a 1,500-byte path carries, unless told): fewer, larger messages where the path to
+    /// the collector takes them whole, as loopback's does.
+    pub fn with_message_entries(mut self, entries: usize) -> Sender {
+        self.message_entries = entries.clamp(1, MAX_DATAGRAM_ENTRIES);
+        self
+    }
+
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -263,7 +274,8 @@ impl Sender {
         // waiting updates with it.
         let quiet = (self.last_sent_ns)
             .is_none_or(|last| now_ns.saturating_sub(last) >= self.config.heartbeat_ns);
-        if waited || quiet || self.pending.len() >= MAX_ENTRIES || !self.refreshed.is_empty() {
+        let full = self.pending.len() >= self.message_entries;
+        if waited || quiet || full || !self.refreshed.is_empty() {
             self.send(now_ns, Kind::Updates, out);
             self.send(now_ns, Kind::Refresh, out);
             self.pending_since_ns = None;
@@ -335,7 +347,7 @@ impl Sender {
                 running: true,
             };
         }
-        while self.refreshed.len() < MAX_ENTRIES {
+        while self.refreshed.len() < self.message_entries {
             let Some(&(state, len)) = self.config.states.get(r.state) else {
                 r.running = false;
                 return;
@@ -360,13 +372,13 @@ impl Sender {
         }
     }
 
-    /// Sends the waiting entries of `kind` in messages of at most `MAX_ENTRIES`.
+    /// Sends the waiting entries of `kind` in messages of at most `message_entries`.
     fn send(&mut self, now_ns: u64, kind: Kind, out: &mut Vec<Message>) {
         let waiting = match kind {
             Kind::Refresh => std::mem::take(&mut self.refreshed),
             _ => std::mem::take(&mut self.pending),
         };
-        for entries in waiting.chunks(MAX_ENTRIES) {
+        for entries in waiting.chunks(self.message_entries) {
             self.emit(now_ns, kind, entries.to_vec(), out);
         }
     }
@@ -562,5 +574,26 @@ mod tests {
         quiet.finish(0, |_| 0, &mut end);
         assert_eq!(end.len(), 1);
         assert_eq!(end[0].kind, Kind::Heartbeat);
+    }
+
+    /// Where the path takes larger datagrams, messages carry up to the entries asked for:
+    /// 3,000 changes at once go in 3 messages of 1,000, not 52 of 58; and never more than
+    /// a datagram holds.
+    #[test]
+    fn larger_messages_where_the_path_takes_them() {
+        let mut s = Sender::new(SenderConfig {
+            threshold: Threshold::Fixed(0),
+            ..sender(1).config
+        })
+        .with_message_entries(1000);
+        let mut out = Vec::new();
+        for i in 0..3000 {
+            s.change(0, Location { state: 0, index: i }, 0, 1);
+        }
+        s.poll(0, |_| 0, &mut out);
+        let sizes: Vec<usize> = out.iter().map(|m| m.entries.len()).collect();
+        assert_eq!(sizes, [1000, 1000, 1000]);
+        let huge = Sender::new(sender(1).config).with_message_entries(usize::MAX);
+        assert_eq!(huge.message_entries, MAX_DATAGRAM_ENTRIES);
     }
 }

@@ -13,6 +13,9 @@ pub const MAC_LEN: usize = 32;
 /// Entries that fit one UDP datagram on a 1,500-byte MTU (1,472 bytes of payload), with a
 /// MAC.
 pub const MAX_ENTRIES: usize = (1472 - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
+/// Entries that fit the largest UDP datagram (65,507 bytes of payload), with a MAC: what
+/// a message may carry on a path that takes it whole (loopback's 64 KiB MTU).
+pub const MAX_DATAGRAM_ENTRIES: usize = (65_507 - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
 
 /// What a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,7 +305,7 @@ impl Message {
         let (seq, sent_ns, t_max) = (r.u64(), r.u64(), r.u64());
         let n = usize::from(count);
         let entries_allowed = !matches!(kind, Kind::Heartbeat | Kind::Report);
-        if n > MAX_ENTRIES || (!entries_allowed && n > 0) {
+        if n > MAX_DATAGRAM_ENTRIES || (!entries_allowed && n > 0) {
             return Err(DecodeError::Count(count));
         }
         let expected = HEADER_LEN + n * ENTRY_LEN;
@@ -380,6 +383,24 @@ mod tests {
         assert_eq!(Message::decode(&bytes), Ok(m));
     }
 
+    /// The most entries a message may carry, with a MAC, fit one UDP datagram, and come
+    /// back whole; one more is refused.
+    #[test]
+    fn the_largest_message_fits_a_datagram() {
+        let key = Key::new([3; 32]);
+        let mut bytes = Vec::new();
+        message(MAX_DATAGRAM_ENTRIES).encode_with(Some(&key), &mut bytes);
+        assert!(bytes.len() <= 65_507, "{}", bytes.len());
+        let back = Message::decode_with(Some(&key), &bytes).unwrap();
+        assert_eq!(back.entries.len(), MAX_DATAGRAM_ENTRIES);
+        let mut over = Vec::new();
+        message(MAX_DATAGRAM_ENTRIES + 1).encode(&mut over);
+        assert_eq!(
+            Message::decode(&over).map_err(|e| e.reason()),
+            Err("bad_count")
+        );
+    }
+
     /// Each field's fault is refused with its own reason, and every cut is refused.
     #[test]
     fn malformed_messages_are_refused_by_reason() {
@@ -397,7 +418,16 @@ mod tests {
         assert_eq!(with(HEADER_LEN + 2, 1), Err("reserved_not_zero"));
         assert_eq!(with(15, 3), Err("truncated"));
         assert_eq!(with(15, 1), Err("trailing_bytes"));
-        assert_eq!(with(14, 1), Err("bad_count"), "more than MAX_ENTRIES");
+        assert_eq!(
+            with(14, 1),
+            Err("truncated"),
+            "258 entries may be, but are not there"
+        );
+        assert_eq!(
+            with(14, 0xff),
+            Err("bad_count"),
+            "more than MAX_DATAGRAM_ENTRIES"
+        );
         assert_eq!(with(1, Kind::Heartbeat as u8), Err("bad_count"));
         for cut in 0..good.len() {
             assert!(Message::decode(&good[..cut]).is_err(), "cut at {cut}");
