@@ -61,7 +61,9 @@ impl Client {
         };
         let endpoint = Channel::from_shared(format!("http://{addr}"))
             .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
-            .connect_timeout(Duration::from_secs(3));
+            .connect_timeout(Duration::from_secs(3))
+            .initial_stream_window_size(Some(crate::server::WINDOW))
+            .initial_connection_window_size(Some(crate::server::WINDOW));
         let inner = runtime
             .block_on(endpoint.connect())
             .map(ControlClient::new)

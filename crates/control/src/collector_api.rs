@@ -348,9 +348,9 @@ fn wait_for_writes(
 /// Serves the collector's API on `addr` (loopback only).
 pub fn serve(addr: SocketAddr, handle: Arc<CollectorHandle>) -> Result<Server, String> {
     Server::serve(addr, "collector API", move || {
-        tonic::transport::Server::builder().add_service(collector_server::CollectorServer::new(
-            CollectorService { handle },
-        ))
+        Server::builder().add_service(collector_server::CollectorServer::new(CollectorService {
+            handle,
+        }))
     })
 }
 
@@ -376,7 +376,9 @@ impl CollectorClient {
             .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
         let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))
             .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
-            .connect_timeout(Duration::from_secs(3));
+            .connect_timeout(Duration::from_secs(3))
+            .initial_stream_window_size(Some(crate::server::WINDOW))
+            .initial_connection_window_size(Some(crate::server::WINDOW));
         let inner = runtime
             .block_on(endpoint.connect())
             .map(collector_client::CollectorClient::new)

@@ -350,6 +350,9 @@ mod crossbeam {
     pub use stateplane_runtime::control::RecvTimeoutError;
 }
 
+/// The HTTP/2 flow-control window of the APIs' servers and clients.
+pub const WINDOW: u32 = 8 << 20;
+
 /// A running control API server; stops when dropped.
 pub struct Server {
     pub addr: SocketAddr,
@@ -361,9 +364,16 @@ impl Server {
     /// Listens on `addr` (loopback only) and serves `service` on a thread of its own.
     pub fn start(addr: SocketAddr, service: ControlService) -> Result<Server, String> {
         Server::serve(addr, "control API", move || {
-            tonic::transport::Server::builder()
-                .add_service(control_server::ControlServer::new(service))
+            Server::builder().add_service(control_server::ControlServer::new(service))
         })
+    }
+
+    /// A gRPC server whose HTTP/2 windows take a large answer (65,536 values) in one go,
+    /// not in 64 KiB turns each waiting for the client's window update.
+    pub fn builder() -> tonic::transport::Server {
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(WINDOW))
+            .initial_connection_window_size(Some(WINDOW))
     }
 
     /// Listens on `addr` (loopback only: the APIs have no authentication) and serves what
