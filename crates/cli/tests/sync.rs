@@ -491,3 +491,73 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
         "{err}"
     );
 }
+
+/// Through the collector's API (`ctl sync`): a subscription sees the changes as they are
+/// applied, a read sums a switch's streams into the packets counted, and the streams are
+/// listed with their epochs; asking for a switch that never sent is refused by name.
+#[test]
+fn the_collector_api_streams_reads_and_follows_changes() {
+    let dir = trace_in("sync-api");
+    let api = format!("127.0.0.1:{}", free_port());
+    let (collector, addr, collector_err) = start_collector(&["--api", &api]);
+    let ctl = |args: &[&str]| {
+        let mut command = bin();
+        command
+            .args(["ctl", "-s", &api, "sync"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    };
+    let mut watch = ctl(&["watch", "--count", "5", "--timeout", "20"])
+        .spawn()
+        .unwrap();
+    // The switch runs until the watch has seen its 5 changes (however long the watch takes
+    // to subscribe): each run starts its streams over, and the reads below are of the last.
+    let config = hh_config(&dir, &addr, "");
+    let mut forwarded = 0;
+    for _ in 0..50 {
+        let out = ok(bin()
+            .args(["run", "--json", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap());
+        let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+        forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
+        if watch.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let watched = ok(watch.wait_with_output().unwrap());
+    let changes: Vec<&str> = watched
+        .lines()
+        .filter(|l| l.starts_with("switch 1 stream "))
+        .collect();
+    assert_eq!(changes.len(), 5, "{watched}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Row 0 of sketch 0, both workers summed: every packet forwarded, exactly.
+    let read = ok(ctl(&["read", "0..1024"]).output().unwrap());
+    let mut counted = 0u64;
+    for line in read.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[2], "±0", "{line}");
+        counted += words[1].parse::<u64>().unwrap();
+    }
+    assert_eq!(counted, forwarded, "{read}");
+    let streams = ok(ctl(&["streams"]).output().unwrap());
+    assert_eq!(
+        streams.lines().skip(1).count(),
+        2,
+        "a stream per worker: {streams}"
+    );
+    assert!(
+        (streams.lines().skip(1)).all(|l| l.trim_start().starts_with("1 ")),
+        "switch 1's: {streams}"
+    );
+    let out = ctl(&["read", "--switch", "9", "0..4"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("switch 9 has sent nothing"), "{err}");
+    stop_collector(collector, collector_err);
+}
