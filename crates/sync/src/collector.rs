@@ -169,9 +169,13 @@ impl Collector {
         let Some(peer) = self.peers.get_mut(&(ack.switch, ack.stream)) else {
             return self.refuse("unknown_stream");
         };
-        // Only the stream's own address may acknowledge its writes.
-        if peer.addr != from || peer.epoch != ack.epoch {
-            return self.refuse("stale");
+        // Only the stream's own address may acknowledge its writes, and only for the run
+        // (epoch) they were written into.
+        if peer.addr != from {
+            return self.refuse("ack_not_from_stream");
+        }
+        if peer.epoch != ack.epoch {
+            return self.refuse("stale_epoch");
         }
         if let Some(done) = peer.engine.on_ack(now_ns, ack) {
             self.completed
@@ -390,7 +394,15 @@ mod tests {
         let mut acks = vec![ack];
         // From another address, an acknowledgement is refused and completes nothing.
         send(&mut c, 2_000, &mut acks.clone(), "127.0.0.1:4001");
-        assert_eq!(c.refused.get("stale"), Some(&1));
+        assert_eq!(c.refused.get("ack_not_from_stream"), Some(&1));
+        assert_eq!(c.take_write(1, 0, id), None);
+        // From the stream's address but of another run of the switch: refused too.
+        let mut other_run = vec![Message {
+            epoch: 6,
+            ..acks[0].clone()
+        }];
+        send(&mut c, 2_000, &mut other_run, SWITCH);
+        assert_eq!(c.refused.get("stale_epoch"), Some(&1));
         assert_eq!(c.take_write(1, 0, id), None);
         send(&mut c, 2_000, &mut acks, SWITCH);
         let done = c.take_write(1, 0, id).unwrap().unwrap();
