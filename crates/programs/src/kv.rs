@@ -14,8 +14,9 @@
 //! Workers: each worker caches the requests the runtime sends it, and requests for one
 //! key come from many clients (many flows): a PUT updates only its worker's cache, so with
 //! several workers another may answer with the value before it until that entry idles
-//! out. A run of `kv` on more workers is refused at start, until the state-sync issue
-//! gives caches the `synced` guarantee.
+//! out. A run of `kv` on more workers is refused at start: its cache would have to be
+//! kept in step across workers, which nothing does yet (`synced` copies a program's
+//! sketch to a collector, not a table between workers).
 //!
 //! State: `cache` (declared; key `key`; action `value` with `len` and `value`, the value's
 //! bytes as a big-endian number; read-centric: GETs read it, PUTs write it).
@@ -292,7 +293,7 @@ impl Program for Kv {
     fn check_workers(&self, workers: usize, _live: bool) -> Result<(), String> {
         if workers > 1 {
             return Err(format!(
-                "kv runs on one worker until its cache can be synced between workers (the `synced` guarantee is not built yet): with {workers}, a worker could answer a GET with a value another worker's PUT replaced; set workers = 1 (--workers 1)"
+                "kv runs on one worker until its cache can be kept in step across workers (nothing does that yet): with {workers}, a worker could answer a GET with a value another worker's PUT replaced; set workers = 1 (--workers 1)"
             ));
         }
         Ok(())

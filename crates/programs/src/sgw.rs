@@ -22,8 +22,9 @@
 //!
 //! Workers: sessions are written by signaling, which comes from one MME (one flow, one
 //! worker), and read by every user's data (spread over workers): with several workers,
-//! sessions need the `synced` guarantee of the state-sync issue; until then a run on more
-//! than one worker is refused at start (the others would count `no_session`).
+//! sessions would have to be kept in step across workers, which nothing does yet
+//! (`synced` copies a program's sketch to a collector, not a table between workers), so a
+//! run on more than one worker is refused at start (the others would count `no_session`).
 //!
 //! State: `sessions` (declared; key the subscriber number `n`; action `session` with `enb
 //! enb_teid ue`; read-centric: written by about one packet in 18, read by the rest) and
@@ -435,7 +436,7 @@ impl Program for Sgw {
     fn check_workers(&self, workers: usize, _live: bool) -> Result<(), String> {
         if workers > 1 {
             return Err(format!(
-                "sgw runs on one worker until its sessions can be synced between workers (the `synced` guarantee is not built yet): with {workers}, every worker but the signaling's would drop users' packets as no_session; set workers = 1 (--workers 1)"
+                "sgw runs on one worker until its sessions can be kept in step across workers (nothing does that yet): with {workers}, every worker but the signaling's would drop users' packets as no_session; set workers = 1 (--workers 1)"
             ));
         }
         Ok(())
