@@ -309,6 +309,12 @@ fn sync_settings_that_cannot_hold_are_refused() {
             "sync.threshold: 'fast'",
         ),
         (
+            format!(
+                "{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nthreshold = 8\nchannel_mbps = 10\n{ports}"
+            ),
+            "sync.channel_mbps: with threshold = 8 nothing uses it",
+        ),
+        (
             format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nrefresh_ms = 0\n{ports}"),
             "sync.refresh_ms: 0 is out of range",
         ),

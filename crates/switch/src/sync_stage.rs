@@ -131,6 +131,13 @@ impl SyncSettings {
             Some(ThresholdSetting::Named(n)) if n == "adaptive" => {
                 Threshold::Adaptive(RateController::new(capacity))
             }
+            // The channel's rate is the rate controller's alone: with a fixed threshold
+            // it would be accepted and do nothing.
+            Some(ThresholdSetting::Fixed(t)) if self.channel_mbps.is_some() => {
+                return Err(format!(
+                    "sync.channel_mbps: with threshold = {t} nothing uses it (it sets the adaptive threshold's capacity); remove channel_mbps, or set threshold = \"adaptive\""
+                ));
+            }
             Some(ThresholdSetting::Fixed(t)) => Threshold::Fixed(*t),
             Some(ThresholdSetting::Named(other)) => {
                 return Err(format!(
