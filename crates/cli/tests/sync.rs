@@ -110,6 +110,16 @@ fn trace_in(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// Runs the switch of `config` to its end; its summary.
+fn run_json(config: &Path) -> serde_json::Value {
+    let out = ok(bin()
+        .args(["run", "--json", "--config"])
+        .arg(config)
+        .output()
+        .unwrap());
+    serde_json::from_str(&out).unwrap()
+}
+
 fn signed(key: Option<&Key>, m: &Message) -> Vec<u8> {
     let mut bytes = Vec::new();
     m.encode_with(key, &mut bytes);
@@ -178,13 +188,8 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
     let mut forwarded = 0;
     for threshold in ["\"adaptive\"", "64"] {
         let sync = format!("key_file = \"{key_arg}\"\nthreshold = {threshold}");
-        let config = hh_config(&dir, &addr, &sync);
-        let out = ok(bin()
-            .args(["run", "--json", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap());
-        let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let summary = run_json(&hh_config(&dir, &addr, &sync));
+        let out = summary.to_string();
         forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
         assert_eq!(forwarded, 30_000, "{out}");
         let sync = &summary["sync"];
@@ -523,12 +528,7 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     let config = hh_config(&dir, &addr, "");
     let mut forwarded = 0;
     for _ in 0..50 {
-        let out = ok(bin()
-            .args(["run", "--json", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap());
-        let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let summary = run_json(&config);
         forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
         if watch.try_wait().unwrap().is_some() {
             break;
@@ -565,5 +565,34 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("switch 9 has sent nothing"), "{err}");
+    // The switch's run has ended: a write to it is never acknowledged, and the wait ends
+    // at its timeout with a message that says so.
+    let out = ctl(&["write", "0..4", "--fill", "0", "--timeout-ms", "200"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("had not committed the write after 200 ms"),
+        "{err}"
+    );
     stop_collector(collector, collector_err);
+    // The API has no authentication: an address off loopback is refused, with the fix.
+    let out = bin()
+        .args([
+            "collector",
+            "--listen",
+            "127.0.0.1:0",
+            "--api",
+            "198.18.0.1:9570",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--api: the collector API has no authentication"),
+        "{err}"
+    );
+    assert!(err.contains("give 127.0.0.1:9570 instead"), "{err}");
 }

@@ -386,8 +386,8 @@ impl Server {
         if !addr.ip().is_loopback() {
             return Err(format!(
                 "the {what} has no authentication, so it listens on loopback only; \
-                 give an address like {} instead of {addr}",
-                crate::DEFAULT_ADDR
+                 give 127.0.0.1:{} instead of {addr}",
+                addr.port()
             ));
         }
         let listener = std::net::TcpListener::bind(addr)
