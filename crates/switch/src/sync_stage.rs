@@ -65,6 +65,10 @@ const BATCH_NS: u64 = 1_000_000;
 const HEARTBEAT_NS: u64 = 10_000_000;
 /// Datagrams a worker takes from its socket per pass at most (reports, write parts).
 const RECEIVE_PER_PASS: usize = 64;
+/// Under traffic the socket is looked at once every this many bursts (and at every tick),
+/// not after each: a `recv` that finds nothing costs as much as a burst's tracking of a
+/// few packets, and reports and write parts can wait a few microseconds.
+const RECEIVE_EVERY_BURSTS: u32 = 8;
 
 /// The settings, checked, for every worker's stage.
 #[derive(Clone, Debug)]
@@ -214,6 +218,7 @@ impl SyncPlan {
             }
             Box::new(SyncStage {
                 message_entries: message_entries(socket.as_ref()),
+                bursts_unread: 0,
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -267,6 +272,8 @@ struct SyncStage {
     /// Entries a message carries: as many as one datagram on the path to the collector
     /// holds (its MTU, as the kernel knows it; all of 64 KiB on loopback).
     message_entries: usize,
+    /// Bursts since the socket was last looked at.
+    bursts_unread: u32,
 }
 
 /// The entries one datagram to the socket's peer carries whole, with a MAC.
@@ -396,11 +403,13 @@ impl SyncStage {
         self.out = out;
     }
 
-    /// One pass: changes in, the collector's messages taken, a whole write committed, the
-    /// sender's messages out.
-    fn pass(&mut self, program: &mut dyn Running, now_ns: u64) {
+    /// One pass: changes in, the collector's messages taken (if `receive`), a whole write
+    /// committed, the sender's messages out.
+    fn pass(&mut self, program: &mut dyn Running, now_ns: u64, receive: bool) {
         self.take_changes(program, now_ns);
-        self.receive(program, now_ns);
+        if receive {
+            self.receive(program, now_ns);
+        }
         while let Some(done) = self.writes.commit(&mut ProgramState(program)) {
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
@@ -420,11 +429,17 @@ impl SyncStage {
 
 impl StateStage for SyncStage {
     fn after_burst(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.pass(program, ctx.now_ns);
+        self.bursts_unread += 1;
+        let receive = self.bursts_unread >= RECEIVE_EVERY_BURSTS;
+        if receive {
+            self.bursts_unread = 0;
+        }
+        self.pass(program, ctx.now_ns, receive);
     }
 
     fn tick(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.pass(program, ctx.now_ns);
+        self.bursts_unread = 0;
+        self.pass(program, ctx.now_ns, true);
     }
 
     fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
