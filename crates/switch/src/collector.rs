@@ -11,7 +11,7 @@
 use crate::redis_mirror::{self, RedisWriter};
 use crate::sync_stage::read_key;
 use stateplane_control::collector_api::{self, CollectorHandle};
-use stateplane_sync::collector::Collector;
+use stateplane_sync::collector::{Collector, StreamInfo};
 use stateplane_sync::mirror::MirrorCounters;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -52,9 +52,8 @@ pub struct CollectorOutcome {
     /// Datagrams refused, by reason (the decoder's and the mirror's).
     pub refused: BTreeMap<&'static str, u64>,
     pub reports_sent: u64,
-    /// Per stream: `(switch, stream, epoch, last message applied, messages missing,
-    /// locations held)`.
-    pub streams: Vec<(u32, u16, u32, u64, u64, usize)>,
+    /// Every stream heard from, as the core knows it at the end.
+    pub streams: Vec<StreamInfo>,
     /// With `--redis`: values written, errors, whole copies written.
     pub redis: Option<(u64, u64, u64)>,
 }
@@ -85,9 +84,10 @@ impl CollectorOutcome {
                 "redis: {values} values written, {resyncs} whole copies, {errors} errors\n"
             ));
         }
-        for (switch, stream, epoch, seq, missing, held) in &self.streams {
+        for i in &self.streams {
             s.push_str(&format!(
-                "switch {switch} stream {stream}: epoch {epoch}, last message {seq}, missing {missing}, locations held {held}\n"
+                "switch {} stream {}: epoch {}, last message {}, missing {}, locations held {}\n",
+                i.switch, i.stream, i.epoch, i.last_seq, i.missing, i.locations
             ));
         }
         s
@@ -204,24 +204,14 @@ pub fn run(
         )
     });
     handle.with(|c| {
-        let mut outcome = CollectorOutcome {
+        let outcome = CollectorOutcome {
             datagrams: c.datagrams,
             mirror: c.counters(),
             refused: c.refused.clone(),
             reports_sent: c.reports_sent,
-            streams: Vec::new(),
+            streams: c.streams(),
             redis,
         };
-        for s in c.streams() {
-            outcome.streams.push((
-                s.switch,
-                s.stream,
-                s.epoch,
-                s.last_seq,
-                s.missing,
-                s.locations,
-            ));
-        }
         if let Some(path) = &settings.dump {
             dump(c, path).map_err(|e| format!("--dump {}: {e}", path.display()))?;
         }
