@@ -100,6 +100,7 @@ enum Command {
 
 /// Runs the command line: parses the arguments, runs the command, and says how it went.
 pub fn main() -> ExitCode {
+    stateplane_io::end_quietly_when_stdout_closes();
     let cli = Cli::parse();
     if let Err(e) = logging::init(cli.log_level.as_deref()) {
         eprintln!("error: {e}");

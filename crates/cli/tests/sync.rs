@@ -551,6 +551,17 @@ fn the_collector_api_streams_reads_and_follows_changes() {
         counted += words[1].parse::<u64>().unwrap();
     }
     assert_eq!(counted, forwarded, "{read}");
+    // A reader that goes after one line (`| head -1`) of more than a pipe holds ends the
+    // command quietly.
+    let mut head = ctl(&["read", "0..200000"]).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(head.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let ended = head.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&ended.stderr);
+    assert!(first.starts_with("0 "), "{first}");
+    assert!(!err.contains("panicked"), "{err}");
     let streams = ok(ctl(&["streams"]).output().unwrap());
     assert_eq!(
         streams.lines().skip(1).count(),

@@ -25,3 +25,9 @@ pub use capture::{
     CaptureError, CaptureFormat, CaptureReader, CaptureWriter, ChunkedCapture, Record,
 };
 pub use replay::{ReplayQueue, ReplayTrace};
+
+/// For a command line's `main`: a closed standard output (a reader gone) ends the process
+/// quietly, as it ends Unix tools, rather than panic at the next print.
+pub fn end_quietly_when_stdout_closes() {
+    live::sys::default_sigpipe();
+}
