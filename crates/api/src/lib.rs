@@ -7,8 +7,9 @@
 //! parameters), the field-level form of entries every table kind shares ([`Entry`],
 //! [`Match`]), the requests a program answers between bursts ([`Request`]) and its replies
 //! ([`Reply`]), the checks a request must pass against a declaration before any worker sees
-//! it ([`Declaration::check`]), the errors split by cause ([`ControlError`]), and the
-//! notifications the data plane sends ([`Notification`]).
+//! it ([`Declaration::check`]), the errors split by cause ([`ControlError`]), the
+//! notifications the data plane sends ([`Notification`]), and the changes synced state
+//! hands the sync stage ([`Change`]).
 //!
 //! Must never: touch state (the state crate applies requests, next to its tables), do I/O,
 //! or know the wire format of the control API (the gRPC layer converts).
@@ -17,6 +18,17 @@
 //! the field's declared width. Ports are port indices.
 
 use std::fmt;
+
+/// One change of one cell of synced state, as the sync stage takes it: the cell's value
+/// at the stage's last take, and now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// The state's id among the worker's synced state.
+    pub state: u16,
+    pub index: u32,
+    pub old: u64,
+    pub new: u64,
+}
 
 /// What a piece of state promises beyond this worker's memory. Declared with the state, so
 /// that the sync, replication and flow-record stages can honour it without the program's

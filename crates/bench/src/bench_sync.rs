@@ -569,8 +569,9 @@ pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
 
 /// `stateplane bench-sync-track`: what tracking synced state costs a register's update,
 /// against the same updates on a plain array and on a register not tracked (which must
-/// cost nothing more), in one run. The tracked run takes the changes every 64 updates, as
-/// the sync stage would once a burst, and checks that it got every one.
+/// cost nothing more), in one run. The tracked run takes the changes every `--take-every`
+/// updates, as the sync stage's passes do, and checks that the changes it took add up to
+/// every update.
 #[derive(clap::Args)]
 pub struct BenchSyncTrackArgs {
     /// Cells of the register.
@@ -581,6 +582,10 @@ pub struct BenchSyncTrackArgs {
     pub updates: usize,
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// Updates between two takes of the tracked register's changes (65,536: about a
+    /// millisecond of a busy worker's, which is how often its sync stage takes them).
+    #[arg(long, default_value_t = 65_536)]
+    pub take_every: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -589,10 +594,10 @@ pub struct BenchSyncTrackArgs {
 
 pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
     use stateplane_state::Register;
-    use stateplane_state::changes::{Change, take};
+    use stateplane_state::changes::Change;
     use std::time::Instant;
-    if a.cells == 0 || a.updates == 0 || a.rounds == 0 {
-        return Err("--cells, --updates and --rounds must be above 0".into());
+    if a.cells == 0 || a.updates == 0 || a.rounds == 0 || a.take_every == 0 {
+        return Err("--cells, --updates, --rounds and --take-every must be above 0".into());
     }
     let mut rng = Rng::new(a.seed);
     let indexes: Vec<u32> = (0..a.updates)
@@ -616,24 +621,24 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
         quiet_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
         let mut tracked: Register<u64> = Register::new(a.cells);
         tracked.track(0, 0);
-        let (mut changes, mut dropped) = (0usize, 0u64);
+        let mut changed = 0u64;
         let t = Instant::now();
-        for burst in indexes.chunks(64) {
+        for burst in indexes.chunks(a.take_every) {
             for &i in burst {
                 tracked.update(i as usize, |x| *x += 1);
             }
-            dropped += take(&mut taken);
-            changes += taken.len();
+            tracked.take_changes(&mut taken);
+            changed += taken.iter().map(|c| c.new - c.old).sum::<u64>();
             taken.clear();
         }
         tracked_ns.push(t.elapsed().as_nanos() as f64 / a.updates as f64);
         let same = plain.iter().sum::<u64>() == a.updates as u64
             && quiet.as_slice() == plain.as_slice()
             && tracked.as_slice() == plain.as_slice();
-        if !same || changes != a.updates || dropped != 0 {
+        if !same || changed != a.updates as u64 {
             return Err(format!(
-                "round {round}: the registers differ from the plain array, or the log had \
-                 {changes} of {} changes ({dropped} dropped)",
+                "round {round}: the registers differ from the plain array, or the changes \
+                 taken add up to {changed} of {} updates",
                 a.updates
             ));
         }
@@ -642,9 +647,9 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
     let (plain, quiet, tracked) = (median(plain_ns), median(quiet_ns), median(tracked_ns));
     println!(
         "input: {} updates (+1) of a register of {} cells at uniform random indexes, seed {}; \
-         median of {} rounds; the tracked register's changes taken every 64 updates, every one \
-         checked",
-        a.updates, a.cells, a.seed, a.rounds
+         median of {} rounds; the tracked register's changes taken every {} updates, their \
+         sum checked against the updates",
+        a.updates, a.cells, a.seed, a.rounds, a.take_every
     );
     let mut table = Table::new(&["updates on"], &["ns/update", "vs plain array"]);
     let mut csv = Csv::new("target,ns_per_update,vs_plain");
@@ -699,13 +704,13 @@ pub struct BenchSyncCostArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Times each worker replays its share of the trace.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 10)]
     pub loops: u64,
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
-    /// Repeat each measurement and report the median.
+    /// Rounds of every mode in turn; the medians are reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
     /// The sketch's width and depth (hh's settings).
@@ -778,10 +783,8 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     eprintln!("generating {} packets of internet", a.packets);
     let (trace, input) = generated_trace("internet", a.packets, a.packet_size, 0.2, a.seed)?;
     let runtime = replay_runtime(workers, burst);
-    let how = (a.loops, repeat, true);
-    eprintln!("hh, sync off");
-    let (off, _) = rates(Some(&plain), &trace, &runtime, how)?;
-    let mut rows = vec![("sync off".to_string(), off, 0u32)];
+    // Every mode once a round, in turn, so that the machine's drifts fall on all of them.
+    let mut modes = vec![("sync off".to_string(), plain.clone(), runtime.clone(), None)];
     for (i, t) in thresholds.iter().enumerate() {
         let switch = i as u32 + 1;
         let name = match t {
@@ -789,7 +792,6 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             ThresholdSetting::Fixed(n) => format!("sync on, t = {n}"),
             ThresholdSetting::Named(_) => "sync on, t adaptive".to_string(),
         };
-        eprintln!("hh, {name}");
         let plan = SyncSettings {
             collector: addr.to_string(),
             switch: Some(switch),
@@ -803,8 +805,32 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         .plan(workers)?;
         let mut on_runtime = runtime.clone();
         on_runtime.state_stages = vec![plan.factory()?];
-        let (r, _) = rates(Some(&synced), &trace, &on_runtime, how)?;
-        rows.push((name, r, switch));
+        modes.push((name, synced.clone(), on_runtime, Some((switch, plan))));
+    }
+    let mut measured: Vec<Vec<crate::bench::Rates>> = modes.iter().map(|_| Vec::new()).collect();
+    for round in 0..repeat {
+        eprintln!("round {} of {repeat}", round + 1);
+        for ((_, factory, runtime, _), m) in modes.iter().zip(&mut measured) {
+            m.push(rates(Some(factory), &trace, runtime, (a.loops, 1, true))?.0);
+        }
+    }
+    let mut rows = Vec::new();
+    for ((name, _, _, synced), m) in modes.iter().zip(measured) {
+        let median = |f: fn(&crate::bench::Rates) -> f64| {
+            crate::statistics::median(m.iter().map(f).collect())
+        };
+        let (mpps, ns) = (median(|r| r.mpps_per_core), median(|r| r.ns_per_packet));
+        let forwarded = m.last().map_or(0, |r| r.forwarded);
+        if let Some((_, plan)) = synced {
+            let sent = plan.report();
+            eprintln!(
+                "{name}: over every round, {} changes taken in {} passes ({:.3} s), {} \
+                 messages ({} B)",
+                sent.changes, sent.passes, sent.pass_seconds, sent.messages, sent.bytes
+            );
+        }
+        let switch = synced.as_ref().map_or(0, |(s, _)| *s);
+        rows.push((name.clone(), mpps, ns, forwarded, switch));
     }
     // The last messages are on their way; then the copy is checked against the counts.
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -818,7 +844,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             outcome.refused, outcome.mirror.missing
         ));
     }
-    for (name, r, switch) in rows.iter().filter(|r| r.2 > 0) {
+    for (name, _, _, forwarded, switch) in rows.iter().filter(|r| r.4 > 0) {
         let mut counted = 0u64;
         for stream in 0..workers as u16 {
             for (l, reading) in handle.with(|c| c.held(*switch, stream)) {
@@ -830,36 +856,34 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
                 }
             }
         }
-        if counted != r.forwarded {
+        if counted != *forwarded {
             return Err(format!(
-                "{name}: the collector's copy counts {counted} packets where {} were forwarded",
-                r.forwarded
+                "{name}: the collector's copy counts {counted} packets where {forwarded} were \
+                 forwarded in its last round"
             ));
         }
     }
     println!(
         "input: {input}; hh with one tenant, a sketch of {} x {width}; {workers} worker(s), \
-         burst {burst}, loops {}, median of {repeat}; sync to a collector in this process on \
+         burst {burst}, loops {}, median of {repeat} rounds of every mode in turn; sync to a \
+         collector in this process on \
          loopback, {} slots; checked: every mode's last copy counts every packet forwarded, \
          exactly, nothing refused or missing",
         a.depth, a.loops, a.slots
     );
-    let off_mpps = rows[0].1.mpps_per_core;
+    let off_mpps = rows[0].1;
     let mut table = Table::new(&["hh"], &["Mpps/core", "vs off", "ns/packet"]);
-    let mut csv = Csv::new("mode,mpps_per_core,vs_off,ns_per_packet,packets");
-    for (name, r, _) in &rows {
+    let mut csv = Csv::new("mode,mpps_per_core,vs_off,ns_per_packet,packets_forwarded");
+    for (name, mpps, ns, forwarded, _) in &rows {
         table.row(vec![
             name.clone(),
-            format!("{:.2}", r.mpps_per_core),
-            format!("{:.2}", r.mpps_per_core / off_mpps),
-            format!("{:.1}", r.ns_per_packet),
+            format!("{mpps:.2}"),
+            format!("{:.2}", mpps / off_mpps),
+            format!("{ns:.1}"),
         ]);
         csv.row(format_args!(
-            "\"{name}\",{:.3},{:.3},{:.2},{}",
-            r.mpps_per_core,
-            r.mpps_per_core / off_mpps,
-            r.ns_per_packet,
-            r.packets
+            "\"{name}\",{mpps:.3},{:.3},{ns:.2},{forwarded}",
+            mpps / off_mpps
         ));
     }
     table.print();
@@ -872,7 +896,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             unit: "Mpps".into(),
             bars: rows
                 .iter()
-                .map(|(n, r, _)| (n.clone(), r.mpps_per_core))
+                .map(|(n, mpps, ..)| (n.clone(), *mpps))
                 .collect(),
         };
         a.files.write_chart(
@@ -942,8 +966,6 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
     for (i, &v) in values.iter().enumerate() {
         program.write_synced(0, i as u32, v);
     }
-    let mut dropped = Vec::new();
-    stateplane_state::changes::take(&mut dropped);
     let (plane, ends) = ControlPlane::new(1, factory(0));
     let stop = Arc::new(AtomicBool::new(false));
     let worker_stop = stop.clone();

@@ -195,9 +195,10 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
         let sync = &summary["sync"];
         assert!(sync["messages"].as_u64().unwrap() > 0, "{out}");
         assert_eq!(sync["send_errors"], 0, "{out}");
-        assert_eq!(sync["changes_dropped"], 0, "{out}");
-        // Each packet adds 1 to one counter of each of the 2 rows.
-        assert_eq!(sync["changes"].as_u64().unwrap(), 2 * forwarded, "{out}");
+        // Each packet adds 1 to one counter of each of the 2 rows; a pass takes a counter
+        // changed many times since the one before once.
+        let changes = sync["changes"].as_u64().unwrap();
+        assert!((1..=2 * forwarded).contains(&changes), "{out}");
     }
 
     // The end-of-run refresh is on its way: give it a moment, then scrape, then stop.

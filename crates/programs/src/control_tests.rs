@@ -651,12 +651,10 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     // Two sketches (one tenant, and the one the others share) of 2 rows of 64.
     assert_eq!(program.synced(), [(0, 256)]);
     let mut taken = Vec::new();
-    changes::take(&mut taken);
-    taken.clear();
     assert_eq!(program.write_synced(0, 255, 5), Some(0));
     assert_eq!(program.read_synced(0, 255), Some(5));
     assert_eq!(program.read_synced(0, 256), None);
-    changes::take(&mut taken);
+    program.changes(&mut taken);
     assert_eq!(
         taken,
         [changes::Change {

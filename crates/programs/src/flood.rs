@@ -286,6 +286,10 @@ impl Program for Flood {
         (self.sketch_register).track(std::slice::from_mut(&mut self.counts), name, id)
     }
 
+    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+        (self.sketch_register).changes(std::slice::from_mut(&mut self.counts), out);
+    }
+
     fn synced(&self) -> Vec<(u16, u32)> {
         (self.sketch_register).synced(std::slice::from_ref(&self.counts))
     }

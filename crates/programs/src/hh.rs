@@ -229,6 +229,10 @@ impl Program for Hh {
         self.sketch_register.track(&mut self.sketches, name, id)
     }
 
+    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+        self.sketch_register.changes(&mut self.sketches, out);
+    }
+
     fn synced(&self) -> Vec<(u16, u32)> {
         self.sketch_register.synced(&self.sketches)
     }

@@ -597,6 +597,10 @@ impl Program for Guaranteed {
         self.inner.track(name, id)
     }
 
+    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+        self.inner.changes(out);
+    }
+
     fn synced(&self) -> Vec<(u16, u32)> {
         self.inner.synced()
     }

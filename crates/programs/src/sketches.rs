@@ -7,6 +7,7 @@
 //! Must never: answer for a register it does not own, or hand out a location past the
 //! sketches' end.
 
+use stateplane_state::changes::Change;
 use stateplane_state::{ControlError, CountMin, Declaration, Guarantee, Kind, Reply, Request};
 
 /// The register's name, its synced state id once tracked.
@@ -108,6 +109,13 @@ impl SketchRegister {
         Some(cells)
     }
 
+    /// The counters changed since the last take (see `Program::changes`).
+    pub fn changes(&self, sketches: &mut [CountMin], out: &mut Vec<Change>) {
+        for s in sketches {
+            s.counters_mut().take_changes(out);
+        }
+    }
+
     pub fn synced(&self, sketches: &[CountMin]) -> Vec<(u16, u32)> {
         self.synced
             .map(|id| (id, Self::cells(sketches) as u32))
@@ -147,7 +155,6 @@ impl SketchRegister {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stateplane_state::changes;
 
     fn sketches() -> Vec<CountMin> {
         vec![CountMin::new(2, 4, 1), CountMin::new(2, 4, 2)]
@@ -194,17 +201,22 @@ mod tests {
         assert_eq!(r.track(&mut s, "sketch", 3), Some(16));
         assert_eq!(r.synced(&s), [(3, 16)]);
         let mut taken = Vec::new();
-        changes::take(&mut taken);
-        taken.clear();
         assert_eq!(r.write_synced(&mut s, 3, 9, 1 << 40), Some(0));
         assert_eq!(r.read_synced(&s, 3, 9), Some(u64::from(u32::MAX)));
         assert_eq!(r.write_synced(&mut s, 3, 16, 1), None);
         assert_eq!(r.read_synced(&s, 3, 16), None);
         assert_eq!(r.read_synced(&s, 2, 9), None);
         s[0].add(&7u32, 2);
-        changes::take(&mut taken);
-        let states: Vec<u16> = taken.iter().map(|c| c.state).collect();
-        assert_eq!(states, [3, 3, 3], "the write, then the add's two rows");
-        assert_eq!(taken[0].index, 9);
+        r.changes(&mut s, &mut taken);
+        let mut changed: Vec<(u16, u32)> = taken.iter().map(|c| (c.state, c.index)).collect();
+        changed.sort();
+        assert_eq!(
+            changed.len(),
+            3,
+            "the add's two rows, then the write: {changed:?}"
+        );
+        assert!(changed.iter().all(|&(state, _)| state == 3));
+        assert!(changed.contains(&(3, 9)));
+        assert!(changed.iter().any(|&(_, i)| i < 4) && changed.iter().any(|&(_, i)| i >= 4));
     }
 }

@@ -7,7 +7,7 @@
 //! them first.
 
 use crate::burst::Burst;
-use stateplane_api::{ControlError, Declaration, Notification, Reply, Request};
+use stateplane_api::{Change, ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::FlowHasher;
 use std::any::Any;
 use std::sync::Arc;
@@ -211,14 +211,19 @@ pub trait Program: Send {
     /// nothing has changed.
     fn requests(&mut self, _out: &mut Vec<Request>) {}
 
-    /// Starts tracking the declared state `name` as synced state `id`: from then on each
-    /// change of one of its cells goes to the worker thread's change log
-    /// (`stateplane_state::changes`), which the sync stage takes once a burst. Returns the
-    /// state's length in cells, or `None` if the program cannot track it (the
-    /// configuration then refuses `synced` for it, rather than promise what nothing keeps).
+    /// Starts tracking the declared state `name` as synced state `id`: from then on the
+    /// cells it changes are marked (`stateplane_state::changes`) for the sync stage's
+    /// [`Program::changes`]. Returns the state's length in cells, or `None` if the program
+    /// cannot track it (the configuration then refuses `synced` for it, rather than promise
+    /// what nothing keeps).
     fn track(&mut self, _name: &str, _id: u16) -> Option<u32> {
         None
     }
+
+    /// Appends to `out` each cell of the tracked state whose value differs from the last
+    /// call's (or from when tracking began), once, with both values: what the sync stage
+    /// takes between bursts.
+    fn changes(&mut self, _out: &mut Vec<Change>) {}
 
     /// The state tracked so far, as `(id, length)` in the order it was tracked.
     fn synced(&self) -> Vec<(u16, u32)> {
@@ -258,6 +263,7 @@ pub trait Running: Send {
     fn notifications(&mut self, out: &mut Vec<Notification>);
     fn requests(&mut self, out: &mut Vec<Request>);
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
+    fn changes(&mut self, out: &mut Vec<Change>);
     fn synced(&self) -> Vec<(u16, u32)>;
     fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
@@ -325,6 +331,10 @@ impl<P: Program> Running for P {
 
     fn track(&mut self, name: &str, id: u16) -> Option<u32> {
         Program::track(self, name, id)
+    }
+
+    fn changes(&mut self, out: &mut Vec<Change>) {
+        Program::changes(self, out);
     }
 
     fn synced(&self) -> Vec<(u16, u32)> {

@@ -1,53 +1,100 @@
-//! The changes synced state makes on a worker's thread, for the worker's sync stage: a
-//! tracked register (and the count-min sketch built on one) records each change of a cell
-//! as `(state, index, old, new)` here, and the stage takes them once a burst. State that is
-//! not tracked never comes here: its path has one predictable branch more.
+//! The changes of synced state, as the worker's sync stage takes them. A tracked register
+//! (and the count-min sketch built on one) marks the block of cells each change falls in,
+//! and keeps a copy of its cells as they were at the last take; a take compares the marked
+//! blocks with that copy and reports each cell that differs, once, with its value then and
+//! now. This is dirty-page tracking, as live migration of virtual machines does it: the
+//! data plane's path pays one bit set per change, the take pays for the blocks changed
+//! however often each changed, and state that is not tracked pays one predictable branch.
 //!
-//! Must never: grow without bound. Past `CAPACITY` changes not taken, the others are
-//! counted as dropped, and the anti-entropy refresh makes the collector's copy whole again.
+//! Must never: miss a cell changed since the last take, or report one that is back where
+//! it was then.
 
-use std::cell::RefCell;
+use std::ops::Range;
 
-/// One change of one cell of synced state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Change {
-    /// The state's id among the worker's synced state.
-    pub state: u16,
-    pub index: u32,
-    pub old: u64,
-    pub new: u64,
+pub use stateplane_api::Change;
+
+/// Cells per mark: a take looks at all of a marked block's cells.
+pub const BLOCK: usize = 16;
+
+/// One byte per block of `BLOCK` cells, set when a cell of the block may have changed
+/// since the last take. A byte, not a bit: marking is then a store alone, which the next
+/// mark of a nearby cell need not wait for (a bit's read-modify-write of a shared word
+/// chains each mark on the one before).
+#[derive(Clone, Debug)]
+pub struct Dirty {
+    marks: Box<[u8]>,
+    cells: usize,
 }
 
-/// Changes held between two takes at most (a burst's worth many times over).
-pub const CAPACITY: usize = 1 << 20;
-
-#[derive(Default)]
-struct Log {
-    changes: Vec<Change>,
-    dropped: u64,
-}
-
-thread_local! {
-    static LOG: RefCell<Log> = RefCell::new(Log::default());
-}
-
-/// Records a change made on this thread.
-#[inline]
-pub fn record(change: Change) {
-    LOG.with_borrow_mut(|log| {
-        if log.changes.len() < CAPACITY {
-            log.changes.push(change);
-        } else {
-            log.dropped += 1;
+impl Dirty {
+    pub fn new(cells: usize) -> Dirty {
+        Dirty {
+            marks: vec![0; cells.div_ceil(BLOCK)].into_boxed_slice(),
+            cells,
         }
-    });
+    }
+
+    /// Cell `cell` may have changed (`cell` is below the cells this was made for).
+    #[inline]
+    pub fn mark(&mut self, cell: usize) {
+        self.marks[cell / BLOCK] = 1;
+    }
+
+    pub fn mark_all(&mut self) {
+        self.marks.fill(1);
+    }
+
+    /// Calls `each` with the cells of every marked block, in order, and clears the marks.
+    pub fn take(&mut self, mut each: impl FnMut(Range<usize>)) {
+        const WORD: usize = 8;
+        let cells = self.cells;
+        let mut visit = |block: usize| {
+            let start = block * BLOCK;
+            each(start..(start + BLOCK).min(cells));
+        };
+        let tail = self.marks.len() / WORD * WORD;
+        let mut chunks = self.marks.chunks_exact_mut(WORD);
+        for (c, chunk) in chunks.by_ref().enumerate() {
+            // Eight blocks at a time: most are unmarked when the changes are few.
+            if chunk.iter().all(|&m| m == 0) {
+                continue;
+            }
+            for (i, mark) in chunk.iter_mut().enumerate() {
+                if std::mem::take(mark) != 0 {
+                    visit(c * WORD + i);
+                }
+            }
+        }
+        for (i, mark) in chunks.into_remainder().iter_mut().enumerate() {
+            if std::mem::take(mark) != 0 {
+                visit(tail + i);
+            }
+        }
+    }
 }
 
-/// Moves the changes recorded on this thread since the last take into `out`; how many
-/// were dropped for want of room.
-pub fn take(out: &mut Vec<Change>) -> u64 {
-    LOG.with_borrow_mut(|log| {
-        out.append(&mut log.changes);
-        std::mem::take(&mut log.dropped)
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marked_blocks_come_back_once_in_order_and_never_past_the_end() {
+        let mut d = Dirty::new(BLOCK * 70 + 3);
+        for cell in [BLOCK * 70 + 2, 5, 6, BLOCK * 65, BLOCK * 65 + 1] {
+            d.mark(cell);
+        }
+        let mut got = Vec::new();
+        d.take(|r| got.push(r));
+        assert_eq!(
+            got,
+            [0..BLOCK, BLOCK * 65..BLOCK * 66, BLOCK * 70..BLOCK * 70 + 3]
+        );
+        got.clear();
+        d.take(|r| got.push(r));
+        assert!(got.is_empty(), "the marks were cleared");
+        d.mark_all();
+        d.take(|r| got.push(r));
+        assert_eq!(got.len(), 71, "every block, none past the last cell");
+        assert_eq!(got.last(), Some(&(BLOCK * 70..BLOCK * 70 + 3)));
+    }
 }

@@ -12,7 +12,7 @@
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
-//! counts; the change log's buffer alone grows, to a burst's changes, once), or read a
+//! counts; a take of tracked state's changes appends to the caller's buffer), or read a
 //! clock (time comes in as `now_ns`, the data-plane clock, so tests run on a virtual one). It has no `unsafe` code (its prefetch hints are `stateplane-mem`'s).
 
 pub mod changes;

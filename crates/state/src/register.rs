@@ -1,6 +1,8 @@
 //! Registers (typed arrays indexed by the data plane and the control plane) and indexed
 //! packet/byte counters built on them.
 
+use crate::changes::{Change, Dirty};
+
 /// An index past the end, for the control plane's error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfRange {
@@ -35,12 +37,15 @@ macro_rules! word_of_unsigned {
 }
 word_of_unsigned!(u8, u16, u32, u64);
 
-/// Where a register is synced: its state id, and how a cell makes its word.
-#[derive(Debug, Clone, Copy)]
+/// Where a register is synced: its state id, and what its changes since the last take need
+/// (`changes`): the marks of the blocks changed, and the cells as they were at the last
+/// take (a copy as large as the register).
+#[derive(Debug, Clone)]
 struct Tracked<T> {
     state: u16,
     first: u32,
-    word: fn(&T) -> u64,
+    dirty: Dirty,
+    taken: Box<[T]>,
 }
 
 /// A fixed-size array of `T`, zeroed (default) at creation.
@@ -58,9 +63,10 @@ impl<T: Copy + Default> Register<T> {
         }
     }
 
-    /// Reports every change of a cell from now on to this thread's change log as state
-    /// `state` (`changes`), for the sync stage; cell `i` is the state's location
-    /// `first + i` (a state made of several registers gives each its own `first`).
+    /// Tracks every change of a cell from now on as state `state`, for the sync stage
+    /// ([`Register::take_changes`]); cell `i` is the state's location `first + i` (a state
+    /// made of several registers gives each its own `first`). The cells as they are now
+    /// are what the first take compares with.
     pub fn track(&mut self, state: u16, first: u32)
     where
         T: Word,
@@ -68,24 +74,51 @@ impl<T: Copy + Default> Register<T> {
         self.tracked = Some(Tracked {
             state,
             first,
-            word: T::word,
+            dirty: Dirty::new(self.cells.len()),
+            taken: self.cells.clone(),
         });
     }
 
-    /// Records the change of cell `index` from `old` to `new` if the register is tracked.
+    /// Cell `index` may have changed: marks it if the register is tracked.
     #[inline]
-    fn changed(&self, index: usize, old: &T, new: &T) {
-        if let Some(Tracked { state, first, word }) = self.tracked {
-            let (old, new) = (word(old), word(new));
-            if old != new {
-                crate::changes::record(crate::changes::Change {
-                    state,
-                    index: first.wrapping_add(index as u32),
-                    old,
-                    new,
-                });
-            }
+    fn changed(&mut self, index: usize) {
+        if let Some(tracked) = &mut self.tracked {
+            tracked.dirty.mark(index);
         }
+    }
+
+    /// Appends to `out` each cell whose word differs from the last take's (or from the
+    /// start of tracking), with both words; nothing if the register is not tracked.
+    pub fn take_changes(&mut self, out: &mut Vec<Change>)
+    where
+        T: Word,
+    {
+        let Some(Tracked {
+            state,
+            first,
+            dirty,
+            taken,
+        }) = &mut self.tracked
+        else {
+            return;
+        };
+        let cells = &self.cells;
+        dirty.take(|block| {
+            let start = block.start;
+            let then = &mut taken[block.clone()];
+            for (i, (now, then)) in cells[block].iter().zip(then).enumerate() {
+                let (old, new) = (then.word(), now.word());
+                if old != new {
+                    out.push(Change {
+                        state: *state,
+                        index: first.wrapping_add((start + i) as u32),
+                        old,
+                        new,
+                    });
+                    *then = *now;
+                }
+            }
+        });
     }
 
     pub fn len(&self) -> usize {
@@ -109,8 +142,8 @@ impl<T: Copy + Default> Register<T> {
             .cells
             .get_mut(index)
             .ok_or(OutOfRange { index, size })?;
-        let old = std::mem::replace(cell, value);
-        self.changed(index, &old, &value);
+        *cell = value;
+        self.changed(index);
         Ok(())
     }
 
@@ -130,11 +163,8 @@ impl<T: Copy + Default> Register<T> {
         let n = self.cells.len();
         if n > 0 {
             let i = index % n;
-            let cell = &mut self.cells[i];
-            let old = *cell;
-            f(cell);
-            let new = *cell;
-            self.changed(i, &old, &new);
+            f(&mut self.cells[i]);
+            self.changed(i);
         }
     }
 
@@ -144,13 +174,9 @@ impl<T: Copy + Default> Register<T> {
 
     /// Sets every cell back to its default (e.g. counters reset every interval).
     pub fn clear(&mut self) {
-        if self.tracked.is_some() {
-            for i in 0..self.cells.len() {
-                let old = std::mem::take(&mut self.cells[i]);
-                self.changed(i, &old, &T::default());
-            }
-        } else {
-            self.cells.fill(T::default());
+        self.cells.fill(T::default());
+        if let Some(tracked) = &mut self.tracked {
+            tracked.dirty.mark_all();
         }
     }
 }
@@ -187,39 +213,48 @@ impl Register<PacketBytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::changes::{Change, take};
 
-    /// A tracked register reports every change of a cell, by write, update and clear, and
-    /// none that changes nothing; one not tracked reports none.
+    /// A tracked register reports each cell changed since the last take once, by write,
+    /// update and clear, and none that is back where it was; one not tracked reports none.
     #[test]
     fn a_tracked_register_reports_each_change_and_an_untracked_one_none() {
         let mut got = Vec::new();
-        take(&mut got);
-        got.clear();
         let mut quiet: Register<u64> = Register::new(4);
         quiet.write(1, 5).unwrap();
         quiet.update(2, |x| *x += 1);
-        assert_eq!(take(&mut got), 0);
+        quiet.take_changes(&mut got);
         assert!(got.is_empty());
-        let mut r: Register<u64> = Register::new(4);
+        let mut r: Register<u64> = Register::new(200);
+        r.write(3, 9).unwrap();
         r.track(7, 0);
         r.write(1, 5).unwrap();
-        r.write(1, 5).unwrap();
-        r.update(6, |x| *x += 3);
-        r.clear();
-        take(&mut got);
+        r.write(1, 6).unwrap();
+        r.update(202, |x| *x += 3);
+        r.update(150, |x| *x += 1);
+        r.update(150, |x| *x -= 1);
+        r.take_changes(&mut got);
         let c = |index, old, new| Change {
             state: 7,
             index,
             old,
             new,
         };
-        assert_eq!(got, [c(1, 0, 5), c(2, 0, 3), c(1, 5, 0), c(2, 3, 0)]);
+        assert_eq!(
+            got,
+            [c(1, 0, 6), c(2, 0, 3)],
+            "each cell once, with its value at the start of tracking; 150 is back"
+        );
+        got.clear();
+        r.take_changes(&mut got);
+        assert!(got.is_empty(), "nothing since the last take");
+        r.clear();
+        r.take_changes(&mut got);
+        assert_eq!(got, [c(1, 6, 0), c(2, 3, 0), c(3, 9, 0)]);
         let mut counters: Counters = Register::new(2);
         counters.track(1, 10);
         counters.count(0, 100);
         got.clear();
-        take(&mut got);
+        counters.take_changes(&mut got);
         assert_eq!(
             got,
             [Change {

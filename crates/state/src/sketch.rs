@@ -29,8 +29,8 @@ impl CountMin {
         }
     }
 
-    /// Reports every change of a counter to this thread's change log as state `state`;
-    /// counter `row * width + column` is the location `first + row * width + column`.
+    /// Tracks every change of a counter as state `state` (`Register::track`); counter
+    /// `row * width + column` is the location `first + row * width + column`.
     pub fn track(&mut self, state: u16, first: u32) {
         self.rows.track(state, first);
     }

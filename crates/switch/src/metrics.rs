@@ -92,13 +92,13 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     for (name, help, value) in [
         (
             "changes",
-            "Changes of synced state taken by the sync stages",
+            "Cells of synced state found changed by the sync stages' passes (a cell changed many times between two passes counts once)",
             get(&c.changes),
         ),
         (
-            "changes_dropped",
-            "Changes the log had no room for (the refresh makes up for them)",
-            get(&c.changes_dropped),
+            "passes",
+            "Passes of the sync stages (each takes the changes since the one before)",
+            get(&c.passes),
         ),
         (
             "messages",

@@ -1,10 +1,19 @@
 //! The sync stage: what keeps the `synced` guarantee, one per worker, run by the worker
-//! loop between bursts (`runtime::StateStage`). It takes the worker's changes to synced
-//! state (`stateplane_state::changes`) once a burst into the worker's `Sender` (the
+//! loop between bursts (`runtime::StateStage`). Each pass takes the cells of synced state
+//! changed since the last one (`Program::changes`) into the worker's `Sender` (the
 //! protocol core of `stateplane-sync`), and sends the messages it makes to the collector
 //! over UDP, as the worker's stream (stream = worker index). On the same socket it takes
 //! the collector's reports (to the rate controller) and the parts of top-down writes, which
 //! it acknowledges and commits whole between two bursts.
+//!
+//! The stage keeps time by the system's clock, whatever the data plane's clock is (a
+//! replay's is its capture's): the channel's capacity, the timeout monitor and the refresh
+//! are about the real channel, and a message's sending time is the instant the collector's
+//! copy is as of. It reads the clock as the Unix time at the stage's start plus a monotonic
+//! clock's time since, so that it never goes back. Under traffic a pass runs after a burst only once
+//! `PASS_SHARE` times the last pass's length has gone by since it began, so a busy
+//! worker gives the stage about 1/`PASS_SHARE` of its time, and the changes a cell makes
+//! meanwhile reach the sender as one.
 //!
 //! Configured by a run's `[sync]` section ([`SyncSettings`]); docs/SYNC.md has the
 //! protocol.
@@ -14,7 +23,7 @@
 
 use serde::Deserialize;
 use stateplane_runtime::{Context, Running, StateStage, StateStageFactory};
-use stateplane_state::changes::{self, Change};
+use stateplane_state::changes::Change;
 use stateplane_sync::Location;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
@@ -65,10 +74,15 @@ const BATCH_NS: u64 = 1_000_000;
 const HEARTBEAT_NS: u64 = 10_000_000;
 /// Datagrams a worker takes from its socket per pass at most (reports, write parts).
 const RECEIVE_PER_PASS: usize = 64;
-/// Under traffic the socket is looked at once every this many bursts (and at every tick),
-/// not after each: a `recv` that finds nothing costs as much as a burst's tracking of a
-/// few packets, and reports and write parts can wait a few microseconds.
-const RECEIVE_EVERY_BURSTS: u32 = 8;
+/// A busy worker gives its sync stage about one part in this many of its time (see the
+/// module doc).
+const PASS_SHARE: u64 = 50;
+/// Passes are never further apart than this under traffic (the collector hears from the
+/// stream about once a heartbeat).
+const MAX_PASS_INTERVAL_NS: u64 = HEARTBEAT_NS;
+/// Under traffic the clock is read after one burst in this many (a read costs about a
+/// third of a 64-packet burst's marking of its changes).
+const CLOCK_EVERY_BURSTS: u32 = 4;
 
 /// The settings, checked, for every worker's stage.
 #[derive(Clone, Debug)]
@@ -82,9 +96,12 @@ pub struct SyncPlan {
 /// What the sync stages of a run did, summed over workers.
 #[derive(Debug, Default)]
 pub struct SyncCounters {
+    /// Cells found changed by the passes (a cell changed many times between two counts
+    /// once).
     pub changes: AtomicU64,
-    /// Changes the log had no room for (the refresh makes up for them).
-    pub changes_dropped: AtomicU64,
+    /// Passes, and the time the workers spent in them.
+    pub passes: AtomicU64,
+    pub pass_ns: AtomicU64,
     pub messages: AtomicU64,
     pub bytes: AtomicU64,
     /// Sends that failed (no collector listening, a full buffer).
@@ -218,7 +235,10 @@ impl SyncPlan {
             }
             Box::new(SyncStage {
                 message_entries: message_entries(socket.as_ref()),
-                bursts_unread: 0,
+                clock: std::time::Instant::now(),
+                started_unix_ns: unix_now_ns(),
+                next_pass_ns: 0,
+                bursts_unclocked: 0,
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -237,6 +257,13 @@ impl SyncPlan {
             })
         }))
     }
+}
+
+/// Nanoseconds since the Unix epoch (0 for a clock set before it).
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A random epoch (never 0).
@@ -272,8 +299,13 @@ struct SyncStage {
     /// Entries a message carries: as many as one datagram on the path to the collector
     /// holds (its MTU, as the kernel knows it; all of 64 KiB on loopback).
     message_entries: usize,
-    /// Bursts since the socket was last looked at.
-    bursts_unread: u32,
+    /// The stage's clock: `started_unix_ns` plus the time since `clock`.
+    clock: std::time::Instant,
+    started_unix_ns: u64,
+    /// No pass after a burst before this (see `PASS_SHARE`).
+    next_pass_ns: u64,
+    /// Bursts since the clock was last read.
+    bursts_unclocked: u32,
 }
 
 /// The entries one datagram to the socket's peer carries whole, with a MAC.
@@ -314,10 +346,13 @@ impl SyncStage {
         })
     }
 
-    /// Takes the burst's changes into the sender.
-    fn take_changes(&mut self, program: &dyn Running, now_ns: u64) {
-        let dropped = changes::take(&mut self.changes);
-        SyncCounters::add(&self.counters.changes_dropped, dropped);
+    fn now_ns(&self) -> u64 {
+        self.started_unix_ns + self.clock.elapsed().as_nanos() as u64
+    }
+
+    /// Takes the changes since the last pass into the sender.
+    fn take_changes(&mut self, program: &mut dyn Running, now_ns: u64) {
+        program.changes(&mut self.changes);
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
         let sender = self.sender(program);
@@ -403,13 +438,12 @@ impl SyncStage {
         self.out = out;
     }
 
-    /// One pass: changes in, the collector's messages taken (if `receive`), a whole write
-    /// committed, the sender's messages out.
-    fn pass(&mut self, program: &mut dyn Running, now_ns: u64, receive: bool) {
+    /// One pass: changes in, the collector's messages taken, a whole write committed, the
+    /// sender's messages out.
+    fn pass(&mut self, program: &mut dyn Running) {
+        let now_ns = self.now_ns();
         self.take_changes(program, now_ns);
-        if receive {
-            self.receive(program, now_ns);
-        }
+        self.receive(program, now_ns);
         while let Some(done) = self.writes.commit(&mut ProgramState(program)) {
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
@@ -424,41 +458,48 @@ impl SyncStage {
         }
         self.out = out;
         self.send_out();
+        let took = self.now_ns() - now_ns;
+        SyncCounters::add(&self.counters.passes, 1);
+        SyncCounters::add(&self.counters.pass_ns, took);
+        self.next_pass_ns = now_ns + (took * PASS_SHARE).min(MAX_PASS_INTERVAL_NS);
     }
 }
 
 impl StateStage for SyncStage {
-    fn after_burst(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.bursts_unread += 1;
-        let receive = self.bursts_unread >= RECEIVE_EVERY_BURSTS;
-        if receive {
-            self.bursts_unread = 0;
+    fn after_burst(&mut self, program: &mut dyn Running, _ctx: &Context) {
+        self.bursts_unclocked += 1;
+        if self.bursts_unclocked < CLOCK_EVERY_BURSTS {
+            return;
         }
-        self.pass(program, ctx.now_ns, receive);
+        self.bursts_unclocked = 0;
+        if self.now_ns() >= self.next_pass_ns {
+            self.pass(program);
+        }
     }
 
-    fn tick(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.bursts_unread = 0;
-        self.pass(program, ctx.now_ns, true);
+    fn tick(&mut self, program: &mut dyn Running, _ctx: &Context) {
+        // Live ports tick every millisecond, traffic or not: the pace holds here too.
+        if self.now_ns() >= self.next_pass_ns {
+            self.pass(program);
+        }
     }
 
     fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
         // The new instance's state starts afresh: a new epoch tells the collector to
         // start the stream over, and what the old one changed is gone with it.
-        changes::take(&mut self.changes);
-        self.changes.clear();
         self.config.epoch = new_epoch();
         self.sender = None;
         self.writes = WriteStage::default();
         self.sender(program);
     }
 
-    fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.take_changes(program, ctx.now_ns);
+    fn finish(&mut self, program: &mut dyn Running, _ctx: &Context) {
+        let now_ns = self.now_ns();
+        self.take_changes(program, now_ns);
         let mut out = std::mem::take(&mut self.out);
         let read = |l: Location| program.read_synced(l.state, l.index).unwrap_or(0);
         if let Some(sender) = &mut self.sender {
-            sender.finish(ctx.now_ns, read, &mut out);
+            sender.finish(now_ns, read, &mut out);
         }
         self.out = out;
         self.send_out();
@@ -466,11 +507,13 @@ impl StateStage for SyncStage {
 }
 
 /// What a run's sync stages did, for its summary.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SyncReport {
     pub collector: String,
     pub changes: u64,
-    pub changes_dropped: u64,
+    pub passes: u64,
+    /// Seconds the workers spent in the sync stage's passes.
+    pub pass_seconds: f64,
     pub messages: u64,
     pub bytes: u64,
     pub send_errors: u64,
@@ -490,7 +533,8 @@ impl SyncPlan {
         SyncReport {
             collector: self.collector.to_string(),
             changes: get(&c.changes),
-            changes_dropped: get(&c.changes_dropped),
+            passes: get(&c.passes),
+            pass_seconds: get(&c.pass_ns) as f64 / 1e9,
             messages: get(&c.messages),
             bytes: get(&c.bytes),
             send_errors: get(&c.send_errors),
@@ -507,8 +551,14 @@ impl SyncPlan {
 impl SyncReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}\n",
-            self.collector, self.changes, self.messages, self.bytes, self.reports
+            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s)\n",
+            self.collector,
+            self.changes,
+            self.messages,
+            self.bytes,
+            self.reports,
+            self.passes,
+            self.pass_seconds
         );
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
@@ -521,7 +571,6 @@ impl SyncReport {
                 self.send_errors,
                 "sends failed (is the collector listening?)",
             ),
-            (self.changes_dropped, "changes found no room in the log"),
             (self.refused, "datagrams from the collector refused"),
         ] {
             if n > 0 {

@@ -29,9 +29,21 @@ impl RateController {
 
     /// The threshold for the next window, after a window whose total change was `change`.
     pub fn threshold(&self, change: u64) -> u64 {
-        // What the channel carries in one window: M w.
-        let per_window = u128::from(self.capacity) * u128::from(self.window_ns) / 1_000_000_000;
-        let per_window = per_window.max(1);
+        self.threshold_over(change, self.window_ns)
+    }
+
+    /// The updates the channel carries in `ns` (at least 1).
+    pub fn carried_in(&self, ns: u64) -> u64 {
+        let n = u128::from(self.capacity) * u128::from(ns) / 1_000_000_000;
+        u64::try_from(n).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// The threshold after a window of `window_ns` (a worker busy with a burst may end a
+    /// window late) whose total change was `change`: the same rate of change as
+    /// [`RateController::threshold`] gives the same threshold over any window.
+    pub fn threshold_over(&self, change: u64, window_ns: u64) -> u64 {
+        // What the channel carries in the window: M w.
+        let per_window = u128::from(self.carried_in(window_ns));
         let change = u128::from(change);
         if change <= per_window {
             return 0;
@@ -69,5 +81,14 @@ mod tests {
         let tiny = RateController::new(1);
         assert_eq!(tiny.threshold(1), 0);
         assert_eq!(tiny.threshold(5), 5);
+    }
+
+    #[test]
+    fn a_longer_window_with_as_much_change_per_millisecond_gives_the_same_threshold() {
+        let c = RateController::new(1_000_000);
+        assert_eq!(c.carried_in(1_000_000), 1_000);
+        assert_eq!(c.threshold(5_000), 5);
+        assert_eq!(c.threshold_over(12_500, 2_500_000), 5);
+        assert_eq!(c.threshold_over(2_500, 2_500_000), 0);
     }
 }

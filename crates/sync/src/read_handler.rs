@@ -37,9 +37,18 @@ pub struct HandlerCounters {
     pub sent_timed_out: u64,
 }
 
+impl HandlerCounters {
+    /// Updates sent, for whatever reason.
+    pub fn sent(&self) -> u64 {
+        self.sent_divergent + self.sent_displaced + self.sent_timed_out
+    }
+}
+
 pub struct ReadHandler {
     slots: Vec<Slot>,
     mask: usize,
+    /// Where each state's locations start in the table, by state id (see `slot_of`).
+    bases: Vec<usize>,
     threshold: u64,
     /// The total change since the rate controller last took it: the sum of `|new - old|`.
     change: u64,
@@ -63,6 +72,7 @@ impl ReadHandler {
                 slots
             ],
             mask: slots - 1,
+            bases: Vec::new(),
             threshold: 0,
             change: 0,
             cursor: 0,
@@ -70,8 +80,27 @@ impl ReadHandler {
         }
     }
 
+    /// Lays the synced state, `(id, length)` in order, out in the table one state after
+    /// another, so that as many locations as it has slots never collide.
+    pub fn with_states(mut self, states: &[(u16, u32)]) -> ReadHandler {
+        let mut base = 0;
+        for &(id, length) in states {
+            let id = usize::from(id);
+            if self.bases.len() <= id {
+                self.bases.resize(id + 1, 0);
+            }
+            self.bases[id] = base;
+            base += length as usize;
+        }
+        self
+    }
+
     pub fn threshold(&self) -> u64 {
         self.threshold
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.len()
     }
 
     /// Sets the threshold for the changes from now on.
@@ -89,10 +118,13 @@ impl ReadHandler {
         std::mem::take(&mut self.change)
     }
 
+    /// Direct-mapped by the location's place in the synced state, as a processor's cache
+    /// maps addresses: the changes of a pass come in index order, so the table is walked
+    /// in order too, and a state's neighbours collide only one table's length apart.
     #[inline]
-    fn slot_of(&self, location: u64) -> usize {
-        // Fibonacci hashing: consecutive indexes spread over the table.
-        (location.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & self.mask
+    fn slot_of(&self, location: Location) -> usize {
+        let base = self.bases.get(usize::from(location.state)).copied();
+        base.unwrap_or(0).wrapping_add(location.index as usize) & self.mask
     }
 
     /// `location` changed from `old` to `new` at `now_ns`; what must be sent goes to `out`.
@@ -110,7 +142,7 @@ impl ReadHandler {
         self.change = self.change.saturating_add(divergence);
         self.counters.changes += 1;
         let t = self.threshold;
-        let p = self.slot_of(word);
+        let p = self.slot_of(location);
         let slot = &mut self.slots[p];
         if slot.location != word {
             if slot.location != EMPTY && slot.value != slot.sent {
@@ -145,9 +177,20 @@ impl ReadHandler {
 
     /// Sends the locations among the next `visit` slots that have waited unsent for
     /// longer than `max_age_ns` (the timeout monitor), so that none stays divergent for
-    /// long when nothing displaces it.
-    pub fn expire(&mut self, now_ns: u64, max_age_ns: u64, visit: usize, out: &mut Vec<Update>) {
+    /// long when nothing displaces it; at most `budget` of them (what the channel has room
+    /// for), the sweep going on from the first slot it did not visit next time.
+    pub fn expire(
+        &mut self,
+        now_ns: u64,
+        max_age_ns: u64,
+        visit: usize,
+        mut budget: u64,
+        out: &mut Vec<Update>,
+    ) {
         for _ in 0..visit.min(self.slots.len()) {
+            if budget == 0 {
+                return;
+            }
             let t = self.threshold;
             let slot = &mut self.slots[self.cursor];
             self.cursor = (self.cursor + 1) & self.mask;
@@ -163,6 +206,7 @@ impl ReadHandler {
                 slot.sent = slot.value;
                 slot.since_ns = now_ns;
                 self.counters.sent_timed_out += 1;
+                budget -= 1;
             }
         }
     }
@@ -171,7 +215,7 @@ impl ReadHandler {
     /// which reads the state itself): the table takes it as sent.
     pub fn sent_elsewhere(&mut self, now_ns: u64, location: Location, value: u64) {
         let word = location.packed();
-        let p = self.slot_of(word);
+        let p = self.slot_of(location);
         let slot = &mut self.slots[p];
         if slot.location == word {
             slot.sent = value;
@@ -247,12 +291,50 @@ mod tests {
         h.set_threshold(100);
         let mut out = Vec::new();
         h.change(0, at(1), 0, 5, &mut out);
-        h.expire(1_000, 1_000, 8, &mut out);
+        h.expire(1_000, 1_000, 8, u64::MAX, &mut out);
         assert!(out.is_empty(), "not older than the timeout yet");
-        h.expire(1_001, 1_000, 8, &mut out);
+        h.expire(1_001, 1_000, 8, u64::MAX, &mut out);
         assert_eq!(out.len(), 1);
-        h.expire(5_000, 1_000, 8, &mut out);
+        h.expire(5_000, 1_000, 8, u64::MAX, &mut out);
         assert_eq!(out.len(), 1, "sent: nothing diverges any more");
         assert_eq!(h.counters.sent_timed_out, 1);
+    }
+
+    /// With room for only so many updates, the sweep sends that many and goes on from
+    /// where it stopped next time, so every location still goes in turn.
+    #[test]
+    fn the_timeout_monitor_sends_no_more_than_its_budget_and_resumes() {
+        let mut h = ReadHandler::new(8);
+        h.set_threshold(100);
+        let mut out = Vec::new();
+        for i in 0..6 {
+            h.change(0, at(i), 0, 5, &mut out);
+        }
+        h.expire(10, 1, 8, 4, &mut out);
+        let first: Vec<u32> = out.iter().map(|u| u.location.index).collect();
+        assert_eq!(first, [0, 1, 2, 3]);
+        out.clear();
+        h.expire(11, 1, 8, 4, &mut out);
+        let next: Vec<u32> = out.iter().map(|u| u.location.index).collect();
+        assert_eq!(next, [4, 5], "from where the budget stopped it");
+        assert_eq!(h.counters.sent_timed_out, 6);
+    }
+
+    /// The states are laid out one after the other: as many locations as slots never
+    /// displace one another; one past that does.
+    #[test]
+    fn states_laid_out_in_turn_fill_the_table_without_collisions() {
+        let mut h = ReadHandler::new(8).with_states(&[(2, 5), (0, 3)]);
+        h.set_threshold(1_000);
+        let mut out = Vec::new();
+        for (state, len) in [(2u16, 5u32), (0, 3)] {
+            for index in 0..len {
+                h.change(0, Location { state, index }, 0, 1, &mut out);
+            }
+        }
+        assert!(out.is_empty(), "8 locations in 8 slots: {out:?}");
+        h.change(1, Location { state: 2, index: 8 }, 0, 1, &mut out);
+        assert_eq!(out.len(), 1, "state 2's index 8 takes index 0's slot");
+        assert_eq!(out[0].location, Location { state: 2, index: 0 });
     }
 }

@@ -16,7 +16,8 @@ pub struct SenderConfig {
     /// Changes when the switch starts again (the collector starts its streams over).
     pub epoch: u32,
     pub stream: u16,
-    /// Slots of the read handler's table.
+    /// Slots of the read handler's table at most (it has no more than the synced state
+    /// has locations, rounded up to a power of two).
     pub slots: usize,
     pub threshold: Threshold,
     /// A location waits unsent at most this long (the timeout monitor).
@@ -70,8 +71,8 @@ pub struct Sender {
     pending_since_ns: Option<u64>,
     /// Refresh entries waiting for the next refresh message.
     refreshed: Vec<Update>,
-    /// Slots the timeout monitor visits per window: the whole table once per `max_age_ns`.
-    expire_visit: usize,
+    /// What the handler had sent when the window began.
+    window_sent: u64,
     /// The window's length, and the capacity the rate controller uses now (the
     /// configured one, less what the collector's reports of loss took off).
     window_ns: u64,
@@ -107,15 +108,18 @@ const SENT_LOG: usize = 4096;
 
 impl Sender {
     pub fn new(config: SenderConfig) -> Sender {
-        let mut handler = ReadHandler::new(config.slots);
-        let slots = config.slots.max(1).next_power_of_two() as u128;
+        // No more slots than locations: laid out one state after another, they would
+        // never be used, and the timeout monitor would sweep them all the same.
+        let locations: u64 = config.states.iter().map(|&(_, len)| u64::from(len)).sum();
+        let slots = config
+            .slots
+            .min(locations.max(1).next_power_of_two() as usize);
+        let mut handler = ReadHandler::new(slots).with_states(&config.states);
         let (window_ns, capacity, threshold) = match config.threshold {
             Threshold::Fixed(t) => (1_000_000, 0, t),
             Threshold::Adaptive(rate) => (rate.window_ns.max(1), rate.capacity, 0),
         };
         handler.set_threshold(threshold);
-        let windows_per_age = (u128::from(config.max_age_ns) / u128::from(window_ns)).max(1);
-        let expire_visit = slots.div_ceil(windows_per_age) as usize;
         Sender {
             handler,
             next_seq: 1,
@@ -132,7 +136,7 @@ impl Sender {
             pending: Vec::new(),
             pending_since_ns: None,
             refreshed: Vec::new(),
-            expire_visit,
+            window_sent: 0,
             window_ns,
             capacity,
             reported_missing: 0,
@@ -244,14 +248,25 @@ impl Sender {
             }),
             Threshold::Fixed(_) => None,
         };
-        if now_ns.saturating_sub(start) >= self.window_ns {
+        let elapsed = now_ns.saturating_sub(start);
+        if elapsed >= self.window_ns {
             let change = self.handler.take_change();
             if let Some(rate) = rate {
-                self.set_threshold(rate.threshold(change));
+                self.set_threshold(rate.threshold_over(change, elapsed));
             }
-            let visit = self.expire_visit;
-            (self.handler).expire(now_ns, self.config.max_age_ns, visit, &mut self.pending);
+            // The sweep covers the table once per `max_age_ns`, and sends no more than the
+            // channel has room for after the window's other updates: past the channel's
+            // capacity, locations wait longer than the timeout (which only makes the copy
+            // fresher; the bound does not rest on it).
+            let slots = self.handler.slots() as u128;
+            let age = u128::from(self.config.max_age_ns.max(1));
+            let visit = (slots * u128::from(elapsed)).div_ceil(age).min(slots) as usize;
+            let sent = self.handler.counters.sent() - self.window_sent;
+            let budget = rate.map_or(u64::MAX, |r| r.carried_in(elapsed).saturating_sub(sent));
+            let max_age = self.config.max_age_ns;
+            (self.handler).expire(now_ns, max_age, visit, budget, &mut self.pending);
             self.window_start_ns = Some(now_ns);
+            self.window_sent = self.handler.counters.sent();
         } else if let Some(rate) = rate {
             // A window whose change so far is already more than the channel carries in a
             // window raises the threshold at once, not at its end (a burst at the start
