@@ -9,6 +9,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(protos, ["proto"])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // A read's values and bounds come as `Bytes`, taken from the received buffer whole.
+    tonic_prost_build::configure()
+        .bytes(".stateplane.sync.v1.ReadReply")
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -125,37 +125,58 @@ impl collector_server::Collector for CollectorService {
                 "count: read at most 1048576 locations at a time",
             ));
         }
-        let reply = self.handle.with(|c| {
+        let not_yet = || Status::not_found("the stream has applied no message yet");
+        let (values, bounds, unbounded, as_of_ns) = self.handle.with(|c| {
             let streams = streams_of(c, r.switch_id, r.stream)?;
             let n = r.count as usize;
+            // A switch's streams summed: a location is bounded if it is on every one.
             let (mut values, mut bounds) = (vec![0u64; n], vec![0u64; n]);
             let mut bounded = vec![true; n];
             let mut as_of_ns = u64::MAX;
-            for stream in streams {
-                let readings = (c.read(r.switch_id, stream, state, r.first, r.count))
-                    .ok_or_else(|| Status::not_found("the stream has applied no message yet"))?;
-                for (i, reading) in readings.iter().enumerate() {
-                    values[i] = values[i].saturating_add(reading.value);
-                    match reading.bound {
-                        Some(b) => bounds[i] = bounds[i].saturating_add(b),
-                        None => bounded[i] = false,
-                    }
-                    as_of_ns = as_of_ns.min(reading.as_of_ns);
-                }
+            for &stream in &streams {
+                c.visit(
+                    (r.switch_id, stream, state),
+                    r.first,
+                    r.count,
+                    |i, reading| {
+                        values[i] = values[i].saturating_add(reading.value);
+                        match reading.bound {
+                            Some(b) => bounds[i] = bounds[i].saturating_add(b),
+                            None => bounded[i] = false,
+                        }
+                        as_of_ns = as_of_ns.min(reading.as_of_ns);
+                    },
+                )
+                .ok_or_else(not_yet)?;
             }
             let unbounded: Vec<u32> = (0..n as u32).filter(|&i| !bounded[i as usize]).collect();
+            Ok::<_, Status>((values, bounds, unbounded, as_of_ns))
+        })?;
+        // Built once the lock is let go: the collector's datagrams need not wait for it.
+        let (values_le, value_bytes) = packed_le(&values);
+        let mut every = bounds
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| unbounded.binary_search(&(i as u32)).is_err());
+        let first_bound = every.next().map_or(0, |(_, &b)| b);
+        let (bounds_le, every_bound) = if every.all(|(_, &b)| b == first_bound) {
+            (prost::bytes::Bytes::new(), Some(first_bound))
+        } else {
+            let mut bounds = bounds;
             for &i in &unbounded {
                 bounds[i as usize] = 0;
             }
-            Ok::<_, Status>(sync_pb::ReadReply {
-                first: r.first,
-                values,
-                bounds,
-                unbounded,
-                as_of_ns: if as_of_ns == u64::MAX { 0 } else { as_of_ns },
-            })
-        })?;
-        Ok(Response::new(reply))
+            (packed_le_as(&bounds, 8), None)
+        };
+        Ok(Response::new(sync_pb::ReadReply {
+            first: r.first,
+            values_le,
+            value_bytes,
+            bounds_le,
+            every_bound,
+            unbounded,
+            as_of_ns: if as_of_ns == u64::MAX { 0 } else { as_of_ns },
+        }))
     }
 
     async fn write(
@@ -346,6 +367,58 @@ fn wait_for_writes(
 }
 
 /// Serves the collector's API on `addr` (loopback only).
+/// `words` as little-endian words of as few bytes as the largest needs (1, 2, 4 or 8),
+/// one after another; and that width.
+fn packed_le(words: &[u64]) -> (prost::bytes::Bytes, u32) {
+    let largest = words.iter().copied().max().unwrap_or(0);
+    let width = match largest {
+        0..=0xff => 1,
+        0x100..=0xffff => 2,
+        0x1_0000..=0xffff_ffff => 4,
+        _ => 8,
+    };
+    (packed_le_as(words, width), width as u32)
+}
+
+/// `words` as little-endian words of `width` bytes (each fits).
+fn packed_le_as(words: &[u64], width: usize) -> prost::bytes::Bytes {
+    let mut bytes = Vec::with_capacity(words.len() * width);
+    for w in words {
+        bytes.extend_from_slice(&w.to_le_bytes()[..width]);
+    }
+    bytes.into()
+}
+
+/// The words of `bytes`, little-endian, `width` bytes each (1, 2, 4 or 8); `None` if the
+/// width is none of those or the length is not a multiple of it.
+fn words_of_le(bytes: &[u8], width: u32) -> Option<Vec<u64>> {
+    let width = width as usize;
+    if !matches!(width, 1 | 2 | 4 | 8) || !bytes.len().is_multiple_of(width) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(width)
+            .map(|w| {
+                let mut word = [0; 8];
+                word[..width].copy_from_slice(w);
+                u64::from_le_bytes(word)
+            })
+            .collect(),
+    )
+}
+
+/// A read as the client returns it: `values[i]` is location `first + i`'s, within
+/// `bounds[i]` of the data plane's unless `i` is in `unbounded`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadValues {
+    pub first: u32,
+    pub values: Vec<u64>,
+    pub bounds: Vec<u64>,
+    pub unbounded: Vec<u32>,
+    pub as_of_ns: u64,
+}
+
 pub fn serve(addr: SocketAddr, handle: Arc<CollectorHandle>) -> Result<Server, String> {
     Server::serve(addr, "collector API", move || {
         Server::builder().add_service(collector_server::CollectorServer::new(CollectorService {
@@ -396,12 +469,38 @@ impl CollectorClient {
         Ok(self.runtime.block_on(call)?.into_inner())
     }
 
-    pub fn read(
-        &mut self,
-        request: sync_pb::ReadRequest,
-    ) -> Result<sync_pb::ReadReply, ClientError> {
+    pub fn read(&mut self, request: sync_pb::ReadRequest) -> Result<ReadValues, ClientError> {
         let call = self.inner.read(request);
-        Ok(self.runtime.block_on(call)?.into_inner())
+        let reply = self.runtime.block_on(call)?.into_inner();
+        let malformed = |what: &str| ClientError {
+            code: tonic::Code::Internal,
+            message: format!("the collector's read reply is malformed: {what}"),
+        };
+        let values = words_of_le(&reply.values_le, reply.value_bytes)
+            .ok_or_else(|| malformed("its values are not whole words of 1, 2, 4 or 8 bytes"))?;
+        let bounds = match reply.every_bound {
+            Some(b) if reply.bounds_le.is_empty() => {
+                let mut bounds = vec![b; values.len()];
+                for &i in &reply.unbounded {
+                    if let Some(bound) = bounds.get_mut(i as usize) {
+                        *bound = 0;
+                    }
+                }
+                bounds
+            }
+            _ => words_of_le(&reply.bounds_le, 8)
+                .ok_or_else(|| malformed("its bounds are not whole 8-byte words"))?,
+        };
+        if values.len() != bounds.len() {
+            return Err(malformed("it has not as many bounds as values"));
+        }
+        Ok(ReadValues {
+            first: reply.first,
+            values,
+            bounds,
+            unbounded: reply.unbounded,
+            as_of_ns: reply.as_of_ns,
+        })
     }
 
     pub fn write(
@@ -437,5 +536,35 @@ impl CollectorClient {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_go_as_little_endian_bytes_as_narrow_as_the_largest_and_torn_ones_are_refused() {
+        let words = [0, 1, u64::MAX, 0x0102_0304_0506_0708];
+        let (bytes, width) = packed_le(&words);
+        assert_eq!((bytes.len(), width), (32, 8));
+        assert_eq!(&bytes[24..32], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(words_of_le(&bytes, 8), Some(words.to_vec()));
+        assert_eq!(words_of_le(&bytes[..31], 8), None);
+        assert_eq!(words_of_le(&bytes, 3), None);
+        assert_eq!(words_of_le(&[], 8), Some(Vec::new()));
+        for (words, want) in [
+            (vec![0, 255], 1),
+            (vec![256, 7], 2),
+            (vec![65_536], 4),
+            (vec![u64::from(u32::MAX)], 4),
+            (vec![1 << 32], 8),
+            (vec![], 1),
+        ] {
+            let (bytes, width) = packed_le(&words);
+            assert_eq!(width, want, "{words:?}");
+            assert_eq!(bytes.len(), words.len() * want as usize);
+            assert_eq!(words_of_le(&bytes, width), Some(words));
+        }
     }
 }

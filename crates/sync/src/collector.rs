@@ -214,6 +214,18 @@ impl Collector {
         self.mirror.read_range(switch, stream, state, first, count)
     }
 
+    /// [`Collector::read`], each reading handed to `each` with its offset from `first`
+    /// rather than gathered (`Mirror::visit_range`).
+    pub fn visit(
+        &self,
+        (switch, stream, state): (u32, u16, u16),
+        first: u32,
+        count: u32,
+        each: impl FnMut(usize, Reading),
+    ) -> Option<()> {
+        (self.mirror).visit_range(switch, stream, state, first, count, each)
+    }
+
     /// The streams heard from, in order.
     pub fn streams(&self) -> Vec<StreamInfo> {
         (self.mirror.streams().into_iter())

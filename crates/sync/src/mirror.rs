@@ -347,28 +347,44 @@ impl Mirror {
         first: u32,
         count: u32,
     ) -> Option<Vec<Reading>> {
+        let mut readings = Vec::with_capacity(count as usize);
+        self.visit_range(switch, stream, state, first, count, |_, r| readings.push(r))?;
+        Some(readings)
+    }
+
+    /// Calls `each` with the offset from `first` and the reading of every location of
+    /// `count` from `first` in order, as [`Mirror::read_range`] reads them, without
+    /// gathering them; `None` (and no call) where `read_range` answers `None`.
+    pub fn visit_range(
+        &self,
+        switch: u32,
+        stream: u16,
+        state: u16,
+        first: u32,
+        count: u32,
+        mut each: impl FnMut(usize, Reading),
+    ) -> Option<()> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         let cells = view.values.states.get(&state);
         let mut last: Option<(u64, u64)> = None;
-        let readings = (first..first.saturating_add(count))
-            .map(|index| {
-                let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
-                let bound = (held.seq >= view.gap_seq).then(|| match last {
-                    Some((from, bound)) if from == held.bounded_from => bound,
-                    _ => {
-                        let bound = divergence_bound(view.threshold_since(held.bounded_from));
-                        last = Some((held.bounded_from, bound));
-                        bound
-                    }
-                });
-                Reading {
-                    value: held.value,
-                    bound,
-                    as_of_ns: view.last_sent_ns,
+        for (i, index) in (first..first.saturating_add(count)).enumerate() {
+            let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
+            let bound = (held.seq >= view.gap_seq).then(|| match last {
+                Some((from, bound)) if from == held.bounded_from => bound,
+                _ => {
+                    let bound = divergence_bound(view.threshold_since(held.bounded_from));
+                    last = Some((held.bounded_from, bound));
+                    bound
                 }
-            })
-            .collect();
-        Some(readings)
+            });
+            let reading = Reading {
+                value: held.value,
+                bound,
+                as_of_ns: view.last_sent_ns,
+            };
+            each(i, reading);
+        }
+        Some(())
     }
 
     /// The report to send `switch` on its `stream` at `now_ns` (its feedback to the rate
