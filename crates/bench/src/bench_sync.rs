@@ -932,11 +932,26 @@ pub struct BenchSyncReadArgs {
     pub files: ResultFiles,
 }
 
+/// `hh` with one tenant, its sketch register synced: two sketches (the tenant's, the
+/// others') of 4 x 8,192, 65,536 counters.
+pub(crate) fn synced_hh_65536() -> BenchResult<stateplane_runtime::ProgramFactory> {
+    let names = stateplane_programs::PortNames(vec!["p0".into(), "p1".into()]);
+    let settings: toml::Value = toml::from_str(
+        "tenants = 1\nwidth = 8192\ndepth = 4\ninterval_ms = 3600000\nmap = { p0 = \"p1\" }",
+    )
+    .map_err(|e| e.to_string())?;
+    stateplane_programs::build("hh", Some(&settings), &names)
+        .and_then(|f| {
+            let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
+            stateplane_programs::with_guarantees(f, &wanted)
+        })
+        .map_err(|e| e.to_string())
+}
+
 pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
     use stateplane_control::collector_api::{self, CollectorClient, CollectorHandle};
     use stateplane_control::server::{ControlService, Server};
     use stateplane_control::sync_pb::ReadRequest;
-    use stateplane_programs::PortNames;
     use stateplane_runtime::{Burst, ControlPlane, Worker};
     use stateplane_sync::collector::Collector;
     use std::sync::Arc;
@@ -946,18 +961,7 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
     if a.reads == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
         return Err("--sizes: 1 to 65536 values; --reads above 0".into());
     }
-    // hh with one tenant: two sketches (the tenant's, the others') of 4 x 8,192.
-    let names = PortNames(vec!["p0".into(), "p1".into()]);
-    let settings: toml::Value = toml::from_str(
-        "tenants = 1\nwidth = 8192\ndepth = 4\ninterval_ms = 3600000\nmap = { p0 = \"p1\" }",
-    )
-    .map_err(|e| e.to_string())?;
-    let factory = stateplane_programs::build("hh", Some(&settings), &names)
-        .and_then(|f| {
-            let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
-            stateplane_programs::with_guarantees(f, &wanted)
-        })
-        .map_err(|e| e.to_string())?;
+    let factory = synced_hh_65536()?;
     let mut rng = Rng::new(a.seed);
     let values: Vec<u64> = (0..CELLS).map(|_| rng.below(1 << 31)).collect();
 

@@ -75,6 +75,10 @@ enum Command {
     /// How long reading N values of a switch's sketch takes from the collector's copy and
     /// by polling the switch's control API.
     BenchSyncRead(stateplane_bench::bench_sync::BenchSyncReadArgs),
+    /// How long moving a sketch from one switch into another through the collector takes,
+    /// 256 to 65,536 values, with the target's sync channel losing 0 to 80% each way, on
+    /// real sockets, every move checked.
+    BenchSyncMigrate(stateplane_bench::bench_sync_migrate::BenchSyncMigrateArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -123,6 +127,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncTrack(args) => stateplane_bench::bench_sync::main_track(args),
         Command::BenchSyncCost(args) => stateplane_bench::bench_sync::main_cost(args),
         Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
+        Command::BenchSyncMigrate(args) => stateplane_bench::bench_sync_migrate::main_migrate(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

@@ -366,7 +366,6 @@ fn wait_for_writes(
     Ok(done)
 }
 
-/// Serves the collector's API on `addr` (loopback only).
 /// `words` as little-endian words of as few bytes as the largest needs (1, 2, 4 or 8),
 /// one after another; and that width.
 fn packed_le(words: &[u64]) -> (prost::bytes::Bytes, u32) {
@@ -419,6 +418,7 @@ pub struct ReadValues {
     pub as_of_ns: u64,
 }
 
+/// Serves the collector's API on `addr` (loopback only).
 pub fn serve(addr: SocketAddr, handle: Arc<CollectorHandle>) -> Result<Server, String> {
     Server::serve(addr, "collector API", move || {
         Server::builder().add_service(collector_server::CollectorServer::new(CollectorService {

@@ -72,6 +72,12 @@ impl Worker {
         }
     }
 
+    /// The program, once the worker is done with it (its state, for a test or benchmark to
+    /// check).
+    pub fn into_program(self) -> Box<dyn Running> {
+        self.program
+    }
+
     /// Applies waiting control requests and passes notifications on (between bursts).
     #[inline]
     fn poll_control(&mut self) {

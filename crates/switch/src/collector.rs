@@ -16,6 +16,7 @@ use stateplane_sync::mirror::MirrorCounters;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,8 +123,10 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     if let Err(e) = stateplane_io::udp_socket::set_receive_buffer(&socket, RECEIVE_BUFFER) {
         log::warn!("collector: could not enlarge the receive buffer: {e}");
     }
+    // Not blocking: the loop waits with poll(2), whose timeout the kernel keeps to the
+    // microsecond, where a socket's receive timeout is kept in ticks (4 ms at 250 Hz).
     socket
-        .set_read_timeout(Some(Duration::from_millis(1)))
+        .set_nonblocking(true)
         .map_err(|e| format!("--listen: {e}"))?;
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
     let redis = settings
@@ -161,6 +164,7 @@ pub fn run(
     let mut last_report = start;
     let mut datagram = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) && settings.duration.is_none_or(|d| start.elapsed() < d) {
+        let _ = stateplane_io::live::poll_readable(&[handle.socket().as_raw_fd()], 1);
         match handle.socket().recv_from(&mut datagram) {
             Ok((n, from)) => {
                 let now = handle.now_ns();
@@ -186,9 +190,6 @@ pub fn run(
     }
     // What is already in the socket's buffer is taken before the end.
     let socket = handle.socket();
-    socket
-        .set_nonblocking(true)
-        .map_err(|e| format!("collector: {e}"))?;
     while let Ok((n, from)) = socket.recv_from(&mut datagram) {
         let now = handle.now_ns();
         handle.with(|c| c.on_datagram(now, &datagram[..n], from));

@@ -8,11 +8,12 @@
 //! target's answers come back to the relay and go on to that client.
 //!
 //! Must never: relay for more than `MAX_CLIENTS` sources, or hold a datagram past its time
-//! by more than the loop's tick.
+//! by more than the loop's tick (a millisecond).
 
 use stateplane_sync::channel::{Channel, ChannelConfig, Faults};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -79,13 +80,22 @@ fn add(way: &mut Way, c: &Channel) {
     way.delivered += c.counters.delivered;
 }
 
+/// Gives `socket` a receive buffer that a burst of large datagrams (a write's parts)
+/// fits in: the relay loses only what its faults say.
+fn roomy(socket: &UdpSocket) {
+    if let Err(e) = stateplane_io::udp_socket::set_receive_buffer(socket, 8 << 20) {
+        log::warn!("relay: could not enlarge a socket's receive buffer: {e}");
+    }
+}
+
 /// Binds the relay's socket (so that a bad address is refused at once); its address.
 pub fn bind(settings: &RelaySettings) -> Result<(UdpSocket, SocketAddr), String> {
     let socket = UdpSocket::bind(settings.listen)
         .map_err(|e| format!("--listen {}: {e}", settings.listen))?;
     socket
-        .set_read_timeout(Some(Duration::from_micros(200)))
+        .set_nonblocking(true)
         .map_err(|e| format!("--listen: {e}"))?;
+    roomy(&socket);
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
     Ok((socket, addr))
 }
@@ -106,12 +116,19 @@ pub fn run(
         SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
     };
     while !stop.load(Ordering::Relaxed) && settings.duration.is_none_or(|d| start.elapsed() < d) {
-        if let Ok((n, from)) = socket.recv_from(&mut datagram) {
+        // Until a datagram comes either way, or a millisecond passes (delayed datagrams
+        // wait their time): poll(2)'s timeout is kept to the microsecond, where a socket's
+        // receive timeout is kept in ticks (4 ms at 250 Hz).
+        let mut fds = vec![socket.as_raw_fd()];
+        fds.extend(clients.values().map(|c| c.upstream.as_raw_fd()));
+        let _ = stateplane_io::live::poll_readable(&fds, 1);
+        while let Ok((n, from)) = socket.recv_from(&mut datagram) {
             if !clients.contains_key(&from) && clients.len() < MAX_CLIENTS {
                 let upstream = UdpSocket::bind(local)
                     .and_then(|u| u.connect(settings.target).map(|()| u))
                     .and_then(|u| u.set_nonblocking(true).map(|()| u))
                     .map_err(|e| format!("relay: a socket toward {}: {e}", settings.target))?;
+                roomy(&upstream);
                 let seed = settings.seed ^ (clients.len() as u64).wrapping_mul(0x9e37_79b9);
                 clients.insert(
                     from,

@@ -72,6 +72,8 @@ pub enum ThresholdSetting {
 const BATCH_NS: u64 = 1_000_000;
 /// A message at least this often, so the collector sees a quiet stream alive.
 const HEARTBEAT_NS: u64 = 10_000_000;
+/// The receive buffer asked for each stage's socket.
+const RECEIVE_BUFFER: usize = 8 << 20;
 /// Datagrams a worker takes from its socket per pass at most (reports, write parts).
 const RECEIVE_PER_PASS: usize = 64;
 /// A busy worker gives its sync stage about one part in this many of its time (see the
@@ -80,6 +82,9 @@ const PASS_SHARE: u64 = 50;
 /// Passes are never further apart than this under traffic (the collector hears from the
 /// stream about once a heartbeat).
 const MAX_PASS_INTERVAL_NS: u64 = HEARTBEAT_NS;
+/// The collector's datagrams (reports, write parts) are taken at least this often, between
+/// passes too: a `recv` that finds nothing costs about a microsecond.
+const RECEIVE_EVERY_NS: u64 = 1_000_000;
 /// Under traffic the clock is read after one burst in this many (a read costs about a
 /// third of a 64-packet burst's marking of its changes).
 const CLOCK_EVERY_BURSTS: u32 = 4;
@@ -238,6 +243,7 @@ impl SyncPlan {
                 clock: std::time::Instant::now(),
                 started_unix_ns: unix_now_ns(),
                 next_pass_ns: 0,
+                next_receive_ns: 0,
                 bursts_unclocked: 0,
                 config: SenderConfig {
                     epoch: new_epoch(),
@@ -280,6 +286,11 @@ fn open_socket(collector: SocketAddr) -> std::io::Result<UdpSocket> {
     let socket = UdpSocket::bind(local)?;
     socket.connect(collector)?;
     socket.set_nonblocking(true)?;
+    // Room for a write's parts in flight (up to 128 datagrams of up to 64 KiB): the
+    // default buffer holds three, and the rest would be dropped and sent again.
+    if let Err(e) = stateplane_io::udp_socket::set_receive_buffer(&socket, RECEIVE_BUFFER) {
+        log::warn!("sync: could not enlarge the socket's receive buffer: {e}");
+    }
     Ok(socket)
 }
 
@@ -304,6 +315,8 @@ struct SyncStage {
     started_unix_ns: u64,
     /// No pass after a burst before this (see `PASS_SHARE`).
     next_pass_ns: u64,
+    /// No datagrams taken between passes before this, unless a write's parts are arriving.
+    next_receive_ns: u64,
     /// Bursts since the clock was last read.
     bursts_unclocked: u32,
 }
@@ -440,15 +453,40 @@ impl SyncStage {
 
     /// One pass: changes in, the collector's messages taken, a whole write committed, the
     /// sender's messages out.
-    fn pass(&mut self, program: &mut dyn Running) {
-        let now_ns = self.now_ns();
-        self.take_changes(program, now_ns);
-        self.receive(program, now_ns);
+    /// Commits every write whole that has all its parts; whether any was.
+    fn commit_writes(&mut self, program: &mut dyn Running) -> bool {
+        let mut any = false;
         while let Some(done) = self.writes.commit(&mut ProgramState(program)) {
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
             SyncCounters::add(&self.counters.changes_kept, done.changes_kept);
-            // The write's own changes go out with this pass.
+            any = true;
+        }
+        any
+    }
+
+    /// Between two bursts, or on a tick: a whole pass when its pace allows; otherwise the
+    /// collector's datagrams taken (at least every `RECEIVE_EVERY_NS`, and each time while
+    /// a write's parts are arriving) and the writes whole committed, so that a write does
+    /// not wait for the passes' pace.
+    fn between_bursts(&mut self, program: &mut dyn Running) {
+        let now_ns = self.now_ns();
+        if now_ns >= self.next_pass_ns {
+            self.pass(program);
+        } else if self.writes.holds_parts() || now_ns >= self.next_receive_ns {
+            self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
+            self.receive(program, now_ns);
+            self.commit_writes(program);
+        }
+    }
+
+    fn pass(&mut self, program: &mut dyn Running) {
+        let now_ns = self.now_ns();
+        self.take_changes(program, now_ns);
+        self.receive(program, now_ns);
+        self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
+        if self.commit_writes(program) {
+            // The writes' own changes go out with this pass.
             self.take_changes(program, now_ns);
         }
         let mut out = std::mem::take(&mut self.out);
@@ -472,16 +510,12 @@ impl StateStage for SyncStage {
             return;
         }
         self.bursts_unclocked = 0;
-        if self.now_ns() >= self.next_pass_ns {
-            self.pass(program);
-        }
+        self.between_bursts(program);
     }
 
     fn tick(&mut self, program: &mut dyn Running, _ctx: &Context) {
         // Live ports tick every millisecond, traffic or not: the pace holds here too.
-        if self.now_ns() >= self.next_pass_ns {
-            self.pass(program);
-        }
+        self.between_bursts(program);
     }
 
     fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {

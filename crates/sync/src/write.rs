@@ -409,6 +409,11 @@ impl WriteStage {
         Some(ack(staging.received, bits))
     }
 
+    /// Whether parts of a write not committed yet are held (more are on their way).
+    pub fn holds_parts(&self) -> bool {
+        !self.staged.is_empty()
+    }
+
     /// Commits the next write into `state` if all of it has arrived (to be called between
     /// bursts).
     pub fn commit(&mut self, state: &mut impl WriteTarget) -> Option<Committed> {

@@ -1,0 +1,346 @@
+//! `stateplane bench-sync-migrate`: state migration through the collector on real
+//! sockets (ApproSync Exp#4 and #9): a switch's sketch is read from the collector's copy
+//! and written into another switch, 256 to 65,536 values at a time, with the second
+//! switch's sync channel losing 0 to 80% of the datagrams each way (`stateplane relay`'s
+//! faults, in this process). Every part of the run is real: the switches are workers with
+//! their sync stages (the target polling as under traffic), the collector is `stateplane
+//! collector`'s, the calls are gRPC on loopback. The run checks the work was done: every write says it committed, and at the
+//! end each target switch's register holds the source's values, read from the program.
+
+use crate::BenchResult;
+use crate::bench_sync::synced_hh_65536;
+use crate::chart::Panel;
+use crate::results::{Csv, ResultFiles, Table};
+use stateplane_control::collector_api::{self, CollectorClient};
+use stateplane_control::sync_pb::{ReadRequest, WriteRequest};
+use stateplane_gen::rng::Rng;
+use stateplane_runtime::{Burst, Running, Worker};
+use stateplane_switch::collector::{self, CollectorSettings};
+use stateplane_switch::relay::{self, RelaySettings};
+use stateplane_switch::sync_stage::SyncSettings;
+use stateplane_sync::channel::Faults;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const CELLS: u32 = 65_536;
+
+#[derive(clap::Args)]
+pub struct BenchSyncMigrateArgs {
+    /// Comma-separated numbers of values moved at a time (at most 65,536).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024,4096,16384,65536"
+    )]
+    pub sizes: Vec<u32>,
+    /// Comma-separated shares of the datagrams the target's sync channel loses each way.
+    #[arg(long, value_delimiter = ',', default_value = "0,0.2,0.5,0.8")]
+    pub loss: Vec<f64>,
+    /// Moves of each size at each loss.
+    #[arg(long, default_value_t = 10)]
+    pub moves: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+}
+
+/// A switch of one worker running `hh` with its sketch synced, until stopped; its program
+/// comes back when it stops. A `busy` one polls without a pause, as under traffic; the
+/// others tick once a millisecond, as an idle live switch does (two busy ones would take
+/// both of this machine's cores from the collector).
+struct Switch {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Box<dyn Running>>,
+}
+
+impl Switch {
+    fn start(
+        id: u32,
+        collector: SocketAddr,
+        values: Option<&[u64]>,
+        busy: bool,
+    ) -> BenchResult<Switch> {
+        let plan = SyncSettings {
+            collector: collector.to_string(),
+            switch: Some(id),
+            channel_mbps: None,
+            threshold: None,
+            // A refresh every 100 ms: the copy is exact again soon after any loss.
+            refresh_ms: Some(100),
+            max_age_ms: None,
+            slots: None,
+            key_file: None,
+        }
+        .plan(1)?;
+        let stage = plan.factory()?(0);
+        let mut program = synced_hh_65536()?(0);
+        for (i, &v) in values.unwrap_or_default().iter().enumerate() {
+            program.write_synced(0, i as u32, v);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let hasher = stateplane_wire::FlowHasher::with_seed(1);
+            let mut worker = Worker::new(program, 0, 1, 2, hasher).with_state_stages(vec![stage]);
+            let mut idle = Burst::with_capacity(1);
+            while !stopping.load(Ordering::Relaxed) {
+                worker.poll(&mut idle);
+                if !busy {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            worker.finish();
+            worker.into_program()
+        });
+        Ok(Switch { stop, thread })
+    }
+
+    /// Stops it; its register, read from the program.
+    fn stop(self) -> BenchResult<Vec<u64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let program = self.thread.join().map_err(|_| "a switch's thread failed")?;
+        Ok((0..CELLS)
+            .map(|i| program.read_synced(0, i).unwrap_or(u64::MAX))
+            .collect())
+    }
+}
+
+/// Waits until the collector's copy of `switch` is `want`, exactly and with every bound 0.
+fn await_copy(client: &mut CollectorClient, switch: u32, want: &[u64]) -> BenchResult<()> {
+    let start = Instant::now();
+    loop {
+        let read = client.read(ReadRequest {
+            switch_id: switch,
+            stream: Some(0),
+            state: 0,
+            first: 0,
+            count: want.len() as u32,
+        });
+        if let Ok(r) = read
+            && r.values == want
+            && r.unbounded.is_empty()
+            && r.bounds.iter().all(|&b| b == 0)
+        {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "switch {switch}'s copy at the collector is not its values after 20 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the collector has heard from `switch` (it sends writes where the stream's
+/// messages come from). Its copy need not be whole: under steady loss a gap comes before
+/// each refresh ends, and the writes do not need it.
+fn await_stream(client: &mut CollectorClient, switch: u32) -> BenchResult<()> {
+    let start = Instant::now();
+    loop {
+        let streams = client.streams().map_err(|e| e.to_string())?;
+        if streams.streams.iter().any(|s| s.switch_id == switch) {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "switch {switch} never reached the collector in 20 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One row: a size at a loss, each move's time (read and write) and the write's own, and
+/// the transmissions per part.
+struct Row {
+    loss: f64,
+    values: u32,
+    move_ms: Vec<f64>,
+    write_ms: Vec<f64>,
+    sent_per_part: Vec<f64>,
+}
+
+pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
+    if a.moves == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
+        return Err("--sizes: 1 to 65536 values; --moves above 0".into());
+    }
+    if let Some(l) = a.loss.iter().find(|l| !(0.0..=0.95).contains(*l)) {
+        return Err(format!("--loss: {l} is not a share from 0 to 0.95"));
+    }
+    let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "an address")?;
+    let settings = CollectorSettings {
+        listen: loopback,
+        key_file: None,
+        switches: None,
+        report_every: Duration::from_millis(10),
+        duration: None,
+        dump: None,
+        api: None,
+        redis: None,
+        metrics: None,
+    };
+    let bound = collector::bind(&settings)?;
+    let collector_addr = bound.addr;
+    let api = collector_api::serve(loopback, bound.handle())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let collector_thread = std::thread::spawn(move || collector::run(&settings, bound, stopping));
+    let mut client = CollectorClient::connect(&api.addr.to_string()).map_err(|e| e.to_string())?;
+
+    // The source: switch 1, straight to the collector, its sketch holding random values.
+    let mut rng = Rng::new(a.seed);
+    let values: Vec<u64> = (0..CELLS).map(|_| rng.below(1 << 31)).collect();
+    let source = Switch::start(1, collector_addr, Some(&values), false)?;
+    eprintln!("waiting for the source's copy at the collector to be exact");
+    await_copy(&mut client, 1, &values)?;
+
+    let mut rows = Vec::new();
+    for (l, &loss) in a.loss.iter().enumerate() {
+        // The target: its own switch id, its sync through a relay losing `loss` each way.
+        let target_id = 10 + l as u32;
+        let relay_settings = RelaySettings {
+            listen: loopback,
+            target: collector_addr,
+            faults: Faults {
+                loss,
+                duplicate: 0.0,
+                max_delay_ns: 0,
+            },
+            seed: a.seed ^ l as u64,
+            duration: None,
+        };
+        let (relay_socket, relay_addr) = relay::bind(&relay_settings)?;
+        let relay_stop = Arc::new(AtomicBool::new(false));
+        let relay_stopping = relay_stop.clone();
+        let relay_thread =
+            std::thread::spawn(move || relay::run(&relay_settings, relay_socket, relay_stopping));
+        let target = Switch::start(target_id, relay_addr, None, true)?;
+        eprintln!("loss {loss}: waiting for switch {target_id} to reach the collector");
+        await_stream(&mut client, target_id)?;
+        for &n in &a.sizes {
+            eprintln!("loss {loss}: moving {n} values {} times", a.moves);
+            let mut row = Row {
+                loss,
+                values: n,
+                move_ms: Vec::new(),
+                write_ms: Vec::new(),
+                sent_per_part: Vec::new(),
+            };
+            for _ in 0..a.moves {
+                let t = Instant::now();
+                let read = (client.read(ReadRequest {
+                    switch_id: 1,
+                    stream: Some(0),
+                    state: 0,
+                    first: 0,
+                    count: n,
+                }))
+                .map_err(|e| e.to_string())?;
+                if read.values[..] != values[..n as usize] {
+                    return Err("the source's copy changed under the move".into());
+                }
+                let written = (client.write(WriteRequest {
+                    switch_id: target_id,
+                    stream: Some(0),
+                    state: 0,
+                    first: 0,
+                    values: read.values,
+                    fill: 0,
+                    count: n,
+                    keep_changes: false,
+                    timeout_ms: 10_000,
+                }))
+                .map_err(|e| e.to_string())?;
+                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                let [done] = &written.done[..] else {
+                    return Err(format!("a write of {n} values did not commit once"));
+                };
+                row.write_ms.push(done.latency_ns as f64 / 1e6);
+                row.sent_per_part
+                    .push(done.transmissions as f64 / f64::from(done.parts.max(1)));
+            }
+            rows.push(row);
+        }
+        let held = target.stop()?;
+        relay_stop.store(true, Ordering::Relaxed);
+        let relayed = relay_thread
+            .join()
+            .map_err(|_| "the relay's thread failed")??;
+        let largest = a.sizes.iter().copied().max().unwrap_or(0) as usize;
+        if held[..largest] != values[..largest] {
+            return Err(format!(
+                "loss {loss}: switch {target_id}'s register is not the source's values"
+            ));
+        }
+        eprintln!("loss {loss}: {}", relayed.table().replace('\n', "; "));
+    }
+    source.stop()?;
+    stop.store(true, Ordering::Relaxed);
+    collector_thread
+        .join()
+        .map_err(|_| "the collector's thread failed")??;
+
+    println!(
+        "input: hh's sketch of 65,536 counters holding random values (seed {}) on switch 1, \
+         read from the collector's copy and written into another switch whose sync channel \
+         loses the share given each way (a relay in this process); {} moves of each size; \
+         gRPC and UDP on loopback; checked: every write committed, and each target's \
+         register is the source's values",
+        a.seed, a.moves
+    );
+    let median = |v: &[f64]| crate::statistics::median(v.to_vec());
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let mut table = Table::new(
+        &["loss", "values"],
+        &["move median ms", "move max", "write median ms", "sent/part"],
+    );
+    let mut csv = Csv::new(
+        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part",
+    );
+    for r in &rows {
+        table.row(vec![
+            format!("{:.0}%", r.loss * 100.0),
+            r.values.to_string(),
+            format!("{:.3}", median(&r.move_ms)),
+            format!("{:.3}", max(&r.move_ms)),
+            format!("{:.3}", median(&r.write_ms)),
+            format!("{:.2}", median(&r.sent_per_part)),
+        ]);
+        csv.row(format_args!(
+            "{},{},{:.4},{:.4},{:.4},{:.4},{:.3}",
+            r.loss,
+            r.values,
+            median(&r.move_ms),
+            max(&r.move_ms),
+            median(&r.write_ms),
+            max(&r.write_ms),
+            median(&r.sent_per_part)
+        ));
+    }
+    table.print();
+    if let Some(path) = &a.files.csv {
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panels: Vec<Panel> = (a.loss.iter())
+            .map(|&loss| Panel {
+                title: format!("{:.0}% loss each way: a move, median", loss * 100.0),
+                unit: "ms".into(),
+                bars: (rows.iter().filter(|r| r.loss == loss))
+                    .map(|r| (r.values.to_string(), median(&r.move_ms)))
+                    .collect(),
+            })
+            .collect();
+        a.files.write_chart(
+            "Sync: moving a sketch from one switch to another through the collector",
+            &format!("{} moves of each size, real sockets on loopback", a.moves),
+            &panels,
+        )?;
+    }
+    Ok(())
+}
