@@ -724,6 +724,10 @@ pub struct BenchSyncCostArgs {
     /// The read handler's slots.
     #[arg(long, default_value_t = 65_536)]
     pub slots: usize,
+    /// One more mode, `t` adaptive with a write of 4,096 values into the sketch every this
+    /// many milliseconds (0: none).
+    #[arg(long, default_value_t = 10)]
+    pub writes_every_ms: u64,
     #[command(flatten)]
     pub files: ResultFiles,
 }
@@ -785,13 +789,29 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     let runtime = replay_runtime(workers, burst);
     // Every mode once a round, in turn, so that the machine's drifts fall on all of them.
     let mut modes = vec![("sync off".to_string(), plain.clone(), runtime.clone(), None)];
-    for (i, t) in thresholds.iter().enumerate() {
+    let mut synced_modes: Vec<(String, ThresholdSetting, bool)> = (thresholds.iter())
+        .map(|t| {
+            let name = match t {
+                ThresholdSetting::Fixed(0) => "sync on, t = 0 (every change)".to_string(),
+                ThresholdSetting::Fixed(n) => format!("sync on, t = {n}"),
+                ThresholdSetting::Named(_) => "sync on, t adaptive".to_string(),
+            };
+            (name, t.clone(), false)
+        })
+        .collect();
+    if a.writes_every_ms > 0 {
+        synced_modes.push((
+            format!("sync on, t adaptive, writes every {} ms", a.writes_every_ms),
+            ThresholdSetting::Named("adaptive".into()),
+            true,
+        ));
+    }
+    let mut writes_to = None;
+    for (i, (name, t, writes)) in synced_modes.into_iter().enumerate() {
         let switch = i as u32 + 1;
-        let name = match t {
-            ThresholdSetting::Fixed(0) => "sync on, t = 0 (every change)".to_string(),
-            ThresholdSetting::Fixed(n) => format!("sync on, t = {n}"),
-            ThresholdSetting::Named(_) => "sync on, t adaptive".to_string(),
-        };
+        if writes {
+            writes_to = Some(switch);
+        }
         let plan = SyncSettings {
             collector: addr.to_string(),
             switch: Some(switch),
@@ -807,11 +827,47 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         on_runtime.state_stages = vec![plan.factory()?];
         modes.push((name, synced.clone(), on_runtime, Some((switch, plan))));
     }
+    // The writes: every `writes_every_ms`, 4,096 values set to 0 in the second sketch,
+    // which the tenants past the first share and this trace (all of VLAN 0, the first
+    // tenant) never touches: so the writes change neither hh's work nor the first row,
+    // which the check below counts.
+    let shared_sketch = (a.depth * width) as u32;
+    let reset: Vec<stateplane_sync::write::Written> = (0..4096.min(a.depth * width) as u32)
+        .map(|i| stateplane_sync::write::Written {
+            location: Location {
+                state: 0,
+                index: shared_sketch + i,
+            },
+            value: 0,
+            mode: stateplane_sync::write::Mode::Set,
+        })
+        .collect();
     let mut measured: Vec<Vec<crate::bench::Rates>> = modes.iter().map(|_| Vec::new()).collect();
     for round in 0..repeat {
         eprintln!("round {} of {repeat}", round + 1);
-        for ((_, factory, runtime, _), m) in modes.iter().zip(&mut measured) {
-            m.push(rates(Some(factory), &trace, runtime, (a.loops, 1, true))?.0);
+        for ((_, factory, runtime, synced), m) in modes.iter().zip(&mut measured) {
+            let writing = Arc::new(AtomicBool::new(false));
+            let writer = (synced.as_ref())
+                .filter(|(switch, _)| Some(*switch) == writes_to)
+                .map(|&(switch, _)| {
+                    writing.store(true, Ordering::Relaxed);
+                    let (writing, handle, reset) = (writing.clone(), handle.clone(), reset.clone());
+                    let every = std::time::Duration::from_millis(a.writes_every_ms);
+                    std::thread::spawn(move || {
+                        while writing.load(Ordering::Relaxed) {
+                            // Before the run's stream has sent anything there is nowhere
+                            // to write: the next look tries again.
+                            let _ = handle.with(|c| c.write(switch, 0, reset.clone()));
+                            std::thread::sleep(every);
+                        }
+                    })
+                });
+            let measured = rates(Some(factory), &trace, runtime, (a.loops, 1, true));
+            writing.store(false, Ordering::Relaxed);
+            if let Some(w) = writer {
+                w.join().map_err(|_| "the writer's thread failed")?;
+            }
+            m.push(measured?.0);
         }
     }
     let mut rows = Vec::new();
@@ -821,8 +877,19 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         };
         let (mpps, ns) = (median(|r| r.mpps_per_core), median(|r| r.ns_per_packet));
         let forwarded = m.last().map_or(0, |r| r.forwarded);
-        if let Some((_, plan)) = synced {
+        if let Some((switch, plan)) = synced {
             let sent = plan.report();
+            if Some(*switch) == writes_to && sent.writes_committed == 0 {
+                return Err(format!(
+                    "{name}: no write committed, so nothing was measured"
+                ));
+            }
+            if sent.writes_committed > 0 {
+                eprintln!(
+                    "{name}: {} writes committed ({} values)",
+                    sent.writes_committed, sent.values_written
+                );
+            }
             eprintln!(
                 "{name}: over every round, {} changes taken in {} passes ({:.3} s), {} \
                  messages ({} B)",
