@@ -369,6 +369,8 @@ impl SyncStage {
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
         let sender = self.sender(program);
+        let total = (changes.iter()).fold(0u64, |sum, c| sum.saturating_add(c.new.abs_diff(c.old)));
+        sender.expect_change(total);
         for c in changes.drain(..) {
             let at = Location {
                 state: c.state,
