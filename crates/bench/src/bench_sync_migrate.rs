@@ -36,9 +36,10 @@ pub struct BenchSyncMigrateArgs {
         default_value = "256,1024,4096,16384,65536"
     )]
     pub sizes: Vec<u32>,
-    /// Comma-separated shares of the datagrams the target's sync channel loses each way.
+    /// Comma-separated shares of the datagrams the target's sync channel loses each way
+    /// (as `bench-sync-write`'s `--losses`).
     #[arg(long, value_delimiter = ',', default_value = "0,0.2,0.5,0.8")]
-    pub loss: Vec<f64>,
+    pub losses: Vec<f64>,
     /// Moves of each size at each loss.
     #[arg(long, default_value_t = 10)]
     pub moves: usize,
@@ -169,8 +170,8 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     if a.moves == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
         return Err("--sizes: 1 to 65536 values; --moves above 0".into());
     }
-    if let Some(l) = a.loss.iter().find(|l| !(0.0..=0.95).contains(*l)) {
-        return Err(format!("--loss: {l} is not a share from 0 to 0.95"));
+    if let Some(l) = a.losses.iter().find(|l| !(0.0..=0.95).contains(*l)) {
+        return Err(format!("--losses: {l} is not a share from 0 to 0.95"));
     }
     let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "an address")?;
     let settings = CollectorSettings {
@@ -200,7 +201,7 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     await_copy(&mut client, 1, &values)?;
 
     let mut rows = Vec::new();
-    for (l, &loss) in a.loss.iter().enumerate() {
+    for (l, &loss) in a.losses.iter().enumerate() {
         // The target: its own switch id, its sync through a relay losing `loss` each way.
         let target_id = 10 + l as u32;
         let relay_settings = RelaySettings {
@@ -327,7 +328,7 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
         csv.write(path)?;
     }
     if a.files.wants_chart() {
-        let panels: Vec<Panel> = (a.loss.iter())
+        let panels: Vec<Panel> = (a.losses.iter())
             .map(|&loss| Panel {
                 title: format!("{:.0}% loss each way: a move, median", loss * 100.0),
                 unit: "ms".into(),
