@@ -9,7 +9,8 @@
 use crate::program::{Context, Running};
 
 pub trait StateStage: Send {
-    /// After each burst, once the program and the taps have seen it.
+    /// After each burst, once the program and the taps have seen it (a stage keeps its own
+    /// pace: it need not do its work after every one).
     fn after_burst(&mut self, program: &mut dyn Running, ctx: &Context);
 
     /// With no packets, on the loop's clock (about once a millisecond on live ports), so

@@ -1,8 +1,8 @@
 //! A worker's side of the sync, whole: its read handler, the rate controller that sets
 //! the handler's threshold each window, the timeout monitor, the anti-entropy refresh of
-//! every location, and the stream that numbers the messages. Fed each change to synced
-//! state ([`Sender::change`]) and polled once a burst ([`Sender::poll`]), it returns the
-//! messages to send.
+//! every location, and the stream that numbers the messages. Fed the changes of synced
+//! state a pass finds ([`Sender::expect_change`], then [`Sender::change`] for each) and
+//! polled once a pass ([`Sender::poll`]), it returns the messages to send.
 
 use crate::rate::RateController;
 use crate::read_handler::ReadHandler;
@@ -243,7 +243,7 @@ impl Sender {
             .change(now_ns, location, old, new, &mut self.pending);
     }
 
-    /// Once a burst: ends the rate window if it is over (the next threshold), sends what
+    /// Once a pass: ends the rate window if it is over (the next threshold), sends what
     /// waited too long, goes on with the refresh (reading the state with `read`), and
     /// appends the messages to send to `out`.
     ///
