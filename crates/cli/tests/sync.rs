@@ -449,7 +449,8 @@ fn free_port() -> u16 {
 /// With `--redis`, the copy is written through to a real Redis server as it is applied;
 /// when Redis goes away the collector goes on (counting the failures), a switch that
 /// starts again meanwhile is not mixed with its earlier run, and once Redis is back the
-/// whole copy is written again. A Redis URL with no server behind it is refused at start.
+/// whole copy is written again; a switch that starts again while Redis stays has its
+/// stream's hashes cleared, an earlier collector's too. A Redis URL with no server behind it is refused at start.
 #[test]
 fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     let dir = trace_in("sync-redis");
@@ -486,10 +487,23 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     wait_for(&redis, "the copy written again", &|r| r.counted() == 30_000);
     let epoch = redis.cli(&["hget", "stateplane:sync:1:0", "epoch"]);
     assert_ne!(epoch, first_epoch, "the second run's epoch");
+
+    // An earlier collector's hash of a state this one never wrote, in the stream's set of
+    // states; the switch runs again with Redis staying: every hash of the stream goes
+    // (that one too, with no scan of the keyspace), and the copy is the third run's alone.
+    redis.cli(&["hset", "stateplane:sync:1:0:7", "0", "5"]);
+    redis.cli(&["sadd", "stateplane:sync:1:0:states", "7"]);
+    run();
+    wait_for(&redis, "the third run's copy", &|r| {
+        r.cli(&["hget", "stateplane:sync:1:0", "epoch"]) != epoch && r.counted() == 30_000
+    });
+    assert_eq!(redis.cli(&["exists", "stateplane:sync:1:0:7"]).trim(), "0");
+    let states = redis.cli(&["smembers", "stateplane:sync:1:0:states"]);
+    assert_eq!(states.trim(), "0", "the states the stream has now: {states}");
     let table = stop_collector(collector, collector_err);
     let line = table.lines().find(|l| l.starts_with("redis: ")).unwrap();
     assert!(!line.contains(" 0 errors"), "{table}");
-    assert!(table.contains("restarts 2"), "{table}");
+    assert!(table.contains("restarts 4"), "{table}");
 
     let nobody = format!("redis://127.0.0.1:{}", free_port());
     let out = bin()

@@ -46,6 +46,18 @@ fn state_key(switch: u32, stream: u16, state: u16) -> String {
     format!("stateplane:sync:{switch}:{stream}:{state}")
 }
 
+/// The set of the states a stream has hashes for, so that clearing them never scans the
+/// keyspace (`KEYS` blocks a shared server for as long as it has keys).
+fn states_key(switch: u32, stream: u16) -> String {
+    format!("stateplane:sync:{switch}:{stream}:states")
+}
+
+/// Deletes the hashes of every state in the set `KEYS[1]` (`ARGV[1]` is the stream's key,
+/// the states' prefix), and the set.
+const CLEAR_STATES: &str = "for _, state in ipairs(redis.call('SMEMBERS', KEYS[1])) do \
+     redis.call('DEL', ARGV[1] .. ':' .. state) end \
+     redis.call('DEL', KEYS[1])";
+
 /// Connects to `url` once, so that a wrong URL or a server not running is refused before
 /// the collector starts.
 pub fn check(url: &str) -> Result<redis::Client, String> {
@@ -158,7 +170,7 @@ impl Writer {
             for (switch, stream, epoch, held) in whole {
                 self.restarted(&mut pipe, switch, stream, epoch, true);
                 for (l, r) in held {
-                    self.note_state(switch, stream, l.state);
+                    self.note_state(&mut pipe, switch, stream, l.state);
                     pipe.hset(state_key(switch, stream, l.state), l.index, r.value)
                         .ignore();
                     values += 1;
@@ -203,15 +215,19 @@ impl Writer {
         Ok(())
     }
 
-    fn note_state(&mut self, switch: u32, stream: u16, state: u16) {
-        if let Some((_, states)) = self.epochs.get_mut(&(switch, stream)) {
-            states.insert(state);
+    /// Notes that the stream has a hash for `state` (in the stream's set too, the first
+    /// time).
+    fn note_state(&mut self, pipe: &mut redis::Pipeline, switch: u32, stream: u16, state: u16) {
+        if let Some((_, states)) = self.epochs.get_mut(&(switch, stream))
+            && states.insert(state)
+        {
+            pipe.sadd(states_key(switch, stream), state).ignore();
         }
     }
 
     fn change(&mut self, pipe: &mut redis::Pipeline, a: &Applied) {
         self.restarted(pipe, a.switch, a.stream, a.epoch, false);
-        self.note_state(a.switch, a.stream, a.location.state);
+        self.note_state(pipe, a.switch, a.stream, a.location.state);
         let key = state_key(a.switch, a.stream, a.location.state);
         pipe.hset(key, a.location.index, a.value).ignore();
     }
@@ -230,19 +246,13 @@ impl Writer {
         if !always && known.is_some_and(|(e, _)| *e == epoch) {
             return;
         }
-        if let Some((_, states)) = known {
-            for &state in states {
-                pipe.del(state_key(switch, stream, state)).ignore();
-            }
-        }
-        if known.is_none() || always {
-            // States this collector never wrote may be there from an earlier collector.
-            pipe.cmd("EVAL")
-                .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
-                .arg(0)
-                .arg(format!("{}:*", stream_key(switch, stream)))
-                .ignore();
-        }
+        // Every state the stream has a hash for, this collector's or an earlier one's.
+        pipe.cmd("EVAL")
+            .arg(CLEAR_STATES)
+            .arg(1)
+            .arg(states_key(switch, stream))
+            .arg(stream_key(switch, stream))
+            .ignore();
         self.epochs
             .insert((switch, stream), (epoch, BTreeSet::new()));
     }
