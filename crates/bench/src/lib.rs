@@ -19,6 +19,7 @@ pub mod bench_flow_model;
 pub mod bench_flows;
 pub mod bench_pipeline;
 pub mod bench_sync;
+pub mod bench_sync_hh;
 pub mod bench_sync_migrate;
 pub mod bench_tables;
 pub mod chart;

@@ -79,6 +79,10 @@ enum Command {
     /// 256 to 65,536 values, with the target's sync channel losing 0 to 80% each way, on
     /// real sockets, every move checked.
     BenchSyncMigrate(stateplane_bench::bench_sync_migrate::BenchSyncMigrateArgs),
+    /// Heavy hitters found from a collector's copy of a sketch, with the rate controller's
+    /// threshold and by mirroring every change, against the data plane's own sketch and
+    /// the exact counts, in virtual time, Lemma 1's bound checked at every sample.
+    BenchSyncHh(stateplane_bench::bench_sync_hh::BenchSyncHhArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -128,6 +132,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncCost(args) => stateplane_bench::bench_sync::main_cost(args),
         Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
         Command::BenchSyncMigrate(args) => stateplane_bench::bench_sync_migrate::main_migrate(args),
+        Command::BenchSyncHh(args) => stateplane_bench::bench_sync_hh::main_hh(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

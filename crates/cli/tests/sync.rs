@@ -499,7 +499,11 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     });
     assert_eq!(redis.cli(&["exists", "stateplane:sync:1:0:7"]).trim(), "0");
     let states = redis.cli(&["smembers", "stateplane:sync:1:0:states"]);
-    assert_eq!(states.trim(), "0", "the states the stream has now: {states}");
+    assert_eq!(
+        states.trim(),
+        "0",
+        "the states the stream has now: {states}"
+    );
     let table = stop_collector(collector, collector_err);
     let line = table.lines().find(|l| l.starts_with("redis: ")).unwrap();
     assert!(!line.contains(" 0 errors"), "{table}");

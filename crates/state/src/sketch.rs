@@ -73,6 +73,12 @@ impl CountMin {
         estimate
     }
 
+    /// The counter `key` maps to in each row, as indexes into [`CountMin::counters`]: what
+    /// a copy of the counters elsewhere (a sync collector's) needs to estimate `key`.
+    pub fn cells_of(&self, key: &impl TableKey) -> Vec<usize> {
+        (0..self.depth).map(|row| self.cell(row, key)).collect()
+    }
+
     pub fn estimate(&self, key: &impl TableKey) -> u32 {
         (0..self.depth)
             .map(|row| self.rows.read(self.cell(row, key)).unwrap_or(0))
@@ -90,6 +96,21 @@ impl CountMin {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn a_copy_of_the_counters_estimates_as_the_sketch_does() {
+        let mut s = CountMin::new(3, 64, 9);
+        for k in 0..500u64 {
+            s.add(&k, (k % 7) as u32 + 1);
+        }
+        let copy = s.counters().as_slice().to_vec();
+        for k in 0..600u64 {
+            let cells = s.cells_of(&k);
+            assert_eq!(cells.len(), 3);
+            let from_copy = cells.iter().map(|&c| copy[c]).min();
+            assert_eq!(from_copy, Some(s.estimate(&k)), "key {k}");
+        }
+    }
 
     /// A skewed stream: estimates are never below the truth, and keys over the error bound
     /// are within the sketch's failure probability.
