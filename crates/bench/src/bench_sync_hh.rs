@@ -285,7 +285,10 @@ pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
     }
     let seconds_ok = a.seconds > 0.0 && a.seconds <= 60.0;
     if !seconds_ok {
-        return Err(format!("--seconds: {} is not above 0 and at most 60", a.seconds));
+        return Err(format!(
+            "--seconds: {} is not above 0 and at most 60",
+            a.seconds
+        ));
     }
     eprintln!("sync, t adaptive");
     let sync = run(&a, false)?;
@@ -315,7 +318,11 @@ pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
     let rows = [
         ("the data plane's sketch (ideal)", &sync.ideal, None),
         ("sync, t adaptive", &sync.sync, Some(&sync)),
-        ("sync, t adaptive, estimate + bound", &sync.sync_upper, Some(&sync)),
+        (
+            "sync, t adaptive, estimate + bound",
+            &sync.sync_upper,
+            Some(&sync),
+        ),
         ("mirror, every change", &mirror.sync, Some(&mirror)),
     ];
     for (name, acc, run) in rows {

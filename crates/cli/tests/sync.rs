@@ -545,10 +545,8 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     // The switch runs until the watch has seen its 5 changes (however long the watch takes
     // to subscribe): each run starts its streams over, and the reads below are of the last.
     let config = hh_config(&dir, &addr, "");
-    let mut forwarded = 0;
     for _ in 0..50 {
-        let summary = run_json(&config);
-        forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
+        run_json(&config);
         if watch.try_wait().unwrap().is_some() {
             break;
         }
@@ -560,6 +558,12 @@ fn the_collector_api_streams_reads_and_follows_changes() {
         .filter(|l| l.starts_with("switch 1 stream "))
         .collect();
     assert_eq!(changes.len(), 5, "{watched}");
+    // The switch runs once more, its changes going to a subscription whose client has
+    // gone: that connection ends, never the collector (stop_collector checks it is still
+    // running; with SIGPIPE's default action a write to the closed socket killed it).
+    let forwarded = run_json(&config)["counters"]["tx_packets"]
+        .as_u64()
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     // Row 0 of sketch 0, both workers summed: every packet forwarded, exactly.
     let read = ok(ctl(&["read", "0..1024"]).output().unwrap());
@@ -625,4 +629,62 @@ fn the_collector_api_streams_reads_and_follows_changes() {
         "{err}"
     );
     assert!(err.contains("give 127.0.0.1:9570 instead"), "{err}");
+}
+
+/// The sync experiments run small, end to end: each checks its own work before it prints
+/// (Lemma 1 for every key; every write committed and each target holding the source's
+/// values; the collector's copy counting every packet forwarded), so a run that prints its
+/// table has passed those checks.
+#[test]
+fn the_sync_experiments_check_their_work_and_print_their_tables() {
+    let hh = ok(bin()
+        .args(["bench-sync-hh", "--flows", "10000", "--seconds", "0.3"])
+        .output()
+        .unwrap());
+    assert!(hh.contains("sync, t adaptive, estimate + bound"), "{hh}");
+    assert!(hh.contains("Lemma 1 at every sample"), "{hh}");
+    let migrate = ok(bin()
+        .args([
+            "bench-sync-migrate",
+            "--sizes",
+            "256,4096",
+            "--losses",
+            "0,0.5",
+            "--moves",
+            "2",
+        ])
+        .output()
+        .unwrap());
+    assert!(
+        migrate.contains("each target's register is the source's values"),
+        "{migrate}"
+    );
+    assert_eq!(
+        migrate.lines().filter(|l| l.contains('%')).count(),
+        4,
+        "{migrate}"
+    );
+    let cost = ok(bin()
+        .args([
+            "bench-sync-cost",
+            "--packets",
+            "100000",
+            // Long enough (a few hundred ms) for writes every 10 ms to commit.
+            "--loops",
+            "40",
+            "--repeat",
+            "1",
+            "--thresholds",
+            "adaptive",
+        ])
+        .output()
+        .unwrap());
+    assert!(
+        cost.contains("sync on, t adaptive, writes every 10 ms"),
+        "{cost}"
+    );
+    assert!(
+        cost.contains("counts every packet forwarded, exactly"),
+        "{cost}"
+    );
 }

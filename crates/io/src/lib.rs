@@ -26,8 +26,22 @@ pub use capture::{
 };
 pub use replay::{ReplayQueue, ReplayTrace};
 
-/// For a command line's `main`: a closed standard output (a reader gone) ends the process
-/// quietly, as it ends Unix tools, rather than panic at the next print.
+/// For a command line's `main`: a closed standard output (a reader gone, as after
+/// `stateplane ctl stats | head -4`) ends the process quietly at the next print, with the
+/// status a shell shows for SIGPIPE (141), as Unix tools end, rather than with a panic's
+/// message. SIGPIPE itself stays ignored (the Rust runtime's choice): a server's peer
+/// that goes away mid-write (a `ctl sync watch` that has seen enough) must end that
+/// connection with an error, never the whole process.
 pub fn end_quietly_when_stdout_closes() {
-    live::sys::default_sigpipe();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = (info.payload().downcast_ref::<String>().map(String::as_str))
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // The standard library's `print!` panics with this message when stdout is gone.
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        previous(info);
+    }));
 }

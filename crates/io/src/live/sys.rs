@@ -488,14 +488,3 @@ pub fn enter_new_network_namespace() -> io::Result<()> {
     }
     Ok(())
 }
-
-/// Gives SIGPIPE back its default action, which the Rust runtime sets to "ignore": a
-/// command whose reader has gone (`stateplane ctl stats | head -4`) then ends quietly, as
-/// Unix tools do, instead of panicking on its next print.
-pub fn default_sigpipe() {
-    // SAFETY: SIG_DFL is a valid disposition for SIGPIPE; called once at the start of the
-    // process, before any thread that could be writing to a pipe.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
