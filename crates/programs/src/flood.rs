@@ -282,25 +282,19 @@ impl Program for Flood {
         self.victims.table.take_notifications(out);
     }
 
-    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
-        (self.sketch_register).track(std::slice::from_mut(&mut self.counts), name, id)
+    crate::sketches::synced_sketch_methods!();
+}
+
+impl crate::sketches::Sketched for Flood {
+    fn sketches_mut(&mut self) -> (&mut SketchRegister, &mut [CountMin]) {
+        (
+            &mut self.sketch_register,
+            std::slice::from_mut(&mut self.counts),
+        )
     }
 
-    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
-        (self.sketch_register).changes(std::slice::from_mut(&mut self.counts), out);
-    }
-
-    fn synced(&self) -> Vec<(u16, u32)> {
-        (self.sketch_register).synced(std::slice::from_ref(&self.counts))
-    }
-
-    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
-        (self.sketch_register).read_synced(std::slice::from_ref(&self.counts), id, index)
-    }
-
-    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
-        let counts = std::slice::from_mut(&mut self.counts);
-        (self.sketch_register).write_synced(counts, id, index, value)
+    fn sketches(&self) -> (&SketchRegister, &[CountMin]) {
+        (&self.sketch_register, std::slice::from_ref(&self.counts))
     }
 }
 

@@ -225,24 +225,16 @@ impl Program for Hh {
         self.reports.table.take_notifications(out);
     }
 
-    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
-        self.sketch_register.track(&mut self.sketches, name, id)
+    crate::sketches::synced_sketch_methods!();
+}
+
+impl crate::sketches::Sketched for Hh {
+    fn sketches_mut(&mut self) -> (&mut SketchRegister, &mut [CountMin]) {
+        (&mut self.sketch_register, &mut self.sketches)
     }
 
-    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
-        self.sketch_register.changes(&mut self.sketches, out);
-    }
-
-    fn synced(&self) -> Vec<(u16, u32)> {
-        self.sketch_register.synced(&self.sketches)
-    }
-
-    fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
-        self.sketch_register.read_synced(&self.sketches, id, index)
-    }
-
-    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
-        (self.sketch_register).write_synced(&mut self.sketches, id, index, value)
+    fn sketches(&self) -> (&SketchRegister, &[CountMin]) {
+        (&self.sketch_register, &self.sketches)
     }
 }
 

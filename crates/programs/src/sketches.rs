@@ -10,6 +10,46 @@
 use stateplane_state::changes::Change;
 use stateplane_state::{ControlError, CountMin, Declaration, Guarantee, Kind, Reply, Request};
 
+/// A program whose sketches are one [`SketchRegister`]: its register and sketches, for
+/// [`synced_sketch_methods!`].
+pub(crate) trait Sketched {
+    fn sketches_mut(&mut self) -> (&mut SketchRegister, &mut [CountMin]);
+    fn sketches(&self) -> (&SketchRegister, &[CountMin]);
+}
+
+/// Inside a program's `impl Program`: the synced-state methods (`track`, `changes`,
+/// `synced`, `read_synced`, `write_synced`) of a program that is [`Sketched`], all answered
+/// by its sketch register.
+macro_rules! synced_sketch_methods {
+    () => {
+        fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
+            register.track(sketches, name, id)
+        }
+
+        fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
+            register.changes(sketches, out);
+        }
+
+        fn synced(&self) -> Vec<(u16, u32)> {
+            let (register, sketches) = $crate::sketches::Sketched::sketches(self);
+            register.synced(sketches)
+        }
+
+        fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+            let (register, sketches) = $crate::sketches::Sketched::sketches(self);
+            register.read_synced(sketches, id, index)
+        }
+
+        fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
+            register.write_synced(sketches, id, index, value)
+        }
+    };
+}
+pub(crate) use synced_sketch_methods;
+
 /// The register's name, its synced state id once tracked.
 #[derive(Clone, Debug)]
 pub(crate) struct SketchRegister {
