@@ -128,6 +128,83 @@ struct Row {
 const STEP_NS: u64 = 10_000;
 const SAMPLE_NS: u64 = 10_000_000;
 
+/// A sender's messages on their way to a collector's mirror through a channel, in virtual
+/// time (64 KiB of buffer, 50 µs of latency, no faults), with the data plane as it was when
+/// each message that got onto the channel was sent: what the collector's bounds are checked
+/// against.
+pub(crate) struct VirtualLink<S> {
+    pub channel: Channel,
+    pub mirror: Mirror,
+    snapshots: BTreeMap<u64, S>,
+    arrived: Vec<Vec<u8>>,
+    pub messages: u64,
+    pub updates: u64,
+    pub updates_lost: u64,
+}
+
+impl<S> VirtualLink<S> {
+    /// A channel of `bytes_per_second` to a mirror of switch 1.
+    pub fn new(bytes_per_second: u64, seed: u64) -> Self {
+        VirtualLink {
+            channel: Channel::new(ChannelConfig {
+                bytes_per_second,
+                buffer_bytes: 64 << 10,
+                latency_ns: 50_000,
+                faults: Faults::default(),
+                seed,
+            }),
+            mirror: Mirror::new(Some(vec![1])),
+            snapshots: BTreeMap::new(),
+            arrived: Vec::new(),
+            messages: 0,
+            updates: 0,
+            updates_lost: 0,
+        }
+    }
+
+    /// Puts `out`'s messages on the channel at `now`, taking `snapshot` of the data plane
+    /// for each that got on.
+    pub fn send(&mut self, now: u64, out: &mut Vec<Message>, snapshot: impl Fn() -> S) {
+        for m in out.drain(..) {
+            let (seq, entries) = (m.seq, m.entries.len() as u64);
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            self.messages += 1;
+            self.updates += entries;
+            match self.channel.send(now, bytes) {
+                Fate::Sent { .. } => {
+                    self.snapshots.insert(seq, snapshot());
+                }
+                Fate::Dropped | Fate::Lost => self.updates_lost += entries,
+            }
+        }
+    }
+
+    /// Applies to the mirror what has arrived by `now`.
+    pub fn deliver(&mut self, now: u64) -> BenchResult<()> {
+        self.channel.deliver(now, &mut self.arrived);
+        for bytes in self.arrived.drain(..) {
+            let m = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
+            let _ = self.mirror.apply(&m);
+        }
+        Ok(())
+    }
+
+    /// The data plane as it was when the last message the mirror applied of switch 1's
+    /// stream 0 was sent (older snapshots are forgotten), and the mirror; `None` before any.
+    pub fn as_of_copy(&mut self) -> BenchResult<Option<(&S, &Mirror)>> {
+        let Some(k) = self.mirror.last_seq(1, 0) else {
+            return Ok(None);
+        };
+        self.snapshots.retain(|&seq, _| seq >= k);
+        let then = self
+            .snapshots
+            .get(&k)
+            .ok_or("no snapshot of the last message")?;
+        Ok(Some((then, &self.mirror)))
+    }
+}
+
 fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) -> BenchResult<Row> {
     let threshold = match mode {
         Mode::Fixed(t) => Threshold::Fixed(t),
@@ -147,26 +224,17 @@ fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) ->
         refresh_ns: 0,
         states: vec![(0, a.locations)],
     });
-    let mut channel = Channel::new(ChannelConfig {
-        bytes_per_second: a.capacity,
-        buffer_bytes: 64 << 10,
-        latency_ns: 50_000,
-        faults: Faults::default(),
-        seed: a.seed,
-    });
-    let mut mirror = Mirror::new(Some(vec![1]));
+    let mut link: VirtualLink<Vec<u64>> = VirtualLink::new(a.capacity, a.seed);
     let mut rng = Rng::new(a.seed);
     let zipf = Zipf::new(a.locations as usize, 1.0);
     let mut plane = vec![0u64; a.locations as usize];
-    let mut snapshots: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let end_ns = (a.seconds * 1e9) as u64;
     let per_step = load * updates_per_second as f64 * STEP_NS as f64 / 1e9;
     let (mut owed, mut changes) = (0.0, 0u64);
-    let (mut updates, mut updates_lost, mut messages) = (0u64, 0u64, 0u64);
     let (mut threshold_sum, mut windows) = (0u128, 0u64);
     let (mut error_sum, mut max_error, mut samples) = (0.0, 0u64, 0u64);
     let (mut readings, mut unbounded) = (0u64, 0u64);
-    let (mut out, mut arrived) = (Vec::new(), Vec::new());
+    let mut out = Vec::new();
     let mut now = 0;
     while now <= end_ns {
         owed += per_step;
@@ -186,34 +254,16 @@ fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) ->
             threshold_sum += u128::from(sender.threshold());
             windows += 1;
         }
-        for m in out.drain(..) {
-            let entries = m.entries.len() as u64;
-            let seq = m.seq;
-            let mut bytes = Vec::new();
-            m.encode(&mut bytes);
-            messages += 1;
-            updates += entries;
-            match channel.send(now, bytes) {
-                Fate::Sent { .. } => {
-                    snapshots.insert(seq, plane.clone());
-                }
-                Fate::Dropped | Fate::Lost => updates_lost += entries,
-            }
-        }
-        channel.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let m = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
-            let _ = mirror.apply(&m);
-        }
+        link.send(now, &mut out, || plane.clone());
+        link.deliver(now)?;
         if now % SAMPLE_NS == 0 {
             if matches!(mode, Mode::Adaptive { reports: true, .. })
-                && let Some(report) = mirror.report(1, 0, now)
+                && let Some(report) = link.mirror.report(1, 0, now)
             {
                 sender.on_report(now, &report);
             }
-            if let Some(k) = mirror.last_seq(1, 0) {
-                snapshots.retain(|&seq, _| seq >= k);
-                let truth = snapshots.get(&k).ok_or("no snapshot of the last message")?;
+            if let Some((truth, mirror)) = link.as_of_copy()? {
+                let k = mirror.last_seq(1, 0).unwrap_or(0);
                 let mut sum = 0u64;
                 for (i, &value) in truth.iter().enumerate() {
                     let l = Location {
@@ -248,10 +298,10 @@ fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) ->
         load,
         mode: mode.name(),
         changes,
-        updates,
-        updates_lost,
-        messages,
-        messages_dropped: channel.counters.dropped_full,
+        updates: link.updates,
+        updates_lost: link.updates_lost,
+        messages: link.messages,
+        messages_dropped: link.channel.counters.dropped_full,
         mean_threshold: threshold_sum as f64 / windows.max(1) as f64,
         mean_error: error_sum / samples.max(1) as f64,
         max_error,

@@ -14,17 +14,16 @@
 //! fails if it is not.
 
 use crate::BenchResult;
+use crate::bench_sync::VirtualLink;
 use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
 use stateplane_gen::rng::{Rng, Zipf};
 use stateplane_state::CountMin;
 use stateplane_sync::Location;
-use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
-use stateplane_sync::wire::{ENTRY_LEN, Message};
-use std::collections::BTreeMap;
+use stateplane_sync::wire::ENTRY_LEN;
 
 #[derive(clap::Args)]
 pub struct BenchSyncHhArgs {
@@ -131,23 +130,14 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
         refresh_ns: if mirror_mode { 0 } else { 1_000_000_000 },
         states: vec![(0, cells)],
     });
-    let mut channel = Channel::new(ChannelConfig {
-        bytes_per_second: a.capacity,
-        buffer_bytes: 64 << 10,
-        latency_ns: 50_000,
-        faults: Faults::default(),
-        seed: a.seed,
-    });
-    let mut mirror = Mirror::new(Some(vec![1]));
+    let mut link: VirtualLink<Vec<u32>> = VirtualLink::new(a.capacity, a.seed);
     let mut sketch = CountMin::new(a.depth, a.width, a.seed);
     sketch.counters_mut().track(0, 0);
     let mut rng = Rng::new(a.seed);
     let zipf = Zipf::new(a.flows, a.zipf);
     let mut truth = vec![0u64; a.flows];
     let mut total = 0u64;
-    // The data plane's counters as each message on its way was sent, by sequence number.
-    let mut snapshots: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-    let (mut changes, mut out, mut arrived) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut changes, mut out) = (Vec::new(), Vec::new());
     let mut outcome = Outcome {
         sync: Accuracy::default(),
         sync_upper: Accuracy::default(),
@@ -184,57 +174,33 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
             }
             let counters = sketch.counters().as_slice();
             sender.poll(now, |l| u64::from(counters[l.index as usize]), &mut out);
-            for m in out.drain(..) {
-                let (seq, entries) = (m.seq, m.entries.len() as u64);
-                let mut bytes = Vec::new();
-                m.encode(&mut bytes);
-                outcome.updates += entries;
-                match channel.send(now, bytes) {
-                    Fate::Sent { .. } => {
-                        snapshots.insert(seq, counters.to_vec());
-                    }
-                    Fate::Dropped | Fate::Lost => outcome.updates_lost += entries,
-                }
-            }
+            link.send(now, &mut out, || counters.to_vec());
         }
-        channel.deliver(now, &mut arrived);
-        for bytes in arrived.drain(..) {
-            let m = Message::decode(&bytes).map_err(|e| format!("decoding our own: {e}"))?;
-            let _ = mirror.apply(&m);
-        }
-        if now > 0 && now % SAMPLE_NS == 0 {
-            sample(
-                &mut outcome,
-                &mirror,
-                &mut snapshots,
-                &sketch,
-                &truth,
-                total,
-                a,
-            )?;
+        link.deliver(now)?;
+        if now > 0
+            && now % SAMPLE_NS == 0
+            && let Some((then, mirror)) = link.as_of_copy()?
+        {
+            sample(&mut outcome, mirror, then, &sketch, &truth, total, a)?;
         }
         now += STEP_NS;
     }
+    outcome.updates = link.updates;
+    outcome.updates_lost = link.updates_lost;
     Ok(outcome)
 }
 
-/// Checks Lemma 1 for every key and adds the sample's accuracy.
+/// Checks Lemma 1 for every key and adds the sample's accuracy; `then` is the data
+/// plane's counters as of the copy's instant.
 fn sample(
     outcome: &mut Outcome,
     mirror: &Mirror,
-    snapshots: &mut BTreeMap<u64, Vec<u32>>,
+    then: &[u32],
     sketch: &CountMin,
     truth: &[u64],
     total: u64,
     a: &BenchSyncHhArgs,
 ) -> BenchResult<()> {
-    let Some(k) = mirror.last_seq(1, 0) else {
-        return Ok(());
-    };
-    snapshots.retain(|&seq, _| seq >= k);
-    let then = snapshots
-        .get(&k)
-        .ok_or("no snapshot of the last message applied")?;
     let cells = sketch.counters().len() as u32;
     let copy = mirror
         .read_range(1, 0, 0, 0, cells)
