@@ -106,8 +106,13 @@ impl WorkerPorts for LivePorts {
         self.queues.iter_mut().for_each(|q| q.flush());
     }
 
-    fn wait(&mut self, timeout: Duration) {
-        (self.wait)(&self.fds, timeout);
+    fn wait(&mut self, timeout: Duration, also: &[RawFd]) {
+        if also.is_empty() {
+            (self.wait)(&self.fds, timeout);
+        } else {
+            let fds: Vec<RawFd> = self.fds.iter().chain(also).copied().collect();
+            (self.wait)(&fds, timeout);
+        }
     }
 
     fn counters(&mut self) -> Vec<PortCounters> {

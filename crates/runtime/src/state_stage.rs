@@ -22,6 +22,12 @@ pub trait StateStage: Send {
 
     /// The worker is stopping: hand on everything held.
     fn finish(&mut self, program: &mut dyn Running, ctx: &Context);
+
+    /// A descriptor that becomes readable when work comes from outside (the stage's
+    /// socket): an idle worker waits on it with its ports, and ticks when woken.
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// Makes one state stage per worker (`worker index -> stage`).

@@ -72,6 +72,21 @@ impl Worker {
         }
     }
 
+    /// Ticks the state stages alone (woken by one of `wake_fds`, between two polls).
+    pub fn tick_stages(&mut self) {
+        for stage in &mut self.state_stages {
+            stage.tick(self.program.as_mut(), &self.ctx);
+        }
+    }
+
+    /// What the state stages wake on (`StateStage::wake_fd`).
+    pub fn wake_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.state_stages
+            .iter()
+            .filter_map(|s| s.wake_fd())
+            .collect()
+    }
+
     /// The program, once the worker is done with it (its state, for a test or benchmark to
     /// check).
     pub fn into_program(self) -> Box<dyn Running> {

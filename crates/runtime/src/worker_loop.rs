@@ -149,8 +149,9 @@ pub trait WorkerPorts: Send {
     /// The end of a pass: pushes out what `send` batched (a live ring's kick).
     fn flush(&mut self) {}
 
-    /// Nothing came in on a whole pass: waits for input, at most `timeout`.
-    fn wait(&mut self, _timeout: Duration) {}
+    /// Nothing came in on a whole pass: waits for input, or for one of `also` (the state
+    /// stages' sockets) to be readable, at most `timeout`.
+    fn wait(&mut self, _timeout: Duration, _also: &[std::os::fd::RawFd]) {}
 
     /// The stop flag rose: take no new input (what is queued may still come).
     fn stop(&mut self) {}
@@ -269,6 +270,8 @@ pub fn run_worker(
     if let Some(control) = control {
         worker = worker.with_control(control);
     }
+    // The stages keep their sockets across reloads.
+    let wake = worker.wake_fds();
     let clock = match ports.timekeeping() {
         Timekeeping::Clock(c) => Some(c),
         Timekeeping::Packets => None,
@@ -355,7 +358,12 @@ pub fn run_worker(
         if ended.iter().all(|&e| e) || stopping_since.is_some() {
             break;
         }
-        ports.wait(IDLE_WAIT);
+        ports.wait(IDLE_WAIT, &wake);
+        if !wake.is_empty() {
+            // What woke the worker may be a state stage's datagram (a write's part): the
+            // stages tick now, not up to a millisecond later with the program's poll.
+            worker.tick_stages();
+        }
     }
     worker.finish();
     shared.publish(&worker.stats);
@@ -558,7 +566,7 @@ mod tests {
                 .flushes += 1;
         }
 
-        fn wait(&mut self, timeout: Duration) {
+        fn wait(&mut self, timeout: Duration, _also: &[std::os::fd::RawFd]) {
             self.seen
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)

@@ -468,14 +468,14 @@ impl SyncStage {
     }
 
     /// Between two bursts, or on a tick: a whole pass when its pace allows; otherwise the
-    /// collector's datagrams taken (at least every `RECEIVE_EVERY_NS`, and each time while
-    /// a write's parts are arriving) and the writes whole committed, so that a write does
-    /// not wait for the passes' pace.
-    fn between_bursts(&mut self, program: &mut dyn Running) {
+    /// collector's datagrams taken (on a tick, at least every `RECEIVE_EVERY_NS`, and each
+    /// time while a write's parts are arriving) and the writes whole committed, so that a
+    /// write does not wait for the passes' pace.
+    fn between_bursts(&mut self, program: &mut dyn Running, tick: bool) {
         let now_ns = self.now_ns();
         if now_ns >= self.next_pass_ns {
             self.pass(program);
-        } else if self.writes.holds_parts() || now_ns >= self.next_receive_ns {
+        } else if tick || self.writes.holds_parts() || now_ns >= self.next_receive_ns {
             self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
             self.receive(program, now_ns);
             self.commit_writes(program);
@@ -512,12 +512,18 @@ impl StateStage for SyncStage {
             return;
         }
         self.bursts_unclocked = 0;
-        self.between_bursts(program);
+        self.between_bursts(program, false);
     }
 
     fn tick(&mut self, program: &mut dyn Running, _ctx: &Context) {
-        // Live ports tick every millisecond, traffic or not: the pace holds here too.
-        self.between_bursts(program);
+        // Live ports tick every millisecond under traffic, and when the socket wakes an
+        // idle worker (`wake_fd`): the pace holds here too, but what woke it is taken.
+        self.between_bursts(program, true);
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.socket.as_ref().map(|s| s.as_raw_fd())
     }
 
     fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
