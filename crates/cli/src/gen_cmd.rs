@@ -77,6 +77,14 @@ pub fn main(a: GenArgs) -> CliResult<()> {
         ..GenConfig::new(workload, a.packets)
     };
     cfg.validate().map_err(|e| e.to_string())?;
+    if a.output.as_os_str() == "-" {
+        // `-` reads standard input elsewhere (`flows -i -`); here it would be a file of
+        // that name, which nobody means.
+        return Err(
+            "--output -: gen writes a capture file, not standard output; give a file name (e.g. --output trace.pcap)"
+                .into(),
+        );
+    }
     let mut writer = CaptureWriter::create(&a.output).map_err(|e| e.to_string())?;
     let done = Arc::new(AtomicU64::new(0));
     let watched = done.clone();

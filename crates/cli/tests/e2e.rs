@@ -168,6 +168,12 @@ fn errors_name_the_field_and_the_fix() {
     )
     .into_owned();
     assert!(err.contains("--ipv6-share: 2 is not a share"), "{err}");
+    // `-` is not taken for a file's name (it once left a capture called `-` behind).
+    refused(
+        &["gen", "internet", "--packets", "10", "-o", "-"],
+        "gen writes a capture file, not standard output",
+    );
+    assert!(!Path::new("-").exists());
     // A capture of another link type is refused by name.
     let mut bytes = std::fs::read(&input).unwrap();
     bytes[20..24].copy_from_slice(&276u32.to_le_bytes());
