@@ -28,6 +28,22 @@ pub struct Change {
     pub index: u32,
     pub old: u64,
     pub new: u64,
+    /// The value must reach the collector as it is, at every change, whatever the
+    /// threshold: a table's key or action, where a value near the right one is a wrong one.
+    pub exact: bool,
+}
+
+impl Change {
+    /// What the change costs the channel's budget, as the rate controller counts it: its
+    /// divergence, or one update for a change that is always sent.
+    #[inline]
+    pub fn cost(&self) -> u64 {
+        if self.exact {
+            u64::from(self.old != self.new)
+        } else {
+            self.new.abs_diff(self.old)
+        }
+    }
 }
 
 /// What a piece of state promises beyond this worker's memory. Declared with the state, so

@@ -261,6 +261,85 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
     );
 }
 
+/// A synced table end to end: `counter`'s flows, every word of every slot, reach the
+/// collector; once the run's end is refreshed the copy holds each flow exactly, keys and
+/// counts, and the packets of all its entries are the packets forwarded.
+#[test]
+fn a_synced_flow_table_reaches_the_collector_entry_by_entry() {
+    let dir = trace_in("sync-table");
+    let dump = tmp("sync-table-dump.csv");
+    let dump_arg = dump.display().to_string();
+    let (collector, addr, collector_err) =
+        start_collector(&["--switches", "1", "--dump", &dump_arg]);
+    let config = dir.join("sync-counter.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+workers = 2
+[program]
+name = "counter"
+[program.counter]
+capacity = 16384
+idle = 86400
+map = {{ in = "out" }}
+[guarantees]
+flows = ["synced"]
+[sync]
+collector = "{addr}"
+[[port]]
+name = "in"
+rx = "sync-in.pcap"
+[[port]]
+name = "out"
+"#
+        ),
+    )
+    .unwrap();
+    let summary = run_json(&config);
+    let out = summary.to_string();
+    let forwarded = summary["counters"]["tx_packets"].as_u64().unwrap();
+    assert_eq!(forwarded, 30_000, "{out}");
+    assert_eq!(summary["sync"]["send_errors"], 0, "{out}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains("gaps 0"), "{table}");
+
+    // A slot: action (1: `count`), src (2 words), dst (2), proto, ports, vlan, packets,
+    // bytes.
+    const STRIDE: u32 = 11;
+    let text = std::fs::read_to_string(&dump).unwrap();
+    let mut slots: BTreeMap<(u16, u32), [u64; STRIDE as usize]> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            f[5], "0",
+            "every word exact after the end's refresh: {line}"
+        );
+        let stream: u16 = f[1].parse().unwrap();
+        let index: u32 = f[3].parse().unwrap();
+        let words = slots.entry((stream, index / STRIDE)).or_default();
+        words[(index % STRIDE) as usize] = f[4].parse().unwrap();
+    }
+    let entries: Vec<_> = slots.values().filter(|w| w[0] != 0).collect();
+    assert!(entries.len() > 100, "{} flows", entries.len());
+    for w in &entries {
+        assert_eq!(w[0], 1, "the one action, `count`: {w:?}");
+        assert!(
+            w[9] >= 1 && w[10] >= 60 * w[9],
+            "packets and their bytes: {w:?}"
+        );
+        assert!([1, 6, 17, 58].contains(&w[5]), "a protocol: {w:?}");
+    }
+    let keys: std::collections::BTreeSet<_> = entries.iter().map(|w| &w[1..9]).collect();
+    assert_eq!(keys.len(), entries.len(), "each flow in one slot");
+    let packets: u64 = entries.iter().map(|w| w[9]).sum();
+    assert_eq!(
+        packets, forwarded,
+        "every packet counted on a flow the copy holds"
+    );
+}
+
 /// With no collector listening, the run still ends, and its summary says the sends failed.
 #[test]
 fn a_run_with_no_collector_ends_and_says_so() {

@@ -122,13 +122,19 @@ impl ConnState {
 }
 
 /// The control plane's view of the connection table: key the connection's canonical
-/// 5-tuple and VLAN; action its state, with its packet count.
+/// 5-tuple and VLAN; action its state, with its packet count, whether it was answered, and
+/// whether its originator is the key's source (all of an entry, so that an entry written
+/// back, as a migration does, is the one read).
 struct ConnCodec;
 
 impl ConnCodec {
     fn declaration(capacity: usize) -> Declaration {
-        let packets = vec![Field::exact("packets", 32, Format::Int)];
-        filled_table::<FlowKey>("connections", "", capacity, &STATES, packets)
+        let params = vec![
+            Field::exact("packets", 32, Format::Int),
+            Field::exact("answered", 1, Format::Int),
+            Field::exact("originator_is_src", 1, Format::Int),
+        ];
+        filled_table::<FlowKey>("connections", "", capacity, &STATES, params)
     }
 }
 
@@ -137,15 +143,32 @@ impl ValueCodec for ConnCodec {
     type Value = Conn;
 
     fn value(action: usize, params: &[u128]) -> Conn {
+        let p = |i: usize| params.get(i).copied().unwrap_or(0);
         Conn {
             state: ConnState::from_index(action),
-            packets: params.first().map_or(0, |&p| p as u32),
-            ..Conn::default()
+            packets: p(0) as u32,
+            answered: p(1) != 0,
+            originator_is_canonical: p(2) != 0,
         }
     }
 
     fn action(conn: &Conn) -> (usize, Vec<u128>) {
-        (conn.state as usize, vec![u128::from(conn.packets)])
+        let flag = |b: bool| u128::from(b);
+        (
+            conn.state as usize,
+            vec![
+                u128::from(conn.packets),
+                flag(conn.answered),
+                flag(conn.originator_is_canonical),
+            ],
+        )
+    }
+
+    const COUNTING: &'static [&'static str] = &["packets"];
+
+    /// A connection's expiry profile is its state's (the profiles are in `STATES` order).
+    fn profile(conn: &Conn) -> u8 {
+        conn.state as u8
     }
 }
 
@@ -391,6 +414,8 @@ impl Program for Conntrack {
     }
 
     crate::answer_by_table!(table);
+
+    crate::synced_tables::synced_table_methods!(table);
 }
 
 #[cfg(test)]
@@ -556,6 +581,134 @@ mod tests {
             1,
             "the expiry it replaced is counted"
         );
+    }
+
+    /// The words of a synced table, as a collector that took every change holds them.
+    fn mirror_of(c: &mut Conntrack, mirror: &mut std::collections::BTreeMap<u32, u64>) {
+        let mut changes = Vec::new();
+        c.changes(&mut changes);
+        for ch in changes {
+            assert_eq!(mirror.get(&ch.index).copied().unwrap_or(0), ch.old);
+            mirror.insert(ch.index, ch.new);
+        }
+    }
+
+    /// A synced connection table's changes rebuild its every word; written into another
+    /// switch's table (another hash seed, so other slots), the connections go on there:
+    /// an established connection's ACK passes where an unknown one is dropped, a
+    /// half-open one is still new, and each keeps its count. Then a write that deletes one
+    /// and a malformed one: the delete lands, the malformed entry is refused whole.
+    #[test]
+    fn a_synced_table_migrates_to_another_switch_with_every_connection() {
+        // Action, key (two addresses of two words, proto, ports, vlan), packets, answered,
+        // originator.
+        let stride = 1 + 8 + 3;
+        let mut a = conntrack(64);
+        assert_eq!(
+            Program::track(&mut a, "connections", 4),
+            Some((a.table.slot_count() * stride) as u32)
+        );
+        for port in 1000..1040 {
+            send(&mut a, S, true, tcp(port, true, flags::SYN));
+            if port % 2 == 0 {
+                send(&mut a, S, false, tcp(port, false, flags::SYN | flags::ACK));
+                send(&mut a, S, true, tcp(port, true, flags::ACK));
+            }
+        }
+        let mut mirror = std::collections::BTreeMap::new();
+        mirror_of(&mut a, &mut mirror);
+        for port in 1040..1050 {
+            send(&mut a, 2 * S, true, tcp(port, true, flags::SYN));
+        }
+        send(&mut a, 2 * S, true, tcp(1000, true, flags::RST));
+        mirror_of(&mut a, &mut mirror);
+        let length = a.synced()[0].1;
+        for index in 0..length {
+            let word = mirror.get(&index).copied().unwrap_or(0);
+            assert_eq!(a.read_synced(4, index), Some(word), "word {index}");
+        }
+        assert_eq!(a.read_synced(4, length), None);
+        assert_eq!(a.read_synced(3, 0), None, "another id");
+
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let cfg: ConntrackConfig = toml::from_str("capacity = 64").unwrap();
+        let mut b = Conntrack::new(&cfg, &names, "program.conntrack", 77).unwrap();
+        Program::track(&mut b, "connections", 0);
+        send(&mut b, 3 * S, true, tcp(5, true, flags::SYN)); // B's own, kept
+        let mut written = 0;
+        for slot in 0..length / stride as u32 {
+            let word = |w: u32| mirror.get(&(slot * stride as u32 + w)).copied();
+            if word(0).unwrap_or(0) != 0 {
+                for w in 0..stride as u32 {
+                    let index = slot * stride as u32 + w;
+                    b.write_synced(0, index, word(w).unwrap_or(0)).unwrap();
+                }
+                written += 1;
+            }
+        }
+        assert_eq!(written, 49, "40 + 10 opened, one reset");
+        assert_eq!(b.commit_synced_write(), 0);
+        assert_eq!(b.connections(), 50);
+        assert_eq!(
+            send(&mut b, 3 * S, true, tcp(1002, true, flags::ACK)),
+            OUT,
+            "an established connection goes on"
+        );
+        assert_eq!(state(&b, 1001), Some(ConnState::New));
+        assert_eq!(state(&b, 1000), None, "reset before the move");
+        assert_eq!(
+            send(&mut b, 3 * S, true, tcp(2000, true, flags::ACK)),
+            Verdict::Drop(INVALID),
+            "one that never was is not"
+        );
+        let conn = |c: &Conntrack, port| {
+            let key = FlowKey::v4(
+                "198.18.0.1".parse().unwrap(),
+                "198.19.0.2".parse().unwrap(),
+                6,
+                port,
+                80,
+            );
+            c.state_of(&key).unwrap()
+        };
+        assert_eq!(conn(&b, 1004), conn(&a, 1004), "every field of the entry");
+        assert_eq!(conn(&b, 1002).packets, conn(&a, 1002).packets + 1);
+
+        // A delete (action word 0 with its key) and a malformed entry (a port past 16 bits),
+        // made of B's own words for two of the connections (word 6: the source port).
+        let key_of = |port: u64| {
+            let slots = b.synced()[0].1 / stride as u32;
+            let words = |slot: u32| -> Vec<u64> {
+                (0..stride as u32)
+                    .map(|w| b.read_synced(0, slot * stride as u32 + w).unwrap())
+                    .collect()
+            };
+            (0..slots)
+                .map(words)
+                .find(|w| w[0] != 0 && w[6] == port)
+                .unwrap()
+        };
+        let mut delete = key_of(1004);
+        delete[0] = 0;
+        let mut bad = key_of(1006);
+        bad[7] = 1 << 16;
+        for (group, words) in [delete, bad].iter().enumerate() {
+            for (w, v) in words.iter().enumerate() {
+                b.write_synced(0, (group * stride + w) as u32, *v).unwrap();
+            }
+        }
+        assert_eq!(b.commit_synced_write(), 1, "the malformed entry");
+        assert!(
+            b.state_of(&FlowKey::v4(
+                "198.18.0.1".parse().unwrap(),
+                "198.19.0.2".parse().unwrap(),
+                6,
+                1004,
+                80,
+            ))
+            .is_none()
+        );
+        assert_eq!(state(&b, 1006), Some(ConnState::Established), "untouched");
     }
 
     #[test]

@@ -593,14 +593,15 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
     use stateplane_state::Guarantee;
     use std::collections::BTreeMap;
     let names = PortNames(vec!["a".into(), "b".into()]);
-    let build_with = |wanted: &[(&str, &[&str])]| {
+    let build_program = |program: &str, wanted: &[(&str, &[&str])]| {
         let wanted: BTreeMap<String, Vec<String>> = wanted
             .iter()
             .map(|(n, g)| (n.to_string(), g.iter().map(|s| s.to_string()).collect()))
             .collect();
-        let factory = build("conntrack", None, &names).unwrap();
+        let factory = build(program, None, &names).unwrap();
         crate::with_guarantees(factory, &wanted)
     };
+    let build_with = |wanted: &[(&str, &[&str])]| build_program("conntrack", wanted);
     let factory = build_with(&[("connections", &["local"])]).unwrap();
     let declared = factory(1).declarations();
     assert_eq!(declared[0].guarantees, [Guarantee::Local]);
@@ -615,11 +616,13 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
             "{e}"
         );
     }
-    // An exact table's changes are not tracked yet, so it cannot be synced.
-    let Err(e) = build_with(&[("connections", &["synced"])]) else {
+    // A table whose program does not track it cannot be synced; conntrack's can.
+    let Err(e) = build_program("l2learn", &[("stations", &["synced"])]) else {
         panic!("a table whose changes nothing tracks is not synced")
     };
     assert!(e.problem.contains("cannot be synced"), "{e}");
+    let synced = build_with(&[("connections", &["synced"])]).unwrap();
+    assert_eq!(synced(0).synced().len(), 1, "tracked on every instance");
     let Err(e) = build_with(&[("conections", &["synced"])]) else {
         panic!("a misspelt name is refused")
     };
@@ -661,7 +664,8 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
             state: 0,
             index: 255,
             old: 0,
-            new: 5
+            new: 5,
+            exact: false,
         }]
     );
     // The wrapper hands on what the program says of its workers (kv runs on one).

@@ -9,7 +9,7 @@
 //! counts (`ctl stats flows` shows them as `add_full`), never traffic.
 //!
 //! State: `flows` (declared; key the flow; action `count` with `packets bytes`; per
-//! worker, write-centric). Configuration: `capacity` (flows per worker, default 65536),
+//! worker, write-centric; may be `synced`, its counts within the threshold). Configuration: `capacity` (flows per worker, default 65536),
 //! `idle` (seconds, default 60), `map` as `forward`.
 
 use crate::forward::{Forward, ForwardConfig};
@@ -65,6 +65,8 @@ impl ValueCodec for CountsCodec {
     fn action(c: &Counts) -> (usize, Vec<u128>) {
         (0, vec![u128::from(c.packets), u128::from(c.bytes)])
     }
+
+    const COUNTING: &'static [&'static str] = &["packets", "bytes"];
 }
 
 #[derive(Clone)]
@@ -146,6 +148,8 @@ impl Program for Counter {
     }
 
     answer_by_table!(flows);
+
+    crate::synced_tables::synced_table_methods!(flows);
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub mod sgw;
 mod sketches;
 pub mod steer;
 pub mod superspreader;
+mod synced_tables;
 #[cfg(test)]
 mod testutil;
 
@@ -485,7 +486,10 @@ pub fn with_guarantees(
             return Err(ConfigError::new(
                 field,
                 format!(
-                    "`{name}` cannot be synced: the program does not track its changes (synced                      state today is a program's count-min sketch, `sketch` in hh, udpflood                      and synflood)"
+                    "`{name}` cannot be synced: the program does not track its changes (synced \
+                     state today is a program's count-min sketch, `sketch` in hh, udpflood \
+                     and synflood, and the tables `flows` in counter and `connections` in \
+                     conntrack)"
                 ),
             ));
         }
@@ -611,5 +615,9 @@ impl Program for Guaranteed {
 
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
         self.inner.write_synced(id, index, value)
+    }
+
+    fn commit_synced_write(&mut self) -> u64 {
+        self.inner.commit_synced_write()
     }
 }

@@ -243,6 +243,14 @@ pub trait Program: Send {
     fn write_synced(&mut self, _id: u16, _index: u32, _value: u64) -> Option<u64> {
         None
     }
+
+    /// Ends a top-down write whose values [`Program::write_synced`] took: a synced table
+    /// places the write's entries now, each whole, by its key (a register's cells were
+    /// written as they came). Returns the entries refused (words missing, fields that do
+    /// not fit the declaration, a full table).
+    fn commit_synced_write(&mut self) -> u64 {
+        0
+    }
 }
 
 /// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
@@ -267,6 +275,7 @@ pub trait Running: Send {
     fn synced(&self) -> Vec<(u16, u32)>;
     fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
+    fn commit_synced_write(&mut self) -> u64;
 }
 
 /// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
@@ -347,6 +356,10 @@ impl<P: Program> Running for P {
 
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
         Program::write_synced(self, id, index, value)
+    }
+
+    fn commit_synced_write(&mut self) -> u64 {
+        Program::commit_synced_write(self)
     }
 }
 

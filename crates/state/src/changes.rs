@@ -1,6 +1,7 @@
 //! The changes of synced state, as the worker's sync stage takes them. A tracked register
-//! (and the count-min sketch built on one) marks the block of cells each change falls in,
-//! and keeps a copy of its cells as they were at the last take; a take compares the marked
+//! (and the count-min sketch built on one) marks the block of cells each change falls in
+//! (a tracked exact table, the slot), and keeps a copy of its cells as they were at the
+//! last take; a take compares the marked
 //! blocks with that copy and reports each cell that differs, once, with its value then and
 //! now. This is dirty-page tracking, as live migration of virtual machines does it: the
 //! data plane's path pays one bit set per change, the take pays for the blocks changed
@@ -13,31 +14,44 @@ use std::ops::Range;
 
 pub use stateplane_api::Change;
 
-/// Cells per mark: a take looks at all of a marked block's cells.
+/// Cells per mark of a register: a take looks at all of a marked block's cells.
 pub const BLOCK: usize = 16;
 
-/// One byte per block of `BLOCK` cells, set when a cell of the block may have changed
-/// since the last take. A byte, not a bit: marking is then a store alone, which the next
-/// mark of a nearby cell need not wait for (a bit's read-modify-write of a shared word
-/// chains each mark on the one before).
+/// One byte per block of cells, set when a cell of the block may have changed since the
+/// last take. A byte, not a bit: marking is then a store alone, which the next mark of a
+/// nearby cell need not wait for (a bit's read-modify-write of a shared word chains each
+/// mark on the one before).
 #[derive(Clone, Debug)]
 pub struct Dirty {
     marks: Box<[u8]>,
     cells: usize,
+    /// log2 of the cells a mark covers.
+    shift: u32,
 }
 
 impl Dirty {
+    /// Marks of [`BLOCK`] cells: a register's, whose cells cost a word's compare each.
     pub fn new(cells: usize) -> Dirty {
+        Dirty::with_block(cells, BLOCK.trailing_zeros())
+    }
+
+    /// A mark per cell: a table's, whose cells (slots) cost an entry's encoding each.
+    pub fn per_cell(cells: usize) -> Dirty {
+        Dirty::with_block(cells, 0)
+    }
+
+    fn with_block(cells: usize, shift: u32) -> Dirty {
         Dirty {
-            marks: vec![0; cells.div_ceil(BLOCK)].into_boxed_slice(),
+            marks: vec![0; cells.div_ceil(1 << shift)].into_boxed_slice(),
             cells,
+            shift,
         }
     }
 
     /// Cell `cell` may have changed (`cell` is below the cells this was made for).
     #[inline]
     pub fn mark(&mut self, cell: usize) {
-        self.marks[cell / BLOCK] = 1;
+        self.marks[cell >> self.shift] = 1;
     }
 
     pub fn mark_all(&mut self) {
@@ -47,10 +61,10 @@ impl Dirty {
     /// Calls `each` with the cells of every marked block, in order, and clears the marks.
     pub fn take(&mut self, mut each: impl FnMut(Range<usize>)) {
         const WORD: usize = 8;
-        let cells = self.cells;
-        let mut visit = |block: usize| {
-            let start = block * BLOCK;
-            each(start..(start + BLOCK).min(cells));
+        let (cells, block) = (self.cells, 1 << self.shift);
+        let mut visit = |b: usize| {
+            let start = b * block;
+            each(start..(start + block).min(cells));
         };
         let tail = self.marks.len() / WORD * WORD;
         let mut chunks = self.marks.chunks_exact_mut(WORD);
@@ -96,5 +110,11 @@ mod tests {
         d.take(|r| got.push(r));
         assert_eq!(got.len(), 71, "every block, none past the last cell");
         assert_eq!(got.last(), Some(&(BLOCK * 70..BLOCK * 70 + 3)));
+        let mut d = Dirty::per_cell(20);
+        d.mark(19);
+        d.mark(3);
+        got.clear();
+        d.take(|r| got.push(r));
+        assert_eq!(got, [3..4, 19..20], "a table's marks are a slot each");
     }
 }

@@ -4,8 +4,10 @@
 //!
 //! Must never: change any state when a request fails.
 
+use crate::changes::Change;
 use crate::exact::{AddError, ExactTable};
 use crate::key_fields::KeyFields;
+use crate::synced_table::{Decoded, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -21,6 +23,13 @@ pub trait ValueCodec {
     fn value(action: usize, params: &[u128]) -> Self::Value;
     /// The action index and parameters of a value.
     fn action(value: &Self::Value) -> (usize, Vec<u128>);
+    /// The parameters that count (packets, bytes): synced within the threshold, where
+    /// every other field is sent exactly ([`crate::synced_table`]).
+    const COUNTING: &'static [&'static str] = &[];
+    /// The expiry profile of an entry placed by a synced write.
+    fn profile(_value: &Self::Value) -> u8 {
+        0
+    }
 }
 
 impl<C: ValueCodec> ExactCodec for C {
@@ -38,6 +47,10 @@ impl<C: ValueCodec> ExactCodec for C {
     fn action(value: &C::Value) -> (usize, Vec<u128>) {
         C::action(value)
     }
+    const COUNTING: &'static [&'static str] = C::COUNTING;
+    fn profile(value: &C::Value) -> u8 {
+        C::profile(value)
+    }
 }
 
 /// How a program's exact table turns keys and values into entries and back (implement
@@ -51,6 +64,12 @@ pub trait ExactCodec {
     fn value(action: usize, params: &[u128]) -> Self::Value;
     /// The action index and parameters of a value.
     fn action(value: &Self::Value) -> (usize, Vec<u128>);
+    /// As [`ValueCodec::COUNTING`].
+    const COUNTING: &'static [&'static str] = &[];
+    /// As [`ValueCodec::profile`].
+    fn profile(_value: &Self::Value) -> u8 {
+        0
+    }
 }
 
 /// An exact table as a program keeps it when the control plane may see it: the table
@@ -61,6 +80,11 @@ pub struct DeclaredTable<C: ExactCodec> {
     table: ExactTable<C::Key, C::Value>,
     decl: Declaration,
     outbox: Outbox,
+    /// With the table `synced`: its slots' words as the sync stage last took them.
+    sync: Option<Box<TableSync>>,
+    /// The data plane's clock at the last sweep: when a synced write's entries are placed
+    /// (between bursts, where no packet brings the time).
+    now_ns: u64,
 }
 
 impl<C: ExactCodec> DeclaredTable<C> {
@@ -69,7 +93,90 @@ impl<C: ExactCodec> DeclaredTable<C> {
             table,
             decl,
             outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
+            sync: None,
+            now_ns: 0,
         }
+    }
+
+    /// An entry's words as synced state.
+    fn encode(words: &SlotWords, key: &C::Key, value: &C::Value, out: &mut [u64]) {
+        let (action, params) = C::action(value);
+        words.encode(action, &C::fields(key), &params, out);
+    }
+
+    /// Tracks the table's entries as synced state `id` if `name` is its own; the
+    /// locations it has (`stride` words a slot), or `None` (another name, or too many).
+    pub fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        if name != self.decl.name {
+            return None;
+        }
+        let words = SlotWords::of(&self.decl, C::COUNTING)?;
+        let sync = TableSync::start(id, words, &mut self.table, Self::encode)?;
+        let length = sync.length();
+        self.sync = Some(Box::new(sync));
+        Some(length)
+    }
+
+    /// Appends the words of its slots changed since the last call (nothing if not synced).
+    pub fn changes(&mut self, out: &mut Vec<Change>) {
+        if let Some(sync) = &mut self.sync {
+            sync.take_changes(&mut self.table, Self::encode, out);
+        }
+    }
+
+    /// `(id, locations)` if synced.
+    pub fn synced(&self) -> Option<(u16, u32)> {
+        self.sync.as_ref().map(|s| (s.id, s.length()))
+    }
+
+    /// Word `index` of synced state `id`, if it is this table's.
+    pub fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+        let sync = self.sync.as_ref().filter(|s| s.id == id)?;
+        sync.read(&self.table, Self::encode, index)
+    }
+
+    /// Holds word `index` of a write into synced state `id` until
+    /// [`DeclaredTable::commit_synced_write`] places the write's entries; the word the slot
+    /// holds now, or `None` past the end or for another id.
+    pub fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        let now = self.read_synced(id, index)?;
+        let sync = self.sync.as_mut()?;
+        sync.stage(index, value).then_some(now)
+    }
+
+    /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by
+    /// its key (see [`crate::synced_table`]): added, or its value and expiry profile
+    /// replaced, or deleted.
+    pub fn commit_synced_write(&mut self) -> Placed {
+        let Some(sync) = &mut self.sync else {
+            return Placed::default();
+        };
+        let (table, now_ns) = (&mut self.table, self.now_ns);
+        sync.commit(|decoded| match decoded {
+            Decoded::Absent(key) => {
+                table.delete(&C::key(key));
+                true
+            }
+            Decoded::Entry {
+                action,
+                key,
+                params,
+            } => {
+                let (key, value) = (C::key(key), C::value(*action, params));
+                let profile = C::profile(&value);
+                match table.find_id(&key) {
+                    // The profile first: one that does not exist changes nothing.
+                    Some(id) => {
+                        let ok = table.set_profile(id, profile, now_ns).is_ok();
+                        if ok {
+                            *table.value_mut(id) = value;
+                        }
+                        ok
+                    }
+                    None => (table.add_entry_keeping_others(key, value, profile, now_ns)).is_ok(),
+                }
+            }
+        })
     }
 
     pub fn declaration(&self) -> &Declaration {
@@ -123,6 +230,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
     /// showing each expired entry to `seen` first (a program may keep state derived from
     /// it, such as a reverse index).
     pub fn expire(&mut self, now_ns: u64, budget: usize, seen: impl FnMut(&C::Key, &C::Value)) {
+        self.now_ns = now_ns;
         self.table.sweep(now_ns, budget);
         self.outbox.expired::<C>(&self.decl, &mut self.table, seen);
     }
@@ -181,6 +289,8 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             table: self.table.clone(),
             decl: self.decl.clone(),
             outbox: self.outbox.clone(),
+            sync: self.sync.clone(),
+            now_ns: self.now_ns,
         }
     }
 }

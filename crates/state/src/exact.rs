@@ -28,7 +28,9 @@
 //! hash prefers, and along any probe sequence `dist` never rises by more than one from one
 //! slot to the next; an empty slot has `meta == 0`.
 
+use crate::changes::Dirty;
 use crate::table_key::TableKey;
+use std::ops::Range;
 
 /// What happens when an entry's idle time runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +159,9 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     sweep_cursor: usize,
     notifications: Vec<Expired<K, V>>,
     notification_limit: usize,
+    /// With the table synced: the slots written since the sync stage last took them
+    /// (entries added, moved, removed, or handed out to be updated in place).
+    dirty: Option<Dirty>,
     pub stats: TableStats,
 }
 
@@ -204,7 +209,34 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             sweep_cursor: 0,
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
+            dirty: None,
             stats: TableStats::default(),
+        }
+    }
+
+    /// Marks every slot written from now on, for [`ExactTable::take_written_slots`].
+    pub fn mark_written_slots(&mut self) {
+        self.dirty = Some(Dirty::per_cell(self.slots.len()));
+    }
+
+    /// Calls `each` with the slots written since the last call (or since marking began),
+    /// in order, and forgets them; nothing if the table does not mark them.
+    pub fn take_written_slots(&mut self, each: impl FnMut(Range<usize>)) {
+        if let Some(dirty) = &mut self.dirty {
+            dirty.take(each);
+        }
+    }
+
+    /// Slot `i`'s entry, if it holds one (expired or not): key, value and expiry profile.
+    pub fn slot(&self, i: usize) -> Option<(&K, &V, u8)> {
+        let s = self.slots.get(i)?;
+        (self.meta[i] != 0).then_some((&s.key, &s.value, s.profile))
+    }
+
+    #[inline]
+    fn written(&mut self, i: usize) {
+        if let Some(dirty) = &mut self.dirty {
+            dirty.mark(i);
         }
     }
 
@@ -355,6 +387,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// updatable entries, the slides' `@__ref`).
     #[inline]
     pub fn value_mut(&mut self, id: EntryId) -> &mut V {
+        self.written(id.0 as usize);
         &mut self.slots[id.0 as usize].value
     }
 
@@ -522,6 +555,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 let gone = (self.slots[i].key, self.slots[i].value);
                 self.retire_expired(i, now_ns);
                 self.slots[i] = entry;
+                self.written(i);
                 self.stats.adds += 1;
                 return Ok((EntryId(i as u32), Some(gone)));
             }
@@ -546,6 +580,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             if m == 0 {
                 self.meta[i] = meta;
                 self.slots[i] = carry;
+                self.written(i);
                 self.len += 1;
                 self.stats.adds += 1;
                 return Ok((EntryId(placed as u32), None));
@@ -553,6 +588,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             if (m >> TAG_BITS) < (meta >> TAG_BITS) {
                 std::mem::swap(&mut self.meta[i], &mut meta);
                 std::mem::swap(&mut self.slots[i], &mut carry);
+                self.written(i);
             }
             if (meta >> TAG_BITS) < MAX_DIST {
                 meta += 1 << TAG_BITS;
@@ -593,6 +629,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     fn remove_at(&mut self, mut i: usize) {
         self.len -= 1;
         loop {
+            self.written(i);
             let next = (i + 1) & self.mask;
             let m = self.meta[next];
             if m == 0 || (m >> TAG_BITS) == 1 {
@@ -747,6 +784,7 @@ impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
             sweep_cursor: self.sweep_cursor,
             notifications: self.notifications.clone(),
             notification_limit: self.notification_limit,
+            dirty: self.dirty.clone(),
             stats: self.stats,
         }
     }

@@ -8,7 +8,8 @@
 //! generator ([`prefixes`]), updated prefix by prefix; ternary 5-tuple ACLs by tuple-space
 //! search with a ClassBench-like rule generator ([`ternary`]); and control requests applied
 //! next to the tables ([`declared`]; the requests' types are `stateplane-api`'s, re-exported
-//! as [`control`]); the changes tracked state makes, for the sync stage ([`changes`]).
+//! as [`control`]); the changes tracked state makes, for the sync stage ([`changes`]), and an exact table's
+//! entries as synced words ([`synced_table`]).
 //!
 //! Must never: allocate, rehash, lock or make a system call on a lookup, an insert or a
 //! delete (capacity is fixed at creation and preallocated; a full table refuses and
@@ -24,6 +25,7 @@ pub mod meter;
 pub mod prefixes;
 pub mod register;
 pub mod sketch;
+pub mod synced_table;
 pub mod table_key;
 pub mod ternary;
 

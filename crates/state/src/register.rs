@@ -114,6 +114,7 @@ impl<T: Copy + Default> Register<T> {
                         index: first.wrapping_add((start + i) as u32),
                         old,
                         new,
+                        exact: false,
                     });
                     *then = *now;
                 }
@@ -238,6 +239,7 @@ mod tests {
             index,
             old,
             new,
+            exact: false,
         };
         assert_eq!(
             got,

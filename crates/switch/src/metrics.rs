@@ -131,6 +131,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             "Top-down writes committed whole",
             get(&c.writes_committed),
         ),
+        (
+            "entries_refused",
+            "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table)",
+            get(&c.entries_refused),
+        ),
     ] {
         single(e, &format!("stateplane_sync_{name}"), help, value)?;
     }

@@ -119,6 +119,9 @@ pub struct SyncCounters {
     pub values_written: AtomicU64,
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
+    /// Entries of writes into tables refused whole (words missing, fields that do not fit,
+    /// a full table).
+    pub entries_refused: AtomicU64,
 }
 
 impl SyncCounters {
@@ -344,6 +347,10 @@ impl WriteTarget for ProgramState<'_> {
         // back by the refresh, shows it.
         let _ = self.0.write_synced(location.state, location.index, value);
     }
+
+    fn finish(&mut self) -> u64 {
+        self.0.commit_synced_write()
+    }
 }
 
 impl SyncStage {
@@ -369,14 +376,18 @@ impl SyncStage {
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
         let sender = self.sender(program);
-        let total = (changes.iter()).fold(0u64, |sum, c| sum.saturating_add(c.new.abs_diff(c.old)));
+        let total = (changes.iter()).fold(0u64, |sum, c| sum.saturating_add(c.cost()));
         sender.expect_change(total);
         for c in changes.drain(..) {
             let at = Location {
                 state: c.state,
                 index: c.index,
             };
-            sender.change(now_ns, at, c.old, c.new);
+            if c.exact {
+                sender.change_exact(now_ns, at, c.old, c.new);
+            } else {
+                sender.change(now_ns, at, c.old, c.new);
+            }
         }
         self.changes = changes;
     }
@@ -462,6 +473,15 @@ impl SyncStage {
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
             SyncCounters::add(&self.counters.changes_kept, done.changes_kept);
+            SyncCounters::add(&self.counters.entries_refused, done.refused);
+            if done.refused > 0 {
+                log::warn!(
+                    "sync: write {} committed with {} table entries refused (words missing, \
+                     fields that do not fit the declaration, or a full table)",
+                    done.id,
+                    done.refused
+                );
+            }
             any = true;
         }
         any
@@ -565,6 +585,7 @@ pub struct SyncReport {
     pub writes_committed: u64,
     pub values_written: u64,
     pub changes_kept: u64,
+    pub entries_refused: u64,
 }
 
 impl SyncPlan {
@@ -586,6 +607,7 @@ impl SyncPlan {
             writes_committed: get(&c.writes_committed),
             values_written: get(&c.values_written),
             changes_kept: get(&c.changes_kept),
+            entries_refused: get(&c.entries_refused),
         }
     }
 }
@@ -618,6 +640,12 @@ impl SyncReport {
             if n > 0 {
                 s += &format!("  {n} {what}; the refresh makes the copy whole\n");
             }
+        }
+        if self.entries_refused > 0 {
+            s += &format!(
+                "  {} table entries of writes refused (see the log)\n",
+                self.entries_refused
+            );
         }
         s
     }

@@ -137,9 +137,42 @@ impl ReadHandler {
         new: u64,
         out: &mut Vec<Update>,
     ) {
-        let word = location.packed();
         let divergence = new.abs_diff(old);
-        self.change = self.change.saturating_add(divergence);
+        let bound = divergence_bound(self.threshold);
+        self.record(now_ns, location, old, new, divergence, bound, out);
+    }
+
+    /// As [`change`](Self::change), for a location whose every change is sent at once
+    /// whatever the threshold (a table's key or action): it costs the rate controller one
+    /// update, not its divergence.
+    #[inline]
+    pub fn change_exact(
+        &mut self,
+        now_ns: u64,
+        location: Location,
+        old: u64,
+        new: u64,
+        out: &mut Vec<Update>,
+    ) {
+        self.record(now_ns, location, old, new, u64::from(old != new), 0, out);
+    }
+
+    /// A change of `cost` to the rate controller, sent once the location is more than
+    /// `bound` from what was last sent.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn record(
+        &mut self,
+        now_ns: u64,
+        location: Location,
+        old: u64,
+        new: u64,
+        cost: u64,
+        bound: u64,
+        out: &mut Vec<Update>,
+    ) {
+        let word = location.packed();
+        self.change = self.change.saturating_add(cost);
         self.counters.changes += 1;
         let t = self.threshold;
         let p = self.slot_of(location);
@@ -163,7 +196,7 @@ impl ReadHandler {
             };
         }
         slot.value = new;
-        if slot.value.abs_diff(slot.sent) > divergence_bound(t) {
+        if slot.value.abs_diff(slot.sent) > bound {
             out.push(Update {
                 location,
                 value: new,
@@ -253,6 +286,23 @@ mod tests {
         h.change(4, at(1), 7, 9, &mut out);
         assert_eq!(out.len(), 3, "location 2 displaced (1 unsent); 9 - 7 < 4");
         assert_eq!((out[2].location, out[2].value), (at(2), 1));
+    }
+
+    /// An exact location goes out at its first change whatever the threshold, and costs the
+    /// rate controller one update however far it moved.
+    #[test]
+    fn an_exact_location_is_sent_at_every_change_and_costs_one() {
+        let mut h = ReadHandler::new(4);
+        h.set_threshold(1_000);
+        let mut out = Vec::new();
+        h.change_exact(0, at(1), 0, 0xdead_beef, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].value, 0xdead_beef);
+        h.change_exact(1, at(1), 0xdead_beef, 0xdead_bef0, &mut out);
+        assert_eq!(out.len(), 2, "a key one off is a wrong key");
+        h.change(2, at(2), 0, 999, &mut out);
+        assert_eq!(out.len(), 2, "a counting location waits for its threshold");
+        assert_eq!(h.take_change(), 2 + 999);
     }
 
     /// A register that goes down after it was displaced is still sent: the paper's reinsert

@@ -243,6 +243,15 @@ impl Sender {
             .change(now_ns, location, old, new, &mut self.pending);
     }
 
+    /// As [`change`](Self::change), for a location sent at every change whatever the
+    /// threshold ([`ReadHandler::change_exact`]).
+    #[inline]
+    pub fn change_exact(&mut self, now_ns: u64, location: Location, old: u64, new: u64) {
+        self.t_max = self.t_max.max(self.threshold);
+        self.handler
+            .change_exact(now_ns, location, old, new, &mut self.pending);
+    }
+
     /// Once a pass: ends the rate window if it is over (the next threshold), sends what
     /// waited too long, goes on with the refresh (reading the state with `read`), and
     /// appends the messages to send to `out`.

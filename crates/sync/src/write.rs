@@ -27,6 +27,11 @@ pub const MAX_VALUES: usize = MAX_PARTS * MAX_ENTRIES;
 pub trait WriteTarget {
     fn read(&self, location: Location) -> u64;
     fn write(&mut self, location: Location, value: u64);
+    /// The write's values are all in: state that places them whole (a table's entries)
+    /// does so now. Returns the entries it refused.
+    fn finish(&mut self) -> u64 {
+        0
+    }
 }
 
 /// How a written value lands.
@@ -339,6 +344,8 @@ pub struct Committed {
     pub changes_kept: u64,
     /// What those locations held when their parts arrived: what the write replaced.
     pub replaced: u64,
+    /// Entries the state refused whole ([`WriteTarget::finish`]).
+    pub refused: u64,
 }
 
 /// The switch's side of one stream: the parts of the writes on their way, acknowledged as
@@ -442,6 +449,7 @@ impl WriteStage {
             state.write(e.location, value);
             done.values += 1;
         }
+        done.refused = state.finish();
         self.committed_up_to = next;
         Some(done)
     }

@@ -1,0 +1,38 @@
+//! Exact tables as synced state: a program whose table may be configured `synced` answers
+//! the sync stage with its [`DeclaredTable`](stateplane_state::DeclaredTable)'s entries,
+//! one slot's words after another (`stateplane_state::synced_table`).
+//!
+//! Must never: be used by a program that keeps state derived from the table beside it
+//! (a reverse index, a port pool): a write placed by the table alone would leave that
+//! state behind.
+
+/// Inside a program's `impl Program`: the synced-state methods of a program whose one
+/// table named by the field `$table` may be synced.
+macro_rules! synced_table_methods {
+    ($table:ident) => {
+        fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+            self.$table.track(name, id)
+        }
+
+        fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+            self.$table.changes(out);
+        }
+
+        fn synced(&self) -> Vec<(u16, u32)> {
+            self.$table.synced().into_iter().collect()
+        }
+
+        fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+            self.$table.read_synced(id, index)
+        }
+
+        fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+            self.$table.write_synced(id, index, value)
+        }
+
+        fn commit_synced_write(&mut self) -> u64 {
+            self.$table.commit_synced_write().refused
+        }
+    };
+}
+pub(crate) use synced_table_methods;

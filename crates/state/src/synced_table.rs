@@ -1,0 +1,450 @@
+//! An exact table's entries as synced state. Each slot of the table is `stride` words of
+//! one state, laid out by the table's declaration:
+//!
+//! - word 0: the entry's action, as 1 + its index among the declared actions (0: the slot
+//!   is empty);
+//! - then each key field, in declared order;
+//! - then the action's parameters, by position: position `p` takes the words of the widest
+//!   `p`-th parameter of any action (unused by an action with fewer, and left 0).
+//!
+//! A field is one word, or two (high word first) when wider than 64 bits. The action and
+//! key words, and every parameter the codec does not name as counting, are *exact*: sent
+//! at each change whatever the threshold, since a key or an address near the right one is
+//! a wrong one; counting parameters (packets, bytes) are sent within the threshold, as a
+//! register's cells are.
+//!
+//! A write into a table is a list of entries, not of slots: each group of `stride` words
+//! (the group is the written index divided by `stride`; which group says nothing of where
+//! the entry lands) is decoded and placed by its key, wherever this table's hash puts it.
+//! A group whose action word is 0 deletes its key; one with words missing, or that does
+//! not decode against the declaration, is refused and counted, never half applied.
+//!
+//! Must never: report a slot that did not change, miss one that did, or place an entry whose
+//! fields do not fit the declaration.
+
+use crate::changes::Change;
+use crate::exact::ExactTable;
+use crate::table_key::TableKey;
+use stateplane_api::{Declaration, Field, Kind, Match};
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// Words a slot may take at most (a read of one word encodes its slot on the stack).
+pub const MAX_STRIDE: usize = 64;
+
+/// Words a field takes.
+fn words_of(field: &Field) -> usize {
+    if field.bits > 64 { 2 } else { 1 }
+}
+
+/// How a declared table's slot lies in its words (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct SlotWords {
+    /// Words per key field.
+    key: Vec<usize>,
+    /// Per parameter position: the offset of its first word (from word 0) and its words.
+    params: Vec<(usize, usize)>,
+    /// Per action: its parameters.
+    actions: Vec<Vec<Field>>,
+    key_fields: Vec<Field>,
+    /// Per word of a slot: whether it is sent within the threshold (a counting parameter).
+    counting: Vec<bool>,
+}
+
+impl SlotWords {
+    /// The layout of a table's slots; `None` if the declaration is not a table's. Parameters
+    /// named in `counting` (at every position they hold) are sent within the threshold.
+    pub fn of(decl: &Declaration, counting: &[&str]) -> Option<SlotWords> {
+        let Kind::Table { key, actions, .. } = &decl.kind else {
+            return None;
+        };
+        let key_words: Vec<usize> = key.iter().map(words_of).collect();
+        let positions = actions.iter().map(|a| a.params.len()).max().unwrap_or(0);
+        let mut next = 1 + key_words.iter().sum::<usize>();
+        let mut counting_words = vec![false; next];
+        let mut params = Vec::with_capacity(positions);
+        for p in 0..positions {
+            let at = actions.iter().filter_map(|a| a.params.get(p));
+            let words = at.clone().map(words_of).max().unwrap_or(1);
+            let counts = at.clone().all(|f| counting.contains(&f.name.as_str()));
+            params.push((next, words));
+            counting_words.extend(std::iter::repeat_n(counts, words));
+            next += words;
+        }
+        Some(SlotWords {
+            key: key_words,
+            params,
+            actions: actions.iter().map(|a| a.params.clone()).collect(),
+            key_fields: key.clone(),
+            counting: counting_words,
+        })
+    }
+
+    /// Words per slot.
+    pub fn stride(&self) -> usize {
+        self.counting.len()
+    }
+
+    /// Writes an entry's words (`action` its index, `key` and `params` as the control API
+    /// has them) into `out`, `stride` words.
+    pub fn encode(&self, action: usize, key: &[Match], params: &[u128], out: &mut [u64]) {
+        out.fill(0);
+        out[0] = action as u64 + 1;
+        let mut at = 1;
+        for (field, &words) in key.iter().zip(&self.key) {
+            let value = match field {
+                Match::Exact(v) => *v,
+                _ => 0,
+            };
+            put(value, &mut out[at..at + words]);
+            at += words;
+        }
+        for (value, &(at, words)) in params.iter().zip(&self.params) {
+            put(*value, &mut out[at..at + words]);
+        }
+    }
+
+    /// An entry from its words: the action's index, key fields and parameters, each checked
+    /// against the declared widths. `Ok(None)` for a slot whose action word is 0 (with its
+    /// key, which a write deletes).
+    pub fn decode(&self, words: &[u64]) -> Result<Decoded, String> {
+        if words.len() != self.stride() {
+            return Err(format!(
+                "{} words where a slot has {}",
+                words.len(),
+                self.stride()
+            ));
+        }
+        let mut key = Vec::with_capacity(self.key.len());
+        let mut at = 1;
+        for (field, &n) in self.key_fields.iter().zip(&self.key) {
+            key.push(Match::Exact(checked(field, get(&words[at..at + n]))?));
+            at += n;
+        }
+        let Some(action) = words[0].checked_sub(1) else {
+            return Ok(Decoded::Absent(key));
+        };
+        let params = (self.actions.get(action as usize))
+            .ok_or_else(|| format!("action word {} names no action", words[0]))?;
+        let values = params
+            .iter()
+            .zip(&self.params)
+            .map(|(field, &(at, n))| checked(field, get(&words[at..at + n])))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Decoded::Entry {
+            action: action as usize,
+            key,
+            params: values,
+        })
+    }
+}
+
+/// A slot's words, read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// No entry (action word 0); the key words as they were.
+    Absent(Vec<Match>),
+    Entry {
+        action: usize,
+        key: Vec<Match>,
+        params: Vec<u128>,
+    },
+}
+
+fn put(value: u128, out: &mut [u64]) {
+    match out {
+        [one] => *one = value as u64,
+        [high, low] => {
+            *high = (value >> 64) as u64;
+            *low = value as u64;
+        }
+        _ => {}
+    }
+}
+
+fn get(words: &[u64]) -> u128 {
+    words.iter().fold(0, |v, &w| (v << 64) | u128::from(w))
+}
+
+fn checked(field: &Field, value: u128) -> Result<u128, String> {
+    if field.bits < 128 && value >> field.bits != 0 {
+        return Err(format!(
+            "{value} does not fit `{}` ({} bits)",
+            field.name, field.bits
+        ));
+    }
+    Ok(value)
+}
+
+/// A synced table's side of the sync stage: its state id, layout, the words of every slot as
+/// of the last take, and the words of a write on its way to commit.
+#[derive(Clone, Debug)]
+pub struct TableSync {
+    pub id: u16,
+    pub words: SlotWords,
+    taken: Vec<u64>,
+    scratch: Vec<u64>,
+    ranges: Vec<Range<usize>>,
+    /// A write's words by group, until it commits.
+    staged: BTreeMap<u32, Vec<Option<u64>>>,
+}
+
+/// What committing a write into a table did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub entries: u64,
+    pub deleted: u64,
+    /// Groups with words missing, that did not decode, or that found the table full.
+    pub refused: u64,
+}
+
+impl TableSync {
+    /// Tracks `table` as state `id`: its slots marked when written, their words as now
+    /// what the first take compares with. `None` if a slot is wider than [`MAX_STRIDE`]
+    /// words, or its locations would not fit 32 bits.
+    pub fn start<K: TableKey, V: Copy + Default>(
+        id: u16,
+        words: SlotWords,
+        table: &mut ExactTable<K, V>,
+        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+    ) -> Option<TableSync> {
+        let stride = words.stride();
+        if stride > MAX_STRIDE {
+            return None;
+        }
+        let length = table.slot_count().checked_mul(stride)?;
+        u32::try_from(length).ok()?;
+        table.mark_written_slots();
+        let mut taken = vec![0; length];
+        for (slot, out) in taken.chunks_exact_mut(stride).enumerate() {
+            if let Some((k, v, _)) = table.slot(slot) {
+                encode(&words, k, v, out);
+            }
+        }
+        Some(TableSync {
+            id,
+            scratch: vec![0; stride],
+            words,
+            taken,
+            ranges: Vec::new(),
+            staged: BTreeMap::new(),
+        })
+    }
+
+    /// Locations: every slot's words.
+    pub fn length(&self) -> u32 {
+        self.taken.len() as u32
+    }
+
+    /// Appends each word of a slot written since the last take that differs from then.
+    pub fn take_changes<K: TableKey, V: Copy + Default>(
+        &mut self,
+        table: &mut ExactTable<K, V>,
+        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+        out: &mut Vec<Change>,
+    ) {
+        let TableSync {
+            id,
+            words,
+            taken,
+            scratch,
+            ranges,
+            ..
+        } = self;
+        table.take_written_slots(|r| ranges.push(r));
+        let stride = words.stride();
+        for slot in ranges.drain(..).flatten() {
+            match table.slot(slot) {
+                Some((k, v, _)) => encode(words, k, v, scratch),
+                None => scratch.fill(0),
+            }
+            let then = &mut taken[slot * stride..(slot + 1) * stride];
+            for (w, (then, &now)) in then.iter_mut().zip(scratch.iter()).enumerate() {
+                if *then != now {
+                    out.push(Change {
+                        state: *id,
+                        index: (slot * stride + w) as u32,
+                        old: *then,
+                        new: now,
+                        exact: !words.counting[w],
+                    });
+                    *then = now;
+                }
+            }
+        }
+    }
+
+    /// The word at `index`, as the slot holds it now.
+    pub fn read<K: TableKey, V: Copy + Default>(
+        &self,
+        table: &ExactTable<K, V>,
+        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+        index: u32,
+    ) -> Option<u64> {
+        let stride = self.words.stride();
+        let (slot, word) = (index as usize / stride, index as usize % stride);
+        if slot >= table.slot_count() {
+            return None;
+        }
+        let mut words = [0; MAX_STRIDE];
+        if let Some((k, v, _)) = table.slot(slot) {
+            encode(&self.words, k, v, &mut words[..stride]);
+        }
+        Some(words[word])
+    }
+
+    /// Holds word `index` of a write until [`TableSync::commit`]; `false` past the state's
+    /// end.
+    pub fn stage(&mut self, index: u32, value: u64) -> bool {
+        if index >= self.length() {
+            return false;
+        }
+        let stride = self.words.stride();
+        let group =
+            (self.staged.entry(index / stride as u32)).or_insert_with(|| vec![None; stride]);
+        group[index as usize % stride] = Some(value);
+        true
+    }
+
+    /// The staged write's entries, whole groups decoded, for `place` (which puts an
+    /// entry in or takes its key out, and says whether it could); the rest refused.
+    pub fn commit(&mut self, mut place: impl FnMut(&Decoded) -> bool) -> Placed {
+        let mut placed = Placed::default();
+        for (_, group) in std::mem::take(&mut self.staged) {
+            let whole: Option<Vec<u64>> = group.into_iter().collect();
+            let decoded = whole
+                .ok_or(())
+                .and_then(|w| self.words.decode(&w).map_err(drop));
+            match decoded {
+                Ok(Decoded::Absent(key)) if key.iter().all(|m| *m == Match::Exact(0)) => {}
+                Ok(d) if place(&d) => match d {
+                    Decoded::Absent(_) => placed.deleted += 1,
+                    Decoded::Entry { .. } => placed.entries += 1,
+                },
+                _ => placed.refused += 1,
+            }
+        }
+        placed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_api::{Action, Format, Guarantee, MatchKind};
+
+    fn decl() -> Declaration {
+        let f = |name: &str, bits| Field::new(name, bits, Format::Int, MatchKind::Exact);
+        Declaration {
+            name: "t".into(),
+            capacity: 8,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![f("addr", 128), f("port", 16)],
+                actions: vec![
+                    Action {
+                        name: "a".into(),
+                        params: vec![f("packets", 64)],
+                    },
+                    Action {
+                        name: "b".into(),
+                        params: vec![f("to", 128), f("port", 16)],
+                    },
+                ],
+                writable: false,
+            },
+        }
+    }
+
+    /// Action word, key words (an address takes two), then the widest parameter at each
+    /// position; only what the codec calls counting is sent within the threshold.
+    #[test]
+    fn a_slot_lays_out_key_then_params_and_reads_back() {
+        let words = SlotWords::of(&decl(), &["packets"]).unwrap();
+        assert_eq!(words.stride(), 1 + 3 + 2 + 1);
+        assert_eq!(
+            words.counting,
+            [false, false, false, false, false, false, false],
+            "position 0 is `packets` in a and `to` in b: not counting"
+        );
+        let mut out = vec![9; 7];
+        let key = [Match::Exact(u128::MAX), Match::Exact(65_535)];
+        words.encode(1, &key, &[1 << 64 | 5, 80], &mut out);
+        assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
+        assert_eq!(
+            words.decode(&out),
+            Ok(Decoded::Entry {
+                action: 1,
+                key: key.to_vec(),
+                params: vec![1 << 64 | 5, 80]
+            })
+        );
+        out[3] = 65_536;
+        assert!(words.decode(&out).unwrap_err().contains("`port` (16 bits)"));
+        out[3] = 1;
+        out[0] = 3;
+        assert!(words.decode(&out).unwrap_err().contains("names no action"));
+        out[0] = 0;
+        assert!(matches!(words.decode(&out), Ok(Decoded::Absent(_))));
+        assert!(words.decode(&out[..6]).is_err());
+        let only_a = Declaration {
+            kind: Kind::Table {
+                key: vec![],
+                actions: vec![Action {
+                    name: "a".into(),
+                    params: vec![Field::new("packets", 64, Format::Int, MatchKind::Exact)],
+                }],
+                writable: false,
+            },
+            ..decl()
+        };
+        let words = SlotWords::of(&only_a, &["packets"]).unwrap();
+        assert_eq!(words.counting, [false, true]);
+    }
+
+    /// A write's groups are placed whole or refused: missing words, bad fields; an empty
+    /// group is nothing, an action word of 0 with a key deletes it.
+    #[test]
+    fn a_write_places_whole_groups_and_refuses_the_rest() {
+        let mut table: ExactTable<u64, u64> =
+            ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
+        let words = SlotWords::of(&decl(), &[]).unwrap();
+        let encode = |_: &SlotWords, _: &u64, _: &u64, out: &mut [u64]| out.fill(0);
+        let mut sync = TableSync::start(3, words, &mut table, encode).unwrap();
+        let stride = sync.words.stride() as u32;
+        assert_eq!(sync.length(), table.slot_count() as u32 * stride);
+        let group = |g: u32, w: [u64; 7], sync: &mut TableSync| {
+            for (i, v) in w.iter().enumerate() {
+                assert!(sync.stage(g * stride + i as u32, *v));
+            }
+        };
+        group(0, [1, 0, 7, 80, 0, 0, 0], &mut sync);
+        group(1, [0, 0, 7, 81, 0, 0, 0], &mut sync);
+        group(2, [0; 7], &mut sync);
+        group(3, [1, 0, 7, 1 << 20, 0, 0, 0], &mut sync);
+        assert!(
+            sync.stage(4 * stride, 1),
+            "group 4 is one word short of whole"
+        );
+        assert!(!sync.stage(sync.length(), 1), "past the end");
+        let mut seen = Vec::new();
+        let placed = sync.commit(|d| {
+            seen.push(d.clone());
+            true
+        });
+        assert_eq!(
+            placed,
+            Placed {
+                entries: 1,
+                deleted: 1,
+                refused: 2
+            }
+        );
+        assert_eq!(seen.len(), 2);
+        assert_eq!(
+            sync.commit(|_| true),
+            Placed::default(),
+            "nothing left staged"
+        );
+    }
+}
