@@ -738,14 +738,22 @@ pub fn main_track(a: BenchSyncTrackArgs) -> BenchResult<()> {
     Ok(())
 }
 
-/// `stateplane bench-sync-cost`: what syncing a program's sketch costs its forwarding, in
-/// one run: `hh` replayed from memory with sync off, then with its sketch synced to a
-/// collector in the same process over UDP on loopback, at each threshold asked for. The
-/// run checks the work was done: once the last run of each mode has ended, the collector's
-/// copy holds, in each worker's first row, as many counts as packets were forwarded, every
-/// value with bound 0, and nothing was refused or missing.
+/// `stateplane bench-sync-cost`: what syncing a program's state costs its forwarding, in
+/// one run: `hh` (or `counter`) replayed from memory with sync off, then with its sketch
+/// (its flow table) synced to a collector in the same process over UDP on loopback, at each
+/// threshold asked for. The run checks the work was done: once the last run of each mode
+/// has ended, the collector's copy counts as many packets as were forwarded (in each
+/// worker's first row of the sketch; in the packets of the flows it holds), every value
+/// with bound 0, and nothing was refused or missing.
 #[derive(clap::Args)]
 pub struct BenchSyncCostArgs {
+    /// The program measured.
+    #[arg(long, value_enum, default_value_t = CostProgram::Hh)]
+    pub program: CostProgram,
+    /// counter's flows per worker (its table must hold every flow of the trace, or the
+    /// check fails).
+    #[arg(long, default_value_t = 65_536)]
+    pub capacity: usize,
     /// Packets in the generated trace (internet workload).
     #[arg(long, default_value_t = 1_000_000)]
     pub packets: u64,
@@ -774,12 +782,105 @@ pub struct BenchSyncCostArgs {
     /// The read handler's slots.
     #[arg(long, default_value_t = 65_536)]
     pub slots: usize,
-    /// One more mode, `t` adaptive with a write of 4,096 values into the sketch every this
-    /// many milliseconds (0: none).
+    /// `[sync] max_age_ms` of every synced mode: how long a change may wait unsent, and
+    /// so how far apart the passes that take the changes may be.
+    #[arg(long, default_value_t = 10)]
+    pub max_age_ms: u64,
+    /// One more mode, `t` adaptive with a write every this many milliseconds (0: none): of
+    /// 4,096 values into hh's sketch, or of 64 entries into counter's table.
     #[arg(long, default_value_t = 10)]
     pub writes_every_ms: u64,
     #[command(flatten)]
     pub files: ResultFiles,
+}
+
+/// What `bench-sync-cost` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostProgram {
+    /// hh with one tenant, its sketch synced.
+    Hh,
+    /// counter, its flow table synced.
+    Counter,
+}
+
+impl CostProgram {
+    fn name(self) -> &'static str {
+        match self {
+            CostProgram::Hh => "hh",
+            CostProgram::Counter => "counter",
+        }
+    }
+
+    fn synced_state(self) -> &'static str {
+        match self {
+            CostProgram::Hh => "sketch",
+            CostProgram::Counter => "flows",
+        }
+    }
+}
+
+/// counter's flow table as synced words: its layout, and where a slot keeps what the
+/// check and the writes need.
+struct FlowWords {
+    words: stateplane_state::synced_table::SlotWords,
+    vlan: usize,
+    packets: usize,
+}
+
+impl FlowWords {
+    /// VLAN of the entries the writes place, which no packet of the trace has.
+    const WRITTEN_VLAN: u128 = 4095;
+
+    fn of(program: &stateplane_runtime::ProgramFactory) -> BenchResult<FlowWords> {
+        let declared = program(0).declarations();
+        let flows =
+            (declared.iter().find(|d| d.name == "flows")).ok_or("counter declares flows")?;
+        let words = stateplane_state::synced_table::SlotWords::of(flows, &[])
+            .ok_or("counter's flows are a table")?;
+        Ok(FlowWords {
+            vlan: words.key_word(5).ok_or("a flow key has a VLAN")?,
+            packets: words.param_word(0).ok_or("a flow counts packets")?,
+            words,
+        })
+    }
+
+    /// 64 entries of flows on `WRITTEN_VLAN`, as a write's values.
+    fn written(&self) -> Vec<stateplane_sync::write::Written> {
+        let stride = self.words.stride();
+        let mut out = Vec::new();
+        let mut slot = vec![0; stride];
+        for i in 0..64u32 {
+            let key = [1, 2, 17, u128::from(i), 9, Self::WRITTEN_VLAN];
+            self.words.encode(0, &key, &[0, 0], &mut slot);
+            for (w, &value) in slot.iter().enumerate() {
+                out.push(stateplane_sync::write::Written {
+                    location: Location {
+                        state: 0,
+                        index: i * stride as u32 + w as u32,
+                    },
+                    value,
+                    mode: stateplane_sync::write::Mode::Set,
+                });
+            }
+        }
+        out
+    }
+
+    /// The packets counted by the flows a copy holds, past the written ones.
+    fn packets(&self, held: &[(Location, stateplane_sync::mirror::Reading)]) -> u64 {
+        let stride = self.words.stride() as u32;
+        let mut slots: std::collections::HashMap<u32, Vec<u64>> = Default::default();
+        for (l, reading) in held {
+            let slot = slots
+                .entry(l.index / stride)
+                .or_insert_with(|| vec![0; stride as usize]);
+            slot[(l.index % stride) as usize] = reading.value;
+        }
+        (slots.values())
+            .filter(|w| w[0] != 0 && u128::from(w[self.vlan]) != Self::WRITTEN_VLAN)
+            .map(|w| w[self.packets])
+            .sum()
+    }
 }
 
 pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
@@ -795,14 +896,22 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
     let width = a.width.max(1).next_power_of_two();
     let names = PortNames(vec!["p0".into(), "p1".into()]);
-    let settings = format!(
-        "tenants = 1\nwidth = {width}\ndepth = {}\ninterval_ms = 3600000\nmap = {{ p0 = \"p1\", p1 = \"p0\" }}",
-        a.depth
-    );
+    let map = "map = { p0 = \"p1\", p1 = \"p0\" }";
+    let settings = match a.program {
+        CostProgram::Hh => format!(
+            "tenants = 1\nwidth = {width}\ndepth = {}\ninterval_ms = 3600000\n{map}",
+            a.depth
+        ),
+        CostProgram::Counter => format!("capacity = {}\nidle = 86400\n{map}", a.capacity),
+    };
     let table_value: toml::Value = toml::from_str(&settings).map_err(|e| e.to_string())?;
-    let plain =
-        stateplane_programs::build("hh", Some(&table_value), &names).map_err(|e| e.to_string())?;
-    let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
+    let plain = stateplane_programs::build(a.program.name(), Some(&table_value), &names)
+        .map_err(|e| e.to_string())?;
+    let wanted = [(
+        a.program.synced_state().to_string(),
+        vec!["synced".to_string()],
+    )]
+    .into();
     let synced =
         stateplane_programs::with_guarantees(plain.clone(), &wanted).map_err(|e| e.to_string())?;
     let thresholds = (a.thresholds.iter())
@@ -868,7 +977,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             channel_mbps: None,
             threshold: Some(t.clone()),
             refresh_ms: None,
-            max_age_ms: None,
+            max_age_ms: Some(a.max_age_ms),
             slots: Some(a.slots),
             key_file: None,
         }
@@ -877,21 +986,31 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         on_runtime.state_stages = vec![plan.factory()?];
         modes.push((name, synced.clone(), on_runtime, Some((switch, plan))));
     }
-    // The writes: every `writes_every_ms`, 4,096 values set to 0 in the second sketch,
-    // which the tenants past the first share and this trace (all of VLAN 0, the first
-    // tenant) never touches: so the writes change neither hh's work nor the first row,
-    // which the check below counts.
-    let shared_sketch = (a.depth * width) as u32;
-    let reset: Vec<stateplane_sync::write::Written> = (0..4096.min(a.depth * width) as u32)
-        .map(|i| stateplane_sync::write::Written {
-            location: Location {
-                state: 0,
-                index: shared_sketch + i,
-            },
-            value: 0,
-            mode: stateplane_sync::write::Mode::Set,
-        })
-        .collect();
+    // The writes: every `writes_every_ms`, into hh, 4,096 values set to 0 in the second
+    // sketch, which the tenants past the first share and this trace (all of VLAN 0, the
+    // first tenant) never touches: so the writes change neither hh's work nor the first
+    // row, which the check below counts; into counter, 64 entries of flows on a VLAN no
+    // packet has, which the check leaves out.
+    let flow_words = match a.program {
+        CostProgram::Counter => Some(FlowWords::of(&synced)?),
+        CostProgram::Hh => None,
+    };
+    let reset: Vec<stateplane_sync::write::Written> = match &flow_words {
+        Some(flows) => flows.written(),
+        None => {
+            let shared_sketch = (a.depth * width) as u32;
+            (0..4096.min(a.depth * width) as u32)
+                .map(|i| stateplane_sync::write::Written {
+                    location: Location {
+                        state: 0,
+                        index: shared_sketch + i,
+                    },
+                    value: 0,
+                    mode: stateplane_sync::write::Mode::Set,
+                })
+                .collect()
+        }
+    };
     let mut measured: Vec<Vec<crate::bench::Rates>> = modes.iter().map(|_| Vec::new()).collect();
     for round in 0..repeat {
         eprintln!("round {} of {repeat}", round + 1);
@@ -964,14 +1083,17 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     for (name, _, _, forwarded, switch) in rows.iter().filter(|r| r.4 > 0) {
         let mut counted = 0u64;
         for stream in 0..workers as u16 {
-            for (l, reading) in handle.with(|c| c.held(*switch, stream)) {
-                if reading.bound != Some(0) {
-                    return Err(format!("{name}: location {l:?} is not exact at the end"));
-                }
-                if (l.index as usize) < width {
-                    counted += reading.value;
-                }
+            let held = handle.with(|c| c.held(*switch, stream));
+            if let Some((l, _)) = held.iter().find(|(_, r)| r.bound != Some(0)) {
+                return Err(format!("{name}: location {l:?} is not exact at the end"));
             }
+            counted += match &flow_words {
+                Some(flows) => flows.packets(&held),
+                None => (held.iter())
+                    .filter(|(l, _)| (l.index as usize) < width)
+                    .map(|(_, r)| r.value)
+                    .sum(),
+            };
         }
         if counted != *forwarded {
             return Err(format!(
@@ -980,16 +1102,24 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             ));
         }
     }
+    let program = match a.program {
+        CostProgram::Hh => format!("hh with one tenant, a sketch of {} x {width}", a.depth),
+        CostProgram::Counter => format!(
+            "counter, its flows synced ({} per worker at most, {} words a slot)",
+            a.capacity,
+            flow_words.as_ref().map_or(0, |f| f.words.stride())
+        ),
+    };
     println!(
-        "input: {input}; hh with one tenant, a sketch of {} x {width}; {workers} worker(s), \
+        "input: {input}; {program}; {workers} worker(s), \
          burst {burst}, loops {}, median of {repeat} rounds of every mode in turn; sync to a \
          collector in this process on \
-         loopback, {} slots; checked: every mode's last copy counts every packet forwarded, \
-         exactly, nothing refused or missing",
-        a.depth, a.loops, a.slots
+         loopback, {} slots, max_age_ms {}; checked: every mode's last copy counts every \
+         packet forwarded, exactly, nothing refused or missing",
+        a.loops, a.slots, a.max_age_ms
     );
     let off_mpps = rows[0].1;
-    let mut table = Table::new(&["hh"], &["Mpps/core", "vs off", "ns/packet"]);
+    let mut table = Table::new(&[a.program.name()], &["Mpps/core", "vs off", "ns/packet"]);
     let mut csv = Csv::new("mode,mpps_per_core,vs_off,ns_per_packet,packets_forwarded");
     for (name, mpps, ns, forwarded, _) in &rows {
         table.row(vec![
@@ -1009,7 +1139,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     }
     if a.files.wants_chart() {
         let panel = Panel {
-            title: "hh, Mpps per core".into(),
+            title: format!("{}, Mpps per core", a.program.name()),
             unit: "Mpps".into(),
             bars: rows
                 .iter()
@@ -1017,8 +1147,8 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
                 .collect(),
         };
         a.files.write_chart(
-            "Sync: what syncing a sketch costs forwarding",
-            &format!("{} packets, {} x {width} sketch", a.packets, a.depth),
+            "Sync: what syncing state costs forwarding",
+            &format!("{} packets; {program}", a.packets),
             &[panel],
         )?;
     }

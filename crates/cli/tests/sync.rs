@@ -766,4 +766,27 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         cost.contains("counts every packet forwarded, exactly"),
         "{cost}"
     );
+    let counter = ok(bin()
+        .args([
+            "bench-sync-cost",
+            "--program",
+            "counter",
+            "--packets",
+            "100000",
+            "--loops",
+            "40",
+            "--repeat",
+            "1",
+            "--thresholds",
+            "adaptive",
+            "--max-age-ms",
+            "100",
+        ])
+        .output()
+        .unwrap());
+    assert!(
+        counter.contains("counter, its flows synced")
+            && counter.contains("sync on, t adaptive, writes every 10 ms"),
+        "{counter}"
+    );
 }

@@ -153,15 +153,21 @@ impl ValueCodec for ConnCodec {
     }
 
     fn action(conn: &Conn) -> (usize, Vec<u128>) {
+        let mut params = [0; 3];
+        let (action, n) = Self::action_values(conn, &mut params);
+        (action, params[..n].to_vec())
+    }
+
+    fn action_values(conn: &Conn, out: &mut [u128]) -> (usize, usize) {
         let flag = |b: bool| u128::from(b);
-        (
-            conn.state as usize,
-            vec![
-                u128::from(conn.packets),
-                flag(conn.answered),
-                flag(conn.originator_is_canonical),
-            ],
-        )
+        let params = [
+            u128::from(conn.packets),
+            flag(conn.answered),
+            flag(conn.originator_is_canonical),
+        ];
+        let n = params.len().min(out.len());
+        out[..n].copy_from_slice(&params[..n]);
+        (conn.state as usize, n)
     }
 
     const COUNTING: &'static [&'static str] = &["packets"];

@@ -63,7 +63,16 @@ impl ValueCodec for CountsCodec {
     }
 
     fn action(c: &Counts) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(c.packets), u128::from(c.bytes)])
+        let mut params = [0; 2];
+        let (action, n) = Self::action_values(c, &mut params);
+        (action, params[..n].to_vec())
+    }
+
+    fn action_values(c: &Counts, out: &mut [u128]) -> (usize, usize) {
+        let params = [u128::from(c.packets), u128::from(c.bytes)];
+        let n = params.len().min(out.len());
+        out[..n].copy_from_slice(&params[..n]);
+        (0, n)
     }
 
     const COUNTING: &'static [&'static str] = &["packets", "bytes"];

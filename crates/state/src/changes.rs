@@ -54,6 +54,12 @@ impl Dirty {
         self.marks[cell >> self.shift] = 1;
     }
 
+    /// Whether cell `cell` may have changed since the last take.
+    #[inline]
+    pub fn is_marked(&self, cell: usize) -> bool {
+        self.marks.get(cell >> self.shift).is_some_and(|&m| m != 0)
+    }
+
     pub fn mark_all(&mut self) {
         self.marks.fill(1);
     }

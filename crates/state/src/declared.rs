@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{Decoded, Placed, SlotWords, TableSync};
+use crate::synced_table::{Decoded, MAX_STRIDE, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -30,6 +30,19 @@ pub trait ValueCodec {
     fn profile(_value: &Self::Value) -> u8 {
         0
     }
+    /// As [`ValueCodec::action`], the parameters into `out` (room for every declared
+    /// one); the action and how many. Override it to save a synced table's encoding an
+    /// allocation per slot; it must agree with `action`.
+    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize) {
+        copy_action(Self::action(value), out)
+    }
+}
+
+/// An action's parameters copied into `out`: the action and how many fit.
+fn copy_action((action, params): (usize, Vec<u128>), out: &mut [u128]) -> (usize, usize) {
+    let n = params.len().min(out.len());
+    out[..n].copy_from_slice(&params[..n]);
+    (action, n)
 }
 
 impl<C: ValueCodec> ExactCodec for C {
@@ -51,6 +64,12 @@ impl<C: ValueCodec> ExactCodec for C {
     fn profile(value: &C::Value) -> u8 {
         C::profile(value)
     }
+    fn key_values(key: &C::Key, out: &mut [u128]) {
+        key.values(out);
+    }
+    fn action_values(value: &C::Value, out: &mut [u128]) -> (usize, usize) {
+        C::action_values(value, out)
+    }
 }
 
 /// How a program's exact table turns keys and values into entries and back (implement
@@ -69,6 +88,19 @@ pub trait ExactCodec {
     /// As [`ValueCodec::profile`].
     fn profile(_value: &Self::Value) -> u8 {
         0
+    }
+    /// The key's field values into `out`, as `fields` has them.
+    fn key_values(key: &Self::Key, out: &mut [u128]) {
+        for (o, m) in out.iter_mut().zip(Self::fields(key)) {
+            *o = match m {
+                Match::Exact(v) => v,
+                _ => 0,
+            };
+        }
+    }
+    /// As [`ValueCodec::action_values`].
+    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize) {
+        copy_action(Self::action(value), out)
     }
 }
 
@@ -100,8 +132,12 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     /// An entry's words as synced state.
     fn encode(words: &SlotWords, key: &C::Key, value: &C::Value, out: &mut [u64]) {
-        let (action, params) = C::action(value);
-        words.encode(action, &C::fields(key), &params, out);
+        let mut key_values = [0; MAX_STRIDE];
+        let mut params = [0; MAX_STRIDE];
+        let key_values = &mut key_values[..words.key_fields()];
+        C::key_values(key, key_values);
+        let (action, n) = C::action_values(value, &mut params);
+        words.encode(action, key_values, &params[..n], out);
     }
 
     /// Tracks the table's entries as synced state `id` if `name` is its own; the

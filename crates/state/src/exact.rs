@@ -227,6 +227,22 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
+    /// Hints that slot `i` will be read soon (a synced table's take walks its changed
+    /// slots, far apart in a large table).
+    #[inline]
+    pub fn prefetch_slot(&self, i: usize) {
+        if let Some(slot) = self.slots.get(i) {
+            stateplane_mem::prefetch_whole(slot);
+            stateplane_mem::prefetch(&self.meta[i]);
+        }
+    }
+
+    /// Whether slot `i` was written since the last [`ExactTable::take_written_slots`]
+    /// (true if the table does not mark them: it may have been).
+    pub fn slot_written(&self, i: usize) -> bool {
+        self.dirty.as_ref().is_none_or(|d| d.is_marked(i))
+    }
+
     /// Slot `i`'s entry, if it holds one (expired or not): key, value and expiry profile.
     pub fn slot(&self, i: usize) -> Option<(&K, &V, u8)> {
         let s = self.slots.get(i)?;

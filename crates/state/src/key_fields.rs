@@ -14,6 +14,17 @@ pub trait KeyFields: TableKey {
     /// The key of checked fields (`Declaration::check` passed them).
     fn of(fields: &[Match]) -> Self;
     fn fields(&self) -> Vec<Match>;
+    /// The fields' values into `out` (as many as declared), as [`KeyFields::fields`] has
+    /// them; with no allocation where the key overrides it (a synced table encodes every
+    /// slot it finds changed).
+    fn values(&self, out: &mut [u128]) {
+        for (o, m) in out.iter_mut().zip(self.fields()) {
+            *o = match m {
+                Match::Exact(v) => v,
+                _ => 0,
+            };
+        }
+    }
 }
 
 /// The exact value of field `i`, 0 if missing (checked fields never miss).
@@ -57,15 +68,24 @@ impl KeyFields for FlowKey {
     }
 
     fn fields(&self) -> Vec<Match> {
-        let ip = |a: Option<IpAddr>| Match::Exact(a.map_or(0, ip_value));
-        vec![
+        let mut values = [0; 6];
+        self.values(&mut values);
+        values.into_iter().map(Match::Exact).collect()
+    }
+
+    fn values(&self, out: &mut [u128]) {
+        let ip = |a: Option<IpAddr>| a.map_or(0, ip_value);
+        let values = [
             ip(self.src_ip()),
             ip(self.dst_ip()),
-            Match::Exact(u128::from(self.proto)),
-            Match::Exact(u128::from(self.src_port)),
-            Match::Exact(u128::from(self.dst_port)),
-            Match::Exact(u128::from(self.vlan)),
-        ]
+            u128::from(self.proto),
+            u128::from(self.src_port),
+            u128::from(self.dst_port),
+            u128::from(self.vlan),
+        ];
+        for (o, v) in out.iter_mut().zip(values) {
+            *o = v;
+        }
     }
 }
 

@@ -27,7 +27,6 @@ use crate::exact::ExactTable;
 use crate::table_key::TableKey;
 use stateplane_api::{Declaration, Field, Kind, Match};
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 /// Words a slot may take at most (a read of one word encodes its slot on the stack).
 pub const MAX_STRIDE: usize = 64;
@@ -85,17 +84,28 @@ impl SlotWords {
         self.counting.len()
     }
 
-    /// Writes an entry's words (`action` its index, `key` and `params` as the control API
-    /// has them) into `out`, `stride` words.
-    pub fn encode(&self, action: usize, key: &[Match], params: &[u128], out: &mut [u64]) {
+    /// The first word of key field `field` in a slot.
+    pub fn key_word(&self, field: usize) -> Option<usize> {
+        (field < self.key.len()).then(|| 1 + self.key[..field].iter().sum::<usize>())
+    }
+
+    /// The first word of the parameters at `position` in a slot.
+    pub fn param_word(&self, position: usize) -> Option<usize> {
+        self.params.get(position).map(|&(at, _)| at)
+    }
+
+    /// Key fields per slot.
+    pub fn key_fields(&self) -> usize {
+        self.key.len()
+    }
+
+    /// Writes an entry's words (`action` its index, `key` its fields' values and `params`
+    /// its parameters, as the control API has them) into `out`, `stride` words.
+    pub fn encode(&self, action: usize, key: &[u128], params: &[u128], out: &mut [u64]) {
         out.fill(0);
         out[0] = action as u64 + 1;
         let mut at = 1;
-        for (field, &words) in key.iter().zip(&self.key) {
-            let value = match field {
-                Match::Exact(v) => *v,
-                _ => 0,
-            };
+        for (&value, &words) in key.iter().zip(&self.key) {
             put(value, &mut out[at..at + words]);
             at += words;
         }
@@ -184,7 +194,8 @@ pub struct TableSync {
     pub words: SlotWords,
     taken: Vec<u64>,
     scratch: Vec<u64>,
-    ranges: Vec<Range<usize>>,
+    /// The slots written since the last take, as the take gathers them.
+    written: Vec<usize>,
     /// A write's words by group, until it commits.
     staged: BTreeMap<u32, Vec<Option<u64>>>,
 }
@@ -226,7 +237,7 @@ impl TableSync {
             scratch: vec![0; stride],
             words,
             taken,
-            ranges: Vec::new(),
+            written: Vec::new(),
             staged: BTreeMap::new(),
         })
     }
@@ -243,17 +254,27 @@ impl TableSync {
         encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
         out: &mut Vec<Change>,
     ) {
+        /// Slots looked ahead: the written slots of a large table are far apart, each
+        /// (and its words as taken) a cache miss, which the look ahead overlaps.
+        const AHEAD: usize = 8;
         let TableSync {
             id,
             words,
             taken,
             scratch,
-            ranges,
+            written,
             ..
         } = self;
-        table.take_written_slots(|r| ranges.push(r));
+        table.take_written_slots(|r| written.extend(r));
         let stride = words.stride();
-        for slot in ranges.drain(..).flatten() {
+        for (i, &slot) in written.iter().enumerate() {
+            if let Some(&next) = written.get(i + AHEAD) {
+                table.prefetch_slot(next);
+                stateplane_mem::prefetch(&taken[next * stride]);
+                if let Some(last) = taken.get(next * stride + stride - 1) {
+                    stateplane_mem::prefetch(last);
+                }
+            }
             match table.slot(slot) {
                 Some((k, v, _)) => encode(words, k, v, scratch),
                 None => scratch.fill(0),
@@ -272,9 +293,11 @@ impl TableSync {
                 }
             }
         }
+        written.clear();
     }
 
-    /// The word at `index`, as the slot holds it now.
+    /// The word at `index`, as the slot holds it now: as taken last, unless the slot was
+    /// written since (the refresh reads every word, mostly of slots unchanged).
     pub fn read<K: TableKey, V: Copy + Default>(
         &self,
         table: &ExactTable<K, V>,
@@ -285,6 +308,9 @@ impl TableSync {
         let (slot, word) = (index as usize / stride, index as usize % stride);
         if slot >= table.slot_count() {
             return None;
+        }
+        if !table.slot_written(slot) {
+            return self.taken.get(index as usize).copied();
         }
         let mut words = [0; MAX_STRIDE];
         if let Some((k, v, _)) = table.slot(slot) {
@@ -362,6 +388,8 @@ mod tests {
     fn a_slot_lays_out_key_then_params_and_reads_back() {
         let words = SlotWords::of(&decl(), &["packets"]).unwrap();
         assert_eq!(words.stride(), 1 + 3 + 2 + 1);
+        assert_eq!((words.key_word(1), words.key_word(2)), (Some(3), None));
+        assert_eq!((words.param_word(1), words.param_word(2)), (Some(6), None));
         assert_eq!(
             words.counting,
             [false, false, false, false, false, false, false],
@@ -369,7 +397,7 @@ mod tests {
         );
         let mut out = vec![9; 7];
         let key = [Match::Exact(u128::MAX), Match::Exact(65_535)];
-        words.encode(1, &key, &[1 << 64 | 5, 80], &mut out);
+        words.encode(1, &[u128::MAX, 65_535], &[1 << 64 | 5, 80], &mut out);
         assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
         assert_eq!(
             words.decode(&out),

@@ -11,9 +11,10 @@
 //! are about the real channel, and a message's sending time is the instant the collector's
 //! copy is as of. It reads the clock as the Unix time at the stage's start plus a monotonic
 //! clock's time since, so that it never goes back. Under traffic a pass runs after a burst only once
-//! `PASS_SHARE` times the last pass's length has gone by since it began, so a busy
-//! worker gives the stage about 1/`PASS_SHARE` of its time, and the changes a cell makes
-//! meanwhile reach the sender as one.
+//! `PASS_SHARE` times the last pass's length has gone by since it began, and at most
+//! `max_age_ms` after it, so a busy worker gives the stage about 1/`PASS_SHARE` of its time
+//! unless its passes are so long that the configured freshness costs more, and the changes
+//! a cell makes meanwhile reach the sender as one.
 //!
 //! Configured by a run's `[sync]` section ([`SyncSettings`]); docs/SYNC.md has the
 //! protocol.
@@ -79,9 +80,6 @@ const RECEIVE_PER_PASS: usize = 64;
 /// A busy worker gives its sync stage about one part in this many of its time (see the
 /// module doc).
 const PASS_SHARE: u64 = 50;
-/// Passes are never further apart than this under traffic (the collector hears from the
-/// stream about once a heartbeat).
-const MAX_PASS_INTERVAL_NS: u64 = HEARTBEAT_NS;
 /// The collector's datagrams (reports, write parts) are taken at least this often, between
 /// passes too: a `recv` that finds nothing costs about a microsecond.
 const RECEIVE_EVERY_NS: u64 = 1_000_000;
@@ -521,7 +519,10 @@ impl SyncStage {
         let took = self.now_ns() - now_ns;
         SyncCounters::add(&self.counters.passes, 1);
         SyncCounters::add(&self.counters.pass_ns, took);
-        self.next_pass_ns = now_ns + (took * PASS_SHARE).min(MAX_PASS_INTERVAL_NS);
+        // Never further apart than a change may wait unsent (`max_age_ms`): the user's
+        // choice between freshness and what the passes cost a worker whose synced state
+        // changes all over (a large table's flows).
+        self.next_pass_ns = now_ns + (took * PASS_SHARE).min(self.config.max_age_ns);
     }
 }
 
