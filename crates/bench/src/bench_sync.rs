@@ -752,7 +752,7 @@ pub struct BenchSyncCostArgs {
     pub program: CostProgram,
     /// counter's flows per worker (its table must hold every flow of the trace, or the
     /// check fails).
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = 262_144)]
     pub capacity: usize,
     /// Packets in the generated trace (internet workload).
     #[arg(long, default_value_t = 1_000_000)]

@@ -43,6 +43,10 @@ pub struct BenchSyncMigrateArgs {
     /// Moves of each size at each loss.
     #[arg(long, default_value_t = 10)]
     pub moves: usize,
+    /// Move conntrack tables of `--sizes` connections (entries, each placed by its key in
+    /// the target) instead of hh's sketch values, with `ctl sync migrate`'s code.
+    #[arg(long)]
+    pub table: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -65,6 +69,20 @@ impl Switch {
         values: Option<&[u64]>,
         busy: bool,
     ) -> BenchResult<Switch> {
+        let mut program = synced_hh_65536()?(0);
+        for (i, &v) in values.unwrap_or_default().iter().enumerate() {
+            program.write_synced(0, i as u32, v);
+        }
+        Switch::running(id, collector, program, busy)
+    }
+
+    /// A switch running `program`, whose synced state is id 0.
+    fn running(
+        id: u32,
+        collector: SocketAddr,
+        program: Box<dyn Running>,
+        busy: bool,
+    ) -> BenchResult<Switch> {
         let plan = SyncSettings {
             collector: collector.to_string(),
             switch: Some(id),
@@ -78,10 +96,6 @@ impl Switch {
         }
         .plan(1)?;
         let stage = plan.factory()?(0);
-        let mut program = synced_hh_65536()?(0);
-        for (i, &v) in values.unwrap_or_default().iter().enumerate() {
-            program.write_synced(0, i as u32, v);
-        }
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -102,11 +116,53 @@ impl Switch {
 
     /// Stops it; its register, read from the program.
     fn stop(self) -> BenchResult<Vec<u64>> {
-        self.stop.store(true, Ordering::Relaxed);
-        let program = self.thread.join().map_err(|_| "a switch's thread failed")?;
+        let program = self.stop_program()?;
         Ok((0..CELLS)
             .map(|i| program.read_synced(0, i).unwrap_or(u64::MAX))
             .collect())
+    }
+
+    fn stop_program(self) -> BenchResult<Box<dyn Running>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| "a switch's thread failed".into())
+    }
+}
+
+/// A relay in this process from `loopback` to the collector, losing `loss` each way; its
+/// address, and what stops it.
+struct LossyRelay {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<relay::RelayOutcome, String>>,
+}
+
+impl LossyRelay {
+    fn start(collector: SocketAddr, loss: f64, seed: u64) -> BenchResult<LossyRelay> {
+        let settings = RelaySettings {
+            listen: "127.0.0.1:0".parse().map_err(|_| "an address")?,
+            target: collector,
+            faults: Faults {
+                loss,
+                duplicate: 0.0,
+                max_delay_ns: 0,
+            },
+            seed,
+            duration: None,
+        };
+        let (socket, addr) = relay::bind(&settings)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || relay::run(&settings, socket, stopping));
+        Ok(LossyRelay { addr, stop, thread })
+    }
+
+    /// Stops it; what it did, as a line.
+    fn stop(self) -> BenchResult<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let relayed = (self.thread.join()).map_err(|_| "the relay's thread failed")??;
+        Ok(relayed.table().replace('\n', "; "))
     }
 }
 
@@ -166,63 +222,27 @@ struct Row {
     sent_per_part: Vec<f64>,
 }
 
-pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
-    if a.moves == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
-        return Err("--sizes: 1 to 65536 values; --moves above 0".into());
-    }
-    if let Some(l) = a.losses.iter().find(|l| !(0.0..=0.95).contains(*l)) {
-        return Err(format!("--losses: {l} is not a share from 0 to 0.95"));
-    }
-    let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "an address")?;
-    let settings = CollectorSettings {
-        listen: loopback,
-        key_file: None,
-        switches: None,
-        report_every: Duration::from_millis(10),
-        duration: None,
-        dump: None,
-        api: None,
-        redis: None,
-        metrics: None,
-    };
-    let bound = collector::bind(&settings)?;
-    let collector_addr = bound.addr;
-    let api = collector_api::serve(loopback, bound.handle())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopping = stop.clone();
-    let collector_thread = std::thread::spawn(move || collector::run(&settings, bound, stopping));
-    let mut client = CollectorClient::connect(&api.addr.to_string()).map_err(|e| e.to_string())?;
-
+/// Moves `a.sizes` values of hh's sketch from switch 1 into a target switch per loss.
+fn move_values(
+    a: &BenchSyncMigrateArgs,
+    client: &mut CollectorClient,
+    collector_addr: SocketAddr,
+) -> BenchResult<Vec<Row>> {
     // The source: switch 1, straight to the collector, its sketch holding random values.
     let mut rng = Rng::new(a.seed);
     let values: Vec<u64> = (0..CELLS).map(|_| rng.below(1 << 31)).collect();
     let source = Switch::start(1, collector_addr, Some(&values), false)?;
     eprintln!("waiting for the source's copy at the collector to be exact");
-    await_copy(&mut client, 1, &values)?;
+    await_copy(client, 1, &values)?;
 
     let mut rows = Vec::new();
     for (l, &loss) in a.losses.iter().enumerate() {
         // The target: its own switch id, its sync through a relay losing `loss` each way.
         let target_id = 10 + l as u32;
-        let relay_settings = RelaySettings {
-            listen: loopback,
-            target: collector_addr,
-            faults: Faults {
-                loss,
-                duplicate: 0.0,
-                max_delay_ns: 0,
-            },
-            seed: a.seed ^ l as u64,
-            duration: None,
-        };
-        let (relay_socket, relay_addr) = relay::bind(&relay_settings)?;
-        let relay_stop = Arc::new(AtomicBool::new(false));
-        let relay_stopping = relay_stop.clone();
-        let relay_thread =
-            std::thread::spawn(move || relay::run(&relay_settings, relay_socket, relay_stopping));
-        let target = Switch::start(target_id, relay_addr, None, true)?;
+        let relay = LossyRelay::start(collector_addr, loss, a.seed ^ l as u64)?;
+        let target = Switch::start(target_id, relay.addr, None, true)?;
         eprintln!("loss {loss}: waiting for switch {target_id} to reach the collector");
-        await_stream(&mut client, target_id)?;
+        await_stream(client, target_id)?;
         for &n in &a.sizes {
             eprintln!("loss {loss}: moving {n} values {} times", a.moves);
             let mut row = Row {
@@ -268,41 +288,241 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             rows.push(row);
         }
         let held = target.stop()?;
-        relay_stop.store(true, Ordering::Relaxed);
-        let relayed = relay_thread
-            .join()
-            .map_err(|_| "the relay's thread failed")??;
+        let relayed = relay.stop()?;
         let largest = a.sizes.iter().copied().max().unwrap_or(0) as usize;
         if held[..largest] != values[..largest] {
             return Err(format!(
                 "loss {loss}: switch {target_id}'s register is not the source's values"
             ));
         }
-        eprintln!("loss {loss}: {}", relayed.table().replace('\n', "; "));
+        eprintln!("loss {loss}: {relayed}");
     }
     source.stop()?;
+    Ok(rows)
+}
+
+/// conntrack with its connection table synced, holding `entries` established connections
+/// (written through the program's own synced write, as a migration lands them), or none.
+fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>> {
+    use stateplane_state::synced_table::SlotWords;
+    let names = stateplane_programs::PortNames(vec!["p0".into(), "p1".into()]);
+    let settings: toml::Value =
+        toml::from_str(&format!("capacity = {capacity}\nmap = {{ p0 = \"p1\" }}"))
+            .map_err(|e| e.to_string())?;
+    let plain = stateplane_programs::build("conntrack", Some(&settings), &names)
+        .map_err(|e| e.to_string())?;
+    let wanted = [("connections".to_string(), vec!["synced".to_string()])].into();
+    let synced = stateplane_programs::with_guarantees(plain, &wanted).map_err(|e| e.to_string())?;
+    let mut program = synced(0);
+    let declared = program.declarations();
+    let table = (declared.iter())
+        .find(|d| d.name == "connections")
+        .ok_or("conntrack declares connections")?;
+    let words = SlotWords::of(table, &[]).ok_or("connections is a table")?;
+    let stride = words.stride() as u32;
+    let mut slot = vec![0; words.stride()];
+    for i in 0..entries {
+        let src = std::net::Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8);
+        let dst = std::net::Ipv4Addr::new(198, 19, 0, 1);
+        let ip = |a| stateplane_state::control::ip_value(std::net::IpAddr::V4(a));
+        let key = [ip(src), ip(dst), 6, 1024 + u128::from(i % 50_000), 80, 0];
+        // `established`, its packets, answered, the originator the key's source.
+        words.encode(1, &key, &[u128::from(i), 1, 1], &mut slot);
+        for (w, &v) in slot.iter().enumerate() {
+            program.write_synced(0, i * stride + w as u32, v);
+        }
+    }
+    if program.commit_synced_write() > 0 {
+        return Err("the source's connections did not all fit its table".into());
+    }
+    Ok(program)
+}
+
+/// The occupied slots of a program's synced table (`stride` words each), sorted: what a
+/// move must carry over whole, wherever the slots are.
+fn table_entries(program: &dyn Running, stride: u32) -> Vec<Vec<u64>> {
+    let length = program.synced().first().map_or(0, |&(_, l)| l);
+    let mut entries: Vec<Vec<u64>> = (0..length / stride)
+        .map(|slot| {
+            (0..stride)
+                .map(|w| program.read_synced(0, slot * stride + w).unwrap_or(0))
+                .collect::<Vec<u64>>()
+        })
+        .filter(|words| words[0] != 0)
+        .collect();
+    entries.sort_unstable();
+    entries
+}
+
+/// Moves conntrack tables of each of `a.sizes` connections from a source switch into a
+/// target switch per loss, with `ctl sync migrate`'s code, and checks that the target ends
+/// with every connection, each word of it.
+fn move_tables(
+    a: &BenchSyncMigrateArgs,
+    client: &mut CollectorClient,
+    collector_addr: SocketAddr,
+) -> BenchResult<Vec<Row>> {
+    use stateplane_control::migrate::{Move, migrate};
+    let mut rows = Vec::new();
+    for (s, &n) in a.sizes.iter().enumerate() {
+        let program = conntrack_switch(n, n)?;
+        let stride = {
+            let declared = program.declarations();
+            let table = (declared.iter()).find(|d| d.name == "connections");
+            (table.and_then(|t| stateplane_state::synced_table::SlotWords::of(t, &[])))
+                .map_or(1, |w| w.stride() as u32)
+        };
+        let want = table_entries(program.as_ref(), stride);
+        let length = program.synced().first().map_or(0, |&(_, l)| l);
+        let source_id = 100 + s as u32;
+        let source = Switch::running(source_id, collector_addr, program, false)?;
+        eprintln!("{n} connections: waiting for the source's copy to be whole");
+        await_extent(client, source_id, length)?;
+        for (l, &loss) in a.losses.iter().enumerate() {
+            let target_id = 1000 + (s * a.losses.len() + l) as u32;
+            let relay = LossyRelay::start(collector_addr, loss, a.seed ^ target_id as u64)?;
+            let target = Switch::running(target_id, relay.addr, conntrack_switch(n, 0)?, true)?;
+            await_stream(client, target_id)?;
+            eprintln!("loss {loss}: moving {n} connections {} times", a.moves);
+            let mut row = Row {
+                loss,
+                values: n,
+                move_ms: Vec::new(),
+                write_ms: Vec::new(),
+                sent_per_part: Vec::new(),
+            };
+            for _ in 0..a.moves {
+                let t = Instant::now();
+                let moved = migrate(
+                    client,
+                    &Move {
+                        from_switch: source_id,
+                        from_stream: 0,
+                        to_switch: target_id,
+                        to_stream: Some(0),
+                        state: 0,
+                        entry_words: stride,
+                        timeout_ms: 10_000,
+                    },
+                )?;
+                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                if moved.entries != u64::from(n) {
+                    return Err(format!("{} connections moved of {n}", moved.entries));
+                }
+                let (parts, sent) = (moved.done.iter()).fold((0u64, 0u64), |(p, s), d| {
+                    (p + u64::from(d.parts), s + d.transmissions)
+                });
+                row.write_ms
+                    .push((moved.done.iter()).map(|d| d.latency_ns as f64 / 1e6).sum());
+                row.sent_per_part.push(sent as f64 / parts.max(1) as f64);
+            }
+            rows.push(row);
+            let held = table_entries(target.stop_program()?.as_ref(), stride);
+            let relayed = relay.stop()?;
+            if held != want {
+                return Err(format!(
+                    "loss {loss}: switch {target_id} holds {} connections, not the source's {n}",
+                    held.len()
+                ));
+            }
+            eprintln!("loss {loss}: {relayed}");
+        }
+        source.stop_program()?;
+    }
+    Ok(rows)
+}
+
+/// Waits until the collector's copy of `switch`'s stream 0 has carried state 0 to its
+/// end (`length` locations: the source's first refresh has gone by).
+fn await_extent(client: &mut CollectorClient, switch: u32, length: u32) -> BenchResult<()> {
+    let start = Instant::now();
+    loop {
+        let streams = client.streams().map_err(|e| e.to_string())?;
+        let extent = (streams.streams.iter())
+            .filter(|s| s.switch_id == switch && s.stream == 0)
+            .flat_map(|s| &s.extents)
+            .find(|e| e.state == 0)
+            .map_or(0, |e| e.length);
+        if extent >= length {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "switch {switch}'s copy reached {extent} of {length} locations in 60 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
+    if a.moves == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
+        return Err("--sizes: 1 to 65536 values; --moves above 0".into());
+    }
+    if let Some(l) = a.losses.iter().find(|l| !(0.0..=0.95).contains(*l)) {
+        return Err(format!("--losses: {l} is not a share from 0 to 0.95"));
+    }
+    let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "an address")?;
+    let settings = CollectorSettings {
+        listen: loopback,
+        key_file: None,
+        switches: None,
+        report_every: Duration::from_millis(10),
+        duration: None,
+        dump: None,
+        api: None,
+        redis: None,
+        metrics: None,
+    };
+    let bound = collector::bind(&settings)?;
+    let collector_addr = bound.addr;
+    let api = collector_api::serve(loopback, bound.handle())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let collector_thread = std::thread::spawn(move || collector::run(&settings, bound, stopping));
+    let mut client = CollectorClient::connect(&api.addr.to_string()).map_err(|e| e.to_string())?;
+
+    let rows = if a.table {
+        move_tables(&a, &mut client, collector_addr)?
+    } else {
+        move_values(&a, &mut client, collector_addr)?
+    };
     stop.store(true, Ordering::Relaxed);
     collector_thread
         .join()
         .map_err(|_| "the collector's thread failed")??;
 
-    println!(
-        "input: hh's sketch of 65,536 counters holding random values (seed {}) on switch 1, \
-         read from the collector's copy and written into another switch whose sync channel \
-         loses the share given each way (a relay in this process); {} moves of each size; \
-         gRPC and UDP on loopback; checked: every write committed, and each target's \
-         register is the source's values",
-        a.seed, a.moves
-    );
+    if a.table {
+        println!(
+            "input: conntrack tables of each size's established connections on a source \
+             switch, read from the collector's copy and written as entries (ctl sync \
+             migrate's code) into another switch whose sync channel loses the share given \
+             each way (a relay in this process); {} moves of each size; gRPC and UDP on \
+             loopback; checked: every write committed, and each target's table holds every \
+             connection of the source, word for word",
+            a.moves
+        );
+    } else {
+        println!(
+            "input: hh's sketch of 65,536 counters holding random values (seed {}) on switch \
+             1, read from the collector's copy and written into another switch whose sync \
+             channel loses the share given each way (a relay in this process); {} moves of \
+             each size; gRPC and UDP on loopback; checked: every write committed, and each \
+             target's register is the source's values",
+            a.seed, a.moves
+        );
+    }
     let median = |v: &[f64]| crate::statistics::median(v.to_vec());
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let mut table = Table::new(
-        &["loss", "values"],
+        &["loss", if a.table { "entries" } else { "values" }],
         &["move median ms", "move max", "write median ms", "sent/part"],
     );
-    let mut csv = Csv::new(
-        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part",
-    );
+    let mut csv = Csv::new(if a.table {
+        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part"
+    } else {
+        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part"
+    });
     for r in &rows {
         table.row(vec![
             format!("{:.0}%", r.loss * 100.0),
@@ -338,7 +558,11 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             })
             .collect();
         a.files.write_chart(
-            "Sync: moving a sketch from one switch to another through the collector",
+            if a.table {
+                "Sync: moving a connection table from one switch to another through the collector"
+            } else {
+                "Sync: moving a sketch from one switch to another through the collector"
+            },
             &format!("{} moves of each size, real sockets on loopback", a.moves),
             &panels,
         )?;

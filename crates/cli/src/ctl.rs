@@ -161,6 +161,31 @@ pub enum SyncCommand {
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u32,
     },
+    /// Move a switch's synced state into another switch through the collector's copy of
+    /// one of its streams: a register's values, or a table's entries (--entry-words, its
+    /// slot's words), each placed by its key in the target.
+    Migrate {
+        /// The source switch and stream (a worker: a table is each worker's own).
+        #[arg(long, default_value_t = 1)]
+        from_switch: u32,
+        #[arg(long, default_value_t = 0)]
+        from_stream: u32,
+        #[arg(long)]
+        to_switch: u32,
+        /// One stream of the target; every stream when left out.
+        #[arg(long)]
+        to_stream: Option<u32>,
+        /// The state's id (0 for the first synced name of the run's [guarantees]).
+        #[arg(long, default_value_t = 0)]
+        state: u32,
+        /// Words per entry: 1 for a register or sketch; for a table, its slot's words
+        /// (docs/SYNC.md: 1 + the key's words + the parameters' words).
+        #[arg(long, default_value_t = 1)]
+        entry_words: u32,
+        /// How long to wait for each write's commits, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u32,
+    },
     /// Print changes as the collector applies them.
     Watch {
         #[arg(long)]
@@ -560,6 +585,43 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                 })
                 .map_err(|e| e.to_string())?;
             for d in &r.done {
+                println!(
+                    "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms",
+                    d.stream,
+                    d.id,
+                    d.parts,
+                    d.transmissions,
+                    d.latency_ns as f64 / 1e6
+                );
+            }
+        }
+        SyncCommand::Migrate {
+            from_switch,
+            from_stream,
+            to_switch,
+            to_stream,
+            state,
+            entry_words,
+            timeout_ms,
+        } => {
+            let moved = stateplane_control::migrate::migrate(
+                &mut client,
+                &stateplane_control::migrate::Move {
+                    from_switch,
+                    from_stream,
+                    to_switch,
+                    to_stream,
+                    state,
+                    entry_words,
+                    timeout_ms,
+                },
+            )?;
+            println!(
+                "moved {} entries ({} values) of switch {from_switch} stream {from_stream} \
+                 state {state} ({} locations read, largest bound ±{}) into switch {to_switch}",
+                moved.entries, moved.values, moved.read, moved.largest_bound
+            );
+            for d in &moved.done {
                 println!(
                     "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms",
                     d.stream,

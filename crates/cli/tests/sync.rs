@@ -678,6 +678,15 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("switch 9 has sent nothing"), "{err}");
+    let out = ctl(&["migrate", "--from-switch", "9", "--to-switch", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("switch 9 stream 0 has sent nothing to this collector"),
+        "{err}"
+    );
     // The switch's run has ended: a write to it is never acknowledged, and the wait ends
     // at its timeout with a message that says so.
     let out = ctl(&["write", "0..4", "--fill", "0", "--timeout-ms", "200"])
@@ -743,6 +752,28 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         4,
         "{migrate}"
     );
+    let tables = ok(bin()
+        .args([
+            "bench-sync-migrate",
+            "--table",
+            "--sizes",
+            "256,1024",
+            "--losses",
+            "0,0.5",
+            "--moves",
+            "2",
+        ])
+        .output()
+        .unwrap());
+    assert!(
+        tables.contains("each target's table holds every connection of the source"),
+        "{tables}"
+    );
+    assert_eq!(
+        tables.lines().filter(|l| l.contains('%')).count(),
+        4,
+        "{tables}"
+    );
     let cost = ok(bin()
         .args([
             "bench-sync-cost",
@@ -781,11 +812,13 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             "adaptive",
             "--max-age-ms",
             "100",
+            "--capacity",
+            "65536",
         ])
         .output()
         .unwrap());
     assert!(
-        counter.contains("counter, its flows synced")
+        counter.contains("counter, its flows synced (65536 per worker")
             && counter.contains("sync on, t adaptive, writes every 10 ms"),
         "{counter}"
     );

@@ -96,6 +96,12 @@ impl collector_server::Collector for CollectorService {
                         threshold: s.threshold,
                         locations: s.locations as u64,
                         writes_in_flight: s.writes_in_flight,
+                        extents: (s.extents.iter())
+                            .map(|&(state, length)| sync_pb::StateExtent {
+                                state: u32::from(state),
+                                length,
+                            })
+                            .collect(),
                     })
                     .collect(),
                 datagrams: c.datagrams,

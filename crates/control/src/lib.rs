@@ -4,7 +4,8 @@
 //! is needed), the service that turns calls into [`stateplane_runtime::ControlPlane`]
 //! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
 //! text form of entries people type and read ([`entry_text`]), and the collector's API
-//! over its core ([`collector_api`]: reads with bounds, writes, subscriptions).
+//! over its core ([`collector_api`]: reads with bounds, writes, subscriptions), and state
+//! migration through it ([`migrate`]).
 //!
 //! Must never: touch program state itself (requests go through the control plane, which
 //! has the workers apply them between bursts), or listen beyond loopback (the API has no
@@ -14,6 +15,7 @@ pub mod client;
 pub mod collector_api;
 pub mod convert;
 pub mod entry_text;
+pub mod migrate;
 pub mod server;
 
 /// The generated protobuf messages and gRPC stubs.

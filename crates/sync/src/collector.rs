@@ -37,6 +37,8 @@ pub struct StreamInfo {
     /// The `t_max` of the last message applied: the threshold the switch works with.
     pub threshold: u64,
     pub locations: usize,
+    /// Per state, one past the largest index carried (`Mirror::extents`).
+    pub extents: Vec<(u16, u32)>,
     pub writes_in_flight: bool,
 }
 
@@ -242,6 +244,7 @@ impl Collector {
                     missing,
                     threshold: peer.threshold,
                     locations: self.mirror.held_count(switch, stream),
+                    extents: self.mirror.extents(switch, stream),
                     writes_in_flight: !peer.engine.is_idle(),
                 })
             })

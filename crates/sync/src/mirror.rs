@@ -73,6 +73,13 @@ const NEVER: Held = Held {
 };
 
 impl Cells {
+    /// One past the largest index carried (a dense cell past every carried one is never
+    /// made).
+    fn extent(&self) -> u32 {
+        let sparse = self.sparse.keys().max().map_or(0, |&i| i.saturating_add(1));
+        sparse.max(self.dense.len() as u32)
+    }
+
     fn get(&self, index: u32) -> Option<&Held> {
         if index < DENSE_INDEXES {
             self.dense.get(index as usize).filter(|h| h.seq > 0)
@@ -431,6 +438,19 @@ impl Mirror {
     }
 
     /// How many locations of `switch`'s `stream` a message has carried.
+    /// Per state of `switch`'s `stream`, in order: one past the largest index a message
+    /// has carried (once a refresh has gone by, the state's length).
+    pub fn extents(&self, switch: u32, stream: u16) -> Vec<(u16, u32)> {
+        let Some(view) = self.streams.get(&(switch, stream)) else {
+            return Vec::new();
+        };
+        let mut extents: Vec<(u16, u32)> = (view.values.states.iter())
+            .map(|(&state, cells)| (state, cells.extent()))
+            .collect();
+        extents.sort_unstable();
+        extents
+    }
+
     pub fn held_count(&self, switch: u32, stream: u16) -> usize {
         (self.streams.get(&(switch, stream))).map_or(0, |v| v.values.count)
     }
