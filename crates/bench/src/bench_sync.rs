@@ -851,7 +851,7 @@ impl FlowWords {
         let mut slot = vec![0; stride];
         for i in 0..64u32 {
             let key = [1, 2, 17, u128::from(i), 9, Self::WRITTEN_VLAN];
-            self.words.encode(0, &key, &[0, 0], &mut slot);
+            self.words.encode(0, Some(&key), &[0, 0], &mut slot);
             for (w, &value) in slot.iter().enumerate() {
                 out.push(stateplane_sync::write::Written {
                     location: Location {

@@ -327,7 +327,7 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
         let ip = |a| stateplane_state::control::ip_value(std::net::IpAddr::V4(a));
         let key = [ip(src), ip(dst), 6, 1024 + u128::from(i % 50_000), 80, 0];
         // `established`, its packets, answered, the originator the key's source.
-        words.encode(1, &key, &[u128::from(i), 1, 1], &mut slot);
+        words.encode(1, Some(&key), &[u128::from(i), 1, 1], &mut slot);
         for (w, &v) in slot.iter().enumerate() {
             program.write_synced(0, i * stride + w as u32, v);
         }

@@ -54,6 +54,31 @@ impl Dirty {
         self.marks[cell >> self.shift] = 1;
     }
 
+    /// Cell `cell` may have changed in the ways of `bits` (a caller's own kinds of change,
+    /// kept together until the take: [`Dirty::take_cells`]).
+    #[inline]
+    pub fn mark_as(&mut self, cell: usize, bits: u8) {
+        self.marks[cell >> self.shift] |= bits;
+    }
+
+    /// As [`Dirty::take`] for marks of one cell each ([`Dirty::per_cell`]): calls `each`
+    /// with every marked cell, in order, and the bits it was marked with.
+    pub fn take_cells(&mut self, mut each: impl FnMut(usize, u8)) {
+        debug_assert_eq!(self.shift, 0, "marks of one cell each");
+        const WORD: usize = 8;
+        for (c, chunk) in self.marks.chunks_mut(WORD).enumerate() {
+            if chunk.iter().all(|&m| m == 0) {
+                continue;
+            }
+            for (i, mark) in chunk.iter_mut().enumerate() {
+                let bits = std::mem::take(mark);
+                if bits != 0 {
+                    each(c * WORD + i, bits);
+                }
+            }
+        }
+    }
+
     /// Whether cell `cell` may have changed since the last take.
     #[inline]
     pub fn is_marked(&self, cell: usize) -> bool {
@@ -122,5 +147,19 @@ mod tests {
         got.clear();
         d.take(|r| got.push(r));
         assert_eq!(got, [3..4, 19..20], "a table's marks are a slot each");
+        let mut d = Dirty::per_cell(20);
+        d.mark_as(19, 1);
+        d.mark_as(19, 2);
+        d.mark_as(4, 1);
+        let mut cells = Vec::new();
+        d.take_cells(|cell, bits| cells.push((cell, bits)));
+        assert_eq!(
+            cells,
+            [(4, 1), (19, 3)],
+            "each cell once, its kinds together"
+        );
+        cells.clear();
+        d.take_cells(|cell, bits| cells.push((cell, bits)));
+        assert!(cells.is_empty());
     }
 }

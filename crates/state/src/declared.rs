@@ -130,14 +130,16 @@ impl<C: ExactCodec> DeclaredTable<C> {
         }
     }
 
-    /// An entry's words as synced state.
-    fn encode(words: &SlotWords, key: &C::Key, value: &C::Value, out: &mut [u64]) {
+    /// An entry's words as synced state (with no key, its value's words only).
+    fn encode(words: &SlotWords, key: Option<&C::Key>, value: &C::Value, out: &mut [u64]) {
         let mut key_values = [0; MAX_STRIDE];
         let mut params = [0; MAX_STRIDE];
         let key_values = &mut key_values[..words.key_fields()];
-        C::key_values(key, key_values);
+        if let Some(key) = key {
+            C::key_values(key, key_values);
+        }
         let (action, n) = C::action_values(value, &mut params);
-        words.encode(action, key_values, &params[..n], out);
+        words.encode(action, key.map(|_| &*key_values), &params[..n], out);
     }
 
     /// Tracks the table's entries as synced state `id` if `name` is its own; the

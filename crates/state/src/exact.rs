@@ -30,7 +30,19 @@
 
 use crate::changes::Dirty;
 use crate::table_key::TableKey;
-use std::ops::Range;
+
+/// How a slot was written since the last take, as a marked table tells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotWrite {
+    /// Its entry's value may have changed in place (`value_mut`); the key is the one taken.
+    Value,
+    /// An entry came, left or moved through: anything in it may have changed.
+    Moved,
+}
+
+/// The marks of [`SlotWrite`]s.
+const VALUE: u8 = 1;
+const MOVED: u8 = 2;
 
 /// What happens when an entry's idle time runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,10 +232,19 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     }
 
     /// Calls `each` with the slots written since the last call (or since marking began),
-    /// in order, and forgets them; nothing if the table does not mark them.
-    pub fn take_written_slots(&mut self, each: impl FnMut(Range<usize>)) {
+    /// in order, and whether an entry came, went or moved there ([`SlotWrite::Moved`]) or
+    /// only its value may have changed in place; forgets them. Nothing if the table does
+    /// not mark them.
+    pub fn take_written_slots(&mut self, mut each: impl FnMut(usize, SlotWrite)) {
         if let Some(dirty) = &mut self.dirty {
-            dirty.take(each);
+            dirty.take_cells(|slot, bits| {
+                let write = if bits & MOVED != 0 {
+                    SlotWrite::Moved
+                } else {
+                    SlotWrite::Value
+                };
+                each(slot, write);
+            });
         }
     }
 
@@ -249,10 +270,11 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         (self.meta[i] != 0).then_some((&s.key, &s.value, s.profile))
     }
 
+    /// An entry came to slot `i`, left it, or moved through it.
     #[inline]
     fn written(&mut self, i: usize) {
         if let Some(dirty) = &mut self.dirty {
-            dirty.mark(i);
+            dirty.mark_as(i, MOVED);
         }
     }
 
@@ -403,7 +425,9 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// updatable entries, the slides' `@__ref`).
     #[inline]
     pub fn value_mut(&mut self, id: EntryId) -> &mut V {
-        self.written(id.0 as usize);
+        if let Some(dirty) = &mut self.dirty {
+            dirty.mark_as(id.0 as usize, VALUE);
+        }
         &mut self.slots[id.0 as usize].value
     }
 

@@ -23,7 +23,7 @@
 //! fields do not fit the declaration.
 
 use crate::changes::Change;
-use crate::exact::ExactTable;
+use crate::exact::{ExactTable, SlotWrite};
 use crate::table_key::TableKey;
 use stateplane_api::{Declaration, Field, Kind, Match};
 use std::collections::BTreeMap;
@@ -99,16 +99,25 @@ impl SlotWords {
         self.key.len()
     }
 
+    /// The words of a slot's key: `1..1 + key_words`.
+    pub fn key_words(&self) -> usize {
+        self.key.iter().sum()
+    }
+
     /// Writes an entry's words (`action` its index, `key` its fields' values and `params`
-    /// its parameters, as the control API has them) into `out`, `stride` words.
-    pub fn encode(&self, action: usize, key: &[u128], params: &[u128], out: &mut [u64]) {
-        out.fill(0);
+    /// its parameters, as the control API has them) into `out`, `stride` words. With no
+    /// `key`, the key's words are left as they are (a value changed in place).
+    pub fn encode(&self, action: usize, key: Option<&[u128]>, params: &[u128], out: &mut [u64]) {
         out[0] = action as u64 + 1;
-        let mut at = 1;
-        for (&value, &words) in key.iter().zip(&self.key) {
-            put(value, &mut out[at..at + words]);
-            at += words;
+        if let Some(key) = key {
+            let mut at = 1;
+            for (&value, &words) in key.iter().zip(&self.key) {
+                put(value, &mut out[at..at + words]);
+                at += words;
+            }
         }
+        let first_param = 1 + self.key_words();
+        out[first_param..].fill(0);
         for (value, &(at, words)) in params.iter().zip(&self.params) {
             put(*value, &mut out[at..at + words]);
         }
@@ -186,16 +195,81 @@ fn checked(field: &Field, value: u128) -> Result<u128, String> {
     Ok(value)
 }
 
+/// The words of every slot as of the last take, in two parts, so that the take of a value
+/// changed in place (most changes: a packet counted) reads and writes only its part: the
+/// key's words, and the rest (the action word and the parameters).
+#[derive(Clone, Debug)]
+struct Taken {
+    keys: Vec<u64>,
+    values: Vec<u64>,
+    key_words: usize,
+    value_words: usize,
+}
+
+impl Taken {
+    fn new(slots: usize, words: &SlotWords) -> Taken {
+        let key_words = words.key_words();
+        let value_words = words.stride() - key_words;
+        Taken {
+            keys: vec![0; slots * key_words],
+            values: vec![0; slots * value_words],
+            key_words,
+            value_words,
+        }
+    }
+
+    fn is_key(&self, word: usize) -> bool {
+        (1..=self.key_words).contains(&word)
+    }
+
+    /// Word `word` of slot `slot`.
+    fn at(&mut self, slot: usize, word: usize) -> &mut u64 {
+        if self.is_key(word) {
+            &mut self.keys[slot * self.key_words + word - 1]
+        } else {
+            let w = if word == 0 { 0 } else { word - self.key_words };
+            &mut self.values[slot * self.value_words + w]
+        }
+    }
+
+    fn get(&self, slot: usize, word: usize) -> u64 {
+        if self.is_key(word) {
+            self.keys[slot * self.key_words + word - 1]
+        } else {
+            let w = if word == 0 { 0 } else { word - self.key_words };
+            self.values[slot * self.value_words + w]
+        }
+    }
+
+    /// Hints that slot `slot`'s words (its key's too, if `key`) will be read soon.
+    fn prefetch(&self, slot: usize, key: bool) {
+        let lines = |words: &[u64], n: usize| {
+            if let Some(first) = words.get(slot * n) {
+                stateplane_mem::prefetch(first);
+            }
+            if let Some(last) = (slot * n + n).checked_sub(1).and_then(|i| words.get(i)) {
+                stateplane_mem::prefetch(last);
+            }
+        };
+        lines(&self.values, self.value_words);
+        if key {
+            lines(&self.keys, self.key_words);
+        }
+    }
+}
+
 /// A synced table's side of the sync stage: its state id, layout, the words of every slot as
 /// of the last take, and the words of a write on its way to commit.
 #[derive(Clone, Debug)]
 pub struct TableSync {
     pub id: u16,
     pub words: SlotWords,
-    taken: Vec<u64>,
+    taken: Taken,
+    /// Slots.
+    slots: usize,
     scratch: Vec<u64>,
     /// The slots written since the last take, as the take gathers them.
-    written: Vec<usize>,
+    written: Vec<(usize, SlotWrite)>,
     /// A write's words by group, until it commits.
     staged: BTreeMap<u32, Vec<Option<u64>>>,
 }
@@ -217,26 +291,31 @@ impl TableSync {
         id: u16,
         words: SlotWords,
         table: &mut ExactTable<K, V>,
-        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+        encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
     ) -> Option<TableSync> {
         let stride = words.stride();
         if stride > MAX_STRIDE {
             return None;
         }
-        let length = table.slot_count().checked_mul(stride)?;
-        u32::try_from(length).ok()?;
+        let slots = table.slot_count();
+        u32::try_from(slots.checked_mul(stride)?).ok()?;
         table.mark_written_slots();
-        let mut taken = vec![0; length];
-        for (slot, out) in taken.chunks_exact_mut(stride).enumerate() {
+        let mut taken = Taken::new(slots, &words);
+        let mut scratch = vec![0; stride];
+        for slot in 0..slots {
             if let Some((k, v, _)) = table.slot(slot) {
-                encode(&words, k, v, out);
+                encode(&words, Some(k), v, &mut scratch);
+                for (w, &word) in scratch.iter().enumerate() {
+                    *taken.at(slot, w) = word;
+                }
             }
         }
         Some(TableSync {
             id,
-            scratch: vec![0; stride],
+            scratch,
             words,
             taken,
+            slots,
             written: Vec::new(),
             staged: BTreeMap::new(),
         })
@@ -244,14 +323,14 @@ impl TableSync {
 
     /// Locations: every slot's words.
     pub fn length(&self) -> u32 {
-        self.taken.len() as u32
+        (self.slots * self.words.stride()) as u32
     }
 
     /// Appends each word of a slot written since the last take that differs from then.
     pub fn take_changes<K: TableKey, V: Copy + Default>(
         &mut self,
         table: &mut ExactTable<K, V>,
-        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+        encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
         out: &mut Vec<Change>,
     ) {
         /// Slots looked ahead: the written slots of a large table are far apart, each
@@ -265,22 +344,25 @@ impl TableSync {
             written,
             ..
         } = self;
-        table.take_written_slots(|r| written.extend(r));
+        table.take_written_slots(|slot, how| written.push((slot, how)));
         let stride = words.stride();
-        for (i, &slot) in written.iter().enumerate() {
-            if let Some(&next) = written.get(i + AHEAD) {
+        for (i, &(slot, how)) in written.iter().enumerate() {
+            if let Some(&(next, how)) = written.get(i + AHEAD) {
                 table.prefetch_slot(next);
-                stateplane_mem::prefetch(&taken[next * stride]);
-                if let Some(last) = taken.get(next * stride + stride - 1) {
-                    stateplane_mem::prefetch(last);
-                }
+                taken.prefetch(next, how == SlotWrite::Moved);
             }
-            match table.slot(slot) {
-                Some((k, v, _)) => encode(words, k, v, scratch),
+            let entry = table.slot(slot);
+            // A value changed in place leaves the key as taken: its words are not read.
+            let moved = how == SlotWrite::Moved || entry.is_none();
+            match entry {
+                Some((k, v, _)) => encode(words, moved.then_some(k), v, scratch),
                 None => scratch.fill(0),
             }
-            let then = &mut taken[slot * stride..(slot + 1) * stride];
-            for (w, (then, &now)) in then.iter_mut().zip(scratch.iter()).enumerate() {
+            for (w, &now) in scratch.iter().enumerate() {
+                if !moved && taken.is_key(w) {
+                    continue;
+                }
+                let then = taken.at(slot, w);
                 if *then != now {
                     out.push(Change {
                         state: *id,
@@ -301,20 +383,20 @@ impl TableSync {
     pub fn read<K: TableKey, V: Copy + Default>(
         &self,
         table: &ExactTable<K, V>,
-        encode: impl Fn(&SlotWords, &K, &V, &mut [u64]),
+        encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
         index: u32,
     ) -> Option<u64> {
         let stride = self.words.stride();
         let (slot, word) = (index as usize / stride, index as usize % stride);
-        if slot >= table.slot_count() {
+        if slot >= self.slots {
             return None;
         }
         if !table.slot_written(slot) {
-            return self.taken.get(index as usize).copied();
+            return Some(self.taken.get(slot, word));
         }
         let mut words = [0; MAX_STRIDE];
         if let Some((k, v, _)) = table.slot(slot) {
-            encode(&self.words, k, v, &mut words[..stride]);
+            encode(&self.words, Some(k), v, &mut words[..stride]);
         }
         Some(words[word])
     }
@@ -397,7 +479,7 @@ mod tests {
         );
         let mut out = vec![9; 7];
         let key = [Match::Exact(u128::MAX), Match::Exact(65_535)];
-        words.encode(1, &[u128::MAX, 65_535], &[1 << 64 | 5, 80], &mut out);
+        words.encode(1, Some(&[u128::MAX, 65_535]), &[1 << 64 | 5, 80], &mut out);
         assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
         assert_eq!(
             words.decode(&out),
@@ -437,7 +519,7 @@ mod tests {
         let mut table: ExactTable<u64, u64> =
             ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
         let words = SlotWords::of(&decl(), &[]).unwrap();
-        let encode = |_: &SlotWords, _: &u64, _: &u64, out: &mut [u64]| out.fill(0);
+        let encode = |_: &SlotWords, _: Option<&u64>, _: &u64, out: &mut [u64]| out.fill(0);
         let mut sync = TableSync::start(3, words, &mut table, encode).unwrap();
         let stride = sync.words.stride() as u32;
         assert_eq!(sync.length(), table.slot_count() as u32 * stride);

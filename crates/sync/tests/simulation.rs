@@ -3,7 +3,8 @@
 //! every location the collector calls bounded is within its bound of the data plane's
 //! value as of the collector's last message; after the changes stop and the channel heals,
 //! the collector holds every value exactly, and knows it (bound 0, whatever the
-//! threshold: a period with no change carries `t_max` 0). Every message carries a MAC, and forged ones
+//! threshold: a period with no change carries `t_max` 0). Locations sent at every change
+//! (a table's keys) are, when bounded, exactly the data plane's. Every message carries a MAC, and forged ones
 //! (of another key) arrive among them and are refused. Each seed draws its own load (0.1x to 100x the
 //! channel's capacity) and faults. `SYNC_SEEDS=100000 cargo test --release -p
 //! stateplane-sync --test simulation` runs more seeds than the default 1,000.
@@ -20,6 +21,8 @@ use std::collections::{BTreeMap, HashMap};
 
 const COUNTERS: u32 = 32;
 const REGISTERS: u32 = 64;
+/// Locations sent at every change whatever the threshold (a table's keys).
+const KEYS: u32 = 16;
 const STEP_NS: u64 = 50_000;
 const CHANGES_END_NS: u64 = 100_000_000;
 const HEAL_NS: u64 = 150_000_000;
@@ -27,7 +30,9 @@ const END_NS: u64 = 200_000_000;
 
 fn locations() -> impl Iterator<Item = Location> {
     let counters = (0..COUNTERS).map(|index| Location { state: 0, index });
-    counters.chain((0..REGISTERS).map(|index| Location { state: 1, index }))
+    let registers = (0..REGISTERS).map(|index| Location { state: 1, index });
+    let keys = (0..KEYS).map(|index| Location { state: 2, index });
+    counters.chain(registers).chain(keys)
 }
 
 /// What one seed's run saw.
@@ -75,7 +80,7 @@ fn run(seed: u64) -> Seen {
         heartbeat_ns: 2_000_000,
         batch_ns: [0, 100_000, 1_000_000][rng.below(3) as usize],
         refresh_ns: 20_000_000,
-        states: vec![(0, COUNTERS), (1, REGISTERS)],
+        states: vec![(0, COUNTERS), (1, REGISTERS), (2, KEYS)],
     });
     let mut mirror = Mirror::new(Some(vec![9]));
     let mut plane: HashMap<Location, u64> = locations().map(|l| (l, 0)).collect();
@@ -91,6 +96,22 @@ fn run(seed: u64) -> Seen {
     while now <= END_NS {
         if now < CHANGES_END_NS {
             for _ in 0..changes_per_step {
+                if rng.chance(0.05) {
+                    // A key: anywhere in 64 bits, or one off (as near a wrong key as
+                    // can be), sent at once.
+                    let l = Location {
+                        state: 2,
+                        index: rng.below(u64::from(KEYS)) as u32,
+                    };
+                    let new = if rng.chance(0.5) {
+                        rng.next_u64()
+                    } else {
+                        plane[&l].wrapping_add(1)
+                    };
+                    let old = plane.insert(l, new).unwrap();
+                    sender.change_exact(now, l, old, new);
+                    continue;
+                }
                 let (location, new) = if rng.chance(0.5) {
                     let l = Location {
                         state: 0,
@@ -171,6 +192,8 @@ fn run(seed: u64) -> Seen {
                 if let Some(bound) = r.bound {
                     seen.bounded += 1;
                     let diverged = truth[&l].abs_diff(r.value);
+                    // A key is sent at each change: bounded, it is the data plane's.
+                    let bound = if l.state == 2 { 0 } else { bound };
                     assert!(
                         diverged <= bound,
                         "seed {seed}: {l:?} is {} as of message {k}, the collector holds {} \
