@@ -147,6 +147,7 @@ impl Collector {
         peer.addr = from;
         peer.applied_ns = now_ns;
         peer.threshold = m.t_max;
+        peer.engine.path_carries(m.entries.len());
         if m.entries.is_empty() {
             return;
         }

@@ -14,7 +14,7 @@
 //! an interval loses none of the next interval's counts). Nothing is reordered; the
 //! locations whose changes were kept are counted.
 
-use crate::wire::{Kind, MAX_ENTRIES, Message};
+use crate::wire::{Kind, MAX_DATAGRAM_ENTRIES, MAX_ENTRIES, Message};
 use crate::{Location, Update};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -126,6 +126,9 @@ pub struct WriteEngine {
     next_id: u64,
     queue: VecDeque<(u64, Vec<Written>)>,
     current: Option<InFlight>,
+    /// Values a part carries: a 1,500-byte path's to begin with, as many as the stream's
+    /// own messages have shown the path to carry ([`WriteEngine::path_carries`]).
+    part_entries: usize,
 }
 
 impl WriteEngine {
@@ -140,7 +143,15 @@ impl WriteEngine {
             next_id: 1,
             queue: VecDeque::new(),
             current: None,
+            part_entries: MAX_ENTRIES,
         }
+    }
+
+    /// A message of `entries` entries came from the stream whole: the path back carries
+    /// parts as large (up to the largest datagram's), so writes started from now on are
+    /// cut into fewer, larger parts (on loopback about 47 times fewer).
+    pub fn path_carries(&mut self, entries: usize) {
+        self.part_entries = self.part_entries.max(entries.min(MAX_DATAGRAM_ENTRIES));
     }
 
     /// Queues a write; its id, or why it cannot go.
@@ -187,7 +198,7 @@ impl WriteEngine {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
-            let parts: Vec<Vec<Update>> = (values.chunks(MAX_ENTRIES).map(|chunk| {
+            let parts: Vec<Vec<Update>> = (values.chunks(self.part_entries).map(|chunk| {
                 (chunk.iter())
                     .map(|w| Update {
                         location: w.location,
@@ -503,6 +514,29 @@ mod tests {
                 mode,
             })
             .collect()
+    }
+
+    /// Once the stream's messages show the path carrying larger datagrams, writes go in
+    /// parts as large (never past the largest datagram's), and still commit whole.
+    #[test]
+    fn parts_grow_to_what_the_path_has_carried() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.path_carries(10);
+        engine.path_carries(1_000);
+        engine.path_carries(500);
+        engine.submit(values(2_500, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let sizes: Vec<usize> = out.iter().map(|m| m.entries.len()).collect();
+        assert_eq!(sizes, [1_000, 1_000, 500]);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        for part in &out {
+            stage.on_part(part, &state).unwrap();
+        }
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(2_500));
+        engine.path_carries(usize::MAX);
+        assert_eq!(engine.part_entries, MAX_DATAGRAM_ENTRIES);
     }
 
     /// A write of several parts commits only whole, once, however often its parts and
