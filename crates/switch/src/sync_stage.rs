@@ -382,7 +382,7 @@ impl SyncStage {
                 index: c.index,
             };
             if c.exact {
-                sender.change_exact(now_ns, at, c.old, c.new);
+                sender.change_exact(at, c.old, c.new);
             } else {
                 sender.change(now_ns, at, c.old, c.new);
             }

@@ -137,42 +137,40 @@ impl ReadHandler {
         new: u64,
         out: &mut Vec<Update>,
     ) {
-        let divergence = new.abs_diff(old);
         let bound = divergence_bound(self.threshold);
-        self.record(now_ns, location, old, new, divergence, bound, out);
+        self.record(now_ns, location, (old, new), bound, out);
     }
 
     /// As [`change`](Self::change), for a location whose every change is sent at once
     /// whatever the threshold (a table's key or action): it costs the rate controller one
-    /// update, not its divergence.
+    /// update, not its divergence, and takes no slot of the table (nothing of it waits to
+    /// be sent, so it must not displace a location whose changes do).
     #[inline]
-    pub fn change_exact(
-        &mut self,
-        now_ns: u64,
-        location: Location,
-        old: u64,
-        new: u64,
-        out: &mut Vec<Update>,
-    ) {
-        self.record(now_ns, location, old, new, u64::from(old != new), 0, out);
+    pub fn change_exact(&mut self, location: Location, old: u64, new: u64, out: &mut Vec<Update>) {
+        self.counters.changes += 1;
+        if old != new {
+            self.change = self.change.saturating_add(1);
+            out.push(Update {
+                location,
+                value: new,
+                threshold: self.threshold,
+            });
+            self.counters.sent_divergent += 1;
+        }
     }
 
-    /// A change of `cost` to the rate controller, sent once the location is more than
-    /// `bound` from what was last sent.
-    #[allow(clippy::too_many_arguments)]
+    /// A change, sent once the location is more than `bound` from what was last sent.
     #[inline]
     fn record(
         &mut self,
         now_ns: u64,
         location: Location,
-        old: u64,
-        new: u64,
-        cost: u64,
+        (old, new): (u64, u64),
         bound: u64,
         out: &mut Vec<Update>,
     ) {
         let word = location.packed();
-        self.change = self.change.saturating_add(cost);
+        self.change = self.change.saturating_add(new.abs_diff(old));
         self.counters.changes += 1;
         let t = self.threshold;
         let p = self.slot_of(location);
@@ -295,14 +293,25 @@ mod tests {
         let mut h = ReadHandler::new(4);
         h.set_threshold(1_000);
         let mut out = Vec::new();
-        h.change_exact(0, at(1), 0, 0xdead_beef, &mut out);
+        h.change_exact(at(1), 0, 0xdead_beef, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].value, 0xdead_beef);
-        h.change_exact(1, at(1), 0xdead_beef, 0xdead_bef0, &mut out);
+        h.change_exact(at(1), 0xdead_beef, 0xdead_bef0, &mut out);
         assert_eq!(out.len(), 2, "a key one off is a wrong key");
         h.change(2, at(2), 0, 999, &mut out);
         assert_eq!(out.len(), 2, "a counting location waits for its threshold");
         assert_eq!(h.take_change(), 2 + 999);
+        // Locations 2 and 6 share a slot of the 4: an exact location takes none, so the
+        // change waiting at 2 is not displaced by one at 6.
+        h.change_exact(at(6), 0, 1, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].location, at(6));
+        h.change(3, at(2), 999, 998, &mut out);
+        assert_eq!(
+            out.len(),
+            3,
+            "2 still held: 998 from the 0 sent is within the bound"
+        );
     }
 
     /// A register that goes down after it was displaced is still sent: the paper's reinsert

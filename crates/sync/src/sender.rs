@@ -246,10 +246,10 @@ impl Sender {
     /// As [`change`](Self::change), for a location sent at every change whatever the
     /// threshold ([`ReadHandler::change_exact`]).
     #[inline]
-    pub fn change_exact(&mut self, now_ns: u64, location: Location, old: u64, new: u64) {
+    pub fn change_exact(&mut self, location: Location, old: u64, new: u64) {
         self.t_max = self.t_max.max(self.threshold);
         self.handler
-            .change_exact(now_ns, location, old, new, &mut self.pending);
+            .change_exact(location, old, new, &mut self.pending);
     }
 
     /// Once a pass: ends the rate window if it is over (the next threshold), sends what

@@ -109,7 +109,7 @@ fn run(seed: u64) -> Seen {
                         plane[&l].wrapping_add(1)
                     };
                     let old = plane.insert(l, new).unwrap();
-                    sender.change_exact(now, l, old, new);
+                    sender.change_exact(l, old, new);
                     continue;
                 }
                 let (location, new) = if rng.chance(0.5) {
