@@ -651,3 +651,88 @@ impl SyncReport {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_runtime::{Burst, Program};
+    use stateplane_state::Register;
+    use std::time::{Duration, Instant};
+
+    /// A program of one synced register whose take of changes costs `take` of the
+    /// worker's time, as a big table's does.
+    struct Slow {
+        cells: Register<u64>,
+        take: Duration,
+    }
+
+    impl Program for Slow {
+        type Prepared = ();
+
+        fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
+
+        fn changes(&mut self, out: &mut Vec<Change>) {
+            std::thread::sleep(self.take);
+            self.cells.take_changes(out);
+        }
+
+        fn synced(&self) -> Vec<(u16, u32)> {
+            vec![(0, self.cells.len() as u32)]
+        }
+
+        fn read_synced(&self, _id: u16, index: u32) -> Option<u64> {
+            self.cells.read(index as usize).ok()
+        }
+    }
+
+    /// Bursts (each changing a cell) for `run`: the passes' count and their time.
+    fn passes(take: Duration, max_age_ms: u64, run: Duration) -> (u64, Duration) {
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let plan = SyncSettings {
+            collector: collector.local_addr().unwrap().to_string(),
+            switch: None,
+            channel_mbps: None,
+            threshold: None,
+            refresh_ms: None,
+            max_age_ms: Some(max_age_ms),
+            slots: None,
+            key_file: None,
+        }
+        .plan(1)
+        .unwrap();
+        let mut stage = plan.factory().unwrap()(0);
+        let mut cells = Register::new(64);
+        cells.track(0, 0);
+        let mut program: Box<dyn Running> = Box::new(Slow { cells, take });
+        let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
+        let start = Instant::now();
+        let mut i = 0;
+        while start.elapsed() < run {
+            program.write_synced(0, i % 64, u64::from(i));
+            stage.after_burst(program.as_mut(), &ctx);
+            i += 1;
+        }
+        let report = plan.report();
+        (report.passes, Duration::from_secs_f64(report.pass_seconds))
+    }
+
+    /// Passes are paced by their own length (50 times it from one to the next, about 2% of
+    /// the worker) and never further apart than `max_age_ms`: a 2 ms pass comes every
+    /// 10 ms with the default, every 100 ms at 100 (the user's freshness before the
+    /// share), and a quick pass takes its 2% however often it comes. Wide margins: the
+    /// machine is shared.
+    #[test]
+    fn passes_keep_to_their_share_and_to_max_age() {
+        let run = Duration::from_millis(400);
+        let (every_10, _) = passes(Duration::from_millis(2), 10, run);
+        assert!((20..=45).contains(&every_10), "{every_10} passes in 400 ms");
+        let (every_100, _) = passes(Duration::from_millis(2), 100, run);
+        assert!((2..=6).contains(&every_100), "{every_100} passes in 400 ms");
+        let (quick, spent) = passes(Duration::ZERO, 10, run);
+        assert!(quick > 45, "a quick pass comes often: {quick}");
+        assert!(
+            spent < run / 10,
+            "{spent:?} of {run:?} in {quick} quick passes"
+        );
+    }
+}
