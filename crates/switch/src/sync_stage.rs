@@ -53,9 +53,11 @@ pub struct SyncSettings {
     pub threshold: Option<ThresholdSetting>,
     /// Every location is sent whole at least this often (anti-entropy; default 1000).
     pub refresh_ms: Option<u64>,
-    /// A change waits unsent at most this long (the timeout monitor; default 10).
+    /// A change waits unsent at most this long (the timeout monitor; default 10), and the
+    /// passes that take the changes are at most this far apart.
     pub max_age_ms: Option<u64>,
-    /// Slots of each worker's read handler (default 65536).
+    /// Slots of each worker's read handler, at most (default 65536; never more than the
+    /// synced locations).
     pub slots: Option<usize>,
     /// A file holding the key (64 hexadecimal digits) that signs every message; the
     /// collector must be given the same one.
