@@ -415,9 +415,9 @@ fn sync_settings_that_cannot_hold_are_refused() {
         ),
         (
             format!(
-                "[program]\nname = \"l2learn\"\n[guarantees]\nstations = [\"synced\"]\n{ports}"
+                "[program]\nname = \"firewall\"\n[guarantees]\nconnections = [\"synced\"]\n{ports}"
             ),
-            "`stations` cannot be synced",
+            "`connections` cannot be synced",
         ),
         (
             format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),

@@ -617,7 +617,7 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
         );
     }
     // A table whose program does not track it cannot be synced; conntrack's can.
-    let Err(e) = build_program("l2learn", &[("stations", &["synced"])]) else {
+    let Err(e) = build_program("firewall", &[("connections", &["synced"])]) else {
         panic!("a table whose changes nothing tracks is not synced")
     };
     assert!(e.problem.contains("cannot be synced"), "{e}");

@@ -198,6 +198,8 @@ impl Program for L2 {
     }
 
     crate::answer_by_table!(table);
+
+    crate::synced_tables::synced_table_methods!(table);
 }
 
 #[cfg(test)]

@@ -189,6 +189,8 @@ impl Program for L2Learn {
     }
 
     crate::answer_by_table!(table);
+
+    crate::synced_tables::synced_table_methods!(table);
 }
 
 #[cfg(test)]
@@ -264,6 +266,41 @@ mod tests {
         send(&mut sw, 2 * S, 3, mac(2), mac(1));
         assert_eq!(send(&mut sw, 2 * S, 0, mac(1), mac(2)), Verdict::Forward(3));
         assert_eq!(sw.stations(), 3);
+    }
+
+    /// Synced, the stations a switch learned move into another (another hash seed) with
+    /// their ports: it sends straight to a station it never heard from.
+    #[test]
+    fn learned_stations_move_to_another_switch_through_their_synced_words() {
+        let mut a = switch(300.0);
+        // A slot: action, VLAN, MAC, port.
+        assert_eq!(
+            a.track("stations", 0),
+            Some(a.table.slot_count() as u32 * 4)
+        );
+        send(&mut a, S, 0, mac(1), [0xff; 6]);
+        send(&mut a, S, 2, mac(2), [0xff; 6]);
+        send(&mut a, S, 1, mac(1), [0xff; 6]); // moved to port 1
+        let mut changes = Vec::new();
+        a.changes(&mut changes);
+        let mut words = std::collections::BTreeMap::new();
+        for c in &changes {
+            words.insert(c.index, c.new);
+            assert!(c.exact, "a station's words are all exact: {c:?}");
+        }
+        let cfg: L2LearnConfig = toml::from_str("ageing = 300.0\ncapacity = 64").unwrap();
+        let mut b = L2Learn::new(&cfg, &PortNames(vec![]), "program.l2learn", 77).unwrap();
+        b.track("stations", 0);
+        // The copy's slots whole (a word never changed is the 0 every word starts at).
+        for (&index, _) in words.iter().filter(|&(i, &v)| i % 4 == 0 && v != 0) {
+            for w in index..index + 4 {
+                b.write_synced(0, w, words.get(&w).copied().unwrap_or(0))
+                    .unwrap();
+            }
+        }
+        assert_eq!(b.commit_synced_write(), 0);
+        assert_eq!(send(&mut b, S, 2, mac(9), mac(1)), Verdict::Forward(1));
+        assert_eq!(send(&mut b, S, 0, mac(9), mac(2)), Verdict::Forward(2));
     }
 
     #[test]

@@ -488,8 +488,8 @@ pub fn with_guarantees(
                 format!(
                     "`{name}` cannot be synced: the program does not track its changes (synced \
                      state today is a program's count-min sketch, `sketch` in hh, udpflood \
-                     and synflood, and the tables `flows` in counter and `connections` in \
-                     conntrack)"
+                     and synflood, and the tables `flows` in counter, `connections` in \
+                     conntrack, `macs` in l2 and `stations` in l2learn)"
                 ),
             ));
         }
