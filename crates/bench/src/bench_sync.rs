@@ -750,10 +750,10 @@ pub struct BenchSyncCostArgs {
     /// The program measured.
     #[arg(long, value_enum, default_value_t = CostProgram::Hh)]
     pub program: CostProgram,
-    /// counter's flows per worker (its table must hold every flow of the trace, or the
-    /// check fails).
-    #[arg(long, default_value_t = 262_144)]
-    pub capacity: usize,
+    /// counter's flows per worker (262,144; its table must hold every flow of the trace,
+    /// or the check fails). Refused with `--program hh`.
+    #[arg(long)]
+    pub capacity: Option<usize>,
     /// Packets in the generated trace (internet workload).
     #[arg(long, default_value_t = 1_000_000)]
     pub packets: u64,
@@ -771,11 +771,12 @@ pub struct BenchSyncCostArgs {
     /// Rounds of every mode in turn; the medians are reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
-    /// The sketch's width and depth (hh's settings).
-    #[arg(long, default_value_t = 4096)]
-    pub width: usize,
-    #[arg(long, default_value_t = 4)]
-    pub depth: usize,
+    /// The sketch's width and depth (hh's settings, 4,096 and 4). Refused with
+    /// `--program counter`.
+    #[arg(long)]
+    pub width: Option<usize>,
+    #[arg(long)]
+    pub depth: Option<usize>,
     /// The thresholds synced with: "adaptive" or numbers (0: every change).
     #[arg(long, value_delimiter = ',', default_value = "adaptive,0,64")]
     pub thresholds: Vec<String>,
@@ -894,15 +895,28 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     let workers = bounded("--workers", a.workers, 1, 64)?;
     let burst = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
-    let width = a.width.max(1).next_power_of_two();
+    // A setting of the other program would be ignored: it is refused instead.
+    let (width, depth, capacity) = match (a.program, a.width, a.depth, a.capacity) {
+        (CostProgram::Hh, width, depth, None) => (width.unwrap_or(4096), depth.unwrap_or(4), 0),
+        (CostProgram::Counter, None, None, capacity) => (0, 0, capacity.unwrap_or(262_144)),
+        (CostProgram::Hh, ..) => {
+            return Err("--capacity is counter's table; hh's sketch is --width and --depth".into());
+        }
+        (CostProgram::Counter, ..) => {
+            return Err(
+                "--width and --depth are hh's sketch; counter's table is --capacity".into(),
+            );
+        }
+    };
+    let width = width.max(1).next_power_of_two();
     let names = PortNames(vec!["p0".into(), "p1".into()]);
     let map = "map = { p0 = \"p1\", p1 = \"p0\" }";
     let settings = match a.program {
         CostProgram::Hh => format!(
             "tenants = 1\nwidth = {width}\ndepth = {}\ninterval_ms = 3600000\n{map}",
-            a.depth
+            depth
         ),
-        CostProgram::Counter => format!("capacity = {}\nidle = 86400\n{map}", a.capacity),
+        CostProgram::Counter => format!("capacity = {capacity}\nidle = 86400\n{map}"),
     };
     let table_value: toml::Value = toml::from_str(&settings).map_err(|e| e.to_string())?;
     let plain = stateplane_programs::build(a.program.name(), Some(&table_value), &names)
@@ -998,8 +1012,8 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
     let reset: Vec<stateplane_sync::write::Written> = match &flow_words {
         Some(flows) => flows.written(),
         None => {
-            let shared_sketch = (a.depth * width) as u32;
-            (0..4096.min(a.depth * width) as u32)
+            let shared_sketch = (depth * width) as u32;
+            (0..4096.min(depth * width) as u32)
                 .map(|i| stateplane_sync::write::Written {
                     location: Location {
                         state: 0,
@@ -1103,10 +1117,10 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         }
     }
     let program = match a.program {
-        CostProgram::Hh => format!("hh with one tenant, a sketch of {} x {width}", a.depth),
+        CostProgram::Hh => format!("hh with one tenant, a sketch of {} x {width}", depth),
         CostProgram::Counter => format!(
             "counter, its flows synced ({} per worker at most, {} words a slot)",
-            a.capacity,
+            capacity,
             flow_words.as_ref().map_or(0, |f| f.words.stride())
         ),
     };

@@ -222,6 +222,18 @@ struct Row {
     sent_per_part: Vec<f64>,
 }
 
+impl Row {
+    fn new(loss: f64, values: u32) -> Row {
+        Row {
+            loss,
+            values,
+            move_ms: Vec::new(),
+            write_ms: Vec::new(),
+            sent_per_part: Vec::new(),
+        }
+    }
+}
+
 /// Moves `a.sizes` values of hh's sketch from switch 1 into a target switch per loss.
 fn move_values(
     a: &BenchSyncMigrateArgs,
@@ -245,13 +257,7 @@ fn move_values(
         await_stream(client, target_id)?;
         for &n in &a.sizes {
             eprintln!("loss {loss}: moving {n} values {} times", a.moves);
-            let mut row = Row {
-                loss,
-                values: n,
-                move_ms: Vec::new(),
-                write_ms: Vec::new(),
-                sent_per_part: Vec::new(),
-            };
+            let mut row = Row::new(loss, n);
             for _ in 0..a.moves {
                 let t = Instant::now();
                 let read = (client.read(ReadRequest {
@@ -384,13 +390,7 @@ fn move_tables(
             let target = Switch::running(target_id, relay.addr, conntrack_switch(n, 0)?, true)?;
             await_stream(client, target_id)?;
             eprintln!("loss {loss}: moving {n} connections {} times", a.moves);
-            let mut row = Row {
-                loss,
-                values: n,
-                move_ms: Vec::new(),
-                write_ms: Vec::new(),
-                sent_per_part: Vec::new(),
-            };
+            let mut row = Row::new(loss, n);
             for _ in 0..a.moves {
                 let t = Instant::now();
                 let moved = migrate(

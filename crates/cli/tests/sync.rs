@@ -731,95 +731,65 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         .unwrap());
     assert!(hh.contains("sync, t adaptive, estimate + bound"), "{hh}");
     assert!(hh.contains("Lemma 1 at every sample"), "{hh}");
-    let migrate = ok(bin()
-        .args([
-            "bench-sync-migrate",
-            "--sizes",
-            "256,4096",
-            "--losses",
-            "0,0.5",
-            "--moves",
-            "2",
-        ])
-        .output()
-        .unwrap());
+    // Two sizes at two losses: four rows, each move checked before the table prints.
+    for (mode, checked) in [
+        (None, "each target's register is the source's values"),
+        (
+            Some("--table"),
+            "each target's table holds every connection of the source",
+        ),
+    ] {
+        let moved = ok(bin()
+            .args(["bench-sync-migrate", "--sizes", "256,1024"])
+            .args(["--losses", "0,0.5", "--moves", "2"])
+            .args(mode)
+            .output()
+            .unwrap());
+        assert!(moved.contains(checked), "{moved}");
+        assert_eq!(
+            moved.lines().filter(|l| l.contains('%')).count(),
+            4,
+            "{moved}"
+        );
+    }
+    // Long enough (a few hundred ms) for writes every 10 ms to commit.
+    let cost = |program: &[&str]| {
+        ok(bin()
+            .args(["bench-sync-cost", "--packets", "100000", "--loops", "40"])
+            .args(["--repeat", "1", "--thresholds", "adaptive"])
+            .args(program)
+            .output()
+            .unwrap())
+    };
+    let hh = cost(&[]);
     assert!(
-        migrate.contains("each target's register is the source's values"),
-        "{migrate}"
-    );
-    assert_eq!(
-        migrate.lines().filter(|l| l.contains('%')).count(),
-        4,
-        "{migrate}"
-    );
-    let tables = ok(bin()
-        .args([
-            "bench-sync-migrate",
-            "--table",
-            "--sizes",
-            "256,1024",
-            "--losses",
-            "0,0.5",
-            "--moves",
-            "2",
-        ])
-        .output()
-        .unwrap());
-    assert!(
-        tables.contains("each target's table holds every connection of the source"),
-        "{tables}"
-    );
-    assert_eq!(
-        tables.lines().filter(|l| l.contains('%')).count(),
-        4,
-        "{tables}"
-    );
-    let cost = ok(bin()
-        .args([
-            "bench-sync-cost",
-            "--packets",
-            "100000",
-            // Long enough (a few hundred ms) for writes every 10 ms to commit.
-            "--loops",
-            "40",
-            "--repeat",
-            "1",
-            "--thresholds",
-            "adaptive",
-        ])
-        .output()
-        .unwrap());
-    assert!(
-        cost.contains("sync on, t adaptive, writes every 10 ms"),
-        "{cost}"
+        hh.contains("sync on, t adaptive, writes every 10 ms"),
+        "{hh}"
     );
     assert!(
-        cost.contains("counts every packet forwarded, exactly"),
-        "{cost}"
+        hh.contains("counts every packet forwarded, exactly"),
+        "{hh}"
     );
-    let counter = ok(bin()
-        .args([
-            "bench-sync-cost",
-            "--program",
-            "counter",
-            "--packets",
-            "100000",
-            "--loops",
-            "40",
-            "--repeat",
-            "1",
-            "--thresholds",
-            "adaptive",
-            "--max-age-ms",
-            "100",
-            "--capacity",
-            "65536",
-        ])
-        .output()
-        .unwrap());
+    let counter = cost(&[
+        "--program",
+        "counter",
+        "--max-age-ms",
+        "100",
+        "--capacity",
+        "65536",
+    ]);
     assert!(
         counter.contains("counter, its flows synced (65536 per worker")
             && counter.contains("sync on, t adaptive, writes every 10 ms"),
         "{counter}"
     );
+    // A setting of the other program is refused, not ignored.
+    for (program, other) in [("counter", "--width"), ("hh", "--capacity")] {
+        let out = bin()
+            .args(["bench-sync-cost", "--program", program, other, "8"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(other), "{err}");
+    }
 }

@@ -64,9 +64,29 @@ pub fn what_moves(values: &[u64], entry_words: usize) -> Result<Vec<u64>, String
         .collect())
 }
 
+/// The locations a move reads: the copy's extent of the state, which must be whole slots
+/// of `entry_words` words (a width that does not divide it is a wrong `--entry-words`, or
+/// a copy not yet carried whole by a refresh).
+pub fn locations_to_read(extent: u32, entry_words: u32) -> Result<u32, String> {
+    if entry_words == 0 || entry_words as usize > MAX_VALUES {
+        return Err(format!(
+            "--entry-words: {entry_words} is not an entry's width; give 1 for a register \
+                 or sketch, a table's slot width (docs/SYNC.md) for a table"
+        ));
+    }
+    if !extent.is_multiple_of(entry_words) {
+        return Err(format!(
+            "the copy holds {extent} locations of the state, not whole slots of \
+             {entry_words} words: check --entry-words against the table's slot width \
+             (docs/SYNC.md), or wait for a refresh to carry the whole table"
+        ));
+    }
+    Ok(extent)
+}
+
 /// Moves state `m.state` of the source's stream into the target (see the module doc).
 pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> {
-    let entry_words = m.entry_words.max(1);
+    let entry_words = m.entry_words;
     let streams = client.streams().map_err(|e| e.to_string())?;
     let source = (streams.streams.iter())
         .find(|s| s.switch_id == m.from_switch && s.stream == m.from_stream)
@@ -76,10 +96,10 @@ pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> 
                 m.from_switch, m.from_stream
             )
         })?;
-    let length = (source.extents.iter())
+    let extent = (source.extents.iter())
         .find(|e| e.state == m.state)
-        .map_or(0, |e| e.length)
-        .next_multiple_of(entry_words);
+        .map_or(0, |e| e.length);
+    let length = locations_to_read(extent, entry_words)?;
     let mut moved = Moved::default();
     let mut values = Vec::with_capacity(length as usize);
     for first in (0..length).step_by(READ_CHUNK as usize) {
@@ -111,7 +131,7 @@ pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> 
     moved.entries = moved.values / u64::from(entry_words);
     // Each write holds whole entries; a register's values keep their places.
     let per_write = MAX_VALUES / entry_words as usize * entry_words as usize;
-    for (i, chunk) in written.chunks(per_write.max(1)).enumerate() {
+    for (i, chunk) in written.chunks(per_write).enumerate() {
         let first = if entry_words == 1 { i * per_write } else { 0 };
         let reply = client
             .write(sync_pb::WriteRequest {
@@ -142,5 +162,21 @@ mod tests {
         assert_eq!(what_moves(&slots, 1), Ok(slots.to_vec()));
         assert!(what_moves(&slots[..11], 3).is_err(), "not whole slots");
         assert_eq!(what_moves(&[], 3), Ok(vec![]));
+    }
+
+    /// A width that does not divide the copy, or none at all, is refused with the fix.
+    #[test]
+    fn a_width_that_does_not_make_whole_slots_is_refused() {
+        assert_eq!(locations_to_read(131_072 * 12, 12), Ok(131_072 * 12));
+        assert_eq!(locations_to_read(65_536, 1), Ok(65_536));
+        let e = locations_to_read(131_072 * 12, 11).unwrap_err();
+        assert!(
+            e.contains("not whole slots of 11 words") && e.contains("--entry-words"),
+            "{e}"
+        );
+        for no_width in [0, MAX_VALUES as u32 + 1] {
+            let e = locations_to_read(64, no_width).unwrap_err();
+            assert!(e.contains("give 1 for a register"), "{e}");
+        }
     }
 }
