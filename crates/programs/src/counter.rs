@@ -174,6 +174,52 @@ mod tests {
         Counter::new(&cfg, &names, "program.counter", 4).unwrap()
     }
 
+    /// A synced flow table sends its counts within the threshold and its keys exactly; a
+    /// write into a full table places what fits and refuses the rest whole.
+    #[test]
+    fn a_synced_flow_table_counts_within_the_threshold_and_a_full_one_refuses_entries() {
+        let mut c = counter("capacity = 2");
+        // A slot: action, src and dst (two words each), proto, ports, VLAN, packets, bytes.
+        let stride = 11;
+        let length = c.track("flows", 0).unwrap();
+        assert_eq!(length as usize, c.flows.slot_count() * stride);
+        run_at(
+            &mut c,
+            0,
+            &[(ip_frame("198.18.0.1", "198.19.0.1", tcp(1000, 80, 0x10)), 0)],
+            (0, 1),
+            2,
+        );
+        let mut changes = Vec::new();
+        c.changes(&mut changes);
+        let (counting, exact): (Vec<_>, Vec<_>) = changes.iter().partition(|ch| !ch.exact);
+        let words = |chs: &[&stateplane_state::changes::Change]| {
+            chs.iter()
+                .map(|ch| ch.index as usize % stride)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(words(&counting), [9, 10], "packets and bytes count");
+        assert!(
+            words(&exact).contains(&0) && words(&exact).contains(&6),
+            "{exact:?}"
+        );
+        // Three entries into a table of two (one there already): one placed, two refused.
+        let slot: Vec<u64> = (0..stride as u32)
+            .map(|w| c.read_synced(0, changes[0].index / stride as u32 * stride as u32 + w))
+            .map(Option::unwrap)
+            .collect();
+        for port in 0..3u64 {
+            let mut entry = slot.clone();
+            entry[7] = 2000 + port; // another destination port: another flow
+            for (w, &v) in entry.iter().enumerate() {
+                let index = port as usize * stride + w;
+                c.write_synced(0, index as u32, v).unwrap();
+            }
+        }
+        assert_eq!(c.commit_synced_write(), 2, "the table holds 2 flows");
+        assert_eq!(c.flows.len(), 2);
+    }
+
     #[test]
     fn every_packet_is_counted_on_its_flow_and_forwarded() {
         let mut c = counter("");
