@@ -63,7 +63,8 @@ impl Client {
             .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .initial_stream_window_size(Some(crate::server::WINDOW))
-            .initial_connection_window_size(Some(crate::server::WINDOW));
+            .initial_connection_window_size(Some(crate::server::WINDOW))
+            .max_frame_size(crate::server::FRAME);
         let inner = runtime
             .block_on(endpoint.connect())
             .map(ControlClient::new)

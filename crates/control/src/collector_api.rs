@@ -136,10 +136,12 @@ impl collector_server::Collector for CollectorService {
             let streams = streams_of(c, r.switch_id, r.stream)?;
             let n = r.count as usize;
             // A switch's streams summed: a location is bounded if it is on every one.
-            let (mut values, mut bounds) = (vec![0u64; n], vec![0u64; n]);
-            let mut bounded = vec![true; n];
+            let mut values = vec![0u64; n];
+            let mut bounds = Bounds::Unseen;
+            let mut unbounded: Vec<u32> = Vec::new();
             let mut as_of_ns = u64::MAX;
             for &stream in &streams {
+                let mut stream_bounds = Bounds::Unseen;
                 c.visit(
                     (r.switch_id, stream, state),
                     r.first,
@@ -147,32 +149,32 @@ impl collector_server::Collector for CollectorService {
                     |i, reading| {
                         values[i] = values[i].saturating_add(reading.value);
                         match reading.bound {
-                            Some(b) => bounds[i] = bounds[i].saturating_add(b),
-                            None => bounded[i] = false,
+                            Some(b) => stream_bounds.set(i, b, n),
+                            None => unbounded.push(i as u32),
                         }
                         as_of_ns = as_of_ns.min(reading.as_of_ns);
                     },
                 )
                 .ok_or_else(not_yet)?;
+                bounds.add(stream_bounds);
             }
-            let unbounded: Vec<u32> = (0..n as u32).filter(|&i| !bounded[i as usize]).collect();
+            if streams.len() > 1 {
+                unbounded.sort_unstable();
+                unbounded.dedup();
+            }
             Ok::<_, Status>((values, bounds, unbounded, as_of_ns))
         })?;
         // Built once the lock is let go: the collector's datagrams need not wait for it.
         let (values_le, value_bytes) = packed_le(&values);
-        let mut every = bounds
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| unbounded.binary_search(&(i as u32)).is_err());
-        let first_bound = every.next().map_or(0, |(_, &b)| b);
-        let (bounds_le, every_bound) = if every.all(|(_, &b)| b == first_bound) {
-            (prost::bytes::Bytes::new(), Some(first_bound))
-        } else {
-            let mut bounds = bounds;
-            for &i in &unbounded {
-                bounds[i as usize] = 0;
+        let (bounds_le, every_bound) = match bounds {
+            Bounds::Unseen => (prost::bytes::Bytes::new(), Some(0)),
+            Bounds::Every(b) => (prost::bytes::Bytes::new(), Some(b)),
+            Bounds::Each(mut bounds) => {
+                for &i in &unbounded {
+                    bounds[i as usize] = 0;
+                }
+                (packed_le_as(&bounds, 8), None)
             }
-            (packed_le_as(&bounds, 8), None)
         };
         Ok(Response::new(sync_pb::ReadReply {
             first: r.first,
@@ -372,6 +374,50 @@ fn wait_for_writes(
     Ok(done)
 }
 
+/// The bounds of a read's locations: one for all while they are the same, each once they
+/// differ. Where a location is unbounded its entry means nothing.
+enum Bounds {
+    /// No bounded location seen yet.
+    Unseen,
+    Every(u64),
+    Each(Vec<u64>),
+}
+
+impl Bounds {
+    /// Location `i` of `n` is within `bound` (locations are set in order, from 0).
+    fn set(&mut self, i: usize, bound: u64, n: usize) {
+        match self {
+            Bounds::Unseen => *self = Bounds::Every(bound),
+            Bounds::Every(b) if *b == bound => {}
+            Bounds::Every(b) => {
+                // Up to i all bounded locations had `b`; the unbounded ones' do not matter.
+                let mut each = vec![*b; n];
+                each[i] = bound;
+                *self = Bounds::Each(each);
+            }
+            Bounds::Each(each) => each[i] = bound,
+        }
+    }
+
+    /// The sum of `self` and `other`, location by location.
+    fn add(&mut self, other: Bounds) {
+        *self = match (std::mem::replace(self, Bounds::Unseen), other) {
+            (a, Bounds::Unseen) => a,
+            (Bounds::Unseen, b) => b,
+            (Bounds::Every(a), Bounds::Every(b)) => Bounds::Every(a.saturating_add(b)),
+            (Bounds::Every(a), Bounds::Each(mut each))
+            | (Bounds::Each(mut each), Bounds::Every(a)) => {
+                each.iter_mut().for_each(|b| *b = b.saturating_add(a));
+                Bounds::Each(each)
+            }
+            (Bounds::Each(mut each), Bounds::Each(other)) => {
+                (each.iter_mut().zip(other)).for_each(|(b, o)| *b = b.saturating_add(o));
+                Bounds::Each(each)
+            }
+        }
+    }
+}
+
 /// `words` as little-endian words of as few bytes as the largest needs (1, 2, 4 or 8),
 /// one after another; and that width.
 fn packed_le(words: &[u64]) -> (prost::bytes::Bytes, u32) {
@@ -387,30 +433,46 @@ fn packed_le(words: &[u64]) -> (prost::bytes::Bytes, u32) {
 
 /// `words` as little-endian words of `width` bytes (each fits).
 fn packed_le_as(words: &[u64], width: usize) -> prost::bytes::Bytes {
-    let mut bytes = Vec::with_capacity(words.len() * width);
-    for w in words {
-        bytes.extend_from_slice(&w.to_le_bytes()[..width]);
+    /// One width a loop, so that each word's bytes are copied by a fixed-size move (a
+    /// width known only at run time made a call to memcpy of each word).
+    fn packed<const W: usize>(words: &[u64]) -> Vec<u8> {
+        let mut bytes = vec![0u8; words.len() * W];
+        for (to, w) in bytes.chunks_exact_mut(W).zip(words) {
+            to.copy_from_slice(&w.to_le_bytes()[..W]);
+        }
+        bytes
     }
-    bytes.into()
+    match width {
+        1 => packed::<1>(words),
+        2 => packed::<2>(words),
+        4 => packed::<4>(words),
+        _ => packed::<8>(words),
+    }
+    .into()
 }
 
 /// The words of `bytes`, little-endian, `width` bytes each (1, 2, 4 or 8); `None` if the
 /// width is none of those or the length is not a multiple of it.
 fn words_of_le(bytes: &[u8], width: u32) -> Option<Vec<u64>> {
-    let width = width as usize;
-    if !matches!(width, 1 | 2 | 4 | 8) || !bytes.len().is_multiple_of(width) {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(width)
+    fn words<const W: usize>(bytes: &[u8]) -> Vec<u64> {
+        (bytes.chunks_exact(W))
             .map(|w| {
                 let mut word = [0; 8];
-                word[..width].copy_from_slice(w);
+                word[..W].copy_from_slice(w);
                 u64::from_le_bytes(word)
             })
-            .collect(),
-    )
+            .collect()
+    }
+    if !bytes.len().is_multiple_of(width.max(1) as usize) {
+        return None;
+    }
+    match width {
+        1 => Some(words::<1>(bytes)),
+        2 => Some(words::<2>(bytes)),
+        4 => Some(words::<4>(bytes)),
+        8 => Some(words::<8>(bytes)),
+        _ => None,
+    }
 }
 
 /// A read as the client returns it: `values[i]` is location `first + i`'s, within
@@ -457,7 +519,8 @@ impl CollectorClient {
             .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .initial_stream_window_size(Some(crate::server::WINDOW))
-            .initial_connection_window_size(Some(crate::server::WINDOW));
+            .initial_connection_window_size(Some(crate::server::WINDOW))
+            .max_frame_size(crate::server::FRAME);
         let inner = runtime
             .block_on(endpoint.connect())
             .map(collector_client::CollectorClient::new)
@@ -572,5 +635,54 @@ mod tests {
             assert_eq!(bytes.len(), words.len() * want as usize);
             assert_eq!(words_of_le(&bytes, width), Some(words));
         }
+    }
+
+    /// The bounds of one stream's locations, as a read's walk sets them.
+    fn walked(bounds: &[Option<u64>]) -> Bounds {
+        let mut walked = Bounds::Unseen;
+        for (i, b) in bounds.iter().enumerate() {
+            if let Some(b) = b {
+                walked.set(i, *b, bounds.len());
+            }
+        }
+        walked
+    }
+
+    fn each(bounds: Bounds, n: usize) -> Vec<u64> {
+        match bounds {
+            Bounds::Unseen => vec![0; n],
+            Bounds::Every(b) => vec![b; n],
+            Bounds::Each(each) => each,
+        }
+    }
+
+    #[test]
+    fn bounds_stay_one_while_they_agree_and_sum_location_by_location_across_streams() {
+        assert!(matches!(
+            walked(&[None, Some(4), None, Some(4)]),
+            Bounds::Every(4)
+        ));
+        assert!(matches!(walked(&[None, None]), Bounds::Unseen));
+        let mut sum = walked(&[Some(4), None, Some(9), Some(4)]);
+        assert_eq!(
+            each(walked(&[Some(4), None, Some(9), Some(4)]), 4)[2..],
+            [9, 4]
+        );
+        sum.add(walked(&[Some(1), Some(1), Some(1), Some(1)]));
+        assert_eq!(
+            each(sum, 4)
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != 1)
+                .map(|(_, b)| *b)
+                .collect::<Vec<_>>(),
+            [5, 10, 5]
+        );
+        let mut sum = walked(&[Some(2), Some(2)]);
+        sum.add(walked(&[Some(u64::MAX), Some(3)]));
+        assert_eq!(each(sum, 2), [u64::MAX, 5], "sums saturate");
+        let mut sum = walked(&[Some(2), Some(2)]);
+        sum.add(Bounds::Unseen);
+        assert!(matches!(sum, Bounds::Every(2)));
     }
 }

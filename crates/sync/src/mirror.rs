@@ -374,9 +374,20 @@ impl Mirror {
     ) -> Option<()> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         let cells = view.values.states.get(&state);
+        let end = first.saturating_add(count);
+        // The dense cells of the range as one slice, walked without a lookup each (a read
+        // of a whole register is this loop alone).
+        let dense: &[Held] = match cells {
+            Some(c) => {
+                let from = (first as usize).min(c.dense.len());
+                let to = (end.min(DENSE_INDEXES) as usize).clamp(from, c.dense.len());
+                &c.dense[from..to]
+            }
+            None => &[],
+        };
+        let as_of_ns = view.last_sent_ns;
         let mut last: Option<(u64, u64)> = None;
-        for (i, index) in (first..first.saturating_add(count)).enumerate() {
-            let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
+        let mut reading_of = |held: &Held| {
             let bound = (held.seq >= view.gap_seq).then(|| match last {
                 Some((from, bound)) if from == held.bounded_from => bound,
                 _ => {
@@ -385,12 +396,19 @@ impl Mirror {
                     bound
                 }
             });
-            let reading = Reading {
+            Reading {
                 value: held.value,
                 bound,
-                as_of_ns: view.last_sent_ns,
-            };
-            each(i, reading);
+                as_of_ns,
+            }
+        };
+        for (i, held) in dense.iter().enumerate() {
+            // A dense cell never carried is NEVER's alike (seq 0), so reads as it.
+            each(i, reading_of(held));
+        }
+        for (i, index) in (first..end).enumerate().skip(dense.len()) {
+            let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
+            each(i, reading_of(held));
         }
         Some(())
     }
