@@ -9,7 +9,7 @@
 
 use crate::Location;
 use crate::mirror::{Mirror, MirrorCounters, Reading};
-use crate::wire::{Key, Kind, Message};
+use crate::wire::{ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, Message};
 use crate::write::{Completed, WriteEngine, Written};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -117,13 +117,16 @@ impl Collector {
             Err(e) => return self.refuse(e.reason()),
         };
         match message.kind {
-            Kind::Updates | Kind::Refresh | Kind::Heartbeat => self.apply(now_ns, message, from),
+            Kind::Updates | Kind::Refresh | Kind::Heartbeat => {
+                self.apply(now_ns, message, bytes.len(), from)
+            }
             Kind::WriteAck => self.on_ack(now_ns, &message, from),
             Kind::Report | Kind::Write => self.refuse("unexpected_kind"),
         }
     }
 
-    fn apply(&mut self, now_ns: u64, m: Message, from: SocketAddr) {
+    /// Applies `m`, which came whole in a datagram of `datagram_len` bytes.
+    fn apply(&mut self, now_ns: u64, m: Message, datagram_len: usize, from: SocketAddr) {
         if let Err(why) = self.mirror.apply(&m) {
             return self.refuse(why.reason());
         }
@@ -147,7 +150,10 @@ impl Collector {
         peer.addr = from;
         peer.applied_ns = now_ns;
         peer.threshold = m.t_max;
-        peer.engine.path_carries(m.entries.len());
+        // The switch cuts its messages to what its path carries as plain entries; as runs
+        // they may take fewer bytes than that, and still say it.
+        let plain = HEADER_LEN + m.entries.len() * ENTRY_LEN + MAC_LEN;
+        peer.engine.path_carries(datagram_len.max(plain));
         if m.entries.is_empty() {
             return;
         }
@@ -455,5 +461,53 @@ mod tests {
         let (changes, missed) = c.changes_after(0, 3);
         assert_eq!(missed, 10);
         assert_eq!(changes[0].number, 11);
+    }
+
+    /// A refresh of 2,000 locations in order goes as a short run, yet says the switch's
+    /// path carries 2,000 entries of 24 bytes: writes to the stream go in parts as large.
+    #[test]
+    fn a_message_as_runs_says_the_path_carries_its_entries_as_plain_ones() {
+        let mut c = Collector::new(None, None);
+        let refresh = Message {
+            kind: Kind::Refresh,
+            switch: 1,
+            epoch: 7,
+            stream: 0,
+            seq: 1,
+            sent_ns: 0,
+            t_max: 0,
+            more: false,
+            entries: (0..2_000)
+                .map(|index| crate::Update {
+                    location: Location { state: 0, index },
+                    value: 1,
+                    threshold: 0,
+                })
+                .collect(),
+        };
+        let mut bytes = Vec::new();
+        refresh.encode(&mut bytes);
+        assert!(bytes.len() < 2_200, "{} bytes: as a run", bytes.len());
+        c.on_datagram(0, &bytes, SWITCH.parse().unwrap());
+        // Every other location, 8-byte values: 24 bytes each as entries or runs of one.
+        let values = (0..2_000)
+            .map(|i| Written {
+                location: Location {
+                    state: 0,
+                    index: 2 * i,
+                },
+                value: u64::MAX - u64::from(i),
+                mode: Mode::Set,
+            })
+            .collect();
+        c.write(1, 0, values).unwrap();
+        let mut sent = Vec::new();
+        c.poll(10, false, &mut sent);
+        let parts: Vec<usize> = (sent.iter())
+            .map(|(_, b)| Message::decode(b).unwrap())
+            .filter(|m| m.kind == Kind::Write)
+            .map(|m| m.entries.len())
+            .collect();
+        assert_eq!(parts, [2_000]);
     }
 }

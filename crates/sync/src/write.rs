@@ -14,7 +14,7 @@
 //! an interval loses none of the next interval's counts). Nothing is reordered; the
 //! locations whose changes were kept are counted.
 
-use crate::wire::{Kind, MAX_DATAGRAM_ENTRIES, MAX_ENTRIES, Message};
+use crate::wire::{EncodedSize, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES, Message};
 use crate::{Location, Update};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -101,6 +101,12 @@ const TAIL: usize = WINDOW / 4;
 /// A tail-loss probe never comes sooner than this.
 const MIN_PROBE_NS: u64 = 20_000;
 
+/// The bytes of a datagram on a 1,500-byte path (the payload of UDP over IPv4).
+const SMALL_PATH_BYTES: usize = 1_472;
+
+/// The bytes of the largest UDP datagram over IPv4.
+const LARGEST_DATAGRAM_BYTES: usize = 65_507;
+
 /// The retransmission timeout never goes below this, however quick the round trips.
 pub const MIN_RTO_NS: u64 = 50_000;
 
@@ -126,9 +132,10 @@ pub struct WriteEngine {
     next_id: u64,
     queue: VecDeque<(u64, Vec<Written>)>,
     current: Option<InFlight>,
-    /// Values a part carries: a 1,500-byte path's to begin with, as many as the stream's
-    /// own messages have shown the path to carry ([`WriteEngine::path_carries`]).
-    part_entries: usize,
+    /// The bytes of a part's datagram, its MAC included: a 1,500-byte path's to begin
+    /// with, as large as the stream's own messages have shown the path to carry
+    /// ([`WriteEngine::path_carries`]).
+    part_bytes: usize,
 }
 
 impl WriteEngine {
@@ -143,15 +150,43 @@ impl WriteEngine {
             next_id: 1,
             queue: VecDeque::new(),
             current: None,
-            part_entries: MAX_ENTRIES,
+            part_bytes: SMALL_PATH_BYTES,
         }
     }
 
-    /// A message of `entries` entries came from the stream whole: the path back carries
-    /// parts as large (up to the largest datagram's), so writes started from now on are
-    /// cut into fewer, larger parts (on loopback about 47 times fewer).
-    pub fn path_carries(&mut self, entries: usize) {
-        self.part_entries = self.part_entries.max(entries.min(MAX_DATAGRAM_ENTRIES));
+    /// A datagram of `bytes` came from the stream whole: the path back carries parts as
+    /// large (up to the largest datagram), so writes started from now on are cut into
+    /// fewer, larger parts (on loopback about 47 times fewer).
+    pub fn path_carries(&mut self, bytes: usize) {
+        self.part_bytes = self.part_bytes.max(bytes.min(LARGEST_DATAGRAM_BYTES));
+    }
+
+    /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
+    /// runs counted (a register's values in order take a few bytes each, not 24).
+    fn parts_of(&self, values: &[Written]) -> Vec<Vec<Update>> {
+        let mut parts = Vec::new();
+        let (mut part, mut size) = (Vec::new(), EncodedSize::default());
+        for w in values {
+            let update = Update {
+                location: w.location,
+                value: w.value,
+                threshold: w.mode as u64,
+            };
+            let mut grown = size.clone();
+            grown.push(&update);
+            let fits = grown.bytes() + MAC_LEN <= self.part_bytes;
+            if (!fits || grown.count() > MAX_RUN_ENTRIES) && !part.is_empty() {
+                parts.push(std::mem::take(&mut part));
+                size = EncodedSize::default();
+                size.push(&update);
+            } else {
+                size = grown;
+            }
+            part.push(update);
+        }
+        // An empty write is one empty part, so that it commits (and is seen to).
+        parts.push(part);
+        parts
     }
 
     /// Queues a write; its id, or why it cannot go.
@@ -198,22 +233,7 @@ impl WriteEngine {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
-            let parts: Vec<Vec<Update>> = (values.chunks(self.part_entries).map(|chunk| {
-                (chunk.iter())
-                    .map(|w| Update {
-                        location: w.location,
-                        value: w.value,
-                        threshold: w.mode as u64,
-                    })
-                    .collect()
-            }))
-            .collect();
-            // An empty write is one empty part, so that it commits (and is seen to).
-            let parts = if parts.is_empty() {
-                vec![Vec::new()]
-            } else {
-                parts
-            };
+            let parts = self.parts_of(&values);
             let n = parts.len();
             self.current = Some(InFlight {
                 id,
@@ -341,6 +361,8 @@ pub const MAX_STAGED: u64 = 16;
 struct Staging {
     parts: Vec<Option<Vec<Update>>>,
     received: u64,
+    /// The values of the parts held, at most `MAX_VALUES`.
+    values: usize,
     /// The value of each location kept-changes when its part arrived.
     baseline: HashMap<Location, u64>,
 }
@@ -402,6 +424,7 @@ impl WriteStage {
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
             parts: vec![None; total],
             received: 0,
+            values: 0,
             baseline: HashMap::new(),
         });
         if staging.parts.len() != total {
@@ -409,6 +432,13 @@ impl WriteStage {
             return None;
         }
         if staging.parts[index].is_none() {
+            // Parts as runs carry up to 65,535 values each: the write's parts together
+            // may not hold more than a write may.
+            if staging.values + part.entries.len() > MAX_VALUES {
+                self.refused += 1;
+                return None;
+            }
+            staging.values += part.entries.len();
             for e in &part.entries {
                 if Mode::of(e.threshold) == Mode::SetKeepingChanges {
                     staging
@@ -488,6 +518,9 @@ fn bitmap_word(word: usize, total: usize, held: impl Fn(usize) -> bool) -> Updat
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{ENTRY_LEN, HEADER_LEN, MAX_DATAGRAM_ENTRIES, RUN_HEADER_LEN};
+
+    const WIDE: u64 = 1 << 40;
 
     fn at(state: u16, index: u32) -> Location {
         Location { state, index }
@@ -506,11 +539,13 @@ mod tests {
         }
     }
 
+    /// Values of 8 bytes at every other location, so that they go as entries of 24 bytes
+    /// (58 to a part on a 1,500-byte path): a run of one would take 28.
     fn values(n: u32, mode: Mode) -> Vec<Written> {
         (0..n)
             .map(|i| Written {
-                location: at(1, i),
-                value: u64::from(i) + 1_000,
+                location: at(1, 2 * i),
+                value: WIDE + u64::from(i),
                 mode,
             })
             .collect()
@@ -521,9 +556,10 @@ mod tests {
     #[test]
     fn parts_grow_to_what_the_path_has_carried() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
-        engine.path_carries(10);
-        engine.path_carries(1_000);
-        engine.path_carries(500);
+        let carrying = |entries: usize| HEADER_LEN + entries * ENTRY_LEN + MAC_LEN;
+        engine.path_carries(carrying(10));
+        engine.path_carries(carrying(1_000));
+        engine.path_carries(carrying(500));
         engine.submit(values(2_500, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
@@ -535,8 +571,101 @@ mod tests {
             stage.on_part(part, &state).unwrap();
         }
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(2_500));
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
         engine.path_carries(usize::MAX);
-        assert_eq!(engine.part_entries, MAX_DATAGRAM_ENTRIES);
+        engine.submit(values(2_727, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(1, &mut out);
+        let sizes: Vec<usize> = out.iter().map(|m| m.entries.len()).collect();
+        assert_eq!(
+            sizes,
+            [MAX_DATAGRAM_ENTRIES, 1],
+            "the largest datagram at most"
+        );
+    }
+
+    /// A register's values in order go as runs: a part carries as many as fit its
+    /// datagram at their width, and the write still commits whole and exact.
+    #[test]
+    fn a_register_in_order_goes_in_parts_of_as_many_values_as_runs_fit() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let register: Vec<Written> = (0..65_536u32)
+            .map(|i| Written {
+                location: at(2, i),
+                value: u64::from(i.wrapping_mul(2_654_435_761)),
+                mode: Mode::Set,
+            })
+            .collect();
+        engine.submit(register.clone()).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let per_part = (1_472 - HEADER_LEN - RUN_HEADER_LEN - MAC_LEN) / 4;
+        assert_eq!(
+            out[0].entries.len(),
+            per_part,
+            "4-byte values on a 1,500-byte path"
+        );
+        assert_eq!(out.len(), WINDOW, "the rest wait for the window");
+        let mut bytes = Vec::new();
+        out[0].encode_with(Some(&crate::wire::Key::new([1; 32])), &mut bytes);
+        assert!(
+            bytes.len() <= 1_472 && bytes.len() > 1_472 - 4,
+            "{}",
+            bytes.len()
+        );
+
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.path_carries(usize::MAX);
+        engine.submit(register.clone()).unwrap();
+        out.clear();
+        engine.poll(0, &mut out);
+        assert_eq!(
+            out.len(),
+            65_536usize.div_ceil(16_362),
+            "four of 16,362 and the rest"
+        );
+        let (mut stage, mut state) = (WriteStage::default(), Map::default());
+        for part in &out {
+            bytes.clear();
+            part.encode(&mut bytes);
+            assert!(bytes.len() + MAC_LEN <= 65_507);
+            stage
+                .on_part(&Message::decode(&bytes).unwrap(), &state)
+                .unwrap();
+        }
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(65_536));
+        assert!(register.iter().all(|w| state.read(w.location) == w.value));
+    }
+
+    /// A write's parts together hold no more values than a write may: parts as runs,
+    /// 65,535 values each, cannot make a switch stage gigabytes.
+    #[test]
+    fn a_stage_holds_no_more_values_of_a_write_than_a_write_may_have() {
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        let part = |index: u64| Message {
+            kind: Kind::Write,
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            seq: 1,
+            sent_ns: 0,
+            t_max: (index << 32) | MAX_PARTS as u64,
+            more: false,
+            entries: (0..MAX_RUN_ENTRIES as u32)
+                .map(|i| Update {
+                    location: at(0, i),
+                    value: 0,
+                    threshold: 0,
+                })
+                .collect(),
+        };
+        let fit = MAX_VALUES / MAX_RUN_ENTRIES;
+        for i in 0..fit as u64 {
+            assert!(stage.on_part(&part(i), &state).is_some(), "part {i}");
+        }
+        assert_eq!(stage.on_part(&part(fit as u64), &state), None);
+        assert_eq!(stage.refused, 1);
     }
 
     /// A write of several parts commits only whole, once, however often its parts and
@@ -576,7 +705,7 @@ mod tests {
         let done = stage.commit(&mut state).unwrap();
         assert_eq!((done.id, done.values), (id, 150));
         assert_eq!(state.0.len(), 150);
-        assert_eq!(state.read(at(1, 149)), 1_149);
+        assert_eq!(state.read(at(1, 2 * 149)), WIDE + 149);
         assert_eq!(stage.commit(&mut state), None, "committed once");
         // A late duplicate of a committed write is acknowledged whole, not applied.
         let late = stage.on_part(&out[1], &state).unwrap();
