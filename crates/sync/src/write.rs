@@ -98,6 +98,9 @@ const MAX_BACKOFF: u32 = 2;
 /// Parts left unacknowledged, all sent, that make a write's tail (see `poll`).
 const TAIL: usize = WINDOW / 4;
 
+/// A part goes as at most 2^this copies at once (see `poll`).
+const MAX_COPIES_LOG2: u32 = 2;
+
 /// A tail-loss probe never comes sooner than this.
 const MIN_PROBE_NS: u64 = 20_000;
 
@@ -283,8 +286,19 @@ impl WriteEngine {
             }
             if due(w, i) {
                 outstanding += 1;
-                let part = &w.parts[i];
-                out.push(Message {
+                // A part sent again on a timeout goes as copies (2, then 4 each time
+                // after): where a part and its acknowledgement each get through one time
+                // in five, a part alone needs 25 tries on average, and a write's last
+                // parts have no later ones whose acknowledgements would say what they
+                // hold. One seen lost by later acknowledgements goes once: they come.
+                let seen_lost =
+                    w.sent_at[i].is_some() && w.sent_order[i] + REORDERING < w.latest_acked_order;
+                let copies = if seen_lost {
+                    1
+                } else {
+                    1 << w.tries[i].min(MAX_COPIES_LOG2)
+                };
+                let message = Message {
                     kind: Kind::Write,
                     switch: self.switch,
                     epoch: self.epoch,
@@ -293,10 +307,11 @@ impl WriteEngine {
                     sent_ns: now_ns,
                     t_max: ((i as u64) << 32) | total,
                     more: false,
-                    entries: part.clone(),
-                });
+                    entries: w.parts[i].clone(),
+                };
+                out.extend(std::iter::repeat_n(message, copies));
                 w.sent_at[i] = Some(now_ns);
-                w.transmissions += 1;
+                w.transmissions += copies as u64;
                 w.sent_order[i] = w.transmissions;
                 w.tries[i] += 1;
             }
@@ -698,8 +713,8 @@ mod tests {
             "within the tail's probe (two round trips of 10 us)"
         );
         engine.poll(20_000, &mut again);
-        assert_eq!(again.len(), 1, "only the part not acknowledged");
-        assert_eq!(again[0].t_max >> 32, 1);
+        assert_eq!(again.len(), 2, "the part not acknowledged, as two copies");
+        assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
         let ack = stage.on_part(&again[0], &state).unwrap();
         stage.on_part(&out[0], &state).unwrap();
         let done = stage.commit(&mut state).unwrap();
@@ -711,7 +726,11 @@ mod tests {
         let late = stage.on_part(&out[1], &state).unwrap();
         assert_eq!(late.t_max, 3);
         let done = engine.on_ack(60_000, &ack).unwrap();
-        assert_eq!((done.id, done.parts, done.transmissions), (id, 3, 4));
+        assert_eq!(
+            (done.id, done.parts, done.transmissions),
+            (id, 3, 5),
+            "three parts, one again as two copies"
+        );
         assert_eq!(done.latency_ns, 60_000);
         assert!(engine.is_idle());
     }
@@ -788,5 +807,27 @@ mod tests {
             [0, 1],
             "parts 3 to 6 places before the last acknowledged"
         );
+    }
+
+    /// A part not acknowledged in time goes again as two copies, then four each time
+    /// after, all counted as transmissions.
+    #[test]
+    fn a_part_sent_again_goes_as_more_copies() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        engine.submit(values(1, Mode::Set)).unwrap();
+        let mut copies = Vec::new();
+        for round in 0..4u64 {
+            let mut out = Vec::new();
+            engine.poll(round * 1_000_000, &mut out);
+            assert!(out.iter().all(|m| m.t_max == 1), "part 0 of 1");
+            copies.push(out.len());
+        }
+        assert_eq!(copies, [1, 2, 4, 4]);
+        let mut stage = WriteStage::default();
+        let mut out = Vec::new();
+        engine.poll(4_000_000, &mut out);
+        let ack = stage.on_part(&out[0], &Map::default()).unwrap();
+        let done = engine.on_ack(4_000_010, &ack).unwrap();
+        assert_eq!(done.transmissions, 1 + 2 + 4 + 4 + 4);
     }
 }
