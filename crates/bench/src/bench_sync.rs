@@ -564,13 +564,16 @@ pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
         }
     }
     println!(
-        "input: writes of 1 to {} values ({} values a message), {} writes a cell; channel of {} \
-         bytes/s each way, 16 MiB of buffer, 5 us latency, losing the chance given each way; \
-         retransmission timeout 200 us until a round trip is measured, then TCP's (at least 50 \
-         us), a part also sent again once parts sent 3 places after it are acknowledged, the \
-         last 32 after two round trips; 128 parts on the way at most; virtual time in steps of 2 us; seed {}",
+        "input: writes of {} to {} values at consecutive locations (each location's index + \
+         1), cut into parts of one 1,500-byte datagram each, as runs (2 bytes a value up to \
+         65,535, 4 past it), {} writes a cell; channel of {} bytes/s each way, 16 MiB of \
+         buffer, 5 us latency, losing the chance given each way; retransmission timeout 200 \
+         us until a round trip is measured, then TCP's (at least 50 us), a part also sent \
+         again once parts sent 3 places after it are acknowledged, the last 32 after two \
+         round trips, a part sent again on a timeout as 2 copies, then 4; 128 parts on the \
+         way at most; virtual time in steps of 2 us; seed {}",
+        a.sizes.iter().min().copied().unwrap_or(0),
         a.sizes.iter().max().copied().unwrap_or(0),
-        MAX_ENTRIES,
         a.writes,
         a.capacity,
         a.seed
