@@ -83,6 +83,10 @@ struct InFlight {
     /// acknowledged is lost.
     sent_order: Vec<u64>,
     latest_acked_order: u64,
+    /// The latest sending time an acknowledgement echoed: a transmission that arrived.
+    delivered_sent_ns: u64,
+    /// The last part sent or acknowledgement taken.
+    last_event_ns: u64,
     /// How often each part was sent (a part sent once gives a sample of the round trip).
     tries: Vec<u32>,
 }
@@ -110,6 +114,10 @@ const SMALL_PATH_BYTES: usize = 1_472;
 /// The bytes of the largest UDP datagram over IPv4.
 const LARGEST_DATAGRAM_BYTES: usize = 65_507;
 
+/// The retransmission timeout never goes past this (before backoff), however slow the
+/// round trips: a path of 100 ms round trips still has its timeout, not the first one.
+pub const MAX_RTO_NS: u64 = 1_000_000_000;
+
 /// The retransmission timeout never goes below this, however quick the round trips.
 pub const MIN_RTO_NS: u64 = 50_000;
 
@@ -124,7 +132,8 @@ pub struct WriteEngine {
     stream: u16,
     /// A part not acknowledged this long after it was sent goes again, before any round
     /// trip is measured; after, the timeout is TCP's (RFC 6298: the smoothed round trip
-    /// and four times its variation, from parts sent once), between `MIN_RTO_NS` and this.
+    /// and four times its variation, from parts sent once), between `MIN_RTO_NS` and
+    /// `MAX_RTO_NS`.
     pub rto_ns: u64,
     /// The smoothed round trip and its variation, once measured.
     rtt: Option<(u64, u64)>,
@@ -211,7 +220,7 @@ impl WriteEngine {
     pub fn rto(&self) -> u64 {
         let base = match self.rtt {
             None => self.rto_ns,
-            Some((srtt, rttvar)) => (srtt + 4 * rttvar).clamp(MIN_RTO_NS, self.rto_ns),
+            Some((srtt, rttvar)) => (srtt + 4 * rttvar).clamp(MIN_RTO_NS, MAX_RTO_NS),
         };
         base.saturating_mul(1 << self.backoff)
     }
@@ -248,35 +257,48 @@ impl WriteEngine {
                 transmissions: 0,
                 sent_order: vec![0; n],
                 latest_acked_order: 0,
+                delivered_sent_ns: 0,
+                last_event_ns: now_ns,
                 tries: vec![0; n],
             });
         }
         let rto = self.rto();
-        // The last parts have no later ones to show them lost: they go again after two
-        // round trips (a tail-loss probe, as TCP's), not the timeout.
         let probe = self
             .rtt
             .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
+        let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
         let Some(w) = &mut self.current else { return };
         let total = w.parts.len() as u64;
-        let all_sent = w.sent_at.iter().all(Option::is_some);
-        let rto = if all_sent && w.left <= TAIL {
-            probe
-        } else {
-            rto
+        // Lost: sent well before a part since acknowledged (as TCP's SACK reasons), or
+        // before a transmission known to have arrived, which an acknowledgement names by
+        // echoing when it was sent (as RACK reasons, RFC 8985).
+        let seen_lost = |w: &InFlight, i: usize| {
+            w.sent_at[i].is_some_and(|at| {
+                w.sent_order[i] + REORDERING < w.latest_acked_order
+                    || at.saturating_add(reordering_ns) < w.delivered_sent_ns
+            })
         };
-        // Never sent; sent well before a part since acknowledged (lost, as TCP's SACK
-        // reasons); or unacknowledged past the timeout (the last parts' loss).
+        let timed_out = |w: &InFlight, i: usize| {
+            w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at) >= rto)
+        };
+        // The last parts have no later ones to show them lost: when all went and nothing
+        // has come back for two round trips, the last one not acknowledged goes again
+        // alone (a tail-loss probe, as TCP's), and its acknowledgement shows the others
+        // lost. Sending them all again would, on a path slower than the parts come, queue
+        // copies of parts still on their way.
+        let all_sent = w.sent_at.iter().all(Option::is_some);
+        let probe_part =
+            (all_sent && w.left <= TAIL && now_ns.saturating_sub(w.last_event_ns) >= probe)
+                .then(|| (0..w.parts.len()).rev().find(|&i| !w.acked[i]))
+                .flatten();
         let due = |w: &InFlight, i: usize| {
             !w.acked[i]
-                && w.sent_at[i].is_none_or(|at| {
-                    w.sent_order[i] + REORDERING < w.latest_acked_order
-                        || now_ns.saturating_sub(at) >= rto
-                })
+                && (w.sent_at[i].is_none()
+                    || seen_lost(w, i)
+                    || timed_out(w, i)
+                    || probe_part == Some(i))
         };
-        let timed_out = (0..w.parts.len()).any(|i| {
-            !w.acked[i] && w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at) >= rto)
-        });
+        let any_timed_out = (0..w.parts.len()).any(|i| !w.acked[i] && timed_out(w, i));
         let mut outstanding = (0..w.parts.len())
             .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
             .count();
@@ -286,14 +308,11 @@ impl WriteEngine {
             }
             if due(w, i) {
                 outstanding += 1;
-                // A part sent again on a timeout goes as copies (2, then 4 each time
-                // after): where a part and its acknowledgement each get through one time
-                // in five, a part alone needs 25 tries on average, and a write's last
-                // parts have no later ones whose acknowledgements would say what they
-                // hold. One seen lost by later acknowledgements goes once: they come.
-                let seen_lost =
-                    w.sent_at[i].is_some() && w.sent_order[i] + REORDERING < w.latest_acked_order;
-                let copies = if seen_lost {
+                // A part sent again on a timeout or as a probe goes as copies (2, then 4
+                // each time after): where a part and its acknowledgement each get through
+                // one time in five, a part alone needs 25 tries on average. One seen lost
+                // by later acknowledgements goes once: they come.
+                let copies = if seen_lost(w, i) {
                     1
                 } else {
                     1 << w.tries[i].min(MAX_COPIES_LOG2)
@@ -311,12 +330,13 @@ impl WriteEngine {
                 };
                 out.extend(std::iter::repeat_n(message, copies));
                 w.sent_at[i] = Some(now_ns);
+                w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
                 w.sent_order[i] = w.transmissions;
                 w.tries[i] += 1;
             }
         }
-        if timed_out {
+        if any_timed_out {
             self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         }
     }
@@ -328,6 +348,8 @@ impl WriteEngine {
         if ack.kind != Kind::WriteAck || !ours || ack.seq != w.id {
             return None;
         }
+        w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
+        w.last_event_ns = now_ns;
         for e in &ack.entries {
             let word = e.location.index as usize;
             for bit in 0..64 {
@@ -707,12 +729,12 @@ mod tests {
             "an older acknowledgement too"
         );
         let mut again = Vec::new();
-        engine.poll(19_999, &mut again);
+        engine.poll(29_999, &mut again);
         assert!(
             again.is_empty(),
-            "within the tail's probe (two round trips of 10 us)"
+            "within the tail's probe (two round trips of 10 us after the last acknowledgement)"
         );
-        engine.poll(20_000, &mut again);
+        engine.poll(30_000, &mut again);
         assert_eq!(again.len(), 2, "the part not acknowledged, as two copies");
         assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
         let ack = stage.on_part(&again[0], &state).unwrap();
@@ -829,5 +851,50 @@ mod tests {
         let ack = stage.on_part(&out[0], &Map::default()).unwrap();
         let done = engine.on_ack(4_000_010, &ack).unwrap();
         assert_eq!(done.transmissions, 1 + 2 + 4 + 4 + 4);
+    }
+
+    /// When every part went and nothing comes back for two round trips, only the last part
+    /// not acknowledged goes again; its acknowledgement, echoing a later sending time,
+    /// shows the parts sent before it lost, and they go at once, once each.
+    #[test]
+    fn a_tail_probe_is_one_part_and_its_acknowledgement_shows_the_rest_lost() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        engine.submit(values(4 * MAX_ENTRIES as u32, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 4);
+        // Part 0 arrives (a round trip of 10 us); 1, 2 and 3 are lost.
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(engine.on_ack(10_000, &ack), None);
+        let mut probe = Vec::new();
+        engine.poll(29_999, &mut probe);
+        assert!(probe.is_empty());
+        engine.poll(30_000, &mut probe);
+        let parts: Vec<u64> = probe.iter().map(|m| m.t_max >> 32).collect();
+        assert_eq!(parts, [3, 3], "the last part alone, as two copies");
+        let ack = stage.on_part(&probe[0], &state).unwrap();
+        assert_eq!(engine.on_ack(40_000, &ack), None);
+        let mut again = Vec::new();
+        engine.poll(40_000, &mut again);
+        let parts: Vec<u64> = again.iter().map(|m| m.t_max >> 32).collect();
+        assert_eq!(parts, [1, 2], "sent before a part that arrived: lost");
+    }
+
+    /// A path whose round trips are longer than the first timeout gets a timeout of its
+    /// own once they are measured, not the first one as a ceiling.
+    #[test]
+    fn the_timeout_follows_round_trips_longer_than_the_first_one() {
+        let mut engine = WriteEngine::new(1, 1, 0, 200_000);
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        engine.submit(values(1, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        engine.on_ack(50_000_000, &ack).unwrap();
+        assert!(engine.rto() >= 50_000_000, "{}", engine.rto());
+        assert!(engine.rto() <= MAX_RTO_NS);
     }
 }
