@@ -62,16 +62,22 @@ const SAMPLE_NS: u64 = 100_000_000;
 
 /// Heavy-hitter accuracy over every sample of a run.
 #[derive(Default)]
-struct Accuracy {
-    true_hitters: u64,
-    false_positives: u64,
-    false_negatives: u64,
+pub(crate) struct Accuracy {
+    pub(crate) true_hitters: u64,
+    pub(crate) false_positives: u64,
+    pub(crate) false_negatives: u64,
     relative_error_sum: f64,
 }
 
 impl Accuracy {
     /// One sample: the keys' exact counts and estimates, the total so far.
-    fn add(&mut self, truth: &[u64], estimate: impl Fn(usize) -> u64, total: u64, share: f64) {
+    pub(crate) fn add(
+        &mut self,
+        truth: &[u64],
+        estimate: impl Fn(usize) -> u64,
+        total: u64,
+        share: f64,
+    ) {
         let floor = (share * total as f64).ceil() as u64;
         for (key, &count) in truth.iter().enumerate() {
             if count == 0 {
@@ -91,7 +97,7 @@ impl Accuracy {
         }
     }
 
-    fn mean_relative_error(&self) -> f64 {
+    pub(crate) fn mean_relative_error(&self) -> f64 {
         self.relative_error_sum / self.true_hitters.max(1) as f64
     }
 }

@@ -21,6 +21,7 @@ pub mod bench_pipeline;
 pub mod bench_sync;
 pub mod bench_sync_hh;
 pub mod bench_sync_migrate;
+pub mod bench_sync_reorder;
 pub mod bench_tables;
 pub mod chart;
 pub mod lab_bench;

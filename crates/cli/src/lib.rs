@@ -83,6 +83,10 @@ enum Command {
     /// threshold and by mirroring every change, against the data plane's own sketch and
     /// the exact counts, in virtual time, Lemma 1's bound checked at every sample.
     BenchSyncHh(stateplane_bench::bench_sync_hh::BenchSyncHhArgs),
+    /// What becomes of the updates a sketch takes while a reset is on its way (overwritten,
+    /// held back and replayed as the paper does, or kept), and the heavy hitters found, in
+    /// virtual time over a lossy channel, every increment accounted for.
+    BenchSyncReorder(stateplane_bench::bench_sync_reorder::BenchSyncReorderArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -133,6 +137,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
         Command::BenchSyncMigrate(args) => stateplane_bench::bench_sync_migrate::main_migrate(args),
         Command::BenchSyncHh(args) => stateplane_bench::bench_sync_hh::main_hh(args),
+        Command::BenchSyncReorder(args) => stateplane_bench::bench_sync_reorder::main_reorder(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
         Command::Send(args) => send_cmd::main(args),

@@ -731,6 +731,34 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         .unwrap());
     assert!(hh.contains("sync, t adaptive, estimate + bound"), "{hh}");
     assert!(hh.contains("Lemma 1 at every sample"), "{hh}");
+    // Four ways at two losses, each run's books checked before the table prints; the
+    // reset that keeps changes loses no more than the paper's deferral, reordering none.
+    let reorder = ok(bin()
+        .args(["bench-sync-reorder", "--flows", "10000", "--seconds", "0.5"])
+        .args(["--losses", "0,0.5"])
+        .output()
+        .unwrap());
+    assert!(
+        reorder.contains("every increment is in the counters"),
+        "{reorder}"
+    );
+    let row = |loss: &str, way: &str| -> Vec<u64> {
+        let line = (reorder.lines())
+            .find(|l| l.starts_with(loss) && l.split_whitespace().nth(1) == Some(way))
+            .unwrap_or_else(|| panic!("no {way} row at {loss}: {reorder}"));
+        (line.split_whitespace().skip(2).take(3))
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    for loss in ["0%", "50%"] {
+        let [made, lost, reordered] = row(loss, "keep")[..] else {
+            unreachable!()
+        };
+        assert!(made > 0 && reordered == 0, "{reorder}");
+        assert_eq!(lost, row(loss, "defer")[1], "{reorder}");
+        assert!(row(loss, "defer")[2] > 0, "the paper's reorders: {reorder}");
+        assert!(row(loss, "set")[1] > lost, "set loses more: {reorder}");
+    }
     // Two sizes at two losses: four rows, each move checked before the table prints.
     for (mode, checked) in [
         (None, "each target's register is the source's values"),

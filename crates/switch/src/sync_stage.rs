@@ -351,6 +351,12 @@ impl WriteTarget for ProgramState<'_> {
     fn finish(&mut self) -> u64 {
         self.0.commit_synced_write()
     }
+
+    fn extent(&self, state: u16) -> u32 {
+        (self.0.synced().into_iter())
+            .find(|&(id, _)| id == state)
+            .map_or(0, |(_, locations)| locations)
+    }
 }
 
 impl SyncStage {

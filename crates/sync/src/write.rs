@@ -27,6 +27,11 @@ pub const MAX_VALUES: usize = MAX_PARTS * MAX_ENTRIES;
 pub trait WriteTarget {
     fn read(&self, location: Location) -> u64;
     fn write(&mut self, location: Location, value: u64);
+    /// The locations of `state`, 0 where not known: a write's changes kept are counted
+    /// from its first part's arrival only in a state whose locations are known.
+    fn extent(&self, _state: u16) -> u32 {
+        0
+    }
     /// The write's values are all in: state that places them whole (a table's entries)
     /// does so now. Returns the entries it refused.
     fn finish(&mut self) -> u64 {
@@ -390,6 +395,11 @@ impl WriteEngine {
     }
 }
 
+/// Locations of a state a write's first part takes as they are, at most (2 MiB of
+/// values, read between two bursts, so the pause stays short): a state larger than that
+/// keeps changes from each part's own arrival.
+pub const MAX_SNAPSHOT: usize = 1 << 18;
+
 /// Writes a stage holds parts of at most, counted from the next to commit: the engine
 /// sends one at a time, so parts of others are garbage, refused before they take memory.
 pub const MAX_STAGED: u64 = 16;
@@ -400,8 +410,11 @@ struct Staging {
     received: u64,
     /// The values of the parts held, at most `MAX_VALUES`.
     values: usize,
-    /// The value of each location kept-changes when its part arrived.
+    /// The value of each location kept-changes when the write's first part arrived (when
+    /// its own part did in a state of unknown or too many locations).
     baseline: HashMap<Location, u64>,
+    /// The states with locations kept-changes as they were at the first part's arrival.
+    snapshots: HashMap<u16, Vec<u64>>,
 }
 
 /// What a commit did.
@@ -463,6 +476,7 @@ impl WriteStage {
             received: 0,
             values: 0,
             baseline: HashMap::new(),
+            snapshots: HashMap::new(),
         });
         if staging.parts.len() != total {
             self.refused += 1;
@@ -476,13 +490,30 @@ impl WriteStage {
                 return None;
             }
             staging.values += part.entries.len();
+            let first = staging.received == 0;
             for e in &part.entries {
-                if Mode::of(e.threshold) == Mode::SetKeepingChanges {
-                    staging
-                        .baseline
-                        .entry(e.location)
-                        .or_insert_with(|| state.read(e.location));
+                if Mode::of(e.threshold) != Mode::SetKeepingChanges {
+                    continue;
                 }
+                // The first part to arrive takes the states it keeps changes in whole:
+                // the changes a counter takes between the first part and its own are
+                // kept too (as the paper's held-back updates are, without holding any).
+                let at = e.location;
+                if first && !staging.snapshots.contains_key(&at.state) {
+                    let extent = state.extent(at.state);
+                    if extent > 0 && extent as usize <= MAX_SNAPSHOT {
+                        let snapshot = (0..extent)
+                            .map(|index| state.read(Location { index, ..at }))
+                            .collect();
+                        staging.snapshots.insert(at.state, snapshot);
+                    }
+                }
+                let then = (staging.snapshots.get(&at.state))
+                    .and_then(|s| s.get(at.index as usize).copied());
+                staging
+                    .baseline
+                    .entry(at)
+                    .or_insert_with(|| then.unwrap_or_else(|| state.read(at)));
             }
             staging.parts[index] = Some(part.entries.clone());
             staging.received += 1;
@@ -861,7 +892,9 @@ mod tests {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
         let mut stage = WriteStage::default();
         let state = Map::default();
-        engine.submit(values(4 * MAX_ENTRIES as u32, Mode::Set)).unwrap();
+        engine
+            .submit(values(4 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
         assert_eq!(out.len(), 4);
@@ -896,5 +929,71 @@ mod tests {
         engine.on_ack(50_000_000, &ack).unwrap();
         assert!(engine.rto() >= 50_000_000, "{}", engine.rto());
         assert!(engine.rto() <= MAX_RTO_NS);
+    }
+
+    /// A register whose size the stage knows.
+    struct Register(Vec<u64>);
+
+    impl WriteTarget for Register {
+        fn read(&self, l: Location) -> u64 {
+            self.0[l.index as usize]
+        }
+        fn write(&mut self, l: Location, v: u64) {
+            self.0[l.index as usize] = v;
+        }
+        fn extent(&self, _state: u16) -> u32 {
+            self.0.len() as u32
+        }
+    }
+
+    /// A reset keeping changes keeps those a counter took after the write's first part
+    /// arrived, though its own part came later, where the state's size is known; where it
+    /// is not, those after its own part.
+    #[test]
+    fn changes_are_kept_from_the_first_part_where_the_state_is_known() {
+        let resets: Vec<Written> = (0..3 * MAX_ENTRIES as u32)
+            .map(|i| Written {
+                location: at(0, 2 * i),
+                value: 0,
+                mode: Mode::SetKeepingChanges,
+            })
+            .collect();
+        let last = resets[resets.len() - 1].location;
+        let run = |known: bool| {
+            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+            engine.submit(resets.clone()).unwrap();
+            let mut out = Vec::new();
+            engine.poll(0, &mut out);
+            assert_eq!(out.len(), 3);
+            let mut stage = WriteStage::default();
+            let mut register = Register(vec![100; 6 * MAX_ENTRIES]);
+            let mut map = Map::default();
+            map.write(last, 100);
+            let count = |n: u64, register: &mut Register, map: &mut Map| {
+                register.0[last.index as usize] += n;
+                map.write(last, map.read(last) + n);
+            };
+            let mut arrive = |part: &Message, register: &Register, map: &Map| {
+                if known {
+                    stage.on_part(part, register)
+                } else {
+                    stage.on_part(part, map)
+                }
+            };
+            arrive(&out[0], &register, &map);
+            count(7, &mut register, &mut map);
+            arrive(&out[1], &register, &map);
+            arrive(&out[2], &register, &map);
+            count(5, &mut register, &mut map);
+            if known {
+                stage.commit(&mut register).unwrap();
+                register.0[last.index as usize]
+            } else {
+                stage.commit(&mut map).unwrap();
+                map.read(last)
+            }
+        };
+        assert_eq!(run(true), 12, "7 before its part, 5 after");
+        assert_eq!(run(false), 5, "only those after its own part");
     }
 }
