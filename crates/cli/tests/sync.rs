@@ -687,15 +687,19 @@ fn the_collector_api_streams_reads_and_follows_changes() {
         err.contains("switch 9 stream 0 has sent nothing to this collector"),
         "{err}"
     );
-    // The switch's run has ended: a write to it is never acknowledged, and the wait ends
-    // at its timeout with a message that says so.
+    // The switch's run has ended: a write to it is never acknowledged; at its timeout it
+    // is cancelled, the cancel goes unanswered, and the message says so.
     let out = ctl(&["write", "0..4", "--fill", "0", "--timeout-ms", "200"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("had not committed the write after 200 ms"),
+        err.contains("had not committed the write after 200 ms, so it was cancelled"),
+        "{err}"
+    );
+    assert!(
+        err.contains("the cancel is unanswered (the switch may be gone)"),
         "{err}"
     );
     stop_collector(collector, collector_err);

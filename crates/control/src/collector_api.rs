@@ -323,7 +323,9 @@ fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16
 }
 
 /// Waits until every write `ids` names has committed, sending their parts again as they
-/// fall due; a write given up, or the timeout, is an error that says which.
+/// fall due. Past `timeout` the writes not committed are cancelled (so that none lands
+/// later unseen) and their answers awaited a while; a write given up, or cancelled, is an
+/// error that says which streams committed and what became of the others.
 fn wait_for_writes(
     handle: &CollectorHandle,
     switch: u32,
@@ -332,9 +334,12 @@ fn wait_for_writes(
 ) -> Result<Vec<sync_pb::WriteDone>, Status> {
     let start = Instant::now();
     let mut done = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     let mut waiting: Vec<(u16, u64)> = ids.to_vec();
+    // When the writes still waiting were cancelled, and which streams they were.
+    let mut cancelled: Option<(Instant, Vec<u16>)> = None;
+    let answer_wait = timeout.clamp(Duration::from_millis(100), Duration::from_secs(1));
     while !waiting.is_empty() {
-        let mut failed = None;
         handle.with(|c| {
             waiting.retain(|&(stream, id)| match c.take_write(switch, stream, id) {
                 None => true,
@@ -349,29 +354,53 @@ fn wait_for_writes(
                     false
                 }
                 Some(Err(why)) => {
-                    failed = Some(format!("stream {stream}: {why}"));
+                    failed.push(format!("stream {stream}: {why}"));
                     false
                 }
             });
         });
-        if let Some(why) = failed {
-            return Err(Status::aborted(format!("the write was given up: {why}")));
-        }
         if waiting.is_empty() {
             break;
         }
-        if start.elapsed() >= timeout {
-            let streams: Vec<u16> = waiting.iter().map(|w| w.0).collect();
-            return Err(Status::deadline_exceeded(format!(
-                "streams {streams:?} had not committed the write after {} ms (it stays queued; the switch may be gone)",
-                timeout.as_millis()
-            )));
+        match &cancelled {
+            None if start.elapsed() >= timeout => {
+                handle.with(|c| {
+                    for &(stream, id) in &waiting {
+                        c.cancel(switch, stream, id);
+                    }
+                });
+                let streams = waiting.iter().map(|w| w.0).collect();
+                cancelled = Some((Instant::now(), streams));
+            }
+            Some((at, _)) if at.elapsed() >= answer_wait => {
+                for &(stream, _) in &waiting {
+                    failed.push(format!(
+                        "stream {stream}: the cancel is unanswered (the switch may be gone): \
+                         none of the write is sent again, and it committed only if the \
+                         switch held all of it already"
+                    ));
+                }
+                break;
+            }
+            _ => {}
         }
         std::thread::sleep(WRITE_LOOK);
         handle.pump(false);
     }
     done.sort_by_key(|d| d.stream);
-    Ok(done)
+    if failed.is_empty() {
+        return Ok(done);
+    }
+    let committed: Vec<u32> = done.iter().map(|d| d.stream).collect();
+    let what = format!("{}; committed on streams {committed:?}", failed.join("; "));
+    Err(match cancelled {
+        Some((_, streams)) => Status::deadline_exceeded(format!(
+            "streams {streams:?} had not committed the write after {} ms, so it was \
+             cancelled: {what}",
+            timeout.as_millis()
+        )),
+        None => Status::aborted(format!("the write was given up: {what}")),
+    })
 }
 
 /// The bounds of a read's locations: one for all while they are the same, each once they

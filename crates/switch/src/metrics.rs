@@ -132,6 +132,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.writes_committed),
         ),
         (
+            "writes_abandoned",
+            "Top-down writes dropped before they committed, at the collector's request",
+            get(&c.writes_abandoned),
+        ),
+        (
             "entries_refused",
             "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table)",
             get(&c.entries_refused),

@@ -116,6 +116,8 @@ pub struct SyncCounters {
     pub refused: AtomicU64,
     pub write_parts: AtomicU64,
     pub writes_committed: AtomicU64,
+    /// Writes dropped before they committed, at the collector's request.
+    pub writes_abandoned: AtomicU64,
     pub values_written: AtomicU64,
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
@@ -429,7 +431,11 @@ impl SyncStage {
                 }
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
-                    if let Some(ack) = self.writes.on_part(&message, &ProgramState(program)) {
+                    let abandoned = self.writes.abandoned;
+                    let answer = self.writes.on_part(&message, &ProgramState(program));
+                    let dropped = self.writes.abandoned - abandoned;
+                    SyncCounters::add(&self.counters.writes_abandoned, dropped);
+                    if let Some(ack) = answer {
                         self.bytes.clear();
                         ack.encode_with(self.key.as_ref(), &mut self.bytes);
                         self.send_bytes();
@@ -592,6 +598,7 @@ pub struct SyncReport {
     pub refused: u64,
     pub write_parts: u64,
     pub writes_committed: u64,
+    pub writes_abandoned: u64,
     pub values_written: u64,
     pub changes_kept: u64,
     pub entries_refused: u64,
@@ -614,6 +621,7 @@ impl SyncPlan {
             refused: get(&c.refused),
             write_parts: get(&c.write_parts),
             writes_committed: get(&c.writes_committed),
+            writes_abandoned: get(&c.writes_abandoned),
             values_written: get(&c.values_written),
             changes_kept: get(&c.changes_kept),
             entries_refused: get(&c.entries_refused),
@@ -637,6 +645,12 @@ impl SyncReport {
             s += &format!(
                 "  writes committed {} ({} values, {} with their changes kept; {} parts)\n",
                 self.writes_committed, self.values_written, self.changes_kept, self.write_parts
+            );
+        }
+        if self.writes_abandoned > 0 {
+            s += &format!(
+                "  {} writes cancelled by the collector before they committed\n",
+                self.writes_abandoned
             );
         }
         for (n, what) in [

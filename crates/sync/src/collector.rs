@@ -10,7 +10,7 @@
 use crate::Location;
 use crate::mirror::{Mirror, MirrorCounters, Reading};
 use crate::wire::{ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, Message};
-use crate::write::{Completed, WriteEngine, Written};
+use crate::write::{Cancel, Completed, WriteEngine, Written};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 
@@ -187,8 +187,15 @@ impl Collector {
             return self.refuse("stale_epoch");
         }
         if let Some(done) = peer.engine.on_ack(now_ns, ack) {
-            self.completed
-                .insert((ack.switch, ack.stream, done.id), done);
+            let key = (ack.switch, ack.stream, done.id);
+            if done.cancelled {
+                self.abandoned.insert(
+                    key,
+                    "cancelled: the switch dropped it, nothing of it committed",
+                );
+            } else {
+                self.completed.insert(key, done);
+            }
         }
     }
 
@@ -280,6 +287,15 @@ impl Collector {
             )
         })?;
         peer.engine.submit(values)
+    }
+
+    /// Cancels write `id` of `switch`'s `stream` (see `WriteEngine::cancel`); its fate
+    /// comes with the switch's answer (`take_write`).
+    pub fn cancel(&mut self, switch: u32, stream: u16, id: u64) -> Cancel {
+        let Some(peer) = self.peers.get_mut(&(switch, stream)) else {
+            return Cancel::Unknown;
+        };
+        peer.engine.cancel(id)
     }
 
     /// What became of write `id` of `switch`'s `stream`: done, given up (why), or still on

@@ -73,7 +73,26 @@ pub struct Completed {
     pub latency_ns: u64,
     /// Parts sent, retransmissions included.
     pub transmissions: u64,
+    /// The switch dropped the write at the collector's request ([`WriteEngine::cancel`]):
+    /// nothing of it was committed.
+    pub cancelled: bool,
 }
+
+/// What [`WriteEngine::cancel`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancel {
+    /// The write sends no more parts, and the switch is asked to drop what it holds of
+    /// it; its answer says whether it did or had committed it already.
+    Asked,
+    /// No write of that id is queued or on its way.
+    Unknown,
+}
+
+/// An abandon's acknowledgement (no entries): the switch dropped the write.
+pub const ABANDONED: u64 = 0;
+/// An abandon's acknowledgement (no entries): the write had committed, or was whole and
+/// commits at once.
+pub const COMMITTED_ALREADY: u64 = 1;
 
 struct InFlight {
     id: u64,
@@ -92,6 +111,8 @@ struct InFlight {
     delivered_sent_ns: u64,
     /// The last part sent or acknowledgement taken.
     last_event_ns: u64,
+    /// Cancelled: the abandon's last sending and how often it went.
+    abandon: Option<(Option<u64>, u32)>,
     /// How often each part was sent (a part sent once gives a sample of the round trip).
     tries: Vec<u32>,
 }
@@ -147,7 +168,9 @@ pub struct WriteEngine {
     /// not feed it).
     backoff: u32,
     next_id: u64,
-    queue: VecDeque<(u64, Vec<Written>)>,
+    /// The writes waiting, by id: their values, or `None` once cancelled (the switch
+    /// still hears of the id, to skip it: it commits writes in order).
+    queue: VecDeque<(u64, Option<Vec<Written>>)>,
     current: Option<InFlight>,
     /// The bytes of a part's datagram, its MAC included: a 1,500-byte path's to begin
     /// with, as large as the stream's own messages have shown the path to carry
@@ -217,7 +240,7 @@ impl WriteEngine {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back((id, values));
+        self.queue.push_back((id, Some(values)));
         Ok(id)
     }
 
@@ -244,13 +267,32 @@ impl WriteEngine {
         self.current.is_none() && self.queue.is_empty()
     }
 
+    /// Cancels write `id`: it sends no more parts (a queued one none at all), and the
+    /// switch is asked to drop what it holds of it until it answers (a switch commits
+    /// writes in order, so the next write waits for that answer). The answer completes the
+    /// write, `cancelled` or, where the switch had committed it, not.
+    pub fn cancel(&mut self, id: u64) -> Cancel {
+        if let Some((_, values)) = self.queue.iter_mut().find(|(queued, _)| *queued == id) {
+            *values = None;
+            return Cancel::Asked;
+        }
+        match &mut self.current {
+            Some(w) if w.id == id => {
+                w.abandon.get_or_insert((None, 0));
+                Cancel::Asked
+            }
+            _ => Cancel::Unknown,
+        }
+    }
+
     /// Starts the next write if none is in flight, and sends its parts that were never
     /// sent or not acknowledged within the timeout.
     pub fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
-            let parts = self.parts_of(&values);
+            let abandon = values.is_none().then_some((None, 0));
+            let parts = values.map_or_else(Vec::new, |v| self.parts_of(&v));
             let n = parts.len();
             self.current = Some(InFlight {
                 id,
@@ -264,6 +306,7 @@ impl WriteEngine {
                 latest_acked_order: 0,
                 delivered_sent_ns: 0,
                 last_event_ns: now_ns,
+                abandon,
                 tries: vec![0; n],
             });
         }
@@ -273,6 +316,29 @@ impl WriteEngine {
             .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
         let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
         let Some(w) = &mut self.current else { return };
+        if let Some((sent_at, tries)) = &mut w.abandon {
+            // Parts no more: the abandon (a part of no parts), until it is answered.
+            if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
+                let abandon = Message {
+                    kind: Kind::Write,
+                    switch: self.switch,
+                    epoch: self.epoch,
+                    stream: self.stream,
+                    seq: w.id,
+                    sent_ns: now_ns,
+                    t_max: 0,
+                    more: false,
+                    entries: Vec::new(),
+                };
+                out.extend(std::iter::repeat_n(
+                    abandon,
+                    1 << (*tries).min(MAX_COPIES_LOG2),
+                ));
+                *sent_at = Some(now_ns);
+                *tries += 1;
+            }
+            return;
+        }
         let total = w.parts.len() as u64;
         // Lost: sent well before a part since acknowledged (as TCP's SACK reasons), or
         // before a transmission known to have arrived, which an acknowledgement names by
@@ -353,6 +419,22 @@ impl WriteEngine {
         if ack.kind != Kind::WriteAck || !ours || ack.seq != w.id {
             return None;
         }
+        if w.abandon.is_some() {
+            // Only the abandon's answer says what became of the write: a bitmap sent
+            // before it may show every part held of a write the switch then dropped.
+            if !ack.entries.is_empty() {
+                return None;
+            }
+            let done = Completed {
+                id: w.id,
+                parts: w.parts.len() as u32,
+                latency_ns: now_ns.saturating_sub(w.started_ns),
+                transmissions: w.transmissions,
+                cancelled: ack.t_max == ABANDONED,
+            };
+            self.current = None;
+            return Some(done);
+        }
         w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
         w.last_event_ns = now_ns;
         for e in &ack.entries {
@@ -389,6 +471,7 @@ impl WriteEngine {
             parts: w.parts.len() as u32,
             latency_ns: now_ns.saturating_sub(w.started_ns),
             transmissions: w.transmissions,
+            cancelled: false,
         };
         self.current = None;
         Some(done)
@@ -439,7 +522,15 @@ pub struct WriteStage {
     committed_up_to: u64,
     /// Parts refused as malformed (an index past the write's parts, a count that changed).
     pub refused: u64,
+    /// Writes dropped at the collector's request before they committed.
+    pub abandoned: u64,
+    /// The ids of the last `REMEMBERED_ABANDONS` of them, so that a repeated abandon, or
+    /// a late part, of one is answered as dropped, not as committed.
+    abandoned_ids: VecDeque<u64>,
 }
+
+/// Abandoned writes a stage remembers.
+const REMEMBERED_ABANDONS: usize = 64;
 
 impl WriteStage {
     /// Takes a part of a write (reading `state` for the locations whose changes are kept);
@@ -449,6 +540,9 @@ impl WriteStage {
             return None;
         }
         let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
+        if part.t_max == 0 && part.entries.is_empty() {
+            return self.on_abandon(part);
+        }
         if total == 0 || index >= total || total > MAX_PARTS {
             self.refused += 1;
             return None;
@@ -460,6 +554,9 @@ impl WriteStage {
             more: false,
             ..part.clone()
         };
+        if self.abandoned_ids.contains(&part.seq) {
+            return Some(Self::abandon_answer(part, ABANDONED));
+        }
         if part.seq <= self.committed_up_to {
             // Committed already: every part is held, as far as the engine is concerned.
             let all = (0..total.div_ceil(64))
@@ -523,6 +620,42 @@ impl WriteStage {
             .map(|word| bitmap_word(word, total, held))
             .collect();
         Some(ack(staging.received, bits))
+    }
+
+    /// The collector cancelled write `part.seq`: dropped if it is the next to commit and
+    /// not whole; answered with [`ABANDONED`], or [`COMMITTED_ALREADY`] where it committed
+    /// or is whole (and commits at once: the collector may have seen it whole).
+    fn on_abandon(&mut self, part: &Message) -> Option<Message> {
+        let next = self.committed_up_to + 1;
+        let whole = |s: &Staging| s.received == s.parts.len() as u64;
+        let answer = if self.abandoned_ids.contains(&part.seq) {
+            ABANDONED
+        } else if part.seq < next || self.staged.get(&part.seq).is_some_and(whole) {
+            COMMITTED_ALREADY
+        } else if part.seq == next {
+            self.staged.remove(&next);
+            self.committed_up_to = next;
+            self.abandoned += 1;
+            if self.abandoned_ids.len() == REMEMBERED_ABANDONS {
+                self.abandoned_ids.pop_front();
+            }
+            self.abandoned_ids.push_back(next);
+            ABANDONED
+        } else {
+            self.refused += 1;
+            return None;
+        };
+        Some(Self::abandon_answer(part, answer))
+    }
+
+    fn abandon_answer(part: &Message, answer: u64) -> Message {
+        Message {
+            kind: Kind::WriteAck,
+            entries: Vec::new(),
+            t_max: answer,
+            more: false,
+            ..part.clone()
+        }
     }
 
     /// Whether parts of a write not committed yet are held (more are on their way).
@@ -995,5 +1128,61 @@ mod tests {
         };
         assert_eq!(run(true), 12, "7 before its part, 5 after");
         assert_eq!(run(false), 5, "only those after its own part");
+    }
+
+    /// A cancelled write's parts stop and the abandon goes until answered; the switch
+    /// drops what it holds of it and says so, answers a repeated abandon or a late part of
+    /// it the same, and commits the next write; a write already whole is answered as
+    /// committed.
+    #[test]
+    fn a_cancelled_write_is_dropped_by_the_switch_and_the_next_commits() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        let first = engine
+            .submit(values(2 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let second = engine.submit(values(1, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(engine.cancel(first), Cancel::Asked);
+        assert_eq!(engine.cancel(99), Cancel::Unknown);
+        let mut abandon = Vec::new();
+        engine.poll(10, &mut abandon);
+        assert_eq!(abandon.len(), 1);
+        assert!(abandon[0].entries.is_empty() && abandon[0].t_max == 0);
+        let answer = stage.on_part(&abandon[0], &state).unwrap();
+        assert_eq!((answer.entries.len(), answer.t_max), (0, ABANDONED));
+        assert_eq!(stage.abandoned, 1);
+        assert_eq!(stage.on_part(&abandon[0], &state).unwrap().t_max, ABANDONED);
+        let late = stage.on_part(&out[1], &state).unwrap();
+        assert_eq!(
+            (late.entries.len(), late.t_max),
+            (0, ABANDONED),
+            "a late part"
+        );
+        assert_eq!(stage.commit(&mut state), None);
+        assert!(state.0.is_empty(), "nothing of it committed");
+        let done = engine.on_ack(20, &answer).unwrap();
+        assert!(done.cancelled && done.id == first);
+        // The next write goes, and commits.
+        out.clear();
+        engine.poll(30, &mut out);
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(second));
+        assert!(!engine.on_ack(40, &ack).unwrap().cancelled);
+        // Cancelled once whole at the switch: answered as committed.
+        let third = engine.submit(values(1, Mode::Set)).unwrap();
+        out.clear();
+        engine.poll(50, &mut out);
+        stage.on_part(&out[0], &state).unwrap();
+        engine.cancel(third);
+        let mut abandon = Vec::new();
+        engine.poll(60, &mut abandon);
+        let answer = stage.on_part(&abandon[0], &state).unwrap();
+        assert_eq!(answer.t_max, COMMITTED_ALREADY);
+        assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(third));
+        assert!(!engine.on_ack(70, &answer).unwrap().cancelled);
     }
 }

@@ -4,13 +4,17 @@
 //! its registers, one write after another, while the data plane counts. At every step the
 //! registers are all of one write (none is ever seen half applied); every write commits
 //! once, in order; and no count is lost: what was counted equals what the counters hold
-//! plus what the resets replaced. `SYNC_SEEDS=N` runs N seeds (1,000 by default).
+//! plus what the resets replaced. Now and then the collector cancels the write on its way:
+//! a write the switch says it dropped never commits, one it had committed is reported
+//! committed, and the writes after it still commit. `SYNC_SEEDS=N` runs N seeds (1,000 by
+//! default).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::rng::Rng;
 use stateplane_sync::Location;
 use stateplane_sync::channel::{Channel, ChannelConfig, Faults, WriteLink};
-use stateplane_sync::write::{Mode, WriteEngine, WriteStage, WriteTarget, Written};
+use stateplane_sync::write::{Cancel, Mode, WriteEngine, WriteStage, WriteTarget, Written};
+use std::collections::BTreeSet;
 
 const COUNTERS: u32 = 200;
 const REGISTERS: u32 = 100;
@@ -48,7 +52,8 @@ impl WriteTarget for Switch {
     }
 }
 
-fn run(seed: u64) -> u64 {
+/// Parts sent, writes the switch dropped when asked, writes asked too late.
+fn run(seed: u64) -> (u64, u64, u64) {
     let mut rng = Rng::new(seed);
     let faults = Faults {
         loss: rng.below(81) as f64 / 100.0,
@@ -63,7 +68,9 @@ fn run(seed: u64) -> u64 {
         registers: vec![0; REGISTERS as usize],
     };
     let (mut counted, mut replaced) = (0u64, 0u64);
-    let (mut submitted, mut committed, mut completed) = (0u64, 0u64, 0u64);
+    let (mut submitted, mut last_committed, mut completed) = (0u64, 0u64, 0u64);
+    let (mut committed, mut cancelled) = (BTreeSet::new(), BTreeSet::new());
+    let mut asked = BTreeSet::new();
     let mut transmissions = 0;
     let mut now = 0u64;
     while completed < WRITES {
@@ -93,9 +100,19 @@ fn run(seed: u64) -> u64 {
         }
         // Between bursts, the switch commits what is whole.
         if let Some(c) = stage.commit(&mut sw) {
-            committed += 1;
-            assert_eq!(c.id, committed, "seed {seed}: in order, once");
+            assert!(c.id > last_committed, "seed {seed}: in order, once");
+            last_committed = c.id;
+            committed.insert(c.id);
             replaced += c.replaced;
+        }
+        if !engine.is_idle() && rng.chance(0.0005) {
+            let cancel = engine.cancel(submitted);
+            assert_eq!(
+                cancel,
+                Cancel::Asked,
+                "seed {seed}: write {submitted} is on its way"
+            );
+            asked.insert(submitted);
         }
         let write = (sw.registers[0] / 1_000) as usize;
         for (i, &r) in sw.registers.iter().enumerate() {
@@ -113,19 +130,34 @@ fn run(seed: u64) -> u64 {
             completed += 1;
             assert_eq!(done.id, completed, "seed {seed}");
             transmissions += done.transmissions;
+            if done.cancelled {
+                cancelled.insert(done.id);
+            }
         }
         now += STEP_NS;
     }
+    // A write whole at the switch when its cancel came was answered as committed: it
+    // commits between the next two bursts.
+    if let Some(c) = stage.commit(&mut sw) {
+        committed.insert(c.id);
+        replaced += c.replaced;
+    }
     assert!(
-        committed >= completed,
-        "seed {seed}: acknowledged before committed"
+        committed.is_disjoint(&cancelled),
+        "seed {seed}: a write the switch dropped committed: {committed:?} {cancelled:?}"
+    );
+    assert_eq!(
+        committed.len() + cancelled.len(),
+        WRITES as usize,
+        "seed {seed}: every write committed or dropped (acknowledged before committed?): {committed:?} {cancelled:?}"
     );
     assert_eq!(
         counted,
         sw.counters.iter().sum::<u64>() + replaced,
         "seed {seed}: a count lost to a reset"
     );
-    transmissions
+    let too_late = asked.difference(&cancelled).count() as u64;
+    (transmissions, cancelled.len() as u64, too_late)
 }
 
 #[test]
@@ -134,11 +166,18 @@ fn writes_commit_whole_once_in_order_and_lose_no_count() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000);
-    let mut transmissions = 0;
+    let (mut transmissions, mut dropped, mut too_late) = (0, 0, 0);
     for seed in 0..seeds {
-        transmissions += run(seed);
+        let (sent, d, late) = run(seed);
+        transmissions += sent;
+        dropped += d;
+        too_late += late;
     }
-    println!("{seeds} seeds, {transmissions} parts sent");
+    println!(
+        "{seeds} seeds, {transmissions} parts sent, {dropped} writes dropped when cancelled, \
+         {too_late} cancelled too late (committed)"
+    );
+    assert!(dropped > 0 && too_late > 0, "{dropped} {too_late}");
     // Five parts a write (200 + 100 values, runs of one of 21 and 22 bytes, 66 to a
     // part), twelve writes a seed: more went than that.
     assert!(transmissions > seeds * WRITES * 6, "{transmissions}");
