@@ -25,8 +25,10 @@ use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
 use stateplane_sync::wire::ENTRY_LEN;
 
+/// A Zipf stream of flows counted in a count-min sketch, and what makes a heavy hitter:
+/// the workload of the sketch experiments (`bench-sync-hh`, `bench-sync-reorder`).
 #[derive(clap::Args)]
-pub struct BenchSyncHhArgs {
+pub struct SketchStream {
     /// Flows, with Zipf-distributed popularity.
     #[arg(long, default_value_t = 100_000)]
     pub flows: usize,
@@ -36,16 +38,59 @@ pub struct BenchSyncHhArgs {
     /// Packets a second (each changes one counter a row).
     #[arg(long, default_value_t = 1_000_000)]
     pub rate: u64,
-    /// The channel's capacity, bytes a second.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub capacity: u64,
     #[arg(long, default_value_t = 4096)]
     pub width: usize,
     #[arg(long, default_value_t = 4)]
     pub depth: usize,
-    /// A heavy hitter has at least this share of the packets so far.
+    /// A heavy hitter has at least this share of the packets (so far, or of an interval).
     #[arg(long, default_value_t = 0.001)]
     pub share: f64,
+}
+
+impl SketchStream {
+    /// The stream, for a run's input line.
+    pub(crate) fn describe(&self, seed: u64) -> String {
+        format!(
+            "{} flows, Zipf {}, {} packets a second into a count-min sketch of {} x {} (seed \
+             {seed})",
+            self.flows, self.zipf, self.rate, self.depth, self.width
+        )
+    }
+}
+
+/// The stream's packets as they arrive, a virtual step at a time.
+pub(crate) struct Arrivals {
+    zipf: Zipf,
+    per_step: f64,
+    owed: f64,
+}
+
+impl Arrivals {
+    pub(crate) fn new(s: &SketchStream, step_ns: u64) -> Arrivals {
+        Arrivals {
+            zipf: Zipf::new(s.flows, s.zipf),
+            per_step: s.rate as f64 * step_ns as f64 / 1e9,
+            owed: 0.0,
+        }
+    }
+
+    /// Calls `each` with the flow of every packet that arrives in the next step.
+    pub(crate) fn step(&mut self, rng: &mut Rng, mut each: impl FnMut(usize)) {
+        self.owed += self.per_step;
+        while self.owed >= 1.0 {
+            self.owed -= 1.0;
+            each(self.zipf.sample(rng));
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct BenchSyncHhArgs {
+    #[command(flatten)]
+    pub stream: SketchStream,
+    /// The channel's capacity, bytes a second.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub capacity: u64,
     /// Virtual seconds per run.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
@@ -118,7 +163,7 @@ struct Outcome {
 }
 
 fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
-    let cells = (a.depth * a.width.next_power_of_two()) as u32;
+    let cells = (a.stream.depth * a.stream.width.next_power_of_two()) as u32;
     let updates_per_second = RateController::capacity_of(a.capacity, ENTRY_LEN as u64);
     let mut sender = Sender::new(SenderConfig {
         switch: 1,
@@ -137,11 +182,11 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
         states: vec![(0, cells)],
     });
     let mut link: VirtualLink<Vec<u32>> = VirtualLink::new(a.capacity, a.seed);
-    let mut sketch = CountMin::new(a.depth, a.width, a.seed);
+    let mut sketch = CountMin::new(a.stream.depth, a.stream.width, a.seed);
     sketch.counters_mut().track(0, 0);
     let mut rng = Rng::new(a.seed);
-    let zipf = Zipf::new(a.flows, a.zipf);
-    let mut truth = vec![0u64; a.flows];
+    let mut arrivals = Arrivals::new(&a.stream, STEP_NS);
+    let mut truth = vec![0u64; a.stream.flows];
     let mut total = 0u64;
     let (mut changes, mut out) = (Vec::new(), Vec::new());
     let mut outcome = Outcome {
@@ -155,19 +200,14 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
         max_bound: 0,
         max_gap: 0,
     };
-    let per_step = a.rate as f64 * STEP_NS as f64 / 1e9;
-    let mut owed = 0.0;
     let end_ns = (a.seconds * 1e9) as u64;
     let mut now = 0;
     while now <= end_ns {
-        owed += per_step;
-        while owed >= 1.0 {
-            owed -= 1.0;
-            let key = zipf.sample(&mut rng);
+        arrivals.step(&mut rng, |key| {
             sketch.add(&(key as u64), 1);
             truth[key] += 1;
             total += 1;
-        }
+        });
         if now % PASS_NS == 0 {
             sketch.counters_mut().take_changes(&mut changes);
             sender.expect_change(changes.iter().map(|c| c.new - c.old).sum());
@@ -240,20 +280,32 @@ fn sample(
             None => outcome.unbounded += 1,
         }
     }
-    outcome.sync.add(truth, |k| from_copy[k], total, a.share);
-    outcome.sync_upper.add(truth, |k| upper[k], total, a.share);
+    outcome
+        .sync
+        .add(truth, |k| from_copy[k], total, a.stream.share);
+    outcome
+        .sync_upper
+        .add(truth, |k| upper[k], total, a.stream.share);
     let ideal = |k: usize| u64::from(sketch.estimate(&(k as u64)));
-    outcome.ideal.add(truth, ideal, total, a.share);
+    outcome.ideal.add(truth, ideal, total, a.stream.share);
     Ok(())
 }
 
 pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
-    if a.flows == 0 || a.rate == 0 || a.capacity == 0 || a.width == 0 || a.depth == 0 {
+    if a.stream.flows == 0
+        || a.stream.rate == 0
+        || a.capacity == 0
+        || a.stream.width == 0
+        || a.stream.depth == 0
+    {
         return Err("--flows, --rate, --capacity, --width and --depth must be above 0".into());
     }
-    let share_ok = a.share > 0.0 && a.share < 1.0;
+    let share_ok = a.stream.share > 0.0 && a.stream.share < 1.0;
     if !share_ok {
-        return Err(format!("--share: {} is not above 0 and below 1", a.share));
+        return Err(format!(
+            "--share: {} is not above 0 and below 1",
+            a.stream.share
+        ));
     }
     let seconds_ok = a.seconds > 0.0 && a.seconds <= 60.0;
     if !seconds_ok {
@@ -267,11 +319,13 @@ pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
     eprintln!("mirror, every change");
     let mirror = run(&a, true)?;
     println!(
-        "input: {} flows, Zipf {}, {} packets a second into a count-min sketch of {} x {} \
-         (seed {}); a channel of {} bytes a second; {} virtual seconds, sampled every 100 ms; \
+        "input: {}; a channel of {} bytes a second; {} virtual seconds, sampled every 100 ms; \
          a heavy hitter has {} of the packets so far; checked: Lemma 1 at every sample for \
          every key",
-        a.flows, a.zipf, a.rate, a.depth, a.width, a.seed, a.capacity, a.seconds, a.share
+        a.stream.describe(a.seed),
+        a.capacity,
+        a.seconds,
+        a.stream.share
     );
     let mut table = Table::new(
         &["heavy hitters from"],
@@ -351,7 +405,7 @@ pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
             "Sync: heavy hitters from the collector's copy of a sketch",
             &format!(
                 "{} packets/s, a channel of {} bytes/s, every 100 ms for {} s",
-                a.rate, a.capacity, a.seconds
+                a.stream.rate, a.capacity, a.seconds
             ),
             &[
                 panel("false negatives", &|x| x.false_negatives as f64),

@@ -20,10 +20,10 @@
 //! `defer` leaves every counter 0.
 
 use crate::BenchResult;
-use crate::bench_sync_hh::Accuracy;
+use crate::bench_sync_hh::{Accuracy, Arrivals, SketchStream};
 use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
-use stateplane_gen::rng::{Rng, Zipf};
+use stateplane_gen::rng::Rng;
 use stateplane_state::CountMin;
 use stateplane_sync::Location;
 use stateplane_sync::channel::{Channel, ChannelConfig, Faults, WriteLink};
@@ -31,14 +31,8 @@ use stateplane_sync::write::{Mode, WriteEngine, WriteStage, WriteTarget, Written
 
 #[derive(clap::Args)]
 pub struct BenchSyncReorderArgs {
-    /// Flows, with Zipf-distributed popularity.
-    #[arg(long, default_value_t = 100_000)]
-    pub flows: usize,
-    #[arg(long, default_value_t = 1.1)]
-    pub zipf: f64,
-    /// Packets a second (each adds one to a counter of each row).
-    #[arg(long, default_value_t = 1_000_000)]
-    pub rate: u64,
+    #[command(flatten)]
+    pub stream: SketchStream,
     /// The reset's period, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub interval_ms: u64,
@@ -51,13 +45,6 @@ pub struct BenchSyncReorderArgs {
     /// Comma-separated shares of the datagrams lost each way.
     #[arg(long, value_delimiter = ',', default_value = "0,0.2,0.5")]
     pub losses: Vec<f64>,
-    #[arg(long, default_value_t = 4096)]
-    pub width: usize,
-    #[arg(long, default_value_t = 4)]
-    pub depth: usize,
-    /// A heavy hitter has at least this share of the interval's packets.
-    #[arg(long, default_value_t = 0.001)]
-    pub share: f64,
     /// Virtual seconds per run.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
@@ -148,7 +135,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
     let mut link = WriteLink::new(channel(a.seed), channel(a.seed ^ 0x5555));
     let mut engine = WriteEngine::new(1, 1, 0, 200_000);
     let mut stage = WriteStage::default();
-    let mut sketch = CountMin::new(a.depth, a.width, a.seed);
+    let mut sketch = CountMin::new(a.stream.depth, a.stream.width, a.seed);
     let cells = sketch.counters().as_slice().len() as u32;
     let mode = if way == Way::Keep {
         Mode::SetKeepingChanges
@@ -163,8 +150,8 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
         })
         .collect();
     let mut rng = Rng::new(a.seed);
-    let zipf = Zipf::new(a.flows, a.zipf);
-    let mut truth = vec![0u64; a.flows];
+    let mut arrivals = Arrivals::new(&a.stream, STEP_NS);
+    let mut truth = vec![0u64; a.stream.flows];
     let (mut interval_packets, mut increments) = (0u64, 0u64);
     let mut erased = 0u64;
     let mut deferred: Vec<usize> = Vec::new();
@@ -172,8 +159,6 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
     let mut writing: Option<(u64, u64)> = None;
     let mut outcome = Outcome::default();
     let interval_ns = a.interval_ms * 1_000_000;
-    let per_step = a.rate as f64 * STEP_NS as f64 / 1e9;
-    let mut owed = 0.0;
     let end_ns = (a.seconds * 1e9) as u64;
     let mut now = 0;
     while now <= end_ns {
@@ -190,7 +175,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
             }
             outcome.intervals += 1;
             let estimate = |key: usize| u64::from(sketch.estimate(&(key as u64)));
-            (outcome.hitters).add(&truth, estimate, interval_packets, a.share);
+            (outcome.hitters).add(&truth, estimate, interval_packets, a.stream.share);
             truth.iter_mut().for_each(|t| *t = 0);
             interval_packets = 0;
             if way == Way::Ideal {
@@ -201,13 +186,10 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
                 writing = Some((now, total(&sketch)));
             }
         }
-        owed += per_step;
-        while owed >= 1.0 {
-            owed -= 1.0;
-            let key = zipf.sample(&mut rng);
+        arrivals.step(&mut rng, |key| {
             truth[key] += 1;
             interval_packets += 1;
-            increments += a.depth as u64;
+            increments += a.stream.depth as u64;
             if writing.is_some() {
                 outcome.made_while_writing += 1;
             }
@@ -216,7 +198,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
             } else {
                 sketch.add(&(key as u64), 1);
             }
-        }
+        });
         let completed = (link.step(now, &mut engine, &mut stage, &Counters(&mut sketch)))
             .map_err(|e| format!("decoding our own: {e}"))?;
         if let Some(done) = completed {
@@ -231,7 +213,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
             // What the commit took away, of which what came after the issue.
             let took = if way == Way::Keep { c.replaced } else { before };
             erased += took;
-            outcome.lost += took.saturating_sub(total_at_issue) / a.depth as u64;
+            outcome.lost += took.saturating_sub(total_at_issue) / a.stream.depth as u64;
             if way != Way::Keep && total(&sketch) != 0 {
                 return Err(format!("{}: a commit left counters not 0", way.name()));
             }
@@ -242,7 +224,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
         }
         now += STEP_NS;
     }
-    if increments != total(&sketch) + erased + deferred.len() as u64 * a.depth as u64 {
+    if increments != total(&sketch) + erased + deferred.len() as u64 * a.stream.depth as u64 {
         return Err(format!(
             "{}: {increments} increments, but {} in the counters and {erased} erased",
             way.name(),
@@ -258,7 +240,7 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
             "--losses: {l} is not a chance between 0 and 1 (1 excluded)"
         ));
     }
-    if a.interval_ms == 0 || a.rate == 0 || a.flows == 0 || a.seconds <= 0.0 {
+    if a.interval_ms == 0 || a.stream.rate == 0 || a.stream.flows == 0 || a.seconds <= 0.0 {
         return Err("--interval-ms, --rate, --flows and --seconds must be more than 0".to_string());
     }
     let mut table = Table::new(
@@ -311,23 +293,17 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
         }
     }
     println!(
-        "input: {} flows, Zipf {}, {} packets a second into a count-min sketch of {} x {} \
-         (seed {}), reset every {} ms by a write of all its counters to 0 over a channel of \
+        "input: {}, reset every {} ms by a write of all its counters to 0 over a channel of \
          {} bytes/s and {} us each way, losing the share given each way; heavy hitters: {} \
          of an interval's packets, read from the data plane's sketch before each reset, \
          against the exact counts since the last reset was issued; {} virtual seconds; \
          checked: every increment is in the counters or was erased by a commit, and a set \
          commit leaves every counter 0",
-        a.flows,
-        a.zipf,
-        a.rate,
-        a.depth,
-        a.width,
-        a.seed,
+        a.stream.describe(a.seed),
         a.interval_ms,
         a.capacity,
         a.latency_us,
-        a.share,
+        a.stream.share,
         a.seconds
     );
     table.print();
@@ -346,7 +322,7 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
             "Sync: updates made while a reset is on its way",
             &format!(
                 "{} packets/s, a reset every {} ms, heavy hitters at {} of an interval",
-                a.rate, a.interval_ms, a.share
+                a.stream.rate, a.interval_ms, a.stream.share
             ),
             &[
                 panel("updates lost", &|o| o.lost as f64),

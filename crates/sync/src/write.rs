@@ -315,21 +315,12 @@ impl WriteEngine {
             .rtt
             .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
         let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
+        let ids = (self.switch, self.epoch, self.stream);
         let Some(w) = &mut self.current else { return };
         if let Some((sent_at, tries)) = &mut w.abandon {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
-                let abandon = Message {
-                    kind: Kind::Write,
-                    switch: self.switch,
-                    epoch: self.epoch,
-                    stream: self.stream,
-                    seq: w.id,
-                    sent_ns: now_ns,
-                    t_max: 0,
-                    more: false,
-                    entries: Vec::new(),
-                };
+                let abandon = write_message(ids, w.id, now_ns, 0, Vec::new());
                 out.extend(std::iter::repeat_n(
                     abandon,
                     1 << (*tries).min(MAX_COPIES_LOG2),
@@ -388,17 +379,8 @@ impl WriteEngine {
                 } else {
                     1 << w.tries[i].min(MAX_COPIES_LOG2)
                 };
-                let message = Message {
-                    kind: Kind::Write,
-                    switch: self.switch,
-                    epoch: self.epoch,
-                    stream: self.stream,
-                    seq: w.id,
-                    sent_ns: now_ns,
-                    t_max: ((i as u64) << 32) | total,
-                    more: false,
-                    entries: w.parts[i].clone(),
-                };
+                let t_max = ((i as u64) << 32) | total;
+                let message = write_message(ids, w.id, now_ns, t_max, w.parts[i].clone());
                 out.extend(std::iter::repeat_n(message, copies));
                 w.sent_at[i] = Some(now_ns);
                 w.last_event_ns = now_ns;
@@ -425,15 +407,8 @@ impl WriteEngine {
             if !ack.entries.is_empty() {
                 return None;
             }
-            let done = Completed {
-                id: w.id,
-                parts: w.parts.len() as u32,
-                latency_ns: now_ns.saturating_sub(w.started_ns),
-                transmissions: w.transmissions,
-                cancelled: ack.t_max == ABANDONED,
-            };
-            self.current = None;
-            return Some(done);
+            let cancelled = ack.t_max == ABANDONED;
+            return self.finish(now_ns, cancelled);
         }
         w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
         w.last_event_ns = now_ns;
@@ -462,19 +437,22 @@ impl WriteEngine {
                 Some((srtt, rttvar)) => ((7 * srtt + r) / 8, (3 * rttvar + srtt.abs_diff(r)) / 4),
             });
         }
-        let w = self.current.as_mut()?;
-        if w.left > 0 {
+        if self.current.as_ref()?.left > 0 {
             return None;
         }
-        let done = Completed {
+        self.finish(now_ns, false)
+    }
+
+    /// Ends the write in flight: seen through, or dropped by the switch (`cancelled`).
+    fn finish(&mut self, now_ns: u64, cancelled: bool) -> Option<Completed> {
+        let w = self.current.take()?;
+        Some(Completed {
             id: w.id,
             parts: w.parts.len() as u32,
             latency_ns: now_ns.saturating_sub(w.started_ns),
             transmissions: w.transmissions,
-            cancelled: false,
-        };
-        self.current = None;
-        Some(done)
+            cancelled,
+        })
     }
 }
 
@@ -482,6 +460,28 @@ impl WriteEngine {
 /// values, read between two bursts, so the pause stays short): a state larger than that
 /// keeps changes from each part's own arrival.
 pub const MAX_SNAPSHOT: usize = 1 << 18;
+
+/// A message of write `id` on the stream `(switch, epoch, stream)`: a part (`t_max` its
+/// index and the write's parts), or an abandon (`t_max` 0, no entries).
+fn write_message(
+    (switch, epoch, stream): (u32, u32, u16),
+    id: u64,
+    sent_ns: u64,
+    t_max: u64,
+    entries: Vec<Update>,
+) -> Message {
+    Message {
+        kind: Kind::Write,
+        switch,
+        epoch,
+        stream,
+        seq: id,
+        sent_ns,
+        t_max,
+        more: false,
+        entries,
+    }
+}
 
 /// Writes a stage holds parts of at most, counted from the next to commit: the engine
 /// sends one at a time, so parts of others are garbage, refused before they take memory.
