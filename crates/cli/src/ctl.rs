@@ -157,7 +157,8 @@ pub enum SyncCommand {
         /// its way (a counter reset that loses no count).
         #[arg(long)]
         keep_changes: bool,
-        /// How long to wait for the commits, in milliseconds.
+        /// How long to wait for the commits, in milliseconds; then the write is
+        /// cancelled where it has not committed, and the error says what became of it.
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u32,
     },
@@ -182,7 +183,8 @@ pub enum SyncCommand {
         /// (docs/SYNC.md: 1 + the key's words + the parameters' words).
         #[arg(long, default_value_t = 1)]
         entry_words: u32,
-        /// How long to wait for each write's commits, in milliseconds.
+        /// How long to wait for each write's commits, in milliseconds (then it is
+        /// cancelled, as `write`'s).
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u32,
     },
