@@ -656,18 +656,22 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     let mut taken = Vec::new();
     assert_eq!(program.write_synced(0, 255, 5), Some(0));
     assert_eq!(program.read_synced(0, 255), Some(5));
+    // A value wider than the sketch's 32-bit counters is refused and counted, not cut.
+    assert_eq!(program.write_synced(0, 254, 1 << 32), None);
+    assert_eq!(program.write_synced(0, 253, u64::from(u32::MAX)), Some(0));
+    assert_eq!(program.read_synced(0, 254), Some(0));
+    assert_eq!(program.commit_synced_write(), 1, "the value too wide");
+    assert_eq!(program.commit_synced_write(), 0, "counted once");
     assert_eq!(program.read_synced(0, 256), None);
     program.changes(&mut taken);
-    assert_eq!(
-        taken,
-        [changes::Change {
-            state: 0,
-            index: 255,
-            old: 0,
-            new: 5,
-            exact: false,
-        }]
-    );
+    let change = |index, new| changes::Change {
+        state: 0,
+        index,
+        old: 0,
+        new,
+        exact: false,
+    };
+    assert_eq!(taken, [change(253, u64::from(u32::MAX)), change(255, 5)]);
     // The wrapper hands on what the program says of its workers (kv runs on one).
     let kv_table = toml::from_str("server = \"198.19.0.100\"\nclients = \"a\"\nbackend = \"b\"");
     let kv = build("kv", Some(&kv_table.unwrap()), &names).unwrap();

@@ -525,6 +525,11 @@ fn not_built(g: Guarantee) -> String {
 struct Guaranteed {
     inner: Box<dyn Running>,
     overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+    /// The bits of each synced state that is a register (by id), whose top-down writes
+    /// are checked against them.
+    register_bits: Vec<Option<u8>>,
+    /// Values of the write in progress refused as wider than their register's cells.
+    values_refused: u64,
 }
 
 impl Guaranteed {
@@ -535,13 +540,26 @@ impl Guaranteed {
         let synced = overrides
             .iter()
             .filter(|(_, g)| g.contains(&Guarantee::Synced));
+        let declared = inner.declarations();
+        let mut register_bits = Vec::new();
         for (id, (name, _)) in synced.enumerate() {
             // `with_guarantees` made sure an instance tracks each name; one that did not
             // would sync nothing, so the sync stage checks `synced()` against the
             // declarations before it starts.
             let _ = inner.track(name, id as u16);
+            register_bits.push(declared.iter().find(|d| &d.name == name).and_then(
+                |d| match d.kind {
+                    stateplane_state::Kind::Register { bits } => Some(bits),
+                    _ => None,
+                },
+            ));
         }
-        Box::new(Guaranteed { inner, overrides })
+        Box::new(Guaranteed {
+            inner,
+            overrides,
+            register_bits,
+            values_refused: 0,
+        })
     }
 }
 
@@ -613,11 +631,19 @@ impl Program for Guaranteed {
         self.inner.read_synced(id, index)
     }
 
+    /// A value wider than its register's cells is refused (nothing written) and counted
+    /// with the write's refusals, rather than cut: the collector's user asked for a value
+    /// the switch cannot hold.
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        let bits = self.register_bits.get(usize::from(id)).copied().flatten();
+        if bits.is_some_and(|bits| bits < 64 && value >> bits != 0) {
+            self.values_refused += 1;
+            return None;
+        }
         self.inner.write_synced(id, index, value)
     }
 
     fn commit_synced_write(&mut self) -> u64 {
-        self.inner.commit_synced_write()
+        self.inner.commit_synced_write() + std::mem::take(&mut self.values_refused)
     }
 }

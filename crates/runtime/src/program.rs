@@ -239,7 +239,8 @@ pub trait Program: Send {
     /// Writes `value` at `index` of synced state `id` (a top-down write, which the sync
     /// stage commits between two bursts); the value it replaced, or `None` (nothing
     /// written) past its end or for an id not tracked. A value wider than the state's
-    /// cells is cut to their width, as the data plane's own arithmetic would.
+    /// cells never comes here from a run's sync stage (the guarantees' wrapper refuses
+    /// and counts it); given one, a program cuts it to the cells' width.
     fn write_synced(&mut self, _id: u16, _index: u32, _value: u64) -> Option<u64> {
         None
     }

@@ -138,7 +138,7 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
         ),
         (
             "entries_refused",
-            "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table)",
+            "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table), and register values wider than their cells",
             get(&c.entries_refused),
         ),
     ] {

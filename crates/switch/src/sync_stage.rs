@@ -122,7 +122,7 @@ pub struct SyncCounters {
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
     /// Entries of writes into tables refused whole (words missing, fields that do not fit,
-    /// a full table).
+    /// a full table), and register values wider than their cells.
     pub entries_refused: AtomicU64,
 }
 
@@ -488,8 +488,9 @@ impl SyncStage {
             SyncCounters::add(&self.counters.entries_refused, done.refused);
             if done.refused > 0 {
                 log::warn!(
-                    "sync: write {} committed with {} table entries refused (words missing, \
-                     fields that do not fit the declaration, or a full table)",
+                    "sync: write {} committed with {} table entries or register values refused \
+                     (words missing, fields that do not fit the declaration, a full table, or a \
+                     value wider than its register's cells)",
                     done.id,
                     done.refused
                 );
@@ -666,7 +667,7 @@ impl SyncReport {
         }
         if self.entries_refused > 0 {
             s += &format!(
-                "  {} table entries of writes refused (see the log)\n",
+                "  {} table entries or register values of writes refused (see the log)\n",
                 self.entries_refused
             );
         }
