@@ -48,6 +48,20 @@ pub struct SketchStream {
 }
 
 impl SketchStream {
+    /// Refuses a stream that cannot run, naming the flag.
+    pub(crate) fn check(&self) -> BenchResult<()> {
+        if self.flows == 0 || self.rate == 0 || self.width == 0 || self.depth == 0 {
+            return Err("--flows, --rate, --width and --depth must be above 0".into());
+        }
+        if !(self.share > 0.0 && self.share < 1.0) {
+            return Err(format!(
+                "--share: {} is not above 0 and below 1",
+                self.share
+            ));
+        }
+        Ok(())
+    }
+
     /// The stream, for a run's input line.
     pub(crate) fn describe(&self, seed: u64) -> String {
         format!(
@@ -292,20 +306,9 @@ fn sample(
 }
 
 pub fn main_hh(a: BenchSyncHhArgs) -> BenchResult<()> {
-    if a.stream.flows == 0
-        || a.stream.rate == 0
-        || a.capacity == 0
-        || a.stream.width == 0
-        || a.stream.depth == 0
-    {
-        return Err("--flows, --rate, --capacity, --width and --depth must be above 0".into());
-    }
-    let share_ok = a.stream.share > 0.0 && a.stream.share < 1.0;
-    if !share_ok {
-        return Err(format!(
-            "--share: {} is not above 0 and below 1",
-            a.stream.share
-        ));
+    a.stream.check()?;
+    if a.capacity == 0 {
+        return Err("--capacity must be above 0".into());
     }
     let seconds_ok = a.seconds > 0.0 && a.seconds <= 60.0;
     if !seconds_ok {

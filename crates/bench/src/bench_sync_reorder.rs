@@ -240,8 +240,16 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
             "--losses: {l} is not a chance between 0 and 1 (1 excluded)"
         ));
     }
-    if a.interval_ms == 0 || a.stream.rate == 0 || a.stream.flows == 0 || a.seconds <= 0.0 {
-        return Err("--interval-ms, --rate, --flows and --seconds must be more than 0".to_string());
+    a.stream.check()?;
+    // A channel of 0 bytes a second would be one with no limit at all.
+    if a.interval_ms == 0 || a.capacity == 0 {
+        return Err("--interval-ms and --capacity must be above 0".into());
+    }
+    if !(a.seconds > 0.0 && a.seconds <= 60.0) {
+        return Err(format!(
+            "--seconds: {} is not above 0 and at most 60",
+            a.seconds
+        ));
     }
     let mut table = Table::new(
         &["loss each way", "updates"],

@@ -159,7 +159,7 @@ pub enum SyncCommand {
         keep_changes: bool,
         /// How long to wait for the commits, in milliseconds; then the write is
         /// cancelled where it has not committed, and the error says what became of it.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         timeout_ms: u32,
     },
     /// Move a switch's synced state into another switch through the collector's copy of
@@ -185,7 +185,7 @@ pub enum SyncCommand {
         entry_words: u32,
         /// How long to wait for each write's commits, in milliseconds (then it is
         /// cancelled, as `write`'s).
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         timeout_ms: u32,
     },
     /// Print changes as the collector applies them.

@@ -746,6 +746,33 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         reorder.contains("every increment is in the counters"),
         "{reorder}"
     );
+    // Settings that cannot run are refused by name, never taken as something else (a
+    // capacity of 0 would be a channel with no limit; a timeout of 0 the default's 1000).
+    for (args, named) in [
+        (&["bench-sync-reorder", "--capacity", "0"][..], "--capacity"),
+        (&["bench-sync-reorder", "--width", "0"][..], "--width"),
+        (&["bench-sync-hh", "--share", "1"][..], "--share"),
+        (
+            &[
+                "ctl",
+                "sync",
+                "write",
+                "0..4",
+                "--fill",
+                "0",
+                "--timeout-ms",
+                "0",
+            ][..],
+            "--timeout-ms",
+        ),
+    ] {
+        let out = bin().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(named),
+            "{args:?}: {err}"
+        );
+    }
     let row = |loss: &str, way: &str| -> Vec<u64> {
         let line = (reorder.lines())
             .find(|l| l.starts_with(loss) && l.split_whitespace().nth(1) == Some(way))
