@@ -18,6 +18,12 @@ use std::net::SocketAddr;
 /// measured.
 const FIRST_RTO_NS: u64 = 10_000_000;
 
+/// A stream not heard from for this long, and for ten times the longest gap between its
+/// messages so far (a switch whose passes are slow speaks less often than every 10 ms), is
+/// taken as gone: its writes' parts and abandons wait until it speaks again, rather than
+/// going to a dead address every timeout for as long as the collector runs.
+pub const SILENT_NS: u64 = 1_000_000_000;
+
 /// Changes kept for subscribers that fall behind (older ones are counted as missed).
 pub const CHANGES_KEPT: usize = 1 << 20;
 
@@ -61,8 +67,17 @@ struct Peer {
     addr: SocketAddr,
     epoch: u32,
     applied_ns: u64,
+    /// The longest time between two of the stream's messages (see `SILENT_NS`).
+    longest_gap_ns: u64,
     threshold: u64,
     engine: WriteEngine,
+}
+
+impl Peer {
+    fn is_silent(&self, now_ns: u64) -> bool {
+        let silence = now_ns.saturating_sub(self.applied_ns);
+        silence >= SILENT_NS.max(self.longest_gap_ns.saturating_mul(10))
+    }
 }
 
 pub struct Collector {
@@ -135,6 +150,7 @@ impl Collector {
             addr: from,
             epoch: m.epoch,
             applied_ns: now_ns,
+            longest_gap_ns: 0,
             threshold: m.t_max,
             engine: WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS),
         });
@@ -148,6 +164,8 @@ impl Collector {
             peer.engine = WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS);
         }
         peer.addr = from;
+        let gap = now_ns.saturating_sub(peer.applied_ns);
+        peer.longest_gap_ns = peer.longest_gap_ns.max(gap);
         peer.applied_ns = now_ns;
         peer.threshold = m.t_max;
         // The switch cuts its messages to what its path carries as plain entries; as runs
@@ -204,7 +222,9 @@ impl Collector {
     pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
         for (&(switch, stream), peer) in &mut self.peers {
             self.scratch.clear();
-            peer.engine.poll(now_ns, &mut self.scratch);
+            if !peer.is_silent(now_ns) {
+                peer.engine.poll(now_ns, &mut self.scratch);
+            }
             if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
                 self.scratch.push(r);
                 self.reports_sent += 1;
@@ -525,5 +545,52 @@ mod tests {
             .map(|m| m.entries.len())
             .collect();
         assert_eq!(parts, [2_000]);
+    }
+
+    /// A write to a stream that has gone silent sends nothing until the stream speaks
+    /// again; then its parts go, and it completes.
+    #[test]
+    fn writes_wait_while_their_stream_is_silent() {
+        let mut c = Collector::new(None, None);
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        let one = vec![Written {
+            location: Location { state: 0, index: 1 },
+            value: 9,
+            mode: Mode::Set,
+        }];
+        c.write(1, 0, one).unwrap();
+        let parts = |c: &mut Collector, now| {
+            let mut sent = Vec::new();
+            c.poll(now, false, &mut sent);
+            sent.len()
+        };
+        assert_eq!(parts(&mut c, 10), 1, "heard from just now");
+        assert_eq!(parts(&mut c, SILENT_NS), 0, "silent for a second: gone");
+        assert_eq!(parts(&mut c, 10 * SILENT_NS), 0);
+        // The switch speaks again (a heartbeat): the part goes again at once.
+        s.poll(10 * SILENT_NS, |_| 0, &mut out);
+        assert!(!out.is_empty());
+        send(&mut c, 10 * SILENT_NS, &mut out, SWITCH);
+        let mut sent = Vec::new();
+        c.poll(10 * SILENT_NS + 1, false, &mut sent);
+        let (_, bytes) = &sent[0];
+        let part = Message::decode(bytes).unwrap();
+        let mut stage = WriteStage::default();
+        let ack = stage.on_part(&part, &State(vec![0; 8])).unwrap();
+        let mut ack_bytes = Vec::new();
+        ack.encode(&mut ack_bytes);
+        c.on_datagram(10 * SILENT_NS + 2, &ack_bytes, SWITCH.parse().unwrap());
+        assert!(matches!(c.take_write(1, 0, 1), Some(Ok(_))));
+        // That stream has been quiet for 10 s once: 50 s of quiet is not yet gone.
+        c.write(1, 0, vec![]).unwrap();
+        assert_eq!(
+            parts(&mut c, 60 * SILENT_NS),
+            1,
+            "within ten times its longest gap"
+        );
+        assert_eq!(parts(&mut c, 110 * SILENT_NS), 0, "past it");
     }
 }
