@@ -222,22 +222,28 @@ impl Taken {
         (1..=self.key_words).contains(&word)
     }
 
-    /// Word `word` of slot `slot`.
-    fn at(&mut self, slot: usize, word: usize) -> &mut u64 {
+    /// Where word `word` of slot `slot` is kept: in the keys' part, and its place there.
+    fn place(&self, slot: usize, word: usize) -> (bool, usize) {
         if self.is_key(word) {
-            &mut self.keys[slot * self.key_words + word - 1]
+            (true, slot * self.key_words + word - 1)
         } else {
             let w = if word == 0 { 0 } else { word - self.key_words };
-            &mut self.values[slot * self.value_words + w]
+            (false, slot * self.value_words + w)
+        }
+    }
+
+    /// Word `word` of slot `slot`.
+    fn at(&mut self, slot: usize, word: usize) -> &mut u64 {
+        match self.place(slot, word) {
+            (true, i) => &mut self.keys[i],
+            (false, i) => &mut self.values[i],
         }
     }
 
     fn get(&self, slot: usize, word: usize) -> u64 {
-        if self.is_key(word) {
-            self.keys[slot * self.key_words + word - 1]
-        } else {
-            let w = if word == 0 { 0 } else { word - self.key_words };
-            self.values[slot * self.value_words + w]
+        match self.place(slot, word) {
+            (true, i) => self.keys[i],
+            (false, i) => self.values[i],
         }
     }
 

@@ -121,17 +121,19 @@ impl EncodedSize {
         self.run.map_or(0, |(_, len, w)| RUN_HEADER_LEN + len * w)
     }
 
+    fn runs_bytes(&self) -> usize {
+        self.closed_runs + self.last_run_bytes()
+    }
+
     fn as_runs(&self) -> bool {
-        let runs = self.closed_runs + self.last_run_bytes();
-        self.count <= MAX_RUN_ENTRIES && runs < self.count * ENTRY_LEN
+        self.count <= MAX_RUN_ENTRIES && self.runs_bytes() < self.count * ENTRY_LEN
     }
 
     /// The message's bytes, its header included, its MAC not.
     pub fn bytes(&self) -> usize {
-        let runs = self.closed_runs + self.last_run_bytes();
         HEADER_LEN
             + if self.as_runs() {
-                runs
+                self.runs_bytes()
             } else {
                 self.count * ENTRY_LEN
             }
