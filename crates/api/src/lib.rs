@@ -379,6 +379,14 @@ pub enum Request {
     },
     /// A change to a rule pipeline, or a dump of its rules.
     Flows { name: String, change: FlowChange },
+    /// Where each key of `table` is counted: the counters of the program's sketch
+    /// register whose least is the key's estimate, on each worker. `table` is the table
+    /// the program reports the sketch's keys in (its key fields are the keys' fields); a
+    /// collector's copy of the synced register then estimates any key's count.
+    CountersOf {
+        table: String,
+        keys: Vec<Vec<Match>>,
+    },
 }
 
 impl Request {
@@ -387,6 +395,7 @@ impl Request {
         match self {
             Request::Write { table, .. }
             | Request::Read { table, .. }
+            | Request::CountersOf { table, .. }
             | Request::Stats { table } => table,
             Request::ReadRegister { name, .. }
             | Request::WriteRegister { name, .. }
@@ -417,6 +426,18 @@ pub enum Reply {
     Meters(Vec<MeterConfig>),
     /// The rules a flow request dumped, modified or deleted.
     Flows(Vec<FlowStat>),
+    /// Each worker's answer to [`Request::CountersOf`], in worker order.
+    CountersOf(Vec<WorkerCounters>),
+}
+
+/// Where one worker counts the keys of a [`Request::CountersOf`]: for each key, in the
+/// request's order, the indexes of its counters in the sketch register. A key the worker
+/// has counted nowhere yet (a tenant without a sketch of its own so far) has none: its
+/// count there is 0, and the next packet of it may give it counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCounters {
+    pub worker: u32,
+    pub cells: Vec<Vec<u32>>,
 }
 
 /// Why a request was refused. Every refusal leaves the state as it was.
@@ -596,6 +617,9 @@ impl Declaration {
                 Ok(())
             }
             (Kind::Table { key, .. }, Request::Read { key: Some(k), .. }) => check_key(key, k),
+            (Kind::Table { key, .. }, Request::CountersOf { keys, .. }) => {
+                keys.iter().try_for_each(|k| check_key(key, k))
+            }
             (Kind::Table { .. }, Request::Read { key: None, .. }) | (_, Request::Stats { .. }) => {
                 Ok(())
             }

@@ -74,6 +74,14 @@ pub enum CtlCommand {
     },
     /// The pipeline's counters, and a table's.
     Stats { table: Option<String> },
+    /// Where each worker counts a key of TABLE (a table the program reports a sketch's
+    /// keys in: `hh`'s heavy_hitters, the floods' victims): the indexes of its counters in
+    /// the sketch register, what a sync collector's copy estimates the key from.
+    CountersOf {
+        table: String,
+        /// FIELD=VALUE words of the key.
+        key: Vec<String>,
+    },
     /// Add one rule of a rule pipeline (the `pipeline` program), in the rule format.
     AddFlow {
         /// The rule, e.g. table=0,priority=10,tcp,tp_dst=80,actions=output:1
@@ -188,6 +196,32 @@ pub enum SyncCommand {
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         timeout_ms: u32,
     },
+    /// Heavy hitters per interval from a switch's synced sketch (program `hh`), each with
+    /// the bounds the copy gives its count; the sketch is reset on every worker at each
+    /// interval's end (one atomic write each, keeping what was counted meanwhile).
+    Hh {
+        #[command(flatten)]
+        app: SketchAppArgs,
+        /// The candidate flows, one per line, as `heavy_hitters`' key: src=A dst=B
+        /// proto=P src_port=S dst_port=D vlan=V ('#' starts a comment).
+        #[arg(long)]
+        keys: PathBuf,
+    },
+    /// UDP flood prevention from a switch's synced sketch (program `udpflood` or
+    /// `synflood`): each interval, the protected destinations whose count surely reached
+    /// the threshold are pushed into the switch's `victims` table, which its data plane
+    /// mitigates; the sketch is reset on every worker as `hh`'s.
+    Udpflood {
+        #[command(flatten)]
+        app: SketchAppArgs,
+        /// The destinations to protect: addresses and prefixes (198.18.0.0/24),
+        /// comma-separated, at most 65,536 addresses in all.
+        #[arg(long, value_delimiter = ',', required = true)]
+        protect: Vec<String>,
+        /// Report victims without pushing them.
+        #[arg(long)]
+        detect_only: bool,
+    },
     /// Print changes as the collector applies them.
     Watch {
         #[arg(long)]
@@ -215,6 +249,34 @@ pub struct SyncTarget {
     /// The state's id (0 for the first synced name of the run's [guarantees]).
     #[arg(long, default_value_t = 0)]
     pub state: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct SketchAppArgs {
+    /// The switch's control API (`stateplane run`'s `control` address): it says where
+    /// each key is counted, and takes the victims.
+    #[arg(long, default_value = stateplane_control::DEFAULT_ADDR)]
+    pub control: String,
+    /// The switch's id (its [sync] switch).
+    #[arg(long, default_value_t = 1)]
+    pub switch: u32,
+    /// The sketch register's state id (0 for the first synced name of the run's
+    /// [guarantees]).
+    #[arg(long, default_value_t = 0)]
+    pub state: u32,
+    /// The count in an interval that makes a key heavy (a victim).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub threshold: u64,
+    /// The interval's length, in milliseconds. Give the switch's own `interval_ms` a
+    /// longer one (3600000) so that these resets are the only ones.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=3_600_000))]
+    pub interval_ms: u32,
+    /// Stop after this many intervals (none: until interrupted).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub intervals: Option<u32>,
+    /// How long each reset may take to commit, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub timeout_ms: u32,
 }
 
 #[derive(Debug, Args)]
@@ -315,6 +377,29 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 })
                 .map_err(|e| e.to_string())?;
             eprintln!("{seen} notifications");
+        }
+        CtlCommand::CountersOf { table, key } => {
+            let d = client
+                .declaration(&table)
+                .map_err(|e| e.to_string())?
+                .clone();
+            let words: Vec<&str> = key.iter().map(String::as_str).collect();
+            let key = text::parse_key(&d, &words)?;
+            let workers = client
+                .counters_of(&table, &[key])
+                .map_err(|e| e.to_string())?;
+            for w in &workers {
+                let cells: Vec<String> = (w.cells.iter().flatten()).map(u32::to_string).collect();
+                println!(
+                    "worker {}: {}",
+                    w.worker,
+                    if cells.is_empty() {
+                        "nowhere yet".to_string()
+                    } else {
+                        cells.join(" ")
+                    }
+                );
+            }
         }
         CtlCommand::Stats { table } => {
             let reply = client
@@ -634,6 +719,41 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                 );
             }
         }
+        SyncCommand::Hh { app, keys } => {
+            let text = std::fs::read_to_string(&keys)
+                .map_err(|e| format!("--keys {}: {e}", keys.display()))?;
+            let table = "heavy_hitters";
+            let parse =
+                |d: &Declaration| -> CliResult<Vec<Vec<stateplane_state::Match>>> {
+                    let mut parsed = Vec::new();
+                    for (n, line) in text.lines().enumerate() {
+                        let line = line.split('#').next().unwrap_or("").trim();
+                        if line.is_empty() {
+                            continue;
+                        }
+                        let words: Vec<&str> = line.split_whitespace().collect();
+                        parsed.push(text::parse_key(d, &words).map_err(|e| {
+                            format!("--keys {} line {}: {e}", keys.display(), n + 1)
+                        })?);
+                    }
+                    Ok(parsed)
+                };
+            sketch_app(&mut client, &app, table, parse, false)?;
+        }
+        SyncCommand::Udpflood {
+            app,
+            protect,
+            detect_only,
+        } => {
+            let protected = protected(&protect)?;
+            let parse = |d: &Declaration| -> CliResult<Vec<Vec<stateplane_state::Match>>> {
+                (protected.iter())
+                    .map(|a| text::parse_key(d, &[format!("dst={a}").as_str()]))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--protect: {e}"))
+            };
+            sketch_app(&mut client, &app, "victims", parse, !detect_only)?;
+        }
         SyncCommand::Watch {
             switch,
             state,
@@ -666,6 +786,119 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
     }
     Ok(())
 }
+
+/// Runs a sketch application (`ctl sync hh`, `ctl sync udpflood`) on the keys `parse`
+/// makes of `table`'s key, interval after interval; pushes sure keys into `table` if
+/// `push`.
+fn sketch_app(
+    collector: &mut stateplane_control::collector_api::CollectorClient,
+    args: &SketchAppArgs,
+    table: &str,
+    parse: impl Fn(&Declaration) -> CliResult<Vec<Vec<stateplane_state::Match>>>,
+    push: bool,
+) -> CliResult<()> {
+    use stateplane_control::sketch_app::{SketchApp, Watch};
+    let mut switch = Client::connect(&args.control).map_err(|e| e.to_string())?;
+    let d = switch
+        .declaration(table)
+        .map_err(|e| format!("--control {}: {e}", args.control))?
+        .clone();
+    let keys = parse(&d)?;
+    if keys.is_empty() {
+        return Err("no keys to watch".into());
+    }
+    let mut app = SketchApp::new(Watch {
+        switch_id: args.switch,
+        state: args.state,
+        table: table.to_string(),
+        keys,
+        threshold: args.threshold,
+        push,
+        timeout_ms: args.timeout_ms,
+    });
+    app.start(collector)?;
+    let every = Duration::from_millis(u64::from(args.interval_ms));
+    let mut end = std::time::Instant::now() + every;
+    for _ in 0..args.intervals.unwrap_or(u32::MAX) {
+        std::thread::sleep(end.saturating_duration_since(std::time::Instant::now()));
+        let i = app.interval(collector, &mut switch)?;
+        for f in &i.found {
+            let e = &f.estimate;
+            let high = e.high.map_or("unbounded".to_string(), |h| h.to_string());
+            println!(
+                "interval {}: {} estimate {} ({}..{}) {}{}",
+                i.number,
+                text::print_key(&d, &app.watch.keys[f.key]),
+                e.value,
+                e.low,
+                high,
+                if e.reaches(args.threshold) {
+                    "sure"
+                } else {
+                    "possible"
+                },
+                if f.pushed { ", pushed" } else { "" }
+            );
+        }
+        eprintln!(
+            "interval {}: {} of {} keys found; {} counters read ({} unbounded) in {:.3} ms, \
+             reset in {:.3} ms",
+            i.number,
+            i.found.len(),
+            app.watch.keys.len(),
+            i.read,
+            i.unbounded,
+            i.read_ns as f64 / 1e6,
+            i.reset_ns as f64 / 1e6
+        );
+        end += every;
+        // A slow interval (a collector or switch that answered late) starts the next afresh.
+        end = end.max(std::time::Instant::now());
+    }
+    Ok(())
+}
+
+/// Every address of `protect` (addresses and prefixes), at most [`MAX_PROTECTED`].
+fn protected(protect: &[String]) -> CliResult<Vec<std::net::IpAddr>> {
+    use std::net::IpAddr;
+    let mut all = Vec::new();
+    for item in protect {
+        let (addr, len) = match item.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (item.as_str(), None),
+        };
+        let bad = || format!("--protect: '{item}' is not an address or a prefix ADDRESS/LENGTH");
+        let addr: IpAddr = addr.trim().parse().map_err(|_| bad())?;
+        let bits: u32 = if addr.is_ipv4() { 32 } else { 128 };
+        let len: u32 = match len {
+            Some(l) => l
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&l| l <= bits)
+                .ok_or_else(bad)?,
+            None => bits,
+        };
+        let count = 1u128 << (bits - len).min(127);
+        if all.len() as u128 + count > MAX_PROTECTED as u128 {
+            return Err(format!(
+                "--protect: more than {MAX_PROTECTED} addresses; give longer prefixes"
+            ));
+        }
+        let base = match addr {
+            IpAddr::V4(a) => u128::from(u32::from(a)),
+            IpAddr::V6(a) => u128::from(a),
+        } & !(count - 1);
+        all.extend((0..count).map(|i| match addr {
+            IpAddr::V4(_) => IpAddr::from(std::net::Ipv4Addr::from((base + i) as u32)),
+            IpAddr::V6(_) => IpAddr::from(std::net::Ipv6Addr::from(base + i)),
+        }));
+    }
+    Ok(all)
+}
+
+/// The most destinations `ctl sync udpflood` protects.
+const MAX_PROTECTED: usize = 65_536;
 
 fn parse_range(range: Option<&str>) -> CliResult<(u64, u64)> {
     let bad = |t: &str| format!("'{t}' is not an index or a range FIRST..END");

@@ -1140,17 +1140,24 @@ fn pipeline_rules_change_live_through_ctl() {
 /// Starts `stateplane ARGS FILE` in namespace `ns` (bounded by `timeout`), its output
 /// captured, and gives it time to open its ports.
 fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Child {
-    let child = Command::new("ip")
+    let file = file.to_string_lossy();
+    let mut args = args.to_vec();
+    args.push(&file);
+    let child = spawn_in(ns, &args);
+    std::thread::sleep(Duration::from_millis(1500));
+    child
+}
+
+/// `stateplane ARGS` started in namespace `ns`, ended by `timeout` after 60 s if not before.
+fn spawn_in(ns: &str, args: &[&str]) -> std::process::Child {
+    Command::new("ip")
         .args(["netns", "exec", ns, "timeout", "60"])
         .arg(env!("CARGO_BIN_EXE_stateplane"))
         .args(args)
-        .arg(file)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    child
+        .unwrap()
 }
 
 /// Stops a run started by [`start_in`] as an operator would, with SIGINT, once the last
@@ -1390,14 +1397,26 @@ fn indexed_values(out: &Output) -> Vec<(u64, u64)> {
 /// The line lab with `hh` on s1, its sketch synced to a collector at 198.19.255.1:7474
 /// (the controller's address on the management network), refreshed every `refresh_ms`.
 fn synced_hh_lab(name: &str, refresh_ms: u32) -> Lab {
+    synced_lab(
+        name,
+        "hh",
+        "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000",
+        "198.19.255.1:7474",
+        refresh_ms,
+    )
+}
+
+/// The line lab with `program` (configured by `settings`) on s1, its sketch synced to a
+/// collector at `collector`, refreshed every `refresh_ms`.
+fn synced_lab(name: &str, program: &str, settings: &str, collector: &str, refresh_ms: u32) -> Lab {
     Lab::up_edited("line.toml", name, None, |t| {
         t.replace(
             "[switch.program]\nname = \"forward\"",
             &format!(
-                "[switch.program]\nname = \"hh\"\n[switch.program.hh]\ntenants = 1\nwidth = 256\n\
-                 depth = 2\ninterval_ms = 3600000\nmap = {{ p0 = \"p1\", p1 = \"p0\" }}\n\
+                "[switch.program]\nname = \"{program}\"\n[switch.program.{program}]\n{settings}\n\
+                 map = {{ p0 = \"p1\", p1 = \"p0\" }}\n\
                  [switch.guarantees]\nsketch = [\"synced\"]\n[switch.sync]\n\
-                 collector = \"198.19.255.1:7474\"\nrefresh_ms = {refresh_ms}"
+                 collector = \"{collector}\"\nrefresh_ms = {refresh_ms}"
             ),
         )
     })
@@ -1633,6 +1652,208 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
         text(&relayed).contains("to the target: received"),
         "{}",
         text(&relayed)
+    );
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// The heavy-hitter application (`ctl sync hh`) beside a live `hh` switch, on a collector
+/// on the switch's host: the flows of real traffic (ping's request and reply, named by the
+/// switch's own reports) are found heavy in the interval they cross the switch, each with
+/// its exact count, and in no other; a flow that never crossed is never found.
+#[test]
+fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
+    let lab = synced_lab("thh", "hh", settings, "127.0.0.1:7474", 50);
+    let s1 = format!("sp-{}-s1", lab.name);
+    let dump = lab.file.with_extension("hh.csv");
+    let collector = start_in(
+        &s1,
+        &[
+            "collector",
+            "--listen",
+            "127.0.0.1:7474",
+            "--api",
+            "127.0.0.1:9570",
+            "--dump",
+        ],
+        &dump,
+    );
+    let ping = |count: &str| {
+        // One identifier: the flows' keys are the same each time.
+        let out = lab.exec(
+            "h1",
+            &[
+                "ping",
+                "-e",
+                "4242",
+                "-c",
+                count,
+                "-i",
+                "0.002",
+                "-q",
+                "198.18.0.2",
+            ],
+        );
+        assert!(
+            text(&out).contains(&format!("{count} received")),
+            "{}",
+            text(&out)
+        );
+    };
+    // The switch's own reports name the ping's flows: the candidates.
+    ping("200");
+    let reports = ctl(&lab, &["read", "heavy_hitters"]);
+    let mut keys: Vec<String> = String::from_utf8_lossy(&reports.stdout)
+        .lines()
+        .filter_map(|l| l.split(" found ").next().map(str::to_string))
+        .collect();
+    assert_eq!(keys.len(), 2, "request and reply: {}", text(&reports));
+    let mut asked = vec!["counters-of", "heavy_hitters"];
+    asked.extend(keys[0].split_whitespace());
+    let at = ctl(&lab, &asked);
+    let cells: Vec<u32> = String::from_utf8_lossy(&at.stdout)
+        .trim()
+        .strip_prefix("worker 0: ")
+        .map(|c| c.split(' ').filter_map(|i| i.parse().ok()).collect())
+        .unwrap_or_default();
+    assert!(
+        cells.len() == 2 && cells[0] < 256 && (256..512).contains(&cells[1]),
+        "a counter in each row of the one tenant's sketch: {}",
+        text(&at)
+    );
+    let never = "src=198.18.0.1 dst=198.18.0.2 proto=17 src_port=9 dst_port=9 vlan=0";
+    keys.push(never.to_string());
+    let key_file = lab.file.with_extension("keys");
+    std::fs::write(&key_file, keys.join("\n") + "\n# a comment\n").unwrap();
+    let app = spawn_in(
+        &s1,
+        &[
+            "ctl",
+            "-s",
+            "127.0.0.1:9570",
+            "sync",
+            "hh",
+            "--keys",
+            &key_file.to_string_lossy(),
+            "--threshold",
+            "300",
+            "--interval-ms",
+            "2000",
+            "--intervals",
+            "2",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    ping("400");
+    let out = app.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let found = String::from_utf8_lossy(&out.stdout).into_owned();
+    for key in &keys[..2] {
+        let line = format!("interval 1: {key} estimate 400 (400..400) sure");
+        assert!(found.contains(&line), "{line} in: {}", text(&out));
+    }
+    assert_eq!(
+        found.lines().count(),
+        2,
+        "nothing else, never the light flow: {found}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("interval 1: 2 of 3 keys found; 1024 counters read (0 unbounded)"),
+        "{err}"
+    );
+    assert!(err.contains("interval 2: 0 of 3 keys found"), "{err}");
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+/// UDP flood prevention (`ctl sync udpflood`) beside a live `udpflood` switch that never
+/// detects by itself (its threshold is out of reach): a flood of real datagrams at h2 is
+/// found from the collector's copy in the interval it comes, pushed into the switch's
+/// `victims`, and the switch then drops the flood's datagrams while ping still passes.
+#[test]
+fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let settings = "threshold = 4000000000\nwidth = 1024\ndepth = 3\ninterval_ms = 3600000";
+    let lab = synced_lab("tufp", "udpflood", settings, "127.0.0.1:7474", 50);
+    let s1 = format!("sp-{}-s1", lab.name);
+    let dump = lab.file.with_extension("ufp.csv");
+    let collector = start_in(
+        &s1,
+        &[
+            "collector",
+            "--listen",
+            "127.0.0.1:7474",
+            "--api",
+            "127.0.0.1:9570",
+            "--dump",
+        ],
+        &dump,
+    );
+    let ping = lab.exec("h1", &["ping", "-c", "3", "-i", "0.2", "-q", "198.18.0.2"]);
+    assert!(text(&ping).contains("3 received"), "{}", text(&ping));
+    let flood = |count: u32| {
+        let script = format!("for i in $(seq {count}); do echo x > /dev/udp/198.18.0.2/9; done");
+        let out = lab.exec("h1", &["bash", "-c", &script]);
+        assert!(out.status.success(), "{}", text(&out));
+    };
+    let app = spawn_in(
+        &s1,
+        &[
+            "ctl",
+            "-s",
+            "127.0.0.1:9570",
+            "sync",
+            "udpflood",
+            "--protect",
+            "198.18.0.0/30",
+            "--threshold",
+            "500",
+            "--interval-ms",
+            "2000",
+            "--intervals",
+            "2",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    flood(1000);
+    let out = app.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let found = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        found.contains("interval 1: dst=198.18.0.2 estimate 1000 (1000..1000) sure, pushed"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(found.lines().count(), 1, "{found}");
+    let victims = ctl(&lab, &["read", "victims"]);
+    assert!(
+        text(&victims).contains("dst=198.18.0.2 found interval=1 packets=1000"),
+        "{}",
+        text(&victims)
+    );
+    let dropped = || -> u64 {
+        let stats = ctl(&lab, &["stats"]);
+        String::from_utf8_lossy(&stats.stdout)
+            .lines()
+            .find(|l| l.starts_with("pipeline.dropped "))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or_else(|| panic!("no drops counted: {}", text(&stats)))
+    };
+    let before = dropped();
+    flood(300);
+    let ping = lab.exec("h1", &["ping", "-c", "3", "-i", "0.2", "-q", "198.18.0.2"]);
+    assert!(
+        text(&ping).contains("3 received"),
+        "ping passes: {}",
+        text(&ping)
+    );
+    assert_eq!(
+        dropped() - before,
+        300,
+        "every flood datagram to the victim dropped"
     );
     let out = interrupt(collector);
     assert!(out.status.success(), "{}", text(&out));

@@ -702,6 +702,57 @@ fn the_collector_api_streams_reads_and_follows_changes() {
         err.contains("the cancel is unanswered (the switch may be gone)"),
         "{err}"
     );
+    // The sketch applications refuse what they cannot watch, naming the setting, and a
+    // switch that cannot be reached, before they touch anything.
+    let keys = dir.join("keys.txt");
+    std::fs::write(
+        &keys,
+        "src=198.18.0.1 dst=198.18.0.2 proto=17 src_port=1 dst_port=2 vlan=0\n",
+    )
+    .unwrap();
+    let keys = keys.to_string_lossy().into_owned();
+    for (args, says) in [
+        (
+            vec!["udpflood", "--protect", "198.18.0.0/15", "--threshold", "5"],
+            "--protect: more than 65536 addresses; give longer prefixes",
+        ),
+        (
+            vec!["udpflood", "--protect", "198.18.0.300", "--threshold", "5"],
+            "--protect: '198.18.0.300' is not an address or a prefix",
+        ),
+        (
+            vec!["udpflood", "--protect", "198.18.0.0/33", "--threshold", "5"],
+            "is not an address or a prefix ADDRESS/LENGTH",
+        ),
+        (
+            vec!["hh", "--keys", "/nonexistent/keys", "--threshold", "5"],
+            "--keys /nonexistent/keys:",
+        ),
+        (
+            vec!["hh", "--keys", &keys, "--threshold", "0"],
+            "--threshold",
+        ),
+        (
+            vec![
+                "hh",
+                "--keys",
+                &keys,
+                "--threshold",
+                "5",
+                "--control",
+                "127.0.0.1:1",
+            ],
+            "127.0.0.1:1",
+        ),
+    ] {
+        let out = ctl(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
     stop_collector(collector, collector_err);
     // The API has no authentication: an address off loopback is refused, with the fix.
     let out = bin()

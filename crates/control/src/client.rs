@@ -2,7 +2,7 @@
 
 use crate::convert;
 use crate::pb::{self, control_client::ControlClient};
-use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, Write};
+use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, WorkerCounters, Write};
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -170,6 +170,35 @@ impl Client {
             })
             .collect::<Result<_, tonic::Status>>()?;
         Ok((reply.version, entries))
+    }
+
+    /// Where each of `keys` (keys of `table`, a table the program reports a sketch's keys
+    /// in) is counted in the program's sketch register, per worker (see
+    /// [`WorkerCounters`]).
+    pub fn counters_of(
+        &mut self,
+        table: &str,
+        keys: &[Vec<Match>],
+    ) -> Result<Vec<WorkerCounters>, ClientError> {
+        let d = self.declaration(table)?.clone();
+        let (fields, _) = convert::table_shape(&d)?;
+        let request = pb::CountersOfRequest {
+            table: table.to_string(),
+            keys: (keys.iter())
+                .map(|k| pb::Key {
+                    fields: convert::key_to_pb(k, fields),
+                })
+                .collect(),
+        };
+        let reply = (self.runtime)
+            .block_on(self.inner.counters_of(request))?
+            .into_inner();
+        Ok((reply.workers.into_iter())
+            .map(|w| WorkerCounters {
+                worker: w.worker,
+                cells: w.keys.into_iter().map(|c| c.index).collect(),
+            })
+            .collect())
     }
 
     /// `count` values of register `name` from `first` (count 0: to the end).

@@ -219,16 +219,26 @@ pub fn parse_entry(d: &Declaration, text: &str) -> Result<Entry, String> {
     })
 }
 
+/// A key in the form [`parse_key`] reads.
+pub fn print_key(d: &Declaration, key: &[Match]) -> String {
+    key_words(d, key).join(" ")
+}
+
+fn key_words(d: &Declaration, key: &[Match]) -> Vec<String> {
+    let Ok((fields, _)) = shape(d) else {
+        return Vec::new();
+    };
+    (fields.iter().zip(key))
+        .map(|(f, m)| format!("{}={}", f.name, print_match(f, m)))
+        .collect()
+}
+
 /// An entry in the form [`parse_entry`] reads, with its hit count.
 pub fn print_entry(d: &Declaration, e: &Entry) -> String {
-    let Ok((fields, actions)) = shape(d) else {
+    let Ok((_, actions)) = shape(d) else {
         return String::new();
     };
-    let mut words: Vec<String> = fields
-        .iter()
-        .zip(&e.key)
-        .map(|(f, m)| format!("{}={}", f.name, print_match(f, m)))
-        .collect();
+    let mut words = key_words(d, &e.key);
     words.push(e.action.clone());
     if let Some(a) = actions.iter().find(|a| a.name == e.action) {
         for (p, &v) in a.params.iter().zip(&e.params) {

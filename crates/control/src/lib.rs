@@ -5,7 +5,7 @@
 //! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
 //! text form of entries people type and read ([`entry_text`]), and the collector's API
 //! over its core ([`collector_api`]: reads with bounds, writes, subscriptions), and state
-//! migration through it ([`migrate`]).
+//! migration through it ([`migrate`]) and the sketch applications on it ([`sketch_app`]).
 //!
 //! Must never: touch program state itself (requests go through the control plane, which
 //! has the workers apply them between bursts), or listen beyond loopback (the API has no
@@ -17,6 +17,7 @@ pub mod convert;
 pub mod entry_text;
 pub mod migrate;
 pub mod server;
+pub mod sketch_app;
 
 /// The generated protobuf messages and gRPC stubs.
 #[allow(clippy::all, clippy::unwrap_used, clippy::expect_used)]

@@ -131,6 +131,40 @@ impl control_server::Control for ControlService {
         }))
     }
 
+    async fn counters_of(
+        &self,
+        request: tonic::Request<pb::CountersOfRequest>,
+    ) -> Result<Response<pb::CountersOfReply>, Status> {
+        let r = request.into_inner();
+        let d = self.declaration(&r.table)?;
+        let fields = convert::table_shape(&d)?.0;
+        let keys = (r.keys.iter())
+            .map(|k| convert::key_from_pb(&k.fields, fields))
+            .collect::<Result<_, _>>()?;
+        let done = self
+            .submit(Request::CountersOf {
+                table: r.table,
+                keys,
+            })
+            .await?;
+        let Reply::CountersOf(workers) = done.reply else {
+            return Err(Status::internal(
+                "a counters-of request answered no counters",
+            ));
+        };
+        Ok(Response::new(pb::CountersOfReply {
+            version: done.version,
+            workers: (workers.into_iter())
+                .map(|w| pb::WorkerCounters {
+                    worker: w.worker,
+                    keys: (w.cells.into_iter())
+                        .map(|index| pb::Counters { index })
+                        .collect(),
+                })
+                .collect(),
+        }))
+    }
+
     async fn read_register(
         &self,
         request: tonic::Request<pb::RegisterRange>,

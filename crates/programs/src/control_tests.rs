@@ -1088,3 +1088,117 @@ fn replacing_the_rule_set_changes_only_what_differs() {
     assert_eq!(dump(&sw, FlowFilter::default()).len(), 1);
     assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
 }
+
+/// The key of `udp_frame(dst, _)`'s flow in `heavy_hitters`' fields (src dst proto
+/// src_port dst_port vlan).
+fn udp_flow_key(dst: &str) -> Vec<Match> {
+    let ip = |a: &str| stateplane_state::control::ip_value(a.parse().unwrap());
+    [ip("198.18.0.1"), ip(dst), 17, 1, 2, 0]
+        .into_iter()
+        .map(Match::Exact)
+        .collect()
+}
+
+/// `CountersOf` says where each worker counts a key: the one flow crossing `hh` is the
+/// only count in each of its sketch's rows, at exactly the counters named; a tenant not
+/// seen yet is counted nowhere; and a key of the wrong shape is refused.
+#[test]
+fn each_worker_says_where_it_counts_a_key() {
+    let config = "tenants = 2\nwidth = 64\ndepth = 3\ninterval_ms = 3600000\n\
+                  threshold = 1000000\nmap = { a = \"b\" }";
+    let sw = Switch::start("hh", config, crate::testutil::udp_frame("198.18.9.9", 64));
+    sw.verdicts();
+    let mut other_tenant = udp_flow_key("198.18.9.9");
+    other_tenant[5] = Match::Exact(7);
+    let asked = Request::CountersOf {
+        table: "heavy_hitters".into(),
+        keys: vec![udp_flow_key("198.18.9.9"), other_tenant],
+    };
+    let Reply::CountersOf(workers) = sw.plane.submit(asked).unwrap().reply else {
+        panic!("no counters");
+    };
+    assert_eq!(
+        workers.iter().map(|w| w.worker).collect::<Vec<_>>(),
+        [0, 1],
+        "every worker, in order"
+    );
+    let cells = &workers[0].cells[0];
+    assert_eq!(cells.len(), 3, "one counter a row");
+    assert!(workers[0].cells[1].is_empty(), "VLAN 7 has no sketch yet");
+    // Both workers hash with the program's seed: the same counters.
+    assert_eq!(workers[1].cells, workers[0].cells);
+    // The register holds 3 sketches (2 tenants and the shared one) of 3 rows of 64. One
+    // read, so every row is seen at the same moment.
+    let Reply::Values(all) = (sw.plane)
+        .submit(Request::ReadRegister {
+            name: "sketch".into(),
+            first: 0,
+            count: 3 * 3 * 64,
+        })
+        .unwrap()
+        .reply
+    else {
+        panic!("no values");
+    };
+    for (row, &cell) in cells.iter().enumerate() {
+        let row_range = row * 64..(row + 1) * 64;
+        assert!(row_range.contains(&(cell as usize)), "row {row}: {cell}");
+        let counted: Vec<usize> = row_range.filter(|&i| all[i] > 0).collect();
+        assert_eq!(
+            counted,
+            [cell as usize],
+            "row {row}: only the flow's counter"
+        );
+    }
+    let wrong = Request::CountersOf {
+        table: "heavy_hitters".into(),
+        keys: vec![vec![Match::Exact(1)]],
+    };
+    assert!(matches!(
+        sw.plane.submit(wrong).unwrap_err(),
+        ControlError::Arity { .. }
+    ));
+    let not_a_table = Request::CountersOf {
+        table: "sketch".into(),
+        keys: vec![],
+    };
+    assert!(sw.plane.submit(not_a_table).is_err());
+}
+
+/// A victim pushed into `udpflood`'s `victims` by the control plane (a controller that
+/// found it from a sync collector's copy) is mitigated by the data plane as one it found
+/// itself, until deleted.
+#[test]
+fn a_pushed_victim_is_mitigated_until_deleted() {
+    let config = "threshold = 4000000000\nmap = { a = \"b\" }";
+    let sw = Switch::start(
+        "udpflood",
+        config,
+        crate::testutil::udp_frame("198.18.9.9", 64),
+    );
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+    let dst = || {
+        vec![Match::Exact(stateplane_state::control::ip_value(
+            "198.18.9.9".parse().unwrap(),
+        ))]
+    };
+    let victim = Entry {
+        key: dst(),
+        action: "found".into(),
+        params: vec![3, 5000],
+        priority: 0,
+        hits: 0,
+    };
+    sw.plane
+        .submit(write("victims", vec![Write::Insert(victim)]))
+        .unwrap();
+    let dropped = sw.verdicts();
+    assert!(
+        dropped.iter().all(|v| matches!(v, Some(Verdict::Drop(_)))),
+        "{dropped:?}"
+    );
+    sw.plane
+        .submit(write("victims", vec![Write::Delete(dst())]))
+        .unwrap();
+    assert_eq!(sw.verdicts(), vec![Some(Verdict::Forward(1)); WORKERS]);
+}

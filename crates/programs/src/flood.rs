@@ -25,7 +25,7 @@
 //! `reports`, `map`. Drop reasons: `flood` (dropped), `policed` (over the limit).
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::report::{Intervals, Measurement, Reports};
+use crate::report::{Intervals, Measurement, Reports, Writers};
 use crate::sketches::SketchRegister;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
@@ -162,7 +162,15 @@ impl Flood {
             }
         };
         let hold = crate::idle_profiles(field, &[("hold", cfg.hold)])?[0].timeout_ns;
-        let victims = Reports::new("victims", "dst", "packets", m, hold, seed.rotate_left(7));
+        let victims = Reports::new(
+            "victims",
+            "dst",
+            "packets",
+            m,
+            hold,
+            seed.rotate_left(7),
+            Writers::DataPlaneAndControl,
+        );
         Ok(Flood {
             attack,
             forward: Forward::new(
@@ -271,6 +279,14 @@ impl Program for Flood {
         _prepared: Option<&std::sync::Arc<()>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
+        if let Request::CountersOf { keys, .. } = request {
+            return Ok(SketchRegister::counters_of(
+                std::slice::from_ref(&self.counts),
+                keys,
+                ctx.worker,
+                |_: &u128| Some(0),
+            ));
+        }
         if request.target() == self.sketch_register.name() {
             (self.sketch_register).answer(std::slice::from_mut(&mut self.counts), request)
         } else {

@@ -20,7 +20,7 @@
 //! docs/programs.md), `map` as `forward`.
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::report::{Intervals, Measurement, Reports};
+use crate::report::{Intervals, Measurement, Reports, Writers};
 use crate::sketches::SketchRegister;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
@@ -129,6 +129,7 @@ impl Hh {
                 m,
                 2 * m.interval_ns(),
                 seed.rotate_left(31),
+                Writers::DataPlane,
             ),
         })
     }
@@ -138,18 +139,23 @@ impl Hh {
         self.reports.get(&FlowKey { in_port: 0, ..*key })
     }
 
-    /// The sketch of tenant `vlan`, given one if there is room.
-    fn sketch(&mut self, vlan: u16) -> usize {
-        let slot = usize::from(vlan & 0x0fff);
-        match self.tenant_of[slot] {
-            0 if self.tenants_seen + 1 < self.sketches.len() => {
-                self.tenants_seen += 1;
-                self.tenant_of[slot] = self.tenants_seen as u16;
-                self.tenants_seen - 1
-            }
-            0 => self.sketches.len() - 1,
-            s => usize::from(s) - 1,
+    /// The sketch tenant `vlan` counts in; `None` while it has none (its first packet
+    /// gives it one of its own if there is room, else the shared one).
+    fn sketch_of(&self, vlan: u16) -> Option<usize> {
+        match self.tenant_of[usize::from(vlan & 0x0fff)] {
+            0 if self.tenants_seen + 1 < self.sketches.len() => None,
+            0 => Some(self.sketches.len() - 1),
+            s => Some(usize::from(s) - 1),
         }
+    }
+
+    /// The sketch of tenant `vlan`, given one if it has none.
+    fn sketch(&mut self, vlan: u16) -> usize {
+        self.sketch_of(vlan).unwrap_or_else(|| {
+            self.tenants_seen += 1;
+            self.tenant_of[usize::from(vlan & 0x0fff)] = self.tenants_seen as u16;
+            self.tenants_seen - 1
+        })
     }
 
     /// Starts the counts of a new interval.
@@ -214,6 +220,14 @@ impl Program for Hh {
         _prepared: Option<&std::sync::Arc<()>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
+        if let Request::CountersOf { keys, .. } = request {
+            return Ok(SketchRegister::counters_of(
+                &self.sketches,
+                keys,
+                ctx.worker,
+                |key: &FlowKey| self.sketch_of(key.vlan),
+            ));
+        }
         if request.target() == self.sketch_register.name() {
             self.sketch_register.answer(&mut self.sketches, request)
         } else {

@@ -9,7 +9,7 @@
 use crate::keys::{KeyFields, filled_table};
 use serde::Deserialize;
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, ValueCodec};
+use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, Kind, ValueCodec};
 use std::marker::PhantomData;
 
 /// The settings every measurement program has.
@@ -142,6 +142,15 @@ impl<K: KeyFields> ValueCodec for ReportCodec<K> {
     }
 }
 
+/// Who files reports: the data plane alone (the control plane reads and deletes them), or
+/// the control plane too (a controller's own findings, which the data plane then acts on
+/// as its own: a flood victim found from a sync collector's copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writers {
+    DataPlane,
+    DataPlaneAndControl,
+}
+
 /// The reports of the last intervals: an entry leaves once it has not been reported for
 /// a while (`keep_ns`).
 pub(crate) struct Reports<K: KeyFields> {
@@ -158,7 +167,8 @@ impl<K: KeyFields> Clone for Reports<K> {
 
 impl<K: KeyFields> Reports<K> {
     /// A table `name` of reports keyed by a field `key_name` (for address keys), each
-    /// naming the measured count `what`, kept `keep_ns` after their last report.
+    /// naming the measured count `what`, kept `keep_ns` after their last report, filed by
+    /// `writers`.
     pub fn new(
         name: &str,
         key_name: &str,
@@ -166,12 +176,16 @@ impl<K: KeyFields> Reports<K> {
         m: &Measurement,
         keep_ns: u64,
         seed: u64,
+        writers: Writers,
     ) -> Reports<K> {
         let found = vec![
             Field::exact("interval", 32, Format::Int),
             Field::exact(what, 32, Format::Int),
         ];
-        let declaration = filled_table::<K>(name, key_name, m.reports, &["found"], found);
+        let mut declaration = filled_table::<K>(name, key_name, m.reports, &["found"], found);
+        if let Kind::Table { writable, .. } = &mut declaration.kind {
+            *writable = writers == Writers::DataPlaneAndControl;
+        }
         let keep = ExpireProfile {
             timeout_ns: keep_ns,
             mode: ExpireMode::AutoDelete,
@@ -238,7 +252,15 @@ mod tests {
             interval_ms: 1,
             ..Measurement::default()
         };
-        let mut r: Reports<u128> = Reports::new("found", "dst", "packets", &m, 2_000_000, 1);
+        let mut r: Reports<u128> = Reports::new(
+            "found",
+            "dst",
+            "packets",
+            &m,
+            2_000_000,
+            1,
+            Writers::DataPlane,
+        );
         assert_eq!(r.file(7, 100, 1, 0), Some(true));
         assert_eq!(r.file(7, 150, 1, 0), Some(false));
         assert_eq!(

@@ -8,7 +8,10 @@
 //! sketches' end.
 
 use stateplane_state::changes::Change;
-use stateplane_state::{ControlError, CountMin, Declaration, Guarantee, Kind, Reply, Request};
+use stateplane_state::{
+    ControlError, CountMin, Declaration, Guarantee, KeyFields, Kind, Match, Reply, Request,
+    WorkerCounters,
+};
 
 /// A program whose sketches are one [`SketchRegister`]: its register and sketches, for
 /// [`synced_sketch_methods!`].
@@ -131,6 +134,33 @@ impl SketchRegister {
             }
             _ => Err(ControlError::Unavailable),
         }
+    }
+
+    /// The answer to [`Request::CountersOf`] on worker `worker`: where each of `keys` (the
+    /// fields of the table the program reports them in, checked) is counted, as indexes
+    /// into this register; `sketch_of` says which sketch counts a key (`None`: none yet).
+    pub fn counters_of<K: KeyFields>(
+        sketches: &[CountMin],
+        keys: &[Vec<Match>],
+        worker: usize,
+        sketch_of: impl Fn(&K) -> Option<usize>,
+    ) -> Reply {
+        let cells = (keys.iter())
+            .map(|fields| {
+                let key = K::of(fields);
+                let Some(k) = sketch_of(&key).filter(|&k| k < sketches.len()) else {
+                    return Vec::new();
+                };
+                let before = Self::cells(&sketches[..k]);
+                (sketches[k].cells_of(&key).into_iter())
+                    .map(|c| (before + c) as u32)
+                    .collect()
+            })
+            .collect();
+        Reply::CountersOf(vec![WorkerCounters {
+            worker: worker as u32,
+            cells,
+        }])
     }
 
     /// Tracks every sketch as synced state `id` (see `Program::track`); `None` if `name`

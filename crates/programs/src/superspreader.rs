@@ -19,7 +19,7 @@
 //! 2^22), `interval_ms`, `width`, `depth`, `reports`, `map`.
 
 use crate::forward::{Forward, ForwardConfig};
-use crate::report::{Intervals, Measurement, Reports};
+use crate::report::{Intervals, Measurement, Reports, Writers};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
@@ -145,6 +145,7 @@ impl Superspreader {
                 m,
                 2 * m.interval_ns(),
                 seed.rotate_left(29),
+                Writers::DataPlane,
             ),
         })
     }

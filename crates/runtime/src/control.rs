@@ -21,9 +21,9 @@
 use crate::program::{Context, Prepared, Running};
 pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
-use stateplane_api::Write;
 use stateplane_api::{self as control, ControlError, Declaration, Entry, Notification, Reply};
 use stateplane_api::{FlowChange, FlowStat, Match, NotificationKind, RemovedReason, Request};
+use stateplane_api::{WorkerCounters, Write};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError, Weak};
@@ -401,6 +401,7 @@ fn merge(
     let mut values: Vec<u128> = Vec::new();
     let mut counters: Vec<(&'static str, u64)> = Vec::new();
     let mut meters = None;
+    let mut counted = Vec::new();
     let mut next = None;
     // Rules by id: every worker holds the same rules under the same ids.
     let mut flows: std::collections::BTreeMap<u64, FlowStat> = Default::default();
@@ -443,6 +444,7 @@ fn merge(
                 }
             }
             Reply::Flows(fs) => add_flows(fs),
+            Reply::CountersOf(ws) => counted.extend(ws),
             Reply::Replaced {
                 removed,
                 added,
@@ -460,6 +462,10 @@ fn merge(
         Request::ReadRegister { .. } => Reply::Values(values),
         Request::Stats { .. } => Reply::Counters(counters),
         Request::ReadMeter { .. } => Reply::Meters(meters.unwrap_or_default()),
+        Request::CountersOf { .. } => {
+            counted.sort_by_key(|w: &WorkerCounters| w.worker);
+            Reply::CountersOf(counted)
+        }
         Request::Flows {
             change: FlowChange::Add { .. },
             ..

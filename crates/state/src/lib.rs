@@ -38,7 +38,7 @@ pub mod control {
 pub use control::{
     ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Expiry, FlowChange, FlowFilter,
     FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox, RemovedReason, Reply,
-    Request, Write,
+    Request, WorkerCounters, Write,
 };
 pub use declared::ValueCodec;
 pub use exact::{

@@ -1,0 +1,433 @@
+//! The paper's sketch applications on a sync collector: heavy hitters per interval
+//! (`stateplane ctl sync hh`) and UDP flood prevention (`stateplane ctl sync udpflood`).
+//! Each interval they read a switch's synced sketch from the collector's copy, estimate
+//! their keys' counts with bounds, reset the sketch with one atomic write per worker, and
+//! (flood prevention) push the victims into the switch's `victims` table, where its data
+//! plane mitigates them.
+//!
+//! The bounds are the paper's Lemma 1 carried through the count-min sketch: every counter
+//! of the copy is within its bound `b` of the switch's own (the collector never claims a
+//! bound that does not hold), so the switch's estimate of a key, the least of its
+//! counters, lies between the least `c - b` and the least `c + b` over them. A key is
+//! reported when that upper end reaches the threshold (so the sketch's own answer is never
+//! missed) and said to be sure when the lower end does; only sure victims are pushed.
+//!
+//! Where a key is counted comes from the switch (the control API's `CountersOf`: its
+//! hashes are seeded per process), once, and again for keys a worker had not placed yet.
+//!
+//! Must never: call a key found on a counter it has no bound for, or reset a sketch it
+//! has not read in the same interval.
+
+use crate::client::Client;
+use crate::collector_api::CollectorClient;
+use crate::sync_pb;
+use stateplane_state::{Entry, Match, WorkerCounters, Write};
+use stateplane_sync::write::MAX_VALUES;
+
+/// A key's count on the switch, as the copy bounds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Estimate {
+    /// The copy's own estimate (the least of the key's counters in the copy).
+    pub value: u64,
+    /// The switch's estimate is at least this ...
+    pub low: u64,
+    /// ... and at most this (`None`: every counter of the key is unbounded in the copy).
+    pub high: Option<u64>,
+}
+
+impl Estimate {
+    /// Nothing counted: a key no worker has placed yet.
+    pub const ZERO: Estimate = Estimate {
+        value: 0,
+        low: 0,
+        high: Some(0),
+    };
+
+    /// The estimate from one worker's counters `cells` of its copy; `None` if a cell is
+    /// past the copy's end (the switch answered for another layout).
+    pub fn of(copy: &StreamCopy, cells: &[u32]) -> Option<Estimate> {
+        if cells.is_empty() {
+            return Some(Estimate::ZERO);
+        }
+        let mut e = Estimate {
+            value: u64::MAX,
+            low: u64::MAX,
+            high: None,
+        };
+        for &c in cells {
+            let c = c as usize;
+            let value = *copy.values.get(c)?;
+            e.value = e.value.min(value);
+            match copy.bounds.get(c)? {
+                Some(b) => {
+                    e.low = e.low.min(value.saturating_sub(*b));
+                    let high = value.saturating_add(*b);
+                    e.high = Some(e.high.map_or(high, |h| h.min(high)));
+                }
+                // The switch's counter may be anything: so may the least of them.
+                None => e.low = 0,
+            }
+        }
+        Some(e)
+    }
+
+    /// The estimate of a key counted on several workers: the sum of theirs.
+    pub fn plus(self, other: Estimate) -> Estimate {
+        Estimate {
+            value: self.value.saturating_add(other.value),
+            low: self.low.saturating_add(other.low),
+            high: self.high.zip(other.high).map(|(a, b)| a.saturating_add(b)),
+        }
+    }
+
+    /// Whether the switch's estimate may reach `threshold` (every key it would report is).
+    pub fn may_reach(&self, threshold: u64) -> bool {
+        self.high.is_none_or(|h| h >= threshold)
+    }
+
+    /// Whether it surely does.
+    pub fn reaches(&self, threshold: u64) -> bool {
+        self.low >= threshold
+    }
+}
+
+/// One stream's (worker's) copy of the sketch register: each counter's value and bound
+/// (`None`: unbounded, a loss the refresh has not made up yet).
+#[derive(Debug, Clone, Default)]
+pub struct StreamCopy {
+    pub values: Vec<u64>,
+    pub bounds: Vec<Option<u64>>,
+}
+
+impl StreamCopy {
+    fn of(read: crate::collector_api::ReadValues) -> StreamCopy {
+        let mut bounds: Vec<Option<u64>> = read.bounds.into_iter().map(Some).collect();
+        for &i in &read.unbounded {
+            if let Some(b) = bounds.get_mut(i as usize) {
+                *b = None;
+            }
+        }
+        StreamCopy {
+            values: read.values,
+            bounds,
+        }
+    }
+}
+
+/// What an application watches, and where.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub switch_id: u32,
+    /// The sketch register's state id in the run's `[guarantees]`.
+    pub state: u32,
+    /// The table the program reports the sketch's keys in (`heavy_hitters`, `victims`):
+    /// its key fields are the keys'.
+    pub table: String,
+    pub keys: Vec<Vec<Match>>,
+    pub threshold: u64,
+    /// Push the sure keys into `table` (flood prevention's mitigation).
+    pub push: bool,
+    /// How long the reset may take to commit.
+    pub timeout_ms: u32,
+}
+
+/// A key found in an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Its index in [`Watch::keys`].
+    pub key: usize,
+    pub estimate: Estimate,
+    pub pushed: bool,
+}
+
+/// What one interval found and did.
+#[derive(Debug, Clone, Default)]
+pub struct Interval {
+    pub number: u32,
+    pub found: Vec<Found>,
+    /// Counters read, and how many of them were unbounded.
+    pub read: usize,
+    pub unbounded: usize,
+    /// The keys' total, as the copy has it.
+    pub total: u64,
+    /// How long the read and the reset took.
+    pub read_ns: u64,
+    pub reset_ns: u64,
+}
+
+/// A sketch application against one switch: call [`SketchApp::interval`] at the end of
+/// each interval.
+pub struct SketchApp {
+    pub watch: Watch,
+    /// Where each worker counts each key, as the switch last said.
+    counters: Vec<WorkerCounters>,
+    number: u32,
+}
+
+impl SketchApp {
+    pub fn new(watch: Watch) -> SketchApp {
+        SketchApp {
+            watch,
+            counters: Vec::new(),
+            number: 0,
+        }
+    }
+
+    /// Starts the first interval: resets the sketch on every worker, so that it counts
+    /// from now (what it held before belongs to no interval of the application's).
+    pub fn start(&mut self, collector: &mut CollectorClient) -> Result<(), String> {
+        let streams = self.streams(collector)?;
+        let length = (streams.iter())
+            .flat_map(|s| &s.extents)
+            .filter(|e| e.state == self.watch.state)
+            .map(|e| e.length as usize)
+            .max()
+            .unwrap_or(0);
+        if length == 0 {
+            return Err(format!(
+                "the collector holds nothing of switch {}'s state {} yet: is it synced \
+                 ([guarantees] sketch = [\"synced\"])?",
+                self.watch.switch_id, self.watch.state
+            ));
+        }
+        self.reset(collector, length)
+    }
+
+    /// The streams of the switch the collector has heard from (an error if none).
+    fn streams(&self, collector: &mut CollectorClient) -> Result<Vec<sync_pb::Stream>, String> {
+        let streams = collector.streams().map_err(|e| e.to_string())?;
+        let ours: Vec<sync_pb::Stream> = (streams.streams.into_iter())
+            .filter(|s| s.switch_id == self.watch.switch_id)
+            .collect();
+        if ours.is_empty() {
+            return Err(format!(
+                "switch {} has sent nothing to this collector",
+                self.watch.switch_id
+            ));
+        }
+        Ok(ours)
+    }
+
+    /// Ends an interval: reads the copy, judges every key, resets the sketch on every
+    /// worker (keeping what was counted since the read, for the next interval), and pushes
+    /// the sure keys if asked.
+    pub fn interval(
+        &mut self,
+        collector: &mut CollectorClient,
+        switch: &mut Client,
+    ) -> Result<Interval, String> {
+        let ours = self.streams(collector)?;
+        let w = &self.watch;
+        self.number += 1;
+        let placed_everywhere = self.counters.len() >= ours.len()
+            && (self.counters.iter()).all(|c| c.cells.iter().all(|k| !k.is_empty()));
+        if !placed_everywhere {
+            self.counters = switch
+                .counters_of(&w.table, &w.keys)
+                .map_err(|e| format!("asking the switch where its keys are counted: {e}"))?;
+        }
+        let started = std::time::Instant::now();
+        let mut out = Interval {
+            number: self.number,
+            ..Interval::default()
+        };
+        let mut estimates = vec![Estimate::ZERO; w.keys.len()];
+        let mut length = 0;
+        for s in &ours {
+            let extent = (s.extents.iter())
+                .find(|e| e.state == w.state)
+                .map_or(0, |e| e.length);
+            let read = collector
+                .read(sync_pb::ReadRequest {
+                    switch_id: w.switch_id,
+                    stream: Some(s.stream),
+                    state: w.state,
+                    first: 0,
+                    count: extent,
+                })
+                .map_err(|e| e.to_string())?;
+            out.read += read.values.len();
+            out.unbounded += read.unbounded.len();
+            length = length.max(read.values.len());
+            let copy = StreamCopy::of(read);
+            let cells = (self.counters.iter())
+                .find(|c| c.worker == s.stream)
+                .ok_or_else(|| {
+                    format!(
+                        "the switch has no worker {} (its stream {}): is the collector's \
+                         switch {} the switch at the control address?",
+                        s.stream, s.stream, w.switch_id
+                    )
+                })?;
+            for (e, key_cells) in estimates.iter_mut().zip(&cells.cells) {
+                let here = Estimate::of(&copy, key_cells).ok_or_else(|| {
+                    format!(
+                        "the switch counts a key past the {} counters of state {}: is \
+                         state {} its sketch register?",
+                        copy.values.len(),
+                        w.state,
+                        w.state
+                    )
+                })?;
+                *e = e.plus(here);
+            }
+        }
+        out.read_ns = started.elapsed().as_nanos() as u64;
+        out.total = estimates.iter().map(|e| e.value).sum();
+        out.found = (estimates.iter().enumerate())
+            .filter(|(_, e)| e.may_reach(w.threshold))
+            .map(|(key, e)| Found {
+                key,
+                estimate: *e,
+                pushed: false,
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        self.reset(collector, length)?;
+        out.reset_ns = started.elapsed().as_nanos() as u64;
+        if w.push {
+            for f in &mut out.found {
+                if f.estimate.reaches(w.threshold) {
+                    push(
+                        switch,
+                        &w.table,
+                        &w.keys[f.key],
+                        self.number,
+                        f.estimate.value,
+                    )?;
+                    f.pushed = true;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes 0 over the sketch's `length` counters on every worker, each write committed
+    /// whole between two bursts; what the data plane counted since the read is kept.
+    fn reset(&self, collector: &mut CollectorClient, length: usize) -> Result<(), String> {
+        let w = &self.watch;
+        for first in (0..length).step_by(MAX_VALUES) {
+            let count = MAX_VALUES.min(length - first);
+            collector
+                .write(sync_pb::WriteRequest {
+                    switch_id: w.switch_id,
+                    stream: None,
+                    state: w.state,
+                    first: first as u32,
+                    values: Vec::new(),
+                    fill: 0,
+                    count: count as u32,
+                    keep_changes: true,
+                    timeout_ms: w.timeout_ms,
+                })
+                .map_err(|e| format!("resetting the sketch: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Files `key` in the switch's `table` as found in `interval` with `estimate`: added, or
+/// its report replaced.
+fn push(
+    switch: &mut Client,
+    table: &str,
+    key: &[Match],
+    interval: u32,
+    estimate: u64,
+) -> Result<(), String> {
+    let entry = Entry {
+        key: key.to_vec(),
+        action: "found".into(),
+        params: vec![
+            u128::from(interval),
+            u128::from(estimate.min(u64::from(u32::MAX))),
+        ],
+        priority: 0,
+        hits: 0,
+    };
+    let pushed = match switch.write(table, &[Write::Insert(entry.clone())]) {
+        Err(e) if e.code == tonic::Code::AlreadyExists => {
+            switch.write(table, &[Write::Modify(entry)])
+        }
+        other => other,
+    };
+    pushed
+        .map(|_| ())
+        .map_err(|e| format!("pushing a key into {table}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(cells: &[(u64, Option<u64>)]) -> StreamCopy {
+        StreamCopy {
+            values: cells.iter().map(|c| c.0).collect(),
+            bounds: cells.iter().map(|c| c.1).collect(),
+        }
+    }
+
+    /// The switch's estimate is the least of its counters; each lies within its bound of
+    /// the copy's, so the least lies between the least lows and the least highs.
+    #[test]
+    fn an_estimate_holds_the_switchs_least_counter_between_its_ends() {
+        let c = copy(&[(100, Some(5)), (90, Some(20)), (300, None), (7, Some(0))]);
+        let e = Estimate::of(&c, &[0, 1]).unwrap();
+        assert_eq!(
+            e,
+            Estimate {
+                value: 90,
+                low: 70,
+                high: Some(105)
+            }
+        );
+        // Brute force: every switch consistent with the copy has its least counter inside.
+        for a in 95..=105 {
+            for b in 70..=110 {
+                let least = u64::min(a, b);
+                assert!(e.low <= least && least <= e.high.unwrap());
+            }
+        }
+        // An unbounded counter may be anything, so the least may be 0; the bounded one
+        // still caps it.
+        let e = Estimate::of(&c, &[0, 2]).unwrap();
+        assert_eq!((e.value, e.low, e.high), (100, 0, Some(105)));
+        assert!(e.may_reach(105) && !e.may_reach(106) && !e.reaches(1));
+        let e = Estimate::of(&c, &[2]).unwrap();
+        assert_eq!(e.high, None, "nothing bounds it");
+        assert!(e.may_reach(u64::MAX), "so it may be anything");
+        assert_eq!(Estimate::of(&c, &[]), Some(Estimate::ZERO));
+        assert_eq!(Estimate::of(&c, &[4]), None, "past the copy");
+    }
+
+    #[test]
+    fn workers_estimates_add_and_an_unbounded_one_leaves_the_sum_unbounded() {
+        let a = Estimate {
+            value: 10,
+            low: 8,
+            high: Some(12),
+        };
+        let b = Estimate {
+            value: 5,
+            low: 5,
+            high: Some(5),
+        };
+        assert_eq!(
+            a.plus(b),
+            Estimate {
+                value: 15,
+                low: 13,
+                high: Some(17)
+            }
+        );
+        let open = Estimate { high: None, ..b };
+        assert_eq!(a.plus(open).high, None);
+        assert!(a.plus(b).reaches(13) && !a.plus(b).reaches(14));
+        let top = Estimate {
+            value: u64::MAX,
+            low: u64::MAX,
+            high: Some(u64::MAX),
+        };
+        assert_eq!(top.plus(top).high, Some(u64::MAX), "saturates");
+    }
+}
