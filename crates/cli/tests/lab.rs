@@ -1657,6 +1657,28 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
     assert!(out.status.success(), "{}", text(&out));
 }
 
+/// The line lab with `program` (`settings`) on s1, its sketch synced every 50 ms to a
+/// `stateplane collector` on s1 itself, whose API (127.0.0.1:9570) is then on the same
+/// loopback as the switch's control API: what the sketch applications talk to.
+fn synced_beside_collector(
+    name: &str,
+    program: &str,
+    settings: &str,
+) -> (Lab, std::process::Child) {
+    let lab = synced_lab(name, program, settings, "127.0.0.1:7474", 50);
+    let args = [
+        "collector",
+        "--listen",
+        "127.0.0.1:7474",
+        "--api",
+        "127.0.0.1:9570",
+        "--dump",
+    ];
+    let dump = lab.file.with_extension("sync.csv");
+    let collector = start_in(&format!("sp-{}-s1", lab.name), &args, &dump);
+    (lab, collector)
+}
+
 /// The heavy-hitter application (`ctl sync hh`) beside a live `hh` switch, on a collector
 /// on the switch's host: the flows of real traffic (ping's request and reply, named by the
 /// switch's own reports) are found heavy in the interval they cross the switch, each with
@@ -1665,21 +1687,8 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
 fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
-    let lab = synced_lab("thh", "hh", settings, "127.0.0.1:7474", 50);
+    let (lab, collector) = synced_beside_collector("thh", "hh", settings);
     let s1 = format!("sp-{}-s1", lab.name);
-    let dump = lab.file.with_extension("hh.csv");
-    let collector = start_in(
-        &s1,
-        &[
-            "collector",
-            "--listen",
-            "127.0.0.1:7474",
-            "--api",
-            "127.0.0.1:9570",
-            "--dump",
-        ],
-        &dump,
-    );
     let ping = |count: &str| {
         // One identifier: the flows' keys are the same each time.
         let out = lab.exec(
@@ -1777,21 +1786,8 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
 fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "threshold = 4000000000\nwidth = 1024\ndepth = 3\ninterval_ms = 3600000";
-    let lab = synced_lab("tufp", "udpflood", settings, "127.0.0.1:7474", 50);
+    let (lab, collector) = synced_beside_collector("tufp", "udpflood", settings);
     let s1 = format!("sp-{}-s1", lab.name);
-    let dump = lab.file.with_extension("ufp.csv");
-    let collector = start_in(
-        &s1,
-        &[
-            "collector",
-            "--listen",
-            "127.0.0.1:7474",
-            "--api",
-            "127.0.0.1:9570",
-            "--dump",
-        ],
-        &dump,
-    );
     let ping = lab.exec("h1", &["ping", "-c", "3", "-i", "0.2", "-q", "198.18.0.2"]);
     assert!(text(&ping).contains("3 received"), "{}", text(&ping));
     let flood = |count: u32| {
