@@ -19,7 +19,7 @@ use stateplane_sync::Location;
 use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults, WriteLink};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
-use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
 use stateplane_sync::wire::{ENTRY_LEN, HEADER_LEN, MAC_LEN, MAX_ENTRIES, Message};
 use stateplane_sync::write::{
     MAX_VALUES, Mode as WriteMode, WriteEngine, WriteStage, WriteTarget, Written,
@@ -222,7 +222,7 @@ fn run(a: &BenchSyncRateArgs, load: f64, mode: Mode, updates_per_second: u64) ->
         heartbeat_ns: 10_000_000,
         batch_ns: 1_000_000,
         refresh_ns: 0,
-        states: vec![(0, a.locations)],
+        states: vec![SyncedState::register(0, a.locations)],
     });
     let mut link: VirtualLink<Vec<u64>> = VirtualLink::new(a.capacity, a.seed);
     let mut rng = Rng::new(a.seed);
@@ -1263,7 +1263,7 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
         heartbeat_ns: 1_000_000,
         batch_ns: 0,
         refresh_ns: 0,
-        states: vec![(0, CELLS)],
+        states: vec![SyncedState::register(0, CELLS)],
     });
     let mut messages = Vec::new();
     sender.finish(1, |l| values[l.index as usize], &mut messages);

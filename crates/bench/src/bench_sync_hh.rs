@@ -22,7 +22,7 @@ use stateplane_state::CountMin;
 use stateplane_sync::Location;
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
-use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
 use stateplane_sync::wire::ENTRY_LEN;
 
 /// A Zipf stream of flows counted in a count-min sketch, and what makes a heavy hitter:
@@ -193,7 +193,7 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
         heartbeat_ns: 10_000_000,
         batch_ns: 1_000_000,
         refresh_ns: if mirror_mode { 0 } else { 1_000_000_000 },
-        states: vec![(0, cells)],
+        states: vec![SyncedState::register(0, cells)],
     });
     let mut link: VirtualLink<Vec<u32>> = VirtualLink::new(a.capacity, a.seed);
     let mut sketch = CountMin::new(a.stream.depth, a.stream.width, a.seed);

@@ -401,7 +401,9 @@ fn move_tables(
                         to_switch: target_id,
                         to_stream: Some(0),
                         state: 0,
-                        entry_words: stride,
+                        // As the source announces it (checked: the target must hold
+                        // every connection, word for word).
+                        entry_words: None,
                         timeout_ms: 10_000,
                     },
                 )?;

@@ -188,9 +188,10 @@ pub enum SyncCommand {
         #[arg(long, default_value_t = 0)]
         state: u32,
         /// Words per entry: 1 for a register or sketch; for a table, its slot's words
-        /// (docs/SYNC.md: 1 + the key's words + the parameters' words).
-        #[arg(long, default_value_t = 1)]
-        entry_words: u32,
+        /// (docs/SYNC.md: 1 + the key's words + the parameters' words). Left out: as the
+        /// source announced it (each stream announces its states' layout).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        entry_words: Option<u32>,
         /// How long to wait for each write's commits, in milliseconds (then it is
         /// cancelled, as `write`'s).
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -578,12 +579,15 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
         SyncCommand::Streams => {
             let r = client.streams().map_err(|e| e.to_string())?;
             println!(
-                "{:>6} {:>6} {:>10} {:>10} {:>12} {:>8} {:>9} {:>9}",
-                "switch", "stream", "epoch", "last", "age_ms", "missing", "threshold", "locations"
+                "{:>6} {:>6} {:>10} {:>10} {:>12} {:>8} {:>9} {:>9}  states (ID=LOCATIONSxWORDS)",
+                "switch", "stream", "epoch", "last", "age_ms", "missing", "threshold", "locations",
             );
             for s in &r.streams {
+                let layout: Vec<String> = (s.layout.iter())
+                    .map(|l| format!("{}={}x{}", l.state, l.length, l.stride))
+                    .collect();
                 println!(
-                    "{:>6} {:>6} {:>10} {:>10} {:>12.3} {:>8} {:>9} {:>9}{}",
+                    "{:>6} {:>6} {:>10} {:>10} {:>12.3} {:>8} {:>9} {:>9}  {}{}",
                     s.switch_id,
                     s.stream,
                     s.epoch,
@@ -592,6 +596,11 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                     s.missing,
                     s.threshold,
                     s.locations,
+                    if layout.is_empty() {
+                        "-".to_string()
+                    } else {
+                        layout.join(",")
+                    },
                     if s.writes_in_flight {
                         "  (writing)"
                     } else {

@@ -269,8 +269,9 @@ fn a_synced_flow_table_reaches_the_collector_entry_by_entry() {
     let dir = trace_in("sync-table");
     let dump = tmp("sync-table-dump.csv");
     let dump_arg = dump.display().to_string();
+    let api = format!("127.0.0.1:{}", free_port());
     let (collector, addr, collector_err) =
-        start_collector(&["--switches", "1", "--dump", &dump_arg]);
+        start_collector(&["--switches", "1", "--dump", &dump_arg, "--api", &api]);
     let config = dir.join("sync-counter.toml");
     std::fs::write(
         &config,
@@ -302,6 +303,37 @@ name = "out"
     assert_eq!(forwarded, 30_000, "{out}");
     assert_eq!(summary["sync"]["send_errors"], 0, "{out}");
     std::thread::sleep(std::time::Duration::from_millis(500));
+    // Each stream announced the table's layout: 11 words an entry. A read that would sum
+    // the workers' tables is refused, one worker's is not, and a migration given another
+    // width is refused with the announced one.
+    let ctl = |args: &[&str]| {
+        bin()
+            .args(["ctl", "-s", &api, "sync"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let streams = ok(ctl(&["streams"]));
+    assert_eq!(
+        streams.lines().filter(|l| l.contains("x11")).count(),
+        2,
+        "{streams}"
+    );
+    let summed = ctl(&["read", "0..11"]);
+    let err = String::from_utf8_lossy(&summed.stderr);
+    assert!(!summed.status.success());
+    assert!(
+        err.contains("state 0 of switch 1 is a table (entries of 11 words)")
+            && err.contains("read one (--stream N)"),
+        "{err}"
+    );
+    ok(ctl(&["read", "--stream", "1", "0..11"]));
+    let moved = ctl(&["migrate", "--to-switch", "1", "--entry-words", "5"]);
+    let err = String::from_utf8_lossy(&moved.stderr);
+    assert!(
+        err.contains("--entry-words 5: the source announced entries of 11 words"),
+        "{err}"
+    );
     let table = stop_collector(collector, collector_err);
     assert!(table.contains("gaps 0"), "{table}");
 
@@ -673,6 +705,10 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     assert!(
         (streams.lines().skip(1)).all(|l| l.trim_start().starts_with("1 ")),
         "switch 1's: {streams}"
+    );
+    assert!(
+        (streams.lines().skip(1)).all(|l| l.ends_with("  0=4096x1")),
+        "the sketch announced, 2 sketches of 2 rows of 1,024 counters: {streams}"
     );
     let out = ctl(&["read", "--switch", "9", "0..4"]).output().unwrap();
     assert!(!out.status.success());

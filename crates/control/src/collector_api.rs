@@ -102,6 +102,13 @@ impl collector_server::Collector for CollectorService {
                                 length,
                             })
                             .collect(),
+                        layout: (s.layout.iter())
+                            .map(|l| sync_pb::StateLayout {
+                                state: u32::from(l.id),
+                                length: l.length,
+                                stride: l.stride,
+                            })
+                            .collect(),
                     })
                     .collect(),
                 datagrams: c.datagrams,
@@ -134,6 +141,16 @@ impl collector_server::Collector for CollectorService {
         let not_yet = || Status::not_found("the stream has applied no message yet");
         let (values, bounds, unbounded, as_of_ns) = self.handle.with(|c| {
             let streams = streams_of(c, r.switch_id, r.stream)?;
+            if streams.len() > 1
+                && let Some(stride) = table_stride(c, r.switch_id, &streams, state)
+            {
+                return Err(Status::invalid_argument(format!(
+                    "state {state} of switch {} is a table (entries of {stride} words), \
+                     each worker's own: summed over its streams it means nothing; read one \
+                     (--stream N)",
+                    r.switch_id
+                )));
+            }
             let n = r.count as usize;
             // A switch's streams summed: a location is bounded if it is on every one.
             let mut values = vec![0u64; n];
@@ -304,6 +321,15 @@ fn state_id(state: u32) -> Result<u16, Status> {
 }
 
 /// The streams a request names: `stream`, or every stream of `switch`.
+/// The words of an entry of `state` where any of `streams` announced it a table (more
+/// than one word an entry).
+fn table_stride(c: &Collector, switch: u32, streams: &[u16], state: u16) -> Option<u32> {
+    (streams.iter())
+        .flat_map(|&stream| c.layout(switch, stream))
+        .find(|l| l.id == state && l.stride > 1)
+        .map(|l| l.stride)
+}
+
 fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16>, Status> {
     let known = c.streams_of(switch);
     if known.is_empty() {

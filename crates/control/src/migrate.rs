@@ -24,8 +24,9 @@ pub struct Move {
     /// Every stream of the target when `None`.
     pub to_stream: Option<u32>,
     pub state: u32,
-    /// Words per entry: 1 for a register or sketch, a table's slot's words for a table.
-    pub entry_words: u32,
+    /// Words per entry: 1 for a register or sketch, a table's slot's words for a table;
+    /// `None`: as the source's stream announced (its layout).
+    pub entry_words: Option<u32>,
     /// How long each write may take to commit.
     pub timeout_ms: u32,
 }
@@ -84,9 +85,26 @@ pub fn locations_to_read(extent: u32, entry_words: u32) -> Result<u32, String> {
     Ok(extent)
 }
 
+/// The words of an entry: as the source announced them (`announced`), which a width
+/// the user gave must agree with.
+fn entry_words(given: Option<u32>, announced: Option<u32>, state: u32) -> Result<u32, String> {
+    match (given, announced) {
+        (Some(g), Some(a)) if g != a => Err(format!(
+            "--entry-words {g}: the source announced entries of {a} words for state {state}; \
+             leave --entry-words out"
+        )),
+        (_, Some(a)) => Ok(a),
+        (Some(g), None) => Ok(g),
+        (None, None) => Err(format!(
+            "the source has not announced state {state} to this collector yet (a stream \
+             announces its states within a second of its start): try again, or give \
+             --entry-words"
+        )),
+    }
+}
+
 /// Moves state `m.state` of the source's stream into the target (see the module doc).
 pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> {
-    let entry_words = m.entry_words;
     let streams = client.streams().map_err(|e| e.to_string())?;
     let source = (streams.streams.iter())
         .find(|s| s.switch_id == m.from_switch && s.stream == m.from_stream)
@@ -96,6 +114,10 @@ pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> 
                 m.from_switch, m.from_stream
             )
         })?;
+    let announced = (source.layout.iter())
+        .find(|l| l.state == m.state)
+        .map(|l| l.stride);
+    let entry_words = entry_words(m.entry_words, announced, m.state)?;
     let extent = (source.extents.iter())
         .find(|e| e.state == m.state)
         .map_or(0, |e| e.length);
@@ -165,6 +187,22 @@ mod tests {
     }
 
     /// A width that does not divide the copy, or none at all, is refused with the fix.
+    /// The source's announced width is taken; a width given that disagrees is refused,
+    /// and with neither the error says when to try again.
+    #[test]
+    fn the_entry_width_comes_from_the_sources_layout() {
+        assert_eq!(entry_words(None, Some(12), 0), Ok(12));
+        assert_eq!(entry_words(Some(12), Some(12), 0), Ok(12));
+        assert_eq!(entry_words(Some(3), None, 0), Ok(3));
+        let e = entry_words(Some(11), Some(12), 2).unwrap_err();
+        assert!(
+            e.contains("announced entries of 12 words for state 2"),
+            "{e}"
+        );
+        let e = entry_words(None, None, 1).unwrap_err();
+        assert!(e.contains("has not announced state 1"), "{e}");
+    }
+
     #[test]
     fn a_width_that_does_not_make_whole_slots_is_refused() {
         assert_eq!(locations_to_read(131_072 * 12, 12), Ok(131_072 * 12));

@@ -530,6 +530,8 @@ struct Guaranteed {
     register_bits: Vec<Option<u8>>,
     /// Values of the write in progress refused as wider than their register's cells.
     values_refused: u64,
+    /// The words of an entry of each synced state (by id): a table's slot's, else 1.
+    strides: Vec<u32>,
 }
 
 impl Guaranteed {
@@ -542,23 +544,28 @@ impl Guaranteed {
             .filter(|(_, g)| g.contains(&Guarantee::Synced));
         let declared = inner.declarations();
         let mut register_bits = Vec::new();
+        let mut strides = Vec::new();
         for (id, (name, _)) in synced.enumerate() {
             // `with_guarantees` made sure an instance tracks each name; one that did not
             // would sync nothing, so the sync stage checks `synced()` against the
             // declarations before it starts.
             let _ = inner.track(name, id as u16);
-            register_bits.push(declared.iter().find(|d| &d.name == name).and_then(
-                |d| match d.kind {
-                    stateplane_state::Kind::Register { bits } => Some(bits),
-                    _ => None,
-                },
-            ));
+            let d = declared.iter().find(|d| &d.name == name);
+            register_bits.push(d.and_then(|d| match d.kind {
+                stateplane_state::Kind::Register { bits } => Some(bits),
+                _ => None,
+            }));
+            strides.push(
+                d.and_then(|d| stateplane_state::synced_table::SlotWords::of(d, &[]))
+                    .map_or(1, |w| w.stride() as u32),
+            );
         }
         Box::new(Guaranteed {
             inner,
             overrides,
             register_bits,
             values_refused: 0,
+            strides,
         })
     }
 }
@@ -625,6 +632,10 @@ impl Program for Guaranteed {
 
     fn synced(&self) -> Vec<(u16, u32)> {
         self.inner.synced()
+    }
+
+    fn synced_stride(&self, id: u16) -> u32 {
+        self.strides.get(usize::from(id)).copied().unwrap_or(1)
     }
 
     fn read_synced(&self, id: u16, index: u32) -> Option<u64> {

@@ -230,6 +230,13 @@ pub trait Program: Send {
         Vec::new()
     }
 
+    /// The words of one entry of synced state `id`: 1 for a register's cells, a slot's
+    /// words for a table (what the sync stage announces, so that a collector knows which
+    /// words make an entry).
+    fn synced_stride(&self, _id: u16) -> u32 {
+        1
+    }
+
     /// The value at `index` of synced state `id` (what the anti-entropy refresh sends);
     /// `None` past its end or for an id not tracked.
     fn read_synced(&self, _id: u16, _index: u32) -> Option<u64> {
@@ -274,6 +281,7 @@ pub trait Running: Send {
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
     fn changes(&mut self, out: &mut Vec<Change>);
     fn synced(&self) -> Vec<(u16, u32)>;
+    fn synced_stride(&self, id: u16) -> u32;
     fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
     fn commit_synced_write(&mut self) -> u64;
@@ -349,6 +357,10 @@ impl<P: Program> Running for P {
 
     fn synced(&self) -> Vec<(u16, u32)> {
         Program::synced(self)
+    }
+
+    fn synced_stride(&self, id: u16) -> u32 {
+        Program::synced_stride(self, id)
     }
 
     fn read_synced(&self, id: u16, index: u32) -> Option<u64> {

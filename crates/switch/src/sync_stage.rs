@@ -27,7 +27,7 @@ use stateplane_runtime::{Context, Running, StateStage, StateStageFactory};
 use stateplane_state::changes::Change;
 use stateplane_sync::Location;
 use stateplane_sync::rate::RateController;
-use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
 use stateplane_sync::wire::{
     ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, MAX_DATAGRAM_ENTRIES, Message,
 };
@@ -367,7 +367,13 @@ impl SyncStage {
         let entries = self.message_entries;
         self.sender.get_or_insert_with(|| {
             Sender::new(SenderConfig {
-                states: program.synced(),
+                states: (program.synced().into_iter())
+                    .map(|(id, length)| SyncedState {
+                        id,
+                        length,
+                        stride: program.synced_stride(id),
+                    })
+                    .collect(),
                 ..config.clone()
             })
             .with_message_entries(entries)

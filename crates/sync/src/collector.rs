@@ -9,6 +9,7 @@
 
 use crate::Location;
 use crate::mirror::{Mirror, MirrorCounters, Reading};
+use crate::sender::SyncedState;
 use crate::wire::{ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, Message};
 use crate::write::{Cancel, Completed, WriteEngine, Written};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -45,6 +46,8 @@ pub struct StreamInfo {
     pub locations: usize,
     /// Per state, one past the largest index carried (`Mirror::extents`).
     pub extents: Vec<(u16, u32)>,
+    /// The synced states as the stream announced them (`Mirror::layout`).
+    pub layout: Vec<SyncedState>,
     pub writes_in_flight: bool,
 }
 
@@ -132,7 +135,7 @@ impl Collector {
             Err(e) => return self.refuse(e.reason()),
         };
         match message.kind {
-            Kind::Updates | Kind::Refresh | Kind::Heartbeat => {
+            Kind::Updates | Kind::Refresh | Kind::Heartbeat | Kind::Layout => {
                 self.apply(now_ns, message, bytes.len(), from)
             }
             Kind::WriteAck => self.on_ack(now_ns, &message, from),
@@ -172,7 +175,8 @@ impl Collector {
         // they may take fewer bytes than that, and still say it.
         let plain = HEADER_LEN + m.entries.len() * ENTRY_LEN + MAC_LEN;
         peer.engine.path_carries(datagram_len.max(plain));
-        if m.entries.is_empty() {
+        // A layout's entries describe the states; they are no values.
+        if m.entries.is_empty() || m.kind == Kind::Layout {
             return;
         }
         for e in &m.entries {
@@ -279,6 +283,7 @@ impl Collector {
                     threshold: peer.threshold,
                     locations: self.mirror.held_count(switch, stream),
                     extents: self.mirror.extents(switch, stream),
+                    layout: self.mirror.layout(switch, stream),
                     writes_in_flight: !peer.engine.is_idle(),
                 })
             })
@@ -292,6 +297,11 @@ impl Collector {
             .map(|(_, stream)| stream)
             .filter(|stream| self.peers.contains_key(&(switch, *stream)))
             .collect()
+    }
+
+    /// The synced states of `switch`'s `stream` as it announced them (`Mirror::layout`).
+    pub fn layout(&self, switch: u32, stream: u16) -> Vec<SyncedState> {
+        self.mirror.layout(switch, stream)
     }
 
     /// Every location held of `switch`'s `stream` (see `Mirror::held`).
@@ -374,7 +384,7 @@ mod tests {
             heartbeat_ns: 1_000_000,
             batch_ns: 0,
             refresh_ns: 0,
-            states: vec![(0, 8)],
+            states: vec![SyncedState::register(0, 8)],
         })
     }
 
@@ -409,7 +419,10 @@ mod tests {
         assert_eq!((r[0].value, r[1].value, r[1].bound), (0, 5, Some(0)));
         assert_eq!(c.read(2, 0, 0, 0, 1), None, "a switch never heard from");
         let info = &c.streams()[0];
-        assert_eq!((info.epoch, info.last_seq, info.applied_ns), (7, 1, 20));
+        // The stream's first message announced its layout; its second carried the update.
+        assert_eq!((info.epoch, info.last_seq, info.applied_ns), (7, 2, 20));
+        assert_eq!(info.layout, [SyncedState::register(0, 8)]);
+        assert_eq!(info.locations, 1, "the layout's entries are no values");
         let (changes, missed) = c.changes_after(0, 10);
         assert_eq!((changes.len(), missed), (1, 0));
         assert_eq!((changes[0].number, changes[0].value), (1, 5));

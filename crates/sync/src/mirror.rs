@@ -14,6 +14,7 @@
 //! data plane's as of one instant; a batch cut short by a loss is applied up to the loss
 //! when the next message shows it.
 
+use crate::sender::SyncedState;
 use crate::wire::{Kind, Message};
 use crate::{Location, divergence_bound};
 use std::collections::{HashMap, VecDeque};
@@ -45,6 +46,8 @@ struct StreamView {
     /// messages from `s` on is that of the first entry at or after `s`.
     thresholds: VecDeque<(u64, u64)>,
     values: Values,
+    /// The synced states as the stream last announced them (`Kind::Layout`), by id.
+    layout: Vec<SyncedState>,
 }
 
 /// Indexes below this are held in a vector per state (a read of 65,536 locations is then
@@ -148,6 +151,7 @@ impl StreamView {
             last_sent_ns: 0,
             thresholds: VecDeque::new(),
             values: Values::default(),
+            layout: Vec::new(),
         }
     }
 
@@ -159,13 +163,26 @@ impl StreamView {
             Kind::Refresh => batch_end + 1,
             _ => m.seq,
         };
-        for e in &m.entries {
-            let held = Held {
-                value: e.value,
-                seq: m.seq,
-                bounded_from,
-            };
-            self.values.insert(e.location, held);
+        if m.kind == Kind::Layout {
+            for e in &m.entries {
+                let state = SyncedState {
+                    id: e.location.state,
+                    length: e.location.index,
+                    stride: e.value.clamp(1, u64::from(u32::MAX)) as u32,
+                };
+                self.layout.retain(|s| s.id != state.id);
+                self.layout.push(state);
+            }
+            self.layout.sort_unstable_by_key(|s| s.id);
+        } else {
+            for e in &m.entries {
+                let held = Held {
+                    value: e.value,
+                    seq: m.seq,
+                    bounded_from,
+                };
+                self.values.insert(e.location, held);
+            }
         }
         self.applied_seq = m.seq;
         self.last_sent_ns = m.sent_ns;
@@ -456,7 +473,12 @@ impl Mirror {
             .map(|v| v.last_sent_ns)
     }
 
-    /// How many locations of `switch`'s `stream` a message has carried.
+    /// The synced states of `switch`'s `stream` as it last announced them, by id (none
+    /// before its first `Layout` message arrives).
+    pub fn layout(&self, switch: u32, stream: u16) -> Vec<SyncedState> {
+        (self.streams.get(&(switch, stream))).map_or_else(Vec::new, |v| v.layout.clone())
+    }
+
     /// Per state of `switch`'s `stream`, in order: one past the largest index a message
     /// has carried (once a refresh has gone by, the state's length).
     pub fn extents(&self, switch: u32, stream: u16) -> Vec<(u16, u32)> {
@@ -470,6 +492,7 @@ impl Mirror {
         extents
     }
 
+    /// How many locations of `switch`'s `stream` a message has carried.
     pub fn held_count(&self, switch: u32, stream: u16) -> usize {
         (self.streams.get(&(switch, stream))).map_or(0, |v| v.values.count)
     }

@@ -31,9 +31,34 @@ pub struct SenderConfig {
     /// Every location is sent whole at least this often (anti-entropy), so that the
     /// collector's copy converges exactly after any loss. 0: never.
     pub refresh_ns: u64,
-    /// The synced state: each state's id and length.
-    pub states: Vec<(u16, u32)>,
+    /// The synced state, announced to the collector in `Layout` messages.
+    pub states: Vec<SyncedState>,
 }
+
+/// One synced state as a stream announces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncedState {
+    pub id: u16,
+    /// Its locations.
+    pub length: u32,
+    /// The words of one of its entries: 1 for a register's cells, a slot's for a table.
+    pub stride: u32,
+}
+
+impl SyncedState {
+    /// A register's (or sketch's) cells: an entry a word.
+    pub fn register(id: u16, length: u32) -> SyncedState {
+        SyncedState {
+            id,
+            length,
+            stride: 1,
+        }
+    }
+}
+
+/// A stream announces its layout this often (and in its first poll and at its end), so
+/// that a collector that started later, or lost the message, learns it soon.
+pub const LAYOUT_EVERY_NS: u64 = 1_000_000_000;
 
 /// How the threshold is set.
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +90,8 @@ pub struct Sender {
     t_max: u64,
     window_start_ns: Option<u64>,
     last_sent_ns: Option<u64>,
+    /// When the layout is announced next (0: at the first poll).
+    next_layout_ns: u64,
     refresh: Refresh,
     /// Updates waiting for the next message, since the poll that first saw them.
     pending: Vec<Update>,
@@ -110,11 +137,12 @@ impl Sender {
     pub fn new(config: SenderConfig) -> Sender {
         // No more slots than locations: laid out one state after another, they would
         // never be used, and the timeout monitor would sweep them all the same.
-        let locations: u64 = config.states.iter().map(|&(_, len)| u64::from(len)).sum();
+        let lengths: Vec<(u16, u32)> = config.states.iter().map(|s| (s.id, s.length)).collect();
+        let locations: u64 = lengths.iter().map(|&(_, len)| u64::from(len)).sum();
         let slots = config
             .slots
             .min(locations.max(1).next_power_of_two() as usize);
-        let mut handler = ReadHandler::new(slots).with_states(&config.states);
+        let mut handler = ReadHandler::new(slots).with_states(&lengths);
         let (window_ns, capacity, threshold) = match config.threshold {
             Threshold::Fixed(t) => (1_000_000, 0, t),
             Threshold::Adaptive(rate) => (rate.window_ns.max(1), rate.capacity, 0),
@@ -127,6 +155,7 @@ impl Sender {
             t_max: 0,
             window_start_ns: None,
             last_sent_ns: None,
+            next_layout_ns: 0,
             refresh: Refresh {
                 state: 0,
                 index: 0,
@@ -309,6 +338,7 @@ impl Sender {
         }
         self.refresh_some(now_ns, &mut read);
         let first = out.len();
+        let layout_due = now_ns >= self.next_layout_ns;
         let waited = (self.pending_since_ns)
             .is_some_and(|since| now_ns.saturating_sub(since) >= self.config.batch_ns);
         // Any message sent moves the collector's copy on to now, so a heartbeat takes the
@@ -316,7 +346,11 @@ impl Sender {
         let quiet = (self.last_sent_ns)
             .is_none_or(|last| now_ns.saturating_sub(last) >= self.config.heartbeat_ns);
         let full = self.pending.len() >= self.message_entries;
-        if waited || quiet || full || !self.refreshed.is_empty() {
+        // The layout is a message like any other: the waiting updates go with it.
+        if layout_due {
+            self.announce_layout(now_ns, out);
+        }
+        if waited || quiet || full || layout_due || !self.refreshed.is_empty() {
             self.send(now_ns, Kind::Updates, out);
             self.send(now_ns, Kind::Refresh, out);
             self.pending_since_ns = None;
@@ -349,6 +383,7 @@ impl Sender {
         out: &mut Vec<Message>,
     ) {
         let first = out.len();
+        self.announce_layout(now_ns, out);
         self.refresh = Refresh {
             state: 0,
             index: 0,
@@ -364,6 +399,24 @@ impl Sender {
             self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
         }
         self.end_batch(&mut out[first..]);
+    }
+
+    /// Sends what the synced states are (`Kind::Layout`), if there are any.
+    fn announce_layout(&mut self, now_ns: u64, out: &mut Vec<Message>) {
+        self.next_layout_ns = now_ns.saturating_add(LAYOUT_EVERY_NS);
+        let states: Vec<Update> = (self.config.states.iter())
+            .map(|s| Update {
+                location: Location {
+                    state: s.id,
+                    index: s.length,
+                },
+                value: u64::from(s.stride),
+                threshold: 0,
+            })
+            .collect();
+        for entries in states.chunks(self.message_entries) {
+            self.emit(now_ns, Kind::Layout, entries.to_vec(), out);
+        }
     }
 
     fn set_threshold(&mut self, t: u64) {
@@ -389,7 +442,12 @@ impl Sender {
             };
         }
         while self.refreshed.len() < self.message_entries {
-            let Some(&(state, len)) = self.config.states.get(r.state) else {
+            let Some(&SyncedState {
+                id: state,
+                length: len,
+                ..
+            }) = self.config.states.get(r.state)
+            else {
                 r.running = false;
                 return;
             };
@@ -584,7 +642,7 @@ mod tests {
     fn finishing_leaves_the_collector_every_location_exactly() {
         let mut s = Sender::new(SenderConfig {
             threshold: Threshold::Fixed(1_000),
-            states: vec![(0, 100), (2, 30)],
+            states: vec![SyncedState::register(0, 100), SyncedState::register(2, 30)],
             ..sender(1).config
         });
         let value = |l: Location| u64::from(l.state) * 1_000 + u64::from(l.index) * 7;
@@ -650,7 +708,7 @@ mod tests {
             slots: 65_536,
             max_age_ns: 10_000_000,
             heartbeat_ns: 10_000_000,
-            states: vec![(0, LOCATIONS)],
+            states: vec![SyncedState::register(0, LOCATIONS)],
             ..sender(CAPACITY).config
         });
         let mut values = vec![0u64; LOCATIONS as usize];
@@ -669,7 +727,7 @@ mod tests {
                 *v += 2;
             }
             s.poll(now, |l| values[l.index as usize], &mut out);
-            for m in out.drain(..) {
+            for m in out.drain(..).filter(|m| m.kind != Kind::Layout) {
                 updates += m.entries.len() as u64;
                 sent.extend(m.entries.iter().map(|u| u.location.index));
             }
@@ -680,5 +738,53 @@ mod tests {
         );
         assert!(updates > CAPACITY / 2, "the channel is used: {updates}");
         assert_eq!(sent.len(), LOCATIONS as usize, "every location went out");
+    }
+
+    /// A stream announces its states first, again every second, and at its end, and the
+    /// updates waiting go with each announcement (a message moves the copy on to now).
+    #[test]
+    fn the_layout_is_announced_with_the_waiting_updates() {
+        let table = SyncedState {
+            id: 1,
+            length: 44,
+            stride: 11,
+        };
+        let mut s = Sender::new(SenderConfig {
+            heartbeat_ns: 10 * LAYOUT_EVERY_NS,
+            batch_ns: 10 * LAYOUT_EVERY_NS,
+            refresh_ns: 0,
+            states: vec![SyncedState::register(0, 8), table],
+            ..sender(1_000_000).config
+        });
+        let mut out = Vec::new();
+        let layouts = |out: &[Message]| -> Vec<Vec<(u16, u32, u64)>> {
+            (out.iter())
+                .filter(|m| m.kind == Kind::Layout)
+                .map(|m| {
+                    (m.entries.iter())
+                        .map(|e| (e.location.state, e.location.index, e.value))
+                        .collect()
+                })
+                .collect()
+        };
+        s.change(1, Location { state: 0, index: 3 }, 0, 5);
+        s.poll(1, |_| 0, &mut out);
+        assert_eq!(layouts(&out), [vec![(0, 8, 1), (1, 44, 11)]]);
+        assert_eq!(out[0].kind, Kind::Layout);
+        assert!(
+            out.iter()
+                .any(|m| m.kind == Kind::Updates && m.entries.len() == 1),
+            "the waiting update went with it: {out:?}"
+        );
+        out.clear();
+        s.change(2, Location { state: 0, index: 4 }, 0, 6);
+        s.poll(LAYOUT_EVERY_NS - 1, |_| 0, &mut out);
+        assert!(out.is_empty(), "nothing due: {out:?}");
+        s.poll(LAYOUT_EVERY_NS + 1, |_| 0, &mut out);
+        assert_eq!(layouts(&out).len(), 1, "again a second on");
+        assert!(out.iter().any(|m| m.kind == Kind::Updates));
+        out.clear();
+        s.finish(LAYOUT_EVERY_NS + 2, |_| 0, &mut out);
+        assert_eq!(layouts(&out).len(), 1, "and at the end");
     }
 }

@@ -42,6 +42,10 @@ pub enum Kind {
     /// From the switch to the collector: `seq` is the write's id, `t_max` the parts it holds
     /// of it, and the entries a bitmap of them (`index` the word, `value` its bits).
     WriteAck = 6,
+    /// From the switch to the collector: what its synced states are. Each entry is one
+    /// state: `state` its id, `index` its length in locations, `value` the words of one
+    /// of its entries (1 for a register's cells, a slot's words for a table).
+    Layout = 7,
 }
 
 impl Kind {
@@ -53,6 +57,7 @@ impl Kind {
             4 => Some(Kind::Report),
             5 => Some(Kind::Write),
             6 => Some(Kind::WriteAck),
+            7 => Some(Kind::Layout),
             _ => None,
         }
     }

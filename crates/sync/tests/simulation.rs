@@ -15,7 +15,7 @@ use stateplane_sync::Location;
 use stateplane_sync::channel::{Channel, ChannelConfig, Faults};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
-use stateplane_sync::sender::{Sender, SenderConfig, Threshold};
+use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
 use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::{BTreeMap, HashMap};
 
@@ -80,7 +80,11 @@ fn run(seed: u64) -> Seen {
         heartbeat_ns: 2_000_000,
         batch_ns: [0, 100_000, 1_000_000][rng.below(3) as usize],
         refresh_ns: 20_000_000,
-        states: vec![(0, COUNTERS), (1, REGISTERS), (2, KEYS)],
+        states: vec![
+            SyncedState::register(0, COUNTERS),
+            SyncedState::register(1, REGISTERS),
+            SyncedState::register(2, KEYS),
+        ],
     });
     let mut mirror = Mirror::new(Some(vec![9]));
     let mut plane: HashMap<Location, u64> = locations().map(|l| (l, 0)).collect();
