@@ -612,11 +612,14 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                 .map(|x| format!("{} {}", x.reason, x.count))
                 .collect();
             eprintln!(
-                "datagrams {}, applied {}, gaps {} ({} missing), restarts {}; refused: {}",
+                "datagrams {}, applied {}, gaps {} ({} missing, {} sent again, {} given up), \
+                 restarts {}; refused: {}",
                 r.datagrams,
                 r.applied,
                 r.gaps,
                 r.missing,
+                r.repaired,
+                r.given_up,
                 r.restarts,
                 if refused.is_empty() {
                     "none".to_string()

@@ -116,6 +116,8 @@ impl collector_server::Collector for CollectorService {
                 gaps: counters.gaps,
                 missing: counters.missing,
                 restarts: counters.restarts,
+                repaired: counters.repaired,
+                given_up: counters.given_up,
                 refused: (c.refused.iter())
                     .map(|(reason, count)| sync_pb::Refusal {
                         reason: reason.to_string(),

@@ -63,12 +63,14 @@ impl CollectorOutcome {
     /// The summary a person reads.
     pub fn table(&self) -> String {
         let mut s = format!(
-            "datagrams {}  applied {}  entries {}  gaps {} ({} messages missing)  restarts {}  reports sent {}\n",
+            "datagrams {}  applied {}  entries {}  gaps {} ({} messages missing, {} sent again, {} given up)  restarts {}  reports sent {}\n",
             self.datagrams,
             self.mirror.applied,
             self.mirror.entries,
             self.mirror.gaps,
             self.mirror.missing,
+            self.mirror.repaired,
+            self.mirror.given_up,
             self.mirror.restarts,
             self.reports_sent
         );

@@ -122,6 +122,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.refused),
         ),
         (
+            "resent",
+            "Messages the collector lost and asked for again, sent again",
+            get(&c.resent),
+        ),
+        (
             "write_parts",
             "Parts of top-down writes taken",
             get(&c.write_parts),
@@ -245,6 +250,16 @@ impl Collector for CollectorScrape {
                 "missing_messages",
                 "Messages found missing",
                 counters.missing,
+            ),
+            (
+                "repaired_messages",
+                "Messages found missing that came again, asked for or late",
+                counters.repaired,
+            ),
+            (
+                "given_up_messages",
+                "Messages found missing and asked for in vain",
+                counters.given_up,
             ),
             (
                 "restarts",

@@ -112,6 +112,8 @@ pub struct SyncCounters {
     /// Sends that failed (no collector listening, a full buffer).
     pub send_errors: AtomicU64,
     pub reports: AtomicU64,
+    /// Messages the collector lost and asked for again, sent again.
+    pub resent: AtomicU64,
     /// Datagrams refused (malformed, wrong key, not for this switch).
     pub refused: AtomicU64,
     pub write_parts: AtomicU64,
@@ -435,6 +437,18 @@ impl SyncStage {
                         sender.on_report(now_ns, &message);
                     }
                 }
+                Kind::Nack if ours => {
+                    let mut again = Vec::new();
+                    if let Some(sender) = &mut self.sender {
+                        sender.on_nack(&message, &mut again);
+                    }
+                    SyncCounters::add(&self.counters.resent, again.len() as u64);
+                    for m in again {
+                        self.bytes.clear();
+                        m.encode_with(self.key.as_ref(), &mut self.bytes);
+                        self.send_bytes();
+                    }
+                }
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
                     let abandoned = self.writes.abandoned;
@@ -602,6 +616,7 @@ pub struct SyncReport {
     pub bytes: u64,
     pub send_errors: u64,
     pub reports: u64,
+    pub resent: u64,
     pub refused: u64,
     pub write_parts: u64,
     pub writes_committed: u64,
@@ -625,6 +640,7 @@ impl SyncPlan {
             bytes: get(&c.bytes),
             send_errors: get(&c.send_errors),
             reports: get(&c.reports),
+            resent: get(&c.resent),
             refused: get(&c.refused),
             write_parts: get(&c.write_parts),
             writes_committed: get(&c.writes_committed),
@@ -652,6 +668,12 @@ impl SyncReport {
             s += &format!(
                 "  writes committed {} ({} values, {} with their changes kept; {} parts)\n",
                 self.writes_committed, self.values_written, self.changes_kept, self.write_parts
+            );
+        }
+        if self.resent > 0 {
+            s += &format!(
+                "  {} messages the collector lost sent again at its request\n",
+                self.resent
             );
         }
         if self.writes_abandoned > 0 {

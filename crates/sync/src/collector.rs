@@ -139,7 +139,7 @@ impl Collector {
                 self.apply(now_ns, message, bytes.len(), from)
             }
             Kind::WriteAck => self.on_ack(now_ns, &message, from),
-            Kind::Report | Kind::Write => self.refuse("unexpected_kind"),
+            Kind::Report | Kind::Write | Kind::Nack => self.refuse("unexpected_kind"),
         }
     }
 
@@ -232,6 +232,9 @@ impl Collector {
             if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
                 self.scratch.push(r);
                 self.reports_sent += 1;
+            }
+            if let Some(nack) = self.mirror.nack(switch, stream, now_ns) {
+                self.scratch.push(nack);
             }
             for m in self.scratch.drain(..) {
                 let mut bytes = Vec::new();

@@ -7,16 +7,24 @@
 //! messages `j..=k` (each covers the thresholds in force since the one before it). After a
 //! lost message (a gap in the sequence), every location whose value is older than the gap
 //! may have missed an update: it is unbounded until it arrives again (an update or the
-//! refresh). Messages older than the last applied (duplicates, late ones) change nothing.
+//! refresh). Messages older than the last applied change nothing (duplicates, late ones),
+//! unless lost and still asked for (below).
 //!
 //! The messages a worker sends at one instant (a batch: all but the last carry
 //! `FLAG_MORE`) are applied together when the last arrives, so that the copy is always the
 //! data plane's as of one instant; a batch cut short by a loss is applied up to the loss
 //! when the next message shows it.
+//!
+//! Beyond that, a lost message is asked for again (`Mirror::nack`, kind 8; the switch
+//! keeps its last messages) while it is among the last [`MAX_REPAIRABLE`] missing, at most
+//! [`MAX_NACKS`] times. A message that comes back is applied where it is the newest word
+//! of a location, and its `t_max` joins the thresholds of the messages after it: as if it
+//! had come in order, so that once every lost message after a location's value is back,
+//! the value is bounded again, without waiting for the refresh to carry it.
 
 use crate::sender::SyncedState;
 use crate::wire::{Kind, Message};
-use crate::{Location, divergence_bound};
+use crate::{Location, Update, divergence_bound};
 use std::collections::{HashMap, VecDeque};
 
 /// The largest thresholds since each message, kept short: entries beyond this are merged
@@ -25,6 +33,16 @@ const MAX_THRESHOLDS: usize = 1024;
 
 /// Epochs a stream remembers having left (older ones are forgotten).
 const RETIRED_EPOCHS: usize = 64;
+
+/// Lost messages a stream asks for again at most (older ones are given up: their
+/// locations wait for the refresh, as without repair).
+pub const MAX_REPAIRABLE: usize = 1024;
+
+/// How many times a lost message is asked for before it is given up.
+pub const MAX_NACKS: u8 = 8;
+
+/// How long a stream waits for an answer before asking again.
+pub const NACK_RETRY_NS: u64 = 5_000_000;
 
 /// One stream's (a worker's) view.
 #[derive(Clone, Debug)]
@@ -37,8 +55,19 @@ struct StreamView {
     applied_seq: u64,
     /// Messages of a batch whose last has not arrived.
     staged: Vec<Message>,
-    /// The first message after the latest gap: values older than it are unbounded.
+    /// The first message after the latest gap: values older than it are unbounded. It
+    /// is the later of `given_up_seq` and one past the latest of `repairable`.
     gap_seq: u64,
+    /// Lost messages still asked for, with the times they were asked for so far.
+    repairable: std::collections::BTreeMap<u64, u8>,
+    /// One past the latest lost message given up (or too many to ask for).
+    given_up_seq: u64,
+    /// Lost messages that came again while the copy is as of a message before them (the
+    /// later ones wait in a batch): each is taken once the copy is as of it or later, so
+    /// that the copy never holds a value newer than its instant.
+    repairs_waiting: std::collections::BTreeMap<u64, Message>,
+    /// When the last request for lost messages went (the collector's clock).
+    last_nack_ns: Option<u64>,
     /// Messages found missing so far.
     missing: u64,
     last_sent_ns: u64,
@@ -147,6 +176,10 @@ impl StreamView {
             applied_seq: 0,
             staged: Vec::new(),
             gap_seq: 0,
+            repairable: std::collections::BTreeMap::new(),
+            given_up_seq: 0,
+            repairs_waiting: std::collections::BTreeMap::new(),
+            last_nack_ns: None,
             missing: 0,
             last_sent_ns: 0,
             thresholds: VecDeque::new(),
@@ -164,16 +197,7 @@ impl StreamView {
             _ => m.seq,
         };
         if m.kind == Kind::Layout {
-            for e in &m.entries {
-                let state = SyncedState {
-                    id: e.location.state,
-                    length: e.location.index,
-                    stride: e.value.clamp(1, u64::from(u32::MAX)) as u32,
-                };
-                self.layout.retain(|s| s.id != state.id);
-                self.layout.push(state);
-            }
-            self.layout.sort_unstable_by_key(|s| s.id);
+            self.take_layout(m);
         } else {
             for e in &m.entries {
                 let held = Held {
@@ -194,6 +218,97 @@ impl StreamView {
         for m in std::mem::take(&mut self.staged) {
             self.take(&m, batch_end);
         }
+    }
+
+    /// Takes message `m`, lost and asked for again: its values where no later message
+    /// carried the location, its threshold among the later ones'; and the gap it left
+    /// closes.
+    fn repair(&mut self, m: &Message) {
+        self.repairable.remove(&m.seq);
+        self.raise_thresholds_to(m.seq, m.t_max);
+        if m.kind == Kind::Layout {
+            self.take_layout(m);
+        } else {
+            for e in &m.entries {
+                // A refresh's value is the data plane's as its batch went, no earlier
+                // than the message: bounded from the message on (a larger bound than
+                // from its batch's end, never a smaller one).
+                let held = Held {
+                    value: e.value,
+                    seq: m.seq,
+                    bounded_from: m.seq,
+                };
+                // Held from this message: an earlier entry of the same location, which
+                // this later one follows.
+                if self.values.get(e.location).is_none_or(|h| h.seq <= m.seq) {
+                    self.values.insert(e.location, held);
+                }
+            }
+        }
+        self.set_gap_seq();
+    }
+
+    /// Takes the lost messages that came again and that the copy has now passed.
+    fn take_repairs_due(&mut self) {
+        while let Some(entry) = self.repairs_waiting.first_entry() {
+            if *entry.key() > self.applied_seq {
+                return;
+            }
+            let m = entry.remove();
+            self.repair(&m);
+        }
+    }
+
+    /// Values older than the latest loss not repaired yet are unbounded.
+    fn set_gap_seq(&mut self) {
+        let open = self.repairable.keys().next_back().map_or(0, |&s| s + 1);
+        self.gap_seq = self.given_up_seq.max(open);
+    }
+
+    /// Messages `from..to` are missing: asked for again, within [`MAX_REPAIRABLE`].
+    fn lost(&mut self, from: u64, to: u64) {
+        if to - from > MAX_REPAIRABLE as u64 {
+            self.given_up_seq = self.given_up_seq.max(to);
+        } else {
+            self.repairable.extend((from..to).map(|s| (s, 0)));
+        }
+        while self.repairable.len() > MAX_REPAIRABLE {
+            if let Some((seq, _)) = self.repairable.pop_first() {
+                self.given_up_seq = self.given_up_seq.max(seq + 1);
+            }
+        }
+        self.set_gap_seq();
+    }
+
+    /// Message `seq` with threshold `t` joins the thresholds: every message from a seq at
+    /// or before it on has had at least `t`.
+    fn raise_thresholds_to(&mut self, seq: u64, t: u64) {
+        let mut all: Vec<(u64, u64)> = self.thresholds.drain(..).collect();
+        let at = all.partition_point(|&(s, _)| s < seq);
+        for e in &mut all[..at] {
+            e.1 = e.1.max(t);
+        }
+        all.insert(at, (seq, t));
+        // Each entry answers for the messages from it on: the largest of it and those after.
+        for i in (0..all.len().saturating_sub(1)).rev() {
+            all[i].1 = all[i].1.max(all[i + 1].1);
+        }
+        for (s, t) in all {
+            self.push_threshold(s, t);
+        }
+    }
+
+    fn take_layout(&mut self, m: &Message) {
+        for e in &m.entries {
+            let state = SyncedState {
+                id: e.location.state,
+                length: e.location.index,
+                stride: e.value.clamp(1, u64::from(u32::MAX)) as u32,
+            };
+            self.layout.retain(|s| s.id != state.id);
+            self.layout.push(state);
+        }
+        self.layout.sort_unstable_by_key(|s| s.id);
     }
 
     fn push_threshold(&mut self, seq: u64, t_max: u64) {
@@ -263,6 +378,9 @@ pub struct MirrorCounters {
     pub bad_seq: u64,
     /// Streams started over by a new epoch.
     pub restarts: u64,
+    /// Lost messages that came again when asked for, and those given up.
+    pub repaired: u64,
+    pub given_up: u64,
 }
 
 /// The collector's copy of every stream of the switches it accepts.
@@ -318,16 +436,23 @@ impl Mirror {
             self.counters.restarts += 1;
         }
         if m.seq < view.next_seq {
-            return refused(&mut self.counters, Refused::Stale);
+            if !view.repairable.contains_key(&m.seq) || view.repairs_waiting.contains_key(&m.seq) {
+                return refused(&mut self.counters, Refused::Stale);
+            }
+            view.repairs_waiting.insert(m.seq, m.clone());
+            view.take_repairs_due();
+            self.counters.repaired += 1;
+            self.counters.entries += m.entries.len() as u64;
+            return Ok(());
         }
         if m.seq > view.next_seq {
             self.counters.gaps += 1;
             self.counters.missing += m.seq - view.next_seq;
             view.missing += m.seq - view.next_seq;
             // What came of a batch before the loss is applied; what is older than the gap
-            // is unbounded.
+            // is unbounded until the lost messages come again.
             view.take_staged(m.seq - 1);
-            view.gap_seq = m.seq;
+            view.lost(view.next_seq, m.seq);
         }
         view.next_seq = m.seq + 1;
         if m.more {
@@ -335,6 +460,7 @@ impl Mirror {
         } else {
             view.take_staged(m.seq);
             view.take(m, m.seq);
+            view.take_repairs_due();
         }
         self.counters.applied += 1;
         self.counters.entries += m.entries.len() as u64;
@@ -444,6 +570,60 @@ impl Mirror {
             t_max: view.missing,
             more: false,
             entries: Vec::new(),
+        })
+    }
+
+    /// The request to send `switch` on its `stream` at `now_ns` for the messages it lost
+    /// (kind 8: each entry's `value` a message's seq), if any are still asked for and the
+    /// last request went [`NACK_RETRY_NS`] ago; a message asked for [`MAX_NACKS`] times
+    /// is given up.
+    pub fn nack(&mut self, switch: u32, stream: u16, now_ns: u64) -> Option<Message> {
+        let view = self.streams.get_mut(&(switch, stream))?;
+        if view.repairable.is_empty()
+            || view
+                .last_nack_ns
+                .is_some_and(|t| now_ns.saturating_sub(t) < NACK_RETRY_NS)
+        {
+            return None;
+        }
+        let waiting = &view.repairs_waiting;
+        let worn: Vec<u64> = (view.repairable.iter())
+            .filter(|&(seq, &asked)| asked >= MAX_NACKS && !waiting.contains_key(seq))
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in worn {
+            view.repairable.remove(&seq);
+            view.given_up_seq = view.given_up_seq.max(seq + 1);
+            self.counters.given_up += 1;
+        }
+        view.set_gap_seq();
+        let waiting = &view.repairs_waiting;
+        let asked: Vec<Update> = (view.repairable.iter_mut())
+            .filter(|(seq, _)| !waiting.contains_key(seq))
+            .take(crate::wire::MAX_ENTRIES)
+            .map(|(&seq, asked)| {
+                *asked += 1;
+                Update {
+                    location: Location { state: 0, index: 0 },
+                    value: seq,
+                    threshold: 0,
+                }
+            })
+            .collect();
+        if asked.is_empty() {
+            return None;
+        }
+        view.last_nack_ns = Some(now_ns);
+        Some(Message {
+            kind: Kind::Nack,
+            switch,
+            epoch: view.epoch,
+            stream,
+            seq: view.next_seq - 1,
+            sent_ns: now_ns,
+            t_max: 0,
+            more: false,
+            entries: asked,
         })
     }
 
@@ -563,15 +743,82 @@ mod tests {
         assert_eq!(m.counters.missing, 2);
         assert_eq!(m.read(1, 0, at(1)).unwrap().bound, None);
         assert_eq!(m.read(1, 0, at(2)).unwrap().bound, Some(0));
-        assert_eq!(m.apply(&msg(3, 0, &[(1, 1)])), Err(Refused::Stale), "late");
-        assert_eq!(
-            m.read(1, 0, at(1)).unwrap().value,
-            5,
-            "a late message changes nothing"
-        );
+        // A lost message that comes late (asked for again, or only delayed) is taken where
+        // it is the newest word: location 1's, not location 2's (message 4 came after).
+        // Location 1 is then bounded (by message 3's threshold on), as its value came
+        // after the loss that is still open; location 7, never sent, is not.
+        m.apply(&msg(3, 2, &[(1, 1), (2, 3)])).unwrap();
+        let value = |m: &Mirror, i| m.read(1, 0, at(i)).unwrap().value;
+        assert_eq!((value(&m, 1), value(&m, 2)), (1, 8));
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(1));
+        assert_eq!(m.read(1, 0, at(7)).unwrap().bound, None);
+        assert_eq!(m.apply(&msg(3, 2, &[(1, 1)])), Err(Refused::Stale), "again");
+        // The last lost message back, every value is bounded again, with message 3's
+        // threshold among those after it.
+        m.apply(&msg(2, 0, &[])).unwrap();
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(1));
+        assert_eq!(m.read(3, 0, at(2)), None);
+        assert_eq!(m.read(1, 0, at(2)).unwrap().bound, Some(0));
+        assert_eq!(m.read(1, 0, at(7)).unwrap().bound, Some(1), "never sent");
+        assert_eq!(m.counters.repaired, 2);
         m.apply(&msg(5, 0, &[(1, 7)])).unwrap();
         assert_eq!(m.read(1, 0, at(1)).unwrap().bound, Some(0));
         assert_eq!(m.apply(&msg(5, 0, &[])), Err(Refused::Stale), "a duplicate");
+    }
+
+    /// A lost message that comes back while the copy waits for the end of a later batch
+    /// is taken only once the copy is as of it: the copy never holds a value newer than
+    /// its instant.
+    #[test]
+    fn a_message_back_before_the_copy_reaches_it_waits() {
+        let mut m = Mirror::new(None);
+        m.apply(&msg(1, 0, &[(1, 5)])).unwrap();
+        let mut more = msg(3, 0, &[(2, 9)]);
+        more.more = true;
+        m.apply(&more).unwrap();
+        m.apply(&msg(2, 0, &[(1, 6)])).unwrap();
+        assert_eq!(
+            m.read(1, 0, at(1)).unwrap().value,
+            5,
+            "as of message 1 still"
+        );
+        m.apply(&msg(4, 0, &[])).unwrap();
+        assert_eq!(
+            m.read(1, 0, at(1)).unwrap(),
+            Reading {
+                value: 6,
+                bound: Some(0),
+                as_of_ns: 40
+            }
+        );
+    }
+
+    /// The collector asks for what it lost, again every `NACK_RETRY_NS`, at most
+    /// `MAX_NACKS` times; then it gives the message up, and what is older than it stays
+    /// unbounded until the refresh carries it.
+    #[test]
+    fn lost_messages_are_asked_for_then_given_up() {
+        let mut m = Mirror::new(None);
+        m.apply(&msg(1, 0, &[(1, 5)])).unwrap();
+        m.apply(&msg(4, 0, &[])).unwrap();
+        let asked = |n: &Message| n.entries.iter().map(|e| e.value).collect::<Vec<_>>();
+        let nack = m.nack(1, 0, 0).unwrap();
+        assert_eq!(
+            (nack.kind, nack.seq, asked(&nack)),
+            (Kind::Nack, 4, vec![2, 3])
+        );
+        assert!(m.nack(1, 0, NACK_RETRY_NS - 1).is_none(), "not yet again");
+        m.apply(&msg(2, 0, &[])).unwrap();
+        let mut now = NACK_RETRY_NS;
+        for _ in 1..MAX_NACKS {
+            assert_eq!(asked(&m.nack(1, 0, now).unwrap()), [3]);
+            now += NACK_RETRY_NS;
+        }
+        assert!(m.nack(1, 0, now).is_none(), "given up");
+        assert_eq!(m.counters.given_up, 1);
+        assert_eq!(m.read(1, 0, at(1)).unwrap().bound, None);
+        assert_eq!(m.apply(&msg(3, 0, &[])), Err(Refused::Stale), "too late");
+        assert!(m.nack(9, 0, now).is_none(), "an unknown stream");
     }
 
     #[test]

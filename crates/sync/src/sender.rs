@@ -113,8 +113,17 @@ pub struct Sender {
     quickest_ns: u64,
     /// Entries a message carries at most (what one datagram on the path holds).
     message_entries: usize,
+    /// The last messages sent, oldest first, at most [`KEPT_MESSAGES`] of them and
+    /// [`KEPT_ENTRIES`] entries in all: what a collector's request for lost ones finds.
+    kept: std::collections::VecDeque<Message>,
+    kept_entries: usize,
     pub feedback: FeedbackCounters,
 }
+
+/// Messages a sender keeps for the collector to ask for again, and their entries at most
+/// (about 1.5 MiB): on a quick path the collector asks within a millisecond or two.
+pub const KEPT_MESSAGES: usize = 4096;
+pub const KEPT_ENTRIES: usize = 1 << 16;
 
 /// What the collector's reports did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -124,6 +133,10 @@ pub struct FeedbackCounters {
     pub lowered: u64,
     /// Reports of a growing queue, each of which took a quarter off.
     pub queueing: u64,
+    /// Messages the collector asked for again, sent again, and asked for but no longer
+    /// kept.
+    pub resent: u64,
+    pub not_kept: u64,
 }
 
 /// A queue on the way worth reacting to: the last message seen took at least this much
@@ -164,6 +177,8 @@ impl Sender {
             },
             pending: Vec::new(),
             pending_since_ns: None,
+            kept: std::collections::VecDeque::new(),
+            kept_entries: 0,
             refreshed: Vec::new(),
             window_sent: 0,
             window_ns,
@@ -366,8 +381,12 @@ impl Sender {
     /// messages). The next period starts with no change, so with no divergence.
     fn end_batch(&mut self, batch: &mut [Message]) {
         if let Some((_, before_last)) = batch.split_last_mut() {
-            for m in before_last {
+            for m in before_last.iter_mut() {
                 m.more = true;
+            }
+            // The kept copies of the batch, the last ones kept, go again as they went.
+            for kept in self.kept.iter_mut().rev().skip(1).take(before_last.len()) {
+                kept.more = true;
             }
             self.t_max = 0;
         }
@@ -482,6 +501,25 @@ impl Sender {
         }
     }
 
+    /// Sends again the messages the collector's `nack` asks for that are still kept.
+    pub fn on_nack(&mut self, nack: &Message, out: &mut Vec<Message>) {
+        let Some(first) = self.kept.front().map(|m| m.seq) else {
+            self.feedback.not_kept += nack.entries.len() as u64;
+            return;
+        };
+        for e in &nack.entries {
+            let kept =
+                (e.value.checked_sub(first)).and_then(|i| self.kept.get(usize::try_from(i).ok()?));
+            match kept {
+                Some(m) => {
+                    out.push(m.clone());
+                    self.feedback.resent += 1;
+                }
+                None => self.feedback.not_kept += 1,
+            }
+        }
+    }
+
     fn emit(&mut self, now_ns: u64, kind: Kind, entries: Vec<Update>, out: &mut Vec<Message>) {
         out.push(Message {
             kind,
@@ -494,6 +532,16 @@ impl Sender {
             more: false,
             entries,
         });
+        if let Some(sent) = out.last() {
+            self.kept_entries += sent.entries.len();
+            self.kept.push_back(sent.clone());
+        }
+        while self.kept.len() > KEPT_MESSAGES || self.kept_entries > KEPT_ENTRIES {
+            let Some(old) = self.kept.pop_front() else {
+                break;
+            };
+            self.kept_entries -= old.entries.len();
+        }
         self.sent_log.push_back((self.next_seq, now_ns));
         if self.sent_log.len() > SENT_LOG {
             self.sent_log.pop_front();
@@ -786,5 +834,34 @@ mod tests {
         out.clear();
         s.finish(LAYOUT_EVERY_NS + 2, |_| 0, &mut out);
         assert_eq!(layouts(&out).len(), 1, "and at the end");
+    }
+
+    /// The messages a collector asks for again go again as they were first sent, while
+    /// kept; those no longer kept are counted.
+    #[test]
+    fn lost_messages_are_sent_again_while_kept() {
+        let mut s = sender(1_000_000);
+        let mut out = Vec::new();
+        for i in 0..(KEPT_MESSAGES as u64 + 10) {
+            s.change(i, Location { state: 0, index: 1 }, i, i + 1);
+            s.poll(i * 10_000_000, |_| 0, &mut out);
+        }
+        let sent: Vec<Message> = std::mem::take(&mut out);
+        let last = sent.last().unwrap().seq;
+        let ask = |seqs: &[u64]| Message {
+            kind: Kind::Nack,
+            entries: (seqs.iter())
+                .map(|&seq| Update {
+                    location: Location { state: 0, index: 0 },
+                    value: seq,
+                    threshold: 0,
+                })
+                .collect(),
+            ..sent[0].clone()
+        };
+        s.on_nack(&ask(&[last - 1, last, 1, last + 1]), &mut out);
+        let again: Vec<&Message> = sent.iter().filter(|m| m.seq >= last - 1).collect();
+        assert_eq!(out.iter().collect::<Vec<_>>(), again, "the same messages");
+        assert_eq!((s.feedback.resent, s.feedback.not_kept), (2, 2));
     }
 }

@@ -46,6 +46,9 @@ pub enum Kind {
     /// state: `state` its id, `index` its length in locations, `value` the words of one
     /// of its entries (1 for a register's cells, a slot's words for a table).
     Layout = 7,
+    /// From the collector to the switch: the messages of the stream it lost and asks for
+    /// again, each entry's `value` one's seq; `seq` is the last message it has seen.
+    Nack = 8,
 }
 
 impl Kind {
@@ -58,6 +61,7 @@ impl Kind {
             5 => Some(Kind::Write),
             6 => Some(Kind::WriteAck),
             7 => Some(Kind::Layout),
+            8 => Some(Kind::Nack),
             _ => None,
         }
     }
