@@ -20,7 +20,7 @@ use stateplane_sync::channel::{Channel, ChannelConfig, Fate, Faults, WriteLink};
 use stateplane_sync::mirror::Mirror;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
-use stateplane_sync::wire::{ENTRY_LEN, HEADER_LEN, MAC_LEN, MAX_ENTRIES, Message};
+use stateplane_sync::wire::{ENTRY_LEN, HEADER_LEN, Kind, MAC_LEN, MAX_ENTRIES, Message};
 use stateplane_sync::write::{
     MAX_VALUES, Mode as WriteMode, WriteEngine, WriteStage, WriteTarget, Written,
 };
@@ -166,7 +166,12 @@ impl<S> VirtualLink<S> {
     /// for each that got on.
     pub fn send(&mut self, now: u64, out: &mut Vec<Message>, snapshot: impl Fn() -> S) {
         for m in out.drain(..) {
-            let (seq, entries) = (m.seq, m.entries.len() as u64);
+            // A layout's entries describe the states: no updates.
+            let entries = match m.kind {
+                Kind::Layout => 0,
+                _ => m.entries.len() as u64,
+            };
+            let seq = m.seq;
             let mut bytes = Vec::new();
             m.encode(&mut bytes);
             self.messages += 1;
