@@ -1523,8 +1523,9 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
 
 /// The same over a sync channel that loses 30% of the datagrams each way, duplicates 5%
 /// and reorders (`stateplane relay` on the controller, in front of the collector): every
-/// value the collector calls bounded is the switch's own, the loss shows as missing
-/// messages, and a write of 1,024 values (3 parts) commits whole on the switch through it.
+/// value the collector calls bounded is within its bound of the switch's own, the loss
+/// shows as missing messages, lost messages come again when asked for, and a write of
+/// 1,024 values (3 parts) commits whole on the switch through it.
 #[test]
 fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1555,7 +1556,7 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
     );
     assert!(text(&ping).contains("300 received"), "{}", text(&ping));
     std::thread::sleep(Duration::from_millis(500));
-    // Every bounded value is the switch's own as of the copy's instant. The register is
+    // Every bounded value is within its bound of the switch's own as of the copy's instant. The register is
     // read before and after the copy; a round counts only where it did not change between
     // (a stray packet, ARP, may cross the switch) and the copy is as of a moment between.
     let wall_ns = || {
@@ -1583,12 +1584,16 @@ fn a_lossy_sync_channel_never_gives_a_wrong_bound_and_writes_still_commit() {
         for line in String::from_utf8_lossy(&copy.stdout).lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
             let (i, v): (u64, u64) = (words[0].parse().unwrap(), words[1].parse().unwrap());
-            match words[2] {
-                "±0" => {
-                    assert_eq!(own.get(&i), Some(&v), "location {i}: {line}");
+            // A bound need not be 0: after the write below, the copy's older values carry
+            // the threshold the write's changes raised, until they are sent again.
+            match words[2].strip_prefix('±') {
+                Some(bound) => {
+                    let bound: u64 = bound.parse().unwrap();
+                    let own = own[&i];
+                    assert!(own.abs_diff(v) <= bound, "location {i} is {own}: {line}");
                     bounded += 1;
                 }
-                other => assert_eq!(other, "unbounded", "{line}"),
+                None => assert_eq!(words[2], "unbounded", "{line}"),
             }
         }
         Some(bounded)
