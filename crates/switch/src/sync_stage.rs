@@ -32,6 +32,7 @@ use stateplane_sync::wire::{
     ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, MAX_DATAGRAM_ENTRIES, Message,
 };
 use stateplane_sync::write::{WriteStage, WriteTarget};
+use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -262,6 +263,7 @@ impl SyncPlan {
                 sender: None,
                 writes: WriteStage::default(),
                 changes: Vec::new(),
+                written: HashSet::new(),
                 out: Vec::new(),
                 bytes: Vec::new(),
                 datagram: vec![0; 65_536],
@@ -309,6 +311,9 @@ struct SyncStage {
     sender: Option<Sender>,
     writes: WriteStage,
     changes: Vec<Change>,
+    /// Locations the writes committed since the last pass wrote: their changes go as a
+    /// write's (`Sender::change_written`).
+    written: HashSet<Location>,
     out: Vec<Message>,
     bytes: Vec<u8>,
     datagram: Vec<u8>,
@@ -336,8 +341,9 @@ fn message_entries(socket: Option<&UdpSocket>) -> usize {
     (payload.saturating_sub(HEADER_LEN + MAC_LEN) / ENTRY_LEN).clamp(1, MAX_DATAGRAM_ENTRIES)
 }
 
-/// The program's synced state, as the write stage reads and writes it.
-struct ProgramState<'a>(&'a mut dyn Running);
+/// The program's synced state, as the write stage reads and writes it, noting the
+/// locations written where given a set.
+struct ProgramState<'a>(&'a mut dyn Running, Option<&'a mut HashSet<Location>>);
 
 impl WriteTarget for ProgramState<'_> {
     fn read(&self, location: Location) -> u64 {
@@ -350,6 +356,9 @@ impl WriteTarget for ProgramState<'_> {
         // A location past the state's end writes nothing; the collector's copy, sent
         // back by the refresh, shows it.
         let _ = self.0.write_synced(location.state, location.index, value);
+        if let Some(written) = &mut self.1 {
+            written.insert(location);
+        }
     }
 
     fn finish(&mut self) -> u64 {
@@ -391,18 +400,24 @@ impl SyncStage {
         program.changes(&mut self.changes);
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
+        let written = std::mem::take(&mut self.written);
+        let at = |c: &Change| Location {
+            state: c.state,
+            index: c.index,
+        };
+        let by_write = |c: &Change| !written.is_empty() && written.contains(&at(c));
         let sender = self.sender(program);
-        let total = (changes.iter()).fold(0u64, |sum, c| sum.saturating_add(c.cost()));
+        let total = (changes.iter()).fold(0u64, |sum, c| {
+            sum.saturating_add(if by_write(c) { 1 } else { c.cost() })
+        });
         sender.expect_change(total);
         for c in changes.drain(..) {
-            let at = Location {
-                state: c.state,
-                index: c.index,
-            };
             if c.exact {
-                sender.change_exact(at, c.old, c.new);
+                sender.change_exact(at(&c), c.old, c.new);
+            } else if by_write(&c) {
+                sender.change_written(now_ns, at(&c), c.old, c.new);
             } else {
-                sender.change(now_ns, at, c.old, c.new);
+                sender.change(now_ns, at(&c), c.old, c.new);
             }
         }
         self.changes = changes;
@@ -452,7 +467,7 @@ impl SyncStage {
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
                     let abandoned = self.writes.abandoned;
-                    let answer = self.writes.on_part(&message, &ProgramState(program));
+                    let answer = self.writes.on_part(&message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
                     if let Some(ack) = answer {
@@ -501,7 +516,10 @@ impl SyncStage {
     /// Commits every write whole that has all its parts; whether any was.
     fn commit_writes(&mut self, program: &mut dyn Running) -> bool {
         let mut any = false;
-        while let Some(done) = self.writes.commit(&mut ProgramState(program)) {
+        while let Some(done) = self
+            .writes
+            .commit(&mut ProgramState(program, Some(&mut self.written)))
+        {
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
             SyncCounters::add(&self.counters.changes_kept, done.changes_kept);

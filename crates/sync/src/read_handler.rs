@@ -244,6 +244,20 @@ impl ReadHandler {
 
     /// `location` was sent with `value` outside the handler (the anti-entropy refresh,
     /// which reads the state itself): the table takes it as sent.
+    /// `location` now holds `value` and the collector has it (a top-down write's change,
+    /// sent as it came): what the slot holds and what it sent, so that neither the timeout
+    /// monitor nor a displacement sends the value from before the write.
+    pub fn written(&mut self, now_ns: u64, location: Location, value: u64) {
+        let word = location.packed();
+        let p = self.slot_of(location);
+        let slot = &mut self.slots[p];
+        if slot.location == word {
+            slot.value = value;
+            slot.sent = value;
+            slot.since_ns = now_ns;
+        }
+    }
+
     pub fn sent_elsewhere(&mut self, now_ns: u64, location: Location, value: u64) {
         let word = location.packed();
         let p = self.slot_of(location);

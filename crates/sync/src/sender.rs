@@ -296,6 +296,18 @@ impl Sender {
             .change_exact(location, old, new, &mut self.pending);
     }
 
+    /// A change a top-down write made (the collector wrote the value, perhaps with the
+    /// data plane's changes kept): sent at once, as an exact change is, and costing the
+    /// rate controller one update rather than its size, since a write of large values
+    /// (a register filled with 2^32 - 1) would otherwise raise the threshold that every
+    /// other location of the copy is then bounded by. The read handler's slot takes
+    /// `new` as held and sent, so that later changes are measured from it and nothing
+    /// sends the value from before the write.
+    pub fn change_written(&mut self, now_ns: u64, location: Location, old: u64, new: u64) {
+        self.change_exact(location, old, new);
+        self.handler.written(now_ns, location, new);
+    }
+
     /// Once a pass: ends the rate window if it is over (the next threshold), sends what
     /// waited too long, goes on with the refresh (reading the state with `read`), and
     /// appends the messages to send to `out`.
@@ -863,5 +875,41 @@ mod tests {
         let again: Vec<&Message> = sent.iter().filter(|m| m.seq >= last - 1).collect();
         assert_eq!(out.iter().collect::<Vec<_>>(), again, "the same messages");
         assert_eq!((s.feedback.resent, s.feedback.not_kept), (2, 2));
+    }
+
+    /// A write's changes go at once and barely move the threshold, however large; the
+    /// timeout monitor never sends the value from before the write; and a later change
+    /// back to that value is sent (the handler measures from what the write sent).
+    #[test]
+    fn a_writes_changes_go_at_once_without_raising_the_threshold() {
+        let mut s = sender(1_000_000);
+        let mut out = Vec::new();
+        let at = |index| Location { state: 0, index };
+        // Location 1 holds 5 in the handler's slot, 300 in another one, 300 not yet sent.
+        s.change(0, at(1), 0, 5);
+        s.poll(2_000_000, |_| 0, &mut out);
+        s.set_threshold(1_000);
+        s.change(2_050_000, at(1), 5, 300);
+        out.clear();
+        s.expect_change(16);
+        for i in 0..16 {
+            s.change_written(2_100_000, at(i), 300, u64::from(u32::MAX));
+        }
+        s.poll(2_200_000, |_| 0, &mut out);
+        let sent = |out: &[Message], i, v| {
+            (out.iter().flat_map(|m| &m.entries)).any(|e| e.location == at(i) && e.value == v)
+        };
+        for i in 0..16 {
+            assert!(sent(&out, i, u64::from(u32::MAX)), "{i} at once: {out:?}");
+        }
+        out.clear();
+        // Past the timeout: the slot holds the written value, nothing older goes.
+        s.poll(4_000_000_000, |_| 0, &mut out);
+        assert!(!sent(&out, 1, 300), "{out:?}");
+        assert!(s.threshold() <= 1, "t {}", s.threshold());
+        out.clear();
+        s.change(4_100_000_000, at(1), u64::from(u32::MAX), 5);
+        s.poll(4_200_000_000, |_| 0, &mut out);
+        assert!(sent(&out, 1, 5), "{out:?}");
     }
 }
