@@ -829,6 +829,12 @@ fn sketch_app(
         timeout_ms: args.timeout_ms,
     });
     app.start(collector)?;
+    eprintln!(
+        "watching {} keys of switch {} from now, in intervals of {} ms",
+        app.watch.keys.len(),
+        args.switch,
+        args.interval_ms
+    );
     let every = Duration::from_millis(u64::from(args.interval_ms));
     let mut end = std::time::Instant::now() + every;
     for _ in 0..args.intervals.unwrap_or(u32::MAX) {

@@ -8,6 +8,7 @@
 mod common;
 
 use common::bin;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -1160,6 +1161,28 @@ fn spawn_in(ns: &str, args: &[&str]) -> std::process::Child {
         .unwrap()
 }
 
+/// Waits until a sketch application started by [`spawn_in`] says it watches (its sketch
+/// reset, its first interval begun), so that traffic sent after this call is counted in
+/// its intervals; then its whole output, standard error with its first line, once it ends.
+fn once_watching(mut app: std::process::Child) -> impl FnOnce() -> Output {
+    let mut err = BufReader::new(app.stderr.take().unwrap());
+    let mut first = String::new();
+    while !first.contains("watching") {
+        first.clear();
+        assert!(
+            err.read_line(&mut first).unwrap() > 0,
+            "the application ended: {first}"
+        );
+    }
+    move || {
+        let mut out = app.wait_with_output().unwrap();
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        out.stderr = (first + &rest).into_bytes();
+        out
+    }
+}
+
 /// Stops a run started by [`start_in`] as an operator would, with SIGINT, once the last
 /// packets have had time to arrive; its output. The run (the child of `timeout`) gets it
 /// twice, 50 ms apart, as under `timeout` it may (a Ctrl-C reaches `timeout` and the run,
@@ -1775,9 +1798,9 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
             "2",
         ],
     );
-    std::thread::sleep(Duration::from_millis(300));
+    let ended = once_watching(app);
     ping("400");
-    let out = app.wait_with_output().unwrap();
+    let out = ended();
     assert!(out.status.success(), "{}", text(&out));
     let found = String::from_utf8_lossy(&out.stdout).into_owned();
     for key in &keys[..2] {
@@ -1834,9 +1857,9 @@ fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
             "2",
         ],
     );
-    std::thread::sleep(Duration::from_millis(300));
+    let ended = once_watching(app);
     flood(1000);
-    let out = app.wait_with_output().unwrap();
+    let out = ended();
     assert!(out.status.success(), "{}", text(&out));
     let found = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

@@ -32,7 +32,6 @@ use stateplane_sync::wire::{
     ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, MAX_DATAGRAM_ENTRIES, Message,
 };
 use stateplane_sync::write::{WriteStage, WriteTarget};
-use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -263,7 +262,7 @@ impl SyncPlan {
                 sender: None,
                 writes: WriteStage::default(),
                 changes: Vec::new(),
-                written: HashSet::new(),
+                written: Vec::new(),
                 out: Vec::new(),
                 bytes: Vec::new(),
                 datagram: vec![0; 65_536],
@@ -313,7 +312,7 @@ struct SyncStage {
     changes: Vec<Change>,
     /// Locations the writes committed since the last pass wrote: their changes go as a
     /// write's (`Sender::change_written`).
-    written: HashSet<Location>,
+    written: Vec<Location>,
     out: Vec<Message>,
     bytes: Vec<u8>,
     datagram: Vec<u8>,
@@ -343,7 +342,7 @@ fn message_entries(socket: Option<&UdpSocket>) -> usize {
 
 /// The program's synced state, as the write stage reads and writes it, noting the
 /// locations written where given a set.
-struct ProgramState<'a>(&'a mut dyn Running, Option<&'a mut HashSet<Location>>);
+struct ProgramState<'a>(&'a mut dyn Running, Option<&'a mut Vec<Location>>);
 
 impl WriteTarget for ProgramState<'_> {
     fn read(&self, location: Location) -> u64 {
@@ -357,7 +356,7 @@ impl WriteTarget for ProgramState<'_> {
         // back by the refresh, shows it.
         let _ = self.0.write_synced(location.state, location.index, value);
         if let Some(written) = &mut self.1 {
-            written.insert(location);
+            written.push(location);
         }
     }
 
@@ -400,12 +399,20 @@ impl SyncStage {
         program.changes(&mut self.changes);
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
-        let written = std::mem::take(&mut self.written);
+        let mut written = std::mem::take(&mut self.written);
+        written.sort_unstable();
+        written.dedup();
         let at = |c: &Change| Location {
             state: c.state,
             index: c.index,
         };
-        let by_write = |c: &Change| !written.is_empty() && written.contains(&at(c));
+        // A write is mostly a range: most changes fall outside it at one comparison.
+        let span = written.first().copied().zip(written.last().copied());
+        let by_write = |c: &Change| {
+            let l = at(c);
+            span.is_some_and(|(low, high)| low <= l && l <= high)
+                && written.binary_search(&l).is_ok()
+        };
         let sender = self.sender(program);
         let total = (changes.iter()).fold(0u64, |sum, c| {
             sum.saturating_add(if by_write(c) { 1 } else { c.cost() })
