@@ -196,18 +196,7 @@ impl StreamView {
             Kind::Refresh => batch_end + 1,
             _ => m.seq,
         };
-        if m.kind == Kind::Layout {
-            self.take_layout(m);
-        } else {
-            for e in &m.entries {
-                let held = Held {
-                    value: e.value,
-                    seq: m.seq,
-                    bounded_from,
-                };
-                self.values.insert(e.location, held);
-            }
-        }
+        self.hold(m, bounded_from);
         self.applied_seq = m.seq;
         self.last_sent_ns = m.sent_ns;
     }
@@ -226,25 +215,10 @@ impl StreamView {
     fn repair(&mut self, m: &Message) {
         self.repairable.remove(&m.seq);
         self.raise_thresholds_to(m.seq, m.t_max);
-        if m.kind == Kind::Layout {
-            self.take_layout(m);
-        } else {
-            for e in &m.entries {
-                // A refresh's value is the data plane's as its batch went, no earlier
-                // than the message: bounded from the message on (a larger bound than
-                // from its batch's end, never a smaller one).
-                let held = Held {
-                    value: e.value,
-                    seq: m.seq,
-                    bounded_from: m.seq,
-                };
-                // Held from this message: an earlier entry of the same location, which
-                // this later one follows.
-                if self.values.get(e.location).is_none_or(|h| h.seq <= m.seq) {
-                    self.values.insert(e.location, held);
-                }
-            }
-        }
+        // A refresh's value is the data plane's as its batch went, no earlier than the
+        // message: bounded from the message on (a larger bound than from its batch's end,
+        // never a smaller one).
+        self.hold(m, m.seq);
         self.set_gap_seq();
     }
 
@@ -256,6 +230,25 @@ impl StreamView {
             }
             let m = entry.remove();
             self.repair(&m);
+        }
+    }
+
+    /// Holds `m`'s values (or layout), bounded from message `bounded_from` on, where no
+    /// later message carried the location (a location held from `m` itself is an
+    /// earlier entry of it, which a later one follows).
+    fn hold(&mut self, m: &Message, bounded_from: u64) {
+        if m.kind == Kind::Layout {
+            return self.take_layout(m);
+        }
+        for e in &m.entries {
+            if self.values.get(e.location).is_none_or(|h| h.seq <= m.seq) {
+                let held = Held {
+                    value: e.value,
+                    seq: m.seq,
+                    bounded_from,
+                };
+                self.values.insert(e.location, held);
+            }
         }
     }
 

@@ -242,30 +242,31 @@ impl ReadHandler {
         }
     }
 
-    /// `location` was sent with `value` outside the handler (the anti-entropy refresh,
-    /// which reads the state itself): the table takes it as sent.
     /// `location` now holds `value` and the collector has it (a top-down write's change,
     /// sent as it came): what the slot holds and what it sent, so that neither the timeout
     /// monitor nor a displacement sends the value from before the write.
     pub fn written(&mut self, now_ns: u64, location: Location, value: u64) {
-        let word = location.packed();
-        let p = self.slot_of(location);
-        let slot = &mut self.slots[p];
-        if slot.location == word {
+        if let Some(slot) = self.slot_holding(location) {
             slot.value = value;
             slot.sent = value;
             slot.since_ns = now_ns;
         }
     }
 
+    /// `location` was sent with `value` outside the handler (the anti-entropy refresh,
+    /// which reads the state itself): the table takes it as sent.
     pub fn sent_elsewhere(&mut self, now_ns: u64, location: Location, value: u64) {
-        let word = location.packed();
-        let p = self.slot_of(location);
-        let slot = &mut self.slots[p];
-        if slot.location == word {
+        if let Some(slot) = self.slot_holding(location) {
             slot.sent = value;
             slot.since_ns = now_ns;
         }
+    }
+
+    /// The slot `location` is in, if it holds it.
+    fn slot_holding(&mut self, location: Location) -> Option<&mut Slot> {
+        let word = location.packed();
+        let p = self.slot_of(location);
+        Some(&mut self.slots[p]).filter(|slot| slot.location == word)
     }
 }
 
