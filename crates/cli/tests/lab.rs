@@ -1161,6 +1161,14 @@ fn spawn_in(ns: &str, args: &[&str]) -> std::process::Child {
         .unwrap()
 }
 
+/// `stateplane ctl sync ARGS` (a sketch application) started on s1, against the collector
+/// API of [`synced_beside_collector`].
+fn sketch_app_in(lab: &Lab, args: &[&str]) -> std::process::Child {
+    let mut command = vec!["ctl", "-s", "127.0.0.1:9570", "sync"];
+    command.extend_from_slice(args);
+    spawn_in(&format!("sp-{}-s1", lab.name), &command)
+}
+
 /// Waits until a sketch application started by [`spawn_in`] says it watches (its sketch
 /// reset, its first interval begun), so that traffic sent after this call is counted in
 /// its intervals; then its whole output, standard error with its first line, once it ends.
@@ -1732,7 +1740,6 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
     let (lab, collector) = synced_beside_collector("thh", "hh", settings);
-    let s1 = format!("sp-{}-s1", lab.name);
     let ping = |count: &str| {
         // One identifier: the flows' keys are the same each time.
         let out = lab.exec(
@@ -1780,13 +1787,9 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     keys.push(never.to_string());
     let key_file = lab.file.with_extension("keys");
     std::fs::write(&key_file, keys.join("\n") + "\n# a comment\n").unwrap();
-    let app = spawn_in(
-        &s1,
+    let app = sketch_app_in(
+        &lab,
         &[
-            "ctl",
-            "-s",
-            "127.0.0.1:9570",
-            "sync",
             "hh",
             "--keys",
             &key_file.to_string_lossy(),
@@ -1831,7 +1834,6 @@ fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "threshold = 4000000000\nwidth = 1024\ndepth = 3\ninterval_ms = 3600000";
     let (lab, collector) = synced_beside_collector("tufp", "udpflood", settings);
-    let s1 = format!("sp-{}-s1", lab.name);
     let ping = lab.exec("h1", &["ping", "-c", "3", "-i", "0.2", "-q", "198.18.0.2"]);
     assert!(text(&ping).contains("3 received"), "{}", text(&ping));
     let flood = |count: u32| {
@@ -1845,13 +1847,9 @@ fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
         let out = lab.exec("h1", &["bash", "-c", &script]);
         assert!(out.status.success(), "{}", text(&out));
     };
-    let app = spawn_in(
-        &s1,
+    let app = sketch_app_in(
+        &lab,
         &[
-            "ctl",
-            "-s",
-            "127.0.0.1:9570",
-            "sync",
             "udpflood",
             "--protect",
             "198.18.0.0/30",

@@ -159,9 +159,19 @@ pub struct Interval {
 /// each interval.
 pub struct SketchApp {
     pub watch: Watch,
-    /// Where each worker counts each key, as the switch last said.
+    /// Where each worker counts each key, as the switch last said, and the epochs of
+    /// its streams then (a switch that starts again, or reloads, draws new hash seeds).
     counters: Vec<WorkerCounters>,
+    epochs: Vec<(u32, u32)>,
     number: u32,
+}
+
+/// Whether where the keys are counted must be asked again: never asked, a stream of
+/// another epoch (new hash seeds) or a new stream, or a key some worker had not placed.
+fn ask_again(counters: &[WorkerCounters], asked: &[(u32, u32)], now: &[(u32, u32)]) -> bool {
+    counters.is_empty()
+        || now.iter().any(|s| !asked.contains(s))
+        || (counters.iter()).any(|c| c.cells.iter().any(Vec::is_empty))
 }
 
 impl SketchApp {
@@ -169,6 +179,7 @@ impl SketchApp {
         SketchApp {
             watch,
             counters: Vec::new(),
+            epochs: Vec::new(),
             number: 0,
         }
     }
@@ -219,12 +230,12 @@ impl SketchApp {
         let ours = self.streams(collector)?;
         let w = &self.watch;
         self.number += 1;
-        let placed_everywhere = self.counters.len() >= ours.len()
-            && (self.counters.iter()).all(|c| c.cells.iter().all(|k| !k.is_empty()));
-        if !placed_everywhere {
+        let epochs: Vec<(u32, u32)> = ours.iter().map(|s| (s.stream, s.epoch)).collect();
+        if ask_again(&self.counters, &self.epochs, &epochs) {
             self.counters = switch
                 .counters_of(&w.table, &w.keys)
                 .map_err(|e| format!("asking the switch where its keys are counted: {e}"))?;
+            self.epochs = epochs;
         }
         let started = std::time::Instant::now();
         let mut out = Interval {
@@ -398,6 +409,29 @@ mod tests {
         assert!(e.may_reach(u64::MAX), "so it may be anything");
         assert_eq!(Estimate::of(&c, &[]), Some(Estimate::ZERO));
         assert_eq!(Estimate::of(&c, &[4]), None, "past the copy");
+    }
+
+    /// The counters are asked for again after the switch starts again (a new epoch: new
+    /// hash seeds), for a new stream, and while a key is placed nowhere; else not.
+    #[test]
+    fn where_keys_are_counted_is_asked_again_when_it_may_have_changed() {
+        let placed = vec![WorkerCounters {
+            worker: 0,
+            cells: vec![vec![1, 9]],
+        }];
+        let asked = [(0, 7)];
+        assert!(ask_again(&[], &[], &asked), "never asked");
+        assert!(!ask_again(&placed, &asked, &asked));
+        assert!(ask_again(&placed, &asked, &[(0, 8)]), "started again");
+        assert!(
+            ask_again(&placed, &asked, &[(0, 7), (1, 3)]),
+            "a new stream"
+        );
+        let nowhere = vec![WorkerCounters {
+            worker: 0,
+            cells: vec![vec![]],
+        }];
+        assert!(ask_again(&nowhere, &asked, &asked), "not placed yet");
     }
 
     #[test]
