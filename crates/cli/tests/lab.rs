@@ -1498,25 +1498,41 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
         &["ping", "-c", "300", "-i", "0.002", "-q", "198.18.0.2"],
     );
     assert!(text(&ping).contains("300 received"), "{}", text(&ping));
-    // A refresh pass (100 ms) after the last change: the copy is exact.
-    std::thread::sleep(Duration::from_millis(600));
+    // Once the traffic stops, the copy becomes the register: the last changes arrive
+    // within a refresh pass (100 ms) of the switch's sync stage running, which a loaded
+    // machine can delay, so the comparison is made again until it holds or 5 s pass.
     let copy_and_switch = || {
-        let copy = ctl_sync(&lab, &["read", "--stream", "0", "0..1024"]);
-        assert!(copy.status.success(), "{}", text(&copy));
-        assert!(
-            String::from_utf8_lossy(&copy.stdout)
-                .lines()
-                .all(|l| l.ends_with(" ±0")),
-            "every location exact: {}",
-            text(&copy)
+        let mut diff = Vec::new();
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(250));
+            let copy = ctl_sync(&lab, &["read", "--stream", "0", "0..1024"]);
+            assert!(copy.status.success(), "{}", text(&copy));
+            assert!(
+                String::from_utf8_lossy(&copy.stdout)
+                    .lines()
+                    .all(|l| l.ends_with(" ±0")),
+                "every location exact: {}",
+                text(&copy)
+            );
+            let own = ctl(&lab, &["register", "sketch", "0..1024"]);
+            assert!(own.status.success(), "{}", text(&own));
+            let (copy, own) = (indexed_values(&copy), indexed_values(&own));
+            assert_eq!(copy.len(), 1024);
+            if copy == own {
+                return own;
+            }
+            diff = copy
+                .iter()
+                .zip(&own)
+                .filter(|(a, b)| a != b)
+                .map(|(a, b)| (a.0, a.1, b.1))
+                .collect::<Vec<_>>();
+        }
+        panic!(
+            "the collector's copy never became the switch's register: (index, copy, own) {diff:?}"
         );
-        let own = ctl(&lab, &["register", "sketch", "0..1024"]);
-        assert!(own.status.success(), "{}", text(&own));
-        (indexed_values(&copy), indexed_values(&own))
     };
-    let (copy, own) = copy_and_switch();
-    assert_eq!(copy.len(), 1024);
-    assert_eq!(copy, own, "the collector's copy is the switch's register");
+    let own = copy_and_switch();
     // Each packet adds 1 to a counter of each row: row 0 (sketch 0, the tenant's) counts
     // every packet forwarded, at least the 600 of the pings.
     let row0: u64 = own[..256].iter().map(|(_, v)| v).sum();
@@ -1537,9 +1553,7 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
         "{}",
         text(&written)
     );
-    std::thread::sleep(Duration::from_millis(600));
-    let (copy, own) = copy_and_switch();
-    assert_eq!(copy, own, "the copy follows the write");
+    let own = copy_and_switch();
     let since: u64 = own[..256].iter().map(|(_, v)| v).sum();
     assert!(since < 50, "reset: only stray packets since ({since})");
 
