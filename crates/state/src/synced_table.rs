@@ -26,7 +26,6 @@ use crate::changes::Change;
 use crate::exact::{ExactTable, SlotWrite};
 use crate::table_key::TableKey;
 use stateplane_api::{Declaration, Field, Kind, Match};
-use std::collections::BTreeMap;
 
 /// Words a slot may take at most (a read of one word encodes its slot on the stack).
 pub const MAX_STRIDE: usize = 64;
@@ -276,8 +275,11 @@ pub struct TableSync {
     scratch: Vec<u64>,
     /// The slots written since the last take, as the take gathers them.
     written: Vec<(usize, SlotWrite)>,
-    /// A write's words by group, until it commits.
-    staged: BTreeMap<u32, Vec<Option<u64>>>,
+    /// A write's words as they came (index, value), until it commits; and whether they
+    /// came in order of index, one each (a write's parts mostly do), so that the commit
+    /// need not sort them.
+    staged: Vec<(u32, u64)>,
+    staged_in_order: bool,
 }
 
 /// What committing a write into a table did.
@@ -323,7 +325,8 @@ impl TableSync {
             taken,
             slots,
             written: Vec::new(),
-            staged: BTreeMap::new(),
+            staged: Vec::new(),
+            staged_in_order: true,
         })
     }
 
@@ -408,36 +411,59 @@ impl TableSync {
     }
 
     /// Holds word `index` of a write until [`TableSync::commit`]; `false` past the state's
-    /// end.
+    /// end. A word staged again replaces the one before.
     pub fn stage(&mut self, index: u32, value: u64) -> bool {
         if index >= self.length() {
             return false;
         }
-        let stride = self.words.stride();
-        let group =
-            (self.staged.entry(index / stride as u32)).or_insert_with(|| vec![None; stride]);
-        group[index as usize % stride] = Some(value);
+        if let Some(&(last, _)) = self.staged.last() {
+            self.staged_in_order &= last < index;
+        }
+        self.staged.push((index, value));
         true
     }
 
     /// The staged write's entries, whole groups decoded, for `place` (which puts an
     /// entry in or takes its key out, and says whether it could); the rest refused.
     pub fn commit(&mut self, mut place: impl FnMut(&Decoded) -> bool) -> Placed {
+        let mut staged = std::mem::take(&mut self.staged);
+        if !std::mem::replace(&mut self.staged_in_order, true) {
+            // Stable: of a word staged twice, the later comes last, and is kept.
+            staged.sort_by_key(|&(index, _)| index);
+        }
+        let stride = self.words.stride();
         let mut placed = Placed::default();
-        for (_, group) in std::mem::take(&mut self.staged) {
-            let whole: Option<Vec<u64>> = group.into_iter().collect();
-            let decoded = whole
-                .ok_or(())
-                .and_then(|w| self.words.decode(&w).map_err(drop));
+        let mut group = [None; MAX_STRIDE];
+        let mut words = [0; MAX_STRIDE];
+        let mut i = 0;
+        while i < staged.len() {
+            let number = staged[i].0 as usize / stride;
+            group[..stride].fill(None);
+            while let Some(&(index, value)) = staged.get(i)
+                && index as usize / stride == number
+            {
+                group[index as usize % stride] = Some(value);
+                i += 1;
+            }
+            let whole = (group[..stride].iter().zip(&mut words))
+                .all(|(g, w)| g.map(|value| *w = value).is_some());
+            let decoded = if whole {
+                self.words.decode(&words[..stride]).ok()
+            } else {
+                None
+            };
             match decoded {
-                Ok(Decoded::Absent(key)) if key.iter().all(|m| *m == Match::Exact(0)) => {}
-                Ok(d) if place(&d) => match d {
+                Some(Decoded::Absent(key)) if key.iter().all(|m| *m == Match::Exact(0)) => {}
+                Some(d) if place(&d) => match d {
                     Decoded::Absent(_) => placed.deleted += 1,
                     Decoded::Entry { .. } => placed.entries += 1,
                 },
                 _ => placed.refused += 1,
             }
         }
+        // The list's room is kept for the next write.
+        staged.clear();
+        self.staged = staged;
         placed
     }
 }
@@ -562,5 +588,22 @@ mod tests {
             Placed::default(),
             "nothing left staged"
         );
+
+        // Words out of order (a part sent again, parts reordered) make the same groups,
+        // and a word staged twice counts as its later value.
+        let words = [[1, 0, 7, 80, 0, 0, 0], [1, 0, 7, 90, 0, 0, 0]];
+        for w in (0..7).rev() {
+            assert!(sync.stage(5 * stride + w, words[1][w as usize]));
+            assert!(sync.stage(2 * stride + w, 99));
+            assert!(sync.stage(2 * stride + w, words[0][w as usize]));
+        }
+        let mut seen = Vec::new();
+        let placed = sync.commit(|d| {
+            seen.push(d.clone());
+            true
+        });
+        assert_eq!(placed.entries, 2, "{seen:?}");
+        let decoded = |w: &[u64; 7]| sync.words.decode(w).unwrap();
+        assert_eq!(seen, [decoded(&words[0]), decoded(&words[1])]);
     }
 }
