@@ -267,6 +267,58 @@ impl collector_server::Collector for CollectorService {
         Ok(Response::new(sync_pb::WriteReply { done }))
     }
 
+    async fn migrate(
+        &self,
+        request: tonic::Request<sync_pb::MigrateRequest>,
+    ) -> Result<Response<sync_pb::MigrateReply>, Status> {
+        let r = request.into_inner();
+        let m = crate::migrate::Move {
+            from_switch: r.from_switch,
+            from_stream: r.from_stream,
+            to_switch: r.to_switch,
+            to_stream: r.to_stream,
+            state: r.state,
+            entry_words: r.entry_words,
+            timeout_ms: r.timeout_ms,
+        };
+        let state = state_id(r.state)?;
+        let (planned, ids) = self.handle.with(|c| {
+            let planned = crate::migrate::plan(c, &m).map_err(Status::failed_precondition)?;
+            let targets = streams_of(c, r.to_switch, r.to_stream)?;
+            let writes = crate::migrate::writes(&planned, state);
+            let mut ids = Vec::new();
+            // Each target stream takes the writes in order, one after another.
+            for stream in targets {
+                for write in &writes {
+                    let id = (c.write(r.to_switch, stream, write.clone()))
+                        .map_err(Status::invalid_argument)?;
+                    ids.push((stream, id));
+                }
+            }
+            Ok::<_, Status>((planned, ids))
+        })?;
+        self.handle.pump(false);
+        let per_write = Duration::from_millis(match r.timeout_ms {
+            0 => 1000,
+            t => u64::from(t),
+        });
+        // Each write its own time, as they commit one after another.
+        let writes_in_all = ids.len().max(1) as u32;
+        let handle = self.handle.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            wait_for_writes(&handle, r.to_switch, &ids, per_write * writes_in_all)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the move's thread failed: {e}")))??;
+        Ok(Response::new(sync_pb::MigrateReply {
+            read: planned.read,
+            entries: planned.entries(),
+            values: planned.values.len() as u64,
+            largest_bound: planned.largest_bound,
+            done,
+        }))
+    }
+
     type SubscribeStream = ChangeStream;
 
     async fn subscribe(
@@ -634,6 +686,14 @@ impl CollectorClient {
         request: sync_pb::WriteRequest,
     ) -> Result<sync_pb::WriteReply, ClientError> {
         let call = self.inner.write(request);
+        Ok(self.runtime.block_on(call)?.into_inner())
+    }
+
+    pub fn migrate(
+        &mut self,
+        request: sync_pb::MigrateRequest,
+    ) -> Result<sync_pb::MigrateReply, ClientError> {
+        let call = self.inner.migrate(request);
         Ok(self.runtime.block_on(call)?.into_inner())
     }
 

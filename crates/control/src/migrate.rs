@@ -2,18 +2,19 @@
 //! synced state, read from the collector's copy of one of its streams, written into
 //! another switch. A register or sketch moves value for value; a table (`entry_words`
 //! words a slot) moves as its entries, the occupied slots' words, which the target places
-//! each by its key wherever its own hash puts it (`stateplane_state::synced_table`). A client
-//! of the collector's API: `stateplane ctl sync migrate` and `bench-sync-migrate` share it.
+//! each by its key wherever its own hash puts it (`stateplane_state::synced_table`). The
+//! collector does it where the copy is ([`plan`], [`writes`], behind its API's `Migrate`),
+//! so that no value crosses the API; `stateplane ctl sync migrate` and
+//! `bench-sync-migrate` ask for it with [`migrate`].
 //!
 //! Must never: move a copy the collector cannot bound (a loss its refresh has not made up
 //! yet), or split an entry between two writes.
 
 use crate::collector_api::CollectorClient;
 use crate::sync_pb;
-use stateplane_sync::write::MAX_VALUES;
-
-/// Locations read from the copy per call.
-const READ_CHUNK: u32 = 65_536;
+use stateplane_sync::Location;
+use stateplane_sync::collector::Collector;
+use stateplane_sync::write::{MAX_VALUES, Mode, Written};
 
 /// What to move, from where to where.
 #[derive(Clone, Debug)]
@@ -103,74 +104,123 @@ fn entry_words(given: Option<u32>, announced: Option<u32>, state: u32) -> Result
     }
 }
 
-/// Moves state `m.state` of the source's stream into the target (see the module doc).
+/// Moves state `m.state` of the source's stream into the target (see the module doc),
+/// through the collector's API.
 pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> {
-    let streams = client.streams().map_err(|e| e.to_string())?;
-    let source = (streams.streams.iter())
-        .find(|s| s.switch_id == m.from_switch && s.stream == m.from_stream)
+    let reply = client
+        .migrate(sync_pb::MigrateRequest {
+            from_switch: m.from_switch,
+            from_stream: m.from_stream,
+            to_switch: m.to_switch,
+            to_stream: m.to_stream,
+            state: m.state,
+            entry_words: m.entry_words,
+            timeout_ms: m.timeout_ms,
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(Moved {
+        read: reply.read,
+        entries: reply.entries,
+        values: reply.values,
+        largest_bound: reply.largest_bound,
+        done: reply.done,
+    })
+}
+
+/// What a move writes, as the collector's copy has it.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub entry_words: u32,
+    /// Locations read from the copy, and the largest bound among them.
+    pub read: u64,
+    pub largest_bound: u64,
+    /// The values written: every one of a register, the occupied slots' words of a table.
+    pub values: Vec<u64>,
+}
+
+impl Planned {
+    pub fn entries(&self) -> u64 {
+        self.values.len() as u64 / u64::from(self.entry_words.max(1))
+    }
+}
+
+/// Reads what moves from `c`'s copy of the source's stream (`m`'s target fields aside):
+/// refused where the source is unknown, its width is not known or not agreed, or the copy
+/// is unbounded anywhere in the state.
+pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
+    let stream = u16::try_from(m.from_stream)
+        .ok()
+        .filter(|s| c.streams_of(m.from_switch).contains(s))
         .ok_or_else(|| {
             format!(
                 "switch {} stream {} has sent nothing to this collector",
                 m.from_switch, m.from_stream
             )
         })?;
-    let announced = (source.layout.iter())
-        .find(|l| l.state == m.state)
+    let state = u16::try_from(m.state)
+        .map_err(|_| format!("state {}: a state id is 0 to 65535", m.state))?;
+    let announced = (c.layout(m.from_switch, stream).iter())
+        .find(|l| l.id == state)
         .map(|l| l.stride);
     let entry_words = entry_words(m.entry_words, announced, m.state)?;
-    let extent = (source.extents.iter())
-        .find(|e| e.state == m.state)
-        .map_or(0, |e| e.length);
+    let extent = (c.extents(m.from_switch, stream).iter())
+        .find(|&&(s, _)| s == state)
+        .map_or(0, |&(_, length)| length);
     let length = locations_to_read(extent, entry_words)?;
-    let mut moved = Moved::default();
-    let mut values = Vec::with_capacity(length as usize);
-    for first in (0..length).step_by(READ_CHUNK as usize) {
-        let r = client
-            .read(sync_pb::ReadRequest {
-                switch_id: m.from_switch,
-                stream: Some(m.from_stream),
-                state: m.state,
-                first,
-                count: READ_CHUNK.min(length - first),
-            })
-            .map_err(|e| e.to_string())?;
-        if let Some(&i) = r.unbounded.first() {
-            return Err(format!(
-                "the copy of switch {} stream {} is unbounded at {} locations from {} (a \
-                 loss its refresh has not made up yet): try again after the refresh",
-                m.from_switch,
-                m.from_stream,
-                r.unbounded.len(),
-                u64::from(first) + u64::from(i)
-            ));
+    let mut values = vec![0; length as usize];
+    let (mut largest_bound, mut unbounded, mut first_unbounded) = (0, 0u64, None);
+    let read = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
+        values[i] = reading.value;
+        match reading.bound {
+            Some(b) => largest_bound = largest_bound.max(b),
+            None => {
+                unbounded += 1;
+                first_unbounded.get_or_insert(i);
+            }
         }
-        moved.largest_bound = (r.bounds.iter().copied()).fold(moved.largest_bound, u64::max);
-        values.extend_from_slice(&r.values);
+    }))
+    .is_some();
+    if !read {
+        return Err(format!(
+            "switch {} stream {stream} has applied no message yet",
+            m.from_switch
+        ));
     }
-    moved.read = values.len() as u64;
-    let written = what_moves(&values, entry_words as usize)?;
-    moved.values = written.len() as u64;
-    moved.entries = moved.values / u64::from(entry_words);
-    // Each write holds whole entries; a register's values keep their places.
-    let per_write = MAX_VALUES / entry_words as usize * entry_words as usize;
-    for (i, chunk) in written.chunks(per_write).enumerate() {
-        let first = if entry_words == 1 { i * per_write } else { 0 };
-        let reply = client
-            .write(sync_pb::WriteRequest {
-                switch_id: m.to_switch,
-                stream: m.to_stream,
-                state: m.state,
-                first: first as u32,
-                values: chunk.to_vec(),
-                fill: 0,
-                count: chunk.len() as u32,
-                keep_changes: false,
-                timeout_ms: m.timeout_ms,
-            })
-            .map_err(|e| e.to_string())?;
-        moved.done.extend(reply.done);
+    if let Some(i) = first_unbounded {
+        return Err(format!(
+            "the copy of switch {} stream {stream} is unbounded at {unbounded} locations \
+             from {i} (a loss its refresh has not made up yet): try again after the refresh",
+            m.from_switch
+        ));
     }
-    Ok(moved)
+    Ok(Planned {
+        entry_words,
+        read: u64::from(length),
+        largest_bound,
+        values: what_moves(&values, entry_words as usize)?,
+    })
+}
+
+/// The writes that carry `planned`, in order: each holds whole entries, and a
+/// register's values keep their places (a table's entries are placed by their keys).
+pub fn writes(planned: &Planned, state: u16) -> Vec<Vec<Written>> {
+    let entry_words = planned.entry_words.max(1) as usize;
+    let per_write = MAX_VALUES / entry_words * entry_words;
+    (planned.values.chunks(per_write).enumerate())
+        .map(|(i, chunk)| {
+            let first = if entry_words == 1 { i * per_write } else { 0 };
+            (chunk.iter().enumerate())
+                .map(|(j, &value)| Written {
+                    location: Location {
+                        state,
+                        index: (first + j) as u32,
+                    },
+                    value,
+                    mode: Mode::Set,
+                })
+                .collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -285,7 +285,7 @@ impl Collector {
                     missing,
                     threshold: peer.threshold,
                     locations: self.mirror.held_count(switch, stream),
-                    extents: self.mirror.extents(switch, stream),
+                    extents: self.extents(switch, stream),
                     layout: self.mirror.layout(switch, stream),
                     writes_in_flight: !peer.engine.is_idle(),
                 })
@@ -305,6 +305,11 @@ impl Collector {
     /// The synced states of `switch`'s `stream` as it announced them (`Mirror::layout`).
     pub fn layout(&self, switch: u32, stream: u16) -> Vec<SyncedState> {
         self.mirror.layout(switch, stream)
+    }
+
+    /// The locations held of each state of `switch`'s `stream`, by state.
+    pub fn extents(&self, switch: u32, stream: u16) -> Vec<(u16, u32)> {
+        self.mirror.extents(switch, stream)
     }
 
     /// Every location held of `switch`'s `stream` (see `Mirror::held`).
