@@ -174,12 +174,12 @@ impl<C: ExactCodec> DeclaredTable<C> {
     }
 
     /// Holds word `index` of a write into synced state `id` until
-    /// [`DeclaredTable::commit_synced_write`] places the write's entries; the word the slot
-    /// holds now, or `None` past the end or for another id.
+    /// [`DeclaredTable::commit_synced_write`] places the write's entries; `Some(0)`, or
+    /// `None` past the end or for another id. A table's write replaces nothing where its
+    /// words are numbered: its entries land wherever their keys hash.
     pub fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
-        let now = self.read_synced(id, index)?;
-        let sync = self.sync.as_mut()?;
-        sync.stage(index, value).then_some(now)
+        let sync = self.sync.as_mut().filter(|s| s.id == id)?;
+        sync.stage(index, value).then_some(0)
     }
 
     /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by

@@ -341,7 +341,9 @@ fn message_entries(socket: Option<&UdpSocket>) -> usize {
 }
 
 /// The program's synced state, as the write stage reads and writes it, noting the
-/// locations written where given a set.
+/// locations written where given a set: a register's (a table's words are numbered by
+/// entry, not by slot: its entries land where their keys hash, and the changes they make
+/// there go as any change does).
 struct ProgramState<'a>(&'a mut dyn Running, Option<&'a mut Vec<Location>>);
 
 impl WriteTarget for ProgramState<'_> {
@@ -355,7 +357,9 @@ impl WriteTarget for ProgramState<'_> {
         // A location past the state's end writes nothing; the collector's copy, sent
         // back by the refresh, shows it.
         let _ = self.0.write_synced(location.state, location.index, value);
-        if let Some(written) = &mut self.1 {
+        if let Some(written) = &mut self.1
+            && self.0.synced_stride(location.state) == 1
+        {
             written.push(location);
         }
     }
