@@ -280,6 +280,7 @@ fn move_values(
                     fill: 0,
                     count: n,
                     keep_changes: false,
+                    subtract: false,
                     timeout_ms: 10_000,
                 }))
                 .map_err(|e| e.to_string())?;

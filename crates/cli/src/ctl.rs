@@ -163,8 +163,12 @@ pub enum SyncCommand {
         fill: Option<u64>,
         /// Each location becomes the value plus the changes made while the write was on
         /// its way (a counter reset that loses no count).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "subtract")]
         keep_changes: bool,
+        /// Each location loses the value (down to 0 at most) as the write commits: a
+        /// counter less what was read of it, every count made since kept.
+        #[arg(long)]
+        subtract: bool,
         /// How long to wait for the commits, in milliseconds; then the write is
         /// cancelled where it has not committed, and the error says what became of it.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -278,6 +282,10 @@ pub struct SketchAppArgs {
     /// How long each reset may take to commit, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub timeout_ms: u32,
+    /// Intervals in a row that may fail (the collector or the switch gone, a reset not
+    /// committed) before the application gives up; after each, it starts counting afresh.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub give_up_after: u32,
 }
 
 #[derive(Debug, Args)]
@@ -656,6 +664,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
             values,
             fill,
             keep_changes,
+            subtract,
             timeout_ms,
         } => {
             let (first, count) = located(&range)?;
@@ -680,6 +689,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                     fill: fill.unwrap_or(0),
                     count,
                     keep_changes,
+                    subtract,
                     timeout_ms,
                 })
                 .map_err(|e| e.to_string())?;
@@ -837,15 +847,46 @@ fn sketch_app(
     );
     let every = Duration::from_millis(u64::from(args.interval_ms));
     let mut end = std::time::Instant::now() + every;
-    for _ in 0..args.intervals.unwrap_or(u32::MAX) {
+    // Failed intervals in a row; after one, the next starts the counting afresh (a reset
+    // that did not commit leaves counts of more than one interval).
+    let mut failed = 0;
+    for number in 1..=args.intervals.unwrap_or(u32::MAX) {
         std::thread::sleep(end.saturating_duration_since(std::time::Instant::now()));
-        let i = app.interval(collector, &mut switch)?;
+        end += every;
+        // A slow interval (a collector or switch that answered late) starts the next afresh.
+        end = end.max(std::time::Instant::now());
+        let result = if failed > 0 {
+            app.start(collector).map(|()| None)
+        } else {
+            app.interval(collector, &mut switch).map(Some)
+        };
+        let i = match result {
+            Ok(Some(i)) => i,
+            Ok(None) => {
+                eprintln!("interval {number}: started again: counting afresh from now");
+                failed = 0;
+                continue;
+            }
+            Err(e) => {
+                failed += 1;
+                if failed >= args.give_up_after {
+                    return Err(format!(
+                        "gave up after {failed} failed intervals in a row (--give-up-after): {e}"
+                    ));
+                }
+                eprintln!(
+                    "interval {number}: failed, nothing found in it: {e}; starting again at \
+                     the next ({failed} failed in a row, --give-up-after {})",
+                    args.give_up_after
+                );
+                continue;
+            }
+        };
         for f in &i.found {
             let e = &f.estimate;
             let high = e.high.map_or("unbounded".to_string(), |h| h.to_string());
             println!(
-                "interval {}: {} estimate {} ({}..{}) {}{}",
-                i.number,
+                "interval {number}: {} estimate {} ({}..{}) {}{}",
                 text::print_key(&d, &app.watch.keys[f.key]),
                 e.value,
                 e.low,
@@ -859,9 +900,8 @@ fn sketch_app(
             );
         }
         eprintln!(
-            "interval {}: {} of {} keys found; {} counters read ({} unbounded) in {:.3} ms, \
+            "interval {number}: {} of {} keys found; {} counters read ({} unbounded) in {:.3} ms, \
              reset in {:.3} ms",
-            i.number,
             i.found.len(),
             app.watch.keys.len(),
             i.read,
@@ -869,9 +909,6 @@ fn sketch_app(
             i.read_ns as f64 / 1e6,
             i.reset_ns as f64 / 1e6
         );
-        end += every;
-        // A slow interval (a collector or switch that answered late) starts the next afresh.
-        end = end.max(std::time::Instant::now());
     }
     Ok(())
 }

@@ -1745,6 +1745,43 @@ fn synced_beside_collector(
     (lab, collector)
 }
 
+/// `count` pings from h1 to h2, 2 ms apart, all of them answered, with one identifier:
+/// the same two flows (request and reply) each time.
+fn ping_as_one_flow(lab: &Lab, count: &str) {
+    let out = lab.exec(
+        "h1",
+        &[
+            "ping",
+            "-e",
+            "4242",
+            "-c",
+            count,
+            "-i",
+            "0.002",
+            "-q",
+            "198.18.0.2",
+        ],
+    );
+    assert!(
+        text(&out).contains(&format!("{count} received")),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The flows of [`ping_as_one_flow`], as an `hh` switch (reporting at 100 packets) names
+/// them in its own reports: request and reply.
+fn pings_flows(lab: &Lab) -> Vec<String> {
+    ping_as_one_flow(lab, "200");
+    let reports = ctl(lab, &["read", "heavy_hitters"]);
+    let keys: Vec<String> = String::from_utf8_lossy(&reports.stdout)
+        .lines()
+        .filter_map(|l| l.split(" found ").next().map(str::to_string))
+        .collect();
+    assert_eq!(keys.len(), 2, "request and reply: {}", text(&reports));
+    keys
+}
+
 /// The heavy-hitter application (`ctl sync hh`) beside a live `hh` switch, on a collector
 /// on the switch's host: the flows of real traffic (ping's request and reply, named by the
 /// switch's own reports) are found heavy in the interval they cross the switch, each with
@@ -1754,36 +1791,8 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
     let (lab, collector) = synced_beside_collector("thh", "hh", settings);
-    let ping = |count: &str| {
-        // One identifier: the flows' keys are the same each time.
-        let out = lab.exec(
-            "h1",
-            &[
-                "ping",
-                "-e",
-                "4242",
-                "-c",
-                count,
-                "-i",
-                "0.002",
-                "-q",
-                "198.18.0.2",
-            ],
-        );
-        assert!(
-            text(&out).contains(&format!("{count} received")),
-            "{}",
-            text(&out)
-        );
-    };
-    // The switch's own reports name the ping's flows: the candidates.
-    ping("200");
-    let reports = ctl(&lab, &["read", "heavy_hitters"]);
-    let mut keys: Vec<String> = String::from_utf8_lossy(&reports.stdout)
-        .lines()
-        .filter_map(|l| l.split(" found ").next().map(str::to_string))
-        .collect();
-    assert_eq!(keys.len(), 2, "request and reply: {}", text(&reports));
+    let ping = |count: &str| ping_as_one_flow(&lab, count);
+    let mut keys = pings_flows(&lab);
     let mut asked = vec!["counters-of", "heavy_hitters"];
     asked.extend(keys[0].split_whitespace());
     let at = ctl(&lab, &asked);
@@ -1837,6 +1846,109 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     assert!(err.contains("interval 2: 0 of 3 keys found"), "{err}");
     let out = interrupt(collector);
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// A sketch application outlives its collector going away and coming back: the intervals
+/// while it is gone fail, each said on stderr with why, the first after its return starts
+/// the counting afresh, and the traffic that crosses the switch from then on is counted
+/// whole, packet for packet, over the intervals that follow. With the collector gone for
+/// good, it gives up after `--give-up-after` intervals, and says so.
+#[test]
+fn a_sketch_application_outlives_its_collector_going_and_coming_back() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
+    let (lab, collector) = synced_beside_collector("tsap", "hh", settings);
+    let keys = pings_flows(&lab);
+    let key_file = lab.file.with_extension("keys");
+    std::fs::write(&key_file, keys.join("\n") + "\n").unwrap();
+    let key_file = key_file.to_string_lossy();
+    let app = sketch_app_in(
+        &lab,
+        &[
+            "hh",
+            "--keys",
+            &key_file,
+            "--threshold",
+            "1",
+            "--interval-ms",
+            "500",
+            "--intervals",
+            "16",
+        ],
+    );
+    let ended = once_watching(app);
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+    std::thread::sleep(Duration::from_millis(1200));
+    let args = [
+        "collector",
+        "--listen",
+        "127.0.0.1:7474",
+        "--api",
+        "127.0.0.1:9570",
+        "--dump",
+    ];
+    let dump = lab.file.with_extension("sync2.csv");
+    let collector = start_in(&format!("sp-{}-s1", lab.name), &args, &dump);
+    // The application's next try finds the collector back and starts afresh.
+    std::thread::sleep(Duration::from_millis(1000));
+    ping_as_one_flow(&lab, "400");
+    let out = ended();
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("failed, nothing found in it"), "{err}");
+    let restarted = (err.lines())
+        .filter_map(|l| l.strip_suffix(": started again: counting afresh from now"))
+        .filter_map(|l| l.strip_prefix("interval ")?.parse::<u32>().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("started again: {err}"));
+    // Each line of the request's flow after the restart: its estimate, exact.
+    let counted: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&keys[0]))
+        .filter(|l| {
+            let number = l
+                .strip_prefix("interval ")
+                .and_then(|l| l.split(':').next());
+            number.and_then(|n| n.parse::<u32>().ok()) > Some(restarted)
+        })
+        .map(|l| {
+            let estimate = l.split(" estimate ").nth(1).unwrap_or_default();
+            let mut words = estimate.split(' ');
+            let value: u64 = words.next().unwrap_or_default().parse().unwrap();
+            assert_eq!(
+                words.next(),
+                Some(format!("({value}..{value})").as_str()),
+                "{l}"
+            );
+            value
+        })
+        .sum();
+    assert_eq!(counted, 400, "{}", text(&out));
+
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
+    let gone = sketch_app_in(
+        &lab,
+        &[
+            "hh",
+            "--keys",
+            &key_file,
+            "--threshold",
+            "1",
+            "--interval-ms",
+            "100",
+            "--give-up-after",
+            "3",
+        ],
+    );
+    let out = gone.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("cannot reach the collector's API"),
+        "a collector gone before the start is an error at once: {}",
+        text(&out)
+    );
 }
 
 /// UDP flood prevention (`ctl sync udpflood`) beside a live `udpflood` switch that never

@@ -228,10 +228,15 @@ impl collector_server::Collector for CollectorService {
                 "first + the values: past the last location",
             ));
         }
-        let mode = if r.keep_changes {
-            Mode::SetKeepingChanges
-        } else {
-            Mode::Set
+        let mode = match (r.keep_changes, r.subtract) {
+            (true, true) => {
+                return Err(Status::invalid_argument(
+                    "keep_changes and subtract: a write does one or the other",
+                ));
+            }
+            (true, false) => Mode::SetKeepingChanges,
+            (false, true) => Mode::Subtract,
+            (false, false) => Mode::Set,
         };
         let written: Vec<Written> = (values.iter().enumerate())
             .map(|(i, &value)| Written {

@@ -1,7 +1,8 @@
 //! The paper's sketch applications on a sync collector: heavy hitters per interval
 //! (`stateplane ctl sync hh`) and UDP flood prevention (`stateplane ctl sync udpflood`).
 //! Each interval they read a switch's synced sketch from the collector's copy, estimate
-//! their keys' counts with bounds, reset the sketch with one atomic write per worker, and
+//! their keys' counts with bounds, take what they read away from the sketch with one
+//! atomic write per worker (what was counted since stays for the next interval), and
 //! (flood prevention) push the victims into the switch's `victims` table, where its data
 //! plane mitigates them.
 //!
@@ -219,9 +220,9 @@ impl SketchApp {
         Ok(ours)
     }
 
-    /// Ends an interval: reads the copy, judges every key, resets the sketch on every
-    /// worker (keeping what was counted since the read, for the next interval), and pushes
-    /// the sure keys if asked.
+    /// Ends an interval: reads the copy, judges every key, takes what it read away from
+    /// the sketch on every worker (what was counted since stays, for the next interval),
+    /// and pushes the sure keys if asked.
     pub fn interval(
         &mut self,
         collector: &mut CollectorClient,
@@ -243,7 +244,8 @@ impl SketchApp {
             ..Interval::default()
         };
         let mut estimates = vec![Estimate::ZERO; w.keys.len()];
-        let mut length = 0;
+        // What each stream's copy held, to be taken away at the interval's end.
+        let mut read_back = Vec::with_capacity(ours.len());
         for s in &ours {
             let extent = (s.extents.iter())
                 .find(|e| e.state == w.state)
@@ -259,7 +261,6 @@ impl SketchApp {
                 .map_err(|e| e.to_string())?;
             out.read += read.values.len();
             out.unbounded += read.unbounded.len();
-            length = length.max(read.values.len());
             let copy = StreamCopy::of(read);
             let cells = (self.counters.iter())
                 .find(|c| c.worker == s.stream)
@@ -282,6 +283,7 @@ impl SketchApp {
                 })?;
                 *e = e.plus(here);
             }
+            read_back.push((s.stream, copy.values));
         }
         out.read_ns = started.elapsed().as_nanos() as u64;
         out.total = estimates.iter().map(|e| e.value).sum();
@@ -294,7 +296,7 @@ impl SketchApp {
             })
             .collect();
         let started = std::time::Instant::now();
-        self.reset(collector, length)?;
+        self.take_away(collector, &read_back)?;
         out.reset_ns = started.elapsed().as_nanos() as u64;
         if w.push {
             for f in &mut out.found {
@@ -313,8 +315,44 @@ impl SketchApp {
         Ok(out)
     }
 
+    /// Takes what the interval read of each stream's counters away from them, each write
+    /// committed whole between two bursts: what the data plane counted after the copy's
+    /// values (not yet in the copy when it was read, or since) stays for the next
+    /// interval. (A reset to 0 that keeps the changes made from its arrival on would lose
+    /// the counts between the copy's values and that arrival.) A value the copy holds is
+    /// one the counter had, so it is not larger than the counter, unless a reset came
+    /// between (the first interval's, or the switch's own `interval_ms`): then that
+    /// counter ends at 0.
+    fn take_away(
+        &self,
+        collector: &mut CollectorClient,
+        read_back: &[(u32, Vec<u64>)],
+    ) -> Result<(), String> {
+        let w = &self.watch;
+        for (stream, values) in read_back {
+            for (i, chunk) in values.chunks(MAX_VALUES).enumerate() {
+                collector
+                    .write(sync_pb::WriteRequest {
+                        switch_id: w.switch_id,
+                        stream: Some(*stream),
+                        state: w.state,
+                        first: (i * MAX_VALUES) as u32,
+                        values: chunk.to_vec(),
+                        fill: 0,
+                        count: chunk.len() as u32,
+                        keep_changes: false,
+                        subtract: true,
+                        timeout_ms: w.timeout_ms,
+                    })
+                    .map_err(|e| format!("taking the interval's counts away: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Writes 0 over the sketch's `length` counters on every worker, each write committed
-    /// whole between two bursts; what the data plane counted since the read is kept.
+    /// whole between two bursts; what the data plane counted since the part arrived is
+    /// kept (what it counted before belongs to no interval of the application's).
     fn reset(&self, collector: &mut CollectorClient, length: usize) -> Result<(), String> {
         let w = &self.watch;
         for first in (0..length).step_by(MAX_VALUES) {
@@ -329,6 +367,7 @@ impl SketchApp {
                     fill: 0,
                     count: count as u32,
                     keep_changes: true,
+                    subtract: false,
                     timeout_ms: w.timeout_ms,
                 })
                 .map_err(|e| format!("resetting the sketch: {e}"))?;

@@ -46,12 +46,18 @@ pub enum Mode {
     Set = 0,
     /// The location becomes the value plus the changes made to it since its part arrived.
     SetKeepingChanges = 1,
+    /// The location loses the value (down to 0 at most), as it commits: a counter less
+    /// what an application read of it from the copy, so that what was counted after the
+    /// copy's value (not yet in the copy when it was read, or since) stays for the next
+    /// interval, whenever the read was and however long the write took.
+    Subtract = 2,
 }
 
 impl Mode {
     fn of(word: u64) -> Mode {
         match word {
             1 => Mode::SetKeepingChanges,
+            2 => Mode::Subtract,
             _ => Mode::Set,
         }
     }
@@ -686,6 +692,7 @@ impl WriteStage {
                     done.replaced = done.replaced.wrapping_add(then);
                     e.value.wrapping_add(now.wrapping_sub(then))
                 }
+                (Mode::Subtract, _) => state.read(e.location).saturating_sub(e.value),
                 _ => e.value,
             };
             state.write(e.location, value);
@@ -943,6 +950,33 @@ mod tests {
         let done = stage.commit(&mut state).unwrap();
         assert_eq!(state.read(at(0, 7)), 12);
         assert_eq!((done.changes_kept, done.replaced), (1, 500));
+    }
+
+    /// A subtraction takes the value away as the write commits: every count made after
+    /// the value read (before the part left, while it was on the way) stays; a counter
+    /// below the value ends at 0.
+    #[test]
+    fn a_subtraction_leaves_what_was_counted_after_the_value_read() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        state.write(at(0, 7), 500);
+        state.write(at(0, 8), 3);
+        // The application read 490 (the copy a little behind) and 5.
+        let subtract = |index, value| Written {
+            location: at(0, index),
+            value,
+            mode: Mode::Subtract,
+        };
+        (engine.submit(vec![subtract(7, 490), subtract(8, 5)])).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        state.write(at(0, 7), 506);
+        stage.on_part(&out[0], &state).unwrap();
+        state.write(at(0, 7), 512);
+        stage.commit(&mut state).unwrap();
+        assert_eq!(state.read(at(0, 7)), 22, "512 counted, 490 of them read");
+        assert_eq!(state.read(at(0, 8)), 0);
     }
 
     #[test]
