@@ -12,10 +12,13 @@
 //! - `defer` (the paper's): from the first part's arrival every update is held back, and
 //!   replayed after the commit (each one reordered: applied after a write issued after it);
 //! - `keep` (`Mode::SetKeepingChanges`, this project's): applied at once, and the commit
-//!   sets each counter to 0 plus the changes made since its part arrived.
+//!   sets each counter to 0 plus the changes made since its part arrived;
+//! - `subtract` (`Mode::Subtract`, this project's, what the sketch applications do): the
+//!   write carries the counters as read when it is issued, and the commit takes them
+//!   away, so every update made after the read stays, for the next interval.
 //!
-//! Every way loses the updates made between the issue and a part's arrival (the reset is
-//! not there yet to keep them). The run checks its books: every increment is in the final
+//! Every way but `subtract` loses the updates made between the issue and a part's
+//! arrival (the reset is not there yet to keep them). The run checks its books: every increment is in the final
 //! counters or was erased by a commit, the way says so; and each commit in `set` and
 //! `defer` leaves every counter 0.
 
@@ -63,10 +66,11 @@ enum Way {
     Set,
     Defer,
     Keep,
+    Subtract,
 }
 
 impl Way {
-    const ALL: [Way; 4] = [Way::Ideal, Way::Set, Way::Defer, Way::Keep];
+    const ALL: [Way; 5] = [Way::Ideal, Way::Set, Way::Defer, Way::Keep, Way::Subtract];
 
     fn name(self) -> &'static str {
         match self {
@@ -74,6 +78,7 @@ impl Way {
             Way::Set => "set",
             Way::Defer => "defer",
             Way::Keep => "keep",
+            Way::Subtract => "subtract",
         }
     }
 }
@@ -137,18 +142,24 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
     let mut stage = WriteStage::default();
     let mut sketch = CountMin::new(a.stream.depth, a.stream.width, a.seed);
     let cells = sketch.counters().as_slice().len() as u32;
-    let mode = if way == Way::Keep {
-        Mode::SetKeepingChanges
-    } else {
-        Mode::Set
+    let mode = match way {
+        Way::Keep => Mode::SetKeepingChanges,
+        Way::Subtract => Mode::Subtract,
+        _ => Mode::Set,
     };
-    let reset: Vec<Written> = (0..cells)
-        .map(|index| Written {
-            location: Location { state: 0, index },
-            value: 0,
-            mode,
-        })
-        .collect();
+    // The reset's values: 0, or the counters as read at its issue (`subtract`).
+    let reset = |sketch: &CountMin| -> Vec<Written> {
+        (0..cells)
+            .map(|index| Written {
+                location: Location { state: 0, index },
+                value: match way {
+                    Way::Subtract => u64::from(sketch.counters().as_slice()[index as usize]),
+                    _ => 0,
+                },
+                mode,
+            })
+            .collect()
+    };
     let mut rng = Rng::new(a.seed);
     let mut arrivals = Arrivals::new(&a.stream, STEP_NS);
     let mut truth = vec![0u64; a.stream.flows];
@@ -182,7 +193,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
                 erased += total(&sketch);
                 sketch.clear();
             } else {
-                engine.submit(reset.clone())?;
+                engine.submit(reset(&sketch))?;
                 writing = Some((now, total(&sketch)));
             }
         }
@@ -211,10 +222,14 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
             };
             outcome.commit_ns += now - issued_ns;
             // What the commit took away, of which what came after the issue.
-            let took = if way == Way::Keep { c.replaced } else { before };
+            let took = match way {
+                Way::Keep => c.replaced,
+                Way::Subtract => before - total(&sketch),
+                _ => before,
+            };
             erased += took;
             outcome.lost += took.saturating_sub(total_at_issue) / a.stream.depth as u64;
-            if way != Way::Keep && total(&sketch) != 0 {
+            if matches!(way, Way::Set | Way::Defer) && total(&sketch) != 0 {
                 return Err(format!("{}: a commit left counters not 0", way.name()));
             }
             outcome.reordered += deferred.len() as u64;
@@ -301,12 +316,12 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
         }
     }
     println!(
-        "input: {}, reset every {} ms by a write of all its counters to 0 over a channel of \
-         {} bytes/s and {} us each way, losing the share given each way; heavy hitters: {} \
-         of an interval's packets, read from the data plane's sketch before each reset, \
-         against the exact counts since the last reset was issued; {} virtual seconds; \
-         checked: every increment is in the counters or was erased by a commit, and a set \
-         commit leaves every counter 0",
+        "input: {}, reset every {} ms by a write of all its counters (to 0, or less their \
+         values at the issue with subtract) over a channel of {} bytes/s and {} us each \
+         way, losing the share given each way; heavy hitters: {} of an interval's packets, \
+         read from the data plane's sketch before each reset, against the exact counts since \
+         the last reset was issued; {} virtual seconds; checked: every increment is in the \
+         counters or was erased by a commit, and a set or defer commit leaves every counter 0",
         a.stream.describe(a.seed),
         a.interval_ms,
         a.capacity,

@@ -876,6 +876,13 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         assert_eq!(lost, row(loss, "defer")[1], "{reorder}");
         assert!(row(loss, "defer")[2] > 0, "the paper's reorders: {reorder}");
         assert!(row(loss, "set")[1] > lost, "set loses more: {reorder}");
+        let [made, lost, reordered] = row(loss, "subtract")[..] else {
+            unreachable!()
+        };
+        assert!(
+            made > 0 && (lost, reordered) == (0, 0),
+            "subtract: {reorder}"
+        );
     }
     // Two sizes at two losses: four rows, each move checked before the table prints.
     for (mode, checked) in [
