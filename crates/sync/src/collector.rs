@@ -83,6 +83,45 @@ impl Peer {
     }
 }
 
+/// What became of a write: seen through, or never to complete (why).
+type Outcome = Result<Completed, &'static str>;
+
+/// Outcomes of writes until their submitters take them: at most [`MAX_OUTCOMES`], the
+/// oldest forgotten first, so that outcomes no one takes (a client gone while it waited,
+/// a write submitted only to be sent) do not pile up in a collector that runs for months.
+#[derive(Default)]
+struct Outcomes {
+    /// Each write's outcome, and its place in `order`.
+    by_write: HashMap<(u32, u16, u64), (Outcome, u64)>,
+    /// The writes in the order their outcomes came, each with its place; some taken
+    /// already, or kept again since (a stream that starts over numbers its writes anew).
+    order: VecDeque<((u32, u16, u64), u64)>,
+    next_place: u64,
+}
+
+/// Outcomes kept at most: far more than can come while a submitter waits between two
+/// looks (the API looks every 100 µs).
+const MAX_OUTCOMES: usize = 4096;
+
+impl Outcomes {
+    fn keep(&mut self, write: (u32, u16, u64), outcome: Outcome) {
+        if self.order.len() == MAX_OUTCOMES
+            && let Some((oldest, place)) = self.order.pop_front()
+            && self.by_write.get(&oldest).is_some_and(|&(_, p)| p == place)
+        {
+            self.by_write.remove(&oldest);
+        }
+        let place = self.next_place;
+        self.next_place += 1;
+        self.order.push_back((write, place));
+        self.by_write.insert(write, (outcome, place));
+    }
+
+    fn take(&mut self, write: (u32, u16, u64)) -> Option<Outcome> {
+        self.by_write.remove(&write).map(|(outcome, _)| outcome)
+    }
+}
+
 pub struct Collector {
     mirror: Mirror,
     key: Option<Key>,
@@ -91,10 +130,8 @@ pub struct Collector {
     pub refused: BTreeMap<&'static str, u64>,
     pub datagrams: u64,
     pub reports_sent: u64,
-    /// Writes seen through, by `(switch, stream, id)`, until taken.
-    completed: HashMap<(u32, u16, u64), Completed>,
-    /// Writes that will never complete (their stream started over), by the same key.
-    abandoned: HashMap<(u32, u16, u64), &'static str>,
+    /// What became of writes (seen through, or never to complete and why), until taken.
+    outcomes: Outcomes,
     changes: VecDeque<Applied>,
     next_change: u64,
     scratch: Vec<Message>,
@@ -111,8 +148,7 @@ impl Collector {
             refused: BTreeMap::new(),
             datagrams: 0,
             reports_sent: 0,
-            completed: HashMap::new(),
-            abandoned: HashMap::new(),
+            outcomes: Outcomes::default(),
             changes: VecDeque::new(),
             next_change: 1,
             scratch: Vec::new(),
@@ -160,8 +196,7 @@ impl Collector {
         if peer.epoch != m.epoch {
             // The switch started again: its writes on the way are gone with its state.
             for id in peer.engine.pending() {
-                self.abandoned
-                    .insert((m.switch, m.stream, id), "the switch started again");
+                (self.outcomes).keep((m.switch, m.stream, id), Err("the switch started again"));
             }
             peer.epoch = m.epoch;
             peer.engine = WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS);
@@ -210,14 +245,12 @@ impl Collector {
         }
         if let Some(done) = peer.engine.on_ack(now_ns, ack) {
             let key = (ack.switch, ack.stream, done.id);
-            if done.cancelled {
-                self.abandoned.insert(
-                    key,
-                    "cancelled: the switch dropped it, nothing of it committed",
-                );
+            let outcome = if done.cancelled {
+                Err("cancelled: the switch dropped it, nothing of it committed")
             } else {
-                self.completed.insert(key, done);
-            }
+                Ok(done)
+            };
+            self.outcomes.keep(key, outcome);
         }
     }
 
@@ -344,11 +377,7 @@ impl Collector {
         stream: u16,
         id: u64,
     ) -> Option<Result<Completed, &'static str>> {
-        let key = (switch, stream, id);
-        if let Some(done) = self.completed.remove(&key) {
-            return Some(Ok(done));
-        }
-        self.abandoned.remove(&key).map(Err)
+        self.outcomes.take((switch, stream, id))
     }
 
     /// The changes applied after number `after` (at most `limit`), and how many a
@@ -375,6 +404,40 @@ impl Collector {
 
 #[cfg(test)]
 mod tests {
+
+    /// Outcomes no one takes are forgotten, the oldest first, once [`MAX_OUTCOMES`] came
+    /// after them; one kept again under the same write (a stream started over) is not
+    /// forgotten with its older namesake's place.
+    #[test]
+    fn outcomes_not_taken_are_bounded_and_the_latest_kept() {
+        let mut o = Outcomes::default();
+        o.keep((1, 0, 1), Err("the switch started again"));
+        o.keep((1, 0, 1), Err("cancelled"));
+        for id in 2..=MAX_OUTCOMES as u64 {
+            o.keep((1, 0, id), Err("x"));
+        }
+        // The first place went; write 1's outcome, kept in the second, stays.
+        assert_eq!(
+            (o.by_write.len(), o.order.len()),
+            (MAX_OUTCOMES, MAX_OUTCOMES)
+        );
+        assert_eq!(
+            o.take((1, 0, 1)),
+            Some(Err("cancelled")),
+            "its newer place stays"
+        );
+        for id in 0..10 * MAX_OUTCOMES as u64 {
+            o.keep((2, 0, id), Err("y"));
+        }
+        assert_eq!(
+            (o.by_write.len(), o.order.len()),
+            (MAX_OUTCOMES, MAX_OUTCOMES)
+        );
+        assert_eq!(o.take((1, 0, 5)), None, "forgotten");
+        let last = 10 * MAX_OUTCOMES as u64 - 1;
+        assert_eq!(o.take((2, 0, last)), Some(Err("y")));
+        assert_eq!(o.take((2, 0, last)), None, "taken once");
+    }
     use super::*;
     use crate::sender::{Sender, SenderConfig, Threshold};
     use crate::write::{Mode, WriteStage, WriteTarget};
