@@ -404,6 +404,9 @@ impl Collector {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::sender::{Sender, SenderConfig, Threshold};
+    use crate::write::{Mode, WriteStage, WriteTarget};
 
     /// Outcomes no one takes are forgotten, the oldest first, once [`MAX_OUTCOMES`] came
     /// after them; one kept again under the same write (a stream started over) is not
@@ -438,9 +441,6 @@ mod tests {
         assert_eq!(o.take((2, 0, last)), Some(Err("y")));
         assert_eq!(o.take((2, 0, last)), None, "taken once");
     }
-    use super::*;
-    use crate::sender::{Sender, SenderConfig, Threshold};
-    use crate::write::{Mode, WriteStage, WriteTarget};
 
     const SWITCH: &str = "127.0.0.1:4000";
 

@@ -54,12 +54,20 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn of(word: u64) -> Mode {
+    /// The mode a part's entry names, `None` for one this switch does not know (a newer
+    /// collector's): such a part is refused, never taken as another mode.
+    fn named(word: u64) -> Option<Mode> {
         match word {
-            1 => Mode::SetKeepingChanges,
-            2 => Mode::Subtract,
-            _ => Mode::Set,
+            0 => Some(Mode::Set),
+            1 => Some(Mode::SetKeepingChanges),
+            2 => Some(Mode::Subtract),
+            _ => None,
         }
+    }
+
+    /// The mode of an entry of a part taken (its mode checked by `on_part`).
+    fn of(word: u64) -> Mode {
+        Mode::named(word).unwrap_or(Mode::Set)
     }
 }
 
@@ -549,7 +557,11 @@ impl WriteStage {
         if part.t_max == 0 && part.entries.is_empty() {
             return self.on_abandon(part);
         }
-        if total == 0 || index >= total || total > MAX_PARTS {
+        if total == 0
+            || index >= total
+            || total > MAX_PARTS
+            || (part.entries.iter()).any(|e| Mode::named(e.threshold).is_none())
+        {
             self.refused += 1;
             return None;
         }
@@ -977,6 +989,26 @@ mod tests {
         stage.commit(&mut state).unwrap();
         assert_eq!(state.read(at(0, 7)), 22, "512 counted, 490 of them read");
         assert_eq!(state.read(at(0, 8)), 0);
+    }
+
+    /// A part naming a mode this switch does not know is refused (counted, not
+    /// acknowledged), never applied as a plain set.
+    #[test]
+    fn a_part_of_an_unknown_mode_is_refused() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        state.write(at(1, 0), 500);
+        (engine.submit(values(1, Mode::Set))).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        for e in &mut out[0].entries {
+            e.threshold = 3;
+        }
+        assert!(stage.on_part(&out[0], &state).is_none());
+        assert_eq!(stage.refused, 1);
+        assert!(stage.commit(&mut state).is_none());
+        assert_eq!(state.read(at(1, 0)), 500, "nothing written");
     }
 
     #[test]
