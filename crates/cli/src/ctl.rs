@@ -858,7 +858,7 @@ fn sketch_app(
         let result = if failed > 0 {
             app.start(collector).map(|()| None)
         } else {
-            app.interval(collector, &mut switch).map(Some)
+            app.interval(collector, &mut switch, number).map(Some)
         };
         let i = match result {
             Ok(Some(i)) => i,

@@ -74,6 +74,30 @@ const SUBSCRIPTION_BATCH: usize = 4096;
 
 type ChangeStream = Pin<Box<dyn Stream<Item = Result<sync_pb::Change, Status>> + Send>>;
 
+impl CollectorService {
+    /// Sends the writes `ids` of `switch` submitted to the core, and waits for them all:
+    /// `timeout_ms` (0: 1000) for each of a stream's `writes_per_stream`, as
+    /// [`wait_for_writes`] does, on a thread of its own.
+    async fn sent_and_awaited(
+        &self,
+        switch: u32,
+        ids: Vec<(u16, u64)>,
+        timeout_ms: u32,
+        writes_per_stream: u32,
+    ) -> Result<Vec<sync_pb::WriteDone>, Status> {
+        self.handle.pump(false);
+        let per_write = Duration::from_millis(match timeout_ms {
+            0 => 1000,
+            t => u64::from(t),
+        });
+        let timeout = per_write * writes_per_stream.max(1);
+        let handle = self.handle.clone();
+        tokio::task::spawn_blocking(move || wait_for_writes(&handle, switch, &ids, timeout))
+            .await
+            .map_err(|e| Status::internal(format!("the writes' thread failed: {e}")))?
+    }
+}
+
 #[tonic::async_trait]
 impl collector_server::Collector for CollectorService {
     async fn streams(
@@ -258,17 +282,9 @@ impl collector_server::Collector for CollectorService {
                 })
                 .collect::<Result<Vec<_>, Status>>()
         })?;
-        self.handle.pump(false);
-        let timeout = Duration::from_millis(match r.timeout_ms {
-            0 => 1000,
-            t => u64::from(t),
-        });
-        let handle = self.handle.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            wait_for_writes(&handle, r.switch_id, &ids, timeout)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("the write's thread failed: {e}")))??;
+        let done = self
+            .sent_and_awaited(r.switch_id, ids, r.timeout_ms, 1)
+            .await?;
         Ok(Response::new(sync_pb::WriteReply { done }))
     }
 
@@ -287,7 +303,7 @@ impl collector_server::Collector for CollectorService {
             timeout_ms: r.timeout_ms,
         };
         let state = state_id(r.state)?;
-        let (planned, ids) = self.handle.with(|c| {
+        let (planned, ids, writes_per_stream) = self.handle.with(|c| {
             let planned = crate::migrate::plan(c, &m).map_err(Status::failed_precondition)?;
             let targets = streams_of(c, r.to_switch, r.to_stream)?;
             let writes = crate::migrate::writes(&planned, state);
@@ -300,21 +316,11 @@ impl collector_server::Collector for CollectorService {
                     ids.push((stream, id));
                 }
             }
-            Ok::<_, Status>((planned, ids))
+            Ok::<_, Status>((planned, ids, writes.len() as u32))
         })?;
-        self.handle.pump(false);
-        let per_write = Duration::from_millis(match r.timeout_ms {
-            0 => 1000,
-            t => u64::from(t),
-        });
-        // Each write its own time, as they commit one after another.
-        let writes_in_all = ids.len().max(1) as u32;
-        let handle = self.handle.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            wait_for_writes(&handle, r.to_switch, &ids, per_write * writes_in_all)
-        })
-        .await
-        .map_err(|e| Status::internal(format!("the move's thread failed: {e}")))??;
+        // Each write its own time, as a stream commits them one after another.
+        let done =
+            (self.sent_and_awaited(r.to_switch, ids, r.timeout_ms, writes_per_stream)).await?;
         Ok(Response::new(sync_pb::MigrateReply {
             read: planned.read,
             entries: planned.entries(),

@@ -164,7 +164,6 @@ pub struct SketchApp {
     /// its streams then (a switch that starts again, or reloads, draws new hash seeds).
     counters: Vec<WorkerCounters>,
     epochs: Vec<(u32, u32)>,
-    number: u32,
 }
 
 /// Whether where the keys are counted must be asked again: never asked, a stream of
@@ -181,7 +180,6 @@ impl SketchApp {
             watch,
             counters: Vec::new(),
             epochs: Vec::new(),
-            number: 0,
         }
     }
 
@@ -222,15 +220,16 @@ impl SketchApp {
 
     /// Ends an interval: reads the copy, judges every key, takes what it read away from
     /// the sketch on every worker (what was counted since stays, for the next interval),
-    /// and pushes the sure keys if asked.
+    /// and pushes the sure keys if asked, as found in interval `number` (the caller's
+    /// count, failed intervals included).
     pub fn interval(
         &mut self,
         collector: &mut CollectorClient,
         switch: &mut Client,
+        number: u32,
     ) -> Result<Interval, String> {
         let ours = self.streams(collector)?;
         let w = &self.watch;
-        self.number += 1;
         let epochs: Vec<(u32, u32)> = ours.iter().map(|s| (s.stream, s.epoch)).collect();
         if ask_again(&self.counters, &self.epochs, &epochs) {
             self.counters = switch
@@ -240,7 +239,7 @@ impl SketchApp {
         }
         let started = std::time::Instant::now();
         let mut out = Interval {
-            number: self.number,
+            number,
             ..Interval::default()
         };
         let mut estimates = vec![Estimate::ZERO; w.keys.len()];
@@ -301,13 +300,7 @@ impl SketchApp {
         if w.push {
             for f in &mut out.found {
                 if f.estimate.reaches(w.threshold) {
-                    push(
-                        switch,
-                        &w.table,
-                        &w.keys[f.key],
-                        self.number,
-                        f.estimate.value,
-                    )?;
+                    push(switch, &w.table, &w.keys[f.key], number, f.estimate.value)?;
                     f.pushed = true;
                 }
             }
@@ -328,22 +321,14 @@ impl SketchApp {
         collector: &mut CollectorClient,
         read_back: &[(u32, Vec<u64>)],
     ) -> Result<(), String> {
-        let w = &self.watch;
         for (stream, values) in read_back {
             for (i, chunk) in values.chunks(MAX_VALUES).enumerate() {
-                collector
-                    .write(sync_pb::WriteRequest {
-                        switch_id: w.switch_id,
-                        stream: Some(*stream),
-                        state: w.state,
-                        first: (i * MAX_VALUES) as u32,
-                        values: chunk.to_vec(),
-                        fill: 0,
-                        count: chunk.len() as u32,
-                        keep_changes: false,
-                        subtract: true,
-                        timeout_ms: w.timeout_ms,
-                    })
+                let request = sync_pb::WriteRequest {
+                    values: chunk.to_vec(),
+                    subtract: true,
+                    ..self.write_of(Some(*stream), i * MAX_VALUES, chunk.len())
+                };
+                (collector.write(request))
                     .map_err(|e| format!("taking the interval's counts away: {e}"))?;
             }
         }
@@ -354,25 +339,33 @@ impl SketchApp {
     /// whole between two bursts; what the data plane counted since the part arrived is
     /// kept (what it counted before belongs to no interval of the application's).
     fn reset(&self, collector: &mut CollectorClient, length: usize) -> Result<(), String> {
-        let w = &self.watch;
         for first in (0..length).step_by(MAX_VALUES) {
             let count = MAX_VALUES.min(length - first);
-            collector
-                .write(sync_pb::WriteRequest {
-                    switch_id: w.switch_id,
-                    stream: None,
-                    state: w.state,
-                    first: first as u32,
-                    values: Vec::new(),
-                    fill: 0,
-                    count: count as u32,
-                    keep_changes: true,
-                    subtract: false,
-                    timeout_ms: w.timeout_ms,
-                })
-                .map_err(|e| format!("resetting the sketch: {e}"))?;
+            let request = sync_pb::WriteRequest {
+                keep_changes: true,
+                ..self.write_of(None, first, count)
+            };
+            (collector.write(request)).map_err(|e| format!("resetting the sketch: {e}"))?;
         }
         Ok(())
+    }
+
+    /// A write of 0 into `count` counters of the sketch from `first`, on `stream` (every
+    /// stream if `None`), committed within the watch's timeout.
+    fn write_of(&self, stream: Option<u32>, first: usize, count: usize) -> sync_pb::WriteRequest {
+        let w = &self.watch;
+        sync_pb::WriteRequest {
+            switch_id: w.switch_id,
+            stream,
+            state: w.state,
+            first: first as u32,
+            values: Vec::new(),
+            fill: 0,
+            count: count as u32,
+            keep_changes: false,
+            subtract: false,
+            timeout_ms: w.timeout_ms,
+        }
     }
 }
 
