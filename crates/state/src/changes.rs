@@ -67,7 +67,7 @@ impl Dirty {
         debug_assert_eq!(self.shift, 0, "marks of one cell each");
         const WORD: usize = 8;
         for (c, chunk) in self.marks.chunks_mut(WORD).enumerate() {
-            if chunk.iter().all(|&m| m == 0) {
+            if unmarked(chunk) {
                 continue;
             }
             for (i, mark) in chunk.iter_mut().enumerate() {
@@ -101,7 +101,7 @@ impl Dirty {
         let mut chunks = self.marks.chunks_exact_mut(WORD);
         for (c, chunk) in chunks.by_ref().enumerate() {
             // Eight blocks at a time: most are unmarked when the changes are few.
-            if chunk.iter().all(|&m| m == 0) {
+            if unmarked(chunk) {
                 continue;
             }
             for (i, mark) in chunk.iter_mut().enumerate() {
@@ -115,6 +115,16 @@ impl Dirty {
                 visit(tail + i);
             }
         }
+    }
+}
+
+/// Whether no mark of `chunk` is set: eight at one load where it holds eight (a byte at a
+/// time, the scan of a large table's marks measured a quarter of its take).
+#[inline]
+fn unmarked(chunk: &[u8]) -> bool {
+    match <[u8; 8]>::try_from(chunk) {
+        Ok(eight) => u64::from_ne_bytes(eight) == 0,
+        Err(_) => chunk.iter().all(|&m| m == 0),
     }
 }
 

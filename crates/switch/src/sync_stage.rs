@@ -422,15 +422,21 @@ impl SyncStage {
             sum.saturating_add(if by_write(c) { 1 } else { c.cost() })
         });
         sender.expect_change(total);
-        for c in changes.drain(..) {
+        /// Changes looked ahead (see [`Sender::prefetch`]).
+        const AHEAD: usize = 8;
+        for (i, c) in changes.iter().enumerate() {
+            if let Some(next) = changes.get(i + AHEAD) {
+                sender.prefetch(at(next));
+            }
             if c.exact {
-                sender.change_exact(at(&c), c.old, c.new);
-            } else if by_write(&c) {
-                sender.change_written(now_ns, at(&c), c.old, c.new);
+                sender.change_exact(at(c), c.old, c.new);
+            } else if by_write(c) {
+                sender.change_written(now_ns, at(c), c.old, c.new);
             } else {
-                sender.change(now_ns, at(&c), c.old, c.new);
+                sender.change(now_ns, at(c), c.old, c.new);
             }
         }
+        changes.clear();
         self.changes = changes;
     }
 

@@ -127,6 +127,15 @@ impl ReadHandler {
         base.unwrap_or(0).wrapping_add(location.index as usize) & self.mask
     }
 
+    /// Hints that `location`'s slot is about to be used: a pass's changes are far apart in
+    /// a large state, each slot a cache miss, which a look ahead overlaps.
+    #[inline]
+    pub fn prefetch(&self, location: Location) {
+        if let Some(slot) = self.slots.get(self.slot_of(location)) {
+            stateplane_mem::prefetch(slot);
+        }
+    }
+
     /// `location` changed from `old` to `new` at `now_ns`; what must be sent goes to `out`.
     #[inline]
     pub fn change(

@@ -279,6 +279,12 @@ impl Sender {
         }
     }
 
+    /// Hints that `location` changes next but a few ([`ReadHandler::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, location: Location) {
+        self.handler.prefetch(location);
+    }
+
     /// `location` changed from `old` to `new` (what a synced state reports of each write).
     #[inline]
     pub fn change(&mut self, now_ns: u64, location: Location, old: u64, new: u64) {
@@ -504,12 +510,19 @@ impl Sender {
 
     /// Sends the waiting entries of `kind` in messages of at most `message_entries`.
     fn send(&mut self, now_ns: u64, kind: Kind, out: &mut Vec<Message>) {
-        let waiting = match kind {
+        let mut waiting = match kind {
             Kind::Refresh => std::mem::take(&mut self.refreshed),
             _ => std::mem::take(&mut self.pending),
         };
         for entries in waiting.chunks(self.message_entries) {
             self.emit(now_ns, kind, entries.to_vec(), out);
+        }
+        // Emptied, not dropped: a pass's updates of a large table come to about a
+        // megabyte, which growing afresh each pass maps and unmaps again.
+        waiting.clear();
+        match kind {
+            Kind::Refresh => self.refreshed = waiting,
+            _ => self.pending = waiting,
         }
     }
 
