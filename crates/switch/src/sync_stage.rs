@@ -484,7 +484,7 @@ impl SyncStage {
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
                     let abandoned = self.writes.abandoned;
-                    let answer = self.writes.on_part(&message, &ProgramState(program, None));
+                    let answer = self.writes.on_part(message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
                     if let Some(ack) = answer {

@@ -327,7 +327,38 @@ impl Reader<'_> {
     }
 }
 
+/// A message borrowed, for a taker that copies what it keeps ([`crate::write::WriteStage::on_part`]).
+impl<'a> From<&'a Message> for std::borrow::Cow<'a, Message> {
+    fn from(message: &'a Message) -> Self {
+        std::borrow::Cow::Borrowed(message)
+    }
+}
+
+/// A message given, for a taker that keeps its entries without copying them.
+impl From<Message> for std::borrow::Cow<'_, Message> {
+    fn from(message: Message) -> Self {
+        std::borrow::Cow::Owned(message)
+    }
+}
+
 impl Message {
+    /// A message of `kind` with this one's switch, epoch, stream, sequence and sending
+    /// time (an answer to it), and the given `t_max` and entries: never a copy of this
+    /// one's entries, which a write's part holds thousands of.
+    pub fn answer(&self, kind: Kind, t_max: u64, entries: Vec<Update>) -> Message {
+        Message {
+            kind,
+            switch: self.switch,
+            epoch: self.epoch,
+            stream: self.stream,
+            seq: self.seq,
+            sent_ns: self.sent_ns,
+            t_max,
+            more: false,
+            entries,
+        }
+    }
+
     /// Appends the message's bytes to `out`, with no MAC.
     pub fn encode(&self, out: &mut Vec<u8>) {
         self.encode_with(None, out);

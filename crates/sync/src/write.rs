@@ -16,6 +16,7 @@
 
 use crate::wire::{EncodedSize, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES, Message};
 use crate::{Location, Update};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// The parts a write may have: its acknowledgement's bitmap fits one message.
@@ -549,13 +550,19 @@ const REMEMBERED_ABANDONS: usize = 64;
 impl WriteStage {
     /// Takes a part of a write (reading `state` for the locations whose changes are kept);
     /// the acknowledgement to send back.
-    pub fn on_part(&mut self, part: &Message, state: &impl WriteTarget) -> Option<Message> {
+    /// A part given by value is kept without copying its values.
+    pub fn on_part<'a>(
+        &mut self,
+        part: impl Into<Cow<'a, Message>>,
+        state: &impl WriteTarget,
+    ) -> Option<Message> {
+        let mut part = part.into();
         if part.kind != Kind::Write {
             return None;
         }
         let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
         if part.t_max == 0 && part.entries.is_empty() {
-            return self.on_abandon(part);
+            return self.on_abandon(&part);
         }
         if total == 0
             || index >= total
@@ -565,22 +572,15 @@ impl WriteStage {
             self.refused += 1;
             return None;
         }
-        let ack = |received: u64, bits: Vec<Update>| Message {
-            kind: Kind::WriteAck,
-            entries: bits,
-            t_max: received,
-            more: false,
-            ..part.clone()
-        };
         if self.abandoned_ids.contains(&part.seq) {
-            return Some(Self::abandon_answer(part, ABANDONED));
+            return Some(Self::abandon_answer(&part, ABANDONED));
         }
         if part.seq <= self.committed_up_to {
             // Committed already: every part is held, as far as the engine is concerned.
             let all = (0..total.div_ceil(64))
                 .map(|word| bitmap_word(word, total, |_| true))
                 .collect();
-            return Some(ack(total as u64, all));
+            return Some(part.answer(Kind::WriteAck, total as u64, all));
         }
         if part.seq - self.committed_up_to > MAX_STAGED {
             self.refused += 1;
@@ -630,14 +630,14 @@ impl WriteStage {
                     .entry(at)
                     .or_insert_with(|| then.unwrap_or_else(|| state.read(at)));
             }
-            staging.parts[index] = Some(part.entries.clone());
+            staging.parts[index] = Some(std::mem::take(&mut part.to_mut().entries));
             staging.received += 1;
         }
         let held = |i: usize| staging.parts[i].is_some();
         let bits = (0..total.div_ceil(64))
             .map(|word| bitmap_word(word, total, held))
             .collect();
-        Some(ack(staging.received, bits))
+        Some(part.answer(Kind::WriteAck, staging.received, bits))
     }
 
     /// The collector cancelled write `part.seq`: dropped if it is the next to commit and
@@ -667,13 +667,7 @@ impl WriteStage {
     }
 
     fn abandon_answer(part: &Message, answer: u64) -> Message {
-        Message {
-            kind: Kind::WriteAck,
-            entries: Vec::new(),
-            t_max: answer,
-            more: false,
-            ..part.clone()
-        }
+        part.answer(Kind::WriteAck, answer, Vec::new())
     }
 
     /// Whether parts of a write not committed yet are held (more are on their way).
@@ -850,7 +844,7 @@ mod tests {
             part.encode(&mut bytes);
             assert!(bytes.len() + MAC_LEN <= 65_507);
             stage
-                .on_part(&Message::decode(&bytes).unwrap(), &state)
+                .on_part(Message::decode(&bytes).unwrap(), &state)
                 .unwrap();
         }
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(65_536));
@@ -882,9 +876,9 @@ mod tests {
         };
         let fit = MAX_VALUES / MAX_RUN_ENTRIES;
         for i in 0..fit as u64 {
-            assert!(stage.on_part(&part(i), &state).is_some(), "part {i}");
+            assert!(stage.on_part(part(i), &state).is_some(), "part {i}");
         }
-        assert_eq!(stage.on_part(&part(fit as u64), &state), None);
+        assert_eq!(stage.on_part(part(fit as u64), &state), None);
         assert_eq!(stage.refused, 1);
     }
 
