@@ -25,6 +25,23 @@ struct Slot {
     since_ns: u64,
 }
 
+impl Slot {
+    /// Whether it holds a change not sent yet (what the timeout monitor looks for).
+    fn waits(&self) -> bool {
+        self.location != EMPTY && self.value != self.sent
+    }
+}
+
+/// Keeps `unsent` (the slots that wait) as a slot went from waiting `was` to `now`.
+#[inline]
+fn settle(unsent: &mut usize, was: bool, now: bool) {
+    match (was, now) {
+        (false, true) => *unsent += 1,
+        (true, false) => *unsent -= 1,
+        _ => {}
+    }
+}
+
 /// What a handler has done, for metrics and the rate controller.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HandlerCounters {
@@ -54,6 +71,9 @@ pub struct ReadHandler {
     change: u64,
     /// The timeout sweep's next slot.
     cursor: usize,
+    /// Slots that wait (`Slot::waits`): the sweep has nothing to look for when none do, as
+    /// on a switch whose state is quiet.
+    unsent: usize,
     pub counters: HandlerCounters,
 }
 
@@ -76,6 +96,7 @@ impl ReadHandler {
             threshold: 0,
             change: 0,
             cursor: 0,
+            unsent: 0,
             counters: HandlerCounters::default(),
         }
     }
@@ -184,8 +205,9 @@ impl ReadHandler {
         let t = self.threshold;
         let p = self.slot_of(location);
         let slot = &mut self.slots[p];
+        let was = slot.waits();
         if slot.location != word {
-            if slot.location != EMPTY && slot.value != slot.sent {
+            if was {
                 out.push(Update {
                     location: Location::unpacked(slot.location),
                     value: slot.value,
@@ -213,6 +235,7 @@ impl ReadHandler {
             slot.since_ns = now_ns;
             self.counters.sent_divergent += 1;
         }
+        settle(&mut self.unsent, was, slot.waits());
     }
 
     /// Sends the locations among the next `visit` slots that have waited unsent for
@@ -228,16 +251,13 @@ impl ReadHandler {
         out: &mut Vec<Update>,
     ) {
         for _ in 0..visit.min(self.slots.len()) {
-            if budget == 0 {
+            if budget == 0 || self.unsent == 0 {
                 return;
             }
             let t = self.threshold;
             let slot = &mut self.slots[self.cursor];
             self.cursor = (self.cursor + 1) & self.mask;
-            if slot.location != EMPTY
-                && slot.value != slot.sent
-                && now_ns.saturating_sub(slot.since_ns) > max_age_ns
-            {
+            if slot.waits() && now_ns.saturating_sub(slot.since_ns) > max_age_ns {
                 out.push(Update {
                     location: Location::unpacked(slot.location),
                     value: slot.value,
@@ -245,6 +265,7 @@ impl ReadHandler {
                 });
                 slot.sent = slot.value;
                 slot.since_ns = now_ns;
+                self.unsent -= 1;
                 self.counters.sent_timed_out += 1;
                 budget -= 1;
             }
@@ -255,27 +276,32 @@ impl ReadHandler {
     /// sent as it came): what the slot holds and what it sent, so that neither the timeout
     /// monitor nor a displacement sends the value from before the write.
     pub fn written(&mut self, now_ns: u64, location: Location, value: u64) {
-        if let Some(slot) = self.slot_holding(location) {
+        self.update_holding(location, |slot| {
             slot.value = value;
             slot.sent = value;
             slot.since_ns = now_ns;
-        }
+        });
     }
 
     /// `location` was sent with `value` outside the handler (the anti-entropy refresh,
     /// which reads the state itself): the table takes it as sent.
     pub fn sent_elsewhere(&mut self, now_ns: u64, location: Location, value: u64) {
-        if let Some(slot) = self.slot_holding(location) {
+        self.update_holding(location, |slot| {
             slot.sent = value;
             slot.since_ns = now_ns;
-        }
+        });
     }
 
-    /// The slot `location` is in, if it holds it.
-    fn slot_holding(&mut self, location: Location) -> Option<&mut Slot> {
+    /// Applies `update` to the slot `location` is in, if it holds it.
+    fn update_holding(&mut self, location: Location, update: impl FnOnce(&mut Slot)) {
         let word = location.packed();
         let p = self.slot_of(location);
-        Some(&mut self.slots[p]).filter(|slot| slot.location == word)
+        let slot = &mut self.slots[p];
+        if slot.location == word {
+            let was = slot.waits();
+            update(slot);
+            settle(&mut self.unsent, was, slot.waits());
+        }
     }
 }
 
@@ -419,5 +445,40 @@ mod tests {
         h.change(1, Location { state: 2, index: 8 }, 0, 1, &mut out);
         assert_eq!(out.len(), 1, "state 2's index 8 takes index 0's slot");
         assert_eq!(out[0].location, Location { state: 2, index: 0 });
+    }
+
+    /// The count of waiting slots, which lets the sweep stop when there are none, is the
+    /// count of slots that wait after any mix of changes, displacements, sends, writes and
+    /// refreshes; and a sweep with none waiting sends nothing, as one that looked would.
+    #[test]
+    fn the_slots_that_wait_are_counted_through_every_kind_of_change() {
+        let mut h = ReadHandler::new(8);
+        h.set_threshold(3);
+        let mut out = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for step in 0..20_000u64 {
+            let location = at(next(32) as u32);
+            let value = next(10);
+            match next(6) {
+                0 | 1 => h.change(step, location, next(10), value, &mut out),
+                2 => h.change_exact(location, 0, value, &mut out),
+                3 => h.written(step, location, value),
+                4 => h.sent_elsewhere(step, location, value),
+                _ => h.expire(step, next(4), next(9) as usize, next(3), &mut out),
+            }
+            let waiting = h.slots.iter().filter(|s| s.waits()).count();
+            assert_eq!(h.unsent, waiting, "step {step}");
+        }
+        h.expire(u64::MAX, 0, 8, u64::MAX, &mut out);
+        assert_eq!(h.unsent, 0, "a whole sweep past every age sends every wait");
+        let sent = out.len();
+        h.expire(u64::MAX, 0, 8, u64::MAX, &mut out);
+        assert_eq!(out.len(), sent, "nothing waits: nothing sent");
     }
 }
