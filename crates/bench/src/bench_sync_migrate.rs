@@ -328,6 +328,7 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
     let words = SlotWords::of(table, &[]).ok_or("connections is a table")?;
     let stride = words.stride() as u32;
     let mut slot = vec![0; words.stride()];
+    let t0 = Instant::now();
     for i in 0..entries {
         let src = std::net::Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8);
         let dst = std::net::Ipv4Addr::new(198, 19, 0, 1);
@@ -339,7 +340,10 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
             program.write_synced(0, i * stride + w as u32, v);
         }
     }
-    if program.commit_synced_write() > 0 {
+    let t1 = Instant::now();
+    let refused = program.commit_synced_write();
+    eprintln!("DBG stage {:?} commit {:?}", t1 - t0, t1.elapsed());
+    if refused > 0 {
         return Err("the source's connections did not all fit its table".into());
     }
     Ok(program)

@@ -207,10 +207,12 @@ pub enum SyncCommand {
     Hh {
         #[command(flatten)]
         app: SketchAppArgs,
-        /// The candidate flows, one per line, as `heavy_hitters`' key: src=A dst=B
-        /// proto=P src_port=S dst_port=D vlan=V ('#' starts a comment).
+        /// Flows to watch beside those the switch files in `heavy_hitters` (its data plane
+        /// files each flow whose count reaches hh's own `threshold`: give it at most
+        /// `--threshold`), one per line, as `heavy_hitters`' key: src=A dst=B proto=P
+        /// src_port=S dst_port=D vlan=V ('#' starts a comment).
         #[arg(long)]
-        keys: PathBuf,
+        keys: Option<PathBuf>,
     },
     /// UDP flood prevention from a switch's synced sketch (program `udpflood` or
     /// `synflood`): each interval, the protected destinations whose count surely reached
@@ -742,25 +744,32 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
             }
         }
         SyncCommand::Hh { app, keys } => {
-            let text = std::fs::read_to_string(&keys)
-                .map_err(|e| format!("--keys {}: {e}", keys.display()))?;
+            let text = match &keys {
+                Some(keys) => std::fs::read_to_string(keys)
+                    .map_err(|e| format!("--keys {}: {e}", keys.display()))?,
+                None => String::new(),
+            };
             let table = "heavy_hitters";
-            let parse =
-                |d: &Declaration| -> CliResult<Vec<Vec<stateplane_state::Match>>> {
-                    let mut parsed = Vec::new();
-                    for (n, line) in text.lines().enumerate() {
-                        let line = line.split('#').next().unwrap_or("").trim();
-                        if line.is_empty() {
-                            continue;
-                        }
-                        let words: Vec<&str> = line.split_whitespace().collect();
-                        parsed.push(text::parse_key(d, &words).map_err(|e| {
-                            format!("--keys {} line {}: {e}", keys.display(), n + 1)
-                        })?);
+            let parse = |d: &Declaration| -> CliResult<Vec<Vec<stateplane_state::Match>>> {
+                let mut parsed = Vec::new();
+                let shown = keys
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display();
+                for (n, line) in text.lines().enumerate() {
+                    let line = line.split('#').next().unwrap_or("").trim();
+                    if line.is_empty() {
+                        continue;
                     }
-                    Ok(parsed)
-                };
-            sketch_app(&mut client, &app, table, parse, false)?;
+                    let words: Vec<&str> = line.split_whitespace().collect();
+                    parsed.push(
+                        text::parse_key(d, &words)
+                            .map_err(|e| format!("--keys {shown} line {}: {e}", n + 1))?,
+                    );
+                }
+                Ok(parsed)
+            };
+            sketch_app(&mut client, &app, table, parse, Keys::AndTables)?;
         }
         SyncCommand::Udpflood {
             app,
@@ -774,7 +783,12 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                     .collect::<Result<_, _>>()
                     .map_err(|e| format!("--protect: {e}"))
             };
-            sketch_app(&mut client, &app, "victims", parse, !detect_only)?;
+            let pushed = if detect_only {
+                Keys::Given
+            } else {
+                Keys::GivenPushingVictims
+            };
+            sketch_app(&mut client, &app, "victims", parse, pushed)?;
         }
         SyncCommand::Watch {
             switch,
@@ -809,15 +823,25 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
     Ok(())
 }
 
+/// Which keys a sketch application watches, and what it does with those it is sure of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// The keys given, and every key the switch holds in the table (`hh`).
+    AndTables,
+    /// The keys given.
+    Given,
+    /// The keys given; the sure ones are pushed into the table (`udpflood`).
+    GivenPushingVictims,
+}
+
 /// Runs a sketch application (`ctl sync hh`, `ctl sync udpflood`) on the keys `parse`
-/// makes of `table`'s key, interval after interval; pushes sure keys into `table` if
-/// `push`.
+/// makes of `table`'s key, interval after interval, as `keys` says.
 fn sketch_app(
     collector: &mut stateplane_control::collector_api::CollectorClient,
     args: &SketchAppArgs,
     table: &str,
     parse: impl Fn(&Declaration) -> CliResult<Vec<Vec<stateplane_state::Match>>>,
-    push: bool,
+    keys_watched: Keys,
 ) -> CliResult<()> {
     use stateplane_control::sketch_app::{SketchApp, Watch};
     let mut switch = Client::connect(&args.control).map_err(|e| e.to_string())?;
@@ -826,7 +850,8 @@ fn sketch_app(
         .map_err(|e| format!("--control {}: {e}", args.control))?
         .clone();
     let keys = parse(&d)?;
-    if keys.is_empty() {
+    let learn = keys_watched == Keys::AndTables;
+    if keys.is_empty() && !learn {
         return Err("no keys to watch".into());
     }
     let mut app = SketchApp::new(Watch {
@@ -834,14 +859,20 @@ fn sketch_app(
         state: args.state,
         table: table.to_string(),
         keys,
+        learn,
         threshold: args.threshold,
-        push,
+        push: keys_watched == Keys::GivenPushingVictims,
         timeout_ms: args.timeout_ms,
     });
     app.start(collector)?;
     eprintln!(
-        "watching {} keys of switch {} from now, in intervals of {} ms",
+        "watching {} keys{} of switch {} from now, in intervals of {} ms",
         app.watch.keys.len(),
+        if learn {
+            format!(" and each the switch files in {table}")
+        } else {
+            String::new()
+        },
         args.switch,
         args.interval_ms
     );

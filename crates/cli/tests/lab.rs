@@ -1785,16 +1785,18 @@ fn pings_flows(lab: &Lab) -> Vec<String> {
 }
 
 /// The heavy-hitter application (`ctl sync hh`) beside a live `hh` switch, on a collector
-/// on the switch's host: the flows of real traffic (ping's request and reply, named by the
-/// switch's own reports) are found heavy in the interval they cross the switch, each with
-/// its exact count, and in no other; a flow that never crossed is never found.
+/// on the switch's host: the flows of real traffic (ping's request and reply), which the
+/// application learns from the switch's `heavy_hitters` as its data plane files them while
+/// the application runs, are found heavy in the interval they cross the switch, each with
+/// its exact count, and in no other; a flow given with `--keys` that never crossed is never
+/// found.
 #[test]
 fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let settings = "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000\nthreshold = 100";
     let (lab, collector) = synced_beside_collector("thh", "hh", settings);
     let ping = |count: &str| ping_as_one_flow(&lab, count);
-    let mut keys = pings_flows(&lab);
+    let keys = pings_flows(&lab);
     let mut asked = vec!["counters-of", "heavy_hitters"];
     asked.extend(keys[0].split_whitespace());
     let at = ctl(&lab, &asked);
@@ -1808,10 +1810,23 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
         "a counter in each row of the one tenant's sketch: {}",
         text(&at)
     );
+    // The switch forgets the flows it found: the application learns them as they come.
+    for key in &keys {
+        let mut delete = vec!["delete", "heavy_hitters"];
+        delete.extend(key.split_whitespace());
+        let deleted = ctl(&lab, &delete);
+        assert!(deleted.status.success(), "{}", text(&deleted));
+    }
+    let left = ctl(&lab, &["read", "heavy_hitters"]);
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "",
+        "{}",
+        text(&left)
+    );
     let never = "src=198.18.0.1 dst=198.18.0.2 proto=17 src_port=9 dst_port=9 vlan=0";
-    keys.push(never.to_string());
     let key_file = lab.file.with_extension("keys");
-    std::fs::write(&key_file, keys.join("\n") + "\n# a comment\n").unwrap();
+    std::fs::write(&key_file, format!("{never}\n# a comment\n")).unwrap();
     let app = sketch_app_in(
         &lab,
         &[
@@ -1831,7 +1846,12 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
     let out = ended();
     assert!(out.status.success(), "{}", text(&out));
     let found = String::from_utf8_lossy(&out.stdout).into_owned();
-    for key in &keys[..2] {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("watching 1 keys and each the switch files in heavy_hitters"),
+        "{err}"
+    );
+    for key in &keys {
         let line = format!("interval 1: {key} estimate 400 (400..400) sure");
         assert!(found.contains(&line), "{line} in: {}", text(&out));
     }
@@ -1840,7 +1860,6 @@ fn heavy_hitters_are_found_per_interval_from_the_collectors_copy() {
         2,
         "nothing else, never the light flow: {found}"
     );
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("interval 1: 2 of 3 keys found; 1024 counters read (0 unbounded)"),
         "{err}"

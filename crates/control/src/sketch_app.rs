@@ -16,6 +16,12 @@
 //! Where a key is counted comes from the switch (the control API's `CountersOf`: its
 //! hashes are seeded per process), once, and again for keys a worker had not placed yet.
 //!
+//! The keys are the user's, and (with [`Watch::learn`]) every key the switch holds in its
+//! table at an interval's end: `hh`'s data plane files each flow whose count reaches its own
+//! threshold in `heavy_hitters`, so with that threshold at most the application's, every
+//! flow the copy shows reaching the application's was filed before the copy was read (the
+//! table is read after it: the switch's counters are never below the copy's values).
+//!
 //! Must never: call a key found on a counter it has no bound for, or reset a sketch it
 //! has not read in the same interval.
 
@@ -24,6 +30,7 @@ use crate::collector_api::CollectorClient;
 use crate::sync_pb;
 use stateplane_state::{Entry, Match, WorkerCounters, Write};
 use stateplane_sync::write::MAX_VALUES;
+use std::collections::HashSet;
 
 /// A key's count on the switch, as the copy bounds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,6 +132,8 @@ pub struct Watch {
     /// its key fields are the keys'.
     pub table: String,
     pub keys: Vec<Vec<Match>>,
+    /// Also watch, from each interval's end on, every key the switch holds in `table`.
+    pub learn: bool,
     pub threshold: u64,
     /// Push the sure keys into `table` (flood prevention's mitigation).
     pub push: bool,
@@ -164,6 +173,8 @@ pub struct SketchApp {
     /// its streams then (a switch that starts again, or reloads, draws new hash seeds).
     counters: Vec<WorkerCounters>,
     epochs: Vec<(u32, u32)>,
+    /// The keys watched, to learn each once.
+    known: HashSet<Vec<Match>>,
 }
 
 /// Whether where the keys are counted must be asked again: never asked, a stream of
@@ -177,10 +188,25 @@ fn ask_again(counters: &[WorkerCounters], asked: &[(u32, u32)], now: &[(u32, u32
 impl SketchApp {
     pub fn new(watch: Watch) -> SketchApp {
         SketchApp {
+            known: watch.keys.iter().cloned().collect(),
             watch,
             counters: Vec::new(),
             epochs: Vec::new(),
         }
+    }
+
+    /// Watches the keys the switch holds in the watch's table that it does not watch yet;
+    /// whether there were any.
+    fn learn(&mut self, switch: &mut Client) -> Result<bool, String> {
+        let (_, entries) = (switch.read(&self.watch.table, None))
+            .map_err(|e| format!("reading the keys the switch holds: {e}"))?;
+        let before = self.watch.keys.len();
+        for entry in entries {
+            if self.known.insert(entry.key.clone()) {
+                self.watch.keys.push(entry.key);
+            }
+        }
+        Ok(self.watch.keys.len() > before)
     }
 
     /// Starts the first interval: resets the sketch on every worker, so that it counts
@@ -229,45 +255,51 @@ impl SketchApp {
         number: u32,
     ) -> Result<Interval, String> {
         let ours = self.streams(collector)?;
-        let w = &self.watch;
-        let epochs: Vec<(u32, u32)> = ours.iter().map(|s| (s.stream, s.epoch)).collect();
-        if ask_again(&self.counters, &self.epochs, &epochs) {
-            self.counters = switch
-                .counters_of(&w.table, &w.keys)
-                .map_err(|e| format!("asking the switch where its keys are counted: {e}"))?;
-            self.epochs = epochs;
-        }
         let started = std::time::Instant::now();
         let mut out = Interval {
             number,
             ..Interval::default()
         };
-        let mut estimates = vec![Estimate::ZERO; w.keys.len()];
-        // What each stream's copy held, to be taken away at the interval's end.
-        let mut read_back = Vec::with_capacity(ours.len());
+        // Each stream's copy, read first: the keys learned after it include every key it
+        // shows reaching the threshold (see the module doc).
+        let mut copies = Vec::with_capacity(ours.len());
         for s in &ours {
             let extent = (s.extents.iter())
-                .find(|e| e.state == w.state)
+                .find(|e| e.state == self.watch.state)
                 .map_or(0, |e| e.length);
             let read = collector
                 .read(sync_pb::ReadRequest {
-                    switch_id: w.switch_id,
+                    switch_id: self.watch.switch_id,
                     stream: Some(s.stream),
-                    state: w.state,
+                    state: self.watch.state,
                     first: 0,
                     count: extent,
                 })
                 .map_err(|e| e.to_string())?;
             out.read += read.values.len();
             out.unbounded += read.unbounded.len();
-            let copy = StreamCopy::of(read);
+            copies.push((s.stream, StreamCopy::of(read)));
+        }
+        let learned = self.watch.learn && self.learn(switch)?;
+        let w = &self.watch;
+        let epochs: Vec<(u32, u32)> = ours.iter().map(|s| (s.stream, s.epoch)).collect();
+        if learned || ask_again(&self.counters, &self.epochs, &epochs) {
+            self.counters = switch
+                .counters_of(&w.table, &w.keys)
+                .map_err(|e| format!("asking the switch where its keys are counted: {e}"))?;
+            self.epochs = epochs;
+        }
+        let mut estimates = vec![Estimate::ZERO; w.keys.len()];
+        // What each stream's copy held, to be taken away at the interval's end.
+        let mut read_back = Vec::with_capacity(copies.len());
+        for (stream, copy) in copies {
             let cells = (self.counters.iter())
-                .find(|c| c.worker == s.stream)
+                .find(|c| c.worker == stream)
                 .ok_or_else(|| {
                     format!(
-                        "the switch has no worker {} (its stream {}): is the collector's \
-                         switch {} the switch at the control address?",
-                        s.stream, s.stream, w.switch_id
+                        "the switch has no worker {stream} (its stream {stream}): is the \
+                         collector's switch {} the switch at the control address?",
+                        w.switch_id
                     )
                 })?;
             for (e, key_cells) in estimates.iter_mut().zip(&cells.cells) {
@@ -282,7 +314,7 @@ impl SketchApp {
                 })?;
                 *e = e.plus(here);
             }
-            read_back.push((s.stream, copy.values));
+            read_back.push((stream, copy.values));
         }
         out.read_ns = started.elapsed().as_nanos() as u64;
         out.total = estimates.iter().map(|e| e.value).sum();
