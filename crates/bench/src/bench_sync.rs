@@ -1082,9 +1082,15 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
                 );
             }
             eprintln!(
-                "{name}: over every round, {} changes taken in {} passes ({:.3} s), {} \
-                 messages ({} B)",
-                sent.changes, sent.passes, sent.pass_seconds, sent.messages, sent.bytes
+                "{name}: over every round, {} changes taken in {} passes ({:.3} s: {:.3} s \
+                 taking them from the state, {:.3} s in the read handler), {} messages ({} B)",
+                sent.changes,
+                sent.passes,
+                sent.pass_seconds,
+                sent.take_seconds,
+                sent.handle_seconds,
+                sent.messages,
+                sent.bytes
             );
         }
         let switch = synced.as_ref().map_or(0, |(s, _)| *s);

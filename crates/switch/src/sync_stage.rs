@@ -104,9 +104,12 @@ pub struct SyncCounters {
     /// Cells found changed by the passes (a cell changed many times between two counts
     /// once).
     pub changes: AtomicU64,
-    /// Passes, and the time the workers spent in them.
+    /// Passes, and the time the workers spent in them; of that time, what taking the
+    /// changes from the state took, and handing them to the read handler.
     pub passes: AtomicU64,
     pub pass_ns: AtomicU64,
+    pub take_ns: AtomicU64,
+    pub handle_ns: AtomicU64,
     pub messages: AtomicU64,
     pub bytes: AtomicU64,
     /// Sends that failed (no collector listening, a full buffer).
@@ -400,7 +403,10 @@ impl SyncStage {
 
     /// Takes the changes since the last pass into the sender.
     fn take_changes(&mut self, program: &mut dyn Running, now_ns: u64) {
+        let started_ns = self.now_ns();
         program.changes(&mut self.changes);
+        let taken_ns = self.now_ns();
+        SyncCounters::add(&self.counters.take_ns, taken_ns.saturating_sub(started_ns));
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
         let mut changes = std::mem::take(&mut self.changes);
         let mut written = std::mem::take(&mut self.written);
@@ -438,6 +444,8 @@ impl SyncStage {
         }
         changes.clear();
         self.changes = changes;
+        let handled_ns = self.now_ns().saturating_sub(taken_ns);
+        SyncCounters::add(&self.counters.handle_ns, handled_ns);
     }
 
     /// Takes what the collector sent: reports, and parts of writes (acknowledged).
@@ -645,8 +653,12 @@ pub struct SyncReport {
     pub collector: String,
     pub changes: u64,
     pub passes: u64,
-    /// Seconds the workers spent in the sync stage's passes.
+    /// Seconds the workers spent in the sync stage's passes; of them, taking the changes
+    /// from the state, and handing them to the read handler (the rest: the collector's
+    /// datagrams, writes committed, messages made and sent).
     pub pass_seconds: f64,
+    pub take_seconds: f64,
+    pub handle_seconds: f64,
     pub messages: u64,
     pub bytes: u64,
     pub send_errors: u64,
@@ -671,6 +683,8 @@ impl SyncPlan {
             changes: get(&c.changes),
             passes: get(&c.passes),
             pass_seconds: get(&c.pass_ns) as f64 / 1e9,
+            take_seconds: get(&c.take_ns) as f64 / 1e9,
+            handle_seconds: get(&c.handle_ns) as f64 / 1e9,
             messages: get(&c.messages),
             bytes: get(&c.bytes),
             send_errors: get(&c.send_errors),
@@ -690,14 +704,17 @@ impl SyncPlan {
 impl SyncReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s)\n",
+            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s: \
+             {:.3} s taking the changes, {:.3} s in the read handler)\n",
             self.collector,
             self.changes,
             self.messages,
             self.bytes,
             self.reports,
             self.passes,
-            self.pass_seconds
+            self.pass_seconds,
+            self.take_seconds,
+            self.handle_seconds
         );
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
@@ -772,7 +789,7 @@ mod tests {
     }
 
     /// Bursts (each changing a cell) for `run`: the passes' count and their time.
-    fn passes(take: Duration, max_age_ms: u64, run: Duration) -> (u64, Duration) {
+    fn passes(take: Duration, max_age_ms: u64, run: Duration) -> (u64, Duration, Duration) {
         let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
         let plan = SyncSettings {
             collector: collector.local_addr().unwrap().to_string(),
@@ -799,22 +816,28 @@ mod tests {
             i += 1;
         }
         let report = plan.report();
-        (report.passes, Duration::from_secs_f64(report.pass_seconds))
+        let seconds = Duration::from_secs_f64;
+        let (spent, taking) = (report.pass_seconds, report.take_seconds);
+        (report.passes, seconds(spent), seconds(taking))
     }
 
     /// Passes are paced by their own length (50 times it from one to the next, about 2% of
     /// the worker) and never further apart than `max_age_ms`: a 2 ms pass comes every
     /// 10 ms with the default, every 100 ms at 100 (the user's freshness before the
-    /// share), and a quick pass takes its 2% however often it comes. Wide margins: the
-    /// machine is shared.
+    /// share), and a quick pass takes its 2% however often it comes; the time the state's
+    /// own take took is told apart. Wide margins: the machine is shared.
     #[test]
     fn passes_keep_to_their_share_and_to_max_age() {
         let run = Duration::from_millis(400);
-        let (every_10, _) = passes(Duration::from_millis(2), 10, run);
+        let (every_10, spent, taking) = passes(Duration::from_millis(2), 10, run);
         assert!((20..=45).contains(&every_10), "{every_10} passes in 400 ms");
-        let (every_100, _) = passes(Duration::from_millis(2), 100, run);
+        assert!(
+            taking >= every_10 as u32 * Duration::from_millis(2) && taking <= spent,
+            "{taking:?} of the passes' {spent:?} taking the changes, 2 ms each"
+        );
+        let (every_100, ..) = passes(Duration::from_millis(2), 100, run);
         assert!((2..=6).contains(&every_100), "{every_100} passes in 400 ms");
-        let (quick, spent) = passes(Duration::ZERO, 10, run);
+        let (quick, spent, _) = passes(Duration::ZERO, 10, run);
         assert!(quick > 45, "a quick pass comes often: {quick}");
         assert!(
             spent < run / 10,
