@@ -9,7 +9,7 @@
 use crate::server::Server;
 use crate::sync_pb::{self, collector_server};
 use stateplane_sync::Location;
-use stateplane_sync::collector::Collector;
+use stateplane_sync::collector::{Collector, WriteTicket};
 use stateplane_sync::write::{Mode, Written};
 use std::net::{SocketAddr, UdpSocket};
 use std::pin::Pin;
@@ -81,7 +81,7 @@ impl CollectorService {
     async fn sent_and_awaited(
         &self,
         switch: u32,
-        ids: Vec<(u16, u64)>,
+        ids: Vec<(u16, WriteTicket)>,
         timeout_ms: u32,
         writes_per_stream: u32,
     ) -> Result<Vec<sync_pb::WriteDone>, Status> {
@@ -420,35 +420,37 @@ fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16
 fn wait_for_writes(
     handle: &CollectorHandle,
     switch: u32,
-    ids: &[(u16, u64)],
+    ids: &[(u16, WriteTicket)],
     timeout: Duration,
 ) -> Result<Vec<sync_pb::WriteDone>, Status> {
     let start = Instant::now();
     let mut done = Vec::new();
     let mut failed: Vec<String> = Vec::new();
-    let mut waiting: Vec<(u16, u64)> = ids.to_vec();
+    let mut waiting: Vec<(u16, WriteTicket)> = ids.to_vec();
     // When the writes still waiting were cancelled, and which streams they were.
     let mut cancelled: Option<(Instant, Vec<u16>)> = None;
     let answer_wait = timeout.clamp(Duration::from_millis(100), Duration::from_secs(1));
     while !waiting.is_empty() {
         handle.with(|c| {
-            waiting.retain(|&(stream, id)| match c.take_write(switch, stream, id) {
-                None => true,
-                Some(Ok(d)) => {
-                    done.push(sync_pb::WriteDone {
-                        stream: u32::from(stream),
-                        id,
-                        parts: d.parts,
-                        latency_ns: d.latency_ns,
-                        transmissions: d.transmissions,
-                    });
-                    false
-                }
-                Some(Err(why)) => {
-                    failed.push(format!("stream {stream}: {why}"));
-                    false
-                }
-            });
+            waiting.retain(
+                |&(stream, write)| match c.take_write(switch, stream, write) {
+                    None => true,
+                    Some(Ok(d)) => {
+                        done.push(sync_pb::WriteDone {
+                            stream: u32::from(stream),
+                            id: write.id,
+                            parts: d.parts,
+                            latency_ns: d.latency_ns,
+                            transmissions: d.transmissions,
+                        });
+                        false
+                    }
+                    Some(Err(why)) => {
+                        failed.push(format!("stream {stream}: {why}"));
+                        false
+                    }
+                },
+            );
         });
         if waiting.is_empty() {
             break;
@@ -456,8 +458,8 @@ fn wait_for_writes(
         match &cancelled {
             None if start.elapsed() >= timeout => {
                 handle.with(|c| {
-                    for &(stream, id) in &waiting {
-                        c.cancel(switch, stream, id);
+                    for &(stream, write) in &waiting {
+                        c.cancel(switch, stream, write);
                     }
                 });
                 let streams = waiting.iter().map(|w| w.0).collect();

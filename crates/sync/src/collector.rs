@@ -86,16 +86,28 @@ impl Peer {
 /// What became of a write: seen through, or never to complete (why).
 type Outcome = Result<Completed, &'static str>;
 
+/// A write queued into a stream, as its submitter names it: the run of the switch (epoch)
+/// it was queued for, and its id there. A switch that starts again numbers its writes
+/// from 1 again, so an id alone could name a write of the new run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WriteTicket {
+    pub epoch: u32,
+    pub id: u64,
+}
+
+/// A write of a stream: switch, stream, and its ticket.
+type WriteOf = (u32, u16, WriteTicket);
+
 /// Outcomes of writes until their submitters take them: at most [`MAX_OUTCOMES`], the
 /// oldest forgotten first, so that outcomes no one takes (a client gone while it waited,
 /// a write submitted only to be sent) do not pile up in a collector that runs for months.
 #[derive(Default)]
 struct Outcomes {
     /// Each write's outcome, and its place in `order`.
-    by_write: HashMap<(u32, u16, u64), (Outcome, u64)>,
+    by_write: HashMap<WriteOf, (Outcome, u64)>,
     /// The writes in the order their outcomes came, each with its place; some taken
     /// already, or kept again since (a stream that starts over numbers its writes anew).
-    order: VecDeque<((u32, u16, u64), u64)>,
+    order: VecDeque<(WriteOf, u64)>,
     next_place: u64,
 }
 
@@ -104,7 +116,7 @@ struct Outcomes {
 const MAX_OUTCOMES: usize = 4096;
 
 impl Outcomes {
-    fn keep(&mut self, write: (u32, u16, u64), outcome: Outcome) {
+    fn keep(&mut self, write: WriteOf, outcome: Outcome) {
         if self.order.len() == MAX_OUTCOMES
             && let Some((oldest, place)) = self.order.pop_front()
             && self.by_write.get(&oldest).is_some_and(|&(_, p)| p == place)
@@ -117,7 +129,7 @@ impl Outcomes {
         self.by_write.insert(write, (outcome, place));
     }
 
-    fn take(&mut self, write: (u32, u16, u64)) -> Option<Outcome> {
+    fn take(&mut self, write: WriteOf) -> Option<Outcome> {
         self.by_write.remove(&write).map(|(outcome, _)| outcome)
     }
 }
@@ -196,7 +208,14 @@ impl Collector {
         if peer.epoch != m.epoch {
             // The switch started again: its writes on the way are gone with its state.
             for id in peer.engine.pending() {
-                (self.outcomes).keep((m.switch, m.stream, id), Err("the switch started again"));
+                let ticket = WriteTicket {
+                    epoch: peer.epoch,
+                    id,
+                };
+                (self.outcomes).keep(
+                    (m.switch, m.stream, ticket),
+                    Err("the switch started again"),
+                );
             }
             peer.epoch = m.epoch;
             peer.engine = WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS);
@@ -244,7 +263,11 @@ impl Collector {
             return self.refuse("stale_epoch");
         }
         if let Some(done) = peer.engine.on_ack(now_ns, ack) {
-            let key = (ack.switch, ack.stream, done.id);
+            let ticket = WriteTicket {
+                epoch: ack.epoch,
+                id: done.id,
+            };
+            let key = (ack.switch, ack.stream, ticket);
             let outcome = if done.cancelled {
                 Err("cancelled: the switch dropped it, nothing of it committed")
             } else {
@@ -350,34 +373,45 @@ impl Collector {
         self.mirror.held(switch, stream)
     }
 
-    /// Queues a write of `values` into `switch`'s `stream`; its id, or why it cannot go.
-    pub fn write(&mut self, switch: u32, stream: u16, values: Vec<Written>) -> Result<u64, String> {
+    /// Queues a write of `values` into `switch`'s `stream`; its ticket, or why it cannot
+    /// go.
+    pub fn write(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        values: Vec<Written>,
+    ) -> Result<WriteTicket, String> {
         let peer = (self.peers.get_mut(&(switch, stream))).ok_or_else(|| {
             format!(
                 "switch {switch} stream {stream} has sent nothing yet, so there is nowhere to write"
             )
         })?;
-        peer.engine.submit(values)
+        let id = peer.engine.submit(values)?;
+        Ok(WriteTicket {
+            epoch: peer.epoch,
+            id,
+        })
     }
 
-    /// Cancels write `id` of `switch`'s `stream` (see `WriteEngine::cancel`); its fate
-    /// comes with the switch's answer (`take_write`).
-    pub fn cancel(&mut self, switch: u32, stream: u16, id: u64) -> Cancel {
-        let Some(peer) = self.peers.get_mut(&(switch, stream)) else {
-            return Cancel::Unknown;
-        };
-        peer.engine.cancel(id)
+    /// Cancels a write of `switch`'s `stream` (see `WriteEngine::cancel`); its fate comes
+    /// with the switch's answer (`take_write`). One queued for a run of the switch that
+    /// has ended is not on its way (its outcome says so).
+    pub fn cancel(&mut self, switch: u32, stream: u16, write: WriteTicket) -> Cancel {
+        match self.peers.get_mut(&(switch, stream)) {
+            Some(peer) if peer.epoch == write.epoch => peer.engine.cancel(write.id),
+            _ => Cancel::Unknown,
+        }
     }
 
-    /// What became of write `id` of `switch`'s `stream`: done, given up (why), or still on
+    /// What became of a write of `switch`'s `stream`: done, given up (why), or still on
     /// its way (`None`). Taken once.
     pub fn take_write(
         &mut self,
         switch: u32,
         stream: u16,
-        id: u64,
+        write: WriteTicket,
     ) -> Option<Result<Completed, &'static str>> {
-        self.outcomes.take((switch, stream, id))
+        self.outcomes.take((switch, stream, write))
     }
 
     /// The changes applied after number `after` (at most `limit`), and how many a
@@ -409,15 +443,16 @@ mod tests {
     use crate::write::{Mode, WriteStage, WriteTarget};
 
     /// Outcomes no one takes are forgotten, the oldest first, once [`MAX_OUTCOMES`] came
-    /// after them; one kept again under the same write (a stream started over) is not
-    /// forgotten with its older namesake's place.
+    /// after them; one kept again under the same write is not forgotten with its older
+    /// namesake's place.
     #[test]
     fn outcomes_not_taken_are_bounded_and_the_latest_kept() {
         let mut o = Outcomes::default();
-        o.keep((1, 0, 1), Err("the switch started again"));
-        o.keep((1, 0, 1), Err("cancelled"));
+        let t = |id| WriteTicket { epoch: 7, id };
+        o.keep((1, 0, t(1)), Err("the switch started again"));
+        o.keep((1, 0, t(1)), Err("cancelled"));
         for id in 2..=MAX_OUTCOMES as u64 {
-            o.keep((1, 0, id), Err("x"));
+            o.keep((1, 0, t(id)), Err("x"));
         }
         // The first place went; write 1's outcome, kept in the second, stays.
         assert_eq!(
@@ -425,21 +460,21 @@ mod tests {
             (MAX_OUTCOMES, MAX_OUTCOMES)
         );
         assert_eq!(
-            o.take((1, 0, 1)),
+            o.take((1, 0, t(1))),
             Some(Err("cancelled")),
             "its newer place stays"
         );
         for id in 0..10 * MAX_OUTCOMES as u64 {
-            o.keep((2, 0, id), Err("y"));
+            o.keep((2, 0, t(id)), Err("y"));
         }
         assert_eq!(
             (o.by_write.len(), o.order.len()),
             (MAX_OUTCOMES, MAX_OUTCOMES)
         );
-        assert_eq!(o.take((1, 0, 5)), None, "forgotten");
+        assert_eq!(o.take((1, 0, t(5))), None, "forgotten");
         let last = 10 * MAX_OUTCOMES as u64 - 1;
-        assert_eq!(o.take((2, 0, last)), Some(Err("y")));
-        assert_eq!(o.take((2, 0, last)), None, "taken once");
+        assert_eq!(o.take((2, 0, t(last))), Some(Err("y")));
+        assert_eq!(o.take((2, 0, t(last))), None, "taken once");
     }
 
     const SWITCH: &str = "127.0.0.1:4000";
@@ -558,14 +593,29 @@ mod tests {
         let mut out = Vec::new();
         sender(7).poll(0, |_| 0, &mut out);
         send(&mut c, 0, &mut out, SWITCH);
-        let id = c.write(1, 0, Vec::new()).unwrap();
+        let old = c.write(1, 0, Vec::new()).unwrap();
         sender(8).poll(0, |_| 0, &mut out);
         send(&mut c, 0, &mut out, SWITCH);
+        assert_eq!(c.streams()[0].epoch, 8);
+        // The new run numbers its writes from 1 again: its first write, seen through
+        // before anyone asks after the old one, is not the old one's outcome.
+        let new = c.write(1, 0, Vec::new()).unwrap();
+        assert_eq!((old.id, new.id), (1, 1));
+        let mut sent = Vec::new();
+        c.poll(1_000, false, &mut sent);
+        let part = Message::decode(&sent[0].1).unwrap();
+        let mut acks = vec![
+            WriteStage::default()
+                .on_part(part, &State(vec![0; 8]))
+                .unwrap(),
+        ];
+        send(&mut c, 2_000, &mut acks, SWITCH);
         assert_eq!(
-            c.take_write(1, 0, id),
+            c.take_write(1, 0, old),
             Some(Err("the switch started again"))
         );
-        assert_eq!(c.streams()[0].epoch, 8);
+        assert!(matches!(c.take_write(1, 0, new), Some(Ok(_))));
+        assert_eq!(c.cancel(1, 0, old), Cancel::Unknown, "its run is over");
     }
 
     #[test]
@@ -667,7 +717,8 @@ mod tests {
         let mut ack_bytes = Vec::new();
         ack.encode(&mut ack_bytes);
         c.on_datagram(10 * SILENT_NS + 2, &ack_bytes, SWITCH.parse().unwrap());
-        assert!(matches!(c.take_write(1, 0, 1), Some(Ok(_))));
+        let first = WriteTicket { epoch: 7, id: 1 };
+        assert!(matches!(c.take_write(1, 0, first), Some(Ok(_))));
         // That stream has been quiet for 10 s once: 50 s of quiet is not yet gone.
         c.write(1, 0, vec![]).unwrap();
         assert_eq!(
