@@ -4,8 +4,12 @@
 //! switch's sync channel losing 0 to 80% of the datagrams each way (`stateplane relay`'s
 //! faults, in this process). Every part of the run is real: the switches are workers with
 //! their sync stages (the target polling as under traffic), the collector is `stateplane
-//! collector`'s, the calls are gRPC on loopback. The run checks the work was done: every write says it committed, and at the
-//! end each target switch's register holds the source's values, read from the program.
+//! collector`'s, the calls are gRPC on loopback. A move's time ends when the target's
+//! sync stage has committed its writes (its counters say so), not when the collector has
+//! their acknowledgements: a switch acknowledges a write's parts as it takes them and
+//! commits the write whole at its next pass. The run checks the work was done: every
+//! write says it committed, and at the end each target switch's register (or table) holds
+//! the source's values, read from the program.
 
 use crate::BenchResult;
 use crate::bench_sync::synced_hh_65536;
@@ -17,7 +21,7 @@ use stateplane_gen::rng::Rng;
 use stateplane_runtime::{Burst, Running, Worker};
 use stateplane_switch::collector::{self, CollectorSettings};
 use stateplane_switch::relay::{self, RelaySettings};
-use stateplane_switch::sync_stage::SyncSettings;
+use stateplane_switch::sync_stage::{SyncCounters, SyncSettings};
 use stateplane_sync::channel::Faults;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +30,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const CELLS: u32 = 65_536;
+
+/// A sketch's switches refresh every 100 ms: the copy is exact again soon after any loss.
+const SKETCH_REFRESH_MS: u64 = 100;
+/// A table's refresh carries 12 words a slot (1.6 million for 65,536 connections): the
+/// run's default of once a second, not to keep the collector busy with refreshes.
+const TABLE_REFRESH_MS: u64 = 1000;
+/// The pause before each move (not timed): a move's commit sends the changes it made to
+/// the collector (all of a table's moved words), and the next move starts once they are
+/// taken, as one migration after another would.
+const BETWEEN_MOVES: Duration = Duration::from_millis(200);
 
 #[derive(clap::Args)]
 pub struct BenchSyncMigrateArgs {
@@ -60,6 +74,7 @@ pub struct BenchSyncMigrateArgs {
 struct Switch {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<Box<dyn Running>>,
+    counters: Arc<SyncCounters>,
 }
 
 impl Switch {
@@ -73,7 +88,7 @@ impl Switch {
         for (i, &v) in values.unwrap_or_default().iter().enumerate() {
             program.write_synced(0, i as u32, v);
         }
-        Switch::running(id, collector, program, busy)
+        Switch::running(id, collector, program, busy, SKETCH_REFRESH_MS)
     }
 
     /// A switch running `program`, whose synced state is id 0.
@@ -82,20 +97,21 @@ impl Switch {
         collector: SocketAddr,
         program: Box<dyn Running>,
         busy: bool,
+        refresh_ms: u64,
     ) -> BenchResult<Switch> {
         let plan = SyncSettings {
             collector: collector.to_string(),
             switch: Some(id),
             channel_mbps: None,
             threshold: None,
-            // A refresh every 100 ms: the copy is exact again soon after any loss.
-            refresh_ms: Some(100),
+            refresh_ms: Some(refresh_ms),
             max_age_ms: None,
             slots: None,
             key_file: None,
         }
         .plan(1)?;
         let stage = plan.factory()?(0);
+        let counters = plan.counters.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -111,7 +127,32 @@ impl Switch {
             worker.finish();
             worker.into_program()
         });
-        Ok(Switch { stop, thread })
+        Ok(Switch {
+            stop,
+            thread,
+            counters,
+        })
+    }
+
+    /// The writes it has committed.
+    fn committed(&self) -> u64 {
+        SyncCounters::get(&self.counters.writes_committed)
+    }
+
+    /// Waits until it has committed `writes` writes in all: a write is acknowledged once
+    /// the switch holds all of it, and lands in its state at the switch's next pass.
+    fn await_committed(&self, writes: u64) -> BenchResult<()> {
+        let start = Instant::now();
+        while self.committed() < writes {
+            if start.elapsed() > Duration::from_secs(20) {
+                return Err(format!(
+                    "the target committed {} writes of {writes} in 20 s",
+                    self.committed()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
     }
 
     /// Stops it; its register, read from the program.
@@ -255,10 +296,12 @@ fn move_values(
         let target = Switch::start(target_id, relay.addr, None, true)?;
         eprintln!("loss {loss}: waiting for switch {target_id} to reach the collector");
         await_stream(client, target_id)?;
+        let mut committed = target.committed();
         for &n in &a.sizes {
             eprintln!("loss {loss}: moving {n} values {} times", a.moves);
             let mut row = Row::new(loss, n);
             for _ in 0..a.moves {
+                std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
                 let read = (client.read(ReadRequest {
                     switch_id: 1,
@@ -284,10 +327,12 @@ fn move_values(
                     timeout_ms: 10_000,
                 }))
                 .map_err(|e| e.to_string())?;
-                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 let [done] = &written.done[..] else {
                     return Err(format!("a write of {n} values did not commit once"));
                 };
+                committed += 1;
+                target.await_committed(committed)?;
+                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 row.write_ms.push(done.latency_ns as f64 / 1e6);
                 row.sent_per_part
                     .push(done.transmissions as f64 / f64::from(done.parts.max(1)));
@@ -328,7 +373,6 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
     let words = SlotWords::of(table, &[]).ok_or("connections is a table")?;
     let stride = words.stride() as u32;
     let mut slot = vec![0; words.stride()];
-    let t0 = Instant::now();
     for i in 0..entries {
         let src = std::net::Ipv4Addr::new(198, 18, (i >> 8) as u8, i as u8);
         let dst = std::net::Ipv4Addr::new(198, 19, 0, 1);
@@ -336,13 +380,9 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
         let key = [ip(src), ip(dst), 6, 1024 + u128::from(i % 50_000), 80, 0];
         // `established`, its packets, answered, the originator the key's source.
         words.encode(1, Some(&key), &[u128::from(i), 1, 1], &mut slot);
-        for (w, &v) in slot.iter().enumerate() {
-            program.write_synced(0, i * stride + w as u32, v);
-        }
+        program.write_synced_run(0, i * stride, &slot);
     }
-    let t1 = Instant::now();
     let refused = program.commit_synced_write();
-    eprintln!("DBG stage {:?} commit {:?}", t1 - t0, t1.elapsed());
     if refused > 0 {
         return Err("the source's connections did not all fit its table".into());
     }
@@ -386,17 +426,25 @@ fn move_tables(
         let want = table_entries(program.as_ref(), stride);
         let length = program.synced().first().map_or(0, |&(_, l)| l);
         let source_id = 100 + s as u32;
-        let source = Switch::running(source_id, collector_addr, program, false)?;
+        let source = Switch::running(source_id, collector_addr, program, false, TABLE_REFRESH_MS)?;
         eprintln!("{n} connections: waiting for the source's copy to be whole");
         await_extent(client, source_id, length)?;
         for (l, &loss) in a.losses.iter().enumerate() {
             let target_id = 1000 + (s * a.losses.len() + l) as u32;
             let relay = LossyRelay::start(collector_addr, loss, a.seed ^ target_id as u64)?;
-            let target = Switch::running(target_id, relay.addr, conntrack_switch(n, 0)?, true)?;
+            let target = Switch::running(
+                target_id,
+                relay.addr,
+                conntrack_switch(n, 0)?,
+                true,
+                TABLE_REFRESH_MS,
+            )?;
             await_stream(client, target_id)?;
             eprintln!("loss {loss}: moving {n} connections {} times", a.moves);
             let mut row = Row::new(loss, n);
+            let mut committed = target.committed();
             for _ in 0..a.moves {
+                std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
                 let moved = migrate(
                     client,
@@ -412,6 +460,8 @@ fn move_tables(
                         timeout_ms: 10_000,
                     },
                 )?;
+                committed += moved.done.len() as u64;
+                target.await_committed(committed)?;
                 row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
                 if moved.entries != u64::from(n) {
                     return Err(format!("{} connections moved of {n}", moved.entries));
@@ -504,9 +554,10 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             "input: conntrack tables of each size's established connections on a source \
              switch, read from the collector's copy and written as entries (ctl sync \
              migrate's code) into another switch whose sync channel loses the share given \
-             each way (a relay in this process); {} moves of each size; gRPC and UDP on \
-             loopback; checked: every write committed, and each target's table holds every \
-             connection of the source, word for word",
+             each way (a relay in this process); {} moves of each size, 0.2 s apart; a \
+             move ends when the target has committed it; gRPC and UDP on loopback; checked: \
+             every write committed, and each target's table holds every connection of the \
+             source, word for word",
             a.moves
         );
     } else {
@@ -514,8 +565,9 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             "input: hh's sketch of 65,536 counters holding random values (seed {}) on switch \
              1, read from the collector's copy and written into another switch whose sync \
              channel loses the share given each way (a relay in this process); {} moves of \
-             each size; gRPC and UDP on loopback; checked: every write committed, and each \
-             target's register is the source's values",
+             each size, 0.2 s apart; a move ends when the target has committed it; gRPC and \
+             UDP on loopback; checked: every write committed, and each target's register is \
+             the source's values",
             a.seed, a.moves
         );
     }

@@ -237,10 +237,12 @@ impl collector_server::Collector for CollectorService {
         let r = request.into_inner();
         let state = state_id(r.state)?;
         let values: Vec<u64> = if r.values.is_empty() {
-            if r.count > stateplane_sync::write::MAX_VALUES as u32 {
+            // What any switch stages of one write; the stream's path may allow fewer,
+            // which the write engine says.
+            let most = stateplane_sync::write::MAX_WRITE_VALUES;
+            if r.count as usize > most {
                 return Err(Status::invalid_argument(format!(
-                    "count: a write holds at most {} values",
-                    stateplane_sync::write::MAX_VALUES
+                    "count: a write holds at most {most} values"
                 )));
             }
             vec![r.fill; r.count as usize]
@@ -306,7 +308,11 @@ impl collector_server::Collector for CollectorService {
         let (planned, ids, writes_per_stream) = self.handle.with(|c| {
             let planned = crate::migrate::plan(c, &m).map_err(Status::failed_precondition)?;
             let targets = streams_of(c, r.to_switch, r.to_stream)?;
-            let writes = crate::migrate::writes(&planned, state);
+            let max_values = (targets.iter())
+                .map(|&stream| c.max_write_values(r.to_switch, stream))
+                .min()
+                .unwrap_or(stateplane_sync::write::MAX_VALUES);
+            let writes = crate::migrate::writes(&planned, state, max_values);
             let mut ids = Vec::new();
             // Each target stream takes the writes in order, one after another.
             for stream in targets {

@@ -201,11 +201,13 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
     })
 }
 
-/// The writes that carry `planned`, in order: each holds whole entries, and a
+/// The writes that carry `planned`, in order, each of at most `max_values` values (what the
+/// target's path carries in one write, `Collector::max_write_values`): as few as that
+/// allows (one, committed whole, where the state fits), each holding whole entries; a
 /// register's values keep their places (a table's entries are placed by their keys).
-pub fn writes(planned: &Planned, state: u16) -> Vec<Vec<Written>> {
+pub fn writes(planned: &Planned, state: u16, max_values: usize) -> Vec<Vec<Written>> {
     let entry_words = planned.entry_words.max(1) as usize;
-    let per_write = MAX_VALUES / entry_words * entry_words;
+    let per_write = (max_values / entry_words).max(1) * entry_words;
     (planned.values.chunks(per_write).enumerate())
         .map(|(i, chunk)| {
             let first = if entry_words == 1 { i * per_write } else { 0 };
@@ -234,6 +236,46 @@ mod tests {
         assert_eq!(what_moves(&slots, 1), Ok(slots.to_vec()));
         assert!(what_moves(&slots[..11], 3).is_err(), "not whole slots");
         assert_eq!(what_moves(&[], 3), Ok(vec![]));
+    }
+
+    /// As few writes as the target's path allows, each of whole entries; a register's
+    /// values keep their places, a table's entries are numbered from 0 in each write.
+    #[test]
+    fn a_move_is_as_few_writes_of_whole_entries_as_the_path_allows() {
+        let planned = |entry_words, n: u64| Planned {
+            entry_words,
+            read: n,
+            largest_bound: 0,
+            values: (0..n).collect(),
+        };
+        let table = planned(12, 12 * 65_536);
+        let one = writes(&table, 3, stateplane_sync::write::MAX_WRITE_VALUES);
+        assert_eq!(one.len(), 1, "65,536 entries of 12 words: one write");
+        assert_eq!(one[0].len(), 12 * 65_536);
+        let split = writes(&table, 3, 100);
+        assert_eq!(
+            split.len(),
+            65_536 * 12 / 96,
+            "8 entries of 12 words a write"
+        );
+        assert!(split.iter().all(|w| w.len() == 96));
+        assert_eq!((split[1][0].location.index, split[1][0].value), (0, 96));
+        let register = writes(&planned(1, 250), 0, 100);
+        assert_eq!(
+            register.iter().map(Vec::len).collect::<Vec<_>>(),
+            [100, 100, 50]
+        );
+        assert_eq!(
+            (register[2][0].location.index, register[2][0].value),
+            (200, 200)
+        );
+        assert!(register.iter().flatten().all(|w| w.location.state == 0));
+        let wide = writes(&planned(12, 24), 0, 5);
+        assert_eq!(
+            wide.len(),
+            2,
+            "an entry wider than the limit still goes whole"
+        );
     }
 
     /// A width that does not divide the copy, or none at all, is refused with the fix.

@@ -654,6 +654,23 @@ impl Program for Guaranteed {
         self.inner.write_synced(id, index, value)
     }
 
+    fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
+        if self
+            .register_bits
+            .get(usize::from(id))
+            .copied()
+            .flatten()
+            .is_some()
+        {
+            // Each value is checked against the register's cells.
+            for (index, &value) in (first..).zip(values) {
+                let _ = Program::write_synced(self, id, index, value);
+            }
+        } else {
+            self.inner.write_synced_run(id, first, values);
+        }
+    }
+
     fn commit_synced_write(&mut self) -> u64 {
         self.inner.commit_synced_write() + std::mem::take(&mut self.values_refused)
     }

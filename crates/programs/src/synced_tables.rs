@@ -30,6 +30,10 @@ macro_rules! synced_table_methods {
             self.$table.write_synced(id, index, value)
         }
 
+        fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
+            self.$table.write_synced_run(id, first, values);
+        }
+
         fn commit_synced_write(&mut self) -> u64 {
             self.$table.commit_synced_write().refused
         }

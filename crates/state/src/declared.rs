@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{Decoded, MAX_STRIDE, Placed, SlotWords, TableSync};
+use crate::synced_table::{MAX_STRIDE, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -104,6 +104,13 @@ pub trait ExactCodec {
     }
 }
 
+/// What a synced write does with one of its entries.
+enum Place<K, V> {
+    Delete(K),
+    /// The key's entry becomes the value, with the expiry profile.
+    Put(K, V, u8),
+}
+
 /// An exact table as a program keeps it when the control plane may see it: the table
 /// (reached through `Deref` on the fast path, unchanged), its declaration, and the
 /// notifications it holds for the control plane. One piece of code answers every program's
@@ -114,6 +121,8 @@ pub struct DeclaredTable<C: ExactCodec> {
     outbox: Outbox,
     /// With the table `synced`: its slots' words as the sync stage last took them.
     sync: Option<Box<TableSync>>,
+    /// A synced write's entries on their way into the table (kept for the next write).
+    placing: Vec<Place<C::Key, C::Value>>,
     /// The data plane's clock at the last sweep: when a synced write's entries are placed
     /// (between bursts, where no packet brings the time).
     now_ns: u64,
@@ -126,6 +135,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
             decl,
             outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
             sync: None,
+            placing: Vec::new(),
             now_ns: 0,
         }
     }
@@ -182,6 +192,13 @@ impl<C: ExactCodec> DeclaredTable<C> {
         sync.stage(index, value).then_some(0)
     }
 
+    /// As [`DeclaredTable::write_synced`] for `values` at `first`, `first + 1`, ...
+    pub fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
+        if let Some(sync) = self.sync.as_mut().filter(|s| s.id == id) {
+            sync.stage_run(first, values);
+        }
+    }
+
     /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by
     /// its key (see [`crate::synced_table`]): added, or its value and expiry profile
     /// replaced, or deleted.
@@ -189,32 +206,53 @@ impl<C: ExactCodec> DeclaredTable<C> {
         let Some(sync) = &mut self.sync else {
             return Placed::default();
         };
+        // The entries first, then their places: each place is a cache miss in a large
+        // table, which looking ahead of the placing overlaps.
+        let placing = &mut self.placing;
+        placing.clear();
+        let mut placed = sync.commit(|decoded| {
+            let key = C::key(&decoded.key);
+            placing.push(match decoded.action {
+                None => Place::Delete(key),
+                Some(action) => {
+                    let value = C::value(action, &decoded.params);
+                    Place::Put(key, value, C::profile(&value))
+                }
+            });
+            true
+        });
+        /// Entries looked ahead.
+        const AHEAD: usize = 8;
         let (table, now_ns) = (&mut self.table, self.now_ns);
-        sync.commit(|decoded| match decoded {
-            Decoded::Absent(key) => {
-                table.delete(&C::key(key));
-                true
+        for i in 0..placing.len() {
+            if let Some(Place::Delete(key) | Place::Put(key, ..)) = placing.get(i + AHEAD) {
+                table.prefetch_key(key);
             }
-            Decoded::Entry {
-                action,
-                key,
-                params,
-            } => {
-                let (key, value) = (C::key(key), C::value(*action, params));
-                let profile = C::profile(&value);
-                match table.find_id(&key) {
-                    // The profile first: one that does not exist changes nothing.
+            let ok = match &placing[i] {
+                Place::Delete(key) => table.delete(key),
+                // The profile first: one that does not exist changes nothing.
+                Place::Put(key, value, profile) => match table.find_id(key) {
                     Some(id) => {
-                        let ok = table.set_profile(id, profile, now_ns).is_ok();
+                        let ok = table.set_profile(id, *profile, now_ns).is_ok();
                         if ok {
-                            *table.value_mut(id) = value;
+                            *table.value_mut(id) = *value;
                         }
                         ok
                     }
-                    None => (table.add_entry_keeping_others(key, value, profile, now_ns)).is_ok(),
+                    None => {
+                        (table.add_entry_keeping_others(*key, *value, *profile, now_ns)).is_ok()
+                    }
+                },
+            };
+            if !ok {
+                match placing[i] {
+                    Place::Delete(_) => placed.deleted -= 1,
+                    Place::Put(..) => placed.entries -= 1,
                 }
+                placed.refused += 1;
             }
-        })
+        }
+        placed
     }
 
     pub fn declaration(&self) -> &Declaration {
@@ -328,6 +366,7 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             decl: self.decl.clone(),
             outbox: self.outbox.clone(),
             sync: self.sync.clone(),
+            placing: Vec::new(),
             now_ns: self.now_ns,
         }
     }

@@ -406,6 +406,15 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
+    /// Hints that `key`'s home slot will be looked at soon (a write placing many entries
+    /// looks ahead by this, as [`ExactTable::lookup_burst`] does).
+    #[inline]
+    pub fn prefetch_key(&self, key: &K) {
+        let home = self.split(key).0;
+        stateplane_mem::prefetch(&self.meta[home]);
+        stateplane_mem::prefetch(&self.slots[home]);
+    }
+
     /// Finds `key` without counting anything (control plane, tests), expired or not.
     pub fn find_id(&self, key: &K) -> Option<EntryId> {
         self.find(key).map(|i| EntryId(i as u32))

@@ -123,9 +123,17 @@ impl SlotWords {
     }
 
     /// An entry from its words: the action's index, key fields and parameters, each checked
-    /// against the declared widths. `Ok(None)` for a slot whose action word is 0 (with its
+    /// against the declared widths. No action for a slot whose action word is 0 (with its
     /// key, which a write deletes).
     pub fn decode(&self, words: &[u64]) -> Result<Decoded, String> {
+        let mut decoded = Decoded::default();
+        self.decode_into(words, &mut decoded)?;
+        Ok(decoded)
+    }
+
+    /// As [`SlotWords::decode`], into `out`'s buffers (a write's entries, one after
+    /// another, allocate nothing); `out` is not whole after an error.
+    pub fn decode_into(&self, words: &[u64], out: &mut Decoded) -> Result<(), String> {
         if words.len() != self.stride() {
             return Err(format!(
                 "{} words where a slot has {}",
@@ -133,40 +141,35 @@ impl SlotWords {
                 self.stride()
             ));
         }
-        let mut key = Vec::with_capacity(self.key.len());
+        out.key.clear();
+        out.params.clear();
         let mut at = 1;
         for (field, &n) in self.key_fields.iter().zip(&self.key) {
-            key.push(Match::Exact(checked(field, get(&words[at..at + n]))?));
+            out.key
+                .push(Match::Exact(checked(field, get(&words[at..at + n]))?));
             at += n;
         }
         let Some(action) = words[0].checked_sub(1) else {
-            return Ok(Decoded::Absent(key));
+            out.action = None;
+            return Ok(());
         };
         let params = (self.actions.get(action as usize))
             .ok_or_else(|| format!("action word {} names no action", words[0]))?;
-        let values = params
-            .iter()
-            .zip(&self.params)
-            .map(|(field, &(at, n))| checked(field, get(&words[at..at + n])))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Decoded::Entry {
-            action: action as usize,
-            key,
-            params: values,
-        })
+        for (field, &(at, n)) in params.iter().zip(&self.params) {
+            out.params.push(checked(field, get(&words[at..at + n]))?);
+        }
+        out.action = Some(action as usize);
+        Ok(())
     }
 }
 
-/// A slot's words, read back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decoded {
-    /// No entry (action word 0); the key words as they were.
-    Absent(Vec<Match>),
-    Entry {
-        action: usize,
-        key: Vec<Match>,
-        params: Vec<u128>,
-    },
+/// A slot's words, read back: its action (none: the slot is empty, or a write deletes the
+/// key), key fields and the action's parameters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decoded {
+    pub action: Option<usize>,
+    pub key: Vec<Match>,
+    pub params: Vec<u128>,
 }
 
 fn put(value: u128, out: &mut [u64]) {
@@ -423,6 +426,20 @@ impl TableSync {
         true
     }
 
+    /// As [`TableSync::stage`] for `values` at `first`, `first + 1`, ...: those past the
+    /// state's end are not held.
+    pub fn stage_run(&mut self, first: u32, values: &[u64]) {
+        let room = self.length().saturating_sub(first) as usize;
+        let values = &values[..values.len().min(room)];
+        if values.is_empty() {
+            return;
+        }
+        if let Some(&(last, _)) = self.staged.last() {
+            self.staged_in_order &= last < first;
+        }
+        self.staged.extend((first..).zip(values.iter().copied()));
+    }
+
     /// The staged write's entries, whole groups decoded, for `place` (which puts an
     /// entry in or takes its key out, and says whether it could); the rest refused.
     pub fn commit(&mut self, mut place: impl FnMut(&Decoded) -> bool) -> Placed {
@@ -435,6 +452,7 @@ impl TableSync {
         let mut placed = Placed::default();
         let mut group = [None; MAX_STRIDE];
         let mut words = [0; MAX_STRIDE];
+        let mut decoded = Decoded::default();
         let mut i = 0;
         while i < staged.len() {
             let number = staged[i].0 as usize / stride;
@@ -447,18 +465,24 @@ impl TableSync {
             }
             let whole = (group[..stride].iter().zip(&mut words))
                 .all(|(g, w)| g.map(|value| *w = value).is_some());
-            let decoded = if whole {
-                self.words.decode(&words[..stride]).ok()
-            } else {
-                None
-            };
-            match decoded {
-                Some(Decoded::Absent(key)) if key.iter().all(|m| *m == Match::Exact(0)) => {}
-                Some(d) if place(&d) => match d {
-                    Decoded::Absent(_) => placed.deleted += 1,
-                    Decoded::Entry { .. } => placed.entries += 1,
-                },
-                _ => placed.refused += 1,
+            if !whole
+                || self
+                    .words
+                    .decode_into(&words[..stride], &mut decoded)
+                    .is_err()
+            {
+                placed.refused += 1;
+                continue;
+            }
+            let nothing =
+                decoded.action.is_none() && (decoded.key.iter()).all(|m| *m == Match::Exact(0));
+            if nothing {
+                continue;
+            }
+            match (place(&decoded), decoded.action) {
+                (true, None) => placed.deleted += 1,
+                (true, Some(_)) => placed.entries += 1,
+                (false, _) => placed.refused += 1,
             }
         }
         // The list's room is kept for the next write.
@@ -515,8 +539,8 @@ mod tests {
         assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
         assert_eq!(
             words.decode(&out),
-            Ok(Decoded::Entry {
-                action: 1,
+            Ok(Decoded {
+                action: Some(1),
                 key: key.to_vec(),
                 params: vec![1 << 64 | 5, 80]
             })
@@ -527,7 +551,10 @@ mod tests {
         out[0] = 3;
         assert!(words.decode(&out).unwrap_err().contains("names no action"));
         out[0] = 0;
-        assert!(matches!(words.decode(&out), Ok(Decoded::Absent(_))));
+        assert!(matches!(
+            words.decode(&out),
+            Ok(Decoded { action: None, .. })
+        ));
         assert!(words.decode(&out[..6]).is_err());
         let only_a = Declaration {
             kind: Kind::Table {
@@ -604,6 +631,23 @@ mod tests {
         });
         assert_eq!(placed.entries, 2, "{seen:?}");
         let decoded = |w: &[u64; 7]| sync.words.decode(w).unwrap();
+
+        // Runs stage as their words one at a time would: in order or not, a run cut at
+        // the state's end, a run of nothing staging nothing.
         assert_eq!(seen, [decoded(&words[0]), decoded(&words[1])]);
+        let entries: Vec<u64> = [[1, 0, 7, 80, 0, 0, 0], [1, 0, 7, 81, 0, 0, 0]].concat();
+        let last = sync.length() - stride;
+        sync.stage_run(last, &entries);
+        sync.stage_run(stride, &entries[..7]);
+        sync.stage_run(sync.length(), &entries);
+        sync.stage_run(0, &[]);
+        let mut seen = Vec::new();
+        let placed = sync.commit(|d| {
+            seen.push(d.clone());
+            true
+        });
+        assert_eq!(placed.entries, 2, "the group past the end was not held");
+        let entry = sync.words.decode(&entries[..7]).unwrap();
+        assert_eq!(seen, [entry.clone(), entry]);
     }
 }

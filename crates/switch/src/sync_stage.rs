@@ -367,6 +367,16 @@ impl WriteTarget for ProgramState<'_> {
         }
     }
 
+    fn write_run(&mut self, first: Location, values: &[u64]) {
+        self.0.write_synced_run(first.state, first.index, values);
+        if let Some(written) = &mut self.1
+            && self.0.synced_stride(first.state) == 1
+        {
+            let indexes = (first.index..).take(values.len());
+            written.extend(indexes.map(|index| Location { index, ..first }));
+        }
+    }
+
     fn finish(&mut self) -> u64 {
         self.0.commit_synced_write()
     }

@@ -393,6 +393,13 @@ impl Collector {
         })
     }
 
+    /// The values one write into `switch`'s `stream` may hold, as its path allows
+    /// (`WriteEngine::max_values`); the least, `MAX_VALUES`, for a stream not heard from.
+    pub fn max_write_values(&self, switch: u32, stream: u16) -> usize {
+        (self.peers.get(&(switch, stream)))
+            .map_or(crate::write::MAX_VALUES, |p| p.engine.max_values())
+    }
+
     /// Cancels a write of `switch`'s `stream` (see `WriteEngine::cancel`); its fate comes
     /// with the switch's answer (`take_write`). One queued for a run of the switch that
     /// has ended is not on its way (its outcome says so).

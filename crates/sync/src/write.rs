@@ -14,20 +14,38 @@
 //! an interval loses none of the next interval's counts). Nothing is reordered; the
 //! locations whose changes were kept are counted.
 
-use crate::wire::{EncodedSize, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES, Message};
+use crate::wire::{
+    ENTRY_LEN, EncodedSize, HEADER_LEN, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES, Message,
+};
 use crate::{Location, Update};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// The parts a write may have: its acknowledgement's bitmap fits one message.
 pub const MAX_PARTS: usize = MAX_ENTRIES * 64;
-/// The values a write may hold.
+/// The values a write may hold on any path: as many as its parts carry on a 1,500-byte
+/// path, as entries.
 pub const MAX_VALUES: usize = MAX_PARTS * MAX_ENTRIES;
+/// The values a write may hold on a path of larger datagrams (loopback, jumbo frames):
+/// what a switch stages of one write at most ([`WriteEngine::max_values`]). A table of
+/// 65,536 entries of up to 16 words moves as one write, committed whole.
+pub const MAX_WRITE_VALUES: usize = 1 << 20;
+/// The values a switch stream holds of all the writes it stages: two whole writes (one
+/// committing while the next arrives), so that writes on their way cannot make a switch
+/// stage gigabytes.
+pub const MAX_HELD_VALUES: usize = 2 * MAX_WRITE_VALUES;
 
 /// The synced state a write lands in (a worker's, between two bursts).
 pub trait WriteTarget {
     fn read(&self, location: Location) -> u64;
     fn write(&mut self, location: Location, value: u64);
+    /// Writes `values` at `first` and the locations after it in its state, as
+    /// [`WriteTarget::write`] each (a write's parts are mostly such runs).
+    fn write_run(&mut self, first: Location, values: &[u64]) {
+        for (index, &value) in (first.index..).zip(values) {
+            self.write(Location { index, ..first }, value);
+        }
+    }
     /// The locations of `state`, 0 where not known: a write's changes kept are counted
     /// from its first part's arrival only in a state whose locations are known.
     fn extent(&self, _state: u16) -> u32 {
@@ -130,11 +148,20 @@ struct InFlight {
     abandon: Option<(Option<u64>, u32)>,
     /// How often each part was sent (a part sent once gives a sample of the round trip).
     tries: Vec<u32>,
+    /// When a part last went on a timeout.
+    timeout_sent_ns: u64,
+    /// Every transmission's sending time and place in the order of transmissions, in
+    /// order (the times increase).
+    sends: Vec<(u64, u64)>,
 }
 
 /// Parts unacknowledged on the way at most, so that they do not wait in a queue long
 /// enough to time out there (and the round trips measured are the channel's).
 pub const WINDOW: usize = 128;
+
+/// The bytes of the parts a timeout sends again at most (a window of a 1,500-byte path's
+/// parts; at least one part).
+const TIMEOUT_BYTES: usize = WINDOW * SMALL_PATH_BYTES;
 
 /// Doublings of the timeout after timeouts in a row, at most: enough to outgrow a queue
 /// (which the window keeps short), few enough to keep trying under heavy loss.
@@ -187,6 +214,8 @@ pub struct WriteEngine {
     /// still hears of the id, to skip it: it commits writes in order).
     queue: VecDeque<(u64, Option<Vec<Written>>)>,
     current: Option<InFlight>,
+    /// The last transmission's sending time (see `poll`).
+    last_stamp_ns: Option<u64>,
     /// The bytes of a part's datagram, its MAC included: a 1,500-byte path's to begin
     /// with, as large as the stream's own messages have shown the path to carry
     /// ([`WriteEngine::path_carries`]).
@@ -205,6 +234,7 @@ impl WriteEngine {
             next_id: 1,
             queue: VecDeque::new(),
             current: None,
+            last_stamp_ns: None,
             part_bytes: SMALL_PATH_BYTES,
         }
     }
@@ -246,10 +276,12 @@ impl WriteEngine {
 
     /// Queues a write; its id, or why it cannot go.
     pub fn submit(&mut self, values: Vec<Written>) -> Result<u64, String> {
-        if values.len() > MAX_VALUES {
+        let most = self.max_values();
+        if values.len() > most {
             return Err(format!(
-                "a write holds at most {MAX_VALUES} values ({MAX_PARTS} messages); this one \
-                 has {}: split it",
+                "a write holds at most {most} values on this path ({MAX_PARTS} messages of \
+                 {} bytes); this one has {}: split it",
+                self.part_bytes,
                 values.len()
             ));
         }
@@ -257,6 +289,14 @@ impl WriteEngine {
         self.next_id += 1;
         self.queue.push_back((id, Some(values)));
         Ok(id)
+    }
+
+    /// The values a write may hold on this stream's path: as many as [`MAX_PARTS`] of its
+    /// datagrams carry as entries (as runs they carry more), and at most
+    /// [`MAX_WRITE_VALUES`]; [`MAX_VALUES`] until the path has shown larger datagrams.
+    pub fn max_values(&self) -> usize {
+        let per_part = (self.part_bytes - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
+        (MAX_PARTS * per_part).min(MAX_WRITE_VALUES)
     }
 
     /// The retransmission timeout now.
@@ -323,6 +363,8 @@ impl WriteEngine {
                 last_event_ns: now_ns,
                 abandon,
                 tries: vec![0; n],
+                timeout_sent_ns: 0,
+                sends: Vec::new(),
             });
         }
         let rto = self.rto();
@@ -331,6 +373,7 @@ impl WriteEngine {
             .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
         let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
         let ids = (self.switch, self.epoch, self.stream);
+        let part_bytes = self.part_bytes;
         let Some(w) = &mut self.current else { return };
         if let Some((sent_at, tries)) = &mut w.abandon {
             // Parts no more: the abandon (a part of no parts), until it is answered.
@@ -355,27 +398,45 @@ impl WriteEngine {
                     || at.saturating_add(reordering_ns) < w.delivered_sent_ns
             })
         };
+        // A part times out a timeout after it went, or after the last part sent on a
+        // timeout, whichever is later: one part a timeout.
         let timed_out = |w: &InFlight, i: usize| {
-            w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at) >= rto)
+            w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at.max(w.timeout_sent_ns)) >= rto)
         };
         // The last parts have no later ones to show them lost: when all went and nothing
         // has come back for two round trips, the last one not acknowledged goes again
         // alone (a tail-loss probe, as TCP's), and its acknowledgement shows the others
         // lost. Sending them all again would, on a path slower than the parts come, queue
         // copies of parts still on their way.
+        // A timeout sends again the parts not acknowledged that went longest ago, as many
+        // as make a window of a 1,500-byte path's parts (all of a small write's; two of
+        // 64 KiB),
+        // and their acknowledgement shows which others are lost. Sending every part again
+        // would, where the switch is only slow to answer (committing a large write, or a
+        // long pass), queue copies of a whole write behind parts it holds already, and
+        // time them out again.
+        let per_timeout = (TIMEOUT_BYTES / part_bytes).max(1);
+        let mut timed_out_parts: Vec<usize> = (0..w.parts.len())
+            .filter(|&i| !w.acked[i] && timed_out(w, i))
+            .collect();
+        timed_out_parts.sort_by_key(|&i| w.sent_at[i]);
+        timed_out_parts.truncate(per_timeout);
+        let any_timed_out = !timed_out_parts.is_empty();
+        // A part that times out is the probe then.
         let all_sent = w.sent_at.iter().all(Option::is_some);
-        let probe_part =
-            (all_sent && w.left <= TAIL && now_ns.saturating_sub(w.last_event_ns) >= probe)
-                .then(|| (0..w.parts.len()).rev().find(|&i| !w.acked[i]))
-                .flatten();
+        let probe_part = (!any_timed_out
+            && all_sent
+            && w.left <= TAIL
+            && now_ns.saturating_sub(w.last_event_ns) >= probe)
+            .then(|| (0..w.parts.len()).rev().find(|&i| !w.acked[i]))
+            .flatten();
         let due = |w: &InFlight, i: usize| {
             !w.acked[i]
                 && (w.sent_at[i].is_none()
                     || seen_lost(w, i)
-                    || timed_out(w, i)
+                    || timed_out_parts.contains(&i)
                     || probe_part == Some(i))
         };
-        let any_timed_out = (0..w.parts.len()).any(|i| !w.acked[i] && timed_out(w, i));
         let mut outstanding = (0..w.parts.len())
             .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
             .count();
@@ -395,16 +456,22 @@ impl WriteEngine {
                     1 << w.tries[i].min(MAX_COPIES_LOG2)
                 };
                 let t_max = ((i as u64) << 32) | total;
-                let message = write_message(ids, w.id, now_ns, t_max, w.parts[i].clone());
+                // Each transmission's sending time is its own, a nanosecond after the one
+                // before at least, so that the time an acknowledgement echoes names it.
+                let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
+                self.last_stamp_ns = Some(stamp);
+                let message = write_message(ids, w.id, stamp, t_max, w.parts[i].clone());
                 out.extend(std::iter::repeat_n(message, copies));
-                w.sent_at[i] = Some(now_ns);
+                w.sent_at[i] = Some(stamp);
                 w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
                 w.sent_order[i] = w.transmissions;
+                w.sends.push((stamp, w.transmissions));
                 w.tries[i] += 1;
             }
         }
         if any_timed_out {
+            w.timeout_sent_ns = now_ns;
             self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         }
     }
@@ -434,13 +501,22 @@ impl WriteEngine {
                 if e.value >> bit & 1 == 1 && i < w.acked.len() && !w.acked[i] {
                     w.acked[i] = true;
                     w.left -= 1;
-                    // Only a part sent once says which transmission arrived, and so dates
+                    // A part sent once says which transmission arrived, and so dates
                     // the others: what was sent well before it is lost.
                     if w.tries[i] == 1 {
                         w.latest_acked_order = w.latest_acked_order.max(w.sent_order[i]);
                     }
                 }
             }
+        }
+        // So does the transmission that brought the acknowledgement, named by the sending
+        // time it echoes, however often its part went: after a round of parts sent again
+        // together, the ones of them not held are lost when a later one arrives.
+        if let Ok(at) = w
+            .sends
+            .binary_search_by_key(&ack.sent_ns, |&(stamp, _)| stamp)
+        {
+            w.latest_acked_order = w.latest_acked_order.max(w.sends[at].1);
         }
         // The acknowledgement carries the sending time of the part that brought it (as TCP's
         // timestamps do): a round trip, whichever transmission that was.
@@ -506,7 +582,7 @@ pub const MAX_STAGED: u64 = 16;
 struct Staging {
     parts: Vec<Option<Vec<Update>>>,
     received: u64,
-    /// The values of the parts held, at most `MAX_VALUES`.
+    /// The values of the parts held, at most `MAX_WRITE_VALUES`.
     values: usize,
     /// The value of each location kept-changes when the write's first part arrived (when
     /// its own part did in a state of unknown or too many locations).
@@ -586,6 +662,7 @@ impl WriteStage {
             self.refused += 1;
             return None;
         }
+        let held: usize = self.staged.values().map(|s| s.values).sum();
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
             parts: vec![None; total],
             received: 0,
@@ -599,8 +676,9 @@ impl WriteStage {
         }
         if staging.parts[index].is_none() {
             // Parts as runs carry up to 65,535 values each: the write's parts together
-            // may not hold more than a write may.
-            if staging.values + part.entries.len() > MAX_VALUES {
+            // may not hold more than a write may, nor the writes staged more than two.
+            let values = staging.values + part.entries.len();
+            if values > MAX_WRITE_VALUES || held + part.entries.len() > MAX_HELD_VALUES {
                 self.refused += 1;
                 return None;
             }
@@ -688,8 +766,18 @@ impl WriteStage {
             id: next,
             ..Committed::default()
         };
+        // Values set in a run of locations go to the state together; a value that reads
+        // its location first finds the run before it written.
+        let mut run = Run::default();
         for e in staging.parts.iter().flatten().flatten() {
-            let value = match (Mode::of(e.threshold), staging.baseline.get(&e.location)) {
+            let mode = Mode::of(e.threshold);
+            if mode == Mode::Set {
+                run.push(e.location, e.value, state);
+                done.values += 1;
+                continue;
+            }
+            run.flush(state);
+            let value = match (mode, staging.baseline.get(&e.location)) {
                 (Mode::SetKeepingChanges, Some(&then)) => {
                     let now = state.read(e.location);
                     if now != then {
@@ -704,9 +792,39 @@ impl WriteStage {
             state.write(e.location, value);
             done.values += 1;
         }
+        run.flush(state);
         done.refused = state.finish();
         self.committed_up_to = next;
         Some(done)
+    }
+}
+
+/// Values to write at consecutive locations of a state, from `first`.
+#[derive(Default)]
+struct Run {
+    first: Option<Location>,
+    values: Vec<u64>,
+}
+
+impl Run {
+    /// Adds `value` at `at`, after writing what the run holds if `at` does not follow it.
+    fn push(&mut self, at: Location, value: u64, state: &mut impl WriteTarget) {
+        let follows = self.first.is_some_and(|f| {
+            f.state == at.state
+                && u64::from(f.index) + self.values.len() as u64 == u64::from(at.index)
+        });
+        if !follows {
+            self.flush(state);
+            self.first = Some(at);
+        }
+        self.values.push(value);
+    }
+
+    fn flush(&mut self, state: &mut impl WriteTarget) {
+        if let Some(first) = self.first.take() {
+            state.write_run(first, &self.values);
+        }
+        self.values.clear();
     }
 }
 
@@ -851,18 +969,19 @@ mod tests {
         assert!(register.iter().all(|w| state.read(w.location) == w.value));
     }
 
-    /// A write's parts together hold no more values than a write may: parts as runs,
-    /// 65,535 values each, cannot make a switch stage gigabytes.
+    /// A write's parts together hold no more values than a write may, and the writes a
+    /// stage holds no more than two: parts as runs, 65,535 values each, cannot make a
+    /// switch stage gigabytes.
     #[test]
     fn a_stage_holds_no_more_values_of_a_write_than_a_write_may_have() {
         let mut stage = WriteStage::default();
         let state = Map::default();
-        let part = |index: u64| Message {
+        let part = |seq: u64, index: u64| Message {
             kind: Kind::Write,
             switch: 1,
             epoch: 1,
             stream: 0,
-            seq: 1,
+            seq,
             sent_ns: 0,
             t_max: (index << 32) | MAX_PARTS as u64,
             more: false,
@@ -874,12 +993,20 @@ mod tests {
                 })
                 .collect(),
         };
-        let fit = MAX_VALUES / MAX_RUN_ENTRIES;
+        let fit = MAX_WRITE_VALUES / MAX_RUN_ENTRIES;
         for i in 0..fit as u64 {
-            assert!(stage.on_part(part(i), &state).is_some(), "part {i}");
+            assert!(stage.on_part(part(1, i), &state).is_some(), "part {i}");
         }
-        assert_eq!(stage.on_part(part(fit as u64), &state), None);
+        assert_eq!(stage.on_part(part(1, fit as u64), &state), None);
         assert_eq!(stage.refused, 1);
+        // Writes 2 and 3 come while 1 waits for its last parts: 2 fits as 1 did, and
+        // 3 finds the stage holding two writes' worth.
+        for i in 0..fit as u64 {
+            assert!(stage.on_part(part(2, i), &state).is_some(), "part {i}");
+        }
+        assert_eq!(stage.on_part(part(3, 0), &state), None);
+        assert_eq!(stage.refused, 2);
+        assert!(stage.holds_parts());
     }
 
     /// A write of several parts commits only whole, once, however often its parts and
@@ -1013,7 +1140,22 @@ mod tests {
             "an empty write commits too"
         );
         let too_big = vec![values(1, Mode::Set)[0]; MAX_VALUES + 1];
-        assert!(engine.submit(too_big).unwrap_err().contains("split it"));
+        assert!(
+            engine
+                .submit(too_big.clone())
+                .unwrap_err()
+                .contains("split it")
+        );
+        // A path of larger datagrams carries a larger write, up to what a switch stages.
+        let mut large = WriteEngine::new(1, 1, 0, 1_000);
+        large.path_carries(65_507);
+        assert_eq!(large.max_values(), MAX_WRITE_VALUES);
+        assert!(large.submit(too_big).is_ok());
+        let e = (large.submit(vec![values(1, Mode::Set)[0]; MAX_WRITE_VALUES + 1])).unwrap_err();
+        assert!(
+            e.contains("at most 1048576 values") && e.contains("65507 bytes"),
+            "{e}"
+        );
         let mut out = Vec::new();
         engine.poll(0, &mut out);
         let mut stage = WriteStage::default();
@@ -1057,6 +1199,80 @@ mod tests {
 
     /// A part not acknowledged in time goes again as two copies, then four each time
     /// after, all counted as transmissions.
+    /// A switch slow to answer (busy committing a large write) is not sent the whole
+    /// write again: a timeout sends again the parts that went longest ago, two of 64 KiB
+    /// a timeout, and the acknowledgement they bring back shows the rest held.
+    #[test]
+    fn a_timeout_sends_a_few_large_parts_again_not_the_whole_write() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.path_carries(65_507);
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        let n = 4 * crate::wire::MAX_DATAGRAM_ENTRIES as u32;
+        engine.submit(values(n, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 4);
+        let mut again = Vec::new();
+        engine.poll(999_999, &mut again);
+        assert!(again.is_empty(), "within the timeout");
+        let parts = |m: &[Message]| m.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
+        // The four went a nanosecond apart (see `poll`): all have timed out here.
+        engine.poll(1_000_003, &mut again);
+        assert_eq!(parts(&again), [0, 0, 1, 1], "two parts, as two copies each");
+        let mut later = Vec::new();
+        engine.poll(3_000_002, &mut later);
+        assert!(later.is_empty(), "the next timeout is twice as long");
+        engine.poll(3_000_003, &mut later);
+        assert_eq!(
+            parts(&later),
+            [2, 2, 3, 3],
+            "then the two that went longest ago"
+        );
+        // The switch was slow, not the path: it took every first transmission.
+        for part in &out {
+            stage.on_part(part, &state).unwrap();
+        }
+        let ack = stage.on_part(&later[0], &state).unwrap();
+        let done = engine.on_ack(3_000_010, &ack).unwrap();
+        assert_eq!(done.transmissions, 4 + 4 + 4);
+    }
+
+    /// Parts sent again together: the acknowledgement of a later one (named by the
+    /// sending time it echoes) shows those sent more than three places before it lost,
+    /// with no timeout, however often each went.
+    #[test]
+    fn an_acknowledged_transmission_shows_those_sent_before_it_lost() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        engine
+            .submit(values(12 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 12);
+        let parts = |m: &[Message]| m.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
+        // Only part 11 arrives: 0 to 7, sent more than three places before it, are lost.
+        let ack = stage.on_part(&out[11], &state).unwrap();
+        assert_eq!(engine.on_ack(10_000, &ack), None);
+        let mut again = Vec::new();
+        engine.poll(10_000, &mut again);
+        assert_eq!(
+            parts(&again),
+            [0, 1, 2, 3, 4, 5, 6, 7],
+            "seen lost: once each"
+        );
+        // Of those, only the last arrives. Its echo names its transmission: the four sent
+        // more than three places before it in the same round are lost (and 8 to 10, sent
+        // a round before).
+        let ack = stage.on_part(&again[7], &state).unwrap();
+        assert_eq!(engine.on_ack(20_000, &ack), None);
+        let mut third = Vec::new();
+        engine.poll(20_000, &mut third);
+        assert_eq!(parts(&third), [0, 1, 2, 3, 8, 9, 10]);
+    }
+
     #[test]
     fn a_part_sent_again_goes_as_more_copies() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000);
