@@ -312,17 +312,24 @@ impl collector_server::Collector for CollectorService {
                 .map(|&stream| c.max_write_values(r.to_switch, stream))
                 .min()
                 .unwrap_or(stateplane_sync::write::MAX_VALUES);
-            let writes = crate::migrate::writes(&planned, state, max_values);
+            let mut writes = crate::migrate::writes(&planned, state, max_values);
+            let per_stream = writes.len() as u32;
             let mut ids = Vec::new();
-            // Each target stream takes the writes in order, one after another.
-            for stream in targets {
-                for write in &writes {
-                    let id = (c.write(r.to_switch, stream, write.clone()))
-                        .map_err(Status::invalid_argument)?;
+            // Each target stream takes the writes in order, one after another; the last
+            // takes them without a copy (a table's are megabytes).
+            for (n, &stream) in targets.iter().enumerate() {
+                let these = if n + 1 == targets.len() {
+                    std::mem::take(&mut writes)
+                } else {
+                    writes.clone()
+                };
+                for write in these {
+                    let id =
+                        (c.write(r.to_switch, stream, write)).map_err(Status::invalid_argument)?;
                     ids.push((stream, id));
                 }
             }
-            Ok::<_, Status>((planned, ids, writes.len() as u32))
+            Ok::<_, Status>((planned, ids, per_stream))
         })?;
         // Each write its own time, as a stream commits them one after another.
         let done =

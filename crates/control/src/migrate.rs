@@ -45,27 +45,6 @@ pub struct Moved {
     pub done: Vec<sync_pb::WriteDone>,
 }
 
-/// The values a move writes, from the source's `values`: all of them for a register
-/// (`entry_words` 1), else the entries of the occupied slots (word 0 not 0), one after
-/// another. An error if the values are not whole slots.
-pub fn what_moves(values: &[u64], entry_words: usize) -> Result<Vec<u64>, String> {
-    if entry_words <= 1 {
-        return Ok(values.to_vec());
-    }
-    if !values.len().is_multiple_of(entry_words) {
-        return Err(format!(
-            "{} locations are not whole slots of {entry_words} words",
-            values.len()
-        ));
-    }
-    Ok(values
-        .chunks_exact(entry_words)
-        .filter(|slot| slot[0] != 0)
-        .flatten()
-        .copied()
-        .collect())
-}
-
 /// The locations a move reads: the copy's extent of the state, which must be whole slots
 /// of `entry_words` words (a width that does not divide it is a wrong `--entry-words`, or
 /// a copy not yet carried whole by a refresh).
@@ -167,10 +146,11 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
         .find(|&&(s, _)| s == state)
         .map_or(0, |&(_, length)| length);
     let length = locations_to_read(extent, entry_words)?;
-    let mut values = vec![0; length as usize];
+    // What moves is kept as it is read (a table's occupied slots), not the whole copy.
+    let mut moves = Moves::new(entry_words as usize);
     let (mut largest_bound, mut unbounded, mut first_unbounded) = (0, 0u64, None);
     let read = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
-        values[i] = reading.value;
+        moves.push(reading.value);
         match reading.bound {
             Some(b) => largest_bound = largest_bound.max(b),
             None => {
@@ -197,8 +177,41 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
         entry_words,
         read: u64::from(length),
         largest_bound,
-        values: what_moves(&values, entry_words as usize)?,
+        values: moves.values,
     })
+}
+
+/// The values of a move, as the copy's locations are read in order: all of a register's,
+/// a table's occupied slots' (word 0 not 0), whole.
+struct Moves {
+    entry_words: usize,
+    slot: Vec<u64>,
+    values: Vec<u64>,
+}
+
+impl Moves {
+    fn new(entry_words: usize) -> Moves {
+        Moves {
+            entry_words: entry_words.max(1),
+            slot: Vec::with_capacity(entry_words),
+            values: Vec::new(),
+        }
+    }
+
+    /// The next location's value.
+    fn push(&mut self, value: u64) {
+        if self.entry_words == 1 {
+            self.values.push(value);
+            return;
+        }
+        self.slot.push(value);
+        if self.slot.len() == self.entry_words {
+            if self.slot[0] != 0 {
+                self.values.extend_from_slice(&self.slot);
+            }
+            self.slot.clear();
+        }
+    }
 }
 
 /// The writes that carry `planned`, in order, each of at most `max_values` values (what the
@@ -231,11 +244,20 @@ mod tests {
 
     #[test]
     fn a_table_moves_its_occupied_slots_and_a_register_every_value() {
+        let moved = |values: &[u64], entry_words| {
+            let mut moves = Moves::new(entry_words);
+            values.iter().for_each(|&v| moves.push(v));
+            moves.values
+        };
         let slots = [0, 9, 9, 1, 2, 3, 0, 0, 0, 2, 5, 6];
-        assert_eq!(what_moves(&slots, 3), Ok(vec![1, 2, 3, 2, 5, 6]));
-        assert_eq!(what_moves(&slots, 1), Ok(slots.to_vec()));
-        assert!(what_moves(&slots[..11], 3).is_err(), "not whole slots");
-        assert_eq!(what_moves(&[], 3), Ok(vec![]));
+        assert_eq!(moved(&slots, 3), [1, 2, 3, 2, 5, 6]);
+        assert_eq!(moved(&slots, 1), slots);
+        assert_eq!(
+            moved(&slots[..11], 3),
+            [1, 2, 3],
+            "a slot not whole moves nothing"
+        );
+        assert_eq!(moved(&[], 3), []);
     }
 
     /// As few writes as the target's path allows, each of whole entries; a register's
