@@ -159,9 +159,9 @@ struct InFlight {
 /// enough to time out there (and the round trips measured are the channel's).
 pub const WINDOW: usize = 128;
 
-/// The bytes of the parts a timeout sends again at most (a window of a 1,500-byte path's
-/// parts; at least one part).
-const TIMEOUT_BYTES: usize = WINDOW * SMALL_PATH_BYTES;
+/// The bytes of the parts a timeout sends again at most, copies aside (eight parts of 64
+/// KiB; more than a window of a 1,500-byte path's parts; at least one part).
+const TIMEOUT_BYTES: usize = 8 * LARGEST_DATAGRAM_BYTES;
 
 /// Doublings of the timeout after timeouts in a row, at most: enough to outgrow a queue
 /// (which the window keeps short), few enough to keep trying under heavy loss.
@@ -398,8 +398,8 @@ impl WriteEngine {
                     || at.saturating_add(reordering_ns) < w.delivered_sent_ns
             })
         };
-        // A part times out a timeout after it went, or after the last part sent on a
-        // timeout, whichever is later: one part a timeout.
+        // A part times out a timeout after it went, or, where a timeout held parts back,
+        // after that timeout: the ones held back go a timeout later, not a poll later.
         let timed_out = |w: &InFlight, i: usize| {
             w.sent_at[i].is_some_and(|at| now_ns.saturating_sub(at.max(w.timeout_sent_ns)) >= rto)
         };
@@ -408,18 +408,18 @@ impl WriteEngine {
         // alone (a tail-loss probe, as TCP's), and its acknowledgement shows the others
         // lost. Sending them all again would, on a path slower than the parts come, queue
         // copies of parts still on their way.
-        // A timeout sends again the parts not acknowledged that went longest ago, as many
-        // as make a window of a 1,500-byte path's parts (all of a small write's; two of
-        // 64 KiB),
-        // and their acknowledgement shows which others are lost. Sending every part again
-        // would, where the switch is only slow to answer (committing a large write, or a
-        // long pass), queue copies of a whole write behind parts it holds already, and
-        // time them out again.
+        // A timeout sends again the parts not acknowledged that went longest ago, up to
+        // `TIMEOUT_BYTES` of them (every timed-out part of a write on a 1,500-byte path;
+        // eight of 64 KiB), and their acknowledgements show which others are lost: sending
+        // every part again would, where the switch is only slow to answer (committing a
+        // large write, or a long pass), queue copies of a whole write behind parts it
+        // holds already, and time them out again. The parts left go a timeout later.
         let per_timeout = (TIMEOUT_BYTES / part_bytes).max(1);
         let mut timed_out_parts: Vec<usize> = (0..w.parts.len())
             .filter(|&i| !w.acked[i] && timed_out(w, i))
             .collect();
         timed_out_parts.sort_by_key(|&i| w.sent_at[i]);
+        let held_back = timed_out_parts.len() > per_timeout;
         timed_out_parts.truncate(per_timeout);
         let any_timed_out = !timed_out_parts.is_empty();
         // A part that times out is the probe then.
@@ -470,8 +470,10 @@ impl WriteEngine {
                 w.tries[i] += 1;
             }
         }
-        if any_timed_out {
+        if held_back {
             w.timeout_sent_ns = now_ns;
+        }
+        if any_timed_out {
             self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         }
     }
@@ -1200,42 +1202,51 @@ mod tests {
     /// A part not acknowledged in time goes again as two copies, then four each time
     /// after, all counted as transmissions.
     /// A switch slow to answer (busy committing a large write) is not sent the whole
-    /// write again: a timeout sends again the parts that went longest ago, two of 64 KiB
-    /// a timeout, and the acknowledgement they bring back shows the rest held.
+    /// write again: a timeout sends again the parts that went longest ago, eight of 64 KiB
+    /// a timeout, the rest a timeout later, and the acknowledgement they bring back shows
+    /// all held.
     #[test]
     fn a_timeout_sends_a_few_large_parts_again_not_the_whole_write() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
         engine.path_carries(65_507);
         let mut stage = WriteStage::default();
         let state = Map::default();
-        let n = 4 * crate::wire::MAX_DATAGRAM_ENTRIES as u32;
+        let n = 12 * crate::wire::MAX_DATAGRAM_ENTRIES as u32;
         engine.submit(values(n, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
-        assert_eq!(out.len(), 4);
+        assert_eq!(out.len(), 12);
         let mut again = Vec::new();
         engine.poll(999_999, &mut again);
         assert!(again.is_empty(), "within the timeout");
-        let parts = |m: &[Message]| m.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
-        // The four went a nanosecond apart (see `poll`): all have timed out here.
-        engine.poll(1_000_003, &mut again);
-        assert_eq!(parts(&again), [0, 0, 1, 1], "two parts, as two copies each");
+        let parts = |m: &[Message]| {
+            let mut p: Vec<u64> = m.iter().map(|m| m.t_max >> 32).collect();
+            p.dedup();
+            p
+        };
+        // The twelve went a nanosecond apart (see `poll`): all have timed out here.
+        engine.poll(1_000_011, &mut again);
+        assert_eq!(again.len(), 16, "eight parts, as two copies each");
+        assert_eq!(parts(&again), (0..8).collect::<Vec<_>>());
         let mut later = Vec::new();
-        engine.poll(3_000_002, &mut later);
+        engine.poll(1_000_012, &mut later);
+        assert!(later.is_empty(), "the four held back wait a timeout");
+        engine.poll(3_000_010, &mut later);
         assert!(later.is_empty(), "the next timeout is twice as long");
-        engine.poll(3_000_003, &mut later);
+        // (The eight went again a nanosecond apart too.)
+        engine.poll(3_000_018, &mut later);
         assert_eq!(
             parts(&later),
-            [2, 2, 3, 3],
-            "then the two that went longest ago"
+            [0, 1, 2, 3, 8, 9, 10, 11],
+            "then the four held back, and four of the eight"
         );
         // The switch was slow, not the path: it took every first transmission.
         for part in &out {
             stage.on_part(part, &state).unwrap();
         }
         let ack = stage.on_part(&later[0], &state).unwrap();
-        let done = engine.on_ack(3_000_010, &ack).unwrap();
-        assert_eq!(done.transmissions, 4 + 4 + 4);
+        let done = engine.on_ack(3_000_030, &ack).unwrap();
+        assert_eq!(done.transmissions, 12 + 16 + 4 * 4 + 4 * 2);
     }
 
     /// Parts sent again together: the acknowledgement of a later one (named by the
