@@ -229,7 +229,11 @@ impl<C: ExactCodec> DeclaredTable<C> {
                 table.prefetch_key(key);
             }
             let ok = match &placing[i] {
-                Place::Delete(key) => table.delete(key),
+                // A key not held is deleted already: nothing to refuse.
+                Place::Delete(key) => {
+                    table.delete(key);
+                    true
+                }
                 // The profile first: one that does not exist changes nothing.
                 Place::Put(key, value, profile) => match table.find_id(key) {
                     Some(id) => {
@@ -245,10 +249,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
                 },
             };
             if !ok {
-                match placing[i] {
-                    Place::Delete(_) => placed.deleted -= 1,
-                    Place::Put(..) => placed.entries -= 1,
-                }
+                placed.entries -= 1;
                 placed.refused += 1;
             }
         }
