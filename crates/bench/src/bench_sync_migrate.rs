@@ -443,6 +443,8 @@ fn move_tables(
             eprintln!("loss {loss}: moving {n} connections {} times", a.moves);
             let mut row = Row::new(loss, n);
             let mut committed = target.committed();
+            // How the moves went: writes a move, parts a write (the last move's).
+            let mut shape = (0, 0);
             for _ in 0..a.moves {
                 std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
@@ -472,8 +474,13 @@ fn move_tables(
                 row.write_ms
                     .push((moved.done.iter()).map(|d| d.latency_ns as f64 / 1e6).sum());
                 row.sent_per_part.push(sent as f64 / parts.max(1) as f64);
+                shape = (moved.done.len(), parts);
             }
             rows.push(row);
+            eprintln!(
+                "loss {loss}: each move {} write(s), {} parts in all",
+                shape.0, shape.1
+            );
             let held = table_entries(target.stop_program()?.as_ref(), stride);
             let relayed = relay.stop()?;
             if held != want {

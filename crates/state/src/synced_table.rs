@@ -416,14 +416,8 @@ impl TableSync {
     /// Holds word `index` of a write until [`TableSync::commit`]; `false` past the state's
     /// end. A word staged again replaces the one before.
     pub fn stage(&mut self, index: u32, value: u64) -> bool {
-        if index >= self.length() {
-            return false;
-        }
-        if let Some(&(last, _)) = self.staged.last() {
-            self.staged_in_order &= last < index;
-        }
-        self.staged.push((index, value));
-        true
+        self.stage_run(index, &[value]);
+        index < self.length()
     }
 
     /// As [`TableSync::stage`] for `values` at `first`, `first + 1`, ...: those past the

@@ -357,17 +357,12 @@ impl WriteTarget for ProgramState<'_> {
     }
 
     fn write(&mut self, location: Location, value: u64) {
-        // A location past the state's end writes nothing; the collector's copy, sent
-        // back by the refresh, shows it.
-        let _ = self.0.write_synced(location.state, location.index, value);
-        if let Some(written) = &mut self.1
-            && self.0.synced_stride(location.state) == 1
-        {
-            written.push(location);
-        }
+        self.write_run(location, &[value]);
     }
 
     fn write_run(&mut self, first: Location, values: &[u64]) {
+        // A location past the state's end writes nothing; the collector's copy, sent
+        // back by the refresh, shows it.
         self.0.write_synced_run(first.state, first.index, values);
         if let Some(written) = &mut self.1
             && self.0.synced_stride(first.state) == 1
