@@ -89,6 +89,24 @@ pub fn narrowest_width(value: u64) -> usize {
     }
 }
 
+/// Appends each value of `run` in `width` bytes (one of [`narrowest_width`]'s), big-endian:
+/// a copy of a fixed size per value, where a slice of the value's bytes would be a call to
+/// copy a length known only then (a run's values are most of a message's encoding).
+fn put_values(run: &[Update], width: usize, out: &mut Vec<u8>) {
+    match width {
+        1 => out.extend(run.iter().map(|e| e.value as u8)),
+        2 => run
+            .iter()
+            .for_each(|e| out.extend_from_slice(&(e.value as u16).to_be_bytes())),
+        4 => run
+            .iter()
+            .for_each(|e| out.extend_from_slice(&(e.value as u32).to_be_bytes())),
+        _ => run
+            .iter()
+            .for_each(|e| out.extend_from_slice(&e.value.to_be_bytes())),
+    }
+}
+
 /// Whether `next` goes on the run that `last` ends: the next location of the same state,
 /// with the same threshold.
 fn continues_run(last: &Update, next: &Update) -> bool {
@@ -404,9 +422,7 @@ impl Message {
                 out.extend_from_slice(&first.location.index.to_be_bytes());
                 out.extend_from_slice(&(len as u32).to_be_bytes());
                 out.extend_from_slice(&first.threshold.to_be_bytes());
-                for e in run {
-                    out.extend_from_slice(&e.value.to_be_bytes()[8 - width..]);
-                }
+                put_values(run, width, out);
                 rest = after;
             }
         } else {
@@ -677,6 +693,24 @@ mod tests {
         m.encode(&mut bytes);
         assert_eq!(bytes[2] & FLAG_RUNS, FLAG_RUNS);
         assert_eq!(bytes.len(), HEADER_LEN + RUN_HEADER_LEN + 2 * 1000);
+        assert_eq!(Message::decode(&bytes), Ok(m.clone()));
+        // Each width, at both its ends: a run of a state each.
+        let edges = [
+            0xff,
+            0x100,
+            0xffff,
+            0x1_0000,
+            0xffff_ffff,
+            1 << 32,
+            u64::MAX,
+        ];
+        m.entries = (edges.iter().enumerate())
+            .flat_map(|(s, &v)| (0..3).map(move |i| at(s as u16, i, v, 0)))
+            .collect();
+        bytes.clear();
+        m.encode(&mut bytes);
+        let values: usize = [1, 2, 2, 4, 4, 8, 8].iter().map(|w| 3 * w).sum();
+        assert_eq!(bytes.len(), HEADER_LEN + 7 * RUN_HEADER_LEN + values);
         assert_eq!(Message::decode(&bytes), Ok(m.clone()));
         m.entries = vec![
             at(1, 7, 1, 0),
