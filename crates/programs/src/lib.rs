@@ -489,7 +489,8 @@ pub fn with_guarantees(
                     "`{name}` cannot be synced: the program does not track its changes (synced \
                      state today is a program's count-min sketch, `sketch` in hh, udpflood \
                      and synflood, and the tables `flows` in counter, `connections` in \
-                     conntrack, `macs` in l2 and `stations` in l2learn)"
+                     conntrack, `macs` in l2 and `stations` in l2learn; a table's slot \
+                     takes at most 64 words, 16 key fields and 16 parameters)"
                 ),
             ));
         }
@@ -640,6 +641,10 @@ impl Program for Guaranteed {
 
     fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
         self.inner.read_synced(id, index)
+    }
+
+    fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        self.inner.read_synced_run(id, first, out)
     }
 
     /// A value wider than its register's cells is refused (nothing written) and counted

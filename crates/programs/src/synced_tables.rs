@@ -26,6 +26,10 @@ macro_rules! synced_table_methods {
             self.$table.read_synced(id, index)
         }
 
+        fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+            self.$table.read_synced_run(id, first, out)
+        }
+
         fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
             self.$table.write_synced(id, index, value)
         }

@@ -243,6 +243,22 @@ pub trait Program: Send {
         None
     }
 
+    /// As [`Program::read_synced`] for the values from `first` on, into `out`; how many
+    /// were read (fewer past the state's end, none for an id not tracked). Override it
+    /// where one value costs the reading of its neighbours (a table's slot, encoded whole).
+    fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        let mut read = 0;
+        for o in out.iter_mut() {
+            let index = u32::try_from(read).ok().and_then(|n| first.checked_add(n));
+            match index.and_then(|index| self.read_synced(id, index)) {
+                Some(value) => *o = value,
+                None => break,
+            }
+            read += 1;
+        }
+        read
+    }
+
     /// Writes `value` at `index` of synced state `id` (a top-down write, which the sync
     /// stage commits between two bursts); the value it replaced, or `None` (nothing
     /// written) past its end or for an id not tracked. A value wider than the state's
@@ -292,6 +308,7 @@ pub trait Running: Send {
     fn synced(&self) -> Vec<(u16, u32)>;
     fn synced_stride(&self, id: u16) -> u32;
     fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
+    fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize;
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]);
     fn commit_synced_write(&mut self) -> u64;
@@ -375,6 +392,10 @@ impl<P: Program> Running for P {
 
     fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
         Program::read_synced(self, id, index)
+    }
+
+    fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        Program::read_synced_run(self, id, first, out)
     }
 
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {

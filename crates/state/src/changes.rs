@@ -1,11 +1,12 @@
 //! The changes of synced state, as the worker's sync stage takes them. A tracked register
-//! (and the count-min sketch built on one) marks the block of cells each change falls in
-//! (a tracked exact table, the slot), and keeps a copy of its cells as they were at the
-//! last take; a take compares the marked
+//! (and the count-min sketch built on one) marks the block of cells each change falls in,
+//! and keeps a copy of its cells as they were at the last take; a take compares the marked
 //! blocks with that copy and reports each cell that differs, once, with its value then and
 //! now. This is dirty-page tracking, as live migration of virtual machines does it: the
-//! data plane's path pays one bit set per change, the take pays for the blocks changed
+//! data plane's path pays one byte stored per change, the take pays for the blocks changed
 //! however often each changed, and state that is not tracked pays one predictable branch.
+//! (A tracked exact table marks its slots itself, and saves each one's entry at its first
+//! write instead of keeping a copy: [`crate::exact::ExactTable::take_written_slots`].)
 //!
 //! Must never: miss a cell changed since the last take, or report one that is back where
 //! it was then.
@@ -30,17 +31,9 @@ pub struct Dirty {
 }
 
 impl Dirty {
-    /// Marks of [`BLOCK`] cells: a register's, whose cells cost a word's compare each.
+    /// Marks of [`BLOCK`] cells.
     pub fn new(cells: usize) -> Dirty {
-        Dirty::with_block(cells, BLOCK.trailing_zeros())
-    }
-
-    /// A mark per cell: a table's, whose cells (slots) cost an entry's encoding each.
-    pub fn per_cell(cells: usize) -> Dirty {
-        Dirty::with_block(cells, 0)
-    }
-
-    fn with_block(cells: usize, shift: u32) -> Dirty {
+        let shift = BLOCK.trailing_zeros();
         Dirty {
             marks: vec![0; cells.div_ceil(1 << shift)].into_boxed_slice(),
             cells,
@@ -52,37 +45,6 @@ impl Dirty {
     #[inline]
     pub fn mark(&mut self, cell: usize) {
         self.marks[cell >> self.shift] = 1;
-    }
-
-    /// Cell `cell` may have changed in the ways of `bits` (a caller's own kinds of change,
-    /// kept together until the take: [`Dirty::take_cells`]).
-    #[inline]
-    pub fn mark_as(&mut self, cell: usize, bits: u8) {
-        self.marks[cell >> self.shift] |= bits;
-    }
-
-    /// As [`Dirty::take`] for marks of one cell each ([`Dirty::per_cell`]): calls `each`
-    /// with every marked cell, in order, and the bits it was marked with.
-    pub fn take_cells(&mut self, mut each: impl FnMut(usize, u8)) {
-        debug_assert_eq!(self.shift, 0, "marks of one cell each");
-        const WORD: usize = 8;
-        for (c, chunk) in self.marks.chunks_mut(WORD).enumerate() {
-            if unmarked(chunk) {
-                continue;
-            }
-            for (i, mark) in chunk.iter_mut().enumerate() {
-                let bits = std::mem::take(mark);
-                if bits != 0 {
-                    each(c * WORD + i, bits);
-                }
-            }
-        }
-    }
-
-    /// Whether cell `cell` may have changed since the last take.
-    #[inline]
-    pub fn is_marked(&self, cell: usize) -> bool {
-        self.marks.get(cell >> self.shift).is_some_and(|&m| m != 0)
     }
 
     pub fn mark_all(&mut self) {
@@ -151,25 +113,5 @@ mod tests {
         d.take(|r| got.push(r));
         assert_eq!(got.len(), 71, "every block, none past the last cell");
         assert_eq!(got.last(), Some(&(BLOCK * 70..BLOCK * 70 + 3)));
-        let mut d = Dirty::per_cell(20);
-        d.mark(19);
-        d.mark(3);
-        got.clear();
-        d.take(|r| got.push(r));
-        assert_eq!(got, [3..4, 19..20], "a table's marks are a slot each");
-        let mut d = Dirty::per_cell(20);
-        d.mark_as(19, 1);
-        d.mark_as(19, 2);
-        d.mark_as(4, 1);
-        let mut cells = Vec::new();
-        d.take_cells(|cell, bits| cells.push((cell, bits)));
-        assert_eq!(
-            cells,
-            [(4, 1), (19, 3)],
-            "each cell once, its kinds together"
-        );
-        cells.clear();
-        d.take_cells(|cell, bits| cells.push((cell, bits)));
-        assert!(cells.is_empty());
     }
 }

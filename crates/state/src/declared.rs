@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{MAX_STRIDE, Placed, SlotWords, TableSync};
+use crate::synced_table::{MAX_FIELDS, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -119,7 +119,7 @@ pub struct DeclaredTable<C: ExactCodec> {
     table: ExactTable<C::Key, C::Value>,
     decl: Declaration,
     outbox: Outbox,
-    /// With the table `synced`: its slots' words as the sync stage last took them.
+    /// With the table `synced`: its layout as synced state, and a write on its way.
     sync: Option<Box<TableSync>>,
     /// A synced write's entries on their way into the table (kept for the next write).
     placing: Vec<Place<C::Key, C::Value>>,
@@ -142,8 +142,8 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     /// An entry's words as synced state (with no key, its value's words only).
     fn encode(words: &SlotWords, key: Option<&C::Key>, value: &C::Value, out: &mut [u64]) {
-        let mut key_values = [0; MAX_STRIDE];
-        let mut params = [0; MAX_STRIDE];
+        let mut key_values = [0; MAX_FIELDS];
+        let mut params = [0; MAX_FIELDS];
         let key_values = &mut key_values[..words.key_fields()];
         if let Some(key) = key {
             C::key_values(key, key_values);
@@ -159,7 +159,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
             return None;
         }
         let words = SlotWords::of(&self.decl, C::COUNTING)?;
-        let sync = TableSync::start(id, words, &mut self.table, Self::encode)?;
+        let sync = TableSync::start(id, words, &mut self.table)?;
         let length = sync.length();
         self.sync = Some(Box::new(sync));
         Some(length)
@@ -179,8 +179,17 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     /// Word `index` of synced state `id`, if it is this table's.
     pub fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
-        let sync = self.sync.as_ref().filter(|s| s.id == id)?;
-        sync.read(&self.table, Self::encode, index)
+        let mut word = [0];
+        (self.read_synced_run(id, index, &mut word) == 1).then_some(word[0])
+    }
+
+    /// Words `first..` of synced state `id` into `out`, each slot encoded once; how many
+    /// (none if the state is not this table's, fewer past its end).
+    pub fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        match self.sync.as_ref().filter(|s| s.id == id) {
+            Some(sync) => sync.read_run(&self.table, Self::encode, first, out),
+            None => 0,
+        }
     }
 
     /// Holds word `index` of a write into synced state `id` until

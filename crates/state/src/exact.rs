@@ -28,7 +28,6 @@
 //! hash prefers, and along any probe sequence `dist` never rises by more than one from one
 //! slot to the next; an empty slot has `meta == 0`.
 
-use crate::changes::Dirty;
 use crate::table_key::TableKey;
 
 /// How a slot was written since the last take, as a marked table tells it.
@@ -43,6 +42,29 @@ pub enum SlotWrite {
 /// The marks of [`SlotWrite`]s.
 const VALUE: u8 = 1;
 const MOVED: u8 = 2;
+
+/// The slots of a synced table written since the sync stage last took them: a mark per
+/// slot, and each marked slot's entry as it was before its first write. The data plane
+/// saves that entry while it has the slot in its cache, so the take compares each slot
+/// with what it was without keeping a copy of the whole table (and reading it: a cache
+/// miss a slot).
+///
+/// Invariant: a slot is in `before` once, and only if its mark is set; every write to a
+/// slot's entry is preceded by [`ExactTable::written`] or [`ExactTable::value_mut`].
+#[derive(Clone, Debug)]
+struct Written<K, V> {
+    /// Per slot, the [`SlotWrite`] marks since the last take (0: not written).
+    marks: Box<[u8]>,
+    /// In the order first written.
+    before: Vec<Before<K, V>>,
+}
+
+/// A slot written since the last take, and its entry before then (none: it was empty).
+#[derive(Clone, Copy, Debug)]
+pub struct Before<K, V> {
+    pub slot: usize,
+    pub entry: Option<(K, V)>,
+}
 
 /// What happens when an entry's idle time runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +195,7 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     notification_limit: usize,
     /// With the table synced: the slots written since the sync stage last took them
     /// (entries added, moved, removed, or handed out to be updated in place).
-    dirty: Option<Dirty>,
+    written: Option<Box<Written<K, V>>>,
     pub stats: TableStats,
 }
 
@@ -221,37 +243,53 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
             sweep_cursor: 0,
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
-            dirty: None,
+            written: None,
             stats: TableStats::default(),
         }
     }
 
     /// Marks every slot written from now on, for [`ExactTable::take_written_slots`].
     pub fn mark_written_slots(&mut self) {
-        self.dirty = Some(Dirty::per_cell(self.slots.len()));
+        self.written = Some(Box::new(Written {
+            marks: vec![0; self.slots.len()].into_boxed_slice(),
+            before: Vec::new(),
+        }));
     }
 
-    /// Calls `each` with the slots written since the last call (or since marking began),
-    /// in order, and whether an entry came, went or moved there ([`SlotWrite::Moved`]) or
-    /// only its value may have changed in place; forgets them. Nothing if the table does
+    /// Calls `each` with every slot written since the last call (or since marking began),
+    /// once, in the order first written: the table, the slot, whether an entry came, went
+    /// or moved there ([`SlotWrite::Moved`]) or only its value may have changed in place,
+    /// and its entry before (none: it was empty); forgets them. Nothing if the table does
     /// not mark them.
-    pub fn take_written_slots(&mut self, mut each: impl FnMut(usize, SlotWrite)) {
-        if let Some(dirty) = &mut self.dirty {
-            dirty.take_cells(|slot, bits| {
-                let write = if bits & MOVED != 0 {
-                    SlotWrite::Moved
-                } else {
-                    SlotWrite::Value
-                };
-                each(slot, write);
-            });
+    pub fn take_written_slots(
+        &mut self,
+        mut each: impl FnMut(&Self, usize, SlotWrite, Option<&(K, V)>),
+    ) {
+        /// Slots looked ahead: the written slots of a large table are far apart, each a
+        /// cache miss, which the look ahead overlaps.
+        const AHEAD: usize = 8;
+        let Some(mut written) = self.written.take() else {
+            return;
+        };
+        for (n, before) in written.before.iter().enumerate() {
+            if let Some(next) = written.before.get(n + AHEAD) {
+                self.prefetch_slot(next.slot);
+                // The marks too: a large table's are far apart as well.
+                stateplane_mem::prefetch(&written.marks[next.slot]);
+            }
+            let how = match std::mem::take(&mut written.marks[before.slot]) {
+                bits if bits & MOVED != 0 => SlotWrite::Moved,
+                _ => SlotWrite::Value,
+            };
+            each(self, before.slot, how, before.entry.as_ref());
         }
+        written.before.clear();
+        self.written = Some(written);
     }
 
-    /// Hints that slot `i` will be read soon (a synced table's take walks its changed
-    /// slots, far apart in a large table).
+    /// Hints that slot `i` will be read soon.
     #[inline]
-    pub fn prefetch_slot(&self, i: usize) {
+    fn prefetch_slot(&self, i: usize) {
         if let Some(slot) = self.slots.get(i) {
             stateplane_mem::prefetch_whole(slot);
             stateplane_mem::prefetch(&self.meta[i]);
@@ -261,7 +299,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// Whether slot `i` was written since the last [`ExactTable::take_written_slots`]
     /// (true if the table does not mark them: it may have been).
     pub fn slot_written(&self, i: usize) -> bool {
-        self.dirty.as_ref().is_none_or(|d| d.is_marked(i))
+        (self.written.as_ref()).is_none_or(|w| w.marks.get(i).is_some_and(|&m| m != 0))
     }
 
     /// Slot `i`'s entry, if it holds one (expired or not): key, value and expiry profile.
@@ -270,11 +308,17 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         (self.meta[i] != 0).then_some((&s.key, &s.value, s.profile))
     }
 
-    /// An entry came to slot `i`, left it, or moved through it.
+    /// Slot `i` is about to be written in the ways of `bits`: marked, and on its first
+    /// write since the last take, its entry saved as it is.
     #[inline]
-    fn written(&mut self, i: usize) {
-        if let Some(dirty) = &mut self.dirty {
-            dirty.mark_as(i, MOVED);
+    fn written(&mut self, i: usize, bits: u8) {
+        if let Some(written) = &mut self.written {
+            let mark = &mut written.marks[i];
+            if *mark == 0 {
+                let entry = (self.meta[i] != 0).then(|| (self.slots[i].key, self.slots[i].value));
+                written.before.push(Before { slot: i, entry });
+            }
+            *mark |= bits;
         }
     }
 
@@ -434,9 +478,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// updatable entries, the slides' `@__ref`).
     #[inline]
     pub fn value_mut(&mut self, id: EntryId) -> &mut V {
-        if let Some(dirty) = &mut self.dirty {
-            dirty.mark_as(id.0 as usize, VALUE);
-        }
+        self.written(id.0 as usize, VALUE);
         &mut self.slots[id.0 as usize].value
     }
 
@@ -603,8 +645,8 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
                 }
                 let gone = (self.slots[i].key, self.slots[i].value);
                 self.retire_expired(i, now_ns);
+                self.written(i, MOVED);
                 self.slots[i] = entry;
-                self.written(i);
                 self.stats.adds += 1;
                 return Ok((EntryId(i as u32), Some(gone)));
             }
@@ -627,17 +669,17 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         loop {
             let m = self.meta[i];
             if m == 0 {
+                self.written(i, MOVED);
                 self.meta[i] = meta;
                 self.slots[i] = carry;
-                self.written(i);
                 self.len += 1;
                 self.stats.adds += 1;
                 return Ok((EntryId(placed as u32), None));
             }
             if (m >> TAG_BITS) < (meta >> TAG_BITS) {
+                self.written(i, MOVED);
                 std::mem::swap(&mut self.meta[i], &mut meta);
                 std::mem::swap(&mut self.slots[i], &mut carry);
-                self.written(i);
             }
             if (meta >> TAG_BITS) < MAX_DIST {
                 meta += 1 << TAG_BITS;
@@ -678,7 +720,7 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     fn remove_at(&mut self, mut i: usize) {
         self.len -= 1;
         loop {
-            self.written(i);
+            self.written(i, MOVED);
             let next = (i + 1) & self.mask;
             let m = self.meta[next];
             if m == 0 || (m >> TAG_BITS) == 1 {
@@ -833,7 +875,7 @@ impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
             sweep_cursor: self.sweep_cursor,
             notifications: self.notifications.clone(),
             notification_limit: self.notification_limit,
-            dirty: self.dirty.clone(),
+            written: self.written.clone(),
             stats: self.stats,
         }
     }
@@ -924,6 +966,8 @@ mod tests {
         Update(u16, u32),
         Tick(u64),
         Sweep,
+        /// The sync stage takes the slots written since it last did.
+        Take,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -937,7 +981,39 @@ mod tests {
             1 => (key, any::<u32>()).prop_map(|(k, v)| Op::Update(k, v)),
             1 => (0u64..4 * MS).prop_map(Op::Tick),
             1 => Just(Op::Sweep),
+            1 => Just(Op::Take),
         ]
+    }
+
+    /// The sync stage's side of a marked table: every slot's entry as of the last take.
+    struct Taken(Vec<Option<(u64, u32)>>);
+
+    impl Taken {
+        /// Takes the written slots, checking each is reported once with its entry as
+        /// taken last; then that every slot not reported is as taken last (none missed).
+        fn take(&mut self, t: &mut ExactTable<u64, u32>) -> Result<(), TestCaseError> {
+            let mut reported = vec![false; self.0.len()];
+            let mut checked = Ok(());
+            t.take_written_slots(|t, slot, how, before| {
+                let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
+                let then = std::mem::replace(&mut self.0[slot], now);
+                let once = !std::mem::replace(&mut reported[slot], true);
+                // Only a value changed in place: the same key there, before and after.
+                let in_place = how == SlotWrite::Value;
+                let same_key = then.map(|e| e.0) == now.map(|e| e.0) && now.is_some();
+                if checked.is_ok() && (!once || before.copied() != then || in_place && !same_key) {
+                    checked = Err(TestCaseError::fail(format!(
+                        "slot {slot}: once {once}, {how:?}, before {before:?}, taken {then:?}"
+                    )));
+                }
+            });
+            checked?;
+            for (slot, taken) in self.0.iter().enumerate() {
+                let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
+                prop_assert_eq!(now, *taken, "slot {} changed unreported", slot);
+            }
+            Ok(())
+        }
     }
 
     /// The reference: a map with the same semantics, no layout at all.
@@ -953,11 +1029,14 @@ mod tests {
 
         /// Random sequences of adds, lookups, in-place updates, deletes, timer restarts,
         /// clock ticks and sweeps give the same results as a plain map, and the Robin Hood
-        /// invariant holds after every step.
+        /// invariant holds after every step; the slots written between two takes are
+        /// reported once each, with their entries as the take before left them.
         #[test]
         fn behaves_like_a_map_with_timeouts(ops in proptest::collection::vec(op(), 1..400), seed in any::<u64>()) {
             let capacity = 200;
             let mut t: ExactTable<u64, u32> = ExactTable::new(capacity, &profiles(), seed);
+            t.mark_written_slots();
+            let mut taken = Taken(vec![None; t.slot_count()]);
             let mut m = Model::default();
             let mut now = 1_000 * MS;
             for op in ops {
@@ -1028,6 +1107,7 @@ mod tests {
                         }
                     }
                     Op::Tick(d) => now += d,
+                    Op::Take => taken.take(&mut t)?,
                     Op::Sweep => {
                         // A full sweep (budget = every slot) against the model's expiry.
                         t.sweep(now, usize::MAX);
@@ -1054,6 +1134,7 @@ mod tests {
                 t.check_invariant();
                 prop_assert_eq!(t.len(), m.map.len());
             }
+            taken.take(&mut t)?;
             for (k, e) in &m.map {
                 let id = t.find(k).map(|i| EntryId(i as u32));
                 prop_assert_eq!(id.map(|id| (*t.value(id), t.hits(id))), Some((e.0, e.4)));

@@ -30,6 +30,11 @@ use stateplane_api::{Declaration, Field, Kind, Match};
 /// Words a slot may take at most (a read of one word encodes its slot on the stack).
 pub const MAX_STRIDE: usize = 64;
 
+/// Key fields, and parameters of an action, a synced table may have at most (an entry's
+/// encoding holds their values on the stack, zeroed at each: a slot's worth of 128-bit
+/// values would be 1 KiB to clear per entry taken).
+pub const MAX_FIELDS: usize = 16;
+
 /// Words a field takes.
 fn words_of(field: &Field) -> usize {
     if field.bits > 64 { 2 } else { 1 }
@@ -197,87 +202,18 @@ fn checked(field: &Field, value: u128) -> Result<u128, String> {
     Ok(value)
 }
 
-/// The words of every slot as of the last take, in two parts, so that the take of a value
-/// changed in place (most changes: a packet counted) reads and writes only its part: the
-/// key's words, and the rest (the action word and the parameters).
-#[derive(Clone, Debug)]
-struct Taken {
-    keys: Vec<u64>,
-    values: Vec<u64>,
-    key_words: usize,
-    value_words: usize,
-}
-
-impl Taken {
-    fn new(slots: usize, words: &SlotWords) -> Taken {
-        let key_words = words.key_words();
-        let value_words = words.stride() - key_words;
-        Taken {
-            keys: vec![0; slots * key_words],
-            values: vec![0; slots * value_words],
-            key_words,
-            value_words,
-        }
-    }
-
-    fn is_key(&self, word: usize) -> bool {
-        (1..=self.key_words).contains(&word)
-    }
-
-    /// Where word `word` of slot `slot` is kept: in the keys' part, and its place there.
-    fn place(&self, slot: usize, word: usize) -> (bool, usize) {
-        if self.is_key(word) {
-            (true, slot * self.key_words + word - 1)
-        } else {
-            let w = if word == 0 { 0 } else { word - self.key_words };
-            (false, slot * self.value_words + w)
-        }
-    }
-
-    /// Word `word` of slot `slot`.
-    fn at(&mut self, slot: usize, word: usize) -> &mut u64 {
-        match self.place(slot, word) {
-            (true, i) => &mut self.keys[i],
-            (false, i) => &mut self.values[i],
-        }
-    }
-
-    fn get(&self, slot: usize, word: usize) -> u64 {
-        match self.place(slot, word) {
-            (true, i) => self.keys[i],
-            (false, i) => self.values[i],
-        }
-    }
-
-    /// Hints that slot `slot`'s words (its key's too, if `key`) will be read soon.
-    fn prefetch(&self, slot: usize, key: bool) {
-        let lines = |words: &[u64], n: usize| {
-            if let Some(first) = words.get(slot * n) {
-                stateplane_mem::prefetch(first);
-            }
-            if let Some(last) = (slot * n + n).checked_sub(1).and_then(|i| words.get(i)) {
-                stateplane_mem::prefetch(last);
-            }
-        };
-        lines(&self.values, self.value_words);
-        if key {
-            lines(&self.keys, self.key_words);
-        }
-    }
-}
-
-/// A synced table's side of the sync stage: its state id, layout, the words of every slot as
-/// of the last take, and the words of a write on its way to commit.
+/// A synced table's side of the sync stage: its state id, layout, and the words of a write
+/// on its way to commit. The table itself keeps what the take compares with (each written
+/// slot's entry before its first write: [`ExactTable::take_written_slots`]).
 #[derive(Clone, Debug)]
 pub struct TableSync {
     pub id: u16,
     pub words: SlotWords,
-    taken: Taken,
     /// Slots.
     slots: usize,
-    scratch: Vec<u64>,
-    /// The slots written since the last take, as the take gathers them.
-    written: Vec<(usize, SlotWrite)>,
+    /// A slot's words as they were, and as they are now.
+    then: Vec<u64>,
+    now: Vec<u64>,
     /// A write's words as they came (index, value), until it commits; and whether they
     /// came in order of index, one each (a write's parts mostly do), so that the commit
     /// need not sort them.
@@ -295,39 +231,28 @@ pub struct Placed {
 }
 
 impl TableSync {
-    /// Tracks `table` as state `id`: its slots marked when written, their words as now
-    /// what the first take compares with. `None` if a slot is wider than [`MAX_STRIDE`]
-    /// words, or its locations would not fit 32 bits.
+    /// Tracks `table` as state `id`: its slots marked when written. `None` if a slot is
+    /// wider than [`MAX_STRIDE`] words, has more than [`MAX_FIELDS`] key fields or
+    /// parameters, or its locations would not fit 32 bits.
     pub fn start<K: TableKey, V: Copy + Default>(
         id: u16,
         words: SlotWords,
         table: &mut ExactTable<K, V>,
-        encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
     ) -> Option<TableSync> {
         let stride = words.stride();
-        if stride > MAX_STRIDE {
+        if stride > MAX_STRIDE || words.key_fields() > MAX_FIELDS || words.params.len() > MAX_FIELDS
+        {
             return None;
         }
         let slots = table.slot_count();
         u32::try_from(slots.checked_mul(stride)?).ok()?;
         table.mark_written_slots();
-        let mut taken = Taken::new(slots, &words);
-        let mut scratch = vec![0; stride];
-        for slot in 0..slots {
-            if let Some((k, v, _)) = table.slot(slot) {
-                encode(&words, Some(k), v, &mut scratch);
-                for (w, &word) in scratch.iter().enumerate() {
-                    *taken.at(slot, w) = word;
-                }
-            }
-        }
         Some(TableSync {
             id,
-            scratch,
             words,
-            taken,
             slots,
-            written: Vec::new(),
+            then: vec![0; stride],
+            now: vec![0; stride],
             staged: Vec::new(),
             staged_in_order: true,
         })
@@ -345,72 +270,68 @@ impl TableSync {
         encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
         out: &mut Vec<Change>,
     ) {
-        /// Slots looked ahead: the written slots of a large table are far apart, each
-        /// (and its words as taken) a cache miss, which the look ahead overlaps.
-        const AHEAD: usize = 8;
         let TableSync {
             id,
             words,
-            taken,
-            scratch,
-            written,
+            then,
+            now,
             ..
         } = self;
-        table.take_written_slots(|slot, how| written.push((slot, how)));
         let stride = words.stride();
-        for (i, &(slot, how)) in written.iter().enumerate() {
-            if let Some(&(next, how)) = written.get(i + AHEAD) {
-                table.prefetch_slot(next);
-                taken.prefetch(next, how == SlotWrite::Moved);
-            }
+        table.take_written_slots(|table, slot, how, before| {
             let entry = table.slot(slot);
-            // A value changed in place leaves the key as taken: its words are not read.
-            let moved = how == SlotWrite::Moved || entry.is_none();
-            match entry {
-                Some((k, v, _)) => encode(words, moved.then_some(k), v, scratch),
-                None => scratch.fill(0),
-            }
-            for (w, &now) in scratch.iter().enumerate() {
-                if !moved && taken.is_key(w) {
-                    continue;
-                }
-                let then = taken.at(slot, w);
-                if *then != now {
+            // A value changed in place leaves the key as it was: its words are not read.
+            let moved = how == SlotWrite::Moved || entry.is_none() || before.is_none();
+            let encoded = |entry: Option<(&K, &V)>, out: &mut [u64]| match entry {
+                Some((k, v)) => encode(words, moved.then_some(k), v, out),
+                None => out.fill(0),
+            };
+            encoded(before.map(|(k, v)| (k, v)), then);
+            encoded(entry.map(|(k, v, _)| (k, v)), now);
+            let key_words = 1..=words.key_words();
+            for (w, (&then, &now)) in then.iter().zip(now.iter()).enumerate() {
+                if then != now && (moved || !key_words.contains(&w)) {
                     out.push(Change {
                         state: *id,
                         index: (slot * stride + w) as u32,
-                        old: *then,
+                        old: then,
                         new: now,
                         exact: !words.counting[w],
                     });
-                    *then = now;
                 }
             }
-        }
-        written.clear();
+        });
     }
 
-    /// The word at `index`, as the slot holds it now: as taken last, unless the slot was
-    /// written since (the refresh reads every word, mostly of slots unchanged).
-    pub fn read<K: TableKey, V: Copy + Default>(
+    /// The words from `first` on into `out`, as the slots hold them now, each slot encoded
+    /// once; how many (fewer past the state's end).
+    pub fn read_run<K: TableKey, V: Copy + Default>(
         &self,
         table: &ExactTable<K, V>,
         encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
-        index: u32,
-    ) -> Option<u64> {
+        first: u32,
+        out: &mut [u64],
+    ) -> usize {
         let stride = self.words.stride();
-        let (slot, word) = (index as usize / stride, index as usize % stride);
-        if slot >= self.slots {
-            return None;
-        }
-        if !table.slot_written(slot) {
-            return Some(self.taken.get(slot, word));
-        }
+        let room = self.length().saturating_sub(first) as usize;
+        let len = room.min(out.len());
+        let out = &mut out[..len];
         let mut words = [0; MAX_STRIDE];
-        if let Some((k, v, _)) = table.slot(slot) {
-            encode(&self.words, Some(k), v, &mut words[..stride]);
+        let mut index = first as usize;
+        let mut rest = &mut out[..];
+        while !rest.is_empty() {
+            let (slot, word) = (index / stride, index % stride);
+            match table.slot(slot) {
+                Some((k, v, _)) => encode(&self.words, Some(k), v, &mut words[..stride]),
+                None => words[..stride].fill(0),
+            }
+            let n = (stride - word).min(rest.len());
+            let (now, after) = rest.split_at_mut(n);
+            now.copy_from_slice(&words[word..word + n]);
+            rest = after;
+            index += n;
         }
-        Some(words[word])
+        out.len()
     }
 
     /// Holds word `index` of a write until [`TableSync::commit`]; `false` past the state's
@@ -565,6 +486,37 @@ mod tests {
         assert_eq!(words.counting, [false, true]);
     }
 
+    /// A run of words reads what the slots hold, across slots, whole or empty, and stops
+    /// at the state's end.
+    #[test]
+    fn a_run_reads_the_slots_as_they_are_and_stops_at_the_end() {
+        let mut table: ExactTable<u64, u64> =
+            ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
+        let sync = TableSync::start(3, SlotWords::of(&decl(), &[]).unwrap(), &mut table).unwrap();
+        for k in [11, 12, 13] {
+            table.add_entry(k, 0, 0, 0).unwrap();
+        }
+        // Word `w` of a slot holding key `k` is `100 * k + w`.
+        let encode = |_: &SlotWords, k: Option<&u64>, _: &u64, out: &mut [u64]| {
+            let k = k.copied().unwrap_or(0);
+            (out.iter_mut().enumerate()).for_each(|(w, o)| *o = 100 * k + w as u64);
+        };
+        let stride = sync.words.stride() as u32;
+        let word = |index: u32| match table.slot((index / stride) as usize) {
+            Some((k, _, _)) => 100 * k + u64::from(index % stride),
+            None => 0,
+        };
+        let length = sync.length();
+        let mut out = [7; 40];
+        for first in [0, 5, stride - 1, length - 40, length - 3, length, u32::MAX] {
+            let read = sync.read_run(&table, encode, first, &mut out);
+            assert_eq!(read, (length.saturating_sub(first) as usize).min(40));
+            for (i, &value) in out[..read].iter().enumerate() {
+                assert_eq!(value, word(first + i as u32), "word {}", first + i as u32);
+            }
+        }
+    }
+
     /// A write's groups are placed whole or refused: missing words, bad fields; an empty
     /// group is nothing, an action word of 0 with a key deletes it.
     #[test]
@@ -572,8 +524,7 @@ mod tests {
         let mut table: ExactTable<u64, u64> =
             ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
         let words = SlotWords::of(&decl(), &[]).unwrap();
-        let encode = |_: &SlotWords, _: Option<&u64>, _: &u64, out: &mut [u64]| out.fill(0);
-        let mut sync = TableSync::start(3, words, &mut table, encode).unwrap();
+        let mut sync = TableSync::start(3, words, &mut table).unwrap();
         let stride = sync.words.stride() as u32;
         assert_eq!(sync.length(), table.slot_count() as u32 * stride);
         let group = |g: u32, w: [u64; 7], sync: &mut TableSync| {

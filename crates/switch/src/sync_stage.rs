@@ -25,6 +25,7 @@
 use serde::Deserialize;
 use stateplane_runtime::{Context, Running, StateStage, StateStageFactory};
 use stateplane_state::changes::Change;
+use stateplane_state::synced_table::MAX_STRIDE;
 use stateplane_sync::Location;
 use stateplane_sync::rate::RateController;
 use stateplane_sync::sender::{Sender, SenderConfig, SyncedState, Threshold};
@@ -343,6 +344,54 @@ fn message_entries(socket: Option<&UdpSocket>) -> usize {
     (payload.saturating_sub(HEADER_LEN + MAC_LEN) / ENTRY_LEN).clamp(1, MAX_DATAGRAM_ENTRIES)
 }
 
+/// The program's synced state read a location at a time (as the refresh reads it) and whole
+/// entries at a time underneath: a table encodes a whole slot to read one of its words. Lives
+/// for one poll of the sender, during which the state does not change.
+struct EntryReader<'a> {
+    program: &'a dyn Running,
+    state: u16,
+    /// The locations `words` holds: `first..first + len`.
+    first: u32,
+    len: u32,
+    words: [u64; MAX_STRIDE],
+}
+
+impl<'a> EntryReader<'a> {
+    fn new(program: &'a dyn Running) -> Self {
+        EntryReader {
+            program,
+            state: 0,
+            first: 0,
+            len: 0,
+            words: [0; MAX_STRIDE],
+        }
+    }
+
+    /// The value at `location` (0 past its state's end).
+    fn read(&mut self, location: Location) -> u64 {
+        let Location { state, index } = location;
+        let held = index.checked_sub(self.first).filter(|&at| at < self.len);
+        if let (true, Some(at)) = (state == self.state, held) {
+            return self.words[at as usize];
+        }
+        // As many whole entries as the buffer holds: the refresh reads on from here.
+        let stride = self
+            .program
+            .synced_stride(state)
+            .clamp(1, MAX_STRIDE as u32);
+        let first = index - index % stride;
+        let words = &mut self.words[..(MAX_STRIDE as u32 / stride * stride) as usize];
+        let read = self.program.read_synced_run(state, first, words);
+        (self.state, self.first, self.len) = (state, first, read as u32);
+        let at = index - first;
+        if at < self.len {
+            self.words[at as usize]
+        } else {
+            0
+        }
+    }
+}
+
 /// The program's synced state, as the write stage reads and writes it, noting the
 /// locations written where given a set: a register's (a table's words are numbered by
 /// entry, not by slot: its entries land where their keys hash, and the changes they make
@@ -593,9 +642,9 @@ impl SyncStage {
             self.take_changes(program, now_ns);
         }
         let mut out = std::mem::take(&mut self.out);
-        let read = |l: Location| program.read_synced(l.state, l.index).unwrap_or(0);
+        let mut reader = EntryReader::new(program);
         if let Some(sender) = &mut self.sender {
-            sender.poll(now_ns, read, &mut out);
+            sender.poll(now_ns, |l| reader.read(l), &mut out);
         }
         self.out = out;
         self.send_out();
@@ -643,9 +692,9 @@ impl StateStage for SyncStage {
         let now_ns = self.now_ns();
         self.take_changes(program, now_ns);
         let mut out = std::mem::take(&mut self.out);
-        let read = |l: Location| program.read_synced(l.state, l.index).unwrap_or(0);
+        let mut reader = EntryReader::new(program);
         if let Some(sender) = &mut self.sender {
-            sender.finish(now_ns, read, &mut out);
+            sender.finish(now_ns, |l| reader.read(l), &mut out);
         }
         self.out = out;
         self.send_out();
@@ -791,6 +840,65 @@ mod tests {
         fn read_synced(&self, _id: u16, index: u32) -> Option<u64> {
             self.cells.read(index as usize).ok()
         }
+    }
+
+    /// Two states to read: 0 of 3-word entries (10 of them), read in runs and counted; 1 of
+    /// 100 single values, read one at a time (the default run). Location `i` of state `s`
+    /// holds `1000 * s + i + 1`.
+    struct Entries {
+        runs: std::cell::Cell<u32>,
+    }
+
+    impl Program for Entries {
+        type Prepared = ();
+
+        fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
+
+        fn synced_stride(&self, id: u16) -> u32 {
+            if id == 0 { 3 } else { 1 }
+        }
+
+        fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
+            let length = [30, 100].get(usize::from(id))?;
+            (index < *length).then(|| 1000 * u64::from(id) + u64::from(index) + 1)
+        }
+
+        fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+            if id == 0 {
+                self.runs.set(self.runs.get() + 1);
+            }
+            let values = (first..).map_while(|i| Program::read_synced(self, id, i));
+            out.iter_mut().zip(values).map(|(o, v)| *o = v).count()
+        }
+    }
+
+    /// The refresh's reads, location after location, come from whole entries read a
+    /// buffer's worth at a time, and give what one read each would: across states, back
+    /// to an earlier location, past a state's end (0).
+    #[test]
+    fn the_refresh_reads_whole_entries_and_each_location_as_it_is() {
+        let program = Entries {
+            runs: std::cell::Cell::new(0),
+        };
+        let running: &dyn Running = &program;
+        let mut reader = EntryReader::new(running);
+        let at = |state, index| Location { state, index };
+        for (state, length) in [(0, 30), (1, 100)] {
+            for index in 0..length {
+                let want = Program::read_synced(&program, state, index);
+                assert_eq!(Some(reader.read(at(state, index))), want);
+            }
+        }
+        assert_eq!(
+            program.runs.get(),
+            1,
+            "state 0's 30 words in one run (of 63 at most)"
+        );
+        assert_eq!(reader.read(at(0, 4)), 5, "back to state 0");
+        assert_eq!(reader.read(at(0, 30)), 0, "past the end");
+        assert_eq!(reader.read(at(0, u32::MAX)), 0);
+        assert_eq!(reader.read(at(1, 99)), 1100);
+        assert_eq!(reader.read(at(7, 0)), 0, "a state not tracked");
     }
 
     /// Bursts (each changing a cell) for `run`: the passes' count and their time.
