@@ -695,16 +695,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                     timeout_ms,
                 })
                 .map_err(|e| e.to_string())?;
-            for d in &r.done {
-                println!(
-                    "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms",
-                    d.stream,
-                    d.id,
-                    d.parts,
-                    d.transmissions,
-                    d.latency_ns as f64 / 1e6
-                );
-            }
+            print_writes_done(&r.done, at.switch)?;
         }
         SyncCommand::Migrate {
             from_switch,
@@ -732,16 +723,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                  state {state} ({} locations read, largest bound ±{}) into switch {to_switch}",
                 moved.entries, moved.values, moved.read, moved.largest_bound
             );
-            for d in &moved.done {
-                println!(
-                    "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms",
-                    d.stream,
-                    d.id,
-                    d.parts,
-                    d.transmissions,
-                    d.latency_ns as f64 / 1e6
-                );
-            }
+            print_writes_done(&moved.done, to_switch)?;
         }
         SyncCommand::Hh { app, keys } => {
             let text = match &keys {
@@ -1217,4 +1199,37 @@ fn notification(declarations: &[Declaration], n: &stateplane_control::pb::Notifi
         (k, _) => k,
     };
     format!("{} {what} {} {entry}", n.at_ns, n.table)
+}
+
+/// Prints each write committed, with what the switch refused of it; an error if it refused
+/// any (the write committed, and those entries are not in the switch).
+fn print_writes_done(
+    done: &[stateplane_control::sync_pb::WriteDone],
+    switch: u32,
+) -> CliResult<()> {
+    let mut refused = 0;
+    for d in done {
+        let said = match d.refused {
+            Some(0) => String::new(),
+            Some(n) => format!(", {n} refused"),
+            None => ", refusals not told (committed before its cancel)".to_string(),
+        };
+        println!(
+            "stream {}: write {} committed, {} parts ({} sent) in {:.3} ms{said}",
+            d.stream,
+            d.id,
+            d.parts,
+            d.transmissions,
+            d.latency_ns as f64 / 1e6
+        );
+        refused += d.refused.unwrap_or(0);
+    }
+    if refused > 0 {
+        return Err(format!(
+            "switch {switch} refused {refused} entries or values of the write whole (a full \
+             table, fields that do not fit its declaration, or a value wider than its \
+             register's cells; its log says which write): they are not in the switch"
+        ));
+    }
+    Ok(())
 }

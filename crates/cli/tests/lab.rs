@@ -1562,6 +1562,17 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     let own = copy_and_switch();
     let since: u64 = own[..256].iter().map(|(_, v)| v).sum();
     assert!(since < 50, "reset: only stray packets since ({since})");
+    // Values wider than the sketch's 32-bit cells commit as refused, and the write says
+    // so: an error naming how many, never "committed" alone.
+    let wide = ctl_sync(&lab, &["write", "0..4", "--fill", "4294967296"]);
+    assert!(!wide.status.success(), "{}", text(&wide));
+    assert!(
+        text(&wide).contains("write 2 committed")
+            && text(&wide).contains("4 refused")
+            && text(&wide).contains("refused 4 entries or values"),
+        "{}",
+        text(&wide)
+    );
 
     let out = interrupt(collector);
     assert!(out.status.success(), "{}", text(&out));

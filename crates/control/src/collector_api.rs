@@ -455,6 +455,7 @@ fn wait_for_writes(
                             parts: d.parts,
                             latency_ns: d.latency_ns,
                             transmissions: d.transmissions,
+                            refused: d.refused,
                         });
                         false
                     }

@@ -265,6 +265,7 @@ impl SyncPlan {
                 socket,
                 sender: None,
                 writes: WriteStage::default(),
+                acks: Vec::new(),
                 changes: Vec::new(),
                 written: Vec::new(),
                 out: Vec::new(),
@@ -313,6 +314,8 @@ struct SyncStage {
     /// Made at the first pass, from the state the program tracks.
     sender: Option<Sender>,
     writes: WriteStage,
+    /// Acknowledgements of the parts taken, held until the writes whole are committed.
+    acks: Vec<Message>,
     changes: Vec<Change>,
     /// Locations the writes committed since the last pass wrote: their changes go as a
     /// write's (`Sender::change_written`).
@@ -549,11 +552,7 @@ impl SyncStage {
                     let answer = self.writes.on_part(message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
-                    if let Some(ack) = answer {
-                        self.bytes.clear();
-                        ack.encode_with(self.key.as_ref(), &mut self.bytes);
-                        self.send_bytes();
-                    }
+                    self.acks.extend(answer);
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),
             }
@@ -617,6 +616,24 @@ impl SyncStage {
         any
     }
 
+    /// Takes the collector's datagrams and commits every write whole, then acknowledges the
+    /// parts taken: the acknowledgement of a write's last part says what became of it (its
+    /// entries refused), so the engine's "committed" is the switch's. Whether any write
+    /// committed.
+    fn exchange(&mut self, program: &mut dyn Running, now_ns: u64) -> bool {
+        self.receive(program, now_ns);
+        let committed = self.commit_writes(program);
+        let mut acks = std::mem::take(&mut self.acks);
+        for mut ack in acks.drain(..) {
+            self.writes.settle(&mut ack);
+            self.bytes.clear();
+            ack.encode_with(self.key.as_ref(), &mut self.bytes);
+            self.send_bytes();
+        }
+        self.acks = acks;
+        committed
+    }
+
     /// Between two bursts, or on a tick: a whole pass when its pace allows; otherwise the
     /// collector's datagrams taken (on a tick, at least every `RECEIVE_EVERY_NS`, and each
     /// time while a write's parts are arriving) and the writes whole committed, so that a
@@ -627,17 +644,16 @@ impl SyncStage {
             self.pass(program);
         } else if tick || self.writes.holds_parts() || now_ns >= self.next_receive_ns {
             self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
-            self.receive(program, now_ns);
-            self.commit_writes(program);
+            self.exchange(program, now_ns);
         }
     }
 
     fn pass(&mut self, program: &mut dyn Running) {
         let now_ns = self.now_ns();
         self.take_changes(program, now_ns);
-        self.receive(program, now_ns);
+        let committed = self.exchange(program, now_ns);
         self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
-        if self.commit_writes(program) {
+        if committed {
             // The writes' own changes go out with this pass.
             self.take_changes(program, now_ns);
         }

@@ -158,6 +158,8 @@ pub struct WriteLink {
     pub up: Channel,
     out: Vec<Message>,
     arrived: Vec<Vec<u8>>,
+    /// The stage's acknowledgements, held until the caller's commit.
+    held: Vec<Message>,
 }
 
 impl WriteLink {
@@ -167,12 +169,16 @@ impl WriteLink {
             up,
             out: Vec::new(),
             arrived: Vec::new(),
+            held: Vec::new(),
         }
     }
 
-    /// At `now_ns`: the engine's parts go down; those arrived reach the stage (reading
-    /// `state`), and its acknowledgements go up; those arrived reach the engine. The write
-    /// the engine sees completed, if one. Committing is the caller's, between its bursts.
+    /// At `now_ns`: the engine's parts go down; the stage's acknowledgements of the last
+    /// step go up, marked with what the commits since made of their writes
+    /// ([`WriteStage::settle`]: committing is the caller's, between its bursts, and a
+    /// switch holds its acknowledgements until then); the parts arrived reach the stage
+    /// (reading `state`); the acknowledgements arrived reach the engine. The write the
+    /// engine sees completed, if one.
     pub fn step(
         &mut self,
         now_ns: u64,
@@ -184,10 +190,14 @@ impl WriteLink {
         for m in self.out.drain(..) {
             let _ = self.down.send(now_ns, encoded(&m));
         }
+        for mut ack in self.held.drain(..) {
+            stage.settle(&mut ack);
+            let _ = self.up.send(now_ns, encoded(&ack));
+        }
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {
             if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
-                let _ = self.up.send(now_ns, encoded(&ack));
+                self.held.push(ack);
             }
         }
         self.up.deliver(now_ns, &mut self.arrived);

@@ -572,9 +572,10 @@ mod tests {
         let mut stage = WriteStage::default();
         let mut state = State(vec![0; 8]);
         let part = Message::decode(&sent[0].1).unwrap();
-        let ack = stage.on_part(&part, &state).unwrap();
+        let mut ack = stage.on_part(&part, &state).unwrap();
         assert!(stage.commit(&mut state).is_some());
         assert_eq!(state.0[7], 107);
+        stage.settle(&mut ack);
         let mut acks = vec![ack];
         // From another address, an acknowledgement is refused and completes nothing.
         send(&mut c, 2_000, &mut acks.clone(), "127.0.0.1:4001");
@@ -594,6 +595,16 @@ mod tests {
         assert_eq!(c.take_write(1, 0, id), None, "taken once");
     }
 
+    /// What a new switch answers `part` with, as its sync stage does: the part taken, the
+    /// write committed, the acknowledgement saying so.
+    fn answered(part: &Message) -> Message {
+        let (mut stage, mut state) = (WriteStage::default(), State(vec![0; 8]));
+        let mut ack = stage.on_part(part, &state).unwrap();
+        stage.commit(&mut state).unwrap();
+        stage.settle(&mut ack);
+        ack
+    }
+
     #[test]
     fn a_restarted_switch_abandons_the_writes_on_their_way() {
         let mut c = Collector::new(None, None);
@@ -611,11 +622,7 @@ mod tests {
         let mut sent = Vec::new();
         c.poll(1_000, false, &mut sent);
         let part = Message::decode(&sent[0].1).unwrap();
-        let mut acks = vec![
-            WriteStage::default()
-                .on_part(part, &State(vec![0; 8]))
-                .unwrap(),
-        ];
+        let mut acks = vec![answered(&part)];
         send(&mut c, 2_000, &mut acks, SWITCH);
         assert_eq!(
             c.take_write(1, 0, old),
@@ -719,8 +726,7 @@ mod tests {
         c.poll(10 * SILENT_NS + 1, false, &mut sent);
         let (_, bytes) = &sent[0];
         let part = Message::decode(bytes).unwrap();
-        let mut stage = WriteStage::default();
-        let ack = stage.on_part(&part, &State(vec![0; 8])).unwrap();
+        let ack = answered(&part);
         let mut ack_bytes = Vec::new();
         ack.encode(&mut ack_bytes);
         c.on_datagram(10 * SILENT_NS + 2, &ack_bytes, SWITCH.parse().unwrap());

@@ -109,6 +109,10 @@ pub struct Completed {
     /// The switch dropped the write at the collector's request ([`WriteEngine::cancel`]):
     /// nothing of it was committed.
     pub cancelled: bool,
+    /// Entries (or values) the switch's state refused whole as the write committed (a
+    /// full table, fields that do not fit its declaration); `None` where the switch did
+    /// not say (an abandon answered as committed already).
+    pub refused: Option<u64>,
 }
 
 /// What [`WriteEngine::cancel`] did.
@@ -126,6 +130,10 @@ pub const ABANDONED: u64 = 0;
 /// An abandon's acknowledgement (no entries): the write had committed, or was whole and
 /// commits at once.
 pub const COMMITTED_ALREADY: u64 = 1;
+/// An acknowledgement's `t_max` with this bit: its write has committed, and the bits
+/// below are the entries (or values) the state refused whole ([`Committed::refused`]).
+/// Without it, `t_max` is the parts held, or an abandon's answer.
+pub const COMMITTED: u64 = 1 << 63;
 
 struct InFlight {
     id: u64,
@@ -422,20 +430,23 @@ impl WriteEngine {
         let held_back = timed_out_parts.len() > per_timeout;
         timed_out_parts.truncate(per_timeout);
         let any_timed_out = !timed_out_parts.is_empty();
-        // A part that times out is the probe then.
+        // A part that times out is the probe then. With every part held and no word of
+        // the commit (its answer lost, or the switch yet to commit), the last part goes
+        // again: the switch answers a part of a committed write with what it refused.
         let all_sent = w.sent_at.iter().all(Option::is_some);
         let probe_part = (!any_timed_out
             && all_sent
             && w.left <= TAIL
             && now_ns.saturating_sub(w.last_event_ns) >= probe)
-            .then(|| (0..w.parts.len()).rev().find(|&i| !w.acked[i]))
+            .then(|| match (0..w.parts.len()).rev().find(|&i| !w.acked[i]) {
+                None => w.parts.len().checked_sub(1),
+                last => last,
+            })
             .flatten();
         let due = |w: &InFlight, i: usize| {
-            !w.acked[i]
-                && (w.sent_at[i].is_none()
-                    || seen_lost(w, i)
-                    || timed_out_parts.contains(&i)
-                    || probe_part == Some(i))
+            probe_part == Some(i)
+                || !w.acked[i]
+                    && (w.sent_at[i].is_none() || seen_lost(w, i) || timed_out_parts.contains(&i))
         };
         let mut outstanding = (0..w.parts.len())
             .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
@@ -492,7 +503,8 @@ impl WriteEngine {
                 return None;
             }
             let cancelled = ack.t_max == ABANDONED;
-            return self.finish(now_ns, cancelled);
+            let refused = (ack.t_max & COMMITTED != 0).then_some(ack.t_max & !COMMITTED);
+            return self.finish(now_ns, cancelled, refused);
         }
         w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
         w.last_event_ns = now_ns;
@@ -530,14 +542,17 @@ impl WriteEngine {
                 Some((srtt, rttvar)) => ((7 * srtt + r) / 8, (3 * rttvar + srtt.abs_diff(r)) / 4),
             });
         }
-        if self.current.as_ref()?.left > 0 {
+        // Done once the switch says the write committed (every part held is not enough:
+        // what the commit refused comes with that answer; `poll` asks for it).
+        if ack.t_max & COMMITTED == 0 {
             return None;
         }
-        self.finish(now_ns, false)
+        self.finish(now_ns, false, Some(ack.t_max & !COMMITTED))
     }
 
-    /// Ends the write in flight: seen through, or dropped by the switch (`cancelled`).
-    fn finish(&mut self, now_ns: u64, cancelled: bool) -> Option<Completed> {
+    /// Ends the write in flight: committed (with the entries refused, where the switch
+    /// said), or dropped by the switch (`cancelled`).
+    fn finish(&mut self, now_ns: u64, cancelled: bool, refused: Option<u64>) -> Option<Completed> {
         let w = self.current.take()?;
         Some(Completed {
             id: w.id,
@@ -545,6 +560,7 @@ impl WriteEngine {
             latency_ns: now_ns.saturating_sub(w.started_ns),
             transmissions: w.transmissions,
             cancelled,
+            refused,
         })
     }
 }
@@ -620,7 +636,13 @@ pub struct WriteStage {
     /// The ids of the last `REMEMBERED_ABANDONS` of them, so that a repeated abandon, or
     /// a late part, of one is answered as dropped, not as committed.
     abandoned_ids: VecDeque<u64>,
+    /// The last `REMEMBERED_COMMITS` writes committed and the entries each refused, so
+    /// that an acknowledgement lost on its way is answered again as it was.
+    commits: VecDeque<(u64, u64)>,
 }
+
+/// Writes committed whose refusals a stage remembers (the engine has one in flight).
+const REMEMBERED_COMMITS: usize = 64;
 
 /// Abandoned writes a stage remembers.
 const REMEMBERED_ABANDONS: usize = 64;
@@ -658,7 +680,9 @@ impl WriteStage {
             let all = (0..total.div_ceil(64))
                 .map(|word| bitmap_word(word, total, |_| true))
                 .collect();
-            return Some(part.answer(Kind::WriteAck, total as u64, all));
+            let mut ack = part.answer(Kind::WriteAck, total as u64, all);
+            self.settle(&mut ack);
+            return Some(ack);
         }
         if part.seq - self.committed_up_to > MAX_STAGED {
             self.refused += 1;
@@ -728,6 +752,8 @@ impl WriteStage {
         let whole = |s: &Staging| s.received == s.parts.len() as u64;
         let answer = if self.abandoned_ids.contains(&part.seq) {
             ABANDONED
+        } else if let Some(refused) = self.refused_by(part.seq) {
+            COMMITTED | refused.min(!COMMITTED)
         } else if part.seq < next || self.staged.get(&part.seq).is_some_and(whole) {
             COMMITTED_ALREADY
         } else if part.seq == next {
@@ -748,6 +774,26 @@ impl WriteStage {
 
     fn abandon_answer(part: &Message, answer: u64) -> Message {
         part.answer(Kind::WriteAck, answer, Vec::new())
+    }
+
+    /// The entries committed write `id` refused, if it is one of the last remembered.
+    fn refused_by(&self, id: u64) -> Option<u64> {
+        (self.commits.iter().rev())
+            .find(|&&(committed, _)| committed == id)
+            .map(|&(_, refused)| refused)
+    }
+
+    /// Marks `ack`, an acknowledgement of parts held, [`COMMITTED`] with the entries its
+    /// write refused if that write has committed since (the stage's caller holds the
+    /// acknowledgements of a pass until its commits, so that the one of a write's last
+    /// part says what became of the write).
+    pub fn settle(&self, ack: &mut Message) {
+        if ack.kind == Kind::WriteAck
+            && !ack.entries.is_empty()
+            && let Some(refused) = self.refused_by(ack.seq)
+        {
+            ack.t_max = COMMITTED | refused.min(!COMMITTED);
+        }
     }
 
     /// Whether parts of a write not committed yet are held (more are on their way).
@@ -797,6 +843,10 @@ impl WriteStage {
         run.flush(state);
         done.refused = state.finish();
         self.committed_up_to = next;
+        if self.commits.len() == REMEMBERED_COMMITS {
+            self.commits.pop_front();
+        }
+        self.commits.push_back((next, done.refused));
         Some(done)
     }
 }
@@ -883,6 +933,72 @@ mod tests {
                 mode,
             })
             .collect()
+    }
+
+    /// State that refuses a write's values past the first `room` (a table that fills).
+    struct Full {
+        map: Map,
+        room: usize,
+    }
+
+    impl WriteTarget for Full {
+        fn read(&self, l: Location) -> u64 {
+            self.map.read(l)
+        }
+        fn write(&mut self, l: Location, v: u64) {
+            self.map.write(l, v);
+        }
+        fn finish(&mut self) -> u64 {
+            self.map.0.len().saturating_sub(self.room) as u64
+        }
+    }
+
+    /// A write is done when the switch says it committed, with what it refused: every
+    /// part held is not enough. An acknowledgement of every part that does not say so
+    /// (lost, or sent before the commit) leaves the engine asking with the last part, and
+    /// the switch answers that again as often as asked.
+    #[test]
+    fn a_write_is_done_when_committed_and_says_what_the_switch_refused() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let mut state = Full {
+            map: Map::default(),
+            room: 100,
+        };
+        let id = engine.submit(values(150, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 3);
+        let acks: Vec<Message> = (out.iter())
+            .map(|part| stage.on_part(part, &state).unwrap())
+            .collect();
+        for ack in &acks {
+            assert_eq!(engine.on_ack(10_000, ack), None, "held, not committed yet");
+        }
+        let mut probe = Vec::new();
+        engine.poll(29_999, &mut probe);
+        assert!(probe.is_empty(), "within the probe's two round trips");
+        engine.poll(30_000, &mut probe);
+        assert_eq!(probe.len(), 2, "as two copies, as a probe goes");
+        assert!(
+            probe.iter().all(|m| m.t_max >> 32 == 2),
+            "the last part asks"
+        );
+        let committed = stage.commit(&mut state).unwrap();
+        assert_eq!((committed.values, committed.refused), (150, 50));
+        let answer = stage.on_part(&probe[0], &state).unwrap();
+        assert_eq!(answer.t_max, COMMITTED | 50);
+        assert_eq!(
+            stage.on_part(&out[0], &state).unwrap().t_max,
+            COMMITTED | 50,
+            "as often as asked"
+        );
+        let done = engine.on_ack(40_000, &answer).unwrap();
+        assert_eq!(
+            (done.id, done.refused, done.cancelled),
+            (id, Some(50), false)
+        );
+        assert!(engine.is_idle());
     }
 
     /// Once the stream's messages show the path carrying larger datagrams, writes go in
@@ -1043,16 +1159,18 @@ mod tests {
         engine.poll(30_000, &mut again);
         assert_eq!(again.len(), 2, "the part not acknowledged, as two copies");
         assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
-        let ack = stage.on_part(&again[0], &state).unwrap();
+        let mut ack = stage.on_part(&again[0], &state).unwrap();
         stage.on_part(&out[0], &state).unwrap();
         let done = stage.commit(&mut state).unwrap();
         assert_eq!((done.id, done.values), (id, 150));
         assert_eq!(state.0.len(), 150);
         assert_eq!(state.read(at(1, 2 * 149)), WIDE + 149);
         assert_eq!(stage.commit(&mut state), None, "committed once");
+        stage.settle(&mut ack);
+        assert_eq!(ack.t_max, COMMITTED, "committed, nothing refused");
         // A late duplicate of a committed write is acknowledged whole, not applied.
         let late = stage.on_part(&out[1], &state).unwrap();
-        assert_eq!(late.t_max, 3);
+        assert_eq!(late.t_max, COMMITTED);
         let done = engine.on_ack(60_000, &ack).unwrap();
         assert_eq!(
             (done.id, done.parts, done.transmissions),
@@ -1166,8 +1284,9 @@ mod tests {
         let mut state = Map::default();
         assert_eq!(stage.on_part(&bad, &state), None);
         assert_eq!(stage.refused, 1);
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let mut ack = stage.on_part(&out[0], &state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
+        stage.settle(&mut ack);
         assert!(engine.on_ack(5, &ack).is_some());
     }
 
@@ -1210,7 +1329,7 @@ mod tests {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
         engine.path_carries(65_507);
         let mut stage = WriteStage::default();
-        let state = Map::default();
+        let mut state = Map::default();
         let n = 12 * crate::wire::MAX_DATAGRAM_ENTRIES as u32;
         engine.submit(values(n, Mode::Set)).unwrap();
         let mut out = Vec::new();
@@ -1244,7 +1363,9 @@ mod tests {
         for part in &out {
             stage.on_part(part, &state).unwrap();
         }
-        let ack = stage.on_part(&later[0], &state).unwrap();
+        let mut ack = stage.on_part(&later[0], &state).unwrap();
+        stage.commit(&mut state).unwrap();
+        stage.settle(&mut ack);
         let done = engine.on_ack(3_000_030, &ack).unwrap();
         assert_eq!(done.transmissions, 12 + 16 + 4 * 4 + 4 * 2);
     }
@@ -1299,7 +1420,10 @@ mod tests {
         let mut stage = WriteStage::default();
         let mut out = Vec::new();
         engine.poll(4_000_000, &mut out);
-        let ack = stage.on_part(&out[0], &Map::default()).unwrap();
+        let mut state = Map::default();
+        let mut ack = stage.on_part(&out[0], &state).unwrap();
+        stage.commit(&mut state).unwrap();
+        stage.settle(&mut ack);
         let done = engine.on_ack(4_000_010, &ack).unwrap();
         assert_eq!(done.transmissions, 1 + 2 + 4 + 4 + 4);
     }
@@ -1341,11 +1465,13 @@ mod tests {
     fn the_timeout_follows_round_trips_longer_than_the_first_one() {
         let mut engine = WriteEngine::new(1, 1, 0, 200_000);
         let mut stage = WriteStage::default();
-        let state = Map::default();
+        let mut state = Map::default();
         engine.submit(values(1, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let mut ack = stage.on_part(&out[0], &state).unwrap();
+        stage.commit(&mut state).unwrap();
+        stage.settle(&mut ack);
         engine.on_ack(50_000_000, &ack).unwrap();
         assert!(engine.rto() >= 50_000_000, "{}", engine.rto());
         assert!(engine.rto() <= MAX_RTO_NS);
@@ -1456,9 +1582,11 @@ mod tests {
         // The next write goes, and commits.
         out.clear();
         engine.poll(30, &mut out);
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let mut ack = stage.on_part(&out[0], &state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(second));
-        assert!(!engine.on_ack(40, &ack).unwrap().cancelled);
+        stage.settle(&mut ack);
+        let done = engine.on_ack(40, &ack).unwrap();
+        assert_eq!((done.cancelled, done.refused), (false, Some(0)));
         // Cancelled once whole at the switch: answered as committed.
         let third = engine.submit(values(1, Mode::Set)).unwrap();
         out.clear();
@@ -1470,6 +1598,14 @@ mod tests {
         let answer = stage.on_part(&abandon[0], &state).unwrap();
         assert_eq!(answer.t_max, COMMITTED_ALREADY);
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(third));
-        assert!(!engine.on_ack(70, &answer).unwrap().cancelled);
+        let done = engine.on_ack(70, &answer).unwrap();
+        assert_eq!(
+            (done.cancelled, done.refused),
+            (false, None),
+            "committed, what it refused not told"
+        );
+        // An abandon of a write committed since is answered with what it refused.
+        let again = stage.on_part(&abandon[0], &state).unwrap();
+        assert_eq!(again.t_max, COMMITTED);
     }
 }
