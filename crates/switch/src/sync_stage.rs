@@ -265,7 +265,7 @@ impl SyncPlan {
                 socket,
                 sender: None,
                 writes: WriteStage::default(),
-                acks: Vec::new(),
+                answers: Vec::new(),
                 changes: Vec::new(),
                 written: Vec::new(),
                 out: Vec::new(),
@@ -314,8 +314,8 @@ struct SyncStage {
     /// Made at the first pass, from the state the program tracks.
     sender: Option<Sender>,
     writes: WriteStage,
-    /// Acknowledgements of the parts taken, held until the writes whole are committed.
-    acks: Vec<Message>,
+    /// The committed writes' answers on their way out (kept for the next).
+    answers: Vec<Message>,
     changes: Vec<Change>,
     /// Locations the writes committed since the last pass wrote: their changes go as a
     /// write's (`Sender::change_written`).
@@ -552,7 +552,11 @@ impl SyncStage {
                     let answer = self.writes.on_part(message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
-                    self.acks.extend(answer);
+                    if let Some(ack) = answer {
+                        self.bytes.clear();
+                        ack.encode_with(self.key.as_ref(), &mut self.bytes);
+                        self.send_bytes();
+                    }
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),
             }
@@ -616,21 +620,20 @@ impl SyncStage {
         any
     }
 
-    /// Takes the collector's datagrams and commits every write whole, then acknowledges the
-    /// parts taken: the acknowledgement of a write's last part says what became of it (its
-    /// entries refused), so the engine's "committed" is the switch's. Whether any write
-    /// committed.
+    /// Takes the collector's datagrams (acknowledging each part as it comes) and commits
+    /// every write whole, then answers each committed write with what its state refused:
+    /// the engine's "committed" is the switch's. Whether any write committed.
     fn exchange(&mut self, program: &mut dyn Running, now_ns: u64) -> bool {
         self.receive(program, now_ns);
         let committed = self.commit_writes(program);
-        let mut acks = std::mem::take(&mut self.acks);
-        for mut ack in acks.drain(..) {
-            self.writes.settle(&mut ack);
+        let mut answers = std::mem::take(&mut self.answers);
+        self.writes.take_answers(&mut answers);
+        for answer in answers.drain(..) {
             self.bytes.clear();
-            ack.encode_with(self.key.as_ref(), &mut self.bytes);
+            answer.encode_with(self.key.as_ref(), &mut self.bytes);
             self.send_bytes();
         }
-        self.acks = acks;
+        self.answers = answers;
         committed
     }
 

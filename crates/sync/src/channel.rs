@@ -158,8 +158,6 @@ pub struct WriteLink {
     pub up: Channel,
     out: Vec<Message>,
     arrived: Vec<Vec<u8>>,
-    /// The stage's acknowledgements, held until the caller's commit.
-    held: Vec<Message>,
 }
 
 impl WriteLink {
@@ -169,15 +167,13 @@ impl WriteLink {
             up,
             out: Vec::new(),
             arrived: Vec::new(),
-            held: Vec::new(),
         }
     }
 
-    /// At `now_ns`: the engine's parts go down; the stage's acknowledgements of the last
-    /// step go up, marked with what the commits since made of their writes
-    /// ([`WriteStage::settle`]: committing is the caller's, between its bursts, and a
-    /// switch holds its acknowledgements until then); the parts arrived reach the stage
-    /// (reading `state`); the acknowledgements arrived reach the engine. The write the
+    /// At `now_ns`: the engine's parts go down; the answers of the writes the caller
+    /// committed since the last step (between its bursts) go up
+    /// ([`WriteStage::take_answers`]); the parts arrived reach the stage (reading `state`),
+    /// and its acknowledgements go up; those arrived reach the engine. The write the
     /// engine sees completed, if one.
     pub fn step(
         &mut self,
@@ -190,14 +186,14 @@ impl WriteLink {
         for m in self.out.drain(..) {
             let _ = self.down.send(now_ns, encoded(&m));
         }
-        for mut ack in self.held.drain(..) {
-            stage.settle(&mut ack);
-            let _ = self.up.send(now_ns, encoded(&ack));
+        stage.take_answers(&mut self.out);
+        for answer in self.out.drain(..) {
+            let _ = self.up.send(now_ns, encoded(&answer));
         }
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {
             if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
-                self.held.push(ack);
+                let _ = self.up.send(now_ns, encoded(&ack));
             }
         }
         self.up.deliver(now_ns, &mut self.arrived);

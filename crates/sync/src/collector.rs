@@ -572,10 +572,10 @@ mod tests {
         let mut stage = WriteStage::default();
         let mut state = State(vec![0; 8]);
         let part = Message::decode(&sent[0].1).unwrap();
-        let mut ack = stage.on_part(&part, &state).unwrap();
+        stage.on_part(&part, &state).unwrap();
         assert!(stage.commit(&mut state).is_some());
         assert_eq!(state.0[7], 107);
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         let mut acks = vec![ack];
         // From another address, an acknowledgement is refused and completes nothing.
         send(&mut c, 2_000, &mut acks.clone(), "127.0.0.1:4001");
@@ -599,10 +599,16 @@ mod tests {
     /// write committed, the acknowledgement saying so.
     fn answered(part: &Message) -> Message {
         let (mut stage, mut state) = (WriteStage::default(), State(vec![0; 8]));
-        let mut ack = stage.on_part(part, &state).unwrap();
+        stage.on_part(part, &state).unwrap();
         stage.commit(&mut state).unwrap();
-        stage.settle(&mut ack);
-        ack
+        answer_of(&mut stage)
+    }
+
+    /// The answer of the write `stage` committed last.
+    fn answer_of(stage: &mut WriteStage) -> Message {
+        let mut answers = Vec::new();
+        stage.take_answers(&mut answers);
+        answers.remove(0)
     }
 
     #[test]

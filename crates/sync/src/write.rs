@@ -533,8 +533,9 @@ impl WriteEngine {
             w.latest_acked_order = w.latest_acked_order.max(w.sends[at].1);
         }
         // The acknowledgement carries the sending time of the part that brought it (as TCP's
-        // timestamps do): a round trip, whichever transmission that was.
-        if ack.sent_ns <= now_ns {
+        // timestamps do): a round trip, whichever transmission that was; not a commit's
+        // answer, which waited for the commit.
+        if ack.sent_ns <= now_ns && ack.t_max & COMMITTED == 0 {
             let r = now_ns - ack.sent_ns;
             self.backoff = 0;
             self.rtt = Some(match self.rtt {
@@ -607,6 +608,9 @@ struct Staging {
     baseline: HashMap<Location, u64>,
     /// The states with locations kept-changes as they were at the first part's arrival.
     snapshots: HashMap<u16, Vec<u64>>,
+    /// Once every part is held: the acknowledgement of the last to arrive, which the
+    /// commit sends again saying what became of the write.
+    whole: Option<Message>,
 }
 
 /// What a commit did.
@@ -637,12 +641,19 @@ pub struct WriteStage {
     /// a late part, of one is answered as dropped, not as committed.
     abandoned_ids: VecDeque<u64>,
     /// The last `REMEMBERED_COMMITS` writes committed and the entries each refused, so
-    /// that an acknowledgement lost on its way is answered again as it was.
+    /// that an answer lost on its way is given again as it was.
     commits: VecDeque<(u64, u64)>,
+    /// The answers of the writes committed since the last [`WriteStage::take_answers`].
+    answers: Vec<Message>,
 }
 
 /// Writes committed whose refusals a stage remembers (the engine has one in flight).
 const REMEMBERED_COMMITS: usize = 64;
+
+/// Copies of a commit's answer ([`WriteStage::take_answers`]): the engine is done only on
+/// it, and asks again only after two round trips (at 80% loss each way, one copy alone is
+/// lost four times in five; four, two in five).
+pub const ANSWER_COPIES: usize = 4;
 
 /// Abandoned writes a stage remembers.
 const REMEMBERED_ABANDONS: usize = 64;
@@ -695,6 +706,7 @@ impl WriteStage {
             values: 0,
             baseline: HashMap::new(),
             snapshots: HashMap::new(),
+            whole: None,
         });
         if staging.parts.len() != total {
             self.refused += 1;
@@ -741,7 +753,11 @@ impl WriteStage {
         let bits = (0..total.div_ceil(64))
             .map(|word| bitmap_word(word, total, held))
             .collect();
-        Some(part.answer(Kind::WriteAck, staging.received, bits))
+        let ack = part.answer(Kind::WriteAck, staging.received, bits);
+        if staging.received == total as u64 && staging.whole.is_none() {
+            staging.whole = Some(ack.clone());
+        }
+        Some(ack)
     }
 
     /// The collector cancelled write `part.seq`: dropped if it is the next to commit and
@@ -784,15 +800,23 @@ impl WriteStage {
     }
 
     /// Marks `ack`, an acknowledgement of parts held, [`COMMITTED`] with the entries its
-    /// write refused if that write has committed since (the stage's caller holds the
-    /// acknowledgements of a pass until its commits, so that the one of a write's last
-    /// part says what became of the write).
-    pub fn settle(&self, ack: &mut Message) {
+    /// write refused if that write has committed.
+    fn settle(&self, ack: &mut Message) {
         if ack.kind == Kind::WriteAck
             && !ack.entries.is_empty()
             && let Some(refused) = self.refused_by(ack.seq)
         {
             ack.t_max = COMMITTED | refused.min(!COMMITTED);
+        }
+    }
+
+    /// Appends the answers of the writes committed since the last call, each
+    /// [`ANSWER_COPIES`] times: an acknowledgement of the write's last part, [`COMMITTED`]
+    /// with the entries the state refused. (Each part is acknowledged as it arrives, so
+    /// that the round trips the engine measures are the path's, not a commit's.)
+    pub fn take_answers(&mut self, out: &mut Vec<Message>) {
+        for answer in self.answers.drain(..) {
+            out.extend(std::iter::repeat_n(answer, ANSWER_COPIES));
         }
     }
 
@@ -847,6 +871,10 @@ impl WriteStage {
             self.commits.pop_front();
         }
         self.commits.push_back((next, done.refused));
+        if let Some(mut answer) = staging.whole {
+            self.settle(&mut answer);
+            self.answers.push(answer);
+        }
         Some(done)
     }
 }
@@ -933,6 +961,14 @@ mod tests {
                 mode,
             })
             .collect()
+    }
+
+    /// The answer of the write `stage` committed last: the first of its copies.
+    fn answer_of(stage: &mut WriteStage) -> Message {
+        let mut answers = Vec::new();
+        stage.take_answers(&mut answers);
+        assert_eq!(answers.len(), ANSWER_COPIES, "one write's answer");
+        answers.remove(0)
     }
 
     /// State that refuses a write's values past the first `room` (a table that fills).
@@ -1159,14 +1195,14 @@ mod tests {
         engine.poll(30_000, &mut again);
         assert_eq!(again.len(), 2, "the part not acknowledged, as two copies");
         assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
-        let mut ack = stage.on_part(&again[0], &state).unwrap();
+        stage.on_part(&again[0], &state).unwrap();
         stage.on_part(&out[0], &state).unwrap();
         let done = stage.commit(&mut state).unwrap();
         assert_eq!((done.id, done.values), (id, 150));
         assert_eq!(state.0.len(), 150);
         assert_eq!(state.read(at(1, 2 * 149)), WIDE + 149);
         assert_eq!(stage.commit(&mut state), None, "committed once");
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         assert_eq!(ack.t_max, COMMITTED, "committed, nothing refused");
         // A late duplicate of a committed write is acknowledged whole, not applied.
         let late = stage.on_part(&out[1], &state).unwrap();
@@ -1284,9 +1320,9 @@ mod tests {
         let mut state = Map::default();
         assert_eq!(stage.on_part(&bad, &state), None);
         assert_eq!(stage.refused, 1);
-        let mut ack = stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         assert!(engine.on_ack(5, &ack).is_some());
     }
 
@@ -1363,9 +1399,9 @@ mod tests {
         for part in &out {
             stage.on_part(part, &state).unwrap();
         }
-        let mut ack = stage.on_part(&later[0], &state).unwrap();
+        stage.on_part(&later[0], &state).unwrap();
         stage.commit(&mut state).unwrap();
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         let done = engine.on_ack(3_000_030, &ack).unwrap();
         assert_eq!(done.transmissions, 12 + 16 + 4 * 4 + 4 * 2);
     }
@@ -1421,9 +1457,9 @@ mod tests {
         let mut out = Vec::new();
         engine.poll(4_000_000, &mut out);
         let mut state = Map::default();
-        let mut ack = stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &state).unwrap();
         stage.commit(&mut state).unwrap();
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         let done = engine.on_ack(4_000_010, &ack).unwrap();
         assert_eq!(done.transmissions, 1 + 2 + 4 + 4 + 4);
     }
@@ -1469,12 +1505,15 @@ mod tests {
         engine.submit(values(1, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
-        let mut ack = stage.on_part(&out[0], &state).unwrap();
-        stage.commit(&mut state).unwrap();
-        stage.settle(&mut ack);
-        engine.on_ack(50_000_000, &ack).unwrap();
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(engine.on_ack(50_000_000, &ack), None, "held, not committed");
         assert!(engine.rto() >= 50_000_000, "{}", engine.rto());
         assert!(engine.rto() <= MAX_RTO_NS);
+        // The commit's answer, which waited for the commit, measures no round trip.
+        let rto = engine.rto();
+        stage.commit(&mut state).unwrap();
+        engine.on_ack(900_000_000, &answer_of(&mut stage)).unwrap();
+        assert_eq!(engine.rto(), rto);
     }
 
     /// A register whose size the stage knows.
@@ -1582,9 +1621,9 @@ mod tests {
         // The next write goes, and commits.
         out.clear();
         engine.poll(30, &mut out);
-        let mut ack = stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(second));
-        stage.settle(&mut ack);
+        let ack = answer_of(&mut stage);
         let done = engine.on_ack(40, &ack).unwrap();
         assert_eq!((done.cancelled, done.refused), (false, Some(0)));
         // Cancelled once whole at the switch: answered as committed.
