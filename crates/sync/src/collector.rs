@@ -203,7 +203,7 @@ impl Collector {
             applied_ns: now_ns,
             longest_gap_ns: 0,
             threshold: m.t_max,
-            engine: WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS),
+            engine: new_engine(&m),
         });
         if peer.epoch != m.epoch {
             // The switch started again: its writes on the way are gone with its state.
@@ -218,7 +218,7 @@ impl Collector {
                 );
             }
             peer.epoch = m.epoch;
-            peer.engine = WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS);
+            peer.engine = new_engine(&m);
         }
         peer.addr = from;
         let gap = now_ns.saturating_sub(peer.applied_ns);
@@ -443,6 +443,17 @@ impl Collector {
     }
 }
 
+/// The write engine of the stream `m` came on. Its writes are numbered from a random id
+/// (below 2^62, so that no id wraps), so that a switch that outlived this collector's
+/// predecessor takes them as a new numbering, never as writes it committed already.
+fn new_engine(m: &Message) -> WriteEngine {
+    use std::hash::{BuildHasher, Hasher};
+    let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+    random.write_u32(m.epoch);
+    let first_id = random.finish() >> 2;
+    WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS).numbered_from(first_id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,10 +632,11 @@ mod tests {
         sender(8).poll(0, |_| 0, &mut out);
         send(&mut c, 0, &mut out, SWITCH);
         assert_eq!(c.streams()[0].epoch, 8);
-        // The new run numbers its writes from 1 again: its first write, seen through
-        // before anyone asks after the old one, is not the old one's outcome.
+        // The new run's writes are numbered afresh (from a random id, as each engine's
+        // are): its first write, seen through before anyone asks after the old one, is not
+        // the old one's outcome.
         let new = c.write(1, 0, Vec::new()).unwrap();
-        assert_eq!((old.id, new.id), (1, 1));
+        assert_ne!(old, new);
         let mut sent = Vec::new();
         c.poll(1_000, false, &mut sent);
         let part = Message::decode(&sent[0].1).unwrap();
@@ -715,7 +727,7 @@ mod tests {
             value: 9,
             mode: Mode::Set,
         }];
-        c.write(1, 0, one).unwrap();
+        let first = c.write(1, 0, one).unwrap();
         let parts = |c: &mut Collector, now| {
             let mut sent = Vec::new();
             c.poll(now, false, &mut sent);
@@ -736,7 +748,6 @@ mod tests {
         let mut ack_bytes = Vec::new();
         ack.encode(&mut ack_bytes);
         c.on_datagram(10 * SILENT_NS + 2, &ack_bytes, SWITCH.parse().unwrap());
-        let first = WriteTicket { epoch: 7, id: 1 };
         assert!(matches!(c.take_write(1, 0, first), Some(Ok(_))));
         // That stream has been quiet for 10 s once: 50 s of quiet is not yet gone.
         c.write(1, 0, vec![]).unwrap();

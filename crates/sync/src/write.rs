@@ -247,6 +247,15 @@ impl WriteEngine {
         }
     }
 
+    /// Numbers the writes from `first_id` on (1 by default). A collector numbers its
+    /// engines' writes from a random id, as TCP numbers its bytes: a switch that outlived
+    /// a collector before it then takes the new one's writes as a new numbering, not as
+    /// writes it committed already ([`WriteStage::on_part`]).
+    pub fn numbered_from(mut self, first_id: u64) -> WriteEngine {
+        self.next_id = first_id.max(1);
+        self
+    }
+
     /// A datagram of `bytes` came from the stream whole: the path back carries parts as
     /// large (up to the largest datagram), so writes started from now on are cut into
     /// fewer, larger parts (on loopback about 47 times fewer).
@@ -594,7 +603,8 @@ fn write_message(
 }
 
 /// Writes a stage holds parts of at most, counted from the next to commit: the engine
-/// sends one at a time, so parts of others are garbage, refused before they take memory.
+/// sends one at a time, so a part further ahead is another collector's numbering (one that
+/// started again), which the stage takes up, dropping what it held.
 pub const MAX_STAGED: u64 = 16;
 
 /// A write whose parts are arriving.
@@ -637,6 +647,9 @@ pub struct WriteStage {
     pub refused: u64,
     /// Writes dropped at the collector's request before they committed.
     pub abandoned: u64,
+    /// Times a part came more than [`MAX_STAGED`] writes past the last commit: a new
+    /// numbering (a collector that started again), taken up from that write.
+    pub renumbered: u64,
     /// The ids of the last `REMEMBERED_ABANDONS` of them, so that a repeated abandon, or
     /// a late part, of one is answered as dropped, not as committed.
     abandoned_ids: VecDeque<u64>,
@@ -696,8 +709,14 @@ impl WriteStage {
             return Some(ack);
         }
         if part.seq - self.committed_up_to > MAX_STAGED {
-            self.refused += 1;
-            return None;
+            // Never the same collector's (it has one write on its way, after the ones
+            // committed or dropped): another's, numbered from a random id, which takes
+            // over. What was held of the one before is gone with it.
+            self.staged.clear();
+            self.commits.clear();
+            self.abandoned_ids.clear();
+            self.committed_up_to = part.seq - 1;
+            self.renumbered += 1;
         }
         let held: usize = self.staged.values().map(|s| s.values).sum();
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
@@ -961,6 +980,51 @@ mod tests {
                 mode,
             })
             .collect()
+    }
+
+    /// A collector that starts again numbers its writes afresh, from a random id: the
+    /// switch, which committed writes 1 to 3 of the collector before, commits the new one's
+    /// first write (a numbering of 1 again would be answered "committed" and dropped), and
+    /// forgets what it held of the old one.
+    #[test]
+    fn a_restarted_collectors_writes_commit_and_the_old_ones_left_go() {
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        let mut old = WriteEngine::new(1, 1, 0, 1_000_000);
+        for _ in 0..3 {
+            old.submit(values(1, Mode::Set)).unwrap();
+            let mut out = Vec::new();
+            old.poll(0, &mut out);
+            stage.on_part(&out[0], &state).unwrap();
+            stage.commit(&mut state).unwrap();
+            old.on_ack(10, &answer_of(&mut stage)).unwrap();
+        }
+        // The old collector's fourth write, half sent when it went away.
+        old.submit(values(100, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        old.poll(0, &mut out);
+        stage.on_part(&out[0], &state).unwrap();
+        assert!(stage.holds_parts());
+
+        let mut new = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(1 << 40);
+        let id = new.submit(vec![Written {
+            location: at(1, 8),
+            value: 77,
+            mode: Mode::Set,
+        }]);
+        assert_eq!(id, Ok(1 << 40));
+        let mut out = Vec::new();
+        new.poll(0, &mut out);
+        let ack = stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(ack.t_max, 1, "held, not taken as committed");
+        let done = stage.commit(&mut state).unwrap();
+        assert_eq!((done.id, state.read(at(1, 8))), (1 << 40, 77));
+        assert!(!stage.holds_parts(), "the old collector's write is gone");
+        assert_eq!(
+            new.on_ack(20, &answer_of(&mut stage)).map(|d| d.id),
+            Some(1 << 40)
+        );
+        assert_eq!(stage.renumbered, 1);
     }
 
     /// The answer of the write `stage` committed last: the first of its copies.
