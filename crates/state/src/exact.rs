@@ -296,12 +296,6 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
-    /// Whether slot `i` was written since the last [`ExactTable::take_written_slots`]
-    /// (true if the table does not mark them: it may have been).
-    pub fn slot_written(&self, i: usize) -> bool {
-        (self.written.as_ref()).is_none_or(|w| w.marks.get(i).is_some_and(|&m| m != 0))
-    }
-
     /// Slot `i`'s entry, if it holds one (expired or not): key, value and expiry profile.
     pub fn slot(&self, i: usize) -> Option<(&K, &V, u8)> {
         let s = self.slots.get(i)?;

@@ -604,7 +604,8 @@ fn write_message(
 
 /// Writes a stage holds parts of at most, counted from the next to commit: the engine
 /// sends one at a time, so a part further ahead is another collector's numbering (one that
-/// started again), which the stage takes up, dropping what it held.
+/// started again), which the stage takes up, dropping what it held
+/// (`WriteStage::of_another_numbering`).
 pub const MAX_STAGED: u64 = 16;
 
 /// A write whose parts are arriving.
@@ -647,8 +648,9 @@ pub struct WriteStage {
     pub refused: u64,
     /// Writes dropped at the collector's request before they committed.
     pub abandoned: u64,
-    /// Times a part came more than [`MAX_STAGED`] writes past the last commit: a new
-    /// numbering (a collector that started again), taken up from that write.
+    /// Times a part of another numbering than the writes taken before (a collector that
+    /// started again) came, and the stage took it up from that write
+    /// (`of_another_numbering`).
     pub renumbered: u64,
     /// The ids of the last `REMEMBERED_ABANDONS` of them, so that a repeated abandon, or
     /// a late part, of one is answered as dropped, not as committed.
@@ -696,6 +698,17 @@ impl WriteStage {
             self.refused += 1;
             return None;
         }
+        if self.of_another_numbering(part.seq) {
+            // Another collector's (one that started again, numbering from a random id),
+            // which takes over: what was held of the one before is gone with it.
+            if self.committed_up_to > 0 || !self.staged.is_empty() {
+                self.renumbered += 1;
+            }
+            self.staged.clear();
+            self.commits.clear();
+            self.abandoned_ids.clear();
+            self.committed_up_to = part.seq - 1;
+        }
         if self.abandoned_ids.contains(&part.seq) {
             return Some(Self::abandon_answer(&part, ABANDONED));
         }
@@ -707,16 +720,6 @@ impl WriteStage {
             let mut ack = part.answer(Kind::WriteAck, total as u64, all);
             self.settle(&mut ack);
             return Some(ack);
-        }
-        if part.seq - self.committed_up_to > MAX_STAGED {
-            // Never the same collector's (it has one write on its way, after the ones
-            // committed or dropped): another's, numbered from a random id, which takes
-            // over. What was held of the one before is gone with it.
-            self.staged.clear();
-            self.commits.clear();
-            self.abandoned_ids.clear();
-            self.committed_up_to = part.seq - 1;
-            self.renumbered += 1;
         }
         let held: usize = self.staged.values().map(|s| s.values).sum();
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
@@ -785,7 +788,11 @@ impl WriteStage {
     fn on_abandon(&mut self, part: &Message) -> Option<Message> {
         let next = self.committed_up_to + 1;
         let whole = |s: &Staging| s.received == s.parts.len() as u64;
-        let answer = if self.abandoned_ids.contains(&part.seq) {
+        let answer = if self.of_another_numbering(part.seq) {
+            // A write of another collector's numbering that never arrived: nothing of it
+            // is held, so nothing of it commits.
+            ABANDONED
+        } else if self.abandoned_ids.contains(&part.seq) {
             ABANDONED
         } else if let Some(refused) = self.refused_by(part.seq) {
             COMMITTED | refused.min(!COMMITTED)
@@ -809,6 +816,18 @@ impl WriteStage {
 
     fn abandon_answer(part: &Message, answer: u64) -> Message {
         part.answer(Kind::WriteAck, answer, Vec::new())
+    }
+
+    /// Whether write `id` is outside the numbering of the writes this stage took: more
+    /// than [`MAX_STAGED`] past the last commit, or further behind it than the commits and
+    /// abandons it remembers. The engine sends one write at a time, after the ones
+    /// committed or dropped, so its parts and late copies of them never are: such an id is
+    /// another collector's (one that started again, numbering from a random id, above the
+    /// last one's or below).
+    fn of_another_numbering(&self, id: u64) -> bool {
+        let remembered = REMEMBERED_COMMITS.max(REMEMBERED_ABANDONS) as u64;
+        id > self.committed_up_to.saturating_add(MAX_STAGED)
+            || id.saturating_add(remembered) < self.committed_up_to
     }
 
     /// The entries committed write `id` refused, if it is one of the last remembered.
@@ -1025,6 +1044,24 @@ mod tests {
             Some(1 << 40)
         );
         assert_eq!(stage.renumbered, 1);
+
+        // A collector after it numbering below it (random ids fall either side): not
+        // answered "committed already", whether its write comes or only its cancel.
+        let mut third = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(5);
+        third.submit(values(1, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        third.poll(0, &mut out);
+        let abandon = Message {
+            t_max: 0,
+            entries: Vec::new(),
+            ..out[0].clone()
+        };
+        assert_eq!(stage.on_part(&abandon, &state).unwrap().t_max, ABANDONED);
+        assert_eq!(stage.on_part(&out[0], &state).unwrap().t_max, 1, "held");
+        assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(5));
+        assert_eq!(stage.renumbered, 2);
+        // Its own write, committed, sent again: answered as committed.
+        assert_eq!(stage.on_part(&out[0], &state).unwrap().t_max, COMMITTED);
     }
 
     /// The answer of the write `stage` committed last: the first of its copies.
