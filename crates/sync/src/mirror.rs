@@ -25,6 +25,7 @@
 use crate::sender::SyncedState;
 use crate::wire::{Kind, Message};
 use crate::{Location, Update, divergence_bound};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 /// The largest thresholds since each message, kept short: entries beyond this are merged
@@ -113,6 +114,48 @@ impl Cells {
         sparse.max(self.dense.len() as u32)
     }
 
+    /// As [`Values::hold`] for entries of this state; the locations new to it.
+    fn hold(&mut self, entries: &[Update], seq: u64, bounded_from: u64) -> usize {
+        let dense_end = (entries.iter())
+            .map(|e| e.location.index)
+            .filter(|&i| i < DENSE_INDEXES)
+            .max();
+        if let Some(last) = dense_end
+            && last as usize >= self.dense.len()
+        {
+            self.dense.resize(last as usize + 1, NEVER);
+        }
+        let mut new = 0;
+        for e in entries {
+            let held = Held {
+                value: e.value,
+                seq,
+                bounded_from,
+            };
+            let index = e.location.index;
+            if index < DENSE_INDEXES {
+                let cell = &mut self.dense[index as usize];
+                if cell.seq <= seq {
+                    new += usize::from(cell.seq == 0);
+                    *cell = held;
+                }
+                continue;
+            }
+            match self.sparse.entry(index) {
+                Entry::Occupied(mut o) => {
+                    if o.get().seq <= seq {
+                        o.insert(held);
+                    }
+                }
+                Entry::Vacant(v) => {
+                    v.insert(held);
+                    new += 1;
+                }
+            }
+        }
+        new
+    }
+
     fn get(&self, index: u32) -> Option<&Held> {
         if index < DENSE_INDEXES {
             self.dense.get(index as usize).filter(|h| h.seq > 0)
@@ -127,18 +170,23 @@ impl Values {
         self.states.get(&at.state)?.get(at.index)
     }
 
-    fn insert(&mut self, at: Location, held: Held) {
-        let cells = self.states.entry(at.state).or_default();
-        let new = if at.index < DENSE_INDEXES {
-            let i = at.index as usize;
-            if i >= cells.dense.len() {
-                cells.dense.resize(i + 1, NEVER);
-            }
-            std::mem::replace(&mut cells.dense[i], held).seq == 0
-        } else {
-            cells.sparse.insert(at.index, held).is_none()
-        };
-        self.count += usize::from(new);
+    /// Holds each entry's value, from message `seq` bounded from `bounded_from`, where no
+    /// later message carried its location (one held from message `seq` itself is an
+    /// earlier entry of it, which a later one follows). A state's cells are looked up
+    /// once for the entries of it in a row (a message's are mostly one state's).
+    fn hold(&mut self, entries: &[Update], seq: u64, bounded_from: u64) {
+        let mut rest = entries;
+        while let Some(first) = rest.first() {
+            let state = first.location.state;
+            let n = rest
+                .iter()
+                .take_while(|e| e.location.state == state)
+                .count();
+            let (these, after) = rest.split_at(n);
+            let cells = self.states.entry(state).or_default();
+            self.count += cells.hold(these, seq, bounded_from);
+            rest = after;
+        }
     }
 
     /// Every location held, in order.
@@ -240,16 +288,7 @@ impl StreamView {
         if m.kind == Kind::Layout {
             return self.take_layout(m);
         }
-        for e in &m.entries {
-            if self.values.get(e.location).is_none_or(|h| h.seq <= m.seq) {
-                let held = Held {
-                    value: e.value,
-                    seq: m.seq,
-                    bounded_from,
-                };
-                self.values.insert(e.location, held);
-            }
-        }
+        self.values.hold(&m.entries, m.seq, bounded_from);
     }
 
     /// Values older than the latest loss not repaired yet are unbounded.
@@ -712,6 +751,32 @@ mod tests {
 
     fn at(index: u32) -> Location {
         Location { state: 0, index }
+    }
+
+    /// A message's entries of several states, in turns, each land in their own state
+    /// (a state's cells are looked up once for its entries in a row), a location twice
+    /// in one message keeps the later entry, and the locations are counted once each.
+    #[test]
+    fn entries_of_several_states_in_turns_land_each_in_its_state() {
+        let mut m = Mirror::new(None);
+        let mut message = msg(1, 0, &[(0, 1), (1, 2), (0, 3), (DENSE_INDEXES + 1, 4)]);
+        message.entries[1].location.state = 7;
+        message.entries.push(Update {
+            location: Location { state: 7, index: 1 },
+            value: 5,
+            threshold: 0,
+        });
+        m.apply(&message).unwrap();
+        let value = |state, index| m.read(1, 0, Location { state, index }).map(|r| r.value);
+        assert_eq!(value(0, 0), Some(3), "the later entry of location 0");
+        assert_eq!(value(7, 1), Some(5));
+        assert_eq!(
+            value(0, 1),
+            Some(0),
+            "state 0's location 1 was never carried"
+        );
+        assert_eq!(value(0, DENSE_INDEXES + 1), Some(4));
+        assert_eq!(m.held_count(1, 0), 3);
     }
 
     #[test]
