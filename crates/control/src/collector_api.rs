@@ -305,31 +305,39 @@ impl collector_server::Collector for CollectorService {
             timeout_ms: r.timeout_ms,
         };
         let state = state_id(r.state)?;
-        let (planned, ids, writes_per_stream) = self.handle.with(|c| {
+        let (planned, targets, max_values) = self.handle.with(|c| {
             let planned = crate::migrate::plan(c, &m).map_err(Status::failed_precondition)?;
             let targets = streams_of(c, r.to_switch, r.to_stream)?;
             let max_values = (targets.iter())
                 .map(|&stream| c.max_write_values(r.to_switch, stream))
                 .min()
                 .unwrap_or(stateplane_sync::write::MAX_VALUES);
-            let mut writes = crate::migrate::writes(&planned, state, max_values);
-            let per_stream = writes.len() as u32;
+            Ok::<_, Status>((planned, targets, max_values))
+        })?;
+        // The writes are made with the collector let go (a table's are megabytes, which
+        // its datagrams need not wait for); each target stream takes them in order, one
+        // after another, the last without a copy.
+        let mut writes = crate::migrate::writes(&planned, state, max_values);
+        let writes_per_stream = writes.len() as u32;
+        let mut per_target = Vec::with_capacity(targets.len());
+        for (n, &stream) in targets.iter().enumerate() {
+            let these = if n + 1 == targets.len() {
+                std::mem::take(&mut writes)
+            } else {
+                writes.clone()
+            };
+            per_target.push((stream, these));
+        }
+        let ids = self.handle.with(|c| {
             let mut ids = Vec::new();
-            // Each target stream takes the writes in order, one after another; the last
-            // takes them without a copy (a table's are megabytes).
-            for (n, &stream) in targets.iter().enumerate() {
-                let these = if n + 1 == targets.len() {
-                    std::mem::take(&mut writes)
-                } else {
-                    writes.clone()
-                };
+            for (stream, these) in per_target {
                 for write in these {
                     let id =
                         (c.write(r.to_switch, stream, write)).map_err(Status::invalid_argument)?;
                     ids.push((stream, id));
                 }
             }
-            Ok::<_, Status>((planned, ids, per_stream))
+            Ok::<_, Status>(ids)
         })?;
         // Each write its own time, as a stream commits them one after another.
         let done =

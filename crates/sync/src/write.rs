@@ -917,12 +917,17 @@ impl WriteStage {
     }
 }
 
-/// Values to write at consecutive locations of a state, from `first`.
+/// Values to write at consecutive locations of a state, from `first`: written on when
+/// they are `RUN_VALUES`, so that a large write's values pass through a buffer that stays
+/// in cache rather than one as large as the write.
 #[derive(Default)]
 struct Run {
     first: Option<Location>,
     values: Vec<u64>,
 }
+
+/// The values a [`Run`] holds at most (32 KiB).
+const RUN_VALUES: usize = 4096;
 
 impl Run {
     /// Adds `value` at `at`, after writing what the run holds if `at` does not follow it.
@@ -931,7 +936,7 @@ impl Run {
             f.state == at.state
                 && u64::from(f.index) + self.values.len() as u64 == u64::from(at.index)
         });
-        if !follows {
+        if !follows || self.values.len() == RUN_VALUES {
             self.flush(state);
             self.first = Some(at);
         }
