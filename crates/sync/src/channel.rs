@@ -182,10 +182,9 @@ impl WriteLink {
         stage: &mut WriteStage,
         state: &impl WriteTarget,
     ) -> Result<Option<Completed>, DecodeError> {
-        engine.poll(now_ns, &mut self.out);
-        for m in self.out.drain(..) {
-            let _ = self.down.send(now_ns, encoded(&m));
-        }
+        engine.poll_with(now_ns, |m| {
+            let _ = self.down.send(now_ns, encoded(m));
+        });
         stage.take_answers(&mut self.out);
         for answer in self.out.drain(..) {
             let _ = self.up.send(now_ns, encoded(&answer));

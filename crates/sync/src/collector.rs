@@ -280,10 +280,16 @@ impl Collector {
     /// What to send at `now_ns`: the parts of writes due, and, if `report` is true, a
     /// report to every stream. Appends `(address, datagram)` to `out`.
     pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+        let key = self.key.as_ref();
         for (&(switch, stream), peer) in &mut self.peers {
             self.scratch.clear();
             if !peer.is_silent(now_ns) {
-                peer.engine.poll(now_ns, &mut self.scratch);
+                let addr = peer.addr;
+                peer.engine.poll_with(now_ns, |m| {
+                    let mut bytes = Vec::new();
+                    m.encode_with(key, &mut bytes);
+                    out.push((addr, bytes));
+                });
             }
             if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
                 self.scratch.push(r);
@@ -294,7 +300,7 @@ impl Collector {
             }
             for m in self.scratch.drain(..) {
                 let mut bytes = Vec::new();
-                m.encode_with(self.key.as_ref(), &mut bytes);
+                m.encode_with(key, &mut bytes);
                 out.push((peer.addr, bytes));
             }
         }

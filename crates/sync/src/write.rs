@@ -137,7 +137,8 @@ pub const COMMITTED: u64 = 1 << 63;
 
 struct InFlight {
     id: u64,
-    parts: Vec<Vec<Update>>,
+    /// Each part as it goes, but for its sending time (set as it is sent).
+    parts: Vec<Message>,
     acked: Vec<bool>,
     sent_at: Vec<Option<u64>>,
     left: usize,
@@ -274,15 +275,12 @@ impl WriteEngine {
                 value: w.value,
                 threshold: w.mode as u64,
             };
-            let mut grown = size.clone();
-            grown.push(&update);
-            let fits = grown.bytes() + MAC_LEN <= self.part_bytes;
-            if (!fits || grown.count() > MAX_RUN_ENTRIES) && !part.is_empty() {
+            size.push(&update);
+            let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
+            if !fits && !part.is_empty() {
                 parts.push(std::mem::take(&mut part));
                 size = EncodedSize::default();
                 size.push(&update);
-            } else {
-                size = grown;
             }
             part.push(update);
         }
@@ -357,15 +355,25 @@ impl WriteEngine {
         }
     }
 
-    /// Starts the next write if none is in flight, and sends its parts that were never
-    /// sent or not acknowledged within the timeout.
+    /// As [`WriteEngine::poll_with`], each message sent appended to `out`.
     pub fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
+        self.poll_with(now_ns, |m| out.push(m.clone()));
+    }
+
+    /// Starts the next write if none is in flight, and sends its parts that were never
+    /// sent or not acknowledged within the timeout: each message goes to `send` (once a
+    /// copy), as the engine holds it, so that a part is not copied to be sent.
+    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&Message)) {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
             let abandon = values.is_none().then_some((None, 0));
-            let parts = values.map_or_else(Vec::new, |v| self.parts_of(&v));
-            let n = parts.len();
+            let ids = (self.switch, self.epoch, self.stream);
+            let entries = values.map_or_else(Vec::new, |v| self.parts_of(&v));
+            let n = entries.len();
+            let parts = (entries.into_iter().enumerate())
+                .map(|(i, part)| write_message(ids, id, 0, ((i as u64) << 32) | n as u64, part))
+                .collect();
             self.current = Some(InFlight {
                 id,
                 acked: vec![false; n],
@@ -396,16 +404,14 @@ impl WriteEngine {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
                 let abandon = write_message(ids, w.id, now_ns, 0, Vec::new());
-                out.extend(std::iter::repeat_n(
-                    abandon,
-                    1 << (*tries).min(MAX_COPIES_LOG2),
-                ));
+                for _ in 0..1 << (*tries).min(MAX_COPIES_LOG2) {
+                    send(&abandon);
+                }
                 *sent_at = Some(now_ns);
                 *tries += 1;
             }
             return;
         }
-        let total = w.parts.len() as u64;
         // Lost: sent well before a part since acknowledged (as TCP's SACK reasons), or
         // before a transmission known to have arrived, which an acknowledgement names by
         // echoing when it was sent (as RACK reasons, RFC 8985).
@@ -475,13 +481,14 @@ impl WriteEngine {
                 } else {
                     1 << w.tries[i].min(MAX_COPIES_LOG2)
                 };
-                let t_max = ((i as u64) << 32) | total;
                 // Each transmission's sending time is its own, a nanosecond after the one
                 // before at least, so that the time an acknowledgement echoes names it.
                 let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
                 self.last_stamp_ns = Some(stamp);
-                let message = write_message(ids, w.id, stamp, t_max, w.parts[i].clone());
-                out.extend(std::iter::repeat_n(message, copies));
+                w.parts[i].sent_ns = stamp;
+                for _ in 0..copies {
+                    send(&w.parts[i]);
+                }
                 w.sent_at[i] = Some(stamp);
                 w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
