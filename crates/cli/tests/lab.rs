@@ -1591,6 +1591,51 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
     assert!(text(&out).contains("refused 0"), "{}", text(&out));
     let csv = std::fs::read_to_string(&dump).unwrap();
     assert!(csv.lines().count() > 1, "the dump holds the copy");
+
+    // A collector that starts again numbers its writes afresh: the switch takes them up
+    // from the new numbering, and a reset written through it lands (before 6e20b63 it was
+    // answered "committed" and dropped, as a write of the old numbering already taken).
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "100", "-i", "0.002", "-q", "198.18.0.2"],
+    );
+    assert!(text(&ping).contains("100 received"), "{}", text(&ping));
+    let counted = || -> u64 {
+        let own = ctl(&lab, &["register", "sketch", "0..256"]);
+        assert!(own.status.success(), "{}", text(&own));
+        indexed_values(&own).iter().map(|(_, v)| v).sum()
+    };
+    assert!(counted() >= 200, "the pings counted before the reset");
+    let again = lab.file.with_extension("sync-again.csv");
+    let collector = collector_in(&lab, "c1", "198.19.255.1:7474", &again);
+    let mut written = None;
+    for _ in 0..40 {
+        // Until the switch's stream has reached the new collector (within a refresh).
+        std::thread::sleep(Duration::from_millis(100));
+        let out = ctl_sync(&lab, &["write", "0..1024", "--fill", "0"]);
+        if !text(&out).contains("has sent nothing") {
+            written = Some(out);
+            break;
+        }
+    }
+    let written = written.expect("the switch's stream reached the new collector");
+    assert!(
+        committed_on_stream_0(&text(&written), ""),
+        "{}",
+        text(&written)
+    );
+    let since = counted();
+    assert!(
+        since < 50,
+        "the reset landed: only stray packets since ({since})"
+    );
+    let metrics = metric_lines(&lab, "s1");
+    let renumbered = (metrics.lines())
+        .find_map(|l| l.strip_prefix("stateplane_sync_writes_renumbered_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(renumbered >= Some(1), "{metrics}");
+    let out = interrupt(collector);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// The same over a sync channel that loses 30% of the datagrams each way, duplicates 5%

@@ -142,6 +142,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.writes_abandoned),
         ),
         (
+            "writes_renumbered",
+            "Times a collector's writes came numbered anew (a collector that started again) and were taken up from there",
+            get(&c.writes_renumbered),
+        ),
+        (
             "entries_refused",
             "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table), and register values wider than their cells",
             get(&c.entries_refused),

@@ -124,6 +124,9 @@ pub struct SyncCounters {
     pub writes_committed: AtomicU64,
     /// Writes dropped before they committed, at the collector's request.
     pub writes_abandoned: AtomicU64,
+    /// Times a collector's writes came numbered apart from the ones taken before (a
+    /// collector that started again), and were taken up from there.
+    pub writes_renumbered: AtomicU64,
     pub values_written: AtomicU64,
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
@@ -548,10 +551,18 @@ impl SyncStage {
                 }
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
-                    let abandoned = self.writes.abandoned;
+                    let (abandoned, renumbered) = (self.writes.abandoned, self.writes.renumbered);
                     let answer = self.writes.on_part(message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
+                    if self.writes.renumbered > renumbered {
+                        SyncCounters::add(&self.counters.writes_renumbered, 1);
+                        log::info!(
+                            "sync: stream {}: the collector's writes come numbered anew (it \
+                             started again); what was staged of the old numbering is dropped",
+                            self.config.stream
+                        );
+                    }
                     if let Some(ack) = answer {
                         self.bytes.clear();
                         ack.encode_with(self.key.as_ref(), &mut self.bytes);
@@ -741,6 +752,7 @@ pub struct SyncReport {
     pub write_parts: u64,
     pub writes_committed: u64,
     pub writes_abandoned: u64,
+    pub writes_renumbered: u64,
     pub values_written: u64,
     pub changes_kept: u64,
     pub entries_refused: u64,
@@ -767,6 +779,7 @@ impl SyncPlan {
             write_parts: get(&c.write_parts),
             writes_committed: get(&c.writes_committed),
             writes_abandoned: get(&c.writes_abandoned),
+            writes_renumbered: get(&c.writes_renumbered),
             values_written: get(&c.values_written),
             changes_kept: get(&c.changes_kept),
             entries_refused: get(&c.entries_refused),
@@ -805,6 +818,13 @@ impl SyncReport {
             s += &format!(
                 "  {} writes cancelled by the collector before they committed\n",
                 self.writes_abandoned
+            );
+        }
+        if self.writes_renumbered > 0 {
+            s += &format!(
+                "  {} times writes came numbered anew (a collector that started again) and \
+                 were taken up from there\n",
+                self.writes_renumbered
             );
         }
         for (n, what) in [
