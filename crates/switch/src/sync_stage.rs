@@ -544,9 +544,7 @@ impl SyncStage {
                     }
                     SyncCounters::add(&self.counters.resent, again.len() as u64);
                     for m in again {
-                        self.bytes.clear();
-                        m.encode_with(self.key.as_ref(), &mut self.bytes);
-                        self.send_bytes();
+                        self.send(&m);
                     }
                 }
                 Kind::Write if ours => {
@@ -564,9 +562,7 @@ impl SyncStage {
                         );
                     }
                     if let Some(ack) = answer {
-                        self.bytes.clear();
-                        ack.encode_with(self.key.as_ref(), &mut self.bytes);
-                        self.send_bytes();
+                        self.send(&ack);
                     }
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),
@@ -574,8 +570,11 @@ impl SyncStage {
         }
     }
 
-    fn send_bytes(&mut self) {
+    /// Encodes `m` (with the MAC, where keyed) and sends it to the collector.
+    fn send(&mut self, m: &Message) {
         let Some(socket) = &self.socket else { return };
+        self.bytes.clear();
+        m.encode_with(self.key.as_ref(), &mut self.bytes);
         match socket.send(&self.bytes) {
             Ok(n) => {
                 SyncCounters::add(&self.counters.messages, 1);
@@ -597,15 +596,11 @@ impl SyncStage {
     fn send_out(&mut self) {
         let mut out = std::mem::take(&mut self.out);
         for m in out.drain(..) {
-            self.bytes.clear();
-            m.encode_with(self.key.as_ref(), &mut self.bytes);
-            self.send_bytes();
+            self.send(&m);
         }
         self.out = out;
     }
 
-    /// One pass: changes in, the collector's messages taken, a whole write committed, the
-    /// sender's messages out.
     /// Commits every write whole that has all its parts; whether any was.
     fn commit_writes(&mut self, program: &mut dyn Running) -> bool {
         let mut any = false;
@@ -640,9 +635,7 @@ impl SyncStage {
         let mut answers = std::mem::take(&mut self.answers);
         self.writes.take_answers(&mut answers);
         for answer in answers.drain(..) {
-            self.bytes.clear();
-            answer.encode_with(self.key.as_ref(), &mut self.bytes);
-            self.send_bytes();
+            self.send(&answer);
         }
         self.answers = answers;
         committed
@@ -662,6 +655,8 @@ impl SyncStage {
         }
     }
 
+    /// One pass: changes in, the collector's messages taken, the writes whole committed,
+    /// the sender's messages out.
     fn pass(&mut self, program: &mut dyn Running) {
         let now_ns = self.now_ns();
         self.take_changes(program, now_ns);
