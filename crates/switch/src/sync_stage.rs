@@ -375,26 +375,22 @@ impl<'a> EntryReader<'a> {
 
     /// The value at `location` (0 past its state's end).
     fn read(&mut self, location: Location) -> u64 {
-        let Location { state, index } = location;
-        let held = index.checked_sub(self.first).filter(|&at| at < self.len);
-        if let (true, Some(at)) = (state == self.state, held) {
-            return self.words[at as usize];
+        if self.held(location).is_none() {
+            // As many whole entries as the buffer holds: the refresh reads on from here.
+            let Location { state, index } = location;
+            let stride = (self.program.synced_stride(state)).clamp(1, MAX_STRIDE as u32);
+            let first = index - index % stride;
+            let words = &mut self.words[..(MAX_STRIDE as u32 / stride * stride) as usize];
+            let read = self.program.read_synced_run(state, first, words);
+            (self.state, self.first, self.len) = (state, first, read as u32);
         }
-        // As many whole entries as the buffer holds: the refresh reads on from here.
-        let stride = self
-            .program
-            .synced_stride(state)
-            .clamp(1, MAX_STRIDE as u32);
-        let first = index - index % stride;
-        let words = &mut self.words[..(MAX_STRIDE as u32 / stride * stride) as usize];
-        let read = self.program.read_synced_run(state, first, words);
-        (self.state, self.first, self.len) = (state, first, read as u32);
-        let at = index - first;
-        if at < self.len {
-            self.words[at as usize]
-        } else {
-            0
-        }
+        self.held(location).map_or(0, |at| self.words[at])
+    }
+
+    /// Where `words` holds `location`, if it does.
+    fn held(&self, Location { state, index }: Location) -> Option<usize> {
+        let at = index.checked_sub(self.first).filter(|&at| at < self.len)?;
+        (state == self.state).then_some(at as usize)
     }
 }
 
