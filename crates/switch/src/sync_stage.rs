@@ -545,10 +545,14 @@ impl SyncStage {
                 }
                 Kind::Write if ours => {
                     SyncCounters::add(&self.counters.write_parts, 1);
-                    let (abandoned, renumbered) = (self.writes.abandoned, self.writes.renumbered);
+                    let w = &self.writes;
+                    let (abandoned, renumbered, refused) = (w.abandoned, w.renumbered, w.refused);
                     let answer = self.writes.on_part(message, &ProgramState(program, None));
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
+                    // A malformed part is a datagram refused, as one that does not decode.
+                    let malformed = self.writes.refused - refused;
+                    SyncCounters::add(&self.counters.refused, malformed);
                     if self.writes.renumbered > renumbered {
                         SyncCounters::add(&self.counters.writes_renumbered, 1);
                         log::info!(

@@ -651,7 +651,8 @@ pub struct Committed {
 pub struct WriteStage {
     staged: BTreeMap<u64, Staging>,
     committed_up_to: u64,
-    /// Parts refused as malformed (an index past the write's parts, a count that changed).
+    /// Parts refused as malformed (a write numbered 0, an index past the write's parts, a
+    /// count that changed).
     pub refused: u64,
     /// Writes dropped at the collector's request before they committed.
     pub abandoned: u64,
@@ -691,6 +692,11 @@ impl WriteStage {
     ) -> Option<Message> {
         let mut part = part.into();
         if part.kind != Kind::Write {
+            return None;
+        }
+        if part.seq == 0 {
+            // No engine numbers a write 0 (`WriteEngine::numbered_from`): malformed.
+            self.refused += 1;
             return None;
         }
         let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
@@ -1437,6 +1443,40 @@ mod tests {
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
         let ack = answer_of(&mut stage);
         assert!(engine.on_ack(5, &ack).is_some());
+    }
+
+    /// A write numbered 0 (no engine numbers one so) is malformed, part or abandon: refused
+    /// and counted, whatever the stage committed before, and nothing it holds is touched.
+    #[test]
+    fn a_write_numbered_0_is_refused() {
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(100);
+        for _ in 0..2 {
+            engine.submit(values(1, Mode::Set)).unwrap();
+            let mut out = Vec::new();
+            engine.poll(0, &mut out);
+            stage.on_part(&out[0], &state).unwrap();
+            stage.commit(&mut state).unwrap();
+            engine.on_ack(10, &answer_of(&mut stage)).unwrap();
+        }
+        engine.submit(values(2, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let zero = Message {
+            seq: 0,
+            ..out[0].clone()
+        };
+        let abandon = Message {
+            t_max: 0,
+            entries: Vec::new(),
+            ..zero.clone()
+        };
+        assert_eq!(stage.on_part(&zero, &state), None);
+        assert_eq!(stage.on_part(&abandon, &state), None);
+        assert_eq!((stage.refused, stage.renumbered), (2, 0));
+        stage.on_part(&out[0], &state).unwrap();
+        assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(102));
     }
 
     /// A part not acknowledged while parts sent more than three places after it are goes
