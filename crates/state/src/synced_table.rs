@@ -218,7 +218,8 @@ pub struct TableSync {
     /// `(its first index, where its words start in staged_words)`, a run's words ending
     /// where the next run's start; and whether the runs came in order of index, none
     /// overlapping (a write's parts mostly come as one run), so that the commit need not
-    /// sort them.
+    /// sort them. Invariant, once in order: no run starts where the one before ends (it
+    /// is merged into it).
     staged_runs: Vec<(u32, usize)>,
     staged_words: Vec<u64>,
     staged_in_order: bool,
@@ -393,45 +394,23 @@ impl TableSync {
                 (false, _) => placed.refused += 1,
             }
         };
-        // A slot whose words a run holds whole is decoded where they are; one a run holds
-        // part of is gathered in `group` until it is whole (later runs may hold the rest),
-        // and refused if it never is.
-        let mut group = [None; MAX_STRIDE];
-        let mut gathering: Option<usize> = None;
+        // A slot a run holds whole is decoded where its words are. Runs are maximal (one
+        // that continues the last is merged into it), so a slot a run holds only part of
+        // has a word missing: refused, once, however many runs hold parts of it.
+        let mut cut = None;
         for (r, &(first, from)) in runs.iter().enumerate() {
             let to = runs.get(r + 1).map_or(words.len(), |&(_, next)| next);
             let (mut index, mut rest) = (first as usize, &words[from..to]);
             while !rest.is_empty() {
                 let (slot, word) = (index / stride, index % stride);
                 let n = (stride - word).min(rest.len());
-                let (these, after) = rest.split_at(n);
-                (index, rest) = (index + n, after);
-                if gathering.is_some_and(|g| g != slot) {
-                    placed.refused += 1;
-                    gathering = None;
-                }
                 if n == stride {
-                    place_group(these, &mut placed);
-                    continue;
+                    place_group(&rest[..n], &mut placed);
+                } else if cut.replace(slot) != Some(slot) {
+                    placed.refused += 1;
                 }
-                if gathering.is_none() {
-                    group[..stride].fill(None);
-                    gathering = Some(slot);
-                }
-                for (g, &value) in group[word..].iter_mut().zip(these) {
-                    *g = Some(value);
-                }
-                let mut whole = [0; MAX_STRIDE];
-                let complete = (group[..stride].iter().zip(&mut whole))
-                    .all(|(g, w)| g.map(|value| *w = value).is_some());
-                if complete {
-                    place_group(&whole[..stride], &mut placed);
-                    gathering = None;
-                }
+                (index, rest) = (index + n, &rest[n..]);
             }
-        }
-        if gathering.is_some() {
-            placed.refused += 1;
         }
         // The lists' room is kept for the next write.
         runs.clear();
