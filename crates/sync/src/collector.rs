@@ -464,6 +464,7 @@ fn new_engine(m: &Message) -> WriteEngine {
 mod tests {
     use super::*;
     use crate::sender::{Sender, SenderConfig, Threshold};
+    use crate::write::tests::answer_of;
     use crate::write::{Mode, WriteStage, WriteTarget};
 
     /// Outcomes no one takes are forgotten, the oldest first, once [`MAX_OUTCOMES`] came
@@ -619,13 +620,6 @@ mod tests {
         stage.on_part(part, &state).unwrap();
         stage.commit(&mut state).unwrap();
         answer_of(&mut stage)
-    }
-
-    /// The answer of the write `stage` committed last.
-    fn answer_of(stage: &mut WriteStage) -> Message {
-        let mut answers = Vec::new();
-        stage.take_answers(&mut answers);
-        answers.remove(0)
     }
 
     #[test]

@@ -984,7 +984,7 @@ fn bitmap_word(word: usize, total: usize, held: impl Fn(usize) -> bool) -> Updat
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::wire::{ENTRY_LEN, HEADER_LEN, MAX_DATAGRAM_ENTRIES, RUN_HEADER_LEN};
 
@@ -1083,7 +1083,7 @@ mod tests {
     }
 
     /// The answer of the write `stage` committed last: the first of its copies.
-    fn answer_of(stage: &mut WriteStage) -> Message {
+    pub(crate) fn answer_of(stage: &mut WriteStage) -> Message {
         let mut answers = Vec::new();
         stage.take_answers(&mut answers);
         assert_eq!(answers.len(), ANSWER_COPIES, "one write's answer");
