@@ -355,8 +355,10 @@ impl WriteEngine {
         }
     }
 
-    /// As [`WriteEngine::poll_with`], each message sent appended to `out`.
-    pub fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
+    /// As [`WriteEngine::poll_with`], each message sent appended to `out` (for the tests,
+    /// which look at what went).
+    #[cfg(test)]
+    fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
         self.poll_with(now_ns, |m| out.push(m.clone()));
     }
 
