@@ -55,9 +55,11 @@ impl CollectorHandle {
         let mut out = Vec::new();
         let now = self.now_ns();
         self.with(|c| c.poll(now, report, &mut out));
-        for (addr, bytes) in out {
-            if let Err(e) = self.socket.send_to(&bytes, addr) {
-                log::debug!("collector: sending to {addr}: {e}");
+        for (addr, bytes, copies) in out {
+            for _ in 0..copies {
+                if let Err(e) = self.socket.send_to(&bytes, addr) {
+                    log::debug!("collector: sending to {addr}: {e}");
+                }
             }
         }
     }

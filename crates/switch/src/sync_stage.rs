@@ -531,6 +531,9 @@ impl SyncStage {
                     SyncCounters::add(&self.counters.reports, 1);
                     if let Some(sender) = &mut self.sender {
                         sender.on_report(now_ns, &message);
+                        // The acknowledgements of writes take the same path back.
+                        self.writes
+                            .set_loss_to_collector(sender.loss_to_collector());
                     }
                 }
                 Kind::Nack if ours => {
@@ -562,7 +565,9 @@ impl SyncStage {
                         );
                     }
                     if let Some(ack) = answer {
-                        self.send(&ack);
+                        for _ in 0..self.writes.ack_copies() {
+                            self.send(&ack);
+                        }
                     }
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),

@@ -182,8 +182,12 @@ impl WriteLink {
         stage: &mut WriteStage,
         state: &impl WriteTarget,
     ) -> Result<Option<Completed>, DecodeError> {
-        engine.poll_with(now_ns, |m| {
-            let _ = self.down.send(now_ns, encoded(m));
+        engine.poll_with(now_ns, |m, copies| {
+            let bytes = encoded(m);
+            for _ in 1..copies {
+                let _ = self.down.send(now_ns, bytes.clone());
+            }
+            let _ = self.down.send(now_ns, bytes);
         });
         stage.take_answers(&mut self.out);
         for answer in self.out.drain(..) {
@@ -192,7 +196,10 @@ impl WriteLink {
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {
             if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
-                let _ = self.up.send(now_ns, encoded(&ack));
+                let bytes = encoded(&ack);
+                for _ in 0..stage.ack_copies() {
+                    let _ = self.up.send(now_ns, bytes.clone());
+                }
             }
         }
         self.up.deliver(now_ns, &mut self.arrived);

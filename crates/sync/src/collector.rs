@@ -98,6 +98,9 @@ pub struct WriteTicket {
 /// A write of a stream: switch, stream, and its ticket.
 type WriteOf = (u32, u16, WriteTicket);
 
+/// A datagram to send: where, its bytes, and how many copies of it.
+pub type Outgoing = (SocketAddr, Vec<u8>, usize);
+
 /// Outcomes of writes until their submitters take them: at most [`MAX_OUTCOMES`], the
 /// oldest forgotten first, so that outcomes no one takes (a client gone while it waited,
 /// a write submitted only to be sent) do not pile up in a collector that runs for months.
@@ -278,17 +281,17 @@ impl Collector {
     }
 
     /// What to send at `now_ns`: the parts of writes due, and, if `report` is true, a
-    /// report to every stream. Appends `(address, datagram)` to `out`.
-    pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<(SocketAddr, Vec<u8>)>) {
+    /// report to every stream. Appends `(address, datagram, copies to send)` to `out`.
+    pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<Outgoing>) {
         let key = self.key.as_ref();
         for (&(switch, stream), peer) in &mut self.peers {
             self.scratch.clear();
             if !peer.is_silent(now_ns) {
                 let addr = peer.addr;
-                peer.engine.poll_with(now_ns, |m| {
+                peer.engine.poll_with(now_ns, |m, copies| {
                     let mut bytes = Vec::new();
                     m.encode_with(key, &mut bytes);
-                    out.push((addr, bytes));
+                    out.push((addr, bytes, copies));
                 });
             }
             if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
@@ -301,7 +304,7 @@ impl Collector {
             for m in self.scratch.drain(..) {
                 let mut bytes = Vec::new();
                 m.encode_with(key, &mut bytes);
-                out.push((peer.addr, bytes));
+                out.push((peer.addr, bytes, 1));
             }
         }
     }
@@ -706,7 +709,7 @@ mod tests {
         let mut sent = Vec::new();
         c.poll(10, false, &mut sent);
         let parts: Vec<usize> = (sent.iter())
-            .map(|(_, b)| Message::decode(b).unwrap())
+            .map(|(_, b, _)| Message::decode(b).unwrap())
             .filter(|m| m.kind == Kind::Write)
             .map(|m| m.entries.len())
             .collect();
@@ -742,7 +745,7 @@ mod tests {
         send(&mut c, 10 * SILENT_NS, &mut out, SWITCH);
         let mut sent = Vec::new();
         c.poll(10 * SILENT_NS + 1, false, &mut sent);
-        let (_, bytes) = &sent[0];
+        let (_, bytes, _) = &sent[0];
         let part = Message::decode(bytes).unwrap();
         let ack = answered(&part);
         let mut ack_bytes = Vec::new();

@@ -107,6 +107,9 @@ pub struct Sender {
     /// The collector's last report: messages it found missing, and the last it had seen.
     reported_missing: u64,
     reported_seq: u64,
+    /// The share of the messages sent between the last two reports that the collector
+    /// found missing: what the path to it loses (see [`Sender::loss_to_collector`]).
+    loss_to_collector: f64,
     /// `(seq, sent)` of the messages the collector has not reported seeing yet, and the
     /// quickest a message has taken to be reported seen.
     sent_log: std::collections::VecDeque<(u64, u64)>,
@@ -185,6 +188,7 @@ impl Sender {
             capacity,
             reported_missing: 0,
             reported_seq: 0,
+            loss_to_collector: 0.0,
             sent_log: std::collections::VecDeque::new(),
             quickest_ns: u64::MAX,
             message_entries: MAX_ENTRIES,
@@ -206,6 +210,13 @@ impl Sender {
         self.capacity
     }
 
+    /// The share of its messages the path to the collector lost between its last two
+    /// reports (since the start, at the first; 0 before it): a switch sends its commits' answers in as many copies
+    /// as that loss asks for ([`crate::write::copies_for`]).
+    pub fn loss_to_collector(&self) -> f64 {
+        self.loss_to_collector
+    }
+
     /// Takes the collector's report on this stream (a `Kind::Report` message), arrived at
     /// `now_ns`, so that overload at the collector or in the channel loses little and not
     /// for long:
@@ -220,16 +231,19 @@ impl Sender {
     pub fn on_report(&mut self, now_ns: u64, report: &Message) {
         let c = &self.config;
         let ours = (report.switch, report.epoch, report.stream) == (c.switch, c.epoch, c.stream);
-        let Threshold::Adaptive(rate) = c.threshold else {
-            return;
-        };
         if report.kind != Kind::Report || !ours || report.seq < self.reported_seq {
             return;
         }
-        self.feedback.reports += 1;
         let missing = report.t_max.saturating_sub(self.reported_missing);
         let sent = report.seq - self.reported_seq;
         (self.reported_missing, self.reported_seq) = (report.t_max, report.seq);
+        if sent > 0 {
+            self.loss_to_collector = missing.min(sent) as f64 / sent as f64;
+        }
+        let Threshold::Adaptive(rate) = c.threshold else {
+            return;
+        };
+        self.feedback.reports += 1;
         // How long the last message seen took to be seen (and the report to come back).
         while self
             .sent_log
@@ -707,6 +721,29 @@ mod tests {
         s.on_report(0, &report(100, 100));
         assert_eq!((s.threshold(), s.feedback.reports), (8, 0));
         assert_eq!(crate::mirror::Mirror::new(None).report(1, 0, 0), None);
+    }
+
+    /// Each report says what share of the messages since the one before went missing,
+    /// with a fixed threshold too: the loss the write acknowledgements' copies follow.
+    #[test]
+    fn reports_say_what_the_path_to_the_collector_loses() {
+        for threshold in [Threshold::Fixed(8), sender(6_400).config.threshold] {
+            let mut s = Sender::new(SenderConfig {
+                threshold,
+                ..sender(1).config
+            });
+            assert_eq!(s.loss_to_collector(), 0.0, "no report yet");
+            s.on_report(0, &report(100, 80));
+            assert_eq!(s.loss_to_collector(), 0.8);
+            s.on_report(0, &report(300, 130));
+            assert_eq!(s.loss_to_collector(), 0.25, "50 of the 200 since");
+            s.on_report(0, &report(200, 500));
+            assert_eq!(s.loss_to_collector(), 0.25, "an older report: nothing");
+            s.on_report(0, &report(300, 130));
+            assert_eq!(s.loss_to_collector(), 0.25, "nothing sent since: as it was");
+            s.on_report(0, &report(400, 130));
+            assert_eq!(s.loss_to_collector(), 0.0);
+        }
     }
 
     /// At the end, every waiting update and a whole refresh go in one batch: applied, it

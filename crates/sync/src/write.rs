@@ -162,6 +162,11 @@ struct InFlight {
     /// Every transmission's sending time and place in the order of transmissions, in
     /// order (the times increase).
     sends: Vec<(u64, u64)>,
+    /// The most datagrams of the write an acknowledgement has said the switch took.
+    datagrams_taken: u64,
+    /// The latest sending time a round trip was measured from: copies of one
+    /// acknowledgement (or of one part's) give one measure, not one each.
+    timed_sent_ns: Option<u64>,
 }
 
 /// Parts unacknowledged on the way at most, so that they do not wait in a queue long
@@ -181,6 +186,34 @@ const TAIL: usize = WINDOW / 4;
 
 /// A part goes as at most 2^this copies at once (see `poll`).
 const MAX_COPIES_LOG2: u32 = 2;
+
+/// A datagram goes in as many copies as [`copies_for`] asks, at most this many.
+pub const MAX_PATH_COPIES: u32 = 16;
+
+/// The share of a datagram's copies' all being lost that [`copies_for`] allows.
+const ALL_COPIES_LOST: f64 = 0.1;
+
+/// The datagrams sent of a write that an acknowledgement must account for before the loss
+/// it shows is taken as the path's (a few parts lost together say little).
+const LOSS_SAMPLE: u64 = 16;
+
+/// The copies of a datagram that make at least one arrive nine times in ten on a path that
+/// loses `loss` of them: 1 where it loses a tenth or less, 2 at a fifth, 4 at half, 11 at
+/// four fifths, at most [`MAX_PATH_COPIES`]. Each round of a write's parts waits a round
+/// trip or a timeout for its acknowledgements; on a path that loses most datagrams, copies
+/// sent at once save rounds. The engine sends the parts it sends again so, by the loss its
+/// acknowledgements show; a switch its acknowledgements and commits' answers, by the loss
+/// the collector's reports show.
+pub fn copies_for(loss: f64) -> u32 {
+    if loss.is_nan() || loss <= ALL_COPIES_LOST {
+        return 1;
+    }
+    if loss >= 1.0 {
+        return MAX_PATH_COPIES;
+    }
+    let copies = (ALL_COPIES_LOST.ln() / loss.ln()).ceil();
+    (copies as u32).clamp(1, MAX_PATH_COPIES)
+}
 
 /// A tail-loss probe never comes sooner than this.
 const MIN_PROBE_NS: u64 = 20_000;
@@ -229,6 +262,11 @@ pub struct WriteEngine {
     /// with, as large as the stream's own messages have shown the path to carry
     /// ([`WriteEngine::path_carries`]).
     part_bytes: usize,
+    /// The share of the parts' datagrams the path to the switch lost, as the latest
+    /// acknowledgement that accounts for [`LOSS_SAMPLE`] of them at least showed it (0
+    /// until one did): parts sent again go in as many copies as it asks for
+    /// ([`copies_for`]). It is the path's, so it stays from one write to the next.
+    loss_to_switch: f64,
 }
 
 impl WriteEngine {
@@ -245,6 +283,7 @@ impl WriteEngine {
             current: None,
             last_stamp_ns: None,
             part_bytes: SMALL_PATH_BYTES,
+            loss_to_switch: 0.0,
         }
     }
 
@@ -314,6 +353,12 @@ impl WriteEngine {
         (MAX_PARTS * per_part).min(MAX_WRITE_VALUES)
     }
 
+    /// The share of the parts' datagrams the path to the switch loses, as the latest
+    /// acknowledgement showed it.
+    pub fn loss_to_switch(&self) -> f64 {
+        self.loss_to_switch
+    }
+
     /// The retransmission timeout now.
     pub fn rto(&self) -> u64 {
         let base = match self.rtt {
@@ -359,13 +404,16 @@ impl WriteEngine {
     /// which look at what went).
     #[cfg(test)]
     fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
-        self.poll_with(now_ns, |m| out.push(m.clone()));
+        self.poll_with(now_ns, |m, copies| {
+            out.extend(std::iter::repeat_n(m, copies).cloned())
+        });
     }
 
     /// Starts the next write if none is in flight, and sends its parts that were never
-    /// sent or not acknowledged within the timeout: each message goes to `send` (once a
-    /// copy), as the engine holds it, so that a part is not copied to be sent.
-    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&Message)) {
+    /// sent or not acknowledged within the timeout: each message goes to `send` with the
+    /// copies of it to send, as the engine holds it, so that a part is neither copied nor
+    /// encoded more than once to be sent.
+    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&Message, usize)) {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
@@ -392,6 +440,8 @@ impl WriteEngine {
                 tries: vec![0; n],
                 timeout_sent_ns: 0,
                 sends: Vec::new(),
+                datagrams_taken: 0,
+                timed_sent_ns: None,
             });
         }
         let rto = self.rto();
@@ -401,14 +451,13 @@ impl WriteEngine {
         let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
         let ids = (self.switch, self.epoch, self.stream);
         let part_bytes = self.part_bytes;
+        let path_copies = copies_for(self.loss_to_switch);
         let Some(w) = &mut self.current else { return };
         if let Some((sent_at, tries)) = &mut w.abandon {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
                 let abandon = write_message(ids, w.id, now_ns, 0, Vec::new());
-                for _ in 0..1 << (*tries).min(MAX_COPIES_LOG2) {
-                    send(&abandon);
-                }
+                send(&abandon, 1 << (*tries).min(MAX_COPIES_LOG2));
                 *sent_at = Some(now_ns);
                 *tries += 1;
             }
@@ -477,20 +526,21 @@ impl WriteEngine {
                 // A part sent again on a timeout or as a probe goes as copies (2, then 4
                 // each time after): where a part and its acknowledgement each get through
                 // one time in five, a part alone needs 25 tries on average. One seen lost
-                // by later acknowledgements goes once: they come.
-                let copies = if seen_lost(w, i) {
-                    1
-                } else {
-                    1 << w.tries[i].min(MAX_COPIES_LOG2)
+                // by later acknowledgements goes once: they come. A part sent again goes
+                // in as many copies at least as the path's loss asks for; a part's first
+                // transmission goes once, so that a path that loses datagrams because
+                // too many come (a full queue) is never sent more than a write.
+                let copies = match (w.tries[i], seen_lost(w, i)) {
+                    (0, _) => 1,
+                    (_, true) => path_copies,
+                    (tries, false) => path_copies.max(1 << tries.min(MAX_COPIES_LOG2)),
                 };
                 // Each transmission's sending time is its own, a nanosecond after the one
                 // before at least, so that the time an acknowledgement echoes names it.
                 let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
                 self.last_stamp_ns = Some(stamp);
                 w.parts[i].sent_ns = stamp;
-                for _ in 0..copies {
-                    send(&w.parts[i]);
-                }
+                send(&w.parts[i], copies as usize);
                 w.sent_at[i] = Some(stamp);
                 w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
@@ -526,6 +576,7 @@ impl WriteEngine {
         }
         w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
         w.last_event_ns = now_ns;
+        let mut loss_seen = None;
         for e in &ack.entries {
             let word = e.location.index as usize;
             for bit in 0..64 {
@@ -548,13 +599,30 @@ impl WriteEngine {
             .sends
             .binary_search_by_key(&ack.sent_ns, |&(stamp, _)| stamp)
         {
-            w.latest_acked_order = w.latest_acked_order.max(w.sends[at].1);
+            let sent = w.sends[at].1;
+            w.latest_acked_order = w.latest_acked_order.max(sent);
+            // The switch says how many datagrams of the write it took when that
+            // transmission arrived: of those sent up to it, the rest were lost (or are
+            // late). An acknowledgement that says less than one before came late itself.
+            let taken = ack.entries.first().map_or(0, |e| e.threshold);
+            if taken > w.datagrams_taken && sent >= LOSS_SAMPLE {
+                w.datagrams_taken = taken;
+                loss_seen = Some(1.0 - taken.min(sent) as f64 / sent as f64);
+            }
+        }
+        let timed = ack.sent_ns <= now_ns && ack.t_max & COMMITTED == 0;
+        let fresh = w.timed_sent_ns.is_none_or(|t| ack.sent_ns > t);
+        let round_trip = (timed && fresh).then(|| {
+            w.timed_sent_ns = Some(ack.sent_ns);
+            now_ns - ack.sent_ns
+        });
+        if let Some(loss) = loss_seen {
+            self.loss_to_switch = loss;
         }
         // The acknowledgement carries the sending time of the part that brought it (as TCP's
         // timestamps do): a round trip, whichever transmission that was; not a commit's
-        // answer, which waited for the commit.
-        if ack.sent_ns <= now_ns && ack.t_max & COMMITTED == 0 {
-            let r = now_ns - ack.sent_ns;
+        // answer, which waited for the commit, nor a copy, nor one older than the last.
+        if let Some(r) = round_trip {
             self.backoff = 0;
             self.rtt = Some(match self.rtt {
                 None => (r, r / 2),
@@ -621,6 +689,9 @@ pub const MAX_STAGED: u64 = 16;
 struct Staging {
     parts: Vec<Option<Vec<Update>>>,
     received: u64,
+    /// The datagrams of the write's parts taken, copies included: each acknowledgement
+    /// says it (its first word's threshold), so that the engine sees what its path loses.
+    datagrams: u64,
     /// The values of the parts held, at most `MAX_WRITE_VALUES`.
     values: usize,
     /// The value of each location kept-changes when the write's first part arrived (when
@@ -670,6 +741,9 @@ pub struct WriteStage {
     commits: VecDeque<(u64, u64)>,
     /// The answers of the writes committed since the last [`WriteStage::take_answers`].
     answers: Vec<Message>,
+    /// The share of the switch's messages the path to the collector loses (as its reports
+    /// show; [`WriteStage::set_loss_to_collector`]).
+    loss_to_collector: f64,
 }
 
 /// Writes committed whose refusals a stage remembers (the engine has one in flight).
@@ -740,6 +814,7 @@ impl WriteStage {
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
             parts: vec![None; total],
             received: 0,
+            datagrams: 0,
             values: 0,
             baseline: HashMap::new(),
             snapshots: HashMap::new(),
@@ -749,6 +824,7 @@ impl WriteStage {
             self.refused += 1;
             return None;
         }
+        staging.datagrams += 1;
         if staging.parts[index].is_none() {
             // Parts as runs carry up to 65,535 values each: the write's parts together
             // may not hold more than a write may, nor the writes staged more than two.
@@ -787,9 +863,10 @@ impl WriteStage {
             staging.received += 1;
         }
         let held = |i: usize| staging.parts[i].is_some();
-        let bits = (0..total.div_ceil(64))
+        let mut bits: Vec<Update> = (0..total.div_ceil(64))
             .map(|word| bitmap_word(word, total, held))
             .collect();
+        bits[0].threshold = staging.datagrams;
         let ack = part.answer(Kind::WriteAck, staging.received, bits);
         if staging.received == total as u64 && staging.whole.is_none() {
             staging.whole = Some(ack.clone());
@@ -864,13 +941,27 @@ impl WriteStage {
     }
 
     /// Appends the answers of the writes committed since the last call, each
-    /// [`ANSWER_COPIES`] times: an acknowledgement of the write's last part, [`COMMITTED`]
+    /// [`ANSWER_COPIES`] times or as many more as the path's loss asks for: an acknowledgement of the write's last part, [`COMMITTED`]
     /// with the entries the state refused. (Each part is acknowledged as it arrives, so
     /// that the round trips the engine measures are the path's, not a commit's.)
     pub fn take_answers(&mut self, out: &mut Vec<Message>) {
+        let copies = ANSWER_COPIES.max(self.ack_copies());
         for answer in self.answers.drain(..) {
-            out.extend(std::iter::repeat_n(answer, ANSWER_COPIES));
+            out.extend(std::iter::repeat_n(answer, copies));
         }
+    }
+
+    /// The path to the collector loses `loss` of the datagrams (as the collector's reports
+    /// show): each acknowledgement goes in as many copies as that asks for
+    /// ([`WriteStage::ack_copies`]), and a commit's answer too, [`ANSWER_COPIES`] at
+    /// least. The engine learns what arrived from any one of them.
+    pub fn set_loss_to_collector(&mut self, loss: f64) {
+        self.loss_to_collector = loss;
+    }
+
+    /// The copies of each acknowledgement [`WriteStage::on_part`] gives to send.
+    pub fn ack_copies(&self) -> usize {
+        copies_for(self.loss_to_collector) as usize
     }
 
     /// Whether parts of a write not committed yet are held (more are on their way).
@@ -1593,7 +1684,14 @@ pub(crate) mod tests {
         assert_eq!(engine.on_ack(20_000, &ack), None);
         let mut third = Vec::new();
         engine.poll(20_000, &mut third);
-        assert_eq!(parts(&third), [0, 1, 2, 3, 8, 9, 10]);
+        let mut seen_lost = parts(&third);
+        seen_lost.dedup();
+        assert_eq!(seen_lost, [0, 1, 2, 3, 8, 9, 10]);
+        // Two of the twenty datagrams sent arrived: a path that loses nine in ten, so
+        // they go in as many copies as that asks for.
+        let copies = copies_for(engine.loss_to_switch());
+        assert_eq!(copies, MAX_PATH_COPIES);
+        assert_eq!(third.len(), 7 * copies as usize);
     }
 
     #[test]
@@ -1617,6 +1715,101 @@ pub(crate) mod tests {
         let ack = answer_of(&mut stage);
         let done = engine.on_ack(4_000_010, &ack).unwrap();
         assert_eq!(done.transmissions, 1 + 2 + 4 + 4 + 4);
+    }
+
+    #[test]
+    fn copies_make_one_arrive_nine_times_in_ten() {
+        let copies: Vec<u32> = [0.0, 0.1, 0.2, 0.5, 0.8, 0.9, 0.99, 1.0, f64::NAN]
+            .iter()
+            .map(|&loss| copies_for(loss))
+            .collect();
+        assert_eq!(copies, [1, 1, 2, 4, 11, 16, 16, 16, 1]);
+        for loss in [0.15, 0.3, 0.6, 0.8, 0.85] {
+            let k = copies_for(loss) as i32;
+            assert!(loss.powi(k) <= 0.1 && loss.powi(k - 1) > 0.1, "{loss}: {k}");
+        }
+    }
+
+    /// The acknowledgements say how many of the write's datagrams the switch took: on a
+    /// path that loses half, the parts seen lost go again in three copies each; a write's
+    /// acknowledgements that show nothing lost bring the loss back to 0.
+    #[test]
+    fn parts_go_in_as_many_copies_as_the_paths_loss_asks_for() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        let mut now = 0;
+        // Delivers what `engine` sends now (every other datagram, where `lossy`) and
+        // hands back the acknowledgements; the datagrams sent, per part.
+        let mut exchange = |engine: &mut WriteEngine, lossy: bool, now: u64| {
+            let mut out = Vec::new();
+            engine.poll(now, &mut out);
+            let mut sent: BTreeMap<u64, u32> = BTreeMap::new();
+            for (n, part) in out.iter().enumerate() {
+                *sent.entry(part.t_max >> 32).or_default() += 1;
+                if lossy && n % 2 == 1 {
+                    continue;
+                }
+                if let Some(ack) = stage.on_part(part, &state) {
+                    engine.on_ack(now + 10, &ack);
+                }
+            }
+            if stage.commit(&mut state).is_some() {
+                let done = engine.on_ack(now + 20, &answer_of(&mut stage));
+                assert!(done.is_some(), "the commit's answer completes the write");
+            }
+            sent
+        };
+        // Forty parts, of which every other is lost: the acknowledgements say so.
+        engine.submit(values(40 * 58, Mode::Set)).unwrap();
+        let first = exchange(&mut engine, true, now);
+        assert_eq!(first.len(), 40);
+        assert!(first.values().all(|&n| n == 1), "forty parts, once each");
+        let loss = engine.loss_to_switch();
+        assert!((0.4..0.6).contains(&loss), "half lost: {loss}");
+        let copies = copies_for(loss);
+        assert!(copies >= 3, "{loss}: {copies}");
+        // Later parts' acknowledgements (then a timeout, for the last ones) show the odd
+        // parts lost: they go again in as many copies as the loss asks for.
+        let mut again = BTreeMap::new();
+        while !engine.is_idle() && now < 100_000_000 {
+            now += 1_000_000;
+            again.extend(exchange(&mut engine, false, now));
+        }
+        assert!(engine.is_idle(), "the write completed");
+        let odd: Vec<u64> = (1..40).step_by(2).collect();
+        assert_eq!(again.keys().copied().collect::<Vec<u64>>(), odd);
+        assert!(again.values().all(|&n| n == copies), "{again:?}");
+        // The next write's first transmissions go once, whatever the loss: a path that
+        // lost them to a full queue is not sent more.
+        engine.submit(values(40 * 58, Mode::Set)).unwrap();
+        let next = exchange(&mut engine, false, now + 1_000_000);
+        assert!(
+            next.len() == 40 && next.values().all(|&n| n == 1),
+            "{next:?}"
+        );
+        assert_eq!(engine.loss_to_switch(), 0.0, "nothing lost");
+        assert!(engine.is_idle());
+    }
+
+    /// A switch answers a commit in as many copies as the loss toward the collector asks
+    /// for, four at least.
+    #[test]
+    fn a_commits_answer_goes_in_as_many_copies_as_the_paths_loss_asks_for() {
+        for (loss, copies) in [(0.0, ANSWER_COPIES), (0.5, ANSWER_COPIES), (0.8, 11)] {
+            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+            let mut stage = WriteStage::default();
+            stage.set_loss_to_collector(loss);
+            let mut state = Map::default();
+            engine.submit(values(1, Mode::Set)).unwrap();
+            let mut out = Vec::new();
+            engine.poll(0, &mut out);
+            stage.on_part(&out[0], &state).unwrap();
+            stage.commit(&mut state).unwrap();
+            let mut answers = Vec::new();
+            stage.take_answers(&mut answers);
+            assert_eq!(answers.len(), copies, "at {loss}");
+        }
     }
 
     /// When every part went and nothing comes back for two round trips, only the last part
@@ -1669,6 +1862,31 @@ pub(crate) mod tests {
         stage.commit(&mut state).unwrap();
         engine.on_ack(900_000_000, &answer_of(&mut stage)).unwrap();
         assert_eq!(engine.rto(), rto);
+    }
+
+    /// Copies of an acknowledgement (a switch sends them on a lossy path), and one older
+    /// than the last measured, measure no round trip again.
+    #[test]
+    fn copies_of_an_acknowledgement_measure_one_round_trip() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let state = Map::default();
+        engine
+            .submit(values(2 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let first = stage.on_part(&out[0], &state).unwrap();
+        let second = stage.on_part(&out[1], &state).unwrap();
+        engine.on_ack(100_000, &second);
+        let rto = engine.rto();
+        let r = 100_000 - second.sent_ns;
+        assert_eq!(rto, r + 4 * (r / 2), "one round trip of about 100 us");
+        for late in [200_000, 5_000_000] {
+            engine.on_ack(late, &second);
+            engine.on_ack(late, &first);
+        }
+        assert_eq!(engine.rto(), rto, "copies and an older one: no measure");
     }
 
     /// A register whose size the stage knows.
