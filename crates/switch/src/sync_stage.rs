@@ -513,7 +513,10 @@ impl SyncStage {
                 // Would block, or an ICMP error of an earlier send: nothing (more) to take.
                 Err(_) => break,
             };
-            let message = match Message::decode_with(self.key.as_ref(), &self.datagram[..n]) {
+            let writes = &self.writes;
+            let datagram = &self.datagram[..n];
+            let held = |m: &Message| writes.holds_part(m);
+            let message = match Message::decode_unless_held(self.key.as_ref(), datagram, held) {
                 Ok(m) => m,
                 Err(e) => {
                     SyncCounters::add(&self.counters.refused, 1);

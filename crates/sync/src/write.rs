@@ -744,6 +744,8 @@ pub struct WriteStage {
     /// The share of the switch's messages the path to the collector loses (as its reports
     /// show; [`WriteStage::set_loss_to_collector`]).
     loss_to_collector: f64,
+    /// Whether the last part [`WriteStage::on_part`] took was one not held before.
+    last_part_new: bool,
 }
 
 /// Writes committed whose refusals a stage remembers (the engine has one in flight).
@@ -767,6 +769,7 @@ impl WriteStage {
         state: &impl WriteTarget,
     ) -> Option<Message> {
         let mut part = part.into();
+        self.last_part_new = false;
         if part.kind != Kind::Write {
             return None;
         }
@@ -861,6 +864,7 @@ impl WriteStage {
             }
             staging.parts[index] = Some(std::mem::take(&mut part.to_mut().entries));
             staging.received += 1;
+            self.last_part_new = true;
         }
         let held = |i: usize| staging.parts[i].is_some();
         let mut bits: Vec<Update> = (0..total.div_ceil(64))
@@ -945,23 +949,48 @@ impl WriteStage {
     /// with the entries the state refused. (Each part is acknowledged as it arrives, so
     /// that the round trips the engine measures are the path's, not a commit's.)
     pub fn take_answers(&mut self, out: &mut Vec<Message>) {
-        let copies = ANSWER_COPIES.max(self.ack_copies());
+        let copies = ANSWER_COPIES.max(copies_for(self.loss_to_collector) as usize);
         for answer in self.answers.drain(..) {
             out.extend(std::iter::repeat_n(answer, copies));
         }
     }
 
     /// The path to the collector loses `loss` of the datagrams (as the collector's reports
-    /// show): each acknowledgement goes in as many copies as that asks for
+    /// show): the acknowledgement of a part taken goes in as many copies as that asks for
     /// ([`WriteStage::ack_copies`]), and a commit's answer too, [`ANSWER_COPIES`] at
     /// least. The engine learns what arrived from any one of them.
     pub fn set_loss_to_collector(&mut self, loss: f64) {
         self.loss_to_collector = loss;
     }
 
-    /// The copies of each acknowledgement [`WriteStage::on_part`] gives to send.
+    /// The copies to send of the acknowledgement the last [`WriteStage::on_part`] gave:
+    /// as many as the loss toward the collector asks for where it took a part it did not
+    /// hold; one for a copy of a part held (its acknowledgement says nothing new, and a
+    /// part sent in copies brings as many acknowledgements as arrive).
     pub fn ack_copies(&self) -> usize {
-        copies_for(self.loss_to_collector) as usize
+        if self.last_part_new {
+            copies_for(self.loss_to_collector) as usize
+        } else {
+            1
+        }
+    }
+
+    /// Whether `part` (its header: the entries are not looked at) is a part of a write
+    /// this stage holds already, or committed, so that taking it again needs none of its
+    /// entries ([`Message::decode_unless_held`]): it is acknowledged as held.
+    pub fn holds_part(&self, part: &Message) -> bool {
+        let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
+        if part.kind != Kind::Write
+            || part.seq == 0
+            || self.of_another_numbering(part.seq)
+            || self.abandoned_ids.contains(&part.seq)
+        {
+            return false;
+        }
+        let staged = (self.staged.get(&part.seq)).is_some_and(|s| {
+            s.parts.len() == total && s.parts.get(index).is_some_and(Option::is_some)
+        });
+        staged || part.seq <= self.committed_up_to
     }
 
     /// Whether parts of a write not committed yet are held (more are on their way).
@@ -1792,8 +1821,9 @@ pub(crate) mod tests {
         assert!(engine.is_idle());
     }
 
-    /// A switch answers a commit in as many copies as the loss toward the collector asks
-    /// for, four at least.
+    /// A switch acknowledges a part it did not hold, and answers a commit, in as many
+    /// copies as the loss toward the collector asks for (the answer four at least); a copy
+    /// of a part held, once.
     #[test]
     fn a_commits_answer_goes_in_as_many_copies_as_the_paths_loss_asks_for() {
         for (loss, copies) in [(0.0, ANSWER_COPIES), (0.5, ANSWER_COPIES), (0.8, 11)] {
@@ -1805,6 +1835,9 @@ pub(crate) mod tests {
             let mut out = Vec::new();
             engine.poll(0, &mut out);
             stage.on_part(&out[0], &state).unwrap();
+            assert_eq!(stage.ack_copies(), copies_for(loss) as usize, "a part new");
+            stage.on_part(&out[0], &state).unwrap();
+            assert_eq!(stage.ack_copies(), 1, "a copy of one held");
             stage.commit(&mut state).unwrap();
             let mut answers = Vec::new();
             stage.take_answers(&mut answers);
@@ -1887,6 +1920,57 @@ pub(crate) mod tests {
             engine.on_ack(late, &first);
         }
         assert_eq!(engine.rto(), rto, "copies and an older one: no measure");
+    }
+
+    /// A stage holds a part once it took it, and every part of a write it committed; not
+    /// a part of another numbering, nor of a write it dropped. A part taken from its header
+    /// alone (a copy of one held) is acknowledged as held and changes nothing.
+    #[test]
+    fn a_part_held_is_known_from_its_header() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let mut stage = WriteStage::default();
+        let mut state = Map::default();
+        engine
+            .submit(values(2 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let header = |m: &Message| Message {
+            entries: Vec::new(),
+            ..m.clone()
+        };
+        assert!(!stage.holds_part(&header(&out[0])));
+        stage.on_part(&out[0], &state).unwrap();
+        assert!(stage.holds_part(&header(&out[0])));
+        assert!(!stage.holds_part(&header(&out[1])));
+        let again = stage.on_part(header(&out[0]), &state).unwrap();
+        assert_eq!(
+            (again.t_max, again.entries[0].value),
+            (1, 0b01),
+            "held: part 0"
+        );
+        assert_eq!(again.entries[0].threshold, 2, "two datagrams taken");
+        stage.on_part(&out[1], &state).unwrap();
+        let done = stage.commit(&mut state).unwrap();
+        assert_eq!(
+            done.values,
+            2 * MAX_ENTRIES as u64,
+            "the copy took nothing from it"
+        );
+        assert!(stage.holds_part(&header(&out[1])), "committed");
+        let far = Message {
+            seq: out[0].seq + 1_000,
+            ..header(&out[0])
+        };
+        assert!(!stage.holds_part(&far), "another numbering");
+        let mut abandoned = WriteStage::default();
+        abandoned.on_part(&out[0], &state).unwrap();
+        let abandon = Message {
+            t_max: 0,
+            ..header(&out[0])
+        };
+        abandoned.on_part(&abandon, &state).unwrap();
+        assert!(!abandoned.holds_part(&header(&out[0])), "dropped");
     }
 
     /// A register whose size the stage knows.
