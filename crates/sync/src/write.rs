@@ -232,7 +232,9 @@ pub const MAX_RTO_NS: u64 = 1_000_000_000;
 pub const MIN_RTO_NS: u64 = 50_000;
 
 /// How many places before an acknowledged part a part must have been sent to be taken as
-/// lost when it is not acknowledged (room for reordering on the way; TCP's three).
+/// lost when it is not acknowledged, once the path has been seen to reorder (room for
+/// reordering on the way; TCP's three). Before, none: on a path that keeps the order, a
+/// part not held when a part sent after it arrived is lost.
 pub const REORDERING: u64 = 3;
 
 /// The collector's side: one write in flight per switch stream, the others queued.
@@ -267,6 +269,10 @@ pub struct WriteEngine {
     /// until one did): parts sent again go in as many copies as it asks for
     /// ([`copies_for`]). It is the path's, so it stays from one write to the next.
     loss_to_switch: f64,
+    /// Whether a part sent once arrived after a part sent later had: from then on a part
+    /// is taken as lost only [`REORDERING`] places, and a quarter of a round trip, before
+    /// one that arrived (RACK's reordering window, RFC 8985), not at once.
+    reordering_seen: bool,
 }
 
 impl WriteEngine {
@@ -284,6 +290,7 @@ impl WriteEngine {
             last_stamp_ns: None,
             part_bytes: SMALL_PATH_BYTES,
             loss_to_switch: 0.0,
+            reordering_seen: false,
         }
     }
 
@@ -448,7 +455,11 @@ impl WriteEngine {
         let probe = self
             .rtt
             .map_or(rto, |(srtt, _)| (2 * srtt).max(MIN_PROBE_NS).min(rto));
-        let reordering_ns = self.rtt.map_or(0, |(srtt, _)| srtt / 4);
+        let (reordering_places, reordering_ns) = match self.rtt {
+            Some((srtt, _)) if self.reordering_seen => (REORDERING, srtt / 4),
+            None if self.reordering_seen => (REORDERING, 0),
+            _ => (0, 0),
+        };
         let ids = (self.switch, self.epoch, self.stream);
         let part_bytes = self.part_bytes;
         let path_copies = copies_for(self.loss_to_switch);
@@ -468,7 +479,7 @@ impl WriteEngine {
         // echoing when it was sent (as RACK reasons, RFC 8985).
         let seen_lost = |w: &InFlight, i: usize| {
             w.sent_at[i].is_some_and(|at| {
-                w.sent_order[i] + REORDERING < w.latest_acked_order
+                w.sent_order[i] + reordering_places < w.latest_acked_order
                     || at.saturating_add(reordering_ns) < w.delivered_sent_ns
             })
         };
@@ -574,9 +585,11 @@ impl WriteEngine {
             let refused = (ack.t_max & COMMITTED != 0).then_some(ack.t_max & !COMMITTED);
             return self.finish(now_ns, cancelled, refused);
         }
+        let delivered_before = w.delivered_sent_ns;
         w.delivered_sent_ns = w.delivered_sent_ns.max(ack.sent_ns.min(now_ns));
         w.last_event_ns = now_ns;
         let mut loss_seen = None;
+        let mut reordered = false;
         for e in &ack.entries {
             let word = e.location.index as usize;
             for bit in 0..64 {
@@ -584,6 +597,11 @@ impl WriteEngine {
                 if e.value >> bit & 1 == 1 && i < w.acked.len() && !w.acked[i] {
                     w.acked[i] = true;
                     w.left -= 1;
+                    // Held only now, sent once before a transmission known to have
+                    // arrived earlier (whose acknowledgement would have shown it held
+                    // had it come first): it was overtaken on the way.
+                    let sent_once_before = w.sent_at[i].is_some_and(|at| at < delivered_before);
+                    reordered |= w.tries[i] == 1 && sent_once_before;
                     // A part sent once says which transmission arrived, and so dates
                     // the others: what was sent well before it is lost.
                     if w.tries[i] == 1 {
@@ -619,6 +637,7 @@ impl WriteEngine {
         if let Some(loss) = loss_seen {
             self.loss_to_switch = loss;
         }
+        self.reordering_seen |= reordered;
         // The acknowledgement carries the sending time of the part that brought it (as TCP's
         // timestamps do): a round trip, whichever transmission that was; not a commit's
         // answer, which waited for the commit, nor a copy, nor one older than the last.
@@ -1427,14 +1446,11 @@ pub(crate) mod tests {
             None,
             "an older acknowledgement too"
         );
+        // Part 1, sent before part 2, which arrived, is lost (the path keeps the order):
+        // it goes again at once, once.
         let mut again = Vec::new();
-        engine.poll(29_999, &mut again);
-        assert!(
-            again.is_empty(),
-            "within the tail's probe (two round trips of 10 us after the last acknowledgement)"
-        );
-        engine.poll(30_000, &mut again);
-        assert_eq!(again.len(), 2, "the part not acknowledged, as two copies");
+        engine.poll(10_000, &mut again);
+        assert_eq!(again.len(), 1, "the part not acknowledged");
         assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
         stage.on_part(&again[0], &state).unwrap();
         stage.on_part(&out[0], &state).unwrap();
@@ -1451,8 +1467,8 @@ pub(crate) mod tests {
         let done = engine.on_ack(60_000, &ack).unwrap();
         assert_eq!(
             (done.id, done.parts, done.transmissions),
-            (id, 3, 5),
-            "three parts, one again as two copies"
+            (id, 3, 4),
+            "three parts, one again"
         );
         assert_eq!(done.latency_ns, 60_000);
         assert!(engine.is_idle());
@@ -1629,6 +1645,36 @@ pub(crate) mod tests {
         );
     }
 
+    /// On a path not seen to reorder, every part sent before one that arrived and not
+    /// held is lost at once; once a part sent once arrives after a later one did, the
+    /// engine leaves three places of room (TCP's) from then on.
+    #[test]
+    fn parts_overtaken_are_lost_at_once_until_the_path_is_seen_to_reorder() {
+        let sent_again = |reorder: bool| {
+            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+            let mut stage = WriteStage::default();
+            let state = Map::default();
+            engine
+                .submit(values(6 * MAX_ENTRIES as u32, Mode::Set))
+                .unwrap();
+            let mut out = Vec::new();
+            engine.poll(0, &mut out);
+            let ack = stage.on_part(&out[4], &state).unwrap();
+            engine.on_ack(10_000, &ack);
+            if reorder {
+                // Part 1, sent once, before part 4, arrives after it: overtaken.
+                let late = stage.on_part(&out[1], &state).unwrap();
+                engine.on_ack(10_001, &late);
+            }
+            assert_eq!(engine.reordering_seen, reorder);
+            let mut again = Vec::new();
+            engine.poll(10_002, &mut again);
+            again.iter().map(|m| m.t_max >> 32).collect::<Vec<u64>>()
+        };
+        assert_eq!(sent_again(false), [0, 1, 2, 3], "sent before part 4: lost");
+        assert_eq!(sent_again(true), [0], "three places before part 4 at least");
+    }
+
     /// A part not acknowledged in time goes again as two copies, then four each time
     /// after, all counted as transmissions.
     /// A switch slow to answer (busy committing a large write) is not sent the whole
@@ -1687,6 +1733,8 @@ pub(crate) mod tests {
     #[test]
     fn an_acknowledged_transmission_shows_those_sent_before_it_lost() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        // A path seen to reorder: three places of room.
+        engine.reordering_seen = true;
         let mut stage = WriteStage::default();
         let state = Map::default();
         engine
