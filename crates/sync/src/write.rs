@@ -157,6 +157,8 @@ struct InFlight {
     abandon: Option<(Option<u64>, u32)>,
     /// How often each part was sent (a part sent once gives a sample of the round trip).
     tries: Vec<u32>,
+    /// The copies each part went in, its last time.
+    copies: Vec<u32>,
     /// When a part last went on a timeout.
     timeout_sent_ns: u64,
     /// Every transmission's sending time and place in the order of transmissions, in
@@ -169,8 +171,9 @@ struct InFlight {
     timed_sent_ns: Option<u64>,
 }
 
-/// Parts unacknowledged on the way at most, so that they do not wait in a queue long
-/// enough to time out there (and the round trips measured are the channel's).
+/// Datagrams (parts, copies counted) unacknowledged on the way at most, so that they do
+/// not wait in a queue long enough to time out there (and the round trips measured are
+/// the channel's).
 pub const WINDOW: usize = 128;
 
 /// The bytes of the parts a timeout sends again at most, copies aside (eight parts of 64
@@ -445,6 +448,7 @@ impl WriteEngine {
                 last_event_ns: now_ns,
                 abandon,
                 tries: vec![0; n],
+                copies: vec![0; n],
                 timeout_sent_ns: 0,
                 sends: Vec::new(),
                 datagrams_taken: 0,
@@ -525,15 +529,17 @@ impl WriteEngine {
                 || !w.acked[i]
                     && (w.sent_at[i].is_none() || seen_lost(w, i) || timed_out_parts.contains(&i))
         };
-        let mut outstanding = (0..w.parts.len())
+        // Copies count: a path that loses datagrams because too many come is sent no more
+        // at once for being sent copies.
+        let mut outstanding: usize = (0..w.parts.len())
             .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
-            .count();
+            .map(|i| w.copies[i] as usize)
+            .sum();
         for i in 0..w.parts.len() {
             if outstanding >= WINDOW {
                 break;
             }
             if due(w, i) {
-                outstanding += 1;
                 // A part sent again on a timeout or as a probe goes as copies (2, then 4
                 // each time after): where a part and its acknowledgement each get through
                 // one time in five, a part alone needs 25 tries on average. One seen lost
@@ -545,7 +551,10 @@ impl WriteEngine {
                     (0, _) => 1,
                     (_, true) => path_copies,
                     (tries, false) => path_copies.max(1 << tries.min(MAX_COPIES_LOG2)),
-                };
+                }
+                .min((WINDOW - outstanding) as u32);
+                outstanding += copies as usize;
+                w.copies[i] = copies;
                 // Each transmission's sending time is its own, a nanosecond after the one
                 // before at least, so that the time an acknowledgement echoes names it.
                 let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
@@ -2019,6 +2028,31 @@ pub(crate) mod tests {
         };
         abandoned.on_part(&abandon, &state).unwrap();
         assert!(!abandoned.holds_part(&header(&out[0])), "dropped");
+    }
+
+    /// Copies count against the window: on a path that loses nine datagrams in ten, a
+    /// timeout sends the parts that went first in sixteen copies each, no more datagrams
+    /// than a window, and the others after.
+    #[test]
+    fn copies_count_against_the_window() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000);
+        engine.loss_to_switch = 0.9;
+        engine
+            .submit(values(200 * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut first = Vec::new();
+        engine.poll(0, &mut first);
+        assert_eq!(first.len(), WINDOW, "first transmissions go once");
+        let mut again = Vec::new();
+        engine.poll(1_000_000, &mut again);
+        assert_eq!(again.len(), WINDOW);
+        let parts: std::collections::BTreeSet<u64> = again.iter().map(|m| m.t_max >> 32).collect();
+        let copies = MAX_PATH_COPIES as usize;
+        assert_eq!(
+            parts,
+            (0..(WINDOW / copies) as u64).collect(),
+            "{copies} copies each"
+        );
     }
 
     /// A register whose size the stage knows.
