@@ -574,11 +574,12 @@ pub fn main_write(a: BenchSyncWriteArgs) -> BenchResult<()> {
          65,535, 4 past it), {} writes a cell; channel of {} bytes/s each way, 16 MiB of \
          buffer, 5 us latency, losing the chance given each way; retransmission timeout 200 \
          us until a round trip is measured, then TCP's (at least 50 us), a part also sent \
-         again once parts sent 3 places after it are acknowledged, the last 32 after two \
-         round trips, a part sent again on a timeout as 2 copies, then 4, and any part sent \
-         again in as many copies as make one arrive 9 times in 10 at the loss the \
-         acknowledgements show (at most 16); each acknowledgement sent once; 128 parts on \
-         the way at most; virtual time in steps of 2 us; seed {}",
+         again once a part sent after it is acknowledged (3 places after it once the path \
+         is seen to reorder), the last 32 after two round trips, a part sent again on a \
+         timeout as 2 copies, then 4, and any part sent again in as many copies as make one \
+         arrive 9 times in 10 at the loss the acknowledgements show (at most 16); each \
+         acknowledgement sent once; 128 datagrams on the way at most, copies counted; \
+         virtual time in steps of 2 us; seed {}",
         a.sizes.iter().min().copied().unwrap_or(0),
         a.sizes.iter().max().copied().unwrap_or(0),
         a.writes,
