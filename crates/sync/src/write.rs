@@ -1008,8 +1008,11 @@ impl WriteStage {
     /// entries ([`Message::decode_unless_held`]): it is acknowledged as held.
     pub fn holds_part(&self, part: &Message) -> bool {
         let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
+        // A header no part has (an index past the parts; no parts, which with entries is
+        // no abandon either) is read whole, and refused.
         if part.kind != Kind::Write
             || part.seq == 0
+            || index >= total
             || self.of_another_numbering(part.seq)
             || self.abandoned_ids.contains(&part.seq)
         {
@@ -2020,6 +2023,16 @@ pub(crate) mod tests {
             ..header(&out[0])
         };
         assert!(!stage.holds_part(&far), "another numbering");
+        for t_max in [0, (2 << 32) | 2, (5 << 32) | 2] {
+            let malformed = Message {
+                t_max,
+                ..header(&out[1])
+            };
+            assert!(
+                !stage.holds_part(&malformed),
+                "{t_max:x}: read whole, refused"
+            );
+        }
         let mut abandoned = WriteStage::default();
         abandoned.on_part(&out[0], &state).unwrap();
         let abandon = Message {
