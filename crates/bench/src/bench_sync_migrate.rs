@@ -16,7 +16,8 @@ use crate::bench_sync::synced_hh_65536;
 use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
 use stateplane_control::collector_api::{self, CollectorClient};
-use stateplane_control::sync_pb::{ReadRequest, WriteRequest};
+use stateplane_control::migrate::{Move, migrate};
+use stateplane_control::sync_pb::{ReadRequest, WriteDone, WriteRequest};
 use stateplane_gen::rng::Rng;
 use stateplane_runtime::{Burst, Running, Worker};
 use stateplane_switch::collector::{self, CollectorSettings};
@@ -57,6 +58,11 @@ pub struct BenchSyncMigrateArgs {
     /// Moves of each size at each loss.
     #[arg(long, default_value_t = 10)]
     pub moves: usize,
+    /// Move the whole sketch (`--sizes 65536` only) with `ctl sync migrate`'s call, read
+    /// and written inside the collector, rather than read from its copy and written back
+    /// through its API (which moves any number of values, each crossing the API twice).
+    #[arg(long, conflicts_with = "table")]
+    pub migrate: bool,
     /// Move conntrack tables of `--sizes` connections (entries, each placed by its key in
     /// the target) instead of hh's sketch values, with `ctl sync migrate`'s code.
     #[arg(long)]
@@ -273,6 +279,17 @@ impl Row {
             sent_per_part: Vec::new(),
         }
     }
+
+    /// A move begun at `started` and committed now, by the writes `done`.
+    fn record(&mut self, started: Instant, done: &[WriteDone]) {
+        self.move_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        let latency_ns: u64 = done.iter().map(|d| d.latency_ns).sum();
+        self.write_ms.push(latency_ns as f64 / 1e6);
+        let sent: u64 = done.iter().map(|d| d.transmissions).sum();
+        let parts: u32 = done.iter().map(|d| d.parts).sum();
+        self.sent_per_part
+            .push(sent as f64 / f64::from(parts.max(1)));
+    }
 }
 
 /// Moves `a.sizes` values of hh's sketch from switch 1 into a target switch per loss.
@@ -303,6 +320,30 @@ fn move_values(
             for _ in 0..a.moves {
                 std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
+                if a.migrate {
+                    let moved = migrate(
+                        client,
+                        &Move {
+                            from_switch: 1,
+                            from_stream: 0,
+                            to_switch: target_id,
+                            to_stream: Some(0),
+                            state: 0,
+                            entry_words: Some(1),
+                            timeout_ms: 10_000,
+                        },
+                    )?;
+                    if moved.values != u64::from(CELLS) || moved.largest_bound != 0 {
+                        return Err(format!(
+                            "a migration moved {} values (bound {}), not the exact {CELLS}",
+                            moved.values, moved.largest_bound
+                        ));
+                    }
+                    committed += moved.done.len() as u64;
+                    target.await_committed(committed)?;
+                    row.record(t, &moved.done);
+                    continue;
+                }
                 let read = (client.read(ReadRequest {
                     switch_id: 1,
                     stream: Some(0),
@@ -327,15 +368,12 @@ fn move_values(
                     timeout_ms: 10_000,
                 }))
                 .map_err(|e| e.to_string())?;
-                let [done] = &written.done[..] else {
+                if written.done.len() != 1 {
                     return Err(format!("a write of {n} values did not commit once"));
-                };
+                }
                 committed += 1;
                 target.await_committed(committed)?;
-                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                row.write_ms.push(done.latency_ns as f64 / 1e6);
-                row.sent_per_part
-                    .push(done.transmissions as f64 / f64::from(done.parts.max(1)));
+                row.record(t, &written.done);
             }
             rows.push(row);
         }
@@ -413,7 +451,6 @@ fn move_tables(
     client: &mut CollectorClient,
     collector_addr: SocketAddr,
 ) -> BenchResult<Vec<Row>> {
-    use stateplane_control::migrate::{Move, migrate};
     let mut rows = Vec::new();
     for (s, &n) in a.sizes.iter().enumerate() {
         let program = conntrack_switch(n, n)?;
@@ -523,6 +560,11 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     if a.moves == 0 || a.sizes.iter().any(|&n| n == 0 || n > CELLS) {
         return Err("--sizes: 1 to 65536 values; --moves above 0".into());
     }
+    if a.migrate && a.sizes.iter().any(|&n| n != CELLS) {
+        return Err(format!(
+            "--migrate moves the whole sketch, {CELLS} values: give --sizes {CELLS}"
+        ));
+    }
     if let Some(l) = a.losses.iter().find(|l| !(0.0..=0.95).contains(*l)) {
         return Err(format!("--losses: {l} is not a share from 0 to 0.95"));
     }
@@ -570,12 +612,18 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     } else {
         println!(
             "input: hh's sketch of 65,536 counters holding random values (seed {}) on switch \
-             1, read from the collector's copy and written into another switch whose sync \
-             channel loses the share given each way (a relay in this process); {} moves of \
-             each size, 0.2 s apart; a move ends when the target has committed it; gRPC and \
-             UDP on loopback; checked: every write committed, and each target's register is \
-             the source's values",
-            a.seed, a.moves
+             1, {} into another switch whose sync channel loses the share given each way (a \
+             relay in this process); {} moves of each size, 0.2 s apart; a move ends when \
+             the target has committed it; gRPC and UDP on loopback; checked: every write \
+             committed, and each target's register is the source's values",
+            a.seed,
+            if a.migrate {
+                "moved whole by ctl sync migrate's call (read from the collector's copy and \
+                 written inside the collector)"
+            } else {
+                "read from the collector's copy and written back through its API"
+            },
+            a.moves
         );
     }
     let median = |v: &[f64]| crate::statistics::median(v.to_vec());

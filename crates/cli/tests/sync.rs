@@ -905,6 +905,32 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             "{moved}"
         );
     }
+    // The whole sketch by `ctl sync migrate`'s call: one row a loss, checked the same way.
+    let migrated = ok(bin()
+        .args(["bench-sync-migrate", "--migrate", "--sizes", "65536"])
+        .args(["--losses", "0,0.5", "--moves", "2"])
+        .output()
+        .unwrap());
+    assert!(
+        migrated.contains("moved whole by ctl sync migrate's call"),
+        "{migrated}"
+    );
+    assert!(
+        migrated.contains("each target's register is the source's values"),
+        "{migrated}"
+    );
+    assert_eq!(
+        migrated.lines().filter(|l| l.contains('%')).count(),
+        2,
+        "{migrated}"
+    );
+    let refused = bin()
+        .args(["bench-sync-migrate", "--migrate", "--sizes", "256"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("give --sizes 65536"), "{why}");
     // Long enough (a few hundred ms) for writes every 10 ms to commit.
     let cost = |program: &[&str]| {
         ok(bin()
