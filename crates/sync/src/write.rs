@@ -1172,6 +1172,18 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// A fresh engine with a write of `parts` full parts (of `MAX_ENTRIES` scattered
+    /// values each) submitted and sent once, at 0: the engine and the parts sent.
+    fn sent_in_parts(parts: u32) -> (WriteEngine, Vec<Message>) {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine
+            .submit(values(parts * MAX_ENTRIES as u32, Mode::Set))
+            .unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        (engine, out)
+    }
+
     /// A collector that starts again numbers its writes afresh, from a random id: the
     /// switch, which committed writes 1 to 3 of the collector before, commits the new one's
     /// first write (a numbering of 1 again would be answered "committed" and dropped), and
@@ -1633,13 +1645,8 @@ pub(crate) mod tests {
     /// again at once, before its timeout.
     #[test]
     fn a_part_seen_lost_by_later_acknowledgements_goes_again_before_its_timeout() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let (mut engine, out) = sent_in_parts(6);
         let mut stage = WriteStage::default();
-        engine
-            .submit(values(6 * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
-        let mut out = Vec::new();
-        engine.poll(0, &mut out);
         assert_eq!(out.len(), 6);
         let state = Map::default();
         let mut ack = None;
@@ -1663,14 +1670,9 @@ pub(crate) mod tests {
     #[test]
     fn parts_overtaken_are_lost_at_once_until_the_path_is_seen_to_reorder() {
         let sent_again = |reorder: bool| {
-            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+            let (mut engine, out) = sent_in_parts(6);
             let mut stage = WriteStage::default();
             let state = Map::default();
-            engine
-                .submit(values(6 * MAX_ENTRIES as u32, Mode::Set))
-                .unwrap();
-            let mut out = Vec::new();
-            engine.poll(0, &mut out);
             let ack = stage.on_part(&out[4], &state).unwrap();
             engine.on_ack(10_000, &ack);
             if reorder {
@@ -1744,16 +1746,12 @@ pub(crate) mod tests {
     /// with no timeout, however often each went.
     #[test]
     fn an_acknowledged_transmission_shows_those_sent_before_it_lost() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
-        // A path seen to reorder: three places of room.
+        let (mut engine, out) = sent_in_parts(12);
+        // A path seen to reorder: three places of room (the parts went before any
+        // acknowledgement came, so the room applies to all that follows).
         engine.reordering_seen = true;
         let mut stage = WriteStage::default();
         let state = Map::default();
-        engine
-            .submit(values(12 * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
-        let mut out = Vec::new();
-        engine.poll(0, &mut out);
         assert_eq!(out.len(), 12);
         let parts = |m: &[Message]| m.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
         // Only part 11 arrives: 0 to 7, sent more than three places before it, are lost.
@@ -1910,14 +1908,9 @@ pub(crate) mod tests {
     /// shows the parts sent before it lost, and they go at once, once each.
     #[test]
     fn a_tail_probe_is_one_part_and_its_acknowledgement_shows_the_rest_lost() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let (mut engine, out) = sent_in_parts(4);
         let mut stage = WriteStage::default();
         let state = Map::default();
-        engine
-            .submit(values(4 * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
-        let mut out = Vec::new();
-        engine.poll(0, &mut out);
         assert_eq!(out.len(), 4);
         // Part 0 arrives (a round trip of 10 us); 1, 2 and 3 are lost.
         let ack = stage.on_part(&out[0], &state).unwrap();
@@ -1961,14 +1954,9 @@ pub(crate) mod tests {
     /// than the last measured, measure no round trip again.
     #[test]
     fn copies_of_an_acknowledgement_measure_one_round_trip() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let (mut engine, out) = sent_in_parts(2);
         let mut stage = WriteStage::default();
         let state = Map::default();
-        engine
-            .submit(values(2 * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
-        let mut out = Vec::new();
-        engine.poll(0, &mut out);
         let first = stage.on_part(&out[0], &state).unwrap();
         let second = stage.on_part(&out[1], &state).unwrap();
         engine.on_ack(100_000, &second);
@@ -1987,14 +1975,9 @@ pub(crate) mod tests {
     /// alone (a copy of one held) is acknowledged as held and changes nothing.
     #[test]
     fn a_part_held_is_known_from_its_header() {
-        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let (_, out) = sent_in_parts(2);
         let mut stage = WriteStage::default();
         let mut state = Map::default();
-        engine
-            .submit(values(2 * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
-        let mut out = Vec::new();
-        engine.poll(0, &mut out);
         let header = |m: &Message| Message {
             entries: Vec::new(),
             ..m.clone()
