@@ -731,8 +731,10 @@ fn the_collector_api_streams_reads_and_follows_changes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("had not committed the write after 200 ms, so it was cancelled"),
-        "{err}"
+        err.contains(
+            "streams [0, 1] had not committed the write after 200 ms, so it was cancelled"
+        ),
+        "a write to each of the two workers' streams: {err}"
     );
     assert!(
         err.contains("the cancel is unanswered (the switch may be gone)"),

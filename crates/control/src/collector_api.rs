@@ -266,7 +266,7 @@ impl collector_server::Collector for CollectorService {
             (false, true) => Mode::Subtract,
             (false, false) => Mode::Set,
         };
-        let written: Vec<Written> = (values.iter().enumerate())
+        let mut written: Vec<Written> = (values.iter().enumerate())
             .map(|(i, &value)| Written {
                 location: Location {
                     state,
@@ -278,10 +278,17 @@ impl collector_server::Collector for CollectorService {
             .collect();
         let ids = self.handle.with(|c| {
             let streams = streams_of(c, r.switch_id, r.stream)?;
-            (streams.into_iter())
-                .map(|stream| {
-                    let id = (c.write(r.switch_id, stream, written.clone()))
-                        .map_err(Status::invalid_argument)?;
+            let last = streams.len().saturating_sub(1);
+            (streams.into_iter().enumerate())
+                .map(|(n, stream)| {
+                    // Each stream's write its own values: the last takes them, not a copy.
+                    let values = if n == last {
+                        std::mem::take(&mut written)
+                    } else {
+                        written.clone()
+                    };
+                    let id =
+                        (c.write(r.switch_id, stream, values)).map_err(Status::invalid_argument)?;
                     Ok((stream, id))
                 })
                 .collect::<Result<Vec<_>, Status>>()
