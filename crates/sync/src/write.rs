@@ -511,6 +511,10 @@ impl WriteEngine {
         let held_back = timed_out_parts.len() > per_timeout;
         timed_out_parts.truncate(per_timeout);
         let any_timed_out = !timed_out_parts.is_empty();
+        let mut goes_on_timeout = vec![false; w.parts.len()];
+        for &i in &timed_out_parts {
+            goes_on_timeout[i] = true;
+        }
         // A part that times out is the probe then. With every part held and no word of
         // the commit (its answer lost, or the switch yet to commit), the last part goes
         // again: the switch answers a part of a committed write with what it refused.
@@ -526,8 +530,7 @@ impl WriteEngine {
             .flatten();
         let due = |w: &InFlight, i: usize| {
             probe_part == Some(i)
-                || !w.acked[i]
-                    && (w.sent_at[i].is_none() || seen_lost(w, i) || timed_out_parts.contains(&i))
+                || !w.acked[i] && (w.sent_at[i].is_none() || seen_lost(w, i) || goes_on_timeout[i])
         };
         // Copies count: a path that loses datagrams because too many come is sent no more
         // at once for being sent copies.
