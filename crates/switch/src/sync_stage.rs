@@ -943,25 +943,110 @@ mod tests {
         assert_eq!(reader.read(at(7, 0)), 0, "a state not tracked");
     }
 
-    /// Bursts (each changing a cell) for `run`: the passes' count and their time.
-    fn passes(take: Duration, max_age_ms: u64, run: Duration) -> (u64, Duration, Duration) {
-        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+    /// A stage syncing to `collector` (as switch `switch`, with `max_age_ms`), its plan,
+    /// and a program of one synced register of 64 cells whose take costs `take`.
+    fn staged(
+        collector: &UdpSocket,
+        switch: Option<u32>,
+        max_age_ms: Option<u64>,
+        take: Duration,
+    ) -> (SyncPlan, Box<dyn StateStage>, Box<dyn Running>) {
         let plan = SyncSettings {
             collector: collector.local_addr().unwrap().to_string(),
-            switch: None,
+            switch,
             channel_mbps: None,
             threshold: None,
             refresh_ms: None,
-            max_age_ms: Some(max_age_ms),
+            max_age_ms,
             slots: None,
             key_file: None,
         }
         .plan(1)
         .unwrap();
-        let mut stage = plan.factory().unwrap()(0);
+        let stage = plan.factory().unwrap()(0);
         let mut cells = Register::new(64);
         cells.track(0, 0);
-        let mut program: Box<dyn Running> = Box::new(Slow { cells, take });
+        (plan, stage, Box::new(Slow { cells, take }))
+    }
+
+    /// Through the stage's own socket: where the collector's reports show the path to it
+    /// losing four messages in five, a part new to the switch is acknowledged in eleven
+    /// copies; a copy of it, its entries cut short, is taken from its header (acknowledged
+    /// once, not refused); a part numbered 0 is refused and counted.
+    #[test]
+    fn write_parts_through_the_socket_are_acknowledged_by_the_paths_loss() {
+        use stateplane_sync::Update;
+        use stateplane_sync::write::copies_for;
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        collector
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let (plan, mut stage, mut program) = staged(&collector, Some(3), None, Duration::ZERO);
+        let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
+        stage.tick(program.as_mut(), &ctx);
+        let mut datagram = vec![0; 65_536];
+        let (n, switch_addr) = collector.recv_from(&mut datagram).unwrap();
+        let first = Message::decode(&datagram[..n]).unwrap();
+        let to_switch = |kind, seq, t_max, entries| Message {
+            kind,
+            switch: first.switch,
+            epoch: first.epoch,
+            stream: first.stream,
+            seq,
+            sent_ns: 1,
+            t_max,
+            more: false,
+            entries,
+        };
+        let send = |m: &Message, cut: usize| {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            bytes.truncate(bytes.len() - cut);
+            collector.send_to(&bytes, switch_addr).unwrap();
+        };
+        send(&to_switch(Kind::Report, 10, 8, Vec::new()), 0);
+        let values = (0..2)
+            .map(|index| Update {
+                location: Location { state: 0, index },
+                value: 7,
+                threshold: 0,
+            })
+            .collect();
+        let part = to_switch(Kind::Write, 5, 2, values);
+        send(&part, 0);
+        send(&part, 1);
+        send(&to_switch(Kind::Write, 0, 2, part.entries.clone()), 0);
+        let refused_before = SyncCounters::get(&plan.counters.refused);
+        stage.tick(program.as_mut(), &ctx);
+        let mut acks = Vec::new();
+        while let Ok(n) = collector.recv(&mut datagram) {
+            let m = Message::decode(&datagram[..n]).unwrap();
+            if m.kind == Kind::WriteAck {
+                acks.push(m);
+            }
+        }
+        let copies = copies_for(0.8) as usize;
+        assert_eq!(copies, 11);
+        assert_eq!(
+            acks.len(),
+            copies + 1,
+            "the new part's copies, and the copy's one"
+        );
+        assert!(acks.iter().all(|a| a.seq == 5 && a.t_max == 1));
+        let taken: Vec<u64> = acks.iter().map(|a| a.entries[0].threshold).collect();
+        assert_eq!(taken.last(), Some(&2), "two datagrams of the write taken");
+        assert_eq!(SyncCounters::get(&plan.counters.write_parts), 3);
+        assert_eq!(
+            SyncCounters::get(&plan.counters.refused) - refused_before,
+            1,
+            "the part numbered 0"
+        );
+    }
+
+    /// Bursts (each changing a cell) for `run`: the passes' count and their time.
+    fn passes(take: Duration, max_age_ms: u64, run: Duration) -> (u64, Duration, Duration) {
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (plan, mut stage, mut program) = staged(&collector, None, Some(max_age_ms), take);
         let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
         let start = Instant::now();
         let mut i = 0;
