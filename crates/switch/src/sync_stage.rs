@@ -534,9 +534,6 @@ impl SyncStage {
                     SyncCounters::add(&self.counters.reports, 1);
                     if let Some(sender) = &mut self.sender {
                         sender.on_report(now_ns, &message);
-                        // The acknowledgements of writes take the same path back.
-                        self.writes
-                            .set_loss_to_collector(sender.loss_to_collector());
                     }
                 }
                 Kind::Nack if ours => {
@@ -546,7 +543,7 @@ impl SyncStage {
                     }
                     SyncCounters::add(&self.counters.resent, again.len() as u64);
                     for m in again {
-                        self.send(&m);
+                        self.send(&m, 1);
                     }
                 }
                 Kind::Write if ours => {
@@ -568,9 +565,8 @@ impl SyncStage {
                         );
                     }
                     if let Some(ack) = answer {
-                        for _ in 0..self.writes.ack_copies() {
-                            self.send(&ack);
-                        }
+                        let copies = self.writes.ack_copies(self.loss_to_collector());
+                        self.send(&ack, copies);
                     }
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),
@@ -578,24 +574,34 @@ impl SyncStage {
         }
     }
 
-    /// Encodes `m` (with the MAC, where keyed) and sends it to the collector.
-    fn send(&mut self, m: &Message) {
+    /// The share of this stream's messages the path to the collector loses, as the
+    /// collector's reports show (0 before any): the acknowledgements of writes take the
+    /// same path back, in as many copies as it asks for.
+    fn loss_to_collector(&self) -> f64 {
+        self.sender.as_ref().map_or(0.0, Sender::loss_to_collector)
+    }
+
+    /// Encodes `m` (with the MAC, where keyed) once and sends it to the collector in
+    /// `copies` datagrams.
+    fn send(&mut self, m: &Message, copies: usize) {
         let Some(socket) = &self.socket else { return };
         self.bytes.clear();
         m.encode_with(self.key.as_ref(), &mut self.bytes);
-        match socket.send(&self.bytes) {
-            Ok(n) => {
-                SyncCounters::add(&self.counters.messages, 1);
-                SyncCounters::add(&self.counters.bytes, n as u64);
-            }
-            Err(e) => {
-                SyncCounters::add(&self.counters.send_errors, 1);
-                if !self.warned {
-                    self.warned = true;
-                    log::warn!(
-                        "sync: stream {}: sending to the collector failed ({e}); counting the failures, the refresh makes up for them",
-                        self.config.stream
-                    );
+        for _ in 0..copies {
+            match socket.send(&self.bytes) {
+                Ok(n) => {
+                    SyncCounters::add(&self.counters.messages, 1);
+                    SyncCounters::add(&self.counters.bytes, n as u64);
+                }
+                Err(e) => {
+                    SyncCounters::add(&self.counters.send_errors, 1);
+                    if !self.warned {
+                        self.warned = true;
+                        log::warn!(
+                            "sync: stream {}: sending to the collector failed ({e}); counting the failures, the refresh makes up for them",
+                            self.config.stream
+                        );
+                    }
                 }
             }
         }
@@ -604,7 +610,7 @@ impl SyncStage {
     fn send_out(&mut self) {
         let mut out = std::mem::take(&mut self.out);
         for m in out.drain(..) {
-            self.send(&m);
+            self.send(&m, 1);
         }
         self.out = out;
     }
@@ -641,9 +647,10 @@ impl SyncStage {
         self.receive(program, now_ns);
         let committed = self.commit_writes(program);
         let mut answers = std::mem::take(&mut self.answers);
-        self.writes.take_answers(&mut answers);
+        self.writes
+            .take_answers(self.loss_to_collector(), &mut answers);
         for answer in answers.drain(..) {
-            self.send(&answer);
+            self.send(&answer, 1);
         }
         self.answers = answers;
         committed

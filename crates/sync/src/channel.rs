@@ -189,17 +189,16 @@ impl WriteLink {
             }
             let _ = self.down.send(now_ns, bytes);
         });
-        stage.take_answers(&mut self.out);
+        // No reports cross this channel: the switch knows of no loss toward the collector,
+        // so its answers go in the least copies and its acknowledgements once.
+        stage.take_answers(0.0, &mut self.out);
         for answer in self.out.drain(..) {
             let _ = self.up.send(now_ns, encoded(&answer));
         }
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {
             if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
-                let bytes = encoded(&ack);
-                for _ in 0..stage.ack_copies() {
-                    let _ = self.up.send(now_ns, bytes.clone());
-                }
+                let _ = self.up.send(now_ns, encoded(&ack));
             }
         }
         self.up.deliver(now_ns, &mut self.arrived);

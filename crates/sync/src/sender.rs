@@ -211,8 +211,9 @@ impl Sender {
     }
 
     /// The share of its messages the path to the collector lost between its last two
-    /// reports (since the start, at the first; 0 before it): a switch sends its commits' answers in as many copies
-    /// as that loss asks for ([`crate::write::copies_for`]).
+    /// reports (since the start, at the first; 0 before it): a switch sends its writes'
+    /// acknowledgements and answers in as many copies as that loss asks for
+    /// ([`crate::write::WriteStage::ack_copies`], [`crate::write::copies_for`]).
     pub fn loss_to_collector(&self) -> f64 {
         self.loss_to_collector
     }

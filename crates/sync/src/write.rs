@@ -772,9 +772,6 @@ pub struct WriteStage {
     commits: VecDeque<(u64, u64)>,
     /// The answers of the writes committed since the last [`WriteStage::take_answers`].
     answers: Vec<Message>,
-    /// The share of the switch's messages the path to the collector loses (as its reports
-    /// show; [`WriteStage::set_loss_to_collector`]).
-    loss_to_collector: f64,
     /// Whether the last part [`WriteStage::on_part`] took was one not held before.
     last_part_new: bool,
 }
@@ -975,32 +972,28 @@ impl WriteStage {
         }
     }
 
-    /// Appends the answers of the writes committed since the last call, each
-    /// [`ANSWER_COPIES`] times or as many more as the path's loss asks for: an acknowledgement of the write's last part, [`COMMITTED`]
-    /// with the entries the state refused. (Each part is acknowledged as it arrives, so
-    /// that the round trips the engine measures are the path's, not a commit's.)
-    pub fn take_answers(&mut self, out: &mut Vec<Message>) {
-        let copies = ANSWER_COPIES.max(copies_for(self.loss_to_collector) as usize);
+    /// Appends the answers of the writes committed since the last call: an acknowledgement
+    /// of the write's last part, [`COMMITTED`] with the entries the state refused, each in
+    /// [`ANSWER_COPIES`] copies, or as many more as a path to the collector that loses
+    /// `loss_to_collector` of the datagrams asks for ([`copies_for`]). (Each part is
+    /// acknowledged as it arrives, so that the round trips the engine measures are the
+    /// path's, not a commit's.)
+    pub fn take_answers(&mut self, loss_to_collector: f64, out: &mut Vec<Message>) {
+        let copies = ANSWER_COPIES.max(copies_for(loss_to_collector) as usize);
         for answer in self.answers.drain(..) {
             out.extend(std::iter::repeat_n(answer, copies));
         }
     }
 
-    /// The path to the collector loses `loss` of the datagrams (as the collector's reports
-    /// show): the acknowledgement of a part taken goes in as many copies as that asks for
-    /// ([`WriteStage::ack_copies`]), and a commit's answer too, [`ANSWER_COPIES`] at
-    /// least. The engine learns what arrived from any one of them.
-    pub fn set_loss_to_collector(&mut self, loss: f64) {
-        self.loss_to_collector = loss;
-    }
-
-    /// The copies to send of the acknowledgement the last [`WriteStage::on_part`] gave:
-    /// as many as the loss toward the collector asks for where it took a part it did not
-    /// hold; one for a copy of a part held (its acknowledgement says nothing new, and a
-    /// part sent in copies brings as many acknowledgements as arrive).
-    pub fn ack_copies(&self) -> usize {
+    /// The copies to send of the acknowledgement the last [`WriteStage::on_part`] gave, on
+    /// a path to the collector that loses `loss_to_collector` of the datagrams (as the
+    /// collector's reports show): as many as that asks for where it took a part it did not
+    /// hold, the engine learning what arrived from any one of them; one for a copy of a
+    /// part held (its acknowledgement says nothing new, and a part sent in copies brings
+    /// as many acknowledgements as arrive).
+    pub fn ack_copies(&self, loss_to_collector: f64) -> usize {
         if self.last_part_new {
-            copies_for(self.loss_to_collector) as usize
+            copies_for(loss_to_collector) as usize
         } else {
             1
         }
@@ -1253,7 +1246,7 @@ pub(crate) mod tests {
     /// The answer of the write `stage` committed last: the first of its copies.
     pub(crate) fn answer_of(stage: &mut WriteStage) -> Message {
         let mut answers = Vec::new();
-        stage.take_answers(&mut answers);
+        stage.take_answers(0.0, &mut answers);
         assert_eq!(answers.len(), ANSWER_COPIES, "one write's answer");
         answers.remove(0)
     }
@@ -1890,18 +1883,21 @@ pub(crate) mod tests {
         for (loss, copies) in [(0.0, ANSWER_COPIES), (0.5, ANSWER_COPIES), (0.8, 11)] {
             let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
             let mut stage = WriteStage::default();
-            stage.set_loss_to_collector(loss);
             let mut state = Map::default();
             engine.submit(values(1, Mode::Set)).unwrap();
             let mut out = Vec::new();
             engine.poll(0, &mut out);
             stage.on_part(&out[0], &state).unwrap();
-            assert_eq!(stage.ack_copies(), copies_for(loss) as usize, "a part new");
+            assert_eq!(
+                stage.ack_copies(loss),
+                copies_for(loss) as usize,
+                "a part new"
+            );
             stage.on_part(&out[0], &state).unwrap();
-            assert_eq!(stage.ack_copies(), 1, "a copy of one held");
+            assert_eq!(stage.ack_copies(loss), 1, "a copy of one held");
             stage.commit(&mut state).unwrap();
             let mut answers = Vec::new();
-            stage.take_answers(&mut answers);
+            stage.take_answers(loss, &mut answers);
             assert_eq!(answers.len(), copies, "at {loss}");
         }
     }
