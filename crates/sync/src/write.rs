@@ -1168,16 +1168,30 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// A fresh engine with a write of `parts` full parts (of `MAX_ENTRIES` scattered
-    /// values each) submitted and sent once, at 0: the engine and the parts sent.
-    fn sent_in_parts(parts: u32) -> (WriteEngine, Vec<Message>) {
+    /// Submits a write of one value through `engine`, has `stage` take and commit it, and
+    /// gives the engine the commit's answer, which completes the write.
+    fn commit_one(engine: &mut WriteEngine, stage: &mut WriteStage, state: &mut Map) {
+        engine.submit(values(1, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        stage.on_part(&out[0], state).unwrap();
+        stage.commit(state).unwrap();
+        engine.on_ack(10, &answer_of(stage)).unwrap();
+    }
+
+    /// A fresh engine with a write of `n` scattered values submitted and sent once, at 0:
+    /// the engine and the parts sent.
+    fn sent_values(n: u32) -> (WriteEngine, Vec<Message>) {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
-        engine
-            .submit(values(parts * MAX_ENTRIES as u32, Mode::Set))
-            .unwrap();
+        engine.submit(values(n, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
         (engine, out)
+    }
+
+    /// As [`sent_values`], `parts` full parts (of `MAX_ENTRIES` values each).
+    fn sent_in_parts(parts: u32) -> (WriteEngine, Vec<Message>) {
+        sent_values(parts * MAX_ENTRIES as u32)
     }
 
     /// A collector that starts again numbers its writes afresh, from a random id: the
@@ -1190,12 +1204,7 @@ pub(crate) mod tests {
         let mut state = Map::default();
         let mut old = WriteEngine::new(1, 1, 0, 1_000_000);
         for _ in 0..3 {
-            old.submit(values(1, Mode::Set)).unwrap();
-            let mut out = Vec::new();
-            old.poll(0, &mut out);
-            stage.on_part(&out[0], &state).unwrap();
-            stage.commit(&mut state).unwrap();
-            old.on_ack(10, &answer_of(&mut stage)).unwrap();
+            commit_one(&mut old, &mut stage, &mut state);
         }
         // The old collector's fourth write, half sent when it went away.
         old.submit(values(100, Mode::Set)).unwrap();
@@ -1611,12 +1620,7 @@ pub(crate) mod tests {
         let mut state = Map::default();
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(100);
         for _ in 0..2 {
-            engine.submit(values(1, Mode::Set)).unwrap();
-            let mut out = Vec::new();
-            engine.poll(0, &mut out);
-            stage.on_part(&out[0], &state).unwrap();
-            stage.commit(&mut state).unwrap();
-            engine.on_ack(10, &answer_of(&mut stage)).unwrap();
+            commit_one(&mut engine, &mut stage, &mut state);
         }
         engine.submit(values(2, Mode::Set)).unwrap();
         let mut out = Vec::new();
@@ -1685,8 +1689,6 @@ pub(crate) mod tests {
         assert_eq!(sent_again(true), [0], "three places before part 4 at least");
     }
 
-    /// A part not acknowledged in time goes again as two copies, then four each time
-    /// after, all counted as transmissions.
     /// A switch slow to answer (busy committing a large write) is not sent the whole
     /// write again: a timeout sends again the parts that went longest ago, eight of 64 KiB
     /// a timeout, the rest a timeout later, and the acknowledgement they bring back shows
@@ -1777,6 +1779,8 @@ pub(crate) mod tests {
         assert_eq!(third.len(), 7 * copies as usize);
     }
 
+    /// A part not acknowledged in time goes again as two copies, then four each time
+    /// after, all counted as transmissions.
     #[test]
     fn a_part_sent_again_goes_as_more_copies() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000);
@@ -1881,12 +1885,9 @@ pub(crate) mod tests {
     #[test]
     fn a_commits_answer_goes_in_as_many_copies_as_the_paths_loss_asks_for() {
         for (loss, copies) in [(0.0, ANSWER_COPIES), (0.5, ANSWER_COPIES), (0.8, 11)] {
-            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+            let (_, out) = sent_values(1);
             let mut stage = WriteStage::default();
             let mut state = Map::default();
-            engine.submit(values(1, Mode::Set)).unwrap();
-            let mut out = Vec::new();
-            engine.poll(0, &mut out);
             stage.on_part(&out[0], &state).unwrap();
             assert_eq!(
                 stage.ack_copies(loss),
