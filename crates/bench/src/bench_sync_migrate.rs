@@ -145,6 +145,11 @@ impl Switch {
         SyncCounters::get(&self.counters.writes_committed)
     }
 
+    /// The time its worker has spent committing writes (forwarding nothing meanwhile).
+    fn commit_ns(&self) -> u64 {
+        SyncCounters::get(&self.counters.commit_ns)
+    }
+
     /// Waits until it has committed `writes` writes in all: a write is acknowledged once
     /// the switch holds all of it, and lands in its state at the switch's next pass.
     fn await_committed(&self, writes: u64) -> BenchResult<()> {
@@ -259,13 +264,14 @@ fn await_stream(client: &mut CollectorClient, switch: u32) -> BenchResult<()> {
     }
 }
 
-/// One row: a size at a loss, each move's time (read and write) and the write's own, and
-/// the transmissions per part.
+/// One row: a size at a loss, each move's time (read and write), the write's own, the
+/// target's commit of it, and the transmissions per part.
 struct Row {
     loss: f64,
     values: u32,
     move_ms: Vec<f64>,
     write_ms: Vec<f64>,
+    commit_ms: Vec<f64>,
     sent_per_part: Vec<f64>,
 }
 
@@ -276,13 +282,16 @@ impl Row {
             values,
             move_ms: Vec::new(),
             write_ms: Vec::new(),
+            commit_ms: Vec::new(),
             sent_per_part: Vec::new(),
         }
     }
 
-    /// A move begun at `started` and committed now, by the writes `done`.
-    fn record(&mut self, started: Instant, done: &[WriteDone]) {
+    /// A move begun at `started` and committed now, by the writes `done`, which the
+    /// target's worker took `commit_ns` to commit.
+    fn record(&mut self, started: Instant, done: &[WriteDone], commit_ns: u64) {
         self.move_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        self.commit_ms.push(commit_ns as f64 / 1e6);
         let latency_ns: u64 = done.iter().map(|d| d.latency_ns).sum();
         self.write_ms.push(latency_ns as f64 / 1e6);
         let sent: u64 = done.iter().map(|d| d.transmissions).sum();
@@ -320,6 +329,7 @@ fn move_values(
             for _ in 0..a.moves {
                 std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
+                let commit_before = target.commit_ns();
                 if a.migrate {
                     let moved = migrate(
                         client,
@@ -341,7 +351,7 @@ fn move_values(
                     }
                     committed += moved.done.len() as u64;
                     target.await_committed(committed)?;
-                    row.record(t, &moved.done);
+                    row.record(t, &moved.done, target.commit_ns() - commit_before);
                     continue;
                 }
                 let read = (client.read(ReadRequest {
@@ -373,7 +383,7 @@ fn move_values(
                 }
                 committed += 1;
                 target.await_committed(committed)?;
-                row.record(t, &written.done);
+                row.record(t, &written.done, target.commit_ns() - commit_before);
             }
             rows.push(row);
         }
@@ -485,6 +495,7 @@ fn move_tables(
             for _ in 0..a.moves {
                 std::thread::sleep(BETWEEN_MOVES);
                 let t = Instant::now();
+                let commit_before = target.commit_ns();
                 let moved = migrate(
                     client,
                     &Move {
@@ -501,16 +512,11 @@ fn move_tables(
                 )?;
                 committed += moved.done.len() as u64;
                 target.await_committed(committed)?;
-                row.move_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                row.record(t, &moved.done, target.commit_ns() - commit_before);
                 if moved.entries != u64::from(n) {
                     return Err(format!("{} connections moved of {n}", moved.entries));
                 }
-                let (parts, sent) = (moved.done.iter()).fold((0u64, 0u64), |(p, s), d| {
-                    (p + u64::from(d.parts), s + d.transmissions)
-                });
-                row.write_ms
-                    .push((moved.done.iter()).map(|d| d.latency_ns as f64 / 1e6).sum());
-                row.sent_per_part.push(sent as f64 / parts.max(1) as f64);
+                let parts = (moved.done.iter()).map(|d| d.parts).sum::<u32>();
                 shape = (moved.done.len(), parts);
             }
             rows.push(row);
@@ -626,16 +632,26 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             a.moves
         );
     }
+    println!(
+        "write: the collector's call to the target's answer that it committed; commit: the \
+         target's worker placing the write, when it forwards nothing"
+    );
     let median = |v: &[f64]| crate::statistics::median(v.to_vec());
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
     let mut table = Table::new(
         &["loss", if a.table { "entries" } else { "values" }],
-        &["move median ms", "move max", "write median ms", "sent/part"],
+        &[
+            "move median ms",
+            "move max",
+            "write median ms",
+            "commit median ms",
+            "sent/part",
+        ],
     );
     let mut csv = Csv::new(if a.table {
-        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part"
+        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,sent_per_part"
     } else {
-        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,sent_per_part"
+        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,sent_per_part"
     });
     for r in &rows {
         table.row(vec![
@@ -644,16 +660,19 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             format!("{:.3}", median(&r.move_ms)),
             format!("{:.3}", max(&r.move_ms)),
             format!("{:.3}", median(&r.write_ms)),
+            format!("{:.3}", median(&r.commit_ms)),
             format!("{:.2}", median(&r.sent_per_part)),
         ]);
         csv.row(format_args!(
-            "{},{},{:.4},{:.4},{:.4},{:.4},{:.3}",
+            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
             r.loss,
             r.values,
             median(&r.move_ms),
             max(&r.move_ms),
             median(&r.write_ms),
             max(&r.write_ms),
+            median(&r.commit_ms),
+            max(&r.commit_ms),
             median(&r.sent_per_part)
         ));
     }

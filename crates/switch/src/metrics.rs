@@ -154,7 +154,22 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     ] {
         single(e, &format!("stateplane_sync_{name}"), help, value)?;
     }
-    Ok(())
+    let seconds = |ns: &std::sync::atomic::AtomicU64| get(ns) as f64 / 1e9;
+    let help = "Seconds the workers spent committing top-down writes (a worker forwards nothing while it commits)";
+    let mut family = e.encode_descriptor(
+        "stateplane_sync_commit_seconds",
+        help,
+        None,
+        MetricType::Counter,
+    )?;
+    let no_labels: Vec<(&'static str, String)> = Vec::new();
+    ConstCounter::new(seconds(&c.commit_ns)).encode(family.encode_family(&no_labels)?)?;
+    gauge(
+        e,
+        "stateplane_sync_longest_commit_seconds",
+        "The longest commit of a top-down write, in seconds",
+        vec![(no_labels, seconds(&c.longest_commit_ns))],
+    )
 }
 
 impl Collector for Scrape {

@@ -128,6 +128,10 @@ pub struct SyncCounters {
     /// collector that started again), and were taken up from there.
     pub writes_renumbered: AtomicU64,
     pub values_written: AtomicU64,
+    /// Time the workers spent committing writes, and the longest commit: a worker forwards
+    /// nothing while it commits (a write is placed whole between two bursts).
+    pub commit_ns: AtomicU64,
+    pub longest_commit_ns: AtomicU64,
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
     /// Entries of writes into tables refused whole (words missing, fields that do not fit,
@@ -618,10 +622,17 @@ impl SyncStage {
     /// Commits every write whole that has all its parts; whether any was.
     fn commit_writes(&mut self, program: &mut dyn Running) -> bool {
         let mut any = false;
-        while let Some(done) = self
-            .writes
-            .commit(&mut ProgramState(program, Some(&mut self.written)))
-        {
+        loop {
+            let started_ns = self.now_ns();
+            let committing = &mut ProgramState(program, Some(&mut self.written));
+            let Some(done) = self.writes.commit(committing) else {
+                break;
+            };
+            let took = self.now_ns().saturating_sub(started_ns);
+            SyncCounters::add(&self.counters.commit_ns, took);
+            self.counters
+                .longest_commit_ns
+                .fetch_max(took, Ordering::Relaxed);
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
             SyncCounters::add(&self.counters.changes_kept, done.changes_kept);
@@ -764,6 +775,10 @@ pub struct SyncReport {
     pub writes_abandoned: u64,
     pub writes_renumbered: u64,
     pub values_written: u64,
+    /// Seconds the workers spent committing writes, and the longest commit's: the
+    /// worker forwarded nothing meanwhile.
+    pub commit_seconds: f64,
+    pub longest_commit_seconds: f64,
     pub changes_kept: u64,
     pub entries_refused: u64,
 }
@@ -791,6 +806,8 @@ impl SyncPlan {
             writes_abandoned: get(&c.writes_abandoned),
             writes_renumbered: get(&c.writes_renumbered),
             values_written: get(&c.values_written),
+            commit_seconds: get(&c.commit_ns) as f64 / 1e9,
+            longest_commit_seconds: get(&c.longest_commit_ns) as f64 / 1e9,
             changes_kept: get(&c.changes_kept),
             entries_refused: get(&c.entries_refused),
         }
@@ -814,8 +831,14 @@ impl SyncReport {
         );
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
-                "  writes committed {} ({} values, {} with their changes kept; {} parts)\n",
-                self.writes_committed, self.values_written, self.changes_kept, self.write_parts
+                "  writes committed {} ({} values, {} with their changes kept; {} parts), in \
+                 {:.3} s, the longest {:.3} ms (the worker forwards nothing while it commits)\n",
+                self.writes_committed,
+                self.values_written,
+                self.changes_kept,
+                self.write_parts,
+                self.commit_seconds,
+                self.longest_commit_seconds * 1e3
             );
         }
         if self.resent > 0 {
