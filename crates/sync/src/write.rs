@@ -316,25 +316,27 @@ impl WriteEngine {
     /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
     /// runs counted (a register's values in order take a few bytes each, not 24).
     fn parts_of(&self, values: &[Written]) -> Vec<Vec<Update>> {
+        let update = |w: &Written| Update {
+            location: w.location,
+            value: w.value,
+            threshold: w.mode as u64,
+        };
+        // Each part made at its size once its end is known: a large write's parts are
+        // megabytes, which growing would copy and map afresh.
         let mut parts = Vec::new();
-        let (mut part, mut size) = (Vec::new(), EncodedSize::default());
-        for w in values {
-            let update = Update {
-                location: w.location,
-                value: w.value,
-                threshold: w.mode as u64,
-            };
-            size.push(&update);
+        let (mut first, mut size) = (0, EncodedSize::default());
+        for (i, w) in values.iter().enumerate() {
+            size.push(&update(w));
             let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
-            if !fits && !part.is_empty() {
-                parts.push(std::mem::take(&mut part));
+            if !fits && i > first {
+                parts.push(values[first..i].iter().map(update).collect());
+                first = i;
                 size = EncodedSize::default();
-                size.push(&update);
+                size.push(&update(w));
             }
-            part.push(update);
         }
         // An empty write is one empty part, so that it commits (and is seen to).
-        parts.push(part);
+        parts.push(values[first..].iter().map(update).collect());
         parts
     }
 
