@@ -150,6 +150,13 @@ impl Switch {
         SyncCounters::get(&self.counters.commit_ns)
     }
 
+    /// The longest its sync stage has held its worker in one go since the last call, in
+    /// milliseconds.
+    fn longest_pause_ms(&self) -> f64 {
+        let ns = self.counters.longest_pause_ns.swap(0, Ordering::Relaxed);
+        ns as f64 / 1e6
+    }
+
     /// Waits until it has committed `writes` writes in all: a write is acknowledged once
     /// the switch holds all of it, and lands in its state at the switch's next pass.
     fn await_committed(&self, writes: u64) -> BenchResult<()> {
@@ -265,13 +272,15 @@ fn await_stream(client: &mut CollectorClient, switch: u32) -> BenchResult<()> {
 }
 
 /// One row: a size at a loss, each move's time (read and write), the write's own, the
-/// target's commit of it, and the transmissions per part.
+/// target's commit of it and the longest its worker paused forwarding meanwhile, and the
+/// transmissions per part.
 struct Row {
     loss: f64,
     values: u32,
     move_ms: Vec<f64>,
     write_ms: Vec<f64>,
     commit_ms: Vec<f64>,
+    pause_ms: Vec<f64>,
     sent_per_part: Vec<f64>,
 }
 
@@ -283,7 +292,20 @@ impl Row {
             move_ms: Vec::new(),
             write_ms: Vec::new(),
             commit_ms: Vec::new(),
+            pause_ms: Vec::new(),
             sent_per_part: Vec::new(),
+        }
+    }
+
+    /// Waits the time between two moves, then takes the target's longest pause since the
+    /// last call as the last move's: the pass that commits a write goes on past the
+    /// commit that ends the move, sending the write's changes back. Before each move, and
+    /// once after the last.
+    fn between_moves(&mut self, target: &Switch) {
+        std::thread::sleep(BETWEEN_MOVES);
+        let pause_ms = target.longest_pause_ms();
+        if self.pause_ms.len() < self.move_ms.len() {
+            self.pause_ms.push(pause_ms);
         }
     }
 
@@ -327,7 +349,7 @@ fn move_values(
             eprintln!("loss {loss}: moving {n} values {} times", a.moves);
             let mut row = Row::new(loss, n);
             for _ in 0..a.moves {
-                std::thread::sleep(BETWEEN_MOVES);
+                row.between_moves(&target);
                 let t = Instant::now();
                 let commit_before = target.commit_ns();
                 if a.migrate {
@@ -385,6 +407,7 @@ fn move_values(
                 target.await_committed(committed)?;
                 row.record(t, &written.done, target.commit_ns() - commit_before);
             }
+            row.between_moves(&target);
             rows.push(row);
         }
         let held = target.stop()?;
@@ -493,7 +516,7 @@ fn move_tables(
             // How the moves went: writes a move, parts a write (the last move's).
             let mut shape = (0, 0);
             for _ in 0..a.moves {
-                std::thread::sleep(BETWEEN_MOVES);
+                row.between_moves(&target);
                 let t = Instant::now();
                 let commit_before = target.commit_ns();
                 let moved = migrate(
@@ -519,6 +542,7 @@ fn move_tables(
                 let parts = (moved.done.iter()).map(|d| d.parts).sum::<u32>();
                 shape = (moved.done.len(), parts);
             }
+            row.between_moves(&target);
             rows.push(row);
             eprintln!(
                 "loss {loss}: each move {} write(s), {} parts in all",
@@ -634,7 +658,9 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     }
     println!(
         "write: the collector's call to the target's answer that it committed; commit: the \
-         target's worker placing the write, when it forwards nothing"
+         target's worker placing the write; pause: the longest its sync stage held the \
+         target's worker in one go during the move (the commit, or the pass that sends the \
+         write's changes back); the worker forwards nothing meanwhile"
     );
     let median = |v: &[f64]| crate::statistics::median(v.to_vec());
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
@@ -645,13 +671,14 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             "move max",
             "write median ms",
             "commit median ms",
+            "pause median ms",
             "sent/part",
         ],
     );
     let mut csv = Csv::new(if a.table {
-        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,sent_per_part"
+        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,pause_median_ms,pause_max_ms,sent_per_part"
     } else {
-        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,sent_per_part"
+        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,pause_median_ms,pause_max_ms,sent_per_part"
     });
     for r in &rows {
         table.row(vec![
@@ -661,10 +688,11 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             format!("{:.3}", max(&r.move_ms)),
             format!("{:.3}", median(&r.write_ms)),
             format!("{:.3}", median(&r.commit_ms)),
+            format!("{:.3}", median(&r.pause_ms)),
             format!("{:.2}", median(&r.sent_per_part)),
         ]);
         csv.row(format_args!(
-            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
+            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
             r.loss,
             r.values,
             median(&r.move_ms),
@@ -673,6 +701,8 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             max(&r.write_ms),
             median(&r.commit_ms),
             max(&r.commit_ms),
+            median(&r.pause_ms),
+            max(&r.pause_ms),
             median(&r.sent_per_part)
         ));
     }

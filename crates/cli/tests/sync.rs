@@ -906,6 +906,15 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             4,
             "{moved}"
         );
+        // Each move's commit is timed, and the target's longest pause in forwarding holds
+        // it: a commit is made within one of the sync stage's calls between two bursts.
+        for row in moved.lines().filter(|l| l.contains('%')) {
+            let figures: Vec<f64> = (row.split_whitespace().skip(2))
+                .map(|f| f.parse().unwrap())
+                .collect();
+            let (commit_ms, pause_ms) = (figures[3], figures[4]);
+            assert!(commit_ms > 0.0 && pause_ms >= commit_ms, "{row}");
+        }
     }
     // The whole sketch by `ctl sync migrate`'s call: one row a loss, checked the same way.
     let migrated = ok(bin()

@@ -166,9 +166,9 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     ConstCounter::new(seconds(&c.commit_ns)).encode(family.encode_family(&no_labels)?)?;
     gauge(
         e,
-        "stateplane_sync_longest_commit_seconds",
-        "The longest commit of a top-down write, in seconds",
-        vec![(no_labels, seconds(&c.longest_commit_ns))],
+        "stateplane_sync_longest_pause_seconds",
+        "The longest a sync stage held its worker in one go (a pass, or writes committed between two bursts), when the worker forwards nothing",
+        vec![(no_labels, seconds(&c.longest_pause_ns))],
     )
 }
 

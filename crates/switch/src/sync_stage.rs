@@ -128,10 +128,13 @@ pub struct SyncCounters {
     /// collector that started again), and were taken up from there.
     pub writes_renumbered: AtomicU64,
     pub values_written: AtomicU64,
-    /// Time the workers spent committing writes, and the longest commit: a worker forwards
-    /// nothing while it commits (a write is placed whole between two bursts).
+    /// Time the workers spent committing writes (a write is placed whole between two
+    /// bursts).
     pub commit_ns: AtomicU64,
-    pub longest_commit_ns: AtomicU64,
+    /// The longest time a sync stage held its worker in one go (a pass, or writes taken
+    /// and committed between two bursts), when the worker forwards nothing: a large
+    /// write's commit and the pass that then sends its changes, or a large table's take.
+    pub longest_pause_ns: AtomicU64,
     /// Written locations whose changes since their part arrived were kept.
     pub changes_kept: AtomicU64,
     /// Entries of writes into tables refused whole (words missing, fields that do not fit,
@@ -630,9 +633,6 @@ impl SyncStage {
             };
             let took = self.now_ns().saturating_sub(started_ns);
             SyncCounters::add(&self.counters.commit_ns, took);
-            self.counters
-                .longest_commit_ns
-                .fetch_max(took, Ordering::Relaxed);
             SyncCounters::add(&self.counters.writes_committed, 1);
             SyncCounters::add(&self.counters.values_written, done.values);
             SyncCounters::add(&self.counters.changes_kept, done.changes_kept);
@@ -678,7 +678,11 @@ impl SyncStage {
         } else if tick || self.writes.holds_parts() || now_ns >= self.next_receive_ns {
             self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
             self.exchange(program, now_ns);
+        } else {
+            return;
         }
+        let took = self.now_ns().saturating_sub(now_ns);
+        (self.counters.longest_pause_ns).fetch_max(took, Ordering::Relaxed);
     }
 
     /// One pass: changes in, the collector's messages taken, the writes whole committed,
@@ -775,10 +779,10 @@ pub struct SyncReport {
     pub writes_abandoned: u64,
     pub writes_renumbered: u64,
     pub values_written: u64,
-    /// Seconds the workers spent committing writes, and the longest commit's: the
-    /// worker forwarded nothing meanwhile.
+    /// Seconds the workers spent committing writes, and the longest a stage held its
+    /// worker in one go (see [`SyncCounters::longest_pause_ns`]).
     pub commit_seconds: f64,
-    pub longest_commit_seconds: f64,
+    pub longest_pause_seconds: f64,
     pub changes_kept: u64,
     pub entries_refused: u64,
 }
@@ -807,7 +811,7 @@ impl SyncPlan {
             writes_renumbered: get(&c.writes_renumbered),
             values_written: get(&c.values_written),
             commit_seconds: get(&c.commit_ns) as f64 / 1e9,
-            longest_commit_seconds: get(&c.longest_commit_ns) as f64 / 1e9,
+            longest_pause_seconds: get(&c.longest_pause_ns) as f64 / 1e9,
             changes_kept: get(&c.changes_kept),
             entries_refused: get(&c.entries_refused),
         }
@@ -818,7 +822,8 @@ impl SyncReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s: \
-             {:.3} s taking the changes, {:.3} s in the read handler)\n",
+             {:.3} s taking the changes, {:.3} s in the read handler; the worker paused \
+             {:.3} ms at most)\n",
             self.collector,
             self.changes,
             self.messages,
@@ -827,18 +832,18 @@ impl SyncReport {
             self.passes,
             self.pass_seconds,
             self.take_seconds,
-            self.handle_seconds
+            self.handle_seconds,
+            self.longest_pause_seconds * 1e3
         );
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
                 "  writes committed {} ({} values, {} with their changes kept; {} parts), in \
-                 {:.3} s, the longest {:.3} ms (the worker forwards nothing while it commits)\n",
+                 {:.3} s (the worker forwards nothing while it commits)\n",
                 self.writes_committed,
                 self.values_written,
                 self.changes_kept,
                 self.write_parts,
-                self.commit_seconds,
-                self.longest_commit_seconds * 1e3
+                self.commit_seconds
             );
         }
         if self.resent > 0 {
