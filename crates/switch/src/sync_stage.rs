@@ -677,7 +677,9 @@ impl SyncStage {
             self.pass(program);
         } else if tick || self.writes.holds_parts() || now_ns >= self.next_receive_ns {
             self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
-            self.exchange(program, now_ns);
+            if self.exchange(program, now_ns) {
+                self.changes_due(now_ns);
+            }
         } else {
             return;
         }
@@ -692,10 +694,6 @@ impl SyncStage {
         self.take_changes(program, now_ns);
         let committed = self.exchange(program, now_ns);
         self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
-        if committed {
-            // The writes' own changes go out with this pass.
-            self.take_changes(program, now_ns);
-        }
         let mut out = std::mem::take(&mut self.out);
         let mut reader = EntryReader::new(program);
         if let Some(sender) = &mut self.sender {
@@ -710,6 +708,18 @@ impl SyncStage {
         // choice between freshness and what the passes cost a worker whose synced state
         // changes all over (a large table's flows).
         self.next_pass_ns = now_ns + (took * PASS_SHARE).min(self.config.max_age_ns);
+        if committed {
+            self.changes_due(now_ns);
+        }
+    }
+
+    /// Writes committed: their changes (the slots a table's entries landed in, the values
+    /// a register holds now) go out with the next pass, due at once, after the next
+    /// burst. Taken with the commit, they would lengthen the worker's pause in forwarding
+    /// by the take of every slot the write changed (a third of it for a table of 65,536
+    /// connections).
+    fn changes_due(&mut self, now_ns: u64) {
+        self.next_pass_ns = now_ns;
     }
 }
 
