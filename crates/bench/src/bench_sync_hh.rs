@@ -224,7 +224,7 @@ fn run(a: &BenchSyncHhArgs, mirror_mode: bool) -> BenchResult<Outcome> {
         });
         if now % PASS_NS == 0 {
             sketch.counters_mut().take_changes(&mut changes);
-            sender.expect_change(changes.iter().map(|c| c.new - c.old).sum());
+            sender.expect_change(now, changes.iter().map(|c| c.new - c.old).sum());
             for c in changes.drain(..) {
                 let at = Location {
                     state: c.state,

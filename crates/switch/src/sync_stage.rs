@@ -490,7 +490,7 @@ impl SyncStage {
         let total = (changes.iter()).fold(0u64, |sum, c| {
             sum.saturating_add(if by_write(c) { 1 } else { c.cost() })
         });
-        sender.expect_change(total);
+        sender.expect_change(now_ns, total);
         /// Changes looked ahead (see [`Sender::prefetch`]).
         const AHEAD: usize = 8;
         for (i, c) in changes.iter().enumerate() {

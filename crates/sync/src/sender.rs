@@ -277,17 +277,21 @@ impl Sender {
         self.threshold
     }
 
-    /// A pass is about to bring changes adding up to `total` (the sum of `|new - old|`):
-    /// the threshold rises at once if the window's change with them passes what the
-    /// channel carries in a window, so that they are held to it from the first (fed one
-    /// by one, they would all go at the threshold before them).
-    pub fn expect_change(&mut self, total: u64) {
+    /// A pass is about to bring, at `now_ns`, changes adding up to `total` (the sum of
+    /// `|new - old|`): the threshold rises at once if the window's change with them passes
+    /// what the channel carries in the time since the window began (a window at least),
+    /// so that they are held to it from the first (fed one by one, they would all go at
+    /// the threshold before them). Measured over one window instead, the changes of passes
+    /// `max_age_ms` apart would raise it as many times too high as windows went by.
+    pub fn expect_change(&mut self, now_ns: u64, total: u64) {
         if let Threshold::Adaptive(rate) = self.config.threshold {
             let rate = RateController {
                 capacity: self.capacity,
                 ..rate
             };
-            let t = rate.threshold(self.handler.change_so_far().saturating_add(total));
+            let since = (self.window_start_ns).map_or(0, |start| now_ns.saturating_sub(start));
+            let change = self.handler.change_so_far().saturating_add(total);
+            let t = rate.threshold_over(change, since.max(rate.window_ns));
             if t > self.threshold {
                 self.set_threshold(t);
             }
@@ -828,7 +832,7 @@ mod tests {
         // One second, a pass every 2 ms, every location up by 2 each pass.
         for pass in 1..=500u64 {
             let now = pass * 2_000_000;
-            s.expect_change(2 * u64::from(LOCATIONS));
+            s.expect_change(now, 2 * u64::from(LOCATIONS));
             for (i, v) in values.iter_mut().enumerate() {
                 let at = Location {
                     state: 0,
@@ -928,6 +932,22 @@ mod tests {
         assert_eq!((s.feedback.resent, s.feedback.not_kept), (2, 2));
     }
 
+    /// A pass's changes are measured against what the channel carries in the time they
+    /// took to come, not in one window: passes 100 ms apart bringing half the channel's
+    /// rate keep the threshold at 0, and twice its rate raise it to 2 at once, as the
+    /// window's end then confirms.
+    #[test]
+    fn a_pass_long_after_the_last_is_measured_over_the_time_since() {
+        let mut s = sender(1_000_000);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        s.expect_change(100_000_000, 50_000);
+        assert_eq!(s.threshold(), 0, "half the channel's rate over 100 ms");
+        s.poll(100_000_000, |_| 0, &mut out);
+        s.expect_change(200_000_000, 200_000);
+        assert_eq!(s.threshold(), 2, "twice the channel's rate over 100 ms");
+    }
+
     /// A write's changes go at once and barely move the threshold, however large; the
     /// timeout monitor never sends the value from before the write; and a later change
     /// back to that value is sent (the handler measures from what the write sent).
@@ -942,7 +962,7 @@ mod tests {
         s.set_threshold(1_000);
         s.change(2_050_000, at(1), 5, 300);
         out.clear();
-        s.expect_change(16);
+        s.expect_change(2_100_000, 16);
         for i in 0..16 {
             s.change_written(2_100_000, at(i), 300, u64::from(u32::MAX));
         }
