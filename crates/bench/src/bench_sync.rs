@@ -1086,14 +1086,17 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             }
             eprintln!(
                 "{name}: over every round, {} changes taken in {} passes ({:.3} s: {:.3} s \
-                 taking them from the state, {:.3} s in the read handler), {} messages ({} B)",
+                 taking them from the state, {:.3} s in the read handler), {} messages ({} B), \
+                 threshold carried: mean {:.1}, largest {}",
                 sent.changes,
                 sent.passes,
                 sent.pass_seconds,
                 sent.take_seconds,
                 sent.handle_seconds,
                 sent.messages,
-                sent.bytes
+                sent.bytes,
+                sent.mean_threshold,
+                sent.largest_threshold
             );
         }
         let switch = synced.as_ref().map_or(0, |(s, _)| *s);

@@ -109,6 +109,11 @@ pub struct SyncCounters {
     /// changes from the state took, and handing them to the read handler.
     pub passes: AtomicU64,
     pub pass_ns: AtomicU64,
+    /// The thresholds the messages of changes carried (`t_max`, what the collector bounds
+    /// their values by), summed over those messages, which are counted, and the largest.
+    pub threshold_sum: AtomicU64,
+    pub threshold_messages: AtomicU64,
+    pub largest_threshold: AtomicU64,
     pub take_ns: AtomicU64,
     pub handle_ns: AtomicU64,
     pub messages: AtomicU64,
@@ -616,6 +621,11 @@ impl SyncStage {
 
     fn send_out(&mut self) {
         let mut out = std::mem::take(&mut self.out);
+        for m in out.iter().filter(|m| !m.entries.is_empty()) {
+            SyncCounters::add(&self.counters.threshold_sum, m.t_max);
+            SyncCounters::add(&self.counters.threshold_messages, 1);
+            (self.counters.largest_threshold).fetch_max(m.t_max, Ordering::Relaxed);
+        }
         for m in out.drain(..) {
             self.send(&m, 1);
         }
@@ -778,6 +788,9 @@ pub struct SyncReport {
     pub pass_seconds: f64,
     pub take_seconds: f64,
     pub handle_seconds: f64,
+    /// The threshold the messages of changes carried: the mean over them, and the largest.
+    pub mean_threshold: f64,
+    pub largest_threshold: u64,
     pub messages: u64,
     pub bytes: u64,
     pub send_errors: u64,
@@ -809,6 +822,8 @@ impl SyncPlan {
             pass_seconds: get(&c.pass_ns) as f64 / 1e9,
             take_seconds: get(&c.take_ns) as f64 / 1e9,
             handle_seconds: get(&c.handle_ns) as f64 / 1e9,
+            mean_threshold: get(&c.threshold_sum) as f64 / get(&c.threshold_messages).max(1) as f64,
+            largest_threshold: get(&c.largest_threshold),
             messages: get(&c.messages),
             bytes: get(&c.bytes),
             send_errors: get(&c.send_errors),
@@ -833,7 +848,7 @@ impl SyncReport {
         let mut s = format!(
             "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s: \
              {:.3} s taking the changes, {:.3} s in the read handler; the worker paused \
-             {:.3} ms at most)\n",
+             {:.3} ms at most)  threshold carried: mean {:.1}, largest {}\n",
             self.collector,
             self.changes,
             self.messages,
@@ -843,7 +858,9 @@ impl SyncReport {
             self.pass_seconds,
             self.take_seconds,
             self.handle_seconds,
-            self.longest_pause_seconds * 1e3
+            self.longest_pause_seconds * 1e3,
+            self.mean_threshold,
+            self.largest_threshold
         );
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
