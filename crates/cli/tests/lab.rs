@@ -1646,6 +1646,10 @@ fn a_live_switch_syncs_its_sketch_to_a_collector_on_the_controller() {
         committing > Some(0.0) && longest_pause > Some(0.0),
         "{metrics}"
     );
+    // The bounds the copy was given: counted over the messages of changes that carried them.
+    let carried = seconds("stateplane_sync_threshold_messages_total ");
+    let largest = seconds("stateplane_sync_largest_threshold ");
+    assert!(carried > Some(0.0) && largest.is_some(), "{metrics}");
     let out = interrupt(collector);
     assert!(out.status.success(), "{}", text(&out));
 }

@@ -101,6 +101,16 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.passes),
         ),
         (
+            "threshold_carried",
+            "The thresholds the messages of changes carried (what the collector bounds their values by), summed; over stateplane_sync_threshold_messages_total, their mean",
+            get(&c.threshold_sum),
+        ),
+        (
+            "threshold_messages",
+            "Messages of changes whose thresholds stateplane_sync_threshold_carried_total sums",
+            get(&c.threshold_messages),
+        ),
+        (
             "messages",
             "Sync messages sent to the collector",
             get(&c.messages),
@@ -164,6 +174,12 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     )?;
     let no_labels: Vec<(&'static str, String)> = Vec::new();
     ConstCounter::new(seconds(&c.commit_ns)).encode(family.encode_family(&no_labels)?)?;
+    gauge(
+        e,
+        "stateplane_sync_largest_threshold",
+        "The largest threshold a message of changes carried",
+        vec![(no_labels.clone(), get(&c.largest_threshold))],
+    )?;
     gauge(
         e,
         "stateplane_sync_longest_pause_seconds",

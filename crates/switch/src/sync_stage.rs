@@ -621,7 +621,14 @@ impl SyncStage {
 
     fn send_out(&mut self) {
         let mut out = std::mem::take(&mut self.out);
-        for m in out.iter().filter(|m| !m.entries.is_empty()) {
+        // The bound the collector gives values is the `t_max` of the message of changes
+        // that carried them (a layout's entries are no values).
+        let of_changes = |m: &&Message| matches!(m.kind, Kind::Updates | Kind::Refresh);
+        for m in out
+            .iter()
+            .filter(of_changes)
+            .filter(|m| !m.entries.is_empty())
+        {
             SyncCounters::add(&self.counters.threshold_sum, m.t_max);
             SyncCounters::add(&self.counters.threshold_messages, 1);
             (self.counters.largest_threshold).fetch_max(m.t_max, Ordering::Relaxed);
@@ -668,10 +675,10 @@ impl SyncStage {
         self.receive(program, now_ns);
         let committed = self.commit_writes(program);
         let mut answers = std::mem::take(&mut self.answers);
-        self.writes
-            .take_answers(self.loss_to_collector(), &mut answers);
+        self.writes.take_answers(&mut answers);
+        let copies = WriteStage::answer_copies(self.loss_to_collector());
         for answer in answers.drain(..) {
-            self.send(&answer, 1);
+            self.send(&answer, copies);
         }
         self.answers = answers;
         committed

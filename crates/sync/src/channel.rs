@@ -191,9 +191,12 @@ impl WriteLink {
         });
         // No reports cross this channel: the switch knows of no loss toward the collector,
         // so its answers go in the least copies and its acknowledgements once.
-        stage.take_answers(0.0, &mut self.out);
+        stage.take_answers(&mut self.out);
         for answer in self.out.drain(..) {
-            let _ = self.up.send(now_ns, encoded(&answer));
+            let bytes = encoded(&answer);
+            for _ in 0..WriteStage::answer_copies(0.0) {
+                let _ = self.up.send(now_ns, bytes.clone());
+            }
         }
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {

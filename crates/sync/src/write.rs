@@ -781,7 +781,7 @@ pub struct WriteStage {
 /// Writes committed whose refusals a stage remembers (the engine has one in flight).
 const REMEMBERED_COMMITS: usize = 64;
 
-/// Copies of a commit's answer ([`WriteStage::take_answers`]): the engine is done only on
+/// Copies of a commit's answer at least ([`WriteStage::answer_copies`]): the engine is done only on
 /// it, and asks again only after two round trips (at 80% loss each way, one copy alone is
 /// lost four times in five; four, two in five).
 pub const ANSWER_COPIES: usize = 4;
@@ -974,17 +974,21 @@ impl WriteStage {
         }
     }
 
-    /// Appends the answers of the writes committed since the last call: an acknowledgement
-    /// of the write's last part, [`COMMITTED`] with the entries the state refused, each in
-    /// [`ANSWER_COPIES`] copies, or as many more as a path to the collector that loses
-    /// `loss_to_collector` of the datagrams asks for ([`copies_for`]). (Each part is
+    /// Appends the answers of the writes committed since the last call, once each (send
+    /// each in [`WriteStage::answer_copies`] copies): an acknowledgement of the write's
+    /// last part, [`COMMITTED`] with the entries the state refused. (Each part is
     /// acknowledged as it arrives, so that the round trips the engine measures are the
     /// path's, not a commit's.)
-    pub fn take_answers(&mut self, loss_to_collector: f64, out: &mut Vec<Message>) {
-        let copies = ANSWER_COPIES.max(copies_for(loss_to_collector) as usize);
-        for answer in self.answers.drain(..) {
-            out.extend(std::iter::repeat_n(answer, copies));
-        }
+    pub fn take_answers(&mut self, out: &mut Vec<Message>) {
+        out.append(&mut self.answers);
+    }
+
+    /// The copies to send of each answer [`WriteStage::take_answers`] gives, on a path to
+    /// the collector that loses `loss_to_collector` of the datagrams (as the collector's
+    /// reports show): [`ANSWER_COPIES`], or as many more as that loss asks for
+    /// ([`copies_for`]).
+    pub fn answer_copies(loss_to_collector: f64) -> usize {
+        ANSWER_COPIES.max(copies_for(loss_to_collector) as usize)
     }
 
     /// The copies to send of the acknowledgement the last [`WriteStage::on_part`] gave, on
@@ -1254,11 +1258,11 @@ pub(crate) mod tests {
         assert_eq!(stage.on_part(&out[0], &state).unwrap().t_max, COMMITTED);
     }
 
-    /// The answer of the write `stage` committed last: the first of its copies.
+    /// The answer of the write `stage` committed last.
     pub(crate) fn answer_of(stage: &mut WriteStage) -> Message {
         let mut answers = Vec::new();
-        stage.take_answers(0.0, &mut answers);
-        assert_eq!(answers.len(), ANSWER_COPIES, "one write's answer");
+        stage.take_answers(&mut answers);
+        assert_eq!(answers.len(), 1, "one write's answer");
         answers.remove(0)
     }
 
@@ -1900,8 +1904,9 @@ pub(crate) mod tests {
             assert_eq!(stage.ack_copies(loss), 1, "a copy of one held");
             stage.commit(&mut state).unwrap();
             let mut answers = Vec::new();
-            stage.take_answers(loss, &mut answers);
-            assert_eq!(answers.len(), copies, "at {loss}");
+            stage.take_answers(&mut answers);
+            assert_eq!(answers.len(), 1, "one write's answer");
+            assert_eq!(WriteStage::answer_copies(loss), copies, "at {loss}");
         }
     }
 
