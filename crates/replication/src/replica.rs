@@ -1,0 +1,1125 @@
+//! A worker's side of replication (linearizable mode): which packets may be processed now,
+//! which wait, and what to ask of the store.
+//!
+//! Call order, per burst: [`Replica::admit`] each packet of a replicated flow (process it
+//! only on [`Admit::Process`]); [`Replica::processed`] each packet processed, with the
+//! flow's new state when the packet changed it; then [`Replica::poll_transmit`] for the
+//! burst's requests (a flow's changes within the burst are one write: group commit), and
+//! [`Replica::poll_event`] until `None`. Answers from the store go to
+//! [`Replica::handle_reply`], the clock to [`Replica::handle_timeout`] by
+//! [`Replica::poll_timeout`]; after either, transmit and drain events again. Events must be
+//! drained before the next packet is admitted.
+//!
+//! Invariants, per flow: packets are processed only while the flow's lease is held on this
+//! side's conservative clock (a lease is taken to start when its request was first sent,
+//! and to end `margin_ns` early); a packet's output is released only once every write it
+//! saw or made is acknowledged, and after the outputs of the flow's packets before it; at
+//! most one write is on its way, and the changes made meanwhile wait as one (the next
+//! write carries the flow's latest state, not a list of changes).
+//!
+//! Must never: release an output whose state the store has not acknowledged; process a
+//! packet without a lease; hold a packet past the park bound (it is dropped and counted;
+//! the state it changed is still written).
+
+use crate::protocol::{Holder, Reply, Request};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::Hash;
+
+/// A packet, as the worker that holds it names it.
+pub type Token = u64;
+
+#[derive(Clone, Copy, Debug)]
+pub struct ReplicaConfig {
+    /// The lease asked for (the store holds it to its range).
+    pub lease_ns: u64,
+    /// This side takes its lease to end this much before the store's: the clocks' drift
+    /// over a lease.
+    pub margin_ns: u64,
+    /// A request unanswered this long is sent again (doubling, to 16 times this).
+    pub retransmit_ns: u64,
+    /// Packets held at most, for all flows; past it, a packet is dropped and counted.
+    pub park_limit: usize,
+    /// A packet held this long is dropped (its flow's store is unreachable or its lease
+    /// is another's).
+    pub park_timeout_ns: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            lease_ns: 1_000_000_000,
+            margin_ns: 10_000_000,
+            retransmit_ns: 20_000_000,
+            park_limit: 65_536,
+            park_timeout_ns: 2_000_000_000,
+        }
+    }
+}
+
+/// What to do with a packet just arrived.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Process it now (the flow's lease is held), then report it with
+    /// [`Replica::processed`].
+    Process,
+    /// Hold it unprocessed: [`Event::Process`] or [`Event::Drop`] will name it.
+    Parked,
+    Dropped(DropReason),
+}
+
+/// What to do with a packet's output once processed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Send it now: what it saw is the store's.
+    Now,
+    /// Hold it: [`Event::Release`] or [`Event::Drop`] will name it.
+    Parked,
+    /// Drop it (the packet's change is still written).
+    Dropped(DropReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The park bound was reached.
+    ParkFull,
+    /// Held longer than `park_timeout_ns`.
+    TimedOut,
+    /// The flow's lease was lost (fenced) before its write was acknowledged: the write was
+    /// not applied, so its output must never leave.
+    Fenced,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event<K, V> {
+    /// The flow's lease is held: its state is `value` (`None`: none yet, start afresh),
+    /// which replaces any this worker holds, before its held packets are processed.
+    /// `waited`: another holder's lease had to pass first; `value` is `Some` when the flow
+    /// had state at the store (a migration, or this worker's own after its lease passed).
+    Install {
+        key: K,
+        value: Option<V>,
+        waited: bool,
+    },
+    /// Process this held packet now, then report it with [`Replica::processed`].
+    Process { key: K, token: Token },
+    /// Send this packet's output: the flow's state it reflects, write `seq` under lease
+    /// `epoch`, is the store's.
+    Release { token: Token, epoch: u64, seq: u64 },
+    /// Drop this held packet, processed or not.
+    Drop { token: Token, reason: DropReason },
+    /// Forget the flow's state here: its lease was lost, and the store's is the flow's
+    /// state (the next packet takes the lease again and installs it).
+    Forget { key: K },
+}
+
+/// The replica's counters (per worker); gauges are named so.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaCounters {
+    pub processed: u64,
+    /// Outputs sent at once (nothing of their flow unacknowledged).
+    pub released_at_once: u64,
+    /// Outputs held, then sent.
+    pub released_held: u64,
+    pub dropped_park_full: u64,
+    pub dropped_timed_out: u64,
+    pub dropped_fenced: u64,
+    /// Gauge: packets held now, and the most at once.
+    pub parked_now: u64,
+    pub parked_peak: u64,
+    /// Changes folded into a write already waiting (group commit).
+    pub coalesced: u64,
+    pub writes: u64,
+    pub acquires: u64,
+    pub renewals: u64,
+    pub retransmits: u64,
+    /// Leases taken with state from the store (migrations), and after waiting for another.
+    pub migrated: u64,
+    pub waited: u64,
+    pub fenced: u64,
+    /// Gauge: flows known.
+    pub flows: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    None,
+    /// Asked for (`first_sent_ns`: `None` until the request leaves; `nonce`: the ask's,
+    /// which its answer repeats).
+    Acquiring {
+        first_sent_ns: Option<u64>,
+        nonce: u64,
+        sent_ns: u64,
+        tries: u32,
+        waited: bool,
+    },
+    /// Another holder's: ask again at `retry_ns`.
+    Waiting {
+        retry_ns: u64,
+    },
+    Held {
+        epoch: u64,
+        until_ns: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Needs {
+    /// To be processed once the lease is held.
+    Lease,
+    /// Processed; to be released once write `seq` is acknowledged.
+    Seq(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Parked {
+    token: Token,
+    needs: Needs,
+    since_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+struct InFlight<V> {
+    seq: u64,
+    value: V,
+    first_sent_ns: u64,
+    sent_ns: u64,
+    tries: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Renewing {
+    nonce: u64,
+    first_sent_ns: u64,
+    sent_ns: u64,
+    tries: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Flow<V> {
+    lease: Lease,
+    /// The last write the store acknowledged (or held when it granted the lease).
+    acked: u64,
+    in_flight: Option<InFlight<V>>,
+    /// The flow's latest state, not yet sent: the next write.
+    pending: Option<V>,
+    renewing: Option<Renewing>,
+    parked: VecDeque<Parked>,
+    /// Whether the flow is in the list of flows with something to send.
+    queued: bool,
+    /// The earliest deadline in the timer heap for this flow.
+    armed_ns: Option<u64>,
+    /// When a packet last came: a lease is renewed only for flows in use.
+    used_ns: u64,
+}
+
+impl<V> Flow<V> {
+    fn new(now_ns: u64) -> Self {
+        Flow {
+            lease: Lease::None,
+            acked: 0,
+            in_flight: None,
+            pending: None,
+            renewing: None,
+            parked: VecDeque::new(),
+            queued: false,
+            armed_ns: None,
+            used_ns: now_ns,
+        }
+    }
+
+    fn held(&self, now_ns: u64) -> Option<u64> {
+        match self.lease {
+            Lease::Held { epoch, until_ns } if now_ns < until_ns => Some(epoch),
+            _ => None,
+        }
+    }
+
+    /// The write a packet processed now depends on: the next one if a change waits, the
+    /// one on its way, else the last acknowledged.
+    fn depends_on(&self) -> u64 {
+        let sent = self.in_flight.as_ref().map_or(self.acked, |w| w.seq);
+        sent + u64::from(self.pending.is_some())
+    }
+
+    fn idle(&self) -> bool {
+        self.in_flight.is_none() && self.pending.is_none() && self.renewing.is_none()
+    }
+}
+
+pub struct Replica<K, V> {
+    config: ReplicaConfig,
+    holder: Holder,
+    flows: HashMap<K, Flow<V>>,
+    /// Flows with something to send at the next [`Replica::poll_transmit`].
+    sendable: Vec<K>,
+    timers: BinaryHeap<Reverse<(u64, K)>>,
+    /// Requests made by timers, ready to go.
+    outbox: Vec<Request<K, V>>,
+    events: VecDeque<Event<K, V>>,
+    parked: usize,
+    /// The next ask's or renewal's nonce.
+    nonce: u64,
+    pub counters: ReplicaCounters,
+}
+
+impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
+    pub fn new(holder: Holder, config: ReplicaConfig) -> Self {
+        Replica {
+            config,
+            holder,
+            flows: HashMap::new(),
+            sendable: Vec::new(),
+            timers: BinaryHeap::new(),
+            outbox: Vec::new(),
+            events: VecDeque::new(),
+            parked: 0,
+            nonce: 0,
+            counters: ReplicaCounters::default(),
+        }
+    }
+
+    pub fn holder(&self) -> Holder {
+        self.holder
+    }
+
+    /// Whether this side holds `key`'s lease at `now_ns` (it would process its packets).
+    pub fn holds(&self, key: &K, now_ns: u64) -> bool {
+        self.flows.get(key).and_then(|f| f.held(now_ns)).is_some()
+    }
+
+    /// A packet of flow `key` arrived.
+    pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
+        let flow = self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
+        flow.used_ns = now_ns;
+        let waiting_for_lease =
+            matches!(flow.parked.back(), Some(p) if matches!(p.needs, Needs::Lease));
+        if !waiting_for_lease && flow.held(now_ns).is_some() {
+            self.counters.processed += 1;
+            self.queue_if_renewal_due(key, now_ns);
+            return Admit::Process;
+        }
+        if self.parked >= self.config.park_limit {
+            self.counters.dropped_park_full += 1;
+            return Admit::Dropped(DropReason::ParkFull);
+        }
+        self.park(key, token, Needs::Lease, now_ns);
+        self.settle(key, now_ns);
+        Admit::Parked
+    }
+
+    /// A packet admitted (or named by [`Event::Process`]) was processed; `change` is the
+    /// flow's state after it when the packet changed it.
+    pub fn processed(&mut self, now_ns: u64, key: K, token: Token, change: Option<V>) -> Release {
+        let Some(flow) = self.flows.get_mut(&key) else {
+            // Never admitted: nothing of it is known here, so nothing of it can be released.
+            return Release::Dropped(DropReason::Fenced);
+        };
+        if let Some(value) = change {
+            if flow.pending.replace(value).is_some() {
+                self.counters.coalesced += 1;
+            }
+            if !flow.queued && flow.in_flight.is_none() {
+                flow.queued = true;
+                self.sendable.push(key);
+            }
+        }
+        let needs = flow.depends_on();
+        if flow.parked.is_empty() && needs <= flow.acked {
+            self.counters.released_at_once += 1;
+            return Release::Now;
+        }
+        if self.parked >= self.config.park_limit {
+            self.counters.dropped_park_full += 1;
+            return Release::Dropped(DropReason::ParkFull);
+        }
+        self.park(key, token, Needs::Seq(needs), now_ns);
+        Release::Parked
+    }
+
+    /// The requests due now: the flows' waiting changes as one write each (those with no
+    /// write on its way), leases to ask for or renew, and requests sent again.
+    pub fn poll_transmit(&mut self, now_ns: u64, out: &mut Vec<Request<K, V>>) {
+        out.append(&mut self.outbox);
+        let lease_ns = self.config.lease_ns;
+        for key in std::mem::take(&mut self.sendable) {
+            let Some(flow) = self.flows.get_mut(&key) else {
+                continue;
+            };
+            flow.queued = false;
+            if let Lease::Acquiring {
+                first_sent_ns: first @ None,
+                sent_ns,
+                nonce,
+                ..
+            } = &mut flow.lease
+            {
+                *first = Some(now_ns);
+                *sent_ns = now_ns;
+                self.nonce += 1;
+                *nonce = self.nonce;
+                out.push(Request::Acquire {
+                    key,
+                    lease_ns,
+                    nonce: *nonce,
+                });
+                self.counters.acquires += 1;
+            }
+            if let Lease::Held { epoch, until_ns } = flow.lease {
+                if flow.in_flight.is_none()
+                    && let Some(value) = flow.pending.take()
+                {
+                    let seq = flow.acked + 1;
+                    out.push(Request::Write {
+                        key,
+                        epoch,
+                        seq,
+                        value: value.clone(),
+                        lease_ns,
+                    });
+                    flow.in_flight = Some(InFlight {
+                        seq,
+                        value,
+                        first_sent_ns: now_ns,
+                        sent_ns: now_ns,
+                        tries: 0,
+                    });
+                    self.counters.writes += 1;
+                } else if flow.idle() && renewal_due(now_ns, until_ns, lease_ns) {
+                    self.nonce += 1;
+                    out.push(Request::Renew {
+                        key,
+                        epoch,
+                        lease_ns,
+                        nonce: self.nonce,
+                    });
+                    flow.renewing = Some(Renewing {
+                        nonce: self.nonce,
+                        first_sent_ns: now_ns,
+                        sent_ns: now_ns,
+                        tries: 0,
+                    });
+                    self.counters.renewals += 1;
+                }
+            }
+            self.arm(key, now_ns);
+        }
+    }
+
+    /// An answer from the store.
+    pub fn handle_reply(&mut self, now_ns: u64, reply: Reply<K, V>) {
+        let key = reply.key();
+        let margin = self.config.margin_ns;
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        let until = |first_sent_ns: u64, lease_ns: u64| {
+            first_sent_ns
+                .saturating_add(lease_ns.min(self.config.lease_ns))
+                .saturating_sub(margin)
+        };
+        match reply {
+            Reply::Granted {
+                epoch,
+                seq,
+                value,
+                lease_ns,
+                nonce,
+                ..
+            } => {
+                let Lease::Acquiring {
+                    first_sent_ns: Some(first),
+                    waited,
+                    nonce: asked,
+                    ..
+                } = flow.lease
+                else {
+                    return; // an answer sent again, to an ask already answered
+                };
+                if nonce != asked {
+                    return; // to an earlier ask: its lease may have started before this one
+                }
+                flow.lease = Lease::Held {
+                    epoch,
+                    until_ns: until(first, lease_ns),
+                };
+                flow.acked = seq;
+                self.counters.migrated += u64::from(value.is_some());
+                self.counters.waited += u64::from(waited);
+                self.events.push_back(Event::Install { key, value, waited });
+            }
+            Reply::Held {
+                remaining_ns,
+                nonce,
+                ..
+            } => {
+                let Lease::Acquiring {
+                    first_sent_ns: Some(_),
+                    nonce: asked,
+                    ..
+                } = flow.lease
+                else {
+                    return;
+                };
+                if nonce != asked {
+                    return;
+                }
+                flow.lease = Lease::Waiting {
+                    retry_ns: now_ns.saturating_add(remaining_ns.min(self.config.lease_ns)),
+                };
+            }
+            Reply::Written {
+                epoch,
+                seq,
+                lease_ns,
+                ..
+            } => {
+                let Some(w) = flow.in_flight.as_ref().filter(|w| w.seq == seq) else {
+                    return;
+                };
+                let Lease::Held { epoch: e, until_ns } = &mut flow.lease else {
+                    return;
+                };
+                if *e != epoch {
+                    return;
+                }
+                *until_ns = (*until_ns).max(until(w.first_sent_ns, lease_ns));
+                flow.acked = seq;
+                flow.in_flight = None;
+                if flow.pending.is_some() && !flow.queued {
+                    flow.queued = true;
+                    self.sendable.push(key);
+                }
+            }
+            Reply::Renewed {
+                epoch,
+                lease_ns,
+                nonce,
+                ..
+            } => {
+                let Some(r) = flow.renewing.filter(|r| r.nonce == nonce) else {
+                    return;
+                };
+                if let Lease::Held { epoch: e, until_ns } = &mut flow.lease
+                    && *e == epoch
+                {
+                    *until_ns = (*until_ns).max(until(r.first_sent_ns, lease_ns));
+                    flow.renewing = None;
+                }
+            }
+            Reply::Fenced { epoch, .. } => {
+                let Lease::Held { epoch: e, .. } = flow.lease else {
+                    return;
+                };
+                if e != epoch {
+                    return; // about an earlier lease of ours, already given up
+                }
+                self.counters.fenced += 1;
+                self.lose_lease(key);
+            }
+        }
+        self.settle(key, now_ns);
+        self.arm(key, now_ns);
+    }
+
+    /// The earliest time [`Replica::handle_timeout`] has work.
+    pub fn poll_timeout(&mut self) -> Option<u64> {
+        while let Some(&Reverse((at, key))) = self.timers.peek() {
+            match self.flows.get(&key) {
+                Some(f) if f.armed_ns == Some(at) => return Some(at),
+                _ => {
+                    self.timers.pop(); // stale
+                }
+            }
+        }
+        None
+    }
+
+    /// Sends again what is unanswered, asks again where another's lease has passed, drops
+    /// packets held too long, and renews the leases of flows in use.
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        while let Some(&Reverse((at, key))) = self.timers.peek() {
+            if at > now_ns {
+                break;
+            }
+            self.timers.pop();
+            match self.flows.get_mut(&key) {
+                Some(f) if f.armed_ns == Some(at) => f.armed_ns = None,
+                _ => continue,
+            }
+            self.due(key, now_ns);
+            self.settle(key, now_ns);
+            self.forget_if_lapsed(key, now_ns);
+            self.arm(key, now_ns);
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event<K, V>> {
+        self.events.pop_front()
+    }
+
+    /// Flows known, and the packets held now.
+    pub fn flows(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn parked(&self) -> usize {
+        self.parked
+    }
+
+    fn park(&mut self, key: K, token: Token, needs: Needs, now_ns: u64) {
+        if let Some(flow) = self.flows.get_mut(&key) {
+            let first = flow.parked.is_empty();
+            flow.parked.push_back(Parked {
+                token,
+                needs,
+                since_ns: now_ns,
+            });
+            self.parked += 1;
+            self.counters.parked_now = self.parked as u64;
+            self.counters.parked_peak = self.counters.parked_peak.max(self.parked as u64);
+            if first {
+                self.arm(key, now_ns);
+            }
+        }
+    }
+
+    /// Releases, processes or drops the flow's held packets, front first, as far as they
+    /// may go; asks for the lease when packets wait for it and nothing is on its way.
+    fn settle(&mut self, key: K, now_ns: u64) {
+        let timeout = self.config.park_timeout_ns;
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        while let Some(front) = flow.parked.front().copied() {
+            if now_ns.saturating_sub(front.since_ns) >= timeout {
+                flow.parked.pop_front();
+                self.parked -= 1;
+                self.counters.dropped_timed_out += 1;
+                self.events.push_back(Event::Drop {
+                    token: front.token,
+                    reason: DropReason::TimedOut,
+                });
+                continue;
+            }
+            match front.needs {
+                Needs::Seq(seq) if seq <= flow.acked => {
+                    flow.parked.pop_front();
+                    self.parked -= 1;
+                    self.counters.released_held += 1;
+                    let epoch = match flow.lease {
+                        Lease::Held { epoch, .. } => epoch,
+                        _ => 0,
+                    };
+                    self.events.push_back(Event::Release {
+                        token: front.token,
+                        epoch,
+                        seq,
+                    });
+                }
+                Needs::Seq(_) => break,
+                Needs::Lease => {
+                    if flow.held(now_ns).is_some() {
+                        // Every packet behind waits for the lease too: all go to be processed,
+                        // in order, and come back through `processed`.
+                        while let Some(p) = flow.parked.pop_front() {
+                            self.parked -= 1;
+                            self.counters.processed += 1;
+                            self.events.push_back(Event::Process {
+                                key,
+                                token: p.token,
+                            });
+                        }
+                    } else if flow.idle() && matches!(flow.lease, Lease::None | Lease::Held { .. })
+                    {
+                        // Ask only with nothing of ours on its way: the state granted is then
+                        // all the flow's, ours included.
+                        flow.lease = Lease::Acquiring {
+                            first_sent_ns: None,
+                            nonce: 0,
+                            sent_ns: now_ns,
+                            tries: 0,
+                            waited: false,
+                        };
+                        if !flow.queued {
+                            flow.queued = true;
+                            self.sendable.push(key);
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        self.counters.parked_now = self.parked as u64;
+    }
+
+    /// The flow's timed work due at `now_ns`.
+    fn due(&mut self, key: K, now_ns: u64) {
+        let (rto, lease_ns) = (self.config.retransmit_ns, self.config.lease_ns);
+        let backoff = |tries: u32| rto.saturating_mul(1 << tries.min(4));
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        if let Some(w) = &mut flow.in_flight
+            && now_ns >= w.sent_ns.saturating_add(backoff(w.tries))
+            && let Lease::Held { epoch, .. } = flow.lease
+        {
+            w.sent_ns = now_ns;
+            w.tries += 1;
+            self.outbox.push(Request::Write {
+                key,
+                epoch,
+                seq: w.seq,
+                value: w.value.clone(),
+                lease_ns,
+            });
+            self.counters.retransmits += 1;
+        }
+        if let Some(r) = &mut flow.renewing
+            && now_ns >= r.sent_ns.saturating_add(backoff(r.tries))
+            && let Lease::Held { epoch, .. } = flow.lease
+        {
+            r.sent_ns = now_ns;
+            r.tries += 1;
+            self.outbox.push(Request::Renew {
+                key,
+                epoch,
+                lease_ns,
+                nonce: r.nonce,
+            });
+            self.counters.retransmits += 1;
+        }
+        let (idle, in_use) = (
+            flow.idle(),
+            flow.used_ns.saturating_add(lease_ns / 2) > now_ns,
+        );
+        match &mut flow.lease {
+            Lease::Acquiring {
+                first_sent_ns: Some(_),
+                sent_ns,
+                tries,
+                nonce,
+                ..
+            } if now_ns >= sent_ns.saturating_add(backoff(*tries)) => {
+                *sent_ns = now_ns;
+                *tries += 1;
+                self.outbox.push(Request::Acquire {
+                    key,
+                    lease_ns,
+                    nonce: *nonce,
+                });
+                self.counters.retransmits += 1;
+            }
+            Lease::Waiting { retry_ns } if now_ns >= *retry_ns => {
+                flow.lease = Lease::Acquiring {
+                    first_sent_ns: None,
+                    nonce: 0,
+                    sent_ns: now_ns,
+                    tries: 0,
+                    waited: true,
+                };
+                if !flow.queued {
+                    flow.queued = true;
+                    self.sendable.push(key);
+                }
+            }
+            Lease::Held { until_ns, .. }
+                if idle && in_use && renewal_due(now_ns, *until_ns, lease_ns) && !flow.queued =>
+            {
+                flow.queued = true;
+                self.sendable.push(key);
+            }
+            _ => {}
+        }
+    }
+
+    fn queue_if_renewal_due(&mut self, key: K, now_ns: u64) {
+        let lease_ns = self.config.lease_ns;
+        if let Some(flow) = self.flows.get_mut(&key)
+            && let Lease::Held { until_ns, .. } = flow.lease
+            && flow.idle()
+            && !flow.queued
+            && renewal_due(now_ns, until_ns, lease_ns)
+        {
+            flow.queued = true;
+            self.sendable.push(key);
+        }
+    }
+
+    /// The lease is lost: the packets whose outputs wait for a write are dropped (the
+    /// write was refused, so what they saw is not the store's), the flow's state is
+    /// forgotten, and packets not yet processed wait for the lease again.
+    fn lose_lease(&mut self, key: K) {
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        flow.lease = Lease::None;
+        flow.in_flight = None;
+        flow.pending = None;
+        flow.renewing = None;
+        while let Some(p) = flow.parked.front().copied() {
+            if matches!(p.needs, Needs::Lease) {
+                break;
+            }
+            flow.parked.pop_front();
+            self.parked -= 1;
+            self.counters.dropped_fenced += 1;
+            self.events.push_back(Event::Drop {
+                token: p.token,
+                reason: DropReason::Fenced,
+            });
+        }
+        self.events.push_back(Event::Forget { key });
+    }
+
+    /// A flow with nothing held, nothing to send and no lease held any more is forgotten,
+    /// here and (by [`Event::Forget`]) by the worker: the store's state is the flow's, and
+    /// its next packet asks for it.
+    fn forget_if_lapsed(&mut self, key: K, now_ns: u64) {
+        let Some(flow) = self.flows.get(&key) else {
+            return;
+        };
+        let lapsed = match flow.lease {
+            Lease::None => true,
+            Lease::Held { until_ns, .. } => now_ns >= until_ns,
+            Lease::Acquiring { .. } | Lease::Waiting { .. } => false,
+        };
+        if lapsed && flow.idle() && flow.parked.is_empty() && !flow.queued {
+            self.flows.remove(&key);
+            self.counters.flows = self.flows.len() as u64;
+            self.events.push_back(Event::Forget { key });
+        }
+    }
+
+    /// Puts the flow's next deadline in the timer heap, if earlier than the one there.
+    /// Deadlines are after `now_ns`, so that a pass of [`Replica::handle_timeout`] ends.
+    fn arm(&mut self, key: K, now_ns: u64) {
+        let (rto, lease_ns, timeout) = (
+            self.config.retransmit_ns,
+            self.config.lease_ns,
+            self.config.park_timeout_ns,
+        );
+        let backoff = |tries: u32| rto.saturating_mul(1 << tries.min(4));
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        let mut next = u64::MAX;
+        if let Some(w) = &flow.in_flight {
+            next = next.min(w.sent_ns.saturating_add(backoff(w.tries)));
+        }
+        if let Some(r) = &flow.renewing {
+            next = next.min(r.sent_ns.saturating_add(backoff(r.tries)));
+        }
+        match flow.lease {
+            Lease::Acquiring {
+                first_sent_ns: Some(_),
+                sent_ns,
+                tries,
+                ..
+            } => next = next.min(sent_ns.saturating_add(backoff(tries))),
+            Lease::Waiting { retry_ns } => next = next.min(retry_ns),
+            Lease::Held { until_ns, .. } if flow.idle() => {
+                // Renew halfway if the flow is in use then; forget it when the lease ends.
+                let halfway = until_ns.saturating_sub(lease_ns / 2);
+                next = next.min(if halfway > now_ns { halfway } else { until_ns });
+            }
+            Lease::None if flow.idle() && flow.parked.is_empty() => next = next.min(now_ns),
+            _ => {}
+        }
+        if let Some(p) = flow.parked.front() {
+            next = next.min(p.since_ns.saturating_add(timeout));
+        }
+        let next = next.max(now_ns + 1);
+        if next == u64::MAX || flow.armed_ns.is_some_and(|a| a <= next) {
+            return;
+        }
+        flow.armed_ns = Some(next);
+        self.timers.push(Reverse((next, key)));
+    }
+}
+
+/// A lease with half its time left, or less, is renewed.
+fn renewal_due(now_ns: u64, until_ns: u64, lease_ns: u64) -> bool {
+    until_ns.saturating_sub(now_ns) <= lease_ns / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{StoreConfig, StoreCore};
+
+    const MS: u64 = 1_000_000;
+    const A: Holder = Holder {
+        switch: 1,
+        incarnation: 0,
+    };
+
+    fn config() -> ReplicaConfig {
+        ReplicaConfig {
+            lease_ns: 100 * MS,
+            margin_ns: MS,
+            retransmit_ns: 5 * MS,
+            park_limit: 4,
+            park_timeout_ns: 150 * MS,
+        }
+    }
+
+    fn events(r: &mut Replica<u32, u64>) -> Vec<Event<u32, u64>> {
+        std::iter::from_fn(|| r.poll_event()).collect()
+    }
+
+    /// Sends what is due to the store and hands its answers back, at `now`.
+    fn round_trip(r: &mut Replica<u32, u64>, s: &mut StoreCore<u32, u64>, now: u64) -> usize {
+        let mut out = Vec::new();
+        r.poll_transmit(now, &mut out);
+        let n = out.len();
+        for q in out {
+            let a = s.handle(now, r.holder(), q);
+            r.handle_reply(now, a);
+        }
+        n
+    }
+
+    /// Runs the timers due up to `to`, each time sending what is due to the store.
+    fn advance(r: &mut Replica<u32, u64>, s: &mut StoreCore<u32, u64>, to: u64) {
+        while let Some(t) = r.poll_timeout().filter(|&t| t <= to) {
+            r.handle_timeout(t);
+            round_trip(r, s, t);
+        }
+    }
+
+    #[test]
+    fn a_new_flow_waits_for_its_lease_then_writes_hold_outputs_until_acknowledged() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        assert_eq!(r.admit(0, 7, 1), Admit::Parked);
+        assert_eq!(r.admit(0, 7, 2), Admit::Parked, "behind the first");
+        assert_eq!(round_trip(&mut r, &mut s, 0), 1, "one ask for the lease");
+        assert_eq!(
+            events(&mut r),
+            [
+                Event::Install {
+                    key: 7,
+                    value: None,
+                    waited: false
+                },
+                Event::Process { key: 7, token: 1 },
+                Event::Process { key: 7, token: 2 },
+            ]
+        );
+        // Both change the flow in one burst: one write carries the last state.
+        assert_eq!(r.processed(0, 7, 1, Some(1)), Release::Parked);
+        assert_eq!(r.processed(0, 7, 2, Some(2)), Release::Parked);
+        assert_eq!(r.counters.coalesced, 1);
+        // A read while the write is on its way waits behind it.
+        assert_eq!(r.admit(0, 7, 3), Admit::Process);
+        assert_eq!(r.processed(0, 7, 3, None), Release::Parked);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        assert_eq!(
+            out,
+            [Request::Write {
+                key: 7,
+                epoch: 1,
+                seq: 1,
+                value: 2,
+                lease_ns: 100 * MS
+            }]
+        );
+        assert!(
+            events(&mut r).is_empty(),
+            "nothing leaves before the store has it"
+        );
+        let a = s.handle(1, A, out.remove(0));
+        r.handle_reply(1, a);
+        assert_eq!(
+            events(&mut r),
+            [1, 2, 3].map(|token| Event::Release {
+                token,
+                epoch: 1,
+                seq: 1
+            })
+        );
+        assert_eq!(s.record(&7).and_then(|r| r.value), Some(2));
+        // With nothing on its way, reads leave at once.
+        assert_eq!(r.admit(2, 7, 4), Admit::Process);
+        assert_eq!(r.processed(2, 7, 4, None), Release::Now);
+    }
+
+    #[test]
+    fn unanswered_writes_are_sent_again_with_the_same_sequence_number() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, 7, 1);
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        r.processed(0, 7, 1, Some(5));
+        let mut lost = Vec::new();
+        r.poll_transmit(0, &mut lost);
+        assert_eq!(r.poll_timeout(), Some(5 * MS));
+        r.handle_timeout(5 * MS);
+        let mut again = Vec::new();
+        r.poll_transmit(5 * MS, &mut again);
+        assert_eq!(again, lost, "the same write");
+        // Both arrive: the second is answered again, applied once.
+        for q in lost.into_iter().chain(again) {
+            let a = s.handle(6 * MS, A, q);
+            r.handle_reply(6 * MS, a);
+        }
+        assert_eq!(
+            events(&mut r),
+            [Event::Release {
+                token: 1,
+                epoch: 1,
+                seq: 1
+            }]
+        );
+        assert_eq!((s.counters.written, s.counters.repeated), (1, 1));
+        assert_eq!(r.counters.retransmits, 1);
+    }
+
+    #[test]
+    fn a_fenced_write_drops_the_outputs_behind_it_and_the_flow_is_taken_again() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, 7, 1);
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        r.processed(0, 7, 1, Some(1));
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        // The store's clock runs ahead: the write after the lease is refused.
+        assert_eq!(r.admit(98 * MS, 7, 2), Admit::Process);
+        r.processed(98 * MS, 7, 2, Some(2));
+        assert_eq!(r.admit(98 * MS, 7, 3), Admit::Process);
+        r.processed(98 * MS, 7, 3, None);
+        let mut out = Vec::new();
+        r.poll_transmit(98 * MS, &mut out);
+        let a = s.handle(200 * MS, A, out.remove(0));
+        r.handle_reply(200 * MS, a);
+        assert_eq!(
+            events(&mut r),
+            [
+                Event::Drop {
+                    token: 2,
+                    reason: DropReason::Fenced
+                },
+                Event::Drop {
+                    token: 3,
+                    reason: DropReason::Fenced
+                },
+                Event::Forget { key: 7 },
+            ]
+        );
+        // The next packet takes the flow again, with the store's state (the refused write
+        // is not in it).
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        round_trip(&mut r, &mut s, 200 * MS);
+        assert_eq!(
+            events(&mut r)[0],
+            Event::Install {
+                key: 7,
+                value: Some(1),
+                waited: false
+            }
+        );
+    }
+
+    #[test]
+    fn another_holder_is_waited_for_and_its_state_migrates() {
+        let mut s = StoreCore::new(StoreConfig::default());
+        let mut a = Replica::new(A, config());
+        let mut b = Replica::new(
+            Holder {
+                switch: 2,
+                incarnation: 0,
+            },
+            config(),
+        );
+        a.admit(0, 7, 1);
+        round_trip(&mut a, &mut s, 0);
+        events(&mut a);
+        a.processed(0, 7, 1, Some(9));
+        round_trip(&mut a, &mut s, 0);
+        // A dies here. B gets the flow's packets.
+        assert_eq!(b.admit(10 * MS, 7, 1), Admit::Parked);
+        round_trip(&mut b, &mut s, 10 * MS);
+        assert!(events(&mut b).is_empty(), "A's lease runs");
+        assert!(!b.holds(&7, 50 * MS));
+        advance(&mut b, &mut s, 99 * MS);
+        assert!(
+            events(&mut b).is_empty(),
+            "B asks again only when A's lease has passed"
+        );
+        advance(&mut b, &mut s, 100 * MS);
+        assert_eq!(
+            events(&mut b),
+            [
+                Event::Install {
+                    key: 7,
+                    value: Some(9),
+                    waited: true
+                },
+                Event::Process { key: 7, token: 1 },
+            ]
+        );
+        assert_eq!((b.counters.migrated, b.counters.waited), (1, 1));
+        assert!(b.holds(&7, 100 * MS) && !a.holds(&7, 100 * MS));
+    }
+
+    #[test]
+    fn the_park_bound_and_timeout_drop_packets_never_state() {
+        let mut r = Replica::new(A, config());
+        for token in 0..4 {
+            assert_eq!(r.admit(0, 7, token), Admit::Parked);
+        }
+        assert_eq!(r.admit(0, 8, 9), Admit::Dropped(DropReason::ParkFull));
+        assert_eq!(r.counters.parked_peak, 4);
+        // The store never answers.
+        let mut t = 0;
+        while let Some(next) = r.poll_timeout() {
+            t = next;
+            r.handle_timeout(t);
+            r.poll_transmit(t, &mut Vec::new());
+            if r.parked() == 0 {
+                break;
+            }
+        }
+        assert_eq!(t, 150 * MS);
+        assert_eq!(
+            events(&mut r),
+            (0..4)
+                .map(|token| Event::Drop {
+                    token,
+                    reason: DropReason::TimedOut
+                })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(r.counters.dropped_timed_out, 4);
+    }
+
+    #[test]
+    fn leases_of_flows_in_use_are_renewed_and_idle_flows_are_forgotten() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, 7, 1);
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        r.processed(0, 7, 1, None);
+        // Read at 40 ms: in use, so renewed halfway (the lease ends at 99 ms here).
+        assert_eq!(r.admit(40 * MS, 7, 2), Admit::Process);
+        r.processed(40 * MS, 7, 2, None);
+        advance(&mut r, &mut s, 48 * MS);
+        assert_eq!(r.counters.renewals, 0);
+        advance(&mut r, &mut s, 49 * MS);
+        assert_eq!(r.counters.renewals, 1);
+        assert!(r.holds(&7, 140 * MS));
+        // Unused since: the lease ends and the flow is forgotten.
+        while let Some(t) = r.poll_timeout() {
+            r.handle_timeout(t);
+            round_trip(&mut r, &mut s, t);
+        }
+        assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
+        assert_eq!(r.flows(), 0);
+    }
+}

@@ -1,0 +1,388 @@
+//! The store's side of each step, on the store's clock: a flow's lease (one holder at a
+//! time, for a bounded time), its fencing epoch (raised at each grant to a new holder) and
+//! its sequenced writes. [`StoreCore`] is the in-process `memory` store, and the
+//! specification the Redis functions follow line for line.
+//!
+//! Must never: grant a flow's lease while another holder's runs; apply a write of a
+//! holder whose lease passed or was granted away, or one older than the state held.
+
+use crate::protocol::{Holder, Reply, Request};
+use std::collections::HashMap;
+use std::hash::Hash;
+
+#[derive(Clone, Copy, Debug)]
+pub struct StoreConfig {
+    /// Leases asked for are held to this range.
+    pub min_lease_ns: u64,
+    pub max_lease_ns: u64,
+    /// Refuse writes and renewals of a lease that passed or was granted away. Off only to
+    /// show, in tests, what goes wrong without it (the paper's prototype does not fence).
+    pub fencing: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            min_lease_ns: 1_000_000,
+            max_lease_ns: 60_000_000_000,
+            fencing: true,
+        }
+    }
+}
+
+/// One flow's record.
+#[derive(Clone, Debug)]
+pub struct Record<V> {
+    pub value: Option<V>,
+    /// The last write applied (0: none).
+    pub seq: u64,
+    /// The last grant's epoch (0: never granted).
+    pub epoch: u64,
+    pub holder: Option<Holder>,
+    pub lease_until_ns: u64,
+}
+
+impl<V> Default for Record<V> {
+    fn default() -> Self {
+        Record {
+            value: None,
+            seq: 0,
+            epoch: 0,
+            holder: None,
+            lease_until_ns: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreCounters {
+    pub granted: u64,
+    /// Grants to a new holder of a flow that had state: migrations.
+    pub migrated: u64,
+    pub held: u64,
+    pub written: u64,
+    /// Writes answered again without applying (sent again, or older than the state).
+    pub repeated: u64,
+    pub renewed: u64,
+    pub fenced: u64,
+}
+
+pub struct StoreCore<K, V> {
+    config: StoreConfig,
+    records: HashMap<K, Record<V>>,
+    pub counters: StoreCounters,
+}
+
+impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
+    pub fn new(config: StoreConfig) -> Self {
+        StoreCore {
+            config,
+            records: HashMap::new(),
+            counters: StoreCounters::default(),
+        }
+    }
+
+    pub fn record(&self, key: &K) -> Option<&Record<V>> {
+        self.records.get(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Answers `request` of `from`, taken at `now_ns` on the store's clock.
+    pub fn handle(&mut self, now_ns: u64, from: Holder, request: Request<K, V>) -> Reply<K, V> {
+        let config = self.config;
+        let lease = |asked: u64| asked.clamp(config.min_lease_ns, config.max_lease_ns);
+        let key = request.key();
+        let record = self.records.entry(key).or_default();
+        let runs = now_ns < record.lease_until_ns;
+        let holds = |record: &Record<V>, epoch: u64| {
+            !config.fencing || (record.holder == Some(from) && record.epoch == epoch && runs)
+        };
+        match request {
+            Request::Acquire {
+                lease_ns, nonce, ..
+            } => {
+                let lease_ns = lease(lease_ns);
+                match record.holder {
+                    // The holder asking again (its answer lost, or its own lease thought
+                    // passed early): the same grant, renewed.
+                    Some(h) if h == from && runs => {}
+                    Some(_) if runs => {
+                        self.counters.held += 1;
+                        return Reply::Held {
+                            key,
+                            remaining_ns: record.lease_until_ns - now_ns,
+                            nonce,
+                        };
+                    }
+                    _ => {
+                        record.epoch += 1;
+                        record.holder = Some(from);
+                        if record.value.is_some() {
+                            self.counters.migrated += 1;
+                        }
+                    }
+                }
+                record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                self.counters.granted += 1;
+                Reply::Granted {
+                    key,
+                    epoch: record.epoch,
+                    seq: record.seq,
+                    value: record.value.clone(),
+                    lease_ns,
+                    nonce,
+                }
+            }
+            Request::Write {
+                epoch,
+                seq,
+                value,
+                lease_ns,
+                ..
+            } => {
+                if !holds(record, epoch) {
+                    self.counters.fenced += 1;
+                    return Reply::Fenced { key, epoch };
+                }
+                let lease_ns = lease(lease_ns);
+                if seq > record.seq {
+                    record.value = Some(value);
+                    record.seq = seq;
+                    self.counters.written += 1;
+                } else {
+                    self.counters.repeated += 1;
+                }
+                record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                Reply::Written {
+                    key,
+                    epoch,
+                    seq,
+                    lease_ns,
+                }
+            }
+            Request::Renew {
+                epoch,
+                lease_ns,
+                nonce,
+                ..
+            } => {
+                if !holds(record, epoch) {
+                    self.counters.fenced += 1;
+                    return Reply::Fenced { key, epoch };
+                }
+                let lease_ns = lease(lease_ns);
+                record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                self.counters.renewed += 1;
+                Reply::Renewed {
+                    key,
+                    epoch,
+                    lease_ns,
+                    nonce,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Holder = Holder {
+        switch: 1,
+        incarnation: 0,
+    };
+    const B: Holder = Holder {
+        switch: 2,
+        incarnation: 0,
+    };
+    const MS: u64 = 1_000_000;
+
+    fn store() -> StoreCore<u32, u64> {
+        StoreCore::new(StoreConfig::default())
+    }
+
+    fn acquire(s: &mut StoreCore<u32, u64>, now: u64, from: Holder) -> Reply<u32, u64> {
+        s.handle(
+            now,
+            from,
+            Request::Acquire {
+                key: 7,
+                lease_ns: 100 * MS,
+                nonce: now,
+            },
+        )
+    }
+
+    fn write(
+        s: &mut StoreCore<u32, u64>,
+        now: u64,
+        from: Holder,
+        epoch: u64,
+        seq: u64,
+        value: u64,
+    ) -> Reply<u32, u64> {
+        s.handle(
+            now,
+            from,
+            Request::Write {
+                key: 7,
+                epoch,
+                seq,
+                value,
+                lease_ns: 100 * MS,
+            },
+        )
+    }
+
+    #[test]
+    fn one_holder_at_a_time_and_the_next_gets_the_last_write() {
+        let mut s = store();
+        let Reply::Granted {
+            epoch,
+            seq: 0,
+            value: None,
+            ..
+        } = acquire(&mut s, 0, A)
+        else {
+            panic!("a new flow is granted with no state");
+        };
+        assert_eq!(
+            write(&mut s, MS, A, epoch, 1, 10),
+            Reply::Written {
+                key: 7,
+                epoch,
+                seq: 1,
+                lease_ns: 100 * MS
+            }
+        );
+        // The write renewed the lease: B waits for what is left of it.
+        assert_eq!(
+            acquire(&mut s, 50 * MS, B),
+            Reply::Held {
+                key: 7,
+                remaining_ns: 51 * MS,
+                nonce: 50 * MS
+            }
+        );
+        let Reply::Granted {
+            epoch: e2,
+            seq: 1,
+            value: Some(10),
+            ..
+        } = acquire(&mut s, 101 * MS, B)
+        else {
+            panic!("past the lease, B takes the flow with A's last write");
+        };
+        assert_eq!(e2, epoch + 1, "a new holder raises the epoch");
+        assert_eq!(s.counters.migrated, 1);
+    }
+
+    #[test]
+    fn a_write_of_a_passed_lease_is_fenced_even_if_nobody_took_the_flow() {
+        let mut s = store();
+        let Reply::Granted { epoch, .. } = acquire(&mut s, 0, A) else {
+            panic!()
+        };
+        assert_eq!(
+            write(&mut s, 100 * MS, A, epoch, 1, 10),
+            Reply::Fenced { key: 7, epoch }
+        );
+        assert_eq!(s.record(&7).map(|r| r.seq), Some(0), "nothing applied");
+        let Reply::Granted { epoch: e2, .. } = acquire(&mut s, 100 * MS, B) else {
+            panic!()
+        };
+        // A's write on its way, delayed: fenced by the epoch.
+        assert_eq!(
+            write(&mut s, 101 * MS, A, epoch, 1, 10),
+            Reply::Fenced { key: 7, epoch }
+        );
+        assert_eq!(
+            write(&mut s, 101 * MS, B, e2, 1, 11),
+            Reply::Written {
+                key: 7,
+                epoch: e2,
+                seq: 1,
+                lease_ns: 100 * MS
+            }
+        );
+        // A restarted is a new holder: it waits, then fences B.
+        let a1 = Holder {
+            incarnation: 1,
+            ..A
+        };
+        assert!(matches!(acquire(&mut s, 150 * MS, a1), Reply::Held { .. }));
+        assert_eq!(s.counters.fenced, 2);
+    }
+
+    #[test]
+    fn writes_sent_again_are_answered_again_and_never_go_back() {
+        let mut s = store();
+        let Reply::Granted { epoch, .. } = acquire(&mut s, 0, A) else {
+            panic!()
+        };
+        write(&mut s, 1, A, epoch, 1, 10);
+        write(&mut s, 2, A, epoch, 2, 20);
+        assert!(matches!(
+            write(&mut s, 3, A, epoch, 1, 10),
+            Reply::Written { seq: 1, .. }
+        ));
+        let r = s.record(&7).cloned().unwrap_or_default();
+        assert_eq!(
+            (r.seq, r.value),
+            (2, Some(20)),
+            "the older write is not applied"
+        );
+        assert_eq!(s.counters.repeated, 1);
+        // The holder asking again keeps its epoch, so its own writes are not fenced.
+        let Reply::Granted {
+            epoch: again,
+            seq: 2,
+            value: Some(20),
+            ..
+        } = acquire(&mut s, 4, A)
+        else {
+            panic!()
+        };
+        assert_eq!(again, epoch);
+    }
+
+    #[test]
+    fn leases_are_held_to_the_configured_range_and_saturate() {
+        let mut s = store();
+        let r = s.handle(
+            u64::MAX - 5,
+            A,
+            Request::Acquire {
+                key: 1,
+                lease_ns: 1,
+                nonce: 0,
+            },
+        );
+        assert!(matches!(r, Reply::Granted { lease_ns: MS, .. }), "{r:?}");
+        assert_eq!(s.record(&1).map(|r| r.lease_until_ns), Some(u64::MAX));
+    }
+
+    #[test]
+    fn without_fencing_a_stale_write_lands() {
+        let mut s = StoreCore::new(StoreConfig {
+            fencing: false,
+            ..StoreConfig::default()
+        });
+        let Reply::Granted { epoch, .. } = acquire(&mut s, 0, A) else {
+            panic!()
+        };
+        acquire(&mut s, 200 * MS, B);
+        assert!(matches!(
+            write(&mut s, 201 * MS, A, epoch, 1, 10),
+            Reply::Written { .. }
+        ));
+    }
+}
