@@ -7,6 +7,7 @@
 mod common;
 
 use common::{bin, ok, tmp};
+use stateplane_lab::RedisServer;
 use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -462,90 +463,18 @@ fn sync_settings_that_cannot_hold_are_refused() {
     }
 }
 
-/// A tool the test command installs; its absence is a failure, not a skip.
-fn require(tool: &str) {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "{tool} is not installed: run scripts/test.sh, which installs it (apt-get install redis-server)"
-    );
-}
-
-/// A redis-server of the test's own on loopback, stopped when dropped.
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start(port: u16) -> Redis {
-        require("redis-server");
-        require("redis-cli");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let redis = Redis {
-            port,
-            child: Some(child),
-        };
-        for _ in 0..100 {
-            if redis.cli(&["ping"]).trim() == "PONG" {
-                return redis;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        panic!("redis-server did not start on port {port}");
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Row 0's total over both streams: the packets counted.
-    fn counted(&self) -> u64 {
-        (0..2)
-            .map(|stream| {
-                let all = self.cli(&["hgetall", &format!("stateplane:sync:1:{stream}:0")]);
-                let words: Vec<&str> = all.lines().collect();
-                (words.chunks(2))
-                    .filter(|kv| kv.len() == 2 && kv[0].parse::<u32>().is_ok_and(|i| i < 1024))
-                    .map(|kv| kv[1].parse::<u64>().unwrap())
-                    .sum::<u64>()
-            })
-            .sum()
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// Row 0's total over both streams in `redis`: the packets counted.
+fn counted(redis: &RedisServer) -> u64 {
+    (0..2)
+        .map(|stream| {
+            let all = redis.cli(&["hgetall", &format!("stateplane:sync:1:{stream}:0")]);
+            let words: Vec<&str> = all.lines().collect();
+            (words.chunks(2))
+                .filter(|kv| kv.len() == 2 && kv[0].parse::<u32>().is_ok_and(|i| i < 1024))
+                .map(|kv| kv[1].parse::<u64>().unwrap())
+                .sum::<u64>()
+        })
+        .sum()
 }
 
 /// A port nothing listens on now, for a server of the test's own.
@@ -566,7 +495,7 @@ fn free_port() -> u16 {
 fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     let dir = trace_in("sync-redis");
     let port = free_port();
-    let mut redis = Redis::start(port);
+    let mut redis = RedisServer::start(port, false).unwrap();
     let url = format!("redis://127.0.0.1:{port}");
     let (collector, addr, collector_err) = start_collector(&["--redis", &url]);
     let config = hh_config(&dir, &addr, "");
@@ -578,24 +507,24 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
             .unwrap())
     };
     run();
-    let wait_for = |redis: &Redis, what: &str, done: &dyn Fn(&Redis) -> bool| {
+    let wait_for = |redis: &RedisServer, what: &str, done: &dyn Fn(&RedisServer) -> bool| {
         for _ in 0..250 {
             if done(redis) {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        panic!("{what}: Redis holds {}", redis.counted());
+        panic!("{what}: Redis holds {}", counted(redis));
     };
-    wait_for(&redis, "the first run's copy", &|r| r.counted() == 30_000);
+    wait_for(&redis, "the first run's copy", &|r| counted(r) == 30_000);
     let first_epoch = redis.cli(&["hget", "stateplane:sync:1:0", "epoch"]);
 
     // Redis goes; the switch runs again (a new epoch) while it is away; Redis comes back
     // empty, and gets the whole copy of the second run, not a sum of the two.
-    redis.stop();
+    redis.kill();
     run();
-    let redis = Redis::start(port);
-    wait_for(&redis, "the copy written again", &|r| r.counted() == 30_000);
+    redis.restart().unwrap();
+    wait_for(&redis, "the copy written again", &|r| counted(r) == 30_000);
     let epoch = redis.cli(&["hget", "stateplane:sync:1:0", "epoch"]);
     assert_ne!(epoch, first_epoch, "the second run's epoch");
 
@@ -606,7 +535,7 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     redis.cli(&["sadd", "stateplane:sync:1:0:states", "7"]);
     run();
     wait_for(&redis, "the third run's copy", &|r| {
-        r.cli(&["hget", "stateplane:sync:1:0", "epoch"]) != epoch && r.counted() == 30_000
+        r.cli(&["hget", "stateplane:sync:1:0", "epoch"]) != epoch && counted(r) == 30_000
     });
     assert_eq!(redis.cli(&["exists", "stateplane:sync:1:0:7"]).trim(), "0");
     let states = redis.cli(&["smembers", "stateplane:sync:1:0:states"]);

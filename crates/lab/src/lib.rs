@@ -10,7 +10,9 @@
 //! the lab, or use addresses outside 198.18.0.0/15.
 
 pub mod namespaces;
+pub mod redis_server;
 pub mod topology;
 
 pub use namespaces::{NodeStatus, down, exec, start_switch, state_dir, status, stop_switch, up};
+pub use redis_server::RedisServer;
 pub use topology::Topology;

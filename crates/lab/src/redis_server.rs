@@ -1,0 +1,114 @@
+//! A redis-server of a test's or an experiment's own, on loopback: started on a port with a
+//! directory of its own, stopped (killed) when dropped, and restartable on the same port
+//! and directory, so that what it keeps across a restart (its append-only file) is tested.
+//!
+//! Must never: listen beyond 127.0.0.1, or leave the server running after it is dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    append_only: bool,
+    child: Option<Child>,
+}
+
+/// Whether `tool` is on the PATH.
+fn installed(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+impl RedisServer {
+    /// Starts a server on `port` (127.0.0.1), keeping its files in a fresh directory;
+    /// `append_only`: with an append-only file, fsynced every write (`appendfsync always`).
+    pub fn start(port: u16, append_only: bool) -> Result<RedisServer, String> {
+        for tool in ["redis-server", "redis-cli"] {
+            if !installed(tool) {
+                return Err(format!(
+                    "{tool} is not installed: run scripts/test.sh, which installs it \
+                     (apt-get install redis-server redis-tools)"
+                ));
+            }
+        }
+        let dir =
+            std::env::temp_dir().join(format!("stateplane-redis-{port}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut server = RedisServer {
+            port,
+            dir,
+            append_only,
+            child: None,
+        };
+        server.restart()?;
+        Ok(server)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server (SIGKILL: nothing is flushed that was not already).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs and starts it again on the same port and directory,
+    /// waiting until it answers.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", if self.append_only { "yes" } else { "no" }])
+            .args(["--appendfsync", "always"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("redis-server: {e}"))?;
+        self.child = Some(child);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if self.cli(&["ping"]).trim() == "PONG" {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err(format!(
+            "redis-server did not answer on port {} within 5 s",
+            self.port
+        ))
+    }
+
+    /// `redis-cli` against the server: its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

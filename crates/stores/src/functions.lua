@@ -1,0 +1,105 @@
+#!lua name=stateplane_replication
+-- The replicated guarantee's store side, as Redis functions: each call is atomic and
+-- reads the server's clock, and each follows `StoreCore::handle` (crates/replication/
+-- src/store.rs) line for line. A flow's record is a hash:
+--   v       its state (absent: never written)
+--   seq     the last write applied (decimal, 0 when absent)
+--   epoch   the last grant's fencing epoch
+--   holder  who holds the lease ("switch:incarnation")
+--   until   when the lease ends, microseconds on the server's clock
+-- Every call sets the record to expire `retain_ms` after it (flows long gone are dropped;
+-- a retention far longer than any lease keeps a record while it can matter).
+-- Answers are arrays whose first element says which: G (granted), H (held by another),
+-- W (written), R (renewed), F (fenced).
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Whether decimal a is greater than decimal b (both without leading zeros): sequence
+-- numbers are 64-bit, beyond what a Lua number holds exactly.
+local function greater(a, b)
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+
+local function lease_of(asked, min, max)
+  return math.min(math.max(tonumber(asked), tonumber(min)), tonumber(max))
+end
+
+local function record(key)
+  local r = redis.call('HMGET', key, 'v', 'seq', 'epoch', 'holder', 'until')
+  return {
+    value = r[1],
+    seq = r[2] or '0',
+    epoch = r[3] or '0',
+    holder = r[4],
+    until_us = tonumber(r[5]) or 0,
+  }
+end
+
+-- ARGV: holder, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
+local function acquire(keys, args)
+  local key, holder, nonce = keys[1], args[1], args[3]
+  local lease = lease_of(args[2], args[4], args[5])
+  local now = now_us()
+  local r = record(key)
+  local runs = now < r.until_us
+  local epoch = r.epoch
+  if r.holder and runs and r.holder ~= holder then
+    return {'H', string.format('%d', r.until_us - now), nonce}
+  end
+  if not (r.holder == holder and runs) then
+    epoch = string.format('%d', tonumber(r.epoch) + 1)
+    redis.call('HSET', key, 'epoch', epoch, 'holder', holder)
+  end
+  redis.call('HSET', key, 'until', string.format('%d', now + lease))
+  redis.call('PEXPIRE', key, args[6])
+  if r.value then
+    return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value}
+  end
+  return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, ''}
+end
+
+-- Whether the lease of `epoch` is `holder`'s and runs now.
+local function holds(r, holder, epoch, now)
+  return r.holder == holder and r.epoch == epoch and now < r.until_us
+end
+
+-- ARGV: holder, epoch, seq, value, lease_us, min_lease_us, max_lease_us, retain_ms
+local function write(keys, args)
+  local key, holder, epoch, seq = keys[1], args[1], args[2], args[3]
+  local now = now_us()
+  local r = record(key)
+  if not holds(r, holder, epoch, now) then
+    return {'F', epoch}
+  end
+  local lease = lease_of(args[5], args[6], args[7])
+  if greater(seq, r.seq) then
+    redis.call('HSET', key, 'v', args[4], 'seq', seq)
+  end
+  redis.call('HSET', key, 'until', string.format('%d', now + lease))
+  redis.call('PEXPIRE', key, args[8])
+  return {'W', epoch, seq, string.format('%d', lease)}
+end
+
+-- ARGV: holder, epoch, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
+local function renew(keys, args)
+  local key, holder, epoch, nonce = keys[1], args[1], args[2], args[4]
+  local now = now_us()
+  local r = record(key)
+  if not holds(r, holder, epoch, now) then
+    return {'F', epoch}
+  end
+  local lease = lease_of(args[3], args[5], args[6])
+  redis.call('HSET', key, 'until', string.format('%d', now + lease))
+  redis.call('PEXPIRE', key, args[7])
+  return {'R', epoch, string.format('%d', lease), nonce}
+end
+
+redis.register_function('stateplane_acquire', acquire)
+redis.register_function('stateplane_write', write)
+redis.register_function('stateplane_renew', renew)

@@ -1,0 +1,73 @@
+//! The stores behind the `replicated` guarantee, each reached through a [`StoreLink`]: a
+//! worker sends its requests on it and takes the answers that came, and neither call ever
+//! waits for the store.
+//!
+//! - [`memory`]: the store in the switch's own process (the embedded default, for one
+//!   switch and for tests): [`stateplane_replication::store::StoreCore`] behind a lock, on
+//!   the process's monotonic clock;
+//! - [`redis`](mod@redis): a Redis 7 server, the lease, fencing epoch and sequenced write
+//!   being functions loaded at connection (`functions.lua`), so that each is atomic and
+//!   reads the server's clock; a thread per link pipelines the requests, and a server lost
+//!   or restarted is reported and reconnected, never a crash.
+//!
+//! Must never: block a worker; answer a request that the store did not take (a request
+//! lost with a connection is unanswered, and the replica sends it again).
+
+pub mod memory;
+pub mod redis;
+
+use stateplane_replication::{Holder, Reply, Request};
+use std::os::fd::RawFd;
+
+/// A flow's state as the stores keep it: its bytes.
+pub type Value = Vec<u8>;
+
+/// A flow's key as a store names it.
+pub trait StoreKey: Copy + Eq + std::hash::Hash + Ord + Send + 'static {
+    /// Appends the key's bytes to `out`.
+    fn key_bytes(&self, out: &mut Vec<u8>);
+}
+
+macro_rules! store_key_of_unsigned {
+    ($($t:ty),*) => {$(
+        impl StoreKey for $t {
+            fn key_bytes(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_be_bytes());
+            }
+        }
+    )*};
+}
+store_key_of_unsigned!(u32, u64, u128);
+
+/// What a link did, for metrics and the run's summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    pub requests: u64,
+    pub answers: u64,
+    /// Round trips to the store (each carries many requests: pipelining).
+    pub round_trips: u64,
+    /// Requests dropped unsent: the link's queue was full, or the store unreachable.
+    pub dropped: u64,
+    /// Failed round trips (the connection lost, an error from the store).
+    pub errors: u64,
+    pub reconnects: u64,
+    /// Writes answered but not on the configured number of replicas in time (`WAIT`): not
+    /// passed on, so the replica sends them again.
+    pub short_of_replicas: u64,
+    /// Gauge: 1 while connected (the memory store always is).
+    pub connected: u64,
+}
+
+/// Where a worker's requests go and its answers come from.
+pub trait StoreLink<K>: Send {
+    /// Sends `holder`'s requests, taking them from `requests`; never waits.
+    fn send(&mut self, holder: Holder, requests: &mut Vec<Request<K, Value>>);
+
+    /// Appends the answers that came to `out`; never waits.
+    fn receive(&mut self, out: &mut Vec<Reply<K, Value>>);
+
+    /// A descriptor readable when answers wait (an idle worker waits on it).
+    fn wake_fd(&self) -> Option<RawFd>;
+
+    fn counters(&self) -> LinkCounters;
+}

@@ -1,0 +1,565 @@
+//! The Redis store: a Redis 7 server (or later) keeps every replicated flow's record, and
+//! the steps on it are the functions of `functions.lua`, loaded at each connection
+//! (`FUNCTION LOAD REPLACE`), so that a lease, a fencing epoch and a sequenced write are
+//! each one atomic call on the server's clock.
+//!
+//! A flow's record is the hash `PREFIX:{KEY}`, `KEY` the flow key's bytes in hex: the
+//! braces make it the key's hash tag, so a Redis Cluster keeps each flow in one slot.
+//!
+//! A link is a thread with its own connection: it takes the batches its worker sends,
+//! writes as many as are waiting in one pipeline (one round trip carries many flows'
+//! requests), and hands the answers back through a channel, waking the worker through a
+//! socket. With `wait`, each round trip that carries writes ends with `WAIT N TIMEOUT`,
+//! and its writes are passed on only if N replicas have them.
+//!
+//! Must never: block the worker (a full queue drops the batch, counted: the replica sends
+//! it again); stop on a lost server (the error is counted and logged once, the requests
+//! of the failed round trip are left unanswered, and the link connects again).
+
+use crate::{LinkCounters, StoreKey, StoreLink, Value};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+use stateplane_replication::{Holder, Reply, Request};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The functions, as loaded into the server.
+pub const FUNCTIONS: &str = include_str!("functions.lua");
+
+/// How long a connection may take, and a round trip.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Requests written in one pipeline at most.
+const PIPELINE: usize = 4_096;
+/// Batches a link holds for its thread before it drops them.
+const QUEUE: usize = 4_096;
+
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub url: String,
+    /// Records are named `PREFIX:{KEY}`.
+    pub prefix: String,
+    /// Leases asked for are held to this range (microseconds are the server's unit).
+    pub min_lease: Duration,
+    pub max_lease: Duration,
+    /// A record not touched this long is dropped by the server (flows long gone).
+    pub retain: Duration,
+    /// `WAIT`: a write is acknowledged once this many replicas have it, within the time.
+    pub wait: Option<(u32, Duration)>,
+}
+
+impl RedisConfig {
+    pub fn new(url: &str) -> RedisConfig {
+        RedisConfig {
+            url: url.to_string(),
+            prefix: "stateplane:rep".to_string(),
+            min_lease: Duration::from_millis(100),
+            max_lease: Duration::from_secs(60),
+            retain: Duration::from_secs(3_600),
+            wait: None,
+        }
+    }
+}
+
+/// Connects to the server and loads the functions; what fails says how to fix it.
+fn connect(config: &RedisConfig) -> Result<redis::Connection, String> {
+    let url = &config.url;
+    let client = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+    let mut conn = client
+        .get_connection_with_timeout(CONNECT_TIMEOUT)
+        .map_err(|e| format!("{url}: {e} (is redis-server running there?)"))?;
+    conn.set_read_timeout(Some(IO_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(IO_TIMEOUT)))
+        .map_err(|e| format!("{url}: {e}"))?;
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FUNCTIONS)
+        .query::<String>(&mut conn)
+        .map_err(|e| {
+            format!(
+                "{url}: loading the replication functions failed: {e} (Redis 7 or later is \
+                 needed: FUNCTION LOAD)"
+            )
+        })?;
+    Ok(conn)
+}
+
+/// A Redis store, its server checked; [`RedisStore::link`] makes a worker's link.
+pub struct RedisStore {
+    config: Arc<RedisConfig>,
+}
+
+impl RedisStore {
+    /// Connects once, so that a wrong URL, a server not running or one too old is refused
+    /// before the switch starts.
+    pub fn connect(config: RedisConfig) -> Result<RedisStore, String> {
+        if config.min_lease.is_zero() || config.min_lease > config.max_lease {
+            return Err(format!(
+                "the lease range {:?}..{:?} is empty: give a minimum above 0 and at most the maximum",
+                config.min_lease, config.max_lease
+            ));
+        }
+        if config.retain < config.max_lease * 10 {
+            return Err(format!(
+                "a retention of {:?} is shorter than ten leases of {:?}: a record must outlive \
+                 every lease that can matter",
+                config.retain, config.max_lease
+            ));
+        }
+        connect(&config)?;
+        Ok(RedisStore {
+            config: Arc::new(config),
+        })
+    }
+
+    pub fn link<K: StoreKey>(&self) -> Result<RedisLink<K>, String> {
+        let (to_thread, batches) = crossbeam_channel::bounded(QUEUE);
+        let (answer, answers) = crossbeam_channel::unbounded();
+        let (wake, wake_writer) =
+            UnixStream::pair().map_err(|e| format!("a link's socket: {e}"))?;
+        wake.set_nonblocking(true)
+            .and_then(|()| wake_writer.set_nonblocking(true))
+            .map_err(|e| format!("a link's socket: {e}"))?;
+        let shared = Arc::new(Shared::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (config, shared, stop) = (
+                Arc::clone(&self.config),
+                Arc::clone(&shared),
+                Arc::clone(&stop),
+            );
+            std::thread::Builder::new()
+                .name("redis-store".into())
+                .spawn(move || {
+                    let mut worker = LinkThread {
+                        config,
+                        conn: None,
+                        shared,
+                        answer,
+                        wake: wake_writer,
+                        outage_logged: false,
+                    };
+                    worker.run(&batches, &stop);
+                })
+                .map_err(|e| format!("the Redis link's thread: {e}"))?
+        };
+        Ok(RedisLink {
+            to_thread: Some(to_thread),
+            answers,
+            wake,
+            shared,
+            requests: 0,
+            dropped: 0,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A request as the thread carries it: the key's record name made, the key kept to
+/// answer with.
+struct Outgoing<K> {
+    holder: Holder,
+    request: Request<K, Value>,
+}
+
+#[derive(Default)]
+struct Shared {
+    answers: AtomicU64,
+    round_trips: AtomicU64,
+    dropped: AtomicU64,
+    errors: AtomicU64,
+    reconnects: AtomicU64,
+    short_of_replicas: AtomicU64,
+    connected: AtomicU64,
+}
+
+pub struct RedisLink<K> {
+    to_thread: Option<Sender<Vec<Outgoing<K>>>>,
+    answers: Receiver<Reply<K, Value>>,
+    wake: UnixStream,
+    shared: Arc<Shared>,
+    requests: u64,
+    dropped: u64,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<K: StoreKey> StoreLink<K> for RedisLink<K> {
+    fn send(&mut self, holder: Holder, requests: &mut Vec<Request<K, Value>>) {
+        if requests.is_empty() {
+            return;
+        }
+        let n = requests.len() as u64;
+        let batch: Vec<_> = (requests.drain(..))
+            .map(|request| Outgoing { holder, request })
+            .collect();
+        self.requests += n;
+        let Some(to_thread) = &self.to_thread else {
+            self.dropped += n;
+            return;
+        };
+        match to_thread.try_send(batch) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped += n,
+        }
+    }
+
+    fn receive(&mut self, out: &mut Vec<Reply<K, Value>>) {
+        let mut drain = [0u8; 256];
+        while matches!(self.wake.read(&mut drain), Ok(n) if n > 0) {}
+        out.extend(self.answers.try_iter());
+    }
+
+    fn wake_fd(&self) -> Option<RawFd> {
+        Some(self.wake.as_raw_fd())
+    }
+
+    fn counters(&self) -> LinkCounters {
+        let s = &self.shared;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkCounters {
+            requests: self.requests,
+            answers: get(&s.answers),
+            round_trips: get(&s.round_trips),
+            dropped: self.dropped + get(&s.dropped),
+            errors: get(&s.errors),
+            reconnects: get(&s.reconnects),
+            short_of_replicas: get(&s.short_of_replicas),
+            connected: get(&s.connected),
+        }
+    }
+}
+
+impl<K> Drop for RedisLink<K> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.to_thread = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct LinkThread<K> {
+    config: Arc<RedisConfig>,
+    conn: Option<redis::Connection>,
+    shared: Arc<Shared>,
+    answer: Sender<Reply<K, Value>>,
+    wake: UnixStream,
+    outage_logged: bool,
+}
+
+impl<K: StoreKey> LinkThread<K> {
+    fn run(&mut self, batches: &Receiver<Vec<Outgoing<K>>>, stop: &AtomicBool) {
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let mut round = match batches.recv_timeout(Duration::from_millis(100)) {
+                Ok(batch) => batch,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                    if !stop.load(Ordering::Relaxed) =>
+                {
+                    continue;
+                }
+                Err(_) => return,
+            };
+            while round.len() < PIPELINE {
+                match batches.try_recv() {
+                    Ok(mut batch) => round.append(&mut batch),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            }
+            if self.conn.is_none() {
+                match connect(&self.config) {
+                    Ok(conn) => {
+                        if self.outage_logged {
+                            log::warn!("Redis store {}: connected again", self.config.url);
+                            self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
+                        self.conn = Some(conn);
+                        self.outage_logged = false;
+                        self.shared.connected.store(1, Ordering::Relaxed);
+                        backoff = Duration::from_millis(10);
+                    }
+                    Err(e) => {
+                        self.lost(&e, round.len());
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+            }
+            self.round_trip(round);
+        }
+    }
+
+    /// The server is out of reach: the round's requests go unanswered (the replicas send
+    /// them again), and the outage is logged once.
+    fn lost(&mut self, why: &str, requests: usize) {
+        self.conn = None;
+        self.shared.connected.store(0, Ordering::Relaxed);
+        self.shared.errors.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .dropped
+            .fetch_add(requests as u64, Ordering::Relaxed);
+        if !self.outage_logged {
+            log::warn!(
+                "Redis store {}: {why}; replicated flows wait (their packets held, then dropped) \
+                 until it is back",
+                self.config.url
+            );
+            self.outage_logged = true;
+        }
+    }
+
+    fn round_trip(&mut self, round: Vec<Outgoing<K>>) {
+        let config = Arc::clone(&self.config);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut key = Vec::new();
+        let mut writes = false;
+        for o in &round {
+            key.clear();
+            o.request.key().key_bytes(&mut key);
+            writes |= matches!(o.request, Request::Write { .. });
+            pipe.add_command(call(
+                &config,
+                &record_name(&config.prefix, &key),
+                o.holder,
+                &o.request,
+            ));
+        }
+        if let Some((replicas, timeout)) = config.wait.filter(|_| writes) {
+            pipe.cmd("WAIT")
+                .arg(replicas)
+                .arg(timeout.as_millis() as u64);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let values: Vec<redis::Value> = match pipe.query(conn) {
+            Ok(values) => values,
+            Err(e) => {
+                self.lost(&e.to_string(), round.len());
+                return;
+            }
+        };
+        self.shared.round_trips.fetch_add(1, Ordering::Relaxed);
+        let replicated = match config.wait {
+            Some((replicas, _)) if writes => {
+                matches!(values.last(), Some(redis::Value::Int(n)) if *n >= i64::from(replicas))
+            }
+            _ => true,
+        };
+        let mut answered = 0;
+        for (o, value) in round.iter().zip(&values) {
+            match parse(o.request.key(), value) {
+                Ok(Reply::Written { .. }) if !replicated => {
+                    self.shared
+                        .short_of_replicas
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(reply) => {
+                    answered += 1;
+                    if self.answer.send(reply).is_err() {
+                        return; // the link is gone
+                    }
+                }
+                Err(e) => {
+                    // A server restarted without its functions answers so: load them again.
+                    self.lost(&e, 1);
+                }
+            }
+        }
+        self.shared.answers.fetch_add(answered, Ordering::Relaxed);
+        let _ = self.wake.write(&[1]);
+    }
+}
+
+/// The record's name: `PREFIX:{HEX}`, the braces its hash tag.
+fn record_name(prefix: &str, key: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(prefix.len() + 3 + 2 * key.len());
+    name.push_str(prefix);
+    name.push_str(":{");
+    for b in key {
+        let _ = write!(name, "{b:02x}");
+    }
+    name.push('}');
+    name
+}
+
+fn micros(ns: u64) -> u64 {
+    ns.div_ceil(1_000)
+}
+
+/// The function call for `request`.
+fn call<K>(
+    config: &RedisConfig,
+    record: &str,
+    holder: Holder,
+    request: &Request<K, Value>,
+) -> redis::Cmd {
+    let holder = format!("{}:{}", holder.switch, holder.incarnation);
+    let (min, max) = (
+        config.min_lease.as_micros() as u64,
+        config.max_lease.as_micros() as u64,
+    );
+    let retain = config.retain.as_millis() as u64;
+    let mut cmd = redis::cmd("FCALL");
+    match request {
+        Request::Acquire {
+            lease_ns, nonce, ..
+        } => {
+            cmd.arg("stateplane_acquire").arg(1).arg(record).arg(holder);
+            cmd.arg(micros(*lease_ns))
+                .arg(*nonce)
+                .arg(min)
+                .arg(max)
+                .arg(retain);
+        }
+        Request::Write {
+            epoch,
+            seq,
+            value,
+            lease_ns,
+            ..
+        } => {
+            cmd.arg("stateplane_write").arg(1).arg(record).arg(holder);
+            cmd.arg(*epoch).arg(seq.to_string()).arg(value.as_slice());
+            cmd.arg(micros(*lease_ns)).arg(min).arg(max).arg(retain);
+        }
+        Request::Renew {
+            epoch,
+            lease_ns,
+            nonce,
+            ..
+        } => {
+            cmd.arg("stateplane_renew").arg(1).arg(record).arg(holder);
+            cmd.arg(*epoch)
+                .arg(micros(*lease_ns))
+                .arg(*nonce)
+                .arg(min)
+                .arg(max)
+                .arg(retain);
+        }
+    }
+    cmd
+}
+
+/// A function's answer, read with every element checked.
+fn parse<K>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
+    let items = match value {
+        redis::Value::Array(items) => items.as_slice(),
+        redis::Value::ServerError(e) => return Err(format!("the store refused a call: {e:?}")),
+        other => {
+            return Err(format!(
+                "an answer not of the replication functions: {other:?}"
+            ));
+        }
+    };
+    let bytes = |i: usize| -> Result<&[u8], String> {
+        match items.get(i) {
+            Some(redis::Value::BulkString(b)) => Ok(b),
+            Some(redis::Value::SimpleString(s)) => Ok(s.as_bytes()),
+            other => Err(format!("element {i} of an answer is {other:?}")),
+        }
+    };
+    let number = |i: usize| -> Result<u64, String> {
+        match items.get(i) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).map_err(|e| e.to_string()),
+            _ => std::str::from_utf8(bytes(i)?)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("element {i} of an answer is not a number")),
+        }
+    };
+    let ns = |i: usize| number(i).map(|us| us.saturating_mul(1_000));
+    Ok(match bytes(0)? {
+        b"G" => Reply::Granted {
+            key,
+            epoch: number(1)?,
+            seq: number(2)?,
+            lease_ns: ns(3)?,
+            nonce: number(4)?,
+            value: (number(5)? == 1)
+                .then(|| bytes(6).map(<[u8]>::to_vec))
+                .transpose()?,
+        },
+        b"H" => Reply::Held {
+            key,
+            remaining_ns: ns(1)?,
+            nonce: number(2)?,
+        },
+        b"W" => Reply::Written {
+            key,
+            epoch: number(1)?,
+            seq: number(2)?,
+            lease_ns: ns(3)?,
+        },
+        b"R" => Reply::Renewed {
+            key,
+            epoch: number(1)?,
+            lease_ns: ns(2)?,
+            nonce: number(3)?,
+        },
+        b"F" => Reply::Fenced {
+            key,
+            epoch: number(1)?,
+        },
+        other => {
+            return Err(format!(
+                "an answer of unknown kind {:?}",
+                String::from_utf8_lossy(other)
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_named_with_the_key_as_hash_tag() {
+        assert_eq!(record_name("p", &[0, 0xab, 7]), "p:{00ab07}");
+    }
+
+    #[test]
+    fn answers_of_another_shape_are_refused_not_trusted() {
+        let s = |v: &str| redis::Value::BulkString(v.as_bytes().to_vec());
+        let granted = redis::Value::Array(vec![
+            s("G"),
+            s("3"),
+            s("18446744073709551615"),
+            s("100000"),
+            s("9"),
+            redis::Value::Int(1),
+            s("xy"),
+        ]);
+        assert_eq!(
+            parse(7u32, &granted),
+            Ok(Reply::Granted {
+                key: 7,
+                epoch: 3,
+                seq: u64::MAX,
+                lease_ns: 100_000_000,
+                nonce: 9,
+                value: Some(b"xy".to_vec())
+            })
+        );
+        for bad in [
+            redis::Value::Array(vec![s("G"), s("3")]),
+            redis::Value::Array(vec![s("Z")]),
+            redis::Value::Array(vec![s("W"), s("-1"), s("1"), s("1")]),
+            redis::Value::Int(1),
+            redis::Value::Nil,
+        ] {
+            assert!(parse(7u32, &bad).is_err(), "{bad:?}");
+        }
+    }
+}
