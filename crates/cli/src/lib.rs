@@ -87,6 +87,9 @@ enum Command {
     /// held back and replayed as the paper does, or kept), and the heavy hitters found, in
     /// virtual time over a lossy channel, every increment accounted for.
     BenchSyncReorder(stateplane_bench::bench_sync_reorder::BenchSyncReorderArgs),
+    /// The replication store's sequenced write a second, one flow per call, by calls per
+    /// round trip, for the memory store and a real Redis on loopback, every write checked.
+    BenchReplicationStore(stateplane_bench::bench_replication_store::BenchReplicationStoreArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -137,6 +140,9 @@ pub fn main() -> ExitCode {
         Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
         Command::BenchSyncMigrate(args) => stateplane_bench::bench_sync_migrate::main_migrate(args),
         Command::BenchSyncHh(args) => stateplane_bench::bench_sync_hh::main_hh(args),
+        Command::BenchReplicationStore(args) => {
+            stateplane_bench::bench_replication_store::main(args)
+        }
         Command::BenchSyncReorder(args) => stateplane_bench::bench_sync_reorder::main_reorder(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),
