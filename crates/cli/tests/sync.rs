@@ -454,7 +454,7 @@ fn sync_settings_that_cannot_hold_are_refused() {
         ),
         (
             format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),
-            "'replicated' is not built yet",
+            "`sketch` cannot be replicated yet",
         ),
     ];
     for (text, message) in cases {

@@ -605,17 +605,28 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
     let factory = build_with(&[("connections", &["local"])]).unwrap();
     let declared = factory(1).declarations();
     assert_eq!(declared[0].guarantees, [Guarantee::Local]);
-    // Nothing keeps these yet: each is refused by name, never accepted and ignored.
-    for g in ["replicated", "exported"] {
-        let Err(e) = build_with(&[("connections", &["local", g])]) else {
-            panic!("'{g}' is refused until a stage keeps it")
-        };
-        assert_eq!(e.field, "guarantees.connections");
-        assert!(
-            e.problem.starts_with(&format!("'{g}' is not built yet: ")),
-            "{e}"
-        );
-    }
+    // Nothing keeps this yet: it is refused by name, never accepted and ignored.
+    let Err(e) = build_with(&[("connections", &["local", "exported"])]) else {
+        panic!("'exported' is refused until a stage keeps it")
+    };
+    assert_eq!(e.field, "guarantees.connections");
+    assert!(
+        e.problem.starts_with("'exported' is not built yet: "),
+        "{e}"
+    );
+    // Replication keeps counter's flows; a table no stage can replicate yet is refused.
+    let Err(e) = build_with(&[("connections", &["replicated"])]) else {
+        panic!("conntrack's table is not replicated yet")
+    };
+    assert!(
+        e.problem.contains("`connections` cannot be replicated yet"),
+        "{e}"
+    );
+    let replicated = build_program("counter", &[("flows", &["replicated"])]).unwrap();
+    assert_eq!(
+        replicated(0).declarations()[0].guarantees,
+        [Guarantee::Replicated]
+    );
     // A table whose program does not track it cannot be synced; conntrack's can.
     let Err(e) = build_program("firewall", &[("connections", &["synced"])]) else {
         panic!("a table whose changes nothing tracks is not synced")

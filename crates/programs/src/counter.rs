@@ -16,7 +16,7 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, Program, Verdict};
+use stateplane_runtime::{Burst, Context, FlowBytes, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::FlowKey;
@@ -82,6 +82,16 @@ impl ValueCodec for CountsCodec {
 pub struct Counter {
     forward: Forward,
     flows: DeclaredTable<CountsCodec>,
+    /// `flows` is replicated: each flow's counts, by the flow (docs/REPLICATION.md).
+    replicated: bool,
+}
+
+/// The key of a packet's flow in `flows`.
+fn flow_of(parsed: &stateplane_wire::Parsed) -> FlowKey {
+    FlowKey {
+        in_port: 0,
+        ..parsed.key
+    }
 }
 
 impl Counter {
@@ -107,6 +117,7 @@ impl Counter {
                 field,
             )?,
             flows: DeclaredTable::new(ExactTable::new(cfg.capacity, &profiles, seed), declaration),
+            replicated: false,
         })
     }
 
@@ -125,10 +136,7 @@ impl Program for Counter {
             if matches!(d.verdict, Verdict::Drop(_)) {
                 continue;
             }
-            let key = FlowKey {
-                in_port: 0,
-                ..d.parsed.key
-            };
+            let key = flow_of(&d.parsed);
             let bytes = u64::from(d.orig_len);
             match self.flows.lookup(&key, ctx.now_ns) {
                 Some(id) => {
@@ -159,6 +167,28 @@ impl Program for Counter {
     answer_by_table!(flows);
 
     crate::synced_tables::synced_table_methods!(flows);
+
+    fn replicate(&mut self, name: &str) -> bool {
+        self.replicated |= name == "flows";
+        name == "flows"
+    }
+
+    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes> {
+        if !self.replicated {
+            return None;
+        }
+        FlowBytes::new(&flow_of(&packet.parsed).to_bytes())
+    }
+
+    fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+        self.flows
+            .replicated_state(&FlowKey::from_bytes(key.as_bytes())?)
+    }
+
+    fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
+        FlowKey::from_bytes(key.as_bytes())
+            .is_some_and(|key| self.flows.install_replicated(key, state, now_ns))
+    }
 }
 
 #[cfg(test)]

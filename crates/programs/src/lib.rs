@@ -476,11 +476,23 @@ pub fn with_guarantees(
                 format!("give one or more of {}", known()),
             ));
         }
-        if let Some(&g) = parsed
-            .iter()
-            .find(|&&g| !matches!(g, Guarantee::Local | Guarantee::Synced))
-        {
+        if let Some(&g) = parsed.iter().find(|&&g| {
+            !matches!(
+                g,
+                Guarantee::Local | Guarantee::Synced | Guarantee::Replicated
+            )
+        }) {
             return Err(ConfigError::new(field, not_built(g)));
+        }
+        if parsed.contains(&Guarantee::Replicated) && !factory(0).replicate(name) {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "`{name}` cannot be replicated yet: replicated state today is the table \
+                     `flows` of counter (docs/REPLICATION.md says what is built); the \
+                     other programs' tables follow"
+                ),
+            ));
         }
         if parsed.contains(&Guarantee::Synced) && factory(0).track(name, 0).is_none() {
             return Err(ConfigError::new(
@@ -506,15 +518,14 @@ pub fn with_guarantees(
 /// accepted.
 fn not_built(g: Guarantee) -> String {
     let missing = match g {
-        Guarantee::Local | Guarantee::Synced => "",
-        Guarantee::Replicated => "no stage writes declared state through to a store yet",
+        Guarantee::Local | Guarantee::Synced | Guarantee::Replicated => "",
         Guarantee::Exported => {
             "no stage exports a program's declared tables yet (flow records come from the \
              run's [flows] section)"
         }
     };
     format!(
-        "'{}' is not built yet: {missing}; only 'local' and 'synced' are kept today, and a guarantee that \
+        "'{}' is not built yet: {missing}; only 'local', 'synced' and 'replicated' are kept today, and a guarantee that \
          nothing keeps is refused rather than ignored",
         g.name()
     )
@@ -540,6 +551,14 @@ impl Guaranteed {
         mut inner: Box<dyn Running>,
         overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
     ) -> Box<dyn Running> {
+        // `with_guarantees` made sure an instance can replicate each name; the replication
+        // stage checks the declarations against `replicated_key` before it starts.
+        for (name, _) in overrides
+            .iter()
+            .filter(|(_, g)| g.contains(&Guarantee::Replicated))
+        {
+            let _ = inner.replicate(name);
+        }
         let synced = overrides
             .iter()
             .filter(|(_, g)| g.contains(&Guarantee::Synced));
@@ -678,5 +697,29 @@ impl Program for Guaranteed {
 
     fn commit_synced_write(&mut self) -> u64 {
         self.inner.commit_synced_write() + std::mem::take(&mut self.values_refused)
+    }
+
+    fn replicate(&mut self, name: &str) -> bool {
+        self.inner.replicate(name)
+    }
+
+    fn replicated_key(
+        &self,
+        packet: &stateplane_runtime::PacketDesc,
+    ) -> Option<stateplane_runtime::FlowBytes> {
+        self.inner.replicated_key(packet)
+    }
+
+    fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
+        self.inner.replicated_state(key)
+    }
+
+    fn install_replicated(
+        &mut self,
+        key: &stateplane_runtime::FlowBytes,
+        state: Option<&[u8]>,
+        now_ns: u64,
+    ) -> bool {
+        self.inner.install_replicated(key, state, now_ns)
     }
 }

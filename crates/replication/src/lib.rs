@@ -20,4 +20,4 @@ pub mod protocol;
 pub mod replica;
 pub mod store;
 
-pub use protocol::{Holder, Reply, Request};
+pub use protocol::{FlowBytes, Holder, Reply, Request};

@@ -103,3 +103,39 @@ impl<K: Copy, V> Reply<K, V> {
         }
     }
 }
+
+/// A replicated flow's key as the switch and the store name it: its bytes (at most
+/// [`FlowBytes::MAX`]), compared and hashed as bytes. Programs make it from their table's
+/// key (`Program::replicated_key`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowBytes {
+    len: u8,
+    bytes: [u8; FlowBytes::MAX],
+}
+
+impl FlowBytes {
+    pub const MAX: usize = 47;
+
+    /// `None` if `bytes` is longer than [`FlowBytes::MAX`].
+    pub fn new(bytes: &[u8]) -> Option<FlowBytes> {
+        let mut key = FlowBytes {
+            len: u8::try_from(bytes.len()).ok()?,
+            bytes: [0; Self::MAX],
+        };
+        key.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(key)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for FlowBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}

@@ -47,6 +47,7 @@ pub use run_config::{RunHandle, RunReport, RuntimeConfig};
 pub use sharded::run_sharded;
 pub use source::{BurstSource, OwnShard, PacketBytes};
 pub use state_stage::{StateStage, StateStageFactory};
+pub use stateplane_replication::FlowBytes;
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{

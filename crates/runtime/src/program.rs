@@ -6,8 +6,9 @@
 //! with no locks. Malformed packets never reach a program: the runtime counts and drops
 //! them first.
 
-use crate::burst::Burst;
+use crate::burst::{Burst, PacketDesc};
 use stateplane_api::{Change, ControlError, Declaration, Notification, Reply, Request};
+use stateplane_replication::FlowBytes;
 use stateplane_wire::FlowHasher;
 use std::any::Any;
 use std::sync::Arc;
@@ -30,12 +31,20 @@ impl DropReason {
     pub const NO_SUCH_PORT: DropReason = DropReason(2);
     /// The frame was longer than `burst::MAX_FRAME`; refused at the port.
     pub const OVERSIZE: DropReason = DropReason(3);
+    /// Replicated state: the output reflects a change the store did not acknowledge (in
+    /// time, or at all: the flow's lease was lost), so it must not leave.
+    pub const UNREPLICATED: DropReason = DropReason(4);
     pub const PROGRAM_BASE: u8 = 16;
     /// How many codes there are in all (runtime and program).
     pub const COUNT: usize = 64;
 
-    const RUNTIME_NAMES: [&'static str; 4] =
-        ["no_verdict", "malformed", "no_such_port", "oversize"];
+    const RUNTIME_NAMES: [&'static str; 5] = [
+        "no_verdict",
+        "malformed",
+        "no_such_port",
+        "oversize",
+        "unreplicated",
+    ];
 
     /// The program's `i`-th reason. Programs have at most 48.
     pub const fn program(i: u8) -> DropReason {
@@ -284,6 +293,38 @@ pub trait Program: Send {
     fn commit_synced_write(&mut self) -> u64 {
         0
     }
+
+    /// Starts keeping the declared state `name` as replicated state: per flow, by the key
+    /// [`Program::replicated_key`] gives, its entry read and installed whole through the
+    /// two methods below. `false` if the program cannot (the configuration then refuses
+    /// `replicated` for it, rather than promise what nothing keeps).
+    fn replicate(&mut self, _name: &str) -> bool {
+        false
+    }
+
+    /// The flow of the replicated state that the packet reads or writes (`None`: it
+    /// touches none, and goes through as it is). Must be the same for every packet of a
+    /// flow, whichever way it travels, and read nothing but the packet.
+    fn replicated_key(&self, _packet: &PacketDesc) -> Option<FlowBytes> {
+        None
+    }
+
+    /// The flow's replicated state, as bytes (`None`: the flow has none here).
+    fn replicated_state(&self, _key: &FlowBytes) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// Makes the flow's state `state` (`None`: removes it), replacing what the program
+    /// holds: what the store granted with the flow's lease. `false`: the bytes are not a
+    /// state of this program (nothing changed).
+    fn install_replicated(
+        &mut self,
+        _key: &FlowBytes,
+        _state: Option<&[u8]>,
+        _now_ns: u64,
+    ) -> bool {
+        false
+    }
 }
 
 /// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
@@ -312,6 +353,10 @@ pub trait Running: Send {
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]);
     fn commit_synced_write(&mut self) -> u64;
+    fn replicate(&mut self, name: &str) -> bool;
+    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes>;
+    fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
+    fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
 }
 
 /// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
@@ -408,6 +453,23 @@ impl<P: Program> Running for P {
 
     fn commit_synced_write(&mut self) -> u64 {
         Program::commit_synced_write(self)
+    }
+
+    fn replicate(&mut self, name: &str) -> bool {
+        Program::replicate(self, name)
+    }
+
+    #[inline]
+    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes> {
+        Program::replicated_key(self, packet)
+    }
+
+    fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+        Program::replicated_state(self, key)
+    }
+
+    fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
+        Program::install_replicated(self, key, state, now_ns)
     }
 }
 

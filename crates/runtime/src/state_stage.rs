@@ -1,11 +1,16 @@
 //! State stages: the duties that keep a guarantee of the program's declared state (the
-//! sync stage of `synced` state now; replication's later). The worker runs each between
-//! two bursts with the program in hand, so a stage may read the program's synced state
-//! and commit a write to it whole, where no packet is in flight.
+//! sync stage of `synced` state, the replication stage of `replicated` state). The worker
+//! runs each between two bursts with the program in hand, so a stage may read the
+//! program's synced state and commit a write to it whole, where no packet is in flight.
+//! A stage may also act on a burst around the program (replication: a packet waits for its
+//! flow's lease before it is processed, its output for the store's acknowledgement after),
+//! through [`StateStage::before_program`] and [`StateStage::after_program`].
 //!
 //! Must never: block, or change state a packet could see half changed (a stage commits a
-//! write whole, between bursts, or not at all).
+//! write whole, between bursts, or not at all); take a packet out of a burst without
+//! counting it.
 
+use crate::burst::Burst;
 use crate::program::{Context, Running};
 
 pub trait StateStage: Send {
@@ -28,6 +33,15 @@ pub trait StateStage: Send {
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// A parsed burst before the program sees it: the stage may take packets out (they
+    /// are not processed; the stage counts them).
+    fn before_program(&mut self, _burst: &mut Burst, _program: &mut dyn Running, _ctx: &Context) {}
+
+    /// The burst after the program, before its verdicts are counted and the taps see it:
+    /// the stage may change verdicts (an output that must not leave is dropped, with its
+    /// reason).
+    fn after_program(&mut self, _burst: &mut Burst, _program: &mut dyn Running, _ctx: &Context) {}
 }
 
 /// Makes one state stage per worker (`worker index -> stage`).

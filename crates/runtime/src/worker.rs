@@ -113,7 +113,13 @@ impl Worker {
         }
         self.ctx.now_ns = self.ctx.now_ns.max(burst.now_ns);
         self.poll_control();
+        for stage in &mut self.state_stages {
+            stage.before_program(burst, self.program.as_mut(), &self.ctx);
+        }
         self.program.process(burst, &mut self.ctx);
+        for stage in &mut self.state_stages {
+            stage.after_program(burst, self.program.as_mut(), &self.ctx);
+        }
         self.count_verdicts(burst);
         for tap in &mut self.taps {
             tap.observe(burst, &self.ctx);

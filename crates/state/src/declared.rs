@@ -265,6 +265,54 @@ impl<C: ExactCodec> DeclaredTable<C> {
         placed
     }
 
+    /// A replicated flow's state (docs/REPLICATION.md): the entry of `key` as bytes, its
+    /// action (one byte) then each parameter (16 bytes, little-endian); `None` without an
+    /// entry.
+    pub fn replicated_state(&self, key: &C::Key) -> Option<Vec<u8>> {
+        let value = self.table.get(key)?;
+        let mut params = [0u128; MAX_FIELDS];
+        let (action, n) = C::action_values(value, &mut params);
+        let mut out = Vec::with_capacity(1 + 16 * n);
+        out.push(u8::try_from(action).ok()?);
+        for p in &params[..n] {
+            out.extend_from_slice(&p.to_le_bytes());
+        }
+        Some(out)
+    }
+
+    /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state`]'s
+    /// form; `None` or no bytes: no entry), in place of what the table has. Never makes
+    /// room by removing another entry (whose flow's state this worker must keep); `false`
+    /// if `state` is not an entry of this table or the table is full (nothing changed).
+    pub fn install_replicated(&mut self, key: C::Key, state: Option<&[u8]>, now_ns: u64) -> bool {
+        let Some((&action, params)) = state.and_then(<[u8]>::split_first) else {
+            self.table.delete(&key);
+            return true;
+        };
+        let n = params.len() / 16;
+        let action_params = match &self.decl.kind {
+            Kind::Table { actions, .. } => actions.get(usize::from(action)).map(|a| a.params.len()),
+            _ => None,
+        };
+        if params.len() % 16 != 0 || action_params != Some(n) {
+            return false;
+        }
+        let mut values = [0u128; MAX_FIELDS];
+        for (v, bytes) in values.iter_mut().zip(params.chunks_exact(16)) {
+            let mut b = [0; 16];
+            b.copy_from_slice(bytes);
+            *v = u128::from_le_bytes(b);
+        }
+        let value = C::value(usize::from(action), &values[..n]);
+        if let Some(id) = self.table.find_id(&key) {
+            *self.table.value_mut(id) = value;
+            return true;
+        }
+        self.table
+            .add_entry_keeping_others(key, value, C::profile(&value), now_ns)
+            .is_ok()
+    }
+
     pub fn declaration(&self) -> &Declaration {
         &self.decl
     }

@@ -71,3 +71,9 @@ pub trait StoreLink<K>: Send {
 
     fn counters(&self) -> LinkCounters;
 }
+
+impl StoreKey for stateplane_replication::FlowBytes {
+    fn key_bytes(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}

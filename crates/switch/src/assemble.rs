@@ -27,6 +27,7 @@ use crate::daemon::{self, ControlAddr, IoChoice, LiveRun};
 use crate::export::Naming;
 use crate::flow_export::FlowExport;
 use crate::metrics;
+use crate::replication_stage::ReplicationPlan;
 use crate::summary::Outcome;
 use crate::sync_stage::{SyncPlan, SyncSettings};
 use crate::units::bounded;
@@ -61,6 +62,7 @@ pub struct Switch {
     runtime: RuntimeConfig,
     flows: Option<FlowExport>,
     sync: Option<SyncPlan>,
+    replication: Option<ReplicationPlan>,
     handle: Arc<RunHandle>,
     metrics: Option<std::net::SocketAddr>,
     ports: Ports,
@@ -100,18 +102,26 @@ impl Switch {
             .transpose()?;
         let (flows, tap) = flows.unzip();
         let sync = sync_plan(&cfg, &factory, workers)?;
+        let replication = replication_plan(&cfg, &factory, live)?;
+        let mut state_stages: Vec<_> = sync
+            .as_ref()
+            .map(SyncPlan::factory)
+            .transpose()?
+            .into_iter()
+            .collect();
+        state_stages.extend(
+            replication
+                .as_ref()
+                .map(ReplicationPlan::factory)
+                .transpose()?,
+        );
         let runtime = RuntimeConfig {
             workers,
             burst_size,
             queue_depth,
             hasher: FlowHasher::with_seed(seed),
             taps: tap.into_iter().collect(),
-            state_stages: sync
-                .as_ref()
-                .map(SyncPlan::factory)
-                .transpose()?
-                .into_iter()
-                .collect(),
+            state_stages,
         };
         let metrics = (cfg.metrics.as_ref())
             .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
@@ -162,6 +172,7 @@ impl Switch {
             runtime,
             flows,
             sync,
+            replication,
             handle: Arc::new(RunHandle::new(workers)),
             metrics,
             ports,
@@ -197,6 +208,7 @@ impl Switch {
             runtime,
             flows,
             sync,
+            replication,
             handle,
             metrics: metrics_addr,
             ports,
@@ -224,6 +236,7 @@ impl Switch {
             report,
             flows: flows.map(FlowExport::finish),
             sync: sync.as_ref().map(SyncPlan::report),
+            replication: replication.as_ref().map(ReplicationPlan::report),
             live: false,
             records_to_stdout,
         })
@@ -250,6 +263,26 @@ fn load_program(
         .and_then(|f| stateplane_programs::with_guarantees(f, &cfg.guarantees))
         .map_err(|e| e.to_string())?;
     Ok((program_name, factory))
+}
+
+/// The replication plan of a run whose program keeps state `replicated` (the memory store
+/// when the run has no `[replication]` section); a section with no replicated state is
+/// refused (a promise nothing keeps).
+fn replication_plan(
+    cfg: &RunConfig,
+    factory: &ProgramFactory,
+    live: bool,
+) -> SetupResult<Option<ReplicationPlan>> {
+    let replicated = (factory(0).declarations().into_iter())
+        .any(|d| d.guarantees.contains(&Guarantee::Replicated));
+    match (&cfg.replication, replicated) {
+        (None, false) => Ok(None),
+        (settings, true) => Ok(Some(settings.clone().unwrap_or_default().plan(live)?)),
+        (Some(_), false) => Err("replication: a [replication] section, but no state is \
+                                 replicated: name the state in [guarantees] (e.g. flows = \
+                                 [\"replicated\"] for counter), or remove [replication]"
+            .into()),
+    }
 }
 
 /// The sync plan of a run whose program keeps state `synced`; a `[sync]` section with no

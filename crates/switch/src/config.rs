@@ -54,6 +54,9 @@ pub struct RunConfig {
     pub flows: Option<FlowSettings>,
     /// Where `synced` state goes (`[guarantees] NAME = ["synced"]`): the collector.
     pub sync: Option<crate::sync_stage::SyncSettings>,
+    /// Where `replicated` state goes (`[guarantees] NAME = ["replicated"]`): the store
+    /// (the memory store when the section is left out).
+    pub replication: Option<crate::replication_stage::ReplicationSettings>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

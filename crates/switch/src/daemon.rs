@@ -293,6 +293,8 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         report,
         flows: run.flows.map(FlowExport::finish),
         sync: run.sync.as_ref().map(crate::sync_stage::SyncPlan::report),
+        // Replicated state is refused on interfaces (`ReplicationSettings::plan`).
+        replication: None,
         live: true,
         records_to_stdout,
     })

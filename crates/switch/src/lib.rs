@@ -26,6 +26,7 @@ pub mod flow_monitor;
 pub mod metrics;
 pub mod redis_mirror;
 pub mod relay;
+pub mod replication_stage;
 pub mod summary;
 pub mod sync_stage;
 pub mod units;

@@ -155,6 +155,8 @@ pub struct Outcome {
     pub flows: Option<FlowReport>,
     /// What the sync stages sent, where state is `synced`.
     pub sync: Option<crate::sync_stage::SyncReport>,
+    /// What the replication stages did, where state is `replicated`.
+    pub replication: Option<crate::replication_stage::ReplicationReport>,
     /// Live ports: the summary adds their own counts and the program generations.
     pub live: bool,
     /// Flow records went to standard output, so the summary must not.
@@ -176,6 +178,9 @@ impl Outcome {
         if let Some(s) = &self.sync {
             value["sync"] = json!(s);
         }
+        if let Some(r) = &self.replication {
+            value["replication"] = json!(r);
+        }
         value
     }
 
@@ -190,6 +195,9 @@ impl Outcome {
         }
         if let Some(s) = &self.sync {
             table += &s.table();
+        }
+        if let Some(r) = &self.replication {
+            table += &r.table();
         }
         table
     }

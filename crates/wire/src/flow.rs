@@ -116,6 +116,39 @@ impl FlowKey {
             u64::from(self.proto) | u64::from(self.ip_version) << 8,
         ]
     }
+
+    /// Bytes in a key's wire form (for stores outside the switch).
+    pub const BYTES: usize = 42;
+
+    /// The key as bytes: addresses, then ports, VLAN, ingress port (big-endian), protocol
+    /// and IP version; [`FlowKey::from_bytes`] reads it back.
+    pub fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let mut b = [0; Self::BYTES];
+        b[..16].copy_from_slice(&self.src);
+        b[16..32].copy_from_slice(&self.dst);
+        for (i, v) in [self.src_port, self.dst_port, self.vlan, self.in_port]
+            .into_iter()
+            .enumerate()
+        {
+            b[32 + 2 * i..34 + 2 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        b[40] = self.proto;
+        b[41] = self.ip_version;
+        b
+    }
+
+    /// A key from [`FlowKey::to_bytes`]'s form; `None` if `b` is not [`FlowKey::BYTES`] long.
+    pub fn from_bytes(b: &[u8]) -> Option<FlowKey> {
+        let b: &[u8; Self::BYTES] = b.try_into().ok()?;
+        let mut key = FlowKey::EMPTY;
+        key.src.copy_from_slice(&b[..16]);
+        key.dst.copy_from_slice(&b[16..32]);
+        let u16_at = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+        (key.src_port, key.dst_port) = (u16_at(32), u16_at(34));
+        (key.vlan, key.in_port) = (u16_at(36), u16_at(38));
+        (key.proto, key.ip_version) = (b[40], b[41]);
+        Some(key)
+    }
 }
 
 impl fmt::Debug for FlowKey {
@@ -248,6 +281,21 @@ pub fn shard_of(hash: u64, n: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_goes_to_bytes_and_back_field_for_field() {
+        let mut k = FlowKey::v6(Ipv6Addr::LOCALHOST, Ipv6Addr::UNSPECIFIED, 17, 65535, 1);
+        (k.vlan, k.in_port) = (4095, 0xfffe);
+        for key in [
+            k,
+            FlowKey::EMPTY,
+            FlowKey::v4(Ipv4Addr::BROADCAST, Ipv4Addr::LOCALHOST, 6, 1, 2),
+        ] {
+            assert_eq!(FlowKey::from_bytes(&key.to_bytes()), Some(key));
+        }
+        assert_eq!(FlowKey::from_bytes(&[0; 41]), None);
+        assert_eq!(FlowKey::from_bytes(&[0; 43]), None);
+    }
     use proptest::prelude::*;
 
     fn key(a: u32, b: u32, sp: u16, dp: u16) -> FlowKey {
