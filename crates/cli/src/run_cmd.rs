@@ -61,6 +61,10 @@ pub struct RunArgs {
     /// Seed of the flow hash (default: random per process), for reproducible sharding.
     #[arg(long)]
     pub hash_seed: Option<u64>,
+    /// Replicated state: write each packet of a replicated flow, its input and output with
+    /// call and return times, to this file as JSON lines (docs/REPLICATION.md).
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
 }
 
 fn program_list() -> String {
@@ -135,6 +139,9 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     cfg.capture_buffer = args.capture_buffer.or(cfg.capture_buffer);
     cfg.metrics = args.metrics.clone().or(cfg.metrics);
     cfg.control = args.control.clone().or(cfg.control);
+    if let Some(path) = &args.history {
+        cfg.replication.get_or_insert_default().history = Some(path.clone());
+    }
     let live = !cfg.port.is_empty() && cfg.port.iter().all(|p| p.iface.is_some());
     if live && args.hold_metrics > 0 {
         return Err("--hold-metrics is for runs over capture files; a live run serves metrics until it stops".into());

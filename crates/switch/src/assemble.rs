@@ -277,6 +277,10 @@ fn replication_plan(
         .any(|d| d.guarantees.contains(&Guarantee::Replicated));
     match (&cfg.replication, replicated) {
         (None, false) => Ok(None),
+        (Some(r), false) if r.history.is_some() => Err("--history (replication.history) records \
+             the packets of replicated flows, and no state is replicated: name the state in \
+             [guarantees] (e.g. flows = [\"replicated\"] for counter)"
+            .into()),
         (settings, true) => Ok(Some(settings.clone().unwrap_or_default().plan(live)?)),
         (Some(_), false) => Err("replication: a [replication] section, but no state is \
                                  replicated: name the state in [guarantees] (e.g. flows = \

@@ -30,8 +30,8 @@ use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
 use stateplane_stores::{LinkCounters, StoreLink, Value};
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A run's `[replication]` section.
@@ -57,6 +57,9 @@ pub struct ReplicationSettings {
     pub park_timeout_ms: Option<u64>,
     /// An unanswered request is sent again after this long (milliseconds; 20 by default).
     pub retransmit_ms: Option<u64>,
+    /// Each packet of a replicated flow, its input and output with call and return times,
+    /// written to this file as JSON lines (docs/REPLICATION.md, *Histories*); `--history`.
+    pub history: Option<std::path::PathBuf>,
 }
 
 fn within(field: &str, value: u64, lo: u64, hi: u64) -> Result<u64, String> {
@@ -104,7 +107,54 @@ pub struct ReplicationPlan {
     replica: ReplicaConfig,
     switch: u32,
     incarnation: u32,
+    history: Option<Arc<Mutex<History>>>,
     pub counters: Arc<ReplicationCounters>,
+}
+
+/// Where a run's history goes: one file for every worker's lines, a burst's lines at a
+/// time.
+struct History {
+    file: std::io::BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    failed: bool,
+}
+
+impl History {
+    /// Writes `lines` and flushes them to the file (a process killed after this has them
+    /// on record); a failure is logged once and ends the history, not the run.
+    fn write(&mut self, lines: &str) {
+        use std::io::Write as _;
+        if self.failed || lines.is_empty() {
+            return;
+        }
+        if let Err(e) = self
+            .file
+            .write_all(lines.as_bytes())
+            .and_then(|()| self.file.flush())
+        {
+            log::warn!(
+                "replication.history {}: {e}; the history stops here",
+                self.path.display()
+            );
+            self.failed = true;
+        }
+    }
+}
+
+/// Nanoseconds since the Unix epoch: a history's times, comparable between processes.
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
 }
 
 impl ReplicationSettings {
@@ -201,12 +251,25 @@ impl ReplicationSettings {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()) << 32) as u32;
+        let history = match &self.history {
+            None => None,
+            Some(path) => {
+                let file = std::fs::File::create(path)
+                    .map_err(|e| format!("replication.history {}: {e}", path.display()))?;
+                Some(Arc::new(Mutex::new(History {
+                    file: std::io::BufWriter::new(file),
+                    path: path.clone(),
+                    failed: false,
+                })))
+            }
+        };
         Ok(ReplicationPlan {
             store,
             store_name,
             replica,
             switch,
             incarnation,
+            history,
             counters: Arc::default(),
         })
     }
@@ -243,6 +306,8 @@ impl ReplicationPlan {
                 dropped: HashSet::new(),
                 requests: Vec::new(),
                 replies: Vec::new(),
+                history: plan.history.clone(),
+                lines: String::new(),
             }) as Box<dyn StateStage>
         }))
     }
@@ -379,9 +444,29 @@ struct ReplicationStage {
     dropped: HashSet<Token>,
     requests: Vec<Request<FlowBytes, Value>>,
     replies: Vec<Reply<FlowBytes, Value>>,
+    history: Option<Arc<Mutex<History>>>,
+    /// History lines not yet written.
+    lines: String,
 }
 
 impl ReplicationStage {
+    /// The history's name of a packet: its holder and token, unique across processes.
+    fn op(&self, token: Token) -> String {
+        let h = self.replica.holder();
+        format!("{}:{}:{token}", h.switch, h.incarnation)
+    }
+
+    /// Writes the lines gathered (before the burst's writes go to the store, so that a
+    /// packet's call is on record before anything it did can be).
+    fn write_history(&mut self) {
+        if let Some(h) = &self.history {
+            h.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .write(&self.lines);
+        }
+        self.lines.clear();
+    }
+
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
@@ -446,6 +531,41 @@ impl ReplicationStage {
         }
     }
 
+    /// The return lines of the burst's outputs that leave: each with its verdict and bytes,
+    /// and, for a flow's last packet of the burst, the flow's state after it (the state
+    /// the burst's write carried; a flow's earlier packets' states were never kept).
+    fn history_returns(&mut self, burst: &Burst, program: &mut dyn Running) {
+        let return_ns = wall_ns();
+        let mut last_of_flow = HashMap::new();
+        for (i, slot) in self.tokens.iter().enumerate() {
+            if let Some((key, _)) = slot {
+                last_of_flow.insert(*key, i);
+            }
+        }
+        for (i, slot) in self.tokens.iter().enumerate() {
+            let Some((key, token)) = slot else { continue };
+            if self.dropped.contains(token) {
+                continue; // its output never leaves: no return
+            }
+            let d = &burst.descs()[i];
+            let state = if last_of_flow.get(key) == Some(&i) {
+                match program.replicated_state(key) {
+                    Some(s) => format!("\"{}\"", hex(&s)),
+                    None => "\"\"".to_string(),
+                }
+            } else {
+                "null".to_string()
+            };
+            self.lines.push_str(&format!(
+                "{{\"op\":\"{}\",\"return_ns\":{return_ns},\"verdict\":\"{:?}\",\"output\":\"{}\",\"state\":{state}}}\n",
+                self.op(*token),
+                d.verdict,
+                hex(burst.data(i)),
+            ));
+        }
+        self.write_history();
+    }
+
     fn publish(&mut self) {
         let (r, l) = (self.replica.counters, self.link.counters());
         let (pr, pl) = &self.published;
@@ -507,6 +627,27 @@ impl StateStage for ReplicationStage {
             }
         }
         // Packets not to be processed leave the burst, counted.
+        if self.history.is_some() {
+            let call_ns = wall_ns();
+            for (i, slot) in self.tokens.iter().enumerate() {
+                let Some((key, token)) = slot else { continue };
+                let d = &burst.descs()[i];
+                let line = if self.dropped.contains(token) {
+                    format!(
+                        "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"void\":true}}\n",
+                        self.op(*token)
+                    )
+                } else {
+                    format!(
+                        "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"call_ns\":{call_ns},\"len\":{},\"input\":\"{}\"}}\n",
+                        self.op(*token),
+                        d.orig_len,
+                        hex(burst.data(i)),
+                    )
+                };
+                self.lines.push_str(&line);
+            }
+        }
         let mut i = 0;
         let (tokens, dropped) = (&self.tokens, &self.dropped);
         let mut removed = 0u64;
@@ -534,6 +675,7 @@ impl StateStage for ReplicationStage {
         if self.flows.is_empty() {
             return;
         }
+        self.write_history();
         let now = self.now();
         // Each flow's change: its state after the burst, if it differs (written once).
         let mut change: Vec<Option<Value>> = (self.flows.iter())
@@ -576,8 +718,8 @@ impl StateStage for ReplicationStage {
         }
         let descs = burst.descs_mut();
         let mut dropped = 0;
-        for token in self.dropped.drain() {
-            if let Some(&i) = index_of_token.get(&token)
+        for token in &self.dropped {
+            if let Some(&i) = index_of_token.get(token)
                 && let Some(d) = descs.get_mut(i)
             {
                 d.verdict = Verdict::Drop(DropReason::UNREPLICATED);
@@ -585,6 +727,10 @@ impl StateStage for ReplicationStage {
             }
         }
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+        if self.history.is_some() {
+            self.history_returns(burst, program);
+        }
+        self.dropped.clear();
         // The flows' next writes (made by answers just taken) go now, not at the next burst.
         self.pump(program, ctx);
         self.publish();
@@ -606,6 +752,7 @@ impl StateStage for ReplicationStage {
     fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
         self.pump(program, ctx);
         self.publish();
+        self.write_history();
     }
 
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
