@@ -303,3 +303,18 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
     }
     Ok(())
 }
+
+/// The Redis store at `url`'s sequenced writes a second, one flow per call, 256 calls a
+/// round trip (its pipelined rate, where `bench-replication-store` shows it levels off),
+/// over 4,096 flows of 32-byte states: what a replicated program's rate is read against.
+pub fn one_flow_per_call(url: &str) -> BenchResult<f64> {
+    let redis = RedisStore::connect(RedisConfig {
+        prefix: format!("stateplane:bench-rate:{}", std::process::id()),
+        ..RedisConfig::new(url)
+    })?;
+    let mut link = redis.link::<u32>()?;
+    let epochs = acquire_all(&mut link, 4_096)?;
+    let mut seqs = vec![0; 4_096];
+    let (rate, _) = timed_writes(&mut link, &epochs, &mut seqs, 50_000, 256, &[0xa5; 32])?;
+    Ok(rate)
+}

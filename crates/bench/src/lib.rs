@@ -18,6 +18,7 @@ pub mod bench_flood;
 pub mod bench_flow_model;
 pub mod bench_flows;
 pub mod bench_pipeline;
+pub mod bench_replication;
 pub mod bench_replication_store;
 pub mod bench_sync;
 pub mod bench_sync_hh;

@@ -87,6 +87,9 @@ enum Command {
     /// held back and replayed as the paper does, or kept), and the heavy hitters found, in
     /// virtual time over a lossy channel, every increment accounted for.
     BenchSyncReorder(stateplane_bench::bench_sync_reorder::BenchSyncReorderArgs),
+    /// counter's packets a second unreplicated and replicated to the memory store and to a
+    /// real Redis, in one run, beside the store's own rate, every run's counts checked.
+    BenchReplication(stateplane_bench::bench_replication::BenchReplicationArgs),
     /// The replication store's sequenced write a second, one flow per call, by calls per
     /// round trip, for the memory store and a real Redis on loopback, every write checked.
     BenchReplicationStore(stateplane_bench::bench_replication_store::BenchReplicationStoreArgs),
@@ -140,6 +143,7 @@ pub fn main() -> ExitCode {
         Command::BenchSyncRead(args) => stateplane_bench::bench_sync::main_read(args),
         Command::BenchSyncMigrate(args) => stateplane_bench::bench_sync_migrate::main_migrate(args),
         Command::BenchSyncHh(args) => stateplane_bench::bench_sync_hh::main_hh(args),
+        Command::BenchReplication(args) => stateplane_bench::bench_replication::main(args),
         Command::BenchReplicationStore(args) => {
             stateplane_bench::bench_replication_store::main(args)
         }

@@ -412,3 +412,28 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
         eprintln!("killed after {kill_after_ms} ms: {ops} packets checked, {open} without output");
     }
 }
+
+/// `bench-replication` runs counter unreplicated and replicated to both stores, checks
+/// that each forwards every packet and that Redis counted each, and writes its files.
+#[test]
+fn bench_replication_runs_counter_three_ways_and_checks_the_counts() {
+    let csv = tmp("replication.csv");
+    ok(bin()
+        .args(["bench-replication", "--packets", "3000", "--flows", "50"])
+        .args(["--bursts", "32", "--repeat", "1", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    for mode in ["unreplicated", "memory", "redis"] {
+        let row = (text.lines())
+            .find(|l| l.starts_with(&format!("{mode},32,")))
+            .unwrap_or_else(|| panic!("no {mode} row in {text}"));
+        let writes: u64 = row.split(',').nth(5).unwrap().parse().unwrap();
+        assert_eq!(writes > 0, mode != "unreplicated", "{row}");
+    }
+    refused(
+        &["bench-replication", "--bursts", "0"],
+        "--bursts: '0' is not a burst size from 1 to 1024",
+    );
+}
