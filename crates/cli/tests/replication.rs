@@ -215,6 +215,10 @@ fn replication_settings_that_nothing_keeps_are_refused() {
             "the memory store has no replicas",
         ),
         (
+            format!("{REPLICATED}[replication]\ncluster = true\n"),
+            "the memory store is no cluster",
+        ),
+        (
             format!("{REPLICATED}[replication]\nstore = \"memory\"\ncolour = 1\n"),
             "unknown field `colour`",
         ),

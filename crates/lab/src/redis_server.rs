@@ -12,6 +12,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     append_only: bool,
+    /// Options beyond the port, directory and persistence (`--cluster-enabled yes`).
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -28,6 +30,11 @@ impl RedisServer {
     /// Starts a server on `port` (127.0.0.1), keeping its files in a fresh directory;
     /// `append_only`: with an append-only file, fsynced every write (`appendfsync always`).
     pub fn start(port: u16, append_only: bool) -> Result<RedisServer, String> {
+        RedisServer::start_with(port, append_only, &[])
+    }
+
+    /// As [`RedisServer::start`], with more options for redis-server (`extra`).
+    pub fn start_with(port: u16, append_only: bool, extra: &[&str]) -> Result<RedisServer, String> {
         for tool in ["redis-server", "redis-cli"] {
             if !installed(tool) {
                 return Err(format!(
@@ -44,6 +51,7 @@ impl RedisServer {
             port,
             dir,
             append_only,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         server.restart()?;
@@ -52,6 +60,45 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Starts three servers as the masters of a Redis Cluster (no replicas), on `ports`,
+    /// and waits until the cluster says it is ok.
+    pub fn cluster(ports: [u16; 3]) -> Result<Vec<RedisServer>, String> {
+        let servers = ports
+            .iter()
+            .map(|&p| {
+                RedisServer::start_with(
+                    p,
+                    false,
+                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create: {}",
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if servers
+                .iter()
+                .all(|s| s.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+            {
+                return Ok(servers);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err("the Redis Cluster did not reach cluster_state:ok within 10 s".into())
     }
 
     pub fn url(&self) -> String {
@@ -75,6 +122,7 @@ impl RedisServer {
             .args(["--save", ""])
             .args(["--appendonly", if self.append_only { "yes" } else { "no" }])
             .args(["--appendfsync", "always"])
+            .args(&self.extra)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())

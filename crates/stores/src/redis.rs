@@ -49,6 +49,8 @@ pub struct RedisConfig {
     pub retain: Duration,
     /// `WAIT`: a write is acknowledged once this many replicas have it, within the time.
     pub wait: Option<(u32, Duration)>,
+    /// `url` is a node of a Redis Cluster: each flow's calls go to the master of its slot.
+    pub cluster: bool,
 }
 
 impl RedisConfig {
@@ -60,12 +62,23 @@ impl RedisConfig {
             max_lease: Duration::from_secs(60),
             retain: Duration::from_secs(3_600),
             wait: None,
+            cluster: false,
         }
     }
 }
 
-/// Connects to the server and loads the functions; what fails says how to fix it.
-fn connect(config: &RedisConfig) -> Result<redis::Connection, String> {
+/// A connection to one server or to a cluster.
+enum Conn {
+    One(redis::Connection),
+    Cluster(Box<redis::cluster::ClusterConnection>),
+}
+
+/// Connects to the server (or the cluster) and loads the functions (on every master of a
+/// cluster); what fails says how to fix it.
+fn connect(config: &RedisConfig) -> Result<Conn, String> {
+    if config.cluster {
+        return connect_cluster(config);
+    }
     let url = &config.url;
     let client = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
     let mut conn = client
@@ -85,7 +98,28 @@ fn connect(config: &RedisConfig) -> Result<redis::Connection, String> {
                  needed: FUNCTION LOAD)"
             )
         })?;
-    Ok(conn)
+    Ok(Conn::One(conn))
+}
+
+fn connect_cluster(config: &RedisConfig) -> Result<Conn, String> {
+    let url = &config.url;
+    let client = redis::cluster::ClusterClient::builder(vec![url.as_str()])
+        .connection_timeout(CONNECT_TIMEOUT)
+        .response_timeout(IO_TIMEOUT)
+        .build()
+        .map_err(|e| format!("{url}: {e}"))?;
+    let mut conn = client
+        .get_connection()
+        .map_err(|e| format!("{url}: {e} (is it a node of a running Redis Cluster?)"))?;
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(FUNCTIONS)
+        .query::<redis::Value>(&mut conn)
+        .map_err(|e| {
+            format!("{url}: loading the replication functions on the cluster's masters failed: {e}")
+        })?;
+    Ok(Conn::Cluster(Box::new(conn)))
 }
 
 /// A Redis store, its server checked; [`RedisStore::link`] makes a worker's link.
@@ -102,6 +136,13 @@ impl RedisStore {
                 "the lease range {:?}..{:?} is empty: give a minimum above 0 and at most the maximum",
                 config.min_lease, config.max_lease
             ));
+        }
+        if config.cluster && config.wait.is_some() {
+            return Err(
+                "WAIT with a Redis Cluster is not built yet (each master's replicas \
+                        would be waited for): leave wait_replicas out, or use one server"
+                    .into(),
+            );
         }
         if config.retain < config.max_lease * 10 {
             return Err(format!(
@@ -247,7 +288,7 @@ impl<K> Drop for RedisLink<K> {
 
 struct LinkThread<K> {
     config: Arc<RedisConfig>,
-    conn: Option<redis::Connection>,
+    conn: Option<Conn>,
     shared: Arc<Shared>,
     answer: Sender<Reply<K, Value>>,
     wake: UnixStream,
@@ -318,15 +359,14 @@ impl<K: StoreKey> LinkThread<K> {
 
     fn round_trip(&mut self, round: Vec<Outgoing<K>>) {
         let config = Arc::clone(&self.config);
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
         let mut key = Vec::new();
         let mut writes = false;
+        let mut calls = Vec::with_capacity(round.len() + 1);
         for o in &round {
             key.clear();
             o.request.key().key_bytes(&mut key);
             writes |= matches!(o.request, Request::Write { .. });
-            pipe.add_command(call(
+            calls.push(call(
                 &config,
                 &record_name(&config.prefix, &key),
                 o.holder,
@@ -334,14 +374,33 @@ impl<K: StoreKey> LinkThread<K> {
             ));
         }
         if let Some((replicas, timeout)) = config.wait.filter(|_| writes) {
-            pipe.cmd("WAIT")
-                .arg(replicas)
-                .arg(timeout.as_millis() as u64);
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(replicas).arg(timeout.as_millis() as u64);
+            calls.push(wait);
         }
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
-        let values: Vec<redis::Value> = match pipe.query(conn) {
+        let answered: redis::RedisResult<Vec<redis::Value>> = match conn {
+            Conn::One(c) => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for cmd in calls {
+                    pipe.add_command(cmd);
+                }
+                pipe.query(c)
+            }
+            Conn::Cluster(c) => {
+                // A cluster pipeline cannot leave an error in its place: one fails the
+                // round, whose requests then go unanswered and are sent again.
+                let mut pipe = redis::cluster::cluster_pipe();
+                for cmd in calls {
+                    pipe.add_command(cmd);
+                }
+                pipe.query(c)
+            }
+        };
+        let values: Vec<redis::Value> = match answered {
             Ok(values) => values,
             Err(e) => {
                 self.lost(&e.to_string(), round.len());

@@ -351,3 +351,57 @@ fn a_wrong_url_or_setting_is_refused_at_start_with_the_fix() {
     .unwrap();
     assert!(err.contains("retention"), "{err}");
 }
+
+/// On a Redis Cluster of three masters (on loopback), the functions answer as the memory
+/// store does, and flows' records spread over the masters, each whole on one (its key's
+/// hash tag names the slot).
+#[test]
+fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows() {
+    let ports = [free_port(), free_port(), free_port()];
+    let servers = RedisServer::cluster(ports).unwrap();
+    let config = RedisConfig {
+        cluster: true,
+        ..redis_config(&servers[0])
+    };
+    let redis = RedisStore::connect(config).unwrap();
+    let memory = MemoryStore::<u128>::new(StoreConfig {
+        min_lease_ns: 100 * MS,
+        max_lease_ns: 10_000 * MS,
+        fencing: true,
+    });
+    assert_eq!(
+        life(&mut redis.link::<u128>().unwrap()),
+        life(&mut memory.link())
+    );
+
+    let mut link = redis.link::<u32>().unwrap();
+    let mut requests: Vec<_> = (0..300)
+        .map(|key| Request::Acquire {
+            key,
+            lease_ns: LEASE,
+            nonce: 1,
+        })
+        .collect();
+    link.send(A, &mut requests);
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while out.len() < 300 && start.elapsed() < Duration::from_secs(5) {
+        link.receive(&mut out);
+    }
+    assert_eq!(out.len(), 300, "{:?}", link.counters());
+    for server in &servers {
+        let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();
+        assert!(keys > 30, "a master holds {keys} of the flows");
+    }
+    let err = RedisStore::connect(RedisConfig {
+        cluster: true,
+        wait: Some((1, Duration::from_millis(10))),
+        ..redis_config(&servers[0])
+    })
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("WAIT with a Redis Cluster is not built yet"),
+        "{err}"
+    );
+}

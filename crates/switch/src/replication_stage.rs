@@ -46,6 +46,9 @@ pub struct ReplicationSettings {
     pub lease_ms: Option<u64>,
     /// This switch's id among those sharing the store (1 to 16,777,215; 1 by default).
     pub switch: Option<u32>,
+    /// Redis: `store` is a node of a Redis Cluster (each flow's calls go to its slot's
+    /// master).
+    pub cluster: Option<bool>,
     /// Redis: a write is acknowledged once this many replicas have it (`WAIT`), within
     /// `wait_ms` (100 by default).
     pub wait_replicas: Option<u32>,
@@ -218,6 +221,13 @@ impl ReplicationSettings {
                             .into(),
                     );
                 }
+                if self.cluster.is_some() {
+                    return Err(
+                        "replication.cluster: the memory store is no cluster; name a \
+                                node of a Redis Cluster in `store`, or leave it out"
+                            .into(),
+                    );
+                }
                 let config = StoreConfig {
                     min_lease_ns: ms(100),
                     max_lease_ns: ms(60_000),
@@ -230,6 +240,7 @@ impl ReplicationSettings {
             }
             Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let mut config = RedisConfig::new(url);
+                config.cluster = self.cluster.unwrap_or(false);
                 if let Some(n) = self.wait_replicas {
                     let wait_ms = within("wait_ms", self.wait_ms.unwrap_or(100), 1, 60_000)?;
                     config.wait = Some((n, Duration::from_millis(wait_ms)));
