@@ -136,10 +136,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         .map_err(|e| e.to_string())?;
     writer.flush().map_err(|e| e.to_string())?;
     let packets = summary.packets;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| format!("a free loopback port for redis-server: {e}"))?
-        .port();
+    let port = stateplane_lab::free_loopback_port()?;
     let server = stateplane_lab::RedisServer::start(port, false)?;
     let replicated = "[guarantees]\nflows = [\"replicated\"]\n";
     let redis = format!("{replicated}[replication]\nstore = \"{}\"\n", server.url());

@@ -170,10 +170,7 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
     let (own_server, url) = match &a.redis {
         Some(url) => (None, url.clone()),
         None => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("a free loopback port for redis-server: {e}"))?
-                .port();
+            let port = stateplane_lab::free_loopback_port()?;
             let server = stateplane_lab::RedisServer::start(port, false)?;
             let url = server.url();
             (Some(server), url)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bin, ok, refused, tmp};
+use common::{bin, free_port, ok, refused, tmp};
 
 /// `bench-replication-store` measures both stores at each depth, checks that each holds
 /// every flow's last write, and writes its CSV and chart; bad flags are refused by name.
@@ -240,14 +240,6 @@ fn replication_settings_that_nothing_keeps_are_refused() {
             "{message}: {err}"
         );
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// counter's flow as a history records it: the packets and bytes after a packet.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, ok, tmp};
+use common::{bin, free_port, ok, tmp};
 use stateplane_lab::RedisServer;
 use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::BTreeMap;
@@ -475,15 +475,6 @@ fn counted(redis: &RedisServer) -> u64 {
                 .sum::<u64>()
         })
         .sum()
-}
-
-/// A port nothing listens on now, for a server of the test's own.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// With `--redis`, the copy is written through to a real Redis server as it is applied;

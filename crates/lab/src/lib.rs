@@ -14,5 +14,5 @@ pub mod redis_server;
 pub mod topology;
 
 pub use namespaces::{NodeStatus, down, exec, start_switch, state_dir, status, stop_switch, up};
-pub use redis_server::RedisServer;
+pub use redis_server::{RedisServer, free_loopback_port};
 pub use topology::Topology;

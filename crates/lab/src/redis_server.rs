@@ -17,6 +17,15 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+/// A loopback port nothing listens on now, for a server of a test's or an experiment's
+/// own.
+pub fn free_loopback_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("a free loopback port: {e}"))
+}
+
 /// Whether `tool` is on the PATH.
 fn installed(tool: &str) -> bool {
     Command::new("sh")

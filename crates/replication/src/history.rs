@@ -30,6 +30,24 @@ pub trait Model {
     fn step(&self, state: &Self::State, input: &Self::Input) -> (Self::State, Self::Output);
 }
 
+/// A flow's packet counter, the worst case of replication (most packets write): `true`
+/// counts the packet, `false` only reads; the output is the count after. The model of the
+/// simulation and of this module's tests.
+pub struct PacketCounter;
+
+impl Model for PacketCounter {
+    type State = u64;
+    type Input = bool;
+    type Output = u64;
+    fn init(&self) -> u64 {
+        0
+    }
+    fn step(&self, s: &u64, count: &bool) -> (u64, u64) {
+        let n = s + u64::from(*count);
+        (n, n)
+    }
+}
+
 /// One packet of a flow.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Operation<I, O> {
@@ -216,21 +234,7 @@ impl Links {
 mod tests {
     use super::*;
 
-    /// A flow's packet counter: `true` counts the packet, `false` reads; the output is the
-    /// count after.
-    struct Counter;
-    impl Model for Counter {
-        type State = u64;
-        type Input = bool;
-        type Output = u64;
-        fn init(&self) -> u64 {
-            0
-        }
-        fn step(&self, s: &u64, count: &bool) -> (u64, u64) {
-            let n = s + u64::from(*count);
-            (n, n)
-        }
-    }
+    use PacketCounter as Counter;
 
     fn op(input: bool, call: u64, ret: Option<(u64, u64)>) -> Operation<bool, u64> {
         Operation { input, call, ret }

@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::rng::Rng;
-use stateplane_replication::history::{self, Model, Operation, Verdict};
+use stateplane_replication::history::{self, Operation, PacketCounter as Counter, Verdict};
 use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
 use stateplane_replication::store::{StoreConfig, StoreCore};
 use stateplane_replication::{Holder, Reply, Request};
@@ -27,22 +27,6 @@ const SWITCHES: usize = 3;
 /// every flow that must be answered.
 const FAULTS_END_NS: u64 = 60 * MS;
 const END_NS: u64 = 90 * MS;
-
-/// A flow's packet counter: `true` counts the packet, `false` only reads; the output is
-/// the count after the packet.
-struct Counter;
-impl Model for Counter {
-    type State = u64;
-    type Input = bool;
-    type Output = u64;
-    fn init(&self) -> u64 {
-        0
-    }
-    fn step(&self, s: &u64, count: &bool) -> (u64, u64) {
-        let n = s + u64::from(*count);
-        (n, n)
-    }
-}
 
 enum Message {
     ToStore(Holder, Vec<Request<u32, u64>>),

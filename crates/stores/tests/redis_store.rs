@@ -26,11 +26,7 @@ const B: Holder = Holder {
 };
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    stateplane_lab::free_loopback_port().unwrap()
 }
 
 fn redis_config(server: &RedisServer) -> RedisConfig {
@@ -58,6 +54,24 @@ fn ask<K: stateplane_stores::StoreKey>(
         std::thread::sleep(Duration::from_millis(1));
     }
     None
+}
+
+/// Asks for the leases of flows `0..n` in one send; the answers that came within 5 s.
+fn acquire_many(link: &mut dyn StoreLink<u32>, n: u32) -> Vec<Reply<u32, Value>> {
+    let mut requests: Vec<_> = (0..n)
+        .map(|key| Request::Acquire {
+            key,
+            lease_ns: LEASE,
+            nonce: 1,
+        })
+        .collect();
+    link.send(A, &mut requests);
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while out.len() < n as usize && start.elapsed() < Duration::from_secs(5) {
+        link.receive(&mut out);
+    }
+    out
 }
 
 fn acquire(key: u128, nonce: u64) -> Request<u128, Value> {
@@ -175,19 +189,7 @@ fn many_requests_share_a_round_trip() {
     let server = RedisServer::start(free_port(), false).unwrap();
     let redis = RedisStore::connect(redis_config(&server)).unwrap();
     let mut link = redis.link::<u32>().unwrap();
-    let mut requests: Vec<_> = (0..2_000)
-        .map(|key| Request::Acquire {
-            key,
-            lease_ns: LEASE,
-            nonce: 1,
-        })
-        .collect();
-    link.send(A, &mut requests);
-    let mut out = Vec::new();
-    let start = Instant::now();
-    while out.len() < 2_000 && start.elapsed() < Duration::from_secs(5) {
-        link.receive(&mut out);
-    }
+    let out = acquire_many(&mut link, 2_000);
     assert_eq!(out.len(), 2_000);
     assert!(
         out.iter()
@@ -375,19 +377,7 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
     );
 
     let mut link = redis.link::<u32>().unwrap();
-    let mut requests: Vec<_> = (0..300)
-        .map(|key| Request::Acquire {
-            key,
-            lease_ns: LEASE,
-            nonce: 1,
-        })
-        .collect();
-    link.send(A, &mut requests);
-    let mut out = Vec::new();
-    let start = Instant::now();
-    while out.len() < 300 && start.elapsed() < Duration::from_secs(5) {
-        link.receive(&mut out);
-    }
+    let out = acquire_many(&mut link, 300);
     assert_eq!(out.len(), 300, "{:?}", link.counters());
     for server in &servers {
         let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();

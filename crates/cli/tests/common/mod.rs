@@ -37,3 +37,8 @@ pub fn ok(out: Output) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A loopback port nothing listens on now, for a server of the test's own.
+pub fn free_port() -> u16 {
+    stateplane_lab::free_loopback_port().unwrap()
+}
