@@ -41,6 +41,20 @@ local function record(key)
   }
 end
 
+-- The lease runs `lease` microseconds from `now`, and the record is kept `retain_ms` more.
+local function extend(key, now, lease, retain_ms)
+  redis.call('HSET', key, 'until', string.format('%d', now + lease))
+  redis.call('PEXPIRE', key, retain_ms)
+end
+
+-- A refusal, or nil if `holder` holds the lease of `epoch` and it runs now.
+local function fenced(r, holder, epoch, now)
+  if r.holder == holder and r.epoch == epoch and now < r.until_us then
+    return nil
+  end
+  return {'F', epoch}
+end
+
 -- ARGV: holder, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
 local function acquire(keys, args)
   local key, holder, nonce = keys[1], args[1], args[3]
@@ -56,17 +70,11 @@ local function acquire(keys, args)
     epoch = string.format('%d', tonumber(r.epoch) + 1)
     redis.call('HSET', key, 'epoch', epoch, 'holder', holder)
   end
-  redis.call('HSET', key, 'until', string.format('%d', now + lease))
-  redis.call('PEXPIRE', key, args[6])
+  extend(key, now, lease, args[6])
   if r.value then
     return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value}
   end
   return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, ''}
-end
-
--- Whether the lease of `epoch` is `holder`'s and runs now.
-local function holds(r, holder, epoch, now)
-  return r.holder == holder and r.epoch == epoch and now < r.until_us
 end
 
 -- ARGV: holder, epoch, seq, value, lease_us, min_lease_us, max_lease_us, retain_ms
@@ -74,15 +82,15 @@ local function write(keys, args)
   local key, holder, epoch, seq = keys[1], args[1], args[2], args[3]
   local now = now_us()
   local r = record(key)
-  if not holds(r, holder, epoch, now) then
-    return {'F', epoch}
+  local refused = fenced(r, holder, epoch, now)
+  if refused then
+    return refused
   end
   local lease = lease_of(args[5], args[6], args[7])
   if greater(seq, r.seq) then
     redis.call('HSET', key, 'v', args[4], 'seq', seq)
   end
-  redis.call('HSET', key, 'until', string.format('%d', now + lease))
-  redis.call('PEXPIRE', key, args[8])
+  extend(key, now, lease, args[8])
   return {'W', epoch, seq, string.format('%d', lease)}
 end
 
@@ -91,12 +99,12 @@ local function renew(keys, args)
   local key, holder, epoch, nonce = keys[1], args[1], args[2], args[4]
   local now = now_us()
   local r = record(key)
-  if not holds(r, holder, epoch, now) then
-    return {'F', epoch}
+  local refused = fenced(r, holder, epoch, now)
+  if refused then
+    return refused
   end
   local lease = lease_of(args[3], args[5], args[6])
-  redis.call('HSET', key, 'until', string.format('%d', now + lease))
-  redis.call('PEXPIRE', key, args[7])
+  extend(key, now, lease, args[7])
   return {'R', epoch, string.format('%d', lease), nonce}
 end
 
