@@ -355,8 +355,11 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
     );
     let (config, _) = counter_run("rep-kill", 30_000, 64, &store);
     let (first, second) = (tmp("rep-kill-a.jsonl"), tmp("rep-kill-b.jsonl"));
-    for kill_after_ms in [150, 400] {
+    // Killed a fifth and three fifths of the way through its packets (by its history's
+    // lines, so on a machine of any speed), each a different moment of its bursts.
+    for kill_at in [0.2, 0.6] {
         server.cli(&["flushall"]);
+        let _ = std::fs::remove_file(&first);
         let _ = std::fs::remove_file(&second);
         let mut a = bin()
             .args(["run", "--config"])
@@ -367,11 +370,20 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(kill_after_ms));
-        assert!(
-            a.try_wait().unwrap().is_none(),
-            "the first switch ended before it was killed"
-        );
+        // A packet's call and return are two lines.
+        let lines = (2.0 * 30_000.0 * kill_at) as usize;
+        let start = std::time::Instant::now();
+        while std::fs::read_to_string(&first).map_or(0, |t| t.lines().count()) < lines {
+            assert!(
+                a.try_wait().unwrap().is_none(),
+                "the first switch ended before {lines} lines of history"
+            );
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "the first switch wrote fewer than {lines} lines of history in 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
         a.kill().unwrap(); // SIGKILL
         a.wait().unwrap();
         let b: serde_json::Value = serde_json::from_str(&ok(bin()
@@ -398,14 +410,16 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
             assert_eq!(
                 verdict,
                 stateplane_replication::history::Verdict::Linearizable,
-                "killed after {kill_after_ms} ms, flow {flow}"
+                "killed at {kill_at} of its packets, flow {flow}"
             );
         }
         assert!(
             ops > 30_000,
             "the second switch's packets and some of the first's: {ops}"
         );
-        eprintln!("killed after {kill_after_ms} ms: {ops} packets checked, {open} without output");
+        eprintln!(
+            "killed at {kill_at} of its packets: {ops} packets checked, {open} without output"
+        );
     }
 }
 
