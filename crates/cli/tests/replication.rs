@@ -219,6 +219,20 @@ fn replication_settings_that_nothing_keeps_are_refused() {
             "the memory store is no cluster",
         ),
         (
+            format!("{REPLICATED}[replication]\nwait_ms = 50\n"),
+            "leave wait_replicas and wait_ms out",
+        ),
+        (
+            format!("{REPLICATED}[replication]\nstore = \"redis://127.0.0.1:1/\"\nwait_ms = 50\n"),
+            "replication.wait_ms: it bounds the wait for `wait_replicas`",
+        ),
+        (
+            format!(
+                "{REPLICATED}[replication]\nstore = \"redis://127.0.0.1:1/\"\nwait_replicas = 0\n"
+            ),
+            "replication.wait_replicas: 0 is outside 1 to 64",
+        ),
+        (
             format!("{REPLICATED}[replication]\nstore = \"memory\"\ncolour = 1\n"),
             "unknown field `colour`",
         ),

@@ -214,10 +214,10 @@ impl ReplicationSettings {
         };
         let (store, store_name) = match self.store.as_deref() {
             None | Some("memory") => {
-                if self.wait_replicas.is_some() {
+                if self.wait_replicas.is_some() || self.wait_ms.is_some() {
                     return Err(
-                        "replication.wait_replicas: the memory store has no replicas; \
-                                name a Redis store, or leave it out"
+                        "replication.wait_replicas: the memory store has no replicas to wait \
+                                for; name a Redis store, or leave wait_replicas and wait_ms out"
                             .into(),
                     );
                 }
@@ -242,8 +242,15 @@ impl ReplicationSettings {
                 let mut config = RedisConfig::new(url);
                 config.cluster = self.cluster.unwrap_or(false);
                 if let Some(n) = self.wait_replicas {
+                    let n = within("wait_replicas", u64::from(n), 1, 64)? as u32;
                     let wait_ms = within("wait_ms", self.wait_ms.unwrap_or(100), 1, 60_000)?;
                     config.wait = Some((n, Duration::from_millis(wait_ms)));
+                } else if self.wait_ms.is_some() {
+                    return Err(
+                        "replication.wait_ms: it bounds the wait for `wait_replicas` \
+                                replicas; give wait_replicas too, or leave wait_ms out"
+                            .into(),
+                    );
                 }
                 let redis =
                     RedisStore::connect(config).map_err(|e| format!("replication.store: {e}"))?;
@@ -313,7 +320,8 @@ impl ReplicationPlan {
                 tokens: Vec::new(),
                 flows: Vec::new(),
                 index_of_flow: HashMap::new(),
-                waiting: HashMap::new(),
+                waiting: HashSet::new(),
+                index_of_token: HashMap::new(),
                 dropped: HashSet::new(),
                 requests: Vec::new(),
                 replies: Vec::new(),
@@ -425,13 +433,6 @@ impl ReplicationReport {
     }
 }
 
-/// Why a packet waits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Waits {
-    Lease,
-    Store,
-}
-
 struct ReplicationStage {
     replica: Replica<FlowBytes, Value>,
     config: ReplicaConfig,
@@ -451,7 +452,9 @@ struct ReplicationStage {
     flows: Vec<(FlowBytes, Option<Value>)>,
     index_of_flow: HashMap<FlowBytes, usize>,
     /// Tokens waiting, and those dropped (with why).
-    waiting: HashMap<Token, Waits>,
+    waiting: HashSet<Token>,
+    /// Where each token whose output waited or was dropped sits in the burst.
+    index_of_token: HashMap<Token, usize>,
     dropped: HashSet<Token>,
     requests: Vec<Request<FlowBytes, Value>>,
     replies: Vec<Reply<FlowBytes, Value>>,
@@ -532,7 +535,7 @@ impl ReplicationStage {
                 return;
             }
             if start.elapsed() > limit {
-                for (token, _) in self.waiting.drain() {
+                for token in self.waiting.drain() {
                     self.dropped.insert(token);
                 }
                 return;
@@ -615,7 +618,7 @@ impl StateStage for ReplicationStage {
             match self.replica.admit(now, key, token) {
                 Admit::Process => {}
                 Admit::Parked => {
-                    self.waiting.insert(token, Waits::Lease);
+                    self.waiting.insert(token);
                     self.counters
                         .waited_for_lease
                         .fetch_add(1, Ordering::Relaxed);
@@ -697,7 +700,7 @@ impl StateStage for ReplicationStage {
             .collect();
         let changed: Vec<bool> = change.iter().map(Option::is_some).collect();
         let (mut processed, mut folded) = (0u64, 0u64);
-        let mut index_of_token = HashMap::new();
+        self.index_of_token.clear();
         for (i, slot) in self.tokens.iter().enumerate() {
             let Some((key, token)) = slot else { continue };
             processed += 1;
@@ -708,15 +711,15 @@ impl StateStage for ReplicationStage {
             match self.replica.processed(now, *key, *token, write) {
                 Release::Now => {}
                 Release::Parked => {
-                    self.waiting.insert(*token, Waits::Store);
-                    index_of_token.insert(*token, i);
+                    self.waiting.insert(*token);
+                    self.index_of_token.insert(*token, i);
                     self.counters
                         .waited_for_store
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 Release::Dropped(_) => {
                     self.dropped.insert(*token);
-                    index_of_token.insert(*token, i);
+                    self.index_of_token.insert(*token, i);
                 }
             }
         }
@@ -730,7 +733,7 @@ impl StateStage for ReplicationStage {
         let descs = burst.descs_mut();
         let mut dropped = 0;
         for token in &self.dropped {
-            if let Some(&i) = index_of_token.get(token)
+            if let Some(&i) = self.index_of_token.get(token)
                 && let Some(d) = descs.get_mut(i)
             {
                 d.verdict = Verdict::Drop(DropReason::UNREPLICATED);
