@@ -289,6 +289,9 @@ impl stateplane_replication::history::Model for CounterModel {
         let next = Counts(s.0 + 1, s.1 + len);
         (next, Shown(Some(next)))
     }
+    fn reveals(&self, output: &Shown) -> bool {
+        output.0.is_some()
+    }
 }
 
 /// The state a history line shows: counter's entry (its action, then packets and bytes,

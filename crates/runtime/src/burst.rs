@@ -186,6 +186,60 @@ impl Burst {
         pushed
     }
 
+    /// Appends a packet held outside any burst (by a state stage, across bursts) with its
+    /// descriptor as it was: parse, verdict and arrival stay, its place is this arena's.
+    /// Returns `false` (and changes nothing) if the burst is full.
+    #[inline]
+    pub fn push_desc(&mut self, desc: &PacketDesc, data: &[u8]) -> bool {
+        let Some(slot) = self.append(data, desc.ts_ns) else {
+            return false;
+        };
+        *slot = PacketDesc {
+            offset: slot.offset,
+            len: slot.len,
+            headroom: slot.headroom,
+            ..*desc
+        };
+        true
+    }
+
+    /// Puts packets before the burst's own, in the order given, as many as fit beside all
+    /// of the burst's own; returns how many went in. The burst is rebuilt in `spare` (any
+    /// burst, emptied here), and the two are swapped: its arena becomes this one's.
+    pub fn put_in_front<'a>(
+        &mut self,
+        spare: &mut Burst,
+        front: impl IntoIterator<Item = (&'a PacketDesc, &'a [u8])>,
+    ) -> usize {
+        spare.clear();
+        let own_bytes: usize = (self.descs().iter())
+            .map(|d| HEADROOM + d.len as usize)
+            .sum();
+        let mut put = 0;
+        for (desc, data) in front {
+            let fits = spare.count + 1 + self.count <= spare.slots.len()
+                && spare.used + HEADROOM + data.len() + own_bytes <= spare.arena.len();
+            if !fits || !spare.push_desc(desc, data) {
+                break;
+            }
+            put += 1;
+        }
+        if put == 0 {
+            return 0;
+        }
+        for i in 0..self.count {
+            let desc = self.slots[i];
+            // Room for every one of them was kept above.
+            let pushed = spare.push_desc(&desc, self.data(i));
+            debug_assert!(pushed);
+        }
+        spare.parsed = self.parsed;
+        spare.round = self.round;
+        spare.now_ns = spare.now_ns.max(self.now_ns);
+        std::mem::swap(self, spare);
+        put
+    }
+
     /// Parses the last packet in place (for a source that decides per packet whether to
     /// keep it): its connection hash, or why it is malformed (also kept in its
     /// descriptor). `None` for an empty burst.
@@ -480,6 +534,44 @@ mod tests {
             "the grown one kept"
         );
         assert_eq!(b.data(3), &[3u8; 30], "a hidden one untouched");
+    }
+
+    #[test]
+    fn held_packets_come_back_with_their_descriptors_in_front_or_behind() {
+        let mut b = Burst::with_capacity(4);
+        assert!(b.push(&[1; 60], 60, 10, 0, 1));
+        assert!(b.push(&[2; 70], 70, 20, 1, 2));
+        // Two packets held elsewhere, each with its verdict and sequence as it was.
+        let mut held = Burst::with_capacity(4);
+        assert!(held.push(&[7; 80], 90, 5, 1, 7));
+        assert!(held.push(&[8; 40], 40, 6, 0, 8));
+        assert!(held.push(&[9; 40], 40, 7, 0, 9));
+        held.descs_mut()[0].verdict = Verdict::Forward(1);
+        let front: Vec<(PacketDesc, Vec<u8>)> =
+            held.iter().map(|(d, data)| (*d, data.to_vec())).collect();
+        let mut spare = Burst::default();
+        // A burst of no room takes none in front, and nothing changes.
+        assert_eq!(
+            b.put_in_front(&mut spare, front.iter().map(|(d, v)| (d, &v[..]))),
+            0
+        );
+        assert_eq!(b.len(), 2);
+        // Room for two in front of the burst's own two.
+        let mut spare = Burst::with_capacity(4);
+        let put = b.put_in_front(&mut spare, front.iter().map(|(d, v)| (d, &v[..])));
+        assert_eq!(put, 2);
+        let seqs: Vec<u64> = b.descs().iter().map(|d| d.seq).collect();
+        assert_eq!(seqs, [7, 8, 1, 2]);
+        assert_eq!(b.data(0), &[7; 80]);
+        assert_eq!(b.descs()[0].orig_len, 90);
+        assert_eq!(b.descs()[0].verdict, Verdict::Forward(1));
+        assert_eq!(b.data(3), &[2; 70]);
+        assert_eq!(b.descs()[3].in_port, 1);
+        // The third comes behind once there is room, and a full burst refuses it.
+        b.pop();
+        assert!(b.push_desc(&front[2].0, &front[2].1));
+        assert_eq!(b.descs()[3].seq, 9);
+        assert!(!b.push_desc(&front[2].0, &front[2].1));
     }
 
     #[test]

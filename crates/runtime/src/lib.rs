@@ -19,6 +19,7 @@ pub mod burst;
 pub mod chunked;
 pub mod control;
 pub mod counters;
+pub mod held;
 pub mod live;
 pub mod offline;
 pub mod port;
@@ -35,6 +36,7 @@ pub mod worker_loop;
 pub use burst::{Burst, MAX_FRAME, PacketDesc, PacketMut};
 pub use control::{Applied, ControlPlane, WorkerControl};
 pub use counters::{Counter, SharedStats, Stats};
+pub use held::{Held, HeldPacket};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{
     ChunkedFile, FileRecord, LiveQueue, MemoryRx, PortCounters, RxPacket, RxPort, TxPort,

@@ -43,6 +43,13 @@ pub fn run_offline(
     let start = Instant::now();
     let port_count = ports.tx.len();
     let pool = config.queue_depth * 2 + 2;
+    // The dispatcher fills a burst to `burst_size`; a state stage that holds packets puts
+    // them back into later bursts, in the room left above it.
+    let capacity = if config.state_stages.is_empty() {
+        config.burst_size
+    } else {
+        2 * config.burst_size
+    };
     let mut to_worker = Vec::new();
     let mut worker_rx = Vec::new();
     let mut to_output = Vec::new();
@@ -58,7 +65,7 @@ pub fn run_offline(
         output_rx.push(r);
         let (t, r) = bounded::<Burst>(pool);
         for _ in 0..pool {
-            let _ = t.send(Burst::with_capacity(config.burst_size));
+            let _ = t.send(Burst::with_capacity(capacity));
         }
         free_tx.push(t);
         free_rx.push(r);
@@ -189,14 +196,28 @@ fn output_stage(
     let mut failed = vec![false; tx.len()];
     let mut control_failed = false;
     let mut bursts: Vec<Burst> = Vec::with_capacity(from_workers.len());
+    // Which worker each of `bursts` came from; a worker whose queue closed has ended (one
+    // may send more bursts than the others: the packets its state stage held).
+    let mut from: Vec<usize> = Vec::with_capacity(from_workers.len());
+    let mut open = vec![true; from_workers.len()];
     let mut cursor = vec![0usize; from_workers.len()];
-    'rounds: loop {
+    loop {
         bursts.clear();
-        for r in from_workers {
-            match r.recv() {
-                Ok(b) => bursts.push(b),
-                Err(_) => break 'rounds,
+        from.clear();
+        for (w, r) in from_workers.iter().enumerate() {
+            if !open[w] {
+                continue;
             }
+            match r.recv() {
+                Ok(b) => {
+                    bursts.push(b);
+                    from.push(w);
+                }
+                Err(_) => open[w] = false,
+            }
+        }
+        if bursts.is_empty() {
+            break;
         }
         cursor.iter_mut().for_each(|c| *c = 0);
         loop {
@@ -237,9 +258,10 @@ fn output_stage(
                 Verdict::Drop(_) => {}
             }
         }
-        for (w, mut b) in bursts.drain(..).enumerate() {
+        for (&w, mut b) in from.iter().zip(bursts.drain(..)) {
             b.clear();
-            let _ = free[w].send(b);
+            // A pool already full (a burst of held packets came on top) lets it go.
+            let _ = free[w].try_send(b);
         }
     }
     for (p, out) in tx.iter_mut().enumerate() {

@@ -6,6 +6,10 @@
 //! flow's lease before it is processed, its output for the store's acknowledgement after),
 //! through [`StateStage::before_program`] and [`StateStage::after_program`].
 //!
+//! A stage that must hold a packet (its flow's lease is not here yet, its output waits for
+//! the store) takes it out of the burst and puts it back into a later one, with
+//! [`crate::Held`]: the worker never waits for it.
+//!
 //! Must never: block, or change state a packet could see half changed (a stage commits a
 //! write whole, between bursts, or not at all); take a packet out of a burst without
 //! counting it.
@@ -42,6 +46,19 @@ pub trait StateStage: Send {
     /// the stage may change verdicts (an output that must not leave is dropped, with its
     /// reason).
     fn after_program(&mut self, _burst: &mut Burst, _program: &mut dyn Running, _ctx: &Context) {}
+
+    /// Packets the stage holds across bursts (taken out of one, to go back into a later
+    /// one: see [`crate::Held`]). Each must go out, or be dropped and counted, in bounded
+    /// time: a finishing worker hands the stage empty bursts until it holds none.
+    fn holding(&self) -> usize {
+        0
+    }
+
+    /// Whether held packets are ready to go back now (to be processed, or to leave): the
+    /// worker then hands the stage a burst of their own rather than wait for the next.
+    fn releasable(&self) -> bool {
+        false
+    }
 }
 
 /// Makes one state stage per worker (`worker index -> stage`).

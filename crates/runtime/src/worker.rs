@@ -79,6 +79,16 @@ impl Worker {
         }
     }
 
+    /// Packets the state stages hold across bursts (`StateStage::holding`).
+    pub fn holding(&self) -> usize {
+        self.state_stages.iter().map(|s| s.holding()).sum()
+    }
+
+    /// Whether a state stage has held packets ready to go back (`StateStage::releasable`).
+    pub fn releasable(&self) -> bool {
+        self.state_stages.iter().any(|s| s.releasable())
+    }
+
     /// What the state stages wake on (`StateStage::wake_fd`).
     pub fn wake_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.state_stages

@@ -16,6 +16,10 @@
 //! 4. *A pass that received nothing*: on replay, the inputs have ended and so does the
 //!    loop; on a clock, the loop waits for input (at most [`IDLE_WAIT`]).
 //!
+//! Held packets: a state stage that holds packets across bursts puts them back into later
+//! ones; when they are ready and the last burst had no room, the loop hands the stage a
+//! burst of their own, and before the worker ends it does so until the stages hold none.
+//!
 //! Stopping drains: once the stop flag rises the ports are told ([`WorkerPorts::stop`]: a
 //! file source ends there, a queue keeps what is in it), and the loop goes on until a pass
 //! receives nothing, the inputs end, or, on a clock, [`DRAIN_LIMIT`] has passed.
@@ -43,6 +47,8 @@ pub const IDLE_WAIT: Duration = Duration::from_millis(10);
 pub const PORT_REFRESH: Duration = Duration::from_millis(100);
 /// How often a program's timers run (`Program::poll`), on a clock.
 pub const POLL_EVERY: Duration = Duration::from_millis(1);
+/// How long a finishing worker waits between two looks at what its state stages hold.
+const HELD_WAIT: Duration = Duration::from_micros(20);
 /// Bursts between two publications of a busy worker's counters: publishing every burst
 /// would cost a cache line per burst on a shared counter page; every 64th (about 4,000
 /// packets) keeps progress and metrics live. An idle pass and the end publish too.
@@ -315,6 +321,7 @@ pub fn run_worker(
                     received = true;
                     worker.handle(&mut burst);
                     ports.send(&mut burst);
+                    send_released(&mut worker, ports.as_mut(), &mut burst, config.burst_size);
                     bursts = bursts.wrapping_add(1);
                     if bursts.is_multiple_of(PUBLISH_EVERY) {
                         shared.publish(&worker.stats);
@@ -334,6 +341,7 @@ pub fn run_worker(
                 if worker.poll(&mut burst) > 0 {
                     ports.send(&mut burst);
                 }
+                send_released(&mut worker, ports.as_mut(), &mut burst, config.burst_size);
             }
             if now.saturating_sub(last_refresh) >= PORT_REFRESH.as_nanos() as u64 {
                 last_refresh = now;
@@ -363,6 +371,16 @@ pub fn run_worker(
             // What woke the worker may be a state stage's datagram (a write's part): the
             // stages tick now, not up to a millisecond later with the program's poll.
             worker.tick_stages();
+            send_released(&mut worker, ports.as_mut(), &mut burst, config.burst_size);
+            ports.flush();
+        }
+    }
+    // What the state stages hold goes out (or is dropped and counted) before the end.
+    while worker.holding() > 0 {
+        let sent = send_held(&mut worker, ports.as_mut(), &mut burst, config.burst_size);
+        ports.flush();
+        if sent == 0 {
+            std::thread::sleep(HELD_WAIT);
         }
     }
     worker.finish();
@@ -376,6 +394,33 @@ pub fn run_worker(
         ports,
         generation,
     }
+}
+
+/// Held packets ready to go back go in a burst of their own, when the last had no room
+/// for them (or none came).
+fn send_released(worker: &mut Worker, ports: &mut dyn WorkerPorts, burst: &mut Burst, size: usize) {
+    if worker.releasable() {
+        send_held(worker, ports, burst, size);
+    }
+}
+
+/// Hands the worker an empty burst for its state stages to fill with held packets, and
+/// sends it; how many went.
+fn send_held(
+    worker: &mut Worker,
+    ports: &mut dyn WorkerPorts,
+    burst: &mut Burst,
+    size: usize,
+) -> usize {
+    if burst.capacity() == 0 {
+        // The ports took the last burst away (an offline run's queue).
+        *burst = Burst::with_capacity(size);
+    }
+    burst.clear();
+    worker.handle(burst);
+    let sent = burst.len();
+    ports.send(burst);
+    sent
 }
 
 /// Runs one worker thread per setup (worker `w` gets `setups[w]`) on `scope`, each with its

@@ -24,12 +24,12 @@ use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaCon
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{Holder, Reply, Request};
 use stateplane_runtime::{
-    Burst, Context, DropReason, Running, StateStage, StateStageFactory, Verdict,
+    Burst, Context, DropReason, Held, HeldPacket, Running, StateStage, StateStageFactory, Verdict,
 };
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
 use stateplane_stores::{LinkCounters, StoreLink, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -100,6 +100,9 @@ pub struct ReplicationCounters {
     pub round_trips: AtomicU64,
     pub store_errors: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Packets held across bursts now (summed over workers), and the most one worker held.
+    pub held: AtomicU64,
+    pub held_most: AtomicU64,
 }
 
 /// A checked `[replication]` section, ready to make each worker's stage.
@@ -309,25 +312,13 @@ impl ReplicationPlan {
                 log::warn!("replication: worker {w}: {e}; its flows wait for the store");
                 Box::new(Unreachable)
             });
-            Box::new(ReplicationStage {
-                replica: Replica::new(holder, plan.replica),
-                config: plan.replica,
+            Box::new(ReplicationStage::new(
+                Replica::new(holder, plan.replica),
+                plan.replica,
                 link,
-                epoch: Instant::now(),
-                counters: Arc::clone(&plan.counters),
-                published: (Default::default(), LinkCounters::default()),
-                next_token: 0,
-                tokens: Vec::new(),
-                flows: Vec::new(),
-                index_of_flow: HashMap::new(),
-                waiting: HashSet::new(),
-                index_of_token: HashMap::new(),
-                dropped: HashSet::new(),
-                requests: Vec::new(),
-                replies: Vec::new(),
-                history: plan.history.clone(),
-                lines: String::new(),
-            }) as Box<dyn StateStage>
+                Arc::clone(&plan.counters),
+                plan.history.clone(),
+            )) as Box<dyn StateStage>
         }))
     }
 
@@ -359,6 +350,7 @@ impl ReplicationPlan {
             round_trips: get(&c.round_trips),
             store_errors: get(&c.store_errors),
             reconnects: get(&c.reconnects),
+            held_most: get(&c.held_most),
         }
     }
 }
@@ -403,6 +395,8 @@ pub struct ReplicationReport {
     pub round_trips: u64,
     pub store_errors: u64,
     pub reconnects: u64,
+    /// The most packets one worker held across bursts at once.
+    pub held_most: u64,
 }
 
 impl ReplicationReport {
@@ -411,7 +405,8 @@ impl ReplicationReport {
             "replication to {}:\n  packets {}  waited for a lease {}  for the store {}  \
              dropped unreplicated {}\n  writes {} (changes folded in {})  leases asked {} \
              (with state {}, after another's {})  renewed {}  fenced {}  sent again {}\n  \
-             round trips {}  store errors {}  reconnects {}  states refused {}\n",
+             round trips {}  store errors {}  reconnects {}  states refused {}  \
+             packets held at most {}\n",
             self.store,
             self.processed,
             self.waited_for_lease,
@@ -429,8 +424,51 @@ impl ReplicationReport {
             self.store_errors,
             self.reconnects,
             self.install_refused,
+            self.held_most,
         )
     }
+}
+
+/// What the stage keeps of a packet it holds.
+struct Hold {
+    key: FlowBytes,
+    /// Its verdict is final (processed, or dropped unprocessed): it waits to leave.
+    processed: bool,
+    /// For its return line: the flow's state after it, when it was its flow's last packet
+    /// of its burst (`Some(None)`: no state).
+    state: Option<Option<Value>>,
+}
+
+/// The packets of one flow the stage holds: those to be processed, those to leave.
+#[derive(Default)]
+struct Queue {
+    inputs: u32,
+    outputs: u32,
+}
+
+/// What becomes of a packet of the burst.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Processed in this burst; its output leaves with it.
+    Go,
+    /// Held unprocessed: its flow's lease is coming (or packets of its flow held before it
+    /// are to be processed first, `ready`).
+    HoldInput {
+        ready: bool,
+    },
+    /// Processed; its output waits for the store.
+    Parked,
+    /// Processed; its output may leave (after any of its flow held before it).
+    Released,
+    Dropped,
+}
+
+struct Slot {
+    key: FlowBytes,
+    token: Token,
+    outcome: Outcome,
+    /// Outputs of its flow were held when it was processed: its own goes behind them.
+    behind: bool,
 }
 
 struct ReplicationStage {
@@ -440,22 +478,32 @@ struct ReplicationStage {
     /// The stage's clock: leases are real time, whatever the packets' timestamps say.
     epoch: Instant,
     counters: Arc<ReplicationCounters>,
-    /// What was added to `counters` so far (the replica's and the link's counts).
+    /// What was added to `counters` so far (the replica's and the link's counts, the
+    /// packets held).
     published: (
         stateplane_replication::replica::ReplicaCounters,
         LinkCounters,
+        usize,
     ),
     next_token: Token,
-    /// Per packet of the burst: its flow and token (`None`: no replicated state).
-    tokens: Vec<Option<(FlowBytes, Token)>>,
+    /// Per packet of the burst: what becomes of it (`None`: no replicated state).
+    slots: Vec<Option<Slot>>,
+    /// Where each token of the burst sits in it, while its answers are taken.
+    in_burst: HashMap<Token, usize>,
     /// The burst's flows, each with its state before the program.
     flows: Vec<(FlowBytes, Option<Value>)>,
     index_of_flow: HashMap<FlowBytes, usize>,
-    /// Tokens waiting, and those dropped (with why).
-    waiting: HashSet<Token>,
-    /// Where each token whose output waited or was dropped sits in the burst.
-    index_of_token: HashMap<Token, usize>,
-    dropped: HashSet<Token>,
+    /// Packets held across bursts, and per flow how many.
+    held: Held<Hold>,
+    queues: HashMap<FlowBytes, Queue>,
+    /// Held packets to process at the next burst, in flow order.
+    ready_in: VecDeque<Token>,
+    /// Held packets whose outputs may leave (or that are dropped), in flow order.
+    ready_out: VecDeque<Token>,
+    /// The burst rebuilt with held packets in front ([`Burst::put_in_front`]), and
+    /// their slots.
+    spare: Burst,
+    front: Vec<Option<Slot>>,
     requests: Vec<Request<FlowBytes, Value>>,
     replies: Vec<Reply<FlowBytes, Value>>,
     history: Option<Arc<Mutex<History>>>,
@@ -464,6 +512,38 @@ struct ReplicationStage {
 }
 
 impl ReplicationStage {
+    fn new(
+        replica: Replica<FlowBytes, Value>,
+        config: ReplicaConfig,
+        link: Box<dyn StoreLink<FlowBytes>>,
+        counters: Arc<ReplicationCounters>,
+        history: Option<Arc<Mutex<History>>>,
+    ) -> Self {
+        ReplicationStage {
+            replica,
+            config,
+            link,
+            epoch: Instant::now(),
+            counters,
+            published: (Default::default(), LinkCounters::default(), 0),
+            next_token: 0,
+            slots: Vec::new(),
+            in_burst: HashMap::new(),
+            flows: Vec::new(),
+            index_of_flow: HashMap::new(),
+            held: Held::default(),
+            queues: HashMap::new(),
+            ready_in: VecDeque::new(),
+            ready_out: VecDeque::new(),
+            spare: Burst::default(),
+            front: Vec::new(),
+            requests: Vec::new(),
+            replies: Vec::new(),
+            history,
+            lines: String::new(),
+        }
+    }
+
     /// The history's name of a packet: its holder and token, unique across processes.
     fn op(&self, token: Token) -> String {
         let h = self.replica.holder();
@@ -485,8 +565,62 @@ impl ReplicationStage {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// Holds packet `i` of the burst.
+    fn hold(&mut self, burst: &Burst, i: usize, token: Token, meta: Hold) {
+        let q = self.queues.entry(meta.key).or_default();
+        if meta.processed {
+            q.outputs += 1;
+        } else {
+            q.inputs += 1;
+        }
+        self.held
+            .hold(token, &burst.descs()[i], burst.data(i), meta);
+    }
+
+    /// Takes a held packet out (to go back into a burst).
+    fn unhold(&mut self, token: Token) -> Option<HeldPacket<Hold>> {
+        let packet = self.held.take(token)?;
+        if let Some(q) = self.queues.get_mut(&packet.meta.key) {
+            if packet.meta.processed {
+                q.outputs -= 1;
+            } else {
+                q.inputs -= 1;
+            }
+            if q.inputs == 0 && q.outputs == 0 {
+                self.queues.remove(&packet.meta.key);
+            }
+        }
+        Some(packet)
+    }
+
+    /// A held packet is dropped: it leaves with the next burst as a drop (counted there),
+    /// behind its flow's others.
+    fn drop_held(&mut self, token: Token) {
+        let Some(p) = self.held.get_mut(token) else {
+            return;
+        };
+        p.desc.verdict = Verdict::Drop(DropReason::UNREPLICATED);
+        if !p.meta.processed {
+            p.meta.processed = true;
+            let key = p.meta.key;
+            if let Some(q) = self.queues.get_mut(&key) {
+                q.inputs -= 1;
+                q.outputs += 1;
+            }
+            if self.history.is_some() {
+                self.lines.push_str(&format!(
+                    "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"void\":true}}\n",
+                    self.op(token)
+                ));
+            }
+        }
+        self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        self.ready_out.push_back(token);
+    }
+
     /// One exchange with the store: what is due goes, what came is handled, and the
-    /// replica's events are applied to the program and to the waiting packets.
+    /// replica's events are applied to the program, to the burst's packets and to the
+    /// held ones.
     fn pump(&mut self, program: &mut dyn Running, ctx: &Context) {
         let now = self.now();
         if self.replica.poll_timeout().is_some_and(|t| t <= now) {
@@ -513,76 +647,67 @@ impl ReplicationStage {
                 Event::Forget { key } => {
                     program.install_replicated(&key, None, ctx.now_ns);
                 }
-                Event::Process { token, .. } | Event::Release { token, .. } => {
-                    self.waiting.remove(&token);
+                Event::Process { token, .. } => {
+                    if let Some(&i) = self.in_burst.get(&token) {
+                        // Still in its burst: processed there, unless packets of its
+                        // flow held before it are yet to be.
+                        if let Some(slot) = &mut self.slots[i] {
+                            slot.outcome = if slot.behind {
+                                Outcome::HoldInput { ready: true }
+                            } else {
+                                Outcome::Go
+                            };
+                        }
+                    } else if self.held.get(token).is_some_and(|p| !p.meta.processed) {
+                        self.ready_in.push_back(token);
+                    }
+                }
+                Event::Release { token, .. } => {
+                    if let Some(&i) = self.in_burst.get(&token) {
+                        if let Some(slot) = &mut self.slots[i] {
+                            slot.outcome = Outcome::Released;
+                        }
+                    } else if self.held.get(token).is_some() {
+                        self.ready_out.push_back(token);
+                    }
                 }
                 Event::Drop { token, .. } => {
-                    self.waiting.remove(&token);
-                    self.dropped.insert(token);
+                    if let Some(&i) = self.in_burst.get(&token) {
+                        if let Some(slot) = &mut self.slots[i] {
+                            slot.outcome = Outcome::Dropped;
+                        }
+                    } else {
+                        self.drop_held(token);
+                    }
                 }
             }
         }
     }
 
-    /// Exchanges with the store until no packet of the burst waits, at most a little
-    /// past the park timeout (the replica drops what waits that long).
-    fn wait(&mut self, program: &mut dyn Running, ctx: &Context) {
-        let limit = Duration::from_nanos(self.config.park_timeout_ns) + Duration::from_secs(1);
-        let start = Instant::now();
-        loop {
-            self.pump(program, ctx);
-            if self.waiting.is_empty() {
-                return;
-            }
-            if start.elapsed() > limit {
-                for token in self.waiting.drain() {
-                    self.dropped.insert(token);
-                }
-                return;
-            }
-            // The memory store answers at once; Redis within a round trip (tens of µs).
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-
-    /// The return lines of the burst's outputs that leave: each with its verdict and bytes,
-    /// and, for a flow's last packet of the burst, the flow's state after it (the state
-    /// the burst's write carried; a flow's earlier packets' states were never kept).
-    fn history_returns(&mut self, burst: &Burst, program: &mut dyn Running) {
-        let return_ns = wall_ns();
-        let mut last_of_flow = HashMap::new();
-        for (i, slot) in self.tokens.iter().enumerate() {
-            if let Some((key, _)) = slot {
-                last_of_flow.insert(*key, i);
-            }
-        }
-        for (i, slot) in self.tokens.iter().enumerate() {
-            let Some((key, token)) = slot else { continue };
-            if self.dropped.contains(token) {
-                continue; // its output never leaves: no return
-            }
-            let d = &burst.descs()[i];
-            let state = if last_of_flow.get(key) == Some(&i) {
-                match program.replicated_state(key) {
-                    Some(s) => format!("\"{}\"", hex(&s)),
-                    None => "\"\"".to_string(),
-                }
-            } else {
-                "null".to_string()
-            };
-            self.lines.push_str(&format!(
-                "{{\"op\":\"{}\",\"return_ns\":{return_ns},\"verdict\":\"{:?}\",\"output\":\"{}\",\"state\":{state}}}\n",
-                self.op(*token),
-                d.verdict,
-                hex(burst.data(i)),
-            ));
-        }
-        self.write_history();
+    /// A return line for an output that leaves.
+    fn history_return(
+        &mut self,
+        token: Token,
+        verdict: Verdict,
+        output: &[u8],
+        state: &Option<Option<Value>>,
+        at: u64,
+    ) {
+        let state = match state {
+            Some(Some(s)) => format!("\"{}\"", hex(s)),
+            Some(None) => "\"\"".to_string(),
+            None => "null".to_string(),
+        };
+        self.lines.push_str(&format!(
+            "{{\"op\":\"{}\",\"return_ns\":{at},\"verdict\":\"{verdict:?}\",\"output\":\"{}\",\"state\":{state}}}\n",
+            self.op(token),
+            hex(output),
+        ));
     }
 
     fn publish(&mut self) {
-        let (r, l) = (self.replica.counters, self.link.counters());
-        let (pr, pl) = &self.published;
+        let (r, l, held) = (self.replica.counters, self.link.counters(), self.held.len());
+        let (pr, pl, pheld) = &self.published;
         let c = &*self.counters;
         let add = |a: &AtomicU64, now: u64, then: u64| {
             a.fetch_add(now.saturating_sub(then), Ordering::Relaxed);
@@ -598,155 +723,322 @@ impl ReplicationStage {
         add(&c.round_trips, l.round_trips, pl.round_trips);
         add(&c.store_errors, l.errors, pl.errors);
         add(&c.reconnects, l.reconnects, pl.reconnects);
-        self.published = (r, l);
+        // A gauge summed over workers: each adds what it holds now less what it held.
+        c.held
+            .fetch_add((held as u64).wrapping_sub(*pheld as u64), Ordering::Relaxed);
+        c.held_most
+            .fetch_max(self.held.most() as u64, Ordering::Relaxed);
+        self.published = (r, l, held);
+    }
+
+    /// Puts held packets whose lease came in front of the burst, as many as fit: they
+    /// are processed first, before any later packet of their flow. Their slots go into
+    /// `front`, in order.
+    fn put_ready_in_front(&mut self, burst: &mut Burst, front: &mut Vec<Option<Slot>>) {
+        front.clear();
+        let now = self.now();
+        // One whose lease passed while it was held is not processed: dropped.
+        let mut lapsed = Vec::new();
+        let (held, replica) = (&self.held, &self.replica);
+        self.ready_in.retain(|&t| match held.get(t) {
+            Some(p) if !p.meta.processed => {
+                let holds = replica.holds(&p.meta.key, now);
+                if !holds {
+                    lapsed.push(t);
+                }
+                holds
+            }
+            _ => false,
+        });
+        for token in lapsed {
+            self.drop_held(token);
+        }
+        if self.ready_in.is_empty() {
+            return;
+        }
+        if self.spare.capacity() != burst.capacity() {
+            self.spare = Burst::with_capacity(burst.capacity());
+        }
+        // With a history, one packet a flow a burst (its state after it is then known).
+        let mut chosen = Vec::with_capacity(self.ready_in.len());
+        let mut flows = HashSet::new();
+        for &token in &self.ready_in {
+            if let Some(p) = self.held.get(token)
+                && (self.history.is_none() || flows.insert(p.meta.key))
+            {
+                chosen.push(token);
+            }
+        }
+        let held = &self.held;
+        let packets = (chosen.iter())
+            .filter_map(|&t| held.get(t))
+            .map(|p| (&p.desc, &p.data[..]));
+        let put = burst.put_in_front(&mut self.spare, packets);
+        chosen.truncate(put);
+        let taken: HashSet<Token> = chosen.iter().copied().collect();
+        self.ready_in.retain(|t| !taken.contains(t));
+        for token in chosen {
+            if let Some(p) = self.unhold(token) {
+                front.push(Some(Slot {
+                    key: p.meta.key,
+                    token,
+                    outcome: Outcome::Go,
+                    behind: false,
+                }));
+                self.held.recycle(p);
+            }
+        }
+    }
+
+    /// A call line for a packet about to be processed.
+    fn history_call(&mut self, token: Token, key: &FlowBytes, burst: &Burst, i: usize, at: u64) {
+        let line = format!(
+            "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"call_ns\":{at},\"len\":{},\"input\":\"{}\"}}\n",
+            self.op(token),
+            burst.descs()[i].orig_len,
+            hex(burst.data(i)),
+        );
+        self.lines.push_str(&line);
     }
 }
 
 impl StateStage for ReplicationStage {
     fn before_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
-        self.pump(program, ctx);
+        self.slots.clear();
+        self.in_burst.clear();
         let now = self.now();
-        self.tokens.clear();
-        self.dropped.clear();
-        for d in burst.descs() {
+        for (i, d) in burst.descs().iter().enumerate() {
             let Some(key) = program.replicated_key(d) else {
-                self.tokens.push(None);
+                self.slots.push(None);
                 continue;
             };
             let token = self.next_token;
             self.next_token += 1;
-            match self.replica.admit(now, key, token) {
-                Admit::Process => {}
+            // Held packets of its flow still to be processed go first.
+            let behind = self.queues.get(&key).is_some_and(|q| q.inputs > 0);
+            let outcome = match self.replica.admit(now, key, token) {
+                Admit::Process if !behind => Outcome::Go,
+                Admit::Process => Outcome::HoldInput { ready: true },
                 Admit::Parked => {
-                    self.waiting.insert(token);
-                    self.counters
-                        .waited_for_lease
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.in_burst.insert(token, i);
+                    Outcome::HoldInput { ready: false }
                 }
-                Admit::Dropped(_) => {
-                    self.dropped.insert(token);
+                Admit::Dropped(_) => Outcome::Dropped,
+            };
+            self.slots.push(Some(Slot {
+                key,
+                token,
+                outcome,
+                behind,
+            }));
+        }
+        // Leases asked for go, and those granted at once (a store in this process, an
+        // answer already here) let their packets be processed in this burst.
+        self.pump(program, ctx);
+        self.in_burst.clear();
+        // Packets not processed now leave the burst: held, or dropped (to leave as drops
+        // at the end of the burst, counted there).
+        let call_ns = wall_ns();
+        let mut keep = Vec::with_capacity(self.slots.len());
+        // With a history, a flow's packets after its first of the burst wait for the next
+        // (so that each one's state after it is known: a flow's last of a burst).
+        let mut flows = HashSet::new();
+        for i in 0..self.slots.len() {
+            let Some(slot) = &mut self.slots[i] else {
+                keep.push(true);
+                continue;
+            };
+            if self.history.is_some() && slot.outcome == Outcome::Go && !flows.insert(slot.key) {
+                slot.outcome = Outcome::HoldInput { ready: true };
+            }
+            let (key, token, outcome) = (slot.key, slot.token, slot.outcome);
+            if let Outcome::HoldInput { ready: false } = outcome {
+                self.counters
+                    .waited_for_lease
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let meta = Hold {
+                key,
+                processed: false,
+                state: None,
+            };
+            match outcome {
+                Outcome::Go => {
+                    if self.history.is_some() {
+                        self.history_call(token, &key, burst, i, call_ns);
+                    }
+                    keep.push(true);
+                    continue;
+                }
+                Outcome::HoldInput { ready } => {
+                    self.hold(burst, i, token, meta);
+                    if ready {
+                        self.ready_in.push_back(token);
+                    }
+                }
+                _ => {
+                    self.hold(burst, i, token, meta);
+                    self.drop_held(token);
                 }
             }
-            self.tokens.push(Some((key, token)));
-        }
-        if !self.waiting.is_empty() {
-            self.wait(program, ctx);
-        }
-        // A lease that passed while the burst waited for another flow's: the packet is
-        // not processed (it would be without a lease).
-        let now = self.now();
-        for (key, token) in self.tokens.iter().flatten() {
-            if !self.dropped.contains(token) && !self.replica.holds(key, now) {
-                self.dropped.insert(*token);
-            }
-        }
-        // Packets not to be processed leave the burst, counted.
-        if self.history.is_some() {
-            let call_ns = wall_ns();
-            for (i, slot) in self.tokens.iter().enumerate() {
-                let Some((key, token)) = slot else { continue };
-                let d = &burst.descs()[i];
-                let line = if self.dropped.contains(token) {
-                    format!(
-                        "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"void\":true}}\n",
-                        self.op(*token)
-                    )
-                } else {
-                    format!(
-                        "{{\"op\":\"{}\",\"flow\":\"{key:?}\",\"call_ns\":{call_ns},\"len\":{},\"input\":\"{}\"}}\n",
-                        self.op(*token),
-                        d.orig_len,
-                        hex(burst.data(i)),
-                    )
-                };
-                self.lines.push_str(&line);
-            }
+            keep.push(false);
         }
         let mut i = 0;
-        let (tokens, dropped) = (&self.tokens, &self.dropped);
-        let mut removed = 0u64;
         burst.retain(|_| {
-            let keep = !matches!(tokens[i], Some((_, t)) if dropped.contains(&t));
             i += 1;
-            removed += u64::from(!keep);
-            keep
+            keep[i - 1]
         });
-        self.tokens
-            .retain(|t| !matches!(t, Some((_, t)) if dropped.contains(t)));
-        self.counters.dropped.fetch_add(removed, Ordering::Relaxed);
+        let mut i = 0;
+        self.slots.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        // Held packets whose lease has come go in front.
+        let mut front = std::mem::take(&mut self.front);
+        self.put_ready_in_front(burst, &mut front);
+        if !front.is_empty() {
+            for (i, slot) in front.iter().enumerate() {
+                if let Some(slot) = slot
+                    && self.history.is_some()
+                {
+                    self.history_call(slot.token, &slot.key, burst, i, call_ns);
+                }
+            }
+            front.append(&mut self.slots);
+            std::mem::swap(&mut front, &mut self.slots);
+        }
+        self.front = front;
         // Each flow's state before the program, to see what the burst changed.
         self.flows.clear();
         self.index_of_flow.clear();
-        for (key, _) in self.tokens.iter().flatten() {
-            if !self.index_of_flow.contains_key(key) {
-                self.index_of_flow.insert(*key, self.flows.len());
-                self.flows.push((*key, program.replicated_state(key)));
+        for slot in self.slots.iter().flatten() {
+            if !self.index_of_flow.contains_key(&slot.key) {
+                self.index_of_flow.insert(slot.key, self.flows.len());
+                self.flows
+                    .push((slot.key, program.replicated_state(&slot.key)));
             }
         }
     }
 
     fn after_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
-        if self.flows.is_empty() {
-            return;
-        }
         self.write_history();
         let now = self.now();
-        // Each flow's change: its state after the burst, if it differs (written once).
-        let mut change: Vec<Option<Value>> = (self.flows.iter())
-            .map(|(key, before)| {
-                let after = program.replicated_state(key);
-                (after != *before).then(|| after.unwrap_or_default())
+        // Each flow's state after the burst, and whether it changed (written once).
+        let after: Vec<Option<Value>> = (self.flows.iter())
+            .map(|(key, _)| program.replicated_state(key))
+            .collect();
+        let mut change: Vec<Option<Value>> = (self.flows.iter().zip(&after))
+            .map(|((_, before), after)| {
+                (after != before).then(|| after.clone().unwrap_or_default())
             })
             .collect();
         let changed: Vec<bool> = change.iter().map(Option::is_some).collect();
         let (mut processed, mut folded) = (0u64, 0u64);
-        self.index_of_token.clear();
-        for (i, slot) in self.tokens.iter().enumerate() {
-            let Some((key, token)) = slot else { continue };
+        self.in_burst.clear();
+        for i in 0..self.slots.len() {
+            let Some(slot) = &self.slots[i] else { continue };
+            let (key, token) = (slot.key, slot.token);
             processed += 1;
-            let flow = self.index_of_flow[key];
+            let flow = self.index_of_flow[&key];
             // The flow's change goes with its first packet; the others' fold into it.
             let write = change[flow].take();
             folded += u64::from(write.is_none() && changed[flow]);
-            match self.replica.processed(now, *key, *token, write) {
-                Release::Now => {}
+            let behind = self.queues.get(&key).is_some_and(|q| q.outputs > 0);
+            let outcome = match self.replica.processed(now, key, token, write) {
+                Release::Now => Outcome::Released,
                 Release::Parked => {
-                    self.waiting.insert(*token);
-                    self.index_of_token.insert(*token, i);
                     self.counters
                         .waited_for_store
                         .fetch_add(1, Ordering::Relaxed);
+                    Outcome::Parked
                 }
-                Release::Dropped(_) => {
-                    self.dropped.insert(*token);
-                    self.index_of_token.insert(*token, i);
-                }
+                Release::Dropped(_) => Outcome::Dropped,
+            };
+            self.in_burst.insert(token, i);
+            if let Some(slot) = &mut self.slots[i] {
+                slot.outcome = outcome;
+                slot.behind = behind;
             }
         }
         self.counters
             .processed
             .fetch_add(processed, Ordering::Relaxed);
         self.counters.coalesced.fetch_add(folded, Ordering::Relaxed);
-        if !self.waiting.is_empty() {
-            self.wait(program, ctx);
+        // The burst's writes go, and what has come back is taken (without waiting).
+        self.pump(program, ctx);
+        self.in_burst.clear();
+        // A flow's last packet of the burst shows the state the burst's write carried.
+        let mut last_of_flow = vec![usize::MAX; self.flows.len()];
+        if self.history.is_some() {
+            for (i, slot) in self.slots.iter().enumerate() {
+                if let Some(slot) = slot {
+                    last_of_flow[self.index_of_flow[&slot.key]] = i;
+                }
+            }
         }
-        let descs = burst.descs_mut();
+        let return_ns = wall_ns();
+        let mut keep = Vec::with_capacity(self.slots.len());
         let mut dropped = 0;
-        for token in &self.dropped {
-            if let Some(&i) = self.index_of_token.get(token)
-                && let Some(d) = descs.get_mut(i)
-            {
-                d.verdict = Verdict::Drop(DropReason::UNREPLICATED);
-                dropped += 1;
+        for i in 0..self.slots.len() {
+            let Some(slot) = &self.slots[i] else {
+                keep.push(true);
+                continue;
+            };
+            let (key, token, outcome, behind) = (slot.key, slot.token, slot.outcome, slot.behind);
+            let flow = self.index_of_flow[&key];
+            let state = (last_of_flow[flow] == i).then(|| after[flow].clone());
+            match outcome {
+                Outcome::Dropped => {
+                    burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::UNREPLICATED);
+                    dropped += 1;
+                    keep.push(true);
+                }
+                Outcome::Released if !behind => {
+                    if self.history.is_some() {
+                        let verdict = burst.descs()[i].verdict;
+                        self.history_return(token, verdict, burst.data(i), &state, return_ns);
+                    }
+                    keep.push(true);
+                }
+                _ => {
+                    let meta = Hold {
+                        key,
+                        processed: true,
+                        state,
+                    };
+                    self.hold(burst, i, token, meta);
+                    if outcome == Outcome::Released {
+                        self.ready_out.push_back(token);
+                    }
+                    keep.push(false);
+                }
             }
         }
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
-        if self.history.is_some() {
-            self.history_returns(burst, program);
+        let mut i = 0;
+        burst.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        // Held outputs free to leave go behind the burst's own, as many as fit.
+        while let Some(&token) = self.ready_out.front() {
+            let Some(p) = self.held.get(token) else {
+                self.ready_out.pop_front();
+                continue;
+            };
+            if !burst.push_desc(&p.desc, &p.data) {
+                break;
+            }
+            self.ready_out.pop_front();
+            let Some(p) = self.unhold(token) else {
+                continue;
+            };
+            if self.history.is_some() && !matches!(p.desc.verdict, Verdict::Drop(_)) {
+                self.history_return(token, p.desc.verdict, &p.data, &p.meta.state, return_ns);
+            }
+            self.held.recycle(p);
         }
-        self.dropped.clear();
-        // The flows' next writes (made by answers just taken) go now, not at the next burst.
-        self.pump(program, ctx);
+        self.write_history();
         self.publish();
     }
 
@@ -754,13 +1046,24 @@ impl StateStage for ReplicationStage {
 
     fn tick(&mut self, program: &mut dyn Running, ctx: &Context) {
         self.pump(program, ctx);
+        self.write_history();
         self.publish();
     }
 
     /// The new instance holds no flow's state: the replica starts over as the same holder,
     /// so each flow's next packet is granted its lease again with the store's state.
+    /// Packets held for the old instance are dropped (counted): its state is gone.
     fn reloaded(&mut self, _program: &mut dyn Running, _ctx: &Context) {
         self.replica = Replica::new(self.replica.holder(), self.config);
+        // Outputs already acknowledged still leave; every other held packet is dropped.
+        self.ready_in.clear();
+        let leaving: HashSet<Token> = self.ready_out.iter().copied().collect();
+        let tokens: Vec<Token> = (self.held.tokens())
+            .filter(|t| !leaving.contains(t))
+            .collect();
+        for token in tokens {
+            self.drop_held(token);
+        }
     }
 
     fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
@@ -771,5 +1074,222 @@ impl StateStage for ReplicationStage {
 
     fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
         self.link.wake_fd()
+    }
+
+    fn holding(&self) -> usize {
+        self.held.len()
+    }
+
+    fn releasable(&self) -> bool {
+        !self.ready_in.is_empty() || !self.ready_out.is_empty()
+    }
+}
+
+/// The stage in a worker, on a store whose answers the test lets through when it likes:
+/// the worker never waits for them, held packets come back in later bursts in their
+/// flow's order, and those held too long leave as drops, counted.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_runtime::{Counter, Program, Worker};
+    use stateplane_wire::FlowHasher;
+    use std::sync::atomic::AtomicBool;
+
+    /// A count per flow (the packet's input port), written into each packet's first eight
+    /// bytes: each output shows the state it saw.
+    #[derive(Default)]
+    struct Tally {
+        counts: HashMap<FlowBytes, u64>,
+    }
+
+    fn flow(port: u16) -> FlowBytes {
+        FlowBytes::new(&port.to_be_bytes()).unwrap()
+    }
+
+    impl Program for Tally {
+        type Prepared = ();
+
+        fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+            for p in burst.iter_mut() {
+                let count = self.counts.entry(flow(p.desc.in_port)).or_default();
+                *count += 1;
+                p.data[..8].copy_from_slice(&count.to_le_bytes());
+                p.desc.verdict = Verdict::Forward(0);
+            }
+        }
+
+        fn replicated_key(&self, packet: &stateplane_runtime::PacketDesc) -> Option<FlowBytes> {
+            Some(flow(packet.in_port))
+        }
+
+        fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+            self.counts.get(key).map(|c| c.to_le_bytes().to_vec())
+        }
+
+        fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
+            match state.map(<[u8; 8]>::try_from) {
+                None => {
+                    self.counts.remove(key);
+                }
+                Some(Ok(bytes)) => {
+                    self.counts.insert(*key, u64::from_le_bytes(bytes));
+                }
+                Some(Err(_)) => return false,
+            }
+            true
+        }
+    }
+
+    /// A memory store whose answers wait while the gate is shut.
+    struct Gated {
+        link: stateplane_stores::memory::MemoryLink<FlowBytes>,
+        open: Arc<AtomicBool>,
+    }
+
+    impl StoreLink<FlowBytes> for Gated {
+        fn send(&mut self, holder: Holder, requests: &mut Vec<Request<FlowBytes, Value>>) {
+            self.link.send(holder, requests);
+        }
+        fn receive(&mut self, out: &mut Vec<Reply<FlowBytes, Value>>) {
+            if self.open.load(Ordering::Relaxed) {
+                self.link.receive(out);
+            }
+        }
+        fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
+            None
+        }
+        fn counters(&self) -> LinkCounters {
+            self.link.counters()
+        }
+    }
+
+    fn worker(park_timeout_ns: u64) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
+        let store = MemoryStore::new(StoreConfig {
+            min_lease_ns: 100_000_000,
+            max_lease_ns: 60_000_000_000,
+            fencing: true,
+        });
+        let open = Arc::new(AtomicBool::new(false));
+        let link = Gated {
+            link: store.link(),
+            open: Arc::clone(&open),
+        };
+        let config = ReplicaConfig {
+            park_timeout_ns,
+            ..ReplicaConfig::default()
+        };
+        let holder = Holder {
+            switch: 1 << 8,
+            incarnation: 1,
+        };
+        let counters = Arc::new(ReplicationCounters::default());
+        let stage = ReplicationStage::new(
+            Replica::new(holder, config),
+            config,
+            Box::new(link),
+            Arc::clone(&counters),
+            None,
+        );
+        let worker = Worker::new(Box::new(Tally::default()), 0, 1, 2, FlowHasher::with_seed(7))
+            .with_state_stages(vec![Box::new(stage)]);
+        (worker, open, counters)
+    }
+
+    /// A burst of packets (input port, sequence number), each 64 bytes.
+    fn burst(packets: &[(u16, u64)]) -> Burst {
+        let mut b = Burst::with_capacity(64);
+        for &(port, seq) in packets {
+            assert!(b.push(&[0; 64], 64, seq, port, seq));
+        }
+        b
+    }
+
+    /// What left in a burst: (flow, sequence number, the count it showed).
+    fn out(b: &Burst) -> Vec<(u16, u64, u64)> {
+        (b.iter())
+            .filter(|(d, _)| d.verdict == Verdict::Forward(0))
+            .map(|(d, data)| {
+                let count = u64::from_le_bytes(data[..8].try_into().unwrap());
+                (d.in_port, d.seq, count)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn held_packets_leave_in_later_bursts_in_their_flows_order() {
+        let (mut w, open, counters) = worker(60_000_000_000);
+        // No lease yet: every packet is held, none processed, and the worker goes on.
+        let mut b = burst(&[(0, 1), (0, 2), (1, 3), (0, 4)]);
+        w.handle(&mut b);
+        assert!(b.is_empty());
+        assert_eq!((w.holding(), w.stats.get(Counter::RxPackets)), (4, 0));
+        let mut b = burst(&[(1, 5), (0, 6)]);
+        w.handle(&mut b);
+        assert!(b.is_empty());
+        assert_eq!(w.holding(), 6);
+        // The leases come: the held packets are processed first, in order, with the next
+        // burst's; their writes' answers come at once, so all leave in it.
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(1, 7), (0, 8)]);
+        w.handle(&mut b);
+        let left = out(&b);
+        let of_flow = |port: u16| -> Vec<(u64, u64)> {
+            (left.iter())
+                .filter(|o| o.0 == port)
+                .map(|o| (o.1, o.2))
+                .collect()
+        };
+        assert_eq!(of_flow(0), [(1, 1), (2, 2), (4, 3), (6, 4), (8, 5)]);
+        assert_eq!(of_flow(1), [(3, 1), (5, 2), (7, 3)]);
+        assert_eq!(w.holding(), 0);
+        // Writes unanswered: outputs wait, later packets of the flow are processed and
+        // wait behind them; the answers let them all out, in order, behind the next
+        // burst's own (a flow with nothing held leaves in its place).
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(&[(0, 9), (0, 10)]);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty());
+        let mut b = burst(&[(0, 11)]);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty());
+        assert_eq!(w.holding(), 3);
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(1, 12), (0, 13)]);
+        w.handle(&mut b);
+        assert_eq!(
+            out(&b),
+            [
+                (1, 12, 4),
+                (0, 9, 6),
+                (0, 10, 7),
+                (0, 11, 8),
+                (0, 13, 9)
+            ]
+        );
+        assert_eq!(w.holding(), 0);
+        assert_eq!(w.stats.get(Counter::TxPackets), 13);
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 0);
+        assert!(counters.held_most.load(Ordering::Relaxed) >= 6);
+    }
+
+    #[test]
+    fn packets_held_past_the_park_timeout_leave_as_drops_counted() {
+        let (mut w, _shut, counters) = worker(1_000_000);
+        let mut b = burst(&[(0, 1), (1, 2), (0, 3)]);
+        w.handle(&mut b);
+        assert!(b.is_empty());
+        std::thread::sleep(Duration::from_millis(30));
+        // The replica drops what waited too long; the drops ride in the next burst.
+        let mut b = Burst::with_capacity(64);
+        let start = Instant::now();
+        while w.holding() > 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "still held");
+            b.clear();
+            w.handle(&mut b);
+        }
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(w.stats.get(Counter::RxPackets), 3);
+        assert_eq!(w.stats.get(Counter::Dropped), 3);
+        assert_eq!(w.stats.drops[usize::from(DropReason::UNREPLICATED.0)], 3);
     }
 }
