@@ -28,13 +28,15 @@ fn bench_replication_store_measures_both_stores_and_checks_their_records() {
         .unwrap());
     let text = std::fs::read_to_string(&csv).unwrap();
     let rows: Vec<&str> = text.lines().skip(1).collect();
-    assert_eq!(rows.len(), 4, "{text}");
-    for (store, depth) in [("memory", 1), ("memory", 64), ("redis", 1), ("redis", 64)] {
-        let row = (rows.iter())
-            .find(|r| r.starts_with(&format!("{store},{depth},")))
-            .unwrap_or_else(|| panic!("no {store} depth {depth} in {text}"));
-        let rate: f64 = row.split(',').nth(2).unwrap().parse().unwrap();
-        assert!(rate > 0.0, "{row}");
+    assert_eq!(rows.len(), 6, "{text}");
+    for store in ["memory", "redis", "redis-batched"] {
+        for depth in [1, 64] {
+            let row = (rows.iter())
+                .find(|r| r.starts_with(&format!("{store},{depth},")))
+                .unwrap_or_else(|| panic!("no {store} depth {depth} in {text}"));
+            let rate: f64 = row.split(',').nth(2).unwrap().parse().unwrap();
+            assert!(rate > 0.0, "{row}");
+        }
     }
     assert!(stdout.contains("round trip p50 us"), "{stdout}");
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));

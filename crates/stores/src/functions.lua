@@ -41,9 +41,10 @@ local function record(key)
   }
 end
 
--- The lease runs `lease` microseconds from `now`, and the record is kept `retain_ms` more.
-local function extend(key, now, lease, retain_ms)
-  redis.call('HSET', key, 'until', string.format('%d', now + lease))
+-- The lease runs `lease` microseconds from `now` (with any other fields given set in the
+-- same call), and the record is kept `retain_ms` more.
+local function extend(key, now, lease, retain_ms, ...)
+  redis.call('HSET', key, 'until', string.format('%d', now + lease), ...)
   redis.call('PEXPIRE', key, retain_ms)
 end
 
@@ -56,21 +57,23 @@ local function fenced(r, holder, epoch, now)
 end
 
 -- ARGV: holder, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
-local function acquire(keys, args)
+-- (`now`: the batch's clock reading, read here when called alone.)
+local function acquire(keys, args, now)
   local key, holder, nonce = keys[1], args[1], args[3]
   local lease = lease_of(args[2], args[4], args[5])
-  local now = now_us()
+  now = now or now_us()
   local r = record(key)
   local runs = now < r.until_us
   local epoch = r.epoch
   if r.holder and runs and r.holder ~= holder then
     return {'H', string.format('%d', r.until_us - now), nonce}
   end
-  if not (r.holder == holder and runs) then
+  if r.holder == holder and runs then
+    extend(key, now, lease, args[6])
+  else
     epoch = string.format('%d', tonumber(r.epoch) + 1)
-    redis.call('HSET', key, 'epoch', epoch, 'holder', holder)
+    extend(key, now, lease, args[6], 'epoch', epoch, 'holder', holder)
   end
-  extend(key, now, lease, args[6])
   if r.value then
     return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value}
   end
@@ -78,9 +81,9 @@ local function acquire(keys, args)
 end
 
 -- ARGV: holder, epoch, seq, value, lease_us, min_lease_us, max_lease_us, retain_ms
-local function write(keys, args)
+local function write(keys, args, now)
   local key, holder, epoch, seq = keys[1], args[1], args[2], args[3]
-  local now = now_us()
+  now = now or now_us()
   local r = record(key)
   local refused = fenced(r, holder, epoch, now)
   if refused then
@@ -88,16 +91,17 @@ local function write(keys, args)
   end
   local lease = lease_of(args[5], args[6], args[7])
   if greater(seq, r.seq) then
-    redis.call('HSET', key, 'v', args[4], 'seq', seq)
+    extend(key, now, lease, args[8], 'v', args[4], 'seq', seq)
+  else
+    extend(key, now, lease, args[8])
   end
-  extend(key, now, lease, args[8])
   return {'W', epoch, seq, string.format('%d', lease)}
 end
 
 -- ARGV: holder, epoch, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
-local function renew(keys, args)
+local function renew(keys, args, now)
   local key, holder, epoch, nonce = keys[1], args[1], args[2], args[4]
-  local now = now_us()
+  now = now or now_us()
   local r = record(key)
   local refused = fenced(r, holder, epoch, now)
   if refused then
@@ -108,6 +112,36 @@ local function renew(keys, args)
   return {'R', epoch, string.format('%d', lease), nonce}
 end
 
+-- Many calls of one holder in one (group commit: one call carries many flows' writes).
+-- KEYS: a record per call. ARGV: holder, min_lease_us, max_lease_us, retain_ms, then per
+-- call its kind and its own arguments, in the single functions' order:
+--   A lease_us nonce  |  W epoch seq value lease_us  |  R epoch lease_us nonce
+-- The answer: the calls' answers, in order.
+local function batch(keys, args)
+  local holder, min, max, retain = args[1], args[2], args[3], args[4]
+  local out = {}
+  local i = 5
+  -- One clock reading for the whole call: it is atomic, so no time passes within it.
+  local now = now_us()
+  for k = 1, #keys do
+    local key, kind = {keys[k]}, args[i]
+    if kind == 'A' then
+      out[k] = acquire(key, {holder, args[i + 1], args[i + 2], min, max, retain}, now)
+      i = i + 3
+    elseif kind == 'W' then
+      out[k] = write(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], min, max, retain}, now)
+      i = i + 5
+    elseif kind == 'R' then
+      out[k] = renew(key, {holder, args[i + 1], args[i + 2], args[i + 3], min, max, retain}, now)
+      i = i + 4
+    else
+      return redis.error_reply('stateplane_batch: call ' .. k .. ' is of no kind known')
+    end
+  end
+  return out
+end
+
+redis.register_function('stateplane_batch', batch)
 redis.register_function('stateplane_acquire', acquire)
 redis.register_function('stateplane_write', write)
 redis.register_function('stateplane_renew', renew)

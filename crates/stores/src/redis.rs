@@ -8,7 +8,7 @@
 //!
 //! A link is a thread with its own connection: it takes the batches its worker sends,
 //! writes as many as are waiting in one pipeline (one round trip carries many flows'
-//! requests), and hands the answers back through a channel, waking the worker through a
+//! requests, up to [`RedisConfig::batch`] of them in each function call), and hands the answers back through a channel, waking the worker through a
 //! socket. With `wait`, each round trip that carries writes ends with `WAIT N TIMEOUT`,
 //! and its writes are passed on only if N replicas have them.
 //!
@@ -51,6 +51,10 @@ pub struct RedisConfig {
     pub wait: Option<(u32, Duration)>,
     /// `url` is a node of a Redis Cluster: each flow's calls go to the master of its slot.
     pub cluster: bool,
+    /// Requests carried by one function call at most (`stateplane_batch`); 1 calls the
+    /// single functions, one flow a call. A cluster makes one call a flow whatever this
+    /// is (flows of one call must share a slot).
+    pub batch: usize,
 }
 
 impl RedisConfig {
@@ -63,6 +67,7 @@ impl RedisConfig {
             retain: Duration::from_secs(3_600),
             wait: None,
             cluster: false,
+            batch: 128,
         }
     }
 }
@@ -251,9 +256,15 @@ impl<K: StoreKey> StoreLink<K> for RedisLink<K> {
     }
 
     fn receive(&mut self, out: &mut Vec<Reply<K, Value>>) {
-        let mut drain = [0u8; 256];
-        while matches!(self.wake.read(&mut drain), Ok(n) if n > 0) {}
+        let before = out.len();
         out.extend(self.answers.try_iter());
+        // The wake socket is drained only when answers came (a receive with none makes no
+        // system call); an answer that comes meanwhile wakes it again, so none is missed.
+        if out.len() > before {
+            let mut drain = [0u8; 256];
+            while matches!(self.wake.read(&mut drain), Ok(n) if n > 0) {}
+            out.extend(self.answers.try_iter());
+        }
     }
 
     fn wake_fd(&self) -> Option<RawFd> {
@@ -359,20 +370,25 @@ impl<K: StoreKey> LinkThread<K> {
 
     fn round_trip(&mut self, round: Vec<Outgoing<K>>) {
         let config = Arc::clone(&self.config);
-        let mut key = Vec::new();
-        let mut writes = false;
-        let mut calls = Vec::with_capacity(round.len() + 1);
-        for o in &round {
-            key.clear();
-            o.request.key().key_bytes(&mut key);
-            writes |= matches!(o.request, Request::Write { .. });
-            calls.push(call(
-                &config,
-                &record_name(&config.prefix, &key),
-                o.holder,
-                &o.request,
-            ));
+        let writes = (round.iter()).any(|o| matches!(o.request, Request::Write { .. }));
+        // Each call carries a run of one holder's requests, up to `batch` of them.
+        let batch = if config.cluster {
+            1
+        } else {
+            config.batch.max(1)
+        };
+        let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+        for (i, o) in round.iter().enumerate() {
+            match spans.last_mut() {
+                Some(span) if span.len() < batch && round[span.start].holder == o.holder => {
+                    span.end = i + 1;
+                }
+                _ => spans.push(i..i + 1),
+            }
         }
+        let mut calls: Vec<redis::Cmd> = (spans.iter())
+            .map(|span| call(&config, &round[span.clone()], batch > 1))
+            .collect();
         if let Some((replicas, timeout)) = config.wait.filter(|_| writes) {
             let mut wait = redis::cmd("WAIT");
             wait.arg(replicas).arg(timeout.as_millis() as u64);
@@ -414,8 +430,22 @@ impl<K: StoreKey> LinkThread<K> {
             }
             _ => true,
         };
+        // Each request with its answer: a batch's answer is an array of its calls'.
+        let mut answers = Vec::with_capacity(round.len());
+        for (span, value) in spans.iter().zip(&values) {
+            match value {
+                redis::Value::Array(items) if batch > 1 && items.len() == span.len() => {
+                    answers.extend(items.iter());
+                }
+                _ if batch > 1 => {
+                    self.lost(&format!("a batch answered {value:?}"), span.len());
+                    return;
+                }
+                _ => answers.push(value),
+            }
+        }
         let mut answered = 0;
-        for (o, value) in round.iter().zip(&values) {
+        for (o, value) in round.iter().zip(answers) {
             match parse(o.request.key(), value) {
                 Ok(Reply::Written { .. }) if !replicated => {
                     self.shared
@@ -456,30 +486,64 @@ fn micros(ns: u64) -> u64 {
     ns.div_ceil(1_000)
 }
 
-/// The function call for `request`.
-fn call<K>(
-    config: &RedisConfig,
-    record: &str,
-    holder: Holder,
-    request: &Request<K, Value>,
-) -> redis::Cmd {
-    let holder = format!("{}:{}", holder.switch, holder.incarnation);
+/// The function call for `requests` (of one holder): with `batch`, one call of
+/// `stateplane_batch` for all of them; without, the single function of the one request.
+fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool) -> redis::Cmd {
+    let Some(first) = requests.first() else {
+        return redis::cmd("PING");
+    };
+    let holder = format!("{}:{}", first.holder.switch, first.holder.incarnation);
     let (min, max) = (
         config.min_lease.as_micros() as u64,
         config.max_lease.as_micros() as u64,
     );
     let retain = config.retain.as_millis() as u64;
+    let mut key = Vec::new();
+    let mut record = |request: &Request<K, Value>| {
+        key.clear();
+        request.key().key_bytes(&mut key);
+        record_name(&config.prefix, &key)
+    };
     let mut cmd = redis::cmd("FCALL");
+    if batch {
+        cmd.arg("stateplane_batch").arg(requests.len());
+        for o in requests {
+            cmd.arg(record(&o.request));
+        }
+        cmd.arg(holder).arg(min).arg(max).arg(retain);
+        for o in requests {
+            let kind = match o.request {
+                Request::Acquire { .. } => "A",
+                Request::Write { .. } => "W",
+                Request::Renew { .. } => "R",
+            };
+            cmd.arg(kind);
+            own_args(&mut cmd, &o.request);
+        }
+    } else {
+        let function = match first.request {
+            Request::Acquire { .. } => "stateplane_acquire",
+            Request::Write { .. } => "stateplane_write",
+            Request::Renew { .. } => "stateplane_renew",
+        };
+        cmd.arg(function)
+            .arg(1)
+            .arg(record(&first.request))
+            .arg(holder);
+        own_args(&mut cmd, &first.request);
+        cmd.arg(min).arg(max).arg(retain);
+    }
+    cmd
+}
+
+/// A request's own arguments, in the order both the single functions and the batch take
+/// them.
+fn own_args<K>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
     match request {
         Request::Acquire {
             lease_ns, nonce, ..
         } => {
-            cmd.arg("stateplane_acquire").arg(1).arg(record).arg(holder);
-            cmd.arg(micros(*lease_ns))
-                .arg(*nonce)
-                .arg(min)
-                .arg(max)
-                .arg(retain);
+            cmd.arg(micros(*lease_ns)).arg(*nonce);
         }
         Request::Write {
             epoch,
@@ -488,9 +552,8 @@ fn call<K>(
             lease_ns,
             ..
         } => {
-            cmd.arg("stateplane_write").arg(1).arg(record).arg(holder);
             cmd.arg(*epoch).arg(seq.to_string()).arg(value.as_slice());
-            cmd.arg(micros(*lease_ns)).arg(min).arg(max).arg(retain);
+            cmd.arg(micros(*lease_ns));
         }
         Request::Renew {
             epoch,
@@ -498,16 +561,9 @@ fn call<K>(
             nonce,
             ..
         } => {
-            cmd.arg("stateplane_renew").arg(1).arg(record).arg(holder);
-            cmd.arg(*epoch)
-                .arg(micros(*lease_ns))
-                .arg(*nonce)
-                .arg(min)
-                .arg(max)
-                .arg(retain);
+            cmd.arg(*epoch).arg(micros(*lease_ns)).arg(*nonce);
         }
     }
-    cmd
 }
 
 /// A function's answer, read with every element checked.

@@ -154,6 +154,14 @@ fn the_functions_answer_as_the_memory_store_does() {
     let from_redis = life(&mut redis.link::<u128>().unwrap());
     let from_memory = life(&mut memory.link());
     assert_eq!(from_redis, from_memory);
+    // The single functions, one flow a call, answer as the batch does.
+    server.cli(&["flushall"]);
+    let single = RedisStore::connect(RedisConfig {
+        batch: 1,
+        ..redis_config(&server)
+    })
+    .unwrap();
+    assert_eq!(life(&mut single.link::<u128>().unwrap()), from_memory);
     // And the life is what the protocol says.
     let every_byte: Vec<u8> = (0..=255).collect();
     assert!(matches!(
@@ -197,6 +205,43 @@ fn many_requests_share_a_round_trip() {
     );
     let c = link.counters();
     assert!(c.round_trips < 10, "{c:?}");
+    // Writes and renewals of every flow, mixed, in one send: each answered in its kind.
+    let mut requests: Vec<Request<u32, Value>> = Vec::new();
+    for r in &out {
+        if let Reply::Granted { key, epoch, .. } = *r {
+            requests.push(if key % 2 == 0 {
+                Request::Write {
+                    key,
+                    epoch,
+                    seq: 1,
+                    value: key.to_le_bytes().to_vec(),
+                    lease_ns: 1_000 * MS,
+                }
+            } else {
+                Request::Renew {
+                    key,
+                    epoch,
+                    lease_ns: 1_000 * MS,
+                    nonce: 3,
+                }
+            });
+        }
+    }
+    link.send(A, &mut requests);
+    let mut answers = Vec::new();
+    let start = std::time::Instant::now();
+    while answers.len() < 2_000 && start.elapsed() < Duration::from_secs(5) {
+        link.receive(&mut answers);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(answers.len(), 2_000);
+    for a in &answers {
+        match a {
+            Reply::Written { key, seq: 1, .. } => assert_eq!(key % 2, 0),
+            Reply::Renewed { key, nonce: 3, .. } => assert_eq!(key % 2, 1),
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -1190,8 +1190,14 @@ mod tests {
             Arc::clone(&counters),
             None,
         );
-        let worker = Worker::new(Box::new(Tally::default()), 0, 1, 2, FlowHasher::with_seed(7))
-            .with_state_stages(vec![Box::new(stage)]);
+        let worker = Worker::new(
+            Box::new(Tally::default()),
+            0,
+            1,
+            2,
+            FlowHasher::with_seed(7),
+        )
+        .with_state_stages(vec![Box::new(stage)]);
         (worker, open, counters)
     }
 
@@ -1258,13 +1264,7 @@ mod tests {
         w.handle(&mut b);
         assert_eq!(
             out(&b),
-            [
-                (1, 12, 4),
-                (0, 9, 6),
-                (0, 10, 7),
-                (0, 11, 8),
-                (0, 13, 9)
-            ]
+            [(1, 12, 4), (0, 9, 6), (0, 10, 7), (0, 11, 8), (0, 13, 9)]
         );
         assert_eq!(w.holding(), 0);
         assert_eq!(w.stats.get(Counter::TxPackets), 13);
