@@ -616,6 +616,88 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
     );
 }
 
+/// `counter` with its flows replicated to a redis-server on the controller, on live ports
+/// (AF_PACKET): each output waits for its flow's write to be acknowledged (held across
+/// bursts, the worker going on meanwhile), yet TCP through it delivers every byte and every
+/// ping is answered; SIGTERM hands back what is held, and the report shows no packet
+/// dropped, outputs held, and the flows in the store.
+#[test]
+fn replicated_counter_on_live_ports_holds_outputs_for_redis_and_delivers_tcp_whole() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require("redis-server");
+    let lab = Lab::up_edited("line.toml", "trepl", Some("afpacket"), |t| {
+        t.replace(
+            "[switch.program]\nname = \"forward\"",
+            "[switch.program]\nname = \"counter\"\n[switch.program.counter]\n\
+             map = { p0 = \"p1\", p1 = \"p0\" }\n[switch.guarantees]\nflows = [\"replicated\"]\n\
+             [switch.replication]\nstore = \"redis://198.19.255.1:6390/\"\nlease_ms = 200",
+        )
+        .replace(
+            "[controller]\nname = \"c1\"",
+            "[controller]\nname = \"c1\"\nredis = 6390",
+        )
+    });
+    let (sent, received) = exact_transfer(&lab, 5 << 20, 5303);
+    assert!(sent.starts_with(&format!("{} ", 5 << 20)), "client: {sent}");
+    assert_eq!(sent, received, "every byte arrives, in order, unchanged");
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "50", "-i", "0.01", "-W", "2", "198.18.0.2"],
+    );
+    assert!(
+        text(&ping).contains("50 received"),
+        "{}\nthe switch's log:\n{}",
+        text(&ping),
+        std::fs::read_to_string(lab_file(&lab, "s1.log")).unwrap_or_default()
+    );
+    let records = lab.exec(
+        "c1",
+        &["redis-cli", "-h", "198.19.255.1", "-p", "6390", "dbsize"],
+    );
+    let records: u64 = String::from_utf8_lossy(&records.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        records >= 3,
+        "the TCP connection's, ping's and ARP's flows: {records}"
+    );
+    let pid = lab.switch_pid("s1").to_string();
+    assert!(kill("-TERM", &pid));
+    let log = lab_file(&lab, "s1.log");
+    let mut text_log = String::new();
+    for _ in 0..100 {
+        text_log = std::fs::read_to_string(&log).unwrap();
+        if text_log.contains("packets held at most") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The figures of the report's replication block, each after its words.
+    let block = text_log
+        .split_once("replication to redis://198.19.255.1:6390/:")
+        .map_or("", |(_, b)| b);
+    let after = |key: &str| -> u64 {
+        let at = block
+            .find(key)
+            .unwrap_or_else(|| panic!("{key}: {text_log}"));
+        block[at + key.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(!block.is_empty(), "{text_log}");
+    assert_eq!(after("dropped unreplicated"), 0, "{text_log}");
+    assert!(after("packets ") > 3_000, "{text_log}");
+    assert!(
+        after("for the store") > 0,
+        "outputs waited for their writes: {text_log}"
+    );
+    assert!(after("packets held at most") > 0, "{text_log}");
+}
+
 /// Two workers on single-queue veths: `io = "auto"` falls back to AF_PACKET (saying why),
 /// the fanout group spreads connections over both workers, and TCP still arrives whole.
 #[test]

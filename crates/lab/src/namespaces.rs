@@ -199,11 +199,66 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
             ])?;
         }
     }
+    if let (Some(c), Some((caddr, _))) = (&t.controller, t.management()?)
+        && let Some(port) = c.redis
+    {
+        start_redis(t, &c.name, caddr.trim_end_matches("/24"), port)?;
+    }
     for s in &t.switch {
         start_switch(t, s, stateplane)?;
     }
     wait_for_carrier(t);
     Ok(())
+}
+
+/// Starts redis-server in the controller's namespace at `addr:port` (no persistence; its
+/// log in the lab's directory) and waits (5 s at most) until it answers. `down` stops it
+/// with the namespace's other processes.
+fn start_redis(t: &Topology, controller: &str, addr: &str, port: u16) -> Result<(), String> {
+    let ns = t.namespace(controller);
+    let log_path = state_dir(&t.name).join(format!("{controller}-redis.log"));
+    let log =
+        fs::File::create(&log_path).map_err(|e| format!("creating {}: {e}", log_path.display()))?;
+    let port = port.to_string();
+    Command::new("ip")
+        .args(["netns", "exec", &ns, "redis-server", "--bind", addr])
+        .args(["--port", &port, "--save", "", "--appendonly", "no"])
+        // The management network is the lab's own, with no route out: the switches reach
+        // the server there, not on its loopback, which protected mode would refuse.
+        .args(["--protected-mode", "no"])
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            format!("starting redis-server in {ns}: {e} (apt-get install redis-server)")
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let pong = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "redis-cli",
+                "-h",
+                addr,
+                "-p",
+                &port,
+                "ping",
+            ])
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"PONG"));
+        if pong {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "redis-server in {ns} did not answer at {addr}:{port} within 5 s; see {}",
+        log_path.display()
+    ))
 }
 
 /// Waits (at most 3 s) until every link end has carrier: a veth reports it a moment after
@@ -261,7 +316,11 @@ pub fn start_switch(
     // `stateplane lab exec LAB s1 curl 127.0.0.1:9464/metrics`.
     config.insert("metrics".into(), METRICS.into());
     config.insert("program".into(), toml::Value::Table(s.program.clone()));
-    for (key, table) in [("guarantees", &s.guarantees), ("sync", &s.sync)] {
+    for (key, table) in [
+        ("guarantees", &s.guarantees),
+        ("sync", &s.sync),
+        ("replication", &s.replication),
+    ] {
         if let Some(t) = table {
             config.insert(key.into(), toml::Value::Table(t.clone()));
         }

@@ -70,6 +70,9 @@ pub struct Switch {
     /// controller: `collector = "198.19.255.1:7474"`).
     pub guarantees: Option<toml::Table>,
     pub sync: Option<toml::Table>,
+    /// Its `[replication]` table (replicated state, e.g. to the controller's Redis:
+    /// `store = "redis://198.19.255.1:6379/"`).
+    pub replication: Option<toml::Table>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -97,6 +100,9 @@ pub struct Controller {
     /// .2 upwards in file order.
     #[serde(default = "default_mgmt")]
     pub subnet: String,
+    /// A redis-server on the controller, at its management address and this port, started
+    /// before the switches (the store of their replicated state).
+    pub redis: Option<u16>,
 }
 
 fn default_mgmt() -> String {

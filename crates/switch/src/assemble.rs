@@ -102,7 +102,7 @@ impl Switch {
             .transpose()?;
         let (flows, tap) = flows.unzip();
         let sync = sync_plan(&cfg, &factory, workers)?;
-        let replication = replication_plan(&cfg, &factory, live)?;
+        let replication = replication_plan(&cfg, &factory)?;
         let mut state_stages: Vec<_> = sync
             .as_ref()
             .map(SyncPlan::factory)
@@ -161,6 +161,7 @@ impl Switch {
                 monitor_buffer: cfg.capture_buffer.unwrap_or_default().0,
                 flows: None,
                 sync: sync.clone(),
+                replication: replication.clone(),
             }))
         } else {
             open_files(&ports, options.control_pcap.as_deref())?
@@ -271,7 +272,6 @@ fn load_program(
 fn replication_plan(
     cfg: &RunConfig,
     factory: &ProgramFactory,
-    live: bool,
 ) -> SetupResult<Option<ReplicationPlan>> {
     let replicated = (factory(0).declarations().into_iter())
         .any(|d| d.guarantees.contains(&Guarantee::Replicated));
@@ -281,7 +281,7 @@ fn replication_plan(
              the packets of replicated flows, and no state is replicated: name the state in \
              [guarantees] (e.g. flows = [\"replicated\"] for counter)"
             .into()),
-        (settings, true) => Ok(Some(settings.clone().unwrap_or_default().plan(live)?)),
+        (settings, true) => Ok(Some(settings.clone().unwrap_or_default().plan()?)),
         (Some(_), false) => Err("replication: a [replication] section, but no state is \
                                  replicated: name the state in [guarantees] (e.g. flows = \
                                  [\"replicated\"] for counter), or remove [replication]"

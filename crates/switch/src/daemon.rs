@@ -176,6 +176,8 @@ pub struct LiveRun {
     pub flows: Option<FlowExport>,
     /// The sync stages' plan (its stages are in `runtime`), for the summary.
     pub sync: Option<crate::sync_stage::SyncPlan>,
+    /// The replication stages' plan, for the report.
+    pub replication: Option<crate::replication_stage::ReplicationPlan>,
 }
 
 /// Where the control API listens.
@@ -293,8 +295,8 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         report,
         flows: run.flows.map(FlowExport::finish),
         sync: run.sync.as_ref().map(crate::sync_stage::SyncPlan::report),
-        // Replicated state is refused on interfaces (`ReplicationSettings::plan`).
-        replication: None,
+        replication: (run.replication.as_ref())
+            .map(crate::replication_stage::ReplicationPlan::report),
         live: true,
         records_to_stdout,
     })

@@ -276,6 +276,7 @@ impl FlowMonitor {
                     // The records' summary comes with the run's.
                     flows: Some(export),
                     sync: None,
+                    replication: None,
                 })?;
                 return Ok(MonitorOutcome::Live(Box::new(outcome)));
             }

@@ -10,10 +10,9 @@
 //! cannot be (its flow's lease lost, the store out of reach past `park_timeout_ms`) is
 //! dropped as `unreplicated`.
 //!
-//! The burst waits for its round trips to the store, in order, so an offline run keeps its
-//! output order; a live port cannot wait so, and holding packets across bursts (where a
-//! live worker goes on with others) is not built yet: replicated state on interfaces is
-//! refused.
+//! The worker never waits for the store: a packet that must wait (for its flow's lease,
+//! or its output for the write's answer) is held across bursts ([`Held`]) and put back
+//! into a later one in its flow's order, on capture files and on interfaces alike.
 //!
 //! Must never: let an output leave before the store has the state it reflects; process a
 //! packet of a flow whose lease this worker does not hold; wait for ever.
@@ -166,16 +165,7 @@ fn hex(bytes: &[u8]) -> String {
 impl ReplicationSettings {
     /// Checks the section (errors name the key and the fix) and connects to the store, so
     /// that a store out of reach is refused before the run starts.
-    pub fn plan(&self, live: bool) -> Result<ReplicationPlan, String> {
-        if live {
-            return Err(
-                "guarantees: replicated state on interfaces is not built yet (a live \
-                        worker cannot wait for the store with its burst, and holding packets \
-                        across bursts is still to come); replicated state runs over capture \
-                        files today"
-                    .into(),
-            );
-        }
+    pub fn plan(&self) -> Result<ReplicationPlan, String> {
         match self.mode.as_deref() {
             None | Some("linearizable") => {}
             Some("bounded") => {
