@@ -559,5 +559,6 @@ fn without_fencing_some_histories_are_not_linearizable() {
     let caught = (0..seeds().min(1_000))
         .filter(|&seed| run(seed, false).violation.is_some())
         .count();
+    eprintln!("with fencing off, {caught} of the first 1,000 seeds' runs are not linearizable");
     assert!(caught > 0, "nothing found wrong with fencing off");
 }
