@@ -1263,6 +1263,41 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_drops_what_waits_for_the_old_instance_and_the_flows_go_on_from_the_store() {
+        let (mut w, open, counters) = worker(60_000_000_000);
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(0, 1)]);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(0, 1, 1)]);
+        // Flow 0's next outputs wait for their write; flow 1's packet for its lease.
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(&[(0, 2), (1, 3), (0, 4)]);
+        w.handle(&mut b);
+        assert!(b.is_empty());
+        assert_eq!(w.holding(), 3);
+        // A reload: the new instance's state starts afresh, so nothing held for the old
+        // one may leave; each leaves as a drop, counted, with the next bursts.
+        w.replace_program(Box::new(Tally::default()), || Box::new(Tally::default()));
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        assert_eq!(w.holding(), 0);
+        assert_eq!(b.len(), 3);
+        assert!(out(&b).is_empty());
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(w.stats.drops[usize::from(DropReason::UNREPLICATED.0)], 3);
+        // The flows go on from the store: flow 0 took the lease again with its count.
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(0, 5)]);
+        w.handle(&mut b);
+        let mut b2 = Burst::with_capacity(64);
+        w.handle(&mut b2);
+        let left: Vec<_> = out(&b).into_iter().chain(out(&b2)).collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!((left[0].0, left[0].1), (0, 5));
+        assert!(left[0].2 >= 2, "counts on from the store's: {left:?}");
+    }
+
+    #[test]
     fn packets_held_past_the_park_timeout_leave_as_drops_counted() {
         let (mut w, _shut, counters) = worker(1_000_000);
         let mut b = burst(&[(0, 1), (1, 2), (0, 3)]);
