@@ -191,6 +191,54 @@ fn counter_replicated_to_redis_leaves_every_count_in_the_store_for_the_next_swit
     assert_eq!(counts.iter().map(|c| c.0).sum::<u64>(), 2 * packets_in);
 }
 
+/// Two workers, each holding outputs for Redis, finish an offline run with every packet
+/// forwarded: a worker's held packets wait for its next round's burst, never put it a
+/// round ahead of the other at the output (which would stall the run).
+#[test]
+fn two_workers_holding_outputs_for_redis_forward_every_packet_and_finish() {
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let store = format!("{REPLICATED}[replication]\nstore = \"{}\"\n", server.url());
+    let (config, out) = counter_run("rep-two", 50_000, 500, &store);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("workers = 2\n{text}")).unwrap();
+    let mut run = bin()
+        .args(["run", "--json", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while run.try_wait().unwrap().is_none() {
+        if start.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = run.kill();
+            panic!("the run did not finish within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let output = run.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let c = &summary["counters"];
+    assert_eq!(c["rx_packets"], 50_000, "{summary}");
+    assert_eq!(c["tx_packets"], 50_000, "{summary}");
+    assert!(
+        summary["replication"]["held_most"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    // The capture holds every packet: 24 bytes of header, then each with 16 of its own.
+    let written = std::fs::metadata(&out).unwrap().len();
+    let trace = std::fs::metadata(tmp("rep-two.pcap")).unwrap().len();
+    assert_eq!(
+        written, trace,
+        "the output holds the input's packets, all of them"
+    );
+}
+
 /// The store killed in the middle of a run (SIGKILL) and started again from its append-only
 /// file: the switch goes on, holds what waits for it, drops (and counts) what waited past
 /// `park_timeout_ms`, connects again and finishes; no packet is unaccounted for, and every

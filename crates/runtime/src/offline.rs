@@ -123,6 +123,13 @@ impl WorkerPorts for FromDispatcher {
         // The output stage gone means the run is ending; the dispatcher sees it too.
         let _ = self.output.send(std::mem::take(burst));
     }
+
+    /// A burst of its own mid-run would put this worker a round ahead of the others at
+    /// the output, which waits for each worker's burst of a round in turn: its queue
+    /// would fill, then the dispatcher's to it, and the others would starve.
+    fn takes_extra_bursts(&self) -> bool {
+        false
+    }
 }
 
 /// The dispatcher: merges the input ports by timestamp, parses, shards, and sends rounds.

@@ -159,6 +159,15 @@ pub trait WorkerPorts: Send {
     /// stages' sockets) to be readable, at most `timeout`.
     fn wait(&mut self, _timeout: Duration, _also: &[std::os::fd::RawFd]) {}
 
+    /// Whether a burst may be sent that no `receive` handed over (a state stage's held
+    /// packets, ready while the last burst had no room). An offline run's output merges
+    /// each worker's bursts round by round, so there held packets wait for the next
+    /// round's burst (made with room for them), and go in bursts of their own only once
+    /// the inputs have ended.
+    fn takes_extra_bursts(&self) -> bool {
+        true
+    }
+
     /// The stop flag rose: take no new input (what is queued may still come).
     fn stop(&mut self) {}
 
@@ -399,7 +408,7 @@ pub fn run_worker(
 /// Held packets ready to go back go in a burst of their own, when the last had no room
 /// for them (or none came).
 fn send_released(worker: &mut Worker, ports: &mut dyn WorkerPorts, burst: &mut Burst, size: usize) {
-    if worker.releasable() {
+    if worker.releasable() && ports.takes_extra_bursts() {
         send_held(worker, ports, burst, size);
     }
 }
