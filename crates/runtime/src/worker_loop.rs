@@ -18,7 +18,8 @@
 //!
 //! Held packets: a state stage that holds packets across bursts puts them back into later
 //! ones; when they are ready and the last burst had no room, the loop hands the stage a
-//! burst of their own, and before the worker ends it does so until the stages hold none.
+//! burst of their own (where the ports take one: [`WorkerPorts::takes_extra_bursts`]), and
+//! before the worker ends it does so until the stages hold none.
 //!
 //! Stopping drains: once the stop flag rises the ports are told ([`WorkerPorts::stop`]: a
 //! file source ends there, a queue keeps what is in it), and the loop goes on until a pass
