@@ -92,6 +92,17 @@ fn run_json(config: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&stdout).unwrap()
 }
 
+/// `stateplane run --json` on `config`, its output and errors piped, not waited for.
+fn spawn_run(config: &std::path::Path) -> std::process::Child {
+    bin()
+        .args(["run", "--json", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 const REPLICATED: &str = "[guarantees]\nflows = [\"replicated\"]\n";
 
 /// `counter` with its flows replicated on the embedded memory store forwards exactly what
@@ -201,13 +212,7 @@ fn two_workers_holding_outputs_for_redis_forward_every_packet_and_finish() {
     let (config, out) = counter_run("rep-two", 50_000, 500, &store);
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, format!("workers = 2\n{text}")).unwrap();
-    let mut run = bin()
-        .args(["run", "--json", "--config"])
-        .arg(&config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = spawn_run(&config);
     let start = std::time::Instant::now();
     while run.try_wait().unwrap().is_none() {
         if start.elapsed() > std::time::Duration::from_secs(60) {
@@ -251,13 +256,7 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
         server.url()
     );
     let (config, out) = counter_run("rep-lost", 600_000, 2_000, &store);
-    let run = bin()
-        .args(["run", "--json", "--config"])
-        .arg(&config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let run = spawn_run(&config);
     // Lost once the run is under way (its first flows are in the store).
     let start = std::time::Instant::now();
     while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < 100 {
