@@ -662,6 +662,18 @@ fn replicated_counter_on_live_ports_holds_outputs_for_redis_and_delivers_tcp_who
         records >= 3,
         "the TCP connection's, ping's and ARP's flows: {records}"
     );
+    // The stage's counts are on the metrics endpoint while it runs.
+    let metrics = metric_lines(&lab, "s1");
+    let writes: u64 = (metrics.lines())
+        .find_map(|l| l.strip_prefix("stateplane_replication_writes_total "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(writes > 0, "{metrics}");
+    assert!(
+        (metrics.lines()).any(|l| l.starts_with("stateplane_replication_held ")),
+        "{metrics}"
+    );
     let pid = lab.switch_pid("s1").to_string();
     assert!(kill("-TERM", &pid));
     let log = lab_file(&lab, "s1.log");

@@ -224,7 +224,15 @@ impl Switch {
         if let Some(addr) = metrics_addr {
             let drop_reasons = factory(0).drop_reasons();
             let sync = sync.as_ref().map(|s| s.counters.clone());
-            metrics::serve(addr, handle.clone(), drop_reasons, port_names.clone(), sync)?;
+            let replication = replication.as_ref().map(|r| r.counters.clone());
+            metrics::serve(
+                addr,
+                handle.clone(),
+                drop_reasons,
+                port_names.clone(),
+                sync,
+                replication,
+            )?;
             log::info!("metrics on http://{addr}/metrics");
         }
         let report = run_offline(&runtime, ports, &factory, &handle);

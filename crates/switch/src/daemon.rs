@@ -241,6 +241,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
             run.factory.as_ref()(0).drop_reasons(),
             run.port_names.clone(),
             run.sync.as_ref().map(|s| s.counters.clone()),
+            run.replication.as_ref().map(|r| r.counters.clone()),
         )?;
         log::info!("metrics on http://{addr}/metrics");
     }

@@ -4,6 +4,7 @@
 //! on the packet path: a scrape reads the counters the workers publish.
 
 use crate::redis_mirror::RedisCounters;
+use crate::replication_stage::ReplicationCounters;
 use crate::sync_stage::SyncCounters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
@@ -42,6 +43,8 @@ struct Scrape {
     ports: Vec<String>,
     /// The sync stages' counters, where state is synced.
     sync: Option<Arc<SyncCounters>>,
+    /// The replication stages' counters, where state is replicated.
+    replication: Option<Arc<ReplicationCounters>>,
 }
 
 impl fmt::Debug for Scrape {
@@ -188,6 +191,101 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     )
 }
 
+/// The replication stages' counters of a switch (`replicated` state).
+fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt::Result {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    for (name, help, value) in [
+        (
+            "packets",
+            "Packets of replicated flows processed",
+            &c.processed,
+        ),
+        (
+            "waited_for_lease",
+            "Packets held for their flow's lease",
+            &c.waited_for_lease,
+        ),
+        (
+            "waited_for_store",
+            "Outputs held until the store acknowledged their writes",
+            &c.waited_for_store,
+        ),
+        (
+            "dropped",
+            "Packets of replicated flows dropped as unreplicated (held too long or too many, their flow's lease lost)",
+            &c.dropped,
+        ),
+        (
+            "writes",
+            "Writes sent to the store (one a flow while none is on its way)",
+            &c.writes,
+        ),
+        (
+            "coalesced",
+            "Changes folded into a flow's waiting write",
+            &c.coalesced,
+        ),
+        ("acquires", "Leases asked for", &c.acquires),
+        (
+            "migrated",
+            "Leases granted with state from the store",
+            &c.migrated,
+        ),
+        (
+            "waited",
+            "Leases granted after another holder's had passed",
+            &c.waited,
+        ),
+        ("renewals", "Leases renewed", &c.renewals),
+        (
+            "fenced",
+            "Requests refused by the store as from a former holder",
+            &c.fenced,
+        ),
+        (
+            "retransmits",
+            "Requests sent again, unanswered",
+            &c.retransmits,
+        ),
+        ("round_trips", "Round trips to the store", &c.round_trips),
+        (
+            "store_errors",
+            "Errors of the links to the store (a lost server)",
+            &c.store_errors,
+        ),
+        (
+            "reconnects",
+            "Times a link to the store connected again",
+            &c.reconnects,
+        ),
+        (
+            "states_refused",
+            "States from the store the program refused to install",
+            &c.install_refused,
+        ),
+    ] {
+        single(
+            e,
+            &format!("stateplane_replication_{name}"),
+            help,
+            get(value),
+        )?;
+    }
+    let no_labels: Vec<(&'static str, String)> = Vec::new();
+    gauge(
+        e,
+        "stateplane_replication_held",
+        "Packets the workers hold across bursts now (for a lease, or for the store)",
+        vec![(no_labels.clone(), get(&c.held))],
+    )?;
+    gauge(
+        e,
+        "stateplane_replication_held_most",
+        "The most packets one worker held at once",
+        vec![(no_labels, get(&c.held_most))],
+    )
+}
+
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let total = self.handle.totals();
@@ -241,6 +339,9 @@ impl Collector for Scrape {
         }
         if let Some(sync) = &self.sync {
             encode_sync(&mut e, sync)?;
+        }
+        if let Some(replication) = &self.replication {
+            encode_replication(&mut e, replication)?;
         }
         Ok(())
     }
@@ -401,6 +502,7 @@ pub fn serve(
     drop_names: &'static [&'static str],
     ports: Vec<String>,
     sync: Option<Arc<SyncCounters>>,
+    replication: Option<Arc<ReplicationCounters>>,
 ) -> Result<(), String> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Scrape {
@@ -408,6 +510,7 @@ pub fn serve(
         drop_names,
         ports,
         sync,
+        replication,
     }));
     serve_registry(addr, registry)
 }
@@ -457,6 +560,11 @@ mod tests {
             drop_names: &["say \"no\""],
             ports: Vec::new(),
             sync: Some(Arc::new(SyncCounters::default())),
+            replication: Some(Arc::new(ReplicationCounters {
+                writes: 5.into(),
+                held: 2.into(),
+                ..ReplicationCounters::default()
+            })),
         }));
         let body = render(&registry);
         assert!(
@@ -464,6 +572,14 @@ mod tests {
                 .any(|l| l == "stateplane_sync_messages_total 0"),
             "{body}"
         );
+        for line in [
+            "stateplane_replication_writes_total 5",
+            "stateplane_replication_dropped_total 0",
+            "# TYPE stateplane_replication_held gauge",
+            "stateplane_replication_held 2",
+        ] {
+            assert!(body.lines().any(|l| l == line), "{line}: {body}");
+        }
         for line in [
             "# HELP stateplane_rx_packets_total Packets received by the workers",
             "# TYPE stateplane_rx_packets_total counter",
