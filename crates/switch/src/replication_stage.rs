@@ -419,6 +419,15 @@ impl ReplicationReport {
     }
 }
 
+/// Keeps the burst's packets whose `keep` is true, in order (`keep` has one per packet).
+fn retain_kept(burst: &mut Burst, keep: &[bool]) {
+    let mut i = 0;
+    burst.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
 /// What the stage keeps of a packet it holds.
 struct Hold {
     key: FlowBytes,
@@ -494,6 +503,9 @@ struct ReplicationStage {
     /// their slots.
     spare: Burst,
     front: Vec<Option<Slot>>,
+    /// Per packet of the burst: whether it stays in it (kept across bursts: no
+    /// allocation a burst).
+    keep: Vec<bool>,
     requests: Vec<Request<FlowBytes, Value>>,
     replies: Vec<Reply<FlowBytes, Value>>,
     history: Option<Arc<Mutex<History>>>,
@@ -527,6 +539,7 @@ impl ReplicationStage {
             ready_out: VecDeque::new(),
             spare: Burst::default(),
             front: Vec::new(),
+            keep: Vec::new(),
             requests: Vec::new(),
             replies: Vec::new(),
             history,
@@ -829,7 +842,8 @@ impl StateStage for ReplicationStage {
         // Packets not processed now leave the burst: held, or dropped (to leave as drops
         // at the end of the burst, counted there).
         let call_ns = wall_ns();
-        let mut keep = Vec::with_capacity(self.slots.len());
+        let mut keep = std::mem::take(&mut self.keep);
+        keep.clear();
         // With a history, a flow's packets after its first of the burst wait for the next
         // (so that each one's state after it is known: a flow's last of a burst).
         let mut flows = HashSet::new();
@@ -873,16 +887,13 @@ impl StateStage for ReplicationStage {
             }
             keep.push(false);
         }
-        let mut i = 0;
-        burst.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
+        retain_kept(burst, &keep);
         let mut i = 0;
         self.slots.retain(|_| {
             i += 1;
             keep[i - 1]
         });
+        self.keep = keep;
         // Held packets whose lease has come go in front.
         let mut front = std::mem::take(&mut self.front);
         self.put_ready_in_front(burst, &mut front);
@@ -967,7 +978,8 @@ impl StateStage for ReplicationStage {
             }
         }
         let return_ns = wall_ns();
-        let mut keep = Vec::with_capacity(self.slots.len());
+        let mut keep = std::mem::take(&mut self.keep);
+        keep.clear();
         let mut dropped = 0;
         for i in 0..self.slots.len() {
             let Some(slot) = &self.slots[i] else {
@@ -1005,11 +1017,8 @@ impl StateStage for ReplicationStage {
             }
         }
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
-        let mut i = 0;
-        burst.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
+        retain_kept(burst, &keep);
+        self.keep = keep;
         // Held outputs free to leave go behind the burst's own, as many as fit.
         while let Some(&token) = self.ready_out.front() {
             let Some(p) = self.held.get(token) else {
