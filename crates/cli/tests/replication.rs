@@ -579,3 +579,144 @@ fn bench_replication_runs_counter_three_ways_and_checks_the_counts() {
         "--bursts: '0' is not a burst size from 1 to 1024",
     );
 }
+
+/// Writes `connections` TCP connections' packets from one side as a capture: from the
+/// inside (198.18.0.1, port 10000 + i, to 198.19.0.1:80), each connection's SYN; from the
+/// outside, each one's SYN-ACK then `more` ACKs carrying data.
+fn write_one_side(path: &std::path::Path, connections: u16, inside: bool, more: u16) {
+    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    let client = Hosts {
+        src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+        dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
+        vlan: 0,
+        src: std::net::Ipv4Addr::new(198, 18, 0, 1).into(),
+        dst: std::net::Ipv4Addr::new(198, 19, 0, 1).into(),
+        ttl: 64,
+    };
+    let server = Hosts {
+        src_mac: client.dst_mac,
+        dst_mac: client.src_mac,
+        src: client.dst,
+        dst: client.src,
+        ..client
+    };
+    let mut w =
+        stateplane_io::pcap::PcapWriter::new(std::fs::File::create(path).unwrap(), true).unwrap();
+    let mut ts = 1_000_000_000;
+    for round in 0..=more {
+        for c in 0..connections {
+            let port = 10_000 + c;
+            let (hosts, l4) = if inside {
+                let syn = L4::Tcp {
+                    src_port: port,
+                    dst_port: 80,
+                    seq: 0,
+                    ack: 0,
+                    flags: 0x02,
+                };
+                (&client, syn)
+            } else {
+                let flags = if round == 0 { 0x12 } else { 0x10 };
+                let answer = L4::Tcp {
+                    src_port: 80,
+                    dst_port: port,
+                    seq: u32::from(round) * 100,
+                    ack: 1,
+                    flags,
+                };
+                (&server, answer)
+            };
+            let mut frame = Vec::new();
+            emit_frame(&mut frame, hosts, &l4, &[0; 100]);
+            w.write(ts, &frame, frame.len() as u32).unwrap();
+            ts += 10_000;
+        }
+        if inside {
+            break;
+        }
+    }
+}
+
+/// A `firewall` run on one side's capture (`inside`: SYNs in at port `in`; else answers
+/// in at `out`), its connections replicated to `store` (none: unreplicated).
+fn firewall_run(
+    name: &str,
+    capture: &std::path::Path,
+    inside: bool,
+    store: Option<&str>,
+) -> serde_json::Value {
+    let config = tmp(&format!("{name}.toml"));
+    let (rx_port, tx_port) = if inside { ("in", "out") } else { ("out", "in") };
+    let replicated = store.map_or(String::new(), |url| {
+        format!("[guarantees]\nconnections = [\"replicated\"]\n[replication]\nstore = \"{url}\"\nlease_ms = 200\n")
+    });
+    let mut ports = String::new();
+    for port in ["in", "out"] {
+        ports += &format!("[[port]]\nname = \"{port}\"\n");
+        if port == rx_port {
+            ports += &format!("rx = \"{}\"\n", capture.display());
+        }
+        if port == tx_port {
+            ports += &format!(
+                "tx = \"{}\"\n",
+                tmp(&format!("{name}-{port}.pcap")).display()
+            );
+        }
+    }
+    std::fs::write(
+        &config,
+        format!("[program]\nname = \"firewall\"\n{replicated}{ports}"),
+    )
+    .unwrap();
+    run_json(&config)
+}
+
+/// `firewall` with its connections replicated to a real Redis: the switch that opened
+/// connections from the inside goes away and another takes their answers from the
+/// outside; it takes each connection over from the store (after the first one's lease)
+/// and lets its answers in, writing to the store only when a connection's state moves
+/// (the answers after the SYN-ACK only read it; their packet counts stay local).
+/// Unreplicated, the second switch knows no
+/// connection and drops every answer as unsolicited.
+#[test]
+fn firewall_connections_replicated_to_redis_let_answers_in_at_another_switch() {
+    const CONNECTIONS: u16 = 300;
+    const MORE: u16 = 4;
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let (syns, answers) = (tmp("fw-rep-syns.pcap"), tmp("fw-rep-answers.pcap"));
+    write_one_side(&syns, CONNECTIONS, true, 0);
+    write_one_side(&answers, CONNECTIONS, false, MORE);
+    let answers_in = u64::from(CONNECTIONS) * u64::from(MORE + 1);
+
+    let opened = firewall_run("fw-rep-a", &syns, true, Some(&server.url()));
+    assert_eq!(
+        opened["counters"]["tx_packets"],
+        u64::from(CONNECTIONS),
+        "{opened}"
+    );
+    assert_eq!(
+        opened["replication"]["waited_for_store"],
+        u64::from(CONNECTIONS),
+        "each SYN opens a connection: a write"
+    );
+
+    let taken_over = firewall_run("fw-rep-b", &answers, false, Some(&server.url()));
+    let r = &taken_over["replication"];
+    assert_eq!(
+        taken_over["counters"]["tx_packets"], answers_in,
+        "{taken_over}"
+    );
+    assert_eq!(r["migrated"], u64::from(CONNECTIONS), "{r}");
+    assert_eq!(r["processed"], answers_in, "{r}");
+    assert_eq!(
+        r["writes"],
+        u64::from(CONNECTIONS),
+        "one write a connection (its SYN-ACK's), none for the answers after it: {r}"
+    );
+    assert_eq!(r["dropped"], 0, "{r}");
+
+    let unreplicated = firewall_run("fw-rep-c", &answers, false, None);
+    assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
+    let drops = unreplicated.to_string();
+    assert!(drops.contains("unsolicited"), "{drops}");
+}

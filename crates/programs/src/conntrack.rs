@@ -30,7 +30,10 @@
 //! flood then only displaces its own kind: established connections keep their entries,
 //! and new legitimate ones still find room.
 //!
-//! State: one table per worker (workers own connections by the connection hash).
+//! State: one table per worker (workers own connections by the connection hash),
+//! `connections`; it may be `synced`, and `replicated` (per connection, keyed by its
+//! canonical orientation; its state and flags, not its packet count, so that only a move
+//! of its state writes to the store).
 //! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
 //! `drop_invalid`, `early_drop` (default true), and timeouts in seconds: `new`, `established`, `closing`, `udp`,
 //! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
@@ -39,7 +42,7 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{Declaration, DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::tcp::flags;
@@ -125,7 +128,7 @@ impl ConnState {
 /// 5-tuple and VLAN; action its state, with its packet count, whether it was answered, and
 /// whether its originator is the key's source (all of an entry, so that an entry written
 /// back, as a migration does, is the one read).
-struct ConnCodec;
+pub(crate) struct ConnCodec;
 
 impl ConnCodec {
     fn declaration(capacity: usize) -> Declaration {
@@ -239,7 +242,7 @@ fn canonical(key: &FlowKey) -> (FlowKey, bool) {
 #[derive(Clone)]
 pub struct Conntrack {
     forward: Forward,
-    table: DeclaredTable<ConnCodec>,
+    pub(crate) table: DeclaredTable<ConnCodec>,
     drop_invalid: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
     pub expired: [u64; 6],
@@ -290,6 +293,12 @@ impl Conntrack {
 
     pub fn connections(&self) -> usize {
         self.table.len()
+    }
+
+    /// The connection a packet belongs to (either direction), as the table keys it: its
+    /// replicated key. `None` for what the tracker does not follow.
+    pub(crate) fn connection_of(&self, packet: &PacketDesc, _data: &[u8]) -> Option<FlowKey> {
+        tracked(&packet.parsed.key).then(|| canonical(&packet.parsed.key).0)
     }
 
     /// Looks at `budget` slots for connections idle past their state's timeout.
@@ -422,6 +431,8 @@ impl Program for Conntrack {
     crate::answer_by_table!(table);
 
     crate::synced_tables::synced_table_methods!(table);
+
+    crate::replicated_tables::replicated_table_methods!(table, with_counts: false, key: connection_of);
 }
 
 #[cfg(test)]
@@ -833,5 +844,96 @@ mod tests {
             assert_eq!(state(&c, port), Some(ConnState::Established), "{port}");
             assert_eq!(send(&mut c, 3 * S, false, tcp(port, false, flags::ACK)), IN);
         }
+    }
+
+    /// The replicated key of one packet (as `send` builds it).
+    fn key_of(c: &Conntrack, from_inside: bool, l4: L4) -> Option<stateplane_runtime::FlowBytes> {
+        let mut f = Vec::new();
+        emit_frame(&mut f, &hosts(from_inside), &l4, b"data");
+        let mut burst = Burst::with_capacity(4);
+        burst.push(&f, f.len() as u32, S, if from_inside { 0 } else { 1 }, 0);
+        burst.parse(&FlowHasher::with_seed(1));
+        c.replicated_key(&burst.descs()[0], burst.data(0))
+    }
+
+    /// Replicated, a connection is one flow whichever way its packets go; its state moves
+    /// with its TCP state, never with its packet count (kept here), and installed in
+    /// another tracker it lets that tracker pass the connection's answers. Bytes of no
+    /// connection are refused, and another table's name is not taken.
+    #[test]
+    fn a_replicated_connection_is_keyed_both_ways_and_carries_its_state_not_its_count() {
+        let mut a = conntrack(16);
+        assert!(
+            key_of(&a, true, tcp(7, true, flags::SYN)).is_none(),
+            "not replicated yet"
+        );
+        assert!(!a.replicate("flows"));
+        assert!(a.replicate("connections"));
+        let key = key_of(&a, true, tcp(7, true, flags::SYN)).unwrap();
+        assert_eq!(
+            key_of(&a, false, tcp(7, false, flags::SYN | flags::ACK)),
+            Some(key)
+        );
+        assert_ne!(key_of(&a, true, tcp(8, true, flags::SYN)), Some(key));
+        assert_eq!(a.replicated_state(&key), None);
+
+        assert_eq!(send(&mut a, S, true, tcp(7, true, flags::SYN)), OUT);
+        let opened = a.replicated_state(&key).unwrap();
+        assert_eq!(
+            opened.len(),
+            1 + 2 * 16,
+            "state, then answered and originator: no count"
+        );
+        send(&mut a, S, true, tcp(7, true, flags::SYN));
+        assert_eq!(
+            a.replicated_state(&key),
+            Some(opened.clone()),
+            "a count is no change"
+        );
+
+        let mut b = conntrack(16);
+        assert!(b.replicate("connections"));
+        assert_eq!(
+            send(&mut b, S, false, tcp(7, false, flags::SYN | flags::ACK)),
+            Verdict::Drop(INVALID)
+        );
+        assert!(b.install_replicated(&key, Some(&opened), S));
+        assert_eq!(state(&b, 7), Some(ConnState::New));
+        assert_eq!(
+            send(&mut b, S, false, tcp(7, false, flags::SYN | flags::ACK)),
+            IN
+        );
+        assert_eq!(send(&mut b, S, true, tcp(7, true, flags::ACK)), OUT);
+        assert_eq!(state(&b, 7), Some(ConnState::Established));
+        let established = b.replicated_state(&key).unwrap();
+        assert_ne!(established, opened);
+        // Installed over a local entry, the state moves and the local count stays.
+        let counted = b.state_of(&FlowKey::v4(
+            "198.18.0.1".parse().unwrap(),
+            "198.19.0.2".parse().unwrap(),
+            6,
+            7,
+            80,
+        ));
+        assert!(b.install_replicated(&key, Some(&opened), S));
+        let now = b.state_of(&FlowKey::v4(
+            "198.18.0.1".parse().unwrap(),
+            "198.19.0.2".parse().unwrap(),
+            6,
+            7,
+            80,
+        ));
+        assert_eq!(
+            now.map(|c| (c.state, c.packets)),
+            counted.map(|c| (ConnState::New, c.packets))
+        );
+
+        assert!(
+            !b.install_replicated(&key, Some(&opened[..17]), S),
+            "a parameter short"
+        );
+        assert!(!b.install_replicated(&key, Some(&[9]), S), "no such state");
+        assert!(b.install_replicated(&key, None, S));
+        assert_eq!(state(&b, 7), None);
     }
 }

@@ -614,13 +614,19 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
         e.problem.starts_with("'exported' is not built yet: "),
         "{e}"
     );
-    // Replication keeps counter's flows; a table no stage can replicate yet is refused.
-    let Err(e) = build_with(&[("connections", &["replicated"])]) else {
-        panic!("conntrack's table is not replicated yet")
+    // Replication keeps counter's flows and conntrack's connections; a table no stage can
+    // replicate yet is refused.
+    let Err(e) = build_program("hh", &[("sketch", &["replicated"])]) else {
+        panic!("hh's sketch is not replicated yet")
     };
     assert!(
-        e.problem.contains("`connections` cannot be replicated yet"),
+        e.problem.contains("`sketch` cannot be replicated yet"),
         "{e}"
+    );
+    let replicated = build_with(&[("connections", &["replicated"])]).unwrap();
+    assert_eq!(
+        replicated(0).declarations()[0].guarantees,
+        [Guarantee::Replicated]
     );
     let replicated = build_program("counter", &[("flows", &["replicated"])]).unwrap();
     assert_eq!(

@@ -16,7 +16,7 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, FlowBytes, PacketDesc, Program, Verdict};
+use stateplane_runtime::{Burst, Context, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::FlowKey;
@@ -82,8 +82,6 @@ impl ValueCodec for CountsCodec {
 pub struct Counter {
     forward: Forward,
     flows: DeclaredTable<CountsCodec>,
-    /// `flows` is replicated: each flow's counts, by the flow (docs/REPLICATION.md).
-    replicated: bool,
 }
 
 /// The key of a packet's flow in `flows`.
@@ -117,7 +115,6 @@ impl Counter {
                 field,
             )?,
             flows: DeclaredTable::new(ExactTable::new(cfg.capacity, &profiles, seed), declaration),
-            replicated: false,
         })
     }
 
@@ -168,26 +165,13 @@ impl Program for Counter {
 
     crate::synced_tables::synced_table_methods!(flows);
 
-    fn replicate(&mut self, name: &str) -> bool {
-        self.replicated |= name == "flows";
-        name == "flows"
-    }
+    crate::replicated_tables::replicated_table_methods!(flows, with_counts: true, key: flow_key_of);
+}
 
-    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes> {
-        if !self.replicated {
-            return None;
-        }
-        FlowBytes::new(&flow_of(&packet.parsed).to_bytes())
-    }
-
-    fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
-        self.flows
-            .replicated_state(&FlowKey::from_bytes(key.as_bytes())?)
-    }
-
-    fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
-        FlowKey::from_bytes(key.as_bytes())
-            .is_some_and(|key| self.flows.install_replicated(key, state, now_ns))
+impl Counter {
+    /// The flow a packet counts in (its replicated key).
+    fn flow_key_of(&self, packet: &PacketDesc, _data: &[u8]) -> Option<FlowKey> {
+        Some(flow_of(&packet.parsed))
     }
 }
 

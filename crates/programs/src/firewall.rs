@@ -19,7 +19,8 @@
 //!
 //! State: the policy's `rules` (read-centric, shared, from configuration and the control
 //! plane), `rule_packets`/`rule_bytes`/`rule_meters` (per worker), and `connections`
-//! (write-centric, per worker) as `conntrack` declares them.
+//! (write-centric, per worker) as `conntrack` declares them, which may be `replicated` as
+//! `conntrack`'s.
 //! Configuration: `inside` (default port 0), `rules`, `default`, `capacity` (rules) as
 //! `acl`; `connections` (per worker, default 65536) and `timeouts` as `conntrack`; `map`
 //! as `forward`.
@@ -29,7 +30,7 @@ use crate::conntrack::{Conntrack, ConntrackConfig, Refusal, Timeouts, tracked};
 use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::icmp::types;
 use std::collections::BTreeMap;
@@ -101,6 +102,11 @@ pub struct Firewall {
 }
 
 impl Firewall {
+    /// The connection a packet belongs to: its replicated key (`conntrack`'s).
+    fn connection_of(&self, packet: &PacketDesc, data: &[u8]) -> Option<stateplane_wire::FlowKey> {
+        self.conntrack.connection_of(packet, data)
+    }
+
     pub fn new(
         cfg: &FirewallConfig,
         ports: &PortNames,
@@ -213,6 +219,12 @@ impl Program for Firewall {
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
         self.conntrack.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
+
+    crate::replicated_tables::replicated_table_methods!(
+        conntrack.table,
+        with_counts: false,
+        key: connection_of
+    );
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[

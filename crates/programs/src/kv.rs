@@ -19,7 +19,8 @@
 //! sketch to a collector, not a table between workers).
 //!
 //! State: `cache` (declared; key `key`; action `value` with `len` and `value`, the value's
-//! bytes as a big-endian number; read-centric: GETs read it, PUTs write it).
+//! bytes as a big-endian number; read-centric: GETs read it, PUTs write it); it may be
+//! `replicated`, each key a flow of its own.
 //! Configuration: `server` (its address, required), `clients` and `backend` (ports,
 //! default 0 and 1), `capacity` (keys per worker, default 65536), `idle` (seconds, default
 //! 60). Drop reasons: none of its own (malformed requests go on to the server, which
@@ -28,7 +29,7 @@
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, PortId, Program, Verdict};
+use stateplane_runtime::{Burst, Context, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
 use stateplane_wire::checksum;
@@ -181,6 +182,19 @@ impl Kv {
         Message::parse(data.get(usize::from(parsed.payload_offset)..)?).ok()
     }
 
+    /// The key a GET, PUT or GET_REPLY is about (its replicated key): what the cache reads
+    /// or writes for it.
+    fn key_of(&self, packet: &PacketDesc, data: &[u8]) -> Option<u64> {
+        let to_server = packet.in_port != self.backend;
+        let m = self.message(data, &packet.parsed, to_server)?;
+        let about_cache = match m.op {
+            Op::Get | Op::Put => to_server,
+            Op::GetReply => !to_server,
+            _ => false,
+        };
+        about_cache.then_some(m.key)
+    }
+
     /// Stores `value` for `key`, or forgets the key if the value is too long to cache.
     fn store(&mut self, key: u64, value: &[u8], now: u64) {
         match Cached::of(value) {
@@ -328,6 +342,8 @@ impl Program for Kv {
     }
 
     answer_by_table!(cache);
+
+    crate::replicated_tables::replicated_table_methods!(cache, with_counts: false, key: key_of);
 }
 
 #[cfg(test)]

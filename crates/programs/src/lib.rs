@@ -26,6 +26,7 @@ pub mod lb;
 pub mod monitor;
 pub mod nat;
 pub mod pipeline;
+mod replicated_tables;
 mod report;
 pub mod router;
 pub mod sgw;
@@ -488,9 +489,10 @@ pub fn with_guarantees(
             return Err(ConfigError::new(
                 field,
                 format!(
-                    "`{name}` cannot be replicated yet: replicated state today is the table \
-                     `flows` of counter (docs/REPLICATION.md says what is built); the \
-                     other programs' tables follow"
+                    "`{name}` cannot be replicated yet: replicated state today is counter's \
+                     `flows`, conntrack's and firewall's `connections`, lb's `connections` \
+                     and kv's `cache` (docs/REPLICATION.md says what is built and what \
+                     follows)"
                 ),
             ));
         }
@@ -706,8 +708,9 @@ impl Program for Guaranteed {
     fn replicated_key(
         &self,
         packet: &stateplane_runtime::PacketDesc,
+        data: &[u8],
     ) -> Option<stateplane_runtime::FlowBytes> {
-        self.inner.replicated_key(packet)
+        self.inner.replicated_key(packet, data)
     }
 
     fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {

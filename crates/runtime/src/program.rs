@@ -304,8 +304,9 @@ pub trait Program: Send {
 
     /// The flow of the replicated state that the packet reads or writes (`None`: it
     /// touches none, and goes through as it is). Must be the same for every packet of a
-    /// flow, whichever way it travels, and read nothing but the packet.
-    fn replicated_key(&self, _packet: &PacketDesc) -> Option<FlowBytes> {
+    /// flow, whichever way it travels, and read nothing but the packet (its descriptor and
+    /// its bytes, `data`).
+    fn replicated_key(&self, _packet: &PacketDesc, _data: &[u8]) -> Option<FlowBytes> {
         None
     }
 
@@ -354,7 +355,7 @@ pub trait Running: Send {
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]);
     fn commit_synced_write(&mut self) -> u64;
     fn replicate(&mut self, name: &str) -> bool;
-    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes>;
+    fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
 }
@@ -460,8 +461,8 @@ impl<P: Program> Running for P {
     }
 
     #[inline]
-    fn replicated_key(&self, packet: &PacketDesc) -> Option<FlowBytes> {
-        Program::replicated_key(self, packet)
+    fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        Program::replicated_key(self, packet, data)
     }
 
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {

@@ -126,6 +126,9 @@ pub struct DeclaredTable<C: ExactCodec> {
     /// The data plane's clock at the last sweep: when a synced write's entries are placed
     /// (between bursts, where no packet brings the time).
     now_ns: u64,
+    /// With the table `replicated`: per action, the parameters its replicated state
+    /// leaves out (bit i: parameter i), see [`DeclaredTable::replicate`].
+    replicated: Option<Vec<u32>>,
 }
 
 impl<C: ExactCodec> DeclaredTable<C> {
@@ -137,6 +140,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
             sync: None,
             placing: Vec::new(),
             now_ns: 0,
+            replicated: None,
         }
     }
 
@@ -265,46 +269,100 @@ impl<C: ExactCodec> DeclaredTable<C> {
         placed
     }
 
+    /// Keeps the table's entries as replicated state if `name` is its own (`false`
+    /// otherwise). The counting parameters ([`ValueCodec::COUNTING`]) are part of it only
+    /// `with_counts`: where the counts are the state itself (`counter`). Where they are
+    /// statistics beside hard state (a connection's packets), they stay local, so that a
+    /// packet that only counts changes nothing the store keeps (read-centric programs).
+    pub fn replicate(&mut self, name: &str, with_counts: bool) -> bool {
+        let Kind::Table { actions, .. } = &self.decl.kind else {
+            return false;
+        };
+        if name != self.decl.name {
+            return false;
+        }
+        let left_out = |action: &Action| {
+            (action.params.iter().enumerate())
+                .filter(|(i, p)| *i < 32 && !with_counts && C::COUNTING.contains(&p.name.as_str()))
+                .fold(0u32, |mask, (i, _)| mask | 1 << i)
+        };
+        self.replicated = Some(actions.iter().map(left_out).collect());
+        true
+    }
+
+    /// Whether the table is replicated ([`DeclaredTable::replicate`]).
+    pub fn replicated(&self) -> bool {
+        self.replicated.is_some()
+    }
+
+    /// The parameters action `action`'s replicated state leaves out, and how many it has.
+    fn replicated_params(&self, action: usize) -> Option<(u32, usize)> {
+        let left_out = *self.replicated.as_ref()?.get(action)?;
+        match &self.decl.kind {
+            Kind::Table { actions, .. } => Some((left_out, actions.get(action)?.params.len())),
+            _ => None,
+        }
+    }
+
     /// A replicated flow's state (docs/REPLICATION.md): the entry of `key` as bytes, its
-    /// action (one byte) then each parameter (16 bytes, little-endian); `None` without an
-    /// entry.
+    /// action (one byte) then each parameter it keeps (16 bytes, little-endian); `None`
+    /// without an entry, or when the table is not replicated.
     pub fn replicated_state(&self, key: &C::Key) -> Option<Vec<u8>> {
         let value = self.table.get(key)?;
         let mut params = [0u128; MAX_FIELDS];
         let (action, n) = C::action_values(value, &mut params);
+        let (left_out, _) = self.replicated_params(action)?;
         let mut out = Vec::with_capacity(1 + 16 * n);
         out.push(u8::try_from(action).ok()?);
-        for p in &params[..n] {
-            out.extend_from_slice(&p.to_le_bytes());
+        for (i, p) in params[..n].iter().enumerate() {
+            if left_out & (1 << i) == 0 {
+                out.extend_from_slice(&p.to_le_bytes());
+            }
         }
         Some(out)
     }
 
     /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state`]'s
-    /// form; `None` or no bytes: no entry), in place of what the table has. Never makes
-    /// room by removing another entry (whose flow's state this worker must keep); `false`
-    /// if `state` is not an entry of this table or the table is full (nothing changed).
+    /// form; `None` or no bytes: no entry), in place of what the table has; the parameters
+    /// left out of it keep their values here (zero in a new entry). Never makes room by
+    /// removing another entry (whose flow's state this worker must keep); `false` if
+    /// `state` is not an entry of this table or the table is full (nothing changed).
     pub fn install_replicated(&mut self, key: C::Key, state: Option<&[u8]>, now_ns: u64) -> bool {
-        let Some((&action, params)) = state.and_then(<[u8]>::split_first) else {
+        let Some((&action, kept)) = state.and_then(<[u8]>::split_first) else {
             self.table.delete(&key);
             return true;
         };
-        let n = params.len() / 16;
-        let action_params = match &self.decl.kind {
-            Kind::Table { actions, .. } => actions.get(usize::from(action)).map(|a| a.params.len()),
-            _ => None,
+        let action = usize::from(action);
+        let Some((left_out, n)) = self.replicated_params(action) else {
+            return false;
         };
-        if params.len() % 16 != 0 || action_params != Some(n) {
+        let n = n.min(MAX_FIELDS);
+        if kept.len() != 16 * (n - (left_out.count_ones() as usize).min(n)) {
             return false;
         }
+        let id = self.table.find_id(&key);
         let mut values = [0u128; MAX_FIELDS];
-        for (v, bytes) in values.iter_mut().zip(params.chunks_exact(16)) {
+        if let Some(id) = id {
+            C::action_values(self.table.value(id), &mut values);
+        }
+        let mut kept = kept.chunks_exact(16);
+        for (i, v) in values[..n].iter_mut().enumerate() {
+            if left_out & (1 << i) != 0 {
+                continue;
+            }
             let mut b = [0; 16];
-            b.copy_from_slice(bytes);
+            b.copy_from_slice(kept.next().unwrap_or(&[0; 16]));
             *v = u128::from_le_bytes(b);
         }
-        let value = C::value(usize::from(action), &values[..n]);
-        if let Some(id) = self.table.find_id(&key) {
+        let value = C::value(action, &values[..n]);
+        if let Some(id) = id {
+            if self
+                .table
+                .set_profile(id, C::profile(&value), now_ns)
+                .is_err()
+            {
+                return false;
+            }
             *self.table.value_mut(id) = value;
             return true;
         }
@@ -426,6 +484,7 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             sync: self.sync.clone(),
             placing: Vec::new(),
             now_ns: self.now_ns,
+            replicated: self.replicated.clone(),
         }
     }
 }

@@ -811,7 +811,7 @@ impl StateStage for ReplicationStage {
         self.in_burst.clear();
         let now = self.now();
         for (i, d) in burst.descs().iter().enumerate() {
-            let Some(key) = program.replicated_key(d) else {
+            let Some(key) = program.replicated_key(d, burst.data(i)) else {
                 self.slots.push(None);
                 continue;
             };
@@ -1117,7 +1117,11 @@ mod tests {
             }
         }
 
-        fn replicated_key(&self, packet: &stateplane_runtime::PacketDesc) -> Option<FlowBytes> {
+        fn replicated_key(
+            &self,
+            packet: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
             Some(flow(packet.in_port))
         }
 

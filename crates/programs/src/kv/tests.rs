@@ -168,3 +168,62 @@ fn bad_settings_name_the_field() {
         Some("program.kv.capacity")
     );
 }
+
+/// Replicated, the cache is kept per key: a PUT, a GET and the server's GET_REPLY of one
+/// key share its flow whoever sends them; a PUT changes the key's state, a GET only reads
+/// it; installed on another switch, the state answers that switch's GETs.
+#[test]
+fn a_replicated_cache_keeps_each_key_as_a_flow_and_answers_from_another_switch() {
+    let mut a = kv("");
+    assert!(a.replicate("cache"));
+    let key_of = |p: &Kv, f: &[u8], port: PortId| {
+        let mut b = Burst::with_capacity(1);
+        b.push(f, f.len() as u32, 1, port, 0);
+        b.parse(&hasher());
+        p.replicated_key(&b.descs()[0], b.data(0))
+    };
+    let put = frame("198.18.0.1", true, &msg(Op::Put, 42, b"value"));
+    let get = frame("198.18.0.9", true, &msg(Op::Get, 42, b""));
+    let reply = frame("198.18.0.9", false, &msg(Op::GetReply, 42, b"value"));
+    let key = key_of(&a, &put, 0).unwrap();
+    assert_eq!(key_of(&a, &get, 0), Some(key));
+    assert_eq!(key_of(&a, &reply, 1), Some(key));
+    assert_ne!(
+        key_of(&a, &frame("198.18.0.1", true, &msg(Op::Get, 43, b"")), 0),
+        Some(key)
+    );
+    let not_kv = crate::testutil::ip_frame_with(
+        "198.18.0.1",
+        SERVER,
+        L4::Udp {
+            src_port: 5000,
+            dst_port: 53,
+        },
+        b"",
+    );
+    assert_eq!(key_of(&a, &not_kv, 0), None);
+
+    run_at(&mut a, 1, &[(put, 0)], (0, 1), 2);
+    let cached = a.replicated_state(&key).unwrap();
+    run_at(&mut a, 2, &[(get.clone(), 0)], (0, 1), 2);
+    assert_eq!(
+        a.replicated_state(&key),
+        Some(cached.clone()),
+        "a GET reads"
+    );
+
+    let mut b = kv("");
+    assert!(b.replicate("cache"));
+    assert_eq!(
+        run_at(&mut b, 3, &[(get.clone(), 0)], (0, 1), 2)[0].0,
+        Verdict::Forward(1)
+    );
+    assert!(b.install_replicated(&key, Some(&cached), 3));
+    let out = run_at(&mut b, 4, &[(get, 0)], (0, 1), 2);
+    assert_eq!(
+        out[0].0,
+        Verdict::Forward(0),
+        "answered from the installed value"
+    );
+    assert_eq!(b.cached(42), Some(b"value".to_vec()));
+}

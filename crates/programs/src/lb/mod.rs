@@ -28,7 +28,9 @@
 //! from a backend, are dropped (`no_vip`, `not_backend`), as are later fragments.
 //!
 //! State: `connections` (declared; key the client's 5-tuple; write-centric: added per
-//! connection, its timer and packet count updated by every packet) and `backends`
+//! connection, its timer and packet count updated by every packet; it may be
+//! `replicated`: its state and backend, not its count, so that established connections
+//! only read) and `backends`
 //! (declared; key address, port and protocol; action `up` or `down`; read-centric, shared
 //! by the workers, written by the control plane). Configuration: `clients` (port, default
 //! 0), `servers` (the default port of backends, default 1), `vips`, `capacity`
@@ -201,6 +203,8 @@ impl ValueCodec for AffinityCodec {
             packets: p(1) as u32,
         }
     }
+
+    const COUNTING: &'static [&'static str] = &["packets"];
 
     fn action(a: &Affinity) -> (usize, Vec<u128>) {
         (
@@ -558,6 +562,25 @@ impl Lb {
         self.connections.is_empty()
     }
 
+    /// The connection of a client's packet to a VIP, as the table keys it: its replicated
+    /// key. Answers from backends keep no state (`None`).
+    fn connection_of(&self, packet: &PacketDesc, _data: &[u8]) -> Option<FlowKey> {
+        let key = FlowKey {
+            in_port: 0,
+            ..packet.parsed.key
+        };
+        let to_vip = key.ip_version == 4
+            && matches!(key.proto, TCP | UDP)
+            && (self.pools.vip_of)
+                .get(&endpoint(
+                    [key.dst[0], key.dst[1], key.dst[2], key.dst[3]],
+                    key.dst_port,
+                    key.proto,
+                ))
+                .is_some();
+        (packet.in_port == self.clients && to_vip).then_some(key)
+    }
+
     /// A packet from a client: to the backend of its connection.
     fn toward_backend(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
         let parsed = &d.parsed;
@@ -730,6 +753,12 @@ impl Program for Lb {
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
         self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
+
+    crate::replicated_tables::replicated_table_methods!(
+        connections,
+        with_counts: false,
+        key: connection_of
+    );
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[

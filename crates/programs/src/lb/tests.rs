@@ -515,3 +515,61 @@ fn configuration_errors_name_the_field_and_the_fix() {
     .unwrap();
     assert!(err.problem.contains("65537"), "{err}");
 }
+
+/// The replicated key of one frame from `port`.
+fn replicated_key_of(lb: &Lb, frame: &[u8], port: PortId) -> Option<stateplane_runtime::FlowBytes> {
+    let mut b = Burst::with_capacity(1);
+    b.push(frame, frame.len() as u32, S, port, 0);
+    b.parse(&hasher());
+    lb.replicated_key(&b.descs()[0], b.data(0))
+}
+
+/// Replicated, a connection's affinity moves to another switch: there its packets reach
+/// the backend it was given, even where that switch's pool (one backend more) would pick
+/// another. Packets to no VIP and the backends' answers keep no state; a packet of an
+/// established connection changes nothing the store keeps (its count stays local).
+#[test]
+fn a_replicated_affinity_keeps_its_backend_on_a_switch_with_another_pool() {
+    let mut a = lb();
+    assert!(
+        !a.replicate("backends"),
+        "shared, from configuration: not per flow"
+    );
+    assert!(a.replicate("connections"));
+    let grown = CONFIG.replace(
+        "{ address = \"198.18.1.3\", port = 8080 },",
+        "{ address = \"198.18.1.3\", port = 8080 },\n  { address = \"198.18.1.4\" },",
+    );
+    let mut b = lb_with(&grown).unwrap();
+    assert!(b.replicate("connections"));
+    let mut moved = 0;
+    for i in 0..200 {
+        let key = replicated_key_of(&a, &web(i, flags::SYN), 0).unwrap();
+        let there = send(&mut a, S, &[web(i, flags::SYN)])[0].unwrap();
+        let opened = a.replicated_state(&key).unwrap();
+        send(&mut a, S, &[web(i, flags::ACK)]);
+        let established = a.replicated_state(&key).unwrap();
+        assert_ne!(established, opened, "the handshake's end moves the state");
+        send(&mut a, S, &[web(i, flags::ACK)]);
+        assert_eq!(
+            a.replicated_state(&key).unwrap(),
+            established,
+            "a count is no change"
+        );
+
+        let fresh = send(&mut lb_with(&grown).unwrap(), S, &[web(i, flags::ACK)])[0].unwrap();
+        moved += usize::from(fresh != there);
+        assert!(b.install_replicated(&key, Some(&established), S));
+        assert_eq!(
+            send(&mut b, S, &[web(i, flags::ACK)])[0],
+            Some(there),
+            "{i}"
+        );
+    }
+    assert!(moved > 10, "the grown pool picks anew for {moved} of 200");
+
+    let answer = ip_frame("198.18.1.1", "198.18.2.1", tcp(80, 30_000, flags::ACK));
+    assert_eq!(replicated_key_of(&a, &answer, 1), None);
+    let nowhere = ip_frame("198.18.2.1", "198.19.0.99", tcp(30_000, 80, flags::SYN));
+    assert_eq!(replicated_key_of(&a, &nowhere, 0), None);
+}

@@ -1,0 +1,77 @@
+//! Exact tables as replicated state: a program whose table may be configured `replicated`
+//! answers the replication stage with its [`DeclaredTable`](stateplane_state::DeclaredTable)'s
+//! entry of a packet's flow, by the key the program reads that entry with.
+//!
+//! Must never: be used by a program that keeps state derived from the table beside it
+//! (a reverse index, a port pool): an entry installed by the table alone would leave that
+//! state behind.
+
+use stateplane_runtime::FlowBytes;
+use stateplane_wire::FlowKey;
+
+/// A table key as a replicated flow's name in the store, and back.
+pub(crate) trait ReplicatedKey: Sized {
+    fn to_flow_bytes(&self) -> Option<FlowBytes>;
+    fn from_flow_bytes(bytes: &FlowBytes) -> Option<Self>;
+}
+
+impl ReplicatedKey for FlowKey {
+    fn to_flow_bytes(&self) -> Option<FlowBytes> {
+        FlowBytes::new(&self.to_bytes())
+    }
+
+    fn from_flow_bytes(bytes: &FlowBytes) -> Option<Self> {
+        FlowKey::from_bytes(bytes.as_bytes())
+    }
+}
+
+impl ReplicatedKey for u64 {
+    fn to_flow_bytes(&self) -> Option<FlowBytes> {
+        FlowBytes::new(&self.to_be_bytes())
+    }
+
+    fn from_flow_bytes(bytes: &FlowBytes) -> Option<Self> {
+        Some(u64::from_be_bytes(bytes.as_bytes().try_into().ok()?))
+    }
+}
+
+/// Inside a program's `impl Program`: the replicated-state methods of a program whose one
+/// table at `self.$table` may be replicated, its counting parameters with it or not
+/// (`$with_counts`, see `DeclaredTable::replicate`). `self.$key_of(packet, data)` is the
+/// table key of the entry a packet reads or writes (`None`: none), from the packet alone,
+/// the same for every packet of a flow whichever way it travels.
+macro_rules! replicated_table_methods {
+    ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident) => {
+        fn replicate(&mut self, name: &str) -> bool {
+            self.$($table).+.replicate(name, $with_counts)
+        }
+
+        fn replicated_key(
+            &self,
+            packet: &stateplane_runtime::PacketDesc,
+            data: &[u8],
+        ) -> Option<stateplane_runtime::FlowBytes> {
+            if !self.$($table).+.replicated() {
+                return None;
+            }
+            let key = self.$key_of(packet, data)?;
+            crate::replicated_tables::ReplicatedKey::to_flow_bytes(&key)
+        }
+
+        fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
+            let key = crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)?;
+            self.$($table).+.replicated_state(&key)
+        }
+
+        fn install_replicated(
+            &mut self,
+            key: &stateplane_runtime::FlowBytes,
+            state: Option<&[u8]>,
+            now_ns: u64,
+        ) -> bool {
+            crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)
+                .is_some_and(|key| self.$($table).+.install_replicated(key, state, now_ns))
+        }
+    };
+}
+pub(crate) use replicated_table_methods;
