@@ -288,25 +288,34 @@ fn exact_transfer_from(lab: &Lab, bytes: usize, port: u16) -> (String, String, S
     )
 }
 
-/// Runs iperf3 from h1 to h2 with `limit` (`-n BYTES` or `-t SECONDS`) over `streams`
-/// connections, calling `during` while it runs; returns the client's JSON report after
-/// checking that it completed.
-fn iperf3(lab: &Lab, limit: [&str; 2], streams: u32, during: impl FnOnce()) -> serde_json::Value {
+/// Runs iperf3 from h1 to h2 with `limit` (`-n BYTES` or `-t SECONDS`, and any other
+/// client flags) over `streams` connections, calling `during` while it runs; returns the
+/// client's JSON report after checking that it completed.
+fn iperf3(lab: &Lab, limit: &[&str], streams: u32, during: impl FnOnce()) -> serde_json::Value {
+    let out = iperf3_client(lab, limit, streams, 90, during);
+    assert!(
+        out.status.success(),
+        "iperf3 did not complete:\n{}",
+        text(&out)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// As [`iperf3`], the client stopped after `timeout_s` seconds, its output whatever it is.
+fn iperf3_client(
+    lab: &Lab,
+    limit: &[&str],
+    streams: u32,
+    timeout_s: u32,
+    during: impl FnOnce(),
+) -> Output {
     let out = lab.exec("h2", &["iperf3", "-s", "-1", "-D", "-B", "198.18.0.2"]);
     assert!(out.status.success(), "iperf3 server: {}", text(&out));
     std::thread::sleep(Duration::from_millis(300));
     let ns = format!("sp-{}-h1", lab.name);
     let client = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            "timeout",
-            "90",
-            "iperf3",
-            "-c",
-            "198.18.0.2",
-        ])
+        .args(["netns", "exec", &ns, "timeout", &timeout_s.to_string()])
+        .args(["iperf3", "-c", "198.18.0.2"])
         .args(limit)
         .args(["-P", &streams.to_string(), "-J"])
         .stdout(std::process::Stdio::piped())
@@ -314,13 +323,7 @@ fn iperf3(lab: &Lab, limit: [&str; 2], streams: u32, during: impl FnOnce()) -> s
         .spawn()
         .unwrap();
     during();
-    let out = client.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "iperf3 did not complete:\n{}",
-        text(&out)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    client.wait_with_output().unwrap()
 }
 
 fn mib(n: u64) -> u64 {
@@ -340,7 +343,7 @@ fn tcp_through_the_switch_delivers_every_byte_over_afxdp() {
 fn tcp_delivers_every_byte(io: &str, name: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up_with("line.toml", name, Some(io));
-    let report = iperf3(&lab, ["-n", "200M"], 1, || {});
+    let report = iperf3(&lab, &["-n", "200M"], 1, || {});
     let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
     // iperf3 may overshoot `-n` by up to one 128 KiB write.
     assert!(
@@ -372,7 +375,7 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
     let mut killed = String::new();
     let mut before = (0, 0);
     // Eight connections for six seconds; the busier switch dies after two.
-    let report = iperf3(&lab, ["-t", "6"], 8, || {
+    let report = iperf3(&lab, &["-t", "6"], 8, || {
         std::thread::sleep(Duration::from_millis(2000));
         let (s1, s2) = (lab.rx_packets("s1", "p0"), lab.rx_packets("s2", "p0"));
         killed = if s1 >= s2 { "s1" } else { "s2" }.to_owned();
@@ -412,6 +415,129 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
     // New connections take the survivor alone and still get through, byte for byte.
     let (sent, received) = exact_transfer(&lab, 4 << 20, 5302);
     assert_eq!(sent, received);
+}
+
+/// The dual topology with `firewall` on both parallel switches (inside toward h1), their
+/// connections replicated to a redis-server on the controller when `replicated`.
+fn dual_firewall(name: &str, replicated: bool) -> Lab {
+    if replicated {
+        require("redis-server");
+    }
+    Lab::up_edited("dual.toml", name, Some("afpacket"), |mut t| {
+        for (switch, id) in [("s1", 1), ("s2", 2)] {
+            let replication = if replicated {
+                format!(
+                    "\n[switch.guarantees]\nconnections = [\"replicated\"]\n\
+                     [switch.replication]\nstore = \"redis://198.19.255.1:6391/\"\n\
+                     lease_ms = {FAILOVER_LEASE_MS}\nswitch = {id}"
+                )
+            } else {
+                String::new()
+            };
+            t = t.replace(
+                &format!("name = \"{switch}\"\n[switch.program]\nname = \"forward\""),
+                &format!(
+                    "name = \"{switch}\"\n[switch.program]\nname = \"firewall\"\n\
+                     [switch.program.firewall]\ninside = \"p0\"{replication}"
+                ),
+            );
+        }
+        if replicated {
+            t = t.replace(
+                "[controller]\nname = \"c1\"",
+                "[controller]\nname = \"c1\"\nredis = 6391",
+            );
+        }
+        t
+    })
+}
+
+/// The lease of the failover tests' replicated firewalls.
+const FAILOVER_LEASE_MS: u64 = 200;
+
+/// iperf3 for six seconds over one connection through the dual firewall lab, giving up on
+/// data unacknowledged for 3 s; the switch carrying it (the busier) is killed after two.
+/// The client's output, the switch killed and the other.
+fn transfer_killing_its_switch(lab: &Lab) -> (Output, String, String) {
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    let mut killed = String::new();
+    let flags = ["-t", "6", "-i", "0.1", "--snd-timeout", "3000"];
+    let out = iperf3_client(lab, &flags, 1, 30, || {
+        std::thread::sleep(Duration::from_millis(2000));
+        let (s1, s2) = (lab.rx_packets("s1", "p0"), lab.rx_packets("s2", "p0"));
+        killed = if s1 >= s2 { "s1" } else { "s2" }.to_owned();
+        assert!(s1.max(s2) > 1000, "the transfer is under way: {s1} {s2}");
+        assert!(kill("-KILL", &lab.switch_pid(&killed).to_string()));
+    });
+    let survivor = if killed == "s1" { "s2" } else { "s1" }.to_owned();
+    (out, killed, survivor)
+}
+
+/// Behind `steer`, two `firewall` switches keep their connections replicated in Redis on
+/// the controller. The switch carrying a TCP transfer is killed mid-transfer; the
+/// steering point moves the connection to the other, which takes its state over from the
+/// store once the dead one's lease has passed, and lets the server's answers in: the
+/// transfer goes on to its end. Unreplicated, the survivor knows no such connection and
+/// drops the server's answers as unsolicited: the transfer stalls and the client gives up.
+#[test]
+fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replicated() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = dual_firewall("tfwrep", true);
+    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
+    assert!(
+        out.status.success(),
+        "the transfer survived {killed}'s death:\n{}\n{survivor}'s log:\n{}",
+        text(&out),
+        std::fs::read_to_string(lab_file(&lab, &format!("{survivor}.log"))).unwrap_or_default()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("error").is_none(), "{report}");
+    let intervals = report["intervals"].as_array().unwrap();
+    let bytes: Vec<u64> = (intervals.iter())
+        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
+        .collect();
+    let last_second = &bytes[bytes.len().saturating_sub(10)..];
+    assert!(
+        last_second.iter().all(|&b| b > 0),
+        "the connection moves data at the end: {bytes:?}"
+    );
+    let stalled = bytes.iter().filter(|&&b| b == 0).count();
+    eprintln!(
+        "failover with a {FAILOVER_LEASE_MS} ms lease: {} ms without data ({killed} killed)",
+        stalled * 100
+    );
+    let metrics = metric_lines(&lab, &survivor);
+    let migrated: u64 = (metrics.lines())
+        .find_map(|l| l.strip_prefix("stateplane_replication_migrated_total "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(
+        migrated >= 1,
+        "the survivor took the connection from the store: {metrics}"
+    );
+    drop(lab);
+
+    let lab = dual_firewall("tfwplain", false);
+    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
+    // iperf3 -J reports a connection it gave up on as an "error" in its JSON.
+    let gave_up = !out.status.success()
+        || serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|r| r["error"].as_str().is_some_and(|e| e.contains("timed out")));
+    assert!(
+        gave_up,
+        "unreplicated, the connection cannot survive {killed}'s death: {}",
+        text(&out)
+    );
+    let metrics = metric_lines(&lab, &survivor);
+    assert!(
+        (metrics.lines()).any(|l| l.contains("unsolicited") && !l.ends_with(" 0")),
+        "{survivor} dropped the server's answers as unsolicited: {metrics}"
+    );
 }
 
 #[test]
@@ -730,7 +856,7 @@ fn two_workers_share_each_port_through_the_fanout_group() {
         &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
     );
     assert!(text(&out).contains("3 received"), "{}", text(&out));
-    iperf3(&lab, ["-n", "64M"], 16, || {});
+    iperf3(&lab, &["-n", "64M"], 16, || {});
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5303);
     assert_eq!(sent, received, "every byte arrives with two workers");
     let metrics = metric_lines(&lab, "s1");
@@ -760,7 +886,7 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
     assert!(text(&out).contains("2 received"), "{}", text(&out));
     // iperf3's server ends its streams with resets; packets still in flight after a reset
     // are dropped as invalid, as a stateful firewall does.
-    iperf3(&lab, ["-n", "50M"], 4, || {});
+    iperf3(&lab, &["-n", "50M"], 4, || {});
     let invalid = || {
         std::thread::sleep(Duration::from_millis(300));
         metric_lines(&lab, "s1")
@@ -789,7 +915,7 @@ fn tcp_udp_and_ping_through_nat_arrive_from_the_external_address() {
         &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
     );
     assert!(text(&out).contains("3 received"), "{}", text(&out));
-    let report = iperf3(&lab, ["-n", "50M"], 4, || {});
+    let report = iperf3(&lab, &["-n", "50M"], 4, || {});
     let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
     assert!(sent >= mib(50), "iperf3 sent {sent}");
     // UDP: 100 datagrams echoed by h2, which names the address they came from.
@@ -852,7 +978,7 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     assert!(ping("h1", "198.18.0.2").contains("2 received"));
     let refused = ping("h2", "198.18.0.1");
     assert!(refused.contains(" 0 received"), "{refused}");
-    iperf3(&lab, ["-n", "50M"], 4, || {});
+    iperf3(&lab, &["-n", "50M"], 4, || {});
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5308);
     assert_eq!(sent, received, "every byte through the firewall");
     std::thread::sleep(Duration::from_millis(300));
