@@ -417,38 +417,30 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
     assert_eq!(sent, received);
 }
 
-/// The dual topology with `firewall` on both parallel switches (inside toward h1), their
-/// connections replicated to a redis-server on the controller when `replicated`.
+/// topologies/dual-firewall.toml: `firewall` on both parallel switches (inside toward h1),
+/// their connections replicated to the controller's redis-server with a lease of
+/// [`FAILOVER_LEASE_MS`]; unless `replicated` is false, which leaves their guarantees and
+/// replication out.
 fn dual_firewall(name: &str, replicated: bool) -> Lab {
-    if replicated {
-        require("redis-server");
-    }
-    Lab::up_edited("dual.toml", name, Some("afpacket"), |mut t| {
-        for (switch, id) in [("s1", 1), ("s2", 2)] {
-            let replication = if replicated {
-                format!(
-                    "\n[switch.guarantees]\nconnections = [\"replicated\"]\n\
-                     [switch.replication]\nstore = \"redis://198.19.255.1:6391/\"\n\
-                     lease_ms = {FAILOVER_LEASE_MS}\nswitch = {id}"
-                )
-            } else {
-                String::new()
-            };
-            t = t.replace(
-                &format!("name = \"{switch}\"\n[switch.program]\nname = \"forward\""),
-                &format!(
-                    "name = \"{switch}\"\n[switch.program]\nname = \"firewall\"\n\
-                     [switch.program.firewall]\ninside = \"p0\"{replication}"
-                ),
-            );
-        }
+    require("redis-server");
+    Lab::up_edited("dual-firewall.toml", name, None, |t| {
+        let t = t.replace(
+            "lease_ms = 1000",
+            &format!("lease_ms = {FAILOVER_LEASE_MS}"),
+        );
         if replicated {
-            t = t.replace(
-                "[controller]\nname = \"c1\"",
-                "[controller]\nname = \"c1\"\nredis = 6391",
-            );
+            return t;
         }
-        t
+        let mut in_replication = false;
+        let kept: Vec<&str> = (t.lines())
+            .filter(|l| {
+                if l.starts_with('[') {
+                    in_replication = matches!(*l, "[switch.guarantees]" | "[switch.replication]");
+                }
+                !in_replication
+            })
+            .collect();
+        kept.join("\n")
     })
 }
 
