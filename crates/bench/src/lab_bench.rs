@@ -36,7 +36,7 @@ pub struct LabBenchArgs {
 
 const TOPOLOGY: &str = include_str!("../../../topologies/line.toml");
 
-fn sh(program: &str, args: &[&str]) -> BenchResult<String> {
+pub(crate) fn sh(program: &str, args: &[&str]) -> BenchResult<String> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -80,7 +80,7 @@ fn process_ticks(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u64> {
+pub(crate) fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u64> {
     let out = sh(
         "ip",
         &[

@@ -20,6 +20,10 @@ enum Action {
     Status { topology: PathBuf },
     /// Benchmark live ports on a line lab of its own: Linux bridge vs AF_PACKET vs AF_XDP.
     Bench(stateplane_bench::lab_bench::LabBenchArgs),
+    /// Measure how long a TCP connection stalls when the switch carrying it dies, on a lab
+    /// of its own (topologies/dual-firewall.toml): replicated firewalls at several leases,
+    /// unreplicated, and stateless forward.
+    BenchFailover(stateplane_bench::lab_failover::FailoverBenchArgs),
     /// Run a command in a node's namespace, e.g. `lab exec line.toml h1 ping 198.18.0.2`.
     Exec {
         topology: PathBuf,
@@ -47,6 +51,7 @@ pub fn main(args: LabArgs) -> CliResult<()> {
         }
         Action::Status { topology } => print_status(&Topology::load(&topology)?),
         Action::Bench(args) => stateplane_bench::lab_bench::main(args),
+        Action::BenchFailover(args) => stateplane_bench::lab_failover::main(args),
         Action::Exec {
             topology,
             node,

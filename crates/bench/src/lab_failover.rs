@@ -1,0 +1,382 @@
+//! `stateplane lab bench-failover`: how long a TCP connection stalls when the switch
+//! carrying it dies, on topologies/dual-firewall.toml (two `firewall` switches behind
+//! `steer`, their connections replicated to Redis on the controller).
+//!
+//! Each trial sends a steady TCP stream from h1 to h2 (1,400 bytes every 2 ms), kills the
+//! switch carrying it (SIGKILL) halfway, and measures at h2 the longest time between two
+//! arrivals: the recovery time. A trial counts only if every byte arrived, in order,
+//! unchanged (the two ends' SHA-256 agree). Compared in the same run: `forward`, the same
+//! failover with stateless switches (what steering alone costs), and `firewall`
+//! unreplicated, whose connection cannot survive.
+
+use crate::BenchResult;
+use crate::lab_bench::{rx_packets, sh};
+use crate::results::{Csv, ResultFiles, Table};
+use crate::statistics::median;
+use stateplane_lab::Topology;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct FailoverBenchArgs {
+    /// Lease periods of the replicated firewalls to measure, in ms (100 to 60000).
+    #[arg(long, value_delimiter = ',', default_value = "100,200,500,1000")]
+    pub leases: Vec<u64>,
+    /// Rounds (every setting in turn each round); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Seconds of each transfer; its switch is killed halfway.
+    #[arg(long, default_value_t = 4.0)]
+    pub seconds: f64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+    #[arg(long)]
+    pub json: bool,
+}
+
+const TOPOLOGY: &str = include_str!("../../../topologies/dual-firewall.toml");
+const LAB: &str = "failover";
+
+/// h2's side: takes one connection, reads it to its end (giving up after argv[1] seconds
+/// without data); prints the bytes, their SHA-256 and the longest time between two
+/// arrivals (ms).
+const RECEIVER: &str = "import socket,hashlib,time
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+import sys
+s.bind(('198.18.0.2',5400)); s.listen(1); s.settimeout(float(sys.argv[1]))
+c,_=s.accept(); c.settimeout(float(sys.argv[1]))
+h=hashlib.sha256(); n=0; last=None; gap=0.0
+while True:
+    b=c.recv(65536)
+    if not b: break
+    t=time.monotonic()
+    if last is not None: gap=max(gap,t-last)
+    last=t; n+=len(b); h.update(b)
+c.close()
+print(n,h.hexdigest(),round(gap*1000,1))";
+
+/// h1's side: sends 1,400 numbered bytes every 2 ms for argv[1] seconds, then waits for
+/// the receiver to close (at most argv[2] seconds); prints the bytes and their SHA-256.
+const SENDER: &str = "import socket,hashlib,time,sys
+c=socket.create_connection(('198.18.0.2',5400),timeout=float(sys.argv[2]))
+h=hashlib.sha256(); n=0; i=0; end=time.monotonic()+float(sys.argv[1])
+while time.monotonic()<end:
+    b=(b'%08d'%i)*175; c.sendall(b); h.update(b); n+=len(b); i+=1
+    time.sleep(0.002)
+c.shutdown(socket.SHUT_WR); c.recv(1)
+print(n,h.hexdigest())";
+
+/// What the parallel switches run in a trial.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Setting {
+    Forward,
+    Unreplicated,
+    Replicated { lease_ms: u64 },
+}
+
+impl Setting {
+    fn name(self) -> String {
+        match self {
+            Setting::Forward => "forward (stateless)".into(),
+            Setting::Unreplicated => "firewall, unreplicated".into(),
+            Setting::Replicated { lease_ms } => {
+                format!("firewall, replicated, lease {lease_ms} ms")
+            }
+        }
+    }
+
+    /// As the CSV names it (no commas).
+    fn key(self) -> &'static str {
+        match self {
+            Setting::Forward => "forward",
+            Setting::Unreplicated => "firewall-unreplicated",
+            Setting::Replicated { .. } => "firewall-replicated",
+        }
+    }
+
+    /// How long an end waits on a stalled connection before it gives up (s): past any
+    /// recovery this setting can make.
+    fn give_up_s(self) -> u64 {
+        5 + 3 * self.lease_ms().unwrap_or(1000).div_ceil(1000)
+    }
+
+    fn lease_ms(self) -> Option<u64> {
+        match self {
+            Setting::Replicated { lease_ms } => Some(lease_ms),
+            _ => None,
+        }
+    }
+}
+
+/// One trial: the longest stall at the receiver, and whether every byte arrived.
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    recovery_ms: f64,
+    delivered: bool,
+}
+
+pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
+    if let Some(bad) = a.leases.iter().find(|l| !(100..=60_000).contains(*l)) {
+        return Err(format!(
+            "--leases: {bad} is outside 100 to 60000 (ms), the leases a run takes"
+        ));
+    }
+    if !(1.0..=60.0).contains(&a.seconds) || a.repeat == 0 || a.repeat > 50 {
+        return Err("--seconds must be 1 to 60 and --repeat 1 to 50".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let file = dir.join("failover.toml");
+    let text = TOPOLOGY.replacen("name = \"dual-firewall\"", &format!("name = \"{LAB}\""), 1);
+    std::fs::write(&file, text).map_err(|e| e.to_string())?;
+    let t = Topology::load(&file)?;
+    let _ = stateplane_lab::down(&t.name);
+    stateplane_lab::up(&t, &exe)?;
+    let mut settings = vec![Setting::Forward, Setting::Unreplicated];
+    settings.extend(
+        a.leases
+            .iter()
+            .map(|&lease_ms| Setting::Replicated { lease_ms }),
+    );
+    let result = run_rounds(&t, &a, &exe, &settings);
+    let _ = stateplane_lab::down(&t.name);
+    let _ = std::fs::remove_dir_all(&dir);
+    report(&a, &settings, &result?)
+}
+
+fn run_rounds(
+    t: &Topology,
+    a: &FailoverBenchArgs,
+    exe: &Path,
+    settings: &[Setting],
+) -> BenchResult<Vec<Vec<Trial>>> {
+    let mut trials = vec![Vec::new(); settings.len()];
+    for round in 0..a.repeat {
+        for (i, &setting) in settings.iter().enumerate() {
+            eprint!("\rround {}/{}: {:<40}", round + 1, a.repeat, setting.name());
+            configure(t, exe, setting)?;
+            trials[i].push(trial(t, a.seconds, setting.give_up_s())?);
+        }
+    }
+    eprintln!();
+    Ok(trials)
+}
+
+/// (Re)starts s1 and s2 with `setting`, empties the store, and waits until the steering
+/// point reaches h2 through them.
+fn configure(t: &Topology, exe: &Path, setting: Setting) -> BenchResult<()> {
+    for node in ["s1", "s2"] {
+        let _ = stateplane_lab::stop_switch(t, node);
+    }
+    for (index, node) in ["s1", "s2"].into_iter().enumerate() {
+        let mut s = (t.switch.iter())
+            .find(|s| s.name == node)
+            .ok_or_else(|| format!("the topology has no switch {node}"))?
+            .clone();
+        match setting {
+            Setting::Forward => {
+                s.program = toml::Table::from_iter([("name".into(), "forward".into())]);
+                (s.guarantees, s.replication) = (None, None);
+            }
+            Setting::Unreplicated => (s.guarantees, s.replication) = (None, None),
+            Setting::Replicated { lease_ms } => {
+                let r = s.replication.get_or_insert_default();
+                r.insert("lease_ms".into(), toml::Value::Integer(lease_ms as i64));
+                r.insert("switch".into(), toml::Value::Integer(index as i64 + 1));
+            }
+        }
+        stateplane_lab::start_switch(t, &s, exe)?;
+    }
+    let redis = ["-h", "198.19.255.1", "-p", "6379", "flushall"];
+    let ns = t.namespace("c1");
+    sh(
+        "ip",
+        &[&["netns", "exec", &ns, "redis-cli"][..], &redis[..]].concat(),
+    )?;
+    // The steering point declares a path live once its probes come back.
+    std::thread::sleep(Duration::from_millis(400));
+    let ping = ["-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"];
+    let h1 = t.namespace("h1");
+    sh(
+        "ip",
+        &[&["netns", "exec", &h1, "ping"][..], &ping[..]].concat(),
+    )
+    .map(|_| ())
+    .map_err(|e| format!("h1 does not reach h2 through the lab before the trial: {e}"))
+}
+
+fn spawn_in(t: &Topology, node: &str, args: &[&str]) -> BenchResult<Child> {
+    Command::new("ip")
+        .args(["netns", "exec", &t.namespace(node)])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running {args:?} in {node}: {e}"))
+}
+
+/// The output of `child` once it ends, or `None` if it runs past `deadline` (killed).
+fn finish(mut child: Child, deadline: Instant) -> Option<String> {
+    while Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(_)) => {
+                let out = child.wait_with_output().ok()?;
+                return Some(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+fn trial(t: &Topology, seconds: f64, give_up_s: u64) -> BenchResult<Trial> {
+    let give_up = give_up_s.to_string();
+    let receiver = spawn_in(t, "h2", &["python3", "-c", RECEIVER, &give_up])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let before = [rx_packets(t, "s1", "p0")?, rx_packets(t, "s2", "p0")?];
+    let sender = spawn_in(
+        t,
+        "h1",
+        &["python3", "-c", SENDER, &seconds.to_string(), &give_up],
+    )?;
+    std::thread::sleep(Duration::from_secs_f64(seconds / 2.0));
+    let carried = [
+        rx_packets(t, "s1", "p0")? - before[0],
+        rx_packets(t, "s2", "p0")? - before[1],
+    ];
+    let carrier = if carried[0] >= carried[1] { "s1" } else { "s2" };
+    let pid_file = stateplane_lab::state_dir(&t.name).join(format!("{carrier}.pid"));
+    let pid =
+        std::fs::read_to_string(&pid_file).map_err(|e| format!("{}: {e}", pid_file.display()))?;
+    sh("kill", &["-KILL", pid.trim()])?;
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds + 2.0 * give_up_s as f64);
+    let sent = finish(sender, deadline);
+    let received = finish(receiver, deadline);
+    let (Some(sent), Some(received)) = (sent, received) else {
+        // A connection that never recovers: its ends time out.
+        return Ok(Trial {
+            recovery_ms: f64::INFINITY,
+            delivered: false,
+        });
+    };
+    let words: Vec<&str> = received.split_whitespace().collect();
+    let recovery_ms = words
+        .get(2)
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(f64::INFINITY);
+    let delivered = words.len() == 3 && sent.split_whitespace().eq(words[..2].iter().copied());
+    Ok(Trial {
+        recovery_ms,
+        delivered,
+    })
+}
+
+/// The median recovery of a setting's trials that delivered everything (`None`: none did).
+fn median_recovery(trials: &[Trial]) -> Option<f64> {
+    let ok: Vec<f64> = (trials.iter())
+        .filter(|t| t.delivered)
+        .map(|t| t.recovery_ms)
+        .collect();
+    (!ok.is_empty()).then(|| median(ok))
+}
+
+fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) -> BenchResult<()> {
+    let input = format!(
+        "topologies/dual-firewall.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET; \
+         steer probes every 20 ms, a path dead after 150 ms; Redis on the controller); one TCP \
+         stream of 1,400 bytes every 2 ms for {} s, its switch killed (SIGKILL) halfway; \
+         recovery = longest gap between arrivals at h2; {} rounds",
+        a.seconds, a.repeat
+    );
+    let delivered = |v: &[Trial]| v.iter().filter(|t| t.delivered).count();
+    let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |ms| format!("{ms:.0}"));
+    if a.json {
+        let rows: Vec<_> = (settings.iter().zip(trials))
+            .map(|(s, v)| {
+                serde_json::json!({"setting": s.name(), "lease_ms": s.lease_ms(),
+                    "median_recovery_ms": median_recovery(v), "delivered": delivered(v),
+                    "trials": v.len(),
+                    "recovery_ms": v.iter().map(|t| t.delivered.then_some(t.recovery_ms)).collect::<Vec<_>>()})
+            })
+            .collect();
+        println!("{}", serde_json::json!({"input": input, "results": rows}));
+    } else {
+        println!("input: {input}");
+        let mut table = Table::new(
+            &["switches"],
+            &[
+                "recovery ms (median)",
+                "min",
+                "max",
+                "every byte arrived",
+                "target: lease + 100 ms",
+            ],
+        );
+        for (s, v) in settings.iter().zip(trials) {
+            let ok: Vec<f64> = (v.iter().filter(|t| t.delivered))
+                .map(|t| t.recovery_ms)
+                .collect();
+            let min = ok.iter().copied().reduce(f64::min);
+            let max = ok.iter().copied().reduce(f64::max);
+            let target = match (s.lease_ms(), median_recovery(v)) {
+                (Some(lease), Some(m)) => {
+                    let met = if m <= (lease + 100) as f64 {
+                        "met"
+                    } else {
+                        "missed"
+                    };
+                    format!("{} ms: {met}", lease + 100)
+                }
+                _ => "-".into(),
+            };
+            table.row(vec![
+                s.name(),
+                fmt(median_recovery(v)),
+                fmt(min),
+                fmt(max),
+                format!("{} of {}", delivered(v), v.len()),
+                target,
+            ]);
+        }
+        table.print();
+    }
+    if let Some(path) = &a.files.csv {
+        let mut csv = Csv::new("setting,lease_ms,trial,recovery_ms,delivered");
+        for (s, v) in settings.iter().zip(trials) {
+            for (i, t) in v.iter().enumerate() {
+                csv.row(format_args!(
+                    "{},{},{i},{},{}",
+                    s.key(),
+                    s.lease_ms().map_or(String::new(), |l| l.to_string()),
+                    if t.delivered {
+                        format!("{:.1}", t.recovery_ms)
+                    } else {
+                        String::new()
+                    },
+                    t.delivered
+                ));
+            }
+        }
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let bars = (settings.iter().zip(trials))
+            .filter_map(|(s, v)| Some((s.name(), median_recovery(v)?)))
+            .collect();
+        a.files.write_chart(
+            "TCP recovery after the death of its switch",
+            &input,
+            &[crate::chart::Panel {
+                title: "Longest stall at the receiver (median; lower is better)".into(),
+                unit: "ms".into(),
+                bars,
+            }],
+        )?;
+    }
+    Ok(())
+}
