@@ -36,7 +36,8 @@ pub struct ReplicaConfig {
     /// This side takes its lease to end this much before the store's: the clocks' drift
     /// over a lease.
     pub margin_ns: u64,
-    /// A request unanswered this long is sent again (doubling, to 16 times this).
+    /// A request unanswered this long is sent again (doubling, to 16 times this), or
+    /// longer once answers show the store slower: see [`RoundTrips`].
     pub retransmit_ns: u64,
     /// Packets held at most, for all flows; past it, a packet is dropped and counted.
     pub park_limit: usize,
@@ -260,7 +261,43 @@ pub struct Replica<K, V> {
     parked: usize,
     /// The next ask's or renewal's nonce.
     nonce: u64,
+    round_trips: RoundTrips,
     pub counters: ReplicaCounters,
+}
+
+/// How long the store takes to answer, smoothed as TCP does (RFC 6298), so that a
+/// request is sent again only once it is overdue for this store under its present load:
+/// a busy store answers late, and sending it every request again would only add to its
+/// work. Each answer's time is measured from its request's first sending (an answer to a
+/// request sent again may be to either sending; taking the longer errs towards waiting).
+#[derive(Clone, Copy, Debug, Default)]
+struct RoundTrips {
+    smoothed_ns: u64,
+    variation_ns: u64,
+    measured: bool,
+}
+
+impl RoundTrips {
+    fn sample(&mut self, took_ns: u64) {
+        if !self.measured {
+            (self.smoothed_ns, self.variation_ns, self.measured) = (took_ns, took_ns / 2, true);
+            return;
+        }
+        let deviation = self.smoothed_ns.abs_diff(took_ns);
+        self.variation_ns = (3 * self.variation_ns + deviation) / 4;
+        self.smoothed_ns = (7 * self.smoothed_ns + took_ns) / 8;
+    }
+
+    /// The wait before a first sending again: at least `floor`, at most `ceiling`, and
+    /// `ceiling` until an answer has been measured (as TCP starts at a second: the first
+    /// requests of a run may all go at once, and a store takes a while over them).
+    fn timeout(&self, floor: u64, ceiling: u64) -> u64 {
+        if !self.measured {
+            return ceiling.max(floor);
+        }
+        let estimate = self.smoothed_ns.saturating_add(4 * self.variation_ns);
+        estimate.min(ceiling).max(floor)
+    }
 }
 
 impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
@@ -275,6 +312,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             events: VecDeque::new(),
             parked: 0,
             nonce: 0,
+            round_trips: RoundTrips::default(),
             counters: ReplicaCounters::default(),
         }
     }
@@ -439,6 +477,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 if nonce != asked {
                     return; // to an earlier ask: its lease may have started before this one
                 }
+                self.round_trips.sample(now_ns.saturating_sub(first));
                 flow.lease = Lease::Held {
                     epoch,
                     until_ns: until(first, lease_ns),
@@ -477,6 +516,8 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 let Some(w) = flow.in_flight.as_ref().filter(|w| w.seq == seq) else {
                     return;
                 };
+                self.round_trips
+                    .sample(now_ns.saturating_sub(w.first_sent_ns));
                 let Lease::Held { epoch: e, until_ns } = &mut flow.lease else {
                     return;
                 };
@@ -500,6 +541,8 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 let Some(r) = flow.renewing.filter(|r| r.nonce == nonce) else {
                     return;
                 };
+                self.round_trips
+                    .sample(now_ns.saturating_sub(r.first_sent_ns));
                 if let Lease::Held { epoch: e, until_ns } = &mut flow.lease
                     && *e == epoch
                 {
@@ -655,7 +698,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
-        let (rto, lease_ns) = (self.config.retransmit_ns, self.config.lease_ns);
+        let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
         let backoff = |tries: u32| rto.saturating_mul(1 << tries.min(4));
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
@@ -791,11 +834,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         }
     }
 
+    /// The wait before a request is first sent again: the configured one, or longer as
+    /// the store's answers take longer, never past a quarter of a lease (so that a lost
+    /// request is sent again well within the lease it is for).
+    fn retransmit_ns(&self) -> u64 {
+        let floor = self.config.retransmit_ns;
+        (self.round_trips).timeout(floor, (self.config.lease_ns / 4).max(floor))
+    }
+
     /// Puts the flow's next deadline in the timer heap, if earlier than the one there.
     /// Deadlines are after `now_ns`, so that a pass of [`Replica::handle_timeout`] ends.
     fn arm(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns, timeout) = (
-            self.config.retransmit_ns,
+            self.retransmit_ns(),
             self.config.lease_ns,
             self.config.park_timeout_ns,
         );
@@ -976,6 +1027,61 @@ mod tests {
         );
         assert_eq!((s.counters.written, s.counters.repeated), (1, 1));
         assert_eq!(r.counters.retransmits, 1);
+    }
+
+    /// A store that answers every request 40 ms after it, far past the 5 ms retransmit
+    /// setting: requests wait for it rather than go again (each would only add to a busy
+    /// store's work), the first ones for a quarter of a lease, the others as its answers
+    /// show how long it takes; 100 flows, each a lease and a write.
+    #[test]
+    fn a_slow_store_is_waited_for_once_its_answers_show_how_slow() {
+        let slow = 40 * MS;
+        let mut r = Replica::new(
+            A,
+            ReplicaConfig {
+                lease_ns: 1_000 * MS,
+                park_limit: 1_000,
+                park_timeout_ns: 2_000 * MS,
+                ..config()
+            },
+        );
+        let mut s = StoreCore::new(StoreConfig::default());
+        // Answers on their way back, by arrival time.
+        let mut answers: Vec<(u64, Reply<u32, u64>)> = Vec::new();
+        let mut sent = 0;
+        // A new flow every 10 ms, then time for the last ones' answers.
+        for now in (0..1_100 * MS).step_by(MS as usize) {
+            let key = (now / (10 * MS)) as u32;
+            if key < 100 && now % (10 * MS) == 0 {
+                r.admit(now, key, u64::from(key));
+            }
+            for (_, a) in answers.extract_if(.., |(at, _)| *at <= now) {
+                r.handle_reply(now, a);
+            }
+            while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+                r.handle_timeout(t);
+            }
+            for e in events(&mut r) {
+                if let Event::Process { key, token } = e {
+                    r.processed(now, key, token, Some(u64::from(key)));
+                }
+            }
+            let mut out = Vec::new();
+            r.poll_transmit(now, &mut out);
+            sent += out.len();
+            for q in out {
+                answers.push((now + slow, s.handle(now, A, q)));
+            }
+        }
+        assert_eq!(
+            s.counters.written, 100,
+            "every flow's write reached the store"
+        );
+        let retransmits = r.counters.retransmits;
+        assert!(
+            retransmits == 0,
+            "{retransmits} sent again of {sent}"
+        );
     }
 
     #[test]
