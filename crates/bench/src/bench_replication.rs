@@ -1,12 +1,17 @@
-//! `stateplane bench-replication`: `counter` (every packet writes its flow: replication's
-//! worst case) over a generated capture, unreplicated and with its `flows` replicated
-//! linearizably to the memory store and to a real redis-server on loopback, in one run, at
-//! each burst size; beside it, the same run's measure of the store's sequenced write one
-//! flow per call, so that the replicated rate reads as a multiple of the store's.
+//! `stateplane bench-replication`: programs over generated captures, unreplicated and with
+//! their per-flow state replicated linearizably to the memory store and to a real
+//! redis-server on loopback, in one run, at each burst size; beside it, the same run's
+//! measure of the store's sequenced write one flow per call, so that the replicated rate
+//! reads as a multiple of the store's.
+//!
+//! The programs: `counter` (every packet writes its flow: replication's worst case, on the
+//! internet workload), `firewall` (its connections: written when a connection's state
+//! moves, read by the rest; on the datacenter workload's longer flows) and `kv` (its cache:
+//! PUTs write, GETs read) at two update ratios.
 //!
 //! The run checks its work before it prints: every replicated run forwards as many packets
-//! as the unreplicated one, drops none, and Redis holds, summed over its flows, every
-//! packet counted.
+//! as the unreplicated one and drops none, and for `counter` Redis holds, summed over its
+//! flows, every packet counted.
 
 use crate::BenchResult;
 use crate::results::{Csv, ResultFiles, Table};
@@ -39,6 +44,7 @@ pub struct BenchReplicationArgs {
 }
 
 struct Row {
+    program: String,
     mode: &'static str,
     burst: usize,
     pps: f64,
@@ -47,44 +53,67 @@ struct Row {
     round_trips: u64,
 }
 
-/// Runs `counter` over `trace` with `extra` configuration; packets a second, and the
-/// replication report's writes, folded changes and round trips.
-fn run_counter(
-    trace: &Path,
-    burst: usize,
-    extra: &str,
-    packets: u64,
-) -> BenchResult<(f64, u64, u64, u64)> {
+/// A program measured: its `[program]` configuration (forwarding p0 to p1), the state
+/// it replicates, and the capture it reads.
+struct Case {
+    name: String,
+    program: String,
+    state: &'static str,
+    trace: std::path::PathBuf,
+}
+
+/// What a run of a case gave: packets a second and forwarded, and the replication
+/// report's writes, folded changes and round trips.
+struct Ran {
+    pps: f64,
+    tx: u64,
+    writes: u64,
+    folded: u64,
+    round_trips: u64,
+}
+
+/// Runs `case` at `burst` with `extra` configuration, checking that it read the whole
+/// trace (`packets`) and dropped nothing as unreplicated.
+fn run_case(case: &Case, burst: usize, extra: &str, packets: u64) -> BenchResult<Ran> {
     let text = format!(
-        "burst = {burst}\n[program]\nname = \"counter\"\n[program.counter]\nmap = {{ p0 = \"p1\" }}\n\
-         capacity = 1048576\n[[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\n{extra}",
-        trace.display()
+        "burst = {burst}\n{}\n[[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\n{extra}",
+        case.program,
+        case.trace.display()
     );
     let outcome = Switch::from_toml(&text, Path::new("."))?.run()?;
     let total = &outcome.report.total;
-    let (rx, tx) = (total.get(Counter::RxPackets), total.get(Counter::TxPackets));
-    if rx != packets || tx != packets {
+    let rx = total.get(Counter::RxPackets);
+    if rx != packets {
         return Err(format!(
-            "a run of counter ({}) forwarded {tx} of {rx} packets received, the trace having {packets}",
-            if extra.is_empty() {
-                "unreplicated"
-            } else {
-                extra.lines().last().unwrap_or("")
-            }
+            "a run of {} read {rx} packets, the trace having {packets}",
+            case.name
         ));
     }
     let r = outcome.replication.as_ref();
     if let Some(r) = r
         && r.dropped > 0
     {
-        return Err(format!("{} packets dropped as unreplicated", r.dropped));
+        return Err(format!(
+            "{}: {} packets dropped as unreplicated",
+            case.name, r.dropped
+        ));
     }
-    Ok((
-        packets as f64 / outcome.report.wall.as_secs_f64(),
-        r.map_or(0, |r| r.writes),
-        r.map_or(0, |r| r.coalesced),
-        r.map_or(0, |r| r.round_trips),
-    ))
+    Ok(Ran {
+        pps: packets as f64 / outcome.report.wall.as_secs_f64(),
+        tx: total.get(Counter::TxPackets),
+        writes: r.map_or(0, |r| r.writes),
+        folded: r.map_or(0, |r| r.coalesced),
+        round_trips: r.map_or(0, |r| r.round_trips),
+    })
+}
+
+/// Writes a generated capture of `cfg` to `path`; its packets and flows.
+fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64)> {
+    let mut writer = CaptureWriter::create(path).map_err(|e| e.to_string())?;
+    let summary = generate(cfg, |ts, f| writer.write(ts, f, f.len() as u32), |_| {})
+        .map_err(|e| e.to_string())?;
+    writer.flush().map_err(|e| e.to_string())?;
+    Ok((summary.packets, summary.flows))
 }
 
 /// Packets counted over every flow's record in Redis.
@@ -128,67 +157,121 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let trace = dir.join("trace.pcap");
-    let mut cfg = GenConfig::new(Workload::Internet, a.packets);
-    (cfg.seed, cfg.flows) = (a.seed, Some(a.flows));
-    let mut writer = CaptureWriter::create(&trace).map_err(|e| e.to_string())?;
-    let summary = generate(&cfg, |ts, f| writer.write(ts, f, f.len() as u32), |_| {})
-        .map_err(|e| e.to_string())?;
-    writer.flush().map_err(|e| e.to_string())?;
-    let packets = summary.packets;
+    let mut cases = Vec::new();
+    let mut traces = Vec::new();
+    let forward = "map = { p0 = \"p1\" }";
+    for (name, workload, get_share) in [
+        ("counter", Workload::Internet, None),
+        ("firewall", Workload::Datacenter, None),
+        ("kv, 5% PUT", Workload::Kv, Some(0.95)),
+        ("kv, 50% PUT", Workload::Kv, Some(0.5)),
+    ] {
+        let mut cfg = GenConfig::new(workload, a.packets);
+        (cfg.seed, cfg.flows) = (a.seed, Some(a.flows));
+        if let Some(share) = get_share {
+            cfg.kv_get_share = share;
+        }
+        let trace = dir.join(format!("{}.pcap", traces.len()));
+        let (packets, flows) = write_trace(&cfg, &trace)?;
+        traces.push((name, workload.name(), packets, flows));
+        let (program, state) = match name {
+            "counter" => (
+                format!(
+                    "[program]\nname = \"counter\"\n[program.counter]\n{forward}\ncapacity = 1048576"
+                ),
+                "flows",
+            ),
+            "firewall" => (
+                "[program]\nname = \"firewall\"\n[program.firewall]\ninside = \"p0\"".to_owned(),
+                "connections",
+            ),
+            _ => (
+                format!(
+                    "[program]\nname = \"kv\"\n[program.kv]\nserver = \"{}\"\nclients = \"p0\"\nbackend = \"p1\"",
+                    stateplane_gen::KV_SERVER
+                ),
+                "cache",
+            ),
+        };
+        cases.push((
+            Case {
+                name: name.to_owned(),
+                program,
+                state,
+                trace,
+            },
+            packets,
+        ));
+    }
     let port = stateplane_lab::free_loopback_port()?;
     let server = stateplane_lab::RedisServer::start(port, false)?;
-    let replicated = "[guarantees]\nflows = [\"replicated\"]\n";
-    let redis = format!("{replicated}[replication]\nstore = \"{}\"\n", server.url());
+    for (name, workload, packets, flows) in &traces {
+        eprintln!(
+            "{name}: {packets} packets over {flows} flows ({workload}, seed {})",
+            a.seed
+        );
+    }
     eprintln!(
-        "{packets} packets over {} flows (internet, seed {}), bursts {bursts:?}, median of {repeat}; \
-         redis-server on {}",
-        summary.flows,
-        a.seed,
+        "bursts {bursts:?}, median of {repeat}; redis-server on {}",
         server.url()
     );
     let store_rate = crate::bench_replication_store::one_flow_per_call(&server.url())?;
     let mut rows = Vec::new();
-    for &burst in &bursts {
-        for (mode, extra) in [
-            ("unreplicated", ""),
-            ("memory", replicated),
-            ("redis", redis.as_str()),
-        ] {
-            let mut rates = Vec::new();
-            let mut last = (0, 0, 0);
-            for _ in 0..repeat {
-                if mode == "redis" {
-                    server.cli(&["flushall"]);
-                }
-                let (pps, writes, folded, trips) = run_counter(&trace, burst, extra, packets)?;
-                if mode == "redis" {
-                    let counted = counted_in_redis(&server.url())?;
-                    if counted != packets {
+    for (case, packets) in &cases {
+        let packets = *packets;
+        let replicated = format!("[guarantees]\n{} = [\"replicated\"]\n", case.state);
+        let redis = format!("{replicated}[replication]\nstore = \"{}\"\n", server.url());
+        for &burst in &bursts {
+            let mut forwarded = None;
+            for (mode, extra) in [
+                ("unreplicated", ""),
+                ("memory", replicated.as_str()),
+                ("redis", redis.as_str()),
+            ] {
+                let mut rates = Vec::new();
+                let mut last = None;
+                for _ in 0..repeat {
+                    if mode == "redis" {
+                        server.cli(&["flushall"]);
+                    }
+                    let ran = run_case(case, burst, extra, packets)?;
+                    let expected = *forwarded.get_or_insert(ran.tx);
+                    if ran.tx != expected {
                         return Err(format!(
-                            "Redis holds {counted} packets counted, not {packets}"
+                            "{} replicated to {mode} forwarded {} packets, unreplicated {expected}",
+                            case.name, ran.tx
                         ));
                     }
+                    if mode == "redis" && case.name == "counter" {
+                        let counted = counted_in_redis(&server.url())?;
+                        if counted != packets {
+                            return Err(format!(
+                                "Redis holds {counted} packets counted, not {packets}"
+                            ));
+                        }
+                    }
+                    rates.push(ran.pps);
+                    last = Some(ran);
                 }
-                rates.push(pps);
-                last = (writes, folded, trips);
+                let pps = median(rates);
+                eprintln!("  {}, burst {burst}, {mode}: {pps:.0} packets/s", case.name);
+                let last = last.ok_or("no run")?;
+                rows.push(Row {
+                    program: case.name.clone(),
+                    mode,
+                    burst,
+                    pps,
+                    writes: last.writes,
+                    folded: last.folded,
+                    round_trips: last.round_trips,
+                });
             }
-            let pps = median(rates);
-            eprintln!("  burst {burst}, {mode}: {pps:.0} packets/s");
-            rows.push(Row {
-                mode,
-                burst,
-                pps,
-                writes: last.0,
-                folded: last.1,
-                round_trips: last.2,
-            });
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
 
     let mut table = Table::new(
-        &["mode", "burst"],
+        &["program", "mode", "burst"],
         &[
             "packets/s",
             "vs unreplicated",
@@ -198,14 +281,16 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             "round trips",
         ],
     );
-    let mut csv =
-        Csv::new("mode,burst,packets_per_s,vs_unreplicated,x_store_rate,writes,folded,round_trips");
+    let mut csv = Csv::new(
+        "program,mode,burst,packets_per_s,vs_unreplicated,x_store_rate,writes,folded,round_trips",
+    );
     for r in &rows {
         let base = (rows.iter())
-            .find(|b| b.burst == r.burst && b.mode == "unreplicated")
+            .find(|b| b.program == r.program && b.burst == r.burst && b.mode == "unreplicated")
             .map_or(f64::NAN, |b| b.pps);
         let (ratio, x_store) = (r.pps / base, r.pps / store_rate);
         table.row(vec![
+            r.program.clone(),
             r.mode.into(),
             r.burst.to_string(),
             format!("{:.0}", r.pps),
@@ -216,8 +301,14 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             r.round_trips.to_string(),
         ]);
         csv.row(format_args!(
-            "{},{},{:.0},{ratio:.4},{x_store:.3},{},{},{}",
-            r.mode, r.burst, r.pps, r.writes, r.folded, r.round_trips
+            "{},{},{},{:.0},{ratio:.4},{x_store:.3},{},{},{}",
+            r.program.replace(',', ""),
+            r.mode,
+            r.burst,
+            r.pps,
+            r.writes,
+            r.folded,
+            r.round_trips
         ));
     }
     table.print();
@@ -229,19 +320,26 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
     }
     if a.files.wants_chart() {
         let panel = crate::chart::Panel {
-            title: "counter's packets a second, unreplicated and replicated linearizably".into(),
+            title: "Packets a second, unreplicated and replicated linearizably".into(),
             unit: "packets/s".into(),
             bars: rows
                 .iter()
-                .map(|r| (format!("{}, burst {}", r.mode, r.burst), r.pps))
+                .map(|r| {
+                    (
+                        format!("{}, {}, burst {}", r.program, r.mode, r.burst),
+                        r.pps,
+                    )
+                })
                 .chain([("Redis: one-flow writes/s".to_string(), store_rate)])
                 .collect(),
         };
-        let title = "Replication's cost on counter (every packet writes)";
-        let subtitle = format!(
-            "{packets} packets, {} flows, median of {repeat}",
-            summary.flows
-        );
+        let title = "Replication's cost by program";
+        let inputs: Vec<String> = (traces.iter())
+            .map(|(name, workload, packets, flows)| {
+                format!("{name}: {packets} packets, {flows} flows ({workload})")
+            })
+            .collect();
+        let subtitle = format!("{}; median of {repeat}", inputs.join("; "));
         a.files.write_chart(title, &subtitle, &[panel])?;
     }
     Ok(())

@@ -314,9 +314,14 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
                 "min",
                 "max",
                 "every byte arrived",
-                "target: lease + 100 ms",
+                "target: max(lease, stateless) + 100 ms",
             ],
         );
+        // Steering's detection and TCP's retransmission timer stall a connection through
+        // stateless switches too: the floor no lease can go under, measured in this run.
+        let stateless = (settings.iter().zip(trials))
+            .find(|(s, _)| **s == Setting::Forward)
+            .and_then(|(_, v)| median_recovery(v));
         for (s, v) in settings.iter().zip(trials) {
             let ok: Vec<f64> = (v.iter().filter(|t| t.delivered))
                 .map(|t| t.recovery_ms)
@@ -325,13 +330,11 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
             let max = ok.iter().copied().reduce(f64::max);
             let target = match (s.lease_ms(), median_recovery(v)) {
                 (Some(lease), Some(m)) => {
-                    let met = if m <= (lease + 100) as f64 {
-                        "met"
-                    } else {
-                        "missed"
-                    };
-                    format!("{} ms: {met}", lease + 100)
+                    let bound = (lease as f64).max(stateless.unwrap_or(0.0)) + 100.0;
+                    let met = if m <= bound { "met" } else { "missed" };
+                    format!("{bound:.0} ms: {met}")
                 }
+                (Some(_), None) => "nothing delivered: missed".into(),
                 _ => "-".into(),
             };
             table.row(vec![

@@ -532,6 +532,49 @@ fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replica
     );
 }
 
+/// `lab bench-failover` measures each setting on a lab of its own and removes it: the
+/// stateless and the replicated switches' streams arrive whole after the kill, the
+/// unreplicated firewall's cannot; bad flags are refused by name.
+#[test]
+fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    require("redis-server");
+    let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("failover.csv");
+    let out = bin()
+        .args(["lab", "bench-failover", "--leases", "200", "--repeat", "1"])
+        .args(["--seconds", "2", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("every byte arrived"), "{table}");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    let delivered = |setting: &str| -> bool {
+        let row = (rows.lines())
+            .find(|r| r.starts_with(&format!("{setting},")))
+            .unwrap_or_else(|| panic!("no {setting} in {rows}"));
+        row.ends_with(",true")
+    };
+    assert!(delivered("forward"), "{rows}");
+    assert!(delivered("firewall-replicated"), "{rows}");
+    assert!(!delivered("firewall-unreplicated"), "{rows}");
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !text(&ns).contains("sp-failover-"),
+        "the bench's lab is gone"
+    );
+    let refused = bin()
+        .args(["lab", "bench-failover", "--leases", "50"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(text(&refused).contains("--leases: 50 is outside 100 to 60000"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn lab_down_cleans_up_after_a_crash_and_up_refuses_a_lab_twice() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

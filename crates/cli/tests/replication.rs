@@ -555,10 +555,11 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
     }
 }
 
-/// `bench-replication` runs counter unreplicated and replicated to both stores, checks
-/// that each forwards every packet and that Redis counted each, and writes its files.
+/// `bench-replication` runs each program unreplicated and replicated to both stores,
+/// checks the counts and the outputs, and writes its CSV: counter writes at every packet,
+/// the firewall and kv far less (their reads write nothing); bad flags are refused by name.
 #[test]
-fn bench_replication_runs_counter_three_ways_and_checks_the_counts() {
+fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
     let csv = tmp("replication.csv");
     ok(bin()
         .args(["bench-replication", "--packets", "3000", "--flows", "50"])
@@ -567,13 +568,26 @@ fn bench_replication_runs_counter_three_ways_and_checks_the_counts() {
         .output()
         .unwrap());
     let text = std::fs::read_to_string(&csv).unwrap();
-    for mode in ["unreplicated", "memory", "redis"] {
+    let writes = |program: &str, mode: &str| -> u64 {
         let row = (text.lines())
-            .find(|l| l.starts_with(&format!("{mode},32,")))
-            .unwrap_or_else(|| panic!("no {mode} row in {text}"));
-        let writes: u64 = row.split(',').nth(5).unwrap().parse().unwrap();
-        assert_eq!(writes > 0, mode != "unreplicated", "{row}");
+            .find(|l| l.starts_with(&format!("{program},{mode},32,")))
+            .unwrap_or_else(|| panic!("no {program} {mode} row in {text}"));
+        row.split(',').nth(6).unwrap().parse().unwrap()
+    };
+    for program in ["counter", "firewall", "kv 5% PUT", "kv 50% PUT"] {
+        assert_eq!(writes(program, "unreplicated"), 0, "{text}");
+        for mode in ["memory", "redis"] {
+            let w = writes(program, mode);
+            assert!(w > 0, "{program} {mode}: {text}");
+            if program != "counter" {
+                assert!(w < 3000 / 2, "{program} {mode} mostly reads: {text}");
+            }
+        }
     }
+    assert!(
+        writes("kv 5% PUT", "memory") < writes("kv 50% PUT", "memory"),
+        "{text}"
+    );
     refused(
         &["bench-replication", "--bursts", "0"],
         "--bursts: '0' is not a burst size from 1 to 1024",

@@ -20,8 +20,11 @@ pub use workloads::{GenGenerateError, generate};
 use std::fmt;
 use std::str::FromStr;
 
+/// The key-value server's address in the `kv` workload (IPv4 clients).
+pub const KV_SERVER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 19, 0, 100);
+
 /// The kinds of traffic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     /// Backbone-like: heavy-tailed (Zipf) flow sizes, most flows under 10 packets and a few
     /// elephants carrying most bytes; TCP with handshakes, FIN and RST, and UDP.

@@ -522,7 +522,7 @@ fn kv_workload(g: &mut Gen) -> io::Result<()> {
         cfg.kv_keys.min(10_000_000) as usize,
         cfg.zipf.unwrap_or(0.99),
     );
-    let server = IpAddr::V4(Ipv4Addr::new(198, 19, 0, 100));
+    let server = IpAddr::V4(crate::KV_SERVER);
     let value = [0x5au8; 16];
     for request_id in 0..cfg.packets {
         let client = g.rng.below(clients) as u32;
