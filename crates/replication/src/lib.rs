@@ -21,3 +21,8 @@ pub mod replica;
 pub mod store;
 
 pub use protocol::{FlowBytes, Holder, Reply, Request};
+
+/// A map keyed by flows (or per-packet tokens) on the replication path, which hashes a key
+/// a packet: foldhash with a per-process random seed, as resistant to crafted keys as the
+/// standard map and several times faster on a flow's 48 bytes than its SipHash.
+pub type FlowMap<K, V> = std::collections::HashMap<K, V, foldhash::quality::RandomState>;

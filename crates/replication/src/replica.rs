@@ -23,7 +23,7 @@
 
 use crate::protocol::{Holder, Reply, Request};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hash;
 
 /// A packet, as the worker that holds it names it.
@@ -251,7 +251,7 @@ impl<V> Flow<V> {
 pub struct Replica<K, V> {
     config: ReplicaConfig,
     holder: Holder,
-    flows: HashMap<K, Flow<V>>,
+    flows: crate::FlowMap<K, Flow<V>>,
     /// Flows with something to send at the next [`Replica::poll_transmit`].
     sendable: Vec<K>,
     timers: BinaryHeap<Reverse<(u64, K)>>,
@@ -305,7 +305,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         Replica {
             config,
             holder,
-            flows: HashMap::new(),
+            flows: crate::FlowMap::default(),
             sendable: Vec::new(),
             timers: BinaryHeap::new(),
             outbox: Vec::new(),

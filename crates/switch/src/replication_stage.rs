@@ -21,14 +21,14 @@ use serde::Deserialize;
 use stateplane_replication::FlowBytes;
 use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
 use stateplane_replication::store::StoreConfig;
-use stateplane_replication::{Holder, Reply, Request};
+use stateplane_replication::{FlowMap, Holder, Reply, Request};
 use stateplane_runtime::{
     Burst, Context, DropReason, Held, HeldPacket, Running, StateStage, StateStageFactory, Verdict,
 };
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
 use stateplane_stores::{LinkCounters, StoreLink, Value};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -488,13 +488,13 @@ struct ReplicationStage {
     /// Per packet of the burst: what becomes of it (`None`: no replicated state).
     slots: Vec<Option<Slot>>,
     /// Where each token of the burst sits in it, while its answers are taken.
-    in_burst: HashMap<Token, usize>,
+    in_burst: FlowMap<Token, usize>,
     /// The burst's flows, each with its state before the program.
     flows: Vec<(FlowBytes, Option<Value>)>,
-    index_of_flow: HashMap<FlowBytes, usize>,
+    index_of_flow: FlowMap<FlowBytes, usize>,
     /// Packets held across bursts, and per flow how many.
     held: Held<Hold>,
-    queues: HashMap<FlowBytes, Queue>,
+    queues: FlowMap<FlowBytes, Queue>,
     /// Held packets to process at the next burst, in flow order.
     ready_in: VecDeque<Token>,
     /// Held packets whose outputs may leave (or that are dropped), in flow order.
@@ -530,11 +530,11 @@ impl ReplicationStage {
             published: (Default::default(), LinkCounters::default(), 0),
             next_token: 0,
             slots: Vec::new(),
-            in_burst: HashMap::new(),
+            in_burst: FlowMap::default(),
             flows: Vec::new(),
-            index_of_flow: HashMap::new(),
+            index_of_flow: FlowMap::default(),
             held: Held::default(),
-            queues: HashMap::new(),
+            queues: FlowMap::default(),
             ready_in: VecDeque::new(),
             ready_out: VecDeque::new(),
             spare: Burst::default(),
@@ -1098,7 +1098,7 @@ mod tests {
     /// bytes: each output shows the state it saw.
     #[derive(Default)]
     struct Tally {
-        counts: HashMap<FlowBytes, u64>,
+        counts: FlowMap<FlowBytes, u64>,
     }
 
     fn flow(port: u16) -> FlowBytes {
