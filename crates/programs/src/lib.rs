@@ -717,6 +717,14 @@ impl Program for Guaranteed {
         self.inner.replicated_state(key)
     }
 
+    fn replicated_state_into(
+        &self,
+        key: &stateplane_runtime::FlowBytes,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        self.inner.replicated_state_into(key, out)
+    }
+
     fn install_replicated(
         &mut self,
         key: &stateplane_runtime::FlowBytes,

@@ -59,8 +59,17 @@ macro_rules! replicated_table_methods {
         }
 
         fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
-            let key = crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)?;
-            self.$($table).+.replicated_state(&key)
+            let mut state = Vec::new();
+            self.replicated_state_into(key, &mut state).then_some(state)
+        }
+
+        fn replicated_state_into(
+            &self,
+            key: &stateplane_runtime::FlowBytes,
+            out: &mut Vec<u8>,
+        ) -> bool {
+            crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)
+                .is_some_and(|key| self.$($table).+.replicated_state_into(&key, out))
         }
 
         fn install_replicated(

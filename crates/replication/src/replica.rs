@@ -1078,10 +1078,7 @@ mod tests {
             "every flow's write reached the store"
         );
         let retransmits = r.counters.retransmits;
-        assert!(
-            retransmits == 0,
-            "{retransmits} sent again of {sent}"
-        );
+        assert!(retransmits == 0, "{retransmits} sent again of {sent}");
     }
 
     #[test]

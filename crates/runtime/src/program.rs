@@ -315,6 +315,15 @@ pub trait Program: Send {
         None
     }
 
+    /// As [`Program::replicated_state`], appended to `out` (`false`: none, nothing
+    /// appended). Override it where the state can be encoded without an allocation: the
+    /// replication stage reads every flow of a burst twice.
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool {
+        self.replicated_state(key)
+            .map(|state| out.extend_from_slice(&state))
+            .is_some()
+    }
+
     /// Makes the flow's state `state` (`None`: removes it), replacing what the program
     /// holds: what the store granted with the flow's lease. `false`: the bytes are not a
     /// state of this program (nothing changed).
@@ -357,6 +366,7 @@ pub trait Running: Send {
     fn replicate(&mut self, name: &str) -> bool;
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
 }
 
@@ -467,6 +477,11 @@ impl<P: Program> Running for P {
 
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
         Program::replicated_state(self, key)
+    }
+
+    #[inline]
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool {
+        Program::replicated_state_into(self, key, out)
     }
 
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {

@@ -305,24 +305,31 @@ impl<C: ExactCodec> DeclaredTable<C> {
     }
 
     /// A replicated flow's state (docs/REPLICATION.md): the entry of `key` as bytes, its
-    /// action (one byte) then each parameter it keeps (16 bytes, little-endian); `None`
-    /// without an entry, or when the table is not replicated.
-    pub fn replicated_state(&self, key: &C::Key) -> Option<Vec<u8>> {
-        let value = self.table.get(key)?;
+    /// action (one byte) then each parameter it keeps (16 bytes, little-endian), appended
+    /// to `out`; `false` (nothing appended) without an entry, or when the table is not
+    /// replicated.
+    pub fn replicated_state_into(&self, key: &C::Key, out: &mut Vec<u8>) -> bool {
+        let Some(value) = self.table.get(key) else {
+            return false;
+        };
         let mut params = [0u128; MAX_FIELDS];
         let (action, n) = C::action_values(value, &mut params);
-        let (left_out, _) = self.replicated_params(action)?;
-        let mut out = Vec::with_capacity(1 + 16 * n);
-        out.push(u8::try_from(action).ok()?);
+        let (Some((left_out, _)), Ok(action)) =
+            (self.replicated_params(action), u8::try_from(action))
+        else {
+            return false;
+        };
+        out.push(action);
         for (i, p) in params[..n].iter().enumerate() {
             if left_out & (1 << i) == 0 {
                 out.extend_from_slice(&p.to_le_bytes());
             }
         }
-        Some(out)
+        true
     }
 
-    /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state`]'s
+
+    /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state_into`]'s
     /// form; `None` or no bytes: no entry), in place of what the table has; the parameters
     /// left out of it keep their values here (zero in a new entry). Never makes room by
     /// removing another entry (whose flow's state this worker must keep); `false` if

@@ -438,6 +438,34 @@ struct Hold {
     state: Option<Option<Value>>,
 }
 
+/// The replicated states of a burst's flows, encoded one after another into one buffer
+/// kept across bursts, so that reading them costs no allocation a flow: flow `i`'s state
+/// is `bytes[spans[i]]`, or none.
+#[derive(Default)]
+struct FlowStates {
+    bytes: Vec<u8>,
+    spans: Vec<Option<(usize, usize)>>,
+}
+
+impl FlowStates {
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.spans.clear();
+    }
+
+    /// Reads the next flow's state from the program.
+    fn push(&mut self, program: &dyn Running, key: &FlowBytes) {
+        let start = self.bytes.len();
+        let has = program.replicated_state_into(key, &mut self.bytes);
+        self.spans.push(has.then_some((start, self.bytes.len())));
+    }
+
+    fn get(&self, flow: usize) -> Option<&[u8]> {
+        let (start, end) = self.spans.get(flow).copied().flatten()?;
+        self.bytes.get(start..end)
+    }
+}
+
 /// The packets of one flow the stage holds: those to be processed, those to leave.
 #[derive(Default)]
 struct Queue {
@@ -468,6 +496,8 @@ struct Slot {
     outcome: Outcome,
     /// Outputs of its flow were held when it was processed: its own goes behind them.
     behind: bool,
+    /// Its flow's place among the burst's flows (set once the burst's packets are known).
+    flow: usize,
 }
 
 struct ReplicationStage {
@@ -489,9 +519,15 @@ struct ReplicationStage {
     slots: Vec<Option<Slot>>,
     /// Where each token of the burst sits in it, while its answers are taken.
     in_burst: FlowMap<Token, usize>,
-    /// The burst's flows, each with its state before the program.
-    flows: Vec<(FlowBytes, Option<Value>)>,
+    /// The burst's flows, and their states before and after the program.
+    flows: Vec<FlowBytes>,
+    before: FlowStates,
+    after: FlowStates,
     index_of_flow: FlowMap<FlowBytes, usize>,
+    /// Per flow of the burst: its change is on its way (with its first packet), and its
+    /// last packet's place in the burst (only with a history).
+    written: Vec<bool>,
+    last_of_flow: Vec<usize>,
     /// Packets held across bursts, and per flow how many.
     held: Held<Hold>,
     queues: FlowMap<FlowBytes, Queue>,
@@ -532,6 +568,10 @@ impl ReplicationStage {
             slots: Vec::new(),
             in_burst: FlowMap::default(),
             flows: Vec::new(),
+            before: FlowStates::default(),
+            after: FlowStates::default(),
+            written: Vec::new(),
+            last_of_flow: Vec::new(),
             index_of_flow: FlowMap::default(),
             held: Held::default(),
             queues: FlowMap::default(),
@@ -787,6 +827,7 @@ impl ReplicationStage {
                     token,
                     outcome: Outcome::Go,
                     behind: false,
+                    flow: 0,
                 }));
                 self.held.recycle(p);
             }
@@ -833,6 +874,7 @@ impl StateStage for ReplicationStage {
                 token,
                 outcome,
                 behind,
+                flow: 0,
             }));
         }
         // Leases asked for go, and those granted at once (a store in this process, an
@@ -911,13 +953,14 @@ impl StateStage for ReplicationStage {
         self.front = front;
         // Each flow's state before the program, to see what the burst changed.
         self.flows.clear();
+        self.before.clear();
         self.index_of_flow.clear();
-        for slot in self.slots.iter().flatten() {
-            if !self.index_of_flow.contains_key(&slot.key) {
-                self.index_of_flow.insert(slot.key, self.flows.len());
-                self.flows
-                    .push((slot.key, program.replicated_state(&slot.key)));
-            }
+        for slot in self.slots.iter_mut().flatten() {
+            slot.flow = *self.index_of_flow.entry(slot.key).or_insert_with(|| {
+                self.flows.push(slot.key);
+                self.before.push(program, &slot.key);
+                self.flows.len() - 1
+            });
         }
     }
 
@@ -925,25 +968,25 @@ impl StateStage for ReplicationStage {
         self.write_history();
         let now = self.now();
         // Each flow's state after the burst, and whether it changed (written once).
-        let after: Vec<Option<Value>> = (self.flows.iter())
-            .map(|(key, _)| program.replicated_state(key))
-            .collect();
-        let mut change: Vec<Option<Value>> = (self.flows.iter().zip(&after))
-            .map(|((_, before), after)| {
-                (after != before).then(|| after.clone().unwrap_or_default())
-            })
-            .collect();
-        let changed: Vec<bool> = change.iter().map(Option::is_some).collect();
+        self.after.clear();
+        for key in &self.flows {
+            self.after.push(program, key);
+        }
+        self.written.clear();
+        self.written.resize(self.flows.len(), false);
         let (mut processed, mut folded) = (0u64, 0u64);
         self.in_burst.clear();
         for i in 0..self.slots.len() {
             let Some(slot) = &self.slots[i] else { continue };
-            let (key, token) = (slot.key, slot.token);
+            let (key, token, flow) = (slot.key, slot.token, slot.flow);
             processed += 1;
-            let flow = self.index_of_flow[&key];
             // The flow's change goes with its first packet; the others' fold into it.
-            let write = change[flow].take();
-            folded += u64::from(write.is_none() && changed[flow]);
+            let after = self.after.get(flow);
+            let changed = after != self.before.get(flow);
+            let write =
+                (changed && !self.written[flow]).then(|| after.unwrap_or_default().to_vec());
+            self.written[flow] |= changed;
+            folded += u64::from(write.is_none() && changed);
             let behind = self.queues.get(&key).is_some_and(|q| q.outputs > 0);
             let outcome = match self.replica.processed(now, key, token, write) {
                 Release::Now => Outcome::Released,
@@ -969,11 +1012,12 @@ impl StateStage for ReplicationStage {
         self.pump(program, ctx);
         self.in_burst.clear();
         // A flow's last packet of the burst shows the state the burst's write carried.
-        let mut last_of_flow = vec![usize::MAX; self.flows.len()];
+        self.last_of_flow.clear();
+        self.last_of_flow.resize(self.flows.len(), usize::MAX);
         if self.history.is_some() {
             for (i, slot) in self.slots.iter().enumerate() {
                 if let Some(slot) = slot {
-                    last_of_flow[self.index_of_flow[&slot.key]] = i;
+                    self.last_of_flow[slot.flow] = i;
                 }
             }
         }
@@ -986,9 +1030,10 @@ impl StateStage for ReplicationStage {
                 keep.push(true);
                 continue;
             };
-            let (key, token, outcome, behind) = (slot.key, slot.token, slot.outcome, slot.behind);
-            let flow = self.index_of_flow[&key];
-            let state = (last_of_flow[flow] == i).then(|| after[flow].clone());
+            let (key, token, outcome, behind, flow) =
+                (slot.key, slot.token, slot.outcome, slot.behind, slot.flow);
+            let state =
+                (self.last_of_flow[flow] == i).then(|| self.after.get(flow).map(<[u8]>::to_vec));
             match outcome {
                 Outcome::Dropped => {
                     burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::UNREPLICATED);
