@@ -27,7 +27,7 @@ pub mod bench_sync_reorder;
 pub mod bench_tables;
 pub mod chart;
 pub mod lab_bench;
-pub mod lab_failover;
+pub mod lab_replication;
 pub mod results;
 pub mod statistics;
 

@@ -23,7 +23,10 @@ enum Action {
     /// Measure how long a TCP connection stalls when the switch carrying it dies, on a lab
     /// of its own (topologies/dual-firewall.toml): replicated firewalls at several leases,
     /// unreplicated, and stateless forward.
-    BenchFailover(stateplane_bench::lab_failover::FailoverBenchArgs),
+    BenchFailover(stateplane_bench::lab_replication::FailoverBenchArgs),
+    /// Measure what replicated state adds to a packet's round trip (ping), on a lab of its
+    /// own (topologies/dual-firewall.toml): firewall and counter, unreplicated and replicated.
+    BenchLatency(stateplane_bench::lab_replication::LatencyBenchArgs),
     /// Run a command in a node's namespace, e.g. `lab exec line.toml h1 ping 198.18.0.2`.
     Exec {
         topology: PathBuf,
@@ -51,7 +54,8 @@ pub fn main(args: LabArgs) -> CliResult<()> {
         }
         Action::Status { topology } => print_status(&Topology::load(&topology)?),
         Action::Bench(args) => stateplane_bench::lab_bench::main(args),
-        Action::BenchFailover(args) => stateplane_bench::lab_failover::main(args),
+        Action::BenchFailover(args) => stateplane_bench::lab_replication::main(args),
+        Action::BenchLatency(args) => stateplane_bench::lab_replication::main_latency(args),
         Action::Exec {
             topology,
             node,

@@ -534,7 +534,8 @@ fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replica
 
 /// `lab bench-failover` measures each setting on a lab of its own and removes it: the
 /// stateless and the replicated switches' streams arrive whole after the kill, the
-/// unreplicated firewall's cannot; bad flags are refused by name.
+/// unreplicated firewall's cannot; bad flags are refused by name. `lab bench-latency`
+/// times every echo through each setting.
 #[test]
 fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -572,6 +573,35 @@ fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(text(&refused).contains("--leases: 50 is outside 100 to 60000"));
+
+    // `lab bench-latency`: every echo answered and timed, for each setting.
+    let out = bin()
+        .args([
+            "lab",
+            "bench-latency",
+            "--pings",
+            "20",
+            "--repeat",
+            "1",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    for setting in [
+        "forward",
+        "firewall-unreplicated",
+        "firewall-replicated",
+        "counter-unreplicated",
+        "counter-replicated",
+    ] {
+        let echoes = (rows.lines())
+            .filter(|r| r.starts_with(&format!("{setting},")))
+            .count();
+        assert_eq!(echoes, 20, "{setting}: {rows}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -328,7 +328,6 @@ impl<C: ExactCodec> DeclaredTable<C> {
         true
     }
 
-
     /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state_into`]'s
     /// form; `None` or no bytes: no entry), in place of what the table has; the parameters
     /// left out of it keep their values here (zero in a new entry). Never makes room by

@@ -1,8 +1,12 @@
-//! `stateplane lab bench-failover`: how long a TCP connection stalls when the switch
-//! carrying it dies, on topologies/dual-firewall.toml (two `firewall` switches behind
-//! `steer`, their connections replicated to Redis on the controller).
+//! Replicated state in the lab, on topologies/dual-firewall.toml (two switches behind
+//! `steer`, Redis on the controller), against the same switches unreplicated and
+//! stateless, in one run:
 //!
-//! Each trial sends a steady TCP stream from h1 to h2 (1,400 bytes every 2 ms), kills the
+//! - `stateplane lab bench-failover`: how long a TCP connection stalls when the switch
+//!   carrying it dies;
+//! - `stateplane lab bench-latency`: what replication adds to a packet's round trip.
+//!
+//! A failover trial sends a steady TCP stream from h1 to h2 (1,400 bytes every 2 ms), kills the
 //! switch carrying it (SIGKILL) halfway, and measures at h2 the longest time between two
 //! arrivals: the recovery time. A trial counts only if every byte arrived, in order,
 //! unchanged (the two ends' SHA-256 agree). Compared in the same run: `forward`, the same
@@ -67,44 +71,83 @@ while time.monotonic()<end:
 c.shutdown(socket.SHUT_WR); c.recv(1)
 print(n,h.hexdigest())";
 
-/// What the parallel switches run in a trial.
+/// The program of the parallel switches.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Setting {
+enum Program {
     Forward,
-    Unreplicated,
-    Replicated { lease_ms: u64 },
+    Firewall,
+    Counter,
+}
+
+/// What the parallel switches run in a trial: a program, its state replicated with a
+/// lease (`Some`) or not.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Setting {
+    program: Program,
+    lease_ms: Option<u64>,
 }
 
 impl Setting {
+    const FORWARD: Setting = Setting {
+        program: Program::Forward,
+        lease_ms: None,
+    };
+
+    fn program_name(self) -> &'static str {
+        match self.program {
+            Program::Forward => "forward",
+            Program::Firewall => "firewall",
+            Program::Counter => "counter",
+        }
+    }
+
     fn name(self) -> String {
-        match self {
-            Setting::Forward => "forward (stateless)".into(),
-            Setting::Unreplicated => "firewall, unreplicated".into(),
-            Setting::Replicated { lease_ms } => {
-                format!("firewall, replicated, lease {lease_ms} ms")
-            }
+        match (self.program, self.lease_ms) {
+            (Program::Forward, _) => "forward (stateless)".into(),
+            (_, None) => format!("{}, unreplicated", self.program_name()),
+            (_, Some(lease)) => format!("{}, replicated, lease {lease} ms", self.program_name()),
         }
     }
 
     /// As the CSV names it (no commas).
-    fn key(self) -> &'static str {
-        match self {
-            Setting::Forward => "forward",
-            Setting::Unreplicated => "firewall-unreplicated",
-            Setting::Replicated { .. } => "firewall-replicated",
+    fn key(self) -> String {
+        match (self.program, self.lease_ms) {
+            (Program::Forward, _) => "forward".into(),
+            (_, None) => format!("{}-unreplicated", self.program_name()),
+            (_, Some(_)) => format!("{}-replicated", self.program_name()),
         }
     }
 
     /// How long an end waits on a stalled connection before it gives up (s): past any
     /// recovery this setting can make.
     fn give_up_s(self) -> u64 {
-        5 + 3 * self.lease_ms().unwrap_or(1000).div_ceil(1000)
+        5 + 3 * self.lease_ms.unwrap_or(1000).div_ceil(1000)
     }
 
-    fn lease_ms(self) -> Option<u64> {
-        match self {
-            Setting::Replicated { lease_ms } => Some(lease_ms),
-            _ => None,
+    /// Switch `index` of the topology's pair (`s`, as the topology has it) made to run
+    /// this setting.
+    fn apply(self, s: &mut stateplane_lab::topology::Switch, index: usize) {
+        let table = |text: &str| text.parse::<toml::Table>().unwrap_or_default();
+        let state = match self.program {
+            Program::Forward => {
+                s.program = table("name = \"forward\"");
+                "none"
+            }
+            Program::Firewall => "connections",
+            Program::Counter => {
+                s.program =
+                    table("name = \"counter\"\n[counter]\nmap = { p0 = \"p1\", p1 = \"p0\" }");
+                "flows"
+            }
+        };
+        match self.lease_ms {
+            Some(lease_ms) if self.program != Program::Forward => {
+                s.guarantees = Some(table(&format!("{state} = [\"replicated\"]")));
+                let r = s.replication.get_or_insert_default();
+                r.insert("lease_ms".into(), toml::Value::Integer(lease_ms as i64));
+                r.insert("switch".into(), toml::Value::Integer(index as i64 + 1));
+            }
+            _ => (s.guarantees, s.replication) = (None, None),
         }
     }
 }
@@ -125,6 +168,19 @@ pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
     if !(1.0..=60.0).contains(&a.seconds) || a.repeat == 0 || a.repeat > 50 {
         return Err("--seconds must be 1 to 60 and --repeat 1 to 50".into());
     }
+    let firewall = |lease_ms| Setting {
+        program: Program::Firewall,
+        lease_ms,
+    };
+    let mut settings = vec![Setting::FORWARD, firewall(None)];
+    settings.extend(a.leases.iter().map(|&lease| firewall(Some(lease))));
+    let trials = in_lab(|t, exe| run_rounds(t, &a, exe, &settings))?;
+    report(&a, &settings, &trials)
+}
+
+/// Runs `work` on a lab of its own made from topologies/dual-firewall.toml, removed after
+/// it whatever `work` returns.
+fn in_lab<T>(work: impl FnOnce(&Topology, &Path) -> BenchResult<T>) -> BenchResult<T> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -133,17 +189,10 @@ pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
     let t = Topology::load(&file)?;
     let _ = stateplane_lab::down(&t.name);
-    stateplane_lab::up(&t, &exe)?;
-    let mut settings = vec![Setting::Forward, Setting::Unreplicated];
-    settings.extend(
-        a.leases
-            .iter()
-            .map(|&lease_ms| Setting::Replicated { lease_ms }),
-    );
-    let result = run_rounds(&t, &a, &exe, &settings);
+    let result = stateplane_lab::up(&t, &exe).and_then(|()| work(&t, &exe));
     let _ = stateplane_lab::down(&t.name);
     let _ = std::fs::remove_dir_all(&dir);
-    report(&a, &settings, &result?)
+    result
 }
 
 fn run_rounds(
@@ -175,18 +224,7 @@ fn configure(t: &Topology, exe: &Path, setting: Setting) -> BenchResult<()> {
             .find(|s| s.name == node)
             .ok_or_else(|| format!("the topology has no switch {node}"))?
             .clone();
-        match setting {
-            Setting::Forward => {
-                s.program = toml::Table::from_iter([("name".into(), "forward".into())]);
-                (s.guarantees, s.replication) = (None, None);
-            }
-            Setting::Unreplicated => (s.guarantees, s.replication) = (None, None),
-            Setting::Replicated { lease_ms } => {
-                let r = s.replication.get_or_insert_default();
-                r.insert("lease_ms".into(), toml::Value::Integer(lease_ms as i64));
-                r.insert("switch".into(), toml::Value::Integer(index as i64 + 1));
-            }
-        }
+        setting.apply(&mut s, index);
         stateplane_lab::start_switch(t, &s, exe)?;
     }
     let redis = ["-h", "198.19.255.1", "-p", "6379", "flushall"];
@@ -298,7 +336,7 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
     if a.json {
         let rows: Vec<_> = (settings.iter().zip(trials))
             .map(|(s, v)| {
-                serde_json::json!({"setting": s.name(), "lease_ms": s.lease_ms(),
+                serde_json::json!({"setting": s.name(), "lease_ms": s.lease_ms,
                     "median_recovery_ms": median_recovery(v), "delivered": delivered(v),
                     "trials": v.len(),
                     "recovery_ms": v.iter().map(|t| t.delivered.then_some(t.recovery_ms)).collect::<Vec<_>>()})
@@ -320,7 +358,7 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
         // Steering's detection and TCP's retransmission timer stall a connection through
         // stateless switches too: the floor no lease can go under, measured in this run.
         let stateless = (settings.iter().zip(trials))
-            .find(|(s, _)| **s == Setting::Forward)
+            .find(|(s, _)| **s == Setting::FORWARD)
             .and_then(|(_, v)| median_recovery(v));
         for (s, v) in settings.iter().zip(trials) {
             let ok: Vec<f64> = (v.iter().filter(|t| t.delivered))
@@ -328,7 +366,7 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
                 .collect();
             let min = ok.iter().copied().reduce(f64::min);
             let max = ok.iter().copied().reduce(f64::max);
-            let target = match (s.lease_ms(), median_recovery(v)) {
+            let target = match (s.lease_ms, median_recovery(v)) {
                 (Some(lease), Some(m)) => {
                     let bound = (lease as f64).max(stateless.unwrap_or(0.0)) + 100.0;
                     let met = if m <= bound { "met" } else { "missed" };
@@ -355,7 +393,7 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
                 csv.row(format_args!(
                     "{},{},{i},{},{}",
                     s.key(),
-                    s.lease_ms().map_or(String::new(), |l| l.to_string()),
+                    s.lease_ms.map_or(String::new(), |l| l.to_string()),
                     if t.delivered {
                         format!("{:.1}", t.recovery_ms)
                     } else {
@@ -379,6 +417,160 @@ fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) ->
                 unit: "ms".into(),
                 bars,
             }],
+        )?;
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct LatencyBenchArgs {
+    /// Echo requests per setting and round (ping -i 0.01).
+    #[arg(long, default_value_t = 500)]
+    pub pings: u32,
+    /// Rounds (every setting in turn each round); the round trips of all are pooled.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// The replicated settings' lease, in ms.
+    #[arg(long, default_value_t = 1000)]
+    pub lease: u64,
+    #[command(flatten)]
+    pub files: ResultFiles,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `stateplane lab bench-latency`: ping's round trips from h1 to h2 through the parallel
+/// switches, each program unreplicated and replicated. An echo's flow is written to the
+/// store by `firewall` only while its state moves (the first request and reply) and by
+/// `counter` at every packet, whose output then waits for the store.
+pub fn main_latency(a: LatencyBenchArgs) -> BenchResult<()> {
+    if !(100..=60_000).contains(&a.lease) {
+        return Err(format!("--lease: {} is outside 100 to 60000 (ms)", a.lease));
+    }
+    if !(10..=100_000).contains(&a.pings) || a.repeat == 0 || a.repeat > 50 {
+        return Err("--pings must be 10 to 100000 and --repeat 1 to 50".into());
+    }
+    let mut settings = vec![Setting::FORWARD];
+    for program in [Program::Firewall, Program::Counter] {
+        for lease_ms in [None, Some(a.lease)] {
+            settings.push(Setting { program, lease_ms });
+        }
+    }
+    let rtts = in_lab(|t, exe| {
+        let mut rtts = vec![Vec::new(); settings.len()];
+        for round in 0..a.repeat {
+            for (i, &setting) in settings.iter().enumerate() {
+                eprint!("\rround {}/{}: {:<40}", round + 1, a.repeat, setting.name());
+                configure(t, exe, setting)?;
+                rtts[i].extend(pings(t, a.pings)?);
+            }
+        }
+        eprintln!();
+        Ok(rtts)
+    })?;
+    report_latency(&a, &settings, &rtts)
+}
+
+/// The round trips (µs) of `count` echo requests from h1 to h2, every one answered.
+fn pings(t: &Topology, count: u32) -> BenchResult<Vec<f64>> {
+    let h1 = t.namespace("h1");
+    let count = count.to_string();
+    let args = [
+        "netns", "exec", &h1, "ping", "-c", &count, "-i", "0.01", "-W", "2",
+    ];
+    let out = sh("ip", &[&args[..], &["198.18.0.2"]].concat())?;
+    if !out.contains(&format!("{count} received")) {
+        return Err(format!(
+            "not every echo was answered: {}",
+            out.lines().rev().nth(1).unwrap_or("")
+        ));
+    }
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            l.split("time=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|ms| ms * 1000.0)
+        .collect())
+}
+
+fn report_latency(
+    a: &LatencyBenchArgs,
+    settings: &[Setting],
+    rtts: &[Vec<f64>],
+) -> BenchResult<()> {
+    let input = format!(
+        "topologies/dual-firewall.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET; \
+         Redis on the controller, lease {} ms); ping -c {} -i 0.01 from h1 to h2, {} rounds pooled",
+        a.lease, a.pings, a.repeat
+    );
+    let quantile = |v: &[f64], q: f64| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let rows: Vec<(Setting, f64, f64)> = (settings.iter().zip(rtts))
+        .map(|(s, v)| (*s, quantile(v, 0.5), quantile(v, 0.99)))
+        .collect();
+    let unreplicated = |s: Setting| {
+        (rows.iter())
+            .find(|(o, ..)| o.program == s.program && o.lease_ms.is_none())
+            .map_or(f64::NAN, |r| r.1)
+    };
+    if a.json {
+        let v: Vec<_> = (rows.iter())
+            .map(|(s, p50, p99)| serde_json::json!({"setting": s.name(), "p50_us": p50, "p99_us": p99}))
+            .collect();
+        println!("{}", serde_json::json!({"input": input, "results": v}));
+    } else {
+        println!("input: {input}");
+        let mut table = Table::new(
+            &["switches"],
+            &["p50 us", "p99 us", "p50 added by replication us"],
+        );
+        for (s, p50, p99) in &rows {
+            let added = match s.lease_ms {
+                Some(_) => format!("{:+.0}", p50 - unreplicated(*s)),
+                None => "-".into(),
+            };
+            table.row(vec![
+                s.name(),
+                format!("{p50:.0}"),
+                format!("{p99:.0}"),
+                added,
+            ]);
+        }
+        table.print();
+    }
+    if let Some(path) = &a.files.csv {
+        let mut csv = Csv::new("setting,echo,rtt_us");
+        for (s, v) in settings.iter().zip(rtts) {
+            for (i, us) in v.iter().enumerate() {
+                csv.row(format_args!("{},{i},{us:.1}", s.key()));
+            }
+        }
+        csv.write(path)?;
+    }
+    if a.files.wants_chart() {
+        let panel = |title: &str, f: fn(&(Setting, f64, f64)) -> f64| crate::chart::Panel {
+            title: title.to_owned(),
+            unit: "us".into(),
+            bars: rows.iter().map(|r| (r.0.name(), f(r))).collect(),
+        };
+        a.files.write_chart(
+            "Round trip through replicated switches (ping)",
+            &input,
+            &[
+                panel("Median round trip", |r| r.1),
+                panel("99th percentile", |r| r.2),
+            ],
         )?;
     }
     Ok(())
