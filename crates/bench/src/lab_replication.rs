@@ -185,7 +185,7 @@ fn in_lab<T>(work: impl FnOnce(&Topology, &Path) -> BenchResult<T>) -> BenchResu
     let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let file = dir.join("failover.toml");
-    let text = TOPOLOGY.replacen("name = \"dual-firewall\"", &format!("name = \"{LAB}\""), 1);
+    let text = TOPOLOGY.replacen("name = \"dualfw\"", &format!("name = \"{LAB}\""), 1);
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
     let t = Topology::load(&file)?;
     let _ = stateplane_lab::down(&t.name);

@@ -628,7 +628,7 @@ fn flows_settings_errors_name_the_key_or_flag() {
 /// later instead), and `resets` reset by the client. Each connection: SYN, SYN-ACK, ACK,
 /// two data segments down, then its close; connections start 0.1 s apart.
 fn write_closes(path: &Path, closes: u16, late: u16, resets: u16, final_ack_ms: u64) {
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
+    use stateplane_gen::build::{L4, emit_frame};
     use stateplane_io::pcap::PcapWriter;
     const SYN: u8 = 0x02;
     const FIN: u8 = 0x01;
@@ -636,21 +636,7 @@ fn write_closes(path: &Path, closes: u16, late: u16, resets: u16, final_ack_ms: 
     const ACK: u8 = 0x10;
     let mut frames: Vec<(u64, Vec<u8>)> = Vec::new();
     for c in 0..closes + late + resets {
-        let client = Hosts {
-            src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
-            dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan: 0,
-            src: std::net::Ipv4Addr::new(198, 18, 0, 1).into(),
-            dst: std::net::Ipv4Addr::new(198, 19, 0, 1).into(),
-            ttl: 64,
-        };
-        let server = Hosts {
-            src_mac: client.dst_mac,
-            dst_mac: client.src_mac,
-            src: client.dst,
-            dst: client.src,
-            ..client
-        };
+        let (client, server) = common::client_and_server();
         let port = 10_000 + c;
         let up = |flags, seq| L4::Tcp {
             src_port: port,

@@ -598,22 +598,8 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
 /// inside (198.18.0.1, port 10000 + i, to 198.19.0.1:80), each connection's SYN; from the
 /// outside, each one's SYN-ACK then `more` ACKs carrying data.
 fn write_one_side(path: &std::path::Path, connections: u16, inside: bool, more: u16) {
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
-    let client = Hosts {
-        src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
-        dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
-        vlan: 0,
-        src: std::net::Ipv4Addr::new(198, 18, 0, 1).into(),
-        dst: std::net::Ipv4Addr::new(198, 19, 0, 1).into(),
-        ttl: 64,
-    };
-    let server = Hosts {
-        src_mac: client.dst_mac,
-        dst_mac: client.src_mac,
-        src: client.dst,
-        dst: client.src,
-        ..client
-    };
+    use stateplane_gen::build::{L4, emit_frame};
+    let (client, server) = common::client_and_server();
     let mut w =
         stateplane_io::pcap::PcapWriter::new(std::fs::File::create(path).unwrap(), true).unwrap();
     let mut ts = 1_000_000_000;

@@ -42,3 +42,24 @@ pub fn ok(out: Output) -> String {
 pub fn free_port() -> u16 {
     stateplane_lab::free_loopback_port().unwrap()
 }
+
+/// A TCP client (198.18.0.1) and its server (198.19.0.1) as the frames each sends carry
+/// them: MACs and addresses swapped between the two.
+pub fn client_and_server() -> (stateplane_gen::build::Hosts, stateplane_gen::build::Hosts) {
+    let client = stateplane_gen::build::Hosts {
+        src_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 1]),
+        dst_mac: stateplane_wire::ethernet::MacAddr([2, 0, 0, 0, 0, 2]),
+        vlan: 0,
+        src: std::net::Ipv4Addr::new(198, 18, 0, 1).into(),
+        dst: std::net::Ipv4Addr::new(198, 19, 0, 1).into(),
+        ttl: 64,
+    };
+    let server = stateplane_gen::build::Hosts {
+        src_mac: client.dst_mac,
+        dst_mac: client.src_mac,
+        src: client.dst,
+        dst: client.src,
+        ..client
+    };
+    (client, server)
+}
