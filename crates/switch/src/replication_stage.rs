@@ -57,7 +57,8 @@ pub struct ReplicationSettings {
     /// How long a packet may wait for its flow's lease or its output for the store
     /// (milliseconds; 2,000 by default).
     pub park_timeout_ms: Option<u64>,
-    /// An unanswered request is sent again after this long (milliseconds; 20 by default).
+    /// An unanswered request is sent again after at least this long, longer as the store
+    /// answers slower (milliseconds; 20 by default).
     pub retransmit_ms: Option<u64>,
     /// Each packet of a replicated flow, its input and output with call and return times,
     /// written to this file as JSON lines (docs/REPLICATION.md, *Histories*); `--history`.
