@@ -935,5 +935,24 @@ mod tests {
         assert!(!b.install_replicated(&key, Some(&[9]), S), "no such state");
         assert!(b.install_replicated(&key, None, S));
         assert_eq!(state(&b, 7), None);
+
+        // A full table refuses a flow's state, never evicting another flow's to make room.
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let cfg: ConntrackConfig = toml::from_str("capacity = 4\nearly_drop = false").unwrap();
+        let mut full = Conntrack::new(&cfg, &names, "program.conntrack", 9).unwrap();
+        assert!(full.replicate("connections"));
+        let mut port = 100;
+        while send(&mut full, S, true, tcp(port, true, flags::SYN)) == OUT {
+            port += 1;
+            assert!(port < 200, "a table of 4 fills");
+        }
+        let held = full.connections();
+        let other = key_of(&full, true, tcp(7, true, flags::SYN)).unwrap();
+        assert!(
+            !full.install_replicated(&other, Some(&opened), S),
+            "no room"
+        );
+        assert_eq!(full.connections(), held, "nothing evicted");
+        assert_eq!(state(&full, 7), None);
     }
 }
