@@ -819,8 +819,13 @@ impl ReplicationStage {
             .map(|p| (&p.desc, &p.data[..]));
         let put = burst.put_in_front(&mut self.spare, packets);
         chosen.truncate(put);
-        let taken: HashSet<Token> = chosen.iter().copied().collect();
-        self.ready_in.retain(|t| !taken.contains(t));
+        if self.history.is_none() {
+            // Every ready packet was chosen, in order: the first `put` went.
+            self.ready_in.drain(..put);
+        } else {
+            let taken: HashSet<Token> = chosen.iter().copied().collect();
+            self.ready_in.retain(|t| !taken.contains(t));
+        }
         for token in chosen {
             if let Some(p) = self.unhold(token) {
                 front.push(Some(Slot {
