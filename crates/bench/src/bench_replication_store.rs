@@ -141,6 +141,8 @@ fn timed_writes(
                 seq: seqs[key],
                 value: value.to_vec(),
                 lease_ns: LEASE_NS,
+                // A state that times out, as a connection's does: the longer path.
+                keep_ns: 120_000_000_000,
             });
         }
         let n = requests.len();

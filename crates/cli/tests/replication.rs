@@ -547,7 +547,7 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
         }
         assert!(
             ops > 30_000,
-            "the second switch's packets and some of the first's: {ops}"
+            "the second switch's packets and some of the first's: {ops}: {r}"
         );
         eprintln!(
             "killed at {kill_at} of its packets: {ops} packets checked, {open} without output"
@@ -638,12 +638,14 @@ fn write_one_side(path: &std::path::Path, connections: u16, inside: bool, more: 
 }
 
 /// A `firewall` run on one side's capture (`inside`: SYNs in at port `in`; else answers
-/// in at `out`), its connections replicated to `store` (none: unreplicated).
+/// in at `out`), its connections replicated to `store` (none: unreplicated), with the
+/// program's `settings` (TOML after `[program]`).
 fn firewall_run(
     name: &str,
     capture: &std::path::Path,
     inside: bool,
     store: Option<&str>,
+    settings: &str,
 ) -> serde_json::Value {
     let config = tmp(&format!("{name}.toml"));
     let (rx_port, tx_port) = if inside { ("in", "out") } else { ("out", "in") };
@@ -665,7 +667,7 @@ fn firewall_run(
     }
     std::fs::write(
         &config,
-        format!("[program]\nname = \"firewall\"\n{replicated}{ports}"),
+        format!("[program]\nname = \"firewall\"\n{settings}{replicated}{ports}"),
     )
     .unwrap();
     run_json(&config)
@@ -688,7 +690,7 @@ fn firewall_connections_replicated_to_redis_let_answers_in_at_another_switch() {
     write_one_side(&answers, CONNECTIONS, false, MORE);
     let answers_in = u64::from(CONNECTIONS) * u64::from(MORE + 1);
 
-    let opened = firewall_run("fw-rep-a", &syns, true, Some(&server.url()));
+    let opened = firewall_run("fw-rep-a", &syns, true, Some(&server.url()), "");
     assert_eq!(
         opened["counters"]["tx_packets"],
         u64::from(CONNECTIONS),
@@ -700,7 +702,7 @@ fn firewall_connections_replicated_to_redis_let_answers_in_at_another_switch() {
         "each SYN opens a connection: a write"
     );
 
-    let taken_over = firewall_run("fw-rep-b", &answers, false, Some(&server.url()));
+    let taken_over = firewall_run("fw-rep-b", &answers, false, Some(&server.url()), "");
     let r = &taken_over["replication"];
     assert_eq!(
         taken_over["counters"]["tx_packets"], answers_in,
@@ -715,8 +717,37 @@ fn firewall_connections_replicated_to_redis_let_answers_in_at_another_switch() {
     );
     assert_eq!(r["dropped"], 0, "{r}");
 
-    let unreplicated = firewall_run("fw-rep-c", &answers, false, None);
+    let unreplicated = firewall_run("fw-rep-c", &answers, false, None, "");
     assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
     let drops = unreplicated.to_string();
+    assert!(drops.contains("unsolicited"), "{drops}");
+}
+
+/// A connection that timed out at its switch is not taken back from the store: the SYNs'
+/// connections time out after 0.5 s without an answer (`new`), the switch has told the
+/// store so with each write, and the answers that come to another switch 1.2 s later (a
+/// lease and the timeout past) find no connection and are dropped as unsolicited, as they
+/// would be at the first switch. The test above, with the default 30 s, is the control.
+#[test]
+fn a_connection_timed_out_at_its_switch_is_not_granted_back_by_the_store() {
+    const CONNECTIONS: u16 = 50;
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let (syns, answers) = (tmp("fw-exp-syns.pcap"), tmp("fw-exp-answers.pcap"));
+    write_one_side(&syns, CONNECTIONS, true, 0);
+    write_one_side(&answers, CONNECTIONS, false, 0);
+    let short = "[program.firewall]\ntimeouts = { new = 0.5 }\n";
+    let opened = firewall_run("fw-exp-a", &syns, true, Some(&server.url()), short);
+    assert_eq!(
+        opened["counters"]["tx_packets"],
+        u64::from(CONNECTIONS),
+        "{opened}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    let late = firewall_run("fw-exp-b", &answers, false, Some(&server.url()), short);
+    let r = &late["replication"];
+    assert_eq!(late["counters"]["tx_packets"], 0, "{late}");
+    assert_eq!(r["migrated"], 0, "every state timed out at the store: {r}");
+    assert_eq!(r["processed"], u64::from(CONNECTIONS), "{r}");
+    let drops = late.to_string();
     assert!(drops.contains("unsolicited"), "{drops}");
 }

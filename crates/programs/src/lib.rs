@@ -721,7 +721,7 @@ impl Program for Guaranteed {
         &self,
         key: &stateplane_runtime::FlowBytes,
         out: &mut Vec<u8>,
-    ) -> bool {
+    ) -> Option<u64> {
         self.inner.replicated_state_into(key, out)
     }
 

@@ -60,16 +60,16 @@ macro_rules! replicated_table_methods {
 
         fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
             let mut state = Vec::new();
-            self.replicated_state_into(key, &mut state).then_some(state)
+            self.replicated_state_into(key, &mut state).map(|_| state)
         }
 
         fn replicated_state_into(
             &self,
             key: &stateplane_runtime::FlowBytes,
             out: &mut Vec<u8>,
-        ) -> bool {
+        ) -> Option<u64> {
             crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)
-                .is_some_and(|key| self.$($table).+.replicated_state_into(&key, out))
+                .and_then(|key| self.$($table).+.replicated_state_into(&key, out))
         }
 
         fn install_replicated(

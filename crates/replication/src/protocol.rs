@@ -9,6 +9,12 @@
 //! yet) and a fencing epoch (its lease's grants, in order). Every write names both, so the
 //! store can refuse a write that is older than the state it holds or comes from a holder
 //! whose lease has passed.
+//!
+//! A write and a renewal also say how long the flow's state lives if nothing more is
+//! heard of it (`keep_ns`: the entry's idle time left, and a lease more, since the holder
+//! tells the store of the packets that restart that time only when it renews): a flow
+//! whose state has timed out is granted as a new one, so that a state the switch let
+//! expire does not come back from the store.
 
 /// Who holds a lease: a switch instance (a worker of it, when its workers share the store)
 /// and its incarnation. A switch that restarts is a new holder, so that writes its former
@@ -27,22 +33,29 @@ pub enum Request<K, V> {
     /// (migration).
     Acquire { key: K, lease_ns: u64, nonce: u64 },
     /// The flow's state as of write `seq` (one past the last acknowledged), under the lease
-    /// of `epoch`; renews the lease for `lease_ns`.
+    /// of `epoch`, living `keep_ns` from now ([`KEEP_FOREVER`]: until replaced); renews
+    /// the lease for `lease_ns`.
     Write {
         key: K,
         epoch: u64,
         seq: u64,
         value: V,
         lease_ns: u64,
+        keep_ns: u64,
     },
-    /// The lease of `epoch` again, for `lease_ns`, without a write (flows read, not written).
+    /// The lease of `epoch` again, for `lease_ns`, without a write (flows read, not
+    /// written); the state lives `keep_ns` from now.
     Renew {
         key: K,
         epoch: u64,
         lease_ns: u64,
         nonce: u64,
+        keep_ns: u64,
     },
 }
+
+/// A `keep_ns` for state that never times out: it lives until written again.
+pub const KEEP_FOREVER: u64 = u64::MAX;
 
 impl<K: Copy, V> Request<K, V> {
     pub fn key(&self) -> K {
@@ -58,7 +71,8 @@ impl<K: Copy, V> Request<K, V> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reply<K, V> {
     /// The lease is the asker's under `epoch` for `lease_ns` from when the store took the
-    /// request; the flow's state is `value` as of write `seq` (`None`: never written).
+    /// request; the flow's state is `value` as of write `seq` (`None`: never written, or
+    /// timed out).
     Granted {
         key: K,
         epoch: u64,

@@ -21,7 +21,7 @@
 //! packet without a lease; hold a packet past the park bound (it is dropped and counted;
 //! the state it changed is still written).
 
-use crate::protocol::{Holder, Reply, Request};
+use crate::protocol::{Holder, KEEP_FOREVER, Reply, Request};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::Hash;
@@ -212,6 +212,13 @@ struct Flow<V> {
     armed_ns: Option<u64>,
     /// When a packet last came: a lease is renewed only for flows in use.
     used_ns: u64,
+    /// Packets named by [`Event::Process`] not yet reported [`Replica::processed`]: the
+    /// flow is in use while the worker has them (a backlog of many flows can take longer
+    /// than a lease to work through), whenever they came.
+    processing: u32,
+    /// When the flow's state times out here unless a packet comes ([`Replica::lives_until`];
+    /// `u64::MAX`: never).
+    lives_until_ns: u64,
 }
 
 impl<V> Flow<V> {
@@ -226,7 +233,19 @@ impl<V> Flow<V> {
             queued: false,
             armed_ns: None,
             used_ns: now_ns,
+            processing: 0,
+            lives_until_ns: u64::MAX,
         }
+    }
+
+    /// What a write or renewal sent at `now_ns` tells the store of the state's life: the
+    /// time left here, and the lease it runs on (packets within it restart the time left,
+    /// and the store hears of them only at the next renewal).
+    fn keep_ns(&self, now_ns: u64, lease_ns: u64) -> u64 {
+        if self.lives_until_ns == u64::MAX {
+            return KEEP_FOREVER;
+        }
+        (self.lives_until_ns.saturating_sub(now_ns)).saturating_add(lease_ns)
     }
 
     fn held(&self, now_ns: u64) -> Option<u64> {
@@ -353,6 +372,9 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
+        // A flow's packets are processed in order, so those named by `Event::Process` come
+        // back before any admitted after them.
+        flow.processing = flow.processing.saturating_sub(1);
         if let Some(value) = change {
             if flow.pending.replace(value).is_some() {
                 self.counters.coalesced += 1;
@@ -373,6 +395,16 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         }
         self.park(key, token, Needs::Seq(needs), now_ns);
         Release::Parked
+    }
+
+    /// The flow's state times out here at `until_ns` (this side's clock) unless a packet
+    /// of it comes first (`u64::MAX`: never): what its writes and renewals tell the store,
+    /// so that a state this side lets expire is not granted back. Call it after the
+    /// packets of a burst, before [`Replica::poll_transmit`].
+    pub fn lives_until(&mut self, key: &K, until_ns: u64) {
+        if let Some(flow) = self.flows.get_mut(key) {
+            flow.lives_until_ns = until_ns;
+        }
     }
 
     /// The requests due now: the flows' waiting changes as one write each (those with no
@@ -414,6 +446,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                         seq,
                         value: value.clone(),
                         lease_ns,
+                        keep_ns: flow.keep_ns(now_ns, lease_ns),
                     });
                     flow.in_flight = Some(InFlight {
                         seq,
@@ -430,6 +463,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                         epoch,
                         lease_ns,
                         nonce: self.nonce,
+                        keep_ns: flow.keep_ns(now_ns, lease_ns),
                     });
                     flow.renewing = Some(Renewing {
                         nonce: self.nonce,
@@ -667,6 +701,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                         // in order, and come back through `processed`.
                         while let Some(p) = flow.parked.pop_front() {
                             self.parked -= 1;
+                            flow.processing += 1;
                             self.counters.processed += 1;
                             self.events.push_back(Event::Process {
                                 key,
@@ -703,6 +738,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
+        let keep_ns = flow.keep_ns(now_ns, lease_ns);
         if let Some(w) = &mut flow.in_flight
             && now_ns >= w.sent_ns.saturating_add(backoff(w.tries))
             && let Lease::Held { epoch, .. } = flow.lease
@@ -715,6 +751,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 seq: w.seq,
                 value: w.value.clone(),
                 lease_ns,
+                keep_ns,
             });
             self.counters.retransmits += 1;
         }
@@ -729,12 +766,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 epoch,
                 lease_ns,
                 nonce: r.nonce,
+                keep_ns,
             });
             self.counters.retransmits += 1;
         }
         let (idle, in_use) = (
             flow.idle(),
-            flow.used_ns.saturating_add(lease_ns / 2) > now_ns,
+            flow.processing > 0 || flow.used_ns.saturating_add(lease_ns / 2) > now_ns,
         );
         match &mut flow.lease {
             Lease::Acquiring {
@@ -800,6 +838,8 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         flow.in_flight = None;
         flow.pending = None;
         flow.renewing = None;
+        // Without the lease, the worker drops the packets it had to process.
+        flow.processing = 0;
         while let Some(p) = flow.parked.front().copied() {
             if matches!(p.needs, Needs::Lease) {
                 break;
@@ -819,7 +859,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
     /// here and (by [`Event::Forget`]) by the worker: the store's state is the flow's, and
     /// its next packet asks for it.
     fn forget_if_lapsed(&mut self, key: K, now_ns: u64) {
-        let Some(flow) = self.flows.get(&key) else {
+        let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
         let lapsed = match flow.lease {
@@ -827,6 +867,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             Lease::Held { until_ns, .. } => now_ns >= until_ns,
             Lease::Acquiring { .. } | Lease::Waiting { .. } => false,
         };
+        if lapsed {
+            // Without the lease, the worker drops the packets it had to process.
+            flow.processing = 0;
+        }
         if lapsed && flow.idle() && flow.parked.is_empty() && !flow.queued {
             self.flows.remove(&key);
             self.counters.flows = self.flows.len() as u64;
@@ -974,7 +1018,8 @@ mod tests {
                 epoch: 1,
                 seq: 1,
                 value: 2,
-                lease_ns: 100 * MS
+                lease_ns: 100 * MS,
+                keep_ns: KEEP_FOREVER,
             }]
         );
         assert!(
@@ -1224,5 +1269,90 @@ mod tests {
         }
         assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
         assert_eq!(r.flows(), 0);
+    }
+
+    #[test]
+    fn writes_and_renewals_tell_the_store_when_the_state_times_out_here() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        for key in [7, 8] {
+            r.admit(0, key, u64::from(key));
+        }
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        // Both flows' entries are written at 0 and time out 300 ms after their last packet.
+        for key in [7, 8] {
+            r.processed(0, key, u64::from(key), Some(1));
+            r.lives_until(&key, 300 * MS);
+        }
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        assert!(
+            out.iter()
+                .all(|q| matches!(q, Request::Write { keep_ns, .. } if *keep_ns == 400 * MS)),
+            "the time left, and a lease: {out:?}"
+        );
+        for q in out {
+            let a = s.handle(0, A, q);
+            r.handle_reply(0, a);
+        }
+        events(&mut r);
+        // Flow 7 is read at 40 ms, so its entry lives to 340 ms, and its renewal says so.
+        assert_eq!(r.admit(40 * MS, 7, 9), Admit::Process);
+        r.processed(40 * MS, 7, 9, None);
+        r.lives_until(&7, 340 * MS);
+        while let Some(t) = r.poll_timeout() {
+            r.handle_timeout(t);
+            round_trip(&mut r, &mut s, t);
+        }
+        // Both were in use in the lease's first half, so both are renewed once: flow 8's
+        // renewal says 400 ms again.
+        assert_eq!(r.counters.renewals, 2);
+        assert_eq!(r.flows(), 0, "both forgotten here");
+        // At 420 ms another switch takes both: flow 8 timed out (at 400 ms, a lease after
+        // its entry would have), flow 7 lives (to 440 ms).
+        let mut b = Replica::new(
+            Holder {
+                switch: 2,
+                incarnation: 0,
+            },
+            config(),
+        );
+        for key in [7, 8] {
+            b.admit(420 * MS, key, u64::from(key));
+        }
+        round_trip(&mut b, &mut s, 420 * MS);
+        let installs: Vec<_> = events(&mut b)
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Install { key, value, .. } => Some((key, value)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(installs, [(7, Some(1)), (8, None)]);
+        assert_eq!(s.counters.timed_out, 1);
+    }
+
+    #[test]
+    fn a_flow_whose_packets_the_worker_has_yet_to_process_keeps_its_lease() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        for token in 1..=3 {
+            assert_eq!(r.admit(0, 7, token), Admit::Parked);
+        }
+        round_trip(&mut r, &mut s, 0);
+        assert_eq!(events(&mut r).len(), 4, "the install and three to process");
+        r.processed(0, 7, 1, None);
+        // The worker's backlog holds the other two for 250 ms (two and a half leases).
+        advance(&mut r, &mut s, 250 * MS);
+        assert!(r.counters.renewals >= 4, "{:?}", r.counters);
+        assert!(r.holds(&7, 250 * MS));
+        assert!(events(&mut r).is_empty(), "not forgotten");
+        for token in 2..=3 {
+            assert_eq!(r.processed(250 * MS, 7, token, None), Release::Now);
+        }
+        // Then unused: its lease lapses and it is forgotten.
+        advance(&mut r, &mut s, 600 * MS);
+        assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
     }
 }

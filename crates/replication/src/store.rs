@@ -40,6 +40,9 @@ pub struct Record<V> {
     pub epoch: u64,
     pub holder: Option<Holder>,
     pub lease_until_ns: u64,
+    /// When `value` times out: a grant from then on finds no state (the epoch and the
+    /// sequence number stay, so fencing and ordering hold across it).
+    pub value_until_ns: u64,
 }
 
 impl<V> Default for Record<V> {
@@ -50,6 +53,7 @@ impl<V> Default for Record<V> {
             epoch: 0,
             holder: None,
             lease_until_ns: 0,
+            value_until_ns: u64::MAX,
         }
     }
 }
@@ -65,6 +69,8 @@ pub struct StoreCounters {
     pub repeated: u64,
     pub renewed: u64,
     pub fenced: u64,
+    /// States found timed out at a grant, and dropped.
+    pub timed_out: u64,
 }
 
 pub struct StoreCore<K, V> {
@@ -129,6 +135,10 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                         }
                     }
                 }
+                if record.value.is_some() && now_ns >= record.value_until_ns {
+                    record.value = None;
+                    self.counters.timed_out += 1;
+                }
                 record.lease_until_ns = now_ns.saturating_add(lease_ns);
                 self.counters.granted += 1;
                 Reply::Granted {
@@ -145,6 +155,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 seq,
                 value,
                 lease_ns,
+                keep_ns,
                 ..
             } => {
                 if !holds(record, epoch) {
@@ -155,6 +166,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 if seq > record.seq {
                     record.value = Some(value);
                     record.seq = seq;
+                    record.value_until_ns = now_ns.saturating_add(keep_ns);
                     self.counters.written += 1;
                 } else {
                     self.counters.repeated += 1;
@@ -171,6 +183,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 epoch,
                 lease_ns,
                 nonce,
+                keep_ns,
                 ..
             } => {
                 if !holds(record, epoch) {
@@ -179,6 +192,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 }
                 let lease_ns = lease(lease_ns);
                 record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                record.value_until_ns = now_ns.saturating_add(keep_ns);
                 self.counters.renewed += 1;
                 Reply::Renewed {
                     key,
@@ -194,6 +208,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::KEEP_FOREVER;
 
     const A: Holder = Holder {
         switch: 1,
@@ -238,6 +253,7 @@ mod tests {
                 seq,
                 value,
                 lease_ns: 100 * MS,
+                keep_ns: KEEP_FOREVER,
             },
         )
     }
@@ -384,5 +400,67 @@ mod tests {
             write(&mut s, 201 * MS, A, epoch, 1, 10),
             Reply::Written { .. }
         ));
+    }
+
+    #[test]
+    fn a_state_past_its_keep_is_granted_as_none_with_its_epoch_and_sequence_kept() {
+        let mut s = store();
+        let Reply::Granted { epoch, .. } = acquire(&mut s, 0, A) else {
+            panic!()
+        };
+        let written = s.handle(
+            MS,
+            A,
+            Request::Write {
+                key: 7,
+                epoch,
+                seq: 1,
+                value: 10,
+                lease_ns: 100 * MS,
+                keep_ns: 300 * MS,
+            },
+        );
+        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        // A renewal moves the state's end: 250 + 300 ms.
+        let renewed = s.handle(
+            50 * MS,
+            A,
+            Request::Renew {
+                key: 7,
+                epoch,
+                lease_ns: 100 * MS,
+                nonce: 1,
+                keep_ns: 500 * MS,
+            },
+        );
+        assert!(matches!(renewed, Reply::Renewed { .. }), "{renewed:?}");
+        // Before its end, the next holder migrates the state.
+        assert!(matches!(
+            acquire(&mut s, 549 * MS, B),
+            Reply::Granted {
+                value: Some(10),
+                seq: 1,
+                ..
+            }
+        ));
+        assert_eq!(s.counters.timed_out, 0);
+        // B lets it lapse without a word; A, past the state's end, starts afresh, with
+        // the epoch raised and the sequence where it was (a late write of seq 1 is old).
+        let Reply::Granted {
+            epoch: e3,
+            seq: 1,
+            value: None,
+            ..
+        } = acquire(&mut s, 1000 * MS, A)
+        else {
+            panic!("a state past its end is granted as none");
+        };
+        assert_eq!(e3, epoch + 2);
+        assert_eq!(s.counters.timed_out, 1);
+        assert!(matches!(
+            write(&mut s, 1001 * MS, A, e3, 1, 10),
+            Reply::Written { seq: 1, .. }
+        ));
+        assert_eq!(s.record(&7).and_then(|r| r.value), None, "not applied");
     }
 }

@@ -315,13 +315,16 @@ pub trait Program: Send {
         None
     }
 
-    /// As [`Program::replicated_state`], appended to `out` (`false`: none, nothing
-    /// appended). Override it where the state can be encoded without an allocation: the
-    /// replication stage reads every flow of a burst twice.
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool {
+    /// As [`Program::replicated_state`], appended to `out`, with when the state times out
+    /// here (on the clock of `Context::now_ns`) unless a packet of its flow restarts its
+    /// idle time: `u64::MAX` never (the default). `None`: no state, nothing appended.
+    /// Override it where the state can be encoded without an allocation (the replication
+    /// stage reads every flow of a burst twice), and where the state times out: the store
+    /// is told, so that it does not grant back a state this switch let expire.
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
         self.replicated_state(key)
             .map(|state| out.extend_from_slice(&state))
-            .is_some()
+            .map(|()| u64::MAX)
     }
 
     /// Makes the flow's state `state` (`None`: removes it), replacing what the program
@@ -366,7 +369,7 @@ pub trait Running: Send {
     fn replicate(&mut self, name: &str) -> bool;
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool;
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
 }
 
@@ -480,7 +483,7 @@ impl<P: Program> Running for P {
     }
 
     #[inline]
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> bool {
+    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
         Program::replicated_state_into(self, key, out)
     }
 

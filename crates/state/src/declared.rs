@@ -306,18 +306,16 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     /// A replicated flow's state (docs/REPLICATION.md): the entry of `key` as bytes, its
     /// action (one byte) then each parameter it keeps (16 bytes, little-endian), appended
-    /// to `out`; `false` (nothing appended) without an entry, or when the table is not
-    /// replicated.
-    pub fn replicated_state_into(&self, key: &C::Key, out: &mut Vec<u8>) -> bool {
-        let Some(value) = self.table.get(key) else {
-            return false;
-        };
+    /// to `out`, and when the entry's idle time runs out (`u64::MAX`: never); `None`
+    /// (nothing appended) without an entry, or when the table is not replicated.
+    pub fn replicated_state_into(&self, key: &C::Key, out: &mut Vec<u8>) -> Option<u64> {
+        let id = self.table.find_id(key)?;
         let mut params = [0u128; MAX_FIELDS];
-        let (action, n) = C::action_values(value, &mut params);
+        let (action, n) = C::action_values(self.table.value(id), &mut params);
         let (Some((left_out, _)), Ok(action)) =
             (self.replicated_params(action), u8::try_from(action))
         else {
-            return false;
+            return None;
         };
         out.push(action);
         for (i, p) in params[..n].iter().enumerate() {
@@ -325,7 +323,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
                 out.extend_from_slice(&p.to_le_bytes());
             }
         }
-        true
+        Some(self.table.deadline_ns(id))
     }
 
     /// Makes `key`'s entry the one `state` holds ([`DeclaredTable::replicated_state_into`]'s

@@ -463,6 +463,12 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         self.slots[id.0 as usize].profile
     }
 
+    /// When the entry's idle time runs out unless it is hit or its timer restarted
+    /// (`u64::MAX`: never).
+    pub fn deadline_ns(&self, id: EntryId) -> u64 {
+        self.slots[id.0 as usize].deadline_ns
+    }
+
     /// A read-only lookup (control plane, tests): no counters change.
     pub fn get(&self, key: &K) -> Option<&V> {
         self.find(key).map(|i| &self.slots[i].value)

@@ -7,8 +7,11 @@
 --   epoch   the last grant's fencing epoch
 --   holder  who holds the lease ("switch:incarnation")
 --   until   when the lease ends, microseconds on the server's clock
--- Every call sets the record to expire `retain_ms` after it (flows long gone are dropped;
--- a retention far longer than any lease keeps a record while it can matter).
+--   dies    when v times out, microseconds on the server's clock (absent: never); a
+--           grant from then on finds no state, the epoch and seq kept
+-- Every call sets the record to expire `retain_ms` after it, or when its state times out
+-- if that is later (flows long gone are dropped; a retention far longer than any lease
+-- keeps a record while it can matter).
 -- Answers are arrays whose first element says which: G (granted), H (held by another),
 -- W (written), R (renewed), F (fenced).
 
@@ -31,14 +34,30 @@ local function lease_of(asked, min, max)
 end
 
 local function record(key)
-  local r = redis.call('HMGET', key, 'v', 'seq', 'epoch', 'holder', 'until')
+  local r = redis.call('HMGET', key, 'v', 'seq', 'epoch', 'holder', 'until', 'dies')
   return {
     value = r[1],
     seq = r[2] or '0',
     epoch = r[3] or '0',
     holder = r[4],
     until_us = tonumber(r[5]) or 0,
+    dies_us = tonumber(r[6]),
   }
+end
+
+-- The state lives `keep_us` from `now` (negative: until written again), and the record at
+-- least as long.
+local function keep(key, now, keep_us, retain_ms)
+  local k = tonumber(keep_us)
+  if k < 0 then
+    redis.call('HDEL', key, 'dies')
+    return
+  end
+  redis.call('HSET', key, 'dies', string.format('%d', now + k))
+  local keep_ms = math.ceil(k / 1000)
+  if keep_ms > tonumber(retain_ms) then
+    redis.call('PEXPIRE', key, keep_ms)
+  end
 end
 
 -- The lease runs `lease` microseconds from `now` (with any other fields given set in the
@@ -74,13 +93,17 @@ local function acquire(keys, args, now)
     epoch = string.format('%d', tonumber(r.epoch) + 1)
     extend(key, now, lease, args[6], 'epoch', epoch, 'holder', holder)
   end
+  if r.value and r.dies_us and now >= r.dies_us then
+    redis.call('HDEL', key, 'v', 'dies')
+    r.value = nil
+  end
   if r.value then
     return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value}
   end
   return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, ''}
 end
 
--- ARGV: holder, epoch, seq, value, lease_us, min_lease_us, max_lease_us, retain_ms
+-- ARGV: holder, epoch, seq, value, lease_us, keep_us, min_lease_us, max_lease_us, retain_ms
 local function write(keys, args, now)
   local key, holder, epoch, seq = keys[1], args[1], args[2], args[3]
   now = now or now_us()
@@ -89,16 +112,17 @@ local function write(keys, args, now)
   if refused then
     return refused
   end
-  local lease = lease_of(args[5], args[6], args[7])
+  local lease = lease_of(args[5], args[7], args[8])
   if greater(seq, r.seq) then
-    extend(key, now, lease, args[8], 'v', args[4], 'seq', seq)
+    extend(key, now, lease, args[9], 'v', args[4], 'seq', seq)
+    keep(key, now, args[6], args[9])
   else
-    extend(key, now, lease, args[8])
+    extend(key, now, lease, args[9])
   end
   return {'W', epoch, seq, string.format('%d', lease)}
 end
 
--- ARGV: holder, epoch, lease_us, nonce, min_lease_us, max_lease_us, retain_ms
+-- ARGV: holder, epoch, lease_us, nonce, keep_us, min_lease_us, max_lease_us, retain_ms
 local function renew(keys, args, now)
   local key, holder, epoch, nonce = keys[1], args[1], args[2], args[4]
   now = now or now_us()
@@ -107,15 +131,16 @@ local function renew(keys, args, now)
   if refused then
     return refused
   end
-  local lease = lease_of(args[3], args[5], args[6])
-  extend(key, now, lease, args[7])
+  local lease = lease_of(args[3], args[6], args[7])
+  extend(key, now, lease, args[8])
+  keep(key, now, args[5], args[8])
   return {'R', epoch, string.format('%d', lease), nonce}
 end
 
 -- Many calls of one holder in one (group commit: one call carries many flows' writes).
 -- KEYS: a record per call. ARGV: holder, min_lease_us, max_lease_us, retain_ms, then per
 -- call its kind and its own arguments, in the single functions' order:
---   A lease_us nonce  |  W epoch seq value lease_us  |  R epoch lease_us nonce
+--   A lease_us nonce  |  W epoch seq value lease_us keep_us  |  R epoch lease_us nonce keep_us
 -- The answer: the calls' answers, in order.
 local function batch(keys, args)
   local holder, min, max, retain = args[1], args[2], args[3], args[4]
@@ -129,11 +154,11 @@ local function batch(keys, args)
       out[k] = acquire(key, {holder, args[i + 1], args[i + 2], min, max, retain}, now)
       i = i + 3
     elseif kind == 'W' then
-      out[k] = write(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], min, max, retain}, now)
-      i = i + 5
+      out[k] = write(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], args[i + 5], min, max, retain}, now)
+      i = i + 6
     elseif kind == 'R' then
-      out[k] = renew(key, {holder, args[i + 1], args[i + 2], args[i + 3], min, max, retain}, now)
-      i = i + 4
+      out[k] = renew(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], min, max, retain}, now)
+      i = i + 5
     else
       return redis.error_reply('stateplane_batch: call ' .. k .. ' is of no kind known')
     end

@@ -18,6 +18,7 @@
 
 use crate::{LinkCounters, StoreKey, StoreLink, Value};
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
+use stateplane_replication::protocol::KEEP_FOREVER;
 use stateplane_replication::{Holder, Reply, Request};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
@@ -486,6 +487,15 @@ fn micros(ns: u64) -> u64 {
     ns.div_ceil(1_000)
 }
 
+/// A state's life as the functions take it: microseconds, held to what a Lua number holds
+/// exactly (2^53 us: 285 years), and -1 for a state that never times out.
+fn keep_micros(keep_ns: u64) -> i64 {
+    if keep_ns == KEEP_FOREVER {
+        return -1;
+    }
+    micros(keep_ns).min(1 << 53) as i64
+}
+
 /// The function call for `requests` (of one holder): with `batch`, one call of
 /// `stateplane_batch` for all of them; without, the single function of the one request.
 fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool) -> redis::Cmd {
@@ -550,18 +560,21 @@ fn own_args<K>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
             seq,
             value,
             lease_ns,
+            keep_ns,
             ..
         } => {
             cmd.arg(*epoch).arg(seq.to_string()).arg(value.as_slice());
-            cmd.arg(micros(*lease_ns));
+            cmd.arg(micros(*lease_ns)).arg(keep_micros(*keep_ns));
         }
         Request::Renew {
             epoch,
             lease_ns,
             nonce,
+            keep_ns,
             ..
         } => {
             cmd.arg(*epoch).arg(micros(*lease_ns)).arg(*nonce);
+            cmd.arg(keep_micros(*keep_ns));
         }
     }
 }

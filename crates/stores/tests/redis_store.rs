@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used)]
 
 use stateplane_lab::RedisServer;
+use stateplane_replication::protocol::KEEP_FOREVER;
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
@@ -83,12 +84,33 @@ fn acquire(key: u128, nonce: u64) -> Request<u128, Value> {
 }
 
 fn write(key: u128, epoch: u64, seq: u64, value: &[u8]) -> Request<u128, Value> {
+    write_keeping(key, epoch, seq, value, KEEP_FOREVER)
+}
+
+fn write_keeping(
+    key: u128,
+    epoch: u64,
+    seq: u64,
+    value: &[u8],
+    keep_ns: u64,
+) -> Request<u128, Value> {
     Request::Write {
         key,
         epoch,
         seq,
         value: value.to_vec(),
         lease_ns: LEASE,
+        keep_ns,
+    }
+}
+
+fn renew_keeping(key: u128, epoch: u64, nonce: u64, keep_ns: u64) -> Request<u128, Value> {
+    Request::Renew {
+        key,
+        epoch,
+        lease_ns: LEASE,
+        nonce,
+        keep_ns,
     }
 }
 
@@ -113,15 +135,7 @@ fn life(link: &mut dyn StoreLink<u128>) -> Vec<Option<Reply<u128, Value>>> {
     step(A, write(key, 1, 1, b"one"));
     step(A, write(key, 1, 1, b"one"));
     step(B, acquire(key, 2));
-    step(
-        A,
-        Request::Renew {
-            key,
-            epoch: 1,
-            lease_ns: LEASE,
-            nonce: 3,
-        },
-    );
+    step(A, renew_keeping(key, 1, 3, KEEP_FOREVER));
     // The largest sequence number, and a value with every byte.
     let every_byte: Vec<u8> = (0..=255).collect();
     step(A, write(key, 1, u64::MAX, &every_byte));
@@ -139,6 +153,19 @@ fn life(link: &mut dyn StoreLink<u128>) -> Vec<Option<Reply<u128, Value>>> {
     );
     // A new flow beside it is granted with no state.
     step(A, acquire(7, 7));
+    // States that time out: flow 8's 50 ms after its write; flow 9's renewal moves its
+    // end past the lease; flow 10's is as long as a Lua number holds.
+    for key in [8, 9, 10] {
+        step(A, acquire(key, 8));
+    }
+    step(A, write_keeping(8, 1, 1, b"short", 50 * MS));
+    step(A, write_keeping(9, 1, 1, b"renewed", 50 * MS));
+    step(A, renew_keeping(9, 1, 9, 10_000 * MS));
+    step(A, write_keeping(10, 1, 1, b"long", u64::MAX - 1));
+    std::thread::sleep(Duration::from_nanos(LEASE + 50 * MS));
+    for key in [8, 9, 10] {
+        step(B, acquire(key, 10));
+    }
     answers
 }
 
@@ -190,6 +217,23 @@ fn the_functions_answer_as_the_memory_store_does() {
             ..
         })
     ));
+    // Past its time, flow 8's state is gone; flow 9's renewed one and flow 10's move.
+    assert!(matches!(
+        from_redis[19],
+        Some(Reply::Granted {
+            epoch: 2,
+            seq: 1,
+            value: None,
+            ..
+        })
+    ));
+    assert!(
+        matches!(&from_redis[20], Some(Reply::Granted { epoch: 2, seq: 1, value: Some(v), .. }) if v == b"renewed")
+    );
+    assert!(
+        matches!(&from_redis[21], Some(Reply::Granted { epoch: 2, seq: 1, value: Some(v), .. }) if v == b"long")
+    );
+    assert_eq!(from_redis.len(), 22);
 }
 
 #[test]
@@ -216,6 +260,7 @@ fn many_requests_share_a_round_trip() {
                     seq: 1,
                     value: key.to_le_bytes().to_vec(),
                     lease_ns: 1_000 * MS,
+                    keep_ns: KEEP_FOREVER,
                 }
             } else {
                 Request::Renew {
@@ -223,6 +268,7 @@ fn many_requests_share_a_round_trip() {
                     epoch,
                     lease_ns: 1_000 * MS,
                     nonce: 3,
+                    keep_ns: 10_000 * MS,
                 }
             });
         }
@@ -268,6 +314,7 @@ fn a_lost_server_is_reported_and_reconnected_and_with_an_append_only_file_keeps_
         seq,
         value: format!("v{seq}").into_bytes(),
         lease_ns: 10_000 * MS,
+        keep_ns: KEEP_FOREVER,
     };
     assert!(matches!(
         ask(&mut link, A, w(1)),
@@ -365,6 +412,7 @@ fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
         seq,
         value: vec![1],
         lease_ns: long,
+        keep_ns: KEEP_FOREVER,
     };
     // No replica: the write is applied but not acknowledged.
     assert_eq!(ask(&mut link, A, w(1)), None);

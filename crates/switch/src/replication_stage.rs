@@ -445,7 +445,15 @@ struct Hold {
 #[derive(Default)]
 struct FlowStates {
     bytes: Vec<u8>,
-    spans: Vec<Option<(usize, usize)>>,
+    spans: Vec<Option<Span>>,
+}
+
+#[derive(Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    /// When the state times out in the program (`u64::MAX`: never).
+    deadline_ns: u64,
 }
 
 impl FlowStates {
@@ -457,13 +465,22 @@ impl FlowStates {
     /// Reads the next flow's state from the program.
     fn push(&mut self, program: &dyn Running, key: &FlowBytes) {
         let start = self.bytes.len();
-        let has = program.replicated_state_into(key, &mut self.bytes);
-        self.spans.push(has.then_some((start, self.bytes.len())));
+        let deadline = program.replicated_state_into(key, &mut self.bytes);
+        self.spans.push(deadline.map(|deadline_ns| Span {
+            start,
+            end: self.bytes.len(),
+            deadline_ns,
+        }));
     }
 
     fn get(&self, flow: usize) -> Option<&[u8]> {
-        let (start, end) = self.spans.get(flow).copied().flatten()?;
-        self.bytes.get(start..end)
+        let span = self.spans.get(flow).copied().flatten()?;
+        self.bytes.get(span.start..span.end)
+    }
+
+    /// When flow `flow`'s state times out, on the program's clock (`None`: no state).
+    fn deadline_ns(&self, flow: usize) -> Option<u64> {
+        Some(self.spans.get(flow).copied().flatten()?.deadline_ns)
     }
 }
 
@@ -975,8 +992,16 @@ impl StateStage for ReplicationStage {
         let now = self.now();
         // Each flow's state after the burst, and whether it changed (written once).
         self.after.clear();
-        for key in &self.flows {
+        for (flow, key) in self.flows.iter().enumerate() {
             self.after.push(program, key);
+            // The store is told when the state times out, in the stage's time.
+            if let Some(deadline) = self.after.deadline_ns(flow) {
+                let until = match deadline {
+                    u64::MAX => u64::MAX,
+                    _ => now.saturating_add(deadline.saturating_sub(ctx.now_ns)),
+                };
+                self.replica.lives_until(key, until);
+            }
         }
         self.written.clear();
         self.written.resize(self.flows.len(), false);
