@@ -152,6 +152,32 @@ impl RedisServer {
         ))
     }
 
+    /// Stops the server's process (SIGSTOP) until [`RedisServer::resume`]: a server that
+    /// neither answers nor goes away, as a replica cut off from its master is.
+    pub fn pause(&self) -> Result<(), String> {
+        self.signal("STOP")
+    }
+
+    pub fn resume(&self) -> Result<(), String> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, name: &str) -> Result<(), String> {
+        let pid = (self.child.as_ref())
+            .ok_or_else(|| format!("the server on port {} is not running", self.port))?
+            .id();
+        let sent = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        if sent {
+            Ok(())
+        } else {
+            Err(format!("kill -{name} {pid} failed"))
+        }
+    }
+
     /// `redis-cli` against the server: its output.
     pub fn cli(&self, args: &[&str]) -> String {
         Command::new("redis-cli")

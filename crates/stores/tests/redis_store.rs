@@ -3,7 +3,8 @@
 //! store does, step for step, on the server's clock; the largest fields go through; a
 //! server that goes away is reported and reconnected, and one restarted keeps every
 //! acknowledged write when it has an append-only file; `WAIT` holds back writes that are
-//! not on enough replicas.
+//! not on enough replicas, so that a master failover loses none acknowledged (and without
+//! it, can).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_lab::RedisServer;
@@ -429,6 +430,109 @@ fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
         matches!(answer, Some(Reply::Written { seq: 1, .. })),
         "{answer:?}"
     );
+}
+
+/// A replica of `primary`, once it has every write the primary has.
+fn replica_of(primary: &RedisServer) -> RedisServer {
+    let replica = RedisServer::start(free_port(), false).unwrap();
+    replica.cli(&["replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let start = Instant::now();
+    while primary.cli(&["wait", "1", "100"]).trim() != "1" {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the replica did not sync within 10 s"
+        );
+    }
+    replica
+}
+
+/// A Redis master failover, as docs/REPLICATION.md states it: the master dies while its
+/// replica lags (stopped with SIGSTOP, its link closed), and the replica is promoted. Without `WAIT`, a write
+/// the master acknowledged before it died is lost; with `WAIT 1`, that write is never
+/// acknowledged (short of replicas), so everything acknowledged is on the promoted
+/// replica, and a switch on it goes on from there.
+#[test]
+fn a_master_failover_loses_acknowledged_writes_only_without_wait() {
+    for wait in [false, true] {
+        let mut primary = RedisServer::start(free_port(), false).unwrap();
+        let replica = replica_of(&primary);
+        let mut config = redis_config(&primary);
+        if wait {
+            config.wait = Some((1, Duration::from_millis(100)));
+        }
+        let redis = RedisStore::connect(config).unwrap();
+        let mut link = redis.link::<u32>().unwrap();
+        let lease = 300 * MS;
+        let Some(Reply::Granted { epoch, .. }) = ask(
+            &mut link,
+            A,
+            Request::Acquire {
+                key: 1,
+                lease_ns: lease,
+                nonce: 1,
+            },
+        ) else {
+            panic!("granted");
+        };
+        let write = |seq: u64, value: &[u8]| Request::Write {
+            key: 1u32,
+            epoch,
+            seq,
+            value: value.to_vec(),
+            lease_ns: lease,
+            keep_ns: KEEP_FOREVER,
+        };
+        assert!(matches!(
+            ask(&mut link, A, write(1, b"both have it")),
+            Some(Reply::Written { seq: 1, .. })
+        ));
+        assert_eq!(primary.cli(&["wait", "1", "2000"]).trim(), "1");
+        // Cut off: stopped, and its link closed (so nothing more reaches it).
+        replica.pause().unwrap();
+        assert_eq!(
+            primary.cli(&["client", "kill", "type", "replica"]).trim(),
+            "1"
+        );
+        let lagging = ask(&mut link, A, write(2, b"the master alone"));
+        if wait {
+            assert_eq!(lagging, None, "held back: no replica has it");
+            assert!(link.counters().short_of_replicas >= 1);
+        } else {
+            assert!(
+                matches!(lagging, Some(Reply::Written { seq: 2, .. })),
+                "{lagging:?}"
+            );
+        }
+        primary.kill();
+        replica.resume().unwrap();
+        assert_eq!(replica.cli(&["replicaof", "no", "one"]).trim(), "OK");
+        // Another switch, on the promoted replica once the lease has passed.
+        std::thread::sleep(Duration::from_nanos(lease + 100 * MS));
+        let promoted = RedisStore::connect(redis_config(&replica)).unwrap();
+        let granted = ask(
+            &mut promoted.link::<u32>().unwrap(),
+            B,
+            Request::Acquire {
+                key: 1,
+                lease_ns: lease,
+                nonce: 2,
+            },
+        );
+        let Some(Reply::Granted {
+            seq,
+            value: Some(v),
+            ..
+        }) = granted
+        else {
+            panic!("the promoted replica grants the flow with its state: {granted:?}");
+        };
+        // Write 2 is lost either way; only without WAIT had it been acknowledged.
+        assert_eq!(
+            (seq, v.as_slice()),
+            (1, &b"both have it"[..]),
+            "wait {wait}"
+        );
+    }
 }
 
 #[test]
