@@ -140,6 +140,37 @@ fn counter_replicated_on_the_memory_store_forwards_what_it_forwards_unreplicated
     assert!(folded > 0, "{r}");
 }
 
+/// Past `park_limit` held packets, a packet is dropped and counted (`unreplicated`), never
+/// lost without a count, and the worker holds at most the limit and a burst's room more
+/// (128: with a stage that holds packets a worker's burst has room for twice `burst`),
+/// outputs waiting for this burst's writes and drops on their way out: with room for 8,
+/// new flows waiting for their leases and outputs waiting for their writes overflow it.
+/// With a history a flow's held packets go one a burst, so packets arriving behind them
+/// piled up past the bound (4,357 held with room for 8 before the stage enforced it).
+#[test]
+fn past_the_park_limit_packets_are_dropped_and_counted() {
+    let store = format!("{REPLICATED}[replication]\npark_limit = 8\n");
+    for (flows, history) in [(200, false), (4, true)] {
+        let (config, _) = counter_run(&format!("rep-park-{flows}"), 5_000, flows, &store);
+        let mut run = bin();
+        run.args(["run", "--json", "--config"]).arg(&config);
+        if history {
+            run.arg("--history").arg(tmp("rep-park.jsonl"));
+        }
+        let summary: serde_json::Value = serde_json::from_str(&ok(run.output().unwrap())).unwrap();
+        let (c, r) = (&summary["counters"], &summary["replication"]);
+        let dropped = r["dropped"].as_u64().unwrap();
+        assert!(dropped > 0, "{r}");
+        assert!(r["held_most"].as_u64().unwrap() <= 8 + 128, "{r}");
+        assert_eq!(summary["drops"]["unreplicated"].as_u64(), Some(dropped));
+        assert_eq!(
+            c["rx_packets"].as_u64().unwrap(),
+            c["tx_packets"].as_u64().unwrap() + dropped,
+            "{summary}"
+        );
+    }
+}
+
 /// Every record of a Redis store: each flow's packets and bytes (counter's state: its
 /// action, then packets and bytes as 16 bytes each; a flow leased and never written: 0).
 fn redis_counts(url: &str) -> Vec<(u64, u64)> {
@@ -721,6 +752,40 @@ fn firewall_connections_replicated_to_redis_let_answers_in_at_another_switch() {
     assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
     let drops = unreplicated.to_string();
     assert!(drops.contains("unsolicited"), "{drops}");
+}
+
+/// A switch whose table is full refuses the states the store grants it beyond its room,
+/// counts them (`install_refused`), and treats those flows' packets as it would with no
+/// state (the answers dropped as unsolicited); the store keeps every state, and a switch
+/// with room takes them all afterwards.
+#[test]
+fn states_a_full_table_cannot_take_are_refused_counted_and_kept_at_the_store() {
+    const CONNECTIONS: u16 = 200;
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let (syns, answers) = (tmp("fw-full-syns.pcap"), tmp("fw-full-answers.pcap"));
+    write_one_side(&syns, CONNECTIONS, true, 0);
+    write_one_side(&answers, CONNECTIONS, false, 0);
+    let url = server.url();
+    firewall_run("fw-full-a", &syns, true, Some(&url), "");
+    let small = "[program.firewall]\nconnections = 64\n";
+    let full = firewall_run("fw-full-b", &answers, false, Some(&url), small);
+    let r = &full["replication"];
+    let refused = r["install_refused"].as_u64().unwrap();
+    let let_in = full["counters"]["tx_packets"].as_u64().unwrap();
+    assert!(refused > 0, "{r}");
+    assert_eq!(let_in + refused, u64::from(CONNECTIONS), "{full}");
+    assert_eq!(
+        full["drops"]["unsolicited"].as_u64(),
+        Some(refused),
+        "{full}"
+    );
+    let roomy = firewall_run("fw-full-c", &answers, false, Some(&url), "");
+    assert_eq!(roomy["replication"]["install_refused"], 0, "{roomy}");
+    assert_eq!(
+        roomy["counters"]["tx_packets"],
+        u64::from(CONNECTIONS),
+        "every state still at the store: {roomy}"
+    );
 }
 
 /// A connection that timed out at its switch is not taken back from the store: the SYNs'

@@ -883,14 +883,22 @@ impl StateStage for ReplicationStage {
             self.next_token += 1;
             // Held packets of its flow still to be processed go first.
             let behind = self.queues.get(&key).is_some_and(|q| q.inputs > 0);
-            let outcome = match self.replica.admit(now, key, token) {
-                Admit::Process if !behind => Outcome::Go,
-                Admit::Process => Outcome::HoldInput { ready: true },
-                Admit::Parked => {
-                    self.in_burst.insert(token, i);
-                    Outcome::HoldInput { ready: false }
+            // The stage holds at most `park_limit` packets, and past it only outputs of
+            // this burst that wait for the store: a packet that would be held unprocessed
+            // is dropped before the replica sees it.
+            let full = self.held.len() >= self.config.park_limit;
+            let outcome = if full && (behind || !self.replica.holds(&key, now)) {
+                Outcome::Dropped
+            } else {
+                match self.replica.admit(now, key, token) {
+                    Admit::Process if !behind => Outcome::Go,
+                    Admit::Process => Outcome::HoldInput { ready: true },
+                    Admit::Parked => {
+                        self.in_burst.insert(token, i);
+                        Outcome::HoldInput { ready: false }
+                    }
+                    Admit::Dropped(_) => Outcome::Dropped,
                 }
-                Admit::Dropped(_) => Outcome::Dropped,
             };
             self.slots.push(Some(Slot {
                 key,
