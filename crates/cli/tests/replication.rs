@@ -171,6 +171,58 @@ fn past_the_park_limit_packets_are_dropped_and_counted() {
     }
 }
 
+/// A run from a capture reads far faster than a store answers; it waits for the store
+/// rather than drop what overflows the park bound (live ports cannot wait, and drop and
+/// count). `kv` through Redis with room for 1,000 held packets, on a trace whose keys
+/// are mostly new to the run (each waits for its lease): nothing is dropped, everything
+/// the unreplicated run forwards is forwarded, and the worker never held past its bound.
+#[test]
+fn a_capture_read_faster_than_the_store_answers_waits_for_it_and_drops_nothing() {
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let trace = tmp("rep-kv-backlog.pcap");
+    ok(bin()
+        .args(["gen", "kv", "--packets", "100000", "--flows", "1000"])
+        .args(["--kv-get-share", "0.95", "-o"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let config = |name: &str, extra: &str| {
+        let path = tmp(&format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[program]\nname = \"kv\"\n[program.kv]\nserver = \"{}\"\nclients = \"p0\"\n\
+                 backend = \"p1\"\n[[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\n\
+                 tx = \"{}\"\n{extra}",
+                stateplane_gen::KV_SERVER,
+                trace.display(),
+                tmp(&format!("{name}.pcap")).display()
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let plain = run_json(&config("rep-kv-plain", ""));
+    let replicated = run_json(&config(
+        "rep-kv-redis",
+        &format!(
+            "[guarantees]\ncache = [\"replicated\"]\n[replication]\nstore = \"{}\"\npark_limit = 1000\n",
+            server.url()
+        ),
+    ));
+    let r = &replicated["replication"];
+    assert_eq!(r["dropped"], 0, "{r}");
+    assert!(r["held_most"].as_u64().unwrap() <= 1000 + 128, "{r}");
+    assert!(
+        r["acquires"].as_u64().unwrap() > 1000,
+        "keys wait for leases: {r}"
+    );
+    assert_eq!(
+        replicated["counters"]["tx_packets"], plain["counters"]["tx_packets"],
+        "{replicated}"
+    );
+}
+
 /// Every record of a Redis store: each flow's packets and bytes (counter's state: its
 /// action, then packets and bytes as 16 bytes each; a flow leased and never written: 0).
 fn redis_counts(url: &str) -> Vec<(u64, u64)> {

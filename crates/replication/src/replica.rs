@@ -347,11 +347,29 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
     /// A packet of flow `key` arrived.
     pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
+        let horizon = now_ns.saturating_add(self.reach_ns());
         let flow = self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
         flow.used_ns = now_ns;
         let waiting_for_lease =
             matches!(flow.parked.back(), Some(p) if matches!(p.needs, Needs::Lease));
-        if !waiting_for_lease && flow.held(now_ns).is_some() {
+        // A write made now would reach the store after the lease: ask for it again first
+        // (with a write or renewal on its way, its answer extends the lease before the
+        // next write goes). Once granted, the packets are processed however long the
+        // answer took: asking again could not make the lease longer.
+        let ends_too_soon = flow.idle() && flow.held(horizon).is_none();
+        if !waiting_for_lease && flow.held(now_ns).is_some() && ends_too_soon {
+            flow.lease = Lease::Acquiring {
+                first_sent_ns: None,
+                nonce: 0,
+                sent_ns: now_ns,
+                tries: 0,
+                waited: false,
+            };
+            if !flow.queued {
+                flow.queued = true;
+                self.sendable.push(key);
+            }
+        } else if !waiting_for_lease && flow.held(now_ns).is_some() {
             self.counters.processed += 1;
             self.queue_if_renewal_due(key, now_ns);
             return Admit::Process;
@@ -878,6 +896,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         }
     }
 
+    /// How long a request takes to reach the store, at most (the measured round trip,
+    /// held to a quarter of a lease): a packet is processed only if its flow's lease runs
+    /// that much longer, since a write it makes reaches the store that much later, and
+    /// one reaching it after the lease is fenced and its output dropped. A flow whose
+    /// lease ends sooner asks for it again first (the holder asking keeps its epoch while
+    /// the lease runs).
+    fn reach_ns(&self) -> u64 {
+        if !self.round_trips.measured {
+            return 0;
+        }
+        (self.round_trips.smoothed_ns).min(self.config.lease_ns / 4)
+    }
+
     /// The wait before a request is first sent again: the configured one, or longer as
     /// the store's answers take longer, never past a quarter of a lease (so that a lost
     /// request is sent again well within the lease it is for).
@@ -1354,5 +1385,44 @@ mod tests {
         // Then unused: its lease lapses and it is forgotten.
         advance(&mut r, &mut s, 600 * MS);
         assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
+    }
+
+    #[test]
+    fn a_packet_near_its_lease_end_waits_for_the_lease_again_rather_than_risk_a_fenced_write() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        assert_eq!(r.admit(0, 7, 1), Admit::Parked);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        // The store takes the ask at once; its answer takes 30 ms to come back.
+        let granted = s.handle(0, A, out.remove(0));
+        r.handle_reply(30 * MS, granted);
+        events(&mut r);
+        assert_eq!(r.processed(30 * MS, 7, 1, None), Release::Now);
+        // At 60 ms a write would reach the store (30 ms away) well within its lease.
+        assert_eq!(r.admit(60 * MS, 7, 2), Admit::Process);
+        assert_eq!(r.processed(60 * MS, 7, 2, None), Release::Now);
+        // At 80 ms it would reach it at 110 ms, past the lease's end (100 ms): the packet
+        // waits for the lease again instead.
+        assert_eq!(r.admit(80 * MS, 7, 3), Admit::Parked);
+        r.poll_transmit(80 * MS, &mut out);
+        assert!(matches!(out[..], [Request::Acquire { .. }]), "{out:?}");
+        let granted = s.handle(110 * MS, A, out.remove(0));
+        r.handle_reply(140 * MS, granted);
+        assert!(
+            events(&mut r).contains(&Event::Process { key: 7, token: 3 }),
+            "processed under the new lease"
+        );
+        assert_eq!(r.processed(140 * MS, 7, 3, Some(5)), Release::Parked);
+        r.poll_transmit(140 * MS, &mut out);
+        let written = s.handle(170 * MS, A, out.remove(0));
+        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        r.handle_reply(200 * MS, written);
+        assert!(events(&mut r).contains(&Event::Release {
+            token: 3,
+            epoch: 2,
+            seq: 1
+        }));
+        assert_eq!(s.counters.fenced, 0);
     }
 }

@@ -59,6 +59,15 @@ pub trait StateStage: Send {
     fn releasable(&self) -> bool {
         false
     }
+
+    /// Whether the stage holds so many packets waiting on something outside (a store's
+    /// answers) that more would overflow it: a run on packet time (a capture, which can
+    /// wait) ticks the stage until it is not, before the next burst, rather than have it
+    /// drop what comes faster than the store answers. Live ports cannot wait: packets
+    /// keep coming, and past the stage's bound they are dropped and counted.
+    fn backlogged(&self) -> bool {
+        false
+    }
 }
 
 /// Makes one state stage per worker (`worker index -> stage`).

@@ -89,6 +89,11 @@ impl Worker {
         self.state_stages.iter().any(|s| s.releasable())
     }
 
+    /// Whether a state stage is backlogged (`StateStage::backlogged`).
+    pub fn backlogged(&self) -> bool {
+        self.state_stages.iter().any(|s| s.backlogged())
+    }
+
     /// What the state stages wake on (`StateStage::wake_fd`).
     pub fn wake_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.state_stages

@@ -50,6 +50,10 @@ pub const PORT_REFRESH: Duration = Duration::from_millis(100);
 pub const POLL_EVERY: Duration = Duration::from_millis(1);
 /// How long a finishing worker waits between two looks at what its state stages hold.
 const HELD_WAIT: Duration = Duration::from_micros(20);
+
+/// The longest a run on packet time waits for its backlogged state stages before the
+/// next burst.
+const BACKLOG_WAIT: Duration = Duration::from_secs(60);
 /// Bursts between two publications of a busy worker's counters: publishing every burst
 /// would cost a cache line per burst on a shared counter page; every 64th (about 4,000
 /// packets) keeps progress and metrics live. An idle pass and the end publish too.
@@ -318,7 +322,10 @@ pub fn run_worker(
             generation = g;
             log::info!("worker {w}: now running program generation {g}");
         }
-        // 2. Each input in turn.
+        // 2. Each input in turn; on packet time, once the state stages can take more.
+        if clock.is_none() {
+            wait_out_backlog(&mut worker);
+        }
         let t = Instant::now();
         let mut received = false;
         for (input, ended) in ended.iter_mut().enumerate() {
@@ -403,6 +410,17 @@ pub fn run_worker(
         busy,
         ports,
         generation,
+    }
+}
+
+/// Ticks the state stages until none is backlogged (`StateStage::backlogged`), for at
+/// most [`BACKLOG_WAIT`]: a stage's held packets time out on their own, so a store that
+/// never answers ends the wait well before that.
+fn wait_out_backlog(worker: &mut Worker) {
+    let start = Instant::now();
+    while worker.backlogged() && start.elapsed() < BACKLOG_WAIT {
+        worker.tick_stages();
+        std::thread::sleep(HELD_WAIT);
     }
 }
 

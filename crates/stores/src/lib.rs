@@ -56,6 +56,9 @@ pub struct LinkCounters {
     pub short_of_replicas: u64,
     /// Gauge: 1 while connected (the memory store always is).
     pub connected: u64,
+    /// Requests sent again while the same was still queued or on the connection: not
+    /// sent twice (a store that loses nothing answers the first).
+    pub repeats_held: u64,
 }
 
 /// Where a worker's requests go and its answers come from.

@@ -20,11 +20,12 @@ use crate::{LinkCounters, StoreKey, StoreLink, Value};
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use stateplane_replication::protocol::KEEP_FOREVER;
 use stateplane_replication::{Holder, Reply, Request};
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// The functions, as loaded into the server.
@@ -173,11 +174,13 @@ impl RedisStore {
             .map_err(|e| format!("a link's socket: {e}"))?;
         let shared = Arc::new(Shared::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let outstanding = Arc::new(Mutex::new(HashSet::new()));
         let thread = {
-            let (config, shared, stop) = (
+            let (config, shared, stop, outstanding) = (
                 Arc::clone(&self.config),
                 Arc::clone(&shared),
                 Arc::clone(&stop),
+                Arc::clone(&outstanding),
             );
             std::thread::Builder::new()
                 .name("redis-store".into())
@@ -186,6 +189,7 @@ impl RedisStore {
                         config,
                         conn: None,
                         shared,
+                        outstanding,
                         answer,
                         wake: wake_writer,
                         outage_logged: false,
@@ -199,6 +203,7 @@ impl RedisStore {
             answers,
             wake,
             shared,
+            outstanding,
             requests: 0,
             dropped: 0,
             stop,
@@ -214,6 +219,29 @@ struct Outgoing<K> {
     request: Request<K, Value>,
 }
 
+/// A request as sent again names it (its kind, its flow, the write's sequence number or
+/// the ask's nonce, the lease's epoch): a replica sends the same request again when its
+/// answer is late, and over a connection that loses nothing, an answer is late because
+/// the request still waits its turn (a busy store), so it is not queued a second time.
+/// A round trip that fails takes its requests out, so that the replica's next sending
+/// goes.
+type Sent<K> = (u8, K, u64, u64);
+
+fn sent<K: Copy>(request: &Request<K, Value>) -> Sent<K> {
+    match *request {
+        Request::Acquire { key, nonce, .. } => (0, key, nonce, 0),
+        Request::Write {
+            key, seq, epoch, ..
+        } => (1, key, seq, epoch),
+        Request::Renew {
+            key, nonce, epoch, ..
+        } => (2, key, nonce, epoch),
+    }
+}
+
+/// Requests queued or on the connection, not yet answered.
+type Outstanding<K> = Arc<Mutex<HashSet<Sent<K>>>>;
+
 #[derive(Default)]
 struct Shared {
     answers: AtomicU64,
@@ -223,6 +251,7 @@ struct Shared {
     reconnects: AtomicU64,
     short_of_replicas: AtomicU64,
     connected: AtomicU64,
+    repeats_held: AtomicU64,
 }
 
 pub struct RedisLink<K> {
@@ -230,6 +259,7 @@ pub struct RedisLink<K> {
     answers: Receiver<Reply<K, Value>>,
     wake: UnixStream,
     shared: Arc<Shared>,
+    outstanding: Outstanding<K>,
     requests: u64,
     dropped: u64,
     stop: Arc<AtomicBool>,
@@ -242,17 +272,32 @@ impl<K: StoreKey> StoreLink<K> for RedisLink<K> {
             return;
         }
         let n = requests.len() as u64;
-        let batch: Vec<_> = (requests.drain(..))
-            .map(|request| Outgoing { holder, request })
-            .collect();
+        let batch: Vec<_> = {
+            let mut outstanding = self
+                .outstanding
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            (requests.drain(..))
+                .filter(|request| outstanding.insert(sent(request)))
+                .map(|request| Outgoing { holder, request })
+                .collect()
+        };
         self.requests += n;
+        self.shared
+            .repeats_held
+            .fetch_add(n - batch.len() as u64, Ordering::Relaxed);
+        if batch.is_empty() {
+            return;
+        }
         let Some(to_thread) = &self.to_thread else {
             self.dropped += n;
             return;
         };
-        match to_thread.try_send(batch) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped += n,
+        if let Err(TrySendError::Full(batch) | TrySendError::Disconnected(batch)) =
+            to_thread.try_send(batch)
+        {
+            self.dropped += batch.len() as u64;
+            forget(&self.outstanding, &batch);
         }
     }
 
@@ -284,6 +329,7 @@ impl<K: StoreKey> StoreLink<K> for RedisLink<K> {
             reconnects: get(&s.reconnects),
             short_of_replicas: get(&s.short_of_replicas),
             connected: get(&s.connected),
+            repeats_held: get(&s.repeats_held),
         }
     }
 }
@@ -298,10 +344,19 @@ impl<K> Drop for RedisLink<K> {
     }
 }
 
+/// Takes answered (or lost) requests out of the outstanding ones.
+fn forget<K: StoreKey>(outstanding: &Outstanding<K>, round: &[Outgoing<K>]) {
+    let mut outstanding = outstanding.lock().unwrap_or_else(PoisonError::into_inner);
+    for o in round {
+        outstanding.remove(&sent(&o.request));
+    }
+}
+
 struct LinkThread<K> {
     config: Arc<RedisConfig>,
     conn: Option<Conn>,
     shared: Arc<Shared>,
+    outstanding: Outstanding<K>,
     answer: Sender<Reply<K, Value>>,
     wake: UnixStream,
     outage_logged: bool,
@@ -340,13 +395,15 @@ impl<K: StoreKey> LinkThread<K> {
                     }
                     Err(e) => {
                         self.lost(&e, round.len());
+                        forget(&self.outstanding, &round);
                         std::thread::sleep(backoff);
                         backoff = (backoff * 2).min(Duration::from_secs(1));
                         continue;
                     }
                 }
             }
-            self.round_trip(round);
+            self.round_trip(&round);
+            forget(&self.outstanding, &round);
         }
     }
 
@@ -369,7 +426,7 @@ impl<K: StoreKey> LinkThread<K> {
         }
     }
 
-    fn round_trip(&mut self, round: Vec<Outgoing<K>>) {
+    fn round_trip(&mut self, round: &[Outgoing<K>]) {
         let config = Arc::clone(&self.config);
         let writes = (round.iter()).any(|o| matches!(o.request, Request::Write { .. }));
         // Each call carries a run of one holder's requests, up to `batch` of them.

@@ -535,6 +535,36 @@ fn a_master_failover_loses_acknowledged_writes_only_without_wait() {
     }
 }
 
+/// A request sent again while the first is still queued or on the connection (its
+/// answer late because the store is busy) is not sent twice; once answered, it goes again.
+#[test]
+fn a_request_sent_again_while_it_waits_its_turn_is_not_sent_twice() {
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let redis = RedisStore::connect(redis_config(&server)).unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    let ask = Request::Acquire {
+        key: 5,
+        lease_ns: LEASE,
+        nonce: 1,
+    };
+    link.send(A, &mut vec![ask.clone(), ask.clone(), ask.clone()]);
+    let mut answers = Vec::new();
+    let start = Instant::now();
+    while answers.is_empty() && start.elapsed() < Duration::from_secs(2) {
+        link.receive(&mut answers);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    link.receive(&mut answers);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(link.counters().repeats_held, 2);
+    // Answered: the same request goes again (and is answered again).
+    assert!(matches!(
+        self::ask(&mut link, A, ask),
+        Some(Reply::Granted { epoch: 1, .. })
+    ));
+    assert_eq!(link.counters().requests, 4);
+}
+
 #[test]
 fn a_wrong_url_or_setting_is_refused_at_start_with_the_fix() {
     let port = free_port();

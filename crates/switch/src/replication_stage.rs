@@ -1166,6 +1166,13 @@ impl StateStage for ReplicationStage {
     fn releasable(&self) -> bool {
         !self.ready_in.is_empty() || !self.ready_out.is_empty()
     }
+
+    /// Half the park bound waits for the store (leases, acknowledgements): another
+    /// burst or two of new flows could overflow it.
+    fn backlogged(&self) -> bool {
+        let ready = self.ready_in.len() + self.ready_out.len();
+        self.held.len().saturating_sub(ready) >= self.config.park_limit.div_ceil(2)
+    }
 }
 
 /// The stage in a worker, on a store whose answers the test lets through when it likes:
