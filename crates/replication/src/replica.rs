@@ -354,9 +354,11 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             matches!(flow.parked.back(), Some(p) if matches!(p.needs, Needs::Lease));
         // A write made now would reach the store after the lease: ask for it again first
         // (with a write or renewal on its way, its answer extends the lease before the
-        // next write goes). Once granted, the packets are processed however long the
-        // answer took: asking again could not make the lease longer.
-        let ends_too_soon = flow.idle() && flow.held(horizon).is_none();
+        // next write goes; with packets handed to the worker, they are processed under
+        // this lease, which must not end under them). Once granted, the packets are
+        // processed however long the answer took: asking again could not make the lease
+        // longer.
+        let ends_too_soon = flow.idle() && flow.processing == 0 && flow.held(horizon).is_none();
         if !waiting_for_lease && flow.held(now_ns).is_some() && ends_too_soon {
             flow.lease = Lease::Acquiring {
                 first_sent_ns: None,

@@ -429,6 +429,10 @@ fn retain_kept(burst: &mut Burst, keep: &[bool]) {
     });
 }
 
+/// Packets waiting for the store past which a run from a capture waits for it: at a
+/// Redis's 50,000 to 100,000 calls a second, 40 to 80 ms of its work queued.
+const BACKLOG: usize = 4_096;
+
 /// What the stage keeps of a packet it holds.
 struct Hold {
     key: FlowBytes,
@@ -1167,11 +1171,13 @@ impl StateStage for ReplicationStage {
         !self.ready_in.is_empty() || !self.ready_out.is_empty()
     }
 
-    /// Half the park bound waits for the store (leases, acknowledgements): another
-    /// burst or two of new flows could overflow it.
+    /// Half the park bound waits for the store (leases, acknowledgements), so that
+    /// another burst or two of new flows could overflow it; or [`BACKLOG`] do, a queue at
+    /// the store long enough that requests reach it late for their leases.
     fn backlogged(&self) -> bool {
         let ready = self.ready_in.len() + self.ready_out.len();
-        self.held.len().saturating_sub(ready) >= self.config.park_limit.div_ceil(2)
+        let waiting = self.held.len().saturating_sub(ready);
+        waiting >= self.config.park_limit.div_ceil(2).min(BACKLOG)
     }
 }
 
