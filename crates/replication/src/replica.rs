@@ -265,6 +265,22 @@ impl<V> Flow<V> {
     fn idle(&self) -> bool {
         self.in_flight.is_none() && self.pending.is_none() && self.renewing.is_none()
     }
+
+    /// Asks for the lease (again) at the next transmit; `waited`: another holder's lease
+    /// had to pass first.
+    fn ask<K>(&mut self, key: K, now_ns: u64, waited: bool, sendable: &mut Vec<K>) {
+        self.lease = Lease::Acquiring {
+            first_sent_ns: None,
+            nonce: 0,
+            sent_ns: now_ns,
+            tries: 0,
+            waited,
+        };
+        if !self.queued {
+            self.queued = true;
+            sendable.push(key);
+        }
+    }
 }
 
 pub struct Replica<K, V> {
@@ -360,17 +376,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         // longer.
         let ends_too_soon = flow.idle() && flow.processing == 0 && flow.held(horizon).is_none();
         if !waiting_for_lease && flow.held(now_ns).is_some() && ends_too_soon {
-            flow.lease = Lease::Acquiring {
-                first_sent_ns: None,
-                nonce: 0,
-                sent_ns: now_ns,
-                tries: 0,
-                waited: false,
-            };
-            if !flow.queued {
-                flow.queued = true;
-                self.sendable.push(key);
-            }
+            flow.ask(key, now_ns, false, &mut self.sendable);
         } else if !waiting_for_lease && flow.held(now_ns).is_some() {
             self.counters.processed += 1;
             self.queue_if_renewal_due(key, now_ns);
@@ -732,17 +738,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                     {
                         // Ask only with nothing of ours on its way: the state granted is then
                         // all the flow's, ours included.
-                        flow.lease = Lease::Acquiring {
-                            first_sent_ns: None,
-                            nonce: 0,
-                            sent_ns: now_ns,
-                            tries: 0,
-                            waited: false,
-                        };
-                        if !flow.queued {
-                            flow.queued = true;
-                            self.sendable.push(key);
-                        }
+                        flow.ask(key, now_ns, false, &mut self.sendable);
                     }
                     break;
                 }
@@ -812,17 +808,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 self.counters.retransmits += 1;
             }
             Lease::Waiting { retry_ns } if now_ns >= *retry_ns => {
-                flow.lease = Lease::Acquiring {
-                    first_sent_ns: None,
-                    nonce: 0,
-                    sent_ns: now_ns,
-                    tries: 0,
-                    waited: true,
-                };
-                if !flow.queued {
-                    flow.queued = true;
-                    self.sendable.push(key);
-                }
+                flow.ask(key, now_ns, true, &mut self.sendable);
             }
             Lease::Held { until_ns, .. }
                 if idle && in_use && renewal_due(now_ns, *until_ns, lease_ns) && !flow.queued =>
