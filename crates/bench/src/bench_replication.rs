@@ -152,11 +152,8 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                 .ok_or_else(|| format!("--bursts: '{b}' is not a burst size from 1 to 1024"))
         })
         .collect::<BenchResult<Vec<_>>>()?;
-    let dir = std::env::temp_dir().join(format!(
-        "stateplane-bench-replication-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let scratch = crate::Scratch::new("bench-replication")?;
+    let dir = scratch.path();
     let mut cases = Vec::new();
     let mut traces = Vec::new();
     let forward = "map = { p0 = \"p1\" }";
@@ -268,7 +265,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
 
     let mut table = Table::new(
         &["program", "mode", "burst"],

@@ -261,8 +261,8 @@ pub fn main(a: LabBenchArgs) -> BenchResult<()> {
         .trim()
         .parse()
         .map_err(|e| format!("CLK_TCK: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("stateplane-lab-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let scratch = crate::Scratch::new("lab-bench")?;
+    let dir = scratch.path();
     let trace = dir.join("flood.pcap");
     let out = Command::new(&exe)
         .args([
@@ -290,7 +290,7 @@ pub fn main(a: LabBenchArgs) -> BenchResult<()> {
     stateplane_lab::up(&t, &exe)?;
     let result = run_rounds(&t, &a, &exe, &trace, hz);
     let _ = stateplane_lab::down(&t.name);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     let samples = result?;
     report(&a, &samples)
 }

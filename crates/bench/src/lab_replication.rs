@@ -182,16 +182,14 @@ pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
 /// it whatever `work` returns.
 fn in_lab<T>(work: impl FnOnce(&Topology, &Path) -> BenchResult<T>) -> BenchResult<T> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let file = dir.join("failover.toml");
+    let scratch = crate::Scratch::new("failover")?;
+    let file = scratch.path().join("failover.toml");
     let text = TOPOLOGY.replacen("name = \"dualfw\"", &format!("name = \"{LAB}\""), 1);
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
     let t = Topology::load(&file)?;
     let _ = stateplane_lab::down(&t.name);
     let result = stateplane_lab::up(&t, &exe).and_then(|()| work(&t, &exe));
     let _ = stateplane_lab::down(&t.name);
-    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 

@@ -36,6 +36,33 @@ use stateplane_gen::{GenConfig, Workload, generate};
 /// The error type of every experiment: a message a user can act on.
 pub type BenchResult<T> = Result<T, String>;
 
+/// A directory of a run's own under the system's temporary directory (traces, configs,
+/// captures), removed when dropped: at the end of the run, and also when it returns early
+/// with an error, so that no run leaves its gigabytes behind.
+pub struct Scratch {
+    path: std::path::PathBuf,
+}
+
+impl Scratch {
+    /// `stateplane-NAME-PID`, made afresh.
+    pub fn new(name: &str) -> BenchResult<Scratch> {
+        let path = std::env::temp_dir().join(format!("stateplane-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Scratch { path })
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
 /// Generates `packets` of `workload` (a name, checked: errors name `--workloads`) with
 /// `seed`, in memory, and hands each one that parses to `each` with its time and bytes:
 /// the benchmarks' traces.
