@@ -217,6 +217,10 @@ fn a_capture_read_faster_than_the_store_answers_waits_for_it_and_drops_nothing()
         r["acquires"].as_u64().unwrap() > 1000,
         "keys wait for leases: {r}"
     );
+    assert!(
+        r["repeats_held"].as_u64().unwrap() <= r["retransmits"].as_u64().unwrap(),
+        "requests held back are some of those sent again: {r}"
+    );
     assert_eq!(
         replicated["counters"]["tx_packets"], plain["counters"]["tx_packets"],
         "{replicated}"

@@ -247,6 +247,11 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
             "Requests sent again, unanswered",
             &c.retransmits,
         ),
+        (
+            "repeats_held",
+            "Requests sent again not sent twice: the first was still on its way to the store",
+            &c.repeats_held,
+        ),
         ("round_trips", "Round trips to the store", &c.round_trips),
         (
             "store_errors",

@@ -100,6 +100,9 @@ pub struct ReplicationCounters {
     pub round_trips: AtomicU64,
     pub store_errors: AtomicU64,
     pub reconnects: AtomicU64,
+    /// Requests sent again while the same was still on its way to the store: not sent
+    /// twice (`LinkCounters::repeats_held`).
+    pub repeats_held: AtomicU64,
     /// Packets held across bursts now (summed over workers), and the most one worker held.
     pub held: AtomicU64,
     pub held_most: AtomicU64,
@@ -341,6 +344,7 @@ impl ReplicationPlan {
             round_trips: get(&c.round_trips),
             store_errors: get(&c.store_errors),
             reconnects: get(&c.reconnects),
+            repeats_held: get(&c.repeats_held),
             held_most: get(&c.held_most),
         }
     }
@@ -386,6 +390,8 @@ pub struct ReplicationReport {
     pub round_trips: u64,
     pub store_errors: u64,
     pub reconnects: u64,
+    /// Requests sent again not sent twice: the first was still on its way.
+    pub repeats_held: u64,
     /// The most packets one worker held across bursts at once.
     pub held_most: u64,
 }
@@ -395,7 +401,8 @@ impl ReplicationReport {
         format!(
             "replication to {}:\n  packets {}  waited for a lease {}  for the store {}  \
              dropped unreplicated {}\n  writes {} (changes folded in {})  leases asked {} \
-             (with state {}, after another's {})  renewed {}  fenced {}  sent again {}\n  \
+             (with state {}, after another's {})  renewed {}  fenced {}  sent again {} \
+             (of them still on their way {})\n  \
              round trips {}  store errors {}  reconnects {}  states refused {}  \
              packets held at most {}\n",
             self.store,
@@ -411,6 +418,7 @@ impl ReplicationReport {
             self.renewals,
             self.fenced,
             self.retransmits,
+            self.repeats_held,
             self.round_trips,
             self.store_errors,
             self.reconnects,
@@ -788,6 +796,7 @@ impl ReplicationStage {
         add(&c.round_trips, l.round_trips, pl.round_trips);
         add(&c.store_errors, l.errors, pl.errors);
         add(&c.reconnects, l.reconnects, pl.reconnects);
+        add(&c.repeats_held, l.repeats_held, pl.repeats_held);
         // A gauge summed over workers: each adds what it holds now less what it held.
         c.held
             .fetch_add((held as u64).wrapping_sub(*pheld as u64), Ordering::Relaxed);
