@@ -134,7 +134,9 @@ pub struct ReplicaCounters {
     pub acquires: u64,
     pub renewals: u64,
     pub retransmits: u64,
-    /// Leases taken with state from the store (migrations), and after waiting for another.
+    /// Leases taken with state from the store (migrations: another holder's state, or this
+    /// side's own after its lease passed at the store; not this side's lease asked for
+    /// again while it ran there), and after waiting for another.
     pub migrated: u64,
     pub waited: u64,
     pub fenced: u64,
@@ -212,6 +214,8 @@ struct Flow<V> {
     armed_ns: Option<u64>,
     /// When a packet last came: a lease is renewed only for flows in use.
     used_ns: u64,
+    /// The epoch of the last lease granted here (0: none yet).
+    epoch: u64,
     /// Packets named by [`Event::Process`] not yet reported [`Replica::processed`]: the
     /// flow is in use while the worker has them (a backlog of many flows can take longer
     /// than a lease to work through), whenever they came.
@@ -233,6 +237,7 @@ impl<V> Flow<V> {
             queued: false,
             armed_ns: None,
             used_ns: now_ns,
+            epoch: 0,
             processing: 0,
             lives_until_ns: u64::MAX,
         }
@@ -543,7 +548,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                     until_ns: until(first, lease_ns),
                 };
                 flow.acked = seq;
-                self.counters.migrated += u64::from(value.is_some());
+                // The same epoch again: this side's own lease, asked for again near its end.
+                let renewed = flow.epoch == epoch;
+                flow.epoch = epoch;
+                self.counters.migrated += u64::from(value.is_some() && !renewed);
                 self.counters.waited += u64::from(waited);
                 self.events.push_back(Event::Install { key, value, waited });
             }
@@ -1412,5 +1420,26 @@ mod tests {
             seq: 1
         }));
         assert_eq!(s.counters.fenced, 0);
+        // The flow has state now; idle until 290 ms, its packet asks again while the
+        // store's lease (to 270 ms) runs: the same epoch, granted with the flow's own
+        // state, which is no migration.
+        assert_eq!(r.counters.migrated, 0);
+        assert_eq!(r.admit(265 * MS, 7, 4), Admit::Parked);
+        r.poll_transmit(265 * MS, &mut out);
+        let granted = s.handle(266 * MS, A, out.remove(0));
+        assert!(
+            matches!(
+                granted,
+                Reply::Granted {
+                    epoch: 2,
+                    value: Some(5),
+                    ..
+                }
+            ),
+            "{granted:?}"
+        );
+        r.handle_reply(296 * MS, granted);
+        assert!(events(&mut r).contains(&Event::Process { key: 7, token: 4 }));
+        assert_eq!(r.counters.migrated, 0);
     }
 }

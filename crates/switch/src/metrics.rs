@@ -228,7 +228,7 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
         ("acquires", "Leases asked for", &c.acquires),
         (
             "migrated",
-            "Leases granted with state from the store",
+            "Leases granted with state from the store (not this switch's own, asked again)",
             &c.migrated,
         ),
         (
