@@ -220,8 +220,8 @@ struct Flow<V> {
     /// flow is in use while the worker has them (a backlog of many flows can take longer
     /// than a lease to work through), whenever they came.
     processing: u32,
-    /// When the flow's state times out here unless a packet comes ([`Replica::lives_until`];
-    /// `u64::MAX`: never).
+    /// When the flow's state times out here unless a packet comes (as the last
+    /// [`Replica::processed`] said; `u64::MAX`: never).
     lives_until_ns: u64,
 }
 
@@ -379,13 +379,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         // this lease, which must not end under them). Once granted, the packets are
         // processed however long the answer took: asking again could not make the lease
         // longer.
-        let ends_too_soon = flow.idle() && flow.processing == 0 && flow.held(horizon).is_none();
-        if !waiting_for_lease && flow.held(now_ns).is_some() && ends_too_soon {
+        if !waiting_for_lease && flow.held(now_ns).is_some() {
+            if !flow.idle() || flow.processing > 0 || flow.held(horizon).is_some() {
+                self.counters.processed += 1;
+                self.queue_if_renewal_due(key, now_ns);
+                return Admit::Process;
+            }
             flow.ask(key, now_ns, false, &mut self.sendable);
-        } else if !waiting_for_lease && flow.held(now_ns).is_some() {
-            self.counters.processed += 1;
-            self.queue_if_renewal_due(key, now_ns);
-            return Admit::Process;
         }
         if self.parked >= self.config.park_limit {
             self.counters.dropped_park_full += 1;
@@ -397,12 +397,23 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
     }
 
     /// A packet admitted (or named by [`Event::Process`]) was processed; `change` is the
-    /// flow's state after it when the packet changed it.
-    pub fn processed(&mut self, now_ns: u64, key: K, token: Token, change: Option<V>) -> Release {
+    /// flow's state after it when the packet changed it, and `lives_until_ns` when that
+    /// state times out here unless another packet comes (this side's clock; `u64::MAX`:
+    /// never): what the flow's writes and renewals tell the store, so that a state this
+    /// side lets expire is not granted back.
+    pub fn processed(
+        &mut self,
+        now_ns: u64,
+        key: K,
+        token: Token,
+        change: Option<V>,
+        lives_until_ns: u64,
+    ) -> Release {
         let Some(flow) = self.flows.get_mut(&key) else {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
+        flow.lives_until_ns = lives_until_ns;
         // A flow's packets are processed in order, so those named by `Event::Process` come
         // back before any admitted after them.
         flow.processing = flow.processing.saturating_sub(1);
@@ -426,16 +437,6 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         }
         self.park(key, token, Needs::Seq(needs), now_ns);
         Release::Parked
-    }
-
-    /// The flow's state times out here at `until_ns` (this side's clock) unless a packet
-    /// of it comes first (`u64::MAX`: never): what its writes and renewals tell the store,
-    /// so that a state this side lets expire is not granted back. Call it after the
-    /// packets of a burst, before [`Replica::poll_transmit`].
-    pub fn lives_until(&mut self, key: &K, until_ns: u64) {
-        if let Some(flow) = self.flows.get_mut(key) {
-            flow.lives_until_ns = until_ns;
-        }
     }
 
     /// The requests due now: the flows' waiting changes as one write each (those with no
@@ -1030,12 +1031,12 @@ mod tests {
             ]
         );
         // Both change the flow in one burst: one write carries the last state.
-        assert_eq!(r.processed(0, 7, 1, Some(1)), Release::Parked);
-        assert_eq!(r.processed(0, 7, 2, Some(2)), Release::Parked);
+        assert_eq!(r.processed(0, 7, 1, Some(1), u64::MAX), Release::Parked);
+        assert_eq!(r.processed(0, 7, 2, Some(2), u64::MAX), Release::Parked);
         assert_eq!(r.counters.coalesced, 1);
         // A read while the write is on its way waits behind it.
         assert_eq!(r.admit(0, 7, 3), Admit::Process);
-        assert_eq!(r.processed(0, 7, 3, None), Release::Parked);
+        assert_eq!(r.processed(0, 7, 3, None, u64::MAX), Release::Parked);
         let mut out = Vec::new();
         r.poll_transmit(0, &mut out);
         assert_eq!(
@@ -1066,7 +1067,7 @@ mod tests {
         assert_eq!(s.record(&7).and_then(|r| r.value), Some(2));
         // With nothing on its way, reads leave at once.
         assert_eq!(r.admit(2, 7, 4), Admit::Process);
-        assert_eq!(r.processed(2, 7, 4, None), Release::Now);
+        assert_eq!(r.processed(2, 7, 4, None, u64::MAX), Release::Now);
     }
 
     #[test]
@@ -1076,7 +1077,7 @@ mod tests {
         r.admit(0, 7, 1);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
-        r.processed(0, 7, 1, Some(5));
+        r.processed(0, 7, 1, Some(5), u64::MAX);
         let mut lost = Vec::new();
         r.poll_transmit(0, &mut lost);
         assert_eq!(r.poll_timeout(), Some(5 * MS));
@@ -1135,7 +1136,7 @@ mod tests {
             }
             for e in events(&mut r) {
                 if let Event::Process { key, token } = e {
-                    r.processed(now, key, token, Some(u64::from(key)));
+                    r.processed(now, key, token, Some(u64::from(key)), u64::MAX);
                 }
             }
             let mut out = Vec::new();
@@ -1160,14 +1161,14 @@ mod tests {
         r.admit(0, 7, 1);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
-        r.processed(0, 7, 1, Some(1));
+        r.processed(0, 7, 1, Some(1), u64::MAX);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
         // The store's clock runs ahead: the write after the lease is refused.
         assert_eq!(r.admit(98 * MS, 7, 2), Admit::Process);
-        r.processed(98 * MS, 7, 2, Some(2));
+        r.processed(98 * MS, 7, 2, Some(2), u64::MAX);
         assert_eq!(r.admit(98 * MS, 7, 3), Admit::Process);
-        r.processed(98 * MS, 7, 3, None);
+        r.processed(98 * MS, 7, 3, None, u64::MAX);
         let mut out = Vec::new();
         r.poll_transmit(98 * MS, &mut out);
         let a = s.handle(200 * MS, A, out.remove(0));
@@ -1214,7 +1215,7 @@ mod tests {
         a.admit(0, 7, 1);
         round_trip(&mut a, &mut s, 0);
         events(&mut a);
-        a.processed(0, 7, 1, Some(9));
+        a.processed(0, 7, 1, Some(9), u64::MAX);
         round_trip(&mut a, &mut s, 0);
         // A dies here. B gets the flow's packets.
         assert_eq!(b.admit(10 * MS, 7, 1), Admit::Parked);
@@ -1280,10 +1281,10 @@ mod tests {
         r.admit(0, 7, 1);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
-        r.processed(0, 7, 1, None);
+        r.processed(0, 7, 1, None, u64::MAX);
         // Read at 40 ms: in use, so renewed halfway (the lease ends at 99 ms here).
         assert_eq!(r.admit(40 * MS, 7, 2), Admit::Process);
-        r.processed(40 * MS, 7, 2, None);
+        r.processed(40 * MS, 7, 2, None, u64::MAX);
         advance(&mut r, &mut s, 48 * MS);
         assert_eq!(r.counters.renewals, 0);
         advance(&mut r, &mut s, 49 * MS);
@@ -1309,8 +1310,7 @@ mod tests {
         events(&mut r);
         // Both flows' entries are written at 0 and time out 300 ms after their last packet.
         for key in [7, 8] {
-            r.processed(0, key, u64::from(key), Some(1));
-            r.lives_until(&key, 300 * MS);
+            r.processed(0, key, u64::from(key), Some(1), 300 * MS);
         }
         let mut out = Vec::new();
         r.poll_transmit(0, &mut out);
@@ -1326,8 +1326,7 @@ mod tests {
         events(&mut r);
         // Flow 7 is read at 40 ms, so its entry lives to 340 ms, and its renewal says so.
         assert_eq!(r.admit(40 * MS, 7, 9), Admit::Process);
-        r.processed(40 * MS, 7, 9, None);
-        r.lives_until(&7, 340 * MS);
+        r.processed(40 * MS, 7, 9, None, 340 * MS);
         while let Some(t) = r.poll_timeout() {
             r.handle_timeout(t);
             round_trip(&mut r, &mut s, t);
@@ -1369,14 +1368,17 @@ mod tests {
         }
         round_trip(&mut r, &mut s, 0);
         assert_eq!(events(&mut r).len(), 4, "the install and three to process");
-        r.processed(0, 7, 1, None);
+        r.processed(0, 7, 1, None, u64::MAX);
         // The worker's backlog holds the other two for 250 ms (two and a half leases).
         advance(&mut r, &mut s, 250 * MS);
         assert!(r.counters.renewals >= 4, "{:?}", r.counters);
         assert!(r.holds(&7, 250 * MS));
         assert!(events(&mut r).is_empty(), "not forgotten");
         for token in 2..=3 {
-            assert_eq!(r.processed(250 * MS, 7, token, None), Release::Now);
+            assert_eq!(
+                r.processed(250 * MS, 7, token, None, u64::MAX),
+                Release::Now
+            );
         }
         // Then unused: its lease lapses and it is forgotten.
         advance(&mut r, &mut s, 600 * MS);
@@ -1394,10 +1396,10 @@ mod tests {
         let granted = s.handle(0, A, out.remove(0));
         r.handle_reply(30 * MS, granted);
         events(&mut r);
-        assert_eq!(r.processed(30 * MS, 7, 1, None), Release::Now);
+        assert_eq!(r.processed(30 * MS, 7, 1, None, u64::MAX), Release::Now);
         // At 60 ms a write would reach the store (30 ms away) well within its lease.
         assert_eq!(r.admit(60 * MS, 7, 2), Admit::Process);
-        assert_eq!(r.processed(60 * MS, 7, 2, None), Release::Now);
+        assert_eq!(r.processed(60 * MS, 7, 2, None, u64::MAX), Release::Now);
         // At 80 ms it would reach it at 110 ms, past the lease's end (100 ms): the packet
         // waits for the lease again instead.
         assert_eq!(r.admit(80 * MS, 7, 3), Admit::Parked);
@@ -1409,7 +1411,10 @@ mod tests {
             events(&mut r).contains(&Event::Process { key: 7, token: 3 }),
             "processed under the new lease"
         );
-        assert_eq!(r.processed(140 * MS, 7, 3, Some(5)), Release::Parked);
+        assert_eq!(
+            r.processed(140 * MS, 7, 3, Some(5), u64::MAX),
+            Release::Parked
+        );
         r.poll_transmit(140 * MS, &mut out);
         let written = s.handle(170 * MS, A, out.remove(0));
         assert!(matches!(written, Reply::Written { .. }), "{written:?}");

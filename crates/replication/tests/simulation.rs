@@ -226,7 +226,7 @@ impl World {
         *state += u64::from(h.count);
         h.output = Some(*state);
         let change = h.count.then_some(*state);
-        match sw.replica.processed(now, flow, token, change) {
+        match sw.replica.processed(now, flow, token, change, u64::MAX) {
             Release::Now => {
                 let seq = None;
                 self.release(s, token, seq);

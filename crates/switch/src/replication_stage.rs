@@ -1013,16 +1013,8 @@ impl StateStage for ReplicationStage {
         let now = self.now();
         // Each flow's state after the burst, and whether it changed (written once).
         self.after.clear();
-        for (flow, key) in self.flows.iter().enumerate() {
+        for key in &self.flows {
             self.after.push(program, key);
-            // The store is told when the state times out, in the stage's time.
-            if let Some(deadline) = self.after.deadline_ns(flow) {
-                let until = match deadline {
-                    u64::MAX => u64::MAX,
-                    _ => now.saturating_add(deadline.saturating_sub(ctx.now_ns)),
-                };
-                self.replica.lives_until(key, until);
-            }
         }
         self.written.clear();
         self.written.resize(self.flows.len(), false);
@@ -1040,7 +1032,12 @@ impl StateStage for ReplicationStage {
             self.written[flow] |= changed;
             folded += u64::from(write.is_none() && changed);
             let behind = self.queues.get(&key).is_some_and(|q| q.outputs > 0);
-            let outcome = match self.replica.processed(now, key, token, write) {
+            // When the state times out, in the stage's time (the store is told).
+            let lives_until = match self.after.deadline_ns(flow) {
+                None | Some(u64::MAX) => u64::MAX,
+                Some(deadline) => now.saturating_add(deadline.saturating_sub(ctx.now_ns)),
+            };
+            let outcome = match self.replica.processed(now, key, token, write, lives_until) {
                 Release::Now => Outcome::Released,
                 Release::Parked => {
                     self.counters
