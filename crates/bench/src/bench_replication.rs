@@ -94,8 +94,10 @@ fn run_case(case: &Case, burst: usize, extra: &str, packets: u64) -> BenchResult
         && r.dropped > 0
     {
         return Err(format!(
-            "{}: {} packets dropped as unreplicated",
-            case.name, r.dropped
+            "{}: {} of {packets} packets dropped as unreplicated ({} requests fenced: the store \
+             fell behind its leases), so its rate would not be comparable; a shorter trace \
+             (--packets) keeps the store within them (docs/BENCHMARKS.md)",
+            case.name, r.dropped, r.fenced
         ));
     }
     Ok(Ran {

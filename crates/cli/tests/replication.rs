@@ -146,7 +146,7 @@ fn counter_replicated_on_the_memory_store_forwards_what_it_forwards_unreplicated
 /// outputs waiting for this burst's writes and drops on their way out: with room for 8,
 /// new flows waiting for their leases and outputs waiting for their writes overflow it.
 /// With a history a flow's held packets go one a burst, so packets arriving behind them
-/// piled up past the bound (4,357 held with room for 8 before the stage enforced it).
+/// would pile up past the bound if the stage did not drop them.
 #[test]
 fn past_the_park_limit_packets_are_dropped_and_counted() {
     let store = format!("{REPLICATED}[replication]\npark_limit = 8\n");
