@@ -143,6 +143,7 @@ fn timed_writes(
                 lease_ns: LEASE_NS,
                 // A state that times out, as a connection's does: the longer path.
                 keep_ns: 120_000_000_000,
+                alias: None,
             });
         }
         let n = requests.len();

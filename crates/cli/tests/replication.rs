@@ -734,10 +734,31 @@ fn firewall_run(
     store: Option<&str>,
     settings: &str,
 ) -> serde_json::Value {
+    one_side_run(
+        ("firewall", "connections"),
+        name,
+        capture,
+        inside,
+        store,
+        settings,
+    )
+}
+
+/// A run of `program` on one side's capture (as [`firewall_run`]), its state `state`
+/// replicated to `store`; its output at port `out` (from the inside) or `in` in
+/// `tmp("{name}-{port}.pcap")`.
+fn one_side_run(
+    (program, state): (&str, &str),
+    name: &str,
+    capture: &std::path::Path,
+    inside: bool,
+    store: Option<&str>,
+    settings: &str,
+) -> serde_json::Value {
     let config = tmp(&format!("{name}.toml"));
     let (rx_port, tx_port) = if inside { ("in", "out") } else { ("out", "in") };
     let replicated = store.map_or(String::new(), |url| {
-        format!("[guarantees]\nconnections = [\"replicated\"]\n[replication]\nstore = \"{url}\"\nlease_ms = 200\n")
+        format!("[guarantees]\n{state} = [\"replicated\"]\n[replication]\nstore = \"{url}\"\nlease_ms = 200\n")
     });
     let mut ports = String::new();
     for port in ["in", "out"] {
@@ -754,10 +775,156 @@ fn firewall_run(
     }
     std::fs::write(
         &config,
-        format!("[program]\nname = \"firewall\"\n{settings}{replicated}{ports}"),
+        format!("[program]\nname = \"{program}\"\n{settings}{replicated}{ports}"),
     )
     .unwrap();
     run_json(&config)
+}
+
+/// The frames of a capture, parsed.
+fn parsed_frames(path: &std::path::Path) -> Vec<(Vec<u8>, stateplane_wire::parse::Parsed)> {
+    let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    let mut r = stateplane_io::pcap::PcapReader::new(file).unwrap();
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    let mut frames = Vec::new();
+    while let Some(record) = r.next_record().unwrap() {
+        let parsed = stateplane_wire::parse::parse(record.data, 0, &hasher).unwrap();
+        frames.push((record.data.to_vec(), parsed));
+    }
+    frames
+}
+
+/// `nat` with its translations replicated to a real Redis. Switch A translates 300
+/// connections' SYNs from the inside, each to a port of its own pool; switch B, another
+/// process with another pool, sees only the answers, addressed to those ports (made from
+/// A's output): it knows no translation, so it finds each connection by its answer
+/// (the alias A wrote with it), takes it over from the store and lets every answer in,
+/// restored to the inside host. Switch C then sees the inside's next packets and sends
+/// them out on the ports A chose, not its own. Unreplicated, B drops every answer.
+#[test]
+fn nat_translations_replicated_to_redis_let_answers_in_at_another_switch() {
+    use std::collections::BTreeSet;
+    const CONNECTIONS: u16 = 300;
+    const MORE: u16 = 4;
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let url = server.url();
+    let external: std::net::Ipv4Addr = "198.18.9.1".parse().unwrap();
+    let nat =
+        |pool: &str| format!("[program.nat]\nexternal = \"{external}\"\nports = \"{pool}\"\n");
+    let syns = tmp("nat-rep-syns.pcap");
+    write_one_side(&syns, CONNECTIONS, true, 0);
+    let a = one_side_run(
+        ("nat", "translations"),
+        "nat-rep-a",
+        &syns,
+        true,
+        Some(&url),
+        &nat("20000-29999"),
+    );
+    assert_eq!(a["counters"]["tx_packets"], u64::from(CONNECTIONS), "{a}");
+    let a_out = parsed_frames(&tmp("nat-rep-a-out.pcap"));
+    let ports: BTreeSet<u16> = a_out.iter().map(|(_, p)| p.key.src_port).collect();
+    assert_eq!(ports.len(), usize::from(CONNECTIONS));
+    assert!(
+        ports.iter().all(|p| (20_000..30_000).contains(p)),
+        "{ports:?}"
+    );
+
+    // The answers: to the external address and the ports A chose, a SYN-ACK, then more.
+    let answers = tmp("nat-rep-answers.pcap");
+    {
+        use stateplane_gen::build::{Hosts, L4, emit_frame};
+        let (_, server_side) = common::client_and_server();
+        let to_external = Hosts {
+            dst: external.into(),
+            ..server_side
+        };
+        let file = std::fs::File::create(&answers).unwrap();
+        let mut w = stateplane_io::pcap::PcapWriter::new(file, true).unwrap();
+        let mut ts = 1_000_000_000;
+        for round in 0..=MORE {
+            for &port in &ports {
+                let flags = if round == 0 { 0x12 } else { 0x10 };
+                let l4 = L4::Tcp {
+                    src_port: 80,
+                    dst_port: port,
+                    seq: u32::from(round) * 100,
+                    ack: 1,
+                    flags,
+                };
+                let mut frame = Vec::new();
+                emit_frame(&mut frame, &to_external, &l4, &[0; 100]);
+                w.write(ts, &frame, frame.len() as u32).unwrap();
+                ts += 10_000;
+            }
+        }
+    }
+    let answers_in = u64::from(CONNECTIONS) * u64::from(MORE + 1);
+    let b = one_side_run(
+        ("nat", "translations"),
+        "nat-rep-b",
+        &answers,
+        false,
+        Some(&url),
+        &nat("30000-39999"),
+    );
+    let r = &b["replication"];
+    assert_eq!(b["counters"]["tx_packets"], answers_in, "{b}");
+    assert_eq!(
+        r["resolved"],
+        u64::from(CONNECTIONS),
+        "one ask an answer's alias: {r}"
+    );
+    assert_eq!(r["migrated"], u64::from(CONNECTIONS), "{r}");
+    assert_eq!(
+        r["writes"],
+        u64::from(CONNECTIONS),
+        "established: one write each: {r}"
+    );
+    assert_eq!(r["dropped"], 0, "{r}");
+    let inside_host = match common::client_and_server().0.src {
+        std::net::IpAddr::V4(a) => a.octets(),
+        std::net::IpAddr::V6(_) => unreachable!("the test's hosts are IPv4"),
+    };
+    let restored = parsed_frames(&tmp("nat-rep-b-in.pcap"));
+    let inside_ports: BTreeSet<u16> = restored.iter().map(|(_, p)| p.key.dst_port).collect();
+    assert!(
+        (restored.iter()).all(|(_, p)| p.key.dst[..4] == inside_host[..]),
+        "every answer goes to the inside host"
+    );
+    assert_eq!(inside_ports, (10_000..10_000 + CONNECTIONS).collect());
+
+    // The inside's packets again, at a third switch: out on A's ports.
+    let acks = tmp("nat-rep-acks.pcap");
+    write_one_side(&acks, CONNECTIONS, true, 0);
+    let c = one_side_run(
+        ("nat", "translations"),
+        "nat-rep-c",
+        &acks,
+        true,
+        Some(&url),
+        &nat("40000-49999"),
+    );
+    assert_eq!(c["counters"]["tx_packets"], u64::from(CONNECTIONS), "{c}");
+    assert_eq!(c["replication"]["migrated"], u64::from(CONNECTIONS), "{c}");
+    let c_ports: BTreeSet<u16> = (parsed_frames(&tmp("nat-rep-c-out.pcap")).iter())
+        .map(|(_, p)| p.key.src_port)
+        .collect();
+    assert_eq!(c_ports, ports, "the ports A chose");
+
+    let unreplicated = one_side_run(
+        ("nat", "translations"),
+        "nat-rep-d",
+        &answers,
+        false,
+        None,
+        &nat("30000-39999"),
+    );
+    assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
+    assert_eq!(
+        unreplicated["drops"]["no_translation"], answers_in,
+        "{unreplicated}"
+    );
 }
 
 /// `firewall` with its connections replicated to a real Redis: the switch that opened

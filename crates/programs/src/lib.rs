@@ -490,9 +490,9 @@ pub fn with_guarantees(
                 field,
                 format!(
                     "`{name}` cannot be replicated yet: replicated state today is counter's \
-                     `flows`, conntrack's and firewall's `connections`, lb's `connections` \
-                     and kv's `cache` (docs/REPLICATION.md says what is built and what \
-                     follows)"
+                     `flows`, conntrack's and firewall's `connections`, lb's `connections`, \
+                     kv's `cache` and nat's `translations` (without port forwards) \
+                     (docs/REPLICATION.md says what is built and what follows)"
                 ),
             ));
         }
@@ -711,6 +711,21 @@ impl Program for Guaranteed {
         data: &[u8],
     ) -> Option<stateplane_runtime::FlowBytes> {
         self.inner.replicated_key(packet, data)
+    }
+
+    fn replicated_alias(
+        &self,
+        packet: &stateplane_runtime::PacketDesc,
+        data: &[u8],
+    ) -> Option<stateplane_runtime::FlowBytes> {
+        self.inner.replicated_alias(packet, data)
+    }
+
+    fn replicated_alias_of(
+        &self,
+        key: &stateplane_runtime::FlowBytes,
+    ) -> Option<stateplane_runtime::FlowBytes> {
+        self.inner.replicated_alias_of(key)
     }
 
     fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {

@@ -42,7 +42,9 @@
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
+use stateplane_runtime::{
+    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Verdict,
+};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     AddError, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
@@ -193,6 +195,7 @@ impl TranslationCodec {
 impl ValueCodec for TranslationCodec {
     type Key = FlowKey;
     type Value = Translation;
+    const COUNTING: &'static [&'static str] = &["packets_out", "packets_in"];
 
     fn value(action: usize, params: &[u128]) -> Translation {
         let p = |i: usize| params.get(i).copied().unwrap_or(0);
@@ -420,6 +423,86 @@ pub(crate) fn rewrite(
         }
     }
     Ok(())
+}
+
+/// Replicated translations (docs/REPLICATION.md): a connection is a flow named by its
+/// inside key, and its answers name it by an alias, their own key, written with it (an
+/// answer reaching a switch that holds no translation for it finds the connection so).
+/// Both names start with the remote end (address, port, protocol), their hash tag, so
+/// that a Redis Cluster keeps them in one slot; then the near end (inside host, or
+/// external address, with its port), the VLAN, and which name it is. IPv4 only, as the
+/// translations are.
+mod replicated {
+    use super::{ICMP, port_of};
+    use stateplane_runtime::FlowBytes;
+    use stateplane_wire::FlowKey;
+
+    /// Remote address, port and protocol.
+    const TAG: usize = 7;
+    const LEN: usize = TAG + 6 + 2 + 1;
+    const CONNECTION: u8 = 0;
+    const ANSWER: u8 = 1;
+
+    fn name(
+        remote: ([u8; 16], u16, u8),
+        near: ([u8; 16], u16),
+        vlan: u16,
+        kind: u8,
+    ) -> Option<FlowBytes> {
+        let mut b = [0u8; LEN];
+        b[..4].copy_from_slice(&remote.0[..4]);
+        b[4..6].copy_from_slice(&remote.1.to_be_bytes());
+        b[6] = remote.2;
+        b[7..11].copy_from_slice(&near.0[..4]);
+        b[11..13].copy_from_slice(&near.1.to_be_bytes());
+        b[13..15].copy_from_slice(&vlan.to_be_bytes());
+        b[15] = kind;
+        FlowBytes::tagged(&b, TAG)
+    }
+
+    /// The flow of an inside connection (its table key).
+    pub(super) fn connection(inside: &FlowKey) -> Option<FlowBytes> {
+        let remote = (inside.dst, inside.dst_port, inside.proto);
+        name(
+            remote,
+            (inside.src, inside.src_port),
+            inside.vlan,
+            CONNECTION,
+        )
+    }
+
+    /// The alias of the connection its answers (table key `answer`) belong to.
+    pub(super) fn answer(answer: &FlowKey) -> Option<FlowBytes> {
+        // An echo reply's identifier is the external one: the near end's port.
+        let remote_port = if answer.proto == ICMP {
+            0
+        } else {
+            answer.src_port
+        };
+        let remote = (answer.src, remote_port, answer.proto);
+        name(remote, (answer.dst, port_of(answer)), answer.vlan, ANSWER)
+    }
+
+    /// The inside connection a flow names; `None` for an alias or bytes of no flow.
+    pub(super) fn inside_of(flow: &FlowBytes) -> Option<FlowKey> {
+        let b: &[u8; LEN] = flow.as_bytes().try_into().ok()?;
+        if b[15] != CONNECTION {
+            return None;
+        }
+        let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
+        dst[..4].copy_from_slice(&b[..4]);
+        src[..4].copy_from_slice(&b[7..11]);
+        Some(FlowKey {
+            src,
+            dst,
+            src_port: u16::from_be_bytes([b[11], b[12]]),
+            dst_port: u16::from_be_bytes([b[4], b[5]]),
+            vlan: u16::from_be_bytes([b[13], b[14]]),
+            in_port: 0,
+            proto: b[6],
+            ip_version: 4,
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -767,6 +850,68 @@ impl Nat {
         }
     }
 
+    /// The table key of a packet `nat` translates (its connection's from the inside,
+    /// its answer's from the outside), and whether it came from the inside; `None` for
+    /// one it passes or drops as it is.
+    fn translated_key(&self, d: &PacketDesc, data: &[u8]) -> Option<(FlowKey, bool)> {
+        let out = d.in_port == self.inside;
+        if !out && d.in_port != self.outside
+            || d.parsed.key.ip_version != 4
+            || !out && d.parsed.key.dst != self.external
+            || translatable(&d.parsed, data, out).is_err()
+        {
+            return None;
+        }
+        Some((table_key(&d.parsed.key), out))
+    }
+
+    /// Makes the translation of `inside` the one the store holds (`None`: none), with
+    /// its answer entry. Refused (`false`, nothing changed) when the table has no room, or
+    /// when the answer entry is another connection's here (switches sharing a store must
+    /// take their ports from pools apart).
+    fn install(&mut self, inside: FlowKey, state: Option<&[u8]>, now: u64) -> bool {
+        let before = self.translations.get(&inside).copied();
+        let external = self.external;
+        let answer_of = |t: &Translation| answer_key(&inside, external, t.external_port);
+        let Some(state) = state.filter(|s| !s.is_empty()) else {
+            if let Some(t) = before {
+                self.remove(&inside, t.external_port);
+            }
+            return true;
+        };
+        if !self
+            .translations
+            .install_replicated(inside, Some(state), now)
+        {
+            return false;
+        }
+        let Some(t) = self.translations.get(&inside).copied() else {
+            return false;
+        };
+        let answer = answer_of(&t);
+        if self.answers.get(&answer).is_some_and(|k| *k != inside) {
+            // Put back what was here.
+            match (before, self.translations.find_id(&inside)) {
+                (Some(b), Some(id)) => {
+                    let _ = self.translations.set_profile(id, b.state as u8, now);
+                    *self.translations.value_mut(id) = b;
+                }
+                _ => {
+                    self.translations.delete(&inside);
+                }
+            }
+            return false;
+        }
+        if let Some(old) = before.filter(|b| b.external_port != t.external_port) {
+            self.answers.delete(&answer_of(&old));
+        }
+        if self.answers.get(&answer).is_none() && self.answers.add(answer, inside, now).is_err() {
+            self.translations.delete(&inside);
+            return false;
+        }
+        true
+    }
+
     /// Looks at `budget` slots for translations idle past their state's timeout.
     fn expire(&mut self, now: u64, budget: usize) {
         let (answers, expired, external) = (&mut self.answers, &mut self.expired, self.external);
@@ -823,6 +968,9 @@ impl Program for Nat {
     fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
         let why = if live {
             "on live ports the kernel spreads packets by its own hash, which does not know the translation"
+        } else if self.translations.replicated() {
+            "replicated, a connection is one worker's flow, and its answers reach the worker \
+             that took it only on the switch that chose its port"
         } else if !self.forwards.is_empty() {
             "a forwarded port is fixed, so its connections' two directions may reach different workers"
         } else {
@@ -869,6 +1017,55 @@ impl Program for Nat {
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
         self.translations.take_notifications(out);
+    }
+
+    /// `translations` replicated, each connection a flow with its answers' alias. Not
+    /// with port forwards: a forwarded port's first packet comes from the outside and
+    /// makes a translation, which a switch that knows no flow by that packet could make
+    /// without the store's lease.
+    fn replicate(&mut self, name: &str) -> bool {
+        self.forwards.is_empty() && self.translations.replicate(name, false)
+    }
+
+    /// A packet from the inside: its connection. An answer: the connection of its
+    /// translation here (one with none here names it by alias).
+    fn replicated_key(&self, d: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        if !self.translations.replicated() {
+            return None;
+        }
+        let (key, out) = self.translated_key(d, data)?;
+        let inside = if out { key } else { *self.answers.get(&key)? };
+        replicated::connection(&inside)
+    }
+
+    fn replicated_alias(&self, d: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        if !self.translations.replicated() {
+            return None;
+        }
+        match self.translated_key(d, data)? {
+            (answer, false) if self.answers.get(&answer).is_none() => replicated::answer(&answer),
+            _ => None,
+        }
+    }
+
+    fn replicated_alias_of(&self, flow: &FlowBytes) -> Option<FlowBytes> {
+        let inside = replicated::inside_of(flow)?;
+        let t = self.translations.get(&inside)?;
+        replicated::answer(&answer_key(&inside, self.external, t.external_port))
+    }
+
+    fn replicated_state(&self, flow: &FlowBytes) -> Option<Vec<u8>> {
+        let mut state = Vec::new();
+        self.replicated_state_into(flow, &mut state).map(|_| state)
+    }
+
+    fn replicated_state_into(&self, flow: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
+        let inside = replicated::inside_of(flow)?;
+        self.translations.replicated_state_into(&inside, out)
+    }
+
+    fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
+        replicated::inside_of(flow).is_some_and(|inside| self.install(inside, state, now_ns))
     }
 }
 
@@ -928,6 +1125,123 @@ mod tests {
 
     fn addr(key: &FlowKey, src: bool) -> std::net::IpAddr {
         if src { key.src_ip() } else { key.dst_ip() }.unwrap()
+    }
+
+    /// The replication stage's view of a packet: its flow's key, else its alias.
+    fn names_of(n: &Nat, frame: &[u8], port: PortId) -> (Option<FlowBytes>, Option<FlowBytes>) {
+        let mut b = Burst::with_capacity(1);
+        b.push(frame, frame.len() as u32, S, port, 0);
+        b.parse(&hasher());
+        let (d, data) = (&b.descs()[0], b.data(0));
+        (n.replicated_key(d, data), n.replicated_alias(d, data))
+    }
+
+    /// Replicated, a translation moves to another switch with its answers' way back:
+    /// there an answer names its connection by an alias (the one written with it), and
+    /// once installed, answers come back to the inside host and the inside's packets go
+    /// out on the port the first switch chose, not one of its own pool's. A state
+    /// withdrawn takes the answer entry with it; one whose answers another connection
+    /// has here is refused, nothing changed.
+    #[test]
+    fn a_replicated_translation_moves_with_the_alias_of_its_answers() {
+        for (out, back) in [
+            (
+                tcp(40_000, 80, flags::SYN),
+                tcp(80, 40_000, flags::SYN | flags::ACK),
+            ),
+            (
+                L4::IcmpEcho {
+                    request: true,
+                    ident: 0x77,
+                    seq: 1,
+                },
+                L4::IcmpEcho {
+                    request: false,
+                    ident: 0x77,
+                    seq: 1,
+                },
+            ),
+        ] {
+            let (mut a, mut b) = (
+                nat("ports = \"40000-40010\""),
+                nat("ports = \"50000-50010\""),
+            );
+            assert!(a.replicate("translations") && b.replicate("translations"));
+            assert!(!nat("").replicate("answers"));
+            let syn = frame(INSIDE, REMOTE, out);
+            let (v, went, _) = one(&mut a, S, syn.clone(), 0);
+            assert_eq!(v, OUT);
+            let answer = frame(REMOTE, EXTERNAL, back);
+            let answer = {
+                // Addressed to the port (identifier) the connection went out on.
+                let mut f = answer;
+                let mut p = parse(&f, 1, &hasher()).unwrap();
+                let dst = p.key.dst;
+                rewrite(&mut f, &mut p, Side::Dst, dst, went.src_port).unwrap();
+                f
+            };
+            let (flow, none) = names_of(&a, &syn, 0);
+            let flow = flow.unwrap();
+            assert_eq!(none, None, "a packet that names its flow has no alias");
+            assert_eq!(
+                names_of(&a, &answer, 1),
+                (Some(flow), None),
+                "both ways one flow"
+            );
+            let alias = a.replicated_alias_of(&flow).unwrap();
+            assert_eq!(alias.tag(), flow.tag(), "one slot for both");
+            assert_ne!(alias, flow);
+            let state = a.replicated_state(&flow).unwrap();
+
+            assert_eq!(names_of(&b, &answer, 1), (None, Some(alias)));
+            assert!(b.install_replicated(&flow, Some(&state), S));
+            assert_eq!(names_of(&b, &answer, 1), (Some(flow), None));
+            let (v, restored, _) = one(&mut b, S, answer.clone(), 1);
+            assert_eq!(v, IN);
+            assert_eq!(addr(&restored, false), ip(INSIDE));
+            let (v, again, _) = one(&mut b, S, syn.clone(), 0);
+            assert_eq!((v, again.src_port), (OUT, went.src_port), "A's port");
+            assert!(b.replicated_state(&flow).is_some());
+
+            // Withdrawn: the answers find nothing here again.
+            assert!(b.install_replicated(&flow, None, S));
+            assert_eq!(names_of(&b, &answer, 1), (None, Some(alias)));
+            assert_eq!(
+                one(&mut b, S, answer.clone(), 1).0,
+                Verdict::Drop(NO_TRANSLATION)
+            );
+            assert!(b.is_empty());
+
+            // A switch where another connection has those answers refuses the state.
+            let mut c = nat("ports = \"40000-40010\"");
+            assert!(c.replicate("translations"));
+            let other = frame("198.18.0.2", REMOTE, out);
+            let (_, took, _) = one(&mut c, S, other, 0);
+            assert_eq!(
+                took.src_port, went.src_port,
+                "the same port, from a pool not apart"
+            );
+            assert!(!c.install_replicated(&flow, Some(&state), S));
+            assert_eq!(c.len(), 1);
+            assert_eq!(names_of(&c, &answer, 1).0.map(|f| f == flow), Some(false));
+            assert!(
+                !c.install_replicated(&alias, Some(&state), S),
+                "an alias holds no state"
+            );
+        }
+        // Not with port forwards: their first packets make state from the outside.
+        let mut f = nat("forwards = [{ proto = \"tcp\", port = 80, to = \"198.18.0.9\" }]");
+        assert!(!f.replicate("translations"));
+        let one_worker = nat("");
+        let mut replicated = nat("");
+        assert!(replicated.replicate("translations"));
+        assert!(one_worker.check_workers(2, false).is_ok());
+        assert!(
+            replicated
+                .check_workers(2, false)
+                .unwrap_err()
+                .contains("replicated")
+        );
     }
 
     #[test]

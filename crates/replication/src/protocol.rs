@@ -10,6 +10,12 @@
 //! store can refuse a write that is older than the state it holds or comes from a holder
 //! whose lease has passed.
 //!
+//! A flow may have a second name, an alias, by which a packet that cannot name the flow
+//! itself finds it (a NAT's answer, named by its external port, finds the connection it
+//! answers): a write names the flow's alias with its state, and [`Request::Resolve`] asks
+//! the store which flow an alias names. An alias and its flow share a hash tag
+//! ([`FlowBytes::tagged`]), so that a Redis Cluster keeps them in one slot.
+//!
 //! A write and a renewal also say how long the flow's state lives if nothing more is
 //! heard of it (`keep_ns`: the entry's idle time left, and a lease more, since the holder
 //! tells the store of the packets that restart that time only when it renews): a flow
@@ -34,7 +40,9 @@ pub enum Request<K, V> {
     Acquire { key: K, lease_ns: u64, nonce: u64 },
     /// The flow's state as of write `seq` (one past the last acknowledged), under the lease
     /// of `epoch`, living `keep_ns` from now ([`KEEP_FOREVER`]: until replaced); renews
-    /// the lease for `lease_ns`.
+    /// the lease for `lease_ns`. `alias`: the flow's other name, which from now on
+    /// resolves to `key` (it is the flow's for as long as the flow's state is: an alias
+    /// never moves from one live flow to another).
     Write {
         key: K,
         epoch: u64,
@@ -42,16 +50,22 @@ pub enum Request<K, V> {
         value: V,
         lease_ns: u64,
         keep_ns: u64,
+        alias: Option<K>,
     },
     /// The lease of `epoch` again, for `lease_ns`, without a write (flows read, not
-    /// written); the state lives `keep_ns` from now.
+    /// written); the state lives `keep_ns` from now, and so does `alias`, the flow's
+    /// alias if it has one.
     Renew {
         key: K,
         epoch: u64,
         lease_ns: u64,
         nonce: u64,
         keep_ns: u64,
+        alias: Option<K>,
     },
+    /// Which flow `alias` names (no lease: a packet so named then asks for the lease of
+    /// the flow named).
+    Resolve { alias: K, nonce: u64 },
 }
 
 /// A `keep_ns` for state that never times out: it lives until written again.
@@ -62,7 +76,8 @@ impl<K: Copy, V> Request<K, V> {
         match self {
             Request::Acquire { key, .. }
             | Request::Write { key, .. }
-            | Request::Renew { key, .. } => *key,
+            | Request::Renew { key, .. }
+            | Request::Resolve { alias: key, .. } => *key,
         }
     }
 }
@@ -104,6 +119,12 @@ pub enum Reply<K, V> {
     /// Refused: the lease of `epoch` (the request's) is not the asker's any more: it passed,
     /// or another holder took the flow. Nothing of the request was applied.
     Fenced { key: K, epoch: u64 },
+    /// `alias` names the flow `flow` (`None`: no flow was written with it).
+    Resolved {
+        alias: K,
+        flow: Option<K>,
+        nonce: u64,
+    },
 }
 
 impl<K: Copy, V> Reply<K, V> {
@@ -113,17 +134,21 @@ impl<K: Copy, V> Reply<K, V> {
             | Reply::Held { key, .. }
             | Reply::Written { key, .. }
             | Reply::Renewed { key, .. }
-            | Reply::Fenced { key, .. } => *key,
+            | Reply::Fenced { key, .. }
+            | Reply::Resolved { alias: key, .. } => *key,
         }
     }
 }
 
 /// A replicated flow's key as the switch and the store name it: its bytes (at most
-/// [`FlowBytes::MAX`]), compared and hashed as bytes. Programs make it from their table's
-/// key (`Program::replicated_key`).
+/// [`FlowBytes::MAX`]), compared and hashed as bytes, and its hash tag: the leading bytes
+/// that place it in a Redis Cluster (all of them, unless made [`FlowBytes::tagged`]).
+/// Programs make it from their table's key (`Program::replicated_key`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowBytes {
     len: u8,
+    /// The hash tag's length (0: the whole key).
+    tag: u8,
     bytes: [u8; FlowBytes::MAX],
 }
 
@@ -134,14 +159,50 @@ impl FlowBytes {
     pub fn new(bytes: &[u8]) -> Option<FlowBytes> {
         let mut key = FlowBytes {
             len: u8::try_from(bytes.len()).ok()?,
+            tag: 0,
             bytes: [0; Self::MAX],
         };
         key.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(key)
     }
 
+    /// A key whose first `tag` bytes are its hash tag: keys that share them share a
+    /// Redis Cluster slot (a flow and its alias). `None` if `bytes` is too long or `tag`
+    /// is 0 or longer than `bytes`.
+    pub fn tagged(bytes: &[u8], tag: usize) -> Option<FlowBytes> {
+        let mut key = FlowBytes::new(bytes)?;
+        if tag == 0 || tag > bytes.len() {
+            return None;
+        }
+        key.tag = tag as u8;
+        Some(key)
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
+    }
+
+    /// The hash tag: the key's leading bytes that place it.
+    pub fn tag(&self) -> &[u8] {
+        match self.tag {
+            0 => self.as_bytes(),
+            tag => &self.bytes[..usize::from(tag)],
+        }
+    }
+
+    /// The key as one byte string, its tag's length first (how a store keeps a key as a
+    /// value: an alias's flow); [`FlowBytes::decode`] reads it back.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.tag);
+        out.extend_from_slice(self.as_bytes());
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<FlowBytes> {
+        let (&tag, key) = bytes.split_first()?;
+        match tag {
+            0 => FlowBytes::new(key),
+            tag => FlowBytes::tagged(key, usize::from(tag)),
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! which wait, and what to ask of the store.
 //!
 //! Call order, per burst: [`Replica::admit`] each packet of a replicated flow (process it
-//! only on [`Admit::Process`]); [`Replica::processed`] each packet processed, with the
+//! only on [`Admit::Process`]; a packet that names its flow only by an alias goes to
+//! [`Replica::admit_alias`], and comes back as [`Event::Resolved`] to be admitted again); [`Replica::processed`] each packet processed, with the
 //! flow's new state when the packet changed it; then [`Replica::poll_transmit`] for the
 //! burst's requests (a flow's changes within the burst are one write: group commit), and
 //! [`Replica::poll_event`] until `None`. Answers from the store go to
@@ -112,6 +113,14 @@ pub enum Event<K, V> {
     /// Forget the flow's state here: its lease was lost, and the store's is the flow's
     /// state (the next packet takes the lease again and installs it).
     Forget { key: K },
+    /// The store says which flow this held packet's alias names (`None`: none): admit it
+    /// again, by that flow's key; with none, the store holds no state it could reflect,
+    /// so it is processed as a packet of no replicated flow.
+    Resolved {
+        alias: K,
+        token: Token,
+        flow: Option<K>,
+    },
 }
 
 /// The replica's counters (per worker); gauges are named so.
@@ -140,6 +149,9 @@ pub struct ReplicaCounters {
     pub migrated: u64,
     pub waited: u64,
     pub fenced: u64,
+    /// Aliases asked of the store, and those that named a flow.
+    pub resolves: u64,
+    pub resolved: u64,
     /// Gauge: flows known.
     pub flows: u64,
 }
@@ -199,7 +211,7 @@ struct Renewing {
 }
 
 #[derive(Clone, Debug)]
-struct Flow<V> {
+struct Flow<K, V> {
     lease: Lease,
     /// The last write the store acknowledged (or held when it granted the lease).
     acked: u64,
@@ -223,9 +235,24 @@ struct Flow<V> {
     /// When the flow's state times out here unless a packet comes (as the last
     /// [`Replica::processed`] said; `u64::MAX`: never).
     lives_until_ns: u64,
+    /// The flow's other name, written with its state ([`Replica::name_alias`]).
+    alias: Option<K>,
 }
 
-impl<V> Flow<V> {
+/// Packets that name their flow only by an alias, held while the store says which flow
+/// that is (one ask an alias, however many packets wait for it).
+#[derive(Clone, Debug)]
+struct Resolving {
+    nonce: u64,
+    /// `None` until the ask leaves.
+    first_sent_ns: Option<u64>,
+    sent_ns: u64,
+    tries: u32,
+    parked: VecDeque<(Token, u64)>,
+    armed_ns: Option<u64>,
+}
+
+impl<K, V> Flow<K, V> {
     fn new(now_ns: u64) -> Self {
         Flow {
             lease: Lease::None,
@@ -240,6 +267,7 @@ impl<V> Flow<V> {
             epoch: 0,
             processing: 0,
             lives_until_ns: u64::MAX,
+            alias: None,
         }
     }
 
@@ -273,7 +301,7 @@ impl<V> Flow<V> {
 
     /// Asks for the lease (again) at the next transmit; `waited`: another holder's lease
     /// had to pass first.
-    fn ask<K>(&mut self, key: K, now_ns: u64, waited: bool, sendable: &mut Vec<K>) {
+    fn ask(&mut self, key: K, now_ns: u64, waited: bool, sendable: &mut Vec<K>) {
         self.lease = Lease::Acquiring {
             first_sent_ns: None,
             nonce: 0,
@@ -291,7 +319,13 @@ impl<V> Flow<V> {
 pub struct Replica<K, V> {
     config: ReplicaConfig,
     holder: Holder,
-    flows: crate::FlowMap<K, Flow<V>>,
+    flows: crate::FlowMap<K, Flow<K, V>>,
+    /// Aliases being asked of the store, with their packets; and those whose ask is to go.
+    resolving: crate::FlowMap<K, Resolving>,
+    to_resolve: Vec<K>,
+    /// The aliases of the flows known here (each flow's `alias`), so that a packet named
+    /// by one is admitted by its flow's key without asking the store again.
+    aliases: crate::FlowMap<K, K>,
     /// Flows with something to send at the next [`Replica::poll_transmit`].
     sendable: Vec<K>,
     timers: BinaryHeap<Reverse<(u64, K)>>,
@@ -346,6 +380,9 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             config,
             holder,
             flows: crate::FlowMap::default(),
+            resolving: crate::FlowMap::default(),
+            to_resolve: Vec::new(),
+            aliases: crate::FlowMap::default(),
             sendable: Vec::new(),
             timers: BinaryHeap::new(),
             outbox: Vec::new(),
@@ -396,6 +433,51 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         Admit::Parked
     }
 
+    /// A packet arrived that names its flow only by `alias` (this side knows no flow by
+    /// it): held while the store is asked which flow that is; [`Event::Resolved`] names
+    /// it then, or [`Event::Drop`] if the store does not answer within the park timeout.
+    pub fn admit_alias(&mut self, now_ns: u64, alias: K, token: Token) -> Admit {
+        if self.parked >= self.config.park_limit {
+            self.counters.dropped_park_full += 1;
+            return Admit::Dropped(DropReason::ParkFull);
+        }
+        let resolving = self.resolving.entry(alias).or_insert_with(|| {
+            self.to_resolve.push(alias);
+            Resolving {
+                nonce: 0,
+                first_sent_ns: None,
+                sent_ns: now_ns,
+                tries: 0,
+                parked: VecDeque::new(),
+                armed_ns: None,
+            }
+        });
+        resolving.parked.push_back((token, now_ns));
+        self.parked += 1;
+        self.counters.parked_now = self.parked as u64;
+        self.counters.parked_peak = self.counters.parked_peak.max(self.parked as u64);
+        Admit::Parked
+    }
+
+    /// Names the flow's alias: its writes from now on carry it, and the store resolves it
+    /// to the flow. Nothing if the flow is not known here.
+    pub fn name_alias(&mut self, key: K, alias: K) {
+        if let Some(flow) = self.flows.get_mut(&key)
+            && flow.alias != Some(alias)
+        {
+            if let Some(old) = flow.alias.replace(alias) {
+                self.aliases.remove(&old);
+            }
+            self.aliases.insert(alias, key);
+        }
+    }
+
+    /// The flow known here by `alias` (named by a write, or by the store): a packet named
+    /// by it is admitted by that flow's key.
+    pub fn flow_of_alias(&self, alias: &K) -> Option<K> {
+        self.aliases.get(alias).copied()
+    }
+
     /// A packet admitted (or named by [`Event::Process`]) was processed; `change` is the
     /// flow's state after it when the packet changed it, and `lives_until_ns` when that
     /// state times out here unless another packet comes (this side's clock; `u64::MAX`:
@@ -443,6 +525,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
     /// write on its way), leases to ask for or renew, and requests sent again.
     pub fn poll_transmit(&mut self, now_ns: u64, out: &mut Vec<Request<K, V>>) {
         out.append(&mut self.outbox);
+        for alias in std::mem::take(&mut self.to_resolve) {
+            let Some(r) = self.resolving.get_mut(&alias) else {
+                continue;
+            };
+            self.nonce += 1;
+            (r.nonce, r.first_sent_ns, r.sent_ns) = (self.nonce, Some(now_ns), now_ns);
+            out.push(Request::Resolve {
+                alias,
+                nonce: r.nonce,
+            });
+            self.counters.resolves += 1;
+            self.arm_alias(alias, now_ns);
+        }
         let lease_ns = self.config.lease_ns;
         for key in std::mem::take(&mut self.sendable) {
             let Some(flow) = self.flows.get_mut(&key) else {
@@ -479,6 +574,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                         value: value.clone(),
                         lease_ns,
                         keep_ns: flow.keep_ns(now_ns, lease_ns),
+                        alias: flow.alias,
                     });
                     flow.in_flight = Some(InFlight {
                         seq,
@@ -496,6 +592,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                         lease_ns,
                         nonce: self.nonce,
                         keep_ns: flow.keep_ns(now_ns, lease_ns),
+                        alias: flow.alias,
                     });
                     flow.renewing = Some(Renewing {
                         nonce: self.nonce,
@@ -512,6 +609,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
     /// An answer from the store.
     pub fn handle_reply(&mut self, now_ns: u64, reply: Reply<K, V>) {
+        if let Reply::Resolved { alias, flow, nonce } = reply {
+            self.resolved(now_ns, alias, flow, nonce);
+            return;
+        }
         let key = reply.key();
         let margin = self.config.margin_ns;
         let Some(flow) = self.flows.get_mut(&key) else {
@@ -629,20 +730,56 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 self.counters.fenced += 1;
                 self.lose_lease(key);
             }
+            Reply::Resolved { .. } => return, // taken above
         }
         self.settle(key, now_ns);
         self.arm(key, now_ns);
     }
 
+    /// The store named the flow of `alias`: its packets go to be admitted again, in order.
+    fn resolved(&mut self, now_ns: u64, alias: K, flow: Option<K>, nonce: u64) {
+        let Some(r) = self.resolving.get(&alias) else {
+            return; // an answer sent again, to an ask already answered
+        };
+        let Some(first) = r.first_sent_ns.filter(|_| r.nonce == nonce) else {
+            return; // to an earlier ask: the alias may name a flow since
+        };
+        self.round_trips.sample(now_ns.saturating_sub(first));
+        let Some(r) = self.resolving.remove(&alias) else {
+            return;
+        };
+        self.counters.resolved += u64::from(flow.is_some());
+        if let Some(key) = flow {
+            // Known here from now on by its alias too (until it is forgotten).
+            self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
+            self.name_alias(key, alias);
+            self.arm(key, now_ns);
+        }
+        self.parked -= r.parked.len();
+        self.counters.parked_now = self.parked as u64;
+        for (token, _) in r.parked {
+            self.events
+                .push_back(Event::Resolved { alias, token, flow });
+        }
+    }
+
+    /// Whether the timer at `at` of `key` is the one armed for it (as a flow or as an alias
+    /// being resolved); the others in the heap are stale.
+    fn armed(&self, key: &K, at: u64) -> bool {
+        self.flows.get(key).is_some_and(|f| f.armed_ns == Some(at))
+            || self
+                .resolving
+                .get(key)
+                .is_some_and(|r| r.armed_ns == Some(at))
+    }
+
     /// The earliest time [`Replica::handle_timeout`] has work.
     pub fn poll_timeout(&mut self) -> Option<u64> {
         while let Some(&Reverse((at, key))) = self.timers.peek() {
-            match self.flows.get(&key) {
-                Some(f) if f.armed_ns == Some(at) => return Some(at),
-                _ => {
-                    self.timers.pop(); // stale
-                }
+            if self.armed(&key, at) {
+                return Some(at);
             }
+            self.timers.pop(); // stale
         }
         None
     }
@@ -655,6 +792,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 break;
             }
             self.timers.pop();
+            if let Some(r) = self.resolving.get_mut(&key)
+                && r.armed_ns == Some(at)
+            {
+                r.armed_ns = None;
+                self.resolve_due(key, now_ns);
+                self.arm_alias(key, now_ns);
+            }
             match self.flows.get_mut(&key) {
                 Some(f) if f.armed_ns == Some(at) => f.armed_ns = None,
                 _ => continue,
@@ -756,6 +900,67 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         self.counters.parked_now = self.parked as u64;
     }
 
+    /// An alias's timed work due at `now_ns`: its packets held past the park timeout are
+    /// dropped (the alias forgotten once none is left), and its ask is sent again when
+    /// overdue.
+    fn resolve_due(&mut self, alias: K, now_ns: u64) {
+        let (rto, timeout) = (self.retransmit_ns(), self.config.park_timeout_ns);
+        let Some(r) = self.resolving.get_mut(&alias) else {
+            return;
+        };
+        while let Some(&(token, since_ns)) = r.parked.front() {
+            if now_ns.saturating_sub(since_ns) < timeout {
+                break;
+            }
+            r.parked.pop_front();
+            self.parked -= 1;
+            self.counters.dropped_timed_out += 1;
+            self.events.push_back(Event::Drop {
+                token,
+                reason: DropReason::TimedOut,
+            });
+        }
+        self.counters.parked_now = self.parked as u64;
+        if r.parked.is_empty() {
+            self.resolving.remove(&alias);
+            return;
+        }
+        if r.first_sent_ns.is_some()
+            && now_ns
+                >= r.sent_ns
+                    .saturating_add(rto.saturating_mul(1 << r.tries.min(4)))
+        {
+            r.sent_ns = now_ns;
+            r.tries += 1;
+            self.outbox.push(Request::Resolve {
+                alias,
+                nonce: r.nonce,
+            });
+            self.counters.retransmits += 1;
+        }
+    }
+
+    /// Puts the alias's next deadline (its ask sent again, its first packet's timeout) in
+    /// the timer heap.
+    fn arm_alias(&mut self, alias: K, now_ns: u64) {
+        let (rto, timeout) = (self.retransmit_ns(), self.config.park_timeout_ns);
+        let Some(r) = self.resolving.get_mut(&alias) else {
+            return;
+        };
+        let mut next = r
+            .sent_ns
+            .saturating_add(rto.saturating_mul(1 << r.tries.min(4)));
+        if let Some(&(_, since_ns)) = r.parked.front() {
+            next = next.min(since_ns.saturating_add(timeout));
+        }
+        let next = next.max(now_ns + 1);
+        if r.armed_ns.is_some_and(|a| a <= next) {
+            return;
+        }
+        r.armed_ns = Some(next);
+        self.timers.push(Reverse((next, alias)));
+    }
+
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
@@ -777,6 +982,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 value: w.value.clone(),
                 lease_ns,
                 keep_ns,
+                alias: flow.alias,
             });
             self.counters.retransmits += 1;
         }
@@ -792,6 +998,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 lease_ns,
                 nonce: r.nonce,
                 keep_ns,
+                alias: flow.alias,
             });
             self.counters.retransmits += 1;
         }
@@ -887,6 +1094,9 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             flow.processing = 0;
         }
         if lapsed && flow.idle() && flow.parked.is_empty() && !flow.queued {
+            if let Some(alias) = flow.alias {
+                self.aliases.remove(&alias);
+            }
             self.flows.remove(&key);
             self.counters.flows = self.flows.len() as u64;
             self.events.push_back(Event::Forget { key });
@@ -1012,6 +1222,153 @@ mod tests {
     }
 
     #[test]
+    fn a_packet_known_only_by_an_alias_waits_for_the_store_to_name_its_flow() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        // Flow 7 is written with its alias 1007.
+        r.admit(0, 7, 1);
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        r.name_alias(7, 1007);
+        r.processed(0, 7, 1, Some(5), u64::MAX);
+        round_trip(&mut r, &mut s, 0);
+        assert!(matches!(
+            &events(&mut r)[..],
+            [Event::Release { token: 1, .. }]
+        ));
+        // Another switch knows neither: packets by the alias (one ask for both) and by an
+        // alias nobody wrote.
+        let mut b = Replica::new(Holder { switch: 2, ..A }, config());
+        assert_eq!(b.admit_alias(MS, 1007, 10), Admit::Parked);
+        assert_eq!(b.admit_alias(MS, 1007, 11), Admit::Parked);
+        assert_eq!(b.admit_alias(MS, 2000, 12), Admit::Parked);
+        assert_eq!(b.parked(), 3);
+        assert_eq!(round_trip(&mut b, &mut s, MS), 2, "one ask an alias");
+        assert_eq!(
+            events(&mut b),
+            [
+                Event::Resolved {
+                    alias: 1007,
+                    token: 10,
+                    flow: Some(7)
+                },
+                Event::Resolved {
+                    alias: 1007,
+                    token: 11,
+                    flow: Some(7)
+                },
+                Event::Resolved {
+                    alias: 2000,
+                    token: 12,
+                    flow: None
+                },
+            ]
+        );
+        assert_eq!(
+            (b.parked(), b.counters.resolves, b.counters.resolved),
+            (0, 2, 1)
+        );
+        // Known by its alias from now on: the next packet so named asks nothing.
+        assert_eq!(
+            (b.flow_of_alias(&1007), b.flow_of_alias(&2000)),
+            (Some(7), None)
+        );
+        // Admitted again by the flow's key, they wait for its lease and get its state.
+        assert_eq!(b.admit(MS, 7, 10), Admit::Parked);
+        round_trip(&mut b, &mut s, MS);
+        advance(&mut b, &mut s, 140 * MS);
+        let seen = events(&mut b);
+        assert!(
+            seen.contains(&Event::Install {
+                key: 7,
+                value: Some(5),
+                waited: true
+            }),
+            "{seen:?}"
+        );
+        // Forgotten with its flow, once its lease has passed unused.
+        assert_eq!(b.processed(140 * MS, 7, 10, None, u64::MAX), Release::Now);
+        advance(&mut b, &mut s, 2_000 * MS);
+        assert_eq!((b.flows(), b.flow_of_alias(&1007)), (0, None));
+    }
+
+    #[test]
+    fn an_alias_ask_unanswered_is_sent_again_and_its_packets_dropped_at_the_park_timeout() {
+        let mut r: Replica<u32, u64> = Replica::new(A, config());
+        r.admit_alias(0, 1007, 1);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        assert_eq!(
+            out,
+            [Request::Resolve {
+                alias: 1007,
+                nonce: 1
+            }]
+        );
+        // Lost: sent again, the same ask, as the retransmission timer says.
+        let mut sent = 1;
+        while let Some(t) = r.poll_timeout().filter(|&t| t < 150 * MS) {
+            r.handle_timeout(t);
+            out.clear();
+            r.poll_transmit(t, &mut out);
+            assert!(out.iter().all(|q| *q
+                == Request::Resolve {
+                    alias: 1007,
+                    nonce: 1
+                }));
+            sent += out.len();
+        }
+        assert!(sent >= 3, "sent {sent} times");
+        assert!(events(&mut r).is_empty());
+        let t = r.poll_timeout().expect("the park timeout");
+        r.handle_timeout(t);
+        assert_eq!(
+            events(&mut r),
+            [Event::Drop {
+                token: 1,
+                reason: DropReason::TimedOut
+            }]
+        );
+        assert_eq!((r.parked(), r.poll_timeout()), (0, None), "forgotten");
+        // A late answer to the forgotten ask names nothing.
+        r.handle_reply(
+            t,
+            Reply::Resolved {
+                alias: 1007,
+                flow: Some(7),
+                nonce: 1,
+            },
+        );
+        assert!(events(&mut r).is_empty());
+        // Nor does an answer to an earlier ask, once another is on its way.
+        r.admit_alias(t, 1007, 2);
+        r.poll_transmit(t, &mut out);
+        r.handle_reply(
+            t,
+            Reply::Resolved {
+                alias: 1007,
+                flow: None,
+                nonce: 1,
+            },
+        );
+        assert!(events(&mut r).is_empty());
+        assert_eq!(r.parked(), 1);
+    }
+
+    #[test]
+    fn past_the_park_limit_a_packet_known_by_an_alias_is_dropped() {
+        let mut r: Replica<u32, u64> = Replica::new(A, config());
+        for token in 0..4 {
+            assert_eq!(r.admit_alias(0, 1000 + token as u32, token), Admit::Parked);
+        }
+        assert_eq!(
+            r.admit_alias(0, 1007, 9),
+            Admit::Dropped(DropReason::ParkFull)
+        );
+        assert_eq!(r.admit(0, 7, 10), Admit::Dropped(DropReason::ParkFull));
+    }
+
+    #[test]
     fn a_new_flow_waits_for_its_lease_then_writes_hold_outputs_until_acknowledged() {
         let mut r = Replica::new(A, config());
         let mut s = StoreCore::new(StoreConfig::default());
@@ -1048,6 +1405,7 @@ mod tests {
                 value: 2,
                 lease_ns: 100 * MS,
                 keep_ns: KEEP_FOREVER,
+                alias: None,
             }]
         );
         assert!(

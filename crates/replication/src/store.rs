@@ -71,11 +71,17 @@ pub struct StoreCounters {
     pub fenced: u64,
     /// States found timed out at a grant, and dropped.
     pub timed_out: u64,
+    /// Aliases asked for, and those that named a flow.
+    pub resolves: u64,
+    pub resolved: u64,
 }
 
 pub struct StoreCore<K, V> {
     config: StoreConfig,
     records: HashMap<K, Record<V>>,
+    /// Each alias a write named, and the flow it names. An alias is not checked against
+    /// its flow's life: the flow's grant tells whether it has state.
+    aliases: HashMap<K, K>,
     pub counters: StoreCounters,
 }
 
@@ -84,6 +90,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
         StoreCore {
             config,
             records: HashMap::new(),
+            aliases: HashMap::new(),
             counters: StoreCounters::default(),
         }
     }
@@ -100,11 +107,22 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
         self.records.is_empty()
     }
 
+    fn resolve(&mut self, alias: K, nonce: u64) -> Reply<K, V> {
+        let flow = self.aliases.get(&alias).copied();
+        self.counters.resolves += 1;
+        self.counters.resolved += u64::from(flow.is_some());
+        Reply::Resolved { alias, flow, nonce }
+    }
+
     /// Answers `request` of `from`, taken at `now_ns` on the store's clock.
     pub fn handle(&mut self, now_ns: u64, from: Holder, request: Request<K, V>) -> Reply<K, V> {
         let config = self.config;
         let lease = |asked: u64| asked.clamp(config.min_lease_ns, config.max_lease_ns);
         let key = request.key();
+        // An alias has no record of its own.
+        if let Request::Resolve { alias, nonce } = request {
+            return self.resolve(alias, nonce);
+        }
         let record = self.records.entry(key).or_default();
         let runs = now_ns < record.lease_until_ns;
         let holds = |record: &Record<V>, epoch: u64| {
@@ -156,6 +174,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 value,
                 lease_ns,
                 keep_ns,
+                alias,
                 ..
             } => {
                 if !holds(record, epoch) {
@@ -167,6 +186,9 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                     record.value = Some(value);
                     record.seq = seq;
                     record.value_until_ns = now_ns.saturating_add(keep_ns);
+                    if let Some(alias) = alias {
+                        self.aliases.insert(alias, key);
+                    }
                     self.counters.written += 1;
                 } else {
                     self.counters.repeated += 1;
@@ -201,6 +223,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                     nonce,
                 }
             }
+            Request::Resolve { alias, nonce } => self.resolve(alias, nonce),
         }
     }
 }
@@ -254,8 +277,52 @@ mod tests {
                 value,
                 lease_ns: 100 * MS,
                 keep_ns: KEEP_FOREVER,
+                alias: None,
             },
         )
+    }
+
+    #[test]
+    fn an_alias_names_its_flow_once_a_write_with_it_is_applied_never_by_a_fenced_one() {
+        let mut s = store();
+        let resolve = |s: &mut StoreCore<u32, u64>, alias: u32| match s.handle(
+            0,
+            A,
+            Request::Resolve { alias, nonce: 3 },
+        ) {
+            Reply::Resolved {
+                alias: a,
+                flow,
+                nonce: 3,
+            } if a == alias => flow,
+            other => panic!("{other:?}"),
+        };
+        let write_named = |s: &mut StoreCore<u32, u64>, from: Holder, epoch: u64| {
+            s.handle(
+                MS,
+                from,
+                Request::Write {
+                    key: 7,
+                    epoch,
+                    seq: 1,
+                    value: 5,
+                    lease_ns: 100 * MS,
+                    keep_ns: KEEP_FOREVER,
+                    alias: Some(1007),
+                },
+            )
+        };
+        acquire(&mut s, 0, A);
+        assert!(matches!(write_named(&mut s, B, 1), Reply::Fenced { .. }));
+        assert_eq!(resolve(&mut s, 1007), None, "a refused write names nothing");
+        assert!(matches!(write_named(&mut s, A, 1), Reply::Written { .. }));
+        assert_eq!(resolve(&mut s, 1007), Some(7));
+        assert_eq!(resolve(&mut s, 2000), None);
+        assert!(
+            s.record(&1007).is_none(),
+            "an alias has no record of its own"
+        );
+        assert_eq!((s.counters.resolves, s.counters.resolved), (3, 1));
     }
 
     #[test]
@@ -418,6 +485,7 @@ mod tests {
                 value: 10,
                 lease_ns: 100 * MS,
                 keep_ns: 300 * MS,
+                alias: None,
             },
         );
         assert!(matches!(written, Reply::Written { .. }), "{written:?}");
@@ -431,6 +499,7 @@ mod tests {
                 lease_ns: 100 * MS,
                 nonce: 1,
                 keep_ns: 500 * MS,
+                alias: None,
             },
         );
         assert!(matches!(renewed, Reply::Renewed { .. }), "{renewed:?}");

@@ -298,6 +298,9 @@ impl World {
                 Event::Forget { key } => {
                     self.switches[s].table.remove(&key);
                 }
+                Event::Resolved { alias, .. } => {
+                    self.fail(format!("alias {alias} resolved, but no packet named one"));
+                }
             }
         }
     }

@@ -310,6 +310,24 @@ pub trait Program: Send {
         None
     }
 
+    /// For a packet whose flow [`Program::replicated_key`] cannot name from what this
+    /// switch holds: the alias by which the store knows it (`None`: none; the packet goes
+    /// through as it is). A NAT's answer names its connection only through the
+    /// translation, which another switch made: the answer's own key, the alias its
+    /// translation was written with ([`Program::replicated_alias_of`]), finds it. A
+    /// packet so named must not make state when the store knows no flow by it (it is then
+    /// processed as a packet of no replicated flow).
+    fn replicated_alias(&self, _packet: &PacketDesc, _data: &[u8]) -> Option<FlowBytes> {
+        None
+    }
+
+    /// The alias written with the flow's state (`None`: none): for as long as the flow
+    /// has it, the store resolves the alias to the flow. It must share the flow's hash tag
+    /// ([`FlowBytes::tagged`]), so that one Redis Cluster slot holds both.
+    fn replicated_alias_of(&self, _key: &FlowBytes) -> Option<FlowBytes> {
+        None
+    }
+
     /// The flow's replicated state, as bytes (`None`: the flow has none here).
     fn replicated_state(&self, _key: &FlowBytes) -> Option<Vec<u8>> {
         None
@@ -368,6 +386,8 @@ pub trait Running: Send {
     fn commit_synced_write(&mut self) -> u64;
     fn replicate(&mut self, name: &str) -> bool;
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
+    fn replicated_alias(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
+    fn replicated_alias_of(&self, key: &FlowBytes) -> Option<FlowBytes>;
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
     fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
@@ -476,6 +496,14 @@ impl<P: Program> Running for P {
     #[inline]
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
         Program::replicated_key(self, packet, data)
+    }
+
+    fn replicated_alias(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        Program::replicated_alias(self, packet, data)
+    }
+
+    fn replicated_alias_of(&self, key: &FlowBytes) -> Option<FlowBytes> {
+        Program::replicated_alias_of(self, key)
     }
 
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {

@@ -9,11 +9,15 @@
 --   until   when the lease ends, microseconds on the server's clock
 --   dies    when v times out, microseconds on the server's clock (absent: never); a
 --           grant from then on finds no state, the epoch and seq kept
+-- A flow's alias (crates/replication/src/protocol.rs) is a string record of its own, in
+-- the flow's slot (they share a hash tag): the flow's key (its tag's length, then its
+-- bytes), set by a write applied that names it, and expiring with the flow's record (each
+-- write and renewal naming it sets its expiry to the record's).
 -- Every call sets the record to expire `retain_ms` after it, or when its state times out
 -- if that is later (flows long gone are dropped; a retention far longer than any lease
 -- keeps a record while it can matter).
 -- Answers are arrays whose first element says which: G (granted), H (held by another),
--- W (written), R (renewed), F (fenced).
+-- W (written), R (renewed), F (fenced), S (an alias resolved).
 
 local function now_us()
   local t = redis.call('TIME')
@@ -67,6 +71,23 @@ local function extend(key, now, lease, retain_ms, ...)
   redis.call('PEXPIRE', key, retain_ms)
 end
 
+-- The alias record `alias` (if any) names the flow `flow` (if given) and expires with the
+-- flow's record `key`.
+local function follow(key, alias, flow)
+  if not alias then
+    return
+  end
+  if flow then
+    redis.call('SET', alias, flow)
+  end
+  local ttl = redis.call('PTTL', key)
+  if ttl > 0 then
+    redis.call('PEXPIRE', alias, ttl)
+  else
+    redis.call('PERSIST', alias)
+  end
+end
+
 -- A refusal, or nil if `holder` holds the lease of `epoch` and it runs now.
 local function fenced(r, holder, epoch, now)
   if r.holder == holder and r.epoch == epoch and now < r.until_us then
@@ -103,7 +124,10 @@ local function acquire(keys, args, now)
   return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, ''}
 end
 
--- ARGV: holder, epoch, seq, value, lease_us, keep_us, min_lease_us, max_lease_us, retain_ms
+-- KEYS: the record, and its alias's record if `flow` (the flow's key, to be found by the
+-- alias) is not empty.
+-- ARGV: holder, epoch, seq, value, lease_us, keep_us, flow, min_lease_us, max_lease_us,
+-- retain_ms
 local function write(keys, args, now)
   local key, holder, epoch, seq = keys[1], args[1], args[2], args[3]
   now = now or now_us()
@@ -112,17 +136,22 @@ local function write(keys, args, now)
   if refused then
     return refused
   end
-  local lease = lease_of(args[5], args[7], args[8])
+  local lease = lease_of(args[5], args[8], args[9])
   if greater(seq, r.seq) then
-    extend(key, now, lease, args[9], 'v', args[4], 'seq', seq)
-    keep(key, now, args[6], args[9])
+    extend(key, now, lease, args[10], 'v', args[4], 'seq', seq)
+    keep(key, now, args[6], args[10])
+    if args[7] ~= '' then
+      follow(key, keys[2], args[7])
+    end
   else
-    extend(key, now, lease, args[9])
+    extend(key, now, lease, args[10])
   end
   return {'W', epoch, seq, string.format('%d', lease)}
 end
 
--- ARGV: holder, epoch, lease_us, nonce, keep_us, min_lease_us, max_lease_us, retain_ms
+-- KEYS: the record, and its alias's record if `alias` is 1.
+-- ARGV: holder, epoch, lease_us, nonce, keep_us, alias, min_lease_us, max_lease_us,
+-- retain_ms
 local function renew(keys, args, now)
   local key, holder, epoch, nonce = keys[1], args[1], args[2], args[4]
   now = now or now_us()
@@ -131,37 +160,68 @@ local function renew(keys, args, now)
   if refused then
     return refused
   end
-  local lease = lease_of(args[3], args[6], args[7])
-  extend(key, now, lease, args[8])
-  keep(key, now, args[5], args[8])
+  local lease = lease_of(args[3], args[7], args[8])
+  extend(key, now, lease, args[9])
+  keep(key, now, args[5], args[9])
+  if args[6] == '1' then
+    follow(key, keys[2], nil)
+  end
   return {'R', epoch, string.format('%d', lease), nonce}
 end
 
+-- KEYS: an alias's record. ARGV: nonce.
+local function resolve(keys, args)
+  local flow = redis.call('GET', keys[1])
+  if flow then
+    return {'S', args[1], 1, flow}
+  end
+  return {'S', args[1], 0, ''}
+end
+
 -- Many calls of one holder in one (group commit: one call carries many flows' writes).
--- KEYS: a record per call. ARGV: holder, min_lease_us, max_lease_us, retain_ms, then per
--- call its kind and its own arguments, in the single functions' order:
---   A lease_us nonce  |  W epoch seq value lease_us keep_us  |  R epoch lease_us nonce keep_us
+-- KEYS: a record per call, and after it its alias's record for a W whose flow argument
+-- is not empty and an R whose alias argument is 1. ARGV: holder, min_lease_us,
+-- max_lease_us, retain_ms, then per call its kind and its own arguments, in the single
+-- functions' order:
+--   A lease_us nonce  |  W epoch seq value lease_us keep_us flow
+--   R epoch lease_us nonce keep_us alias  |  S nonce
 -- The answer: the calls' answers, in order.
 local function batch(keys, args)
   local holder, min, max, retain = args[1], args[2], args[3], args[4]
   local out = {}
-  local i = 5
+  local i, k = 5, 1
   -- One clock reading for the whole call: it is atomic, so no time passes within it.
   local now = now_us()
-  for k = 1, #keys do
-    local key, kind = {keys[k]}, args[i]
+  while i <= #args do
+    local kind = args[i]
+    local key = {keys[k]}
     if kind == 'A' then
-      out[k] = acquire(key, {holder, args[i + 1], args[i + 2], min, max, retain}, now)
+      out[#out + 1] = acquire(key, {holder, args[i + 1], args[i + 2], min, max, retain}, now)
       i = i + 3
     elseif kind == 'W' then
-      out[k] = write(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], args[i + 5], min, max, retain}, now)
-      i = i + 6
+      if args[i + 6] ~= '' then
+        k = k + 1
+        key[2] = keys[k]
+      end
+      out[#out + 1] = write(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], args[i + 5], args[i + 6], min, max, retain}, now)
+      i = i + 7
     elseif kind == 'R' then
-      out[k] = renew(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], min, max, retain}, now)
-      i = i + 5
+      if args[i + 5] == '1' then
+        k = k + 1
+        key[2] = keys[k]
+      end
+      out[#out + 1] = renew(key, {holder, args[i + 1], args[i + 2], args[i + 3], args[i + 4], args[i + 5], min, max, retain}, now)
+      i = i + 6
+    elseif kind == 'S' then
+      out[#out + 1] = resolve(key, {args[i + 1]})
+      i = i + 2
     else
-      return redis.error_reply('stateplane_batch: call ' .. k .. ' is of no kind known')
+      return redis.error_reply('stateplane_batch: call ' .. #out + 1 .. ' is of no kind known')
     end
+    k = k + 1
+  end
+  if k ~= #keys + 1 then
+    return redis.error_reply('stateplane_batch: ' .. #keys .. ' keys for calls that name ' .. k - 1)
   end
   return out
 end
@@ -170,3 +230,4 @@ redis.register_function('stateplane_batch', batch)
 redis.register_function('stateplane_acquire', acquire)
 redis.register_function('stateplane_write', write)
 redis.register_function('stateplane_renew', renew)
+redis.register_function('stateplane_resolve', resolve)

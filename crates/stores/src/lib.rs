@@ -26,6 +26,16 @@ pub type Value = Vec<u8>;
 pub trait StoreKey: Copy + Eq + std::hash::Hash + Ord + Send + 'static {
     /// Appends the key's bytes to `out`.
     fn key_bytes(&self, out: &mut Vec<u8>);
+
+    /// How many of the key's leading bytes are its hash tag (a flow and its alias share
+    /// it, and so a Redis Cluster slot).
+    fn tag_len(&self) -> usize;
+
+    /// Appends the key as a store keeps it as a value (the flow an alias names), which
+    /// [`StoreKey::decode`] reads back.
+    fn encode(&self, out: &mut Vec<u8>);
+
+    fn decode(bytes: &[u8]) -> Option<Self>;
 }
 
 macro_rules! store_key_of_unsigned {
@@ -34,10 +44,22 @@ macro_rules! store_key_of_unsigned {
             fn key_bytes(&self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_be_bytes());
             }
+
+            fn tag_len(&self) -> usize {
+                std::mem::size_of::<$t>()
+            }
+
+            fn encode(&self, out: &mut Vec<u8>) {
+                self.key_bytes(out);
+            }
+
+            fn decode(bytes: &[u8]) -> Option<Self> {
+                Some(<$t>::from_be_bytes(bytes.try_into().ok()?))
+            }
         }
     )*};
 }
-store_key_of_unsigned!(u32, u64, u128);
+store_key_of_unsigned!(u16, u32, u64, u128);
 
 /// What a link did, for metrics and the run's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,5 +100,17 @@ pub trait StoreLink<K>: Send {
 impl StoreKey for stateplane_replication::FlowBytes {
     fn key_bytes(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
+    }
+
+    fn tag_len(&self) -> usize {
+        self.tag().len()
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        stateplane_replication::FlowBytes::encode(self, out);
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        stateplane_replication::FlowBytes::decode(bytes)
     }
 }

@@ -236,6 +236,7 @@ fn sent<K: Copy>(request: &Request<K, Value>) -> Sent<K> {
         Request::Renew {
             key, nonce, epoch, ..
         } => (2, key, nonce, epoch),
+        Request::Resolve { alias, nonce } => (3, alias, nonce, 0),
     }
 }
 
@@ -527,16 +528,35 @@ impl<K: StoreKey> LinkThread<K> {
     }
 }
 
-/// The record's name: `PREFIX:{HEX}`, the braces its hash tag.
-fn record_name(prefix: &str, key: &[u8]) -> String {
+/// A flow's record's name: `PREFIX:{TAG}REST`, the key's bytes in hex, the braces
+/// around its hash tag (the whole key, unless it is tagged).
+fn record_name<K: StoreKey>(prefix: &str, key: &K) -> String {
+    named(prefix, ":", key)
+}
+
+/// An alias's record's name: `PREFIX:alias:{TAG}REST`, in the slot of its flow's.
+fn alias_name<K: StoreKey>(prefix: &str, alias: &K) -> String {
+    named(prefix, ":alias:", alias)
+}
+
+fn named<K: StoreKey>(prefix: &str, kind: &str, key: &K) -> String {
     use std::fmt::Write as _;
-    let mut name = String::with_capacity(prefix.len() + 3 + 2 * key.len());
+    let mut bytes = Vec::new();
+    key.key_bytes(&mut bytes);
+    let tag = key.tag_len().min(bytes.len());
+    let mut name = String::with_capacity(prefix.len() + kind.len() + 2 + 2 * bytes.len());
     name.push_str(prefix);
-    name.push_str(":{");
-    for b in key {
+    name.push_str(kind);
+    name.push('{');
+    for (i, b) in bytes.iter().enumerate() {
+        if i == tag {
+            name.push('}');
+        }
         let _ = write!(name, "{b:02x}");
     }
-    name.push('}');
+    if tag == bytes.len() {
+        name.push('}');
+    }
     name
 }
 
@@ -565,24 +585,20 @@ fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool
         config.max_lease.as_micros() as u64,
     );
     let retain = config.retain.as_millis() as u64;
-    let mut key = Vec::new();
-    let mut record = |request: &Request<K, Value>| {
-        key.clear();
-        request.key().key_bytes(&mut key);
-        record_name(&config.prefix, &key)
-    };
+    let mut names = Vec::new();
     let mut cmd = redis::cmd("FCALL");
     if batch {
-        cmd.arg("stateplane_batch").arg(requests.len());
         for o in requests {
-            cmd.arg(record(&o.request));
+            keys(&config.prefix, &o.request, &mut names);
         }
+        cmd.arg("stateplane_batch").arg(names.len()).arg(&names);
         cmd.arg(holder).arg(min).arg(max).arg(retain);
         for o in requests {
             let kind = match o.request {
                 Request::Acquire { .. } => "A",
                 Request::Write { .. } => "W",
                 Request::Renew { .. } => "R",
+                Request::Resolve { .. } => "S",
             };
             cmd.arg(kind);
             own_args(&mut cmd, &o.request);
@@ -592,20 +608,39 @@ fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool
             Request::Acquire { .. } => "stateplane_acquire",
             Request::Write { .. } => "stateplane_write",
             Request::Renew { .. } => "stateplane_renew",
+            Request::Resolve { .. } => "stateplane_resolve",
         };
-        cmd.arg(function)
-            .arg(1)
-            .arg(record(&first.request))
-            .arg(holder);
+        keys(&config.prefix, &first.request, &mut names);
+        cmd.arg(function).arg(names.len()).arg(&names);
+        if !matches!(first.request, Request::Resolve { .. }) {
+            cmd.arg(holder);
+        }
         own_args(&mut cmd, &first.request);
-        cmd.arg(min).arg(max).arg(retain);
+        if !matches!(first.request, Request::Resolve { .. }) {
+            cmd.arg(min).arg(max).arg(retain);
+        }
     }
     cmd
 }
 
+/// The records a request's call names (its `KEYS`): the flow's, and its alias's when the
+/// request names one; an alias's alone for a resolve.
+fn keys<K: StoreKey>(prefix: &str, request: &Request<K, Value>, out: &mut Vec<String>) {
+    match request {
+        Request::Resolve { alias, .. } => out.push(alias_name(prefix, alias)),
+        Request::Write { key, alias, .. } | Request::Renew { key, alias, .. } => {
+            out.push(record_name(prefix, key));
+            if let Some(alias) = alias {
+                out.push(alias_name(prefix, alias));
+            }
+        }
+        Request::Acquire { key, .. } => out.push(record_name(prefix, key)),
+    }
+}
+
 /// A request's own arguments, in the order both the single functions and the batch take
 /// them.
-fn own_args<K>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
+fn own_args<K: StoreKey>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
     match request {
         Request::Acquire {
             lease_ns, nonce, ..
@@ -618,26 +653,38 @@ fn own_args<K>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
             value,
             lease_ns,
             keep_ns,
-            ..
+            key,
+            alias,
         } => {
             cmd.arg(*epoch).arg(seq.to_string()).arg(value.as_slice());
             cmd.arg(micros(*lease_ns)).arg(keep_micros(*keep_ns));
+            // The flow's key, kept by the alias's record (none: no alias).
+            let mut flow = Vec::new();
+            if alias.is_some() {
+                key.encode(&mut flow);
+            }
+            cmd.arg(flow);
         }
         Request::Renew {
             epoch,
             lease_ns,
             nonce,
             keep_ns,
+            alias,
             ..
         } => {
             cmd.arg(*epoch).arg(micros(*lease_ns)).arg(*nonce);
-            cmd.arg(keep_micros(*keep_ns));
+            cmd.arg(keep_micros(*keep_ns))
+                .arg(u8::from(alias.is_some()));
+        }
+        Request::Resolve { nonce, .. } => {
+            cmd.arg(*nonce);
         }
     }
 }
 
 /// A function's answer, read with every element checked.
-fn parse<K>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
+fn parse<K: StoreKey>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
     let items = match value {
         redis::Value::Array(items) => items.as_slice(),
         redis::Value::ServerError(e) => return Err(format!("the store refused a call: {e:?}")),
@@ -696,6 +743,16 @@ fn parse<K>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
             key,
             epoch: number(1)?,
         },
+        b"S" => Reply::Resolved {
+            alias: key,
+            nonce: number(1)?,
+            flow: match number(2)? {
+                1 => Some(
+                    K::decode(bytes(3)?).ok_or("an alias's record does not hold a flow's key")?,
+                ),
+                _ => None,
+            },
+        },
         other => {
             return Err(format!(
                 "an answer of unknown kind {:?}",
@@ -711,7 +768,23 @@ mod tests {
 
     #[test]
     fn records_are_named_with_the_key_as_hash_tag() {
-        assert_eq!(record_name("p", &[0, 0xab, 7]), "p:{00ab07}");
+        use stateplane_replication::FlowBytes;
+        let key = FlowBytes::new(&[0, 0xab, 7]).unwrap();
+        assert_eq!(record_name("p", &key), "p:{00ab07}");
+        // A flow and its alias share their tag: one slot.
+        let flow = FlowBytes::tagged(&[1, 2, 3, 4], 2).unwrap();
+        let alias = FlowBytes::tagged(&[1, 2, 9], 2).unwrap();
+        assert_eq!(record_name("p", &flow), "p:{0102}0304");
+        assert_eq!(alias_name("p", &alias), "p:alias:{0102}09");
+        assert_eq!(record_name("p", &0x0102u16), "p:{0102}");
+        let mut kept = Vec::new();
+        StoreKey::encode(&flow, &mut kept);
+        assert_eq!(<FlowBytes as StoreKey>::decode(&kept), Some(flow));
+        assert_eq!(
+            <FlowBytes as StoreKey>::decode(&[5, 1, 2]),
+            None,
+            "a tag past the key"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use stateplane_lab::RedisServer;
 use stateplane_replication::protocol::KEEP_FOREVER;
 use stateplane_replication::store::StoreConfig;
-use stateplane_replication::{Holder, Reply, Request};
+use stateplane_replication::{FlowBytes, Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
 use stateplane_stores::{StoreLink, Value};
@@ -102,6 +102,7 @@ fn write_keeping(
         value: value.to_vec(),
         lease_ns: LEASE,
         keep_ns,
+        alias: None,
     }
 }
 
@@ -112,11 +113,12 @@ fn renew_keeping(key: u128, epoch: u64, nonce: u64, keep_ns: u64) -> Request<u12
         lease_ns: LEASE,
         nonce,
         keep_ns,
+        alias: None,
     }
 }
 
 /// Each answer with its clock-dependent part (time left on another's lease) taken out.
-fn timeless(reply: Option<Reply<u128, Value>>) -> Option<Reply<u128, Value>> {
+fn timeless<K>(reply: Option<Reply<K, Value>>) -> Option<Reply<K, Value>> {
     reply.map(|r| match r {
         Reply::Held { key, nonce, .. } => Reply::Held {
             key,
@@ -168,6 +170,120 @@ fn life(link: &mut dyn StoreLink<u128>) -> Vec<Option<Reply<u128, Value>>> {
         step(B, acquire(key, 10));
     }
     answers
+}
+
+/// Flows with aliases, as a NAT names them: a flow and its alias share their first two
+/// bytes, their hash tag.
+fn tagged(bytes: &[u8]) -> FlowBytes {
+    FlowBytes::tagged(bytes, 2).unwrap()
+}
+
+/// The steps of aliases' lives, each answered by both stores: named by a write applied,
+/// never by one refused, renewed with their flow, resolved to nothing when never named.
+fn alias_life(link: &mut dyn StoreLink<FlowBytes>) -> Vec<Option<Reply<FlowBytes, Value>>> {
+    let (flow, alias) = (tagged(&[1, 2, 3, 4]), tagged(&[1, 2, 9]));
+    let other_alias = tagged(&[1, 2, 8]);
+    let resolve = |alias, nonce| Request::Resolve { alias, nonce };
+    let write = |epoch, seq, alias| Request::Write {
+        key: flow,
+        epoch,
+        seq,
+        value: vec![seq as u8],
+        lease_ns: LEASE,
+        keep_ns: 10_000 * MS,
+        alias,
+    };
+    let mut answers = Vec::new();
+    let mut step = |from, q| answers.push(timeless(ask(link, from, q)));
+    step(A, resolve(alias, 1));
+    step(
+        A,
+        Request::Acquire {
+            key: flow,
+            lease_ns: LEASE,
+            nonce: 2,
+        },
+    );
+    step(B, write(1, 1, Some(other_alias)));
+    step(A, write(1, 1, Some(alias)));
+    step(A, resolve(alias, 3));
+    step(A, resolve(other_alias, 4));
+    step(
+        A,
+        Request::Renew {
+            key: flow,
+            epoch: 1,
+            lease_ns: LEASE,
+            nonce: 5,
+            keep_ns: 10_000 * MS,
+            alias: Some(alias),
+        },
+    );
+    step(A, write(1, 2, None));
+    step(B, resolve(alias, 6));
+    answers
+}
+
+#[test]
+fn aliases_resolve_to_their_flows_as_in_the_memory_store_through_single_calls_and_batches() {
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let memory = MemoryStore::<FlowBytes>::new(StoreConfig::default());
+    let from_memory = alias_life(&mut memory.link());
+    let (flow, alias) = (tagged(&[1, 2, 3, 4]), tagged(&[1, 2, 9]));
+    assert_eq!(
+        from_memory[0],
+        Some(Reply::Resolved {
+            alias,
+            flow: None,
+            nonce: 1
+        })
+    );
+    assert!(matches!(from_memory[2], Some(Reply::Fenced { .. })));
+    assert_eq!(
+        from_memory[4],
+        Some(Reply::Resolved {
+            alias,
+            flow: Some(flow),
+            nonce: 3
+        })
+    );
+    assert!(matches!(
+        from_memory[5],
+        Some(Reply::Resolved { flow: None, .. })
+    ));
+    assert!(matches!(from_memory[6], Some(Reply::Renewed { .. })));
+    assert_eq!(
+        from_memory[8],
+        Some(Reply::Resolved {
+            alias,
+            flow: Some(flow),
+            nonce: 6
+        })
+    );
+    for batch in [64, 1] {
+        server.cli(&["flushall"]);
+        let redis = RedisStore::connect(RedisConfig {
+            batch,
+            ..redis_config(&server)
+        })
+        .unwrap();
+        assert_eq!(
+            alias_life(&mut redis.link().unwrap()),
+            from_memory,
+            "batch {batch}"
+        );
+        // The alias lives as long as its flow's record, renewals included.
+        let ttl = |name: &str| -> i64 { server.cli(&["pttl", name]).trim().parse().unwrap() };
+        let (flow_ttl, alias_ttl) = (
+            ttl("stateplane:rep:{0102}0304"),
+            ttl("stateplane:rep:alias:{0102}09"),
+        );
+        assert!(flow_ttl > 0 && alias_ttl > 0, "{flow_ttl} {alias_ttl}");
+        assert!(
+            flow_ttl.abs_diff(alias_ttl) < 1_000,
+            "{flow_ttl} {alias_ttl}"
+        );
+    }
 }
 
 #[test]
@@ -262,6 +378,7 @@ fn many_requests_share_a_round_trip() {
                     value: key.to_le_bytes().to_vec(),
                     lease_ns: 1_000 * MS,
                     keep_ns: KEEP_FOREVER,
+                    alias: None,
                 }
             } else {
                 Request::Renew {
@@ -270,6 +387,7 @@ fn many_requests_share_a_round_trip() {
                     lease_ns: 1_000 * MS,
                     nonce: 3,
                     keep_ns: 10_000 * MS,
+                    alias: None,
                 }
             });
         }
@@ -316,6 +434,7 @@ fn a_lost_server_is_reported_and_reconnected_and_with_an_append_only_file_keeps_
         value: format!("v{seq}").into_bytes(),
         lease_ns: 10_000 * MS,
         keep_ns: KEEP_FOREVER,
+        alias: None,
     };
     assert!(matches!(
         ask(&mut link, A, w(1)),
@@ -414,6 +533,7 @@ fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
         value: vec![1],
         lease_ns: long,
         keep_ns: KEEP_FOREVER,
+        alias: None,
     };
     // No replica: the write is applied but not acknowledged.
     assert_eq!(ask(&mut link, A, w(1)), None);
@@ -481,6 +601,7 @@ fn a_master_failover_loses_acknowledged_writes_only_without_wait() {
             value: value.to_vec(),
             lease_ns: lease,
             keep_ns: KEEP_FOREVER,
+            alias: None,
         };
         assert!(matches!(
             ask(&mut link, A, write(1, b"both have it")),
@@ -601,6 +722,12 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
     assert_eq!(
         life(&mut redis.link::<u128>().unwrap()),
         life(&mut memory.link())
+    );
+    // A flow and its alias are written in one call: in one slot, by their tag.
+    let memory = MemoryStore::<FlowBytes>::new(StoreConfig::default());
+    assert_eq!(
+        alias_life(&mut redis.link().unwrap()),
+        alias_life(&mut memory.link())
     );
 
     let mut link = redis.link::<u32>().unwrap();

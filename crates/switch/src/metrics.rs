@@ -248,6 +248,16 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
             &c.retransmits,
         ),
         (
+            "resolves",
+            "Aliases asked of the store (packets that named their flow only by one)",
+            &c.resolves,
+        ),
+        (
+            "resolved",
+            "Aliases the store resolved to a flow",
+            &c.resolved,
+        ),
+        (
             "repeats_held",
             "Requests sent again not sent twice: the first was still on its way to the store",
             &c.repeats_held,

@@ -97,6 +97,10 @@ pub struct ReplicationCounters {
     pub waited: AtomicU64,
     pub fenced: AtomicU64,
     pub install_refused: AtomicU64,
+    /// Aliases asked of the store (packets that named their flow only so), and those that
+    /// named a flow.
+    pub resolves: AtomicU64,
+    pub resolved: AtomicU64,
     pub round_trips: AtomicU64,
     pub store_errors: AtomicU64,
     pub reconnects: AtomicU64,
@@ -341,6 +345,8 @@ impl ReplicationPlan {
             waited: get(&c.waited),
             fenced: get(&c.fenced),
             install_refused: get(&c.install_refused),
+            resolves: get(&c.resolves),
+            resolved: get(&c.resolved),
             round_trips: get(&c.round_trips),
             store_errors: get(&c.store_errors),
             reconnects: get(&c.reconnects),
@@ -387,6 +393,9 @@ pub struct ReplicationReport {
     pub waited: u64,
     pub fenced: u64,
     pub install_refused: u64,
+    /// Aliases asked of the store, and those that named a flow.
+    pub resolves: u64,
+    pub resolved: u64,
     pub round_trips: u64,
     pub store_errors: u64,
     pub reconnects: u64,
@@ -402,7 +411,7 @@ impl ReplicationReport {
             "replication to {}:\n  packets {}  waited for a lease {}  for the store {}  \
              dropped unreplicated {}\n  writes {} (changes folded in {})  leases asked {} \
              (with state {}, after another's {})  renewed {}  fenced {}  sent again {} \
-             (of them still on their way {})\n  \
+             (of them still on their way {})\n  aliases asked {} (naming a flow {})  \
              round trips {}  store errors {}  reconnects {}  states refused {}  \
              packets held at most {}\n",
             self.store,
@@ -419,6 +428,8 @@ impl ReplicationReport {
             self.fenced,
             self.retransmits,
             self.repeats_held,
+            self.resolves,
+            self.resolved,
             self.round_trips,
             self.store_errors,
             self.reconnects,
@@ -443,7 +454,11 @@ const BACKLOG: usize = 4_096;
 
 /// What the stage keeps of a packet it holds.
 struct Hold {
+    /// Its flow (while the store is asked which flow its alias names, the alias).
     key: FlowBytes,
+    /// Named by an alias that names no flow at the store: processed as a packet of no
+    /// replicated flow.
+    alone: bool,
     /// Its verdict is final (processed, or dropped unprocessed): it waits to leave.
     processed: bool,
     /// For its return line: the flow's state after it, when it was its flow's last packet
@@ -563,6 +578,9 @@ struct ReplicationStage {
     queues: FlowMap<FlowBytes, Queue>,
     /// Held packets to process at the next burst, in flow order.
     ready_in: VecDeque<Token>,
+    /// Packets of the burst at hand named by an alias that the store resolved before
+    /// they were held: admitted again once they are.
+    resolved: Vec<(Token, Option<FlowBytes>)>,
     /// Held packets whose outputs may leave (or that are dropped), in flow order.
     ready_out: VecDeque<Token>,
     /// The burst rebuilt with held packets in front ([`Burst::put_in_front`]), and
@@ -606,6 +624,7 @@ impl ReplicationStage {
             held: Held::default(),
             queues: FlowMap::default(),
             ready_in: VecDeque::new(),
+            resolved: Vec::new(),
             ready_out: VecDeque::new(),
             spare: Burst::default(),
             front: Vec::new(),
@@ -753,7 +772,48 @@ impl ReplicationStage {
                         self.drop_held(token);
                     }
                 }
+                Event::Resolved { token, flow, .. } => {
+                    if self.in_burst.contains_key(&token) {
+                        self.resolved.push((token, flow));
+                    } else {
+                        self.readmit(token, flow, program);
+                    }
+                }
             }
+        }
+    }
+
+    /// A held packet named by an alias, whose flow the store named (`flow`; `None`: no
+    /// flow has the alias), is admitted again by its flow's key, behind the flow's packets
+    /// held before it; with none, unless the program now knows its flow itself (made here
+    /// since it came), it is processed as a packet of no replicated flow.
+    fn readmit(&mut self, token: Token, flow: Option<FlowBytes>, program: &dyn Running) {
+        let now = self.now();
+        let Some(p) = self.held.get(token).filter(|p| !p.meta.processed) else {
+            return;
+        };
+        let alias = p.meta.key;
+        let Some(flow) = flow.or_else(|| program.replicated_key(&p.desc, &p.data)) else {
+            if let Some(p) = self.held.get_mut(token) {
+                p.meta.alone = true;
+            }
+            self.ready_in.push_back(token);
+            return;
+        };
+        if let Some(p) = self.held.get_mut(token) {
+            p.meta.key = flow;
+        }
+        if let Some(q) = self.queues.get_mut(&alias) {
+            q.inputs -= 1;
+            if q.inputs == 0 && q.outputs == 0 {
+                self.queues.remove(&alias);
+            }
+        }
+        self.queues.entry(flow).or_default().inputs += 1;
+        match self.replica.admit(now, flow, token) {
+            Admit::Process => self.ready_in.push_back(token),
+            Admit::Parked => {}
+            Admit::Dropped(_) => self.drop_held(token),
         }
     }
 
@@ -793,6 +853,8 @@ impl ReplicationStage {
         add(&c.migrated, r.migrated, pr.migrated);
         add(&c.waited, r.waited, pr.waited);
         add(&c.fenced, r.fenced, pr.fenced);
+        add(&c.resolves, r.resolves, pr.resolves);
+        add(&c.resolved, r.resolved, pr.resolved);
         add(&c.round_trips, l.round_trips, pl.round_trips);
         add(&c.store_errors, l.errors, pl.errors);
         add(&c.reconnects, l.reconnects, pl.reconnects);
@@ -815,6 +877,7 @@ impl ReplicationStage {
         let mut lapsed = Vec::new();
         let (held, replica) = (&self.held, &self.replica);
         self.ready_in.retain(|&t| match held.get(t) {
+            Some(p) if p.meta.alone => !p.meta.processed,
             Some(p) if !p.meta.processed => {
                 let holds = replica.holds(&p.meta.key, now);
                 if !holds {
@@ -858,6 +921,11 @@ impl ReplicationStage {
         }
         for token in chosen {
             if let Some(p) = self.unhold(token) {
+                if p.meta.alone {
+                    front.push(None);
+                    self.held.recycle(p);
+                    continue;
+                }
                 front.push(Some(Slot {
                     key: p.meta.key,
                     token,
@@ -888,12 +956,44 @@ impl StateStage for ReplicationStage {
         self.in_burst.clear();
         let now = self.now();
         for (i, d) in burst.descs().iter().enumerate() {
-            let Some(key) = program.replicated_key(d, burst.data(i)) else {
-                self.slots.push(None);
-                continue;
+            let (key, by_alias) = match program.replicated_key(d, burst.data(i)) {
+                Some(key) => (key, false),
+                None => match program.replicated_alias(d, burst.data(i)) {
+                    // An alias of a flow known here is that flow.
+                    Some(alias) => match self.replica.flow_of_alias(&alias) {
+                        Some(key) => (key, false),
+                        None => (alias, true),
+                    },
+                    None => {
+                        self.slots.push(None);
+                        continue;
+                    }
+                },
             };
             let token = self.next_token;
             self.next_token += 1;
+            if by_alias {
+                // Held while the store is asked which flow it is (or dropped with no room).
+                let full = self.held.len() >= self.config.park_limit;
+                let outcome = match full {
+                    true => Outcome::Dropped,
+                    false => match self.replica.admit_alias(now, key, token) {
+                        Admit::Parked => {
+                            self.in_burst.insert(token, i);
+                            Outcome::HoldInput { ready: false }
+                        }
+                        _ => Outcome::Dropped,
+                    },
+                };
+                self.slots.push(Some(Slot {
+                    key,
+                    token,
+                    outcome,
+                    behind: false,
+                    flow: 0,
+                }));
+                continue;
+            }
             // Held packets of its flow still to be processed go first.
             let behind = self.queues.get(&key).is_some_and(|q| q.inputs > 0);
             // The stage holds at most `park_limit` packets, and past it only outputs of
@@ -949,6 +1049,7 @@ impl StateStage for ReplicationStage {
             }
             let meta = Hold {
                 key,
+                alone: false,
                 processed: false,
                 state: None,
             };
@@ -980,6 +1081,13 @@ impl StateStage for ReplicationStage {
             keep[i - 1]
         });
         self.keep = keep;
+        // Packets whose alias the store named meanwhile are held now: admitted again.
+        if !self.resolved.is_empty() {
+            for (token, flow) in std::mem::take(&mut self.resolved) {
+                self.readmit(token, flow, program);
+            }
+            self.pump(program, ctx);
+        }
         // Held packets whose lease has come go in front.
         let mut front = std::mem::take(&mut self.front);
         self.put_ready_in_front(burst, &mut front);
@@ -1037,6 +1145,11 @@ impl StateStage for ReplicationStage {
                 None | Some(u64::MAX) => u64::MAX,
                 Some(deadline) => now.saturating_add(deadline.saturating_sub(ctx.now_ns)),
             };
+            if write.is_some()
+                && let Some(alias) = program.replicated_alias_of(&key)
+            {
+                self.replica.name_alias(key, alias);
+            }
             let outcome = match self.replica.processed(now, key, token, write, lives_until) {
                 Release::Now => Outcome::Released,
                 Release::Parked => {
@@ -1099,6 +1212,7 @@ impl StateStage for ReplicationStage {
                 _ => {
                     let meta = Hold {
                         key,
+                        alone: false,
                         processed: true,
                         state,
                     };
