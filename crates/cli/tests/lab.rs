@@ -422,8 +422,13 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
 /// [`FAILOVER_LEASE_MS`]; unless `replicated` is false, which leaves their guarantees and
 /// replication out.
 fn dual_firewall(name: &str, replicated: bool) -> Lab {
+    dual_switches("dual-firewall.toml", name, replicated)
+}
+
+/// A lab of two parallel switches behind `steer` from `topology` (as [`dual_firewall`]).
+fn dual_switches(topology: &str, name: &str, replicated: bool) -> Lab {
     require("redis-server");
-    Lab::up_edited("dual-firewall.toml", name, None, |t| {
+    Lab::up_edited(topology, name, None, |t| {
         let t = t.replace(
             "lease_ms = 1000",
             &format!("lease_ms = {FAILOVER_LEASE_MS}"),
@@ -529,6 +534,74 @@ fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replica
     assert!(
         (metrics.lines()).any(|l| l.contains("unsolicited") && !l.ends_with(" 0")),
         "{survivor} dropped the server's answers as unsolicited: {metrics}"
+    );
+}
+
+/// topologies/dual-nat.toml: behind a `steer` that chooses by the outside end, two `nat`
+/// switches, each with a pool of its own, keep their translations replicated in Redis on
+/// the controller. The switch carrying a TCP transfer is killed mid-transfer; the other
+/// takes the translation over from the store (by the connection from the inside, or by
+/// the alias of its answers from the outside, whichever comes first) and keeps
+/// translating it to the same external port: the transfer goes on to its end.
+/// Unreplicated, the survivor drops the server's answers (`no_translation`) and would send
+/// the inside's packets out on a port of its own, which the server knows nothing of.
+#[test]
+fn a_tcp_connection_survives_the_death_of_its_nat_when_its_translation_is_replicated() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = dual_switches("dual-nat.toml", "tnatrep", true);
+    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
+    let log = |node: &str| {
+        std::fs::read_to_string(lab_file(&lab, &format!("{node}.log"))).unwrap_or_default()
+    };
+    assert!(
+        out.status.success(),
+        "the transfer survived {killed}'s death:\n{}\n{survivor}'s log:\n{}",
+        text(&out),
+        log(&survivor)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("error").is_none(), "{report}");
+    let bytes: Vec<u64> = (report["intervals"].as_array().unwrap().iter())
+        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        bytes[bytes.len().saturating_sub(10)..]
+            .iter()
+            .all(|&b| b > 0),
+        "the connection moves data at the end: {bytes:?}"
+    );
+    eprintln!(
+        "nat failover with a {FAILOVER_LEASE_MS} ms lease: {} ms without data ({killed} killed)",
+        bytes.iter().filter(|&&b| b == 0).count() * 100
+    );
+    let metrics = metric_lines(&lab, &survivor);
+    let counter = |name: &str| -> u64 {
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(&format!("stateplane_replication_{name}_total ")))
+            .unwrap_or_else(|| panic!("{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        counter("migrated") >= 1,
+        "the survivor took the translation over: {metrics}"
+    );
+    drop(lab);
+
+    let lab = dual_switches("dual-nat.toml", "tnatplain", false);
+    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
+    let gave_up = !out.status.success()
+        || serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|r| r["error"].as_str().is_some());
+    assert!(
+        gave_up,
+        "unreplicated, the connection cannot survive {killed}'s death: {}",
+        text(&out)
+    );
+    let metrics = metric_lines(&lab, &survivor);
+    assert!(
+        (metrics.lines()).any(|l| l.contains("no_translation") && !l.ends_with(" 0")),
+        "{survivor} dropped the server's answers: {metrics}"
     );
 }
 

@@ -12,7 +12,11 @@
 //! by each path's `out`, crosses the switch, and must come back on the same path's `back`;
 //! a path whose probes stopped for `dead_after_ms` is down. The choice among live paths is
 //! rendezvous hashing of the flow's symmetric hash, so removing a path moves only its flows.
-//! While no path has answered yet (start-up), every path counts as live.
+//! While no path has answered yet (start-up), every path counts as live. With
+//! `by = "outside"` the hash is of the flow's end on the right (its address, port and
+//! protocol: the destination of a packet from the left, the source of one from the
+//! right) instead: a NAT between rewrites the left end, so a connection's two directions
+//! share only the right one, and both must take the switch that holds the translation.
 //!
 //! State: the last time each path's probe came back, shared by the workers (atomics).
 //! Counters: drops `probe` (probes taken off the wire), `no_path` (no such port).
@@ -20,6 +24,7 @@
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_wire::FlowKey;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,6 +54,8 @@ pub struct SteerConfig {
     pub probe_interval_ms: u64,
     #[serde(default = "default_dead_after")]
     pub dead_after_ms: u64,
+    /// What chooses a flow's path: "connection" (the default) or "outside".
+    pub by: Option<String>,
 }
 
 fn default_probe_interval() -> u64 {
@@ -83,6 +90,8 @@ pub struct Steer {
     dead_after_ns: u64,
     last_probe_ns: u64,
     probe_seq: u32,
+    /// Paths are chosen by the flow's right end (`by = "outside"`), not its connection.
+    by_outside: bool,
 }
 
 impl Steer {
@@ -115,6 +124,19 @@ impl Steer {
             *slot = role;
             Ok(p)
         };
+        let by_outside = match cfg.by.as_deref() {
+            None | Some("connection") => false,
+            Some("outside") => true,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    format!("{field}.by"),
+                    format!(
+                        "'{other}' is not \"connection\" (both ends, the default) or \"outside\" \
+                         (the right end alone, for NATs between)"
+                    ),
+                ));
+            }
+        };
         let left = assign(&cfg.left, "left".into(), Role::Left)?;
         let right = assign(&cfg.right, "right".into(), Role::Right)?;
         let mut paths = Vec::new();
@@ -133,6 +155,7 @@ impl Steer {
             dead_after_ns: cfg.dead_after_ms * 1_000_000,
             last_probe_ns: 0,
             probe_seq: 0,
+            by_outside,
         })
     }
 
@@ -161,6 +184,24 @@ impl Steer {
 }
 
 /// Rendezvous score of path `i` for a flow: a strong mix, so every path wins equally often.
+/// The hash of a packet's right end (`from_left`: its destination), for `by = "outside"`.
+fn outside_hash(key: &FlowKey, from_left: bool, ctx: &Context) -> u64 {
+    let (addr, port) = if from_left {
+        (key.dst, key.dst_port)
+    } else {
+        (key.src, key.src_port)
+    };
+    // An ICMP key's ports are its type and identifier, not an end's.
+    let port = if matches!(key.proto, 1 | 58) { 0 } else { port };
+    ctx.hasher.hash(&FlowKey {
+        src: addr,
+        src_port: port,
+        proto: key.proto,
+        ip_version: key.ip_version,
+        ..FlowKey::EMPTY
+    })
+}
+
 fn score(hash: u64, i: usize) -> u64 {
     let mut x = hash ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     x ^= x >> 33;
@@ -208,8 +249,12 @@ impl Program for Steer {
                 Some(Role::Out(_)) => Verdict::Forward(self.left),
                 Some(Role::Back(_)) => Verdict::Forward(self.right),
                 Some(side @ (Role::Left | Role::Right)) => {
-                    // The connection hash: both directions choose the same path.
-                    let i = self.choose(d.parsed.hash, now);
+                    // Both directions choose the same path.
+                    let hash = match self.by_outside {
+                        true => outside_hash(&d.parsed.key, side == Role::Left, ctx),
+                        false => d.parsed.hash,
+                    };
+                    let i = self.choose(hash, now);
                     let (out, back) = self.paths[i];
                     Verdict::Forward(if side == Role::Left { out } else { back })
                 }
@@ -247,16 +292,22 @@ mod tests {
     use stateplane_wire::ethernet::MacAddr;
 
     fn steer() -> Steer {
+        steer_by("")
+    }
+
+    /// A steering point with two paths and `extra` settings.
+    fn steer_by(extra: &str) -> Steer {
         let names = PortNames(
             ["left", "right", "a1", "b1", "a2", "b2"]
                 .map(String::from)
                 .to_vec(),
         );
-        let cfg: SteerConfig = toml::from_str(
+        let cfg: SteerConfig = toml::from_str(&format!(
             r#"left = "left"
                right = "right"
-               paths = [{ out = "a1", back = "b1" }, { out = "a2", back = "b2" }]"#,
-        )
+               paths = [{{ out = "a1", back = "b1" }}, {{ out = "a2", back = "b2" }}]
+               {extra}"#
+        ))
         .unwrap();
         Steer::new(&cfg, &names, "program.steer").unwrap()
     }
@@ -386,6 +437,91 @@ mod tests {
             used[there] += 1;
         }
         assert!(used[0] > 20 && used[1] > 20, "both paths used: {used:?}");
+    }
+
+    /// With a NAT between, a connection's replies come back to the external address and
+    /// port: chosen by the outside end, both directions still take one path (by the
+    /// connection, many would not), and connections to many servers spread.
+    #[test]
+    fn by_the_outside_end_a_nat_between_keeps_both_directions_on_one_path() {
+        use stateplane_gen::build::{Hosts, L4, emit_frame};
+        let (mut by_outside, mut by_connection) = (steer_by("by = \"outside\""), steer());
+        let mut frames = Vec::new();
+        let inside = Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: "198.18.0.1".parse().unwrap(),
+            dst: "198.18.0.2".parse().unwrap(),
+            ttl: 64,
+        };
+        let answer = Hosts {
+            src: inside.dst,
+            dst: "198.18.0.100".parse().unwrap(),
+            ..inside
+        };
+        for i in 0..100u16 {
+            let server_port = 5201 + i;
+            let mut f = Vec::new();
+            let l4 = L4::Tcp {
+                src_port: 10_000 + i,
+                dst_port: server_port,
+                seq: 1,
+                ack: 0,
+                flags: 2,
+            };
+            emit_frame(&mut f, &inside, &l4, b"x");
+            frames.push((f, 0));
+            let mut f = Vec::new();
+            let l4 = L4::Tcp {
+                src_port: server_port,
+                dst_port: 30_000 + i,
+                seq: 1,
+                ack: 2,
+                flags: 0x12,
+            };
+            emit_frame(&mut f, &answer, &l4, b"y");
+            frames.push((f, 1));
+        }
+        let mut split = [0usize; 2];
+        for (k, s) in [&mut by_outside, &mut by_connection]
+            .into_iter()
+            .enumerate()
+        {
+            let mut b = Burst::with_capacity(256);
+            for (f, port) in &frames {
+                b.push(f, f.len() as u32, 1, *port, 0);
+            }
+            b.parse(&FlowHasher::with_seed(7));
+            s.process(&mut b, &mut ctx(1, 0));
+            let mut used = [0usize; 2];
+            for pair in b.descs().chunks(2) {
+                let path_of = |v: Verdict, pick: fn(&(PortId, PortId)) -> PortId| match v {
+                    Verdict::Forward(p) => s.paths.iter().position(|x| pick(x) == p).unwrap(),
+                    other => panic!("{other:?}"),
+                };
+                let (there, back) = (
+                    path_of(pair[0].verdict, |p| p.0),
+                    path_of(pair[1].verdict, |p| p.1),
+                );
+                split[k] += usize::from(there != back);
+                used[there] += 1;
+            }
+            assert!(used[0] > 20 && used[1] > 20, "both paths used: {used:?}");
+        }
+        assert_eq!(split[0], 0, "by the outside end, none split");
+        assert!(
+            split[1] > 20,
+            "by the connection, {} of 100 split",
+            split[1]
+        );
+        let names = PortNames(["l", "r", "a", "b"].map(String::from).to_vec());
+        let cfg: SteerConfig = toml::from_str(
+            "left = 'l'\nright = 'r'\npaths = [{ out = 'a', back = 'b' }]\nby = 'inside'",
+        )
+        .unwrap();
+        let e = Steer::new(&cfg, &names, "program.steer").err().unwrap();
+        assert_eq!(e.field, "program.steer.by");
     }
 
     #[test]
