@@ -1039,3 +1039,100 @@ fn a_connection_timed_out_at_its_switch_is_not_granted_back_by_the_store() {
     let drops = late.to_string();
     assert!(drops.contains("unsolicited"), "{drops}");
 }
+
+/// `sgw` with its sessions replicated to a real Redis: switch A takes the signaling of
+/// the `gtp` workload, switch B, another process, only its users' packets. B finds each
+/// subscriber's session at the store (uplink names the subscriber by its TEID; downlink
+/// only by its address, the alias A wrote with the session) and tunnels every packet as
+/// one unreplicated switch that saw all the signaling first does: the same packets out
+/// of each port, byte for byte (in another order across subscribers: each waits for its
+/// own session). Unreplicated, B drops them all as `no_session`.
+#[test]
+fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
+    use stateplane_gen::{GenConfig, Workload};
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let mut cfg = GenConfig::new(Workload::Gtp, 10_000);
+    cfg.ipv6_share = 0.0;
+    let mut frames = Vec::new();
+    let keep = |_, f: &[u8]| {
+        frames.push(f.to_vec());
+        Ok(())
+    };
+    stateplane_gen::generate(&cfg, keep, |_| {}).unwrap();
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    let (signaling, data): (Vec<_>, Vec<_>) = frames.into_iter().partition(|f| {
+        let parsed = stateplane_wire::parse::parse(f, 0, &hasher).unwrap();
+        parsed.flags.has(stateplane_wire::parse::ParseFlags::GTPC)
+    });
+    // Signaling first, then the users' packets, each at its own time in every capture.
+    let timed: Vec<(u64, &Vec<u8>, bool)> = (signaling.iter().map(|f| (f, true)))
+        .chain(data.iter().map(|f| (f, false)))
+        .enumerate()
+        .map(|(i, (f, signal))| (1_000_000_000 + i as u64 * 10_000, f, signal))
+        .collect();
+    let capture = |name: &str, signals: bool, users: bool| {
+        let path = tmp(name);
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = stateplane_io::pcap::PcapWriter::new(file, true).unwrap();
+        for &(ts, f, signal) in &timed {
+            if (signal && signals) || (!signal && users) {
+                w.write(ts, f, f.len() as u32).unwrap();
+            }
+        }
+        path
+    };
+    let (signals, users, both) = (
+        capture("sgw-rep-signals.pcap", true, false),
+        capture("sgw-rep-users.pcap", false, true),
+        capture("sgw-rep-both.pcap", true, true),
+    );
+    let run = |name: &str, input: &std::path::Path, store: Option<&str>| {
+        let config = tmp(&format!("{name}.toml"));
+        let replicated = store.map_or(String::new(), |url| {
+            format!("[guarantees]\nsessions = [\"replicated\"]\n[replication]\nstore = \"{url}\"\nlease_ms = 200\n")
+        });
+        let out = |port: &str| tmp(&format!("{name}-{port}.pcap"));
+        std::fs::write(
+            &config,
+            format!(
+                "workers = 1\n[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\n\
+                 ue_pool = \"198.18.128.0/17\"\n{replicated}\
+                 [[port]]\nname = \"access\"\nrx = \"{}\"\ntx = \"{}\"\n\
+                 [[port]]\nname = \"core\"\ntx = \"{}\"\n",
+                input.display(),
+                out("access").display(),
+                out("core").display()
+            ),
+        )
+        .unwrap();
+        let summary = run_json(&config);
+        let sorted = |port: &str| {
+            let mut frames: Vec<Vec<u8>> = parsed_frames(&out(port))
+                .into_iter()
+                .map(|(f, _)| f)
+                .collect();
+            frames.sort();
+            frames
+        };
+        (summary, sorted("access"), sorted("core"))
+    };
+    let url = server.url();
+    let (a, _, _) = run("sgw-rep-a", &signals, Some(&url));
+    assert!(a["replication"]["writes"].as_u64().unwrap() > 50, "{a}");
+    let (b, b_access, b_core) = run("sgw-rep-b", &users, Some(&url));
+    let (one, one_access, one_core) = run("sgw-rep-one", &both, None);
+    let r = &b["replication"];
+    assert_eq!(r["dropped"], 0, "{r}");
+    assert!(
+        r["resolved"].as_u64().unwrap() > 50,
+        "downlink found sessions by address: {r}"
+    );
+    assert!(r["migrated"].as_u64().unwrap() > 50, "{r}");
+    assert!(b_access.len() > 3_000 && b_core.len() > 3_000, "{b}");
+    assert!(
+        b_access == one_access && b_core == one_core,
+        "B: {b}\none switch: {one}"
+    );
+    let (unreplicated, _, _) = run("sgw-rep-c", &users, None);
+    assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
+}

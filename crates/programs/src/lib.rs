@@ -491,7 +491,8 @@ pub fn with_guarantees(
                 format!(
                     "`{name}` cannot be replicated yet: replicated state today is counter's \
                      `flows`, conntrack's and firewall's `connections`, lb's `connections`, \
-                     kv's `cache` and nat's `translations` (without port forwards) \
+                     kv's `cache`, nat's `translations` (without port forwards) and sgw's \
+                     `sessions` \
                      (docs/REPLICATION.md says what is built and what follows)"
                 ),
             ));

@@ -1127,15 +1127,6 @@ mod tests {
         if src { key.src_ip() } else { key.dst_ip() }.unwrap()
     }
 
-    /// The replication stage's view of a packet: its flow's key, else its alias.
-    fn names_of(n: &Nat, frame: &[u8], port: PortId) -> (Option<FlowBytes>, Option<FlowBytes>) {
-        let mut b = Burst::with_capacity(1);
-        b.push(frame, frame.len() as u32, S, port, 0);
-        b.parse(&hasher());
-        let (d, data) = (&b.descs()[0], b.data(0));
-        (n.replicated_key(d, data), n.replicated_alias(d, data))
-    }
-
     /// Replicated, a translation moves to another switch with its answers' way back:
     /// there an answer names its connection by an alias (the one written with it), and
     /// once installed, answers come back to the inside host and the inside's packets go
@@ -1180,11 +1171,11 @@ mod tests {
                 rewrite(&mut f, &mut p, Side::Dst, dst, went.src_port).unwrap();
                 f
             };
-            let (flow, none) = names_of(&a, &syn, 0);
+            let (flow, none) = crate::testutil::replicated_names(&a, &syn, 0);
             let flow = flow.unwrap();
             assert_eq!(none, None, "a packet that names its flow has no alias");
             assert_eq!(
-                names_of(&a, &answer, 1),
+                crate::testutil::replicated_names(&a, &answer, 1),
                 (Some(flow), None),
                 "both ways one flow"
             );
@@ -1193,9 +1184,15 @@ mod tests {
             assert_ne!(alias, flow);
             let state = a.replicated_state(&flow).unwrap();
 
-            assert_eq!(names_of(&b, &answer, 1), (None, Some(alias)));
+            assert_eq!(
+                crate::testutil::replicated_names(&b, &answer, 1),
+                (None, Some(alias))
+            );
             assert!(b.install_replicated(&flow, Some(&state), S));
-            assert_eq!(names_of(&b, &answer, 1), (Some(flow), None));
+            assert_eq!(
+                crate::testutil::replicated_names(&b, &answer, 1),
+                (Some(flow), None)
+            );
             let (v, restored, _) = one(&mut b, S, answer.clone(), 1);
             assert_eq!(v, IN);
             assert_eq!(addr(&restored, false), ip(INSIDE));
@@ -1205,7 +1202,10 @@ mod tests {
 
             // Withdrawn: the answers find nothing here again.
             assert!(b.install_replicated(&flow, None, S));
-            assert_eq!(names_of(&b, &answer, 1), (None, Some(alias)));
+            assert_eq!(
+                crate::testutil::replicated_names(&b, &answer, 1),
+                (None, Some(alias))
+            );
             assert_eq!(
                 one(&mut b, S, answer.clone(), 1).0,
                 Verdict::Drop(NO_TRANSLATION)
@@ -1223,7 +1223,12 @@ mod tests {
             );
             assert!(!c.install_replicated(&flow, Some(&state), S));
             assert_eq!(c.len(), 1);
-            assert_eq!(names_of(&c, &answer, 1).0.map(|f| f == flow), Some(false));
+            assert_eq!(
+                crate::testutil::replicated_names(&c, &answer, 1)
+                    .0
+                    .map(|f| f == flow),
+                Some(false)
+            );
             assert!(
                 !c.install_replicated(&alias, Some(&state), S),
                 "an alias holds no state"

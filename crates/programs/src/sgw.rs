@@ -28,14 +28,19 @@
 //!
 //! State: `sessions` (declared; key the subscriber number `n`; action `session` with `enb
 //! enb_teid ue`; read-centric: written by about one packet in 18, read by the rest) and
-//! the index from subscriber address to number, derived from it. Configuration: `address`
+//! the index from subscriber address to number, derived from it. `sessions` may be
+//! `replicated` (docs/REPLICATION.md): each subscriber is a flow, named by its number
+//! (signaling and uplink carry it), and its downlink, which carries only its address,
+//! finds it at another switch by that address, the alias written with its session. Configuration: `address`
 //! (the gateway's IPv4 address, required), `ue_pool` (required), `access` and `core`
 //! (ports, default 0 and 1), `capacity` (sessions, default 65536).
 
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
-use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
+use stateplane_runtime::{
+    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Verdict,
+};
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
@@ -127,6 +132,41 @@ const TABLE_FULL: DropReason = DropReason::program(2);
 const NOT_ROUTED: DropReason = DropReason::program(3);
 const NO_ROOM: DropReason = DropReason::program(4);
 
+/// Replicated sessions: a subscriber's flow is named by its number, its alias by its
+/// address; both start with the address's place in the pool (the number modulo the
+/// pool's size), their hash tag, so that a Redis Cluster keeps them in one slot.
+mod replicated {
+    use stateplane_runtime::FlowBytes;
+
+    const SUBSCRIBER: u8 = 0;
+    const ADDRESS: u8 = 1;
+
+    /// Subscriber `n`'s flow, its address being at `place` in the pool.
+    pub(super) fn subscriber(n: u32, place: u32) -> Option<FlowBytes> {
+        let mut b = [0u8; 9];
+        b[..4].copy_from_slice(&place.to_be_bytes());
+        b[4..8].copy_from_slice(&n.to_be_bytes());
+        b[8] = SUBSCRIBER;
+        FlowBytes::tagged(&b, 4)
+    }
+
+    /// The alias of the subscriber whose address is at `place` in the pool.
+    pub(super) fn address(place: u32) -> Option<FlowBytes> {
+        let mut b = [0u8; 5];
+        b[..4].copy_from_slice(&place.to_be_bytes());
+        b[4] = ADDRESS;
+        FlowBytes::tagged(&b, 4)
+    }
+
+    /// The subscriber a flow names; `None` for an alias or bytes of no flow.
+    pub(super) fn number_of(flow: &FlowBytes) -> Option<u32> {
+        match flow.as_bytes() {
+            [_, _, _, _, n @ .., SUBSCRIBER] => Some(u32::from_be_bytes(n.try_into().ok()?)),
+            _ => None,
+        }
+    }
+}
+
 /// What to do with a packet once it has been read.
 enum Step {
     Done(Verdict),
@@ -134,6 +174,24 @@ enum Step {
     Encapsulate(Session),
     /// Take the user's packet out of its tunnel: it starts at this offset.
     Decapsulate(usize),
+}
+
+/// The subscriber a GTPv2-C message is about: a Create Session Request's IMSI, another
+/// message's S11 TEID; `None` if it names none (the message is refused as bad).
+fn signaled_subscriber(gtp: &[u8]) -> Option<u32> {
+    let header = Gtpv2Repr::parse(gtp).ok()?;
+    if header.message_type != gtpv2_type::CREATE_SESSION_REQUEST {
+        return header
+            .teid
+            .filter(|t| t & TEID_SPACE == S11_TEIDS)
+            .map(|t| t & !TEID_SPACE);
+    }
+    let ies_at = header.header_len();
+    let ies = gtp.get(ies_at..ies_at + usize::from(header.payload_len))?;
+    gtpv2_ies(ies)
+        .filter_map(Result::ok)
+        .find(|ie| ie.ie_type == gtpv2_ie::IMSI && ie.data.len() >= 7)
+        .map(|ie| u32::from_be_bytes([ie.data[3], ie.data[4], ie.data[5], ie.data[6]]))
 }
 
 #[derive(Clone)]
@@ -218,6 +276,79 @@ impl Sgw {
         parsed.key.ip_version == 4
             && parsed.key.dst[..4] == self.address
             && parsed.key.dst_port == port
+    }
+
+    /// Where a packet to the gateway or a subscriber stands: `Ok(n)`, the subscriber it
+    /// reads or writes (signaling names it by IMSI or S11 TEID, uplink by S1-U TEID,
+    /// downlink through the address index); `Err(Some(place))`, downlink to the address at
+    /// `place` in the pool with no session here; `Err(None)`, neither (it makes no state).
+    fn subscriber_of(&self, data: &[u8], parsed: &Parsed) -> Result<u32, Option<u32>> {
+        let f = parsed.flags;
+        if parsed.key.ip_version == 0 {
+            return Err(None);
+        }
+        if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
+            let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
+            return signaled_subscriber(gtp).ok_or(None);
+        }
+        if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
+            return match parsed.teid & TEID_SPACE == S1U_TEIDS {
+                true => Ok(parsed.teid & !TEID_SPACE),
+                false => Err(None),
+            };
+        }
+        if parsed.key.ip_version == 4 {
+            let d = &parsed.key.dst;
+            let dst = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+            let place = dst.wrapping_sub(self.pool_base);
+            if place < self.pool_size {
+                return self.by_ue.get(&dst).copied().ok_or(Some(place));
+            }
+        }
+        Err(None)
+    }
+
+    /// Makes subscriber `n`'s session the one the store holds (`None`: none), with its
+    /// address entry. Refused (`false`, nothing changed) when a table has no room, or when
+    /// the address is another subscriber's here.
+    fn install(&mut self, n: u32, state: Option<&[u8]>, now: u64) -> bool {
+        let before = self.sessions.get(&n).copied();
+        let Some(state) = state.filter(|s| !s.is_empty()) else {
+            if let Some(old) = before {
+                self.sessions.delete(&n);
+                self.by_ue.delete(&u32::from_be_bytes(old.ue));
+            }
+            return true;
+        };
+        if !self.sessions.install_replicated(n, Some(state), now) {
+            return false;
+        }
+        let Some(session) = self.sessions.get(&n).copied() else {
+            return false;
+        };
+        let ue = u32::from_be_bytes(session.ue);
+        let restore = |sgw: &mut Sgw| match before {
+            Some(b) => {
+                if let Some(id) = sgw.sessions.find_id(&n) {
+                    *sgw.sessions.value_mut(id) = b;
+                }
+            }
+            None => {
+                sgw.sessions.delete(&n);
+            }
+        };
+        if self.by_ue.get(&ue).is_some_and(|&other| other != n) {
+            restore(self);
+            return false;
+        }
+        if let Some(old) = before.filter(|b| b.ue != session.ue) {
+            self.by_ue.delete(&u32::from_be_bytes(old.ue));
+        }
+        if self.by_ue.get(&ue).is_none() && self.by_ue.add_entry(ue, n, 0, now).is_err() {
+            restore(self);
+            return false;
+        }
+        true
     }
 
     /// Reads one packet: what to do with it.
@@ -473,6 +604,49 @@ impl Program for Sgw {
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
         self.sessions.take_notifications(out);
+    }
+
+    /// `sessions` replicated, each subscriber a flow with its address as alias.
+    fn replicate(&mut self, name: &str) -> bool {
+        self.sessions.replicate(name, false)
+    }
+
+    fn replicated_key(&self, d: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        if !self.sessions.replicated() {
+            return None;
+        }
+        let n = self.subscriber_of(data, &d.parsed).ok()?;
+        replicated::subscriber(n, n % self.pool_size)
+    }
+
+    fn replicated_alias(&self, d: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
+        if !self.sessions.replicated() {
+            return None;
+        }
+        match self.subscriber_of(data, &d.parsed) {
+            Err(Some(place)) => replicated::address(place),
+            _ => None,
+        }
+    }
+
+    fn replicated_alias_of(&self, flow: &FlowBytes) -> Option<FlowBytes> {
+        let session = self.sessions.get(&replicated::number_of(flow)?)?;
+        let ue = u32::from_be_bytes(session.ue);
+        replicated::address(ue.wrapping_sub(self.pool_base))
+    }
+
+    fn replicated_state(&self, flow: &FlowBytes) -> Option<Vec<u8>> {
+        let mut state = Vec::new();
+        self.replicated_state_into(flow, &mut state).map(|_| state)
+    }
+
+    fn replicated_state_into(&self, flow: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
+        let n = replicated::number_of(flow)?;
+        self.sessions.replicated_state_into(&n, out)
+    }
+
+    fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
+        replicated::number_of(flow).is_some_and(|n| self.install(n, state, now_ns))
     }
 }
 

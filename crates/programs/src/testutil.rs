@@ -167,6 +167,26 @@ pub fn shuffle<T>(items: &mut [T], seed: u64) {
 }
 
 /// The frames of a generated trace, each arriving on port 0.
+/// The replication stage's view of a frame arriving at `port`: the key of its flow, and
+/// its alias (`Program::replicated_key`, `Program::replicated_alias`).
+pub fn replicated_names(
+    program: &impl Program,
+    frame: &[u8],
+    port: PortId,
+) -> (
+    Option<stateplane_runtime::FlowBytes>,
+    Option<stateplane_runtime::FlowBytes>,
+) {
+    let mut b = Burst::with_capacity(1);
+    b.push(frame, frame.len() as u32, 1, port, 0);
+    b.parse(&hasher());
+    let (d, data) = (&b.descs()[0], b.data(0));
+    (
+        program.replicated_key(d, data),
+        program.replicated_alias(d, data),
+    )
+}
+
 pub fn generated(cfg: &stateplane_gen::GenConfig) -> Vec<(Vec<u8>, PortId)> {
     let mut frames = Vec::new();
     stateplane_gen::generate(

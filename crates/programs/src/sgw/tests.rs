@@ -256,3 +256,105 @@ fn bad_settings_name_the_field() {
         Some("program.sgw.core")
     );
 }
+
+/// Replicated, sessions move to a switch that saw none of their signaling: switch A takes
+/// the signaling of the `gtp` workload, switch B only its users' packets. Each of B's
+/// packets names its subscriber (uplink by TEID) or, downlink, only an address B knows
+/// nothing of: its alias, which A wrote with the session. Installed from what A would have
+/// written, B tunnels every packet as one switch that saw all the signaling first does,
+/// byte for byte. A session whose address another subscriber has here is refused.
+#[test]
+fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
+    use crate::testutil::replicated_names;
+    use std::collections::HashMap;
+    let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
+    cfg.ipv6_share = 0.0;
+    let (signaling, data): (Vec<_>, Vec<_>) = (crate::testutil::generated(&cfg).into_iter())
+        .partition(|(f, _)| {
+            let parsed = stateplane_wire::parse(f, 0, &hasher()).unwrap();
+            parsed.flags.has(ParseFlags::GTPC)
+        });
+    let (mut a, mut b, mut one) = (sgw(), sgw(), sgw());
+    assert!(a.replicate("sessions") && b.replicate("sessions"));
+    assert!(!sgw().replicate("by_ue"));
+    // The store, as A's writes leave it: each subscriber's last state, and its alias.
+    let mut flows = Vec::new();
+    for (frame, port) in &signaling {
+        let (flow, alias) = replicated_names(&a, frame, *port);
+        assert_eq!(alias, None);
+        flows.push(flow.expect("signaling names its subscriber"));
+        run_at(&mut a, 1, &[(frame.clone(), *port)], (0, 1), 2);
+        run_at(&mut one, 1, &[(frame.clone(), *port)], (0, 1), 2);
+    }
+    let mut store = HashMap::new();
+    let mut aliases = HashMap::new();
+    for flow in flows {
+        if let Some(state) = a.replicated_state(&flow) {
+            let alias = a.replicated_alias_of(&flow).unwrap();
+            assert_eq!(alias.tag(), flow.tag(), "one slot for both");
+            aliases.insert(alias, flow);
+            store.insert(flow, state);
+        }
+    }
+    assert!(store.len() > 100, "{} sessions", store.len());
+    let (mut by_alias, mut installed) = (0, 0);
+    for (frame, port) in &data {
+        let flow = match replicated_names(&b, frame, *port) {
+            (Some(flow), None) => Some(flow),
+            (None, Some(alias)) => {
+                by_alias += 1;
+                aliases.get(&alias).copied()
+            }
+            (None, None) => None,
+            both => panic!("a packet named twice: {both:?}"),
+        };
+        if let Some(flow) = flow
+            && b.replicated_state(&flow).is_none()
+            && let Some(state) = store.get(&flow)
+        {
+            assert!(b.install_replicated(&flow, Some(state), 1));
+            installed += 1;
+        }
+        let out = run_at(&mut b, 1, &[(frame.clone(), *port)], (0, 1), 2);
+        assert_eq!(
+            out,
+            run_at(&mut one, 1, &[(frame.clone(), *port)], (0, 1), 2)
+        );
+    }
+    assert!(
+        by_alias > 50 && installed == store.len(),
+        "{by_alias} {installed}"
+    );
+
+    // Withdrawn, a session takes its address entry with it; one whose address another
+    // subscriber has here is refused, nothing changed.
+    let (&flow, state) = store.iter().next().unwrap();
+    let alias = a.replicated_alias_of(&flow).unwrap();
+    assert!(b.install_replicated(&flow, None, 1));
+    let downlink = data.iter().find(|(f, p)| {
+        replicated_names(&a, f, *p) == (Some(flow), None)
+            && stateplane_wire::parse(f, 0, &hasher()).is_ok_and(|p| !p.flags.has(ParseFlags::GTPU))
+    });
+    if let Some((f, p)) = downlink {
+        assert_eq!(replicated_names(&b, f, *p), (None, Some(alias)));
+    }
+    let mut c = sgw();
+    assert!(c.replicate("sessions"));
+    let n = u32::from_be_bytes(flow.as_bytes()[4..8].try_into().unwrap());
+    let other = n + (1 << 15); // the same address: the pool holds 2^15
+    let create = signal(
+        gtpv2_type::CREATE_SESSION_REQUEST,
+        0,
+        Some(other),
+        [198, 18, 200, 1],
+        9,
+    );
+    run_at(&mut c, 1, &[(create, 0)], (0, 1), 2);
+    assert!(c.session(other).is_some());
+    assert!(!c.install_replicated(&flow, Some(state), 1));
+    assert_eq!((c.session(n), c.session(other).is_some()), (None, true));
+    assert!(
+        !c.install_replicated(&alias, Some(state), 1),
+        "an alias holds no state"
+    );
+}
