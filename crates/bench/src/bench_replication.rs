@@ -6,8 +6,10 @@
 //!
 //! The programs: `counter` (every packet writes its flow: replication's worst case, on the
 //! internet workload), `firewall` (its connections: written when a connection's state
-//! moves, read by the rest; on the datacenter workload's longer flows) and `kv` (its cache:
-//! PUTs write, GETs read) at two update ratios.
+//! moves, read by the rest; on the datacenter workload's longer flows), `nat` (its
+//! translations, on the same workload from the inside: written when a connection is
+//! made or closes), `sgw` (its sessions, on the gtp workload: signaling writes, users'
+//! packets read) and `kv` (its cache: PUTs write, GETs read) at two update ratios.
 //!
 //! The run checks its work before it prints: every replicated run forwards as many packets
 //! as the unreplicated one and drops none, and for `counter` Redis holds, summed over its
@@ -162,6 +164,8 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
     for (name, workload, get_share) in [
         ("counter", Workload::Internet, None),
         ("firewall", Workload::Datacenter, None),
+        ("nat", Workload::Datacenter, None),
+        ("sgw", Workload::Gtp, None),
         ("kv, 5% PUT", Workload::Kv, Some(0.95)),
         ("kv, 50% PUT", Workload::Kv, Some(0.5)),
     ] {
@@ -183,6 +187,20 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             "firewall" => (
                 "[program]\nname = \"firewall\"\n[program.firewall]\ninside = \"p0\"".to_owned(),
                 "connections",
+            ),
+            // Every packet comes from the inside: each direction of a connection is a
+            // connection of its own, translated on its way out.
+            "nat" => (
+                "[program]\nname = \"nat\"\n[program.nat]\ninside = \"p0\"\noutside = \"p1\"\n\
+                 external = \"198.18.255.100\""
+                    .to_owned(),
+                "translations",
+            ),
+            "sgw" => (
+                "[program]\nname = \"sgw\"\n[program.sgw]\naccess = \"p0\"\ncore = \"p1\"\n\
+                 address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\""
+                    .to_owned(),
+                "sessions",
             ),
             _ => (
                 format!(

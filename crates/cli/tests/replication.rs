@@ -661,7 +661,14 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
             .unwrap_or_else(|| panic!("no {program} {mode} row in {text}"));
         row.split(',').nth(6).unwrap().parse().unwrap()
     };
-    for program in ["counter", "firewall", "kv 5% PUT", "kv 50% PUT"] {
+    for program in [
+        "counter",
+        "firewall",
+        "nat",
+        "sgw",
+        "kv 5% PUT",
+        "kv 50% PUT",
+    ] {
         assert_eq!(writes(program, "unreplicated"), 0, "{text}");
         for mode in ["memory", "redis"] {
             let w = writes(program, mode);

@@ -581,6 +581,15 @@ struct ReplicationStage {
     /// Packets of the burst at hand named by an alias that the store resolved before
     /// they were held: admitted again once they are.
     resolved: Vec<(Token, Option<FlowBytes>)>,
+    /// Held packets named by an alias no flow has at the store, to be processed as of no
+    /// flow once every packet that came before them has been (one of those may make their
+    /// flow here: they are then admitted by it), each at the front of a burst, before any
+    /// other, so that what it sees is what the program held when its flow was last found
+    /// unknown here.
+    alone: VecDeque<Token>,
+    /// The alone packets that may go now: those that came before every packet held
+    /// unprocessed and every packet of the burst at hand (tokens below this).
+    alone_before: Token,
     /// Held packets whose outputs may leave (or that are dropped), in flow order.
     ready_out: VecDeque<Token>,
     /// The burst rebuilt with held packets in front ([`Burst::put_in_front`]), and
@@ -625,6 +634,8 @@ impl ReplicationStage {
             queues: FlowMap::default(),
             ready_in: VecDeque::new(),
             resolved: Vec::new(),
+            alone: VecDeque::new(),
+            alone_before: 0,
             ready_out: VecDeque::new(),
             spare: Burst::default(),
             front: Vec::new(),
@@ -783,6 +794,36 @@ impl ReplicationStage {
         }
     }
 
+    /// Packets to be processed as of no flow whose flow the program has come to know
+    /// since (made here by a packet processed meanwhile) are admitted by its key instead:
+    /// they must not see its state unaccounted for.
+    fn recheck_alone(&mut self, program: &mut dyn Running, ctx: &Context) {
+        if self.alone.is_empty() {
+            return;
+        }
+        let known: Vec<(Token, FlowBytes)> = (self.alone.iter())
+            .filter_map(|&t| {
+                let p = self.held.get(t)?;
+                Some((t, program.replicated_key(&p.desc, &p.data)?))
+            })
+            .collect();
+        if !known.is_empty() {
+            self.alone.retain(|t| !known.iter().any(|(k, _)| k == t));
+            for (token, flow) in known {
+                self.readmit(token, Some(flow), program);
+            }
+            self.pump(program, ctx);
+        }
+        // Those held unprocessed, and the burst's own (processed behind the front).
+        let held = &self.held;
+        let waiting = (held.tokens()).filter(|&t| {
+            held.get(t)
+                .is_some_and(|p| !p.meta.processed && !p.meta.alone)
+        });
+        let in_burst = self.slots.iter().flatten().map(|slot| slot.token);
+        self.alone_before = waiting.chain(in_burst).min().unwrap_or(Token::MAX);
+    }
+
     /// A held packet named by an alias, whose flow the store named (`flow`; `None`: no
     /// flow has the alias), is admitted again by its flow's key, behind the flow's packets
     /// held before it; with none, unless the program now knows its flow itself (made here
@@ -792,16 +833,18 @@ impl ReplicationStage {
         let Some(p) = self.held.get(token).filter(|p| !p.meta.processed) else {
             return;
         };
+        // Named by its alias while it was held (its flow's key, once admitted by it).
         let alias = p.meta.key;
         let Some(flow) = flow.or_else(|| program.replicated_key(&p.desc, &p.data)) else {
             if let Some(p) = self.held.get_mut(token) {
                 p.meta.alone = true;
             }
-            self.ready_in.push_back(token);
+            self.alone.push_back(token);
             return;
         };
         if let Some(p) = self.held.get_mut(token) {
             p.meta.key = flow;
+            p.meta.alone = false;
         }
         if let Some(q) = self.queues.get_mut(&alias) {
             q.inputs -= 1;
@@ -876,8 +919,9 @@ impl ReplicationStage {
         // One whose lease passed while it was held is not processed: dropped.
         let mut lapsed = Vec::new();
         let (held, replica) = (&self.held, &self.replica);
+        self.alone
+            .retain(|&t| held.get(t).is_some_and(|p| !p.meta.processed));
         self.ready_in.retain(|&t| match held.get(t) {
-            Some(p) if p.meta.alone => !p.meta.processed,
             Some(p) if !p.meta.processed => {
                 let holds = replica.holds(&p.meta.key, now);
                 if !holds {
@@ -890,14 +934,18 @@ impl ReplicationStage {
         for token in lapsed {
             self.drop_held(token);
         }
-        if self.ready_in.is_empty() {
+        if self.ready_in.is_empty() && !self.alone.iter().any(|&t| t < self.alone_before) {
             return;
         }
         if self.spare.capacity() != burst.capacity() {
             self.spare = Burst::with_capacity(burst.capacity());
         }
-        // With a history, one packet a flow a burst (its state after it is then known).
-        let mut chosen = Vec::with_capacity(self.ready_in.len());
+        // Packets of no flow first, before anything that could make their flow here; then,
+        // with a history, one packet a flow a burst (its state after it is then known).
+        let before = self.alone_before;
+        let mut chosen = Vec::with_capacity(self.alone.len() + self.ready_in.len());
+        chosen.extend(self.alone.iter().copied().filter(|&t| t < before));
+        let alone = chosen.len();
         let mut flows = HashSet::new();
         for &token in &self.ready_in {
             if let Some(p) = self.held.get(token)
@@ -912,6 +960,11 @@ impl ReplicationStage {
             .map(|p| (&p.desc, &p.data[..]));
         let put = burst.put_in_front(&mut self.spare, packets);
         chosen.truncate(put);
+        if alone > 0 {
+            let gone = &chosen[..put.min(alone)];
+            self.alone.retain(|t| !gone.contains(t));
+        }
+        let put = put.saturating_sub(alone);
         if self.history.is_none() {
             // Every ready packet was chosen, in order: the first `put` went.
             self.ready_in.drain(..put);
@@ -1088,7 +1141,8 @@ impl StateStage for ReplicationStage {
             }
             self.pump(program, ctx);
         }
-        // Held packets whose lease has come go in front.
+        // Held packets whose lease has come go in front, behind those of no flow.
+        self.recheck_alone(program, ctx);
         let mut front = std::mem::take(&mut self.front);
         self.put_ready_in_front(burst, &mut front);
         if !front.is_empty() {
@@ -1264,6 +1318,7 @@ impl StateStage for ReplicationStage {
         self.replica = Replica::new(self.replica.holder(), self.config);
         // Outputs already acknowledged still leave; every other held packet is dropped.
         self.ready_in.clear();
+        self.alone.clear();
         let leaving: HashSet<Token> = self.ready_out.iter().copied().collect();
         let tokens: Vec<Token> = (self.held.tokens())
             .filter(|t| !leaving.contains(t))
@@ -1288,14 +1343,16 @@ impl StateStage for ReplicationStage {
     }
 
     fn releasable(&self) -> bool {
-        !self.ready_in.is_empty() || !self.ready_out.is_empty()
+        !self.ready_in.is_empty()
+            || !self.ready_out.is_empty()
+            || self.alone.iter().any(|&t| t < self.alone_before)
     }
 
     /// Half the park bound waits for the store (leases, acknowledgements), so that
     /// another burst or two of new flows could overflow it; or [`BACKLOG`] do, a queue at
     /// the store long enough that requests reach it late for their leases.
     fn backlogged(&self) -> bool {
-        let ready = self.ready_in.len() + self.ready_out.len();
+        let ready = self.ready_in.len() + self.ready_out.len() + self.alone.len();
         let waiting = self.held.len().saturating_sub(ready);
         waiting >= self.config.park_limit.div_ceil(2).min(BACKLOG)
     }
@@ -1360,6 +1417,78 @@ mod tests {
         }
     }
 
+    /// A count per flow, opened and counted by packets from port 0 (the flow is the
+    /// packet's sequence number's tens); packets from port 1 only read it, and name their
+    /// flow by alias (the flow plus 1,000) where it has no count here. Each output shows
+    /// the count it saw (0: none).
+    #[derive(Default)]
+    struct Opened {
+        counts: FlowMap<FlowBytes, u64>,
+    }
+
+    fn opened_flow(d: &stateplane_runtime::PacketDesc) -> u16 {
+        (d.seq / 10) as u16
+    }
+
+    impl Program for Opened {
+        type Prepared = ();
+
+        fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+            for p in burst.iter_mut() {
+                let key = flow(opened_flow(p.desc));
+                let count = if p.desc.in_port == 0 {
+                    let c = self.counts.entry(key).or_default();
+                    *c += 1;
+                    *c
+                } else {
+                    self.counts.get(&key).copied().unwrap_or(0)
+                };
+                p.data[..8].copy_from_slice(&count.to_le_bytes());
+                p.desc.verdict = Verdict::Forward(0);
+            }
+        }
+
+        fn replicated_key(
+            &self,
+            d: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
+            let key = flow(opened_flow(d));
+            (d.in_port == 0 || self.counts.contains_key(&key)).then_some(key)
+        }
+
+        fn replicated_alias(
+            &self,
+            d: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
+            let f = opened_flow(d);
+            (d.in_port == 1 && !self.counts.contains_key(&flow(f))).then(|| flow(f + 1_000))
+        }
+
+        fn replicated_alias_of(&self, key: &FlowBytes) -> Option<FlowBytes> {
+            let f = u16::from_be_bytes(key.as_bytes().try_into().ok()?);
+            Some(flow(f + 1_000))
+        }
+
+        fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+            self.counts.get(key).map(|c| c.to_le_bytes().to_vec())
+        }
+
+        fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
+            match state.map(<[u8; 8]>::try_from) {
+                None => {
+                    self.counts.remove(key);
+                }
+                Some(Ok(bytes)) => {
+                    self.counts.insert(*key, u64::from_le_bytes(bytes));
+                }
+                Some(Err(_)) => return false,
+            }
+            true
+        }
+    }
+
     /// A memory store whose answers wait while the gate is shut.
     struct Gated {
         link: stateplane_stores::memory::MemoryLink<FlowBytes>,
@@ -1384,6 +1513,13 @@ mod tests {
     }
 
     fn worker(park_timeout_ns: u64) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
+        worker_of(Box::new(Tally::default()), park_timeout_ns)
+    }
+
+    fn worker_of(
+        program: Box<dyn Running>,
+        park_timeout_ns: u64,
+    ) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
         let store = MemoryStore::new(StoreConfig {
             min_lease_ns: 100_000_000,
             max_lease_ns: 60_000_000_000,
@@ -1410,14 +1546,8 @@ mod tests {
             Arc::clone(&counters),
             None,
         );
-        let worker = Worker::new(
-            Box::new(Tally::default()),
-            0,
-            1,
-            2,
-            FlowHasher::with_seed(7),
-        )
-        .with_state_stages(vec![Box::new(stage)]);
+        let worker = Worker::new(program, 0, 1, 2, FlowHasher::with_seed(7))
+            .with_state_stages(vec![Box::new(stage)]);
         (worker, open, counters)
     }
 
@@ -1490,6 +1620,57 @@ mod tests {
         assert_eq!(w.stats.get(Counter::TxPackets), 13);
         assert_eq!(counters.dropped.load(Ordering::Relaxed), 0);
         assert!(counters.held_most.load(Ordering::Relaxed) >= 6);
+    }
+
+    /// A packet named by an alias no flow has at the store waits for the packets that
+    /// came before it: one of them, held for its lease, opens its flow here, and the
+    /// packet is then admitted by that flow, behind it (never processed as of no flow
+    /// while the program has its flow: its count would leave with no write behind it).
+    /// One whose flow nothing opens is processed as of no flow, and sees none.
+    #[test]
+    fn a_packet_whose_alias_names_no_flow_waits_for_those_before_it_then_sees_no_state() {
+        let (mut w, open, counters) = worker_of(Box::new(Opened::default()), 60_000_000_000);
+        // Flow 1 opened (held for its lease), then a read by alias (held for the store).
+        let mut b = burst(&[(0, 10)]);
+        w.handle(&mut b);
+        let mut b = burst(&[(1, 11)]);
+        w.handle(&mut b);
+        assert!(b.is_empty());
+        assert_eq!(w.holding(), 2);
+        open.store(true, Ordering::Relaxed);
+        let mut left = Vec::new();
+        for _ in 0..3 {
+            let mut b = Burst::with_capacity(64);
+            w.handle(&mut b);
+            left.extend(out(&b));
+        }
+        assert_eq!(
+            left,
+            [(0, 10, 1), (1, 11, 1)],
+            "the read behind the opening"
+        );
+        let of_flows = || counters.processed.load(Ordering::Relaxed);
+        assert_eq!(of_flows(), 2, "both as packets of flow 1");
+        // A read of flow 2, which nothing opens: no state.
+        let mut b = burst(&[(1, 21)]);
+        w.handle(&mut b);
+        let mut b2 = Burst::with_capacity(64);
+        w.handle(&mut b2);
+        let left: Vec<_> = out(&b).into_iter().chain(out(&b2)).collect();
+        assert_eq!(left, [(1, 21, 0)]);
+        assert_eq!(of_flows(), 2, "the read of flow 2 as of no flow");
+        // Flow 3 opened and read in one burst, the store answering at once: the read,
+        // its alias unknown to the store, waits for the opening in its own burst.
+        let mut left = Vec::new();
+        let mut b = burst(&[(0, 30), (1, 31)]);
+        w.handle(&mut b);
+        left.extend(out(&b));
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        left.extend(out(&b));
+        assert_eq!(left, [(0, 30, 1), (1, 31, 1)]);
+        assert_eq!(of_flows(), 4);
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 0);
     }
 
     #[test]
