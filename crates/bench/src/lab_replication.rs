@@ -1,6 +1,7 @@
 //! Replicated state in the lab, on topologies/dual-firewall.toml (two switches behind
-//! `steer`, Redis on the controller), against the same switches unreplicated and
-//! stateless, in one run:
+//! `steer`, Redis on the controller; for latency topologies/dual-nat.toml, whose
+//! steering point chooses by the outside end, so that `nat` can be among the programs),
+//! against the same switches unreplicated and stateless, in one run:
 //!
 //! - `stateplane lab bench-failover`: how long a TCP connection stalls when the switch
 //!   carrying it dies;
@@ -40,6 +41,9 @@ pub struct FailoverBenchArgs {
 }
 
 const TOPOLOGY: &str = include_str!("../../../topologies/dual-firewall.toml");
+/// The latency bench's lab: the same, with a steering point that keeps a NAT's two
+/// directions on one switch, and h2 knowing the NAT's external address.
+const NAT_TOPOLOGY: &str = include_str!("../../../topologies/dual-nat.toml");
 const LAB: &str = "failover";
 
 /// h2's side: takes one connection, reads it to its end (giving up after argv[1] seconds
@@ -77,6 +81,7 @@ enum Program {
     Forward,
     Firewall,
     Counter,
+    Nat,
 }
 
 /// What the parallel switches run in a trial: a program, its state replicated with a
@@ -98,6 +103,7 @@ impl Setting {
             Program::Forward => "forward",
             Program::Firewall => "firewall",
             Program::Counter => "counter",
+            Program::Nat => "nat",
         }
     }
 
@@ -133,7 +139,20 @@ impl Setting {
                 s.program = table("name = \"forward\"");
                 "none"
             }
-            Program::Firewall => "connections",
+            Program::Firewall => {
+                s.program = table("name = \"firewall\"\n[firewall]\ninside = \"p0\"");
+                "connections"
+            }
+            // Each with a pool of its own, as switches sharing a store must.
+            Program::Nat => {
+                let first = 20_000 + 20_000 * index;
+                s.program = table(&format!(
+                    "name = \"nat\"\n[nat]\ninside = \"p0\"\noutside = \"p1\"\n\
+                     external = \"198.18.0.100\"\nports = \"{first}-{}\"",
+                    first + 19_999
+                ));
+                "translations"
+            }
             Program::Counter => {
                 s.program =
                     table("name = \"counter\"\n[counter]\nmap = { p0 = \"p1\", p1 = \"p0\" }");
@@ -174,17 +193,26 @@ pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
     };
     let mut settings = vec![Setting::FORWARD, firewall(None)];
     settings.extend(a.leases.iter().map(|&lease| firewall(Some(lease))));
-    let trials = in_lab(|t, exe| run_rounds(t, &a, exe, &settings))?;
+    let trials = in_lab(TOPOLOGY, |t, exe| run_rounds(t, &a, exe, &settings))?;
     report(&a, &settings, &trials)
 }
 
-/// Runs `work` on a lab of its own made from topologies/dual-firewall.toml, removed after
-/// it whatever `work` returns.
-fn in_lab<T>(work: impl FnOnce(&Topology, &Path) -> BenchResult<T>) -> BenchResult<T> {
+/// Runs `work` on a lab of its own made from `topology` (one of the dual topologies),
+/// removed after it whatever `work` returns.
+fn in_lab<T>(
+    topology: &str,
+    work: impl FnOnce(&Topology, &Path) -> BenchResult<T>,
+) -> BenchResult<T> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let scratch = crate::Scratch::new("failover")?;
     let file = scratch.path().join("failover.toml");
-    let text = TOPOLOGY.replacen("name = \"dualfw\"", &format!("name = \"{LAB}\""), 1);
+    let text = (topology.lines())
+        .map(|l| match l.starts_with("name = \"dual") {
+            true => format!("name = \"{LAB}\""),
+            false => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
     std::fs::write(&file, text).map_err(|e| e.to_string())?;
     let t = Topology::load(&file)?;
     let _ = stateplane_lab::down(&t.name);
@@ -449,12 +477,12 @@ pub fn main_latency(a: LatencyBenchArgs) -> BenchResult<()> {
         return Err("--pings must be 10 to 100000 and --repeat 1 to 50".into());
     }
     let mut settings = vec![Setting::FORWARD];
-    for program in [Program::Firewall, Program::Counter] {
+    for program in [Program::Firewall, Program::Nat, Program::Counter] {
         for lease_ms in [None, Some(a.lease)] {
             settings.push(Setting { program, lease_ms });
         }
     }
-    let rtts = in_lab(|t, exe| {
+    let rtts = in_lab(NAT_TOPOLOGY, |t, exe| {
         let mut rtts = vec![Vec::new(); settings.len()];
         for round in 0..a.repeat {
             for (i, &setting) in settings.iter().enumerate() {
@@ -503,8 +531,9 @@ fn report_latency(
     rtts: &[Vec<f64>],
 ) -> BenchResult<()> {
     let input = format!(
-        "topologies/dual-firewall.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET; \
-         Redis on the controller, lease {} ms); ping -c {} -i 0.01 from h1 to h2, {} rounds pooled",
+        "topologies/dual-nat.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET, the \
+         steering point choosing by h2's end; Redis on the controller, lease {} ms); \
+         ping -c {} -i 0.01 from h1 to h2, {} rounds pooled",
         a.lease, a.pings, a.repeat
     );
     let quantile = |v: &[f64], q: f64| {

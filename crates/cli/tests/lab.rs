@@ -667,6 +667,8 @@ fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
         "forward",
         "firewall-unreplicated",
         "firewall-replicated",
+        "nat-unreplicated",
+        "nat-replicated",
         "counter-unreplicated",
         "counter-replicated",
     ] {
