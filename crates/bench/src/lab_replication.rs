@@ -1,7 +1,7 @@
-//! Replicated state in the lab, on topologies/dual-firewall.toml (two switches behind
-//! `steer`, Redis on the controller; for latency topologies/dual-nat.toml, whose
-//! steering point chooses by the outside end, so that `nat` can be among the programs),
-//! against the same switches unreplicated and stateless, in one run:
+//! Replicated state in the lab, on topologies/dual-nat.toml (two switches behind `steer`,
+//! Redis on the controller; the steering point chooses a path by the outside end, so that
+//! `nat` can be among the programs, each setting's program put on both switches), against
+//! the same switches unreplicated and stateless, in one run:
 //!
 //! - `stateplane lab bench-failover`: how long a TCP connection stalls when the switch
 //!   carrying it dies;
@@ -11,8 +11,8 @@
 //! switch carrying it (SIGKILL) halfway, and measures at h2 the longest time between two
 //! arrivals: the recovery time. A trial counts only if every byte arrived, in order,
 //! unchanged (the two ends' SHA-256 agree). Compared in the same run: `forward`, the same
-//! failover with stateless switches (what steering alone costs), and `firewall`
-//! unreplicated, whose connection cannot survive.
+//! failover with stateless switches (what steering alone costs), and `firewall` and `nat`
+//! unreplicated, whose connections cannot survive.
 
 use crate::BenchResult;
 use crate::lab_bench::{rx_packets, sh};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct FailoverBenchArgs {
-    /// Lease periods of the replicated firewalls to measure, in ms (100 to 60000).
+    /// Lease periods of the replicated firewalls and NATs to measure, in ms (100 to 60000).
     #[arg(long, value_delimiter = ',', default_value = "100,200,500,1000")]
     pub leases: Vec<u64>,
     /// Rounds (every setting in turn each round); medians are reported.
@@ -40,10 +40,9 @@ pub struct FailoverBenchArgs {
     pub json: bool,
 }
 
-const TOPOLOGY: &str = include_str!("../../../topologies/dual-firewall.toml");
-/// The latency bench's lab: the same, with a steering point that keeps a NAT's two
-/// directions on one switch, and h2 knowing the NAT's external address.
-const NAT_TOPOLOGY: &str = include_str!("../../../topologies/dual-nat.toml");
+/// The lab: two parallel switches behind a steering point that keeps a NAT's two
+/// directions on one switch, h2 knowing the NAT's external address.
+const TOPOLOGY: &str = include_str!("../../../topologies/dual-nat.toml");
 const LAB: &str = "failover";
 
 /// h2's side: takes one connection, reads it to its end (giving up after argv[1] seconds
@@ -187,12 +186,17 @@ pub fn main(a: FailoverBenchArgs) -> BenchResult<()> {
     if !(1.0..=60.0).contains(&a.seconds) || a.repeat == 0 || a.repeat > 50 {
         return Err("--seconds must be 1 to 60 and --repeat 1 to 50".into());
     }
-    let firewall = |lease_ms| Setting {
-        program: Program::Firewall,
-        lease_ms,
-    };
-    let mut settings = vec![Setting::FORWARD, firewall(None)];
-    settings.extend(a.leases.iter().map(|&lease| firewall(Some(lease))));
+    let mut settings = vec![Setting::FORWARD];
+    for program in [Program::Firewall, Program::Nat] {
+        settings.push(Setting {
+            program,
+            lease_ms: None,
+        });
+        settings.extend(a.leases.iter().map(|&lease| Setting {
+            program,
+            lease_ms: Some(lease),
+        }));
+    }
     let trials = in_lab(TOPOLOGY, |t, exe| run_rounds(t, &a, exe, &settings))?;
     report(&a, &settings, &trials)
 }
@@ -351,8 +355,9 @@ fn median_recovery(trials: &[Trial]) -> Option<f64> {
 
 fn report(a: &FailoverBenchArgs, settings: &[Setting], trials: &[Vec<Trial>]) -> BenchResult<()> {
     let input = format!(
-        "topologies/dual-firewall.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET; \
-         steer probes every 20 ms, a path dead after 150 ms; Redis on the controller); one TCP \
+        "topologies/dual-nat.toml (h1 - steer - s1|s2 - steer - h2 over veth, AF_PACKET; \
+         steer chooses by h2's end, probes every 20 ms, a path dead after 150 ms; Redis on the \
+         controller); one TCP \
          stream of 1,400 bytes every 2 ms for {} s, its switch killed (SIGKILL) halfway; \
          recovery = longest gap between arrivals at h2; {} rounds",
         a.seconds, a.repeat
@@ -482,7 +487,7 @@ pub fn main_latency(a: LatencyBenchArgs) -> BenchResult<()> {
             settings.push(Setting { program, lease_ms });
         }
     }
-    let rtts = in_lab(NAT_TOPOLOGY, |t, exe| {
+    let rtts = in_lab(TOPOLOGY, |t, exe| {
         let mut rtts = vec![Vec::new(); settings.len()];
         for round in 0..a.repeat {
             for (i, &setting) in settings.iter().enumerate() {

@@ -21,11 +21,12 @@ enum Action {
     /// Benchmark live ports on a line lab of its own: Linux bridge vs AF_PACKET vs AF_XDP.
     Bench(stateplane_bench::lab_bench::LabBenchArgs),
     /// Measure how long a TCP connection stalls when the switch carrying it dies, on a lab
-    /// of its own (topologies/dual-firewall.toml): replicated firewalls at several leases,
-    /// unreplicated, and stateless forward.
+    /// of its own (topologies/dual-nat.toml): replicated firewalls and NATs at several
+    /// leases, unreplicated, and stateless forward.
     BenchFailover(stateplane_bench::lab_replication::FailoverBenchArgs),
     /// Measure what replicated state adds to a packet's round trip (ping), on a lab of its
-    /// own (topologies/dual-firewall.toml): firewall and counter, unreplicated and replicated.
+    /// own (topologies/dual-nat.toml): firewall, nat and counter, unreplicated and
+    /// replicated.
     BenchLatency(stateplane_bench::lab_replication::LatencyBenchArgs),
     /// Run a command in a node's namespace, e.g. `lab exec line.toml h1 ping 198.18.0.2`.
     Exec {

@@ -607,7 +607,7 @@ fn a_tcp_connection_survives_the_death_of_its_nat_when_its_translation_is_replic
 
 /// `lab bench-failover` measures each setting on a lab of its own and removes it: the
 /// stateless and the replicated switches' streams arrive whole after the kill, the
-/// unreplicated firewall's cannot; bad flags are refused by name. `lab bench-latency`
+/// unreplicated firewall's and NAT's cannot; bad flags are refused by name. `lab bench-latency`
 /// times every echo through each setting.
 #[test]
 fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
@@ -633,8 +633,10 @@ fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
         row.ends_with(",true")
     };
     assert!(delivered("forward"), "{rows}");
-    assert!(delivered("firewall-replicated"), "{rows}");
-    assert!(!delivered("firewall-unreplicated"), "{rows}");
+    for program in ["firewall", "nat"] {
+        assert!(delivered(&format!("{program}-replicated")), "{rows}");
+        assert!(!delivered(&format!("{program}-unreplicated")), "{rows}");
+    }
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     assert!(
         !text(&ns).contains("sp-failover-"),
