@@ -449,7 +449,45 @@ fn dual_switches(topology: &str, name: &str, replicated: bool) -> Lab {
     })
 }
 
-/// The lease of the failover tests' replicated firewalls.
+/// A transfer through `lab`'s replicated `program` survives the death of the switch
+/// carrying it: iperf3 completes, moving data in its last second, and the survivor took
+/// the connection's state from the store.
+fn survived_the_death_of_its_switch(lab: &Lab, program: &str) {
+    let (out, killed, survivor) = transfer_killing_its_switch(lab);
+    assert!(
+        out.status.success(),
+        "the transfer survived {killed}'s death:\n{}\n{survivor}'s log:\n{}",
+        text(&out),
+        std::fs::read_to_string(lab_file(lab, &format!("{survivor}.log"))).unwrap_or_default()
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("error").is_none(), "{report}");
+    let bytes: Vec<u64> = (report["intervals"].as_array().unwrap().iter())
+        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        bytes[bytes.len().saturating_sub(10)..]
+            .iter()
+            .all(|&b| b > 0),
+        "the connection moves data at the end: {bytes:?}"
+    );
+    eprintln!(
+        "{program} failover with a {FAILOVER_LEASE_MS} ms lease: {} ms without data ({killed} killed)",
+        bytes.iter().filter(|&&b| b == 0).count() * 100
+    );
+    let metrics = metric_lines(lab, &survivor);
+    let migrated: u64 = (metrics.lines())
+        .find_map(|l| l.strip_prefix("stateplane_replication_migrated_total "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(
+        migrated >= 1,
+        "the survivor took the connection from the store: {metrics}"
+    );
+}
+
+/// The lease of the failover tests' replicated switches.
 const FAILOVER_LEASE_MS: u64 = 200;
 
 /// iperf3 for six seconds over one connection through the dual firewall lab, giving up on
@@ -484,39 +522,7 @@ fn transfer_killing_its_switch(lab: &Lab) -> (Output, String, String) {
 fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replicated() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = dual_firewall("tfwrep", true);
-    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
-    assert!(
-        out.status.success(),
-        "the transfer survived {killed}'s death:\n{}\n{survivor}'s log:\n{}",
-        text(&out),
-        std::fs::read_to_string(lab_file(&lab, &format!("{survivor}.log"))).unwrap_or_default()
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(report.get("error").is_none(), "{report}");
-    let intervals = report["intervals"].as_array().unwrap();
-    let bytes: Vec<u64> = (intervals.iter())
-        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
-        .collect();
-    let last_second = &bytes[bytes.len().saturating_sub(10)..];
-    assert!(
-        last_second.iter().all(|&b| b > 0),
-        "the connection moves data at the end: {bytes:?}"
-    );
-    let stalled = bytes.iter().filter(|&&b| b == 0).count();
-    eprintln!(
-        "failover with a {FAILOVER_LEASE_MS} ms lease: {} ms without data ({killed} killed)",
-        stalled * 100
-    );
-    let metrics = metric_lines(&lab, &survivor);
-    let migrated: u64 = (metrics.lines())
-        .find_map(|l| l.strip_prefix("stateplane_replication_migrated_total "))
-        .unwrap_or_else(|| panic!("{metrics}"))
-        .parse()
-        .unwrap();
-    assert!(
-        migrated >= 1,
-        "the survivor took the connection from the store: {metrics}"
-    );
+    survived_the_death_of_its_switch(&lab, "firewall");
     drop(lab);
 
     let lab = dual_firewall("tfwplain", false);
@@ -549,43 +555,7 @@ fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replica
 fn a_tcp_connection_survives_the_death_of_its_nat_when_its_translation_is_replicated() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = dual_switches("dual-nat.toml", "tnatrep", true);
-    let (out, killed, survivor) = transfer_killing_its_switch(&lab);
-    let log = |node: &str| {
-        std::fs::read_to_string(lab_file(&lab, &format!("{node}.log"))).unwrap_or_default()
-    };
-    assert!(
-        out.status.success(),
-        "the transfer survived {killed}'s death:\n{}\n{survivor}'s log:\n{}",
-        text(&out),
-        log(&survivor)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(report.get("error").is_none(), "{report}");
-    let bytes: Vec<u64> = (report["intervals"].as_array().unwrap().iter())
-        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
-        .collect();
-    assert!(
-        bytes[bytes.len().saturating_sub(10)..]
-            .iter()
-            .all(|&b| b > 0),
-        "the connection moves data at the end: {bytes:?}"
-    );
-    eprintln!(
-        "nat failover with a {FAILOVER_LEASE_MS} ms lease: {} ms without data ({killed} killed)",
-        bytes.iter().filter(|&&b| b == 0).count() * 100
-    );
-    let metrics = metric_lines(&lab, &survivor);
-    let counter = |name: &str| -> u64 {
-        (metrics.lines())
-            .find_map(|l| l.strip_prefix(&format!("stateplane_replication_{name}_total ")))
-            .unwrap_or_else(|| panic!("{metrics}"))
-            .parse()
-            .unwrap()
-    };
-    assert!(
-        counter("migrated") >= 1,
-        "the survivor took the translation over: {metrics}"
-    );
+    survived_the_death_of_its_switch(&lab, "nat");
     drop(lab);
 
     let lab = dual_switches("dual-nat.toml", "tnatplain", false);

@@ -1379,6 +1379,28 @@ mod tests {
         FlowBytes::new(&port.to_be_bytes()).unwrap()
     }
 
+    /// A flow's count as its replicated state: eight bytes.
+    fn count_state(counts: &FlowMap<FlowBytes, u64>, key: &FlowBytes) -> Option<Vec<u8>> {
+        counts.get(key).map(|c| c.to_le_bytes().to_vec())
+    }
+
+    fn install_count(
+        counts: &mut FlowMap<FlowBytes, u64>,
+        key: &FlowBytes,
+        state: Option<&[u8]>,
+    ) -> bool {
+        match state.map(<[u8; 8]>::try_from) {
+            None => {
+                counts.remove(key);
+            }
+            Some(Ok(bytes)) => {
+                counts.insert(*key, u64::from_le_bytes(bytes));
+            }
+            Some(Err(_)) => return false,
+        }
+        true
+    }
+
     impl Program for Tally {
         type Prepared = ();
 
@@ -1400,20 +1422,11 @@ mod tests {
         }
 
         fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
-            self.counts.get(key).map(|c| c.to_le_bytes().to_vec())
+            count_state(&self.counts, key)
         }
 
         fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
-            match state.map(<[u8; 8]>::try_from) {
-                None => {
-                    self.counts.remove(key);
-                }
-                Some(Ok(bytes)) => {
-                    self.counts.insert(*key, u64::from_le_bytes(bytes));
-                }
-                Some(Err(_)) => return false,
-            }
-            true
+            install_count(&mut self.counts, key, state)
         }
     }
 
@@ -1472,20 +1485,11 @@ mod tests {
         }
 
         fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
-            self.counts.get(key).map(|c| c.to_le_bytes().to_vec())
+            count_state(&self.counts, key)
         }
 
         fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
-            match state.map(<[u8; 8]>::try_from) {
-                None => {
-                    self.counts.remove(key);
-                }
-                Some(Ok(bytes)) => {
-                    self.counts.insert(*key, u64::from_le_bytes(bytes));
-                }
-                Some(Err(_)) => return false,
-            }
-            true
+            install_count(&mut self.counts, key, state)
         }
     }
 
