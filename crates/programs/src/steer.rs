@@ -322,6 +322,18 @@ mod tests {
         }
     }
 
+    /// Frames from h1 (198.18.0.1, left) to h2 (198.18.0.2, right).
+    fn h1_to_h2() -> stateplane_gen::build::Hosts {
+        stateplane_gen::build::Hosts {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            vlan: 0,
+            src: "198.18.0.1".parse().unwrap(),
+            dst: "198.18.0.2".parse().unwrap(),
+            ttl: 64,
+        }
+    }
+
     /// A virtual clock drives probes and their answers: both paths live, then path 0
     /// stops answering and every flow on it moves to path 1, while flows already on path
     /// 1 stay; when path 0 answers again, its flows come back.
@@ -384,14 +396,7 @@ mod tests {
         let mut s = steer();
         let mut burst = Burst::with_capacity(256);
         for i in 0..100u16 {
-            let a = Hosts {
-                src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-                dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-                vlan: 0,
-                src: "198.18.0.1".parse().unwrap(),
-                dst: "198.18.0.2".parse().unwrap(),
-                ttl: 64,
-            };
+            let a = h1_to_h2();
             let b = Hosts {
                 src_mac: a.dst_mac,
                 dst_mac: a.src_mac,
@@ -447,14 +452,7 @@ mod tests {
         use stateplane_gen::build::{Hosts, L4, emit_frame};
         let (mut by_outside, mut by_connection) = (steer_by("by = \"outside\""), steer());
         let mut frames = Vec::new();
-        let inside = Hosts {
-            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan: 0,
-            src: "198.18.0.1".parse().unwrap(),
-            dst: "198.18.0.2".parse().unwrap(),
-            ttl: 64,
-        };
+        let inside = h1_to_h2();
         let answer = Hosts {
             src: inside.dst,
             dst: "198.18.0.100".parse().unwrap(),
