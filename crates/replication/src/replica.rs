@@ -326,6 +326,8 @@ pub struct Replica<K, V> {
     /// The aliases of the flows known here (each flow's `alias`), so that a packet named
     /// by one is admitted by its flow's key without asking the store again.
     aliases: crate::FlowMap<K, K>,
+    /// Packets held while their alias is asked of the store (counted in `parked` too).
+    parked_by_alias: usize,
     /// Flows with something to send at the next [`Replica::poll_transmit`].
     sendable: Vec<K>,
     timers: BinaryHeap<Reverse<(u64, K)>>,
@@ -383,6 +385,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             resolving: crate::FlowMap::default(),
             to_resolve: Vec::new(),
             aliases: crate::FlowMap::default(),
+            parked_by_alias: 0,
             sendable: Vec::new(),
             timers: BinaryHeap::new(),
             outbox: Vec::new(),
@@ -436,8 +439,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
     /// A packet arrived that names its flow only by `alias` (this side knows no flow by
     /// it): held while the store is asked which flow that is; [`Event::Resolved`] names
     /// it then, or [`Event::Drop`] if the store does not answer within the park timeout.
+    ///
+    /// Packets so named hold at most a quarter of the park bound: packets to an address
+    /// no flow has (a flood of spoofed answers) are dropped past it, and never crowd out
+    /// the packets of flows known here.
     pub fn admit_alias(&mut self, now_ns: u64, alias: K, token: Token) -> Admit {
-        if self.parked >= self.config.park_limit {
+        let by_alias = self.parked_by_alias;
+        if self.parked >= self.config.park_limit || by_alias >= self.config.park_limit / 4 {
             self.counters.dropped_park_full += 1;
             return Admit::Dropped(DropReason::ParkFull);
         }
@@ -454,6 +462,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         });
         resolving.parked.push_back((token, now_ns));
         self.parked += 1;
+        self.parked_by_alias += 1;
         self.counters.parked_now = self.parked as u64;
         self.counters.parked_peak = self.counters.parked_peak.max(self.parked as u64);
         Admit::Parked
@@ -756,6 +765,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             self.arm(key, now_ns);
         }
         self.parked -= r.parked.len();
+        self.parked_by_alias -= r.parked.len();
         self.counters.parked_now = self.parked as u64;
         for (token, _) in r.parked {
             self.events
@@ -914,6 +924,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             }
             r.parked.pop_front();
             self.parked -= 1;
+            self.parked_by_alias -= 1;
             self.counters.dropped_timed_out += 1;
             self.events.push_back(Event::Drop {
                 token,
@@ -1238,7 +1249,11 @@ mod tests {
         ));
         // Another switch knows neither: packets by the alias (one ask for both) and by an
         // alias nobody wrote.
-        let mut b = Replica::new(Holder { switch: 2, ..A }, config());
+        let roomy = ReplicaConfig {
+            park_limit: 16,
+            ..config()
+        };
+        let mut b = Replica::new(Holder { switch: 2, ..A }, roomy);
         assert_eq!(b.admit_alias(MS, 1007, 10), Admit::Parked);
         assert_eq!(b.admit_alias(MS, 1007, 11), Admit::Parked);
         assert_eq!(b.admit_alias(MS, 2000, 12), Admit::Parked);
@@ -1356,16 +1371,46 @@ mod tests {
     }
 
     #[test]
-    fn past_the_park_limit_a_packet_known_by_an_alias_is_dropped() {
-        let mut r: Replica<u32, u64> = Replica::new(A, config());
-        for token in 0..4 {
+    fn packets_known_by_an_alias_hold_a_quarter_of_the_park_at_most() {
+        let mut r: Replica<u32, u64> = Replica::new(
+            A,
+            ReplicaConfig {
+                park_limit: 8,
+                ..config()
+            },
+        );
+        // A flood of packets to aliases no flow has: two held, the rest dropped.
+        for token in 0..2 {
             assert_eq!(r.admit_alias(0, 1000 + token as u32, token), Admit::Parked);
         }
-        assert_eq!(
-            r.admit_alias(0, 1007, 9),
-            Admit::Dropped(DropReason::ParkFull)
-        );
-        assert_eq!(r.admit(0, 7, 10), Admit::Dropped(DropReason::ParkFull));
+        for token in 2..10 {
+            assert_eq!(
+                r.admit_alias(0, 1000 + token as u32, token),
+                Admit::Dropped(DropReason::ParkFull)
+            );
+        }
+        // The packets of flows known here still have their room.
+        for token in 10..16 {
+            assert_eq!(r.admit(0, 7, token), Admit::Parked);
+        }
+        assert_eq!(r.admit(0, 7, 16), Admit::Dropped(DropReason::ParkFull));
+        // Answered, the alias packets leave the park and make room for others.
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        for q in out {
+            if let Request::Resolve { alias, nonce } = q {
+                r.handle_reply(
+                    0,
+                    Reply::Resolved {
+                        alias,
+                        flow: None,
+                        nonce,
+                    },
+                );
+            }
+        }
+        assert_eq!(events(&mut r).len(), 2);
+        assert_eq!(r.admit_alias(0, 2000, 17), Admit::Parked);
     }
 
     #[test]
