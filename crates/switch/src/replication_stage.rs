@@ -683,17 +683,23 @@ impl ReplicationStage {
     /// Takes a held packet out (to go back into a burst).
     fn unhold(&mut self, token: Token) -> Option<HeldPacket<Hold>> {
         let packet = self.held.take(token)?;
-        if let Some(q) = self.queues.get_mut(&packet.meta.key) {
-            if packet.meta.processed {
+        self.unqueue(&packet.meta.key, packet.meta.processed);
+        Some(packet)
+    }
+
+    /// A held packet of flow `key` (an output if `processed`, else an input) no longer
+    /// counts among the flow's.
+    fn unqueue(&mut self, key: &FlowBytes, processed: bool) {
+        if let Some(q) = self.queues.get_mut(key) {
+            if processed {
                 q.outputs -= 1;
             } else {
                 q.inputs -= 1;
             }
             if q.inputs == 0 && q.outputs == 0 {
-                self.queues.remove(&packet.meta.key);
+                self.queues.remove(key);
             }
         }
-        Some(packet)
     }
 
     /// A held packet is dropped: it leaves with the next burst as a drop (counted there),
@@ -745,6 +751,10 @@ impl ReplicationStage {
                         self.counters
                             .install_refused
                             .fetch_add(1, Ordering::Relaxed);
+                    } else if let Some(alias) = program.replicated_alias_of(&key) {
+                        // Its renewals keep the alias alive at the store with it, though
+                        // this worker may only read the flow.
+                        self.replica.name_alias(key, alias);
                     }
                 }
                 Event::Forget { key } => {
@@ -846,12 +856,7 @@ impl ReplicationStage {
             p.meta.key = flow;
             p.meta.alone = false;
         }
-        if let Some(q) = self.queues.get_mut(&alias) {
-            q.inputs -= 1;
-            if q.inputs == 0 && q.outputs == 0 {
-                self.queues.remove(&alias);
-            }
-        }
+        self.unqueue(&alias, false);
         self.queues.entry(flow).or_default().inputs += 1;
         match self.replica.admit(now, flow, token) {
             Admit::Process => self.ready_in.push_back(token),
@@ -1432,8 +1437,8 @@ mod tests {
 
     /// A count per flow, opened and counted by packets from port 0 (the flow is the
     /// packet's sequence number's tens); packets from port 1 only read it, and name their
-    /// flow by alias (the flow plus 1,000) where it has no count here. Each output shows
-    /// the count it saw (0: none).
+    /// flow by alias (the flow plus 1,000) where it has no count here; packets from port 2
+    /// read it by its key. Each output shows the count it saw (0: none).
     #[derive(Default)]
     struct Opened {
         counts: FlowMap<FlowBytes, u64>,
@@ -1467,7 +1472,7 @@ mod tests {
             _: &[u8],
         ) -> Option<FlowBytes> {
             let key = flow(opened_flow(d));
-            (d.in_port == 0 || self.counts.contains_key(&key)).then_some(key)
+            (d.in_port != 1 || self.counts.contains_key(&key)).then_some(key)
         }
 
         fn replicated_alias(
@@ -1497,10 +1502,17 @@ mod tests {
     struct Gated {
         link: stateplane_stores::memory::MemoryLink<FlowBytes>,
         open: Arc<AtomicBool>,
+        /// Every request sent, for the tests to read.
+        sent: Sent,
     }
+
+    type Sent = Arc<Mutex<Vec<Request<FlowBytes, Value>>>>;
 
     impl StoreLink<FlowBytes> for Gated {
         fn send(&mut self, holder: Holder, requests: &mut Vec<Request<FlowBytes, Value>>) {
+            if let Ok(mut sent) = self.sent.lock() {
+                sent.extend(requests.iter().cloned());
+            }
             self.link.send(holder, requests);
         }
         fn receive(&mut self, out: &mut Vec<Reply<FlowBytes, Value>>) {
@@ -1529,14 +1541,27 @@ mod tests {
             max_lease_ns: 60_000_000_000,
             fencing: true,
         });
-        let open = Arc::new(AtomicBool::new(false));
-        let link = Gated {
-            link: store.link(),
-            open: Arc::clone(&open),
-        };
         let config = ReplicaConfig {
             park_timeout_ns,
             ..ReplicaConfig::default()
+        };
+        let (worker, open, counters, _) = worker_on(program, &store, config);
+        (worker, open, counters)
+    }
+
+    /// A worker running `program` on `store` (its answers gated), and the requests it
+    /// sends.
+    fn worker_on(
+        program: Box<dyn Running>,
+        store: &MemoryStore<FlowBytes>,
+        config: ReplicaConfig,
+    ) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>, Sent) {
+        let open = Arc::new(AtomicBool::new(false));
+        let sent = Sent::default();
+        let link = Gated {
+            link: store.link(),
+            open: Arc::clone(&open),
+            sent: Arc::clone(&sent),
         };
         let holder = Holder {
             switch: 1 << 8,
@@ -1550,9 +1575,9 @@ mod tests {
             Arc::clone(&counters),
             None,
         );
-        let worker = Worker::new(program, 0, 1, 2, FlowHasher::with_seed(7))
+        let worker = Worker::new(program, 0, 1, 3, FlowHasher::with_seed(7))
             .with_state_stages(vec![Box::new(stage)]);
-        (worker, open, counters)
+        (worker, open, counters, sent)
     }
 
     /// A burst of packets (input port, sequence number), each 64 bytes.
@@ -1675,6 +1700,82 @@ mod tests {
         assert_eq!(left, [(0, 30, 1), (1, 31, 1)]);
         assert_eq!(of_flows(), 4);
         assert_eq!(counters.dropped.load(Ordering::Relaxed), 0);
+    }
+
+    /// A flow taken over from the store with its state names its alias at once, not at
+    /// its next write: a switch that only reads it renews the alias with it (else the
+    /// alias would expire at the store while the flow lives on, and its answers at a third
+    /// switch would find nothing).
+    #[test]
+    fn a_flow_taken_over_renews_its_alias_though_it_only_reads() {
+        const MS: u64 = 1_000_000;
+        let store = MemoryStore::new(StoreConfig {
+            min_lease_ns: MS,
+            ..StoreConfig::default()
+        });
+        // Another switch wrote flow 1 (count 5) with its alias, and its lease passed.
+        let (key, alias) = (flow(1), flow(1_001));
+        let mut theirs = store.link();
+        let them = Holder {
+            switch: 9,
+            incarnation: 1,
+        };
+        let mut replies = Vec::new();
+        theirs.send(
+            them,
+            &mut vec![Request::Acquire {
+                key,
+                lease_ns: MS,
+                nonce: 1,
+            }],
+        );
+        theirs.send(
+            them,
+            &mut vec![Request::Write {
+                key,
+                epoch: 1,
+                seq: 1,
+                value: 5u64.to_le_bytes().to_vec(),
+                lease_ns: MS,
+                keep_ns: stateplane_replication::protocol::KEEP_FOREVER,
+                alias: Some(alias),
+            }],
+        );
+        theirs.receive(&mut replies);
+        assert!(matches!(
+            replies[..],
+            [Reply::Granted { .. }, Reply::Written { .. }]
+        ));
+        std::thread::sleep(Duration::from_millis(5));
+        let config = ReplicaConfig {
+            lease_ns: 100 * MS,
+            ..ReplicaConfig::default()
+        };
+        let (mut w, open, _, sent) = worker_on(Box::new(Opened::default()), &store, config);
+        open.store(true, Ordering::Relaxed);
+        // Reads by key, one every 10 ms: the lease is renewed halfway, with the alias.
+        let mut left = Vec::new();
+        let renewed_with_alias = |sent: &Sent| {
+            (sent.lock().unwrap().iter())
+                .any(|q| matches!(q, Request::Renew { key: k, alias: Some(a), .. } if *k == key && *a == alias))
+        };
+        let start = Instant::now();
+        while !renewed_with_alias(&sent) {
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{:?}",
+                sent.lock().unwrap()
+            );
+            let mut b = burst(&[(2, 10)]);
+            w.handle(&mut b);
+            left.extend(out(&b));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(left.iter().all(|&(_, _, count)| count == 5), "{left:?}");
+        assert!(
+            !(sent.lock().unwrap().iter()).any(|q| matches!(q, Request::Write { .. })),
+            "it only read"
+        );
     }
 
     #[test]
