@@ -855,14 +855,11 @@ impl Nat {
     /// one it passes or drops as it is.
     fn translated_key(&self, d: &PacketDesc, data: &[u8]) -> Option<(FlowKey, bool)> {
         let out = d.in_port == self.inside;
-        if !out && d.in_port != self.outside
-            || d.parsed.key.ip_version != 4
-            || !out && d.parsed.key.dst != self.external
-            || translatable(&d.parsed, data, out).is_err()
-        {
-            return None;
-        }
-        Some((table_key(&d.parsed.key), out))
+        let key = &d.parsed.key;
+        // From the outside, only answers to the external address are translated.
+        let answer = d.in_port == self.outside && key.dst == self.external;
+        let translated = (out || answer) && key.ip_version == 4;
+        (translated && translatable(&d.parsed, data, out).is_ok()).then(|| (table_key(key), out))
     }
 
     /// Makes the translation of `inside` the one the store holds (`None`: none), with

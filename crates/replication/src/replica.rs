@@ -3,8 +3,9 @@
 //!
 //! Call order, per burst: [`Replica::admit`] each packet of a replicated flow (process it
 //! only on [`Admit::Process`]; a packet that names its flow only by an alias goes to
-//! [`Replica::admit_alias`], and comes back as [`Event::Resolved`] to be admitted again); [`Replica::processed`] each packet processed, with the
-//! flow's new state when the packet changed it; then [`Replica::poll_transmit`] for the
+//! [`Replica::admit_alias`], and comes back as [`Event::Resolved`] to be admitted again);
+//! [`Replica::processed`] each packet processed, with the flow's new state when the
+//! packet changed it; then [`Replica::poll_transmit`] for the
 //! burst's requests (a flow's changes within the burst are one write: group commit), and
 //! [`Replica::poll_event`] until `None`. Answers from the store go to
 //! [`Replica::handle_reply`], the clock to [`Replica::handle_timeout`] by
@@ -618,6 +619,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
     /// An answer from the store.
     pub fn handle_reply(&mut self, now_ns: u64, reply: Reply<K, V>) {
+        // An alias has no flow of its own here: its packets wait apart.
         if let Reply::Resolved { alias, flow, nonce } = reply {
             self.resolved(now_ns, alias, flow, nonce);
             return;
@@ -936,11 +938,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             self.resolving.remove(&alias);
             return;
         }
-        if r.first_sent_ns.is_some()
-            && now_ns
-                >= r.sent_ns
-                    .saturating_add(rto.saturating_mul(1 << r.tries.min(4)))
-        {
+        if r.first_sent_ns.is_some() && now_ns >= r.sent_ns.saturating_add(backoff(rto, r.tries)) {
             r.sent_ns = now_ns;
             r.tries += 1;
             self.outbox.push(Request::Resolve {
@@ -958,9 +956,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         let Some(r) = self.resolving.get_mut(&alias) else {
             return;
         };
-        let mut next = r
-            .sent_ns
-            .saturating_add(rto.saturating_mul(1 << r.tries.min(4)));
+        let mut next = r.sent_ns.saturating_add(backoff(rto, r.tries));
         if let Some(&(_, since_ns)) = r.parked.front() {
             next = next.min(since_ns.saturating_add(timeout));
         }
@@ -975,7 +971,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
-        let backoff = |tries: u32| rto.saturating_mul(1 << tries.min(4));
+        let backoff = |tries: u32| backoff(rto, tries);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
@@ -1143,7 +1139,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             self.config.lease_ns,
             self.config.park_timeout_ns,
         );
-        let backoff = |tries: u32| rto.saturating_mul(1 << tries.min(4));
+        let backoff = |tries: u32| backoff(rto, tries);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
@@ -1180,6 +1176,12 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         flow.armed_ns = Some(next);
         self.timers.push(Reverse((next, key)));
     }
+}
+
+/// The wait before a request sent `tries` times is sent again: `rto`, doubling with each
+/// sending, up to 16 times it.
+fn backoff(rto: u64, tries: u32) -> u64 {
+    rto.saturating_mul(1 << tries.min(4))
 }
 
 /// A lease with half its time left, or less, is renewed.
