@@ -176,22 +176,56 @@ enum Step {
     Decapsulate(usize),
 }
 
-/// The subscriber a GTPv2-C message is about: a Create Session Request's IMSI, another
-/// message's S11 TEID; `None` if it names none (the message is refused as bad).
-fn signaled_subscriber(gtp: &[u8]) -> Option<u32> {
-    let header = Gtpv2Repr::parse(gtp).ok()?;
-    if header.message_type != gtpv2_type::CREATE_SESSION_REQUEST {
-        return header
-            .teid
-            .filter(|t| t & TEID_SPACE == S11_TEIDS)
-            .map(|t| t & !TEID_SPACE);
+/// A GTPv2-C message as the gateway reads it: its header, and the IMSI's subscriber and
+/// the (IPv4) F-TEID it carries.
+struct Signal {
+    header: Gtpv2Repr,
+    imsi: Option<u32>,
+    fteid: Option<([u8; 4], u32)>,
+}
+
+impl Signal {
+    fn read(gtp: &[u8]) -> Result<Signal, DropReason> {
+        let header = Gtpv2Repr::parse(gtp).map_err(|_| BAD_SIGNALING)?;
+        let ies_at = header.header_len();
+        let ies = gtp
+            .get(ies_at..ies_at + usize::from(header.payload_len))
+            .ok_or(BAD_SIGNALING)?;
+        let (mut imsi, mut fteid) = (None, None);
+        for ie in gtpv2_ies(ies) {
+            let ie = ie.map_err(|_| BAD_SIGNALING)?;
+            match ie.ie_type {
+                gtpv2_ie::IMSI if ie.data.len() >= 7 => {
+                    imsi = Some(u32::from_be_bytes([
+                        ie.data[3], ie.data[4], ie.data[5], ie.data[6],
+                    ]));
+                }
+                // IPv4 F-TEIDs only: flags, TEID, address.
+                gtpv2_ie::F_TEID if ie.data.len() >= 9 && ie.data[0] & 0x80 != 0 => {
+                    let teid = u32::from_be_bytes([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
+                    let enb = [ie.data[5], ie.data[6], ie.data[7], ie.data[8]];
+                    fteid = Some((enb, teid));
+                }
+                _ => {}
+            }
+        }
+        Ok(Signal {
+            header,
+            imsi,
+            fteid,
+        })
     }
-    let ies_at = header.header_len();
-    let ies = gtp.get(ies_at..ies_at + usize::from(header.payload_len))?;
-    gtpv2_ies(ies)
-        .filter_map(Result::ok)
-        .find(|ie| ie.ie_type == gtpv2_ie::IMSI && ie.data.len() >= 7)
-        .map(|ie| u32::from_be_bytes([ie.data[3], ie.data[4], ie.data[5], ie.data[6]]))
+
+    /// The subscriber the message is about: a Create Session Request's IMSI, another
+    /// message's S11 TEID.
+    fn subscriber(&self) -> Option<u32> {
+        if self.header.message_type == gtpv2_type::CREATE_SESSION_REQUEST {
+            return self.imsi;
+        }
+        (self.header.teid)
+            .filter(|t| t & TEID_SPACE == S11_TEIDS)
+            .map(|t| t & !TEID_SPACE)
+    }
 }
 
 #[derive(Clone)]
@@ -289,7 +323,8 @@ impl Sgw {
         }
         if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
             let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
-            return signaled_subscriber(gtp).ok_or(None);
+            let signal = Signal::read(gtp).map_err(|_| None)?;
+            return signal.subscriber().ok_or(None);
         }
         if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
             return match parsed.teid & TEID_SPACE == S1U_TEIDS {
@@ -403,38 +438,12 @@ impl Sgw {
 
     /// Applies a GTPv2-C message to the sessions.
     fn signal(&mut self, gtp: &[u8], now: u64) -> Result<(), DropReason> {
-        let header = Gtpv2Repr::parse(gtp).map_err(|_| BAD_SIGNALING)?;
-        let ies_at = header.header_len();
-        let ies = gtp
-            .get(ies_at..ies_at + usize::from(header.payload_len))
-            .ok_or(BAD_SIGNALING)?;
-        let (mut imsi, mut fteid) = (None, None);
-        for ie in gtpv2_ies(ies) {
-            let ie = ie.map_err(|_| BAD_SIGNALING)?;
-            match ie.ie_type {
-                gtpv2_ie::IMSI if ie.data.len() >= 7 => {
-                    imsi = Some(u32::from_be_bytes([
-                        ie.data[3], ie.data[4], ie.data[5], ie.data[6],
-                    ]));
-                }
-                // IPv4 F-TEIDs only: flags, TEID, address.
-                gtpv2_ie::F_TEID if ie.data.len() >= 9 && ie.data[0] & 0x80 != 0 => {
-                    let teid = u32::from_be_bytes([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
-                    let enb = [ie.data[5], ie.data[6], ie.data[7], ie.data[8]];
-                    fteid = Some((enb, teid));
-                }
-                _ => {}
-            }
-        }
-        let control_subscriber = || {
-            header
-                .teid
-                .filter(|t| t & TEID_SPACE == S11_TEIDS)
-                .map(|t| t & !TEID_SPACE)
-        };
-        match header.message_type {
+        let signal = Signal::read(gtp)?;
+        let subscriber = signal.subscriber().ok_or(BAD_SIGNALING);
+        match signal.header.message_type {
             gtpv2_type::CREATE_SESSION_REQUEST => {
-                let (n, (enb, enb_teid)) = imsi.zip(fteid).ok_or(BAD_SIGNALING)?;
+                let n = subscriber?;
+                let (enb, enb_teid) = signal.fteid.ok_or(BAD_SIGNALING)?;
                 let ue = self.ue_address(n);
                 let session = Session { enb, enb_teid, ue };
                 if let Some(old) = self.sessions.get(&n).copied() {
@@ -455,15 +464,15 @@ impl Sgw {
                 Ok(())
             }
             gtpv2_type::MODIFY_BEARER_REQUEST => {
-                let n = control_subscriber().ok_or(BAD_SIGNALING)?;
-                let (enb, enb_teid) = fteid.ok_or(BAD_SIGNALING)?;
+                let n = subscriber?;
+                let (enb, enb_teid) = signal.fteid.ok_or(BAD_SIGNALING)?;
                 let id = self.sessions.lookup(&n, now).ok_or(NO_SESSION)?;
                 let s = self.sessions.value_mut(id);
                 (s.enb, s.enb_teid) = (enb, enb_teid);
                 Ok(())
             }
             gtpv2_type::DELETE_SESSION_REQUEST => {
-                let n = control_subscriber().ok_or(BAD_SIGNALING)?;
+                let n = subscriber?;
                 let old = self.sessions.get(&n).copied().ok_or(NO_SESSION)?;
                 self.sessions.delete(&n);
                 self.by_ue.delete(&u32::from_be_bytes(old.ue));
