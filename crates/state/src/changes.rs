@@ -51,6 +51,41 @@ impl Dirty {
         self.marks.fill(1);
     }
 
+    /// The block of cell `cell`.
+    #[inline]
+    pub fn block_of(&self, cell: usize) -> usize {
+        cell >> self.shift
+    }
+
+    /// The cells of block `block`.
+    pub fn cells_of(&self, block: usize) -> Range<usize> {
+        let start = block << self.shift;
+        start..(start + (1 << self.shift)).min(self.cells)
+    }
+
+    /// Unmarks block `block`; whether it was marked.
+    #[inline]
+    pub fn unmark(&mut self, block: usize) -> bool {
+        std::mem::take(&mut self.marks[block]) != 0
+    }
+
+    /// How many blocks are marked.
+    pub fn marked(&self) -> usize {
+        self.marks.iter().filter(|&&m| m != 0).count()
+    }
+
+    /// Copies each marked block of `cells` into `copy` and unmarks it.
+    pub fn copy_marked<T: Copy>(&mut self, cells: &[T], copy: &mut [T]) {
+        self.take(|block| copy[block.clone()].copy_from_slice(&cells[block]));
+    }
+
+    /// Moves `other`'s marks into these (`other`: for as many cells), leaving it unmarked.
+    pub fn absorb(&mut self, other: &mut Dirty) {
+        for (mine, theirs) in self.marks.iter_mut().zip(other.marks.iter_mut()) {
+            *mine |= std::mem::take(theirs);
+        }
+    }
+
     /// Calls `each` with the cells of every marked block, in order, and clears the marks.
     pub fn take(&mut self, mut each: impl FnMut(Range<usize>)) {
         const WORD: usize = 8;

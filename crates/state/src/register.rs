@@ -37,15 +37,39 @@ macro_rules! word_of_unsigned {
 }
 word_of_unsigned!(u8, u16, u32, u64);
 
-/// Where a register is synced: its state id, and what its changes since the last take need
-/// (`changes`): the marks of the blocks changed, and the cells as they were at the last
-/// take (a copy as large as the register).
+/// Where a register is synced or snapshotted: its state id, the marks of the blocks changed
+/// since the last take, and the cells as they were at the last take (a copy as large as
+/// the register).
+///
+/// A snapshot (`snapshot_begin`) is a take that the reader makes a block at a time while
+/// the data plane goes on writing (RedPlane's lazy snapshotting, its Appendix A): `taken`
+/// is the second copy, `pending` marks the blocks changed before the snapshot began that
+/// `taken` does not have yet. A write to a pending block first copies the block into
+/// `taken` (the paper's "first packet to update an index synchronizes the two copies"),
+/// and so does the reader's visit; every block's `taken` is then the cells as they were
+/// when the snapshot began.
 #[derive(Debug, Clone)]
 struct Tracked<T> {
     state: u16,
     first: u32,
     dirty: Dirty,
     taken: Box<[T]>,
+    pending: Dirty,
+    /// Blocks marked in `pending` (0: no snapshot is being read, and a write looks no
+    /// further than this).
+    pending_blocks: usize,
+}
+
+impl<T: Copy> Tracked<T> {
+    /// Brings pending block `block` of `cells` into `taken` before anything changes it.
+    #[inline]
+    fn settle(&mut self, cells: &[T], block: usize) {
+        if self.pending.unmark(block) {
+            let range = self.pending.cells_of(block);
+            self.taken[range.clone()].copy_from_slice(&cells[range]);
+            self.pending_blocks -= 1;
+        }
+    }
 }
 
 /// A fixed-size array of `T`, zeroed (default) at creation.
@@ -64,9 +88,10 @@ impl<T: Copy + Default> Register<T> {
     }
 
     /// Tracks every change of a cell from now on as state `state`, for the sync stage
-    /// ([`Register::take_changes`]); cell `i` is the state's location `first + i` (a state
-    /// made of several registers gives each its own `first`). The cells as they are now
-    /// are what the first take compares with.
+    /// ([`Register::take_changes`]) or the snapshots of bounded replication
+    /// ([`Register::snapshot_begin`]); cell `i` is the state's location `first + i` (a
+    /// state made of several registers gives each its own `first`). The cells as they are
+    /// now are what the first take compares with.
     pub fn track(&mut self, state: u16, first: u32)
     where
         T: Word,
@@ -76,15 +101,66 @@ impl<T: Copy + Default> Register<T> {
             first,
             dirty: Dirty::new(self.cells.len()),
             taken: self.cells.clone(),
+            pending: Dirty::new(self.cells.len()),
+            pending_blocks: 0,
         });
     }
 
-    /// Cell `index` may have changed: marks it if the register is tracked.
+    /// Cell `index` is about to change: marks it if the register is tracked (and, while a
+    /// snapshot is read, keeps its block's value for the snapshot first).
     #[inline]
-    fn changed(&mut self, index: usize) {
+    fn changing(&mut self, index: usize) {
         if let Some(tracked) = &mut self.tracked {
+            if tracked.pending_blocks > 0 {
+                let block = tracked.dirty.block_of(index);
+                tracked.settle(&self.cells, block);
+            }
             tracked.dirty.mark(index);
         }
+    }
+
+    /// Starts a snapshot of the cells as they are now, to be read with
+    /// [`Register::snapshot_read`] while the data plane goes on writing; `false` (and
+    /// nothing started) if the register is not tracked. A snapshot begun before this one
+    /// and not read to its end is given up (what it had not read is read by this one).
+    /// A register snapshotted must not be synced: both use the last take.
+    pub fn snapshot_begin(&mut self) -> bool {
+        let Some(tracked) = &mut self.tracked else {
+            return false;
+        };
+        tracked.pending.absorb(&mut tracked.dirty);
+        tracked.pending_blocks = tracked.pending.marked();
+        true
+    }
+    /// Reads the snapshot begun last: the words of cells `first, first + 1, ...` as they
+    /// were when it began, into `out`; how many were read (fewer past the end, none if the
+    /// register is not tracked). A snapshot is read to its end once its cells have all
+    /// been read (in any order, any number of times).
+    pub fn snapshot_read(&mut self, first: usize, out: &mut [u64]) -> usize
+    where
+        T: Word,
+    {
+        let Some(tracked) = &mut self.tracked else {
+            return 0;
+        };
+        let end = (first + out.len()).min(self.cells.len());
+        if first >= end {
+            return 0;
+        }
+        if tracked.pending_blocks > 0 {
+            for block in tracked.dirty.block_of(first)..=tracked.dirty.block_of(end - 1) {
+                tracked.settle(&self.cells, block);
+            }
+        }
+        for (word, cell) in out.iter_mut().zip(&tracked.taken[first..end]) {
+            *word = cell.word();
+        }
+        end - first
+    }
+
+    /// Whether a snapshot is being read: some of its blocks are not read yet.
+    pub fn snapshot_pending(&self) -> bool {
+        self.tracked.as_ref().is_some_and(|t| t.pending_blocks > 0)
     }
 
     /// Appends to `out` each cell whose word differs from the last take's (or from the
@@ -98,6 +174,7 @@ impl<T: Copy + Default> Register<T> {
             first,
             dirty,
             taken,
+            ..
         }) = &mut self.tracked
         else {
             return;
@@ -139,12 +216,11 @@ impl<T: Copy + Default> Register<T> {
 
     pub fn write(&mut self, index: usize, value: T) -> Result<(), OutOfRange> {
         let size = self.cells.len();
-        let cell = self
-            .cells
-            .get_mut(index)
-            .ok_or(OutOfRange { index, size })?;
-        *cell = value;
-        self.changed(index);
+        if index >= size {
+            return Err(OutOfRange { index, size });
+        }
+        self.changing(index);
+        self.cells[index] = value;
         Ok(())
     }
 
@@ -164,8 +240,8 @@ impl<T: Copy + Default> Register<T> {
         let n = self.cells.len();
         if n > 0 {
             let i = index % n;
+            self.changing(i);
             f(&mut self.cells[i]);
-            self.changed(i);
         }
     }
 
@@ -175,10 +251,14 @@ impl<T: Copy + Default> Register<T> {
 
     /// Sets every cell back to its default (e.g. counters reset every interval).
     pub fn clear(&mut self) {
-        self.cells.fill(T::default());
         if let Some(tracked) = &mut self.tracked {
+            if tracked.pending_blocks > 0 {
+                tracked.pending.copy_marked(&self.cells, &mut tracked.taken);
+                tracked.pending_blocks = 0;
+            }
             tracked.dirty.mark_all();
         }
+        self.cells.fill(T::default());
     }
 }
 
@@ -265,6 +345,85 @@ mod tests {
             }],
             "packets are the word, cell 0 is location 10"
         );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(usize, u32),
+        Add(usize, u32),
+        Clear,
+        Begin,
+        Read(usize, usize),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..300usize, any::<u32>()).prop_map(|(i, v)| Op::Write(i, v)),
+            8 => (0..300usize, 1..5u32).prop_map(|(i, v)| Op::Add(i, v)),
+            1 => Just(Op::Clear),
+            2 => Just(Op::Begin),
+            6 => (0..300usize, 1..80usize).prop_map(|(i, n)| Op::Read(i, n)),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+        /// Whatever the writes, clears and reads in between, a snapshot reads the cells as
+        /// they were when it began; once every cell is read, writes no longer copy.
+        #[test]
+        fn a_snapshot_reads_the_cells_as_they_were_when_it_began(
+            ops in proptest::collection::vec(op(), 1..300)
+        ) {
+            let mut r: Register<u32> = Register::new(290);
+            r.track(3, 0);
+            let mut frozen: Option<Vec<u32>> = None;
+            for op in ops {
+                match op {
+                    Op::Write(i, v) => r.write(i % 290, v).unwrap(),
+                    Op::Add(i, v) => r.update(i, |c| *c = c.wrapping_add(v)),
+                    Op::Clear => r.clear(),
+                    Op::Begin => {
+                        proptest::prop_assert!(r.snapshot_begin());
+                        frozen = Some(r.as_slice().to_vec());
+                    }
+                    Op::Read(first, n) => {
+                        let mut out = vec![0u64; n];
+                        let got = r.snapshot_read(first, &mut out);
+                        proptest::prop_assert_eq!(got, n.min(290usize.saturating_sub(first)));
+                        if let Some(frozen) = &frozen {
+                            for (k, word) in out[..got].iter().enumerate() {
+                                proptest::prop_assert_eq!(*word, u64::from(frozen[first + k]));
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(frozen) = frozen {
+                let mut out = vec![0u64; 290];
+                r.snapshot_read(0, &mut out);
+                let want: Vec<u64> = frozen.iter().map(|&c| u64::from(c)).collect();
+                proptest::prop_assert_eq!(out, want);
+                proptest::prop_assert!(!r.snapshot_pending(), "read to its end");
+            }
+        }
+    }
+
+    #[test]
+    fn an_untracked_register_takes_no_snapshot() {
+        let mut r: Register<u32> = Register::new(8);
+        assert!(!r.snapshot_begin());
+        assert_eq!(r.snapshot_read(0, &mut [0; 4]), 0);
+        r.track(1, 0);
+        r.write(2, 5).unwrap();
+        assert!(r.snapshot_begin());
+        assert!(r.snapshot_pending());
+        r.write(2, 6).unwrap();
+        let mut out = [0u64; 8];
+        assert_eq!(r.snapshot_read(0, &mut out), 8);
+        assert_eq!(out[2], 5, "the write after the snapshot began is not in it");
+        assert!(!r.snapshot_pending());
+        assert_eq!(r.snapshot_read(8, &mut out), 0, "nothing past the end");
     }
 
     #[test]
