@@ -937,8 +937,8 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         vec!["synced".to_string()],
     )]
     .into();
-    let synced =
-        stateplane_programs::with_guarantees(plain.clone(), &wanted).map_err(|e| e.to_string())?;
+    let synced = stateplane_programs::with_guarantees(plain.clone(), &wanted, Default::default())
+        .map_err(|e| e.to_string())?;
     let thresholds = (a.thresholds.iter())
         .map(|t| match t.trim() {
             "adaptive" => Ok(ThresholdSetting::Named("adaptive".into())),
@@ -1224,7 +1224,7 @@ pub(crate) fn synced_hh_65536() -> BenchResult<stateplane_runtime::ProgramFactor
     stateplane_programs::build("hh", Some(&settings), &names)
         .and_then(|f| {
             let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
-            stateplane_programs::with_guarantees(f, &wanted)
+            stateplane_programs::with_guarantees(f, &wanted, Default::default())
         })
         .map_err(|e| e.to_string())
 }

@@ -435,7 +435,8 @@ fn conntrack_switch(capacity: u32, entries: u32) -> BenchResult<Box<dyn Running>
     let plain = stateplane_programs::build("conntrack", Some(&settings), &names)
         .map_err(|e| e.to_string())?;
     let wanted = [("connections".to_string(), vec!["synced".to_string()])].into();
-    let synced = stateplane_programs::with_guarantees(plain, &wanted).map_err(|e| e.to_string())?;
+    let synced = stateplane_programs::with_guarantees(plain, &wanted, Default::default())
+        .map_err(|e| e.to_string())?;
     let mut program = synced(0);
     let declared = program.declarations();
     let table = (declared.iter())

@@ -599,7 +599,7 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
             .map(|(n, g)| (n.to_string(), g.iter().map(|s| s.to_string()).collect()))
             .collect();
         let factory = build(program, None, &names).unwrap();
-        crate::with_guarantees(factory, &wanted)
+        crate::with_guarantees(factory, &wanted, crate::ReplicationMode::Linearizable)
     };
     let build_with = |wanted: &[(&str, &[&str])]| build_program("conntrack", wanted);
     let factory = build_with(&[("connections", &["local"])]).unwrap();
@@ -661,7 +661,8 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     let wanted = [("sketch".to_string(), vec!["synced".to_string()])].into();
     let table = "width = 64\ndepth = 2\ntenants = 1\nmap = { a = \"b\", b = \"a\" }";
     let factory = build("hh", Some(&toml::from_str(table).unwrap()), &names).unwrap();
-    let factory = crate::with_guarantees(factory, &wanted).unwrap();
+    let factory =
+        crate::with_guarantees(factory, &wanted, crate::ReplicationMode::Linearizable).unwrap();
     let mut program = factory(1);
     let sketch = program
         .declarations()
@@ -695,6 +696,7 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     let kv = crate::with_guarantees(
         kv,
         &[("cache".to_string(), vec!["local".to_string()])].into(),
+        crate::ReplicationMode::Linearizable,
     )
     .unwrap();
     assert!(kv(0).check_workers(2, false).is_err());

@@ -437,6 +437,7 @@ pub fn build(
 pub fn with_guarantees(
     factory: ProgramFactory,
     wanted: &BTreeMap<String, Vec<String>>,
+    mode: ReplicationMode,
 ) -> Result<ProgramFactory, ConfigError> {
     if wanted.is_empty() {
         return Ok(factory);
@@ -485,7 +486,31 @@ pub fn with_guarantees(
         }) {
             return Err(ConfigError::new(field, not_built(g)));
         }
-        if parsed.contains(&Guarantee::Replicated) && !factory(0).replicate(name) {
+        if parsed.contains(&Guarantee::Replicated) && mode == ReplicationMode::Bounded {
+            let mut probe = factory(0);
+            if probe.track(name, 0).is_none() || !probe.snapshot_begin(0) {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "`{name}` cannot be replicated in bounded mode: its snapshots are \
+                         not built (bounded state today is a program's count-min sketch, \
+                         `sketch` in hh, udpflood and synflood); replicate it with \
+                         replication.mode = \"linearizable\" if the program offers that"
+                    ),
+                ));
+            }
+            if wanted
+                .values()
+                .flatten()
+                .any(|g| g == Guarantee::Synced.name())
+            {
+                return Err(ConfigError::new(
+                    field,
+                    "bounded replication and synced state in one run are not built yet \
+                     (both keep the state's last take): sync it, or replicate it, not both",
+                ));
+            }
+        } else if parsed.contains(&Guarantee::Replicated) && !factory(0).replicate(name) {
             return Err(ConfigError::new(
                 field,
                 format!(
@@ -513,8 +538,17 @@ pub fn with_guarantees(
     }
     let overrides = Arc::new(overrides);
     Ok(Arc::new(move |w| {
-        Guaranteed::boxed(factory(w), overrides.clone())
+        Guaranteed::boxed(factory(w), overrides.clone(), mode)
     }))
+}
+
+/// How replicated state is kept (`replication.mode`): a program's state is replicated per
+/// flow, each change acknowledged before its packet leaves, or as periodic snapshots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicationMode {
+    #[default]
+    Linearizable,
+    Bounded,
 }
 
 /// Why `g` is refused: no stage keeps it yet, and a promise nothing keeps must not be
@@ -553,18 +587,21 @@ impl Guaranteed {
     fn boxed(
         mut inner: Box<dyn Running>,
         overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+        mode: ReplicationMode,
     ) -> Box<dyn Running> {
         // `with_guarantees` made sure an instance can replicate each name; the replication
         // stage checks the declarations against `replicated_key` before it starts.
-        for (name, _) in overrides
-            .iter()
-            .filter(|(_, g)| g.contains(&Guarantee::Replicated))
-        {
-            let _ = inner.replicate(name);
+        let replicated = |g: &Vec<Guarantee>| g.contains(&Guarantee::Replicated);
+        if mode == ReplicationMode::Linearizable {
+            for (name, _) in overrides.iter().filter(|(_, g)| replicated(g)) {
+                let _ = inner.replicate(name);
+            }
         }
-        let synced = overrides
-            .iter()
-            .filter(|(_, g)| g.contains(&Guarantee::Synced));
+        // Tracked, ids 0, 1, ...: synced state, or state replicated in snapshots (never
+        // both in one run: `with_guarantees` refuses it).
+        let synced = overrides.iter().filter(|(_, g)| {
+            g.contains(&Guarantee::Synced) || (mode == ReplicationMode::Bounded && replicated(g))
+        });
         let declared = inner.declarations();
         let mut register_bits = Vec::new();
         let mut strides = Vec::new();
@@ -679,6 +716,14 @@ impl Program for Guaranteed {
             return None;
         }
         self.inner.write_synced(id, index, value)
+    }
+
+    fn snapshot_begin(&mut self, id: u16) -> bool {
+        self.inner.snapshot_begin(id)
+    }
+
+    fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        self.inner.snapshot_read(id, first, out)
     }
 
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {

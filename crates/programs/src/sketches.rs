@@ -21,7 +21,7 @@ pub(crate) trait Sketched {
 }
 
 /// Inside a program's `impl Program`: the synced-state methods (`track`, `changes`,
-/// `synced`, `read_synced`, `write_synced`) of a program that is [`Sketched`], all answered
+/// `synced`, `read_synced`, `write_synced`) and the snapshots of bounded replication of a program that is [`Sketched`], all answered
 /// by its sketch register.
 macro_rules! synced_sketch_methods {
     () => {
@@ -48,6 +48,16 @@ macro_rules! synced_sketch_methods {
         fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
             let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
             register.write_synced(sketches, id, index, value)
+        }
+
+        fn snapshot_begin(&mut self, id: u16) -> bool {
+            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
+            register.snapshot_begin(sketches, id)
+        }
+
+        fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize {
+            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
+            register.snapshot_read(sketches, id, first, out)
         }
     };
 }
@@ -199,6 +209,34 @@ impl SketchRegister {
         }
         let (k, j) = Self::locate(sketches, index as usize)?;
         Some(u64::from(sketches[k].counters().as_slice()[j]))
+    }
+
+    /// Starts a snapshot of every sketch at once (see `Program::snapshot_begin`).
+    pub fn snapshot_begin(&self, sketches: &mut [CountMin], id: u16) -> bool {
+        self.synced == Some(id) && (sketches.iter_mut()).all(|s| s.counters_mut().snapshot_begin())
+    }
+
+    /// The snapshot's counters from `first` on (see `Program::snapshot_read`).
+    pub fn snapshot_read(
+        &self,
+        sketches: &mut [CountMin],
+        id: u16,
+        first: u32,
+        out: &mut [u64],
+    ) -> usize {
+        if self.synced != Some(id) {
+            return 0;
+        }
+        let mut read = 0;
+        while read < out.len() {
+            let Some((k, j)) = Self::locate(sketches, first as usize + read) else {
+                break;
+            };
+            read += sketches[k]
+                .counters_mut()
+                .snapshot_read(j, &mut out[read..]);
+        }
+        read
     }
 
     /// Writes a counter, capped at its maximum as the sketch's own additions are.

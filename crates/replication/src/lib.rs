@@ -8,6 +8,9 @@
 //! - [`replica`]: a worker's side: which packets may be processed now, which wait for a
 //!   lease or for their flow's write to be acknowledged, the writes coalesced per flow
 //!   (group commit) and sent again until acknowledged, the leases renewed;
+//! - [`snapshot`]: a worker's side of bounded replication: periodic consistent snapshots
+//!   of its state written to the store while packets go on, their staleness against the
+//!   bound, and recovery from the store's latest image;
 //! - [`history`]: per-flow histories of packets (input, output, call and return times) and
 //!   a linearizability checker for them (Wing and Gong's search, per flow, memoized).
 //!
@@ -18,6 +21,7 @@
 pub mod history;
 pub mod protocol;
 pub mod replica;
+pub mod snapshot;
 pub mod store;
 
 pub use protocol::{FlowBytes, Holder, Reply, Request};

@@ -1180,7 +1180,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
 /// The wait before a request sent `tries` times is sent again: `rto`, doubling with each
 /// sending, up to 16 times it.
-fn backoff(rto: u64, tries: u32) -> u64 {
+pub(crate) fn backoff(rto: u64, tries: u32) -> u64 {
     rto.saturating_mul(1 << tries.min(4))
 }
 

@@ -34,16 +34,20 @@ impl DropReason {
     /// Replicated state: the output reflects a change the store did not acknowledge (in
     /// time, or at all: the flow's lease was lost), so it must not leave.
     pub const UNREPLICATED: DropReason = DropReason(4);
+    /// Bounded replication: the store's latest snapshot is older than the staleness
+    /// bound, and the run's `on_stale` action drops (or stopped serving).
+    pub const STALE: DropReason = DropReason(5);
     pub const PROGRAM_BASE: u8 = 16;
     /// How many codes there are in all (runtime and program).
     pub const COUNT: usize = 64;
 
-    const RUNTIME_NAMES: [&'static str; 5] = [
+    const RUNTIME_NAMES: [&'static str; 6] = [
         "no_verdict",
         "malformed",
         "no_such_port",
         "oversize",
         "unreplicated",
+        "stale",
     ];
 
     /// The program's `i`-th reason. Programs have at most 48.
@@ -286,6 +290,20 @@ pub trait Program: Send {
         }
     }
 
+    /// Starts a consistent snapshot of tracked state `id` as it is now, which
+    /// [`Program::snapshot_read`] reads while packets go on changing the state (bounded
+    /// replication's lazy snapshot); `false` if the program cannot snapshot `id` (the
+    /// configuration then refuses bounded replication of it).
+    fn snapshot_begin(&mut self, _id: u16) -> bool {
+        false
+    }
+
+    /// The words of the snapshot of state `id` begun last, from `first` on, into `out`, as
+    /// they were when it began; how many were read (fewer past the state's end).
+    fn snapshot_read(&mut self, _id: u16, _first: u32, _out: &mut [u64]) -> usize {
+        0
+    }
+
     /// Ends a top-down write whose values [`Program::write_synced`] took: a synced table
     /// places the write's entries now, each whole, by its key (a register's cells were
     /// written as they came). Returns the entries refused (words missing, fields that do
@@ -384,6 +402,8 @@ pub trait Running: Send {
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]);
     fn commit_synced_write(&mut self) -> u64;
+    fn snapshot_begin(&mut self, id: u16) -> bool;
+    fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize;
     fn replicate(&mut self, name: &str) -> bool;
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_alias(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
@@ -487,6 +507,14 @@ impl<P: Program> Running for P {
 
     fn commit_synced_write(&mut self) -> u64 {
         Program::commit_synced_write(self)
+    }
+
+    fn snapshot_begin(&mut self, id: u16) -> bool {
+        Program::snapshot_begin(self, id)
+    }
+
+    fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        Program::snapshot_read(self, id, first, out)
     }
 
     fn replicate(&mut self, name: &str) -> bool {

@@ -268,8 +268,12 @@ fn load_program(
         .filter(|p| p.name == program_name)
         .and_then(|p| p.settings.get(&program_name))
         .cloned();
+    let mode = match &cfg.replication {
+        Some(r) => r.mode()?,
+        None => Default::default(),
+    };
     let factory = stateplane_programs::build(&program_name, settings.as_ref(), names)
-        .and_then(|f| stateplane_programs::with_guarantees(f, &cfg.guarantees))
+        .and_then(|f| stateplane_programs::with_guarantees(f, &cfg.guarantees, mode))
         .map_err(|e| e.to_string())?;
     Ok((program_name, factory))
 }

@@ -18,6 +18,7 @@
 //! packet of a flow whose lease this worker does not hold; wait for ever.
 
 use serde::Deserialize;
+use stateplane_programs::ReplicationMode;
 use stateplane_replication::FlowBytes;
 use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
 use stateplane_replication::store::StoreConfig;
@@ -173,21 +174,23 @@ fn hex(bytes: &[u8]) -> String {
 impl ReplicationSettings {
     /// Checks the section (errors name the key and the fix) and connects to the store, so
     /// that a store out of reach is refused before the run starts.
-    pub fn plan(&self) -> Result<ReplicationPlan, String> {
+    /// The section's `mode`.
+    pub fn mode(&self) -> Result<ReplicationMode, String> {
         match self.mode.as_deref() {
-            None | Some("linearizable") => {}
-            Some("bounded") => {
-                return Err(
-                    "replication.mode: 'bounded' (periodic snapshots) is not built yet; \
-                            use 'linearizable'"
-                        .into(),
-                );
-            }
-            Some(other) => {
-                return Err(format!(
-                    "replication.mode: '{other}' is not a mode; use 'linearizable'"
-                ));
-            }
+            None | Some("linearizable") => Ok(ReplicationMode::Linearizable),
+            Some("bounded") => Ok(ReplicationMode::Bounded),
+            Some(other) => Err(format!(
+                "replication.mode: '{other}' is not a mode; use 'linearizable' (each change \
+                 acknowledged before its packet leaves) or 'bounded' (periodic snapshots)"
+            )),
+        }
+    }
+
+    pub fn plan(&self) -> Result<ReplicationPlan, String> {
+        if self.mode()? == ReplicationMode::Bounded {
+            return Err("replication.mode: 'bounded' (periodic snapshots) has no stage in \
+                        the run yet; use 'linearizable'"
+                .into());
         }
         let lease_ms = within("lease_ms", self.lease_ms.unwrap_or(1_000), 100, 60_000)?;
         let switch = within("switch", u64::from(self.switch.unwrap_or(1)), 1, 0xff_ffff)? as u32;
