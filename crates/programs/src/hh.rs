@@ -239,6 +239,35 @@ impl Program for Hh {
         self.reports.table.take_notifications(out);
     }
 
+    /// Beside the sketches, what makes their counts mean what they meant: the interval
+    /// counted (0: none yet, else 1 + its number), how many tenants have a sketch, which
+    /// sketches were added to in the interval, and each VLAN's sketch.
+    fn snapshot_aside(&self) -> Vec<u64> {
+        let mut words = Vec::with_capacity(2 + self.touched.len() + self.tenant_of.len());
+        words.push(self.intervals.current().map_or(0, |i| i + 1));
+        words.push(self.tenants_seen as u64);
+        words.extend(self.touched.iter().map(|&t| u64::from(t)));
+        words.extend(self.tenant_of.iter().map(|&s| u64::from(s)));
+        words
+    }
+
+    fn install_aside(&mut self, words: &[u64]) {
+        let (touched, tenants) = (self.touched.len(), self.tenant_of.len());
+        if words.len() != 2 + touched + tenants {
+            return;
+        }
+        self.intervals.set_current(words[0].checked_sub(1));
+        self.tenants_seen = (words[1] as usize).min(self.sketches.len() - 1);
+        for (t, &w) in self.touched.iter_mut().zip(&words[2..]) {
+            *t = w != 0;
+        }
+        let sketches = self.sketches.len() as u64;
+        for (s, &w) in self.tenant_of.iter_mut().zip(&words[2 + touched..]) {
+            // 0 (none) to `sketches` (1 + the last): a word past it names none.
+            *s = if w <= sketches { w as u16 } else { 0 };
+        }
+    }
+
     crate::sketches::synced_sketch_methods!();
 }
 
@@ -346,6 +375,55 @@ mod tests {
         let mut notes = Vec::new();
         p.notifications(&mut notes);
         assert_eq!(notes.len(), reported);
+    }
+
+    /// A snapshot of the sketches and the words beside them, installed in a fresh
+    /// instance, carry on its counts: each tenant's in its own sketch, whatever order the
+    /// tenants come back in, until the interval ends.
+    #[test]
+    fn a_snapshot_installed_elsewhere_counts_on_in_the_same_tenants_sketches_and_interval() {
+        let ms = 1_000_000u64;
+        let config = "threshold = 10\ninterval_ms = 100";
+        let mut a = hh(config);
+        assert_eq!(Program::track(&mut a, "sketch", 0), Some(65 * 4 * 4096));
+        run_at(&mut a, 10 * ms, &vec![(frame(20, 0), 0); 3], (0, 1), 2);
+        run_at(&mut a, 10 * ms, &vec![(frame(10, 0), 0); 6], (0, 1), 2);
+        assert!(Program::snapshot_begin(&mut a, 0));
+        let aside = Program::snapshot_aside(&a);
+        let mut cells = vec![0u64; 65 * 4 * 4096];
+        assert_eq!(
+            Program::snapshot_read(&mut a, 0, 0, &mut cells),
+            cells.len()
+        );
+        // Packets after the snapshot began are not in it.
+        run_at(&mut a, 11 * ms, &vec![(frame(10, 0), 0); 50], (0, 1), 2);
+
+        let mut b = hh(config);
+        Program::track(&mut b, "sketch", 0);
+        Program::write_synced_run(&mut b, 0, 0, &cells);
+        Program::install_aside(&mut b, &aside);
+        let key = |vlan| {
+            let k = stateplane_wire::parse(&frame(vlan, 0), 0, &hasher())
+                .unwrap()
+                .key;
+            FlowKey { in_port: 0, ..k }
+        };
+        // VLAN 10 comes back first: its count goes on in its own sketch (6 + 4 = 10).
+        run_at(&mut b, 20 * ms, &vec![(frame(10, 0), 0); 4], (0, 1), 2);
+        assert_eq!(b.report(&key(10)).map(|r| r.estimate), Some(10));
+        run_at(&mut b, 20 * ms, &vec![(frame(20, 0), 0); 6], (0, 1), 2);
+        assert_eq!(b.report(&key(20)), None, "3 + 6 is under 10");
+        // The interval ends: the installed counts end with it.
+        run_at(&mut b, 150 * ms, &vec![(frame(20, 0), 0); 1], (0, 1), 2);
+        run_at(&mut b, 150 * ms, &vec![(frame(20, 0), 0); 8], (0, 1), 2);
+        assert_eq!(b.report(&key(20)), None, "9 in the new interval");
+        // Words of another length are not taken.
+        let mut c = hh(config);
+        Program::install_aside(&mut c, &aside[1..]);
+        assert_eq!(
+            Program::snapshot_aside(&c),
+            Program::snapshot_aside(&hh(config))
+        );
     }
 
     #[test]

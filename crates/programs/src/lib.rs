@@ -726,6 +726,14 @@ impl Program for Guaranteed {
         self.inner.snapshot_read(id, first, out)
     }
 
+    fn snapshot_aside(&self) -> Vec<u64> {
+        self.inner.snapshot_aside()
+    }
+
+    fn install_aside(&mut self, words: &[u64]) {
+        self.inner.install_aside(words);
+    }
+
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
         if self
             .register_bits

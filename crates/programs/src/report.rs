@@ -101,6 +101,16 @@ impl Intervals {
         }
     }
 
+    /// The interval counted now (`None` before the first call).
+    pub fn current(&self) -> Option<u64> {
+        self.current
+    }
+
+    /// Counts in interval `current` from now on (a snapshot's, installed).
+    pub fn set_current(&mut self, current: Option<u64>) {
+        self.current = current;
+    }
+
     /// The interval `now_ns` falls in, and whether it is a later one than the last call's
     /// (the first call's is not: nothing was counted before it).
     #[inline]

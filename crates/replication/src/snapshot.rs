@@ -205,6 +205,16 @@ impl Snapshots {
         self.reading_since.is_some()
     }
 
+    /// Whether no snapshot is being read or written.
+    pub fn idle(&self) -> bool {
+        self.reading_since.is_none() && self.writing.is_none()
+    }
+
+    /// The next snapshot begins as soon as it can, its period or not (the run ends).
+    pub fn hurry(&mut self) {
+        self.next_ns = 0;
+    }
+
     /// The snapshot begun last is read: `image` goes to the store.
     pub fn read(&mut self, image: Vec<u8>) {
         if let Some(began_ns) = self.reading_since.take() {

@@ -304,6 +304,17 @@ pub trait Program: Send {
         0
     }
 
+    /// The words a program keeps beside the state it snapshots that give that state its
+    /// meaning (`hh`: which sketch counts which tenant, the interval counted), taken whole
+    /// as a snapshot begins and installed with it ([`Program::install_aside`]); keep them
+    /// few. None by default.
+    fn snapshot_aside(&self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Installs words [`Program::snapshot_aside`] gave (of the same length).
+    fn install_aside(&mut self, _words: &[u64]) {}
+
     /// Ends a top-down write whose values [`Program::write_synced`] took: a synced table
     /// places the write's entries now, each whole, by its key (a register's cells were
     /// written as they came). Returns the entries refused (words missing, fields that do
@@ -404,6 +415,8 @@ pub trait Running: Send {
     fn commit_synced_write(&mut self) -> u64;
     fn snapshot_begin(&mut self, id: u16) -> bool;
     fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize;
+    fn snapshot_aside(&self) -> Vec<u64>;
+    fn install_aside(&mut self, words: &[u64]);
     fn replicate(&mut self, name: &str) -> bool;
     fn replicated_key(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_alias(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
@@ -515,6 +528,14 @@ impl<P: Program> Running for P {
 
     fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize {
         Program::snapshot_read(self, id, first, out)
+    }
+
+    fn snapshot_aside(&self) -> Vec<u64> {
+        Program::snapshot_aside(self)
+    }
+
+    fn install_aside(&mut self, words: &[u64]) {
+        Program::install_aside(self, words);
     }
 
     fn replicate(&mut self, name: &str) -> bool {

@@ -27,8 +27,11 @@ pub mod metrics;
 pub mod redis_mirror;
 pub mod relay;
 pub mod replication_stage;
+pub mod snapshot_stage;
 pub mod summary;
 pub mod sync_stage;
+#[cfg(test)]
+mod test_store;
 pub mod units;
 
 pub use assemble::{Switch, SwitchOptions};

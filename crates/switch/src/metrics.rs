@@ -278,6 +278,26 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
             "States from the store the program refused to install",
             &c.install_refused,
         ),
+        (
+            "snapshots",
+            "Bounded mode: snapshots the store acknowledged",
+            &c.snapshots,
+        ),
+        (
+            "snapshot_bytes",
+            "Bounded mode: bytes of the snapshots the store acknowledged",
+            &c.snapshot_bytes,
+        ),
+        (
+            "images_installed",
+            "Bounded mode: snapshot images installed from the store (recovery)",
+            &c.installed,
+        ),
+        (
+            "stale_packets",
+            "Bounded mode: packets processed while the store's snapshot was older than the bound",
+            &c.stale,
+        ),
     ] {
         single(
             e,
@@ -297,7 +317,13 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
         e,
         "stateplane_replication_held_most",
         "The most packets one worker held at once",
-        vec![(no_labels, get(&c.held_most))],
+        vec![(no_labels.clone(), get(&c.held_most))],
+    )?;
+    gauge(
+        e,
+        "stateplane_replication_staleness_most_seconds",
+        "Bounded mode: the most staleness seen: the age of the store's snapshot",
+        vec![(no_labels, get(&c.staleness_most_ns) as f64 / 1e9)],
     )
 }
 

@@ -17,10 +17,12 @@
 //! Must never: let an output leave before the store has the state it reflects; process a
 //! packet of a flow whose lease this worker does not hold; wait for ever.
 
+use crate::snapshot_stage::{OnStale, SnapshotSettings, SnapshotStage};
 use serde::Deserialize;
 use stateplane_programs::ReplicationMode;
 use stateplane_replication::FlowBytes;
 use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
+use stateplane_replication::snapshot::{SnapshotConfig, Snapshots};
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowMap, Holder, Reply, Request};
 use stateplane_runtime::{
@@ -61,6 +63,13 @@ pub struct ReplicationSettings {
     /// An unanswered request is sent again after at least this long, longer as the store
     /// answers slower (milliseconds; 20 by default).
     pub retransmit_ms: Option<u64>,
+    /// Bounded mode: a snapshot every this many milliseconds (1 to 60,000; 100 by default).
+    pub snapshot_ms: Option<u64>,
+    /// Bounded mode: the staleness bound ε, in milliseconds (at least `snapshot_ms`; ten
+    /// snapshots' time by default).
+    pub staleness_ms: Option<u64>,
+    /// Bounded mode: past the bound, "report" (the default), "drop" or "stop".
+    pub on_stale: Option<String>,
     /// Each packet of a replicated flow, its input and output with call and return times,
     /// written to this file as JSON lines (docs/REPLICATION.md, *Histories*); `--history`.
     pub history: Option<std::path::PathBuf>,
@@ -111,6 +120,14 @@ pub struct ReplicationCounters {
     /// Packets held across bursts now (summed over workers), and the most one worker held.
     pub held: AtomicU64,
     pub held_most: AtomicU64,
+    /// Bounded mode: snapshots the store acknowledged, their bytes, images installed from
+    /// the store, packets processed while the store's snapshot was past the bound, and
+    /// the most staleness seen.
+    pub snapshots: AtomicU64,
+    pub snapshot_bytes: AtomicU64,
+    pub installed: AtomicU64,
+    pub stale: AtomicU64,
+    pub staleness_most_ns: AtomicU64,
 }
 
 /// A checked `[replication]` section, ready to make each worker's stage.
@@ -118,6 +135,8 @@ pub struct ReplicationCounters {
 pub struct ReplicationPlan {
     store: Store,
     store_name: String,
+    /// Bounded mode's settings (`None`: linearizable).
+    bounded: Option<SnapshotSettings>,
     replica: ReplicaConfig,
     switch: u32,
     incarnation: u32,
@@ -187,11 +206,46 @@ impl ReplicationSettings {
     }
 
     pub fn plan(&self) -> Result<ReplicationPlan, String> {
-        if self.mode()? == ReplicationMode::Bounded {
-            return Err("replication.mode: 'bounded' (periodic snapshots) has no stage in \
-                        the run yet; use 'linearizable'"
-                .into());
-        }
+        let bounded = match self.mode()? {
+            ReplicationMode::Bounded => {
+                if self.history.is_some() {
+                    return Err(
+                        "replication.history: histories record the packets of flows \
+                                replicated in linearizable mode; bounded mode has none: leave \
+                                --history out"
+                            .into(),
+                    );
+                }
+                let snapshot_ms =
+                    within("snapshot_ms", self.snapshot_ms.unwrap_or(100), 1, 60_000)?;
+                let staleness_ms = self.staleness_ms.unwrap_or(10 * snapshot_ms);
+                if staleness_ms < snapshot_ms {
+                    return Err(format!(
+                        "replication.staleness_ms: {staleness_ms} is below snapshot_ms \
+                         ({snapshot_ms}): the store's state is a snapshot's time old between \
+                         two; give at least {snapshot_ms}"
+                    ));
+                }
+                let staleness_ms = within("staleness_ms", staleness_ms, 1, 3_600_000)?;
+                let on_stale = OnStale::parse(self.on_stale.as_deref().unwrap_or("report"))?;
+                Some((snapshot_ms, staleness_ms, on_stale))
+            }
+            ReplicationMode::Linearizable => {
+                for (set, key) in [
+                    (self.snapshot_ms.is_some(), "snapshot_ms"),
+                    (self.staleness_ms.is_some(), "staleness_ms"),
+                    (self.on_stale.is_some(), "on_stale"),
+                ] {
+                    if set {
+                        return Err(format!(
+                            "replication.{key}: it sets bounded mode's snapshots, and the mode \
+                             is linearizable; set mode = \"bounded\", or leave {key} out"
+                        ));
+                    }
+                }
+                None
+            }
+        };
         let lease_ms = within("lease_ms", self.lease_ms.unwrap_or(1_000), 100, 60_000)?;
         let switch = within("switch", u64::from(self.switch.unwrap_or(1)), 1, 0xff_ffff)? as u32;
         let park_limit = within(
@@ -285,9 +339,22 @@ impl ReplicationSettings {
                 })))
             }
         };
+        let bounded = bounded.map(|(snapshot_ms, staleness_ms, on_stale)| SnapshotSettings {
+            config: SnapshotConfig {
+                period_ns: ms(snapshot_ms),
+                bound_ns: ms(staleness_ms),
+                lease_ns: replica.lease_ns,
+                margin_ns: replica.margin_ns,
+                retransmit_ns: replica.retransmit_ns,
+            },
+            on_stale,
+            park_limit,
+            park_timeout_ns: replica.park_timeout_ns,
+        });
         Ok(ReplicationPlan {
             store,
             store_name,
+            bounded,
             replica,
             switch,
             incarnation,
@@ -313,6 +380,15 @@ impl ReplicationPlan {
                 log::warn!("replication: worker {w}: {e}; its flows wait for the store");
                 Box::new(Unreachable)
             });
+            if let Some(settings) = plan.bounded {
+                return Box::new(SnapshotStage::new(
+                    Snapshots::key_of(plan.switch, w),
+                    holder,
+                    settings,
+                    link,
+                    Arc::clone(&plan.counters),
+                )) as Box<dyn StateStage>;
+            }
             Box::new(ReplicationStage::new(
                 Replica::new(holder, plan.replica),
                 plan.replica,
@@ -335,6 +411,10 @@ impl ReplicationPlan {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ReplicationReport {
             store: self.store_name.clone(),
+            mode: match self.bounded {
+                Some(_) => "bounded",
+                None => "linearizable",
+            },
             processed: get(&c.processed),
             waited_for_lease: get(&c.waited_for_lease),
             waited_for_store: get(&c.waited_for_store),
@@ -355,6 +435,11 @@ impl ReplicationPlan {
             reconnects: get(&c.reconnects),
             repeats_held: get(&c.repeats_held),
             held_most: get(&c.held_most),
+            snapshots: get(&c.snapshots),
+            snapshot_bytes: get(&c.snapshot_bytes),
+            installed: get(&c.installed),
+            stale: get(&c.stale),
+            staleness_most_ms: get(&c.staleness_most_ns) as f64 / 1e6,
         }
     }
 }
@@ -383,6 +468,8 @@ impl StoreLink<FlowBytes> for Unreachable {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ReplicationReport {
     pub store: String,
+    /// "linearizable" or "bounded".
+    pub mode: &'static str,
     pub processed: u64,
     pub waited_for_lease: u64,
     pub waited_for_store: u64,
@@ -406,10 +493,44 @@ pub struct ReplicationReport {
     pub repeats_held: u64,
     /// The most packets one worker held across bursts at once.
     pub held_most: u64,
+    /// Bounded mode: snapshots the store acknowledged and their bytes, images installed
+    /// from the store, packets processed while stale, and the most staleness seen.
+    pub snapshots: u64,
+    pub snapshot_bytes: u64,
+    pub installed: u64,
+    pub stale: u64,
+    pub staleness_most_ms: f64,
 }
 
 impl ReplicationReport {
     pub fn table(&self) -> String {
+        if self.mode == "bounded" {
+            return format!(
+                "replication to {} (bounded):\n  packets {}  held for the store's image {}  \
+                 dropped unreplicated {}\n  snapshots written {} ({} bytes, {} begun)  \
+                 images installed {}  staleness at most {:.1} ms  packets while stale {}\n  \
+                 leases asked {}  renewed {}  fenced {}  sent again {}  round trips {}  \
+                 store errors {}  reconnects {}  images refused {}\n",
+                self.store,
+                self.processed,
+                self.waited_for_lease,
+                self.dropped,
+                self.snapshots,
+                self.snapshot_bytes,
+                self.writes,
+                self.installed,
+                self.staleness_most_ms,
+                self.stale,
+                self.acquires,
+                self.renewals,
+                self.fenced,
+                self.retransmits,
+                self.round_trips,
+                self.store_errors,
+                self.reconnects,
+                self.install_refused,
+            );
+        }
         format!(
             "replication to {}:\n  packets {}  waited for a lease {}  for the store {}  \
              dropped unreplicated {}\n  writes {} (changes folded in {})  leases asked {} \
@@ -1372,6 +1493,7 @@ impl StateStage for ReplicationStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_store::{Gated, Sent};
     use stateplane_runtime::{Counter, Program, Worker};
     use stateplane_wire::FlowHasher;
     use std::sync::atomic::AtomicBool;
@@ -1501,36 +1623,6 @@ mod tests {
         }
     }
 
-    /// A memory store whose answers wait while the gate is shut.
-    struct Gated {
-        link: stateplane_stores::memory::MemoryLink<FlowBytes>,
-        open: Arc<AtomicBool>,
-        /// Every request sent, for the tests to read.
-        sent: Sent,
-    }
-
-    type Sent = Arc<Mutex<Vec<Request<FlowBytes, Value>>>>;
-
-    impl StoreLink<FlowBytes> for Gated {
-        fn send(&mut self, holder: Holder, requests: &mut Vec<Request<FlowBytes, Value>>) {
-            if let Ok(mut sent) = self.sent.lock() {
-                sent.extend(requests.iter().cloned());
-            }
-            self.link.send(holder, requests);
-        }
-        fn receive(&mut self, out: &mut Vec<Reply<FlowBytes, Value>>) {
-            if self.open.load(Ordering::Relaxed) {
-                self.link.receive(out);
-            }
-        }
-        fn wake_fd(&self) -> Option<std::os::fd::RawFd> {
-            None
-        }
-        fn counters(&self) -> LinkCounters {
-            self.link.counters()
-        }
-    }
-
     fn worker(park_timeout_ns: u64) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
         worker_of(Box::new(Tally::default()), park_timeout_ns)
     }
@@ -1559,13 +1651,7 @@ mod tests {
         store: &MemoryStore<FlowBytes>,
         config: ReplicaConfig,
     ) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>, Sent) {
-        let open = Arc::new(AtomicBool::new(false));
-        let sent = Sent::default();
-        let link = Gated {
-            link: store.link(),
-            open: Arc::clone(&open),
-            sent: Arc::clone(&sent),
-        };
+        let (link, open, sent) = Gated::on(store);
         let holder = Holder {
             switch: 1 << 8,
             incarnation: 1,
