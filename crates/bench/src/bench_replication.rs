@@ -112,7 +112,7 @@ fn run_case(case: &Case, burst: usize, extra: &str, packets: u64) -> BenchResult
 }
 
 /// Writes a generated capture of `cfg` to `path`; its packets and flows.
-fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64)> {
+pub(crate) fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64)> {
     let mut writer = CaptureWriter::create(path).map_err(|e| e.to_string())?;
     let summary = generate(cfg, |ts, f| writer.write(ts, f, f.len() as u32), |_| {})
         .map_err(|e| e.to_string())?;

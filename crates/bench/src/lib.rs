@@ -20,6 +20,7 @@ pub mod bench_flows;
 pub mod bench_pipeline;
 pub mod bench_replication;
 pub mod bench_replication_store;
+pub mod bench_snapshots;
 pub mod bench_sync;
 pub mod bench_sync_hh;
 pub mod bench_sync_migrate;

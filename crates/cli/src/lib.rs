@@ -93,6 +93,10 @@ enum Command {
     /// The replication store's sequenced write a second, one flow per call, by calls per
     /// round trip, for the memory store and a real Redis on loopback, every write checked.
     BenchReplicationStore(stateplane_bench::bench_replication_store::BenchReplicationStoreArgs),
+    /// hh's packets a second and staleness with its sketches replicated in bounded mode
+    /// (periodic snapshots) to the memory store and a real Redis, by snapshot period,
+    /// beside unreplicated; every Redis run's last snapshots checked to hold every packet.
+    BenchSnapshots(stateplane_bench::bench_snapshots::BenchSnapshotsArgs),
     /// The flow stage's experiments: microflow records per packet against table memory,
     /// the aggregator with each optimization on in turn, two levels against one.
     BenchFlows(stateplane_bench::bench_flows::BenchFlowsArgs),
@@ -147,6 +151,7 @@ pub fn main() -> ExitCode {
         Command::BenchReplicationStore(args) => {
             stateplane_bench::bench_replication_store::main(args)
         }
+        Command::BenchSnapshots(args) => stateplane_bench::bench_snapshots::main(args),
         Command::BenchSyncReorder(args) => stateplane_bench::bench_sync_reorder::main_reorder(args),
         Command::BenchPipeline(args) => stateplane_bench::bench_pipeline::main(args),
         Command::BenchAddOnMiss(args) => stateplane_bench::bench_addonmiss::main(args),

@@ -1153,63 +1153,13 @@ fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
     assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
 }
 
-/// A snapshot in Redis: its (switch, worker), and each sketch's row sums.
-type StoredSketches = ((u32, u32), Vec<Vec<u64>>);
-
-/// The words of each switch's and worker's snapshot in Redis, by (switch, worker): each
-/// sketch's row sums (count-min rows each sum to the packets the sketch counted).
-fn stored_sketch_rows(url: &str) -> Vec<StoredSketches> {
-    use stateplane_replication::snapshot::read_image;
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    // "snapshot/" in hex, the start of every snapshot's key.
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("stateplane:rep:{736e617073686f742f*")
-        .query(&mut conn)
-        .unwrap();
-    let (depth, width, sketches) = (4usize, 4096usize, 65usize);
-    let mut found = Vec::new();
-    for k in keys {
-        let hex = k
-            .trim_start_matches("stateplane:rep:{")
-            .trim_end_matches('}');
-        let word = |at: usize| u32::from_str_radix(&hex[at..at + 8], 16).unwrap();
-        let (switch, worker) = (word(18), word(26));
-        let image: Vec<u8> = redis::cmd("HGET")
-            .arg(&k)
-            .arg("v")
-            .query(&mut conn)
-            .unwrap();
-        let mut rows = vec![vec![0u64; depth]; sketches];
-        read_image(
-            &image,
-            |id| match id {
-                0 => Some((sketches * depth * width) as u32),
-                u16::MAX => Some(2 + 65 + 4096),
-                _ => None,
-            },
-            |id, first, words| {
-                if id == 0 {
-                    for (i, w) in words.iter().enumerate() {
-                        let cell = first as usize + i;
-                        rows[cell / (depth * width)][cell / width % depth] += w;
-                    }
-                }
-            },
-        )
-        .unwrap();
-        found.push(((switch, worker), rows));
-    }
-    found.sort();
-    found
-}
-
 /// `hh` with its sketches in bounded mode on a real Redis: each worker's snapshots reach
 /// the store whole (every tenant's sketch counts every packet of the run); a second run
 /// as the same switch installs them and counts on (the interval and the tenants' sketches
 /// come with the counts), and a run as another switch starts afresh.
 #[test]
 fn hh_sketches_in_bounded_mode_survive_a_restart_through_redis() {
+    use stateplane_bench::bench_snapshots::{StoredSketches, stored_packets, stored_sketch_rows};
     let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
     let trace = tmp("bounded-hh.pcap");
     ok(bin()
@@ -1244,20 +1194,8 @@ fn hh_sketches_in_bounded_mode_survive_a_restart_through_redis() {
     assert_eq!(r["mode"], "bounded");
     assert!(r["snapshots"].as_u64().unwrap() >= 2, "{r}");
     assert_eq!(r["installed"], 0);
-    let total = |stored: &[StoredSketches], switch: u32| -> u64 {
-        let mut sum = 0;
-        for (_, rows) in stored.iter().filter(|(at, _)| at.0 == switch) {
-            for sketch in rows {
-                assert!(
-                    sketch.iter().all(|&r| r == sketch[0]),
-                    "rows of one sketch: {sketch:?}"
-                );
-                sum += sketch[0];
-            }
-        }
-        sum
-    };
-    let stored = stored_sketch_rows(&server.url());
+    let total = |stored: &[StoredSketches], switch: u32| stored_packets(stored, switch).unwrap();
+    let stored = stored_sketch_rows(&server.url()).unwrap();
     assert_eq!(stored.len(), 2, "one image a worker");
     assert_eq!(
         total(&stored, 1),
@@ -1269,12 +1207,12 @@ fn hh_sketches_in_bounded_mode_survive_a_restart_through_redis() {
     let r = &second["replication"];
     assert_eq!(r["installed"], 2, "each worker installed its image: {r}");
     assert_eq!(second["counters"]["tx_packets"].as_u64(), Some(packets));
-    let stored = stored_sketch_rows(&server.url());
+    let stored = stored_sketch_rows(&server.url()).unwrap();
     assert_eq!(total(&stored, 1), 2 * packets, "counted on from the images");
 
     let other = run_json(&config(2));
     assert_eq!(other["replication"]["installed"], 0);
-    let stored = stored_sketch_rows(&server.url());
+    let stored = stored_sketch_rows(&server.url()).unwrap();
     assert_eq!(
         total(&stored, 2),
         packets,

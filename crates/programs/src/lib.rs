@@ -726,6 +726,10 @@ impl Program for Guaranteed {
         self.inner.snapshot_read(id, first, out)
     }
 
+    fn snapshot_changed(&self, id: u16, first: u32, len: u32) -> bool {
+        self.inner.snapshot_changed(id, first, len)
+    }
+
     fn snapshot_aside(&self) -> Vec<u64> {
         self.inner.snapshot_aside()
     }

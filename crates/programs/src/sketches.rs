@@ -59,6 +59,11 @@ macro_rules! synced_sketch_methods {
             let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
             register.snapshot_read(sketches, id, first, out)
         }
+
+        fn snapshot_changed(&self, id: u16, first: u32, len: u32) -> bool {
+            let (register, sketches) = $crate::sketches::Sketched::sketches(self);
+            register.snapshot_changed(sketches, id, first, len)
+        }
     };
 }
 pub(crate) use synced_sketch_methods;
@@ -237,6 +242,27 @@ impl SketchRegister {
                 .snapshot_read(j, &mut out[read..]);
         }
         read
+    }
+
+    /// Whether the snapshot's counters `first .. first + len` may have changed since the
+    /// snapshot before (see `Program::snapshot_changed`).
+    pub fn snapshot_changed(&self, sketches: &[CountMin], id: u16, first: u32, len: u32) -> bool {
+        if self.synced != Some(id) {
+            return true;
+        }
+        let (mut at, end) = (first as usize, first as usize + len as usize);
+        while at < end {
+            let Some((k, j)) = Self::locate(sketches, at) else {
+                return false;
+            };
+            let counters = sketches[k].counters();
+            let n = (counters.len() - j).min(end - at);
+            if counters.snapshot_changed(j, n) {
+                return true;
+            }
+            at += n;
+        }
+        false
     }
 
     /// Writes a counter, capped at its maximum as the sketch's own additions are.

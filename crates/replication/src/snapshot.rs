@@ -446,21 +446,18 @@ impl Snapshots {
 /// ```text
 /// image := "SPS1" | states u16 | state × states
 /// state := id u16 | cells u32 | runs u32 | run × runs
-/// run   := zeros varint | count varint | count × word varint
+/// run   := first varint | count varint | width u8 | count × word   (in order of
+///          `first`; each word `width` bytes, little-endian: 1, 2, 4 or 8)
 /// ```
-/// (varints: LEB128.) Written as the snapshot is read, a run of words at a time.
+/// (varints: LEB128.) Written as the snapshot is read, a chunk of a state's words at a
+/// time; a run never spans two chunks, so that a chunk unchanged since the last snapshot
+/// is written again as it was encoded then ([`ImageWriter::encoded`]).
 pub struct ImageWriter {
     out: Vec<u8>,
     states: u16,
-    /// The state being written: where its count of runs goes, that count, its cells,
-    /// those covered so far, and the non-zero words waiting to be written as a run after
-    /// `zeros` zeros.
+    /// The state being written: where its count of runs goes, and that count.
     runs_at: usize,
     runs: u32,
-    cells: u32,
-    covered: u32,
-    zeros: u32,
-    run: Vec<u64>,
 }
 
 const MAGIC: &[u8; 4] = b"SPS1";
@@ -480,16 +477,76 @@ impl Default for ImageWriter {
             states: 0,
             runs_at: 0,
             runs: 0,
-            cells: 0,
-            covered: 0,
-            zeros: 0,
-            run: Vec::new(),
         }
     }
 }
 
+/// A chunk's encoding: its runs' bytes and how many runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chunk {
+    pub bytes: Vec<u8>,
+    pub runs: u32,
+}
+
+impl Chunk {
+    /// Encodes the words of cells `first, first + 1, ...`, the zeros skipped a block of
+    /// [`ZERO_BLOCK`] at a time (a run keeps the zeros inside its blocks: a sketch under
+    /// load is zeros and counts mixed, and skipping each zero on its own costs a
+    /// mispredicted branch a word).
+    pub fn encode(first: u32, words: &[u64]) -> Chunk {
+        let mut chunk = Chunk::default();
+        let blocks: Vec<&[u64]> = words.chunks(ZERO_BLOCK).collect();
+        let mut b = 0;
+        while b < blocks.len() {
+            if blocks[b].iter().fold(0, |a, &w| a | w) == 0 {
+                b += 1;
+                continue;
+            }
+            let start = b;
+            let mut widest = 0u64;
+            while b < blocks.len() {
+                let any = blocks[b].iter().fold(0, |a, &w| a | w);
+                if any == 0 {
+                    break;
+                }
+                widest |= any;
+                b += 1;
+            }
+            let (lo, hi) = (start * ZERO_BLOCK, (b * ZERO_BLOCK).min(words.len()));
+            let run = &words[lo..hi];
+            varint(&mut chunk.bytes, u64::from(first) + lo as u64);
+            varint(&mut chunk.bytes, run.len() as u64);
+            // The fewest bytes of 1, 2, 4 or 8 that hold every word of the run.
+            let out = &mut chunk.bytes;
+            match widest {
+                0..=0xff => {
+                    out.push(1);
+                    out.extend(run.iter().map(|&w| w as u8));
+                }
+                0x100..=0xffff => {
+                    out.push(2);
+                    out.extend(run.iter().flat_map(|&w| (w as u16).to_le_bytes()));
+                }
+                0x1_0000..=0xffff_ffff => {
+                    out.push(4);
+                    out.extend(run.iter().flat_map(|&w| (w as u32).to_le_bytes()));
+                }
+                _ => {
+                    out.push(8);
+                    out.extend(run.iter().flat_map(|&w| w.to_le_bytes()));
+                }
+            }
+            chunk.runs += 1;
+        }
+        chunk
+    }
+}
+
+/// Words whose zeros a chunk's encoding skips together.
+pub const ZERO_BLOCK: usize = 16;
+
 impl ImageWriter {
-    /// Starts state `id` of `cells` words (the state before it must be complete).
+    /// Starts state `id` of `cells` words; its chunks follow in order of their cells.
     pub fn state(&mut self, id: u16, cells: u32) {
         self.end_state();
         self.states += 1;
@@ -498,53 +555,19 @@ impl ImageWriter {
         self.runs_at = self.out.len();
         self.out.extend_from_slice(&0u32.to_le_bytes());
         self.runs = 0;
-        self.cells = cells;
-        self.covered = 0;
-        self.zeros = 0;
     }
 
-    /// The state's next words, in order (words past its cells are not taken).
-    pub fn words(&mut self, words: &[u64]) {
-        let room = (self.cells - self.covered) as usize;
-        for &w in &words[..words.len().min(room)] {
-            if w == 0 {
-                if !self.run.is_empty() {
-                    self.flush();
-                }
-                self.zeros += 1;
-            } else {
-                self.run.push(w);
-            }
-        }
-        self.covered += words.len().min(room) as u32;
+    /// The state's next chunk, encoded ([`Chunk::encode`]).
+    pub fn encoded(&mut self, chunk: &Chunk) {
+        self.out.extend_from_slice(&chunk.bytes);
+        self.runs += chunk.runs;
     }
 
-    /// Ends the state being written: its last run, and its count of runs.
+    /// Ends the state being written: its count of runs.
     fn end_state(&mut self) {
-        self.flush();
         if self.runs_at > 0 {
             self.out[self.runs_at..self.runs_at + 4].copy_from_slice(&self.runs.to_le_bytes());
         }
-    }
-
-    /// Writes the run waiting, if any.
-    fn flush(&mut self) {
-        if self.run.is_empty() {
-            return;
-        }
-        self.runs += 1;
-        varint(&mut self.out, u64::from(self.zeros));
-        varint(&mut self.out, self.run.len() as u64);
-        for &w in &self.run {
-            varint(&mut self.out, w);
-        }
-        self.run.clear();
-        self.zeros = 0;
-    }
-
-    /// Whether the state's words are all written.
-    pub fn state_done(&self) -> bool {
-        self.covered == self.cells
     }
 
     /// The image (every state begun must be complete).
@@ -569,7 +592,7 @@ pub enum ImageError {
     },
     /// State `id` is not replicated here.
     UnknownState(u16),
-    /// A run goes past its state's end.
+    /// A run goes past its state's end, or before the end of the run before it.
     Overrun(u16),
     /// Bytes after the last state.
     Trailing,
@@ -590,7 +613,7 @@ impl std::fmt::Display for ImageError {
                  configuration changed since the image was written)"
             ),
             ImageError::UnknownState(id) => write!(f, "state {id} is not replicated here"),
-            ImageError::Overrun(id) => write!(f, "state {id}'s words go past its end"),
+            ImageError::Overrun(id) => write!(f, "state {id}'s runs overlap or go past its end"),
             ImageError::Trailing => write!(f, "bytes follow the image's last state"),
         }
     }
@@ -620,19 +643,23 @@ pub fn read_image(
                 expected,
             });
         }
-        let mut at = 0u64;
+        // The end of the state's last run: runs come in order, apart.
+        let mut end = 0u64;
         for _ in 0..u32::from_le_bytes(r.take()?) {
-            let zeros = r.varint()?;
+            let first = r.varint()?;
             let count = r.varint()?;
-            at = at.saturating_add(zeros);
-            if count == 0 || at.saturating_add(count) > u64::from(cells) {
+            if first < end || count == 0 || first.saturating_add(count) > u64::from(cells) {
                 return Err(ImageError::Overrun(id));
             }
+            let [width] = r.take::<1>()?;
+            if !matches!(width, 1 | 2 | 4 | 8) {
+                return Err(ImageError::NotAnImage);
+            }
             let words = (0..count)
-                .map(|_| r.varint())
+                .map(|_| r.word(usize::from(width)))
                 .collect::<Result<Vec<_>, _>>()?;
-            runs.push((id, at as u32, words));
-            at += count;
+            runs.push((id, first as u32, words));
+            end = first + count;
         }
     }
     if !r.bytes.is_empty() {
@@ -656,6 +683,18 @@ impl Reader<'_> {
             .ok_or(ImageError::Truncated)?;
         self.bytes = rest;
         Ok(*head)
+    }
+
+    /// A little-endian word of `width` bytes (at most 8).
+    fn word(&mut self, width: usize) -> Result<u64, ImageError> {
+        let (head, rest) = self
+            .bytes
+            .split_at_checked(width)
+            .ok_or(ImageError::Truncated)?;
+        self.bytes = rest;
+        let mut b = [0u8; 8];
+        b[..width].copy_from_slice(head);
+        Ok(u64::from_le_bytes(b))
     }
 
     fn varint(&mut self) -> Result<u64, ImageError> {
@@ -883,15 +922,18 @@ mod tests {
     #[test]
     fn an_image_reads_back_run_by_run_and_a_bad_one_is_refused_whole() {
         let mut w = ImageWriter::default();
-        w.state(0, 10);
-        w.words(&[0, 0, 5, 6, 0]);
-        w.words(&[0, 1 << 40, 0, 0, 0, 99]);
-        assert!(w.state_done());
+        w.state(0, 50);
+        let mut words = [0u64; 40];
+        (words[20], words[21]) = (5, 6);
+        w.encoded(&Chunk::encode(0, &words));
+        let mut tail = [0u64; 10];
+        tail[1] = 1 << 40;
+        w.encoded(&Chunk::encode(40, &tail));
         w.state(2, 3);
-        w.words(&[0, 0, 0]);
+        w.encoded(&Chunk::encode(0, &[0, 0, 0]));
         let image = w.finish();
         let cells = |id| match id {
-            0 => Some(10),
+            0 => Some(50),
             2 => Some(3),
             _ => None,
         };
@@ -900,14 +942,18 @@ mod tests {
             got.push((id, first, words.to_vec()))
         })
         .unwrap();
-        assert_eq!(got, [(0, 2, vec![5, 6]), (0, 6, vec![1 << 40])]);
-        // Words past a state's cells are not taken.
+        // Blocks of zeros are skipped; a block with a count goes whole.
+        assert_eq!(
+            got,
+            [(0, 16, words[16..32].to_vec()), (0, 40, tail.to_vec())]
+        );
+        // A state of other cells than here is refused.
         let other = |id| (id == 0).then_some(9);
         assert_eq!(
             read_image(&image, other, |_, _, _| panic!("nothing is installed")),
             Err(ImageError::Mismatch {
                 id: 0,
-                cells: 10,
+                cells: 50,
                 expected: 9
             })
         );
@@ -924,5 +970,21 @@ mod tests {
         let mut over = image.clone();
         over[6 + 6] = 200; // the first state's runs
         assert!(read_image(&over, cells, |_, _, _| panic!("nothing is installed")).is_err());
+        // Runs out of order, or past the state's end.
+        for chunks in [
+            [(20, vec![0, 7]), (0, vec![0, 0, 5])],
+            [(0, vec![1]), (48, vec![1, 2, 3])],
+        ] {
+            let mut w = ImageWriter::default();
+            w.state(0, 50);
+            for (first, words) in chunks {
+                w.encoded(&Chunk::encode(first, &words));
+            }
+            let bad = w.finish();
+            assert_eq!(
+                read_image(&bad, cells, |_, _, _| panic!("nothing is installed")),
+                Err(ImageError::Overrun(0))
+            );
+        }
     }
 }

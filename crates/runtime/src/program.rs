@@ -304,6 +304,13 @@ pub trait Program: Send {
         0
     }
 
+    /// Whether any of cells `first .. first + len` of state `id` may differ in the
+    /// snapshot begun last from the one begun before it (a reader may then keep what it
+    /// read of them last time). `true` unless the program knows better.
+    fn snapshot_changed(&self, _id: u16, _first: u32, _len: u32) -> bool {
+        true
+    }
+
     /// The words a program keeps beside the state it snapshots that give that state its
     /// meaning (`hh`: which sketch counts which tenant, the interval counted), taken whole
     /// as a snapshot begins and installed with it ([`Program::install_aside`]); keep them
@@ -415,6 +422,7 @@ pub trait Running: Send {
     fn commit_synced_write(&mut self) -> u64;
     fn snapshot_begin(&mut self, id: u16) -> bool;
     fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize;
+    fn snapshot_changed(&self, id: u16, first: u32, len: u32) -> bool;
     fn snapshot_aside(&self) -> Vec<u64>;
     fn install_aside(&mut self, words: &[u64]);
     fn replicate(&mut self, name: &str) -> bool;
@@ -528,6 +536,10 @@ impl<P: Program> Running for P {
 
     fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize {
         Program::snapshot_read(self, id, first, out)
+    }
+
+    fn snapshot_changed(&self, id: u16, first: u32, len: u32) -> bool {
+        Program::snapshot_changed(self, id, first, len)
     }
 
     fn snapshot_aside(&self) -> Vec<u64> {

@@ -79,6 +79,22 @@ impl Dirty {
         self.take(|block| copy[block.clone()].copy_from_slice(&cells[block]));
     }
 
+    /// Takes `other`'s marks as these (`other`: for as many cells).
+    pub fn copy_from(&mut self, other: &Dirty) {
+        self.marks.copy_from_slice(&other.marks);
+    }
+
+    /// Whether a block of cells `cells` is marked.
+    pub fn any_in(&self, cells: Range<usize>) -> bool {
+        if cells.is_empty() {
+            return false;
+        }
+        let (first, last) = (self.block_of(cells.start), self.block_of(cells.end - 1));
+        self.marks
+            .get(first..=last.min(self.marks.len().saturating_sub(1)))
+            .is_some_and(|m| m.iter().any(|&b| b != 0))
+    }
+
     /// Moves `other`'s marks into these (`other`: for as many cells), leaving it unmarked.
     pub fn absorb(&mut self, other: &mut Dirty) {
         for (mine, theirs) in self.marks.iter_mut().zip(other.marks.iter_mut()) {

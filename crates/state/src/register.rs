@@ -58,6 +58,8 @@ struct Tracked<T> {
     /// Blocks marked in `pending` (0: no snapshot is being read, and a write looks no
     /// further than this).
     pending_blocks: usize,
+    /// The blocks the snapshot begun last found changed since the one before began.
+    changed: Dirty,
 }
 
 impl<T: Copy> Tracked<T> {
@@ -103,6 +105,7 @@ impl<T: Copy + Default> Register<T> {
             taken: self.cells.clone(),
             pending: Dirty::new(self.cells.len()),
             pending_blocks: 0,
+            changed: Dirty::new(self.cells.len()),
         });
     }
 
@@ -130,6 +133,7 @@ impl<T: Copy + Default> Register<T> {
         };
         tracked.pending.absorb(&mut tracked.dirty);
         tracked.pending_blocks = tracked.pending.marked();
+        tracked.changed.copy_from(&tracked.pending);
         true
     }
     /// Reads the snapshot begun last: the words of cells `first, first + 1, ...` as they
@@ -156,6 +160,15 @@ impl<T: Copy + Default> Register<T> {
             *word = cell.word();
         }
         end - first
+    }
+
+    /// Whether any of cells `first .. first + len` may differ in the snapshot begun last
+    /// from the one begun before it (always, for a register not tracked): the reader of
+    /// a snapshot may keep what it read of them last time.
+    pub fn snapshot_changed(&self, first: usize, len: usize) -> bool {
+        self.tracked
+            .as_ref()
+            .is_none_or(|t| t.changed.any_in(first..(first + len).min(self.cells.len())))
     }
 
     /// Whether a snapshot is being read: some of its blocks are not read yet.
@@ -378,6 +391,7 @@ mod tests {
             let mut r: Register<u32> = Register::new(290);
             r.track(3, 0);
             let mut frozen: Option<Vec<u32>> = None;
+            let mut before: Option<Vec<u32>> = None;
             for op in ops {
                 match op {
                     Op::Write(i, v) => r.write(i % 290, v).unwrap(),
@@ -385,7 +399,18 @@ mod tests {
                     Op::Clear => r.clear(),
                     Op::Begin => {
                         proptest::prop_assert!(r.snapshot_begin());
-                        frozen = Some(r.as_slice().to_vec());
+                        let now = r.as_slice().to_vec();
+                        // What the snapshot calls unchanged is as the one before had it.
+                        if let Some(before) = &before {
+                            for first in (0..290).step_by(20) {
+                                let end = (first + 20).min(290);
+                                if !r.snapshot_changed(first, 20) {
+                                    proptest::prop_assert_eq!(&now[first..end], &before[first..end]);
+                                }
+                            }
+                        }
+                        before = Some(now.clone());
+                        frozen = Some(now);
                     }
                     Op::Read(first, n) => {
                         let mut out = vec![0u64; n];

@@ -17,7 +17,8 @@
 
 use crate::replication_stage::ReplicationCounters;
 use stateplane_replication::snapshot::{
-    ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats, Snapshots, read_image,
+    Chunk, ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats, Snapshots,
+    read_image,
 };
 use stateplane_replication::{FlowBytes, Holder};
 use stateplane_runtime::{Burst, Context, DropReason, Held, Running, StateStage, Verdict};
@@ -80,6 +81,8 @@ pub struct SnapshotStage {
     states: Vec<(u16, u32)>,
     /// The snapshot being read: its image so far, and the state and cell it is at.
     image: Option<(ImageWriter, usize, u32)>,
+    /// Each state's chunks as the last snapshot encoded them (`READ_SHARE` cells each).
+    chunks: Vec<Vec<Option<Chunk>>>,
     words: Vec<u64>,
     held: Held<Waiting>,
     waiting: VecDeque<u64>,
@@ -122,6 +125,7 @@ impl SnapshotStage {
             park_timeout_ns: settings.park_timeout_ns,
             states: Vec::new(),
             image: None,
+            chunks: Vec::new(),
             words: vec![0; READ_SHARE],
             held: Held::default(),
             waiting: VecDeque::new(),
@@ -147,13 +151,15 @@ impl SnapshotStage {
     fn pump(&mut self, program: &mut dyn Running, shares: usize) {
         if self.states.is_empty() {
             self.states = program.synced();
+            self.chunks = vec![Vec::new(); self.states.len()];
         }
         let now = self.now();
         self.link.receive(&mut self.replies);
         for reply in std::mem::take(&mut self.replies) {
             if let Some(installed) = self.snapshots.handle_reply(now, reply) {
-                // A snapshot of the state replaced is no more.
+                // A snapshot of the state replaced is no more, nor what it encoded.
                 self.image = None;
+                self.chunks.iter_mut().for_each(Vec::clear);
                 self.install(program, installed);
             }
         }
@@ -181,24 +187,42 @@ impl SnapshotStage {
             let aside = program.snapshot_aside();
             if !aside.is_empty() {
                 image.state(ASIDE, aside.len() as u32);
-                image.words(&aside);
+                image.encoded(&Chunk::encode(0, &aside));
             }
             self.image = Some((image, 0, 0));
         }
         let Some((image, state, cell)) = &mut self.image else {
             return;
         };
-        let mut budget = READ_SHARE * shares;
+        let mut budget = READ_SHARE.saturating_mul(shares);
         while budget > 0 && *state < self.states.len() {
             let (id, cells) = self.states[*state];
             if *cell == 0 {
                 image.state(id, cells);
             }
-            let n = budget.min(READ_SHARE).min((cells - *cell) as usize);
-            let read = program.snapshot_read(id, *cell, &mut self.words[..n]);
-            image.words(&self.words[..read]);
+            // A chunk (whole: `cell` stays a multiple of READ_SHARE) unchanged since the
+            // last snapshot is written as it was encoded then, for a glance's cost.
+            let n = READ_SHARE.min((cells - *cell) as usize);
+            let chunks = &mut self.chunks[*state];
+            let slot = *cell as usize / READ_SHARE;
+            if chunks.len() <= slot {
+                chunks.resize(slot + 1, None);
+            }
+            let (read, cost) = match &chunks[slot] {
+                Some(chunk) if !program.snapshot_changed(id, *cell, n as u32) => {
+                    image.encoded(chunk);
+                    (n, READ_SHARE / 64)
+                }
+                _ => {
+                    let read = program.snapshot_read(id, *cell, &mut self.words[..n]);
+                    let chunk = Chunk::encode(*cell, &self.words[..read]);
+                    image.encoded(&chunk);
+                    chunks[slot] = Some(chunk);
+                    (read, READ_SHARE)
+                }
+            };
             *cell += read as u32;
-            budget -= read.max(1);
+            budget = budget.saturating_sub(cost);
             if read < n || *cell >= cells {
                 *state += 1;
                 *cell = 0;
@@ -367,6 +391,7 @@ impl StateStage for SnapshotStage {
     fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
         self.image = None;
         self.states = program.synced();
+        self.chunks = vec![Vec::new(); self.states.len()];
     }
 
     /// A last snapshot of the state as the run ends, once the one on its way is
