@@ -697,6 +697,41 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
     );
 }
 
+/// `bench-snapshots` runs hh unreplicated and in bounded mode on both stores at each
+/// period (it checks every Redis run's last images itself), with its CSV and chart; bad
+/// flags are refused by name.
+#[test]
+fn bench_snapshots_runs_hh_by_period_on_both_stores() {
+    let csv = tmp("snapshots.csv");
+    let svg = tmp("snapshots.svg");
+    ok(bin()
+        .args(["bench-snapshots", "--packets", "20000", "--flows", "300"])
+        .args(["--periods", "2,50", "--repeat", "1", "--csv"])
+        .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 5, "{text}");
+    assert_eq!(rows[0][0], "unreplicated");
+    for row in &rows[1..] {
+        let snapshots: u64 = row[4].parse().unwrap();
+        let bytes: f64 = row[5].parse().unwrap();
+        assert!(snapshots >= 1 && bytes > 0.0, "{row:?}");
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    refused(
+        &["bench-snapshots", "--periods", "0"],
+        "--periods: '0' is not a period from 1 to 60000 ms",
+    );
+}
+
 /// Writes `connections` TCP connections' packets from one side as a capture: from the
 /// inside (198.18.0.1, port 10000 + i, to 198.19.0.1:80), each connection's SYN; from the
 /// outside, each one's SYN-ACK then `more` ACKs carrying data.
