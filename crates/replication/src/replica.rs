@@ -1234,6 +1234,53 @@ mod tests {
         }
     }
 
+    /// A lease granted late, with less of it left than a round trip, still lets the
+    /// packets handed to the worker under it be processed, and the flow's next packet with
+    /// them: the flow does not ask for its lease again under them (that would take the
+    /// lease from packets already processed, which would be dropped as lapsed).
+    #[test]
+    fn packets_handed_to_the_worker_keep_the_lease_they_were_handed_under() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        assert_eq!(r.admit(0, 7, 1), Admit::Parked);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        // The store grants at once; its answer comes 80 ms later, with 19 ms of the lease
+        // left on this side's clock, less than the round trip it measured.
+        for q in out {
+            let a = s.handle(0, r.holder(), q);
+            r.handle_reply(80 * MS, a);
+        }
+        let e = events(&mut r);
+        assert!(
+            matches!(
+                &e[..],
+                [Event::Install { .. }, Event::Process { token: 1, .. }]
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            r.admit(80 * MS, 7, 2),
+            Admit::Process,
+            "not asked for again"
+        );
+        assert!(r.holds(&7, 80 * MS));
+        r.processed(80 * MS, 7, 1, Some(1), u64::MAX);
+        r.processed(80 * MS, 7, 2, Some(2), u64::MAX);
+        round_trip(&mut r, &mut s, 80 * MS);
+        let released: Vec<Token> = (events(&mut r).into_iter())
+            .filter_map(|e| match e {
+                Event::Release { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            released,
+            [1, 2],
+            "both written under the lease and released"
+        );
+    }
+
     #[test]
     fn a_packet_known_only_by_an_alias_waits_for_the_store_to_name_its_flow() {
         let mut r = Replica::new(A, config());

@@ -1689,6 +1689,34 @@ mod tests {
             .collect()
     }
 
+    /// A run from a capture waits for the store once 4,096 packets wait for it, however
+    /// large the park bound: a deeper queue at the store makes requests reach it late for
+    /// their leases.
+    #[test]
+    fn the_worker_is_backlogged_once_4096_packets_wait_for_the_store() {
+        let store = MemoryStore::new(StoreConfig::default());
+        let config = ReplicaConfig {
+            park_limit: 65_536,
+            ..ReplicaConfig::default()
+        };
+        let (mut w, _open, _, _) = worker_on(Box::new(Tally::default()), &store, config);
+        // Flows (input ports) of their own, none granted: every packet waits.
+        let mut port = 0u16;
+        while w.holding() < BACKLOG - 64 {
+            let packets: Vec<(u16, u64)> = (0..64).map(|i| (port + i, 1)).collect();
+            port += 64;
+            w.handle(&mut burst(&packets));
+        }
+        assert!(!w.backlogged(), "{} wait", w.holding());
+        let packets: Vec<(u16, u64)> = (0..64).map(|i| (port + i, 1)).collect();
+        w.handle(&mut burst(&packets));
+        assert_eq!(w.holding(), BACKLOG);
+        assert!(
+            w.backlogged(),
+            "far below half the park bound, at the backlog"
+        );
+    }
+
     #[test]
     fn held_packets_leave_in_later_bursts_in_their_flows_order() {
         let (mut w, open, counters) = worker(60_000_000_000);
