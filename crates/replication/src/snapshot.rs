@@ -231,7 +231,11 @@ impl Snapshots {
     pub fn poll_transmit(&mut self, now_ns: u64, out: &mut Vec<SnapshotRequest>) {
         let rto = self.config.retransmit_ns;
         let lease_ns = self.config.lease_ns;
-        if self.lease.is_some() && self.holds(now_ns).is_none() {
+        // A write on its way is sent again under its lease until the store answers it
+        // (written, or fenced): a lease asked for meanwhile could be granted with a state
+        // older than that write, which the store may take after the grant.
+        let on_its_way = self.writing.as_ref().is_some_and(|w| w.sent.is_some());
+        if self.lease.is_some() && self.holds(now_ns).is_none() && !on_its_way {
             // The lease passed unrenewed: it is asked for anew.
             self.lease = None;
             self.ask = self.ask.filter(|a| !a.renew);
@@ -253,10 +257,14 @@ impl Snapshots {
         {
             self.ask_lease(now_ns, true, out);
         }
-        let Some(epoch) = self.holds(now_ns) else {
+        let Some(w) = &mut self.writing else {
             return;
         };
-        if let Some(w) = &mut self.writing {
+        let held = self.lease.filter(|&(_, until)| now_ns < until);
+        let Some((epoch, _)) = held.or(self.lease.filter(|_| w.sent.is_some())) else {
+            return;
+        };
+        {
             let send = match &mut w.sent {
                 None => {
                     w.sent = Some(Sent::new(now_ns));
@@ -343,12 +351,11 @@ impl Snapshots {
                     }
                     return None;
                 }
-                if let Some(w) = self.writing.take_if(|w| {
-                    self.serving
-                        && w.sent.is_some()
-                        && w.seq == seq
-                        && value.as_ref() == Some(&w.value)
-                }) {
+                // (A fenced sending of it may have followed one the store took.)
+                if let Some(w) = self
+                    .writing
+                    .take_if(|w| self.serving && w.seq == seq && value.as_ref() == Some(&w.value))
+                {
                     self.acknowledged(&w);
                     return None;
                 }
