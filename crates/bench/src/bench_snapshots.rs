@@ -82,6 +82,10 @@ pub fn stored_sketch_rows(url: &str) -> BenchResult<Vec<StoredSketches>> {
             .arg("v")
             .query(&mut conn)
             .map_err(|e| e.to_string())?;
+        if image.is_empty() {
+            // Leased, no snapshot written yet.
+            continue;
+        }
         let mut rows = vec![vec![0u64; DEPTH]; SKETCHES];
         read_image(
             &image,

@@ -697,6 +697,69 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
     );
 }
 
+/// A switch killed (SIGKILL) at a random moment of a run in bounded mode leaves in Redis a
+/// whole snapshot (each sketch's rows sum to one count: a torn image would not), and the
+/// switch started again as the same switch counts on from exactly it.
+#[test]
+fn a_switch_killed_in_bounded_mode_leaves_a_whole_snapshot_to_count_on_from() {
+    use stateplane_bench::bench_snapshots::{stored_packets, stored_sketch_rows};
+    let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let trace = tmp("bounded-kill.pcap");
+    ok(bin()
+        .args(["gen", "internet", "--packets", "1000000", "--flows", "2000"])
+        .args(["--vlans", "4", "-o"])
+        .arg(&trace)
+        .output()
+        .unwrap());
+    let config = tmp("bounded-kill.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[program]\nname = \"hh\"\n[program.hh]\ninterval_ms = 3600000\n\
+             map = {{ p0 = \"p1\" }}\n[[port]]\nname = \"p0\"\nrx = \"{}\"\n\
+             [[port]]\nname = \"p1\"\n[guarantees]\nsketch = [\"replicated\"]\n\
+             [replication]\nmode = \"bounded\"\nstore = \"{}\"\nsnapshot_ms = 2\n\
+             lease_ms = 200\n",
+            trace.display(),
+            server.url()
+        ),
+    )
+    .unwrap();
+    // Killed once a few snapshots are in the store, before the run would end.
+    let mut run = spawn_run(&config);
+    let started = std::time::Instant::now();
+    let killed_at = loop {
+        let stored = stored_sketch_rows(&server.url()).unwrap();
+        let counted = stored_packets(&stored, 1).unwrap();
+        if counted > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
+            break counted;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(15));
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    assert!(
+        killed_at > 0,
+        "a snapshot reached the store before the kill"
+    );
+    // Whole: every sketch's rows agree (checked by stored_packets), and not the end.
+    let left = stored_packets(&stored_sketch_rows(&server.url()).unwrap(), 1).unwrap();
+    assert!(
+        left >= killed_at && left < 1_000_000,
+        "{left} packets in the snapshot"
+    );
+    let second = run_json(&config);
+    let r = &second["replication"];
+    assert_eq!(r["installed"], 1, "{r}");
+    let last = stored_packets(&stored_sketch_rows(&server.url()).unwrap(), 1).unwrap();
+    assert_eq!(
+        last,
+        left + 1_000_000,
+        "counted on from exactly the snapshot left"
+    );
+}
+
 /// `bench-snapshots` runs hh unreplicated and in bounded mode on both stores at each
 /// period (it checks every Redis run's last images itself), with its CSV and chart; bad
 /// flags are refused by name.
