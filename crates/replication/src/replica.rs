@@ -630,9 +630,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
             return;
         };
         let until = |first_sent_ns: u64, lease_ns: u64| {
-            first_sent_ns
-                .saturating_add(lease_ns.min(self.config.lease_ns))
-                .saturating_sub(margin)
+            lease_end(first_sent_ns, lease_ns, self.config.lease_ns, margin)
         };
         match reply {
             Reply::Granted {
@@ -1182,6 +1180,14 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 /// sending, up to 16 times it.
 pub(crate) fn backoff(rto: u64, tries: u32) -> u64 {
     rto.saturating_mul(1 << tries.min(4))
+}
+
+/// Where a lease granted for `granted_ns` ends on the asker's clock: taken to start when
+/// its request was first sent, never longer than asked (`asked_ns`), `margin_ns` early.
+pub(crate) fn lease_end(first_sent_ns: u64, granted_ns: u64, asked_ns: u64, margin_ns: u64) -> u64 {
+    first_sent_ns
+        .saturating_add(granted_ns.min(asked_ns))
+        .saturating_sub(margin_ns)
 }
 
 /// A lease with half its time left, or less, is renewed.

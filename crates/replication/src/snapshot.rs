@@ -329,7 +329,10 @@ impl Snapshots {
         if reply.key() != self.key {
             return None;
         }
-        let margin = self.config.margin_ns;
+        let (asked, margin) = (self.config.lease_ns, self.config.margin_ns);
+        let until = move |first_sent_ns, granted_ns| {
+            crate::replica::lease_end(first_sent_ns, granted_ns, asked, margin)
+        };
         match reply {
             Reply::Granted {
                 epoch,
@@ -341,7 +344,7 @@ impl Snapshots {
             } => {
                 let ask = self.ask.filter(|a| a.nonce == nonce && !a.renew)?;
                 self.ask = None;
-                self.lease = Some((epoch, (ask.sent.first_ns + lease_ns).saturating_sub(margin)));
+                self.lease = Some((epoch, until(ask.sent.first_ns, lease_ns)));
                 // What this side wrote last is the store's still: nothing to install, and
                 // a write of a snapshot in flight goes on under the new epoch. The store may
                 // have that write too, its answer lost: then it is acknowledged now.
@@ -392,8 +395,7 @@ impl Snapshots {
                     && self.lease.is_some_and(|(e, _)| e == epoch)
                 {
                     self.ask = None;
-                    self.lease =
-                        Some((epoch, (ask.sent.first_ns + lease_ns).saturating_sub(margin)));
+                    self.lease = Some((epoch, until(ask.sent.first_ns, lease_ns)));
                 }
                 None
             }
@@ -406,7 +408,7 @@ impl Snapshots {
                 let w = self.writing.as_ref().filter(|w| w.seq == seq)?;
                 let sent = w.sent?;
                 if self.lease.is_some_and(|(e, _)| e == epoch) {
-                    self.lease = Some((epoch, (sent.first_ns + lease_ns).saturating_sub(margin)));
+                    self.lease = Some((epoch, until(sent.first_ns, lease_ns)));
                 }
                 if let Some(w) = self.writing.take() {
                     self.acknowledged(&w);

@@ -130,6 +130,29 @@ pub struct ReplicationCounters {
     pub staleness_most_ns: AtomicU64,
 }
 
+impl ReplicationCounters {
+    /// Adds what a stage's link did since it last published (`then`), and moves the held
+    /// gauge from what it held then to what it holds now (`now`: link counters, packets
+    /// held, the most held at once).
+    pub(crate) fn publish_link_and_held(
+        &self,
+        (l, held, most): (LinkCounters, usize, usize),
+        (pl, pheld): (LinkCounters, usize),
+    ) {
+        let add = |a: &AtomicU64, now: u64, then: u64| {
+            a.fetch_add(now.saturating_sub(then), Ordering::Relaxed);
+        };
+        add(&self.round_trips, l.round_trips, pl.round_trips);
+        add(&self.store_errors, l.errors, pl.errors);
+        add(&self.reconnects, l.reconnects, pl.reconnects);
+        add(&self.repeats_held, l.repeats_held, pl.repeats_held);
+        // A gauge summed over workers: each adds what it holds now less what it held.
+        self.held
+            .fetch_add((held as u64).wrapping_sub(pheld as u64), Ordering::Relaxed);
+        self.held_most.fetch_max(most as u64, Ordering::Relaxed);
+    }
+}
+
 /// A checked `[replication]` section, ready to make each worker's stage.
 #[derive(Clone)]
 pub struct ReplicationPlan {
@@ -1027,15 +1050,7 @@ impl ReplicationStage {
         add(&c.fenced, r.fenced, pr.fenced);
         add(&c.resolves, r.resolves, pr.resolves);
         add(&c.resolved, r.resolved, pr.resolved);
-        add(&c.round_trips, l.round_trips, pl.round_trips);
-        add(&c.store_errors, l.errors, pl.errors);
-        add(&c.reconnects, l.reconnects, pl.reconnects);
-        add(&c.repeats_held, l.repeats_held, pl.repeats_held);
-        // A gauge summed over workers: each adds what it holds now less what it held.
-        c.held
-            .fetch_add((held as u64).wrapping_sub(*pheld as u64), Ordering::Relaxed);
-        c.held_most
-            .fetch_max(self.held.most() as u64, Ordering::Relaxed);
+        c.publish_link_and_held((l, held, self.held.most()), (*pl, *pheld));
         self.published = (r, l, held);
     }
 

@@ -327,14 +327,7 @@ impl SnapshotStage {
         add(&c.renewals, s.renewals, ps.renewals);
         add(&c.retransmits, s.retransmits, ps.retransmits);
         add(&c.fenced, s.fenced, ps.fenced);
-        add(&c.round_trips, l.round_trips, pl.round_trips);
-        add(&c.store_errors, l.errors, pl.errors);
-        add(&c.reconnects, l.reconnects, pl.reconnects);
-        add(&c.repeats_held, l.repeats_held, pl.repeats_held);
-        c.held
-            .fetch_add((held as u64).wrapping_sub(pheld as u64), Ordering::Relaxed);
-        c.held_most
-            .fetch_max(self.held.most() as u64, Ordering::Relaxed);
+        c.publish_link_and_held((l, held, self.held.most()), (pl, pheld));
         if self.snapshots.serving() {
             c.staleness_most_ns
                 .fetch_max(self.snapshots.staleness(now), Ordering::Relaxed);
