@@ -749,6 +749,47 @@ fn live_run_errors_name_the_interface_and_the_fix() {
 }
 
 /// The Prometheus text a switch serves on its namespace's loopback.
+/// `hh` with its sketches in bounded mode on live AF_PACKET ports: pings go through
+/// without loss while snapshots go to the store every 10 ms on the live clock (the idle
+/// ticks read them), fresh all along.
+#[test]
+fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tbounded", Some("afpacket"), |t| {
+        t.replace(
+            "[switch.program]\nname = \"forward\"",
+            "[switch.program]\nname = \"hh\"\n[switch.program.hh]\n\
+             map = { p0 = \"p1\", p1 = \"p0\" }\n[switch.guarantees]\n\
+             sketch = [\"replicated\"]\n[switch.replication]\nmode = \"bounded\"\n\
+             snapshot_ms = 10\nstaleness_ms = 500",
+        )
+    });
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "100", "-i", "0.01", "-W", "2", "198.18.0.2"],
+    );
+    assert!(
+        String::from_utf8_lossy(&ping.stdout).contains(" 0% packet loss"),
+        "{}",
+        text(&ping)
+    );
+    let metrics = metric_lines(&lab, "s1");
+    let value = |name: &str| -> f64 {
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    // A second of pings: some tens of snapshots, none stale.
+    assert!(
+        value("stateplane_replication_snapshots_total") >= 20.0,
+        "{metrics}"
+    );
+    assert_eq!(value("stateplane_replication_stale_packets_total"), 0.0);
+    assert!(value("stateplane_replication_staleness_most_seconds") < 0.5);
+}
+
 fn metric_lines(lab: &Lab, node: &str) -> String {
     let fetch = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())";
     let out = lab.exec(node, &["python3", "-c", fetch]);
