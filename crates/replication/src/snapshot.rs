@@ -504,21 +504,26 @@ impl Chunk {
     /// mispredicted branch a word).
     pub fn encode(first: u32, words: &[u64]) -> Chunk {
         let mut chunk = Chunk::default();
-        let blocks: Vec<&[u64]> = words.chunks(ZERO_BLOCK).collect();
+        // Block `b`'s words OR-ed: zero if they all are.
+        let any = |b: usize| {
+            let block = &words[b * ZERO_BLOCK..((b + 1) * ZERO_BLOCK).min(words.len())];
+            block.iter().fold(0, |a, &w| a | w)
+        };
+        let blocks = words.len().div_ceil(ZERO_BLOCK);
         let mut b = 0;
-        while b < blocks.len() {
-            if blocks[b].iter().fold(0, |a, &w| a | w) == 0 {
+        while b < blocks {
+            if any(b) == 0 {
                 b += 1;
                 continue;
             }
             let start = b;
             let mut widest = 0u64;
-            while b < blocks.len() {
-                let any = blocks[b].iter().fold(0, |a, &w| a | w);
-                if any == 0 {
+            while b < blocks {
+                let bits = any(b);
+                if bits == 0 {
                     break;
                 }
-                widest |= any;
+                widest |= bits;
                 b += 1;
             }
             let (lo, hi) = (start * ZERO_BLOCK, (b * ZERO_BLOCK).min(words.len()));

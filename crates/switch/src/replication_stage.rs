@@ -130,6 +130,14 @@ pub struct ReplicationCounters {
     pub staleness_most_ns: AtomicU64,
 }
 
+/// Adds to a run's counter what a stage's own count gained since it last published
+/// (`then`); nothing, not even an atomic add, when it gained nothing (most bursts).
+pub(crate) fn add_since(counter: &AtomicU64, now: u64, then: u64) {
+    if now > then {
+        counter.fetch_add(now - then, Ordering::Relaxed);
+    }
+}
+
 impl ReplicationCounters {
     /// Adds what a stage's link did since it last published (`then`), and moves the held
     /// gauge from what it held then to what it holds now (`now`: link counters, packets
@@ -139,17 +147,18 @@ impl ReplicationCounters {
         (l, held, most): (LinkCounters, usize, usize),
         (pl, pheld): (LinkCounters, usize),
     ) {
-        let add = |a: &AtomicU64, now: u64, then: u64| {
-            a.fetch_add(now.saturating_sub(then), Ordering::Relaxed);
-        };
+        let add = add_since;
         add(&self.round_trips, l.round_trips, pl.round_trips);
         add(&self.store_errors, l.errors, pl.errors);
         add(&self.reconnects, l.reconnects, pl.reconnects);
         add(&self.repeats_held, l.repeats_held, pl.repeats_held);
-        // A gauge summed over workers: each adds what it holds now less what it held.
-        self.held
-            .fetch_add((held as u64).wrapping_sub(pheld as u64), Ordering::Relaxed);
-        self.held_most.fetch_max(most as u64, Ordering::Relaxed);
+        // A gauge summed over workers: each adds what it holds now less what it held (the
+        // most held grows only as the held do).
+        if held != pheld {
+            self.held
+                .fetch_add((held as u64).wrapping_sub(pheld as u64), Ordering::Relaxed);
+            self.held_most.fetch_max(most as u64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -1037,9 +1046,7 @@ impl ReplicationStage {
         let (r, l, held) = (self.replica.counters, self.link.counters(), self.held.len());
         let (pr, pl, pheld) = &self.published;
         let c = &*self.counters;
-        let add = |a: &AtomicU64, now: u64, then: u64| {
-            a.fetch_add(now.saturating_sub(then), Ordering::Relaxed);
-        };
+        let add = add_since;
         add(&c.writes, r.writes, pr.writes);
         add(&c.coalesced, r.coalesced, pr.coalesced);
         add(&c.acquires, r.acquires, pr.acquires);

@@ -15,7 +15,7 @@
 //! Must never: call the state fresh before the store acknowledged it; let an output
 //! leave while stale under `on_stale = "drop"` or after `"stop"`; block on the store.
 
-use crate::replication_stage::ReplicationCounters;
+use crate::replication_stage::{ReplicationCounters, add_since};
 use stateplane_replication::snapshot::{
     Chunk, ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats, Snapshots,
     read_image,
@@ -25,7 +25,7 @@ use stateplane_runtime::{Burst, Context, DropReason, Held, Running, StateStage, 
 use stateplane_stores::{LinkCounters, StoreLink};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// What a worker does with its packets while the store's snapshot is older than the bound.
@@ -41,6 +41,15 @@ pub enum OnStale {
 }
 
 impl OnStale {
+    /// The action as a configuration names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnStale::Report => "report",
+            OnStale::Drop => "drop",
+            OnStale::Stop => "stop",
+        }
+    }
+
     pub fn parse(text: &str) -> Result<OnStale, String> {
         match text {
             "report" => Ok(OnStale::Report),
@@ -96,6 +105,8 @@ pub struct SnapshotStage {
     replies: Vec<SnapshotReply>,
     counters: Arc<ReplicationCounters>,
     published: (SnapshotStats, LinkCounters, usize),
+    /// The most staleness this worker published.
+    staleness_most: u64,
     epoch: Instant,
 }
 
@@ -138,6 +149,7 @@ impl SnapshotStage {
             replies: Vec::new(),
             counters,
             published: Default::default(),
+            staleness_most: 0,
             epoch: Instant::now(),
         }
     }
@@ -316,9 +328,7 @@ impl SnapshotStage {
         let (s, l, held) = (self.snapshots.stats, self.link.counters(), self.held.len());
         let (ps, pl, pheld) = self.published;
         let c = &*self.counters;
-        let add = |a: &AtomicU64, now: u64, then: u64| {
-            a.fetch_add(now.saturating_sub(then), Ordering::Relaxed);
-        };
+        let add = add_since;
         add(&c.snapshots, s.written, ps.written);
         add(&c.snapshot_bytes, s.bytes, ps.bytes);
         add(&c.installed, s.installed, ps.installed);
@@ -328,9 +338,10 @@ impl SnapshotStage {
         add(&c.retransmits, s.retransmits, ps.retransmits);
         add(&c.fenced, s.fenced, ps.fenced);
         c.publish_link_and_held((l, held, self.held.most()), (pl, pheld));
-        if self.snapshots.serving() {
-            c.staleness_most_ns
-                .fetch_max(self.snapshots.staleness(now), Ordering::Relaxed);
+        let staleness = self.snapshots.staleness(now);
+        if self.snapshots.serving() && staleness > self.staleness_most {
+            self.staleness_most = staleness;
+            c.staleness_most_ns.fetch_max(staleness, Ordering::Relaxed);
         }
         self.published = (s, l, held);
     }
@@ -343,9 +354,9 @@ impl SnapshotStage {
                 self.stale_since = Some(now);
                 log::warn!(
                     "replication: the store's snapshot is {} ms old, past the bound \
-                     (on_stale = {:?})",
+                     (on_stale = \"{}\")",
                     self.snapshots.staleness(now) / 1_000_000,
-                    self.on_stale
+                    self.on_stale.name()
                 );
                 if self.on_stale == OnStale::Stop {
                     log::error!(
