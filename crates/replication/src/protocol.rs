@@ -144,12 +144,44 @@ impl<K: Copy, V> Reply<K, V> {
 /// [`FlowBytes::MAX`]), compared and hashed as bytes, and its hash tag: the leading bytes
 /// that place it in a Redis Cluster (all of them, unless made [`FlowBytes::tagged`]).
 /// Programs make it from their table's key (`Program::replicated_key`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// Its hash is taken once, when it is made: the maps of a worker (the replica's flows,
+/// the stage's flows of a burst) look a key up several times a packet, and hashing its
+/// 47 bytes each time cost more than the rest of a lookup. The hash is keyed with a seed
+/// drawn once a process, so that keys sent from outside cannot be made to collide.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FlowBytes {
+    /// Of `len` and `bytes`; first, so that unequal keys differ at the first word.
+    hash: u64,
     len: u8,
     /// The hash tag's length (0: the whole key).
     tag: u8,
     bytes: [u8; FlowBytes::MAX],
+}
+
+impl std::hash::Hash for FlowBytes {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Ordered by their bytes, as a key's bytes compare (not by hash).
+impl Ord for FlowBytes {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.len, self.tag, self.bytes).cmp(&(other.len, other.tag, other.bytes))
+    }
+}
+
+impl PartialOrd for FlowBytes {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The keys' hasher, seeded once a process.
+fn key_hasher() -> &'static foldhash::quality::RandomState {
+    static HASHER: std::sync::OnceLock<foldhash::quality::RandomState> = std::sync::OnceLock::new();
+    HASHER.get_or_init(foldhash::quality::RandomState::default)
 }
 
 impl FlowBytes {
@@ -157,12 +189,15 @@ impl FlowBytes {
 
     /// `None` if `bytes` is longer than [`FlowBytes::MAX`].
     pub fn new(bytes: &[u8]) -> Option<FlowBytes> {
+        use std::hash::BuildHasher;
         let mut key = FlowBytes {
+            hash: 0,
             len: u8::try_from(bytes.len()).ok()?,
             tag: 0,
             bytes: [0; Self::MAX],
         };
         key.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        key.hash = key_hasher().hash_one((key.len, &key.bytes));
         Some(key)
     }
 

@@ -656,6 +656,11 @@ impl FlowStates {
         }));
     }
 
+    /// A flow whose state is not read: none.
+    fn skip(&mut self) {
+        self.spans.push(None);
+    }
+
     fn get(&self, flow: usize) -> Option<&[u8]> {
         let span = self.spans.get(flow).copied().flatten()?;
         self.bytes.get(span.start..span.end)
@@ -665,6 +670,24 @@ impl FlowStates {
     fn deadline_ns(&self, flow: usize) -> Option<u64> {
         Some(self.spans.get(flow).copied().flatten()?.deadline_ns)
     }
+}
+
+/// A flow of the burst at hand. Packets of one flow met at the same instant, with nothing
+/// of their flow changed between them, get the same answers: the stage asks once a flow.
+#[derive(Clone, Copy)]
+struct BurstFlow {
+    key: FlowBytes,
+    /// A packet of it was let through at admission: the burst's later ones are too
+    /// ([`Replica::admitted_again`]).
+    go: bool,
+    /// A packet of it is processed in this burst: its states are read.
+    processed: bool,
+    /// The program changed its state.
+    changed: bool,
+    /// Its change is on its way (with the first of its packets processed).
+    written: bool,
+    /// Outputs of it were held before this burst's were processed.
+    outputs_held: bool,
 }
 
 /// The packets of one flow the stage holds: those to be processed, those to leave.
@@ -720,14 +743,13 @@ struct ReplicationStage {
     slots: Vec<Option<Slot>>,
     /// Where each token of the burst sits in it, while its answers are taken.
     in_burst: FlowMap<Token, usize>,
-    /// The burst's flows, and their states before and after the program.
-    flows: Vec<FlowBytes>,
+    /// The burst's flows, and the states before and after the program of those it
+    /// processes.
+    flows: Vec<BurstFlow>,
     before: FlowStates,
     after: FlowStates,
     index_of_flow: FlowMap<FlowBytes, usize>,
-    /// Per flow of the burst: its change is on its way (with its first packet), and its
-    /// last packet's place in the burst (only with a history).
-    written: Vec<bool>,
+    /// Per flow of the burst: its last packet's place in the burst (only with a history).
     last_of_flow: Vec<usize>,
     /// Packets held across bursts, and per flow how many.
     held: Held<Hold>,
@@ -783,7 +805,6 @@ impl ReplicationStage {
             flows: Vec::new(),
             before: FlowStates::default(),
             after: FlowStates::default(),
-            written: Vec::new(),
             last_of_flow: Vec::new(),
             index_of_flow: FlowMap::default(),
             held: Held::default(),
@@ -1142,6 +1163,21 @@ impl ReplicationStage {
         }
     }
 
+    /// Flow `key`'s place among the burst's flows (added if new).
+    fn flow_index(&mut self, key: FlowBytes) -> usize {
+        *self.index_of_flow.entry(key).or_insert_with(|| {
+            self.flows.push(BurstFlow {
+                key,
+                go: false,
+                processed: false,
+                changed: false,
+                written: false,
+                outputs_held: false,
+            });
+            self.flows.len() - 1
+        })
+    }
+
     /// A call line for a packet about to be processed.
     fn history_call(&mut self, token: Token, key: &FlowBytes, burst: &Burst, i: usize, at: u64) {
         let line = format!(
@@ -1158,6 +1194,8 @@ impl StateStage for ReplicationStage {
     fn before_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
         self.slots.clear();
         self.in_burst.clear();
+        self.flows.clear();
+        self.index_of_flow.clear();
         let now = self.now();
         for (i, d) in burst.descs().iter().enumerate() {
             let (key, by_alias) = match program.replicated_key(d, burst.data(i)) {
@@ -1198,6 +1236,18 @@ impl StateStage for ReplicationStage {
                 }));
                 continue;
             }
+            let flow = self.flow_index(key);
+            if self.flows[flow].go {
+                self.replica.admitted_again();
+                self.slots.push(Some(Slot {
+                    key,
+                    token,
+                    outcome: Outcome::Go,
+                    behind: false,
+                    flow,
+                }));
+                continue;
+            }
             // Held packets of its flow still to be processed go first.
             let behind = self.queues.get(&key).is_some_and(|q| q.inputs > 0);
             // The stage holds at most `park_limit` packets, and past it only outputs of
@@ -1217,12 +1267,13 @@ impl StateStage for ReplicationStage {
                     Admit::Dropped(_) => Outcome::Dropped,
                 }
             };
+            self.flows[flow].go = outcome == Outcome::Go;
             self.slots.push(Some(Slot {
                 key,
                 token,
                 outcome,
                 behind,
-                flow: 0,
+                flow,
             }));
         }
         // Leases asked for go, and those granted at once (a store in this process, an
@@ -1297,40 +1348,47 @@ impl StateStage for ReplicationStage {
         let mut front = std::mem::take(&mut self.front);
         self.put_ready_in_front(burst, &mut front);
         if !front.is_empty() {
-            for (i, slot) in front.iter().enumerate() {
-                if let Some(slot) = slot
-                    && self.history.is_some()
-                {
-                    self.history_call(slot.token, &slot.key, burst, i, call_ns);
+            for (i, slot) in front.iter_mut().enumerate() {
+                if let Some(slot) = slot {
+                    slot.flow = self.flow_index(slot.key);
+                    if self.history.is_some() {
+                        self.history_call(slot.token, &slot.key, burst, i, call_ns);
+                    }
                 }
             }
             front.append(&mut self.slots);
             std::mem::swap(&mut front, &mut self.slots);
         }
         self.front = front;
-        // Each flow's state before the program, to see what the burst changed.
-        self.flows.clear();
+        // The state before the program of each flow it processes, to see what the burst
+        // changed.
+        for slot in self.slots.iter().flatten() {
+            self.flows[slot.flow].processed = true;
+        }
         self.before.clear();
-        self.index_of_flow.clear();
-        for slot in self.slots.iter_mut().flatten() {
-            slot.flow = *self.index_of_flow.entry(slot.key).or_insert_with(|| {
-                self.flows.push(slot.key);
-                self.before.push(program, &slot.key);
-                self.flows.len() - 1
-            });
+        for flow in &self.flows {
+            match flow.processed {
+                true => self.before.push(program, &flow.key),
+                false => self.before.skip(),
+            }
         }
     }
 
     fn after_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
         self.write_history();
         let now = self.now();
-        // Each flow's state after the burst, and whether it changed (written once).
+        // Each flow's state after the burst, and whether it changed (written once); whether
+        // its outputs wait (the burst's own go behind them).
         self.after.clear();
-        for key in &self.flows {
-            self.after.push(program, key);
+        for (f, flow) in self.flows.iter_mut().enumerate() {
+            if !flow.processed {
+                self.after.skip();
+                continue;
+            }
+            self.after.push(program, &flow.key);
+            flow.changed = self.after.get(f) != self.before.get(f);
+            flow.outputs_held = (self.queues.get(&flow.key)).is_some_and(|q| q.outputs > 0);
         }
-        self.written.clear();
-        self.written.resize(self.flows.len(), false);
         let (mut processed, mut folded) = (0u64, 0u64);
         self.in_burst.clear();
         for i in 0..self.slots.len() {
@@ -1338,13 +1396,16 @@ impl StateStage for ReplicationStage {
             let (key, token, flow) = (slot.key, slot.token, slot.flow);
             processed += 1;
             // The flow's change goes with its first packet; the others' fold into it.
-            let after = self.after.get(flow);
-            let changed = after != self.before.get(flow);
+            let BurstFlow {
+                changed,
+                written,
+                outputs_held: behind,
+                ..
+            } = self.flows[flow];
             let write =
-                (changed && !self.written[flow]).then(|| after.unwrap_or_default().to_vec());
-            self.written[flow] |= changed;
+                (changed && !written).then(|| self.after.get(flow).unwrap_or_default().to_vec());
+            self.flows[flow].written |= changed;
             folded += u64::from(write.is_none() && changed);
-            let behind = self.queues.get(&key).is_some_and(|q| q.outputs > 0);
             // When the state times out, in the stage's time (the store is told).
             let lives_until = match self.after.deadline_ns(flow) {
                 None | Some(u64::MAX) => u64::MAX,
@@ -1365,7 +1426,10 @@ impl StateStage for ReplicationStage {
                 }
                 Release::Dropped(_) => Outcome::Dropped,
             };
-            self.in_burst.insert(token, i);
+            // Only a held packet's answers are still to come.
+            if outcome == Outcome::Parked {
+                self.in_burst.insert(token, i);
+            }
             if let Some(slot) = &mut self.slots[i] {
                 slot.outcome = outcome;
                 slot.behind = behind;
