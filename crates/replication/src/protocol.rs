@@ -165,7 +165,7 @@ impl std::hash::Hash for FlowBytes {
     }
 }
 
-/// Ordered by their bytes, as a key's bytes compare (not by hash).
+/// Ordered by length, tag, then bytes (not by hash).
 impl Ord for FlowBytes {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (self.len, self.tag, self.bytes).cmp(&(other.len, other.tag, other.bytes))
@@ -247,5 +247,36 @@ impl std::fmt::Debug for FlowBytes {
             write!(f, "{b:02x}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FlowBytes;
+
+    #[test]
+    fn keys_made_apart_from_the_same_bytes_are_one_key_and_order_by_their_bytes() {
+        let a = FlowBytes::new(b"flow a").unwrap();
+        let again = FlowBytes::decode(&{
+            let mut out = Vec::new();
+            a.encode(&mut out);
+            out
+        })
+        .unwrap();
+        let mut map = crate::FlowMap::default();
+        map.insert(a, 1);
+        assert_eq!(map.get(&again), Some(&1));
+        assert_eq!(again, a);
+        // A tag makes another key. Keys order by length, tag, then bytes.
+        let tagged = FlowBytes::tagged(b"flow a", 4).unwrap();
+        assert_ne!(tagged, a);
+        assert_eq!(map.get(&tagged), None);
+        let (b, longer) = (
+            FlowBytes::new(b"flow b").unwrap(),
+            FlowBytes::new(b"flow aa").unwrap(),
+        );
+        let mut keys = vec![longer, b, tagged, a];
+        keys.sort();
+        assert_eq!(keys, vec![a, b, tagged, longer]);
     }
 }
