@@ -26,8 +26,9 @@ pub trait StateStage: Send {
     /// that timers run while traffic is idle.
     fn tick(&mut self, program: &mut dyn Running, ctx: &Context);
 
-    /// A reload swapped in `program`, a new instance whose state starts afresh.
-    fn reloaded(&mut self, program: &mut dyn Running, ctx: &Context);
+    /// A reload swapped in `program`, a new instance whose state starts afresh, for `old`,
+    /// the instance replaced, still whole (a stage may carry its state over).
+    fn reloaded(&mut self, old: &mut dyn Running, program: &mut dyn Running, ctx: &Context);
 
     /// The worker is stopping: hand on everything held.
     fn finish(&mut self, program: &mut dyn Running, ctx: &Context);

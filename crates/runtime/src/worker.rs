@@ -166,9 +166,9 @@ impl Worker {
         program: Box<dyn Running>,
         spare: impl FnOnce() -> Box<dyn Running>,
     ) {
-        self.program = program;
+        let mut old = std::mem::replace(&mut self.program, program);
         for stage in &mut self.state_stages {
-            stage.reloaded(self.program.as_mut(), &self.ctx);
+            stage.reloaded(old.as_mut(), self.program.as_mut(), &self.ctx);
         }
         if let Some(c) = &self.control
             && self.ctx.worker == 0

@@ -980,7 +980,7 @@ mod tests {
             fn tick(&mut self, program: &mut dyn Running, _ctx: &Context) {
                 self.log("tick", program);
             }
-            fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
+            fn reloaded(&mut self, _old: &mut dyn Running, program: &mut dyn Running, _: &Context) {
                 self.log("reloaded", program);
             }
             fn finish(&mut self, program: &mut dyn Running, _ctx: &Context) {

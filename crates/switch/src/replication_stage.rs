@@ -1529,7 +1529,7 @@ impl StateStage for ReplicationStage {
     /// The new instance holds no flow's state: the replica starts over as the same holder,
     /// so each flow's next packet is granted its lease again with the store's state.
     /// Packets held for the old instance are dropped (counted): its state is gone.
-    fn reloaded(&mut self, _program: &mut dyn Running, _ctx: &Context) {
+    fn reloaded(&mut self, _old: &mut dyn Running, _program: &mut dyn Running, _ctx: &Context) {
         self.replica = Replica::new(self.replica.holder(), self.config);
         // Outputs already acknowledged still leave; every other held packet is dropped.
         self.ready_in.clear();

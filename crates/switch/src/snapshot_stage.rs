@@ -17,8 +17,8 @@
 
 use crate::replication_stage::{ReplicationCounters, add_since};
 use stateplane_replication::snapshot::{
-    Chunk, ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats, Snapshots,
-    read_image,
+    Chunk, ImageError, ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats,
+    Snapshots, read_image,
 };
 use stateplane_replication::{FlowBytes, Holder};
 use stateplane_runtime::{Burst, Context, DropReason, Held, Running, StateStage, Verdict};
@@ -168,11 +168,20 @@ impl SnapshotStage {
         let now = self.now();
         self.link.receive(&mut self.replies);
         for reply in std::mem::take(&mut self.replies) {
-            if let Some(installed) = self.snapshots.handle_reply(now, reply) {
+            if let Some(Installed(image)) = self.snapshots.handle_reply(now, reply) {
                 // A snapshot of the state replaced is no more, nor what it encoded.
                 self.image = None;
                 self.chunks.iter_mut().for_each(Vec::clear);
-                self.install(program, installed);
+                if let Some(image) = image
+                    && let Err(e) = self.install(program, &image)
+                {
+                    log::error!(
+                        "replication: the store's snapshot for this worker cannot be \
+                         installed: {e}; the state starts afresh and the next snapshot \
+                         replaces it"
+                    );
+                    (self.counters.install_refused).fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.read_share(program, now, shares);
@@ -187,20 +196,10 @@ impl SnapshotStage {
     /// Begins a snapshot when one is due, and reads the next share of the one being read.
     fn read_share(&mut self, program: &mut dyn Running, now: u64, shares: usize) {
         if self.image.is_none() && self.snapshots.snapshot_due(now) {
-            for &(id, _) in &self.states {
-                if !program.snapshot_begin(id) {
-                    // `with_guarantees` made sure the program snapshots the state.
-                    log::error!("replication: state {id} took no snapshot; none is written");
-                    return;
-                }
-            }
+            let Some(image) = self.begin_image(program) else {
+                return;
+            };
             self.snapshots.began(now);
-            let mut image = ImageWriter::default();
-            let aside = program.snapshot_aside();
-            if !aside.is_empty() {
-                image.state(ASIDE, aside.len() as u32);
-                image.encoded(&Chunk::encode(0, &aside));
-            }
             self.image = Some((image, 0, 0));
         }
         let Some((image, state, cell)) = &mut self.image else {
@@ -226,8 +225,7 @@ impl SnapshotStage {
                     (n, READ_SHARE / 64)
                 }
                 _ => {
-                    let read = program.snapshot_read(id, *cell, &mut self.words[..n]);
-                    let chunk = Chunk::encode(*cell, &self.words[..read]);
+                    let (chunk, read) = read_chunk(program, &mut self.words, id, *cell, n);
                     image.encoded(&chunk);
                     chunks[slot] = Some(chunk);
                     (read, READ_SHARE)
@@ -247,12 +245,48 @@ impl SnapshotStage {
         }
     }
 
-    /// Puts the store's image in place of the state (all of it: cells the image has not
-    /// are zero).
-    fn install(&mut self, program: &mut dyn Running, Installed(image): Installed) {
-        let Some(image) = image else {
-            return;
-        };
+    /// A snapshot begun of every state, its words aside written (`None`, said: a state
+    /// took none).
+    fn begin_image(&self, program: &mut dyn Running) -> Option<ImageWriter> {
+        for &(id, _) in &self.states {
+            if !program.snapshot_begin(id) {
+                // `with_guarantees` made sure the program snapshots the state.
+                log::error!("replication: state {id} took no snapshot; none is written");
+                return None;
+            }
+        }
+        let mut image = ImageWriter::default();
+        let aside = program.snapshot_aside();
+        if !aside.is_empty() {
+            image.state(ASIDE, aside.len() as u32);
+            image.encoded(&Chunk::encode(0, &aside));
+        }
+        Some(image)
+    }
+
+    /// The whole state as an image, read at once (a program that takes no packets
+    /// meanwhile).
+    fn whole_image(&mut self, program: &mut dyn Running) -> Option<Vec<u8>> {
+        let mut image = self.begin_image(program)?;
+        for &(id, cells) in &self.states {
+            image.state(id, cells);
+            let mut cell = 0;
+            while cell < cells {
+                let n = READ_SHARE.min((cells - cell) as usize);
+                let (chunk, read) = read_chunk(program, &mut self.words, id, cell, n);
+                image.encoded(&chunk);
+                cell += read as u32;
+                if read < n {
+                    break;
+                }
+            }
+        }
+        Some(image.finish())
+    }
+
+    /// Puts `image` in place of the state (all of it: cells the image has not are zero);
+    /// an image that does not fit the state installs nothing.
+    fn install(&mut self, program: &mut dyn Running, image: &[u8]) -> Result<(), ImageError> {
         let states = self.states.clone();
         let mut aside = program.snapshot_aside();
         let aside_cells = aside.len() as u32;
@@ -260,17 +294,8 @@ impl SnapshotStage {
             ASIDE => (aside_cells > 0).then_some(aside_cells),
             id => states.iter().find(|s| s.0 == id).map(|s| s.1),
         };
-        // Checked whole first: an image that does not fit installs nothing.
-        if let Err(e) = read_image(&image, cells_of, |_, _, _| {}) {
-            log::error!(
-                "replication: the store's snapshot for this worker cannot be installed: {e}; \
-                 the state starts afresh and the next snapshot replaces it"
-            );
-            self.counters
-                .install_refused
-                .fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+        // Checked whole first.
+        read_image(image, cells_of, |_, _, _| {})?;
         for &(id, cells) in &states {
             let zeros = [0u64; 1024];
             for first in (0..cells).step_by(zeros.len()) {
@@ -279,13 +304,14 @@ impl SnapshotStage {
             }
         }
         aside.fill(0);
-        let _ = read_image(&image, cells_of, |id, first, words| match id {
+        read_image(image, cells_of, |id, first, words| match id {
             ASIDE => aside[first as usize..][..words.len()].copy_from_slice(words),
             id => program.write_synced_run(id, first, words),
-        });
+        })?;
         if aside_cells > 0 {
             program.install_aside(&aside);
         }
+        Ok(())
     }
 
     /// Holds packet `i` of the burst until the worker serves.
@@ -379,6 +405,19 @@ impl SnapshotStage {
     }
 }
 
+/// Reads `n` cells of state `id` from `cell` on (fewer at its end) as a chunk, through
+/// `words`; the chunk and the cells read.
+fn read_chunk(
+    program: &mut dyn Running,
+    words: &mut [u64],
+    id: u16,
+    cell: u32,
+    n: usize,
+) -> (Chunk, usize) {
+    let read = program.snapshot_read(id, cell, &mut words[..n]);
+    (Chunk::encode(cell, &words[..read]), read)
+}
+
 impl StateStage for SnapshotStage {
     fn after_burst(&mut self, program: &mut dyn Running, _ctx: &Context) {
         self.pump(program, 1);
@@ -392,10 +431,31 @@ impl StateStage for SnapshotStage {
 
     /// The new instance's state starts afresh; the lease stays this worker's, and the
     /// next snapshot writes the new state.
-    fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
-        self.image = None;
+    /// The new instance goes on from the old one's state, as a successor goes on from
+    /// the store's image: a snapshot being read is read whole from the instance it began
+    /// on (which takes no packet any more) and written as begun, and the old instance's
+    /// state is installed into the new one. A reload that changes the state's shape
+    /// starts it afresh, said and counted as an image refused.
+    fn reloaded(&mut self, old: &mut dyn Running, program: &mut dyn Running, _ctx: &Context) {
+        if self.image.is_some() {
+            let now = self.now();
+            self.read_share(old, now, usize::MAX / READ_SHARE);
+        }
+        let image = match self.states.is_empty() {
+            true => None,
+            false => self.whole_image(old),
+        };
         self.states = program.synced();
         self.chunks = vec![Vec::new(); self.states.len()];
+        if let Some(image) = image
+            && let Err(e) = self.install(program, &image)
+        {
+            log::error!(
+                "replication: the reload changed the replicated state's shape ({e}): it starts \
+                 afresh here, and the next snapshot replaces the store's"
+            );
+            (self.counters.install_refused).fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A last snapshot of the state as the run ends, once the one on its way is
@@ -551,10 +611,15 @@ mod tests {
     }
 
     fn hh() -> Box<dyn Running> {
+        hh_of_width(4096)
+    }
+
+    fn hh_of_width(width: usize) -> Box<dyn Running> {
         let names = PortNames(vec!["a".into(), "b".into()]);
-        let cfg: toml::Value =
-            toml::from_str("threshold = 1000000\ninterval_ms = 600000\nmap = { a = \"b\" }")
-                .unwrap();
+        let cfg: toml::Value = toml::from_str(&format!(
+            "threshold = 1000000\ninterval_ms = 600000\nwidth = {width}\nmap = {{ a = \"b\" }}"
+        ))
+        .unwrap();
         let factory = stateplane_programs::build("hh", Some(&cfg), &names).unwrap();
         let wanted = [("sketch".to_string(), vec!["replicated".to_string()])].into();
         stateplane_programs::with_guarantees(factory, &wanted, ReplicationMode::Bounded).unwrap()(0)
@@ -598,10 +663,15 @@ mod tests {
 
     /// `n` packets of UDP flow `flow` from port a, untagged.
     fn burst(flow: u8, n: usize) -> Burst {
+        burst_on(0, flow, n)
+    }
+
+    /// `n` packets of UDP flow `flow` from port a, on `vlan` (0: untagged).
+    fn burst_on(vlan: u16, flow: u8, n: usize) -> Burst {
         let hosts = Hosts {
             src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
             dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan: 0,
+            vlan,
             src: format!("198.18.0.{flow}").parse().unwrap(),
             dst: "198.19.0.1".parse().unwrap(),
             ttl: 64,
@@ -647,6 +717,11 @@ mod tests {
     /// The row sums of sketch 0 in the store's image (each row of a count-min sketch
     /// sums to the packets it counted).
     fn stored_rows(store: &MemoryStore<FlowBytes>) -> Vec<u64> {
+        stored_rows_of(store, 0)
+    }
+
+    /// The row sums of sketch `sketch` in the store's image.
+    fn stored_rows_of(store: &MemoryStore<FlowBytes>, sketch: usize) -> Vec<u64> {
         let (_, value) = store.read(&Snapshots::key_of(1, 0)).unwrap();
         let image = value.unwrap();
         let mut rows = vec![0u64; 4];
@@ -662,8 +737,8 @@ mod tests {
                 if id == 0 {
                     for (k, w) in words.iter().enumerate() {
                         let cell = first as usize + k;
-                        if cell < 4 * 4096 {
-                            rows[cell / 4096] += w;
+                        if (sketch * 4 * 4096..(sketch + 1) * 4 * 4096).contains(&cell) {
+                            rows[cell / 4096 % 4] += w;
                         }
                     }
                 }
@@ -719,6 +794,89 @@ mod tests {
         assert_eq!(forwarded(&b), 5);
         next.finish();
         assert_eq!(stored_rows(&store), [40; 4]);
+    }
+
+    /// A worker of `store` serving (its lease held, the store's image installed) with
+    /// `n` packets of flow 1 processed.
+    fn serving_with(
+        store: &MemoryStore<FlowBytes>,
+        n: usize,
+    ) -> (Worker, Arc<ReplicationCounters>) {
+        let (mut w, open, counters) = worker(store, 1, OnStale::Report);
+        let mut b = burst(1, n);
+        w.handle(&mut b);
+        open.store(true, Ordering::Relaxed);
+        tick_until(&mut w, 2_000, |w| w.releasable());
+        let mut b = burst(1, 0);
+        w.handle(&mut b);
+        assert_eq!(forwarded(&b), n);
+        (w, counters)
+    }
+
+    #[test]
+    fn a_reload_carries_the_state_into_the_new_instance_and_snapshots_go_on_from_it() {
+        let store = store();
+        let (mut w, counters) = serving_with(&store, 10);
+        // Mid-snapshot: one begun and not yet written (the state is read 4,096 cells a
+        // burst, and it has a million).
+        tick_until(&mut w, 2_000, |_| {
+            counters.writes.load(Ordering::Relaxed) > counters.snapshots.load(Ordering::Relaxed)
+        });
+        w.replace_program(hh(), hh);
+        let mut b = burst(1, 5);
+        w.handle(&mut b);
+        assert_eq!(forwarded(&b), 5);
+        w.finish();
+        assert_eq!(
+            stored_rows(&store),
+            [15; 4],
+            "nothing counted before the reload is lost"
+        );
+        assert_eq!(counters.install_refused.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_snapshot_begun_before_a_reload_is_written_as_it_began() {
+        let store = store();
+        // Four tenants take sketches 0 to 3 (untagged, then VLANs 1 to 3); the fifth's,
+        // sketch 4, is read after the first share of a snapshot (16 shares of 4,096
+        // cells: four sketches).
+        let (mut w, counters) = serving_with(&store, 1);
+        for vlan in 1..=3 {
+            w.handle(&mut burst_on(vlan, 1, 1));
+        }
+        w.handle(&mut burst_on(4, 1, 10));
+        // The next snapshot begins (and reads its first share) after them.
+        let begun = counters.writes.load(Ordering::Relaxed);
+        tick_until(&mut w, 2_000, |_| {
+            counters.writes.load(Ordering::Relaxed) > begun
+        });
+        // Counted after the snapshot began: not in it.
+        let mut b = burst_on(4, 1, 3);
+        w.handle(&mut b);
+        assert_eq!(forwarded(&b), 3);
+        w.replace_program(hh(), hh);
+        tick_until(&mut w, 2_000, |_| {
+            counters.snapshots.load(Ordering::Relaxed) > begun
+        });
+        assert_eq!(
+            stored_rows_of(&store, 4),
+            [10; 4],
+            "every row as the snapshot began"
+        );
+        w.finish();
+        assert_eq!(stored_rows_of(&store, 4), [13; 4]);
+    }
+
+    #[test]
+    fn a_reload_that_reshapes_the_state_starts_it_afresh_and_says_so() {
+        let store = store();
+        let (mut w, counters) = serving_with(&store, 10);
+        w.replace_program(hh_of_width(2048), || hh_of_width(2048));
+        assert_eq!(counters.install_refused.load(Ordering::Relaxed), 1);
+        let mut b = burst(1, 5);
+        w.handle(&mut b);
+        assert_eq!(forwarded(&b), 5, "the new instance serves, from nothing");
     }
 
     #[test]

@@ -761,7 +761,7 @@ impl StateStage for SyncStage {
         self.socket.as_ref().map(|s| s.as_raw_fd())
     }
 
-    fn reloaded(&mut self, program: &mut dyn Running, _ctx: &Context) {
+    fn reloaded(&mut self, _old: &mut dyn Running, program: &mut dyn Running, _ctx: &Context) {
         // The new instance's state starts afresh: a new epoch tells the collector to
         // start the stream over, and what the old one changed is gone with it.
         self.config.epoch = new_epoch();
