@@ -6,8 +6,9 @@
 //! Must never: grant a flow's lease while another holder's runs; apply a write of a
 //! holder whose lease passed or was granted away, or one older than the state held.
 
-use crate::protocol::{Holder, Reply, Request};
-use std::collections::HashMap;
+use crate::protocol::{Holder, KEEP_FOREVER, Reply, Request};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
 
 #[derive(Clone, Copy, Debug)]
@@ -18,6 +19,11 @@ pub struct StoreConfig {
     /// Refuse writes and renewals of a lease that passed or was granted away. Off only to
     /// show, in tests, what goes wrong without it (the paper's prototype does not fence).
     pub fencing: bool,
+    /// A record is dropped this long after the last call that granted, wrote or renewed
+    /// its lease, or when its state times out if that is later (the Redis functions'
+    /// `retain_ms`): flows long gone take no memory. Far longer than any lease, so that a
+    /// record lasts while its epoch can matter.
+    pub retain_ns: u64,
 }
 
 impl Default for StoreConfig {
@@ -26,6 +32,7 @@ impl Default for StoreConfig {
             min_lease_ns: 1_000_000,
             max_lease_ns: 60_000_000_000,
             fencing: true,
+            retain_ns: 3_600_000_000_000,
         }
     }
 }
@@ -43,6 +50,10 @@ pub struct Record<V> {
     /// When `value` times out: a grant from then on finds no state (the epoch and the
     /// sequence number stay, so fencing and ordering hold across it).
     pub value_until_ns: u64,
+    /// When the store drops the record ([`StoreConfig::retain_ns`]).
+    pub expires_ns: u64,
+    /// When its entry in the store's expiry queue comes up (`None`: it has none).
+    queued_ns: Option<u64>,
 }
 
 impl<V> Default for Record<V> {
@@ -54,6 +65,29 @@ impl<V> Default for Record<V> {
             holder: None,
             lease_until_ns: 0,
             value_until_ns: u64::MAX,
+            expires_ns: 0,
+            queued_ns: None,
+        }
+    }
+}
+
+impl<V> Record<V> {
+    /// A call granted, wrote or renewed the lease at `now_ns`: the record is kept
+    /// `retain_ns` from now at least, never less than it was (its state may live longer).
+    fn extend(&mut self, now_ns: u64, retain_ns: u64) {
+        self.expires_ns = self.expires_ns.max(now_ns.saturating_add(retain_ns));
+    }
+
+    /// The state applied or renewed at `now_ns` lives `keep_ns` (`KEEP_FOREVER`: until
+    /// written again); the record at least as long (Redis's `keep`).
+    fn keep(&mut self, now_ns: u64, keep_ns: u64, retain_ns: u64) {
+        if keep_ns == KEEP_FOREVER {
+            self.value_until_ns = u64::MAX;
+            return;
+        }
+        self.value_until_ns = now_ns.saturating_add(keep_ns);
+        if keep_ns > retain_ns {
+            self.expires_ns = self.value_until_ns;
         }
     }
 }
@@ -74,25 +108,83 @@ pub struct StoreCounters {
     /// Aliases asked for, and those that named a flow.
     pub resolves: u64,
     pub resolved: u64,
+    /// Records dropped past their retention ([`StoreConfig::retain_ns`]).
+    pub dropped: u64,
 }
 
 pub struct StoreCore<K, V> {
     config: StoreConfig,
     records: HashMap<K, Record<V>>,
-    /// Each alias a write named, and the flow it names. An alias is not checked against
-    /// its flow's life: the flow's grant tells whether it has state.
+    /// Each alias a write named, and the flow it names (and back: a flow's alias goes
+    /// with its record). An alias is not checked against its flow's state's life: the
+    /// flow's grant tells whether it has state.
     aliases: HashMap<K, K>,
+    alias_of: HashMap<K, K>,
+    /// When each record's expiry is next looked at: at most one entry a record that
+    /// counts (its `queued_ns`), so the queue is no longer than the records.
+    expiry: BinaryHeap<Reverse<(u64, K)>>,
     pub counters: StoreCounters,
 }
 
-impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
+impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
     pub fn new(config: StoreConfig) -> Self {
         StoreCore {
             config,
             records: HashMap::new(),
             aliases: HashMap::new(),
+            alias_of: HashMap::new(),
+            expiry: BinaryHeap::new(),
             counters: StoreCounters::default(),
         }
+    }
+
+    /// Drops the records whose time has come, with their aliases.
+    fn expire(&mut self, now_ns: u64) {
+        while let Some(&Reverse((at, key))) = self.expiry.peek() {
+            if at > now_ns {
+                break;
+            }
+            self.expiry.pop();
+            let Some(record) = self.records.get_mut(&key) else {
+                continue;
+            };
+            if record.queued_ns != Some(at) {
+                continue; // A later entry stands for it.
+            }
+            if record.expires_ns > now_ns {
+                record.queued_ns = Some(record.expires_ns);
+                self.expiry.push(Reverse((record.expires_ns, key)));
+                continue;
+            }
+            self.records.remove(&key);
+            self.counters.dropped += 1;
+            if let Some(alias) = self.alias_of.remove(&key)
+                && self.aliases.get(&alias) == Some(&key)
+            {
+                self.aliases.remove(&alias);
+            }
+        }
+    }
+
+    /// Queues `key`'s record for its expiry, if it is not queued for that time or earlier.
+    fn queue(&mut self, key: K) {
+        if let Some(record) = self.records.get_mut(&key)
+            && record.queued_ns.is_none_or(|at| at > record.expires_ns)
+        {
+            record.queued_ns = Some(record.expires_ns);
+            self.expiry.push(Reverse((record.expires_ns, key)));
+        }
+    }
+
+    /// `alias` names flow `key` from now on (and no more the alias it had).
+    fn name(&mut self, key: K, alias: K) {
+        if let Some(old) = self.alias_of.insert(key, alias)
+            && old != alias
+            && self.aliases.get(&old) == Some(&key)
+        {
+            self.aliases.remove(&old);
+        }
+        self.aliases.insert(alias, key);
     }
 
     pub fn record(&self, key: &K) -> Option<&Record<V>> {
@@ -116,6 +208,23 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
 
     /// Answers `request` of `from`, taken at `now_ns` on the store's clock.
     pub fn handle(&mut self, now_ns: u64, from: Holder, request: Request<K, V>) -> Reply<K, V> {
+        self.expire(now_ns);
+        let key = request.key();
+        let had = self.records.contains_key(&key);
+        let reply = self.answer(now_ns, from, request);
+        match reply {
+            // Refused: a record the store had not is none (Redis reads it and writes
+            // nothing).
+            Reply::Fenced { .. } | Reply::Held { .. } if !had => {
+                self.records.remove(&key);
+            }
+            Reply::Resolved { .. } => {}
+            _ => self.queue(key),
+        }
+        reply
+    }
+
+    fn answer(&mut self, now_ns: u64, from: Holder, request: Request<K, V>) -> Reply<K, V> {
         let config = self.config;
         let lease = |asked: u64| asked.clamp(config.min_lease_ns, config.max_lease_ns);
         let key = request.key();
@@ -158,6 +267,7 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                     self.counters.timed_out += 1;
                 }
                 record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                record.extend(now_ns, config.retain_ns);
                 self.counters.granted += 1;
                 Reply::Granted {
                     key,
@@ -182,18 +292,19 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                     return Reply::Fenced { key, epoch };
                 }
                 let lease_ns = lease(lease_ns);
+                record.lease_until_ns = now_ns.saturating_add(lease_ns);
+                record.extend(now_ns, config.retain_ns);
                 if seq > record.seq {
                     record.value = Some(value);
                     record.seq = seq;
-                    record.value_until_ns = now_ns.saturating_add(keep_ns);
+                    record.keep(now_ns, keep_ns, config.retain_ns);
                     if let Some(alias) = alias {
-                        self.aliases.insert(alias, key);
+                        self.name(key, alias);
                     }
                     self.counters.written += 1;
                 } else {
                     self.counters.repeated += 1;
                 }
-                record.lease_until_ns = now_ns.saturating_add(lease_ns);
                 Reply::Written {
                     key,
                     epoch,
@@ -214,7 +325,8 @@ impl<K: Copy + Eq + Hash, V: Clone> StoreCore<K, V> {
                 }
                 let lease_ns = lease(lease_ns);
                 record.lease_until_ns = now_ns.saturating_add(lease_ns);
-                record.value_until_ns = now_ns.saturating_add(keep_ns);
+                record.extend(now_ns, config.retain_ns);
+                record.keep(now_ns, keep_ns, config.retain_ns);
                 self.counters.renewed += 1;
                 Reply::Renewed {
                     key,
@@ -323,6 +435,63 @@ mod tests {
             "an alias has no record of its own"
         );
         assert_eq!((s.counters.resolves, s.counters.resolved), (3, 1));
+    }
+
+    #[test]
+    fn records_are_dropped_a_retention_after_their_last_call_or_when_their_state_dies_if_later() {
+        const RETAIN: u64 = 1_000 * MS;
+        let mut s = StoreCore::new(StoreConfig {
+            retain_ns: RETAIN,
+            ..StoreConfig::default()
+        });
+        let call = |s: &mut StoreCore<u32, u64>, now: u64, request| s.handle(now, A, request);
+        let write = |key, seq, keep_ns, alias| Request::Write {
+            key,
+            epoch: 1,
+            seq,
+            value: 5,
+            lease_ns: 100 * MS,
+            keep_ns,
+            alias,
+        };
+        let resolve = |alias| Request::Resolve { alias, nonce: 1 };
+        // Flow 7 kept forever, named by alias 1007; flow 8 kept 5 s.
+        acquire(&mut s, 0, A);
+        call(&mut s, 0, write(7, 1, KEEP_FOREVER, Some(1007)));
+        let ask = |key| Request::Acquire {
+            key,
+            lease_ns: 100 * MS,
+            nonce: 0,
+        };
+        call(&mut s, 0, ask(8));
+        call(&mut s, 0, write(8, 1, 5_000 * MS, None));
+        // A refused call on a flow the store never had leaves nothing behind.
+        assert!(matches!(
+            call(&mut s, MS, write(9, 1, KEEP_FOREVER, None)),
+            Reply::Fenced { .. }
+        ));
+        assert!(s.record(&9).is_none());
+        assert_eq!(s.len(), 2);
+        // Within the retention both stay; past it, flow 7 and its alias are gone.
+        call(&mut s, RETAIN - MS, resolve(1));
+        assert!(s.record(&7).is_some());
+        assert!(matches!(
+            call(&mut s, RETAIN + MS, resolve(1007)),
+            Reply::Resolved { flow: None, .. }
+        ));
+        assert!(s.record(&7).is_none());
+        // Flow 8's state outlives the retention: its record goes when the state dies.
+        call(&mut s, 4_999 * MS, resolve(1));
+        assert!(s.record(&8).is_some());
+        call(&mut s, 5_001 * MS, resolve(1));
+        assert!(s.record(&8).is_none());
+        assert!(s.is_empty());
+        assert_eq!(s.counters.dropped, 2);
+        // A flow taken again after gets a lease from a new record.
+        assert!(matches!(
+            call(&mut s, 6_000 * MS, ask(7)),
+            Reply::Granted { value: None, .. }
+        ));
     }
 
     #[test]

@@ -460,6 +460,9 @@ fn run(seed: u64, fencing: bool) -> Seen {
             min_lease_ns: 100 * US,
             max_lease_ns: 10 * MS,
             fencing,
+            // The flows' states never time out: kept for the retention (an hour), longer
+            // than a run.
+            ..StoreConfig::default()
         }),
         store_log: HashMap::new(),
         switches: (0..SWITCHES as u32).map(|i| Switch::new(i, 0)).collect(),

@@ -95,6 +95,7 @@ fn run(seed: u64, fencing: bool) -> Result<(), String> {
         min_lease_ns: 10 * MS,
         max_lease_ns: 60_000 * MS,
         fencing,
+        ..StoreConfig::default()
     });
     let (loss, duplicate) = (rng.below(20) as f64 / 100.0, rng.below(10) as f64 / 100.0);
     let (latency, jitter) = (MS / 10 + rng.below(MS), rng.below(5 * MS));

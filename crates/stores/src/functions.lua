@@ -13,7 +13,7 @@
 -- the flow's slot (they share a hash tag): the flow's key (its tag's length, then its
 -- bytes), set by a write applied that names it, and expiring with the flow's record (each
 -- write and renewal naming it sets its expiry to the record's).
--- Every call sets the record to expire `retain_ms` after it, or when its state times out
+-- Every call keeps the record at least `retain_ms` after it, and until its state times out
 -- if that is later (flows long gone are dropped; a retention far longer than any lease
 -- keeps a record while it can matter).
 -- Answers are arrays whose first element says which: G (granted), H (held by another),
@@ -65,10 +65,13 @@ local function keep(key, now, keep_us, retain_ms)
 end
 
 -- The lease runs `lease` microseconds from `now` (with any other fields given set in the
--- same call), and the record is kept `retain_ms` more.
+-- same call), and the record is kept `retain_ms` more at least (never less than it was:
+-- its state may live longer).
 local function extend(key, now, lease, retain_ms, ...)
   redis.call('HSET', key, 'until', string.format('%d', now + lease), ...)
-  redis.call('PEXPIRE', key, retain_ms)
+  if redis.call('PTTL', key) < tonumber(retain_ms) then
+    redis.call('PEXPIRE', key, retain_ms)
+  end
 end
 
 -- The alias record `alias` (if any) names the flow `flow` (if given) and expires with the

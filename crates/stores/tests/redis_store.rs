@@ -294,6 +294,7 @@ fn the_functions_answer_as_the_memory_store_does() {
         min_lease_ns: 100 * MS,
         max_lease_ns: 10_000 * MS,
         fencing: true,
+        ..StoreConfig::default()
     });
     let from_redis = life(&mut redis.link::<u128>().unwrap());
     let from_memory = life(&mut memory.link());
@@ -351,6 +352,54 @@ fn the_functions_answer_as_the_memory_store_does() {
         matches!(&from_redis[21], Some(Reply::Granted { epoch: 2, seq: 1, value: Some(v), .. }) if v == b"long")
     );
     assert_eq!(from_redis.len(), 22);
+}
+
+/// Both stores with a retention of 100 ms (ten leases of at most 10 ms).
+#[test]
+fn records_past_their_retention_are_dropped_by_both_stores_alike() {
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let redis = RedisStore::connect(RedisConfig {
+        min_lease: Duration::from_millis(1),
+        max_lease: Duration::from_millis(10),
+        retain: Duration::from_millis(100),
+        ..RedisConfig::new(&server.url())
+    })
+    .unwrap();
+    let memory = MemoryStore::<u128>::new(StoreConfig {
+        min_lease_ns: MS,
+        max_lease_ns: 10 * MS,
+        fencing: true,
+        retain_ns: 100 * MS,
+    });
+    let run = |link: &mut dyn StoreLink<u128>| {
+        // Flow 1's state is kept forever, flow 2's for 600 ms: past the retention.
+        let mut answers = vec![ask(link, A, acquire(1, 1)), ask(link, A, acquire(2, 1))];
+        answers.push(ask(link, A, write(1, 1, 1, b"one")));
+        answers.push(ask(link, A, write_keeping(2, 1, 1, b"two", 600 * MS)));
+        std::thread::sleep(Duration::from_millis(250));
+        // Flow 1's record is gone: a new one, its epoch and sequence from the start; flow
+        // 2's stays while its state lives, a grant on the way not shortening it.
+        answers.push(ask(link, B, acquire(1, 2)));
+        answers.push(ask(link, B, acquire(2, 2)));
+        std::thread::sleep(Duration::from_millis(200));
+        answers.push(ask(link, A, acquire(2, 3)));
+        std::thread::sleep(Duration::from_millis(500));
+        answers.push(ask(link, A, acquire(2, 4)));
+        answers
+    };
+    let from_redis = run(&mut redis.link::<u128>().unwrap());
+    let from_memory = run(&mut memory.link());
+    assert_eq!(from_redis, from_memory);
+    let granted = |i: usize| match &from_memory[i] {
+        Some(Reply::Granted {
+            epoch, seq, value, ..
+        }) => (*epoch, *seq, value.clone()),
+        other => panic!("{i}: {other:?}"),
+    };
+    assert_eq!(granted(4), (1, 0, None));
+    assert_eq!(granted(5), (2, 1, Some(b"two".to_vec())));
+    assert_eq!(granted(6), (3, 1, Some(b"two".to_vec())));
+    assert_eq!(granted(7), (1, 0, None));
 }
 
 #[test]
@@ -718,6 +767,7 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
         min_lease_ns: 100 * MS,
         max_lease_ns: 10_000 * MS,
         fencing: true,
+        ..StoreConfig::default()
     });
     assert_eq!(
         life(&mut redis.link::<u128>().unwrap()),

@@ -322,6 +322,7 @@ impl ReplicationSettings {
                     min_lease_ns: ms(100),
                     max_lease_ns: ms(60_000),
                     fencing: true,
+                    ..StoreConfig::default()
                 };
                 (
                     Store::Memory(Arc::new(MemoryStore::new(config))),
@@ -1721,6 +1722,7 @@ mod tests {
             min_lease_ns: 100_000_000,
             max_lease_ns: 60_000_000_000,
             fencing: true,
+            ..StoreConfig::default()
         });
         let config = ReplicaConfig {
             park_timeout_ns,

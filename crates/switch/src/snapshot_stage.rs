@@ -607,6 +607,7 @@ mod tests {
             min_lease_ns: 100 * MS,
             max_lease_ns: 60_000 * MS,
             fencing: true,
+            ..StoreConfig::default()
         })
     }
 
