@@ -6,7 +6,10 @@
 # steady loop. Cases: `bench` (the replay loop) for forward and conntrack; `bench-pipeline`
 # (the rule pipeline with and without its cache: instructions per trace packet over all of
 # the run's measurements); and `run` over one capture file to another (reader, dispatcher,
-# worker, output stage), forward and l2learn.
+# worker, output stage), forward and l2learn; and `run` with a program's per-flow state
+# replicated linearizably to the memory store (`replicated PROGRAM`: firewall, nat and
+# counter), beside the same program unreplicated (`run PROGRAM`), so that the replication
+# stage's cost a packet is the difference.
 # Each run's summary is checked: every packet read is written (forward) or counted.
 # Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
 # Writes target/callgrind-compare.csv and target/callgrind-compare.svg; the base build
@@ -60,7 +63,34 @@ c = s["counters"]
 assert c["rx_packets"] == n, f"read {c['rx_packets']} of {n}"
 if program == "forward":
     assert c["tx_packets"] == n, f"wrote {c['tx_packets']} of {n}"
+r = s.get("replication")
+if r:
+    assert r["processed"] > 0 and r["dropped"] == 0, f"replication: {r}"
 PY
+}
+
+# The configuration of a program that needs one (empty: none), and its replicated state.
+program_section() {
+  case $1 in
+    firewall) printf '[program]\nname = "firewall"\n[program.firewall]\ninside = "p0"\n' ;;
+    nat) printf '[program]\nname = "nat"\n[program.nat]\ninside = "p0"\noutside = "p1"\nexternal = "198.18.255.100"\n' ;;
+    counter) printf '[program]\nname = "counter"\n[program.counter]\nmap = { p0 = "p1" }\ncapacity = 1048576\n' ;;
+  esac
+}
+replicated_state() {
+  case $1 in firewall) echo connections ;; nat) echo translations ;; counter) echo flows ;; esac
+}
+
+# Writes a run's configuration: PROGRAM over TRACE (port p0) to FILE, its state replicated
+# to the memory store if a fourth argument is given.
+config() {
+  { echo "burst = 64"
+    program_section "$1"
+    printf '[[port]]\nname = "p0"\nrx = "%s"\n[[port]]\nname = "p1"\n' "$2"
+    if [ -n "${4:-}" ]; then
+      printf '[guarantees]\n%s = ["replicated"]\n' "$(replicated_state "$1")"
+    fi
+  } > "$3"
 }
 
 per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b - a) / (2 * n)}'; }
@@ -69,7 +99,8 @@ csv=target/callgrind-compare.csv
 echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
 echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1; 1 worker, burst 64"
 printf '%-24s %12s %12s %8s\n' case "$base_short" "$head" ratio
-for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run forward" "run l2learn"; do
+for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run forward" "run l2learn" \
+  "run firewall" "replicated firewall" "run nat" "replicated nat" "run counter" "replicated counter"; do
   set -- $case
   kind=$1 program=$2
   row=()
@@ -84,6 +115,14 @@ for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run for
         totals+=("$(instructions "$bin" bench-pipeline --workloads "$program" --packets "$packets" \
           --loops "$loops" --repeat 1 --modes action --update-rates 0 --tables 2 \
           --acl-rules 200 --fib-prefixes 10000)")
+      elif [ "$kind" = replicated ]; then
+        config "$program" "$work/trace-$n.pcap" "$work/run.toml" replicated
+        totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
+        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+      elif [ -n "$(program_section "$program")" ]; then
+        config "$program" "$work/trace-$n.pcap" "$work/run.toml"
+        totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
+        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
       else
         totals+=("$(instructions "$bin" run "$program" -i "$work/trace-$n.pcap" \
           -o "$work/out.pcap" --workers 1 --hash-seed 1 --json)")
