@@ -751,7 +751,8 @@ fn live_run_errors_name_the_interface_and_the_fix() {
 /// The Prometheus text a switch serves on its namespace's loopback.
 /// `hh` with its sketches in bounded mode on live AF_PACKET ports: pings go through
 /// without loss while snapshots go to the store every 10 ms on the live clock (the idle
-/// ticks read them), fresh all along.
+/// ticks read them), fresh all along, a reload (SIGHUP) in the middle included (the new
+/// instance goes on from the old one's state and the snapshots go on).
 #[test]
 fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -764,10 +765,24 @@ fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
              snapshot_ms = 10\nstaleness_ms = 500",
         )
     });
-    let ping = lab.exec(
-        "h1",
-        &["ping", "-c", "100", "-i", "0.01", "-W", "2", "198.18.0.2"],
-    );
+    let ns = format!("sp-{}-h1", lab.name);
+    let ping = Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "ping", "-c", "200", "-i", "0.01", "-W", "2",
+        ])
+        .arg("198.18.0.2")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    let log = lab_file(&lab, "s1.log");
+    assert!(kill("-HUP", &lab.switch_pid("s1").to_string()));
+    let reloaded = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        (std::fs::read_to_string(&log).unwrap()).contains("reloaded the program (generation 1)")
+    });
+    assert!(reloaded, "{}", std::fs::read_to_string(&log).unwrap());
+    let ping = ping.wait_with_output().unwrap();
     assert!(
         String::from_utf8_lossy(&ping.stdout).contains(" 0% packet loss"),
         "{}",
@@ -781,13 +796,16 @@ fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
             .parse()
             .unwrap()
     };
-    // A second of pings: some tens of snapshots, none stale.
+    // Two seconds of pings: some tens of snapshots, none stale, the reload's included
+    // (a snapshot the reload cut short would leave the store's state ever staler), and
+    // the old state fitted the new instance.
     assert!(
-        value("stateplane_replication_snapshots_total") >= 20.0,
+        value("stateplane_replication_snapshots_total") >= 40.0,
         "{metrics}"
     );
     assert_eq!(value("stateplane_replication_stale_packets_total"), 0.0);
     assert!(value("stateplane_replication_staleness_most_seconds") < 0.5);
+    assert_eq!(value("stateplane_replication_states_refused_total"), 0.0);
 }
 
 fn metric_lines(lab: &Lab, node: &str) -> String {

@@ -145,7 +145,7 @@ impl Switch {
                 return Err("--control-pcap is for runs over capture files; a live run counts packets for the control plane".into());
             }
             let rebuild_options = options.clone();
-            let started_sync = cfg.sync.clone();
+            let started = StartedWith::of(&cfg, &factory);
             Ports::Live(Box::new(LiveRun {
                 program: program.clone(),
                 port_names: port_names.clone(),
@@ -154,7 +154,7 @@ impl Switch {
                 runtime: runtime.clone(),
                 factory: factory.clone(),
                 rebuild: Box::new(move || {
-                    reload_program(&rebuild_options, &names, workers, started_sync.as_ref())
+                    reload_program(&rebuild_options, &names, workers, &started)
                 }),
                 metrics,
                 control,
@@ -328,6 +328,35 @@ fn sync_plan(
     }
 }
 
+/// What a reload keeps of the switch's start: the state stages were made for it.
+#[derive(Clone, Default)]
+struct StartedWith {
+    sync: Option<SyncSettings>,
+    replication: Option<crate::replication_stage::ReplicationSettings>,
+    /// The states kept `replicated`, by name.
+    replicated: Vec<String>,
+}
+
+impl StartedWith {
+    fn of(cfg: &RunConfig, factory: &ProgramFactory) -> StartedWith {
+        StartedWith {
+            sync: cfg.sync.clone(),
+            replication: cfg.replication.clone(),
+            replicated: replicated_states(factory),
+        }
+    }
+}
+
+/// The names of the states a program keeps `replicated`, in order.
+fn replicated_states(factory: &ProgramFactory) -> Vec<String> {
+    let mut names: Vec<String> = (factory(0).declarations().into_iter())
+        .filter(|d| d.guarantees.contains(&Guarantee::Replicated))
+        .map(|d| d.name)
+        .collect();
+    names.sort();
+    names
+}
+
 /// The program of a live run rebuilt from its configuration as it is now (SIGHUP), for the
 /// `workers` it runs on: one that cannot work on them is refused, as at the start (a
 /// reload keeps the workers it has).
@@ -335,11 +364,14 @@ fn sync_plan(
 /// The sync stages are the switch's from its start: a reload keeps its `[sync]` section
 /// (the synced state may change; the stages start their streams over), and one that
 /// would sync with another, or none, is refused rather than leave synced state unsent.
+/// The replication stages are too: a reload keeps the `[replication]` section and the
+/// states replicated, and one that would change either is refused rather than run with
+/// settings no stage keeps.
 fn reload_program(
     options: &SwitchOptions,
     names: &PortNames,
     workers: usize,
-    started_sync: Option<&SyncSettings>,
+    started: &StartedWith,
 ) -> SetupResult<ProgramFactory> {
     let cfg = match &options.config_path {
         Some(path) => RunConfig::load(path)?,
@@ -348,8 +380,11 @@ fn reload_program(
     let factory = load_program(options.program.as_deref(), &cfg, names)?.1;
     factory(0).check_workers(workers, true)?;
     sync_plan(&cfg, &factory, workers)?;
-    if cfg.sync.as_ref() != started_sync {
+    if cfg.sync != started.sync {
         return Err("sync: a reload keeps the [sync] section the switch started with (its stages and sockets are the workers'); restart the switch to start, stop or change syncing".into());
+    }
+    if cfg.replication != started.replication || replicated_states(&factory) != started.replicated {
+        return Err("replication: a reload keeps the [replication] section and the replicated state the switch started with (its stages and store links are the workers'); restart the switch to start, stop or change replicating".into());
     }
     Ok(factory)
 }
@@ -443,13 +478,14 @@ mod tests {
             ..SwitchOptions::default()
         };
         let names = PortNames(vec!["p0".into(), "p1".into()]);
-        let refused = reload_program(&options, &names, 2, None)
+        let none = StartedWith::default();
+        let refused = reload_program(&options, &names, 2, &none)
             .err()
             .expect("kv on 2 workers");
         assert!(refused.contains("kv runs on one worker"), "{refused}");
-        assert!(reload_program(&options, &names, 1, None).is_ok());
+        assert!(reload_program(&options, &names, 1, &none).is_ok());
         std::fs::write(&path, "[program]\nname = \"forward\"\n").unwrap();
-        assert!(reload_program(&options, &names, 2, None).is_ok());
+        assert!(reload_program(&options, &names, 2, &none).is_ok());
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -469,14 +505,59 @@ mod tests {
             ..SwitchOptions::default()
         };
         let names = PortNames(vec!["p0".into(), "p1".into()]);
-        let started = RunConfig::load(&path).unwrap().sync;
-        assert!(reload_program(&options, &names, 1, started.as_ref()).is_ok());
-        let refused = reload_program(&options, &names, 1, None).err().unwrap();
+        let started = StartedWith {
+            sync: RunConfig::load(&path).unwrap().sync,
+            ..StartedWith::default()
+        };
+        assert!(reload_program(&options, &names, 1, &started).is_ok());
+        let none = StartedWith::default();
+        let refused = reload_program(&options, &names, 1, &none).err().unwrap();
         assert!(refused.starts_with("sync: a reload keeps"), "{refused}");
         std::fs::write(&path, synced.replace("7474", "7475")).unwrap();
-        assert!(reload_program(&options, &names, 1, started.as_ref()).is_err());
+        assert!(reload_program(&options, &names, 1, &started).is_err());
         std::fs::write(&path, "[program]\nname = \"forward\"\n").unwrap();
-        assert!(reload_program(&options, &names, 1, started.as_ref()).is_err());
+        assert!(reload_program(&options, &names, 1, &started).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A reload keeps the switch's replication: one that would change its settings, or
+    /// replicate other state or none, is refused (no stage would keep what it says).
+    #[test]
+    fn a_reload_keeps_the_replication_the_switch_started_with() {
+        let path = std::env::temp_dir().join(format!(
+            "stateplane-reload-replication-{}.toml",
+            std::process::id()
+        ));
+        let bounded = "[program]\nname = \"hh\"\n[program.hh]\nmap = { p0 = \"p1\" }\n\
+                       [guarantees]\nsketch = [\"replicated\"]\n[replication]\nmode = \"bounded\"\n\
+                       snapshot_ms = 10\n";
+        std::fs::write(&path, bounded).unwrap();
+        let options = SwitchOptions {
+            config_path: Some(path.clone()),
+            ..SwitchOptions::default()
+        };
+        let names = PortNames(vec!["p0".into(), "p1".into()]);
+        let cfg = RunConfig::load(&path).unwrap();
+        let (_, factory) = load_program(None, &cfg, &names).unwrap();
+        let started = StartedWith::of(&cfg, &factory);
+        assert_eq!(started.replicated, ["sketch"]);
+        // The same again, and another setting of the program: a reload.
+        assert!(reload_program(&options, &names, 1, &started).is_ok());
+        std::fs::write(&path, bounded.replace("map =", "threshold = 5\nmap =")).unwrap();
+        assert!(reload_program(&options, &names, 1, &started).is_ok());
+        // Another period, the state no more replicated, another program: refused.
+        for changed in [
+            bounded.replace("snapshot_ms = 10", "snapshot_ms = 20"),
+            bounded.replace("[guarantees]\nsketch = [\"replicated\"]\n", ""),
+            "[program]\nname = \"forward\"\n".to_string(),
+        ] {
+            std::fs::write(&path, &changed).unwrap();
+            let refused = reload_program(&options, &names, 1, &started).err().unwrap();
+            assert!(
+                refused.starts_with("replication: a reload keeps"),
+                "{changed}: {refused}"
+            );
+        }
         std::fs::remove_file(&path).unwrap();
     }
 }
