@@ -765,15 +765,7 @@ fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
              snapshot_ms = 10\nstaleness_ms = 500",
         )
     });
-    let ns = format!("sp-{}-h1", lab.name);
-    let ping = Command::new("ip")
-        .args([
-            "netns", "exec", &ns, "ping", "-c", "200", "-i", "0.01", "-W", "2",
-        ])
-        .arg("198.18.0.2")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let ping = ping_in_background(&lab, "200", "0.01");
     std::thread::sleep(Duration::from_millis(600));
     let log = lab_file(&lab, "s1.log");
     assert!(kill("-HUP", &lab.switch_pid("s1").to_string()));
@@ -808,6 +800,20 @@ fn hh_in_bounded_mode_snapshots_on_live_ports_while_traffic_flows() {
     assert_eq!(value("stateplane_replication_states_refused_total"), 0.0);
 }
 
+/// `count` pings from h1 to h2 every `interval` seconds, running while the test goes on
+/// (its output kept for `wait_with_output`).
+fn ping_in_background(lab: &Lab, count: &str, interval: &str) -> std::process::Child {
+    let ns = format!("sp-{}-h1", lab.name);
+    Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "ping", "-c", count, "-i", interval, "-W", "2",
+        ])
+        .arg("198.18.0.2")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn metric_lines(lab: &Lab, node: &str) -> String {
     let fetch = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())";
     let out = lab.exec(node, &["python3", "-c", fetch]);
@@ -831,15 +837,7 @@ fn reload_loses_no_packets_and_sigterm_drains_and_reports() {
     let pid = lab.switch_pid("s1").to_string();
     let config = lab_file(&lab, "s1.toml");
     let good = std::fs::read_to_string(&config).unwrap();
-    let ns = format!("sp-{}-h1", lab.name);
-    let ping = Command::new("ip")
-        .args([
-            "netns", "exec", &ns, "ping", "-c", "400", "-i", "0.005", "-W", "2",
-        ])
-        .arg("198.18.0.2")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let ping = ping_in_background(&lab, "400", "0.005");
     let log = lab_file(&lab, "s1.log");
     let mut generation = 0;
     for round in 0..6 {
