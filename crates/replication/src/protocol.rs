@@ -168,7 +168,9 @@ impl std::hash::Hash for FlowBytes {
 /// Ordered by length, tag, then bytes (not by hash).
 impl Ord for FlowBytes {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.len, self.tag, self.bytes).cmp(&(other.len, other.tag, other.bytes))
+        (self.len.cmp(&other.len))
+            .then(self.tag.cmp(&other.tag))
+            .then_with(|| self.bytes.cmp(&other.bytes))
     }
 }
 
