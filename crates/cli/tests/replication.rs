@@ -388,6 +388,53 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
     );
 }
 
+/// The store killed in the middle of a run over a capture and never back: once it has
+/// been out of reach for `park_timeout_ms`, the run stops waiting for it (a capture is
+/// read as fast as the store answers while it answers), so the rest of the capture goes
+/// through at once, its replicated flows' packets dropped and counted, and the run ends.
+#[test]
+fn a_store_lost_for_good_mid_run_ends_the_run_with_every_packet_accounted_for() {
+    use std::time::Duration;
+    let mut server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let store = format!(
+        "{REPLICATED}[replication]\nstore = \"{}\"\nlease_ms = 300\npark_timeout_ms = 300\n",
+        server.url()
+    );
+    let (config, _) = counter_run("rep-lost-for-good", 600_000, 2_000, &store);
+    let mut run = spawn_run(&config);
+    let start = std::time::Instant::now();
+    while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < 100 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no records");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    server.kill();
+    let lost = std::time::Instant::now();
+    // Waiting 300 ms for each half park (2,048 packets) would take the rest of the
+    // capture a minute and more.
+    while run.try_wait().unwrap().is_none() {
+        if lost.elapsed() > Duration::from_secs(20) {
+            run.kill().unwrap();
+            panic!("the run still waits for a store gone for good");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("replicated flows wait"), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let c = &summary["counters"];
+    let (rx, tx, dropped) = (
+        c["rx_packets"].as_u64().unwrap(),
+        c["tx_packets"].as_u64().unwrap(),
+        c["dropped"].as_u64().unwrap(),
+    );
+    assert_eq!(rx, 600_000, "{summary}");
+    assert_eq!(rx, tx + dropped, "every packet out or dropped: {summary}");
+    assert_eq!(summary["replication"]["dropped"].as_u64(), Some(dropped));
+    assert!(dropped > 100_000, "the rest dropped, counted: {summary}");
+}
+
 /// What replication cannot keep yet, or is given wrong, is refused by name with the fix.
 #[test]
 fn replication_settings_that_nothing_keeps_are_refused() {

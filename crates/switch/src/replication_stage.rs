@@ -596,6 +596,29 @@ impl ReplicationReport {
     }
 }
 
+/// Whether a stage's store has been out of reach, and since when: past the park timeout
+/// a run over a capture stops waiting for it (what waits is dropped then anyway).
+#[derive(Default)]
+pub(crate) struct Reach {
+    lost_since: Option<u64>,
+}
+
+impl Reach {
+    /// The link seen `connected` or not at `now` (the stage's clock).
+    pub(crate) fn saw(&mut self, connected: bool, now: u64) {
+        self.lost_since = match connected {
+            true => None,
+            false => self.lost_since.or(Some(now)),
+        };
+    }
+
+    /// Whether the store has been out of reach for `ns` or more at `now`.
+    pub(crate) fn lost_for(&self, now: u64, ns: u64) -> bool {
+        self.lost_since
+            .is_some_and(|since| now.saturating_sub(since) >= ns)
+    }
+}
+
 /// Keeps the burst's packets whose `keep` is true, in order (`keep` has one per packet).
 fn retain_kept(burst: &mut Burst, keep: &[bool]) {
     let mut i = 0;
@@ -783,6 +806,7 @@ struct ReplicationStage {
     history: Option<Arc<Mutex<History>>>,
     /// History lines not yet written.
     lines: String,
+    reach: Reach,
 }
 
 impl ReplicationStage {
@@ -822,6 +846,7 @@ impl ReplicationStage {
             replies: Vec::new(),
             history,
             lines: String::new(),
+            reach: Reach::default(),
         }
     }
 
@@ -910,6 +935,7 @@ impl ReplicationStage {
     /// held ones.
     fn pump(&mut self, program: &mut dyn Running, ctx: &Context) {
         let now = self.now();
+        self.reach.saw(self.link.counters().connected > 0, now);
         if self.replica.poll_timeout().is_some_and(|t| t <= now) {
             self.replica.handle_timeout(now);
         }
@@ -1566,8 +1592,14 @@ impl StateStage for ReplicationStage {
 
     /// Half the park bound waits for the store (leases, acknowledgements), so that
     /// another burst or two of new flows could overflow it; or [`BACKLOG`] do, a queue at
-    /// the store long enough that requests reach it late for their leases.
+    /// the store long enough that requests reach it late for their leases. Never once
+    /// the store has been out of reach for the park timeout: what waits for it is
+    /// dropped then anyway, and a run over a capture would otherwise wait that long for
+    /// each half park of the rest.
     fn backlogged(&self) -> bool {
+        if (self.reach).lost_for(self.now(), self.config.park_timeout_ns) {
+            return false;
+        }
         let ready = self.ready_in.len() + self.ready_out.len() + self.alone.len();
         let waiting = self.held.len().saturating_sub(ready);
         waiting >= self.config.park_limit.div_ceil(2).min(BACKLOG)

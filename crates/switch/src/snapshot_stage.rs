@@ -15,7 +15,7 @@
 //! Must never: call the state fresh before the store acknowledged it; let an output
 //! leave while stale under `on_stale = "drop"` or after `"stop"`; block on the store.
 
-use crate::replication_stage::{ReplicationCounters, add_since};
+use crate::replication_stage::{Reach, ReplicationCounters, add_since};
 use stateplane_replication::snapshot::{
     Chunk, ImageError, ImageWriter, Installed, SnapshotReply, SnapshotRequest, SnapshotStats,
     Snapshots, read_image,
@@ -86,6 +86,7 @@ pub struct SnapshotStage {
     on_stale: OnStale,
     park_limit: usize,
     park_timeout_ns: u64,
+    reach: Reach,
     /// The replicated states, as `(id, cells)`.
     states: Vec<(u16, u32)>,
     /// The snapshot being read: its image so far, and the state and cell it is at.
@@ -134,6 +135,7 @@ impl SnapshotStage {
             on_stale: settings.on_stale,
             park_limit: settings.park_limit,
             park_timeout_ns: settings.park_timeout_ns,
+            reach: Reach::default(),
             states: Vec::new(),
             image: None,
             chunks: Vec::new(),
@@ -166,6 +168,7 @@ impl SnapshotStage {
             self.chunks = vec![Vec::new(); self.states.len()];
         }
         let now = self.now();
+        self.reach.saw(self.link.counters().connected > 0, now);
         self.link.receive(&mut self.replies);
         for reply in std::mem::take(&mut self.replies) {
             if let Some(Installed(image)) = self.snapshots.handle_reply(now, reply) {
@@ -578,9 +581,12 @@ impl StateStage for SnapshotStage {
     }
 
     /// A run on packet time waits for the store's image rather than hold what comes
-    /// faster than it.
+    /// faster than it; not once the store has been out of reach for the park timeout
+    /// (what waits is dropped then anyway).
     fn backlogged(&self) -> bool {
-        !self.snapshots.serving() && !self.waiting.is_empty()
+        !self.snapshots.serving()
+            && !self.waiting.is_empty()
+            && !self.reach.lost_for(self.now(), self.park_timeout_ns)
     }
 }
 
@@ -633,7 +639,25 @@ mod tests {
         incarnation: u32,
         on_stale: OnStale,
     ) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
+        let (worker, open, counters, _) = worker_parking(store, incarnation, on_stale, 10_000 * MS);
+        (worker, open, counters)
+    }
+
+    /// As [`worker`], packets held at most `park_timeout_ns`; and the flag the link's
+    /// `connected` follows.
+    fn worker_parking(
+        store: &MemoryStore<FlowBytes>,
+        incarnation: u32,
+        on_stale: OnStale,
+        park_timeout_ns: u64,
+    ) -> (
+        Worker,
+        Arc<AtomicBool>,
+        Arc<ReplicationCounters>,
+        Arc<AtomicBool>,
+    ) {
         let (link, open, _) = Gated::on(store);
+        let connected = link.connection();
         let counters = Arc::new(ReplicationCounters::default());
         let settings = SnapshotSettings {
             config: SnapshotConfig {
@@ -645,7 +669,7 @@ mod tests {
             },
             on_stale,
             park_limit: 1_000,
-            park_timeout_ns: 10_000 * MS,
+            park_timeout_ns,
         };
         let stage = SnapshotStage::new(
             Snapshots::key_of(1, 0),
@@ -659,7 +683,7 @@ mod tests {
         );
         let worker = Worker::new(hh(), 0, 1, 2, FlowHasher::with_seed(7))
             .with_state_stages(vec![Box::new(stage)]);
-        (worker, open, counters)
+        (worker, open, counters, connected)
     }
 
     /// `n` packets of UDP flow `flow` from port a, untagged.
@@ -867,6 +891,26 @@ mod tests {
         );
         w.finish();
         assert_eq!(stored_rows_of(&store, 4), [13; 4]);
+    }
+
+    /// A run over a capture waits for the store's image, but not for a store out of reach
+    /// for the park timeout: what waits is dropped then anyway.
+    #[test]
+    fn packets_wait_for_the_image_until_the_store_is_out_of_reach_for_the_park_timeout() {
+        let store = store();
+        let (mut w, _open, _, connected) = worker_parking(&store, 1, OnStale::Report, 50 * MS);
+        w.handle(&mut burst(1, 10));
+        assert!(w.backlogged(), "the image is waited for");
+        connected.store(false, Ordering::Relaxed);
+        w.tick_stages();
+        assert!(w.backlogged(), "not yet the park timeout out of reach");
+        std::thread::sleep(Duration::from_millis(60));
+        w.handle(&mut burst(1, 10));
+        assert!(w.holding() > 0);
+        assert!(!w.backlogged(), "out of reach for the park timeout");
+        connected.store(true, Ordering::Relaxed);
+        w.handle(&mut burst(1, 10));
+        assert!(w.backlogged(), "back: waited for again");
     }
 
     #[test]

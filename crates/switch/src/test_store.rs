@@ -13,6 +13,8 @@ pub struct Gated {
     open: Arc<AtomicBool>,
     /// Every request sent, for the tests to read.
     sent: Sent,
+    /// Whether the link says it is connected (a test may say it is not).
+    connected: Arc<AtomicBool>,
 }
 
 pub type Sent = Arc<Mutex<Vec<Request<FlowBytes, Value>>>>;
@@ -26,8 +28,14 @@ impl Gated {
             link: store.link(),
             open: Arc::clone(&open),
             sent: Arc::clone(&sent),
+            connected: Arc::new(AtomicBool::new(true)),
         };
         (link, open, sent)
+    }
+
+    /// The flag the link's `connected` count follows.
+    pub fn connection(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.connected)
     }
 }
 
@@ -47,6 +55,9 @@ impl StoreLink<FlowBytes> for Gated {
         None
     }
     fn counters(&self) -> LinkCounters {
-        self.link.counters()
+        LinkCounters {
+            connected: u64::from(self.connected.load(Ordering::Relaxed)),
+            ..self.link.counters()
+        }
     }
 }
