@@ -105,6 +105,13 @@ fn spawn_run(config: &std::path::Path) -> std::process::Child {
 
 const REPLICATED: &str = "[guarantees]\nflows = [\"replicated\"]\n";
 
+/// A run's JSON summary's packets in, out and dropped.
+fn in_out_dropped(summary: &serde_json::Value) -> (u64, u64, u64) {
+    let c = &summary["counters"];
+    let count = |name: &str| c[name].as_u64().unwrap();
+    (count("rx_packets"), count("tx_packets"), count("dropped"))
+}
+
 /// `counter` with its flows replicated on the embedded memory store forwards exactly what
 /// it forwards unreplicated, in the same order, every output after its write: one write
 /// a flow a burst, the other packets' changes folded in.
@@ -361,12 +368,7 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("connected again"), "{stderr}");
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let c = &summary["counters"];
-    let (rx, tx, dropped) = (
-        c["rx_packets"].as_u64().unwrap(),
-        c["tx_packets"].as_u64().unwrap(),
-        c["dropped"].as_u64().unwrap(),
-    );
+    let (rx, tx, dropped) = in_out_dropped(&summary);
     let r = &summary["replication"];
     assert_eq!(rx, 600_000, "{summary}");
     assert_eq!(rx, tx + dropped, "every packet out or dropped: {summary}");
@@ -423,12 +425,7 @@ fn a_store_lost_for_good_mid_run_ends_the_run_with_every_packet_accounted_for() 
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("replicated flows wait"), "{stderr}");
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let c = &summary["counters"];
-    let (rx, tx, dropped) = (
-        c["rx_packets"].as_u64().unwrap(),
-        c["tx_packets"].as_u64().unwrap(),
-        c["dropped"].as_u64().unwrap(),
-    );
+    let (rx, tx, dropped) = in_out_dropped(&summary);
     assert_eq!(rx, 600_000, "{summary}");
     assert_eq!(rx, tx + dropped, "every packet out or dropped: {summary}");
     assert_eq!(summary["replication"]["dropped"].as_u64(), Some(dropped));
