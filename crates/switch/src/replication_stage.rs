@@ -612,10 +612,11 @@ impl Reach {
         };
     }
 
-    /// Whether the store has been out of reach for `ns` or more at `now`.
-    pub(crate) fn lost_for(&self, now: u64, ns: u64) -> bool {
+    /// Whether the store has been out of reach for `ns` or more at `now()` (the clock is
+    /// read only while it is out of reach: a run asks after every burst).
+    pub(crate) fn lost_for(&self, ns: u64, now: impl FnOnce() -> u64) -> bool {
         self.lost_since
-            .is_some_and(|since| now.saturating_sub(since) >= ns)
+            .is_some_and(|since| now().saturating_sub(since) >= ns)
     }
 }
 
@@ -1597,7 +1598,7 @@ impl StateStage for ReplicationStage {
     /// dropped then anyway, and a run over a capture would otherwise wait that long for
     /// each half park of the rest.
     fn backlogged(&self) -> bool {
-        if (self.reach).lost_for(self.now(), self.config.park_timeout_ns) {
+        if (self.reach).lost_for(self.config.park_timeout_ns, || self.now()) {
             return false;
         }
         let ready = self.ready_in.len() + self.ready_out.len() + self.alone.len();

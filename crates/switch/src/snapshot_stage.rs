@@ -586,7 +586,7 @@ impl StateStage for SnapshotStage {
     fn backlogged(&self) -> bool {
         !self.snapshots.serving()
             && !self.waiting.is_empty()
-            && !self.reach.lost_for(self.now(), self.park_timeout_ns)
+            && !self.reach.lost_for(self.park_timeout_ns, || self.now())
     }
 }
 
