@@ -112,6 +112,9 @@ pub struct StoreCounters {
     pub dropped: u64,
 }
 
+/// Records the expiry queue looks at in one call, at most.
+const EXPIRIES_PER_CALL: usize = 64;
+
 pub struct StoreCore<K, V> {
     config: StoreConfig,
     records: HashMap<K, Record<V>>,
@@ -138,9 +141,15 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
         }
     }
 
-    /// Drops the records whose time has come, with their aliases.
+    /// Drops records whose time has come, with their aliases: at most
+    /// [`EXPIRIES_PER_CALL`] looked at, so that a crowd of flows gone at once does not hold
+    /// up the call that finds them ([`StoreCore::handle`] drops the record it is asked
+    /// about itself when its time has come).
     fn expire(&mut self, now_ns: u64) {
-        while let Some(&Reverse((at, key))) = self.expiry.peek() {
+        for _ in 0..EXPIRIES_PER_CALL {
+            let Some(&Reverse((at, key))) = self.expiry.peek() else {
+                break;
+            };
             if at > now_ns {
                 break;
             }
@@ -156,13 +165,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
                 self.expiry.push(Reverse((record.expires_ns, key)));
                 continue;
             }
-            self.records.remove(&key);
-            self.counters.dropped += 1;
-            if let Some(alias) = self.alias_of.remove(&key)
-                && self.aliases.get(&alias) == Some(&key)
-            {
-                self.aliases.remove(&alias);
-            }
+            self.drop_record(key);
+        }
+    }
+
+    /// Drops `key`'s record and its alias (its entry in the expiry queue, if any, is
+    /// passed over when it comes up).
+    fn drop_record(&mut self, key: K) {
+        self.records.remove(&key);
+        self.counters.dropped += 1;
+        if let Some(alias) = self.alias_of.remove(&key)
+            && self.aliases.get(&alias) == Some(&key)
+        {
+            self.aliases.remove(&alias);
         }
     }
 
@@ -210,6 +225,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
     pub fn handle(&mut self, now_ns: u64, from: Holder, request: Request<K, V>) -> Reply<K, V> {
         self.expire(now_ns);
         let key = request.key();
+        if self
+            .records
+            .get(&key)
+            .is_some_and(|r| r.expires_ns <= now_ns)
+        {
+            self.drop_record(key);
+        }
         let had = self.records.contains_key(&key);
         let reply = self.answer(now_ns, from, request);
         match reply {
@@ -492,6 +514,63 @@ mod tests {
             call(&mut s, 6_000 * MS, ask(7)),
             Reply::Granted { value: None, .. }
         ));
+    }
+
+    /// Flows gone all at once are dropped a few a call, and a flow asked about past its
+    /// retention is answered as gone whatever the queue holds.
+    #[test]
+    fn records_gone_at_once_are_dropped_a_few_a_call_and_never_answered_from() {
+        let mut s = StoreCore::new(StoreConfig {
+            retain_ns: 1_000 * MS,
+            ..StoreConfig::default()
+        });
+        let write = |key| Request::Write {
+            key,
+            epoch: 1,
+            seq: 1,
+            value: 5,
+            lease_ns: 100 * MS,
+            keep_ns: KEEP_FOREVER,
+            alias: None,
+        };
+        for key in 0..1_000 {
+            let ask = Request::Acquire {
+                key,
+                lease_ns: 100 * MS,
+                nonce: 0,
+            };
+            s.handle(0, A, ask);
+            s.handle(0, A, write(key));
+        }
+        assert_eq!(s.len(), 1_000);
+        // Past the retention: the flow asked about is gone, and a bounded share of the
+        // others with it.
+        let ask = Request::Acquire {
+            key: 999,
+            lease_ns: 100 * MS,
+            nonce: 1,
+        };
+        let reply = s.handle(2_000 * MS, B, ask);
+        assert!(
+            matches!(
+                reply,
+                Reply::Granted {
+                    epoch: 1,
+                    value: None,
+                    ..
+                }
+            ),
+            "{reply:?}"
+        );
+        assert!(
+            (1_000 - 1 - EXPIRIES_PER_CALL..1_000).contains(&s.len()),
+            "{}",
+            s.len()
+        );
+        for _ in 0..1_000 / EXPIRIES_PER_CALL + 1 {
+            s.handle(2_000 * MS, B, Request::Resolve { alias: 0, nonce: 0 });
+        }
+        assert_eq!(s.len(), 1, "only flow 999's new record is left");
     }
 
     #[test]
