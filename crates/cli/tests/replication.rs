@@ -51,6 +51,17 @@ fn bench_replication_store_measures_both_stores_and_checks_their_records() {
     );
 }
 
+/// Writes the trace of `stateplane gen ARGS` (`args` split at spaces) to `trace`.
+fn generate(trace: &std::path::Path, args: &str) {
+    ok(bin()
+        .arg("gen")
+        .args(args.split_whitespace())
+        .arg("-o")
+        .arg(trace)
+        .output()
+        .unwrap());
+}
+
 /// A generated trace of `packets` over `flows` flows, and the configuration of `counter`
 /// forwarding it from p0 to p1 (`out` the output capture), `extra` appended.
 fn counter_run(
@@ -61,12 +72,10 @@ fn counter_run(
 ) -> (std::path::PathBuf, std::path::PathBuf) {
     let trace = tmp(&format!("{name}.pcap"));
     if !trace.exists() {
-        ok(bin()
-            .args(["gen", "internet", "--packets", &packets.to_string()])
-            .args(["--flows", &flows.to_string(), "-o"])
-            .arg(&trace)
-            .output()
-            .unwrap());
+        generate(
+            &trace,
+            &format!("internet --packets {packets} --flows {flows}"),
+        );
     }
     let out = tmp(&format!("{name}-{}.pcap", extra.len()));
     let config = tmp(&format!("{name}-{}.toml", extra.len()));
@@ -187,12 +196,10 @@ fn past_the_park_limit_packets_are_dropped_and_counted() {
 fn a_capture_read_faster_than_the_store_answers_waits_for_it_and_drops_nothing() {
     let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
     let trace = tmp("rep-kv-backlog.pcap");
-    ok(bin()
-        .args(["gen", "kv", "--packets", "100000", "--flows", "1000"])
-        .args(["--kv-get-share", "0.95", "-o"])
-        .arg(&trace)
-        .output()
-        .unwrap());
+    generate(
+        &trace,
+        "kv --packets 100000 --flows 1000 --kv-get-share 0.95",
+    );
     let config = |name: &str, extra: &str| {
         let path = tmp(&format!("{name}.toml"));
         std::fs::write(
@@ -803,12 +810,7 @@ fn a_switch_killed_in_bounded_mode_leaves_a_whole_snapshot_to_count_on_from() {
     use stateplane_bench::bench_snapshots::{stored_packets, stored_sketch_rows};
     let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
     let trace = tmp("bounded-kill.pcap");
-    ok(bin()
-        .args(["gen", "internet", "--packets", "1000000", "--flows", "2000"])
-        .args(["--vlans", "4", "-o"])
-        .arg(&trace)
-        .output()
-        .unwrap());
+    generate(&trace, "internet --packets 1000000 --flows 2000 --vlans 4");
     let config = tmp("bounded-kill.toml");
     std::fs::write(
         &config,
@@ -1358,12 +1360,7 @@ fn hh_sketches_in_bounded_mode_survive_a_restart_through_redis() {
     use stateplane_bench::bench_snapshots::{StoredSketches, stored_packets, stored_sketch_rows};
     let server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
     let trace = tmp("bounded-hh.pcap");
-    ok(bin()
-        .args(["gen", "internet", "--packets", "20000", "--flows", "400"])
-        .args(["--vlans", "3", "-o"])
-        .arg(&trace)
-        .output()
-        .unwrap());
+    generate(&trace, "internet --packets 20000 --flows 400 --vlans 3");
     let config = |switch: u32| {
         let path = tmp(&format!("bounded-hh-{switch}.toml"));
         std::fs::write(
