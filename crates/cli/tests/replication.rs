@@ -345,20 +345,19 @@ fn two_workers_holding_outputs_for_redis_forward_every_packet_and_finish() {
     );
 }
 
-/// The store killed in the middle of a run (SIGKILL) and started again from its append-only
-/// file: the switch goes on, holds what waits for it, drops (and counts) what waited past
-/// `park_timeout_ms`, connects again and finishes; no packet is unaccounted for, and every
-/// packet that left is counted in the store.
-#[test]
-fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
-    let mut server = stateplane_lab::RedisServer::start(free_port(), true).unwrap();
+/// `counter` over 600,000 packets of 2,000 flows replicated to `server` (leases and the
+/// park timeout 300 ms), the store killed (SIGKILL) once the run is under way (its first
+/// flows in the store): the run, and its output capture.
+fn counter_run_losing_its_store(
+    server: &mut stateplane_lab::RedisServer,
+    name: &str,
+) -> (std::process::Child, std::path::PathBuf) {
     let store = format!(
         "{REPLICATED}[replication]\nstore = \"{}\"\nlease_ms = 300\npark_timeout_ms = 300\n",
         server.url()
     );
-    let (config, out) = counter_run("rep-lost", 600_000, 2_000, &store);
+    let (config, out) = counter_run(name, 600_000, 2_000, &store);
     let run = spawn_run(&config);
-    // Lost once the run is under way (its first flows are in the store).
     let start = std::time::Instant::now();
     while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < 100 {
         assert!(
@@ -368,6 +367,17 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     server.kill();
+    (run, out)
+}
+
+/// The store killed in the middle of a run (SIGKILL) and started again from its append-only
+/// file: the switch goes on, holds what waits for it, drops (and counts) what waited past
+/// `park_timeout_ms`, connects again and finishes; no packet is unaccounted for, and every
+/// packet that left is counted in the store.
+#[test]
+fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
+    let mut server = stateplane_lab::RedisServer::start(free_port(), true).unwrap();
+    let (run, out) = counter_run_losing_its_store(&mut server, "rep-lost");
     std::thread::sleep(std::time::Duration::from_millis(400));
     server.restart().unwrap();
     let output = run.wait_with_output().unwrap();
@@ -405,18 +415,7 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
 fn a_store_lost_for_good_mid_run_ends_the_run_with_every_packet_accounted_for() {
     use std::time::Duration;
     let mut server = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
-    let store = format!(
-        "{REPLICATED}[replication]\nstore = \"{}\"\nlease_ms = 300\npark_timeout_ms = 300\n",
-        server.url()
-    );
-    let (config, _) = counter_run("rep-lost-for-good", 600_000, 2_000, &store);
-    let mut run = spawn_run(&config);
-    let start = std::time::Instant::now();
-    while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < 100 {
-        assert!(start.elapsed() < Duration::from_secs(30), "no records");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    server.kill();
+    let (mut run, _) = counter_run_losing_its_store(&mut server, "rep-lost-for-good");
     let lost = std::time::Instant::now();
     // Waiting 300 ms for each half park (2,048 packets) would take the rest of the
     // capture a minute and more.
