@@ -438,6 +438,20 @@ fn a_store_lost_for_good_mid_run_ends_the_run_with_every_packet_accounted_for() 
     assert!(dropped > 100_000, "the rest dropped, counted: {summary}");
 }
 
+/// A run of `config` fails, saying `message`.
+fn run_refused(config: &std::path::Path, message: &str) {
+    let out = bin()
+        .args(["run", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(message),
+        "{message}: {err}"
+    );
+}
+
 /// What replication cannot keep yet, or is given wrong, is refused by name with the fix.
 #[test]
 fn replication_settings_that_nothing_keeps_are_refused() {
@@ -504,16 +518,7 @@ fn replication_settings_that_nothing_keeps_are_refused() {
     ];
     for (i, (extra, message)) in cases.iter().enumerate() {
         let (config, _) = counter_run(&format!("rep-refused-{i}"), 10, 2, extra);
-        let out = bin()
-            .args(["run", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(message),
-            "{message}: {err}"
-        );
+        run_refused(&config, message);
     }
 }
 
@@ -558,16 +563,7 @@ fn bounded_settings_that_nothing_keeps_are_refused() {
     for (i, (extra, message)) in cases.iter().enumerate() {
         let config = tmp(&format!("bounded-refused-{i}.toml"));
         std::fs::write(&config, format!("{hh}{extra}")).unwrap();
-        let out = bin()
-            .args(["run", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(message),
-            "{message}: {err}"
-        );
+        run_refused(&config, message);
     }
 }
 
