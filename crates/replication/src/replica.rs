@@ -282,13 +282,6 @@ impl<K, V> Flow<K, V> {
         (self.lives_until_ns.saturating_sub(now_ns)).saturating_add(lease_ns)
     }
 
-    fn held(&self, now_ns: u64) -> Option<u64> {
-        match self.lease {
-            Lease::Held { epoch, until_ns } if now_ns < until_ns => Some(epoch),
-            _ => None,
-        }
-    }
-
     /// When the lease held at `now_ns` ends (`None`: none is).
     fn held_until(&self, now_ns: u64) -> Option<u64> {
         match self.lease {
@@ -412,7 +405,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
 
     /// Whether this side holds `key`'s lease at `now_ns` (it would process its packets).
     pub fn holds(&self, key: &K, now_ns: u64) -> bool {
-        self.flows.get(key).and_then(|f| f.held(now_ns)).is_some()
+        self.flows
+            .get(key)
+            .and_then(|f| f.held_until(now_ns))
+            .is_some()
     }
 
     /// A packet of flow `key` arrived.
@@ -905,7 +901,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 }
                 Needs::Seq(_) => break,
                 Needs::Lease => {
-                    if flow.held(now_ns).is_some() {
+                    if flow.held_until(now_ns).is_some() {
                         // Every packet behind waits for the lease too: all go to be processed,
                         // in order, and come back through `processed`.
                         while let Some(p) = flow.parked.pop_front() {
