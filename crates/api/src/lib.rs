@@ -123,6 +123,9 @@ pub struct Field {
     pub bits: u8,
     pub format: Format,
     pub kind: MatchKind,
+    /// For a field that names one of the switch's ports: how many it has (the values are 0
+    /// to `ports - 1`), so that an entry sending packets nowhere is refused.
+    pub ports: Option<u16>,
 }
 
 impl Field {
@@ -132,6 +135,7 @@ impl Field {
             bits,
             format,
             kind,
+            ports: None,
         }
     }
 
@@ -139,23 +143,41 @@ impl Field {
         Field::new(name, bits, format, MatchKind::Exact)
     }
 
-    fn max(&self) -> u128 {
-        if self.bits >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << self.bits) - 1
+    /// An exact 16-bit field naming one of a switch's `ports` ports.
+    pub fn port(name: &str, ports: usize) -> Field {
+        Field {
+            ports: Some(u16::try_from(ports).unwrap_or(u16::MAX)),
+            ..Field::exact(name, 16, Format::Int)
         }
     }
 
     /// Whether `value` fits the field's width.
     pub fn check_value(&self, value: u128) -> Result<(), ControlError> {
-        if value > self.max() {
+        if value > largest(self.bits) {
             return Err(ControlError::Width {
                 field: self.name.clone(),
                 bits: self.bits,
             });
         }
+        if let Some(ports) = self.ports
+            && value >= u128::from(ports)
+        {
+            return Err(ControlError::NoSuchPort {
+                field: self.name.clone(),
+                port: value,
+                ports,
+            });
+        }
         Ok(())
+    }
+}
+
+/// The largest value `bits` bits hold.
+fn largest(bits: u8) -> u128 {
+    if bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << bits) - 1
     }
 }
 
@@ -486,6 +508,12 @@ pub enum ControlError {
         index: usize,
         size: usize,
     },
+    /// A field naming a switch port names one the switch does not have.
+    NoSuchPort {
+        field: String,
+        port: u128,
+        ports: u16,
+    },
     /// Settings that cannot work (e.g. a meter's peak rate below its committed rate).
     Invalid {
         what: String,
@@ -522,8 +550,20 @@ impl fmt::Display for ControlError {
                 write!(f, "{what} takes {expected} values, not {got}")
             }
             ControlError::Width { field, bits } => {
-                write!(f, "the value of `{field}` does not fit its {bits} bits")
+                write!(
+                    f,
+                    "the value of `{field}` does not fit its {bits} bits (0 to {})",
+                    largest(*bits)
+                )
             }
+            ControlError::NoSuchPort { field, port, ports } => match ports {
+                0 => write!(f, "`{field}`: there is no port {port}; the switch has none"),
+                _ => write!(
+                    f,
+                    "`{field}`: there is no port {port}; the switch has ports 0 to {}",
+                    ports - 1
+                ),
+            },
             ControlError::MatchKind { field, expected } => {
                 write!(
                     f,

@@ -692,7 +692,7 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
             let mut rules = RuleSet::new(tables);
             let parsed = stateplane_programs::pipeline::parse_rules(&rules, lines, 4)
                 .map_err(|e| format!("--rules-file {}: {e}", path.display()))?;
-            for rule in parsed {
+            for rule in parsed.rules {
                 rules
                     .insert(rule)
                     .map_err(|e| format!("--rules-file {}: {e}", path.display()))?;

@@ -23,5 +23,5 @@ pub use cache::{CacheStats, MicroflowCache};
 pub use cached::{CachedPipeline, Consistency, Probe, RuleStat, Timeout};
 pub use fields::Fields;
 pub use rule::{Action, Pattern, Rule, SetField};
-pub use rule_text::{RuleParseError, format_rule, parse_rule};
+pub use rule_text::{RuleParseError, RuleWarning, format_rule, parse_rule, parse_rule_warning};
 pub use ruleset::{Miss, Outcome, RuleError, RuleId, RuleSet};

@@ -36,6 +36,10 @@ impl fmt::Display for RuleParseError {
 
 impl std::error::Error for RuleParseError {}
 
+/// A word of a rule that was read but probably does not say what its writer meant (a mask
+/// of zero: the field matches every packet). Named the way an error names its word.
+pub type RuleWarning = RuleParseError;
+
 fn bad(word: &str, problem: impl Into<String>) -> RuleParseError {
     RuleParseError {
         word: word.to_string(),
@@ -105,8 +109,58 @@ fn range(word: &str, text: &str) -> Result<(u16, u16), RuleParseError> {
     Ok((lo, hi))
 }
 
+/// The largest VLAN id (12 bits).
+const VLAN_MAX: u16 = 4095;
+
+fn vlan_id(word: &str, text: &str) -> Result<u16, RuleParseError> {
+    let id: u16 = int(word, text)?;
+    if id > VLAN_MAX {
+        return Err(bad(
+            word,
+            format!("{id} is not a VLAN id (0 to {VLAN_MAX})"),
+        ));
+    }
+    Ok(id)
+}
+
+/// The field of the match a word sets, for finding a field given twice; a shorthand sets
+/// the Ethernet type and maybe the IP protocol.
+fn fields_set(key: &str) -> &'static [&'static str] {
+    match key {
+        "ip" | "ipv6" | "arp" | "dl_type" => &["dl_type"],
+        "tcp" | "udp" | "icmp" | "tcp6" | "udp6" | "icmp6" => &["dl_type", "nw_proto"],
+        "nw_src" | "ipv6_src" => &["source address"],
+        "nw_dst" | "ipv6_dst" => &["destination address"],
+        "table" => &["table"],
+        "priority" => &["priority"],
+        "cookie" => &["cookie"],
+        "idle_timeout" => &["idle_timeout"],
+        "hard_timeout" => &["hard_timeout"],
+        "in_port" => &["in_port"],
+        "dl_src" => &["dl_src"],
+        "dl_dst" => &["dl_dst"],
+        "dl_vlan" => &["dl_vlan"],
+        "nw_proto" => &["nw_proto"],
+        "tp_src" => &["tp_src"],
+        "tp_dst" => &["tp_dst"],
+        "tcp_flags" => &["tcp_flags"],
+        _ => &[],
+    }
+}
+
 /// Reads one rule. See the module documentation for the words.
 pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
+    parse_rule_warning(line).map(|(rule, _)| rule)
+}
+
+/// Reads one rule, and says which of its words probably do not mean what they say (see
+/// [`RuleWarning`]).
+///
+/// Refused rather than read some other way: a value past its field (a VLAN id past 4095),
+/// a field given twice or two words that disagree on one (`tcp,nw_proto=17`), an IPv4
+/// prefix in an IPv6 rule or the other way round, an empty action list, and `drop` beside
+/// other actions.
+pub fn parse_rule_warning(line: &str) -> Result<(Rule, Vec<RuleWarning>), RuleParseError> {
     let (head, actions) = match line.find("actions=") {
         Some(at) => (&line[..at], &line[at + "actions=".len()..]),
         None => return Err(bad(line.trim(), "a rule ends with actions=...")),
@@ -130,8 +184,12 @@ pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
         v.ip_proto = p;
         m.ip_proto = u8::MAX;
     };
+    let mut warnings = Vec::new();
+    // Each field the match sets, with the word that set it and the match as it stood.
+    let mut set_by: Vec<(&str, &str)> = Vec::new();
     for word in head.split([',', ' ', '\t']).filter(|w| !w.is_empty()) {
         let (key, text) = word.split_once('=').unwrap_or((word, ""));
+        let before = (v.eth_type, v.ip_proto);
         match key {
             "ip" | "ipv6" | "arp" | "tcp" | "udp" | "icmp" | "tcp6" | "udp6" | "icmp6" => {
                 let (ethertype, ip_proto) = match key {
@@ -172,8 +230,8 @@ pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
                 (*fv, *fm) = (value & mask, mask);
             }
             "dl_vlan" => {
-                v.vlan = int(word, text)?;
-                m.vlan = 0x0fff;
+                v.vlan = vlan_id(word, text)?;
+                m.vlan = VLAN_MAX;
             }
             "dl_type" => ether(v, m, int(word, text)?),
             "nw_src" | "nw_dst" | "ipv6_src" | "ipv6_dst" => {
@@ -200,9 +258,51 @@ pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
                 ));
             }
         }
+        for &field in fields_set(key) {
+            let Some(&(_, first)) = set_by.iter().find(|(f, _)| *f == field) else {
+                set_by.push((field, word));
+                continue;
+            };
+            // Shorthands may overlap where they agree (`ip,tcp`); nothing else may.
+            let first_key = first.split_once('=').map_or(first, |(k, _)| k);
+            let agrees = match field {
+                "dl_type" => before.0 == v.eth_type,
+                "nw_proto" => before.1 == v.ip_proto,
+                _ => false,
+            };
+            if first_key == key || !agrees {
+                return Err(bad(
+                    word,
+                    format!("the {field} is already given by '{first}'; give it once"),
+                ));
+            }
+        }
+        let ports = (rule.pattern.tp_src, rule.pattern.tp_dst);
+        if let Some(warning) = zero_mask(key, word, m, ports) {
+            warnings.push(warning);
+        }
     }
+    check_family(&set_by, &rule.pattern)?;
     rule.pattern = rule.pattern.normalized();
-    for word in actions.split([',', ' ', '\t']).filter(|w| !w.is_empty()) {
+    let action_words: Vec<&str> = (actions.split([',', ' ', '\t']))
+        .filter(|w| !w.is_empty())
+        .collect();
+    match action_words.as_slice() {
+        [] => {
+            return Err(bad(
+                line.trim(),
+                "the action list is empty; to drop the packets it matches, say actions=drop",
+            ));
+        }
+        [_, _, ..] if action_words.contains(&"drop") => {
+            return Err(bad(
+                "drop",
+                "drop stands alone in an action list (a rule with no output drops)",
+            ));
+        }
+        _ => {}
+    }
+    for word in action_words {
         let (name, arg) = word.split_once(':').unwrap_or((word, ""));
         let action = match name {
             "drop" => continue,
@@ -210,7 +310,7 @@ pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
             "controller" => Action::Controller,
             "dec_ttl" => Action::DecTtl,
             "strip_vlan" | "pop_vlan" => Action::PopVlan,
-            "mod_vlan_vid" | "push_vlan" => Action::PushVlan(int(word, arg)?),
+            "mod_vlan_vid" | "push_vlan" => Action::PushVlan(vlan_id(word, arg)?),
             "mod_dl_src" => Action::Set(SetField::EthSrc(mac(word, arg)?)),
             "mod_dl_dst" => Action::Set(SetField::EthDst(mac(word, arg)?)),
             "mod_nw_src" => Action::Set(SetField::IpSrc(ip(word, arg)?)),
@@ -233,7 +333,68 @@ pub fn parse_rule(line: &str) -> Result<Rule, RuleParseError> {
         }
         rule.actions.push(action);
     }
-    Ok(rule)
+    Ok((rule, warnings))
+}
+
+/// A warning when the word for `key` left its field under a mask of zero (or a port range
+/// of every port): the field then matches every packet, which a writer who gave it rarely
+/// means.
+fn zero_mask(
+    key: &str,
+    word: &str,
+    m: &Fields,
+    (tp_src, tp_dst): ((u16, u16), (u16, u16)),
+) -> Option<RuleWarning> {
+    let matches_all = match key {
+        "dl_src" => m.eth_src == 0,
+        "dl_dst" => m.eth_dst == 0,
+        // An IPv4 prefix is the low 32 bits of an IPv4-mapped address: /0 leaves 96 bits.
+        "nw_src" => m.ip_src.leading_ones() <= 96,
+        "nw_dst" => m.ip_dst.leading_ones() <= 96,
+        "ipv6_src" => m.ip_src == 0,
+        "ipv6_dst" => m.ip_dst == 0,
+        "tcp_flags" => m.tcp_flags == 0,
+        "tp_src" => tp_src == (0, u16::MAX),
+        "tp_dst" => tp_dst == (0, u16::MAX),
+        _ => false,
+    };
+    matches_all.then(|| {
+        bad(
+            word,
+            "its mask is zero, so it matches every packet; leave it out if that is meant",
+        )
+    })
+}
+
+/// An IPv4 prefix in a rule that matches IPv6 packets (or an IPv6 prefix in one matching
+/// IPv4) can never match: refused, naming the word and the one to use.
+fn check_family(set_by: &[(&str, &str)], pattern: &Pattern) -> Result<(), RuleParseError> {
+    let (v, m) = (&pattern.value, &pattern.mask);
+    let family = match (m.eth_type, v.eth_type) {
+        (u16::MAX, 0x0800) => "IPv4",
+        (u16::MAX, 0x86dd) => "IPv6",
+        _ => return Ok(()),
+    };
+    for &(_, word) in set_by {
+        let key = word.split_once('=').map_or(word, |(k, _)| k);
+        let (prefix_family, instead) = match key {
+            "nw_src" => ("IPv4", "ipv6_src"),
+            "nw_dst" => ("IPv4", "ipv6_dst"),
+            "ipv6_src" => ("IPv6", "nw_src"),
+            "ipv6_dst" => ("IPv6", "nw_dst"),
+            _ => continue,
+        };
+        if prefix_family != family {
+            return Err(bad(
+                word,
+                format!(
+                    "an {prefix_family} prefix in a rule that matches {family} packets never \
+                     matches; use {instead}, or match {prefix_family}"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Writes a rule in the form [`parse_rule`] reads (every field it matches, explicitly):
@@ -443,5 +604,90 @@ mod tests {
                 .problem
                 .contains("comes last")
         );
+    }
+
+    #[test]
+    fn values_past_their_field_are_refused_with_the_range() {
+        let err = |l: &str| parse_rule(l).unwrap_err().to_string();
+        assert_eq!(
+            err("dl_vlan=5000,actions=drop"),
+            "'dl_vlan=5000': 5000 is not a VLAN id (0 to 4095)"
+        );
+        assert_eq!(
+            err("ip,actions=mod_vlan_vid:9999,output:1"),
+            "'mod_vlan_vid:9999': 9999 is not a VLAN id (0 to 4095)"
+        );
+        let top = parse_rule("dl_vlan=4095,actions=mod_vlan_vid:4095").unwrap();
+        assert_eq!(top.pattern.value.vlan, 4095);
+        assert_eq!(top.actions, [Action::PushVlan(4095)]);
+        assert!(err("priority=65536,actions=drop").contains("too large"));
+    }
+
+    #[test]
+    fn a_field_given_twice_or_two_words_that_disagree_are_refused() {
+        let err = |l: &str| parse_rule(l).unwrap_err().to_string();
+        assert_eq!(
+            err("tcp,tp_dst=80,tp_dst=81,actions=drop"),
+            "'tp_dst=81': the tp_dst is already given by 'tp_dst=80'; give it once"
+        );
+        assert!(err("tp_dst=80,tp_dst=80,actions=drop").contains("give it once"));
+        assert!(err("tcp,nw_proto=17,actions=drop").contains("already given by 'tcp'"));
+        assert!(err("ip,ipv6,actions=drop").contains("already given by 'ip'"));
+        assert!(err("priority=1,priority=2,actions=drop").contains("give it once"));
+        assert!(
+            err("nw_dst=198.19.0.0/16,ipv6_dst=2001:db8::/32,actions=drop")
+                .contains("destination address is already given")
+        );
+        // Words that agree on a field are one match, as ovs-ofctl reads them.
+        let agreeing = parse_rule("ip,tcp,nw_proto=6,dl_type=0x0800,actions=drop").unwrap();
+        assert_eq!(agreeing, parse_rule("tcp,actions=drop").unwrap());
+    }
+
+    #[test]
+    fn a_prefix_of_the_other_family_is_refused() {
+        let err = |l: &str| parse_rule(l).unwrap_err().to_string();
+        assert_eq!(
+            err("ipv6,nw_dst=198.19.0.0/16,actions=drop"),
+            "'nw_dst=198.19.0.0/16': an IPv4 prefix in a rule that matches IPv6 packets \
+             never matches; use ipv6_dst, or match IPv4"
+        );
+        assert!(err("udp,ipv6_src=2001:db8::/32,actions=drop").contains("use nw_src"));
+        assert!(err("nw_src=198.18.0.1,tcp6,actions=drop").contains("IPv4 prefix"));
+        parse_rule("ipv6,ipv6_dst=2001:db8::/32,actions=drop").unwrap();
+        parse_rule("ip,nw_dst=198.19.0.0/16,actions=drop").unwrap();
+    }
+
+    #[test]
+    fn an_empty_action_list_or_drop_among_actions_is_refused() {
+        let err = |l: &str| parse_rule(l).unwrap_err().to_string();
+        assert!(err("ip,actions=").contains("say actions=drop"));
+        assert!(err("ip,actions= , ").contains("the action list is empty"));
+        assert!(err("ip,actions=drop,output:1").contains("drop stands alone"));
+        assert!(err("ip,actions=output:1,drop").contains("drop stands alone"));
+        assert!(parse_rule("ip,actions=drop").unwrap().actions.is_empty());
+    }
+
+    #[test]
+    fn a_mask_of_zero_is_read_with_a_warning() {
+        let warned = |l: &str| {
+            let (_, warnings) = parse_rule_warning(l).unwrap();
+            warnings.iter().map(|w| w.word.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            warned(
+                "ip,nw_dst=0.0.0.0/0,dl_src=02:00:00:00:00:01/00:00:00:00:00:00,\
+                 tcp_flags=0x02/0x00,tp_dst=0-65535,actions=drop"
+            ),
+            [
+                "nw_dst=0.0.0.0/0",
+                "dl_src=02:00:00:00:00:01/00:00:00:00:00:00",
+                "tcp_flags=0x02/0x00",
+                "tp_dst=0-65535"
+            ]
+        );
+        assert!(warned("ipv6,ipv6_src=::/0,actions=drop")[0].starts_with("ipv6_src"));
+        let (_, warnings) = parse_rule_warning("ip,nw_dst=0.0.0.0/0,actions=drop").unwrap();
+        assert!(warnings[0].problem.contains("matches every packet"));
+        assert!(warned("ip,nw_dst=198.19.0.0/16,tp_dst=1-65535,actions=drop").is_empty());
     }
 }

@@ -8,7 +8,7 @@ use crate::summary_output::CliResult;
 use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
 use stateplane_control::entry_text as text;
-use stateplane_state::control::{Field, Format, Kind, MatchKind};
+use stateplane_state::control::{Field, Format, Kind};
 use stateplane_state::{Declaration, FlowChange, FlowFilter, MeterConfig, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -546,12 +546,7 @@ fn register(
         ));
     };
     let (first, count) = parse_range(range.as_deref())?;
-    let field = Field {
-        name: "value".into(),
-        bits,
-        format: Format::Int,
-        kind: MatchKind::Exact,
-    };
+    let field = Field::exact("value", bits, Format::Int);
     match set {
         Some(v) => {
             let value = text::parse_value(&field, &v)?;
@@ -1119,6 +1114,11 @@ fn rule_lines(file: &std::path::Path) -> CliResult<Vec<String>> {
 }
 
 fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliResult<()> {
+    if let FlowChange::Add { lines, .. } | FlowChange::Replace { lines, .. } = &change {
+        for w in stateplane_programs::pipeline::rule_warnings(lines.iter().map(String::as_str)) {
+            eprintln!("warning: {w}");
+        }
+    }
     let name = pipeline_name(client, target)?;
     let dump = matches!(change, FlowChange::Dump(_));
     let what = match &change {

@@ -43,7 +43,7 @@ pub fn status(e: ControlError) -> Status {
         ControlError::ReadOnly { .. } => Code::FailedPrecondition,
         ControlError::TableFull { .. } => Code::ResourceExhausted,
         ControlError::Exists { .. } => Code::AlreadyExists,
-        ControlError::OutOfRange { .. } => Code::OutOfRange,
+        ControlError::OutOfRange { .. } | ControlError::NoSuchPort { .. } => Code::OutOfRange,
         ControlError::Invalid { .. } => Code::InvalidArgument,
         ControlError::Unavailable => Code::Unavailable,
     };
@@ -102,12 +102,8 @@ fn field_from_pb(f: &pb::Field) -> Result<Field, String> {
         .ok()
         .filter(|b| (1..=128).contains(b))
         .ok_or_else(|| format!("field `{}` is {} bits wide", f.name, f.bits))?;
-    Ok(Field {
-        name: f.name.clone(),
-        bits,
-        format,
-        kind,
-    })
+    // The switch checks a port field against its ports; the client needs only the form.
+    Ok(Field::new(&f.name, bits, format, kind))
 }
 
 pub fn declaration_to_pb(d: &Declaration) -> pb::Declaration {

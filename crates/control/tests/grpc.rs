@@ -80,6 +80,7 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
     .unwrap();
     let far = client.write("routes6", &[Write::Insert(port)]).unwrap_err();
     assert_eq!(far.code, tonic::Code::OutOfRange, "{far}");
+    assert!(far.message.contains("there is no port 7"), "{far}");
     let missing = client.read("nope", None).unwrap_err();
     assert_eq!(missing.code, tonic::Code::NotFound);
     assert!(missing.message.contains("rules, rule_packets"), "{missing}");

@@ -50,7 +50,13 @@ const SAME_PORT: DropReason = DropReason::program(1);
 pub(crate) struct StationCodec;
 
 impl StationCodec {
-    pub(crate) fn declaration(name: &str, capacity: usize, writable: bool) -> Declaration {
+    /// The table `name` of a switch with `ports` ports.
+    pub(crate) fn declaration(
+        name: &str,
+        capacity: usize,
+        writable: bool,
+        ports: usize,
+    ) -> Declaration {
         Declaration {
             name: name.to_string(),
             capacity,
@@ -62,7 +68,7 @@ impl StationCodec {
                 ],
                 actions: vec![Action {
                     name: "forward".to_string(),
-                    params: vec![Field::exact("port", 16, Format::Int)],
+                    params: vec![Field::port("port", ports)],
                 }],
                 writable,
             },
@@ -156,7 +162,10 @@ impl L2 {
             Some(p) => Unknown::Port(ports.resolve(&format!("{field}.unknown"), p)?),
         };
         Ok(L2 {
-            table: DeclaredTable::new(table, StationCodec::declaration("macs", cfg.capacity, true)),
+            table: DeclaredTable::new(
+                table,
+                StationCodec::declaration("macs", cfg.capacity, true, ports.0.len()),
+            ),
             unknown,
         })
     }

@@ -70,7 +70,7 @@ fn station(vlan: u16, mac: &[u8]) -> u64 {
 impl L2Learn {
     pub fn new(
         cfg: &L2LearnConfig,
-        _ports: &PortNames,
+        ports: &PortNames,
         field: &str,
         seed: u64,
     ) -> Result<Self, ConfigError> {
@@ -115,7 +115,7 @@ impl L2Learn {
         Ok(L2Learn {
             table: DeclaredTable::new(
                 table,
-                StationCodec::declaration("stations", cfg.capacity, false),
+                StationCodec::declaration("stations", cfg.capacity, false, ports.0.len()),
             ),
             digests: cfg.digests,
         })

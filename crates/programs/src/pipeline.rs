@@ -43,7 +43,7 @@ use stateplane_classifier::Timeout;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
 use stateplane_classifier::{
     CachedPipeline, Consistency, Fields, Miss, Pattern, Probe, Rule, RuleId, RuleSet, format_rule,
-    parse_rule,
+    parse_rule, parse_rule_warning,
 };
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::{
@@ -155,26 +155,71 @@ pub fn consistency(name: &str) -> Option<Consistency> {
     })
 }
 
-/// Reads rule lines (blank lines and `#` comments skipped), checking each against the
-/// tables of `rules` and the switch's `ports`; an error names the line.
+/// Rules read from lines, and warnings about words that probably do not mean what they
+/// say (each naming its line).
+#[derive(Debug, Default)]
+pub struct ReadRules {
+    pub rules: Vec<Rule>,
+    pub warnings: Vec<String>,
+}
+
+/// The lines that hold rules, numbered from 1: blank lines and `#` comments skipped.
+fn rule_lines<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+) -> impl Iterator<Item = (usize, &'a str)> {
+    (lines.into_iter().enumerate())
+        .map(|(n, line)| (n + 1, line.trim()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+}
+
+/// Reads rule lines, checking each against the tables of `rules` and the switch's
+/// `ports`; an error names the line. Two rules with the same table, priority and match are
+/// refused: the later would replace the earlier without a word.
 pub fn parse_rules<'a>(
     rules: &RuleSet,
     lines: impl IntoIterator<Item = &'a str>,
     ports: usize,
-) -> Result<Vec<Rule>, String> {
-    let mut parsed = Vec::new();
-    for (n, line) in lines.into_iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let at = |e: &dyn std::fmt::Display| format!("line {}: {e}", n + 1);
-        let rule = parse_rule(line).map_err(|e| at(&e))?;
+) -> Result<ReadRules, String> {
+    let mut read = ReadRules::default();
+    let mut first_line = HashMap::new();
+    for (n, line) in rule_lines(lines) {
+        let at = |e: &dyn std::fmt::Display| format!("line {n}: {e}");
+        let (rule, warnings) = parse_rule_warning(line).map_err(|e| at(&e))?;
         check_ports(&rule, ports).map_err(|e| at(&e))?;
         rules.check(&rule).map_err(|e| at(&e))?;
-        parsed.push(rule);
+        if let Some(first) = first_line.insert((rule.table, rule.priority, rule.pattern), n) {
+            return Err(at(&format!(
+                "the same table, priority and match as line {first}, which it would replace; \
+                 keep one"
+            )));
+        }
+        read.warnings.extend(warnings.iter().map(|w| at(w)));
+        read.rules.push(rule);
     }
-    Ok(parsed)
+    Ok(read)
+}
+
+/// The warnings of rule lines (see [`parse_rules`]), for a client that sends them to a
+/// switch: words that do not read are left for the switch to refuse.
+pub fn rule_warnings<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    rule_lines(lines)
+        .filter_map(|(n, line)| Some((n, parse_rule_warning(line).ok()?.1)))
+        .flat_map(|(n, warnings)| warnings.into_iter().map(move |w| format!("line {n}: {w}")))
+        .collect()
+}
+
+/// A client's rule lines, read against the tables and ports; their warnings logged here
+/// (the client shows them to its user).
+fn read_client_rules(
+    rules: &RuleSet,
+    lines: &[String],
+    ports: usize,
+) -> Result<Vec<Rule>, ControlError> {
+    let read = parse_rules(rules, lines.iter().map(String::as_str), ports).map_err(invalid)?;
+    for w in &read.warnings {
+        log::warn!("rules from the control API: {w}");
+    }
+    Ok(read.rules)
 }
 
 /// A rule may only output to a port the switch has.
@@ -218,16 +263,22 @@ impl Pipeline {
                 .map_err(|e| ConfigError::new(format!("{field}.miss[{t}]"), e.to_string()))?;
         }
         let n = ports.0.len();
-        let mut given = parse_rules(&rules, cfg.rules.iter().map(String::as_str), n)
+        let listed = parse_rules(&rules, cfg.rules.iter().map(String::as_str), n)
             .map_err(|e| ConfigError::new(format!("{field}.rules"), e))?;
+        for w in &listed.warnings {
+            log::warn!("{field}.rules: {w}");
+        }
+        let mut given = listed.rules;
         if let Some(path) = &cfg.rules_file {
             let file_field = format!("{field}.rules_file");
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError::new(&file_field, format!("cannot read '{path}': {e}")))?;
-            given.extend(
-                parse_rules(&rules, text.lines(), n)
-                    .map_err(|e| ConfigError::new(&file_field, format!("{path}: {e}")))?,
-            );
+            let filed = parse_rules(&rules, text.lines(), n)
+                .map_err(|e| ConfigError::new(&file_field, format!("{path}: {e}")))?;
+            for w in &filed.warnings {
+                log::warn!("{file_field}: {path}: {w}");
+            }
+            given.extend(filed.rules);
         }
         if given.len() > cfg.capacity {
             return Err(ConfigError::new(
@@ -516,21 +567,11 @@ impl Program for Pipeline {
         };
         match change {
             FlowChange::Add { lines, .. } => {
-                let rules = parse_rules(
-                    self.flows.rules(),
-                    lines.iter().map(String::as_str),
-                    self.ports,
-                )
-                .map_err(invalid)?;
+                let rules = read_client_rules(self.flows.rules(), lines, self.ports)?;
                 Ok(Some(Arc::new(Prepared::Rules(rules))))
             }
             FlowChange::Replace { table, lines } => {
-                let rules = parse_rules(
-                    self.flows.rules(),
-                    lines.iter().map(String::as_str),
-                    self.ports,
-                )
-                .map_err(invalid)?;
+                let rules = read_client_rules(self.flows.rules(), lines, self.ports)?;
                 if let Some(t) = table
                     && let Some(other) = rules.iter().find(|r| r.table != *t)
                 {
@@ -891,5 +932,47 @@ mod tests {
             "{file}"
         );
         assert!(err(r#"rules_file = "/nonexistent/rules""#).contains("cannot read"));
+    }
+
+    #[test]
+    fn the_same_match_twice_at_one_priority_is_refused_naming_both_lines() {
+        let err = |text: &str| config(text).err().unwrap().to_string();
+        let twice = err(r##"rules = [
+            "priority=5,tcp,tp_dst=80,actions=output:1",
+            "priority=6,tcp,tp_dst=80,actions=output:2",
+            "# the same match and priority as line 1, in other words",
+            "tp_dst=80 priority=5 tcp actions=output:3",
+        ]"##);
+        assert_eq!(
+            twice,
+            "program.pipeline.rules: line 4: the same table, priority and match as line 1, \
+             which it would replace; keep one"
+        );
+        // Another table or priority is another rule.
+        config(
+            r#"tables = 2
+            rules = ["priority=5,tcp,actions=output:1", "table=1,priority=5,tcp,actions=output:1",
+                     "priority=4,tcp,actions=output:1"]"#,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn warnings_name_the_line_and_the_word() {
+        let lines = [
+            "# header",
+            "",
+            "ip,nw_dst=0.0.0.0/0,actions=drop",
+            "tcp,nw_dst=x",
+        ];
+        assert_eq!(
+            rule_warnings(lines),
+            [
+                "line 3: 'nw_dst=0.0.0.0/0': its mask is zero, so it matches every packet; \
+              leave it out if that is meant"
+            ]
+        );
+        let read = parse_rules(&RuleSet::new(1), lines.into_iter().take(3), 2).unwrap();
+        assert_eq!((read.rules.len(), read.warnings), (1, rule_warnings(lines)));
     }
 }

@@ -76,7 +76,7 @@ pub struct Router {
 }
 
 /// Route tables in the control API: key the destination prefix; action `route(port, mac)`.
-fn route_table(name: &str, bits: u8, format: Format) -> Declaration {
+fn route_table(name: &str, bits: u8, format: Format, ports: usize) -> Declaration {
     Declaration {
         name: name.to_string(),
         capacity: 1 << 24,
@@ -86,7 +86,7 @@ fn route_table(name: &str, bits: u8, format: Format) -> Declaration {
             actions: vec![Action {
                 name: "route".into(),
                 params: vec![
-                    Field::exact("port", 16, Format::Int),
+                    Field::port("port", ports),
                     Field::exact("mac", 48, Format::Mac),
                 ],
             }],
@@ -327,8 +327,8 @@ impl Program for Router {
 
     fn declarations(&self) -> Vec<Declaration> {
         vec![
-            route_table("routes4", 32, Format::Ipv4),
-            route_table("routes6", 128, Format::Ipv6),
+            route_table("routes4", 32, Format::Ipv4, self.port_macs.len()),
+            route_table("routes6", 128, Format::Ipv6, self.port_macs.len()),
         ]
     }
 
