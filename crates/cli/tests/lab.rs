@@ -1326,6 +1326,41 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
         "{}",
         text(&out)
     );
+    // A second switch in the namespace cannot take the control port: it does not start,
+    // rather than leave `ctl` talking to the first while its user means the second.
+    let second = [
+        "timeout",
+        "10",
+        env!("CARGO_BIN_EXE_stateplane"),
+        "run",
+        "forward",
+    ];
+    let out = lab.exec("s1", &[&second[..], &["-I", "p0", "-I", "p1"]].concat());
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("--control: cannot listen for the control API on 127.0.0.1:9559")
+            && text(&out).contains("--control off"),
+        "{}",
+        text(&out)
+    );
+    // A station on a port the switch lacks is refused, naming the ports it has.
+    let out = ctl(
+        &lab,
+        &[
+            "insert",
+            "macs",
+            "vlan=0",
+            "mac=02:00:00:00:01:07",
+            "forward",
+            "port=7",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("`port`: there is no port 7; the switch has ports 0 to 1"),
+        "{}",
+        text(&out)
+    );
     let out = ctl(
         &lab,
         &[

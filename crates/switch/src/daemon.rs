@@ -183,8 +183,9 @@ pub struct LiveRun {
 /// Where the control API listens.
 #[derive(Debug, Clone, Copy)]
 pub enum ControlAddr {
-    /// [`stateplane_control::DEFAULT_ADDR`]; if it is taken, the run goes on without the API
-    /// and says so.
+    /// [`stateplane_control::DEFAULT_ADDR`]. If it is taken the run does not start: a client
+    /// would otherwise program whatever holds the port (another switch) believing it
+    /// programs this one.
     Default,
     /// Given by the user: not being able to listen there is an error.
     Given(std::net::SocketAddr),
@@ -311,7 +312,10 @@ fn start_control(
     queues: &mut [LiveQueues],
 ) -> SetupResult<Option<stateplane_control::server::Server>> {
     let addr = match run.control {
-        ControlAddr::Off => return Ok(None),
+        ControlAddr::Off => {
+            log::info!("no control API (control is off): ctl cannot reach this switch");
+            return Ok(None);
+        }
         ControlAddr::Given(a) => a,
         ControlAddr::Default => stateplane_control::DEFAULT_ADDR
             .parse()
@@ -327,16 +331,13 @@ fn start_control(
             .collect()
     });
     let service = ControlService::new(plane, &run.program, pipeline);
-    let server = match (Server::start(addr, service), run.control) {
-        (Ok(s), _) => s,
-        (Err(e), ControlAddr::Default) => {
-            log::warn!(
-                "{e}; running without the control API (give --control ADDR or --control off)"
-            );
-            return Ok(None);
-        }
-        (Err(e), _) => return Err(format!("--control: {e}")),
-    };
+    let server = Server::start(addr, service).map_err(|e| match run.control {
+        ControlAddr::Default => format!(
+            "--control: {e} (another switch's?); give this one --control ADDR, or \
+             --control off to run without the control API"
+        ),
+        _ => format!("--control: {e}"),
+    })?;
     for (q, end) in queues.iter_mut().zip(ends) {
         q.control = Some(end);
     }
