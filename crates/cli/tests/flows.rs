@@ -227,6 +227,8 @@ fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
     let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
     let records = decode_stream(&collector.join().unwrap());
     assert_eq!(summary["records"], records.len() as u64);
+    assert_eq!(summary["records_exported"], records.len() as u64);
+    assert_eq!(summary["sinks"][0]["unconfirmed_messages"], 0);
     assert_eq!(
         summary["packets"],
         records.iter().map(FlowRecord::packets).sum::<u64>()
@@ -256,6 +258,34 @@ fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
         err.contains("--ipfix-tcp") && err.contains("is a collector listening there?"),
         "{err}"
     );
+}
+
+/// IPFIX over UDP to a port nobody listens on: the run fails, and its summary says the
+/// collector is unreachable and that no record was delivered (it said 0 lost and exited 0).
+#[test]
+fn ipfix_over_udp_to_no_collector_fails_and_says_so() {
+    let trace = tmp("unreachable.pcap");
+    generate(20_000, 6, &trace);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let out = bin()
+        .args(["flows", "--summary-json", "--mtu", "1400", "-i"])
+        .arg(&trace)
+        .args(["--ipfix", &port.to_string()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let summary: serde_json::Value =
+        serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let sink = &summary["sinks"][0];
+    assert_eq!(sink["unreachable"], true, "{summary}");
+    assert!(sink["lost_messages"].as_u64().unwrap() > 1, "{summary}");
+    assert_eq!(summary["records_exported"], 0, "{summary}");
+    assert!(summary["records_taken"].as_u64().unwrap() > 0, "{summary}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the collector is unreachable"), "{err}");
 }
 
 /// Over UDP, messages are as large as the route to the collector carries (64 KiB on

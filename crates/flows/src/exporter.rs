@@ -39,8 +39,13 @@ pub enum Format {
 /// What a sink's transport must do, in order.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Output<'a> {
-    /// Write these bytes: one IPFIX message, or one or more whole text lines.
-    Write { sink: usize, bytes: &'a [u8] },
+    /// Write these bytes: one IPFIX message, or one or more whole text lines; `records`,
+    /// the flow records they carry (0 for templates or a header).
+    Write {
+        sink: usize,
+        bytes: &'a [u8],
+        records: u32,
+    },
     /// Push out whatever the transport holds (a buffer, UDP datagrams held to send at once).
     Flush { sink: usize },
 }
@@ -107,6 +112,7 @@ impl ExportCore {
                 out(Output::Write {
                     sink,
                     bytes: header.as_bytes(),
+                    records: 0,
                 });
             }
         }
@@ -130,8 +136,12 @@ impl ExportCore {
         for (sink, w) in self.writers.iter_mut().enumerate() {
             match w {
                 Writer::Ipfix(enc) => {
-                    enc.encode(batch, self.export_s, &mut |bytes| {
-                        out(Output::Write { sink, bytes })
+                    enc.encode_counted(batch, self.export_s, &mut |bytes, records| {
+                        out(Output::Write {
+                            sink,
+                            bytes,
+                            records,
+                        })
                     });
                 }
                 Writer::Text { csv } => {
@@ -145,6 +155,7 @@ impl ExportCore {
                         out(Output::Write {
                             sink,
                             bytes: self.line.as_bytes(),
+                            records: 1,
                         });
                     }
                 }
@@ -182,7 +193,13 @@ impl ExportCore {
     pub fn flush(&mut self, out: &mut dyn FnMut(Output)) {
         for (sink, w) in self.writers.iter_mut().enumerate() {
             if let Writer::Ipfix(enc) = w {
-                enc.finish(&mut |bytes| out(Output::Write { sink, bytes }));
+                enc.finish_counted(&mut |bytes, records| {
+                    out(Output::Write {
+                        sink,
+                        bytes,
+                        records,
+                    })
+                });
             }
             out(Output::Flush { sink });
         }
@@ -228,6 +245,8 @@ mod tests {
     #[derive(Default)]
     struct Wire {
         writes: Vec<Vec<Vec<u8>>>,
+        /// The records each write said it carries.
+        records: Vec<Vec<u32>>,
         flushes: Vec<u32>,
     }
 
@@ -235,13 +254,21 @@ mod tests {
         fn new(sinks: usize) -> Self {
             Wire {
                 writes: vec![Vec::new(); sinks],
+                records: vec![Vec::new(); sinks],
                 flushes: vec![0; sinks],
             }
         }
 
         fn take(&mut self) -> impl FnMut(Output) + '_ {
             |o| match o {
-                Output::Write { sink, bytes } => self.writes[sink].push(bytes.to_vec()),
+                Output::Write {
+                    sink,
+                    bytes,
+                    records,
+                } => {
+                    self.writes[sink].push(bytes.to_vec());
+                    self.records[sink].push(records);
+                }
                 Output::Flush { sink } => self.flushes[sink] += 1,
             }
         }
@@ -274,8 +301,13 @@ mod tests {
         );
         let mut dec = Decoder::default();
         let mut got = Vec::new();
-        for m in &wire.writes[0] {
+        for (m, &said) in wire.writes[0].iter().zip(&wire.records[0]) {
             let (h, recs) = dec.decode(m).unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(
+                recs.len(),
+                said as usize,
+                "a write carries the records it says"
+            );
             assert_eq!(h.domain, 9);
             assert_eq!(
                 h.export_s, 1_700_000_000,

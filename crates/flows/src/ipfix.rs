@@ -398,6 +398,17 @@ impl Encoder {
     /// meets long runs of one size. The last, partly filled message of each family waits
     /// for more records or [`Encoder::finish`].
     pub fn encode(&mut self, records: &[FlowRecord], export_s: u32, emit: &mut dyn FnMut(&[u8])) {
+        self.encode_counted(records, export_s, &mut |m, _| emit(m));
+    }
+
+    /// As [`Encoder::encode`], handing `emit` each message with the data records it holds
+    /// (0 for templates): what a transport that loses messages counts as lost.
+    pub fn encode_counted(
+        &mut self,
+        records: &[FlowRecord],
+        export_s: u32,
+        emit: &mut dyn FnMut(&[u8], u32),
+    ) {
         self.export_s = export_s;
         for r in records {
             let v6 = usize::from(r.key.ip_version == 6);
@@ -427,6 +438,12 @@ impl Encoder {
 
     /// Sends the partly filled messages, if any.
     pub fn finish(&mut self, emit: &mut dyn FnMut(&[u8])) {
+        self.finish_counted(&mut |m, _| emit(m));
+    }
+
+    /// As [`Encoder::finish`], with each message's data records (see
+    /// [`Encoder::encode_counted`]).
+    pub fn finish_counted(&mut self, emit: &mut dyn FnMut(&[u8], u32)) {
         for family in 0..2 {
             let mut m = std::mem::take(&mut self.open[family]);
             self.send(&mut m, emit);
@@ -438,7 +455,7 @@ impl Encoder {
     /// due (in a message of their own, so that they go out before any data that uses
     /// them, whichever family's message fills first). Its sequence number is filled in
     /// here, so that the numbers follow the order messages go out in.
-    fn send(&mut self, m: &mut Message, emit: &mut dyn FnMut(&[u8])) {
+    fn send(&mut self, m: &mut Message, emit: &mut dyn FnMut(&[u8], u32)) {
         if m.buf.is_empty() {
             return;
         }
@@ -449,7 +466,7 @@ impl Encoder {
             *n += 1;
         }
         Self::seal(&mut m.buf, self.sequence, self.export_s);
-        emit(&m.buf);
+        emit(&m.buf, m.records);
         self.messages += 1;
         self.records += u64::from(m.records);
         self.sequence = self.sequence.wrapping_add(m.records);
@@ -483,9 +500,9 @@ impl Encoder {
     }
 
     /// Sends a message of the templates alone.
-    fn send_templates(&mut self, emit: &mut dyn FnMut(&[u8])) {
+    fn send_templates(&mut self, emit: &mut dyn FnMut(&[u8], u32)) {
         Self::seal(&mut self.templates, self.sequence, self.export_s);
-        emit(&self.templates);
+        emit(&self.templates, 0);
         self.messages += 1;
         self.messages_since_templates = Some(0);
         self.templates_sent_s = u64::from(self.export_s);

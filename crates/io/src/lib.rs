@@ -21,6 +21,23 @@ pub mod receive_queue;
 pub mod replay;
 pub mod udp_socket;
 
+/// Bytes written to the connected TCP `stream` that its peer has not acknowledged: what
+/// may be lost if the connection ends now (what the peer acknowledged, it received).
+pub fn tcp_unacknowledged(stream: &std::net::TcpStream) -> std::io::Result<usize> {
+    live::sys::unacknowledged_bytes(stream)
+}
+
+/// Makes closing the TCP `stream` abort it (a reset, SO_LINGER of 0): what its peer has
+/// not acknowledged is dropped rather than sent on after the close, so that what was
+/// counted as not delivered is not delivered.
+pub fn tcp_abort_on_close(stream: &std::net::TcpStream) -> std::io::Result<()> {
+    let abort = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    live::sys::setsockopt(stream, libc::SOL_SOCKET, libc::SO_LINGER, &abort)
+}
+
 pub use capture::{
     CaptureError, CaptureFormat, CaptureReader, CaptureWriter, ChunkedCapture, Record,
 };

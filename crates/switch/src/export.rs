@@ -76,6 +76,17 @@ pub struct ExportReport {
     pub sinks: Vec<SinkReport>,
 }
 
+impl ExportReport {
+    /// The flow records every sink delivered: the fewest any one did (for TCP, those its
+    /// collector acknowledged; for UDP, those sent and not known refused).
+    pub fn delivered(&self) -> u64 {
+        (self.sinks.iter())
+            .map(|s| if s.unreachable { 0 } else { s.records })
+            .min()
+            .unwrap_or(0)
+    }
+}
+
 /// What one sink did.
 #[derive(Clone, Debug, Default)]
 pub struct SinkReport {
@@ -83,10 +94,22 @@ pub struct SinkReport {
     /// Messages (or lines) and bytes written.
     pub units: u64,
     pub bytes: u64,
-    /// IPFIX over TCP: messages lost while the collector's connection was down, and how
-    /// many times it was made again.
+    /// Flow records in what was written (for TCP, less those unconfirmed).
+    pub records: u64,
+    /// Messages lost, and the flow records in them where known: IPFIX over TCP, those
+    /// written while the collector's connection was down and those unconfirmed (see
+    /// `unconfirmed`); over UDP, those the collector's host refused (ICMP port
+    /// unreachable), a lower bound since the kernel keeps one such error at a time.
     pub lost: u64,
+    pub records_lost: u64,
+    /// IPFIX over TCP: of `lost`, messages written into a connection that ended (or that
+    /// the run ended with) before the collector acknowledged them; what it acknowledged
+    /// it received, what it received and never read cannot be known.
+    pub unconfirmed: u64,
+    /// IPFIX over TCP: times the connection was made again.
     pub reconnects: u64,
+    /// IPFIX over UDP: the collector's host refused the messages when the run ended.
+    pub unreachable: bool,
     /// The first error, after which the sink wrote nothing more.
     pub error: Option<String>,
     /// IPFIX over UDP paced by its collector's socket queue: what it saw of it.
@@ -103,12 +126,23 @@ enum Out {
 /// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
 /// 7011 10.4.2 has the exporter re-establish the connection and send its templates
 /// again): a second after, then at waits that double up to 30 s while it fails. What is
-/// written while it is down is lost and counted. What the kernel had taken for the old
-/// connection and the collector never read cannot be known (IPFIX has no
-/// acknowledgements), and is not counted.
+/// written while it is down is lost and counted. Of what was written into a connection,
+/// what the collector's TCP acknowledged it received; the rest (`in_flight`, from the
+/// kernel's count of unacknowledged bytes) is counted as lost when the connection ends
+/// (IPFIX has no acknowledgements of its own: what was received and never read cannot be
+/// known).
 struct TcpOut {
     addr: SocketAddr,
     stream: Option<std::io::BufWriter<TcpStream>>,
+    /// Bytes handed to the current connection, and the messages not known to be
+    /// acknowledged: each one's end (in those bytes) and flow records, oldest first.
+    written: u64,
+    in_flight: std::collections::VecDeque<(u64, u32)>,
+    /// Flow records in messages written and not lost.
+    records: u64,
+    /// Of `lost`, messages unconfirmed; and the flow records in lost messages.
+    unconfirmed: u64,
+    records_lost: u64,
     /// While it is down: when to try again, and the wait after a failed try, which
     /// doubles from a second up to `MAX_BACKOFF` (a try may wait up to a second itself
     /// and holds the exporter meanwhile, so a collector that is gone for good must not
@@ -130,13 +164,18 @@ impl TcpOut {
     /// and with it the end of the run, would wait on it for ever).
     const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+    /// How long the end of a run waits for the collector to acknowledge what it was sent.
+    const ACK_WAIT: Duration = Duration::from_secs(2);
+
     fn open(
         addr: &SocketAddr,
         timeout: Duration,
     ) -> std::io::Result<std::io::BufWriter<TcpStream>> {
         let stream = TcpStream::connect_timeout(addr, timeout)?;
         stream.set_write_timeout(Some(Self::WRITE_TIMEOUT))?;
-        Ok(std::io::BufWriter::new(stream))
+        // Room for two messages of the largest size, so that a message is always copied
+        // whole into the buffer: the bytes the kernel took are then what the buffer let go.
+        Ok(std::io::BufWriter::with_capacity(2 << 16, stream))
     }
 
     fn connect(addr: &SocketAddr, timeout: Duration, now: Instant) -> std::io::Result<TcpOut> {
@@ -148,35 +187,103 @@ impl TcpOut {
             lost: 0,
             reconnects: 0,
             cause: None,
+            written: 0,
+            in_flight: std::collections::VecDeque::new(),
+            records: 0,
+            unconfirmed: 0,
+            records_lost: 0,
         })
     }
 
-    fn write(&mut self, now: Instant, message: &[u8]) -> Sent {
+    fn write(&mut self, now: Instant, message: &[u8], records: u32) -> Sent {
         let written = match &mut self.stream {
             Some(stream) => stream.write_all(message),
             None => {
                 self.lost += 1;
+                self.records_lost += u64::from(records);
                 return (0, 0);
             }
         };
         match written {
-            Ok(()) => (1, message.len()),
+            Ok(()) => {
+                self.written += message.len() as u64;
+                self.in_flight.push_back((self.written, records));
+                self.records += u64::from(records);
+                (1, message.len())
+            }
             Err(e) => {
                 self.lose(now, e);
                 self.lost += 1;
+                self.records_lost += u64::from(records);
                 (0, 0)
             }
         }
     }
 
     fn flush(&mut self, now: Instant) {
-        if let Some(Err(e)) = self.stream.as_mut().map(std::io::BufWriter::flush) {
-            self.lose(now, e);
+        match self.stream.as_mut().map(std::io::BufWriter::flush) {
+            Some(Err(e)) => self.lose(now, e),
+            Some(Ok(())) => {
+                self.acknowledged();
+            }
+            None => {}
+        }
+    }
+
+    /// Forgets the messages the collector has acknowledged: whether any are left.
+    fn acknowledged(&mut self) -> bool {
+        let Some(stream) = &self.stream else {
+            return false;
+        };
+        let held = stream.buffer().len() as u64;
+        // Unreadable (never on a connected socket): nothing is taken as acknowledged.
+        let unacked =
+            stateplane_io::tcp_unacknowledged(stream.get_ref()).map_or(u64::MAX, |n| n as u64);
+        let acked_up_to = self.written.saturating_sub(held).saturating_sub(unacked);
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|&(end, _)| end <= acked_up_to)
+        {
+            self.in_flight.pop_front();
+        }
+        !self.in_flight.is_empty()
+    }
+
+    /// The messages not acknowledged when the connection ends are counted as lost, and
+    /// made so: the connection is aborted when dropped, not drained to the collector.
+    fn count_unconfirmed(&mut self) {
+        if self.acknowledged()
+            && let Some(stream) = &self.stream
+            && let Err(e) = stateplane_io::tcp_abort_on_close(stream.get_ref())
+        {
+            log::warn!("ipfix tcp {}: cannot abort the connection: {e}", self.addr);
+        }
+        for (_, records) in self.in_flight.drain(..) {
+            self.unconfirmed += 1;
+            self.lost += 1;
+            self.records_lost += u64::from(records);
+            self.records -= u64::from(records);
+        }
+        self.written = 0;
+    }
+
+    /// The end of the run: what was written goes out, and the collector has a moment
+    /// (`ACK_WAIT`) to acknowledge it; what it has not is counted as unconfirmed.
+    fn settle(&mut self, now: Instant) {
+        self.flush(now);
+        let deadline = Instant::now() + Self::ACK_WAIT;
+        while self.acknowledged() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if self.stream.is_some() {
+            self.count_unconfirmed();
         }
     }
 
     /// The connection failed at `now` with `e`: it is dropped, and a new one tried later.
     fn lose(&mut self, now: Instant, e: std::io::Error) {
+        self.count_unconfirmed();
         // A write that timed out says only "Resource temporarily unavailable".
         let cause = match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -230,6 +337,9 @@ struct Sink {
     out: Out,
     units: u64,
     bytes: u64,
+    /// Flow records written to a file or standard output (the network transports count
+    /// their own, since they may lose what was written).
+    records: u64,
     error: Option<String>,
 }
 
@@ -322,6 +432,7 @@ impl Sink {
             out,
             units: 0,
             bytes: 0,
+            records: 0,
             error: None,
         };
         Ok((sink, format))
@@ -329,14 +440,20 @@ impl Sink {
 
     /// Writes bytes (a UDP sink may hold them for its next send), keeping the first error
     /// (a sink that fails stops; the others go on).
-    fn write(&mut self, now: Instant, bytes: &[u8]) {
+    fn write(&mut self, now: Instant, bytes: &[u8], records: u32) {
         if self.error.is_some() {
             return;
         }
         let r = match &mut self.out {
-            Out::Udp(udp) => udp.push(now, bytes),
-            Out::Tcp(tcp) => Ok(tcp.write(now, bytes)),
-            Out::Stream(w) => w.write_all(bytes).map(|()| (1, bytes.len())),
+            Out::Udp(udp) => udp.push(now, bytes, records),
+            Out::Tcp(tcp) => Ok(tcp.write(now, bytes, records)),
+            Out::Stream(w) => {
+                let r = w.write_all(bytes).map(|()| (1, bytes.len()));
+                if r.is_ok() {
+                    self.records += u64::from(records);
+                }
+                r
+            }
         };
         self.count(r);
     }
@@ -358,7 +475,7 @@ impl Sink {
                 self.units += units as u64;
                 self.bytes += bytes as u64;
             }
-            Err(e) if self.error.is_none() => self.error = Some(format!("{}: {e}", self.name)),
+            Err(e) if self.error.is_none() => self.error = Some(e.to_string()),
             Err(_) => {}
         }
     }
@@ -382,37 +499,64 @@ impl Sink {
                 if let Err(e) = w.flush()
                     && self.error.is_none()
                 {
-                    self.error = Some(format!("{}: {e}", self.name));
+                    self.error = Some(e.to_string());
                 }
             }
             Out::Udp(_) => {}
         }
     }
 
-    /// What it did (a TCP collector still away at the end is an error).
-    fn finish(mut self) -> SinkReport {
-        let (mut lost, mut reconnects) = (0, 0);
-        let mut collector = None;
-        if let Out::Udp(udp) = self.out {
-            collector = udp.spacing.finish();
-        } else if let Out::Tcp(tcp) = &self.out {
-            (lost, reconnects) = (tcp.lost, tcp.reconnects);
-            if tcp.stream.is_none() && self.error.is_none() {
-                let cause = tcp.cause.as_deref().unwrap_or("lost");
-                self.error = Some(format!(
-                    "{}: the connection is down ({cause}), {lost} messages unsent (is the collector running and listening there?)",
-                    self.name
-                ));
+    /// What it did, at `now` (a TCP collector still away at the end, or a UDP collector's
+    /// host refusing its messages, is an error).
+    fn finish(self, now: Instant) -> SinkReport {
+        let Sink {
+            name,
+            out,
+            units,
+            bytes,
+            records,
+            mut error,
+        } = self;
+        let mut report = SinkReport {
+            records,
+            ..SinkReport::default()
+        };
+        match out {
+            Out::Udp(mut udp) => {
+                udp.settle();
+                (report.records, report.lost) = (udp.records, udp.refused);
+                report.unreachable = udp.unreachable;
+                if udp.unreachable && error.is_none() {
+                    error = Some(format!(
+                        "the collector is unreachable: its host refuses the messages (ICMP \
+                         port unreachable), {} refused (is a collector listening there?)",
+                        udp.refused
+                    ));
+                }
+                report.collector = udp.spacing.finish();
             }
+            Out::Tcp(mut tcp) => {
+                tcp.settle(now);
+                report.records = tcp.records;
+                (report.lost, report.records_lost) = (tcp.lost, tcp.records_lost);
+                (report.unconfirmed, report.reconnects) = (tcp.unconfirmed, tcp.reconnects);
+                if tcp.stream.is_none() && error.is_none() {
+                    let cause = tcp.cause.as_deref().unwrap_or("lost");
+                    error = Some(format!(
+                        "the connection is down ({cause}), {} messages lost (is the collector \
+                         running and listening there?)",
+                        tcp.lost
+                    ));
+                }
+            }
+            Out::Stream(_) => {}
         }
         SinkReport {
-            name: self.name,
-            units: self.units,
-            bytes: self.bytes,
-            lost,
-            reconnects,
-            error: self.error,
-            collector,
+            name,
+            units,
+            bytes,
+            error,
+            ..report
         }
     }
 }
@@ -475,14 +619,18 @@ impl Exporting {
             }
         }
         core.finish(&mut |o| deliver(sinks, now, o));
-        self.sinks.into_iter().map(Sink::finish).collect()
+        self.sinks.into_iter().map(|s| s.finish(now)).collect()
     }
 }
 
 /// Carries out one of the core's outputs on the sinks.
 fn deliver(sinks: &mut [Sink], now: Instant, output: Output) {
     match output {
-        Output::Write { sink, bytes } => sinks[sink].write(now, bytes),
+        Output::Write {
+            sink,
+            bytes,
+            records,
+        } => sinks[sink].write(now, bytes, records),
         Output::Flush { sink } => sinks[sink].flush(now),
     }
 }
@@ -503,6 +651,13 @@ struct UdpOut {
     /// The segment size the socket is set to, and whether the kernel takes one at all.
     socket_segment: Option<usize>,
     gso: bool,
+    /// Flow records in the messages held, and in those sent.
+    pending_records: u64,
+    records: u64,
+    /// Sends the kernel refused because the collector's host had refused an earlier
+    /// datagram (ICMP port unreachable), and whether it still did at the end.
+    refused: u64,
+    unreachable: bool,
 }
 
 /// Messages (or lines) and bytes a sink sent by one call.
@@ -520,19 +675,38 @@ impl UdpOut {
             tail: false,
             socket_segment: None,
             gso,
+            pending_records: 0,
+            records: 0,
+            refused: 0,
+            unreachable: false,
         }
+    }
+
+    /// How long the end of a run waits for a refusal of the last messages to come back.
+    const REFUSAL_WAIT: Duration = Duration::from_millis(20);
+
+    /// The end of the run: whether the collector's host refused the last messages.
+    fn settle(&mut self) {
+        if self.records == 0 && self.refused == 0 {
+            return;
+        }
+        std::thread::sleep(Self::REFUSAL_WAIT);
+        self.unreachable = matches!(self.socket.take_error(), Ok(Some(e))
+            if e.kind() == std::io::ErrorKind::ConnectionRefused);
+        self.refused += u64::from(self.unreachable);
     }
 
     /// Sends `message`, or with segmentation offload holds it for the next send (sending
     /// what is held first if it cannot join): what went out.
-    fn push(&mut self, now: Instant, message: &[u8]) -> std::io::Result<Sent> {
+    fn push(&mut self, now: Instant, message: &[u8], records: u32) -> std::io::Result<Sent> {
         let mut sent = (0, 0);
         if let Some(wait) = self.spacing.before_send(now, message.len()) {
             sent = self.flush()?;
             self.spacing.wait(wait);
         }
         if !self.gso {
-            Self::send(&self.socket, message)?;
+            self.send(message)?;
+            self.records += u64::from(records);
             return Ok((sent.0 + 1, sent.1 + message.len()));
         }
         let joins = self.segments > 0
@@ -546,6 +720,7 @@ impl UdpOut {
             self.segment = message.len();
         }
         self.pending.extend_from_slice(message);
+        self.pending_records += u64::from(records);
         self.segments += 1;
         self.tail = message.len() < self.segment;
         Ok(sent)
@@ -557,7 +732,10 @@ impl UdpOut {
             return Ok((0, 0));
         }
         let sent = if self.gso && self.segment_for_send() {
-            match Self::send(&self.socket, &self.pending) {
+            let pending = std::mem::take(&mut self.pending);
+            let sent = self.send(&pending);
+            self.pending = pending;
+            match sent {
                 // The route cannot take segmentation (its device offloads no checksums):
                 // one message per send from now on.
                 Err(e) if udp::cannot_segment(&e) => {
@@ -570,7 +748,11 @@ impl UdpOut {
             self.send_each()
         };
         let sent = sent.map(|()| (self.segments, self.pending.len()));
+        if sent.is_ok() {
+            self.records += self.pending_records;
+        }
         self.pending.clear();
+        self.pending_records = 0;
         self.segments = 0;
         sent
     }
@@ -597,16 +779,30 @@ impl UdpOut {
         if self.socket_segment.take().is_some() {
             udp::set_segment_size(&self.socket, 0)?;
         }
-        (self.pending.chunks(self.segment)).try_for_each(|m| Self::send(&self.socket, m))
+        let pending = std::mem::take(&mut self.pending);
+        let sent = (pending.chunks(self.segment)).try_for_each(|m| self.send(m));
+        self.pending = pending;
+        sent
     }
 
-    fn send(socket: &UdpSocket, bytes: &[u8]) -> std::io::Result<()> {
-        // A collector that is not listening (yet) makes the kernel refuse the next send; a
-        // flow exporter keeps going, as softflowd and nfprobe do.
-        match socket.send(bytes) {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
-            r => r.map(|_| ()),
+    /// Sends `bytes`. A collector that is not listening (yet) has its host answer ICMP port
+    /// unreachable, and the kernel refuses the next send with it: that is counted (an
+    /// earlier message was refused) and the send made again, since the error is taken by
+    /// the refusal. A flow exporter keeps going, as softflowd and nfprobe do, and says at
+    /// the end what was refused.
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let refused = |r: &std::io::Result<usize>| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
+        let mut sent = self.socket.send(bytes);
+        if refused(&sent) {
+            self.refused += 1;
+            sent = self.socket.send(bytes);
+            if refused(&sent) {
+                // Refused again at once: this one is not sent either.
+                self.refused += 1;
+                return Ok(());
+            }
         }
+        sent.map(|_| ())
     }
 }
 
@@ -792,7 +988,7 @@ mod tests {
             let mut out = UdpOut::new(tx, Pace::Rate(ByteRate(0)), gso, Instant::now());
             let mut sent = 0;
             for (i, m) in messages.iter().enumerate() {
-                sent += out.push(Instant::now(), m).unwrap().0;
+                sent += out.push(Instant::now(), m, 1).unwrap().0;
                 // A flush mid-way, as at the end of a batch of records.
                 if i == 8 {
                     sent += out.flush().unwrap().0;
@@ -837,7 +1033,7 @@ mod tests {
             (rx, got)
         });
         for _ in 0..count {
-            out.push(Instant::now(), &[9; 1400]).unwrap();
+            out.push(Instant::now(), &[9; 1400], 1).unwrap();
         }
         out.flush().unwrap();
         let (rx, got) = reader.join().unwrap();
@@ -869,11 +1065,11 @@ mod tests {
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         tx.connect(rx.local_addr().unwrap()).unwrap();
         let mut out = UdpOut::new(tx, Pace::Auto, false, Instant::now());
-        out.push(Instant::now(), &[1; 1400]).unwrap();
+        out.push(Instant::now(), &[1; 1400], 1).unwrap();
         drop(rx);
         let start = Instant::now();
         for _ in 0..500 {
-            out.push(Instant::now(), &[1; 1400]).unwrap();
+            out.push(Instant::now(), &[1; 1400], 1).unwrap();
         }
         out.flush().unwrap();
         let seen = out.spacing.finish().unwrap();
@@ -1060,6 +1256,123 @@ mod tests {
         assert!(down(&sink), "the silent collector was never given up");
         let cause = t.cause.clone().unwrap_or_default();
         assert!(cause.contains("took nothing"), "{cause}");
+    }
+
+    /// Every record a collector's socket holds, read from whole messages until the
+    /// connection ends or is quiet for a second.
+    fn records_received(conn: &mut TcpStream) -> u64 {
+        use std::io::Read;
+        conn.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut bytes = Vec::new();
+        let mut buf = [0u8; 1 << 16];
+        while let Ok(n @ 1..) = conn.read(&mut buf) {
+            bytes.extend_from_slice(&buf[..n]);
+        }
+        let mut decoder = stateplane_flows::ipfix::Decoder::default();
+        let mut records = 0;
+        let mut rest = &bytes[..];
+        while rest.len() >= 16 {
+            let len = usize::from(u16::from_be_bytes([rest[2], rest[3]]));
+            if rest.len() < len {
+                break;
+            }
+            records += decoder.decode(&rest[..len]).unwrap().1.len() as u64;
+            rest = &rest[len..];
+        }
+        records
+    }
+
+    /// A collector that stops reading: what its TCP acknowledged counts as delivered, the
+    /// messages it never acknowledged (in the exporter's socket when the connection was
+    /// given up) and those written after are lost, with their records; the records the
+    /// collector's socket holds are exactly those reported delivered.
+    #[test]
+    fn records_a_tcp_collector_never_acknowledged_are_counted_lost() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = tcp_config(listener.local_addr().unwrap());
+        let mut sink = Driven::open(&config);
+        let (mut silent, _) = listener.accept().unwrap();
+        if let Out::Tcp(t) = sink.out()
+            && let Some(stream) = &t.stream
+        {
+            (stream.get_ref())
+                .set_write_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+        }
+        let down = |sink: &Driven| matches!(sink.out(), Out::Tcp(t) if t.stream.is_none());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut taken = 0;
+        while !down(&sink) && Instant::now() < deadline {
+            sink.records(&records(0, 1000));
+            sink.flush();
+            taken += 1000;
+        }
+        assert!(down(&sink), "the silent collector was never given up");
+        // Written while it is down (no retry due yet): lost as well.
+        sink.records(&records(0, 10));
+        taken += 10;
+        drop(listener);
+        let report = sink.finish();
+        assert!(report.unconfirmed > 0, "{report:?}");
+        assert!(report.lost > report.unconfirmed, "{report:?}");
+        assert_eq!(report.records + report.records_lost, taken, "{report:?}");
+        assert_eq!(records_received(&mut silent), report.records, "{report:?}");
+    }
+
+    /// IPFIX over UDP to a port nobody listens on: the host's refusals (ICMP port
+    /// unreachable) are counted, and the end says the collector is unreachable and that
+    /// nothing was delivered. A collector that starts listening mid-run gets what follows,
+    /// and the end reports the refusals without an error.
+    #[test]
+    fn a_udp_collector_that_is_not_listening_is_reported_unreachable() {
+        let addr = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let config = ExportConfig {
+            sinks: vec![SinkSpec::IpfixUdp(addr)],
+            mtu: MessageSize::Bytes(1400),
+            ..tcp_config(addr)
+        };
+        let mut sink = Driven::open(&config);
+        for i in 0..5 {
+            sink.records(&records(i * 100, 100));
+            sink.flush();
+        }
+        let report = sink.finish();
+        assert!(report.unreachable, "{report:?}");
+        assert!(report.lost >= 5, "{report:?}");
+        let error = report.error.clone().unwrap_or_default();
+        assert!(error.contains("unreachable"), "{error}");
+        let all = ExportReport {
+            sinks: vec![report],
+            ..ExportReport::default()
+        };
+        assert_eq!(all.delivered(), 0);
+
+        let mut sink = Driven::open(&config);
+        sink.records(&records(0, 100));
+        sink.flush();
+        std::thread::sleep(Duration::from_millis(20));
+        let collector = UdpSocket::bind(addr).unwrap();
+        collector
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        sink.records(&records(1000, 100));
+        sink.flush();
+        let report = sink.finish();
+        assert!(!report.unreachable && report.error.is_none(), "{report:?}");
+        assert!(report.lost >= 1, "{report:?}");
+        // The templates went before it listened: the messages arrive, not yet readable.
+        let mut buf = [0u8; 2000];
+        let mut got = 0;
+        while collector.recv(&mut buf).is_ok() {
+            got += 1;
+            collector
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+        }
+        assert!(got >= 1, "the messages after it listened arrive");
     }
 
     /// What a live run exports reaches its collector within moments, not when a message

@@ -293,7 +293,9 @@ impl FlowReport {
                     "error": c.error})
                 });
                 serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
-                "lost_messages": s.lost, "reconnects": s.reconnects, "error": s.error,
+                "records": s.records, "lost_messages": s.lost, "records_lost": s.records_lost,
+                "unconfirmed_messages": s.unconfirmed, "reconnects": s.reconnects,
+                "unreachable": s.unreachable, "error": s.error,
                 "collector_queue": collector})
             })
             .collect();
@@ -301,7 +303,8 @@ impl FlowReport {
             "packets": t.packets, "bytes": t.bytes, "not_ip": t.not_ip,
             "flows": t.flows_created, "records": t.records_out,
             "microflow_records": t.microflow_records, "evicted_full": t.evicted_full,
-            "records_exported": self.export.records, "records_dropped": self.export.dropped,
+            "records_taken": self.export.records, "records_exported": self.export.delivered(),
+            "records_dropped": self.export.dropped,
             "seconds": wall.as_secs_f64(), "mpps": mpps(t.packets, wall), "sinks": sinks,
         })
     }
@@ -346,15 +349,28 @@ impl FlowReport {
         }
         for sink in &self.export.sinks {
             let (name, units, bytes) = (&sink.name, sink.units, sink.bytes);
+            let records = sink.records;
             let _ = match &sink.error {
-                None => write!(s, "{name}: {units} messages/lines, {bytes} bytes"),
+                None => write!(
+                    s,
+                    "{name}: {units} messages/lines, {records} records, {bytes} bytes"
+                ),
                 Some(e) => write!(s, "{name}: FAILED after {units} messages: {e}"),
             };
-            if sink.reconnects > 0 {
+            if sink.reconnects > 0 || sink.unconfirmed > 0 {
                 let (lost, again) = (sink.lost, sink.reconnects);
                 let _ = write!(
                     s,
-                    "; LOST {lost} messages while the collector was away (connected again {again} times)"
+                    "; LOST {lost} messages ({} records) while the collector was away or \
+                     before it acknowledged them ({} unconfirmed; connected again {again} times)",
+                    sink.records_lost, sink.unconfirmed
+                );
+            } else if sink.lost > 0 && !sink.unreachable {
+                let _ = write!(
+                    s,
+                    "; REFUSED at least {} messages while the collector was unreachable \
+                     (ICMP port unreachable)",
+                    sink.lost
                 );
             }
             if let Some(c) = &sink.collector {

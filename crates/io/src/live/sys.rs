@@ -71,6 +71,19 @@ pub fn getsockopt_int(fd: &impl AsRawFd, level: i32, name: i32) -> io::Result<li
     unsafe { getsockopt_plain(fd, level, name) }
 }
 
+/// Bytes written to a connected TCP socket that its peer has not acknowledged yet, sent
+/// or not (SIOCOUTQ); still answered after the connection was reset.
+pub fn unacknowledged_bytes(fd: &impl AsRawFd) -> io::Result<usize> {
+    let mut bytes: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ's number) writes one c_int through the pointer, which
+    // points at `bytes`, alive for the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut bytes) };
+    if rc < 0 {
+        return Err(last_error());
+    }
+    Ok(usize::try_from(bytes).unwrap_or(0))
+}
+
 /// The packet socket's counts since the last call (the kernel resets them on read):
 /// packets received and packets dropped because the ring was full.
 pub fn packet_statistics(fd: &OwnedFd) -> io::Result<(u32, u32)> {
