@@ -34,7 +34,7 @@ echo "== examples/tollbooth: a program of one's own, in its own crate (fmt, clip
   && cargo test --release --quiet 2>&1 | grep -E '^test result|FAILED|panicked')
 echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
-echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; sock_diag reads; prefetch in tables and the cache)"
+echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }

@@ -501,3 +501,39 @@ pub fn enter_new_network_namespace() -> io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Bytes a peer has not read stay unacknowledged only while its window is shut; what
+    /// it acknowledged leaves the count, and an aborted connection's peer sees a reset
+    /// after the bytes it had taken.
+    #[test]
+    fn unacknowledged_bytes_follow_the_peer_and_an_abort_resets() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut sender = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        sender.write_all(&[7; 1000]).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while unacknowledged_bytes(&sender).unwrap() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            unacknowledged_bytes(&sender).unwrap(),
+            0,
+            "loopback acknowledges"
+        );
+        crate::tcp_abort_on_close(&sender).unwrap();
+        drop(sender);
+        let mut got = Vec::new();
+        let end = peer.read_to_end(&mut got);
+        assert_eq!(got.len(), 1000);
+        assert_eq!(
+            end.map_err(|e| e.kind()),
+            Err(io::ErrorKind::ConnectionReset)
+        );
+    }
+}
