@@ -77,6 +77,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             malformed,
             errors,
             records_to_stdout,
+            interrupted,
         } => {
             if malformed > 0 {
                 eprintln!("{malformed} malformed packets counted and skipped");
@@ -92,6 +93,9 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             }
             if !errors.is_empty() {
                 return Err(errors.join("; "));
+            }
+            if let Some(signal) = interrupted {
+                crate::summary_output::end_interrupted(signal, flows.error());
             }
             flows.error().map_or(Ok(()), Err)
         }

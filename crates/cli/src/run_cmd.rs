@@ -164,6 +164,9 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     let outcome = switch.run()?;
     drop(progress);
     crate::summary_output::print_summary(&outcome, args.json)?;
+    if let Some(signal) = outcome.interrupted {
+        crate::summary_output::end_interrupted(signal, outcome.error());
+    }
     if args.hold_metrics > 0 && args.metrics.is_some() {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     }

@@ -24,3 +24,17 @@ pub(crate) fn emit(text: &str, records_to_stdout: bool) {
         print!("{text}");
     }
 }
+
+/// Ends a run over capture files that a signal stopped: says so (and the run's error, if
+/// any) after its summary, and exits with the status a shell gives a command the signal
+/// ended (130 for SIGINT), as Unix tools end.
+pub fn end_interrupted(signal: i32, error: Option<String>) -> ! {
+    eprintln!(
+        "interrupted by signal {signal}: what was read so far went through and is in the \
+         summary; the rest of the input was not read"
+    );
+    if let Some(e) = error {
+        eprintln!("error: {e}");
+    }
+    std::process::exit(128 + signal)
+}

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bin, ok, refused, tmp};
+use common::{bin, interrupted_mid_input, ok, refused, tmp};
 use stateplane_io::capture::read_all;
 use std::path::Path;
 use std::process::Command;
@@ -690,4 +690,24 @@ fn programs_that_need_one_worker_refuse_more() {
         std::fs::write(&cfg, format!("workers = 1\n{program}{ports}")).unwrap();
         ok(bin().args(["run", "-c"]).arg(&cfg).output().unwrap());
     }
+}
+
+/// SIGINT during a run over a capture: what was read goes through the program and out,
+/// the summary counts it, and the exit is 130 (it ended at once, without either).
+#[test]
+fn an_interrupted_run_writes_what_it_read_and_exits_130() {
+    let trace = tmp("interrupted-run.pcap");
+    generate_trace("internet", 200_000, &trace);
+    let output = tmp("interrupted-run-out.pcap");
+    let output_arg = output.to_string_lossy().to_string();
+    let out = interrupted_mid_input(
+        &["run", "forward", "--json", "-i", "-", "-o", &output_arg],
+        &std::fs::read(&trace).unwrap(),
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let sent = summary["counters"]["tx_packets"].as_u64().unwrap();
+    assert!(sent > 0 && sent < 200_000, "stopped mid-way: {summary}");
+    assert_eq!(summary["counters"]["rx_packets"], sent, "{summary}");
+    assert_eq!(read_all(&output).unwrap().len() as u64, sent);
 }

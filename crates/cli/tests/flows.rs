@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, ok, refused, tmp};
+use common::{bin, interrupted_mid_input, ok, refused, tmp};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::ipfix::Decoder;
 use std::collections::BTreeMap;
@@ -908,4 +908,30 @@ fn bench_flow_model_puts_turboflow_beside_the_table() {
         &["bench-flow-model", "--slots", "1000"],
         "not a power of two",
     );
+}
+
+/// SIGINT mid-run: the flows of what was read are exported, the summary says what was
+/// done, and the exit is 130, the status a shell gives a command a SIGINT ended (it exited
+/// 130 with no summary and no records).
+#[test]
+fn an_interrupt_exports_what_was_read_then_exits_130() {
+    let trace = tmp("interrupted.pcap");
+    generate(200_000, 7, &trace);
+    let csv = tmp("interrupted.csv");
+    let csv_arg = csv.to_string_lossy().to_string();
+    let out = interrupted_mid_input(
+        &["flows", "--summary-json", "-i", "-", "--csv", &csv_arg],
+        &std::fs::read(&trace).unwrap(),
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let packets = summary["packets"].as_u64().unwrap();
+    assert!(
+        packets > 0 && packets < 200_000,
+        "stopped mid-way: {summary}"
+    );
+    let rows = csv_rows(&csv);
+    assert_eq!(summary["records_exported"], rows.len() as u64, "{summary}");
+    let counted: u64 = rows.iter().map(|r| number(r, "packets")).sum();
+    assert_eq!(counted, packets, "every packet read is in a record");
 }

@@ -235,7 +235,10 @@ impl Switch {
             )?;
             log::info!("metrics on http://{addr}/metrics");
         }
+        // An interrupt stops the reading; what was read goes through as at the inputs' end.
+        let signals = daemon::SignalThread::start(handle.stop.clone(), None)?;
         let report = run_offline(&runtime, ports, &factory, &handle);
+        let interrupted = signals.close();
         // The taps no worker took hold the exporter's queue open.
         drop(runtime);
         let records_to_stdout = flows.as_ref().is_some_and(FlowExport::writes_to_stdout);
@@ -248,6 +251,7 @@ impl Switch {
             replication: replication.as_ref().map(ReplicationPlan::report),
             live: false,
             records_to_stdout,
+            interrupted,
         })
     }
 }

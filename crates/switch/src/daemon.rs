@@ -14,7 +14,7 @@ use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
 use stateplane_runtime::{RunHandle, RuntimeConfig};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long after the first SIGINT or SIGTERM another one means "stop at once, without
@@ -58,24 +58,36 @@ impl StopSignals {
 
 /// The run's signals, on a thread of their own until [`SignalThread::close`]: SIGINT or
 /// SIGTERM sets `stop` (the run drains and reports), and another one at least
-/// [`SECOND_STOP_AFTER`] later ends the process at once, with status 1; SIGHUP rebuilds
-/// the program from the configuration and publishes it to the workers.
-struct SignalThread {
+/// [`SECOND_STOP_AFTER`] later ends the process at once, with status 1; SIGHUP, where the
+/// run can reload, rebuilds the program from the configuration and publishes it to the
+/// workers.
+pub(crate) struct SignalThread {
     handle: signal_hook::iterator::Handle,
     thread: std::thread::JoinHandle<()>,
+    /// The signal that stopped the run (0: none yet).
+    stopped_by: Arc<AtomicI32>,
 }
 
 impl SignalThread {
-    fn start(stop: Arc<AtomicBool>, reload: Arc<Reload>, rebuild: Rebuild) -> SetupResult<Self> {
-        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+    pub(crate) fn start(
+        stop: Arc<AtomicBool>,
+        reload: Option<(Arc<Reload>, Rebuild)>,
+    ) -> SetupResult<Self> {
+        let wanted: &[i32] = match reload {
+            Some(_) => &[SIGINT, SIGTERM, SIGHUP],
+            None => &[SIGINT, SIGTERM],
+        };
+        let mut signals = signal_hook::iterator::Signals::new(wanted)
             .map_err(|e| format!("installing the signal handler: {e}"))?;
         let handle = signals.handle();
+        let stopped_by = Arc::new(AtomicI32::new(0));
+        let first = stopped_by.clone();
         let thread = std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
                 let mut stops = StopSignals::default();
                 for signal in signals.forever() {
-                    if signal == SIGHUP {
+                    if let (SIGHUP, Some((reload, rebuild))) = (signal, &reload) {
                         match rebuild() {
                             Ok(factory) => {
                                 let generation = reload.publish(factory);
@@ -86,7 +98,15 @@ impl SignalThread {
                         continue;
                     }
                     match stops.on_signal(Instant::now()) {
-                        StopRequest::Drain => stop.store(true, Ordering::Relaxed),
+                        StopRequest::Drain => {
+                            let _ = first.compare_exchange(
+                                0,
+                                signal,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                            stop.store(true, Ordering::Relaxed);
+                        }
                         StopRequest::Repeat => {}
                         StopRequest::AtOnce => {
                             log::warn!("signal {signal} again: stopping at once, without draining");
@@ -96,13 +116,19 @@ impl SignalThread {
                 }
             })
             .map_err(|e| format!("starting the signal thread: {e}"))?;
-        Ok(SignalThread { handle, thread })
+        Ok(SignalThread {
+            handle,
+            thread,
+            stopped_by,
+        })
     }
 
-    /// Stops taking signals (the run has ended) and waits for the thread.
-    fn close(self) {
+    /// Stops taking signals (the run has ended) and waits for the thread: the signal that
+    /// stopped the run, if one did.
+    pub(crate) fn close(self) -> Option<i32> {
         self.handle.close();
         let _ = self.thread.join();
+        Some(self.stopped_by.load(Ordering::Relaxed)).filter(|&s| s != 0)
     }
 }
 
@@ -249,7 +275,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
 
     let _control_api = start_control(&run, &handle, &mut queues)?;
     let reload = Arc::new(Reload::new(run.factory.clone()));
-    let signals = SignalThread::start(handle.stop.clone(), reload.clone(), run.rebuild)?;
+    let signals = SignalThread::start(handle.stop.clone(), Some((reload.clone(), run.rebuild)))?;
     log::info!(
         "running {} on {} with {workers} worker(s); SIGINT or SIGTERM stops, SIGHUP reloads",
         run.program,
@@ -301,6 +327,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
             .map(crate::replication_stage::ReplicationPlan::report),
         live: true,
         records_to_stdout,
+        interrupted: None,
     })
 }
 

@@ -9,7 +9,7 @@
 //! passively (AF_PACKET copies), so the host keeps its traffic.
 
 use crate::SetupResult;
-use crate::daemon::{self, ControlAddr, IoChoice, LiveRun};
+use crate::daemon::{self, ControlAddr, IoChoice, LiveRun, SignalThread};
 use crate::export::Naming;
 use crate::flow_export::{FlowExport, FlowReport, FlowSettings};
 use crate::summary::Outcome;
@@ -144,6 +144,9 @@ pub enum MonitorOutcome {
         errors: Vec<String>,
         /// Whether records went to standard output (a summary then goes elsewhere).
         records_to_stdout: bool,
+        /// The signal (SIGINT or SIGTERM) that ended the run before its inputs did: the
+        /// flows of what was read were exported all the same.
+        interrupted: Option<i32>,
     },
 }
 
@@ -282,7 +285,10 @@ impl FlowMonitor {
             }
             Inputs::Files { sources, ports, .. } => (sources, ports),
         };
+        // An interrupt stops the reading; the flows read so far end as at the inputs' end.
+        let signals = SignalThread::start(handle.stop.clone(), None)?;
         let run = run_sharded(&runtime, sources, ports, &factory, &handle);
+        let interrupted = signals.close();
         // The taps no worker took hold the exporter's queue open.
         drop(runtime);
         let records_to_stdout = export.writes_to_stdout();
@@ -292,6 +298,7 @@ impl FlowMonitor {
             malformed: run.total.malformed.iter().sum(),
             errors: run.errors,
             records_to_stdout,
+            interrupted,
         })
     }
 }

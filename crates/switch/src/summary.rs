@@ -161,6 +161,9 @@ pub struct Outcome {
     pub live: bool,
     /// Flow records went to standard output, so the summary must not.
     pub records_to_stdout: bool,
+    /// Over capture files: the signal (SIGINT or SIGTERM) that ended the run before its
+    /// inputs did, after what was read went through (a live run's stop is its normal end).
+    pub interrupted: Option<i32>,
 }
 
 impl Outcome {

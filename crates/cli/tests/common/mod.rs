@@ -63,3 +63,37 @@ pub fn client_and_server() -> (stateplane_gen::build::Hosts, stateplane_gen::bui
     };
     (client, server)
 }
+
+/// `stateplane ARGS` reading `input` on standard input (which a test can hold back), sent
+/// SIGINT once half of it is in: its output, after checking it ended with status 130 and
+/// said it was interrupted. Input goes on coming after the signal, as a reader sees a
+/// stop on its next read, until the command stops taking it.
+pub fn interrupted_mid_input(args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = bin()
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let half = input.len() / 2;
+    stdin.write_all(&input[..half]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = child.id().to_string();
+    let killed = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(killed.success());
+    for piece in input[half..].chunks(1 << 16) {
+        if stdin.write_all(piece).is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted by signal 2"), "{err}");
+    out
+}
