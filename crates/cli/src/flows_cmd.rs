@@ -8,7 +8,7 @@ use stateplane_switch::flow_export::FlowSettings;
 use stateplane_switch::flow_monitor::{
     FlowMonitor, MonitorOptions, MonitorOutcome, ReadAheadChoice,
 };
-use stateplane_switch::units::CaptureBuffer;
+use stateplane_switch::units::{CaptureBuffer, MemoryBudget};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
@@ -47,6 +47,11 @@ pub struct FlowsArgs {
     /// Seed of the flow hash (default: random per process).
     #[arg(long)]
     pub hash_seed: Option<u64>,
+    /// The memory the run may take, in bytes with k, M, G or T (default: three quarters of
+    /// this machine's). What the settings size (tables, sketches, flow tables, capture
+    /// rings) is checked against it before anything is allocated.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 pub fn main(args: FlowsArgs) -> CliResult<()> {
@@ -56,6 +61,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         capture_buffer: args.capture_buffer,
         settings: args.settings,
         workers: args.workers,
+        memory_budget: args.memory_budget,
         read_ahead: args.read_ahead,
         hash_seed: args.hash_seed,
     })?;

@@ -4,7 +4,7 @@
 use crate::progress::Progress;
 use crate::summary_output::CliResult;
 use stateplane_switch::config::{PortSection, RunConfig};
-use stateplane_switch::units::{CaptureBuffer, bounded};
+use stateplane_switch::units::{CaptureBuffer, MemoryBudget, bounded};
 use stateplane_switch::{Switch, SwitchOptions};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -42,6 +42,11 @@ pub struct RunArgs {
     /// M or G (default 64M; 1M to 1G), as `stateplane flows --capture-buffer`.
     #[arg(long, value_name = "BYTES")]
     pub capture_buffer: Option<CaptureBuffer>,
+    /// The memory the run may take, in bytes with k, M, G or T (default: three quarters of
+    /// this machine's). What the settings size (tables, sketches, flow tables, capture
+    /// rings) is checked against it before anything is allocated.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_budget: Option<MemoryBudget>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -137,6 +142,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     }
     cfg.io = args.io.clone().or(cfg.io);
     cfg.capture_buffer = args.capture_buffer.or(cfg.capture_buffer);
+    cfg.memory_budget = args.memory_budget.or(cfg.memory_budget);
     cfg.metrics = args.metrics.clone().or(cfg.metrics);
     cfg.control = args.control.clone().or(cfg.control);
     if let Some(path) = &args.history {

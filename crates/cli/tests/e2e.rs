@@ -711,3 +711,91 @@ fn an_interrupted_run_writes_what_it_read_and_exits_130() {
     assert_eq!(summary["counters"]["rx_packets"], sent, "{summary}");
     assert_eq!(read_all(&output).unwrap().len() as u64, sent);
 }
+
+/// A configuration that sizes more memory than the run may take is refused before
+/// anything is allocated, naming the setting, the total, the budget and the fix (it was
+/// accepted, and the kernel killed the process after it had allocated 24 GB); the budget
+/// is a setting, and what fits in it runs.
+#[test]
+fn sizes_past_the_memory_budget_are_refused_before_allocating() {
+    let input = tmp("budget-in.pcap");
+    generate_trace("internet", 1000, &input);
+    let input = input.to_string_lossy().into_owned();
+    let cfg = tmp("budget.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 64\n[program]\nname = \"conntrack\"\n[program.conntrack]\ncapacity = 67108864\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_string_lossy().into_owned();
+    let started = std::time::Instant::now();
+    let err = refused(
+        &["run", "--config", &cfg, "-i", &input],
+        "program.conntrack.capacity: 67108864 entries take",
+    );
+    assert!(
+        err.contains("in each of 65 copies")
+            && err.contains("past the memory budget of")
+            && err.contains("raise --memory-budget (memory_budget)"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "refused before allocating anything large"
+    );
+    // The same sizes under a budget given as a flag; and a budget that is no size.
+    refused(
+        &[
+            "run",
+            "--config",
+            &cfg,
+            "-i",
+            &input,
+            "--memory-budget",
+            "1G",
+        ],
+        "past the memory budget of 953.7 MiB",
+    );
+    refused(
+        &[
+            "run",
+            "--config",
+            &cfg,
+            "-i",
+            &input,
+            "--memory-budget",
+            "lots",
+        ],
+        "'lots' is not a number of bytes of at least 16M",
+    );
+    // Flow tables and sketches are claimed the same way.
+    refused(
+        &[
+            "flows",
+            "-i",
+            &input,
+            "--csv",
+            "-",
+            "--max-flows",
+            "268435456",
+            "--workers",
+            "8",
+        ],
+        "--max-flows: flow tables of 268435456 flows for 8 workers take",
+    );
+    let hh = tmp("budget-hh.toml");
+    std::fs::write(
+        &hh,
+        "memory_budget = \"64M\"\n[program]\nname = \"hh\"\n[program.hh]\nwidth = 16777216\ndepth = 8\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", &hh.to_string_lossy(), "-i", &input],
+        "program.hh.width: a sketch of 8 rows of 16777216 counters take 512.0 MiB",
+    );
+    // What fits runs.
+    ok(bin()
+        .args(["run", "conntrack", "-i", &input, "--memory-budget", "1G"])
+        .output()
+        .unwrap());
+}

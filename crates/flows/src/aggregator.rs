@@ -321,6 +321,16 @@ impl<K: CompactKey, V: FlowValue> Aggregator<K, V> {
         (self.mask + 1) * size_of::<Slot<K, V>>()
     }
 
+    /// The memory a table for `max_flows` flows may grow to, before it is made (what
+    /// [`Aggregator::budget_bytes`] says of it once made).
+    pub fn budget_for(max_flows: usize) -> u64 {
+        let slots = (max_flows.max(1) * 8)
+            .div_ceil(7)
+            .next_power_of_two()
+            .max(2);
+        slots as u64 * size_of::<Slot<K, V>>() as u64
+    }
+
     /// The memory the table may grow to.
     pub fn budget_bytes(&self) -> usize {
         self.slots.len() * size_of::<Slot<K, V>>()

@@ -81,6 +81,11 @@ pub(crate) fn power_of_two(n: usize, min: usize, what: &str) -> Result<usize, Si
 
 impl<K: CompactKey, S: KeptStats> MicroflowTable<K, S> {
     /// A table of `slots` entries (a power of two).
+    /// The bytes a table of `slots` slots allocates (as [`MicroflowTable::new`] sizes it).
+    pub fn bytes_for(slots: usize) -> u64 {
+        slots.max(1).next_power_of_two() as u64 * std::mem::size_of::<Slot<K, S>>() as u64
+    }
+
     pub fn new(slots: usize) -> Result<Self, SizeError> {
         let slots = power_of_two(slots, 1, "microflow slots")?;
         Ok(MicroflowTable {

@@ -136,6 +136,16 @@ impl<K: CompactKey, V: FlowValue> Family<K, V> {
         self.micro.as_ref().map_or(0, |t| t.memory_bytes()) + self.agg.memory_bytes()
     }
 
+    /// What a family made by [`Family::new`] with `config` may grow to.
+    fn budget_for(config: &StageConfig) -> u64 {
+        let micro = match config.microflow_slots {
+            0 => 0,
+            n => MicroflowTable::<K, V::Kept>::bytes_for(n),
+        };
+        let ring = ((RING + 2) * std::mem::size_of::<Microflow<K, V::Kept>>()) as u64;
+        micro + ring + Aggregator::<K, V>::budget_for(config.max_flows)
+    }
+
     /// The hash of `key` in this family's microflow table.
     #[inline]
     fn hash(&self, key: K) -> u64 {
@@ -303,6 +313,20 @@ impl FlowStage {
             last_delivery_ns: 0,
             own: StageCounters::default(),
         })
+    }
+
+    /// The bytes a stage made with `config` may grow to (both families' tables at their
+    /// budget), for a run's memory budget to check before it is made.
+    pub fn budget_for(config: &StageConfig) -> u64 {
+        fn families<V: FlowValue>(c: &StageConfig) -> u64 {
+            Family::<V4Key, V>::budget_for(c) + Family::<V6Key, V>::budget_for(c)
+        }
+        match (config.biflow, config.extremes) {
+            (false, true) => families::<Uniflow>(config),
+            (true, true) => families::<Biflow>(config),
+            (false, false) => families::<Uniflow<FlowTotals>>(config),
+            (true, false) => families::<Biflow<FlowTotals>>(config),
+        }
     }
 
     /// Bytes held by the tables (both families).
@@ -513,6 +537,31 @@ impl Tap for FlowTap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a run's memory budget is told a stage may take is what its tables allocate at
+    /// their budget, in every shape.
+    #[test]
+    fn budget_for_is_what_a_stage_may_grow_to() {
+        fn family<K: CompactKey, V: FlowValue>(f: &Family<K, V>) -> u64 {
+            let micro = f.micro.as_ref().map_or(0, |t| t.memory_bytes());
+            let ring = f.ring.capacity() * size_of::<Microflow<K, V::Kept>>();
+            (micro + ring + f.agg.budget_bytes()) as u64
+        }
+        for (biflow, extremes) in [(false, false), (false, true), (true, false), (true, true)] {
+            for (max_flows, microflow_slots) in [(1, 0), (1000, 64), (262_144, 4096)] {
+                let config = StageConfig {
+                    max_flows,
+                    microflow_slots,
+                    biflow,
+                    extremes,
+                    ..StageConfig::default()
+                };
+                let stage = FlowStage::new(config, 3).unwrap();
+                let (v4, v6) = each_family!(&stage.tables, f => family(f));
+                assert_eq!(FlowStage::budget_for(&config), v4 + v6, "{config:?}");
+            }
+        }
+    }
 
     /// The default microflow tables (both families) fit this machine's 1 MiB L2, as
     /// `StageConfig::default` says; the aggregators are the memory budget.

@@ -5,7 +5,8 @@
 //! tables), [`lazy_zeroed_vec`] (the same, all zero bytes, whose pages the kernel supplies
 //! only when first touched, for tables that use a growing prefix of a fixed budget) and
 //! [`HUGE_PAGE`]-aligned windows of them; and [`prefetch`], the project's one cache-line
-//! hint (tables and caches warm the lines a batch will read).
+//! hint (tables and caches warm the lines a batch will read); and the run's memory
+//! [`budget`], which what sizes itself from the configuration claims before allocating.
 //!
 //! Must never: change what memory holds or how long it lives; advice is only about page
 //! size, and where the kernel refuses it everything works the same, only slower.
@@ -13,6 +14,8 @@
 //! Large replay buffers and tables touch far more memory than the TLB covers with 4 KiB
 //! pages; 2 MiB pages roughly halve the cost of a bare packet loop on this kind of machine,
 //! and save a page walk per lookup in tables of hundreds of megabytes.
+
+pub mod budget;
 
 /// Asks the CPU to start loading the cache line of `value`: a hint with no effect on
 /// results, so that a batch can start every lookup's memory read before it needs any.

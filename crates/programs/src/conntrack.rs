@@ -44,7 +44,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{Declaration, DeclaredTable, ExactTable, ValueCodec};
+use stateplane_state::{Declaration, DeclaredTable, ValueCodec};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
@@ -268,7 +268,8 @@ impl Conntrack {
                 ("icmp", t.icmp),
             ],
         )?;
-        let mut table = ExactTable::new(cfg.capacity, &profiles, seed);
+        let mut table =
+            crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &profiles, seed)?;
         if cfg.early_drop {
             table.set_early_drop(&[ConnState::New as u8, ConnState::Udp as u8]);
         }

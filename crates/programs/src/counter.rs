@@ -18,7 +18,7 @@ use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
+use stateplane_state::{DeclaredTable, ValueCodec};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -114,7 +114,10 @@ impl Counter {
                 ports,
                 field,
             )?,
-            flows: DeclaredTable::new(ExactTable::new(cfg.capacity, &profiles, seed), declaration),
+            flows: DeclaredTable::new(
+                crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &profiles, seed)?,
+                declaration,
+            ),
         })
     }
 

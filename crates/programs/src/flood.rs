@@ -163,6 +163,7 @@ impl Flood {
         };
         let hold = crate::idle_profiles(field, &[("hold", cfg.hold)])?[0].timeout_ns;
         let victims = Reports::new(
+            field,
             "victims",
             "dst",
             "packets",
@@ -170,7 +171,7 @@ impl Flood {
             hold,
             seed.rotate_left(7),
             Writers::DataPlaneAndControl,
-        );
+        )?;
         Ok(Flood {
             attack,
             forward: Forward::new(
@@ -186,7 +187,12 @@ impl Flood {
             counts: CountMin::new(m.depth, m.width, seed),
             sketch_register: SketchRegister::new("sketch"),
             victims,
-            meters: ExactTable::new(m.reports, &[ExpireProfile::NEVER], seed.rotate_left(19)),
+            meters: crate::budgeted_table(
+                &format!("{field}.reports"),
+                m.reports,
+                &[ExpireProfile::NEVER],
+                seed.rotate_left(19),
+            )?,
         })
     }
 

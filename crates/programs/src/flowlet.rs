@@ -109,6 +109,11 @@ impl Flowlet {
                 "give 1 to 10000000 microseconds",
             ));
         }
+        crate::claim_bytes(
+            &format!("{field}.slots"),
+            || format!("{} slots", cfg.slots),
+            (cfg.slots * std::mem::size_of::<Slot>()) as u64,
+        )?;
         Ok(Flowlet {
             ingress,
             hops,

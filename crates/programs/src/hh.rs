@@ -106,6 +106,12 @@ impl Hh {
                 "give 1 to 4096 tenants (VLANs) with a sketch of their own",
             ));
         }
+        // A sketch per tenant beyond the one the measurement claimed.
+        crate::claim_bytes(
+            &format!("{field}.tenants"),
+            || format!("{} more sketches", cfg.tenants),
+            CountMin::bytes_for(m.depth, m.width) * cfg.tenants as u64,
+        )?;
         Ok(Hh {
             forward: Forward::new(
                 &ForwardConfig {
@@ -123,6 +129,7 @@ impl Hh {
             touched: vec![false; cfg.tenants + 1],
             sketch_register: SketchRegister::new("sketch"),
             reports: Reports::new(
+                field,
                 "heavy_hitters",
                 "",
                 &cfg.by,
@@ -130,7 +137,7 @@ impl Hh {
                 2 * m.interval_ns(),
                 seed.rotate_left(31),
                 Writers::DataPlane,
-            ),
+            )?,
         })
     }
 

@@ -31,7 +31,7 @@ use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactTable, ValueCodec};
+use stateplane_state::{DeclaredTable, ValueCodec};
 use stateplane_wire::checksum;
 use stateplane_wire::kv_proto::{self as kv, Message, Op};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -157,7 +157,10 @@ impl Kv {
             server,
             clients,
             backend,
-            cache: DeclaredTable::new(ExactTable::new(cfg.capacity, &profiles, seed), declaration),
+            cache: DeclaredTable::new(
+                crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &profiles, seed)?,
+                declaration,
+            ),
             answered: 0,
         })
     }

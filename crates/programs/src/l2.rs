@@ -13,7 +13,7 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireProfile, Guarantee, Kind, Match,
+    Declaration, DeclaredTable, ExactCodec, ExpireProfile, Guarantee, Kind, Match,
 };
 use stateplane_wire::MacAddr;
 
@@ -139,7 +139,12 @@ impl L2 {
                 ),
             ));
         }
-        let mut table = ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed);
+        let mut table = crate::budgeted_table(
+            &format!("{field}.capacity"),
+            cfg.capacity,
+            &[ExpireProfile::NEVER],
+            seed,
+        )?;
         for (i, e) in cfg.macs.iter().enumerate() {
             let f = format!("{field}.macs[{i}]");
             let mac: MacAddr = e

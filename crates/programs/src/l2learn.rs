@@ -25,7 +25,7 @@ use crate::l2::StationCodec;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
-use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, InsertLimit};
+use stateplane_state::{DeclaredTable, ExpireMode, ExpireProfile, InsertLimit};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -90,7 +90,8 @@ impl L2Learn {
             timeout_ns: (cfg.ageing * 1e9) as u64,
             mode: ExpireMode::AutoDelete,
         };
-        let mut table = ExactTable::new(cfg.capacity, &[ageing], seed);
+        let mut table =
+            crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &[ageing], seed)?;
         match (cfg.learn_rate, cfg.learn_burst) {
             (0, Some(_)) => {
                 return Err(ConfigError::new(

@@ -314,6 +314,37 @@ where
     Ok(Arc::new(move |_| Box::new(program.clone())))
 }
 
+/// An exact table of `capacity` entries, its bytes in every copy of the program claimed
+/// from the run's memory budget first: refused, the error names `field` (the setting that
+/// sizes it) with the total and the fix, and nothing is allocated.
+pub(crate) fn budgeted_table<K, V>(
+    field: &str,
+    capacity: usize,
+    profiles: &[stateplane_state::ExpireProfile],
+    seed: u64,
+) -> Result<stateplane_state::ExactTable<K, V>, ConfigError>
+where
+    K: stateplane_state::TableKey,
+    V: Copy + Default,
+{
+    claim_bytes(
+        field,
+        || format!("{capacity} entries"),
+        stateplane_state::ExactTable::<K, V>::bytes_for(capacity),
+    )?;
+    Ok(stateplane_state::ExactTable::new(capacity, profiles, seed))
+}
+
+/// Claims `bytes` that every copy of the program keeps from the run's memory budget (see
+/// [`budgeted_table`]).
+pub(crate) fn claim_bytes(
+    field: &str,
+    what: impl FnOnce() -> String,
+    bytes: u64,
+) -> Result<(), ConfigError> {
+    stateplane_mem::budget::claim(what, bytes).map_err(|e| ConfigError::new(field, e.to_string()))
+}
+
 /// For settings that are on unless turned off.
 pub(crate) fn default_true() -> bool {
     true

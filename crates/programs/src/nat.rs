@@ -593,7 +593,8 @@ impl Nat {
         )?;
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
-        let mut translations = ExactTable::new(cfg.capacity, &profiles, seed);
+        let mut translations =
+            crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &profiles, seed)?;
         if cfg.early_drop {
             let states = [NatState::TcpNew, NatState::Udp, NatState::Icmp];
             translations.set_early_drop(&states.map(|s| s as u8));
@@ -607,7 +608,12 @@ impl Nat {
                 TranslationCodec::declaration(cfg.capacity),
             ),
             answers: Answers {
-                table: ExactTable::new(cfg.capacity, &[ExpireProfile::NEVER], seed.rotate_left(7)),
+                table: crate::budgeted_table(
+                    &format!("{field}.capacity"),
+                    cfg.capacity,
+                    &[ExpireProfile::NEVER],
+                    seed.rotate_left(7),
+                )?,
                 dests: HashMap::new(),
                 pool: (first_port, u32::from(last_port - first_port) + 1),
             },

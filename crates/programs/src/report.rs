@@ -9,7 +9,7 @@
 use crate::keys::{KeyFields, filled_table};
 use serde::Deserialize;
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExactTable, ExpireMode, ExpireProfile, Kind, ValueCodec};
+use stateplane_state::{DeclaredTable, ExpireMode, ExpireProfile, Kind, ValueCodec};
 use std::marker::PhantomData;
 
 /// The settings every measurement program has.
@@ -78,7 +78,12 @@ impl Measurement {
                 "give 1 to 8 rows",
             ));
         }
-        crate::check_capacity(&format!("{field}.reports"), self.reports, "reports")
+        crate::check_capacity(&format!("{field}.reports"), self.reports, "reports")?;
+        crate::claim_bytes(
+            &format!("{field}.width"),
+            || format!("a sketch of {} rows of {} counters", self.depth, self.width),
+            stateplane_state::CountMin::bytes_for(self.depth, self.width),
+        )
     }
 
     pub(crate) fn interval_ns(&self) -> u64 {
@@ -179,7 +184,11 @@ impl<K: KeyFields> Reports<K> {
     /// A table `name` of reports keyed by a field `key_name` (for address keys), each
     /// naming the measured count `what`, kept `keep_ns` after their last report, filed by
     /// `writers`.
+    /// `field` is the measurement's settings (`reports` under it sizes the table, from the
+    /// run's memory budget).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
+        field: &str,
         name: &str,
         key_name: &str,
         what: &str,
@@ -187,7 +196,7 @@ impl<K: KeyFields> Reports<K> {
         keep_ns: u64,
         seed: u64,
         writers: Writers,
-    ) -> Reports<K> {
+    ) -> Result<Reports<K>, crate::ConfigError> {
         let found = vec![
             Field::exact("interval", 32, Format::Int),
             Field::exact(what, 32, Format::Int),
@@ -200,9 +209,10 @@ impl<K: KeyFields> Reports<K> {
             timeout_ns: keep_ns,
             mode: ExpireMode::AutoDelete,
         };
-        Reports {
-            table: DeclaredTable::new(ExactTable::new(m.reports, &[keep], seed), declaration),
-        }
+        let table = crate::budgeted_table(&format!("{field}.reports"), m.reports, &[keep], seed)?;
+        Ok(Reports {
+            table: DeclaredTable::new(table, declaration),
+        })
     }
 
     /// Files `estimate` for `key` in `interval`; the first report of a key in an interval
@@ -263,6 +273,7 @@ mod tests {
             ..Measurement::default()
         };
         let mut r: Reports<u128> = Reports::new(
+            "program.test",
             "found",
             "dst",
             "packets",
@@ -270,7 +281,8 @@ mod tests {
             2_000_000,
             1,
             Writers::DataPlane,
-        );
+        )
+        .unwrap();
         assert_eq!(r.file(7, 100, 1, 0), Some(true));
         assert_eq!(r.file(7, 150, 1, 0), Some(false));
         assert_eq!(

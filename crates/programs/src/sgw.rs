@@ -291,8 +291,16 @@ impl Sgw {
             core,
             pool_base: u32::from(pool) & !(size - 1),
             pool_size: size,
-            sessions: DeclaredTable::new(ExactTable::new(cfg.capacity, &never, seed), declaration),
-            by_ue: ExactTable::new(cfg.capacity, &never, seed.rotate_left(9)),
+            sessions: DeclaredTable::new(
+                crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &never, seed)?,
+                declaration,
+            ),
+            by_ue: crate::budgeted_table(
+                &format!("{field}.capacity"),
+                cfg.capacity,
+                &never,
+                seed.rotate_left(9),
+            )?,
         })
     }
 

@@ -139,6 +139,7 @@ impl Superspreader {
             pairs: PairFilter::new(cfg.pair_bits, seed),
             destinations: CountMin::new(m.depth, m.width, seed.rotate_left(13)),
             reports: Reports::new(
+                field,
                 "spreaders",
                 "src",
                 "destinations",
@@ -146,7 +147,7 @@ impl Superspreader {
                 2 * m.interval_ns(),
                 seed.rotate_left(29),
                 Writers::DataPlane,
-            ),
+            )?,
         })
     }
 

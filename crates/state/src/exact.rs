@@ -206,6 +206,17 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         Self::with_pages(capacity, profiles, seed, true)
     }
 
+    /// The bytes a table for `capacity` entries allocates (its slots and their metadata at
+    /// the 7/8 load it is sized for, and its queue of expiry notifications), for a run's
+    /// memory budget to check before it is made.
+    pub fn bytes_for(capacity: usize) -> u64 {
+        let capacity = capacity.max(1);
+        let slots = (capacity + capacity / 7 + 1).next_power_of_two() as u64;
+        let slot = (std::mem::size_of::<Slot<K, V>>() + std::mem::size_of::<u32>()) as u64;
+        let notifications = (capacity / 8 + 64) as u64;
+        slots * slot + notifications * std::mem::size_of::<Expired<K, V>>() as u64
+    }
+
     /// As [`ExactTable::new`]; `huge_pages` false keeps 4 KiB pages (for comparisons).
     pub fn with_pages(
         capacity: usize,
@@ -905,6 +916,22 @@ mod tests {
                 mode: ExpireMode::AutoDelete,
             },
         ]
+    }
+
+    /// What a run's memory budget is told a table takes is what it allocates.
+    #[test]
+    fn bytes_for_is_what_a_table_allocates() {
+        for capacity in [1, 7, 1000, 65_536, 1 << 20] {
+            let t: ExactTable<u64, [u64; 3]> = ExactTable::new(capacity, &profiles(), 1);
+            let allocated = t.meta.len() * size_of::<u32>()
+                + t.slots.len() * size_of::<Slot<u64, [u64; 3]>>()
+                + t.notifications.capacity() * size_of::<Expired<u64, [u64; 3]>>();
+            assert_eq!(
+                ExactTable::<u64, [u64; 3]>::bytes_for(capacity),
+                allocated as u64,
+                "{capacity}"
+            );
+        }
     }
 
     /// Each source has its own bucket, which starts full, refills at the rate up to the

@@ -16,6 +16,13 @@ pub struct CountMin {
 
 impl CountMin {
     /// `width` is rounded up to a power of two; `seed` keys the row hashes.
+    /// The bytes a sketch of `depth` rows of `width` counters allocates (the width rounded
+    /// up to a power of two, as [`CountMin::new`] does).
+    pub fn bytes_for(depth: usize, width: usize) -> u64 {
+        let cells = depth.max(1) as u64 * width.max(1).next_power_of_two() as u64;
+        cells * std::mem::size_of::<u32>() as u64
+    }
+
     pub fn new(depth: usize, width: usize, seed: u64) -> Self {
         let width = width.max(1).next_power_of_two();
         let depth = depth.max(1);
@@ -96,6 +103,15 @@ impl CountMin {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn bytes_for_is_what_a_sketch_allocates() {
+        for (depth, width) in [(1, 1), (4, 1000), (8, 1 << 16)] {
+            let sketch = CountMin::new(depth, width, 5);
+            let allocated = sketch.rows.len() * size_of::<u32>();
+            assert_eq!(CountMin::bytes_for(depth, width), allocated as u64);
+        }
+    }
 
     #[test]
     fn a_copy_of_the_counters_estimates_as_the_sketch_does() {

@@ -30,7 +30,7 @@ use crate::metrics;
 use crate::replication_stage::ReplicationPlan;
 use crate::summary::Outcome;
 use crate::sync_stage::{SyncPlan, SyncSettings};
-use crate::units::bounded;
+use crate::units::{CaptureBuffer, MemoryBudget, bounded};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
 use stateplane_runtime::{
@@ -90,16 +90,30 @@ impl Switch {
     pub fn build(cfg: RunConfig, options: SwitchOptions) -> SetupResult<Switch> {
         let ports = checked_ports(&cfg)?;
         let names = PortNames(ports.iter().map(|p| p.name.clone()).collect());
-        let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
         let workers = bounded("workers", cfg.workers.unwrap_or(1), 1, 64)?;
         let live = ports.iter().all(|p| p.iface.is_some());
+        let io = IoChoice::parse(cfg.io.as_deref())?;
+        let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
+        // What the configuration sizes is claimed from the memory budget before it is made.
+        let (loaded, _) =
+            stateplane_mem::budget::scope(memory_budget(cfg.memory_budget, workers, live), || {
+                let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
+                if live && io == IoChoice::Observe {
+                    claim_capture_rings(
+                        cfg.capture_buffer.unwrap_or_default(),
+                        workers,
+                        ports.len(),
+                    )?;
+                }
+                let flows = (cfg.flows.as_ref())
+                    .map(|f| f.start(Naming::Config, workers, seed, live))
+                    .transpose()?;
+                SetupResult::Ok((program, factory, flows))
+            });
+        let (program, factory, flows) = loaded?;
         factory(0).check_workers(workers, live)?;
         let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
         let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
-        let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
-        let flows = (cfg.flows.as_ref())
-            .map(|f| f.start(Naming::Config, workers, seed, live))
-            .transpose()?;
         let (flows, tap) = flows.unzip();
         let sync = sync_plan(&cfg, &factory, workers)?;
         let replication = replication_plan(&cfg, &factory)?;
@@ -135,7 +149,6 @@ impl Switch {
             )?),
             None => ControlAddr::Default,
         };
-        let io = IoChoice::parse(cfg.io.as_deref())?;
         if cfg.capture_buffer.is_some() && !(live && io == IoChoice::Observe) {
             return Err("--capture-buffer (capture_buffer) sizes the ring of a passive monitor, a live run with --io observe (io = \"observe\"); a switch's rings are fixed, and capture files are read as they are".into());
         }
@@ -254,6 +267,40 @@ impl Switch {
             interrupted,
         })
     }
+}
+
+/// The run's memory budget: the configuration's (or three quarters of the machine's), its
+/// program's state kept once per worker and once in the factory, and live once more for
+/// the control plane.
+pub(crate) fn memory_budget(
+    given: Option<MemoryBudget>,
+    workers: usize,
+    live: bool,
+) -> stateplane_mem::budget::Budget {
+    stateplane_mem::budget::Budget {
+        limit: given.unwrap_or_else(MemoryBudget::machine_default).0,
+        copies: workers as u64 + 1 + u64::from(live),
+        setting: "--memory-budget (memory_budget)",
+    }
+}
+
+/// Claims a passive monitor's capture rings, one per worker and interface.
+pub(crate) fn claim_capture_rings(
+    buffer: CaptureBuffer,
+    workers: usize,
+    interfaces: usize,
+) -> SetupResult<()> {
+    let rings = (workers * interfaces) as u64;
+    stateplane_mem::budget::claim_once(
+        || {
+            format!(
+                "{rings} capture rings of {} bytes ({workers} workers, {interfaces} interfaces)",
+                buffer.0
+            )
+        },
+        buffer.0 as u64 * rings,
+    )
+    .map_err(|e| format!("--capture-buffer (capture_buffer): {e}"))
 }
 
 /// The program named by `name` or the config, built for the ports `names`.
@@ -381,7 +428,11 @@ fn reload_program(
         Some(path) => RunConfig::load(path)?,
         None => RunConfig::default(),
     };
-    let factory = load_program(options.program.as_deref(), &cfg, names)?.1;
+    let budget = memory_budget(cfg.memory_budget, workers, true);
+    let (loaded, _) = stateplane_mem::budget::scope(budget, || {
+        load_program(options.program.as_deref(), &cfg, names)
+    });
+    let factory = loaded?.1;
     factory(0).check_workers(workers, true)?;
     sync_plan(&cfg, &factory, workers)?;
     if cfg.sync != started.sync {

@@ -41,6 +41,8 @@ pub struct RunConfig {
     /// With `io = "observe"`: each receive ring's bytes (`"64M"`).
     pub capture_buffer: Option<crate::units::CaptureBuffer>,
     pub queue_depth: Option<usize>,
+    /// The memory the run may take (`"8G"`); three quarters of the machine's by default.
+    pub memory_budget: Option<crate::units::MemoryBudget>,
     pub metrics: Option<String>,
     /// The control API's loopback address, or "off".
     pub control: Option<String>,

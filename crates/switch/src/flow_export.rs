@@ -209,6 +209,18 @@ impl FlowSettings {
         if let Some(p) = &self.json {
             sinks.push(SinkSpec::Json(file_or_stdout(p)));
         }
+        // Every worker's tables at their budget, claimed before any is made.
+        let per_worker = FlowStage::budget_for(&stage);
+        stateplane_mem::budget::claim_once(
+            || {
+                format!(
+                    "flow tables of {} flows for {workers} workers",
+                    stage.max_flows
+                )
+            },
+            per_worker.saturating_mul(workers as u64),
+        )
+        .map_err(|e| format!("{}: {e}", name("max_flows")))?;
         // Stages first, so that a bad size is an error before any sink is opened.
         let stages = (0..workers)
             .map(|w| {

@@ -55,6 +55,8 @@ pub struct MonitorOptions {
     pub read_ahead: ReadAheadChoice,
     /// Seed of the flow hash (default: random per process).
     pub hash_seed: Option<u64>,
+    /// The memory the run may take (default: three quarters of the machine's).
+    pub memory_budget: Option<crate::units::MemoryBudget>,
 }
 
 /// What of each packet the workers' bursts hold: the monitor's program and its flow stage
@@ -163,6 +165,7 @@ impl FlowMonitor {
             workers,
             read_ahead,
             hash_seed,
+            memory_budget,
         } = options;
         let workers = bounded("--workers", workers, 1, 64)?;
         let live = !interfaces.is_empty();
@@ -201,7 +204,16 @@ impl FlowMonitor {
             Some((reading, streams))
         };
         let seed = hash_seed.unwrap_or_else(stateplane_wire::flow::random_seed);
-        let (export, tap) = settings.start(Naming::Flags, workers, seed, live)?;
+        // What the flags size is claimed from the memory budget before it is made.
+        let budget = crate::assemble::memory_budget(memory_budget, workers, live);
+        let (started, _) = stateplane_mem::budget::scope(budget, || {
+            if live {
+                let rings = capture_buffer.unwrap_or_default();
+                crate::assemble::claim_capture_rings(rings, workers, interfaces.len())?;
+            }
+            settings.start(Naming::Flags, workers, seed, live)
+        });
+        let (export, tap) = started?;
         let runtime = RuntimeConfig {
             workers,
             hasher: FlowHasher::with_seed(seed),

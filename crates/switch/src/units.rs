@@ -153,7 +153,35 @@ macro_rules! from_number_or_text {
     )*};
 }
 
-from_number_or_text!(MessageSize, ByteRate, Pace, CaptureBuffer);
+from_number_or_text!(MessageSize, ByteRate, Pace, CaptureBuffer, MemoryBudget);
+
+/// The memory a run may take, in bytes: a number with k, M or G (or T), at least 16M.
+/// Tables, sketches and rings sized by the configuration are checked against it before
+/// anything is allocated (`stateplane_mem::budget`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub struct MemoryBudget(pub u64);
+
+impl MemoryBudget {
+    /// Three quarters of this machine's memory.
+    pub fn machine_default() -> MemoryBudget {
+        MemoryBudget(stateplane_mem::budget::default_limit())
+    }
+}
+
+impl std::str::FromStr for MemoryBudget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bytes = match s.strip_suffix('T') {
+            Some(tera) => scaled_number(&format!("{tera}G")).and_then(|g| g.checked_mul(1000)),
+            None => scaled_number(s),
+        };
+        bytes
+            .filter(|&n| n >= 16_000_000)
+            .map(MemoryBudget)
+            .ok_or_else(|| format!("'{s}' is not a number of bytes of at least 16M (e.g. 8G)"))
+    }
+}
 
 /// A passive monitor's capture ring per worker and interface, in bytes: a number with k,
 /// M or G, from 1M to what [`RingConfig::MONITOR_BUFFER_MAX`] allows.

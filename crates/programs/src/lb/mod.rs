@@ -531,7 +531,12 @@ impl Lb {
                 ("tcp_new", t.tcp_new),
             ],
         )?;
-        let mut connections = ExactTable::new(cfg.capacity, &profiles, seed.rotate_left(23));
+        let mut connections = crate::budgeted_table(
+            &format!("{field}.capacity"),
+            cfg.capacity,
+            &profiles,
+            seed.rotate_left(23),
+        )?;
         if cfg.early_drop {
             connections.set_early_drop(&[NEW, UDP_STATE]);
         }
