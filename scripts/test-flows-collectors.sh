@@ -3,7 +3,7 @@
 # receives our IPFIX and nfdump must read back the same flow, packet and byte totals with
 # 0 sequence failures; tshark must decode a capture of the export with no malformed packet
 # and no expert warning. IPv4, IPv6 and biflows. Fails loudly if a collector cannot start.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 iperf3 >/dev/null
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -19,6 +19,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# A command that fails under `set -e` says which, rather than ending the run in silence.
+trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 
 # A loopback port nobody holds: UDP, or TCP with `t`; below the kernel's ephemeral ports
 # (32768 up), so that no socket the run opens takes it first.
@@ -78,6 +80,7 @@ run_case() {
   tcpdump -i lo -B 65536 -U -w "$dir/export.pcap" "udp port $port" >"$dir/tcpdump.log" 2>&1 &
   local td=$!; pids+=("$td")
   for _ in $(seq 50); do grep -q "listening" "$dir/tcpdump.log" && break; sleep 0.1; done
+  grep -q "listening" "$dir/tcpdump.log" || { cat "$dir/tcpdump.log" >&2; fail "$name: tcpdump did not start"; }
   sleep 1 # "listening" is printed a moment before the capture starts
   # shellcheck disable=SC2086
   "$bin" flows -i "$dir/trace.pcap" --ipfix "127.0.0.1:$port" --summary-json $extra >"$dir/summary.json"

@@ -2,8 +2,8 @@
 # The whole test suite: formatting, lints, every unit, property and integration test
 # (tcpdump, tshark and redis-server are real peers here; the lab tests make network namespaces and send
 # real traffic with ping, iperf3 and python3 through stateplane switches, so they need
-# root), and a memory check of the unsafe blocks under valgrind. Fails loudly on the first
-# problem.
+# root), a memory check of the unsafe blocks under valgrind, and a short run of every fuzz
+# target (scripts/fuzz.sh). Fails loudly on the first problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
@@ -22,6 +22,9 @@ cargo test --release --workspace > target/test.log 2>&1
 rc=$?
 set -e
 grep -E '^test result|FAILED|panicked' target/test.log || true
+# The integration tests' traces (gigabytes a run); a later run's tests also sweep those of
+# ended runs.
+rm -rf "${TMPDIR:-/tmp}"/stateplane-test-*
 if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   tail -60 target/test.log >&2
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
@@ -50,5 +53,12 @@ bin=$(cargo test --release -p stateplane-classifier --lib --no-run --message-for
   | grep -o '"executable":"[^"]*stateplane_classifier[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-classifier test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
+echo "== fuzz: every target ${FUZZ_SECONDS:-10} s under libFuzzer (its corpus and past crashes ran on stable above)"
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
+else
+  echo "NOTE: no nightly toolchain on this machine, so libFuzzer cannot run here; every" \
+    "target's corpus and past crashes ran through the same bodies on stable (stateplane-fuzz)"
+fi
 passed=$(grep -oE 'test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s}')
 echo "all tests: ${passed} passed, 0 failed"

@@ -9,11 +9,33 @@ pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stateplane"))
 }
 
-/// A path in this test process's own temporary folder.
+/// A path in this test process's own temporary folder. The first call removes the
+/// folders of test processes that have ended (their traces take gigabytes, and a test
+/// binary has no end of its own to remove them at).
 pub fn tmp(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(remove_folders_of_ended_runs);
     let dir = std::env::temp_dir().join(format!("stateplane-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
+}
+
+fn remove_folders_of_ended_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = (name.to_str())
+            .and_then(|n| n.strip_prefix("stateplane-test-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Standard error of a `stateplane` run with `args` that must have failed, and said

@@ -1,0 +1,270 @@
+//! Every target's checked-in corpus and past crashes through the fuzz bodies, on stable:
+//! what `cargo fuzz` found once stays found. `write_seeds` (ignored; run it with
+//! `--ignored`) writes the seed corpus from the project's own encoders and examples.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+fn dir(kind: &str, target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(kind)
+        .join(target)
+}
+
+fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir(kind, target)) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn every_target_runs_its_corpus_and_past_crashes() {
+    for target in stateplane_fuzz::TARGETS {
+        let corpus = inputs("corpus", target);
+        assert!(
+            corpus.len() >= 3,
+            "corpus/{target} holds {} inputs: write the seeds (cargo test -p \
+             stateplane-fuzz --test corpus -- --ignored write_seeds)",
+            corpus.len()
+        );
+        for file in corpus.iter().chain(&inputs("regressions", target)) {
+            let data = std::fs::read(file).unwrap();
+            eprintln!("{target}: {}", file.display());
+            stateplane_fuzz::run(target, &data);
+        }
+    }
+}
+
+/// A seed corpus: valid inputs of every kind, from the project's own encoders, examples
+/// and generator, so that fuzzing starts from what real inputs look like.
+#[test]
+#[ignore]
+fn write_seeds() {
+    let write = |target: &str, name: &str, data: &[u8]| {
+        let d = dir("corpus", target);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(name), data).unwrap();
+    };
+
+    // Frames of every workload the generator knows, and the capture files they make.
+    use stateplane_gen::{GenConfig, Workload};
+    for (i, workload) in [
+        Workload::Internet,
+        Workload::Kv,
+        Workload::Gtp,
+        Workload::Synflood,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut cfg = GenConfig::new(workload, 12);
+        cfg.ipv6_share = 0.5;
+        let mut frames = Vec::new();
+        let keep = |ts, f: &[u8]| {
+            frames.push((ts, f.to_vec()));
+            Ok(())
+        };
+        stateplane_gen::generate(&cfg, keep, |_| {}).unwrap();
+        for (j, (_, f)) in frames.iter().enumerate().step_by(3) {
+            write("packet", &format!("{i}-{j}"), f);
+        }
+        use stateplane_io::CaptureFormat;
+        for format in [
+            CaptureFormat::PcapMicro,
+            CaptureFormat::PcapNano,
+            CaptureFormat::Pcapng,
+        ] {
+            let mut bytes = Vec::new();
+            let mut w = stateplane_io::CaptureWriter::new(&mut bytes, format).unwrap();
+            for (ts, f) in frames.iter().take(4) {
+                w.write(*ts, f, f.len() as u32).unwrap();
+            }
+            w.flush().unwrap();
+            write("capture", &format!("{i}-{format:?}"), &bytes);
+        }
+    }
+
+    // Configurations: the examples, and one per program with its sizes given.
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for name in ["l2.toml", "chain.toml", "pipeline.toml"] {
+        let text = std::fs::read_to_string(examples.join(name)).unwrap();
+        // The pipeline example's rules file is read relative to it: not this target's.
+        let text = text.replace("rules_file", "# rules_file");
+        write("config", name, text.as_bytes());
+    }
+    for (program, settings) in [
+        ("conntrack", "capacity = 1024"),
+        ("counter", "capacity = 100000000"),
+        ("hh", "width = 1024\ndepth = 4\ntenants = 2"),
+        ("flowlet", "slots = 64"),
+        ("nat", "capacity = 64"),
+    ] {
+        let text = format!(
+            "workers = 2\n[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n"
+        );
+        write("config", &format!("{program}.toml"), text.as_bytes());
+    }
+
+    // Rule lines: the example file's, and the forms the format documents.
+    let rules = std::fs::read_to_string(examples.join("pipeline.rules")).unwrap();
+    let documented = [
+        "table=1,priority=5,cookie=0x2a,idle_timeout=9,in_port=3,dl_src=02:00:00:00:00:01/ff:ff:ff:00:00:00,dl_vlan=7,udp6,ipv6_src=2001:db8::/32,tp_src=1000-2000,actions=strip_vlan,dec_ttl,controller",
+        "priority=1,tcp,tcp_flags=0x02/0x12,actions=mod_nw_src:198.18.0.1,mod_tp_src:999,mod_vlan_vid:5,goto_table:2",
+        "ip,nw_dst=0.0.0.0/0,actions=drop",
+    ];
+    for (i, line) in rules
+        .lines()
+        .filter(|l| l.contains("actions="))
+        .chain(documented)
+        .enumerate()
+    {
+        write("rule_text", &format!("{i}"), line.as_bytes());
+    }
+
+    // Entries as `ctl read` prints them, and the requests a client sends for them.
+    let ports = stateplane_programs::PortNames(vec!["a".into(), "b".into()]);
+    for (program, text) in [
+        ("l2", "vlan=0 mac=02:00:00:00:01:02 forward port=1"),
+        (
+            "router",
+            "dst=198.19.0.0/16 route port=1 mac=02:00:00:00:0b:01",
+        ),
+        (
+            "acl",
+            "src=0.0.0.0/0 dst=198.19.7.0/24 proto=17&&&255 src_port=0..65535 dst_port=53..53 permit priority=10",
+        ),
+    ] {
+        write("entry_text", program, text.as_bytes());
+        let factory = stateplane_programs::build(program, None, &ports).unwrap();
+        let decls = factory(0).declarations();
+        let decl = decls
+            .iter()
+            .find(|d| stateplane_control::entry_text::parse_entry(d, text).is_ok())
+            .unwrap();
+        let entry = stateplane_control::entry_text::parse_entry(decl, text).unwrap();
+        use prost::Message;
+        let request = stateplane_control::pb::WriteRequest {
+            table: decl.name.clone(),
+            updates: vec![stateplane_control::pb::Update {
+                r#type: 0,
+                entry: Some(stateplane_control::convert::entry_to_pb(&entry, decl)),
+            }],
+        };
+        write("control_request", program, &request.encode_to_vec());
+    }
+    let add = stateplane_state::FlowChange::Add {
+        lines: documented.iter().map(|l| l.to_string()).collect(),
+        keep_counters: false,
+    };
+    let flows = stateplane_control::pb::FlowsRequest {
+        name: "pipeline".into(),
+        change: Some(stateplane_control::convert::flow_change_to_pb(&add).unwrap()),
+    };
+    write(
+        "control_request",
+        "flows",
+        &prost::Message::encode_to_vec(&flows),
+    );
+
+    // IPFIX messages from the encoder, one file per message and one of a whole stream.
+    use stateplane_flows::ipfix::{Encoder, Features, TemplateRefresh};
+    let round_trip_input: Vec<u8> = (0..96u8).map(|i| i.wrapping_mul(37)).collect();
+    write("ipfix_round_trip", "four", &round_trip_input);
+    write("ipfix_round_trip", "one", &round_trip_input[..24]);
+    write("ipfix_round_trip", "none", &[]);
+    let mut encoder = Encoder::new(1, Features::ALL, true, 1400, TemplateRefresh::UDP);
+    let records = ipfix_records();
+    let mut messages = Vec::new();
+    encoder.encode(&records, 1_700_000_000, &mut |m| messages.push(m.to_vec()));
+    encoder.finish(&mut |m| messages.push(m.to_vec()));
+    for (i, m) in messages.iter().enumerate() {
+        write("ipfix", &format!("message-{i}"), m);
+    }
+    write("ipfix", "stream", &messages.concat());
+
+    // Sync messages of every kind, and flow keys as a store keeps them.
+    use stateplane_sync::wire::{Kind, Message};
+    for (i, kind) in [Kind::Updates, Kind::Refresh, Kind::Heartbeat, Kind::Report]
+        .into_iter()
+        .enumerate()
+    {
+        let entries = match kind {
+            Kind::Updates | Kind::Refresh => (0..5)
+                .map(|n| stateplane_sync::Update {
+                    location: stateplane_sync::Location {
+                        state: 0,
+                        index: n * 7,
+                    },
+                    value: u64::from(n) * 1000,
+                    threshold: 4,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let message = Message {
+            kind,
+            switch: 1,
+            epoch: 2,
+            stream: 0,
+            seq: 3,
+            sent_ns: 1_700_000_000_000_000_000,
+            t_max: 4,
+            more: i == 0,
+            entries,
+        };
+        let mut bytes = Vec::new();
+        message.encode(&mut bytes);
+        write("sync_message", &format!("{kind:?}"), &bytes);
+    }
+    for (i, key) in [&[1u8, 2, 3][..], &[9; 40], &[]].into_iter().enumerate() {
+        if let Some(k) = stateplane_replication::FlowBytes::new(key) {
+            let mut bytes = Vec::new();
+            k.encode(&mut bytes);
+            write("replication_key", &format!("{i}"), &bytes);
+        }
+    }
+    write("replication_key", "tagged", &[3, 1, 2, 3, 4, 5]);
+}
+
+fn ipfix_records() -> Vec<stateplane_flows::FlowRecord> {
+    use stateplane_flows::flow_stats::{FlowStats, Observation};
+    (0..6u16)
+        .map(|i| {
+            let o = Observation {
+                ts_ns: 1_700_000_000_000_000_000 + u64::from(i) * 1_000_000,
+                ip_len: 100 + i,
+                ttl: 64,
+                tos: 0,
+                tcp_flags: 0x12,
+                in_port: 0,
+                out_port: 1,
+            };
+            let key = if i % 2 == 0 {
+                stateplane_wire::FlowKey::v4(
+                    [198, 18, 0, 1].into(),
+                    [198, 19, 0, 2].into(),
+                    6,
+                    1000 + i,
+                    80,
+                )
+            } else {
+                stateplane_wire::FlowKey::v6(
+                    "2001:2::1".parse().unwrap(),
+                    "2001:2::2".parse().unwrap(),
+                    17,
+                    2000 + i,
+                    53,
+                )
+            };
+            stateplane_flows::FlowRecord {
+                key,
+                forward: FlowStats::start(&o),
+                reverse: (i % 3 == 0).then(|| FlowStats::start(&o)),
+                end: stateplane_flows::EndReason::Idle,
+            }
+        })
+        .collect()
+}
