@@ -336,13 +336,18 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 let words: Vec<&str> = key.iter().map(String::as_str).collect();
                 Some(text::parse_key(&d, &words)?)
             };
-            let (version, entries) = client
-                .read(&table, key.as_deref())
+            // Printed a piece at a time as they come: a table of any size in little memory.
+            let mut count = 0;
+            let version = client
+                .read_each(&table, key.as_deref(), |piece| {
+                    for e in &piece {
+                        println!("{}", text::print_entry(&d, e));
+                    }
+                    count += piece.len();
+                    Ok(())
+                })
                 .map_err(|e| e.to_string())?;
-            for e in &entries {
-                println!("{}", text::print_entry(&d, e));
-            }
-            eprintln!("{} entries of {table} at version {version}", entries.len());
+            eprintln!("{count} entries of {table} at version {version}");
         }
         CtlCommand::Register { name, range, set } => register(&mut client, &name, range, set)?,
         CtlCommand::Meter {

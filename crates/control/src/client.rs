@@ -112,7 +112,7 @@ impl Client {
     pub fn write(&mut self, table: &str, writes: &[Write]) -> Result<u64, ClientError> {
         let d = self.declaration(table)?.clone();
         let (key, _) = convert::table_shape(&d)?;
-        let updates = writes
+        let updates: Vec<pb::Update> = writes
             .iter()
             .map(|w| {
                 use pb::update::Type;
@@ -133,13 +133,27 @@ impl Client {
                 }
             })
             .collect();
-        let request = pb::WriteRequest {
+        let request = |updates| pb::WriteRequest {
             table: table.to_string(),
             updates,
         };
+        if updates.len() > crate::PIECE {
+            // In pieces, applied as one batch when the stream ends.
+            let mut updates = updates;
+            let mut pieces = Vec::new();
+            while !updates.is_empty() {
+                let rest = updates.split_off(updates.len().min(crate::PIECE));
+                pieces.push(request(std::mem::replace(&mut updates, rest)));
+            }
+            return Ok(self
+                .runtime
+                .block_on(self.inner.write_stream(tokio_stream::iter(pieces)))?
+                .into_inner()
+                .version);
+        }
         Ok(self
             .runtime
-            .block_on(self.inner.write(request))?
+            .block_on(self.inner.write(request(updates)))?
             .into_inner()
             .version)
     }
@@ -150,26 +164,46 @@ impl Client {
         table: &str,
         key: Option<&[Match]>,
     ) -> Result<(u64, Vec<Entry>), ClientError> {
+        let mut all = Vec::new();
+        let version = self.read_each(table, key, |piece| {
+            all.extend(piece);
+            Ok(())
+        })?;
+        Ok((version, all))
+    }
+
+    /// As [`Client::read`], handing `each` the entries a piece at a time as they come (at
+    /// most [`crate::PIECE`]), so that a table of any size is read in the memory of one
+    /// piece: the version read at.
+    pub fn read_each(
+        &mut self,
+        table: &str,
+        key: Option<&[Match]>,
+        mut each: impl FnMut(Vec<Entry>) -> Result<(), ClientError>,
+    ) -> Result<u64, ClientError> {
         let d = self.declaration(table)?.clone();
         let (fields, _) = convert::table_shape(&d)?;
         let request = pb::ReadRequest {
             table: table.to_string(),
             key: key.map_or_else(Vec::new, |k| convert::key_to_pb(k, fields)),
         };
-        let reply = self
+        let mut pieces = self
             .runtime
-            .block_on(self.inner.read(request))?
+            .block_on(self.inner.read_stream(request))?
             .into_inner();
-        let entries = reply
-            .entries
-            .iter()
-            .map(|e| {
-                let mut entry = convert::entry_from_pb(e, &d)?;
-                entry.hits = e.hits;
-                Ok(entry)
-            })
-            .collect::<Result<_, tonic::Status>>()?;
-        Ok((reply.version, entries))
+        let mut version = 0;
+        while let Some(piece) = self.runtime.block_on(pieces.message())? {
+            version = piece.version;
+            let entries = (piece.entries.iter())
+                .map(|e| {
+                    let mut entry = convert::entry_from_pb(e, &d)?;
+                    entry.hits = e.hits;
+                    Ok(entry)
+                })
+                .collect::<Result<_, tonic::Status>>()?;
+            each(entries)?;
+        }
+        Ok(version)
     }
 
     /// Where each of `keys` (keys of `table`, a table the program reports a sketch's keys

@@ -31,5 +31,9 @@ pub mod sync_pb {
     tonic::include_proto!("stateplane.sync.v1");
 }
 
+/// Entries a read or write carries in one message at most, so that the widest entries stay
+/// well inside gRPC's 4 MB message limit; larger reads and writes go in pieces.
+pub const PIECE: usize = 4096;
+
 /// Where the control API listens unless told otherwise (P4Runtime's port, on loopback).
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9559";

@@ -131,6 +131,83 @@ impl control_server::Control for ControlService {
         }))
     }
 
+    type ReadStreamStream = Pin<Box<dyn Stream<Item = Result<pb::ReadReply, Status>> + Send>>;
+
+    async fn read_stream(
+        &self,
+        request: tonic::Request<pb::ReadRequest>,
+    ) -> Result<Response<Self::ReadStreamStream>, Status> {
+        let r = request.into_inner();
+        let d = self.declaration(&r.table)?;
+        let key = if r.key.is_empty() {
+            None
+        } else {
+            Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
+        };
+        let table = r.table;
+        let done = self.blocking(move |plane| plane.read(&table, key)).await?;
+        let Reply::Entries(entries) = done.reply else {
+            return Err(Status::internal("a read answered no entries"));
+        };
+        // Each piece is converted as it goes out: the entries are held once, here.
+        let (version, mut entries, mut first) = (done.version, entries.into_iter(), true);
+        let pieces = std::iter::from_fn(move || {
+            let piece: Vec<pb::Entry> = (entries.by_ref().take(crate::PIECE))
+                .map(|e| convert::entry_to_pb(&e, &d))
+                .collect();
+            let send = first || !piece.is_empty();
+            first = false;
+            send.then_some(Ok(pb::ReadReply {
+                version,
+                entries: piece,
+            }))
+        });
+        Ok(Response::new(Box::pin(tokio_stream::iter(pieces))))
+    }
+
+    async fn write_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::WriteRequest>>,
+    ) -> Result<Response<pb::WriteReply>, Status> {
+        let mut pieces = request.into_inner();
+        let mut batch: Option<(Declaration, Vec<stateplane_state::Write>)> = None;
+        while let Some(piece) = pieces.message().await? {
+            let (d, writes) = match &mut batch {
+                Some(b) => b,
+                None => batch.insert((self.declaration(&piece.table)?, Vec::new())),
+            };
+            if piece.table != d.name {
+                return Err(Status::invalid_argument(format!(
+                    "a streamed write is to one table: `{}`, then `{}`",
+                    d.name, piece.table
+                )));
+            }
+            // More than deleting and inserting every entry the table holds is no batch.
+            let most = d.capacity.max(1).saturating_mul(2);
+            if writes.len() + piece.updates.len() > most {
+                return Err(Status::out_of_range(format!(
+                    "a batch of more than {most} updates to `{}`, twice what it holds",
+                    d.name
+                )));
+            }
+            for u in &piece.updates {
+                writes.push(convert::write_from_pb(u, d)?);
+            }
+        }
+        let Some((d, writes)) = batch else {
+            return Err(Status::invalid_argument("a streamed write of no pieces"));
+        };
+        let done = self
+            .submit(Request::Write {
+                table: d.name,
+                writes,
+            })
+            .await?;
+        Ok(Response::new(pb::WriteReply {
+            version: done.version,
+        }))
+    }
+
     async fn counters_of(
         &self,
         request: tonic::Request<pb::CountersOfRequest>,

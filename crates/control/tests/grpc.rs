@@ -119,6 +119,77 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
 }
 
 /// A program's workers on threads, polling for requests, behind the gRPC server.
+/// A batch larger than one gRPC message holds (4 MB) is written whole, in pieces applied as
+/// one batch (it failed at the message limit), all or none; a table of that size reads
+/// back whole, piece by piece.
+#[test]
+fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
+    use prost::Message;
+    let n: u64 = 200_000;
+    let config: toml::Value = toml::from_str(&format!("capacity = {}", n + 10)).unwrap();
+    let running = Running::start("l2", config);
+    let mut client = Client::connect(&running.server.addr.to_string()).unwrap();
+    let macs = client.declaration("macs").unwrap().clone();
+    let station = |i: u64| {
+        let mac = stateplane_wire::MacAddr::from_u64(0x0200_0000_0000 + i);
+        let text = format!("vlan=0 mac={mac} forward port={}", i % 2);
+        Write::Insert(text::parse_entry(&macs, &text).unwrap())
+    };
+    let batch: Vec<Write> = (0..n).map(station).collect();
+    // What one message would have carried: past gRPC's limit.
+    let one_message = stateplane_control::pb::WriteRequest {
+        table: "macs".into(),
+        updates: (batch.iter())
+            .map(|w| {
+                let Write::Insert(e) = w else { unreachable!() };
+                stateplane_control::pb::Update {
+                    r#type: 0,
+                    entry: Some(stateplane_control::convert::entry_to_pb(e, &macs)),
+                }
+            })
+            .collect(),
+    };
+    assert!(
+        one_message.encoded_len() > 4 << 20,
+        "{}",
+        one_message.encoded_len()
+    );
+    client.write("macs", &batch).unwrap();
+    let mut pieces = Vec::new();
+    client
+        .read_each("macs", None, |piece| {
+            pieces.push(piece.len());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(pieces.iter().sum::<usize>() as u64, n);
+    assert!(
+        pieces.iter().all(|&p| p <= stateplane_control::PIECE),
+        "{pieces:?}"
+    );
+    let (_, all) = client.read("macs", None).unwrap();
+    assert_eq!(all.len() as u64, n);
+
+    // A large batch whose last update cannot be applied changes nothing.
+    let mut refused: Vec<Write> = (n..n + 9).map(station).collect();
+    refused.splice(0..0, (0..5000).map(|i| station(n + 100 + i)));
+    refused.push(station(0));
+    let err = client.write("macs", &refused).unwrap_err();
+    assert_eq!(err.code, tonic::Code::ResourceExhausted, "{err}");
+    assert_eq!(client.read("macs", None).unwrap().1.len() as u64, n);
+    // An empty table is one empty piece.
+    let empty = Running::start("l2", toml::from_str("capacity = 4").unwrap());
+    let mut client = Client::connect(&empty.server.addr.to_string()).unwrap();
+    let mut pieces = Vec::new();
+    client
+        .read_each("macs", None, |piece| {
+            pieces.push(piece.len());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(pieces, [0]);
+}
+
 struct Running {
     server: Server,
     stop: Arc<AtomicBool>,
