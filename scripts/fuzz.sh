@@ -19,7 +19,9 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
 # No sanitizer: the decoders hold no unsafe code (what there is, valgrind checks in the
 # test script), and without one a target runs several times faster; debug assertions
-# (overflow checks) stay on.
+# (overflow checks) stay on. No link-time optimization: each target links the whole
+# program, and LTO made the build take minutes more for little speed in a fuzz run.
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 cargo +nightly fuzz build --features libfuzzer --sanitizer none
 csv=target/fuzz-stats.csv
 echo "target,seconds,executions,corpus_in,corpus_out,crashes" > "$csv"
