@@ -2,8 +2,9 @@
 # The whole test suite: formatting, lints, every unit, property and integration test
 # (tcpdump, tshark and redis-server are real peers here; the lab tests make network namespaces and send
 # real traffic with ping, iperf3 and python3 through stateplane switches, so they need
-# root), a memory check of the unsafe blocks under valgrind, and a short run of every fuzz
-# target (scripts/fuzz.sh). Fails loudly on the first problem.
+# root), a soak of a live switch under floods (scripts/soak.sh), a memory check of the
+# unsafe blocks under valgrind, and a short run of every fuzz target (scripts/fuzz.sh).
+# Fails loudly on the first problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
@@ -37,6 +38,8 @@ echo "== examples/tollbooth: a program of one's own, in its own crate (fmt, clip
   && cargo test --release --quiet 2>&1 | grep -E '^test result|FAILED|panicked')
 echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
+echo "== soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
+bash scripts/soak.sh "${SOAK_SECONDS:-60}"
 echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
