@@ -744,30 +744,21 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "refused before allocating anything large"
     );
     // The same sizes under a budget given as a flag; and a budget that is no size.
-    refused(
-        &[
+    for (budget, message) in [
+        ("1G", "past the memory budget of 953.7 MiB"),
+        ("lots", "'lots' is not a number of bytes of at least 16M"),
+    ] {
+        let args = [
             "run",
             "--config",
             &cfg,
             "-i",
             &input,
             "--memory-budget",
-            "1G",
-        ],
-        "past the memory budget of 953.7 MiB",
-    );
-    refused(
-        &[
-            "run",
-            "--config",
-            &cfg,
-            "-i",
-            &input,
-            "--memory-budget",
-            "lots",
-        ],
-        "'lots' is not a number of bytes of at least 16M",
-    );
+            budget,
+        ];
+        refused(&args, message);
+    }
     // Flow tables and sketches are claimed the same way.
     refused(
         &[

@@ -35,6 +35,26 @@ impl ControlService {
             .map_err(status)
     }
 
+    /// What a read asks for (a table's entries, or the one with a key), merged over the
+    /// workers: the table's declaration, the version read at, and the entries.
+    async fn read_entries(
+        &self,
+        r: pb::ReadRequest,
+    ) -> Result<(Declaration, u64, Vec<stateplane_state::Entry>), Status> {
+        let d = self.declaration(&r.table)?;
+        let key = if r.key.is_empty() {
+            None
+        } else {
+            Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
+        };
+        let table = r.table;
+        let done = self.blocking(move |plane| plane.read(&table, key)).await?;
+        let Reply::Entries(entries) = done.reply else {
+            return Err(Status::internal("a read answered no entries"));
+        };
+        Ok((d, done.version, entries))
+    }
+
     /// Submits on a blocking thread (the call waits for every worker).
     async fn submit(&self, request: Request) -> Result<stateplane_runtime::Applied, Status> {
         self.blocking(move |plane| plane.submit(request)).await
@@ -110,20 +130,9 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadReply>, Status> {
-        let r = request.into_inner();
-        let d = self.declaration(&r.table)?;
-        let key = if r.key.is_empty() {
-            None
-        } else {
-            Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
-        };
-        let table = r.table;
-        let done = self.blocking(move |plane| plane.read(&table, key)).await?;
-        let Reply::Entries(entries) = done.reply else {
-            return Err(Status::internal("a read answered no entries"));
-        };
+        let (d, version, entries) = self.read_entries(request.into_inner()).await?;
         Ok(Response::new(pb::ReadReply {
-            version: done.version,
+            version,
             entries: entries
                 .iter()
                 .map(|e| convert::entry_to_pb(e, &d))
@@ -137,20 +146,9 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::ReadRequest>,
     ) -> Result<Response<Self::ReadStreamStream>, Status> {
-        let r = request.into_inner();
-        let d = self.declaration(&r.table)?;
-        let key = if r.key.is_empty() {
-            None
-        } else {
-            Some(convert::key_from_pb(&r.key, convert::table_shape(&d)?.0)?)
-        };
-        let table = r.table;
-        let done = self.blocking(move |plane| plane.read(&table, key)).await?;
-        let Reply::Entries(entries) = done.reply else {
-            return Err(Status::internal("a read answered no entries"));
-        };
+        let (d, version, entries) = self.read_entries(request.into_inner()).await?;
         // Each piece is converted as it goes out: the entries are held once, here.
-        let (version, mut entries, mut first) = (done.version, entries.into_iter(), true);
+        let (mut entries, mut first) = (entries.into_iter(), true);
         let pieces = std::iter::from_fn(move || {
             let piece: Vec<pb::Entry> = (entries.by_ref().take(crate::PIECE))
                 .map(|e| convert::entry_to_pb(&e, &d))

@@ -155,13 +155,7 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
         one_message.encoded_len()
     );
     client.write("macs", &batch).unwrap();
-    let mut pieces = Vec::new();
-    client
-        .read_each("macs", None, |piece| {
-            pieces.push(piece.len());
-            Ok(())
-        })
-        .unwrap();
+    let pieces = piece_sizes(&mut client, "macs");
     assert_eq!(pieces.iter().sum::<usize>() as u64, n);
     assert!(
         pieces.iter().all(|&p| p <= stateplane_control::PIECE),
@@ -180,14 +174,20 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
     // An empty table is one empty piece.
     let empty = Running::start("l2", toml::from_str("capacity = 4").unwrap());
     let mut client = Client::connect(&empty.server.addr.to_string()).unwrap();
+    let pieces = piece_sizes(&mut client, "macs");
+    assert_eq!(pieces, [0]);
+}
+
+/// The sizes of the pieces a read of `table` comes in.
+fn piece_sizes(client: &mut Client, table: &str) -> Vec<usize> {
     let mut pieces = Vec::new();
     client
-        .read_each("macs", None, |piece| {
+        .read_each(table, None, |piece| {
             pieces.push(piece.len());
             Ok(())
         })
         .unwrap();
-    assert_eq!(pieces, [0]);
+    pieces
 }
 
 struct Running {
