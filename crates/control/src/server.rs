@@ -55,9 +55,23 @@ impl ControlService {
         Ok((d, done.version, entries))
     }
 
-    /// Submits on a blocking thread (the call waits for every worker).
-    async fn submit(&self, request: Request) -> Result<stateplane_runtime::Applied, Status> {
-        self.blocking(move |plane| plane.submit(request)).await
+    /// Submits on a blocking thread (the call waits for every worker). A change is logged
+    /// with the client it came `from` and how it ended.
+    async fn submit(
+        &self,
+        from: Option<SocketAddr>,
+        request: Request,
+    ) -> Result<stateplane_runtime::Applied, Status> {
+        let change = change_of(&request);
+        let done = self.blocking(move |plane| plane.submit(request)).await;
+        if let Some(change) = change {
+            let who = from.map_or_else(|| "a client".to_string(), |a| a.to_string());
+            match &done {
+                Ok(d) => log::info!("control API: {change} by {who}, at version {}", d.version),
+                Err(e) => log::info!("control API: {change} by {who}, refused: {}", e.message()),
+            }
+        }
+        done
     }
 
     /// Runs `f` on the control plane on a blocking thread.
@@ -108,6 +122,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteReply>, Status> {
+        let from = request.remote_addr();
         let r = request.into_inner();
         let d = self.declaration(&r.table)?;
         let writes = r
@@ -116,10 +131,13 @@ impl control_server::Control for ControlService {
             .map(|u| convert::write_from_pb(u, &d))
             .collect::<Result<_, _>>()?;
         let done = self
-            .submit(Request::Write {
-                table: r.table,
-                writes,
-            })
+            .submit(
+                from,
+                Request::Write {
+                    table: r.table,
+                    writes,
+                },
+            )
             .await?;
         Ok(Response::new(pb::WriteReply {
             version: done.version,
@@ -167,6 +185,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<tonic::Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteReply>, Status> {
+        let from = request.remote_addr();
         let mut pieces = request.into_inner();
         let mut batch: Option<(Declaration, Vec<stateplane_state::Write>)> = None;
         while let Some(piece) = pieces.message().await? {
@@ -196,10 +215,13 @@ impl control_server::Control for ControlService {
             return Err(Status::invalid_argument("a streamed write of no pieces"));
         };
         let done = self
-            .submit(Request::Write {
-                table: d.name,
-                writes,
-            })
+            .submit(
+                from,
+                Request::Write {
+                    table: d.name,
+                    writes,
+                },
+            )
             .await?;
         Ok(Response::new(pb::WriteReply {
             version: done.version,
@@ -217,10 +239,13 @@ impl control_server::Control for ControlService {
             .map(|k| convert::key_from_pb(&k.fields, fields))
             .collect::<Result<_, _>>()?;
         let done = self
-            .submit(Request::CountersOf {
-                table: r.table,
-                keys,
-            })
+            .submit(
+                None,
+                Request::CountersOf {
+                    table: r.table,
+                    keys,
+                },
+            )
             .await?;
         let Reply::CountersOf(workers) = done.reply else {
             return Err(Status::internal(
@@ -247,11 +272,14 @@ impl control_server::Control for ControlService {
         let r = request.into_inner();
         let (d, first, count) = self.register_range(&r)?;
         let done = self
-            .submit(Request::ReadRegister {
-                name: r.name,
-                first,
-                count,
-            })
+            .submit(
+                None,
+                Request::ReadRegister {
+                    name: r.name,
+                    first,
+                    count,
+                },
+            )
             .await?;
         let (Reply::Values(values), stateplane_state::Kind::Register { bits }) =
             (done.reply, &d.kind)
@@ -272,6 +300,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::RegisterWrite>,
     ) -> Result<Response<pb::WriteReply>, Status> {
+        let from = request.remote_addr();
         let r = request.into_inner();
         let range = r.range.unwrap_or_default();
         let (d, first, count) = self.register_range(&range)?;
@@ -285,12 +314,15 @@ impl control_server::Control for ControlService {
         );
         let value = convert::from_bytes(&r.value, &field)?;
         let done = self
-            .submit(Request::WriteRegister {
-                name: range.name,
-                first,
-                count,
-                value,
-            })
+            .submit(
+                from,
+                Request::WriteRegister {
+                    name: range.name,
+                    first,
+                    count,
+                    value,
+                },
+            )
             .await?;
         Ok(Response::new(pb::WriteReply {
             version: done.version,
@@ -301,17 +333,21 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::MeterWrite>,
     ) -> Result<Response<pb::WriteReply>, Status> {
+        let from = request.remote_addr();
         let r = request.into_inner();
         let range = r.range.unwrap_or_default();
         let (_, first, count) = self.register_range(&range)?;
         let config = convert::meter_from_pb(&r.config.unwrap_or_default());
         let done = self
-            .submit(Request::SetMeter {
-                name: range.name,
-                first,
-                count,
-                config,
-            })
+            .submit(
+                from,
+                Request::SetMeter {
+                    name: range.name,
+                    first,
+                    count,
+                    config,
+                },
+            )
             .await?;
         Ok(Response::new(pb::WriteReply {
             version: done.version,
@@ -325,11 +361,14 @@ impl control_server::Control for ControlService {
         let r = request.into_inner();
         let (_, first, count) = self.register_range(&r)?;
         let done = self
-            .submit(Request::ReadMeter {
-                name: r.name,
-                first,
-                count,
-            })
+            .submit(
+                None,
+                Request::ReadMeter {
+                    name: r.name,
+                    first,
+                    count,
+                },
+            )
             .await?;
         let Reply::Meters(configs) = done.reply else {
             return Err(Status::internal("a meter read answered no settings"));
@@ -399,7 +438,7 @@ impl control_server::Control for ControlService {
         let (version, table) = if table.is_empty() {
             (self.plane.version(), Vec::new())
         } else {
-            let done = self.submit(Request::Stats { table }).await?;
+            let done = self.submit(None, Request::Stats { table }).await?;
             match done.reply {
                 Reply::Counters(cs) => (done.version, counters(cs)),
                 _ => (done.version, Vec::new()),
@@ -416,13 +455,17 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::FlowsRequest>,
     ) -> Result<Response<pb::FlowsReply>, Status> {
+        let from = request.remote_addr();
         let r = request.into_inner();
         let change = convert::flow_change_from_pb(r.change.as_ref())?;
         let done = self
-            .submit(Request::Flows {
-                name: r.name,
-                change,
-            })
+            .submit(
+                from,
+                Request::Flows {
+                    name: r.name,
+                    change,
+                },
+            )
             .await?;
         let (flows, added, kept) = match done.reply {
             Reply::Flows(fs) => (fs, 0, 0),
@@ -559,4 +602,33 @@ impl Drop for Server {
             let _ = t.join();
         }
     }
+}
+
+/// A change a client asks for, as the log says it (`None` for a read).
+fn change_of(request: &Request) -> Option<String> {
+    use stateplane_state::FlowChange;
+    Some(match request {
+        Request::Write { table, writes } => format!("{} updates to `{table}`", writes.len()),
+        Request::WriteRegister {
+            name,
+            first,
+            count,
+            value,
+        } => format!("`{name}` {first}..{} set to {value}", first + count),
+        Request::SetMeter {
+            name, first, count, ..
+        } => format!("meters `{name}` {first}..{} set", first + count),
+        Request::Flows { name, change } => match change {
+            FlowChange::Add { lines, .. } => {
+                format!("{} rule lines added to `{name}`", lines.len())
+            }
+            FlowChange::Replace { lines, .. } => {
+                format!("`{name}` replaced by {} rule lines", lines.len())
+            }
+            FlowChange::Modify { .. } => format!("rules of `{name}` modified"),
+            FlowChange::Delete(_) => format!("rules of `{name}` deleted"),
+            FlowChange::Dump(_) | FlowChange::Expire(_) => return None,
+        },
+        _ => return None,
+    })
 }

@@ -22,6 +22,7 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
         "#,
     )
     .unwrap();
+    logged();
     let running = Running::start("acl", config);
     let mut client = Client::connect(&running.server.addr.to_string()).unwrap();
     assert_eq!(client.program(), "acl");
@@ -51,6 +52,14 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
         .unwrap();
     let (v2, read) = client.read("rules", None).unwrap();
     assert!(v2 > v1);
+    // The change is logged with the client that made it (its address and port).
+    let said = "control API: 1 updates to `rules` by 127.0.0.1:";
+    let line = logged().into_iter().find(|l| l.starts_with(said));
+    assert!(
+        line.as_ref()
+            .is_some_and(|l| l.ends_with(&format!(", at version {v1}"))),
+        "{line:?}"
+    );
     let back = read
         .iter()
         .find(|e| e.priority == 9)
@@ -73,6 +82,12 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
     // Refusals keep their cause across the wire.
     let again = client.write("rules", &[Write::Insert(entry)]).unwrap_err();
     assert_eq!(again.code, tonic::Code::AlreadyExists, "{again}");
+    assert!(
+        logged()
+            .iter()
+            .any(|l| l.starts_with(said) && l.contains(", refused: table `rules` already has")),
+        "a refused change is logged too"
+    );
     let port = text::parse_entry(
         &routes,
         "dst=2001:2:6::/48 route port=7 mac=02:00:00:00:0b:06",
@@ -176,6 +191,27 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
     let mut client = Client::connect(&empty.server.addr.to_string()).unwrap();
     let pieces = piece_sizes(&mut client, "macs");
     assert_eq!(pieces, [0]);
+}
+
+/// What this test process has logged (the first call starts keeping it).
+fn logged() -> Vec<String> {
+    static LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    struct Keep;
+    impl log::Log for Keep {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.level() <= log::Level::Info
+        }
+        fn log(&self, record: &log::Record) {
+            LINES.lock().unwrap().push(record.args().to_string());
+        }
+        fn flush(&self) {}
+    }
+    static START: std::sync::Once = std::sync::Once::new();
+    START.call_once(|| {
+        log::set_logger(&Keep).unwrap();
+        log::set_max_level(log::LevelFilter::Info);
+    });
+    LINES.lock().unwrap().clone()
 }
 
 /// The sizes of the pieces a read of `table` comes in.
