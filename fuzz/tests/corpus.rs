@@ -38,17 +38,37 @@ fn every_target_runs_its_corpus_and_past_crashes() {
     }
 }
 
-/// A seed corpus: valid inputs of every kind, from the project's own encoders, examples
-/// and generator, so that fuzzing starts from what real inputs look like.
+/// Writes the seed corpus into `fuzz/corpus/`: run by name after an encoder, the generator
+/// or an example changes (`every_seed_is_in_the_checked_in_corpus` then fails until it is).
 #[test]
-#[ignore]
+#[ignore = "writes into the checked-in fuzz/corpus; run by name (docs/HARDENING.md)"]
 fn write_seeds() {
-    let write = |target: &str, name: &str, data: &[u8]| {
+    seeds(|target, name, data| {
         let d = dir("corpus", target);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(name), data).unwrap();
-    };
+    });
+}
 
+/// The checked-in corpus holds every seed as the project's encoders make it today.
+#[test]
+fn every_seed_is_in_the_checked_in_corpus() {
+    seeds(|target, name, data| {
+        let file = dir("corpus", target).join(name);
+        let held = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            held == data,
+            "{} is missing or stale: run `cargo test -p stateplane-fuzz --test corpus -- \
+             --ignored write_seeds`",
+            file.display()
+        );
+    });
+}
+
+/// A seed corpus: valid inputs of every kind, from the project's own encoders, examples
+/// and generator, so that fuzzing starts from what real inputs look like; each handed to
+/// `write` as (target, name, bytes).
+fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
     // Frames of every workload the generator knows, and the capture files they make.
     use stateplane_gen::{GenConfig, Workload};
     for (i, workload) in [
