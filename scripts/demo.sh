@@ -49,7 +49,7 @@ $sp lab exec $lab h2 iperf3 -s -1 -D -B 198.18.0.2
 sleep 0.3
 $sp lab exec $lab h1 timeout 30 iperf3 -c 198.18.0.2 -t 3 | tail -4
 echo
-echo "-- s1's control API (stateplane ctl, on s1's loopback): what it declares, its counters"
+echo "-- s1's control API (stateplane ctl, on s1's socket in its run directory): what it declares, its counters"
 $sp lab exec $lab s1 $sp ctl describe
 $sp lab exec $lab s1 $sp ctl stats | head -4
 echo

@@ -1264,7 +1264,7 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
         }
     });
     let service = ControlService::new(plane, "hh", Arc::new(Vec::new));
-    let loopback = "127.0.0.1:0".parse().map_err(|_| "an address")?;
+    let loopback = &stateplane_control::endpoint::Listen::loopback(0);
     let switch_api = Server::start(loopback, service)?;
 
     // The collector: its copy of the same sketch, as the switch's refresh would leave it.
@@ -1290,12 +1290,13 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
         m.encode(&mut bytes);
         handle.with(|c| c.on_datagram(1, &bytes, from));
     }
-    let collector_api = collector_api::serve(loopback, handle)?;
+    let collector_api =
+        collector_api::serve("127.0.0.1:0".parse().map_err(|_| "an address")?, handle)?;
 
-    let mut poll = stateplane_control::client::Client::connect(&switch_api.addr.to_string())
+    let mut poll = stateplane_control::client::Client::connect(&switch_api.endpoint.to_string())
         .map_err(|e| e.to_string())?;
     let mut sync =
-        CollectorClient::connect(&collector_api.addr.to_string()).map_err(|e| e.to_string())?;
+        CollectorClient::connect(&collector_api.endpoint.to_string()).map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     for &n in &a.sizes {
         eprintln!("reading {n} values {} times each way", a.reads);

@@ -617,7 +617,8 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
     let collector_thread = std::thread::spawn(move || collector::run(&settings, bound, stopping));
-    let mut client = CollectorClient::connect(&api.addr.to_string()).map_err(|e| e.to_string())?;
+    let mut client =
+        CollectorClient::connect(&api.endpoint.to_string()).map_err(|e| e.to_string())?;
 
     let rows = if a.table {
         move_tables(&a, &mut client, collector_addr)?

@@ -425,10 +425,10 @@ fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> BenchResult<()> {
                 }
             } else {
                 let service = ControlService::new(plane.clone(), "l2", Arc::new(Vec::new));
-                let any_port = "127.0.0.1:0".parse().map_err(|e| format!("{e}"))?;
+                let any_port = &stateplane_control::endpoint::Listen::loopback(0);
                 let server = Server::start(any_port, service)?;
                 let mut client =
-                    Client::connect(&server.addr.to_string()).map_err(|e| e.to_string())?;
+                    Client::connect(&server.endpoint.to_string()).map_err(|e| e.to_string())?;
                 for b in &batches {
                     client.write("macs", b).map_err(|e| e.to_string())?;
                 }

@@ -85,7 +85,7 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
     let stop = collector::stop_on_signals()?;
     eprintln!("collector listening on {}", bound.addr);
     if let Some(api) = &bound.api {
-        eprintln!("collector API on {}", api.addr);
+        eprintln!("collector API on {}", api.endpoint);
     }
     let outcome = collector::run(&settings, bound, stop)?;
     print!("{}", outcome.table());

@@ -7,6 +7,7 @@
 use crate::summary_output::CliResult;
 use clap::{Args, Subcommand};
 use stateplane_control::client::Client;
+use stateplane_control::endpoint::{self, ClientFiles};
 use stateplane_control::entry_text as text;
 use stateplane_state::control::{Field, Format, Kind};
 use stateplane_state::{Declaration, FlowChange, FlowFilter, MeterConfig, Write};
@@ -15,11 +16,51 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct CtlArgs {
-    /// The control API of a running `stateplane run`.
-    #[arg(long, short = 's', default_value = stateplane_control::DEFAULT_ADDR)]
-    pub server: String,
+    /// The control API of a running `stateplane run`: unix:PATH (default: control.sock in
+    /// the run directory, $STATEPLANE_RUN_DIR or /run/stateplane), HOST:PORT, or
+    /// https://HOST:PORT. For `ctl sync`, the collector's --api address.
+    #[arg(long, short = 's', value_name = "ENDPOINT")]
+    pub server: Option<String>,
+    #[command(flatten)]
+    pub auth: AuthArgs,
     #[command(subcommand)]
     pub command: CtlCommand,
+}
+
+/// How `ctl` proves itself to a switch whose control API is guarded by TLS.
+#[derive(Debug, Args)]
+pub struct AuthArgs {
+    /// TLS: the CA (or the switch's own certificate) that the switch's certificate is
+    /// checked against (PEM).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub ca: Option<PathBuf>,
+    /// TLS: this client's certificate, for a switch run with --control-client-ca (PEM).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub cert: Option<PathBuf>,
+    /// TLS: this client's private key (PEM).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub key: Option<PathBuf>,
+    /// Send the token this file holds, for a switch run with --control-token-file.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    fn files(&self) -> ClientFiles {
+        ClientFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            token_file: self.token_file.clone(),
+        }
+    }
+}
+
+/// The switch's control API at `server`, or at the default socket.
+fn connect_switch(server: Option<&str>, auth: &AuthArgs) -> CliResult<Client> {
+    let default = || format!("unix:{}", endpoint::default_socket().display());
+    let server = server.map_or_else(default, str::to_string);
+    Client::connect_with(&server, &auth.files()).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Subcommand)]
@@ -260,10 +301,11 @@ pub struct SyncTarget {
 
 #[derive(Debug, Args)]
 pub struct SketchAppArgs {
-    /// The switch's control API (`stateplane run`'s `control` address): it says where
-    /// each key is counted, and takes the victims.
-    #[arg(long, default_value = stateplane_control::DEFAULT_ADDR)]
-    pub control: String,
+    /// The switch's control API (`stateplane run`'s `control` endpoint; default its Unix
+    /// socket in the run directory): it says where each key is counted, and takes the
+    /// victims.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub control: Option<String>,
     /// The switch's id (its [sync] switch).
     #[arg(long, default_value_t = 1)]
     pub switch: u32,
@@ -309,10 +351,18 @@ pub struct WriteArgs {
 
 pub fn main(args: CtlArgs) -> CliResult<()> {
     let command = match args.command {
-        CtlCommand::Sync(command) => return sync(&args.server, command),
+        CtlCommand::Sync(command) => {
+            let Some(server) = &args.server else {
+                return Err(
+                    "ctl sync talks to a collector: give --server ADDR, the address of its --api"
+                        .into(),
+                );
+            };
+            return sync(server, &args.auth, command);
+        }
         other => other,
     };
-    let mut client = Client::connect(&args.server).map_err(|e| e.to_string())?;
+    let mut client = connect_switch(args.server.as_deref(), &args.auth)?;
     match command {
         // Answered by the collector, before any connection to a switch.
         CtlCommand::Sync(_) => return Err("ctl sync talks to a collector".into()),
@@ -575,7 +625,7 @@ fn register(
 }
 
 /// An index or a range `FIRST..END` as (first, count); all of an array (count 0) when absent.
-fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
+fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
     use stateplane_control::collector_api::CollectorClient;
     use stateplane_control::sync_pb;
     let mut client = CollectorClient::connect(server).map_err(|e| e.to_string())?;
@@ -751,7 +801,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
                 }
                 Ok(parsed)
             };
-            sketch_app(&mut client, &app, table, parse, Keys::AndTables)?;
+            sketch_app(&mut client, &app, auth, table, parse, Keys::AndTables)?;
         }
         SyncCommand::Udpflood {
             app,
@@ -770,7 +820,7 @@ fn sync(server: &str, command: SyncCommand) -> CliResult<()> {
             } else {
                 Keys::GivenPushingVictims
             };
-            sketch_app(&mut client, &app, "victims", parse, pushed)?;
+            sketch_app(&mut client, &app, auth, "victims", parse, pushed)?;
         }
         SyncCommand::Watch {
             switch,
@@ -821,15 +871,16 @@ enum Keys {
 fn sketch_app(
     collector: &mut stateplane_control::collector_api::CollectorClient,
     args: &SketchAppArgs,
+    auth: &AuthArgs,
     table: &str,
     parse: impl Fn(&Declaration) -> CliResult<Vec<Vec<stateplane_state::Match>>>,
     keys_watched: Keys,
 ) -> CliResult<()> {
     use stateplane_control::sketch_app::{SketchApp, Watch};
-    let mut switch = Client::connect(&args.control).map_err(|e| e.to_string())?;
+    let mut switch = connect_switch(args.control.as_deref(), auth)?;
     let d = switch
         .declaration(table)
-        .map_err(|e| format!("--control {}: {e}", args.control))?
+        .map_err(|e| format!("--control: {e}"))?
         .clone();
     let keys = parse(&d)?;
     let learn = keys_watched == Keys::AndTables;

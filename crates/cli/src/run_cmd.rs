@@ -53,10 +53,25 @@ pub struct RunArgs {
     /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics: Option<String>,
-    /// Live runs: serve the control API (`stateplane ctl`) on this loopback address
-    /// (default 127.0.0.1:9559), or `off`.
-    #[arg(long)]
+    /// Live runs: where the control API (`stateplane ctl`) listens: a Unix socket
+    /// (`unix:PATH`; default control.sock in the run directory, mode 0600), a loopback
+    /// address (127.0.0.1:9559), any other address with TLS and a token or client
+    /// certificates, or `off`.
+    #[arg(long, value_name = "ENDPOINT")]
     pub control: Option<String>,
+    /// TLS on a TCP control endpoint: the server's certificate chain (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub control_cert: Option<PathBuf>,
+    /// TLS on a TCP control endpoint: the server's private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub control_key: Option<PathBuf>,
+    /// TLS on a TCP control endpoint: clients present a certificate this CA signed (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub control_client_ca: Option<PathBuf>,
+    /// TLS on a TCP control endpoint: clients send the token this file holds
+    /// (`stateplane ctl --token-file`).
+    #[arg(long, value_name = "FILE")]
+    pub control_token_file: Option<PathBuf>,
     /// Write packets sent to the control plane into this capture.
     #[arg(long)]
     pub control_pcap: Option<PathBuf>,
@@ -145,6 +160,10 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     cfg.memory_budget = args.memory_budget.or(cfg.memory_budget);
     cfg.metrics = args.metrics.clone().or(cfg.metrics);
     cfg.control = args.control.clone().or(cfg.control);
+    cfg.control_cert = args.control_cert.clone().or(cfg.control_cert);
+    cfg.control_key = args.control_key.clone().or(cfg.control_key);
+    cfg.control_client_ca = args.control_client_ca.clone().or(cfg.control_client_ca);
+    cfg.control_token_file = args.control_token_file.clone().or(cfg.control_token_file);
     if let Some(path) = &args.history {
         cfg.replication.get_or_insert_default().history = Some(path.clone());
     }

@@ -185,6 +185,109 @@ fn errors_name_the_field_and_the_fix() {
     assert!(err.contains("link type 276 (LINUX_SLL2"), "{err}");
 }
 
+/// The control API's endpoint: a TCP address beyond loopback is refused unless TLS and a
+/// token or client certificates guard it, TLS settings that would guard nothing are
+/// refused, and a run over files (which has no control API) refuses `--control`; each
+/// refusal names the settings that fix it. (The guarded endpoints themselves are tested in
+/// the control crate's grpc tests, the default socket in the lab's.)
+#[test]
+fn control_endpoints_beyond_loopback_need_a_guard_and_settings_never_go_unused() {
+    let input = tmp("control-in.pcap");
+    generate_trace("internet", 10, &input);
+    let token = tmp("control-token");
+    std::fs::write(&token, "0123456789abcdef0123\n").unwrap();
+    let token = token.to_str().unwrap();
+    let live = ["run", "forward", "-I", "sp-none0", "-I", "sp-none1"];
+    let cases: [(Vec<&str>, &str); 6] = [
+        (
+            [&live[..], &["--control", "0.0.0.0:9559"]].concat(),
+            "needs TLS and a way to tell clients apart: give --control-cert FILE and --control-key FILE, and --control-token-file FILE or --control-client-ca FILE",
+        ),
+        (
+            [&live[..], &["--control-token-file", token]].concat(),
+            "give --control HOST:PORT too",
+        ),
+        (
+            [
+                &live[..],
+                &[
+                    "--control",
+                    "unix:/run/x.sock",
+                    "--control-token-file",
+                    token,
+                ],
+            ]
+            .concat(),
+            "is a Unix socket, which its file mode guards",
+        ),
+        (
+            [
+                &live[..],
+                &["--control", "off", "--control-token-file", token],
+            ]
+            .concat(),
+            "--control off: the control API's TLS settings guard nothing",
+        ),
+        (
+            [
+                &live[..],
+                &[
+                    "--control",
+                    "198.18.0.1:9559",
+                    "--control-token-file",
+                    token,
+                ],
+            ]
+            .concat(),
+            "needs both --control-cert FILE",
+        ),
+        (
+            vec![
+                "run",
+                "--control",
+                "127.0.0.1:9559",
+                "-i",
+                input.to_str().unwrap(),
+            ],
+            "--control and its TLS settings are for live runs",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was taken");
+        assert!(
+            err.contains(says) && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    // The client: a collector's address is needed for `ctl sync`, and TLS settings that
+    // cannot apply are refused before anything is sent.
+    for (args, says) in [
+        (&["ctl", "sync", "streams"][..], "give --server ADDR"),
+        (
+            &[
+                "ctl",
+                "--server",
+                "unix:/run/x.sock",
+                "--ca",
+                token,
+                "describe",
+            ][..],
+            "is a Unix socket: its file mode guards it",
+        ),
+        (
+            &["ctl", "--server", "https://127.0.0.1:1", "describe"][..],
+            "TLS to https://127.0.0.1:1 needs --ca FILE",
+        ),
+    ] {
+        let out = bin().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was taken");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn metrics_endpoint_serves_prometheus_text() {
     let input = tmp("metrics-in.pcap");

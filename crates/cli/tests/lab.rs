@@ -8,6 +8,7 @@
 mod common;
 
 use common::bin;
+use stateplane_control::endpoint::RUN_DIR_VAR;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -125,8 +126,10 @@ impl Lab {
 
     /// Runs a command in a node's namespace.
     fn exec(&self, node: &str, command: &[&str]) -> Output {
+        let ns = format!("sp-{}-{node}", self.name);
         Command::new("ip")
-            .args(["netns", "exec", &format!("sp-{}-{node}", self.name)])
+            .args(["netns", "exec", &ns])
+            .env(RUN_DIR_VAR, run_dir_of(&ns))
             .args(command)
             .output()
             .unwrap()
@@ -1281,8 +1284,8 @@ fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
     assert_eq!(iperf_backends.len(), 1, "{connections}");
 }
 
-/// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on its
-/// loopback).
+/// Runs `stateplane ctl ARGS` in the switch's namespace (the control API is on the
+/// switch's socket in its run directory).
 fn ctl(lab: &Lab, args: &[&str]) -> Output {
     let mut command = vec![env!("CARGO_BIN_EXE_stateplane"), "ctl"];
     command.extend_from_slice(args);
@@ -1326,8 +1329,30 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
         "{}",
         text(&out)
     );
-    // A second switch in the namespace cannot take the control port: it does not start,
-    // rather than leave `ctl` talking to the first while its user means the second.
+    // The default endpoint: a socket in the switch's run directory that only its user
+    // (root) can open; a user who is not root cannot reach the switch through it.
+    let socket = stateplane_lab::namespaces::run_dir(&lab.name, "s1").join("control.sock");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "{}", socket.display());
+    let socket_arg = format!("unix:{}", socket.display());
+    let as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        env!("CARGO_BIN_EXE_stateplane"),
+        "ctl",
+        "--server",
+        &socket_arg,
+        "describe",
+    ];
+    let out = lab.exec("s1", &as_nobody);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("Permission denied"), "{}", text(&out));
+    // A second switch with the same run directory cannot take the control socket: it does
+    // not start, rather than leave `ctl` talking to the first while its user means the
+    // second.
     let second = [
         "timeout",
         "10",
@@ -1338,7 +1363,8 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
     let out = lab.exec("s1", &[&second[..], &["-I", "p0", "-I", "p1"]].concat());
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("--control: cannot listen for the control API on 127.0.0.1:9559")
+        text(&out).contains("--control: another process listens on")
+            && text(&out).contains("s1/control.sock")
             && text(&out).contains("--control off"),
         "{}",
         text(&out)
@@ -1507,8 +1533,10 @@ fn pipeline_rules_change_live_through_ctl() {
     );
     // Removals stream to `ctl watch` as they happen: the delete, then a rule that no
     // packet matches, gone on its idle timeout.
+    let ns = format!("sp-{}-s1", lab.name);
     let watch = Command::new("ip")
-        .args(["netns", "exec", &format!("sp-{}-s1", lab.name)])
+        .args(["netns", "exec", &ns])
+        .env(RUN_DIR_VAR, run_dir_of(&ns))
         .args([sp, "ctl", "watch", "--count", "2", "--timeout", "20"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -1573,10 +1601,20 @@ fn start_in(ns: &str, args: &[&str], file: &std::path::Path) -> std::process::Ch
     child
 }
 
+/// The run directory of the node whose namespace is `ns` (`sp-LAB-NODE`), as `stateplane
+/// lab exec` gives it: a switch's holds its control socket, so `ctl` there reaches it.
+fn run_dir_of(ns: &str) -> PathBuf {
+    let (lab, node) = (ns.strip_prefix("sp-"))
+        .and_then(|rest| rest.rsplit_once('-'))
+        .unwrap_or_else(|| panic!("{ns} is not a lab's namespace"));
+    stateplane_lab::namespaces::run_dir(lab, node)
+}
+
 /// `stateplane ARGS` started in namespace `ns`, ended by `timeout` after 60 s if not before.
 fn spawn_in(ns: &str, args: &[&str]) -> std::process::Child {
     Command::new("ip")
         .args(["netns", "exec", ns, "timeout", "60"])
+        .env(RUN_DIR_VAR, run_dir_of(ns))
         .arg(env!("CARGO_BIN_EXE_stateplane"))
         .args(args)
         .stdout(std::process::Stdio::piped())

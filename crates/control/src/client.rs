@@ -1,14 +1,16 @@
 //! A blocking client of the control API (what `stateplane ctl` and tests use).
 
 use crate::convert;
+use crate::endpoint::{self, AddToken, ClientFiles};
 use crate::pb::{self, control_client::ControlClient};
 use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, WorkerCounters, Write};
 use std::time::Duration;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 pub struct Client {
     runtime: tokio::runtime::Runtime,
-    inner: ControlClient<Channel>,
+    inner: ControlClient<InterceptedService<Channel, AddToken>>,
     program: String,
     declarations: Vec<Declaration>,
 }
@@ -45,30 +47,24 @@ fn local(message: String) -> ClientError {
 }
 
 impl Client {
-    /// Connects to the control API at `addr` (`host:port`) and reads what the program
+    /// Connects to the control API at `server` without TLS or a token (a Unix socket, or
+    /// loopback TCP) and reads what the program declares.
+    pub fn connect(server: &str) -> Result<Client, ClientError> {
+        Client::connect_with(server, &ClientFiles::default())
+    }
+
+    /// Connects to the control API at `server` (`unix:PATH`, `HOST:PORT` or
+    /// `https://HOST:PORT`) proving itself with `files`, and reads what the program
     /// declares.
-    pub fn connect(addr: &str) -> Result<Client, ClientError> {
+    pub fn connect_with(server: &str, files: &ClientFiles) -> Result<Client, ClientError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
-        let unreachable = |e: &dyn std::fmt::Display| ClientError {
-            code: tonic::Code::Unavailable,
-            message: format!(
-                "cannot reach the control API at {addr}: {e} (is `stateplane run` running with \
-                 --control {addr}?)"
-            ),
-        };
-        let endpoint = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .initial_stream_window_size(Some(crate::server::WINDOW))
-            .initial_connection_window_size(Some(crate::server::WINDOW))
-            .max_frame_size(crate::server::FRAME);
-        let inner = runtime
-            .block_on(endpoint.connect())
-            .map(ControlClient::new)
-            .map_err(|e| unreachable(&e))?;
+        let hint = format!("is `stateplane run` running with --control {server}?");
+        let (channel, token) =
+            runtime.block_on(endpoint::connect(server, files, "control API", &hint))?;
+        let inner = ControlClient::with_interceptor(channel, token);
         let mut client = Client {
             runtime,
             inner,

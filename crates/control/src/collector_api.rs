@@ -639,12 +639,21 @@ pub struct ReadValues {
     pub as_of_ns: u64,
 }
 
-/// Serves the collector's API on `addr` (loopback only).
+/// Serves the collector's API on `addr` (loopback only: it takes no TLS settings).
 pub fn serve(addr: SocketAddr, handle: Arc<CollectorHandle>) -> Result<Server, String> {
-    Server::serve(addr, "collector API", move || {
-        Server::builder().add_service(collector_server::CollectorServer::new(CollectorService {
-            handle,
-        }))
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "the collector API has no authentication (it takes no TLS settings), so it \
+             listens on loopback only; give 127.0.0.1:{} instead of {addr}",
+            addr.port()
+        ));
+    }
+    let listen = crate::endpoint::Listen::Tcp { addr, guard: None };
+    Server::serve(&listen, "collector API", move |mut builder, token| {
+        builder.add_service(collector_server::CollectorServer::with_interceptor(
+            CollectorService { handle },
+            token,
+        ))
     })
 }
 
@@ -660,29 +669,22 @@ use crate::sync_pb::collector_client;
 impl CollectorClient {
     /// Connects to the collector's API at `addr` (`host:port`).
     pub fn connect(addr: &str) -> Result<CollectorClient, ClientError> {
-        let local = |message: String| ClientError {
-            code: tonic::Code::InvalidArgument,
-            message,
-        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
-        let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| local(format!("'{addr}' is not HOST:PORT: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .initial_stream_window_size(Some(crate::server::WINDOW))
-            .initial_connection_window_size(Some(crate::server::WINDOW))
-            .max_frame_size(crate::server::FRAME);
-        let inner = runtime
-            .block_on(endpoint.connect())
-            .map(collector_client::CollectorClient::new)
             .map_err(|e| ClientError {
-                code: tonic::Code::Unavailable,
-                message: format!(
-                    "cannot reach the collector's API at {addr}: {e} (is `stateplane collector` running with --api {addr}?)"
-                ),
+                code: tonic::Code::Internal,
+                message: format!("cannot start a runtime: {e}"),
             })?;
+        let hint = format!("is `stateplane collector` running with --api {addr}?");
+        let files = crate::endpoint::ClientFiles::default();
+        let (channel, _no_token) = runtime.block_on(crate::endpoint::connect(
+            addr,
+            &files,
+            "collector's API",
+            &hint,
+        ))?;
+        let inner = collector_client::CollectorClient::new(channel);
         Ok(CollectorClient { runtime, inner })
     }
 

@@ -5,15 +5,18 @@
 //! requests ([`server`]), the blocking client `stateplane ctl` uses ([`client`]), and the
 //! text form of entries people type and read ([`entry_text`]), and the collector's API
 //! over its core ([`collector_api`]: reads with bounds, writes, subscriptions), and state
-//! migration through it ([`migrate`]) and the sketch applications on it ([`sketch_app`]).
+//! migration through it ([`migrate`]) and the sketch applications on it ([`sketch_app`]),
+//! and where the APIs listen and who may call them ([`endpoint`]: a Unix socket by
+//! default, TLS with a token or client certificates beyond loopback).
 //!
 //! Must never: touch program state itself (requests go through the control plane, which
-//! has the workers apply them between bursts), or listen beyond loopback (the API has no
-//! authentication).
+//! has the workers apply them between bursts), or listen beyond loopback without TLS and a
+//! way to tell clients apart.
 
 pub mod client;
 pub mod collector_api;
 pub mod convert;
+pub mod endpoint;
 pub mod entry_text;
 pub mod migrate;
 pub mod server;
@@ -35,5 +38,6 @@ pub mod sync_pb {
 /// well inside gRPC's 4 MB message limit; larger reads and writes go in pieces.
 pub const PIECE: usize = 4096;
 
-/// Where the control API listens unless told otherwise (P4Runtime's port, on loopback).
-pub const DEFAULT_ADDR: &str = "127.0.0.1:9559";
+/// The control API's TCP port when `--control` gives a TCP address without one in mind
+/// (P4Runtime's port); by default it listens on a Unix socket ([`endpoint::default_socket`]).
+pub const DEFAULT_PORT: u16 = 9559;

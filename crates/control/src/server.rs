@@ -1,10 +1,12 @@
 //! The gRPC service, on a thread of its own with a small async runtime.
 
 use crate::convert::{self, status};
+use crate::endpoint::{self, CheckToken, Listen};
 use crate::pb::{self, control_server};
 use stateplane_runtime::ControlPlane;
 use stateplane_state::{ControlError, Declaration, Reply, Request};
-use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,16 +58,16 @@ impl ControlService {
     }
 
     /// Submits on a blocking thread (the call waits for every worker). A change is logged
-    /// with the client it came `from` and how it ended.
+    /// with the client it came `from` ([`endpoint::client_of`]) and how it ended.
     async fn submit(
         &self,
-        from: Option<SocketAddr>,
+        from: Option<String>,
         request: Request,
     ) -> Result<stateplane_runtime::Applied, Status> {
         let change = change_of(&request);
         let done = self.blocking(move |plane| plane.submit(request)).await;
         if let Some(change) = change {
-            let who = from.map_or_else(|| "a client".to_string(), |a| a.to_string());
+            let who = from.unwrap_or_else(|| "a client".to_string());
             match &done {
                 Ok(d) => log::info!("control API: {change} by {who}, at version {}", d.version),
                 Err(e) => log::info!("control API: {change} by {who}, refused: {}", e.message()),
@@ -122,7 +124,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteReply>, Status> {
-        let from = request.remote_addr();
+        let from = Some(endpoint::client_of(&request));
         let r = request.into_inner();
         let d = self.declaration(&r.table)?;
         let writes = r
@@ -185,7 +187,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<tonic::Streaming<pb::WriteRequest>>,
     ) -> Result<Response<pb::WriteReply>, Status> {
-        let from = request.remote_addr();
+        let from = Some(endpoint::client_of(&request));
         let mut pieces = request.into_inner();
         let mut batch: Option<(Declaration, Vec<stateplane_state::Write>)> = None;
         while let Some(piece) = pieces.message().await? {
@@ -300,7 +302,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::RegisterWrite>,
     ) -> Result<Response<pb::WriteReply>, Status> {
-        let from = request.remote_addr();
+        let from = Some(endpoint::client_of(&request));
         let r = request.into_inner();
         let range = r.range.unwrap_or_default();
         let (d, first, count) = self.register_range(&range)?;
@@ -333,7 +335,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::MeterWrite>,
     ) -> Result<Response<pb::WriteReply>, Status> {
-        let from = request.remote_addr();
+        let from = Some(endpoint::client_of(&request));
         let r = request.into_inner();
         let range = r.range.unwrap_or_default();
         let (_, first, count) = self.register_range(&range)?;
@@ -455,7 +457,7 @@ impl control_server::Control for ControlService {
         &self,
         request: tonic::Request<pb::FlowsRequest>,
     ) -> Result<Response<pb::FlowsReply>, Status> {
-        let from = request.remote_addr();
+        let from = Some(endpoint::client_of(&request));
         let r = request.into_inner();
         let change = convert::flow_change_from_pb(r.change.as_ref())?;
         let done = self
@@ -509,86 +511,152 @@ pub const WINDOW: u32 = 8 << 20;
 /// goes in a few frames rather than sixteen of the default 16 KiB.
 pub const FRAME: u32 = 1 << 20;
 
-/// A running control API server; stops when dropped.
+/// A running API server; stops when dropped (and removes its socket).
 pub struct Server {
-    pub addr: SocketAddr,
+    /// Where it listens, as `stateplane ctl --server` takes it (a TCP port asked as 0 is
+    /// the one given).
+    pub endpoint: Listen,
+    /// The Unix socket it placed, and its inode: removed on drop while it is still ours.
+    socket: Option<(PathBuf, u64)>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
-    /// Listens on `addr` (loopback only) and serves `service` on a thread of its own.
-    pub fn start(addr: SocketAddr, service: ControlService) -> Result<Server, String> {
-        Server::serve(addr, "control API", move || {
-            Server::builder().add_service(control_server::ControlServer::new(service))
+    /// Serves `service` at `listen`, on a thread of its own.
+    pub fn start(listen: &Listen, service: ControlService) -> Result<Server, String> {
+        Server::serve(listen, "control API", move |mut builder, token| {
+            builder.add_service(control_server::ControlServer::with_interceptor(
+                service, token,
+            ))
         })
     }
 
     /// A gRPC server whose HTTP/2 windows take a large answer (65,536 values) in one go,
     /// not in 64 KiB turns each waiting for the client's window update.
-    pub fn builder() -> tonic::transport::Server {
+    fn builder() -> tonic::transport::Server {
         tonic::transport::Server::builder()
             .initial_stream_window_size(Some(WINDOW))
             .initial_connection_window_size(Some(WINDOW))
             .max_frame_size(Some(FRAME))
     }
 
-    /// Listens on `addr` (loopback only: the APIs have no authentication) and serves what
-    /// `router` makes, on a thread of its own; `what` names it in messages.
+    /// Listens at `listen` and serves what `router` makes of a server builder (TLS set up
+    /// when the endpoint is guarded) and the token check every service is wrapped in, on a
+    /// thread of its own; `what` names it in messages.
     pub fn serve(
-        addr: SocketAddr,
+        listen: &Listen,
         what: &'static str,
-        router: impl FnOnce() -> tonic::transport::server::Router + Send + 'static,
+        router: impl FnOnce(tonic::transport::Server, CheckToken) -> tonic::transport::server::Router
+        + Send
+        + 'static,
     ) -> Result<Server, String> {
-        if !addr.ip().is_loopback() {
-            return Err(format!(
-                "the {what} has no authentication, so it listens on loopback only; \
-                 give 127.0.0.1:{} instead of {addr}",
-                addr.port()
-            ));
-        }
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let mut builder = Server::builder();
+        let mut token = CheckToken::default();
+        let (bound, endpoint, socket) = match listen {
+            Listen::Unix(path) => {
+                let listener = endpoint::bind_unix(path, what)?;
+                let inode = std::fs::metadata(path).map_err(|e| e.to_string())?.ino();
+                let socket = Some((path.clone(), inode));
+                (Bound::Unix(listener), listen.clone(), socket)
+            }
+            Listen::Tcp { addr, guard } => {
+                if guard.is_none() && !addr.ip().is_loopback() {
+                    return Err(format!(
+                        "the {what} listens beyond loopback only with TLS and a token or \
+                         client certificates; give 127.0.0.1:{} instead of {addr}",
+                        addr.port()
+                    ));
+                }
+                if let Some(guard) = guard {
+                    builder = builder
+                        .tls_config(guard.tls())
+                        .map_err(|e| format!("the {what}'s TLS settings: {e}"))?;
+                    token = guard.check_token();
+                }
+                let listener = std::net::TcpListener::bind(addr)
+                    .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))?;
+                let addr = listener.local_addr().map_err(|e| e.to_string())?;
+                let endpoint = Listen::Tcp {
+                    addr,
+                    guard: guard.clone(),
+                };
+                (Bound::Tcp(listener), endpoint, None)
+            }
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the {what}'s runtime: {e}"))?;
         let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async {
+            let _ = stopped.await;
+        };
         let thread = std::thread::Builder::new()
             .name(what.replace(' ', "-"))
             .spawn(move || {
                 runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
+                    let router = router(builder, token);
+                    let served = match bound.into_tokio() {
+                        Ok(TokioBound::Unix(listener)) => {
+                            let incoming =
+                                tokio_stream::wrappers::UnixListenerStream::new(listener);
+                            router.serve_with_incoming_shutdown(incoming, stopped).await
+                        }
+                        // Answers go out at once, not held back for more to send (Nagle's
+                        // algorithm against the client's delayed acknowledgement costs 40 ms).
+                        Ok(TokioBound::Tcp(listener)) => {
+                            let incoming = tokio_stream::StreamExt::map(
+                                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                                |accepted| accepted.and_then(|s| s.set_nodelay(true).map(|()| s)),
+                            );
+                            router.serve_with_incoming_shutdown(incoming, stopped).await
+                        }
                         Err(e) => {
                             log::error!("{what}: {e}");
                             return;
                         }
                     };
-                    // Answers go out at once, not held back for more to send (Nagle's
-                    // algorithm against the client's delayed acknowledgement costs 40 ms).
-                    let incoming = tokio_stream::StreamExt::map(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        |accepted| accepted.and_then(|s| s.set_nodelay(true).map(|()| s)),
-                    );
-                    let served = router()
-                        .serve_with_incoming_shutdown(incoming, async {
-                            let _ = stopped.await;
-                        })
-                        .await;
                     if let Err(e) = served {
                         log::error!("{what} stopped: {e}");
                     }
                 });
             })
             .map_err(|e| format!("cannot start the {what}'s thread: {e}"))?;
-        log::info!("{what} listening on {addr}");
+        log::info!("{what} listening on {endpoint}");
         Ok(Server {
-            addr,
+            endpoint,
+            socket,
             shutdown: Some(shutdown),
             thread: Some(thread),
+        })
+    }
+}
+
+/// A listener made on the caller's thread (so that errors reach the caller), to be served
+/// on the server's runtime.
+enum Bound {
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+enum TokioBound {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl Bound {
+    /// Inside the runtime that will serve it.
+    fn into_tokio(self) -> std::io::Result<TokioBound> {
+        Ok(match self {
+            Bound::Unix(l) => {
+                l.set_nonblocking(true)?;
+                TokioBound::Unix(tokio::net::UnixListener::from_std(l)?)
+            }
+            Bound::Tcp(l) => {
+                l.set_nonblocking(true)?;
+                TokioBound::Tcp(tokio::net::TcpListener::from_std(l)?)
+            }
         })
     }
 }
@@ -600,6 +668,12 @@ impl Drop for Server {
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Another server may have replaced a socket it found stale; that one stays.
+        if let Some((path, inode)) = self.socket.take()
+            && std::fs::metadata(&path).is_ok_and(|m| m.ino() == inode)
+        {
+            let _ = std::fs::remove_file(&path);
         }
     }
 }

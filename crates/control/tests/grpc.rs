@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use stateplane_control::client::Client;
+use stateplane_control::endpoint::{ClientFiles, GuardFiles, Listen};
 use stateplane_control::entry_text as text;
 use stateplane_control::server::{ControlService, Server};
 use stateplane_runtime::{Burst, ControlPlane, Worker};
@@ -24,7 +25,7 @@ fn entries_of_every_match_kind_go_through_grpc_and_come_back() {
     .unwrap();
     logged();
     let running = Running::start("acl", config);
-    let mut client = Client::connect(&running.server.addr.to_string()).unwrap();
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
     assert_eq!(client.program(), "acl");
     let names: Vec<&str> = client
         .declarations()
@@ -143,7 +144,7 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
     let n: u64 = 200_000;
     let config: toml::Value = toml::from_str(&format!("capacity = {}", n + 10)).unwrap();
     let running = Running::start("l2", config);
-    let mut client = Client::connect(&running.server.addr.to_string()).unwrap();
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
     let macs = client.declaration("macs").unwrap().clone();
     let station = |i: u64| {
         let mac = stateplane_wire::MacAddr::from_u64(0x0200_0000_0000 + i);
@@ -188,7 +189,7 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
     assert_eq!(client.read("macs", None).unwrap().1.len() as u64, n);
     // An empty table is one empty piece.
     let empty = Running::start("l2", toml::from_str("capacity = 4").unwrap());
-    let mut client = Client::connect(&empty.server.addr.to_string()).unwrap();
+    let mut client = Client::connect(&empty.server.endpoint.to_string()).unwrap();
     let pieces = piece_sizes(&mut client, "macs");
     assert_eq!(pieces, [0]);
 }
@@ -234,6 +235,11 @@ struct Running {
 
 impl Running {
     fn start(program: &str, config: toml::Value) -> Running {
+        Running::start_at(program, config, &Listen::loopback(0)).unwrap()
+    }
+
+    /// `program` served at `listen`, or why the server refused to start.
+    fn start_at(program: &str, config: toml::Value, listen: &Listen) -> Result<Running, String> {
         let names = stateplane_programs::PortNames(vec!["a".into(), "b".into()]);
         let factory = stateplane_programs::build(program, Some(&config), &names).unwrap();
         let (plane, ends) = ControlPlane::new(2, factory(0));
@@ -255,11 +261,17 @@ impl Running {
             })
             .collect();
         let service = ControlService::new(plane, program, Arc::new(Vec::new));
-        let server = Server::start("127.0.0.1:0".parse().unwrap(), service).unwrap();
-        Running {
-            server,
-            stop,
-            workers,
+        match Server::start(listen, service) {
+            Ok(server) => Ok(Running {
+                server,
+                stop,
+                workers,
+            }),
+            Err(e) => {
+                stop.store(true, Ordering::Relaxed);
+                workers.into_iter().for_each(|w| w.join().unwrap());
+                Err(e)
+            }
         }
     }
 }
@@ -280,7 +292,7 @@ fn rule_pipeline_flows_go_through_grpc() {
     use stateplane_state::{FlowChange, FlowFilter, Kind};
     let config: toml::Value = toml::from_str("tables = 2\nmiss = [\"continue\"]").unwrap();
     let running = Running::start("pipeline", config);
-    let mut client = Client::connect(&running.server.addr.to_string()).unwrap();
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
     let d = client.declaration("flows").unwrap();
     assert_eq!(d.kind, Kind::Rules { tables: 2 });
     let rule = "table=1,priority=24,cookie=0x7,udp,nw_dst=198.19.7.0/24,tp_dst=1000-2000,actions=mod_dl_dst:02:00:00:00:0b:01,output:1";
@@ -353,4 +365,372 @@ fn rule_pipeline_flows_go_through_grpc() {
         refused.message.contains("expire by their timeouts"),
         "{refused}"
     );
+}
+
+/// A directory for one test's files, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "stateplane-test-grpc-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// Writes `text` into the file `name` and gives its path.
+    fn file(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The default endpoint's kind: a Unix socket placed with mode 0600 in a directory made
+/// 0700, reached by `unix:PATH` and by the bare path; a write over it is logged with the
+/// caller's user and process; a second server cannot take it while the first listens,
+/// nor a path that is not a socket; a stale socket is replaced; the socket goes with its
+/// server.
+#[test]
+fn the_control_api_listens_on_a_unix_socket_only_its_user_can_open() {
+    use std::os::unix::fs::PermissionsExt;
+    logged();
+    let dir = TempDir::new("unix");
+    let path = dir.0.join("run/control.sock");
+    let listen = Listen::Unix(path.clone());
+    let running =
+        Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(&dir.0.join("run")), 0o700);
+    assert_eq!(
+        running.server.endpoint.to_string(),
+        format!("unix:{}", path.display())
+    );
+
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
+    client
+        .write(
+            "macs",
+            &[insert(
+                &client.declaration("macs").unwrap().clone(),
+                "vlan=0 mac=02:00:00:00:00:01 forward port=1",
+            )],
+        )
+        .unwrap();
+    let by_path = Client::connect(path.to_str().unwrap()).unwrap();
+    assert_eq!(by_path.program(), "l2");
+    let me = format!(
+        "1 updates to `macs` by uid 0 (pid {}) on the Unix socket",
+        std::process::id()
+    );
+    assert!(
+        logged()
+            .iter()
+            .any(|l| l.starts_with("control API: ") && l.contains(&me)),
+        "{:?}",
+        logged()
+    );
+
+    let second = Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen);
+    let err = second.err().unwrap();
+    assert!(
+        err.contains("another process listens on") && err.contains("control.sock"),
+        "{err}"
+    );
+    assert!(
+        path.exists(),
+        "the refused server leaves the first one's socket"
+    );
+
+    drop(client);
+    drop(by_path);
+    drop(running);
+    assert!(!path.exists(), "the socket goes with its server");
+
+    // A socket left behind by a process that died is nobody's: it is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let again = Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen).unwrap();
+    assert_eq!(mode(&path), 0o600);
+    drop(again);
+
+    // A file that is not a socket is never removed.
+    let file = dir.file("run/control.sock", "keep me");
+    let err = Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen)
+        .err()
+        .unwrap();
+    assert!(err.contains("exists and is not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), "keep me");
+}
+
+/// A test PKI: a CA, a server certificate for loopback that it signed, a client
+/// certificate it signed, and a client certificate from another CA.
+struct Pki {
+    dir: TempDir,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let dir = TempDir::new(name);
+        let ca = |name: &str| {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+        };
+        let leaf = |ca: &CertifiedIssuer<'_, KeyPair>, sans: &[&str], name: &str| {
+            let key = KeyPair::generate().unwrap();
+            let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+            let cert = CertificateParams::new(sans)
+                .unwrap()
+                .signed_by(&key, ca)
+                .unwrap();
+            dir.file(&format!("{name}.pem"), &cert.pem());
+            dir.file(&format!("{name}.key"), &key.serialize_pem());
+        };
+        let (ours, other) = (ca("stateplane test CA"), ca("another CA"));
+        dir.file("ca.pem", &ours.pem());
+        dir.file("other-ca.pem", &other.pem());
+        leaf(&ours, &["127.0.0.1", "localhost"], "server");
+        leaf(&ours, &["operator"], "client");
+        leaf(&other, &["intruder"], "intruder");
+        leaf(&other, &["127.0.0.1"], "impostor");
+        dir.file("token", "0123456789abcdef-the-right-token\n");
+        dir.file("wrong-token", "0123456789abcdef-not-the-token\n");
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.0.join(name)
+    }
+
+    /// The server's files, with a token or a client CA.
+    fn guard(&self, token: bool, client_ca: bool) -> GuardFiles {
+        GuardFiles {
+            cert: Some(self.path("server.pem")),
+            key: Some(self.path("server.key")),
+            client_ca: client_ca.then(|| self.path("ca.pem")),
+            token_file: token.then(|| self.path("token")),
+        }
+    }
+
+    /// A client's files: trusting `ca`, presenting `cert` (a name of this PKI's), sending
+    /// the token in `token`.
+    fn client(&self, ca: &str, cert: Option<&str>, token: Option<&str>) -> ClientFiles {
+        ClientFiles {
+            ca: Some(self.path(ca)),
+            cert: cert.map(|c| self.path(&format!("{c}.pem"))),
+            key: cert.map(|c| self.path(&format!("{c}.key"))),
+            token_file: token.map(|t| self.path(t)),
+        }
+    }
+}
+
+/// Beyond loopback the control API takes TLS and a way to tell clients apart, or it does
+/// not start; every half-given guard is refused naming what is missing.
+#[test]
+fn beyond_loopback_the_control_api_needs_tls_and_a_token_or_client_certificates() {
+    let pki = Pki::new("refusals");
+    let refused = |text: &str, files: &GuardFiles| match Listen::parse(text, files) {
+        Ok(l) => panic!("{text} was accepted as {l}"),
+        Err(e) => e,
+    };
+    let none = GuardFiles::default();
+    let e = refused("0.0.0.0:9559", &none);
+    assert!(
+        e.contains("needs TLS")
+            && e.contains("--control-cert")
+            && e.contains("--control-token-file"),
+        "{e}"
+    );
+    let e = refused(
+        "198.18.0.1:9559",
+        &GuardFiles {
+            token_file: None,
+            client_ca: None,
+            ..pki.guard(false, false)
+        },
+    );
+    assert!(
+        e.contains("lets anyone in") && e.contains("--control-client-ca"),
+        "{e}"
+    );
+    let e = refused(
+        "0.0.0.0:9559",
+        &GuardFiles {
+            key: None,
+            ..pki.guard(true, false)
+        },
+    );
+    assert!(
+        e.contains("needs both --control-cert FILE") && e.contains("--control-key FILE"),
+        "{e}"
+    );
+    let e = refused("unix:/run/x.sock", &pki.guard(true, false));
+    assert!(
+        e.contains("is a Unix socket, which its file mode guards"),
+        "{e}"
+    );
+    let e = refused(
+        "0.0.0.0:9559",
+        &GuardFiles {
+            token_file: Some(pki.dir.file("short", "secret\n")),
+            ..pki.guard(true, false)
+        },
+    );
+    assert!(e.contains("at least 16 printable characters"), "{e}");
+    let e = refused(
+        "0.0.0.0:9559",
+        &GuardFiles {
+            cert: Some(pki.path("token")),
+            ..pki.guard(true, false)
+        },
+    );
+    assert!(e.contains("--control-cert") && e.contains("not PEM"), "{e}");
+    let e = refused("localhost:9559", &none);
+    assert!(e.contains("neither HOST:PORT"), "{e}");
+    // Loopback without TLS, and any address with a whole guard, are taken.
+    assert!(matches!(
+        Listen::parse("127.0.0.1:9559", &none),
+        Ok(Listen::Tcp { guard: None, .. })
+    ));
+    assert!(matches!(
+        Listen::parse("[::]:9559", &pki.guard(false, true)),
+        Ok(Listen::Tcp { guard: Some(_), .. })
+    ));
+    // A server asked directly for an address beyond loopback without a guard refuses.
+    let bare = Listen::Tcp {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        guard: None,
+    };
+    let e = Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &bare)
+        .err()
+        .unwrap();
+    assert!(e.contains("beyond loopback only with TLS"), "{e}");
+}
+
+/// A control API on every address behind TLS and a token: the right token is let in (and
+/// named in the log of its writes); a wrong token, no token, a client without TLS, and a
+/// client that does not trust the server's certificate are all refused.
+#[test]
+fn a_wrong_token_is_refused_and_the_right_one_is_let_in() {
+    logged();
+    let pki = Pki::new("token");
+    let listen = Listen::parse("0.0.0.0:0", &pki.guard(true, false)).unwrap();
+    let running =
+        Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen).unwrap();
+    let Listen::Tcp { addr, .. } = running.server.endpoint else {
+        panic!("a TCP endpoint")
+    };
+    let server = format!("https://127.0.0.1:{}", addr.port());
+
+    let mut client =
+        Client::connect_with(&server, &pki.client("ca.pem", None, Some("token"))).unwrap();
+    let d = client.declaration("macs").unwrap().clone();
+    client
+        .write(
+            "macs",
+            &[insert(&d, "vlan=0 mac=02:00:00:00:00:02 forward port=1")],
+        )
+        .unwrap();
+    assert!(
+        logged().iter().any(
+            |l| l.contains("1 updates to `macs` by 127.0.0.1:") && l.contains("with the token")
+        ),
+        "{:?}",
+        logged()
+    );
+
+    let err = Client::connect_with(&server, &pki.client("ca.pem", None, Some("wrong-token")))
+        .err()
+        .unwrap();
+    assert_eq!(err.code, tonic::Code::Unauthenticated, "{err}");
+    assert!(
+        err.message.contains("the token is not the switch's"),
+        "{err}"
+    );
+    let err = Client::connect_with(&server, &pki.client("ca.pem", None, None))
+        .err()
+        .unwrap();
+    assert_eq!(err.code, tonic::Code::Unauthenticated, "{err}");
+    assert!(
+        err.message.contains("carries no token") && err.message.contains("--token-file"),
+        "{err}"
+    );
+    assert!(
+        logged()
+            .iter()
+            .any(|l| l.contains("refused: the token is not the switch's")),
+        "refusals are logged"
+    );
+
+    // Without TLS the server does not answer at all.
+    let plain = format!("127.0.0.1:{}", addr.port());
+    assert!(Client::connect(&plain).is_err());
+    // A client that trusts another CA does not send its token to this server.
+    let err = Client::connect_with(&server, &pki.client("other-ca.pem", None, Some("token")))
+        .err()
+        .unwrap();
+    assert_eq!(err.code, tonic::Code::Unavailable, "{err}");
+    assert!(err.message.to_lowercase().contains("certificate"), "{err}");
+}
+
+/// A control API that asks clients for a certificate its CA signed: such a client is let
+/// in and named in the log; one from another CA, or with none, is refused.
+#[test]
+fn a_client_certificate_from_another_ca_is_refused() {
+    logged();
+    let pki = Pki::new("certs");
+    let listen = Listen::parse("127.0.0.1:0", &pki.guard(false, true)).unwrap();
+    let running =
+        Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen).unwrap();
+    let server = running.server.endpoint.to_string();
+    assert!(server.starts_with("https://127.0.0.1:"), "{server}");
+
+    let mut client =
+        Client::connect_with(&server, &pki.client("ca.pem", Some("client"), None)).unwrap();
+    let d = client.declaration("macs").unwrap().clone();
+    client
+        .write(
+            "macs",
+            &[insert(&d, "vlan=0 mac=02:00:00:00:00:03 forward port=1")],
+        )
+        .unwrap();
+    assert!(
+        logged()
+            .iter()
+            .any(|l| l.contains("1 updates to `macs` by 127.0.0.1:")
+                && l.contains("with a client certificate")),
+        "{:?}",
+        logged()
+    );
+
+    for cert in [Some("intruder"), None] {
+        let refused = Client::connect_with(&server, &pki.client("ca.pem", cert, None));
+        let err = refused
+            .err()
+            .unwrap_or_else(|| panic!("{cert:?} was let in"));
+        assert!(
+            matches!(err.code, tonic::Code::Unavailable | tonic::Code::Unknown),
+            "{err}"
+        );
+    }
+}
+
+/// An insert of the entry `text` into the table `d` declares.
+fn insert(d: &stateplane_state::Declaration, text: &str) -> Write {
+    Write::Insert(text::parse_entry(d, text).unwrap())
 }

@@ -2,6 +2,7 @@
 //! ethtool so that every step is one a user could type and check.
 
 use crate::topology::{Kind, Topology, namespace};
+use stateplane_control::endpoint::RUN_DIR_VAR;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,13 @@ pub fn state_dir(lab: &str) -> PathBuf {
     let base = std::env::var_os("STATEPLANE_LAB_DIR")
         .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from);
     base.join(lab)
+}
+
+/// A switch's run directory, which holds its control socket: the namespaces share one
+/// filesystem, so each switch has its own, and `lab exec` gives it to commands run in the
+/// switch's namespace (so that a plain `stateplane ctl` there reaches that switch).
+pub fn run_dir(lab: &str, switch: &str) -> PathBuf {
+    state_dir(lab).join(switch)
 }
 
 /// Where every switch serves Prometheus metrics, inside its namespace.
@@ -348,6 +356,7 @@ pub fn start_switch(
         .args(["netns", "exec", &ns])
         .arg(stateplane)
         .args(["run", "--config"])
+        .env(RUN_DIR_VAR, run_dir(&t.name, &s.name))
         .arg(&cfg_path)
         .stdin(Stdio::null())
         .stdout(log)
@@ -511,9 +520,14 @@ pub fn exec(t: &Topology, node: &str, command: &[String]) -> Result<i32, String>
     let Some((program, args)) = command.split_first() else {
         return Err("give the command to run after the node".into());
     };
-    let status = Command::new("ip")
+    let mut command = Command::new("ip");
+    command
         .args(["netns", "exec", &t.namespace(node), program])
-        .args(args)
+        .args(args);
+    if t.kind(node) == Some(Kind::Switch) {
+        command.env(RUN_DIR_VAR, run_dir(&t.name, node));
+    }
+    let status = command
         .status()
         .map_err(|e| format!("running ip netns exec: {e}"))?;
     Ok(status.code().unwrap_or(1))

@@ -140,15 +140,7 @@ impl Switch {
         let metrics = (cfg.metrics.as_ref())
             .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
             .transpose()?;
-        let control = match cfg.control.as_deref() {
-            Some("off") => ControlAddr::Off,
-            Some(a) => ControlAddr::Given(metrics::parse_addr(
-                "--control",
-                a,
-                stateplane_control::DEFAULT_ADDR,
-            )?),
-            None => ControlAddr::Default,
-        };
+        let control = control_endpoint(&cfg, live)?;
         if cfg.capture_buffer.is_some() && !(live && io == IoChoice::Observe) {
             return Err("--capture-buffer (capture_buffer) sizes the ring of a passive monitor, a live run with --io observe (io = \"observe\"); a switch's rings are fixed, and capture files are read as they are".into());
         }
@@ -477,6 +469,33 @@ fn checked_ports(cfg: &RunConfig) -> SetupResult<Vec<PortSection>> {
         ));
     }
     Ok(ports.clone())
+}
+
+/// Where the control API of a live run listens, from `control` and its guard's files.
+fn control_endpoint(cfg: &RunConfig, live: bool) -> SetupResult<ControlAddr> {
+    use stateplane_control::endpoint::{GuardFiles, Listen};
+    let files = GuardFiles {
+        cert: cfg.control_cert.clone(),
+        key: cfg.control_key.clone(),
+        client_ca: cfg.control_client_ca.clone(),
+        token_file: cfg.control_token_file.clone(),
+    };
+    if !live && (cfg.control.is_some() || files != GuardFiles::default()) {
+        return Err("--control and its TLS settings are for live runs (ports with `iface`); a run over capture files has no control API".into());
+    }
+    Ok(match cfg.control.as_deref() {
+        Some("off") if files != GuardFiles::default() => {
+            return Err("--control off: the control API's TLS settings guard nothing; leave them out, or give --control an address".into());
+        }
+        Some("off") => ControlAddr::Off,
+        Some(text) => ControlAddr::Given(
+            Listen::parse(text, &files).map_err(|e| format!("--control {text}: {e}"))?,
+        ),
+        None if files != GuardFiles::default() => {
+            return Err("the control API's TLS settings are for a TCP endpoint: give --control HOST:PORT too (by default it listens on a Unix socket)".into());
+        }
+        None => ControlAddr::Default,
+    })
 }
 
 /// Opens the ports' capture files (and the control plane's, if given).

@@ -44,8 +44,16 @@ pub struct RunConfig {
     /// The memory the run may take (`"8G"`); three quarters of the machine's by default.
     pub memory_budget: Option<crate::units::MemoryBudget>,
     pub metrics: Option<String>,
-    /// The control API's loopback address, or "off".
+    /// Where the control API listens: a Unix socket (`unix:PATH`, the default in the run
+    /// directory), a TCP address, or "off".
     pub control: Option<String>,
+    /// TLS for a TCP control endpoint: the server's certificate chain and key (PEM).
+    pub control_cert: Option<PathBuf>,
+    pub control_key: Option<PathBuf>,
+    /// Clients of a TLS control endpoint present a certificate this CA signed.
+    pub control_client_ca: Option<PathBuf>,
+    /// Clients of a TLS control endpoint send the token this file holds.
+    pub control_token_file: Option<PathBuf>,
     /// Guarantees for the program's declared state, by name (`connections = ["replicated"]`).
     #[serde(default)]
     pub guarantees: std::collections::BTreeMap<String, Vec<String>>,
@@ -109,6 +117,16 @@ impl RunConfig {
         if let Some(key) = cfg.sync.as_mut().and_then(|s| s.key_file.as_mut()) {
             files.push(key);
         }
+        files.extend(
+            [
+                &mut cfg.control_cert,
+                &mut cfg.control_key,
+                &mut cfg.control_client_ca,
+                &mut cfg.control_token_file,
+            ]
+            .into_iter()
+            .flatten(),
+        );
         if let Some(f) = &mut cfg.flows {
             files.extend([&mut f.csv, &mut f.json].into_iter().flatten());
             files.extend(f.ipfix_file.iter_mut());

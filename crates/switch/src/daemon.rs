@@ -207,14 +207,15 @@ pub struct LiveRun {
 }
 
 /// Where the control API listens.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub enum ControlAddr {
-    /// [`stateplane_control::DEFAULT_ADDR`]. If it is taken the run does not start: a client
-    /// would otherwise program whatever holds the port (another switch) believing it
+    /// The Unix socket in the run directory
+    /// ([`stateplane_control::endpoint::default_socket`]). If another switch listens there
+    /// the run does not start: a client would otherwise program that switch believing it
     /// programs this one.
     Default,
     /// Given by the user: not being able to listen there is an error.
-    Given(std::net::SocketAddr),
+    Given(stateplane_control::endpoint::Listen),
     Off,
 }
 
@@ -338,15 +339,15 @@ fn start_control(
     handle: &Arc<RunHandle>,
     queues: &mut [LiveQueues],
 ) -> SetupResult<Option<stateplane_control::server::Server>> {
-    let addr = match run.control {
+    let listen = match &run.control {
         ControlAddr::Off => {
             log::info!("no control API (control is off): ctl cannot reach this switch");
             return Ok(None);
         }
-        ControlAddr::Given(a) => a,
-        ControlAddr::Default => stateplane_control::DEFAULT_ADDR
-            .parse()
-            .map_err(|e| format!("{e}"))?,
+        ControlAddr::Given(listen) => listen.clone(),
+        ControlAddr::Default => stateplane_control::endpoint::Listen::Unix(
+            stateplane_control::endpoint::default_socket(),
+        ),
     };
     let (plane, ends) = ControlPlane::new(queues.len(), run.factory.as_ref()(0));
     let stats = handle.clone();
@@ -358,10 +359,10 @@ fn start_control(
             .collect()
     });
     let service = ControlService::new(plane, &run.program, pipeline);
-    let server = Server::start(addr, service).map_err(|e| match run.control {
+    let server = Server::start(&listen, service).map_err(|e| match run.control {
         ControlAddr::Default => format!(
-            "--control: {e} (another switch's?); give this one --control ADDR, or \
-             --control off to run without the control API"
+            "--control: {e}; give this one --control ENDPOINT (unix:PATH or a loopback \
+             address), or --control off to run without the control API"
         ),
         _ => format!("--control: {e}"),
     })?;
@@ -370,8 +371,8 @@ fn start_control(
     }
     log::info!(
         "control API on {} (stateplane ctl --server {})",
-        server.addr,
-        server.addr
+        server.endpoint,
+        server.endpoint
     );
     Ok(Some(server))
 }
