@@ -260,6 +260,83 @@ fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
     );
 }
 
+/// `--ipfix-spool`: a run whose TCP collector is not there still runs, fails at the end
+/// saying how many records wait in the spool and where; the next run (the collector back)
+/// sends them first, and the collector then holds both runs' records, each once. A spool
+/// without a TCP collector is refused.
+#[test]
+fn a_spooled_tcp_collector_gets_a_run_it_missed_in_the_next_run() {
+    let trace = tmp("spool.pcap");
+    generate(5_000, 7, &trace);
+    let spool = tmp("spool-dir");
+    let _ = std::fs::remove_dir_all(&spool);
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let run = || {
+        bin()
+            .args(["flows", "--summary-json", "-i"])
+            .arg(&trace)
+            .args(["--ipfix-tcp", &addr.to_string(), "--ipfix-spool"])
+            .arg(&spool)
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let missed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let taken = missed["records"].as_u64().unwrap();
+    assert!(taken > 0);
+    assert_eq!(missed["records_exported"], 0);
+    assert_eq!(missed["sinks"][0]["spool"]["records_waiting"], taken);
+    assert_eq!(missed["sinks"][0]["records_lost"], 0);
+    assert!(err.contains(&format!("{taken} records wait in")), "{err}");
+
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    let collector = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let mut bytes = Vec::new();
+        conn.read_to_end(&mut bytes).unwrap();
+        bytes
+    });
+    let out = run();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records = decode_stream(&collector.join().unwrap());
+    assert_eq!(
+        records.len() as u64,
+        2 * taken,
+        "the missed run's records, then this one's"
+    );
+    let once: std::collections::HashSet<_> =
+        records[..taken as usize].iter().map(|r| r.key).collect();
+    assert_eq!(once.len() as u64, taken, "no record twice");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["sinks"][0]["spool"]["records_waiting"], 0);
+
+    let out = bin()
+        .args(["flows", "-i"])
+        .arg(&trace)
+        .args(["--ipfix", "127.0.0.1:9", "--ipfix-spool"])
+        .arg(&spool)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--ipfix-spool: a spool keeps what TCP collectors miss; give --ipfix-tcp too"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&spool);
+}
+
 /// IPFIX over UDP to a port nobody listens on: the run fails, and its summary says the
 /// collector is unreachable and that no record was delivered (it said 0 lost and exited 0).
 #[test]

@@ -130,6 +130,7 @@ impl RunConfig {
         if let Some(f) = &mut cfg.flows {
             files.extend([&mut f.csv, &mut f.json].into_iter().flatten());
             files.extend(f.ipfix_file.iter_mut());
+            files.extend(f.ipfix_spool.iter_mut());
         }
         for file in files {
             // `-` is standard output.

@@ -19,8 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod pace;
+mod spool;
 use pace::Spacing;
 pub use pace::{CollectorQueue, STALL};
+use spool::Spool;
 
 /// Where records go.
 #[derive(Clone, Debug)]
@@ -65,6 +67,8 @@ pub struct ExportConfig {
     pub pace: Pace,
     /// Send runs of equal-size UDP messages at once (UDP generic segmentation offload).
     pub gso: bool,
+    /// Where TCP collectors' spools go, and the bytes each may hold.
+    pub spool: Option<(PathBuf, u64)>,
 }
 
 /// What the exporter did.
@@ -108,6 +112,10 @@ pub struct SinkReport {
     pub unconfirmed: u64,
     /// IPFIX over TCP: times the connection was made again.
     pub reconnects: u64,
+    /// IPFIX over TCP with a spool: messages that went into it, and what is left in it at
+    /// the end (its file, and the flow records waiting there for the next run).
+    pub spooled: u64,
+    pub spool: Option<(PathBuf, u64)>,
     /// IPFIX over UDP: the collector's host refused the messages when the run ended.
     pub unreachable: bool,
     /// The first error, after which the sink wrote nothing more.
@@ -125,23 +133,37 @@ enum Out {
 
 /// A TCP collector's connection, made again when it is lost (a collector restarts; RFC
 /// 7011 10.4.2 has the exporter re-establish the connection and send its templates
-/// again): a second after, then at waits that double up to 30 s while it fails. What is
-/// written while it is down is lost and counted. Of what was written into a connection,
-/// what the collector's TCP acknowledged it received; the rest (`in_flight`, from the
-/// kernel's count of unacknowledged bytes) is counted as lost when the connection ends
-/// (IPFIX has no acknowledgements of its own: what was received and never read cannot be
-/// known).
+/// again): a second after, then at waits that double up to 30 s while it fails. Of what
+/// was written into a connection, what the collector's TCP acknowledged it received; the
+/// rest (`in_flight`, from the kernel's count of unacknowledged bytes) is taken back when
+/// the connection ends (IPFIX has no acknowledgements of its own: what was received and
+/// never read cannot be known). What is taken back, and what is exported while the
+/// connection is down, waits in the spool when there is one ([`Spool`]: sent first once
+/// the collector is back, in the order it came, and kept for the next run if the
+/// collector is not) and is lost and counted when there is none or it is full.
+///
+/// It numbers the messages of each connection itself (a message's sequence number is the
+/// data records sent before it in the connection, RFC 7011 3.1), since a message from the
+/// spool goes out in a later connection than it was made for.
 struct TcpOut {
     addr: SocketAddr,
     stream: Option<std::io::BufWriter<TcpStream>>,
     /// Bytes handed to the current connection, and the messages not known to be
-    /// acknowledged: each one's end (in those bytes) and flow records, oldest first.
+    /// acknowledged, oldest first.
     written: u64,
-    in_flight: std::collections::VecDeque<(u64, u32)>,
-    /// Flow records in messages written and not lost.
+    in_flight: std::collections::VecDeque<InFlight>,
+    /// Data records sent in the current connection: the next message's sequence number.
+    sequence: u32,
+    /// The last templates message the encoder made: what a new connection, and a spool
+    /// file, begins with.
+    templates: Vec<u8>,
+    spool: Option<Spool>,
+    /// Flow records in messages written and not taken back.
     records: u64,
-    /// Of `lost`, messages unconfirmed; and the flow records in lost messages.
+    /// Messages taken back unacknowledged (spooled, or lost without a spool), messages
+    /// that went into the spool, and flow records in lost messages.
     unconfirmed: u64,
+    spooled: u64,
     records_lost: u64,
     /// While it is down: when to try again, and the wait after a failed try, which
     /// doubles from a second up to `MAX_BACKOFF` (a try may wait up to a second itself
@@ -149,11 +171,21 @@ struct TcpOut {
     /// take the exporter's time from the other sinks).
     retry_at: Instant,
     backoff: Duration,
-    /// Messages written while it was down, and the connections made again.
+    /// Messages lost (written while it was down without room in a spool, or taken back
+    /// without one), and the connections made again.
     lost: u64,
     reconnects: u64,
     /// Why it was last lost, or last failed to connect.
     cause: Option<String>,
+}
+
+/// A message written into the connection and not yet known to be acknowledged: where it
+/// ends in the connection's bytes, its records, and (with a spool) the message itself, to
+/// be spooled if the connection ends first.
+struct InFlight {
+    end: u64,
+    records: u32,
+    message: Option<Vec<u8>>,
 }
 
 impl TcpOut {
@@ -167,6 +199,10 @@ impl TcpOut {
     /// How long the end of a run waits for the collector to acknowledge what it was sent.
     const ACK_WAIT: Duration = Duration::from_secs(2);
 
+    /// Bytes of the spool sent at a time while the run goes on (the exporter has other
+    /// sinks and new records to see to); the end of a run sends it all.
+    const PUMP: usize = 4 << 20;
+
     fn open(
         addr: &SocketAddr,
         timeout: Duration,
@@ -178,49 +214,161 @@ impl TcpOut {
         Ok(std::io::BufWriter::with_capacity(2 << 16, stream))
     }
 
-    fn connect(addr: &SocketAddr, timeout: Duration, now: Instant) -> std::io::Result<TcpOut> {
-        Ok(TcpOut {
+    /// Connects to `addr` at `now`. With a spool, a collector that cannot be reached is
+    /// tried again later, what is exported meanwhile spooled; without one, it is an error.
+    fn connect(
+        addr: &SocketAddr,
+        timeout: Duration,
+        now: Instant,
+        spool: Option<Spool>,
+    ) -> std::io::Result<TcpOut> {
+        let stream = match Self::open(addr, timeout) {
+            Ok(s) => Some(s),
+            Err(e) if spool.is_some() => {
+                log::warn!("ipfix tcp {addr}: {e}; exported records are spooled until it answers");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let mut tcp = TcpOut {
             addr: *addr,
-            stream: Some(Self::open(addr, timeout)?),
-            retry_at: now,
+            cause: stream
+                .is_none()
+                .then(|| "not reached at the start".to_string()),
+            stream,
+            retry_at: now + Self::RETRY,
             backoff: Self::RETRY,
             lost: 0,
             reconnects: 0,
-            cause: None,
             written: 0,
             in_flight: std::collections::VecDeque::new(),
+            sequence: 0,
+            templates: Vec::new(),
+            spool,
             records: 0,
             unconfirmed: 0,
+            spooled: 0,
             records_lost: 0,
-        })
+        };
+        tcp.pump(now, Self::PUMP);
+        Ok(tcp)
+    }
+
+    /// Whether messages wait in the spool (a newer one then waits behind them).
+    fn spooling(&self) -> bool {
+        self.spool.as_ref().is_some_and(|s| !s.is_empty())
     }
 
     fn write(&mut self, now: Instant, message: &[u8], records: u32) -> Sent {
-        let written = match &mut self.stream {
-            Some(stream) => stream.write_all(message),
-            None => {
-                self.lost += 1;
-                self.records_lost += u64::from(records);
-                return (0, 0);
-            }
-        };
-        match written {
-            Ok(()) => {
-                self.written += message.len() as u64;
-                self.in_flight.push_back((self.written, records));
-                self.records += u64::from(records);
-                (1, message.len())
-            }
+        if records == 0 {
+            self.templates = message.to_vec();
+        }
+        if self.stream.is_none() || self.spooling() {
+            self.keep(message, records);
+            return (0, 0);
+        }
+        match self.put(message, records) {
+            Ok(()) => (1, message.len()),
             Err(e) => {
                 self.lose(now, e);
-                self.lost += 1;
-                self.records_lost += u64::from(records);
+                self.keep(message, records);
                 (0, 0)
             }
         }
     }
 
+    /// Keeps a message that cannot be written now in the spool, or counts it lost.
+    fn keep(&mut self, message: &[u8], records: u32) {
+        let kept = match &mut self.spool {
+            // Templates go to a spool only behind data that will use them.
+            Some(spool) if records == 0 && spool.is_empty() => return,
+            Some(spool) => spool.push(&self.templates, message, records),
+            None => false,
+        };
+        if kept {
+            self.spooled += 1;
+        } else {
+            self.lost += 1;
+            self.records_lost += u64::from(records);
+        }
+    }
+
+    /// Writes one message into the connection, numbered in it.
+    fn put(&mut self, message: &[u8], records: u32) -> std::io::Result<()> {
+        let Some(stream) = &mut self.stream else {
+            return Err(std::io::ErrorKind::NotConnected.into());
+        };
+        let (Some(head), Some(tail)) = (message.get(..8), message.get(12..)) else {
+            return Err(std::io::Error::other("a message shorter than its header"));
+        };
+        stream.write_all(head)?;
+        stream.write_all(&self.sequence.to_be_bytes())?;
+        stream.write_all(tail)?;
+        self.sequence = self.sequence.wrapping_add(records);
+        self.written += message.len() as u64;
+        self.in_flight.push_back(InFlight {
+            end: self.written,
+            records,
+            message: self.spool.is_some().then(|| message.to_vec()),
+        });
+        self.records += u64::from(records);
+        Ok(())
+    }
+
+    /// Sends up to about `budget` bytes of what waits in the spool, oldest first, while
+    /// the connection holds; once it is empty, the current templates follow (the spool's
+    /// may be an earlier run's).
+    fn pump(&mut self, now: Instant, budget: usize) {
+        // A connection that has sent nothing yet needs the spool's templates before its
+        // data (sending may resume from the middle of the file).
+        if self.written == 0
+            && self.spooling()
+            && let Some(spool) = &self.spool
+        {
+            let templates = spool.templates().to_vec();
+            if !templates.is_empty()
+                && let Err(e) = self.put(&templates, 0)
+            {
+                self.lose(now, e);
+                return;
+            }
+        }
+        let mut sent = 0;
+        while self.stream.is_some() && sent < budget {
+            let Some(spool) = &mut self.spool else {
+                return;
+            };
+            let (message, records) = match spool.front() {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => {
+                    log::warn!("ipfix tcp {}: reading the spool: {e}", self.addr);
+                    return;
+                }
+            };
+            if let Err(e) = self.put(&message, records) {
+                self.lose(now, e);
+                return;
+            }
+            sent += message.len();
+            let Some(spool) = &mut self.spool else {
+                return;
+            };
+            if let Err(e) = spool.pop() {
+                log::warn!("ipfix tcp {}: the spool: {e}", self.addr);
+            }
+            if spool.is_empty() && !self.templates.is_empty() {
+                let templates = std::mem::take(&mut self.templates);
+                if let Err(e) = self.put(&templates, 0) {
+                    self.lose(now, e);
+                }
+                self.templates = templates;
+            }
+        }
+    }
+
     fn flush(&mut self, now: Instant) {
+        self.pump(now, Self::PUMP);
         match self.stream.as_mut().map(std::io::BufWriter::flush) {
             Some(Err(e)) => self.lose(now, e),
             Some(Ok(())) => {
@@ -240,50 +388,59 @@ impl TcpOut {
         let unacked =
             stateplane_io::tcp_unacknowledged(stream.get_ref()).map_or(u64::MAX, |n| n as u64);
         let acked_up_to = self.written.saturating_sub(held).saturating_sub(unacked);
-        while self
-            .in_flight
-            .front()
-            .is_some_and(|&(end, _)| end <= acked_up_to)
-        {
+        while (self.in_flight.front()).is_some_and(|m| m.end <= acked_up_to) {
             self.in_flight.pop_front();
         }
         !self.in_flight.is_empty()
     }
 
-    /// The messages not acknowledged when the connection ends are counted as lost, and
-    /// made so: the connection is aborted when dropped, not drained to the collector.
-    fn count_unconfirmed(&mut self) {
+    /// The messages not acknowledged when the connection ends are taken back (spooled,
+    /// or counted lost), and made so: the connection is aborted when dropped, not drained
+    /// to the collector.
+    fn take_back_unconfirmed(&mut self) {
         if self.acknowledged()
             && let Some(stream) = &self.stream
             && let Err(e) = stateplane_io::tcp_abort_on_close(stream.get_ref())
         {
             log::warn!("ipfix tcp {}: cannot abort the connection: {e}", self.addr);
         }
-        for (_, records) in self.in_flight.drain(..) {
+        let unconfirmed = std::mem::take(&mut self.in_flight);
+        for m in unconfirmed {
             self.unconfirmed += 1;
-            self.lost += 1;
-            self.records_lost += u64::from(records);
-            self.records -= u64::from(records);
+            self.records -= u64::from(m.records);
+            match m.message {
+                Some(message) => self.keep(&message, m.records),
+                None => {
+                    self.lost += 1;
+                    self.records_lost += u64::from(m.records);
+                }
+            }
         }
         self.written = 0;
     }
 
-    /// The end of the run: what was written goes out, and the collector has a moment
-    /// (`ACK_WAIT`) to acknowledge it; what it has not is counted as unconfirmed.
+    /// The end of the run: the spool and what was written go out, and the collector has a
+    /// moment (`ACK_WAIT`) to acknowledge it; what it has not is taken back.
     fn settle(&mut self, now: Instant) {
+        self.pump(now, usize::MAX);
         self.flush(now);
         let deadline = Instant::now() + Self::ACK_WAIT;
         while self.acknowledged() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
         if self.stream.is_some() {
-            self.count_unconfirmed();
+            self.take_back_unconfirmed();
+        }
+        if let Some(spool) = &mut self.spool
+            && let Err(e) = spool.close()
+        {
+            log::warn!("ipfix tcp {}: the spool: {e}", self.addr);
         }
     }
 
     /// The connection failed at `now` with `e`: it is dropped, and a new one tried later.
     fn lose(&mut self, now: Instant, e: std::io::Error) {
-        self.count_unconfirmed();
+        self.take_back_unconfirmed();
         // A write that timed out says only "Resource temporarily unavailable".
         let cause = match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
@@ -291,8 +448,13 @@ impl TcpOut {
             }
             _ => e.to_string(),
         };
+        let meanwhile = if self.spool.is_some() {
+            "spooled"
+        } else {
+            "lost"
+        };
         log::warn!(
-            "ipfix tcp {}: {cause}; connecting again, what is exported until then is lost",
+            "ipfix tcp {}: {cause}; connecting again, what is exported until then is {meanwhile}",
             self.addr
         );
         self.stream = None;
@@ -301,7 +463,8 @@ impl TcpOut {
     }
 
     /// Connects again if the connection is down and it is time to try (at `now`): whether
-    /// it did, so that a new IPFIX stream begins.
+    /// it did, so that a new IPFIX stream begins (the templates first, then what waits in
+    /// the spool).
     fn reconnect(&mut self, now: Instant) -> bool {
         if self.stream.is_some() || now < self.retry_at {
             return false;
@@ -309,13 +472,17 @@ impl TcpOut {
         match Self::open(&self.addr, Self::RETRY) {
             Ok(stream) => {
                 self.stream = Some(stream);
+                self.sequence = 0;
                 self.backoff = Self::RETRY;
                 self.reconnects += 1;
+                let waiting = self.spool.as_ref().map_or(0, Spool::records);
                 log::info!(
-                    "ipfix tcp {}: connected again ({} messages lost while it was down)",
+                    "ipfix tcp {}: connected again ({} messages lost while it was down, \
+                     {waiting} records in the spool to send first)",
                     self.addr,
                     self.lost
                 );
+                self.pump(now, Self::PUMP);
                 true
             }
             Err(e) => {
@@ -393,11 +560,38 @@ impl Sink {
                 )
             }
             SinkSpec::IpfixTcp(addr) => {
-                // The first connection must be made: a wrong address is the user's to fix.
-                let tcp = TcpOut::connect(addr, Duration::from_secs(5), now).map_err(|e| {
-                    let flag = c.naming.name("ipfix_tcp");
-                    format!("{flag} {addr}: {e} (is a collector listening there?)")
-                })?;
+                let spool = match &c.spool {
+                    Some((dir, max)) => {
+                        let flag = c.naming.name("ipfix_spool");
+                        let (spool, found) = Spool::open(dir, addr, *max)
+                            .map_err(|e| format!("{flag} {}: {e}", dir.display()))?;
+                        if found.records > 0 {
+                            log::info!(
+                                "ipfix tcp {addr}: {} records of an earlier run wait in {}; \
+                                 they go first",
+                                found.records,
+                                spool.path().display()
+                            );
+                        }
+                        if found.dropped_bytes > 0 {
+                            log::warn!(
+                                "ipfix tcp {addr}: {} bytes at the end of {} were not a whole \
+                                 message (a run that ended mid-write); dropped",
+                                found.dropped_bytes,
+                                spool.path().display()
+                            );
+                        }
+                        Some(spool)
+                    }
+                    None => None,
+                };
+                // Without a spool the first connection must be made: a wrong address is
+                // the user's to fix.
+                let tcp =
+                    TcpOut::connect(addr, Duration::from_secs(5), now, spool).map_err(|e| {
+                        let flag = c.naming.name("ipfix_tcp");
+                        format!("{flag} {addr}: {e} (is a collector listening there?)")
+                    })?;
                 (
                     format!("ipfix tcp {addr}"),
                     Out::Tcp(tcp),
@@ -540,11 +734,19 @@ impl Sink {
                 report.records = tcp.records;
                 (report.lost, report.records_lost) = (tcp.lost, tcp.records_lost);
                 (report.unconfirmed, report.reconnects) = (tcp.unconfirmed, tcp.reconnects);
+                report.spooled = tcp.spooled;
+                report.spool = (tcp.spool.as_ref()).map(|s| (s.path().to_path_buf(), s.records()));
                 if tcp.stream.is_none() && error.is_none() {
                     let cause = tcp.cause.as_deref().unwrap_or("lost");
+                    let waiting = match &report.spool {
+                        Some((path, n @ 1..)) => {
+                            format!("; {n} records wait in {} for the next run", path.display())
+                        }
+                        _ => String::new(),
+                    };
                     error = Some(format!(
-                        "the connection is down ({cause}), {} messages lost (is the collector \
-                         running and listening there?)",
+                        "the connection is down ({cause}), {} messages lost{waiting} (is the \
+                         collector running and listening there?)",
                         tcp.lost
                     ));
                 }
@@ -1094,7 +1296,7 @@ mod tests {
     }
 
     /// `n` IPv4 records of one packet each, told apart by their source port from `first`.
-    fn records(first: u16, n: u16) -> Vec<FlowRecord> {
+    pub(super) fn records(first: u16, n: u16) -> Vec<FlowRecord> {
         use stateplane_flows::flow_stats::{FlowStats, Observation};
         let o = Observation {
             ts_ns: 1_700_000_000_000_000_000,
@@ -1127,28 +1329,180 @@ mod tests {
             mtu: MessageSize::Auto,
             pace: Pace::Rate(ByteRate(0)),
             gso: false,
+            spool: None,
         }
     }
 
     /// Reads IPFIX messages from `conn` until `records` records have come (or 5 s pass):
     /// each message's sequence number, and the records' source ports.
     fn read_messages(conn: &mut TcpStream, records: usize) -> (Vec<u32>, Vec<u16>) {
+        let messages = read_stream(conn, records);
+        let sequences = messages.iter().map(|(s, _)| *s).collect();
+        (
+            sequences,
+            messages.into_iter().flat_map(|(_, p)| p).collect(),
+        )
+    }
+
+    /// Reads IPFIX messages from `conn` until `records` records have come (or 5 s pass):
+    /// each message's sequence number and its records' source ports.
+    fn read_stream(conn: &mut TcpStream, records: usize) -> Vec<(u32, Vec<u16>)> {
         use std::io::Read;
         conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut decoder = stateplane_flows::ipfix::Decoder::default();
-        let (mut sequences, mut ports) = (Vec::new(), Vec::new());
+        let (mut messages, mut got) = (Vec::new(), 0);
         let mut header = [0u8; 16];
-        while ports.len() < records {
+        while got < records {
             conn.read_exact(&mut header).unwrap();
             let len = usize::from(u16::from_be_bytes([header[2], header[3]]));
             let mut message = header.to_vec();
             message.resize(len, 0);
             conn.read_exact(&mut message[16..]).unwrap();
-            let (header, got) = decoder.decode(&message).unwrap();
-            sequences.push(header.sequence);
-            ports.extend(got.iter().map(|r| r.key.src_port));
+            let (header, records) = decoder.decode(&message).unwrap();
+            got += records.len();
+            messages.push((
+                header.sequence,
+                records.iter().map(|r| r.key.src_port).collect(),
+            ));
         }
-        (sequences, ports)
+        messages
+    }
+
+    /// Whether each message's sequence number counts the data records before it in the
+    /// connection (RFC 7011 3.1).
+    fn numbered_in_order(messages: &[(u32, Vec<u16>)]) -> bool {
+        let mut before = 0;
+        messages.iter().all(|(sequence, ports)| {
+            let ok = *sequence == before;
+            before += ports.len() as u32;
+            ok
+        })
+    }
+
+    /// A spool directory for one test, emptied first.
+    fn spool_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "stateplane-test-export-spool-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// With a spool, a collector that goes away and comes back misses nothing: what was
+    /// exported while it was away, and what it never acknowledged, goes to it first on the
+    /// new connection, in the order it was exported, numbered in that connection; nothing
+    /// is lost and no record comes twice.
+    #[test]
+    fn with_a_spool_a_tcp_collector_that_comes_back_misses_nothing() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dir = spool_dir("back");
+        let config = ExportConfig {
+            spool: Some((dir.clone(), 1 << 30)),
+            ..tcp_config(listener.local_addr().unwrap())
+        };
+        let mut sink = Driven::open(&config);
+        let (mut first, _) = listener.accept().unwrap();
+        sink.records(&records(1000, 10));
+        sink.flush();
+        let (_, ports) = read_messages(&mut first, 10);
+        assert_eq!(ports, (1000..1010).collect::<Vec<_>>());
+
+        // The collector goes: what the exporter writes until it notices, and after, is
+        // spooled.
+        drop(first);
+        let down = |sink: &Driven| matches!(sink.out(), Out::Tcp(t) if t.stream.is_none());
+        let mut sent: Vec<u16> = Vec::new();
+        for i in 0..100 {
+            if down(&sink) {
+                break;
+            }
+            sink.records(&records(2000 + i * 10, 10));
+            sent.extend(2000 + i * 10..2010 + i * 10);
+            sink.flush();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(down(&sink), "the lost connection was never noticed");
+        sink.records(&records(3000, 10));
+        sent.extend(3000..3010);
+        sink.flush();
+        if let Out::Tcp(t) = sink.out_mut() {
+            assert!(t.spool.as_ref().is_some_and(|s| s.records() >= 10));
+            assert_eq!(t.lost, 0);
+            t.retry_at = Instant::now();
+        }
+        // Back: the spool first, then what comes after.
+        sink.records(&records(4000, 20));
+        sent.extend(4000..4020);
+        sink.flush();
+        let (mut second, _) = listener.accept().unwrap();
+        let messages = read_stream(&mut second, sent.len());
+        let received: Vec<u16> = messages.iter().flat_map(|(_, p)| p.clone()).collect();
+        assert_eq!(received, sent, "every record once, in the order exported");
+        assert!(numbered_in_order(&messages), "{messages:?}");
+        let report = sink.finish();
+        assert_eq!((report.lost, report.records_lost), (0, 0), "{report:?}");
+        assert_eq!((report.reconnects, &report.error), (1, &None), "{report:?}");
+        assert!(report.spooled >= 1, "{report:?}");
+        assert_eq!(report.records, 10 + sent.len() as u64, "{report:?}");
+        assert_eq!(report.spool.as_ref().map(|s| s.1), Some(0));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// With a spool, a collector not reachable at the start is waited for; what a run
+    /// could not deliver is left in the spool (an error says where), and the next run that
+    /// spools there sends it first, before its own records.
+    #[test]
+    fn what_a_spool_holds_at_the_end_goes_first_in_the_next_run() {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let dir = spool_dir("next");
+        let config = ExportConfig {
+            spool: Some((dir.clone(), 1 << 30)),
+            ..tcp_config(addr)
+        };
+        let mut sink = Driven::open(&config);
+        sink.records(&records(100, 50));
+        let report = sink.finish();
+        assert_eq!((report.lost, report.records), (0, 0), "{report:?}");
+        let (file, waiting) = report.spool.clone().unwrap();
+        assert_eq!(waiting, 50);
+        let error = report.error.unwrap_or_default();
+        assert!(
+            error.contains("the connection is down") && error.contains("50 records wait in"),
+            "{error}"
+        );
+        // The spool is an IPFIX file of its own: templates, then the records.
+        let bytes = std::fs::read(&file).unwrap();
+        let mut decoder = stateplane_flows::ipfix::Decoder::default();
+        let (mut at, mut kept) = (0, 0);
+        while at < bytes.len() {
+            let len = usize::from(u16::from_be_bytes([bytes[at + 2], bytes[at + 3]]));
+            kept += decoder.decode(&bytes[at..at + len]).unwrap().1.len();
+            at += len;
+        }
+        assert_eq!(kept, 50);
+
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        let mut sink = Driven::open(&config);
+        let (mut conn, _) = listener.accept().unwrap();
+        sink.records(&records(200, 5));
+        sink.flush();
+        let messages = read_stream(&mut conn, 55);
+        let received: Vec<u16> = messages.iter().flat_map(|(_, p)| p.clone()).collect();
+        let expected: Vec<u16> = (100..150).chain(200..205).collect();
+        assert_eq!(received, expected);
+        assert!(numbered_in_order(&messages), "{messages:?}");
+        let report = sink.finish();
+        assert_eq!((report.records, &report.error), (55, &None), "{report:?}");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            0,
+            "the spool is empty"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A collector that goes away and comes back gets a new connection, which is a new

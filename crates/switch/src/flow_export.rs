@@ -4,7 +4,7 @@
 
 use crate::SetupResult;
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
-use crate::units::{MessageSize, Pace, bounded};
+use crate::units::{MessageSize, Pace, SpoolSize, bounded};
 use stateplane_flows::aggregator::Timeouts;
 use stateplane_flows::ipfix::Features;
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
@@ -24,9 +24,19 @@ pub struct FlowSettings {
     pub ipfix: Vec<SocketAddr>,
     /// Send IPFIX over TCP to this collector (a connection lost later is made again, a
     /// second later and then at waits doubling up to 30 s, as a new stream; what is
-    /// exported meanwhile is lost and counted).
+    /// exported meanwhile is lost and counted, or spooled with --ipfix-spool).
     #[arg(long)]
     pub ipfix_tcp: Vec<SocketAddr>,
+    /// Keep what a TCP collector misses (exported while its connection is down, or never
+    /// acknowledged when it ends) in this directory, one IPFIX file per collector, and
+    /// send it first once the collector is back, in this run or the next one that spools
+    /// there. With a spool, a collector not reachable at the start is waited for.
+    #[arg(long, value_name = "DIR")]
+    pub ipfix_spool: Option<PathBuf>,
+    /// The bytes each TCP collector's spool may hold (k, M, G or T); past it, messages
+    /// are lost and counted.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT.ipfix_spool_max)]
+    pub ipfix_spool_max: SpoolSize,
     /// Write IPFIX to this file (RFC 5655).
     #[arg(long)]
     pub ipfix_file: Vec<PathBuf>,
@@ -101,6 +111,8 @@ pub struct FlowSettings {
 const DEFAULT: FlowSettings = FlowSettings {
     ipfix: Vec::new(),
     ipfix_tcp: Vec::new(),
+    ipfix_spool: None,
+    ipfix_spool_max: SpoolSize(1_000_000_000),
     ipfix_file: Vec::new(),
     csv: None,
     json: None,
@@ -196,6 +208,14 @@ impl FlowSettings {
             extremes: features.needs_extremes(),
             ..StageConfig::default()
         };
+        if self.ipfix_spool.is_some() && self.ipfix_tcp.is_empty() {
+            return Err(format!(
+                "{}: a spool keeps what TCP collectors miss; give {} too (a UDP collector's \
+                 losses are counted, a file's writes are checked)",
+                name("ipfix_spool"),
+                name("ipfix_tcp")
+            ));
+        }
         let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();
         sinks.extend(self.ipfix_tcp.iter().map(|a| SinkSpec::IpfixTcp(*a)));
         sinks.extend(
@@ -241,6 +261,7 @@ impl FlowSettings {
                 mtu: self.mtu,
                 pace: self.ipfix_rate,
                 gso: self.ipfix_gso,
+                spool: (self.ipfix_spool.clone()).map(|dir| (dir, self.ipfix_spool_max.0)),
             },
             live,
         )?;
@@ -307,6 +328,9 @@ impl FlowReport {
                 serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
                 "records": s.records, "lost_messages": s.lost, "records_lost": s.records_lost,
                 "unconfirmed_messages": s.unconfirmed, "reconnects": s.reconnects,
+                "spooled_messages": s.spooled,
+                "spool": (s.spool.as_ref()).map(|(path, records)| serde_json::json!({
+                    "file": path, "records_waiting": records})),
                 "unreachable": s.unreachable, "error": s.error,
                 "collector_queue": collector})
             })
@@ -369,7 +393,22 @@ impl FlowReport {
                 ),
                 Some(e) => write!(s, "{name}: FAILED after {units} messages: {e}"),
             };
-            if sink.reconnects > 0 || sink.unconfirmed > 0 {
+            if sink.spool.is_some() && (sink.spooled > 0 || sink.reconnects > 0) {
+                let (spooled, again) = (sink.spooled, sink.reconnects);
+                let _ = write!(
+                    s,
+                    "; {spooled} messages spooled while the collector was away or before it \
+                     acknowledged them ({} unconfirmed; connected again {again} times)",
+                    sink.unconfirmed
+                );
+                if sink.lost > 0 {
+                    let _ = write!(
+                        s,
+                        "; LOST {} messages ({} records): the spool was full",
+                        sink.lost, sink.records_lost
+                    );
+                }
+            } else if sink.reconnects > 0 || sink.unconfirmed > 0 {
                 let (lost, again) = (sink.lost, sink.reconnects);
                 let _ = write!(
                     s,

@@ -153,7 +153,14 @@ macro_rules! from_number_or_text {
     )*};
 }
 
-from_number_or_text!(MessageSize, ByteRate, Pace, CaptureBuffer, MemoryBudget);
+from_number_or_text!(
+    MessageSize,
+    ByteRate,
+    Pace,
+    CaptureBuffer,
+    MemoryBudget,
+    SpoolSize
+);
 
 /// The memory a run may take, in bytes: a number with k, M or G (or T), at least 16M.
 /// Tables, sketches and rings sized by the configuration are checked against it before
@@ -180,6 +187,36 @@ impl std::str::FromStr for MemoryBudget {
             .filter(|&n| n >= 16_000_000)
             .map(MemoryBudget)
             .ok_or_else(|| format!("'{s}' is not a number of bytes of at least 16M (e.g. 8G)"))
+    }
+}
+
+/// The bytes a TCP collector's spool may hold on disk: a number with k, M, G (or T), at
+/// least 1M.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub struct SpoolSize(pub u64);
+
+impl std::str::FromStr for SpoolSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bytes = match s.strip_suffix('T') {
+            Some(tera) => scaled_number(&format!("{tera}G")).and_then(|g| g.checked_mul(1000)),
+            None => scaled_number(s),
+        };
+        bytes
+            .filter(|&n| n >= 1_000_000)
+            .map(SpoolSize)
+            .ok_or_else(|| format!("'{s}' is not a number of bytes of at least 1M (e.g. 1G)"))
+    }
+}
+
+impl std::fmt::Display for SpoolSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            n if n % 1_000_000_000 == 0 => write!(f, "{}G", n / 1_000_000_000),
+            n if n % 1_000_000 == 0 => write!(f, "{}M", n / 1_000_000),
+            n => write!(f, "{n}"),
+        }
     }
 }
 
