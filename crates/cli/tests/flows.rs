@@ -337,6 +337,58 @@ fn a_spooled_tcp_collector_gets_a_run_it_missed_in_the_next_run() {
     let _ = std::fs::remove_dir_all(&spool);
 }
 
+/// A CSV file on a disk too small for it (a 64 KiB tmpfs): the run fails saying the disk
+/// refuses writes and how many records were lost, and the file holds whole lines only:
+/// those the summary counts as written.
+#[test]
+fn a_flow_file_on_a_full_disk_keeps_whole_lines_and_counts_what_was_lost() {
+    let trace = tmp("full-disk.pcap");
+    generate(20_000, 8, &trace);
+    let disk = tmp("full-disk-mount");
+    std::fs::create_dir_all(&disk).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a small tmpfs needs root");
+    let csv = disk.join("flows.csv");
+    let out = bin()
+        .args(["flows", "--summary-json", "-i"])
+        .arg(&trace)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap_or_default();
+    let _ = std::process::Command::new("umount").arg(&disk).status();
+    let _ = std::fs::remove_dir_all(&disk);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the disk refuses writes (No space left on device"),
+        "{err}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sink = &summary["sinks"][0];
+    let (written, lost) = (
+        sink["records"].as_u64().unwrap(),
+        sink["records_lost"].as_u64().unwrap(),
+    );
+    assert!(written > 0 && lost > 0, "{sink}");
+    assert_eq!(
+        written + lost,
+        summary["records"].as_u64().unwrap(),
+        "{sink}"
+    );
+    assert!(text.ends_with('\n'), "whole lines only");
+    assert_eq!(
+        text.lines().count() as u64,
+        written + 1,
+        "the header and every record written"
+    );
+}
+
 /// IPFIX over UDP to a port nobody listens on: the run fails, and its summary says the
 /// collector is unreachable and that no record was delivered (it said 0 lost and exited 0).
 #[test]

@@ -18,8 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod file_out;
 mod pace;
 mod spool;
+use file_out::FileOut;
 use pace::Spacing;
 pub use pace::{CollectorQueue, STALL};
 use spool::Spool;
@@ -118,6 +120,10 @@ pub struct SinkReport {
     pub spool: Option<(PathBuf, u64)>,
     /// IPFIX over UDP: the collector's host refused the messages when the run ended.
     pub unreachable: bool,
+    /// A file sink; and the times its disk took writes again after refusing them (a full
+    /// disk).
+    pub file: bool,
+    pub recovered: u64,
     /// The first error, after which the sink wrote nothing more.
     pub error: Option<String>,
     /// IPFIX over UDP paced by its collector's socket queue: what it saw of it.
@@ -128,6 +134,8 @@ enum Out {
     /// Each UDP collector is paced on its own.
     Udp(UdpOut),
     Tcp(TcpOut),
+    File(FileOut),
+    /// Standard output.
     Stream(Box<dyn Write + Send>),
 }
 
@@ -510,13 +518,11 @@ struct Sink {
     error: Option<String>,
 }
 
-fn file_or_stdout(path: &Option<PathBuf>) -> SetupResult<Box<dyn Write + Send>> {
+/// A file sink, or standard output (`None`).
+fn file_or_stdout(path: &Option<PathBuf>) -> SetupResult<Out> {
     Ok(match path {
-        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
-        Some(p) => Box::new(std::io::BufWriter::with_capacity(
-            1 << 20,
-            std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        )),
+        None => Out::Stream(Box::new(std::io::BufWriter::new(std::io::stdout()))),
+        Some(p) => Out::File(FileOut::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
     })
 }
 
@@ -600,24 +606,18 @@ impl Sink {
             }
             SinkSpec::IpfixFile(p) => (
                 format!("ipfix file {}", p.display()),
-                Out::Stream(
-                    file_or_stdout(&Some(p.clone()))
-                        .map_err(|e| format!("{} {e}", c.naming.name("ipfix_file")))?,
-                ),
+                file_or_stdout(&Some(p.clone()))
+                    .map_err(|e| format!("{} {e}", c.naming.name("ipfix_file")))?,
                 ipfix(65_535, TemplateRefresh::ONCE),
             ),
             SinkSpec::Csv(p) => (
                 "csv".to_string(),
-                Out::Stream(
-                    file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("csv")))?,
-                ),
+                file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("csv")))?,
                 Format::Csv,
             ),
             SinkSpec::Json(p) => (
                 "json".to_string(),
-                Out::Stream(
-                    file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("json")))?,
-                ),
+                file_or_stdout(p).map_err(|e| format!("{} {e}", c.naming.name("json")))?,
                 Format::Json,
             ),
         };
@@ -641,6 +641,11 @@ impl Sink {
         let r = match &mut self.out {
             Out::Udp(udp) => udp.push(now, bytes, records),
             Out::Tcp(tcp) => Ok(tcp.write(now, bytes, records)),
+            // It counts what reaches the file itself.
+            Out::File(f) => {
+                f.write(bytes, records);
+                Ok((0, 0))
+            }
             Out::Stream(w) => {
                 let r = w.write_all(bytes).map(|()| (1, bytes.len()));
                 if r.is_ok() {
@@ -689,6 +694,7 @@ impl Sink {
         self.flush_udp();
         match &mut self.out {
             Out::Tcp(tcp) => tcp.flush(now),
+            Out::File(f) => f.flush(),
             Out::Stream(w) => {
                 if let Err(e) = w.flush()
                     && self.error.is_none()
@@ -750,6 +756,20 @@ impl Sink {
                         tcp.lost
                     ));
                 }
+            }
+            Out::File(mut f) => {
+                let failed = f.finish();
+                error = error.or(failed);
+                (report.records, report.lost, report.records_lost) =
+                    (f.records, f.lost, f.records_lost);
+                (report.file, report.recovered) = (true, f.recovered);
+                return SinkReport {
+                    name,
+                    units: f.units,
+                    bytes: f.bytes,
+                    error,
+                    ..report
+                };
             }
             Out::Stream(_) => {}
         }

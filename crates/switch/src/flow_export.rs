@@ -328,7 +328,7 @@ impl FlowReport {
                 serde_json::json!({"sink": s.name, "messages": s.units, "bytes": s.bytes,
                 "records": s.records, "lost_messages": s.lost, "records_lost": s.records_lost,
                 "unconfirmed_messages": s.unconfirmed, "reconnects": s.reconnects,
-                "spooled_messages": s.spooled,
+                "spooled_messages": s.spooled, "disk_recovered": s.recovered,
                 "spool": (s.spool.as_ref()).map(|(path, records)| serde_json::json!({
                     "file": path, "records_waiting": records})),
                 "unreachable": s.unreachable, "error": s.error,
@@ -416,6 +416,21 @@ impl FlowReport {
                      before it acknowledged them ({} unconfirmed; connected again {again} times)",
                     sink.records_lost, sink.unconfirmed
                 );
+            } else if sink.file {
+                if sink.recovered > 0 && sink.error.is_none() {
+                    let _ = write!(
+                        s,
+                        "; the disk refused writes and took them again {} times",
+                        sink.recovered
+                    );
+                }
+                if sink.lost > 0 && sink.error.is_none() {
+                    let _ = write!(
+                        s,
+                        "; LOST {} units ({} records) while the disk refused writes",
+                        sink.lost, sink.records_lost
+                    );
+                }
             } else if sink.lost > 0 && !sink.unreachable {
                 let _ = write!(
                     s,
