@@ -1190,28 +1190,31 @@ fn flows(client: &mut Client, target: &FlowTarget, change: FlowChange) -> CliRes
         FlowChange::Replace { .. } => "replaced".into(),
         FlowChange::Expire(_) => "expired".into(),
     };
-    let reply = client.flows(&name, &change).map_err(|e| e.to_string())?;
-    let (version, rules) = (reply.version, &reply.flows);
-    for r in rules {
-        if dump {
-            println!("{}", dumped_flow(r));
-        } else {
-            println!("{}", r.rule);
-        }
-    }
+    // Printed piece by piece as they come: a dump of any size holds one piece at a time.
+    let mut answered = 0;
+    let reply = client
+        .flows_each(&name, &change, |piece| {
+            for r in &piece {
+                if dump {
+                    println!("{}", dumped_flow(r));
+                } else {
+                    println!("{}", r.rule);
+                }
+            }
+            answered += piece.len();
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let version = reply.version;
     match change {
         FlowChange::Add { .. } => eprintln!("{what} at version {version}"),
         FlowChange::Replace { table, .. } => eprintln!(
-            "replaced the rules of {name}{} at version {version}: {} deleted (above), {} added, {} kept",
+            "replaced the rules of {name}{} at version {version}: {answered} deleted (above), {} added, {} kept",
             table.map_or(String::new(), |t| format!(" table {t}")),
-            rules.len(),
             reply.added,
             reply.kept
         ),
-        _ => eprintln!(
-            "{what} {} rules of {name} at version {version}",
-            rules.len()
-        ),
+        _ => eprintln!("{what} {answered} rules of {name} at version {version}"),
     }
     Ok(())
 }

@@ -327,19 +327,49 @@ impl Client {
 
     /// Applies a change to rule pipeline `name` (or dumps it); the version, the rules
     /// dumped, modified or deleted, and what a replace added and kept.
+    /// Applies `change` to the rules of the pipeline `name`: the version, added and kept,
+    /// with every rule it answers with (see [`Client::flows_each`]).
     pub fn flows(
         &mut self,
         name: &str,
         change: &FlowChange,
     ) -> Result<pb::FlowsReply, ClientError> {
-        let request = pb::FlowsRequest {
-            name: name.to_string(),
-            change: Some(convert::flow_change_to_pb(change)?),
-        };
-        Ok(self
-            .runtime
-            .block_on(self.inner.flows(request))?
-            .into_inner())
+        let mut flows = Vec::new();
+        let mut reply = self.flows_each(name, change, |piece| {
+            flows.extend(piece);
+            Ok(())
+        })?;
+        reply.flows = flows;
+        Ok(reply)
+    }
+
+    /// Applies `change` to the rules of the pipeline `name`, of any size: the lines of an
+    /// add or a replace go in pieces (applied all or none), and the rules it answers with
+    /// (dumped, modified, deleted) come to `each` piece by piece. The version, added and
+    /// kept (with no rules).
+    pub fn flows_each(
+        &mut self,
+        name: &str,
+        change: &FlowChange,
+        mut each: impl FnMut(Vec<pb::Flow>) -> Result<(), ClientError>,
+    ) -> Result<pb::FlowsReply, ClientError> {
+        let requests: Vec<pb::FlowsRequest> = flow_pieces(change)
+            .iter()
+            .map(|piece| {
+                Ok(pb::FlowsRequest {
+                    name: name.to_string(),
+                    change: Some(convert::flow_change_to_pb(piece)?),
+                })
+            })
+            .collect::<Result<_, tonic::Status>>()?;
+        let call = self.inner.flows_stream(tokio_stream::iter(requests));
+        let mut pieces = self.runtime.block_on(call)?.into_inner();
+        let mut reply = pb::FlowsReply::default();
+        while let Some(mut piece) = self.runtime.block_on(pieces.message())? {
+            each(std::mem::take(&mut piece.flows))?;
+            reply = piece;
+        }
+        Ok(reply)
     }
 
     /// Streams notifications to `each` until it returns false, `limit` have come, or
@@ -374,4 +404,41 @@ impl Client {
             Ok(seen)
         })
     }
+}
+
+/// A change in the pieces it is sent in: an add's or a replace's lines in runs of at most
+/// [`crate::PIECE`] lines and about 1 MiB (well inside gRPC's 4 MB message limit), any
+/// other change whole.
+fn flow_pieces(change: &FlowChange) -> Vec<FlowChange> {
+    const BYTES: usize = 1 << 20;
+    let lines = match change {
+        FlowChange::Add { lines, .. } | FlowChange::Replace { lines, .. } => lines,
+        _ => return vec![change.clone()],
+    };
+    let mut runs: Vec<Vec<String>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for line in lines {
+        let run_full = runs.last().is_some_and(|r| r.len() >= crate::PIECE);
+        if run_full || (bytes + line.len() > BYTES && bytes > 0) {
+            runs.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += line.len();
+        if let Some(run) = runs.last_mut() {
+            run.push(line.clone());
+        }
+    }
+    (runs.into_iter())
+        .map(|lines| match change {
+            FlowChange::Add { keep_counters, .. } => FlowChange::Add {
+                lines,
+                keep_counters: *keep_counters,
+            },
+            FlowChange::Replace { table, .. } => FlowChange::Replace {
+                table: *table,
+                lines,
+            },
+            other => other.clone(),
+        })
+        .collect()
 }

@@ -4,7 +4,7 @@ use crate::convert::{self, status};
 use crate::endpoint::{self, CheckToken, Listen};
 use crate::pb::{self, control_server};
 use stateplane_runtime::ControlPlane;
-use stateplane_state::{ControlError, Declaration, Reply, Request};
+use stateplane_state::{ControlError, Declaration, FlowChange, Reply, Request};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -460,15 +460,104 @@ impl control_server::Control for ControlService {
         let from = Some(endpoint::client_of(&request));
         let r = request.into_inner();
         let change = convert::flow_change_from_pb(r.change.as_ref())?;
-        let done = self
-            .submit(
-                from,
-                Request::Flows {
-                    name: r.name,
-                    change,
-                },
-            )
-            .await?;
+        let (reply, flows) = self.apply_flows(from, r.name, change).await?;
+        Ok(Response::new(pb::FlowsReply {
+            flows: flows.iter().map(convert::flow_to_pb).collect(),
+            ..reply
+        }))
+    }
+
+    type FlowsStreamStream = Pin<Box<dyn Stream<Item = Result<pb::FlowsReply, Status>> + Send>>;
+
+    async fn flows_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::FlowsRequest>>,
+    ) -> Result<Response<Self::FlowsStreamStream>, Status> {
+        let from = Some(endpoint::client_of(&request));
+        let mut pieces = request.into_inner();
+        let mut whole: Option<(String, FlowChange)> = None;
+        while let Some(piece) = pieces.message().await? {
+            let change = convert::flow_change_from_pb(piece.change.as_ref())?;
+            match &mut whole {
+                None => whole = Some((piece.name, change)),
+                Some((name, so_far)) => {
+                    if piece.name != *name {
+                        return Err(Status::invalid_argument(format!(
+                            "a streamed flows request is to one pipeline: `{name}`, then `{}`",
+                            piece.name
+                        )));
+                    }
+                    join_lines(so_far, change)?;
+                }
+            }
+        }
+        let Some((name, change)) = whole else {
+            return Err(Status::invalid_argument(
+                "a flows stream with no request in it",
+            ));
+        };
+        let (reply, flows) = self.apply_flows(from, name, change).await?;
+        // Each piece is converted as it goes out: the rules are held once, here.
+        let (mut flows, mut first) = (flows.into_iter(), true);
+        let pieces = std::iter::from_fn(move || {
+            let piece: Vec<pb::Flow> = (flows.by_ref().take(crate::PIECE))
+                .map(|f| convert::flow_to_pb(&f))
+                .collect();
+            let send = first || !piece.is_empty();
+            first = false;
+            send.then(|| {
+                Ok(pb::FlowsReply {
+                    flows: piece,
+                    ..reply.clone()
+                })
+            })
+        });
+        Ok(Response::new(Box::pin(tokio_stream::iter(pieces))))
+    }
+}
+
+/// Joins a further piece of a streamed add or replace to what came before: the same
+/// change (the same table, the same counters' keeping), more lines.
+fn join_lines(so_far: &mut FlowChange, more: FlowChange) -> Result<(), Status> {
+    match (so_far, more) {
+        (
+            FlowChange::Add {
+                lines,
+                keep_counters,
+            },
+            FlowChange::Add {
+                lines: more,
+                keep_counters: keep,
+            },
+        ) if *keep_counters == keep => lines.extend(more),
+        (
+            FlowChange::Replace { table, lines },
+            FlowChange::Replace {
+                table: t,
+                lines: more,
+            },
+        ) if *table == t => lines.extend(more),
+        _ => {
+            return Err(Status::invalid_argument(
+                "only the lines of one add or one replace come in several messages, each \
+                 the same change",
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl ControlService {
+    /// Applies a change to the rules of `name` (from the client `from`): the reply's
+    /// version, added and kept, and the rules it answers with (dumped, modified, deleted,
+    /// or those a replace deleted).
+    async fn apply_flows(
+        &self,
+        from: Option<String>,
+        name: String,
+        change: FlowChange,
+    ) -> Result<(pb::FlowsReply, Vec<stateplane_state::FlowStat>), Status> {
+        let done = self.submit(from, Request::Flows { name, change }).await?;
         let (flows, added, kept) = match done.reply {
             Reply::Flows(fs) => (fs, 0, 0),
             Reply::Replaced {
@@ -478,12 +567,13 @@ impl control_server::Control for ControlService {
             } => (removed, added, kept),
             _ => (Vec::new(), 0, 0),
         };
-        Ok(Response::new(pb::FlowsReply {
+        let reply = pb::FlowsReply {
             version: done.version,
-            flows: flows.iter().map(convert::flow_to_pb).collect(),
+            flows: Vec::new(),
             added,
             kept,
-        }))
+        };
+        Ok((reply, flows))
     }
 }
 

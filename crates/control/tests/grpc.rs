@@ -367,6 +367,74 @@ fn rule_pipeline_flows_go_through_grpc() {
     );
 }
 
+/// A rule file past gRPC's message limit goes in pieces and is applied whole; a dump of
+/// it comes back in pieces; a bad line deep in a large add refuses the whole add, named by
+/// its line number in the file; a delete of everything answers every rule.
+#[test]
+fn rule_changes_past_the_message_limit_go_in_pieces_and_apply_whole() {
+    use prost::Message;
+    use stateplane_state::{FlowChange, FlowFilter};
+    let n = 50_000;
+    let config: toml::Value = toml::from_str(&format!("capacity = {}", n + 10)).unwrap();
+    let running = Running::start("pipeline", config);
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
+    let rule = |i: u32| {
+        let [_, _, a, b] = i.to_be_bytes();
+        format!(
+            "table=0,priority=100,cookie=0x{i:x},udp,nw_src=198.18.{a}.{b},nw_dst=198.19.{a}.{b}/32,tp_dst=53,actions=mod_dl_dst:02:00:00:00:0b:01,output:1"
+        )
+    };
+    let lines: Vec<String> = (0..n).map(rule).collect();
+    let add = FlowChange::Add {
+        lines: lines.clone(),
+        keep_counters: false,
+    };
+    let one_message = stateplane_control::pb::FlowsRequest {
+        name: "flows".into(),
+        change: Some(stateplane_control::convert::flow_change_to_pb(&add).unwrap()),
+    };
+    assert!(
+        one_message.encoded_len() > 4 << 20,
+        "{}",
+        one_message.encoded_len()
+    );
+
+    // A bad line near the end: nothing is added, and the error names its line.
+    let mut bad = lines[..45_000].to_vec();
+    bad.push("table=0,priority=1,nw_dst=198.19.0.0/33,actions=drop".into());
+    let err = client
+        .flows(
+            "flows",
+            &FlowChange::Add {
+                lines: bad,
+                keep_counters: false,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(err.code, tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message.contains("line 45001"), "{err}");
+    let dump = FlowChange::Dump(FlowFilter::default());
+    assert_eq!(client.flows("flows", &dump).unwrap().flows.len(), 0);
+
+    client.flows("flows", &add).unwrap();
+    let mut pieces = Vec::new();
+    client
+        .flows_each("flows", &dump, |piece| {
+            pieces.push(piece.len());
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(pieces.iter().sum::<usize>(), n as usize);
+    assert!(
+        pieces.len() > 1 && pieces.iter().all(|&p| p <= stateplane_control::PIECE),
+        "{pieces:?}"
+    );
+    let deleted = client
+        .flows("flows", &FlowChange::Delete(FlowFilter::default()))
+        .unwrap();
+    assert_eq!(deleted.flows.len(), n as usize);
+}
+
 /// A directory for one test's files, removed when dropped.
 struct TempDir(std::path::PathBuf);
 
