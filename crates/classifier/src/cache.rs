@@ -59,16 +59,7 @@ impl<V: Copy + Default> MicroflowCache<V> {
     /// A cache of `entries` slots (a power of two, at least `ways`) in sets of `ways` (1,
     /// 2 or 4), hashing with `seed`.
     pub fn new(entries: usize, ways: usize, seed: u64) -> Result<Self, CacheSizeError> {
-        if ![1, 2, 4].contains(&ways) {
-            return Err(CacheSizeError(format!(
-                "{ways} ways: a set has 1, 2 or 4 ways"
-            )));
-        }
-        if !entries.is_power_of_two() || entries < ways || entries > 1 << 28 {
-            return Err(CacheSizeError(format!(
-                "{entries} entries: give a power of two from {ways} to 268435456"
-            )));
-        }
+        Self::bytes_for(entries, ways)?;
         Ok(MicroflowCache {
             ways,
             set_mask: entries / ways - 1,
@@ -79,6 +70,22 @@ impl<V: Copy + Default> MicroflowCache<V> {
             lru: vec![0; entries / ways],
             stats: CacheStats::default(),
         })
+    }
+
+    /// The bytes a cache of `entries` in sets of `ways` takes, or why it cannot be made
+    /// (what [`MicroflowCache::new`] checks), so that a run can claim them first.
+    pub fn bytes_for(entries: usize, ways: usize) -> Result<u64, CacheSizeError> {
+        if ![1, 2, 4].contains(&ways) {
+            return Err(CacheSizeError(format!(
+                "{ways} ways: a set has 1, 2 or 4 ways"
+            )));
+        }
+        if !entries.is_power_of_two() || entries < ways || entries > 1 << 28 {
+            return Err(CacheSizeError(format!(
+                "{entries} entries: give a power of two from {ways} to 268435456"
+            )));
+        }
+        Ok((entries * std::mem::size_of::<Slot<V>>() + entries / ways) as u64)
     }
 
     pub fn capacity(&self) -> usize {

@@ -166,6 +166,11 @@ pub enum Timeout {
 const RETIRE_PER_CHANGE: usize = 16;
 
 impl CachedPipeline {
+    /// The bytes the cache of `entries` in sets of `ways` takes, or why it cannot be made.
+    pub fn cache_bytes(entries: usize, ways: usize) -> Result<u64, crate::cache::CacheSizeError> {
+        MicroflowCache::<(u32, u64)>::bytes_for(entries, ways)
+    }
+
     /// A pipeline over `rules` (with whatever counters they had reset) and a cache of
     /// `entries` in sets of `ways`.
     pub fn new(

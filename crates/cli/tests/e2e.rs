@@ -887,6 +887,28 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         &["run", "--config", &hh.to_string_lossy(), "-i", &input],
         "program.hh.width: a sketch of 8 rows of 16777216 counters take 512.0 MiB",
     );
+    // A rule pipeline's flow cache (it aborted allocating 32 GiB).
+    let cache = tmp("budget-cache.toml");
+    std::fs::write(
+        &cache,
+        "memory_budget = \"64M\"\n[program]\nname = \"pipeline\"\n[program.pipeline]\ncache_entries = 268435456\ncache_ways = 4\nrules = [\"table=0,priority=1,actions=output:1\"]\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", &cache.to_string_lossy(), "-i", &input],
+        "program.pipeline.cache_entries: a flow cache of 268435456 entries take 32.1 GiB",
+    );
+    // The sync stage's tables, one per worker.
+    let sync = tmp("budget-sync.toml");
+    std::fs::write(
+        &sync,
+        "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"hh\"\n[guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:9\"\nslots = 16777216\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", &sync.to_string_lossy(), "-i", &input],
+        "sync.slots: sync tables of 16777216 slots for 64 workers take 32.0 GiB",
+    );
     // What fits runs.
     ok(bin()
         .args(["run", "conntrack", "-i", &input, "--memory-budget", "1G"])

@@ -306,8 +306,16 @@ impl Pipeline {
                 format!("{} ways: give 1, 2 or 4", cfg.cache_ways),
             ));
         }
+        let cache_field = format!("{field}.cache_entries");
+        let cache_bytes = CachedPipeline::cache_bytes(cfg.cache_entries, cfg.cache_ways)
+            .map_err(|e| ConfigError::new(&cache_field, e.to_string()))?;
+        crate::claim_bytes(
+            &cache_field,
+            || format!("a flow cache of {} entries", cfg.cache_entries),
+            cache_bytes,
+        )?;
         let mut p = Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
-            .map_err(|e| ConfigError::new(format!("{field}.cache_entries"), e))?;
+            .map_err(|e| ConfigError::new(cache_field, e))?;
         (p.ports, p.capacity) = (n, cfg.capacity);
         Ok(p)
     }

@@ -105,17 +105,17 @@ impl Switch {
                         ports.len(),
                     )?;
                 }
+                let sync = sync_plan(&cfg, &factory, workers)?;
                 let flows = (cfg.flows.as_ref())
                     .map(|f| f.start(Naming::Config, workers, seed, live))
                     .transpose()?;
-                SetupResult::Ok((program, factory, flows))
+                SetupResult::Ok((program, factory, flows, sync))
             });
-        let (program, factory, flows) = loaded?;
+        let (program, factory, flows, sync) = loaded?;
         factory(0).check_workers(workers, live)?;
         let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
         let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
         let (flows, tap) = flows.unzip();
-        let sync = sync_plan(&cfg, &factory, workers)?;
         let replication = replication_plan(&cfg, &factory)?;
         let mut state_stages: Vec<_> = sync
             .as_ref()

@@ -215,6 +215,13 @@ impl SyncSettings {
                 "sync.slots: {slots} is out of range; give 1 to 16777216"
             ));
         }
+        // Each worker's read handler keeps a table of that many slots.
+        stateplane_mem::budget::claim_once(
+            || format!("sync tables of {slots} slots for {workers} workers"),
+            stateplane_sync::read_handler::ReadHandler::bytes_for(slots)
+                .saturating_mul(workers as u64),
+        )
+        .map_err(|e| format!("sync.slots: {e}"))?;
         let key = match &self.key_file {
             None => None,
             Some(path) => Some(read_key(path).map_err(|e| format!("sync.key_file: {e}"))?),

@@ -78,6 +78,11 @@ pub struct ReadHandler {
 }
 
 impl ReadHandler {
+    /// The bytes a table of `slots` entries takes (so that a run can claim them first).
+    pub fn bytes_for(slots: usize) -> u64 {
+        (slots.max(1).next_power_of_two() * std::mem::size_of::<Slot>()) as u64
+    }
+
     /// A table of `slots` entries (rounded up to a power of two; 2^16 is the paper's).
     pub fn new(slots: usize) -> ReadHandler {
         let slots = slots.max(1).next_power_of_two();
