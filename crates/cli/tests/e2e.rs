@@ -898,6 +898,17 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         &["run", "--config", &cache.to_string_lossy(), "-i", &input],
         "program.pipeline.cache_entries: a flow cache of 268435456 entries take 32.1 GiB",
     );
+    // An ACL's counters and meters, one of each for every rule its capacity allows.
+    let acl = tmp("budget-acl.toml");
+    std::fs::write(
+        &acl,
+        "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", &acl.to_string_lossy(), "-i", &input],
+        "program.acl.capacity: counters and meters of 1048576 rules take",
+    );
     // The sync stage's tables, one per worker.
     let sync = tmp("budget-sync.toml");
     std::fs::write(

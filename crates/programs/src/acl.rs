@@ -437,6 +437,13 @@ impl Acl {
                 field,
             )?),
         };
+        // A counter and a meter for every rule the capacity allows, in each copy.
+        let per_rule = std::mem::size_of::<PacketBytes>() + std::mem::size_of::<Meter>();
+        crate::claim_bytes(
+            &format!("{field}.capacity"),
+            || format!("counters and meters of {} rules", cfg.capacity),
+            ((cfg.capacity + 1) * per_rule) as u64,
+        )?;
         let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
             counters: Counters::new(cfg.capacity + 1),
