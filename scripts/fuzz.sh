@@ -24,8 +24,9 @@ targets=("$@")
 export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 cargo +nightly fuzz build --features libfuzzer --sanitizer none
 csv=target/fuzz-stats.csv
-echo "target,seconds,executions,corpus_in,corpus_out,crashes" > "$csv"
-printf '%-18s %8s %12s %10s %10s %8s\n' target seconds executions corpus+ corpus crashes
+# seeds: the checked-in corpus; corpus: what the run's own corpus holds after it.
+echo "target,seconds,executions,seeds,corpus,crashes" > "$csv"
+printf '%-18s %8s %12s %10s %10s %8s\n' target seconds executions seeds corpus crashes
 status=0
 for t in "${targets[@]}"; do
   work="target/fuzz-corpus/$t"
@@ -41,7 +42,7 @@ for t in "${targets[@]}"; do
   fi
   runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
   found=$(ls "$work" | wc -l)
-  printf '%-18s %8s %12s %10s %10s %8s\n' "$t" "$seconds" "${runs:-?}" "$found" "$before" "$crashes"
+  printf '%-18s %8s %12s %10s %10s %8s\n' "$t" "$seconds" "${runs:-?}" "$before" "$found" "$crashes"
   echo "$t,$seconds,${runs:-},$before,$found,$crashes" >> "$csv"
   if [ "$crashes" -ne 0 ]; then
     echo "fuzz target $t failed: see $log; the input is in fuzz/artifacts/$t/ (copy it into fuzz/regressions/$t/)" >&2

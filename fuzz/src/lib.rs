@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 
 /// The names of the targets, as `fuzz_targets/` and `corpus/` name them.
-pub const TARGETS: [&str; 10] = [
+pub const TARGETS: [&str; 12] = [
     "packet",
     "capture",
     "config",
@@ -23,6 +23,8 @@ pub const TARGETS: [&str; 10] = [
     "ipfix_round_trip",
     "sync_message",
     "replication_key",
+    "store_reply",
+    "program",
 ];
 
 /// Runs target `name` on `data` (for the corpus runner).
@@ -38,6 +40,8 @@ pub fn run(name: &str, data: &[u8]) {
         "ipfix_round_trip" => ipfix_round_trip(data),
         "sync_message" => sync_message(data),
         "replication_key" => replication_key(data),
+        "store_reply" => store_reply(data),
+        "program" => program(data),
         _ => panic!("no fuzz target {name}"),
     }
 }
@@ -283,4 +287,64 @@ pub fn replication_key(data: &[u8]) {
     let mut written = Vec::new();
     key.encode(&mut written);
     assert_eq!(FlowBytes::decode(&written), Some(key));
+}
+
+/// A Redis store's answer to a replication function, from its bytes on the wire (RESP):
+/// read with every element checked, never trusted.
+pub fn store_reply(data: &[u8]) {
+    let _ = stateplane_stores::redis::reply_from_wire(7, data);
+}
+
+/// The catalog's programs that run on their defaults with two ports, built once (each
+/// input gets a fresh copy from its factory: no state passes between inputs).
+fn catalog() -> &'static [(&'static str, stateplane_runtime::ProgramFactory)] {
+    static PROGRAMS: OnceLock<Vec<(&'static str, stateplane_runtime::ProgramFactory)>> =
+        OnceLock::new();
+    PROGRAMS.get_or_init(|| {
+        let ports = stateplane_programs::PortNames(vec!["p0".into(), "p1".into()]);
+        (stateplane_programs::catalog().into_iter())
+            .filter_map(|(name, _)| {
+                let factory = stateplane_programs::build(name, None, &ports).ok()?;
+                Some((name, factory))
+            })
+            .collect()
+    })
+}
+
+/// Frames through a program of the catalog on its defaults: the first byte picks the
+/// program, the rest is frames, each a 2-byte length and its bytes (at most 64), arriving
+/// on alternate ports in one burst; then the same burst again 100 s later, so that timers
+/// and ageing run over what the first left. Every verdict names a port that exists.
+pub fn program(data: &[u8]) {
+    use stateplane_runtime::{Burst, Context, Verdict};
+    let Some((&pick, mut rest)) = data.split_first() else {
+        return;
+    };
+    let programs = catalog();
+    let Some((_, factory)) = programs.get(usize::from(pick) % programs.len().max(1)) else {
+        return;
+    };
+    let mut frames = Vec::new();
+    while let [hi, lo, tail @ ..] = rest
+        && frames.len() < 64
+    {
+        let len = usize::from(u16::from_be_bytes([*hi, *lo])).min(tail.len());
+        frames.push(&tail[..len]);
+        rest = &tail[len..];
+    }
+    let hasher = stateplane_wire::FlowHasher::with_seed(7);
+    let mut program = factory(0);
+    for now_ns in [1, 100_000_000_001] {
+        let mut burst = Burst::with_capacity(frames.len().max(1));
+        for (i, f) in frames.iter().enumerate() {
+            burst.push(f, f.len() as u32, now_ns, (i % 2) as u16, i as u64);
+        }
+        burst.parse(&hasher);
+        program.process(&mut burst, &mut Context::one_worker(now_ns, hasher, 2));
+        for d in burst.descs() {
+            if let Verdict::Forward(port) = d.verdict {
+                assert!(usize::from(port) < 2, "a verdict to port {port} of 2");
+            }
+        }
+    }
 }

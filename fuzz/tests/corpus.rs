@@ -71,6 +71,7 @@ fn every_seed_is_in_the_checked_in_corpus() {
 fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
     // Frames of every workload the generator knows, and the capture files they make.
     use stateplane_gen::{GenConfig, Workload};
+    let mut program_frames: Vec<Vec<u8>> = Vec::new();
     for (i, workload) in [
         Workload::Internet,
         Workload::Kv,
@@ -91,6 +92,7 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
         for (j, (_, f)) in frames.iter().enumerate().step_by(3) {
             write("packet", &format!("{i}-{j}"), f);
         }
+        program_frames.extend(frames.iter().take(4).map(|(_, f)| f.clone()));
         use stateplane_io::CaptureFormat;
         for format in [
             CaptureFormat::PcapMicro,
@@ -247,6 +249,29 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
         }
     }
     write("replication_key", "tagged", &[3, 1, 2, 3, 4, 5]);
+
+    // A store's answers as they come over the wire (RESP): a grant, a write's, a refusal.
+    for (name, reply) in [
+        (
+            "granted",
+            &b"*7\r\n$1\r\nG\r\n$1\r\n3\r\n$20\r\n18446744073709551615\r\n$6\r\n100000\r\n$1\r\n9\r\n:1\r\n$2\r\nxy\r\n"[..],
+        ),
+        ("written", b"*4\r\n$1\r\nW\r\n$1\r\n3\r\n$1\r\n1\r\n$1\r\n1\r\n"),
+        ("error", b"-ERR unknown command\r\n"),
+        ("nil", b"$-1\r\n"),
+    ] {
+        write("store_reply", name, reply);
+    }
+
+    // Frames through every program: a pick, then frames each behind its length.
+    for pick in 0..40u8 {
+        let mut input = vec![pick];
+        for f in program_frames.iter().skip(usize::from(pick) % 4).step_by(3) {
+            input.extend_from_slice(&(f.len() as u16).to_be_bytes());
+            input.extend_from_slice(f);
+        }
+        write("program", &format!("{pick}"), &input);
+    }
 }
 
 fn ipfix_records() -> Vec<stateplane_flows::FlowRecord> {

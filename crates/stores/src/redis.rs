@@ -683,6 +683,14 @@ fn own_args<K: StoreKey>(cmd: &mut redis::Cmd, request: &Request<K, Value>) {
     }
 }
 
+/// A store's answer to one of the replication functions, from its bytes as they come over
+/// the wire (RESP): what a store that misbehaves, or something posing as one, can send.
+/// Every element is checked; nothing in it is trusted (the fuzz target `store_reply`).
+pub fn reply_from_wire(key: u32, bytes: &[u8]) -> Result<Reply<u32, Value>, String> {
+    let value = redis::parse_redis_value(bytes).map_err(|e| e.to_string())?;
+    parse(key, &value)
+}
+
 /// A function's answer, read with every element checked.
 fn parse<K: StoreKey>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
     let items = match value {
@@ -809,6 +817,13 @@ mod tests {
                 nonce: 9,
                 value: Some(b"xy".to_vec())
             })
+        );
+        // The same answer as its bytes on the wire.
+        let wire = b"*7\r\n$1\r\nG\r\n$1\r\n3\r\n$20\r\n18446744073709551615\r\n$6\r\n100000\r\n$1\r\n9\r\n:1\r\n$2\r\nxy\r\n";
+        assert_eq!(reply_from_wire(7, wire), parse(7u32, &granted));
+        assert!(
+            reply_from_wire(7, b"*7\r\n$1\r\nG\r\n").is_err(),
+            "cut short"
         );
         for bad in [
             redis::Value::Array(vec![s("G"), s("3")]),
