@@ -313,8 +313,9 @@ fn catalog() -> &'static [(&'static str, stateplane_runtime::ProgramFactory)] {
 
 /// Frames through a program of the catalog on its defaults: the first byte picks the
 /// program, the rest is frames, each a 2-byte length and its bytes (at most 64), arriving
-/// on alternate ports in one burst; then the same burst again 100 s later, so that timers
-/// and ageing run over what the first left. Every verdict names a port that exists.
+/// on alternate ports in one burst, what parses handed to the program as a worker hands it;
+/// then the same burst again 100 s later, so that timers and ageing run over what the first
+/// left. Every verdict names a port that exists.
 pub fn program(data: &[u8]) {
     use stateplane_runtime::{Burst, Context, Verdict};
     let Some((&pick, mut rest)) = data.split_first() else {
@@ -340,6 +341,9 @@ pub fn program(data: &[u8]) {
             burst.push(f, f.len() as u32, now_ns, (i % 2) as u16, i as u64);
         }
         burst.parse(&hasher);
+        // As the worker does: programs see only what parsed (malformed frames are dropped
+        // and counted before them).
+        burst.retain(|d| d.malformed.is_none());
         program.process(&mut burst, &mut Context::one_worker(now_ns, hasher, 2));
         for d in burst.descs() {
             if let Verdict::Forward(port) = d.verdict {
