@@ -335,6 +335,14 @@ fn metrics_endpoint_serves_prometheus_text() {
         body.contains("stateplane_tx_packets_total{worker=\"0\"} 2000"),
         "{body}"
     );
+    // The bounds it runs within, beside what fills them.
+    for bound in [
+        "# TYPE stateplane_memory_budget_bytes gauge",
+        "stateplane_queue_depth_bursts 8\n",
+        "stateplane_burst_packets 64\n",
+    ] {
+        assert!(body.contains(bound), "{bound}: {body}");
+    }
 }
 
 #[test]

@@ -972,6 +972,11 @@ fn replicated_counter_on_live_ports_holds_outputs_for_redis_and_delivers_tcp_who
         (metrics.lines()).any(|l| l.starts_with("stateplane_replication_held ")),
         "{metrics}"
     );
+    // And the bound it is held within.
+    assert!(
+        (metrics.lines()).any(|l| l == "stateplane_replication_held_limit 65536"),
+        "{metrics}"
+    );
     let pid = lab.switch_pid("s1").to_string();
     assert!(kill("-TERM", &pid));
     let log = lab_file(&lab, "s1.log");

@@ -65,6 +65,8 @@ pub struct Switch {
     replication: Option<ReplicationPlan>,
     handle: Arc<RunHandle>,
     metrics: Option<std::net::SocketAddr>,
+    /// The bounds it runs within, for the metrics.
+    bounds: Vec<metrics::Bound>,
     ports: Ports,
 }
 
@@ -95,7 +97,7 @@ impl Switch {
         let io = IoChoice::parse(cfg.io.as_deref())?;
         let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
         // What the configuration sizes is claimed from the memory budget before it is made.
-        let (loaded, _) =
+        let (loaded, claimed) =
             stateplane_mem::budget::scope(memory_budget(cfg.memory_budget, workers, live), || {
                 let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
                 if live && io == IoChoice::Observe {
@@ -115,8 +117,23 @@ impl Switch {
         factory(0).check_workers(workers, live)?;
         let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
         let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
+        let mut bounds = metrics::run_bounds(&claimed, burst_size, queue_depth);
+        if let Some(s) = &sync {
+            bounds.push(metrics::Bound {
+                name: "sync_slots",
+                help: "Slots of each worker's sync read handler (sync.slots)",
+                value: s.slots() as u64,
+            });
+        }
         let (flows, tap) = flows.unzip();
         let replication = replication_plan(&cfg, &factory)?;
+        if let Some(r) = &replication {
+            bounds.push(metrics::Bound {
+                name: "replication_held_limit",
+                help: "Packets each worker may hold for their flows' writes (replication.park_limit); stateplane_replication_held is how many it holds",
+                value: r.park_limit() as u64,
+            });
+        }
         let mut state_stages: Vec<_> = sync
             .as_ref()
             .map(SyncPlan::factory)
@@ -167,6 +184,7 @@ impl Switch {
                 flows: None,
                 sync: sync.clone(),
                 replication: replication.clone(),
+                bounds: bounds.clone(),
             }))
         } else {
             open_files(&ports, options.control_pcap.as_deref())?
@@ -181,6 +199,7 @@ impl Switch {
             replication,
             handle: Arc::new(RunHandle::new(workers)),
             metrics,
+            bounds,
             ports,
         })
     }
@@ -217,6 +236,7 @@ impl Switch {
             replication,
             handle,
             metrics: metrics_addr,
+            bounds,
             ports,
         } = self;
         let (ports, _) = match ports {
@@ -227,16 +247,16 @@ impl Switch {
             Ports::Files { ports, input_size } => (ports, input_size),
         };
         if let Some(addr) = metrics_addr {
-            let drop_reasons = factory(0).drop_reasons();
-            let sync = sync.as_ref().map(|s| s.counters.clone());
-            let replication = replication.as_ref().map(|r| r.counters.clone());
             metrics::serve(
                 addr,
-                handle.clone(),
-                drop_reasons,
-                port_names.clone(),
-                sync,
-                replication,
+                metrics::Scrape {
+                    handle: handle.clone(),
+                    drop_names: factory(0).drop_reasons(),
+                    ports: port_names.clone(),
+                    sync: sync.as_ref().map(|s| s.counters.clone()),
+                    replication: replication.as_ref().map(|r| r.counters.clone()),
+                    bounds,
+                },
             )?;
             log::info!("metrics on http://{addr}/metrics");
         }

@@ -204,6 +204,8 @@ pub struct LiveRun {
     pub sync: Option<crate::sync_stage::SyncPlan>,
     /// The replication stages' plan, for the report.
     pub replication: Option<crate::replication_stage::ReplicationPlan>,
+    /// The bounds it runs within, for the metrics.
+    pub bounds: Vec<crate::metrics::Bound>,
 }
 
 /// Where the control API listens.
@@ -265,11 +267,14 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     if let Some(addr) = run.metrics {
         metrics::serve(
             addr,
-            handle.clone(),
-            run.factory.as_ref()(0).drop_reasons(),
-            run.port_names.clone(),
-            run.sync.as_ref().map(|s| s.counters.clone()),
-            run.replication.as_ref().map(|r| r.counters.clone()),
+            metrics::Scrape {
+                handle: handle.clone(),
+                drop_names: run.factory.as_ref()(0).drop_reasons(),
+                ports: run.port_names.clone(),
+                sync: run.sync.as_ref().map(|s| s.counters.clone()),
+                replication: run.replication.as_ref().map(|r| r.counters.clone()),
+                bounds: run.bounds.clone(),
+            },
         )?;
         log::info!("metrics on http://{addr}/metrics");
     }

@@ -292,6 +292,8 @@ impl FlowMonitor {
                     flows: Some(export),
                     sync: None,
                     replication: None,
+                    // No metrics endpoint to serve them on.
+                    bounds: Vec::new(),
                 })?;
                 return Ok(MonitorOutcome::Live(Box::new(outcome)));
             }

@@ -36,15 +36,26 @@ pub fn parse_addr(flag: &str, text: &str, example: &str) -> Result<SocketAddr, S
     Ok(addr)
 }
 
-/// What one scrape reads: the run's shared counters, read as they are at that moment.
-struct Scrape {
-    handle: Arc<RunHandle>,
-    drop_names: &'static [&'static str],
-    ports: Vec<String>,
+/// What one scrape reads: the run's shared counters, read as they are at that moment, and
+/// the bounds it runs within.
+pub struct Scrape {
+    pub handle: Arc<RunHandle>,
+    pub drop_names: &'static [&'static str],
+    pub ports: Vec<String>,
     /// The sync stages' counters, where state is synced.
-    sync: Option<Arc<SyncCounters>>,
+    pub sync: Option<Arc<SyncCounters>>,
     /// The replication stages' counters, where state is replicated.
-    replication: Option<Arc<ReplicationCounters>>,
+    pub replication: Option<Arc<ReplicationCounters>>,
+    pub bounds: Vec<Bound>,
+}
+
+/// A bound the run was set up with (a memory budget, a queue's depth), served as a gauge
+/// so that what fills it can be read against it.
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: u64,
 }
 
 impl fmt::Debug for Scrape {
@@ -57,6 +68,37 @@ impl fmt::Debug for Scrape {
 
 /// A counter's series, each its labels and its value.
 type Series = Vec<(Vec<(&'static str, String)>, u64)>;
+
+/// The bounds of a run: its memory budget and what its sizes claimed of it, and the queue
+/// and burst of each worker.
+pub fn run_bounds(
+    claimed: &stateplane_mem::budget::Claimed,
+    burst: usize,
+    queue: usize,
+) -> Vec<Bound> {
+    vec![
+        Bound {
+            name: "memory_budget_bytes",
+            help: "The memory the run may take (--memory-budget, memory_budget)",
+            value: claimed.limit,
+        },
+        Bound {
+            name: "memory_claimed_bytes",
+            help: "What the settings' sizes (tables, sketches, flow tables, caches, rings) claimed of the budget, in all copies",
+            value: claimed.bytes,
+        },
+        Bound {
+            name: "burst_packets",
+            help: "Packets a worker takes at most at a time (--burst)",
+            value: burst as u64,
+        },
+        Bound {
+            name: "queue_depth_bursts",
+            help: "Bursts that may wait in each worker's queue (queue_depth)",
+            value: queue as u64,
+        },
+    ]
+}
 
 /// Encodes one counter family (the exposition names it `NAME_total`).
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, series: Series) -> fmt::Result {
@@ -384,6 +426,14 @@ impl Collector for Scrape {
         if let Some(replication) = &self.replication {
             encode_replication(&mut e, replication)?;
         }
+        for b in &self.bounds {
+            gauge(
+                &mut e,
+                &format!("stateplane_{}", b.name),
+                b.help,
+                vec![(Vec::new(), b.value)],
+            )?;
+        }
         Ok(())
     }
 }
@@ -537,22 +587,9 @@ fn render(registry: &Registry) -> String {
 
 /// Starts serving on a thread that lives as long as the process (so the totals stay
 /// readable after the run, see `--hold-metrics`).
-pub fn serve(
-    addr: SocketAddr,
-    handle: Arc<RunHandle>,
-    drop_names: &'static [&'static str],
-    ports: Vec<String>,
-    sync: Option<Arc<SyncCounters>>,
-    replication: Option<Arc<ReplicationCounters>>,
-) -> Result<(), String> {
+pub fn serve(addr: SocketAddr, scrape: Scrape) -> Result<(), String> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Scrape {
-        handle,
-        drop_names,
-        ports,
-        sync,
-        replication,
-    }));
+    registry.register_collector(Box::new(scrape));
     serve_registry(addr, registry)
 }
 
@@ -606,6 +643,11 @@ mod tests {
                 held: 2.into(),
                 ..ReplicationCounters::default()
             })),
+            bounds: vec![Bound {
+                name: "memory_budget_bytes",
+                help: "The memory the run may take",
+                value: 1 << 30,
+            }],
         }));
         let body = render(&registry);
         assert!(
@@ -614,6 +656,8 @@ mod tests {
             "{body}"
         );
         for line in [
+            "# TYPE stateplane_memory_budget_bytes gauge",
+            "stateplane_memory_budget_bytes 1073741824",
             "stateplane_replication_writes_total 5",
             "stateplane_replication_dropped_total 0",
             "# TYPE stateplane_replication_held gauge",

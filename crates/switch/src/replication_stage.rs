@@ -398,6 +398,11 @@ impl ReplicationSettings {
 }
 
 impl ReplicationPlan {
+    /// The packets each worker may hold for their flows' writes (`replication.park_limit`).
+    pub fn park_limit(&self) -> usize {
+        self.replica.park_limit
+    }
+
     /// Each worker's stage: a replica of its own (worker `w` is holder `switch << 8 | w`)
     /// and its own link to the store.
     pub fn factory(&self) -> Result<StateStageFactory, String> {

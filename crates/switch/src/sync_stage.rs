@@ -254,6 +254,11 @@ pub fn read_key(path: &std::path::Path) -> Result<Key, String> {
 }
 
 impl SyncPlan {
+    /// Slots of each worker's read handler (`sync.slots`).
+    pub fn slots(&self) -> usize {
+        self.sender.slots
+    }
+
     /// One stage per worker, each with a socket of its own toward the collector. Each
     /// stage draws its epoch at random, which tells the collector that its stream starts
     /// over (a clock's seconds would repeat for a switch restarted within one, and a
