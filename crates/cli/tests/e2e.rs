@@ -885,47 +885,36 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         ],
         "--max-flows: flow tables of 268435456 flows for 8 workers take",
     );
-    let hh = tmp("budget-hh.toml");
-    std::fs::write(
-        &hh,
+    // Configurations whose sizes are past their budget, each refused naming its setting.
+    let refused_config = |name: &str, text: &str, message: &str| {
+        let path = tmp(name);
+        std::fs::write(&path, text).unwrap();
+        refused(
+            &["run", "--config", &path.to_string_lossy(), "-i", &input],
+            message,
+        );
+    };
+    refused_config(
+        "budget-hh.toml",
         "memory_budget = \"64M\"\n[program]\nname = \"hh\"\n[program.hh]\nwidth = 16777216\ndepth = 8\n",
-    )
-    .unwrap();
-    refused(
-        &["run", "--config", &hh.to_string_lossy(), "-i", &input],
         "program.hh.width: a sketch of 8 rows of 16777216 counters take 512.0 MiB",
     );
     // A rule pipeline's flow cache (it aborted allocating 32 GiB).
-    let cache = tmp("budget-cache.toml");
-    std::fs::write(
-        &cache,
+    refused_config(
+        "budget-cache.toml",
         "memory_budget = \"64M\"\n[program]\nname = \"pipeline\"\n[program.pipeline]\ncache_entries = 268435456\ncache_ways = 4\nrules = [\"table=0,priority=1,actions=output:1\"]\n",
-    )
-    .unwrap();
-    refused(
-        &["run", "--config", &cache.to_string_lossy(), "-i", &input],
         "program.pipeline.cache_entries: a flow cache of 268435456 entries take 32.1 GiB",
     );
     // An ACL's counters and meters, one of each for every rule its capacity allows.
-    let acl = tmp("budget-acl.toml");
-    std::fs::write(
-        &acl,
+    refused_config(
+        "budget-acl.toml",
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
-    )
-    .unwrap();
-    refused(
-        &["run", "--config", &acl.to_string_lossy(), "-i", &input],
         "program.acl.capacity: counters and meters of 1048576 rules take",
     );
     // The sync stage's tables, one per worker.
-    let sync = tmp("budget-sync.toml");
-    std::fs::write(
-        &sync,
+    refused_config(
+        "budget-sync.toml",
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"hh\"\n[guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:9\"\nslots = 16777216\n",
-    )
-    .unwrap();
-    refused(
-        &["run", "--config", &sync.to_string_lossy(), "-i", &input],
         "sync.slots: sync tables of 16777216 slots for 64 workers take 32.0 GiB",
     );
     // What fits runs.

@@ -321,18 +321,19 @@ fn a_spooled_tcp_collector_gets_a_run_it_missed_in_the_next_run() {
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["sinks"][0]["spool"]["records_waiting"], 0);
 
-    let out = bin()
-        .args(["flows", "-i"])
-        .arg(&trace)
-        .args(["--ipfix", "127.0.0.1:9", "--ipfix-spool"])
-        .arg(&spool)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("--ipfix-spool: a spool keeps what TCP collectors miss; give --ipfix-tcp too"),
-        "{err}"
+    let (trace, spool_dir) = (trace.to_string_lossy(), spool.to_string_lossy());
+    let udp_only = [
+        "flows",
+        "-i",
+        &trace,
+        "--ipfix",
+        "127.0.0.1:9",
+        "--ipfix-spool",
+        &spool_dir,
+    ];
+    refused(
+        &udp_only,
+        "--ipfix-spool: a spool keeps what TCP collectors miss; give --ipfix-tcp too",
     );
     let _ = std::fs::remove_dir_all(&spool);
 }

@@ -486,28 +486,10 @@ fn the_control_api_listens_on_a_unix_socket_only_its_user_can_open() {
     );
 
     let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
-    client
-        .write(
-            "macs",
-            &[insert(
-                &client.declaration("macs").unwrap().clone(),
-                "vlan=0 mac=02:00:00:00:00:01 forward port=1",
-            )],
-        )
-        .unwrap();
+    let me = format!("by uid 0 (pid {}) on the Unix socket", std::process::id());
+    write_station_logged(&mut client, 1, &[&me]);
     let by_path = Client::connect(path.to_str().unwrap()).unwrap();
     assert_eq!(by_path.program(), "l2");
-    let me = format!(
-        "1 updates to `macs` by uid 0 (pid {}) on the Unix socket",
-        std::process::id()
-    );
-    assert!(
-        logged()
-            .iter()
-            .any(|l| l.starts_with("control API: ") && l.contains(&me)),
-        "{:?}",
-        logged()
-    );
 
     let second = Running::start_at("l2", toml::from_str("capacity = 4").unwrap(), &listen);
     let err = second.err().unwrap();
@@ -707,20 +689,7 @@ fn a_wrong_token_is_refused_and_the_right_one_is_let_in() {
 
     let mut client =
         Client::connect_with(&server, &pki.client("ca.pem", None, Some("token"))).unwrap();
-    let d = client.declaration("macs").unwrap().clone();
-    client
-        .write(
-            "macs",
-            &[insert(&d, "vlan=0 mac=02:00:00:00:00:02 forward port=1")],
-        )
-        .unwrap();
-    assert!(
-        logged().iter().any(
-            |l| l.contains("1 updates to `macs` by 127.0.0.1:") && l.contains("with the token")
-        ),
-        "{:?}",
-        logged()
-    );
+    write_station_logged(&mut client, 2, &["by 127.0.0.1:", "with the token"]);
 
     let err = Client::connect_with(&server, &pki.client("ca.pem", None, Some("wrong-token")))
         .err()
@@ -770,20 +739,10 @@ fn a_client_certificate_from_another_ca_is_refused() {
 
     let mut client =
         Client::connect_with(&server, &pki.client("ca.pem", Some("client"), None)).unwrap();
-    let d = client.declaration("macs").unwrap().clone();
-    client
-        .write(
-            "macs",
-            &[insert(&d, "vlan=0 mac=02:00:00:00:00:03 forward port=1")],
-        )
-        .unwrap();
-    assert!(
-        logged()
-            .iter()
-            .any(|l| l.contains("1 updates to `macs` by 127.0.0.1:")
-                && l.contains("with a client certificate")),
-        "{:?}",
-        logged()
+    write_station_logged(
+        &mut client,
+        3,
+        &["by 127.0.0.1:", "with a client certificate"],
     );
 
     for cert in [Some("intruder"), None] {
@@ -801,4 +760,20 @@ fn a_client_certificate_from_another_ca_is_refused() {
 /// An insert of the entry `text` into the table `d` declares.
 fn insert(d: &stateplane_state::Declaration, text: &str) -> Write {
     Write::Insert(text::parse_entry(d, text).unwrap())
+}
+
+/// Writes station `n` into `macs` through `client`, and checks that the control API logged
+/// the write with each of `says` (who made it).
+fn write_station_logged(client: &mut Client, n: u8, says: &[&str]) {
+    let d = client.declaration("macs").unwrap().clone();
+    let station = format!("vlan=0 mac=02:00:00:00:00:{n:02x} forward port=1");
+    client.write("macs", &[insert(&d, &station)]).unwrap();
+    assert!(
+        logged()
+            .iter()
+            .any(|l| l.starts_with("control API: 1 updates to `macs` ")
+                && says.iter().all(|s| l.contains(s))),
+        "{says:?}: {:?}",
+        logged()
+    );
 }

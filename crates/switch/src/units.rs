@@ -179,15 +179,20 @@ impl MemoryBudget {
 impl std::str::FromStr for MemoryBudget {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bytes = match s.strip_suffix('T') {
-            Some(tera) => scaled_number(&format!("{tera}G")).and_then(|g| g.checked_mul(1000)),
-            None => scaled_number(s),
-        };
-        bytes
-            .filter(|&n| n >= 16_000_000)
-            .map(MemoryBudget)
-            .ok_or_else(|| format!("'{s}' is not a number of bytes of at least 16M (e.g. 8G)"))
+        bytes_at_least(s, 16_000_000, "16M", "8G").map(MemoryBudget)
     }
+}
+
+/// A number of bytes with k, M, G or T, at least `min` (written `min_text`; `example` in
+/// the error).
+fn bytes_at_least(s: &str, min: u64, min_text: &str, example: &str) -> Result<u64, String> {
+    let bytes = match s.strip_suffix('T') {
+        Some(tera) => scaled_number(&format!("{tera}G")).and_then(|g| g.checked_mul(1000)),
+        None => scaled_number(s),
+    };
+    bytes.filter(|&n| n >= min).ok_or_else(|| {
+        format!("'{s}' is not a number of bytes of at least {min_text} (e.g. {example})")
+    })
 }
 
 /// The bytes a TCP collector's spool may hold on disk: a number with k, M, G (or T), at
@@ -199,14 +204,7 @@ pub struct SpoolSize(pub u64);
 impl std::str::FromStr for SpoolSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bytes = match s.strip_suffix('T') {
-            Some(tera) => scaled_number(&format!("{tera}G")).and_then(|g| g.checked_mul(1000)),
-            None => scaled_number(s),
-        };
-        bytes
-            .filter(|&n| n >= 1_000_000)
-            .map(SpoolSize)
-            .ok_or_else(|| format!("'{s}' is not a number of bytes of at least 1M (e.g. 1G)"))
+        bytes_at_least(s, 1_000_000, "1M", "1G").map(SpoolSize)
     }
 }
 
