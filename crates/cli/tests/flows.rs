@@ -196,21 +196,26 @@ fn a_full_flow_table_is_reported_with_its_fix() {
     assert!(early > 0 && early <= evicted, "{early} of {evicted}");
 }
 
-#[test]
-fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
-    let trace = tmp("tcp.pcap");
-    generate(20_000, 5, &trace);
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let collector = std::thread::spawn(move || {
-        listener.set_nonblocking(false).unwrap();
+/// A TCP collector on `listener`: the bytes of its first connection, until the exporter
+/// closes it (or 60 s pass without one).
+fn tcp_collector(listener: std::net::TcpListener) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
         let (mut conn, _) = listener.accept().unwrap();
         conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
             .unwrap();
         let mut bytes = Vec::new();
         conn.read_to_end(&mut bytes).unwrap();
         bytes
-    });
+    })
+}
+
+#[test]
+fn ipfix_over_tcp_reaches_a_tcp_collector_whole() {
+    let trace = tmp("tcp.pcap");
+    generate(20_000, 5, &trace);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let collector = tcp_collector(listener);
     let text = ok(bin()
         .args([
             "flows",
@@ -294,15 +299,7 @@ fn a_spooled_tcp_collector_gets_a_run_it_missed_in_the_next_run() {
     assert_eq!(missed["sinks"][0]["records_lost"], 0);
     assert!(err.contains(&format!("{taken} records wait in")), "{err}");
 
-    let listener = std::net::TcpListener::bind(addr).unwrap();
-    let collector = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-            .unwrap();
-        let mut bytes = Vec::new();
-        conn.read_to_end(&mut bytes).unwrap();
-        bytes
-    });
+    let collector = tcp_collector(std::net::TcpListener::bind(addr).unwrap());
     let out = run();
     assert!(
         out.status.success(),
