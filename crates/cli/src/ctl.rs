@@ -27,19 +27,20 @@ pub struct CtlArgs {
     pub command: CtlCommand,
 }
 
-/// How `ctl` proves itself to a switch whose control API is guarded by TLS.
+/// How `ctl` proves itself to a switch whose control API is guarded by TLS. (Their ids are
+/// their own: global flags share the id space of every subcommand's, where `key` is taken.)
 #[derive(Debug, Args)]
 pub struct AuthArgs {
     /// TLS: the CA (or the switch's own certificate) that the switch's certificate is
     /// checked against (PEM).
-    #[arg(long, value_name = "FILE", global = true)]
-    pub ca: Option<PathBuf>,
+    #[arg(long = "ca", id = "tls_ca", value_name = "FILE", global = true)]
+    pub tls_ca: Option<PathBuf>,
     /// TLS: this client's certificate, for a switch run with --control-client-ca (PEM).
-    #[arg(long, value_name = "FILE", global = true)]
-    pub cert: Option<PathBuf>,
+    #[arg(long = "cert", id = "tls_cert", value_name = "FILE", global = true)]
+    pub tls_cert: Option<PathBuf>,
     /// TLS: this client's private key (PEM).
-    #[arg(long, value_name = "FILE", global = true)]
-    pub key: Option<PathBuf>,
+    #[arg(long = "key", id = "tls_key", value_name = "FILE", global = true)]
+    pub tls_key: Option<PathBuf>,
     /// Send the token this file holds, for a switch run with --control-token-file.
     #[arg(long, value_name = "FILE", global = true)]
     pub token_file: Option<PathBuf>,
@@ -48,9 +49,9 @@ pub struct AuthArgs {
 impl AuthArgs {
     fn files(&self) -> ClientFiles {
         ClientFiles {
-            ca: self.ca.clone(),
-            cert: self.cert.clone(),
-            key: self.key.clone(),
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
             token_file: self.token_file.clone(),
         }
     }

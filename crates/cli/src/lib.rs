@@ -174,3 +174,26 @@ pub fn main() -> ExitCode {
 }
 
 pub use summary_output::CliResult;
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// Command lines that share names across levels parse: a global flag and a
+    /// subcommand's argument with one id would otherwise panic in the parse itself.
+    #[test]
+    fn command_lines_with_shared_names_parse() {
+        for line in [
+            "stateplane ctl read macs vlan=0 mac=02:00:00:00:00:01",
+            "stateplane ctl delete macs vlan=0 mac=02:00:00:00:00:01",
+            "stateplane ctl --server https://127.0.0.1:9559 --ca ca.pem --cert c.pem --key c.key --token-file t describe",
+            "stateplane ctl read macs --key c.key --ca ca.pem vlan=0",
+            "stateplane run forward -I a -I b --control 127.0.0.1:9559 --control-key k --control-cert c --control-token-file t",
+        ] {
+            let args = line.split_whitespace();
+            if let Err(e) = super::Cli::try_parse_from(args) {
+                panic!("{line}: {e}");
+            }
+        }
+    }
+}
