@@ -911,6 +911,12 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
         "program.acl.capacity: counters and meters of 1048576 rules take",
     );
+    // The bursts each worker's queues keep.
+    refused_config(
+        "budget-bursts.toml",
+        "workers = 64\nburst = 1024\nqueue_depth = 1024\nmemory_budget = \"1G\"\n[program]\nname = \"forward\"\n",
+        "queue_depth, burst: packet buffers of 2050 bursts of 1024 packets for each of 64 workers take",
+    );
     // The sync stage's tables, one per worker.
     refused_config(
         "budget-sync.toml",

@@ -750,9 +750,15 @@ fn a_client_certificate_from_another_ca_is_refused() {
         let err = refused
             .err()
             .unwrap_or_else(|| panic!("{cert:?} was let in"));
+        // The server's refusal reaches the client as the handshake fails or, with TLS 1.3
+        // (the client's certificate checked after the client thinks it is done), as the
+        // first call is cut off: unavailable, unknown or cancelled by the timing.
         assert!(
-            matches!(err.code, tonic::Code::Unavailable | tonic::Code::Unknown),
-            "{err}"
+            matches!(
+                err.code,
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+            ),
+            "{cert:?}: {err:?}"
         );
     }
 }

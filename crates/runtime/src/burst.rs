@@ -112,6 +112,24 @@ impl Burst {
         }
     }
 
+    /// The bytes a burst of `capacity` packets takes (what [`Burst::with_capacity`] makes).
+    pub fn bytes_for(capacity: usize) -> u64 {
+        let capacity = capacity.max(1);
+        (capacity * (ARENA_BYTES_PER_SLOT + std::mem::size_of::<PacketDesc>()) + MAX_FRAME) as u64
+    }
+
+    /// The bursts a worker's run over files keeps (its queues' and its spares), and the
+    /// packets each holds: twice the burst where a state stage puts held packets back
+    /// into later bursts (`holds_packets`).
+    pub fn pool(queue_depth: usize, burst_size: usize, holds_packets: bool) -> (usize, usize) {
+        let capacity = if holds_packets {
+            2 * burst_size
+        } else {
+            burst_size
+        };
+        (queue_depth * 2 + 2, capacity)
+    }
+
     pub fn capacity(&self) -> usize {
         self.slots.len()
     }

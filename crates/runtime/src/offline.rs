@@ -42,14 +42,13 @@ pub fn run_offline(
     let workers = config.workers.max(1);
     let start = Instant::now();
     let port_count = ports.tx.len();
-    let pool = config.queue_depth * 2 + 2;
     // The dispatcher fills a burst to `burst_size`; a state stage that holds packets puts
     // them back into later bursts, in the room left above it.
-    let capacity = if config.state_stages.is_empty() {
-        config.burst_size
-    } else {
-        2 * config.burst_size
-    };
+    let (pool, capacity) = Burst::pool(
+        config.queue_depth,
+        config.burst_size,
+        !config.state_stages.is_empty(),
+    );
     let mut to_worker = Vec::new();
     let mut worker_rx = Vec::new();
     let mut to_output = Vec::new();

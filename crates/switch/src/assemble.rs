@@ -96,6 +96,8 @@ impl Switch {
         let live = ports.iter().all(|p| p.iface.is_some());
         let io = IoChoice::parse(cfg.io.as_deref())?;
         let seed = (options.hash_seed).unwrap_or_else(stateplane_wire::flow::random_seed);
+        let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
+        let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
         // What the configuration sizes is claimed from the memory budget before it is made.
         let (loaded, claimed) =
             stateplane_mem::budget::scope(memory_budget(cfg.memory_budget, workers, live), || {
@@ -108,15 +110,20 @@ impl Switch {
                     )?;
                 }
                 let sync = sync_plan(&cfg, &factory, workers)?;
+                let replication = replication_plan(&cfg, &factory)?;
+                claim_bursts(
+                    workers,
+                    queue_depth,
+                    burst_size,
+                    sync.is_some() || replication.is_some(),
+                )?;
                 let flows = (cfg.flows.as_ref())
                     .map(|f| f.start(Naming::Config, workers, seed, live))
                     .transpose()?;
-                SetupResult::Ok((program, factory, flows, sync))
+                SetupResult::Ok((program, factory, flows, sync, replication))
             });
-        let (program, factory, flows, sync) = loaded?;
+        let (program, factory, flows, sync, replication) = loaded?;
         factory(0).check_workers(workers, live)?;
-        let burst_size = bounded("burst", cfg.burst.unwrap_or(64), 1, 1024)?;
-        let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
         let mut bounds = metrics::run_bounds(&claimed, burst_size, queue_depth);
         if let Some(s) = &sync {
             bounds.push(metrics::Bound {
@@ -126,7 +133,6 @@ impl Switch {
             });
         }
         let (flows, tap) = flows.unzip();
-        let replication = replication_plan(&cfg, &factory)?;
         if let Some(r) = &replication {
             bounds.push(metrics::Bound {
                 name: "replication_held_limit",
@@ -294,6 +300,22 @@ pub(crate) fn memory_budget(
         copies: workers as u64 + 1 + u64::from(live),
         setting: "--memory-budget (memory_budget)",
     }
+}
+
+/// Claims the bursts every worker's queues keep (see [`Burst::pool`]).
+fn claim_bursts(
+    workers: usize,
+    queue_depth: usize,
+    burst_size: usize,
+    holds_packets: bool,
+) -> SetupResult<()> {
+    let (pool, capacity) = stateplane_runtime::Burst::pool(queue_depth, burst_size, holds_packets);
+    let bytes = stateplane_runtime::Burst::bytes_for(capacity) * (pool * workers) as u64;
+    stateplane_mem::budget::claim_once(
+        || format!("packet buffers of {pool} bursts of {capacity} packets for each of {workers} workers"),
+        bytes,
+    )
+    .map_err(|e| format!("queue_depth, burst: {e}"))
 }
 
 /// Claims a passive monitor's capture rings, one per worker and interface.
