@@ -1466,6 +1466,15 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
     }
     let out = ctl(&lab, &["stats", "macs"]);
     assert!(text(&out).contains("macs.entries 2\n"), "{}", text(&out));
+    // The metrics show the table against its bound.
+    let metrics = metric_lines(&lab, "s1");
+    for line in [
+        "stateplane_table_entries{table=\"macs\"} 2",
+        "stateplane_table_capacity{table=\"macs\"} 4096",
+        "stateplane_table_adds_refused_full_total{table=\"macs\"} 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
+    }
     assert!(
         text(&out).contains("pipeline.rx_packets "),
         "{}",

@@ -262,6 +262,8 @@ impl Switch {
                     sync: sync.as_ref().map(|s| s.counters.clone()),
                     replication: replication.as_ref().map(|r| r.counters.clone()),
                     bounds,
+                    // A run over files has no control plane to ask its tables of.
+                    plane: None,
                 },
             )?;
             log::info!("metrics on http://{addr}/metrics");

@@ -264,6 +264,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     }
 
     let handle = Arc::new(RunHandle::new(workers));
+    let (_control_api, plane) = start_control(&run, &handle, &mut queues)?;
     if let Some(addr) = run.metrics {
         metrics::serve(
             addr,
@@ -274,12 +275,12 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
                 sync: run.sync.as_ref().map(|s| s.counters.clone()),
                 replication: run.replication.as_ref().map(|r| r.counters.clone()),
                 bounds: run.bounds.clone(),
+                plane,
             },
         )?;
         log::info!("metrics on http://{addr}/metrics");
     }
 
-    let _control_api = start_control(&run, &handle, &mut queues)?;
     let reload = Arc::new(Reload::new(run.factory.clone()));
     let signals = SignalThread::start(handle.stop.clone(), Some((reload.clone(), run.rebuild)))?;
     log::info!(
@@ -337,17 +338,23 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     })
 }
 
+/// The control API's server (it stops when dropped) and the control plane behind it.
+type Control = (
+    Option<stateplane_control::server::Server>,
+    Option<Arc<ControlPlane>>,
+);
+
 /// Connects the workers to a control plane and serves the control API, as `run.control`
-/// says; the server stops when the returned value is dropped.
+/// says.
 fn start_control(
     run: &LiveRun,
     handle: &Arc<RunHandle>,
     queues: &mut [LiveQueues],
-) -> SetupResult<Option<stateplane_control::server::Server>> {
+) -> SetupResult<Control> {
     let listen = match &run.control {
         ControlAddr::Off => {
             log::info!("no control API (control is off): ctl cannot reach this switch");
-            return Ok(None);
+            return Ok((None, None));
         }
         ControlAddr::Given(listen) => listen.clone(),
         ControlAddr::Default => stateplane_control::endpoint::Listen::Unix(
@@ -363,7 +370,7 @@ fn start_control(
             .map(|&c| (c.name().to_string(), total.get(c)))
             .collect()
     });
-    let service = ControlService::new(plane, &run.program, pipeline);
+    let service = ControlService::new(plane.clone(), &run.program, pipeline);
     let server = Server::start(&listen, service).map_err(|e| match run.control {
         ControlAddr::Default => format!(
             "--control: {e}; give this one --control ENDPOINT (unix:PATH or a loopback \
@@ -379,7 +386,7 @@ fn start_control(
         server.endpoint,
         server.endpoint
     );
-    Ok(Some(server))
+    Ok((Some(server), Some(plane)))
 }
 
 #[cfg(test)]

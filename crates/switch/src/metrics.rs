@@ -47,6 +47,9 @@ pub struct Scrape {
     /// The replication stages' counters, where state is replicated.
     pub replication: Option<Arc<ReplicationCounters>>,
     pub bounds: Vec<Bound>,
+    /// A live run's control plane: its tables' entries against their capacity, asked of
+    /// the workers at each scrape.
+    pub plane: Option<Arc<stateplane_runtime::ControlPlane>>,
 }
 
 /// A bound the run was set up with (a memory budget, a queue's depth), served as a gauge
@@ -98,6 +101,55 @@ pub fn run_bounds(
             value: queue as u64,
         },
     ]
+}
+
+/// Each declared table's entries and capacity (gauges) and the adds it refused for being
+/// full, as the workers answer a stats request (summed over them); a table whose workers do
+/// not answer in time is left out of this scrape.
+fn encode_tables(
+    e: &mut DescriptorEncoder,
+    plane: &stateplane_runtime::ControlPlane,
+) -> fmt::Result {
+    use stateplane_state::{Kind, Reply, Request};
+    let (mut entries, mut capacity, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    for d in plane.declarations().iter() {
+        if !matches!(d.kind, Kind::Table { .. }) {
+            continue;
+        }
+        let asked = plane.submit(Request::Stats {
+            table: d.name.clone(),
+        });
+        let Ok(stateplane_runtime::Applied {
+            reply: Reply::Counters(counters),
+            ..
+        }) = asked
+        else {
+            continue;
+        };
+        let get = |name: &str| (counters.iter()).find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let label = vec![("table", d.name.clone())];
+        entries.push((label.clone(), get("entries").unwrap_or(0)));
+        capacity.push((label.clone(), d.capacity as u64));
+        refused.push((label, get("adds_refused_full").unwrap_or(0)));
+    }
+    gauge(
+        e,
+        "stateplane_table_entries",
+        "Entries a declared table holds, over all workers",
+        entries,
+    )?;
+    gauge(
+        e,
+        "stateplane_table_capacity",
+        "Entries a declared table may hold (per worker)",
+        capacity,
+    )?;
+    counter(
+        e,
+        "stateplane_table_adds_refused_full",
+        "Adds a declared table refused for being full, over all workers",
+        refused,
+    )
 }
 
 /// Encodes one counter family (the exposition names it `NAME_total`).
@@ -426,6 +478,9 @@ impl Collector for Scrape {
         if let Some(replication) = &self.replication {
             encode_replication(&mut e, replication)?;
         }
+        if let Some(plane) = &self.plane {
+            encode_tables(&mut e, plane)?;
+        }
         for b in &self.bounds {
             gauge(
                 &mut e,
@@ -643,6 +698,7 @@ mod tests {
                 held: 2.into(),
                 ..ReplicationCounters::default()
             })),
+            plane: None,
             bounds: vec![Bound {
                 name: "memory_budget_bytes",
                 help: "The memory the run may take",
