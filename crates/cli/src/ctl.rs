@@ -536,26 +536,73 @@ fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
         .declaration(&args.table)
         .map_err(|e| e.to_string())?
         .clone();
-    let mut lines: Vec<(String, String)> = Vec::new();
-    if !args.entry.is_empty() {
-        lines.push(("the command line".into(), args.entry.join(" ")));
-    }
-    if let Some(path) = &args.file {
-        let content = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        for (i, line) in content.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if !line.is_empty() {
-                lines.push((format!("{}:{}", path.display(), i + 1), line.to_string()));
-            }
-        }
-    }
-    if lines.is_empty() {
+    if args.entry.is_empty() && args.file.is_none() {
         return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
     }
-    let writes = lines
-        .iter()
-        .map(|(at, line)| {
+    let command_line = (!args.entry.is_empty()).then(|| args.entry.join(" "));
+    let writes = || -> CliResult<_> {
+        let file = match &args.file {
+            Some(path) => Some((
+                path.clone(),
+                std::fs::File::open(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+            )),
+            None => None,
+        };
+        Ok(parsed_writes(d.clone(), op, command_line.clone(), file))
+    };
+    // Every line is read and checked first, so that a mistake is reported before anything
+    // is sent; then read again as the writes go out, so that no batch sits whole in memory.
+    let mut count = 0u64;
+    for w in writes()? {
+        w?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
+    }
+    let (version, sent) = client
+        .write_each(&args.table, writes()?)
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{} {sent} entr{} of {} at version {version}",
+        match op {
+            Op::Insert => "inserted",
+            Op::Modify => "modified",
+            Op::Delete => "deleted",
+        },
+        if sent == 1 { "y" } else { "ies" },
+        args.table
+    );
+    Ok(())
+}
+
+/// The writes an entry on the command line and a file of entries (one per line, `#`
+/// comments) ask for, parsed one at a time as they are taken; an error names where.
+fn parsed_writes(
+    d: Declaration,
+    op: Op,
+    command_line: Option<String>,
+    file: Option<(PathBuf, std::fs::File)>,
+) -> impl Iterator<Item = Result<Write, String>> + Send + 'static {
+    use std::io::BufRead;
+    let given = command_line.map(|line| ("the command line".to_string(), Ok(line)));
+    let from_file = file.into_iter().flat_map(|(path, f)| {
+        (std::io::BufReader::new(f).lines().enumerate())
+            .map(move |(i, line)| (format!("{}:{}", path.display(), i + 1), line))
+    });
+    given
+        .into_iter()
+        .chain(from_file)
+        .filter_map(move |(at, line)| {
+            let line = match line {
+                Ok(l) => l,
+                Err(e) => return Some(Err(format!("{at}: {e}"))),
+            };
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                return None;
+            }
             let parsed = match op {
                 Op::Insert => text::parse_entry(&d, line).map(Write::Insert),
                 Op::Modify => text::parse_entry(&d, line).map(Write::Modify),
@@ -569,24 +616,8 @@ fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
                     text::parse_key(&d, key_words).map(Write::Delete)
                 }
             };
-            parsed.map_err(|e| format!("{at}: {e}"))
+            Some(parsed.map_err(|e| format!("{at}: {e}")))
         })
-        .collect::<CliResult<Vec<_>>>()?;
-    let version = client
-        .write(&args.table, &writes)
-        .map_err(|e| e.to_string())?;
-    println!(
-        "{} {} entr{} of {} at version {version}",
-        match op {
-            Op::Insert => "inserted",
-            Op::Modify => "modified",
-            Op::Delete => "deleted",
-        },
-        writes.len(),
-        if writes.len() == 1 { "y" } else { "ies" },
-        args.table
-    );
-    Ok(())
 }
 
 fn register(

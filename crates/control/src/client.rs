@@ -107,28 +107,7 @@ impl Client {
     /// Applies `writes` to `table`, all or none; returns the version.
     pub fn write(&mut self, table: &str, writes: &[Write]) -> Result<u64, ClientError> {
         let d = self.declaration(table)?.clone();
-        let (key, _) = convert::table_shape(&d)?;
-        let updates: Vec<pb::Update> = writes
-            .iter()
-            .map(|w| {
-                use pb::update::Type;
-                let (t, entry) = match w {
-                    Write::Insert(e) => (Type::Insert, convert::entry_to_pb(e, &d)),
-                    Write::Modify(e) => (Type::Modify, convert::entry_to_pb(e, &d)),
-                    Write::Delete(k) => (
-                        Type::Delete,
-                        pb::Entry {
-                            key: convert::key_to_pb(k, key),
-                            ..Default::default()
-                        },
-                    ),
-                };
-                pb::Update {
-                    r#type: t as i32,
-                    entry: Some(entry),
-                }
-            })
-            .collect();
+        let updates: Vec<pb::Update> = writes.iter().map(|w| update_of(w, &d)).collect();
         let request = |updates| pb::WriteRequest {
             table: table.to_string(),
             updates,
@@ -152,6 +131,67 @@ impl Client {
             .block_on(self.inner.write(request(updates)))?
             .into_inner()
             .version)
+    }
+
+    /// Writes `writes` to `table` as one batch, all or none, taking them from the iterator
+    /// as they are sent (in pieces of [`crate::PIECE`]), so that a batch of any size never
+    /// sits whole in the client. An `Err` from the iterator stops the batch: the server is
+    /// made to refuse what it was sent, nothing is applied, and the error is returned. The
+    /// version and the writes sent.
+    pub fn write_each(
+        &mut self,
+        table: &str,
+        writes: impl Iterator<Item = Result<Write, String>> + Send + 'static,
+    ) -> Result<(u64, u64), ClientError> {
+        use std::sync::{Arc, Mutex};
+        let d = self.declaration(table)?.clone();
+        let stopped: Arc<Mutex<Option<String>>> = Arc::default();
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (stop, count) = (stopped.clone(), sent.clone());
+        let mut writes = writes.fuse();
+        let mut done = false;
+        let pieces = std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let mut updates = Vec::with_capacity(crate::PIECE);
+            for w in writes.by_ref() {
+                match w {
+                    Ok(w) => updates.push(update_of(&w, &d)),
+                    Err(e) => {
+                        *stop
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                        done = true;
+                        // A piece for no table: the server refuses the whole batch.
+                        return Some(pb::WriteRequest::default());
+                    }
+                }
+                if updates.len() == crate::PIECE {
+                    break;
+                }
+            }
+            if updates.is_empty() {
+                done = true;
+                return None;
+            }
+            count.fetch_add(updates.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            Some(pb::WriteRequest {
+                table: d.name.clone(),
+                updates,
+            })
+        });
+        let call = self.inner.write_stream(tokio_stream::iter(pieces));
+        let done = self.runtime.block_on(call);
+        if let Some(e) = stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            return Err(local(format!("{e} (nothing was written)")));
+        }
+        let version = done?.into_inner().version;
+        Ok((version, sent.load(std::sync::atomic::Ordering::Relaxed)))
     }
 
     /// Every entry of `table` (or the one with `key`), and the version read.
@@ -441,4 +481,26 @@ fn flow_pieces(change: &FlowChange) -> Vec<FlowChange> {
             other => other.clone(),
         })
         .collect()
+}
+
+/// A write as the API carries it, for the table `d` declares.
+fn update_of(w: &Write, d: &Declaration) -> pb::Update {
+    use pb::update::Type;
+    let (t, entry) = match w {
+        Write::Insert(e) => (Type::Insert, convert::entry_to_pb(e, d)),
+        Write::Modify(e) => (Type::Modify, convert::entry_to_pb(e, d)),
+        Write::Delete(k) => (
+            Type::Delete,
+            pb::Entry {
+                key: convert::table_shape(d)
+                    .map(|(key, _)| convert::key_to_pb(k, key))
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
+        ),
+    };
+    pb::Update {
+        r#type: t as i32,
+        entry: Some(entry),
+    }
 }

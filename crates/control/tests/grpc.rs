@@ -187,6 +187,36 @@ fn a_batch_past_the_message_limit_is_written_whole_and_read_back_in_pieces() {
     let err = client.write("macs", &refused).unwrap_err();
     assert_eq!(err.code, tonic::Code::ResourceExhausted, "{err}");
     assert_eq!(client.read("macs", None).unwrap().1.len() as u64, n);
+    // Writes taken as they go: a mistake after several pieces were sent writes nothing.
+    let moved = {
+        let macs = macs.clone();
+        // Station `i` to the other port.
+        move |i: u64| {
+            let mac = stateplane_wire::MacAddr::from_u64(0x0200_0000_0000 + i);
+            let text = format!("vlan=0 mac={mac} forward port={}", (i + 1) % 2);
+            Ok(Write::Modify(text::parse_entry(&macs, &text).unwrap()))
+        }
+    };
+    let port_of = |client: &mut Client, i: u64| {
+        let mac = stateplane_wire::MacAddr::from_u64(0x0200_0000_0000 + i);
+        let key = text::parse_key(&macs, &["vlan=0", &format!("mac={mac}")]).unwrap();
+        let (_, found) = client.read("macs", Some(&key)).unwrap();
+        text::print_entry(&macs, &found[0])
+    };
+    let was = port_of(&mut client, 7);
+    let failing = (0..10_000u64).map(moved.clone()).chain(std::iter::once(Err(
+        "entries.txt:10001: not an entry".to_string(),
+    )));
+    let err = client.write_each("macs", failing).unwrap_err();
+    assert!(
+        err.message
+            .contains("entries.txt:10001: not an entry (nothing was written)"),
+        "{err}"
+    );
+    assert_eq!(port_of(&mut client, 7), was, "nothing was written");
+    let (_, sent) = client.write_each("macs", (0..5000u64).map(moved)).unwrap();
+    assert_eq!(sent, 5000);
+    assert_ne!(port_of(&mut client, 7), was, "the whole batch was written");
     // An empty table is one empty piece.
     let empty = Running::start("l2", toml::from_str("capacity = 4").unwrap());
     let mut client = Client::connect(&empty.server.endpoint.to_string()).unwrap();
