@@ -140,11 +140,14 @@ fn router_factory() -> BenchResult<ProgramFactory> {
         .map(|(a, l, i)| (a, l, hop(i)))
         .collect();
     v4.push(("198.18.0.0".parse().map_err(|_| "address")?, 15, hop(1)));
+    // Default routes: any trace's destinations are routed (`--trace` of another source).
+    v4.push(("0.0.0.0".parse().map_err(|_| "address")?, 0, hop(0)));
     let mut v6: Vec<_> = prefixes::ipv6(150_000, 1)
         .into_iter()
         .map(|(a, l, i)| (a, l, hop(i)))
         .collect();
     v6.push(("2001:2::".parse().map_err(|_| "address")?, 48, hop(1)));
+    v6.push(("::".parse().map_err(|_| "address")?, 0, hop(0)));
     let router = Router::from_routes(&v4, &v6, vec![[2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]])
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(move |_| Box::new(router.clone())))
@@ -339,31 +342,53 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
     );
     let runtime = replay_runtime(workers, burst_size);
     let mut results = Vec::new();
+    let mut failures = Vec::new();
     let mut huge_used = huge;
     for program in &programs {
-        let factory = match *program {
-            "rx" => None,
-            p => Some(factory_of(p)?),
-        };
-        let (r, huge) = rates(factory.as_ref(), &trace, &runtime, (a.loops, repeat, huge))?;
-        huge_used &= huge;
-        if r.forwarded != r.packets {
-            return Err(format!(
-                "{program}: forwarded {} of {} packets; the benchmark expects all",
-                r.forwarded, r.packets
-            ));
+        // A program that fails is reported beside the others, which are kept.
+        let measured = (|| {
+            let factory = match *program {
+                "rx" => None,
+                p => Some(factory_of(p)?),
+            };
+            let (r, huge) = rates(factory.as_ref(), &trace, &runtime, (a.loops, repeat, huge))?;
+            if r.forwarded != r.packets {
+                return Err(format!(
+                    "{program}: forwarded {} of {} packets; the benchmark expects all",
+                    r.forwarded, r.packets
+                ));
+            }
+            Ok((r, huge))
+        })();
+        match measured {
+            Ok((r, huge)) => {
+                huge_used &= huge;
+                results.push(Measurement {
+                    program: program.to_string(),
+                    packets: r.packets,
+                    mpps_per_core: r.mpps_per_core,
+                    ns_per_packet: r.ns_per_packet,
+                    mpps_total: r.mpps_total,
+                });
+            }
+            Err(e) => failures.push((program.to_string(), e)),
         }
-        results.push(Measurement {
-            program: program.to_string(),
-            packets: r.packets,
-            mpps_per_core: r.mpps_per_core,
-            ns_per_packet: r.ns_per_packet,
-            mpps_total: r.mpps_total,
-        });
     }
-    report(&a, &input, workers, burst_size, huge_used, &results)
+    report(
+        &a, &input, workers, burst_size, huge_used, &results, &failures,
+    )?;
+    match failures.is_empty() {
+        true => Ok(()),
+        false => Err(failures
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
 }
 
+/// Prints the measurements, and a row for each program that failed (`failures`: the
+/// program and why).
 fn report(
     a: &BenchArgs,
     input: &str,
@@ -371,13 +396,15 @@ fn report(
     burst: usize,
     huge: bool,
     results: &[Measurement],
+    failures: &[(String, String)],
 ) -> BenchResult<()> {
     if a.json {
-        let rows: Vec<_> = results
+        let mut rows: Vec<_> = results
             .iter()
             .map(|m| serde_json::json!({"program": m.program, "packets": m.packets, "mpps_per_core": m.mpps_per_core,
                                          "ns_per_packet": m.ns_per_packet, "mpps_total": m.mpps_total}))
             .collect();
+        rows.extend((failures.iter()).map(|(p, e)| serde_json::json!({"program": p, "error": e})));
         let v = serde_json::json!({"input": input, "workers": workers, "burst": burst, "loops": a.loops, "repeat": a.repeat,
                                    "hugepages": huge, "results": rows});
         println!(
@@ -403,6 +430,16 @@ fn report(
                 format!("{:.2}", m.mpps_per_core),
                 format!("{:.1}", m.ns_per_packet),
                 format!("{:.2}", m.mpps_total),
+            ]);
+        }
+        for (program, _) in failures {
+            let failed = || "FAILED".to_string();
+            table.row(vec![
+                program.clone(),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
             ]);
         }
         table.print();

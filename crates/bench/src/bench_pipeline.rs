@@ -575,7 +575,8 @@ fn measure(
             b.sort_unstable();
             out.bursts
                 .push(b.get(b.len() / 2).copied().unwrap_or(0) as f64 / 1e3);
-            out.updates = updater.done;
+            // Over every round.
+            out.updates += updater.done;
             out.forwarded = run.forwarded as f64 / run.packets.max(1) as f64;
             eprintln!(
                 "  {experiment:<8} {workload:<10} {:<6} tables={} updates={update_pct}%/s, round {}: {:.2} Mpps",
@@ -702,8 +703,9 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
         None => rule_set(&a, 2)?,
     };
     eprintln!(
-        "built {} rules in 2 tables in {:.1} s",
+        "built {} rules in {} tables in {:.1} s",
         two.len(),
+        two.tables(),
         t.elapsed().as_secs_f64()
     );
     let workloads = match &a.trace {

@@ -288,6 +288,60 @@ fn control_endpoints_beyond_loopback_need_a_guard_and_settings_never_go_unused()
     }
 }
 
+/// `bench` reports a program that fails beside the ones it measured, instead of throwing
+/// them away: a trace with a frame that does not parse makes `forward` forward one packet
+/// short, and the run prints the baseline's row, says why forward failed, and exits 1.
+#[test]
+fn bench_keeps_the_rows_it_measured_when_a_program_fails() {
+    let input = tmp("bench-mixed.pcap");
+    generate_with("internet", 500, &input, &["--ipv6-share", "0"]);
+    let mut packets = read_all(&input).unwrap();
+    packets[10].1.truncate(30); // IPv4 header cut short
+    let mut w = stateplane_io::CaptureWriter::new(
+        std::fs::File::create(&input).unwrap(),
+        stateplane_io::CaptureFormat::PcapNano,
+    )
+    .unwrap();
+    for (ts, d, l) in &packets {
+        w.write(*ts, d, *l).unwrap();
+    }
+    w.flush().unwrap();
+    drop(w);
+    let out = bin()
+        .args([
+            "bench",
+            "--loops",
+            "1",
+            "--repeat",
+            "1",
+            "--programs",
+            "rx,forward",
+            "--trace",
+        ])
+        .arg(&input)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("rx ") && l.contains(" 500 ")),
+        "the baseline's row stays: {stdout}"
+    );
+    assert!(
+        stdout.contains("forward") && stdout.contains("FAILED"),
+        "the failure has a row: {stdout}"
+    );
+    assert!(
+        stderr.contains("forward: forwarded 499 of 500 packets; the benchmark expects all"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn metrics_endpoint_serves_prometheus_text() {
     let input = tmp("metrics-in.pcap");
