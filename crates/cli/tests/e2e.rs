@@ -75,24 +75,35 @@ fn forward_output_is_identical_packet_for_packet_with_any_worker_count() {
     }
 }
 
+/// An IPv4 trace of `workload` at `path` whose frames `broken` edits (to break some).
+fn generate_broken(
+    workload: &str,
+    packets: u32,
+    path: &Path,
+    broken: impl FnOnce(&mut Vec<(u64, Vec<u8>, u32)>),
+) {
+    generate_with(workload, packets, path, &["--ipv6-share", "0"]);
+    let mut frames = read_all(path).unwrap();
+    broken(&mut frames);
+    let mut w = stateplane_io::CaptureWriter::new(
+        std::fs::File::create(path).unwrap(),
+        stateplane_io::CaptureFormat::PcapNano,
+    )
+    .unwrap();
+    for (ts, d, l) in &frames {
+        w.write(*ts, d, *l).unwrap();
+    }
+    w.flush().unwrap();
+}
+
 #[test]
 fn json_summary_counts_malformed_by_reason_and_loses_nothing() {
     // A trace with two broken frames among good ones.
     let input = tmp("mixed.pcap");
-    generate_with("udpflood", 1000, &input, &["--ipv6-share", "0"]);
-    let mut packets = read_all(&input).unwrap();
-    packets[10].1.truncate(30); // IPv4 header cut short
-    packets[20].1[14] = 0x65; // IP version 6 in an IPv4 frame
-    let mut w = stateplane_io::CaptureWriter::new(
-        std::fs::File::create(&input).unwrap(),
-        stateplane_io::CaptureFormat::PcapNano,
-    )
-    .unwrap();
-    for (ts, d, l) in &packets {
-        w.write(*ts, d, *l).unwrap();
-    }
-    w.flush().unwrap();
-    drop(w);
+    generate_broken("udpflood", 1000, &input, |packets| {
+        packets[10].1.truncate(30); // IPv4 header cut short
+        packets[20].1[14] = 0x65; // IP version 6 in an IPv4 frame
+    });
     let out = ok(bin()
         .args(["run", "forward", "--workers", "2", "--json", "-i"])
         .arg(&input)
@@ -294,19 +305,9 @@ fn control_endpoints_beyond_loopback_need_a_guard_and_settings_never_go_unused()
 #[test]
 fn bench_keeps_the_rows_it_measured_when_a_program_fails() {
     let input = tmp("bench-mixed.pcap");
-    generate_with("internet", 500, &input, &["--ipv6-share", "0"]);
-    let mut packets = read_all(&input).unwrap();
-    packets[10].1.truncate(30); // IPv4 header cut short
-    let mut w = stateplane_io::CaptureWriter::new(
-        std::fs::File::create(&input).unwrap(),
-        stateplane_io::CaptureFormat::PcapNano,
-    )
-    .unwrap();
-    for (ts, d, l) in &packets {
-        w.write(*ts, d, *l).unwrap();
-    }
-    w.flush().unwrap();
-    drop(w);
+    generate_broken("internet", 500, &input, |packets| {
+        packets[10].1.truncate(30); // IPv4 header cut short
+    });
     let out = bin()
         .args([
             "bench",
