@@ -291,6 +291,16 @@ fn control_endpoints_beyond_loopback_need_a_guard_and_settings_never_go_unused()
             &["ctl", "--server", "https://127.0.0.1:1", "describe"][..],
             "TLS to https://127.0.0.1:1 needs --ca FILE",
         ),
+        // No switch there: where a switch's socket would be, and how to point ctl at it.
+        (
+            &[
+                "ctl",
+                "--server",
+                "unix:/nonexistent/control.sock",
+                "describe",
+            ][..],
+            "control.sock in its run directory: $STATEPLANE_RUN_DIR, else /run/stateplane for root",
+        ),
     ] {
         let out = bin().args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -61,7 +61,13 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|e| local(format!("cannot start a runtime: {e}")))?;
-        let hint = format!("is `stateplane run` running with --control {server}?");
+        // A user's default socket and root's differ: say where a switch puts its own.
+        let hint = format!(
+            "is `stateplane run` running with --control {server}? A switch listens by \
+             default on control.sock in its run directory: ${}, else /run/stateplane for \
+             root; give ctl the same, or --server",
+            endpoint::RUN_DIR_VAR
+        );
         let (channel, token) =
             runtime.block_on(endpoint::connect(server, files, "control API", &hint))?;
         let inner = ControlClient::with_interceptor(channel, token);
