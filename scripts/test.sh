@@ -40,7 +40,7 @@ echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
 echo "== soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
 bash scripts/soak.sh "${SOAK_SECONDS:-60}"
-echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache)"
+echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
@@ -56,6 +56,11 @@ bin=$(cargo test --release -p stateplane-classifier --lib --no-run --message-for
   | grep -o '"executable":"[^"]*stateplane_classifier[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-classifier test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
+# The counting allocator the memory-budget tests measure structures with.
+bin=$(cargo test --release -p stateplane-mem --test counting --no-run --message-format=json 2>/dev/null \
+  | grep -o '"executable":"[^"]*/counting-[^"]*"' | head -1 | cut -d'"' -f4)
+[ -n "$bin" ] || { echo "could not find the stateplane-mem counting test binary" >&2; exit 1; }
+valgrind --quiet --error-exitcode=1 "$bin" --test-threads=1 2>&1 | tail -3
 echo "== fuzz: every target ${FUZZ_SECONDS:-10} s under libFuzzer (its corpus and past crashes ran on stable above)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"

@@ -497,6 +497,12 @@ pub enum ControlError {
         table: String,
         capacity: usize,
     },
+    /// A write that would take the run past its memory budget (`why` says by how much
+    /// and the fix).
+    OverBudget {
+        table: String,
+        why: String,
+    },
     Exists {
         table: String,
     },
@@ -579,6 +585,9 @@ impl fmt::Display for ControlError {
                     f,
                     "table `{table}` is full ({capacity} entries); nothing was written"
                 )
+            }
+            ControlError::OverBudget { table, why } => {
+                write!(f, "table `{table}`: {why}; nothing was written")
             }
             ControlError::Exists { table } => write!(
                 f,

@@ -976,6 +976,24 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
         "program.acl.capacity: counters and meters of 1048576 rules take",
     );
+    // An ACL's rule tables, shared by the workers, two versions at once.
+    refused_config(
+        "budget-acl-tables.toml",
+        "memory_budget = \"400M\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
+        "program.acl.capacity: two versions of the rule tables of 1048576 rules take",
+    );
+    // A router's tables: two versions of a first level of 64 MiB.
+    refused_config(
+        "budget-router.toml",
+        "memory_budget = \"100M\"\n[program]\nname = \"router\"\n",
+        "program.router.routes: two versions of route tables with 0 IPv4 and 0 IPv6 prefixes take 128.0 MiB",
+    );
+    // The packets each worker may park for its replicated flows' writes.
+    refused_config(
+        "budget-parking.toml",
+        "memory_budget = \"1G\"\n[program]\nname = \"counter\"\n[guarantees]\nflows = [\"replicated\"]\n[replication]\npark_limit = 16777216\n",
+        "replication.park_limit: 16777216 parked packets for each of 1 workers take",
+    );
     // The bursts each worker's queues keep.
     refused_config(
         "budget-bursts.toml",

@@ -41,7 +41,7 @@ pub fn status(e: ControlError) -> Status {
         | ControlError::Width { .. }
         | ControlError::MatchKind { .. } => Code::InvalidArgument,
         ControlError::ReadOnly { .. } => Code::FailedPrecondition,
-        ControlError::TableFull { .. } => Code::ResourceExhausted,
+        ControlError::TableFull { .. } | ControlError::OverBudget { .. } => Code::ResourceExhausted,
         ControlError::Exists { .. } => Code::AlreadyExists,
         ControlError::OutOfRange { .. } | ControlError::NoSuchPort { .. } => Code::OutOfRange,
         ControlError::Invalid { .. } => Code::InvalidArgument,

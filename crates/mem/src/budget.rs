@@ -12,6 +12,8 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a run may take: `limit` bytes in all, its program's state kept `copies` times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,26 +70,57 @@ pub struct Claimed {
     pub limit: u64,
 }
 
+/// A scope's claims, shared with the [`Growth`] handles taken in it.
+#[derive(Debug)]
 struct Ledger {
     budget: Budget,
-    claimed: u64,
+    claimed: AtomicU64,
+}
+
+impl Ledger {
+    /// Adds `bytes * copies` unless that passes the limit (then nothing is added).
+    fn claim(
+        &self,
+        what: impl FnOnce() -> String,
+        bytes: u64,
+        copies: u64,
+    ) -> Result<(), OverBudget> {
+        let all = bytes.saturating_mul(copies);
+        let taken = self
+            .claimed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |claimed| {
+                let total = claimed.saturating_add(all);
+                (total <= self.budget.limit).then_some(total)
+            });
+        taken.map(|_| ()).map_err(|claimed| OverBudget {
+            what: what(),
+            bytes,
+            copies,
+            claimed,
+            limit: self.budget.limit,
+            setting: self.budget.setting,
+        })
+    }
 }
 
 thread_local! {
-    static LEDGER: RefCell<Option<Ledger>> = const { RefCell::new(None) };
+    static LEDGER: RefCell<Option<Arc<Ledger>>> = const { RefCell::new(None) };
 }
 
 /// Runs `load` with `budget` as the limit of this thread's claims: its result, and what
 /// they came to. Scopes do not nest (an inner one replaces the outer for its duration).
 pub fn scope<T>(budget: Budget, load: impl FnOnce() -> T) -> (T, Claimed) {
-    let outer = LEDGER.with(|l| l.replace(Some(Ledger { budget, claimed: 0 })));
+    let ledger = Arc::new(Ledger {
+        budget,
+        claimed: AtomicU64::new(0),
+    });
+    let outer = LEDGER.with(|l| l.replace(Some(ledger.clone())));
     let result = load();
-    let ledger = LEDGER.with(|l| l.replace(outer));
-    let claimed = ledger.map_or(0, |l| l.claimed);
+    LEDGER.with(|l| l.replace(outer));
     (
         result,
         Claimed {
-            bytes: claimed,
+            bytes: ledger.claimed.load(Ordering::Relaxed),
             limit: budget.limit,
         },
     )
@@ -108,26 +141,113 @@ fn claim_copies(
     bytes: u64,
     copies: Option<u64>,
 ) -> Result<(), OverBudget> {
-    LEDGER.with(|l| {
-        let mut ledger = l.borrow_mut();
-        let Some(ledger) = ledger.as_mut() else {
-            return Ok(());
-        };
-        let copies = copies.unwrap_or(ledger.budget.copies);
-        let total = ledger.claimed.saturating_add(bytes.saturating_mul(copies));
-        if total > ledger.budget.limit {
-            return Err(OverBudget {
-                what: what(),
-                bytes,
-                copies,
-                claimed: ledger.claimed,
-                limit: ledger.budget.limit,
-                setting: ledger.budget.setting,
-            });
-        }
-        ledger.claimed = total;
-        Ok(())
+    LEDGER.with(|l| match l.borrow().as_ref() {
+        Some(ledger) => ledger.claim(what, bytes, copies.unwrap_or(ledger.budget.copies)),
+        None => Ok(()),
     })
+}
+
+/// The budget's remainder for what grows while the run goes on (routes and rules written
+/// through the control API, packets held for a store): taken in the run's loading scope,
+/// it claims from that scope's ledger from any thread, after loading too, and what it
+/// gives back can be claimed again. Taken outside a scope, it refuses nothing.
+#[derive(Clone, Debug, Default)]
+pub struct Growth {
+    ledger: Option<Arc<Ledger>>,
+}
+
+impl Growth {
+    /// The current scope's (unlimited outside one).
+    pub fn of_scope() -> Growth {
+        Growth {
+            ledger: LEDGER.with(|l| l.borrow().clone()),
+        }
+    }
+
+    /// Claims `bytes` the run takes once (the caller counted every copy).
+    pub fn take(&self, what: impl FnOnce() -> String, bytes: u64) -> Result<(), OverBudget> {
+        match &self.ledger {
+            Some(ledger) => ledger.claim(what, bytes, 1),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives back `bytes` taken before.
+    pub fn give(&self, bytes: u64) {
+        if let Some(ledger) = &self.ledger {
+            // Never below zero, whatever a caller gives.
+            let _ = ledger
+                .claimed
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                    Some(c.saturating_sub(bytes))
+                });
+        }
+    }
+
+    /// How many copies of the program's state the run keeps (1 outside a scope).
+    pub fn copies(&self) -> u64 {
+        self.ledger.as_ref().map_or(1, |l| l.budget.copies)
+    }
+
+    /// What the run has claimed now, loading and growth together (0 outside a scope).
+    pub fn claimed(&self) -> u64 {
+        self.ledger
+            .as_ref()
+            .map_or(0, |l| l.claimed.load(Ordering::Relaxed))
+    }
+}
+
+/// Keeps what a growing structure has taken from a [`Growth`] in line with what it
+/// uses: taken in steps of at least `step` bytes (so that a structure growing a little at
+/// a time asks rarely), given back once it uses less than half of what it holds.
+#[derive(Debug, Default)]
+pub struct Allowance {
+    growth: Growth,
+    held: u64,
+}
+
+impl Allowance {
+    pub fn new(growth: Growth) -> Allowance {
+        Allowance { growth, held: 0 }
+    }
+
+    /// Makes the allowance cover `bytes` in use; refused, it holds what it held.
+    pub fn cover(
+        &mut self,
+        what: impl FnOnce() -> String,
+        bytes: u64,
+        step: u64,
+    ) -> Result<(), OverBudget> {
+        if bytes > self.held {
+            let need = bytes - self.held;
+            // A whole step where it fits; near the limit, only what is needed.
+            let more = match self.growth.take(String::new, need.max(step)) {
+                Ok(()) => need.max(step),
+                Err(_) => self.growth.take(what, need).map(|()| need)?,
+            };
+            self.held += more;
+        } else if bytes < self.held / 2 {
+            self.growth.give(self.held - bytes);
+            self.held = bytes;
+        }
+        Ok(())
+    }
+
+    /// How many copies of the program's state the run keeps (see [`Growth::copies`]).
+    pub fn copies(&self) -> u64 {
+        self.growth.copies()
+    }
+
+    /// What it holds now.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+}
+
+impl Drop for Allowance {
+    fn drop(&mut self) {
+        self.growth.give(self.held);
+    }
 }
 
 /// This machine's memory (MemTotal), if the kernel says.
@@ -199,6 +319,67 @@ mod tests {
             assert!(claim_once(|| "d".into(), 1).is_err());
         });
         assert_eq!(claimed.bytes, 9 * GIB);
+    }
+
+    #[test]
+    fn growth_claims_from_the_scope_after_it_ends_and_from_other_threads() {
+        let (growth, claimed) = scope(budget(10 * GIB, 2), || {
+            claim(|| "tables".into(), 2 * GIB).unwrap();
+            Growth::of_scope()
+        });
+        assert_eq!((claimed.bytes, growth.copies()), (4 * GIB, 2));
+        let other = growth.clone();
+        std::thread::spawn(move || other.take(|| "routes".into(), 5 * GIB).unwrap())
+            .join()
+            .unwrap();
+        let refused = growth.take(|| "more routes".into(), 2 * GIB).unwrap_err();
+        assert_eq!(
+            (refused.claimed, refused.limit, refused.copies),
+            (9 * GIB, 10 * GIB, 1)
+        );
+        assert_eq!(growth.claimed(), 9 * GIB, "a refusal takes nothing");
+        growth.give(5 * GIB);
+        growth.take(|| "more routes".into(), 2 * GIB).unwrap();
+        assert_eq!(growth.claimed(), 6 * GIB);
+        growth.give(u64::MAX);
+        assert_eq!(growth.claimed(), 0, "never below zero");
+        // Outside a scope: nothing refused, nothing counted.
+        let free = Growth::of_scope();
+        assert!(free.take(|| "x".into(), u64::MAX).is_ok());
+        assert_eq!((free.claimed(), free.copies()), (0, 1));
+    }
+
+    #[test]
+    fn an_allowance_takes_in_steps_gives_back_below_half_and_on_drop() {
+        const MIB: u64 = 1 << 20;
+        let (growth, _) = scope(budget(10 * MIB, 1), Growth::of_scope);
+        let mut a = Allowance::new(growth.clone());
+        a.cover(|| "held packets".into(), 1500, MIB).unwrap();
+        assert_eq!((a.held(), growth.claimed()), (MIB, MIB), "a whole step");
+        a.cover(|| "held packets".into(), MIB, MIB).unwrap();
+        assert_eq!(growth.claimed(), MIB, "covered: nothing asked");
+        a.cover(|| "held packets".into(), 9 * MIB + 1, 4 * MIB)
+            .unwrap();
+        assert_eq!(
+            growth.claimed(),
+            9 * MIB + 1,
+            "near the limit, only the need"
+        );
+        let refused = a
+            .cover(|| "held packets".into(), 11 * MIB, MIB)
+            .unwrap_err();
+        assert_eq!(refused.what, "held packets");
+        assert_eq!(a.held(), 9 * MIB + 1, "a refusal holds what it held");
+        a.cover(|| "held packets".into(), 5 * MIB, MIB).unwrap();
+        assert_eq!(growth.claimed(), 9 * MIB + 1, "half or more in use: kept");
+        a.cover(|| "held packets".into(), MIB, MIB).unwrap();
+        assert_eq!(
+            (a.held(), growth.claimed()),
+            (MIB, MIB),
+            "below half: given back"
+        );
+        drop(a);
+        assert_eq!(growth.claimed(), 0);
     }
 
     #[test]

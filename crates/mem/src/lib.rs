@@ -6,7 +6,8 @@
 //! only when first touched, for tables that use a growing prefix of a fixed budget) and
 //! [`HUGE_PAGE`]-aligned windows of them; and [`prefetch`], the project's one cache-line
 //! hint (tables and caches warm the lines a batch will read); and the run's memory
-//! [`budget`], which what sizes itself from the configuration claims before allocating.
+//! [`budget`], which what sizes itself from the configuration claims before allocating,
+//! and the [`counting`] allocator its tests check those claims with.
 //!
 //! Must never: change what memory holds or how long it lives; advice is only about page
 //! size, and where the kernel refuses it everything works the same, only slower.
@@ -16,6 +17,7 @@
 //! and save a page walk per lookup in tables of hundreds of megabytes.
 
 pub mod budget;
+pub mod counting;
 
 /// Asks the CPU to start loading the cache line of `value`: a hint with no effect on
 /// results, so that a batch can start every lookup's memory read before it needs any.

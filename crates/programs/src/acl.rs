@@ -444,6 +444,16 @@ impl Acl {
             || format!("counters and meters of {} rules", cfg.capacity),
             ((cfg.capacity + 1) * per_rule) as u64,
         )?;
+        // The rule tables every worker shares, two versions at once while one replaces
+        // the other: each its ternary table and its list.
+        let versions = 2
+            * (Ternary::<RuleAction>::bytes_for(cfg.capacity)
+                + (cfg.capacity * std::mem::size_of::<Rule<RuleAction>>()) as u64);
+        stateplane_mem::budget::claim_once(
+            || format!("two versions of the rule tables of {} rules", cfg.capacity),
+            versions,
+        )
+        .map_err(|e| ConfigError::new(format!("{field}.capacity"), e.to_string()))?;
         let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
             counters: Counters::new(cfg.capacity + 1),

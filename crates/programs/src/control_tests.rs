@@ -35,9 +35,16 @@ impl Switch {
     /// Starts `WORKERS` workers of `program` (configured by `config`) on ports a, b, c; each
     /// takes `frame` (until changed) in through port 0 in every burst.
     fn start(program: &str, config: &str, frame: Vec<u8>) -> Switch {
+        Switch::start_within(program, config, frame, u64::MAX)
+    }
+
+    /// [`Switch::start`], the program built under a memory budget of `limit` bytes.
+    fn start_within(program: &str, config: &str, frame: Vec<u8>, limit: u64) -> Switch {
         let table: toml::Value = toml::from_str(config).unwrap();
         let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
-        let factory = build(program, Some(&table), &names).unwrap();
+        let (factory, _) =
+            stateplane_mem::budget::scope(budget(limit), || build(program, Some(&table), &names));
+        let factory = factory.unwrap();
         let (plane, ends) = ControlPlane::new(WORKERS, factory(0));
         let stop = Arc::new(AtomicBool::new(false));
         let clock = Arc::new(AtomicU64::new(SECOND));
@@ -769,6 +776,67 @@ fn a_learning_switch_asked_for_digests_streams_each_station_it_learns() {
         got.len() + more.len() <= WORKERS,
         "one digest per worker at most: {more:?}"
     );
+}
+
+/// A budget of `limit` bytes for the program kept once per worker and once more.
+fn budget(limit: u64) -> stateplane_mem::budget::Budget {
+    stateplane_mem::budget::Budget {
+        limit,
+        copies: WORKERS as u64 + 1,
+        setting: "memory_budget",
+    }
+}
+
+/// Rules added through the control API take the run's memory budget, each copy of the
+/// pipeline its share, counted at the most rules held (a rule deleted leaves its room in
+/// the tables' maps for the next): past it a batch is refused whole, saying so, and no
+/// worker holds any of it; once rules are deleted, as many can be added again.
+#[test]
+fn rules_past_the_memory_budget_are_refused_whole() {
+    use crate::pipeline::Pipeline;
+    use stateplane_state::{FlowChange, FlowFilter};
+    let config = r#"rules = ["priority=1,actions=output:1"]"#;
+    let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
+    let table: toml::Value = toml::from_str(config).unwrap();
+    let (_, at_load) =
+        stateplane_mem::budget::scope(budget(u64::MAX), || build("pipeline", Some(&table), &names));
+    let copies = WORKERS as u64 + 1;
+    let room_for_100_more =
+        copies * (Pipeline::bytes_for_rules(101) - Pipeline::bytes_for_rules(1));
+    let frame = crate::testutil::udp_frame("198.19.7.9", 64);
+    let sw = Switch::start_within("pipeline", config, frame, at_load.bytes + room_for_100_more);
+    let add = |from: usize, count: usize| {
+        let lines = (from..from + count)
+            .map(|i| format!("priority=9,udp,tp_dst={i},actions=output:2"))
+            .collect();
+        sw.plane.submit(flows(FlowChange::Add {
+            lines,
+            keep_counters: false,
+        }))
+    };
+    let e = add(0, 101).err().unwrap();
+    assert!(matches!(e, ControlError::OverBudget { .. }), "{e}");
+    let message = e.to_string();
+    assert!(
+        message.starts_with("table `flows`: 102 rules in a pipeline take")
+            && message.contains("past the memory budget")
+            && message.ends_with("nothing was written"),
+        "{message}"
+    );
+    assert_eq!(
+        dump(&sw, FlowFilter::default()).len(),
+        1,
+        "no worker has any of it"
+    );
+    add(0, 100).unwrap();
+    assert_eq!(dump(&sw, FlowFilter::default()).len(), 101);
+    assert!(add(100, 1).is_err(), "full to the budget");
+    sw.plane
+        .submit(flows(FlowChange::Delete(FlowFilter::default())))
+        .unwrap();
+    assert!(dump(&sw, FlowFilter::default()).is_empty());
+    add(0, 101).unwrap();
+    assert!(add(101, 1).is_err());
 }
 
 fn flows(change: stateplane_state::FlowChange) -> Request {

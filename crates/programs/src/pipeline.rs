@@ -45,6 +45,7 @@ use stateplane_classifier::{
     CachedPipeline, Consistency, Fields, Miss, Pattern, Probe, Rule, RuleId, RuleSet, format_rule,
     parse_rule, parse_rule_warning,
 };
+use stateplane_mem::budget::{Allowance, Growth, OverBudget};
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::{
     ControlError, Declaration, Expiry, FlowChange, FlowFilter, FlowStat, Guarantee, Kind,
@@ -52,6 +53,7 @@ use stateplane_state::{
 };
 use stateplane_wire::{ParseFlags, edit};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +124,8 @@ pub struct Pipeline {
     timers: Arc<Mutex<SharedTimers>>,
     /// Expired rules this worker found, for the control plane to remove everywhere.
     expired: Vec<Expiry>,
+    /// Shared by every worker's copy.
+    rule_budget: Arc<RuleBudget>,
 }
 
 /// What the workers of one pipeline share about its timed rules, so that they agree on
@@ -140,6 +144,55 @@ struct SharedTimers {
 
 /// The rules a pipeline holds at most unless configured otherwise.
 pub const DEFAULT_CAPACITY: usize = 1 << 20;
+
+/// The actions a rule's share of the budget covers; each one more takes
+/// [`BYTES_AN_ACTION`] more.
+pub const ACTIONS_IN_A_RULE: usize = 8;
+pub const BYTES_AN_ACTION: u64 = 64;
+
+/// What every copy of a pipeline holds from the run's memory budget for its rules,
+/// shared by the copies: the most rules they have held, at [`Pipeline::bytes_for_rules`]
+/// in each copy (hash maps keep their room when rules go, so the most is what stays),
+/// and the actions beyond [`ACTIONS_IN_A_RULE`] any rule was given.
+struct RuleBudget {
+    held: Mutex<(Allowance, usize, u64)>,
+    /// Rules the workers hold now (each worker's copy has the same rules).
+    now: AtomicUsize,
+}
+
+impl RuleBudget {
+    fn new(growth: Growth) -> RuleBudget {
+        RuleBudget {
+            held: Mutex::new((Allowance::new(growth), 0, 0)),
+            now: AtomicUsize::new(0),
+        }
+    }
+
+    /// Makes the budget cover `rules` more rules than the workers hold now, with
+    /// `extra_actions` actions beyond their share; refused, it changes nothing.
+    fn cover(&self, rules: usize, extra_actions: u64) -> Result<(), OverBudget> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let (allowance, most, extra) = &mut *held;
+        let most_after = (*most).max(self.now.load(Ordering::Relaxed) + rules);
+        let extra_after = *extra + extra_actions;
+        let copies = allowance.copies();
+        let bytes = Pipeline::bytes_for_rules(most_after) + BYTES_AN_ACTION * extra_after;
+        allowance.cover(
+            || format!("{most_after} rules in a pipeline"),
+            bytes.saturating_mul(copies),
+            0,
+        )?;
+        (*most, *extra) = (most_after, extra_after);
+        Ok(())
+    }
+}
+
+/// The actions of `rules` beyond each one's share.
+fn extra_actions<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> u64 {
+    (rules.into_iter())
+        .map(|r| r.actions.len().saturating_sub(ACTIONS_IN_A_RULE) as u64)
+        .sum()
+}
 
 /// The rule pipeline's name in the control API.
 pub const FLOWS: &str = "flows";
@@ -238,6 +291,17 @@ pub fn check_ports(rule: &Rule, ports: usize) -> Result<(), String> {
 }
 
 impl Pipeline {
+    /// What `rules` rules of up to [`ACTIONS_IN_A_RULE`] actions take in one copy of a
+    /// pipeline: measured by the allocator over several rule shapes
+    /// (`tests/rule_memory.rs`) and rounded up: 2 KiB a rule (its copy, its index
+    /// entries and its tuple's, with hash maps' spare room), 4 KiB for the first.
+    pub fn bytes_for_rules(rules: usize) -> u64 {
+        match rules {
+            0 => 0,
+            n => 4096 + 2048 * n as u64,
+        }
+    }
+
     pub fn new(cfg: &PipelineConfig, ports: &PortNames, field: &str) -> Result<Self, ConfigError> {
         if cfg.tables == 0 || cfg.tables > MAX_TABLES {
             return Err(ConfigError::new(
@@ -314,8 +378,12 @@ impl Pipeline {
             || format!("a flow cache of {} entries", cfg.cache_entries),
             cache_bytes,
         )?;
+        let (count, extra) = (rules.len(), extra_actions(rules.rules().map(|(_, r)| r)));
         let mut p = Self::with_rules(rules, mode, cfg.cache_entries, cfg.cache_ways)
             .map_err(|e| ConfigError::new(cache_field, e))?;
+        (p.rule_budget.cover(count, extra))
+            .map_err(|e| ConfigError::new(format!("{field}.rules"), e.to_string()))?;
+        p.rule_budget.now.store(count, Ordering::Relaxed);
         (p.ports, p.capacity) = (n, cfg.capacity);
         Ok(p)
     }
@@ -338,6 +406,7 @@ impl Pipeline {
             batch: Vec::new(),
             timers: Arc::default(),
             expired: Vec::new(),
+            rule_budget: Arc::new(RuleBudget::new(Growth::of_scope())),
         })
     }
 
@@ -576,6 +645,7 @@ impl Program for Pipeline {
         match change {
             FlowChange::Add { lines, .. } => {
                 let rules = read_client_rules(self.flows.rules(), lines, self.ports)?;
+                self.cover(rules.len(), extra_actions(rules.iter()))?;
                 Ok(Some(Arc::new(Prepared::Rules(rules))))
             }
             FlowChange::Replace { table, lines } => {
@@ -589,12 +659,16 @@ impl Program for Pipeline {
                         other.table
                     )));
                 }
+                self.cover(rules.len(), extra_actions(rules.iter()))?;
                 Ok(Some(Arc::new(Prepared::Rules(rules))))
             }
             FlowChange::Modify { actions, .. } => {
                 let rule = parse_rule(&format!("actions={actions}"))
                     .map_err(|e| invalid(e.to_string()))?;
                 check_ports(&rule, self.ports).map_err(invalid)?;
+                // As though every rule took the new actions.
+                let now = self.rule_budget.now.load(Ordering::Relaxed) as u64;
+                self.cover(0, extra_actions([&rule]) * now)?;
                 Ok(Some(Arc::new(Prepared::Modify(rule))))
             }
             FlowChange::Delete(_) | FlowChange::Dump(_) | FlowChange::Expire(_) => Ok(None),
@@ -602,6 +676,37 @@ impl Program for Pipeline {
     }
 
     fn control(
+        &mut self,
+        request: &Request,
+        prepared: Option<&Arc<Prepared>>,
+        ctx: &Context,
+    ) -> Result<Reply, ControlError> {
+        let reply = self.change(request, prepared, ctx);
+        // What the rules' budget counts from: every worker's copy holds the same rules.
+        (self.rule_budget.now).store(self.flows.rules().len(), Ordering::Relaxed);
+        reply
+    }
+}
+
+fn invalid(why: String) -> ControlError {
+    ControlError::Invalid {
+        what: format!("`{FLOWS}`"),
+        why,
+    }
+}
+
+impl Pipeline {
+    /// Has the rules' budget cover `rules` more rules and `extra` actions beyond their
+    /// share, or refuses the change.
+    fn cover(&self, rules: usize, extra: u64) -> Result<(), ControlError> {
+        (self.rule_budget.cover(rules, extra)).map_err(|e| ControlError::OverBudget {
+            table: FLOWS.into(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Applies a checked flow request (see [`Program::control`]).
+    fn change(
         &mut self,
         request: &Request,
         prepared: Option<&Arc<Prepared>>,
@@ -694,16 +799,7 @@ impl Program for Pipeline {
             }
         }
     }
-}
 
-fn invalid(why: String) -> ControlError {
-    ControlError::Invalid {
-        what: format!("`{FLOWS}`"),
-        why,
-    }
-}
-
-impl Pipeline {
     fn matching(&self, filter: &FlowFilter) -> Vec<RuleId> {
         (self.flows.rules().rules())
             .filter(|(_, r)| filter.matches(r.table, r.cookie))

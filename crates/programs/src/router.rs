@@ -18,6 +18,7 @@
 
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
+use stateplane_mem::budget::{Allowance, Growth};
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format, MatchKind, page};
 use stateplane_state::{
@@ -118,10 +119,15 @@ fn prefix_of(key: &[Match]) -> (u128, u8) {
 /// bringing the spare up to date (`behind`: the writes it lacks) and applying the new
 /// writes to it, in place. Each write then costs its painted ranges, twice, instead of a
 /// copy of the whole tables (which is the fallback while a worker still holds the spare).
+///
+/// The pair's bytes, twice the newest tables', are held from the run's memory budget:
+/// writes that would take more than it has left are refused. (The copy made while a worker
+/// still holds the spare lives only until that worker moves on, and is not counted.)
 struct Versions {
     newest: Arc<Tables>,
     spare: Option<Arc<Tables>>,
     behind: Vec<(bool, Write)>,
+    budget: Allowance,
 }
 
 impl Versions {
@@ -144,10 +150,19 @@ impl Versions {
         let Some(tables) = Arc::get_mut(&mut next) else {
             return Err(ControlError::Unavailable);
         };
+        let name = |v4: bool| if v4 { "routes4" } else { "routes6" };
         for (v4, w) in writes {
-            let name = if *v4 { "routes4" } else { "routes6" };
             // On a refusal the half-updated tables are dropped; the next write copies.
-            tables.apply(*v4, w, name, ports)?;
+            tables.apply(*v4, w, name(*v4), ports)?;
+        }
+        if let Err(e) = self
+            .budget
+            .cover(|| tables.what_pair_takes(), tables.pair_bytes(), 0)
+        {
+            return Err(ControlError::OverBudget {
+                table: name(writes.first().is_none_or(|w| w.0)).into(),
+                why: e.to_string(),
+            });
         }
         let before = std::mem::replace(&mut self.newest, next.clone());
         self.spare = Some(before);
@@ -157,6 +172,19 @@ impl Versions {
 }
 
 impl Tables {
+    /// What the left-right pair of tables like these takes.
+    fn pair_bytes(&self) -> u64 {
+        2 * (self.v4.memory() + self.v6.memory()) as u64
+    }
+
+    fn what_pair_takes(&self) -> String {
+        format!(
+            "two versions of route tables with {} IPv4 and {} IPv6 prefixes",
+            self.v4.len(),
+            self.v6.len()
+        )
+    }
+
     /// The next hop of exactly this prefix, in the IPv4 (`v4`) or IPv6 table.
     fn get(&self, v4: bool, addr: u128, len: u8) -> Option<&NextHop> {
         if v4 {
@@ -257,8 +285,19 @@ impl Router {
                 (IpAddr::V6(a), len) => v6.push((a, len, hop)),
             }
         }
-        Router::from_routes(&v4, &v6, port_macs)
-            .map_err(|e| ConfigError::new(format!("{field}.routes"), e.to_string()))
+        let router = Router::from_routes(&v4, &v6, port_macs)
+            .map_err(|e| ConfigError::new(format!("{field}.routes"), e.to_string()))?;
+        {
+            let mut versions = router
+                .versions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let Versions { newest, budget, .. } = &mut *versions;
+            budget
+                .cover(|| newest.what_pair_takes(), newest.pair_bytes(), 0)
+                .map_err(|e| ConfigError::new(format!("{field}.routes"), e.to_string()))?;
+        }
+        Ok(router)
     }
 
     /// A router from route lists (benchmarks, large generated tables) and each port's MAC.
@@ -276,6 +315,7 @@ impl Router {
                 newest: tables.clone(),
                 spare: None,
                 behind: Vec::new(),
+                budget: Allowance::new(Growth::of_scope()),
             })),
             tables,
             port_macs,
@@ -497,6 +537,84 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Route writes take the run's memory budget as they grow the tables (both versions
+    /// of the pair): past it a write is refused, saying so, and changes nothing, while a
+    /// write that needs no more room is still taken; a budget too small for the
+    /// configured routes refuses the run, naming them.
+    #[test]
+    fn route_writes_past_the_memory_budget_are_refused_and_change_nothing() {
+        use stateplane_mem::budget::{Budget, scope};
+        let budget = |limit| Budget {
+            limit,
+            copies: 3,
+            setting: "memory_budget",
+        };
+        let (_, at_load) = scope(budget(u64::MAX), router);
+        assert!(at_load.bytes > 2 * (64 << 20), "{}", at_load.bytes);
+        let (r, _) = scope(budget(at_load.bytes + (64 << 10)), router);
+        let hop = NextHop {
+            port: 1,
+            mac: [2, 0, 0, 0, 0, 1],
+        };
+        let insert = |r: &Router, i: u32| {
+            // A /32 in a /24 of its own: a second-level group each.
+            let addr = 0xc612_0001 + (i << 8);
+            let write = Write::Insert(route_entry(u128::from(addr), 32, &hop));
+            r.prepare(&Request::Write {
+                table: "routes4".into(),
+                writes: vec![write],
+            })
+        };
+        let mut written = 0;
+        let refusal = loop {
+            match insert(&r, written) {
+                Ok(_) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 1_000, "never refused");
+        };
+        assert!(written >= 10, "{written}");
+        assert!(matches!(refusal, ControlError::OverBudget { .. }));
+        let message = refusal.to_string();
+        assert!(
+            message.starts_with("table `routes4`: two versions of route tables with")
+                && message.contains("past the memory budget")
+                && message.ends_with("nothing was written"),
+            "{message}"
+        );
+        let newest = r.versions.lock().unwrap().newest.clone();
+        assert_eq!(
+            newest.v4.len(),
+            2 + written as usize,
+            "the refused route is not there"
+        );
+        // A route changed in place needs no more room.
+        let modify = Write::Modify(route_entry(
+            u128::from(0xc612_0001u32),
+            32,
+            &NextHop { port: 2, ..hop },
+        ));
+        let request = Request::Write {
+            table: "routes4".into(),
+            writes: vec![modify],
+        };
+        assert!(r.prepare(&request).is_ok());
+        let names = PortNames(vec!["a".into(), "b".into(), "c".into()]);
+        let cfg: RouterConfig = toml::from_str(
+            r#"routes = [{ prefix = "198.19.0.0/16", port = "b", next_hop_mac = "02:00:00:00:0b:01" }]"#,
+        )
+        .unwrap();
+        let (refused, _) = scope(budget(64 << 20), || {
+            Router::new(&cfg, &names, "program.router")
+        });
+        let e = refused.err().unwrap();
+        assert_eq!(e.field, "program.router.routes");
+        assert!(
+            e.to_string().contains("past the memory budget of 64.0 MiB"),
+            "{e}"
+        );
     }
 
     fn router() -> Router {

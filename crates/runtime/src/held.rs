@@ -5,7 +5,8 @@
 //! with other packets meanwhile and never waits.
 //!
 //! Owns: the held packets' bytes (buffers reused, so a busy worker stops allocating once
-//! it has held its most) and their occupancy.
+//! it has held its most), their occupancy, and the bound on their buffers' bytes (held
+//! and spare together), which [`Held::has_room`] answers.
 //!
 //! Must never: decide what is held or for how long (the stage that holds a packet bounds
 //! both and accounts for each: it goes out, or is dropped and counted).
@@ -28,32 +29,68 @@ pub struct Held<T> {
     spare: Vec<Vec<u8>>,
     bytes: usize,
     most: usize,
+    /// The bytes of every buffer it owns (held and spare), and of the spare ones.
+    buffered: usize,
+    spare_bytes: usize,
+    limit: usize,
 }
 
 impl<T> Default for Held<T> {
     fn default() -> Self {
+        Held::with_limit(usize::MAX)
+    }
+}
+
+impl<T> Held<T> {
+    /// A parking place whose buffers take at most `limit` bytes, as long as holders hold
+    /// only what [`Held::has_room`] allows.
+    pub fn with_limit(limit: usize) -> Self {
         Held {
             packets: HashMap::new(),
             spare: Vec::new(),
             bytes: 0,
             most: 0,
+            buffered: 0,
+            spare_bytes: 0,
+            limit,
         }
     }
-}
 
-impl<T> Held<T> {
+    /// Whether a packet of `len` bytes can be held within the limit (spare buffers are
+    /// given up to make room).
+    pub fn has_room(&self, len: usize) -> bool {
+        (self.buffered - self.spare_bytes).saturating_add(len) <= self.limit
+    }
+
     /// Holds a copy of a packet under `token` (a token already held is replaced).
     pub fn hold(&mut self, token: u64, desc: &PacketDesc, data: &[u8], meta: T) {
         let mut buf = self.spare.pop().unwrap_or_default();
+        let before = buf.capacity();
+        self.spare_bytes -= before;
         buf.clear();
         buf.extend_from_slice(data);
+        self.buffered += buf.capacity() - before;
         self.bytes += buf.len();
+        // Past the limit, spare buffers go first.
+        while self.buffered > self.limit {
+            let Some(spare) = self.spare.pop() else {
+                break;
+            };
+            (self.buffered, self.spare_bytes) = (
+                self.buffered - spare.capacity(),
+                self.spare_bytes - spare.capacity(),
+            );
+        }
         let packet = HeldPacket {
             desc: *desc,
             data: buf,
             meta,
         };
         if let Some(old) = self.packets.insert(token, packet) {
+            (self.bytes, self.buffered) = (
+                self.bytes - old.data.len(),
+                self.buffered - old.data.capacity(),
+            );
             self.recycle(old);
         }
         self.most = self.most.max(self.packets.len());
@@ -71,13 +108,18 @@ impl<T> Held<T> {
     pub fn take(&mut self, token: u64) -> Option<HeldPacket<T>> {
         let packet = self.packets.remove(&token)?;
         self.bytes -= packet.data.len();
+        // Out of its keeping until recycled.
+        self.buffered -= packet.data.capacity();
         Some(packet)
     }
 
-    /// Keeps a taken packet's buffer for the next.
+    /// Keeps a taken packet's buffer for the next (within the limit).
     pub fn recycle(&mut self, packet: HeldPacket<T>) {
         // Spare buffers for as many packets as were ever held at once, no more.
-        if self.spare.len() < self.most {
+        let capacity = packet.data.capacity();
+        if self.spare.len() < self.most && self.buffered + capacity <= self.limit {
+            (self.buffered, self.spare_bytes) =
+                (self.buffered + capacity, self.spare_bytes + capacity);
             self.spare.push(packet.data);
         }
     }
@@ -104,6 +146,11 @@ impl<T> Held<T> {
     /// The most packets held at once so far.
     pub fn most(&self) -> usize {
         self.most
+    }
+
+    /// The bytes of the buffers it keeps, held and spare.
+    pub fn buffered(&self) -> usize {
+        self.buffered
     }
 }
 
@@ -132,5 +179,46 @@ mod tests {
         held.hold(5, &b.descs()[0], &[1, 2], "flow c");
         assert_eq!(held.get(5).unwrap().data, [1, 2]);
         assert_eq!(held.bytes(), 12);
+    }
+
+    /// Buffers, held and spare together, stay within the limit while the holder asks
+    /// `has_room` first: spare ones are given up to make room, and a returned one that
+    /// would pass the limit is not kept.
+    #[test]
+    fn buffers_stay_within_the_limit() {
+        let mut b = Burst::with_capacity(1);
+        assert!(b.push(&[5; 100], 100, 42, 1, 9));
+        let d = b.descs()[0];
+        let mut held: Held<()> = Held::with_limit(1000);
+        for t in 0..9 {
+            assert!(held.has_room(100));
+            held.hold(t, &d, &[1; 100], ());
+        }
+        assert_eq!(held.buffered(), 900);
+        assert!(held.has_room(100) && !held.has_room(101));
+        for t in 0..5 {
+            let p = held.take(t).unwrap();
+            held.recycle(p);
+        }
+        assert_eq!(
+            (held.len(), held.buffered()),
+            (4, 900),
+            "five spare buffers"
+        );
+        assert!(held.has_room(600), "spare buffers can go");
+        held.hold(100, &d, &[2; 600], ());
+        assert_eq!(held.get(100).unwrap().data, [2; 600]);
+        assert_eq!(
+            (held.buffered(), held.bytes()),
+            (1000, 1000),
+            "spares given up"
+        );
+        // A buffer taken out and never returned leaves the count.
+        drop(held.take(100));
+        assert_eq!(held.buffered(), 400);
+        // Holding under a token held replaces it and its bytes.
+        held.hold(200, &d, &[3; 50], ());
+        held.hold(200, &d, &[4; 70], ());
+        assert_eq!((held.len(), held.bytes()), (5, 470));
     }
 }

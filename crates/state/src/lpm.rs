@@ -152,6 +152,15 @@ impl<A: Addr, V: Copy> Prefixes<A, V> {
         Some(&self.values[*slot as usize])
     }
 
+    /// The bytes its vectors and index have allocated (a hash map's slot: key, value and
+    /// one control byte).
+    fn memory(&self) -> usize {
+        self.values.capacity() * size_of::<V>()
+            + self.lens.capacity()
+            + self.free.capacity() * size_of::<u32>()
+            + self.slots.capacity() * (size_of::<((A, u8), u32)>() + 1)
+    }
+
     fn iter(&self) -> impl Iterator<Item = (A, u8, &V)> {
         self.slots
             .iter()
@@ -261,9 +270,9 @@ impl<V: Copy> Lpm4<V> {
         self.len() == 0
     }
 
-    /// Bytes the table uses (lookup structures and values; not the prefix index).
+    /// Bytes the table has allocated: its lookup levels, values and prefix index.
     pub fn memory(&self) -> usize {
-        self.tbl24.len() * 4 + self.tbl8.len() * 4 + self.prefixes.values.len() * size_of::<V>()
+        self.tbl24.len() * 4 + self.tbl8.capacity() * 4 + self.prefixes.memory()
     }
 }
 
@@ -433,8 +442,9 @@ impl<V: Copy> Lpm6<V> {
         self.len() == 0
     }
 
+    /// Bytes the table has allocated: its nodes, values and prefix index.
     pub fn memory(&self) -> usize {
-        self.nodes.len() * 4 + self.prefixes.values.len() * size_of::<V>()
+        self.nodes.capacity() * 4 + self.prefixes.memory()
     }
 }
 

@@ -142,6 +142,14 @@ impl<V: Copy> Ternary<V> {
         }
     }
 
+    /// What a table of `rules` rules takes, measured by the allocator
+    /// (`tests/ternary_memory.rs`) and rounded up: 320 bytes a rule (its copy and its
+    /// tuple's map entry; as much as a tuple of its own with its map, at most 2,178
+    /// tuples), 4 KiB more.
+    pub fn bytes_for(rules: usize) -> u64 {
+        4096 + 320 * rules as u64
+    }
+
     pub fn len(&self) -> usize {
         self.rules.len()
     }

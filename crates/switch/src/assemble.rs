@@ -111,6 +111,9 @@ impl Switch {
                 }
                 let sync = sync_plan(&cfg, &factory, workers)?;
                 let replication = replication_plan(&cfg, &factory)?;
+                if let Some(r) = &replication {
+                    claim_parking(r.park_limit(), workers)?;
+                }
                 claim_bursts(
                     workers,
                     queue_depth,
@@ -318,6 +321,15 @@ fn claim_bursts(
         bytes,
     )
     .map_err(|e| format!("queue_depth, burst: {e}"))
+}
+
+/// Claims the packets each worker may hold for its replicated flows' writes.
+fn claim_parking(park_limit: usize, workers: usize) -> SetupResult<()> {
+    stateplane_mem::budget::claim_once(
+        || format!("{park_limit} parked packets for each of {workers} workers"),
+        crate::replication_stage::parking_claim(park_limit, workers),
+    )
+    .map_err(|e| format!("replication.park_limit: {e}"))
 }
 
 /// Claims a passive monitor's capture rings, one per worker and interface.

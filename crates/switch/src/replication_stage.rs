@@ -815,7 +815,29 @@ struct ReplicationStage {
     reach: Reach,
 }
 
+/// The bytes a worker's parked packets may take, on average, each: room for a frame of an
+/// ordinary MTU; larger ones fill the parking place sooner (`replication.park_limit`
+/// packets, or [`parked_bytes`] of theirs, whichever comes first).
+pub const PARKED_FRAME_BYTES: usize = 2048;
+
+/// What one worker's parked packets take at most, their buffers and their keeping.
+pub fn parked_bytes(park_limit: usize) -> usize {
+    park_limit.saturating_mul(PARKED_FRAME_BYTES)
+}
+
+/// What the memory budget is told the parking places of `workers` take.
+pub fn parking_claim(park_limit: usize, workers: usize) -> u64 {
+    // Each packet's keeping: its descriptor and meta in the map, a map slot's spare room.
+    let keeping = 2 * std::mem::size_of::<(u64, HeldPacket<Hold>)>() + 16;
+    ((parked_bytes(park_limit) + park_limit * keeping) * workers) as u64
+}
+
 impl ReplicationStage {
+    /// Whether the parking place is full for a packet of `len` bytes.
+    fn parking_full(&self, len: usize) -> bool {
+        self.held.len() >= self.config.park_limit || !self.held.has_room(len)
+    }
+
     fn new(
         replica: Replica<FlowBytes, Value>,
         config: ReplicaConfig,
@@ -838,7 +860,7 @@ impl ReplicationStage {
             after: FlowStates::default(),
             last_of_flow: Vec::new(),
             index_of_flow: FlowMap::default(),
-            held: Held::default(),
+            held: Held::with_limit(parked_bytes(config.park_limit)),
             queues: FlowMap::default(),
             ready_in: VecDeque::new(),
             resolved: Vec::new(),
@@ -1249,7 +1271,7 @@ impl StateStage for ReplicationStage {
             self.next_token += 1;
             if by_alias {
                 // Held while the store is asked which flow it is (or dropped with no room).
-                let full = self.held.len() >= self.config.park_limit;
+                let full = self.parking_full(burst.data(i).len());
                 let outcome = match full {
                     true => Outcome::Dropped,
                     false => match self.replica.admit_alias(now, key, token) {
@@ -1286,7 +1308,7 @@ impl StateStage for ReplicationStage {
             // The stage holds at most `park_limit` packets, and past it only outputs of
             // this burst that wait for the store: a packet that would be held unprocessed
             // is dropped before the replica sees it.
-            let full = self.held.len() >= self.config.park_limit;
+            let full = self.parking_full(burst.data(i).len());
             let outcome = if full && (behind || !self.replica.holds(&key, now)) {
                 Outcome::Dropped
             } else {
@@ -1840,6 +1862,38 @@ mod tests {
         assert!(
             w.backlogged(),
             "far below half the park bound, at the backlog"
+        );
+    }
+
+    /// The parking place is bounded in bytes as well as packets: jumbo frames fill it at
+    /// `parked_bytes(park_limit)`, far below `park_limit` of them, and what does not fit
+    /// is dropped and counted.
+    #[test]
+    fn jumbo_frames_fill_the_parking_place_by_its_bytes() {
+        let store = MemoryStore::new(StoreConfig::default());
+        let config = ReplicaConfig {
+            park_limit: 64,
+            ..ReplicaConfig::default()
+        };
+        let (mut w, _open, counters, _) = worker_on(Box::new(Tally::default()), &store, config);
+        let mut sent = 0u64;
+        for port in 0..40u16 {
+            let mut b = Burst::with_capacity(4);
+            assert!(b.push(&[0; 9000], 9000, 1, port, 1));
+            w.handle(&mut b);
+            sent += 1;
+        }
+        let fits = parked_bytes(64) / 9000;
+        assert_eq!(
+            w.holding(),
+            fits,
+            "no lease: every packet waits, as many as fit"
+        );
+        let dropped = counters.dropped.load(Ordering::Relaxed);
+        assert_eq!(
+            w.holding() as u64 + dropped,
+            sent,
+            "the rest dropped and counted"
         );
     }
 

@@ -140,7 +140,7 @@ impl SnapshotStage {
             image: None,
             chunks: Vec::new(),
             words: vec![0; READ_SHARE],
-            held: Held::default(),
+            held: Held::with_limit(crate::replication_stage::parked_bytes(settings.park_limit)),
             waiting: VecDeque::new(),
             leaving: VecDeque::new(),
             next_token: 0,
@@ -511,7 +511,9 @@ impl StateStage for SnapshotStage {
         self.expire(now);
         if !self.snapshots.serving() {
             for i in 0..burst.len() {
-                if self.held.len() >= self.park_limit {
+                let full =
+                    self.held.len() >= self.park_limit || !self.held.has_room(burst.data(i).len());
+                if full {
                     let token = self.next_token;
                     self.next_token += 1;
                     self.held.hold(token, &burst.descs()[i], burst.data(i), now);
