@@ -950,6 +950,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         .collect::<BenchResult<Vec<_>>>()?;
 
     let collector_settings = CollectorSettings {
+        max_locations: stateplane_sync::mirror::DEFAULT_MAX_LOCATIONS,
         listen: "127.0.0.1:0".parse().map_err(|_| "an address")?,
         key_file: None,
         switches: None,

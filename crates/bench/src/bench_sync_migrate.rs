@@ -601,6 +601,7 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     }
     let loopback: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "an address")?;
     let settings = CollectorSettings {
+        max_locations: stateplane_sync::mirror::DEFAULT_MAX_LOCATIONS,
         listen: loopback,
         key_file: None,
         switches: None,

@@ -41,6 +41,11 @@ pub struct CollectorArgs {
     /// applied and refused, each stream's age, threshold and loss, Redis's writes.
     #[arg(long)]
     pub metrics: Option<String>,
+    /// The locations the copy holds at most, over every stream (24 bytes each; the
+    /// default, 67108864, is 1.5 GiB); messages that would add more are refused as
+    /// `full` and counted.
+    #[arg(long, default_value_t = stateplane_sync::mirror::DEFAULT_MAX_LOCATIONS)]
+    pub max_locations: usize,
 }
 
 pub fn main(a: CollectorArgs) -> CliResult<()> {
@@ -70,7 +75,15 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
     let metrics = (a.metrics.as_deref())
         .map(|m| stateplane_switch::metrics::parse_addr("--metrics", m, "127.0.0.1:9465"))
         .transpose()?;
+    if a.max_locations < stateplane_sync::mirror::CELLS_A_STREAM {
+        return Err(format!(
+            "--max-locations: {} is too few to hold one stream; give at least {}",
+            a.max_locations,
+            stateplane_sync::mirror::CELLS_A_STREAM
+        ));
+    }
     let settings = CollectorSettings {
+        max_locations: a.max_locations,
         metrics,
         redis: a.redis,
         api,

@@ -553,6 +553,43 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     );
 }
 
+/// A collector holds at most `--max-locations`: a switch whose synced sketch is larger
+/// than that (two workers of 2,048 counters into room for 3,000: one worker's stream fits)
+/// has the messages past it refused as `full`, counted in the summary, and the collector
+/// applies the rest; a limit too small
+/// for one stream is refused by name.
+#[test]
+fn a_collector_past_its_location_limit_refuses_and_counts_and_goes_on() {
+    let dir = trace_in("sync-full");
+    let (collector, addr, collector_err) = start_collector(&["--max-locations", "3000"]);
+    run_json(&hh_config(&dir, &addr, ""));
+    let table = stop_collector(collector, collector_err);
+    let refused = table.lines().find(|l| l.starts_with("refused")).unwrap();
+    let full: u64 = (refused.split(", "))
+        .find_map(|r| r.rsplit_once("full ").map(|(_, n)| n))
+        .unwrap_or_else(|| panic!("no full refusals: {table}"))
+        .parse()
+        .unwrap();
+    assert!(full > 0, "{table}");
+    let held: usize = (table.lines())
+        .filter_map(|l| {
+            l.rsplit_once("locations held ")
+                .map(|(_, n)| n.parse::<usize>().unwrap())
+        })
+        .sum();
+    assert!((2048..=3000).contains(&held), "{table}");
+    let out = bin()
+        .args(["collector", "--max-locations", "10"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--max-locations: 10 is too few to hold one stream; give at least 64"),
+        "{err}"
+    );
+}
+
 /// Through the collector's API (`ctl sync`): a subscription sees the changes as they are
 /// applied, a read sums a switch's streams into the packets counted, and the streams are
 /// listed with their epochs; asking for a switch that never sent is refused by name.

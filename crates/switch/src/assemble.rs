@@ -123,16 +123,17 @@ impl Switch {
                 let flows = (cfg.flows.as_ref())
                     .map(|f| f.start(Naming::Config, workers, seed, live))
                     .transpose()?;
-                SetupResult::Ok((program, factory, flows, sync, replication))
+                let growth = stateplane_mem::budget::Growth::of_scope();
+                SetupResult::Ok((program, factory, flows, sync, replication, growth))
             });
-        let (program, factory, flows, sync, replication) = loaded?;
+        let (program, factory, flows, sync, replication, growth) = loaded?;
         factory(0).check_workers(workers, live)?;
-        let mut bounds = metrics::run_bounds(&claimed, burst_size, queue_depth);
+        let mut bounds = metrics::run_bounds(&claimed, growth, burst_size, queue_depth);
         if let Some(s) = &sync {
             bounds.push(metrics::Bound {
                 name: "sync_slots",
                 help: "Slots of each worker's sync read handler (sync.slots)",
-                value: s.slots() as u64,
+                value: metrics::Level::Fixed(s.slots() as u64),
             });
         }
         let (flows, tap) = flows.unzip();
@@ -140,7 +141,7 @@ impl Switch {
             bounds.push(metrics::Bound {
                 name: "replication_held_limit",
                 help: "Packets each worker may hold for their flows' writes (replication.park_limit); stateplane_replication_held is how many it holds",
-                value: r.park_limit() as u64,
+                value: metrics::Level::Fixed(r.park_limit() as u64),
             });
         }
         let mut state_stages: Vec<_> = sync

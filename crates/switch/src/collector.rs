@@ -40,6 +40,10 @@ pub struct CollectorSettings {
     pub redis: Option<String>,
     /// Serve Prometheus metrics here (loopback).
     pub metrics: Option<SocketAddr>,
+    /// The locations the copy holds at most, over every stream (see
+    /// `stateplane_sync::mirror::DEFAULT_MAX_LOCATIONS`): messages that would add more are
+    /// refused as `full`, counted.
+    pub max_locations: usize,
 }
 
 /// The receive buffer asked for: a switch's end-of-run refresh arrives all at once.
@@ -136,7 +140,8 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         .as_deref()
         .map(redis_mirror::check)
         .transpose()?;
-    let core = Collector::new(settings.switches.clone(), key);
+    let core =
+        Collector::new(settings.switches.clone(), key).with_max_locations(settings.max_locations);
     let handle = Arc::new(CollectorHandle::new(core, socket));
     let api = (settings.api)
         .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))

@@ -58,7 +58,25 @@ pub struct Scrape {
 pub struct Bound {
     pub name: &'static str,
     pub help: &'static str,
-    pub value: u64,
+    pub value: Level,
+}
+
+/// What a bound's gauge reads at a scrape.
+#[derive(Clone, Debug)]
+pub enum Level {
+    Fixed(u64),
+    /// What the run has claimed of its memory budget by now: at loading, and since, as
+    /// routes, rules and parked packets grew.
+    Claimed(stateplane_mem::budget::Growth),
+}
+
+impl Level {
+    fn now(&self) -> u64 {
+        match self {
+            Level::Fixed(v) => *v,
+            Level::Claimed(growth) => growth.claimed(),
+        }
+    }
 }
 
 impl fmt::Debug for Scrape {
@@ -76,6 +94,7 @@ type Series = Vec<(Vec<(&'static str, String)>, u64)>;
 /// and burst of each worker.
 pub fn run_bounds(
     claimed: &stateplane_mem::budget::Claimed,
+    growth: stateplane_mem::budget::Growth,
     burst: usize,
     queue: usize,
 ) -> Vec<Bound> {
@@ -83,22 +102,22 @@ pub fn run_bounds(
         Bound {
             name: "memory_budget_bytes",
             help: "The memory the run may take (--memory-budget, memory_budget)",
-            value: claimed.limit,
+            value: Level::Fixed(claimed.limit),
         },
         Bound {
             name: "memory_claimed_bytes",
-            help: "What the settings' sizes (tables, sketches, flow tables, caches, rings) claimed of the budget, in all copies",
-            value: claimed.bytes,
+            help: "What the run has claimed of the budget, in all copies: the settings' sizes (tables, sketches, flow tables, caches, rings) at the start, and since then what grew (routes, rules, parked packets)",
+            value: Level::Claimed(growth),
         },
         Bound {
             name: "burst_packets",
             help: "Packets a worker takes at most at a time (--burst)",
-            value: burst as u64,
+            value: Level::Fixed(burst as u64),
         },
         Bound {
             name: "queue_depth_bursts",
             help: "Bursts that may wait in each worker's queue (queue_depth)",
-            value: queue as u64,
+            value: Level::Fixed(queue as u64),
         },
     ]
 }
@@ -486,7 +505,7 @@ impl Collector for Scrape {
                 &mut e,
                 &format!("stateplane_{}", b.name),
                 b.help,
-                vec![(Vec::new(), b.value)],
+                vec![(Vec::new(), b.value.now())],
             )?;
         }
         Ok(())
@@ -687,6 +706,15 @@ mod tests {
         worker1.add(Counter::RxPackets, 7);
         worker1.drops[DropReason::program(0).0 as usize] = 3;
         handle.stats[2].publish(&worker1);
+        let budget = stateplane_mem::budget::Budget {
+            limit: 1 << 30,
+            copies: 3,
+            setting: "memory_budget",
+        };
+        let (growth, _) = stateplane_mem::budget::scope(budget, || {
+            stateplane_mem::budget::claim_once(String::new, 1000).unwrap();
+            stateplane_mem::budget::Growth::of_scope()
+        });
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Scrape {
             handle,
@@ -699,12 +727,27 @@ mod tests {
                 ..ReplicationCounters::default()
             })),
             plane: None,
-            bounds: vec![Bound {
-                name: "memory_budget_bytes",
-                help: "The memory the run may take",
-                value: 1 << 30,
-            }],
+            bounds: vec![
+                Bound {
+                    name: "memory_budget_bytes",
+                    help: "The memory the run may take",
+                    value: Level::Fixed(1 << 30),
+                },
+                Bound {
+                    name: "memory_claimed_bytes",
+                    help: "What the run has claimed",
+                    value: Level::Claimed(growth.clone()),
+                },
+            ],
         }));
+        let body = render(&registry);
+        assert!(
+            body.contains("\nstateplane_memory_claimed_bytes 1000\n"),
+            "{body}"
+        );
+        // What grows after loading is in the next scrape.
+        growth.take(String::new, 24).unwrap();
+        assert!(render(&registry).contains("\nstateplane_memory_claimed_bytes 1024\n"));
         let body = render(&registry);
         assert!(
             body.lines()

@@ -170,6 +170,14 @@ impl Collector {
         }
     }
 
+    /// A collector whose copy holds at most `locations` (see [`Mirror::with_max_locations`]).
+    pub fn with_max_locations(self, locations: usize) -> Collector {
+        Collector {
+            mirror: self.mirror.with_max_locations(locations),
+            ..self
+        }
+    }
+
     pub fn counters(&self) -> MirrorCounters {
         self.mirror.counters
     }

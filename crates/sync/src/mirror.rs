@@ -91,6 +91,9 @@ const DENSE_INDEXES: u32 = 1 << 23;
 struct Values {
     states: HashMap<u16, Cells, foldhash::fast::RandomState>,
     count: usize,
+    /// Cells made, dense and sparse (a dense cell made for a far index counts, carried
+    /// or not).
+    cells: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -184,9 +187,39 @@ impl Values {
                 .count();
             let (these, after) = rest.split_at(n);
             let cells = self.states.entry(state).or_default();
+            let before = cells.dense.len() + cells.sparse.len();
             self.count += cells.hold(these, seq, bounded_from);
+            self.cells += cells.dense.len() + cells.sparse.len() - before;
             rest = after;
         }
+    }
+
+    /// The cells holding `entries` would make, at most.
+    fn growth(&self, entries: &[Update]) -> usize {
+        let mut growth = 0;
+        let mut rest = entries;
+        while let Some(first) = rest.first() {
+            let state = first.location.state;
+            let n = rest
+                .iter()
+                .take_while(|e| e.location.state == state)
+                .count();
+            let (these, after) = rest.split_at(n);
+            let cells = self.states.get(&state);
+            let dense_end = (these.iter())
+                .map(|e| e.location.index)
+                .filter(|&i| i < DENSE_INDEXES)
+                .max();
+            if let Some(last) = dense_end {
+                growth += (last as usize + 1).saturating_sub(cells.map_or(0, |c| c.dense.len()));
+            }
+            growth += (these.iter())
+                .map(|e| e.location.index)
+                .filter(|&i| i >= DENSE_INDEXES && cells.is_none_or(|c| !c.sparse.contains_key(&i)))
+                .count();
+            rest = after;
+        }
+        growth
     }
 
     /// Every location held, in order.
@@ -384,6 +417,8 @@ pub enum Refused {
     Stale,
     /// A sequence number no sender gives (0, or the last one there is).
     Seq,
+    /// Its locations would take the copy past the locations it may hold.
+    Full,
 }
 
 impl Refused {
@@ -393,6 +428,7 @@ impl Refused {
             Refused::StaleEpoch => "stale_epoch",
             Refused::Stale => "stale",
             Refused::Seq => "bad_seq",
+            Refused::Full => "full",
         }
     }
 }
@@ -413,6 +449,8 @@ pub struct MirrorCounters {
     /// Lost messages that came again when asked for, and those given up.
     pub repaired: u64,
     pub given_up: u64,
+    /// Messages refused for the locations they would add past the limit.
+    pub full: u64,
 }
 
 /// The collector's copy of every stream of the switches it accepts.
@@ -420,7 +458,19 @@ pub struct Mirror {
     known: Option<Vec<u32>>,
     streams: HashMap<(u32, u16), StreamView>,
     pub counters: MirrorCounters,
+    /// Cells held over every stream (a stream's own keeping counted as
+    /// [`CELLS_A_STREAM`]), and the most it may hold.
+    cells: usize,
+    max_cells: usize,
 }
+
+/// The locations a collector holds at most unless told otherwise: 64 Mi cells of 24
+/// bytes, 1.5 GiB.
+pub const DEFAULT_MAX_LOCATIONS: usize = 1 << 26;
+
+/// What a stream's own keeping (its sequence, thresholds and repairs) counts as, in
+/// cells, so that a flood of new streams fills the mirror as locations do.
+pub const CELLS_A_STREAM: usize = 64;
 
 impl Mirror {
     /// A mirror of the switches `known` (any switch where `None`).
@@ -429,17 +479,46 @@ impl Mirror {
             known,
             streams: HashMap::new(),
             counters: MirrorCounters::default(),
+            cells: 0,
+            max_cells: DEFAULT_MAX_LOCATIONS,
         }
+    }
+
+    /// A mirror that holds at most `locations` cells (see [`DEFAULT_MAX_LOCATIONS`]).
+    pub fn with_max_locations(self, locations: usize) -> Mirror {
+        Mirror {
+            max_cells: locations,
+            ..self
+        }
+    }
+
+    /// Cells held now over every stream (a stream's keeping as [`CELLS_A_STREAM`]).
+    pub fn cells(&self) -> usize {
+        self.cells
     }
 
     /// Applies `m`, or says why it changes nothing (and counts it).
     pub fn apply(&mut self, m: &Message) -> Result<(), Refused> {
+        let key = (m.switch, m.stream);
+        let cells_of = |streams: &HashMap<(u32, u16), StreamView>| {
+            streams
+                .get(&key)
+                .map_or(0, |v| v.values.cells + CELLS_A_STREAM)
+        };
+        let before = cells_of(&self.streams);
+        let applied = self.apply_to_stream(m);
+        self.cells = self.cells + cells_of(&self.streams) - before;
+        applied
+    }
+
+    fn apply_to_stream(&mut self, m: &Message) -> Result<(), Refused> {
         let refused = |c: &mut MirrorCounters, why: Refused| {
             match why {
                 Refused::UnknownSwitch => c.unknown_switch += 1,
                 Refused::StaleEpoch => c.stale_epoch += 1,
                 Refused::Stale => c.stale += 1,
                 Refused::Seq => c.bad_seq += 1,
+                Refused::Full => c.full += 1,
             }
             Err(why)
         };
@@ -448,6 +527,14 @@ impl Mirror {
         }
         if m.seq == 0 || m.seq == u64::MAX {
             return refused(&mut self.counters, Refused::Seq);
+        }
+        // What it would add is checked before anything is made for it.
+        let growth = match self.streams.get(&(m.switch, m.stream)) {
+            Some(view) => view.values.growth(&m.entries),
+            None => CELLS_A_STREAM + Values::default().growth(&m.entries),
+        };
+        if self.cells.saturating_add(growth) > self.max_cells {
+            return refused(&mut self.counters, Refused::Full);
         }
         let view =
             (self.streams.entry((m.switch, m.stream))).or_insert_with(|| StreamView::new(m.epoch));
@@ -736,7 +823,7 @@ mod tests {
             epoch: 1,
             stream: 0,
             seq,
-            sent_ns: seq * 10,
+            sent_ns: seq.wrapping_mul(10),
             t_max,
             more: false,
             entries: (entries.iter())
@@ -877,6 +964,52 @@ mod tests {
         assert_eq!(m.read(1, 0, at(1)).unwrap().bound, None);
         assert_eq!(m.apply(&msg(3, 0, &[])), Err(Refused::Stale), "too late");
         assert!(m.nack(9, 0, now).is_none(), "an unknown stream");
+    }
+
+    /// A message whose locations would take the copy past its limit is refused as
+    /// `full` before anything is made for it: far dense indexes count every cell up to
+    /// them, sparse ones each, and every stream its keeping; what a stream held goes when
+    /// it starts over, and room comes back.
+    #[test]
+    fn messages_past_the_location_limit_are_refused_before_anything_is_made() {
+        let mut m = Mirror::new(None).with_max_locations(1_000);
+        m.apply(&msg(1, 0, &[(9, 1), (DENSE_INDEXES + 5, 2)]))
+            .unwrap();
+        assert_eq!(m.cells(), CELLS_A_STREAM + 10 + 1);
+        // A far dense index would make every cell below it (the collector once made
+        // 192 MiB a state for one such entry).
+        let far = msg(2, 0, &[(DENSE_INDEXES - 1, 3)]);
+        assert_eq!(m.apply(&far), Err(Refused::Full));
+        assert_eq!((m.counters.full, m.cells()), (1, CELLS_A_STREAM + 11));
+        assert_eq!(Refused::Full.reason(), "full");
+        // Up to the limit is taken; a location held already adds nothing.
+        let fill: Vec<(u32, u64)> = (0..1_000 - CELLS_A_STREAM as u32 - 1)
+            .map(|i| (i, 7))
+            .collect();
+        m.apply(&msg(3, 0, &fill)).unwrap();
+        assert_eq!(m.cells(), 1_000);
+        m.apply(&msg(4, 0, &[(DENSE_INDEXES + 5, 8), (3, 9)]))
+            .unwrap();
+        assert_eq!(m.read(1, 0, at(3)).unwrap().value, 9);
+        // A new stream's keeping counts, as a new sparse location does.
+        let other_stream = Message {
+            stream: 1,
+            ..msg(1, 0, &[])
+        };
+        assert_eq!(m.apply(&other_stream), Err(Refused::Full));
+        assert_eq!(
+            m.apply(&msg(5, 0, &[(DENSE_INDEXES + 6, 1)])),
+            Err(Refused::Full)
+        );
+        // A stream that starts over drops what it held.
+        let restart = Message {
+            epoch: 9,
+            ..msg(1, 0, &[(0, 1)])
+        };
+        m.apply(&restart).unwrap();
+        assert_eq!(m.cells(), CELLS_A_STREAM + 1);
+        m.apply(&other_stream).unwrap();
+        assert_eq!(m.cells(), 2 * CELLS_A_STREAM + 1);
     }
 
     #[test]
