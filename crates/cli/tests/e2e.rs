@@ -1006,6 +1006,18 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"hh\"\n[guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:9\"\nslots = 16777216\n",
         "sync.slots: sync tables of 16777216 slots for 64 workers take 32.0 GiB",
     );
+    // A live run's rings, claimed as each interface opens: AF_PACKET on loopback (MTU
+    // 65536) has 64 MiB of transmit frames.
+    let rings = tmp("budget-rings.toml");
+    std::fs::write(
+        &rings,
+        "memory_budget = \"16M\"\nio = \"afpacket\"\ncontrol = \"off\"\n[program]\nname = \"forward\"\n[[port]]\nname = \"a\"\niface = \"lo\"\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", &rings.to_string_lossy()],
+        "lo: rings for 1 worker(s) at MTU 65536 take 66.0 MiB",
+    );
     // What fits runs.
     ok(bin()
         .args(["run", "conntrack", "-i", &input, "--memory-budget", "1G"])

@@ -119,6 +119,7 @@ impl Switch {
                     queue_depth,
                     burst_size,
                     sync.is_some() || replication.is_some(),
+                    live,
                 )?;
                 let flows = (cfg.flows.as_ref())
                     .map(|f| f.start(Naming::Config, workers, seed, live))
@@ -128,7 +129,7 @@ impl Switch {
             });
         let (program, factory, flows, sync, replication, growth) = loaded?;
         factory(0).check_workers(workers, live)?;
-        let mut bounds = metrics::run_bounds(&claimed, growth, burst_size, queue_depth);
+        let mut bounds = metrics::run_bounds(&claimed, growth.clone(), burst_size, queue_depth);
         if let Some(s) = &sync {
             bounds.push(metrics::Bound {
                 name: "sync_slots",
@@ -195,6 +196,7 @@ impl Switch {
                 sync: sync.clone(),
                 replication: replication.clone(),
                 bounds: bounds.clone(),
+                memory: growth,
             }))
         } else {
             open_files(&ports, options.control_pcap.as_deref())?
@@ -308,14 +310,19 @@ pub(crate) fn memory_budget(
     }
 }
 
-/// Claims the bursts every worker's queues keep (see [`Burst::pool`]).
+/// Claims the bursts every worker keeps: over files its queues' (see [`Burst::pool`]); on
+/// interfaces the one its loop fills from its rings (which are claimed as they open).
 fn claim_bursts(
     workers: usize,
     queue_depth: usize,
     burst_size: usize,
     holds_packets: bool,
+    live: bool,
 ) -> SetupResult<()> {
-    let (pool, capacity) = stateplane_runtime::Burst::pool(queue_depth, burst_size, holds_packets);
+    let (pool, capacity) = match live {
+        true => (1, burst_size),
+        false => stateplane_runtime::Burst::pool(queue_depth, burst_size, holds_packets),
+    };
     let bytes = stateplane_runtime::Burst::bytes_for(capacity) * (pool * workers) as u64;
     stateplane_mem::budget::claim_once(
         || format!("packet buffers of {pool} bursts of {capacity} packets for each of {workers} workers"),

@@ -206,6 +206,8 @@ pub struct LiveRun {
     pub replication: Option<crate::replication_stage::ReplicationPlan>,
     /// The bounds it runs within, for the metrics.
     pub bounds: Vec<crate::metrics::Bound>,
+    /// The run's memory budget, which the rings are claimed from before they are mapped.
+    pub memory: stateplane_mem::budget::Growth,
 }
 
 /// Where the control API listens.
@@ -221,6 +223,30 @@ pub enum ControlAddr {
     Off,
 }
 
+/// Claims the rings of each worker's queue on `iface` from the run's memory budget, before
+/// they are mapped (a passive monitor's were claimed with its settings).
+fn claim_rings(run: &LiveRun, iface: &str, rings: &RingConfig) -> SetupResult<()> {
+    // An interface that is not there is refused by the open, by name.
+    let Ok(interface) = live::Interface::lookup(iface) else {
+        return Ok(());
+    };
+    let queue = match run.io {
+        IoChoice::AfXdp => live::afxdp::QUEUE_BYTES,
+        IoChoice::AfPacket => live::afpacket::queue_bytes(rings, &interface),
+        IoChoice::Auto => {
+            live::afxdp::QUEUE_BYTES.max(live::afpacket::queue_bytes(rings, &interface))
+        }
+        IoChoice::Observe => 0,
+    };
+    let workers = run.runtime.workers;
+    (run.memory)
+        .take(
+            || format!("rings for {workers} worker(s) at MTU {}", interface.mtu),
+            (queue * workers) as u64,
+        )
+        .map_err(|e| format!("{iface}: {e}"))
+}
+
 /// Runs `run` until SIGINT or SIGTERM, then drains and reports; SIGHUP reloads.
 pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     let workers = run.runtime.workers;
@@ -232,6 +258,7 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         })
         .collect();
     for (port, iface) in run.interfaces.iter().enumerate() {
+        claim_rings(&run, iface, &rings)?;
         let opened = match run.io {
             IoChoice::AfXdp => live::open_afxdp(iface, workers),
             IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),

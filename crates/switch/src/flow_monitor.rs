@@ -294,6 +294,8 @@ impl FlowMonitor {
                     replication: None,
                     // No metrics endpoint to serve them on.
                     bounds: Vec::new(),
+                    // Its rings were claimed with its settings, above.
+                    memory: stateplane_mem::budget::Growth::default(),
                 })?;
                 return Ok(MonitorOutcome::Live(Box::new(outcome)));
             }

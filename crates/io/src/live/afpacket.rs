@@ -327,6 +327,38 @@ pub struct PacketTx {
     counters: PortCounters,
 }
 
+/// The shape of a transmit ring on an interface: frames that hold its largest frame and
+/// a VLAN tag, in blocks of at least a page.
+struct TxRing {
+    frame_size: usize,
+    block_size: usize,
+    blocks: usize,
+    frames: usize,
+}
+
+impl TxRing {
+    fn of(rings: &RingConfig, iface: &Interface) -> TxRing {
+        let max_len = iface.mtu as usize + 14;
+        // Room for a VLAN tag, rounded to a power of two the kernel accepts.
+        let frame_size = (v2::DATA + max_len + 4).next_power_of_two().max(2048);
+        let block_size = frame_size.max(4096);
+        let frames = rings.tx_frames.max(block_size / frame_size);
+        let blocks = (frames * frame_size).div_ceil(block_size);
+        TxRing {
+            frame_size,
+            block_size,
+            blocks,
+            frames: blocks * block_size / frame_size,
+        }
+    }
+}
+
+/// What one queue's rings take on `iface`: its receive ring and its transmit ring.
+pub fn queue_bytes(rings: &RingConfig, iface: &Interface) -> usize {
+    let tx = TxRing::of(rings, iface);
+    rings.rx_bytes() + tx.blocks * tx.block_size
+}
+
 impl PacketTx {
     pub fn open(iface: &Interface, rings: &RingConfig) -> Result<PacketTx, LiveError> {
         let fd = packet_socket(iface)?;
@@ -340,12 +372,12 @@ impl PacketTx {
         // Skip a frame the kernel refuses (marked WRONG_FORMAT) instead of stalling the ring.
         set_option(&fd, iface, "setting PACKET_LOSS", libc::PACKET_LOSS, &1i32)?;
         let max_len = iface.mtu as usize + 14;
-        // Room for a VLAN tag, rounded to a power of two the kernel accepts.
-        let frame_size = (v2::DATA + max_len + 4).next_power_of_two().max(2048);
-        let block_size = frame_size.max(4096);
-        let frames = rings.tx_frames.max(block_size / frame_size);
-        let blocks = (frames * frame_size).div_ceil(block_size);
-        let frames = blocks * block_size / frame_size;
+        let TxRing {
+            frame_size,
+            block_size,
+            blocks,
+            frames,
+        } = TxRing::of(rings, iface);
         let req = libc::tpacket_req {
             tp_block_size: block_size as u32,
             tp_block_nr: blocks as u32,

@@ -28,6 +28,9 @@ const XDP_PACKET_HEADROOM: usize = 256;
 const FRAMES: usize = 1024;
 const RING: u32 = 512;
 
+/// What one queue takes: its UMEM (its rings are a few pages more).
+pub const QUEUE_BYTES: usize = FRAMES * FRAME;
+
 /// The XDP program, in eBPF instructions:
 /// `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`
 /// (frames of a queue with no socket go on to the kernel's stack).
