@@ -124,6 +124,9 @@ struct Row {
     /// and the shards' balance, the bound of that ratio.
     vs_one_worker: f64,
     balance: f64,
+    /// With updates: packets whose verdict and bytes were checked against the tables
+    /// alone given the same updates (any other, and the run fails).
+    checked: u64,
 }
 
 /// A trace in memory: frames back to back, and where each one is.
@@ -295,8 +298,11 @@ impl Updater {
         }
     }
 
-    fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) {
+    /// Makes the updates due by `elapsed_s` seconds of the worker's time; what it changed,
+    /// for a reference to change alike.
+    fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) -> Vec<Modify> {
         let due = (elapsed_s * self.per_second) as u64;
+        let mut made = Vec::new();
         while self.done < due && !self.ids.is_empty() {
             let id = self.ids[self.rng.below(self.ids.len() as u64) as usize];
             let t = Instant::now();
@@ -308,10 +314,61 @@ impl Updater {
                     })
                     .collect();
                 let goto = rule.goto;
-                let _ = flows.modify(id, actions, goto);
+                let _ = flows.modify(id, actions.clone(), goto);
+                made.push((id, actions, goto));
             }
             self.took_ns.push(t.elapsed().as_nanos() as u64);
             self.done += 1;
+        }
+        made
+    }
+}
+
+/// A rule's new actions and goto.
+type Modify = (RuleId, Vec<Action>, Option<u8>);
+
+/// The tables alone (`off`), fed the bursts a timed pipeline was fed and given the same
+/// updates after each: every packet's verdict and bytes must be theirs.
+struct Reference {
+    pipeline: Pipeline,
+    burst: Burst,
+    ctx: Context,
+    /// Packets whose verdict or bytes differed from the reference's.
+    stale: u64,
+}
+
+impl Reference {
+    fn new(rules: &RuleSet, a: &BenchPipelineArgs) -> BenchResult<Reference> {
+        Ok(Reference {
+            pipeline: Pipeline::with_rules(rules.clone(), Consistency::Off, 1, 1)
+                .map_err(|e| format!("the reference pipeline: {e}"))?,
+            burst: Burst::with_capacity(a.burst),
+            ctx: Context::one_worker(0, FlowHasher::with_seed(7), 4),
+            stale: 0,
+        })
+    }
+
+    /// Classifies `frames` as they were before `checked` processed them, counts each
+    /// packet that `checked` gave another verdict or other bytes, then applies `changes`.
+    fn check(&mut self, frames: &[&[u8]], checked: &Burst, now_ns: u64, changes: &[Modify]) {
+        let hasher = FlowHasher::with_seed(7);
+        self.burst.clear();
+        for (i, frame) in frames.iter().enumerate() {
+            self.burst.push(frame, frame.len() as u32, 0, 0, i as u64);
+        }
+        self.burst.parse(&hasher);
+        self.ctx.now_ns = now_ns;
+        self.pipeline.process(&mut self.burst, &mut self.ctx);
+        for ((want, want_data), (got, got_data)) in self.burst.iter().zip(checked.iter()) {
+            if want.verdict != got.verdict || want_data != got_data {
+                self.stale += 1;
+            }
+        }
+        for (id, actions, goto) in changes {
+            let _ = self
+                .pipeline
+                .flows_mut()
+                .modify(*id, actions.clone(), *goto);
         }
     }
 }
@@ -327,12 +384,16 @@ struct Replay {
     burst_ns: Vec<u64>,
 }
 
+/// Replays `trace` `loops` times through `pipeline`, making `updater`'s updates between
+/// bursts; with a `reference`, every packet is checked against it (outside the time
+/// measured, which is the bursts' and the updates').
 fn replay(
     pipeline: &mut Pipeline,
     trace: &Trace,
     loops: usize,
     burst_size: usize,
     updater: &mut Updater,
+    mut reference: Option<&mut Reference>,
 ) -> Replay {
     let hasher = FlowHasher::with_seed(7);
     let mut ctx = Context::one_worker(0, hasher, 4);
@@ -340,7 +401,8 @@ fn replay(
     let mut digest = 0xcbf2_9ce4_8422_2325u64;
     let mut forwarded = 0;
     let mut burst_ns = Vec::with_capacity(trace.frames.len() / burst_size + 1);
-    let start = Instant::now();
+    let mut timed = std::time::Duration::ZERO;
+    let mut frames: Vec<&[u8]> = Vec::with_capacity(burst_size);
     for chunk in std::iter::repeat_n(&trace.frames, loops).flat_map(|f| f.chunks(burst_size)) {
         let t = Instant::now();
         burst.clear();
@@ -348,7 +410,7 @@ fn replay(
             burst.push(&trace.bytes[at..at + len], len as u32, 0, 0, i as u64);
         }
         burst.parse(&hasher);
-        ctx.now_ns = start.elapsed().as_nanos() as u64;
+        ctx.now_ns = timed.as_nanos() as u64;
         pipeline.process(&mut burst, &mut ctx);
         for (d, data) in burst.iter() {
             let v = match d.verdict {
@@ -363,10 +425,16 @@ fn replay(
                 .wrapping_mul(0x0100_0000_01b3);
         }
         burst_ns.push(t.elapsed().as_nanos() as u64);
-        updater.catch_up(pipeline.flows_mut(), start.elapsed().as_secs_f64());
+        let changes = updater.catch_up(pipeline.flows_mut(), (timed + t.elapsed()).as_secs_f64());
+        timed += t.elapsed();
+        if let Some(r) = reference.as_deref_mut() {
+            frames.clear();
+            frames.extend(chunk.iter().map(|&(at, len)| &trace.bytes[at..at + len]));
+            r.check(&frames, &burst, ctx.now_ns, &changes);
+        }
     }
     Replay {
-        seconds: start.elapsed().as_secs_f64(),
+        seconds: timed.as_secs_f64(),
         packets: (trace.frames.len() * loops) as u64,
         digest,
         forwarded,
@@ -487,6 +555,7 @@ fn lookups(
             median_burst_us: 0.0,
             vs_one_worker: f64::NAN,
             balance: f64::NAN,
+            checked: 0,
         })
         .chain((modes.iter().zip(&two)).filter(|_| a.two_workers).map(
             |(&mode, (mpps, ratios, hits))| Row {
@@ -507,9 +576,25 @@ fn lookups(
                 median_burst_us: 0.0,
                 vs_one_worker: median(ratios.clone()),
                 balance,
+                checked: 0,
             },
         ))
         .collect())
+}
+
+/// Updates the update experiment times in each mode, over its rounds, at least: its
+/// p99.9 then rests on two or more of them.
+const UPDATE_SAMPLES: f64 = 2_000.0;
+/// Loops a run makes at most to reach them (at low rates the samples are then fewer, and
+/// the row says how many there were).
+const MAX_LOOPS: usize = 100;
+
+/// The loops of a run at `per_loop` updates a loop for its rounds to make
+/// [`UPDATE_SAMPLES`] updates, from `--loops` to [`MAX_LOOPS`].
+fn loops_for_samples(per_loop: f64, a: &BenchPipelineArgs) -> usize {
+    let per_round = UPDATE_SAMPLES / a.repeat as f64;
+    let loops = (per_round / per_loop.max(1e-9)).ceil();
+    (loops.min(MAX_LOOPS as f64) as usize).max(a.loops)
 }
 
 /// One mode's runs of a configuration.
@@ -523,6 +608,9 @@ struct Runs {
     bursts: Vec<f64>,
     took: Vec<u64>,
     updates: u64,
+    /// Packets checked against the tables alone while updates ran (none stale, or the
+    /// run fails).
+    checked: u64,
 }
 
 /// Measures a configuration in every mode, `repeat` rounds of one run per mode (a fresh
@@ -548,17 +636,39 @@ fn measure(
                 Pipeline::with_rules(rules.clone(), mode, a.cache_entries, a.cache_ways)
                     .map_err(|e| format!("--cache-entries/--cache-ways: {e}"))
             };
+            let mut loops = a.loops;
             if update_pct > 0.0 {
                 let mut p = fresh()?;
                 let mut none = Updater::new(p.flows(), 0.0, 0);
-                let still = replay(&mut p, trace, a.loops, a.burst, &mut none);
+                let mut still = replay(&mut p, trace, a.loops, a.burst, &mut none, None);
+                let per_second = Updater::new(p.flows(), update_pct, 0).per_second;
+                loops = loops_for_samples(per_second * still.seconds / a.loops as f64, a);
+                if loops > a.loops {
+                    // The same loops as the run with updates: the cache warms over loops.
+                    let mut p = fresh()?;
+                    still = replay(&mut p, trace, loops, a.burst, &mut none, None);
+                }
                 runs[m]
                     .still
                     .push(still.packets as f64 / still.seconds / 1e6);
             }
             let mut p = fresh()?;
             let mut updater = Updater::new(p.flows(), update_pct, a.seed + r as u64);
-            let run = replay(&mut p, trace, a.loops, a.burst, &mut updater);
+            let mut check = (update_pct > 0.0)
+                .then(|| Reference::new(rules, a))
+                .transpose()?;
+            let run = replay(&mut p, trace, loops, a.burst, &mut updater, check.as_mut());
+            if let Some(check) = &check {
+                if check.stale > 0 {
+                    return Err(format!(
+                        "{workload}, {} cache, {update_pct}% of rules modified a second: {} of {} packets got another verdict or other bytes than the tables alone given the same updates",
+                        mode_name(mode),
+                        check.stale,
+                        run.packets
+                    ));
+                }
+                runs[m].checked += run.packets;
+            }
             if update_pct == 0.0 && run.digest != *reference.get_or_insert(run.digest) {
                 return Err(format!(
                     "{workload}, {} tables: the {} cache gave other verdicts or bytes than the tables alone",
@@ -629,6 +739,7 @@ fn measure(
                 median_burst_us: median(run.bursts.clone()),
                 vs_one_worker: f64::NAN,
                 balance: f64::NAN,
+                checked: run.checked,
             }
         })
         .collect())
@@ -793,6 +904,7 @@ fn report(
             "median burst",
             "vs 1 worker",
             "balance",
+            "checked",
         ],
     );
     let ratio_or_dash = |x: f64| {
@@ -803,7 +915,7 @@ fn report(
         }
     };
     let mut csv = Csv::new(
-        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us,vs_one_worker,shards_balance",
+        "experiment,workload,mode,tables,update_pct_per_s,updates,mpps,speedup_vs_off,vs_no_updates,forwarded_share,hit_rate,p99_update_us,p999_update_us,max_update_us,median_burst_us,vs_one_worker,shards_balance,checked_packets",
     );
     for r in rows {
         let ratio = r.speedup;
@@ -812,7 +924,10 @@ fn report(
             r.workload.to_string(),
             mode_name(r.mode).to_string(),
             r.tables.to_string(),
-            format!("{}%", r.update_pct),
+            match r.updates {
+                0 => format!("{}%", r.update_pct),
+                n => format!("{}% ({n})", r.update_pct),
+            },
             format!("{:.2}", r.mpps),
             ratio_or_dash(ratio),
             ratio_or_dash(r.vs_still),
@@ -826,9 +941,13 @@ fn report(
             format!("{:.1} µs", r.median_burst_us),
             ratio_or_dash(r.vs_one_worker),
             ratio_or_dash(r.balance),
+            match r.checked {
+                0 => "-".to_string(),
+                n => n.to_string(),
+            },
         ]);
         csv.row(format_args!(
-            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3}",
+            "{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3},{}",
             r.experiment,
             r.workload,
             mode_name(r.mode),
@@ -845,7 +964,8 @@ fn report(
             r.max_update_us,
             r.median_burst_us,
             r.vs_one_worker,
-            r.balance
+            r.balance,
+            r.checked
         ));
     }
     table.print();
@@ -902,4 +1022,68 @@ fn report(
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchPipelineArgs,
+    }
+
+    fn args() -> BenchPipelineArgs {
+        let words = ["bench-pipeline", "--packets", "4000", "--acl-rules", "40"];
+        Cli::parse_from(words.into_iter().chain(["--fib-prefixes", "200"])).a
+    }
+
+    /// The update experiment's check sees a verdict the tables alone would not give: with
+    /// rules changed in the timed pipeline and not in the reference, packets come out
+    /// stale; told of the changes, the reference agrees again. A replay with updates
+    /// between its bursts, cache on, finds none stale.
+    #[test]
+    fn the_update_check_catches_a_verdict_the_tables_alone_would_not_give() {
+        let a = args();
+        let trace = load_trace("internet", &a).unwrap();
+        let rules = rule_set(&a, 2).unwrap();
+        let fresh =
+            || Pipeline::with_rules(rules.clone(), Consistency::Action, 1 << 12, 1).unwrap();
+        let frames: Vec<&[u8]> = (trace.frames.iter().take(64))
+            .map(|&(at, len)| &trace.bytes[at..at + len])
+            .collect();
+        let run = |p: &mut Pipeline| {
+            let hasher = FlowHasher::with_seed(7);
+            let mut ctx = Context::one_worker(0, hasher, 4);
+            let mut burst = Burst::with_capacity(64);
+            for (i, f) in frames.iter().enumerate() {
+                burst.push(f, f.len() as u32, 0, 0, i as u64);
+            }
+            burst.parse(&hasher);
+            p.process(&mut burst, &mut ctx);
+            burst
+        };
+        let mut p = fresh();
+        let mut check = Reference::new(&rules, &a).unwrap();
+        check.check(&frames, &run(&mut p), 0, &[]);
+        assert_eq!(check.stale, 0, "the same rules, the same verdicts");
+        // Every rule changed about once (a FIB route to the other next hop), in `p` only.
+        let changes = Updater::new(p.flows(), 100.0, 1).catch_up(p.flows_mut(), 1.0);
+        assert!(!changes.is_empty());
+        check.check(&frames, &run(&mut p), 0, &changes);
+        let stale = check.stale;
+        assert!(stale > 0, "a changed route is not what the reference gives");
+        check.check(&frames, &run(&mut p), 0, &[]);
+        assert_eq!(check.stale, stale, "told of the changes, it agrees again");
+
+        let mut p = fresh();
+        let mut check = Reference::new(&rules, &a).unwrap();
+        let mut updater = Updater::new(p.flows(), 1e6, 3);
+        let replayed = replay(&mut p, &trace, 2, 64, &mut updater, Some(&mut check));
+        assert!(updater.done > 100, "{}", updater.done);
+        assert_eq!((check.stale, replayed.packets), (0, 8000));
+    }
 }
