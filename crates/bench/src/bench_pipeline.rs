@@ -234,14 +234,21 @@ fn rule_lines(a: &BenchPipelineArgs, tables: usize) -> Vec<String> {
                 on(1)
             )
         };
+        // The trace's /24s, and the generated prefixes that are not one of them (a rule
+        // file holds one rule of a table, priority and match).
+        let mut routes = std::collections::BTreeMap::new();
         for (p, len, v) in stateplane_state::prefixes::ipv4(a.fib_prefixes, a.seed) {
-            lines.push(route(p.to_string(), len, 1 + (v % 2) as u8));
+            routes.insert((p, len), 1 + (v % 2) as u8);
         }
         for third in 0..=255u32 {
-            for second in [18, 19] {
+            for second in [18u32, 19] {
                 let port = 1 + ((third + second) % 2) as u8;
-                lines.push(route(format!("198.{second}.{third}.0"), 24, port));
+                let p = std::net::Ipv4Addr::from(198 << 24 | second << 16 | third << 8);
+                routes.insert((p, 24), port);
             }
+        }
+        for ((p, len), port) in routes {
+            lines.push(route(p.to_string(), len, port));
         }
         lines.push(route("0.0.0.0".into(), 0, 1));
     }
@@ -1039,6 +1046,24 @@ mod tests {
     fn args() -> BenchPipelineArgs {
         let words = ["bench-pipeline", "--packets", "4000", "--acl-rules", "40"];
         Cli::parse_from(words.into_iter().chain(["--fib-prefixes", "200"])).a
+    }
+
+    /// What `--write-rules` writes, `--rules-file` reads back (as compare-ovs.sh has both
+    /// do): no rule twice, whatever prefixes the generator draws.
+    #[test]
+    fn written_rules_read_back_as_a_rules_file() {
+        for (fib, ovs) in [("200", false), ("20000", true)] {
+            let mut a = Cli::parse_from(["bench-pipeline", "--fib-prefixes", fib]).a;
+            a.ovs_compatible = ovs;
+            let lines = rule_lines(&a, 2);
+            let rules = RuleSet::new(2);
+            let read = stateplane_programs::pipeline::parse_rules(
+                &rules,
+                lines.iter().map(String::as_str),
+                4,
+            );
+            assert_eq!(read.map(|r| r.rules.len()).unwrap(), lines.len(), "{fib}");
+        }
     }
 
     /// The update experiment's check sees a verdict the tables alone would not give: with
