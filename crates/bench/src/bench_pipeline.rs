@@ -820,10 +820,14 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
         }
         None => rule_set(&a, 2)?,
     };
+    let tuples: Vec<String> = (0..two.tables())
+        .map(|t| two.tuples(t as u8).to_string())
+        .collect();
     eprintln!(
-        "built {} rules in {} tables in {:.1} s",
+        "built {} rules in {} tables ({} tuples) in {:.1} s",
         two.len(),
         two.tables(),
+        tuples.join(" + "),
         t.elapsed().as_secs_f64()
     );
     let workloads = match &a.trace {

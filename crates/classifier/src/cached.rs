@@ -783,7 +783,7 @@ mod tests {
         let table = rng.below(u64::from(TABLES)) as u8;
         let mut p = Pattern::ANY;
         if rng.below(2) == 0 {
-            let len = rng.pick(&[16u32, 24, 32]);
+            let len = rng.pick(&[16u32, 20, 24, 28, 31, 32]);
             p.mask.ip_dst = u128::MAX << (32 - len);
             p.value.ip_dst = mapped(rng.pick(&HOSTS));
         }
@@ -808,8 +808,9 @@ mod tests {
         if rng.below(60) == 0 {
             p.tp_src = (1024, u16::MAX);
         }
-        if rng.below(80) == 0 {
-            p.mask.ip_src = u128::MAX;
+        if rng.below(8) == 0 {
+            // Source prefixes of any length: rules of nearby masks share merged tuples.
+            p.mask.ip_src = u128::MAX << rng.below(33);
             p.value.ip_src = mapped(rng.pick(&HOSTS));
         }
         Rule {
