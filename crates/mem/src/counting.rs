@@ -46,3 +46,18 @@ pub fn held_by<T>(make: impl FnOnce() -> T) -> (T, i64) {
     let made = make();
     (made, LIVE.load(Ordering::Relaxed) - before)
 }
+
+/// Checks what a structure tells the budget (`told`) against what it took (`taken`,
+/// from [`held_by`]): never less, and not more than `slack` times over. Prints both for
+/// the test's log.
+pub fn assert_told_enough(what: &str, told: u64, taken: i64, slack: u64) {
+    eprintln!("{what}: {taken} bytes taken, {told} told");
+    assert!(
+        told >= taken.max(0) as u64,
+        "{what}: told {told}, took {taken}"
+    );
+    assert!(
+        told <= slack * taken.max(1) as u64,
+        "{what}: told {told}, far over the {taken} taken"
+    );
+}

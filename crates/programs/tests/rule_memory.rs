@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use stateplane_mem::counting::{Counting, held_by};
+use stateplane_mem::counting::{Counting, assert_told_enough, held_by};
 use stateplane_programs::PortNames;
 use stateplane_programs::pipeline::{ACTIONS_IN_A_RULE, BYTES_AN_ACTION, Pipeline, PipelineConfig};
 
@@ -88,19 +88,8 @@ fn the_budget_is_told_at_least_what_rules_take() {
                 .sum();
             let told = Pipeline::bytes_for_rules(n) + BYTES_AN_ACTION * extra as u64;
             let (full, bytes) = held_by(|| pipeline(&texts));
-            let taken = bytes - base;
-            eprintln!(
-                "{shape}, {n} rules: {taken} bytes, {} a rule; told {told}",
-                taken / n as i64
-            );
-            assert!(
-                told >= taken as u64,
-                "{shape}, {n} rules: told {told}, took {taken}"
-            );
-            assert!(
-                told <= 4 * taken as u64,
-                "{shape}, {n} rules: told {told}, far over {taken}"
-            );
+            let what = format!("{shape}, {n} rules");
+            assert_told_enough(&what, told, bytes - base, 4);
             drop(full);
         }
     }

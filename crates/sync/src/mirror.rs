@@ -168,6 +168,21 @@ impl Cells {
     }
 }
 
+/// A message's entries in runs of one state each, in order (a message's are mostly one
+/// state's, so a state's cells are looked up once a run).
+fn runs_of_states(entries: &[Update]) -> impl Iterator<Item = (u16, &[Update])> {
+    let mut rest = entries;
+    std::iter::from_fn(move || {
+        let state = rest.first()?.location.state;
+        let n = (rest.iter())
+            .take_while(|e| e.location.state == state)
+            .count();
+        let (these, after) = rest.split_at(n);
+        rest = after;
+        Some((state, these))
+    })
+}
+
 impl Values {
     fn get(&self, at: Location) -> Option<&Held> {
         self.states.get(&at.state)?.get(at.index)
@@ -178,33 +193,18 @@ impl Values {
     /// earlier entry of it, which a later one follows). A state's cells are looked up
     /// once for the entries of it in a row (a message's are mostly one state's).
     fn hold(&mut self, entries: &[Update], seq: u64, bounded_from: u64) {
-        let mut rest = entries;
-        while let Some(first) = rest.first() {
-            let state = first.location.state;
-            let n = rest
-                .iter()
-                .take_while(|e| e.location.state == state)
-                .count();
-            let (these, after) = rest.split_at(n);
+        for (state, these) in runs_of_states(entries) {
             let cells = self.states.entry(state).or_default();
             let before = cells.dense.len() + cells.sparse.len();
             self.count += cells.hold(these, seq, bounded_from);
             self.cells += cells.dense.len() + cells.sparse.len() - before;
-            rest = after;
         }
     }
 
     /// The cells holding `entries` would make, at most.
     fn growth(&self, entries: &[Update]) -> usize {
         let mut growth = 0;
-        let mut rest = entries;
-        while let Some(first) = rest.first() {
-            let state = first.location.state;
-            let n = rest
-                .iter()
-                .take_while(|e| e.location.state == state)
-                .count();
-            let (these, after) = rest.split_at(n);
+        for (state, these) in runs_of_states(entries) {
             let cells = self.states.get(&state);
             let dense_end = (these.iter())
                 .map(|e| e.location.index)
@@ -217,7 +217,6 @@ impl Values {
                 .map(|e| e.location.index)
                 .filter(|&i| i >= DENSE_INDEXES && cells.is_none_or(|c| !c.sparse.contains_key(&i)))
                 .count();
-            rest = after;
         }
         growth
     }
