@@ -49,10 +49,10 @@ pub struct BenchPipelineArgs {
     /// the routes of the trace's own addresses.
     #[arg(long, default_value_t = 400_000)]
     pub fib_prefixes: usize,
-    /// Microflow cache entries (a power of two) and ways.
-    #[arg(long, default_value_t = 1 << 18)]
+    /// Microflow cache entries (a power of two) and ways (the pipeline program's defaults).
+    #[arg(long, default_value_t = stateplane_programs::pipeline::DEFAULT_CACHE_ENTRIES)]
     pub cache_entries: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = stateplane_programs::pipeline::DEFAULT_CACHE_WAYS)]
     pub cache_ways: usize,
     /// Consistency modes to measure (off is always measured: it is the reference).
     #[arg(long, value_delimiter = ',', default_value = "action,cookie,strong")]

@@ -29,7 +29,7 @@
 //! "drop", "controller" or "continue"; tables not listed drop), `cache` ("action",
 //! "cookie", "strong" or "off"; default "action"), `capacity` (rules at most, default
 //! 1,048,576), `cache_entries` (a power of two,
-//! default 65,536) and `cache_ways` (1, 2 or 4; default 1).
+//! default 262,144) and `cache_ways` (1, 2 or 4; default 1).
 //!
 //! Control API: the rule pipeline `flows`, written as rule text (`ctl add-flow`,
 //! `add-flows`, `mod-flows`, `del-flows`, `dump-flows`, with `table=N,cookie=V/M`
@@ -70,7 +70,7 @@ pub struct PipelineConfig {
     pub cache: String,
     #[serde(default = "default_entries")]
     pub cache_entries: usize,
-    #[serde(default = "one")]
+    #[serde(default = "default_ways")]
     pub cache_ways: usize,
     #[serde(default = "default_capacity")]
     pub capacity: usize,
@@ -88,8 +88,18 @@ fn default_cache() -> String {
     "action".into()
 }
 
+/// The flow cache's entries and ways unless configured otherwise (`bench-pipeline`'s
+/// too), chosen by its measurements (docs/BENCHMARKS.md, *The flow cache's shape*):
+/// 262,144 direct-mapped entries, 32 MiB a worker.
+pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 18;
+pub const DEFAULT_CACHE_WAYS: usize = 1;
+
 fn default_entries() -> usize {
-    1 << 16
+    DEFAULT_CACHE_ENTRIES
+}
+
+fn default_ways() -> usize {
+    DEFAULT_CACHE_WAYS
 }
 
 /// Tables a pipeline may have: table numbers are bytes, and a walk visits each at most once.
