@@ -3,6 +3,7 @@
 use crate::convert;
 use crate::endpoint::{self, AddToken, ClientFiles};
 use crate::pb::{self, control_client::ControlClient};
+use stateplane_state::control::Field;
 use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, WorkerCounters, Write};
 use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
@@ -113,7 +114,8 @@ impl Client {
     /// Applies `writes` to `table`, all or none; returns the version.
     pub fn write(&mut self, table: &str, writes: &[Write]) -> Result<u64, ClientError> {
         let d = self.declaration(table)?.clone();
-        let updates: Vec<pb::Update> = writes.iter().map(|w| update_of(w, &d)).collect();
+        let (key, _) = convert::table_shape(&d)?;
+        let updates: Vec<pb::Update> = writes.iter().map(|w| update_of(w, &d, key)).collect();
         let request = |updates| pb::WriteRequest {
             table: table.to_string(),
             updates,
@@ -151,6 +153,7 @@ impl Client {
     ) -> Result<(u64, u64), ClientError> {
         use std::sync::{Arc, Mutex};
         let d = self.declaration(table)?.clone();
+        let key = convert::table_shape(&d)?.0.to_vec();
         let stopped: Arc<Mutex<Option<String>>> = Arc::default();
         let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (stop, count) = (stopped.clone(), sent.clone());
@@ -163,7 +166,7 @@ impl Client {
             let mut updates = Vec::with_capacity(crate::PIECE);
             for w in writes.by_ref() {
                 match w {
-                    Ok(w) => updates.push(update_of(&w, &d)),
+                    Ok(w) => updates.push(update_of(&w, &d, &key)),
                     Err(e) => {
                         *stop
                             .lock()
@@ -489,8 +492,8 @@ fn flow_pieces(change: &FlowChange) -> Vec<FlowChange> {
         .collect()
 }
 
-/// A write as the API carries it, for the table `d` declares.
-fn update_of(w: &Write, d: &Declaration) -> pb::Update {
+/// A write as the API carries it, for the table `d` declares (whose key is `key`).
+fn update_of(w: &Write, d: &Declaration, key: &[Field]) -> pb::Update {
     use pb::update::Type;
     let (t, entry) = match w {
         Write::Insert(e) => (Type::Insert, convert::entry_to_pb(e, d)),
@@ -498,9 +501,7 @@ fn update_of(w: &Write, d: &Declaration) -> pb::Update {
         Write::Delete(k) => (
             Type::Delete,
             pb::Entry {
-                key: convert::table_shape(d)
-                    .map(|(key, _)| convert::key_to_pb(k, key))
-                    .unwrap_or_default(),
+                key: convert::key_to_pb(k, key),
                 ..Default::default()
             },
         ),

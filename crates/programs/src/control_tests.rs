@@ -780,11 +780,7 @@ fn a_learning_switch_asked_for_digests_streams_each_station_it_learns() {
 
 /// A budget of `limit` bytes for the program kept once per worker and once more.
 fn budget(limit: u64) -> stateplane_mem::budget::Budget {
-    stateplane_mem::budget::Budget {
-        limit,
-        copies: WORKERS as u64 + 1,
-        setting: "memory_budget",
-    }
+    crate::testutil::budget(limit, WORKERS as u64 + 1)
 }
 
 /// Rules added through the control API take the run's memory budget, each copy of the
@@ -837,6 +833,22 @@ fn rules_past_the_memory_budget_are_refused_whole() {
     assert!(dump(&sw, FlowFilter::default()).is_empty());
     add(0, 101).unwrap();
     assert!(add(101, 1).is_err());
+    // Actions past a rule's share take room too, counted as though every rule took them:
+    // twelve each for 101 rules do not fit what is left; two do, needing none.
+    let modify = |actions: String| {
+        sw.plane.submit(flows(FlowChange::Modify {
+            filter: FlowFilter::default(),
+            actions,
+        }))
+    };
+    let e = modify("dec_ttl,".repeat(11) + "output:2").err().unwrap();
+    assert!(matches!(e, ControlError::OverBudget { .. }), "{e}");
+    assert!(
+        dump(&sw, FlowFilter::default())
+            .iter()
+            .all(|f| f.rule.ends_with("actions=output:2"))
+    );
+    modify("dec_ttl,output:1".into()).unwrap();
 }
 
 fn flows(change: stateplane_state::FlowChange) -> Request {

@@ -165,15 +165,26 @@ pub const BYTES_AN_ACTION: u64 = 64;
 /// in each copy (hash maps keep their room when rules go, so the most is what stays),
 /// and the actions beyond [`ACTIONS_IN_A_RULE`] any rule was given.
 struct RuleBudget {
-    held: Mutex<(Allowance, usize, u64)>,
+    held: Mutex<RulesHeld>,
     /// Rules the workers hold now (each worker's copy has the same rules).
     now: AtomicUsize,
+}
+
+/// What the budget holds for the rules, and for how many.
+struct RulesHeld {
+    allowance: Allowance,
+    most: usize,
+    extra_actions: u64,
 }
 
 impl RuleBudget {
     fn new(growth: Growth) -> RuleBudget {
         RuleBudget {
-            held: Mutex::new((Allowance::new(growth), 0, 0)),
+            held: Mutex::new(RulesHeld {
+                allowance: Allowance::new(growth),
+                most: 0,
+                extra_actions: 0,
+            }),
             now: AtomicUsize::new(0),
         }
     }
@@ -182,17 +193,16 @@ impl RuleBudget {
     /// `extra_actions` actions beyond their share; refused, it changes nothing.
     fn cover(&self, rules: usize, extra_actions: u64) -> Result<(), OverBudget> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let (allowance, most, extra) = &mut *held;
-        let most_after = (*most).max(self.now.load(Ordering::Relaxed) + rules);
-        let extra_after = *extra + extra_actions;
-        let copies = allowance.copies();
-        let bytes = Pipeline::bytes_for_rules(most_after) + BYTES_AN_ACTION * extra_after;
-        allowance.cover(
-            || format!("{most_after} rules in a pipeline"),
+        let most = held.most.max(self.now.load(Ordering::Relaxed) + rules);
+        let extra = held.extra_actions + extra_actions;
+        let copies = held.allowance.copies();
+        let bytes = Pipeline::bytes_for_rules(most) + BYTES_AN_ACTION * extra;
+        held.allowance.cover(
+            || format!("{most} rules in a pipeline"),
             bytes.saturating_mul(copies),
             0,
         )?;
-        (*most, *extra) = (most_after, extra_after);
+        (held.most, held.extra_actions) = (most, extra);
         Ok(())
     }
 }

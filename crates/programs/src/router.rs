@@ -545,12 +545,8 @@ mod tests {
     /// configured routes refuses the run, naming them.
     #[test]
     fn route_writes_past_the_memory_budget_are_refused_and_change_nothing() {
-        use stateplane_mem::budget::{Budget, scope};
-        let budget = |limit| Budget {
-            limit,
-            copies: 3,
-            setting: "memory_budget",
-        };
+        use stateplane_mem::budget::scope;
+        let budget = |limit| crate::testutil::budget(limit, 3);
         let (_, at_load) = scope(budget(u64::MAX), router);
         assert!(at_load.bytes > 2 * (64 << 20), "{}", at_load.bytes);
         let (r, _) = scope(budget(at_load.bytes + (64 << 10)), router);

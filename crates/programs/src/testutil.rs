@@ -200,3 +200,12 @@ pub fn generated(cfg: &stateplane_gen::GenConfig) -> Vec<(Vec<u8>, PortId)> {
     .unwrap();
     frames
 }
+
+/// A memory budget of `limit` bytes with the program's state kept `copies` times.
+pub fn budget(limit: u64, copies: u64) -> stateplane_mem::budget::Budget {
+    stateplane_mem::budget::Budget {
+        limit,
+        copies,
+        setting: "memory_budget",
+    }
+}

@@ -241,7 +241,12 @@ fn claim_rings(run: &LiveRun, iface: &str, rings: &RingConfig) -> SetupResult<()
     let workers = run.runtime.workers;
     (run.memory)
         .take(
-            || format!("rings for {workers} worker(s) at MTU {}", interface.mtu),
+            || {
+                format!(
+                    "rings for {workers} worker(s) at MTU {} (a lower MTU makes them smaller)",
+                    interface.mtu
+                )
+            },
             (queue * workers) as u64,
         )
         .map_err(|e| format!("{iface}: {e}"))
