@@ -2,9 +2,10 @@
 //!
 //! Owns: the fields rules match on, taken once per packet ([`fields`]); rules with
 //! prioritized wildcard patterns, port ranges, cookies, timeouts and instructions
-//! ([`rule`]); their one-rule-per-line text format ([`rule_text`]); the reference walk through
-//! numbered tables ([`ruleset`]) that every faster classifier and the cache must agree
-//! with; the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways, signatures,
+//! ([`rule`]); their one-rule-per-line text format ([`rule_text`]); the walk through
+//! numbered tables ([`ruleset`]), each searched by merged tuples with an index each
+//! (`tuple`), with the reference scan that every faster classifier and the cache must
+//! agree with; the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways, signatures,
 //! pseudo-LRU); and the cached pipeline in front of the rules ([`cached`]: the Action
 //! Table and the consistency modes); [`apply`] puts a walk's actions onto a packet.
 //!
@@ -18,6 +19,7 @@ pub mod fields;
 pub mod rule;
 pub mod rule_text;
 pub mod ruleset;
+mod tuple;
 
 pub use cache::{CacheStats, MicroflowCache};
 pub use cached::{CachedPipeline, Consistency, Probe, RuleStat, Timeout};

@@ -8,6 +8,7 @@
 
 use crate::fields::Fields;
 use crate::rule::{Action, Pattern, Rule};
+use crate::tuple::{Candidate, MAX_BUCKET, Tuple, mergeable, relaxed, within};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -44,10 +45,10 @@ struct Table {
 /// first (smaller `seq`; ids are reused, so they do not say). Sorting ranks ascending
 /// sorts rules best first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Rank {
-    priority: std::cmp::Reverse<u16>,
-    seq: u64,
-    id: RuleId,
+pub(crate) struct Rank {
+    pub priority: std::cmp::Reverse<u16>,
+    pub seq: u64,
+    pub id: RuleId,
 }
 
 impl Rank {
@@ -60,202 +61,6 @@ impl Rank {
     }
 }
 
-/// Tuple-space search over one table's rules, with tuples merged (TupleMerge, Daly and
-/// Torng 2017): a tuple hashes the packet's fields under its mask, and holds the rules
-/// whose masks have every bit of it; a rule finer than its tuple's mask (a /28 in a
-/// tuple of /24s, a TCP rule in a tuple that ignores the protocol) is checked whole on
-/// each candidate found. One hash lookup finds the rules that can match (ports, which
-/// are ranges, are checked on those). Merging bounds the tuples a miss probes by the
-/// masks' octets rather than by every prefix-length pair, and a bucket holds at most
-/// [`MAX_BUCKET`] rules of a merged tuple before the next goes to a tuple of its own.
-/// Tuples are visited highest priority first, and the search stops once no tuple left
-/// can beat the match found. Inserts and removes touch one tuple, so updates cost the
-/// same at any table size.
-#[derive(Debug, Clone)]
-struct Tuple {
-    mask: Fields,
-    best: u16,
-    len: usize,
-    /// Masked fields -> the rules with those values, in rank order.
-    buckets: HashMap<Fields, Vec<Candidate>, Fold>,
-    /// Buckets by [`filter_slot`] of their key, saturating (a full slot stays full): a
-    /// packet whose slot is empty has no bucket here, found without the hash lookup,
-    /// which is most of a probe's cost. Most tuples a miss probes end here. Eight slots
-    /// or more a bucket (it grows with them, to [`FILTER_MAX`]).
-    filter: Box<[u8]>,
-}
-
-/// Slots of a tuple's filter (a byte each) at first, and at most.
-const FILTER_MIN: usize = 1 << 8;
-const FILTER_MAX: usize = 1 << 16;
-
-/// A masked key's slot in a filter of `slots` (a power of two): its words mixed by
-/// rotations and one multiply (a filter's false positives only cost the lookup it would
-/// have made anyway).
-#[inline]
-fn filter_slot(k: &Fields, slots: usize) -> usize {
-    let small = u64::from(k.in_port)
-        | u64::from(k.vlan) << 16
-        | u64::from(k.eth_type) << 32
-        | u64::from(k.ip_proto) << 48
-        | u64::from(k.tcp_flags) << 56;
-    let w = (k.ip_src as u64)
-        ^ ((k.ip_src >> 64) as u64).rotate_left(11)
-        ^ (k.ip_dst as u64).rotate_left(23)
-        ^ ((k.ip_dst >> 64) as u64).rotate_left(37)
-        ^ k.eth_src.rotate_left(41)
-        ^ k.eth_dst.rotate_left(53)
-        ^ small.rotate_left(5);
-    (w.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - slots.trailing_zeros())) as usize
-}
-
-impl Tuple {
-    fn new(mask: Fields) -> Tuple {
-        Tuple {
-            mask,
-            best: 0,
-            len: 0,
-            buckets: HashMap::default(),
-            filter: vec![0; FILTER_MIN].into_boxed_slice(),
-        }
-    }
-
-    /// Whether the bucket of `key` may be here.
-    #[inline]
-    fn may_hold(&self, key: &Fields) -> bool {
-        self.filter[filter_slot(key, self.filter.len())] != 0
-    }
-
-    /// The bucket of `key`, made if it is not there.
-    fn bucket_mut(&mut self, key: Fields) -> &mut Vec<Candidate> {
-        if !self.buckets.contains_key(&key) {
-            if (self.buckets.len() + 1) * 8 > self.filter.len() && self.filter.len() < FILTER_MAX {
-                self.refilter(self.filter.len() * 4);
-            }
-            let slots = self.filter.len();
-            let slot = &mut self.filter[filter_slot(&key, slots)];
-            *slot = slot.saturating_add(1);
-        }
-        self.buckets.entry(key).or_default()
-    }
-
-    /// Counts the buckets again into a filter of `slots`.
-    fn refilter(&mut self, slots: usize) {
-        let mut filter = vec![0u8; slots.min(FILTER_MAX)].into_boxed_slice();
-        for key in self.buckets.keys() {
-            let slot = &mut filter[filter_slot(key, filter.len())];
-            *slot = slot.saturating_add(1);
-        }
-        self.filter = filter;
-    }
-
-    /// Takes the rule of `rank` out of the bucket of `key`, and the bucket once empty.
-    fn take(&mut self, key: &Fields, rank: Rank) {
-        let Some(bucket) = self.buckets.get_mut(key) else {
-            return;
-        };
-        bucket.retain(|c| c.rank != rank);
-        if bucket.is_empty() {
-            self.buckets.remove(key);
-            let slots = self.filter.len();
-            let slot = &mut self.filter[filter_slot(key, slots)];
-            if *slot != u8::MAX {
-                *slot -= 1;
-            }
-        }
-    }
-}
-
-/// The rules a merged tuple's bucket holds at most (a rule of the tuple's own mask always
-/// joins its bucket).
-const MAX_BUCKET: usize = 16;
-
-/// What a lookup checks on a rule of a bucket, kept inline so a search touches no rule.
-#[derive(Debug, Clone)]
-struct Candidate {
-    rank: Rank,
-    tp_src: (u16, u16),
-    tp_dst: (u16, u16),
-    /// The rule's own mask and value, where its mask has bits the tuple's has not.
-    finer: Option<Box<(Fields, Fields)>>,
-}
-
-impl Candidate {
-    fn matches(&self, f: &Fields) -> bool {
-        (self.tp_src.0..=self.tp_src.1).contains(&f.tp_src)
-            && (self.tp_dst.0..=self.tp_dst.1).contains(&f.tp_dst)
-            && self
-                .finer
-                .as_deref()
-                .is_none_or(|(mask, value)| f.masked(mask) == *value)
-    }
-
-    /// The rule's pattern, in a tuple of `mask` and the bucket of `key`.
-    fn pattern(&self, mask: &Fields, key: &Fields) -> Pattern {
-        let (mask, value) = self.finer.as_deref().copied().unwrap_or((*mask, *key));
-        Pattern {
-            value,
-            mask,
-            tp_src: self.tp_src,
-            tp_dst: self.tp_dst,
-        }
-    }
-}
-
-/// Whether every bit of `inner` is in `outer`.
-fn within(inner: &Fields, outer: &Fields) -> bool {
-    inner.masked(outer) == inner.masked(inner)
-}
-
-/// The length of an address mask that is a prefix.
-fn prefix_len(mask: u128) -> Option<u32> {
-    let len = mask.leading_ones();
-    (mask == u128::MAX.checked_shl(128 - len).unwrap_or(0)).then_some(len)
-}
-
-/// Whether a tuple of `mask` may hold a rule of `rule` (a mask with every bit of it):
-/// the same bits but for address prefixes shorter within their octet, and a protocol it
-/// ignores.
-fn mergeable(mask: &Fields, rule: &Fields) -> bool {
-    let close = |t: u128, r: u128| match (prefix_len(t), prefix_len(r)) {
-        (Some(t), Some(r)) => t == r || (t % 8 == 0 && r - t < 8),
-        _ => t == r,
-    };
-    let (t, r) = (mask, rule);
-    (
-        t.in_port,
-        t.eth_src,
-        t.eth_dst,
-        t.vlan,
-        t.eth_type,
-        t.tcp_flags,
-    ) == (
-        r.in_port,
-        r.eth_src,
-        r.eth_dst,
-        r.vlan,
-        r.eth_type,
-        r.tcp_flags,
-    ) && (t.ip_proto == r.ip_proto || t.ip_proto == 0)
-        && close(t.ip_src, r.ip_src)
-        && close(t.ip_dst, r.ip_dst)
-}
-
-/// The mask of a new tuple for a rule of `mask`: its address prefixes cut to whole
-/// octets and its protocol left out, so that later rules of nearby masks join it.
-fn relaxed(mask: &Fields) -> Fields {
-    let octets = |m: u128| match prefix_len(m) {
-        Some(len) => u128::MAX.checked_shl(128 - len / 8 * 8).unwrap_or(0),
-        None => m,
-    };
-    Fields {
-        ip_src: octets(mask.ip_src),
-        ip_dst: octets(mask.ip_dst),
-        ip_proto: 0,
-        ..*mask
-    }
-}
-
 impl Table {
     fn add(&mut self, rank: Rank, rule: &Rule) {
         self.order.insert(rank);
@@ -264,17 +69,9 @@ impl Table {
         let tuple = &mut self.tuples[t];
         tuple.best = tuple.best.max(rule.priority);
         tuple.len += 1;
-        let finer = (tuple.mask != pattern.mask).then(|| Box::new((pattern.mask, pattern.value)));
-        let bucket = tuple.bucket_mut(pattern.value.masked(&tuple.mask));
-        let at = bucket.partition_point(|c| c.rank < rank);
-        bucket.insert(
-            at,
-            Candidate {
-                rank,
-                tp_src: pattern.tp_src,
-                tp_dst: pattern.tp_dst,
-                finer,
-            },
+        tuple.add(
+            pattern.value.masked(&tuple.mask),
+            Candidate::of(rank, pattern),
         );
         self.sort_tuples();
     }
@@ -288,7 +85,7 @@ impl Table {
             return t;
         }
         let has_room = |t: &Tuple| {
-            (t.buckets.get(&pattern.value.masked(&t.mask))).is_none_or(|b| b.len() < MAX_BUCKET)
+            (t.bucket(&pattern.value.masked(&t.mask))).is_none_or(|b| b.len() < MAX_BUCKET)
         };
         let merged = (self.tuples.iter().enumerate())
             .filter(|(_, t)| within(&t.mask, &mask) && mergeable(&t.mask, &mask) && has_room(t))
@@ -312,7 +109,7 @@ impl Table {
             .filter(|(_, t)| within(&t.mask, &pattern.mask))
             .find_map(|(i, t)| {
                 let key = pattern.value.masked(&t.mask);
-                let bucket = t.buckets.get(&key)?;
+                let bucket = t.bucket(&key)?;
                 bucket.iter().any(|c| c.rank == rank).then_some((i, key))
             })
     }
@@ -344,11 +141,7 @@ impl Table {
             {
                 break; // no rule in this or a later tuple can win
             }
-            let key = f.masked(&t.mask);
-            if !t.may_hold(&key) {
-                continue;
-            }
-            let Some(bucket) = t.buckets.get(&key) else {
+            let Some(bucket) = t.bucket(&f.masked(&t.mask)) else {
                 continue;
             };
             // Buckets are in rank order: the first that matches is this tuple's best.
@@ -367,7 +160,7 @@ impl Table {
             .filter(|t| within(&t.mask, &pattern.mask))
             .find_map(|t| {
                 let key = pattern.value.masked(&t.mask);
-                let bucket = t.buckets.get(&key)?;
+                let bucket = t.bucket(&key)?;
                 (bucket.iter())
                     .find(|c| c.rank.priority.0 == priority && c.pattern(&t.mask, &key) == *pattern)
                     .map(|c| c.rank.id)
@@ -379,7 +172,7 @@ impl Table {
     /// lookup (a shorter prefix under a longer one, say); other tuples are scanned.
     fn overlapping_below(&self, rank: Rank, pattern: &Pattern) -> Vec<RuleId> {
         let mut found = Vec::new();
-        let mut take = |mask: &Fields, key: &Fields, bucket: &Vec<Candidate>| {
+        let mut take = |mask: &Fields, key: &Fields, bucket: &[Candidate]| {
             found.extend(
                 (bucket.iter())
                     .filter(|c| c.rank > rank && c.pattern(mask, key).overlaps(pattern))
@@ -389,13 +182,13 @@ impl Table {
         for t in &self.tuples {
             if within(&t.mask, &pattern.mask) {
                 let key = pattern.value.masked(&t.mask);
-                if let Some(bucket) = t.buckets.get(&key) {
+                if let Some(bucket) = t.bucket(&key) {
                     take(&t.mask, &key, bucket);
                 }
             } else {
                 let both = t.mask.masked(&pattern.mask);
                 let want = pattern.value.masked(&both);
-                for (key, bucket) in &t.buckets {
+                for (key, bucket) in t.buckets() {
                     if key.masked(&both) == want {
                         take(&t.mask, key, bucket);
                     }
@@ -939,7 +732,7 @@ mod tests {
         let tuples = s.tables[0].tuples.len();
         assert!(tuples < 16, "fewer tuples than the 16 masks: {tuples}");
         let largest = (s.tables[0].tuples.iter())
-            .flat_map(|t| t.buckets.values().map(Vec::len))
+            .flat_map(|t| t.buckets().map(|(_, b)| b.len()))
             .max();
         assert_eq!(
             largest,
@@ -977,24 +770,30 @@ mod tests {
         assert_eq!(s.len(), 40 - 14);
     }
 
-    /// A tuple's filter grows with its buckets (counted again each time), to its most,
-    /// and forgets a bucket once it is gone: lookups of every rule's address, and of
-    /// addresses no rule has, agree with the rules one by one as 10,000 come and half go.
+    /// A tuple's index grows with its buckets and forgets a bucket once it is gone (a
+    /// removed bucket's run is closed up behind it, and the last bucket moves into its
+    /// place): lookups of every rule's address, and of addresses no rule has, agree with
+    /// the rules one by one as 10,000 come, half go, and some come back.
     #[test]
-    fn a_tuples_filter_grows_with_its_buckets_and_forgets_the_gone() {
+    fn a_tuples_index_grows_with_its_buckets_and_forgets_the_gone() {
         let mut s = RuleSet::new(1);
         let host = |i: u32| [198, 18 + (i >> 16) as u8, (i >> 8) as u8, i as u8];
-        let mut ids = Vec::new();
-        for i in 0..10_000u32 {
+        let rule = |i: u32| {
             let [a, b, c, d] = host(i * 7);
-            let line = format!(
+            parse_rule(&format!(
                 "priority=5,ip,nw_dst={a}.{b}.{c}.{d},actions=output:{}",
                 i % 4
-            );
-            ids.push(s.insert(parse_rule(&line).unwrap()).unwrap());
+            ))
+            .unwrap()
+        };
+        let mut ids = Vec::new();
+        for i in 0..10_000u32 {
+            ids.push(s.insert(rule(i)).unwrap());
         }
         assert_eq!(s.tuples(0), 1);
-        assert_eq!(s.tables[0].tuples[0].filter.len(), FILTER_MAX);
+        let (used, slots) = s.tables[0].tuples[0].slots();
+        assert_eq!(used, 10_000);
+        assert!(slots >= 8 * used, "{slots} slots for {used} buckets");
         let check = |s: &RuleSet| {
             for i in (0..70_000u32).step_by(3) {
                 let p = tcp_to(host(i), 80);
@@ -1005,14 +804,13 @@ mod tests {
         for id in ids.iter().step_by(2) {
             assert!(s.remove(*id));
         }
+        assert_eq!(s.tables[0].tuples[0].slots().0, 5_000);
         check(&s);
-        let empty = (s.tables[0].tuples[0].filter.iter())
-            .filter(|&&c| c == 0)
-            .count();
-        assert!(
-            empty > FILTER_MAX / 2,
-            "slots of gone buckets are empty again: {empty}"
-        );
+        for i in (0..10_000u32).step_by(4) {
+            s.insert(rule(i)).unwrap();
+        }
+        assert_eq!(s.tables[0].tuples[0].slots().0, 7_500);
+        check(&s);
     }
 
     #[test]
