@@ -835,10 +835,12 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
     let tuples: Vec<String> = (0..two.tables())
         .map(|t| two.tuples(t as u8).to_string())
         .collect();
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", [many, one][usize::from(n == 1)]);
     eprintln!(
-        "built {} rules in {} tables ({} tuples) in {:.1} s",
-        two.len(),
-        two.tables(),
+        "built {} in {} ({} tuples) in {:.1} s",
+        plural(two.len(), "rule", "rules"),
+        plural(two.tables(), "table", "tables"),
         tuples.join(" + "),
         t.elapsed().as_secs_f64()
     );
@@ -850,7 +852,12 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
         None => a.workloads.clone(),
     };
     for (w, workload) in workloads.iter().enumerate() {
-        eprintln!("generating {workload}");
+        let doing = if a.trace.is_some() {
+            "reading"
+        } else {
+            "generating"
+        };
+        eprintln!("{doing} {workload}");
         let trace = load_trace(workload, &a)?;
         // Speed-up, and (first workload) the update-rate experiment.
         let rates: Vec<f64> = if w == 0 {
