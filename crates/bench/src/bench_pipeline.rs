@@ -19,6 +19,7 @@
 //! (a digest of them is compared), so a fast wrong cache cannot pass.
 
 use crate::BenchResult;
+use crate::classbench;
 use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
@@ -85,6 +86,11 @@ pub struct BenchPipelineArgs {
     /// elsewhere, as scripts/compare-ovs.sh does).
     #[arg(long)]
     pub write_rules: Option<PathBuf>,
+    /// Write the rules (one table's, IPv4 5-tuple rules only) and the trace's keys in
+    /// ClassBench's formats to this directory, with the rule each key matches here, and
+    /// stop (for dpdk-test-acl, as scripts/compare-dpdk.sh does).
+    #[arg(long, requires = "trace")]
+    pub write_classbench: Option<PathBuf>,
     /// Generate only rules Open vSwitch also takes: ports matched exactly and only under
     /// TCP or UDP (no ranges).
     #[arg(long)]
@@ -462,6 +468,62 @@ fn replay(
     }
 }
 
+/// Writes `rules` (rule lines in rank order), `trace` (the trace's IPv4 keys) and
+/// `expected` (for each key, the line of `rules` it matches here from 0, or 4294967295
+/// for none, as dpdk-test-acl prints its results) in ClassBench's formats to `dir`.
+fn write_classbench(
+    dir: &std::path::Path,
+    a: &BenchPipelineArgs,
+    rules: &RuleSet,
+) -> BenchResult<()> {
+    let fail = |e: std::io::Error| format!("--write-classbench {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let mut rule_text = String::new();
+    let mut line_of = std::collections::HashMap::new();
+    for (at, (id, rule)) in rules.rules().enumerate() {
+        let line = classbench::rule_line(rule).map_err(|e| format!("--write-classbench: {e}"))?;
+        rule_text += &line;
+        rule_text.push('\n');
+        line_of.insert(id, at as u32);
+    }
+    let trace = load_trace("", a)?;
+    let hasher = FlowHasher::with_seed(7);
+    let (mut trace_text, mut expected) = (String::new(), String::new());
+    let (mut keys, mut left_out) = (0u64, 0u64);
+    for &(at, len) in &trace.frames {
+        let frame = &trace.bytes[at..at + len];
+        let line = (stateplane_wire::parse(frame, 0, &hasher).ok())
+            .map(|parsed| Fields::of(&parsed, frame, 0))
+            .and_then(|k| Some((classbench::trace_line(&k)?, k)));
+        let Some((line, k)) = line else {
+            left_out += 1;
+            continue;
+        };
+        let matched = rules
+            .classify(&k)
+            .rules
+            .first()
+            .map_or(u32::MAX, |id| line_of[id]);
+        trace_text += &line;
+        trace_text.push('\n');
+        expected += &format!("{matched}\n");
+        keys += 1;
+    }
+    for (name, text) in [
+        ("rules", rule_text),
+        ("trace", trace_text),
+        ("expected", expected),
+    ] {
+        std::fs::write(dir.join(name), text).map_err(fail)?;
+    }
+    eprintln!(
+        "wrote {} rules and {keys} keys ({left_out} packets not IPv4 left out) to {}",
+        rules.len(),
+        dir.display()
+    );
+    Ok(())
+}
+
 /// The paper's lookup speed: classifications per second of the trace's keys alone (no
 /// packet copy, parse or rewrite), counters included, after one pass that warms the
 /// cache; every mode in each round, as [`measure`] does.
@@ -832,6 +894,9 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
         }
         None => rule_set(&a, 2)?,
     };
+    if let Some(dir) = &a.write_classbench {
+        return write_classbench(dir, &a, &two);
+    }
     let tuples: Vec<String> = (0..two.tables())
         .map(|t| two.tuples(t as u8).to_string())
         .collect();

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 /// One panel: bars of `(label, value)` in `unit`, in the order given (top first). A value
 /// that is not a number (nothing measured) draws no bar and reads "none".
+#[derive(Debug)]
 pub struct Panel {
     pub title: String,
     pub unit: String,

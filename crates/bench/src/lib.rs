@@ -27,6 +27,8 @@ pub mod bench_sync_migrate;
 pub mod bench_sync_reorder;
 pub mod bench_tables;
 pub mod chart;
+pub mod classbench;
+pub mod draw;
 pub mod lab_bench;
 pub mod lab_replication;
 pub mod results;

@@ -116,6 +116,9 @@ enum Command {
     Relay(relay_cmd::RelayArgs),
     /// Talk to a running switch's control API: tables, registers, notifications, counters.
     Ctl(ctl::CtlArgs),
+    /// Draw a CSV (a panel per first column, a bar per row, the value last) as an SVG or
+    /// PNG bar chart.
+    Chart(stateplane_bench::draw::ChartArgs),
     /// Print the version.
     Version,
 }
@@ -159,6 +162,7 @@ pub fn main() -> ExitCode {
         Command::Ctl(args) => ctl::main(args),
         Command::Collector(args) => collector_cmd::main(args),
         Command::Relay(args) => relay_cmd::main(args),
+        Command::Chart(args) => stateplane_bench::draw::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())
