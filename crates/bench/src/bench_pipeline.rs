@@ -23,7 +23,7 @@ use crate::classbench;
 use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::{median, percentile};
 use stateplane_classifier::{
-    Action, CachedPipeline, Consistency, Fields, RuleId, RuleSet, parse_rule,
+    Action, CachedPipeline, Consistency, Fields, Rule, RuleId, RuleSet, parse_rule,
 };
 use stateplane_gen::rng::Rng;
 use stateplane_gen::{GenConfig, Workload, generate};
@@ -61,6 +61,11 @@ pub struct BenchPipelineArgs {
     /// Rules modified per second, as percentages of all rules (internet trace only).
     #[arg(long, value_delimiter = ',', default_value = "0,0.1,1,10")]
     pub update_rates: Vec<f64>,
+    /// What an update does: `modify` gives a rule new actions; `reinsert` deletes a rule
+    /// and adds it again with them (the classifier's inserts and removes, and the cache's
+    /// invalidation of both).
+    #[arg(long, default_value = "modify", value_parser = ["modify", "reinsert"])]
+    pub update_kind: String,
     /// Table counts of the tables experiment (internet trace only, no updates).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     pub tables: Vec<usize>,
@@ -288,11 +293,14 @@ fn rule_set(a: &BenchPipelineArgs, tables: usize) -> BenchResult<RuleSet> {
     Ok(rules)
 }
 
-/// Modifies a random rule between bursts at a steady rate: a FIB route moves to the other
-/// next hop, any other rule gets its own actions again (which invalidates all the same).
+/// Changes a random rule between bursts at a steady rate, by a modify or by deleting it
+/// and adding it again: a FIB route moves to the other next hop, any other rule gets its
+/// own actions again (which invalidates all the same).
 struct Updater {
     ids: Vec<RuleId>,
     per_second: f64,
+    /// Reinsert rules rather than modify them.
+    reinsert: bool,
     done: u64,
     /// How long each update held the worker.
     took_ns: Vec<u64>,
@@ -304,6 +312,7 @@ impl Updater {
         let ids: Vec<RuleId> = flows.rules().rules().map(|(id, _)| id).collect();
         Updater {
             per_second: ids.len() as f64 * pct / 100.0,
+            reinsert: false,
             ids,
             done: 0,
             took_ns: Vec::new(),
@@ -313,11 +322,12 @@ impl Updater {
 
     /// Makes the updates due by `elapsed_s` seconds of the worker's time; what it changed,
     /// for a reference to change alike.
-    fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) -> Vec<Modify> {
+    fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) -> Vec<Change> {
         let due = (elapsed_s * self.per_second) as u64;
         let mut made = Vec::new();
         while self.done < due && !self.ids.is_empty() {
-            let id = self.ids[self.rng.below(self.ids.len() as u64) as usize];
+            let at = self.rng.below(self.ids.len() as u64) as usize;
+            let id = self.ids[at];
             let t = Instant::now();
             if let Some(rule) = flows.rules().get(id) {
                 let actions: Vec<Action> = (rule.actions.iter())
@@ -326,9 +336,21 @@ impl Updater {
                         other => other,
                     })
                     .collect();
-                let goto = rule.goto;
-                let _ = flows.modify(id, actions.clone(), goto);
-                made.push((id, actions, goto));
+                if self.reinsert {
+                    let rule = Rule {
+                        actions,
+                        ..rule.clone()
+                    };
+                    flows.remove(id);
+                    if let Ok(new) = flows.insert(rule.clone()) {
+                        self.ids[at] = new;
+                        made.push(Change::Reinsert(id, rule));
+                    }
+                } else {
+                    let goto = rule.goto;
+                    let _ = flows.modify(id, actions.clone(), goto);
+                    made.push(Change::Modify(id, actions, goto));
+                }
             }
             self.took_ns.push(t.elapsed().as_nanos() as u64);
             self.done += 1;
@@ -337,8 +359,26 @@ impl Updater {
     }
 }
 
-/// A rule's new actions and goto.
-type Modify = (RuleId, Vec<Action>, Option<u8>);
+/// An update as the reference makes it again: a rule's new actions and goto, or a rule
+/// deleted and added again (with new actions).
+enum Change {
+    Modify(RuleId, Vec<Action>, Option<u8>),
+    Reinsert(RuleId, Rule),
+}
+
+impl Change {
+    fn make(&self, flows: &mut CachedPipeline) {
+        match self {
+            Change::Modify(id, actions, goto) => {
+                let _ = flows.modify(*id, actions.clone(), *goto);
+            }
+            Change::Reinsert(id, rule) => {
+                flows.remove(*id);
+                let _ = flows.insert(rule.clone());
+            }
+        }
+    }
+}
 
 /// The tables alone (`off`), fed the bursts a timed run was fed with the updates it made
 /// after each, in a pass of its own after that run (so that its work shares no cache
@@ -371,8 +411,8 @@ impl Reference {
                 self.stale += 1;
             }
             while let Some((_, made)) = changes.next_if(|(at, _)| *at == i) {
-                for (id, actions, goto) in made {
-                    let _ = (self.pipeline.flows_mut()).modify(*id, actions.clone(), *goto);
+                for change in made {
+                    change.make(self.pipeline.flows_mut());
                 }
             }
         }
@@ -390,7 +430,7 @@ struct Replay {
     burst_ns: Vec<u64>,
     /// Each burst's digest, and the updates made after a burst (by its index).
     bursts: Vec<u64>,
-    changes: Vec<(usize, Vec<Modify>)>,
+    changes: Vec<(usize, Vec<Change>)>,
 }
 
 /// Copies `chunk` of `trace` into `burst` and has `pipeline` parse and process it: a
@@ -736,6 +776,7 @@ fn measure(
             }
             let mut p = fresh()?;
             let mut updater = Updater::new(p.flows(), update_pct, a.seed + r as u64);
+            updater.reinsert = a.update_kind == "reinsert";
             let run = replay(&mut p, trace, loops, a.burst, &mut updater);
             if update_pct > 0.0 {
                 let mut check = Reference::new(rules)?;
@@ -897,13 +938,16 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
     if let Some(dir) = &a.write_classbench {
         return write_classbench(dir, &a, &two);
     }
-    let tuples: Vec<String> = (0..two.tables())
-        .map(|t| two.tuples(t as u8).to_string())
+    let tuples: Vec<String> = (0..two.tables() as u8)
+        .map(|t| {
+            let tree = if two.walks_tree(t) { " and a tree" } else { "" };
+            format!("{} tuples{tree}", two.tuples(t))
+        })
         .collect();
     let plural =
         |n: usize, one: &str, many: &str| format!("{n} {}", [many, one][usize::from(n == 1)]);
     eprintln!(
-        "built {} in {} ({} tuples) in {:.1} s",
+        "built {} in {} ({}) in {:.1} s",
         plural(two.len(), "rule", "rules"),
         plural(two.tables(), "table", "tables"),
         tuples.join(" + "),
@@ -931,7 +975,11 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
             vec![0.0]
         };
         for &rate in &rates {
-            let experiment = if rate == 0.0 { "speedup" } else { "updates" };
+            let experiment = match (rate == 0.0, a.update_kind.as_str()) {
+                (true, _) => "speedup",
+                (false, "reinsert") => "reinserts",
+                (false, _) => "updates",
+            };
             rows.extend(measure(
                 &a, experiment, workload, &trace, &two, &modes, rate,
             )?);
@@ -1155,24 +1203,33 @@ mod tests {
     }
 
     /// The update experiment's check finds no stale burst where the cache followed every
-    /// update, and finds them where the reference is not told of the updates (as a cache
-    /// that missed them would look).
+    /// update, modified or reinserted, and finds them where the reference is not told of
+    /// the updates (as a cache that missed them would look).
     #[test]
     fn the_update_check_catches_a_verdict_the_tables_alone_would_not_give() {
         let a = args();
         let trace = load_trace("internet", &a).unwrap();
         let rules = rule_set(&a, 2).unwrap();
-        let mut p = Pipeline::with_rules(rules.clone(), Consistency::Action, 1 << 12, 1).unwrap();
-        // Five hundred times the rules a second: about one update a burst or more.
-        let mut updater = Updater::new(p.flows(), 50_000.0, 3);
-        let mut run = replay(&mut p, &trace, 2, 64, &mut updater);
-        assert!(updater.done > 125, "{}", updater.done);
-        let mut check = Reference::new(&rules).unwrap();
-        check.check(&trace, 2, 64, &run);
-        assert_eq!((check.stale, run.bursts.len()), (0, 8000 / 64 + 1));
-        run.changes.clear();
-        let mut check = Reference::new(&rules).unwrap();
-        check.check(&trace, 2, 64, &run);
-        assert!(check.stale > 10, "{}", check.stale);
+        for reinsert in [false, true] {
+            let mut p =
+                Pipeline::with_rules(rules.clone(), Consistency::Action, 1 << 12, 1).unwrap();
+            // Five hundred times the rules a second: about one update a burst or more.
+            let mut updater = Updater::new(p.flows(), 50_000.0, 3);
+            updater.reinsert = reinsert;
+            let mut run = replay(&mut p, &trace, 2, 64, &mut updater);
+            assert!(updater.done > 125, "{}", updater.done);
+            let made = run.changes.iter().flat_map(|(_, c)| c);
+            assert!(
+                made.clone()
+                    .all(|c| matches!(c, Change::Reinsert(..)) == reinsert)
+            );
+            let mut check = Reference::new(&rules).unwrap();
+            check.check(&trace, 2, 64, &run);
+            assert_eq!((check.stale, run.bursts.len()), (0, 8000 / 64 + 1));
+            run.changes.clear();
+            let mut check = Reference::new(&rules).unwrap();
+            check.check(&trace, 2, 64, &run);
+            assert!(check.stale > 10, "reinsert {reinsert}: {}", check.stale);
+        }
     }
 }

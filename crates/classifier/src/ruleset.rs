@@ -2,12 +2,14 @@
 //! applies its actions (which may change the fields later tables match on) and may go on to
 //! a later table; a table miss does what the table says.
 //!
-//! Each table is searched by tuple-space search; `classify_linear` scans it in priority
-//! order instead, the reference semantics the search and the microflow cache are checked
-//! against.
+//! Each table is searched by its decision tree while it keeps one and has tuples enough
+//! for the tree to be the faster, else by tuple-space search; both follow every update.
+//! `classify_linear` scans it in priority order instead, the reference semantics the
+//! searches and the microflow cache are checked against.
 
 use crate::fields::Fields;
 use crate::rule::{Action, Pattern, Rule};
+use crate::tree::Tree;
 use crate::tuple::{Candidate, MAX_BUCKET, Tuple, mergeable, relaxed, within};
 use std::collections::HashMap;
 use std::fmt;
@@ -39,7 +41,20 @@ struct Table {
     order: std::collections::BTreeSet<Rank>,
     miss: Miss,
     tuples: Vec<Tuple>,
+    /// The decision tree over the same rules that lookups walk instead of the tuples, kept
+    /// while the table holds at most [`TREE_RULES`] rules and its rules are not copied too
+    /// often; once given up, made again only when the table is empty.
+    tree: Option<Box<Tree>>,
 }
+
+/// Rules a table's decision tree serves at most: past this the tree's inserts and memory
+/// grow faster than tuple search's, and a table this large is mostly prefixes (a FIB),
+/// which the tuples' hash lookups serve in a few probes.
+pub const TREE_RULES: usize = 8192;
+
+/// Tuples from which lookups walk the tree: below, the few hash probes cost less than
+/// the walk.
+const TREE_FROM_TUPLES: usize = 5;
 
 /// A rule's place in its table: higher priority first, among equals the one inserted
 /// first (smaller `seq`; ids are reused, so they do not say). Sorting ranks ascending
@@ -63,7 +78,16 @@ impl Rank {
 
 impl Table {
     fn add(&mut self, rank: Rank, rule: &Rule) {
+        if self.order.is_empty() {
+            self.tree = Some(Box::default());
+        }
         self.order.insert(rank);
+        if let Some(tree) = &mut self.tree {
+            tree.insert(rank, &rule.pattern);
+            if tree.too_large() || self.order.len() > TREE_RULES {
+                self.tree = None;
+            }
+        }
         let pattern = &rule.pattern;
         let t = self.tuple_for(pattern);
         let tuple = &mut self.tuples[t];
@@ -116,6 +140,9 @@ impl Table {
 
     fn take(&mut self, rank: Rank, rule: &Rule) {
         self.order.remove(&rank);
+        if let Some(tree) = &mut self.tree {
+            tree.remove(rank, &rule.pattern);
+        }
         let Some((t, key)) = self.holder(rank, &rule.pattern) else {
             return;
         };
@@ -134,6 +161,11 @@ impl Table {
 
     /// The rule matching `f`: the best ranked among matches.
     fn lookup(&self, f: &Fields) -> Option<RuleId> {
+        if let Some(tree) = &self.tree
+            && self.tuples.len() >= TREE_FROM_TUPLES
+        {
+            return tree.lookup(f).map(|r| r.id);
+        }
         let mut best: Option<Rank> = None;
         for t in &self.tuples {
             if let Some(b) = best
@@ -354,6 +386,12 @@ impl RuleSet {
         self.tables
             .get(usize::from(table))
             .map_or(0, |t| t.tuples.len())
+    }
+
+    /// Whether lookups in `table` walk its decision tree (else they search its tuples).
+    pub fn walks_tree(&self, table: u8) -> bool {
+        (self.tables.get(usize::from(table)))
+            .is_some_and(|t| t.tree.is_some() && t.tuples.len() >= TREE_FROM_TUPLES)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -811,6 +849,164 @@ mod tests {
         }
         assert_eq!(s.tables[0].tuples[0].slots().0, 7_500);
         check(&s);
+    }
+
+    /// A small generator (xorshift), so that a failing seed can be replayed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// An address of a few hosts of IPv4 (mapped) or IPv6, so that rules and packets
+    /// meet.
+    fn host(rng: &mut Rng, v6: bool) -> u128 {
+        let low = rng.below(4) << 8 | rng.below(3);
+        match v6 {
+            false => crate::fields::mapped(0xc612_0000 | low as u32),
+            true => 0x2001_0db8_u128 << 96 | u128::from(rng.below(2)) << 64 | u128::from(low),
+        }
+    }
+
+    /// A rule of random masks: prefixes of any length on both addresses (IPv4 or IPv6),
+    /// sometimes a protocol, port ranges, an in_port or a MAC bit; priorities often tied.
+    fn random_rule(rng: &mut Rng) -> Rule {
+        let v6 = rng.below(4) == 0;
+        let bits = if v6 { 128 } else { 32 };
+        let mut p = Pattern::ANY;
+        p.mask.eth_type = 0xffff;
+        p.value.eth_type = if v6 { 0x86dd } else { 0x0800 };
+        for (mask, value) in [
+            (&mut p.mask.ip_src, &mut p.value.ip_src),
+            (&mut p.mask.ip_dst, &mut p.value.ip_dst),
+        ] {
+            if rng.below(4) != 0 {
+                let len = rng.below(bits + 1) as u32;
+                *mask = u128::MAX.checked_shl(bits as u32 - len).unwrap_or(0)
+                    | if v6 { 0 } else { u128::MAX << 32 };
+                *value = host(rng, v6);
+            }
+        }
+        if rng.below(2) == 0 {
+            p.mask.ip_proto = 0xff;
+            p.value.ip_proto = [6, 17][rng.below(2) as usize];
+        }
+        if rng.below(3) == 0 {
+            let (a, b) = (rng.below(1100) as u16, rng.below(1100) as u16);
+            p.tp_dst = (a.min(b), a.max(b));
+        }
+        if rng.below(6) == 0 {
+            p.mask.in_port = u16::MAX;
+            p.value.in_port = rng.below(3) as u16;
+        }
+        if rng.below(10) == 0 {
+            p.mask.eth_dst = 1 << 40;
+            p.value.eth_dst = rng.below(2) << 40;
+        }
+        Rule {
+            priority: rng.below(8) as u16,
+            pattern: p.normalized(),
+            actions: vec![Action::Output(rng.below(4) as u16)],
+            ..parse_rule("actions=drop").unwrap()
+        }
+    }
+
+    fn random_packet(rng: &mut Rng) -> Fields {
+        let v6 = rng.below(4) == 0;
+        Fields {
+            in_port: rng.below(3) as u16,
+            eth_dst: rng.below(2) << 40,
+            eth_type: if v6 { 0x86dd } else { 0x0800 },
+            ip_src: host(rng, v6),
+            ip_dst: host(rng, v6),
+            ip_proto: [6, 17, 1][rng.below(3) as usize],
+            tp_src: rng.below(1100) as u16,
+            tp_dst: rng.below(1100) as u16,
+            ..Fields::default()
+        }
+    }
+
+    /// The decision tree agrees with the rules one by one: rules of many masks come, a
+    /// third go, more come, and at each point every packet gets the rule the linear scan
+    /// gives; and it is the tree that answers (the table keeps one, with tuples enough
+    /// to walk it).
+    #[test]
+    fn the_decision_tree_agrees_with_the_rules_one_by_one() {
+        for seed in 1..=6u64 {
+            let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
+            let mut s = RuleSet::new(1);
+            let check = |s: &RuleSet, rng: &mut Rng| {
+                assert!(s.tables[0].tree.is_some(), "seed {seed}: the tree was kept");
+                assert!(
+                    s.tuples(0) >= TREE_FROM_TUPLES,
+                    "seed {seed}: {}",
+                    s.tuples(0)
+                );
+                for _ in 0..3000 {
+                    let p = random_packet(rng);
+                    assert_eq!(s.classify(&p), s.classify_linear(&p), "seed {seed}: {p:?}");
+                }
+            };
+            let mut ids: Vec<RuleId> = (0..400)
+                .map(|_| s.insert(random_rule(&mut rng)).unwrap())
+                .collect();
+            check(&s, &mut rng);
+            for id in ids.iter().step_by(3) {
+                assert!(s.remove(*id));
+            }
+            check(&s, &mut rng);
+            ids.extend((0..200).map(|_| s.insert(random_rule(&mut rng)).unwrap()));
+            check(&s, &mut rng);
+        }
+    }
+
+    /// Rules that each fix a different half of many bits part at every split but copy
+    /// the other half: the tree gives up before its copies pass their bound, the tuples
+    /// answer alone (and rightly), and a table emptied starts a tree again.
+    #[test]
+    fn a_tree_copying_too_much_is_given_up_and_made_again_once_the_table_empties() {
+        let mut rng = Rng(77);
+        let mut s = RuleSet::new(1);
+        let mut ids = Vec::new();
+        for _ in 0..600 {
+            let mut p = Pattern::ANY;
+            p.mask.eth_src = rng.next() & 0xffff_ffff_ffff;
+            p.value.eth_src = rng.next();
+            p.mask.eth_dst = rng.next() & 0xffff_ffff_ffff;
+            p.value.eth_dst = rng.next();
+            let rule = Rule {
+                priority: rng.below(100) as u16,
+                pattern: p.normalized(),
+                ..parse_rule("actions=drop").unwrap()
+            };
+            ids.push(s.insert(rule).unwrap());
+        }
+        assert!(s.tables[0].tree.is_none(), "the tree was given up");
+        for _ in 0..2000 {
+            let p = Fields {
+                eth_src: rng.next() & 0xffff_ffff_ffff,
+                eth_dst: rng.next() & 0xffff_ffff_ffff,
+                ..Fields::default()
+            };
+            assert_eq!(s.classify(&p), s.classify_linear(&p));
+        }
+        for id in ids {
+            assert!(s.remove(id));
+        }
+        s.insert(parse_rule("priority=1,ip,actions=drop").unwrap())
+            .unwrap();
+        assert!(
+            s.tables[0].tree.is_some(),
+            "a new tree for the emptied table"
+        );
     }
 
     #[test]

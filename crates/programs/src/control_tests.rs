@@ -798,7 +798,7 @@ fn rules_past_the_memory_budget_are_refused_whole() {
         stateplane_mem::budget::scope(budget(u64::MAX), || build("pipeline", Some(&table), &names));
     let copies = WORKERS as u64 + 1;
     let room_for_100_more =
-        copies * (Pipeline::bytes_for_rules(101) - Pipeline::bytes_for_rules(1));
+        copies * (Pipeline::bytes_for_rules(101, 1) - Pipeline::bytes_for_rules(1, 1));
     let frame = crate::testutil::udp_frame("198.19.7.9", 64);
     let sw = Switch::start_within("pipeline", config, frame, at_load.bytes + room_for_100_more);
     let add = |from: usize, count: usize| {

@@ -42,8 +42,8 @@ use serde::Deserialize;
 use stateplane_classifier::Timeout;
 use stateplane_classifier::apply::{self, ApplyError, VlanChange};
 use stateplane_classifier::{
-    CachedPipeline, Consistency, Fields, Miss, Pattern, Probe, Rule, RuleId, RuleSet, format_rule,
-    parse_rule, parse_rule_warning,
+    CachedPipeline, Consistency, Fields, Miss, Pattern, Probe, Rule, RuleId, RuleSet,
+    TREE_BYTES_A_RULE, TREE_RULES, format_rule, parse_rule, parse_rule_warning,
 };
 use stateplane_mem::budget::{Allowance, Growth, OverBudget};
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
@@ -166,6 +166,8 @@ pub const BYTES_AN_ACTION: u64 = 64;
 /// and the actions beyond [`ACTIONS_IN_A_RULE`] any rule was given.
 struct RuleBudget {
     held: Mutex<RulesHeld>,
+    /// The pipeline's tables (each may keep a decision tree).
+    tables: usize,
     /// Rules the workers hold now (each worker's copy has the same rules).
     now: AtomicUsize,
 }
@@ -178,8 +180,9 @@ struct RulesHeld {
 }
 
 impl RuleBudget {
-    fn new(growth: Growth) -> RuleBudget {
+    fn new(growth: Growth, tables: usize) -> RuleBudget {
         RuleBudget {
+            tables,
             held: Mutex::new(RulesHeld {
                 allowance: Allowance::new(growth),
                 most: 0,
@@ -196,7 +199,7 @@ impl RuleBudget {
         let most = held.most.max(self.now.load(Ordering::Relaxed) + rules);
         let extra = held.extra_actions + extra_actions;
         let copies = held.allowance.copies();
-        let bytes = Pipeline::bytes_for_rules(most) + BYTES_AN_ACTION * extra;
+        let bytes = Pipeline::bytes_for_rules(most, self.tables) + BYTES_AN_ACTION * extra;
         held.allowance.cover(
             || format!("{most} rules in a pipeline"),
             bytes.saturating_mul(copies),
@@ -314,11 +317,14 @@ impl Pipeline {
     /// What `rules` rules of up to [`ACTIONS_IN_A_RULE`] actions take in one copy of a
     /// pipeline: measured by the allocator over several rule shapes
     /// (`tests/rule_memory.rs`) and rounded up: 2 KiB a rule (its copy, its index
-    /// entries and its tuple's, with hash maps' spare room), 4 KiB for the first.
-    pub fn bytes_for_rules(rules: usize) -> u64 {
+    /// entries and its tuple's, with hash maps' spare room), 4 KiB for the first, and what
+    /// the decision trees of `tables` tables may hold for their rules
+    /// ([`TREE_BYTES_A_RULE`] each, for at most [`TREE_RULES`] rules a table).
+    pub fn bytes_for_rules(rules: usize, tables: usize) -> u64 {
+        let in_trees = rules.min(TREE_RULES.saturating_mul(tables)) as u64;
         match rules {
             0 => 0,
-            n => 4096 + 2048 * n as u64,
+            n => 4096 + 2048 * n as u64 + TREE_BYTES_A_RULE as u64 * in_trees,
         }
     }
 
@@ -416,6 +422,7 @@ impl Pipeline {
         entries: usize,
         ways: usize,
     ) -> Result<Self, String> {
+        let tables = rules.tables();
         let flows = CachedPipeline::new(rules, mode, entries, ways, crate::table_seed())
             .map_err(|e| e.to_string())?;
         Ok(Pipeline {
@@ -426,7 +433,7 @@ impl Pipeline {
             batch: Vec::new(),
             timers: Arc::default(),
             expired: Vec::new(),
-            rule_budget: Arc::new(RuleBudget::new(Growth::of_scope())),
+            rule_budget: Arc::new(RuleBudget::new(Growth::of_scope(), tables)),
         })
     }
 

@@ -26,7 +26,7 @@ type RuleText = fn(usize) -> String;
 
 #[test]
 fn the_budget_is_told_at_least_what_rules_take() {
-    let shapes: [(&str, RuleText); 5] = [
+    let shapes: [(&str, RuleText); 6] = [
         ("five-tuple with ranges", |i| {
             format!(
                 "priority={},tcp,nw_src=198.18.{}.{}/32,nw_dst=198.19.0.0/16,tp_dst={}-{},actions=output:1",
@@ -65,6 +65,29 @@ fn the_budget_is_told_at_least_what_rules_take() {
                 i / 33 % 33
             )
         }),
+        (
+            "bits of MACs of their own (the decision tree's most copies)",
+            |i| {
+                let bits = |seed: usize| {
+                    let b = (seed as u64 + 1)
+                        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                        .to_be_bytes();
+                    b[2..]
+                        .iter()
+                        .map(|o| format!("{o:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":")
+                };
+                format!(
+                    "priority={},dl_src={}/{},dl_dst={}/{},actions=output:0",
+                    i % 60_000,
+                    bits(i * 4),
+                    bits(i * 4 + 1),
+                    bits(i * 4 + 2),
+                    bits(i * 4 + 3)
+                )
+            },
+        ),
         ("twelve actions", |i| {
             format!(
                 "priority={},udp,tp_src={},actions=dec_ttl,mod_tp_dst:53,mod_nw_dst:198.19.0.1,mod_dl_dst:02:00:00:00:00:09,mod_vlan_vid:7,strip_vlan,mod_tp_src:9,output:0,output:1,output:2,output:3,dec_ttl",
@@ -86,7 +109,7 @@ fn the_budget_is_told_at_least_what_rules_take() {
             let extra: usize = (texts.iter())
                 .map(|t| actions(t).saturating_sub(ACTIONS_IN_A_RULE))
                 .sum();
-            let told = Pipeline::bytes_for_rules(n) + BYTES_AN_ACTION * extra as u64;
+            let told = Pipeline::bytes_for_rules(n, 2) + BYTES_AN_ACTION * extra as u64;
             let (full, bytes) = held_by(|| pipeline(&texts));
             let what = format!("{shape}, {n} rules");
             assert_told_enough(&what, told, bytes - base, 4);
