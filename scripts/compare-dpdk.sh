@@ -107,7 +107,7 @@ conntrack=$(sp_rate conntrack)
   echo "experiment,system,configuration,rate_millions_per_s"
   echo "classification,dpdk-acl,default (vector) code,${acl_rate[default]}"
   echo "classification,dpdk-acl,scalar code,${acl_rate[scalar]}"
-  echo "classification,stateplane,merged tuples (cache off),$sp_lookups"
+  echo "classification,stateplane,classifier (cache off),$sp_lookups"
   echo "forwarding,dpdk-testpmd,io,${pmd_rate[io]}"
   echo "forwarding,dpdk-testpmd,5tswap,${pmd_rate[5tswap]}"
   echo "forwarding,stateplane,forward,$forward"

@@ -4,8 +4,10 @@
 //! Owns: `bench` (Mpps per core on an in-memory replay), `bench_addonmiss`,
 //! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_sync` (the sync
 //! cores' rate experiment, in virtual time), `bench_tables`,
-//! `lab_bench` (real TCP through a lab); what they share: [`statistics`] (median,
-//! percentiles), [`results`] (the CSV and chart files) and `chart` (SVG bar charts).
+//! `lab_bench` (real TCP through a lab), `draw` (`stateplane chart`: a script's CSV as
+//! a chart); what they share: [`statistics`] (median, percentiles), [`results`] (the CSV
+//! and chart files), `chart` (SVG bar charts) and [`classbench`] (rules and keys in
+//! ClassBench's formats, for DPDK's classifier).
 //!
 //! Must never: be on a packet path (it drives the runtime and the programs as a user
 //! would), or report a figure without the input it used.
