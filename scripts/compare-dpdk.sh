@@ -20,11 +20,8 @@
 # chart beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ "$(id -u)" -eq 0 ] || { echo "error: run as root (huge pages for DPDK)" >&2; exit 1; }
 bash scripts/setup.sh dpdk-testpmd:dpdk-dev dpdk-test-acl:dpdk-dev
-export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --quiet
-sp=$PWD/target/release/stateplane
+source scripts/dpdk-env.sh
 
 packets=${PACKETS:-2000000}
 replay=${REPLAY_PACKETS:-200000}
@@ -34,15 +31,12 @@ rounds=${ROUNDS:-3}
 out=${OUT:-out/compare-dpdk.csv}
 mkdir -p "$(dirname "$out")"
 dir=$(mktemp -d /tmp/sp-dpdk.XXXXXX)
-hugepages=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
-pages_before=$(cat $hugepages)
 cleanup() {
-  echo "$pages_before" > $hugepages
+  huge_pages_restore
   rm -rf "$dir"
 }
 trap cleanup EXIT
-echo 512 > $hugepages
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
+huge_pages 512
 eal=(--no-pci --log-level=lib.eal:error --file-prefix "sp-dpdk-$$")
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 

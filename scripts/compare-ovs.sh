@@ -27,9 +27,7 @@ if [ ! -x "$vswitchd" ]; then
 fi
 [ -x "$vswitchd" ] || { echo "error: $vswitchd is missing after installing openvswitch-switch-dpdk" >&2; exit 1; }
 bash scripts/setup.sh ip:iproute2
-export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --quiet
-sp=$PWD/target/release/stateplane
+source scripts/dpdk-env.sh
 
 packets=${PACKETS:-200000}
 acl=${ACL_RULES:-500}
@@ -39,8 +37,6 @@ out=${OUT:-out/compare-ovs.csv}
 mkdir -p "$(dirname "$out")"
 dir=$(mktemp -d /tmp/sp-ovs.XXXXXX)
 ns=sp-ovs-$$
-hugepages=/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
-pages_before=$(cat $hugepages)
 
 cleanup() {
   for pid in "$dir/ovs-vswitchd.pid" "$dir/ovsdb-server.pid"; do
@@ -48,7 +44,7 @@ cleanup() {
   done
   sleep 1
   ip netns del "$ns" 2>/dev/null || true
-  echo "$pages_before" > $hugepages
+  huge_pages_restore
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -59,8 +55,7 @@ $sp bench-pipeline --write-rules "$dir/rules.txt" --ovs-compatible --acl-rules "
 echo "$(wc -l < "$dir/rules.txt") rules in 2 tables"
 
 echo "== Open vSwitch (DPDK userspace datapath, one PMD core)"
-echo 512 > $hugepages
-mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }
+huge_pages 512
 ip netns add "$ns"
 in_ns() { ip netns exec "$ns" env OVS_RUNDIR="$dir" OVS_DBDIR="$dir" OVS_LOGDIR="$dir" "$@"; }
 vsctl() { in_ns ovs-vsctl --db="unix:$dir/db.sock" "$@"; }

@@ -734,23 +734,7 @@ mod tests {
     use crate::rule::{Action, Pattern, SetField};
     use crate::ruleset::Miss;
 
-    /// A small generator (xorshift) so a failing seed can be replayed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-            items[self.below(items.len() as u64) as usize]
-        }
-    }
+    use crate::testing::Rng;
 
     const TABLES: u8 = 3;
     /// Field values packets and rules draw from, so that rules overlap and packets fall on

@@ -19,6 +19,8 @@ pub mod fields;
 pub mod rule;
 pub mod rule_text;
 pub mod ruleset;
+#[cfg(test)]
+mod testing;
 mod tree;
 mod tuple;
 

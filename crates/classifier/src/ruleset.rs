@@ -851,20 +851,7 @@ mod tests {
         check(&s);
     }
 
-    /// A small generator (xorshift), so that a failing seed can be replayed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::testing::Rng;
 
     /// An address of a few hosts of IPv4 (mapped) or IPv6, so that rules and packets
     /// meet.
