@@ -1,6 +1,7 @@
 //! Every target's checked-in corpus and past crashes through the fuzz bodies, on stable:
 //! what `cargo fuzz` found once stays found. `write_seeds` (ignored; run it with
-//! `--ignored`) writes the seed corpus from the project's own encoders and examples.
+//! `--ignored`) writes the seed corpus from the project's own encoders and examples; the
+//! same writer runs in every suite into a scratch directory, compared with the corpus.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -38,31 +39,47 @@ fn every_target_runs_its_corpus_and_past_crashes() {
     }
 }
 
-/// Writes the seed corpus into `fuzz/corpus/`: run by name after an encoder, the generator
-/// or an example changes (`every_seed_is_in_the_checked_in_corpus` then fails until it is).
-#[test]
-#[ignore = "writes into the checked-in fuzz/corpus; run by name (docs/HARDENING.md)"]
-fn write_seeds() {
+/// Writes every seed as `root/TARGET/NAME`, returning the files written.
+fn write_seeds_into(root: &Path) -> Vec<PathBuf> {
+    let mut written = Vec::new();
     seeds(|target, name, data| {
-        let d = dir("corpus", target);
+        let d = root.join(target);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(d.join(name), data).unwrap();
+        written.push(Path::new(target).join(name));
     });
+    written
 }
 
-/// The checked-in corpus holds every seed as the project's encoders make it today.
+/// Writes the seed corpus into `fuzz/corpus/`: run by name after an encoder, the generator
+/// or an example changes (`every_seed_is_in_the_checked_in_corpus`, which runs the same
+/// writer into a directory of its own in every suite run, then fails until it is).
+#[test]
+#[ignore = "writes into the checked-in fuzz/corpus; run by name (docs/HARDENING.md); its writer runs in every suite through every_seed_is_in_the_checked_in_corpus"]
+fn write_seeds() {
+    write_seeds_into(&Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
+}
+
+/// The checked-in corpus holds every seed as the project's encoders make it today: the
+/// seeds are written as `write_seeds` writes them, into a directory of this test's own,
+/// and each file compared.
 #[test]
 fn every_seed_is_in_the_checked_in_corpus() {
-    seeds(|target, name, data| {
-        let file = dir("corpus", target).join(name);
-        let held = std::fs::read(&file).unwrap_or_default();
+    let scratch = std::env::temp_dir().join(format!("stateplane-seeds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let written = write_seeds_into(&scratch);
+    assert!(written.len() > 20, "{} seeds written", written.len());
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    for file in &written {
+        let held = std::fs::read(corpus.join(file)).unwrap_or_default();
         assert!(
-            held == data,
+            held == std::fs::read(scratch.join(file)).unwrap(),
             "{} is missing or stale: run `cargo test -p stateplane-fuzz --test corpus -- \
              --ignored write_seeds`",
-            file.display()
+            corpus.join(file).display()
         );
-    });
+    }
+    std::fs::remove_dir_all(&scratch).unwrap();
 }
 
 /// A seed corpus: valid inputs of every kind, from the project's own encoders, examples
