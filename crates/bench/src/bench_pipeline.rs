@@ -64,8 +64,8 @@ pub struct BenchPipelineArgs {
     /// What an update does: `modify` gives a rule new actions; `reinsert` deletes a rule
     /// and adds it again with them (the classifier's inserts and removes, and the cache's
     /// invalidation of both).
-    #[arg(long, default_value = "modify", value_parser = ["modify", "reinsert"])]
-    pub update_kind: String,
+    #[arg(long, value_enum, default_value_t = UpdateKind::Modify)]
+    pub update_kind: UpdateKind,
     /// Table counts of the tables experiment (internet trace only, no updates).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     pub tables: Vec<usize>,
@@ -108,6 +108,13 @@ pub struct BenchPipelineArgs {
     pub files: ResultFiles,
 }
 
+/// What the update experiment does to a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpdateKind {
+    Modify,
+    Reinsert,
+}
+
 /// One measurement's result.
 struct Row {
     experiment: &'static str,
@@ -144,6 +151,19 @@ struct Row {
 struct Trace {
     bytes: Vec<u8>,
     frames: Vec<(usize, usize)>,
+}
+
+impl Trace {
+    /// Each frame's fields as the pipeline reads them and its flow hash; none for a frame
+    /// that does not parse.
+    fn keys(&self) -> impl Iterator<Item = Option<(Fields, u64)>> + '_ {
+        let hasher = FlowHasher::with_seed(7);
+        self.frames.iter().map(move |&(at, len)| {
+            let frame = &self.bytes[at..at + len];
+            let parsed = stateplane_wire::parse(frame, 0, &hasher).ok()?;
+            Some((Fields::of(&parsed, frame, 0), parsed.hash))
+        })
+    }
 }
 
 /// A capture file's frames, in memory.
@@ -299,8 +319,7 @@ fn rule_set(a: &BenchPipelineArgs, tables: usize) -> BenchResult<RuleSet> {
 struct Updater {
     ids: Vec<RuleId>,
     per_second: f64,
-    /// Reinsert rules rather than modify them.
-    reinsert: bool,
+    kind: UpdateKind,
     done: u64,
     /// How long each update held the worker.
     took_ns: Vec<u64>,
@@ -312,7 +331,7 @@ impl Updater {
         let ids: Vec<RuleId> = flows.rules().rules().map(|(id, _)| id).collect();
         Updater {
             per_second: ids.len() as f64 * pct / 100.0,
-            reinsert: false,
+            kind: UpdateKind::Modify,
             ids,
             done: 0,
             took_ns: Vec::new(),
@@ -336,7 +355,7 @@ impl Updater {
                         other => other,
                     })
                     .collect();
-                if self.reinsert {
+                if self.kind == UpdateKind::Reinsert {
                     let rule = Rule {
                         actions,
                         ..rule.clone()
@@ -511,11 +530,7 @@ fn replay(
 /// Writes `rules` (rule lines in rank order), `trace` (the trace's IPv4 keys) and
 /// `expected` (for each key, the line of `rules` it matches here from 0, or 4294967295
 /// for none, as dpdk-test-acl prints its results) in ClassBench's formats to `dir`.
-fn write_classbench(
-    dir: &std::path::Path,
-    a: &BenchPipelineArgs,
-    rules: &RuleSet,
-) -> BenchResult<()> {
+fn write_classbench(dir: &std::path::Path, trace: &Trace, rules: &RuleSet) -> BenchResult<()> {
     let fail = |e: std::io::Error| format!("--write-classbench {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(fail)?;
     let mut rule_text = String::new();
@@ -526,15 +541,10 @@ fn write_classbench(
         rule_text.push('\n');
         line_of.insert(id, at as u32);
     }
-    let trace = load_trace("", a)?;
-    let hasher = FlowHasher::with_seed(7);
     let (mut trace_text, mut expected) = (String::new(), String::new());
     let (mut keys, mut left_out) = (0u64, 0u64);
-    for &(at, len) in &trace.frames {
-        let frame = &trace.bytes[at..at + len];
-        let line = (stateplane_wire::parse(frame, 0, &hasher).ok())
-            .map(|parsed| Fields::of(&parsed, frame, 0))
-            .and_then(|k| Some((classbench::trace_line(&k)?, k)));
+    for key in trace.keys() {
+        let line = key.and_then(|(k, _)| Some((classbench::trace_line(&k)?, k)));
         let Some((line, k)) = line else {
             left_out += 1;
             continue;
@@ -574,16 +584,11 @@ fn lookups(
     rules: &RuleSet,
     modes: &[Consistency],
 ) -> BenchResult<Vec<Row>> {
-    let hasher = FlowHasher::with_seed(7);
     let mut keys: Vec<Fields> = Vec::new();
     let mut shards: [Vec<Fields>; 2] = [Vec::new(), Vec::new()];
-    for &(at, len) in &trace.frames {
-        let frame = &trace.bytes[at..at + len];
-        if let Ok(parsed) = stateplane_wire::parse(frame, 0, &hasher) {
-            let k = Fields::of(&parsed, frame, 0);
-            keys.push(k);
-            shards[stateplane_wire::flow::shard_of(parsed.hash, 2)].push(k);
-        }
+    for (k, hash) in trace.keys().flatten() {
+        keys.push(k);
+        shards[stateplane_wire::flow::shard_of(hash, 2)].push(k);
     }
     let balance = keys.len() as f64 / shards.iter().map(Vec::len).max().unwrap_or(1).max(1) as f64;
     let fresh = |mode| {
@@ -776,7 +781,7 @@ fn measure(
             }
             let mut p = fresh()?;
             let mut updater = Updater::new(p.flows(), update_pct, a.seed + r as u64);
-            updater.reinsert = a.update_kind == "reinsert";
+            updater.kind = a.update_kind;
             let run = replay(&mut p, trace, loops, a.burst, &mut updater);
             if update_pct > 0.0 {
                 let mut check = Reference::new(rules)?;
@@ -936,12 +941,12 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
         None => rule_set(&a, 2)?,
     };
     if let Some(dir) = &a.write_classbench {
-        return write_classbench(dir, &a, &two);
+        return write_classbench(dir, &load_trace("", &a)?, &two);
     }
     let tuples: Vec<String> = (0..two.tables() as u8)
-        .map(|t| {
-            let tree = if two.walks_tree(t) { " and a tree" } else { "" };
-            format!("{} tuples{tree}", two.tuples(t))
+        .map(|t| match two.tree_shape(t) {
+            Some(shape) => format!("{} tuples and a tree: {shape}", two.tuples(t)),
+            None => format!("{} tuples", two.tuples(t)),
         })
         .collect();
     let plural =
@@ -975,10 +980,10 @@ pub fn main(a: BenchPipelineArgs) -> BenchResult<()> {
             vec![0.0]
         };
         for &rate in &rates {
-            let experiment = match (rate == 0.0, a.update_kind.as_str()) {
+            let experiment = match (rate == 0.0, a.update_kind) {
                 (true, _) => "speedup",
-                (false, "reinsert") => "reinserts",
-                (false, _) => "updates",
+                (false, UpdateKind::Reinsert) => "reinserts",
+                (false, UpdateKind::Modify) => "updates",
             };
             rows.extend(measure(
                 &a, experiment, workload, &trace, &two, &modes, rate,
@@ -1202,6 +1207,39 @@ mod tests {
         }
     }
 
+    /// `--write-classbench` writes every rule and every IPv4 key, each key with the line of
+    /// the rule it matches here; rules of more than one table are refused, named.
+    #[test]
+    fn classbench_files_hold_every_rule_and_key_with_its_verdict() {
+        let a = args();
+        let trace = load_trace("internet", &a).unwrap();
+        let dir = std::env::temp_dir().join(format!("stateplane-cb-{}", std::process::id()));
+        let rules = rule_set(&a, 1).unwrap();
+        write_classbench(&dir, &trace, &rules).unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        let (rule_text, keys, expected) = (read("rules"), read("trace"), read("expected"));
+        assert_eq!(rule_text.lines().count(), rules.len());
+        assert!(rule_text.lines().all(|l| l.starts_with('@')));
+        let ipv4: Vec<Fields> = (trace.keys().flatten())
+            .map(|(k, _)| k)
+            .filter(|k| k.eth_type == 0x0800)
+            .collect();
+        assert_eq!(keys.lines().count(), ipv4.len());
+        assert_eq!(expected.lines().count(), ipv4.len());
+        let lines: Vec<(RuleId, &Rule)> = rules.rules().collect();
+        for (k, line) in ipv4.into_iter().zip(expected.lines()) {
+            let want = rules.classify(&k).rules.first().copied();
+            let at: u32 = line.parse().unwrap();
+            assert_eq!(lines.get(at as usize).map(|(id, _)| *id), want, "{k:?}");
+        }
+        let e = write_classbench(&dir, &trace, &rule_set(&a, 2).unwrap()).unwrap_err();
+        assert!(
+            e.contains("--write-classbench") && e.contains("no tables"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// The update experiment's check finds no stale burst where the cache followed every
     /// update, modified or reinserted, and finds them where the reference is not told of
     /// the updates (as a cache that missed them would look).
@@ -1210,26 +1248,24 @@ mod tests {
         let a = args();
         let trace = load_trace("internet", &a).unwrap();
         let rules = rule_set(&a, 2).unwrap();
-        for reinsert in [false, true] {
+        for kind in [UpdateKind::Modify, UpdateKind::Reinsert] {
             let mut p =
                 Pipeline::with_rules(rules.clone(), Consistency::Action, 1 << 12, 1).unwrap();
             // Five hundred times the rules a second: about one update a burst or more.
             let mut updater = Updater::new(p.flows(), 50_000.0, 3);
-            updater.reinsert = reinsert;
+            updater.kind = kind;
             let mut run = replay(&mut p, &trace, 2, 64, &mut updater);
             assert!(updater.done > 125, "{}", updater.done);
-            let made = run.changes.iter().flat_map(|(_, c)| c);
-            assert!(
-                made.clone()
-                    .all(|c| matches!(c, Change::Reinsert(..)) == reinsert)
-            );
+            let reinserts = kind == UpdateKind::Reinsert;
+            let mut made = run.changes.iter().flat_map(|(_, c)| c);
+            assert!(made.all(|c| matches!(c, Change::Reinsert(..)) == reinserts));
             let mut check = Reference::new(&rules).unwrap();
             check.check(&trace, 2, 64, &run);
             assert_eq!((check.stale, run.bursts.len()), (0, 8000 / 64 + 1));
             run.changes.clear();
             let mut check = Reference::new(&rules).unwrap();
             check.check(&trace, 2, 64, &run);
-            assert!(check.stale > 10, "reinsert {reinsert}: {}", check.stale);
+            assert!(check.stale > 10, "{kind:?}: {}", check.stale);
         }
     }
 }

@@ -5,8 +5,8 @@
 //! ([`rule`]); their one-rule-per-line text format ([`rule_text`]); the walk through
 //! numbered tables ([`ruleset`]), each searched by a decision tree (`tree`) or by merged
 //! tuples with an index each (`tuple`), with the reference scan that every faster
-//! classifier and the cache must agree with; the microflow cache's structure ([`cache`]: sets of 1, 2 or 4 ways, signatures,
-//! pseudo-LRU); and the cached pipeline in front of the rules ([`cached`]: the Action
+//! classifier and the cache must agree with; the microflow cache's structure ([`cache`]:
+//! sets of 1, 2 or 4 ways, signatures, pseudo-LRU); and the cached pipeline in front of the rules ([`cached`]: the Action
 //! Table and the consistency modes); [`apply`] puts a walk's actions onto a packet.
 //!
 //! Must never: read a clock, allocate on a cache hit, or give a packet processed after an
@@ -30,4 +30,4 @@ pub use fields::Fields;
 pub use rule::{Action, Pattern, Rule, SetField};
 pub use rule_text::{RuleParseError, RuleWarning, format_rule, parse_rule, parse_rule_warning};
 pub use ruleset::{Miss, Outcome, RuleError, RuleId, RuleSet, TREE_RULES};
-pub use tree::BYTES_A_RULE as TREE_BYTES_A_RULE;
+pub use tree::{BYTES_A_RULE as TREE_BYTES_A_RULE, TreeShape};

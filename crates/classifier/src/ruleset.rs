@@ -9,7 +9,7 @@
 
 use crate::fields::Fields;
 use crate::rule::{Action, Pattern, Rule};
-use crate::tree::Tree;
+use crate::tree::{Tree, TreeShape};
 use crate::tuple::{Candidate, MAX_BUCKET, Tuple, mergeable, relaxed, within};
 use std::collections::HashMap;
 use std::fmt;
@@ -159,11 +159,14 @@ impl Table {
         self.tuples.sort_by_key(|t| std::cmp::Reverse(t.best));
     }
 
+    /// The tree lookups walk, if they walk one.
+    fn walked_tree(&self) -> Option<&Tree> {
+        (self.tree.as_deref()).filter(|_| self.tuples.len() >= TREE_FROM_TUPLES)
+    }
+
     /// The rule matching `f`: the best ranked among matches.
     fn lookup(&self, f: &Fields) -> Option<RuleId> {
-        if let Some(tree) = &self.tree
-            && self.tuples.len() >= TREE_FROM_TUPLES
-        {
+        if let Some(tree) = self.walked_tree() {
             return tree.lookup(f).map(|r| r.id);
         }
         let mut best: Option<Rank> = None;
@@ -388,10 +391,12 @@ impl RuleSet {
             .map_or(0, |t| t.tuples.len())
     }
 
-    /// Whether lookups in `table` walk its decision tree (else they search its tuples).
-    pub fn walks_tree(&self, table: u8) -> bool {
+    /// The shape of the decision tree lookups in `table` walk; none where they search its
+    /// tuples.
+    pub fn tree_shape(&self, table: u8) -> Option<TreeShape> {
         (self.tables.get(usize::from(table)))
-            .is_some_and(|t| t.tree.is_some() && t.tuples.len() >= TREE_FROM_TUPLES)
+            .and_then(Table::walked_tree)
+            .map(Tree::shape)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -931,11 +936,10 @@ mod tests {
             let mut rng = Rng(seed * 0x9e37_79b9_7f4a_7c15);
             let mut s = RuleSet::new(1);
             let check = |s: &RuleSet, rng: &mut Rng| {
-                assert!(s.tables[0].tree.is_some(), "seed {seed}: the tree was kept");
+                let shape = s.tree_shape(0).expect("the tree is kept and walked");
                 assert!(
-                    s.tuples(0) >= TREE_FROM_TUPLES,
-                    "seed {seed}: {}",
-                    s.tuples(0)
+                    shape.leaves > 1 && shape.leaves_a_rule >= 1.0,
+                    "seed {seed}: {shape}"
                 );
                 for _ in 0..3000 {
                     let p = random_packet(rng);

@@ -115,6 +115,33 @@ impl Default for Tree {
 
 const SLOT_BYTES: usize = std::mem::size_of::<u32>();
 
+/// What a tree looks like: its leaves, their depth (mean and most), the rules a leaf
+/// holds (mean and most), and the leaves a rule is in on average.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TreeShape {
+    pub leaves: usize,
+    pub mean_depth: f64,
+    pub max_depth: usize,
+    pub mean_leaf: f64,
+    pub max_leaf: usize,
+    pub leaves_a_rule: f64,
+}
+
+impl std::fmt::Display for TreeShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} leaves at depth {:.1} ({} at most) of {:.1} rules ({} at most), a rule in {:.1}",
+            self.leaves,
+            self.mean_depth,
+            self.max_depth,
+            self.mean_leaf,
+            self.max_leaf,
+            self.leaves_a_rule
+        )
+    }
+}
+
 impl Tree {
     /// The best ranked rule matching `f`.
     #[inline]
@@ -133,6 +160,30 @@ impl Tree {
                         .map(|e| e.rank);
                 }
             }
+        }
+    }
+
+    pub fn shape(&self) -> TreeShape {
+        let (mut leaves, mut depths, mut max_depth, mut places, mut max_leaf) = (0, 0, 0, 0, 0);
+        let mut stack = vec![(0usize, 0usize)];
+        while let Some((at, depth)) = stack.pop() {
+            match &self.nodes[at] {
+                Node::Split { next, .. } => {
+                    stack.extend(next.iter().map(|&n| (n as usize, depth + 1)));
+                }
+                Node::Leaf(slots, _) => {
+                    (leaves, depths, places) = (leaves + 1, depths + depth, places + slots.len());
+                    (max_depth, max_leaf) = (max_depth.max(depth), max_leaf.max(slots.len()));
+                }
+            }
+        }
+        TreeShape {
+            leaves,
+            mean_depth: depths as f64 / leaves as f64,
+            max_depth,
+            mean_leaf: places as f64 / leaves as f64,
+            max_leaf,
+            leaves_a_rule: places as f64 / self.rules.max(1) as f64,
         }
     }
 
@@ -297,4 +348,42 @@ fn best_bit(entries: &[&Entry]) -> Option<(usize, u32)> {
         }
     }
     best.map(|(_, at)| at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ruleset::RuleId;
+
+    /// An empty tree is one leaf; rules that each fix a different address split it without
+    /// a copy, and a rule open on every bit joins every leaf.
+    #[test]
+    fn a_trees_shape_counts_its_leaves_depths_and_copies() {
+        let mut t = Tree::default();
+        let empty = t.shape();
+        assert_eq!((empty.leaves, empty.max_depth, empty.max_leaf), (1, 0, 0));
+        let rank = |n: u32| Rank {
+            priority: std::cmp::Reverse(1),
+            seq: u64::from(n),
+            id: RuleId(n),
+        };
+        for n in 0..32u32 {
+            let mut p = Pattern::ANY;
+            p.mask.ip_dst = u128::MAX;
+            p.value.ip_dst = u128::from(n);
+            t.insert(rank(n), &p);
+        }
+        let split = t.shape();
+        assert!(split.leaves >= 4 && split.max_leaf <= LEAF_RULES, "{split}");
+        assert_eq!(split.leaves_a_rule, 1.0, "{split}");
+        t.insert(rank(99), &Pattern::ANY);
+        let open = t.shape();
+        // Each fixed rule in one leaf, the open one in all (which may have split again).
+        assert!(open.leaves >= split.leaves);
+        assert_eq!(
+            open.leaves_a_rule,
+            (32 + open.leaves) as f64 / 33.0,
+            "{open}"
+        );
+    }
 }
