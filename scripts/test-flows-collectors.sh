@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # stateplane flows against real collectors, over loopback only: nfcapd (nfdump 1.7)
-# receives our IPFIX and nfdump must read back the same flow, packet and byte totals with
-# 0 sequence failures; tshark must decode a capture of the export with no malformed packet
-# and no expert warning. IPv4, IPv6 and biflows. Fails loudly if a collector cannot start.
+# receives our IPFIX and NetFlow v9 and nfdump must read back the same flow, packet and
+# byte totals with 0 sequence failures (for NetFlow v9 also each flow's addresses, counts
+# and times to the millisecond, which it carries as uptime); tshark must decode a capture
+# of the export with no malformed packet and no expert warning. IPv4, IPv6 and biflows.
+# Fails loudly if a collector cannot start.
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 iperf3 >/dev/null
@@ -61,10 +63,37 @@ agrees_with_nfdump() {
   [ "$seqfail" = 0 ] || fail "$name: sequence failures"
 }
 
-# case name, gen arguments, flows arguments, and nfcapd's receive buffer option (large
-# unless given: "" leaves the system's default, 208 KiB)
+# Each flow nfdump read from $1/nf (addresses, packets, bytes, first and last time to the
+# millisecond) is one of stateplane's in the CSV $2 written in the same run, and the other
+# way round.
+same_flows_as_nfdump() {
+  TZ=UTC nfdump -R "$1/nf" -q -N -o "fmt:%ts,%te,%sa,%da,%pkt,%byt" >"$1/nfdump-flows.txt"
+  python3 - "$1/nfdump-flows.txt" "$2" <<'PY' || fail "$1: nfdump's flows differ from stateplane's"
+import collections, csv, datetime, sys
+def ms(text):
+    t = datetime.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S.%f")
+    return round(t.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
+theirs = collections.Counter()
+for line in open(sys.argv[1]):
+    ts, te, sa, da, pkt, byt = line.split(",")
+    theirs[(sa.strip(), da.strip(), int(pkt), int(byt), ms(ts), ms(te))] += 1
+ours = collections.Counter()
+for r in csv.DictReader(open(sys.argv[2])):
+    ours[(r["src"], r["dst"], int(r["packets"]), int(r["bytes"]), int(r["start_ms"]), int(r["end_ms"]))] += 1
+only_theirs, only_ours = theirs - ours, ours - theirs
+print(f"   per flow:   {sum(theirs.values())} flows read by nfdump, {sum(ours.values())} written; "
+      f"{sum(only_theirs.values())} and {sum(only_ours.values())} without their match")
+for k in list(only_theirs)[:3]: print("     nfdump only:", k)
+for k in list(only_ours)[:3]: print("     stateplane only:", k)
+sys.exit(1 if only_theirs or only_ours or not ours else 0)
+PY
+}
+
+# case name, gen arguments, flows arguments, nfcapd's receive buffer option (large
+# unless given: "" leaves the system's default, 208 KiB), and the protocol (ipfix unless
+# given, or netflow9)
 run_case() {
-  local name=$1 gen=$2 extra=$3 buffer=${4--B 33554432} gso=false
+  local name=$1 gen=$2 extra=$3 buffer=${4--B 33554432} protocol=${5:-ipfix} gso=false
   [[ " $extra " == *" --ipfix-gso "* ]] && gso=true
   echo "-- $name"
   local dir="$work/$name" port
@@ -82,8 +111,13 @@ run_case() {
   for _ in $(seq 50); do grep -q "listening" "$dir/tcpdump.log" && break; sleep 0.1; done
   grep -q "listening" "$dir/tcpdump.log" || { cat "$dir/tcpdump.log" >&2; fail "$name: tcpdump did not start"; }
   sleep 1 # "listening" is printed a moment before the capture starts
+  # NetFlow v9 without biflows: a CSV of the same run, to compare flow by flow.
+  local csv=""
+  if [ "$protocol" = netflow9 ] && [[ " $extra " != *" --biflow "* ]]; then
+    csv="--csv $dir/flows.csv"
+  fi
   # shellcheck disable=SC2086
-  "$bin" flows -i "$dir/trace.pcap" --ipfix "127.0.0.1:$port" --summary-json $extra >"$dir/summary.json"
+  "$bin" flows -i "$dir/trace.pcap" --"$protocol" "127.0.0.1:$port" --summary-json $extra $csv >"$dir/summary.json"
   drained "$port"
   sleep 0.5
   kill -INT "$nf"; wait "$nf" || true
@@ -96,11 +130,13 @@ run_case() {
   done
   kill -INT "$td"; wait "$td" 2>/dev/null || true
   local want_flows want_packets want_bytes messages pacing
+  # The records in the sink's messages: NetFlow v9 sends a biflow as two.
   read -r want_flows want_packets want_bytes messages pacing < <(python3 -c '
 import json,sys; s=json.load(open(sys.argv[1])); k=s["sinks"][0]
 q=k["collector_queue"]
 pace="queue:%d:%d" % (q["drops"], q["stalls"]) if q else "rate"
-print(s["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summary.json")
+assert k["records"] == s["records"] or sys.argv[2] == "netflow9", "the sink sent other records than were made"
+print(k["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summary.json" "$protocol")
   echo "   stateplane: $want_flows records, $want_packets packets, $want_bytes bytes in $messages messages ($pacing)"
   # Paced by nfcapd's socket queue (the default, auto, to a collector on this host): the
   # socket dropped nothing and never stalled.
@@ -109,6 +145,7 @@ print(s["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summar
   [[ " $extra " == *" --ipfix-rate "* ]] || [ "$pacing" != rate ] \
     || fail "$name: the default pacing did not find nfcapd's socket on loopback"
   agrees_with_nfdump "$name" "$dir" "$want_flows" "$want_packets" "$want_bytes"
+  [ -z "$csv" ] || same_flows_as_nfdump "$dir" "$dir/flows.csv"
   if $gso; then
     # A capture on the sending host holds each send before the kernel cuts it, so tshark
     # would see oversized packets: here the capture shows that sends carried several
@@ -125,7 +162,7 @@ print(s["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summar
   # message is taken out, every other one counts.
   bad=$(tshark -r "$dir/export.pcap" -d "udp.port==$port,cflow" -T fields -e _ws.malformed -e _ws.expert.message 2>/dev/null \
     | sed -E 's/Possible traceroute: hop #[0-9]+, attempt #[0-9]+//g' | grep -c '[^[:space:],]' || true)
-  echo "   tshark:     $decoded IPFIX messages decoded, $bad malformed or with expert info"
+  echo "   tshark:     $decoded $protocol messages decoded, $bad malformed or with expert info"
   [ "$decoded" = "$messages" ] || fail "$name: tshark decoded $decoded of $messages messages"
   if [ "$bad" != 0 ]; then
     tshark -r "$dir/export.pcap" -d "udp.port==$port,cflow" -T fields -e frame.number -e _ws.malformed -e _ws.expert.message 2>&1 | head -5 >&2
@@ -196,5 +233,11 @@ run_case mixed-gso "internet --packets 300000 --ipv6-share 0.2" "--ipfix-gso --m
 run_case default-buffer-fixed-rate "internet --packets 300000 --ipv6-share 0.2" "--workers 2 --ipfix-rate 28M" ""
 run_case default-buffer "internet --packets 1000000 --ipv6-share 0.2" "--workers 2" ""
 run_case default-buffer-1400 "internet --packets 1000000 --ipv6-share 0.2" "--workers 2 --mtu 1400" ""
+# NetFlow v9: both families at Ethernet's size with every feature it carries, biflows as
+# two one-way records each, and 64 KiB messages to a collector at its default buffer.
+v9_features=counts,times,tcp_flags,tos,ttl,sizes,ports,vlan,icmp,end_reason
+run_case v9-mixed "internet --packets 300000 --ipv6-share 0.3" "--mtu 1400 --features $v9_features" "-B 33554432" netflow9
+run_case v9-biflow "internet --packets 300000 --ipv6-share 0.3" "--biflow --workers 2" "-B 33554432" netflow9
+run_case v9-default-buffer "internet --packets 1000000 --ipv6-share 0.2" "--workers 2" "" netflow9
 run_live_case
-echo "collectors: nfdump and tshark agree with stateplane flows"
+echo "collectors: nfdump and tshark agree with stateplane flows (IPFIX and NetFlow v9)"

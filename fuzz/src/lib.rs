@@ -196,11 +196,11 @@ pub fn ipfix(data: &[u8]) {
     }
 }
 
-/// Records made from the bytes, exported as IPFIX and read back: the same records (the
-/// times at the millisecond the elements carry).
+/// Records made from the bytes, exported as IPFIX and as NetFlow v9 and read back: the
+/// same records (the times at the millisecond the elements carry).
 pub fn ipfix_round_trip(data: &[u8]) {
     use stateplane_flows::flow_stats::{FlowStats, Observation};
-    use stateplane_flows::ipfix::{Decoder, Encoder, Features, TemplateRefresh};
+    use stateplane_flows::ipfix::{Decoder, Dialect, Encoder, Features, TemplateRefresh};
     use stateplane_flows::{EndReason, FlowRecord};
     let records: Vec<FlowRecord> = (data.chunks_exact(24))
         .map(|c| {
@@ -219,8 +219,9 @@ pub fn ipfix_round_trip(data: &[u8]) {
                 let a = u128::from(word(0)) << 96 | u128::from(word(4));
                 stateplane_wire::FlowKey::v6(a.into(), (!a).into(), proto, half(8), half(10))
             };
+            // Up to 24.8 days before the export, as far back as NetFlow v9's uptime reaches.
             let o = Observation {
-                ts_ns: u64::from(word(12)) * 1_000_000,
+                ts_ns: (EXPORT_S * 1000 - u64::from(word(12) >> 1)) * 1_000_000,
                 ip_len: half(16).max(20),
                 ttl: c[18],
                 tos: c[19],
@@ -236,35 +237,50 @@ pub fn ipfix_round_trip(data: &[u8]) {
             }
         })
         .collect();
-    let mut encoder = Encoder::new(1, Features::ALL, false, 1400, TemplateRefresh::UDP);
-    let mut messages = Vec::new();
-    encoder.encode(&records, 1_700_000_000, &mut |m| messages.push(m.to_vec()));
-    encoder.finish(&mut |m| messages.push(m.to_vec()));
-    let mut decoder = Decoder::default();
-    let mut back = Vec::new();
-    for m in &messages {
-        let (_, got) = decoder.decode(m).unwrap_or_else(|e| panic!("{e:?}"));
-        back.extend(got);
-    }
-    // Each message holds one family, in order within it.
-    for v in [4, 6] {
-        let sent = records.iter().filter(|r| r.key.ip_version == v);
-        let got: Vec<_> = back.iter().filter(|r| r.key.ip_version == v).collect();
-        assert_eq!(sent.clone().count(), got.len());
-        for (a, b) in sent.zip(got) {
-            assert_eq!(a.key, b.key);
-            let (x, y) = (&a.forward, &b.forward);
-            assert_eq!(
-                (x.packets, x.bytes, x.first_ns),
-                (y.packets, y.bytes, y.first_ns)
-            );
-            assert_eq!(
-                (x.tcp_flags, x.tos, x.ttl_min),
-                (y.tcp_flags, y.tos, y.ttl_min)
-            );
+    // NetFlow v9 carries all but the inter-arrival times.
+    let v9_features = Features(Features::ALL.0 & !Features::IAT);
+    for (dialect, features) in [
+        (Dialect::Ipfix, Features::ALL),
+        (Dialect::Netflow9, v9_features),
+    ] {
+        let mut encoder =
+            Encoder::in_dialect(dialect, 1, features, false, 1400, TemplateRefresh::UDP);
+        let mut messages = Vec::new();
+        encoder.encode(&records, EXPORT_S as u32, &mut |m| {
+            messages.push(m.to_vec())
+        });
+        encoder.finish(&mut |m| messages.push(m.to_vec()));
+        let mut decoder = Decoder::default();
+        let mut back = Vec::new();
+        for m in &messages {
+            let (_, got) = decoder.decode(m).unwrap_or_else(|e| panic!("{e:?}"));
+            back.extend(got);
+        }
+        // Each message holds one family, in order within it.
+        for v in [4, 6] {
+            let sent = records.iter().filter(|r| r.key.ip_version == v);
+            let got: Vec<_> = back.iter().filter(|r| r.key.ip_version == v).collect();
+            assert_eq!(sent.clone().count(), got.len(), "{dialect:?}");
+            for (a, b) in sent.zip(got) {
+                assert_eq!(a.key, b.key, "{dialect:?}");
+                let (x, y) = (&a.forward, &b.forward);
+                assert_eq!(
+                    (x.packets, x.bytes, x.first_ns, x.last_ns),
+                    (y.packets, y.bytes, y.first_ns, y.last_ns),
+                    "{dialect:?}"
+                );
+                assert_eq!(
+                    (x.tcp_flags, x.tos, x.ttl_min),
+                    (y.tcp_flags, y.tos, y.ttl_min),
+                    "{dialect:?}"
+                );
+            }
         }
     }
 }
+
+/// When `ipfix_round_trip`'s records are exported, in seconds since the epoch.
+const EXPORT_S: u64 = 1_700_000_000;
 
 /// A sync message as a collector or a switch receives it: read, then written and read
 /// again to the same message.

@@ -223,6 +223,23 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
         write("ipfix", &format!("message-{i}"), m);
     }
     write("ipfix", "stream", &messages.concat());
+    // NetFlow v9: each message a datagram (no length of its own).
+    use stateplane_flows::ipfix::Dialect;
+    let features = Features(Features::ALL.0 & !Features::IAT);
+    let mut encoder = Encoder::in_dialect(
+        Dialect::Netflow9,
+        1,
+        features,
+        true,
+        1400,
+        TemplateRefresh::UDP,
+    );
+    let mut messages = Vec::new();
+    encoder.encode(&records, 1_700_000_000, &mut |m| messages.push(m.to_vec()));
+    encoder.finish(&mut |m| messages.push(m.to_vec()));
+    for (i, m) in messages.iter().enumerate() {
+        write("ipfix", &format!("netflow9-message-{i}"), m);
+    }
 
     // Sync messages of every kind, and flow keys as a store keeps them.
     use stateplane_sync::wire::{Kind, Message};

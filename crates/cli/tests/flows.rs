@@ -415,15 +415,15 @@ fn ipfix_over_udp_to_no_collector_fails_and_says_so() {
     assert!(err.contains("the collector is unreachable"), "{err}");
 }
 
-/// Over UDP, messages are as large as the route to the collector carries (64 KiB on
-/// loopback) unless `--mtu` says otherwise, and either way every datagram is a whole
-/// message whose sequence number counts the records before it; bad sizes and rates are
-/// refused with what is expected.
-#[test]
-fn ipfix_over_udp_fills_what_the_path_carries() {
-    let trace = tmp("udp.pcap");
-    generate(20_000, 6, &trace);
-    for mtu in ["auto", "1400"] {
+/// A UDP collector on loopback that keeps every datagram it receives.
+struct UdpCollector {
+    addr: std::net::SocketAddr,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Vec<u8>>>,
+}
+
+impl UdpCollector {
+    fn start() -> UdpCollector {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = socket.local_addr().unwrap();
         socket
@@ -432,7 +432,7 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let sent = done.clone();
         // Reads until the run has ended and nothing more arrives.
-        let collector = std::thread::spawn(move || {
+        let thread = std::thread::spawn(move || {
             let mut datagrams = Vec::new();
             let mut buf = vec![0u8; 70_000];
             loop {
@@ -444,6 +444,98 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
             }
             datagrams
         });
+        UdpCollector { addr, done, thread }
+    }
+
+    /// What it received, once the run that sent it has ended.
+    fn datagrams(self) -> Vec<Vec<u8>> {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().unwrap()
+    }
+}
+
+/// NetFlow v9 over UDP: each datagram one message of version 9 numbered by the messages
+/// before it, every record of the run in them with the packets and bytes the summary
+/// gives, a biflow as two one-way records; what NetFlow v9 cannot carry is refused, named.
+#[test]
+fn netflow9_over_udp_carries_every_record_numbered_by_message() {
+    let trace = tmp("netflow9.pcap");
+    generate(20_000, 7, &trace);
+    for biflow in [false, true] {
+        let collector = UdpCollector::start();
+        let mut cmd = bin();
+        cmd.args(["flows", "--summary-json", "--mtu", "1400", "--netflow9"])
+            .arg(collector.addr.to_string())
+            .arg("-i")
+            .arg(&trace);
+        if biflow {
+            cmd.arg("--biflow");
+        }
+        let text = ok(cmd.output().unwrap());
+        let datagrams = collector.datagrams();
+        let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let sink = &summary["sinks"][0];
+        assert!(
+            sink["sink"]
+                .as_str()
+                .unwrap()
+                .starts_with("netflow9 udp 127.0.0.1:"),
+            "{sink}"
+        );
+        assert_eq!(sink["messages"], datagrams.len() as u64);
+        let mut decoder = stateplane_flows::ipfix::Decoder::default();
+        let mut records = Vec::new();
+        for (i, d) in datagrams.iter().enumerate() {
+            assert!(d.len() <= 1400);
+            let (header, r) = decoder.decode(d).unwrap();
+            assert_eq!((header.version, header.sequence), (9, i as u32));
+            records.extend(r);
+        }
+        assert_eq!(sink["records"], records.len() as u64, "biflow {biflow}");
+        let packets: u64 = records.iter().map(|r| r.packets()).sum();
+        let bytes: u64 = records.iter().map(|r| r.bytes()).sum();
+        assert_eq!(
+            (summary["packets"].as_u64(), summary["bytes"].as_u64()),
+            (Some(packets), Some(bytes))
+        );
+        let flows = summary["records"].as_u64().unwrap();
+        if biflow {
+            // Each biflow whose other side answered is two records.
+            assert!(records.len() as u64 > flows, "{} of {flows}", records.len());
+        } else {
+            assert_eq!(records.len() as u64, flows);
+        }
+    }
+    let trace = trace.to_str().unwrap();
+    let flows = [
+        "flows",
+        "-i",
+        trace,
+        "--netflow9",
+        "127.0.0.1:2055",
+        "--features",
+    ];
+    refused(
+        &[&flows[..], &["all"]].concat(),
+        "--features: `iat` has no NetFlow v9 field",
+    );
+    refused(
+        &[&flows[..], &["counts,iat"]].concat(),
+        "(a --netflow9 collector is given)",
+    );
+}
+
+/// Over UDP, messages are as large as the route to the collector carries (64 KiB on
+/// loopback) unless `--mtu` says otherwise, and either way every datagram is a whole
+/// message whose sequence number counts the records before it; bad sizes and rates are
+/// refused with what is expected.
+#[test]
+fn ipfix_over_udp_fills_what_the_path_carries() {
+    let trace = tmp("udp.pcap");
+    generate(20_000, 6, &trace);
+    for mtu in ["auto", "1400"] {
+        let collector = UdpCollector::start();
+        let addr = collector.addr;
         let text = ok(bin()
             .args([
                 "flows",
@@ -457,8 +549,7 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
             .arg(&trace)
             .output()
             .unwrap());
-        done.store(true, std::sync::atomic::Ordering::Release);
-        let datagrams = collector.join().unwrap();
+        let datagrams = collector.datagrams();
         let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
         let records = decode_stream(&datagrams.concat());
         assert_eq!(summary["records"], records.len() as u64, "--mtu {mtu}");
@@ -498,7 +589,8 @@ fn ipfix_over_udp_fills_what_the_path_carries() {
             "-",
             "--ipfix-gso",
         ],
-        "--ipfix-gso: segmentation offload is for IPFIX over UDP, and no --ipfix HOST:PORT",
+        "--ipfix-gso: segmentation offload is for IPFIX or NetFlow v9 over UDP, and no --ipfix \
+         or --netflow9 HOST:PORT",
     );
     refused(
         &["flows", "-i", "x.pcap", "--csv", "-", "--ipfix-rate", "2x"],
@@ -699,6 +791,12 @@ fn flows_settings_errors_name_the_key_or_flag() {
     let err = run_with("csv = \"x.csv\"\nipfix_rate = \"fast\"");
     assert!(
         err.contains("ipfix_rate") && err.contains("neither auto nor bytes per second"),
+        "{err}"
+    );
+    let err = run_with("netflow9 = [\"127.0.0.1:2055\"]\nfeatures = \"all\"");
+    assert!(
+        err.contains("flows.features: `iat` has no NetFlow v9 field")
+            && err.contains("a flows.netflow9 collector"),
         "{err}"
     );
     let err = run_with("csv = \"x.csv\"\nidle_timeout = 3");

@@ -12,7 +12,7 @@
 //! hands its output to `out` as [`Output`]s, in the order they must be written.
 
 use crate::FlowRecord;
-use crate::ipfix::{Encoder, Features, TemplateRefresh};
+use crate::ipfix::{Dialect, Encoder, Features, TemplateRefresh};
 use crate::text_lines as text;
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,11 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 pub enum Format {
     /// IPFIX messages of at most `message_len` bytes, templates sent as `refresh` says.
     Ipfix {
+        message_len: usize,
+        refresh: TemplateRefresh,
+    },
+    /// NetFlow v9 messages, as IPFIX's (see [`Dialect::Netflow9`]).
+    Netflow9 {
         message_len: usize,
         refresh: TemplateRefresh,
     },
@@ -52,8 +57,11 @@ pub enum Output<'a> {
 
 /// One sink's encoder.
 enum Writer {
+    /// IPFIX or NetFlow v9.
     Ipfix(Box<Encoder>),
-    Text { csv: bool },
+    Text {
+        csv: bool,
+    },
 }
 
 /// The core: see the module documentation for the call order.
@@ -82,6 +90,17 @@ impl ExportCore {
                     message_len,
                     refresh,
                 } => Writer::Ipfix(Box::new(Encoder::new(
+                    domain,
+                    features,
+                    biflow,
+                    message_len,
+                    refresh,
+                ))),
+                Format::Netflow9 {
+                    message_len,
+                    refresh,
+                } => Writer::Ipfix(Box::new(Encoder::in_dialect(
+                    Dialect::Netflow9,
                     domain,
                     features,
                     biflow,

@@ -15,6 +15,16 @@
 //! Sequence numbers count the data records sent before each message (RFC 7011 §3.1), per
 //! observation domain. Over UDP the templates go out again every `refresh_messages`
 //! messages or `refresh_s` seconds; over TCP and to files, once at the start.
+//!
+//! The same encoder writes NetFlow version 9 (RFC 3954, [`Dialect::Netflow9`]), IPFIX's
+//! predecessor, which many deployed collectors still take alone. Its messages differ in
+//! the header (a record count and the exporter's uptime instead of a length; a sequence
+//! number counting messages, not records), the template set's id (0), and three fields:
+//! flow times are milliseconds of uptime (FIRST_SWITCHED 22, LAST_SWITCHED 21, 4 bytes)
+//! rather than absolute, and TCP flags take one byte. It has no enterprise elements: no
+//! inter-arrival times (a run refuses `iat` with a NetFlow v9 sink, [`Dialect::refuses`])
+//! and no reverse elements, so a biflow goes out as two one-way records, as softflowd
+//! does. It has no length field either, so it travels over UDP only.
 
 use crate::flow_stats::FlowStats;
 use crate::record::{EndReason, FlowRecord};
@@ -22,9 +32,12 @@ use stateplane_wire::FlowKey;
 use std::collections::HashMap;
 
 pub const VERSION: u16 = 10;
+pub const VERSION_NETFLOW9: u16 = 9;
 const HEADER_LEN: usize = 16;
+const HEADER_LEN_NETFLOW9: usize = 20;
 const SET_HEADER_LEN: usize = 4;
 pub const TEMPLATE_SET_ID: u16 = 2;
+pub const TEMPLATE_SET_ID_NETFLOW9: u16 = 0;
 pub const TEMPLATE_V4: u16 = 256;
 pub const TEMPLATE_V6: u16 = 257;
 /// RFC 5103's enterprise number for reverse elements.
@@ -112,6 +125,57 @@ impl Features {
     }
 }
 
+/// The wire format an [`Encoder`] writes (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    Ipfix,
+    Netflow9,
+}
+
+impl Dialect {
+    pub fn version(self) -> u16 {
+        match self {
+            Dialect::Ipfix => VERSION,
+            Dialect::Netflow9 => VERSION_NETFLOW9,
+        }
+    }
+
+    fn header_len(self) -> usize {
+        match self {
+            Dialect::Ipfix => HEADER_LEN,
+            Dialect::Netflow9 => HEADER_LEN_NETFLOW9,
+        }
+    }
+
+    pub fn template_set_id(self) -> u16 {
+        match self {
+            Dialect::Ipfix => TEMPLATE_SET_ID,
+            Dialect::Netflow9 => TEMPLATE_SET_ID_NETFLOW9,
+        }
+    }
+
+    /// What in `features` this dialect has no field for, as the reason a run refuses it.
+    pub fn refuses(self, features: Features) -> Option<&'static str> {
+        (self == Dialect::Netflow9 && features.has(Features::IAT)).then_some(
+            "`iat` has no NetFlow v9 field (inter-arrival times are enterprise elements, which \
+             only IPFIX has): leave it out of the features, or export IPFIX",
+        )
+    }
+
+    /// How a direction's element goes out: NetFlow v9 has its flow times as uptime
+    /// milliseconds in 4 bytes under their own ids, and TCP flags in one byte.
+    fn direction_field(self, e: &DirectionElement, pen: u32) -> Field {
+        let (id, len) = match (self, e.id) {
+            (Dialect::Ipfix, _) => (e.id, e.len),
+            (Dialect::Netflow9, ie::START_MS) => (ie::FIRST_SWITCHED, 4),
+            (Dialect::Netflow9, ie::END_MS) => (ie::LAST_SWITCHED, 4),
+            (Dialect::Netflow9, ie::TCP_FLAGS) => (ie::TCP_FLAGS, 1),
+            (Dialect::Netflow9, id) => (id, e.len),
+        };
+        Field { id, len, pen }
+    }
+}
+
 /// One field of a template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Field {
@@ -137,6 +201,9 @@ pub mod ie {
     pub const DST_PORT: u16 = 11;
     pub const DST_V4: u16 = 12;
     pub const EGRESS: u16 = 14;
+    /// NetFlow v9's flow times, in milliseconds of the exporter's uptime.
+    pub const LAST_SWITCHED: u16 = 21;
+    pub const FIRST_SWITCHED: u16 = 22;
     pub const LEN_MIN: u16 = 25;
     pub const LEN_MAX: u16 = 26;
     pub const SRC_V6: u16 = 27;
@@ -185,19 +252,28 @@ fn direction_elements(features: Features) -> impl Iterator<Item = &'static Direc
     DIRECTION.iter().filter(move |e| features.has(e.feature))
 }
 
-/// The per-direction fields of `features` (reversed for a biflow's other direction).
-fn direction_fields(features: Features, pen: u32) -> Vec<Field> {
+/// The per-direction fields of `features` as `dialect` writes them (reversed for a
+/// biflow's other direction).
+fn direction_fields(dialect: Dialect, features: Features, pen: u32) -> Vec<Field> {
     direction_elements(features)
-        .map(|e| Field {
-            id: e.id,
-            len: e.len,
-            pen,
-        })
+        .map(|e| dialect.direction_field(e, pen))
         .collect()
 }
 
-/// The fields of the template for one family.
+/// The fields of the template for one family, in IPFIX.
 pub fn template_fields(features: Features, v6: bool, biflow: bool) -> Vec<Field> {
+    dialect_template_fields(Dialect::Ipfix, features, v6, biflow)
+}
+
+/// The fields of the template for one family in `dialect`: NetFlow v9 has no enterprise
+/// elements, so neither inter-arrival times nor a biflow's reverse elements (it sends a
+/// biflow as two records).
+fn dialect_template_fields(
+    dialect: Dialect,
+    features: Features,
+    v6: bool,
+    biflow: bool,
+) -> Vec<Field> {
     let mut f = if v6 {
         vec![iana(ie::SRC_V6, 16), iana(ie::DST_V6, 16)]
     } else {
@@ -208,8 +284,9 @@ pub fn template_fields(features: Features, v6: bool, biflow: bool) -> Vec<Field>
         iana(ie::DST_PORT, 2),
         iana(ie::PROTOCOL, 1),
     ]);
-    f.extend(direction_fields(features, 0));
-    if features.has(Features::IAT) {
+    f.extend(direction_fields(dialect, features, 0));
+    let enterprise = dialect == Dialect::Ipfix;
+    if features.has(Features::IAT) && enterprise {
         f.push(Field {
             id: ie::IAT_MIN,
             len: 8,
@@ -233,8 +310,8 @@ pub fn template_fields(features: Features, v6: bool, biflow: bool) -> Vec<Field>
     if features.has(Features::END_REASON) {
         f.push(iana(ie::END_REASON, 1));
     }
-    if biflow {
-        f.extend(direction_fields(features, REVERSE_PEN));
+    if biflow && enterprise {
+        f.extend(direction_fields(dialect, features, REVERSE_PEN));
     }
     f
 }
@@ -263,24 +340,33 @@ impl TemplateRefresh {
 /// allows, and no less than the 512 bytes RFC 7011 lets an exporter assume a path carries.
 pub const MESSAGE_LEN: std::ops::RangeInclusive<usize> = 512..=65_535;
 
-/// Turns flow records into IPFIX messages for one observation domain.
+/// Turns flow records into IPFIX (or NetFlow v9) messages for one observation domain.
 ///
 /// Each message holds the records of one address family, or the templates alone, so that
 /// full messages of a family are all the same size: a UDP sender can then hand the kernel
 /// many at once to cut into datagrams (generic segmentation offload).
 pub struct Encoder {
+    dialect: Dialect,
     domain: u32,
     max_message: usize,
-    /// Data records sent in earlier messages (RFC 7011's sequence number), mod 2^32.
+    /// IPFIX: data records sent in earlier messages (RFC 7011's sequence number); NetFlow
+    /// v9: messages sent before (RFC 3954's). Mod 2^32.
     sequence: u32,
     /// The message of the templates alone, made once; its export time and sequence number
     /// are filled in each time it is sent.
     templates: Vec<u8>,
     record_len: [usize; 2],
     features: Features,
-    /// The per-direction elements of `features`, picked once.
-    direction: Vec<&'static DirectionElement>,
+    /// The per-direction elements of `features`, picked once, each with the length it
+    /// goes out in.
+    direction: Vec<(&'static DirectionElement, u16)>,
+    /// IPFIX biflows: both directions in one record (RFC 5103). NetFlow v9 has no reverse
+    /// elements: its biflows go out as two one-way records (`split_biflows`).
     biflow: bool,
+    split_biflows: bool,
+    /// NetFlow v9: when the exporter "booted", in ms since the epoch: flow times and the
+    /// header's uptime count from it (see [`Encoder::boot_for`]).
+    boot_ms: Option<u64>,
     refresh: TemplateRefresh,
     messages_since_templates: Option<u32>,
     templates_sent_s: u64,
@@ -291,15 +377,18 @@ pub struct Encoder {
     spare: Vec<Message>,
     export_s: u32,
     pub messages: u64,
+    /// Records sent (a NetFlow v9 biflow is two).
     pub records: u64,
 }
 
 /// A message being filled: empty, or its header and one data set (whose header is at
-/// `SET_AT`) with `records` records.
+/// the dialect's header length) with `records` records.
 #[derive(Default)]
 struct Message {
     buf: Vec<u8>,
     records: u32,
+    /// NetFlow v9: the boot time its records' times count from.
+    boot_ms: u64,
 }
 
 impl Message {
@@ -307,26 +396,32 @@ impl Message {
         Message {
             buf: Vec::with_capacity(capacity),
             records: 0,
+            boot_ms: 0,
         }
     }
 }
 
-/// Where a message's only set starts: after the header.
-const SET_AT: usize = HEADER_LEN;
+/// NetFlow v9's uptime, a u32 of milliseconds, wraps after 49.7 days. The encoder's boot
+/// is put this far before its first message, so that flows that began up to 24.8 days
+/// earlier have times in range...
+const UPTIME_AT_START_MS: u64 = 1 << 31;
+/// ...and moved forward again (to the same distance) when a message would start this far
+/// from it, which leaves 12 days for a message to stay open before its uptime could wrap.
+const UPTIME_REBASE_MS: u64 = (1 << 32) - (1 << 30);
 
-/// A message header of `domain`; its length, export time and sequence number are filled
-/// in when it is sent.
-fn write_header(b: &mut Vec<u8>, domain: u32) {
-    b.extend_from_slice(&VERSION.to_be_bytes());
-    b.extend_from_slice(&[0; 10]);
+/// A message header of `domain` in `dialect`; its length or record count, times and
+/// sequence number are filled in when it is sent.
+fn write_header(b: &mut Vec<u8>, dialect: Dialect, domain: u32) {
+    b.extend_from_slice(&dialect.version().to_be_bytes());
+    b.resize(b.len() + dialect.header_len() - 6, 0);
     b.extend_from_slice(&domain.to_be_bytes());
 }
 
 /// A message of `domain`'s two templates (IPv4, IPv6) alone, in one template set.
-fn templates_message(domain: u32, templates: &[Vec<Field>; 2]) -> Vec<u8> {
+fn templates_message(dialect: Dialect, domain: u32, templates: &[Vec<Field>; 2]) -> Vec<u8> {
     let mut b = Vec::new();
-    write_header(&mut b, domain);
-    b.extend_from_slice(&TEMPLATE_SET_ID.to_be_bytes());
+    write_header(&mut b, dialect, domain);
+    b.extend_from_slice(&dialect.template_set_id().to_be_bytes());
     b.extend_from_slice(&[0, 0]);
     for (id, fields) in [TEMPLATE_V4, TEMPLATE_V6].iter().zip(templates) {
         b.extend_from_slice(&id.to_be_bytes());
@@ -344,8 +439,8 @@ fn templates_message(domain: u32, templates: &[Vec<Field>; 2]) -> Vec<u8> {
 }
 
 impl Encoder {
-    /// An encoder whose messages are at most `max_message` bytes (e.g. 1,400 for UDP on
-    /// an Ethernet path), brought into [`MESSAGE_LEN`].
+    /// An IPFIX encoder whose messages are at most `max_message` bytes (e.g. 1,400 for UDP
+    /// on an Ethernet path), brought into [`MESSAGE_LEN`].
     pub fn new(
         domain: u32,
         features: Features,
@@ -353,21 +448,46 @@ impl Encoder {
         max_message: usize,
         refresh: TemplateRefresh,
     ) -> Encoder {
+        Self::in_dialect(
+            Dialect::Ipfix,
+            domain,
+            features,
+            biflow,
+            max_message,
+            refresh,
+        )
+    }
+
+    /// An encoder of `dialect`, as [`Encoder::new`]. The caller refuses what the dialect
+    /// cannot carry ([`Dialect::refuses`]); NetFlow v9 leaves it out of its template.
+    pub fn in_dialect(
+        dialect: Dialect,
+        domain: u32,
+        features: Features,
+        biflow: bool,
+        max_message: usize,
+        refresh: TemplateRefresh,
+    ) -> Encoder {
         let templates = [
-            template_fields(features, false, biflow),
-            template_fields(features, true, biflow),
+            dialect_template_fields(dialect, features, false, biflow),
+            dialect_template_fields(dialect, features, true, biflow),
         ];
         let len = |t: &[Field]| t.iter().map(|f| usize::from(f.len)).sum();
         let max_message = max_message.clamp(*MESSAGE_LEN.start(), *MESSAGE_LEN.end());
         Encoder {
+            dialect,
             domain,
             max_message,
             sequence: 0,
             record_len: [len(&templates[0]), len(&templates[1])],
-            templates: templates_message(domain, &templates),
+            templates: templates_message(dialect, domain, &templates),
             features,
-            direction: direction_elements(features).collect(),
-            biflow,
+            direction: direction_elements(features)
+                .map(|e| (e, dialect.direction_field(e, 0).len))
+                .collect(),
+            biflow: biflow && dialect == Dialect::Ipfix,
+            split_biflows: biflow && dialect == Dialect::Netflow9,
+            boot_ms: None,
             refresh,
             messages_since_templates: None,
             templates_sent_s: 0,
@@ -411,20 +531,22 @@ impl Encoder {
     ) {
         self.export_s = export_s;
         for r in records {
-            let v6 = usize::from(r.key.ip_version == 6);
-            let open = &self.open[v6].buf;
-            if !open.is_empty() && open.len() + self.record_len[v6] > self.max_message {
-                let spare = self
-                    .spare
-                    .pop()
-                    .unwrap_or_else(|| Message::new(self.max_message));
-                let full = std::mem::replace(&mut self.open[v6], spare);
-                self.full[v6].push(full);
+            if self.split_biflows {
+                self.add(&FlowRecord {
+                    reverse: None,
+                    ..*r
+                });
+                if let Some(reverse) = r.reverse.filter(|s| s.packets > 0) {
+                    self.add(&FlowRecord {
+                        key: r.key.reversed(),
+                        forward: reverse,
+                        reverse: None,
+                        end: r.end,
+                    });
+                }
+            } else {
+                self.add(r);
             }
-            if self.open[v6].buf.is_empty() {
-                self.start_message(v6);
-            }
-            self.write_record(r, v6);
         }
         for family in 0..2 {
             let mut full = std::mem::take(&mut self.full[family]);
@@ -434,6 +556,29 @@ impl Encoder {
             }
             self.full[family] = full;
         }
+    }
+
+    /// Appends `r` to the open message of its family, putting that message aside as full
+    /// first if `r` would not fit (with NetFlow v9's padding to 4 bytes).
+    fn add(&mut self, r: &FlowRecord) {
+        let v6 = usize::from(r.key.ip_version == 6);
+        let padding = match self.dialect {
+            Dialect::Ipfix => 0,
+            Dialect::Netflow9 => 3,
+        };
+        let open = &self.open[v6].buf;
+        if !open.is_empty() && open.len() + self.record_len[v6] + padding > self.max_message {
+            let spare = self
+                .spare
+                .pop()
+                .unwrap_or_else(|| Message::new(self.max_message));
+            let full = std::mem::replace(&mut self.open[v6], spare);
+            self.full[v6].push(full);
+        }
+        if self.open[v6].buf.is_empty() {
+            self.start_message(v6);
+        }
+        self.write_record(r, v6);
     }
 
     /// Sends the partly filled messages, if any.
@@ -465,25 +610,36 @@ impl Encoder {
         if let Some(n) = &mut self.messages_since_templates {
             *n += 1;
         }
-        Self::seal(&mut m.buf, self.sequence, self.export_s);
+        let seal = self.seal_of(m.records, m.boot_ms);
+        seal.apply(&mut m.buf);
         emit(&m.buf, m.records);
-        self.messages += 1;
-        self.records += u64::from(m.records);
-        self.sequence = self.sequence.wrapping_add(m.records);
+        self.sent(m.records);
         m.records = 0;
         m.buf.clear();
     }
 
-    /// Fills in a finished message's lengths (its own and its one set's, which runs to its
-    /// end), its sequence number and its export time: when it leaves (RFC 7011 3.1), which
-    /// for a message filled across several batches is the last one's time, not the first.
-    fn seal(message: &mut [u8], sequence: u32, export_s: u32) {
-        let len = message.len() as u16;
-        message[2..4].copy_from_slice(&len.to_be_bytes());
-        message[4..8].copy_from_slice(&export_s.to_be_bytes());
-        message[8..12].copy_from_slice(&sequence.to_be_bytes());
-        let set_len = len - SET_AT as u16;
-        message[SET_AT + 2..SET_AT + 4].copy_from_slice(&set_len.to_be_bytes());
+    /// Counts a message of `records` data records as sent: its records, and the next
+    /// message's sequence number.
+    fn sent(&mut self, records: u32) {
+        self.messages += 1;
+        self.records += u64::from(records);
+        let step = match self.dialect {
+            Dialect::Ipfix => records,
+            Dialect::Netflow9 => 1,
+        };
+        self.sequence = self.sequence.wrapping_add(step);
+    }
+
+    /// What a message of `records` records (templates: 0) whose times count from
+    /// `boot_ms` carries in its header, were it sent now.
+    fn seal_of(&self, records: u32, boot_ms: u64) -> Seal {
+        Seal {
+            dialect: self.dialect,
+            sequence: self.sequence,
+            export_s: self.export_s,
+            records,
+            boot_ms,
+        }
     }
 
     fn templates_due(&self) -> bool {
@@ -499,29 +655,53 @@ impl Encoder {
         }
     }
 
-    /// Sends a message of the templates alone.
+    /// Sends a message of the templates alone (NetFlow v9 counts its two template records
+    /// in its header).
     fn send_templates(&mut self, emit: &mut dyn FnMut(&[u8], u32)) {
-        Self::seal(&mut self.templates, self.sequence, self.export_s);
+        let boot_ms = self.boot_for(u64::from(self.export_s) * 1000);
+        let mut seal = self.seal_of(0, boot_ms);
+        if self.dialect == Dialect::Netflow9 {
+            seal.records = 2;
+        }
+        seal.apply(&mut self.templates);
         emit(&self.templates, 0);
-        self.messages += 1;
+        self.sent(0);
         self.messages_since_templates = Some(0);
         self.templates_sent_s = u64::from(self.export_s);
+    }
+
+    /// NetFlow v9's boot time for a message started at `now_ms`: fixed at the first
+    /// message, `UPTIME_AT_START_MS` before it, and moved forward as the uptime nears its
+    /// wrap (a message keeps the boot it started with).
+    fn boot_for(&mut self, now_ms: u64) -> u64 {
+        let rebase = now_ms.saturating_sub(UPTIME_AT_START_MS);
+        let boot = match self.boot_ms {
+            Some(b) if now_ms.saturating_sub(b) < UPTIME_REBASE_MS => b,
+            _ => rebase,
+        };
+        self.boot_ms = Some(boot);
+        boot
     }
 
     /// Starts the message of `family`: the header and the family's data set header.
     fn start_message(&mut self, family: usize) {
         let mut b = std::mem::take(&mut self.open[family].buf);
-        write_header(&mut b, self.domain);
+        write_header(&mut b, self.dialect, self.domain);
         let template = TEMPLATE_V4 + family as u16;
         b.extend_from_slice(&template.to_be_bytes());
         b.extend_from_slice(&[0, 0]);
         self.open[family].buf = b;
+        if self.dialect == Dialect::Netflow9 {
+            self.open[family].boot_ms = self.boot_for(u64::from(self.export_s) * 1000);
+        }
     }
 
     /// Appends `r` to the open data set of its family (`v6`: 0 or 1).
     fn write_record(&mut self, r: &FlowRecord, v6: usize) {
         let f = self.features;
         self.open[v6].records += 1;
+        // NetFlow v9's flow times count from the message's boot; IPFIX's from the epoch.
+        let time_base_ms = self.open[v6].boot_ms;
         let b = &mut self.open[v6].buf;
         // The record's place is made first, at its template's length, and each field is
         // then a store at a known place: pushing field by field onto the growing message
@@ -531,6 +711,7 @@ impl Encoder {
         let mut w = RecordWriter {
             out: &mut b[start..],
             at: 0,
+            time_base_ms,
         };
         let k = &r.key;
         if v6 == 1 {
@@ -551,7 +732,7 @@ impl Encoder {
         w.put(dport.to_be_bytes());
         w.put([k.proto]);
         w.direction(&self.direction, &r.forward);
-        if f.has(Features::IAT) {
+        if f.has(Features::IAT) && self.dialect == Dialect::Ipfix {
             let s = &r.forward;
             w.put(s.iat_min().unwrap_or(0).to_be_bytes());
             w.put(s.iat_max_ns.to_be_bytes());
@@ -584,6 +765,46 @@ impl Encoder {
     }
 }
 
+/// What a message's header carries, filled in as it leaves.
+struct Seal {
+    dialect: Dialect,
+    sequence: u32,
+    /// When it leaves (RFC 7011 3.1): for a message filled across several batches, the
+    /// last one's time, not the first.
+    export_s: u32,
+    /// NetFlow v9's record count (IPFIX has a length instead).
+    records: u32,
+    boot_ms: u64,
+}
+
+impl Seal {
+    /// Fills in a finished message's header and its one set's length (the set runs to the
+    /// message's end; NetFlow v9 pads it to 4 bytes first, RFC 3954 5.3).
+    fn apply(&self, message: &mut Vec<u8>) {
+        let set_at = self.dialect.header_len();
+        let (seq_at, export_at) = match self.dialect {
+            Dialect::Ipfix => {
+                let len = message.len() as u16;
+                message[2..4].copy_from_slice(&len.to_be_bytes());
+                (8, 4)
+            }
+            Dialect::Netflow9 => {
+                let padded = set_at + (message.len() - set_at).next_multiple_of(4);
+                message.resize(padded, 0);
+                let uptime = (u64::from(self.export_s) * 1000).saturating_sub(self.boot_ms);
+                let uptime = u32::try_from(uptime).unwrap_or(u32::MAX);
+                message[2..4].copy_from_slice(&(self.records as u16).to_be_bytes());
+                message[4..8].copy_from_slice(&uptime.to_be_bytes());
+                (12, 8)
+            }
+        };
+        message[export_at..export_at + 4].copy_from_slice(&self.export_s.to_be_bytes());
+        message[seq_at..seq_at + 4].copy_from_slice(&self.sequence.to_be_bytes());
+        let set_len = (message.len() - set_at) as u16;
+        message[set_at + 2..set_at + 4].copy_from_slice(&set_len.to_be_bytes());
+    }
+}
+
 /// Writes one record's fields in order into the place made for it.
 ///
 /// Invariant: the place is the template's record length, which the same features give
@@ -591,6 +812,8 @@ impl Encoder {
 struct RecordWriter<'a> {
     out: &'a mut [u8],
     at: usize,
+    /// Subtracted from flow times (ms): NetFlow v9's boot, 0 for IPFIX.
+    time_base_ms: u64,
 }
 
 impl RecordWriter<'_> {
@@ -599,11 +822,19 @@ impl RecordWriter<'_> {
         self.at += N;
     }
 
-    /// A direction's `elements`, each in its length (the low bytes of its value).
-    fn direction(&mut self, elements: &[&DirectionElement], s: &FlowStats) {
-        for e in elements {
-            let v = (e.get)(s);
-            match e.len {
+    /// A direction's `elements`, each in its length (the low bytes of its value; a flow
+    /// time from the time base, brought into its length: a NetFlow v9 flow that began
+    /// before its exporter's boot reads as beginning at it).
+    fn direction(&mut self, elements: &[(&DirectionElement, u16)], s: &FlowStats) {
+        for &(e, len) in elements {
+            let mut v = (e.get)(s);
+            if e.feature == Features::TIMES {
+                v = v.saturating_sub(self.time_base_ms);
+                if len == 4 {
+                    v = v.min(u64::from(u32::MAX));
+                }
+            }
+            match len {
                 1 => self.put([v as u8]),
                 2 => self.put((v as u16).to_be_bytes()),
                 4 => self.put((v as u32).to_be_bytes()),
@@ -631,7 +862,9 @@ impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DecodeError::Truncated => f.write_str("message truncated"),
-            DecodeError::BadVersion(v) => write!(f, "version {v}, not 10"),
+            DecodeError::BadVersion(v) => {
+                write!(f, "version {v}, not 10 (IPFIX) or 9 (NetFlow v9)")
+            }
             DecodeError::BadSetLength => f.write_str("set length runs past the message"),
             DecodeError::BadTemplate => f.write_str("malformed template"),
             DecodeError::UnknownTemplate(t) => write!(f, "data set for unknown template {t}"),
@@ -662,15 +895,18 @@ impl<'a> Reader<'a> {
 /// A decoded message's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// 10 (IPFIX) or 9 (NetFlow v9).
+    pub version: u16,
     pub export_s: u32,
     pub sequence: u32,
     pub domain: u32,
 }
 
-/// Reads messages back into records (the elements this module writes; others skipped).
+/// Reads IPFIX and NetFlow v9 messages back into records (the elements this module
+/// writes; others skipped).
 #[derive(Default)]
 pub struct Decoder {
-    templates: HashMap<(u32, u16), Vec<Field>>,
+    templates: HashMap<(u16, u32, u16), Vec<Field>>,
 }
 
 fn uint(b: &[u8]) -> u64 {
@@ -678,23 +914,42 @@ fn uint(b: &[u8]) -> u64 {
 }
 
 impl Decoder {
-    /// Decodes one message; returns its header and records.
+    /// Decodes one message (IPFIX, or NetFlow v9 in a datagram of its own); returns its
+    /// header and records.
     pub fn decode(&mut self, msg: &[u8]) -> Result<(Header, Vec<FlowRecord>), DecodeError> {
         let mut r = Reader(msg);
         let version = r.u16().ok_or(DecodeError::Truncated)?;
-        if version != VERSION {
-            return Err(DecodeError::BadVersion(version));
-        }
-        let len = usize::from(r.u16().ok_or(DecodeError::Truncated)?);
-        if len < HEADER_LEN || len > msg.len() {
-            return Err(DecodeError::Truncated);
-        }
-        let header = Header {
-            export_s: r.u32().ok_or(DecodeError::Truncated)?,
-            sequence: r.u32().ok_or(DecodeError::Truncated)?,
-            domain: r.u32().ok_or(DecodeError::Truncated)?,
+        let (dialect, header, len, boot_ms) = match version {
+            VERSION => {
+                let len = usize::from(r.u16().ok_or(DecodeError::Truncated)?);
+                if len < HEADER_LEN || len > msg.len() {
+                    return Err(DecodeError::Truncated);
+                }
+                let header = Header {
+                    version,
+                    export_s: r.u32().ok_or(DecodeError::Truncated)?,
+                    sequence: r.u32().ok_or(DecodeError::Truncated)?,
+                    domain: r.u32().ok_or(DecodeError::Truncated)?,
+                };
+                (Dialect::Ipfix, header, len, 0)
+            }
+            VERSION_NETFLOW9 => {
+                // The record count is not needed to read the sets, which run to the end.
+                r.u16().ok_or(DecodeError::Truncated)?;
+                let uptime_ms = r.u32().ok_or(DecodeError::Truncated)?;
+                let header = Header {
+                    version,
+                    export_s: r.u32().ok_or(DecodeError::Truncated)?,
+                    sequence: r.u32().ok_or(DecodeError::Truncated)?,
+                    domain: r.u32().ok_or(DecodeError::Truncated)?,
+                };
+                let boot_ms =
+                    (u64::from(header.export_s) * 1000).saturating_sub(u64::from(uptime_ms));
+                (Dialect::Netflow9, header, msg.len(), boot_ms)
+            }
+            _ => return Err(DecodeError::BadVersion(version)),
         };
-        let mut body = Reader(&msg[HEADER_LEN..len]);
+        let mut body = Reader(&msg[dialect.header_len()..len]);
         let mut records = Vec::new();
         while !body.0.is_empty() {
             let id = body.u16().ok_or(DecodeError::BadSetLength)?;
@@ -703,27 +958,34 @@ impl Decoder {
                 .checked_sub(SET_HEADER_LEN)
                 .and_then(|n| body.take(n))
                 .ok_or(DecodeError::BadSetLength)?;
-            match id {
-                TEMPLATE_SET_ID => self.read_templates(header.domain, content)?,
-                0..=255 => {} // options templates and reserved sets: not ours
-                _ => {
-                    let fields = self
-                        .templates
-                        .get(&(header.domain, id))
-                        .ok_or(DecodeError::UnknownTemplate(id))?;
-                    let rec_len: usize = fields.iter().map(|f| usize::from(f.len)).sum();
-                    let mut data = Reader(content);
-                    while rec_len > 0 && data.0.len() >= rec_len {
-                        let rec = data.take(rec_len).ok_or(DecodeError::Truncated)?;
-                        records.push(record_of(fields, rec));
-                    }
-                }
+            if id == dialect.template_set_id() {
+                self.read_templates(version, header.domain, content)?;
+                continue;
+            }
+            if id <= 255 {
+                continue; // options templates and reserved sets: not ours
+            }
+            let fields = self
+                .templates
+                .get(&(version, header.domain, id))
+                .ok_or(DecodeError::UnknownTemplate(id))?;
+            let rec_len: usize = fields.iter().map(|f| usize::from(f.len)).sum();
+            // A record is at least a byte, and what is left shorter than one is padding.
+            let mut data = Reader(content);
+            while rec_len > 0 && data.0.len() >= rec_len {
+                let rec = data.take(rec_len).ok_or(DecodeError::Truncated)?;
+                records.push(record_of(fields, rec, boot_ms));
             }
         }
         Ok((header, records))
     }
 
-    fn read_templates(&mut self, domain: u32, content: &[u8]) -> Result<(), DecodeError> {
+    fn read_templates(
+        &mut self,
+        version: u16,
+        domain: u32,
+        content: &[u8],
+    ) -> Result<(), DecodeError> {
         let mut r = Reader(content);
         while r.0.len() >= 4 {
             let id = r.u16().ok_or(DecodeError::BadTemplate)?;
@@ -732,7 +994,8 @@ impl Decoder {
             for _ in 0..count {
                 let raw = r.u16().ok_or(DecodeError::BadTemplate)?;
                 let len = r.u16().ok_or(DecodeError::BadTemplate)?;
-                let pen = if raw & 0x8000 != 0 {
+                // NetFlow v9 has no enterprise bit: its ids run to 65,535.
+                let pen = if raw & 0x8000 != 0 && version == VERSION {
                     r.u32().ok_or(DecodeError::BadTemplate)?
                 } else {
                     0
@@ -741,18 +1004,23 @@ impl Decoder {
                     return Err(DecodeError::BadTemplate); // variable length: we never send it
                 }
                 fields.push(Field {
-                    id: raw & 0x7fff,
+                    id: if version == VERSION {
+                        raw & 0x7fff
+                    } else {
+                        raw
+                    },
                     len,
                     pen,
                 });
             }
-            self.templates.insert((domain, id), fields);
+            self.templates.insert((version, domain, id), fields);
         }
         Ok(())
     }
 }
 
-fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
+/// The record `rec` of template `fields`; NetFlow v9's flow times count from `boot_ms`.
+fn record_of(fields: &[Field], mut rec: &[u8], boot_ms: u64) -> FlowRecord {
     let mut key = FlowKey::EMPTY;
     let (mut fwd, mut rev) = (FlowStats::ZERO, FlowStats::ZERO);
     let mut end = EndReason::Forced;
@@ -792,6 +1060,8 @@ fn record_of(fields: &[Field], mut rec: &[u8]) -> FlowRecord {
             ie::ICMP_V4 | ie::ICMP_V6 => icmp = n as u16,
             ie::INGRESS => s.in_port = (n as u16).wrapping_sub(1),
             ie::EGRESS => s.out_port = (n as u16).wrapping_sub(1),
+            ie::FIRST_SWITCHED => s.first_ns = (boot_ms + n).saturating_mul(MS),
+            ie::LAST_SWITCHED => s.last_ns = (boot_ms + n).saturating_mul(MS),
             ie::END_REASON => {
                 end = EndReason::ALL
                     .into_iter()
@@ -845,21 +1115,48 @@ mod tests {
     }
 
     fn round_trip(features: Features, biflow: bool, records: &[FlowRecord]) -> Vec<FlowRecord> {
-        let mut enc = Encoder::new(7, features, biflow, 1400, TemplateRefresh::UDP);
+        round_trip_in(Dialect::Ipfix, features, biflow, records)
+    }
+
+    /// Encodes `records` in `dialect` and decodes them back, checking each message's
+    /// header as the dialect defines it.
+    fn round_trip_in(
+        dialect: Dialect,
+        features: Features,
+        biflow: bool,
+        records: &[FlowRecord],
+    ) -> Vec<FlowRecord> {
+        let mut enc = Encoder::in_dialect(dialect, 7, features, biflow, 1400, TemplateRefresh::UDP);
         let mut msgs = Vec::new();
         enc.encode(records, 1_700_000_000, &mut |m| msgs.push(m.to_vec()));
         enc.finish(&mut |m| msgs.push(m.to_vec()));
         let mut dec = Decoder::default();
         let mut out = Vec::new();
         let mut expected_seq = 0u32;
-        for m in &msgs {
+        for (i, m) in msgs.iter().enumerate() {
             assert!(m.len() <= 1400);
             let (h, recs) = dec.decode(m).unwrap();
-            assert_eq!(h.sequence, expected_seq, "records sent before this message");
-            expected_seq += recs.len() as u32;
+            assert_eq!(h.version, dialect.version());
+            assert_eq!(h.domain, 7);
+            assert_eq!(h.sequence, expected_seq, "message {i}");
+            match dialect {
+                // Records sent before this message.
+                Dialect::Ipfix => expected_seq += recs.len() as u32,
+                // Messages sent before it; its record count (the templates message's two
+                // template records), its set's length a multiple of 4 running to its end.
+                Dialect::Netflow9 => {
+                    expected_seq += 1;
+                    let count = u16::from_be_bytes([m[2], m[3]]);
+                    let want = if i == 0 { 2 } else { recs.len() };
+                    assert_eq!(usize::from(count), want, "message {i}");
+                    let set_len = u16::from_be_bytes([m[22], m[23]]);
+                    assert_eq!(usize::from(set_len), m.len() - 20);
+                    assert_eq!(set_len % 4, 0);
+                }
+            }
             out.extend(recs);
         }
-        assert_eq!(enc.records, records.len() as u64);
+        assert_eq!(enc.records, out.len() as u64);
         out
     }
 
@@ -1030,10 +1327,143 @@ mod tests {
             DecodeError::Truncated
         );
         let mut bad = msgs[0].clone();
-        bad[1] = 9;
-        assert_eq!(dec.decode(&bad).unwrap_err(), DecodeError::BadVersion(9));
+        bad[1] = 5; // NetFlow v5: no templates, not ours
+        assert_eq!(dec.decode(&bad).unwrap_err(), DecodeError::BadVersion(5));
         bad = msgs[0].clone();
         bad[18] = 0xff;
         assert_eq!(dec.decode(&bad).unwrap_err(), DecodeError::BadSetLength);
+    }
+
+    fn v4_key(proto: u8) -> FlowKey {
+        FlowKey::v4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 18, 0, 2),
+            proto,
+            1234,
+            80,
+        )
+    }
+
+    /// NetFlow v9 carries what IPFIX does but the inter-arrival times (refused before any
+    /// encoder is made) and writes a biflow as two one-way records, the second with the
+    /// key turned round.
+    #[test]
+    fn netflow9_records_round_trip_and_biflows_go_out_as_two() {
+        let v6 = FlowKey::v6(
+            "2001:db8::1".parse::<Ipv6Addr>().unwrap(),
+            "2001:db8::2".parse::<Ipv6Addr>().unwrap(),
+            58,
+            0,
+            0x8000,
+        );
+        let all_but_iat = Features(Features::ALL.0 & !Features::IAT);
+        assert!(
+            Dialect::Netflow9
+                .refuses(Features::ALL)
+                .unwrap()
+                .contains("iat")
+        );
+        assert_eq!(Dialect::Netflow9.refuses(all_but_iat), None);
+        assert_eq!(Dialect::Ipfix.refuses(Features::ALL), None);
+        let records: Vec<FlowRecord> = (0..300u64)
+            .map(|i| record(if i % 3 == 0 { v6 } else { v4_key(6) }, 1 + i % 5, false))
+            .collect();
+        let back = round_trip_in(Dialect::Netflow9, all_but_iat, false, &records);
+        assert_eq!(back.len(), records.len());
+        let family = |rs: &[FlowRecord], v: u8| -> Vec<FlowRecord> {
+            rs.iter()
+                .filter(|r| r.key.ip_version == v)
+                .cloned()
+                .collect()
+        };
+        for v in [4, 6] {
+            for (a, b) in family(&records, v).iter().zip(&family(&back, v)) {
+                assert_eq!(a.key, b.key);
+                let (x, y) = (&a.forward, &b.forward);
+                assert_eq!(
+                    (x.packets, x.bytes, x.tcp_flags, x.tos, x.ttl_min, x.ttl_max),
+                    (y.packets, y.bytes, y.tcp_flags, y.tos, y.ttl_min, y.ttl_max)
+                );
+                assert_eq!((x.len_min, x.len_max), (y.len_min, y.len_max));
+                assert_eq!((x.in_port, x.out_port), (y.in_port, y.out_port));
+                // Times to the millisecond, through the uptime.
+                assert_eq!(
+                    (x.first_ns / MS, x.last_ns / MS),
+                    (y.first_ns / MS, y.last_ns / MS)
+                );
+                assert_eq!(b.end, EndReason::Idle);
+            }
+        }
+        let bi = round_trip_in(
+            Dialect::Netflow9,
+            Features::DEFAULT,
+            true,
+            &[record(v4_key(17), 3, true), record(v4_key(6), 2, false)],
+        );
+        let keys: Vec<FlowKey> = bi.iter().map(|r| r.key).collect();
+        assert_eq!(keys, [v4_key(17), v4_key(17).reversed(), v4_key(6)]);
+        assert!(bi.iter().all(|r| r.reverse.is_none()));
+        assert_eq!(bi.iter().map(|r| r.forward.packets).sum::<u64>(), 8);
+    }
+
+    /// NetFlow v9's times are uptime milliseconds in 32 bits, which wrap after 49.7 days:
+    /// flows that began up to 24 days before the first message read true, the boot moves
+    /// forward before the uptime can wrap, and a flow older than the boot reads as
+    /// beginning at it rather than wrapping.
+    #[test]
+    fn netflow9_times_hold_across_the_uptimes_wrap() {
+        let day_ms = 86_400_000u64;
+        let start_s = 1_700_000_000u32;
+        let mut enc = Encoder::in_dialect(
+            Dialect::Netflow9,
+            1,
+            Features::DEFAULT,
+            false,
+            1400,
+            TemplateRefresh::UDP,
+        );
+        let mut dec = Decoder::default();
+        let mut uptimes = Vec::new();
+        let mut check = |enc: &mut Encoder, export_s: u32, first_ms: u64, want_first_ms: u64| {
+            let mut r = record(v4_key(6), 1, false);
+            r.forward.first_ns = first_ms * MS;
+            r.forward.last_ns = u64::from(export_s) * 1000 * MS;
+            let mut msgs = Vec::new();
+            enc.encode(&[r], export_s, &mut |m| msgs.push(m.to_vec()));
+            enc.finish(&mut |m| msgs.push(m.to_vec()));
+            let mut got = Vec::new();
+            for m in &msgs {
+                uptimes.push(u32::from_be_bytes([m[4], m[5], m[6], m[7]]));
+                got.extend(dec.decode(m).unwrap().1);
+            }
+            assert_eq!(got.len(), 1, "at {export_s}");
+            assert_eq!(got[0].forward.first_ns / MS, want_first_ms, "at {export_s}");
+            assert_eq!(got[0].forward.last_ns / MS, u64::from(export_s) * 1000);
+        };
+        let start_ms = u64::from(start_s) * 1000;
+        // Began 20 days before the first message.
+        check(
+            &mut enc,
+            start_s,
+            start_ms - 20 * day_ms,
+            start_ms - 20 * day_ms,
+        );
+        // 30 and 60 days on: past where the first boot's uptime would have wrapped.
+        for days in [30, 45, 60, 200] {
+            let now_s = start_s + (days * 86_400) as u32;
+            let now_ms = u64::from(now_s) * 1000;
+            check(&mut enc, now_s, now_ms - day_ms, now_ms - day_ms);
+        }
+        // Older than the boot (which is 24.8 days before the message at most): at it.
+        let now_s = start_s + 300 * 86_400;
+        let now_ms = u64::from(now_s) * 1000;
+        let boot_ms = enc.boot_for(now_ms);
+        assert!(boot_ms <= now_ms && now_ms - boot_ms < UPTIME_REBASE_MS);
+        assert!(now_ms - 40 * day_ms < boot_ms);
+        check(&mut enc, now_s, now_ms - 40 * day_ms, boot_ms);
+        assert!(
+            uptimes.iter().all(|&u| u64::from(u) < UPTIME_REBASE_MS),
+            "{uptimes:?}"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The flow exporter: the thread that takes finished flow records from the workers' flow
-//! stages and writes them to every sink (IPFIX over UDP or TCP, IPFIX files, CSV, JSON
-//! lines). Offline, workers wait for it when it falls behind (nothing is lost); live, a
+//! stages and writes them to every sink (IPFIX over UDP or TCP, IPFIX files, NetFlow v9
+//! over UDP, CSV, JSON lines). Offline, workers wait for it when it falls behind (nothing is lost); live, a
 //! full queue drops records and counts them.
 
 use crate::SetupResult;
@@ -30,6 +30,7 @@ use spool::Spool;
 #[derive(Clone, Debug)]
 pub enum SinkSpec {
     IpfixUdp(SocketAddr),
+    Netflow9Udp(SocketAddr),
     IpfixTcp(SocketAddr),
     IpfixFile(PathBuf),
     /// `None`: standard output.
@@ -535,7 +536,11 @@ impl Sink {
             refresh,
         };
         let (name, out, format) = match spec {
-            SinkSpec::IpfixUdp(addr) => {
+            SinkSpec::IpfixUdp(addr) | SinkSpec::Netflow9Udp(addr) => {
+                let (protocol, key) = match spec {
+                    SinkSpec::Netflow9Udp(_) => ("netflow9", "netflow9"),
+                    _ => ("ipfix", "ipfix"),
+                };
                 let bind: SocketAddr = if addr.is_ipv4() {
                     "0.0.0.0:0"
                 } else {
@@ -543,7 +548,7 @@ impl Sink {
                 }
                 .parse()
                 .map_err(|e| format!("{e}"))?;
-                let flag = c.naming.name("ipfix");
+                let flag = c.naming.name(key);
                 let s = UdpSocket::bind(bind).map_err(|e| format!("{flag} {addr}: {e}"))?;
                 s.connect(addr).map_err(|e| format!("{flag} {addr}: {e}"))?;
                 let size = match c.mtu {
@@ -555,14 +560,21 @@ impl Sink {
                         .unwrap_or(MessageSize::FALLBACK),
                 };
                 let udp = UdpOut::new(s, c.pace, c.gso, now);
+                let format = match spec {
+                    SinkSpec::Netflow9Udp(_) => Format::Netflow9 {
+                        message_len: size,
+                        refresh: TemplateRefresh::UDP,
+                    },
+                    _ => ipfix(size, TemplateRefresh::UDP),
+                };
                 (
                     // The size and the pace show in the summary: what `auto` found.
                     format!(
-                        "ipfix udp {addr} (messages of up to {size} bytes, {})",
+                        "{protocol} udp {addr} (messages of up to {size} bytes, {})",
                         udp.spacing.describe()
                     ),
                     Out::Udp(udp),
-                    ipfix(size, TemplateRefresh::UDP),
+                    format,
                 )
             }
             SinkSpec::IpfixTcp(addr) => {
@@ -1072,21 +1084,25 @@ impl Exporter {
         if config.sinks.is_empty() {
             let n = |k| config.naming.name(k);
             return Err(format!(
-                "no sink: give {} HOST:PORT, {} HOST:PORT, {} FILE, {} FILE|- or {} FILE|-",
+                "no sink: give {} HOST:PORT, {} HOST:PORT, {} FILE, {} HOST:PORT, {} FILE|- \
+                 or {} FILE|-",
                 n("ipfix"),
                 n("ipfix_tcp"),
                 n("ipfix_file"),
+                n("netflow9"),
                 n("csv"),
                 n("json")
             ));
         }
-        if config.gso && !(config.sinks.iter()).any(|s| matches!(s, SinkSpec::IpfixUdp(_))) {
+        let udp = |s: &SinkSpec| matches!(s, SinkSpec::IpfixUdp(_) | SinkSpec::Netflow9Udp(_));
+        if config.gso && !config.sinks.iter().any(udp) {
             let n = |k| config.naming.name(k);
             return Err(format!(
-                "{}: segmentation offload is for IPFIX over UDP, and no {} HOST:PORT is \
-                 given: add one, or leave it out",
+                "{}: segmentation offload is for IPFIX or NetFlow v9 over UDP, and no {} or \
+                 {} HOST:PORT is given: add one, or leave it out",
                 n("ipfix_gso"),
-                n("ipfix")
+                n("ipfix"),
+                n("netflow9")
             ));
         }
         let stdout =

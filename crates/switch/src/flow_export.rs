@@ -6,7 +6,7 @@ use crate::SetupResult;
 use crate::export::{ExportConfig, ExportReport, Exporter, Naming, SinkSpec};
 use crate::units::{MessageSize, Pace, SpoolSize, bounded};
 use stateplane_flows::aggregator::Timeouts;
-use stateplane_flows::ipfix::Features;
+use stateplane_flows::ipfix::{Dialect, Features};
 use stateplane_flows::stage::{FlowStage, FlowTap, StageConfig, StageCounters};
 use stateplane_runtime::{Burst, Context, Tap, TapFactory};
 use std::net::SocketAddr;
@@ -40,6 +40,13 @@ pub struct FlowSettings {
     /// Write IPFIX to this file (RFC 5655).
     #[arg(long)]
     pub ipfix_file: Vec<PathBuf>,
+    /// Send NetFlow version 9 (RFC 3954) over UDP to this collector (repeatable), for
+    /// collectors that take no IPFIX, e.g. 127.0.0.1:2055: the same records, paced and
+    /// sized as IPFIX over UDP, with three differences: no iat (NetFlow v9 has no
+    /// enterprise elements; refused), a biflow goes out as two one-way records, and UDP
+    /// only (its messages carry no length to frame them in a stream or a file).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub netflow9: Vec<SocketAddr>,
     /// Write CSV to this file, or - for standard output.
     #[arg(long)]
     pub csv: Option<PathBuf>,
@@ -114,6 +121,7 @@ const DEFAULT: FlowSettings = FlowSettings {
     ipfix_spool: None,
     ipfix_spool_max: SpoolSize(1_000_000_000),
     ipfix_file: Vec::new(),
+    netflow9: Vec::new(),
     csv: None,
     json: None,
     features: String::new(),
@@ -216,6 +224,15 @@ impl FlowSettings {
                 name("ipfix_tcp")
             ));
         }
+        if !self.netflow9.is_empty()
+            && let Some(why) = Dialect::Netflow9.refuses(features)
+        {
+            return Err(format!(
+                "{}: {why} (a {} collector is given)",
+                name("features"),
+                name("netflow9")
+            ));
+        }
         let mut sinks: Vec<SinkSpec> = self.ipfix.iter().map(|a| SinkSpec::IpfixUdp(*a)).collect();
         sinks.extend(self.ipfix_tcp.iter().map(|a| SinkSpec::IpfixTcp(*a)));
         sinks.extend(
@@ -223,6 +240,7 @@ impl FlowSettings {
                 .iter()
                 .map(|p| SinkSpec::IpfixFile(p.clone())),
         );
+        sinks.extend(self.netflow9.iter().map(|a| SinkSpec::Netflow9Udp(*a)));
         if let Some(p) = &self.csv {
             sinks.push(SinkSpec::Csv(file_or_stdout(p)));
         }
