@@ -8,6 +8,7 @@ mod common;
 
 use common::{bin, interrupted_mid_input, ok, refused, tmp};
 use stateplane_flows::FlowRecord;
+use stateplane_flows::flow_stats::Fate;
 use stateplane_flows::ipfix::Decoder;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -97,8 +98,7 @@ fn a_flows_section_records_what_any_program_forwarded_with_its_egress_port() {
         tmp("section.rules"),
         "table=0,priority=10,tcp,actions=output:1\n\
          table=0,priority=10,udp,actions=output:2\n\
-         table=0,priority=10,tcp6,actions=output:1\n\
-         table=0,priority=10,udp6,actions=output:2\n",
+         table=0,priority=10,tcp6,actions=output:1\n",
     )
     .unwrap();
     let cfg = tmp("section.toml");
@@ -119,16 +119,29 @@ fn a_flows_section_records_what_any_program_forwarded_with_its_egress_port() {
     let (mut tcp, mut udp, mut other) = (0, 0, 0);
     for row in &rows {
         let out_port = row["out_port"].as_str();
-        match number(row, "proto") {
-            6 => tcp += assert_port(row, out_port, "1"),
-            17 => udp += assert_port(row, out_port, "2"),
-            // Dropped by the table's miss: no egress port.
-            _ => other += assert_port(row, out_port, ""),
+        let fate = (row["forwarding"].as_str(), row["drop_reason"].as_str());
+        let v6 = row["src"].contains(':');
+        match (number(row, "proto"), v6) {
+            (6, _) => tcp += assert_port(row, out_port, "1"),
+            (17, false) => udp += assert_port(row, out_port, "2"),
+            // Dropped by the table's miss (UDP over IPv6 among them): no egress port, and
+            // the reason named.
+            _ => {
+                assert_eq!(fate, ("dropped", "no_match"), "{row:?}");
+                other += assert_port(row, out_port, "")
+            }
+        }
+        if fate.0 == "forwarded" {
+            assert_eq!(fate.1, "", "{row:?}");
         }
     }
+    assert_eq!(
+        summary["drops"]["no_match"], other,
+        "the dropped flows' packets"
+    );
     let packets = summary["counters"]["rx_packets"].as_u64().unwrap();
     assert!(
-        tcp > 1000 && udp > 100,
+        tcp > 1000 && udp > 100 && other > 100,
         "tcp {tcp}, udp {udp}, other {other}"
     );
     assert_eq!(tcp + udp + other, packets, "every packet in one record");
@@ -156,6 +169,12 @@ fn a_flows_section_records_what_any_program_forwarded_with_its_egress_port() {
             .sum::<u64>()
     };
     assert_eq!((by_port(1), by_port(2)), (tcp, udp));
+    // Their fate too: forwardingStatus and the exact reason, as the CSV has it.
+    let dropped = (records.iter())
+        .filter(|r| matches!(Fate::of(r.forward.out_port), Fate::Dropped(c) if c >= 16))
+        .map(FlowRecord::packets)
+        .sum::<u64>();
+    assert_eq!(dropped, other);
 }
 
 /// Counts a record's packets after checking its egress port column.
@@ -456,7 +475,8 @@ impl UdpCollector {
 
 /// NetFlow v9 over UDP: each datagram one message of version 9 numbered by the messages
 /// before it, every record of the run in them with the packets and bytes the summary
-/// gives, a biflow as two one-way records; what NetFlow v9 cannot carry is refused, named.
+/// gives, a biflow as two one-way records; `all` is all NetFlow v9 carries, and what it
+/// cannot carry is refused when named.
 #[test]
 fn netflow9_over_udp_carries_every_record_numbered_by_message() {
     let trace = tmp("netflow9.pcap");
@@ -464,10 +484,19 @@ fn netflow9_over_udp_carries_every_record_numbered_by_message() {
     for biflow in [false, true] {
         let collector = UdpCollector::start();
         let mut cmd = bin();
-        cmd.args(["flows", "--summary-json", "--mtu", "1400", "--netflow9"])
-            .arg(collector.addr.to_string())
-            .arg("-i")
-            .arg(&trace);
+        // `all`: all that NetFlow v9 carries.
+        cmd.args([
+            "flows",
+            "--summary-json",
+            "--mtu",
+            "1400",
+            "--features",
+            "all",
+        ])
+        .arg("--netflow9")
+        .arg(collector.addr.to_string())
+        .arg("-i")
+        .arg(&trace);
         if biflow {
             cmd.arg("--biflow");
         }
@@ -516,12 +545,23 @@ fn netflow9_over_udp_carries_every_record_numbered_by_message() {
         "--features",
     ];
     refused(
-        &[&flows[..], &["all"]].concat(),
-        "--features: `iat` has no NetFlow v9 field",
+        &[&flows[..], &["all,iat"]].concat(),
+        "--features: `iat` has no NetFlow v9 field (inter-arrival times are enterprise \
+         elements, which only IPFIX has): leave it out of the features, or export IPFIX (a \
+         --netflow9 collector is given)",
     );
+    // `flows` watches packets: what became of them is a run's to say.
     refused(
-        &[&flows[..], &["counts,iat"]].concat(),
-        "(a --netflow9 collector is given)",
+        &[
+            "flows",
+            "-i",
+            trace,
+            "--csv",
+            "-",
+            "--features",
+            "counts,forwarding",
+        ],
+        "--features: `forwarding` is what a program did with each flow's packets",
     );
 }
 
@@ -793,7 +833,7 @@ fn flows_settings_errors_name_the_key_or_flag() {
         err.contains("ipfix_rate") && err.contains("neither auto nor bytes per second"),
         "{err}"
     );
-    let err = run_with("netflow9 = [\"127.0.0.1:2055\"]\nfeatures = \"all\"");
+    let err = run_with("netflow9 = [\"127.0.0.1:2055\"]\nfeatures = \"all,iat\"");
     assert!(
         err.contains("flows.features: `iat` has no NetFlow v9 field")
             && err.contains("a flows.netflow9 collector"),

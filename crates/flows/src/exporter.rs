@@ -69,6 +69,8 @@ pub struct ExportCore {
     writers: Vec<Writer>,
     features: Features,
     biflow: bool,
+    /// The program's drop reasons, which text records name (`forwarding`).
+    drop_names: &'static [&'static str],
     /// The export time, in seconds: follows the records' own clock (capture time offline),
     /// never back.
     export_s: u32,
@@ -115,11 +117,18 @@ impl ExportCore {
             writers,
             features,
             biflow,
+            drop_names: &[],
             export_s: 0,
             flushed_at: None,
             records: 0,
             line: String::new(),
         }
+    }
+
+    /// Text records name the program's drop reasons by `names` (`DropReason::name`).
+    pub fn with_drop_names(mut self, names: &'static [&'static str]) -> Self {
+        self.drop_names = names;
+        self
     }
 
     /// What each sink writes before any record (a CSV's header), at `now`.
@@ -167,9 +176,21 @@ impl ExportCore {
                     for r in batch {
                         self.line.clear();
                         if *csv {
-                            text::csv_line(r, self.features, self.biflow, &mut self.line);
+                            text::csv_line(
+                                r,
+                                self.features,
+                                self.biflow,
+                                self.drop_names,
+                                &mut self.line,
+                            );
                         } else {
-                            text::json_line(r, self.features, self.biflow, &mut self.line);
+                            text::json_line(
+                                r,
+                                self.features,
+                                self.biflow,
+                                self.drop_names,
+                                &mut self.line,
+                            );
                         }
                         out(Output::Write {
                             sink,

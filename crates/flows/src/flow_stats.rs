@@ -10,16 +10,95 @@ pub struct Observation {
     pub tos: u8,
     pub tcp_flags: u8,
     pub in_port: u16,
-    /// The port the packet left by, or [`NO_PORT`] (dropped, sent to the controller).
+    /// The port the packet left by, or what became of it instead ([`Fate`]).
     pub out_port: u16,
 }
 
-/// An egress port for packets that did not leave.
+/// An egress port for packets whose fate is not known (an observer's).
 pub const NO_PORT: u16 = u16::MAX;
 
+/// What became of a flow's last packet, kept in the `out_port` of its features: the port
+/// it left by, or above every port a switch can have, what happened instead. So a
+/// record's fate costs no byte of its flow's slot.
+///
+/// Invariant: ports are below [`Fate::FIRST_CODE`] (a switch has at most a few hundred);
+/// a drop reason's code is below 64 (`DropReason::COUNT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    Port(u16),
+    Flooded,
+    /// Dropped, for the runtime's or the program's reason of this code.
+    Dropped(u8),
+    ToControl,
+    Unknown,
+}
+
+impl Fate {
+    const FIRST_CODE: u16 = 0xFF00;
+    const DROPPED: u16 = 0xFF00;
+    const FLOODED: u16 = 0xFFFD;
+    const TO_CONTROL: u16 = 0xFFFE;
+
+    /// The fate an `out_port` holds.
+    pub fn of(out_port: u16) -> Fate {
+        match out_port {
+            p if p < Self::FIRST_CODE => Fate::Port(p),
+            Self::FLOODED => Fate::Flooded,
+            Self::TO_CONTROL => Fate::ToControl,
+            NO_PORT => Fate::Unknown,
+            code => Fate::Dropped((code - Self::DROPPED) as u8),
+        }
+    }
+
+    /// The `out_port` that holds this fate.
+    pub fn code(self) -> u16 {
+        match self {
+            Fate::Port(p) if p < Self::FIRST_CODE => p,
+            Fate::Port(_) | Fate::Unknown => NO_PORT,
+            Fate::Flooded => Self::FLOODED,
+            Fate::ToControl => Self::TO_CONTROL,
+            Fate::Dropped(reason) => Self::DROPPED + u16::from(reason.min(0xFC)),
+        }
+    }
+
+    /// The port it left by, if one.
+    pub fn port(self) -> Option<u16> {
+        match self {
+            Fate::Port(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// IPFIX's forwardingStatus (IE 89, RFC 7270 4.12): the two high bits say forwarded,
+    /// dropped or consumed, the rest a reason: a verdict naming no port the switch has is
+    /// "bad output interface" (0x8E); other drops "unknown" (0x80), their exact reason in
+    /// our own element; a packet handed to the control plane is consumed, "punt
+    /// adjacency" (0xC1, a packet sent to the control processor); a fate not known, 0.
+    pub fn forwarding_status(self) -> u8 {
+        match self {
+            Fate::Port(_) | Fate::Flooded => 0x40,
+            Fate::Dropped(r) if r == stateplane_runtime::DropReason::NO_SUCH_PORT.0 => 0x8E,
+            Fate::Dropped(_) => 0x80,
+            Fate::ToControl => 0xC1,
+            Fate::Unknown => 0,
+        }
+    }
+
+    /// Its name in text records.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Fate::Port(_) => Some("forwarded"),
+            Fate::Flooded => Some("flooded"),
+            Fate::Dropped(_) => Some("dropped"),
+            Fate::ToControl => Some("to_control"),
+            Fate::Unknown => None,
+        }
+    }
+}
+
 impl Observation {
-    /// What parsed packet `p`, seen at `ts_ns` on `in_port` and sent to `out_port` (or
-    /// [`NO_PORT`]), adds to its flow.
+    /// What parsed packet `p`, seen at `ts_ns` on `in_port` and sent to `out_port` (a
+    /// [`Fate::code`]), adds to its flow.
     #[inline]
     pub fn of(p: &stateplane_wire::Parsed, ts_ns: u64, in_port: u16, out_port: u16) -> Self {
         Observation {
@@ -51,7 +130,7 @@ pub struct FlowStats {
     pub len_max: u16,
     /// The ingress port of the first packet.
     pub in_port: u16,
-    /// The egress port of the last packet.
+    /// The egress port of the last packet, or what became of it instead ([`Fate`]).
     pub out_port: u16,
     pub ttl_min: u8,
     pub ttl_max: u8,
@@ -371,6 +450,27 @@ mod tests {
             prop_assert_eq!(merged_totals, totals);
             prop_assert_eq!(totals, FlowTotals::from(&whole));
         }
+    }
+
+    /// Every fate is held by its own `out_port` and read back; ports past the codes'
+    /// start, which no switch has, read as unknown rather than as a drop.
+    #[test]
+    fn each_fate_is_read_back_from_the_out_port_that_holds_it() {
+        let mut fates = vec![Fate::Flooded, Fate::ToControl, Fate::Unknown];
+        fates.extend([0, 1, 300, Fate::FIRST_CODE - 1].map(Fate::Port));
+        fates.extend((0..64).map(Fate::Dropped));
+        let mut codes = std::collections::HashSet::new();
+        for f in fates {
+            assert_eq!(Fate::of(f.code()), f);
+            assert!(codes.insert(f.code()), "{f:?} shares its code");
+        }
+        assert_eq!(Fate::of(Fate::Port(0xFF05).code()), Fate::Unknown);
+        assert_eq!(Fate::Port(3).forwarding_status(), 0x40);
+        assert_eq!(Fate::Dropped(17).forwarding_status(), 0x80);
+        let no_such_port = stateplane_runtime::DropReason::NO_SUCH_PORT.0;
+        assert_eq!(Fate::Dropped(no_such_port).forwarding_status(), 0x8E);
+        assert_eq!(Fate::ToControl.forwarding_status(), 0xC1);
+        assert_eq!(Fate::Unknown.forwarding_status(), 0);
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! nfdump reads them), tcpControlBits 6, ipClassOfService 5, minimumTTL 52 / maximumTTL 53,
 //! minimumIpTotalLength 25 / maximumIpTotalLength 26, ingressInterface 10 /
 //! egressInterface 14, vlanId 58, icmpTypeCodeIPv4 32 / icmpTypeCodeIPv6 139,
-//! flowEndReason 136. Inter-arrival times have no IANA element: they go out as
-//! enterprise-specific elements 1 (minimum) and 2 (maximum), in ns, under the documentation
-//! enterprise number 32473 (RFC 5612) until the project has its own. A biflow adds the
+//! flowEndReason 136, forwardingStatus 89 (what became of the flow's last packet, RFC
+//! 7270). Inter-arrival times have no IANA element: they go out as enterprise-specific
+//! elements 1 (minimum) and 2 (maximum), in ns, under the documentation enterprise number
+//! 32473 (RFC 5612) until the project has its own; so does the exact reason a dropped
+//! flow's last packet was dropped (element 3, the `DropReason` code). A biflow adds the
 //! reverse of each per-direction element (enterprise 29305, RFC 5103).
 //!
 //! Sequence numbers count the data records sent before each message (RFC 7011 §3.1), per
@@ -26,7 +28,7 @@
 //! and no reverse elements, so a biflow goes out as two one-way records, as softflowd
 //! does. It has no length field either, so it travels over UDP only.
 
-use crate::flow_stats::FlowStats;
+use crate::flow_stats::{Fate, FlowStats};
 use crate::record::{EndReason, FlowRecord};
 use stateplane_wire::FlowKey;
 use std::collections::HashMap;
@@ -61,9 +63,10 @@ impl Features {
     pub const VLAN: u16 = 1 << 8;
     pub const ICMP: u16 = 1 << 9;
     pub const END_REASON: u16 = 1 << 10;
+    pub const FORWARDING: u16 = 1 << 11;
 
     /// Names as the command line takes them.
-    pub const NAMES: [(&'static str, u16); 11] = [
+    pub const NAMES: [(&'static str, u16); 12] = [
         ("counts", Self::COUNTS),
         ("times", Self::TIMES),
         ("tcp_flags", Self::TCP_FLAGS),
@@ -75,9 +78,10 @@ impl Features {
         ("vlan", Self::VLAN),
         ("icmp", Self::ICMP),
         ("end_reason", Self::END_REASON),
+        ("forwarding", Self::FORWARDING),
     ];
 
-    pub const ALL: Features = Features((1 << 11) - 1);
+    pub const ALL: Features = Features((1 << 12) - 1);
     /// What NetFlow-style exporters send by default, with the ICMP type and code (IE 32 or
     /// 139), without which collectors show ICMP flows as `0.0`.
     pub const DEFAULT: Features = Features(
@@ -99,6 +103,15 @@ impl Features {
     /// (`StageConfig::extremes`).
     pub fn needs_extremes(self) -> bool {
         self.has(Self::TTL | Self::SIZES | Self::IAT)
+    }
+
+    /// The features `text` names one by one (not through `all` or `default`): those a
+    /// run refuses when it cannot export them, where `all` means all it can.
+    pub fn named(text: &str) -> Features {
+        let bits = (text.split(',').map(str::trim))
+            .filter_map(|name| Self::NAMES.iter().find(|(n, _)| *n == name))
+            .fold(0, |bits, (_, b)| bits | b);
+        Features(bits)
     }
 
     /// Parses a comma-separated list of names, `all` or `default`.
@@ -154,7 +167,8 @@ impl Dialect {
         }
     }
 
-    /// What in `features` this dialect has no field for, as the reason a run refuses it.
+    /// What in `features` this dialect has no field for, as the reason a run refuses it
+    /// when named (`all` takes what the dialect carries: its template leaves the rest out).
     pub fn refuses(self, features: Features) -> Option<&'static str> {
         (self == Dialect::Netflow9 && features.has(Features::IAT)).then_some(
             "`iat` has no NetFlow v9 field (inter-arrival times are enterprise elements, which \
@@ -212,6 +226,7 @@ pub mod ie {
     pub const TTL_MIN: u16 = 52;
     pub const TTL_MAX: u16 = 53;
     pub const VLAN: u16 = 58;
+    pub const FORWARDING_STATUS: u16 = 89;
     pub const END_REASON: u16 = 136;
     pub const ICMP_V6: u16 = 139;
     pub const START_MS: u16 = 152;
@@ -219,6 +234,8 @@ pub mod ie {
     /// Enterprise elements under `STATEPLANE_PEN`.
     pub const IAT_MIN: u16 = 1;
     pub const IAT_MAX: u16 = 2;
+    /// The exact reason a flow's last packet was dropped (`DropReason`'s code).
+    pub const DROP_REASON: u16 = 3;
 }
 
 /// A per-direction element: the feature that brings it, its IANA id and length, and how it
@@ -309,6 +326,16 @@ fn dialect_template_fields(
     }
     if features.has(Features::END_REASON) {
         f.push(iana(ie::END_REASON, 1));
+    }
+    if features.has(Features::FORWARDING) {
+        f.push(iana(ie::FORWARDING_STATUS, 1));
+        if enterprise {
+            f.push(Field {
+                id: ie::DROP_REASON,
+                len: 1,
+                pen: STATEPLANE_PEN,
+            });
+        }
     }
     if biflow && enterprise {
         f.extend(direction_fields(dialect, features, REVERSE_PEN));
@@ -737,16 +764,11 @@ impl Encoder {
             w.put(s.iat_min().unwrap_or(0).to_be_bytes());
             w.put(s.iat_max_ns.to_be_bytes());
         }
+        let fate = Fate::of(r.forward.out_port);
         if f.has(Features::PORTS) {
-            let port = |p: u16| {
-                if p == crate::flow_stats::NO_PORT {
-                    0
-                } else {
-                    u32::from(p) + 1
-                }
-            };
-            w.put(port(r.forward.in_port).to_be_bytes());
-            w.put(port(r.forward.out_port).to_be_bytes());
+            let port = |p: Option<u16>| p.map_or(0, |p| u32::from(p) + 1);
+            w.put(port(Fate::of(r.forward.in_port).port()).to_be_bytes());
+            w.put(port(fate.port()).to_be_bytes());
         }
         if f.has(Features::VLAN) {
             w.put(k.vlan.to_be_bytes());
@@ -756,6 +778,16 @@ impl Encoder {
         }
         if f.has(Features::END_REASON) {
             w.put([r.end as u8]);
+        }
+        if f.has(Features::FORWARDING) {
+            w.put([fate.forwarding_status()]);
+            if self.dialect == Dialect::Ipfix {
+                let reason = match fate {
+                    Fate::Dropped(r) => r,
+                    _ => 0,
+                };
+                w.put([reason]);
+            }
         }
         if self.biflow {
             let none = FlowStats::ZERO;
@@ -1025,6 +1057,7 @@ fn record_of(fields: &[Field], mut rec: &[u8], boot_ms: u64) -> FlowRecord {
     let (mut fwd, mut rev) = (FlowStats::ZERO, FlowStats::ZERO);
     let mut end = EndReason::Forced;
     let mut icmp = 0;
+    let (mut status, mut drop_reason) = (None, 0);
     for f in fields {
         let (v, rest) = rec.split_at(usize::from(f.len));
         rec = rest;
@@ -1036,6 +1069,7 @@ fn record_of(fields: &[Field], mut rec: &[u8], boot_ms: u64) -> FlowRecord {
                 match f.id {
                     ie::IAT_MIN => fwd.iat_min_ns = n,
                     ie::IAT_MAX => fwd.iat_max_ns = n,
+                    ie::DROP_REASON => drop_reason = n as u8,
                     _ => {}
                 }
                 continue;
@@ -1060,6 +1094,7 @@ fn record_of(fields: &[Field], mut rec: &[u8], boot_ms: u64) -> FlowRecord {
             ie::ICMP_V4 | ie::ICMP_V6 => icmp = n as u16,
             ie::INGRESS => s.in_port = (n as u16).wrapping_sub(1),
             ie::EGRESS => s.out_port = (n as u16).wrapping_sub(1),
+            ie::FORWARDING_STATUS => status = Some(n),
             ie::FIRST_SWITCHED => s.first_ns = (boot_ms + n).saturating_mul(MS),
             ie::LAST_SWITCHED => s.last_ns = (boot_ms + n).saturating_mul(MS),
             ie::END_REASON => {
@@ -1073,6 +1108,12 @@ fn record_of(fields: &[Field], mut rec: &[u8], boot_ms: u64) -> FlowRecord {
     }
     if matches!(key.proto, 1 | 58) {
         key.dst_port = icmp;
+    }
+    // What did not leave by a port has an egress of 0; its status says what it met.
+    match status.map(|s| s >> 6) {
+        Some(2) => fwd.out_port = Fate::Dropped(drop_reason).code(),
+        Some(3) => fwd.out_port = Fate::ToControl.code(),
+        _ => {}
     }
     FlowRecord {
         key,
@@ -1404,6 +1445,28 @@ mod tests {
         assert_eq!(keys, [v4_key(17), v4_key(17).reversed(), v4_key(6)]);
         assert!(bi.iter().all(|r| r.reverse.is_none()));
         assert_eq!(bi.iter().map(|r| r.forward.packets).sum::<u64>(), 8);
+    }
+
+    /// A flow's fate goes out as forwardingStatus (both dialects) and, in IPFIX, the
+    /// exact drop reason; it comes back as the record had it (NetFlow v9: dropped, for a
+    /// reason it cannot say).
+    #[test]
+    fn a_flows_fate_goes_out_and_comes_back() {
+        let fates = [Fate::Port(2), Fate::Dropped(17), Fate::ToControl];
+        let records: Vec<FlowRecord> = (fates.iter())
+            .map(|f| {
+                let mut r = record(v4_key(6), 2, false);
+                r.forward.out_port = f.code();
+                r
+            })
+            .collect();
+        let features = Features(Features::DEFAULT.0 | Features::FORWARDING);
+        let back = round_trip(features, false, &records);
+        let got: Vec<Fate> = back.iter().map(|r| Fate::of(r.forward.out_port)).collect();
+        assert_eq!(got, fates);
+        let back = round_trip_in(Dialect::Netflow9, features, false, &records);
+        let got: Vec<Fate> = back.iter().map(|r| Fate::of(r.forward.out_port)).collect();
+        assert_eq!(got, [Fate::Port(2), Fate::Dropped(0), Fate::ToControl]);
     }
 
     /// NetFlow v9's times are uptime milliseconds in 32 bits, which wrap after 49.7 days:

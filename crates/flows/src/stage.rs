@@ -7,7 +7,7 @@
 
 use crate::aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
 use crate::compact_key::{CompactKey, V4Key, V6Key, hash_key};
-use crate::flow_stats::{FlowTotals, KeptStats, NO_PORT, Observation, TCP_FIN, TCP_RST};
+use crate::flow_stats::{Fate, FlowTotals, KeptStats, Observation, TCP_FIN, TCP_RST};
 use crate::microflow::{Microflow, MicroflowTable, SizeError};
 use crate::record::FlowRecord;
 use stateplane_runtime::{Burst, Context, Tap, Verdict};
@@ -462,11 +462,13 @@ fn pack<K: CompactKey>(key: &FlowKey) -> K {
 /// What a packet contributes to its flow, as the stage sees it after the program.
 #[inline]
 pub fn observation(d: &stateplane_runtime::PacketDesc) -> Observation {
-    let out_port = match d.verdict {
-        Verdict::Forward(port) => port,
-        _ => NO_PORT,
+    let fate = match d.verdict {
+        Verdict::Forward(port) => Fate::Port(port),
+        Verdict::Flood => Fate::Flooded,
+        Verdict::Drop(reason) => Fate::Dropped(reason.0),
+        Verdict::ToControl(_) => Fate::ToControl,
     };
-    Observation::of(&d.parsed, d.ts_ns, d.in_port, out_port)
+    Observation::of(&d.parsed, d.ts_ns, d.in_port, fate.code())
 }
 
 /// Records a family's flush hands over at a time at the end of a run: few enough that they

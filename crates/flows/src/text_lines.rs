@@ -1,7 +1,7 @@
 //! Flow records as text for people and scripts: CSV (one header line) and JSON lines.
 //! Both come from one list of named columns, chosen by the run's [`Features`].
 
-use crate::flow_stats::{FlowStats, NO_PORT};
+use crate::flow_stats::{Fate, FlowStats};
 use crate::ipfix::Features;
 use crate::record::FlowRecord;
 use std::fmt::Write;
@@ -62,7 +62,13 @@ fn direction(prefix: &str, f: Features, s: Option<&FlowStats>, cols: &mut Vec<(S
     }
 }
 
-fn columns(r: &FlowRecord, f: Features, biflow: bool) -> Vec<(String, Value)> {
+/// The columns of `r`; `drop_names` names the program's drop reasons (`DropReason::name`).
+fn columns(
+    r: &FlowRecord,
+    f: Features,
+    biflow: bool,
+    drop_names: &[&'static str],
+) -> Vec<(String, Value)> {
     let k = &r.key;
     let ip = |a: Option<std::net::IpAddr>| a.map_or(Value::Missing, |a| Value::Text(a.to_string()));
     let icmp = matches!(k.proto, 1 | 58);
@@ -81,11 +87,9 @@ fn columns(r: &FlowRecord, f: Features, biflow: bool) -> Vec<(String, Value)> {
     ];
     direction("", f, Some(&r.forward), &mut cols);
     let port = |p: u16| {
-        if p == NO_PORT {
-            Value::Missing
-        } else {
-            Value::Num(p.into())
-        }
+        Fate::of(p)
+            .port()
+            .map_or(Value::Missing, |p| Value::Num(p.into()))
     };
     if f.has(Features::PORTS) {
         cols.push(("in_port".into(), port(r.forward.in_port)));
@@ -109,6 +113,16 @@ fn columns(r: &FlowRecord, f: Features, biflow: bool) -> Vec<(String, Value)> {
     if f.has(Features::END_REASON) {
         cols.push(("end_reason".into(), Value::Text(r.end.name().into())));
     }
+    if f.has(Features::FORWARDING) {
+        let fate = Fate::of(r.forward.out_port);
+        let text = |t: Option<&str>| t.map_or(Value::Missing, |t| Value::Text(t.into()));
+        let reason = match fate {
+            Fate::Dropped(code) => Some(stateplane_runtime::DropReason(code).name(drop_names)),
+            _ => None,
+        };
+        cols.push(("forwarding".into(), text(fate.name())));
+        cols.push(("drop_reason".into(), text(reason)));
+    }
     if biflow {
         direction("rev_", f, r.reverse.as_ref(), &mut cols);
     }
@@ -123,16 +137,22 @@ pub fn csv_header(f: Features, biflow: bool) -> String {
         reverse: None,
         end: crate::record::EndReason::Forced,
     };
-    columns(&any, f, biflow)
+    columns(&any, f, biflow, &[])
         .into_iter()
         .map(|(n, _)| n)
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// Appends one CSV line (with its newline) to `out`.
-pub fn csv_line(r: &FlowRecord, f: Features, biflow: bool, out: &mut String) {
-    for (i, (_, v)) in columns(r, f, biflow).into_iter().enumerate() {
+/// Appends one CSV line (with its newline) to `out`; `drop_names` as [`columns`].
+pub fn csv_line(
+    r: &FlowRecord,
+    f: Features,
+    biflow: bool,
+    drop_names: &[&'static str],
+    out: &mut String,
+) {
+    for (i, (_, v)) in columns(r, f, biflow, drop_names).into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
@@ -145,11 +165,18 @@ pub fn csv_line(r: &FlowRecord, f: Features, biflow: bool, out: &mut String) {
     out.push('\n');
 }
 
-/// Appends one JSON object (with its newline) to `out`; missing values are left out.
-pub fn json_line(r: &FlowRecord, f: Features, biflow: bool, out: &mut String) {
+/// Appends one JSON object (with its newline) to `out`; missing values are left out;
+/// `drop_names` as [`columns`].
+pub fn json_line(
+    r: &FlowRecord,
+    f: Features,
+    biflow: bool,
+    drop_names: &[&'static str],
+    out: &mut String,
+) {
     out.push('{');
     let mut first = true;
-    for (name, v) in columns(r, f, biflow) {
+    for (name, v) in columns(r, f, biflow, drop_names) {
         let sep = if first { "" } else { "," };
         let _ = match v {
             Value::Num(n) => write!(out, "{sep}\"{name}\":{n}"),
@@ -198,7 +225,7 @@ mod tests {
         };
         let header = csv_header(Features::ALL, false);
         let mut line = String::new();
-        csv_line(&r, Features::ALL, false, &mut line);
+        csv_line(&r, Features::ALL, false, &[], &mut line);
         assert_eq!(
             header.split(',').count(),
             line.trim_end().split(',').count()
@@ -208,7 +235,7 @@ mod tests {
             "{line}"
         );
         let mut json = String::new();
-        json_line(&r, Features::ALL, false, &mut json);
+        json_line(&r, Features::ALL, false, &[], &mut json);
         assert!(
             json.contains("\"bytes\":100") && json.contains("\"end_reason\":\"end_of_flow\""),
             "{json}"

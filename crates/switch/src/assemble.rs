@@ -122,7 +122,12 @@ impl Switch {
                     live,
                 )?;
                 let flows = (cfg.flows.as_ref())
-                    .map(|f| f.start(Naming::Config, workers, seed, live))
+                    .map(|f| {
+                        // The names records give the program's drop reasons (a copy of
+                        // the program claims nothing: its tables were claimed as built).
+                        let drop_names = factory(0).drop_reasons();
+                        f.start(Naming::Config, workers, seed, live, Some(drop_names))
+                    })
                     .transpose()?;
                 let growth = stateplane_mem::budget::Growth::of_scope();
                 SetupResult::Ok((program, factory, flows, sync, replication, growth))

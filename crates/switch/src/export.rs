@@ -72,6 +72,8 @@ pub struct ExportConfig {
     pub gso: bool,
     /// Where TCP collectors' spools go, and the bytes each may hold.
     pub spool: Option<(PathBuf, u64)>,
+    /// The program's drop reasons, by which text records name them.
+    pub drop_names: &'static [&'static str],
 }
 
 /// What the exporter did.
@@ -811,7 +813,8 @@ impl Exporting {
             .collect::<SetupResult<Vec<_>>>()?
             .into_iter()
             .unzip();
-        let core = ExportCore::new(&formats, config.features, config.biflow, config.domain);
+        let core = ExportCore::new(&formats, config.features, config.biflow, config.domain)
+            .with_drop_names(config.drop_names);
         let mut exporting = Exporting { core, sinks };
         let Exporting { core, sinks } = &mut exporting;
         core.start(now, &mut |o| deliver(sinks, now, o));
@@ -1366,6 +1369,7 @@ mod tests {
             pace: Pace::Rate(ByteRate(0)),
             gso: false,
             spool: None,
+            drop_names: &[],
         }
     }
 

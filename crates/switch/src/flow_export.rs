@@ -54,7 +54,9 @@ pub struct FlowSettings {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Features to export: default, all, or a list of counts, times, tcp_flags, tos, ttl,
-    /// sizes, iat, ports, vlan, icmp, end_reason.
+    /// sizes, iat, ports, vlan, icmp, end_reason, forwarding (what the program did with
+    /// the flow's last packet: forwarded, dropped and why, to the control plane; runs
+    /// only).
     #[arg(long, default_value = "default")]
     pub features: String,
     /// Biflow records (RFC 5103): both directions of a connection in one record, the side
@@ -193,16 +195,33 @@ impl FlowSettings {
     /// Checks the settings (errors name the flag or key, as `naming` says), opens every
     /// sink and builds a stage for each of `workers`, hashing with `seed`. `live`: a full
     /// exporter queue drops records (counted) instead of holding the workers.
+    /// `drop_names`: the program's drop reasons, or `None` behind an observer, whose
+    /// verdicts say nothing of the packets' fate (`forwarding` is then refused).
     pub fn start(
         &self,
         naming: Naming,
         workers: usize,
         seed: u64,
         live: bool,
+        drop_names: Option<&'static [&'static str]>,
     ) -> SetupResult<(FlowExport, TapFactory)> {
         let name = |key| naming.name(key);
-        let features =
+        let mut features =
             Features::parse(&self.features).map_err(|e| format!("{}: {e}", name("features")))?;
+        // Features that cannot be exported here are refused when named; `all` is all that
+        // can be.
+        let named = Features::named(&self.features);
+        if drop_names.is_none() {
+            if named.has(Features::FORWARDING) {
+                return Err(format!(
+                    "{}: `forwarding` is what a program did with each flow's packets, and \
+                     this command only watches them: leave it out, or export from \
+                     `stateplane run` with a [flows] section",
+                    name("features")
+                ));
+            }
+            features.0 &= !Features::FORWARDING;
+        }
         let stage = StageConfig {
             microflow_slots: self.microflow_slots,
             max_flows: bounded(&name("max_flows"), self.max_flows, 1, 1 << 28)?,
@@ -225,7 +244,7 @@ impl FlowSettings {
             ));
         }
         if !self.netflow9.is_empty()
-            && let Some(why) = Dialect::Netflow9.refuses(features)
+            && let Some(why) = Dialect::Netflow9.refuses(named)
         {
             return Err(format!(
                 "{}: {why} (a {} collector is given)",
@@ -280,6 +299,7 @@ impl FlowSettings {
                 pace: self.ipfix_rate,
                 gso: self.ipfix_gso,
                 spool: (self.ipfix_spool.clone()).map(|dir| (dir, self.ipfix_spool_max.0)),
+                drop_names: drop_names.unwrap_or_default(),
             },
             live,
         )?;

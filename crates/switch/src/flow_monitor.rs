@@ -211,7 +211,7 @@ impl FlowMonitor {
                 let rings = capture_buffer.unwrap_or_default();
                 crate::assemble::claim_capture_rings(rings, workers, interfaces.len())?;
             }
-            settings.start(Naming::Flags, workers, seed, live)
+            settings.start(Naming::Flags, workers, seed, live, None)
         });
         let (export, tap) = started?;
         let runtime = RuntimeConfig {
