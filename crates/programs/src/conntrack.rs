@@ -312,6 +312,12 @@ impl Conntrack {
     /// Tracks one packet of a tracked kind (see [`tracked`]). One that belongs to no
     /// connection opens one if `may_open` and it can (a TCP SYN, UDP, an echo request);
     /// with `drop_invalid` off, one that cannot passes untracked.
+    /// Whether the connection of `key` (either direction) is tracked at `now`: read only,
+    /// its timer left as it is.
+    pub(crate) fn knows(&mut self, key: &FlowKey, now: u64) -> bool {
+        self.table.lookup(&canonical(key).0, now).is_some()
+    }
+
     pub(crate) fn track(
         &mut self,
         key: &FlowKey,

@@ -10,9 +10,19 @@
 //! What is tracked is `conntrack`'s: TCP (opened by a SYN), UDP and ICMP echo. Other IP
 //! packets are judged on their own: from the inside by the policy, from outside dropped as
 //! `unsolicited`, except ICMP errors (destination unreachable, time exceeded, parameter
-//! problem; ICMPv6 also packet too big), which pass so that path MTU discovery and
-//! traceroute work (they are not matched to the connection they quote). Non-IP frames
-//! (ARP) pass. Forwarding is `forward`'s port map (default port 0 <-> 1).
+//! problem; ICMPv6 also packet too big), which path MTU discovery and traceroute need:
+//! one from outside passes when the packet it quotes belongs to a tracked connection (as
+//! Linux conntrack's RELATED and pf's state match have it), and is dropped as
+//! `unrelated_icmp` when it quotes a TCP, UDP or echo packet of none, or a packet it does
+//! not quote whole (an IP header and 8 bytes), so forged errors cannot reset or slow a
+//! connection; one quoting a protocol the tracker does not follow passes, as there is no
+//! state to check it against. The parser hands each error to the worker of the
+//! connection it quotes; on live ports with several workers the kernel spreads packets
+//! instead, by its own hash, and an error may reach another worker than its connection's:
+//! there an error that matches none of its worker's connections passes unchecked, as
+//! before (one live worker, and every run over files, check them all). Non-IP frames
+//! (ARP) pass. Forwarding is `forward`'s port map
+//! (default port 0 <-> 1).
 //!
 //! The policy judges the first packet of a connection only; its per-rule counters count
 //! connection attempts and its policers (`rule_meters`) limit their rate.
@@ -32,7 +42,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
-use stateplane_wire::icmp::types;
+use stateplane_wire::icmp;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -80,17 +90,11 @@ const POLICED: DropReason = DropReason::program(2);
 const UNSOLICITED: DropReason = DropReason::program(3);
 const INVALID: DropReason = DropReason::program(4);
 const TABLE_FULL: DropReason = DropReason::program(5);
+const UNRELATED_ICMP: DropReason = DropReason::program(6);
 
 /// ICMP errors, which quote the packet they are about rather than belong to a connection.
-fn icmp_error(proto: u8, icmp_type: u8) -> bool {
-    match proto {
-        1 => matches!(
-            icmp_type,
-            types::V4_DEST_UNREACHABLE | types::V4_TIME_EXCEEDED | 12
-        ),
-        58 => (types::V6_DEST_UNREACHABLE..=4).contains(&icmp_type),
-        _ => false,
-    }
+fn icmp_error(key: &stateplane_wire::FlowKey) -> bool {
+    matches!(key.proto, 1 | 58) && icmp::is_error(key.proto == 58, (key.dst_port >> 8) as u8)
 }
 
 #[derive(Clone)]
@@ -159,6 +163,25 @@ impl Firewall {
         self.conntrack.connections()
     }
 
+    /// Why to drop an ICMP error from outside (`d`, its frame `data`): `None` if the
+    /// packet it quotes belongs to a tracked connection or to a protocol not tracked, or
+    /// the worker cannot know (`by_hash` false: the kernel may have handed the error to
+    /// another worker than its connection's, [`Context::by_hash`]).
+    fn related(&mut self, d: &PacketDesc, data: &[u8], by_hash: bool) -> Option<DropReason> {
+        let quote = data
+            .get(usize::from(d.parsed.payload_offset)..)
+            .unwrap_or_default();
+        let Ok(quoted) = icmp::quoted(quote, d.parsed.key.ip_version == 6) else {
+            return Some(UNRELATED_ICMP);
+        };
+        let key = stateplane_wire::FlowKey {
+            vlan: d.parsed.key.vlan,
+            ..quoted.key
+        };
+        let known = !tracked(&key) || self.conntrack.knows(&key, d.ts_ns);
+        (!known && by_hash).then_some(UNRELATED_ICMP)
+    }
+
     /// Why to drop a packet of no known connection that may not open one: `None` to let
     /// it on.
     fn judge(&mut self, d: &stateplane_runtime::PacketDesc) -> Option<DropReason> {
@@ -177,7 +200,8 @@ impl Program for Firewall {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         let n = burst.len();
-        for d in burst.descs_mut() {
+        for packet in burst.iter_mut() {
+            let (d, data) = (packet.desc, &*packet.data);
             if matches!(d.verdict, Verdict::Drop(_)) {
                 continue;
             }
@@ -188,8 +212,8 @@ impl Program for Firewall {
             } else if !tracked(&key) {
                 if from_inside {
                     self.judge(d)
-                } else if icmp_error(key.proto, (key.dst_port >> 8) as u8) {
-                    None
+                } else if icmp_error(&key) {
+                    self.related(d, data, ctx.by_hash)
                 } else {
                     Some(UNSOLICITED)
                 }
@@ -234,6 +258,7 @@ impl Program for Firewall {
             "unsolicited",
             "invalid",
             "table_full",
+            "unrelated_icmp",
         ]
     }
 
@@ -287,12 +312,17 @@ mod tests {
 
     /// Frames from the inside (`true`) or the outside, in one burst; their verdicts.
     fn run(fw: &mut Firewall, frames: &[(Vec<u8>, bool)]) -> Vec<Verdict> {
+        run_in(fw, frames, crate::testutil::ctx(1, 2))
+    }
+
+    /// As [`run`], in the worker `ctx` says.
+    fn run_in(fw: &mut Firewall, frames: &[(Vec<u8>, bool)], mut ctx: Context) -> Vec<Verdict> {
         let mut b = Burst::with_capacity(frames.len());
         for (i, (f, inside)) in frames.iter().enumerate() {
             b.push(f, f.len() as u32, 1, if *inside { 0 } else { 1 }, i as u64);
         }
         b.parse(&hasher());
-        fw.process(&mut b, &mut crate::testutil::ctx(1, 2));
+        fw.process(&mut b, &mut ctx);
         verdicts(&b)
     }
 
@@ -381,22 +411,42 @@ mod tests {
         );
     }
 
+    /// From outside, an ICMP error passes only when the packet it quotes belongs to a
+    /// tracked connection (or to a protocol not tracked); forged ones, and ones that quote
+    /// nothing whole, are dropped and counted. ARP passes; other protocols do not come in.
     #[test]
-    fn icmp_errors_and_arp_come_in_other_protocols_do_not() {
+    fn icmp_errors_come_in_only_for_known_connections() {
+        use crate::testutil::icmp_error;
         let mut fw = firewall("");
-        let mut unreachable = frame(
-            REMOTE,
-            INSIDE,
-            L4::IcmpEcho {
-                request: true,
-                ident: 1,
-                seq: 1,
+        let (router, router6) = ("198.19.0.254", "2001:db8:1::fe");
+        let (inside6, remote6) = ("2001:db8::1", "2001:db8:1::2");
+        let syn = frame(INSIDE, REMOTE, tcp(1000, 80, flags::SYN));
+        let other_syn = frame(INSIDE, REMOTE, tcp(1001, 80, flags::SYN));
+        let udp6 = frame(
+            inside6,
+            remote6,
+            L4::Udp {
+                src_port: 5000,
+                dst_port: 53,
             },
         );
-        unreachable[14 + 20] = types::V4_DEST_UNREACHABLE;
+        let other_udp6 = frame(
+            inside6,
+            remote6,
+            L4::Udp {
+                src_port: 5001,
+                dst_port: 53,
+            },
+        );
+        let echo = |ident| L4::IcmpEcho {
+            request: true,
+            ident,
+            seq: 1,
+        };
+        let ping = frame(INSIDE, REMOTE, echo(7));
         let mut gre = frame(
-            REMOTE,
             INSIDE,
+            REMOTE,
             L4::Udp {
                 src_port: 1,
                 dst_port: 2,
@@ -409,16 +459,67 @@ mod tests {
         arp.extend([
             0, 0, 0, 0, 0, 0, 198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         ]);
+        // The connections are opened first: a burst's packets are judged in order.
+        let opened = run(
+            &mut fw,
+            &[
+                (syn.clone(), true),
+                (udp6.clone(), true),
+                (ping.clone(), true),
+            ],
+        );
+        assert_eq!(opened, [OUT, OUT, OUT]);
+        // A quote of the SYN's IP header and 4 bytes: too short to tell its ports.
+        let mut garbled = crate::testutil::ip_frame_with(router, INSIDE, echo(0), &syn[14..38]);
+        garbled[14 + 20] = 3;
         let got = run(
             &mut fw,
             &[
-                (unreachable, false),
+                // Fragmentation needed, for the connection: path MTU discovery works.
+                (icmp_error(&syn, router, INSIDE, 3, 4), false),
+                (icmp_error(&udp6, router6, inside6, 2, 0), false),
+                (icmp_error(&ping, router, INSIDE, 11, 0), false),
+                // The same, about connections that do not exist: forged.
+                (icmp_error(&other_syn, router, INSIDE, 3, 1), false),
+                (icmp_error(&other_udp6, router6, inside6, 1, 4), false),
+                (garbled, false),
+                // About a protocol not tracked: nothing to check, it passes.
+                (icmp_error(&gre, router, INSIDE, 3, 2), false),
                 (gre.clone(), false),
                 (arp, false),
                 (gre, true),
             ],
         );
-        assert_eq!(got, [IN, Verdict::Drop(UNSOLICITED), IN, OUT]);
+        let unrelated = Verdict::Drop(UNRELATED_ICMP);
+        assert_eq!(
+            got,
+            [
+                IN,
+                IN,
+                IN,
+                unrelated,
+                unrelated,
+                unrelated,
+                IN,
+                Verdict::Drop(UNSOLICITED),
+                IN,
+                OUT
+            ]
+        );
+        // A worker the kernel handed packets to by its own hash cannot tell a forged error
+        // from one about another worker's connection: it lets both on.
+        let spread_by_kernel = Context {
+            worker: 1,
+            workers: 2,
+            by_hash: false,
+            ..crate::testutil::ctx(1, 2)
+        };
+        let got = run_in(
+            &mut fw,
+            &[(icmp_error(&other_syn, router, INSIDE, 3, 1), false)],
+            spread_by_kernel,
+        );
+        assert_eq!(got, [IN]);
     }
 
     #[test]

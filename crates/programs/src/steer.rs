@@ -319,6 +319,7 @@ mod tests {
             workers: 1,
             hasher: FlowHasher::with_seed(7),
             ports: 6,
+            by_hash: true,
         }
     }
 

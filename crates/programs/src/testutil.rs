@@ -117,6 +117,28 @@ pub fn ip_frame_with(
     f
 }
 
+/// An ICMP error of `icmp_type` and `code` (ICMPv6 for IPv6 addresses) from `src` to
+/// `dst` about `original` (a frame): its IP header and the first 8 bytes after it, quoted.
+/// Its checksum is left as the echo it is built from had it (no program here checks it).
+pub fn icmp_error(original: &[u8], src: &str, dst: &str, icmp_type: u8, code: u8) -> Vec<u8> {
+    let ip = &original[14..];
+    let header = if ip[0] >> 4 == 6 {
+        40
+    } else {
+        usize::from(ip[0] & 0x0f) * 4
+    };
+    let echo = stateplane_gen::build::L4::IcmpEcho {
+        request: true,
+        ident: 0,
+        seq: 1280,
+    };
+    let mut f = ip_frame_with(src, dst, echo, &ip[..header + 8]);
+    let at = 14 + if ip[0] >> 4 == 6 { 40 } else { 20 };
+    f[at] = icmp_type;
+    f[at + 1] = code;
+    f
+}
+
 /// A TCP segment's header fields with these ports and flags.
 pub fn tcp(src_port: u16, dst_port: u16, flags: u8) -> stateplane_gen::build::L4 {
     stateplane_gen::build::L4::Tcp {

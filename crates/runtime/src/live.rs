@@ -82,6 +82,10 @@ impl LivePorts {
 }
 
 impl WorkerPorts for LivePorts {
+    fn spread_by_hash(&self) -> bool {
+        false
+    }
+
     fn inputs(&self) -> usize {
         self.queues.len()
     }

@@ -145,6 +145,11 @@ pub struct Context {
     pub hasher: FlowHasher,
     /// How many ports the switch has; a `Forward` to a port at or past it is dropped.
     pub ports: usize,
+    /// Whether each packet reached this worker by its `parsed.hash` (offline, and with one
+    /// worker): then an ICMP error comes to the worker of the connection it quotes. On
+    /// live ports with several workers the kernel spreads packets by its own hash, which
+    /// keeps a flow's two directions together but sends an error by its own addresses.
+    pub by_hash: bool,
 }
 
 impl Context {
@@ -157,6 +162,7 @@ impl Context {
             workers: 1,
             hasher,
             ports,
+            by_hash: true,
         }
     }
 }
@@ -635,6 +641,7 @@ mod tests {
             workers: 1,
             hasher: FlowHasher::with_seed(1),
             ports: 1,
+            by_hash: true,
         };
         let request = Request::Stats { table: "t".into() };
         let preparer: Box<dyn Running> = Box::new(Preparing(7u32));

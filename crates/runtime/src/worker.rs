@@ -35,12 +35,19 @@ impl Worker {
                 workers,
                 hasher,
                 ports,
+                by_hash: true,
             },
             control: None,
             taps: Vec::new(),
             state_stages: Vec::new(),
             stats: Stats::default(),
         }
+    }
+
+    /// Says whether packets reach this worker by their hash ([`Context::by_hash`]).
+    pub fn spread_by_hash(mut self, by_hash: bool) -> Self {
+        self.ctx.by_hash = by_hash;
+        self
     }
 
     /// Connects the worker to the control plane: requests are applied before each burst.

@@ -186,6 +186,13 @@ pub trait WorkerPorts: Send {
         Timekeeping::Packets
     }
 
+    /// Whether the packets reaching this worker were chosen by their `parsed.hash`
+    /// ([`Context::by_hash`]): true where the runtime spreads them; live ports, which the
+    /// kernel spreads by its own hash, say false.
+    fn spread_by_hash(&self) -> bool {
+        true
+    }
+
     /// After the last pass: what the ports dropped before the worker saw it, the errors
     /// they met, and packets and bytes sent per port when the ports count them.
     fn finish(&mut self) -> PortsReport {
@@ -286,7 +293,8 @@ pub fn run_worker(
     let stages = config.state_stages.iter().map(|f| f(w)).collect();
     let mut worker = Worker::new(factory(w), w, workers, port_count, config.hasher)
         .with_taps(taps)
-        .with_state_stages(stages);
+        .with_state_stages(stages)
+        .spread_by_hash(workers == 1 || ports.spread_by_hash());
     if let Some(control) = control {
         worker = worker.with_control(control);
     }

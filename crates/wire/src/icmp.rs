@@ -142,12 +142,156 @@ impl IcmpRepr {
     }
 }
 
+/// Whether `icmp_type` (of ICMPv6 if `v6`) is an error, which quotes the packet it is
+/// about: destination unreachable, time exceeded, parameter problem; ICMPv6 also packet
+/// too big.
+pub fn is_error(v6: bool, icmp_type: u8) -> bool {
+    if v6 {
+        (types::V6_DEST_UNREACHABLE..=4).contains(&icmp_type)
+    } else {
+        matches!(
+            icmp_type,
+            types::V4_DEST_UNREACHABLE | types::V4_TIME_EXCEEDED | 12
+        )
+    }
+}
+
+/// The packet an ICMP error quotes: its flow key as it was sent, and where in the error's
+/// payload its transport header starts (its IP header starts the payload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quoted {
+    pub key: crate::FlowKey,
+    pub l4_at: usize,
+}
+
+/// Reads the packet quoted in `payload`, an ICMP error's payload (after its 8-byte
+/// header): an IP header of the error's own family and the first 8 bytes of what it
+/// carried (RFC 792 and 4443 quote at least that). The key has ports for TCP and UDP, and
+/// an echo's identifier and type as the parser gives them; other protocols' ports are 0.
+/// A quote too short, of the other family, of a fragment past the first or behind IPv6
+/// extension headers is refused: no connection could be told from it.
+pub fn quoted(payload: &[u8], v6: bool) -> Result<Quoted> {
+    use crate::ipv4::protocol;
+    let first = *payload.first().ok_or(Error::Truncated)?;
+    let at_least = |n: usize| match payload.len() >= n {
+        true => Ok(()),
+        false => Err(Error::Truncated),
+    };
+    let (mut key, l4_at) = if v6 {
+        at_least(40 + 8)?;
+        if first >> 4 != 6 {
+            return Err(Error::Malformed);
+        }
+        let (src, dst): ([u8; 16], [u8; 16]) = (array(payload, 8), array(payload, 24));
+        let key = crate::FlowKey::v6(src.into(), dst.into(), payload[6], 0, 0);
+        (key, 40)
+    } else {
+        let ihl = usize::from(first & 0x0f) * 4;
+        if first >> 4 != 4 || ihl < 20 {
+            return Err(Error::Malformed);
+        }
+        at_least(ihl + 8)?;
+        if be16(payload, 6) & 0x1fff != 0 {
+            return Err(Error::Malformed);
+        }
+        let (src, dst): ([u8; 4], [u8; 4]) = (array(payload, 12), array(payload, 16));
+        (
+            crate::FlowKey::v4(src.into(), dst.into(), payload[9], 0, 0),
+            ihl,
+        )
+    };
+    let l4 = &payload[l4_at..];
+    match key.proto {
+        protocol::TCP | protocol::UDP => {
+            key.src_port = be16(l4, 0);
+            key.dst_port = be16(l4, 2);
+        }
+        protocol::ICMP | protocol::ICMPV6 if (key.proto == protocol::ICMPV6) == v6 => {
+            let t = l4[0];
+            if types::is_echo(v6, t) {
+                key.src_port = be16(l4, 4);
+            }
+            key.dst_port = u16::from(t) << 8 | u16::from(l4[1]);
+        }
+        protocol::HOP_BY_HOP | protocol::ROUTING | protocol::FRAGMENT | protocol::DEST_OPTS
+            if v6 =>
+        {
+            return Err(Error::Malformed);
+        }
+        _ => {}
+    }
+    Ok(Quoted { key, l4_at })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// An IPv4 header of `proto` from 198.18.0.1 to 198.19.0.2 (fragment offset
+    /// `frag`), then `l4`.
+    fn ipv4(proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
+        let mut b = vec![0x45, 0, 0, 0, 0, 0];
+        b.extend_from_slice(&frag.to_be_bytes());
+        b.extend_from_slice(&[64, proto, 0, 0, 198, 18, 0, 1, 198, 19, 0, 2]);
+        b.extend_from_slice(l4);
+        b
+    }
+
+    #[test]
+    fn a_quoted_packet_gives_its_key_as_it_was_sent() {
+        let ports = [0x04, 0x00, 0x00, 0x50, 1, 2, 3, 4]; // 1024 -> 80, a sequence number
+        let q = quoted(&ipv4(6, 0x4000, &ports), false).unwrap();
+        let want = crate::FlowKey::v4([198, 18, 0, 1].into(), [198, 19, 0, 2].into(), 6, 1024, 80);
+        assert_eq!((q.key, q.l4_at), (want, 20));
+        // An echo request: its identifier and type, as the parser keys it.
+        let echo = [types::V4_ECHO_REQUEST, 0, 0, 0, 0x12, 0x34, 0, 1];
+        let q = quoted(&ipv4(1, 0, &echo), false).unwrap();
+        assert_eq!((q.key.src_port, q.key.dst_port), (0x1234, 0x0800));
+        // IPv6, UDP.
+        let mut v6 = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
+        v6.extend_from_slice(&[0x20, 0x01, 0x0d, 0xb8].repeat(8));
+        v6.extend_from_slice(&[0, 53, 0x13, 0x89, 0, 8, 0, 0]);
+        let q = quoted(&v6, true).unwrap();
+        assert_eq!(
+            (
+                q.key.ip_version,
+                q.key.proto,
+                q.key.src_port,
+                q.key.dst_port
+            ),
+            (6, 17, 53, 5001)
+        );
+        assert_eq!(q.l4_at, 40);
+        // Refused: short of 8 bytes of transport, the other family, a later fragment,
+        // an IPv6 extension header, a bad header length.
+        assert_eq!(
+            quoted(&ipv4(6, 0, &ports[..7]), false),
+            Err(Error::Truncated)
+        );
+        assert_eq!(quoted(&ipv4(6, 0, &ports), true), Err(Error::Truncated));
+        assert_eq!(quoted(&v6, false), Err(Error::Malformed));
+        assert_eq!(
+            quoted(&ipv4(6, 0x0010, &ports), false),
+            Err(Error::Malformed)
+        );
+        v6[6] = 44;
+        assert_eq!(quoted(&v6, true), Err(Error::Malformed));
+        let mut short_ihl = ipv4(6, 0, &ports);
+        short_ihl[0] = 0x44;
+        assert_eq!(quoted(&short_ihl, false), Err(Error::Malformed));
+        assert_eq!(quoted(&[], false), Err(Error::Truncated));
+    }
+
     proptest! {
+        /// Any bytes are a quote or an error, never a panic.
+        #[test]
+        fn any_quote_is_read_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..80), v6 in any::<bool>()) {
+            if let Ok(q) = quoted(&bytes, v6) {
+                prop_assert!(q.l4_at + 8 <= bytes.len());
+            }
+        }
+
         #[test]
         fn round_trip(t in any::<u8>(), c in any::<u8>(), rest in any::<[u8; 4]>()) {
             let repr = IcmpRepr { icmp_type: t, code: c, rest_of_header: rest };

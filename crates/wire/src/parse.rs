@@ -137,8 +137,9 @@ impl ParseFlags {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
     pub key: FlowKey,
-    /// `FlowHasher::hash_connection` of `key`: the same for both directions of a
-    /// connection, whatever port they arrive on (workers are chosen by it).
+    /// `FlowHasher::hash_connection` of the connection's key: the same for both
+    /// directions of a connection, whatever port they arrive on, and for an ICMP error
+    /// about it (workers are chosen by it).
     pub hash: u64,
     pub flags: ParseFlags,
     /// The payload EtherType, after any VLAN tags.
@@ -202,8 +203,30 @@ pub fn parse_in_place(
     *out = Parsed::EMPTY;
     out.key.in_port = in_port;
     parse_into(frame, out)?;
-    out.hash = hasher.hash_connection(&out.key);
+    out.hash = hasher.hash_connection(&connection_key(frame, out));
     Ok(())
+}
+
+/// The key of the connection a parsed packet belongs to, which chooses its worker: its
+/// own, or for an ICMP error, the packet's it quotes, so that the error reaches the
+/// worker holding that connection's state (a firewall checks it there, a NAT translates
+/// it there). The error keeps its own key.
+#[inline]
+fn connection_key(frame: &[u8], p: &Parsed) -> FlowKey {
+    let v6 = p.key.ip_version == 6;
+    if p.flags.has(ParseFlags::ICMP) && icmp::is_error(v6, (p.key.dst_port >> 8) as u8) {
+        let quote = frame
+            .get(usize::from(p.payload_offset)..)
+            .unwrap_or_default();
+        if let Ok(q) = icmp::quoted(quote, v6) {
+            return FlowKey {
+                vlan: p.key.vlan,
+                in_port: p.key.in_port,
+                ..q.key
+            };
+        }
+    }
+    p.key
 }
 
 fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<(), Malformed> {
@@ -468,6 +491,54 @@ mod tests {
         buf.extend_from_slice(&ip[..n]);
         buf.extend_from_slice(l4);
         buf
+    }
+
+    /// An ICMP error (of ICMPv6 if `v6`) about the packet `original` (a frame) carried:
+    /// its IP header and first 8 bytes of transport, quoted; the error travels the other
+    /// way, which a fixed-address builder cannot show and a hash does not depend on.
+    fn error_about(original: &[u8], v6: bool, tags: usize) -> Vec<u8> {
+        let ip = &original[14 + 4 * tags..];
+        let ip_header = if v6 {
+            40
+        } else {
+            usize::from(ip[0] & 0x0f) * 4
+        };
+        let (t, proto) = if v6 {
+            (2, protocol::ICMPV6)
+        } else {
+            (3, protocol::ICMP)
+        };
+        let mut icmp = vec![t, 4, 0, 0, 0, 0, 0x05, 0xdc];
+        icmp.extend_from_slice(&ip[..ip_header + 8]);
+        frame(v6, tags, proto, &icmp, 0)
+    }
+
+    /// An ICMP error goes to the worker of the connection it is about: its hash is that
+    /// connection's, whichever way the connection's packets go; its key stays its own.
+    #[test]
+    fn an_icmp_error_hashes_as_the_connection_it_quotes() {
+        let h = FlowHasher::with_seed(9);
+        for (v6, tags, proto, l4) in [
+            (false, 0, protocol::TCP, tcp(1000, 80, flags::SYN)),
+            (false, 1, protocol::UDP, udp(53, 5353, b"abcd")),
+            (true, 0, protocol::TCP, tcp(1, 2, flags::ACK)),
+            (true, 0, protocol::UDP, udp(3, 4, b"xyz")),
+        ] {
+            let original = frame(v6, tags, proto, &l4, 0);
+            let sent = parse(&original, 0, &h).unwrap();
+            let error = parse(&error_about(&original, v6, tags), 1, &h).unwrap();
+            assert_eq!(error.hash, sent.hash, "{proto} v6 {v6}");
+            assert_eq!(error.key.proto, if v6 { 58 } else { 1 });
+            assert_ne!(h.hash_connection(&error.key), sent.hash);
+        }
+        // A quote that cannot be read leaves the error its own hash.
+        let original = frame(false, 0, protocol::TCP, &tcp(1000, 80, flags::SYN), 0);
+        let mut error = error_about(&original, false, 0);
+        error.truncate(error.len() - 1);
+        let fix = error.len() - 14;
+        error[16..18].copy_from_slice(&(fix as u16).to_be_bytes());
+        let p = parse(&error, 0, &h).unwrap();
+        assert_eq!(p.hash, h.hash_connection(&p.key));
     }
 
     fn tcp(sp: u16, dp: u16, fl: u8) -> Vec<u8> {
