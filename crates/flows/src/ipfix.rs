@@ -1155,6 +1155,14 @@ mod tests {
         }
     }
 
+    /// The records of IP version `v`, in order.
+    fn family(rs: &[FlowRecord], v: u8) -> Vec<FlowRecord> {
+        rs.iter()
+            .filter(|r| r.key.ip_version == v)
+            .cloned()
+            .collect()
+    }
+
     fn round_trip(features: Features, biflow: bool, records: &[FlowRecord]) -> Vec<FlowRecord> {
         round_trip_in(Dialect::Ipfix, features, biflow, records)
     }
@@ -1223,12 +1231,6 @@ mod tests {
         let back = round_trip(Features::ALL, false, &records);
         assert_eq!(back.len(), records.len());
         // Each message holds one family: within a family, records keep their order.
-        let family = |rs: &[FlowRecord], v: u8| -> Vec<FlowRecord> {
-            rs.iter()
-                .filter(|r| r.key.ip_version == v)
-                .cloned()
-                .collect()
-        };
         let pairs = [4, 6].map(|v| (family(&records, v), family(&back, v)));
         for (a, b) in pairs.iter().flat_map(|(a, b)| a.iter().zip(b)) {
             assert_eq!(a.key, b.key);
@@ -1411,12 +1413,6 @@ mod tests {
             .collect();
         let back = round_trip_in(Dialect::Netflow9, all_but_iat, false, &records);
         assert_eq!(back.len(), records.len());
-        let family = |rs: &[FlowRecord], v: u8| -> Vec<FlowRecord> {
-            rs.iter()
-                .filter(|r| r.key.ip_version == v)
-                .cloned()
-                .collect()
-        };
         for v in [4, 6] {
             for (a, b) in family(&records, v).iter().zip(&family(&back, v)) {
                 assert_eq!(a.key, b.key);
