@@ -233,13 +233,7 @@ mod tests {
             burst.push(f, f.len() as u32, t, 0, i as u64);
         }
         burst.parse(&FlowHasher::with_seed(1));
-        let mut ctx = Context {
-            now_ns: t,
-            worker: 0,
-            workers: 1,
-            hasher: FlowHasher::with_seed(1),
-            ports: 2,
-        };
+        let mut ctx = Context::one_worker(t, FlowHasher::with_seed(1), 2);
         p.process(&mut burst, &mut ctx);
         burst.descs().iter().map(|d| d.verdict).collect()
     }
