@@ -200,8 +200,10 @@ impl Program for Firewall {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         let n = burst.len();
-        for packet in burst.iter_mut() {
-            let (d, data) = (packet.desc, &*packet.data);
+        // By index: only an ICMP error's bytes are read (`Burst::data`), so no other
+        // packet pays for slicing the burst.
+        for i in 0..n {
+            let d = &burst.descs()[i];
             if matches!(d.verdict, Verdict::Drop(_)) {
                 continue;
             }
@@ -213,7 +215,7 @@ impl Program for Firewall {
                 if from_inside {
                     self.judge(d)
                 } else if icmp_error(&key) {
-                    self.related(d, data, ctx.by_hash)
+                    self.related(d, burst.data(i), ctx.by_hash)
                 } else {
                     Some(UNSOLICITED)
                 }
@@ -234,7 +236,7 @@ impl Program for Firewall {
                 }
             };
             if let Some(reason) = reason {
-                d.verdict = Verdict::Drop(reason);
+                burst.descs_mut()[i].verdict = Verdict::Drop(reason);
             }
         }
         self.conntrack.expire(ctx.now_ns, crate::sweep_budget(n));
