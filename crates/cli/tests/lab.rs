@@ -1164,6 +1164,13 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
         .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"unsolicited\"} "))
         .map_or(0, |v| v.trim().parse::<u64>().unwrap());
     assert!(unsolicited >= 2, "h2's pings are counted: {unsolicited}");
+    // Real TCP (window scaling, SACK, timestamps, four streams) stays within its windows:
+    // the window checks refuse none of it (drops are listed once counted).
+    let metrics = metric_lines(&lab, "s1");
+    assert!(
+        !metrics.contains("reason=\"out_of_window\""),
+        "no segment of real TCP refused:\n{metrics}"
+    );
     let connections = text(&ctl(&lab, &["read", "connections"]));
     assert!(
         connections.contains("dst_port=5308") || connections.contains("src_port=5308"),

@@ -20,6 +20,8 @@ pub enum L4 {
         ack: u32,
         flags: u8,
     },
+    /// A TCP header given whole: its window and options as well.
+    TcpSegment(TcpRepr),
     Udp {
         src_port: u16,
         dst_port: u16,
@@ -35,10 +37,14 @@ impl L4 {
     fn header_len(&self) -> usize {
         match self {
             L4::Tcp { .. } => 20,
+            L4::TcpSegment(repr) => repr.header_len(),
             L4::Udp { .. } | L4::IcmpEcho { .. } => 8,
         }
     }
 }
+
+/// The window of the TCP segments built from [`L4::Tcp`] (no window scaling).
+pub const TCP_WINDOW: u16 = 64_240;
 
 /// The link and network layers of a frame to build.
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +74,7 @@ pub fn emit_ip(out: &mut [u8], hosts: &Hosts, l4: &L4, payload: &[u8]) -> usize 
     let l4_len = l4.header_len() + payload.len();
     let total = ip_len + l4_len;
     let proto = match (l4, hosts.src.is_ipv4()) {
-        (L4::Tcp { .. }, _) => protocol::TCP,
+        (L4::Tcp { .. } | L4::TcpSegment(_), _) => protocol::TCP,
         (L4::Udp { .. }, _) => protocol::UDP,
         (L4::IcmpEcho { .. }, true) => protocol::ICMP,
         (L4::IcmpEcho { .. }, false) => protocol::ICMPV6,
@@ -117,7 +123,11 @@ pub fn emit_ip(out: &mut [u8], hosts: &Hosts, l4: &L4, payload: &[u8]) -> usize 
             ack,
             flags,
         } => {
-            let _ = TcpRepr::new(src_port, dst_port, seq, ack, flags, 64_240).emit(seg);
+            let _ = TcpRepr::new(src_port, dst_port, seq, ack, flags, TCP_WINDOW).emit(seg);
+            TcpPacket::new_unchecked(seg).fill_checksum(pseudo);
+        }
+        L4::TcpSegment(repr) => {
+            let _ = repr.emit(seg);
             TcpPacket::new_unchecked(seg).fill_checksum(pseudo);
         }
         L4::Udp { src_port, dst_port } => {

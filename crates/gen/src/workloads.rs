@@ -1,7 +1,7 @@
 //! The workloads: flow populations, their sizes, their interleaving in time, and the
 //! frames each packet becomes.
 
-use crate::build::{Hosts, L4, emit_frame, emit_ip, header_len};
+use crate::build::{Hosts, L4, TCP_WINDOW, emit_frame, emit_ip, header_len};
 use crate::kv;
 use crate::rng::{Rng, Zipf};
 use crate::{GenConfig, GenError, GenSummary, Workload};
@@ -38,6 +38,10 @@ struct Flow {
     server_port: u16,
     client_seq: u32,
     server_seq: u32,
+    /// Bytes each side sent since the other last acknowledged: they stay within
+    /// [`TCP_WINDOW`], as a TCP sender's do.
+    client_unacked: u32,
+    server_unacked: u32,
     vt_gap: u64,
 }
 
@@ -155,11 +159,16 @@ impl Gen<'_> {
 
     /// Frame of `target` bytes (or the configured fixed size) for these headers.
     fn frame_with_size(&mut self, hosts: &Hosts, l4: &L4, target: usize) {
-        let target = self.cfg.packet_size.unwrap_or(target);
-        let payload_len = target.saturating_sub(header_len(hosts, l4));
+        let payload_len = self.payload_len(hosts, l4, target);
         self.payload.clear();
         self.payload.resize(payload_len, 0);
         emit_frame(&mut self.frame, hosts, l4, &self.payload);
+    }
+
+    /// The payload bytes of a frame of `target` bytes (or of the configured packet size).
+    fn payload_len(&self, hosts: &Hosts, l4: &L4, target: usize) -> usize {
+        let target = self.cfg.packet_size.unwrap_or(target);
+        target.saturating_sub(header_len(hosts, l4))
     }
 
     /// Hands the frame built last to the output, counts it, and reports progress now and then.
@@ -253,7 +262,7 @@ impl Gen<'_> {
                     f.server_port,
                     cport,
                     0,
-                    f.client_seq + 1,
+                    f.client_seq.wrapping_add(1),
                     flags::RST | flags::ACK,
                 ),
                 64,
@@ -264,7 +273,7 @@ impl Gen<'_> {
                     f.server_port,
                     cport,
                     f.server_seq,
-                    f.client_seq + 1,
+                    f.client_seq.wrapping_add(1),
                     flags::SYN | flags::ACK,
                 ),
                 64,
@@ -277,7 +286,13 @@ impl Gen<'_> {
                 };
                 (
                     up,
-                    tcp(cport, f.server_port, f.client_seq + 1, f.server_seq + 1, fl),
+                    tcp(
+                        cport,
+                        f.server_port,
+                        f.client_seq.wrapping_add(1),
+                        f.server_seq.wrapping_add(1),
+                        fl,
+                    ),
                     64,
                 )
             }
@@ -286,43 +301,45 @@ impl Gen<'_> {
                 tcp(
                     cport,
                     f.server_port,
-                    f.client_seq + 1,
-                    f.server_seq + 1,
+                    f.client_seq.wrapping_add(1),
+                    f.server_seq.wrapping_add(1),
                     flags::ACK,
                 ),
                 64,
             ),
             _ => {
-                let downstream = self.rng.chance(0.7);
-                let size = data_size(&mut self.rng, downstream);
-                if downstream {
-                    let seq = f.server_seq + 1;
-                    f.server_seq = f.server_seq.wrapping_add(size as u32);
-                    (
-                        down,
-                        tcp(
-                            f.server_port,
-                            cport,
-                            seq,
-                            f.client_seq + 1,
-                            flags::ACK | flags::PSH,
-                        ),
-                        size,
-                    )
+                let mut downstream = self.rng.chance(0.7);
+                // A side whose window is nearly full waits for the other's
+                // acknowledgement: the other side sends next.
+                let full = |unacked: u32| unacked + 1_500 > u32::from(TCP_WINDOW);
+                if full(if downstream {
+                    f.server_unacked
                 } else {
-                    let seq = f.client_seq + 1;
-                    f.client_seq = f.client_seq.wrapping_add(size as u32);
-                    (
-                        up,
-                        tcp(
-                            cport,
-                            f.server_port,
-                            seq,
-                            f.server_seq + 1,
-                            flags::ACK | flags::PSH,
-                        ),
-                        size,
-                    )
+                    f.client_unacked
+                }) {
+                    downstream = !downstream;
+                }
+                let size = data_size(&mut self.rng, downstream);
+                // Each side's sequence numbers move on by the bytes it sent, so that
+                // acknowledgements and windows hold as a stateful firewall checks them.
+                if downstream {
+                    let seq = f.server_seq.wrapping_add(1);
+                    let ack = f.client_seq.wrapping_add(1);
+                    let l4 = tcp(f.server_port, cport, seq, ack, flags::ACK | flags::PSH);
+                    let sent = self.payload_len(&down, &l4, size) as u32;
+                    f.server_seq = f.server_seq.wrapping_add(sent);
+                    f.server_unacked += sent;
+                    f.client_unacked = 0;
+                    (down, l4, size)
+                } else {
+                    let seq = f.client_seq.wrapping_add(1);
+                    let ack = f.server_seq.wrapping_add(1);
+                    let l4 = tcp(cport, f.server_port, seq, ack, flags::ACK | flags::PSH);
+                    let sent = self.payload_len(&up, &l4, size) as u32;
+                    f.client_seq = f.client_seq.wrapping_add(sent);
+                    f.client_unacked += sent;
+                    f.server_unacked = 0;
+                    (up, l4, size)
                 }
             }
         };
@@ -394,6 +411,8 @@ fn new_flow(id: u32, size: u32, cfg: &GenConfig, rng: &mut Rng, servers: &Zipf) 
         server_port,
         client_seq: rng.next_u64() as u32,
         server_seq: rng.next_u64() as u32,
+        client_unacked: 0,
+        server_unacked: 0,
         vt_gap: 0,
     }
 }

@@ -48,6 +48,9 @@ use stateplane_state::{Declaration, DeclaredTable, ValueCodec};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
+mod window;
+pub(crate) use window::Segment;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConntrackConfig {
@@ -58,6 +61,11 @@ pub struct ConntrackConfig {
     /// A full table drops an unestablished connection to make room for a new one.
     #[serde(default = "crate::default_true")]
     pub early_drop: bool,
+    /// TCP sequence and acknowledgement numbers are checked against the connection's
+    /// windows (false: Linux's `nf_conntrack_tcp_be_liberal`, for paths that carry one
+    /// direction only past this switch).
+    #[serde(default = "crate::default_true")]
+    pub window_checks: bool,
     #[serde(default)]
     pub timeouts: Timeouts,
     /// Output port per input port, as `forward`'s `map`.
@@ -152,6 +160,7 @@ impl ValueCodec for ConnCodec {
             packets: p(0) as u32,
             answered: p(1) != 0,
             originator_is_canonical: p(2) != 0,
+            peers: Default::default(),
         }
     }
 
@@ -190,10 +199,15 @@ pub struct Conn {
     /// The responder's SYN+ACK (TCP) or any answer (UDP) was seen.
     pub answered: bool,
     pub packets: u32,
+    /// What window tracking knows of the originator (0) and the responder (1). Not part
+    /// of the entry the control plane and replicas see: an entry written back or
+    /// installed learns its windows from its next packets.
+    pub(crate) peers: [window::Peer; 2],
 }
 
 const INVALID: DropReason = DropReason::program(1);
 const TABLE_FULL: DropReason = DropReason::program(2);
+const OUT_OF_WINDOW: DropReason = DropReason::program(3);
 
 /// Why the tracker refuses a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +218,8 @@ pub(crate) enum Refusal {
     /// reply.
     Invalid,
     TableFull,
+    /// A TCP segment outside its connection's windows ([`window`]).
+    OutOfWindow,
 }
 
 /// Whether ICMP key `key` is an echo request or reply (`Some(true)` for a request).
@@ -244,6 +260,7 @@ pub struct Conntrack {
     forward: Forward,
     pub(crate) table: DeclaredTable<ConnCodec>,
     drop_invalid: bool,
+    window_checks: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
     pub expired: [u64; 6],
 }
@@ -283,6 +300,7 @@ impl Conntrack {
             )?,
             table: DeclaredTable::new(table, ConnCodec::declaration(cfg.capacity)),
             drop_invalid: cfg.drop_invalid,
+            window_checks: cfg.window_checks,
             expired: [0; 6],
         })
     }
@@ -309,67 +327,79 @@ impl Conntrack {
             .expire(now, budget, |_, conn| expired[conn.state as usize] += 1);
     }
 
-    /// Tracks one packet of a tracked kind (see [`tracked`]). One that belongs to no
-    /// connection opens one if `may_open` and it can (a TCP SYN, UDP, an echo request);
-    /// with `drop_invalid` off, one that cannot passes untracked.
-    /// Whether the connection of `key` (either direction) is tracked at `now`: read only,
-    /// its timer left as it is.
-    pub(crate) fn knows(&mut self, key: &FlowKey, now: u64) -> bool {
-        self.table.lookup(&canonical(key).0, now).is_some()
+    /// The TCP segment of packet `d` (frame `data`) when windows are checked: only then
+    /// are a TCP packet's bytes read past what the parser gave.
+    pub(crate) fn segment(&self, d: &PacketDesc, data: &[u8]) -> Option<Segment> {
+        if self.window_checks && d.parsed.key.proto == 6 {
+            Segment::read(d, data)
+        } else {
+            None
+        }
     }
 
+    /// Whether the connection of `key` (either direction) is tracked at `now`, and, for
+    /// the `seq` of a TCP segment an ICMP error quotes as sent from `key`'s source,
+    /// whether that segment lies within the connection's windows: read only, its timer
+    /// left as it is.
+    pub(crate) fn knows(&mut self, key: &FlowKey, seq: Option<u32>, now: u64) -> bool {
+        let (ckey, is_canonical) = canonical(key);
+        let Some(id) = self.table.lookup(&ckey, now) else {
+            return false;
+        };
+        let conn = self.table.value(id);
+        match seq {
+            Some(seq) if self.window_checks && key.proto == 6 => {
+                let sender = usize::from(conn.originator_is_canonical != is_canonical);
+                window::quoted(&conn.peers, sender, seq)
+            }
+            _ => true,
+        }
+    }
+
+    /// Tracks one packet of a tracked kind (see [`tracked`]); a TCP packet's `segment`,
+    /// when its header is whole, is checked against its connection's windows. One that
+    /// belongs to no connection opens one if `may_open` and it can (a TCP SYN, UDP, an
+    /// echo request); with `drop_invalid` off, one that cannot passes untracked.
     pub(crate) fn track(
         &mut self,
         key: &FlowKey,
         tcp_flags: u8,
+        segment: Option<&Segment>,
         now: u64,
         may_open: bool,
     ) -> Result<(), Refusal> {
         let (ckey, is_canonical) = canonical(key);
         let tcp = key.proto == 6;
-        let Some(id) = self.table.lookup(&ckey, now) else {
-            if !may_open {
-                return Err(Refusal::Unknown);
+        let segment = segment.filter(|_| tcp && self.window_checks);
+        let syn_only = tcp && tcp_flags & (flags::SYN | flags::ACK) == flags::SYN;
+        let mut found = self.table.lookup(&ckey, now);
+        if let Some(id) = found {
+            let conn = self.table.value(id);
+            if syn_only
+                && conn.originator_is_canonical == is_canonical
+                && conn.state == ConnState::Closing
+            {
+                // The originator opens the same 5-tuple again (a client reusing its port
+                // after closing): the old connection is over, as in Linux's TIME_WAIT.
+                self.table.delete(&ckey);
+                found = None;
             }
-            if tcp && tcp_flags & flags::RST != 0 {
-                // A reset of a connection we do not (or no longer) track: let it through
-                // (it only ever closes things) and keep no state for it.
-                return Ok(());
-            }
-            let opens = match echo(key) {
-                Some(request) => request,
-                None => !tcp || (tcp_flags & (flags::SYN | flags::ACK)) == flags::SYN,
-            };
-            if !opens {
-                return if self.drop_invalid {
-                    Err(Refusal::Invalid)
-                } else {
-                    Ok(())
-                };
-            }
-            let state = match key.proto {
-                6 => ConnState::New,
-                17 => ConnState::Udp,
-                _ => ConnState::Icmp,
-            };
-            let conn = Conn {
-                state,
-                originator_is_canonical: is_canonical,
-                answered: false,
-                packets: 1,
-            };
-            // The add-on-miss: the next packet of this connection hits the new entry.
-            return match self.table.add_entry(ckey, conn, state as u8, now) {
-                Ok(_) => Ok(()),
-                Err(_) => Err(Refusal::TableFull),
-            };
+        }
+        let Some(id) = found else {
+            return self.open(key, ckey, is_canonical, tcp_flags, segment, now, may_open);
         };
-        let from_originator = self.table.value(id).originator_is_canonical == is_canonical;
+        let conn = self.table.value_mut(id);
+        let from_originator = conn.originator_is_canonical == is_canonical;
+        if let Some(segment) = segment {
+            let sender = usize::from(!from_originator);
+            if !window::check(&mut conn.peers, sender, segment, tcp_flags, conn.answered) {
+                return Err(Refusal::OutOfWindow);
+            }
+        }
         if tcp && tcp_flags & flags::RST != 0 {
             self.table.delete(&ckey);
             return Ok(());
         }
-        let conn = self.table.value_mut(id);
         conn.packets = conn.packets.saturating_add(1);
         let before = conn.state;
         match conn.state {
@@ -405,6 +435,63 @@ impl Conntrack {
         }
         Ok(())
     }
+
+    /// A packet of no connection (canonical key `ckey`): opens one if `may_open` and the
+    /// packet can.
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        &mut self,
+        key: &FlowKey,
+        ckey: FlowKey,
+        is_canonical: bool,
+        tcp_flags: u8,
+        segment: Option<&Segment>,
+        now: u64,
+        may_open: bool,
+    ) -> Result<(), Refusal> {
+        if !may_open {
+            return Err(Refusal::Unknown);
+        }
+        let tcp = key.proto == 6;
+        if tcp && tcp_flags & flags::RST != 0 {
+            // A reset of a connection we do not (or no longer) track: let it through
+            // (it only ever closes things) and keep no state for it.
+            return Ok(());
+        }
+        let opens = match echo(key) {
+            Some(request) => request,
+            None => !tcp || (tcp_flags & (flags::SYN | flags::ACK)) == flags::SYN,
+        };
+        if !opens {
+            return if self.drop_invalid {
+                Err(Refusal::Invalid)
+            } else {
+                Ok(())
+            };
+        }
+        let state = match key.proto {
+            6 => ConnState::New,
+            17 => ConnState::Udp,
+            _ => ConnState::Icmp,
+        };
+        let mut conn = Conn {
+            state,
+            originator_is_canonical: is_canonical,
+            answered: false,
+            packets: 1,
+            peers: Default::default(),
+        };
+        if let Some(segment) = segment {
+            // A side's first segment is what its window is learnt from: it always fits.
+            let fits = window::check(&mut conn.peers, 0, segment, tcp_flags, false);
+            debug_assert!(fits, "a SYN opening a connection fits its fresh windows");
+        }
+        // The add-on-miss: the next packet of this connection hits the new entry.
+        match self.table.add_entry(ckey, conn, state as u8, now) {
+            Ok(_) => Ok(()),
+            Err(_) => Err(Refusal::TableFull),
+        }
+    }
 }
 
 impl Program for Conntrack {
@@ -412,16 +499,21 @@ impl Program for Conntrack {
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
-        for d in burst.descs_mut() {
+        for i in 0..burst.len() {
+            let d = &burst.descs()[i];
             let key = d.parsed.key;
             if !tracked(&key) {
                 continue;
             }
-            match self.track(&key, d.parsed.tcp_flags, d.ts_ns, true) {
-                Ok(()) => {}
-                Err(Refusal::TableFull) => d.verdict = Verdict::Drop(TABLE_FULL),
-                Err(Refusal::Invalid | Refusal::Unknown) => d.verdict = Verdict::Drop(INVALID),
-            }
+            let segment = self.segment(d, burst.data(i));
+            let reason = match self.track(&key, d.parsed.tcp_flags, segment.as_ref(), d.ts_ns, true)
+            {
+                Ok(()) => continue,
+                Err(Refusal::TableFull) => TABLE_FULL,
+                Err(Refusal::Invalid | Refusal::Unknown) => INVALID,
+                Err(Refusal::OutOfWindow) => OUT_OF_WINDOW,
+            };
+            burst.descs_mut()[i].verdict = Verdict::Drop(reason);
         }
         self.expire(ctx.now_ns, crate::sweep_budget(burst.len()));
     }
@@ -432,7 +524,7 @@ impl Program for Conntrack {
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
-        &["no_mapping", "invalid", "table_full"]
+        &["no_mapping", "invalid", "table_full", "out_of_window"]
     }
 
     crate::answer_by_table!(table);
@@ -563,7 +655,24 @@ mod tests {
         assert_eq!(send(&mut c, S, false, tcp(1000, false, flags::ACK)), drop);
         send(&mut c, S, true, tcp(1000, true, flags::SYN));
         assert!(state(&c, 1000).is_some());
-        assert_eq!(send(&mut c, S + 1, false, tcp(1000, false, flags::RST)), IN);
+        // The SYN's sequence number is 1, and it carries 4 bytes: a refusal acknowledges
+        // 1 + 4 + 1 (the SYN).
+        let refusal = |ack| L4::Tcp {
+            src_port: 80,
+            dst_port: 1000,
+            seq: 0,
+            ack,
+            flags: flags::RST | flags::ACK,
+        };
+        let out_of_window = Verdict::Drop(OUT_OF_WINDOW);
+        assert_eq!(send(&mut c, S + 1, false, refusal(7)), out_of_window);
+        assert_eq!(
+            send(&mut c, S + 1, false, tcp(1000, false, flags::RST)),
+            out_of_window,
+            "no ACK"
+        );
+        assert!(state(&c, 1000).is_some());
+        assert_eq!(send(&mut c, S + 1, false, refusal(6)), IN);
         assert_eq!(state(&c, 1000), None, "a RST deletes in the data plane");
         assert_eq!(send(&mut c, S + 2, true, tcp(1000, true, flags::ACK)), drop);
         assert_eq!(
@@ -572,6 +681,36 @@ mod tests {
             "a repeated reset passes, and creates nothing"
         );
         assert_eq!(c.connections(), 0);
+    }
+
+    /// A generated internet trace of full-size frames, whose TCP senders stay within
+    /// their windows as real ones do, goes through whole: window tracking refuses nothing
+    /// a TCP sender sends (`drop_invalid` off, for flows whose SYN fell before the trace).
+    #[test]
+    fn a_generated_trace_is_within_its_windows() {
+        use stateplane_gen::{GenConfig, Workload};
+        let cfg = GenConfig::new(Workload::Internet, 300_000);
+        let frames = crate::testutil::generated(&cfg);
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let conntrack: ConntrackConfig =
+            toml::from_str("capacity = 1048576\ndrop_invalid = false").unwrap();
+        let mut c = Conntrack::new(&conntrack, &names, "program.conntrack", 9).unwrap();
+        let mut tcp_data = 0;
+        for chunk in frames.chunks(64) {
+            let mut burst = Burst::with_capacity(64);
+            for (f, port) in chunk {
+                burst.push(f, f.len() as u32, S, *port, 0);
+            }
+            burst.parse(&FlowHasher::with_seed(1));
+            let mut ctx = crate::testutil::ctx(S, 2);
+            c.process(&mut burst, &mut ctx);
+            for (i, d) in burst.descs().iter().enumerate() {
+                let segment = Segment::read(d, burst.data(i));
+                tcp_data += usize::from(segment.is_some_and(|s| s.len > 1_000));
+                assert_eq!(d.verdict, OUT, "packet {}", d.seq);
+            }
+        }
+        assert!(tcp_data > 50_000, "{tcp_data} full TCP segments");
     }
 
     /// An ACK 400 s after an established connection's last packet (its timeout is 300 s)
@@ -695,7 +834,11 @@ mod tests {
             );
             c.state_of(&key).unwrap()
         };
-        assert_eq!(conn(&b, 1004), conn(&a, 1004), "every field of the entry");
+        assert_eq!(
+            ConnCodec::action(&conn(&b, 1004)),
+            ConnCodec::action(&conn(&a, 1004)),
+            "every field of the entry (its windows are learnt again)"
+        );
         assert_eq!(conn(&b, 1002).packets, conn(&a, 1002).packets + 1);
 
         // A delete (action word 0 with its key) and a malformed entry (a port past 16 bits),

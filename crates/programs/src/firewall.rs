@@ -12,7 +12,8 @@
 //! `unsolicited`, except ICMP errors (destination unreachable, time exceeded, parameter
 //! problem; ICMPv6 also packet too big), which path MTU discovery and traceroute need:
 //! one from outside passes when the packet it quotes belongs to a tracked connection (as
-//! Linux conntrack's RELATED and pf's state match have it), and is dropped as
+//! Linux conntrack's RELATED and pf's state match have it; a TCP segment must also lie
+//! within the connection's windows, as pf checks), and is dropped as
 //! `unrelated_icmp` when it quotes a TCP, UDP or echo packet of none, or a packet it does
 //! not quote whole (an IP header and 8 bytes), so forged errors cannot reset or slow a
 //! connection; one quoting a protocol the tracker does not follow passes, as there is no
@@ -65,6 +66,9 @@ pub struct FirewallConfig {
     pub connections: usize,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// TCP segments are checked against their connection's windows, as `conntrack`'s.
+    #[serde(default = "crate::default_true")]
+    pub window_checks: bool,
     #[serde(default)]
     pub map: BTreeMap<String, String>,
 }
@@ -91,6 +95,16 @@ const UNSOLICITED: DropReason = DropReason::program(3);
 const INVALID: DropReason = DropReason::program(4);
 const TABLE_FULL: DropReason = DropReason::program(5);
 const UNRELATED_ICMP: DropReason = DropReason::program(6);
+const OUT_OF_WINDOW: DropReason = DropReason::program(7);
+
+/// Why the firewall drops a packet the tracker refused.
+fn refused(refusal: Refusal) -> DropReason {
+    match refusal {
+        Refusal::Unknown | Refusal::Invalid => INVALID,
+        Refusal::TableFull => TABLE_FULL,
+        Refusal::OutOfWindow => OUT_OF_WINDOW,
+    }
+}
 
 /// ICMP errors, which quote the packet they are about rather than belong to a connection.
 fn icmp_error(key: &stateplane_wire::FlowKey) -> bool {
@@ -138,6 +152,7 @@ impl Firewall {
                 capacity: cfg.connections,
                 drop_invalid: true,
                 early_drop: true,
+                window_checks: cfg.window_checks,
                 timeouts: cfg.timeouts.clone(),
                 map: BTreeMap::new(),
             },
@@ -164,7 +179,8 @@ impl Firewall {
     }
 
     /// Why to drop an ICMP error from outside (`d`, its frame `data`): `None` if the
-    /// packet it quotes belongs to a tracked connection or to a protocol not tracked, or
+    /// packet it quotes belongs to a tracked connection (a TCP one within its windows, as
+    /// pf checks) or to a protocol not tracked, or
     /// the worker cannot know (`by_hash` false: the kernel may have handed the error to
     /// another worker than its connection's, [`Context::by_hash`]).
     fn related(&mut self, d: &PacketDesc, data: &[u8], by_hash: bool) -> Option<DropReason> {
@@ -178,7 +194,10 @@ impl Firewall {
             vlan: d.parsed.key.vlan,
             ..quoted.key
         };
-        let known = !tracked(&key) || self.conntrack.knows(&key, d.ts_ns);
+        // A TCP quote's sequence number (the 8 bytes quoted are its ports and it).
+        let seq = (quote.get(quoted.l4_at + 4..quoted.l4_at + 8))
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        let known = !tracked(&key) || self.conntrack.knows(&key, seq, d.ts_ns);
         (!known && by_hash).then_some(UNRELATED_ICMP)
     }
 
@@ -221,18 +240,18 @@ impl Program for Firewall {
                 }
             } else {
                 let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
-                match self.conntrack.track(&key, flags, now, false) {
+                let segment = self.conntrack.segment(d, burst.data(i));
+                let segment = segment.as_ref();
+                match self.conntrack.track(&key, flags, segment, now, false) {
                     Ok(()) => None,
                     Err(Refusal::Unknown) if from_inside => self.judge(d).or_else(|| {
-                        match self.conntrack.track(&key, flags, now, true) {
+                        match self.conntrack.track(&key, flags, segment, now, true) {
                             Ok(()) => None,
-                            Err(Refusal::TableFull) => Some(TABLE_FULL),
-                            Err(Refusal::Invalid | Refusal::Unknown) => Some(INVALID),
+                            Err(refusal) => Some(refused(refusal)),
                         }
                     }),
                     Err(Refusal::Unknown) => Some(UNSOLICITED),
-                    Err(Refusal::Invalid) => Some(INVALID),
-                    Err(Refusal::TableFull) => Some(TABLE_FULL),
+                    Err(refusal) => Some(refused(refusal)),
                 }
             };
             if let Some(reason) = reason {
@@ -261,6 +280,7 @@ impl Program for Firewall {
             "invalid",
             "table_full",
             "unrelated_icmp",
+            "out_of_window",
         ]
     }
 
@@ -574,5 +594,130 @@ mod tests {
                 .unwrap();
             assert_eq!(err.field, field, "{text}: {err}");
         }
+    }
+
+    /// A connection's segments are checked against its windows (IPv6 here, windows
+    /// scaled by 2^7): an ICMP error quoting a segment the inside could not have sent is
+    /// dropped as `unrelated_icmp`, a reset or data forged from outside with numbers off
+    /// the windows as `out_of_window`, and the connection goes on; a reset in the window
+    /// closes it. With `window_checks = false` the forged reset passes and closes it.
+    #[test]
+    fn segments_off_their_connection_s_windows_are_dropped() {
+        assert_eq!(
+            OUT_OF_WINDOW.name(firewall("").drop_reasons()),
+            "out_of_window"
+        );
+        use crate::testutil::{ip_frame_with, tcp_segment};
+        const IN6: &str = "2001:2::1";
+        const OUT6: &str = "2001:2:0:1::2";
+        let segment = |inside: bool, seq, ack, f, len: usize| {
+            let (src, dst, ports) = if inside {
+                (IN6, OUT6, (40_000, 443))
+            } else {
+                (OUT6, IN6, (443, 40_000))
+            };
+            let scale = (f & flags::SYN != 0).then_some(7);
+            let l4 = tcp_segment(ports, seq, ack, f, 512, scale);
+            (ip_frame_with(src, dst, l4, &vec![0; len]), inside)
+        };
+        let (out, back) = (
+            |s, a, f, n| segment(true, s, a, f, n),
+            |s, a, f, n| segment(false, s, a, f, n),
+        );
+        let ack = flags::ACK;
+        let opening = [
+            out(100, 0, flags::SYN, 0),
+            back(5_000, 101, flags::SYN | ack, 0),
+            out(101, 5_001, ack, 0),
+            back(5_001, 101, ack, 1_000),
+            out(101, 6_001, ack, 1_000),
+        ];
+        let forged_reset = back(1_000_000, 0, flags::RST, 0);
+        // Packet too big, from a router outside, about a segment the inside sent (within
+        // the windows) or one it could not have sent.
+        let too_big = |seq| {
+            let quoted = out(seq, 6_001, ack, 1_000).0;
+            let error = crate::testutil::icmp_error(&quoted, "2001:2:0:1::9", IN6, 2, 0);
+            (error, false)
+        };
+        let mut fw = firewall("");
+        let got = run(
+            &mut fw,
+            &[
+                opening.to_vec(),
+                vec![
+                    too_big(101),
+                    too_big(900_000_000),
+                    forged_reset.clone(),
+                    // Acknowledging bytes the inside never sent.
+                    back(6_001, 50_000, ack, 100),
+                    // 60000 bytes ahead: within 512 << 7.
+                    back(66_001, 1_101, ack, 100),
+                    back(6_001, 1_101, flags::RST, 0),
+                    out(1_101, 6_001, ack, 0),
+                ],
+            ]
+            .concat(),
+        );
+        let drop = Verdict::Drop;
+        assert_eq!(
+            got,
+            [
+                [OUT, IN, OUT, IN, OUT].as_slice(),
+                &[IN, drop(UNRELATED_ICMP)],
+                &[
+                    drop(OUT_OF_WINDOW),
+                    drop(OUT_OF_WINDOW),
+                    IN,
+                    IN,
+                    drop(INVALID)
+                ],
+            ]
+            .concat()
+        );
+        assert_eq!(fw.connections(), 0);
+
+        let mut liberal = firewall("window_checks = false");
+        let got = run(
+            &mut liberal,
+            &[opening.to_vec(), vec![forged_reset]].concat(),
+        );
+        assert_eq!(got, [OUT, IN, OUT, IN, OUT, IN]);
+        assert_eq!(liberal.connections(), 0, "the forged reset closed it");
+    }
+
+    /// Once both sides sent their FIN, the inside may open the same ports again with a
+    /// new initial sequence number, as a client reusing its port does.
+    #[test]
+    fn a_closed_connection_s_ports_open_again() {
+        use crate::testutil::{ip_frame_with, tcp_segment};
+        let segment = |inside: bool, seq, ack, f| {
+            let (src, dst, ports) = if inside {
+                (INSIDE, REMOTE, (40_000, 80))
+            } else {
+                (REMOTE, INSIDE, (80, 40_000))
+            };
+            (
+                ip_frame_with(src, dst, tcp_segment(ports, seq, ack, f, 65_535, None), &[]),
+                inside,
+            )
+        };
+        let (ack, fin, syn) = (flags::ACK, flags::FIN, flags::SYN);
+        let mut fw = firewall("");
+        let got = run(
+            &mut fw,
+            &[
+                segment(true, 100, 0, syn),
+                segment(false, 5_000, 101, syn | ack),
+                segment(true, 101, 5_001, ack),
+                segment(true, 101, 5_001, fin | ack),
+                segment(false, 5_001, 102, fin | ack),
+                segment(true, 102, 5_002, ack),
+                segment(true, 3_000_000_000, 0, syn),
+                segment(false, 9_000, 3_000_000_001, syn | ack),
+                segment(true, 3_000_000_001, 9_001, ack),
+            ],
+        );
+        assert_eq!(got, [OUT, IN, OUT, OUT, IN, OUT, OUT, IN, OUT]);
     }
 }

@@ -150,6 +150,24 @@ pub fn tcp(src_port: u16, dst_port: u16, flags: u8) -> stateplane_gen::build::L4
     }
 }
 
+/// A TCP segment's header whole: numbers, flags, window, and a window scale option.
+pub fn tcp_segment(
+    ports: (u16, u16),
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    window: u16,
+    scale: Option<u8>,
+) -> stateplane_gen::build::L4 {
+    use stateplane_wire::tcp::{TcpRepr, option};
+    let repr = TcpRepr::new(ports.0, ports.1, seq, ack, flags, window);
+    let repr = match scale {
+        Some(shift) => repr.with_options(&[option::NOP, option::WINDOW_SCALE, 3, shift]),
+        None => Ok(repr),
+    };
+    stateplane_gen::build::L4::TcpSegment(repr.unwrap())
+}
+
 /// Runs frames, each on its port, through `program` as worker `worker` of `workers` at
 /// time `t` on a switch of `ports` ports; returns each packet's verdict and bytes after.
 pub fn run_at(

@@ -19,6 +19,16 @@ pub mod flags {
     pub const CWR: u8 = 0x80;
 }
 
+/// Option kinds (RFC 9293 3.2, RFC 7323, RFC 2018).
+pub mod option {
+    pub const END: u8 = 0;
+    pub const NOP: u8 = 1;
+    pub const MSS: u8 = 2;
+    pub const WINDOW_SCALE: u8 = 3;
+    pub const SACK_PERMITTED: u8 = 4;
+    pub const TIMESTAMPS: u8 = 8;
+}
+
 /// A view of a TCP segment. After `check_len` the header, options included, is in the buffer.
 #[derive(Debug, Clone)]
 pub struct TcpPacket<T: AsRef<[u8]>> {
@@ -123,8 +133,8 @@ pub fn options(mut bytes: &[u8]) -> impl Iterator<Item = Result<TcpOption<'_>>> 
         loop {
             let (&kind, rest) = bytes.split_first()?;
             match kind {
-                0 => return None,
-                1 => bytes = rest,
+                option::END => return None,
+                option::NOP => bytes = rest,
                 _ => {
                     let len = match rest.first() {
                         Some(&l) if l >= 2 && usize::from(l) <= bytes.len() => usize::from(l),
