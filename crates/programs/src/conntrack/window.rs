@@ -271,6 +271,27 @@ mod tests {
         }
     }
 
+    /// Whether a segment `(seq, ack, window, len)` with flags `f` from side `from` of
+    /// an answered connection passes.
+    fn passes(
+        peers: &mut [Peer; 2],
+        from: usize,
+        (seq, ack, window, len): (u32, u32, u16, u32),
+        f: u8,
+    ) -> bool {
+        check(peers, from, &seg(seq, ack, window, len, None), f, true)
+    }
+
+    /// As [`passes`], before the responder's SYN+ACK was seen.
+    fn unanswered(
+        peers: &mut [Peer; 2],
+        from: usize,
+        (seq, ack, window, len): (u32, u32, u16, u32),
+        f: u8,
+    ) -> bool {
+        check(peers, from, &seg(seq, ack, window, len, None), f, false)
+    }
+
     /// A connection after its handshake, the windows offered with the scales given.
     fn handshake(scale_a: Option<u8>, scale_b: Option<u8>, window: u16) -> [Peer; 2] {
         let mut peers = [Peer::default(); 2];
@@ -315,21 +336,9 @@ mod tests {
         let mut a_next = ISN_A + 1;
         let mut b_next = ISN_B.wrapping_add(1);
         for _ in 0..100 {
-            assert!(check(
-                &mut peers,
-                B,
-                &seg(b_next, a_next, 65_535, 1_400, None),
-                ACK,
-                true
-            ));
+            assert!(passes(&mut peers, B, (b_next, a_next, 65_535, 1_400), ACK));
             b_next = b_next.wrapping_add(1_400);
-            assert!(check(
-                &mut peers,
-                A,
-                &seg(a_next, b_next, 65_535, 100, None),
-                ACK,
-                true
-            ));
+            assert!(passes(&mut peers, A, (a_next, b_next, 65_535, 100), ACK));
             a_next += 100;
         }
         assert!(
@@ -365,19 +374,12 @@ mod tests {
         // sequence number, and a FIN at the end of the data.
         let again = seg(b_next.wrapping_sub(2_800), a_next, 65_535, 1_400, None);
         assert!(check(&mut peers, B, &again, ACK, true));
-        assert!(check(
+        assert!(passes(&mut peers, A, (0, b_next, 65_535, 0), ACK));
+        assert!(passes(
             &mut peers,
             A,
-            &seg(0, b_next, 65_535, 0, None),
-            ACK,
-            true
-        ));
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(a_next, b_next, 65_535, 0, None),
-            FIN | ACK,
-            true
+            (a_next, b_next, 65_535, 0),
+            FIN | ACK
         ));
     }
 
@@ -387,28 +389,10 @@ mod tests {
         let mut peers = handshake(None, None, 1_000);
         let b = ISN_B.wrapping_add(1);
         let full = ISN_A + 1 + 1_000;
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(ISN_A + 1, b, 1_000, 1_000, None),
-            ACK,
-            true
-        ));
-        assert!(check(&mut peers, B, &seg(b, full, 0, 0, None), ACK, true));
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(full, b, 1_000, 1, None),
-            ACK,
-            true
-        ));
-        assert!(!check(
-            &mut peers,
-            A,
-            &seg(full + 2, b, 1_000, 1, None),
-            ACK,
-            true
-        ));
+        assert!(passes(&mut peers, A, (ISN_A + 1, b, 1_000, 1_000), ACK));
+        assert!(passes(&mut peers, B, (b, full, 0, 0), ACK));
+        assert!(passes(&mut peers, A, (full, b, 1_000, 1), ACK));
+        assert!(!passes(&mut peers, A, (full + 2, b, 1_000, 1), ACK));
     }
 
     /// A reset passes only within a window back from what its sender sent and up to what
@@ -419,22 +403,10 @@ mod tests {
     fn a_reset_must_fall_within_the_windows() {
         let mut peers = handshake(None, None, 65_535);
         let b = ISN_B.wrapping_add(1);
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(ISN_A + 1, b, 65_535, 500, None),
-            ACK,
-            true
-        ));
-        assert!(check(
-            &mut peers,
-            B,
-            &seg(b, ISN_A + 501, 65_535, 0, None),
-            ACK,
-            true
-        ));
+        assert!(passes(&mut peers, A, (ISN_A + 1, b, 65_535, 500), ACK));
+        assert!(passes(&mut peers, B, (b, ISN_A + 501, 65_535, 0), ACK));
         let a = ISN_A + 501;
-        for (seq, passes) in [
+        for (seq, placed) in [
             (a - 1, true),
             (a.wrapping_sub(20_000), true),
             (a.wrapping_sub(70_000), false),
@@ -445,30 +417,14 @@ mod tests {
             (a, true),
         ] {
             let mut p = peers;
-            assert_eq!(
-                check(&mut p, A, &seg(seq, 0, 0, 0, None), RST, true),
-                passes,
-                "{seq}"
-            );
+            assert_eq!(passes(&mut p, A, (seq, 0, 0, 0), RST), placed, "{seq}");
         }
         // B sends its FIN, A acknowledges it, and B resets a stale segment of A's with
         // the FIN's own number (as the lab's Linux hosts did).
         let fin = b;
-        assert!(check(
-            &mut peers,
-            B,
-            &seg(fin, a, 65_535, 0, None),
-            FIN | ACK,
-            true
-        ));
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(a, fin + 1, 65_535, 0, None),
-            ACK,
-            true
-        ));
-        assert!(check(&mut peers, B, &seg(fin, 0, 0, 0, None), RST, true));
+        assert!(passes(&mut peers, B, (fin, a, 65_535, 0), FIN | ACK));
+        assert!(passes(&mut peers, A, (a, fin + 1, 65_535, 0), ACK));
+        assert!(passes(&mut peers, B, (fin, 0, 0, 0), RST));
     }
 
     /// Before the SYN+ACK, the responder's reset counts only if it acknowledges the SYN;
@@ -476,13 +432,7 @@ mod tests {
     #[test]
     fn a_refused_syn_and_a_syn_sent_again() {
         let mut peers = [Peer::default(); 2];
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(ISN_A, 0, 1_000, 0, None),
-            SYN,
-            false
-        ));
+        assert!(unanswered(&mut peers, A, (ISN_A, 0, 1_000, 0), SYN));
         let refusal = |ack| seg(0, ack, 0, 0, None);
         assert!(!check(
             &mut peers,
@@ -492,24 +442,12 @@ mod tests {
             false
         ));
         assert!(!check(&mut peers, B, &refusal(ISN_A + 2), RST | ACK, false));
-        assert!(!check(
-            &mut peers,
-            B,
-            &seg(0, ISN_A + 1, 0, 0, None),
-            RST,
-            false
-        ));
+        assert!(!unanswered(&mut peers, B, (0, ISN_A + 1, 0, 0), RST));
         assert!(check(&mut peers, B, &refusal(ISN_A + 1), RST | ACK, false));
 
         let mut peers = [Peer::default(); 2];
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(ISN_A, 0, 1_000, 0, None),
-            SYN,
-            false
-        ));
-        assert!(check(&mut peers, A, &seg(7, 0, 1_000, 0, None), SYN, false));
+        assert!(unanswered(&mut peers, A, (ISN_A, 0, 1_000, 0), SYN));
+        assert!(unanswered(&mut peers, A, (7, 0, 1_000, 0), SYN));
         assert!(check(&mut peers, B, &refusal(8), RST | ACK, false));
     }
 
@@ -522,45 +460,15 @@ mod tests {
         let mut peers = [Peer::default(); 2];
         let (a, b) = (3_000_000_000u32, 17u32);
         // A retransmission; B already has 100000 bytes more of A's, and says so.
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(a, b, 1_000, 1_400, None),
-            ACK,
-            true
-        ));
-        assert!(check(
-            &mut peers,
-            B,
-            &seg(b, a + 100_000, 1_000, 0, None),
-            ACK,
-            true
-        ));
-        assert!(check(
-            &mut peers,
-            A,
-            &seg(a + 100_000, b, 1_000, 1_400, None),
-            ACK,
-            true
-        ));
-        assert!(check(&mut peers, B, &seg(b, a, 0, 0, None), RST, true));
+        assert!(passes(&mut peers, A, (a, b, 1_000, 1_400), ACK));
+        assert!(passes(&mut peers, B, (b, a + 100_000, 1_000, 0), ACK));
+        assert!(passes(&mut peers, A, (a + 100_000, b, 1_000, 1_400), ACK));
+        assert!(passes(&mut peers, B, (b, a, 0, 0), RST));
 
         // The same numbers on a connection whose handshake was seen: refused.
         let mut strict = handshake(None, None, 1_000);
         let (a, b) = (ISN_A + 1, ISN_B.wrapping_add(1));
-        assert!(check(
-            &mut strict,
-            A,
-            &seg(a, b, 1_000, 1_000, None),
-            ACK,
-            true
-        ));
-        assert!(!check(
-            &mut strict,
-            B,
-            &seg(b, a + 100_000, 1_000, 0, None),
-            ACK,
-            true
-        ));
+        assert!(passes(&mut strict, A, (a, b, 1_000, 1_000), ACK));
+        assert!(!passes(&mut strict, B, (b, a + 100_000, 1_000, 0), ACK));
     }
 }
