@@ -10,8 +10,9 @@
 //! * TCP `new` (SYN seen): the timer runs from the SYN; the originator's first ACK after
 //!   the responder's SYN+ACK makes it `established`.
 //! * `established`: every packet restarts the timer.
-//! * `closing` (a FIN seen): packets no longer restart it, so it ages out.
-//! * A RST deletes the entry at once (a data-plane delete).
+//! * `closing` (a FIN seen): packets no longer restart it, so it ages out; a SYN from
+//!   the originator opens the connection again (a client reusing its port).
+//! * A RST within the windows deletes the entry at once (a data-plane delete).
 //! * UDP: `udp` after the first packet, `udp_stream` once the other side answered; every
 //!   packet restarts the timer.
 //! * ICMP and ICMPv6 echo: `icmp`, opened by a request (the identifier is the connection's
@@ -24,6 +25,13 @@
 //! new connection that finds the table full is dropped (`table_full`). Other protocols
 //! (and ICMP errors) pass untracked.
 //!
+//! With `window_checks` (default true), a TCP segment of a known connection must also lie
+//! within its windows (`conntrack::window`: sequence and acknowledgement numbers, as pf
+//! and Linux check them), else it is dropped (`out_of_window`) and changes nothing. The
+//! windows live in the entry but not in what the control plane, sync and replicas see:
+//! an entry installed from them is followed unchecked, as Linux follows a connection it
+//! picks up.
+//!
 //! A full table makes room for a new connection (with `early_drop`, the default), as Linux
 //! conntrack's early drop does: an expired entry near the new one's slot gives way, else
 //! the unestablished one (TCP `new`, unanswered `udp`) closest to expiry. A SYN or UDP
@@ -35,8 +43,9 @@
 //! canonical orientation; its state and flags, not its packet count, so that only a move
 //! of its state writes to the store).
 //! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
-//! `drop_invalid`, `early_drop` (default true), and timeouts in seconds: `new`, `established`, `closing`, `udp`,
-//! `udp_stream`, `icmp` (defaults 30, 300, 10, 30, 120, 30).
+//! `drop_invalid`, `early_drop` and `window_checks` (default true), and timeouts in seconds:
+//! `new`, `established`, `closing`, `udp`, `udp_stream`, `icmp` (defaults 30, 300, 10, 30,
+//! 120, 30).
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::keys::filled_table;
