@@ -7,11 +7,15 @@
 //! later packets; each state has its own idle timeout (an expiry profile, AUTO_DELETE),
 //! restarted only where the state machine says so, as in PNA's TCP example:
 //!
-//! * TCP `new` (SYN seen): the timer runs from the SYN; the originator's first ACK after
-//!   the responder's SYN+ACK makes it `established`.
+//! * TCP `new` (the originator's SYN seen) and `syn_recv` (the responder's SYN+ACK seen):
+//!   the timer runs from the packet that entered the state; the originator's ACK after
+//!   the SYN+ACK makes it `established`.
 //! * `established`: every packet restarts the timer.
-//! * `closing` (a FIN seen): packets no longer restart it, so it ages out; a SYN from
-//!   the originator opens the connection again (a client reusing its port).
+//! * `closing` (one side's FIN seen: the other may still send, a half-closed stream):
+//!   every packet restarts the timer.
+//! * `time_wait` (both sides' FINs seen): packets no longer restart the timer, so it ages
+//!   out; in `closing` or `time_wait`, a SYN from the originator opens the connection
+//!   again (a client reusing its port).
 //! * A RST within the windows deletes the entry at once (a data-plane delete).
 //! * UDP: `udp` after the first packet, `udp_stream` once the other side answered; every
 //!   packet restarts the timer.
@@ -34,18 +38,19 @@
 //!
 //! A full table makes room for a new connection (with `early_drop`, the default), as Linux
 //! conntrack's early drop does: an expired entry near the new one's slot gives way, else
-//! the unestablished one (TCP `new`, unanswered `udp`) closest to expiry. A SYN or UDP
-//! flood then only displaces its own kind: established connections keep their entries,
-//! and new legitimate ones still find room.
+//! the unestablished or finished one (TCP `new`, `syn_recv` or `time_wait`, unanswered
+//! `udp`) closest to expiry. A SYN or UDP flood then only displaces its own kind:
+//! established connections keep their entries, and new legitimate ones still find room.
 //!
 //! State: one table per worker (workers own connections by the connection hash),
 //! `connections`; it may be `synced`, and `replicated` (per connection, keyed by its
-//! canonical orientation; its state and flags, not its packet count, so that only a move
-//! of its state writes to the store).
+//! canonical orientation; its state and flags (answered, which sides sent a FIN), not its
+//! packet count, so that only a move of its state writes to the store).
 //! Configuration: `capacity` (per worker, default 65536), `map` (as `forward`),
 //! `drop_invalid`, `early_drop` and `window_checks` (default true), and timeouts in seconds:
-//! `new`, `established`, `closing`, `udp`, `udp_stream`, `icmp` (defaults 30, 300, 10, 30,
-//! 120, 30).
+//! `new`, `syn_recv`, `established`, `closing`, `time_wait`, `udp`, `udp_stream`, `icmp`
+//! (defaults 30, 30, 86400, 120, 120, 30, 120, 30: pf's `tcp.established` of a day, Linux's
+//! FIN_WAIT and TIME_WAIT of two minutes, Linux's UDP).
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::keys::filled_table;
@@ -91,8 +96,10 @@ fn default_capacity() -> usize {
 #[serde(deny_unknown_fields, default)]
 pub struct Timeouts {
     pub new: f64,
+    pub syn_recv: f64,
     pub established: f64,
     pub closing: f64,
+    pub time_wait: f64,
     pub udp: f64,
     pub udp_stream: f64,
     pub icmp: f64,
@@ -102,8 +109,10 @@ impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
             new: 30.0,
-            established: 300.0,
-            closing: 10.0,
+            syn_recv: 30.0,
+            established: 86_400.0,
+            closing: 120.0,
+            time_wait: 120.0,
             udp: 30.0,
             udp_stream: 120.0,
             icmp: 30.0,
@@ -111,22 +120,55 @@ impl Default for Timeouts {
     }
 }
 
-/// A connection's state; its discriminant is also its expiry profile's index.
+impl Timeouts {
+    /// `(name, seconds)` in `STATES` order: the expiry profiles' order.
+    fn by_state(&self) -> [(&'static str, f64); STATES.len()] {
+        let seconds = [
+            self.new,
+            self.established,
+            self.closing,
+            self.udp,
+            self.udp_stream,
+            self.icmp,
+            self.syn_recv,
+            self.time_wait,
+        ];
+        std::array::from_fn(|i| (STATES[i], seconds[i]))
+    }
+}
+
+/// A connection's state; its discriminant is also its expiry profile's index. (States
+/// added later go last, so that a state's number in the control API and in stores stays.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ConnState {
+    /// The originator's SYN seen.
     #[default]
     New = 0,
     Established = 1,
+    /// One side's FIN seen; the other may still send.
     Closing = 2,
     Udp = 3,
     UdpStream = 4,
     /// ICMP or ICMPv6 echo: a request opens it, replies belong to it.
     Icmp = 5,
+    /// The responder's SYN+ACK seen, the originator's ACK not yet.
+    SynRecv = 6,
+    /// Both sides' FINs seen.
+    TimeWait = 7,
 }
 
 /// State names in the control API, by `ConnState` discriminant.
-const STATES: [&str; 6] = ["new", "established", "closing", "udp", "udp_stream", "icmp"];
+const STATES: [&str; 8] = [
+    "new",
+    "established",
+    "closing",
+    "udp",
+    "udp_stream",
+    "icmp",
+    "syn_recv",
+    "time_wait",
+];
 
 impl ConnState {
     fn from_index(i: usize) -> ConnState {
@@ -136,15 +178,21 @@ impl ConnState {
             3 => ConnState::Udp,
             4 => ConnState::UdpStream,
             5 => ConnState::Icmp,
+            6 => ConnState::SynRecv,
+            7 => ConnState::TimeWait,
             _ => ConnState::New,
         }
     }
 }
 
+/// [`Conn::fins`] bits: which sides sent a FIN.
+const FIN_FROM_ORIGINATOR: u8 = 1;
+const FIN_FROM_RESPONDER: u8 = 2;
+
 /// The control plane's view of the connection table: key the connection's canonical
-/// 5-tuple and VLAN; action its state, with its packet count, whether it was answered, and
-/// whether its originator is the key's source (all of an entry, so that an entry written
-/// back, as a migration does, is the one read).
+/// 5-tuple and VLAN; action its state, with its packet count, whether it was answered,
+/// whether its originator is the key's source and which sides sent a FIN (all of an entry
+/// but its windows, so that an entry written back, as a migration does, is the one read).
 pub(crate) struct ConnCodec;
 
 impl ConnCodec {
@@ -153,6 +201,7 @@ impl ConnCodec {
             Field::exact("packets", 32, Format::Int),
             Field::exact("answered", 1, Format::Int),
             Field::exact("originator_is_src", 1, Format::Int),
+            Field::exact("fins", 2, Format::Int),
         ];
         filled_table::<FlowKey>("connections", "", capacity, &STATES, params)
     }
@@ -169,12 +218,13 @@ impl ValueCodec for ConnCodec {
             packets: p(0) as u32,
             answered: p(1) != 0,
             originator_is_canonical: p(2) != 0,
+            fins: p(3) as u8 & (FIN_FROM_ORIGINATOR | FIN_FROM_RESPONDER),
             peers: Default::default(),
         }
     }
 
     fn action(conn: &Conn) -> (usize, Vec<u128>) {
-        let mut params = [0; 3];
+        let mut params = [0; 4];
         let (action, n) = Self::action_values(conn, &mut params);
         (action, params[..n].to_vec())
     }
@@ -185,6 +235,7 @@ impl ValueCodec for ConnCodec {
             u128::from(conn.packets),
             flag(conn.answered),
             flag(conn.originator_is_canonical),
+            u128::from(conn.fins),
         ];
         let n = params.len().min(out.len());
         out[..n].copy_from_slice(&params[..n]);
@@ -208,6 +259,8 @@ pub struct Conn {
     /// The responder's SYN+ACK (TCP) or any answer (UDP) was seen.
     pub answered: bool,
     pub packets: u32,
+    /// Which sides sent a FIN (`FIN_FROM_ORIGINATOR`, `FIN_FROM_RESPONDER`).
+    pub fins: u8,
     /// What window tracking knows of the originator (0) and the responder (1). Not part
     /// of the entry the control plane and replicas see: an entry written back or
     /// installed learns its windows from its next packets.
@@ -271,7 +324,7 @@ pub struct Conntrack {
     drop_invalid: bool,
     window_checks: bool,
     /// Expired connections by the state they were in (for tests and, later, counters).
-    pub expired: [u64; 6],
+    pub expired: [u64; STATES.len()],
 }
 
 impl Conntrack {
@@ -282,22 +335,17 @@ impl Conntrack {
         seed: u64,
     ) -> Result<Self, ConfigError> {
         crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "connections")?;
-        let t = &cfg.timeouts;
-        let profiles = crate::idle_profiles(
-            &format!("{field}.timeouts"),
-            &[
-                ("new", t.new),
-                ("established", t.established),
-                ("closing", t.closing),
-                ("udp", t.udp),
-                ("udp_stream", t.udp_stream),
-                ("icmp", t.icmp),
-            ],
-        )?;
+        let profiles =
+            crate::idle_profiles(&format!("{field}.timeouts"), &cfg.timeouts.by_state())?;
         let mut table =
             crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &profiles, seed)?;
         if cfg.early_drop {
-            table.set_early_drop(&[ConnState::New as u8, ConnState::Udp as u8]);
+            table.set_early_drop(&[
+                ConnState::New as u8,
+                ConnState::SynRecv as u8,
+                ConnState::TimeWait as u8,
+                ConnState::Udp as u8,
+            ]);
         }
         Ok(Conntrack {
             forward: Forward::new(
@@ -310,7 +358,7 @@ impl Conntrack {
             table: DeclaredTable::new(table, ConnCodec::declaration(cfg.capacity)),
             drop_invalid: cfg.drop_invalid,
             window_checks: cfg.window_checks,
-            expired: [0; 6],
+            expired: [0; STATES.len()],
         })
     }
 
@@ -386,7 +434,7 @@ impl Conntrack {
             let conn = self.table.value(id);
             if syn_only
                 && conn.originator_is_canonical == is_canonical
-                && conn.state == ConnState::Closing
+                && matches!(conn.state, ConnState::Closing | ConnState::TimeWait)
             {
                 // The originator opens the same 5-tuple again (a client reusing its port
                 // after closing): the old connection is over, as in Linux's TIME_WAIT.
@@ -412,16 +460,21 @@ impl Conntrack {
         conn.packets = conn.packets.saturating_add(1);
         let before = conn.state;
         match conn.state {
-            ConnState::New => {
+            ConnState::New
                 if !from_originator
-                    && tcp_flags & (flags::SYN | flags::ACK) == flags::SYN | flags::ACK
-                {
-                    conn.answered = true;
-                } else if from_originator && conn.answered && tcp_flags & flags::ACK != 0 {
-                    conn.state = ConnState::Established;
-                }
+                    && tcp_flags & (flags::SYN | flags::ACK) == flags::SYN | flags::ACK =>
+            {
+                conn.answered = true;
+                conn.state = ConnState::SynRecv;
             }
-            ConnState::Established | ConnState::Closing => {}
+            ConnState::SynRecv if from_originator && tcp_flags & flags::ACK != 0 => {
+                conn.state = ConnState::Established;
+            }
+            ConnState::New
+            | ConnState::SynRecv
+            | ConnState::Established
+            | ConnState::Closing
+            | ConnState::TimeWait => {}
             ConnState::Udp if !from_originator => {
                 conn.answered = true;
                 conn.state = ConnState::UdpStream;
@@ -430,15 +483,24 @@ impl Conntrack {
             ConnState::Icmp => conn.answered |= !from_originator,
         }
         if tcp && tcp_flags & flags::FIN != 0 && conn.state != ConnState::New {
-            conn.state = ConnState::Closing;
+            conn.fins |= if from_originator {
+                FIN_FROM_ORIGINATOR
+            } else {
+                FIN_FROM_RESPONDER
+            };
+            conn.state = if conn.fins == FIN_FROM_ORIGINATOR | FIN_FROM_RESPONDER {
+                ConnState::TimeWait
+            } else {
+                ConnState::Closing
+            };
         }
         let after = conn.state;
         if after != before {
             // A new state runs its own timeout from now (PNA set_entry_expire_time).
             let _ = self.table.set_profile(id, after as u8, now);
-        } else if matches!(
+        } else if !matches!(
             after,
-            ConnState::Established | ConnState::Udp | ConnState::UdpStream | ConnState::Icmp
+            ConnState::New | ConnState::SynRecv | ConnState::TimeWait
         ) {
             self.table.restart_timer(id, now);
         }
@@ -488,6 +550,7 @@ impl Conntrack {
             originator_is_canonical: is_canonical,
             answered: false,
             packets: 1,
+            fins: 0,
             peers: Default::default(),
         };
         if let Some(segment) = segment {
@@ -629,32 +692,95 @@ mod tests {
     const OUT: Verdict = Verdict::Forward(1);
     const IN: Verdict = Verdict::Forward(0);
 
-    /// The handshake, data, a FIN and the closing timeout, on a virtual clock.
+    /// The handshake, a day's quiet, a half-closed stream, both FINs and the TIME_WAIT
+    /// timeout, on a virtual clock with the default timeouts.
     #[test]
-    fn a_tcp_connection_goes_through_its_states_and_ages_out_when_closing() {
+    fn a_tcp_connection_goes_through_its_states_and_ages_out_after_both_fins() {
         let mut c = conntrack(64);
         assert_eq!(send(&mut c, S, true, tcp(1000, true, flags::SYN)), OUT);
         assert_eq!(state(&c, 1000), Some(ConnState::New), "added on the miss");
         let syn_ack = flags::SYN | flags::ACK;
         assert_eq!(send(&mut c, S + 1, false, tcp(1000, false, syn_ack)), IN);
-        assert_eq!(state(&c, 1000), Some(ConnState::New));
+        assert_eq!(state(&c, 1000), Some(ConnState::SynRecv));
         assert_eq!(send(&mut c, S + 2, true, tcp(1000, true, flags::ACK)), OUT);
         assert_eq!(state(&c, 1000), Some(ConnState::Established));
-        // Traffic every 100 s keeps it past the 300 s established timeout.
-        for i in 1..=10 {
-            send(&mut c, S + i * 100 * S, false, tcp(1000, false, flags::ACK));
+        // A packet every 20 hours keeps it past a day of established timeout.
+        let hour = 3600 * S;
+        for i in 1..=4 {
+            let verdict = send(
+                &mut c,
+                S + i * 20 * hour,
+                false,
+                tcp(1000, false, flags::ACK),
+            );
+            assert_eq!(verdict, IN, "{} hours", i * 20);
         }
-        assert_eq!(state(&c, 1000), Some(ConnState::Established));
-        let t = S + 1000 * S;
+        let t = S + 80 * hour;
         send(&mut c, t, true, tcp(1000, true, flags::FIN | flags::ACK));
         assert_eq!(state(&c, 1000), Some(ConnState::Closing));
-        // Closing: packets do not restart the 10 s timer.
-        send(&mut c, t + 5 * S, false, tcp(1000, false, flags::ACK));
+        // Half-closed: the responder streams on, each packet restarting the 120 s timer,
+        // and the originator's FIN sent again moves nothing.
+        for i in 1..=10 {
+            let verdict = send(&mut c, t + i * 100 * S, false, tcp(1000, false, flags::ACK));
+            assert_eq!(verdict, IN, "{} s after the first FIN", i * 100);
+        }
+        let t = t + 1000 * S;
+        send(&mut c, t, true, tcp(1000, true, flags::FIN | flags::ACK));
         assert_eq!(state(&c, 1000), Some(ConnState::Closing));
-        // Time passes; the sweep removes it.
-        idle(&mut c, t + 11 * S);
+        send(
+            &mut c,
+            t + S,
+            false,
+            tcp(1000, false, flags::FIN | flags::ACK),
+        );
+        assert_eq!(state(&c, 1000), Some(ConnState::TimeWait));
+        // Both FINs seen: packets no longer restart the 120 s timer.
+        send(&mut c, t + 60 * S, true, tcp(1000, true, flags::ACK));
+        assert_eq!(state(&c, 1000), Some(ConnState::TimeWait));
+        idle(&mut c, t + 120 * S);
+        assert_eq!(state(&c, 1000), Some(ConnState::TimeWait));
+        idle(&mut c, t + 122 * S);
         assert_eq!(state(&c, 1000), None);
-        assert_eq!(c.expired[ConnState::Closing as usize], 1);
+        assert_eq!(c.expired[ConnState::TimeWait as usize], 1);
+    }
+
+    /// Each state ages out after its own timeout: an unanswered SYN, a SYN+ACK never
+    /// acknowledged, a half-closed stream gone quiet.
+    #[test]
+    fn each_tcp_state_ages_out_after_its_own_timeout() {
+        let mut c = conntrack(64);
+        send(&mut c, S, true, tcp(1, true, flags::SYN));
+        send(&mut c, S, true, tcp(2, true, flags::SYN));
+        send(
+            &mut c,
+            11 * S,
+            false,
+            tcp(2, false, flags::SYN | flags::ACK),
+        );
+        for port in [3, 4] {
+            send(&mut c, S, true, tcp(port, true, flags::SYN));
+            send(&mut c, S, false, tcp(port, false, flags::SYN | flags::ACK));
+            send(&mut c, S, true, tcp(port, true, flags::ACK));
+        }
+        send(&mut c, S, false, tcp(4, false, flags::FIN | flags::ACK));
+        idle(&mut c, 32 * S);
+        assert_eq!(state(&c, 1), None, "new: 30 s from the SYN");
+        assert_eq!(
+            state(&c, 2),
+            Some(ConnState::SynRecv),
+            "30 s from the SYN+ACK"
+        );
+        idle(&mut c, 42 * S);
+        assert_eq!(state(&c, 2), None);
+        assert_eq!(state(&c, 4), Some(ConnState::Closing));
+        idle(&mut c, 122 * S);
+        assert_eq!(state(&c, 4), None, "closing: 120 s from its last packet");
+        assert_eq!(state(&c, 3), Some(ConnState::Established));
+        let counted = |s: ConnState| c.expired[s as usize];
+        assert_eq!(
+            [ConnState::New, ConnState::SynRecv, ConnState::Closing].map(counted),
+            [1, 1, 1]
+        );
     }
 
     #[test]
@@ -722,9 +848,10 @@ mod tests {
         assert!(tcp_data > 50_000, "{tcp_data} full TCP segments");
     }
 
-    /// An ACK 400 s after an established connection's last packet (its timeout is 300 s)
-    /// belongs to no connection, though in a table this large the sweep has not reached
-    /// the entry yet; a SYN then opens the connection again in the expired entry's place.
+    /// An ACK a day and a minute after an established connection's last packet (its
+    /// timeout is a day) belongs to no connection, though in a table this large the sweep
+    /// has not reached the entry yet; a SYN then opens the connection again in the expired
+    /// entry's place.
     #[test]
     fn a_connection_past_its_timeout_is_gone_before_the_sweep_reaches_it() {
         let mut c = conntrack(1 << 20);
@@ -732,7 +859,7 @@ mod tests {
         send(&mut c, S, false, tcp(1000, false, flags::SYN | flags::ACK));
         send(&mut c, S, true, tcp(1000, true, flags::ACK));
         assert_eq!(state(&c, 1000), Some(ConnState::Established));
-        let late = S + 400 * S;
+        let late = S + 86_460 * S;
         assert_eq!(
             send(&mut c, late, true, tcp(1000, true, flags::ACK)),
             Verdict::Drop(INVALID),
@@ -773,8 +900,8 @@ mod tests {
     #[test]
     fn a_synced_table_migrates_to_another_switch_with_every_connection() {
         // Action, key (two addresses of two words, proto, ports, vlan), packets, answered,
-        // originator.
-        let stride = 1 + 8 + 3;
+        // originator, FINs.
+        let stride = 1 + 8 + 4;
         let mut a = conntrack(64);
         assert_eq!(
             Program::track(&mut a, "connections", 4),
@@ -898,8 +1025,8 @@ mod tests {
         idle(&mut c, 40 * S);
         assert_eq!(state(&c, 3000), None, "new connections time out after 30 s");
         assert_eq!(state(&c, 1000), Some(ConnState::Established));
-        idle(&mut c, 302 * S);
-        assert_eq!(state(&c, 1000), None, "established after 300 s idle");
+        idle(&mut c, 86_402 * S);
+        assert_eq!(state(&c, 1000), None, "established after a day idle");
         assert_eq!(c.expired[ConnState::New as usize], 1);
         assert_eq!(c.expired[ConnState::Established as usize], 1);
     }
@@ -969,9 +1096,9 @@ mod tests {
         assert_eq!((conn.state, conn.packets), (ConnState::UdpStream, 2));
     }
 
-    /// A table full of established connections drops a new one by name; one full of
-    /// unestablished ones makes room (early drop), and a SYN flood at 10x the table leaves
-    /// established connections tracked.
+    /// A table full of established connections drops a new one by name; one holding
+    /// finished or unestablished ones makes room (early drop), and a SYN flood at 10x the
+    /// table leaves established connections tracked.
     #[test]
     fn a_full_table_drops_new_connections_by_name_unless_it_can_make_room() {
         let establish = |c: &mut Conntrack, port: u16| {
@@ -989,6 +1116,20 @@ mod tests {
             Verdict::Drop(TABLE_FULL)
         );
         assert_eq!(c.drop_reasons()[2], "table_full");
+        // Two of them closed by both sides (`time_wait`): a new one takes one's place.
+        for port in [0, 1] {
+            send(&mut c, S, true, tcp(port, true, flags::FIN | flags::ACK));
+            send(&mut c, S, false, tcp(port, false, flags::FIN | flags::ACK));
+            assert_eq!(state(&c, port), Some(ConnState::TimeWait));
+        }
+        assert_eq!(send(&mut c, S, true, tcp(99, true, flags::SYN)), OUT);
+        let states = [0, 1, 2, 3].map(|port| state(&c, port));
+        assert_eq!(
+            states.iter().filter(|s| s.is_none()).count(),
+            1,
+            "{states:?}"
+        );
+        assert_eq!(states[2..], [Some(ConnState::Established); 2]);
         // Half established, half a flood of SYNs that nobody answers.
         let mut c = conntrack(64);
         for port in 0..32 {
@@ -1040,8 +1181,8 @@ mod tests {
         let opened = a.replicated_state(&key).unwrap();
         assert_eq!(
             opened.len(),
-            1 + 2 * 16,
-            "state, then answered and originator: no count"
+            1 + 3 * 16,
+            "state, then answered, originator and FINs: no count"
         );
         send(&mut a, S, true, tcp(7, true, flags::SYN));
         assert_eq!(
