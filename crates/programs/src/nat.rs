@@ -22,9 +22,18 @@
 //! their translation with no state shared between workers. Live ports spread packets by
 //! the kernel's own hash instead, so a live `nat` runs with one worker.
 //!
+//! ICMP errors (destination unreachable, fragmentation needed among them, time exceeded,
+//! parameter problem) about a translated connection are translated as its packets are
+//! (RFC 5508 section 4.2, RFC 5382 REQ-9): the error's own address, and in the packet it
+//! quotes the address and port (echo: identifier) with the quoted IP and transport
+//! checksums, so that path MTU discovery and traceroute work through the NAT. An error
+//! quoting no translation is dropped as `no_translation`, one whose quote is not a whole
+//! IPv4 header and 8 bytes of TCP, UDP or an echo as `unsupported`. Errors move no
+//! translation's state or timer.
+//!
 //! Not translated: IPv6 and non-IP frames (ARP) pass unchanged between the two ports;
-//! other IPv4 protocols and ICMP messages other than echo (errors quoting a translated
-//! packet) are dropped as `unsupported`, later fragments as `fragment`.
+//! other IPv4 protocols and other ICMP messages are dropped as `unsupported`, later
+//! fragments as `fragment`.
 //!
 //! State: `translations` (declared; key the inside 5-tuple and VLAN, action the TCP/UDP/ICMP
 //! state with the external port and packet counts; write-centric: created per connection,
@@ -366,6 +375,42 @@ fn take_listed(
         }
     }
     None
+}
+
+/// An IPv4 address as keys hold it (in their first 4 bytes).
+fn v4(addr: &[u8; 16]) -> [u8; 4] {
+    [addr[0], addr[1], addr[2], addr[3]]
+}
+
+/// Whether the packet is an ICMPv4 error: it quotes a packet rather than belongs to a
+/// connection.
+fn icmp_error(parsed: &Parsed, data: &[u8]) -> bool {
+    parsed.key.proto == ICMP
+        && parsed.key.ip_version == 4
+        && !parsed.flags.has(ParseFlags::LATER_FRAGMENT)
+        && (data.get(usize::from(parsed.l4_offset))).is_some_and(|&t| icmp::is_error(false, t))
+}
+
+/// The table key of the connection an ICMP error's quote belongs to, seen from the
+/// other direction: the quote is a packet that went one way, the error goes back the
+/// other. From the outside, the quote is a packet sent from the external address, and
+/// this is its answers' key; from the inside, the quote is an answer as it reached the
+/// inside host, and this is the inside connection's key. `None` when the quote is not
+/// a whole IPv4 header and 8 bytes of TCP, UDP or an echo.
+fn quoted_connection(parsed: &Parsed, data: &[u8]) -> Option<FlowKey> {
+    let quote = data.get(usize::from(parsed.payload_offset)..)?;
+    let quoted = icmp::quoted(quote, false).ok()?.key;
+    let echo = quoted.proto == ICMP && icmp::types::is_echo(false, (quoted.dst_port >> 8) as u8);
+    if !matches!(quoted.proto, TCP | UDP) && !echo {
+        return None;
+    }
+    let mut key = quoted.reversed();
+    if quoted.proto == ICMP {
+        // An echo's identifier is its port on both sides.
+        key.src_port = quoted.src_port;
+    }
+    key.vlan = parsed.key.vlan;
+    Some(table_key(&key))
 }
 
 /// Whether the packet is one `nat` translates: TCP, UDP, or an ICMP echo request (`out`)
@@ -798,6 +843,9 @@ impl Nat {
         if d.parsed.key.ip_version != 4 {
             return Verdict::Forward(self.outside);
         }
+        if icmp_error(&d.parsed, data) {
+            return self.error_out(data, d);
+        }
         if let Err(reason) = translatable(&d.parsed, data, true) {
             return Verdict::Drop(reason);
         }
@@ -828,6 +876,9 @@ impl Nat {
         if d.parsed.key.dst != self.external {
             return Verdict::Drop(NO_TRANSLATION);
         }
+        if icmp_error(&d.parsed, data) {
+            return self.error_in(data, d);
+        }
         if let Err(reason) = translatable(&d.parsed, data, false) {
             return Verdict::Drop(reason);
         }
@@ -852,6 +903,52 @@ impl Nat {
         };
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
+            Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    /// An ICMP error from the inside about an answer it received (a port unreachable from
+    /// the host, a time exceeded from a router inside): it leaves from the external
+    /// address, and its quote is the answer as it was sent, to the external address and
+    /// port.
+    fn error_out(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        let Some(inside) = quoted_connection(&d.parsed, data) else {
+            return Verdict::Drop(UNSUPPORTED);
+        };
+        let Some(id) = self.translations.lookup(&inside, d.ts_ns) else {
+            return Verdict::Drop(NO_TRANSLATION);
+        };
+        let port = self.translations.value(id).external_port;
+        let external = self.external;
+        let edits = edit::set_quoted_endpoint(data, &d.parsed, Side::Dst, v4(&external), port)
+            .and_then(|()| edit::set_ip_addr(data, &d.parsed, Side::Src, &external[..4]));
+        d.parsed.key.src = external;
+        self.verdict(edits, self.outside)
+    }
+
+    /// An ICMP error from the outside about a packet that left translated (fragmentation
+    /// needed, a port unreachable, a time exceeded): it reaches the inside host, and its
+    /// quote is the packet as that host sent it.
+    fn error_in(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        let Some(answer) = quoted_connection(&d.parsed, data) else {
+            return Verdict::Drop(UNSUPPORTED);
+        };
+        let inside = match self.answers.get(&answer).copied() {
+            Some(inside) if self.translations.lookup(&inside, d.ts_ns).is_some() => inside,
+            _ => return Verdict::Drop(NO_TRANSLATION),
+        };
+        let host = v4(&inside.src);
+        let edits = edit::set_quoted_endpoint(data, &d.parsed, Side::Src, host, inside.src_port)
+            .and_then(|()| edit::set_ip_addr(data, &d.parsed, Side::Dst, &host));
+        d.parsed.key.dst = inside.src;
+        self.verdict(edits, self.inside)
+    }
+
+    /// Forwards to `port` a packet whose edits were made; drops one they could not be.
+    fn verdict(&self, edits: Result<(), EditError>, port: PortId) -> Verdict {
+        match edits {
+            Ok(()) => Verdict::Forward(port),
+            Err(EditError::NoQuote) => Verdict::Drop(UNSUPPORTED),
             Err(_) => Verdict::Drop(TRUNCATED),
         }
     }
@@ -1404,6 +1501,163 @@ mod tests {
             assert_eq!(one(&mut n, S, f, port).0, want, "case {i}");
         }
         assert_eq!(n.len(), 0, "no translation made");
+    }
+
+    /// The packet an ICMP error (a frame) quotes, as a frame of its own, and its key.
+    fn quote_of(error: &[u8]) -> (Vec<u8>, FlowKey) {
+        let mut f = error[..14].to_vec();
+        f.extend(&error[14 + 20 + 8..]);
+        let key = icmp::quoted(&error[14 + 20 + 8..], false).unwrap().key;
+        (f, key)
+    }
+
+    /// ICMP errors about translated connections are translated as the connections' own
+    /// packets (RFC 5508): fragmentation needed from a router outside reaches the inside
+    /// host about the segment it sent; a port unreachable from the inside host about a
+    /// UDP answer leaves from the external address about the answer as it was sent; a
+    /// time exceeded about a ping comes back with the inside identifier. Every checksum,
+    /// the error's, the quoted IP header's and the quoted transport one, stays right, with
+    /// a whole quote or 8 bytes; the errors move no translation's counts.
+    #[test]
+    fn icmp_errors_about_translated_connections_are_translated_with_their_quotes() {
+        use crate::testutil::icmp_error_quoting;
+        const ROUTER: &str = "198.19.0.9";
+        let mut n = nat("");
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        let (_, _, sent) = one(&mut n, S, syn.clone(), 0);
+        let udp = frame(
+            INSIDE,
+            REMOTE,
+            L4::Udp {
+                src_port: 5000,
+                dst_port: 53,
+            },
+        );
+        let (_, out, _) = one(&mut n, S, udp.clone(), 0);
+        let answer = frame(
+            REMOTE,
+            EXTERNAL,
+            L4::Udp {
+                src_port: 53,
+                dst_port: out.src_port,
+            },
+        );
+        let (v, _, delivered) = one(&mut n, S, answer.clone(), 1);
+        assert_eq!(v, IN);
+        let ping = L4::IcmpEcho {
+            request: true,
+            ident: 77,
+            seq: 1,
+        };
+        let (_, ping_out, pinged) = one(&mut n, S, frame(INSIDE, REMOTE, ping), 0);
+        let counts = |n: &Nat| {
+            let key = |proto, sp, dp| {
+                FlowKey::v4(
+                    INSIDE.parse().unwrap(),
+                    REMOTE.parse().unwrap(),
+                    proto,
+                    sp,
+                    dp,
+                )
+            };
+            [key(TCP, 40_000, 80), key(UDP, 5000, 53), key(ICMP, 77, 0)]
+                .map(|k| n.translation_of(&k).map(|t| (t.packets_out, t.packets_in)))
+        };
+        let before = counts(&n);
+        for quote in [8, 1000] {
+            let need_frag = icmp_error_quoting(&sent, quote, ROUTER, EXTERNAL, (3, 4));
+            let (v, key, bytes) = one(&mut n, S + 1, need_frag, 1);
+            assert_eq!((v, addr(&key, false)), (IN, ip(INSIDE)), "quote {quote}");
+            assert!(
+                ipv4_checksums_valid(&bytes),
+                "the error's checksums, quote {quote}"
+            );
+            let (quoted, inner) = quote_of(&bytes);
+            assert_eq!(
+                (
+                    addr(&inner, true),
+                    inner.src_port,
+                    addr(&inner, false),
+                    inner.dst_port
+                ),
+                (ip(INSIDE), 40_000, ip(REMOTE), 80),
+                "the segment as the inside host sent it"
+            );
+            if quote == 1000 {
+                assert_eq!(quoted, syn, "the whole segment as it was sent");
+            }
+
+            let unreachable = icmp_error_quoting(&delivered, quote, INSIDE, REMOTE, (3, 3));
+            let (v, key, bytes) = one(&mut n, S + 1, unreachable, 0);
+            assert_eq!((v, addr(&key, true)), (OUT, ip(EXTERNAL)), "quote {quote}");
+            assert!(ipv4_checksums_valid(&bytes));
+            let (quoted, _) = quote_of(&bytes);
+            if quote == 1000 {
+                assert_eq!(quoted, answer, "the answer as it was sent");
+            } else {
+                assert_eq!(quoted, answer[..quoted.len()]);
+            }
+
+            let exceeded = icmp_error_quoting(&pinged, quote, ROUTER, EXTERNAL, (11, 0));
+            let (v, _, bytes) = one(&mut n, S + 1, exceeded, 1);
+            assert_eq!(v, IN);
+            assert!(ipv4_checksums_valid(&bytes));
+            let inner = quote_of(&bytes).1;
+            assert_ne!(ping_out.src_port, 77, "the identifier was translated");
+            assert_eq!((addr(&inner, true), inner.src_port), (ip(INSIDE), 77));
+        }
+        assert_eq!(
+            counts(&n),
+            before,
+            "errors count as no packet of their connection"
+        );
+    }
+
+    /// Errors about no translation, or quoting what cannot be told, are dropped by reason.
+    #[test]
+    fn icmp_errors_about_nothing_translated_are_dropped_by_reason() {
+        use crate::testutil::{icmp_error, icmp_error_quoting};
+        let mut n = nat("");
+        let (_, _, sent) = one(
+            &mut n,
+            S,
+            frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN)),
+            0,
+        );
+        let other = frame(EXTERNAL, REMOTE, tcp(40_001, 80, flags::SYN));
+        let stray = frame(REMOTE, INSIDE, tcp(80, 40_002, flags::ACK));
+        let mut gre = sent.clone();
+        gre[14 + 9] = 47;
+        let drop = Verdict::Drop;
+        let cases = [
+            (
+                icmp_error(&other, REMOTE, EXTERNAL, 3, 3),
+                1,
+                drop(NO_TRANSLATION),
+            ),
+            (
+                icmp_error(&stray, INSIDE, REMOTE, 3, 3),
+                0,
+                drop(NO_TRANSLATION),
+            ),
+            (
+                icmp_error_quoting(&sent, 4, REMOTE, EXTERNAL, (3, 4)),
+                1,
+                drop(UNSUPPORTED),
+            ),
+            (
+                icmp_error(&gre, REMOTE, EXTERNAL, 3, 2),
+                1,
+                drop(UNSUPPORTED),
+            ),
+            (icmp_error(&sent, REMOTE, EXTERNAL, 3, 4), 1, IN),
+        ];
+        for (i, (f, port, want)) in cases.into_iter().enumerate() {
+            assert_eq!(one(&mut n, S, f, port).0, want, "case {i}");
+        }
+        // Past the translation's timeout (TCP not answered: 240 s), its errors are too.
+        let late = icmp_error(&sent, REMOTE, EXTERNAL, 3, 4);
+        assert_eq!(one(&mut n, S + 241 * S, late, 1).0, drop(NO_TRANSLATION));
     }
 
     #[test]

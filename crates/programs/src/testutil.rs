@@ -119,10 +119,23 @@ pub fn ip_frame_with(
 
 /// An ICMP error of `icmp_type` and `code` (ICMPv6 for IPv6 addresses) from `src` to
 /// `dst` about `original` (a frame): its IP header and the first 8 bytes after it, quoted.
-/// Its checksum is left as the echo it is built from had it (no program here checks it).
 pub fn icmp_error(original: &[u8], src: &str, dst: &str, icmp_type: u8, code: u8) -> Vec<u8> {
+    icmp_error_quoting(original, 8, src, dst, (icmp_type, code))
+}
+
+/// As [`icmp_error`], quoting `quote` bytes past the original's IP header (as many as it
+/// has at most: Linux quotes up to 576 bytes of error), its checksum right.
+pub fn icmp_error_quoting(
+    original: &[u8],
+    quote: usize,
+    src: &str,
+    dst: &str,
+    (icmp_type, code): (u8, u8),
+) -> Vec<u8> {
+    use stateplane_wire::{checksum, icmp::IcmpPacket};
     let ip = &original[14..];
-    let header = if ip[0] >> 4 == 6 {
+    let v6 = ip[0] >> 4 == 6;
+    let header = if v6 {
         40
     } else {
         usize::from(ip[0] & 0x0f) * 4
@@ -132,10 +145,17 @@ pub fn icmp_error(original: &[u8], src: &str, dst: &str, icmp_type: u8, code: u8
         ident: 0,
         seq: 1280,
     };
-    let mut f = ip_frame_with(src, dst, echo, &ip[..header + 8]);
-    let at = 14 + if ip[0] >> 4 == 6 { 40 } else { 20 };
+    let quoted = &ip[..(header + quote).min(ip.len())];
+    let mut f = ip_frame_with(src, dst, echo, quoted);
+    let at = 14 + if v6 { 40 } else { 20 };
     f[at] = icmp_type;
     f[at + 1] = code;
+    let end = at + stateplane_wire::icmp::HEADER_LEN + quoted.len();
+    let pseudo = match (src.parse(), dst.parse()) {
+        (Ok(s), Ok(d)) if v6 => checksum::pseudo_v6(s, d, 58, (end - at) as u32),
+        _ => 0,
+    };
+    IcmpPacket::new_unchecked(&mut f[at..end]).fill_checksum(pseudo);
     f
 }
 

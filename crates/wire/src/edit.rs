@@ -24,6 +24,9 @@ pub enum EditError {
     TtlExpired,
     /// The header ends past the captured bytes.
     Truncated,
+    /// The packet is not an ICMPv4 error quoting a whole IPv4 header and the first 8
+    /// bytes of TCP, UDP or an ICMP echo.
+    NoQuote,
 }
 
 /// Which of a header's two addresses or ports.
@@ -141,6 +144,113 @@ pub fn set_echo_id(frame: &mut [u8], parsed: &Parsed, id: u16) -> Result<(), Edi
     }
     rewrite_words(frame, l4 + 4, &id.to_be_bytes(), &[l4 + 2]);
     Ok(())
+}
+
+/// Rewrites one endpoint of the packet an ICMPv4 error quotes (`parsed` is the error's):
+/// its address and its TCP or UDP port (an echo: its identifier, whichever `side`), as a
+/// NAT translates an error about a connection it translates (RFC 5508 section 4.2,
+/// RFC 5382 REQ-9). The quoted IP header's checksum, the quoted transport checksum where
+/// the quote holds it (a TCP quote of 8 bytes does not; Linux's NAT leaves it so too)
+/// and the error's own checksum, which covers all of them, are updated incrementally, so
+/// a wrong checksum stays wrong. The error's own addresses are [`set_ip_addr`]'s.
+pub fn set_quoted_endpoint(
+    frame: &mut [u8],
+    parsed: &Parsed,
+    side: Side,
+    addr: [u8; 4],
+    port: u16,
+) -> Result<(), EditError> {
+    use crate::icmp;
+    use crate::ipv4::protocol;
+    let f = parsed.flags;
+    let l4 = usize::from(parsed.l4_offset);
+    let is_error = f.has(ParseFlags::ICMP)
+        && f.has(ParseFlags::IPV4)
+        && !f.has(ParseFlags::LATER_FRAGMENT)
+        && frame.get(l4).is_some_and(|&t| icmp::is_error(false, t));
+    if !is_error {
+        return Err(EditError::NoQuote);
+    }
+    let ip = l4 + icmp::HEADER_LEN;
+    // The error ends where its IP packet does: bytes past it (a trailer) are no quote.
+    let end = (usize::from(parsed.l3_offset) + usize::from(parsed.ip_len)).min(frame.len());
+    let quote = frame.get(ip..end).ok_or(EditError::NoQuote)?;
+    let quoted = icmp::quoted(quote, false).map_err(|_| EditError::NoQuote)?;
+    let inner = ip + quoted.l4_at;
+    let from_src = |src: usize, dst: usize| if side == Side::Src { src } else { dst };
+    // Where the port (or identifier) is, and the checksums that cover it and the address.
+    let (port_at, transport_sum) = match quoted.key.proto {
+        protocol::TCP => (
+            inner + from_src(0, 2),
+            (inner + 18 <= end).then_some(inner + 16),
+        ),
+        protocol::UDP => (
+            inner + from_src(0, 2),
+            (word(frame, inner + 6) != 0).then_some(inner + 6),
+        ),
+        protocol::ICMP if icmp::types::is_echo(false, frame[inner]) => (inner + 4, None),
+        _ => return Err(EditError::NoQuote),
+    };
+    let error_sum = l4 + 2;
+    let header_sum = ip + 10;
+    let addr_at = ip + from_src(12, 16);
+    let mut sums = [0; 2];
+    let n = [Some(header_sum), transport_sum]
+        .into_iter()
+        .flatten()
+        .fold(0, |n, at| {
+            sums[n] = at;
+            n + 1
+        });
+    covered(
+        frame,
+        error_sum,
+        &[addr_at, addr_at + 2],
+        &sums[..n],
+        |frame| {
+            rewrite_words(frame, addr_at, &addr, &sums[..n]);
+        },
+    );
+    let echo_sum = inner + 2;
+    let port_sums: &[usize] = match (quoted.key.proto, transport_sum) {
+        (protocol::ICMP, _) => &[echo_sum],
+        (_, Some(at)) => &[at],
+        (_, None) => &[],
+    };
+    covered(frame, error_sum, &[port_at], port_sums, |frame| {
+        rewrite_words(frame, port_at, &port.to_be_bytes(), port_sums);
+    });
+    if quoted.key.proto == protocol::UDP
+        && let Some(at) = transport_sum
+        && word(frame, at) == 0
+    {
+        // RFC 768: a UDP checksum in use is never sent as zero.
+        covered(frame, error_sum, &[at], &[], |frame| {
+            frame[at..at + 2].copy_from_slice(&[0xff, 0xff]);
+        });
+    }
+    Ok(())
+}
+
+/// Makes `edit`, which changes the words at `changed` and the checksums at `sums`, all of
+/// them inside what the checksum at `outer` covers, and updates `outer` for each.
+fn covered(
+    frame: &mut [u8],
+    outer: usize,
+    changed: &[usize],
+    sums: &[usize],
+    edit: impl FnOnce(&mut [u8]),
+) {
+    let mut before = [0u16; 4];
+    let words = || changed.iter().chain(sums);
+    for (b, &at) in before.iter_mut().zip(words()) {
+        *b = word(frame, at);
+    }
+    edit(frame);
+    for (&old, &at) in before.iter().zip(words()) {
+        let c = checksum::update16(word(frame, outer), old, word(frame, at));
+        frame[outer..outer + 2].copy_from_slice(&c.to_be_bytes());
+    }
 }
 
 /// A UDP checksum in use that an update brought to zero is sent as all ones (RFC 768:
@@ -367,6 +477,93 @@ mod tests {
         let mut tcp = frame(false, false);
         let p = parsed(&tcp);
         assert_eq!(set_echo_id(&mut tcp, &p, 1), Err(EditError::NotEcho));
+    }
+
+    /// An ICMPv4 error (type 3 code 4) from 198.19.0.9 about `original`, quoting
+    /// `quote` bytes of it past its IP header, every checksum right.
+    fn icmp_error(original: &[u8], quote: usize) -> Vec<u8> {
+        let quoted = &original[14..(34 + quote).min(original.len())];
+        let mut f = original[..14].to_vec();
+        let mut ip = vec![0x45, 0];
+        ip.extend(((20 + 8 + quoted.len()) as u16).to_be_bytes());
+        ip.extend([0, 0, 0, 0, 64, 1, 0, 0, 198, 19, 0, 9]);
+        ip.extend(&original[26..30]);
+        let c = checksum::checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend(ip);
+        let mut icmp = vec![3, 4, 0, 0, 0, 0, 0x05, 0x00];
+        icmp.extend(quoted);
+        let c = checksum::checksum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        f.extend(icmp);
+        f
+    }
+
+    /// A NAT's rewrite of an error's quote leaves the quote as the quoted packet would be
+    /// after the same rewrite (so the quoted IP checksum, and the transport checksum when
+    /// the quote holds it, are right; a UDP checksum of zero stays zero), and the error's
+    /// own checksum right, whether the quote is whole or 8 bytes.
+    #[test]
+    fn a_quoted_endpoint_is_rewritten_under_every_checksum_that_covers_it() {
+        let mut zero_udp = frame(false, true);
+        zero_udp[40..42].copy_from_slice(&[0, 0]);
+        let mut echo = vec![0u8; 14];
+        echo[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 1, 0, 0, 198, 18, 0, 1];
+        ip.extend([198, 19, 0, 2]);
+        let c = checksum::checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        echo.extend(ip);
+        let mut message = vec![8, 0, 0, 0, 0x00, 0x2a, 0, 1];
+        message.extend(b"pingping");
+        let c = checksum::checksum(&message);
+        message[2..4].copy_from_slice(&c.to_be_bytes());
+        echo.extend(message);
+        let originals = [frame(false, false), frame(false, true), zero_udp, echo];
+        let (a, b) = ([198, 18, 7, 1], [198, 18, 7, 2]);
+        for (i, original) in originals.iter().enumerate() {
+            // The quoted packet as the same rewrite leaves it.
+            let mut expected = original.clone();
+            let p = parsed(&expected);
+            // An echo has one identifier, which either side's rewrite sets.
+            let dst_port = if p.key.proto == 1 { 4000 } else { 4001 };
+            set_ip_addr(&mut expected, &p, Side::Src, &a).unwrap();
+            set_ip_addr(&mut expected, &p, Side::Dst, &b).unwrap();
+            if p.key.proto == 1 {
+                set_echo_id(&mut expected, &p, 4000).unwrap();
+            } else {
+                set_port(&mut expected, &p, Side::Src, 4000).unwrap();
+                set_port(&mut expected, &p, Side::Dst, dst_port).unwrap();
+            }
+            for quote in [8, 1000] {
+                let mut error = icmp_error(original, quote);
+                // A trailer past the IP packet, which no edit touches.
+                error.extend([0xab; 24]);
+                let p = parsed(&error);
+                set_quoted_endpoint(&mut error, &p, Side::Src, a, 4000).unwrap();
+                set_quoted_endpoint(&mut error, &p, Side::Dst, b, dst_port).unwrap();
+                let case = format!("case {i}, quote {quote}");
+                let (error, trailer) = error.split_at(error.len() - 24);
+                assert_eq!(trailer, [0xab; 24], "{case}");
+                assert_eq!(error[42..], expected[14..error.len() - 28], "{case}");
+                assert_eq!(checksum::checksum(&error[34..]), 0, "{case}: the error's");
+            }
+        }
+        // Refused, changing nothing: no error, a quote short of 8 bytes, a quote of GRE.
+        let refused = |mut f: Vec<u8>| {
+            let (before, p) = (f.clone(), parsed(&f));
+            let r = set_quoted_endpoint(&mut f, &p, Side::Src, a, 1);
+            assert_eq!(f, before);
+            r
+        };
+        assert_eq!(refused(frame(false, false)), Err(EditError::NoQuote));
+        assert_eq!(
+            refused(icmp_error(&frame(false, true), 7)),
+            Err(EditError::NoQuote)
+        );
+        let mut gre = frame(false, true);
+        gre[23] = 47;
+        assert_eq!(refused(icmp_error(&gre, 8)), Err(EditError::NoQuote));
     }
 
     #[test]
