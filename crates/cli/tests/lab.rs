@@ -47,6 +47,8 @@ fn require(tool: &str) {
 struct Lab {
     file: PathBuf,
     name: String,
+    /// h2's address: where the transfers and iperf3 go.
+    server: &'static str,
 }
 
 impl Lab {
@@ -99,6 +101,7 @@ impl Lab {
         let lab = Lab {
             file,
             name: name.to_owned(),
+            server: "198.18.0.2",
         };
         let _ = lab.cmd(&["down"]); // a previous crashed run's leftovers
         let out = lab.cmd(&["up"]);
@@ -257,10 +260,11 @@ fn exact_transfer(lab: &Lab, bytes: usize, port: u16) -> (String, String) {
 
 /// As [`exact_transfer`], also giving the client's address as the server saw it.
 fn exact_transfer_from(lab: &Lab, bytes: usize, port: u16) -> (String, String, String) {
+    let addr = lab.server;
     let server = format!(
         "import socket,hashlib\n\
          s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-         s.bind(('198.18.0.2',{port})); s.listen(1); s.settimeout(30)\n\
+         s.bind(('{addr}',{port})); s.listen(1); s.settimeout(30)\n\
          c,peer=s.accept(); c.settimeout(30); h=hashlib.sha256(); n=0\n\
          while True:\n    b=c.recv(65536)\n    if not b: break\n    h.update(b); n+=len(b)\n\
          print(n, h.hexdigest()); print(peer[0])"
@@ -268,7 +272,7 @@ fn exact_transfer_from(lab: &Lab, bytes: usize, port: u16) -> (String, String, S
     let client = format!(
         "import socket,hashlib,random\n\
          data=random.Random(7).randbytes({bytes})\n\
-         c=socket.create_connection(('198.18.0.2',{port}),timeout=30); c.sendall(data); c.close()\n\
+         c=socket.create_connection(('{addr}',{port}),timeout=30); c.sendall(data); c.close()\n\
          print(len(data), hashlib.sha256(data).hexdigest())"
     );
     let ns = format!("sp-{}-h2", lab.name);
@@ -281,6 +285,13 @@ fn exact_transfer_from(lab: &Lab, bytes: usize, port: u16) -> (String, String, S
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let sent = lab.exec("h1", &["timeout", "60", "python3", "-c", &client]);
+    // The client prints only once it has sent everything: an empty line is a failure,
+    // never a match for an empty line from the server.
+    assert!(
+        String::from_utf8_lossy(&sent.stdout).starts_with(&format!("{bytes} ")),
+        "the client did not send its {bytes} bytes:\n{}",
+        text(&sent)
+    );
     let received = srv.wait_with_output().unwrap();
     let received = String::from_utf8_lossy(&received.stdout);
     let mut lines = received.lines();
@@ -312,13 +323,13 @@ fn iperf3_client(
     timeout_s: u32,
     during: impl FnOnce(),
 ) -> Output {
-    let out = lab.exec("h2", &["iperf3", "-s", "-1", "-D", "-B", "198.18.0.2"]);
+    let out = lab.exec("h2", &["iperf3", "-s", "-1", "-D", "-B", lab.server]);
     assert!(out.status.success(), "iperf3 server: {}", text(&out));
     std::thread::sleep(Duration::from_millis(300));
     let ns = format!("sp-{}-h1", lab.name);
     let client = Command::new("ip")
         .args(["netns", "exec", &ns, "timeout", &timeout_s.to_string()])
-        .args(["iperf3", "-c", "198.18.0.2"])
+        .args(["iperf3", "-c", lab.server])
         .args(limit)
         .args(["-P", &streams.to_string(), "-J"])
         .stdout(std::process::Stdio::piped())
@@ -1079,6 +1090,31 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
         before,
         "a clean connection loses nothing to the tracker"
     );
+}
+
+/// Path MTU discovery through `nat` (topologies/nat-pmtu.toml): the router behind the NAT
+/// refuses h1's full-size segments with "fragmentation needed" sent to the external
+/// address; the NAT translates each error back to h1, which learns the path's MTU of
+/// 1280, and an exact transfer and iperf3 complete. Without the translation h1 never
+/// learns it (Linux probes no MTU by default) and the transfer stalls.
+#[test]
+fn path_mtu_discovery_works_through_nat() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut lab = Lab::up("nat-pmtu.toml", "tpmtu");
+    lab.server = "198.18.1.2";
+    let (sent, received) = exact_transfer(&lab, 4 << 20, 5307);
+    assert_eq!(sent, received, "every byte, in segments that fit the path");
+    let route = lab.exec("h1", &["ip", "route", "get", "198.18.1.2"]);
+    assert!(
+        text(&route).contains("mtu 1280"),
+        "h1 learnt the path's MTU from the translated error:\n{}{}{}",
+        text(&route),
+        text(&lab.exec("r1", &["ip", "link", "show", "eth1"])),
+        text(&lab.exec("r1", &["sysctl", "net.ipv4.ip_forward"])),
+    );
+    let report = iperf3(&lab, &["-n", "20M"], 2, || {});
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    assert!(sent >= mib(20), "iperf3 sent {sent}");
 }
 
 /// `nat` on live ports: ping, iperf3 and an exact transfer from h1 reach h2 as the

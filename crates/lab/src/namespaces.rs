@@ -151,6 +151,9 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
             if let Some(mac) = &end.mac {
                 ip(&["-n", ns, "link", "set", &end.iface, "address", mac])?;
             }
+            if let Some(mtu) = end.mtu {
+                ip(&["-n", ns, "link", "set", &end.iface, "mtu", &mtu.to_string()])?;
+            }
             if let Some(addr) = &end.addr {
                 ip(&["-n", ns, "addr", "add", addr, "dev", &end.iface])?;
             }
@@ -186,6 +189,19 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
     }
     for h in &t.host {
         let ns = t.namespace(&h.name);
+        if h.forwarding {
+            run(
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    &ns,
+                    "sysctl",
+                    "-qw",
+                    "net.ipv4.ip_forward=1",
+                ],
+            )?;
+        }
         for r in &h.routes {
             let mut args = vec!["-n", ns.as_str(), "route", "add"];
             args.extend(r.split_whitespace());

@@ -13,6 +13,7 @@
 //! [[link]]
 //! a = { node = "h1", iface = "eth0", addr = "198.18.0.1/24", mac = "02:00:00:00:01:01" }
 //! b = { node = "s1", iface = "p0" }   # switch ports are in link order
+//!                                     # (an end may set `mtu = 1280`: its interface's)
 //! [controller]                        # a host on a management network with every switch
 //! name = "c1"
 //! ```
@@ -46,6 +47,10 @@ pub struct Host {
     /// external address of a `nat` running as a bump in the wire.
     #[serde(default)]
     pub neighbors: Vec<Neighbor>,
+    /// Whether the host forwards IPv4 between its links (a router; it then also sends
+    /// the ICMP errors a router sends, such as fragmentation needed).
+    #[serde(default)]
+    pub forwarding: bool,
 }
 
 /// `{ addr = "198.18.0.100", mac = "02:00:00:00:01:01", iface = "eth0" }`.
@@ -90,6 +95,10 @@ pub struct End {
     /// An IPv4 address with prefix length, in 198.18.0.0/15 (hosts only).
     pub addr: Option<String>,
     pub mac: Option<String>,
+    /// The interface's MTU (68 to 65535; default the kernel's 1500). The two ends of a
+    /// link may differ: a router's smaller one makes it refuse larger packets with
+    /// "fragmentation needed", as a path with a small MTU does.
+    pub mtu: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -230,6 +239,13 @@ impl Topology {
                 }
                 if let Some(m) = &e.mac {
                     check_mac(m).map_err(|m| format!("{field}.mac: {m}"))?;
+                }
+                if let Some(mtu) = e.mtu
+                    && !(68..=65_535).contains(&mtu)
+                {
+                    return Err(format!(
+                        "{field}.mtu: {mtu} is not an IPv4 MTU; give 68 to 65535"
+                    ));
                 }
             }
         }
@@ -430,6 +446,10 @@ mod tests {
                     "name = \"h2\"\nneighbors = [{ addr = \"198.18.0.9\", mac = \"02:00:00:00:01:01\", iface = \"eth1\" }]",
                 ),
                 "host 'h2' neighbors[0].iface: host 'h2' has no link on 'eth1'",
+            ),
+            (
+                LINE.replace("addr = \"198.18.0.2/24\"", "addr = \"198.18.0.2/24\", mtu = 67"),
+                "link[1].b.mtu: 67 is not an IPv4 MTU; give 68 to 65535",
             ),
         ];
         for (text, want) in cases {
