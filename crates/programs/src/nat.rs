@@ -14,8 +14,9 @@
 //! Timeouts follow the RFCs' minimums for NATs: TCP connections being opened or closed
 //! (`tcp_transitory`, RFC 5382: 4 min) and established (`tcp_established`, 2 h 4 min),
 //! UDP (`udp`, RFC 4787: 5 min), ICMP echo (`icmp`, RFC 5508: 60 s). A TCP connection is
-//! established once the outside answers; a FIN from either side starts its closing timer,
-//! which later packets do not restart; a RST removes the translation after passing.
+//! established once the outside answers; a FIN from either side moves it to the transitory
+//! timeout, which later packets restart (a half-closed connection streams on); a RST
+//! removes the translation after passing.
 //!
 //! Workers: each worker keeps its own translations. A worker picks only external ports
 //! whose answers the runtime's flow hash sends back to that same worker, so answers meet
@@ -157,7 +158,7 @@ pub enum NatState {
     #[default]
     TcpNew = 0,
     TcpEstablished = 1,
-    /// TCP with a FIN seen: ages out on its transitory timeout.
+    /// TCP with a FIN seen: ages out after its transitory timeout of idleness.
     TcpClosing = 2,
     Udp = 3,
     Icmp = 4,
@@ -832,7 +833,9 @@ impl Nat {
         let after = t.state;
         if after != before {
             let _ = self.translations.set_profile(id, after as u8, now);
-        } else if !matches!(after, NatState::TcpNew | NatState::TcpClosing) {
+        } else if after != NatState::TcpNew {
+            // Timeouts are idle timeouts (RFC 5382 REQ-5), a half-closed connection's
+            // too: the side that did not close may stream on for as long as it likes.
             self.translations.restart_timer(id, now);
         }
         Some(port)
@@ -1764,6 +1767,43 @@ mod tests {
         assert_eq!(one(&mut n, 26 * S, rst, 1).0, Verdict::Drop(NO_TRANSLATION));
         assert_eq!(n.len(), 1);
         assert_eq!(n.answers.len(), 1, "every answer entry has its translation");
+    }
+
+    /// A half-closed connection (the inside sent its FIN, the outside streams on) stays
+    /// as long as packets keep coming within the transitory timeout (RFC 5382: an idle
+    /// timeout of 4 minutes), and ages out 4 minutes after the last.
+    #[test]
+    fn a_half_closed_connection_lives_while_its_packets_flow() {
+        let mut n = nat("capacity = 8");
+        let out = |f| frame(INSIDE, REMOTE, tcp(40_000, 80, f));
+        let answer = || frame(REMOTE, EXTERNAL, tcp(80, 40_000, flags::ACK));
+        run(&mut n, S, &[(out(flags::SYN), 0)]);
+        let syn_ack = frame(REMOTE, EXTERNAL, tcp(80, 40_000, flags::SYN | flags::ACK));
+        assert_eq!(one(&mut n, S, syn_ack, 1).0, IN);
+        run(&mut n, S, &[(out(flags::FIN | flags::ACK), 0)]);
+        for i in 1..=5 {
+            let t = S + i * 200 * S;
+            assert_eq!(
+                one(&mut n, t, answer(), 1).0,
+                IN,
+                "{} s after the FIN",
+                i * 200
+            );
+        }
+        let key = FlowKey::v4(
+            INSIDE.parse().unwrap(),
+            REMOTE.parse().unwrap(),
+            TCP,
+            40_000,
+            80,
+        );
+        assert_eq!(n.translation_of(&key).unwrap().state, NatState::TcpClosing);
+        let late = S + 1000 * S + 241 * S;
+        assert_eq!(
+            one(&mut n, late, answer(), 1).0,
+            Verdict::Drop(NO_TRANSLATION)
+        );
+        assert_eq!(n.expired[NatState::TcpClosing as usize], 1);
     }
 
     #[test]
