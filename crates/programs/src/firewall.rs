@@ -22,7 +22,8 @@
 //! instead, by its own hash, and an error may reach another worker than its connection's:
 //! there an error that matches none of its worker's connections passes unchecked, as
 //! before (one live worker, and every run over files, check them all). Non-IP frames
-//! (ARP) pass. Forwarding is `forward`'s port map
+//! (ARP) pass, and so does IPv6 neighbor discovery from the link itself (hop limit 255),
+//! without which IPv6 hosts on the two sides would not find each other. Forwarding is `forward`'s port map
 //! (default port 0 <-> 1).
 //!
 //! The policy judges the first packet of a connection only; its per-rule counters count
@@ -109,6 +110,17 @@ fn refused(refusal: Refusal) -> DropReason {
 /// ICMP errors, which quote the packet they are about rather than belong to a connection.
 fn icmp_error(key: &stateplane_wire::FlowKey) -> bool {
     matches!(key.proto, 1 | 58) && icmp::is_error(key.proto == 58, (key.dst_port >> 8) as u8)
+}
+
+/// IPv6 neighbor discovery (router and neighbor solicitations and advertisements,
+/// redirects) sent with hop limit 255, which no router forwards (RFC 4861 section 7.1):
+/// it comes from the link itself, and a transparent firewall lets it cross, since
+/// without it no host on one side finds one on the other (RFC 4890 section 4.4.1).
+pub(crate) fn neighbor_discovery(parsed: &stateplane_wire::parse::Parsed) -> bool {
+    parsed.key.proto == 58
+        && parsed.key.ip_version == 6
+        && (133..=137).contains(&(parsed.key.dst_port >> 8))
+        && parsed.ttl == 255
 }
 
 #[derive(Clone)]
@@ -235,6 +247,8 @@ impl Program for Firewall {
                     self.judge(d)
                 } else if icmp_error(&key) {
                     self.related(d, burst.data(i), ctx.by_hash)
+                } else if neighbor_discovery(&d.parsed) {
+                    None
                 } else {
                     Some(UNSOLICITED)
                 }
@@ -573,6 +587,28 @@ mod tests {
             ],
         );
         assert_eq!(got, [Verdict::Drop(UNSOLICITED), OUT, IN]);
+    }
+
+    /// Neighbor discovery crosses both ways, so that IPv6 hosts on the two sides find
+    /// each other; only with hop limit 255, so none comes from beyond the link.
+    #[test]
+    fn neighbor_discovery_crosses_from_the_link_only() {
+        use crate::testutil::icmpv6;
+        let mut fw = firewall("");
+        let (inside, outside) = ("2001:2::1", "2001:2::2");
+        let got = run(
+            &mut fw,
+            &[
+                (icmpv6(inside, "ff02::1:ff00:2", 135, 255), true),
+                (icmpv6(outside, inside, 136, 255), false),
+                (icmpv6(outside, "ff02::1:ff00:1", 135, 255), false),
+                (icmpv6("fe80::1", "ff02::1", 134, 255), false),
+                (icmpv6(outside, inside, 136, 64), false),
+                (icmpv6(outside, inside, 138, 255), false),
+            ],
+        );
+        let unsolicited = Verdict::Drop(UNSOLICITED);
+        assert_eq!(got, [OUT, IN, IN, IN, unsolicited, unsolicited]);
     }
 
     #[test]

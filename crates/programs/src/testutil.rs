@@ -159,6 +159,27 @@ pub fn icmp_error_quoting(
     f
 }
 
+/// An ICMPv6 message of `icmp_type` (code 0) from `src` to `dst` with hop limit
+/// `hop_limit`, 8 bytes of body, its checksum right: neighbor discovery's shape.
+pub fn icmpv6(src: &str, dst: &str, icmp_type: u8, hop_limit: u8) -> Vec<u8> {
+    use stateplane_wire::{checksum, icmp::IcmpPacket};
+    let echo = stateplane_gen::build::L4::IcmpEcho {
+        request: true,
+        ident: 0,
+        seq: 0,
+    };
+    let mut f = ip_frame_with(src, dst, echo, &[0; 8]);
+    f[14 + 7] = hop_limit;
+    let at = 14 + 40;
+    f[at] = icmp_type;
+    let pseudo = match (src.parse(), dst.parse()) {
+        (Ok(s), Ok(d)) => checksum::pseudo_v6(s, d, 58, (f.len() - at) as u32),
+        _ => panic!("{src} and {dst} are IPv6 addresses"),
+    };
+    IcmpPacket::new_unchecked(&mut f[at..]).fill_checksum(pseudo);
+    f
+}
+
 /// A TCP segment's header fields with these ports and flags.
 pub fn tcp(src_port: u16, dst_port: u16, flags: u8) -> stateplane_gen::build::L4 {
     stateplane_gen::build::L4::Tcp {
