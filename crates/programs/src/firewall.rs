@@ -74,6 +74,22 @@ pub struct FirewallConfig {
     pub map: BTreeMap<String, String>,
 }
 
+impl Default for FirewallConfig {
+    /// What a `[program.firewall]` table with nothing in it gives.
+    fn default() -> Self {
+        FirewallConfig {
+            inside: default_inside(),
+            rules: Vec::new(),
+            default: default_permit(),
+            capacity: default_rules(),
+            connections: default_connections(),
+            timeouts: Timeouts::default(),
+            window_checks: true,
+            map: BTreeMap::new(),
+        }
+    }
+}
+
 fn default_inside() -> String {
     "0".into()
 }
@@ -92,11 +108,11 @@ fn default_connections() -> usize {
 
 const DENIED: DropReason = DropReason::program(1);
 const POLICED: DropReason = DropReason::program(2);
-const UNSOLICITED: DropReason = DropReason::program(3);
-const INVALID: DropReason = DropReason::program(4);
-const TABLE_FULL: DropReason = DropReason::program(5);
-const UNRELATED_ICMP: DropReason = DropReason::program(6);
-const OUT_OF_WINDOW: DropReason = DropReason::program(7);
+pub(crate) const UNSOLICITED: DropReason = DropReason::program(3);
+pub(crate) const INVALID: DropReason = DropReason::program(4);
+pub(crate) const TABLE_FULL: DropReason = DropReason::program(5);
+pub(crate) const UNRELATED_ICMP: DropReason = DropReason::program(6);
+pub(crate) const OUT_OF_WINDOW: DropReason = DropReason::program(7);
 
 /// Why the firewall drops a packet the tracker refused.
 fn refused(refusal: Refusal) -> DropReason {
@@ -213,6 +229,52 @@ impl Firewall {
         (!known && by_hash).then_some(UNRELATED_ICMP)
     }
 
+    /// Why to drop packet `d` (`None`: it passes), its connection's state moved on; its
+    /// bytes, `data`, are read only where they must be (a TCP segment's windows, an ICMP
+    /// error's quote). `by_hash` as [`Context::by_hash`].
+    pub(crate) fn judge_packet<'a>(
+        &mut self,
+        d: &PacketDesc,
+        data: impl Fn() -> &'a [u8],
+        by_hash: bool,
+    ) -> Option<DropReason> {
+        let key = d.parsed.key;
+        let from_inside = d.in_port == self.inside;
+        if key.ip_version == 0 {
+            None
+        } else if !tracked(&key) {
+            if from_inside {
+                self.judge(d)
+            } else if icmp_error(&key) {
+                self.related(d, data(), by_hash)
+            } else if neighbor_discovery(&d.parsed) {
+                None
+            } else {
+                Some(UNSOLICITED)
+            }
+        } else {
+            let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
+            let segment = self.conntrack.segment(d, data());
+            let segment = segment.as_ref();
+            match self.conntrack.track(&key, flags, segment, now, false) {
+                Ok(()) => None,
+                Err(Refusal::Unknown) if from_inside => self.judge(d).or_else(|| {
+                    match self.conntrack.track(&key, flags, segment, now, true) {
+                        Ok(()) => None,
+                        Err(refusal) => Some(refused(refusal)),
+                    }
+                }),
+                Err(Refusal::Unknown) => Some(UNSOLICITED),
+                Err(refusal) => Some(refused(refusal)),
+            }
+        }
+    }
+
+    /// Looks at `budget` slots for connections idle past their state's timeout.
+    pub(crate) fn expire(&mut self, now: u64, budget: usize) {
+        self.conntrack.expire(now, budget);
+    }
+
     /// Why to drop a packet of no known connection that may not open one: `None` to let
     /// it on.
     fn judge(&mut self, d: &stateplane_runtime::PacketDesc) -> Option<DropReason> {
@@ -231,52 +293,22 @@ impl Program for Firewall {
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
         let n = burst.len();
-        // By index: only an ICMP error's bytes are read (`Burst::data`), so no other
-        // packet pays for slicing the burst.
+        // By index: only a TCP segment's or an ICMP error's bytes are read
+        // (`Burst::data`), so no other packet pays for slicing the burst.
         for i in 0..n {
             let d = &burst.descs()[i];
             if matches!(d.verdict, Verdict::Drop(_)) {
                 continue;
             }
-            let key = d.parsed.key;
-            let from_inside = d.in_port == self.inside;
-            let reason = if key.ip_version == 0 {
-                None
-            } else if !tracked(&key) {
-                if from_inside {
-                    self.judge(d)
-                } else if icmp_error(&key) {
-                    self.related(d, burst.data(i), ctx.by_hash)
-                } else if neighbor_discovery(&d.parsed) {
-                    None
-                } else {
-                    Some(UNSOLICITED)
-                }
-            } else {
-                let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
-                let segment = self.conntrack.segment(d, burst.data(i));
-                let segment = segment.as_ref();
-                match self.conntrack.track(&key, flags, segment, now, false) {
-                    Ok(()) => None,
-                    Err(Refusal::Unknown) if from_inside => self.judge(d).or_else(|| {
-                        match self.conntrack.track(&key, flags, segment, now, true) {
-                            Ok(()) => None,
-                            Err(refusal) => Some(refused(refusal)),
-                        }
-                    }),
-                    Err(Refusal::Unknown) => Some(UNSOLICITED),
-                    Err(refusal) => Some(refused(refusal)),
-                }
-            };
-            if let Some(reason) = reason {
+            if let Some(reason) = self.judge_packet(d, || burst.data(i), ctx.by_hash) {
                 burst.descs_mut()[i].verdict = Verdict::Drop(reason);
             }
         }
-        self.conntrack.expire(ctx.now_ns, crate::sweep_budget(n));
+        self.expire(ctx.now_ns, crate::sweep_budget(n));
     }
 
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
-        self.conntrack.expire(ctx.now_ns, crate::IDLE_SWEEP);
+        self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
     crate::replicated_tables::replicated_table_methods!(

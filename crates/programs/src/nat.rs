@@ -49,6 +49,7 @@
 //! a translation to an inside host, as if that host had opened it; forwarded ports lie
 //! outside the pool).
 
+use crate::firewall::{self, Firewall, FirewallConfig};
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
@@ -91,6 +92,27 @@ pub struct NatConfig {
     /// host.
     #[serde(default)]
     pub forwards: Vec<PortForwardConfig>,
+    /// What becomes of IPv6, which is not translated: `stateful` (the default), `pass`
+    /// or `drop` ([`Ipv6`]).
+    #[serde(default = "default_ipv6")]
+    pub ipv6: String,
+}
+
+fn default_ipv6() -> String {
+    "stateful".into()
+}
+
+/// What `nat` does with IPv6, which it does not translate.
+#[derive(Clone)]
+enum Ipv6 {
+    /// `stateful`: connections opened from the inside pass, and their answers; nothing
+    /// else from outside (RFC 6092's simple security, as `firewall` with no rules keeps
+    /// it).
+    Stateful(Box<Firewall>),
+    /// `pass`: everything passes both ways, unchanged.
+    Pass,
+    /// `drop`: nothing passes (`ipv6`).
+    Drop,
 }
 
 /// A port forward: `proto` to external port `port` goes to `to`, port `to_port` (by
@@ -236,6 +258,23 @@ const UNSUPPORTED: DropReason = DropReason::program(3);
 const FRAGMENT: DropReason = DropReason::program(4);
 const TRUNCATED: DropReason = DropReason::program(5);
 const OTHER_PORT: DropReason = DropReason::program(6);
+const UNSOLICITED: DropReason = DropReason::program(7);
+const INVALID: DropReason = DropReason::program(8);
+const UNRELATED_ICMP: DropReason = DropReason::program(9);
+const OUT_OF_WINDOW: DropReason = DropReason::program(10);
+const IPV6: DropReason = DropReason::program(11);
+
+/// Why `nat` drops an IPv6 packet its stateful policy's firewall refused.
+fn ipv6_reason(firewall_reason: DropReason) -> DropReason {
+    match firewall_reason {
+        firewall::INVALID => INVALID,
+        firewall::TABLE_FULL => TABLE_FULL,
+        firewall::UNRELATED_ICMP => UNRELATED_ICMP,
+        firewall::OUT_OF_WINDOW => OUT_OF_WINDOW,
+        // `unsolicited`; and `denied` and `policed` need rules, which the policy has none of.
+        _ => UNSOLICITED,
+    }
+}
 
 /// External ports drawn at random for a new connection, per worker (with `n` workers
 /// about one port in `n` sends its answers back to this worker), before its destination's
@@ -564,6 +603,7 @@ pub struct Nat {
     /// Translations made, and those that expired by the state they were in.
     pub created: u64,
     pub expired: [u64; 5],
+    ipv6: Ipv6,
 }
 
 impl Nat {
@@ -637,6 +677,30 @@ impl Nat {
                 ("icmp", t.icmp),
             ],
         )?;
+        let ipv6 = match cfg.ipv6.as_str() {
+            "pass" => Ipv6::Pass,
+            "drop" => Ipv6::Drop,
+            // As many IPv6 connections as translations; its memory is claimed under
+            // `capacity`, which sizes both.
+            "stateful" => Ipv6::Stateful(Box::new(Firewall::new(
+                &FirewallConfig {
+                    inside: cfg.inside.clone(),
+                    connections: cfg.capacity,
+                    // No rules: every connection the inside opens is permitted.
+                    capacity: 1,
+                    ..FirewallConfig::default()
+                },
+                ports,
+                field,
+                seed.rotate_left(13),
+            )?)),
+            other => {
+                return Err(ConfigError::new(
+                    format!("{field}.ipv6"),
+                    format!("'{other}' is not stateful, pass or drop"),
+                ));
+            }
+        };
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
         let mut translations =
@@ -667,6 +731,7 @@ impl Nat {
             forwards,
             created: 0,
             expired: [0; 5],
+            ipv6,
         })
     }
 
@@ -844,7 +909,7 @@ impl Nat {
     /// A packet from the inside: translated on its way out.
     fn outbound(&mut self, data: &mut [u8], d: &mut PacketDesc, ctx: &Context) -> Verdict {
         if d.parsed.key.ip_version != 4 {
-            return Verdict::Forward(self.outside);
+            return self.untranslated(data, d, ctx.by_hash, self.outside);
         }
         if icmp_error(&d.parsed, data) {
             return self.error_out(data, d);
@@ -872,9 +937,9 @@ impl Nat {
     }
 
     /// A packet from the outside: an answer to a translation goes in, restored.
-    fn inbound(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+    fn inbound(&mut self, data: &mut [u8], d: &mut PacketDesc, by_hash: bool) -> Verdict {
         if d.parsed.key.ip_version != 4 {
-            return Verdict::Forward(self.inside);
+            return self.untranslated(data, d, by_hash, self.inside);
         }
         if d.parsed.key.dst != self.external {
             return Verdict::Drop(NO_TRANSLATION);
@@ -907,6 +972,30 @@ impl Nat {
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
             Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    /// A packet `nat` does not translate, to port `to`: IPv6 as its policy says; non-IP
+    /// frames (ARP) pass.
+    fn untranslated(&mut self, data: &[u8], d: &PacketDesc, by_hash: bool, to: PortId) -> Verdict {
+        if d.parsed.key.ip_version != 6 {
+            return Verdict::Forward(to);
+        }
+        match &mut self.ipv6 {
+            Ipv6::Pass => Verdict::Forward(to),
+            Ipv6::Drop => Verdict::Drop(IPV6),
+            Ipv6::Stateful(firewall) => match firewall.judge_packet(d, || data, by_hash) {
+                None => Verdict::Forward(to),
+                Some(reason) => Verdict::Drop(ipv6_reason(reason)),
+            },
+        }
+    }
+
+    /// Looks at `budget` slots of each table for entries idle past their timeouts.
+    fn expire_all(&mut self, now: u64, budget: usize) {
+        self.expire(now, budget);
+        if let Ipv6::Stateful(firewall) = &mut self.ipv6 {
+            firewall.expire(now, budget);
         }
     }
 
@@ -1052,17 +1141,17 @@ impl Program for Nat {
             d.verdict = if d.in_port == self.inside {
                 self.outbound(p.data, d, ctx)
             } else if d.in_port == self.outside {
-                self.inbound(p.data, d)
+                self.inbound(p.data, d, ctx.by_hash)
             } else {
                 Verdict::Drop(OTHER_PORT)
             };
         }
-        self.expire(ctx.now_ns, crate::sweep_budget(n));
+        self.expire_all(ctx.now_ns, crate::sweep_budget(n));
     }
 
     /// Idle live ports still time translations out.
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
-        self.expire(ctx.now_ns, crate::IDLE_SWEEP);
+        self.expire_all(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
     /// Answers reach the worker that holds their translation only when the runtime's own
@@ -1096,6 +1185,11 @@ impl Program for Nat {
             "fragment",
             "truncated",
             "other_port",
+            "unsolicited",
+            "invalid",
+            "unrelated_icmp",
+            "out_of_window",
+            "ipv6",
         ]
     }
 
@@ -1488,14 +1582,14 @@ mod tests {
                 2,
                 drop(OTHER_PORT),
             ),
-            // IPv6 is not translated: it passes either way.
+            // IPv6 is not translated: what the inside opens passes, with its answers.
             (
                 frame("2001:2::1", "2001:2::2", tcp(1, 2, flags::SYN)),
                 0,
                 OUT,
             ),
             (
-                frame("2001:2::2", "2001:2::1", tcp(2, 1, flags::SYN)),
+                frame("2001:2::2", "2001:2::1", tcp(2, 1, flags::SYN | flags::ACK)),
                 1,
                 IN,
             ),
@@ -1661,6 +1755,70 @@ mod tests {
         // Past the translation's timeout (TCP not answered: 240 s), its errors are too.
         let late = icmp_error(&sent, REMOTE, EXTERNAL, 3, 4);
         assert_eq!(one(&mut n, S + 241 * S, late, 1).0, drop(NO_TRANSLATION));
+    }
+
+    /// IPv6 is not translated; it passes as `ipv6` says: by default what the inside opens
+    /// passes with its answers and nothing else comes in (neighbor discovery from the link
+    /// aside), `pass` lets everything through, `drop` nothing.
+    #[test]
+    fn ipv6_goes_as_its_policy_says() {
+        use crate::testutil::icmpv6;
+        let (inside, remote) = ("2001:2::1", "2001:2::2");
+        let udp = |from_inside: bool, port: u16| {
+            let (src, dst) = if from_inside {
+                (inside, remote)
+            } else {
+                (remote, inside)
+            };
+            let (src_port, dst_port) = if from_inside {
+                (5000, port)
+            } else {
+                (port, 5000)
+            };
+            frame(src, dst, L4::Udp { src_port, dst_port })
+        };
+        let packets = || {
+            [
+                (frame(inside, remote, tcp(4000, 80, flags::SYN)), 0),
+                (
+                    frame(remote, inside, tcp(80, 4000, flags::SYN | flags::ACK)),
+                    1,
+                ),
+                (udp(true, 53), 0),
+                (udp(false, 53), 1),
+                (frame(remote, inside, tcp(80, 4001, flags::SYN)), 1),
+                (udp(false, 54), 1),
+                (icmpv6(remote, inside, 136, 255), 1),
+            ]
+        };
+        let drop = Verdict::Drop;
+        let unsolicited = drop(UNSOLICITED);
+        for (policy, want) in [
+            ("", [OUT, IN, OUT, IN, unsolicited, unsolicited, IN]),
+            (
+                "ipv6 = \"stateful\"",
+                [OUT, IN, OUT, IN, unsolicited, unsolicited, IN],
+            ),
+            ("ipv6 = \"pass\"", [OUT, IN, OUT, IN, IN, IN, IN]),
+            ("ipv6 = \"drop\"", [drop(IPV6); 7]),
+        ] {
+            let mut n = nat(policy);
+            let got: Vec<Verdict> = run(&mut n, S, &packets())
+                .into_iter()
+                .map(|(v, _)| v)
+                .collect();
+            assert_eq!(got, want, "{policy}");
+            assert_eq!(n.len(), 0, "no translation: {policy}");
+        }
+        assert_eq!(nat("").drop_reasons()[11], "ipv6");
+        // Connections age out as a firewall's do: the answer to a UDP exchange 121 s
+        // later (udp_stream's 120 s) is unsolicited.
+        let mut n = nat("");
+        run(&mut n, S, &[(udp(true, 53), 0), (udp(false, 53), 1)]);
+        assert_eq!(
+            run(&mut n, S + 121 * S, &[(udp(false, 53), 1)])[0].0,
+            unsolicited
+        );
     }
 
     #[test]
@@ -2137,6 +2295,10 @@ mod tests {
             (
                 "external = \"198.18.0.9\"\n[timeouts]\nudp = 0.0",
                 "program.nat.timeouts.udp",
+            ),
+            (
+                "external = \"198.18.0.9\"\nipv6 = \"maybe\"",
+                "program.nat.ipv6",
             ),
         ] {
             let cfg: NatConfig = toml::from_str(text).unwrap();
