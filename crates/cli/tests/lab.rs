@@ -1117,6 +1117,48 @@ fn path_mtu_discovery_works_through_nat() {
     assert!(sent >= mib(20), "iperf3 sent {sent}");
 }
 
+/// IPv6 through `nat` on live ports, under its default `ipv6 = "stateful"`: h1 (inside)
+/// pings h2 by its link-local address, neighbor discovery crossing both ways; h2's pings
+/// to h1 are dropped and counted as unsolicited.
+#[test]
+fn ipv6_crosses_nat_only_as_the_inside_opens_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line-nat.toml", "tnat6");
+    // Link-local addresses from the hosts' MACs (EUI-64), once duplicate address
+    // detection has let them go (at most 5 s).
+    for host in ["h1", "h2"] {
+        let settled = (0..50).any(|_| {
+            let out = lab.exec(
+                host,
+                &["ip", "-6", "addr", "show", "dev", "eth0", "tentative"],
+            );
+            std::thread::sleep(Duration::from_millis(100));
+            out.status.success() && out.stdout.is_empty()
+        });
+        assert!(settled, "{host}'s link-local address is still tentative");
+    }
+    let ping = |from: &str, to: &str| {
+        let out = lab.exec(from, &["ping", "-6", "-c", "3", "-i", "0.2", "-W", "2", to]);
+        text(&out)
+    };
+    let out = ping("h1", "fe80::ff:fe00:102%eth0");
+    assert!(
+        out.contains(" 3 received"),
+        "h1 reaches h2 over IPv6:\n{out}"
+    );
+    let out = ping("h2", "fe80::ff:fe00:101%eth0");
+    assert!(out.contains(" 0 received"), "h2 does not reach h1:\n{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    let unsolicited = metric_lines(&lab, "s1")
+        .lines()
+        .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"unsolicited\"} "))
+        .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    assert!(
+        unsolicited >= 3,
+        "h2's echo requests counted: {unsolicited}"
+    );
+}
+
 /// `nat` on live ports: ping, iperf3 and an exact transfer from h1 reach h2 as the
 /// external address, every byte arrives, and the translations are there to read.
 #[test]
