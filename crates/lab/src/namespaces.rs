@@ -60,6 +60,11 @@ fn ip(args: &[&str]) -> Result<String, String> {
 }
 
 /// The lab's namespaces that exist now.
+/// Sets a kernel parameter (`name=value`) in namespace `ns`.
+fn sysctl(ns: &str, setting: &str) -> Result<String, String> {
+    run("ip", &["netns", "exec", ns, "sysctl", "-qw", setting])
+}
+
 fn lab_namespaces(lab: &str) -> Result<Vec<String>, String> {
     let prefix = namespace(lab, "");
     Ok(ip(&["netns", "list"])?
@@ -127,17 +132,7 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
         if t.kind(node) == Some(Kind::Switch) {
             // A switch's ports are raw: no addresses, no IPv6 autoconfiguration chatter.
             for key in ["all", "default"] {
-                run(
-                    "ip",
-                    &[
-                        "netns",
-                        "exec",
-                        &ns,
-                        "sysctl",
-                        "-qw",
-                        &format!("net.ipv6.conf.{key}.disable_ipv6=1"),
-                    ],
-                )?;
+                sysctl(&ns, &format!("net.ipv6.conf.{key}.disable_ipv6=1"))?;
             }
         }
     }
@@ -190,17 +185,7 @@ fn build(t: &Topology, stateplane: &Path) -> Result<(), String> {
     for h in &t.host {
         let ns = t.namespace(&h.name);
         if h.forwarding {
-            run(
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    &ns,
-                    "sysctl",
-                    "-qw",
-                    "net.ipv4.ip_forward=1",
-                ],
-            )?;
+            sysctl(&ns, "net.ipv4.ip_forward=1")?;
         }
         for r in &h.routes {
             let mut args = vec!["-n", ns.as_str(), "route", "add"];

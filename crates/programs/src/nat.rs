@@ -1320,6 +1320,12 @@ mod tests {
     const OUT: Verdict = Verdict::Forward(1);
     const IN: Verdict = Verdict::Forward(0);
 
+    /// The table key of a connection from INSIDE to REMOTE.
+    fn inside_key(proto: u8, src_port: u16, dst_port: u16) -> FlowKey {
+        let (inside, remote) = (INSIDE.parse().unwrap(), REMOTE.parse().unwrap());
+        FlowKey::v4(inside, remote, proto, src_port, dst_port)
+    }
+
     fn addr(key: &FlowKey, src: bool) -> std::net::IpAddr {
         if src { key.src_ip() } else { key.dst_ip() }.unwrap()
     }
@@ -1463,13 +1469,7 @@ mod tests {
         assert_eq!((addr(&back, false), back.dst_port), (ip(INSIDE), 40_000));
         assert_eq!((addr(&back, true), back.src_port), (ip(REMOTE), 80));
         assert!(ipv4_checksums_valid(&bytes));
-        let key = FlowKey::v4(
-            INSIDE.parse().unwrap(),
-            REMOTE.parse().unwrap(),
-            TCP,
-            40_000,
-            80,
-        );
+        let key = inside_key(TCP, 40_000, 80);
         let t = n.translation_of(&key).unwrap();
         assert_eq!(t.state, NatState::TcpEstablished);
         assert_eq!((t.packets_out, t.packets_in), (1, 1));
@@ -1622,23 +1622,9 @@ mod tests {
         let mut n = nat("");
         let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
         let (_, _, sent) = one(&mut n, S, syn.clone(), 0);
-        let udp = frame(
-            INSIDE,
-            REMOTE,
-            L4::Udp {
-                src_port: 5000,
-                dst_port: 53,
-            },
-        );
-        let (_, out, _) = one(&mut n, S, udp.clone(), 0);
-        let answer = frame(
-            REMOTE,
-            EXTERNAL,
-            L4::Udp {
-                src_port: 53,
-                dst_port: out.src_port,
-            },
-        );
+        let udp = |src, dst, (src_port, dst_port)| frame(src, dst, L4::Udp { src_port, dst_port });
+        let (_, out, _) = one(&mut n, S, udp(INSIDE, REMOTE, (5000, 53)), 0);
+        let answer = udp(REMOTE, EXTERNAL, (53, out.src_port));
         let (v, _, delivered) = one(&mut n, S, answer.clone(), 1);
         assert_eq!(v, IN);
         let ping = L4::IcmpEcho {
@@ -1648,17 +1634,10 @@ mod tests {
         };
         let (_, ping_out, pinged) = one(&mut n, S, frame(INSIDE, REMOTE, ping), 0);
         let counts = |n: &Nat| {
-            let key = |proto, sp, dp| {
-                FlowKey::v4(
-                    INSIDE.parse().unwrap(),
-                    REMOTE.parse().unwrap(),
-                    proto,
-                    sp,
-                    dp,
-                )
-            };
-            [key(TCP, 40_000, 80), key(UDP, 5000, 53), key(ICMP, 77, 0)]
-                .map(|k| n.translation_of(&k).map(|t| (t.packets_out, t.packets_in)))
+            [(TCP, 40_000, 80), (UDP, 5000, 53), (ICMP, 77, 0)].map(|(proto, sp, dp)| {
+                let t = n.translation_of(&inside_key(proto, sp, dp));
+                t.map(|t| (t.packets_out, t.packets_in))
+            })
         };
         let before = counts(&n);
         for quote in [8, 1000] {
@@ -1948,13 +1927,7 @@ mod tests {
                 i * 200
             );
         }
-        let key = FlowKey::v4(
-            INSIDE.parse().unwrap(),
-            REMOTE.parse().unwrap(),
-            TCP,
-            40_000,
-            80,
-        );
+        let key = inside_key(TCP, 40_000, 80);
         assert_eq!(n.translation_of(&key).unwrap().state, NatState::TcpClosing);
         let late = S + 1000 * S + 241 * S;
         assert_eq!(
@@ -2000,13 +1973,7 @@ mod tests {
             one(&mut n, S, other.clone(), 0).0,
             Verdict::Drop(PORTS_EXHAUSTED)
         );
-        let key = FlowKey::v4(
-            INSIDE.parse().unwrap(),
-            REMOTE.parse().unwrap(),
-            TCP,
-            40_000,
-            80,
-        );
+        let key = inside_key(TCP, 40_000, 80);
         let delete = Request::Write {
             table: "translations".into(),
             writes: vec![Write::Delete(key.fields())],

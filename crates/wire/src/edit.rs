@@ -446,21 +446,28 @@ mod tests {
         }
     }
 
+    /// An ICMPv4 message of `icmp_type` (identifier 42, sequence 1, 8 bytes of data) from
+    /// 198.18.0.1 to `dst`, its checksums right.
+    fn icmp_frame(icmp_type: u8, dst: [u8; 4]) -> Vec<u8> {
+        let mut f = vec![0u8; 14];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 1, 0, 0, 198, 18, 0, 1];
+        ip.extend(dst);
+        let c = checksum::checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend(ip);
+        let mut icmp = vec![icmp_type, 0, 0, 0, 0x00, 0x2a, 0, 1];
+        icmp.extend(b"pingping");
+        let c = checksum::checksum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        f.extend(icmp);
+        f
+    }
+
     #[test]
     fn echo_identifiers_are_rewritten_with_a_valid_checksum_and_others_refused() {
         for (icmp_type, id) in [(8u8, 0x1234u16), (0, 0xffff), (3, 7)] {
-            let mut f = vec![0u8; 14];
-            f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-            let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 1, 0, 0, 198, 18, 0, 1];
-            ip.extend([198, 18, 0, 2]);
-            let c = checksum::checksum(&ip);
-            ip[10..12].copy_from_slice(&c.to_be_bytes());
-            f.extend(ip);
-            let mut icmp = vec![icmp_type, 0, 0, 0, 0x00, 0x2a, 0, 1];
-            icmp.extend(b"pingping");
-            let c = checksum::checksum(&icmp);
-            icmp[2..4].copy_from_slice(&c.to_be_bytes());
-            f.extend(icmp);
+            let mut f = icmp_frame(icmp_type, [198, 18, 0, 2]);
             let p = parsed(&f);
             if icmp_type == 3 {
                 assert_eq!(set_echo_id(&mut f, &p, id), Err(EditError::NotEcho));
@@ -507,18 +514,7 @@ mod tests {
     fn a_quoted_endpoint_is_rewritten_under_every_checksum_that_covers_it() {
         let mut zero_udp = frame(false, true);
         zero_udp[40..42].copy_from_slice(&[0, 0]);
-        let mut echo = vec![0u8; 14];
-        echo[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-        let mut ip = vec![0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 1, 0, 0, 198, 18, 0, 1];
-        ip.extend([198, 19, 0, 2]);
-        let c = checksum::checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        echo.extend(ip);
-        let mut message = vec![8, 0, 0, 0, 0x00, 0x2a, 0, 1];
-        message.extend(b"pingping");
-        let c = checksum::checksum(&message);
-        message[2..4].copy_from_slice(&c.to_be_bytes());
-        echo.extend(message);
+        let echo = icmp_frame(8, [198, 19, 0, 2]);
         let originals = [frame(false, false), frame(false, true), zero_udp, echo];
         let (a, b) = ([198, 18, 7, 1], [198, 18, 7, 2]);
         for (i, original) in originals.iter().enumerate() {
