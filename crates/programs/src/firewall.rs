@@ -123,11 +123,6 @@ fn refused(refusal: Refusal) -> DropReason {
     }
 }
 
-/// ICMP errors, which quote the packet they are about rather than belong to a connection.
-fn icmp_error(key: &stateplane_wire::FlowKey) -> bool {
-    matches!(key.proto, 1 | 58) && icmp::is_error(key.proto == 58, (key.dst_port >> 8) as u8)
-}
-
 /// IPv6 neighbor discovery (router and neighbor solicitations and advertisements,
 /// redirects) sent with hop limit 255, which no router forwards (RFC 4861 section 7.1):
 /// it comes from the link itself, and a transparent firewall lets it cross, since
@@ -212,19 +207,13 @@ impl Firewall {
     /// the worker cannot know (`by_hash` false: the kernel may have handed the error to
     /// another worker than its connection's, [`Context::by_hash`]).
     fn related(&mut self, d: &PacketDesc, data: &[u8], by_hash: bool) -> Option<DropReason> {
-        let quote = data
-            .get(usize::from(d.parsed.payload_offset)..)
-            .unwrap_or_default();
-        let Ok(quoted) = icmp::quoted(quote, d.parsed.key.ip_version == 6) else {
+        let Ok(quoted) = icmp::quoted_by(data, &d.parsed) else {
             return Some(UNRELATED_ICMP);
         };
-        let key = stateplane_wire::FlowKey {
-            vlan: d.parsed.key.vlan,
-            ..quoted.key
-        };
+        let key = quoted.key;
         // A TCP quote's sequence number (the 8 bytes quoted are its ports and it).
-        let seq = (quote.get(quoted.l4_at + 4..quoted.l4_at + 8))
-            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        let at = usize::from(d.parsed.payload_offset) + quoted.l4_at;
+        let seq = (data.get(at + 4..at + 8)).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
         let known = !tracked(&key) || self.conntrack.knows(&key, seq, d.ts_ns);
         (!known && by_hash).then_some(UNRELATED_ICMP)
     }
@@ -245,7 +234,7 @@ impl Firewall {
         } else if !tracked(&key) {
             if from_inside {
                 self.judge(d)
-            } else if icmp_error(&key) {
+            } else if icmp::is_error_key(&key) {
                 self.related(d, data(), by_hash)
             } else if neighbor_discovery(&d.parsed) {
                 None

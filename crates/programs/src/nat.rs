@@ -424,11 +424,8 @@ fn v4(addr: &[u8; 16]) -> [u8; 4] {
 
 /// Whether the packet is an ICMPv4 error: it quotes a packet rather than belongs to a
 /// connection.
-fn icmp_error(parsed: &Parsed, data: &[u8]) -> bool {
-    parsed.key.proto == ICMP
-        && parsed.key.ip_version == 4
-        && !parsed.flags.has(ParseFlags::LATER_FRAGMENT)
-        && (data.get(usize::from(parsed.l4_offset))).is_some_and(|&t| icmp::is_error(false, t))
+fn icmp_error(parsed: &Parsed) -> bool {
+    !parsed.flags.has(ParseFlags::LATER_FRAGMENT) && icmp::is_error_key(&parsed.key)
 }
 
 /// The table key of the connection an ICMP error's quote belongs to, seen from the
@@ -438,8 +435,7 @@ fn icmp_error(parsed: &Parsed, data: &[u8]) -> bool {
 /// inside host, and this is the inside connection's key. `None` when the quote is not
 /// a whole IPv4 header and 8 bytes of TCP, UDP or an echo.
 fn quoted_connection(parsed: &Parsed, data: &[u8]) -> Option<FlowKey> {
-    let quote = data.get(usize::from(parsed.payload_offset)..)?;
-    let quoted = icmp::quoted(quote, false).ok()?.key;
+    let quoted = icmp::quoted_by(data, parsed).ok()?.key;
     let echo = quoted.proto == ICMP && icmp::types::is_echo(false, (quoted.dst_port >> 8) as u8);
     if !matches!(quoted.proto, TCP | UDP) && !echo {
         return None;
@@ -449,7 +445,6 @@ fn quoted_connection(parsed: &Parsed, data: &[u8]) -> Option<FlowKey> {
         // An echo's identifier is its port on both sides.
         key.src_port = quoted.src_port;
     }
-    key.vlan = parsed.key.vlan;
     Some(table_key(&key))
 }
 
@@ -911,7 +906,7 @@ impl Nat {
         if d.parsed.key.ip_version != 4 {
             return self.untranslated(data, d, ctx.by_hash, self.outside);
         }
-        if icmp_error(&d.parsed, data) {
+        if icmp_error(&d.parsed) {
             return self.error_out(data, d);
         }
         if let Err(reason) = translatable(&d.parsed, data, true) {
@@ -944,7 +939,7 @@ impl Nat {
         if d.parsed.key.dst != self.external {
             return Verdict::Drop(NO_TRANSLATION);
         }
-        if icmp_error(&d.parsed, data) {
+        if icmp_error(&d.parsed) {
             return self.error_in(data, d);
         }
         if let Err(reason) = translatable(&d.parsed, data, false) {
@@ -1798,6 +1793,20 @@ mod tests {
             run(&mut n, S + 121 * S, &[(udp(false, 53), 1)])[0].0,
             unsolicited
         );
+        // A full IPv6 table of answered connections (none of which gives way) refuses
+        // the next one by name, and the ones it holds still pass.
+        let mut n = nat("capacity = 4");
+        let opened: Vec<Verdict> = (0..64)
+            .map(|port| {
+                let out = run(&mut n, S, &[(udp(true, 1000 + port), 0)])[0].0;
+                run(&mut n, S, &[(udp(false, 1000 + port), 1)]);
+                out
+            })
+            .collect();
+        assert!(opened.contains(&drop(TABLE_FULL)), "{opened:?}");
+        assert_eq!(n.drop_reasons()[2], "table_full");
+        let first = opened.iter().position(|v| *v == OUT).unwrap() as u16;
+        assert_eq!(run(&mut n, S, &[(udp(false, 1000 + first), 1)])[0].0, IN);
     }
 
     #[test]

@@ -156,6 +156,28 @@ pub fn is_error(v6: bool, icmp_type: u8) -> bool {
     }
 }
 
+/// Whether flow key `key` is an ICMP or ICMPv6 error's (the parser keeps the type in the
+/// high byte of `dst_port`).
+pub fn is_error_key(key: &crate::FlowKey) -> bool {
+    let v6 = match (key.proto, key.ip_version) {
+        (1, 4) => false,
+        (58, 6) => true,
+        _ => return false,
+    };
+    is_error(v6, (key.dst_port >> 8) as u8)
+}
+
+/// The packet the ICMP error `error` (parsed from `frame`) quotes, as [`quoted`] reads
+/// it, its key on the error's VLAN: the connection a switch matches it against.
+pub fn quoted_by(frame: &[u8], error: &crate::parse::Parsed) -> Result<Quoted> {
+    let quote = frame
+        .get(usize::from(error.payload_offset)..)
+        .unwrap_or_default();
+    let mut q = quoted(quote, error.key.ip_version == 6)?;
+    q.key.vlan = error.key.vlan;
+    Ok(q)
+}
+
 /// The packet an ICMP error quotes: its flow key as it was sent, and where in the error's
 /// payload its transport header starts (its IP header starts the payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

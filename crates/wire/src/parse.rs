@@ -219,20 +219,11 @@ pub fn parse_in_place(
 #[cold]
 #[inline(never)]
 fn hash_as_quoted_connection(frame: &[u8], hasher: &FlowHasher, p: &mut Parsed) {
-    let v6 = p.key.ip_version == 6;
-    if !icmp::is_error(v6, (p.key.dst_port >> 8) as u8) {
+    if !icmp::is_error_key(&p.key) {
         return;
     }
-    let quote = frame
-        .get(usize::from(p.payload_offset)..)
-        .unwrap_or_default();
-    if let Ok(q) = icmp::quoted(quote, v6) {
-        let connection = FlowKey {
-            vlan: p.key.vlan,
-            in_port: p.key.in_port,
-            ..q.key
-        };
-        p.hash = hasher.hash_connection(&connection);
+    if let Ok(q) = icmp::quoted_by(frame, p) {
+        p.hash = hasher.hash_connection(&q.key);
     }
 }
 

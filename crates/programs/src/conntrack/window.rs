@@ -271,25 +271,28 @@ mod tests {
         }
     }
 
-    /// Whether a segment `(seq, ack, window, len)` with flags `f` from side `from` of
-    /// an answered connection passes.
-    fn passes(
-        peers: &mut [Peer; 2],
-        from: usize,
-        (seq, ack, window, len): (u32, u32, u16, u32),
-        f: u8,
-    ) -> bool {
-        check(peers, from, &seg(seq, ack, window, len, None), f, true)
+    /// A segment's `(seq, ack, window, len)`.
+    type Numbers = (u32, u32, u16, u32);
+
+    /// Whether a segment of these numbers with flags `f` from side `from` of an answered
+    /// connection passes.
+    fn passes(peers: &mut [Peer; 2], from: usize, numbers: Numbers, f: u8) -> bool {
+        check_numbers(peers, from, numbers, f, true)
     }
 
     /// As [`passes`], before the responder's SYN+ACK was seen.
-    fn unanswered(
+    fn unanswered(peers: &mut [Peer; 2], from: usize, numbers: Numbers, f: u8) -> bool {
+        check_numbers(peers, from, numbers, f, false)
+    }
+
+    fn check_numbers(
         peers: &mut [Peer; 2],
         from: usize,
-        (seq, ack, window, len): (u32, u32, u16, u32),
+        n: Numbers,
         f: u8,
+        answered: bool,
     ) -> bool {
-        check(peers, from, &seg(seq, ack, window, len, None), f, false)
+        check(peers, from, &seg(n.0, n.1, n.2, n.3, None), f, answered)
     }
 
     /// A connection after its handshake, the windows offered with the scales given.
