@@ -9,7 +9,8 @@
 //! ([`Reply`]), the checks a request must pass against a declaration before any worker sees
 //! it ([`Declaration::check`]), the errors split by cause ([`ControlError`]), the
 //! notifications the data plane sends ([`Notification`]), and the changes synced state
-//! hands the sync stage ([`Change`]).
+//! hands the sync stage ([`Change`]), and what a reload did with each piece of
+//! state ([`Carried`]).
 //!
 //! Must never: touch state (the state crate applies requests, next to its tables), do I/O,
 //! or know the wire format of the control API (the gRPC layer converts).
@@ -17,6 +18,9 @@
 //! Field values travel as `u128` (an IPv6 address is the widest field); a value must fit
 //! the field's declared width. Ports are port indices.
 
+mod reload;
+
+pub use reload::{Carried, Fate};
 use std::fmt;
 
 /// One change of one cell of synced state, as the sync stage takes it: the cell's value

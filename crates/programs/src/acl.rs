@@ -684,6 +684,20 @@ impl Program for Acl {
             _ => Err(ControlError::Unavailable),
         }
     }
+
+    /// The rules, the meters and any routes are the new configuration's; the counts start
+    /// again with them, as iptables-restore's and `pfctl -f`'s do.
+    fn inherit(&mut self, _old: Self, _now_ns: u64) -> Vec<stateplane_state::Carried> {
+        (self.declarations().iter())
+            .map(|d| match d.name.as_str() {
+                "rule_packets" | "rule_bytes" => stateplane_state::Carried::afresh(
+                    &d.name,
+                    "rule counts start again with the configuration's rules",
+                ),
+                _ => stateplane_state::Carried::configured(&d.name),
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use stateplane_runtime::{
     Burst, Context, DropReason, Prepared, Program, ProgramFactory, Running, Verdict,
 };
-use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+use stateplane_state::{Carried, ControlError, Declaration, Notification, Reply, Request};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -36,6 +36,8 @@ pub struct ChainConfig {
 const MAX_REASONS: usize = DropReason::COUNT - DropReason::PROGRAM_BASE as usize;
 
 pub struct Chain {
+    /// Each stage's program name, in order.
+    names: Arc<[String]>,
     stages: Vec<Box<dyn Running>>,
     /// Where each stage's drop reasons start among the chain's.
     reason_base: Vec<u8>,
@@ -83,9 +85,9 @@ pub fn factory(
     }
     // One instance, to check what the stages declare and name together.
     let probe = Chain::new(&cfg.stages, &factories, 0, field)?;
-    let reasons = probe.reasons;
+    let (names, reasons) = (probe.names, probe.reasons);
     Ok(Arc::new(move |worker| {
-        Box::new(Chain::assemble(&factories, worker, reasons))
+        Box::new(Chain::assemble(&names, &factories, worker, reasons))
     }))
 }
 
@@ -126,11 +128,12 @@ impl Chain {
                 owner.insert(d.name, i);
             }
         }
-        Ok(Chain::with(stages, interned(reasons), owner))
+        Ok(Chain::with(names.into(), stages, interned(reasons), owner))
     }
 
     /// A worker's chain, from stages already checked together.
     fn assemble(
+        names: &Arc<[String]>,
         factories: &[ProgramFactory],
         worker: usize,
         reasons: &'static [&'static str],
@@ -142,10 +145,11 @@ impl Chain {
                 owner.entry(d.name).or_insert(i);
             }
         }
-        Chain::with(stages, reasons, owner)
+        Chain::with(names.clone(), stages, reasons, owner)
     }
 
     fn with(
+        names: Arc<[String]>,
         stages: Vec<Box<dyn Running>>,
         reasons: &'static [&'static str],
         owner: BTreeMap<String, usize>,
@@ -157,6 +161,7 @@ impl Chain {
             at += stage.drop_reasons().len() as u8;
         }
         Chain {
+            names,
             stages,
             reason_base,
             reasons,
@@ -252,6 +257,32 @@ impl Program for Chain {
             stage.notifications(out);
         }
     }
+
+    /// Stage by stage: each takes what it can of the old chain's stage of the same
+    /// program, wherever it stood; the state of a stage that left the chain is left
+    /// behind.
+    fn inherit(&mut self, old: Self, now_ns: u64) -> Vec<Carried> {
+        let mut old: Vec<(String, Option<Box<dyn Running>>)> = (old.names.iter().cloned())
+            .zip(old.stages.into_iter().map(Some))
+            .collect();
+        let mut carried = Vec::new();
+        for (name, stage) in self.names.iter().zip(&mut self.stages) {
+            if let Some(was) = old
+                .iter_mut()
+                .find(|(n, _)| n == name)
+                .and_then(|o| o.1.take())
+            {
+                carried.extend(stage.inherit(was, now_ns));
+            }
+        }
+        for gone in old.into_iter().filter_map(|(_, stage)| stage) {
+            carried.extend(
+                (gone.declarations().iter())
+                    .map(|d| Carried::afresh(&d.name, "its stage left the chain")),
+            );
+        }
+        carried
+    }
 }
 
 /// The drop-reason names `reasons` as the `Program` trait hands them out (`'static`). Each
@@ -340,6 +371,61 @@ routes = [
         assert!(!std::ptr::eq(first, other));
         assert!(other.iter().all(|r| r.starts_with("acl.")), "{other:?}");
     }
+
+    /// A reload hands each stage the old chain's stage of the same program, wherever it
+    /// stood: the NAT keeps its translation with the ACL gone from before it; a stage that
+    /// left, and a program of another type, say that their state starts afresh.
+    #[test]
+    fn a_reload_keeps_each_stages_state_by_its_program() {
+        let syn = ip_frame("198.18.0.5", "198.19.0.9", tcp(40_000, 80, 0x02));
+        let answer = ip_frame("198.19.0.9", "198.18.255.1", tcp(80, 40_000, 0x12));
+        let mut old = Boxed(chain(CHAIN).unwrap());
+        assert_eq!(
+            run_at(&mut old, 1, &[(syn, 0)], (0, 1), 2)[0].0,
+            Verdict::Forward(1)
+        );
+        let without_acl = CHAIN
+            .replace(
+                r#"stages = ["acl", "nat", "router"]"#,
+                r#"stages = ["nat", "router"]"#,
+            )
+            .replace(
+                "[acl]\ndefault = \"permit\"\nrules = [{ action = \"deny\", proto = \"tcp\", \
+                 dst_ports = \"23\" }]\n",
+                "",
+            );
+        let mut new = Boxed(chain(&without_acl).unwrap());
+        let said: Vec<String> = (new.0.inherit(old.0, 1).iter())
+            .map(|c| c.to_string())
+            .collect();
+        assert!(
+            said.contains(&"translations: kept 1 entries".to_string()),
+            "{said:?}"
+        );
+        assert!(said.contains(&"routes4: made again from the configuration".to_string()));
+        assert!(said.contains(&"rules: starts afresh (its stage left the chain)".to_string()));
+        let out = run_at(&mut new, 2, &[(answer, 1)], (0, 1), 2);
+        assert_eq!(
+            out[0].0,
+            Verdict::Forward(0),
+            "answered through the kept translation"
+        );
+        // Another program in the chain's place: nothing of the chain's can come across.
+        let nat = crate::build("nat", Some(&toml::from_str(CHAIN_NAT).unwrap()), &names());
+        let said: Vec<String> = (nat.unwrap()(0).inherit(chain(CHAIN).unwrap(), 1).iter())
+            .map(|c| c.to_string())
+            .collect();
+        assert!(
+            said.contains(&"translations: starts afresh (the reload changed the program)".into()),
+            "{said:?}"
+        );
+    }
+
+    const CHAIN_NAT: &str = r#"
+external = "198.18.255.1"
+inside = "inside"
+outside = "outside"
+"#;
 
     #[test]
     fn acl_then_nat_then_router_each_see_what_the_one_before_passed() {

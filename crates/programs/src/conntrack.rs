@@ -58,7 +58,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{Declaration, DeclaredTable, ValueCodec};
+use stateplane_state::{Carried, Declaration, DeclaredTable, ValueCodec};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
@@ -566,6 +566,18 @@ impl Conntrack {
     }
 }
 
+impl Conntrack {
+    /// Takes `old`'s connections (a reload), each in its state, windows and timer, as
+    /// many as the new capacity holds; the counts go on. Whatever the new configuration
+    /// says of timeouts applies from a connection's next packet.
+    pub(crate) fn inherit_connections(&mut self, old: &mut Conntrack) -> Carried {
+        for (new, old) in self.expired.iter_mut().zip(old.expired) {
+            *new += old;
+        }
+        self.table.adopt(&mut old.table)
+    }
+}
+
 impl Program for Conntrack {
     type Prepared = ();
 
@@ -604,6 +616,10 @@ impl Program for Conntrack {
     crate::synced_tables::synced_table_methods!(table);
 
     crate::replicated_tables::replicated_table_methods!(table, with_counts: false, key: connection_of);
+
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
+        vec![self.inherit_connections(&mut old)]
+    }
 }
 
 #[cfg(test)]

@@ -168,6 +168,8 @@ impl Program for Counter {
 
     crate::synced_tables::synced_table_methods!(flows);
 
+    crate::inherit_table!(flows);
+
     crate::replicated_tables::replicated_table_methods!(flows, with_counts: true, key: flow_key_of);
 }
 

@@ -43,7 +43,7 @@ use crate::forward::{Forward, ForwardConfig};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
-use stateplane_state::{ControlError, Declaration, Notification, Reply, Request};
+use stateplane_state::{Carried, ControlError, Declaration, Notification, Reply, Request};
 use stateplane_wire::icmp;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -146,6 +146,11 @@ impl Firewall {
     /// The connection a packet belongs to: its replicated key (`conntrack`'s).
     fn connection_of(&self, packet: &PacketDesc, data: &[u8]) -> Option<stateplane_wire::FlowKey> {
         self.conntrack.connection_of(packet, data)
+    }
+
+    /// Takes `old`'s connections (a reload), as `conntrack` does.
+    pub(crate) fn inherit_connections(&mut self, old: &mut Firewall) -> Carried {
+        self.conntrack.inherit_connections(&mut old.conntrack)
     }
 
     pub fn new(
@@ -306,6 +311,18 @@ impl Program for Firewall {
         key: connection_of
     );
 
+    /// Connections stay (as `conntrack`'s do), each as it was permitted: the new policy
+    /// judges the connections opened from now on, as in Linux, whose tracked connections
+    /// outlive a ruleset reloaded, and pf, which keeps its states unless flushed. The
+    /// rules are the configuration's: rules written through the control API since the
+    /// last start or reload give way to them.
+    fn inherit(&mut self, mut old: Self, now_ns: u64) -> Vec<Carried> {
+        let connections = self.inherit_connections(&mut old);
+        let mut carried = self.policy.inherit(old.policy, now_ns);
+        carried.push(connections);
+        carried
+    }
+
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[
             "no_mapping",
@@ -438,6 +455,59 @@ mod tests {
             ]
         );
         assert_eq!(fw.connections(), 3);
+    }
+
+    /// A reload keeps the connections, each as it was permitted (as Linux's tracked
+    /// connections outlive a ruleset reloaded, and pf keeps its states): under a new
+    /// policy that denies everything, an open connection goes on both ways, a new one is
+    /// denied. A smaller table keeps as many as it holds, and says so.
+    #[test]
+    fn a_reload_keeps_connections_and_judges_new_ones_by_the_new_policy() {
+        let out = |port: u16, f: u8| (frame(INSIDE, REMOTE, tcp(port, 443, f)), true);
+        let back = |port: u16, f: u8| (frame(REMOTE, INSIDE, tcp(443, port, f)), false);
+        let (syn, ack) = (flags::SYN, flags::ACK);
+        let mut old = firewall("");
+        let opened: Vec<(Vec<u8>, bool)> = (40_000..40_004)
+            .flat_map(|p| [out(p, syn), back(p, syn | ack), out(p, ack)])
+            .collect();
+        assert!(
+            run(&mut old, &opened)
+                .iter()
+                .all(|v| matches!(v, Verdict::Forward(_)))
+        );
+        let mut new = firewall("default = \"deny\"");
+        let carried = Program::inherit(&mut new, old, 0);
+        let said: Vec<String> = carried.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            said,
+            [
+                "rules: made again from the configuration",
+                "rule_packets: starts afresh (rule counts start again with the configuration's \
+                 rules)",
+                "rule_bytes: starts afresh (rule counts start again with the configuration's \
+                 rules)",
+                "rule_meters: made again from the configuration",
+                "connections: kept 4 entries",
+            ]
+        );
+        assert_eq!(
+            run(
+                &mut new,
+                &[back(40_000, ack), out(40_000, ack), out(40_009, syn)]
+            ),
+            [IN, OUT, Verdict::Drop(DENIED)]
+        );
+        let mut old = firewall("");
+        run(&mut old, &opened);
+        let mut small = firewall("connections = 2");
+        let carried = Program::inherit(&mut small, old, 0);
+        assert_eq!(
+            (carried[4].kept, carried[4].dropped),
+            (2, 2),
+            "{}",
+            carried[4]
+        );
+        assert_eq!(small.connections(), 2);
     }
 
     #[test]

@@ -347,6 +347,16 @@ impl Program for Kv {
     answer_by_table!(cache);
 
     crate::replicated_tables::replicated_table_methods!(cache, with_counts: false, key: key_of);
+
+    /// The cache stays while it caches the same server, which its values came from.
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<stateplane_state::Carried> {
+        self.answered += old.answered;
+        if old.server != self.server {
+            let why = format!("the server changed from {} to {}", old.server, self.server);
+            return vec![stateplane_state::Carried::afresh("cache", why)];
+        }
+        vec![self.cache.adopt(&mut old.cache)]
+    }
 }
 
 #[cfg(test)]

@@ -214,6 +214,8 @@ impl Program for L2 {
     crate::answer_by_table!(table);
 
     crate::synced_tables::synced_table_methods!(table);
+
+    crate::configured_state!();
 }
 
 #[cfg(test)]

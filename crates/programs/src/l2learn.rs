@@ -192,6 +192,8 @@ impl Program for L2Learn {
     crate::answer_by_table!(table);
 
     crate::synced_tables::synced_table_methods!(table);
+
+    crate::inherit_table!(table);
 }
 
 #[cfg(test)]

@@ -47,6 +47,33 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 
+/// Writes `Program::inherit` for a program whose state is one `DeclaredTable` at field
+/// `$table` that packets fill (learned, counted), nothing beside it derived from it: a
+/// reload keeps its entries (`DeclaredTable::adopt`). Not for a table the configuration
+/// fills: the old configuration's entries would come back.
+macro_rules! inherit_table {
+    ($table:ident) => {
+        fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<stateplane_state::Carried> {
+            vec![self.$table.adopt(&mut old.$table)]
+        }
+    };
+}
+pub(crate) use inherit_table;
+
+/// Writes `Program::inherit` for a program whose declared state the configuration makes
+/// (routes, static entries, rules): the new instance's is the new configuration's, and a
+/// reload says so for each declaration.
+macro_rules! configured_state {
+    () => {
+        fn inherit(&mut self, _old: Self, _now_ns: u64) -> Vec<stateplane_state::Carried> {
+            (self.declarations().iter())
+                .map(|d| stateplane_state::Carried::configured(&d.name))
+                .collect()
+        }
+    };
+}
+pub(crate) use configured_state;
+
 /// Writes the `Program` methods of a program whose control-plane state is one
 /// `DeclaredTable`, at field path `$table` (`cache`, or `reports.table`): its declaration,
 /// the answers to requests about it, and its notifications. Used inside
@@ -836,5 +863,9 @@ impl Program for Guaranteed {
         now_ns: u64,
     ) -> bool {
         self.inner.install_replicated(key, state, now_ns)
+    }
+
+    fn inherit(&mut self, old: Self, now_ns: u64) -> Vec<stateplane_state::Carried> {
+        self.inner.inherit(old.inner, now_ns)
     }
 }

@@ -58,8 +58,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    AddError, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
-    Reply, Request, ValueCodec,
+    AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
+    Notification, Reply, Request, ValueCodec,
 };
 use stateplane_wire::edit::{self, EditError, Side};
 use stateplane_wire::flow::shard_of;
@@ -730,6 +730,48 @@ impl Nat {
         })
     }
 
+    /// Takes `old`'s translations (a reload) while the external address stays, whatever
+    /// the pool, forwards and timeouts now say: a connection keeps its port until it ends,
+    /// as Linux keeps a connection's NAT binding when its MASQUERADE rule changes. As many
+    /// as the new capacity holds; the answer entries follow the translations kept. A new
+    /// external address leaves them all behind: their answers come to an address that is
+    /// no longer this NAT's.
+    fn inherit_translations(&mut self, old: &mut Nat, now_ns: u64) -> Carried {
+        if old.external != self.external {
+            let address = |a: &[u8; 16]| std::net::Ipv4Addr::from(v4(a));
+            return Carried::afresh(
+                "translations",
+                format!(
+                    "the external address changed from {} to {}",
+                    address(&old.external),
+                    address(&self.external)
+                ),
+            );
+        }
+        let carried = self.translations.adopt(&mut old.translations);
+        let whole =
+            !carried.lost() && self.answers.table.adopt(&mut old.answers.table).dropped == 0;
+        if whole {
+            self.answers.dests = std::mem::take(&mut old.answers.dests);
+        } else {
+            self.answers.table.clear();
+            self.answers.dests.clear();
+            let kept: Vec<(FlowKey, u16)> = (self.translations.iter())
+                .map(|(inside, t, _)| (*inside, t.external_port))
+                .collect();
+            for (inside, port) in kept {
+                // As many answers as translations fit: the tables are the same size.
+                let _ =
+                    (self.answers).add(answer_key(&inside, self.external, port), inside, now_ns);
+            }
+        }
+        // The lists of free ports were of the old pool: listed again when next crowded.
+        for d in self.answers.dests.values_mut() {
+            d.free = None;
+        }
+        carried
+    }
+
     /// The translation of the inside connection `key` (as a packet from the inside has it).
     pub fn translation_of(&self, key: &FlowKey) -> Option<Translation> {
         self.translations.get(&table_key(key)).copied()
@@ -1259,6 +1301,30 @@ impl Program for Nat {
     fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
         replicated::inside_of(flow).is_some_and(|inside| self.install(inside, state, now_ns))
     }
+
+    /// Translations stay while the external address does (see `inherit_translations`);
+    /// IPv6 connections stay while `ipv6` stays "stateful". The counts go on.
+    fn inherit(&mut self, mut old: Self, now_ns: u64) -> Vec<Carried> {
+        let mut carried = vec![self.inherit_translations(&mut old, now_ns)];
+        match (&mut self.ipv6, old.ipv6) {
+            (Ipv6::Stateful(new), Ipv6::Stateful(mut old)) => {
+                let mut connections = new.inherit_connections(&mut old);
+                connections.name = format!("ipv6 {}", connections.name);
+                carried.push(connections);
+            }
+            (_, Ipv6::Stateful(_)) => carried.push(Carried::afresh(
+                "ipv6 connections",
+                "ipv6 is no longer \"stateful\"",
+            )),
+            _ => {}
+        }
+        self.created += old.created;
+        for (new, old) in self.expired.iter_mut().zip(old.expired) {
+            *new += old;
+        }
+        self.port_probes += old.port_probes;
+        carried
+    }
 }
 
 #[cfg(test)]
@@ -1276,9 +1342,13 @@ mod tests {
     const EXTERNAL: &str = "198.18.255.1";
 
     fn nat(extra: &str) -> Nat {
+        nat_at(EXTERNAL, extra)
+    }
+
+    fn nat_at(external: &str, extra: &str) -> Nat {
         let names = PortNames(vec!["inside".into(), "outside".into(), "other".into()]);
         let cfg: NatConfig = toml::from_str(&format!(
-            "external = \"{EXTERNAL}\"\ninside = \"inside\"\noutside = \"outside\"\n{extra}"
+            "external = \"{external}\"\ninside = \"inside\"\noutside = \"outside\"\n{extra}"
         ))
         .unwrap();
         Nat::new(&cfg, &names, "program.nat", 9).unwrap()
@@ -1323,6 +1393,80 @@ mod tests {
 
     fn addr(key: &FlowKey, src: bool) -> std::net::IpAddr {
         if src { key.src_ip() } else { key.dst_ip() }.unwrap()
+    }
+
+    /// A reload keeps every translation while the external address stays: answers still
+    /// reach the inside host and its packets keep their ports, under a new pool (whose
+    /// ports new connections then take) and under a smaller capacity (as many as it
+    /// holds: the others' answers are unknown); none under a new external address. IPv6
+    /// connections stay while `ipv6` stays "stateful". What came across is said.
+    #[test]
+    fn a_reload_keeps_translations_while_the_external_address_stays() {
+        let syn = |p: u16| frame(INSIDE, REMOTE, tcp(p, 80, flags::SYN));
+        let answer = |port: u16| frame(REMOTE, EXTERNAL, tcp(80, port, flags::SYN | flags::ACK));
+        let v6 = |inside: bool| match inside {
+            true => (
+                frame("2001:2::1", "2001:2::2", tcp(4000, 80, flags::SYN)),
+                0,
+            ),
+            false => (
+                frame("2001:2::2", "2001:2::1", tcp(80, 4000, flags::ACK)),
+                1,
+            ),
+        };
+        let pool = "ports = \"40000-40100\"";
+        for (external, config, kept) in [
+            (EXTERNAL, pool, 8),
+            (EXTERNAL, "ports = \"20000-20010\"", 8),
+            (EXTERNAL, "capacity = 5", 5),
+            ("198.18.255.2", pool, 0),
+        ] {
+            let mut old = nat(pool);
+            let ports: Vec<u16> = (50_000..50_008)
+                .map(|p| one(&mut old, S, syn(p), 0))
+                .inspect(|(v, _, _)| assert_eq!(*v, OUT))
+                .map(|(_, key, _)| key.src_port)
+                .collect();
+            assert_eq!(run(&mut old, S, &[v6(true)])[0].0, OUT);
+            let mut new = nat_at(external, config);
+            let carried = Program::inherit(&mut new, old, 2 * S);
+            assert_eq!(carried.len(), 2, "{config}: {carried:?}");
+            assert_eq!(carried[0].kept, kept, "{config}: {}", carried[0]);
+            assert_eq!(carried[0].lost(), kept < 8, "{config}: {}", carried[0]);
+            assert_eq!(carried[1].to_string(), "ipv6 connections: kept 1 entries");
+            assert_eq!(new.len() as u64, kept);
+            let answered: Vec<u16> = (ports.iter().copied())
+                .filter(|&port| one(&mut new, 2 * S, answer(port), 1).0 == IN)
+                .collect();
+            assert_eq!(answered.len() as u64, kept, "{config}");
+            for (p, &port) in (50_000..).zip(&ports) {
+                let (v, key, _) = one(&mut new, 2 * S, syn(p), 0);
+                if answered.contains(&port) {
+                    assert_eq!((v, key.src_port), (OUT, port), "{config}: kept its port");
+                }
+            }
+            assert_eq!(run(&mut new, 2 * S, &[v6(false)])[0].0, IN, "{config}");
+            if config.contains("20000") {
+                let (_, key, _) = one(&mut new, 2 * S, syn(60_000), 0);
+                assert!(
+                    (20_000..=20_010).contains(&key.src_port),
+                    "{}",
+                    key.src_port
+                );
+            }
+        }
+        let mut new = nat("ipv6 = \"pass\"");
+        let carried = Program::inherit(&mut new, nat(""), S);
+        assert_eq!(
+            carried[1].to_string(),
+            "ipv6 connections: starts afresh (ipv6 is no longer \"stateful\")"
+        );
+        let carried = Program::inherit(&mut nat_at("198.18.255.2", ""), nat(""), S);
+        assert_eq!(
+            carried[0].to_string(),
+            "translations: starts afresh (the external address changed from 198.18.255.1 \
+             to 198.18.255.2)"
+        );
     }
 
     /// Replicated, a translation moves to another switch with its answers' way back:

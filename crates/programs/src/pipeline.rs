@@ -713,6 +713,8 @@ impl Program for Pipeline {
         (self.rule_budget.now).store(self.flows.rules().len(), Ordering::Relaxed);
         reply
     }
+
+    crate::configured_state!();
 }
 
 fn invalid(why: String) -> ControlError {

@@ -443,6 +443,8 @@ impl Program for Router {
             _ => Err(ControlError::Unavailable),
         }
     }
+
+    crate::configured_state!();
 }
 
 #[cfg(test)]

@@ -43,8 +43,8 @@ use stateplane_runtime::{
 };
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification, Reply,
-    Request, ValueCodec,
+    Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
+    Reply, Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
     GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, gtpv2_ie, gtpv2_ies,
@@ -664,6 +664,30 @@ impl Program for Sgw {
 
     fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
         replicated::number_of(flow).is_some_and(|n| self.install(n, state, now_ns))
+    }
+
+    /// Sessions stay while the gateway's address does (their eNodeBs send to it), each
+    /// with the subscriber address it was given, as many as the new capacity holds; the
+    /// index by subscriber address is made again from the sessions kept.
+    fn inherit(&mut self, mut old: Self, now_ns: u64) -> Vec<Carried> {
+        if old.address != self.address {
+            let why = format!(
+                "the gateway's address changed from {} to {}",
+                Ipv4Addr::from(old.address),
+                Ipv4Addr::from(self.address)
+            );
+            return vec![Carried::afresh("sessions", why)];
+        }
+        let carried = self.sessions.adopt(&mut old.sessions);
+        self.by_ue.clear();
+        let kept: Vec<(u32, u32)> = (self.sessions.iter())
+            .map(|(&n, s, _)| (u32::from_be_bytes(s.ue), n))
+            .collect();
+        for (ue, n) in kept {
+            // As many as sessions: the tables are the same size.
+            let _ = self.by_ue.add_entry(ue, n, 0, now_ns);
+        }
+        vec![carried]
     }
 }
 

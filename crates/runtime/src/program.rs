@@ -7,7 +7,7 @@
 //! them first.
 
 use crate::burst::{Burst, PacketDesc};
-use stateplane_api::{Change, ControlError, Declaration, Notification, Reply, Request};
+use stateplane_api::{Carried, Change, ControlError, Declaration, Notification, Reply, Request};
 use stateplane_replication::FlowBytes;
 use stateplane_wire::FlowHasher;
 use std::any::Any;
@@ -398,6 +398,20 @@ pub trait Program: Send {
     ) -> bool {
         false
     }
+
+    /// Takes what it can of the state of `old`, the instance this one replaces on a reload
+    /// (made from the configuration as it was), and says, per piece of declared state,
+    /// what came across and what was left behind and why ([`Carried`]). By default
+    /// nothing comes across: every declaration of `old` starts afresh, and says so.
+    fn inherit(&mut self, old: Self, _now_ns: u64) -> Vec<Carried>
+    where
+        Self: Sized,
+    {
+        old.declarations()
+            .iter()
+            .map(|d| Carried::afresh(&d.name, "this program starts its state afresh on a reload"))
+            .collect()
+    }
 }
 
 /// A program as the runtime holds it (`Box<dyn Running>`): any [`Program`], with what it
@@ -438,6 +452,11 @@ pub trait Running: Send {
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
     fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
+    /// [`Program::inherit`] from `old` when it is a program of the same type; else every
+    /// declaration of `old` starts afresh, the reload having changed the program.
+    fn inherit(&mut self, old: Box<dyn Running>, now_ns: u64) -> Vec<Carried>;
+    /// The program as `Any`, for [`Running::inherit`] to see whether it is its type.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 /// What a program's [`Program::prepare`] made, on its way to every worker: the runtime
@@ -446,7 +465,7 @@ pub trait Running: Send {
 #[derive(Clone)]
 pub struct Prepared(Arc<dyn Any + Send + Sync>);
 
-impl<P: Program> Running for P {
+impl<P: Program + 'static> Running for P {
     #[inline]
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         Program::process(self, burst, ctx);
@@ -584,6 +603,21 @@ impl<P: Program> Running for P {
 
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
         Program::install_replicated(self, key, state, now_ns)
+    }
+
+    fn inherit(&mut self, old: Box<dyn Running>, now_ns: u64) -> Vec<Carried> {
+        let declared = old.declarations();
+        match old.into_any().downcast::<P>() {
+            Ok(old) => Program::inherit(self, *old, now_ns),
+            Err(_) => declared
+                .iter()
+                .map(|d| Carried::afresh(&d.name, "the reload changed the program"))
+                .collect(),
+        }
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
     }
 }
 

@@ -6,6 +6,7 @@ use crate::counters::{Counter, Stats};
 use crate::program::{Context, DropReason, Running, Verdict};
 use crate::state_stage::StateStage;
 use crate::tap::Tap;
+use stateplane_api::Carried;
 use stateplane_wire::{FlowHasher, Malformed};
 
 pub struct Worker {
@@ -167,21 +168,25 @@ impl Worker {
     }
 
     /// Swaps in a new program (a reload), between two bursts; worker 0 also hands the
-    /// control plane `spare`, another instance from the same factory.
+    /// control plane `spare`, another instance from the same factory. The new program
+    /// takes what it can of the old one's state, once the state stages are done with the
+    /// old one: what came across, per piece of state.
     pub fn replace_program(
         &mut self,
         program: Box<dyn Running>,
         spare: impl FnOnce() -> Box<dyn Running>,
-    ) {
+    ) -> Vec<Carried> {
         let mut old = std::mem::replace(&mut self.program, program);
         for stage in &mut self.state_stages {
             stage.reloaded(old.as_mut(), self.program.as_mut(), &self.ctx);
         }
+        let carried = self.program.inherit(old, self.ctx.now_ns);
         if let Some(c) = &self.control
             && self.ctx.worker == 0
         {
             c.reloaded(spare());
         }
+        carried
     }
 
     #[cold]

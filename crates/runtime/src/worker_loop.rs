@@ -326,9 +326,15 @@ pub fn run_worker(
         }
         if reload.generation() != generation {
             let (g, factory) = reload.current();
-            worker.replace_program(factory(w), || factory(0));
+            let carried = worker.replace_program(factory(w), || factory(0));
             generation = g;
             log::info!("worker {w}: now running program generation {g}");
+            for c in carried {
+                match c.lost() {
+                    false => log::info!("worker {w}: reload: {c}"),
+                    true => log::warn!("worker {w}: reload: {c}"),
+                }
+            }
         }
         // 2. Each input in turn; on packet time, once the state stages can take more.
         if clock.is_none() {
@@ -723,6 +729,48 @@ mod tests {
         fn poll(&mut self, _out: &mut Burst, _ctx: &mut Context) {
             self.polls.fetch_add(1, Ordering::Relaxed);
         }
+
+        /// The packets seen go on counting from the old instance's.
+        fn inherit(&mut self, old: Self, _now_ns: u64) -> Vec<stateplane_api::Carried> {
+            self.seen += old.seen;
+            vec![stateplane_api::Carried::entries("seen", self.seen, 0, "")]
+        }
+    }
+
+    /// A reload hands the new program the instance it replaces, state and all, and says
+    /// what came across; a program of another type gets nothing, and says why.
+    #[test]
+    fn a_reloaded_program_inherits_from_the_one_it_replaces() {
+        let polls = Arc::new(AtomicU64::new(0));
+        let with_seen = |seen| {
+            Box::new(Probe {
+                port: 0,
+                polls: polls.clone(),
+                stop_after: None,
+                seen,
+            })
+        };
+        let mut worker = crate::Worker::new(with_seen(5), 0, 1, 2, FlowHasher::with_seed(1));
+        let carried = worker.replace_program(with_seen(2), || unreachable!("no control"));
+        assert_eq!(
+            carried,
+            [stateplane_api::Carried::entries("seen", 7, 0, "")]
+        );
+        struct Other;
+        impl Program for Other {
+            type Prepared = ();
+            fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
+        }
+        assert_eq!(
+            worker.replace_program(Box::new(Other), || unreachable!()),
+            []
+        );
+        let carried = worker.replace_program(with_seen(0), || unreachable!());
+        assert_eq!(
+            carried,
+            [],
+            "Other declares nothing, so there is nothing to tell"
+        );
     }
 
     fn probe(port: PortId, polls: &Arc<AtomicU64>) -> ProgramFactory {

@@ -10,7 +10,7 @@ use crate::key_fields::KeyFields;
 use crate::synced_table::{MAX_FIELDS, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
-    Action, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
+    Action, Carried, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
     READ_PAGE, Reply, Request, Write,
 };
 
@@ -377,6 +377,25 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     pub fn declaration(&self) -> &Declaration {
         &self.decl
+    }
+
+    /// Takes the entries of `old`, the table this one replaces (a reload), when they mean
+    /// the same here (the same key and value fields), as [`ExactTable::adopt`] does, and
+    /// the notifications `old` had not handed out yet.
+    pub fn adopt(&mut self, old: &mut Self) -> Carried {
+        let name = &self.decl.name;
+        if self.decl.kind != old.decl.kind {
+            return Carried::afresh(name, "its key or value fields changed");
+        }
+        let adopted = self.table.adopt(&mut old.table);
+        std::mem::swap(&mut self.outbox, &mut old.outbox);
+        self.now_ns = old.now_ns;
+        Carried::entries(
+            name,
+            adopted.kept,
+            adopted.dropped,
+            "past the new capacity, or of a timeout no longer declared",
+        )
     }
 
     /// Answers a request about this table (checked against its declaration); entries the

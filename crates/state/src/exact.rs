@@ -122,6 +122,14 @@ struct Bucket {
 
 const NANO: u64 = 1_000_000_000;
 
+/// What [`ExactTable::adopt`] took of the table it replaces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Adopted {
+    pub kept: u64,
+    /// Entries that did not fit (the new table is smaller, or lacks their profile).
+    pub dropped: u64,
+}
+
 /// An entry whose idle time ran out, for the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expired<K, V> {
@@ -727,6 +735,84 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
         }
     }
 
+    /// Takes every entry of `old`, the table this one replaces (a reload), each with its
+    /// value, expiry deadline, profile and hits, in place of this table's own; `old` is
+    /// left empty. Whole, with no walk, when both tables hash alike into as many slots and
+    /// this one has every profile `old`'s entries name; else one by one, as many as fit
+    /// (the rest are dropped, counted in what it returns). An entry whose profile this
+    /// table lacks is dropped. Each entry keeps its deadline: a changed timeout applies
+    /// from the entry's next restart. The table's counts go on from `old`'s.
+    pub fn adopt(&mut self, old: &mut Self) -> Adopted {
+        self.clear();
+        self.stats = std::mem::take(&mut old.stats);
+        let same_layout = self.meta.len() == old.meta.len()
+            && self.seed == old.seed
+            && old.profiles.len() <= self.profiles.len()
+            && old.len <= self.capacity;
+        if same_layout {
+            if self.written.is_some() {
+                for i in 0..old.meta.len() {
+                    if old.meta[i] != 0 {
+                        self.written(i, MOVED);
+                    }
+                }
+            }
+            std::mem::swap(&mut self.meta, &mut old.meta);
+            std::mem::swap(&mut self.slots, &mut old.slots);
+            self.len = std::mem::take(&mut old.len);
+            self.sweep_cursor = old.sweep_cursor;
+            self.take_notifications_of(old);
+            return Adopted {
+                kept: self.len as u64,
+                dropped: 0,
+            };
+        }
+        let stats = self.stats;
+        let mut adopted = Adopted::default();
+        for i in 0..old.meta.len() {
+            if old.meta[i] == 0 {
+                continue;
+            }
+            let entry = old.slots[i];
+            match self.try_add(entry.key, entry.value, entry.profile, 0) {
+                Ok((id, _)) => {
+                    let slot = &mut self.slots[id.0 as usize];
+                    (slot.deadline_ns, slot.hits, slot.notified) =
+                        (entry.deadline_ns, entry.hits, entry.notified);
+                    adopted.kept += 1;
+                }
+                Err(_) => adopted.dropped += 1,
+            }
+        }
+        // Moved, not added: the counts stay as they were.
+        self.stats = stats;
+        self.take_notifications_of(old);
+        old.clear();
+        adopted
+    }
+
+    /// The expiries `old` has not handed out yet, as many as the queue has room for (the
+    /// rest counted as dropped notifications).
+    fn take_notifications_of(&mut self, old: &mut Self) {
+        let room = self
+            .notification_limit
+            .saturating_sub(self.notifications.len());
+        let taken = old.notifications.len().min(room);
+        self.notifications.extend(old.notifications.drain(..taken));
+        self.stats.notifications_dropped += old.notifications.drain(..).count() as u64;
+    }
+
+    /// Empties the table (its statistics stay).
+    pub fn clear(&mut self) {
+        for i in 0..self.meta.len() {
+            if self.meta[i] != 0 {
+                self.written(i, MOVED);
+                self.meta[i] = 0;
+            }
+        }
+        self.len = 0;
+    }
+
     /// Removes slot `i` and shifts the rest of its cluster back (no tombstones).
     fn remove_at(&mut self, mut i: usize) {
         self.len -= 1;
@@ -932,6 +1018,69 @@ mod tests {
                 "{capacity}"
             );
         }
+    }
+
+    /// A reload's table takes the old one's entries: whole when laid out alike (values,
+    /// deadlines, hits and counts as they were, the old table left empty), one by one
+    /// into a table of another size or seed (as many as fit, the rest counted), and never
+    /// an entry of a profile the new table lacks.
+    #[test]
+    fn adopt_takes_the_old_tables_entries() {
+        let filled = |capacity: usize, seed: u64| {
+            let mut t: ExactTable<u64, u64> = ExactTable::new(capacity, &profiles(), seed);
+            for key in 0..100u64 {
+                t.add_entry(key, key * 10, (key % 3) as u8, 0).unwrap();
+            }
+            let id = t.lookup(&8, MS).unwrap();
+            t.restart_timer(id, MS);
+            t
+        };
+        let check = |t: &mut ExactTable<u64, u64>, keys: std::ops::Range<u64>| {
+            t.check_invariant();
+            for key in keys {
+                assert_eq!(t.get(&key), Some(&(key * 10)), "{key}");
+            }
+        };
+        for (capacity, seed) in [(100, 1), (100, 2), (1000, 1), (60, 1)] {
+            let mut old = filled(100, 1);
+            let mut new = ExactTable::new(capacity, &profiles(), seed);
+            new.add_entry(5000, 1, 0, 0).unwrap();
+            let adopted = new.adopt(&mut old);
+            assert_eq!(adopted.kept + adopted.dropped, 100, "{capacity}, {seed}");
+            assert_eq!(adopted.kept, capacity.min(100) as u64, "{capacity}, {seed}");
+            assert_eq!(new.len(), adopted.kept as usize);
+            assert_eq!(new.get(&5000), None, "its own entries gave way");
+            assert!(old.is_empty() && old.iter().next().is_none());
+            assert_eq!(new.stats.adds, 100, "the counts go on from the old table's");
+            if capacity < 100 {
+                new.check_invariant();
+                continue;
+            }
+            check(&mut new, 0..100);
+            assert_eq!(new.hits(new.find_id(&8).unwrap()), 1);
+            // Deadlines as they were: of the 33 keys that expire after 5 ms, key 8's
+            // timer restarted a millisecond later.
+            assert_eq!(new.sweep(5 * MS + 1, usize::MAX), 32);
+            assert!(new.get(&5).is_none() && new.get(&8).is_some());
+        }
+        // Profile 2 (every third key) is gone from the new table's profiles.
+        let mut old = filled(100, 1);
+        let mut new = ExactTable::new(100, &profiles()[..2], 1);
+        let adopted = new.adopt(&mut old);
+        assert_eq!((adopted.kept, adopted.dropped), (67, 33));
+        assert_eq!(new.get(&2), None);
+        assert_eq!(new.get(&3), Some(&30));
+        // A table whose writes are marked sees every adopted entry as come.
+        let mut old = filled(100, 1);
+        let mut new = ExactTable::new(100, &profiles(), 1);
+        new.mark_written_slots();
+        new.adopt(&mut old);
+        let mut came = 0;
+        new.take_written_slots(|t, slot, how, before| {
+            assert!(before.is_none() && how == SlotWrite::Moved);
+            came += usize::from(t.slot(slot).is_some());
+        });
+        assert_eq!(came, 100);
     }
 
     /// Each source has its own bucket, which starts full, refills at the rate up to the

@@ -36,13 +36,13 @@ pub mod control {
 }
 
 pub use control::{
-    ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Expiry, FlowChange, FlowFilter,
-    FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox, RemovedReason, Reply,
-    Request, WorkerCounters, Write,
+    Carried, ControlError, Declaration, DeclaredTable, Entry, ExactCodec, Expiry, FlowChange,
+    FlowFilter, FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox,
+    RemovedReason, Reply, Request, WorkerCounters, Write,
 };
 pub use declared::ValueCodec;
 pub use exact::{
-    AddError, ExactTable, ExpireMode, ExpireProfile, Expired, InsertLimit, TableStats,
+    AddError, Adopted, ExactTable, ExpireMode, ExpireProfile, Expired, InsertLimit, TableStats,
 };
 pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};

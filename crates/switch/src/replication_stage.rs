@@ -1581,9 +1581,10 @@ impl StateStage for ReplicationStage {
         self.publish();
     }
 
-    /// The new instance holds no flow's state: the replica starts over as the same holder,
-    /// so each flow's next packet is granted its lease again with the store's state.
-    /// Packets held for the old instance are dropped (counted): its state is gone.
+    /// The replica starts over as the same holder, so each flow's next packet is granted
+    /// its lease again with the store's state, installed over whatever the new instance
+    /// kept of the old one's (`Program::inherit`): the store's is the state committed.
+    /// Packets held for the old instance are dropped (counted): it takes no more packets.
     fn reloaded(&mut self, _old: &mut dyn Running, _program: &mut dyn Running, _ctx: &Context) {
         self.replica = Replica::new(self.replica.holder(), self.config);
         // Outputs already acknowledged still leave; every other held packet is dropped.
@@ -2088,8 +2089,8 @@ mod tests {
         w.handle(&mut b);
         assert!(b.is_empty());
         assert_eq!(w.holding(), 3);
-        // A reload: the new instance's state starts afresh, so nothing held for the old
-        // one may leave; each leaves as a drop, counted, with the next bursts.
+        // A reload: nothing held for the old instance may leave (its leases start over);
+        // each leaves as a drop, counted, with the next bursts.
         w.replace_program(Box::new(Tally::default()), || Box::new(Tally::default()));
         let mut b = Burst::with_capacity(64);
         w.handle(&mut b);

@@ -432,13 +432,13 @@ impl StateStage for SnapshotStage {
         self.expire(self.now());
     }
 
-    /// The new instance's state starts afresh; the lease stays this worker's, and the
-    /// next snapshot writes the new state.
     /// The new instance goes on from the old one's state, as a successor goes on from
     /// the store's image: a snapshot being read is read whole from the instance it began
     /// on (which takes no packet any more) and written as begun, and the old instance's
-    /// state is installed into the new one. A reload that changes the state's shape
-    /// starts it afresh, said and counted as an image refused.
+    /// state is installed into the new one (which then takes what else it can of the old
+    /// one itself, `Program::inherit`). A reload that changes the state's shape is said
+    /// and counted as an image refused; the lease stays this worker's, and the next
+    /// snapshot writes what the new instance holds.
     fn reloaded(&mut self, old: &mut dyn Running, program: &mut dyn Running, _ctx: &Context) {
         if self.image.is_some() {
             let now = self.now();
@@ -454,8 +454,8 @@ impl StateStage for SnapshotStage {
             && let Err(e) = self.install(program, &image)
         {
             log::error!(
-                "replication: the reload changed the replicated state's shape ({e}): it starts \
-                 afresh here, and the next snapshot replaces the store's"
+                "replication: the reload changed the replicated state's shape ({e}): the \
+                 next snapshot replaces the store's with what the new program kept"
             );
             (self.counters.install_refused).fetch_add(1, Ordering::Relaxed);
         }

@@ -774,8 +774,8 @@ impl StateStage for SyncStage {
     }
 
     fn reloaded(&mut self, _old: &mut dyn Running, program: &mut dyn Running, _ctx: &Context) {
-        // The new instance's state starts afresh: a new epoch tells the collector to
-        // start the stream over, and what the old one changed is gone with it.
+        // The new instance holds what it kept of the old one's state (`Program::inherit`),
+        // tracked afresh: a new epoch tells the collector to start the stream over.
         self.config.epoch = new_epoch();
         self.sender = None;
         self.writes = WriteStage::default();

@@ -53,8 +53,8 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
 use stateplane_state::{
-    ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Guarantee, Kind, Match,
-    Notification, Reply, Request, ValueCodec,
+    Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Guarantee, Kind,
+    Match, Notification, Reply, Request, ValueCodec,
 };
 use stateplane_wire::edit::Side;
 use stateplane_wire::parse::ParseFlags;
@@ -764,6 +764,66 @@ impl Program for Lb {
         with_counts: false,
         key: connection_of
     );
+
+    /// A reload keeps the health the control plane gave each backend still configured,
+    /// and each connection on its backend while the configuration still has that backend
+    /// serving the same VIP (found by address, port and protocol, wherever it now sits in
+    /// the list); a connection whose backend left is dropped, and its next packet picks
+    /// again (as IPVS forgets a connection whose real server is removed).
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
+        let latest = Arc::clone(&old.newest.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut pools = Pools::clone(&self.pools);
+        let mut health = Carried::entries("backends", 0, 0, "");
+        let mut refill = Vec::new();
+        for b in &mut pools.backends {
+            let Some(&was) = latest.backend_of.get(&b.identity()) else {
+                continue;
+            };
+            health.kept += 1;
+            let was = &latest.backends[usize::from(was)];
+            if b.up != was.up {
+                b.up = was.up;
+                refill.push(usize::from(b.vip));
+            }
+        }
+        refill.sort_unstable();
+        refill.dedup();
+        for v in refill {
+            pools.fill(v);
+        }
+        self.pools = Arc::new(pools);
+        *self.newest.lock().unwrap_or_else(PoisonError::into_inner) = Arc::clone(&self.pools);
+        // Old backend index -> new, for a backend still serving the same VIP.
+        let vip_endpoint = |p: &Pools, b: &Backend| {
+            let v = &p.vips[usize::from(b.vip)];
+            (v.address, v.port)
+        };
+        let remap: Vec<Option<u16>> = (latest.backends.iter())
+            .map(|was| {
+                let now = *self.pools.backend_of.get(&was.identity())?;
+                let b = &self.pools.backends[usize::from(now)];
+                (vip_endpoint(&latest, was) == vip_endpoint(&self.pools, b)).then_some(now)
+            })
+            .collect();
+        let mut connections = self.connections.adopt(&mut old.connections);
+        let unchanged = (remap.iter().enumerate()).all(|(i, to)| *to == Some(i as u16));
+        if !unchanged {
+            let moves: Vec<(FlowKey, Option<u16>)> = (self.connections.iter())
+                .map(|(key, a, _)| (*key, remap.get(usize::from(a.backend)).copied().flatten()))
+                .collect();
+            let mut left = 0;
+            for (key, to) in moves {
+                match (to, self.connections.find_id(&key)) {
+                    (Some(to), Some(id)) => self.connections.value_mut(id).backend = to,
+                    _ => left += u64::from(self.connections.delete(&key)),
+                }
+            }
+            connections.leave_behind(left, "their backend left the configuration");
+        }
+        self.created += old.created;
+        self.moved += old.moved;
+        vec![connections, health]
+    }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
         &[

@@ -573,3 +573,71 @@ fn a_replicated_affinity_keeps_its_backend_on_a_switch_with_another_pool() {
     let nowhere = ip_frame("198.18.2.1", "198.19.0.99", tcp(30_000, 80, flags::SYN));
     assert_eq!(replicated_key_of(&a, &nowhere, 0), None);
 }
+
+/// A reload keeps each connection on its backend while the configuration still has
+/// that backend (wherever it now sits in the list), drops those whose backend left (their
+/// next packet picks again), and keeps the health the control plane gave each backend
+/// still configured; what came across is said.
+#[test]
+fn a_reload_keeps_connections_on_their_backends_and_the_backends_health() {
+    let mut old = lb();
+    let preparer = old.clone();
+    let n = 300;
+    let before = send(
+        &mut old,
+        S,
+        &(0..n).map(|i| web(i, SYN)).collect::<Vec<_>>(),
+    );
+    set_health(
+        &mut [&mut old],
+        &preparer,
+        &[("198.18.1.3", 8080, 6, false)],
+    );
+    // 198.18.1.1 leaves the web VIP, 198.18.1.4 joins it, and the others swap places.
+    let reordered = CONFIG.replace(
+        r#"  { address = "198.18.1.1", mac = "02:00:00:00:0b:01" },
+  { address = "198.18.1.2", via = "s2" },
+  { address = "198.18.1.3", port = 8080 },"#,
+        r#"  { address = "198.18.1.3", port = 8080 },
+  { address = "198.18.1.4" },
+  { address = "198.18.1.2", via = "s2" },"#,
+    );
+    assert_ne!(reordered, CONFIG);
+    let mut new = lb_with(&reordered).unwrap();
+    let carried = Program::inherit(&mut new, old, S);
+    let to = |s: &Option<Sent>| s.unwrap().to.0;
+    let left = before.iter().filter(|s| to(s) == ip("198.18.1.1")).count() as u64;
+    assert!(left > 50, "{left}");
+    assert_eq!(
+        carried[0].to_string(),
+        format!(
+            "connections: kept {} entries, dropped {left} (their backend left the \
+             configuration)",
+            n as u64 - left
+        )
+    );
+    assert_eq!(carried[1].to_string(), "backends: kept 4 entries");
+    let down = |pools: &Pools| {
+        (pools.backends.iter())
+            .filter(|b| !b.up)
+            .map(|b| (IpAddr::from(b.address), b.port))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(down(&new.pools), [(ip("198.18.1.3"), 8080)]);
+    assert_eq!(
+        down(&new.newest.lock().unwrap()),
+        down(&new.pools),
+        "the control plane's next change starts from it"
+    );
+    let after = send(
+        &mut new,
+        2 * S,
+        &(0..n).map(|i| web(i, ACK)).collect::<Vec<_>>(),
+    );
+    for (b, a) in before.iter().zip(&after) {
+        match to(b) {
+            x if x == ip("198.18.1.2") => assert_eq!(a, b, "kept on its backend"),
+            x => assert!(![x, ip("198.18.1.3")].contains(&to(a)), "{x}: picked again"),
+        }
+    }
+}

@@ -8,9 +8,14 @@ use stateplane_wire::gtp::emit_gtpv2_ie;
 const SGW: &str = "198.19.255.2";
 
 fn sgw() -> Sgw {
+    sgw_at(SGW, "")
+}
+
+fn sgw_at(address: &str, extra: &str) -> Sgw {
     let names = PortNames(vec!["access".into(), "core".into()]);
     let cfg: SgwConfig = toml::from_str(&format!(
-        "address = \"{SGW}\"\nue_pool = \"198.18.128.0/17\"\naccess = \"access\"\ncore = \"core\""
+        "address = \"{address}\"\nue_pool = \"198.18.128.0/17\"\naccess = \"access\"\n\
+         core = \"core\"\n{extra}"
     ))
     .unwrap();
     Sgw::new(&cfg, &names, "program.sgw", 3).unwrap()
@@ -357,4 +362,57 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
         !c.install_replicated(&alias, Some(state), 1),
         "an alias holds no state"
     );
+}
+
+/// A reload keeps the sessions while the gateway's address stays: a subscriber's downlink
+/// still reaches its eNodeB; a smaller capacity keeps as many as it holds; a new address
+/// starts afresh, and says why.
+#[test]
+fn a_reload_keeps_sessions_while_the_gateways_address_stays() {
+    let create = |n: u32| {
+        let enb = [198, 18, 200, n as u8];
+        signal(
+            gtpv2_type::CREATE_SESSION_REQUEST,
+            0,
+            Some(n),
+            enb,
+            0xa000 + n,
+        )
+    };
+    let opened = || {
+        let mut p = sgw();
+        let signals: Vec<(Vec<u8>, PortId)> = (1..=6).map(|n| (create(n), 0)).collect();
+        run_at(&mut p, 1, &signals, (0, 1), 2);
+        p
+    };
+    let reached = |p: &mut Sgw| {
+        let down: Vec<(Vec<u8>, PortId)> = (1..=6)
+            .map(|n| (downlink_to(&format!("198.18.128.{n}")), 1))
+            .collect();
+        let sent = run_at(p, 2, &down, (0, 1), 2);
+        (sent.iter().zip(1..))
+            .filter(|((v, bytes), n)| {
+                *v == Verdict::Forward(0)
+                    && stateplane_wire::parse(bytes, 0, &hasher()).unwrap().teid == 0xa000 + n
+            })
+            .count() as u64
+    };
+    for (extra, kept) in [("", 6), ("capacity = 4", 4)] {
+        let mut new = sgw_at(SGW, extra);
+        let carried = Program::inherit(&mut new, opened(), 2);
+        assert_eq!(
+            (carried[0].kept, carried[0].dropped),
+            (kept, 6 - kept),
+            "{extra}"
+        );
+        assert_eq!(reached(&mut new), kept, "{extra}");
+    }
+    let mut moved = sgw_at("198.19.255.3", "");
+    let carried = Program::inherit(&mut moved, opened(), 2);
+    assert_eq!(
+        carried[0].to_string(),
+        "sessions: starts afresh (the gateway's address changed from 198.19.255.2 to \
+         198.19.255.3)"
+    );
+    assert_eq!(reached(&mut moved), 0);
 }
