@@ -116,6 +116,9 @@ pub enum CtlCommand {
     },
     /// The pipeline's counters, and a table's.
     Stats { table: Option<String> },
+    /// Read the switch's configuration again and run the program it gives (as SIGHUP
+    /// does), printing what each worker's program kept of the running one's state.
+    Reload,
     /// Where each worker counts a key of TABLE (a table the program reports a sketch's
     /// keys in: `hh`'s heavy_hitters, the floods' victims): the indexes of its counters in
     /// the sketch register, what a sync collector's copy estimates the key from.
@@ -466,6 +469,15 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                         cells.join(" ")
                     }
                 );
+            }
+        }
+        CtlCommand::Reload => {
+            let (generation, workers) = client.reload().map_err(|e| e.to_string())?;
+            println!("reloaded the program (generation {generation})");
+            for taken in workers {
+                for c in taken.carried {
+                    println!("worker {}: {c}", taken.worker);
+                }
             }
         }
         CtlCommand::Stats { table } => {

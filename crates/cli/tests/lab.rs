@@ -1200,12 +1200,17 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
     // last, while every connection is open (each closing connection's last answers may
     // come after its translation has gone, as they do without reloads).
     let mut unknown = (0, 0);
+    let mut said = String::new();
     let report = iperf3(&lab, &["-t", "5"], 4, || {
         std::thread::sleep(Duration::from_millis(1000));
         unknown.0 = no_translation();
         reload(&changed, 1);
         std::thread::sleep(Duration::from_millis(1000));
-        reload(&first, 2);
+        // The second through the control API, which says what each worker kept.
+        std::fs::write(&config, &first).unwrap();
+        let out = ctl(&lab, &["reload"]);
+        assert!(out.status.success(), "{}", text(&out));
+        said = text(&out);
         std::thread::sleep(Duration::from_millis(1000));
         unknown.1 = no_translation();
     });
@@ -1233,6 +1238,30 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
         kept.len() == 2 && kept.iter().all(|&n| n >= 5),
         "what each reload kept: {kept:?}\n{text_log}"
     );
+    assert!(
+        said.starts_with("reloaded the program (generation 2)\n"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("worker 0: translations: kept {} entries", kept[1])),
+        "{said}"
+    );
+    // A broken configuration is refused by name, and the running program stays.
+    std::fs::write(
+        &config,
+        first.replace(external, &format!("{external}\nports = \"x\"")),
+    )
+    .unwrap();
+    let out = ctl(&lab, &["reload"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("reload refused, the running program stays")
+            && text(&out).contains("program.nat.ports"),
+        "{}",
+        text(&out)
+    );
+    let table = text(&ctl(&lab, &["read", "translations"]));
+    assert!(table.contains("external_port="), "{table}");
 }
 
 /// `nat` on live ports: ping, iperf3 and an exact transfer from h1 reach h2 as the

@@ -3,6 +3,7 @@
 use crate::convert;
 use crate::endpoint::{self, AddToken, ClientFiles};
 use crate::pb::{self, control_client::ControlClient};
+use stateplane_runtime::Taken;
 use stateplane_state::control::Field;
 use stateplane_state::{Declaration, Entry, FlowChange, Match, MeterConfig, WorkerCounters, Write};
 use std::time::Duration;
@@ -364,6 +365,27 @@ impl Client {
     }
 
     /// The pipeline's counters, and `table`'s if given.
+    /// Reloads the switch's program from its configuration: the generation the workers
+    /// run, and what each worker's program kept of the old one's state (by worker). The
+    /// declarations are read again.
+    pub fn reload(&mut self) -> Result<(u64, Vec<Taken>), ClientError> {
+        let reply = (self.runtime)
+            .block_on(self.inner.reload(pb::ReloadRequest {}))?
+            .into_inner();
+        let workers = (reply.workers.iter())
+            .map(|w| {
+                let carried = w.carried.iter().map(convert::carried_from_pb);
+                Ok(Taken {
+                    worker: w.worker as usize,
+                    generation: reply.generation,
+                    carried: carried.collect::<Result<_, _>>().map_err(local)?,
+                })
+            })
+            .collect::<Result<_, ClientError>>()?;
+        self.refresh()?;
+        Ok((reply.generation, workers))
+    }
+
     pub fn stats(&mut self, table: &str) -> Result<pb::StatsReply, ClientError> {
         let request = pb::StatsRequest {
             table: table.to_string(),

@@ -4,8 +4,9 @@
 //! length is refused here with the field's name and the length it needs.
 
 use crate::pb;
+use stateplane_state::control::Fate;
 use stateplane_state::control::{Action, Field, Format, Kind, MatchKind};
-use stateplane_state::{ControlError, Declaration, Entry, Guarantee, Match, Notification};
+use stateplane_state::{Carried, ControlError, Declaration, Entry, Guarantee, Match, Notification};
 use stateplane_state::{FlowChange, FlowFilter, FlowStat, MeterConfig, NotificationKind, Write};
 use tonic::{Code, Status};
 
@@ -452,4 +453,36 @@ pub fn flow_to_pb(f: &FlowStat) -> pb::Flow {
         duration_ns: f.duration_ns,
         idle_ns: f.idle_ns,
     }
+}
+
+pub fn carried_to_pb(c: &Carried) -> pb::Carried {
+    let (fate, why) = match &c.fate {
+        Fate::Whole => ("whole", ""),
+        Fate::LeftBehind(why) => ("left_behind", why.as_str()),
+        Fate::Afresh(why) => ("afresh", why.as_str()),
+        Fate::Configured => ("configured", ""),
+    };
+    pb::Carried {
+        name: c.name.clone(),
+        kept: c.kept,
+        dropped: c.dropped,
+        fate: fate.to_string(),
+        why: why.to_string(),
+    }
+}
+
+pub fn carried_from_pb(c: &pb::Carried) -> Result<Carried, String> {
+    let fate = match c.fate.as_str() {
+        "whole" => Fate::Whole,
+        "left_behind" => Fate::LeftBehind(c.why.clone()),
+        "afresh" => Fate::Afresh(c.why.clone()),
+        "configured" => Fate::Configured,
+        other => return Err(format!("`{}`: unknown fate '{other}'", c.name)),
+    };
+    Ok(Carried {
+        name: c.name.clone(),
+        kept: c.kept,
+        dropped: c.dropped,
+        fate,
+    })
 }

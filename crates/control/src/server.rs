@@ -3,7 +3,7 @@
 use crate::convert::{self, status};
 use crate::endpoint::{self, CheckToken, Listen};
 use crate::pb::{self, control_server};
-use stateplane_runtime::ControlPlane;
+use stateplane_runtime::{ControlPlane, Taken};
 use stateplane_state::{ControlError, Declaration, FlowChange, Reply, Request};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -16,10 +16,16 @@ use tonic::{Response, Status};
 /// Reads the pipeline's counters (the data path's totals) when a client asks.
 pub type PipelineCounters = Arc<dyn Fn() -> Vec<(String, u64)> + Send + Sync>;
 
+/// Reloads the run's program from its configuration (it may block while the workers take
+/// it): the generation they run, and what each worker's program kept; `Err` with why the
+/// configuration was refused.
+pub type Reloader = Arc<dyn Fn() -> Result<(u64, Vec<Taken>), String> + Send + Sync>;
+
 pub struct ControlService {
     plane: Arc<ControlPlane>,
     program: String,
     pipeline: PipelineCounters,
+    reloader: Option<Reloader>,
 }
 
 impl ControlService {
@@ -28,6 +34,15 @@ impl ControlService {
             plane,
             program: program.to_string(),
             pipeline,
+            reloader: None,
+        }
+    }
+
+    /// A service whose `Reload` calls `reloader` (a live switch's).
+    pub fn with_reloader(self, reloader: Reloader) -> Self {
+        ControlService {
+            reloader: Some(reloader),
+            ..self
         }
     }
 
@@ -104,6 +119,38 @@ type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Sta
 
 #[tonic::async_trait]
 impl control_server::Control for ControlService {
+    async fn reload(
+        &self,
+        request: tonic::Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadReply>, Status> {
+        let Some(reloader) = self.reloader.clone() else {
+            return Err(Status::unimplemented(
+                "this run cannot reload: only a live switch (stateplane run on interfaces) \
+                 reads its configuration again",
+            ));
+        };
+        let who = endpoint::client_of(&request);
+        log::info!("control API: reload by {who}");
+        let (generation, taken) = tokio::task::spawn_blocking(move || reloader())
+            .await
+            .map_err(|e| Status::internal(format!("the request's thread failed: {e}")))?
+            .map_err(|e| {
+                Status::failed_precondition(format!(
+                    "reload refused, the running program stays: {e}"
+                ))
+            })?;
+        let workers = (taken.iter())
+            .map(|t| pb::WorkerReload {
+                worker: t.worker as u32,
+                carried: t.carried.iter().map(convert::carried_to_pb).collect(),
+            })
+            .collect();
+        Ok(Response::new(pb::ReloadReply {
+            generation,
+            workers,
+        }))
+    }
+
     async fn describe(
         &self,
         _: tonic::Request<pb::DescribeRequest>,

@@ -315,6 +315,17 @@ impl Drop for Running {
     }
 }
 
+/// A run that cannot reload (this one has no configuration to read again) refuses the
+/// control API's `Reload` by name, rather than answer as if it had.
+#[test]
+fn a_reload_is_refused_where_the_run_cannot_reload() {
+    let config: toml::Value = toml::from_str("tables = 1").unwrap();
+    let running = Running::start("pipeline", config);
+    let mut client = Client::connect(&running.server.endpoint.to_string()).unwrap();
+    let e = client.reload().unwrap_err().to_string();
+    assert!(e.contains("this run cannot reload"), "{e}");
+}
+
 /// Rule text through gRPC: added, dumped back in the same form, modified and deleted by
 /// cookie; a bad line is refused with its line number and the InvalidArgument code.
 #[test]

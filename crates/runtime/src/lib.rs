@@ -53,6 +53,6 @@ pub use stateplane_replication::FlowBytes;
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{
-    Clock, ManualClock, PortsReport, Receive, Reload, Timekeeping, WallClock, WorkerPorts,
+    Clock, ManualClock, PortsReport, Receive, Reload, Taken, Timekeeping, WallClock, WorkerPorts,
     WorkerReport, WorkerSetup, run_worker, run_workers,
 };

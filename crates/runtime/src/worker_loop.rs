@@ -35,8 +35,9 @@ use crate::port::PortCounters;
 use crate::program::ProgramFactory;
 use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
 use crate::worker::Worker;
+use stateplane_api::Carried;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How long a stopping worker on a clock keeps draining its inputs at most.
@@ -217,6 +218,17 @@ pub struct PortsReport {
 pub struct Reload {
     generation: AtomicU64,
     factory: Mutex<ProgramFactory>,
+    /// What each worker's program kept when it took the newest generation (by worker).
+    taken: Mutex<Vec<Taken>>,
+    taken_changed: Condvar,
+}
+
+/// What one worker's new program kept of its old one's state, on taking a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub worker: usize,
+    pub generation: u64,
+    pub carried: Vec<Carried>,
 }
 
 impl Reload {
@@ -224,6 +236,43 @@ impl Reload {
         Reload {
             generation: AtomicU64::new(0),
             factory: Mutex::new(factory),
+            taken: Mutex::new(Vec::new()),
+            taken_changed: Condvar::new(),
+        }
+    }
+
+    /// Worker `worker` runs `generation` now, its program having kept `carried`.
+    fn record(&self, worker: usize, generation: u64, carried: Vec<Carried>) {
+        let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        taken.retain(|t| t.worker != worker);
+        taken.push(Taken {
+            worker,
+            generation,
+            carried,
+        });
+        taken.sort_by_key(|t| t.worker);
+        self.taken_changed.notify_all();
+    }
+
+    /// What the workers kept on taking `generation`, once `workers` of them have taken it
+    /// (or a later one) or `timeout` has passed (then those that had), by worker.
+    pub fn taken(&self, generation: u64, workers: usize, timeout: Duration) -> Vec<Taken> {
+        let deadline = Instant::now() + timeout;
+        let mut taken = self.taken.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let done: Vec<Taken> = (taken.iter())
+                .filter(|t| t.generation == generation)
+                .cloned()
+                .collect();
+            let now = Instant::now();
+            let past = taken.iter().filter(|t| t.generation >= generation).count();
+            if past >= workers || now >= deadline {
+                return done;
+            }
+            taken = (self.taken_changed)
+                .wait_timeout(taken, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -329,12 +378,13 @@ pub fn run_worker(
             let carried = worker.replace_program(factory(w), || factory(0));
             generation = g;
             log::info!("worker {w}: now running program generation {g}");
-            for c in carried {
+            for c in &carried {
                 match c.lost() {
                     false => log::info!("worker {w}: reload: {c}"),
                     true => log::warn!("worker {w}: reload: {c}"),
                 }
             }
+            reload.record(w, g, carried);
         }
         // 2. Each input in turn; on packet time, once the state stages can take more.
         if clock.is_none() {
@@ -990,6 +1040,18 @@ mod tests {
             [vec![Verdict::Forward(0); 4], vec![Verdict::Forward(1); 4]].concat()
         );
         assert_eq!(done.generation, 1);
+        // The new program took the old one's count of the first burst, and said so.
+        let taken = reload.taken(1, 1, Duration::ZERO);
+        let seen = stateplane_api::Carried::entries("seen", 4, 0, "");
+        assert_eq!(
+            taken,
+            [Taken {
+                worker: 0,
+                generation: 1,
+                carried: vec![seen]
+            }]
+        );
+        assert_eq!(reload.taken(2, 1, Duration::from_millis(10)), []);
     }
 
     /// Taps see every burst after the program (its verdicts set), in the order given, and

@@ -5,16 +5,16 @@ use crate::flow_export::FlowExport;
 use crate::summary::Outcome;
 use crate::{SetupResult, metrics};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use stateplane_control::server::{ControlService, PipelineCounters, Server};
+use stateplane_control::server::{ControlService, PipelineCounters, Reloader, Server};
 use stateplane_io::live::{self, RingConfig};
-use stateplane_runtime::Reload;
 use stateplane_runtime::live::{LiveQueues, run_live};
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
 use stateplane_runtime::{PortId, ProgramFactory};
+use stateplane_runtime::{Reload, Taken};
 use stateplane_runtime::{RunHandle, RuntimeConfig};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How long after the first SIGINT or SIGTERM another one means "stop at once, without
@@ -71,7 +71,7 @@ pub(crate) struct SignalThread {
 impl SignalThread {
     pub(crate) fn start(
         stop: Arc<AtomicBool>,
-        reload: Option<(Arc<Reload>, Rebuild)>,
+        reload: Option<Arc<Reloading>>,
     ) -> SetupResult<Self> {
         let wanted: &[i32] = match reload {
             Some(_) => &[SIGINT, SIGTERM, SIGHUP],
@@ -87,14 +87,9 @@ impl SignalThread {
             .spawn(move || {
                 let mut stops = StopSignals::default();
                 for signal in signals.forever() {
-                    if let (SIGHUP, Some((reload, rebuild))) = (signal, &reload) {
-                        match rebuild() {
-                            Ok(factory) => {
-                                let generation = reload.publish(factory);
-                                log::info!("reloaded the program (generation {generation})");
-                            }
-                            Err(e) => log::error!("reload refused, the running program stays: {e}"),
-                        }
+                    if let (SIGHUP, Some(reload)) = (signal, &reload) {
+                        // Said in the log, either way.
+                        let _ = reload.publish();
                         continue;
                     }
                     match stops.on_signal(Instant::now()) {
@@ -134,6 +129,46 @@ impl SignalThread {
 
 /// Rebuilds the program from the configuration as it is now (for SIGHUP).
 pub type Rebuild = Box<dyn Fn() -> SetupResult<ProgramFactory> + Send>;
+
+/// A live run's reloads, from SIGHUP or the control API's `Reload`, one at a time: the
+/// configuration read again and its program published to the workers.
+pub(crate) struct Reloading {
+    reload: Arc<Reload>,
+    rebuild: Mutex<Rebuild>,
+    workers: usize,
+}
+
+impl Reloading {
+    /// Publishes the program the configuration gives now: the generation the workers will
+    /// run; `Err` (the running program stays) with why it was refused. Logged either way.
+    fn publish(&self) -> Result<u64, String> {
+        let rebuild = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
+        match rebuild() {
+            Ok(factory) => {
+                let generation = self.reload.publish(factory);
+                log::info!("reloaded the program (generation {generation})");
+                Ok(generation)
+            }
+            Err(e) => {
+                log::error!("reload refused, the running program stays: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// As [`Reloading::publish`], then what each worker's program kept once every worker
+    /// runs it (at most [`RELOAD_WAIT`] later; a worker that has not is left out).
+    fn publish_and_wait(&self) -> Result<(u64, Vec<Taken>), String> {
+        let generation = self.publish()?;
+        Ok((
+            generation,
+            (self.reload).taken(generation, self.workers, RELOAD_WAIT),
+        ))
+    }
+}
+
+/// How long a reload through the control API waits for the workers to take it.
+const RELOAD_WAIT: Duration = Duration::from_secs(5);
 
 /// How live ports move packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,7 +331,21 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
     }
 
     let handle = Arc::new(RunHandle::new(workers));
-    let (_control_api, plane) = start_control(&run, &handle, &mut queues)?;
+    let reloading = Arc::new(Reloading {
+        reload: Arc::new(Reload::new(run.factory.clone())),
+        rebuild: Mutex::new(run.rebuild),
+        workers,
+    });
+    let reloader: Reloader = {
+        let reloading = reloading.clone();
+        Arc::new(move || reloading.publish_and_wait())
+    };
+    let (_control_api, plane) = start_control(
+        (&run.control, &run.program, &run.factory),
+        &handle,
+        &mut queues,
+        reloader,
+    )?;
     if let Some(addr) = run.metrics {
         metrics::serve(
             addr,
@@ -313,8 +362,8 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         log::info!("metrics on http://{addr}/metrics");
     }
 
-    let reload = Arc::new(Reload::new(run.factory.clone()));
-    let signals = SignalThread::start(handle.stop.clone(), Some((reload.clone(), run.rebuild)))?;
+    let reload = reloading.reload.clone();
+    let signals = SignalThread::start(handle.stop.clone(), Some(reloading))?;
     log::info!(
         "running {} on {} with {workers} worker(s); SIGINT or SIGTERM stops, SIGHUP reloads",
         run.program,
@@ -376,14 +425,15 @@ type Control = (
     Option<Arc<ControlPlane>>,
 );
 
-/// Connects the workers to a control plane and serves the control API, as `run.control`
-/// says.
+/// Connects the workers to a control plane and serves the control API, as the run's
+/// `control` address says, for its program's `factory`.
 fn start_control(
-    run: &LiveRun,
+    (control, program, factory): (&ControlAddr, &str, &ProgramFactory),
     handle: &Arc<RunHandle>,
     queues: &mut [LiveQueues],
+    reloader: Reloader,
 ) -> SetupResult<Control> {
-    let listen = match &run.control {
+    let listen = match control {
         ControlAddr::Off => {
             log::info!("no control API (control is off): ctl cannot reach this switch");
             return Ok((None, None));
@@ -393,7 +443,7 @@ fn start_control(
             stateplane_control::endpoint::default_socket(),
         ),
     };
-    let (plane, ends) = ControlPlane::new(queues.len(), run.factory.as_ref()(0));
+    let (plane, ends) = ControlPlane::new(queues.len(), factory.as_ref()(0));
     let stats = handle.clone();
     let pipeline: PipelineCounters = Arc::new(move || {
         let total = stats.totals();
@@ -402,8 +452,8 @@ fn start_control(
             .map(|&c| (c.name().to_string(), total.get(c)))
             .collect()
     });
-    let service = ControlService::new(plane.clone(), &run.program, pipeline);
-    let server = Server::start(&listen, service).map_err(|e| match run.control {
+    let service = ControlService::new(plane.clone(), program, pipeline).with_reloader(reloader);
+    let server = Server::start(&listen, service).map_err(|e| match control {
         ControlAddr::Default => format!(
             "--control: {e}; give this one --control ENDPOINT (unix:PATH or a loopback \
              address), or --control off to run without the control API"
