@@ -55,6 +55,9 @@ enum Command {
     /// Legitimate connections through conntrack, nat and lb under a flood at many times
     /// their table, with early drop on and off: the share of their packets served.
     BenchFlood(stateplane_bench::bench_flood::BenchFloodArgs),
+    /// How long a reload holds a worker while nat's new instance takes the old one's
+    /// translations: whole at the same capacity, one by one into another.
+    BenchReload(stateplane_bench::bench_reload::BenchReloadArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(stateplane_bench::bench_cache::BenchCacheArgs),
     /// TurboFlow's eviction model (Equations 1 and 2, Table 5) beside the microflow table
@@ -141,6 +144,7 @@ pub fn main() -> ExitCode {
         Command::BenchCache(args) => stateplane_bench::bench_cache::main(args),
         Command::BenchCatalog(args) => stateplane_bench::bench_catalog::main(args),
         Command::BenchFlood(args) => stateplane_bench::bench_flood::main(args),
+        Command::BenchReload(args) => stateplane_bench::bench_reload::main(args),
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
         Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
         Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),

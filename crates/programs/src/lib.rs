@@ -377,10 +377,12 @@ pub(crate) fn default_true() -> bool {
     true
 }
 
-/// A random seed for a program's tables, per process, so crafted traffic cannot aim at a
-/// bucket.
+/// A random seed for a program's tables, drawn once per process, so crafted traffic
+/// cannot aim at a bucket; the same for every build, so that a reload's tables hash as
+/// the old ones did and take their entries whole (`ExactTable::adopt`).
 pub(crate) fn table_seed() -> u64 {
-    FlowHasher::random().hash(&FlowKey::EMPTY)
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| FlowHasher::random().hash(&FlowKey::EMPTY))
 }
 
 /// How a program from outside this crate is built: from its settings (an empty table if

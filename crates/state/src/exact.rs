@@ -743,7 +743,10 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     /// table lacks is dropped. Each entry keeps its deadline: a changed timeout applies
     /// from the entry's next restart. The table's counts go on from `old`'s.
     pub fn adopt(&mut self, old: &mut Self) -> Adopted {
-        self.clear();
+        // A new table's slots are untouched: looking through them would cost a walk.
+        if self.len > 0 {
+            self.clear();
+        }
         self.stats = std::mem::take(&mut old.stats);
         let same_layout = self.meta.len() == old.meta.len()
             && self.seed == old.seed
