@@ -404,16 +404,7 @@ fn dual_moves_flows_to_the_survivor_when_a_switch_dies() {
     );
     // Every connection, those that crossed the dead switch included, still moves data in
     // the last second: the flows moved.
-    let intervals = report["intervals"].as_array().unwrap();
-    let last = intervals.last().unwrap()["streams"].as_array().unwrap();
-    assert_eq!(last.len(), 8);
-    for (i, stream) in last.iter().enumerate() {
-        let bytes = stream["bytes"].as_u64().unwrap();
-        assert!(
-            bytes > 0,
-            "connection {i} stalled after the failure: {report}"
-        );
-    }
+    every_stream_moved_at_the_end(&report, 8, "the failure");
     let survivor_now = lab.rx_packets(survivor, "p0");
     assert!(
         survivor_now > before.1,
@@ -835,6 +826,27 @@ fn metric_lines(lab: &Lab, node: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The packets `node` has dropped for `reason`, from its metrics (0 before the first).
+fn drops(lab: &Lab, node: &str, reason: &str) -> u64 {
+    let prefix = format!("stateplane_drops_total{{reason=\"{reason}\"}} ");
+    metric_lines(lab, node)
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+}
+
+/// Checks that each of `streams` iperf3 connections moved data in the report's last
+/// interval, `after` what (for the message).
+fn every_stream_moved_at_the_end(report: &serde_json::Value, streams: usize, after: &str) {
+    let intervals = report["intervals"].as_array().unwrap();
+    let last = intervals.last().unwrap()["streams"].as_array().unwrap();
+    assert_eq!(last.len(), streams);
+    for (i, stream) in last.iter().enumerate() {
+        let bytes = stream["bytes"].as_u64().unwrap();
+        assert!(bytes > 0, "connection {i} stalled after {after}: {report}");
+    }
+}
+
 fn lab_file(lab: &Lab, file: &str) -> PathBuf {
     std::env::var_os("STATEPLANE_LAB_DIR")
         .map_or_else(|| PathBuf::from("/run/stateplane/lab"), PathBuf::from)
@@ -1077,10 +1089,7 @@ fn tcp_through_conntrack_is_tracked_and_delivered() {
     iperf3(&lab, &["-n", "50M"], 4, || {});
     let invalid = || {
         std::thread::sleep(Duration::from_millis(300));
-        metric_lines(&lab, "s1")
-            .lines()
-            .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"invalid\"} "))
-            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+        drops(&lab, "s1", "invalid")
     };
     let before = invalid();
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5304);
@@ -1149,10 +1158,7 @@ fn ipv6_crosses_nat_only_as_the_inside_opens_it() {
     let out = ping("h2", "fe80::ff:fe00:101%eth0");
     assert!(out.contains(" 0 received"), "h2 does not reach h1:\n{out}");
     std::thread::sleep(Duration::from_millis(300));
-    let unsolicited = metric_lines(&lab, "s1")
-        .lines()
-        .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"unsolicited\"} "))
-        .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    let unsolicited = drops(&lab, "s1", "unsolicited");
     assert!(
         unsolicited >= 3,
         "h2's echo requests counted: {unsolicited}"
@@ -1190,12 +1196,7 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
         });
         assert!(logged, "{}", std::fs::read_to_string(&log).unwrap());
     };
-    let no_translation = || {
-        metric_lines(&lab, "s1")
-            .lines()
-            .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"no_translation\"} "))
-            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
-    };
+    let no_translation = || drops(&lab, "s1", "no_translation");
     // Answers dropped as unknown from before the first reload to a second after the
     // last, while every connection is open (each closing connection's last answers may
     // come after its translation has gone, as they do without reloads).
@@ -1218,16 +1219,7 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
         unknown.0, unknown.1,
         "no answer went unknown across the reloads"
     );
-    let intervals = report["intervals"].as_array().unwrap();
-    let last = intervals.last().unwrap()["streams"].as_array().unwrap();
-    assert_eq!(last.len(), 4);
-    for (i, stream) in last.iter().enumerate() {
-        let bytes = stream["bytes"].as_u64().unwrap();
-        assert!(
-            bytes > 0,
-            "connection {i} stalled after the reloads: {report}"
-        );
-    }
+    every_stream_moved_at_the_end(&report, 4, "the reloads");
     let text_log = std::fs::read_to_string(&log).unwrap();
     let kept: Vec<u64> = (text_log.lines())
         .filter_map(|l| l.split("reload: translations: kept ").nth(1))
@@ -1342,10 +1334,7 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5308);
     assert_eq!(sent, received, "every byte through the firewall");
     std::thread::sleep(Duration::from_millis(300));
-    let unsolicited = metric_lines(&lab, "s1")
-        .lines()
-        .find_map(|l| l.strip_prefix("stateplane_drops_total{reason=\"unsolicited\"} "))
-        .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    let unsolicited = drops(&lab, "s1", "unsolicited");
     assert!(unsolicited >= 2, "h2's pings are counted: {unsolicited}");
     // Real TCP (window scaling, SACK, timestamps, four streams) stays within its windows:
     // the window checks refuse none of it (drops are listed once counted).
