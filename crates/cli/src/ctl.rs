@@ -472,12 +472,19 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             }
         }
         CtlCommand::Reload => {
-            let (generation, workers) = client.reload().map_err(|e| e.to_string())?;
+            let reloaded = client.reload().map_err(|e| e.to_string())?;
+            let generation = reloaded.generation;
             println!("reloaded the program (generation {generation})");
-            for taken in workers {
-                for c in taken.carried {
+            for taken in &reloaded.taken {
+                for c in &taken.carried {
                     println!("worker {}: {c}", taken.worker);
                 }
+            }
+            for worker in reloaded.not_taken() {
+                println!(
+                    "worker {worker}: had not taken generation {generation} when the switch \
+                     answered (it does between two bursts; its log says what it kept)"
+                );
             }
         }
         CtlCommand::Stats { table } => {

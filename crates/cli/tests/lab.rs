@@ -1235,6 +1235,10 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
         "{said}"
     );
     assert!(
+        !said.contains("had not taken"),
+        "the one worker took it: {said}"
+    );
+    assert!(
         said.contains(&format!("worker 0: translations: kept {} entries", kept[1])),
         "{said}"
     );

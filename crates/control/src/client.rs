@@ -10,6 +10,26 @@ use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+/// What a reload through the control API did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The program generation the workers run now.
+    pub generation: u64,
+    /// The run's workers.
+    pub workers_running: usize,
+    /// What each worker that took the new program within the switch's wait kept.
+    pub taken: Vec<Taken>,
+}
+
+impl Reloaded {
+    /// The workers that had not taken the new program when the switch answered.
+    pub fn not_taken(&self) -> Vec<usize> {
+        (0..self.workers_running)
+            .filter(|w| !self.taken.iter().any(|t| t.worker == *w))
+            .collect()
+    }
+}
+
 pub struct Client {
     runtime: tokio::runtime::Runtime,
     inner: ControlClient<InterceptedService<Channel, AddToken>>,
@@ -368,7 +388,7 @@ impl Client {
     /// Reloads the switch's program from its configuration: the generation the workers
     /// run, and what each worker's program kept of the old one's state (by worker). The
     /// declarations are read again.
-    pub fn reload(&mut self) -> Result<(u64, Vec<Taken>), ClientError> {
+    pub fn reload(&mut self) -> Result<Reloaded, ClientError> {
         let reply = (self.runtime)
             .block_on(self.inner.reload(pb::ReloadRequest {}))?
             .into_inner();
@@ -383,7 +403,11 @@ impl Client {
             })
             .collect::<Result<_, ClientError>>()?;
         self.refresh()?;
-        Ok((reply.generation, workers))
+        Ok(Reloaded {
+            generation: reply.generation,
+            workers_running: reply.workers_running as usize,
+            taken: workers,
+        })
     }
 
     pub fn stats(&mut self, table: &str) -> Result<pb::StatsReply, ClientError> {
@@ -531,5 +555,32 @@ fn update_of(w: &Write, d: &Declaration, key: &[Field]) -> pb::Update {
     pb::Update {
         r#type: t as i32,
         entry: Some(entry),
+    }
+}
+
+#[cfg(test)]
+mod reload_tests {
+    use super::*;
+
+    /// A reload's answer names the workers that had not taken the new program: those of
+    /// the run missing from what was taken.
+    #[test]
+    fn the_workers_missing_from_a_reload_are_named() {
+        let taken = |worker| Taken {
+            worker,
+            generation: 3,
+            carried: Vec::new(),
+        };
+        let reloaded = Reloaded {
+            generation: 3,
+            workers_running: 4,
+            taken: vec![taken(0), taken(2)],
+        };
+        assert_eq!(reloaded.not_taken(), [1, 3]);
+        let all = Reloaded {
+            taken: (0..4).map(taken).collect(),
+            ..reloaded
+        };
+        assert_eq!(all.not_taken(), Vec::<usize>::new());
     }
 }

@@ -148,6 +148,7 @@ impl control_server::Control for ControlService {
         Ok(Response::new(pb::ReloadReply {
             generation,
             workers,
+            workers_running: self.plane.worker_count() as u32,
         }))
     }
 

@@ -151,6 +151,11 @@ pub struct WorkerControl {
 impl ControlPlane {
     /// A control plane for `workers` workers running the program `preparer` is an instance
     /// of (from the same factory); returns each worker's end.
+    /// How many workers the control plane reaches.
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
     pub fn new(workers: usize, preparer: Box<dyn Running>) -> (Arc<Self>, Vec<WorkerControl>) {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..workers)
             .map(|_| crossbeam_channel::bounded::<Job>(64))
