@@ -2,8 +2,8 @@
 //! (`clap`), runs, and prints a table, with CSV and a chart when asked.
 //!
 //! Owns: `bench` (Mpps per core on an in-memory replay), `bench_addonmiss`,
-//! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_pipeline`, `bench_reload` (a
-//! reload's pause), `bench_sync` (the sync
+//! `bench_cache`, `bench_catalog`, `bench_flows`, `bench_lb` (what run-time backend
+//! changes move), `bench_pipeline`, `bench_reload` (a reload's pause), `bench_sync` (the sync
 //! cores' rate experiment, in virtual time), `bench_tables`,
 //! `lab_bench` (real TCP through a lab), `draw` (`stateplane chart`: a script's CSV as
 //! a chart); what they share: [`statistics`] (median, percentiles), [`results`] (the CSV
@@ -20,6 +20,7 @@ pub mod bench_catalog;
 pub mod bench_flood;
 pub mod bench_flow_model;
 pub mod bench_flows;
+pub mod bench_lb;
 pub mod bench_pipeline;
 pub mod bench_reload;
 pub mod bench_replication;

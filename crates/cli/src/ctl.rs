@@ -558,7 +558,10 @@ fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
     if args.entry.is_empty() && args.file.is_none() {
         return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
     }
-    let command_line = (!args.entry.is_empty()).then(|| args.entry.join(" "));
+    let mut command_line = (!args.entry.is_empty()).then(|| args.entry.join(" "));
+    if let (Op::Modify, Some(line)) = (op, &command_line) {
+        command_line = Some(keeping_params(client, &d, &args.table, line)?);
+    }
     let writes = || -> CliResult<_> {
         let file = match &args.file {
             Some(path) => Some((
@@ -596,6 +599,27 @@ fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
     Ok(())
 }
 
+/// An entry given on the command line to `modify`, with the parameters it leaves out
+/// taken from the entry as the switch has it (so `modify backends ... down` keeps the
+/// backend's weight); a file gives every parameter.
+fn keeping_params(
+    client: &mut Client,
+    d: &Declaration,
+    table: &str,
+    line: &str,
+) -> CliResult<String> {
+    if text::parse_entry(d, line).is_ok() {
+        return Ok(line.to_string());
+    }
+    let key = text::parse_entry_key(d, line)?;
+    let (_, entries) = client.read(table, Some(&key)).map_err(|e| e.to_string())?;
+    let Some(current) = entries.first() else {
+        return Err(format!("{table} has no entry {}", text::print_key(d, &key)));
+    };
+    let entry = text::parse_entry_keeping(d, line, Some(current))?;
+    Ok(text::print_entry(d, &entry))
+}
+
 /// The writes an entry on the command line and a file of entries (one per line, `#`
 /// comments) ask for, parsed one at a time as they are taken; an error names where.
 fn parsed_writes(
@@ -625,15 +649,8 @@ fn parsed_writes(
             let parsed = match op {
                 Op::Insert => text::parse_entry(&d, line).map(Write::Insert),
                 Op::Modify => text::parse_entry(&d, line).map(Write::Modify),
-                Op::Delete => {
-                    // A key, or a whole entry as `read` prints it (the key is taken).
-                    let words: Vec<&str> = line.split_whitespace().collect();
-                    let key_words = words
-                        .iter()
-                        .position(|w| !w.contains('='))
-                        .map_or(&words[..], |at| &words[..at]);
-                    text::parse_key(&d, key_words).map(Write::Delete)
-                }
+                // A key, or a whole entry as `read` prints it (the key is taken).
+                Op::Delete => text::parse_entry_key(&d, line).map(Write::Delete),
             };
             Some(parsed.map_err(|e| format!("{at}: {e}")))
         })

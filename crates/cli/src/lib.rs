@@ -58,6 +58,9 @@ enum Command {
     /// How long a reload holds a worker while nat's new instance takes the old one's
     /// translations: whole at the same capacity, one by one into another.
     BenchReload(stateplane_bench::bench_reload::BenchReloadArgs),
+    /// What lb's backend changes at run time move: new connections remapped against the
+    /// least any scheme must and a modulo hash, and every open connection kept.
+    BenchLb(stateplane_bench::bench_lb::BenchLbArgs),
     /// The microflow cache's hit rate against its size and ways on generated traces.
     BenchCache(stateplane_bench::bench_cache::BenchCacheArgs),
     /// TurboFlow's eviction model (Equations 1 and 2, Table 5) beside the microflow table
@@ -145,6 +148,7 @@ pub fn main() -> ExitCode {
         Command::BenchCatalog(args) => stateplane_bench::bench_catalog::main(args),
         Command::BenchFlood(args) => stateplane_bench::bench_flood::main(args),
         Command::BenchReload(args) => stateplane_bench::bench_reload::main(args),
+        Command::BenchLb(args) => stateplane_bench::bench_lb::main(args),
         Command::BenchFlows(args) => stateplane_bench::bench_flows::main(args),
         Command::BenchFlowModel(args) => stateplane_bench::bench_flow_model::main(args),
         Command::BenchSyncRate(args) => stateplane_bench::bench_sync::main(args),

@@ -1355,10 +1355,13 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
 }
 
 /// `lb` on live ports: h1's connections to the VIP are spread over h2 and h3 and each is
-/// answered whole; once h3 is marked down through `ctl`, every new connection reaches h2;
-/// iperf3's streams (a VIP with client affinity) all meet one backend.
+/// answered whole; once h3 is marked down through `ctl`, every new connection reaches h2.
+/// Backends change at run time through `ctl`: h3 deleted and inserted again with weight
+/// 3 takes most new connections; a backend drained keeps a connection open on it while
+/// every new one goes to the other. iperf3's streams (a VIP with client affinity) all
+/// meet one backend.
 #[test]
-fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
+fn a_load_balancer_spreads_connections_and_its_backends_change_at_run_time() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up("line-lb.toml", "tlb");
     // Each backend answers every connection with its name, for up to 40 s.
@@ -1377,14 +1380,24 @@ fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
             .spawn()
             .unwrap()
     };
+    // Each backend answers a connection with its name, and again each time the client
+    // writes, until the client closes.
     let mut servers: Vec<std::process::Child> = ["h2", "h3"]
         .iter()
         .map(|&host| {
             let code = format!(
-                "import socket\n\
+                "import socket,threading\n\
                  s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
                  s.bind(('0.0.0.0',5300)); s.listen(64); s.settimeout(40)\n\
-                 while True:\n    c,a=s.accept(); c.sendall(b'{host}'); c.close()"
+                 def serve(c):\n    \
+                 c.settimeout(30)\n    \
+                 try:\n        \
+                 c.sendall(b'{host}')\n        \
+                 while c.recv(16): c.sendall(b'{host}')\n    \
+                 except OSError: pass\n    \
+                 c.close()\n\
+                 while True:\n    \
+                 c,a=s.accept(); threading.Thread(target=serve,args=(c,),daemon=True).start()"
             );
             spawn_in(host, &["python3", "-c", &code])
         })
@@ -1430,6 +1443,83 @@ fn a_load_balancer_spreads_connections_and_spares_a_backend_marked_down() {
         backends.contains("address=198.18.0.3 port=5300 proto=6 down"),
         "{backends}"
     );
+
+    // Deleted, h3 is gone from the table; inserted again with weight 3 (as an operator
+    // adds a server), it takes about three new connections in four.
+    let h3 = ["address=198.18.0.3", "port=5300", "proto=6"];
+    let ok = |args: &[&str]| {
+        let out = ctl(&lab, args);
+        assert!(out.status.success(), "ctl {args:?}: {}", text(&out));
+        text(&out)
+    };
+    ok(&[&["delete", "backends"][..], &h3].concat());
+    let backends = ok(&["read", "backends"]);
+    assert!(!backends.contains("198.18.0.3 port=5300"), "{backends}");
+    let settings = [
+        "up",
+        "vip=198.18.0.100",
+        "vip_port=5300",
+        "weight=3",
+        "via=2",
+        "mac=02:00:00:00:01:03",
+    ];
+    ok(&[&["insert", "backends"][..], &h3, &settings].concat());
+    let weighted = names(40);
+    assert!(on("h3", &weighted) >= 22, "weight 3 of 4: {weighted:?}");
+
+    // A connection held open on one backend, which is then drained: new connections go
+    // to the other, and the held one is still answered by its own.
+    let held_client = "import socket,sys\n\
+         c=socket.create_connection(('198.18.0.100',5300),timeout=10)\n\
+         print(c.recv(16).decode(),flush=True)\n\
+         sys.stdin.readline()\n\
+         c.sendall(b'again'); print(c.recv(16).decode(),flush=True)";
+    let mut held = Command::new("ip")
+        .args(["netns", "exec", &format!("sp-{}-h1", lab.name)])
+        .args(["timeout", "30", "python3", "-c", held_client])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut answers = BufReader::new(held.stdout.take().unwrap());
+    let mut first = String::new();
+    answers.read_line(&mut first).unwrap();
+    let first = first.trim().to_string();
+    let (drained, other) = match first.as_str() {
+        "h2" => ("198.18.0.2", "h3"),
+        "h3" => ("198.18.0.3", "h2"),
+        _ => panic!("the held connection was answered by {first:?}"),
+    };
+    let address = format!("address={drained}");
+    ok(&[
+        "modify",
+        "backends",
+        &address,
+        "port=5300",
+        "proto=6",
+        "drain",
+    ]);
+    let backends = ok(&["read", "backends"]);
+    assert!(
+        backends.contains(&format!(
+            "{address} port=5300 proto=6 drain vip=198.18.0.100"
+        )),
+        "the drain kept the backend's settings: {backends}"
+    );
+    let after_drain = names(20);
+    assert_eq!(on(other, &after_drain), 20, "{after_drain:?}");
+    use std::io::Write as _;
+    writeln!(held.stdin.take().unwrap()).unwrap();
+    let mut second = String::new();
+    answers.read_line(&mut second).unwrap();
+    assert_eq!(
+        second.trim(),
+        first,
+        "the drained backend kept its connection"
+    );
+    assert!(held.wait().unwrap().success());
+    let stats = ok(&["stats", "backends"]);
+    assert!(stats.contains("drain"), "{stats}");
     for server in &mut servers {
         let _ = server.kill();
         let _ = server.wait();

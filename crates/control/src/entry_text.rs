@@ -162,6 +162,23 @@ fn field_names(fields: &[Field]) -> String {
 
 /// Parses a whole entry: key words, then the action, then its parameters.
 pub fn parse_entry(d: &Declaration, text: &str) -> Result<Entry, String> {
+    parse_entry_keeping(d, text, None)
+}
+
+/// The key of an entry's text (the words before its action), or of a bare key.
+pub fn parse_entry_key(d: &Declaration, text: &str) -> Result<Vec<Match>, String> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let at = words.iter().position(|w| !w.contains('='));
+    parse_key(d, at.map_or(&words[..], |at| &words[..at]))
+}
+
+/// As [`parse_entry`], with each parameter left out taken from `current` (the entry as
+/// it is) when its action has one of that name: what `modify` on the command line does.
+pub fn parse_entry_keeping(
+    d: &Declaration,
+    text: &str,
+    current: Option<&Entry>,
+) -> Result<Entry, String> {
     let (_, actions) = shape(d)?;
     let words: Vec<&str> = text.split_whitespace().collect();
     let Some(at) = words.iter().position(|w| !w.contains('=')) else {
@@ -205,10 +222,19 @@ pub fn parse_entry(d: &Declaration, text: &str) -> Result<Entry, String> {
         };
         params[i] = Some(parse_value(&action.params[i], text)?);
     }
+    let kept = |name: &str| {
+        let current = current?;
+        let was = actions.iter().find(|a| a.name == current.action)?;
+        let i = was.params.iter().position(|p| p.name == name)?;
+        current.params.get(i).copied()
+    };
     let params = params
         .into_iter()
         .zip(&action.params)
-        .map(|(v, p)| v.ok_or_else(|| format!("action `{}` needs `{}=...`", action.name, p.name)))
+        .map(|(v, p)| {
+            v.or_else(|| kept(&p.name))
+                .ok_or_else(|| format!("action `{}` needs `{}=...`", action.name, p.name))
+        })
         .collect::<Result<_, _>>()?;
     Ok(Entry {
         key,
@@ -321,5 +347,46 @@ mod tests {
             err("mac=02:00:00:00:00:01 dst=1.2.3.4 src=* port=1 send").contains("needs `port=...`")
         );
         assert!(err("vlan=3 send").contains("its key is: mac dst src port"));
+    }
+
+    #[test]
+    fn a_modify_keeps_the_parameters_it_leaves_out() {
+        let f = Field::new;
+        let action = |name: &str| Action {
+            name: name.into(),
+            params: vec![
+                f("weight", 16, Format::Int, MatchKind::Exact),
+                f("mac", 48, Format::Mac, MatchKind::Exact),
+            ],
+        };
+        let d = Declaration {
+            name: "backends".into(),
+            capacity: 4,
+            guarantees: vec![Guarantee::Local],
+            kind: Kind::Table {
+                key: vec![f("address", 32, Format::Ipv4, MatchKind::Exact)],
+                actions: vec![action("up"), action("down")],
+                writable: true,
+            },
+        };
+        let current =
+            parse_entry(&d, "address=198.18.0.2 up weight=3 mac=02:00:00:00:00:02").unwrap();
+        let down = parse_entry_keeping(&d, "address=198.18.0.2 down", Some(&current)).unwrap();
+        assert_eq!(
+            (down.action.as_str(), down.params),
+            ("down", vec![3, 0x0200_0000_0002])
+        );
+        let heavier =
+            parse_entry_keeping(&d, "address=198.18.0.2 up weight=5", Some(&current)).unwrap();
+        assert_eq!(heavier.params, [5, 0x0200_0000_0002]);
+        assert!(
+            parse_entry(&d, "address=198.18.0.2 down")
+                .unwrap_err()
+                .contains("needs `weight=...`")
+        );
+        assert_eq!(
+            parse_entry_key(&d, "address=198.18.0.2 up weight=3").unwrap(),
+            parse_entry_key(&d, "address=198.18.0.2").unwrap()
+        );
     }
 }

@@ -9,10 +9,13 @@
 //! of the backend's port; the backend's answers come back with the VIP as their source.
 //! Answers need no per-connection state: a backend (address, port, protocol) serves one VIP.
 //!
-//! Health is the control plane's: `ctl modify backends address=A port=P proto=6 down`
-//! takes a backend out of its VIP's table; its connections move to others at their next
-//! packet (counted in `moved`), and every other connection stays where it is. Marking it
-//! `up` gives it its slots back for new connections.
+//! Backends are the control plane's while the switch runs (the `backends` table): `ctl
+//! insert` adds one to a configured VIP, `ctl modify` sets it `up`, `drain` (out of the
+//! VIP's table for new connections, its own connections stay until they end) or `down`
+//! (its connections move to others at their next packet, counted in `moved`) and sets its
+//! weight (its share of the table), `ctl delete` removes it (as `down`, and its answers are
+//! no longer taken). Every other connection stays where it is: the tables are filled
+//! again, and only new connections read them.
 //!
 //! A VIP may hash clients instead of connections (`affinity = "client"`): every
 //! connection of a client goes to one backend, for protocols that open several
@@ -31,11 +34,12 @@
 //! connection, its timer and packet count updated by every packet; it may be
 //! `replicated`: its state and backend, not its count, so that established connections
 //! only read) and `backends`
-//! (declared; key address, port and protocol; action `up` or `down`; read-centric, shared
-//! by the workers, written by the control plane). Configuration: `clients` (port, default
-//! 0), `servers` (the default port of backends, default 1), `vips`, `capacity`
-//! (connections per worker, default 65536), `table_size` (Maglev slots per VIP, a prime,
-//! default 65537), `early_drop` (default true), `timeouts` in seconds.
+//! (declared; key address, port and protocol; action `up`, `drain` or `down` with the
+//! VIP, weight, port and MAC; read-centric, shared by the workers, written by the control
+//! plane). Configuration: `clients` (port, default 0), `servers` (the default port of
+//! backends, default 1), `vips`, `capacity` (connections per worker, default 65536),
+//! `table_size` (Maglev slots per VIP, a prime, default 65537), `max_backends` (default
+//! 4096), `early_drop` (default true), `timeouts` in seconds.
 //!
 //! A connection opened by a SYN is `tcp_new` until the client's next packet (its ACK of the
 //! handshake), with a short timeout (`tcp_new`, 60 s, as IPVS's SYN_RECV). A full table
@@ -74,6 +78,10 @@ pub struct LbConfig {
     pub capacity: usize,
     #[serde(default = "default_table_size")]
     pub table_size: usize,
+    /// How many backends the run may have had in all, those the control plane inserts
+    /// and deletes included.
+    #[serde(default = "default_max_backends")]
+    pub max_backends: usize,
     /// A full table drops an unestablished connection to make room for a new one.
     #[serde(default = "crate::default_true")]
     pub early_drop: bool,
@@ -105,6 +113,9 @@ pub struct BackendConfig {
     pub via: Option<String>,
     /// The MAC address to send to; unchanged by default.
     pub mac: Option<String>,
+    /// Its share of new connections against the VIP's other backends (1 to 256).
+    #[serde(default = "default_weight")]
+    pub weight: u16,
 }
 
 fn default_clients() -> String {
@@ -129,6 +140,14 @@ fn default_capacity() -> usize {
 
 fn default_table_size() -> usize {
     65_537
+}
+
+fn default_max_backends() -> usize {
+    4096
+}
+
+fn default_weight() -> u16 {
+    1
 }
 
 /// Idle timeouts of affinity entries, in seconds (those of Linux IPVS).
@@ -221,6 +240,27 @@ const NOT_BACKEND: DropReason = DropReason::program(3);
 const FRAGMENT: DropReason = DropReason::program(4);
 const TRUNCATED: DropReason = DropReason::program(5);
 
+/// What a backend takes. Its place in `Pools::backends` outlives it: an affinity names a
+/// backend by place, so a place is never given to another backend while the switch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BackendState {
+    /// New connections (its share of the Maglev table) and its own.
+    Up,
+    /// Its own connections only: out of the Maglev table, so that it empties as they end.
+    Drain,
+    /// Nothing: its connections move to the others at their next packet.
+    Down,
+    /// Deleted through the control plane: as `Down`, and no longer read or answered for.
+    Removed,
+}
+
+/// The `backends` table's actions, by `BackendState` (`Removed` is no action).
+const BACKEND_STATES: [&str; 3] = ["up", "drain", "down"];
+
+/// The heaviest weight a backend may have (HAProxy's bound): enough for any ratio an
+/// operator sets, light enough that the lightest backend keeps slots in a 65537-slot table.
+const MAX_WEIGHT: u16 = 256;
+
 #[derive(Debug, Clone)]
 struct Backend {
     address: [u8; 4],
@@ -229,13 +269,20 @@ struct Backend {
     via: PortId,
     mac: Option<[u8; 6]>,
     vip: u16,
-    up: bool,
+    weight: u16,
+    state: BackendState,
 }
 
 impl Backend {
     /// What Maglev knows it by: its address and port, not its place in the configuration.
     fn identity(&self) -> u64 {
         endpoint(self.address, self.port, self.proto)
+    }
+
+    /// Whether a connection of VIP `vip` that has this backend stays with it.
+    #[inline]
+    fn keeps(&self, vip: u16) -> bool {
+        matches!(self.state, BackendState::Up | BackendState::Drain) && self.vip == vip
     }
 }
 
@@ -244,9 +291,7 @@ struct Vip {
     address: [u8; 4],
     port: u16,
     by_client: bool,
-    /// Its backends, by index.
-    members: Vec<u16>,
-    /// The Maglev table over its members that are up (empty: none is).
+    /// The Maglev table over its backends that are up (empty: none is).
     table: Arc<Vec<u16>>,
 }
 
@@ -255,28 +300,32 @@ fn endpoint(address: [u8; 4], port: u16, proto: u8) -> u64 {
     u64::from(u32::from_be_bytes(address)) << 24 | u64::from(port) << 8 | u64::from(proto)
 }
 
-/// The pools, shared read-only by every worker and replaced whole when health changes.
+/// The pools, shared read-only by every worker and replaced whole when the control plane
+/// changes a backend.
 #[derive(Clone)]
 pub struct Pools {
     vips: Vec<Vip>,
+    /// Every backend the run has had, by place (see `BackendState`).
     backends: Vec<Backend>,
     /// VIP endpoint -> VIP index.
     vip_of: ExactTable<u64, u16>,
-    /// Backend endpoint -> backend index.
+    /// Backend endpoint -> backend index, for the backends not removed.
     backend_of: ExactTable<u64, u16>,
     table_size: usize,
+    /// How many places `backends` may take (`max_backends`).
+    max_backends: usize,
+    clients: PortId,
 }
 
 impl Pools {
-    /// Fills VIP `v`'s Maglev table from its members that are up.
+    /// Fills VIP `v`'s Maglev table from its backends that are up.
     fn fill(&mut self, v: usize) {
-        let members: Vec<maglev::Member> = (self.vips[v].members.iter())
-            .map(|&b| &self.backends[usize::from(b)])
-            .zip(&self.vips[v].members)
-            .filter(|(b, _)| b.up)
-            .map(|(b, &index)| maglev::Member {
-                index,
+        let members: Vec<maglev::Member> = (self.backends.iter().enumerate())
+            .filter(|(_, b)| usize::from(b.vip) == v && b.state == BackendState::Up)
+            .map(|(index, b)| maglev::Member {
+                index: index as u16,
                 identity: b.identity(),
+                weight: b.weight,
             })
             .collect();
         self.vips[v].table = Arc::new(maglev::populate(&members, self.table_size));
@@ -289,52 +338,212 @@ impl Pools {
         (!table.is_empty()).then(|| table[(hash % table.len() as u64) as usize])
     }
 
-    /// Applies health writes (each a `Modify` to `up` or `down`); nothing changes if one
-    /// is refused.
+    /// Applies the control plane's writes to `backends`, in order: an insert adds a backend
+    /// to a configured VIP, a modify sets its state, weight, port or MAC, a delete removes
+    /// it. The caller keeps the pools from before when one is refused.
     fn apply(&mut self, writes: &[Write]) -> Result<(), ControlError> {
         let mut changed = Vec::new();
         for w in writes {
-            let Write::Modify(entry) = w else {
-                return Err(ControlError::Invalid {
-                    what: "backends".into(),
-                    why: "the backends come from the configuration; modify one to `up` or \
-                          `down`"
-                        .into(),
-                });
+            let v = match w {
+                Write::Insert(entry) => self.insert(entry)?,
+                Write::Modify(entry) => self.modify(entry)?,
+                Write::Delete(key) => self.remove(key)?,
             };
-            let (address, port, proto) = backend_key(&entry.key);
-            let b = self
-                .backend_of
-                .get(&endpoint(address, port, proto))
-                .copied()
-                .ok_or(ControlError::NoSuchEntry {
-                    table: "backends".into(),
-                })?;
-            changed.push((b, entry.action == "up"));
+            changed.push(v);
         }
-        for (b, up) in changed {
-            let backend = &mut self.backends[usize::from(b)];
-            if backend.up != up {
-                backend.up = up;
-                let v = usize::from(backend.vip);
-                self.fill(v);
-            }
+        changed.sort_unstable();
+        changed.dedup();
+        for v in changed {
+            self.fill(usize::from(v));
         }
         Ok(())
     }
 
+    /// Adds the backend `entry` describes; returns its VIP.
+    fn insert(&mut self, entry: &Entry) -> Result<u16, ControlError> {
+        let (address, port, proto) = backend_key(&entry.key);
+        let key = endpoint(address, port, proto);
+        if self.backend_of.get(&key).is_some() {
+            return Err(ControlError::Exists {
+                table: "backends".into(),
+            });
+        }
+        let settings = self.settings(entry)?;
+        let vip = (self.vip_of)
+            .get(&endpoint(settings.vip_address, settings.vip_port, proto))
+            .copied()
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}:{} (proto {proto}) is not a VIP of the configuration; a backend joins \
+                 one of its VIPs (VIPs are not added at run time)",
+                    std::net::Ipv4Addr::from(settings.vip_address),
+                    settings.vip_port
+                ))
+            })?;
+        let backend = Backend {
+            address,
+            port,
+            proto,
+            via: settings.via,
+            mac: settings.mac,
+            vip,
+            weight: settings.weight,
+            state: settings.state,
+        };
+        // A backend deleted and inserted again takes back its place (and the connections
+        // still naming it); any other takes a new one.
+        let place = match (self.backends.iter()).position(|b| b.identity() == key) {
+            Some(place) => place,
+            None if self.backends.len() < self.max_backends => {
+                self.backends.push(backend.clone());
+                self.backends.len() - 1
+            }
+            None => {
+                return Err(invalid(format!(
+                    "the run has given all {} backend places (max_backends), deleted \
+                     backends' included, as a place is never given to another backend while \
+                     connections may name it; raise max_backends (a reload starts again \
+                     from the configuration's backends)",
+                    self.max_backends
+                )));
+            }
+        };
+        self.backends[place] = backend;
+        if self.backend_of.add_entry(key, place as u16, 0, 0).is_err() {
+            return Err(ControlError::TableFull {
+                table: "backends".into(),
+                capacity: self.max_backends,
+            });
+        }
+        Ok(vip)
+    }
+
+    /// Changes the backend `entry` names; returns its VIP.
+    fn modify(&mut self, entry: &Entry) -> Result<u16, ControlError> {
+        let b = self.place(&entry.key)?;
+        let settings = self.settings(entry)?;
+        let backend = &mut self.backends[b];
+        let vip = &self.vips[usize::from(backend.vip)];
+        if (settings.vip_address, settings.vip_port) != (vip.address, vip.port) {
+            return Err(invalid(
+                "a backend serves one VIP while it is there (answers tell their VIP by their \
+                 backend); delete it and insert it with the other VIP"
+                    .to_string(),
+            ));
+        }
+        backend.via = settings.via;
+        backend.mac = settings.mac;
+        backend.weight = settings.weight;
+        backend.state = settings.state;
+        Ok(backend.vip)
+    }
+
+    /// Removes the backend `key` names; returns its VIP.
+    fn remove(&mut self, key: &[Match]) -> Result<u16, ControlError> {
+        let b = self.place(key)?;
+        let backend = &mut self.backends[b];
+        backend.state = BackendState::Removed;
+        self.backend_of.delete(&backend.identity());
+        Ok(backend.vip)
+    }
+
+    /// The place of the backend (not removed) with the checked `backends` key `key`.
+    fn place(&self, key: &[Match]) -> Result<usize, ControlError> {
+        let (address, port, proto) = backend_key(key);
+        (self.backend_of.get(&endpoint(address, port, proto)))
+            .map(|&b| usize::from(b))
+            .ok_or(ControlError::NoSuchEntry {
+                table: "backends".into(),
+            })
+    }
+
+    /// The settings a checked `backends` entry gives.
+    fn settings(&self, entry: &Entry) -> Result<BackendSettings, ControlError> {
+        let p = |i: usize| entry.params.get(i).copied().unwrap_or(0);
+        let state = match (BACKEND_STATES.iter()).position(|&s| s == entry.action) {
+            Some(0) => BackendState::Up,
+            Some(1) => BackendState::Drain,
+            _ => BackendState::Down,
+        };
+        let weight = p(2) as u16;
+        if weight == 0 || weight > MAX_WEIGHT {
+            return Err(invalid(format!(
+                "weight {} is not from 1 to {MAX_WEIGHT}; `drain` stops new connections \
+                 (IPVS's weight 0)",
+                p(2)
+            )));
+        }
+        let via = p(3) as PortId;
+        if via == self.clients {
+            return Err(invalid(
+                "a backend must be reached by a port other than the clients' port (via)"
+                    .to_string(),
+            ));
+        }
+        let mac = (p(4) != 0).then(|| {
+            let bytes = (p(4) as u64).to_be_bytes();
+            [bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7]]
+        });
+        Ok(BackendSettings {
+            vip_address: (p(0) as u32).to_be_bytes(),
+            vip_port: p(1) as u16,
+            weight,
+            via,
+            mac,
+            state,
+        })
+    }
+
     fn entry(&self, b: &Backend) -> Entry {
+        let vip = &self.vips[usize::from(b.vip)];
+        let mac = b.mac.map_or(0, |m| {
+            m.iter()
+                .fold(0u128, |value, &byte| value << 8 | u128::from(byte))
+        });
         Entry {
             key: vec![
                 Match::Exact(u128::from(u32::from_be_bytes(b.address))),
                 Match::Exact(u128::from(b.port)),
                 Match::Exact(u128::from(b.proto)),
             ],
-            action: if b.up { "up" } else { "down" }.into(),
-            params: Vec::new(),
+            action: BACKEND_STATES[match b.state {
+                BackendState::Up => 0,
+                BackendState::Drain => 1,
+                BackendState::Down | BackendState::Removed => 2,
+            }]
+            .into(),
+            params: vec![
+                u128::from(u32::from_be_bytes(vip.address)),
+                u128::from(vip.port),
+                u128::from(b.weight),
+                u128::from(b.via),
+                mac,
+            ],
             priority: 0,
             hits: 0,
         }
+    }
+
+    /// The backends the control plane reads: those not removed.
+    fn present(&self) -> impl Iterator<Item = &Backend> {
+        (self.backends.iter()).filter(|b| b.state != BackendState::Removed)
+    }
+}
+
+/// What a `backends` entry sets.
+struct BackendSettings {
+    vip_address: [u8; 4],
+    vip_port: u16,
+    weight: u16,
+    via: PortId,
+    mac: Option<[u8; 6]>,
+    state: BackendState,
+}
+
+fn invalid(why: String) -> ControlError {
+    ControlError::Invalid {
+        what: "backends".into(),
+        why,
     }
 }
 
@@ -347,14 +556,21 @@ fn backend_key(key: &[Match]) -> ([u8; 4], u16, u8) {
     ((v(0) as u32).to_be_bytes(), v(1) as u16, v(2) as u8)
 }
 
-fn backends_declaration(count: usize) -> Declaration {
-    let state = |name: &str| Action {
-        name: name.into(),
-        params: Vec::new(),
+fn backends_declaration(capacity: usize, ports: usize) -> Declaration {
+    let params = vec![
+        Field::new("vip", 32, Format::Ipv4, MatchKind::Exact),
+        Field::exact("vip_port", 16, Format::Int),
+        Field::exact("weight", 16, Format::Int),
+        Field::port("via", ports),
+        Field::exact("mac", 48, Format::Mac),
+    ];
+    let state = |name: &&str| Action {
+        name: name.to_string(),
+        params: params.clone(),
     };
     Declaration {
         name: "backends".into(),
-        capacity: count,
+        capacity,
         guarantees: vec![Guarantee::Local],
         kind: Kind::Table {
             key: vec![
@@ -362,7 +578,7 @@ fn backends_declaration(count: usize) -> Declaration {
                 Field::exact("port", 16, Format::Int),
                 Field::exact("proto", 8, Format::Int),
             ],
-            actions: vec![state("up"), state("down")],
+            actions: BACKEND_STATES.iter().map(state).collect(),
             writable: true,
         },
     }
@@ -377,6 +593,8 @@ pub struct Lb {
     newest: Arc<Mutex<Arc<Pools>>>,
     hasher: FlowHasher,
     connections: DeclaredTable<AffinityCodec>,
+    /// The switch's port count (what `backends.via` may name).
+    ports: usize,
     /// Connections added, and those moved off a backend that went down.
     pub created: u64,
     pub moved: u64,
@@ -408,20 +626,28 @@ impl Lb {
                 "give at least one VIP: [[program.lb.vips]] with address, port and backends",
             ));
         }
+        let configured: usize = cfg.vips.iter().map(|v| v.backends.len()).sum();
+        if cfg.max_backends < configured.max(1) || cfg.max_backends > usize::from(u16::MAX) {
+            return Err(ConfigError::new(
+                format!("{field}.max_backends"),
+                format!(
+                    "{} is not from the {configured} backends configured to 65535",
+                    cfg.max_backends
+                ),
+            ));
+        }
         let mut pools = Pools {
             vips: Vec::new(),
             backends: Vec::new(),
             vip_of: ExactTable::new(cfg.vips.len(), &[ExpireProfile::NEVER], seed),
             backend_of: ExactTable::new(
-                cfg.vips
-                    .iter()
-                    .map(|v| v.backends.len())
-                    .sum::<usize>()
-                    .max(1),
+                cfg.max_backends,
                 &[ExpireProfile::NEVER],
                 seed.rotate_left(11),
             ),
             table_size: cfg.table_size,
+            max_backends: cfg.max_backends,
+            clients,
         };
         for (v, vip) in cfg.vips.iter().enumerate() {
             let at = format!("{field}.vips[{v}]");
@@ -468,7 +694,6 @@ impl Lb {
             let _ = pools
                 .vip_of
                 .add_entry(endpoint(address, vip.port, proto), v as u16, 0, 0);
-            let mut members = Vec::new();
             for (i, b) in vip.backends.iter().enumerate() {
                 let at = format!("{at}.backends[{i}]");
                 let index = pools.backends.len();
@@ -488,8 +713,15 @@ impl Lb {
                         None => None,
                     },
                     vip: v as u16,
-                    up: true,
+                    weight: b.weight,
+                    state: BackendState::Up,
                 };
+                if b.weight == 0 || b.weight > MAX_WEIGHT {
+                    return Err(ConfigError::new(
+                        format!("{at}.weight"),
+                        format!("{} is not from 1 to {MAX_WEIGHT}", b.weight),
+                    ));
+                }
                 if backend.via == clients {
                     return Err(ConfigError::new(
                         format!("{at}.via"),
@@ -508,14 +740,12 @@ impl Lb {
                     ));
                 }
                 let _ = pools.backend_of.add_entry(key, index as u16, 0, 0);
-                members.push(index as u16);
                 pools.backends.push(backend);
             }
             pools.vips.push(Vip {
                 address,
                 port: vip.port,
                 by_client,
-                members,
                 table: Arc::new(Vec::new()),
             });
             pools.fill(v);
@@ -547,6 +777,7 @@ impl Lb {
             pools,
             hasher: FlowHasher::with_seed(HASH_SEED),
             connections: DeclaredTable::new(connections, AffinityCodec::declaration(cfg.capacity)),
+            ports: ports.0.len(),
             created: 0,
             moved: 0,
         })
@@ -621,7 +852,7 @@ impl Lb {
             Some(id) => {
                 let a = *self.connections.value(id);
                 let mut backend = a.backend;
-                if !pools.backends[usize::from(backend)].up {
+                if !pools.backends[usize::from(backend)].keeps(vip) {
                     let Some(other) = pools.pick(v, self.connection_hash(v, &key)) else {
                         return Verdict::Drop(NO_BACKEND);
                     };
@@ -781,8 +1012,8 @@ impl Program for Lb {
             };
             health.kept += 1;
             let was = &latest.backends[usize::from(was)];
-            if b.up != was.up {
-                b.up = was.up;
+            if b.state != was.state {
+                b.state = was.state;
                 refill.push(usize::from(b.vip));
             }
         }
@@ -839,7 +1070,7 @@ impl Program for Lb {
     fn declarations(&self) -> Vec<Declaration> {
         vec![
             self.connections.declaration().clone(),
-            backends_declaration(self.pools.backends.len()),
+            backends_declaration(self.pools.max_backends, self.ports),
         ]
     }
 
@@ -893,15 +1124,17 @@ impl Program for Lb {
             Request::Stats { .. } if ctx.worker != 0 => Ok(Reply::Counters(Vec::new())),
             Request::Read { from, .. } => {
                 let pools = &self.pools;
-                let all = pools.backends.iter().map(|b| pools.entry(b));
-                let (entries, next) = page(all, *from, pools.backends.len());
+                let all = pools.present().map(|b| pools.entry(b));
+                let (entries, next) = page(all, *from, pools.present().count());
                 Ok(Reply::Page(entries, next))
             }
             Request::Stats { .. } => {
-                let up = self.pools.backends.iter().filter(|b| b.up).count();
+                let count = |state| self.pools.present().filter(|b| b.state == state).count();
                 Ok(Reply::Counters(vec![
-                    ("backends", self.pools.backends.len() as u64),
-                    ("up", up as u64),
+                    ("backends", self.pools.present().count() as u64),
+                    ("up", count(BackendState::Up) as u64),
+                    ("drain", count(BackendState::Drain) as u64),
+                    ("down", count(BackendState::Down) as u64),
                 ]))
             }
             _ => Err(ControlError::Unavailable),

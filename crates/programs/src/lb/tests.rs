@@ -86,10 +86,14 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// Marks backends up or down through the control plane, as the runtime does: prepared on
-/// an instance of its own, then taken by each worker.
-fn set_health(workers: &mut [&mut Lb], preparer: &Lb, changes: &[(&str, u16, u8, bool)]) {
-    let request = health(changes);
+/// Applies writes to `backends` as the runtime does: checked against the declaration,
+/// prepared on an instance of its own, then taken by each worker.
+fn change(workers: &mut [&mut Lb], preparer: &Lb, writes: Vec<Write>) {
+    let request = Request::Write {
+        table: "backends".into(),
+        writes,
+    };
+    preparer.declarations()[1].check(&request).unwrap();
     let prepared = preparer.prepare(&request).unwrap();
     for lb in workers {
         let reply = lb.control(&request, prepared.as_ref(), &ctx(S, 3));
@@ -97,23 +101,28 @@ fn set_health(workers: &mut [&mut Lb], preparer: &Lb, changes: &[(&str, u16, u8,
     }
 }
 
-fn health(changes: &[(&str, u16, u8, bool)]) -> Request {
-    let writes = changes
+/// Marks backends up or down through the control plane.
+fn set_health(workers: &mut [&mut Lb], preparer: &Lb, changes: &[(&str, u16, u8, bool)]) {
+    change(workers, preparer, health(preparer, changes));
+}
+
+/// Modifies marking these backends up or down, their other settings as they are.
+fn health(lb: &Lb, changes: &[(&str, u16, u8, bool)]) -> Vec<Write> {
+    changes
         .iter()
         .map(|&(address, port, proto, up)| {
-            Write::Modify(Entry {
-                key: backend_fields(address, port, proto),
-                action: if up { "up" } else { "down" }.into(),
-                params: Vec::new(),
-                priority: 0,
-                hits: 0,
-            })
+            let mut entry = current(lb, address, port, proto);
+            entry.action = if up { "up" } else { "down" }.into();
+            Write::Modify(entry)
         })
-        .collect();
-    Request::Write {
-        table: "backends".into(),
-        writes,
-    }
+        .collect()
+}
+
+/// A backend's entry as the newest pools hold it.
+fn current(lb: &Lb, address: &str, port: u16, proto: u8) -> Entry {
+    let pools = lb.newest.lock().unwrap();
+    let b = pools.place(&backend_fields(address, port, proto)).unwrap();
+    pools.entry(&pools.backends[b])
 }
 
 fn backend_fields(address: &str, port: u16, proto: u8) -> Vec<Match> {
@@ -418,15 +427,15 @@ fn backends_are_read_and_marked_through_the_control_plane() {
     set_health(&mut [&mut lb], &preparer, &[("198.18.1.3", 8080, 6, false)]);
     let one = read(&mut lb, Some(backend_fields("198.18.1.3", 8080, 6)));
     assert_eq!((one.len(), one[0].action.as_str()), (1, "down"));
-    // The declaration lets the runtime check requests before they reach the program.
-    let decl = lb.declarations();
-    assert!(
-        decl[1]
-            .check(&health(&[("198.18.1.1", 80, 6, false)]))
-            .is_ok()
-    );
     // A batch with a backend that does not exist changes nothing.
-    let bad = health(&[("198.18.1.1", 80, 6, false), ("198.18.1.9", 80, 6, false)]);
+    let mut writes = health(&preparer, &[("198.18.1.1", 80, 6, false)]);
+    let mut missing = current(&preparer, "198.18.1.1", 80, 6);
+    missing.key = backend_fields("198.18.1.9", 80, 6);
+    writes.push(Write::Modify(missing));
+    let bad = Request::Write {
+        table: "backends".into(),
+        writes,
+    };
     assert!(matches!(
         preparer.prepare(&bad),
         Err(ControlError::NoSuchEntry { .. })
@@ -437,7 +446,7 @@ fn backends_are_read_and_marked_through_the_control_plane() {
     };
     assert!(matches!(
         preparer.prepare(&insert),
-        Err(ControlError::Invalid { .. })
+        Err(ControlError::Exists { .. })
     ));
     let ups = read(&mut lb, None);
     assert_eq!(ups.iter().filter(|e| e.action == "up").count(), 4);
@@ -514,6 +523,19 @@ fn configuration_errors_name_the_field_and_the_fix() {
     .err()
     .unwrap();
     assert!(err.problem.contains("65537"), "{err}");
+    assert_eq!(
+        field(&vip("{ address = \"198.18.1.1\", weight = 0 }")),
+        "program.lb.vips[0].backends[0].weight"
+    );
+    let two = vip("{ address = \"198.18.1.1\" }, { address = \"198.18.1.2\" }");
+    assert_eq!(
+        field(&format!("max_backends = 1\n{two}")),
+        "program.lb.max_backends"
+    );
+    assert_eq!(
+        field(&format!("max_backends = 65536\n{two}")),
+        "program.lb.max_backends"
+    );
 }
 
 /// The replicated key of one frame from `port`.
@@ -619,7 +641,7 @@ fn a_reload_keeps_connections_on_their_backends_and_the_backends_health() {
     assert_eq!(carried[1].to_string(), "backends: kept 4 entries");
     let down = |pools: &Pools| {
         (pools.backends.iter())
-            .filter(|b| !b.up)
+            .filter(|b| b.state != BackendState::Up)
             .map(|b| (IpAddr::from(b.address), b.port))
             .collect::<Vec<_>>()
     };
@@ -640,4 +662,178 @@ fn a_reload_keeps_connections_on_their_backends_and_the_backends_health() {
             x => assert!(![x, ip("198.18.1.3")].contains(&to(a)), "{x}: picked again"),
         }
     }
+}
+
+/// The web VIP's connections `range`, each by one packet with these flags.
+fn web_range(range: std::ops::Range<u32>, f: u8) -> Vec<Vec<u8>> {
+    range.map(|i| web(i, f)).collect()
+}
+
+/// An entry for a new web backend, its settings those of backend 198.18.1.2 but `weight`.
+fn joining(lb: &Lb, address: &str, weight: u16) -> Entry {
+    let mut entry = current(lb, "198.18.1.2", 80, 6);
+    entry.key = backend_fields(address, 80, 6);
+    entry.params[2] = u128::from(weight);
+    entry
+}
+
+#[test]
+fn backends_join_with_a_weight_drain_and_leave_at_run_time_and_open_connections_stay() {
+    let mut worker = lb();
+    let preparer = worker.clone();
+    let n = 900;
+    let to = |s: &Option<Sent>| s.unwrap().to.0;
+    let share = |sent: &[Option<Sent>], address: &str| {
+        sent.iter().filter(|s| to(s) == ip(address)).count() as f64 / sent.len() as f64
+    };
+    let before = send(&mut worker, S, &web_range(0..n, SYN));
+    let moved_off = |now: &[Option<Sent>]| before.iter().zip(now).filter(|(b, a)| b != a).count();
+
+    // A backend joins with twice the others' weight: open connections stay where they
+    // are; it takes about 2/5 of the new ones.
+    let fourth = joining(&preparer, "198.18.1.4", 2);
+    change(&mut [&mut worker], &preparer, vec![Write::Insert(fourth)]);
+    let open = send(&mut worker, 2 * S, &web_range(0..n, ACK));
+    assert_eq!(moved_off(&open), 0, "open connections stay where they are");
+    let new = send(&mut worker, 2 * S, &web_range(n..4 * n, SYN));
+    let on_fourth = share(&new, "198.18.1.4");
+    assert!((0.33..0.47).contains(&on_fourth), "{on_fourth}");
+    assert_eq!(
+        new.iter()
+            .find(|s| to(s) == ip("198.18.1.4"))
+            .unwrap()
+            .unwrap()
+            .via,
+        2
+    );
+
+    // Draining 198.18.1.1: its connections stay on it; new ones avoid it.
+    let mut drain = current(&preparer, "198.18.1.1", 80, 6);
+    drain.action = "drain".into();
+    change(&mut [&mut worker], &preparer, vec![Write::Modify(drain)]);
+    let open = send(&mut worker, 3 * S, &web_range(0..n, ACK));
+    assert_eq!(
+        moved_off(&open),
+        0,
+        "the draining backend keeps its connections"
+    );
+    assert!(share(&before, "198.18.1.1") > 0.2);
+    let newer = send(&mut worker, 3 * S, &web_range(4 * n..5 * n, SYN));
+    assert_eq!(share(&newer, "198.18.1.1"), 0.0);
+    assert_eq!(worker.moved, 0);
+
+    // Deleting the new backend: its connections move at their next packet, and its
+    // answers are no longer taken as a backend's.
+    let on_it = new.iter().filter(|s| to(s) == ip("198.18.1.4")).count();
+    let key = backend_fields("198.18.1.4", 80, 6);
+    change(&mut [&mut worker], &preparer, vec![Write::Delete(key)]);
+    let again = send(&mut worker, 4 * S, &web_range(n..4 * n, ACK));
+    assert!(again.iter().all(|s| to(s) != ip("198.18.1.4")));
+    let others_moved = (new.iter().zip(&again))
+        .filter(|(b, a)| to(b) != ip("198.18.1.4") && a != b)
+        .count();
+    assert_eq!(
+        others_moved, 0,
+        "only the deleted backend's connections move"
+    );
+    assert_eq!(worker.moved, on_it as u64);
+    let answer = ip_frame("198.18.1.4", "198.18.2.1", tcp(80, 30_000, ACK));
+    assert_eq!(verdict(&mut worker, answer, 2), Verdict::Drop(NOT_BACKEND));
+    let read = worker.control(
+        &Request::Read {
+            table: "backends".into(),
+            key: None,
+            from: 0,
+        },
+        None,
+        &ctx(S, 3),
+    );
+    let Ok(Reply::Page(entries, None)) = read else {
+        panic!("{read:?}")
+    };
+    assert_eq!(entries.len(), 5, "the deleted backend is gone from reads");
+    assert_eq!(
+        (entries[0].action.as_str(), entries[0].params[4]),
+        ("drain", 0x0200_0000_0b01),
+        "state and MAC read back"
+    );
+
+    // Inserted again, it takes back its place rather than a new one.
+    let places = preparer.newest.lock().unwrap().backends.len();
+    let back = joining(&preparer, "198.18.1.3", 1);
+    let mut back = Entry {
+        key: backend_fields("198.18.1.4", 80, 6),
+        ..back
+    };
+    back.action = "up".into();
+    change(&mut [&mut worker], &preparer, vec![Write::Insert(back)]);
+    assert_eq!(preparer.newest.lock().unwrap().backends.len(), places);
+    let newest = send(&mut worker, 5 * S, &web_range(5 * n..6 * n, SYN));
+    assert!(share(&newest, "198.18.1.4") > 0.2);
+}
+
+#[test]
+fn backend_changes_that_cannot_work_are_refused_whole_and_say_why() {
+    let lb = lb_with(&CONFIG.replace(
+        "[[vips]]\naddress = \"198.19.0.10\"",
+        "max_backends = 6\n[[vips]]\naddress = \"198.19.0.10\"",
+    ))
+    .unwrap();
+    let refusal = |writes: Vec<Write>| {
+        let request = Request::Write {
+            table: "backends".into(),
+            writes,
+        };
+        match lb.declarations()[1].check(&request) {
+            Err(e) => e.to_string(),
+            Ok(()) => match lb.prepare(&request) {
+                Err(e) => e.to_string(),
+                Ok(_) => String::new(),
+            },
+        }
+    };
+    let fine = joining(&lb, "198.18.1.5", 1);
+    let with = |f: &dyn Fn(&mut Entry)| {
+        let mut e = fine.clone();
+        f(&mut e);
+        e
+    };
+    let no_vip = with(&|e| e.params[1] = 81);
+    assert!(refusal(vec![Write::Insert(no_vip)]).contains("198.19.0.10:81 (proto 6) is not a VIP"),);
+    let light = with(&|e| e.params[2] = 0);
+    assert!(refusal(vec![Write::Insert(light)]).contains("`drain` stops new connections"));
+    let heavy = with(&|e| e.params[2] = 257);
+    assert!(refusal(vec![Write::Insert(heavy)]).contains("weight 257 is not from 1 to 256"));
+    let looped = with(&|e| e.params[3] = 0);
+    assert!(refusal(vec![Write::Insert(looped)]).contains("other than the clients' port"));
+    let nowhere = with(&|e| e.params[3] = 3);
+    assert!(refusal(vec![Write::Insert(nowhere)]).contains("via"));
+    let mut moved = current(&lb, "198.18.1.1", 53, 17);
+    moved.params[0] = u128::from(u32::from(std::net::Ipv4Addr::new(198, 19, 0, 10)));
+    moved.params[1] = 80;
+    assert!(refusal(vec![Write::Modify(moved)]).contains("serves one VIP"));
+    // All or none: a good insert before a refused one leaves the pools as they were.
+    let twice = vec![Write::Insert(fine.clone()), Write::Insert(fine.clone())];
+    assert_eq!(
+        refusal(twice),
+        ControlError::Exists {
+            table: "backends".into()
+        }
+        .to_string()
+    );
+    assert!(
+        lb.newest
+            .lock()
+            .unwrap()
+            .backend_of
+            .get(&endpoint([198, 18, 1, 5], 80, 6))
+            .is_none()
+    );
+    // Six places: the sixth backend joins; once deleted, its place stays its own.
+    assert_eq!(refusal(vec![Write::Insert(fine.clone())]), "");
+    let gone = Write::Delete(fine.key.clone());
+    assert_eq!(refusal(vec![gone]), "");
+    let seventh = joining(&lb, "198.18.1.7", 1);
+    assert!(refusal(vec![Write::Insert(seventh)]).contains("all 6 backend places (max_backends)"));
+    assert_eq!(refusal(vec![Write::Insert(fine)]), "", "its own place");
 }
