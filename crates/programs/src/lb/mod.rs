@@ -1119,9 +1119,12 @@ impl Program for Lb {
                     None,
                 ))
             }
-            // The pools are shared: one worker reads and counts them.
+            // The pools are shared: one worker reads and counts them; each counts the
+            // connections it moved (summed over the workers).
             Request::Read { .. } if ctx.worker != 0 => Ok(Reply::Page(Vec::new(), None)),
-            Request::Stats { .. } if ctx.worker != 0 => Ok(Reply::Counters(Vec::new())),
+            Request::Stats { .. } if ctx.worker != 0 => {
+                Ok(Reply::Counters(vec![("moved", self.moved)]))
+            }
             Request::Read { from, .. } => {
                 let pools = &self.pools;
                 let all = pools.present().map(|b| pools.entry(b));
@@ -1135,6 +1138,7 @@ impl Program for Lb {
                     ("up", count(BackendState::Up) as u64),
                     ("drain", count(BackendState::Drain) as u64),
                     ("down", count(BackendState::Down) as u64),
+                    ("moved", self.moved),
                 ]))
             }
             _ => Err(ControlError::Unavailable),

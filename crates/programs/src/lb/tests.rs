@@ -737,6 +737,31 @@ fn backends_join_with_a_weight_drain_and_leave_at_run_time_and_open_connections_
         "only the deleted backend's connections move"
     );
     assert_eq!(worker.moved, on_it as u64);
+    // Each worker counts the connections it moved; worker 0 also counts the backends.
+    let request = Request::Stats {
+        table: "backends".into(),
+    };
+    let mut counted = |w: usize| match worker.control(
+        &request,
+        None,
+        &Context {
+            worker: w,
+            ..ctx(S, 3)
+        },
+    ) {
+        Ok(Reply::Counters(c)) => c,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(counted(1), [("moved", on_it as u64)]);
+    let first = counted(0);
+    for counter in [
+        ("backends", 5),
+        ("up", 4),
+        ("drain", 1),
+        ("moved", on_it as u64),
+    ] {
+        assert!(first.contains(&counter), "{counter:?} in {first:?}");
+    }
     let answer = ip_frame("198.18.1.4", "198.18.2.1", tcp(80, 30_000, ACK));
     assert_eq!(verdict(&mut worker, answer, 2), Verdict::Drop(NOT_BACKEND));
     let read = worker.control(
