@@ -26,14 +26,14 @@
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports, Writers};
-use crate::sketches::SketchRegister;
+use crate::sketches::{SketchRegister, inherit_counts};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::ip_value;
 use stateplane_state::{
-    Colour, ControlError, CountMin, Declaration, ExactTable, ExpireProfile, Meter, MeterConfig,
-    Notification, Reply, Request,
+    Carried, Colour, ControlError, CountMin, Declaration, ExactTable, ExpireProfile, Meter,
+    MeterConfig, Notification, Reply, Request,
 };
 use stateplane_wire::parse::Parsed;
 use stateplane_wire::tcp::flags;
@@ -305,6 +305,38 @@ impl Program for Flood {
     }
 
     crate::sketches::synced_sketch_methods!();
+
+    /// A reload keeps the victims and, while the mitigation is the same, their meters;
+    /// and the interval's counts when the measurement is the same (its interval and
+    /// sketch). A program that counts another attack starts afresh.
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
+        let sketch = self.sketch_register.name();
+        if self.attack != old.attack {
+            let why = "it counts another attack";
+            return (self.declarations().iter())
+                .map(|d| Carried::afresh(&d.name, why))
+                .collect();
+        }
+        let measure = match self.intervals.inherit(&old.intervals) {
+            true => Ok(()),
+            false => Err("the measurement interval changed"),
+        };
+        let counts = inherit_counts(
+            sketch,
+            std::slice::from_mut(&mut self.counts),
+            std::slice::from_ref(&old.counts),
+            measure,
+        );
+        let victims = self.victims.table.adopt(&mut old.victims.table);
+        let meters = if self.mitigation == old.mitigation {
+            let adopted = self.meters.adopt(&mut old.meters);
+            let why = "the new reports capacity holds fewer";
+            Carried::entries("meters", adopted.kept, adopted.dropped, why)
+        } else {
+            Carried::afresh("meters", "the mitigation changed")
+        };
+        vec![victims, counts, meters]
+    }
 }
 
 impl crate::sketches::Sketched for Flood {
@@ -351,6 +383,49 @@ mod tests {
                 _ => "pass",
             })
             .collect()
+    }
+
+    #[test]
+    fn a_reload_keeps_the_counts_the_victims_and_their_meters() {
+        let config =
+            "threshold = 100\nmitigation = \"limit\"\nlimit_rate = 1000\nlimit_burst = 1000";
+        let mut old = flood(Attack::Udp, config);
+        let frames: Vec<_> = (0..60).map(|i| udp(i, VICTIM)).collect();
+        run_at(&mut old, 10 * MS, &frames, (0, 1), 2);
+        // A bystander flooded: the victim reported before the reload.
+        run_at(
+            &mut old,
+            10 * MS,
+            &vec![udp(0, "198.19.0.7"); 150],
+            (0, 1),
+            2,
+        );
+        assert!(old.victim(VICTIM.parse().unwrap()).is_none());
+        let mut new = flood(Attack::Udp, config);
+        let carried = Program::inherit(&mut new, old.clone(), 20 * MS);
+        let said: Vec<String> = carried.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            said,
+            [
+                "victims: kept 1 entries",
+                "sketch: kept 16384 entries",
+                "meters: kept 1 entries"
+            ]
+        );
+        // 60 datagrams before the reload and 60 after, in one interval: a flood.
+        run_at(&mut new, 20 * MS, &frames, (0, 1), 2);
+        assert!(new.victim(VICTIM.parse().unwrap()).is_some());
+        // Another mitigation's meters would police at the old rate: they start afresh.
+        let mut dropping = flood(Attack::Udp, "threshold = 100");
+        let carried = Program::inherit(&mut dropping, old.clone(), 20 * MS);
+        assert_eq!(
+            carried[2].to_string(),
+            "meters: starts afresh (the mitigation changed)"
+        );
+        assert_eq!(carried[0].kept, 1);
+        let mut syn = flood(Attack::Syn, config);
+        let carried = Program::inherit(&mut syn, old, 20 * MS);
+        assert!(carried.iter().all(|c| c.lost()), "{carried:?}");
     }
 
     #[test]

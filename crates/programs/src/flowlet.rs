@@ -21,6 +21,7 @@
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PortId, Program, Verdict};
+use stateplane_state::Carried;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,6 +161,20 @@ impl Program for Flowlet {
             d.verdict = Verdict::Forward(self.hops[usize::from(hop)]);
         }
     }
+
+    /// A reload keeps each flow's flowlet (its next hop and its last packet's time) while
+    /// the table's size and the next hops are the same; a new `gap_us` applies from the
+    /// next packet.
+    fn inherit(&mut self, old: Self, _now_ns: u64) -> Vec<Carried> {
+        self.flowlets += old.flowlets;
+        if self.slots.len() != old.slots.len() || self.hops != old.hops {
+            let why = "the table's size or the next hops changed";
+            return vec![Carried::afresh("flowlets", why)];
+        }
+        let kept = old.slots.iter().filter(|s| s.last_ns != 0).count() as u64;
+        self.slots = old.slots;
+        vec![Carried::entries("flowlets", kept, 0, "")]
+    }
 }
 
 #[cfg(test)]
@@ -180,6 +195,31 @@ mod tests {
             ip_frame("198.18.0.1", "198.19.0.1", tcp(1000 + flow, 80, 0x10)),
             0,
         )
+    }
+
+    #[test]
+    fn a_reload_keeps_each_flowlet_on_its_hop() {
+        let mut old = flowlet("gap_us = 100");
+        let frames: Vec<_> = (0..200).map(packet).collect();
+        let before = run_at(&mut old, 1_000 * US, &frames, (0, 1), 4);
+        let mut new = flowlet("gap_us = 200");
+        let carried = Program::inherit(&mut new, old.clone(), 1_000 * US);
+        let used = old.slots.iter().filter(|s| s.last_ns != 0).count() as u64;
+        assert!(used > 150, "{used}");
+        assert_eq!(carried, [Carried::entries("flowlets", used, 0, "")]);
+        // Within the gap, every flow goes on along its hop, in the flowlet it was in (a
+        // fresh table would begin a new flowlet for each, on a hop drawn again).
+        let after = run_at(&mut new, 1_050 * US, &frames, (0, 1), 4);
+        let moved = before
+            .iter()
+            .zip(&after)
+            .filter(|(b, a)| b.0 != a.0)
+            .count();
+        assert_eq!(moved, 0);
+        assert_eq!(new.flowlets, old.flowlets, "no flowlet begun again");
+        let mut other_hops = flowlet("gap_us = 100\nnext_hops = [\"a\", \"b\"]");
+        let carried = Program::inherit(&mut other_hops, old, 1_000 * US);
+        assert!(carried[0].lost());
     }
 
     #[test]

@@ -21,11 +21,13 @@
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports, Writers};
-use crate::sketches::SketchRegister;
+use crate::sketches::{SketchRegister, inherit_counts};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
-use stateplane_state::{ControlError, CountMin, Declaration, Notification, Reply, Request};
+use stateplane_state::{
+    Carried, ControlError, CountMin, Declaration, Notification, Reply, Request,
+};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -246,6 +248,27 @@ impl Program for Hh {
         self.reports.table.take_notifications(out);
     }
 
+    /// A reload keeps the reports (a new threshold applies from the next packet), and the
+    /// sketches' counts with the interval they count and each VLAN's sketch when the
+    /// measurement is the same: its width, depth, tenants, interval and unit.
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
+        let measure = if self.bytes != old.bytes {
+            Err("it counts bytes where it counted packets, or packets where bytes")
+        } else if !self.intervals.inherit(&old.intervals) {
+            Err("the measurement interval changed")
+        } else {
+            Ok(())
+        };
+        let name = self.sketch_register.name();
+        let sketch = inherit_counts(name, &mut self.sketches, &old.sketches, measure);
+        if !sketch.lost() {
+            self.tenant_of = old.tenant_of;
+            self.tenants_seen = old.tenants_seen;
+            self.touched = old.touched;
+        }
+        vec![self.reports.table.adopt(&mut old.reports.table), sketch]
+    }
+
     /// Beside the sketches, what makes their counts mean what they meant: the interval
     /// counted (0: none yet, else 1 + its number), how many tenants have a sketch, which
     /// sketches were added to in the interval, and each VLAN's sketch.
@@ -325,6 +348,66 @@ mod tests {
         let names = PortNames(vec!["a".into(), "b".into()]);
         let cfg: HhConfig = toml::from_str(extra).unwrap();
         Hh::new(&cfg, &names, "program.hh", 8).unwrap()
+    }
+
+    /// `n` packets of flow `i` of tenant `vlan` through `p` at `t_ns`.
+    fn send(p: &mut Hh, t_ns: u64, vlan: u16, i: u32, n: usize) {
+        let frames = vec![(frame(vlan, i), 0); n];
+        for chunk in frames.chunks(64) {
+            run_at(p, t_ns, chunk, (0, 1), 2);
+        }
+    }
+
+    #[test]
+    fn a_reload_keeps_the_counts_of_the_interval_and_the_reports() {
+        let config = "threshold = 100\nwidth = 256";
+        let mut old = hh(config);
+        send(&mut old, 1_000_000, 10, 1, 150);
+        send(&mut old, 1_000_000, 20, 2, 60);
+        assert!(old.report(&key_of(10, 1)).is_some() && old.report(&key_of(20, 2)).is_none());
+        let mut new = hh(config);
+        let carried = Program::inherit(&mut new, old, 1_000_000);
+        let said: Vec<String> = carried.iter().map(ToString::to_string).collect();
+        // 64 tenants' sketches and the shared one, 4 rows of 256 counters each.
+        let counters = 65 * 4 * 256;
+        assert_eq!(
+            said,
+            [
+                "heavy_hitters: kept 1 entries".to_string(),
+                format!("sketch: kept {counters} entries")
+            ]
+        );
+        // Flow 2's 60 packets before the reload and 60 after, in one interval, make it
+        // heavy: the counts went on.
+        send(&mut new, 2_000_000, 20, 2, 60);
+        assert_eq!(new.report(&key_of(20, 2)).map(|r| r.estimate), Some(120));
+        assert!(new.report(&key_of(10, 1)).is_some());
+
+        // Another interval length: counts of an interval of another length mean
+        // something else, so they start afresh; the reports stay.
+        let mut longer = hh("threshold = 100\nwidth = 256\ninterval_ms = 2000");
+        let carried = Program::inherit(&mut longer, new.clone(), 3_000_000);
+        assert_eq!(
+            carried[1].to_string(),
+            "sketch: starts afresh (the measurement interval changed)"
+        );
+        assert_eq!(carried[0].kept, 2);
+        let mut wider = hh("threshold = 100\nwidth = 512");
+        let carried = Program::inherit(&mut wider, new.clone(), 3_000_000);
+        assert_eq!(
+            carried[1].to_string(),
+            "sketch: starts afresh (the sketches' width, depth or number changed)"
+        );
+        let mut by_bytes = hh("threshold = 100\nwidth = 256\nby = \"bytes\"");
+        assert!(Program::inherit(&mut by_bytes, new, 3_000_000)[1].lost());
+    }
+
+    /// Flow `i` of tenant `vlan` as its reports are keyed.
+    fn key_of(vlan: u16, i: u32) -> FlowKey {
+        let key = stateplane_wire::parse(&frame(vlan, i), 0, &hasher())
+            .unwrap()
+            .key;
+        FlowKey { in_port: 0, ..key }
     }
 
     #[test]

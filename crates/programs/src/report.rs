@@ -111,6 +111,16 @@ impl Intervals {
         self.current
     }
 
+    /// Takes `old`'s current interval when it counts intervals of the same length (a
+    /// reload); whether it did.
+    pub fn inherit(&mut self, old: &Intervals) -> bool {
+        let same = self.length_ns == old.length_ns;
+        if same {
+            self.current = old.current;
+        }
+        same
+    }
+
     /// Counts in interval `current` from now on (a snapshot's, installed).
     pub fn set_current(&mut self, current: Option<u64>) {
         self.current = current;

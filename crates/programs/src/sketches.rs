@@ -9,8 +9,8 @@
 
 use stateplane_state::changes::Change;
 use stateplane_state::{
-    ControlError, CountMin, Declaration, Guarantee, KeyFields, Kind, Match, Reply, Request,
-    WorkerCounters,
+    Carried, ControlError, CountMin, Declaration, Guarantee, KeyFields, Kind, Match, Reply,
+    Request, WorkerCounters,
 };
 
 /// A program whose sketches are one [`SketchRegister`]: its register and sketches, for
@@ -67,6 +67,26 @@ macro_rules! synced_sketch_methods {
     };
 }
 pub(crate) use synced_sketch_methods;
+
+/// What a reload does with a measurement's counts (`name`): `old`'s counters taken into
+/// `new`, sketch by sketch, when the measurement still counts the same thing over the same
+/// interval (`measure`, else why not) and the sketches are as many and hashed alike (the
+/// same width, depth and seed); else the counts start afresh, and the `Carried` says why.
+pub(crate) fn inherit_counts(
+    name: &str,
+    new: &mut [CountMin],
+    old: &[CountMin],
+    measure: Result<(), &str>,
+) -> Carried {
+    if let Err(why) = measure {
+        return Carried::afresh(name, why);
+    }
+    if new.len() != old.len() || !new.iter().zip(old).all(|(n, o)| n.hashed_alike(o)) {
+        return Carried::afresh(name, "the sketches' width, depth or number changed");
+    }
+    let kept = new.iter_mut().zip(old).map(|(n, o)| n.adopt(o)).sum();
+    Carried::entries(name, kept, 0, "")
+}
 
 /// The register's name, its synced state id once tracked.
 #[derive(Clone, Debug)]

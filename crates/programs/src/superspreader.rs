@@ -20,10 +20,11 @@
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports, Writers};
+use crate::sketches::inherit_counts;
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
-use stateplane_state::{CountMin, TableKey};
+use stateplane_state::{Carried, CountMin, TableKey};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -87,6 +88,11 @@ impl PairFilter {
         if std::mem::take(&mut self.dirty) {
             self.words.fill(0);
         }
+    }
+
+    /// Whether `other` sets the same bits for a pair (the same size and seed).
+    fn hashed_alike(&self, other: &PairFilter) -> bool {
+        (self.mask, self.seed) == (other.mask, other.seed)
     }
 }
 
@@ -199,6 +205,32 @@ impl Program for Superspreader {
     }
 
     crate::answer_by_table!(reports.table);
+
+    /// A reload keeps the reports (a new threshold applies from the next packet), and the
+    /// interval's counts (the pairs seen and each source's destinations) when the
+    /// measurement is the same: its interval, sketch and pair filter.
+    fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
+        let measure = if !self.intervals.inherit(&old.intervals) {
+            Err("the measurement interval changed")
+        } else if !self.pairs.hashed_alike(&old.pairs) {
+            Err("pair_bits changed")
+        } else {
+            Ok(())
+        };
+        let destinations = inherit_counts(
+            "destinations",
+            std::slice::from_mut(&mut self.destinations),
+            std::slice::from_ref(&old.destinations),
+            measure,
+        );
+        if !destinations.lost() {
+            self.pairs = old.pairs;
+        }
+        vec![
+            self.reports.table.adopt(&mut old.reports.table),
+            destinations,
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -224,6 +256,29 @@ mod tests {
 
     fn bytes(addr: &str) -> std::net::IpAddr {
         addr.parse().unwrap()
+    }
+
+    #[test]
+    fn a_reload_keeps_the_pairs_seen_and_the_destinations_counted() {
+        let config = "threshold = 100\nwidth = 1024";
+        let mut old = spreader(config);
+        let before: Vec<_> = (0..60).map(|d| packet("198.18.1.1", d)).collect();
+        run_at(&mut old, 1, &before, (0, 1), 2);
+        let mut new = spreader(config);
+        let carried = Program::inherit(&mut new, old.clone(), 1);
+        assert_eq!(carried[1].to_string(), "destinations: kept 4096 entries");
+        // 30 destinations seen before the reload and 60 new ones: 120 in all, the repeats
+        // not counted again.
+        let after: Vec<_> = (30..120).map(|d| packet("198.18.1.1", d)).collect();
+        run_at(&mut new, 2, &after, (0, 1), 2);
+        let found = new.report(bytes("198.18.1.1")).map(|r| r.estimate);
+        assert!(found.is_some_and(|e| (110..=125).contains(&e)), "{found:?}");
+        let mut shorter = spreader("threshold = 100\nwidth = 1024\ninterval_ms = 10");
+        let carried = Program::inherit(&mut shorter, old, 1);
+        assert_eq!(
+            carried[1].to_string(),
+            "destinations: starts afresh (the measurement interval changed)"
+        );
     }
 
     #[test]

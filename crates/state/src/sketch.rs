@@ -97,12 +97,54 @@ impl CountMin {
     pub fn clear(&mut self) {
         self.rows.clear();
     }
+
+    /// Whether `other` has the same rows of the same width, hashed alike: whether a key's
+    /// counters are in the same cells in both.
+    pub fn hashed_alike(&self, other: &CountMin) -> bool {
+        (self.width, self.depth, &self.seeds) == (other.width, other.depth, &other.seeds)
+    }
+
+    /// Takes `old`'s counts (a reload), when its counts mean the same here: the same rows
+    /// of the same width, hashed alike. Each counter taken is written as the data plane
+    /// writes one (a synced copy sees it change). Returns the counters taken (0: none, the
+    /// shapes differ).
+    pub fn adopt(&mut self, old: &CountMin) -> u64 {
+        if !self.hashed_alike(old) {
+            return 0;
+        }
+        for (i, &count) in old.rows.as_slice().iter().enumerate() {
+            if self.rows.as_slice()[i] != count {
+                let _ = self.rows.write(i, count);
+            }
+        }
+        old.rows.len() as u64
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn a_sketch_takes_the_counts_of_one_hashed_alike_only() {
+        let mut old = CountMin::new(4, 256, 9);
+        for k in 0..500u64 {
+            old.add(&k, 1 + (k % 7) as u32);
+        }
+        let mut new = CountMin::new(4, 256, 9);
+        assert_eq!(new.adopt(&old), 4 * 256);
+        assert!((0..500u64).all(|k| new.estimate(&k) == old.estimate(&k)));
+        for other in [
+            CountMin::new(4, 512, 9),
+            CountMin::new(3, 256, 9),
+            CountMin::new(4, 256, 8),
+        ] {
+            let mut other = other;
+            assert_eq!(other.adopt(&old), 0);
+            assert_eq!(other.estimate(&3u64), 0);
+        }
+    }
 
     #[test]
     fn bytes_for_is_what_a_sketch_allocates() {
