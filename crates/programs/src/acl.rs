@@ -18,8 +18,9 @@
 //! meter colours red are dropped (`policed`). Configuration:
 //! `rules = [{ action = "permit" | "deny", src = "198.18.0.0/16", dst = "any",
 //! proto = "tcp" | "udp" | "icmp" | NUMBER | "any", src_ports = "any" | "80" | "1024-65535",
-//! dst_ports = ... }]`, `capacity` (rules at most, default 4096), `default`, and `map` or
-//! `router`.
+//! dst_ports = ... }]` or `{ action, match = "tcp,nw_dst=198.19.0.0/16,tp_dst=80" }` (the
+//! pipeline's rule text, its IPv4, protocol and port words), `capacity` (rules at most,
+//! default 4096), `default`, and `map` or `router`.
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::router::{Router, RouterConfig, Tables};
@@ -50,6 +51,85 @@ pub struct AclRule {
     pub src_ports: String,
     #[serde(default = "any")]
     pub dst_ports: String,
+    /// The match in the pipeline's rule text (`tcp,nw_dst=198.18.0.0/16,tp_dst=80`), in
+    /// place of `src`, `dst`, `proto` and the ports.
+    #[serde(rename = "match")]
+    pub matching: Option<String>,
+}
+
+/// What a rule matches: source and destination prefixes, protocol, port ranges.
+type Matched = ((u32, u8), (u32, u8), Option<u8>, (u16, u16), (u16, u16));
+
+/// The words of the pipeline's rule text a rule's `match` may use: what the rules match.
+const MATCH_WORDS: [&str; 10] = [
+    "ip", "tcp", "udp", "icmp", "nw_src", "nw_dst", "nw_proto", "tp_src", "tp_dst", "dl_type",
+];
+
+/// A rule's `match` (under `field`), read by the pipeline's rule parser.
+fn parse_match(field: &str, text: &str) -> Result<Matched, ConfigError> {
+    let refuse = |problem: String| ConfigError::new(field, problem);
+    for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let key = word.split_once('=').map_or(word, |(k, _)| k);
+        if !MATCH_WORDS.contains(&key) {
+            return Err(refuse(format!(
+                "'{word}': a rule here matches IPv4 addresses, protocol and ports, in the \
+                 pipeline's words ({}); the action is the rule's `action`",
+                MATCH_WORDS.join(", ")
+            )));
+        }
+    }
+    let rule = stateplane_classifier::rule_text::parse_rule(&format!("{text},actions=drop"))
+        .map_err(|e| refuse(e.to_string()))?;
+    let (value, mask) = (&rule.pattern.value, &rule.pattern.mask);
+    if mask.eth_type != 0 && value.eth_type != 0x0800 {
+        return Err(refuse(format!(
+            "dl_type=0x{:04x}: the rules match IPv4 only",
+            value.eth_type
+        )));
+    }
+    // Addresses are IPv4 mapped into 128 bits: the prefix is the mask's bits past 96.
+    let prefix = |value: u128, mask: u128| {
+        let len = mask.count_ones().saturating_sub(96) as u8;
+        (value as u32, len)
+    };
+    let proto = (mask.ip_proto != 0).then_some(value.ip_proto);
+    Ok((
+        prefix(value.ip_src, mask.ip_src),
+        prefix(value.ip_dst, mask.ip_dst),
+        proto,
+        rule.pattern.tp_src,
+        rule.pattern.tp_dst,
+    ))
+}
+
+impl AclRule {
+    /// What the rule matches (its fields under `field`), from `match` or from its own
+    /// fields, not both.
+    fn matched(&self, field: &str) -> Result<Matched, ConfigError> {
+        if let Some(text) = &self.matching {
+            let own = [
+                &self.src,
+                &self.dst,
+                &self.proto,
+                &self.src_ports,
+                &self.dst_ports,
+            ];
+            if own.iter().any(|v| *v != "any") {
+                return Err(ConfigError::new(
+                    format!("{field}.match"),
+                    "give either match or src, dst, proto and the ports, not both",
+                ));
+            }
+            return parse_match(&format!("{field}.match"), text);
+        }
+        Ok((
+            prefix(&format!("{field}.src"), &self.src)?,
+            prefix(&format!("{field}.dst"), &self.dst)?,
+            proto(&format!("{field}.proto"), &self.proto)?,
+            ports(&format!("{field}.src_ports"), &self.src_ports)?,
+            ports(&format!("{field}.dst_ports"), &self.dst_ports)?,
+        ))
+    }
 }
 
 fn any() -> String {
@@ -401,16 +481,15 @@ impl Acl {
         let mut rules = Vec::with_capacity(cfg.rules.len());
         for (i, r) in cfg.rules.iter().enumerate() {
             let f = format!("{field}.rules[{i}]");
-            let (src, src_len) = prefix(&format!("{f}.src"), &r.src)?;
-            let (dst, dst_len) = prefix(&format!("{f}.dst"), &r.dst)?;
+            let ((src, src_len), (dst, dst_len), proto, src_ports, dst_ports) = r.matched(&f)?;
             rules.push(Rule {
                 src,
                 src_len,
                 dst,
                 dst_len,
-                proto: proto(&format!("{f}.proto"), &r.proto)?,
-                src_ports: ports(&format!("{f}.src_ports"), &r.src_ports)?,
-                dst_ports: ports(&format!("{f}.dst_ports"), &r.dst_ports)?,
+                proto,
+                src_ports,
+                dst_ports,
                 // First match wins: earlier rules rank higher.
                 priority: (cfg.rules.len() - i) as u32,
                 action: RuleAction {

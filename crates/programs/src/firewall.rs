@@ -538,6 +538,54 @@ mod tests {
         );
     }
 
+    /// A policy written in the pipeline's rule text judges as the same policy written in
+    /// fields, and each rule counts the connections it judged.
+    #[test]
+    fn a_policy_in_the_pipelines_rule_text_judges_as_in_fields_and_counts_per_rule() {
+        let mut in_text = firewall(
+            "default = \"deny\"\n\
+             rules = [{ action = \"deny\", match = \"tcp,tp_dst=25\" }, \
+             { action = \"permit\", match = \"ip,nw_dst=198.19.0.0/16\" }, \
+             { action = \"permit\", match = \"udp,nw_src=198.18.0.0/24,tp_dst=1000-2000\" }]",
+        );
+        let mut in_fields = firewall(
+            "default = \"deny\"\n\
+             rules = [{ action = \"deny\", proto = \"tcp\", dst_ports = \"25\" }, \
+             { action = \"permit\", dst = \"198.19.0.0/16\" }, \
+             { action = \"permit\", proto = \"udp\", src = \"198.18.0.0/24\", \
+             dst_ports = \"1000-2000\" }]",
+        );
+        let udp = |dst_port| L4::Udp {
+            src_port: 4000,
+            dst_port,
+        };
+        let frames = [
+            (frame(INSIDE, REMOTE, tcp(40_000, 25, flags::SYN)), true),
+            (frame(INSIDE, REMOTE, tcp(40_001, 443, flags::SYN)), true),
+            (
+                frame(INSIDE, "198.18.9.9", tcp(40_002, 443, flags::SYN)),
+                true,
+            ),
+            (frame(INSIDE, "198.18.9.9", udp(1500)), true),
+            (frame(INSIDE, "198.18.9.9", udp(2001)), true),
+        ];
+        let denied = Verdict::Drop(DENIED);
+        let judged = run(&mut in_text, &frames);
+        assert_eq!(judged, [denied, OUT, denied, OUT, denied]);
+        assert_eq!(run(&mut in_fields, &frames), judged);
+        let read = Request::Read {
+            table: "rules".into(),
+            key: None,
+            from: 0,
+        };
+        let hits = |fw: &mut Firewall| match fw.control(&read, None, &crate::testutil::ctx(1, 2)) {
+            Ok(Reply::Page(entries, _)) => entries.iter().map(|e| e.hits).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(hits(&mut in_text), [1, 1, 1]);
+        assert_eq!(hits(&mut in_fields), hits(&mut in_text));
+    }
+
     /// From outside, an ICMP error passes only when the packet it quotes belongs to a
     /// tracked connection (or to a protocol not tracked); forged ones, and ones that quote
     /// nothing whole, are dropped and counted. ARP passes; other protocols do not come in.
@@ -712,6 +760,22 @@ mod tests {
             (
                 "rules = [{ action = \"permit\", dst = \"300.1.1.1/8\" }]",
                 "program.firewall.rules[0].dst",
+            ),
+            (
+                "rules = [{ action = \"permit\", match = \"tcp,dl_vlan=3\" }]",
+                "program.firewall.rules[0].match",
+            ),
+            (
+                "rules = [{ action = \"permit\", match = \"ip,nw_dst=300.0.0.0/8\" }]",
+                "program.firewall.rules[0].match",
+            ),
+            (
+                "rules = [{ action = \"permit\", match = \"tcp\", dst = \"198.19.0.0/16\" }]",
+                "program.firewall.rules[0].match",
+            ),
+            (
+                "rules = [{ action = \"permit\", match = \"tcp,tp_dst=80,actions=drop\" }]",
+                "program.firewall.rules[0].match",
             ),
             ("[timeouts]\nicmp = -1.0", "program.firewall.timeouts.icmp"),
         ] {
