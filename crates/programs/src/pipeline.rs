@@ -48,7 +48,7 @@ use stateplane_classifier::{
 use stateplane_mem::budget::{Allowance, Growth, OverBudget};
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::{
-    ControlError, Declaration, Expiry, FlowChange, FlowFilter, FlowStat, Guarantee, Kind,
+    Carried, ControlError, Declaration, Expiry, FlowChange, FlowFilter, FlowStat, Guarantee, Kind,
     RemovedReason, Reply, Request,
 };
 use stateplane_wire::{ParseFlags, edit};
@@ -714,7 +714,26 @@ impl Program for Pipeline {
         reply
     }
 
-    crate::configured_state!();
+    /// A reload makes the rules the configuration's (rules written with `ctl` since that
+    /// it does not have leave), and each configured rule identical in everything to one
+    /// the old pipeline held takes that rule's packet and byte counts, as `ovs-ofctl
+    /// replace-flows` keeps an unchanged flow's (its duration starts again).
+    fn inherit(&mut self, old: Self, _now_ns: u64) -> Vec<Carried> {
+        let before = old.flows.rules();
+        let counted: Vec<(RuleId, (u64, u64))> = (self.flows.rules().rules())
+            .filter_map(|(id, rule)| {
+                let was = before.identical(rule)?;
+                (before.get(was) == Some(rule)).then(|| (id, old.flows.counters(was)))
+            })
+            .collect();
+        let kept = counted.len() as u64;
+        for (id, (packets, bytes)) in counted {
+            self.flows.add_counts(id, packets, bytes);
+        }
+        let dropped = (before.len() as u64).saturating_sub(kept);
+        let why = "rules the configuration no longer has as they were";
+        vec![Carried::entries(FLOWS, kept, dropped, why)]
+    }
 }
 
 fn invalid(why: String) -> ControlError {
@@ -1003,6 +1022,39 @@ mod tests {
             // route; the TTL-expired one matched before its TTL was found at 1).
             assert_eq!(packets, 2 * (5 + 4), "{cache}: {counted:?}");
         }
+    }
+
+    #[test]
+    fn a_reload_keeps_the_counts_of_the_rules_it_keeps_as_they_were() {
+        let rules = |second: &str| {
+            format!("rules = [\"priority=10,udp,tp_dst=53,actions=output:1\", \"{second}\"]")
+        };
+        let mut old = config(&rules("priority=5,udp,actions=output:2")).unwrap();
+        let frames = [udp_frame("198.19.1.1", 64)];
+        let dns = {
+            let mut f = udp_frame("198.19.1.1", 64);
+            // The UDP destination port, after 14 bytes of Ethernet and 20 of IPv4.
+            f[36..38].copy_from_slice(&53u16.to_be_bytes());
+            f
+        };
+        for t in 1..4 {
+            at(&mut old, &[dns.clone(), frames[0].clone()], t * SECOND_NS);
+        }
+        let mut new = config(&rules("priority=5,udp,actions=output:3")).unwrap();
+        let carried = Program::inherit(&mut new, old, 5 * SECOND_NS);
+        assert_eq!(
+            carried[0].to_string(),
+            "flows: kept 1 entries, dropped 1 (rules the configuration no longer has as they \
+             were)"
+        );
+        let counts: Vec<u64> = (new.flows().rules().rules())
+            .map(|(id, _)| new.flows().counters(id).0)
+            .collect();
+        assert_eq!(
+            counts,
+            [3, 0],
+            "the unchanged rule's 3 packets, the changed one's none"
+        );
     }
 
     #[test]
