@@ -7,22 +7,39 @@
 # Fails loudly on the first problem.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Each step's time, printed as the next begins and together at the end: what CI's 90
+# minutes go to.
+timings=()
+step_name="set-up (packages)"
+step_start=$SECONDS
+step() {
+  timings+=("$(printf '%6d s  %s' $((SECONDS - step_start)) "$step_name")")
+  step_name=$1
+  step_start=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
   sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+step "cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
-echo "== cargo test (release)"
+step "cargo test (release)"
 mkdir -p target
 set +e
 cargo test --release --workspace > target/test.log 2>&1
 rc=$?
 set -e
 grep -E '^test result|FAILED|panicked' target/test.log || true
+echo "the slowest test binaries (seconds running, building not counted):"
+awk '/^ *Running /{name=$NF; sub(".*/", "", name); sub("-[0-9a-f]+[)]$", "", name)}
+  /test result:/{for(i=1;i<NF;i++) if($i=="in"){t=$(i+1); sub("s$","",t); print "  " t, name}}' \
+  target/test.log | sort -rn | head -6 || true
 # The integration tests' traces (gigabytes a run); a later run's tests also sweep those of
 # ended runs.
 rm -rf "${TMPDIR:-/tmp}"/stateplane-test-*
@@ -31,16 +48,16 @@ if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
   exit 1
 fi
-echo "== examples/tollbooth: a program of one's own, in its own crate (fmt, clippy, tests)"
+step "examples/tollbooth: a program of one's own, in its own crate (fmt, clippy, tests)"
 (cd examples/tollbooth && export CARGO_TARGET_DIR="$PWD/../../target" \
   && cargo fmt -- --check \
   && cargo clippy --release --all-targets --quiet -- -D warnings \
   && cargo test --release --quiet 2>&1 | grep -E '^test result|FAILED|panicked')
-echo "== stateplane flows against real collectors (nfcapd/nfdump, tshark)"
+step "stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
-echo "== soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
+step "soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
 bash scripts/soak.sh "${SOAK_SECONDS:-60}"
-echo "== valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
+step "valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
 bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
@@ -61,12 +78,15 @@ bin=$(cargo test --release -p stateplane-mem --test counting --no-run --message-
   | grep -o '"executable":"[^"]*/counting-[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-mem counting test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" --test-threads=1 2>&1 | tail -3
-echo "== fuzz: every target ${FUZZ_SECONDS:-10} s under libFuzzer (its corpus and past crashes ran on stable above)"
+step "fuzz: every target ${FUZZ_SECONDS:-10} s under libFuzzer (its corpus and past crashes ran on stable above)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
   bash scripts/fuzz.sh "${FUZZ_SECONDS:-10}"
 else
   echo "NOTE: no nightly toolchain on this machine, so libFuzzer cannot run here; every" \
     "target's corpus and past crashes ran through the same bodies on stable (stateplane-fuzz)"
 fi
+step ""
+echo "== time by step"
+printf '%s\n' "${timings[@]}"
 passed=$(grep -oE 'test result: ok\. [0-9]+ passed' target/test.log | awk '{s+=$4} END {print s}')
 echo "all tests: ${passed} passed, 0 failed"
