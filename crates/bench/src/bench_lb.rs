@@ -6,13 +6,13 @@
 //! over the same backends moves; and the open connections, every one of which must stay on
 //! its backend unless that backend was taken away (checked, connection by connection).
 
-use crate::BenchResult;
 use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
+use crate::{BenchResult, run_frames};
 use stateplane_gen::build::{Hosts, L4, emit_frame};
 use stateplane_programs::PortNames;
-use stateplane_runtime::{Burst, Context, Running, Verdict};
+use stateplane_runtime::{Context, Running, Verdict};
 use stateplane_state::control::{Entry, Match, Request, Write};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowHasher, MacAddr};
@@ -171,27 +171,17 @@ fn packet(id: u32, tcp_flags: u8) -> Vec<u8> {
 /// Runs the connections `ids` from the clients' port through `program`, each by a packet
 /// with `tcp_flags`: the backend (last address byte) each reached.
 fn reached(program: &mut dyn Running, ids: &[u32], tcp_flags: u8) -> BenchResult<Vec<u8>> {
-    let hasher = FlowHasher::with_seed(1);
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(64) {
-        let frames: Vec<Vec<u8>> = chunk.iter().map(|&id| packet(id, tcp_flags)).collect();
-        let mut burst = Burst::with_capacity(frames.len());
-        for (i, f) in frames.iter().enumerate() {
-            burst.push(f, f.len() as u32, 1, CLIENTS, i as u64);
-        }
-        burst.parse(&hasher);
-        let mut ctx = Context::one_worker(1, hasher, 2);
-        program.process(&mut burst, &mut ctx);
-        for (i, &id) in chunk.iter().enumerate() {
-            let verdict = burst.descs()[i].verdict;
+    let frames: Vec<Vec<u8>> = ids.iter().map(|&id| packet(id, tcp_flags)).collect();
+    let out = run_frames(program, &frames, CLIENTS);
+    (ids.iter().zip(out))
+        .map(|(&id, (verdict, bytes))| {
             // The destination address, after a 14-byte Ethernet header, at 16 in IPv4.
-            match (verdict, burst.data(i).get(30..34)) {
-                (Verdict::Forward(SERVERS), Some(&[198, 18, 1, b])) => out.push(b),
-                _ => return Err(format!("connection {id} was not balanced: {verdict:?}")),
+            match (verdict, bytes.get(30..34)) {
+                (Verdict::Forward(SERVERS), Some(&[198, 18, 1, b])) => Ok(b),
+                _ => Err(format!("connection {id} was not balanced: {verdict:?}")),
             }
-        }
-    }
-    Ok(out)
+        })
+        .collect()
 }
 
 /// The control plane's write for `change` to backend `b` (its settings from `pool`).

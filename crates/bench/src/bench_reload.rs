@@ -4,14 +4,14 @@
 //! measurement is checked: every translation kept, and the answers of a sample of them
 //! come back to their inside hosts.
 
-use crate::BenchResult;
 use crate::chart::Panel;
 use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
+use crate::{BenchResult, run_frames};
 use stateplane_gen::build::{Hosts, L4, emit_frame};
 use stateplane_programs::PortNames;
-use stateplane_runtime::{Burst, Context, Running, Verdict};
-use stateplane_wire::{FlowHasher, MacAddr};
+use stateplane_runtime::{Running, Verdict};
+use stateplane_wire::MacAddr;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
@@ -72,25 +72,6 @@ fn nat(capacity: u32) -> BenchResult<Box<dyn Running>> {
     Ok(factory(0))
 }
 
-/// Runs `frames` from `port` through `program`, 64 at a time: each one's verdict and bytes.
-fn run(program: &mut dyn Running, frames: &[Vec<u8>], port: u16) -> Vec<(Verdict, Vec<u8>)> {
-    let hasher = FlowHasher::with_seed(1);
-    let mut out = Vec::with_capacity(frames.len());
-    for chunk in frames.chunks(64) {
-        let mut burst = Burst::with_capacity(chunk.len());
-        for (i, f) in chunk.iter().enumerate() {
-            burst.push(f, f.len() as u32, 1, port, i as u64);
-        }
-        burst.parse(&hasher);
-        let mut ctx = Context::one_worker(1, hasher, 2);
-        program.process(&mut burst, &mut ctx);
-        for i in 0..burst.len() {
-            out.push((burst.descs()[i].verdict, burst.data(i).to_vec()));
-        }
-    }
-    out
-}
-
 /// Sampled connections, each with its external port.
 type Sampled = Vec<(u32, u16)>;
 
@@ -107,7 +88,10 @@ fn filled(n: u32) -> BenchResult<(Box<dyn Running>, Sampled)> {
                 frame(host, REMOTE, port, remote_port)
             })
             .collect();
-        for (&i, (verdict, bytes)) in ids.iter().zip(run(program.as_mut(), &frames, INSIDE)) {
+        for (&i, (verdict, bytes)) in ids
+            .iter()
+            .zip(run_frames(program.as_mut(), &frames, INSIDE))
+        {
             if verdict != Verdict::Forward(OUTSIDE) {
                 return Err(format!("connection {i} was not translated: {verdict:?}"));
             }
@@ -126,7 +110,7 @@ fn answered(program: &mut dyn Running, sampled: &[(u32, u16)]) -> usize {
     let frames: Vec<Vec<u8>> = (sampled.iter())
         .map(|&(i, external_port)| frame(REMOTE, EXTERNAL, connection(i).2, external_port))
         .collect();
-    let out = run(program, &frames, OUTSIDE);
+    let out = run_frames(program, &frames, OUTSIDE);
     (sampled.iter().zip(out))
         .filter(|((i, _), (verdict, bytes))| {
             let (host, port, _) = connection(*i);

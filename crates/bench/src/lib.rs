@@ -95,3 +95,28 @@ pub fn each_parsed(
     generate(&cfg, frame_parsed, |_| {}).map_err(|e| e.to_string())?;
     Ok(())
 }
+
+/// Runs `frames`, arriving on `port`, through `program` 64 at a time (one worker's
+/// bursts): each one's verdict and bytes as the program left them.
+pub(crate) fn run_frames(
+    program: &mut dyn stateplane_runtime::Running,
+    frames: &[Vec<u8>],
+    port: u16,
+) -> Vec<(stateplane_runtime::Verdict, Vec<u8>)> {
+    use stateplane_runtime::{Burst, Context};
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    let mut out = Vec::with_capacity(frames.len());
+    for chunk in frames.chunks(64) {
+        let mut burst = Burst::with_capacity(chunk.len());
+        for (i, f) in chunk.iter().enumerate() {
+            burst.push(f, f.len() as u32, 1, port, i as u64);
+        }
+        burst.parse(&hasher);
+        let mut ctx = Context::one_worker(1, hasher, 2);
+        program.process(&mut burst, &mut ctx);
+        for i in 0..burst.len() {
+            out.push((burst.descs()[i].verdict, burst.data(i).to_vec()));
+        }
+    }
+    out
+}
