@@ -96,6 +96,10 @@ pub struct NatConfig {
     /// or `drop` ([`Ipv6`]).
     #[serde(default = "default_ipv6")]
     pub ipv6: String,
+    /// A TCP or UDP connection's external port has the parity of its inside port (RFC
+    /// 4787, 4.2.2: protocols such as RTP and RTCP pair ports by it).
+    #[serde(default)]
+    pub port_parity: bool,
 }
 
 fn default_ipv6() -> String {
@@ -328,6 +332,12 @@ fn dest_of(answer: &FlowKey) -> FlowKey {
     k
 }
 
+/// Whether an external port may serve an inside port under port parity (`parity`): of
+/// the same parity, for TCP and UDP (an ICMP identifier has none to keep).
+fn parity_kept(parity: bool, proto: u8, inside_port: u16, external_port: u16) -> bool {
+    !parity || proto == ICMP || (inside_port ^ external_port) & 1 == 0
+}
+
 /// The external port of an answer key.
 fn port_of(answer: &FlowKey) -> u16 {
     if answer.proto == ICMP {
@@ -349,6 +359,9 @@ struct Answers {
     dests: HashMap<FlowKey, Dest>,
     /// The pool: its first port and how many.
     pool: (u16, u32),
+    /// Port parity: a destination's ports are counted and listed by parity, as two
+    /// destinations, so that a list holds only ports its connections may take.
+    parity: bool,
 }
 
 #[derive(Clone, Default)]
@@ -358,6 +371,16 @@ struct Dest {
 }
 
 impl Answers {
+    /// What an answer's ports are counted and listed under: its destination, and under
+    /// port parity the external port's parity.
+    fn dest(&self, answer: &FlowKey) -> FlowKey {
+        let mut dest = dest_of(answer);
+        if self.parity && answer.proto != ICMP {
+            dest.dst_port = port_of(answer) & 1;
+        }
+        dest
+    }
+
     fn get(&self, answer: &FlowKey) -> Option<&FlowKey> {
         self.table.get(answer)
     }
@@ -369,7 +392,8 @@ impl Answers {
 
     fn add(&mut self, answer: FlowKey, inside: FlowKey, now: u64) -> Result<(), AddError> {
         self.table.add_entry(answer, inside, 0, now)?;
-        self.dests.entry(dest_of(&answer)).or_default().in_use += 1;
+        let dest = self.dest(&answer);
+        self.dests.entry(dest).or_default().in_use += 1;
         Ok(())
     }
 
@@ -379,7 +403,7 @@ impl Answers {
         if !self.table.delete(answer) {
             return;
         }
-        let dest = dest_of(answer);
+        let dest = self.dest(answer);
         let Some(d) = self.dests.get_mut(&dest) else {
             return;
         };
@@ -721,6 +745,7 @@ impl Nat {
                 )?,
                 dests: HashMap::new(),
                 pool: (first_port, u32::from(last_port - first_port) + 1),
+                parity: cfg.port_parity,
             },
             port_probes: 0,
             forwards,
@@ -749,8 +774,10 @@ impl Nat {
             );
         }
         let carried = self.translations.adopt(&mut old.translations);
-        let whole =
-            !carried.lost() && self.answers.table.adopt(&mut old.answers.table).dropped == 0;
+        // The destinations are counted by parity or not: as the old ones were, or again.
+        let whole = !carried.lost()
+            && old.answers.parity == self.answers.parity
+            && self.answers.table.adopt(&mut old.answers.table).dropped == 0;
         if whole {
             self.answers.dests = std::mem::take(&mut old.answers.dests);
         } else {
@@ -794,10 +821,18 @@ impl Nat {
     /// whose ports are all taken (its list is empty).
     fn choose_port(&mut self, key: &FlowKey, ctx: &Context) -> Option<u16> {
         let (external, (first, pool)) = (self.external, self.answers.pool);
+        let parity = self.answers.parity;
+        // The destination's ports of the parity this connection may take.
+        let dest = self
+            .answers
+            .dest(&answer_key(key, external, key.src_port & 1));
         let (table, dests) = (&self.answers.table, &mut self.answers.dests);
         let probes = std::cell::Cell::new(0u64);
         let usable = |port: u16| {
             probes.set(probes.get() + 1);
+            if !parity_kept(parity, key.proto, key.src_port, port) {
+                return false;
+            }
             let answer = answer_key(key, external, port);
             let here = ctx.workers <= 1
                 || shard_of(ctx.hasher.hash_connection(&answer), ctx.workers) == ctx.worker;
@@ -808,7 +843,6 @@ impl Nat {
             if offset < pool && key.proto != ICMP && usable(key.src_port) {
                 break 'chosen Some(key.src_port);
             }
-            let dest = dest_of(&answer_key(key, external, 0));
             let crowded = (dests.get(&dest)).map(|d| (d.in_use >= CROWDED, d.free.is_some()));
             if let Some((_, true)) = crowded {
                 break 'chosen take_listed(dests, &dest, &usable);
@@ -2013,6 +2047,72 @@ mod tests {
             one(&mut n, S, syn(10_000), 0).0,
             Verdict::Drop(PORTS_EXHAUSTED)
         );
+    }
+
+    /// Under port parity every external port has its inside port's parity, drawn,
+    /// listed (a crowded destination) and refused alike: odd connections use up the odd
+    /// ports and are refused while every even port is still there for even ones.
+    #[test]
+    fn port_parity_keeps_each_connections_parity_down_to_the_last_port() {
+        let mut n = nat("ports = \"20000-21023\"\ncapacity = 8192\nport_parity = true");
+        let syn = |i: u32, port: u16| {
+            let host = format!("198.18.{}.{}", i / 250, 1 + i % 250);
+            frame(&host, REMOTE, tcp(port, 80, flags::SYN))
+        };
+        let mut ports = std::collections::BTreeSet::new();
+        let mut refused = 0;
+        for i in 0..700u32 {
+            match one(&mut n, S, syn(i, 40_001), 0) {
+                (OUT, key, _) => {
+                    assert_eq!(key.src_port % 2, 1, "connection {i}");
+                    assert!(ports.insert(key.src_port), "port {} twice", key.src_port);
+                }
+                (v, _, _) => {
+                    assert_eq!(v, Verdict::Drop(PORTS_EXHAUSTED));
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(
+            (ports.len(), refused),
+            (512, 188),
+            "every odd port, then none"
+        );
+        for i in 700..1_212u32 {
+            let (v, key, _) = one(&mut n, S, syn(i, 40_000), 0);
+            assert_eq!((v, key.src_port % 2), (OUT, 0), "connection {i}");
+            assert!(ports.insert(key.src_port));
+        }
+        assert_eq!(
+            one(&mut n, S, syn(1_212, 40_000), 0).0,
+            Verdict::Drop(PORTS_EXHAUSTED)
+        );
+        // Its own port, when free and in the pool, has its parity already.
+        let mut own = nat("port_parity = true");
+        let (v, key, _) = one(&mut own, S, syn(0, 40_003), 0);
+        assert_eq!((v, key.src_port), (OUT, 40_003));
+    }
+
+    /// The ports in use are counted by parity once a reload turns port parity on (the
+    /// old counts, by destination alone, are not taken).
+    #[test]
+    fn a_reload_that_turns_port_parity_on_counts_the_ports_by_parity() {
+        let config = "ports = \"20000-21023\"";
+        let mut old = nat(config);
+        for i in 0..300u16 {
+            let syn = frame(INSIDE, REMOTE, tcp(40_000 + i, 80, flags::SYN));
+            assert_eq!(one(&mut old, S, syn, 0).0, OUT);
+        }
+        let mut new = nat(&format!("{config}\nport_parity = true"));
+        let carried = Program::inherit(&mut new, old, S);
+        assert_eq!(carried[0].kept, 300);
+        let dests = &new.answers.dests;
+        assert_eq!(
+            dests.len(),
+            2,
+            "the destination's even ports and its odd ones"
+        );
+        assert_eq!(dests.values().map(|d| d.in_use).sum::<u32>(), 300);
     }
 
     #[test]
