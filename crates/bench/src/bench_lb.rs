@@ -359,6 +359,9 @@ pub fn main(args: BenchLbArgs) -> BenchResult<()> {
         return Err("--repeat: give at least 1".into());
     }
     let n = args.backends;
+    // The one setting of the program's a flag gives that the program may refuse.
+    lb(n, args.connections, args.table_size)
+        .map_err(|e| format!("--table-size {}: {e}", args.table_size))?;
     println!(
         "lb: one VIP of {n} backends (weight 1), {} open connections and {} new ones \
          probed after each change, {} Maglev slots; each change applied as ctl writes it; \

@@ -361,41 +361,22 @@ impl Pools {
 
     /// Adds the backend `entry` describes; returns its VIP.
     fn insert(&mut self, entry: &Entry) -> Result<u16, ControlError> {
-        let (address, port, proto) = backend_key(&entry.key);
-        let key = endpoint(address, port, proto);
+        let backend = self.backend(entry)?;
+        let (key, vip) = (backend.identity(), backend.vip);
         if self.backend_of.get(&key).is_some() {
             return Err(ControlError::Exists {
                 table: "backends".into(),
             });
         }
-        let settings = self.settings(entry)?;
-        let vip = (self.vip_of)
-            .get(&endpoint(settings.vip_address, settings.vip_port, proto))
-            .copied()
-            .ok_or_else(|| {
-                invalid(format!(
-                    "{}:{} (proto {proto}) is not a VIP of the configuration; a backend joins \
-                 one of its VIPs (VIPs are not added at run time)",
-                    std::net::Ipv4Addr::from(settings.vip_address),
-                    settings.vip_port
-                ))
-            })?;
-        let backend = Backend {
-            address,
-            port,
-            proto,
-            via: settings.via,
-            mac: settings.mac,
-            vip,
-            weight: settings.weight,
-            state: settings.state,
-        };
         // A backend deleted and inserted again takes back its place (and the connections
         // still naming it); any other takes a new one.
         let place = match (self.backends.iter()).position(|b| b.identity() == key) {
-            Some(place) => place,
+            Some(place) => {
+                self.backends[place] = backend;
+                place
+            }
             None if self.backends.len() < self.max_backends => {
-                self.backends.push(backend.clone());
+                self.backends.push(backend);
                 self.backends.len() - 1
             }
             None => {
@@ -408,7 +389,6 @@ impl Pools {
                 )));
             }
         };
-        self.backends[place] = backend;
         if self.backend_of.add_entry(key, place as u16, 0, 0).is_err() {
             return Err(ControlError::TableFull {
                 table: "backends".into(),
@@ -421,21 +401,16 @@ impl Pools {
     /// Changes the backend `entry` names; returns its VIP.
     fn modify(&mut self, entry: &Entry) -> Result<u16, ControlError> {
         let b = self.place(&entry.key)?;
-        let settings = self.settings(entry)?;
-        let backend = &mut self.backends[b];
-        let vip = &self.vips[usize::from(backend.vip)];
-        if (settings.vip_address, settings.vip_port) != (vip.address, vip.port) {
+        let changed = self.backend(entry)?;
+        if changed.vip != self.backends[b].vip {
             return Err(invalid(
                 "a backend serves one VIP while it is there (answers tell their VIP by their \
                  backend); delete it and insert it with the other VIP"
                     .to_string(),
             ));
         }
-        backend.via = settings.via;
-        backend.mac = settings.mac;
-        backend.weight = settings.weight;
-        backend.state = settings.state;
-        Ok(backend.vip)
+        self.backends[b] = changed;
+        Ok(self.backends[b].vip)
     }
 
     /// Removes the backend `key` names; returns its VIP.
@@ -457,14 +432,27 @@ impl Pools {
             })
     }
 
-    /// The settings a checked `backends` entry gives.
-    fn settings(&self, entry: &Entry) -> Result<BackendSettings, ControlError> {
+    /// The backend a checked `backends` entry describes, its VIP found among the
+    /// configuration's.
+    fn backend(&self, entry: &Entry) -> Result<Backend, ControlError> {
+        let (address, port, proto) = backend_key(&entry.key);
         let p = |i: usize| entry.params.get(i).copied().unwrap_or(0);
         let state = match (BACKEND_STATES.iter()).position(|&s| s == entry.action) {
             Some(0) => BackendState::Up,
             Some(1) => BackendState::Drain,
             _ => BackendState::Down,
         };
+        let (vip_address, vip_port) = ((p(0) as u32).to_be_bytes(), p(1) as u16);
+        let vip = (self.vip_of)
+            .get(&endpoint(vip_address, vip_port, proto))
+            .copied()
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}:{vip_port} (proto {proto}) is not a VIP of the configuration; a \
+                     backend joins one of its VIPs (VIPs are not added at run time)",
+                    std::net::Ipv4Addr::from(vip_address),
+                ))
+            })?;
         let weight = p(2) as u16;
         if weight == 0 || weight > MAX_WEIGHT {
             return Err(invalid(format!(
@@ -484,12 +472,14 @@ impl Pools {
             let bytes = (p(4) as u64).to_be_bytes();
             [bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7]]
         });
-        Ok(BackendSettings {
-            vip_address: (p(0) as u32).to_be_bytes(),
-            vip_port: p(1) as u16,
-            weight,
+        Ok(Backend {
+            address,
+            port,
+            proto,
             via,
             mac,
+            vip,
+            weight,
             state,
         })
     }
@@ -528,16 +518,6 @@ impl Pools {
     fn present(&self) -> impl Iterator<Item = &Backend> {
         (self.backends.iter()).filter(|b| b.state != BackendState::Removed)
     }
-}
-
-/// What a `backends` entry sets.
-struct BackendSettings {
-    vip_address: [u8; 4],
-    vip_port: u16,
-    weight: u16,
-    via: PortId,
-    mac: Option<[u8; 6]>,
-    state: BackendState,
 }
 
 fn invalid(why: String) -> ControlError {

@@ -799,10 +799,13 @@ fn backends_join_with_a_weight_drain_and_leave_at_run_time_and_open_connections_
 
 #[test]
 fn backend_changes_that_cannot_work_are_refused_whole_and_say_why() {
-    let lb = lb_with(&CONFIG.replace(
-        "[[vips]]\naddress = \"198.19.0.10\"",
-        "max_backends = 6\n[[vips]]\naddress = \"198.19.0.10\"",
-    ))
+    let lb = lb_with(
+        &(CONFIG.replace(
+            "[[vips]]\naddress = \"198.19.0.10\"",
+            "max_backends = 7\n[[vips]]\naddress = \"198.19.0.10\"",
+        ) + "[[vips]]\naddress = \"198.19.0.12\"\nport = 53\nproto = \"udp\"\n\
+           backends = [{ address = \"198.18.1.8\" }]\n"),
+    )
     .unwrap();
     let refusal = |writes: Vec<Write>| {
         let request = Request::Write {
@@ -834,9 +837,12 @@ fn backend_changes_that_cannot_work_are_refused_whole_and_say_why() {
     let nowhere = with(&|e| e.params[3] = 3);
     assert!(refusal(vec![Write::Insert(nowhere)]).contains("via"));
     let mut moved = current(&lb, "198.18.1.1", 53, 17);
+    moved.params[0] = u128::from(u32::from(std::net::Ipv4Addr::new(198, 19, 0, 12)));
+    assert!(refusal(vec![Write::Modify(moved.clone())]).contains("serves one VIP"));
+    // The web VIP is TCP: no VIP for this UDP backend.
     moved.params[0] = u128::from(u32::from(std::net::Ipv4Addr::new(198, 19, 0, 10)));
     moved.params[1] = 80;
-    assert!(refusal(vec![Write::Modify(moved)]).contains("serves one VIP"));
+    assert!(refusal(vec![Write::Modify(moved)]).contains("198.19.0.10:80 (proto 17) is not a VIP"));
     // All or none: a good insert before a refused one leaves the pools as they were.
     let twice = vec![Write::Insert(fine.clone()), Write::Insert(fine.clone())];
     assert_eq!(
@@ -854,11 +860,11 @@ fn backend_changes_that_cannot_work_are_refused_whole_and_say_why() {
             .get(&endpoint([198, 18, 1, 5], 80, 6))
             .is_none()
     );
-    // Six places: the sixth backend joins; once deleted, its place stays its own.
+    // Seven places: the seventh backend joins; once deleted, its place stays its own.
     assert_eq!(refusal(vec![Write::Insert(fine.clone())]), "");
     let gone = Write::Delete(fine.key.clone());
     assert_eq!(refusal(vec![gone]), "");
     let seventh = joining(&lb, "198.18.1.7", 1);
-    assert!(refusal(vec![Write::Insert(seventh)]).contains("all 6 backend places (max_backends)"));
+    assert!(refusal(vec![Write::Insert(seventh)]).contains("all 7 backend places (max_backends)"));
     assert_eq!(refusal(vec![Write::Insert(fine)]), "", "its own place");
 }
