@@ -539,21 +539,23 @@ mod tests {
     }
 
     /// A policy written in the pipeline's rule text judges as the same policy written in
-    /// fields, and each rule counts the connections it judged.
+    /// fields (an empty match as every field `any`), and each rule counts the connections
+    /// it judged.
     #[test]
     fn a_policy_in_the_pipelines_rule_text_judges_as_in_fields_and_counts_per_rule() {
         let mut in_text = firewall(
-            "default = \"deny\"\n\
+            "default = \"permit\"\n\
              rules = [{ action = \"deny\", match = \"tcp,tp_dst=25\" }, \
              { action = \"permit\", match = \"ip,nw_dst=198.19.0.0/16\" }, \
-             { action = \"permit\", match = \"udp,nw_src=198.18.0.0/24,tp_dst=1000-2000\" }]",
+             { action = \"permit\", match = \"udp,nw_src=198.18.0.0/24,tp_dst=1000-2000\" }, \
+             { action = \"deny\", match = \"\" }]",
         );
         let mut in_fields = firewall(
-            "default = \"deny\"\n\
+            "default = \"permit\"\n\
              rules = [{ action = \"deny\", proto = \"tcp\", dst_ports = \"25\" }, \
              { action = \"permit\", dst = \"198.19.0.0/16\" }, \
              { action = \"permit\", proto = \"udp\", src = \"198.18.0.0/24\", \
-             dst_ports = \"1000-2000\" }]",
+             dst_ports = \"1000-2000\" }, { action = \"deny\" }]",
         );
         let udp = |dst_port| L4::Udp {
             src_port: 4000,
@@ -582,7 +584,8 @@ mod tests {
             Ok(Reply::Page(entries, _)) => entries.iter().map(|e| e.hits).collect::<Vec<_>>(),
             other => panic!("{other:?}"),
         };
-        assert_eq!(hits(&mut in_text), [1, 1, 1]);
+        // The last rule, an empty match as every field `any`, judged what the others left.
+        assert_eq!(hits(&mut in_text), [1, 1, 1, 2]);
         assert_eq!(hits(&mut in_fields), hits(&mut in_text));
     }
 

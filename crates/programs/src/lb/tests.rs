@@ -868,3 +868,22 @@ fn backend_changes_that_cannot_work_are_refused_whole_and_say_why() {
     assert!(refusal(vec![Write::Insert(seventh)]).contains("all 7 backend places (max_backends)"));
     assert_eq!(refusal(vec![Write::Insert(fine)]), "", "its own place");
 }
+
+#[test]
+fn with_every_backend_draining_new_connections_have_none_and_open_ones_stay() {
+    let mut worker = lb();
+    let preparer = worker.clone();
+    let open = send(&mut worker, S, &web_range(0..30, SYN));
+    let draining =
+        [("198.18.1.1", 80), ("198.18.1.2", 80), ("198.18.1.3", 8080)].map(|(address, port)| {
+            let mut entry = current(&preparer, address, port, 6);
+            entry.action = "drain".into();
+            Write::Modify(entry)
+        });
+    change(&mut [&mut worker], &preparer, draining.to_vec());
+    assert_eq!(send(&mut worker, 2 * S, &web_range(0..30, ACK)), open);
+    match verdict(&mut worker, web(30, SYN), 0) {
+        Verdict::Drop(r) => assert_eq!(r.name(worker.drop_reasons()), "no_backend"),
+        other => panic!("{other:?} is not a drop"),
+    }
+}
