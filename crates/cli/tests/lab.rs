@@ -1327,6 +1327,75 @@ fn tcp_udp_and_ping_through_nat_arrive_from_the_external_address() {
     assert!(entry("proto=1 ").contains("icmp"), "{table}");
 }
 
+/// `nat` with endpoint-independent mapping and filtering on live ports, as UDP hole
+/// punching (STUN, RFC 5128) needs it: h1's socket reaches two of h2's ports from one
+/// external port, and a datagram from a third port of h2, which h1 never sent to, reaches
+/// h1. Reloaded to the default filtering (the mapping kept), the same punch to a fresh
+/// socket is dropped as `no_translation`.
+#[test]
+fn udp_hole_punching_works_through_nat_with_endpoint_independent_filtering() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let external = "external = \"198.18.0.100\"";
+    let independent = "mapping = \"endpoint_independent\"\nfiltering = \"endpoint_independent\"";
+    let lab = Lab::up_edited("line-nat.toml", "tnateif", None, |t| {
+        t.replace(external, &format!("{external}\n{independent}"))
+    });
+    // h2 learns h1's mapped endpoint from two of its ports, then punches from a third.
+    let server = "import socket\n\
+         def bound(p):\n    s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n    \
+         s.bind(('198.18.0.2',p)); s.settimeout(10); return s\n\
+         a,b,c=bound(3478),bound(3480),bound(3479)\n\
+         _,pa=a.recvfrom(64); _,pb=b.recvfrom(64)\n\
+         c.sendto(b'punch',pa)\n\
+         print(pa[1],pb[1])";
+    let client = |port: u16| {
+        format!(
+            "import socket\n\
+             s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind(('198.18.0.1',{port}))\n\
+             s.settimeout(3)\n\
+             for p in (3478,3480): s.sendto(b'hello',('198.18.0.2',p))\n\
+             try:\n    d,f=s.recvfrom(64); print(d.decode(),f[1])\n\
+             except OSError: print('nothing')"
+        )
+    };
+    let punch = |port: u16| {
+        let ns = format!("sp-{}-h2", lab.name);
+        let srv = Command::new("ip")
+            .args([
+                "netns", "exec", &ns, "timeout", "20", "python3", "-c", server,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let got = lab.exec("h1", &["timeout", "20", "python3", "-c", &client(port)]);
+        let seen = srv.wait_with_output().unwrap();
+        (
+            text(&got).trim().to_owned(),
+            String::from_utf8_lossy(&seen.stdout).trim().to_owned(),
+        )
+    };
+    let (got, seen) = punch(5000);
+    assert_eq!(got, "punch 3479", "h2's third port reaches h1");
+    let ports: Vec<&str> = seen.split_whitespace().collect();
+    assert!(
+        ports.len() == 2 && ports[0] == ports[1],
+        "one external port for both destinations: {seen}"
+    );
+    // The default filtering lets only answers in.
+    let config = lab_file(&lab, "s1.toml");
+    let first = std::fs::read_to_string(&config).unwrap();
+    let filtering = "filtering = \"endpoint_independent\"\n";
+    assert!(first.contains(filtering), "{first}");
+    std::fs::write(&config, first.replace(filtering, "")).unwrap();
+    let out = ctl(&lab, &["reload"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let before = drops(&lab, "s1", "no_translation");
+    let (got, seen) = punch(5001);
+    assert_eq!(got, "nothing", "h2 reached h1 unasked (h2 saw {seen})");
+    assert!(drops(&lab, "s1", "no_translation") > before);
+}
+
 /// `firewall` on live ports: h1 (inside) reaches h2 with ping and TCP, every byte
 /// arrives; h2 cannot ping h1, and the refusals are counted as unsolicited.
 #[test]

@@ -18,6 +18,12 @@
 //! timeout, which later packets restart (a half-closed connection streams on); a RST
 //! removes the translation after passing.
 //!
+//! Mapping and filtering (RFC 4787): by default a port per connection, shared across
+//! destinations, and only answers come in. `mapping = "endpoint_independent"` gives an
+//! inside endpoint one external port for all its connections, which no other endpoint
+//! gets; `filtering` then lets a packet from an address the endpoint sent to, or from
+//! anywhere, open a translation to it, as a port forward does.
+//!
 //! Workers: each worker keeps its own translations. A worker picks only external ports
 //! whose answers the runtime's flow hash sends back to that same worker, so answers meet
 //! their translation with no state shared between workers. Live ports spread packets by
@@ -100,6 +106,64 @@ pub struct NatConfig {
     /// 4787, 4.2.2: protocols such as RTP and RTCP pair ports by it).
     #[serde(default)]
     pub port_parity: bool,
+    /// How an inside endpoint's connections take external ports (RFC 4787 section 4.1):
+    /// `address_and_port_dependent` (the default: a port per connection, shared across
+    /// destinations) or `endpoint_independent` (one port for all of the endpoint's
+    /// connections, whatever their destination).
+    #[serde(default = "default_behaviour")]
+    pub mapping: String,
+    /// What may come in to a mapped external port (RFC 4787 section 5):
+    /// `address_and_port_dependent` (the default: only answers from where the endpoint
+    /// sent), `address_dependent` (from any port of an address the endpoint sent to) or
+    /// `endpoint_independent` (from anywhere); the latter two need endpoint-independent
+    /// mapping.
+    #[serde(default = "default_behaviour")]
+    pub filtering: String,
+}
+
+fn default_behaviour() -> String {
+    "address_and_port_dependent".into()
+}
+
+/// What may open a translation from the outside to a mapped port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Filtering {
+    /// Nothing: only answers to a translation come in.
+    AddressAndPortDependent,
+    /// A packet from an address the mapped endpoint has a translation to.
+    AddressDependent,
+    /// Any packet.
+    EndpointIndependent,
+}
+
+impl Filtering {
+    fn parse(field: &str, text: &str, independent_mapping: bool) -> Result<Self, ConfigError> {
+        let filtering = match text {
+            "address_and_port_dependent" => Filtering::AddressAndPortDependent,
+            "address_dependent" => Filtering::AddressDependent,
+            "endpoint_independent" => Filtering::EndpointIndependent,
+            other => {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "'{other}' is not address_and_port_dependent, address_dependent or \
+                         endpoint_independent"
+                    ),
+                ));
+            }
+        };
+        if filtering != Filtering::AddressAndPortDependent && !independent_mapping {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "'{text}' needs mapping = \"endpoint_independent\": with a port per \
+                     connection, an external port may serve several inside endpoints, so \
+                     there is no one endpoint to let a packet through to"
+                ),
+            ));
+        }
+        Ok(filtering)
+    }
 }
 
 fn default_ipv6() -> String {
@@ -362,6 +426,80 @@ struct Answers {
     /// Port parity: a destination's ports are counted and listed by parity, as two
     /// destinations, so that a list holds only ports its connections may take.
     parity: bool,
+    /// Under endpoint-independent mapping, each endpoint's port; its ports are then
+    /// counted and listed as one destination's, the pool's.
+    mappings: Option<Mappings>,
+    filtering: Filtering,
+}
+
+/// Endpoint-independent mapping (RFC 4787 REQ-1): an inside endpoint (protocol, address,
+/// port or echo identifier, VLAN) keeps one external port for all its translations, and
+/// that port serves no other endpoint. Kept from the translations' answer entries as they
+/// come and go, so a mapping lives exactly as long as a translation uses it.
+#[derive(Clone, Default)]
+struct Mappings {
+    /// An endpoint's external port.
+    port_of: HashMap<FlowKey, u16>,
+    /// (protocol, external port) -> the endpoint holding it and the translations on it.
+    /// A reload that turns this mapping on may carry translations of two endpoints on one
+    /// port: the first holds it, and it is free once both have ended.
+    holder: HashMap<(u8, u16), (FlowKey, u32)>,
+    /// Under address-dependent filtering, (endpoint, remote address) -> translations.
+    peers: HashMap<(FlowKey, [u8; 16]), u32>,
+}
+
+/// The inside endpoint of the inside connection `inside`: its protocol, source address,
+/// port (echo: identifier) and VLAN.
+fn endpoint_of(inside: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: inside.src,
+        src_port: inside.src_port,
+        proto: inside.proto,
+        vlan: inside.vlan,
+        ip_version: inside.ip_version,
+        ..FlowKey::default()
+    }
+}
+
+impl Mappings {
+    fn add(&mut self, inside: &FlowKey, answer: &FlowKey, peers: bool) {
+        let (endpoint, port) = (endpoint_of(inside), port_of(answer));
+        let (holder, users) = (self.holder)
+            .entry((inside.proto, port))
+            .or_insert((endpoint, 0));
+        *users += 1;
+        if *holder == endpoint {
+            self.port_of.entry(endpoint).or_insert(port);
+        }
+        if peers {
+            *self.peers.entry((endpoint, answer.src)).or_default() += 1;
+        }
+    }
+
+    fn delete(&mut self, inside: &FlowKey, answer: &FlowKey) {
+        let (endpoint, port) = (endpoint_of(inside), port_of(answer));
+        if let Some((holder, users)) = self.holder.get_mut(&(inside.proto, port)) {
+            *users -= 1;
+            if *users == 0 {
+                let holder = *holder;
+                self.holder.remove(&(inside.proto, port));
+                if self.port_of.get(&holder) == Some(&port) {
+                    self.port_of.remove(&holder);
+                }
+            }
+        }
+        if let Some(n) = self.peers.get_mut(&(endpoint, answer.src)) {
+            *n -= 1;
+            if *n == 0 {
+                self.peers.remove(&(endpoint, answer.src));
+            }
+        }
+    }
+
+    /// Whether no endpoint holds `port` for protocol `proto`.
+    fn free(&self, proto: u8, port: u16) -> bool {
+        !self.holder.contains_key(&(proto, port))
+    }
 }
 
 #[derive(Clone, Default)]
@@ -374,7 +512,14 @@ impl Answers {
     /// What an answer's ports are counted and listed under: its destination, and under
     /// port parity the external port's parity.
     fn dest(&self, answer: &FlowKey) -> FlowKey {
-        let mut dest = dest_of(answer);
+        let mut dest = if self.mappings.is_some() {
+            FlowKey {
+                proto: answer.proto,
+                ..FlowKey::default()
+            }
+        } else {
+            dest_of(answer)
+        };
         if self.parity && answer.proto != ICMP {
             dest.dst_port = port_of(answer) & 1;
         }
@@ -392,6 +537,13 @@ impl Answers {
 
     fn add(&mut self, answer: FlowKey, inside: FlowKey, now: u64) -> Result<(), AddError> {
         self.table.add_entry(answer, inside, 0, now)?;
+        if let Some(m) = &mut self.mappings {
+            m.add(
+                &inside,
+                &answer,
+                self.filtering == Filtering::AddressDependent,
+            );
+        }
         let dest = self.dest(&answer);
         self.dests.entry(dest).or_default().in_use += 1;
         Ok(())
@@ -400,8 +552,15 @@ impl Answers {
     /// Deletes an answer entry; its port goes back on its destination's list (a pool port;
     /// not a forwarded one).
     fn delete(&mut self, answer: &FlowKey) {
+        // The inside connection is looked up only where a mapping needs it.
+        let inside = (self.mappings.is_some())
+            .then(|| self.table.get(answer).copied())
+            .flatten();
         if !self.table.delete(answer) {
             return;
+        }
+        if let (Some(m), Some(inside)) = (&mut self.mappings, inside) {
+            m.delete(&inside, answer);
         }
         let dest = self.dest(answer);
         let Some(d) = self.dests.get_mut(&dest) else {
@@ -720,6 +879,18 @@ impl Nat {
                 ));
             }
         };
+        let independent = match cfg.mapping.as_str() {
+            "address_and_port_dependent" => false,
+            "endpoint_independent" => true,
+            other => {
+                return Err(ConfigError::new(
+                    format!("{field}.mapping"),
+                    format!("'{other}' is not address_and_port_dependent or endpoint_independent"),
+                ));
+            }
+        };
+        let filtering =
+            Filtering::parse(&format!("{field}.filtering"), &cfg.filtering, independent)?;
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
         let mut translations =
@@ -746,6 +917,8 @@ impl Nat {
                 dests: HashMap::new(),
                 pool: (first_port, u32::from(last_port - first_port) + 1),
                 parity: cfg.port_parity,
+                mappings: independent.then(Mappings::default),
+                filtering,
             },
             port_probes: 0,
             forwards,
@@ -775,14 +948,21 @@ impl Nat {
         }
         let carried = self.translations.adopt(&mut old.translations);
         // The destinations are counted by parity or not: as the old ones were, or again.
+        let (new, was) = (&self.answers, &old.answers);
         let whole = !carried.lost()
-            && old.answers.parity == self.answers.parity
+            && was.parity == new.parity
+            && was.mappings.is_some() == new.mappings.is_some()
+            && was.filtering == new.filtering
             && self.answers.table.adopt(&mut old.answers.table).dropped == 0;
         if whole {
             self.answers.dests = std::mem::take(&mut old.answers.dests);
+            self.answers.mappings = old.answers.mappings.take();
         } else {
             self.answers.table.clear();
             self.answers.dests.clear();
+            if let Some(m) = &mut self.answers.mappings {
+                *m = Mappings::default();
+            }
             let kept: Vec<(FlowKey, u16)> = (self.translations.iter())
                 .map(|(inside, t, _)| (*inside, t.external_port))
                 .collect();
@@ -822,6 +1002,13 @@ impl Nat {
     fn choose_port(&mut self, key: &FlowKey, ctx: &Context) -> Option<u16> {
         let (external, (first, pool)) = (self.external, self.answers.pool);
         let parity = self.answers.parity;
+        let mappings = self.answers.mappings.as_ref();
+        if let Some(&port) = mappings.and_then(|m| m.port_of.get(&endpoint_of(key))) {
+            // The endpoint's port; taken for this destination only where a reload carried
+            // another endpoint's connection on it.
+            let answer = answer_key(key, external, port);
+            return self.answers.get(&answer).is_none().then_some(port);
+        }
         // The destination's ports of the parity this connection may take.
         let dest = self
             .answers
@@ -837,6 +1024,7 @@ impl Nat {
             let here = ctx.workers <= 1
                 || shard_of(ctx.hasher.hash_connection(&answer), ctx.workers) == ctx.worker;
             here && table.find_id(&answer).is_none()
+                && mappings.is_none_or(|m| m.free(key.proto, port))
         };
         let chosen = 'chosen: {
             let offset = u32::from(key.src_port.wrapping_sub(first));
@@ -938,6 +1126,37 @@ impl Nat {
         Some(inside)
     }
 
+    /// A packet from the outside to a mapped port that its filtering lets in (a TCP SYN,
+    /// or any UDP datagram; RFC 4787 REQ-8, RFC 5382 REQ-3): a translation to the
+    /// endpoint holding the port, made as a forwarded port's is. Returns its inside key.
+    fn let_in(&mut self, outside: &FlowKey, tcp_flags: u8, now: u64) -> Option<FlowKey> {
+        let answers = &self.answers;
+        let mappings = answers.mappings.as_ref()?;
+        let opens = match outside.proto {
+            TCP => tcp_flags & (flags::SYN | flags::ACK | flags::RST) == flags::SYN,
+            proto => proto == UDP,
+        };
+        if answers.filtering == Filtering::AddressAndPortDependent || !opens {
+            return None;
+        }
+        let (endpoint, _) = mappings.holder.get(&(outside.proto, outside.dst_port))?;
+        if answers.filtering == Filtering::AddressDependent
+            && !mappings.peers.contains_key(&(*endpoint, outside.src))
+        {
+            return None;
+        }
+        let inside = FlowKey {
+            src: endpoint.src,
+            src_port: endpoint.src_port,
+            dst: outside.src,
+            dst_port: outside.src_port,
+            in_port: 0,
+            ..*outside
+        };
+        self.insert(inside, outside.dst_port, false, now).ok()?;
+        Some(inside)
+    }
+
     /// Removes a translation and its answer entry.
     fn remove(&mut self, key: &FlowKey, port: u16) {
         self.translations.delete(key);
@@ -1034,7 +1253,9 @@ impl Nat {
                     self.expired[t.state as usize] += 1;
                     self.remove(&inside, t.external_port);
                 }
-                match self.forwarded(&outside, tcp_flags, d.ts_ns) {
+                let opened = (self.forwarded(&outside, tcp_flags, d.ts_ns))
+                    .or_else(|| self.let_in(&outside, tcp_flags, d.ts_ns));
+                match opened {
                     Some(inside) => inside,
                     None => return Verdict::Drop(NO_TRANSLATION),
                 }
@@ -1236,6 +1457,10 @@ impl Program for Nat {
              that took it only on the switch that chose its port"
         } else if !self.forwards.is_empty() {
             "a forwarded port is fixed, so its connections' two directions may reach different workers"
+        } else if self.answers.mappings.is_some() {
+            "under endpoint-independent mapping an endpoint's port serves every destination, \
+             and the runtime's flow hash sends answers from different destinations to \
+             different workers"
         } else {
             return Ok(());
         };
@@ -1617,6 +1842,12 @@ mod tests {
         let mut replicated = nat("");
         assert!(replicated.replicate("translations"));
         assert!(one_worker.check_workers(2, false).is_ok());
+        let refused = nat(EIM).check_workers(2, false).unwrap_err();
+        assert!(
+            refused.contains("endpoint-independent mapping"),
+            "{refused}"
+        );
+        assert!(nat(EIM).check_workers(1, false).is_ok());
         assert!(
             replicated
                 .check_workers(2, false)
@@ -2007,6 +2238,147 @@ mod tests {
         // Another remote can reuse the ports: translations are per connection.
         let elsewhere = frame("198.18.0.3", "198.19.0.9", tcp(2000, 80, flags::SYN));
         assert_eq!(one(&mut n, S, elsewhere, 0).0, OUT);
+    }
+
+    const EIM: &str = "mapping = \"endpoint_independent\"";
+
+    /// Under endpoint-independent mapping an inside endpoint keeps one external port for
+    /// every destination, no other endpoint gets that port even for another destination
+    /// (where a port per connection would share it), the pool runs out by endpoints, not
+    /// connections, and a mapping lives as long as a translation uses it.
+    #[test]
+    fn endpoint_independent_mapping_gives_an_endpoint_one_port_for_every_destination() {
+        let syn =
+            |host: &str, remote: &str, port: u16| frame(host, remote, tcp(port, 80, flags::SYN));
+        let port_of = |n: &mut Nat, f: Vec<u8>| {
+            let (v, k, _) = one(n, S, f, 0);
+            assert_eq!(v, OUT);
+            k.src_port
+        };
+        for mapping in ["", EIM] {
+            let mut n = nat(&format!("ports = \"2000-2003\"\n{mapping}"));
+            // Three destinations from 198.18.0.1:3000 (outside the pool: a port is drawn).
+            let first = port_of(&mut n, syn("198.18.0.1", "198.19.0.1", 3000));
+            let again: Vec<u16> = ["198.19.0.2", "198.19.0.3"]
+                .map(|r| port_of(&mut n, syn("198.18.0.1", r, 3000)))
+                .into();
+            // Another endpoint asking for that very port, to another destination.
+            let other = port_of(&mut n, syn("198.18.0.2", "198.19.0.9", first));
+            if mapping.is_empty() {
+                assert_eq!(
+                    other, first,
+                    "a port per connection is shared across destinations"
+                );
+                continue;
+            }
+            assert_eq!(again, [first, first], "one port for every destination");
+            assert_ne!(other, first, "an endpoint's port serves no other endpoint");
+            // The pool runs out by endpoints: two more take the last two ports, a fifth
+            // endpoint finds none, while the first opens its fourth connection.
+            port_of(&mut n, syn("198.18.0.3", "198.19.0.1", 3000));
+            port_of(&mut n, syn("198.18.0.4", "198.19.0.1", 3000));
+            let fifth = syn("198.18.0.5", "198.19.0.1", 3000);
+            assert_eq!(
+                one(&mut n, S, fifth.clone(), 0).0,
+                Verdict::Drop(PORTS_EXHAUSTED)
+            );
+            assert_eq!(
+                port_of(&mut n, syn("198.18.0.1", "198.19.0.4", 3000)),
+                first
+            );
+            // Once every translation of the first endpoint is reset, its port is free.
+            for r in ["198.19.0.1", "198.19.0.2", "198.19.0.3", "198.19.0.4"] {
+                let rst = frame("198.18.0.1", r, tcp(3000, 80, flags::RST));
+                assert_eq!(one(&mut n, S, rst, 0).0, OUT);
+            }
+            assert_eq!(port_of(&mut n, fifth), first);
+        }
+    }
+
+    /// What comes in to a mapped port, by filtering (RFC 4787 section 5): from the
+    /// address and port the endpoint sent to (always), another port of that address
+    /// (address-dependent and endpoint-independent), another address (endpoint-
+    /// independent only). What comes in opens a translation to the endpoint, answered
+    /// from its port; a TCP segment other than a SYN opens nothing.
+    #[test]
+    fn filtering_lets_in_what_it_says_to_the_mapped_endpoint() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let cases = [
+            ("address_and_port_dependent", [true, false, false]),
+            ("address_dependent", [true, true, false]),
+            ("endpoint_independent", [true, true, true]),
+        ];
+        for (filtering, expected) in cases {
+            let mut n = nat(&format!("{EIM}\nfiltering = \"{filtering}\""));
+            let (v, k, _) = one(&mut n, S, frame(INSIDE, REMOTE, udp(5000, 3478)), 0);
+            assert_eq!(v, OUT);
+            let mapped = k.src_port;
+            let senders = [(REMOTE, 3478), (REMOTE, 3479), ("198.19.0.77", 3478)];
+            for ((host, port), expected) in senders.into_iter().zip(expected) {
+                let (v, k, bytes) = one(&mut n, S, frame(host, EXTERNAL, udp(port, mapped)), 1);
+                let came_in = v == IN;
+                assert_eq!(came_in, expected, "{filtering}: from {host}:{port}");
+                if !came_in {
+                    assert_eq!(v, Verdict::Drop(NO_TRANSLATION));
+                    continue;
+                }
+                assert_eq!((addr(&k, false), k.dst_port), (ip(INSIDE), 5000));
+                assert!(ipv4_checksums_valid(&bytes));
+                // The endpoint's answer leaves from its mapped port.
+                let answer = frame(INSIDE, host, udp(5000, port));
+                let (v, k, _) = one(&mut n, S, answer, 0);
+                assert_eq!((v, addr(&k, true), k.src_port), (OUT, ip(EXTERNAL), mapped));
+            }
+            if filtering != "endpoint_independent" {
+                continue;
+            }
+            // TCP: a SYN from anywhere opens; another segment does not.
+            let (_, k, _) = one(
+                &mut n,
+                S,
+                frame(INSIDE, REMOTE, tcp(6000, 80, flags::SYN)),
+                0,
+            );
+            let tcp_mapped = k.src_port;
+            let from_afar = |f| frame("198.19.0.88", EXTERNAL, tcp(443, tcp_mapped, f));
+            assert_eq!(
+                one(&mut n, S, from_afar(flags::ACK), 1).0,
+                Verdict::Drop(NO_TRANSLATION)
+            );
+            let (v, k, _) = one(&mut n, S, from_afar(flags::SYN), 1);
+            assert_eq!((v, k.dst_port), (IN, 6000));
+            // A port no endpoint holds lets nothing in.
+            let stray = frame("198.19.0.88", EXTERNAL, udp(1, mapped.wrapping_add(1)));
+            assert_eq!(one(&mut n, S, stray, 1).0, Verdict::Drop(NO_TRANSLATION));
+        }
+    }
+
+    /// A reload that turns endpoint-independent mapping on keeps the translations and
+    /// builds the mappings from them: the endpoint's next connection takes its carried
+    /// port; one that keeps it on carries the mappings whole, filtering included.
+    #[test]
+    fn a_reload_builds_mappings_from_the_translations_it_keeps() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        // Inside ports outside the pool, so that ports are drawn, not kept.
+        let pool = "ports = \"2000-2999\"";
+        let mut before = nat(pool);
+        let (_, k, _) = one(&mut before, S, frame(INSIDE, REMOTE, udp(5000, 53)), 0);
+        let port = k.src_port;
+        let eif = format!("{pool}\n{EIM}\nfiltering = \"endpoint_independent\"");
+        for old in [before, nat(&eif)] {
+            let mut old = old;
+            if old.answers.mappings.is_some() {
+                one(&mut old, S, frame(INSIDE, REMOTE, udp(5000, 53)), 0);
+            }
+            let mut n = nat(&eif);
+            let carried = n.inherit(old, 2 * S);
+            assert_eq!(carried[0].kept, 1, "{carried:?}");
+            let elsewhere = frame(INSIDE, "198.19.0.66", udp(5000, 53));
+            let (v, k, _) = one(&mut n, 2 * S, elsewhere, 0);
+            assert_eq!((v, k.src_port), (OUT, port));
+            let stranger = frame("198.19.0.99", EXTERNAL, udp(7, port));
+            assert_eq!(one(&mut n, 2 * S, stranger, 1).0, IN);
+        }
     }
 
     /// Thousands of inside hosts to one server through a pool of 1,024 ports: every port
@@ -2519,6 +2891,20 @@ mod tests {
             (
                 "external = \"198.18.0.9\"\nipv6 = \"maybe\"",
                 "program.nat.ipv6",
+            ),
+            (
+                "external = \"198.18.0.9\"\nmapping = \"independent\"",
+                "program.nat.mapping",
+            ),
+            (
+                "external = \"198.18.0.9\"\nmapping = \"endpoint_independent\"\n\
+                 filtering = \"open\"",
+                "program.nat.filtering",
+            ),
+            // Letting in to a port that several endpoints may share names no one endpoint.
+            (
+                "external = \"198.18.0.9\"\nfiltering = \"endpoint_independent\"",
+                "program.nat.filtering",
             ),
         ] {
             let cfg: NatConfig = toml::from_str(text).unwrap();
