@@ -868,6 +868,25 @@ fn programs_that_need_one_worker_refuse_more() {
     }
 }
 
+/// `nat` on several workers over live ports spreads packets by the remote address, which
+/// AF_XDP cannot: `io = "afxdp"` is refused before any interface is opened, naming the fix.
+#[test]
+fn nat_on_several_workers_refuses_afxdp_by_name() {
+    let cfg = tmp("nat-afxdp.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\nio = \"afxdp\"\ncontrol = \"off\"\n[program]\nname = \"nat\"\n\
+         [program.nat]\nexternal = \"198.18.255.1\"\ninside = \"a\"\noutside = \"b\"\n\
+         [[port]]\nname = \"a\"\niface = \"nosuch0\"\n[[port]]\nname = \"b\"\niface = \"nosuch1\"\n",
+    )
+    .unwrap();
+    let err = refused(
+        &["run", "-c", &cfg.to_string_lossy()],
+        "which AF_XDP cannot",
+    );
+    assert!(err.contains("io = \"afpacket\""), "{err}");
+}
+
 /// SIGINT during a run over a capture: what was read goes through the program and out,
 /// the summary counts it, and the exit is 130 (it ended at once, without either).
 #[test]

@@ -1133,6 +1133,59 @@ fn path_mtu_discovery_works_through_nat() {
     assert!(sent >= mib(20), "iperf3 sent {sent}");
 }
 
+/// `nat` on two workers over live ports, which its fanout groups spread by the remote
+/// address: h1 sends an exact transfer to each of eight addresses of h2, across r1's
+/// 1280-byte link, so each needs path MTU discovery, whose errors come from r1 and reach
+/// the worker of the connection they quote. Every byte arrives, no answer is unknown, and
+/// both workers carried traffic.
+#[test]
+fn nat_on_two_workers_spreads_remote_hosts_and_their_errors_over_them() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The default io: AF_XDP would spread by the NIC's hash, so the switch takes AF_PACKET.
+    let mut lab = Lab::up_edited("nat-pmtu.toml", "tnat2w", None, |t| {
+        t.replace("workers = 1", "workers = 2")
+    });
+    let remotes = [
+        "198.18.1.2",
+        "198.18.1.3",
+        "198.18.1.4",
+        "198.18.1.5",
+        "198.18.1.6",
+        "198.18.1.7",
+        "198.18.1.8",
+        "198.18.1.9",
+    ];
+    for remote in &remotes[1..] {
+        let out = lab.exec(
+            "h2",
+            &["ip", "addr", "add", &format!("{remote}/24"), "dev", "eth0"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    for (i, remote) in remotes.into_iter().enumerate() {
+        lab.server = remote;
+        let (sent, received) = exact_transfer(&lab, 1 << 20, 5310 + i as u16);
+        assert_eq!(sent, received, "every byte to {remote}");
+        let route = text(&lab.exec("h1", &["ip", "route", "get", remote]));
+        assert!(
+            route.contains("mtu 1280"),
+            "h1 learnt {remote}'s path MTU:\n{route}"
+        );
+    }
+    assert_eq!(drops(&lab, "s1", "no_translation"), 0);
+    let metrics = metric_lines(&lab, "s1");
+    let received = |w: &str| {
+        let prefix = format!("stateplane_rx_packets_total{{worker=\"{w}\"}} ");
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    assert!(
+        received("0") > 500 && received("1") > 500,
+        "both workers carried transfers:\n{metrics}"
+    );
+}
+
 /// IPv6 through `nat` on live ports, under its default `ipv6 = "stateful"`: h1 (inside)
 /// pings h2 by its link-local address, neighbor discovery crossing both ways; h2's pings
 /// to h1 are dropped and counted as unsolicited.

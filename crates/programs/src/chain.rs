@@ -16,7 +16,8 @@
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{
-    Burst, Context, DropReason, Prepared, Program, ProgramFactory, Running, Verdict,
+    Burst, Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Steering,
+    Verdict,
 };
 use stateplane_state::{Carried, ControlError, Declaration, Notification, Reply, Request};
 use std::collections::BTreeMap;
@@ -231,6 +232,16 @@ impl Program for Chain {
 
     fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
         (self.stages.iter()).try_for_each(|s| s.check_workers(workers, live))
+    }
+
+    /// As the first stage that asks for a port's steering says: a flow's two directions
+    /// reach one worker under any steering, so the other stages keep their flows. (Only
+    /// `nat` asks, and a chain cannot hold two: both would declare `translations`.)
+    fn steering(&self, port: PortId) -> Steering {
+        (self.stages.iter())
+            .map(|s| s.steering(port))
+            .find(|s| *s != Steering::Flow)
+            .unwrap_or_default()
     }
 
     fn declarations(&self) -> Vec<Declaration> {

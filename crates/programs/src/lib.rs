@@ -710,6 +710,10 @@ impl Program for Guaranteed {
         self.inner.check_workers(workers, live)
     }
 
+    fn steering(&self, port: PortId) -> stateplane_runtime::Steering {
+        self.inner.steering(port)
+    }
+
     fn requests(&mut self, out: &mut Vec<Request>) {
         self.inner.requests(out);
     }

@@ -24,10 +24,11 @@
 //! gets; `filtering` then lets a packet from an address the endpoint sent to, or from
 //! anywhere, open a translation to it, as a port forward does.
 //!
-//! Workers: each worker keeps its own translations. A worker picks only external ports
-//! whose answers the runtime's flow hash sends back to that same worker, so answers meet
-//! their translation with no state shared between workers. Live ports spread packets by
-//! the kernel's own hash instead, so a live `nat` runs with one worker.
+//! Workers: each worker keeps its own translations, with no state shared between workers.
+//! Offline, a worker picks only external ports whose answers the runtime's flow hash sends
+//! back to it. On live ports `nat` asks the fanout groups to spread packets by the remote
+//! address (`steering`), so a remote host's packets both ways, and the ICMP errors about
+//! them, reach one worker, and any port's answers come back to the worker that chose it.
 //!
 //! ICMP errors (destination unreachable, fragmentation needed among them, time exceeded,
 //! parameter problem) about a translated connection are translated as its packets are
@@ -60,7 +61,7 @@ use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4};
 use serde::Deserialize;
 use stateplane_runtime::{
-    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Verdict,
+    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
@@ -1021,7 +1022,9 @@ impl Nat {
                 return false;
             }
             let answer = answer_key(key, external, port);
-            let here = ctx.workers <= 1
+            // Live ports spread by the remote address (`steering`): any port comes back here.
+            let here = !ctx.by_hash
+                || ctx.workers <= 1
                 || shard_of(ctx.hasher.hash_connection(&answer), ctx.workers) == ctx.worker;
             here && table.find_id(&answer).is_none()
                 && mappings.is_none_or(|m| m.free(key.proto, port))
@@ -1446,16 +1449,17 @@ impl Program for Nat {
         self.expire_all(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
-    /// Answers reach the worker that holds their translation only when the runtime's own
-    /// flow hash spreads packets and the external port is chosen for it: not on live ports
-    /// (the kernel spreads them), nor for a forwarded port (fixed).
+    /// Answers reach the worker that holds their translation when live ports spread
+    /// packets by the remote address (`steering`), or, offline, when the runtime's flow
+    /// hash spreads them and the external port is chosen for it: so not offline for a
+    /// forwarded port (fixed). Nor, anywhere, under endpoint-independent mapping (one port
+    /// for every remote) or replication (a connection is the flow of the switch that
+    /// chose its port).
     fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
-        let why = if live {
-            "on live ports the kernel spreads packets by its own hash, which does not know the translation"
-        } else if self.translations.replicated() {
+        let why = if self.translations.replicated() {
             "replicated, a connection is one worker's flow, and its answers reach the worker \
              that took it only on the switch that chose its port"
-        } else if !self.forwards.is_empty() {
+        } else if !live && !self.forwards.is_empty() {
             "a forwarded port is fixed, so its connections' two directions may reach different workers"
         } else if self.answers.mappings.is_some() {
             "under endpoint-independent mapping an endpoint's port serves every destination, \
@@ -1470,6 +1474,18 @@ impl Program for Nat {
             ));
         }
         Ok(())
+    }
+
+    /// Live ports spread by the remote address: every packet to and from one remote host,
+    /// and the ICMP errors about them, reaches the worker that holds their translations.
+    fn steering(&self, port: PortId) -> Steering {
+        if port == self.inside {
+            Steering::RemoteIsDestination
+        } else if port == self.outside {
+            Steering::RemoteIsSource
+        } else {
+            Steering::Flow
+        }
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
@@ -1848,6 +1864,21 @@ mod tests {
             "{refused}"
         );
         assert!(nat(EIM).check_workers(1, false).is_ok());
+        // Live ports spread by the remote address, as `steering` asks: there a forwarded
+        // port's connection (its client is the remote) stays on one worker too.
+        let forwarding = nat("forwards = [{ proto = \"tcp\", port = 80, to = \"198.18.0.9\" }]");
+        assert!(forwarding.check_workers(2, false).is_err());
+        assert!(forwarding.check_workers(2, true).is_ok());
+        assert!(one_worker.check_workers(2, true).is_ok());
+        assert!(nat(EIM).check_workers(2, true).is_err());
+        assert_eq!(
+            [0, 1, 2].map(|p| one_worker.steering(p)),
+            [
+                Steering::RemoteIsDestination,
+                Steering::RemoteIsSource,
+                Steering::Flow
+            ]
+        );
         assert!(
             replicated
                 .check_workers(2, false)
@@ -2585,6 +2616,26 @@ mod tests {
                 let (v, _) = run_as(&mut n, S, &[(answer, 1)], worker, workers).remove(0);
                 assert_eq!(v, IN);
             }
+        }
+    }
+
+    /// On live ports with several workers, which spread packets by the remote address, any
+    /// port's answers come back: each connection keeps its own port, as with one worker,
+    /// rather than one of the ports the runtime's hash would send back.
+    #[test]
+    fn on_live_ports_a_worker_takes_any_port() {
+        let mut n = nat("");
+        let live = || Context {
+            worker: 1,
+            workers: 2,
+            by_hash: false,
+            ..ctx(S, 3)
+        };
+        for port in 3000..3050u16 {
+            let f = frame(INSIDE, REMOTE, tcp(port, 443, flags::SYN));
+            let (v, bytes) = crate::testutil::run_in(&mut n, &[(f, 0)], live()).remove(0);
+            let out = parse(&bytes, 0, &hasher()).unwrap().key;
+            assert_eq!((v, out.src_port), (OUT, port));
         }
     }
 

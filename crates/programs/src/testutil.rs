@@ -218,17 +218,27 @@ pub fn run_at(
     (worker, workers): (usize, usize),
     ports: usize,
 ) -> Vec<(stateplane_runtime::Verdict, Vec<u8>)> {
+    let c = Context {
+        worker,
+        workers,
+        ..ctx(t, ports)
+    };
+    run_in(program, frames, c)
+}
+
+/// As [`run_at`], in the context `c` (its time, worker, and how packets reached it).
+pub fn run_in(
+    program: &mut impl Program,
+    frames: &[(Vec<u8>, PortId)],
+    mut c: Context,
+) -> Vec<(stateplane_runtime::Verdict, Vec<u8>)> {
+    let t = c.now_ns;
     let mut b = Burst::with_capacity(frames.len().max(1));
     for (i, (f, port)) in frames.iter().enumerate() {
         b.push(f, f.len() as u32, t, *port, i as u64);
     }
     b.now_ns = t;
     b.parse(&hasher());
-    let mut c = Context {
-        worker,
-        workers,
-        ..ctx(t, ports)
-    };
     program.process(&mut b, &mut c);
     (0..b.len())
         .map(|i| (b.descs()[i].verdict, b.data(i).to_vec()))

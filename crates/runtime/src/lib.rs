@@ -39,7 +39,7 @@ pub use counters::{Counter, SharedStats, Stats};
 pub use held::{Held, HeldPacket};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{
-    ChunkedFile, FileRecord, LiveQueue, MemoryRx, PortCounters, RxPacket, RxPort, TxPort,
+    ChunkedFile, FileRecord, LiveQueue, MemoryRx, PortCounters, RxPacket, RxPort, Steering, TxPort,
 };
 pub use program::{
     Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,

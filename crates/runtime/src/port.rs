@@ -157,6 +157,21 @@ impl PortCounters {
     }
 }
 
+/// How a live port shared by several workers spreads what it receives over them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Steering {
+    /// By the kernel's symmetric flow hash: both directions of a flow reach one worker.
+    #[default]
+    Flow,
+    /// By the remote endpoint's address, which is the source of what this port receives
+    /// (of an ICMP error, the destination of the packet it quotes): every packet to and
+    /// from one remote address, errors about them included, reaches one worker.
+    RemoteIsSource,
+    /// By the remote endpoint's address, which is the destination of what this port
+    /// receives (of an ICMP error, the source of the packet it quotes).
+    RemoteIsDestination,
+}
+
 /// One worker's queue pair on a live interface: receive and transmit (an AF_PACKET fanout
 /// member with its transmit ring, an AF_XDP socket).
 pub trait LiveQueue: Send {

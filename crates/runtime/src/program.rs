@@ -193,6 +193,13 @@ pub trait Program: Send {
         Ok(())
     }
 
+    /// How live port `port` is to spread packets over several workers. A program that
+    /// asks for anything but the flow hash gets it, or the run does not start (AF_XDP
+    /// spreads by the NIC's hash and cannot), so `check_workers` may count on it.
+    fn steering(&self, _port: PortId) -> crate::Steering {
+        crate::Steering::Flow
+    }
+
     /// The tables and registers the program keeps, as the control plane sees them.
     fn declarations(&self) -> Vec<Declaration> {
         Vec::new()
@@ -421,6 +428,7 @@ pub trait Running: Send {
     fn poll(&mut self, out: &mut Burst, ctx: &mut Context);
     fn drop_reasons(&self) -> &'static [&'static str];
     fn check_workers(&self, workers: usize, live: bool) -> Result<(), String>;
+    fn steering(&self, port: PortId) -> crate::Steering;
     fn declarations(&self) -> Vec<Declaration>;
     fn prepare(&self, request: &Request) -> Result<Option<Prepared>, ControlError>;
     fn control(
@@ -481,6 +489,10 @@ impl<P: Program + 'static> Running for P {
 
     fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
         Program::check_workers(self, workers, live)
+    }
+
+    fn steering(&self, port: PortId) -> crate::Steering {
+        Program::steering(self, port)
     }
 
     fn declarations(&self) -> Vec<Declaration> {

@@ -34,7 +34,8 @@ use crate::units::{CaptureBuffer, MemoryBudget, bounded};
 use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_programs::PortNames;
 use stateplane_runtime::{
-    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, TxPort, run_offline,
+    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, Steering, TxPort,
+    run_offline,
 };
 use stateplane_state::Guarantee;
 use stateplane_wire::FlowHasher;
@@ -183,8 +184,16 @@ impl Switch {
                 return Err("--control-pcap is for runs over capture files; a live run counts packets for the control plane".into());
             }
             let rebuild_options = options.clone();
-            let started = StartedWith::of(&cfg, &factory);
+            let started = StartedWith::of(&cfg, &factory, port_names.len());
+            let steering = started.steering.clone();
+            if workers > 1 && io == IoChoice::AfXdp && steering.iter().any(|s| *s != Steering::Flow)
+            {
+                return Err(format!(
+                    "io = \"afxdp\": the program `{program}` spreads packets over its {workers} workers by the remote address, which AF_XDP cannot (the NIC's hash picks each packet's queue); use io = \"afpacket\" or \"auto\" (--io), or workers = 1"
+                ));
+            }
             Ports::Live(Box::new(LiveRun {
+                steering,
                 program: program.clone(),
                 port_names: port_names.clone(),
                 interfaces: ports.iter().filter_map(|p| p.iface.clone()).collect(),
@@ -447,16 +456,25 @@ struct StartedWith {
     replication: Option<crate::replication_stage::ReplicationSettings>,
     /// The states kept `replicated`, by name.
     replicated: Vec<String>,
+    /// How each live port spreads packets over the workers (its fanout group's program).
+    steering: Vec<Steering>,
 }
 
 impl StartedWith {
-    fn of(cfg: &RunConfig, factory: &ProgramFactory) -> StartedWith {
+    fn of(cfg: &RunConfig, factory: &ProgramFactory, ports: usize) -> StartedWith {
         StartedWith {
             sync: cfg.sync.clone(),
             replication: cfg.replication.clone(),
             replicated: replicated_states(factory),
+            steering: steerings(factory, ports),
         }
     }
+}
+
+/// How the program asks each of `ports` live ports to spread packets over the workers.
+fn steerings(factory: &ProgramFactory, ports: usize) -> Vec<Steering> {
+    let program = factory(0);
+    (0..ports).map(|p| program.steering(p as PortId)).collect()
 }
 
 /// The names of the states a program keeps `replicated`, in order.
@@ -495,6 +513,11 @@ fn reload_program(
     });
     let factory = loaded?.1;
     factory(0).check_workers(workers, true)?;
+    let steering = steerings(&factory, names.0.len());
+    let at = |s: &[Steering], p: usize| s.get(p).copied().unwrap_or_default();
+    if workers > 1 && (0..names.0.len()).any(|p| at(&steering, p) != at(&started.steering, p)) {
+        return Err("a reload keeps how the live ports spread packets over the workers (by the flow hash, or by the remote address for `nat`), which was set when they were opened; restart the switch to change the program or its ports so".into());
+    }
     sync_plan(&cfg, &factory, workers)?;
     if cfg.sync != started.sync {
         return Err("sync: a reload keeps the [sync] section the switch started with (its stages and sockets are the workers'); restart the switch to start, stop or change syncing".into());
@@ -632,6 +655,49 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
     }
 
+    /// On several workers a reload keeps how the live ports spread packets: `nat`'s
+    /// steering by the remote address, with its ports on the same sides; one that would
+    /// change it is refused (the fanout groups were made with it). On one worker it does
+    /// not matter.
+    #[test]
+    fn a_reload_keeps_the_steering_the_ports_were_opened_with() {
+        let path = std::env::temp_dir().join(format!(
+            "stateplane-reload-steering-{}.toml",
+            std::process::id()
+        ));
+        let nat = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.0.100\"\n\
+                   inside = \"p0\"\noutside = \"p1\"\n";
+        std::fs::write(&path, nat).unwrap();
+        let options = SwitchOptions {
+            config_path: Some(path.clone()),
+            ..SwitchOptions::default()
+        };
+        let names = PortNames(vec!["p0".into(), "p1".into()]);
+        let cfg = RunConfig::load(&path).unwrap();
+        let (_, factory) = load_program(None, &cfg, &names).unwrap();
+        let started = StartedWith::of(&cfg, &factory, 2);
+        assert_eq!(
+            started.steering,
+            [Steering::RemoteIsDestination, Steering::RemoteIsSource]
+        );
+        std::fs::write(&path, nat.replace("198.18.0.100", "198.18.0.101")).unwrap();
+        assert!(reload_program(&options, &names, 2, &started).is_ok());
+        let swapped = nat
+            .replace("\"p0\"", "\"pX\"")
+            .replace("\"p1\"", "\"p0\"")
+            .replace("\"pX\"", "\"p1\"");
+        for changed in [swapped.as_str(), "[program]\nname = \"forward\"\n"] {
+            std::fs::write(&path, changed).unwrap();
+            let refused = reload_program(&options, &names, 2, &started).err().unwrap();
+            assert!(
+                refused.contains("a reload keeps how the live ports spread"),
+                "{refused}"
+            );
+            assert!(reload_program(&options, &names, 1, &started).is_ok());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
     /// A reload keeps the switch's sync: one that would start, stop or change it is
     /// refused (its synced state would go unsent, or to a collector no stage knows).
     #[test]
@@ -682,7 +748,7 @@ mod tests {
         let names = PortNames(vec!["p0".into(), "p1".into()]);
         let cfg = RunConfig::load(&path).unwrap();
         let (_, factory) = load_program(None, &cfg, &names).unwrap();
-        let started = StartedWith::of(&cfg, &factory);
+        let started = StartedWith::of(&cfg, &factory, 2);
         assert_eq!(started.replicated, ["sketch"]);
         // The same again, and another setting of the program: a reload.
         assert!(reload_program(&options, &names, 1, &started).is_ok());

@@ -10,7 +10,7 @@ use stateplane_io::live::{self, RingConfig};
 use stateplane_runtime::live::{LiveQueues, run_live};
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{ControlPlane, Counter};
-use stateplane_runtime::{PortId, ProgramFactory};
+use stateplane_runtime::{PortId, ProgramFactory, Steering};
 use stateplane_runtime::{Reload, Taken};
 use stateplane_runtime::{RunHandle, RuntimeConfig};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -222,6 +222,8 @@ impl LiveQueue for ObserveOnly {
 
 pub struct LiveRun {
     pub io: IoChoice,
+    /// How each port spreads packets over the workers, as the program asks.
+    pub steering: Vec<Steering>,
     pub program: String,
     pub port_names: Vec<String>,
     /// The interface of each port, in port order.
@@ -299,17 +301,26 @@ pub fn run(run: LiveRun) -> SetupResult<Outcome> {
         .collect();
     for (port, iface) in run.interfaces.iter().enumerate() {
         claim_rings(&run, iface, &rings)?;
+        let steering = run.steering.get(port).copied().unwrap_or_default();
         let opened = match run.io {
             IoChoice::AfXdp => live::open_afxdp(iface, workers),
-            IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings),
-            IoChoice::Observe => {
-                live::open_afpacket(iface, workers, &RingConfig::monitor(run.monitor_buffer))
+            IoChoice::AfPacket => live::open_afpacket(iface, workers, &rings, steering),
+            IoChoice::Observe => live::open_afpacket(
+                iface,
+                workers,
+                &RingConfig::monitor(run.monitor_buffer),
+                steering,
+            ),
+            // AF_XDP spreads by the NIC's hash: a program steering otherwise gets AF_PACKET.
+            IoChoice::Auto if workers > 1 && steering != Steering::Flow => {
+                log::info!("{iface}: AF_PACKET, whose fanout steers as the program asks");
+                live::open_afpacket(iface, workers, &rings, steering)
             }
             IoChoice::Auto => match live::open_afxdp(iface, workers) {
                 Err(e @ live::LiveError::NoSuchInterface { .. }) => Err(e),
                 Err(e) => {
                     log::info!("{iface}: AF_XDP not possible ({e}); using AF_PACKET");
-                    live::open_afpacket(iface, workers, &rings)
+                    live::open_afpacket(iface, workers, &rings, steering)
                 }
                 ok => ok,
             },

@@ -279,6 +279,8 @@ impl FlowMonitor {
             } => {
                 let outcome = daemon::run(LiveRun {
                     io: IoChoice::Observe,
+                    // Flow records are per flow: the flow hash keeps each on one worker.
+                    steering: Vec::new(),
                     program: "flows".into(),
                     port_names: interfaces.clone(),
                     interfaces,

@@ -12,8 +12,10 @@
 //! receive socket ignores what this host sends (`PACKET_IGNORE_OUTGOING`), so the switch
 //! never receives its own output; a monitor ([`RingConfig::outgoing`]) receives both.
 
+use super::steer;
 use super::sys::{self, SharedRing};
 use super::{Interface, LiveError, RingConfig};
+use stateplane_runtime::Steering;
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, MAX_FRAME, PortId};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -99,11 +101,12 @@ pub struct PacketRx {
 }
 
 impl PacketRx {
-    /// Opens a receive ring on `iface`; with `fanout`, joins that hash fanout group (every
-    /// member of one group must be opened on the same interface).
+    /// Opens a receive ring on `iface`; with `fanout`, joins that fanout group, which
+    /// spreads packets as its steering says (every member of one group must be opened on
+    /// the same interface, with the same steering).
     pub fn open(
         iface: &Interface,
-        fanout: Option<u16>,
+        fanout: Option<(u16, Steering)>,
         rings: &RingConfig,
     ) -> Result<PacketRx, LiveError> {
         let fd = packet_socket(iface)?;
@@ -163,9 +166,14 @@ impl PacketRx {
                 &mreq,
             )?;
         }
-        if let Some(group) = fanout {
+        if let Some((group, steering)) = fanout {
+            let program = steer::program(steering);
+            let kind = match program {
+                Some(_) => libc::PACKET_FANOUT_CBPF,
+                None => libc::PACKET_FANOUT_HASH,
+            };
             // A fanout group ignores outgoing packets only by its own flag, not by the socket option.
-            let mut mode = libc::PACKET_FANOUT_HASH | libc::PACKET_FANOUT_FLAG_DEFRAG;
+            let mut mode = kind | libc::PACKET_FANOUT_FLAG_DEFRAG;
             if !outgoing {
                 mode |= libc::PACKET_FANOUT_FLAG_IGNORE_OUTGOING;
             }
@@ -177,6 +185,21 @@ impl PacketRx {
                 libc::PACKET_FANOUT,
                 &arg,
             )?;
+            if let Some(program) = program {
+                // The group's program: each member sets the same one. Until the first has,
+                // the kernel sends every packet to member 0.
+                let code = libc::sock_fprog {
+                    len: program.len() as u16,
+                    filter: program.as_ptr().cast_mut(),
+                };
+                set_option(
+                    &fd,
+                    iface,
+                    "setting the fanout group's steering program",
+                    libc::PACKET_FANOUT_DATA,
+                    &code,
+                )?;
+            }
         }
         Ok(PacketRx {
             name: iface.name.clone(),

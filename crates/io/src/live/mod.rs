@@ -9,10 +9,12 @@
 
 pub mod afpacket;
 pub mod afxdp;
+pub mod steer;
 pub(crate) mod sys;
 
 pub use sys::{interface_up, poll_readable};
 
+use stateplane_runtime::Steering;
 use stateplane_runtime::port::LiveQueue;
 use std::fmt;
 use std::io;
@@ -192,11 +194,13 @@ pub struct InterfaceQueues {
 }
 
 /// Opens `name` for `workers` workers over AF_PACKET; with more than one worker, the receive
-/// queues form a fanout group so each flow (both directions) stays on one worker.
+/// queues form a fanout group that spreads packets as `steering` says (by the flow hash,
+/// each flow's two directions stay on one worker). Worker `w` is the group's member `w`.
 pub fn open_afpacket(
     name: &str,
     workers: usize,
     rings: &RingConfig,
+    steering: Steering,
 ) -> Result<InterfaceQueues, LiveError> {
     let iface = Interface::lookup(name)?;
     if !sys::interface_up(name, true)
@@ -209,7 +213,7 @@ pub fn open_afpacket(
     let group = ((std::process::id() as u16) ^ (iface.index as u16).rotate_left(8)).max(1);
     let mut queues: Vec<Box<dyn LiveQueue>> = Vec::with_capacity(workers);
     for _ in 0..workers {
-        let fanout = (workers > 1).then_some(group);
+        let fanout = (workers > 1).then_some((group, steering));
         queues.push(Box::new(afpacket::PacketQueue {
             rx: afpacket::PacketRx::open(&iface, fanout, rings)?,
             tx: afpacket::PacketTx::open(&iface, rings)?,
@@ -382,7 +386,7 @@ mod tests {
                 tx_frames: 64,
                 ..RingConfig::default()
             };
-            open_afpacket("lo", 1, &rings)
+            open_afpacket("lo", 1, &rings, Steering::Flow)
         });
         check_loop(&received, sent, &counts);
     }
@@ -395,7 +399,8 @@ mod tests {
         let (frames, counts) = std::thread::spawn(|| {
             sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
             sys::interface_up("lo", true).expect("bring lo up");
-            let mut opened = open_afpacket("lo", 1, &RingConfig::monitor(1 << 20)).expect("lo");
+            let mut opened =
+                open_afpacket("lo", 1, &RingConfig::monitor(1 << 20), Steering::Flow).expect("lo");
             assert!(opened.interface.loopback);
             let q = &mut opened.queues[0];
             let rx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -482,8 +487,10 @@ mod tests {
             ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
             ip(&["link", "set", "va", "up"]);
             ip(&["link", "set", "vb", "up"]);
-            let mut sender = open_afpacket("va", 1, &RingConfig::default()).expect("open va");
-            let mut workers = open_afpacket("vb", 2, &RingConfig::default()).expect("open vb");
+            let mut sender =
+                open_afpacket("va", 1, &RingConfig::default(), Steering::Flow).expect("open va");
+            let mut workers =
+                open_afpacket("vb", 2, &RingConfig::default(), Steering::Flow).expect("open vb");
             let sender = &mut sender.queues[0];
             let mut seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
             let mut burst = Burst::with_capacity(64);
@@ -534,9 +541,85 @@ mod tests {
         );
     }
 
+    /// A fanout group steered by the remote address: the kernel runs the steering program
+    /// as our interpreter does (network-header loads, the EtherType), so each packet, an
+    /// ICMP error by the packet it quotes, reaches the worker the program names.
+    #[test]
+    fn a_steered_fanout_sends_each_packet_to_the_worker_its_program_names() {
+        use steer::testing::{UDP, error, run, v4, v6};
+        let steering = Steering::RemoteIsSource;
+        let mut frames = Vec::new();
+        for i in 0..48u8 {
+            let (remote, external, router) =
+                ([198, 19, i / 4, i], [198, 18, 0, 100], [198, 18, 9, 1]);
+            frames.push(v4(remote, external, 17, &UDP));
+            frames.push(error(
+                &v4(external, remote, 17, &UDP),
+                3,
+                &router,
+                &external,
+            ));
+            let (mut remote6, mut host6) = ([0u8; 16], [0u8; 16]);
+            (remote6[0], remote6[14], remote6[15]) = (0x20, i / 3, i);
+            host6[0] = 0x20;
+            frames.push(v6(remote6, host6, 17, &UDP));
+        }
+        let sent = frames.clone();
+        let per_worker = std::thread::spawn(move || {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            let ip = |args: &[&str]| {
+                let ok = std::process::Command::new("ip").args(args).status();
+                assert!(
+                    ok.is_ok_and(|s| s.success()),
+                    "ip {args:?} (iproute2 installed?)"
+                );
+            };
+            ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
+            ip(&["link", "set", "va", "up"]);
+            ip(&["link", "set", "vb", "up"]);
+            let rings = RingConfig::default();
+            let mut sender = open_afpacket("va", 1, &rings, Steering::Flow).expect("open va");
+            let mut workers = open_afpacket("vb", 2, &rings, steering).expect("open vb");
+            let sender = &mut sender.queues[0];
+            for f in &frames {
+                assert!(sender.send(f));
+            }
+            sender.flush();
+            let mut seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
+            let mut burst = Burst::with_capacity(64);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while seen.iter().map(Vec::len).sum::<usize>() < frames.len()
+                && Instant::now() < deadline
+            {
+                for (w, q) in workers.queues.iter_mut().enumerate() {
+                    poll_readable(&[q.fd()], 2).expect("poll");
+                    burst.clear();
+                    q.recv(&mut burst, 0);
+                    // Ours only, by their source MAC: the interfaces send chatter of their own.
+                    let ours = burst.iter().filter(|(_, d)| d[6..12] == [2, 0, 0, 0, 0, 1]);
+                    seen[w].extend(ours.map(|(_, d)| d.to_vec()));
+                }
+            }
+            seen
+        })
+        .join()
+        .expect("test thread");
+        let program = steer::program(steering).expect("a program");
+        assert_eq!(per_worker.iter().map(Vec::len).sum::<usize>(), sent.len());
+        for (w, frames) in per_worker.iter().enumerate() {
+            for f in frames {
+                assert_eq!(run(&program, f) % 2, w as u32, "{f:02x?}");
+            }
+        }
+        assert!(
+            per_worker.iter().all(|w| w.len() >= sent.len() / 4),
+            "both workers get packets"
+        );
+    }
+
     #[test]
     fn a_missing_interface_is_named_with_the_ones_there_are() {
-        let e = open_afpacket("nosuch0", 1, &RingConfig::default())
+        let e = open_afpacket("nosuch0", 1, &RingConfig::default(), Steering::Flow)
             .err()
             .expect("must fail");
         let text = e.to_string();
