@@ -1449,6 +1449,43 @@ fn udp_hole_punching_works_through_nat_with_endpoint_independent_filtering() {
     assert!(drops(&lab, "s1", "no_translation") > before);
 }
 
+/// Hairpinning on live ports: h1 reaches its own forwarded port through the external
+/// address (as an inside host reaches an inside server by its public address), its
+/// connection arriving from the external address, and every byte comes back whole.
+#[test]
+fn an_inside_host_reaches_a_forwarded_port_through_the_external_address() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let external = "external = \"198.18.0.100\"";
+    let lab = Lab::up_edited("line-nat.toml", "tnathp", None, |t| {
+        t.replace(
+            external,
+            &format!("{external}\nports = \"20000-65535\"\nforwards = [{{ proto = \"tcp\", port = 8080, to = \"198.18.0.1\", to_port = 5320 }}]"),
+        )
+        .replace(
+            "name = \"h1\"\n",
+            "name = \"h1\"\nneighbors = [{ addr = \"198.18.0.100\", mac = \"02:00:00:00:01:02\", iface = \"eth0\" }]\n",
+        )
+    });
+    let both = "import socket,threading,hashlib,random\n\
+         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('198.18.0.1',5320)); s.listen(1); s.settimeout(20); got={}\n\
+         def serve():\n    c,peer=s.accept(); c.settimeout(20); h=hashlib.sha256(); n=0\n    \
+         while True:\n        b=c.recv(65536)\n        if not b: break\n        h.update(b); n+=len(b)\n    \
+         got['r']=(n,h.hexdigest(),peer[0])\n\
+         t=threading.Thread(target=serve); t.start()\n\
+         data=random.Random(7).randbytes(1<<20)\n\
+         c=socket.create_connection(('198.18.0.100',8080),timeout=20); c.sendall(data); c.close(); t.join()\n\
+         n,h,peer=got['r']\n\
+         print(n==len(data) and h==hashlib.sha256(data).hexdigest(), peer)";
+    let out = lab.exec("h1", &["timeout", "40", "python3", "-c", both]);
+    assert_eq!(
+        text(&out).trim(),
+        "True 198.18.0.100",
+        "every byte, from the external address"
+    );
+    assert_eq!(drops(&lab, "s1", "hairpin_unknown"), 0);
+}
+
 /// `firewall` on live ports: h1 (inside) reaches h2 with ping and TCP, every byte
 /// arrives; h2 cannot ping h1, and the refusals are counted as unsolicited.
 #[test]

@@ -68,6 +68,7 @@ use stateplane_state::{
     AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
     Notification, Reply, Request, ValueCodec,
 };
+use stateplane_wire::arp::ArpPacket;
 use stateplane_wire::edit::{self, EditError, Side};
 use stateplane_wire::flow::shard_of;
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -332,6 +333,7 @@ const INVALID: DropReason = DropReason::program(8);
 const UNRELATED_ICMP: DropReason = DropReason::program(9);
 const OUT_OF_WINDOW: DropReason = DropReason::program(10);
 const IPV6: DropReason = DropReason::program(11);
+const HAIRPIN_UNKNOWN: DropReason = DropReason::program(12);
 
 /// Why `nat` drops an IPv6 packet its stateful policy's firewall refused.
 fn ipv6_reason(firewall_reason: DropReason) -> DropReason {
@@ -783,6 +785,10 @@ pub struct Nat {
     pub created: u64,
     pub expired: [u64; 5],
     ipv6: Ipv6,
+    /// Inside hosts' MACs, learnt from their ARP and their new connections (at most
+    /// `capacity`): where a hairpinned packet to one of them goes.
+    neighbors: HashMap<[u8; 4], [u8; 6]>,
+    capacity: usize,
 }
 
 impl Nat {
@@ -926,6 +932,8 @@ impl Nat {
             created: 0,
             expired: [0; 5],
             ipv6,
+            neighbors: HashMap::new(),
+            capacity: cfg.capacity,
         })
     }
 
@@ -1211,6 +1219,11 @@ impl Nat {
             return Verdict::Drop(reason);
         }
         let key = table_key(&d.parsed.key);
+        let hairpin = key.dst == self.external;
+        if hairpin && key.proto == ICMP {
+            // An echo to the NAT's own address: nothing inside answers for it.
+            return Verdict::Drop(NO_TRANSLATION);
+        }
         let tcp_flags = d.parsed.tcp_flags;
         let port = match self.track(&key, true, tcp_flags, d.ts_ns) {
             Some(port) => port,
@@ -1219,13 +1232,70 @@ impl Nat {
                 return Verdict::Drop(NO_TRANSLATION);
             }
             None => match self.create(key, ctx, d.ts_ns) {
-                Ok(port) => port,
+                Ok(port) => {
+                    self.learn(v4(&key.src), &data[6..12]);
+                    port
+                }
                 Err(reason) => return Verdict::Drop(reason),
             },
         };
         match rewrite(data, &mut d.parsed, Side::Src, self.external, port) {
+            Ok(()) if hairpin => self.hairpin(data, d),
             Ok(()) => Verdict::Forward(self.outside),
             Err(_) => Verdict::Drop(TRUNCATED),
+        }
+    }
+
+    /// A packet from the inside to the external address, its source translated, goes back
+    /// in as a packet from the outside would, answer or new connection to a forwarded or
+    /// mapped port (hairpinning: RFC 4787 REQ-9, RFC 5382 REQ-8), so that inside hosts
+    /// reach each other by their external endpoints. It goes to the inside host's MAC,
+    /// from the MAC its sender addressed (the gateway's); a host whose MAC is not known
+    /// yet (no ARP or connection of its seen) is `hairpin_unknown`.
+    fn hairpin(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
+        let outside = table_key(&d.parsed.key);
+        let Some(inside) = self.admit(&outside, d.parsed.tcp_flags, d.ts_ns) else {
+            return Verdict::Drop(NO_TRANSLATION);
+        };
+        let Some(mac) = self.neighbors.get(&v4(&inside.src)).copied() else {
+            return Verdict::Drop(HAIRPIN_UNKNOWN);
+        };
+        if rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port).is_err() {
+            return Verdict::Drop(TRUNCATED);
+        }
+        data.copy_within(0..6, 6);
+        data[..6].copy_from_slice(&mac);
+        Verdict::Forward(self.inside)
+    }
+
+    /// Remembers inside host `address`'s MAC, while there is room for another host.
+    fn learn(&mut self, address: [u8; 4], mac: &[u8]) {
+        let Ok(mac) = <[u8; 6]>::try_from(mac) else {
+            return;
+        };
+        if self.neighbors.len() < self.capacity || self.neighbors.contains_key(&address) {
+            self.neighbors.insert(address, mac);
+        }
+    }
+
+    /// The inside connection a packet from the outside (its table key `outside`) belongs
+    /// to: an answer to a translation, counted; else a new connection to a forwarded port,
+    /// or one the filtering lets in to a mapped port.
+    fn admit(&mut self, outside: &FlowKey, tcp_flags: u8, now: u64) -> Option<FlowKey> {
+        match self.answers.get(outside).copied() {
+            Some(inside) if self.track(&inside, false, tcp_flags, now).is_some() => Some(inside),
+            stale => {
+                // An answer entry whose translation has expired (the sweep has not reached
+                // it yet) goes with it now, so that a forwarded port takes the packet.
+                if let Some(inside) = stale
+                    && let Some(t) = self.translations.get(&inside).copied()
+                {
+                    self.expired[t.state as usize] += 1;
+                    self.remove(&inside, t.external_port);
+                }
+                (self.forwarded(outside, tcp_flags, now))
+                    .or_else(|| self.let_in(outside, tcp_flags, now))
+            }
         }
     }
 
@@ -1244,25 +1314,8 @@ impl Nat {
             return Verdict::Drop(reason);
         }
         let outside = table_key(&d.parsed.key);
-        let tcp_flags = d.parsed.tcp_flags;
-        let inside = match self.answers.get(&outside).copied() {
-            Some(inside) if self.track(&inside, false, tcp_flags, d.ts_ns).is_some() => inside,
-            stale => {
-                // An answer entry whose translation has expired (the sweep has not reached
-                // it yet) goes with it now, so that a forwarded port takes the packet.
-                if let Some(inside) = stale
-                    && let Some(t) = self.translations.get(&inside).copied()
-                {
-                    self.expired[t.state as usize] += 1;
-                    self.remove(&inside, t.external_port);
-                }
-                let opened = (self.forwarded(&outside, tcp_flags, d.ts_ns))
-                    .or_else(|| self.let_in(&outside, tcp_flags, d.ts_ns));
-                match opened {
-                    Some(inside) => inside,
-                    None => return Verdict::Drop(NO_TRANSLATION),
-                }
-            }
+        let Some(inside) = self.admit(&outside, d.parsed.tcp_flags, d.ts_ns) else {
+            return Verdict::Drop(NO_TRANSLATION);
         };
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
@@ -1273,6 +1326,11 @@ impl Nat {
     /// A packet `nat` does not translate, to port `to`: IPv6 as its policy says; non-IP
     /// frames (ARP) pass.
     fn untranslated(&mut self, data: &[u8], d: &PacketDesc, by_hash: bool, to: PortId) -> Verdict {
+        if d.parsed.flags.has(ParseFlags::ARP) && to == self.outside {
+            // An inside host's ARP names its address and MAC (the parser checked its length).
+            let arp = ArpPacket::new_unchecked(&data[usize::from(d.parsed.l3_offset)..]);
+            self.learn(arp.sender_ip().octets(), &arp.sender_mac().0);
+        }
         if d.parsed.key.ip_version != 6 {
             return Verdict::Forward(to);
         }
@@ -1502,6 +1560,7 @@ impl Program for Nat {
             "unrelated_icmp",
             "out_of_window",
             "ipv6",
+            "hairpin_unknown",
         ]
     }
 
@@ -1594,6 +1653,7 @@ impl Program for Nat {
             _ => {}
         }
         self.created += old.created;
+        self.neighbors = old.neighbors;
         for (new, old) in self.expired.iter_mut().zip(old.expired) {
             *new += old;
         }
@@ -2410,6 +2470,80 @@ mod tests {
             let stranger = frame("198.19.0.99", EXTERNAL, udp(7, port));
             assert_eq!(one(&mut n, 2 * S, stranger, 1).0, IN);
         }
+    }
+
+    /// Hairpinning (RFC 4787 REQ-9, RFC 5382 REQ-8): an inside host reaches another's
+    /// forwarded port by the external address. It arrives from the first host's external
+    /// endpoint at the second host's MAC, from the MAC the first addressed; the answer
+    /// comes back the same way, from the forwarded port. A host whose MAC the NAT has not
+    /// seen (no ARP, no connection) is not reached; an echo to the external address is
+    /// not answered.
+    #[test]
+    fn inside_hosts_reach_each_other_by_the_external_address() {
+        let mut n = nat("ports = \"20000-65535\"\n\
+             forwards = [{ proto = \"tcp\", port = 8080, to = \"198.18.0.2\", to_port = 80 }]");
+        let (client, server) = ("198.18.0.1", "198.18.0.2");
+        let (client_mac, server_mac, gateway_mac) = (
+            [2, 0, 0, 0, 0, 0x0a],
+            [2, 0, 0, 0, 0, 0x0b],
+            [2, 0, 0, 0, 0, 0xfe],
+        );
+        let from = |mac: [u8; 6], mut f: Vec<u8>| {
+            f[..6].copy_from_slice(&gateway_mac);
+            f[6..12].copy_from_slice(&mac);
+            f
+        };
+        let syn = from(
+            client_mac,
+            frame(client, EXTERNAL, tcp(40_000, 8080, flags::SYN)),
+        );
+        assert_eq!(
+            one(&mut n, S, syn.clone(), 0).0,
+            Verdict::Drop(HAIRPIN_UNKNOWN)
+        );
+        let arp = crate::testutil::arp_request(server_mac, [198, 18, 0, 2], [198, 18, 0, 254]);
+        assert_eq!(one(&mut n, S, arp, 0).0, OUT);
+        let (v, k, bytes) = one(&mut n, S, syn, 0);
+        assert_eq!(v, IN, "back to the inside");
+        assert_eq!((addr(&k, false), k.dst_port), (ip(server), 80));
+        assert_eq!(addr(&k, true), ip(EXTERNAL));
+        let client_port = k.src_port;
+        assert_eq!(
+            (&bytes[..6], &bytes[6..12]),
+            (&server_mac[..], &gateway_mac[..])
+        );
+        assert!(ipv4_checksums_valid(&bytes));
+        // The server answers the external endpoint it sees; the client gets it from 8080.
+        let answer = from(
+            server_mac,
+            frame(
+                server,
+                EXTERNAL,
+                tcp(80, client_port, flags::SYN | flags::ACK),
+            ),
+        );
+        let (v, k, bytes) = one(&mut n, S, answer, 0);
+        assert_eq!(v, IN);
+        assert_eq!((addr(&k, true), k.src_port), (ip(EXTERNAL), 8080));
+        assert_eq!((addr(&k, false), k.dst_port), (ip(client), 40_000));
+        assert_eq!(
+            (&bytes[..6], &bytes[6..12]),
+            (&client_mac[..], &gateway_mac[..])
+        );
+        assert!(ipv4_checksums_valid(&bytes));
+        // An unforwarded port of the external address reaches no one.
+        let stray = from(
+            client_mac,
+            frame(client, EXTERNAL, tcp(40_001, 9999, flags::SYN)),
+        );
+        assert_eq!(one(&mut n, S, stray, 0).0, Verdict::Drop(NO_TRANSLATION));
+        let echo = L4::IcmpEcho {
+            request: true,
+            ident: 7,
+            seq: 1,
+        };
+        let ping = from(client_mac, frame(client, EXTERNAL, echo));
+        assert_eq!(one(&mut n, S, ping, 0).0, Verdict::Drop(NO_TRANSLATION));
     }
 
     /// Thousands of inside hosts to one server through a pool of 1,024 ports: every port

@@ -117,6 +117,18 @@ pub fn ip_frame_with(
     f
 }
 
+/// A broadcast ARP request from `mac`, `ip` asking for `target`.
+pub fn arp_request(mac: [u8; 6], ip: [u8; 4], target: [u8; 4]) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend(mac);
+    f.extend([0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    f.extend(mac);
+    f.extend(ip);
+    f.extend([0; 6]);
+    f.extend(target);
+    f
+}
+
 /// An ICMP error of `icmp_type` and `code` (ICMPv6 for IPv6 addresses) from `src` to
 /// `dst` about `original` (a frame): its IP header and the first 8 bytes after it, quoted.
 pub fn icmp_error(original: &[u8], src: &str, dst: &str, icmp_type: u8, code: u8) -> Vec<u8> {
