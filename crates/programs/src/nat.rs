@@ -1268,11 +1268,19 @@ impl Nat {
         Verdict::Forward(self.inside)
     }
 
-    /// Remembers inside host `address`'s MAC, while there is room for another host.
+    /// Remembers inside host `address`'s MAC, while there is room for another host. Only
+    /// where a hairpinned packet can reach an inside host (a forwarded port, or filtering
+    /// that lets packets in to a mapped one): else none can, and new connections pay
+    /// nothing for it.
     fn learn(&mut self, address: [u8; 4], mac: &[u8]) {
+        let unreachable = self.forwards.is_empty()
+            && self.answers.filtering == Filtering::AddressAndPortDependent;
         let Ok(mac) = <[u8; 6]>::try_from(mac) else {
             return;
         };
+        if unreachable {
+            return;
+        }
         if self.neighbors.len() < self.capacity || self.neighbors.contains_key(&address) {
             self.neighbors.insert(address, mac);
         }

@@ -14,7 +14,8 @@
 //! - Delete Session Request: the session goes.
 //!
 //! Signaling messages are consumed and handed to the control plane (`ToControl(1)`), which
-//! would answer them. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID) is
+//! would answer them. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID,
+//! from the session's eNodeB, the packet inside from the subscriber's address) is
 //! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session)
 //! is encapsulated in IPv4, UDP and GTP-U with the eNodeB's TEID, from the gateway's
 //! address to the eNodeB's, and sent to `access`. Direction is read from the packet, not
@@ -131,6 +132,8 @@ const BAD_SIGNALING: DropReason = DropReason::program(1);
 const TABLE_FULL: DropReason = DropReason::program(2);
 const NOT_ROUTED: DropReason = DropReason::program(3);
 const NO_ROOM: DropReason = DropReason::program(4);
+const WRONG_ENB: DropReason = DropReason::program(5);
+const SPOOFED: DropReason = DropReason::program(6);
 
 /// Replicated sessions: a subscriber's flow is named by its number, its alias by its
 /// address; both start with the address's place in the pool (the number modulo the
@@ -418,13 +421,28 @@ impl Sgw {
                 return Step::Done(Verdict::Drop(NO_ROOM));
             };
             let n = parsed.teid & !TEID_SPACE;
-            if parsed.teid & TEID_SPACE != S1U_TEIDS
-                || gtp.message_type() != GTPU_T_PDU
-                || self.sessions.get(&n).is_none()
-            {
+            let session = self.sessions.get(&n);
+            let Some(s) = session.filter(|_| {
+                parsed.teid & TEID_SPACE == S1U_TEIDS && gtp.message_type() == GTPU_T_PDU
+            }) else {
                 return Step::Done(Verdict::Drop(NO_SESSION));
+            };
+            // A session's TEID is good only from its eNodeB, and its packets only from its
+            // subscriber's address (a P-GW's source address check): a guessed TEID or a
+            // subscriber sending as another is not let into the core.
+            let outer = &parsed.key.src;
+            if [outer[0], outer[1], outer[2], outer[3]] != s.enb {
+                return Step::Done(Verdict::Drop(WRONG_ENB));
             }
-            return Step::Decapsulate(at + gtp.header_len());
+            let inner = at + gtp.header_len();
+            let ipv4 = data.get(inner).is_some_and(|b| b >> 4 == 4);
+            let source = data
+                .get(inner + 12..inner + 16)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok());
+            if !ipv4 || source != Some(s.ue) {
+                return Step::Done(Verdict::Drop(SPOOFED));
+            }
+            return Step::Decapsulate(inner);
         }
         if parsed.key.ip_version == 4 {
             let dst = u32::from_be_bytes([
@@ -597,6 +615,8 @@ impl Program for Sgw {
             "table_full",
             "not_routed",
             "no_room",
+            "wrong_enb",
+            "spoofed",
         ]
     }
 

@@ -180,10 +180,20 @@ fn signaling_creates_moves_and_deletes_a_session() {
         (a.key.dst[..4].to_vec(), a.teid),
         (vec![198, 18, 200, 9], 0xbbbb)
     );
-    // Uplink with another subscriber's TEID, or a TEID outside the S1-U space, is dropped.
-    let uplink = |teid: u32| {
+    // Uplink with another subscriber's TEID, or a TEID outside the S1-U space, is dropped;
+    // so is one from another eNodeB than the session's (its eNodeB before the handover),
+    // and one whose packet is not from the subscriber's address.
+    let uplink_from = |enb: &str, teid: u32, source: &str| {
         let mut gtp = vec![0u8; 8];
-        let inner = downlink_to("198.19.0.9")[14..].to_vec();
+        let inner = ip_frame(
+            source,
+            "198.19.0.9",
+            L4::Udp {
+                src_port: 4000,
+                dst_port: 53,
+            },
+        )[14..]
+            .to_vec();
         GtpuRepr {
             message_type: GTPU_T_PDU,
             teid,
@@ -193,9 +203,22 @@ fn signaling_creates_moves_and_deletes_a_session() {
         .emit(&mut gtp)
         .unwrap();
         gtp.extend_from_slice(&inner);
-        udp_frame("198.18.200.9", SGW, GTPU_PORT, &gtp)
+        udp_frame(enb, SGW, GTPU_PORT, &gtp)
     };
+    let uplink = |teid: u32| uplink_from("198.18.200.9", teid, "198.18.128.7");
     assert_eq!(one(&mut p, uplink(S1U_TEIDS | 7)).0, Verdict::Forward(1));
+    let v = one(
+        &mut p,
+        uplink_from("198.18.200.1", S1U_TEIDS | 7, "198.18.128.7"),
+    )
+    .0;
+    assert_eq!(reason(&p, v), "wrong_enb");
+    let v = one(
+        &mut p,
+        uplink_from("198.18.200.9", S1U_TEIDS | 7, "198.18.128.8"),
+    )
+    .0;
+    assert_eq!(reason(&p, v), "spoofed");
     let v = one(&mut p, uplink(S1U_TEIDS | 8)).0;
     assert_eq!(reason(&p, v), "no_session");
     let v = one(&mut p, uplink(0x3000_0007)).0;
