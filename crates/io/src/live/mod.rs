@@ -470,23 +470,28 @@ mod tests {
         f
     }
 
+    /// Moves this thread into a network namespace of its own, with a veth pair va-vb, up.
+    fn veth_pair_in_a_new_namespace() {
+        sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+        // `ip` inherits this thread's namespace: the veth pair exists only in it.
+        let ip = |args: &[&str]| {
+            let ok = std::process::Command::new("ip").args(args).status();
+            assert!(
+                ok.is_ok_and(|s| s.success()),
+                "ip {args:?} (iproute2 installed?)"
+            );
+        };
+        ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
+        ip(&["link", "set", "va", "up"]);
+        ip(&["link", "set", "vb", "up"]);
+    }
+
     /// Two workers share an interface through the fanout group: every packet of a flow, in
     /// both directions, reaches the same worker, and both workers get flows.
     #[test]
     fn fanout_keeps_both_directions_of_each_flow_on_one_worker() {
         let per_worker = std::thread::spawn(|| {
-            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
-            // `ip` inherits this thread's namespace: the veth pair exists only in it.
-            let ip = |args: &[&str]| {
-                let ok = std::process::Command::new("ip").args(args).status();
-                assert!(
-                    ok.is_ok_and(|s| s.success()),
-                    "ip {args:?} (iproute2 installed?)"
-                );
-            };
-            ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
-            ip(&["link", "set", "va", "up"]);
-            ip(&["link", "set", "vb", "up"]);
+            veth_pair_in_a_new_namespace();
             let mut sender =
                 open_afpacket("va", 1, &RingConfig::default(), Steering::Flow).expect("open va");
             let mut workers =
@@ -566,17 +571,7 @@ mod tests {
         }
         let sent = frames.clone();
         let per_worker = std::thread::spawn(move || {
-            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
-            let ip = |args: &[&str]| {
-                let ok = std::process::Command::new("ip").args(args).status();
-                assert!(
-                    ok.is_ok_and(|s| s.success()),
-                    "ip {args:?} (iproute2 installed?)"
-                );
-            };
-            ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
-            ip(&["link", "set", "va", "up"]);
-            ip(&["link", "set", "vb", "up"]);
+            veth_pair_in_a_new_namespace();
             let rings = RingConfig::default();
             let mut sender = open_afpacket("va", 1, &rings, Steering::Flow).expect("open va");
             let mut workers = open_afpacket("vb", 2, &rings, steering).expect("open vb");
