@@ -482,7 +482,7 @@ impl Mappings {
     fn delete(&mut self, inside: &FlowKey, answer: &FlowKey) {
         let (endpoint, port) = (endpoint_of(inside), port_of(answer));
         if let Some((holder, users)) = self.holder.get_mut(&(inside.proto, port)) {
-            *users -= 1;
+            *users = users.saturating_sub(1);
             if *users == 0 {
                 let holder = *holder;
                 self.holder.remove(&(inside.proto, port));
@@ -492,7 +492,7 @@ impl Mappings {
             }
         }
         if let Some(n) = self.peers.get_mut(&(endpoint, answer.src)) {
-            *n -= 1;
+            *n = n.saturating_sub(1);
             if *n == 0 {
                 self.peers.remove(&(endpoint, answer.src));
             }
@@ -1596,11 +1596,13 @@ impl Program for Nat {
     }
 
     /// `translations` replicated, each connection a flow with its answers' alias. Not
-    /// with port forwards: a forwarded port's first packet comes from the outside and
-    /// makes a translation, which a switch that knows no flow by that packet could make
-    /// without the store's lease.
+    /// with port forwards, nor with filtering that lets packets in: there a first packet
+    /// from the outside makes a translation, which a switch that knows no flow by that
+    /// packet could make without the store's lease.
     fn replicate(&mut self, name: &str) -> bool {
-        self.forwards.is_empty() && self.translations.replicate(name, false)
+        self.forwards.is_empty()
+            && self.answers.filtering == Filtering::AddressAndPortDependent
+            && self.translations.replicate(name, false)
     }
 
     /// A packet from the inside: its connection. An answer: the connection of its
@@ -1922,6 +1924,9 @@ mod tests {
         // Not with port forwards: their first packets make state from the outside.
         let mut f = nat("forwards = [{ proto = \"tcp\", port = 80, to = \"198.18.0.9\" }]");
         assert!(!f.replicate("translations"));
+        let mut open = nat(&format!("{EIM}\nfiltering = \"address_dependent\""));
+        assert!(!open.replicate("translations"));
+        assert!(nat(EIM).replicate("translations"));
         let one_worker = nat("");
         let mut replicated = nat("");
         assert!(replicated.replicate("translations"));
