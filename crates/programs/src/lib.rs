@@ -576,9 +576,9 @@ pub fn with_guarantees(
                 format!(
                     "`{name}` cannot be replicated yet: replicated state today is counter's \
                      `flows`, conntrack's and firewall's `connections`, lb's `connections`, \
-                     kv's `cache`, nat's `translations` (without port forwards) and sgw's \
-                     `sessions` \
-                     (docs/REPLICATION.md says what is built and what follows)"
+                     kv's `cache`, nat's `translations` (without port forwards, under the \
+                     default filtering) and sgw's `sessions` (docs/REPLICATION.md says what \
+                     is built and what follows)"
                 ),
             ));
         }
