@@ -631,12 +631,8 @@ mod tests {
             },
         );
         gre[14 + 9] = 47; // IP protocol: GRE (the checksum does not matter here)
-        let mut arp = vec![0xff; 6];
-        arp.extend([2, 0, 0, 0, 0, 2, 0x08, 0x06]);
-        arp.extend([0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 0, 2, 198, 19, 0, 2]);
-        arp.extend([
-            0, 0, 0, 0, 0, 0, 198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-        ]);
+        let arp =
+            crate::testutil::arp_request([2, 0, 0, 0, 0, 2], [198, 19, 0, 2], [198, 18, 0, 1]);
         // The connections are opened first: a burst's packets are judged in order.
         let opened = run(
             &mut fw,

@@ -655,19 +655,17 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
     }
 
-    /// On several workers a reload keeps how the live ports spread packets: `nat`'s
-    /// steering by the remote address, with its ports on the same sides; one that would
-    /// change it is refused (the fanout groups were made with it). On one worker it does
-    /// not matter.
-    #[test]
-    fn a_reload_keeps_the_steering_the_ports_were_opened_with() {
+    /// A configuration file of `text` (named by `what`), the options that read it, ports
+    /// p0 and p1, and what a switch started with it would keep across reloads.
+    fn started_from(
+        what: &str,
+        text: &str,
+    ) -> (std::path::PathBuf, SwitchOptions, PortNames, StartedWith) {
         let path = std::env::temp_dir().join(format!(
-            "stateplane-reload-steering-{}.toml",
+            "stateplane-reload-{what}-{}.toml",
             std::process::id()
         ));
-        let nat = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.0.100\"\n\
-                   inside = \"p0\"\noutside = \"p1\"\n";
-        std::fs::write(&path, nat).unwrap();
+        std::fs::write(&path, text).unwrap();
         let options = SwitchOptions {
             config_path: Some(path.clone()),
             ..SwitchOptions::default()
@@ -676,6 +674,18 @@ mod tests {
         let cfg = RunConfig::load(&path).unwrap();
         let (_, factory) = load_program(None, &cfg, &names).unwrap();
         let started = StartedWith::of(&cfg, &factory, 2);
+        (path, options, names, started)
+    }
+
+    /// On several workers a reload keeps how the live ports spread packets: `nat`'s
+    /// steering by the remote address, with its ports on the same sides; one that would
+    /// change it is refused (the fanout groups were made with it). On one worker it does
+    /// not matter.
+    #[test]
+    fn a_reload_keeps_the_steering_the_ports_were_opened_with() {
+        let nat = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.0.100\"\n\
+                   inside = \"p0\"\noutside = \"p1\"\n";
+        let (path, options, names, started) = started_from("steering", nat);
         assert_eq!(
             started.steering,
             [Steering::RemoteIsDestination, Steering::RemoteIsSource]
@@ -733,22 +743,10 @@ mod tests {
     /// replicate other state or none, is refused (no stage would keep what it says).
     #[test]
     fn a_reload_keeps_the_replication_the_switch_started_with() {
-        let path = std::env::temp_dir().join(format!(
-            "stateplane-reload-replication-{}.toml",
-            std::process::id()
-        ));
         let bounded = "[program]\nname = \"hh\"\n[program.hh]\nmap = { p0 = \"p1\" }\n\
                        [guarantees]\nsketch = [\"replicated\"]\n[replication]\nmode = \"bounded\"\n\
                        snapshot_ms = 10\n";
-        std::fs::write(&path, bounded).unwrap();
-        let options = SwitchOptions {
-            config_path: Some(path.clone()),
-            ..SwitchOptions::default()
-        };
-        let names = PortNames(vec!["p0".into(), "p1".into()]);
-        let cfg = RunConfig::load(&path).unwrap();
-        let (_, factory) = load_program(None, &cfg, &names).unwrap();
-        let started = StartedWith::of(&cfg, &factory, 2);
+        let (path, options, names, started) = started_from("replication", bounded);
         assert_eq!(started.replicated, ["sketch"]);
         // The same again, and another setting of the program: a reload.
         assert!(reload_program(&options, &names, 1, &started).is_ok());
