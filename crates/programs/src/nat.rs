@@ -1233,7 +1233,15 @@ impl Nat {
             }
             None => match self.create(key, ctx, d.ts_ns) {
                 Ok(port) => {
-                    self.learn(v4(&key.src), &data[6..12]);
+                    // A host a hairpinned packet may reach: one that sends to the external
+                    // address itself (its peers answer there), and, where a forward or the
+                    // filtering opens connections from outside, any. Other new connections
+                    // pay nothing for it.
+                    let opens_in = !self.forwards.is_empty()
+                        || self.answers.filtering != Filtering::AddressAndPortDependent;
+                    if hairpin || opens_in {
+                        self.learn(v4(&key.src), &data[6..12]);
+                    }
                     port
                 }
                 Err(reason) => return Verdict::Drop(reason),
@@ -1268,19 +1276,11 @@ impl Nat {
         Verdict::Forward(self.inside)
     }
 
-    /// Remembers inside host `address`'s MAC, while there is room for another host. Only
-    /// where a hairpinned packet can reach an inside host (a forwarded port, or filtering
-    /// that lets packets in to a mapped one): else none can, and new connections pay
-    /// nothing for it.
+    /// Remembers inside host `address`'s MAC, while there is room for another host.
     fn learn(&mut self, address: [u8; 4], mac: &[u8]) {
-        let unreachable = self.forwards.is_empty()
-            && self.answers.filtering == Filtering::AddressAndPortDependent;
         let Ok(mac) = <[u8; 6]>::try_from(mac) else {
             return;
         };
-        if unreachable {
-            return;
-        }
         if self.neighbors.len() < self.capacity || self.neighbors.contains_key(&address) {
             self.neighbors.insert(address, mac);
         }
@@ -2557,6 +2557,47 @@ mod tests {
         };
         let ping = from(client_mac, frame(client, EXTERNAL, echo));
         assert_eq!(one(&mut n, S, ping, 0).0, Verdict::Drop(NO_TRANSLATION));
+    }
+
+    /// Two inside hosts that know each other's external endpoints (as peers told by a
+    /// rendezvous server are) reach each other through the NAT with no forward and the
+    /// default mapping and filtering: each one's first packet to the other's endpoint
+    /// makes its translation, the second one's is the answer to the first, and from then
+    /// on both ways are answers. Their MACs come from those packets.
+    #[test]
+    fn inside_peers_reach_each_other_by_their_external_endpoints() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let mut n = nat("");
+        let (a, b) = ("198.18.0.1", "198.18.0.2");
+        let (a_mac, b_mac) = ([2, 0, 0, 0, 0, 0x0a], [2, 0, 0, 0, 0, 0x0b]);
+        let from = |mac: [u8; 6], mut f: Vec<u8>| {
+            f[6..12].copy_from_slice(&mac);
+            f
+        };
+        // A's packet to B's endpoint (external:6000) finds nothing yet.
+        let first = from(a_mac, frame(a, EXTERNAL, udp(5000, 6000)));
+        assert_eq!(one(&mut n, S, first, 0).0, Verdict::Drop(NO_TRANSLATION));
+        // B's to A's (external:5000) answers it.
+        let (v, k, bytes) = one(
+            &mut n,
+            S,
+            from(b_mac, frame(b, EXTERNAL, udp(6000, 5000))),
+            0,
+        );
+        assert_eq!(v, IN);
+        assert_eq!((addr(&k, true), k.src_port), (ip(EXTERNAL), 6000));
+        assert_eq!((addr(&k, false), k.dst_port), (ip(a), 5000));
+        assert_eq!(&bytes[..6], &a_mac[..]);
+        let (v, k, bytes) = one(
+            &mut n,
+            S,
+            from(a_mac, frame(a, EXTERNAL, udp(5000, 6000))),
+            0,
+        );
+        assert_eq!(v, IN);
+        assert_eq!((addr(&k, false), k.dst_port), (ip(b), 6000));
+        assert_eq!(&bytes[..6], &b_mac[..]);
+        assert!(ipv4_checksums_valid(&bytes));
     }
 
     /// Thousands of inside hosts to one server through a pool of 1,024 ports: every port
