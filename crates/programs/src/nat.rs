@@ -2399,6 +2399,31 @@ mod tests {
         }
     }
 
+    /// A mapping lives as long as its translations: past the UDP timeout they are swept
+    /// and the port is another endpoint's to take; before it, it is not.
+    #[test]
+    fn a_mapping_ends_with_its_last_translation_timing_out() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let mut n = nat(&format!(
+            "{EIM}\nports = \"2000-2999\"\ntimeouts = {{ udp = 30 }}"
+        ));
+        let (v, k, _) = one(&mut n, S, frame(INSIDE, REMOTE, udp(2500, 53)), 0);
+        assert_eq!((v, k.src_port), (OUT, 2500));
+        // Another endpoint asking for port 2500 gets another, while the mapping lives.
+        let other = || frame("198.18.0.9", "198.19.0.9", udp(2500, 53));
+        n.expire(20 * S, usize::MAX);
+        let (_, k, _) = one(&mut n, 20 * S, other(), 0);
+        assert_ne!(k.src_port, 2500);
+        let taken = k.src_port;
+        // Past the timeout both are swept; the port is free again.
+        n.expire(60 * S, usize::MAX);
+        assert!(n.answers.mappings.as_ref().unwrap().holder.is_empty());
+        let again = frame("198.18.0.7", "198.19.0.9", udp(2500, 53));
+        let (_, k, _) = one(&mut n, 60 * S, again, 0);
+        assert_eq!(k.src_port, 2500);
+        assert_ne!(taken, 2500);
+    }
+
     /// What comes in to a mapped port, by filtering (RFC 4787 section 5): from the
     /// address and port the endpoint sent to (always), another port of that address
     /// (address-dependent and endpoint-independent), another address (endpoint-
