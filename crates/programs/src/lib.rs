@@ -576,8 +576,8 @@ pub fn with_guarantees(
                 format!(
                     "`{name}` cannot be replicated yet: replicated state today is counter's \
                      `flows`, conntrack's and firewall's `connections`, lb's `connections`, \
-                     kv's `cache`, nat's `translations` (without port forwards, under the \
-                     default filtering) and sgw's `sessions` (docs/REPLICATION.md says what \
+                     kv's `cache`, nat's `translations` (without port forwards or port \
+                     blocks, under the default filtering) and sgw's `sessions` (docs/REPLICATION.md says what \
                      is built and what follows)"
                 ),
             ));

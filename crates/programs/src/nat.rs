@@ -24,6 +24,11 @@
 //! gets; `filtering` then lets a packet from an address the endpoint sent to, or from
 //! anywhere, open a translation to it, as a port forward does.
 //!
+//! Port blocks (`port_block`): an inside host takes its external ports from blocks of
+//! consecutive pool ports that serve no other host, at most `blocks_per_host` at a time,
+//! as carrier-grade NATs allocate them, so that a host's ports are bounded and logged by
+//! the block.
+//!
 //! Workers: each worker keeps its own translations, with no state shared between workers.
 //! Offline, a worker picks only external ports whose answers the runtime's flow hash sends
 //! back to it. On live ports `nat` asks the fanout groups to spread packets by the remote
@@ -121,6 +126,11 @@ pub struct NatConfig {
     /// mapping.
     #[serde(default = "default_behaviour")]
     pub filtering: String,
+    /// Port-block allocation: an inside host takes its external ports from blocks of this
+    /// many consecutive pool ports, held by it alone ([`Blocks`]). Off when absent.
+    pub port_block: Option<u32>,
+    /// The most blocks an inside host holds at once under `port_block` (default 8).
+    pub blocks_per_host: Option<u32>,
 }
 
 fn default_behaviour() -> String {
@@ -166,6 +176,42 @@ impl Filtering {
         }
         Ok(filtering)
     }
+}
+
+/// Port-block allocation as `cfg` asks for it, in a pool of `pool` ports.
+fn blocks_of(field: &str, cfg: &NatConfig, pool: u32) -> Result<Option<Blocks>, ConfigError> {
+    let Some(size) = cfg.port_block else {
+        return match cfg.blocks_per_host {
+            Some(_) => Err(ConfigError::new(
+                format!("{field}.blocks_per_host"),
+                "bounds the blocks of port-block allocation, which is off: set port_block \
+                 (ports a block) too, or remove blocks_per_host",
+            )),
+            None => Ok(None),
+        };
+    };
+    let least = if cfg.port_parity { 2 } else { 1 };
+    if size < least || size > pool {
+        return Err(ConfigError::new(
+            format!("{field}.port_block"),
+            format!(
+                "{size} ports a block: give {least} to {pool} (the pool `ports` holds {pool}{})",
+                if cfg.port_parity {
+                    "; under port_parity a block holds ports of both parities"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    let per_host = cfg.blocks_per_host.unwrap_or(8);
+    if per_host == 0 {
+        return Err(ConfigError::new(
+            format!("{field}.blocks_per_host"),
+            "0 blocks would leave a host no port: give 1 or more (default 8)",
+        ));
+    }
+    Ok(Some(Blocks::new(size as u16, per_host as usize, pool)))
 }
 
 fn default_ipv6() -> String {
@@ -334,6 +380,7 @@ const UNRELATED_ICMP: DropReason = DropReason::program(9);
 const OUT_OF_WINDOW: DropReason = DropReason::program(10);
 const IPV6: DropReason = DropReason::program(11);
 const HAIRPIN_UNKNOWN: DropReason = DropReason::program(12);
+const BLOCK_LIMIT: DropReason = DropReason::program(13);
 
 /// Why `nat` drops an IPv6 packet its stateful policy's firewall refused.
 fn ipv6_reason(firewall_reason: DropReason) -> DropReason {
@@ -433,6 +480,8 @@ struct Answers {
     /// counted and listed as one destination's, the pool's.
     mappings: Option<Mappings>,
     filtering: Filtering,
+    /// Under port-block allocation, the blocks hosts hold.
+    blocks: Option<Blocks>,
 }
 
 /// Endpoint-independent mapping (RFC 4787 REQ-1): an inside endpoint (protocol, address,
@@ -505,6 +554,115 @@ impl Mappings {
     }
 }
 
+/// Port-block allocation (as carrier-grade NATs offer it; RFC 6888 REQ-4 bounds a
+/// host's ports, RFC 7422 logs a host's ports by the block rather than by connection):
+/// an inside host (address and VLAN) takes its external ports from blocks of `size`
+/// consecutive pool ports, which no other host's translations use, holding at most
+/// `per_host` blocks at a time. A host takes a new block only when no port of the blocks
+/// it holds serves the new connection, and a block goes back to the pool with its last
+/// translation. Kept from the translations' answer entries as they come and go, as
+/// [`Mappings`] are. The pool's last ports short of a whole block are not used.
+#[derive(Clone)]
+struct Blocks {
+    size: u16,
+    per_host: usize,
+    /// By block (block `i` is the pool's ports `i × size` to `(i + 1) × size - 1` from
+    /// its first): the host holding it and the translations on it. Free while none.
+    /// A reload that turns blocks on may carry two hosts' translations on one block: the
+    /// first holds it, and it is free once both have ended.
+    held: Vec<(FlowKey, u32)>,
+    /// How many blocks are held.
+    in_use: usize,
+    /// A host's blocks, in the order it took them.
+    of_host: HashMap<FlowKey, Vec<u16>>,
+    /// Where the search for a free block starts: after the last one taken.
+    next: usize,
+}
+
+/// The inside host of the inside connection `inside`: its source address and VLAN.
+fn host_of(inside: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: inside.src,
+        vlan: inside.vlan,
+        ip_version: inside.ip_version,
+        ..FlowKey::default()
+    }
+}
+
+impl Blocks {
+    fn new(size: u16, per_host: usize, pool: u32) -> Self {
+        Blocks {
+            size,
+            per_host,
+            held: vec![(FlowKey::default(), 0); (pool / u32::from(size)) as usize],
+            in_use: 0,
+            of_host: HashMap::new(),
+            next: 0,
+        }
+    }
+
+    /// The block of the pool port at `offset` from the pool's first; `None` past the
+    /// last whole block (or outside the pool: a forwarded port).
+    fn block_at(&self, offset: u16) -> Option<usize> {
+        let block = usize::from(offset / self.size);
+        (block < self.held.len()).then_some(block)
+    }
+
+    fn add(&mut self, inside: &FlowKey, offset: u16) {
+        let Some(block) = self.block_at(offset) else {
+            return;
+        };
+        let n = self.held.len();
+        let (holder, users) = &mut self.held[block];
+        if *users == 0 {
+            *holder = host_of(inside);
+            self.in_use += 1;
+            self.of_host.entry(*holder).or_default().push(block as u16);
+            self.next = (block + 1) % n;
+        }
+        *users += 1;
+    }
+
+    fn delete(&mut self, offset: u16) {
+        let Some(block) = self.block_at(offset) else {
+            return;
+        };
+        let (holder, users) = &mut self.held[block];
+        if *users == 0 {
+            return;
+        }
+        *users -= 1;
+        if *users > 0 {
+            return;
+        }
+        self.in_use -= 1;
+        if let Some(blocks) = self.of_host.get_mut(holder) {
+            blocks.retain(|&b| usize::from(b) != block);
+            if blocks.is_empty() {
+                self.of_host.remove(holder);
+            }
+        }
+    }
+
+    /// The blocks `host` holds.
+    fn of(&self, host: &FlowKey) -> &[u16] {
+        self.of_host.get(host).map_or(&[], Vec::as_slice)
+    }
+
+    /// A free block, searched from after the last one taken: none looked at when every
+    /// block is held, else at most the pool's blocks (taken only when a host needs one).
+    fn free(&self) -> Option<u16> {
+        if self.in_use >= self.held.len() {
+            return None;
+        }
+        let n = self.held.len();
+        (0..n)
+            .map(|i| (self.next + i) % n)
+            .find(|&b| self.held[b].1 == 0)
+            .map(|b| b as u16)
+    }
+}
+
 #[derive(Clone, Default)]
 struct Dest {
     in_use: u32,
@@ -547,6 +705,9 @@ impl Answers {
                 self.filtering == Filtering::AddressDependent,
             );
         }
+        if let Some(b) = &mut self.blocks {
+            b.add(&inside, port_of(&answer).wrapping_sub(self.pool.0));
+        }
         let dest = self.dest(&answer);
         self.dests.entry(dest).or_default().in_use += 1;
         Ok(())
@@ -564,6 +725,9 @@ impl Answers {
         }
         if let (Some(m), Some(inside)) = (&mut self.mappings, inside) {
             m.delete(&inside, answer);
+        }
+        if let Some(b) = &mut self.blocks {
+            b.delete(port_of(answer).wrapping_sub(self.pool.0));
         }
         let dest = self.dest(answer);
         let Some(d) = self.dests.get_mut(&dest) else {
@@ -601,6 +765,55 @@ fn take_listed(
         }
     }
     None
+}
+
+/// A port for the inside connection `key` from its host's blocks (pool ports from
+/// `first`): its own source port if its host holds that port's block; else the first
+/// port `usable` accepts in each block the host holds, each looked at from an offset
+/// drawn from `hash`; else, if the host may take another block, its own port with the
+/// block it lies in if that is free, or a free block's port. Looks at
+/// no more ports than the host may hold, and refuses a host at its limit as
+/// `block_limit`, any host when every block is held as `ports_exhausted`.
+fn port_in_blocks(
+    blocks: &Blocks,
+    key: &FlowKey,
+    first: u16,
+    hash: u64,
+    usable: &impl Fn(u16) -> bool,
+) -> Result<u16, DropReason> {
+    let held = blocks.of(&host_of(key));
+    let holds = |offset: u16| {
+        blocks
+            .block_at(offset)
+            .is_some_and(|b| held.contains(&(b as u16)))
+    };
+    if key.proto != ICMP && holds(key.src_port.wrapping_sub(first)) && usable(key.src_port) {
+        return Ok(key.src_port);
+    }
+    let size = u32::from(blocks.size);
+    let start = (hash % u64::from(size)) as u32;
+    // Every port of a block lies in the pool, so `first` plus its offset is no more than
+    // the pool's last port.
+    let in_block = |block: u16| {
+        (0..size)
+            .map(|o| first + (u32::from(block) * size + (start + o) % size) as u16)
+            .find(|&port| usable(port))
+    };
+    if let Some(port) = held.iter().find_map(|&b| in_block(b)) {
+        return Ok(port);
+    }
+    if held.len() >= blocks.per_host {
+        return Err(BLOCK_LIMIT);
+    }
+    // A new block: the one of its own port while free, so that the port is kept.
+    let own = (key.proto != ICMP)
+        .then(|| blocks.block_at(key.src_port.wrapping_sub(first)))
+        .flatten()
+        .filter(|&b| blocks.held[b].1 == 0 && usable(key.src_port));
+    if own.is_some() {
+        return Ok(key.src_port);
+    }
+    blocks.free().and_then(in_block).ok_or(PORTS_EXHAUSTED)
 }
 
 /// An IPv4 address as keys hold it (in their first 4 bytes).
@@ -898,6 +1111,8 @@ impl Nat {
         };
         let filtering =
             Filtering::parse(&format!("{field}.filtering"), &cfg.filtering, independent)?;
+        let pool = u32::from(last_port - first_port) + 1;
+        let blocks = blocks_of(field, cfg, pool)?;
         let mut external_bytes = [0u8; 16];
         external_bytes[..4].copy_from_slice(&external);
         let mut translations =
@@ -922,10 +1137,11 @@ impl Nat {
                     seed.rotate_left(7),
                 )?,
                 dests: HashMap::new(),
-                pool: (first_port, u32::from(last_port - first_port) + 1),
+                pool: (first_port, pool),
                 parity: cfg.port_parity,
                 mappings: independent.then(Mappings::default),
                 filtering,
+                blocks,
             },
             port_probes: 0,
             forwards,
@@ -958,14 +1174,23 @@ impl Nat {
         let carried = self.translations.adopt(&mut old.translations);
         // The destinations are counted by parity or not: as the old ones were, or again.
         let (new, was) = (&self.answers, &old.answers);
+        // Blocks are numbered from the pool's first port.
+        let blocks = |a: &Answers| a.blocks.as_ref().map(|b| (b.size, b.held.len(), a.pool));
         let whole = !carried.lost()
             && was.parity == new.parity
             && was.mappings.is_some() == new.mappings.is_some()
             && was.filtering == new.filtering
+            && blocks(was) == blocks(new)
             && self.answers.table.adopt(&mut old.answers.table).dropped == 0;
         if whole {
             self.answers.dests = std::mem::take(&mut old.answers.dests);
             self.answers.mappings = old.answers.mappings.take();
+            if let (Some(b), Some(was)) = (&mut self.answers.blocks, old.answers.blocks.take()) {
+                *b = Blocks {
+                    per_host: b.per_host,
+                    ..was
+                };
+            }
         } else {
             self.answers.table.clear();
             self.answers.dests.clear();
@@ -1008,7 +1233,7 @@ impl Nat {
     /// or once the draws fail, the next of the destination's listed free ports. Each
     /// allocation looks at O(1) ports amortized, and so does a refusal of a destination
     /// whose ports are all taken (its list is empty).
-    fn choose_port(&mut self, key: &FlowKey, ctx: &Context) -> Option<u16> {
+    fn choose_port(&mut self, key: &FlowKey, ctx: &Context) -> Result<u16, DropReason> {
         let (external, (first, pool)) = (self.external, self.answers.pool);
         let parity = self.answers.parity;
         let mappings = self.answers.mappings.as_ref();
@@ -1016,7 +1241,9 @@ impl Nat {
             // The endpoint's port; taken for this destination only where a reload carried
             // another endpoint's connection on it.
             let answer = answer_key(key, external, port);
-            return self.answers.get(&answer).is_none().then_some(port);
+            return (self.answers.get(&answer).is_none())
+                .then_some(port)
+                .ok_or(PORTS_EXHAUSTED);
         }
         // The destination's ports of the parity this connection may take.
         let dest = self
@@ -1037,6 +1264,11 @@ impl Nat {
             here && table.find_id(&answer).is_none()
                 && mappings.is_none_or(|m| m.free(key.proto, port))
         };
+        if let Some(blocks) = &self.answers.blocks {
+            let chosen = port_in_blocks(blocks, key, first, ctx.hasher.hash(key), &usable);
+            self.port_probes += probes.get();
+            return chosen;
+        }
         let chosen = 'chosen: {
             let offset = u32::from(key.src_port.wrapping_sub(first));
             if offset < pool && key.proto != ICMP && usable(key.src_port) {
@@ -1068,12 +1300,12 @@ impl Nat {
             take_listed(dests, &dest, &usable)
         };
         self.port_probes += probes.get();
-        chosen
+        chosen.ok_or(PORTS_EXHAUSTED)
     }
 
     /// Adds the translation of `key` and its answer entry.
     fn create(&mut self, key: FlowKey, ctx: &Context, now: u64) -> Result<u16, DropReason> {
-        let port = self.choose_port(&key, ctx).ok_or(PORTS_EXHAUSTED)?;
+        let port = self.choose_port(&key, ctx)?;
         self.insert(key, port, true, now)?;
         Ok(port)
     }
@@ -1531,6 +1763,9 @@ impl Program for Nat {
             "under endpoint-independent mapping an endpoint's port serves every destination, \
              and the runtime's flow hash sends answers from different destinations to \
              different workers"
+        } else if self.answers.blocks.is_some() {
+            "a host's port blocks are its alone, and workers that each hand out blocks would \
+             hand one block to several hosts"
         } else {
             return Ok(());
         };
@@ -1569,6 +1804,7 @@ impl Program for Nat {
             "out_of_window",
             "ipv6",
             "hairpin_unknown",
+            "block_limit",
         ]
     }
 
@@ -1598,10 +1834,13 @@ impl Program for Nat {
     /// `translations` replicated, each connection a flow with its answers' alias. Not
     /// with port forwards, nor with filtering that lets packets in: there a first packet
     /// from the outside makes a translation, which a switch that knows no flow by that
-    /// packet could make without the store's lease.
+    /// packet could make without the store's lease. Nor with port blocks: each switch
+    /// would hand out its blocks to its own hosts, and a connection moving to another
+    /// switch would bring its port into a block held there by another host.
     fn replicate(&mut self, name: &str) -> bool {
         self.forwards.is_empty()
             && self.answers.filtering == Filtering::AddressAndPortDependent
+            && self.answers.blocks.is_none()
             && self.translations.replicate(name, false)
     }
 
@@ -1944,6 +2183,12 @@ mod tests {
         assert!(forwarding.check_workers(2, true).is_ok());
         assert!(one_worker.check_workers(2, true).is_ok());
         assert!(nat(EIM).check_workers(2, true).is_err());
+        // A host's blocks are one worker's to hand out; nor can they be replicated.
+        let mut blocks = nat("port_block = 64");
+        let refused = blocks.check_workers(2, true).unwrap_err();
+        assert!(refused.contains("port blocks"), "{refused}");
+        assert!(blocks.check_workers(1, true).is_ok());
+        assert!(!blocks.replicate("translations"));
         assert_eq!(
             [0, 1, 2].map(|p| one_worker.steering(p)),
             [
@@ -2396,6 +2641,175 @@ mod tests {
                 assert_eq!(one(&mut n, S, rst, 0).0, OUT);
             }
             assert_eq!(port_of(&mut n, fifth), first);
+        }
+    }
+
+    /// Port-block allocation: a host's ports come from its blocks alone, a port of its
+    /// blocks serving several destinations before it takes another block; at its limit
+    /// of blocks it is refused as `block_limit` while other hosts go on; with every
+    /// block held a new host is refused as `ports_exhausted`; a block whose last
+    /// translation ends, by a RST or past its timeout, is free for another host.
+    #[test]
+    fn port_blocks_give_each_host_ports_of_its_own() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        // Four blocks of 8 (2000-2031); ports 2032-2035 make no whole block.
+        let mut n = nat(
+            "ports = \"2000-2035\"\nport_block = 8\nblocks_per_host = 2\n\
+             timeouts = { udp = 30 }",
+        );
+        let block_of = |port: u16| (port - 2000) / 8;
+        let go = |n: &mut Nat, t: u64, host: &str, remote: &str, port: u16| {
+            let (v, k, _) = one(n, t, frame(host, remote, udp(port, 53)), 0);
+            (v, k.src_port)
+        };
+        // Host a: 8 connections to one destination fill its first block; the 9th takes a
+        // second block, and a connection to another destination reuses the first.
+        let a: Vec<u16> = (0..9)
+            .map(|i| {
+                let (v, port) = go(&mut n, S, "198.18.0.1", REMOTE, 40_000 + i);
+                assert_eq!(v, OUT);
+                port
+            })
+            .collect();
+        let first = block_of(a[0]);
+        assert!(a[..8].iter().all(|&p| block_of(p) == first), "{a:?}");
+        assert_ne!(block_of(a[8]), first);
+        assert!(a.iter().all(|&p| p < 2032), "{a:?}");
+        let (v, other) = go(&mut n, S, "198.18.0.1", "198.19.0.9", 40_000);
+        assert_eq!(v, OUT);
+        assert_eq!(block_of(other), first, "a port serves several destinations");
+        // Its own port is kept where its block is the host's.
+        let own = 2000 + first * 8 + 3;
+        assert_eq!(go(&mut n, S, "198.18.0.1", "198.19.0.8", own), (OUT, own));
+        // Both its blocks full for REMOTE: the 17th connection there is refused by its
+        // limit, not by the pool, which two other hosts then share.
+        for i in 9..16 {
+            assert_eq!(go(&mut n, S, "198.18.0.1", REMOTE, 40_000 + i).0, OUT);
+        }
+        let refused = go(&mut n, S, "198.18.0.1", REMOTE, 40_100);
+        assert_eq!(refused.0, Verdict::Drop(BLOCK_LIMIT));
+        let (v, b) = go(&mut n, S, "198.18.0.2", REMOTE, 2001);
+        let (w, c) = go(&mut n, S, "198.18.0.3", REMOTE, 2001);
+        assert_eq!((v, w), (OUT, OUT));
+        let blocks_a = [first, block_of(a[8])];
+        assert!(!blocks_a.contains(&block_of(b)) && !blocks_a.contains(&block_of(c)));
+        assert_ne!(block_of(b), block_of(c), "a block is one host's");
+        // Every block held: a fourth host finds none.
+        let d = go(&mut n, S, "198.18.0.4", REMOTE, 40_000);
+        assert_eq!(d.0, Verdict::Drop(PORTS_EXHAUSTED));
+        // Host b's block frees when its translation times out; then the fourth host
+        // takes it, and the ports it hands out are that block's.
+        n.expire(20 * S, usize::MAX);
+        assert_eq!(go(&mut n, 20 * S, "198.18.0.4", REMOTE, 40_000).0, d.0);
+        n.expire(40 * S, usize::MAX);
+        // Past the timeout every translation is gone, so every block is free.
+        let blocks = n.answers.blocks.as_ref().unwrap();
+        assert_eq!((blocks.in_use, blocks.of_host.len()), (0, 0));
+        let (v, port) = go(&mut n, 40 * S, "198.18.0.4", REMOTE, 40_000);
+        assert_eq!(v, OUT);
+        assert!(port < 2032);
+    }
+
+    /// A block goes back with its last translation however that ends (here a TCP RST),
+    /// and only then: a host keeps a block while one translation on it lives.
+    #[test]
+    fn a_block_is_free_once_its_last_translation_is_reset() {
+        let syn = |host: &str, port| frame(host, REMOTE, tcp(port, 80, flags::SYN));
+        let rst = |host: &str, port| frame(host, REMOTE, tcp(port, 80, flags::RST));
+        let mut n = nat("ports = \"3000-3003\"\nport_block = 4\nblocks_per_host = 1");
+        let (v, _, _) = one(&mut n, S, syn("198.18.0.1", 5000), 0);
+        let (w, _, _) = one(&mut n, S, syn("198.18.0.1", 5001), 0);
+        assert_eq!((v, w), (OUT, OUT));
+        let other = || syn("198.18.0.2", 5000);
+        assert_eq!(one(&mut n, S, other(), 0).0, Verdict::Drop(PORTS_EXHAUSTED));
+        assert_eq!(one(&mut n, S, rst("198.18.0.1", 5000), 0).0, OUT);
+        assert_eq!(one(&mut n, S, other(), 0).0, Verdict::Drop(PORTS_EXHAUSTED));
+        assert_eq!(one(&mut n, S, rst("198.18.0.1", 5001), 0).0, OUT);
+        let (v, k, _) = one(&mut n, S, other(), 0);
+        assert_eq!(v, OUT);
+        assert!((3000..3004).contains(&k.src_port));
+    }
+
+    /// Blocks under endpoint-independent mapping and port parity: an endpoint's one port
+    /// is of its host's block, and of its inside port's parity.
+    #[test]
+    fn blocks_hold_mapped_ports_of_the_inside_ports_parity() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let mut n = nat(&format!(
+            "{EIM}\nport_parity = true\nports = \"4000-4015\"\nport_block = 4\n\
+             blocks_per_host = 4"
+        ));
+        let mut ports = HashMap::new();
+        for (host, inside_port) in [
+            ("198.18.0.1", 7001),
+            ("198.18.0.1", 7002),
+            ("198.18.0.2", 7003),
+        ] {
+            for remote in ["198.19.0.1", "198.19.0.2"] {
+                let (v, k, _) = one(&mut n, S, frame(host, remote, udp(inside_port, 53)), 0);
+                assert_eq!(v, OUT);
+                assert_eq!(k.src_port & 1, inside_port & 1, "parity kept");
+                let was = ports.insert((host, inside_port), k.src_port);
+                assert!(was.is_none_or(|p| p == k.src_port), "one port per endpoint");
+            }
+        }
+        let block = |p: u16| (p - 4000) / 4;
+        let (one_a, two_a) = (ports[&("198.18.0.1", 7001)], ports[&("198.18.0.1", 7002)]);
+        let b = ports[&("198.18.0.2", 7003)];
+        assert_eq!(
+            block(one_a),
+            block(two_a),
+            "one host, one block while it has room"
+        );
+        assert_ne!(block(b), block(one_a));
+    }
+
+    /// A reload keeps the blocks when their shape stays, and otherwise builds them from
+    /// the translations it keeps: a host keeps its block, and another host's new
+    /// connections take none of its ports.
+    #[test]
+    fn a_reload_keeps_or_builds_each_hosts_blocks() {
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let base = "ports = \"2000-2063\"\ntimeouts = { udp = 300 }";
+        for (before, after) in [
+            ("port_block = 16", "port_block = 16\nblocks_per_host = 1"),
+            ("", "port_block = 16\nblocks_per_host = 1"),
+            ("port_block = 8", "port_block = 16\nblocks_per_host = 1"),
+        ] {
+            let mut old = nat(&format!("{base}\n{before}"));
+            let (v, k, _) = one(&mut old, S, frame("198.18.0.1", REMOTE, udp(2020, 53)), 0);
+            assert_eq!((v, k.src_port), (OUT, 2020), "{before}");
+            let mut n = nat(&format!("{base}\n{after}"));
+            let carried = Program::inherit(&mut n, old, 2 * S);
+            assert!(carried.iter().all(|c| !c.lost()), "{before}");
+            // The host's block 1 (2016-2031) is its: a second connection there takes a
+            // port of it, and its limit of one block refuses it once the block is full.
+            let blocks = n.answers.blocks.as_ref().unwrap();
+            assert_eq!(blocks.per_host, 1, "{before}");
+            let mut theirs = vec![];
+            for i in 0..16 {
+                let f = frame("198.18.0.1", REMOTE, udp(41_000 + i, 53));
+                theirs.push(one(&mut n, 2 * S, f, 0));
+            }
+            let taken: Vec<u16> = theirs
+                .iter()
+                .filter(|(v, ..)| *v == OUT)
+                .map(|t| t.1.src_port)
+                .collect();
+            assert_eq!(taken.len(), 15, "{before}: the block's other ports");
+            assert!(
+                taken.iter().all(|p| (2016..2032).contains(p)),
+                "{before}: {taken:?}"
+            );
+            assert_eq!(theirs[15].0, Verdict::Drop(BLOCK_LIMIT), "{before}");
+            // Another host asking for 2020 gets none of block 1.
+            let (v, k, _) = one(&mut n, 2 * S, frame("198.18.0.2", REMOTE, udp(2020, 53)), 0);
+            assert_eq!(v, OUT);
+            assert!(
+                !(2016..2032).contains(&k.src_port),
+                "{before}: {}",
+                k.src_port
+            );
         }
     }
 
@@ -3169,6 +3583,28 @@ mod tests {
             (
                 "external = \"198.18.0.9\"\nfiltering = \"endpoint_independent\"",
                 "program.nat.filtering",
+            ),
+            // Blocks: of 1 port up to the pool's, none of 1 port under parity (it would
+            // have ports of one parity only), and a bound only where there are blocks.
+            (
+                "external = \"198.18.0.9\"\nport_block = 0",
+                "program.nat.port_block",
+            ),
+            (
+                "external = \"198.18.0.9\"\nports = \"2000-2099\"\nport_block = 101",
+                "program.nat.port_block",
+            ),
+            (
+                "external = \"198.18.0.9\"\nport_block = 1\nport_parity = true",
+                "program.nat.port_block",
+            ),
+            (
+                "external = \"198.18.0.9\"\nport_block = 64\nblocks_per_host = 0",
+                "program.nat.blocks_per_host",
+            ),
+            (
+                "external = \"198.18.0.9\"\nblocks_per_host = 4",
+                "program.nat.blocks_per_host",
             ),
         ] {
             let cfg: NatConfig = toml::from_str(text).unwrap();
