@@ -1487,13 +1487,59 @@ fn an_inside_host_reaches_a_forwarded_port_through_the_external_address() {
 }
 
 /// `firewall` on live ports: h1 (inside) reaches h2 with ping and TCP, every byte
-/// arrives; h2 cannot ping h1, and the refusals are counted as unsolicited.
+/// arrives; h2 cannot ping h1, and the refusals are counted as unsolicited. An inbound
+/// rule (pf's `pass in`) lets h2 open a TCP connection to h1's port 5309, and to no
+/// other port.
 #[test]
 fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up_edited("line.toml", "tfw", None, |t| {
-        t.replace("name = \"forward\"", "name = \"firewall\"")
+        t.replace(
+            "name = \"forward\"",
+            "name = \"firewall\"\n[switch.program.firewall]\nrules = [{ action = \"permit\", \
+             direction = \"in\", match = \"tcp,nw_dst=198.18.0.1,tp_dst=5309\" }]",
+        )
     });
+    // h2 connects to h1's two listeners: 5309 answers with what it read, 5310 is never
+    // reached.
+    let inbound = |port: u16| {
+        let server = format!(
+            "import socket\n\
+             s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+             s.bind(('198.18.0.1',{port})); s.listen(1); s.settimeout(8)\n\
+             c,_=s.accept(); c.settimeout(8); n=0\n\
+             while True:\n    b=c.recv(65536)\n    if not b: break\n    n+=len(b)\n\
+             c.sendall(str(n).encode()); c.close()"
+        );
+        let mut srv = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                "sp-tfw-h1",
+                "timeout",
+                "10",
+                "python3",
+                "-c",
+            ])
+            .arg(&server)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let client = format!(
+            "import socket\n\
+             c=socket.create_connection(('198.18.0.1',{port}),timeout=3)\n\
+             c.sendall(bytes(300000)); c.shutdown(socket.SHUT_WR); print(c.recv(64).decode())"
+        );
+        let got = text(&lab.exec("h2", &["timeout", "8", "python3", "-c", &client]));
+        // A listener never reached ends at its own timeout; this ends its wait.
+        let _ = srv.kill();
+        let _ = srv.wait();
+        got
+    };
+    let admitted = inbound(5309);
+    assert!(admitted.starts_with("300000"), "{admitted}");
+    let refused = inbound(5310);
+    assert!(!refused.starts_with("300000"), "{refused}");
     let ping = |from: &str, to: &str| {
         text(&lab.exec(from, &["ping", "-c", "2", "-i", "0.2", "-W", "1", to]))
     };

@@ -20,7 +20,9 @@
 //! proto = "tcp" | "udp" | "icmp" | NUMBER | "any", src_ports = "any" | "80" | "1024-65535",
 //! dst_ports = ... }]` or `{ action, match = "tcp,nw_dst=198.19.0.0/16,tp_dst=80" }` (the
 //! pipeline's rule text, its IPv4, protocol and port words), `capacity` (rules at most,
-//! default 4096), `default`, and `map` or `router`.
+//! default 4096), `default`, and `map` or `router`. A `firewall`'s policy is built here
+//! too, its rules in two lists by `direction` (inbound ones judge connections opened from
+//! outside, with no default); an `acl` refuses `direction`.
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::router::{Router, RouterConfig, Tables};
@@ -55,6 +57,9 @@ pub struct AclRule {
     /// place of `src`, `dst`, `proto` and the ports.
     #[serde(rename = "match")]
     pub matching: Option<String>,
+    /// `firewall`'s rules only: `out` (the default: the rule judges connections the
+    /// inside opens) or `in` (connections opened from outside, as pf's `pass in`).
+    pub direction: Option<String>,
 }
 
 /// What a rule matches: source and destination prefixes, protocol, port ranges.
@@ -159,12 +164,36 @@ fn default_capacity() -> usize {
 pub struct RuleAction {
     pub permit: bool,
     pub id: u32,
+    /// A `firewall` rule for connections opened from outside.
+    pub inbound: bool,
 }
 
-/// The rules and their classifier, replaced whole by the control plane.
+/// The actions in the control API: an `acl`'s, then the inbound ones a `firewall`'s
+/// rules also take.
+const ACTIONS: [&str; 4] = ["permit", "deny", "permit_in", "deny_in"];
+
+impl RuleAction {
+    fn name(&self) -> &'static str {
+        ACTIONS[usize::from(!self.permit) + 2 * usize::from(self.inbound)]
+    }
+
+    /// The rule action `name` (one of [`ACTIONS`], as the control API checked) with `id`.
+    fn named(name: &str, id: u32) -> RuleAction {
+        RuleAction {
+            permit: name.starts_with("permit"),
+            id,
+            inbound: name.ends_with("_in"),
+        }
+    }
+}
+
+/// The rules and their classifiers, replaced whole by the control plane.
 struct Rules {
     list: Vec<Rule<RuleAction>>,
+    /// The rules for packets from the inside (an `acl`'s: every rule).
     table: Ternary<RuleAction>,
+    /// A `firewall`'s rules for connections opened from outside.
+    inbound: Ternary<RuleAction>,
     capacity: usize,
 }
 
@@ -181,8 +210,9 @@ pub struct RulesUpdate {
     reset: Vec<u32>,
 }
 
-/// The rules table in the control API.
-fn rules_declaration(capacity: usize) -> Declaration {
+/// The rules table in the control API; with `directions`, a `firewall`'s, whose actions
+/// include the inbound ones.
+fn rules_declaration(capacity: usize, directions: bool) -> Declaration {
     let f = Field::new;
     Declaration {
         name: "rules".into(),
@@ -196,7 +226,7 @@ fn rules_declaration(capacity: usize) -> Declaration {
                 f("src_port", 16, Format::Int, MatchKind::Range),
                 f("dst_port", 16, Format::Int, MatchKind::Range),
             ],
-            actions: ["permit", "deny"]
+            actions: ACTIONS[..if directions { 4 } else { 2 }]
                 .iter()
                 .map(|&name| Action {
                     name: name.into(),
@@ -261,7 +291,7 @@ fn entry_of(r: &Rule<RuleAction>, hits: u64) -> Entry {
                 high: u128::from(r.dst_ports.1),
             },
         ],
-        action: if r.action.permit { "permit" } else { "deny" }.into(),
+        action: r.action.name().into(),
         params: Vec::new(),
         priority: r.priority,
         hits,
@@ -293,8 +323,10 @@ fn same_rule(a: &Rule<RuleAction>, b: &Rule<RuleAction>) -> bool {
 
 impl Rules {
     fn new(list: Vec<Rule<RuleAction>>, capacity: usize) -> Self {
+        let (inbound, outbound): (Vec<_>, Vec<_>) = list.iter().partition(|r| r.action.inbound);
         Rules {
-            table: Ternary::build(&list),
+            table: Ternary::build(&outbound),
+            inbound: Ternary::build(&inbound),
             list,
             capacity,
         }
@@ -304,10 +336,7 @@ impl Rules {
     fn updated(&self, writes: &[Write]) -> Result<RulesUpdate, ControlError> {
         let mut list = self.list.clone();
         let mut reset = Vec::new();
-        let unnamed = RuleAction {
-            permit: false,
-            id: 0,
-        };
+        let unnamed = RuleAction::named("deny", 0);
         for w in writes {
             let (key, priority) = match w {
                 Write::Insert(e) | Write::Modify(e) => (&e.key, e.priority),
@@ -343,11 +372,12 @@ impl Rules {
                             capacity: self.capacity,
                         });
                     };
-                    let permit = e.action == "permit";
-                    list.push(rule_of(key, priority, RuleAction { permit, id }));
+                    list.push(rule_of(key, priority, RuleAction::named(&e.action, id)));
                     reset.push(id);
                 }
-                (Write::Modify(e), Some(i)) => list[i].action.permit = e.action == "permit",
+                (Write::Modify(e), Some(i)) => {
+                    list[i].action = RuleAction::named(&e.action, list[i].action.id);
+                }
                 (Write::Delete(_), Some(i)) => reset.push(list.remove(i).action.id),
             }
         }
@@ -368,6 +398,8 @@ enum Next {
 #[derive(Clone)]
 pub struct Acl {
     rules: Arc<Rules>,
+    /// Whether rules take a direction (a `firewall`'s policy).
+    directions: bool,
     /// The newest rules, shared by every instance: the control plane's instance replaces
     /// them with an updated copy, which the workers then take.
     newest: Arc<Mutex<Arc<Rules>>>,
@@ -413,6 +445,24 @@ fn permit(field: &str, text: &str) -> Result<bool, ConfigError> {
         other => Err(ConfigError::new(
             field,
             format!("'{other}' is not an action; use permit or deny"),
+        )),
+    }
+}
+
+/// Whether a rule's `direction` is `in`; only a `firewall`'s rules (`directions`) have one.
+fn inbound(field: &str, direction: Option<&str>, directions: bool) -> Result<bool, ConfigError> {
+    match (direction, directions) {
+        (None, _) => Ok(false),
+        (Some(_), false) => Err(ConfigError::new(
+            field,
+            "an acl judges every packet, whichever port it came in on; a direction is for \
+             firewall rules (which connections may be opened from outside): remove it",
+        )),
+        (Some("out"), true) => Ok(false),
+        (Some("in"), true) => Ok(true),
+        (Some(other), true) => Err(ConfigError::new(
+            field,
+            format!("'{other}' is not a direction; use out (the default) or in"),
         )),
     }
 }
@@ -468,6 +518,24 @@ fn proto(field: &str, text: &str) -> Result<Option<u8>, ConfigError> {
 
 impl Acl {
     pub fn new(cfg: &AclConfig, names: &PortNames, field: &str) -> Result<Self, ConfigError> {
+        Self::build(cfg, names, field, false)
+    }
+
+    /// A `firewall`'s policy: its rules may be for connections opened from outside.
+    pub(crate) fn with_directions(
+        cfg: &AclConfig,
+        names: &PortNames,
+        field: &str,
+    ) -> Result<Self, ConfigError> {
+        Self::build(cfg, names, field, true)
+    }
+
+    fn build(
+        cfg: &AclConfig,
+        names: &PortNames,
+        field: &str,
+        directions: bool,
+    ) -> Result<Self, ConfigError> {
         if cfg.capacity == 0 || cfg.capacity > 1 << 20 || cfg.capacity < cfg.rules.len() {
             return Err(ConfigError::new(
                 format!("{field}.capacity"),
@@ -495,6 +563,11 @@ impl Acl {
                 action: RuleAction {
                     permit: permit(&format!("{f}.action"), &r.action)?,
                     id: i as u32,
+                    inbound: inbound(
+                        &format!("{f}.direction"),
+                        r.direction.as_deref(),
+                        directions,
+                    )?,
                 },
             });
         }
@@ -535,6 +608,7 @@ impl Acl {
         .map_err(|e| ConfigError::new(format!("{field}.capacity"), e.to_string()))?;
         let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
+            directions,
             counters: Counters::new(cfg.capacity + 1),
             meters: vec![Meter::Off; cfg.capacity + 1],
             newest: Arc::new(Mutex::new(rules.clone())),
@@ -561,25 +635,36 @@ impl Acl {
     /// Classifies one packet, counting it against the rule that matched (or the default)
     /// and its policer.
     pub(crate) fn judge(&mut self, d: &PacketDesc) -> Judgement {
-        let k = &d.parsed.key;
-        if k.ip_version != 4 {
+        let Some(p) = packet5(d) else {
             return if self.permit_by_default {
                 Judgement::Permit
             } else {
                 Judgement::Deny
             };
-        }
-        let p = Packet5 {
-            src: u32::from_be_bytes([k.src[0], k.src[1], k.src[2], k.src[3]]),
-            dst: u32::from_be_bytes([k.dst[0], k.dst[1], k.dst[2], k.dst[3]]),
-            proto: k.proto,
-            src_port: k.src_port,
-            dst_port: k.dst_port,
         };
-        let rule = self.rules.table.classify(&p);
-        let index = rule.map_or(self.counters.len() - 1, |r| r.action.id as usize);
+        let rule = self.rules.table.classify(&p).map(|r| r.action);
+        let default = self.counters.len() - 1;
+        self.decide(
+            rule.map_or((default, self.permit_by_default), |a| {
+                (a.id as usize, a.permit)
+            }),
+            d,
+        )
+    }
+
+    /// Classifies a packet from outside that opens a connection by the inbound rules,
+    /// counting it as [`Acl::judge`] does; `None` when no inbound rule matches (IPv6
+    /// never does), which is not counted: nothing from outside has a default.
+    pub(crate) fn judge_inbound(&mut self, d: &PacketDesc) -> Option<Judgement> {
+        let rule = self.rules.inbound.classify(&packet5(d)?)?.action;
+        Some(self.decide((rule.id as usize, rule.permit), d))
+    }
+
+    /// Counts `d` against rule `index` (the last: the default) and judges it by the
+    /// rule's action, `permit`, and its policer.
+    fn decide(&mut self, (index, permit): (usize, bool), d: &PacketDesc) -> Judgement {
         self.counters.count(index, d.len);
-        if !rule.map_or(self.permit_by_default, |r| r.action.permit) {
+        if !permit {
             Judgement::Deny
         } else if self.meters[index].mark(d.len, d.ts_ns, None) == Colour::Red {
             Judgement::Policed
@@ -587,6 +672,18 @@ impl Acl {
             Judgement::Permit
         }
     }
+}
+
+/// The fields rules classify an IPv4 packet on; `None` for others.
+fn packet5(d: &PacketDesc) -> Option<Packet5> {
+    let k = &d.parsed.key;
+    (k.ip_version == 4).then(|| Packet5 {
+        src: u32::from_be_bytes([k.src[0], k.src[1], k.src[2], k.src[3]]),
+        dst: u32::from_be_bytes([k.dst[0], k.dst[1], k.dst[2], k.dst[3]]),
+        proto: k.proto,
+        src_port: k.src_port,
+        dst_port: k.dst_port,
+    })
 }
 
 impl Program for Acl {
@@ -617,7 +714,7 @@ impl Program for Acl {
 
     fn declarations(&self) -> Vec<Declaration> {
         let mut d = vec![
-            rules_declaration(self.rules.capacity),
+            rules_declaration(self.rules.capacity, self.directions),
             counter_declaration("rule_packets", self.counters.len() - 1),
             counter_declaration("rule_bytes", self.counters.len() - 1),
             Declaration {
@@ -917,6 +1014,11 @@ mod tests {
             (
                 r#"rules = [{ action = "deny", proto = "sctpx" }]"#,
                 "program.acl.rules[0].proto",
+            ),
+            // An acl judges every packet, whichever way: directions are firewall's.
+            (
+                r#"rules = [{ action = "deny", direction = "in" }]"#,
+                "program.acl.rules[0].direction",
             ),
         ] {
             let cfg: AclConfig = toml::from_str(text).unwrap();

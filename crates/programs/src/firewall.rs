@@ -2,10 +2,11 @@
 //!
 //! A packet of a connection the tracker knows passes, whichever side sent it (its state
 //! moves on as in `conntrack`). A packet of no known connection is judged by where it came
-//! from: from the inside port, the policy (an `acl`: first match wins, `default` permit
-//! unless said otherwise) decides whether it may open one; from any other port nothing may
-//! open a connection, and it is dropped (`unsolicited`). So the inside reaches out as
-//! policy allows, and the outside gets in only as answers.
+//! from: from the inside port, the policy's outbound rules (an `acl`: first match wins,
+//! `default` permit unless said otherwise) decide whether it may open one; from any other
+//! port only an inbound rule (`direction = "in"`, as pf's `pass in`) lets it open one, and
+//! with none matching it is dropped (`unsolicited`). So the inside reaches out as policy
+//! allows, and the outside gets in as answers and where an inbound rule permits.
 //!
 //! What is tracked is `conntrack`'s: TCP (opened by a SYN), UDP and ICMP echo. Other IP
 //! packets are judged on their own: from the inside by the policy, from outside dropped as
@@ -164,7 +165,7 @@ impl Firewall {
             cfg.connections,
             "connections",
         )?;
-        let policy = Acl::new(
+        let policy = Acl::with_directions(
             &AclConfig {
                 rules: cfg.rules.clone(),
                 default: Some(cfg.default.clone()),
@@ -244,7 +245,7 @@ impl Firewall {
             } else if neighbor_discovery(&d.parsed) {
                 None
             } else {
-                Some(UNSOLICITED)
+                self.judge_inbound(d)
             }
         } else {
             let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
@@ -252,13 +253,19 @@ impl Firewall {
             let segment = segment.as_ref();
             match self.conntrack.track(&key, flags, segment, now, false) {
                 Ok(()) => None,
-                Err(Refusal::Unknown) if from_inside => self.judge(d).or_else(|| {
-                    match self.conntrack.track(&key, flags, segment, now, true) {
-                        Ok(()) => None,
-                        Err(refusal) => Some(refused(refusal)),
-                    }
-                }),
-                Err(Refusal::Unknown) => Some(UNSOLICITED),
+                Err(Refusal::Unknown) => {
+                    let judged = if from_inside {
+                        self.judge(d)
+                    } else {
+                        self.judge_inbound(d)
+                    };
+                    judged.or_else(
+                        || match self.conntrack.track(&key, flags, segment, now, true) {
+                            Ok(()) => None,
+                            Err(refusal) => Some(refused(refusal)),
+                        },
+                    )
+                }
                 Err(refusal) => Some(refused(refusal)),
             }
         }
@@ -269,14 +276,27 @@ impl Firewall {
         self.conntrack.expire(now, budget);
     }
 
-    /// Why to drop a packet of no known connection that may not open one: `None` to let
-    /// it on.
-    fn judge(&mut self, d: &stateplane_runtime::PacketDesc) -> Option<DropReason> {
-        match self.policy.judge(d) {
-            Judgement::Permit => None,
-            Judgement::Deny => Some(DENIED),
-            Judgement::Policed => Some(POLICED),
-        }
+    /// Why to drop a packet from the inside of no known connection that may not open
+    /// one: `None` to let it on.
+    fn judge(&mut self, d: &PacketDesc) -> Option<DropReason> {
+        dropped(self.policy.judge(d))
+    }
+
+    /// As [`Firewall::judge`], for a packet from outside: only an inbound rule lets it
+    /// open a connection; none matching, it is `unsolicited`.
+    fn judge_inbound(&mut self, d: &PacketDesc) -> Option<DropReason> {
+        self.policy
+            .judge_inbound(d)
+            .map_or(Some(UNSOLICITED), dropped)
+    }
+}
+
+/// Why to drop a packet the policy judged: `None` to let it on.
+fn dropped(judgement: Judgement) -> Option<DropReason> {
+    match judgement {
+        Judgement::Permit => None,
+        Judgement::Deny => Some(DENIED),
+        Judgement::Policed => Some(POLICED),
     }
 }
 
@@ -589,6 +609,181 @@ mod tests {
         assert_eq!(hits(&mut in_fields), hits(&mut in_text));
     }
 
+    /// Inbound rules (`direction = "in"`, pf's `pass in`) let the outside open the
+    /// connections they permit, first match wins among them: answered from the inside,
+    /// tracked as any other. What no inbound rule permits stays `unsolicited` (a deny
+    /// says `denied`); outbound rules judge only what the inside opens, and inbound ones
+    /// nothing of it. Each rule counts the connections it judged.
+    #[test]
+    fn inbound_rules_let_the_outside_open_what_they_permit() {
+        let mut fw = firewall(
+            "default = \"permit\"\n\
+             rules = [{ action = \"deny\", direction = \"in\", match = \"tcp,nw_src=198.19.0.66\" }, \
+             { action = \"permit\", direction = \"in\", match = \"tcp,nw_dst=198.18.0.1,tp_dst=22\" }, \
+             { action = \"permit\", direction = \"in\", match = \"udp,tp_dst=53\" }, \
+             { action = \"deny\", direction = \"in\", match = \"udp,tp_dst=123\" }, \
+             { action = \"permit\", direction = \"in\", match = \"nw_proto=47\" }, \
+             { action = \"deny\", direction = \"out\", match = \"tcp,tp_dst=22\" }]",
+        );
+        // A GRE packet (protocol 47, which is not tracked): a UDP one relabelled.
+        let gre = |src: &str, dst: &str| {
+            let mut f = frame(
+                src,
+                dst,
+                L4::Udp {
+                    src_port: 1,
+                    dst_port: 2,
+                },
+            );
+            f[14 + 9] = 47;
+            f[14 + 10..14 + 12].fill(0);
+            let sum = stateplane_wire::checksum::checksum(&f[14..34]);
+            f[14 + 10..14 + 12].copy_from_slice(&sum.to_be_bytes());
+            f
+        };
+        let out = |l4| (frame(INSIDE, REMOTE, l4), true);
+        let back = |l4| (frame(REMOTE, INSIDE, l4), false);
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let drop = Verdict::Drop;
+        let got = run(
+            &mut fw,
+            &[
+                // Opened from outside to port 22, answered, and on.
+                back(tcp(50_000, 22, flags::SYN)),
+                out(tcp(22, 50_000, flags::SYN | flags::ACK)),
+                back(tcp(50_000, 22, flags::ACK)),
+                out(tcp(22, 50_000, flags::ACK)),
+                // Port 23: no inbound rule.
+                back(tcp(50_001, 23, flags::SYN)),
+                // Mid-stream to port 22 with no connection: permitted, opens nothing.
+                back(tcp(50_002, 22, flags::ACK)),
+                // A denied source, before the rule that would permit it.
+                (
+                    frame("198.19.0.66", INSIDE, tcp(50_003, 22, flags::SYN)),
+                    false,
+                ),
+                // UDP to 53 from outside, answered.
+                back(udp(5000, 53)),
+                out(udp(53, 5000)),
+                // The inside's own connections are the outbound rules' to judge: port 22
+                // denied, and port 123 permitted by default, the inbound deny aside.
+                out(tcp(40_000, 22, flags::SYN)),
+                out(udp(5001, 123)),
+                // Not tracked, judged packet by packet: GRE in as its rule permits.
+                (gre(REMOTE, INSIDE), false),
+                // An echo request from outside: no rule for it.
+                back(L4::IcmpEcho {
+                    request: true,
+                    ident: 3,
+                    seq: 1,
+                }),
+            ],
+        );
+        assert_eq!(
+            got,
+            [
+                IN,
+                OUT,
+                IN,
+                OUT,
+                drop(UNSOLICITED),
+                drop(INVALID),
+                drop(DENIED),
+                IN,
+                OUT,
+                drop(DENIED),
+                OUT,
+                IN,
+                drop(UNSOLICITED),
+            ]
+        );
+        assert_eq!(fw.connections(), 3);
+        let read = Request::Read {
+            table: "rules".into(),
+            key: None,
+            from: 0,
+        };
+        let ctx = crate::testutil::ctx(1, 2);
+        let Ok(Reply::Page(entries, _)) = fw.control(&read, None, &ctx) else {
+            panic!("rules unread");
+        };
+        let seen: Vec<(&str, u64)> = entries
+            .iter()
+            .map(|e| (e.action.as_str(), e.hits))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("deny_in", 1),
+                ("permit_in", 2),
+                ("permit_in", 1),
+                ("deny_in", 0),
+                ("permit_in", 1),
+                ("deny", 1)
+            ]
+        );
+    }
+
+    /// The control plane writes inbound rules as `permit_in` and `deny_in`, which an
+    /// `acl`'s rules table does not declare; a modify may turn a rule's direction.
+    #[test]
+    fn inbound_rules_are_written_by_the_control_plane() {
+        let mut fw = firewall("");
+        let ctx = crate::testutil::ctx(1, 2);
+        let ssh_in = || (frame(REMOTE, INSIDE, tcp(50_000, 22, flags::SYN)), false);
+        assert_eq!(run(&mut fw, &[ssh_in()]), [Verdict::Drop(UNSOLICITED)]);
+        let rule = |action: &str| stateplane_state::Entry {
+            key: vec![
+                stateplane_state::Match::Prefix { value: 0, len: 0 },
+                stateplane_state::Match::Prefix {
+                    value: 0xc612_0001,
+                    len: 32,
+                },
+                stateplane_state::Match::Ternary {
+                    value: 6,
+                    mask: 0xff,
+                },
+                stateplane_state::Match::Range {
+                    low: 0,
+                    high: 65535,
+                },
+                stateplane_state::Match::Range { low: 22, high: 22 },
+            ],
+            action: action.into(),
+            params: vec![],
+            priority: 5,
+            hits: 0,
+        };
+        let write = |fw: &mut Firewall, w: stateplane_state::Write| {
+            let request = Request::Write {
+                table: "rules".into(),
+                writes: vec![w],
+            };
+            let prepared = fw.prepare(&request).unwrap();
+            fw.control(&request, prepared.as_ref(), &ctx).unwrap();
+        };
+        write(&mut fw, stateplane_state::Write::Insert(rule("permit_in")));
+        assert_eq!(run(&mut fw, &[ssh_in()]), [IN]);
+        // Turned outbound, the rule lets no one in.
+        write(&mut fw, stateplane_state::Write::Modify(rule("permit")));
+        let other = (frame(REMOTE, INSIDE, tcp(50_001, 22, flags::SYN)), false);
+        assert_eq!(run(&mut fw, &[other]), [Verdict::Drop(UNSOLICITED)]);
+        let actions = |d: &[Declaration]| match &d[0].kind {
+            stateplane_state::Kind::Table { actions, .. } => {
+                actions.iter().map(|a| a.name.clone()).collect::<Vec<_>>()
+            }
+            _ => vec![],
+        };
+        assert_eq!(
+            actions(&fw.declarations()),
+            ["permit", "deny", "permit_in", "deny_in"]
+        );
+        let names = PortNames(vec!["a".into(), "b".into()]);
+        let cfg: AclConfig = toml::from_str("").unwrap();
+        let acl = Acl::new(&cfg, &names, "program.acl").unwrap();
+        assert_eq!(actions(&acl.declarations()), ["permit", "deny"]);
+    }
+
     /// From outside, an ICMP error passes only when the packet it quotes belongs to a
     /// tracked connection (or to a protocol not tracked); forged ones, and ones that quote
     /// nothing whole, are dropped and counted. ARP passes; other protocols do not come in.
@@ -777,6 +972,10 @@ mod tests {
                 "program.firewall.rules[0].match",
             ),
             ("[timeouts]\nicmp = -1.0", "program.firewall.timeouts.icmp"),
+            (
+                "rules = [{ action = \"permit\", direction = \"both\" }]",
+                "program.firewall.rules[0].direction",
+            ),
         ] {
             let cfg: FirewallConfig = toml::from_str(text).unwrap();
             let err = Firewall::new(&cfg, &names, "program.firewall", 1)
