@@ -2710,6 +2710,43 @@ mod tests {
         assert!(port < 2032);
     }
 
+    /// An echo's identifier is a port as any other here: it comes from its host's block,
+    /// shared with the host's TCP and UDP connections (each protocol its own answers).
+    #[test]
+    fn echo_identifiers_come_from_the_hosts_block() {
+        let mut n = nat("ports = \"6000-6015\"\nport_block = 8\nblocks_per_host = 1");
+        let udp = frame(
+            "198.18.0.1",
+            REMOTE,
+            L4::Udp {
+                src_port: 9000,
+                dst_port: 53,
+            },
+        );
+        let (v, k, _) = one(&mut n, S, udp, 0);
+        assert_eq!(v, OUT);
+        let block = (k.src_port - 6000) / 8;
+        for ident in [1, 2, 3] {
+            let echo = L4::IcmpEcho {
+                request: true,
+                ident,
+                seq: 1,
+            };
+            let (v, k, _) = one(&mut n, S, frame("198.18.0.1", REMOTE, echo), 0);
+            assert_eq!(v, OUT);
+            assert_eq!((k.src_port - 6000) / 8, block, "identifier {}", k.src_port);
+        }
+        // Another host's echo takes the other block.
+        let echo = L4::IcmpEcho {
+            request: true,
+            ident: 1,
+            seq: 1,
+        };
+        let (v, k, _) = one(&mut n, S, frame("198.18.0.2", REMOTE, echo), 0);
+        assert_eq!(v, OUT);
+        assert_ne!((k.src_port - 6000) / 8, block);
+    }
+
     /// A block goes back with its last translation however that ends (here a TCP RST),
     /// and only then: a host keeps a block while one translation on it lives.
     #[test]
