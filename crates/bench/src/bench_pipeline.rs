@@ -339,10 +339,13 @@ impl Updater {
         }
     }
 
-    /// Makes the updates due by `elapsed_s` seconds of the worker's time; what it changed,
-    /// for a reference to change alike.
+    /// Makes the updates due by `elapsed_s` seconds of the worker's time, at most as many
+    /// as there are rules; what it changed, for a reference to change alike. The worker's
+    /// time includes its updates, so a worker slower at them than the rate asks would
+    /// owe more after each catch-up than before, without end: the bound keeps a slow or
+    /// busy machine to fewer updates (`done` says how many) instead of a runaway.
     fn catch_up(&mut self, flows: &mut CachedPipeline, elapsed_s: f64) -> Vec<Change> {
-        let due = (elapsed_s * self.per_second) as u64;
+        let due = ((elapsed_s * self.per_second) as u64).min(self.done + self.ids.len() as u64);
         let mut made = Vec::new();
         while self.done < due && !self.ids.is_empty() {
             let at = self.rng.below(self.ids.len() as u64) as usize;
@@ -1238,6 +1241,22 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A worker far behind its update rate (here a thousand seconds of it due at once)
+    /// makes at most one update a rule per catch-up, never the whole backlog: on a busy
+    /// machine the updates' own time used to make the next backlog larger, without end.
+    #[test]
+    fn an_updater_behind_its_rate_makes_at_most_one_update_a_rule_at_a_time() {
+        let a = args();
+        let rules = rule_set(&a, 2).unwrap();
+        let mut p = Pipeline::with_rules(rules.clone(), Consistency::Action, 1 << 12, 1).unwrap();
+        let mut updater = Updater::new(p.flows(), 50_000.0, 3);
+        let n = updater.ids.len();
+        assert!(n > 0);
+        assert_eq!(updater.catch_up(p.flows_mut(), 1000.0).len(), n);
+        assert_eq!(updater.catch_up(p.flows_mut(), 1000.0).len(), n);
+        assert_eq!(updater.done, 2 * n as u64);
     }
 
     /// The update experiment's check finds no stale burst where the cache followed every
