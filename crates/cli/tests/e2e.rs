@@ -1043,3 +1043,87 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         .output()
         .unwrap());
 }
+
+/// `sgw` answers the MME's signaling in the data plane, and tshark reads the answers as
+/// the GTPv2-C an MME expects: for each request of the generator's `gtp` workload one
+/// response, of the request's type plus one, with its sequence number and cause "Request
+/// accepted" (16); each Create Session Response with the gateway's S11 (interface type
+/// 11) and S1-U (1) F-TEIDs, the bearer's id and the subscriber's address from the pool;
+/// no frame malformed.
+#[test]
+fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
+    let trace = tmp("sgw-signaling.pcap");
+    generate_trace("gtp", 4000, &trace);
+    let (config, access) = (tmp("sgw-signaling.toml"), tmp("sgw-signaling-access.pcap"));
+    std::fs::write(
+        &config,
+        format!(
+            "workers = 1\n[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\n\
+             ue_pool = \"198.18.128.0/17\"\n\
+             [[port]]\nname = \"access\"\nrx = \"{}\"\ntx = \"{}\"\n\
+             [[port]]\nname = \"core\"\ntx = \"{}\"\n",
+            trace.display(),
+            access.display(),
+            tmp("sgw-signaling-core.pcap").display()
+        ),
+    )
+    .unwrap();
+    ok(bin().args(["run", "-c"]).arg(&config).output().unwrap());
+    let gtpv2 = |file: &Path| {
+        let out = ok(tool("tshark")
+            .args(["-n", "-r"])
+            .arg(file)
+            .args(["-Y", "gtpv2", "-T", "fields", "-E", "separator=;"])
+            .args([
+                "-e",
+                "gtpv2.message_type",
+                "-e",
+                "gtpv2.seq",
+                "-e",
+                "gtpv2.cause",
+            ])
+            .args([
+                "-e",
+                "gtpv2.f_teid_interface_type",
+                "-e",
+                "gtpv2.f_teid_gre_key",
+            ])
+            .args(["-e", "gtpv2.ebi", "-e", "gtpv2.pdn_addr_and_prefix.ipv4"])
+            .args(["-e", "_ws.malformed", "-e", "ip.dst"])
+            .output()
+            .unwrap());
+        out.lines()
+            .map(|l| l.split(';').map(str::to_owned).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let requests = gtpv2(&trace);
+    let responses = gtpv2(&access);
+    assert!(requests.len() > 100, "{} requests", requests.len());
+    assert_eq!(responses.len(), requests.len(), "one response a request");
+    for (request, response) in requests.iter().zip(&responses) {
+        let kind: u8 = request[0].parse().unwrap();
+        assert_eq!(response[0], (kind + 1).to_string(), "{response:?}");
+        assert_eq!(response[1], request[1], "sequence: {response:?}");
+        assert_eq!(response[7], "", "malformed: {response:?}");
+        assert_eq!(response[8], "198.18.255.1", "to the MME: {response:?}");
+        if kind != 32 {
+            assert_eq!(response[2], "16", "{response:?}");
+            continue;
+        }
+        // Create Session Response: the cause twice (message, bearer), the F-TEIDs of
+        // S11 then S1-U, subscriber n's TEIDs, its address in the pool.
+        assert_eq!(response[2], "16,16", "{response:?}");
+        assert_eq!(response[3], "11,1", "{response:?}");
+        let teids: Vec<u32> = (response[4].split(','))
+            .map(|t| u32::from_str_radix(t.trim_start_matches("0x"), 16).unwrap())
+            .collect();
+        let n = teids[0] & 0x0fff_ffff;
+        assert_eq!(teids, [0x1000_0000 | n, 0x2000_0000 | n], "{response:?}");
+        assert_eq!(response[5], "5", "{response:?}");
+        let ue: std::net::Ipv4Addr = response[6].parse().unwrap();
+        assert_eq!(
+            u32::from(ue),
+            u32::from_be_bytes([198, 18, 128, 0]) + n % 32768
+        );
+    }
+}

@@ -1253,9 +1253,10 @@ fn a_connection_timed_out_at_its_switch_is_not_granted_back_by_the_store() {
 /// the `gtp` workload, switch B, another process, only its users' packets. B finds each
 /// subscriber's session at the store (uplink names the subscriber by its TEID; downlink
 /// only by its address, the alias A wrote with the session) and tunnels every packet as
-/// one unreplicated switch that saw all the signaling first does: the same packets out
-/// of each port, byte for byte (in another order across subscribers: each waits for its
-/// own session). Unreplicated, B drops them all as `no_session`.
+/// one unreplicated switch that saw all the signaling first does: the same users' packets
+/// out of each port, byte for byte (in another order across subscribers: each waits for
+/// its own session), A answering every request. Unreplicated, B drops them all as
+/// `no_session`.
 #[test]
 fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
     use stateplane_gen::{GenConfig, Workload};
@@ -1315,21 +1316,28 @@ fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
         )
         .unwrap();
         let summary = run_json(&config);
+        // The users' packets, sorted; the signaling's responses go back to the MME.
         let sorted = |port: &str| {
-            let mut frames: Vec<Vec<u8>> = parsed_frames(&out(port))
-                .into_iter()
-                .map(|(f, _)| f)
-                .collect();
+            let (mut frames, mut responses) = (Vec::new(), 0);
+            for (f, parsed) in parsed_frames(&out(port)) {
+                if parsed.flags.has(stateplane_wire::parse::ParseFlags::GTPC) {
+                    responses += 1;
+                } else {
+                    frames.push(f);
+                }
+            }
             frames.sort();
-            frames
+            (frames, responses)
         };
-        (summary, sorted("access"), sorted("core"))
+        let ((access, responses), (core, _)) = (sorted("access"), sorted("core"));
+        (summary, access, core, responses)
     };
     let url = server.url();
-    let (a, _, _) = run("sgw-rep-a", &signals, Some(&url));
+    let (a, _, _, answered) = run("sgw-rep-a", &signals, Some(&url));
     assert!(a["replication"]["writes"].as_u64().unwrap() > 50, "{a}");
-    let (b, b_access, b_core) = run("sgw-rep-b", &users, Some(&url));
-    let (one, one_access, one_core) = run("sgw-rep-one", &both, None);
+    assert_eq!(answered, signaling.len(), "A answers every request");
+    let (b, b_access, b_core, _) = run("sgw-rep-b", &users, Some(&url));
+    let (one, one_access, one_core, _) = run("sgw-rep-one", &both, None);
     let r = &b["replication"];
     assert_eq!(r["dropped"], 0, "{r}");
     assert!(
@@ -1342,7 +1350,7 @@ fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
         b_access == one_access && b_core == one_core,
         "B: {b}\none switch: {one}"
     );
-    let (unreplicated, _, _) = run("sgw-rep-c", &users, None);
+    let (unreplicated, _, _, _) = run("sgw-rep-c", &users, None);
     assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
 }
 

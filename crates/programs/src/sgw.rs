@@ -8,13 +8,17 @@
 //!   after its MCC/MNC bytes (as the `gtp` workload encodes it); the gateway gives the
 //!   subscriber the address at position `n` of `ue_pool` (modulo its size: a pool at least
 //!   as large as the subscribers keeps them apart) and takes the TEIDs `0x1000_0000 | n`
-//!   (S11, signaling) and `0x2000_0000 | n` (S1-U, uplink). A real gateway returns these in
-//!   its Create Session Response; the generator's traces assume them.
+//!   (S11, signaling) and `0x2000_0000 | n` (S1-U, uplink), which its Create Session
+//!   Response tells the MME (the generator's traces assume them).
 //! - Modify Bearer Request (to the session's S11 TEID): a new eNodeB F-TEID (a handover).
 //! - Delete Session Request: the session goes.
 //!
-//! Signaling messages are consumed and handed to the control plane (`ToControl(1)`), which
-//! would answer them. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID,
+//! An applied request is answered in the data plane: the packet becomes its response
+//! (TS 29.274: the request's type plus one, its sequence number, cause "Request
+//! accepted"; a Create Session Response also carries the gateway's S11 and S1-U F-TEIDs,
+//! the bearer's id and the subscriber's address), sent back out of the port it came in
+//! by to the MME's address and port. A refused request is dropped and counted by reason,
+//! unanswered. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID,
 //! from the session's eNodeB, the packet inside from the subscriber's address) is
 //! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session)
 //! is encapsulated in IPv4, UDP and GTP-U with the eNodeB's TEID, from the gateway's
@@ -48,8 +52,8 @@ use stateplane_state::{
     Reply, Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
-    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, gtpv2_ie, gtpv2_ies,
-    gtpv2_type,
+    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie,
+    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type,
 };
 use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -86,8 +90,8 @@ pub const S11_TEIDS: u32 = 0x1000_0000;
 pub const S1U_TEIDS: u32 = 0x2000_0000;
 const TEID_SPACE: u32 = 0xf000_0000;
 
-/// `ToControl` code of signaling messages.
-pub const TO_CONTROL_SIGNALING: u16 = 1;
+/// The EPS bearer id of a subscriber's one (default) bearer.
+const DEFAULT_BEARER: u8 = 5;
 
 /// Outer IPv4, UDP and GTP-U headers: what encapsulation adds.
 const TUNNEL_HEADERS: usize = 20 + 8 + 8;
@@ -173,6 +177,13 @@ mod replicated {
 /// What to do with a packet once it has been read.
 enum Step {
     Done(Verdict),
+    /// Answer the signaling request it is (its type and sequence number), about
+    /// subscriber `n`, which the gateway applied.
+    Answer {
+        request: u8,
+        sequence: u32,
+        n: u32,
+    },
     /// Put it in a tunnel to this session's eNodeB.
     Encapsulate(Session),
     /// Take the user's packet out of its tunnel: it starts at this offset.
@@ -410,10 +421,14 @@ impl Sgw {
         }
         if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
             let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
-            return Step::Done(match self.signal(gtp, now) {
-                Ok(()) => Verdict::ToControl(TO_CONTROL_SIGNALING),
-                Err(reason) => Verdict::Drop(reason),
-            });
+            return match self.signal(gtp, now) {
+                Ok((header, n)) => Step::Answer {
+                    request: header.message_type,
+                    sequence: header.sequence,
+                    n,
+                },
+                Err(reason) => Step::Done(Verdict::Drop(reason)),
+            };
         }
         if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
             let at = usize::from(parsed.gtp_offset);
@@ -462,8 +477,8 @@ impl Sgw {
         Step::Done(Verdict::Drop(NOT_ROUTED))
     }
 
-    /// Applies a GTPv2-C message to the sessions.
-    fn signal(&mut self, gtp: &[u8], now: u64) -> Result<(), DropReason> {
+    /// Applies a GTPv2-C request to the sessions: its header and subscriber.
+    fn signal(&mut self, gtp: &[u8], now: u64) -> Result<(Gtpv2Repr, u32), DropReason> {
         let signal = Signal::read(gtp)?;
         let subscriber = signal.subscriber().ok_or(BAD_SIGNALING);
         match signal.header.message_type {
@@ -487,7 +502,7 @@ impl Sgw {
                     self.sessions.delete(&n);
                     return Err(TABLE_FULL);
                 }
-                Ok(())
+                Ok((signal.header, n))
             }
             gtpv2_type::MODIFY_BEARER_REQUEST => {
                 let n = subscriber?;
@@ -495,14 +510,14 @@ impl Sgw {
                 let id = self.sessions.lookup(&n, now).ok_or(NO_SESSION)?;
                 let s = self.sessions.value_mut(id);
                 (s.enb, s.enb_teid) = (enb, enb_teid);
-                Ok(())
+                Ok((signal.header, n))
             }
             gtpv2_type::DELETE_SESSION_REQUEST => {
                 let n = subscriber?;
                 let old = self.sessions.get(&n).copied().ok_or(NO_SESSION)?;
                 self.sessions.delete(&n);
                 self.by_ue.delete(&u32::from_be_bytes(old.ue));
-                Ok(())
+                Ok((signal.header, n))
             }
             _ => Err(BAD_SIGNALING),
         }
@@ -560,6 +575,109 @@ impl Sgw {
         }
     }
 
+    /// The information elements of the response to a `request` about subscriber `n`,
+    /// written to `buf`: their length. Every response says the request was accepted; a
+    /// Create Session Response also gives the gateway's tunnel ends (its S11 F-TEID for
+    /// the MME's signaling, and in the bearer context, with the bearer's id, its S1-U
+    /// F-TEID for the eNodeB's uplink) and the subscriber's address (PAA), as TS 29.274
+    /// 7.2.2 lays them out.
+    fn response_ies(&self, request: u8, n: u32, buf: &mut [u8]) -> stateplane_wire::Result<usize> {
+        let accepted = [gtpv2_cause::REQUEST_ACCEPTED, 0];
+        let mut at = emit_gtpv2_ie(buf, gtpv2_ie::CAUSE, 0, &accepted)?;
+        if request != gtpv2_type::CREATE_SESSION_REQUEST {
+            return Ok(at);
+        }
+        let fteid = |interface: u8, teid: u32| {
+            let mut f = [0u8; 9];
+            f[0] = 0x80 | interface;
+            f[1..5].copy_from_slice(&teid.to_be_bytes());
+            f[5..9].copy_from_slice(&self.address);
+            f
+        };
+        let s11 = fteid(fteid_interface::S11_SGW, S11_TEIDS | n);
+        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::F_TEID, 1, &s11)?;
+        let mut paa = [1u8; 5];
+        paa[1..].copy_from_slice(&self.ue_address(n));
+        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::PAA, 0, &paa)?;
+        let mut bearer = [0u8; 32];
+        let mut b = emit_gtpv2_ie(&mut bearer, gtpv2_ie::EBI, 0, &[DEFAULT_BEARER])?;
+        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::CAUSE, 0, &accepted)?;
+        let s1u = fteid(fteid_interface::S1U_SGW, S1U_TEIDS | n);
+        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::F_TEID, 0, &s1u)?;
+        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::BEARER_CONTEXT, 0, &bearer[..b])?;
+        Ok(at)
+    }
+
+    /// Turns packet `i`, a signaling `request` the gateway applied, into its response,
+    /// sent back out of the port it came in by to the address and port it came from:
+    /// the same sequence number, TEID 0 (the requests name no tunnel end of the MME's,
+    /// TS 29.274 5.5.2), the information elements of [`Sgw::response_ies`].
+    fn answer(&self, burst: &mut Burst, i: usize, request: u8, sequence: u32, n: u32) -> Verdict {
+        let d = burst.descs()[i];
+        let (l2, old_len) = (usize::from(d.parsed.l3_offset), d.len as usize);
+        let mut frame = [0u8; 192];
+        // An Ethernet header (and VLAN tags), as the parser gave it.
+        let fits = (12..frame.len() - 28).contains(&l2);
+        let Some(link) = burst.data(i).get(..l2).filter(|_| fits) else {
+            return Verdict::Drop(NO_ROOM);
+        };
+        // The link header back the way it came: the MAC addresses swapped.
+        frame[..l2].copy_from_slice(link);
+        frame[..6].copy_from_slice(&link[6..12]);
+        frame[6..12].copy_from_slice(&link[..6]);
+        let gtp_at = l2 + 28;
+        let header = Gtpv2Repr {
+            message_type: request + 1,
+            teid: Some(0),
+            sequence,
+            payload_len: 0,
+        };
+        let ies_at = gtp_at + header.header_len();
+        let Ok(ies) = self.response_ies(request, n, &mut frame[ies_at..]) else {
+            return Verdict::Drop(NO_ROOM);
+        };
+        let gtp_len = header.header_len() + ies;
+        let k = &d.parsed.key;
+        let ip = Ipv4Repr {
+            src: Ipv4Addr::from(self.address),
+            dst: Ipv4Addr::new(k.src[0], k.src[1], k.src[2], k.src[3]),
+            protocol: 17,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: false,
+            more_frags: false,
+            frag_offset: 0,
+            options: Ipv4Options::default(),
+            payload_len: (8 + gtp_len) as u16,
+        };
+        let udp = UdpRepr {
+            src_port: GTPC_PORT,
+            dst_port: k.src_port,
+            payload_len: gtp_len as u16,
+        };
+        let header = Gtpv2Repr {
+            payload_len: ies as u16,
+            ..header
+        };
+        let written = ip
+            .emit(&mut frame[l2..])
+            .and_then(|()| udp.emit(&mut frame[l2 + 20..]))
+            .and_then(|()| header.emit(&mut frame[gtp_at..]));
+        let len = gtp_at + gtp_len;
+        let resized = written.is_ok()
+            && if len >= old_len {
+                burst.grow_front(i, len - old_len).is_some()
+            } else {
+                burst.shrink_front(i, old_len - len)
+            };
+        if !resized {
+            return Verdict::Drop(NO_ROOM);
+        }
+        burst.packet_mut(i).data[..len].copy_from_slice(&frame[..len]);
+        Verdict::Forward(d.in_port)
+    }
+
     /// Takes the user's packet, at `inner` in packet `i`, out of its tunnel.
     fn decapsulate(&self, burst: &mut Burst, i: usize, inner: usize) -> Verdict {
         let l2 = usize::from(burst.descs()[i].parsed.l3_offset);
@@ -592,6 +710,11 @@ impl Program for Sgw {
                 Step::Done(v) => v,
                 Step::Encapsulate(s) => self.encapsulate(burst, i, s),
                 Step::Decapsulate(inner) => self.decapsulate(burst, i, inner),
+                Step::Answer {
+                    request,
+                    sequence,
+                    n,
+                } => self.answer(burst, i, request, sequence, n),
             };
             burst.descs_mut()[i].verdict = verdict;
         }

@@ -174,15 +174,39 @@ impl GtpuRepr {
 /// GTPv2-C message types the generator and the gateway program use.
 pub mod gtpv2_type {
     pub const CREATE_SESSION_REQUEST: u8 = 32;
+    pub const CREATE_SESSION_RESPONSE: u8 = 33;
     pub const MODIFY_BEARER_REQUEST: u8 = 34;
+    pub const MODIFY_BEARER_RESPONSE: u8 = 35;
     pub const DELETE_SESSION_REQUEST: u8 = 36;
+    pub const DELETE_SESSION_RESPONSE: u8 = 37;
 }
 
 /// GTPv2-C information element types the generator and the gateway program use.
 pub mod gtpv2_ie {
     pub const IMSI: u8 = 1;
+    /// A response's outcome: a cause value ([`super::gtpv2_cause`]) and flags.
+    pub const CAUSE: u8 = 2;
+    /// EPS bearer id: 4 bits.
+    pub const EBI: u8 = 73;
+    /// PDN address allocation: the PDN type (1: IPv4), then the address.
+    pub const PAA: u8 = 79;
     /// Fully qualified TEID: flags (V4 0x80, V6 0x40, interface type), TEID, IPv4 address.
     pub const F_TEID: u8 = 87;
+    /// A bearer's information elements, grouped.
+    pub const BEARER_CONTEXT: u8 = 93;
+}
+
+/// GTPv2-C cause values (3GPP TS 29.274, 8.4).
+pub mod gtpv2_cause {
+    pub const REQUEST_ACCEPTED: u8 = 16;
+}
+
+/// F-TEID interface types (3GPP TS 29.274, 8.22): the gateway's own ends.
+pub mod fteid_interface {
+    /// S1-U SGW GTP-U: where uplink goes.
+    pub const S1U_SGW: u8 = 1;
+    /// S11/S4 SGW GTP-C: where the MME's signaling goes.
+    pub const S11_SGW: u8 = 11;
 }
 
 pub const GTPV2_HEADER_LEN_NO_TEID: usize = 8;

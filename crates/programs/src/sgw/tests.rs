@@ -42,7 +42,26 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
         for ((before, _), (verdict, after)) in chunk.iter().zip(out) {
             let b = stateplane_wire::parse(before, 0, &hasher()).unwrap();
             if b.flags.has(ParseFlags::GTPC) {
-                assert_eq!(verdict, Verdict::ToControl(TO_CONTROL_SIGNALING));
+                // Answered, back to the MME the way the request came.
+                assert_eq!(verdict, Verdict::Forward(0));
+                let gtp = &before[usize::from(b.gtp_offset)..];
+                let request = Gtpv2Repr::parse(gtp).unwrap();
+                let n = Signal::read(gtp).unwrap().subscriber().unwrap();
+                assert_eq!(
+                    response(&after),
+                    accepted(request.message_type, request.sequence, n)
+                );
+                let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
+                assert_eq!(
+                    (a.key.dst, a.key.dst_port, a.key.src),
+                    (b.key.src, b.key.src_port, b.key.dst),
+                    "from the gateway to the MME"
+                );
+                assert_eq!(
+                    (&after[..6], &after[6..12]),
+                    (&before[6..12], &before[..6]),
+                    "MACs swapped"
+                );
                 signaling += 1;
             } else if b.flags.has(ParseFlags::GTPU) {
                 // Out of the tunnel: the user's packet, byte for byte, behind the link header.
@@ -109,6 +128,106 @@ fn signal(message_type: u8, teid: u32, imsi: Option<u32>, enb: [u8; 4], enb_teid
     udp_frame("198.18.255.1", SGW, GTPC_PORT, &payload)
 }
 
+/// A GTPv2-C response as the MME reads it: type, sequence, cause, and for a Create
+/// Session Response the gateway's S11 F-TEID, the subscriber's address (PAA), and in the
+/// bearer context its id, cause and the gateway's S1-U F-TEID.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Response {
+    message_type: u8,
+    teid: Option<u32>,
+    sequence: u32,
+    cause: Option<u8>,
+    /// (interface type, TEID, address) of each F-TEID, the bearer context's last.
+    fteids: Vec<(u8, u32, [u8; 4])>,
+    paa: Option<[u8; 4]>,
+    bearer: Option<(u8, u8)>,
+}
+
+/// Reads a response frame: its IPv4 and UDP headers must be whole and checked, from the
+/// gateway's GTP-C port.
+fn response(frame: &[u8]) -> Response {
+    let parsed = stateplane_wire::parse(frame, 0, &hasher()).unwrap();
+    assert!(parsed.flags.has(ParseFlags::GTPC), "a GTP-C message");
+    assert_eq!(
+        checksum::checksum(&frame[14..34]),
+        0,
+        "IPv4 header checksum"
+    );
+    assert_eq!(
+        usize::from(u16::from_be_bytes([frame[16], frame[17]])),
+        frame.len() - 14,
+        "IPv4 total length"
+    );
+    assert_eq!(
+        usize::from(u16::from_be_bytes([frame[38], frame[39]])),
+        frame.len() - 34,
+        "UDP length"
+    );
+    assert_eq!(parsed.key.src_port, GTPC_PORT);
+    let gtp = &frame[usize::from(parsed.gtp_offset)..];
+    let header = Gtpv2Repr::parse(gtp).unwrap();
+    let ies = &gtp[header.header_len()..];
+    assert_eq!(ies.len(), usize::from(header.payload_len), "GTP length");
+    let mut r = Response {
+        message_type: header.message_type,
+        teid: header.teid,
+        sequence: header.sequence,
+        ..Response::default()
+    };
+    let fteid = |d: &[u8]| {
+        (
+            d[0] & 0x3f,
+            u32::from_be_bytes([d[1], d[2], d[3], d[4]]),
+            [d[5], d[6], d[7], d[8]],
+        )
+    };
+    for ie in gtpv2_ies(ies) {
+        let ie = ie.unwrap();
+        match ie.ie_type {
+            gtpv2_ie::CAUSE => r.cause = Some(ie.data[0]),
+            gtpv2_ie::F_TEID => r.fteids.push(fteid(ie.data)),
+            gtpv2_ie::PAA => {
+                assert_eq!(ie.data[0], 1, "PDN type IPv4");
+                r.paa = Some([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
+            }
+            gtpv2_ie::BEARER_CONTEXT => {
+                let (mut ebi, mut cause) = (0, 0);
+                for inner in gtpv2_ies(ie.data) {
+                    let inner = inner.unwrap();
+                    match inner.ie_type {
+                        gtpv2_ie::EBI => ebi = inner.data[0],
+                        gtpv2_ie::CAUSE => cause = inner.data[0],
+                        gtpv2_ie::F_TEID => r.fteids.push(fteid(inner.data)),
+                        other => panic!("IE {other} in the bearer context"),
+                    }
+                }
+                r.bearer = Some((ebi, cause));
+            }
+            other => panic!("IE {other} in a response"),
+        }
+    }
+    r
+}
+
+/// The response the gateway gives an accepted request of `message_type` about subscriber
+/// `n`, sequence `sequence`.
+fn accepted(message_type: u8, sequence: u32, n: u32) -> Response {
+    let gateway = [198, 19, 255, 2];
+    let mut r = Response {
+        message_type: message_type + 1,
+        teid: Some(0),
+        sequence,
+        cause: Some(gtpv2_cause::REQUEST_ACCEPTED),
+        ..Response::default()
+    };
+    if message_type == gtpv2_type::CREATE_SESSION_REQUEST {
+        r.fteids = vec![(11, S11_TEIDS | n, gateway), (1, S1U_TEIDS | n, gateway)];
+        r.paa = Some(generated_subscriber(n).2);
+        r.bearer = Some((5, gtpv2_cause::REQUEST_ACCEPTED));
+    }
+    r
+}
+
 fn udp_frame(src: &str, dst: &str, port: u16, payload: &[u8]) -> Vec<u8> {
     let l4 = L4::Udp {
         src_port: port,
@@ -146,9 +265,11 @@ fn signaling_creates_moves_and_deletes_a_session() {
         [198, 18, 200, 1],
         0xaaaa,
     );
+    let (v, answer) = one(&mut p, create);
+    assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
-        one(&mut p, create).0,
-        Verdict::ToControl(TO_CONTROL_SIGNALING)
+        response(&answer),
+        accepted(gtpv2_type::CREATE_SESSION_REQUEST, 1, 7)
     );
     let s = p.session(7).unwrap();
     assert_eq!(
@@ -170,9 +291,11 @@ fn signaling_creates_moves_and_deletes_a_session() {
         [198, 18, 200, 9],
         0xbbbb,
     );
+    let (v, answer) = one(&mut p, modify);
+    assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
-        one(&mut p, modify).0,
-        Verdict::ToControl(TO_CONTROL_SIGNALING)
+        response(&answer),
+        accepted(gtpv2_type::MODIFY_BEARER_REQUEST, 1, 7)
     );
     let (_, bytes) = one(&mut p, downlink_to("198.18.128.7"));
     let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
@@ -245,9 +368,11 @@ fn signaling_creates_moves_and_deletes_a_session() {
         [0; 4],
         0,
     );
+    let (v, answer) = one(&mut p, delete);
+    assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
-        one(&mut p, delete).0,
-        Verdict::ToControl(TO_CONTROL_SIGNALING)
+        response(&answer),
+        accepted(gtpv2_type::DELETE_SESSION_REQUEST, 1, 7)
     );
     assert_eq!(p.session(7), None);
     let v = one(&mut p, downlink_to("198.18.128.7")).0;
