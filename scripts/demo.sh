@@ -51,7 +51,9 @@ $sp lab exec $lab h1 timeout 30 iperf3 -c 198.18.0.2 -t 3 | tail -4
 echo
 echo "-- s1's control API (stateplane ctl, on s1's socket in its run directory): what it declares, its counters"
 $sp lab exec $lab s1 $sp ctl describe
-$sp lab exec $lab s1 $sp ctl stats | head -4
+# sed reads all of it: `head` would close the pipe early, and under pipefail the writer's
+# SIGPIPE would end the demo.
+$sp lab exec $lab s1 $sp ctl stats | sed -n 1,4p
 echo
 echo "-- s1 stops (SIGTERM: drains its queues, reports) and the lab is removed"
 pid=$(cat /run/stateplane/lab/line/s1.pid)
