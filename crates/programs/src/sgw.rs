@@ -540,24 +540,6 @@ impl Sgw {
         // the user's packet.
         data.copy_within(TUNNEL_HEADERS..TUNNEL_HEADERS + l2, 0);
         data[l2 - 2..l2].copy_from_slice(&0x0800u16.to_be_bytes());
-        let outer = Ipv4Repr {
-            src: Ipv4Addr::from(self.address),
-            dst: Ipv4Addr::from(s.enb),
-            protocol: 17,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: false,
-            more_frags: false,
-            frag_offset: 0,
-            options: Ipv4Options::default(),
-            payload_len: (8 + 8 + inner_len) as u16,
-        };
-        let udp = UdpRepr {
-            src_port: GTPU_PORT,
-            dst_port: GTPU_PORT,
-            payload_len: (8 + inner_len) as u16,
-        };
         let gtp = GtpuRepr {
             message_type: GTPU_T_PDU,
             teid: s.enb_teid,
@@ -565,9 +547,8 @@ impl Sgw {
             payload_len: inner_len as u16,
         };
         let headers = &mut data[l2..l2 + TUNNEL_HEADERS];
-        let written = outer
-            .emit(headers)
-            .and_then(|()| udp.emit(&mut headers[20..]))
+        let written = self
+            .emit_udp(headers, s.enb, (GTPU_PORT, GTPU_PORT), 8 + inner_len)
             .and_then(|()| gtp.emit(&mut headers[28..]));
         match written {
             Ok(()) => Verdict::Forward(self.access),
@@ -595,7 +576,8 @@ impl Sgw {
             f
         };
         let s11 = fteid(fteid_interface::S11_SGW, S11_TEIDS | n);
-        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::F_TEID, 1, &s11)?;
+        // The Sender F-TEID for Control Plane: instance 0 (TS 29.274 table 7.2.2-1).
+        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::F_TEID, 0, &s11)?;
         let mut paa = [1u8; 5];
         paa[1..].copy_from_slice(&self.ue_address(n));
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::PAA, 0, &paa)?;
@@ -638,31 +620,13 @@ impl Sgw {
         };
         let gtp_len = header.header_len() + ies;
         let k = &d.parsed.key;
-        let ip = Ipv4Repr {
-            src: Ipv4Addr::from(self.address),
-            dst: Ipv4Addr::new(k.src[0], k.src[1], k.src[2], k.src[3]),
-            protocol: 17,
-            ttl: 64,
-            tos: 0,
-            ident: 0,
-            dont_frag: false,
-            more_frags: false,
-            frag_offset: 0,
-            options: Ipv4Options::default(),
-            payload_len: (8 + gtp_len) as u16,
-        };
-        let udp = UdpRepr {
-            src_port: GTPC_PORT,
-            dst_port: k.src_port,
-            payload_len: gtp_len as u16,
-        };
+        let mme = [k.src[0], k.src[1], k.src[2], k.src[3]];
         let header = Gtpv2Repr {
             payload_len: ies as u16,
             ..header
         };
-        let written = ip
-            .emit(&mut frame[l2..])
-            .and_then(|()| udp.emit(&mut frame[l2 + 20..]))
+        let written = self
+            .emit_udp(&mut frame[l2..], mme, (GTPC_PORT, k.src_port), gtp_len)
             .and_then(|()| header.emit(&mut frame[gtp_at..]));
         let len = gtp_at + gtp_len;
         let resized = written.is_ok()
@@ -676,6 +640,37 @@ impl Sgw {
         }
         burst.packet_mut(i).data[..len].copy_from_slice(&frame[..len]);
         Verdict::Forward(d.in_port)
+    }
+
+    /// Writes the IPv4 and UDP headers of a datagram of `payload_len` bytes from the
+    /// gateway to `dst`, `ports` (source, destination), at the start of `buf`.
+    fn emit_udp(
+        &self,
+        buf: &mut [u8],
+        dst: [u8; 4],
+        (src_port, dst_port): (u16, u16),
+        payload_len: usize,
+    ) -> stateplane_wire::Result<()> {
+        let ip = Ipv4Repr {
+            src: Ipv4Addr::from(self.address),
+            dst: Ipv4Addr::from(dst),
+            protocol: 17,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: false,
+            more_frags: false,
+            frag_offset: 0,
+            options: Ipv4Options::default(),
+            payload_len: (8 + payload_len) as u16,
+        };
+        let udp = UdpRepr {
+            src_port,
+            dst_port,
+            payload_len: payload_len as u16,
+        };
+        ip.emit(buf)?;
+        udp.emit(buf.get_mut(20..).ok_or(stateplane_wire::Error::Truncated)?)
     }
 
     /// Takes the user's packet, at `inner` in packet `i`, out of its tunnel.

@@ -137,8 +137,9 @@ struct Response {
     teid: Option<u32>,
     sequence: u32,
     cause: Option<u8>,
-    /// (interface type, TEID, address) of each F-TEID, the bearer context's last.
-    fteids: Vec<(u8, u32, [u8; 4])>,
+    /// (instance, interface type, TEID, address) of each F-TEID, the bearer context's
+    /// last.
+    fteids: Vec<(u8, u8, u32, [u8; 4])>,
     paa: Option<[u8; 4]>,
     bearer: Option<(u8, u8)>,
 }
@@ -174,8 +175,9 @@ fn response(frame: &[u8]) -> Response {
         sequence: header.sequence,
         ..Response::default()
     };
-    let fteid = |d: &[u8]| {
+    let fteid = |instance: u8, d: &[u8]| {
         (
+            instance,
             d[0] & 0x3f,
             u32::from_be_bytes([d[1], d[2], d[3], d[4]]),
             [d[5], d[6], d[7], d[8]],
@@ -185,7 +187,7 @@ fn response(frame: &[u8]) -> Response {
         let ie = ie.unwrap();
         match ie.ie_type {
             gtpv2_ie::CAUSE => r.cause = Some(ie.data[0]),
-            gtpv2_ie::F_TEID => r.fteids.push(fteid(ie.data)),
+            gtpv2_ie::F_TEID => r.fteids.push(fteid(ie.instance, ie.data)),
             gtpv2_ie::PAA => {
                 assert_eq!(ie.data[0], 1, "PDN type IPv4");
                 r.paa = Some([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
@@ -197,7 +199,7 @@ fn response(frame: &[u8]) -> Response {
                     match inner.ie_type {
                         gtpv2_ie::EBI => ebi = inner.data[0],
                         gtpv2_ie::CAUSE => cause = inner.data[0],
-                        gtpv2_ie::F_TEID => r.fteids.push(fteid(inner.data)),
+                        gtpv2_ie::F_TEID => r.fteids.push(fteid(inner.instance, inner.data)),
                         other => panic!("IE {other} in the bearer context"),
                     }
                 }
@@ -221,7 +223,10 @@ fn accepted(message_type: u8, sequence: u32, n: u32) -> Response {
         ..Response::default()
     };
     if message_type == gtpv2_type::CREATE_SESSION_REQUEST {
-        r.fteids = vec![(11, S11_TEIDS | n, gateway), (1, S1U_TEIDS | n, gateway)];
+        r.fteids = vec![
+            (0, 11, S11_TEIDS | n, gateway),
+            (0, 1, S1U_TEIDS | n, gateway),
+        ];
         r.paa = Some(generated_subscriber(n).2);
         r.bearer = Some((5, gtpv2_cause::REQUEST_ACCEPTED));
     }
