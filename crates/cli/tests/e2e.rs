@@ -1046,10 +1046,11 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
 
 /// `sgw` answers the MME's signaling in the data plane, and tshark reads the answers as
 /// the GTPv2-C an MME expects: for each request of the generator's `gtp` workload one
-/// response, of the request's type plus one, with its sequence number and cause "Request
-/// accepted" (16); each Create Session Response with the gateway's S11 (interface type
-/// 11) and S1-U (1) F-TEIDs, the bearer's id and the subscriber's address from the pool;
-/// no frame malformed.
+/// response, of the request's type plus one, to the MME's TEID (its Sender F-TEID's in a
+/// Create Session Request), with its sequence number and cause "Request accepted" (16);
+/// each Create Session Response with the gateway's S11 (interface type 11) and S1-U (1)
+/// F-TEIDs, which carry the subscriber's place in the pool, the bearer's id and the
+/// address at that place; no frame malformed.
 #[test]
 fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
     let trace = tmp("sgw-signaling.pcap");
@@ -1089,7 +1090,7 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
                 "gtpv2.f_teid_gre_key",
             ])
             .args(["-e", "gtpv2.ebi", "-e", "gtpv2.pdn_addr_and_prefix.ipv4"])
-            .args(["-e", "_ws.malformed", "-e", "ip.dst"])
+            .args(["-e", "_ws.malformed", "-e", "ip.dst", "-e", "gtpv2.teid"])
             .output()
             .unwrap());
         out.lines()
@@ -1106,6 +1107,14 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
         assert_eq!(response[1], request[1], "sequence: {response:?}");
         assert_eq!(response[7], "", "malformed: {response:?}");
         assert_eq!(response[8], "198.18.255.1", "to the MME: {response:?}");
+        let hex = |t: &str| u32::from_str_radix(t.trim_start_matches("0x"), 16).unwrap();
+        // The MME's TEID: a Create's Sender F-TEID (its first), else the one the
+        // generator's MME takes for the subscriber whose place the request's TEID carries.
+        let mme = match kind {
+            32 => hex(request[4].split(',').next().unwrap()),
+            _ => 0x4000_0000 | (hex(&request[9]) & 0x0fff_ffff),
+        };
+        assert_eq!(hex(&response[9]), mme, "the MME's TEID: {response:?}");
         if kind != 32 {
             assert_eq!(response[2], "16", "{response:?}");
             continue;
@@ -1114,16 +1123,105 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
         // S11 then S1-U, subscriber n's TEIDs, its address in the pool.
         assert_eq!(response[2], "16,16", "{response:?}");
         assert_eq!(response[3], "11,1", "{response:?}");
-        let teids: Vec<u32> = (response[4].split(','))
-            .map(|t| u32::from_str_radix(t.trim_start_matches("0x"), 16).unwrap())
-            .collect();
+        let teids: Vec<u32> = response[4].split(',').map(hex).collect();
         let n = teids[0] & 0x0fff_ffff;
         assert_eq!(teids, [0x1000_0000 | n, 0x2000_0000 | n], "{response:?}");
         assert_eq!(response[5], "5", "{response:?}");
         let ue: std::net::Ipv4Addr = response[6].parse().unwrap();
-        assert_eq!(
-            u32::from(ue),
-            u32::from_be_bytes([198, 18, 128, 0]) + n % 32768
-        );
+        assert_eq!(u32::from(ue), u32::from_be_bytes([198, 18, 128, 0]) + n);
     }
+}
+
+/// What `sgw` refuses it answers with the cause, and tshark reads those answers too: in
+/// the `gtp` workload, the first Create Session Request's IMSI hidden (its element's type
+/// changed to one the gateway does not read) is answered "Mandatory IE missing" (70)
+/// naming the IMSI (type 1), to the MME's TEID; a Modify Bearer Request to a TEID of no
+/// session "Context not found" (64), to TEID 0; an Echo Request gets an Echo Response
+/// with its restart counter; no frame malformed.
+#[test]
+fn tshark_reads_sgws_refusals_and_echo_responses() {
+    let trace = tmp("sgw-refusals.pcap");
+    let gtp = 14 + 20 + 8;
+    generate_broken("gtp", 2000, &trace, |frames| {
+        let signal =
+            |f: &[u8], kind: u8| f.len() > gtp + 16 && f[42] >> 5 == 2 && f[gtp + 1] == kind;
+        let create = frames.iter().position(|(_, f, _)| signal(f, 32)).unwrap();
+        frames[create].1[gtp + 12] = 200;
+        let modify = frames.iter().position(|(_, f, _)| signal(f, 34)).unwrap();
+        frames[modify].1[gtp + 4..gtp + 8].copy_from_slice(&0x1000_7530u32.to_be_bytes());
+        // An Echo Request: no TEID, sequence 0x77, the Recovery element.
+        let echo = [0x40, 1, 0, 9, 0, 0, 0x77, 0, 3, 0, 1, 0, 5];
+        let (mut client, _) = common::client_and_server();
+        client.src = std::net::Ipv4Addr::new(198, 18, 255, 1).into();
+        client.dst = std::net::Ipv4Addr::new(198, 19, 255, 2).into();
+        let l4 = stateplane_gen::build::L4::Udp {
+            src_port: 2123,
+            dst_port: 2123,
+        };
+        let mut frame = Vec::new();
+        stateplane_gen::build::emit_frame(&mut frame, &client, &l4, &echo);
+        let (ts, _, _) = frames[modify];
+        frames.insert(modify + 1, (ts, frame.clone(), frame.len() as u32));
+    });
+    let (config, access) = (tmp("sgw-refusals.toml"), tmp("sgw-refusals-access.pcap"));
+    std::fs::write(
+        &config,
+        format!(
+            "workers = 1\n[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\n\
+             ue_pool = \"198.18.128.0/17\"\n\
+             [[port]]\nname = \"access\"\nrx = \"{}\"\ntx = \"{}\"\n\
+             [[port]]\nname = \"core\"\ntx = \"{}\"\n",
+            trace.display(),
+            access.display(),
+            tmp("sgw-refusals-core.pcap").display()
+        ),
+    )
+    .unwrap();
+    ok(bin().args(["run", "-c"]).arg(&config).output().unwrap());
+    let out = ok(tool("tshark")
+        .args(["-n", "-r"])
+        .arg(&access)
+        .args(["-Y", "gtpv2", "-T", "fields", "-E", "separator=;"])
+        .args([
+            "-e",
+            "gtpv2.message_type",
+            "-e",
+            "gtpv2.seq",
+            "-e",
+            "gtpv2.cause",
+        ])
+        .args([
+            "-e",
+            "gtpv2.cause_off_ie_t",
+            "-e",
+            "gtpv2.teid",
+            "-e",
+            "gtpv2.rec",
+        ])
+        .args(["-e", "_ws.malformed"])
+        .output()
+        .unwrap());
+    let responses: Vec<Vec<&str>> = out.lines().map(|l| l.split(';').collect()).collect();
+    assert!(responses.iter().all(|r| r[6].is_empty()), "none malformed");
+    let first = |kind: &str, cause: &str| {
+        (responses.iter())
+            .find(|r| r[0] == kind && r[2] == cause)
+            .unwrap_or_else(|| panic!("no response {kind} with cause {cause}: {out}"))
+    };
+    let missing = first("33", "70");
+    assert_eq!(missing[3], "1", "the IMSI named: {missing:?}");
+    assert!(
+        missing[4].starts_with("0x4"),
+        "to the MME's TEID: {missing:?}"
+    );
+    let not_found = first("35", "64");
+    assert_eq!(not_found[4], "0x00000000", "to TEID 0: {not_found:?}");
+    let echo = (responses.iter())
+        .find(|r| r[0] == "2")
+        .expect("an Echo Response");
+    assert_eq!(
+        (echo[1], echo[4], echo[5]),
+        ("0x000077", "", "0"),
+        "{echo:?}"
+    );
 }

@@ -17,6 +17,12 @@ mod workloads;
 
 pub use workloads::{GenGenerateError, generate};
 
+/// What the `gtp` workload's subscriber `n` is made of, for those who check a gateway's
+/// work on it: its IMSI, and the TEIDs of the MME's and the eNodeB's ends.
+pub mod gtp {
+    pub use crate::workloads::{IMSI_BASE, enb_teid, mme_teid};
+}
+
 use std::fmt;
 use std::str::FromStr;
 

@@ -7,7 +7,8 @@ use crate::rng::{Rng, Zipf};
 use crate::{GenConfig, GenError, GenSummary, Workload};
 use stateplane_wire::ethernet::MacAddr;
 use stateplane_wire::gtp::{
-    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, gtpv2_ie, gtpv2_type,
+    Fteid, GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, fteid_interface,
+    gtpv2_ie, gtpv2_type, imsi_tbcd,
 };
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowHasher, ParseFlags, parse};
@@ -590,10 +591,19 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
     let extra = (cfg.packets / 18).saturating_sub(users as u64) as f64;
     let p_signal = extra / (cfg.packets - users as u64).max(1) as f64;
     let mut sequence = 0u32;
+    // Subscribers are numbered as they first appear (each with its Create Session
+    // Request), so that the k-th is the one a gateway handing out places in order gives
+    // the k-th place: its TEIDs and address below.
+    let mut numbers = vec![u32::MAX; users];
+    let mut subscribers = 0u32;
     while let Some(i) = schedule.next() {
         let mut f = schedule.flows[i];
-        let user = f.id;
         let first = f.sent == 0;
+        if first {
+            numbers[i] = subscribers;
+            subscribers += 1;
+        }
+        let user = numbers[i];
         f.sent += 1;
         let enb = Ipv4Addr::new(198, 18, 200, (user % 50) as u8 + 1);
         let ue = IpAddr::V4(Ipv4Addr::new(
@@ -664,30 +674,51 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
     Ok(())
 }
 
-/// A GTPv2-C Create Session Request (first) or Modify Bearer Request from the MME.
+/// The generator's IMSIs: MCC 001, MNC 01 (a test network), and subscriber `n`'s is
+/// `IMSI_BASE + n`, a multiple of 2^24 plus `n`: its number modulo a pool of up to 2^24
+/// places, the place a gateway whose sessions are replicated gives it.
+pub const IMSI_BASE: u64 = 1_010_000_000_000u64.div_ceil(1 << 24) * (1 << 24);
+
+/// The TEID the MME's end of subscriber `n`'s signaling takes.
+pub fn mme_teid(n: u32) -> u32 {
+    0x4000_0000 | n
+}
+
+/// The TEID subscriber `n`'s eNodeB takes for its downlink.
+pub fn enb_teid(n: u32) -> u32 {
+    0x3000_0000 | n
+}
+
+/// A GTPv2-C Create Session Request (first) or Modify Bearer Request from the MME, laid
+/// out as TS 29.274 has them: a Create carries the IMSI and the MME's S11 F-TEID (the
+/// Sender F-TEID for Control Plane), and both a bearer context with the bearer's id and
+/// the eNodeB's S1-U F-TEID (where downlink goes). A Create is sent to TEID 0, a Modify
+/// to the gateway's S11 TEID, which carries the subscriber's place.
 fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32) {
-    let mut ies = [0u8; 64];
+    let mut ies = [0u8; 96];
     let mut at = 0;
+    let fteid = |interface: u8, teid: u32, address: Ipv4Addr| {
+        let mut f = [0u8; 9];
+        let end = Fteid {
+            interface,
+            teid,
+            v4: Some(address.octets()),
+            v6: None,
+        };
+        let _ = end.emit(&mut f);
+        f
+    };
     if create {
-        // IMSI, TBCD-encoded: 001 01 then the user number.
-        let imsi = [
-            0x00,
-            0xf1,
-            0x10,
-            (user >> 24) as u8,
-            (user >> 16) as u8,
-            (user >> 8) as u8,
-            user as u8,
-            0xf0,
-        ];
+        let imsi = imsi_tbcd(IMSI_BASE + u64::from(user));
         at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::IMSI, 0, &imsi).unwrap_or(0);
+        let mme = fteid(fteid_interface::S11_MME, mme_teid(user), MME);
+        at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &mme).unwrap_or(0);
     }
-    // F-TEID of the eNodeB's S1-U interface (type 0), IPv4: where downlink goes.
-    let mut fteid = [0u8; 9];
-    fteid[0] = 0x80;
-    fteid[1..5].copy_from_slice(&(0x3000_0000 | user).to_be_bytes());
-    fteid[5..9].copy_from_slice(&enb.octets());
-    at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &fteid).unwrap_or(0);
+    let mut bearer = [0u8; 32];
+    let mut b = emit_gtpv2_ie(&mut bearer, gtpv2_ie::EBI, 0, &[5]).unwrap_or(0);
+    let s1u = fteid(fteid_interface::S1U_ENODEB, enb_teid(user), enb);
+    b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::F_TEID, 0, &s1u).unwrap_or(0);
+    at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::BEARER_CONTEXT, 0, &bearer[..b]).unwrap_or(0);
     let header = Gtpv2Repr {
         message_type: if create {
             gtpv2_type::CREATE_SESSION_REQUEST

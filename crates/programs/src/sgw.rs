@@ -3,27 +3,39 @@
 //!
 //! Signaling (GTPv2-C to the gateway's address, port 2123) creates and updates each
 //! subscriber's session; data packets read it:
-//! - Create Session Request: IMSI and the eNodeB's S1-U F-TEID (its address and the TEID
-//!   downlink must carry) make a session. The subscriber's number `n` is the IMSI's 32 bits
-//!   after its MCC/MNC bytes (as the `gtp` workload encodes it); the gateway gives the
-//!   subscriber the address at position `n` of `ue_pool` (modulo its size: a pool at least
-//!   as large as the subscribers keeps them apart) and takes the TEIDs `0x1000_0000 | n`
-//!   (S11, signaling) and `0x2000_0000 | n` (S1-U, uplink), which its Create Session
-//!   Response tells the MME (the generator's traces assume them).
-//! - Modify Bearer Request (to the session's S11 TEID): a new eNodeB F-TEID (a handover).
-//! - Delete Session Request: the session goes.
+//! - Create Session Request: the IMSI, the MME's S11 F-TEID (the TEID the gateway's
+//!   messages to the MME carry) and, where the MME has it already, the eNodeB's S1-U
+//!   F-TEID (its address and the TEID downlink must carry) make a session. The gateway
+//!   allocates the subscriber a place in `ue_pool`: its address, and its TEIDs, which
+//!   carry the place (`0x1000_0000 | place` for S11, `0x2000_0000 | place` for S1-U
+//!   uplink), so that every packet finds its session with one lookup by address.
+//!   Places never used go first, in order; then those freed, the longest free first, so a
+//!   deleted session's TEIDs go unused for as long as the pool allows. Replicated
+//!   sessions are the exception: switches sharing a store share no allocator, so a
+//!   subscriber's place there is its IMSI modulo the pool's size, the same at every
+//!   switch.
+//! - Modify Bearer Request (to the session's S11 TEID): the eNodeB's S1-U F-TEID (the
+//!   bearer set up, or a handover).
+//! - Delete Session Request: the session goes, and its place is free.
+//! - Echo Request: answered (path management).
 //!
-//! An applied request is answered in the data plane: the packet becomes its response
-//! (TS 29.274: the request's type plus one, its sequence number, cause "Request
-//! accepted"; a Create Session Response also carries the gateway's S11 and S1-U F-TEIDs,
-//! the bearer's id and the subscriber's address), sent back out of the port it came in
-//! by to the MME's address and port. A refused request is dropped and counted by reason,
-//! unanswered. Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID,
-//! from the session's eNodeB, the packet inside from the subscriber's address) is
-//! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session)
-//! is encapsulated in IPv4, UDP and GTP-U with the eNodeB's TEID, from the gateway's
-//! address to the eNodeB's, and sent to `access`. Direction is read from the packet, not
-//! the port it came in by. Non-IP frames pass to the other port.
+//! Every request the gateway can read is answered in the data plane: the packet becomes
+//! its response (TS 29.274: the request's type plus one, its sequence number, the MME's
+//! TEID, a cause), sent back out of the port it came in by to the MME's address and port.
+//! A Create Session Response that accepts also carries the gateway's S11 and S1-U F-TEIDs,
+//! the bearer's id and the subscriber's address. A request refused is answered with its
+//! cause: no such session ("Context not found"), an element missing or unreadable (with
+//! the offending element), no room ("No resources available"), no address ("All dynamic
+//! addresses are occupied"); counted by cause in the `sessions` table's stats. A message
+//! that cannot be read as GTPv2-C, or of a type the gateway does not take, is dropped
+//! and counted (`bad_signaling`).
+//!
+//! Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID, from the session's
+//! eNodeB once it is known, the packet inside from the subscriber's address) is
+//! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session
+//! whose eNodeB is known) is encapsulated in IPv4, UDP and GTP-U with the eNodeB's TEID,
+//! from the gateway's address to the eNodeB's, and sent to `access`. Direction is read
+//! from the packet, not the port it came in by. Non-IP frames pass to the other port.
 //!
 //! Workers: sessions are written by signaling, which comes from one MME (one flow, one
 //! worker), and read by every user's data (spread over workers): with several workers,
@@ -31,14 +43,15 @@
 //! (`synced` copies a program's sketch to a collector, not a table between workers), so a
 //! run on more than one worker is refused at start (the others would count `no_session`).
 //!
-//! State: `sessions` (declared; key the subscriber number `n`; action `session` with `enb
-//! enb_teid ue`; read-centric: written by about one packet in 18, read by the rest) and
-//! the index from subscriber address to number, derived from it. `sessions` may be
-//! `replicated` (docs/REPLICATION.md): each subscriber is a flow, named by its number
-//! (signaling and uplink carry it), and its downlink, which carries only its address,
-//! finds it at another switch by that address, the alias written with its session. Configuration: `address`
-//! (the gateway's IPv4 address, required), `ue_pool` (required), `access` and `core`
-//! (ports, default 0 and 1), `capacity` (sessions, default 65536).
+//! State: `sessions` (declared; key the IMSI, as the number its digits spell; action
+//! `session` with `enb enb_teid ue mme_teid`; read-centric: written by about one packet
+//! in 18, read by the rest), the index from subscriber address to IMSI, derived from it,
+//! and the free places. `sessions` may be `replicated` (docs/REPLICATION.md): each
+//! subscriber is a flow, named by its IMSI (a Create Session Request carries it), and the
+//! packets that name it by its place (other signaling and uplink by TEID, downlink by
+//! address) find it at another switch by the place, the alias written with its session.
+//! Configuration: `address` (the gateway's IPv4 address, required), `ue_pool` (required),
+//! `access` and `core` (ports, default 0 and 1), `capacity` (sessions, default 65536).
 
 use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
@@ -52,12 +65,13 @@ use stateplane_state::{
     Reply, Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
-    GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie,
-    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type,
+    Fteid, GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie,
+    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type, imsi_value,
 };
 use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
 use stateplane_wire::parse::{ParseFlags, Parsed};
 use stateplane_wire::udp::UdpRepr;
+use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -85,7 +99,8 @@ fn default_capacity() -> usize {
     65_536
 }
 
-/// TEID spaces of the gateway's own tunnel ends: the subscriber number in the low bits.
+/// TEID spaces of the gateway's own tunnel ends: the session's place in the pool in the
+/// low bits (a /8 pool's places take 24 of the 28).
 pub const S11_TEIDS: u32 = 0x1000_0000;
 pub const S1U_TEIDS: u32 = 0x2000_0000;
 const TEID_SPACE: u32 = 0xf000_0000;
@@ -96,18 +111,27 @@ const DEFAULT_BEARER: u8 = 5;
 /// Outer IPv4, UDP and GTP-U headers: what encapsulation adds.
 const TUNNEL_HEADERS: usize = 20 + 8 + 8;
 
-/// A subscriber's session: where its downlink goes, and its address.
+/// A subscriber's session: where its downlink goes (no eNodeB yet: `enb` 0.0.0.0), its
+/// address, and the TEID the MME's end of its signaling takes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Session {
     pub enb: [u8; 4],
     pub enb_teid: u32,
     pub ue: [u8; 4],
+    pub mme_teid: u32,
+}
+
+impl Session {
+    /// Whether the eNodeB that serves it is known (a Create Session Request may not say).
+    fn has_enb(&self) -> bool {
+        self.enb != [0; 4]
+    }
 }
 
 struct SessionCodec;
 
 impl ValueCodec for SessionCodec {
-    type Key = u32;
+    type Key = u64;
     type Value = Session;
 
     fn value(_action: usize, params: &[u128]) -> Session {
@@ -116,6 +140,7 @@ impl ValueCodec for SessionCodec {
             enb: p(0).to_be_bytes(),
             enb_teid: p(1),
             ue: p(2).to_be_bytes(),
+            mme_teid: p(3),
         }
     }
 
@@ -126,6 +151,7 @@ impl ValueCodec for SessionCodec {
                 u128::from(u32::from_be_bytes(s.enb)),
                 u128::from(s.enb_teid),
                 u128::from(u32::from_be_bytes(s.ue)),
+                u128::from(s.mme_teid),
             ],
         )
     }
@@ -133,42 +159,99 @@ impl ValueCodec for SessionCodec {
 
 const NO_SESSION: DropReason = DropReason::program(0);
 const BAD_SIGNALING: DropReason = DropReason::program(1);
-const TABLE_FULL: DropReason = DropReason::program(2);
-const NOT_ROUTED: DropReason = DropReason::program(3);
-const NO_ROOM: DropReason = DropReason::program(4);
-const WRONG_ENB: DropReason = DropReason::program(5);
-const SPOOFED: DropReason = DropReason::program(6);
+const NOT_ROUTED: DropReason = DropReason::program(2);
+const NO_ROOM: DropReason = DropReason::program(3);
+const WRONG_ENB: DropReason = DropReason::program(4);
+const SPOOFED: DropReason = DropReason::program(5);
+const NO_BEARER: DropReason = DropReason::program(6);
 
-/// Replicated sessions: a subscriber's flow is named by its number, its alias by its
-/// address; both start with the address's place in the pool (the number modulo the
-/// pool's size), their hash tag, so that a Redis Cluster keeps them in one slot.
+/// The places of the pool the gateway hands out: those never used first, in order, then
+/// those freed, the longest free first.
+#[derive(Clone, Debug)]
+struct Places {
+    size: u32,
+    /// Places from here on were never handed out.
+    fresh: u32,
+    freed: VecDeque<u32>,
+}
+
+impl Places {
+    fn new(size: u32) -> Places {
+        Places {
+            size,
+            fresh: 0,
+            freed: VecDeque::new(),
+        }
+    }
+
+    /// The places of a pool of `size` of which `used` are taken: the rest free, in order.
+    fn with_used(size: u32, used: impl IntoIterator<Item = u32>) -> Places {
+        let mut used: Vec<u32> = used.into_iter().filter(|&p| p < size).collect();
+        used.sort_unstable();
+        let fresh = used.last().map_or(0, |&p| p + 1);
+        let mut taken = used.into_iter().peekable();
+        let freed = (0..fresh)
+            .filter(|&p| taken.next_if_eq(&p).is_none())
+            .collect();
+        Places { size, fresh, freed }
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        if self.fresh < self.size {
+            self.fresh += 1;
+            return Some(self.fresh - 1);
+        }
+        self.freed.pop_front()
+    }
+
+    fn give_back(&mut self, place: u32) {
+        self.freed.push_back(place);
+    }
+}
+
+/// The answers the gateway gives, by cause, as `ctl stats sessions` names them.
+const ANSWERS: [(u8, &str); 6] = [
+    (gtpv2_cause::REQUEST_ACCEPTED, "requests_accepted"),
+    (gtpv2_cause::CONTEXT_NOT_FOUND, "rejected_context_not_found"),
+    (gtpv2_cause::MANDATORY_IE_INCORRECT, "rejected_ie_incorrect"),
+    (gtpv2_cause::MANDATORY_IE_MISSING, "rejected_ie_missing"),
+    (gtpv2_cause::NO_RESOURCES_AVAILABLE, "rejected_no_resources"),
+    (
+        gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED,
+        "rejected_addresses_occupied",
+    ),
+];
+
+/// Replicated sessions: a subscriber's flow is named by its IMSI, its alias by its place
+/// in the pool; both start with the place, their hash tag, so that a Redis Cluster keeps
+/// them in one slot.
 mod replicated {
     use stateplane_runtime::FlowBytes;
 
     const SUBSCRIBER: u8 = 0;
-    const ADDRESS: u8 = 1;
+    const PLACE: u8 = 1;
 
-    /// Subscriber `n`'s flow, its address being at `place` in the pool.
-    pub(super) fn subscriber(n: u32, place: u32) -> Option<FlowBytes> {
-        let mut b = [0u8; 9];
+    /// The flow of the subscriber `imsi`, at `place` in the pool.
+    pub(super) fn subscriber(imsi: u64, place: u32) -> Option<FlowBytes> {
+        let mut b = [0u8; 13];
         b[..4].copy_from_slice(&place.to_be_bytes());
-        b[4..8].copy_from_slice(&n.to_be_bytes());
-        b[8] = SUBSCRIBER;
+        b[4..12].copy_from_slice(&imsi.to_be_bytes());
+        b[12] = SUBSCRIBER;
         FlowBytes::tagged(&b, 4)
     }
 
-    /// The alias of the subscriber whose address is at `place` in the pool.
-    pub(super) fn address(place: u32) -> Option<FlowBytes> {
+    /// The alias of the subscriber at `place` in the pool.
+    pub(super) fn place(place: u32) -> Option<FlowBytes> {
         let mut b = [0u8; 5];
         b[..4].copy_from_slice(&place.to_be_bytes());
-        b[4] = ADDRESS;
+        b[4] = PLACE;
         FlowBytes::tagged(&b, 4)
     }
 
-    /// The subscriber a flow names; `None` for an alias or bytes of no flow.
-    pub(super) fn number_of(flow: &FlowBytes) -> Option<u32> {
+    /// The IMSI a flow names; `None` for an alias or bytes of no flow.
+    pub(super) fn imsi_of(flow: &FlowBytes) -> Option<u64> {
         match flow.as_bytes() {
-            [_, _, _, _, n @ .., SUBSCRIBER] => Some(u32::from_be_bytes(n.try_into().ok()?)),
+            [_, _, _, _, imsi @ .., SUBSCRIBER] => Some(u64::from_be_bytes(imsi.try_into().ok()?)),
             _ => None,
         }
     }
@@ -177,25 +260,41 @@ mod replicated {
 /// What to do with a packet once it has been read.
 enum Step {
     Done(Verdict),
-    /// Answer the signaling request it is (its type and sequence number), about
-    /// subscriber `n`, which the gateway applied.
-    Answer {
-        request: u8,
-        sequence: u32,
-        n: u32,
-    },
+    /// Turn the signaling request it is into this answer.
+    Answer(Answer),
     /// Put it in a tunnel to this session's eNodeB.
     Encapsulate(Session),
     /// Take the user's packet out of its tunnel: it starts at this offset.
     Decapsulate(usize),
 }
 
-/// A GTPv2-C message as the gateway reads it: its header, and the IMSI's subscriber and
-/// the (IPv4) F-TEID it carries.
+/// The response a signaling request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Answer {
+    request: u8,
+    sequence: u32,
+    /// The TEID of the response's header (the MME's S11 TEID, 0 when the request names no
+    /// session of the gateway's); `None` for an Echo Response, whose header has none.
+    teid: Option<u32>,
+    cause: u8,
+    /// The element (type, instance) the cause is about, for a missing or unreadable one.
+    offending: Option<(u8, u8)>,
+    /// A session created: its place, whose tunnel ends and address the response gives.
+    created: Option<u32>,
+}
+
+/// A GTPv2-C message as the gateway reads it: its header, and the IMSI and the F-TEIDs
+/// it carries (at the top or in a bearer context: the MME's S11 end, the eNodeB's S1-U
+/// end over IPv4).
 struct Signal {
     header: Gtpv2Repr,
-    imsi: Option<u32>,
-    fteid: Option<([u8; 4], u32)>,
+    /// `Some(None)`: an IMSI element whose digits are not an IMSI.
+    imsi: Option<Option<u64>>,
+    mme_teid: Option<u32>,
+    enb: Option<([u8; 4], u32)>,
+    /// An F-TEID that could not be read (its element's instance), or an eNodeB's with no
+    /// IPv4 address.
+    bad_fteid: Option<u8>,
 }
 
 impl Signal {
@@ -205,40 +304,42 @@ impl Signal {
         let ies = gtp
             .get(ies_at..ies_at + usize::from(header.payload_len))
             .ok_or(BAD_SIGNALING)?;
-        let (mut imsi, mut fteid) = (None, None);
+        let mut signal = Signal {
+            header,
+            imsi: None,
+            mme_teid: None,
+            enb: None,
+            bad_fteid: None,
+        };
         for ie in gtpv2_ies(ies) {
             let ie = ie.map_err(|_| BAD_SIGNALING)?;
             match ie.ie_type {
-                gtpv2_ie::IMSI if ie.data.len() >= 7 => {
-                    imsi = Some(u32::from_be_bytes([
-                        ie.data[3], ie.data[4], ie.data[5], ie.data[6],
-                    ]));
-                }
-                // IPv4 F-TEIDs only: flags, TEID, address.
-                gtpv2_ie::F_TEID if ie.data.len() >= 9 && ie.data[0] & 0x80 != 0 => {
-                    let teid = u32::from_be_bytes([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
-                    let enb = [ie.data[5], ie.data[6], ie.data[7], ie.data[8]];
-                    fteid = Some((enb, teid));
+                gtpv2_ie::IMSI => signal.imsi = Some(imsi_value(ie.data)),
+                gtpv2_ie::F_TEID => signal.take_fteid(ie.data, ie.instance),
+                gtpv2_ie::BEARER_CONTEXT if ie.instance == 0 => {
+                    for inner in gtpv2_ies(ie.data) {
+                        let inner = inner.map_err(|_| BAD_SIGNALING)?;
+                        if inner.ie_type == gtpv2_ie::F_TEID {
+                            signal.take_fteid(inner.data, ie.instance);
+                        }
+                    }
                 }
                 _ => {}
             }
         }
-        Ok(Signal {
-            header,
-            imsi,
-            fteid,
-        })
+        Ok(signal)
     }
 
-    /// The subscriber the message is about: a Create Session Request's IMSI, another
-    /// message's S11 TEID.
-    fn subscriber(&self) -> Option<u32> {
-        if self.header.message_type == gtpv2_type::CREATE_SESSION_REQUEST {
-            return self.imsi;
+    fn take_fteid(&mut self, data: &[u8], instance: u8) {
+        match Fteid::parse(data) {
+            Ok(f) if f.interface == fteid_interface::S11_MME => self.mme_teid = Some(f.teid),
+            Ok(f) if f.interface == fteid_interface::S1U_ENODEB => match f.v4 {
+                Some(enb) => self.enb = Some((enb, f.teid)),
+                None => self.bad_fteid = Some(instance),
+            },
+            Ok(_) => {}
+            Err(_) => self.bad_fteid = Some(instance),
         }
-        (self.header.teid)
-            .filter(|t| t & TEID_SPACE == S11_TEIDS)
-            .map(|t| t & !TEID_SPACE)
     }
 }
 
@@ -250,8 +351,13 @@ pub struct Sgw {
     pool_base: u32,
     pool_size: u32,
     sessions: DeclaredTable<SessionCodec>,
-    /// Subscriber address -> number, for every session.
-    by_ue: ExactTable<u32, u32>,
+    /// Subscriber address -> IMSI, for every session.
+    by_ue: ExactTable<u32, u64>,
+    /// The places not taken (unused while `sessions` is replicated).
+    places: Places,
+    /// Signaling answered, by cause (in [`ANSWERS`]' order), and echo requests.
+    answered: [u64; ANSWERS.len()],
+    echoes: u64,
 }
 
 impl Sgw {
@@ -289,14 +395,10 @@ impl Sgw {
             Field::exact("enb", 32, Format::Ipv4),
             Field::exact("enb_teid", 32, Format::Int),
             Field::exact("ue", 32, Format::Ipv4),
+            Field::exact("mme_teid", 32, Format::Int),
         ];
-        let declaration = filled_table::<u32>(
-            "sessions",
-            "subscriber",
-            cfg.capacity,
-            &["session"],
-            session,
-        );
+        let declaration =
+            filled_table::<u64>("sessions", "imsi", cfg.capacity, &["session"], session);
         let never = [ExpireProfile::NEVER];
         let size = 1u32 << (32 - len);
         Ok(Sgw {
@@ -315,17 +417,30 @@ impl Sgw {
                 &never,
                 seed.rotate_left(9),
             )?,
+            places: Places::new(size),
+            answered: [0; ANSWERS.len()],
+            echoes: 0,
         })
     }
 
-    /// Subscriber `n`'s session.
-    pub fn session(&self, n: u32) -> Option<Session> {
-        self.sessions.get(&n).copied()
+    /// The session of the subscriber `imsi`.
+    pub fn session(&self, imsi: u64) -> Option<Session> {
+        self.sessions.get(&imsi).copied()
     }
 
-    /// The address the pool gives subscriber `n`.
-    fn ue_address(&self, n: u32) -> [u8; 4] {
-        (self.pool_base + n % self.pool_size).to_be_bytes()
+    /// The address at `place` in the pool.
+    fn address_at(&self, place: u32) -> [u8; 4] {
+        (self.pool_base + place).to_be_bytes()
+    }
+
+    /// The place of an address of the pool.
+    fn place_of(&self, ue: [u8; 4]) -> u32 {
+        u32::from_be_bytes(ue).wrapping_sub(self.pool_base)
+    }
+
+    /// The place a replicated subscriber has at every switch.
+    fn fixed_place(&self, imsi: u64) -> u32 {
+        (imsi % u64::from(self.pool_size)) as u32
     }
 
     fn to_gateway(&self, parsed: &Parsed, port: u16) -> bool {
@@ -334,11 +449,25 @@ impl Sgw {
             && parsed.key.dst_port == port
     }
 
-    /// Where a packet to the gateway or a subscriber stands: `Ok(n)`, the subscriber it
-    /// reads or writes (signaling names it by IMSI or S11 TEID, uplink by S1-U TEID,
-    /// downlink through the address index); `Err(Some(place))`, downlink to the address at
-    /// `place` in the pool with no session here; `Err(None)`, neither (it makes no state).
-    fn subscriber_of(&self, data: &[u8], parsed: &Parsed) -> Result<u32, Option<u32>> {
+    /// The subscriber whose tunnel end in `space` (S11 or S1-U) is `teid`: `Ok(imsi)`;
+    /// `Err(Some(place))`, a place of the pool with no session here; `Err(None)`, no
+    /// place.
+    fn subscriber_at(&self, teid: u32, space: u32) -> Result<u64, Option<u32>> {
+        let place = teid & !TEID_SPACE;
+        if teid & TEID_SPACE != space || place >= self.pool_size {
+            return Err(None);
+        }
+        self.by_ue
+            .get(&(self.pool_base + place))
+            .copied()
+            .ok_or(Some(place))
+    }
+
+    /// Where a packet to the gateway or a subscriber stands: `Ok(imsi)`, the subscriber
+    /// it reads or writes (a Create Session Request names it by IMSI, other signaling and
+    /// uplink by TEID, downlink by address); `Err(Some(place))`, a place in the pool with
+    /// no session here; `Err(None)`, neither (it makes no state).
+    fn subscriber_of(&self, data: &[u8], parsed: &Parsed) -> Result<u64, Option<u32>> {
         let f = parsed.flags;
         if parsed.key.ip_version == 0 {
             return Err(None);
@@ -346,13 +475,17 @@ impl Sgw {
         if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
             let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
             let signal = Signal::read(gtp).map_err(|_| None)?;
-            return signal.subscriber().ok_or(None);
+            let header = signal.header;
+            return match header.message_type {
+                gtpv2_type::CREATE_SESSION_REQUEST => signal.imsi.flatten().ok_or(None),
+                gtpv2_type::MODIFY_BEARER_REQUEST | gtpv2_type::DELETE_SESSION_REQUEST => {
+                    self.subscriber_at(header.teid.unwrap_or(0), S11_TEIDS)
+                }
+                _ => Err(None),
+            };
         }
         if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
-            return match parsed.teid & TEID_SPACE == S1U_TEIDS {
-                true => Ok(parsed.teid & !TEID_SPACE),
-                false => Err(None),
-            };
+            return self.subscriber_at(parsed.teid, S1U_TEIDS);
         }
         if parsed.key.ip_version == 4 {
             let d = &parsed.key.dst;
@@ -365,43 +498,43 @@ impl Sgw {
         Err(None)
     }
 
-    /// Makes subscriber `n`'s session the one the store holds (`None`: none), with its
-    /// address entry. Refused (`false`, nothing changed) when a table has no room, or when
-    /// the address is another subscriber's here.
-    fn install(&mut self, n: u32, state: Option<&[u8]>, now: u64) -> bool {
-        let before = self.sessions.get(&n).copied();
+    /// Makes the session of the subscriber `imsi` the one the store holds (`None`: none),
+    /// with its address entry. Refused (`false`, nothing changed) when a table has no
+    /// room, or when the address is another subscriber's here.
+    fn install(&mut self, imsi: u64, state: Option<&[u8]>, now: u64) -> bool {
+        let before = self.sessions.get(&imsi).copied();
         let Some(state) = state.filter(|s| !s.is_empty()) else {
             if let Some(old) = before {
-                self.sessions.delete(&n);
+                self.sessions.delete(&imsi);
                 self.by_ue.delete(&u32::from_be_bytes(old.ue));
             }
             return true;
         };
-        if !self.sessions.install_replicated(n, Some(state), now) {
+        if !self.sessions.install_replicated(imsi, Some(state), now) {
             return false;
         }
-        let Some(session) = self.sessions.get(&n).copied() else {
+        let Some(session) = self.sessions.get(&imsi).copied() else {
             return false;
         };
         let ue = u32::from_be_bytes(session.ue);
         let restore = |sgw: &mut Sgw| match before {
             Some(b) => {
-                if let Some(id) = sgw.sessions.find_id(&n) {
+                if let Some(id) = sgw.sessions.find_id(&imsi) {
                     *sgw.sessions.value_mut(id) = b;
                 }
             }
             None => {
-                sgw.sessions.delete(&n);
+                sgw.sessions.delete(&imsi);
             }
         };
-        if self.by_ue.get(&ue).is_some_and(|&other| other != n) {
+        if self.by_ue.get(&ue).is_some_and(|&other| other != imsi) {
             restore(self);
             return false;
         }
         if let Some(old) = before.filter(|b| b.ue != session.ue) {
             self.by_ue.delete(&u32::from_be_bytes(old.ue));
         }
-        if self.by_ue.get(&ue).is_none() && self.by_ue.add_entry(ue, n, 0, now).is_err() {
+        if self.by_ue.get(&ue).is_none() && self.by_ue.add_entry(ue, imsi, 0, now).is_err() {
             restore(self);
             return false;
         }
@@ -422,11 +555,7 @@ impl Sgw {
         if f.has(ParseFlags::GTPC) && self.to_gateway(parsed, GTPC_PORT) {
             let gtp = data.get(usize::from(parsed.gtp_offset)..).unwrap_or(&[]);
             return match self.signal(gtp, now) {
-                Ok((header, n)) => Step::Answer {
-                    request: header.message_type,
-                    sequence: header.sequence,
-                    n,
-                },
+                Ok(answer) => Step::Answer(answer),
                 Err(reason) => Step::Done(Verdict::Drop(reason)),
             };
         }
@@ -435,18 +564,18 @@ impl Sgw {
             let Some(gtp) = data.get(at..).map(GtpuPacket::new_unchecked) else {
                 return Step::Done(Verdict::Drop(NO_ROOM));
             };
-            let n = parsed.teid & !TEID_SPACE;
-            let session = self.sessions.get(&n);
-            let Some(s) = session.filter(|_| {
-                parsed.teid & TEID_SPACE == S1U_TEIDS && gtp.message_type() == GTPU_T_PDU
-            }) else {
+            let session = (self.subscriber_at(parsed.teid, S1U_TEIDS).ok())
+                .and_then(|imsi| self.sessions.get(&imsi));
+            let Some(s) = session.filter(|_| gtp.message_type() == GTPU_T_PDU) else {
                 return Step::Done(Verdict::Drop(NO_SESSION));
             };
-            // A session's TEID is good only from its eNodeB, and its packets only from its
-            // subscriber's address (a P-GW's source address check): a guessed TEID or a
-            // subscriber sending as another is not let into the core.
+            // A session's TEID is good only from its eNodeB (any, until the MME names
+            // one: the eNodeB may send before the MME's Modify Bearer Request arrives),
+            // and its packets only from its subscriber's address (a P-GW's source address
+            // check): a guessed TEID or a subscriber sending as another is not let into
+            // the core.
             let outer = &parsed.key.src;
-            if [outer[0], outer[1], outer[2], outer[3]] != s.enb {
+            if s.has_enb() && [outer[0], outer[1], outer[2], outer[3]] != s.enb {
                 return Step::Done(Verdict::Drop(WRONG_ENB));
             }
             let inner = at + gtp.header_len();
@@ -469,7 +598,8 @@ impl Sgw {
             if dst.wrapping_sub(self.pool_base) < self.pool_size {
                 let session = self.by_ue.get(&dst).and_then(|n| self.sessions.get(n));
                 return match session {
-                    Some(s) => Step::Encapsulate(*s),
+                    Some(s) if s.has_enb() => Step::Encapsulate(*s),
+                    Some(_) => Step::Done(Verdict::Drop(NO_BEARER)),
                     None => Step::Done(Verdict::Drop(NO_SESSION)),
                 };
             }
@@ -477,49 +607,155 @@ impl Sgw {
         Step::Done(Verdict::Drop(NOT_ROUTED))
     }
 
-    /// Applies a GTPv2-C request to the sessions: its header and subscriber.
-    fn signal(&mut self, gtp: &[u8], now: u64) -> Result<(Gtpv2Repr, u32), DropReason> {
+    /// Applies a GTPv2-C request to the sessions: the answer it gets, counted.
+    fn signal(&mut self, gtp: &[u8], now: u64) -> Result<Answer, DropReason> {
+        let answer = self.apply(gtp, now)?;
+        if answer.request == gtpv2_type::ECHO_REQUEST {
+            self.echoes += 1;
+        } else if let Some(i) = ANSWERS.iter().position(|(c, _)| *c == answer.cause) {
+            self.answered[i] += 1;
+        }
+        Ok(answer)
+    }
+
+    fn apply(&mut self, gtp: &[u8], now: u64) -> Result<Answer, DropReason> {
         let signal = Signal::read(gtp)?;
-        let subscriber = signal.subscriber().ok_or(BAD_SIGNALING);
-        match signal.header.message_type {
+        let h = signal.header;
+        let answer = |teid: u32, cause: u8| Answer {
+            request: h.message_type,
+            sequence: h.sequence,
+            teid: Some(teid),
+            cause,
+            offending: None,
+            created: None,
+        };
+        let missing = |teid: u32, ie: (u8, u8)| Answer {
+            offending: Some(ie),
+            ..answer(teid, gtpv2_cause::MANDATORY_IE_MISSING)
+        };
+        let incorrect = |teid: u32, ie: (u8, u8)| Answer {
+            offending: Some(ie),
+            ..answer(teid, gtpv2_cause::MANDATORY_IE_INCORRECT)
+        };
+        match h.message_type {
+            gtpv2_type::ECHO_REQUEST => Ok(Answer {
+                teid: None,
+                ..answer(0, gtpv2_cause::REQUEST_ACCEPTED)
+            }),
             gtpv2_type::CREATE_SESSION_REQUEST => {
-                let n = subscriber?;
-                let (enb, enb_teid) = signal.fteid.ok_or(BAD_SIGNALING)?;
-                let ue = self.ue_address(n);
-                let session = Session { enb, enb_teid, ue };
-                if let Some(old) = self.sessions.get(&n).copied() {
-                    self.by_ue.delete(&u32::from_be_bytes(old.ue));
-                    self.sessions.delete(&n);
+                let mme = signal.mme_teid.unwrap_or(0);
+                let imsi = match signal.imsi {
+                    None => return Ok(missing(mme, (gtpv2_ie::IMSI, 0))),
+                    Some(None) => return Ok(incorrect(mme, (gtpv2_ie::IMSI, 0))),
+                    Some(Some(imsi)) => imsi,
+                };
+                if let Some(instance) = signal.bad_fteid {
+                    return Ok(incorrect(mme, (gtpv2_ie::F_TEID, instance)));
                 }
-                if self.sessions.add_entry(n, session, 0, 0).is_err() {
-                    return Err(TABLE_FULL);
-                }
-                if self
-                    .by_ue
-                    .add_entry(u32::from_be_bytes(ue), n, 0, 0)
-                    .is_err()
-                {
-                    self.sessions.delete(&n);
-                    return Err(TABLE_FULL);
-                }
-                Ok((signal.header, n))
+                let Some(mme_teid) = signal.mme_teid else {
+                    return Ok(missing(mme, (gtpv2_ie::F_TEID, 0)));
+                };
+                let (enb, enb_teid) = signal.enb.unwrap_or_default();
+                Ok(match self.create(imsi, enb, enb_teid, mme_teid, now) {
+                    Ok(place) => Answer {
+                        created: Some(place),
+                        ..answer(mme, gtpv2_cause::REQUEST_ACCEPTED)
+                    },
+                    Err(cause) => answer(mme, cause),
+                })
             }
             gtpv2_type::MODIFY_BEARER_REQUEST => {
-                let n = subscriber?;
-                let (enb, enb_teid) = signal.fteid.ok_or(BAD_SIGNALING)?;
-                let id = self.sessions.lookup(&n, now).ok_or(NO_SESSION)?;
+                let teid = h.teid.unwrap_or(0);
+                let Some(id) = (self.subscriber_at(teid, S11_TEIDS).ok())
+                    .and_then(|imsi| self.sessions.lookup(&imsi, now))
+                else {
+                    return Ok(answer(0, gtpv2_cause::CONTEXT_NOT_FOUND));
+                };
                 let s = self.sessions.value_mut(id);
-                (s.enb, s.enb_teid) = (enb, enb_teid);
-                Ok((signal.header, n))
+                let mme = signal.mme_teid.unwrap_or(s.mme_teid);
+                if let Some(instance) = signal.bad_fteid {
+                    return Ok(incorrect(mme, (gtpv2_ie::F_TEID, instance)));
+                }
+                let Some((enb, enb_teid)) = signal.enb else {
+                    return Ok(missing(mme, (gtpv2_ie::BEARER_CONTEXT, 0)));
+                };
+                (s.enb, s.enb_teid, s.mme_teid) = (enb, enb_teid, mme);
+                Ok(answer(mme, gtpv2_cause::REQUEST_ACCEPTED))
             }
             gtpv2_type::DELETE_SESSION_REQUEST => {
-                let n = subscriber?;
-                let old = self.sessions.get(&n).copied().ok_or(NO_SESSION)?;
-                self.sessions.delete(&n);
-                self.by_ue.delete(&u32::from_be_bytes(old.ue));
-                Ok((signal.header, n))
+                let teid = h.teid.unwrap_or(0);
+                let Some((imsi, old)) = (self.subscriber_at(teid, S11_TEIDS).ok())
+                    .and_then(|imsi| Some((imsi, *self.sessions.get(&imsi)?)))
+                else {
+                    return Ok(answer(0, gtpv2_cause::CONTEXT_NOT_FOUND));
+                };
+                self.remove(imsi, old);
+                Ok(answer(old.mme_teid, gtpv2_cause::REQUEST_ACCEPTED))
             }
             _ => Err(BAD_SIGNALING),
+        }
+    }
+
+    /// Makes a session for the subscriber `imsi`: its place in the pool, or why not (a
+    /// cause). A subscriber that has one keeps its place, with the new ends.
+    fn create(
+        &mut self,
+        imsi: u64,
+        enb: [u8; 4],
+        enb_teid: u32,
+        mme_teid: u32,
+        now: u64,
+    ) -> Result<u32, u8> {
+        if let Some(id) = self.sessions.lookup(&imsi, now) {
+            let s = self.sessions.value_mut(id);
+            (s.enb, s.enb_teid, s.mme_teid) = (enb, enb_teid, mme_teid);
+            let ue = s.ue;
+            return Ok(self.place_of(ue));
+        }
+        let occupied = gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED;
+        let place = if self.sessions.replicated() {
+            let place = self.fixed_place(imsi);
+            if self.by_ue.get(&(self.pool_base + place)).is_some() {
+                return Err(occupied);
+            }
+            place
+        } else {
+            self.places.take().ok_or(occupied)?
+        };
+        let ue = self.address_at(place);
+        let session = Session {
+            enb,
+            enb_teid,
+            ue,
+            mme_teid,
+        };
+        if self.sessions.add_entry(imsi, session, 0, 0).is_err() {
+            self.free(place);
+            return Err(gtpv2_cause::NO_RESOURCES_AVAILABLE);
+        }
+        if self
+            .by_ue
+            .add_entry(u32::from_be_bytes(ue), imsi, 0, 0)
+            .is_err()
+        {
+            self.sessions.delete(&imsi);
+            self.free(place);
+            return Err(gtpv2_cause::NO_RESOURCES_AVAILABLE);
+        }
+        Ok(place)
+    }
+
+    /// Ends the session `old` of the subscriber `imsi`.
+    fn remove(&mut self, imsi: u64, old: Session) {
+        self.sessions.delete(&imsi);
+        self.by_ue.delete(&u32::from_be_bytes(old.ue));
+        self.free(self.place_of(old.ue));
+    }
+
+    /// A place no longer taken (replicated places are nobody's to hand out).
+    fn free(&mut self, place: u32) {
+        if !self.sessions.replicated() && place < self.pool_size {
+            self.places.give_back(place);
         }
     }
 
@@ -556,45 +792,55 @@ impl Sgw {
         }
     }
 
-    /// The information elements of the response to a `request` about subscriber `n`,
-    /// written to `buf`: their length. Every response says the request was accepted; a
-    /// Create Session Response also gives the gateway's tunnel ends (its S11 F-TEID for
-    /// the MME's signaling, and in the bearer context, with the bearer's id, its S1-U
-    /// F-TEID for the eNodeB's uplink) and the subscriber's address (PAA), as TS 29.274
-    /// 7.2.2 lays them out.
-    fn response_ies(&self, request: u8, n: u32, buf: &mut [u8]) -> stateplane_wire::Result<usize> {
-        let accepted = [gtpv2_cause::REQUEST_ACCEPTED, 0];
-        let mut at = emit_gtpv2_ie(buf, gtpv2_ie::CAUSE, 0, &accepted)?;
-        if request != gtpv2_type::CREATE_SESSION_REQUEST {
-            return Ok(at);
+    /// The information elements of `answer`, written to `buf`: their length. An Echo
+    /// Response carries the restart counter (0: the gateway keeps no count of its
+    /// restarts); every other response its cause, with the offending element for one
+    /// missing or unreadable; a Create Session Response that accepts also gives the
+    /// gateway's tunnel ends (its S11 F-TEID for the MME's signaling, and in the bearer
+    /// context, with the bearer's id, its S1-U F-TEID for the eNodeB's uplink) and the
+    /// subscriber's address (PAA), as TS 29.274 7.2.2 lays them out.
+    fn response_ies(&self, answer: &Answer, buf: &mut [u8]) -> stateplane_wire::Result<usize> {
+        if answer.request == gtpv2_type::ECHO_REQUEST {
+            return emit_gtpv2_ie(buf, gtpv2_ie::RECOVERY, 0, &[0]);
         }
-        let fteid = |interface: u8, teid: u32| {
-            let mut f = [0u8; 9];
-            f[0] = 0x80 | interface;
-            f[1..5].copy_from_slice(&teid.to_be_bytes());
-            f[5..9].copy_from_slice(&self.address);
-            f
+        let cause = match answer.offending {
+            // The offending element's type, a length of 0 and its instance (TS 29.274 8.4).
+            Some((ie, instance)) => &[answer.cause, 0, ie, 0, 0, instance][..],
+            None => &[answer.cause, 0][..],
         };
-        let s11 = fteid(fteid_interface::S11_SGW, S11_TEIDS | n);
+        let mut at = emit_gtpv2_ie(buf, gtpv2_ie::CAUSE, 0, cause)?;
+        let Some(place) = answer.created else {
+            return Ok(at);
+        };
+        let fteid = |interface: u8, space: u32| {
+            let mut f = [0u8; 9];
+            let end = Fteid {
+                interface,
+                teid: space | place,
+                v4: Some(self.address),
+                v6: None,
+            };
+            end.emit(&mut f).map(|_| f)
+        };
+        let s11 = fteid(fteid_interface::S11_SGW, S11_TEIDS)?;
         // The Sender F-TEID for Control Plane: instance 0 (TS 29.274 table 7.2.2-1).
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::F_TEID, 0, &s11)?;
         let mut paa = [1u8; 5];
-        paa[1..].copy_from_slice(&self.ue_address(n));
+        paa[1..].copy_from_slice(&self.address_at(place));
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::PAA, 0, &paa)?;
         let mut bearer = [0u8; 32];
         let mut b = emit_gtpv2_ie(&mut bearer, gtpv2_ie::EBI, 0, &[DEFAULT_BEARER])?;
-        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::CAUSE, 0, &accepted)?;
-        let s1u = fteid(fteid_interface::S1U_SGW, S1U_TEIDS | n);
+        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::CAUSE, 0, cause)?;
+        let s1u = fteid(fteid_interface::S1U_SGW, S1U_TEIDS)?;
         b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::F_TEID, 0, &s1u)?;
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::BEARER_CONTEXT, 0, &bearer[..b])?;
         Ok(at)
     }
 
-    /// Turns packet `i`, a signaling `request` the gateway applied, into its response,
-    /// sent back out of the port it came in by to the address and port it came from:
-    /// the same sequence number, TEID 0 (the requests name no tunnel end of the MME's,
-    /// TS 29.274 5.5.2), the information elements of [`Sgw::response_ies`].
-    fn answer(&self, burst: &mut Burst, i: usize, request: u8, sequence: u32, n: u32) -> Verdict {
+    /// Turns packet `i`, a signaling request, into its `answer`, sent back out of the port
+    /// it came in by to the address and port it came from, with the information elements
+    /// of [`Sgw::response_ies`].
+    fn answer(&self, burst: &mut Burst, i: usize, answer: &Answer) -> Verdict {
         let d = burst.descs()[i];
         let (l2, old_len) = (usize::from(d.parsed.l3_offset), d.len as usize);
         let mut frame = [0u8; 192];
@@ -609,13 +855,13 @@ impl Sgw {
         frame[6..12].copy_from_slice(&link[..6]);
         let gtp_at = l2 + 28;
         let header = Gtpv2Repr {
-            message_type: request + 1,
-            teid: Some(0),
-            sequence,
+            message_type: answer.request + 1,
+            teid: answer.teid,
+            sequence: answer.sequence,
             payload_len: 0,
         };
         let ies_at = gtp_at + header.header_len();
-        let Ok(ies) = self.response_ies(request, n, &mut frame[ies_at..]) else {
+        let Ok(ies) = self.response_ies(answer, &mut frame[ies_at..]) else {
             return Verdict::Drop(NO_ROOM);
         };
         let gtp_len = header.header_len() + ies;
@@ -705,11 +951,7 @@ impl Program for Sgw {
                 Step::Done(v) => v,
                 Step::Encapsulate(s) => self.encapsulate(burst, i, s),
                 Step::Decapsulate(inner) => self.decapsulate(burst, i, inner),
-                Step::Answer {
-                    request,
-                    sequence,
-                    n,
-                } => self.answer(burst, i, request, sequence, n),
+                Step::Answer(answer) => self.answer(burst, i, &answer),
             };
             burst.descs_mut()[i].verdict = verdict;
         }
@@ -730,11 +972,11 @@ impl Program for Sgw {
         &[
             "no_session",
             "bad_signaling",
-            "table_full",
             "not_routed",
             "no_room",
             "wrong_enb",
             "spoofed",
+            "no_bearer",
         ]
     }
 
@@ -743,18 +985,30 @@ impl Program for Sgw {
     }
 
     /// As `answer_by_table!`; a session the control plane deletes takes its address
-    /// entry with it.
+    /// entry with it and frees its place. The table's stats add the signaling answered,
+    /// by cause, and the echo requests.
     fn control(
         &mut self,
         request: &Request,
         _prepared: Option<&std::sync::Arc<Self::Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        let by_ue = &mut self.by_ue;
-        self.sessions
-            .answer_seeing_deletes(request, ctx.now_ns, |_, s| {
-                by_ue.delete(&u32::from_be_bytes(s.ue));
-            })
+        let mut gone = Vec::new();
+        let reply =
+            (self.sessions).answer_seeing_deletes(request, ctx.now_ns, |_, s| gone.push(*s))?;
+        for s in gone {
+            self.by_ue.delete(&u32::from_be_bytes(s.ue));
+            self.free(self.place_of(s.ue));
+        }
+        Ok(match reply {
+            Reply::Counters(mut counters) => {
+                let answered = ANSWERS.iter().zip(self.answered);
+                counters.extend(answered.map(|((_, name), n)| (*name, n)));
+                counters.push(("echo_requests", self.echoes));
+                Reply::Counters(counters)
+            }
+            other => other,
+        })
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
@@ -770,8 +1024,8 @@ impl Program for Sgw {
         if !self.sessions.replicated() {
             return None;
         }
-        let n = self.subscriber_of(data, &d.parsed).ok()?;
-        replicated::subscriber(n, n % self.pool_size)
+        let imsi = self.subscriber_of(data, &d.parsed).ok()?;
+        replicated::subscriber(imsi, self.fixed_place(imsi))
     }
 
     fn replicated_alias(&self, d: &PacketDesc, data: &[u8]) -> Option<FlowBytes> {
@@ -779,15 +1033,14 @@ impl Program for Sgw {
             return None;
         }
         match self.subscriber_of(data, &d.parsed) {
-            Err(Some(place)) => replicated::address(place),
+            Err(Some(place)) => replicated::place(place),
             _ => None,
         }
     }
 
     fn replicated_alias_of(&self, flow: &FlowBytes) -> Option<FlowBytes> {
-        let session = self.sessions.get(&replicated::number_of(flow)?)?;
-        let ue = u32::from_be_bytes(session.ue);
-        replicated::address(ue.wrapping_sub(self.pool_base))
+        let session = self.sessions.get(&replicated::imsi_of(flow)?)?;
+        replicated::place(self.place_of(session.ue))
     }
 
     fn replicated_state(&self, flow: &FlowBytes) -> Option<Vec<u8>> {
@@ -796,34 +1049,55 @@ impl Program for Sgw {
     }
 
     fn replicated_state_into(&self, flow: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
-        let n = replicated::number_of(flow)?;
-        self.sessions.replicated_state_into(&n, out)
+        let imsi = replicated::imsi_of(flow)?;
+        self.sessions.replicated_state_into(&imsi, out)
     }
 
     fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
-        replicated::number_of(flow).is_some_and(|n| self.install(n, state, now_ns))
+        replicated::imsi_of(flow).is_some_and(|imsi| self.install(imsi, state, now_ns))
     }
 
-    /// Sessions stay while the gateway's address does (their eNodeBs send to it), each
-    /// with the subscriber address it was given, as many as the new capacity holds; the
-    /// index by subscriber address is made again from the sessions kept.
+    /// Sessions stay while the gateway's address and the pool do (their eNodeBs send to
+    /// the one, their addresses and TEIDs are places in the other), as many as the new
+    /// capacity holds; the index by subscriber address and the free places are made again
+    /// from the sessions kept, and the signaling counts go on.
     fn inherit(&mut self, mut old: Self, now_ns: u64) -> Vec<Carried> {
-        if old.address != self.address {
-            let why = format!(
+        let pool = |s: &Sgw| {
+            format!(
+                "{}/{}",
+                Ipv4Addr::from(s.pool_base),
+                32 - s.pool_size.trailing_zeros()
+            )
+        };
+        let why = if old.address != self.address {
+            format!(
                 "the gateway's address changed from {} to {}",
                 Ipv4Addr::from(old.address),
                 Ipv4Addr::from(self.address)
-            );
+            )
+        } else if (old.pool_base, old.pool_size) != (self.pool_base, self.pool_size) {
+            format!(
+                "the subscriber pool changed from {} to {} (a session's address and TEIDs are its place in the pool)",
+                pool(&old),
+                pool(self)
+            )
+        } else {
+            String::new()
+        };
+        (self.answered, self.echoes) = (old.answered, old.echoes);
+        if !why.is_empty() {
             return vec![Carried::afresh("sessions", why)];
         }
         let carried = self.sessions.adopt(&mut old.sessions);
         self.by_ue.clear();
-        let kept: Vec<(u32, u32)> = (self.sessions.iter())
-            .map(|(&n, s, _)| (u32::from_be_bytes(s.ue), n))
+        let kept: Vec<(u32, u64)> = (self.sessions.iter())
+            .map(|(&imsi, s, _)| (u32::from_be_bytes(s.ue), imsi))
             .collect();
-        for (ue, n) in kept {
+        let places = kept.iter().map(|&(ue, _)| ue.wrapping_sub(self.pool_base));
+        self.places = Places::with_used(self.pool_size, places);
+        for (ue, imsi) in kept {
             // As many as sessions: the tables are the same size.
-            let _ = self.by_ue.add_entry(ue, n, 0, now_ns);
+            let _ = self.by_ue.add_entry(ue, imsi, 0, now_ns);
         }
         vec![carried]
     }

@@ -173,6 +173,9 @@ impl GtpuRepr {
 
 /// GTPv2-C message types the generator and the gateway program use.
 pub mod gtpv2_type {
+    /// Path management: a peer asks whether the other end is alive (no TEID in the header).
+    pub const ECHO_REQUEST: u8 = 1;
+    pub const ECHO_RESPONSE: u8 = 2;
     pub const CREATE_SESSION_REQUEST: u8 = 32;
     pub const CREATE_SESSION_RESPONSE: u8 = 33;
     pub const MODIFY_BEARER_REQUEST: u8 = 34;
@@ -183,14 +186,18 @@ pub mod gtpv2_type {
 
 /// GTPv2-C information element types the generator and the gateway program use.
 pub mod gtpv2_ie {
+    /// The subscriber's identity, TBCD digits ([`super::imsi_value`]).
     pub const IMSI: u8 = 1;
     /// A response's outcome: a cause value ([`super::gtpv2_cause`]) and flags.
     pub const CAUSE: u8 = 2;
+    /// An Echo Response's restart counter: one byte.
+    pub const RECOVERY: u8 = 3;
     /// EPS bearer id: 4 bits.
     pub const EBI: u8 = 73;
     /// PDN address allocation: the PDN type (1: IPv4), then the address.
     pub const PAA: u8 = 79;
-    /// Fully qualified TEID: flags (V4 0x80, V6 0x40, interface type), TEID, IPv4 address.
+    /// Fully qualified TEID ([`super::Fteid`]): flags (V4 0x80, V6 0x40, interface type),
+    /// TEID, IPv4 address, IPv6 address.
     pub const F_TEID: u8 = 87;
     /// A bearer's information elements, grouped.
     pub const BEARER_CONTEXT: u8 = 93;
@@ -199,14 +206,113 @@ pub mod gtpv2_ie {
 /// GTPv2-C cause values (3GPP TS 29.274, 8.4).
 pub mod gtpv2_cause {
     pub const REQUEST_ACCEPTED: u8 = 16;
+    /// The TEID in the request's header names no session.
+    pub const CONTEXT_NOT_FOUND: u8 = 64;
+    /// An element the request must carry is there but cannot be read.
+    pub const MANDATORY_IE_INCORRECT: u8 = 69;
+    /// An element the request must carry is missing.
+    pub const MANDATORY_IE_MISSING: u8 = 70;
+    pub const NO_RESOURCES_AVAILABLE: u8 = 73;
+    /// The pool has no address left to give.
+    pub const ALL_DYNAMIC_ADDRESSES_OCCUPIED: u8 = 84;
 }
 
 /// F-TEID interface types (3GPP TS 29.274, 8.22): the gateway's own ends.
 pub mod fteid_interface {
+    /// S1-U eNodeB GTP-U: where downlink goes.
+    pub const S1U_ENODEB: u8 = 0;
     /// S1-U SGW GTP-U: where uplink goes.
     pub const S1U_SGW: u8 = 1;
     /// S11/S4 SGW GTP-C: where the MME's signaling goes.
     pub const S11_SGW: u8 = 11;
+    /// S11 MME GTP-C: the TEID the gateway's signaling to the MME carries.
+    pub const S11_MME: u8 = 10;
+}
+
+/// A fully qualified TEID (3GPP TS 29.274, 8.22): a tunnel end's interface type, TEID and
+/// address (IPv4, IPv6 or both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fteid {
+    pub interface: u8,
+    pub teid: u32,
+    pub v4: Option<[u8; 4]>,
+    pub v6: Option<[u8; 16]>,
+}
+
+impl Fteid {
+    /// Reads an F-TEID element's data; `Malformed` if shorter than its flags say.
+    pub fn parse(data: &[u8]) -> Result<Fteid> {
+        let flags = *data.first().ok_or(Error::Truncated)?;
+        let teid = data.get(1..5).ok_or(Error::Truncated)?;
+        let mut at = 5;
+        let mut take = |n: usize| {
+            let bytes = data.get(at..at + n).ok_or(Error::Malformed);
+            at += n;
+            bytes
+        };
+        let v4 = match flags & 0x80 != 0 {
+            true => Some(<[u8; 4]>::try_from(take(4)?).map_err(|_| Error::Malformed)?),
+            false => None,
+        };
+        let v6 = match flags & 0x40 != 0 {
+            true => Some(<[u8; 16]>::try_from(take(16)?).map_err(|_| Error::Malformed)?),
+            false => None,
+        };
+        Ok(Fteid {
+            interface: flags & 0x3f,
+            teid: u32::from_be_bytes([teid[0], teid[1], teid[2], teid[3]]),
+            v4,
+            v6,
+        })
+    }
+
+    /// Writes the element's data at the start of `buf`; returns its length.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        let len = 5 + self.v4.map_or(0, |_| 4) + self.v6.map_or(0, |_| 16);
+        need(buf, len)?;
+        buf[0] = (self.interface & 0x3f)
+            | if self.v4.is_some() { 0x80 } else { 0 }
+            | if self.v6.is_some() { 0x40 } else { 0 };
+        set_be32(buf, 1, self.teid);
+        let mut at = 5;
+        if let Some(a) = self.v4 {
+            buf[at..at + 4].copy_from_slice(&a);
+            at += 4;
+        }
+        if let Some(a) = self.v6 {
+            buf[at..at + 16].copy_from_slice(&a);
+        }
+        Ok(len)
+    }
+}
+
+/// The most digits an IMSI has.
+pub const IMSI_DIGITS: usize = 15;
+
+/// An IMSI element's TBCD digits (two a byte, the first in the low nibble; an odd count
+/// ends in the filler 0xf) as the number they spell: 001010000000007 is 1010000000007.
+/// `None` if a nibble other than a last filler is not a digit, or there are none or more
+/// than 15.
+pub fn imsi_value(data: &[u8]) -> Option<u64> {
+    let nibbles = data.iter().flat_map(|b| [b & 0x0f, b >> 4]);
+    let count = data.len() * 2 - usize::from(data.last().is_some_and(|b| b >> 4 == 0xf));
+    if count == 0 || count > IMSI_DIGITS {
+        return None;
+    }
+    nibbles
+        .take(count)
+        .try_fold(0u64, |v, d| (d <= 9).then(|| v * 10 + u64::from(d)))
+}
+
+/// The TBCD digits of the 15-digit IMSI `value` (below 10^15; leading zeros written).
+pub fn imsi_tbcd(value: u64) -> [u8; 8] {
+    let mut digits = [0xfu8; 16];
+    let mut v = value;
+    for d in digits[..IMSI_DIGITS].iter_mut().rev() {
+        *d = (v % 10) as u8;
+        v /= 10;
+    }
+    std::array::from_fn(|i| digits[2 * i] | (digits[2 * i + 1] << 4))
 }
 
 pub const GTPV2_HEADER_LEN_NO_TEID: usize = 8;
@@ -334,6 +440,22 @@ mod tests {
 
     proptest! {
         #[test]
+        fn imsis_round_trip(value in 0u64..1_000_000_000_000_000) {
+            prop_assert_eq!(imsi_value(&imsi_tbcd(value)), Some(value));
+        }
+
+        #[test]
+        fn fteids_round_trip(interface in 0u8..64, teid in any::<u32>(), v4 in proptest::option::of(any::<[u8; 4]>()), v6 in proptest::option::of(any::<[u8; 16]>())) {
+            let f = Fteid { interface, teid, v4, v6 };
+            let mut buf = [0u8; 25];
+            let len = f.emit(&mut buf).unwrap();
+            prop_assert_eq!(Fteid::parse(&buf[..len]), Ok(f));
+            if len > 5 {
+                prop_assert_eq!(Fteid::parse(&buf[..len - 1]), Err(Error::Malformed));
+            }
+        }
+
+        #[test]
         fn gtpu_round_trip(mt in any::<u8>(), teid in any::<u32>(), seq in proptest::option::of(any::<u16>()), pl in 0u16..1400) {
             let repr = GtpuRepr { message_type: mt, teid, sequence: seq, payload_len: pl };
             let mut buf = vec![0u8; repr.header_len() + usize::from(pl)];
@@ -404,5 +526,23 @@ mod tests {
             gtpv2_ies(&buf[..at - 1]).last(),
             Some(Err(Error::Truncated))
         );
+    }
+
+    #[test]
+    fn imsis_are_read_digit_by_digit() {
+        // 001 01 0123456789, as an MME writes it: the first digit in the low nibble.
+        let tbcd = [0x00, 0xf1, 0x10, 0x10, 0x32, 0x54, 0x76, 0x98];
+        assert_eq!(
+            imsi_value(&tbcd),
+            None,
+            "16 nibbles with no filler: too many"
+        );
+        let fifteen = [0x00, 0x01, 0x01, 0x21, 0x43, 0x65, 0x87, 0xf9];
+        assert_eq!(imsi_value(&fifteen), Some(1_010_123_456_789));
+        assert_eq!(imsi_tbcd(1_010_123_456_789), fifteen);
+        assert_eq!(imsi_value(&[0x21, 0xf3]), Some(123), "three digits");
+        assert_eq!(imsi_value(&[0x2a]), None, "a nibble that is no digit");
+        assert_eq!(imsi_value(&[0xf1, 0x32]), None, "a filler before the end");
+        assert_eq!(imsi_value(&[]), None);
     }
 }

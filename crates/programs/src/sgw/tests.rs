@@ -1,6 +1,7 @@
 use super::*;
 use crate::testutil::{hasher, ip_frame, run_at};
 use stateplane_gen::build::L4;
+use stateplane_gen::gtp::{IMSI_BASE, enb_teid, mme_teid};
 use stateplane_gen::{GenConfig, Workload};
 use stateplane_wire::checksum;
 use stateplane_wire::gtp::emit_gtpv2_ie;
@@ -21,13 +22,24 @@ fn sgw_at(address: &str, extra: &str) -> Sgw {
     Sgw::new(&cfg, &names, "program.sgw", 3).unwrap()
 }
 
-/// The generator's subscriber `u`: its eNodeB, the TEID its downlink carries, its address.
+/// The generator's subscriber `u`: its eNodeB, the TEID its downlink carries, its address
+/// (its place in the pool is its number: it is the `u`-th to appear).
 fn generated_subscriber(u: u32) -> ([u8; 4], u32, [u8; 4]) {
     (
         [198, 18, 200, (u % 50) as u8 + 1],
-        0x3000_0000 | u,
+        enb_teid(u),
         [198, 18, 128 + ((u >> 8) & 0x7f) as u8, u as u8],
     )
+}
+
+/// The generator's subscriber a request of its names: a Create by its IMSI, others by
+/// the S11 TEID, whose low bits are its place.
+fn generated_signaler(gtp: &[u8]) -> u32 {
+    let signal = Signal::read(gtp).unwrap();
+    match signal.header.message_type {
+        gtpv2_type::CREATE_SESSION_REQUEST => (signal.imsi.flatten().unwrap() - IMSI_BASE) as u32,
+        _ => signal.header.teid.unwrap() & !TEID_SPACE,
+    }
 }
 
 #[test]
@@ -46,10 +58,10 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
                 assert_eq!(verdict, Verdict::Forward(0));
                 let gtp = &before[usize::from(b.gtp_offset)..];
                 let request = Gtpv2Repr::parse(gtp).unwrap();
-                let n = Signal::read(gtp).unwrap().subscriber().unwrap();
+                let n = generated_signaler(gtp);
                 assert_eq!(
                     response(&after),
-                    accepted(request.message_type, request.sequence, n)
+                    accepted(request.message_type, request.sequence, n, mme_teid(n))
                 );
                 let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
                 assert_eq!(
@@ -103,29 +115,87 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
     assert!(uplink > 5000 && downlink > 5000, "{uplink} {downlink}");
 }
 
-/// A GTPv2-C message from the MME to the gateway.
-fn signal(message_type: u8, teid: u32, imsi: Option<u32>, enb: [u8; 4], enb_teid: u32) -> Vec<u8> {
-    let mut ies = [0u8; 64];
-    let mut at = 0;
-    if let Some(n) = imsi {
-        let b = n.to_be_bytes();
-        let imsi = [0x00, 0xf1, 0x10, b[0], b[1], b[2], b[3], 0xf0];
-        at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::IMSI, 0, &imsi).unwrap();
-    }
-    let mut fteid = [0x80u8; 9];
-    fteid[1..5].copy_from_slice(&enb_teid.to_be_bytes());
-    fteid[5..9].copy_from_slice(&enb);
-    at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &fteid).unwrap();
+/// The MME's S11 TEID in the tests' requests.
+const MME_TEID: u32 = 0x4444;
+
+/// The IMSI 001 01 and `n` in the MSIN's last digits.
+fn imsi(n: u64) -> u64 {
+    1_010_000_000_000 + n
+}
+
+fn ie(ie_type: u8, instance: u8, data: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; 4 + data.len()];
+    emit_gtpv2_ie(&mut buf, ie_type, instance, data).unwrap();
+    buf
+}
+
+fn fteid_ie(interface: u8, teid: u32, address: [u8; 4]) -> Vec<u8> {
+    let mut f = [0u8; 9];
+    let end = stateplane_wire::gtp::Fteid {
+        interface,
+        teid,
+        v4: Some(address),
+        v6: None,
+    };
+    end.emit(&mut f).unwrap();
+    ie(gtpv2_ie::F_TEID, 0, &f)
+}
+
+/// The IMSI element of `imsi`.
+fn imsi_ie(imsi: u64) -> Vec<u8> {
+    ie(gtpv2_ie::IMSI, 0, &stateplane_wire::gtp::imsi_tbcd(imsi))
+}
+
+/// The MME's S11 F-TEID (the Sender F-TEID for Control Plane).
+fn mme_ie() -> Vec<u8> {
+    fteid_ie(fteid_interface::S11_MME, MME_TEID, [198, 18, 255, 1])
+}
+
+/// A bearer context: the default bearer, and the eNodeB's S1-U F-TEID.
+fn bearer_ie(enb: [u8; 4], teid: u32) -> Vec<u8> {
+    let mut inner = ie(gtpv2_ie::EBI, 0, &[5]);
+    inner.extend(fteid_ie(fteid_interface::S1U_ENODEB, teid, enb));
+    ie(gtpv2_ie::BEARER_CONTEXT, 0, &inner)
+}
+
+/// A GTPv2-C message from the MME to the gateway: header TEID `teid`, sequence 1.
+fn message(message_type: u8, teid: Option<u32>, ies: &[Vec<u8>]) -> Vec<u8> {
+    let ies = ies.concat();
     let header = Gtpv2Repr {
         message_type,
-        teid: Some(teid),
+        teid,
         sequence: 1,
-        payload_len: at as u16,
+        payload_len: ies.len() as u16,
     };
-    let mut payload = vec![0u8; header.header_len() + at];
+    let mut payload = vec![0u8; header.header_len()];
     header.emit(&mut payload).unwrap();
-    payload[header.header_len()..].copy_from_slice(&ies[..at]);
+    payload.extend(ies);
     udp_frame("198.18.255.1", SGW, GTPC_PORT, &payload)
+}
+
+/// A Create Session Request for `imsi`, with the eNodeB's S1-U F-TEID.
+fn create(imsi: u64, enb: [u8; 4], enb_teid: u32) -> Vec<u8> {
+    let ies = [imsi_ie(imsi), mme_ie(), bearer_ie(enb, enb_teid)];
+    message(gtpv2_type::CREATE_SESSION_REQUEST, Some(0), &ies)
+}
+
+/// A Modify Bearer Request to the session at `place`: its eNodeB's S1-U F-TEID.
+fn modify(place: u32, enb: [u8; 4], enb_teid: u32) -> Vec<u8> {
+    let ies = [bearer_ie(enb, enb_teid)];
+    message(
+        gtpv2_type::MODIFY_BEARER_REQUEST,
+        Some(S11_TEIDS | place),
+        &ies,
+    )
+}
+
+/// A Delete Session Request to the session at `place`.
+fn delete(place: u32) -> Vec<u8> {
+    message(
+        gtpv2_type::DELETE_SESSION_REQUEST,
+        Some(S11_TEIDS | place),
+        &[],
+    )
 }
 
 /// A GTPv2-C response as the MME reads it: type, sequence, cause, and for a Create
@@ -137,6 +207,10 @@ struct Response {
     teid: Option<u32>,
     sequence: u32,
     cause: Option<u8>,
+    /// The offending element (type, instance) a rejection names.
+    offending: Option<(u8, u8)>,
+    /// An Echo Response's restart counter.
+    recovery: Option<u8>,
     /// (instance, interface type, TEID, address) of each F-TEID, the bearer context's
     /// last.
     fteids: Vec<(u8, u8, u32, [u8; 4])>,
@@ -186,7 +260,16 @@ fn response(frame: &[u8]) -> Response {
     for ie in gtpv2_ies(ies) {
         let ie = ie.unwrap();
         match ie.ie_type {
-            gtpv2_ie::CAUSE => r.cause = Some(ie.data[0]),
+            gtpv2_ie::CAUSE => {
+                r.cause = Some(ie.data[0]);
+                if ie.data.len() == 6 {
+                    assert_eq!(&ie.data[3..5], [0, 0], "the offending element's length");
+                    r.offending = Some((ie.data[2], ie.data[5]));
+                } else {
+                    assert_eq!(ie.data.len(), 2, "a cause and its flags");
+                }
+            }
+            gtpv2_ie::RECOVERY => r.recovery = Some(ie.data[0]),
             gtpv2_ie::F_TEID => r.fteids.push(fteid(ie.instance, ie.data)),
             gtpv2_ie::PAA => {
                 assert_eq!(ie.data[0], 1, "PDN type IPv4");
@@ -211,23 +294,23 @@ fn response(frame: &[u8]) -> Response {
     r
 }
 
-/// The response the gateway gives an accepted request of `message_type` about subscriber
-/// `n`, sequence `sequence`.
-fn accepted(message_type: u8, sequence: u32, n: u32) -> Response {
+/// The response the gateway gives an accepted request of `message_type` about the
+/// session at `place` whose MME end is `mme`, sequence `sequence`.
+fn accepted(message_type: u8, sequence: u32, place: u32, mme: u32) -> Response {
     let gateway = [198, 19, 255, 2];
     let mut r = Response {
         message_type: message_type + 1,
-        teid: Some(0),
+        teid: Some(mme),
         sequence,
         cause: Some(gtpv2_cause::REQUEST_ACCEPTED),
         ..Response::default()
     };
     if message_type == gtpv2_type::CREATE_SESSION_REQUEST {
         r.fteids = vec![
-            (0, 11, S11_TEIDS | n, gateway),
-            (0, 1, S1U_TEIDS | n, gateway),
+            (0, 11, S11_TEIDS | place, gateway),
+            (0, 1, S1U_TEIDS | place, gateway),
         ];
-        r.paa = Some(generated_subscriber(n).2);
+        r.paa = Some(generated_subscriber(place).2);
         r.bearer = Some((5, gtpv2_cause::REQUEST_ACCEPTED));
     }
     r
@@ -252,36 +335,55 @@ fn downlink_to(ue: &str) -> Vec<u8> {
     )
 }
 
+fn one(p: &mut Sgw, frame: Vec<u8>) -> (Verdict, Vec<u8>) {
+    run_at(p, 1, &[(frame, 0)], (0, 1), 2).remove(0)
+}
+
+fn reason(p: &Sgw, v: Verdict) -> &'static str {
+    match v {
+        Verdict::Drop(r) => r.name(p.drop_reasons()),
+        _ => "pass",
+    }
+}
+
+/// A GTP-U T-PDU from `enb` with `teid`, the user's packet inside from `source`.
+fn uplink_from(enb: &str, teid: u32, source: &str) -> Vec<u8> {
+    let mut gtp = vec![0u8; 8];
+    let l4 = L4::Udp {
+        src_port: 4000,
+        dst_port: 53,
+    };
+    let inner = ip_frame(source, "198.19.0.9", l4)[14..].to_vec();
+    let header = GtpuRepr {
+        message_type: GTPU_T_PDU,
+        teid,
+        sequence: None,
+        payload_len: inner.len() as u16,
+    };
+    header.emit(&mut gtp).unwrap();
+    gtp.extend_from_slice(&inner);
+    udp_frame(enb, SGW, GTPU_PORT, &gtp)
+}
+
 #[test]
 fn signaling_creates_moves_and_deletes_a_session() {
     let mut p = sgw();
-    let one = |p: &mut Sgw, f: Vec<u8>| run_at(p, 1, &[(f, 0)], (0, 1), 2).remove(0);
-    let reason = |p: &Sgw, v: Verdict| match v {
-        Verdict::Drop(r) => r.name(p.drop_reasons()),
-        _ => "pass",
-    };
-    // Subscriber 7 gets 198.18.128.7; no session yet, so its downlink is dropped.
-    let v = one(&mut p, downlink_to("198.18.128.7")).0;
+    // The first subscriber gets the pool's first place, 198.18.128.0; before its session,
+    // its downlink is dropped.
+    let v = one(&mut p, downlink_to("198.18.128.0")).0;
     assert_eq!(reason(&p, v), "no_session");
-    let create = signal(
-        gtpv2_type::CREATE_SESSION_REQUEST,
-        0,
-        Some(7),
-        [198, 18, 200, 1],
-        0xaaaa,
-    );
-    let (v, answer) = one(&mut p, create);
+    let (v, answer) = one(&mut p, create(imsi(7), [198, 18, 200, 1], 0xaaaa));
     assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
         response(&answer),
-        accepted(gtpv2_type::CREATE_SESSION_REQUEST, 1, 7)
+        accepted(gtpv2_type::CREATE_SESSION_REQUEST, 1, 0, MME_TEID)
     );
-    let s = p.session(7).unwrap();
+    let s = p.session(imsi(7)).unwrap();
     assert_eq!(
-        (s.enb, s.enb_teid, s.ue),
-        ([198, 18, 200, 1], 0xaaaa, [198, 18, 128, 7])
+        (s.enb, s.enb_teid, s.ue, s.mme_teid),
+        ([198, 18, 200, 1], 0xaaaa, [198, 18, 128, 0], MME_TEID)
     );
-    let (v, bytes) = one(&mut p, downlink_to("198.18.128.7"));
+    let (v, bytes) = one(&mut p, downlink_to("198.18.128.0"));
     assert_eq!(v, Verdict::Forward(0));
     let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
     assert_eq!(
@@ -289,102 +391,307 @@ fn signaling_creates_moves_and_deletes_a_session() {
         (vec![198, 18, 200, 1], 0xaaaa)
     );
     // A handover: the downlink follows the new eNodeB and TEID.
-    let modify = signal(
-        gtpv2_type::MODIFY_BEARER_REQUEST,
-        S11_TEIDS | 7,
-        None,
-        [198, 18, 200, 9],
-        0xbbbb,
-    );
-    let (v, answer) = one(&mut p, modify);
+    let (v, answer) = one(&mut p, modify(0, [198, 18, 200, 9], 0xbbbb));
     assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
         response(&answer),
-        accepted(gtpv2_type::MODIFY_BEARER_REQUEST, 1, 7)
+        accepted(gtpv2_type::MODIFY_BEARER_REQUEST, 1, 0, MME_TEID)
     );
-    let (_, bytes) = one(&mut p, downlink_to("198.18.128.7"));
+    let (_, bytes) = one(&mut p, downlink_to("198.18.128.0"));
     let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
     assert_eq!(
         (a.key.dst[..4].to_vec(), a.teid),
         (vec![198, 18, 200, 9], 0xbbbb)
     );
-    // Uplink with another subscriber's TEID, or a TEID outside the S1-U space, is dropped;
-    // so is one from another eNodeB than the session's (its eNodeB before the handover),
-    // and one whose packet is not from the subscriber's address.
-    let uplink_from = |enb: &str, teid: u32, source: &str| {
-        let mut gtp = vec![0u8; 8];
-        let inner = ip_frame(
-            source,
-            "198.19.0.9",
-            L4::Udp {
-                src_port: 4000,
-                dst_port: 53,
-            },
-        )[14..]
-            .to_vec();
-        GtpuRepr {
-            message_type: GTPU_T_PDU,
-            teid,
-            sequence: None,
-            payload_len: inner.len() as u16,
-        }
-        .emit(&mut gtp)
-        .unwrap();
-        gtp.extend_from_slice(&inner);
-        udp_frame(enb, SGW, GTPU_PORT, &gtp)
-    };
-    let uplink = |teid: u32| uplink_from("198.18.200.9", teid, "198.18.128.7");
-    assert_eq!(one(&mut p, uplink(S1U_TEIDS | 7)).0, Verdict::Forward(1));
+    // Uplink with a TEID of no session, or outside the S1-U space, is dropped; so is one
+    // from another eNodeB than the session's (its eNodeB before the handover), and one
+    // whose packet is not from the subscriber's address.
+    let uplink = |teid: u32| uplink_from("198.18.200.9", teid, "198.18.128.0");
+    assert_eq!(one(&mut p, uplink(S1U_TEIDS)).0, Verdict::Forward(1));
     let v = one(
         &mut p,
-        uplink_from("198.18.200.1", S1U_TEIDS | 7, "198.18.128.7"),
+        uplink_from("198.18.200.1", S1U_TEIDS, "198.18.128.0"),
     )
     .0;
     assert_eq!(reason(&p, v), "wrong_enb");
     let v = one(
         &mut p,
-        uplink_from("198.18.200.9", S1U_TEIDS | 7, "198.18.128.8"),
+        uplink_from("198.18.200.9", S1U_TEIDS, "198.18.128.8"),
     )
     .0;
     assert_eq!(reason(&p, v), "spoofed");
-    let v = one(&mut p, uplink(S1U_TEIDS | 8)).0;
-    assert_eq!(reason(&p, v), "no_session");
-    let v = one(&mut p, uplink(0x3000_0007)).0;
-    assert_eq!(reason(&p, v), "no_session");
+    for teid in [
+        S1U_TEIDS | 8,
+        S11_TEIDS,
+        0x3000_0000,
+        S1U_TEIDS | 0x0fff_ffff,
+    ] {
+        let v = one(&mut p, uplink(teid)).0;
+        assert_eq!(reason(&p, v), "no_session", "{teid:#x}");
+    }
     // Broken signaling is counted and changes nothing.
-    let mut broken = signal(
-        gtpv2_type::MODIFY_BEARER_REQUEST,
-        S11_TEIDS | 7,
-        None,
-        [1, 1, 1, 1],
-        1,
-    );
-    // Its F-TEID claims more bytes than the message has.
+    let mut broken = modify(0, [1, 1, 1, 1], 1);
+    // Its bearer context claims more bytes than the message has.
     let ie = 14 + 20 + 8 + 12;
     broken[ie + 1..ie + 3].copy_from_slice(&[0, 0xff]);
     let v = one(&mut p, broken).0;
     assert_eq!(reason(&p, v), "bad_signaling");
-    assert_eq!(p.session(7).unwrap().enb_teid, 0xbbbb);
+    assert_eq!(p.session(imsi(7)).unwrap().enb_teid, 0xbbbb);
     // Delete: the session and its address go.
-    let delete = signal(
-        gtpv2_type::DELETE_SESSION_REQUEST,
-        S11_TEIDS | 7,
-        None,
-        [0; 4],
-        0,
-    );
-    let (v, answer) = one(&mut p, delete);
+    let (v, answer) = one(&mut p, delete(0));
     assert_eq!(v, Verdict::Forward(0));
     assert_eq!(
         response(&answer),
-        accepted(gtpv2_type::DELETE_SESSION_REQUEST, 1, 7)
+        accepted(gtpv2_type::DELETE_SESSION_REQUEST, 1, 0, MME_TEID)
     );
-    assert_eq!(p.session(7), None);
-    let v = one(&mut p, downlink_to("198.18.128.7")).0;
+    assert_eq!(p.session(imsi(7)), None);
+    let v = one(&mut p, downlink_to("198.18.128.0")).0;
     assert_eq!(reason(&p, v), "no_session");
+    let v = one(&mut p, uplink(S1U_TEIDS)).0;
+    assert_eq!(reason(&p, v), "no_session", "a deleted session's TEID");
     // Not for a subscriber at all.
     let v = one(&mut p, downlink_to("198.19.0.1")).0;
     assert_eq!(reason(&p, v), "not_routed");
+}
+
+/// The response to a refused request: its type, the MME's TEID where the session is
+/// known (else 0), the cause, and the offending element.
+fn refused(message_type: u8, teid: u32, cause: u8, offending: Option<(u8, u8)>) -> Response {
+    Response {
+        message_type: message_type + 1,
+        teid: Some(teid),
+        sequence: 1,
+        cause: Some(cause),
+        offending,
+        ..Response::default()
+    }
+}
+
+/// Every request the gateway reads but cannot apply is answered with why (TS 29.274
+/// 8.4), changes nothing, and is counted by cause in the sessions' stats.
+#[test]
+fn refused_requests_are_answered_with_their_cause() {
+    use gtpv2_cause::*;
+    use gtpv2_type::*;
+    let mut p = sgw_at(SGW, "capacity = 2");
+    let enb = [198, 18, 200, 1];
+    let answered = |p: &mut Sgw, frame: Vec<u8>| {
+        let (v, bytes) = one(p, frame);
+        assert_eq!(v, Verdict::Forward(0), "answered");
+        response(&bytes)
+    };
+    // No session has the TEID: context not found, to TEID 0.
+    let r = answered(&mut p, modify(3, enb, 1));
+    assert_eq!(
+        r,
+        refused(MODIFY_BEARER_REQUEST, 0, CONTEXT_NOT_FOUND, None)
+    );
+    let r = answered(&mut p, delete(3));
+    assert_eq!(
+        r,
+        refused(DELETE_SESSION_REQUEST, 0, CONTEXT_NOT_FOUND, None)
+    );
+    // A Create with no IMSI, an IMSI that is no IMSI, no MME F-TEID, a broken F-TEID.
+    let bearer = bearer_ie(enb, 1);
+    let cases = [
+        (
+            vec![mme_ie(), bearer.clone()],
+            MANDATORY_IE_MISSING,
+            (gtpv2_ie::IMSI, 0),
+        ),
+        (
+            vec![
+                ie(gtpv2_ie::IMSI, 0, &[0x21, 0xab]),
+                mme_ie(),
+                bearer.clone(),
+            ],
+            MANDATORY_IE_INCORRECT,
+            (gtpv2_ie::IMSI, 0),
+        ),
+        (
+            vec![imsi_ie(imsi(1)), bearer.clone()],
+            MANDATORY_IE_MISSING,
+            (gtpv2_ie::F_TEID, 0),
+        ),
+        (
+            vec![
+                imsi_ie(imsi(1)),
+                ie(gtpv2_ie::F_TEID, 0, &[0x8a, 0, 0, 0, 1, 198]),
+            ],
+            MANDATORY_IE_INCORRECT,
+            (gtpv2_ie::F_TEID, 0),
+        ),
+    ];
+    for (ies, cause, offending) in cases {
+        let r = answered(&mut p, message(CREATE_SESSION_REQUEST, Some(0), &ies));
+        let teid = if ies.contains(&mme_ie()) { MME_TEID } else { 0 };
+        assert_eq!(
+            r,
+            refused(CREATE_SESSION_REQUEST, teid, cause, Some(offending))
+        );
+    }
+    assert_eq!(p.sessions.iter().count(), 0, "nothing made");
+    // Two sessions fill the table: a third is refused for want of resources.
+    for n in 1..=2 {
+        let r = answered(&mut p, create(imsi(n), enb, 1));
+        assert_eq!(r.cause, Some(REQUEST_ACCEPTED));
+    }
+    let r = answered(&mut p, create(imsi(3), enb, 1));
+    assert_eq!(
+        r,
+        refused(
+            CREATE_SESSION_REQUEST,
+            MME_TEID,
+            NO_RESOURCES_AVAILABLE,
+            None
+        )
+    );
+    // A Modify Bearer with no bearer context names it, to the session's MME end.
+    let r = answered(&mut p, message(MODIFY_BEARER_REQUEST, Some(S11_TEIDS), &[]));
+    let missing = Some((gtpv2_ie::BEARER_CONTEXT, 0));
+    assert_eq!(
+        r,
+        refused(
+            MODIFY_BEARER_REQUEST,
+            MME_TEID,
+            MANDATORY_IE_MISSING,
+            missing
+        )
+    );
+    // Unreadable, or of a type the gateway does not take: dropped, unanswered.
+    let v = one(&mut p, message(200, Some(0), &[])).0;
+    assert_eq!(reason(&p, v), "bad_signaling");
+    let ctx = Context::one_worker(1, hasher(), 2);
+    let stats = Request::Stats {
+        table: "sessions".into(),
+    };
+    let Ok(Reply::Counters(counters)) = p.control(&stats, None, &ctx) else {
+        panic!("the sessions' stats");
+    };
+    let count = |name: &str| counters.iter().find(|(n, _)| *n == name).map(|c| c.1);
+    assert_eq!(count("entries"), Some(2));
+    assert_eq!(count("requests_accepted"), Some(2));
+    assert_eq!(count("rejected_context_not_found"), Some(2));
+    assert_eq!(count("rejected_ie_missing"), Some(3));
+    assert_eq!(count("rejected_ie_incorrect"), Some(2));
+    assert_eq!(count("rejected_no_resources"), Some(1));
+    assert_eq!(count("rejected_addresses_occupied"), Some(0));
+}
+
+/// The gateway hands out the pool's places (addresses, and the TEIDs that carry them)
+/// never used first, then those freed, the longest free first; a pool with none left
+/// refuses a Create with "all dynamic addresses are occupied". A subscriber that asks
+/// again keeps its place.
+#[test]
+fn places_go_in_order_and_come_back_longest_free_first() {
+    let names = PortNames(vec!["access".into(), "core".into()]);
+    let cfg: SgwConfig =
+        toml::from_str("address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/30\"").unwrap();
+    let mut p = Sgw::new(&cfg, &names, "program.sgw", 3).unwrap();
+    let enb = [198, 18, 200, 1];
+    let place = |p: &mut Sgw, n: u64| {
+        let r = response(&one(p, create(imsi(n), enb, 1)).1);
+        match r.cause {
+            Some(gtpv2_cause::REQUEST_ACCEPTED) => Ok(r.paa.unwrap()[3]),
+            cause => Err(cause),
+        }
+    };
+    assert_eq!([1, 2, 3].map(|n| place(&mut p, n)), [Ok(0), Ok(1), Ok(2)]);
+    for at in [1, 0] {
+        assert_eq!(response(&one(&mut p, delete(at)).1).cause, Some(16));
+    }
+    assert_eq!(place(&mut p, 4), Ok(3), "never used first");
+    assert_eq!(place(&mut p, 5), Ok(1), "then the longest free");
+    assert_eq!(
+        place(&mut p, 3),
+        Ok(2),
+        "a subscriber asking again keeps its place"
+    );
+    assert_eq!(place(&mut p, 6), Ok(0));
+    let occupied = Some(gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED);
+    assert_eq!(place(&mut p, 7), Err(occupied));
+    // The TEIDs name the places: uplink of the subscriber at place 1, from its address.
+    let v = one(
+        &mut p,
+        uplink_from("198.18.200.1", S1U_TEIDS | 1, "198.18.128.1"),
+    )
+    .0;
+    assert_eq!(v, Verdict::Forward(1));
+    // Freed by the control plane, a place is handed out again.
+    let delete = Request::Write {
+        table: "sessions".into(),
+        writes: vec![stateplane_state::Write::Delete(vec![
+            stateplane_state::Match::Exact(u128::from(imsi(5))),
+        ])],
+    };
+    let ctx = Context::one_worker(1, hasher(), 2);
+    p.control(&delete, None, &ctx).unwrap();
+    assert_eq!(place(&mut p, 7), Ok(1));
+}
+
+/// A session whose eNodeB the MME has not named yet (a Create Session Request without
+/// one, as the MME sends it before the radio bearer is up) takes uplink from any eNodeB,
+/// and drops its downlink (`no_bearer`) until a Modify Bearer Request names the eNodeB.
+#[test]
+fn a_session_takes_its_enodeb_from_the_modify_bearer_request() {
+    let mut p = sgw();
+    let ies = [imsi_ie(imsi(1)), mme_ie()];
+    let r = response(
+        &one(
+            &mut p,
+            message(gtpv2_type::CREATE_SESSION_REQUEST, Some(0), &ies),
+        )
+        .1,
+    );
+    assert_eq!(
+        r,
+        accepted(gtpv2_type::CREATE_SESSION_REQUEST, 1, 0, MME_TEID)
+    );
+    let v = one(&mut p, downlink_to("198.18.128.0")).0;
+    assert_eq!(reason(&p, v), "no_bearer");
+    let v = one(
+        &mut p,
+        uplink_from("198.18.200.4", S1U_TEIDS, "198.18.128.0"),
+    )
+    .0;
+    assert_eq!(
+        v,
+        Verdict::Forward(1),
+        "uplink before the Modify Bearer Request"
+    );
+    one(&mut p, modify(0, [198, 18, 200, 5], 0x55));
+    let (v, bytes) = one(&mut p, downlink_to("198.18.128.0"));
+    assert_eq!(v, Verdict::Forward(0));
+    assert_eq!(
+        stateplane_wire::parse(&bytes, 0, &hasher()).unwrap().teid,
+        0x55
+    );
+    let v = one(
+        &mut p,
+        uplink_from("198.18.200.4", S1U_TEIDS, "198.18.128.0"),
+    )
+    .0;
+    assert_eq!(reason(&p, v), "wrong_enb");
+}
+
+/// An Echo Request (path management: an MME declares a gateway that does not answer
+/// dead) gets an Echo Response: no TEID, its sequence number, a restart counter.
+#[test]
+fn echo_requests_are_answered() {
+    let mut p = sgw();
+    let (v, bytes) = one(&mut p, message(gtpv2_type::ECHO_REQUEST, None, &[]));
+    assert_eq!(v, Verdict::Forward(0));
+    let r = response(&bytes);
+    assert_eq!(
+        r,
+        Response {
+            message_type: gtpv2_type::ECHO_RESPONSE,
+            teid: None,
+            sequence: 1,
+            recovery: Some(0),
+            ..Response::default()
+        }
+    );
 }
 
 #[test]
@@ -432,7 +739,7 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
             let parsed = stateplane_wire::parse(f, 0, &hasher()).unwrap();
             parsed.flags.has(ParseFlags::GTPC)
         });
-    let (mut a, mut b, mut one) = (sgw(), sgw(), sgw());
+    let (mut a, mut b, mut whole) = (sgw(), sgw(), sgw());
     assert!(a.replicate("sessions") && b.replicate("sessions"));
     assert!(!sgw().replicate("by_ue"));
     // The store, as A's writes leave it: each subscriber's last state, and its alias.
@@ -442,7 +749,7 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
         assert_eq!(alias, None);
         flows.push(flow.expect("signaling names its subscriber"));
         run_at(&mut a, 1, &[(frame.clone(), *port)], (0, 1), 2);
-        run_at(&mut one, 1, &[(frame.clone(), *port)], (0, 1), 2);
+        run_at(&mut whole, 1, &[(frame.clone(), *port)], (0, 1), 2);
     }
     let mut store = HashMap::new();
     let mut aliases = HashMap::new();
@@ -476,7 +783,7 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
         let out = run_at(&mut b, 1, &[(frame.clone(), *port)], (0, 1), 2);
         assert_eq!(
             out,
-            run_at(&mut one, 1, &[(frame.clone(), *port)], (0, 1), 2)
+            run_at(&mut whole, 1, &[(frame.clone(), *port)], (0, 1), 2)
         );
     }
     assert!(
@@ -498,49 +805,48 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
     }
     let mut c = sgw();
     assert!(c.replicate("sessions"));
-    let n = u32::from_be_bytes(flow.as_bytes()[4..8].try_into().unwrap());
-    let other = n + (1 << 15); // the same address: the pool holds 2^15
-    let create = signal(
-        gtpv2_type::CREATE_SESSION_REQUEST,
-        0,
-        Some(other),
-        [198, 18, 200, 1],
-        9,
+    let n = u64::from_be_bytes(flow.as_bytes()[4..12].try_into().unwrap());
+    let other = n + (1 << 15); // the same place: the pool holds 2^15
+    run_at(
+        &mut c,
+        1,
+        &[(create(other, [198, 18, 200, 1], 9), 0)],
+        (0, 1),
+        2,
     );
-    run_at(&mut c, 1, &[(create, 0)], (0, 1), 2);
     assert!(c.session(other).is_some());
     assert!(!c.install_replicated(&flow, Some(state), 1));
     assert_eq!((c.session(n), c.session(other).is_some()), (None, true));
+    // A third subscriber of that place is refused it: no address is left for it.
+    let r = response(&one(&mut c, create(n + (2 << 15), [198, 18, 200, 1], 9)).1);
+    assert_eq!(r.cause, Some(gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED));
     assert!(
         !c.install_replicated(&alias, Some(state), 1),
         "an alias holds no state"
     );
 }
 
-/// A reload keeps the sessions while the gateway's address stays: a subscriber's downlink
-/// still reaches its eNodeB; a smaller capacity keeps as many as it holds; a new address
-/// starts afresh, and says why.
+/// A reload keeps the sessions while the gateway's address and pool stay: a subscriber's
+/// downlink still reaches its eNodeB, the places kept stay taken; a smaller capacity keeps
+/// as many as it holds; a new address or pool starts afresh, and says why.
 #[test]
-fn a_reload_keeps_sessions_while_the_gateways_address_stays() {
-    let create = |n: u32| {
-        let enb = [198, 18, 200, n as u8];
-        signal(
-            gtpv2_type::CREATE_SESSION_REQUEST,
-            0,
-            Some(n),
-            enb,
-            0xa000 + n,
-        )
-    };
+fn a_reload_keeps_sessions_while_the_gateways_address_and_pool_stay() {
     let opened = || {
         let mut p = sgw();
-        let signals: Vec<(Vec<u8>, PortId)> = (1..=6).map(|n| (create(n), 0)).collect();
+        let signals: Vec<(Vec<u8>, PortId)> = (1..=6u32)
+            .map(|n| {
+                (
+                    create(imsi(n.into()), [198, 18, 200, n as u8], 0xa000 + n),
+                    0,
+                )
+            })
+            .collect();
         run_at(&mut p, 1, &signals, (0, 1), 2);
         p
     };
     let reached = |p: &mut Sgw| {
-        let down: Vec<(Vec<u8>, PortId)> = (1..=6)
-            .map(|n| (downlink_to(&format!("198.18.128.{n}")), 1))
+        let down: Vec<(Vec<u8>, PortId)> = (0..6)
+            .map(|place| (downlink_to(&format!("198.18.128.{place}")), 1))
             .collect();
         let sent = run_at(p, 2, &down, (0, 1), 2);
         (sent.iter().zip(1..))
@@ -559,6 +865,10 @@ fn a_reload_keeps_sessions_while_the_gateways_address_stays() {
             "{extra}"
         );
         assert_eq!(reached(&mut new), kept, "{extra}");
+        if kept == 6 {
+            let r = response(&one(&mut new, create(imsi(7), [198, 18, 200, 7], 7)).1);
+            assert_eq!(r.paa, Some([198, 18, 128, 6]), "the next place free");
+        }
     }
     let mut moved = sgw_at("198.19.255.3", "");
     let carried = Program::inherit(&mut moved, opened(), 2);
@@ -568,4 +878,14 @@ fn a_reload_keeps_sessions_while_the_gateways_address_stays() {
          198.19.255.3)"
     );
     assert_eq!(reached(&mut moved), 0);
+    let names = PortNames(vec!["access".into(), "core".into()]);
+    let cfg: SgwConfig =
+        toml::from_str("address = \"198.19.255.2\"\nue_pool = \"198.18.0.0/17\"").unwrap();
+    let mut repooled = Sgw::new(&cfg, &names, "program.sgw", 3).unwrap();
+    let carried = Program::inherit(&mut repooled, opened(), 2);
+    assert_eq!(
+        carried[0].to_string(),
+        "sessions: starts afresh (the subscriber pool changed from 198.18.128.0/17 to \
+         198.18.0.0/17 (a session's address and TEIDs are its place in the pool))"
+    );
 }
