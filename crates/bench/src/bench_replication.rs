@@ -198,7 +198,8 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             ),
             "sgw" => (
                 "[program]\nname = \"sgw\"\n[program.sgw]\naccess = \"p0\"\ncore = \"p1\"\n\
-                 address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\""
+                 address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\n\
+                 ue_pool6 = \"2001:2:0:8000::/49\""
                     .to_owned(),
                 "sessions",
             ),

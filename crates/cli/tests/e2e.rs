@@ -1050,7 +1050,8 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
 /// Create Session Request), with its sequence number and cause "Request accepted" (16);
 /// each Create Session Response with the gateway's S11 (interface type 11) and S1-U (1)
 /// F-TEIDs, which carry the subscriber's place in the pool, the bearer's id and the
-/// address at that place; no frame malformed.
+/// address at that place, and for a subscriber that asked for IPv4v6 the /64 at that place
+/// too; no frame malformed.
 #[test]
 fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
     let trace = tmp("sgw-signaling.pcap");
@@ -1060,7 +1061,7 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
         &config,
         format!(
             "workers = 1\n[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\n\
-             ue_pool = \"198.18.128.0/17\"\n\
+             ue_pool = \"198.18.128.0/17\"\nue_pool6 = \"2001:2:0:8000::/49\"\n\
              [[port]]\nname = \"access\"\nrx = \"{}\"\ntx = \"{}\"\n\
              [[port]]\nname = \"core\"\ntx = \"{}\"\n",
             trace.display(),
@@ -1091,6 +1092,12 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
             ])
             .args(["-e", "gtpv2.ebi", "-e", "gtpv2.pdn_addr_and_prefix.ipv4"])
             .args(["-e", "_ws.malformed", "-e", "ip.dst", "-e", "gtpv2.teid"])
+            .args([
+                "-e",
+                "gtpv2.pdn_type",
+                "-e",
+                "gtpv2.pdn_addr_and_prefix.ipv6",
+            ])
             .output()
             .unwrap());
         out.lines()
@@ -1098,6 +1105,7 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
             .collect::<Vec<_>>()
     };
     let requests = gtpv2(&trace);
+    let mut v4v6 = 0;
     let responses = gtpv2(&access);
     assert!(requests.len() > 100, "{} requests", requests.len());
     assert_eq!(responses.len(), requests.len(), "one response a request");
@@ -1129,7 +1137,20 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
         assert_eq!(response[5], "5", "{response:?}");
         let ue: std::net::Ipv4Addr = response[6].parse().unwrap();
         assert_eq!(u32::from(ue), u32::from_be_bytes([198, 18, 128, 0]) + n);
+        // A subscriber asking for IPv4v6 (3, as the generator's IPv6 share do) gets the
+        // /64 at its place too.
+        assert_eq!(
+            response[10], request[10],
+            "the PDN type asked: {response:?}"
+        );
+        if response[10] == "3" {
+            let prefix: std::net::Ipv6Addr = response[11].parse().unwrap();
+            let expected = (0x2001_0002_0000_8000u128 + u128::from(n)) << 64;
+            assert_eq!(u128::from(prefix), expected, "{response:?}");
+            v4v6 += 1;
+        }
     }
+    assert!(v4v6 > 5, "{v4v6} IPv4v6 sessions");
 }
 
 /// What `sgw` refuses it answers with the cause, and tshark reads those answers too: in

@@ -8,7 +8,7 @@ use crate::{GenConfig, GenError, GenSummary, Workload};
 use stateplane_wire::ethernet::MacAddr;
 use stateplane_wire::gtp::{
     Fteid, GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, fteid_interface,
-    gtpv2_ie, gtpv2_type, imsi_tbcd,
+    gtpv2_ie, gtpv2_type, imsi_tbcd, pdn_type,
 };
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowHasher, ParseFlags, parse};
@@ -606,15 +606,32 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
         let user = numbers[i];
         f.sent += 1;
         let enb = Ipv4Addr::new(198, 18, 200, (user % 50) as u8 + 1);
-        let ue = IpAddr::V4(Ipv4Addr::new(
-            198,
-            18,
-            128 + ((user >> 8) & 0x7f) as u8,
-            user as u8,
-        ));
+        // A share of the subscribers ask for IPv4v6 and move IPv6 (from ::1 in the /64 at
+        // their place of 2001:2:0:8000::/49), the rest IPv4 (their place's address in
+        // 198.18.128.0/17).
+        let v6 = (f64::from(user) / users as f64) < cfg.ipv6_share;
+        let ue = if v6 {
+            IpAddr::V6(Ipv6Addr::new(
+                0x2001,
+                2,
+                0,
+                0x8000 | (user & 0x7fff) as u16,
+                0,
+                0,
+                0,
+                1,
+            ))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(
+                198,
+                18,
+                128 + ((user >> 8) & 0x7f) as u8,
+                user as u8,
+            ))
+        };
         if first || g.rng.chance(p_signal) {
             sequence = sequence.wrapping_add(1);
-            signaling(g, user, first, enb, sequence);
+            signaling(g, user, first, v6, enb, sequence);
             g.summary.special_packets += 1;
         } else if g.rng.chance(0.5) {
             // Uplink: the user's packet inside GTP-U from the eNodeB to the gateway.
@@ -623,7 +640,7 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
                 dst_mac: SERVER_SIDE_MAC,
                 vlan: 0,
                 src: ue,
-                dst: server_ip(f.server, false),
+                dst: server_ip(f.server, v6),
                 ttl: 64,
             };
             let l4 = L4::Udp {
@@ -640,7 +657,8 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
             g.payload.clear();
             g.payload.resize(payload_len, 0);
             g.scratch.clear();
-            g.scratch.resize(20 + 8 + payload_len + 8, 0);
+            g.scratch
+                .resize(header_len(&inner, &l4) - 14 + payload_len + 8, 0);
             let inner_len = emit_ip(&mut g.scratch[8..], &inner, &l4, &g.payload);
             let gtp = GtpuRepr {
                 message_type: GTPU_T_PDU,
@@ -657,7 +675,7 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
                 src_mac: SERVER_SIDE_MAC,
                 dst_mac: CLIENT_SIDE_MAC,
                 vlan: g.vlan(user),
-                src: server_ip(f.server, false),
+                src: server_ip(f.server, v6),
                 dst: ue,
                 ttl: 56,
             };
@@ -690,11 +708,12 @@ pub fn enb_teid(n: u32) -> u32 {
 }
 
 /// A GTPv2-C Create Session Request (first) or Modify Bearer Request from the MME, laid
-/// out as TS 29.274 has them: a Create carries the IMSI and the MME's S11 F-TEID (the
-/// Sender F-TEID for Control Plane), and both a bearer context with the bearer's id and
+/// out as TS 29.274 has them: a Create carries the IMSI, the MME's S11 F-TEID (the
+/// Sender F-TEID for Control Plane) and the PDN type (IPv4v6 for a subscriber of IPv6),
+/// and both a bearer context with the bearer's id and
 /// the eNodeB's S1-U F-TEID (where downlink goes). A Create is sent to TEID 0, a Modify
 /// to the gateway's S11 TEID, which carries the subscriber's place.
-fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32) {
+fn signaling(g: &mut Gen, user: u32, create: bool, v6: bool, enb: Ipv4Addr, sequence: u32) {
     let mut ies = [0u8; 96];
     let mut at = 0;
     let fteid = |interface: u8, teid: u32, address: Ipv4Addr| {
@@ -713,6 +732,8 @@ fn signaling(g: &mut Gen, user: u32, create: bool, enb: Ipv4Addr, sequence: u32)
         at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::IMSI, 0, &imsi).unwrap_or(0);
         let mme = fteid(fteid_interface::S11_MME, mme_teid(user), MME);
         at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::F_TEID, 0, &mme).unwrap_or(0);
+        let pdn = if v6 { pdn_type::IPV4V6 } else { pdn_type::IPV4 };
+        at += emit_gtpv2_ie(&mut ies[at..], gtpv2_ie::PDN_TYPE, 0, &[pdn]).unwrap_or(0);
     }
     let mut bearer = [0u8; 32];
     let mut b = emit_gtpv2_ie(&mut bearer, gtpv2_ie::EBI, 0, &[5]).unwrap_or(0);

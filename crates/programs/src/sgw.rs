@@ -66,7 +66,7 @@ use stateplane_state::{
 };
 use stateplane_wire::gtp::{
     Fteid, GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie,
-    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type, imsi_value,
+    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type, imsi_value, pdn_type,
 };
 use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -79,6 +79,9 @@ use std::net::{IpAddr, Ipv4Addr};
 pub struct SgwConfig {
     pub address: String,
     pub ue_pool: String,
+    /// Subscribers' IPv6 prefixes: one /64 a place.
+    #[serde(default)]
+    pub ue_pool6: Option<String>,
     #[serde(default = "default_access")]
     pub access: String,
     #[serde(default = "default_core")]
@@ -112,19 +115,27 @@ const DEFAULT_BEARER: u8 = 5;
 const TUNNEL_HEADERS: usize = 20 + 8 + 8;
 
 /// A subscriber's session: where its downlink goes (no eNodeB yet: `enb` 0.0.0.0), its
-/// address, and the TEID the MME's end of its signaling takes.
+/// IPv4 address (its place in the pool, which also gives its IPv6 /64), the TEID the MME's
+/// end of its signaling takes, and the address families it carries ([`pdn_type`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Session {
     pub enb: [u8; 4],
     pub enb_teid: u32,
     pub ue: [u8; 4],
     pub mme_teid: u32,
+    pub pdn: u8,
 }
 
 impl Session {
     /// Whether the eNodeB that serves it is known (a Create Session Request may not say).
     fn has_enb(&self) -> bool {
         self.enb != [0; 4]
+    }
+
+    /// Whether it carries IPv4 (`v6` false) or IPv6 packets.
+    fn carries(&self, v6: bool) -> bool {
+        let family = if v6 { pdn_type::IPV6 } else { pdn_type::IPV4 };
+        self.pdn & family != 0
     }
 }
 
@@ -141,6 +152,7 @@ impl ValueCodec for SessionCodec {
             enb_teid: p(1),
             ue: p(2).to_be_bytes(),
             mme_teid: p(3),
+            pdn: p(4) as u8,
         }
     }
 
@@ -152,6 +164,7 @@ impl ValueCodec for SessionCodec {
                 u128::from(s.enb_teid),
                 u128::from(u32::from_be_bytes(s.ue)),
                 u128::from(s.mme_teid),
+                u128::from(s.pdn),
             ],
         )
     }
@@ -210,8 +223,12 @@ impl Places {
 }
 
 /// The answers the gateway gives, by cause, as `ctl stats sessions` names them.
-const ANSWERS: [(u8, &str); 6] = [
+const ANSWERS: [(u8, &str); 8] = [
     (gtpv2_cause::REQUEST_ACCEPTED, "requests_accepted"),
+    (
+        gtpv2_cause::NEW_PDN_TYPE_NETWORK_PREFERENCE,
+        "accepted_ipv4_only",
+    ),
     (gtpv2_cause::CONTEXT_NOT_FOUND, "rejected_context_not_found"),
     (gtpv2_cause::MANDATORY_IE_INCORRECT, "rejected_ie_incorrect"),
     (gtpv2_cause::MANDATORY_IE_MISSING, "rejected_ie_missing"),
@@ -219,6 +236,10 @@ const ANSWERS: [(u8, &str); 6] = [
     (
         gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED,
         "rejected_addresses_occupied",
+    ),
+    (
+        gtpv2_cause::PREFERRED_PDN_TYPE_NOT_SUPPORTED,
+        "rejected_pdn_type_not_supported",
     ),
 ];
 
@@ -279,8 +300,9 @@ struct Answer {
     cause: u8,
     /// The element (type, instance) the cause is about, for a missing or unreadable one.
     offending: Option<(u8, u8)>,
-    /// A session created: its place, whose tunnel ends and address the response gives.
-    created: Option<u32>,
+    /// A session created: its place, whose tunnel ends and addresses the response gives,
+    /// and its PDN type.
+    created: Option<(u32, u8)>,
 }
 
 /// A GTPv2-C message as the gateway reads it: its header, and the IMSI and the F-TEIDs
@@ -292,6 +314,8 @@ struct Signal {
     imsi: Option<Option<u64>>,
     mme_teid: Option<u32>,
     enb: Option<([u8; 4], u32)>,
+    /// The PDN type asked for: the PDN Type element's, else the PAA's.
+    pdn: Option<u8>,
     /// An F-TEID that could not be read (its element's instance), or an eNodeB's with no
     /// IPv4 address.
     bad_fteid: Option<u8>,
@@ -309,13 +333,17 @@ impl Signal {
             imsi: None,
             mme_teid: None,
             enb: None,
+            pdn: None,
             bad_fteid: None,
         };
+        let mut paa = None;
         for ie in gtpv2_ies(ies) {
             let ie = ie.map_err(|_| BAD_SIGNALING)?;
             match ie.ie_type {
                 gtpv2_ie::IMSI => signal.imsi = Some(imsi_value(ie.data)),
                 gtpv2_ie::F_TEID => signal.take_fteid(ie.data, ie.instance),
+                gtpv2_ie::PDN_TYPE => signal.pdn = ie.data.first().map(|t| t & 0x07),
+                gtpv2_ie::PAA => paa = ie.data.first().map(|t| t & 0x07),
                 gtpv2_ie::BEARER_CONTEXT if ie.instance == 0 => {
                     for inner in gtpv2_ies(ie.data) {
                         let inner = inner.map_err(|_| BAD_SIGNALING)?;
@@ -327,6 +355,7 @@ impl Signal {
                 _ => {}
             }
         }
+        signal.pdn = signal.pdn.or(paa);
         Ok(signal)
     }
 
@@ -343,6 +372,29 @@ impl Signal {
     }
 }
 
+/// The IPv6 pool `text`: its first /64's upper 64 bits. It must hold a /64 for each of
+/// the IPv4 pool's `places`.
+fn pool6(field: &str, text: &str, places: u32) -> Result<u64, ConfigError> {
+    let (prefix, len) = parse_prefix(field, text)?;
+    let IpAddr::V6(prefix) = prefix else {
+        return Err(ConfigError::new(
+            field,
+            "give an IPv6 prefix like 2001:2:0:8000::/49",
+        ));
+    };
+    let longest = 64 - places.trailing_zeros() as u8;
+    if len > longest {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "a /{len} holds fewer /64s than ue_pool has addresses ({places}): give a /{longest} or shorter"
+            ),
+        ));
+    }
+    let upper = (u128::from(prefix) >> 64) as u64;
+    Ok(upper & u64::MAX.checked_shl(u32::from(64 - len)).unwrap_or(0))
+}
+
 #[derive(Clone)]
 pub struct Sgw {
     address: [u8; 4],
@@ -350,6 +402,8 @@ pub struct Sgw {
     core: PortId,
     pool_base: u32,
     pool_size: u32,
+    /// The IPv6 pool's first /64, as its upper 64 bits: place `p` has the /64 `p` past it.
+    pool6: Option<u64>,
     sessions: DeclaredTable<SessionCodec>,
     /// Subscriber address -> IMSI, for every session.
     by_ue: ExactTable<u32, u64>,
@@ -382,6 +436,11 @@ impl Sgw {
                 "give a prefix length from 8 to 30",
             ));
         }
+        let size = 1u32 << (32 - len);
+        let pool6 = match &cfg.ue_pool6 {
+            Some(text) => Some(pool6(&format!("{field}.ue_pool6"), text, size)?),
+            None => None,
+        };
         crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "sessions")?;
         let access = ports.resolve(&format!("{field}.access"), &cfg.access)?;
         let core = ports.resolve(&format!("{field}.core"), &cfg.core)?;
@@ -396,17 +455,18 @@ impl Sgw {
             Field::exact("enb_teid", 32, Format::Int),
             Field::exact("ue", 32, Format::Ipv4),
             Field::exact("mme_teid", 32, Format::Int),
+            Field::exact("pdn_type", 8, Format::Int),
         ];
         let declaration =
             filled_table::<u64>("sessions", "imsi", cfg.capacity, &["session"], session);
         let never = [ExpireProfile::NEVER];
-        let size = 1u32 << (32 - len);
         Ok(Sgw {
             address,
             access,
             core,
             pool_base: u32::from(pool) & !(size - 1),
             pool_size: size,
+            pool6,
             sessions: DeclaredTable::new(
                 crate::budgeted_table(&format!("{field}.capacity"), cfg.capacity, &never, seed)?,
                 declaration,
@@ -436,6 +496,28 @@ impl Sgw {
     /// The place of an address of the pool.
     fn place_of(&self, ue: [u8; 4]) -> u32 {
         u32::from_be_bytes(ue).wrapping_sub(self.pool_base)
+    }
+
+    /// The IPv6 /64 at `place`, as its first 8 bytes (`None`: no IPv6 pool).
+    fn prefix_at(&self, place: u32) -> Option<[u8; 8]> {
+        self.pool6
+            .map(|first| (first + u64::from(place)).to_be_bytes())
+    }
+
+    /// The place in the pool of a packet's destination: an IPv4 address of the pool, or an
+    /// address in a /64 of the IPv6 pool; `None` for others.
+    fn place_of_destination(&self, parsed: &Parsed) -> Option<u32> {
+        let d = &parsed.key.dst;
+        let place = match parsed.key.ip_version {
+            4 => u32::from_be_bytes([d[0], d[1], d[2], d[3]]).wrapping_sub(self.pool_base),
+            6 => {
+                let upper = u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]);
+                let place = upper.wrapping_sub(self.pool6?);
+                u32::try_from(place).ok()?
+            }
+            _ => return None,
+        };
+        (place < self.pool_size).then_some(place)
     }
 
     /// The place a replicated subscriber has at every switch.
@@ -487,15 +569,11 @@ impl Sgw {
         if f.has(ParseFlags::GTPU) && self.to_gateway(parsed, GTPU_PORT) {
             return self.subscriber_at(parsed.teid, S1U_TEIDS);
         }
-        if parsed.key.ip_version == 4 {
-            let d = &parsed.key.dst;
-            let dst = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
-            let place = dst.wrapping_sub(self.pool_base);
-            if place < self.pool_size {
-                return self.by_ue.get(&dst).copied().ok_or(Some(place));
-            }
-        }
-        Err(None)
+        let place = self.place_of_destination(parsed).ok_or(None)?;
+        self.by_ue
+            .get(&(self.pool_base + place))
+            .copied()
+            .ok_or(Some(place))
     }
 
     /// Makes the session of the subscriber `imsi` the one the store holds (`None`: none),
@@ -579,32 +657,32 @@ impl Sgw {
                 return Step::Done(Verdict::Drop(WRONG_ENB));
             }
             let inner = at + gtp.header_len();
-            let ipv4 = data.get(inner).is_some_and(|b| b >> 4 == 4);
-            let source = data
-                .get(inner + 12..inner + 16)
-                .and_then(|b| <[u8; 4]>::try_from(b).ok());
-            if !ipv4 || source != Some(s.ue) {
+            let from_subscriber = match data.get(inner).map(|b| b >> 4) {
+                Some(4) => s.carries(false) && data.get(inner + 12..inner + 16) == Some(&s.ue),
+                Some(6) => {
+                    let prefix = self.prefix_at(self.place_of(s.ue));
+                    s.carries(true)
+                        && prefix.is_some_and(|p| data.get(inner + 8..inner + 16) == Some(&p))
+                }
+                _ => false,
+            };
+            if !from_subscriber {
                 return Step::Done(Verdict::Drop(SPOOFED));
             }
             return Step::Decapsulate(inner);
         }
-        if parsed.key.ip_version == 4 {
-            let dst = u32::from_be_bytes([
-                parsed.key.dst[0],
-                parsed.key.dst[1],
-                parsed.key.dst[2],
-                parsed.key.dst[3],
-            ]);
-            if dst.wrapping_sub(self.pool_base) < self.pool_size {
-                let session = self.by_ue.get(&dst).and_then(|n| self.sessions.get(n));
-                return match session {
-                    Some(s) if s.has_enb() => Step::Encapsulate(*s),
-                    Some(_) => Step::Done(Verdict::Drop(NO_BEARER)),
-                    None => Step::Done(Verdict::Drop(NO_SESSION)),
-                };
-            }
+        let Some(place) = self.place_of_destination(parsed) else {
+            return Step::Done(Verdict::Drop(NOT_ROUTED));
+        };
+        let v6 = parsed.key.ip_version == 6;
+        let session = (self.by_ue.get(&(self.pool_base + place)))
+            .and_then(|imsi| self.sessions.get(imsi))
+            .filter(|s| s.carries(v6));
+        match session {
+            Some(s) if s.has_enb() => Step::Encapsulate(*s),
+            Some(_) => Step::Done(Verdict::Drop(NO_BEARER)),
+            None => Step::Done(Verdict::Drop(NO_SESSION)),
         }
-        Step::Done(Verdict::Drop(NOT_ROUTED))
     }
 
     /// Applies a GTPv2-C request to the sessions: the answer it gets, counted.
@@ -655,11 +733,31 @@ impl Sgw {
                 let Some(mme_teid) = signal.mme_teid else {
                     return Ok(missing(mme, (gtpv2_ie::F_TEID, 0)));
                 };
+                let (pdn, accepted) = match (signal.pdn.unwrap_or(pdn_type::IPV4), self.pool6) {
+                    (pdn_type::IPV4, _) => (pdn_type::IPV4, gtpv2_cause::REQUEST_ACCEPTED),
+                    (pdn @ (pdn_type::IPV6 | pdn_type::IPV4V6), Some(_)) => {
+                        (pdn, gtpv2_cause::REQUEST_ACCEPTED)
+                    }
+                    (pdn_type::IPV4V6, None) => {
+                        (pdn_type::IPV4, gtpv2_cause::NEW_PDN_TYPE_NETWORK_PREFERENCE)
+                    }
+                    (pdn_type::IPV6, None) => {
+                        return Ok(answer(mme, gtpv2_cause::PREFERRED_PDN_TYPE_NOT_SUPPORTED));
+                    }
+                    _ => return Ok(incorrect(mme, (gtpv2_ie::PDN_TYPE, 0))),
+                };
                 let (enb, enb_teid) = signal.enb.unwrap_or_default();
-                Ok(match self.create(imsi, enb, enb_teid, mme_teid, now) {
+                let session = Session {
+                    enb,
+                    enb_teid,
+                    ue: [0; 4],
+                    mme_teid,
+                    pdn,
+                };
+                Ok(match self.create(imsi, session, now) {
                     Ok(place) => Answer {
-                        created: Some(place),
-                        ..answer(mme, gtpv2_cause::REQUEST_ACCEPTED)
+                        created: Some((place, pdn)),
+                        ..answer(mme, accepted)
                     },
                     Err(cause) => answer(mme, cause),
                 })
@@ -696,19 +794,15 @@ impl Sgw {
         }
     }
 
-    /// Makes a session for the subscriber `imsi`: its place in the pool, or why not (a
-    /// cause). A subscriber that has one keeps its place, with the new ends.
-    fn create(
-        &mut self,
-        imsi: u64,
-        enb: [u8; 4],
-        enb_teid: u32,
-        mme_teid: u32,
-        now: u64,
-    ) -> Result<u32, u8> {
+    /// Makes `session` (its address aside) the session of the subscriber `imsi`: its
+    /// place in the pool, or why not (a cause). A subscriber that has one keeps its place.
+    fn create(&mut self, imsi: u64, mut session: Session, now: u64) -> Result<u32, u8> {
         if let Some(id) = self.sessions.lookup(&imsi, now) {
             let s = self.sessions.value_mut(id);
-            (s.enb, s.enb_teid, s.mme_teid) = (enb, enb_teid, mme_teid);
+            *s = Session {
+                ue: s.ue,
+                ..session
+            };
             let ue = s.ue;
             return Ok(self.place_of(ue));
         }
@@ -723,12 +817,7 @@ impl Sgw {
             self.places.take().ok_or(occupied)?
         };
         let ue = self.address_at(place);
-        let session = Session {
-            enb,
-            enb_teid,
-            ue,
-            mme_teid,
-        };
+        session.ue = ue;
         if self.sessions.add_entry(imsi, session, 0, 0).is_err() {
             self.free(place);
             return Err(gtpv2_cause::NO_RESOURCES_AVAILABLE);
@@ -809,7 +898,7 @@ impl Sgw {
             None => &[answer.cause, 0][..],
         };
         let mut at = emit_gtpv2_ie(buf, gtpv2_ie::CAUSE, 0, cause)?;
-        let Some(place) = answer.created else {
+        let Some((place, pdn)) = answer.created else {
             return Ok(at);
         };
         let fteid = |interface: u8, space: u32| {
@@ -825,12 +914,27 @@ impl Sgw {
         let s11 = fteid(fteid_interface::S11_SGW, S11_TEIDS)?;
         // The Sender F-TEID for Control Plane: instance 0 (TS 29.274 table 7.2.2-1).
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::F_TEID, 0, &s11)?;
-        let mut paa = [1u8; 5];
-        paa[1..].copy_from_slice(&self.address_at(place));
-        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::PAA, 0, &paa)?;
+        // The PDN type; for IPv6, the prefix length and the /64; for IPv4, the address.
+        let mut paa = [0u8; 22];
+        paa[0] = pdn;
+        let mut p = 1;
+        if pdn & pdn_type::IPV6 != 0 {
+            let prefix = self
+                .prefix_at(place)
+                .ok_or(stateplane_wire::Error::Malformed)?;
+            paa[1] = 64;
+            paa[2..10].copy_from_slice(&prefix);
+            p = 18;
+        }
+        if pdn & pdn_type::IPV4 != 0 {
+            paa[p..p + 4].copy_from_slice(&self.address_at(place));
+            p += 4;
+        }
+        at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::PAA, 0, &paa[..p])?;
         let mut bearer = [0u8; 32];
+        let accepted = [gtpv2_cause::REQUEST_ACCEPTED, 0];
         let mut b = emit_gtpv2_ie(&mut bearer, gtpv2_ie::EBI, 0, &[DEFAULT_BEARER])?;
-        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::CAUSE, 0, cause)?;
+        b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::CAUSE, 0, &accepted)?;
         let s1u = fteid(fteid_interface::S1U_SGW, S1U_TEIDS)?;
         b += emit_gtpv2_ie(&mut bearer[b..], gtpv2_ie::F_TEID, 0, &s1u)?;
         at += emit_gtpv2_ie(&mut buf[at..], gtpv2_ie::BEARER_CONTEXT, 0, &bearer[..b])?;
@@ -1063,11 +1167,18 @@ impl Program for Sgw {
     /// from the sessions kept, and the signaling counts go on.
     fn inherit(&mut self, mut old: Self, now_ns: u64) -> Vec<Carried> {
         let pool = |s: &Sgw| {
-            format!(
+            let v4 = format!(
                 "{}/{}",
                 Ipv4Addr::from(s.pool_base),
                 32 - s.pool_size.trailing_zeros()
-            )
+            );
+            match s.pool6 {
+                Some(first) => {
+                    let v6 = std::net::Ipv6Addr::from(u128::from(first) << 64);
+                    format!("{v4} and {v6}/{}", 64 - s.pool_size.trailing_zeros())
+                }
+                None => v4,
+            }
         };
         let why = if old.address != self.address {
             format!(
@@ -1075,9 +1186,11 @@ impl Program for Sgw {
                 Ipv4Addr::from(old.address),
                 Ipv4Addr::from(self.address)
             )
-        } else if (old.pool_base, old.pool_size) != (self.pool_base, self.pool_size) {
+        } else if (old.pool_base, old.pool_size, old.pool6)
+            != (self.pool_base, self.pool_size, self.pool6)
+        {
             format!(
-                "the subscriber pool changed from {} to {} (a session's address and TEIDs are its place in the pool)",
+                "the subscriber pools changed from {} to {} (a session's addresses and TEIDs are its place in the pools)",
                 pool(&old),
                 pool(self)
             )

@@ -194,8 +194,11 @@ pub mod gtpv2_ie {
     pub const RECOVERY: u8 = 3;
     /// EPS bearer id: 4 bits.
     pub const EBI: u8 = 73;
-    /// PDN address allocation: the PDN type (1: IPv4), then the address.
+    /// PDN address allocation: the PDN type ([`super::pdn_type`]), then the addresses: an
+    /// IPv4 address; an IPv6 prefix length and prefix; both (the IPv6 ones first).
     pub const PAA: u8 = 79;
+    /// The PDN type a Create Session Request asks for ([`super::pdn_type`]), low 3 bits.
+    pub const PDN_TYPE: u8 = 99;
     /// Fully qualified TEID ([`super::Fteid`]): flags (V4 0x80, V6 0x40, interface type),
     /// TEID, IPv4 address, IPv6 address.
     pub const F_TEID: u8 = 87;
@@ -206,6 +209,8 @@ pub mod gtpv2_ie {
 /// GTPv2-C cause values (3GPP TS 29.274, 8.4).
 pub mod gtpv2_cause {
     pub const REQUEST_ACCEPTED: u8 = 16;
+    /// Accepted, with another PDN type than asked for (IPv4 for IPv4v6: no IPv6 here).
+    pub const NEW_PDN_TYPE_NETWORK_PREFERENCE: u8 = 18;
     /// The TEID in the request's header names no session.
     pub const CONTEXT_NOT_FOUND: u8 = 64;
     /// An element the request must carry is there but cannot be read.
@@ -213,8 +218,17 @@ pub mod gtpv2_cause {
     /// An element the request must carry is missing.
     pub const MANDATORY_IE_MISSING: u8 = 70;
     pub const NO_RESOURCES_AVAILABLE: u8 = 73;
+    /// The PDN type asked for (IPv6) is not served here.
+    pub const PREFERRED_PDN_TYPE_NOT_SUPPORTED: u8 = 83;
     /// The pool has no address left to give.
     pub const ALL_DYNAMIC_ADDRESSES_OCCUPIED: u8 = 84;
+}
+
+/// PDN types (TS 29.274 8.34): which address families a session carries.
+pub mod pdn_type {
+    pub const IPV4: u8 = 1;
+    pub const IPV6: u8 = 2;
+    pub const IPV4V6: u8 = 3;
 }
 
 /// F-TEID interface types (3GPP TS 29.274, 8.22): the gateway's own ends.

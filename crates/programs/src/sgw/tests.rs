@@ -32,6 +32,13 @@ fn generated_subscriber(u: u32) -> ([u8; 4], u32, [u8; 4]) {
     )
 }
 
+/// The generator's IPv6 subscriber `u`'s /64, the first 8 bytes: 2001:2:0:8000::/49 at
+/// its place.
+fn generated_prefix(u: u32) -> [u8; 8] {
+    let [hi, lo] = (0x8000 | u as u16).to_be_bytes();
+    [0x20, 0x01, 0, 2, 0, 0, hi, lo]
+}
+
 /// The generator's subscriber a request of its names: a Create by its IMSI, others by
 /// the S11 TEID, whose low bits are its place.
 fn generated_signaler(gtp: &[u8]) -> u32 {
@@ -44,10 +51,25 @@ fn generated_signaler(gtp: &[u8]) -> u32 {
 
 #[test]
 fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
+    tunnels_the_gtp_workload(0.0, "");
+}
+
+/// The same with a third of the subscribers on IPv6 (IPv4v6 sessions, each with a /64 of
+/// `ue_pool6` at its place): their Create Session Responses give both, and their IPv6
+/// packets tunnel both ways as the IPv4 ones do.
+#[test]
+fn ipv6_subscribers_get_a_64_and_tunnel_both_ways() {
+    tunnels_the_gtp_workload(0.3, "ue_pool6 = \"2001:2:0:8000::/49\"");
+}
+
+fn tunnels_the_gtp_workload(ipv6_share: f64, pool6: &str) {
     let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
-    cfg.ipv6_share = 0.0;
+    cfg.ipv6_share = ipv6_share;
+    let users = (20_000 / 100) as f64;
+    let v6 = |u: u32| f64::from(u) / users < ipv6_share;
     let frames = crate::testutil::generated(&cfg);
-    let mut p = sgw();
+    let mut p = sgw_at(SGW, pool6);
+    let mut ipv6 = 0;
     let (mut signaling, mut uplink, mut downlink) = (0, 0, 0);
     for chunk in frames.chunks(32) {
         let out = run_at(&mut p, 1, chunk, (0, 1), 2);
@@ -59,10 +81,13 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
                 let gtp = &before[usize::from(b.gtp_offset)..];
                 let request = Gtpv2Repr::parse(gtp).unwrap();
                 let n = generated_signaler(gtp);
-                assert_eq!(
-                    response(&after),
-                    accepted(request.message_type, request.sequence, n, mme_teid(n))
-                );
+                let mut expected = accepted(request.message_type, request.sequence, n, mme_teid(n));
+                if expected.paa.is_some() && v6(n) {
+                    let v4 = generated_subscriber(n).2;
+                    let paa = [&[3, 64][..], &generated_prefix(n), &[0; 8], &v4].concat();
+                    expected.paa = Some(paa);
+                }
+                assert_eq!(response(&after), expected);
                 let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
                 assert_eq!(
                     (a.key.dst, a.key.dst_port, a.key.src),
@@ -87,19 +112,28 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
                 assert_eq!(&after[..12], &before[..12], "the link header kept");
                 let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
                 let u = b.teid & 0x0fff_ffff;
-                assert_eq!(
-                    a.key.src[..4],
-                    generated_subscriber(u).2,
-                    "from its address"
-                );
+                match a.key.ip_version {
+                    6 => {
+                        assert_eq!(a.key.src[..8], generated_prefix(u), "from its /64");
+                        ipv6 += 1;
+                    }
+                    _ => assert_eq!(
+                        a.key.src[..4],
+                        generated_subscriber(u).2,
+                        "from its address"
+                    ),
+                }
                 uplink += 1;
             } else {
                 // Into the tunnel: to the subscriber's eNodeB, with its TEID.
                 assert_eq!(verdict, Verdict::Forward(0), "downlink to the access side");
                 let a = stateplane_wire::parse(&after, 0, &hasher()).unwrap();
                 assert!(a.flags.has(ParseFlags::GTPU), "a GTP-U packet");
-                let ue = &b.key.dst[..4];
-                let u = (u32::from(ue[2] - 128) << 8) | u32::from(ue[3]);
+                let ue = &b.key.dst;
+                let u = match b.key.ip_version {
+                    6 => u32::from(u16::from_be_bytes([ue[6], ue[7]]) & 0x7fff),
+                    _ => (u32::from(ue[2] - 128) << 8) | u32::from(ue[3]),
+                };
                 let (enb, teid, _) = generated_subscriber(u);
                 assert_eq!((a.key.dst[..4].to_vec(), a.teid), (enb.to_vec(), teid));
                 assert_eq!(a.key.src[..4], [198, 19, 255, 2], "from the gateway");
@@ -113,6 +147,11 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
     // About one signaling message per 18 packets, the rest split between the directions.
     assert!((800..=1500).contains(&signaling), "{signaling}");
     assert!(uplink > 5000 && downlink > 5000, "{uplink} {downlink}");
+    let share = f64::from(ipv6) / f64::from(uplink);
+    assert!(
+        (share - ipv6_share).abs() < 0.15,
+        "{ipv6} of {uplink} uplink on IPv6"
+    );
 }
 
 /// The MME's S11 TEID in the tests' requests.
@@ -214,7 +253,8 @@ struct Response {
     /// (instance, interface type, TEID, address) of each F-TEID, the bearer context's
     /// last.
     fteids: Vec<(u8, u8, u32, [u8; 4])>,
-    paa: Option<[u8; 4]>,
+    /// The PAA's data: the PDN type, then the addresses.
+    paa: Option<Vec<u8>>,
     bearer: Option<(u8, u8)>,
 }
 
@@ -271,10 +311,7 @@ fn response(frame: &[u8]) -> Response {
             }
             gtpv2_ie::RECOVERY => r.recovery = Some(ie.data[0]),
             gtpv2_ie::F_TEID => r.fteids.push(fteid(ie.instance, ie.data)),
-            gtpv2_ie::PAA => {
-                assert_eq!(ie.data[0], 1, "PDN type IPv4");
-                r.paa = Some([ie.data[1], ie.data[2], ie.data[3], ie.data[4]]);
-            }
+            gtpv2_ie::PAA => r.paa = Some(ie.data.to_vec()),
             gtpv2_ie::BEARER_CONTEXT => {
                 let (mut ebi, mut cause) = (0, 0);
                 for inner in gtpv2_ies(ie.data) {
@@ -310,7 +347,7 @@ fn accepted(message_type: u8, sequence: u32, place: u32, mme: u32) -> Response {
             (0, 11, S11_TEIDS | place, gateway),
             (0, 1, S1U_TEIDS | place, gateway),
         ];
-        r.paa = Some(generated_subscriber(place).2);
+        r.paa = Some([&[1][..], &generated_subscriber(place).2].concat());
         r.bearer = Some((5, gtpv2_cause::REQUEST_ACCEPTED));
     }
     r
@@ -324,9 +361,18 @@ fn udp_frame(src: &str, dst: &str, port: u16, payload: &[u8]) -> Vec<u8> {
     crate::testutil::ip_frame_with(src, dst, l4, payload)
 }
 
+/// A server's address of the family of `address`.
+fn server_for(address: &str) -> &'static str {
+    if address.contains(':') {
+        "2001:2:0:2::9"
+    } else {
+        "198.19.0.9"
+    }
+}
+
 fn downlink_to(ue: &str) -> Vec<u8> {
     ip_frame(
-        "198.19.0.9",
+        server_for(ue),
         ue,
         L4::Udp {
             src_port: 53,
@@ -353,7 +399,7 @@ fn uplink_from(enb: &str, teid: u32, source: &str) -> Vec<u8> {
         src_port: 4000,
         dst_port: 53,
     };
-    let inner = ip_frame(source, "198.19.0.9", l4)[14..].to_vec();
+    let inner = ip_frame(source, server_for(source), l4)[14..].to_vec();
     let header = GtpuRepr {
         message_type: GTPU_T_PDU,
         teid,
@@ -592,7 +638,7 @@ fn places_go_in_order_and_come_back_longest_free_first() {
     let place = |p: &mut Sgw, n: u64| {
         let r = response(&one(p, create(imsi(n), enb, 1)).1);
         match r.cause {
-            Some(gtpv2_cause::REQUEST_ACCEPTED) => Ok(r.paa.unwrap()[3]),
+            Some(gtpv2_cause::REQUEST_ACCEPTED) => Ok(r.paa.unwrap()[4]),
             cause => Err(cause),
         }
     };
@@ -723,23 +769,25 @@ fn bad_settings_name_the_field() {
 }
 
 /// Replicated, sessions move to a switch that saw none of their signaling: switch A takes
-/// the signaling of the `gtp` workload, switch B only its users' packets. Each of B's
-/// packets names its subscriber (uplink by TEID) or, downlink, only an address B knows
-/// nothing of: its alias, which A wrote with the session. Installed from what A would have
-/// written, B tunnels every packet as one switch that saw all the signaling first does,
-/// byte for byte. A session whose address another subscriber has here is refused.
+/// the signaling of the `gtp` workload (a third of its subscribers on IPv6), switch B only
+/// its users' packets. None of B's packets names its subscriber: each carries only its
+/// place (uplink in its TEID, downlink in its address or /64), the alias A wrote with the
+/// session. Installed from what A would have written, B tunnels every packet as one switch
+/// that saw all the signaling first does, byte for byte. A session whose address another
+/// subscriber has here is refused.
 #[test]
 fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
     use crate::testutil::replicated_names;
     use std::collections::HashMap;
     let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
-    cfg.ipv6_share = 0.0;
+    cfg.ipv6_share = 0.3;
     let (signaling, data): (Vec<_>, Vec<_>) = (crate::testutil::generated(&cfg).into_iter())
         .partition(|(f, _)| {
             let parsed = stateplane_wire::parse(f, 0, &hasher()).unwrap();
             parsed.flags.has(ParseFlags::GTPC)
         });
-    let (mut a, mut b, mut whole) = (sgw(), sgw(), sgw());
+    let dual = || sgw_at(SGW, "ue_pool6 = \"2001:2:0:8000::/49\"");
+    let (mut a, mut b, mut whole) = (dual(), dual(), dual());
     assert!(a.replicate("sessions") && b.replicate("sessions"));
     assert!(!sgw().replicate("by_ue"));
     // The store, as A's writes leave it: each subscriber's last state, and its alias.
@@ -867,7 +915,7 @@ fn a_reload_keeps_sessions_while_the_gateways_address_and_pool_stay() {
         assert_eq!(reached(&mut new), kept, "{extra}");
         if kept == 6 {
             let r = response(&one(&mut new, create(imsi(7), [198, 18, 200, 7], 7)).1);
-            assert_eq!(r.paa, Some([198, 18, 128, 6]), "the next place free");
+            assert_eq!(r.paa, Some(vec![1, 198, 18, 128, 6]), "the next place free");
         }
     }
     let mut moved = sgw_at("198.19.255.3", "");
@@ -885,7 +933,98 @@ fn a_reload_keeps_sessions_while_the_gateways_address_and_pool_stay() {
     let carried = Program::inherit(&mut repooled, opened(), 2);
     assert_eq!(
         carried[0].to_string(),
-        "sessions: starts afresh (the subscriber pool changed from 198.18.128.0/17 to \
-         198.18.0.0/17 (a session's address and TEIDs are its place in the pool))"
+        "sessions: starts afresh (the subscriber pools changed from 198.18.128.0/17 to \
+         198.18.0.0/17 (a session's addresses and TEIDs are its place in the pools))"
     );
+    let mut dual = sgw_at(SGW, "ue_pool6 = \"2001:2:0:8000::/49\"");
+    let carried = Program::inherit(&mut dual, opened(), 2);
+    assert!(
+        carried[0]
+            .to_string()
+            .contains("changed from 198.18.128.0/17 to 198.18.128.0/17 and 2001:2:0:8000::/49"),
+        "{}",
+        carried[0]
+    );
+}
+
+/// The PDN type asked for is served where the pools allow: IPv4v6 with no IPv6 pool is
+/// IPv4 (cause 18, "new PDN type due to network preference"), IPv6 alone is refused (83);
+/// with one, an IPv6 session gets its /64 alone, carries no IPv4, and takes IPv6 uplink
+/// only from its /64.
+#[test]
+fn sessions_carry_the_pdn_types_the_pools_allow() {
+    use gtpv2_type::CREATE_SESSION_REQUEST;
+    let enb = [198, 18, 200, 1];
+    let asking = |imsi: u64, pdn: u8| {
+        let ies = [
+            imsi_ie(imsi),
+            mme_ie(),
+            ie(gtpv2_ie::PDN_TYPE, 0, &[pdn]),
+            bearer_ie(enb, 1),
+        ];
+        message(CREATE_SESSION_REQUEST, Some(0), &ies)
+    };
+    let mut v4_only = sgw();
+    let r = response(&one(&mut v4_only, asking(imsi(1), 3)).1);
+    assert_eq!(r.cause, Some(gtpv2_cause::NEW_PDN_TYPE_NETWORK_PREFERENCE));
+    assert_eq!(r.paa, Some(vec![1, 198, 18, 128, 0]));
+    let r = response(&one(&mut v4_only, asking(imsi(2), 2)).1);
+    let refused_v6 = refused(
+        CREATE_SESSION_REQUEST,
+        MME_TEID,
+        gtpv2_cause::PREFERRED_PDN_TYPE_NOT_SUPPORTED,
+        None,
+    );
+    assert_eq!(r, refused_v6);
+    let r = response(&one(&mut v4_only, asking(imsi(2), 5)).1);
+    assert_eq!(r.offending, Some((gtpv2_ie::PDN_TYPE, 0)), "no PDN type 5");
+
+    let mut dual = sgw_at(SGW, "ue_pool6 = \"2001:2:0:8000::/49\"");
+    let r = response(&one(&mut dual, asking(imsi(1), 2)).1);
+    let prefix = [0x20, 0x01, 0, 2, 0, 0, 0x80, 0];
+    assert_eq!(r.paa, Some([&[2, 64][..], &prefix, &[0; 8]].concat()));
+    let v = one(&mut dual, downlink_to("198.18.128.0")).0;
+    assert_eq!(
+        reason(&dual, v),
+        "no_session",
+        "an IPv6 session carries no IPv4"
+    );
+    let (v, _) = one(&mut dual, downlink_to("2001:2:0:8000::99"));
+    assert_eq!(v, Verdict::Forward(0), "any address of its /64");
+    let v = one(&mut dual, downlink_to("2001:2:0:8001::1")).0;
+    assert_eq!(reason(&dual, v), "no_session", "the next place's /64");
+    let v = one(&mut dual, downlink_to("2001:2:0:7fff::1")).0;
+    assert_eq!(reason(&dual, v), "not_routed");
+    let up = |source: &str| uplink_from("198.18.200.1", S1U_TEIDS, source);
+    assert_eq!(
+        one(&mut dual, up("2001:2:0:8000::5")).0,
+        Verdict::Forward(1)
+    );
+    for spoofed in ["2001:2:0:8001::5", "198.18.128.0"] {
+        let v = one(&mut dual, up(spoofed)).0;
+        assert_eq!(reason(&dual, v), "spoofed", "{spoofed}");
+    }
+}
+
+#[test]
+fn an_ipv6_pool_must_hold_a_64_a_place() {
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let err = |pool6: &str| {
+        let text = format!(
+            "address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\nue_pool6 = \"{pool6}\""
+        );
+        let cfg: SgwConfig = toml::from_str(&text).unwrap();
+        Sgw::new(&cfg, &names, "program.sgw", 1)
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert_eq!(err("2001:2:0:8000::/49"), None);
+    assert_eq!(err("::/0"), None, "the whole space");
+    let small = err("2001:2:0:8000::/50").unwrap();
+    assert!(
+        small.contains("program.sgw.ue_pool6") && small.contains("give a /49 or shorter"),
+        "{small}"
+    );
+    let v4 = err("198.18.0.0/16").unwrap();
+    assert!(v4.contains("give an IPv6 prefix"), "{v4}");
 }
