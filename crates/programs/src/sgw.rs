@@ -8,12 +8,15 @@
 //!   F-TEID (its address and the TEID downlink must carry) make a session. The gateway
 //!   allocates the subscriber a place in `ue_pool`: its address, and its TEIDs, which
 //!   carry the place (`0x1000_0000 | place` for S11, `0x2000_0000 | place` for S1-U
-//!   uplink), so that every packet finds its session with one lookup by address.
+//!   uplink), so that every packet finds its session through the index by address.
 //!   Places never used go first, in order; then those freed, the longest free first, so a
 //!   deleted session's TEIDs go unused for as long as the pool allows. Replicated
 //!   sessions are the exception: switches sharing a store share no allocator, so a
 //!   subscriber's place there is its IMSI modulo the pool's size, the same at every
 //!   switch.
+//! - The PDN type asked for is served where the pools allow: with `ue_pool6`, IPv4, IPv6
+//!   (the /64 at the session's place) or both; without, IPv4v6 is answered IPv4 alone
+//!   (cause 18) and IPv6 alone refused (83). A session carries only its families.
 //! - Modify Bearer Request (to the session's S11 TEID): the eNodeB's S1-U F-TEID (the
 //!   bearer set up, or a handover).
 //! - Delete Session Request: the session goes, and its place is free.
@@ -51,6 +54,7 @@
 //! packets that name it by its place (other signaling and uplink by TEID, downlink by
 //! address) find it at another switch by the place, the alias written with its session.
 //! Configuration: `address` (the gateway's IPv4 address, required), `ue_pool` (required),
+//! `ue_pool6` (optional: IPv6 subscribers),
 //! `access` and `core` (ports, default 0 and 1), `capacity` (sessions, default 65536).
 
 use crate::keys::filled_table;
