@@ -1158,7 +1158,7 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
 /// changed to one the gateway does not read) is answered "Mandatory IE missing" (70)
 /// naming the IMSI (type 1), to the MME's TEID; a Modify Bearer Request to a TEID of no
 /// session "Context not found" (64), to TEID 0; an Echo Request gets an Echo Response
-/// with its restart counter; no frame malformed.
+/// with its restart counter, on GTP-C and on GTP-U; no frame malformed.
 #[test]
 fn tshark_reads_sgws_refusals_and_echo_responses() {
     let trace = tmp("sgw-refusals.pcap");
@@ -1183,6 +1183,15 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
         stateplane_gen::build::emit_frame(&mut frame, &client, &l4, &echo);
         let (ts, _, _) = frames[modify];
         frames.insert(modify + 1, (ts, frame.clone(), frame.len() as u32));
+        // A GTP-U Echo Request from an eNodeB: sequence 0x99.
+        let echo_u = [0x32, 1, 0, 4, 0, 0, 0, 0, 0, 0x99, 0, 0];
+        client.src = std::net::Ipv4Addr::new(198, 18, 200, 1).into();
+        let l4 = stateplane_gen::build::L4::Udp {
+            src_port: 2152,
+            dst_port: 2152,
+        };
+        stateplane_gen::build::emit_frame(&mut frame, &client, &l4, &echo_u);
+        frames.insert(modify + 2, (ts, frame.clone(), frame.len() as u32));
     });
     let (config, access) = (tmp("sgw-refusals.toml"), tmp("sgw-refusals-access.pcap"));
     std::fs::write(
@@ -1244,5 +1253,32 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
         (echo[1], echo[4], echo[5]),
         ("0x000077", "", "0"),
         "{echo:?}"
+    );
+    let out = ok(tool("tshark")
+        .args(["-n", "-r"])
+        .arg(&access)
+        .args([
+            "-Y",
+            "gtp.message == 2",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+        ])
+        .args([
+            "-e",
+            "gtp.teid",
+            "-e",
+            "gtp.seq_number",
+            "-e",
+            "gtp.recovery",
+        ])
+        .args(["-e", "_ws.malformed", "-e", "udp.srcport", "-e", "ip.dst"])
+        .output()
+        .unwrap());
+    assert_eq!(
+        out.trim(),
+        "0x00000000;0x0099;0;;2152;198.18.200.1",
+        "one GTP-U Echo Response, to the eNodeB"
     );
 }

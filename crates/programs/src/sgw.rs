@@ -20,7 +20,7 @@
 //! - Modify Bearer Request (to the session's S11 TEID): the eNodeB's S1-U F-TEID (the
 //!   bearer set up, or a handover).
 //! - Delete Session Request: the session goes, and its place is free.
-//! - Echo Request: answered (path management).
+//! - Echo Request, GTPv2-C or GTP-U: answered (path management).
 //!
 //! Every request the gateway can read is answered in the data plane: the packet becomes
 //! its response (TS 29.274: the request's type plus one, its sequence number, the MME's
@@ -69,8 +69,9 @@ use stateplane_state::{
     Reply, Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
-    Fteid, GTPC_PORT, GTPU_PORT, GTPU_T_PDU, GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie,
-    fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies, gtpv2_type, imsi_value, pdn_type,
+    Fteid, GTPC_PORT, GTPU_ECHO_REQUEST, GTPU_ECHO_RESPONSE, GTPU_PORT, GTPU_RECOVERY, GTPU_T_PDU,
+    GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, fteid_interface, gtpv2_cause, gtpv2_ie,
+    gtpv2_ies, gtpv2_type, imsi_value, pdn_type,
 };
 use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -291,6 +292,8 @@ enum Step {
     Encapsulate(Session),
     /// Take the user's packet out of its tunnel: it starts at this offset.
     Decapsulate(usize),
+    /// Answer the GTP-U Echo Request it is (its sequence number).
+    EchoUserPlane(Option<u16>),
 }
 
 /// The response a signaling request gets.
@@ -646,6 +649,9 @@ impl Sgw {
             let Some(gtp) = data.get(at..).map(GtpuPacket::new_unchecked) else {
                 return Step::Done(Verdict::Drop(NO_ROOM));
             };
+            if gtp.message_type() == GTPU_ECHO_REQUEST {
+                return Step::EchoUserPlane(gtp.sequence());
+            }
             let session = (self.subscriber_at(parsed.teid, S1U_TEIDS).ok())
                 .and_then(|imsi| self.sessions.get(&imsi));
             let Some(s) = session.filter(|_| gtp.message_type() == GTPU_T_PDU) else {
@@ -945,44 +951,71 @@ impl Sgw {
         Ok(at)
     }
 
-    /// Turns packet `i`, a signaling request, into its `answer`, sent back out of the port
-    /// it came in by to the address and port it came from, with the information elements
-    /// of [`Sgw::response_ies`].
+    /// Turns packet `i`, a signaling request, into its `answer`, with the information
+    /// elements of [`Sgw::response_ies`] ([`Sgw::reply`]).
     fn answer(&self, burst: &mut Burst, i: usize, answer: &Answer) -> Verdict {
-        let d = burst.descs()[i];
-        let (l2, old_len) = (usize::from(d.parsed.l3_offset), d.len as usize);
-        let mut frame = [0u8; 192];
-        // An Ethernet header (and VLAN tags), as the parser gave it.
-        let fits = (12..frame.len() - 28).contains(&l2);
-        let Some(link) = burst.data(i).get(..l2).filter(|_| fits) else {
-            return Verdict::Drop(NO_ROOM);
-        };
-        // The link header back the way it came: the MAC addresses swapped.
-        frame[..l2].copy_from_slice(link);
-        frame[..6].copy_from_slice(&link[6..12]);
-        frame[6..12].copy_from_slice(&link[..6]);
-        let gtp_at = l2 + 28;
+        let mut message = [0u8; 160];
         let header = Gtpv2Repr {
             message_type: answer.request + 1,
             teid: answer.teid,
             sequence: answer.sequence,
             payload_len: 0,
         };
-        let ies_at = gtp_at + header.header_len();
-        let Ok(ies) = self.response_ies(answer, &mut frame[ies_at..]) else {
+        let at = header.header_len();
+        let written = self
+            .response_ies(answer, &mut message[at..])
+            .and_then(|ies| {
+                let header = Gtpv2Repr {
+                    payload_len: ies as u16,
+                    ..header
+                };
+                header.emit(&mut message).map(|()| at + ies)
+            });
+        match written {
+            Ok(len) => self.reply(burst, i, GTPC_PORT, &message[..len]),
+            Err(_) => Verdict::Drop(NO_ROOM),
+        }
+    }
+
+    /// Turns packet `i`, a GTP-U Echo Request, into its Echo Response (TS 29.281 7.2.2):
+    /// TEID 0, the request's sequence number, the restart counter (Recovery, 0).
+    fn echo_user_plane(&self, burst: &mut Burst, i: usize, sequence: Option<u16>) -> Verdict {
+        let mut message = [0u8; 14];
+        let header = GtpuRepr {
+            message_type: GTPU_ECHO_RESPONSE,
+            teid: 0,
+            sequence: Some(sequence.unwrap_or(0)),
+            payload_len: 2,
+        };
+        let at = header.header_len();
+        message[at..at + 2].copy_from_slice(&[GTPU_RECOVERY, 0]);
+        match header.emit(&mut message) {
+            Ok(()) => self.reply(burst, i, GTPU_PORT, &message[..at + 2]),
+            Err(_) => Verdict::Drop(NO_ROOM),
+        }
+    }
+
+    /// Makes packet `i` a datagram carrying `message` from the gateway's `port` back to
+    /// the address and port it came from, out of the port it came in by, the MAC
+    /// addresses swapped.
+    fn reply(&self, burst: &mut Burst, i: usize, port: u16, message: &[u8]) -> Verdict {
+        let d = burst.descs()[i];
+        let (l2, old_len) = (usize::from(d.parsed.l3_offset), d.len as usize);
+        let mut frame = [0u8; 256];
+        // An Ethernet header (and VLAN tags), as the parser gave it.
+        let fits = (12..frame.len().saturating_sub(28 + message.len())).contains(&l2);
+        let Some(link) = burst.data(i).get(..l2).filter(|_| fits) else {
             return Verdict::Drop(NO_ROOM);
         };
-        let gtp_len = header.header_len() + ies;
+        frame[..l2].copy_from_slice(link);
+        frame[..6].copy_from_slice(&link[6..12]);
+        frame[6..12].copy_from_slice(&link[..6]);
         let k = &d.parsed.key;
-        let mme = [k.src[0], k.src[1], k.src[2], k.src[3]];
-        let header = Gtpv2Repr {
-            payload_len: ies as u16,
-            ..header
-        };
-        let written = self
-            .emit_udp(&mut frame[l2..], mme, (GTPC_PORT, k.src_port), gtp_len)
-            .and_then(|()| header.emit(&mut frame[gtp_at..]));
-        let len = gtp_at + gtp_len;
+        let peer = [k.src[0], k.src[1], k.src[2], k.src[3]];
+        let at = l2 + 28;
+        let len = at + message.len();
+        frame[at..len].copy_from_slice(message);
+        let written = self.emit_udp(&mut frame[l2..], peer, (port, k.src_port), message.len());
         let resized = written.is_ok()
             && if len >= old_len {
                 burst.grow_front(i, len - old_len).is_some()
@@ -1060,6 +1093,7 @@ impl Program for Sgw {
                 Step::Encapsulate(s) => self.encapsulate(burst, i, s),
                 Step::Decapsulate(inner) => self.decapsulate(burst, i, inner),
                 Step::Answer(answer) => self.answer(burst, i, &answer),
+                Step::EchoUserPlane(sequence) => self.echo_user_plane(burst, i, sequence),
             };
             burst.descs_mut()[i].verdict = verdict;
         }

@@ -12,6 +12,11 @@ pub const GTPC_PORT: u16 = 2123;
 pub const GTPU_MIN_HEADER_LEN: usize = 8;
 /// GTP-U message type of a user-data packet (T-PDU).
 pub const GTPU_T_PDU: u8 = 255;
+/// GTP-U path management (TS 29.281 7.2): a peer asks whether the other end is alive.
+pub const GTPU_ECHO_REQUEST: u8 = 1;
+pub const GTPU_ECHO_RESPONSE: u8 = 2;
+/// The Recovery element of a GTP-U Echo Response (type and value: the restart counter).
+pub const GTPU_RECOVERY: u8 = 14;
 
 const FLAG_PT: u8 = 0x10;
 const FLAG_E: u8 = 0x04;

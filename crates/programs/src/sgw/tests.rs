@@ -947,6 +947,44 @@ fn a_reload_keeps_sessions_while_the_gateways_address_and_pool_stay() {
     );
 }
 
+/// A GTP-U Echo Request from an eNodeB (its path supervision) gets an Echo Response from
+/// the gateway's GTP-U port: TEID 0, the request's sequence number, Recovery (type 14)
+/// with the restart counter.
+#[test]
+fn user_plane_echo_requests_are_answered() {
+    let mut p = sgw();
+    let mut request = [0u8; 12];
+    let header = GtpuRepr {
+        message_type: 1,
+        teid: 0,
+        sequence: Some(0x1234),
+        payload_len: 0,
+    };
+    header.emit(&mut request).unwrap();
+    let frame = udp_frame("198.18.200.1", SGW, GTPU_PORT, &request);
+    let (v, bytes) = one(&mut p, frame.clone());
+    assert_eq!(v, Verdict::Forward(0), "back out of the access port");
+    let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
+    assert_eq!(
+        (a.key.src[..4].to_vec(), a.key.dst[..4].to_vec()),
+        (vec![198, 19, 255, 2], vec![198, 18, 200, 1])
+    );
+    assert_eq!((a.key.src_port, a.key.dst_port), (GTPU_PORT, GTPU_PORT));
+    assert_eq!(
+        checksum::checksum(&bytes[14..34]),
+        0,
+        "IPv4 header checksum"
+    );
+    let gtp = GtpuPacket::new_checked(&bytes[usize::from(a.gtp_offset)..]).unwrap();
+    let response = GtpuRepr::parse(&gtp).unwrap();
+    assert_eq!(
+        (response.message_type, response.teid, response.sequence),
+        (2, 0, Some(0x1234))
+    );
+    assert_eq!(gtp.payload(), [14, 0]);
+    assert_eq!(bytes.len(), 14 + 20 + 8 + 12 + 2);
+}
+
 /// The PDN type asked for is served where the pools allow: IPv4v6 with no IPv6 pool is
 /// IPv4 (cause 18, "new PDN type due to network preference"), IPv6 alone is refused (83);
 /// with one, an IPv6 session gets its /64 alone, carries no IPv4, and takes IPv6 uplink
