@@ -1158,7 +1158,8 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
 /// changed to one the gateway does not read) is answered "Mandatory IE missing" (70)
 /// naming the IMSI (type 1), to the MME's TEID; a Modify Bearer Request to a TEID of no
 /// session "Context not found" (64), to TEID 0; an Echo Request gets an Echo Response
-/// with its restart counter, on GTP-C and on GTP-U; no frame malformed.
+/// with its restart counter, on GTP-C and on GTP-U; the refused subscriber's uplink gets
+/// an Error Indication; no frame malformed.
 #[test]
 fn tshark_reads_sgws_refusals_and_echo_responses() {
     let trace = tmp("sgw-refusals.pcap");
@@ -1281,4 +1282,41 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
         "0x00000000;0x0099;0;;2152;198.18.200.1",
         "one GTP-U Echo Response, to the eNodeB"
     );
+    // The users' packets of the subscriber whose Create was refused name no session: the
+    // first gets an Error Indication back to its eNodeB, with the TEID it carried.
+    let out = ok(tool("tshark")
+        .args(["-n", "-r"])
+        .arg(&access)
+        .args([
+            "-Y",
+            "gtp.message == 26",
+            "-T",
+            "fields",
+            "-E",
+            "separator=;",
+        ])
+        .args([
+            "-e",
+            "gtp.teid",
+            "-e",
+            "gtp.teid_data",
+            "-e",
+            "_ws.malformed",
+        ])
+        .args(["-e", "ip.src", "-e", "ip.dst"])
+        .output()
+        .unwrap());
+    let indications: Vec<Vec<&str>> = out.lines().map(|l| l.split(';').collect()).collect();
+    assert!(!indications.is_empty(), "an Error Indication");
+    for e in &indications {
+        assert_eq!(
+            (e[0], e[2], e[3]),
+            ("0x00000000", "", "198.19.255.2"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("0x2") && e[4].starts_with("198.18.200."),
+            "{e:?}"
+        );
+    }
 }

@@ -1256,7 +1256,7 @@ fn a_connection_timed_out_at_its_switch_is_not_granted_back_by_the_store() {
 /// one unreplicated switch that saw all the signaling first does: the same users' packets
 /// out of each port, byte for byte (in another order across subscribers: each waits for
 /// its own session), A answering every request. Unreplicated, B drops them all as
-/// `no_session`.
+/// `no_session`, but for the Error Indications it sends their eNodeBs (one every 10 ms).
 #[test]
 fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
     use stateplane_gen::{GenConfig, Workload};
@@ -1350,8 +1350,23 @@ fn sgw_sessions_replicated_to_redis_follow_their_users_to_another_switch() {
         b_access == one_access && b_core == one_core,
         "B: {b}\none switch: {one}"
     );
-    let (unreplicated, _, _, _) = run("sgw-rep-c", &users, None);
-    assert_eq!(unreplicated["counters"]["tx_packets"], 0, "{unreplicated}");
+    // Unreplicated, B has no session: users' packets are dropped, but for the Error
+    // Indications its eNodeBs get back (at most one every 10 ms of the trace's time).
+    let (unreplicated, c_access, c_core, _) = run("sgw-rep-c", &users, None);
+    let sent = unreplicated["counters"]["tx_packets"].as_u64().unwrap();
+    let no_session = unreplicated["drops"]["no_session"].as_u64().unwrap();
+    assert_eq!(sent + no_session, data.len() as u64, "{unreplicated}");
+    assert!(
+        c_core.is_empty() && c_access.len() as u64 == sent,
+        "{unreplicated}"
+    );
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    for f in &c_access {
+        let gtp = stateplane_wire::parse::parse(f, 0, &hasher)
+            .unwrap()
+            .gtp_offset;
+        assert_eq!(f[usize::from(gtp) + 1], 26, "an Error Indication");
+    }
 }
 
 /// `hh` with its sketches in bounded mode on a real Redis: each worker's snapshots reach

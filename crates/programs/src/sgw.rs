@@ -33,6 +33,9 @@
 //! that cannot be read as GTPv2-C, or of a type the gateway does not take, is dropped
 //! and counted (`bad_signaling`).
 //!
+//! A T-PDU whose TEID names no session gets an Error Indication back (TS 29.281 7.3.1),
+//! at most one every 10 ms; the rest are dropped (`no_session`).
+//!
 //! Uplink (GTP-U T-PDUs to the gateway with a session's S1-U TEID, from the session's
 //! eNodeB once it is known, the packet inside from the subscriber's address) is
 //! decapsulated and sent to `core`; downlink (IP packets to a pool address with a session
@@ -69,9 +72,10 @@ use stateplane_state::{
     Reply, Request, ValueCodec,
 };
 use stateplane_wire::gtp::{
-    Fteid, GTPC_PORT, GTPU_ECHO_REQUEST, GTPU_ECHO_RESPONSE, GTPU_PORT, GTPU_RECOVERY, GTPU_T_PDU,
-    GtpuPacket, GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, fteid_interface, gtpv2_cause, gtpv2_ie,
-    gtpv2_ies, gtpv2_type, imsi_value, pdn_type,
+    Fteid, GTPC_PORT, GTPU_ECHO_REQUEST, GTPU_ECHO_RESPONSE, GTPU_ERROR_INDICATION,
+    GTPU_PEER_ADDRESS, GTPU_PORT, GTPU_RECOVERY, GTPU_T_PDU, GTPU_TEID_DATA_I, GtpuPacket,
+    GtpuRepr, Gtpv2Repr, emit_gtpv2_ie, fteid_interface, gtpv2_cause, gtpv2_ie, gtpv2_ies,
+    gtpv2_type, imsi_value, pdn_type,
 };
 use stateplane_wire::ipv4::{Ipv4Options, Ipv4Repr};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -115,6 +119,10 @@ const TEID_SPACE: u32 = 0xf000_0000;
 
 /// The EPS bearer id of a subscriber's one (default) bearer.
 const DEFAULT_BEARER: u8 = 5;
+
+/// Error Indications go out at most once every this long (100 a second), so that a spray
+/// of guessed TEIDs cannot make the gateway a reflector.
+const ERROR_INDICATION_GAP_NS: u64 = 10_000_000;
 
 /// Outer IPv4, UDP and GTP-U headers: what encapsulation adds.
 const TUNNEL_HEADERS: usize = 20 + 8 + 8;
@@ -294,6 +302,8 @@ enum Step {
     Decapsulate(usize),
     /// Answer the GTP-U Echo Request it is (its sequence number).
     EchoUserPlane(Option<u16>),
+    /// Tell the sender of this T-PDU that its TEID names no session here.
+    ErrorIndication(u32),
 }
 
 /// The response a signaling request gets.
@@ -419,6 +429,9 @@ pub struct Sgw {
     /// Signaling answered, by cause (in [`ANSWERS`]' order), and echo requests.
     answered: [u64; ANSWERS.len()],
     echoes: u64,
+    /// Error Indications sent, and when the next may go.
+    error_indications: u64,
+    next_error_indication_ns: u64,
 }
 
 impl Sgw {
@@ -487,6 +500,8 @@ impl Sgw {
             places: Places::new(size),
             answered: [0; ANSWERS.len()],
             echoes: 0,
+            error_indications: 0,
+            next_error_indication_ns: 0,
         })
     }
 
@@ -654,8 +669,17 @@ impl Sgw {
             }
             let session = (self.subscriber_at(parsed.teid, S1U_TEIDS).ok())
                 .and_then(|imsi| self.sessions.get(&imsi));
-            let Some(s) = session.filter(|_| gtp.message_type() == GTPU_T_PDU) else {
+            if gtp.message_type() != GTPU_T_PDU {
                 return Step::Done(Verdict::Drop(NO_SESSION));
+            }
+            let Some(s) = session else {
+                // TS 29.281 7.3.1: the eNodeB learns the bearer is gone and releases it.
+                if now < self.next_error_indication_ns {
+                    return Step::Done(Verdict::Drop(NO_SESSION));
+                }
+                self.next_error_indication_ns = now.saturating_add(ERROR_INDICATION_GAP_NS);
+                self.error_indications += 1;
+                return Step::ErrorIndication(parsed.teid);
             };
             // A session's TEID is good only from its eNodeB (any, until the MME names
             // one: the eNodeB may send before the MME's Modify Bearer Request arrives),
@@ -995,6 +1019,28 @@ impl Sgw {
         }
     }
 
+    /// Turns packet `i`, a T-PDU whose TEID `teid` names no session, into an Error
+    /// Indication (TS 29.281 7.3.1) to its sender: TEID 0, sequence 0, the TEID (TEID Data
+    /// I) and the gateway's address (GTP-U Peer Address).
+    fn error_indication(&self, burst: &mut Burst, i: usize, teid: u32) -> Verdict {
+        let mut message = [0u8; 24];
+        let header = GtpuRepr {
+            message_type: GTPU_ERROR_INDICATION,
+            teid: 0,
+            sequence: Some(0),
+            payload_len: 12,
+        };
+        let at = header.header_len();
+        message[at] = GTPU_TEID_DATA_I;
+        message[at + 1..at + 5].copy_from_slice(&teid.to_be_bytes());
+        message[at + 5..at + 8].copy_from_slice(&[GTPU_PEER_ADDRESS, 0, 4]);
+        message[at + 8..at + 12].copy_from_slice(&self.address);
+        match header.emit(&mut message) {
+            Ok(()) => self.reply(burst, i, GTPU_PORT, &message[..at + 12]),
+            Err(_) => Verdict::Drop(NO_ROOM),
+        }
+    }
+
     /// Makes packet `i` a datagram carrying `message` from the gateway's `port` back to
     /// the address and port it came from, out of the port it came in by, the MAC
     /// addresses swapped.
@@ -1016,11 +1062,13 @@ impl Sgw {
         let len = at + message.len();
         frame[at..len].copy_from_slice(message);
         let written = self.emit_udp(&mut frame[l2..], peer, (port, k.src_port), message.len());
+        // Written from the packet's start: a longer reply takes headroom, a shorter one
+        // leaves the packet's tail behind.
         let resized = written.is_ok()
             && if len >= old_len {
                 burst.grow_front(i, len - old_len).is_some()
             } else {
-                burst.shrink_front(i, old_len - len)
+                burst.truncate(i, len)
             };
         if !resized {
             return Verdict::Drop(NO_ROOM);
@@ -1094,6 +1142,7 @@ impl Program for Sgw {
                 Step::Decapsulate(inner) => self.decapsulate(burst, i, inner),
                 Step::Answer(answer) => self.answer(burst, i, &answer),
                 Step::EchoUserPlane(sequence) => self.echo_user_plane(burst, i, sequence),
+                Step::ErrorIndication(teid) => self.error_indication(burst, i, teid),
             };
             burst.descs_mut()[i].verdict = verdict;
         }
@@ -1147,6 +1196,7 @@ impl Program for Sgw {
                 let answered = ANSWERS.iter().zip(self.answered);
                 counters.extend(answered.map(|((_, name), n)| (*name, n)));
                 counters.push(("echo_requests", self.echoes));
+                counters.push(("error_indications", self.error_indications));
                 Reply::Counters(counters)
             }
             other => other,
@@ -1236,6 +1286,7 @@ impl Program for Sgw {
             String::new()
         };
         (self.answered, self.echoes) = (old.answered, old.echoes);
+        self.error_indications = old.error_indications;
         if !why.is_empty() {
             return vec![Carried::afresh("sessions", why)];
         }

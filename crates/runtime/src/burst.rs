@@ -381,6 +381,19 @@ impl Burst {
         true
     }
 
+    /// Drops the bytes of packet `i` past its first `len` (a reply shorter than the
+    /// packet it is written over); whether it had them.
+    pub fn truncate(&mut self, i: usize, len: usize) -> bool {
+        let Some(desc) = self.slots[..self.count].get_mut(i) else {
+            return false;
+        };
+        if (desc.len as usize) < len {
+            return false;
+        }
+        desc.len = len as u32;
+        true
+    }
+
     /// Each packet with its descriptor and its bytes, mutable, in order.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = PacketMut<'_>> {
         let mut rest: &mut [u8] = &mut self.arena[..self.used];
@@ -610,5 +623,19 @@ mod tests {
             "shrinking gives it back"
         );
         assert!(!b.shrink_front(0, 21));
+    }
+
+    #[test]
+    fn a_packet_is_cut_to_its_first_bytes_and_the_next_keeps_its_own() {
+        let mut b = Burst::with_capacity(3);
+        b.push(&[1u8; 2000], 2000, 0, 0, 0);
+        b.push(&[2u8; 20], 20, 0, 0, 1);
+        assert!(!b.truncate(0, 2001), "no bytes it does not have");
+        assert!(b.truncate(0, 60));
+        assert_eq!(b.data(0), &[1u8; 60]);
+        assert_eq!(b.data(1), &[2u8; 20]);
+        let lens: Vec<usize> = b.iter_mut().map(|p| p.data.len()).collect();
+        assert_eq!(lens, [60, 20]);
+        assert!(!b.truncate(2, 0), "no such packet");
     }
 }

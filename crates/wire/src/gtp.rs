@@ -17,6 +17,12 @@ pub const GTPU_ECHO_REQUEST: u8 = 1;
 pub const GTPU_ECHO_RESPONSE: u8 = 2;
 /// The Recovery element of a GTP-U Echo Response (type and value: the restart counter).
 pub const GTPU_RECOVERY: u8 = 14;
+/// TS 29.281 7.3.1: a T-PDU arrived whose TEID names no bearer.
+pub const GTPU_ERROR_INDICATION: u8 = 26;
+/// An Error Indication's elements: the TEID (type and value) and the sender's address
+/// (type, 2-byte length, address).
+pub const GTPU_TEID_DATA_I: u8 = 16;
+pub const GTPU_PEER_ADDRESS: u8 = 133;
 
 const FLAG_PT: u8 = 0x10;
 const FLAG_E: u8 = 0x04;

@@ -466,6 +466,13 @@ fn signaling_creates_moves_and_deletes_a_session() {
     )
     .0;
     assert_eq!(reason(&p, v), "spoofed");
+    let v = one(&mut p, uplink(S1U_TEIDS | 8)).0;
+    assert_eq!(
+        v,
+        Verdict::Forward(0),
+        "an Error Indication back to the eNodeB"
+    );
+    // The next may go only 10 ms later: until then, counted and dropped.
     for teid in [
         S1U_TEIDS | 8,
         S11_TEIDS,
@@ -983,6 +990,52 @@ fn user_plane_echo_requests_are_answered() {
     );
     assert_eq!(gtp.payload(), [14, 0]);
     assert_eq!(bytes.len(), 14 + 20 + 8 + 12 + 2);
+}
+
+/// A T-PDU whose TEID names no session (the gateway lost it, or never had it) gets an
+/// Error Indication back to its eNodeB (TS 29.281 7.3.1: TEID 0, the S flag, TEID Data I
+/// with the TEID, the gateway's address as GTP-U Peer Address), at most one every 10 ms:
+/// the rest are dropped as `no_session`, and the count is in the sessions' stats.
+#[test]
+fn unknown_teids_get_an_error_indication_at_most_every_10_ms() {
+    let mut p = sgw();
+    let unknown = || uplink_from("198.18.200.3", S1U_TEIDS | 9, "198.18.128.9");
+    let at = |p: &mut Sgw, t: u64| run_at(p, t, &[(unknown(), 0)], (0, 1), 2).remove(0);
+    let (v, bytes) = at(&mut p, 5_000_000);
+    assert_eq!(v, Verdict::Forward(0));
+    let a = stateplane_wire::parse(&bytes, 0, &hasher()).unwrap();
+    assert_eq!(
+        (
+            a.key.src[..4].to_vec(),
+            a.key.dst[..4].to_vec(),
+            a.key.dst_port
+        ),
+        (vec![198, 19, 255, 2], vec![198, 18, 200, 3], GTPU_PORT)
+    );
+    let gtp = &bytes[usize::from(a.gtp_offset)..];
+    assert_eq!(
+        gtp,
+        [
+            &[0x32, 26, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0][..],
+            &[16, 0x20, 0, 0, 9],
+            &[133, 0, 4, 198, 19, 255, 2],
+        ]
+        .concat()
+    );
+    let names = p.drop_reasons();
+    let verdicts = [5_000_001, 14_999_999, 15_000_000, 15_000_001].map(|t| match at(&mut p, t).0 {
+        Verdict::Drop(r) => r.name(names),
+        _ => "pass",
+    });
+    assert_eq!(verdicts, ["no_session", "no_session", "pass", "no_session"]);
+    let ctx = Context::one_worker(1, hasher(), 2);
+    let stats = Request::Stats {
+        table: "sessions".into(),
+    };
+    let Ok(Reply::Counters(counters)) = p.control(&stats, None, &ctx) else {
+        panic!("the sessions' stats");
+    };
+    assert!(counters.contains(&("error_indications", 2)), "{counters:?}");
 }
 
 /// The PDN type asked for is served where the pools allow: IPv4v6 with no IPv6 pool is
