@@ -1044,6 +1044,19 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         .unwrap());
 }
 
+/// What tshark reads of each frame of `file` that `filter` keeps: the `fields`, in order.
+fn tshark_fields(file: &Path, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
+    let mut tshark = tool("tshark");
+    tshark.args(["-n", "-r"]).arg(file);
+    tshark.args(["-Y", filter, "-T", "fields", "-E", "separator=;"]);
+    for field in fields {
+        tshark.args(["-e", field]);
+    }
+    let out = ok(tshark.output().unwrap());
+    let line = |l: &str| l.split(';').map(str::to_owned).collect();
+    out.lines().map(line).collect()
+}
+
 /// `sgw` answers the MME's signaling in the data plane, and tshark reads the answers as
 /// the GTPv2-C an MME expects: for each request of the generator's `gtp` workload one
 /// response, of the request's type plus one, to the MME's TEID (its Sender F-TEID's in a
@@ -1072,38 +1085,33 @@ fn tshark_reads_sgws_signaling_responses_as_gtpv2() {
     .unwrap();
     ok(bin().args(["run", "-c"]).arg(&config).output().unwrap());
     let gtpv2 = |file: &Path| {
-        let out = ok(tool("tshark")
-            .args(["-n", "-r"])
-            .arg(file)
-            .args(["-Y", "gtpv2", "-T", "fields", "-E", "separator=;"])
-            .args([
-                "-e",
-                "gtpv2.message_type",
-                "-e",
-                "gtpv2.seq",
-                "-e",
-                "gtpv2.cause",
-            ])
-            .args([
-                "-e",
-                "gtpv2.f_teid_interface_type",
-                "-e",
-                "gtpv2.f_teid_gre_key",
-            ])
-            .args(["-e", "gtpv2.ebi", "-e", "gtpv2.pdn_addr_and_prefix.ipv4"])
-            .args(["-e", "_ws.malformed", "-e", "ip.dst", "-e", "gtpv2.teid"])
-            .args([
-                "-e",
-                "gtpv2.pdn_type",
-                "-e",
-                "gtpv2.pdn_addr_and_prefix.ipv6",
-            ])
-            .output()
-            .unwrap());
-        out.lines()
-            .map(|l| l.split(';').map(str::to_owned).collect::<Vec<_>>())
-            .collect::<Vec<_>>()
+        let fields = [
+            "gtpv2.message_type",
+            "gtpv2.seq",
+            "gtpv2.cause",
+            "gtpv2.f_teid_interface_type",
+            "gtpv2.f_teid_gre_key",
+            "gtpv2.ebi",
+            "gtpv2.pdn_addr_and_prefix.ipv4",
+            "_ws.malformed",
+            "ip.dst",
+            "gtpv2.teid",
+            "gtpv2.pdn_type",
+            "gtpv2.pdn_addr_and_prefix.ipv6",
+        ];
+        tshark_fields(file, "gtpv2", &fields)
     };
+    // Every frame out is whole: its length on the wire is the bytes written (a tunnel's
+    // headers added, taken away, a response in place of a request).
+    for out in [&access, &tmp("sgw-signaling-core.pcap")] {
+        let cut = tshark_fields(out, "frame.len != frame.cap_len", &["frame.number"]);
+        let first = cut.first();
+        assert!(
+            cut.is_empty(),
+            "{} frames marked as cut short, the first {first:?}",
+            cut.len()
+        );
+    }
     let requests = gtpv2(&trace);
     let mut v4v6 = 0;
     let responses = gtpv2(&access);
@@ -1209,35 +1217,21 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
     )
     .unwrap();
     ok(bin().args(["run", "-c"]).arg(&config).output().unwrap());
-    let out = ok(tool("tshark")
-        .args(["-n", "-r"])
-        .arg(&access)
-        .args(["-Y", "gtpv2", "-T", "fields", "-E", "separator=;"])
-        .args([
-            "-e",
-            "gtpv2.message_type",
-            "-e",
-            "gtpv2.seq",
-            "-e",
-            "gtpv2.cause",
-        ])
-        .args([
-            "-e",
-            "gtpv2.cause_off_ie_t",
-            "-e",
-            "gtpv2.teid",
-            "-e",
-            "gtpv2.rec",
-        ])
-        .args(["-e", "_ws.malformed"])
-        .output()
-        .unwrap());
-    let responses: Vec<Vec<&str>> = out.lines().map(|l| l.split(';').collect()).collect();
+    let fields = [
+        "gtpv2.message_type",
+        "gtpv2.seq",
+        "gtpv2.cause",
+        "gtpv2.cause_off_ie_t",
+        "gtpv2.teid",
+        "gtpv2.rec",
+        "_ws.malformed",
+    ];
+    let responses = tshark_fields(&access, "gtpv2", &fields);
     assert!(responses.iter().all(|r| r[6].is_empty()), "none malformed");
     let first = |kind: &str, cause: &str| {
         (responses.iter())
             .find(|r| r[0] == kind && r[2] == cause)
-            .unwrap_or_else(|| panic!("no response {kind} with cause {cause}: {out}"))
+            .unwrap_or_else(|| panic!("no response {kind} with cause {cause}: {responses:?}"))
     };
     let missing = first("33", "70");
     assert_eq!(missing[3], "1", "the IMSI named: {missing:?}");
@@ -1251,66 +1245,37 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
         .find(|r| r[0] == "2")
         .expect("an Echo Response");
     assert_eq!(
-        (echo[1], echo[4], echo[5]),
+        (echo[1].as_str(), echo[4].as_str(), echo[5].as_str()),
         ("0x000077", "", "0"),
         "{echo:?}"
     );
-    let out = ok(tool("tshark")
-        .args(["-n", "-r"])
-        .arg(&access)
-        .args([
-            "-Y",
-            "gtp.message == 2",
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-        ])
-        .args([
-            "-e",
-            "gtp.teid",
-            "-e",
-            "gtp.seq_number",
-            "-e",
-            "gtp.recovery",
-        ])
-        .args(["-e", "_ws.malformed", "-e", "udp.srcport", "-e", "ip.dst"])
-        .output()
-        .unwrap());
+    let fields = [
+        "gtp.teid",
+        "gtp.seq_number",
+        "gtp.recovery",
+        "_ws.malformed",
+        "udp.srcport",
+        "ip.dst",
+    ];
     assert_eq!(
-        out.trim(),
-        "0x00000000;0x0099;0;;2152;198.18.200.1",
+        tshark_fields(&access, "gtp.message == 2", &fields),
+        [["0x00000000", "0x0099", "0", "", "2152", "198.18.200.1"]],
         "one GTP-U Echo Response, to the eNodeB"
     );
     // The users' packets of the subscriber whose Create was refused name no session: the
     // first gets an Error Indication back to its eNodeB, with the TEID it carried.
-    let out = ok(tool("tshark")
-        .args(["-n", "-r"])
-        .arg(&access)
-        .args([
-            "-Y",
-            "gtp.message == 26",
-            "-T",
-            "fields",
-            "-E",
-            "separator=;",
-        ])
-        .args([
-            "-e",
-            "gtp.teid",
-            "-e",
-            "gtp.teid_data",
-            "-e",
-            "_ws.malformed",
-        ])
-        .args(["-e", "ip.src", "-e", "ip.dst"])
-        .output()
-        .unwrap());
-    let indications: Vec<Vec<&str>> = out.lines().map(|l| l.split(';').collect()).collect();
+    let fields = [
+        "gtp.teid",
+        "gtp.teid_data",
+        "_ws.malformed",
+        "ip.src",
+        "ip.dst",
+    ];
+    let indications = tshark_fields(&access, "gtp.message == 26", &fields);
     assert!(!indications.is_empty(), "an Error Indication");
     for e in &indications {
         assert_eq!(
-            (e[0], e[2], e[3]),
+            (e[0].as_str(), e[2].as_str(), e[3].as_str()),
             ("0x00000000", "", "198.19.255.2"),
             "{e:?}"
         );

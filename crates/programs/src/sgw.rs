@@ -730,6 +730,8 @@ impl Sgw {
         Ok(answer)
     }
 
+    /// What a GTPv2-C message does to the sessions: the answer it gets, accepting or
+    /// refusing (`Err`: unreadable, or of a type the gateway does not take; unanswered).
     fn apply(&mut self, gtp: &[u8], now: u64) -> Result<Answer, DropReason> {
         let signal = Signal::read(gtp)?;
         let h = signal.header;
@@ -1073,7 +1075,10 @@ impl Sgw {
         if !resized {
             return Verdict::Drop(NO_ROOM);
         }
-        burst.packet_mut(i).data[..len].copy_from_slice(&frame[..len]);
+        let p = burst.packet_mut(i);
+        p.data[..len].copy_from_slice(&frame[..len]);
+        // All of the reply is there, whatever the capture cut of the request.
+        p.desc.orig_len = len as u32;
         Verdict::Forward(d.in_port)
     }
 

@@ -28,6 +28,8 @@ pub struct PacketDesc {
     /// Captured length (the bytes in the arena).
     pub len: u32,
     /// Length on the wire (larger than `len` when a capture was cut at its snap length).
+    /// A program that changes the packet's length changes it too: the bytes it adds or
+    /// takes from the front are on the wire, and a packet cut to a reply is all there is.
     pub orig_len: u32,
     /// Time of arrival in nanoseconds (capture time offline, clock time on live ports).
     pub ts_ns: u64,
@@ -364,6 +366,7 @@ impl Burst {
         desc.headroom -= n as u8;
         desc.offset -= n as u32;
         desc.len += n as u32;
+        desc.orig_len = desc.orig_len.saturating_add(n as u32);
         Some(self.packet_mut(i))
     }
 
@@ -378,11 +381,12 @@ impl Burst {
         desc.headroom += n as u8;
         desc.offset += n as u32;
         desc.len -= n as u32;
+        desc.orig_len = desc.orig_len.saturating_sub(n as u32).max(desc.len);
         true
     }
 
-    /// Drops the bytes of packet `i` past its first `len` (a reply shorter than the
-    /// packet it is written over); whether it had them.
+    /// Makes packet `i` its first `len` bytes, all of it on the wire (a reply shorter
+    /// than the packet it is written over); whether it had them.
     pub fn truncate(&mut self, i: usize, len: usize) -> bool {
         let Some(desc) = self.slots[..self.count].get_mut(i) else {
             return false;
@@ -391,6 +395,7 @@ impl Burst {
             return false;
         }
         desc.len = len as u32;
+        desc.orig_len = len as u32;
         true
     }
 
@@ -605,6 +610,26 @@ mod tests {
         assert!(!b.push_desc(&front[2].0, &front[2].1));
     }
 
+    /// The length on the wire follows what a program adds or takes at the front; a packet
+    /// cut at its snap length stays as much longer than its bytes as it was.
+    #[test]
+    fn the_length_on_the_wire_follows_the_front() {
+        let mut b = Burst::with_capacity(2);
+        b.push(&[1u8; 100], 100, 0, 0, 0);
+        b.push(&[2u8; 100], 1500, 0, 0, 1);
+        b.grow_front(0, 36).unwrap();
+        b.grow_front(1, 36).unwrap();
+        let lens = |b: &Burst| {
+            b.descs()
+                .iter()
+                .map(|d| (d.len, d.orig_len))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lens(&b), [(136, 136), (136, 1536)]);
+        assert!(b.shrink_front(0, 50) && b.shrink_front(1, 50));
+        assert_eq!(lens(&b), [(86, 86), (86, 1486)]);
+    }
+
     #[test]
     fn a_packet_grows_into_its_own_headroom_only() {
         let mut b = Burst::with_capacity(2);
@@ -633,6 +658,7 @@ mod tests {
         assert!(!b.truncate(0, 2001), "no bytes it does not have");
         assert!(b.truncate(0, 60));
         assert_eq!(b.data(0), &[1u8; 60]);
+        assert_eq!(b.descs()[0].orig_len, 60, "all of it on the wire");
         assert_eq!(b.data(1), &[2u8; 20]);
         let lens: Vec<usize> = b.iter_mut().map(|p| p.data.len()).collect();
         assert_eq!(lens, [60, 20]);
