@@ -462,6 +462,12 @@ impl Sgw {
             None => None,
         };
         crate::check_capacity(&format!("{field}.capacity"), cfg.capacity, "sessions")?;
+        // The free places: each may come to wait in the queue once (4 bytes a place).
+        crate::claim_bytes(
+            &pool_field,
+            || format!("a queue of {size} free places"),
+            u64::from(size) * 4,
+        )?;
         let access = ports.resolve(&format!("{field}.access"), &cfg.access)?;
         let core = ports.resolve(&format!("{field}.core"), &cfg.core)?;
         if access == core {

@@ -1097,6 +1097,32 @@ fn sessions_carry_the_pdn_types_the_pools_allow() {
     }
 }
 
+/// The queue of free places is claimed from the memory budget at its largest (every
+/// place of the pool, 4 bytes each): a /8 pool's 64 MiB does not fit in 32 MiB, and the
+/// refusal names the pool.
+#[test]
+fn the_free_places_are_claimed_from_the_memory_budget() {
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let build = |pool: &str| {
+        let text = format!("address = \"198.19.255.2\"\nue_pool = \"{pool}\"\ncapacity = 1024");
+        let cfg: SgwConfig = toml::from_str(&text).unwrap();
+        let budget = crate::testutil::budget(32 << 20, 1);
+        let (built, claimed) =
+            stateplane_mem::budget::scope(budget, || Sgw::new(&cfg, &names, "program.sgw", 1));
+        (built.err().map(|e| e.to_string()), claimed.bytes)
+    };
+    let (ok, small) = build("198.18.128.0/17");
+    assert_eq!(ok, None);
+    let (ok, twice) = build("198.18.0.0/16");
+    assert_eq!((ok, twice - small), (None, 4 << 15), "4 bytes more a place");
+    let (refused, _) = build("198.0.0.0/8");
+    let refused = refused.unwrap();
+    assert!(
+        refused.contains("program.sgw.ue_pool") && refused.contains("free places"),
+        "{refused}"
+    );
+}
+
 #[test]
 fn an_ipv6_pool_must_hold_a_64_a_place() {
     let names = PortNames(vec!["a".into(), "b".into()]);
