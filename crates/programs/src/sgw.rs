@@ -333,9 +333,9 @@ struct Signal {
     enb: Option<([u8; 4], u32)>,
     /// The PDN type asked for: the PDN Type element's, else the PAA's.
     pdn: Option<u8>,
-    /// An F-TEID that could not be read (its element's instance), or an eNodeB's with no
-    /// IPv4 address.
-    bad_fteid: Option<u8>,
+    /// The top-level element (type, instance) holding an F-TEID that could not be read,
+    /// or an eNodeB's with no IPv4 address: the F-TEID itself, or its bearer context.
+    bad_fteid: Option<(u8, u8)>,
 }
 
 impl Signal {
@@ -358,14 +358,14 @@ impl Signal {
             let ie = ie.map_err(|_| BAD_SIGNALING)?;
             match ie.ie_type {
                 gtpv2_ie::IMSI => signal.imsi = Some(imsi_value(ie.data)),
-                gtpv2_ie::F_TEID => signal.take_fteid(ie.data, ie.instance),
+                gtpv2_ie::F_TEID => signal.take_fteid(ie.data, (ie.ie_type, ie.instance)),
                 gtpv2_ie::PDN_TYPE => signal.pdn = ie.data.first().map(|t| t & 0x07),
                 gtpv2_ie::PAA => paa = ie.data.first().map(|t| t & 0x07),
                 gtpv2_ie::BEARER_CONTEXT if ie.instance == 0 => {
                     for inner in gtpv2_ies(ie.data) {
                         let inner = inner.map_err(|_| BAD_SIGNALING)?;
                         if inner.ie_type == gtpv2_ie::F_TEID {
-                            signal.take_fteid(inner.data, ie.instance);
+                            signal.take_fteid(inner.data, (ie.ie_type, ie.instance));
                         }
                     }
                 }
@@ -376,15 +376,15 @@ impl Signal {
         Ok(signal)
     }
 
-    fn take_fteid(&mut self, data: &[u8], instance: u8) {
+    fn take_fteid(&mut self, data: &[u8], holder: (u8, u8)) {
         match Fteid::parse(data) {
             Ok(f) if f.interface == fteid_interface::S11_MME => self.mme_teid = Some(f.teid),
             Ok(f) if f.interface == fteid_interface::S1U_ENODEB => match f.v4 {
                 Some(enb) => self.enb = Some((enb, f.teid)),
-                None => self.bad_fteid = Some(instance),
+                None => self.bad_fteid = Some(holder),
             },
             Ok(_) => {}
-            Err(_) => self.bad_fteid = Some(instance),
+            Err(_) => self.bad_fteid = Some(holder),
         }
     }
 }
@@ -769,8 +769,8 @@ impl Sgw {
                     Some(None) => return Ok(incorrect(mme, (gtpv2_ie::IMSI, 0))),
                     Some(Some(imsi)) => imsi,
                 };
-                if let Some(instance) = signal.bad_fteid {
-                    return Ok(incorrect(mme, (gtpv2_ie::F_TEID, instance)));
+                if let Some(holder) = signal.bad_fteid {
+                    return Ok(incorrect(mme, holder));
                 }
                 let Some(mme_teid) = signal.mme_teid else {
                     return Ok(missing(mme, (gtpv2_ie::F_TEID, 0)));
@@ -813,8 +813,8 @@ impl Sgw {
                 };
                 let s = self.sessions.value_mut(id);
                 let mme = signal.mme_teid.unwrap_or(s.mme_teid);
-                if let Some(instance) = signal.bad_fteid {
-                    return Ok(incorrect(mme, (gtpv2_ie::F_TEID, instance)));
+                if let Some(holder) = signal.bad_fteid {
+                    return Ok(incorrect(mme, holder));
                 }
                 let Some((enb, enb_teid)) = signal.enb else {
                     return Ok(missing(mme, (gtpv2_ie::BEARER_CONTEXT, 0)));

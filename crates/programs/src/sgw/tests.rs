@@ -575,6 +575,16 @@ fn refused_requests_are_answered_with_their_cause() {
             (gtpv2_ie::F_TEID, 0),
         ),
     ];
+    // An F-TEID in the bearer context shorter than its flags say (IPv6, no address): the
+    // bearer context, the element the MME wrote at the top, is the offending one.
+    let mut inner = ie(gtpv2_ie::EBI, 0, &[5]);
+    inner.extend(ie(gtpv2_ie::F_TEID, 0, &[0x40, 0, 0, 0, 1]));
+    let broken_bearer = ie(gtpv2_ie::BEARER_CONTEXT, 0, &inner);
+    let cases = cases.into_iter().chain([(
+        vec![imsi_ie(imsi(1)), mme_ie(), broken_bearer],
+        MANDATORY_IE_INCORRECT,
+        (gtpv2_ie::BEARER_CONTEXT, 0),
+    )]);
     for (ies, cause, offending) in cases {
         let r = answered(&mut p, message(CREATE_SESSION_REQUEST, Some(0), &ies));
         let teid = if ies.contains(&mme_ie()) { MME_TEID } else { 0 };
@@ -626,7 +636,7 @@ fn refused_requests_are_answered_with_their_cause() {
     assert_eq!(count("requests_accepted"), Some(2));
     assert_eq!(count("rejected_context_not_found"), Some(2));
     assert_eq!(count("rejected_ie_missing"), Some(3));
-    assert_eq!(count("rejected_ie_incorrect"), Some(2));
+    assert_eq!(count("rejected_ie_incorrect"), Some(3));
     assert_eq!(count("rejected_no_resources"), Some(1));
     assert_eq!(count("rejected_addresses_occupied"), Some(0));
 }
