@@ -16,7 +16,9 @@
 //! * `time_wait` (both sides' FINs seen): packets no longer restart the timer, so it ages
 //!   out; in `closing` or `time_wait`, a SYN from the originator opens the connection
 //!   again (a client reusing its port).
-//! * A RST within the windows deletes the entry at once (a data-plane delete).
+//! * A RST within the windows deletes the entry at once (a data-plane delete) when it
+//!   starts exactly where its sender's next byte or its receiver's acknowledgement is
+//!   (`window::resets`); elsewhere in the windows it passes and changes nothing.
 //! * UDP: `udp` after the first packet, `udp_stream` once the other side answered; every
 //!   packet restarts the timer.
 //! * ICMP and ICMPv6 echo: `icmp`, opened by a request (the identifier is the connection's
@@ -447,14 +449,22 @@ impl Conntrack {
         };
         let conn = self.table.value_mut(id);
         let from_originator = conn.originator_is_canonical == is_canonical;
+        let rst = tcp && tcp_flags & flags::RST != 0;
+        let mut ends = rst;
         if let Some(segment) = segment {
             let sender = usize::from(!from_originator);
+            ends &= window::resets(&conn.peers, sender, segment.seq, conn.answered);
             if !window::check(&mut conn.peers, sender, segment, tcp_flags, conn.answered) {
                 return Err(Refusal::OutOfWindow);
             }
         }
-        if tcp && tcp_flags & flags::RST != 0 {
+        if ends {
             self.table.delete(&ckey);
+            return Ok(());
+        }
+        if rst {
+            // Within the window but not at the next byte: it passes (its receiver answers
+            // with a challenge ACK, RFC 5961) and the connection goes on as it was.
             return Ok(());
         }
         conn.packets = conn.packets.saturating_add(1);
@@ -832,6 +842,46 @@ mod tests {
             "a repeated reset passes, and creates nothing"
         );
         assert_eq!(c.connections(), 0);
+    }
+
+    /// A reset within the window but off the next byte passes and leaves the connection
+    /// as it was (its data goes on both ways); one at the next byte deletes it.
+    #[test]
+    fn only_a_reset_at_the_next_byte_ends_a_connection() {
+        let mut c = conntrack(64);
+        let segment = |from_inside: bool, seq: u32, ack: u32, flags: u8| {
+            let (src_port, dst_port) = if from_inside { (1000, 80) } else { (80, 1000) };
+            L4::Tcp {
+                src_port,
+                dst_port,
+                seq,
+                ack,
+                flags,
+            }
+        };
+        // Every frame carries 4 bytes; the SYN and SYN+ACK count one more each.
+        assert_eq!(send(&mut c, S, true, segment(true, 1, 0, flags::SYN)), OUT);
+        let answer = segment(false, 100, 6, flags::SYN | flags::ACK);
+        assert_eq!(send(&mut c, S, false, answer), IN);
+        assert_eq!(
+            send(&mut c, S, true, segment(true, 6, 105, flags::ACK)),
+            OUT
+        );
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        let blind = segment(false, 105 + 2_000, 0, flags::RST);
+        assert_eq!(send(&mut c, 2 * S, false, blind), IN, "within the window");
+        assert_eq!(state(&c, 1000), Some(ConnState::Established));
+        assert_eq!(
+            send(&mut c, 3 * S, false, segment(false, 105, 10, flags::ACK)),
+            IN
+        );
+        assert_eq!(
+            send(&mut c, 3 * S, true, segment(true, 10, 109, flags::ACK)),
+            OUT
+        );
+        let exact = segment(false, 109, 0, flags::RST);
+        assert_eq!(send(&mut c, 4 * S, false, exact), IN);
+        assert_eq!(state(&c, 1000), None, "the reset at the next byte ends it");
     }
 
     /// A generated internet trace of full-size frames, whose TCP senders stay within

@@ -20,7 +20,12 @@
 //! It is not also held to start at what its receiver acknowledged, as Linux holds it:
 //! a host resets segments that reach a socket it closed with the sequence number they
 //! acknowledge, stale ones included (seen in the lab after iperf3's FIN exchange, where
-//! Linux's rule refused each reset), so pf's placement is kept.
+//! Linux's rule refused each reset), so pf's placement is kept. A reset placed so ends
+//! its connection only when it starts exactly at the next byte its sender would send or
+//! at what its receiver last acknowledged ([`resets`]), as Linux ends one: elsewhere in
+//! the window its receiver answers with a challenge ACK and goes on (RFC 5961 3.2), so a
+//! blind reset that lands in the window must not end the connection here either. A
+//! reset moves neither peer on.
 //!
 //! Only a segment that passes moves the peers on. This module keeps no time and does no
 //! I/O: it is fed one segment at a time, and its tests are plain sequences of segments.
@@ -109,6 +114,8 @@ pub struct Peer {
     max_win: u32,
     /// It sent an acknowledgement (so the other side's `max_end` is its word).
     acked: bool,
+    /// The highest acknowledgement it sent (meaningful once `acked`).
+    max_ack: u32,
     /// The shift of its windows (RFC 7323); [`NO_SCALE`] while its SYN offered none and
     /// the other side's answer is not seen.
     scale: u8,
@@ -142,6 +149,8 @@ pub fn check(
     let has_ack = tcp_flags & flags::ACK != 0;
     let rst = tcp_flags & flags::RST != 0;
     let fin = tcp_flags & flags::FIN != 0;
+    // A refused segment moves nothing, what was learnt from it included.
+    let unlearnt = (peers[sender].max_win == 0).then_some(*peers);
     let (s, r) = {
         let [a, b] = peers;
         if sender == 0 { (a, b) } else { (b, a) }
@@ -187,12 +196,25 @@ pub fn check(
             && seq_le(r.end.wrapping_sub(ack_window), ack)
             && (!refuses_syn || has_ack);
     if !ok {
+        if let Some(unlearnt) = unlearnt {
+            *peers = unlearnt;
+        }
         return false;
+    }
+    if rst {
+        // Whether it ends the connection is [`resets`]' to say; it carries nothing to
+        // move a window by (a blind one within the window must not stretch it).
+        return true;
     }
 
     s.max_win = s.max_win.max(win).max(1);
     s.end = seq_max(s.end, end);
     if has_ack {
+        s.max_ack = if s.acked {
+            seq_max(s.max_ack, ack)
+        } else {
+            ack
+        };
         s.acked = true;
         // Moves a liberal receiver on past what it was seen sending (a no-op otherwise:
         // an acknowledgement beyond it was refused).
@@ -206,6 +228,20 @@ pub fn check(
         };
     }
     true
+}
+
+/// Whether a reset starting at `seq` from side `sender`, within the windows, ends its
+/// connection: it starts at the next byte its sender would send, or at its receiver's
+/// highest acknowledgement (a host resetting a segment it got for a closed socket takes
+/// that segment's acknowledgement), as Linux's `nf_conntrack_proto_tcp` ends one; or it
+/// refuses the SYN (the responder's, before its SYN+ACK: [`check`] holds it to
+/// acknowledge the SYN). A side not followed by its windows (unknown, or picked up) has
+/// no numbers to hold a reset to: its resets end the connection. Ask before [`check`]
+/// learns the sender from this reset.
+pub fn resets(peers: &[Peer; 2], sender: usize, seq: u32, answered: bool) -> bool {
+    let (s, r) = (&peers[sender], &peers[1 - sender]);
+    let refuses_syn = sender == 1 && !answered;
+    refuses_syn || s.max_win == 0 || s.liberal || seq == s.end || r.acked && seq == r.max_ack
 }
 
 /// Whether a TCP segment starting at `seq`, quoted by an ICMP error as sent by side
@@ -430,13 +466,54 @@ mod tests {
         assert!(passes(&mut peers, B, (fin, 0, 0, 0), RST));
     }
 
-    /// Before the SYN+ACK, the responder's reset counts only if it acknowledges the SYN;
+    /// A reset within the windows ends its connection only at the next byte its sender
+    /// would send or at what its receiver acknowledged; elsewhere it passes, ends nothing
+    /// and moves neither peer (RFC 5961's blind reset). A side not yet seen has no number
+    /// to hold its reset to.
+    #[test]
+    fn only_a_reset_at_an_exact_number_ends_the_connection() {
+        let mut peers = handshake(None, None, 65_535);
+        let b = ISN_B.wrapping_add(1);
+        // A sends 500 bytes, of which B acknowledges 300.
+        assert!(passes(&mut peers, A, (ISN_A + 1, b, 65_535, 500), ACK));
+        assert!(passes(&mut peers, B, (b, ISN_A + 301, 65_535, 0), ACK));
+        let next = ISN_A + 501;
+        for (seq, ends) in [
+            (next, true),
+            (ISN_A + 301, true),
+            (next - 1, false),
+            (next + 1_000, false),
+            (ISN_A + 1, false),
+        ] {
+            assert!(passes(&mut peers.clone(), A, (seq, 0, 0, 0), RST), "{seq}");
+            assert_eq!(resets(&peers, A, seq, true), ends, "{seq}");
+        }
+        assert!(resets(&peers, B, b, true));
+        assert!(!resets(&peers, B, b.wrapping_add(10), true));
+        let before = peers;
+        assert!(passes(
+            &mut peers,
+            A,
+            (next + 30_000, b, 65_535, 0),
+            RST | ACK
+        ));
+        assert_eq!(peers, before, "a reset moves nothing");
+        assert!(resets(&[Peer::default(); 2], B, 12_345, true));
+        // Refusing the SYN, whatever its number.
+        let mut syn_sent = [Peer::default(); 2];
+        assert!(unanswered(&mut syn_sent, A, (ISN_A, 0, 1_000, 0), SYN));
+        assert!(resets(&syn_sent, B, 12_345, false));
+    }
+
+    /// Before the SYN+ACK, the responder's reset counts only if it acknowledges the SYN
+    /// (those refused teach nothing of the responder);
     /// a retransmitted SYN with a new initial number starts the originator afresh.
     #[test]
     fn a_refused_syn_and_a_syn_sent_again() {
         let mut peers = [Peer::default(); 2];
         assert!(unanswered(&mut peers, A, (ISN_A, 0, 1_000, 0), SYN));
         let refusal = |ack| seg(0, ack, 0, 0, None);
+        let before = peers;
         assert!(!check(
             &mut peers,
             B,
@@ -446,6 +523,7 @@ mod tests {
         ));
         assert!(!check(&mut peers, B, &refusal(ISN_A + 2), RST | ACK, false));
         assert!(!unanswered(&mut peers, B, (0, ISN_A + 1, 0, 0), RST));
+        assert_eq!(peers, before, "nothing learnt from the refused segments");
         assert!(check(&mut peers, B, &refusal(ISN_A + 1), RST | ACK, false));
 
         let mut peers = [Peer::default(); 2];
