@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, every unit, property and integration test
-# (tcpdump, tshark and redis-server are real peers here; the lab tests make network namespaces and send
-# real traffic with ping, iperf3 and python3 through stateplane switches, so they need
-# root), a soak of a live switch under floods (scripts/soak.sh), a memory check of the
+# (tcpdump, tshark, redis-server and Linux's conntrack through iptables are real peers
+# here; the lab tests make network namespaces and send real traffic with ping, iperf3 and
+# python3 through stateplane switches, so they need root), a soak of a live switch under floods (scripts/soak.sh), a memory check of the
 # unsafe blocks under valgrind, and a short run of every fuzz target (scripts/fuzz.sh).
 # Fails loudly on the first problem.
 set -euo pipefail
@@ -20,7 +20,7 @@ step() {
   [ -z "$1" ] || echo "== $1"
 }
 
-bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 \
+bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 iptables \
   sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"

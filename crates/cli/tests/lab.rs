@@ -1566,6 +1566,652 @@ fn a_firewall_lets_the_inside_out_and_only_answers_in() {
     );
 }
 
+/// The firewall judged against Linux's: the same crafted packets cross first a stateplane
+/// `firewall` in s1, then a Linux bridge in s1 filtering with iptables and conntrack as a
+/// transparent firewall is set up (`bridge-nf-call-iptables`; FORWARD drops all but
+/// ESTABLISHED and RELATED, and NEW from the inside port; `nf_conntrack_tcp_loose = 0`,
+/// since the firewall opens TCP on a SYN alone; the same short timeouts on both). Each
+/// packet's fate (did it reach the other side?) must be what both decide: TCP through its
+/// states with data in and out of the window, acknowledgements of data never sent, resets
+/// in and out of the window, a port reused after both FINs, ICMP errors genuine and forged
+/// about TCP, UDP and ping, unsolicited packets, and every kind of connection idle past its
+/// timeout against one idle within it. Where the two differ on purpose the step says why.
+/// The packets come from addresses no host has (h1 and h2 answer none of them), each with
+/// its own IP identification, and are told apart by it in captures taken on h1 and h2.
+#[test]
+fn the_firewall_decides_as_linux_conntrack_does_packet_for_packet() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for t in ["iptables", "tcpdump", "sysctl"] {
+        require(t);
+    }
+    let script = conntrack_script();
+    let lab = Lab::up_edited("line.toml", "tfwdiff", None, |t| {
+        t.replace(
+            "name = \"forward\"",
+            "name = \"firewall\"\n[switch.program.firewall]\ntimeouts = { new = 2, syn_recv = 2, \
+             established = 3, udp = 2, udp_stream = 2, icmp = 2 }",
+        )
+    });
+    let dir = lab.file.with_extension("steps");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = crossings(&lab, &script, &dir.join("stateplane"));
+    // What the firewall counted, for the table: its drops by reason.
+    let counted: Vec<String> = metric_lines(&lab, "s1")
+        .lines()
+        .filter(|l| l.starts_with("stateplane_drops_total"))
+        .map(str::to_owned)
+        .collect();
+
+    // s1 again, as Linux: its switch stopped, a bridge between the same two ports.
+    let pid = lab.switch_pid("s1").to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "s1's switch did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for command in [
+        "ip link add br0 type bridge forward_delay 0",
+        "ip link set p0 master br0",
+        "ip link set p1 master br0",
+        "ip link set br0 up",
+        "sysctl -qw net.bridge.bridge-nf-call-iptables=1",
+        "iptables -P FORWARD DROP",
+        "iptables -A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        "iptables -A FORWARD -m physdev --physdev-in p0 -m conntrack --ctstate NEW -j ACCEPT",
+        "sysctl -qw net.netfilter.nf_conntrack_tcp_loose=0",
+        "sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_syn_sent=2",
+        "sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_syn_recv=2",
+        "sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_established=3",
+        "sysctl -qw net.netfilter.nf_conntrack_udp_timeout=2",
+        "sysctl -qw net.netfilter.nf_conntrack_udp_timeout_stream=2",
+        "sysctl -qw net.netfilter.nf_conntrack_icmp_timeout=2",
+    ] {
+        let out = lab.exec("s1", &command.split(' ').collect::<Vec<_>>());
+        assert!(out.status.success(), "{command}:\n{}", text(&out));
+    }
+    let linux = crossings(&lab, &script, &dir.join("linux"));
+
+    let mut table = String::from("step  linux  stateplane  expected  packet\n");
+    let mut wrong = Vec::new();
+    let fate = |crossed: bool| if crossed { "pass" } else { "drop" };
+    for (i, step) in script.steps().enumerate() {
+        let linux_expected = step.passes ^ step.linux_differs.is_some();
+        table += &format!(
+            "{i:4}  {:5}  {:10}  {:8}  {}{}\n",
+            fate(linux[i]),
+            fate(ours[i]),
+            fate(step.passes),
+            step.what,
+            step.linux_differs
+                .map_or(String::new(), |why| format!(" (Linux: {why})")),
+        );
+        if ours[i] != step.passes || linux[i] != linux_expected {
+            wrong.push(i);
+        }
+    }
+    table += &format!("stateplane's drops:\n{}\n", counted.join("\n"));
+    println!("{table}");
+    assert!(wrong.is_empty(), "steps {wrong:?} went otherwise:\n{table}");
+}
+
+/// One crafted packet of a differential run.
+struct Step {
+    from_inside: bool,
+    frame: Vec<u8>,
+    what: String,
+    /// Whether a stateful firewall lets it cross.
+    passes: bool,
+    /// Why Linux decides otherwise, where it does on purpose.
+    linux_differs: Option<&'static str>,
+}
+
+enum Act {
+    Send(Step),
+    Wait(Duration),
+}
+
+/// Packets and pauses, in order; each packet's IP identification is its own.
+#[derive(Default)]
+struct Script {
+    acts: Vec<Act>,
+}
+
+/// The crafted packets' endpoints: a client behind the firewall, a server and a router
+/// beyond it (addresses h1 and h2 do not have).
+const CLIENT: [u8; 4] = [198, 18, 0, 11];
+const SERVER: [u8; 4] = [198, 18, 0, 12];
+const ROUTER: [u8; 4] = [198, 18, 0, 13];
+
+impl Script {
+    /// Adds a packet; its IP identification becomes 0x5300 plus its step's number.
+    fn send(&mut self, from_inside: bool, mut frame: Vec<u8>, what: &str, passes: bool) {
+        let ident = 0x5300 + self.steps().count() as u16;
+        frame[18..20].copy_from_slice(&ident.to_be_bytes());
+        stateplane_wire::ipv4::Ipv4Packet::new_unchecked(&mut frame[14..]).fill_checksum();
+        self.acts.push(Act::Send(Step {
+            from_inside,
+            frame,
+            what: what.to_owned(),
+            passes,
+            linux_differs: None,
+        }));
+    }
+
+    /// Marks the last packet as one Linux decides otherwise, and why.
+    fn linux_differs(&mut self, why: &'static str) {
+        if let Some(Act::Send(step)) = self.acts.last_mut() {
+            step.linux_differs = Some(why);
+        }
+    }
+
+    fn wait(&mut self, seconds: f64) {
+        self.acts.push(Act::Wait(Duration::from_secs_f64(seconds)));
+    }
+
+    fn steps(&self) -> impl Iterator<Item = &Step> {
+        self.acts.iter().filter_map(|a| match a {
+            Act::Send(step) => Some(step),
+            Act::Wait(_) => None,
+        })
+    }
+}
+
+/// The link and network layers of a packet between `src` and `dst`.
+fn crafted_hosts(src: [u8; 4], dst: [u8; 4]) -> stateplane_gen::build::Hosts {
+    let mac = |a: [u8; 4]| stateplane_wire::MacAddr([2, 0, 0, 0, 2, a[3]]);
+    stateplane_gen::build::Hosts {
+        src_mac: mac(src),
+        dst_mac: mac(dst),
+        vlan: 0,
+        src: std::net::Ipv4Addr::from(src).into(),
+        dst: std::net::Ipv4Addr::from(dst).into(),
+        ttl: 64,
+    }
+}
+
+/// A frame between the client and the server, from the client when `from_inside`.
+fn crafted(from_inside: bool, l4: stateplane_gen::build::L4, payload_len: usize) -> Vec<u8> {
+    let hosts = if from_inside {
+        crafted_hosts(CLIENT, SERVER)
+    } else {
+        crafted_hosts(SERVER, CLIENT)
+    };
+    let mut frame = Vec::new();
+    stateplane_gen::build::emit_frame(&mut frame, &hosts, &l4, &vec![0x5a; payload_len]);
+    frame
+}
+
+/// A TCP segment of the connection between the client's port and the server's
+/// (`ports`), from the client when `from_inside`, with `len` bytes of data.
+fn segment(
+    from_inside: bool,
+    ports: (u16, u16),
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    len: usize,
+) -> Vec<u8> {
+    let (src_port, dst_port) = if from_inside {
+        ports
+    } else {
+        (ports.1, ports.0)
+    };
+    let l4 = stateplane_gen::build::L4::Tcp {
+        src_port,
+        dst_port,
+        seq,
+        ack,
+        flags,
+    };
+    crafted(from_inside, l4, len)
+}
+
+fn datagram(from_inside: bool, ports: (u16, u16)) -> Vec<u8> {
+    let (src_port, dst_port) = if from_inside {
+        ports
+    } else {
+        (ports.1, ports.0)
+    };
+    crafted(
+        from_inside,
+        stateplane_gen::build::L4::Udp { src_port, dst_port },
+        20,
+    )
+}
+
+fn echo(from_inside: bool, request: bool, ident: u16) -> Vec<u8> {
+    let l4 = stateplane_gen::build::L4::IcmpEcho {
+        request,
+        ident,
+        seq: 1,
+    };
+    crafted(from_inside, l4, 16)
+}
+
+/// An ICMP error from `src` to the client (type, code) about `about` (a frame the client
+/// sent): its IP header and 8 bytes more, quoted.
+fn error_about(src: [u8; 4], (icmp_type, code): (u8, u8), about: &[u8]) -> Vec<u8> {
+    use stateplane_gen::build::{IcmpError, emit_icmp_error};
+    let error = IcmpError {
+        icmp_type,
+        code,
+        mtu: if (icmp_type, code) == (3, 4) { 1280 } else { 0 },
+    };
+    let mut frame = Vec::new();
+    emit_icmp_error(
+        &mut frame,
+        &crafted_hosts(src, CLIENT),
+        error,
+        &about[14..14 + 28],
+    );
+    frame
+}
+
+/// What the firewall and Linux are both put through.
+fn conntrack_script() -> Script {
+    use stateplane_wire::tcp::flags::{ACK, FIN, PSH, RST, SYN};
+    const IN: bool = true;
+    const OUT: bool = false;
+    const PASS: bool = true;
+    const DROP: bool = false;
+    let (frag_needed, port_unreachable, time_exceeded) = ((3, 4), (3, 3), (11, 0));
+    let mut s = Script::default();
+
+    // A: a connection through its handshake and data both ways, then packets off its
+    // windows, errors genuine and forged, and a reset that ends it.
+    let a = (40001, 80);
+    s.send(IN, segment(IN, a, 1000, 0, SYN, 0), "A: SYN", PASS);
+    s.send(
+        OUT,
+        segment(OUT, a, 900_000, 1001, SYN | ACK, 0),
+        "A: SYN+ACK",
+        PASS,
+    );
+    s.send(IN, segment(IN, a, 1001, 900_001, ACK, 0), "A: ACK", PASS);
+    s.send(
+        IN,
+        segment(IN, a, 1001, 900_001, PSH | ACK, 100),
+        "A: 100 bytes out",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_001, 1101, PSH | ACK, 100),
+        "A: 100 bytes in",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 1_900_101, 1101, PSH | ACK, 100),
+        "A: data 1,000,000 past the window",
+        DROP,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_101, 1_001_101, ACK, 0),
+        "A: acknowledges 1,000,000 bytes never sent",
+        DROP,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 2_900_101, 0, RST, 0),
+        "A: RST 2,000,000 past the window",
+        DROP,
+    );
+    let sent = segment(IN, a, 1101, 900_101, ACK, 0);
+    s.send(
+        OUT,
+        error_about(ROUTER, frag_needed, &sent),
+        "A: fragmentation needed about its segment",
+        PASS,
+    );
+    s.send(
+        OUT,
+        error_about(
+            SERVER,
+            port_unreachable,
+            &segment(IN, (40099, 80), 1000, 0, SYN, 0),
+        ),
+        "port unreachable about a connection never opened",
+        DROP,
+    );
+    s.send(
+        OUT,
+        error_about(
+            ROUTER,
+            frag_needed,
+            &segment(IN, a, 3_001_101, 900_101, ACK, 0),
+        ),
+        "A: fragmentation needed about a segment the client never sent",
+        DROP,
+    );
+    s.linux_differs(
+        "does not hold an error's quoted segment to the windows; the firewall does, as pf \
+         does, so that a forged error must guess a sequence number too",
+    );
+    s.send(IN, sent, "A: acknowledges the 100 bytes", PASS);
+    s.send(
+        OUT,
+        segment(OUT, a, 905_101, 1101, RST, 0),
+        "A: RST within the window, 5000 past the next byte",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_101, 1101, PSH | ACK, 10),
+        "A: data after it: the connection goes on",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_061, 1101, RST, 0),
+        "A: RST 50 before what the client acknowledged",
+        PASS,
+    );
+    s.linux_differs(
+        "drops a reset before what its receiver acknowledged; the firewall places it as pf \
+         does, as hosts reset stale segments so, and it ends nothing",
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_111, 1101, RST, 0),
+        "A: RST at the next byte",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, a, 900_111, 1101, PSH | ACK, 10),
+        "A: data after the reset",
+        DROP,
+    );
+    s.linux_differs(
+        "keeps a reset connection in CLOSE for nf_conntrack_tcp_timeout_close (10 s) and \
+         passes its packets; the firewall forgets it at once",
+    );
+    s.send(
+        OUT,
+        segment(OUT, (40005, 80), 1, 1, RST, 0),
+        "RST from outside to no connection",
+        DROP,
+    );
+    s.send(
+        IN,
+        segment(IN, (40006, 80), 1, 1, RST, 0),
+        "RST from inside to no connection",
+        PASS,
+    );
+    s.linux_differs(
+        "judges a reset of no connection INVALID; the firewall lets the inside's resets out \
+         (they only ever close things: a host's repeated resets of a connection just ended)",
+    );
+
+    // B: both FINs, the server sending on after the client's (half closed), then the
+    // client's port reused.
+    let b = (40002, 443);
+    s.send(IN, segment(IN, b, 5000, 0, SYN, 0), "B: SYN", PASS);
+    s.send(
+        OUT,
+        segment(OUT, b, 7000, 5001, SYN | ACK, 0),
+        "B: SYN+ACK",
+        PASS,
+    );
+    s.send(IN, segment(IN, b, 5001, 7001, ACK, 0), "B: ACK", PASS);
+    s.send(
+        IN,
+        segment(IN, b, 5001, 7001, FIN | ACK, 0),
+        "B: client's FIN",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, b, 7001, 5002, PSH | ACK, 50),
+        "B: server sends on, half closed",
+        PASS,
+    );
+    s.send(IN, segment(IN, b, 5002, 7051, ACK, 0), "B: ACK", PASS);
+    s.send(
+        OUT,
+        segment(OUT, b, 7051, 5002, FIN | ACK, 0),
+        "B: server's FIN",
+        PASS,
+    );
+    s.send(IN, segment(IN, b, 5002, 7052, ACK, 0), "B: last ACK", PASS);
+    s.send(
+        IN,
+        segment(IN, b, 100_000, 0, SYN, 0),
+        "B: SYN reusing the ports",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, b, 300_000, 100_001, SYN | ACK, 0),
+        "B: SYN+ACK again",
+        PASS,
+    );
+
+    // What opens nothing.
+    s.send(
+        OUT,
+        segment(OUT, (22, 50000), 1, 0, SYN, 0),
+        "SYN from outside",
+        DROP,
+    );
+    s.send(
+        IN,
+        segment(IN, (40003, 80), 1, 1, ACK, 0),
+        "ACK from inside, no SYN",
+        DROP,
+    );
+    s.send(
+        OUT,
+        segment(OUT, (40004, 80), 1, 1, SYN | ACK, 0),
+        "SYN+ACK to no SYN",
+        DROP,
+    );
+
+    // UDP and ping, with errors about them.
+    let dns = (5353, 53);
+    let query = datagram(IN, dns);
+    s.send(IN, query.clone(), "UDP: query", PASS);
+    s.send(OUT, datagram(OUT, dns), "UDP: answer", PASS);
+    s.send(OUT, datagram(OUT, (5354, 53)), "UDP: to another port", DROP);
+    s.send(
+        OUT,
+        error_about(SERVER, port_unreachable, &query),
+        "UDP: port unreachable about the query",
+        PASS,
+    );
+    s.send(
+        OUT,
+        error_about(SERVER, port_unreachable, &datagram(IN, (5999, 53))),
+        "UDP: port unreachable about no query",
+        DROP,
+    );
+    let request = echo(IN, true, 77);
+    s.send(IN, request.clone(), "ping: request", PASS);
+    s.send(OUT, echo(OUT, false, 77), "ping: reply", PASS);
+    s.send(OUT, echo(OUT, false, 78), "ping: reply to no request", DROP);
+    s.send(
+        OUT,
+        error_about(ROUTER, time_exceeded, &request),
+        "ping: time exceeded about the request",
+        PASS,
+    );
+    s.send(OUT, echo(OUT, true, 79), "ping: request from outside", DROP);
+
+    // Timeouts: each kind of connection idle past its own (2 s, established 3 s), beside
+    // an established one kept busy within it.
+    let (c, d, e) = ((40010, 80), (40011, 80), (40012, 80));
+    s.send(IN, segment(IN, c, 10, 0, SYN, 0), "C: SYN", PASS);
+    for (ports, what) in [(d, "D"), (e, "E")] {
+        s.send(
+            IN,
+            segment(IN, ports, 10, 0, SYN, 0),
+            &format!("{what}: SYN"),
+            PASS,
+        );
+        s.send(
+            OUT,
+            segment(OUT, ports, 20, 11, SYN | ACK, 0),
+            &format!("{what}: SYN+ACK"),
+            PASS,
+        );
+        s.send(
+            IN,
+            segment(IN, ports, 11, 21, ACK, 0),
+            &format!("{what}: ACK"),
+            PASS,
+        );
+    }
+    s.send(IN, datagram(IN, (6000, 53)), "UDP: query, then quiet", PASS);
+    s.send(IN, echo(IN, true, 80), "ping: request, then quiet", PASS);
+    s.wait(2.0);
+    s.send(
+        OUT,
+        segment(OUT, e, 21, 11, PSH | ACK, 10),
+        "E: data within its timeout",
+        PASS,
+    );
+    s.wait(1.5);
+    s.send(
+        OUT,
+        segment(OUT, e, 31, 11, PSH | ACK, 10),
+        "E: data within its timeout",
+        PASS,
+    );
+    s.send(
+        OUT,
+        segment(OUT, c, 20, 11, SYN | ACK, 0),
+        "C: SYN+ACK after its timeout",
+        DROP,
+    );
+    s.send(
+        OUT,
+        segment(OUT, d, 21, 11, PSH | ACK, 10),
+        "D: data after its timeout",
+        DROP,
+    );
+    s.send(
+        OUT,
+        datagram(OUT, (6000, 53)),
+        "UDP: answer after its timeout",
+        DROP,
+    );
+    s.send(
+        OUT,
+        echo(OUT, false, 80),
+        "ping: reply after its timeout",
+        DROP,
+    );
+    s
+}
+
+/// Sends `script`'s packets into s1 from h1 (the inside) and h2, one by one, and tells
+/// which crossed: seen by a capture on the other side. Keeps its files under `dir`.
+fn crossings(lab: &Lab, script: &Script, dir: &Path) -> Vec<bool> {
+    std::fs::create_dir_all(dir).unwrap();
+    let capture = |node: &str| {
+        let file = dir.join(format!("{node}.pcap"));
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &format!("sp-{}-{node}", lab.name)])
+            // Immediate mode: else libpcap holds packets in a block for up to a second,
+            // and the last ones before the capture stops are lost.
+            .args([
+                "tcpdump",
+                "-i",
+                "eth0",
+                "-Q",
+                "in",
+                "--immediate-mode",
+                "-U",
+                "-n",
+            ])
+            .arg("-w")
+            .arg(&file)
+            .arg("ip")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        let stderr = child.stderr.take().unwrap();
+        BufReader::new(stderr).read_line(&mut first).unwrap();
+        assert!(first.contains("listening on"), "tcpdump in {node}: {first}");
+        (child, file)
+    };
+    let (inside, inside_file) = capture("h1");
+    let (outside, outside_file) = capture("h2");
+    for (i, act) in script.acts.iter().enumerate() {
+        match act {
+            Act::Wait(d) => std::thread::sleep(*d),
+            Act::Send(step) => {
+                let file = dir.join(format!("{i}.pcap"));
+                let mut w = stateplane_io::pcap::PcapWriter::new(
+                    std::fs::File::create(&file).unwrap(),
+                    true,
+                )
+                .unwrap();
+                w.write(0, &step.frame, step.frame.len() as u32).unwrap();
+                drop(w);
+                let node = if step.from_inside { "h1" } else { "h2" };
+                let out = lab.exec(
+                    node,
+                    &[
+                        env!("CARGO_BIN_EXE_stateplane"),
+                        "send",
+                        "-I",
+                        "eth0",
+                        &file.to_string_lossy(),
+                    ],
+                );
+                assert!(out.status.success(), "send from {node}:\n{}", text(&out));
+                // Each packet judged before the next comes, whichever port it comes on.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let idents = |mut child: std::process::Child, file: &Path| {
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        assert!(
+            child.wait().unwrap().code() == Some(0),
+            "tcpdump ended badly"
+        );
+        stateplane_io::capture::read_all(file)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, f, _)| {
+                f.len() >= 34 && [CLIENT, SERVER, ROUTER].iter().any(|a| f[26..30] == *a)
+            })
+            .map(|(_, f, _)| u16::from_be_bytes([f[18], f[19]]))
+            .collect::<std::collections::HashSet<u16>>()
+    };
+    let reached_inside = idents(inside, &inside_file);
+    let reached_outside = idents(outside, &outside_file);
+    script
+        .steps()
+        .map(|step| {
+            let ident = u16::from_be_bytes([step.frame[18], step.frame[19]]);
+            if step.from_inside {
+                reached_outside.contains(&ident)
+            } else {
+                reached_inside.contains(&ident)
+            }
+        })
+        .collect()
+}
+
 /// `lb` on live ports: h1's connections to the VIP are spread over h2 and h3 and each is
 /// answered whole; once h3 is marked down through `ctl`, every new connection reaches h2.
 /// Backends change at run time through `ctl`: h3 deleted and inserted again with weight

@@ -187,6 +187,40 @@ pub fn emit_frame(buf: &mut Vec<u8>, hosts: &Hosts, l4: &L4, payload: &[u8]) {
     emit_ip(&mut buf[l2..], hosts, l4, payload);
 }
 
+/// An ICMP (ICMPv6 for IPv6 hosts) error: its type and code, and the 16 bits its header
+/// ends with (the next hop's MTU of "fragmentation needed" and "packet too big", else 0).
+#[derive(Clone, Copy, Debug)]
+pub struct IcmpError {
+    pub icmp_type: u8,
+    pub code: u8,
+    pub mtu: u16,
+}
+
+/// Builds into `buf` (cleared first) a frame carrying `error` about `quoted`, the first
+/// bytes of the IP packet it reports (its IP header and at least 8 bytes more, as RFC 792
+/// asks; Linux quotes up to 576 bytes), with its checksum right.
+pub fn emit_icmp_error(buf: &mut Vec<u8>, hosts: &Hosts, error: IcmpError, quoted: &[u8]) {
+    // An echo request's header is an error's shape: type, code, checksum, and 32 bits
+    // whose low 16 are the echo's sequence number and the error's MTU.
+    let shape = L4::IcmpEcho {
+        request: true,
+        ident: 0,
+        seq: error.mtu,
+    };
+    emit_frame(buf, hosts, &shape, quoted);
+    let at = header_len(hosts, &shape) - shape.header_len();
+    buf[at] = error.icmp_type;
+    buf[at + 1] = error.code;
+    let len = buf.len() - at;
+    let pseudo = match (hosts.src, hosts.dst) {
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            checksum::pseudo_v6(src, dst, protocol::ICMPV6, len as u32)
+        }
+        _ => 0,
+    };
+    IcmpPacket::new_unchecked(&mut buf[at..]).fill_checksum(pseudo);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,6 +96,18 @@ pub fn ip_frame(src: &str, dst: &str, l4: stateplane_gen::build::L4) -> Vec<u8> 
     ip_frame_with(src, dst, l4, b"payload!")
 }
 
+/// The link and network layers of the tests' frames: from `src` to `dst`, hop limit 64.
+fn hosts(src: &str, dst: &str) -> stateplane_gen::build::Hosts {
+    stateplane_gen::build::Hosts {
+        src_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 1]),
+        dst_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 2]),
+        vlan: 0,
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        ttl: 64,
+    }
+}
+
 /// As [`ip_frame`], with this payload (lengths and checksums made for it).
 pub fn ip_frame_with(
     src: &str,
@@ -103,15 +115,8 @@ pub fn ip_frame_with(
     l4: stateplane_gen::build::L4,
     payload: &[u8],
 ) -> Vec<u8> {
-    use stateplane_gen::build::{Hosts, emit_frame};
-    let hosts = Hosts {
-        src_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 1]),
-        dst_mac: stateplane_wire::MacAddr([2, 0, 0, 0, 0, 2]),
-        vlan: 0,
-        src: src.parse().unwrap(),
-        dst: dst.parse().unwrap(),
-        ttl: 64,
-    };
+    use stateplane_gen::build::emit_frame;
+    let hosts = hosts(src, dst);
     let mut f = Vec::new();
     emit_frame(&mut f, &hosts, &l4, payload);
     f
@@ -144,30 +149,21 @@ pub fn icmp_error_quoting(
     dst: &str,
     (icmp_type, code): (u8, u8),
 ) -> Vec<u8> {
-    use stateplane_wire::{checksum, icmp::IcmpPacket};
+    use stateplane_gen::build::{IcmpError, emit_icmp_error};
     let ip = &original[14..];
-    let v6 = ip[0] >> 4 == 6;
-    let header = if v6 {
+    let header = if ip[0] >> 4 == 6 {
         40
     } else {
         usize::from(ip[0] & 0x0f) * 4
     };
-    let echo = stateplane_gen::build::L4::IcmpEcho {
-        request: true,
-        ident: 0,
-        seq: 1280,
+    let hosts = hosts(src, dst);
+    let error = IcmpError {
+        icmp_type,
+        code,
+        mtu: 1280,
     };
-    let quoted = &ip[..(header + quote).min(ip.len())];
-    let mut f = ip_frame_with(src, dst, echo, quoted);
-    let at = 14 + if v6 { 40 } else { 20 };
-    f[at] = icmp_type;
-    f[at + 1] = code;
-    let end = at + stateplane_wire::icmp::HEADER_LEN + quoted.len();
-    let pseudo = match (src.parse(), dst.parse()) {
-        (Ok(s), Ok(d)) if v6 => checksum::pseudo_v6(s, d, 58, (end - at) as u32),
-        _ => 0,
-    };
-    IcmpPacket::new_unchecked(&mut f[at..end]).fill_checksum(pseudo);
+    let mut f = Vec::new();
+    emit_icmp_error(&mut f, &hosts, error, &ip[..(header + quote).min(ip.len())]);
     f
 }
 
