@@ -453,7 +453,7 @@ impl Conntrack {
         let mut ends = rst;
         if let Some(segment) = segment {
             let sender = usize::from(!from_originator);
-            ends &= window::resets(&conn.peers, sender, segment.seq, conn.answered);
+            ends = rst && window::resets(&conn.peers, sender, segment.seq, conn.answered);
             if !window::check(&mut conn.peers, sender, segment, tcp_flags, conn.answered) {
                 return Err(Refusal::OutOfWindow);
             }

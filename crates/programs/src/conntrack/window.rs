@@ -150,7 +150,11 @@ pub fn check(
     let rst = tcp_flags & flags::RST != 0;
     let fin = tcp_flags & flags::FIN != 0;
     // A refused segment moves nothing, what was learnt from it included.
-    let unlearnt = (peers[sender].max_win == 0).then_some(*peers);
+    let unlearnt = if peers[sender].max_win == 0 {
+        Some(*peers)
+    } else {
+        None
+    };
     let (s, r) = {
         let [a, b] = peers;
         if sender == 0 { (a, b) } else { (b, a) }
