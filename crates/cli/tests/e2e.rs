@@ -839,8 +839,9 @@ fn bench_flood_serves_established_connections_through_a_flood() {
 
 /// A program that cannot work on several workers refuses to start on them, saying why and
 /// the fix, instead of dropping or answering wrongly what reaches the wrong worker: `kv`
-/// and `sgw` (state not synced between workers yet), `nat` with a port forward, and the
-/// same inside a chain. One worker runs.
+/// (state not synced between workers yet), `sgw` over files (the flow hash does not
+/// follow a subscriber), `nat` with a port forward, and the same inside a chain. One
+/// worker runs.
 #[test]
 fn programs_that_need_one_worker_refuse_more() {
     let input = tmp("one-worker.pcap");
@@ -856,9 +857,9 @@ fn programs_that_need_one_worker_refuse_more() {
     let kv = "[program]\nname = \"kv\"\n[program.kv]\nserver = \"198.19.0.100\"\n";
     for (program, says) in [
         (kv, "kv runs on one worker"),
-        (sgw, "sgw runs on one worker"),
+        (sgw, "sgw over files runs on one worker"),
         (nat, "a forwarded port is fixed"),
-        (chain, "sgw runs on one worker"),
+        (chain, "sgw over files runs on one worker"),
     ] {
         std::fs::write(&cfg, format!("workers = 2\n{program}{ports}")).unwrap();
         let err = refused(&["run", "-c", &cfg.to_string_lossy()], says);

@@ -826,6 +826,14 @@ fn ping_in_background(lab: &Lab, count: &str, interval: &str) -> std::process::C
         .unwrap()
 }
 
+/// Packets worker `w` received, as the switch's `metrics` text counts them.
+fn worker_rx(metrics: &str, w: &str) -> u64 {
+    let prefix = format!("stateplane_rx_packets_total{{worker=\"{w}\"}} ");
+    (metrics.lines())
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+}
+
 fn metric_lines(lab: &Lab, node: &str) -> String {
     let fetch = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())";
     let out = lab.exec(node, &["python3", "-c", fetch]);
@@ -1067,13 +1075,8 @@ fn two_workers_share_each_port_through_the_fanout_group() {
     let (sent, received) = exact_transfer(&lab, 8 << 20, 5303);
     assert_eq!(sent, received, "every byte arrives with two workers");
     let metrics = metric_lines(&lab, "s1");
-    for w in 0..2 {
-        let key = format!("stateplane_rx_packets_total{{worker=\"{w}\"}} ");
-        let n: u64 = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{key} missing:\n{metrics}"));
+    for w in ["0", "1"] {
+        let n = worker_rx(&metrics, w);
         assert!(n > 1000, "worker {w} got connections: {n}\n{metrics}");
     }
 }
@@ -1174,12 +1177,7 @@ fn nat_on_two_workers_spreads_remote_hosts_and_their_errors_over_them() {
     }
     assert_eq!(drops(&lab, "s1", "no_translation"), 0);
     let metrics = metric_lines(&lab, "s1");
-    let received = |w: &str| {
-        let prefix = format!("stateplane_rx_packets_total{{worker=\"{w}\"}} ");
-        (metrics.lines())
-            .find_map(|l| l.strip_prefix(&prefix))
-            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
-    };
+    let received = |w: &str| worker_rx(&metrics, w);
     assert!(
         received("0") > 500 && received("1") > 500,
         "both workers carried transfers:\n{metrics}"
@@ -1189,6 +1187,94 @@ fn nat_on_two_workers_spreads_remote_hosts_and_their_errors_over_them() {
 /// IPv6 through `nat` on live ports, under its default `ipv6 = "stateful"`: h1 (inside)
 /// pings h2 by its link-local address, neighbor discovery crossing both ways; h2's pings
 /// to h1 are dropped and counted as unsolicited.
+/// `sgw` on two live workers: the generated mobile workload (signaling, uplink and
+/// downlink, a third of it IPv6) sent from h1 reaches, packet by packet, the worker whose
+/// share the subscriber's place is (the fanout steers by subscriber): every request is
+/// accepted, no packet finds no session, both workers carry traffic, and every uplink
+/// packet comes out to h2 decapsulated.
+#[test]
+fn sgw_on_two_workers_serves_each_subscriber_on_the_worker_of_its_place() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("line.toml", "tsgw2w", None, |t| {
+        t.replace("workers = 1", "workers = 2").replace(
+            "name = \"forward\"",
+            "name = \"sgw\"\n[switch.program.sgw]\naddress = \"198.19.255.2\"\n\
+             ue_pool = \"198.18.128.0/17\"\nue_pool6 = \"2001:2:0:8000::/49\"\n\
+             access = \"p0\"\ncore = \"p1\"",
+        )
+    });
+    let trace = lab.file.with_extension("gtp.pcap");
+    let mut generate = common::bin();
+    generate.args([
+        "gen",
+        "gtp",
+        "--packets",
+        "6000",
+        "--ipv6-share",
+        "0.3",
+        "--seed",
+        "7",
+    ]);
+    let out = generate.arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // What the trace asks of the gateway.
+    let (mut requests, mut uplink) = (0u64, 0u64);
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    for (_, frame, _) in stateplane_io::capture::read_all(&trace).unwrap() {
+        let p = stateplane_wire::parse(&frame, 0, &hasher).unwrap();
+        let to_gateway = p.key.dst[..4] == [198, 19, 255, 2];
+        if to_gateway && p.flags.has(stateplane_wire::ParseFlags::GTPC) {
+            requests += 1;
+        } else if to_gateway && p.flags.has(stateplane_wire::ParseFlags::GTPU) {
+            uplink += 1;
+        }
+    }
+    assert!(requests > 200 && uplink > 2000, "{requests} {uplink}");
+    let before = lab.rx_packets("h2", "eth0");
+    let trace_arg = trace.to_string_lossy();
+    let sent = lab.exec(
+        "h1",
+        &[
+            env!("CARGO_BIN_EXE_stateplane"),
+            "send",
+            "-I",
+            "eth0",
+            &trace_arg,
+        ],
+    );
+    assert!(sent.status.success(), "{}", text(&sent));
+    std::thread::sleep(Duration::from_millis(500));
+    let metrics = metric_lines(&lab, "s1");
+    for reason in [
+        "no_session",
+        "wrong_enb",
+        "spoofed",
+        "no_bearer",
+        "bad_signaling",
+    ] {
+        assert_eq!(drops(&lab, "s1", reason), 0, "{reason}:\n{metrics}");
+    }
+    for port in ["p0", "p1"] {
+        let line = format!("stateplane_port_rx_kernel_drops_total{{port=\"{port}\"}} 0");
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
+    let received = |w: &str| worker_rx(&metrics, w);
+    assert!(
+        received("0") > 1000 && received("1") > 1000,
+        "both workers carry subscribers:\n{metrics}"
+    );
+    let stats = text(&ctl(&lab, &["stats", "sessions"]));
+    assert!(
+        stats.contains(&format!("sessions.requests_accepted {requests}\n")),
+        "every one of {requests} requests accepted:\n{stats}"
+    );
+    let delivered = lab.rx_packets("h2", "eth0") - before;
+    assert!(
+        delivered >= uplink,
+        "{delivered} of {uplink} uplink packets out to the core"
+    );
+}
+
 #[test]
 fn ipv6_crosses_nat_only_as_the_inside_opens_it() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

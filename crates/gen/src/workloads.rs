@@ -693,9 +693,13 @@ fn gtp_workload(g: &mut Gen) -> io::Result<()> {
 }
 
 /// The generator's IMSIs: MCC 001, MNC 01 (a test network), and subscriber `n`'s is
-/// `IMSI_BASE + n`, a multiple of 2^24 plus `n`: its number modulo a pool of up to 2^24
-/// places, the place a gateway whose sessions are replicated gives it.
-pub const IMSI_BASE: u64 = 1_010_000_000_000u64.div_ceil(1 << 24) * (1 << 24);
+/// `IMSI_BASE + n`, a multiple of 2^32 plus `n`: its number modulo a pool of up to 2^24
+/// places, the place a gateway whose sessions are replicated gives it; and modulo 2^32,
+/// what live ports steering by subscriber spread Create Session Requests by, so that on
+/// `w` workers subscriber `n` meets worker `n % w` and is given place `n` there, as on
+/// one worker (the places of worker `k` are `k`, `k + w`, ...): a generated trace replays
+/// through a gateway of any number of workers.
+pub const IMSI_BASE: u64 = 1_010_000_000_000u64.div_ceil(1 << 32) * (1 << 32);
 
 /// The TEID the MME's end of subscriber `n`'s signaling takes.
 pub fn mme_teid(n: u32) -> u32 {

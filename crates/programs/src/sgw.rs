@@ -43,11 +43,13 @@
 //! from the gateway's address to the eNodeB's, and sent to `access`. Direction is read
 //! from the packet, not the port it came in by. Non-IP frames pass to the other port.
 //!
-//! Workers: sessions are written by signaling, which comes from one MME (one flow, one
-//! worker), and read by every user's data (spread over workers): with several workers,
-//! sessions would have to be kept in step across workers, which nothing does yet
-//! (`synced` copies a program's sketch to a collector, not a table between workers), so a
-//! run on more than one worker is refused at start (the others would count `no_session`).
+//! Workers: each worker holds the sessions of its share of the places (worker `w` of `n`
+//! hands out `w`, `w + n`, ...), and live ports spread packets by subscriber
+//! (`Steering::Subscriber`: GTP by the place in its TEID, downlink by the destination's
+//! place, a Create Session Request by its IMSI), so every packet of a subscriber reaches
+//! the worker that gave it its place. Over files the runtime spreads by the flow hash,
+//! and a replicated subscriber's place is its IMSI's at every switch: there a run on more
+//! than one worker is refused at start.
 //!
 //! State: `sessions` (declared; key the IMSI, as the number its digits spell; action
 //! `session` with `enb enb_teid ue mme_teid`; read-centric: written by about one packet
@@ -64,7 +66,7 @@ use crate::keys::filled_table;
 use crate::{ConfigError, PortNames, parse_ipv4, parse_prefix};
 use serde::Deserialize;
 use stateplane_runtime::{
-    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Verdict,
+    Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
@@ -115,7 +117,7 @@ fn default_capacity() -> usize {
 /// low bits (a /8 pool's places take 24 of the 28).
 pub const S11_TEIDS: u32 = 0x1000_0000;
 pub const S1U_TEIDS: u32 = 0x2000_0000;
-const TEID_SPACE: u32 = 0xf000_0000;
+const TEID_SPACE: u32 = !stateplane_runtime::PLACE_MASK;
 
 /// The EPS bearer id of a subscriber's one (default) bearer.
 const DEFAULT_BEARER: u8 = 5;
@@ -191,11 +193,15 @@ const WRONG_ENB: DropReason = DropReason::program(4);
 const SPOOFED: DropReason = DropReason::program(5);
 const NO_BEARER: DropReason = DropReason::program(6);
 
-/// The places of the pool the gateway hands out: those never used first, in order, then
-/// those freed, the longest free first.
+/// The places of the pool a worker hands out: its share (worker `w` of `n` has the places
+/// `w`, `w + n`, `w + 2n`..., as the runtime's [`Steering::Subscriber`] sends a place's
+/// packets to worker `place % n`); those never used first, in order, then those freed,
+/// the longest free first.
 #[derive(Clone, Debug)]
 struct Places {
     size: u32,
+    /// The workers sharing the pool: the distance between two places of this share.
+    stride: u32,
     /// Places from here on were never handed out.
     fresh: u32,
     freed: VecDeque<u32>,
@@ -203,29 +209,34 @@ struct Places {
 
 impl Places {
     fn new(size: u32) -> Places {
-        Places {
-            size,
-            fresh: 0,
-            freed: VecDeque::new(),
-        }
+        Places::share(size, 0, 1, [])
     }
 
-    /// The places of a pool of `size` of which `used` are taken: the rest free, in order.
-    fn with_used(size: u32, used: impl IntoIterator<Item = u32>) -> Places {
-        let mut used: Vec<u32> = used.into_iter().filter(|&p| p < size).collect();
+    /// Worker `worker`'s (of `workers`) share of a pool of `size` of which `used` are
+    /// taken: the rest free, in order.
+    fn share(size: u32, worker: u32, workers: u32, used: impl IntoIterator<Item = u32>) -> Places {
+        let stride = workers.max(1);
+        let ours = |p: &u32| *p < size && *p % stride == worker;
+        let mut used: Vec<u32> = used.into_iter().filter(ours).collect();
         used.sort_unstable();
-        let fresh = used.last().map_or(0, |&p| p + 1);
+        let fresh = used.last().map_or(worker, |&p| p + stride);
         let mut taken = used.into_iter().peekable();
-        let freed = (0..fresh)
+        let freed = (worker..fresh)
+            .step_by(stride as usize)
             .filter(|&p| taken.next_if_eq(&p).is_none())
             .collect();
-        Places { size, fresh, freed }
+        Places {
+            size,
+            stride,
+            fresh,
+            freed,
+        }
     }
 
     fn take(&mut self) -> Option<u32> {
         if self.fresh < self.size {
-            self.fresh += 1;
-            return Some(self.fresh - 1);
+            self.fresh += self.stride;
+            return Some(self.fresh - self.stride);
         }
         self.freed.pop_front()
     }
@@ -424,8 +435,12 @@ pub struct Sgw {
     sessions: DeclaredTable<SessionCodec>,
     /// Subscriber address -> IMSI, for every session.
     by_ue: ExactTable<u32, u64>,
-    /// The places not taken (unused while `sessions` is replicated).
+    /// The places not taken of this worker's share (unused while `sessions` is
+    /// replicated).
     places: Places,
+    /// Which share `places` is: this worker's number and the workers' (a worker learns
+    /// them from its first burst).
+    share: (usize, usize),
     /// Signaling answered, by cause (in [`ANSWERS`]' order), and echo requests.
     answered: [u64; ANSWERS.len()],
     echoes: u64,
@@ -504,6 +519,7 @@ impl Sgw {
                 seed.rotate_left(9),
             )?,
             places: Places::new(size),
+            share: (0, 1),
             answered: [0; ANSWERS.len()],
             echoes: 0,
             error_indications: 0,
@@ -546,6 +562,13 @@ impl Sgw {
             _ => return None,
         };
         (place < self.pool_size).then_some(place)
+    }
+
+    /// This worker's share of the places, less those its sessions hold.
+    fn free_places(&self) -> Places {
+        let (worker, workers) = self.share;
+        let used = (self.sessions.iter()).map(|(_, s, _)| self.place_of(s.ue));
+        Places::share(self.pool_size, worker as u32, workers as u32, used)
     }
 
     /// The place a replicated subscriber has at every switch.
@@ -1142,6 +1165,10 @@ impl Program for Sgw {
     type Prepared = ();
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
+        if self.share != (ctx.worker, ctx.workers) {
+            self.share = (ctx.worker, ctx.workers);
+            self.places = self.free_places();
+        }
         for i in 0..burst.len() {
             let step = {
                 let p = burst.packet_mut(i);
@@ -1159,15 +1186,36 @@ impl Program for Sgw {
         }
     }
 
-    /// Sessions are written by the one worker that takes the signaling and read by all:
-    /// until they are `synced`, the others would drop every user's packets.
-    fn check_workers(&self, workers: usize, _live: bool) -> Result<(), String> {
-        if workers > 1 {
+    /// Each worker holds the sessions of its own places, and live ports send it their
+    /// packets ([`Sgw::steering`]). Over files the runtime spreads packets by the flow
+    /// hash, which does not follow a subscriber; and a replicated subscriber's place is
+    /// its IMSI's at every switch, not one its worker handed out.
+    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
+        if workers < 2 {
+            return Ok(());
+        }
+        if self.sessions.replicated() {
             return Err(format!(
-                "sgw runs on one worker until its sessions can be kept in step across workers (nothing does that yet): with {workers}, every worker but the signaling's would drop users' packets as no_session; set workers = 1 (--workers 1)"
+                "a replicated sgw runs on one worker: a subscriber's place is its IMSI modulo the pool at every switch, so its packets would reach a worker other than the one holding its session (with {workers}, dropped as no_session); set workers = 1 (--workers 1)"
+            ));
+        }
+        if !live {
+            return Err(format!(
+                "sgw over files runs on one worker: the runtime spreads a file's packets by the flow hash, which does not follow a subscriber (with {workers}, its packets would be dropped as no_session on workers other than its session's); set workers = 1 (--workers 1), or run it on live ports, which spread by subscriber"
             ));
         }
         Ok(())
+    }
+
+    /// Live ports spread by subscriber: each place's packets (its GTP by TEID, downlink by
+    /// address) reach worker `place % workers`, whose share of the pools it is; a Create
+    /// Session Request goes by its IMSI, so a subscriber asking again finds its session.
+    fn steering(&self, _port: PortId) -> Steering {
+        Steering::Subscriber {
+            gateway: u32::from_be_bytes(self.address),
+            pool: self.pool_base,
+            pool6: self.pool6.map_or(0, |first| first as u32),
+        }
     }
 
     fn drop_reasons(&self) -> &'static [&'static str] {
@@ -1306,8 +1354,8 @@ impl Program for Sgw {
         let kept: Vec<(u32, u64)> = (self.sessions.iter())
             .map(|(&imsi, s, _)| (u32::from_be_bytes(s.ue), imsi))
             .collect();
-        let places = kept.iter().map(|&(ue, _)| ue.wrapping_sub(self.pool_base));
-        self.places = Places::with_used(self.pool_size, places);
+        self.share = old.share;
+        self.places = self.free_places();
         for (ue, imsi) in kept {
             // As many as sessions: the tables are the same size.
             let _ = self.by_ue.add_entry(ue, imsi, 0, now_ns);

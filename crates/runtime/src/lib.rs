@@ -39,7 +39,8 @@ pub use counters::{Counter, SharedStats, Stats};
 pub use held::{Held, HeldPacket};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{
-    ChunkedFile, FileRecord, LiveQueue, MemoryRx, PortCounters, RxPacket, RxPort, Steering, TxPort,
+    ChunkedFile, FileRecord, LiveQueue, MemoryRx, PLACE_MASK, PortCounters, RxPacket, RxPort,
+    Steering, TxPort,
 };
 pub use program::{
     Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,

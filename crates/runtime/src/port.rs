@@ -170,7 +170,22 @@ pub enum Steering {
     /// By the remote endpoint's address, which is the destination of what this port
     /// receives (of an ICMP error, the source of the packet it quotes).
     RemoteIsDestination,
+    /// By the subscriber of a mobile gateway a packet belongs to, so that one subscriber's
+    /// signaling and traffic all reach the worker holding its session, whose place in
+    /// the pools ([`PLACE_MASK`] of its TEIDs, its addresses' offset in the pools) that
+    /// worker handed out: GTP-U and GTPv2-C (UDP to `gateway`, ports 2152 and 2123) by
+    /// the place in their TEID; a GTPv2-C request with no TEID yet (Create Session) by its
+    /// IMSI as a number modulo 2^32, when its first element is the IMSI, 8 bytes of digits
+    /// (so the subscribers numbered from a multiple of 2^32, as `stateplane gen gtp`
+    /// numbers them, reach worker `n` modulo the workers); other IPv4 by its
+    /// destination minus `pool`, IPv6 by its destination's second 32 bits minus `pool6`
+    /// (the pool's /64s, one a place). The result, modulo the workers, is a worker.
+    Subscriber { gateway: u32, pool: u32, pool6: u32 },
 }
+
+/// The bits of a gateway's TEID that are the subscriber's place ([`Steering::Subscriber`]);
+/// the bits above tell the interface.
+pub const PLACE_MASK: u32 = 0x0fff_ffff;
 
 /// One worker's queue pair on a live interface: receive and transmit (an AF_PACKET fanout
 /// member with its transmit ring, an AF_XDP socket).

@@ -551,8 +551,7 @@ mod tests {
     /// ICMP error by the packet it quotes, reaches the worker the program names.
     #[test]
     fn a_steered_fanout_sends_each_packet_to_the_worker_its_program_names() {
-        use steer::testing::{UDP, error, run, v4, v6};
-        let steering = Steering::RemoteIsSource;
+        use steer::testing::{UDP, error, v4, v6};
         let mut frames = Vec::new();
         for i in 0..48u8 {
             let (remote, external, router) =
@@ -569,6 +568,38 @@ mod tests {
             host6[0] = 0x20;
             frames.push(v6(remote6, host6, 17, &UDP));
         }
+        the_kernel_steers_as_the_program_says(Steering::RemoteIsSource, frames);
+    }
+
+    /// The same by subscriber (the program's loads past a variable-length IPv4 header and
+    /// an element's length, its subtractions): GTP-U by TEID, Create Session Requests by
+    /// IMSI, downlink by address, both families.
+    #[test]
+    fn a_fanout_steered_by_subscriber_sends_each_packet_to_the_worker_its_program_names() {
+        use steer::testing::{UDP, gtpc, gtpu, imsi, v4, v6};
+        let (gateway, enb) = ([198, 18, 0, 1], [198, 18, 1, 1]);
+        let steering = Steering::Subscriber {
+            gateway: u32::from_be_bytes(gateway),
+            pool: u32::from_be_bytes([198, 19, 0, 0]),
+            pool6: 0x8000_0000,
+        };
+        let mut frames = Vec::new();
+        for i in 0..32u8 {
+            frames.push(v4(enb, gateway, 17, &gtpu(0x2000_0000 | u32::from(i))));
+            let subscriber = 1_013_612_281_856 + u64::from(i) * 7;
+            frames.push(v4(enb, gateway, 17, &gtpc(true, 0, &imsi(subscriber))));
+            frames.push(v4([198, 51, 100, 1], [198, 19, 0, i], 6, &UDP));
+            let mut ue6 = [0u8; 16];
+            ue6[..8].copy_from_slice(&[0x20, 0x01, 0, 2, 0x80, 0, 0, i]);
+            frames.push(v6([0x20; 16], ue6, 17, &UDP));
+        }
+        the_kernel_steers_as_the_program_says(steering, frames);
+    }
+
+    /// Sends `frames` into a fanout group of two steered by `steering` and checks each
+    /// reached the worker the program names, both workers getting a fair share.
+    fn the_kernel_steers_as_the_program_says(steering: Steering, frames: Vec<Vec<u8>>) {
+        use steer::run;
         let sent = frames.clone();
         let per_worker = std::thread::spawn(move || {
             veth_pair_in_a_new_namespace();

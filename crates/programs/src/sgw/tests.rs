@@ -51,7 +51,7 @@ fn generated_signaler(gtp: &[u8]) -> u32 {
 
 #[test]
 fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
-    tunnels_the_gtp_workload(0.0, "");
+    tunnels_the_gtp_workload(0.0, "", 1);
 }
 
 /// The same with a third of the subscribers on IPv6 (IPv4v6 sessions, each with a /64 of
@@ -59,21 +59,95 @@ fn the_gtp_workload_is_tunneled_both_ways_with_each_subscribers_teid() {
 /// packets tunnel both ways as the IPv4 ones do.
 #[test]
 fn ipv6_subscribers_get_a_64_and_tunnel_both_ways() {
-    tunnels_the_gtp_workload(0.3, "ue_pool6 = \"2001:2:0:8000::/49\"");
+    tunnels_the_gtp_workload(0.3, "ue_pool6 = \"2001:2:0:8000::/49\"", 1);
 }
 
-fn tunnels_the_gtp_workload(ipv6_share: f64, pool6: &str) {
+/// On two and on three workers, each packet reaching the worker the steering program of
+/// live ports names (run here by its interpreter, as the kernel runs it): every request
+/// is answered and every packet tunneled as on one worker, each subscriber given the
+/// same place by the worker whose share it is.
+#[test]
+fn workers_steered_by_subscriber_serve_the_workload_between_them() {
+    for workers in [2, 3] {
+        tunnels_the_gtp_workload(0.3, "ue_pool6 = \"2001:2:0:8000::/49\"", workers);
+    }
+}
+
+/// Several workers: on live ports (which steer by subscriber), yes; over files, or with
+/// sessions replicated, refused with the reason and the fix.
+#[test]
+fn several_workers_serve_live_ports_unless_replicated() {
+    let p = sgw();
+    assert_eq!(p.check_workers(1, false), Ok(()));
+    assert_eq!(p.check_workers(4, true), Ok(()));
+    let offline = p.check_workers(2, false).unwrap_err();
+    assert!(
+        offline.contains("over files") && offline.contains("--workers 1"),
+        "{offline}"
+    );
+    let mut replicated = sgw();
+    assert!(replicated.replicate("sessions"));
+    let e = replicated.check_workers(2, true).unwrap_err();
+    assert!(e.contains("replicated") && e.contains("--workers 1"), "{e}");
+    assert_eq!(replicated.check_workers(1, true), Ok(()));
+}
+
+/// Worker 1 of 2 hands out places 1, 3, 5...: first never used, then freed; a reload
+/// keeps its share.
+#[test]
+fn a_worker_hands_out_its_share_of_the_places_and_keeps_it_across_a_reload() {
+    let second = |p: &mut Sgw, frame: Vec<u8>| run_at(p, 1, &[(frame, 0)], (1, 2), 2).remove(0);
+    let place = |p: &mut Sgw, n: u64| {
+        let r = response(&second(p, create(imsi(n), [198, 18, 200, 1], 1)).1);
+        r.paa.map(|paa| paa[4])
+    };
+    let mut p = sgw_at(SGW, "");
+    assert_eq!(
+        [1, 2, 3].map(|n| place(&mut p, n)),
+        [Some(1), Some(3), Some(5)]
+    );
+    assert_eq!(response(&second(&mut p, delete(3)).1).cause, Some(16));
+    let mut reloaded = sgw_at(SGW, "");
+    let carried = Program::inherit(&mut reloaded, p, 2);
+    assert_eq!(carried[0].kept, 2);
+    assert_eq!(place(&mut reloaded, 4), Some(7), "never used first");
+    assert_eq!(
+        place(&mut reloaded, 1),
+        Some(1),
+        "a subscriber keeps its place"
+    );
+}
+
+/// Runs the generated workload through `workers` gateways (worker `w` of them each), each
+/// packet to the one live ports' steering sends it to, and checks every packet's fate.
+fn tunnels_the_gtp_workload(ipv6_share: f64, pool6: &str, workers: usize) {
     let mut cfg = GenConfig::new(Workload::Gtp, 20_000);
     cfg.ipv6_share = ipv6_share;
     let users = (20_000 / 100) as f64;
     let v6 = |u: u32| f64::from(u) / users < ipv6_share;
     let frames = crate::testutil::generated(&cfg);
-    let mut p = sgw_at(SGW, pool6);
+    let mut gateways: Vec<Sgw> = (0..workers).map(|_| sgw_at(SGW, pool6)).collect();
+    let steering = stateplane_io::live::steer::program(gateways[0].steering(0)).unwrap();
     let mut ipv6 = 0;
     let (mut signaling, mut uplink, mut downlink) = (0, 0, 0);
     for chunk in frames.chunks(32) {
-        let out = run_at(&mut p, 1, chunk, (0, 1), 2);
-        for ((before, _), (verdict, after)) in chunk.iter().zip(out) {
+        // Each packet to its worker, the chunk's packets of one worker in one burst.
+        let worker_of = |f: &[u8]| stateplane_io::live::steer::run(&steering, f) as usize % workers;
+        let mut out = vec![None; chunk.len()];
+        for (w, gateway) in gateways.iter_mut().enumerate() {
+            let (at, mine): (Vec<usize>, Vec<_>) = (chunk.iter().enumerate())
+                .filter(|(_, (f, _))| worker_of(f) == w)
+                .map(|(i, f)| (i, f.clone()))
+                .unzip();
+            for (i, o) in at
+                .into_iter()
+                .zip(run_at(gateway, 1, &mine, (w, workers), 2))
+            {
+                out[i] = Some(o);
+            }
+        }
+        for ((before, _), o) in chunk.iter().zip(out) {
+            let (verdict, after) = o.unwrap();
             let b = stateplane_wire::parse(before, 0, &hasher()).unwrap();
             if b.flags.has(ParseFlags::GTPC) {
                 // Answered, back to the MME the way the request came.
@@ -152,6 +226,16 @@ fn tunnels_the_gtp_workload(ipv6_share: f64, pool6: &str) {
         (share - ipv6_share).abs() < 0.15,
         "{ipv6} of {uplink} uplink on IPv6"
     );
+    for (w, gateway) in gateways.iter().enumerate() {
+        let places: Vec<u32> = (gateway.sessions.iter())
+            .map(|(_, s, _)| gateway.place_of(s.ue))
+            .collect();
+        assert!(places.len() >= 40, "worker {w} of {workers}: {places:?}");
+        assert!(
+            places.iter().all(|p| *p as usize % workers == w),
+            "worker {w} of {workers} holds its share only: {places:?}"
+        );
+    }
 }
 
 /// The MME's S11 TEID in the tests' requests.
