@@ -71,7 +71,7 @@ use stateplane_runtime::{
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
-    Reply, Request, ValueCodec,
+    Reply, Request, ValueCodec, Write,
 };
 use stateplane_wire::gtp::{
     Fteid, GTPC_PORT, GTPU_ECHO_REQUEST, GTPU_ECHO_RESPONSE, GTPU_ERROR_INDICATION,
@@ -1234,8 +1234,8 @@ impl Program for Sgw {
         vec![self.sessions.declaration().clone()]
     }
 
-    /// As `answer_by_table!`; a session the control plane deletes takes its address
-    /// entry with it and frees its place. The table's stats add the signaling answered,
+    /// As `answer_by_table!`, but for inserts and modifies, which are refused; a session
+    /// the control plane deletes takes its address entry with it and frees its place. The table's stats add the signaling answered,
     /// by cause, and the echo requests.
     fn control(
         &mut self,
@@ -1243,6 +1243,20 @@ impl Program for Sgw {
         _prepared: Option<&std::sync::Arc<Self::Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
+        // A session is a place handed out with its address indexed, on the worker whose
+        // share the place is: only signaling makes one.
+        if let Request::Write { table, writes } = request
+            && *table == self.sessions.declaration().name
+            && writes.iter().any(|w| !matches!(w, Write::Delete(_)))
+        {
+            return Err(ControlError::Invalid {
+                what: format!("a write of {table}"),
+                why: "sessions are made and changed by the MME's signaling (Create Session, \
+                      Modify Bearer Request), which gives each its place, address and TEIDs; \
+                      the control plane reads and deletes them"
+                    .into(),
+            });
+        }
         let mut gone = Vec::new();
         let reply =
             (self.sessions).answer_seeing_deletes(request, ctx.now_ns, |_, s| gone.push(*s))?;

@@ -774,6 +774,32 @@ fn places_go_in_order_and_come_back_longest_free_first() {
     let ctx = Context::one_worker(1, hasher(), 2);
     p.control(&delete, None, &ctx).unwrap();
     assert_eq!(place(&mut p, 7), Ok(1));
+    // The control plane makes no session (it would hand out no place and index no
+    // address): an insert or a modify is refused and changes nothing.
+    let entry = stateplane_state::Entry {
+        key: vec![stateplane_state::Match::Exact(u128::from(imsi(9)))],
+        action: "session".into(),
+        params: vec![0xc612_c801, 7, 0xc612_8002, 8, 1],
+        priority: 0,
+        hits: 0,
+    };
+    for write in [
+        stateplane_state::Write::Insert(entry.clone()),
+        stateplane_state::Write::Modify(entry),
+    ] {
+        let request = Request::Write {
+            table: "sessions".into(),
+            writes: vec![write],
+        };
+        let refused = p.control(&request, None, &ctx).unwrap_err().to_string();
+        assert!(refused.contains("signaling"), "{refused}");
+    }
+    assert_eq!(p.session(imsi(9)), None);
+    assert_eq!(
+        p.sessions.iter().count(),
+        4,
+        "the pool's four, as they were"
+    );
 }
 
 /// A session whose eNodeB the MME has not named yet (a Create Session Request without
