@@ -446,6 +446,35 @@ mod tests {
         check_loop(&received, sent, &counts);
     }
 
+    /// A queue another socket holds (as the kernel holds one of a process just killed)
+    /// is waited for, within a bound, and the refusal says how long it waited.
+    #[test]
+    fn an_afxdp_queue_held_by_another_socket_is_waited_for_then_refused_by_name() {
+        let (refused, took) = std::thread::spawn(|| {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            sys::interface_up("lo", true).expect("bring lo up");
+            sys::set_interface_mtu("lo", 1500).expect("set lo's MTU");
+            let iface = Interface::lookup("lo").expect("lo");
+            let attachment =
+                std::sync::Arc::new(afxdp::XdpAttachment::attach(&iface, 1).expect("attach"));
+            let _held = afxdp::XdpQueue::open(&iface, 0, attachment.clone()).expect("first");
+            let start = Instant::now();
+            let second = afxdp::XdpQueue::open(&iface, 0, attachment).err();
+            (second.map(|e| e.to_string()), start.elapsed())
+        })
+        .join()
+        .expect("test thread");
+        let refused = refused.expect("a second socket on a held queue is refused");
+        assert!(
+            refused.contains("binding the AF_XDP socket") && refused.contains("still after"),
+            "{refused}"
+        );
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+    }
+
     /// A UDP/IPv4 frame of flow `flow`, forward or reversed.
     fn udp_frame(flow: u8, reverse: bool) -> Vec<u8> {
         let (mut a, mut b) = ([198, 18, 1, flow], [198, 19, 1, 1]);
