@@ -587,6 +587,43 @@ fn a_tcp_connection_survives_the_death_of_its_nat_when_its_translation_is_replic
     );
 }
 
+/// `lab bench` on a lab of its own: each mode delivers packets and TCP, and the switch's
+/// own CPU is a figure for stateplane and no figure for the bridge (the kernel's, which
+/// no process of its own shows), in JSON and in the table.
+#[test]
+fn lab_bench_measures_each_mode_and_gives_the_bridge_no_switch_cpu() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "lab",
+        "bench",
+        "--seconds",
+        "1",
+        "--repeat",
+        "1",
+        "--modes",
+        "bridge,afpacket",
+    ];
+    let out = common::bin().args(args).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = report["results"].as_array().unwrap();
+    let mode = |m: &str| results.iter().find(|r| r["mode"] == m).unwrap();
+    for m in ["bridge", "afpacket"] {
+        assert!(mode(m)["mpps"].as_f64().unwrap() > 0.01, "{m}: {report}");
+        assert!(mode(m)["tcp_gbps"].as_f64().unwrap() > 0.1, "{m}: {report}");
+    }
+    assert!(
+        mode("bridge")["switch_cpu_s_per_mpkt"].is_null(),
+        "{report}"
+    );
+    assert!(
+        mode("afpacket")["switch_cpu_s_per_mpkt"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let table = common::bin().args(args).output().unwrap();
+    assert!(text(&table).contains("n/a (kernel)"), "{}", text(&table));
+}
+
 /// `lab bench-failover` measures each setting on a lab of its own and removes it: the
 /// stateless and the replicated switches' streams arrive whole after the kill, the
 /// unreplicated firewall's and NAT's cannot; bad flags are refused by name. `lab bench-latency`
