@@ -489,5 +489,6 @@ pub fn replay_runtime(workers: usize, burst_size: usize) -> RuntimeConfig {
         hasher: FlowHasher::random(),
         taps: Vec::new(),
         state_stages: Vec::new(),
+        spread: Default::default(),
     }
 }

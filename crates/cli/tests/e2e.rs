@@ -701,6 +701,31 @@ fn a_chain_of_acl_nat_and_router_runs_from_its_config_with_flow_records() {
     assert!(left > 500, "flows leave by the outside port: {left}");
 }
 
+/// A capture file's records: timestamp, bytes, length on the wire.
+type Records = Vec<(u64, Vec<u8>, u32)>;
+
+/// What a run of `cfg` wrote to each of `written`, for each number of `workers`; each run
+/// sent `sent` packets in all.
+fn outputs_by_workers(
+    cfg: &Path,
+    workers: &[&str],
+    sent: u64,
+    written: &[std::path::PathBuf],
+) -> Vec<Vec<Records>> {
+    (workers.iter())
+        .map(|workers| {
+            let text = ok(bin()
+                .args(["run", "--json", "--workers", workers, "--config"])
+                .arg(cfg)
+                .output()
+                .unwrap());
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["counters"]["tx_packets"].as_u64(), Some(sent), "{v}");
+            (written.iter()).map(|f| read_all(f).unwrap()).collect()
+        })
+        .collect()
+}
+
 /// `lb` reads its Maglev tables with a fixed hash and each worker keeps the affinity of
 /// its own connections, so which backend a request reaches does not depend on the
 /// workers: the output of the `kv` workload through a VIP of four backends is the same
@@ -719,17 +744,10 @@ fn lb_output_is_the_same_with_any_worker_count() {
          [[port]]\nname = \"in\"\nrx = \"lb-in.pcap\"\n[[port]]\nname = \"out\"\ntx = \"lb-out.pcap\"\n",
     )
     .unwrap();
-    let mut outputs = Vec::new();
-    for workers in ["1", "3"] {
-        let text = ok(bin()
-            .args(["run", "--json", "--workers", workers, "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap());
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["counters"]["tx_packets"].as_u64(), Some(30_000), "{v}");
-        outputs.push(read_all(&tmp("lb-out.pcap")).unwrap());
-    }
+    let outputs: Vec<_> = outputs_by_workers(&cfg, &["1", "3"], 30_000, &[tmp("lb-out.pcap")])
+        .into_iter()
+        .map(|mut files| files.remove(0))
+        .collect();
     assert!(
         outputs[0] == outputs[1],
         "the same output, packet for packet"
@@ -748,6 +766,68 @@ fn lb_output_is_the_same_with_any_worker_count() {
         backends.keys().all(|b| b.starts_with("198.18.200.")),
         "{backends:?}"
     );
+}
+
+/// `nat` over a file that carries both directions of every connection on its one port (as
+/// `stateplane gen` writes them) keeps the flow hash on several workers: its steering by
+/// the remote address reads the port, which a file does not mean as live ports do. Two
+/// workers drop exactly what one drops (the answers to nothing translated).
+#[test]
+fn nat_over_one_file_drops_the_same_on_two_workers() {
+    let input = tmp("nat-one-port.pcap");
+    generate_trace("internet", 50_000, &input);
+    let cfg = tmp("nat-one-port.toml");
+    let mut drops = Vec::new();
+    for workers in [1, 2] {
+        std::fs::write(
+            &cfg,
+            format!(
+                "workers = {workers}\n[program]\nname = \"nat\"\n[program.nat]\n\
+                 external = \"198.18.255.1\"\nports = \"20000-65535\"\n\
+                 [[port]]\nname = \"in\"\nrx = \"{}\"\ntx = \"/dev/null\"\n\
+                 [[port]]\nname = \"out\"\ntx = \"/dev/null\"\n",
+                input.display()
+            ),
+        )
+        .unwrap();
+        let text = ok(bin()
+            .args(["run", "--json", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        drops.push(v["drops"].clone());
+    }
+    assert_eq!(drops[0], drops[1], "one worker, then two");
+}
+
+/// Over files, `sgw`'s packets are spread by subscriber as live ports spread them (the
+/// same steering program), so each reaches the worker that holds its session: the
+/// generated mobile workload (a third IPv6) comes out the same, packet for packet, on one
+/// worker, two or three, and every packet comes out (answered, or tunneled either way).
+#[test]
+fn sgw_output_is_the_same_with_any_worker_count() {
+    let input = tmp("sgw-workers-in.pcap");
+    generate_with("gtp", 20_000, &input, &["--ipv6-share", "0.3"]);
+    let cfg = tmp("sgw-workers.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\n\
+             ue_pool = \"198.18.128.0/17\"\nue_pool6 = \"2001:2:0:8000::/49\"\n\
+             [[port]]\nname = \"access\"\nrx = \"{}\"\ntx = \"{}\"\n\
+             [[port]]\nname = \"core\"\ntx = \"{}\"\n",
+            input.display(),
+            tmp("sgw-workers-access.pcap").display(),
+            tmp("sgw-workers-core.pcap").display()
+        ),
+    )
+    .unwrap();
+    let written = [tmp("sgw-workers-access.pcap"), tmp("sgw-workers-core.pcap")];
+    let outputs = outputs_by_workers(&cfg, &["1", "2", "3"], 20_000, &written);
+    assert!(outputs[0][0].len() > 5_000 && outputs[0][1].len() > 5_000);
+    assert!(outputs[1] == outputs[0], "two workers: the same output");
+    assert!(outputs[2] == outputs[0], "three workers: the same output");
 }
 
 /// bench-cache keys a trace two ways: the 5-tuple, which leaves out fields that split a
@@ -839,9 +919,9 @@ fn bench_flood_serves_established_connections_through_a_flood() {
 
 /// A program that cannot work on several workers refuses to start on them, saying why and
 /// the fix, instead of dropping or answering wrongly what reaches the wrong worker: `kv`
-/// (state not synced between workers yet), `sgw` over files (the flow hash does not
-/// follow a subscriber), `nat` with a port forward, and the same inside a chain. One
-/// worker runs.
+/// (state not synced between workers yet), `nat` with a port forward or under
+/// endpoint-independent mapping, and the same inside a chain. One worker runs. (`sgw`
+/// runs on several workers over files, which spread its packets as live ports do.)
 #[test]
 fn programs_that_need_one_worker_refuse_more() {
     let input = tmp("one-worker.pcap");
@@ -851,15 +931,15 @@ fn programs_that_need_one_worker_refuse_more() {
         "[[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\ntx = \"/dev/null\"\n",
         input.display()
     );
-    let sgw = "[program]\nname = \"sgw\"\n[program.sgw]\naddress = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\n";
     let nat = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.255.1\"\nports = \"20000-65535\"\nforwards = [{ proto = \"tcp\", port = 8080, to = \"198.18.0.5\" }]\n";
-    let chain = "[program]\nname = \"chain\"\n[program.chain]\nstages = [\"acl\", \"sgw\"]\n[program.chain.acl]\ndefault = \"permit\"\n[program.chain.sgw]\naddress = \"198.19.255.2\"\nue_pool = \"198.18.128.0/17\"\n";
+    let eim = "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.255.1\"\nports = \"20000-65535\"\nmapping = \"endpoint_independent\"\n";
+    let chain = "[program]\nname = \"chain\"\n[program.chain]\nstages = [\"acl\", \"nat\"]\n[program.chain.acl]\ndefault = \"permit\"\n[program.chain.nat]\nexternal = \"198.18.255.1\"\nmapping = \"endpoint_independent\"\n";
     let kv = "[program]\nname = \"kv\"\n[program.kv]\nserver = \"198.19.0.100\"\n";
     for (program, says) in [
         (kv, "kv runs on one worker"),
-        (sgw, "sgw over files runs on one worker"),
         (nat, "a forwarded port is fixed"),
-        (chain, "sgw over files runs on one worker"),
+        (eim, "endpoint-independent mapping"),
+        (chain, "endpoint-independent mapping"),
     ] {
         std::fs::write(&cfg, format!("workers = 2\n{program}{ports}")).unwrap();
         let err = refused(&["run", "-c", &cfg.to_string_lossy()], says);

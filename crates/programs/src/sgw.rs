@@ -47,9 +47,9 @@
 //! hands out `w`, `w + n`, ...), and live ports spread packets by subscriber
 //! (`Steering::Subscriber`: GTP by the place in its TEID, downlink by the destination's
 //! place, a Create Session Request by its IMSI), so every packet of a subscriber reaches
-//! the worker that gave it its place. Over files the runtime spreads by the flow hash,
-//! and a replicated subscriber's place is its IMSI's at every switch: there a run on more
-//! than one worker is refused at start.
+//! the worker that gave it its place; runs over files spread packets the same way. A
+//! replicated subscriber's place is its IMSI's at every switch: there a run on more than
+//! one worker is refused at start.
 //!
 //! State: `sessions` (declared; key the IMSI, as the number its digits spell; action
 //! `session` with `enb enb_teid ue mme_teid`; read-centric: written by about one packet
@@ -1186,30 +1186,23 @@ impl Program for Sgw {
         }
     }
 
-    /// Each worker holds the sessions of its own places, and live ports send it their
-    /// packets ([`Sgw::steering`]). Over files the runtime spreads packets by the flow
-    /// hash, which does not follow a subscriber; and a replicated subscriber's place is
-    /// its IMSI's at every switch, not one its worker handed out.
-    fn check_workers(&self, workers: usize, live: bool) -> Result<(), String> {
-        if workers < 2 {
-            return Ok(());
-        }
-        if self.sessions.replicated() {
+    /// Each worker holds the sessions of its own places, and packets reach it by
+    /// subscriber ([`Sgw::steering`]), on live ports and over files alike. But a
+    /// replicated subscriber's place is its IMSI's at every switch, not one its worker
+    /// handed out.
+    fn check_workers(&self, workers: usize, _live: bool) -> Result<(), String> {
+        if workers > 1 && self.sessions.replicated() {
             return Err(format!(
                 "a replicated sgw runs on one worker: a subscriber's place is its IMSI modulo the pool at every switch, so its packets would reach a worker other than the one holding its session (with {workers}, dropped as no_session); set workers = 1 (--workers 1)"
-            ));
-        }
-        if !live {
-            return Err(format!(
-                "sgw over files runs on one worker: the runtime spreads a file's packets by the flow hash, which does not follow a subscriber (with {workers}, its packets would be dropped as no_session on workers other than its session's); set workers = 1 (--workers 1), or run it on live ports, which spread by subscriber"
             ));
         }
         Ok(())
     }
 
-    /// Live ports spread by subscriber: each place's packets (its GTP by TEID, downlink by
-    /// address) reach worker `place % workers`, whose share of the pools it is; a Create
-    /// Session Request goes by its IMSI, so a subscriber asking again finds its session.
+    /// Packets are spread by subscriber: each place's packets (its GTP by TEID, downlink
+    /// by address) reach worker `place % workers`, whose share of the pools it is; a
+    /// Create Session Request goes by its IMSI, so a subscriber asking again finds its
+    /// session.
     fn steering(&self, _port: PortId) -> Steering {
         Steering::Subscriber {
             gateway: u32::from_be_bytes(self.address),

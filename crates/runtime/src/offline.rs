@@ -18,7 +18,6 @@ use crate::source::{Merged, Offered, ingress};
 use crate::worker_loop::{Receive, Reload, WorkerPorts, WorkerSetup, spawn_workers};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::Parsed;
-use stateplane_wire::flow::shard_of;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -75,7 +74,14 @@ pub fn run_offline(
         let rx = std::mem::take(&mut ports.rx);
         let dispatcher = scope.spawn(|| dispatch(config, rx, to_worker, free_rx, handle));
         let setups = (worker_rx.into_iter().zip(to_output))
-            .map(|(input, output)| WorkerSetup::new(Box::new(FromDispatcher { input, output })))
+            .map(|(input, output)| {
+                let by_hash = config.spread.by_hash();
+                WorkerSetup::new(Box::new(FromDispatcher {
+                    input,
+                    output,
+                    by_hash,
+                }))
+            })
             .collect();
         let workers = spawn_workers(scope, config, setups, port_count, &reload, handle);
         let (tx_per_port, errors) = output_stage(
@@ -105,6 +111,8 @@ pub fn run_offline(
 struct FromDispatcher {
     input: Receiver<Burst>,
     output: Sender<Burst>,
+    /// The dispatcher spreads by the flow hash ([`crate::Spread`]).
+    by_hash: bool,
 }
 
 impl WorkerPorts for FromDispatcher {
@@ -116,6 +124,10 @@ impl WorkerPorts for FromDispatcher {
             }
             Err(_) => Receive::Ended,
         }
+    }
+
+    fn spread_by_hash(&self) -> bool {
+        self.by_hash
     }
 
     fn send(&mut self, burst: &mut Burst) {
@@ -159,7 +171,7 @@ fn dispatch(
                 if !ingress::parse(&packet, port, &config.hasher, &mut parsed, Some(&mut stats)) {
                     return true; // counted and dropped
                 }
-                let w = shard_of(parsed.hash, workers);
+                let w = config.spread.worker(packet.data, &parsed, port, workers);
                 // A full burst leaves the packet to open the next round.
                 bursts[w].push_parsed(&packet, port, seq, &parsed)
             });

@@ -183,6 +183,16 @@ pub enum Steering {
     Subscriber { gateway: u32, pool: u32, pool6: u32 },
 }
 
+impl Steering {
+    /// Whether it reads the packet alone, not the port it came by: then a run over files,
+    /// whose ports need not be the live ones (one file may carry both directions of every
+    /// connection), spreads by it too. By the remote address, a port says which end is
+    /// remote, so files keep the flow hash.
+    pub fn reads_the_packet_alone(&self) -> bool {
+        matches!(self, Steering::Subscriber { .. })
+    }
+}
+
 /// The bits of a gateway's TEID that are the subscriber's place ([`Steering::Subscriber`]);
 /// the bits above tell the interface.
 pub const PLACE_MASK: u32 = 0x0fff_ffff;

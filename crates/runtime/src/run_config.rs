@@ -2,9 +2,11 @@
 //! it runs, and the report it ends with.
 
 use crate::counters::{SharedStats, Stats};
+use crate::program::PortId;
 use crate::state_stage::StateStageFactory;
 use crate::tap::TapFactory;
-use stateplane_wire::FlowHasher;
+use stateplane_wire::flow::shard_of;
+use stateplane_wire::{FlowHasher, Parsed};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
@@ -22,6 +24,40 @@ pub struct RuntimeConfig {
     pub taps: Vec<TapFactory>,
     /// Duties every worker runs between bursts for its program's declared state (sync).
     pub state_stages: Vec<StateStageFactory>,
+    /// How a run over files spreads packets over the workers.
+    pub spread: Spread,
+}
+
+/// How a run over files spreads packets over its workers.
+#[derive(Clone, Default)]
+pub enum Spread {
+    /// By the flow hash ([`shard_of`] of `parsed.hash`): both directions of a flow reach
+    /// one worker.
+    #[default]
+    FlowHash,
+    /// As live ports spread them for a program that steers them
+    /// ([`crate::Program::steering`]): the function's result, given a packet, its parse
+    /// and its port, modulo the workers (the kernel's rule for a steered fanout group), so
+    /// that a run over files puts each packet on the worker a live run would.
+    Steered(Arc<SteerFn>),
+}
+
+/// What [`Spread::Steered`] runs on each packet.
+pub type SteerFn = dyn Fn(&[u8], &Parsed, PortId) -> u32 + Send + Sync;
+
+impl Spread {
+    /// The worker, of `workers`, that `packet` (parsed as `parsed`, in by `port`) goes to.
+    pub fn worker(&self, packet: &[u8], parsed: &Parsed, port: PortId, workers: usize) -> usize {
+        match self {
+            Spread::FlowHash => shard_of(parsed.hash, workers),
+            Spread::Steered(steer) => steer(packet, parsed, port) as usize % workers.max(1),
+        }
+    }
+
+    /// Whether packets reach their worker by their flow hash ([`crate::Context::by_hash`]).
+    pub fn by_hash(&self) -> bool {
+        matches!(self, Spread::FlowHash)
+    }
 }
 
 impl std::fmt::Debug for RuntimeConfig {
@@ -45,6 +81,7 @@ impl Default for RuntimeConfig {
             hasher: FlowHasher::random(),
             taps: Vec::new(),
             state_stages: Vec::new(),
+            spread: Spread::FlowHash,
         }
     }
 }

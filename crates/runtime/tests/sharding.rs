@@ -211,6 +211,7 @@ fn run(
         hasher: FlowHasher::with_seed(3),
         taps: Vec::new(),
         state_stages: Vec::new(),
+        spread: Default::default(),
     };
     let handle = RunHandle::new(workers);
     if stop_early {

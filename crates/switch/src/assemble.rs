@@ -32,10 +32,11 @@ use crate::summary::Outcome;
 use crate::sync_stage::{SyncPlan, SyncSettings};
 use crate::units::{CaptureBuffer, MemoryBudget, bounded};
 use stateplane_io::capture::{FileRx, FileTx};
+use stateplane_io::live::steer;
 use stateplane_programs::PortNames;
 use stateplane_runtime::{
-    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, Steering, TxPort,
-    run_offline,
+    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, Spread, Steering,
+    TxPort, run_offline,
 };
 use stateplane_state::Guarantee;
 use stateplane_wire::FlowHasher;
@@ -170,6 +171,7 @@ impl Switch {
             hasher: FlowHasher::with_seed(seed),
             taps: tap.into_iter().collect(),
             state_stages,
+            spread: spread_over_files(&factory, names.0.len(), workers),
         };
         let metrics = (cfg.metrics.as_ref())
             .map(|a| metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
@@ -469,6 +471,33 @@ impl StartedWith {
             steering: steerings(factory, ports),
         }
     }
+}
+
+/// How a run over files spreads packets over `workers`: where the program steers live
+/// ports by the packet alone, as they would (the same programs, run by their interpreter
+/// on each packet), so that such a program runs on every worker over files too; else by
+/// the flow hash.
+fn spread_over_files(factory: &ProgramFactory, ports: usize, workers: usize) -> Spread {
+    let steering = steerings(factory, ports);
+    if workers < 2 || !steering.iter().any(Steering::reads_the_packet_alone) {
+        return Spread::FlowHash;
+    }
+    let programs: Vec<_> = steering.into_iter().map(steer::program).collect();
+    Spread::Steered(Arc::new(move |packet, parsed, port| {
+        match programs.get(usize::from(port)).and_then(Option::as_ref) {
+            Some(program) => {
+                // The kernel runs the program on the packet with its VLAN tag taken off.
+                let ethertype = match parsed.key.ip_version {
+                    4 => 0x0800,
+                    6 => 0x86dd,
+                    _ => 0,
+                };
+                steer::run_at(program, packet, usize::from(parsed.l3_offset), ethertype)
+            }
+            // A port left to the flow hash: the worker the hash picks.
+            None => stateplane_wire::flow::shard_of(parsed.hash, workers) as u32,
+        }
+    }))
 }
 
 /// How the program asks each of `ports` live ports to spread packets over the workers.

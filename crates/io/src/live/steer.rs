@@ -310,9 +310,15 @@ pub fn run(program: &[libc::sock_filter], frame: &[u8]) -> u32 {
     let Some(&[hi, lo]) = frame.get(12..14) else {
         return 0;
     };
-    let ethertype = u32::from(u16::from_be_bytes([hi, lo]));
+    run_at(program, frame, 14, u16::from_be_bytes([hi, lo]))
+}
+
+/// As [`run`], on a frame whose network header starts at `net` and is of `ethertype`
+/// (where a VLAN tag lies between, the kernel takes the tag off before the program runs).
+pub fn run_at(program: &[libc::sock_filter], frame: &[u8], net: usize, ethertype: u16) -> u32 {
+    let ethertype = u32::from(ethertype);
     let load = |at: u32, size: usize| -> Option<u32> {
-        let at = 14 + at.wrapping_sub(NET) as usize;
+        let at = net.checked_add(at.wrapping_sub(NET) as usize)?;
         let bytes = frame.get(at..at + size)?;
         Some(bytes.iter().fold(0, |a, b| a << 8 | u32::from(*b)))
     };
