@@ -114,6 +114,35 @@ fn a_worker_hands_out_its_share_of_the_places_and_keeps_it_across_a_reload() {
     );
 }
 
+/// More workers than places: a worker whose share is empty answers every Create Session
+/// Request "all dynamic addresses occupied"; one with a place gives it, once.
+#[test]
+fn a_worker_beyond_the_pool_has_no_place_to_give() {
+    let names = PortNames(vec!["access".into(), "core".into()]);
+    let cfg: SgwConfig =
+        toml::from_str("address = \"198.19.255.2\"\nue_pool = \"198.18.128.0/30\"").unwrap();
+    let cause_on = |worker: usize, n: u64| {
+        let mut p = Sgw::new(&cfg, &names, "program.sgw", 3).unwrap();
+        let create = create(imsi(n), [198, 18, 200, 1], 1);
+        let r = response(
+            &run_at(&mut p, 1, &[(create, 0)], (worker, 6), 2)
+                .remove(0)
+                .1,
+        );
+        (r.cause, r.paa.map(|paa| paa[4]))
+    };
+    let occupied = Some(gtpv2_cause::ALL_DYNAMIC_ADDRESSES_OCCUPIED);
+    assert_eq!(
+        cause_on(5, 1),
+        (occupied, None),
+        "worker 5 of 6, places 0-3"
+    );
+    assert_eq!(
+        cause_on(3, 1),
+        (Some(gtpv2_cause::REQUEST_ACCEPTED), Some(3))
+    );
+}
+
 /// Runs the generated workload through `workers` gateways (worker `w` of them each), each
 /// packet to the one live ports' steering sends it to, and checks every packet's fate.
 fn tunnels_the_gtp_workload(ipv6_share: f64, pool6: &str, workers: usize) {
