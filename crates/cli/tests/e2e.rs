@@ -1116,7 +1116,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
     .unwrap();
     refused(
         &["run", "--config", &rings.to_string_lossy()],
-        "lo: rings for 1 worker(s) at MTU 65536 (a lower MTU makes them smaller) take 66.0 MiB",
+        "lo: rings for 1 worker(s) at MTU 65536 (a lower MTU makes them smaller) take 80.0 MiB",
     );
     // What fits runs.
     ok(bin()

@@ -374,6 +374,13 @@ fn tcp_delivers_every_byte(io: &str, name: &str) {
         "client: {sent}"
     );
     assert_eq!(sent, received, "every byte arrives, in order, unchanged");
+    // The receive rings held every burst TCP sent: what the kernel dropped at a full ring
+    // the sender would have had to retransmit.
+    let metrics = metric_lines(&lab, "s1");
+    for port in ["p0", "p1"] {
+        let line = format!("stateplane_port_rx_kernel_drops_total{{port=\"{port}\"}} 0");
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
 }
 
 #[test]
