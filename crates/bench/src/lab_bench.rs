@@ -3,12 +3,12 @@
 //! For each way of switching between the same two veths in s1 (a Linux bridge, stateplane
 //! `forward` over AF_PACKET, over AF_XDP) it measures, in one run, interleaved and repeated:
 //! packets per second delivered to h2 from a small-packet flood sent from h1, TCP
-//! throughput with iperf3, and CPU seconds per million packets (the whole machine's busy
-//! time, and the switch process's own).
+//! throughput with iperf3, CPU seconds per million packets (the whole machine's busy
+//! time, and the switch process's own), and the round trip of pings at a low rate.
 
 use crate::BenchResult;
 use crate::results::{Csv, ResultFiles, Table};
-use crate::statistics::median;
+use crate::statistics::{median, percentile};
 use stateplane_lab::Topology;
 use std::path::Path;
 use std::process::Command;
@@ -103,6 +103,59 @@ struct Sample {
     /// The switching process's own CPU; `None` for the bridge, which is the kernel's
     /// (its share is in the machine's, spread over softirqs with the veths').
     switch_cpu_s_per_mpkt: Option<f64>,
+    /// Round trips of [`PINGS`] pings from h1 to h2 at 100 a second, on an idle path.
+    ping_median_us: f64,
+    ping_p99_us: f64,
+}
+
+/// Pings per measurement, 10 ms apart (`ping -c 200 -i 0.01`).
+const PINGS: usize = 200;
+
+/// The round trips of `PINGS` pings from h1 to h2 in microseconds: median and 99th
+/// percentile. Every ping must be answered: a lost one would hide a stall.
+fn ping_round_trips(t: &Topology) -> BenchResult<(f64, f64)> {
+    let count = PINGS.to_string();
+    let out = sh(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &t.namespace("h1"),
+            "ping",
+            "-n",
+            "-c",
+            &count,
+            "-i",
+            "0.01",
+            "-W",
+            "1",
+            "198.18.0.2",
+        ],
+    )?;
+    let mut micros = round_trips_us(&out);
+    if micros.len() != PINGS {
+        return Err(format!(
+            "ping: {} of {PINGS} answered:\n{out}",
+            micros.len()
+        ));
+    }
+    let median_us = percentile(&mut micros, 0.5);
+    let p99_us = percentile(&mut micros, 0.99);
+    Ok((median_us as f64, p99_us as f64))
+}
+
+/// The round trips `ping` printed (`time=0.045 ms`), in whole microseconds.
+fn round_trips_us(ping_output: &str) -> Vec<u64> {
+    (ping_output.lines())
+        .filter_map(|l| {
+            l.split_once("time=")?
+                .1
+                .strip_suffix(" ms")?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|ms| (ms * 1000.0).round() as u64)
+        .collect()
 }
 
 /// The switching between p0 and p1 in s1, set up and torn down.
@@ -165,6 +218,8 @@ fn measure(
         Switching::Stateplane(pid) => Some(*pid),
         Switching::Bridge => None,
     };
+    // Latency first, on the idle path (the first ping also teaches h1 h2's address).
+    let (ping_median_us, ping_p99_us) = ping_round_trips(t)?;
     // Small-packet flood from h1; delivered = what h2's interface received.
     let rx0 = rx_packets(t, "h2", "eth0")?;
     let (busy0, proc0) = (machine_busy_ticks()?, pid.map_or(0, process_ticks));
@@ -244,6 +299,8 @@ fn measure(
         gbps,
         machine_cpu_s_per_mpkt: (busy1 - busy0) as f64 / hz / mpkt,
         switch_cpu_s_per_mpkt: pid.map(|_| (proc1 - proc0) as f64 / hz / mpkt),
+        ping_median_us,
+        ping_p99_us,
     })
 }
 
@@ -336,17 +393,20 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                     switch_cpu_s_per_mpkt: (v.iter().map(|s| s.switch_cpu_s_per_mpkt))
                         .collect::<Option<Vec<f64>>>()
                         .map(median),
+                    ping_median_us: pick(|s| s.ping_median_us),
+                    ping_p99_us: pick(|s| s.ping_p99_us),
                 },
             )
         })
         .collect();
     let input = format!(
-        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; TCP: iperf3 -t {}; median of {}",
+        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; TCP: iperf3 -t {}; ping: {PINGS} from h1 to h2, 10 ms apart, on the idle path; median of {}",
         a.packet_size, a.seconds, a.seconds, a.repeat
     );
     if a.json {
         let v: Vec<_> = rows.iter().map(|(m, s)| serde_json::json!({"mode": m, "mpps": s.mpps, "offered_mpps": s.sent_mpps,
-            "tcp_gbps": s.gbps, "machine_cpu_s_per_mpkt": s.machine_cpu_s_per_mpkt, "switch_cpu_s_per_mpkt": s.switch_cpu_s_per_mpkt})).collect();
+            "tcp_gbps": s.gbps, "machine_cpu_s_per_mpkt": s.machine_cpu_s_per_mpkt, "switch_cpu_s_per_mpkt": s.switch_cpu_s_per_mpkt,
+            "ping_median_us": s.ping_median_us, "ping_p99_us": s.ping_p99_us})).collect();
         println!("{}", serde_json::json!({"input": input, "results": v}));
     } else {
         println!("input: {input}");
@@ -358,6 +418,8 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                 "TCP Gb/s",
                 "machine CPU s/Mpkt",
                 "switch CPU s/Mpkt",
+                "ping median µs",
+                "ping p99 µs",
             ],
         );
         for (m, s) in &rows {
@@ -369,23 +431,27 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                 format!("{:.2}", s.machine_cpu_s_per_mpkt),
                 s.switch_cpu_s_per_mpkt
                     .map_or_else(|| "n/a (kernel)".to_owned(), |c| format!("{c:.2}")),
+                format!("{:.0}", s.ping_median_us),
+                format!("{:.0}", s.ping_p99_us),
             ]);
         }
         table.print();
     }
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(
-            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt",
+            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt,ping_median_us,ping_p99_us",
         );
         for (m, s) in &rows {
             csv.row(format_args!(
-                "{m},{:.4},{:.4},{:.3},{:.3},{}",
+                "{m},{:.4},{:.4},{:.3},{:.3},{},{:.0},{:.0}",
                 s.mpps,
                 s.sent_mpps,
                 s.gbps,
                 s.machine_cpu_s_per_mpkt,
                 s.switch_cpu_s_per_mpkt
-                    .map_or(String::new(), |c| format!("{c:.3}"))
+                    .map_or(String::new(), |c| format!("{c:.3}")),
+                s.ping_median_us,
+                s.ping_p99_us
             ));
         }
         csv.write(path)?;
@@ -411,8 +477,30 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                     "s",
                     |s| s.machine_cpu_s_per_mpkt,
                 ),
+                panel("Ping round trip, median (lower is better)", "µs", |s| {
+                    s.ping_median_us
+                }),
             ],
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_trips_us;
+
+    #[test]
+    fn round_trips_are_read_from_pings_replies_alone() {
+        let out = "PING 198.18.0.2 (198.18.0.2) 56(84) bytes of data.
+64 bytes from 198.18.0.2: icmp_seq=1 ttl=64 time=0.045 ms
+64 bytes from 198.18.0.2: icmp_seq=2 ttl=64 time=1.31 ms
+64 bytes from 198.18.0.2: icmp_seq=3 ttl=64 time=12 ms
+
+--- 198.18.0.2 ping statistics ---
+3 packets transmitted, 3 received, 0% packet loss, time 20ms
+rtt min/avg/max/mdev = 0.045/4.451/12.000/5.600 ms
+";
+        assert_eq!(round_trips_us(out), [45, 1310, 12000]);
+    }
 }
