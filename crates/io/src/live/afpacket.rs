@@ -1,7 +1,10 @@
-//! AF_PACKET ports on memory-mapped rings: TPACKET_V3 to receive, TPACKET_V2 to transmit.
+//! AF_PACKET ports on memory-mapped rings: TPACKET_V2 (a switch) or TPACKET_V3 (a monitor)
+//! to receive, TPACKET_V2 to transmit.
 //!
-//! Receive: the kernel fills fixed-size blocks with packets and hands a whole block over by
-//! its status word; [`PacketRx`] copies the packets into a burst and gives the block back.
+//! Receive ([`RxHandover`]): a switch's kernel puts each packet in a slot of its own and
+//! hands it over at once by the slot's status word, waking a waiting worker; a monitor's
+//! packs packets into blocks and hands a whole block over when it is full or timed out.
+//! [`PacketRx`] copies the packets into a burst and gives the slot or block back.
 //! Several workers share an interface through a `PACKET_FANOUT` group in hash mode: the
 //! kernel's flow hash is symmetric, so both directions of a flow reach the same worker.
 //!
@@ -14,7 +17,7 @@
 
 use super::steer;
 use super::sys::{self, SharedRing};
-use super::{Interface, LiveError, RingConfig};
+use super::{Interface, LiveError, RingConfig, RxHandover};
 use stateplane_runtime::Steering;
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, MAX_FRAME, PortId};
@@ -31,19 +34,47 @@ mod block {
     pub const FIRST_PKT: usize = 16;
 }
 
-/// Offsets in `struct tpacket3_hdr` (each received packet's header).
-mod v3 {
-    pub const NEXT_OFFSET: usize = 0;
-    pub const SEC: usize = 4;
-    pub const NSEC: usize = 8;
-    pub const SNAPLEN: usize = 12;
-    pub const LEN: usize = 16;
-    pub const STATUS: usize = 20;
-    pub const MAC: usize = 24;
-    pub const VLAN_TCI: usize = 32;
-    pub const VLAN_TPID: usize = 36;
-    pub const SIZE: usize = 48;
+/// Where a received packet's header keeps each field: `struct tpacket2_hdr` and
+/// `struct tpacket3_hdr` hold the same ones in different places.
+struct RxHeaderLayout {
+    sec: usize,
+    nsec: usize,
+    snaplen: usize,
+    len: usize,
+    status: usize,
+    mac: usize,
+    vlan_tci: usize,
+    vlan_tpid: usize,
+    size: usize,
 }
+
+/// `struct tpacket3_hdr` (a block's packets).
+const V3_HEADER: RxHeaderLayout = RxHeaderLayout {
+    sec: 4,
+    nsec: 8,
+    snaplen: 12,
+    len: 16,
+    status: 20,
+    mac: 24,
+    vlan_tci: 32,
+    vlan_tpid: 36,
+    size: 48,
+};
+/// Offset of `tp_next_offset` in `struct tpacket3_hdr`.
+const V3_NEXT_OFFSET: usize = 0;
+
+/// `struct tpacket2_hdr` (a slot's packet; its status word is at 0).
+const V2_HEADER: RxHeaderLayout = RxHeaderLayout {
+    sec: 16,
+    nsec: 20,
+    snaplen: 8,
+    len: 4,
+    status: 0,
+    mac: 12,
+    vlan_tci: 24,
+    vlan_tpid: 26,
+    size: 32,
+};
 
 /// Offsets in `struct tpacket2_hdr` (each transmit slot's header); frame data follows it at
 /// `TPACKET2_HDRLEN - sizeof(sockaddr_ll)`.
@@ -52,6 +83,11 @@ mod v2 {
     pub const SNAPLEN: usize = 8;
     pub const DATA: usize = 32;
 }
+
+/// Where the kernel puts a received frame's network header in a TPACKET_V2 slot: after the
+/// slot's header and address (`TPACKET2_HDRLEN`, 52 bytes) and at least 16 bytes of link
+/// header, aligned to 16. A slot holds this and the frame's link header.
+const V2_NETWORK_OFFSET: usize = 80;
 
 fn read_u32(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
@@ -83,18 +119,83 @@ fn set_option<T: Copy>(
         .map_err(|e| LiveError::from_io(iface, what, e))
 }
 
-/// One worker's receive queue on an interface: a TPACKET_V3 ring in a fanout group.
+/// The shape of a receive ring on an interface: `blocks` blocks of `block_size` bytes; with
+/// [`RxHandover::Frames`], each cut into slots of `frame_size` that hold the interface's
+/// largest frame and a VLAN tag.
+struct RxRing {
+    block_size: usize,
+    blocks: usize,
+    frame_size: usize,
+}
+
+impl RxRing {
+    fn of(rings: &RingConfig, iface: &Interface) -> RxRing {
+        match rings.rx_handover {
+            // The kernel wants a frame size even for blocks; it only checks it.
+            RxHandover::Blocks { .. } => RxRing {
+                block_size: rings.rx_block_bytes,
+                blocks: rings.rx_blocks,
+                frame_size: 2048,
+            },
+            RxHandover::Frames => {
+                let max_len = iface.mtu as usize + 14 + 4;
+                // A power of two, so that whole slots fill each block.
+                let frame_size = (V2_NETWORK_OFFSET + max_len).next_power_of_two().max(2048);
+                let block_size = rings.rx_block_bytes.max(frame_size);
+                RxRing {
+                    block_size,
+                    blocks: rings.rx_bytes().div_ceil(block_size),
+                    frame_size,
+                }
+            }
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.block_size * self.blocks
+    }
+
+    fn frames(&self) -> usize {
+        self.bytes() / self.frame_size
+    }
+}
+
+/// How far the reader is in the ring.
+enum Cursor {
+    /// TPACKET_V2: the slot read next (it is the reader's when its status says so).
+    Frames {
+        frame_size: usize,
+        frames: usize,
+        slot: usize,
+    },
+    /// TPACKET_V3: the block being read, and how far: packets left in it and the next
+    /// one's offset.
+    Blocks {
+        block_size: usize,
+        blocks: usize,
+        block: usize,
+        in_block: bool,
+        left: u32,
+        next: usize,
+    },
+}
+
+/// What became of the packet the reader stood at.
+enum Taken {
+    Pushed,
+    /// Counted as dropped (too big, or out of its slot).
+    Dropped,
+    /// The burst has no room: the packet opens the next burst.
+    BurstFull,
+}
+
+/// One worker's receive queue on an interface: a TPACKET_V2 or V3 ring, alone or in a
+/// fanout group.
 pub struct PacketRx {
     name: String,
     fd: OwnedFd,
     ring: SharedRing,
-    block_size: usize,
-    blocks: usize,
-    /// The block being read, and how far: packets left in it and the next one's offset.
-    block: usize,
-    in_block: bool,
-    left: u32,
-    next: usize,
+    cursor: Cursor,
     counters: PortCounters,
     /// Room to put a VLAN tag back into a frame the kernel took it out of.
     scratch: Vec<u8>,
@@ -110,32 +211,71 @@ impl PacketRx {
         rings: &RingConfig,
     ) -> Result<PacketRx, LiveError> {
         let fd = packet_socket(iface)?;
-        set_option(
-            &fd,
-            iface,
-            "choosing TPACKET_V3",
-            libc::PACKET_VERSION,
-            &TPACKET_V3,
-        )?;
-        let block_size = rings.rx_block_bytes;
-        let frame_size = 2048u32;
-        let req = libc::tpacket_req3 {
-            tp_block_size: block_size as u32,
-            tp_block_nr: rings.rx_blocks as u32,
-            tp_frame_size: frame_size,
-            tp_frame_nr: rings.rx_bytes() as u32 / frame_size,
-            tp_retire_blk_tov: rings.rx_block_timeout_ms,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+        let shape = RxRing::of(rings, iface);
+        let (block_size, blocks, frame_size) = (shape.block_size, shape.blocks, shape.frame_size);
+        let cursor = match rings.rx_handover {
+            RxHandover::Frames => {
+                set_option(
+                    &fd,
+                    iface,
+                    "choosing TPACKET_V2",
+                    libc::PACKET_VERSION,
+                    &TPACKET_V2,
+                )?;
+                let req = libc::tpacket_req {
+                    tp_block_size: block_size as u32,
+                    tp_block_nr: blocks as u32,
+                    tp_frame_size: frame_size as u32,
+                    tp_frame_nr: shape.frames() as u32,
+                };
+                set_option(
+                    &fd,
+                    iface,
+                    "setting up the receive ring",
+                    libc::PACKET_RX_RING,
+                    &req,
+                )?;
+                Cursor::Frames {
+                    frame_size,
+                    frames: shape.frames(),
+                    slot: 0,
+                }
+            }
+            RxHandover::Blocks { timeout_ms } => {
+                set_option(
+                    &fd,
+                    iface,
+                    "choosing TPACKET_V3",
+                    libc::PACKET_VERSION,
+                    &TPACKET_V3,
+                )?;
+                let req = libc::tpacket_req3 {
+                    tp_block_size: block_size as u32,
+                    tp_block_nr: blocks as u32,
+                    tp_frame_size: frame_size as u32,
+                    tp_frame_nr: shape.frames() as u32,
+                    tp_retire_blk_tov: timeout_ms,
+                    tp_sizeof_priv: 0,
+                    tp_feature_req_word: 0,
+                };
+                set_option(
+                    &fd,
+                    iface,
+                    "setting up the receive ring",
+                    libc::PACKET_RX_RING,
+                    &req,
+                )?;
+                Cursor::Blocks {
+                    block_size,
+                    blocks,
+                    block: 0,
+                    in_block: false,
+                    left: 0,
+                    next: 0,
+                }
+            }
         };
-        set_option(
-            &fd,
-            iface,
-            "setting up the receive ring",
-            libc::PACKET_RX_RING,
-            &req,
-        )?;
-        let ring = SharedRing::map(&fd, rings.rx_bytes())
+        let ring = SharedRing::map(&fd, shape.bytes())
             .map_err(|e| LiveError::from_io(iface, "mapping the receive ring", e))?;
         // A loopback device receives all it sends: the outgoing copy would count each
         // packet twice (libpcap drops it too).
@@ -205,39 +345,155 @@ impl PacketRx {
             name: iface.name.clone(),
             fd,
             ring,
-            block_size,
-            blocks: rings.rx_blocks,
-            block: 0,
-            in_block: false,
-            left: 0,
-            next: 0,
+            cursor,
             counters: PortCounters::default(),
             scratch: Vec::with_capacity(MAX_FRAME),
         })
     }
 
-    /// Gives the current block back to the kernel and moves to the next.
-    fn release_block(&mut self) {
-        self.ring
-            .set_status(self.block * self.block_size + block::STATUS, 0);
-        self.block = (self.block + 1) % self.blocks;
-        self.in_block = false;
-        self.left = 0;
+    /// The packet the reader stands at, as the offset of its header and the end of its
+    /// slot or block; `None` while the kernel has handed nothing over. Gives back each
+    /// block read to the end on the way.
+    fn current(&mut self) -> Option<(usize, usize, &'static RxHeaderLayout)> {
+        match &mut self.cursor {
+            Cursor::Frames {
+                frame_size, slot, ..
+            } => {
+                let at = *slot * *frame_size;
+                (self.ring.status(at) & libc::TP_STATUS_USER != 0).then_some((
+                    at,
+                    at + *frame_size,
+                    &V2_HEADER,
+                ))
+            }
+            Cursor::Blocks {
+                block_size,
+                blocks,
+                block,
+                in_block,
+                left,
+                next,
+            } => loop {
+                let base = *block * *block_size;
+                if *in_block && *left == 0 {
+                    self.ring.set_status(base + block::STATUS, 0);
+                    *block = (*block + 1) % *blocks;
+                    *in_block = false;
+                    continue;
+                }
+                if !*in_block {
+                    if self.ring.status(base + block::STATUS) & libc::TP_STATUS_USER == 0 {
+                        return None;
+                    }
+                    let header = self.ring.bytes(base, 24)?;
+                    *left = read_u32(header, block::NUM_PKTS);
+                    *next = base + read_u32(header, block::FIRST_PKT) as usize;
+                    *in_block = true;
+                    continue;
+                }
+                return Some((*next, base + *block_size, &V3_HEADER));
+            },
+        }
     }
 
-    /// Opens the next block if the kernel has handed it over.
-    fn open_block(&mut self) -> bool {
-        let base = self.block * self.block_size;
-        if self.ring.status(base + block::STATUS) & libc::TP_STATUS_USER == 0 {
-            return false;
+    /// Moves past the packet the reader stands at: gives its slot back, or steps to the
+    /// next packet of the block.
+    fn advance(&mut self) {
+        match &mut self.cursor {
+            Cursor::Frames {
+                frame_size,
+                frames,
+                slot,
+            } => {
+                self.ring
+                    .set_status(*slot * *frame_size, libc::TP_STATUS_KERNEL);
+                *slot = (*slot + 1) % *frames;
+            }
+            Cursor::Blocks { left, next, .. } => {
+                *left -= 1;
+                match self.ring.bytes(*next + V3_NEXT_OFFSET, 4) {
+                    Some(word) => *next += read_u32(word, 0) as usize,
+                    // A header outside the ring would be a kernel bug; end the block
+                    // rather than read out of it.
+                    None => *left = 0,
+                }
+            }
         }
-        let Some(header) = self.ring.bytes(base, 24) else {
-            return false;
+    }
+
+    /// Copies the packet whose header is at `at` (its slot or block ending at `end`) into
+    /// `burst`, putting back a VLAN tag the kernel took out.
+    fn take(
+        &mut self,
+        at: usize,
+        end: usize,
+        layout: &RxHeaderLayout,
+        burst: &mut Burst,
+        port: PortId,
+    ) -> Taken {
+        let Some(hdr) = self
+            .ring
+            .bytes(at, layout.size)
+            .filter(|_| at + layout.size <= end)
+        else {
+            self.counters.rx_errors += 1;
+            return Taken::Dropped;
         };
-        self.left = read_u32(header, block::NUM_PKTS);
-        self.next = base + read_u32(header, block::FIRST_PKT) as usize;
-        self.in_block = true;
-        true
+        let snaplen = read_u32(hdr, layout.snaplen) as usize;
+        let wire_len = read_u32(hdr, layout.len);
+        let status = read_u32(hdr, layout.status);
+        let ts_ns = u64::from(read_u32(hdr, layout.sec)) * 1_000_000_000
+            + u64::from(read_u32(hdr, layout.nsec));
+        let mac = at + usize::from(read_u16(hdr, layout.mac));
+        let vlan = (status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
+            let tpid = if status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
+                read_u16(hdr, layout.vlan_tpid)
+            } else {
+                0x8100
+            };
+            (tpid, read_u16(hdr, layout.vlan_tci))
+        });
+        let tag = if vlan.is_some() { 4 } else { 0 };
+        let frame_len = snaplen + tag;
+        // A frame cut to its slot (larger than the interface's MTU: a GRO frame) is
+        // dropped whole rather than forwarded cut.
+        if frame_len > MAX_FRAME || snaplen < wire_len as usize {
+            self.counters.rx_oversize += 1;
+            return Taken::Dropped;
+        }
+        if !burst.has_room(frame_len) {
+            return Taken::BurstFull;
+        }
+        let Some(data) = self
+            .ring
+            .bytes(mac, snaplen)
+            .filter(|_| mac + snaplen <= end)
+        else {
+            self.counters.rx_errors += 1;
+            return Taken::Dropped;
+        };
+        if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+            self.counters.rx_partial_checksum += 1;
+        }
+        let orig_len = wire_len + tag as u32;
+        let pushed = match vlan {
+            Some((tpid, tci)) if data.len() >= 12 => {
+                // The kernel moved the tag into the header; put it back where it was.
+                self.scratch.clear();
+                self.scratch.extend_from_slice(&data[..12]);
+                self.scratch.extend_from_slice(&tpid.to_be_bytes());
+                self.scratch.extend_from_slice(&tci.to_be_bytes());
+                self.scratch.extend_from_slice(&data[12..]);
+                burst.push(&self.scratch, orig_len, ts_ns, port, 0)
+            }
+            _ => burst.push(data, orig_len, ts_ns, port, 0),
+        };
+        if !pushed {
+            return Taken::Dropped;
+        }
+        self.counters.rx_packets += 1;
+        self.counters.rx_bytes += frame_len as u64;
+        Taken::Pushed
     }
 }
 
@@ -246,82 +502,15 @@ impl PacketRx {
     /// none wait; never blocks. Returns how many it moved.
     pub fn recv(&mut self, burst: &mut Burst, port: PortId) -> usize {
         let mut taken = 0;
-        loop {
-            if self.in_block && self.left == 0 {
-                self.release_block();
+        while let Some((at, end, layout)) = self.current() {
+            match self.take(at, end, layout, burst, port) {
+                Taken::BurstFull => break,
+                Taken::Pushed => taken += 1,
+                Taken::Dropped => {}
             }
-            if !self.in_block && !self.open_block() {
-                return taken;
-            }
-            if self.left == 0 {
-                continue;
-            }
-            let block_end = (self.block + 1) * self.block_size;
-            let Some(hdr) = self
-                .ring
-                .bytes(self.next, v3::SIZE)
-                .filter(|_| self.next + v3::SIZE <= block_end)
-            else {
-                // A header outside its block would be a kernel bug; give the block back
-                // rather than read out of it.
-                self.counters.rx_errors += u64::from(self.left);
-                self.left = 0;
-                continue;
-            };
-            let snaplen = read_u32(hdr, v3::SNAPLEN) as usize;
-            let wire_len = read_u32(hdr, v3::LEN);
-            let status = read_u32(hdr, v3::STATUS);
-            let ts_ns = u64::from(read_u32(hdr, v3::SEC)) * 1_000_000_000
-                + u64::from(read_u32(hdr, v3::NSEC));
-            let mac = self.next + usize::from(read_u16(hdr, v3::MAC));
-            let next_offset = read_u32(hdr, v3::NEXT_OFFSET) as usize;
-            let vlan = (status & libc::TP_STATUS_VLAN_VALID != 0).then(|| {
-                let tpid = if status & libc::TP_STATUS_VLAN_TPID_VALID != 0 {
-                    read_u16(hdr, v3::VLAN_TPID)
-                } else {
-                    0x8100
-                };
-                (tpid, read_u32(hdr, v3::VLAN_TCI) as u16)
-            });
-            let frame_len = snaplen + if vlan.is_some() { 4 } else { 0 };
-            if frame_len > MAX_FRAME {
-                self.counters.rx_oversize += 1;
-            } else if !burst.has_room(frame_len) {
-                // Full: this packet opens the next burst.
-                return taken;
-            } else if let Some(data) = self
-                .ring
-                .bytes(mac, snaplen)
-                .filter(|_| mac + snaplen <= block_end)
-            {
-                if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                    self.counters.rx_partial_checksum += 1;
-                }
-                let orig_len = wire_len + if vlan.is_some() { 4 } else { 0 };
-                let pushed = match vlan {
-                    None => burst.push(data, orig_len, ts_ns, port, 0),
-                    Some((tpid, tci)) if data.len() >= 12 => {
-                        // The kernel moved the tag into the header; put it back where it was.
-                        self.scratch.clear();
-                        self.scratch.extend_from_slice(&data[..12]);
-                        self.scratch.extend_from_slice(&tpid.to_be_bytes());
-                        self.scratch.extend_from_slice(&tci.to_be_bytes());
-                        self.scratch.extend_from_slice(&data[12..]);
-                        burst.push(&self.scratch, orig_len, ts_ns, port, 0)
-                    }
-                    Some(_) => burst.push(data, orig_len, ts_ns, port, 0),
-                };
-                if pushed {
-                    taken += 1;
-                    self.counters.rx_packets += 1;
-                    self.counters.rx_bytes += frame_len as u64;
-                }
-            } else {
-                self.counters.rx_errors += 1;
-            }
-            self.left -= 1;
-            self.next += next_offset;
+            self.advance();
         }
+        taken
     }
 
     pub fn fd(&self) -> RawFd {
@@ -379,7 +568,7 @@ impl TxRing {
 /// What one queue's rings take on `iface`: its receive ring and its transmit ring.
 pub fn queue_bytes(rings: &RingConfig, iface: &Interface) -> usize {
     let tx = TxRing::of(rings, iface);
-    rings.rx_bytes() + tx.blocks * tx.block_size
+    RxRing::of(rings, iface).bytes() + tx.blocks * tx.block_size
 }
 
 impl PacketTx {

@@ -137,9 +137,8 @@ impl std::error::Error for LiveError {}
 pub struct RingConfig {
     pub rx_block_bytes: usize,
     pub rx_blocks: usize,
-    /// How long the kernel fills a block before handing it over anyway (latency at low
-    /// rates).
-    pub rx_block_timeout_ms: u32,
+    /// AF_PACKET: how the kernel hands received packets over.
+    pub rx_handover: RxHandover,
     pub tx_frames: usize,
     pub promiscuous: bool,
     /// AF_PACKET: also receive what this host sends on the interface (a monitor of a
@@ -153,12 +152,27 @@ impl Default for RingConfig {
         RingConfig {
             rx_block_bytes: 256 << 10,
             rx_blocks: 64,
-            rx_block_timeout_ms: 1,
+            rx_handover: RxHandover::Frames,
             tx_frames: 512,
             promiscuous: true,
             outgoing: false,
         }
     }
+}
+
+/// How an AF_PACKET receive ring hands packets over to its reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxHandover {
+    /// Each packet in a slot of its own that holds the interface's largest frame, handed
+    /// over as it arrives and waking a waiting worker at once (TPACKET_V2): a switch's,
+    /// whose every packet someone waits for.
+    Frames,
+    /// Packets packed one after another into blocks, a block handed over when it is full
+    /// or `timeout_ms` after it was opened (TPACKET_V3): a monitor's, which holds many
+    /// more small packets in the same memory and need not hurry. A block's packets are
+    /// not visible to the reader before the block is handed over, so at low rates each
+    /// waits for the timeout.
+    Blocks { timeout_ms: u32 },
 }
 
 impl RingConfig {
@@ -172,12 +186,13 @@ impl RingConfig {
     pub const MONITOR_BUFFER_MAX: usize = 1_000_000_000;
 
     /// A monitor's rings: it also receives what the host sends, and its receive ring holds
-    /// `buffer` bytes (rounded up to whole blocks, at least one).
+    /// `buffer` bytes (rounded up to whole blocks, at least one) packed in blocks.
     pub fn monitor(buffer: usize) -> Self {
         let switch = RingConfig::default();
         let buffer = buffer.min(Self::MONITOR_BUFFER_MAX);
         RingConfig {
             rx_blocks: (buffer.div_ceil(switch.rx_block_bytes)).max(1),
+            rx_handover: RxHandover::Blocks { timeout_ms: 1 },
             outgoing: true,
             ..switch
         }
@@ -222,8 +237,12 @@ pub fn open_afpacket(
         }));
     }
     log::info!(
-        "{name}: AF_PACKET, {workers} queue(s), MTU {}, TPACKET_V3 receive, mapped transmit ring",
-        iface.mtu
+        "{name}: AF_PACKET, {workers} queue(s), MTU {}, {} receive ring, mapped transmit ring",
+        iface.mtu,
+        match rings.rx_handover {
+            RxHandover::Frames => "TPACKET_V2",
+            RxHandover::Blocks { .. } => "TPACKET_V3",
+        }
     );
     Ok(InterfaceQueues {
         interface: iface,
@@ -378,20 +397,62 @@ mod tests {
         assert_eq!(counts.tx_oversize, 1);
     }
 
-    /// Real packets through the kernel over AF_PACKET rings: in order, whole, counted; an
-    /// oversize frame is refused and counted, never sent.
+    /// Real packets through the kernel over AF_PACKET rings, a slot each (a switch's):
+    /// in order, whole, counted; an oversize frame is refused and counted, never sent.
     #[test]
     fn afpacket_rings_carry_frames_through_the_kernel() {
         let (received, sent, counts) = loop_through_kernel(|| {
             let rings = RingConfig {
-                rx_block_bytes: 64 << 10,
-                rx_blocks: 4,
                 tx_frames: 64,
                 ..RingConfig::default()
             };
             open_afpacket("lo", 1, &rings, Steering::Flow)
         });
         check_loop(&received, sent, &counts);
+    }
+
+    /// The same with packets packed in blocks (a monitor's ring), small ones, so that
+    /// packets run into the next block.
+    #[test]
+    fn afpacket_rings_of_blocks_carry_frames_through_the_kernel() {
+        let (received, sent, counts) = loop_through_kernel(|| {
+            let rings = RingConfig {
+                rx_block_bytes: 64 << 10,
+                rx_blocks: 4,
+                rx_handover: RxHandover::Blocks { timeout_ms: 1 },
+                tx_frames: 64,
+                ..RingConfig::default()
+            };
+            open_afpacket("lo", 1, &rings, Steering::Flow)
+        });
+        check_loop(&received, sent, &counts);
+    }
+
+    /// A lone packet reaches a switch's reader at once, not when a block fills or times
+    /// out: here blocks would hold it for a second, and it must come within 100 ms.
+    #[test]
+    fn a_lone_packet_is_handed_over_at_once() {
+        let waited = std::thread::spawn(|| {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            sys::interface_up("lo", true).expect("bring lo up");
+            let rings = RingConfig::default();
+            assert_eq!(rings.rx_handover, RxHandover::Frames);
+            let mut opened = open_afpacket("lo", 1, &rings, Steering::Flow).expect("lo");
+            let q = &mut opened.queues[0];
+            let mut burst = Burst::with_capacity(64);
+            assert_eq!(q.recv(&mut burst, 0), 0, "nothing sent yet");
+            assert!(q.send(&frame(7, 60)));
+            q.flush();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(2) && q.recv(&mut burst, 0) == 0 {
+                poll_readable(&[q.fd()], 1000).expect("poll");
+            }
+            assert_eq!(burst.iter().count(), 1, "the packet came");
+            start.elapsed()
+        })
+        .join()
+        .expect("test thread");
+        assert!(waited < Duration::from_millis(100), "waited {waited:?}");
     }
 
     /// A monitor of loopback sees each packet once, as libpcap does: loopback receives
