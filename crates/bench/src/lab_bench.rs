@@ -1,10 +1,12 @@
 //! `stateplane lab bench`: the live-port benchmark on the `line` topology (h1 - s1 - h2).
 //!
-//! For each way of switching between the same two veths in s1 (a Linux bridge, stateplane
-//! `forward` over AF_PACKET, over AF_XDP) it measures, in one run, interleaved and repeated:
+//! For each way of switching between the same two veths in s1 (a Linux bridge, with the
+//! veths' offloads on or off; the kernel routing; stateplane `forward` over AF_PACKET, over
+//! AF_XDP) it measures, in one run, interleaved and repeated:
 //! packets per second delivered to h2 from a small-packet flood sent from h1, TCP
 //! throughput with iperf3, CPU seconds per million packets (the whole machine's busy
-//! time, and the switch process's own), and the round trip of pings at a low rate.
+//! time, and the switch process's own), TCP retransmissions, and the round trip of pings
+//! at a low rate.
 
 use crate::BenchResult;
 use crate::results::{Csv, ResultFiles, Table};
@@ -16,8 +18,14 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct LabBenchArgs {
-    /// Ways of switching to compare: bridge (the kernel), afpacket, afxdp.
-    #[arg(long, value_delimiter = ',', default_value = "bridge,afpacket,afxdp")]
+    /// Ways of switching to compare: bridge (the kernel's, offloads off as in every mode),
+    /// bridge-offloads (the same with the hosts' and veths' offloads on: TSO, GSO, GRO,
+    /// checksums), routing (the kernel's IP forwarding), afpacket, afxdp (stateplane).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bridge,bridge-offloads,routing,afpacket,afxdp"
+    )]
     pub modes: Vec<String>,
     /// Seconds of each flood and of each iperf3 run.
     #[arg(long, default_value_t = 3.0)]
@@ -94,11 +102,16 @@ pub(crate) fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u
     out.trim().parse().map_err(|e| format!("rx_packets: {e}"))
 }
 
+/// The modes `--modes` takes.
+const MODES: [&str; 5] = ["bridge", "bridge-offloads", "routing", "afpacket", "afxdp"];
+
 #[derive(Clone, Debug, Default)]
 struct Sample {
     mpps: f64,
     sent_mpps: f64,
     gbps: f64,
+    /// Segments iperf3's sender sent again.
+    retransmits: f64,
     machine_cpu_s_per_mpkt: f64,
     /// The switching process's own CPU; `None` for the bridge, which is the kernel's
     /// (its share is in the machine's, spread over softirqs with the veths').
@@ -160,13 +173,213 @@ fn round_trips_us(ping_output: &str) -> Vec<u64> {
 
 /// The switching between p0 and p1 in s1, set up and torn down.
 enum Switching {
-    Bridge,
+    /// With the offloads on, or off as the lab has them.
+    Bridge {
+        offloads: bool,
+    },
+    /// s1 forwards IP between p0 (toward h1) and p1 (toward h2), whose MAC h1 sends to.
+    Routing {
+        p0_mac: String,
+    },
     Stateplane(u32),
+}
+
+/// The hosts' and s1's ends of the two links.
+const LINK_ENDS: [(&str, &str); 4] = [("h1", "eth0"), ("s1", "p0"), ("s1", "p1"), ("h2", "eth0")];
+
+/// Turns the offloads the lab turns off on every end of both links on or off.
+fn set_offloads(t: &Topology, on: bool) -> BenchResult<()> {
+    let state = if on { "on" } else { "off" };
+    for (node, iface) in LINK_ENDS {
+        let ns = t.namespace(node);
+        let mut args = vec!["netns", "exec", &ns, "ethtool", "-K", iface];
+        for feature in ["tx", "tso", "gso", "gro"] {
+            args.extend([feature, state]);
+        }
+        sh("ip", &args)?;
+    }
+    Ok(())
+}
+
+/// Kernel routing in s1 between h1 (198.18.0.1, behind p0) and h2 (198.18.0.2, behind p1),
+/// which share a /24: static neighbours make each host send the other's packets to s1, and
+/// a routing table of their own sends all that comes in on p0 (the flood's many
+/// addresses, IPv6 too, some of them the management network's) on to h2.
+fn start_routing(t: &Topology) -> BenchResult<Switching> {
+    let s1 = t.namespace("s1");
+    let mac = |node: &str, iface: &str| -> BenchResult<String> {
+        let path = format!("/sys/class/net/{iface}/address");
+        Ok(
+            sh("ip", &["netns", "exec", &t.namespace(node), "cat", &path])?
+                .trim()
+                .to_owned(),
+        )
+    };
+    let (p0_mac, p1_mac) = (mac("s1", "p0")?, mac("s1", "p1")?);
+    let (h1_mac, h2_mac) = (mac("h1", "eth0")?, mac("h2", "eth0")?);
+    for setting in FORWARDING {
+        let on = format!("{setting}=1");
+        sh("ip", &["netns", "exec", &s1, "sysctl", "-q", "-w", &on])?;
+    }
+    // The lab turns IPv6 off (no router solicitations in the captures); a router of the
+    // flood's IPv6 packets needs it on its ports.
+    for setting in [
+        "net.ipv4.conf.all.rp_filter=0",
+        "net.ipv4.conf.p0.rp_filter=0",
+        "net.ipv6.conf.p0.disable_ipv6=0",
+        "net.ipv6.conf.p1.disable_ipv6=0",
+    ] {
+        sh("ip", &["netns", "exec", &s1, "sysctl", "-q", "-w", setting])?;
+    }
+    let steps: [(&str, Vec<&str>); 11] = [
+        (&s1, vec!["route", "add", "198.18.0.1/32", "dev", "p0"]),
+        (&s1, vec!["route", "add", "198.18.0.2/32", "dev", "p1"]),
+        (&s1, vec!["rule", "add", "iif", "p0", "table", ROUTES]),
+        (
+            &s1,
+            vec![
+                "route",
+                "add",
+                "default",
+                "via",
+                "198.18.0.2",
+                "dev",
+                "p1",
+                "table",
+                ROUTES,
+            ],
+        ),
+        (&s1, vec!["-6", "rule", "add", "iif", "p0", "table", ROUTES]),
+        (
+            &s1,
+            vec![
+                "-6", "neigh", "replace", "fe80::2", "lladdr", &h2_mac, "dev", "p1",
+            ],
+        ),
+        (
+            &s1,
+            vec![
+                "-6", "route", "add", "default", "via", "fe80::2", "dev", "p1", "table", ROUTES,
+            ],
+        ),
+        (
+            &s1,
+            vec![
+                "neigh",
+                "replace",
+                "198.18.0.1",
+                "lladdr",
+                &h1_mac,
+                "dev",
+                "p0",
+            ],
+        ),
+        (
+            &s1,
+            vec![
+                "neigh",
+                "replace",
+                "198.18.0.2",
+                "lladdr",
+                &h2_mac,
+                "dev",
+                "p1",
+            ],
+        ),
+        (
+            &t.namespace("h1"),
+            vec![
+                "neigh",
+                "replace",
+                "198.18.0.2",
+                "lladdr",
+                &p0_mac,
+                "dev",
+                "eth0",
+            ],
+        ),
+        (
+            &t.namespace("h2"),
+            vec![
+                "neigh",
+                "replace",
+                "198.18.0.1",
+                "lladdr",
+                &p1_mac,
+                "dev",
+                "eth0",
+            ],
+        ),
+    ];
+    for (ns, args) in steps {
+        let mut all = vec!["-n", ns];
+        all.extend(args);
+        sh("ip", &all)?;
+    }
+    Ok(Switching::Routing { p0_mac })
+}
+
+/// The routing table of what s1 routes from p0.
+const ROUTES: &str = "100";
+/// What makes s1 a router.
+const FORWARDING: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"];
+
+/// Undoes [`start_routing`]: the hosts learn each other's address again by ARP.
+fn stop_routing(t: &Topology) -> BenchResult<()> {
+    let s1 = t.namespace("s1");
+    for (ns, args) in [
+        (
+            &s1,
+            ["rule", "del", "iif", "p0", "table", ROUTES].as_slice(),
+        ),
+        (&s1, &["-6", "rule", "del", "iif", "p0", "table", ROUTES]),
+        (&s1, &["route", "flush", "table", ROUTES]),
+        (&s1, &["-6", "route", "flush", "table", ROUTES]),
+        (&s1, &["-6", "neigh", "del", "fe80::2", "dev", "p1"]),
+        (&s1, &["route", "del", "198.18.0.1/32"]),
+        (&s1, &["route", "del", "198.18.0.2/32"]),
+        // `neigh flush` would leave these: they are permanent.
+        (&s1, &["neigh", "del", "198.18.0.1", "dev", "p0"]),
+        (&s1, &["neigh", "del", "198.18.0.2", "dev", "p1"]),
+        (
+            &t.namespace("h1"),
+            &["neigh", "del", "198.18.0.2", "dev", "eth0"],
+        ),
+        (
+            &t.namespace("h2"),
+            &["neigh", "del", "198.18.0.1", "dev", "eth0"],
+        ),
+    ] {
+        let mut all = vec!["-n", ns];
+        all.extend(args);
+        sh("ip", &all)?;
+    }
+    for setting in FORWARDING {
+        let off = format!("{setting}=0");
+        sh("ip", &["netns", "exec", &s1, "sysctl", "-q", "-w", &off])?;
+    }
+    for setting in [
+        "net.ipv6.conf.p0.disable_ipv6=1",
+        "net.ipv6.conf.p1.disable_ipv6=1",
+    ] {
+        sh("ip", &["netns", "exec", &s1, "sysctl", "-q", "-w", setting])?;
+    }
+    Ok(())
 }
 
 fn start(t: &Topology, mode: &str, exe: &Path) -> BenchResult<Switching> {
     let ns = t.namespace("s1");
-    if mode == "bridge" {
+    if mode == "routing" {
+        return start_routing(t);
+    }
+    if let Some(offloads) = match mode {
+        "bridge" => Some(false),
+        "bridge-offloads" => Some(true),
+        _ => None,
+    } {
+        if offloads {
+            set_offloads(t, true)?;
+        }
         sh("ip", &["-n", &ns, "link", "add", "br0", "type", "bridge"])?;
         for p in ["p0", "p1"] {
             sh("ip", &["-n", &ns, "link", "set", p, "master", "br0"])?;
@@ -187,7 +400,7 @@ fn start(t: &Topology, mode: &str, exe: &Path) -> BenchResult<Switching> {
                 "0",
             ],
         )?;
-        return Ok(Switching::Bridge);
+        return Ok(Switching::Bridge { offloads });
     }
     let mut s = t.switch[0].clone();
     s.io = Some(mode.to_owned());
@@ -198,9 +411,13 @@ fn start(t: &Topology, mode: &str, exe: &Path) -> BenchResult<Switching> {
 
 fn stop(t: &Topology, s: &Switching) -> BenchResult<()> {
     match s {
-        Switching::Bridge => {
+        Switching::Bridge { offloads } => {
             sh("ip", &["-n", &t.namespace("s1"), "link", "del", "br0"])?;
+            if *offloads {
+                set_offloads(t, false)?;
+            }
         }
+        Switching::Routing { .. } => stop_routing(t)?,
         Switching::Stateplane(_) => stateplane_lab::stop_switch(t, "s1")?,
     }
     Ok(())
@@ -216,7 +433,13 @@ fn measure(
 ) -> BenchResult<Sample> {
     let pid = match s {
         Switching::Stateplane(pid) => Some(*pid),
-        Switching::Bridge => None,
+        _ => None,
+    };
+    // The flood goes to h2 by MAC, so that a learning bridge forwards every frame; a
+    // router takes it at its own.
+    let dst_mac = match s {
+        Switching::Routing { p0_mac } => p0_mac.as_str(),
+        _ => "02:00:00:00:01:02",
     };
     // Latency first, on the idle path (the first ping also teaches h1 h2's address).
     let (ping_median_us, ping_p99_us) = ping_round_trips(t)?;
@@ -239,11 +462,10 @@ fn measure(
             "1000000",
             "--seconds",
             &a.seconds.to_string(),
-            // From h1 to h2 by MAC, so that a learning bridge forwards every frame.
             "--src-mac",
             "02:00:00:00:01:01",
             "--dst-mac",
-            "02:00:00:00:01:02",
+            dst_mac,
             "--json",
         ],
     )?;
@@ -293,10 +515,14 @@ fn measure(
         .as_f64()
         .unwrap_or(0.0)
         / 1e9;
+    let retransmits = iperf["end"]["sum_sent"]["retransmits"]
+        .as_f64()
+        .unwrap_or(0.0);
     Ok(Sample {
         mpps: delivered as f64 / secs / 1e6,
         sent_mpps: sent_packets as f64 / secs / 1e6,
         gbps,
+        retransmits,
         machine_cpu_s_per_mpkt: (busy1 - busy0) as f64 / hz / mpkt,
         switch_cpu_s_per_mpkt: pid.map(|_| (proc1 - proc0) as f64 / hz / mpkt),
         ping_median_us,
@@ -305,11 +531,15 @@ fn measure(
 }
 
 pub fn main(a: LabBenchArgs) -> BenchResult<()> {
-    for m in &a.modes {
-        if !["bridge", "afpacket", "afxdp"].contains(&m.as_str()) {
+    for (i, m) in a.modes.iter().enumerate() {
+        if !MODES.contains(&m.as_str()) {
             return Err(format!(
-                "--modes: '{m}' is not a mode; use bridge, afpacket or afxdp"
+                "--modes: '{m}' is not a mode; use some of {}",
+                MODES.join(", ")
             ));
+        }
+        if a.modes[..i].contains(m) {
+            return Err(format!("--modes: '{m}' is named twice"));
         }
     }
     if !(0.5..=600.0).contains(&a.seconds) || a.repeat == 0 || a.repeat > 50 {
@@ -389,6 +619,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                     mpps: pick(|s| s.mpps),
                     sent_mpps: pick(|s| s.sent_mpps),
                     gbps: pick(|s| s.gbps),
+                    retransmits: pick(|s| s.retransmits),
                     machine_cpu_s_per_mpkt: pick(|s| s.machine_cpu_s_per_mpkt),
                     switch_cpu_s_per_mpkt: (v.iter().map(|s| s.switch_cpu_s_per_mpkt))
                         .collect::<Option<Vec<f64>>>()
@@ -400,12 +631,12 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         })
         .collect();
     let input = format!(
-        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; TCP: iperf3 -t {}; ping: {PINGS} from h1 to h2, 10 ms apart, on the idle path; median of {}",
+        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; veths' offloads off but in bridge-offloads; TCP: iperf3 -t {}; ping: {PINGS} from h1 to h2, 10 ms apart, on the idle path; median of {}",
         a.packet_size, a.seconds, a.seconds, a.repeat
     );
     if a.json {
         let v: Vec<_> = rows.iter().map(|(m, s)| serde_json::json!({"mode": m, "mpps": s.mpps, "offered_mpps": s.sent_mpps,
-            "tcp_gbps": s.gbps, "machine_cpu_s_per_mpkt": s.machine_cpu_s_per_mpkt, "switch_cpu_s_per_mpkt": s.switch_cpu_s_per_mpkt,
+            "tcp_gbps": s.gbps, "tcp_retransmits": s.retransmits, "machine_cpu_s_per_mpkt": s.machine_cpu_s_per_mpkt, "switch_cpu_s_per_mpkt": s.switch_cpu_s_per_mpkt,
             "ping_median_us": s.ping_median_us, "ping_p99_us": s.ping_p99_us})).collect();
         println!("{}", serde_json::json!({"input": input, "results": v}));
     } else {
@@ -416,6 +647,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                 "Mpps",
                 "offered Mpps",
                 "TCP Gb/s",
+                "TCP retransmits",
                 "machine CPU s/Mpkt",
                 "switch CPU s/Mpkt",
                 "ping median µs",
@@ -428,6 +660,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
                 format!("{:.3}", s.mpps),
                 format!("{:.3}", s.sent_mpps),
                 format!("{:.2}", s.gbps),
+                format!("{:.0}", s.retransmits),
                 format!("{:.2}", s.machine_cpu_s_per_mpkt),
                 s.switch_cpu_s_per_mpkt
                     .map_or_else(|| "n/a (kernel)".to_owned(), |c| format!("{c:.2}")),
@@ -439,14 +672,15 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
     }
     if let Some(path) = &a.files.csv {
         let mut csv = Csv::new(
-            "mode,mpps,offered_mpps,tcp_gbps,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt,ping_median_us,ping_p99_us",
+            "mode,mpps,offered_mpps,tcp_gbps,tcp_retransmits,machine_cpu_s_per_mpkt,switch_cpu_s_per_mpkt,ping_median_us,ping_p99_us",
         );
         for (m, s) in &rows {
             csv.row(format_args!(
-                "{m},{:.4},{:.4},{:.3},{:.3},{},{:.0},{:.0}",
+                "{m},{:.4},{:.4},{:.3},{:.0},{:.3},{},{:.0},{:.0}",
                 s.mpps,
                 s.sent_mpps,
                 s.gbps,
+                s.retransmits,
                 s.machine_cpu_s_per_mpkt,
                 s.switch_cpu_s_per_mpkt
                     .map_or(String::new(), |c| format!("{c:.3}")),
@@ -463,7 +697,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
             bars: rows.iter().map(|(m, s)| (m.clone(), f(s))).collect(),
         };
         a.files.write_chart(
-            "Switching between two veths: Linux bridge vs stateplane forward",
+            "Switching between two veths: the kernel vs stateplane forward",
             &input,
             &[
                 panel(

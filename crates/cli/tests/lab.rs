@@ -608,19 +608,42 @@ fn lab_bench_measures_each_mode_and_gives_the_bridge_no_switch_cpu() {
         "--repeat",
         "1",
         "--modes",
-        "bridge,afpacket",
+        "bridge,routing,bridge-offloads,afpacket",
     ];
     let out = common::bin().args(args).arg("--json").output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = report["results"].as_array().unwrap();
     let mode = |m: &str| results.iter().find(|r| r["mode"] == m).unwrap();
-    for m in ["bridge", "afpacket"] {
-        assert!(mode(m)["mpps"].as_f64().unwrap() > 0.01, "{m}: {report}");
-        assert!(mode(m)["tcp_gbps"].as_f64().unwrap() > 0.1, "{m}: {report}");
+    for m in ["bridge", "routing", "bridge-offloads", "afpacket"] {
+        // Each mode forwards the flood, TCP and every ping (a lost ping fails the run);
+        // routing takes all of the flood's addresses to h2 as the others do.
+        let r = mode(m);
+        assert!(r["mpps"].as_f64().unwrap() > 0.01, "{m}: {report}");
+        let (mpps, offered) = (
+            r["mpps"].as_f64().unwrap(),
+            r["offered_mpps"].as_f64().unwrap(),
+        );
+        if m != "afpacket" {
+            assert!(
+                mpps > offered * 0.9,
+                "{m} delivers what h1 offers: {report}"
+            );
+        }
+        assert!(r["tcp_gbps"].as_f64().unwrap() > 0.1, "{m}: {report}");
+        assert!(r["tcp_retransmits"].as_f64().is_some(), "{m}: {report}");
+        let ping = r["ping_median_us"].as_f64().unwrap();
+        assert!(
+            ping > 0.0 && ping <= r["ping_p99_us"].as_f64().unwrap(),
+            "{m}: {report}"
+        );
     }
+    for m in ["bridge", "routing", "bridge-offloads"] {
+        assert!(mode(m)["switch_cpu_s_per_mpkt"].is_null(), "{report}");
+    }
+    // Offloads carry TCP in 64 KiB segments: the bridge moves more with them on.
     assert!(
-        mode("bridge")["switch_cpu_s_per_mpkt"].is_null(),
+        mode("bridge-offloads")["tcp_gbps"].as_f64() > mode("bridge")["tcp_gbps"].as_f64(),
         "{report}"
     );
     assert!(
@@ -629,6 +652,15 @@ fn lab_bench_measures_each_mode_and_gives_the_bridge_no_switch_cpu() {
     );
     let table = common::bin().args(args).output().unwrap();
     assert!(text(&table).contains("n/a (kernel)"), "{}", text(&table));
+    let twice = common::bin()
+        .args(["lab", "bench", "--modes", "afxdp,afxdp"])
+        .output()
+        .unwrap();
+    assert!(
+        !twice.status.success() && text(&twice).contains("'afxdp' is named twice"),
+        "{}",
+        text(&twice)
+    );
 }
 
 /// `lab bench-failover` measures each setting on a lab of its own and removes it: the
