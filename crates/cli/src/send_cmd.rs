@@ -1,11 +1,11 @@
-//! `stateplane send`: puts a capture's frames on an interface as fast as the transmit ring
+//! `stateplane send`: puts a capture's frames on an interface as fast as the kernel
 //! takes them (or looped, or for a time), like tcpreplay's top speed: the traffic source of
 //! the live benchmarks.
 
 use crate::summary_output::CliResult;
 use stateplane_io::capture::read_all;
+use stateplane_io::live::Interface;
 use stateplane_io::live::afpacket::PacketTx;
-use stateplane_io::live::{Interface, RingConfig};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,7 @@ pub fn main(a: SendArgs) -> CliResult<()> {
         None => None,
     };
     let iface = Interface::lookup(&a.iface).map_err(|e| e.to_string())?;
-    let mut tx = PacketTx::open(&iface, &RingConfig::default()).map_err(|e| e.to_string())?;
+    let mut tx = PacketTx::open(&iface).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let mut attempted = 0u64;
     'loops: for _ in 0..a.loops {

@@ -1,5 +1,5 @@
-//! AF_PACKET ports on memory-mapped rings: TPACKET_V2 (a switch) or TPACKET_V3 (a monitor)
-//! to receive, TPACKET_V2 to transmit.
+//! AF_PACKET ports: a memory-mapped ring to receive, TPACKET_V2 (a switch) or TPACKET_V3 (a
+//! monitor), and batches of messages to transmit.
 //!
 //! Receive ([`RxHandover`]): a switch's kernel puts each packet in a slot of its own and
 //! hands it over at once by the slot's status word, waking a waiting worker; a monitor's
@@ -8,8 +8,8 @@
 //! Several workers share an interface through a `PACKET_FANOUT` group in hash mode: the
 //! kernel's flow hash is symmetric, so both directions of a flow reach the same worker.
 //!
-//! Transmit: [`PacketTx`] writes frames into free slots of a mapped ring, marks them for
-//! sending, and kicks the kernel once per burst (one system call per burst, not per packet).
+//! Transmit: [`PacketTx`] gathers the frames a worker sends and hands them to the kernel in
+//! one `sendmmsg` per burst (one system call per burst, not per packet).
 //!
 //! Each socket is bound to one interface, so nothing from other interfaces is seen, and the
 //! receive socket ignores what this host sends (`PACKET_IGNORE_OUTGOING`), so the switch
@@ -75,14 +75,6 @@ const V2_HEADER: RxHeaderLayout = RxHeaderLayout {
     vlan_tpid: 26,
     size: 32,
 };
-
-/// Offsets in `struct tpacket2_hdr` (each transmit slot's header); frame data follows it at
-/// `TPACKET2_HDRLEN - sizeof(sockaddr_ll)`.
-mod v2 {
-    pub const LEN: usize = 4;
-    pub const SNAPLEN: usize = 8;
-    pub const DATA: usize = 32;
-}
 
 /// Where the kernel puts a received frame's network header in a TPACKET_V2 slot: after the
 /// slot's header and address (`TPACKET2_HDRLEN`, 52 bytes) and at least 16 bytes of link
@@ -526,86 +518,34 @@ impl PacketRx {
     }
 }
 
-/// One worker's transmit ring on an interface.
+/// One worker's transmit queue on an interface: frames gathered as the worker sends them,
+/// handed to the kernel in `sendmmsg` calls of up to [`sys::MESSAGES_PER_CALL`].
+///
+/// Not a mapped ring: the kernel builds a ring frame's packet on the ring's own pages and
+/// marks it zero-copy, so that a packet delivered inside the host (a veth's peer) is
+/// copied again into fresh pages (`skb_copy_ubufs`). On the lab's veths that copy and its
+/// page allocations took 30% of the switch's core under TCP; a message is copied once, into
+/// the packet, as it is sent.
 pub struct PacketTx {
     fd: OwnedFd,
-    ring: SharedRing,
-    frame_size: usize,
-    frames: usize,
-    next: usize,
-    pending: usize,
+    /// The frames gathered since the last flush, back to back, and where each ends.
+    frames: Vec<u8>,
+    ends: Vec<usize>,
     /// The longest frame the interface takes: its MTU plus the Ethernet header.
     max_len: usize,
     counters: PortCounters,
 }
 
-/// The shape of a transmit ring on an interface: frames that hold its largest frame and
-/// a VLAN tag, in blocks of at least a page.
-struct TxRing {
-    frame_size: usize,
-    block_size: usize,
-    blocks: usize,
-    frames: usize,
-}
-
-impl TxRing {
-    fn of(rings: &RingConfig, iface: &Interface) -> TxRing {
-        let max_len = iface.mtu as usize + 14;
-        // Room for a VLAN tag, rounded to a power of two the kernel accepts.
-        let frame_size = (v2::DATA + max_len + 4).next_power_of_two().max(2048);
-        let block_size = frame_size.max(4096);
-        let frames = rings.tx_frames.max(block_size / frame_size);
-        let blocks = (frames * frame_size).div_ceil(block_size);
-        TxRing {
-            frame_size,
-            block_size,
-            blocks,
-            frames: blocks * block_size / frame_size,
-        }
-    }
-}
-
-/// What one queue's rings take on `iface`: its receive ring and its transmit ring.
+/// What one queue takes on `iface`: its receive ring and the frames its transmit queue
+/// gathers.
 pub fn queue_bytes(rings: &RingConfig, iface: &Interface) -> usize {
-    let tx = TxRing::of(rings, iface);
-    RxRing::of(rings, iface).bytes() + tx.blocks * tx.block_size
+    RxRing::of(rings, iface).bytes() + sys::MESSAGES_PER_CALL * (iface.mtu as usize + 14 + 4)
 }
 
 impl PacketTx {
-    pub fn open(iface: &Interface, rings: &RingConfig) -> Result<PacketTx, LiveError> {
+    pub fn open(iface: &Interface) -> Result<PacketTx, LiveError> {
         let fd = packet_socket(iface)?;
-        set_option(
-            &fd,
-            iface,
-            "choosing TPACKET_V2",
-            libc::PACKET_VERSION,
-            &TPACKET_V2,
-        )?;
-        // Skip a frame the kernel refuses (marked WRONG_FORMAT) instead of stalling the ring.
-        set_option(&fd, iface, "setting PACKET_LOSS", libc::PACKET_LOSS, &1i32)?;
-        let max_len = iface.mtu as usize + 14;
-        let TxRing {
-            frame_size,
-            block_size,
-            blocks,
-            frames,
-        } = TxRing::of(rings, iface);
-        let req = libc::tpacket_req {
-            tp_block_size: block_size as u32,
-            tp_block_nr: blocks as u32,
-            tp_frame_size: frame_size as u32,
-            tp_frame_nr: frames as u32,
-        };
-        set_option(
-            &fd,
-            iface,
-            "setting up the transmit ring",
-            libc::PACKET_TX_RING,
-            &req,
-        )?;
-        let ring = SharedRing::map(&fd, blocks * block_size)
-            .map_err(|e| LiveError::from_io(iface, "mapping the transmit ring", e))?;
-        // A blocking kick (ring full) waits at most this long.
+        // A send that waits for room in the socket's buffer waits at most this long.
         let timeout = libc::timeval {
             tv_sec: 0,
             tv_usec: 100_000,
@@ -616,81 +556,64 @@ impl PacketTx {
             .map_err(|e| LiveError::from_io(iface, "binding to the interface", e))?;
         Ok(PacketTx {
             fd,
-            ring,
-            frame_size,
-            frames,
-            next: 0,
-            pending: 0,
-            max_len,
+            frames: Vec::new(),
+            ends: Vec::with_capacity(sys::MESSAGES_PER_CALL),
+            max_len: iface.mtu as usize + 14,
             counters: PortCounters::default(),
         })
     }
 
-    /// Claims the next slot: free, or freed by waiting for the kernel to send.
-    fn claim_slot(&mut self) -> Option<usize> {
-        let offset = self.next * self.frame_size;
-        for attempt in 0..2 {
-            let status = self.ring.status(offset);
-            if status == libc::TP_STATUS_AVAILABLE {
-                return Some(offset);
-            }
-            if status & libc::TP_STATUS_WRONG_FORMAT != 0 {
-                self.counters.tx_errors += 1;
-                self.ring.set_status(offset, libc::TP_STATUS_AVAILABLE);
-                return Some(offset);
-            }
-            if attempt == 0 {
-                self.pending = 0;
-                if let Err(e) = sys::kick_send(&self.fd, true) {
-                    log::debug!("sending the transmit ring: {e}");
-                }
-            }
-        }
-        None
-    }
-}
-
-impl PacketTx {
-    /// Queues one frame; `false` if it was dropped (counted by reason).
+    /// Queues one frame; `false` if it was dropped (counted by reason). A frame the kernel
+    /// refuses when the queue is flushed is counted then.
     pub fn send(&mut self, frame: &[u8]) -> bool {
         let tagged = frame.len() >= 14 && matches!(read_be16(frame, 12), 0x8100 | 0x88a8);
         if frame.len() > self.max_len + if tagged { 4 } else { 0 } {
             self.counters.tx_oversize += 1;
             return false;
         }
-        let Some(offset) = self.claim_slot() else {
-            self.counters.tx_ring_full += 1;
-            return false;
-        };
-        let Some(slot) = self.ring.bytes_mut(offset, self.frame_size) else {
-            self.counters.tx_errors += 1;
-            return false;
-        };
-        slot[v2::DATA..v2::DATA + frame.len()].copy_from_slice(frame);
-        let len = (frame.len() as u32).to_ne_bytes();
-        slot[v2::LEN..v2::LEN + 4].copy_from_slice(&len);
-        slot[v2::SNAPLEN..v2::SNAPLEN + 4].copy_from_slice(&len);
-        self.ring.set_status(offset, libc::TP_STATUS_SEND_REQUEST);
-        self.next = (self.next + 1) % self.frames;
-        self.pending += 1;
-        self.counters.tx_packets += 1;
-        self.counters.tx_bytes += frame.len() as u64;
-        if self.pending >= self.frames / 2 {
+        if self.ends.len() == sys::MESSAGES_PER_CALL {
             self.flush();
         }
+        self.frames.extend_from_slice(frame);
+        self.ends.push(self.frames.len());
         true
     }
 
-    /// Hands everything queued to the kernel.
+    /// Hands every gathered frame to the kernel. A frame it refuses is counted by reason
+    /// and the rest go on; when its buffer stays full past the send timeout, the frames
+    /// left are dropped and counted (`tx_ring_full`) rather than wait again for each.
     pub fn flush(&mut self) {
-        if self.pending == 0 {
-            return;
+        let mut next = 0;
+        while next < self.ends.len() {
+            match sys::send_messages(&self.fd, (&self.frames, &self.ends), next) {
+                Ok(0) => {
+                    // sendmmsg sends at least one or fails; never seen, never looped on.
+                    self.counters.tx_errors += (self.ends.len() - next) as u64;
+                    next = self.ends.len();
+                }
+                Ok(sent) => {
+                    let start = if next == 0 { 0 } else { self.ends[next - 1] };
+                    self.counters.tx_packets += sent as u64;
+                    self.counters.tx_bytes += (self.ends[next + sent - 1] - start) as u64;
+                    next += sent.max(1);
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)) => {
+                    self.counters.tx_ring_full += (self.ends.len() - next) as u64;
+                    next = self.ends.len();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+                    self.counters.tx_oversize += 1;
+                    next += 1;
+                }
+                Err(e) => {
+                    log::debug!("sending on the interface: {e}");
+                    self.counters.tx_errors += 1;
+                    next += 1;
+                }
+            }
         }
-        self.pending = 0;
-        if let Err(e) = sys::kick_send(&self.fd, false) {
-            self.counters.tx_errors += 1;
-            log::debug!("sending the transmit ring: {e}");
-        }
+        self.frames.clear();
+        self.ends.clear();
     }
 
     pub fn counters(&mut self) -> PortCounters {
@@ -699,7 +622,7 @@ impl PacketTx {
 }
 
 /// One worker's queue pair on an interface: a receive ring in the fanout group and a
-/// transmit ring.
+/// transmit queue.
 pub struct PacketQueue {
     pub rx: PacketRx,
     pub tx: PacketTx,

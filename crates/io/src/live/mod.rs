@@ -139,7 +139,6 @@ pub struct RingConfig {
     pub rx_blocks: usize,
     /// AF_PACKET: how the kernel hands received packets over.
     pub rx_handover: RxHandover,
-    pub tx_frames: usize,
     pub promiscuous: bool,
     /// AF_PACKET: also receive what this host sends on the interface (a monitor of a
     /// host's own interface sees both directions); a switch never does, or it would
@@ -153,7 +152,6 @@ impl Default for RingConfig {
             rx_block_bytes: 256 << 10,
             rx_blocks: 64,
             rx_handover: RxHandover::Frames,
-            tx_frames: 512,
             promiscuous: true,
             outgoing: false,
         }
@@ -233,7 +231,7 @@ pub fn open_afpacket(
         let fanout = (workers > 1).then_some((group, steering));
         queues.push(Box::new(afpacket::PacketQueue {
             rx: afpacket::PacketRx::open(&iface, fanout, rings)?,
-            tx: afpacket::PacketTx::open(&iface, rings)?,
+            tx: afpacket::PacketTx::open(&iface)?,
         }));
     }
     log::info!(
@@ -403,7 +401,6 @@ mod tests {
     fn afpacket_rings_carry_frames_through_the_kernel() {
         let (received, sent, counts) = loop_through_kernel(|| {
             let rings = RingConfig {
-                tx_frames: 64,
                 ..RingConfig::default()
             };
             open_afpacket("lo", 1, &rings, Steering::Flow)
@@ -420,7 +417,6 @@ mod tests {
                 rx_block_bytes: 64 << 10,
                 rx_blocks: 4,
                 rx_handover: RxHandover::Blocks { timeout_ms: 1 },
-                tx_frames: 64,
                 ..RingConfig::default()
             };
             open_afpacket("lo", 1, &rings, Steering::Flow)

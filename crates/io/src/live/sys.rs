@@ -128,6 +128,43 @@ pub fn kick_send(fd: &OwnedFd, wait: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The most messages [`send_messages`] sends in one system call.
+pub const MESSAGES_PER_CALL: usize = 64;
+
+/// Sends frames `first..` of `frames` (frame `i` is `frames.0[ends[i-1]..ends[i]]`), each
+/// as one message, in one `sendmmsg` call of at most [`MESSAGES_PER_CALL`], waiting while
+/// the socket's buffer is full (bounded by its send timeout): how many went. An error is
+/// about frame `first`: none of this call's went.
+pub fn send_messages(fd: &OwnedFd, frames: (&[u8], &[usize]), first: usize) -> io::Result<usize> {
+    let (bytes, ends) = frames;
+    let count = ends.len().saturating_sub(first).min(MESSAGES_PER_CALL);
+    // SAFETY: iovec and mmsghdr are plain data; all-zero is a valid value of each.
+    let mut iovecs: [libc::iovec; MESSAGES_PER_CALL] = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut messages: [libc::mmsghdr; MESSAGES_PER_CALL] = unsafe { std::mem::zeroed() };
+    for (k, (iov, message)) in iovecs.iter_mut().zip(&mut messages).take(count).enumerate() {
+        let i = first + k;
+        let start = if i == 0 { 0 } else { ends[i - 1] };
+        let frame = &bytes[start..ends[i]];
+        iov.iov_base = frame.as_ptr().cast_mut().cast();
+        iov.iov_len = frame.len();
+        message.msg_hdr.msg_iov = iov;
+        message.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: `messages[..count]` each point at one iovec of `iovecs`, which describes a
+    // slice of `bytes`; all outlive the call, and the kernel only reads the frames and
+    // writes each message's `msg_len`.
+    let rc = unsafe {
+        libc::sendmmsg(
+            fd.as_raw_fd(),
+            messages.as_mut_ptr(),
+            count as libc::c_uint,
+            0,
+        )
+    };
+    usize::try_from(rc).map_err(|_| last_error())
+}
+
 /// Sends `bytes` as one message on a socket that has its peer (a netlink socket's is the
 /// kernel): how many went.
 pub fn send(fd: &OwnedFd, bytes: &[u8]) -> io::Result<usize> {
