@@ -29,6 +29,24 @@ pub fn checksum(data: &[u8]) -> u16 {
     finish(accumulate(0, data))
 }
 
+/// Finishes a checksum that a sender's stack left for its device to finish (Linux's
+/// CHECKSUM_PARTIAL, which a veth hands on as it is): the field at `field` holds the
+/// pseudo-header's sum, and the device sums the bytes from `start` to the end, field
+/// included, and stores the complement. A result of 0 is stored as 0xffff, which is the
+/// same sum and is never UDP's "no checksum". `false`, and nothing written, if the field
+/// does not lie after `start` inside `frame`.
+pub fn complete_partial(frame: &mut [u8], start: usize, field: usize) -> bool {
+    if start > field || field.checked_add(2).is_none_or(|end| end > frame.len()) {
+        return false;
+    }
+    let sum = match finish(accumulate(0, &frame[start..])) {
+        0 => 0xffff,
+        sum => sum,
+    };
+    frame[field..field + 2].copy_from_slice(&sum.to_be_bytes());
+    true
+}
+
 /// The pseudo-header sum of TCP/UDP over IPv4 (RFC 793).
 pub fn pseudo_v4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: u16) -> u32 {
     let mut sum = accumulate(0, &src.octets());
@@ -59,6 +77,32 @@ pub fn update32(stored: u16, old: u32, new: u32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A partial checksum finished is the one computed over the whole segment: a UDP
+    /// datagram whose field holds its pseudo-header's sum, as a sender's stack leaves it.
+    #[test]
+    fn a_partial_checksum_finished_is_the_full_one() {
+        let (src, dst) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+        let mut segment = vec![0x30, 0x39, 0x00, 0x35, 0x00, 0x0b, 0, 0, 1, 2, 3];
+        let pseudo = pseudo_v4(src, dst, 17, segment.len() as u16);
+        let full = finish(accumulate(pseudo, &segment));
+        // The stack's partial: the pseudo-header's folded sum, not complemented.
+        let partial = !finish(pseudo);
+        segment[6..8].copy_from_slice(&partial.to_be_bytes());
+        let mut frame = [vec![0xee; 34], segment].concat();
+        assert!(complete_partial(&mut frame, 34, 40));
+        assert_eq!(u16::from_be_bytes([frame[40], frame[41]]), full);
+        let last = frame.len() - 1;
+        assert!(
+            !complete_partial(&mut frame, 34, last),
+            "field past the end"
+        );
+        assert!(
+            !complete_partial(&mut frame, 40, 34),
+            "field before the start"
+        );
+        assert!(!complete_partial(&mut frame, 0, usize::MAX), "no overflow");
+    }
 
     #[test]
     fn rfc1071_example() {

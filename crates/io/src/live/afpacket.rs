@@ -21,6 +21,7 @@ use super::{Interface, LiveError, RingConfig, RxHandover};
 use stateplane_runtime::Steering;
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, MAX_FRAME, PortId};
+use stateplane_wire::checksum;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 const ETH_P_ALL: u16 = 0x0003;
@@ -78,8 +79,21 @@ const V2_HEADER: RxHeaderLayout = RxHeaderLayout {
 
 /// Where the kernel puts a received frame's network header in a TPACKET_V2 slot: after the
 /// slot's header and address (`TPACKET2_HDRLEN`, 52 bytes) and at least 16 bytes of link
-/// header, aligned to 16. A slot holds this and the frame's link header.
-const V2_NETWORK_OFFSET: usize = 80;
+/// header, aligned to 16, and the `virtio_net_hdr` before the frame. A slot holds this and
+/// the frame's link header.
+const V2_NETWORK_OFFSET: usize = 80 + VNET_HEADER_LEN;
+
+/// `struct virtio_net_hdr`, which the kernel writes just before each frame of a switch's
+/// ring (`PACKET_VNET_HDR`), in the host's byte order: what the sender's stack left for a
+/// device to finish.
+const VNET_HEADER_LEN: usize = 10;
+mod vnet {
+    pub const FLAGS: usize = 0;
+    pub const CSUM_START: usize = 6;
+    pub const CSUM_OFFSET: usize = 8;
+    /// The frame's transport checksum is partial: finish it from `CSUM_START`.
+    pub const NEEDS_CSUM: u8 = 1;
+}
 
 fn read_u32(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
@@ -185,6 +199,9 @@ enum Taken {
 /// fanout group.
 pub struct PacketRx {
     name: String,
+    mtu: u32,
+    /// Each frame comes after a `virtio_net_hdr` (a switch's ring).
+    vnet: bool,
     fd: OwnedFd,
     ring: SharedRing,
     cursor: Cursor,
@@ -205,6 +222,7 @@ impl PacketRx {
         let fd = packet_socket(iface)?;
         let shape = RxRing::of(rings, iface);
         let (block_size, blocks, frame_size) = (shape.block_size, shape.blocks, shape.frame_size);
+        let vnet = rings.rx_handover == RxHandover::Frames;
         let cursor = match rings.rx_handover {
             RxHandover::Frames => {
                 set_option(
@@ -213,6 +231,16 @@ impl PacketRx {
                     "choosing TPACKET_V2",
                     libc::PACKET_VERSION,
                     &TPACKET_V2,
+                )?;
+                // A sender's stack may leave a checksum for the device to finish (a veth
+                // with checksum offload on, its default); the header says where, and the
+                // switch finishes it before the packet goes on.
+                set_option(
+                    &fd,
+                    iface,
+                    "asking for virtio-net headers",
+                    libc::PACKET_VNET_HDR,
+                    &1i32,
                 )?;
                 let req = libc::tpacket_req {
                     tp_block_size: block_size as u32,
@@ -335,6 +363,8 @@ impl PacketRx {
         }
         Ok(PacketRx {
             name: iface.name.clone(),
+            mtu: iface.mtu,
+            vnet,
             fd,
             ring,
             cursor,
@@ -386,6 +416,36 @@ impl PacketRx {
                 return Some((*next, base + *block_size, &V3_HEADER));
             },
         }
+    }
+
+    /// Where the frame at `mac` has a transport checksum to finish, as its `virtio_net_hdr`
+    /// says: the offsets of the summed bytes' start and of the field.
+    fn partial_checksum(&self, mac: usize) -> Option<(usize, usize)> {
+        if !self.vnet {
+            return None;
+        }
+        let header = self
+            .ring
+            .bytes(mac.checked_sub(VNET_HEADER_LEN)?, VNET_HEADER_LEN)?;
+        if header[vnet::FLAGS] & vnet::NEEDS_CSUM == 0 {
+            return None;
+        }
+        let start = usize::from(read_u16(header, vnet::CSUM_START));
+        Some((
+            start,
+            start + usize::from(read_u16(header, vnet::CSUM_OFFSET)),
+        ))
+    }
+
+    /// Says once, when the first comes, why frames above the MTU are dropped and what
+    /// makes them stop: on a veth they are TCP that the sender left unsegmented, and a
+    /// connection whose every large segment is dropped stalls without another word.
+    fn warn_oversize(&self, wire_len: u32) {
+        log::warn!(
+            "{}: dropped a {wire_len}-byte frame, larger than its MTU ({}) allows; the switch does not carry such frames yet. The sender has a larger MTU, or hands TCP over unsegmented (TSO, GSO or GRO on: a veth's default): turn them off where the frames come from, e.g. `ethtool -K <the veth's other end> tso off gso off gro off tx off`. Further ones are counted (rx_oversize).",
+            self.name,
+            self.mtu
+        );
     }
 
     /// Moves past the packet the reader stands at: gives its slot back, or steps to the
@@ -450,6 +510,9 @@ impl PacketRx {
         // A frame cut to its slot (larger than the interface's MTU: a GRO frame) is
         // dropped whole rather than forwarded cut.
         if frame_len > MAX_FRAME || snaplen < wire_len as usize {
+            if self.counters.rx_oversize == 0 {
+                self.warn_oversize(wire_len);
+            }
             self.counters.rx_oversize += 1;
             return Taken::Dropped;
         }
@@ -467,18 +530,30 @@ impl PacketRx {
         if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
             self.counters.rx_partial_checksum += 1;
         }
+        let partial = self.partial_checksum(mac);
         let orig_len = wire_len + tag as u32;
-        let pushed = match vlan {
-            Some((tpid, tci)) if data.len() >= 12 => {
-                // The kernel moved the tag into the header; put it back where it was.
-                self.scratch.clear();
-                self.scratch.extend_from_slice(&data[..12]);
-                self.scratch.extend_from_slice(&tpid.to_be_bytes());
-                self.scratch.extend_from_slice(&tci.to_be_bytes());
-                self.scratch.extend_from_slice(&data[12..]);
-                burst.push(&self.scratch, orig_len, ts_ns, port, 0)
+        let pushed = if partial.is_none() && (vlan.is_none() || data.len() < 12) {
+            burst.push(data, orig_len, ts_ns, port, 0)
+        } else {
+            self.scratch.clear();
+            match vlan {
+                Some((tpid, tci)) if data.len() >= 12 => {
+                    // The kernel moved the tag into the header; put it back where it was.
+                    self.scratch.extend_from_slice(&data[..12]);
+                    self.scratch.extend_from_slice(&tpid.to_be_bytes());
+                    self.scratch.extend_from_slice(&tci.to_be_bytes());
+                    self.scratch.extend_from_slice(&data[12..]);
+                }
+                _ => self.scratch.extend_from_slice(data),
             }
-            _ => burst.push(data, orig_len, ts_ns, port, 0),
+            // The offsets count the tag when the kernel took one out.
+            if let Some((start, field)) = partial
+                && !checksum::complete_partial(&mut self.scratch, start, field)
+            {
+                self.counters.rx_errors += 1;
+                return Taken::Dropped;
+            }
+            burst.push(&self.scratch, orig_len, ts_ns, port, 0)
         };
         if !pushed {
             return Taken::Dropped;

@@ -235,7 +235,7 @@ pub fn open_afpacket(
         }));
     }
     log::info!(
-        "{name}: AF_PACKET, {workers} queue(s), MTU {}, {} receive ring, mapped transmit ring",
+        "{name}: AF_PACKET, {workers} queue(s), MTU {}, {} receive ring, sendmmsg transmit",
         iface.mtu,
         match rings.rx_handover {
             RxHandover::Frames => "TPACKET_V2",
@@ -422,6 +422,42 @@ mod tests {
             open_afpacket("lo", 1, &rings, Steering::Flow)
         });
         check_loop(&received, sent, &counts);
+    }
+
+    /// A frame larger than the slots the ring was made for (the MTU grew after it opened,
+    /// or a sender handed TCP over unsegmented) is dropped whole and counted, never cut.
+    #[test]
+    fn a_frame_above_the_slot_is_dropped_whole_and_counted() {
+        let (taken, counts) = std::thread::spawn(|| {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            sys::interface_up("lo", true).expect("bring lo up");
+            sys::set_interface_mtu("lo", 1500).expect("set lo's MTU");
+            let mut opened =
+                open_afpacket("lo", 1, &RingConfig::default(), Steering::Flow).expect("lo");
+            sys::set_interface_mtu("lo", 9000).expect("raise lo's MTU");
+            let iface = Interface::lookup("lo").expect("lo");
+            let mut tx = afpacket::PacketTx::open(&iface).expect("a sender at MTU 9000");
+            assert!(tx.send(&frame(1, 4000)));
+            assert!(tx.send(&frame(2, 1000)));
+            tx.flush();
+            let q = &mut opened.queues[0];
+            let (mut burst, mut taken) = (Burst::with_capacity(64), Vec::new());
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while taken.is_empty() && Instant::now() < deadline {
+                poll_readable(&[q.fd()], 100).expect("poll");
+                burst.clear();
+                q.recv(&mut burst, 0);
+                taken.extend(burst.iter().map(|(_, data)| data.to_vec()));
+            }
+            (taken, q.counters())
+        })
+        .join()
+        .expect("test thread");
+        let lengths: Vec<usize> = taken.iter().map(Vec::len).collect();
+        assert_eq!(lengths, [1000], "only the frame that fits");
+        assert_eq!(taken[0], frame(2, 1000));
+        assert_eq!(counts.rx_oversize, 1, "{counts:?}");
+        assert_eq!(counts.rx_packets, 1);
     }
 
     /// A lone packet reaches a switch's reader at once, not when a block fills or times
