@@ -391,6 +391,11 @@ fn tcp_from_hosts_that_leave_checksums_to_the_device_arrives_whole_over_afpacket
     tcp_with_partial_checksums_arrives_whole("afpacket", "tcsump");
 }
 
+#[test]
+fn tcp_from_hosts_that_leave_checksums_to_the_device_arrives_whole_over_afxdp() {
+    tcp_with_partial_checksums_arrives_whole("afxdp", "tcsumx");
+}
+
 fn tcp_with_partial_checksums_arrives_whole(io: &str, name: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up_with("line.toml", name, Some(io));

@@ -22,6 +22,7 @@ pub mod icmp;
 pub mod ipv4;
 pub mod ipv6;
 pub mod kv_proto;
+pub mod offload;
 pub mod parse;
 pub mod tcp;
 pub mod udp;

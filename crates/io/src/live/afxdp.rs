@@ -17,6 +17,7 @@ use super::sys::{self, SharedRing};
 use super::{Interface, LiveError};
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, PortId};
+use stateplane_wire::offload;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
@@ -394,8 +395,13 @@ impl LiveQueue for XdpQueue {
             if !burst.has_room(len) {
                 break;
             }
-            match self.umem.bytes(addr as usize, len) {
+            match self.umem.bytes_mut(addr as usize, len) {
                 Some(data) => {
+                    // AF_XDP does not say which checksums a sending host left partial (a
+                    // veth with checksum offload on, its default): recognise and finish them.
+                    if offload::finish_partial_checksum(data) {
+                        self.counters.rx_partial_checksum += 1;
+                    }
                     burst.push(data, len as u32, now, port, 0);
                     self.counters.rx_packets += 1;
                     self.counters.rx_bytes += len as u64;
