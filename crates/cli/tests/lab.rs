@@ -378,9 +378,17 @@ fn tcp_delivers_every_byte(io: &str, name: &str) {
     // the sender would have had to retransmit.
     let metrics = metric_lines(&lab, "s1");
     for port in ["p0", "p1"] {
-        let line = format!("stateplane_port_rx_kernel_drops_total{{port=\"{port}\"}} 0");
-        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+        let drops = port_count(&metrics, "rx_kernel_drops", port);
+        assert_eq!(drops, Some(0), "{port}:\n{metrics}");
     }
+}
+
+/// A live port's own count `name` for `port`, as the switch's `metrics` text has it.
+fn port_count(metrics: &str, name: &str, port: &str) -> Option<u64> {
+    let prefix = format!("stateplane_port_{name}_total{{port=\"{port}\"}} ");
+    (metrics.lines())
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
 }
 
 /// Hosts that leave their TCP checksums for the device to finish (checksum offload on, a
@@ -408,13 +416,7 @@ fn tcp_with_partial_checksums_arrives_whole(io: &str, name: &str) {
     assert_eq!(sent, received, "every byte arrives, in order, unchanged");
     let metrics = metric_lines(&lab, "s1");
     for port in ["p0", "p1"] {
-        let partial = (metrics.lines())
-            .find_map(|l| {
-                l.strip_prefix(&format!(
-                    "stateplane_port_rx_partial_checksum_total{{port=\"{port}\"}} "
-                ))
-            })
-            .and_then(|v| v.parse::<u64>().ok());
+        let partial = port_count(&metrics, "rx_partial_checksum", port);
         assert!(partial > Some(100), "{port} finished checksums: {metrics}");
     }
 }
@@ -443,10 +445,10 @@ fn frames_above_the_mtu_from_a_sender_with_offloads_on_are_named_with_the_fix() 
         "{log}"
     );
     let metrics = metric_lines(&lab, "s1");
-    let oversize = (metrics.lines())
-        .find_map(|l| l.strip_prefix("stateplane_port_rx_oversize_total{port=\"p0\"} "))
-        .and_then(|v| v.parse::<u64>().ok());
-    assert!(oversize > Some(0), "{metrics}");
+    assert!(
+        port_count(&metrics, "rx_oversize", "p0") > Some(0),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -1397,8 +1399,8 @@ fn sgw_on_two_workers_serves_each_subscriber_on_the_worker_of_its_place() {
         assert_eq!(drops(&lab, "s1", reason), 0, "{reason}:\n{metrics}");
     }
     for port in ["p0", "p1"] {
-        let line = format!("stateplane_port_rx_kernel_drops_total{{port=\"{port}\"}} 0");
-        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+        let drops = port_count(&metrics, "rx_kernel_drops", port);
+        assert_eq!(drops, Some(0), "{port}:\n{metrics}");
     }
     let received = |w: &str| worker_rx(&metrics, w);
     assert!(

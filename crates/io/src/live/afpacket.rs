@@ -222,78 +222,55 @@ impl PacketRx {
         let fd = packet_socket(iface)?;
         let shape = RxRing::of(rings, iface);
         let (block_size, blocks, frame_size) = (shape.block_size, shape.blocks, shape.frame_size);
+        let (version, choosing, timeout_ms) = match rings.rx_handover {
+            RxHandover::Frames => (TPACKET_V2, "choosing TPACKET_V2", 0),
+            RxHandover::Blocks { timeout_ms } => (TPACKET_V3, "choosing TPACKET_V3", timeout_ms),
+        };
+        set_option(&fd, iface, choosing, libc::PACKET_VERSION, &version)?;
         let vnet = rings.rx_handover == RxHandover::Frames;
+        if vnet {
+            // A sender's stack may leave a checksum for the device to finish (a veth with
+            // checksum offload on, its default); the header says where, and the switch
+            // finishes it before the packet goes on.
+            set_option(
+                &fd,
+                iface,
+                "asking for virtio-net headers",
+                libc::PACKET_VNET_HDR,
+                &1i32,
+            )?;
+        }
+        // TPACKET_V2 reads the first four fields alone (its `tpacket_req`).
+        let req = libc::tpacket_req3 {
+            tp_block_size: block_size as u32,
+            tp_block_nr: blocks as u32,
+            tp_frame_size: frame_size as u32,
+            tp_frame_nr: shape.frames() as u32,
+            tp_retire_blk_tov: timeout_ms,
+            tp_sizeof_priv: 0,
+            tp_feature_req_word: 0,
+        };
+        set_option(
+            &fd,
+            iface,
+            "setting up the receive ring",
+            libc::PACKET_RX_RING,
+            &req,
+        )?;
         let cursor = match rings.rx_handover {
-            RxHandover::Frames => {
-                set_option(
-                    &fd,
-                    iface,
-                    "choosing TPACKET_V2",
-                    libc::PACKET_VERSION,
-                    &TPACKET_V2,
-                )?;
-                // A sender's stack may leave a checksum for the device to finish (a veth
-                // with checksum offload on, its default); the header says where, and the
-                // switch finishes it before the packet goes on.
-                set_option(
-                    &fd,
-                    iface,
-                    "asking for virtio-net headers",
-                    libc::PACKET_VNET_HDR,
-                    &1i32,
-                )?;
-                let req = libc::tpacket_req {
-                    tp_block_size: block_size as u32,
-                    tp_block_nr: blocks as u32,
-                    tp_frame_size: frame_size as u32,
-                    tp_frame_nr: shape.frames() as u32,
-                };
-                set_option(
-                    &fd,
-                    iface,
-                    "setting up the receive ring",
-                    libc::PACKET_RX_RING,
-                    &req,
-                )?;
-                Cursor::Frames {
-                    frame_size,
-                    frames: shape.frames(),
-                    slot: 0,
-                }
-            }
-            RxHandover::Blocks { timeout_ms } => {
-                set_option(
-                    &fd,
-                    iface,
-                    "choosing TPACKET_V3",
-                    libc::PACKET_VERSION,
-                    &TPACKET_V3,
-                )?;
-                let req = libc::tpacket_req3 {
-                    tp_block_size: block_size as u32,
-                    tp_block_nr: blocks as u32,
-                    tp_frame_size: frame_size as u32,
-                    tp_frame_nr: shape.frames() as u32,
-                    tp_retire_blk_tov: timeout_ms,
-                    tp_sizeof_priv: 0,
-                    tp_feature_req_word: 0,
-                };
-                set_option(
-                    &fd,
-                    iface,
-                    "setting up the receive ring",
-                    libc::PACKET_RX_RING,
-                    &req,
-                )?;
-                Cursor::Blocks {
-                    block_size,
-                    blocks,
-                    block: 0,
-                    in_block: false,
-                    left: 0,
-                    next: 0,
-                }
-            }
+            RxHandover::Frames => Cursor::Frames {
+                frame_size,
+                frames: shape.frames(),
+                slot: 0,
+            },
+            RxHandover::Blocks { .. } => Cursor::Blocks {
+                block_size,
+                blocks,
+                block: 0,
+                in_block: false,
+                left: 0,
+                next: 0,
+            },
         };
         let ring = SharedRing::map(&fd, shape.bytes())
             .map_err(|e| LiveError::from_io(iface, "mapping the receive ring", e))?;
