@@ -144,9 +144,10 @@ impl RxRing {
                 frame_size: 2048,
             },
             RxHandover::Frames => {
-                let max_len = iface.mtu as usize + 14 + 4;
-                // A power of two, so that whole slots fill each block.
-                let frame_size = (V2_NETWORK_OFFSET + max_len).next_power_of_two().max(2048);
+                // Room for a VLAN tag; a power of two, so that whole slots fill each block.
+                let frame_size = (V2_NETWORK_OFFSET + iface.max_frame_len() + 4)
+                    .next_power_of_two()
+                    .max(2048);
                 let block_size = rings.rx_block_bytes.max(frame_size);
                 RxRing {
                     block_size,
@@ -395,23 +396,27 @@ impl PacketRx {
         }
     }
 
-    /// Where the frame at `mac` has a transport checksum to finish, as its `virtio_net_hdr`
-    /// says: the offsets of the summed bytes' start and of the field.
-    fn partial_checksum(&self, mac: usize) -> Option<(usize, usize)> {
-        if !self.vnet {
-            return None;
-        }
-        let header = self
-            .ring
-            .bytes(mac.checked_sub(VNET_HEADER_LEN)?, VNET_HEADER_LEN)?;
+    /// Finishes, in its slot, the transport checksum of the `len`-byte frame at `mac` if
+    /// its `virtio_net_hdr` says the sender left it partial. The header's offsets count
+    /// the VLAN tag (`tag` bytes) the kernel took out of the frame. `false` if they lie
+    /// outside it.
+    fn finish_partial_checksum(&mut self, mac: usize, len: usize, tag: usize) -> bool {
+        let Some(header) = (mac.checked_sub(VNET_HEADER_LEN))
+            .filter(|_| self.vnet)
+            .and_then(|at| self.ring.bytes(at, VNET_HEADER_LEN))
+        else {
+            return true;
+        };
         if header[vnet::FLAGS] & vnet::NEEDS_CSUM == 0 {
-            return None;
+            return true;
         }
         let start = usize::from(read_u16(header, vnet::CSUM_START));
-        Some((
-            start,
-            start + usize::from(read_u16(header, vnet::CSUM_OFFSET)),
-        ))
+        let field = start + usize::from(read_u16(header, vnet::CSUM_OFFSET));
+        let (Some(start), Some(field)) = (start.checked_sub(tag), field.checked_sub(tag)) else {
+            return false;
+        };
+        (self.ring.bytes_mut(mac, len))
+            .is_some_and(|frame| checksum::complete_partial(frame, start, field))
     }
 
     /// Says once, when the first comes, why frames above the MTU are dropped and what
@@ -496,41 +501,33 @@ impl PacketRx {
         if !burst.has_room(frame_len) {
             return Taken::BurstFull;
         }
-        let Some(data) = self
-            .ring
-            .bytes(mac, snaplen)
-            .filter(|_| mac + snaplen <= end)
-        else {
+        if mac + snaplen > end {
             self.counters.rx_errors += 1;
             return Taken::Dropped;
-        };
+        }
         if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
             self.counters.rx_partial_checksum += 1;
         }
-        let partial = self.partial_checksum(mac);
+        if !self.finish_partial_checksum(mac, snaplen, tag) {
+            self.counters.rx_errors += 1;
+            return Taken::Dropped;
+        }
+        let Some(data) = self.ring.bytes(mac, snaplen) else {
+            self.counters.rx_errors += 1;
+            return Taken::Dropped;
+        };
         let orig_len = wire_len + tag as u32;
-        let pushed = if partial.is_none() && (vlan.is_none() || data.len() < 12) {
-            burst.push(data, orig_len, ts_ns, port, 0)
-        } else {
-            self.scratch.clear();
-            match vlan {
-                Some((tpid, tci)) if data.len() >= 12 => {
-                    // The kernel moved the tag into the header; put it back where it was.
-                    self.scratch.extend_from_slice(&data[..12]);
-                    self.scratch.extend_from_slice(&tpid.to_be_bytes());
-                    self.scratch.extend_from_slice(&tci.to_be_bytes());
-                    self.scratch.extend_from_slice(&data[12..]);
-                }
-                _ => self.scratch.extend_from_slice(data),
+        let pushed = match vlan {
+            Some((tpid, tci)) if data.len() >= 12 => {
+                // The kernel moved the tag into the header; put it back where it was.
+                self.scratch.clear();
+                self.scratch.extend_from_slice(&data[..12]);
+                self.scratch.extend_from_slice(&tpid.to_be_bytes());
+                self.scratch.extend_from_slice(&tci.to_be_bytes());
+                self.scratch.extend_from_slice(&data[12..]);
+                burst.push(&self.scratch, orig_len, ts_ns, port, 0)
             }
-            // The offsets count the tag when the kernel took one out.
-            if let Some((start, field)) = partial
-                && !checksum::complete_partial(&mut self.scratch, start, field)
-            {
-                self.counters.rx_errors += 1;
-                return Taken::Dropped;
-            }
-            burst.push(&self.scratch, orig_len, ts_ns, port, 0)
+            _ => burst.push(data, orig_len, ts_ns, port, 0),
         };
         if !pushed {
             return Taken::Dropped;
@@ -591,7 +588,7 @@ pub struct PacketTx {
 /// What one queue takes on `iface`: its receive ring and the frames its transmit queue
 /// gathers.
 pub fn queue_bytes(rings: &RingConfig, iface: &Interface) -> usize {
-    RxRing::of(rings, iface).bytes() + sys::MESSAGES_PER_CALL * (iface.mtu as usize + 14 + 4)
+    RxRing::of(rings, iface).bytes() + sys::MESSAGES_PER_CALL * (iface.max_frame_len() + 4)
 }
 
 impl PacketTx {
@@ -610,7 +607,7 @@ impl PacketTx {
             fd,
             frames: Vec::new(),
             ends: Vec::with_capacity(sys::MESSAGES_PER_CALL),
-            max_len: iface.mtu as usize + 14,
+            max_len: iface.max_frame_len(),
             counters: PortCounters::default(),
         })
     }

@@ -249,7 +249,7 @@ impl XdpQueue {
         attachment: std::sync::Arc<XdpAttachment>,
     ) -> Result<XdpQueue, LiveError> {
         let io = |what, e| LiveError::from_io(iface, what, e);
-        let max_len = iface.mtu as usize + 14;
+        let max_len = iface.max_frame_len();
         if max_len + 4 > FRAME - XDP_PACKET_HEADROOM {
             return Err(LiveError::Io {
                 interface: iface.name.clone(),

@@ -52,6 +52,12 @@ impl Interface {
             loopback: flags & libc::IFF_LOOPBACK as libc::c_short != 0,
         })
     }
+
+    /// The longest frame the interface takes untagged: its MTU and the Ethernet header (a
+    /// VLAN tag adds 4).
+    pub fn max_frame_len(&self) -> usize {
+        self.mtu as usize + 14
+    }
 }
 
 /// The interfaces of this network namespace, by name.
@@ -458,6 +464,35 @@ mod tests {
         assert_eq!(taken[0], frame(2, 1000));
         assert_eq!(counts.rx_oversize, 1, "{counts:?}");
         assert_eq!(counts.rx_packets, 1);
+    }
+
+    /// Frames sent on an interface that went down (its peer gone) are refused by the
+    /// kernel: counted as errors, none as sent, and the flush returns at once.
+    #[test]
+    fn frames_sent_on_an_interface_gone_down_are_counted_not_sent() {
+        let (counts, took) = std::thread::spawn(|| {
+            sys::enter_new_network_namespace().expect("unshare(CLONE_NEWNET): run tests as root");
+            sys::interface_up("lo", true).expect("bring lo up");
+            let iface = Interface::lookup("lo").expect("lo");
+            let mut tx = afpacket::PacketTx::open(&iface).expect("a sender");
+            // A child of this thread is in its namespace.
+            let down = std::process::Command::new("ip")
+                .args(["link", "set", "lo", "down"])
+                .status()
+                .expect("ip");
+            assert!(down.success(), "ip link set lo down");
+            for i in 0..100 {
+                assert!(tx.send(&frame(i, 60)), "queued");
+            }
+            let start = Instant::now();
+            tx.flush();
+            (tx.counters(), start.elapsed())
+        })
+        .join()
+        .expect("test thread");
+        assert_eq!(counts.tx_packets, 0, "{counts:?}");
+        assert_eq!(counts.tx_errors + counts.tx_ring_full, 100, "{counts:?}");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
     }
 
     /// A lone packet reaches a switch's reader at once, not when a block fills or times
