@@ -3,7 +3,7 @@
 # a lab of two hosts and a switch (topologies/line.toml), `stateplane flows -I eth0
 # --capture-buffer SIZE` watches h2 and is stopped (SIGSTOP) while h1 sends h2 8 MiB over
 # TCP, then resumed and interrupted; prints what its ring received and what the kernel
-# dropped, for each SIZE (default: 1M, the switch's 2 MiB ring, and 64M, the default).
+# dropped, for each SIZE (default: 1M and 64M, the default).
 # Needs root (network namespaces, AF_PACKET).
 #   scripts/monitor-ring-drops.sh [SIZE...]
 set -euo pipefail

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Where a live switch's time goes under one TCP transfer: in a lab of two hosts and a
+# switch (topologies/line.toml) running `forward` over IO (afpacket or afxdp; default
+# afpacket), h1 sends h2 TCP with iperf3 for 6 s while `perf record -g` samples the switch
+# process for 3 s and the whole machine for 1 s. Prints the transfer's rate, the switch's
+# share in the kernel and in its own code, its top call-graph entries, and the machine's
+# time by process. Needs root (network namespaces, AF_PACKET) and perf.
+#   scripts/profile-live-tcp.sh [afpacket|afxdp]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "error: run as root (network namespaces, AF_PACKET)" >&2; exit 1; }
+io=${1:-afpacket}
+case "$io" in afpacket|afxdp) ;; *) echo "error: IO is afpacket or afxdp, not '$io'" >&2; exit 1 ;; esac
+bash scripts/setup.sh ip:iproute2 iperf3 perf:linux-perf >/dev/null
+bin=target/release/stateplane
+# Always: a binary left from before a change would run in its place.
+cargo build --release --quiet
+work=$(mktemp -d /tmp/profile-live-tcp.XXXXXX)
+sed -e 's/^name = "line"/name = "tcpprof"/' -e "s/^workers = 1$/workers = 1\nio = \"$io\"/" \
+  topologies/line.toml >"$work/line.toml"
+cleanup() { "$bin" lab down "$work/line.toml" >/dev/null 2>&1 || true; rm -rf "$work"; }
+trap cleanup EXIT
+"$bin" lab up "$work/line.toml" >"$work/lab.log" 2>&1 || { cat "$work/lab.log" >&2; exit 1; }
+pid=$(cat "${STATEPLANE_LAB_DIR:-/run/stateplane/lab}/tcpprof/s1.pid")
+ip netns exec sp-tcpprof-h2 iperf3 -s -1 -D -B 198.18.0.2
+sleep 0.3
+ip netns exec sp-tcpprof-h1 timeout 30 iperf3 -c 198.18.0.2 -t 6 -J >"$work/iperf.json" &
+client=$!
+sleep 1
+perf record -q -o "$work/switch.data" -g -p "$pid" -- sleep 3 2>/dev/null
+perf record -q -o "$work/machine.data" -a -- sleep 1 2>/dev/null
+wait "$client"
+python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['end']; print(f\"iperf3 over $io: {e['sum_received']['bits_per_second']/1e9:.2f} Gbit/s, {e['sum_sent']['retransmits']} retransmissions\")" "$work/iperf.json"
+echo "the switch process, by where its samples fall:"
+perf report -i "$work/switch.data" --no-children --sort dso --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -4
+echo "the switch process, top entries with their callees (children):"
+perf report -i "$work/switch.data" --children --sort sym --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -30
+echo "the whole machine for 1 s, by process:"
+perf report -i "$work/machine.data" --no-children --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -5
