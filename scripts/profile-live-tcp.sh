@@ -31,9 +31,14 @@ perf record -q -o "$work/switch.data" -g -p "$pid" -- sleep 3 2>/dev/null
 perf record -q -o "$work/machine.data" -a -- sleep 1 2>/dev/null
 wait "$client"
 python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['end']; print(f\"iperf3 over $io: {e['sum_received']['bits_per_second']/1e9:.2f} Gbit/s, {e['sum_sent']['retransmits']} retransmissions\")" "$work/iperf.json"
+# Each report whole into a file first: `head` closing the pipe would end the script.
+report() { perf report -i "$work/$1.data" --stdio "${@:2}" 2>/dev/null | grep -E '^ +[0-9]' >"$work/$1.txt" || true; }
+report switch --no-children --sort dso
 echo "the switch process, by where its samples fall:"
-perf report -i "$work/switch.data" --no-children --sort dso --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -4
+head -4 "$work/switch.txt"
+report switch --children --sort sym
 echo "the switch process, top entries with their callees (children):"
-perf report -i "$work/switch.data" --children --sort sym --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -30
+head -30 "$work/switch.txt"
+report machine --no-children --sort comm
 echo "the whole machine for 1 s, by process:"
-perf report -i "$work/machine.data" --no-children --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -5
+head -5 "$work/machine.txt"
