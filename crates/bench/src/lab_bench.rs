@@ -20,11 +20,12 @@ use std::time::{Duration, Instant};
 pub struct LabBenchArgs {
     /// Ways of switching to compare: bridge (the kernel's, offloads off as in every mode),
     /// bridge-offloads (the same with the hosts' and veths' offloads on: TSO, GSO, GRO,
-    /// checksums), routing (the kernel's IP forwarding), afpacket, afxdp (stateplane).
+    /// checksums), routing (the kernel's IP forwarding), afpacket, afxdp (stateplane),
+    /// afpacket-offloads (stateplane with the offloads on: it carries large segments).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "bridge,bridge-offloads,routing,afpacket,afxdp"
+        default_value = "bridge,bridge-offloads,routing,afpacket,afxdp,afpacket-offloads"
     )]
     pub modes: Vec<String>,
     /// Seconds of each flood and of each iperf3 run.
@@ -103,7 +104,14 @@ pub(crate) fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u
 }
 
 /// The modes `--modes` takes.
-const MODES: [&str; 5] = ["bridge", "bridge-offloads", "routing", "afpacket", "afxdp"];
+const MODES: [&str; 6] = [
+    "bridge",
+    "bridge-offloads",
+    "routing",
+    "afpacket",
+    "afxdp",
+    "afpacket-offloads",
+];
 
 #[derive(Clone, Debug, Default)]
 struct Sample {
@@ -174,14 +182,11 @@ fn round_trips_us(ping_output: &str) -> Vec<u64> {
 /// The switching between p0 and p1 in s1, set up and torn down.
 enum Switching {
     /// With the offloads on, or off as the lab has them.
-    Bridge {
-        offloads: bool,
-    },
+    Bridge { offloads: bool },
     /// s1 forwards IP between p0 (toward h1) and p1 (toward h2), whose MAC h1 sends to.
-    Routing {
-        p0_mac: String,
-    },
-    Stateplane(u32),
+    Routing { p0_mac: String },
+    /// A stateplane switch (its process id), the offloads on or off.
+    Stateplane { pid: u32, offloads: bool },
 }
 
 /// The hosts' and s1's ends of the two links.
@@ -402,11 +407,17 @@ fn start(t: &Topology, mode: &str, exe: &Path) -> BenchResult<Switching> {
         )?;
         return Ok(Switching::Bridge { offloads });
     }
+    let (io, offloads) = match mode.strip_suffix("-offloads") {
+        Some(io) => (io, true),
+        None => (mode, false),
+    };
+    if offloads {
+        set_offloads(t, true)?;
+    }
     let mut s = t.switch[0].clone();
-    s.io = Some(mode.to_owned());
-    Ok(Switching::Stateplane(stateplane_lab::start_switch(
-        t, &s, exe,
-    )?))
+    s.io = Some(io.to_owned());
+    let pid = stateplane_lab::start_switch(t, &s, exe)?;
+    Ok(Switching::Stateplane { pid, offloads })
 }
 
 fn stop(t: &Topology, s: &Switching) -> BenchResult<()> {
@@ -418,7 +429,12 @@ fn stop(t: &Topology, s: &Switching) -> BenchResult<()> {
             }
         }
         Switching::Routing { .. } => stop_routing(t)?,
-        Switching::Stateplane(_) => stateplane_lab::stop_switch(t, "s1")?,
+        Switching::Stateplane { offloads, .. } => {
+            stateplane_lab::stop_switch(t, "s1")?;
+            if *offloads {
+                set_offloads(t, false)?;
+            }
+        }
     }
     Ok(())
 }
@@ -432,7 +448,7 @@ fn measure(
     hz: f64,
 ) -> BenchResult<Sample> {
     let pid = match s {
-        Switching::Stateplane(pid) => Some(*pid),
+        Switching::Stateplane { pid, .. } => Some(*pid),
         _ => None,
     };
     // The flood goes to h2 by MAC, so that a learning bridge forwards every frame; a
@@ -631,7 +647,7 @@ fn report(a: &LabBenchArgs, samples: &[(String, Vec<Sample>)]) -> BenchResult<()
         })
         .collect();
     let input = format!(
-        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; veths' offloads off but in bridge-offloads; TCP: iperf3 -t {}; ping: {PINGS} from h1 to h2, 10 ms apart, on the idle path; median of {}",
+        "line topology (h1 - s1 - h2 over veth); flood: {}-byte UDP frames, 1000 flows, from h1 by `stateplane send` for {} s; veths' offloads off but in the -offloads modes; TCP: iperf3 -t {}; ping: {PINGS} from h1 to h2, 10 ms apart, on the idle path; median of {}",
         a.packet_size, a.seconds, a.seconds, a.repeat
     );
     if a.json {

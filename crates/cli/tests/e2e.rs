@@ -1107,7 +1107,8 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "sync.slots: sync tables of 16777216 slots for 64 workers take 32.0 GiB",
     );
     // A live run's rings, claimed as each interface opens: AF_PACKET on loopback (MTU
-    // 65536) has a 16 MiB receive ring and room to gather 64 frames of 64 KiB to send.
+    // 65536) has a 16 MiB receive ring, an 8 MiB socket buffer for large segments and
+    // room to read one, and room to gather 64 frames of 64 KiB to send.
     let rings = tmp("budget-rings.toml");
     std::fs::write(
         &rings,
@@ -1116,7 +1117,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
     .unwrap();
     refused(
         &["run", "--config", &rings.to_string_lossy()],
-        "lo: rings for 1 worker(s) at MTU 65536 (a lower MTU makes them smaller) take 20.0 MiB",
+        "lo: rings for 1 worker(s) at MTU 65536 (a lower MTU makes them smaller) take 28.1 MiB",
     );
     // What fits runs.
     ok(bin()

@@ -72,7 +72,7 @@ impl QueueProbe {
     /// collector has gone).
     pub fn read(&mut self) -> io::Result<Option<QueueState>> {
         sys::send(&self.netlink, &self.request)?;
-        let len = sys::recv(&self.netlink, &mut self.reply)?;
+        let len = sys::recv(&self.netlink, &mut self.reply, 0)?;
         parse_reply(&self.reply[..len.min(self.reply.len())])
     }
 }

@@ -38,6 +38,11 @@ pub struct PacketDesc {
     pub in_port: u16,
     /// Free bytes before `offset` that belong to this packet (set by the burst).
     pub headroom: u8,
+    /// A large segment's piece size; 0 for any other packet. A live port that receives a
+    /// TCP or UDP segment whole where its sender left the cutting to a device (GSO, GRO)
+    /// sets it to the size of the pieces the sender asked for; such a packet's transport
+    /// checksum is left partial (its pseudo-header's sum), for the device that cuts it.
+    pub segment_size: u16,
     /// Valid when `malformed` is `None`.
     pub parsed: Parsed,
     pub malformed: Option<Malformed>,
@@ -78,6 +83,7 @@ const EMPTY_DESC: PacketDesc = PacketDesc {
     seq: 0,
     in_port: 0,
     headroom: 0,
+    segment_size: 0,
     parsed: Parsed::EMPTY,
     malformed: None,
     verdict: Verdict::Drop(DropReason::NO_VERDICT),
@@ -184,9 +190,27 @@ impl Burst {
         slot.ts_ns = ts_ns;
         slot.seq = seq;
         slot.in_port = in_port;
+        slot.segment_size = 0;
         slot.malformed = None;
         slot.verdict = Verdict::Drop(DropReason::NO_VERDICT);
         true
+    }
+
+    /// Appends a large segment received whole, to be cut into pieces of `segment_size`
+    /// bytes when it is sent (see [`PacketDesc::segment_size`]). Returns `false` (and
+    /// changes nothing) if the burst is full.
+    pub fn push_large_segment(
+        &mut self,
+        data: &[u8],
+        ts_ns: u64,
+        in_port: u16,
+        segment_size: u16,
+    ) -> bool {
+        let pushed = self.push(data, data.len() as u32, ts_ns, in_port, 0);
+        if pushed {
+            self.slots[self.count - 1].segment_size = segment_size;
+        }
+        pushed
     }
 
     /// Appends a received packet already parsed (`parsed` is copied once, into its

@@ -101,7 +101,7 @@ impl WorkerPorts for LivePorts {
         let n = self.queues.len();
         for (d, data) in burst.iter() {
             for p in d.verdict.out_ports(d.in_port, n) {
-                self.queues[usize::from(p)].send(data);
+                self.queues[usize::from(p)].send(data, d.segment_size);
             }
         }
     }

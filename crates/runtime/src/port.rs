@@ -108,15 +108,20 @@ pub struct PortCounters {
     pub rx_bytes: u64,
     /// Dropped by the kernel because the receive ring was full.
     pub rx_kernel_drops: u64,
-    /// Longer than `burst::MAX_FRAME`; dropped at the port.
+    /// Larger than the port carries (above the MTU and not a large TCP segment, or above
+    /// `burst::MAX_FRAME`); dropped at the port.
     pub rx_oversize: u64,
     /// Arrived with the checksum left to offload (the sender's checksum offload is on);
     /// forwarded as they came.
     pub rx_partial_checksum: u64,
+    /// Large segments: TCP segments larger than the MTU that their sender left for a
+    /// device to cut (TSO, GSO, GRO), received whole (each one of `rx_packets`).
+    pub rx_large_segments: u64,
     pub rx_errors: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
-    /// Longer than the interface's MTU allows; not sent.
+    /// Longer than the interface's MTU allows, or a large segment the port cannot have
+    /// cut; not sent.
     pub tx_oversize: u64,
     /// The transmit ring stayed full; not sent.
     pub tx_ring_full: u64,
@@ -131,6 +136,7 @@ impl PortCounters {
         self.rx_kernel_drops += o.rx_kernel_drops;
         self.rx_oversize += o.rx_oversize;
         self.rx_partial_checksum += o.rx_partial_checksum;
+        self.rx_large_segments += o.rx_large_segments;
         self.rx_errors += o.rx_errors;
         self.tx_packets += o.tx_packets;
         self.tx_bytes += o.tx_bytes;
@@ -140,13 +146,14 @@ impl PortCounters {
     }
 
     /// Every count by name, for summaries and metrics.
-    pub fn named(&self) -> [(&'static str, u64); 11] {
+    pub fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("rx_packets", self.rx_packets),
             ("rx_bytes", self.rx_bytes),
             ("rx_kernel_drops", self.rx_kernel_drops),
             ("rx_oversize", self.rx_oversize),
             ("rx_partial_checksum", self.rx_partial_checksum),
+            ("rx_large_segments", self.rx_large_segments),
             ("rx_errors", self.rx_errors),
             ("tx_packets", self.tx_packets),
             ("tx_bytes", self.tx_bytes),
@@ -204,8 +211,10 @@ pub trait LiveQueue: Send {
     /// Moves waiting packets into `burst` as arriving on `port` until the burst is full or
     /// none wait; never blocks. Returns how many it moved.
     fn recv(&mut self, burst: &mut crate::Burst, port: crate::PortId) -> usize;
-    /// Queues one frame to send; `false` if it was dropped (counted by reason).
-    fn send(&mut self, frame: &[u8]) -> bool;
+    /// Queues one frame to send; `false` if it was dropped (counted by reason). A
+    /// `segment_size` above 0 marks a large segment to be cut into pieces of that size
+    /// ([`crate::PacketDesc::segment_size`]): a queue that cannot have it cut drops it.
+    fn send(&mut self, frame: &[u8], segment_size: u16) -> bool;
     /// Hands everything queued to the kernel (once per burst).
     fn flush(&mut self);
     /// A descriptor that polls readable when packets wait.

@@ -208,7 +208,7 @@ impl LiveQueue for ObserveOnly {
     fn recv(&mut self, burst: &mut stateplane_runtime::Burst, port: PortId) -> usize {
         self.0.recv(burst, port)
     }
-    fn send(&mut self, _frame: &[u8]) -> bool {
+    fn send(&mut self, _frame: &[u8], _segment_size: u16) -> bool {
         true
     }
     fn flush(&mut self) {}

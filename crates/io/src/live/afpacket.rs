@@ -4,12 +4,16 @@
 //! Receive ([`RxHandover`]): a switch's kernel puts each packet in a slot of its own and
 //! hands it over at once by the slot's status word, waking a waiting worker; a monitor's
 //! packs packets into blocks and hands a whole block over when it is full or timed out.
-//! [`PacketRx`] copies the packets into a burst and gives the slot or block back.
+//! [`PacketRx`] copies the packets into a burst and gives the slot or block back. A frame
+//! too large for a switch's slot (a TCP segment its sender left for a device to cut: TSO,
+//! GSO, GRO) is queued whole on the socket as well, and read from there in its turn.
 //! Several workers share an interface through a `PACKET_FANOUT` group in hash mode: the
 //! kernel's flow hash is symmetric, so both directions of a flow reach the same worker.
 //!
 //! Transmit: [`PacketTx`] gathers the frames a worker sends and hands them to the kernel in
-//! one `sendmmsg` per burst (one system call per burst, not per packet).
+//! one `sendmmsg` per burst (one system call per burst, not per packet), each after a
+//! `virtio_net_hdr` that has the kernel cut a large segment into pieces (or hand it whole
+//! to a peer that takes it so, as a veth does).
 //!
 //! Each socket is bound to one interface, so nothing from other interfaces is seen, and the
 //! receive socket ignores what this host sends (`PACKET_IGNORE_OUTGOING`), so the switch
@@ -22,6 +26,7 @@ use stateplane_runtime::Steering;
 use stateplane_runtime::port::{LiveQueue, PortCounters};
 use stateplane_runtime::{Burst, MAX_FRAME, PortId};
 use stateplane_wire::checksum;
+use stateplane_wire::offload::{self, Segmentation};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 const ETH_P_ALL: u16 = 0x0003;
@@ -84,16 +89,29 @@ const V2_HEADER: RxHeaderLayout = RxHeaderLayout {
 const V2_NETWORK_OFFSET: usize = 80 + VNET_HEADER_LEN;
 
 /// `struct virtio_net_hdr`, which the kernel writes just before each frame of a switch's
-/// ring (`PACKET_VNET_HDR`), in the host's byte order: what the sender's stack left for a
-/// device to finish.
+/// ring and reads before each frame a switch sends (`PACKET_VNET_HDR`), in the host's
+/// byte order: what the sender's stack left for a device to do.
 const VNET_HEADER_LEN: usize = 10;
 mod vnet {
     pub const FLAGS: usize = 0;
+    pub const GSO_TYPE: usize = 1;
+    pub const HDR_LEN: usize = 2;
+    pub const GSO_SIZE: usize = 4;
     pub const CSUM_START: usize = 6;
     pub const CSUM_OFFSET: usize = 8;
     /// The frame's transport checksum is partial: finish it from `CSUM_START`.
     pub const NEEDS_CSUM: u8 = 1;
+    /// `GSO_TYPE`: a TCP segment over IPv4 or IPv6 to be cut into pieces of `GSO_SIZE`
+    /// payload bytes; with `GSO_ECN`, its first piece alone keeps CWR.
+    pub const GSO_TCPV4: u8 = 1;
+    pub const GSO_TCPV6: u8 = 4;
+    pub const GSO_ECN: u8 = 0x80;
 }
+
+/// The socket buffer in which the kernel queues a switch's frames too large for a slot,
+/// until the worker reads them (about a hundred segments of 64 KiB). The kernel counts
+/// twice what it is asked for (its bookkeeping), so half is asked.
+const LARGE_FRAME_BUFFER: usize = 8 << 20;
 
 fn read_u32(b: &[u8], at: usize) -> u32 {
     b.get(at..at + 4)
@@ -209,6 +227,9 @@ pub struct PacketRx {
     counters: PortCounters,
     /// Room to put a VLAN tag back into a frame the kernel took it out of.
     scratch: Vec<u8>,
+    /// Room for a frame too large for its slot, read whole from the socket after its
+    /// `virtio_net_hdr` (a switch's ring; empty otherwise).
+    large: Vec<u8>,
 }
 
 impl PacketRx {
@@ -240,6 +261,19 @@ impl PacketRx {
                 libc::PACKET_VNET_HDR,
                 &1i32,
             )?;
+            // A frame too large for a slot is queued whole on the socket as well, and its
+            // slot says so: a TCP segment its sender left for a device to cut is carried.
+            set_option(
+                &fd,
+                iface,
+                "keeping frames larger than a slot whole",
+                libc::PACKET_COPY_THRESH,
+                &1i32,
+            )?;
+            let buffer = (LARGE_FRAME_BUFFER / 2) as i32;
+            sys::setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buffer)
+                .or_else(|_| sys::setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, &buffer))
+                .map_err(|e| LiveError::from_io(iface, "sizing the socket's buffer", e))?;
         }
         // TPACKET_V2 reads the first four fields alone (its `tpacket_req`).
         let req = libc::tpacket_req3 {
@@ -348,6 +382,11 @@ impl PacketRx {
             cursor,
             counters: PortCounters::default(),
             scratch: Vec::with_capacity(MAX_FRAME),
+            large: if vnet {
+                vec![0; VNET_HEADER_LEN + MAX_FRAME]
+            } else {
+                Vec::new()
+            },
         })
     }
 
@@ -396,15 +435,19 @@ impl PacketRx {
         }
     }
 
+    /// The `virtio_net_hdr` before the frame at `mac` in its slot (a switch's ring).
+    fn vnet_header(&self, mac: usize) -> Option<&[u8]> {
+        (mac.checked_sub(VNET_HEADER_LEN))
+            .filter(|_| self.vnet)
+            .and_then(|at| self.ring.bytes(at, VNET_HEADER_LEN))
+    }
+
     /// Finishes, in its slot, the transport checksum of the `len`-byte frame at `mac` if
     /// its `virtio_net_hdr` says the sender left it partial. The header's offsets count
     /// the VLAN tag (`tag` bytes) the kernel took out of the frame. `false` if they lie
     /// outside it.
     fn finish_partial_checksum(&mut self, mac: usize, len: usize, tag: usize) -> bool {
-        let Some(header) = (mac.checked_sub(VNET_HEADER_LEN))
-            .filter(|_| self.vnet)
-            .and_then(|at| self.ring.bytes(at, VNET_HEADER_LEN))
-        else {
+        let Some(header) = self.vnet_header(mac) else {
             return true;
         };
         if header[vnet::FLAGS] & vnet::NEEDS_CSUM == 0 {
@@ -419,15 +462,60 @@ impl PacketRx {
             .is_some_and(|frame| checksum::complete_partial(frame, start, field))
     }
 
-    /// Says once, when the first comes, why frames above the MTU are dropped and what
-    /// makes them stop: on a veth they are TCP that the sender left unsegmented, and a
-    /// connection whose every large segment is dropped stalls without another word.
+    /// Says once, when the first comes, why a frame above the MTU is dropped and what
+    /// makes them stop: a switch carries TCP segments left for a device to cut, but not
+    /// other large frames (UDP handed over unsegmented, a sender with a larger MTU), and a
+    /// flow whose every large frame is dropped stalls without another word.
     fn warn_oversize(&self, wire_len: u32) {
+        let carried = if self.vnet {
+            "the switch carries TCP segments left for a device to cut (TSO, GSO, GRO), but not this one"
+        } else {
+            "a monitor does not take such frames"
+        };
         log::warn!(
-            "{}: dropped a {wire_len}-byte frame, larger than its MTU ({}) allows; the switch does not carry such frames yet. The sender has a larger MTU, or hands TCP over unsegmented (TSO, GSO or GRO on: a veth's default): turn them off where the frames come from, e.g. `ethtool -K <the veth's other end> tso off gso off gro off tx off`. Further ones are counted (rx_oversize).",
+            "{}: dropped a {wire_len}-byte frame, larger than its MTU ({}) allows; {carried}. The sender has a larger MTU, or hands UDP over unsegmented (UDP GSO): turn segmentation off where the frames come from, e.g. `ethtool -K <the veth's other end> tso off gso off gro off tx off`, or match the MTUs. Further ones are counted (rx_oversize).",
             self.name,
             self.mtu
         );
+    }
+
+    /// Counts a frame above the MTU that is not carried, saying why the first time.
+    fn drop_oversize(&mut self, wire_len: u32) -> Taken {
+        if self.counters.rx_oversize == 0 {
+            self.warn_oversize(wire_len);
+        }
+        self.counters.rx_oversize += 1;
+        Taken::Dropped
+    }
+
+    /// Takes the whole of a frame whose slot holds only its start: the kernel queued it
+    /// on the socket too, in slot order, after its `virtio_net_hdr`. A TCP segment its
+    /// sender left for a device to cut goes into the burst whole, to be cut when it is
+    /// sent; any other frame that large is dropped as oversize.
+    fn take_large(
+        &mut self,
+        wire_len: u32,
+        ts_ns: u64,
+        vlan: Option<(u16, u16)>,
+        burst: &mut Burst,
+        port: PortId,
+    ) -> Taken {
+        let flags = libc::MSG_DONTWAIT | libc::MSG_TRUNC;
+        let len = match sys::recv(&self.fd, &mut self.large, flags) {
+            Ok(len) if (VNET_HEADER_LEN..=self.large.len()).contains(&len) => len,
+            Ok(_) => return self.drop_oversize(wire_len),
+            Err(e) => {
+                log::debug!("{}: reading a large frame: {e}", self.name);
+                self.counters.rx_errors += 1;
+                return Taken::Dropped;
+            }
+        };
+        let (header, frame) = self.large[..len].split_at(VNET_HEADER_LEN);
+        let Some(segment_size) = tcp_segment_size(header) else {
+            return self.drop_oversize(wire_len);
+        };
+        let data = with_tag(frame, vlan, &mut self.scratch);
+        push_large_segment(&mut self.counters, burst, data, (ts_ns, port, segment_size))
     }
 
     /// Moves past the packet the reader stands at: gives its slot back, or steps to the
@@ -489,14 +577,21 @@ impl PacketRx {
         });
         let tag = if vlan.is_some() { 4 } else { 0 };
         let frame_len = snaplen + tag;
-        // A frame cut to its slot (larger than the interface's MTU: a GRO frame) is
-        // dropped whole rather than forwarded cut.
-        if frame_len > MAX_FRAME || snaplen < wire_len as usize {
-            if self.counters.rx_oversize == 0 {
-                self.warn_oversize(wire_len);
+        if status & libc::TP_STATUS_COPY != 0 {
+            if !burst.has_room(wire_len as usize + tag) {
+                return Taken::BurstFull;
             }
-            self.counters.rx_oversize += 1;
+            return self.take_large(wire_len, ts_ns, vlan, burst, port);
+        }
+        // A frame cut to its slot is dropped whole rather than forwarded cut. A switch's
+        // ring cuts one only when its copy found the socket's buffer full: lost for want
+        // of room, as when the ring is full.
+        if snaplen < wire_len as usize && self.vnet {
+            self.counters.rx_kernel_drops += 1;
             return Taken::Dropped;
+        }
+        if frame_len > MAX_FRAME || snaplen < wire_len as usize {
+            return self.drop_oversize(wire_len);
         }
         if !burst.has_room(frame_len) {
             return Taken::BurstFull;
@@ -504,6 +599,20 @@ impl PacketRx {
         if mac + snaplen > end {
             self.counters.rx_errors += 1;
             return Taken::Dropped;
+        }
+        if let Some(segment_size) = self.vnet_header(mac).and_then(tcp_segment_size) {
+            // A large segment small enough for its slot (GRO joins what arrives).
+            let Some(data) = self.ring.bytes(mac, snaplen) else {
+                self.counters.rx_errors += 1;
+                return Taken::Dropped;
+            };
+            let data = with_tag(data, vlan, &mut self.scratch);
+            return push_large_segment(
+                &mut self.counters,
+                burst,
+                data,
+                (ts_ns, port, segment_size),
+            );
         }
         if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
             self.counters.rx_partial_checksum += 1;
@@ -517,24 +626,60 @@ impl PacketRx {
             return Taken::Dropped;
         };
         let orig_len = wire_len + tag as u32;
-        let pushed = match vlan {
-            Some((tpid, tci)) if data.len() >= 12 => {
-                // The kernel moved the tag into the header; put it back where it was.
-                self.scratch.clear();
-                self.scratch.extend_from_slice(&data[..12]);
-                self.scratch.extend_from_slice(&tpid.to_be_bytes());
-                self.scratch.extend_from_slice(&tci.to_be_bytes());
-                self.scratch.extend_from_slice(&data[12..]);
-                burst.push(&self.scratch, orig_len, ts_ns, port, 0)
-            }
-            _ => burst.push(data, orig_len, ts_ns, port, 0),
-        };
-        if !pushed {
+        if !burst.push(
+            with_tag(data, vlan, &mut self.scratch),
+            orig_len,
+            ts_ns,
+            port,
+            0,
+        ) {
             return Taken::Dropped;
         }
         self.counters.rx_packets += 1;
         self.counters.rx_bytes += frame_len as u64;
         Taken::Pushed
+    }
+}
+
+/// The piece size of a large TCP segment, if `header` (its `virtio_net_hdr`) says the
+/// frame is one.
+fn tcp_segment_size(header: &[u8]) -> Option<u16> {
+    let kind = header.get(vnet::GSO_TYPE)? & !vnet::GSO_ECN;
+    let size = read_u16(header, vnet::GSO_SIZE);
+    (matches!(kind, vnet::GSO_TCPV4 | vnet::GSO_TCPV6) && size > 0).then_some(size)
+}
+
+/// Pushes the large segment `data` into `burst` as received at `ts_ns` on `port`, to be
+/// cut into pieces of `segment_size` when sent, and counts it.
+fn push_large_segment(
+    counters: &mut PortCounters,
+    burst: &mut Burst,
+    data: &[u8],
+    (ts_ns, port, segment_size): (u64, PortId, u16),
+) -> Taken {
+    if !burst.push_large_segment(data, ts_ns, port, segment_size) {
+        counters.rx_errors += 1;
+        return Taken::Dropped;
+    }
+    counters.rx_packets += 1;
+    counters.rx_large_segments += 1;
+    counters.rx_bytes += data.len() as u64;
+    Taken::Pushed
+}
+
+/// `data` with the VLAN tag the kernel took out of it (into the packet's header) put back
+/// where it was, in `scratch`; `data` itself when it had none.
+fn with_tag<'a>(data: &'a [u8], vlan: Option<(u16, u16)>, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+    match vlan {
+        Some((tpid, tci)) if data.len() >= 12 => {
+            scratch.clear();
+            scratch.extend_from_slice(&data[..12]);
+            scratch.extend_from_slice(&tpid.to_be_bytes());
+            scratch.extend_from_slice(&tci.to_be_bytes());
+            scratch.extend_from_slice(&data[12..]);
+            scratch
+        }
+        _ => data,
     }
 }
 
@@ -568,7 +713,8 @@ impl PacketRx {
 }
 
 /// One worker's transmit queue on an interface: frames gathered as the worker sends them,
-/// handed to the kernel in `sendmmsg` calls of up to [`sys::MESSAGES_PER_CALL`].
+/// each after its `virtio_net_hdr`, handed to the kernel in `sendmmsg` calls of up to
+/// [`sys::MESSAGES_PER_CALL`].
 ///
 /// Not a mapped ring: the kernel builds a ring frame's packet on the ring's own pages and
 /// marks it zero-copy, so that a packet delivered inside the host (a veth's peer) is
@@ -577,7 +723,8 @@ impl PacketRx {
 /// the packet, as it is sent.
 pub struct PacketTx {
     fd: OwnedFd,
-    /// The frames gathered since the last flush, back to back, and where each ends.
+    /// The frames gathered since the last flush, each after its `virtio_net_hdr`, back to
+    /// back, and where each ends.
     frames: Vec<u8>,
     ends: Vec<usize>,
     /// The longest frame the interface takes: its MTU plus the Ethernet header.
@@ -585,10 +732,16 @@ pub struct PacketTx {
     counters: PortCounters,
 }
 
-/// What one queue takes on `iface`: its receive ring and the frames its transmit queue
-/// gathers.
+/// What one queue takes on `iface` at most: its receive ring, a switch's socket buffer
+/// for large frames and the room to read one, and the frames its transmit queue gathers
+/// (large segments at most).
 pub fn queue_bytes(rings: &RingConfig, iface: &Interface) -> usize {
-    RxRing::of(rings, iface).bytes() + sys::MESSAGES_PER_CALL * (iface.max_frame_len() + 4)
+    let large = match rings.rx_handover {
+        RxHandover::Frames => LARGE_FRAME_BUFFER + VNET_HEADER_LEN + MAX_FRAME,
+        RxHandover::Blocks { .. } => 0,
+    };
+    let frame = VNET_HEADER_LEN + MAX_FRAME.max(iface.max_frame_len() + 4);
+    RxRing::of(rings, iface).bytes() + large + sys::MESSAGES_PER_CALL * frame
 }
 
 impl PacketTx {
@@ -601,6 +754,14 @@ impl PacketTx {
         };
         sys::setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &timeout)
             .map_err(|e| LiveError::from_io(iface, "setting the send timeout", e))?;
+        // Each frame goes after a header that says what is left to do with it.
+        set_option(
+            &fd,
+            iface,
+            "giving virtio-net headers",
+            libc::PACKET_VNET_HDR,
+            &1i32,
+        )?;
         sys::bind_packet(&fd, iface.index, 0)
             .map_err(|e| LiveError::from_io(iface, "binding to the interface", e))?;
         Ok(PacketTx {
@@ -615,15 +776,35 @@ impl PacketTx {
     /// Queues one frame; `false` if it was dropped (counted by reason). A frame the kernel
     /// refuses when the queue is flushed is counted then.
     pub fn send(&mut self, frame: &[u8]) -> bool {
+        self.send_segment(frame, 0)
+    }
+
+    /// [`PacketTx::send`] for a frame that may be a large segment (`segment_size` above 0,
+    /// [`stateplane_runtime::PacketDesc::segment_size`]): the kernel finishes its checksum
+    /// and cuts it into pieces of that size, or hands it whole to a peer that takes it so.
+    /// One a program made into something else than TCP over IP cannot be cut: dropped and
+    /// counted as oversize.
+    pub fn send_segment(&mut self, frame: &[u8], segment_size: u16) -> bool {
         let tagged = frame.len() >= 14 && matches!(read_be16(frame, 12), 0x8100 | 0x88a8);
-        if frame.len() > self.max_len + if tagged { 4 } else { 0 } {
+        if segment_size == 0 && frame.len() > self.max_len + if tagged { 4 } else { 0 } {
             self.counters.tx_oversize += 1;
             return false;
         }
         if self.ends.len() == sys::MESSAGES_PER_CALL {
             self.flush();
         }
+        let start = self.frames.len();
+        self.frames.extend_from_slice(&[0; VNET_HEADER_LEN]);
         self.frames.extend_from_slice(frame);
+        if segment_size > 0 {
+            let (header, frame) = self.frames[start..].split_at_mut(VNET_HEADER_LEN);
+            let Some(cut) = offload::ready_for_cutting(frame) else {
+                self.frames.truncate(start);
+                self.counters.tx_oversize += 1;
+                return false;
+            };
+            header.copy_from_slice(&header_for_cutting(&cut, segment_size));
+        }
         self.ends.push(self.frames.len());
         true
     }
@@ -642,8 +823,9 @@ impl PacketTx {
                 }
                 Ok(sent) => {
                     let start = if next == 0 { 0 } else { self.ends[next - 1] };
+                    let with_headers = self.ends[next + sent - 1] - start;
                     self.counters.tx_packets += sent as u64;
-                    self.counters.tx_bytes += (self.ends[next + sent - 1] - start) as u64;
+                    self.counters.tx_bytes += (with_headers - sent * VNET_HEADER_LEN) as u64;
                     next += sent.max(1);
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS)) => {
@@ -686,8 +868,8 @@ impl LiveQueue for PacketQueue {
         self.rx.recv(burst, port)
     }
 
-    fn send(&mut self, frame: &[u8]) -> bool {
-        self.tx.send(frame)
+    fn send(&mut self, frame: &[u8], segment_size: u16) -> bool {
+        self.tx.send_segment(frame, segment_size)
     }
 
     fn flush(&mut self) {
@@ -703,6 +885,29 @@ impl LiveQueue for PacketQueue {
         c.merge(&self.tx.counters());
         c
     }
+}
+
+/// The `virtio_net_hdr` that has the kernel finish a large segment's checksum and cut it
+/// into pieces of `segment_size` payload bytes (one that fits in a piece is left whole).
+fn header_for_cutting(cut: &Segmentation, segment_size: u16) -> [u8; VNET_HEADER_LEN] {
+    let mut header = [0; VNET_HEADER_LEN];
+    header[vnet::FLAGS] = vnet::NEEDS_CSUM;
+    header[vnet::GSO_TYPE] = match cut.ipv6 {
+        false => vnet::GSO_TCPV4,
+        true => vnet::GSO_TCPV6,
+    } | if cut.cwr { vnet::GSO_ECN } else { 0 };
+    let fields = [
+        (vnet::HDR_LEN, cut.headers_len),
+        (vnet::GSO_SIZE, usize::from(segment_size)),
+        (vnet::CSUM_START, cut.transport_start),
+        (vnet::CSUM_OFFSET, offload::TCP_CHECKSUM_OFFSET),
+    ];
+    for (at, value) in fields {
+        // Each lies within a frame of at most 64 KiB and some.
+        let value = u16::try_from(value).unwrap_or(u16::MAX);
+        header[at..at + 2].copy_from_slice(&value.to_ne_bytes());
+    }
+    header
 }
 
 fn read_be16(b: &[u8], at: usize) -> u16 {

@@ -423,8 +423,10 @@ impl LiveQueue for XdpQueue {
         taken as usize
     }
 
-    fn send(&mut self, frame: &[u8]) -> bool {
-        if frame.len() > self.max_len + 4 {
+    fn send(&mut self, frame: &[u8], segment_size: u16) -> bool {
+        // AF_XDP cannot have a large segment cut (nor its partial checksum finished):
+        // only an AF_PACKET port receives them, and only one sends them.
+        if segment_size > 0 || frame.len() > self.max_len + 4 {
             self.counters.tx_oversize += 1;
             return false;
         }

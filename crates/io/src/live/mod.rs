@@ -367,7 +367,7 @@ mod tests {
             while received.len() < count as usize && Instant::now() < deadline {
                 // Send in bursts no bigger than the receive side can hold between reads.
                 for _ in 0..32 {
-                    if sent < count && q.send(&frame(sent, 60 + (sent as usize % 1400))) {
+                    if sent < count && q.send(&frame(sent, 60 + (sent as usize % 1400)), 0) {
                         sent += 1;
                     }
                 }
@@ -382,7 +382,7 @@ mod tests {
                 }
             }
             let too_big = frame(0, 65_536 + 14 + 1);
-            assert!(!q.send(&too_big), "a frame over the MTU must be refused");
+            assert!(!q.send(&too_big, 0), "a frame over the MTU must be refused");
             (received, sent, q.counters())
         })
         .join()
@@ -466,6 +466,164 @@ mod tests {
         assert_eq!(counts.rx_packets, 1);
     }
 
+    /// A TCP segment of `payload` bytes from 198.18.0.1:5001 to 198.18.0.2:80 (or their
+    /// IPv6 counterparts), sequence number 1000, ACK and PSH, its checksum whole.
+    fn tcp_frame(v6: bool, payload: usize) -> Vec<u8> {
+        use stateplane_wire::checksum::{accumulate, finish, pseudo_v4, pseudo_v6};
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
+        let tcp_len = 20 + payload;
+        let pseudo = if v6 {
+            let (src, dst) = (
+                "2001:db8::1".parse().unwrap(),
+                "2001:db8::2".parse().unwrap(),
+            );
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+            f.extend_from_slice(&(tcp_len as u16).to_be_bytes());
+            f.extend_from_slice(&[6, 64]);
+            f.extend_from_slice(&std::net::Ipv6Addr::octets(&src));
+            f.extend_from_slice(&std::net::Ipv6Addr::octets(&dst));
+            pseudo_v6(src, dst, 6, tcp_len as u32)
+        } else {
+            let (src, dst) = ([198, 18, 0, 1], [198, 18, 0, 2]);
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+            f.extend_from_slice(&(20 + tcp_len as u16).to_be_bytes());
+            f.extend_from_slice(&[0, 1, 0x40, 0, 64, 6, 0, 0]);
+            f.extend_from_slice(&src);
+            f.extend_from_slice(&dst);
+            let sum = stateplane_wire::checksum::checksum(&f[14..34]);
+            f[24..26].copy_from_slice(&sum.to_be_bytes());
+            pseudo_v4(src.into(), dst.into(), 6, tcp_len as u16)
+        };
+        let start = f.len();
+        f.extend_from_slice(&5001u16.to_be_bytes());
+        f.extend_from_slice(&80u16.to_be_bytes());
+        f.extend_from_slice(&1000u32.to_be_bytes());
+        f.extend_from_slice(&[0, 0, 0, 1, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        f.extend((0..payload).map(|i| (i % 251) as u8));
+        let sum = finish(accumulate(pseudo, &f[start..]));
+        f[start + 16..start + 18].copy_from_slice(&sum.to_be_bytes());
+        f
+    }
+
+    /// The piece size of a TCP segment at MTU 1500.
+    fn mss(v6: bool) -> u16 {
+        if v6 { 1440 } else { 1460 }
+    }
+
+    /// Sends `large`, a TCP segment, to be cut into pieces of [`mss`] from va to vb (va's
+    /// TSO on or off) and returns the TCP segments a switch's queue on vb received (the
+    /// host's own IPv6 chatter on the new link left out), with their segment sizes.
+    fn send_large_segment(large: Vec<u8>, tso: bool) -> (Vec<(Vec<u8>, u16)>, PortCounters) {
+        std::thread::spawn(move || {
+            veth_pair_in_a_new_namespace();
+            let state = if tso { "on" } else { "off" };
+            let ok = std::process::Command::new("ethtool")
+                .args(["-K", "va", "tso", state])
+                .status();
+            assert!(ok.is_ok_and(|s| s.success()), "ethtool (installed?)");
+            let rings = RingConfig::default();
+            let mut sender = open_afpacket("va", 1, &rings, Steering::Flow).expect("va");
+            let mut receiver = open_afpacket("vb", 1, &rings, Steering::Flow).expect("vb");
+            let (tx, rx) = (&mut sender.queues[0], &mut receiver.queues[0]);
+            let v6 = large[12..14] == [0x86, 0xdd];
+            assert!(tx.send(&large, mss(v6)));
+            tx.flush();
+            let (mut burst, mut taken) = (Burst::with_capacity(64), Vec::new());
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                poll_readable(&[rx.fd()], 100).expect("poll");
+                burst.clear();
+                rx.recv(&mut burst, 0);
+                let tcp = |f: &[u8]| f.get(if v6 { 20 } else { 23 }) == Some(&6);
+                let data = (burst.iter()).filter(|(_, data)| tcp(data));
+                taken.extend(data.map(|(d, data)| (data.to_vec(), d.segment_size)));
+                if taken.iter().map(|(f, _)| f.len()).sum::<usize>() >= large.len() {
+                    break;
+                }
+            }
+            (taken, rx.counters())
+        })
+        .join()
+        .expect("test thread")
+    }
+
+    /// A large segment sent on a veth whose TSO is on reaches its peer whole, and a switch
+    /// there takes it whole, its piece size kept and its checksum left for the device.
+    #[test]
+    fn a_large_segment_crosses_a_veth_whole_when_its_tso_is_on() {
+        for v6 in [false, true] {
+            let large = tcp_frame(v6, 10_000);
+            let (taken, counts) = send_large_segment(large.clone(), true);
+            assert_eq!(taken.len(), 1, "v6 {v6}: {counts:?}");
+            let (mut got, size) = taken.into_iter().next().unwrap();
+            assert_eq!(size, mss(v6));
+            assert_eq!(got.len(), large.len());
+            let start = if v6 { 54 } else { 34 };
+            assert!(stateplane_wire::checksum::complete_partial(
+                &mut got,
+                start,
+                start + 16
+            ));
+            assert_eq!(
+                got, large,
+                "v6 {v6}: the same bytes once its checksum is finished"
+            );
+            assert_eq!((counts.rx_large_segments, counts.rx_oversize), (1, 0));
+        }
+    }
+
+    /// A large segment sent on a veth whose TSO is off is cut by the kernel into pieces of
+    /// the size asked, each a TCP segment of its own that a receiver takes: right lengths,
+    /// right checksums, consecutive sequence numbers, PSH on the last, the payload whole.
+    #[test]
+    fn a_large_segment_is_cut_into_pieces_a_receiver_takes_when_tso_is_off() {
+        use stateplane_wire::checksum::{accumulate, checksum, finish, pseudo_v4, pseudo_v6};
+        for v6 in [false, true] {
+            let large = tcp_frame(v6, 10_000);
+            let (pieces, counts) = send_large_segment(large.clone(), false);
+            let ip = 14;
+            let start = if v6 { 54 } else { 34 };
+            let sizes: Vec<usize> = pieces.iter().map(|(p, _)| p.len() - start - 20).collect();
+            let mss = usize::from(mss(v6));
+            let mut expected = vec![mss; 10_000 / mss];
+            expected.push(10_000 % mss);
+            assert_eq!(sizes, expected, "v6 {v6}");
+            let mut payload = Vec::new();
+            for (k, (piece, size)) in pieces.iter().enumerate() {
+                assert_eq!(*size, 0, "a piece is an ordinary packet");
+                let tcp_len = piece.len() - start;
+                let pseudo = if v6 {
+                    let len = u16::from_be_bytes([piece[ip + 4], piece[ip + 5]]);
+                    assert_eq!(usize::from(len), tcp_len);
+                    let addr = |at: usize| -> std::net::Ipv6Addr {
+                        <[u8; 16]>::try_from(&piece[at..at + 16]).unwrap().into()
+                    };
+                    pseudo_v6(addr(ip + 8), addr(ip + 24), 6, tcp_len as u32)
+                } else {
+                    let len = u16::from_be_bytes([piece[ip + 2], piece[ip + 3]]);
+                    assert_eq!(usize::from(len), 20 + tcp_len);
+                    assert_eq!(checksum(&piece[ip..ip + 20]), 0, "IPv4 header checksum");
+                    let addr = |at: usize| -> std::net::Ipv4Addr {
+                        <[u8; 4]>::try_from(&piece[at..at + 4]).unwrap().into()
+                    };
+                    pseudo_v4(addr(ip + 12), addr(ip + 16), 6, tcp_len as u16)
+                };
+                assert_eq!(
+                    finish(accumulate(pseudo, &piece[start..])),
+                    0,
+                    "TCP checksum"
+                );
+                let seq = u32::from_be_bytes(piece[start + 4..start + 8].try_into().unwrap());
+                assert_eq!(seq, 1000 + (mss * k) as u32);
+                let psh = piece[start + 13] & 0x08 != 0;
+                assert_eq!(psh, k == pieces.len() - 1, "PSH on the last piece alone");
+                payload.extend_from_slice(&piece[start + 20..]);
+            }
+            assert_eq!(payload, large[start + 20..], "v6 {v6}");
+            assert_eq!(counts.rx_large_segments, 0, "{counts:?}");
+        }
+    }
+
     /// Frames sent on an interface that went down (its peer gone) are refused by the
     /// kernel: counted as errors, none as sent, and the flush returns at once.
     #[test]
@@ -508,7 +666,7 @@ mod tests {
             let q = &mut opened.queues[0];
             let mut burst = Burst::with_capacity(64);
             assert_eq!(q.recv(&mut burst, 0), 0, "nothing sent yet");
-            assert!(q.send(&frame(7, 60)));
+            assert!(q.send(&frame(7, 60), 0));
             q.flush();
             let start = Instant::now();
             while start.elapsed() < Duration::from_secs(2) && q.recv(&mut burst, 0) == 0 {
@@ -661,7 +819,7 @@ mod tests {
             let mut burst = Burst::with_capacity(64);
             for round in 0..4 {
                 for flow in 0..64u8 {
-                    assert!(sender.send(&udp_frame(flow, round % 2 == 1)));
+                    assert!(sender.send(&udp_frame(flow, round % 2 == 1), 0));
                 }
                 sender.flush();
                 let deadline = Instant::now() + Duration::from_secs(5);
@@ -768,7 +926,7 @@ mod tests {
             let mut workers = open_afpacket("vb", 2, &rings, steering).expect("open vb");
             let sender = &mut sender.queues[0];
             for f in &frames {
-                assert!(sender.send(f));
+                assert!(sender.send(f, 0));
             }
             sender.flush();
             let mut seen: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];

@@ -173,12 +173,13 @@ pub fn send(fd: &OwnedFd, bytes: &[u8]) -> io::Result<usize> {
     usize::try_from(rc).map_err(|_| last_error())
 }
 
-/// Receives one message into `buf`, waiting for it: how many bytes it filled (a message
-/// longer than `buf` is cut short).
-pub fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+/// Receives one message into `buf` as `flags` say (0: waiting for it): how many bytes it
+/// filled (a message longer than `buf` is cut short; with `MSG_TRUNC`, a packet socket
+/// says how long it was).
+pub fn recv(fd: &OwnedFd, buf: &mut [u8], flags: i32) -> io::Result<usize> {
     // SAFETY: the pointer and length describe `buf`, which the kernel writes at most
     // `buf.len()` bytes of.
-    let rc = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    let rc = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
     usize::try_from(rc).map_err(|_| last_error())
 }
 
