@@ -430,8 +430,8 @@ mod tests {
         check_loop(&received, sent, &counts);
     }
 
-    /// A frame larger than the slots the ring was made for (the MTU grew after it opened,
-    /// or a sender handed TCP over unsegmented) is dropped whole and counted, never cut.
+    /// A frame larger than the slots the ring was made for (the MTU grew after it opened)
+    /// and not a large TCP segment is dropped whole and counted, never cut.
     #[test]
     fn a_frame_above_the_slot_is_dropped_whole_and_counted() {
         let (taken, counts) = std::thread::spawn(|| {
