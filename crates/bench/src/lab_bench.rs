@@ -21,11 +21,12 @@ pub struct LabBenchArgs {
     /// Ways of switching to compare: bridge (the kernel's, offloads off as in every mode),
     /// bridge-offloads (the same with the hosts' and veths' offloads on: TSO, GSO, GRO,
     /// checksums), routing (the kernel's IP forwarding), afpacket, afxdp (stateplane),
-    /// afpacket-offloads (stateplane with the offloads on: it carries large segments).
+    /// afpacket-offloads, afxdp-offloads (stateplane with the offloads on as
+    /// bridge-offloads has them).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "bridge,bridge-offloads,routing,afpacket,afxdp,afpacket-offloads"
+        default_value = "bridge,bridge-offloads,routing,afpacket,afxdp,afpacket-offloads,afxdp-offloads"
     )]
     pub modes: Vec<String>,
     /// Seconds of each flood and of each iperf3 run.
@@ -104,13 +105,14 @@ pub(crate) fn rx_packets(t: &Topology, node: &str, iface: &str) -> BenchResult<u
 }
 
 /// The modes `--modes` takes.
-const MODES: [&str; 6] = [
+const MODES: [&str; 7] = [
     "bridge",
     "bridge-offloads",
     "routing",
     "afpacket",
     "afxdp",
     "afpacket-offloads",
+    "afxdp-offloads",
 ];
 
 #[derive(Clone, Debug, Default)]
