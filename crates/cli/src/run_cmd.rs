@@ -34,7 +34,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub burst: Option<usize>,
     /// Live ports' I/O: auto (AF_XDP where it is measured to win and the interface allows,
-    /// else AF_PACKET), afpacket, afxdp, or observe (a passive monitor: AF_PACKET copies of
+    /// else AF_PACKET; AF_PACKET when a port is a veth with TSO on, whose TCP comes in
+    /// large segments), afpacket, afxdp, or observe (a passive monitor: AF_PACKET copies of
     /// what the interfaces receive and send, the host's traffic undisturbed, nothing sent).
     #[arg(long)]
     pub io: Option<String>,

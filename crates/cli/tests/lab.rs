@@ -444,6 +444,60 @@ fn tcp_in_large_segments_through_nat_arrives_whole_from_the_external_address() {
     large_segments_crossed(&lab);
 }
 
+/// Stops the switch the lab started on `node` (SIGTERM), and waits (bounded) until it is
+/// gone.
+fn stop_switch(lab: &Lab, node: &str) {
+    let pid = lab.switch_pid(node).to_string();
+    assert!(kill("-TERM", &pid));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        let late = std::time::Instant::now() > deadline;
+        assert!(!late, "{node}'s switch did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Turns the offloads on (checksums, TSO, GSO, GRO) at every end of line.toml's links.
+fn offloads_on(lab: &Lab) {
+    for (node, iface) in [("h1", "eth0"), ("s1", "p0"), ("s1", "p1"), ("h2", "eth0")] {
+        let on = lab.exec(
+            node,
+            &[
+                "ethtool", "-K", iface, "tx", "on", "tso", "on", "gso", "on", "gro", "on",
+            ],
+        );
+        assert!(on.status.success(), "{}", text(&on));
+    }
+}
+
+/// With `--io auto` (the default), a switch whose ports are veths with TSO on (a veth's
+/// default) gives every port AF_PACKET, says why, and carries the hosts' large segments.
+#[test]
+fn auto_io_gives_veths_with_tso_on_af_packet_and_carries_their_large_segments() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up("line.toml", "tauto");
+    // The lab's switch opened its ports with the offloads off; a second run opens them on.
+    stop_switch(&lab, "s1");
+    offloads_on(&lab);
+    let ns = format!("sp-{}-s1", lab.name);
+    let run = start_in(&ns, &["run", "--config"], &lab_file(&lab, "s1.toml"));
+    let (sent, received, _) = exact_transfer_from(&lab, 8 << 20, 5312);
+    let metrics = metric_lines(&lab, "s1");
+    assert!(kill("-TERM", &run_of(&run)));
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(sent, received, "every byte arrives");
+    assert!(
+        text(&out).contains("p0: a veth with TSO on")
+            && text(&out).contains("every port gets AF_PACKET"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        port_count(&metrics, "rx_large_segments", "p0") > Some(10),
+        "{metrics}"
+    );
+}
+
 /// Brings `topology` up on AF_PACKET with every host's and switch port's offloads on (but
 /// s1's p1's checksum offload, and so its TSO, unless `p1_checksums`), and moves 8 MiB
 /// from h1 to h2.
@@ -454,15 +508,7 @@ fn transfer_with_offloads_on(
 ) -> (Lab, (String, String, String)) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up_with(topology, name, Some("afpacket"));
-    for (node, iface) in [("h1", "eth0"), ("s1", "p0"), ("s1", "p1"), ("h2", "eth0")] {
-        let on = lab.exec(
-            node,
-            &[
-                "ethtool", "-K", iface, "tx", "on", "tso", "on", "gso", "on", "gro", "on",
-            ],
-        );
-        assert!(on.status.success(), "{}", text(&on));
-    }
+    offloads_on(&lab);
     if !p1_checksums {
         let off = lab.exec("s1", &["ethtool", "-K", "p1", "tx", "off"]);
         assert!(off.status.success(), "{}", text(&off));
@@ -1908,22 +1954,7 @@ fn the_firewall_decides_as_linux_conntrack_does_packet_for_packet() {
         .collect();
 
     // s1 again, as Linux: its switch stopped, a bridge between the same two ports.
-    let pid = lab.switch_pid("s1").to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "s1's switch did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    stop_switch(&lab, "s1");
     for command in [
         "ip link add br0 type bridge forward_delay 0",
         "ip link set p0 master br0",

@@ -289,8 +289,29 @@ fn claim_rings(run: &LiveRun, iface: &str, rings: &RingConfig) -> SetupResult<()
         .map_err(|e| format!("{iface}: {e}"))
 }
 
+/// The I/O of a run that asked for `auto`: AF_PACKET for every port when one of them is a
+/// veth with TSO on, whose hosts hand TCP over in segments above the MTU (a veth's
+/// default): AF_PACKET carries them whole, while an XDP program on a veth has the kernel
+/// take TSO from its peer, which then cuts every segment itself (TCP 15.05 against 2.25
+/// Gbit/s, docs/BENCHMARKS.md). Otherwise as asked.
+fn choose_io(run: &LiveRun) -> IoChoice {
+    if run.io != IoChoice::Auto {
+        return run.io;
+    }
+    match run.interfaces.iter().find(|i| live::veth_with_tso(i)) {
+        Some(iface) => {
+            log::info!(
+                "{iface}: a veth with TSO on, whose hosts hand TCP over in segments above the MTU: every port gets AF_PACKET, which carries them whole (on AF_XDP the veth's peer would cut them, at a fifth of the rate); `--io afxdp` chooses AF_XDP anyway"
+            );
+            IoChoice::AfPacket
+        }
+        None => IoChoice::Auto,
+    }
+}
+
 /// Runs `run` until SIGINT or SIGTERM, then drains and reports; SIGHUP reloads.
-pub fn run(run: LiveRun) -> SetupResult<Outcome> {
+pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
+    run.io = choose_io(&run);
     let workers = run.runtime.workers;
     let rings = RingConfig::default();
     let mut queues: Vec<LiveQueues> = (0..workers)

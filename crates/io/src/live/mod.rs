@@ -60,6 +60,14 @@ impl Interface {
     }
 }
 
+/// Whether interface `name` is a veth with TCP segmentation offload on: the hosts behind
+/// such a link hand TCP over in segments above the MTU (a veth's default), which AF_PACKET
+/// carries whole. `false` when it cannot be told.
+pub fn veth_with_tso(name: &str) -> bool {
+    sys::interface_driver(name).is_ok_and(|driver| driver == "veth")
+        && sys::interface_tso(name).unwrap_or(false)
+}
+
 /// The interfaces of this network namespace, by name.
 pub fn interface_names() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
@@ -802,6 +810,32 @@ mod tests {
         ip(&["link", "add", "va", "type", "veth", "peer", "name", "vb"]);
         ip(&["link", "set", "va", "up"]);
         ip(&["link", "set", "vb", "up"]);
+    }
+
+    /// A veth with TSO on (its default) is told apart from one with TSO off and from
+    /// loopback, as `--io auto` needs it.
+    #[test]
+    fn a_veth_with_tso_on_is_told_apart() {
+        let seen = std::thread::spawn(|| {
+            veth_pair_in_a_new_namespace();
+            sys::interface_up("lo", true).expect("bring lo up");
+            let on = veth_with_tso("va");
+            let off = std::process::Command::new("ethtool")
+                .args(["-K", "va", "tso", "off"])
+                .status();
+            assert!(off.is_ok_and(|s| s.success()), "ethtool (installed?)");
+            let driver = sys::interface_driver("va").expect("va's driver");
+            (
+                on,
+                veth_with_tso("va"),
+                veth_with_tso("lo"),
+                veth_with_tso("nope"),
+                driver,
+            )
+        })
+        .join()
+        .expect("test thread");
+        assert_eq!(seen, (true, false, false, false, "veth".to_owned()));
     }
 
     /// Two workers share an interface through the fanout group: every packet of a flow, in

@@ -243,6 +243,43 @@ pub fn interface_mtu(name: &str) -> io::Result<u32> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu }.max(0) as u32)
 }
 
+/// Runs the ethtool command at the start of `request` (its first 32-bit word, in the
+/// host's byte order) on interface `name`; the kernel writes its answer into `request`.
+fn ethtool(name: &str, request: &mut [u8]) -> io::Result<()> {
+    let fd = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    let mut req = ifreq(name)?;
+    req.ifr_ifru.ifru_data = request.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL reads the name in `req` and the command at `ifru_data`, and
+    // writes at most the command's own structure there: each caller's `request` is the
+    // size of the structure its command takes.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
+        return Err(last_error());
+    }
+    Ok(())
+}
+
+/// The name of the driver of interface `name` (`veth`, `mlx5_core`, ...).
+pub fn interface_driver(name: &str) -> io::Result<String> {
+    const ETHTOOL_GDRVINFO: u32 = 0x03;
+    // `struct ethtool_drvinfo`: the command, then the driver's name in 32 bytes, ...
+    let mut info = [0u8; 196];
+    info[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+    ethtool(name, &mut info)?;
+    let driver = &info[4..36];
+    let end = driver.iter().position(|&b| b == 0).unwrap_or(driver.len());
+    Ok(String::from_utf8_lossy(&driver[..end]).into_owned())
+}
+
+/// Whether interface `name` has TCP segmentation offload (TSO) on.
+pub fn interface_tso(name: &str) -> io::Result<bool> {
+    const ETHTOOL_GTSO: u32 = 0x1e;
+    // `struct ethtool_value`: the command, then the answer.
+    let mut value = [0u8; 8];
+    value[..4].copy_from_slice(&ETHTOOL_GTSO.to_ne_bytes());
+    ethtool(name, &mut value)?;
+    Ok(value[4..8] != [0; 4])
+}
+
 /// Sets the MTU of interface `name` (tests: loopback down to an Ethernet MTU).
 #[cfg(test)]
 pub fn set_interface_mtu(name: &str, mtu: u32) -> io::Result<()> {
