@@ -360,10 +360,7 @@ impl PacketRx {
             if let Some(program) = program {
                 // The group's program: each member sets the same one. Until the first has,
                 // the kernel sends every packet to member 0.
-                let code = libc::sock_fprog {
-                    len: program.len() as u16,
-                    filter: program.as_ptr().cast_mut(),
-                };
+                let code = filter_program(&program);
                 set_option(
                     &fd,
                     iface,
@@ -639,6 +636,20 @@ impl PacketRx {
         self.counters.rx_bytes += frame_len as u64;
         Taken::Pushed
     }
+}
+
+/// A `struct sock_fprog` naming `program`, as bytes: the struct has padding after its
+/// 16-bit length, which the kernel reads with the rest and which must be initialised.
+fn filter_program(program: &[libc::sock_filter]) -> [u8; std::mem::size_of::<libc::sock_fprog>()] {
+    let mut code = [0u8; std::mem::size_of::<libc::sock_fprog>()];
+    let len = std::mem::offset_of!(libc::sock_fprog, len);
+    let filter = std::mem::offset_of!(libc::sock_fprog, filter);
+    // A classic BPF program has at most BPF_MAXINSNS (4096) instructions.
+    let count = u16::try_from(program.len()).unwrap_or(u16::MAX);
+    code[len..len + 2].copy_from_slice(&count.to_ne_bytes());
+    let address = program.as_ptr() as usize;
+    code[filter..filter + std::mem::size_of::<usize>()].copy_from_slice(&address.to_ne_bytes());
+    code
 }
 
 /// The piece size of a large TCP segment, if `header` (its `virtio_net_hdr`) says the
