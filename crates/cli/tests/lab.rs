@@ -498,6 +498,64 @@ fn auto_io_gives_veths_with_tso_on_af_packet_and_carries_their_large_segments() 
     );
 }
 
+/// A TCP segment above 64 KiB (BIG TCP: a sender whose `gso_max_size` is raised) is larger
+/// than a burst of 8 holds: it is dropped, counted and named, and the port goes on
+/// forwarding (waiting for a burst with room for it would have stopped the port for good).
+#[test]
+fn a_segment_above_64_kib_is_dropped_and_named_and_the_port_goes_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_with("line.toml", "tbigtcp", Some("afpacket"));
+    stop_switch(&lab, "s1");
+    offloads_on(&lab);
+    for (host, addr) in [("h1", "2001:db8::1/64"), ("h2", "2001:db8::2/64")] {
+        let set = |args: &[&str]| {
+            let out = lab.exec(host, args);
+            assert!(out.status.success(), "{args:?}: {}", text(&out));
+        };
+        set(&["ip", "-6", "addr", "add", addr, "dev", "eth0", "nodad"]);
+        set(&["ip", "link", "set", "eth0", "gso_max_size", "150000"]);
+    }
+    let config = lab_file(&lab, "s1.toml");
+    let small_burst = lab_file(&lab, "s1-burst8.toml");
+    let text_of = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&small_burst, format!("burst = 8\n{text_of}")).unwrap();
+    let ns = format!("sp-{}-s1", lab.name);
+    let run = start_in(&ns, &["run", "--config"], &small_burst);
+    let server = lab.exec("h2", &["iperf3", "-s", "-1", "-D", "-B", "2001:db8::2"]);
+    assert!(server.status.success(), "{}", text(&server));
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = lab.exec(
+        "h1",
+        &[
+            "timeout",
+            "10",
+            "iperf3",
+            "-6",
+            "-c",
+            "2001:db8::2",
+            "-t",
+            "2",
+        ],
+    );
+    let ping = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    let metrics = metric_lines(&lab, "s1");
+    assert!(kill("-TERM", &run_of(&run)));
+    let out = run.wait_with_output().unwrap();
+    assert!(text(&ping).contains("3 received"), "{}", text(&ping));
+    assert!(
+        port_count(&metrics, "rx_oversize", "p0") > Some(0),
+        "{metrics}"
+    );
+    assert!(
+        text(&out).contains("p0: dropped a ") && text(&out).contains("BIG TCP"),
+        "{}",
+        text(&out)
+    );
+}
+
 /// Brings `topology` up on AF_PACKET with every host's and switch port's offloads on (but
 /// s1's p1's checksum offload, and so its TSO, unless `p1_checksums`), and moves 8 MiB
 /// from h1 to h2.

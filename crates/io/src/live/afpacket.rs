@@ -470,7 +470,7 @@ impl PacketRx {
             "a monitor does not take such frames"
         };
         log::warn!(
-            "{}: dropped a {wire_len}-byte frame, larger than its MTU ({}) allows; {carried}. The sender has a larger MTU, or hands UDP over unsegmented (UDP GSO): turn segmentation off where the frames come from, e.g. `ethtool -K <the veth's other end> tso off gso off gro off tx off`, or match the MTUs. Further ones are counted (rx_oversize).",
+            "{}: dropped a {wire_len}-byte frame, larger than its MTU ({}) allows; {carried}. The sender has a larger MTU, hands UDP over unsegmented (UDP GSO), or TCP in segments above 64 KiB (BIG TCP): turn segmentation off where the frames come from, e.g. `ethtool -K <the veth's other end> tso off gso off gro off tx off`, keep its segments to 64 KiB (`ip link set <dev> gso_max_size 65536`), or match the MTUs. Further ones are counted (rx_oversize).",
             self.name,
             self.mtu
         );
@@ -575,7 +575,10 @@ impl PacketRx {
         let tag = if vlan.is_some() { 4 } else { 0 };
         let frame_len = snaplen + tag;
         if status & libc::TP_STATUS_COPY != 0 {
-            if !burst.has_room(wire_len as usize + tag) {
+            // One larger than any burst holds is read and dropped here: waiting for room
+            // for it would stop the port for good.
+            let fits = wire_len as usize + tag <= MAX_FRAME;
+            if fits && !burst.has_room(wire_len as usize + tag) {
                 return Taken::BurstFull;
             }
             return self.take_large(wire_len, ts_ns, vlan, burst, port);
@@ -793,8 +796,8 @@ impl PacketTx {
     /// [`PacketTx::send`] for a frame that may be a large segment (`segment_size` above 0,
     /// [`stateplane_runtime::PacketDesc::segment_size`]): the kernel finishes its checksum
     /// and cuts it into pieces of that size, or hands it whole to a peer that takes it so.
-    /// One a program made into something else than TCP over IP cannot be cut: dropped and
-    /// counted as oversize.
+    /// One a program made into something other than TCP over IP cannot be cut: dropped
+    /// and counted as oversize.
     pub fn send_segment(&mut self, frame: &[u8], segment_size: u16) -> bool {
         let tagged = frame.len() >= 14 && matches!(read_be16(frame, 12), 0x8100 | 0x88a8);
         if segment_size == 0 && frame.len() > self.max_len + if tagged { 4 } else { 0 } {
