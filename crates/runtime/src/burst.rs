@@ -39,7 +39,7 @@ pub struct PacketDesc {
     /// Free bytes before `offset` that belong to this packet (set by the burst).
     pub headroom: u8,
     /// A large segment's piece size; 0 for any other packet. A live port that receives a
-    /// TCP or UDP segment whole where its sender left the cutting to a device (GSO, GRO)
+    /// TCP segment whole where its sender left the cutting to a device (TSO, GSO, GRO)
     /// sets it to the size of the pieces the sender asked for; such a packet's transport
     /// checksum is left partial (its pseudo-header's sum), for the device that cuts it.
     pub segment_size: u16,

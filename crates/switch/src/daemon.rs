@@ -292,8 +292,8 @@ fn claim_rings(run: &LiveRun, iface: &str, rings: &RingConfig) -> SetupResult<()
 /// The I/O of a run that asked for `auto`: AF_PACKET for every port when one of them is a
 /// veth with TSO on, whose hosts hand TCP over in segments above the MTU (a veth's
 /// default): AF_PACKET carries them whole, while an XDP program on a veth has the kernel
-/// take TSO from its peer, which then cuts every segment itself (TCP 15.05 against 2.25
-/// Gbit/s, docs/BENCHMARKS.md). Otherwise as asked.
+/// take TSO from its peer, which then cuts every segment itself (TCP through the lab's
+/// veths: 16.47 against 2.21 Gbit/s, docs/BENCHMARKS.md). Otherwise as asked.
 fn choose_io(run: &LiveRun) -> IoChoice {
     if run.io != IoChoice::Auto {
         return run.io;
@@ -301,7 +301,7 @@ fn choose_io(run: &LiveRun) -> IoChoice {
     match run.interfaces.iter().find(|i| live::veth_with_tso(i)) {
         Some(iface) => {
             log::info!(
-                "{iface}: a veth with TSO on, whose hosts hand TCP over in segments above the MTU: every port gets AF_PACKET, which carries them whole (on AF_XDP the veth's peer would cut them, at a fifth of the rate); `--io afxdp` chooses AF_XDP anyway"
+                "{iface}: a veth with TSO on, whose hosts hand TCP over in segments above the MTU: every port gets AF_PACKET, which carries them whole (on AF_XDP the veth's peer would cut them, and TCP would move several times slower); `--io afxdp` chooses AF_XDP anyway"
             );
             IoChoice::AfPacket
         }
