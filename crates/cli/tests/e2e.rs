@@ -194,6 +194,29 @@ fn errors_name_the_field_and_the_fix() {
         String::from_utf8_lossy(&bin().args(["run", "-i"]).arg(&sll).output().unwrap().stderr)
             .into_owned();
     assert!(err.contains("link type 276 (LINUX_SLL2"), "{err}");
+    // In pcapng too, as the file opens: the error alone, no summary of a run of nothing.
+    let sll_ng = tmp("sll.pcapng");
+    ok(bin()
+        .args(["gen", "internet", "--packets", "10", "-o"])
+        .arg(&sll_ng)
+        .output()
+        .unwrap());
+    let mut bytes = std::fs::read(&sll_ng).unwrap();
+    bytes[28 + 8..28 + 10].copy_from_slice(&113u16.to_le_bytes()); // the first IDB's
+    std::fs::write(&sll_ng, bytes).unwrap();
+    let out = (bin().args(["run", "forward", "-o"]))
+        .arg(tmp("sll-out.pcap"))
+        .arg("-i")
+        .arg(&sll_ng)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success());
+    assert!(stderr.contains("link type 113 (LINUX_SLL"), "{stderr}");
+    assert!(!stdout.contains("packets in"), "{stdout}");
 }
 
 /// The control API's endpoint: a TCP address beyond loopback is refused unless TLS and a

@@ -296,7 +296,31 @@ impl<R: BufRead> PcapngReader<R> {
         };
         reader.section.read(&reader.block, endian, 0)?;
         reader.at_byte = reader.block.len() as u64;
+        reader.read_leading_interfaces()?;
         Ok(reader)
+    }
+
+    /// Reads the interface descriptions that follow the section header at once (where
+    /// every writer puts them), so that an interface of a link type this reader refuses is
+    /// refused as the file opens, before a run starts. Stops at the first other block, or
+    /// at one not yet buffered whole: the next record reads it.
+    fn read_leading_interfaces(&mut self) -> Result<(), CaptureError> {
+        loop {
+            let buffered = self.r.fill_buf()?;
+            let Some(head) = buffered.first_chunk() else {
+                return Ok(());
+            };
+            if self.section.endian.u32(head, 0) != IDB {
+                return Ok(());
+            }
+            let (len, endian) = block_len(head, self.section.endian, self.at_byte)?;
+            let Some(block) = buffered.get(..len) else {
+                return Ok(());
+            };
+            self.section.read(block, endian, self.at_byte)?;
+            self.at_byte += len as u64;
+            self.r.consume(len);
+        }
     }
 
     /// Reads the next block whole into `self.block`, whose first `have` bytes are there
@@ -530,6 +554,11 @@ mod tests {
         bytes[28 + 8] = 113; // the IDB's link type
         let err = read(&bytes).err().unwrap();
         assert!(err.to_string().contains("113 (LINUX_SLL"), "{err}");
+        // As the file opens, before any record is asked for.
+        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        let opened = PcapngReader::after_magic(&bytes[4..], magic);
+        let err = opened.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("113 (LINUX_SLL"), "{err}");
     }
 
     #[test]
