@@ -433,18 +433,23 @@ impl PacketRx {
     }
 
     /// The `virtio_net_hdr` before the frame at `mac` in its slot (a switch's ring).
-    fn vnet_header(&self, mac: usize) -> Option<&[u8]> {
+    fn vnet_header(&self, mac: usize) -> Option<[u8; VNET_HEADER_LEN]> {
         (mac.checked_sub(VNET_HEADER_LEN))
             .filter(|_| self.vnet)
             .and_then(|at| self.ring.bytes(at, VNET_HEADER_LEN))
+            .and_then(|header| header.try_into().ok())
     }
 
     /// Finishes, in its slot, the transport checksum of the `len`-byte frame at `mac` if
-    /// its `virtio_net_hdr` says the sender left it partial. The header's offsets count
-    /// the VLAN tag (`tag` bytes) the kernel took out of the frame. `false` if they lie
-    /// outside it.
-    fn finish_partial_checksum(&mut self, mac: usize, len: usize, tag: usize) -> bool {
-        let Some(header) = self.vnet_header(mac) else {
+    /// its `virtio_net_hdr` (`header`) says the sender left it partial. The header's
+    /// offsets count the VLAN tag (`tag` bytes) the kernel took out of the frame. `false`
+    /// if they lie outside it.
+    fn finish_partial_checksum(
+        &mut self,
+        (mac, len, tag): (usize, usize, usize),
+        header: Option<&[u8; VNET_HEADER_LEN]>,
+    ) -> bool {
+        let Some(header) = header else {
             return true;
         };
         if header[vnet::FLAGS] & vnet::NEEDS_CSUM == 0 {
@@ -600,7 +605,8 @@ impl PacketRx {
             self.counters.rx_errors += 1;
             return Taken::Dropped;
         }
-        if let Some(segment_size) = self.vnet_header(mac).and_then(tcp_segment_size) {
+        let header = self.vnet_header(mac);
+        if let Some(segment_size) = header.as_ref().and_then(|h| tcp_segment_size(h)) {
             // A large segment small enough for its slot (GRO joins what arrives).
             let Some(data) = self.ring.bytes(mac, snaplen) else {
                 self.counters.rx_errors += 1;
@@ -617,7 +623,7 @@ impl PacketRx {
         if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
             self.counters.rx_partial_checksum += 1;
         }
-        if !self.finish_partial_checksum(mac, snaplen, tag) {
+        if !self.finish_partial_checksum((mac, snaplen, tag), header.as_ref()) {
             self.counters.rx_errors += 1;
             return Taken::Dropped;
         }
