@@ -123,6 +123,14 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
             }
             w.flush().unwrap();
             write("capture", &format!("{i}-{format:?}"), &bytes);
+            // The same records under each other link type read: their headers are taken
+            // as that type's, and the rest as what follows it.
+            if format == CaptureFormat::PcapMicro {
+                for linktype in [0u32, 101, 108, 113, 228, 229, 276] {
+                    bytes[20..24].copy_from_slice(&linktype.to_le_bytes());
+                    write("capture", &format!("{i}-{format:?}-{linktype}"), &bytes);
+                }
+            }
         }
     }
 

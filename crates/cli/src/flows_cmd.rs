@@ -14,8 +14,9 @@ use std::sync::atomic::Ordering;
 
 #[derive(clap::Args)]
 pub struct FlowsArgs {
-    /// Capture files to read (pcap or pcapng), merged by time; timestamps come from them.
-    /// `-` reads standard input (e.g. `tcpdump -w - | stateplane flows -i - ...`).
+    /// Capture files to read (pcap or pcapng; Ethernet, Linux cooked as `tcpdump -i any`
+    /// writes, raw IP or loopback), merged by time; timestamps come from them. `-` reads
+    /// standard input (e.g. `tcpdump -i any -w - | stateplane flows -i - ...`).
     #[arg(long = "in", short = 'i')]
     pub inputs: Vec<PathBuf>,
     /// Interfaces to capture from instead (runs until SIGINT or SIGTERM): copies of what

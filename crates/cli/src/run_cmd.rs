@@ -17,7 +17,8 @@ pub struct RunArgs {
     /// A TOML configuration (see docs/cli.md).
     #[arg(long, short)]
     pub config: Option<PathBuf>,
-    /// An input capture (pcap or pcapng); repeat for several ports, named in0, in1, ...
+    /// An input capture (pcap or pcapng; Ethernet, or Linux cooked, raw IP or loopback
+    /// behind a synthesized Ethernet header); repeat for several ports, named in0, in1, ...
     #[arg(long = "in", short = 'i')]
     pub inputs: Vec<PathBuf>,
     /// The output capture, port `out` (after the inputs); `.pcapng` writes pcapng.

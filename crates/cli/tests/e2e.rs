@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{bin, interrupted_mid_input, ok, refused, tmp};
+use common::{bin, interrupted_mid_input, ok, refused, tmp, tool};
 use stateplane_io::capture::read_all;
 use std::path::Path;
-use std::process::Command;
 
 fn generate_trace(workload: &str, packets: u32, path: &Path) {
     generate_with(workload, packets, path, &[]);
@@ -28,21 +27,6 @@ fn generate_with(workload: &str, packets: u32, path: &Path, extra: &[&str]) {
         .arg(path)
         .output()
         .unwrap());
-}
-
-/// A tool the test command installs; its absence is a failure, not a skip.
-fn tool(name: &str) -> Command {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        found,
-        "{name} is not installed: run scripts/test.sh, which installs it (apt-get install tshark tcpdump)"
-    );
-    Command::new(name)
 }
 
 #[test]
@@ -185,29 +169,28 @@ fn errors_name_the_field_and_the_fix() {
         "gen writes a capture file, not standard output",
     );
     assert!(!Path::new("-").exists());
-    // A capture of another link type is refused by name.
+    // A capture of a link type no switch sees is refused by name, with those it reads.
     let mut bytes = std::fs::read(&input).unwrap();
-    bytes[20..24].copy_from_slice(&276u32.to_le_bytes());
-    let sll = tmp("sll.pcap");
-    std::fs::write(&sll, bytes).unwrap();
-    let err =
-        String::from_utf8_lossy(&bin().args(["run", "-i"]).arg(&sll).output().unwrap().stderr)
-            .into_owned();
-    assert!(err.contains("link type 276 (LINUX_SLL2"), "{err}");
+    bytes[20..24].copy_from_slice(&127u32.to_le_bytes());
+    let radiotap = tmp("radiotap.pcap");
+    std::fs::write(&radiotap, bytes).unwrap();
+    let err = (bin().args(["run", "-i"]).arg(&radiotap).output().unwrap()).stderr;
+    let err = String::from_utf8_lossy(&err).into_owned();
+    assert!(err.contains("link type 127 (IEEE802_11_RADIOTAP) is not one Stateplane reads: it reads Ethernet (1), Linux cooked SLL (113) and SLL2 (276)"), "{err}");
     // In pcapng too, as the file opens: the error alone, no summary of a run of nothing.
-    let sll_ng = tmp("sll.pcapng");
+    let wifi_ng = tmp("wifi.pcapng");
     ok(bin()
         .args(["gen", "internet", "--packets", "10", "-o"])
-        .arg(&sll_ng)
+        .arg(&wifi_ng)
         .output()
         .unwrap());
-    let mut bytes = std::fs::read(&sll_ng).unwrap();
-    bytes[28 + 8..28 + 10].copy_from_slice(&113u16.to_le_bytes()); // the first IDB's
-    std::fs::write(&sll_ng, bytes).unwrap();
+    let mut bytes = std::fs::read(&wifi_ng).unwrap();
+    bytes[28 + 8..28 + 10].copy_from_slice(&105u16.to_le_bytes()); // the first IDB's
+    std::fs::write(&wifi_ng, bytes).unwrap();
     let out = (bin().args(["run", "forward", "-o"]))
-        .arg(tmp("sll-out.pcap"))
+        .arg(tmp("wifi-out.pcap"))
         .arg("-i")
-        .arg(&sll_ng)
+        .arg(&wifi_ng)
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -215,7 +198,7 @@ fn errors_name_the_field_and_the_fix() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(!out.status.success());
-    assert!(stderr.contains("link type 113 (LINUX_SLL"), "{stderr}");
+    assert!(stderr.contains("link type 105 (IEEE802_11"), "{stderr}");
     assert!(!stdout.contains("packets in"), "{stdout}");
 }
 
@@ -533,6 +516,98 @@ fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
             "editcap -F {format}"
         );
     }
+}
+
+/// What `tcpdump -i any` writes (Linux cooked capture v2, link type 276): 10 datagrams
+/// the test sends on loopback. `flows` counts them as tcpdump does, in one flow of their
+/// bytes; `run` hands them to a program behind a synthesized Ethernet header, and writes an
+/// Ethernet capture that tshark reads as the same datagrams.
+#[test]
+fn a_capture_by_tcpdump_on_any_interface_is_read_whole() {
+    // The datagrams go to a socket of the test's own, so nothing else answers them.
+    let receiver = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = receiver.local_addr().unwrap().port();
+    let capture = tmp("any.pcap");
+    let mut tcpdump = tool("tcpdump")
+        .args(["-i", "any", "-nn", "-U", "-c", "10", "-w"])
+        .arg(&capture)
+        .arg(format!("udp and dst port {port} and host 127.0.0.1"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its first line of standard error says it listens (or why it cannot).
+    let mut err = std::io::BufReader::new(tcpdump.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("listening on") {
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut err, &mut line).unwrap() == 0 {
+            panic!("tcpdump -i any did not start (it needs root): {said}");
+        }
+        said += &line;
+    }
+    assert!(said.contains("LINUX_SLL2"), "{said}");
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 1..=10 {
+        socket.send_to(&vec![b'x'; i], ("127.0.0.1", port)).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tcpdump.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            tcpdump.kill().unwrap();
+            panic!("tcpdump did not see 10 datagrams in 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let read_by_tcpdump = ok(tool("tcpdump")
+        .args(["-nn", "-r"])
+        .arg(&capture)
+        .output()
+        .unwrap());
+    assert_eq!(read_by_tcpdump.lines().count(), 10, "{read_by_tcpdump}");
+    let csv = tmp("any.csv");
+    let summary = ok(bin()
+        .args(["flows", "--summary-json", "-i"])
+        .arg(&capture)
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let summary: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+    assert_eq!(
+        (summary["packets"].as_u64(), summary["not_ip"].as_u64()),
+        (Some(10), Some(0))
+    );
+    let records = std::fs::read_to_string(&csv).unwrap();
+    // One flow: 10 packets of 28 header bytes and 1 to 10 payload bytes.
+    let row = records.lines().nth(1).unwrap();
+    assert!(row.contains(&format!(",{port},17,10,335,")), "{records}");
+    let out = tmp("any-out.pcap");
+    ok(bin()
+        .args(["run", "forward", "-i"])
+        .arg(&capture)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap());
+    let fields = ok(tool("tshark")
+        .args(["-n", "-r"])
+        .arg(&out)
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "eth.type",
+            "-e",
+            "udp.dstport",
+            "-e",
+            "udp.length",
+        ])
+        .output()
+        .unwrap());
+    let want: Vec<String> = (1..=10)
+        .map(|i| format!("0x0800\t{port}\t{}", 8 + i))
+        .collect();
+    assert_eq!(fields.lines().collect::<Vec<_>>(), want);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, interrupted_mid_input, ok, refused, tmp};
+use common::{bin, interrupted_mid_input, ok, refused, tmp, tool};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::flow_stats::Fate;
 use stateplane_flows::ipfix::Decoder;
@@ -676,6 +676,173 @@ fn pcapng_input_gives_the_same_records_as_pcap() {
     refused(
         &[&args[..], &inputs].concat(),
         "--read-ahead chunks reads one capture file",
+    );
+}
+
+/// `frame` (Ethernet, untagged IP) with its Ethernet header replaced by the header of
+/// link type `linktype` (for the Linux cooked ones: received on interface 3 from the
+/// frame's source MAC), and its length on the wire changed to match.
+fn as_link_type(frame: &[u8], orig_len: u32, linktype: u32) -> (Vec<u8>, u32) {
+    let (source, ethertype, rest) = (&frame[6..12], &frame[12..14], &frame[14..]);
+    let header = match linktype {
+        1 => frame[..14].to_vec(),
+        113 => [&[0, 0, 0, 1, 0, 6][..], source, &[0, 0], ethertype].concat(),
+        276 => [ethertype, &[0, 0, 0, 0, 0, 3, 0, 1, 0, 6], source, &[0, 0]].concat(),
+        101 => Vec::new(),
+        // BSD loopback: AF_INET, or macOS's AF_INET6, in little-endian order.
+        0 if ethertype == [8, 0] => 2u32.to_le_bytes().to_vec(),
+        0 => 30u32.to_le_bytes().to_vec(),
+        _ => unreachable!("no such link type here"),
+    };
+    let orig_len = orig_len - 14 + header.len() as u32;
+    ([header, rest.to_vec()].concat(), orig_len)
+}
+
+/// Appends the little-endian words `words` to `out`.
+fn words(out: &mut Vec<u8>, words: &[u32]) {
+    (words.iter()).for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
+}
+
+/// A pcapng section header (version 1.0, length not given).
+fn pcapng_section() -> Vec<u8> {
+    let mut out = Vec::new();
+    words(
+        &mut out,
+        &[0x0a0d_0d0a, 28, 0x1a2b_3c4d, 1, u32::MAX, u32::MAX, 28],
+    );
+    out
+}
+
+/// Appends a pcapng interface description of link type `linktype`, in microseconds.
+fn pcapng_interface(out: &mut Vec<u8>, linktype: u32) {
+    words(out, &[1, 20, linktype, 262_144, 20]);
+}
+
+/// Appends an enhanced packet block of `data` on interface `interface`.
+fn pcapng_packet(out: &mut Vec<u8>, interface: u32, ts_ns: u64, data: &[u8], orig_len: u32) {
+    let micros = ts_ns / 1000;
+    let padded = data.len().next_multiple_of(4);
+    let total = 32 + padded as u32;
+    let (high, low) = ((micros >> 32) as u32, micros as u32);
+    words(
+        out,
+        &[6, total, interface, high, low, data.len() as u32, orig_len],
+    );
+    out.extend_from_slice(data);
+    out.resize(out.len() + padded - data.len(), 0);
+    words(out, &[total]);
+}
+
+/// `frames` (Ethernet, untagged IP) as a capture of link type `linktype`
+/// ([`as_link_type`]), in pcap or pcapng.
+fn host_capture(frames: &[(u64, Vec<u8>, u32)], linktype: u32, pcapng: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    if pcapng {
+        out = pcapng_section();
+        pcapng_interface(&mut out, linktype);
+    } else {
+        // Microsecond pcap: magic, version 2.4, zone, sigfigs, snap length, link type.
+        words(
+            &mut out,
+            &[0xa1b2_c3d4, 0x0004_0002, 0, 0, 262_144, linktype],
+        );
+    }
+    for (ts_ns, frame, orig_len) in frames {
+        let (data, orig_len) = as_link_type(frame, *orig_len, linktype);
+        if pcapng {
+            pcapng_packet(&mut out, 0, *ts_ns, &data, orig_len);
+        } else {
+            let (secs, micros) = (ts_ns / 1_000_000_000, ts_ns % 1_000_000_000 / 1000);
+            words(
+                &mut out,
+                &[secs as u32, micros as u32, data.len() as u32, orig_len],
+            );
+            out.extend_from_slice(&data);
+        }
+    }
+    out
+}
+
+/// Captures a host makes (Linux cooked SLL and SLL2 from `tcpdump -i any`, raw IP, BSD
+/// loopback), in pcap and pcapng, give the records of the Ethernet capture they were made
+/// from, one packet counted per record, with one worker or two, and tshark counts as many
+/// packets in each. Where a cooked interface is described after packets of an Ethernet
+/// one, a stream reads both, and the workers' chunks refuse it with the way out.
+#[test]
+fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
+    let generated = tmp("host-generated.pcap");
+    generate(5_000, 11, &generated);
+    let frames: Vec<_> = (stateplane_io::capture::read_all(&generated)
+        .unwrap()
+        .into_iter())
+    .filter(|(_, f, _)| f.len() >= 34 && (f[12..14] == [8, 0] || f[12..14] == [0x86, 0xdd]))
+    .collect();
+    assert!(frames.len() > 4_000, "{} untagged IP frames", frames.len());
+    let ethernet = tmp("host-ethernet.pcap");
+    std::fs::write(&ethernet, host_capture(&frames, 1, false)).unwrap();
+    let want = sorted_records(&ethernet, &[], "host-ethernet.csv");
+    assert!(want.len() > 300, "{} records", want.len());
+    for (linktype, pcapng) in [
+        (113, false),
+        (276, false),
+        (276, true),
+        (101, false),
+        (0, false),
+        (0, true),
+    ] {
+        let name = format!("host-{linktype}.{}", if pcapng { "pcapng" } else { "pcap" });
+        let path = tmp(&name);
+        std::fs::write(&path, host_capture(&frames, linktype, pcapng)).unwrap();
+        let counted = ok(tool("capinfos")
+            .args(["-M", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap());
+        let want_count = format!("Number of packets:   {}", frames.len());
+        assert!(counted.contains(&want_count), "{name}: {counted}");
+        for workers in ["1", "2"] {
+            let flags = ["--workers", workers];
+            let got = sorted_records(&path, &flags, &format!("{name}-{workers}.csv"));
+            assert_eq!(got, want, "{name}, {workers} workers");
+        }
+        let summary = ok(bin()
+            .args(["flows", "--summary-json", "--csv", "/dev/null", "-i"])
+            .arg(&path)
+            .output()
+            .unwrap());
+        let summary: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+        assert_eq!(summary["packets"], frames.len(), "{name}: {summary}");
+        assert_eq!(summary["not_ip"], 0, "{name}: {summary}");
+    }
+    // An Ethernet interface, its packets, then a cooked one described.
+    let mut mixed = pcapng_section();
+    pcapng_interface(&mut mixed, 1);
+    let (half, rest) = frames.split_at(frames.len() / 2);
+    for (ts_ns, frame, orig_len) in half {
+        pcapng_packet(&mut mixed, 0, *ts_ns, frame, *orig_len);
+    }
+    pcapng_interface(&mut mixed, 276);
+    for (ts_ns, frame, orig_len) in rest {
+        let (data, orig_len) = as_link_type(frame, *orig_len, 276);
+        pcapng_packet(&mut mixed, 1, *ts_ns, &data, orig_len);
+    }
+    let path = tmp("host-mixed.pcapng");
+    std::fs::write(&path, mixed).unwrap();
+    let on = ["--workers", "2", "--read-ahead", "on"];
+    assert_eq!(sorted_records(&path, &on, "host-mixed.csv"), want);
+    let path = path.to_str().unwrap();
+    let chunks = [
+        "flows",
+        "--workers",
+        "2",
+        "--read-ahead",
+        "chunks",
+        "--csv",
+        "/dev/null",
+    ];
+    refused(
+        &[&chunks[..], &["-i", path]].concat(),
+        "is on an interface of link type 276 (LINUX_SLL2 (Linux cooked capture v2, e.g. tcpdump -i any)), described after the file's start: chunks are read from Ethernet captures only; read it with --read-ahead on",
     );
 }
 

@@ -1,6 +1,7 @@
 //! The format-independent face of capture files: records, errors, and a reader and writer
 //! that pick pcap or pcapng (from the file's magic number, or the output's extension).
 
+use crate::link::{LinkType, READ_LINK_TYPES, linktype_name};
 use crate::{pcap, pcapng};
 use stateplane_runtime::{RxPacket, RxPort, TxPort};
 use std::fmt;
@@ -15,6 +16,27 @@ pub struct Record<'a> {
     pub ts_ns: u64,
     pub data: &'a [u8],
     pub orig_len: u32,
+    /// What `data` starts with; [`CaptureReader`] hands out Ethernet frames only.
+    pub link: LinkType,
+}
+
+impl<'a> Record<'a> {
+    /// This record as an Ethernet frame: itself where it is one, else written into
+    /// `frame` with a synthesized header (see [`LinkType`]), its length on the wire
+    /// changed by as much as its header.
+    pub fn as_ethernet(self, frame: &'a mut Vec<u8>) -> Record<'a> {
+        if self.link == LinkType::Ethernet {
+            return self;
+        }
+        self.link.write_ethernet(self.data, frame);
+        let orig_len = i64::from(self.orig_len) + frame.len() as i64 - self.data.len() as i64;
+        Record {
+            orig_len: orig_len.clamp(frame.len() as i64, i64::from(u32::MAX)) as u32,
+            data: frame,
+            link: LinkType::Ethernet,
+            ..self
+        }
+    }
 }
 
 impl<'a> From<Record<'a>> for RxPacket<'a> {
@@ -27,7 +49,7 @@ impl<'a> From<Record<'a>> for RxPacket<'a> {
     }
 }
 
-/// Link type 1, the only one Stateplane reads.
+/// Link type 1, Ethernet: what Stateplane writes.
 pub const LINKTYPE_ETHERNET: u32 = 1;
 
 /// The largest captured length a record may claim; more is a corrupt file, not a packet.
@@ -45,7 +67,7 @@ pub enum CaptureError {
     NotACapture {
         magic: u32,
     },
-    /// The capture's link type is not Ethernet.
+    /// The capture's link type is none that [`LinkType`] takes.
     UnsupportedLinkType {
         linktype: u32,
     },
@@ -58,22 +80,6 @@ pub enum CaptureError {
         at_byte: u64,
         what: &'static str,
     },
-}
-
-/// The conventional name of a link type, for messages.
-pub fn linktype_name(linktype: u32) -> &'static str {
-    match linktype {
-        0 => "NULL (BSD loopback)",
-        1 => "ETHERNET",
-        101 => "RAW (IP without a link header)",
-        105 => "IEEE802_11 (Wi-Fi)",
-        113 => "LINUX_SLL (Linux cooked capture, e.g. tcpdump -i any)",
-        127 => "IEEE802_11_RADIOTAP",
-        228 => "IPV4",
-        229 => "IPV6",
-        276 => "LINUX_SLL2 (Linux cooked capture v2, e.g. tcpdump -i any)",
-        _ => "unknown",
-    }
 }
 
 impl fmt::Display for CaptureError {
@@ -90,7 +96,7 @@ impl fmt::Display for CaptureError {
             ),
             CaptureError::UnsupportedLinkType { linktype } => write!(
                 f,
-                "link type {linktype} ({}) is not supported: Stateplane reads Ethernet captures (link type 1) only; capture on an Ethernet interface rather than 'any'",
+                "link type {linktype} ({}) is not one Stateplane reads: it reads {READ_LINK_TYPES}",
                 linktype_name(*linktype)
             ),
             CaptureError::Truncated { at_byte } => {
@@ -231,21 +237,30 @@ pub enum ChunkedCapture {
 
 impl ChunkedCapture {
     /// Opens `path`, whose format it detects from the first four bytes, and checks its
-    /// file or section header.
-    pub fn open(path: &Path) -> Result<Self, CaptureError> {
+    /// file or section header. `None` for a capture of another link type than Ethernet
+    /// (in pcapng, on the interfaces described at its start): chunks lend frames as they
+    /// lie in the file, so it is read as a stream ([`CaptureReader`]) instead.
+    pub fn open(path: &Path) -> Result<Option<Self>, CaptureError> {
         let mut file = File::open(path)?;
         let magic = read_magic(&mut file)?;
         let name = path.display().to_string();
         Ok(if pcapng::is_magic(magic) {
-            ChunkedCapture::Pcapng(pcapng::PcapngFile::after_magic(file, magic, name)?)
+            pcapng::PcapngFile::after_magic(file, magic, name)?.map(ChunkedCapture::Pcapng)
         } else {
-            ChunkedCapture::Pcap(pcap::PcapFile::after_magic(file, magic, name)?)
+            pcap::PcapFile::after_magic(file, magic, name)?.map(ChunkedCapture::Pcap)
         })
     }
 }
 
-/// A capture-file reader of either format.
-pub enum CaptureReader<R: BufRead> {
+/// A capture-file reader of either format, which hands out Ethernet frames: those of other
+/// link types it writes as Ethernet frames into a buffer of its own ([`Record::as_ethernet`]).
+pub struct CaptureReader<R: BufRead> {
+    format: FormatReader<R>,
+    /// The last record of a link type other than Ethernet, as an Ethernet frame.
+    frame: Vec<u8>,
+}
+
+enum FormatReader<R: BufRead> {
     Pcap(pcap::PcapReader<R>),
     Pcapng(pcapng::PcapngReader<R>),
 }
@@ -254,29 +269,30 @@ impl<R: BufRead> CaptureReader<R> {
     /// Detects the format from the first four bytes.
     pub fn new(mut r: R) -> Result<Self, CaptureError> {
         let magic = read_magic(&mut r)?;
-        if pcapng::is_magic(magic) {
-            Ok(CaptureReader::Pcapng(pcapng::PcapngReader::after_magic(
-                r, magic,
-            )?))
+        let format = if pcapng::is_magic(magic) {
+            FormatReader::Pcapng(pcapng::PcapngReader::after_magic(r, magic)?)
         } else {
-            Ok(CaptureReader::Pcap(pcap::PcapReader::after_magic(
-                r, magic,
-            )?))
-        }
+            FormatReader::Pcap(pcap::PcapReader::after_magic(r, magic)?)
+        };
+        Ok(CaptureReader {
+            format,
+            frame: Vec::new(),
+        })
     }
 
     pub fn next_record(&mut self) -> Result<Option<Record<'_>>, CaptureError> {
-        match self {
-            CaptureReader::Pcap(p) => p.next_record(),
-            CaptureReader::Pcapng(p) => p.next_record(),
-        }
+        let record = match &mut self.format {
+            FormatReader::Pcap(p) => p.next_record()?,
+            FormatReader::Pcapng(p) => p.next_record()?,
+        };
+        Ok(record.map(|r| r.as_ethernet(&mut self.frame)))
     }
 
     /// Bytes of the file consumed so far.
     pub fn bytes_read(&self) -> u64 {
-        match self {
-            CaptureReader::Pcap(p) => p.bytes_read(),
-            CaptureReader::Pcapng(p) => p.bytes_read(),
+        match &self.format {
+            FormatReader::Pcap(p) => p.bytes_read(),
+            FormatReader::Pcapng(p) => p.bytes_read(),
         }
     }
 }
@@ -437,6 +453,92 @@ mod tests {
             "{text}"
         );
     }
+
+    /// An SLL2 packet: IPv4, interface 2, Ethernet hardware, incoming, the sender's MAC.
+    fn sll2_packet(payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![
+            0x08, 0, 0, 0, 0, 0, 0, 2, 0, 1, 0, 6, 2, 0, 0, 0, 0, 9, 0, 0,
+        ];
+        p.extend_from_slice(payload);
+        p
+    }
+
+    /// The Ethernet frame that stands in for [`sll2_packet`].
+    fn its_ethernet_frame(payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 9, 0x08, 0];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// A pcap file of link type `linktype` holding `packets` (each with 10 more bytes on
+    /// the wire than captured), in `format`.
+    fn capture_of(linktype: u32, packets: &[Vec<u8>], format: CaptureFormat) -> Vec<u8> {
+        let mut w = CaptureWriter::new(Vec::new(), format).unwrap();
+        for (i, p) in packets.iter().enumerate() {
+            w.write(i as u64 * 1000, p, p.len() as u32 + 10).unwrap();
+        }
+        let mut bytes = match w {
+            CaptureWriter::Pcap(p) => p.into_inner(),
+            CaptureWriter::Pcapng(p) => p.into_inner(),
+        };
+        match format {
+            CaptureFormat::Pcapng => {
+                bytes[36..38].copy_from_slice(&(linktype as u16).to_le_bytes())
+            }
+            _ => bytes[20..24].copy_from_slice(&linktype.to_le_bytes()),
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_cooked_capture_reads_as_ethernet_frames_in_either_format() {
+        let payloads: [&[u8]; 3] = [&[0x45; 30], &[1, 2, 3], &[]];
+        let packets: Vec<Vec<u8>> = payloads.iter().map(|p| sll2_packet(p)).collect();
+        for format in [CaptureFormat::PcapMicro, CaptureFormat::Pcapng] {
+            let bytes = capture_of(276, &packets, format);
+            let mut r = CaptureReader::new(&bytes[..]).unwrap();
+            for (i, payload) in payloads.iter().enumerate() {
+                let rec = r.next_record().unwrap().unwrap();
+                let frame = its_ethernet_frame(payload);
+                // On the wire: 10 bytes more than captured, less the 6 the header shrank by.
+                let orig_len = frame.len() as u32 + 10;
+                assert_eq!(
+                    (rec.data, rec.orig_len, rec.ts_ns),
+                    (&frame[..], orig_len, i as u64 * 1000)
+                );
+                assert_eq!(rec.link, LinkType::Ethernet);
+            }
+            assert_eq!(r.next_record().unwrap(), None);
+        }
+        // A packet cut inside its cooked header reads as an empty frame, not an error.
+        let bytes = capture_of(276, &[vec![0x08, 0, 0]], CaptureFormat::PcapNano);
+        let mut r = CaptureReader::new(&bytes[..]).unwrap();
+        let rec = r.next_record().unwrap().unwrap();
+        assert_eq!((rec.data.len(), rec.orig_len), (0, 10));
+    }
+
+    #[test]
+    fn captures_of_other_link_types_are_not_read_in_chunks_and_others_are_refused() {
+        let path = std::env::temp_dir().join(format!("link-{}.pcap", std::process::id()));
+        for format in [CaptureFormat::PcapNano, CaptureFormat::Pcapng] {
+            let ethernet = capture_of(1, &[its_ethernet_frame(&[])], format);
+            std::fs::write(&path, ethernet).unwrap();
+            assert!(matches!(ChunkedCapture::open(&path), Ok(Some(_))));
+            std::fs::write(&path, capture_of(276, &[sll2_packet(&[])], format)).unwrap();
+            assert!(matches!(ChunkedCapture::open(&path), Ok(None)));
+            // Radiotap is no link type a switch sees: refused by name, with what is read.
+            let radiotap = capture_of(127, &[vec![0; 8]], format);
+            std::fs::write(&path, &radiotap).unwrap();
+            for err in [
+                ChunkedCapture::open(&path).err().unwrap(),
+                CaptureReader::new(&radiotap[..]).err().unwrap(),
+            ] {
+                let err = err.to_string();
+                assert!(err.starts_with("link type 127 (IEEE802_11_RADIOTAP) is not one Stateplane reads: it reads Ethernet (1), Linux cooked SLL (113)"), "{err}");
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 /// Reading a capture in chunks against reading it as a stream, for the formats' tests.
@@ -524,8 +626,9 @@ pub(crate) mod chunked_vs_streamed {
             std::fs::write(&path, &bytes[..cut]).unwrap();
             for chunk in [13, 100, bytes.len().max(1)] {
                 let met = match ChunkedCapture::open(&path) {
-                    Ok(ChunkedCapture::Pcap(file)) => chunked(&file, chunk),
-                    Ok(ChunkedCapture::Pcapng(file)) => chunked(&file, chunk),
+                    Ok(Some(ChunkedCapture::Pcap(file))) => chunked(&file, chunk),
+                    Ok(Some(ChunkedCapture::Pcapng(file))) => chunked(&file, chunk),
+                    Ok(None) => panic!("an Ethernet capture is read in chunks"),
                     Err(e) => (Vec::new(), Some(e.to_string())),
                 };
                 assert_eq!(met, streamed, "cut at {cut}, chunks of {chunk}");

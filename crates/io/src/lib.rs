@@ -8,12 +8,14 @@
 //! this host that they pace themselves by ([`receive_queue`]).
 //!
 //! Must never: interpret packets beyond what sharding needs (that is `stateplane-wire`'s),
-//! or accept a capture whose link type is not Ethernet (it says which it found instead).
+//! or hand out a frame that is not Ethernet (a capture of another link type that [`link`]
+//! takes is read through a synthesized Ethernet header; any other is refused by name).
 //! Its `unsafe` lives in `live::sys` only (sockets, rings, BPF), checked under valgrind by
 //! the test script; huge-page advice is `stateplane-mem`'s.
 
 pub mod capture;
 pub mod hugemem;
+pub mod link;
 pub mod live;
 pub mod pcap;
 pub mod pcapng;

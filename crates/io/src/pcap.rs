@@ -5,6 +5,7 @@ use crate::capture::{
     CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, partial_record, read_chunk_at,
     read_full,
 };
+use crate::link::LinkType;
 use stateplane_runtime::{ChunkedFile, FileRecord};
 use std::fs::File;
 use std::io::{self, BufRead, Write};
@@ -26,11 +27,13 @@ pub struct PcapReader<R: BufRead> {
     at_byte: u64,
 }
 
-/// What a file header says about its records: their byte order and timestamp resolution.
+/// What a file header says about its records: their byte order, timestamp resolution and
+/// link type.
 #[derive(Debug, Clone, Copy)]
 struct Format {
     endian: Endian,
     nanos: bool,
+    link: LinkType,
 }
 
 /// A record header's fields, checked.
@@ -64,10 +67,12 @@ impl Format {
         }
         // The link type's upper 16 bits may carry FCS information (pcap-linktype(7)).
         let linktype = endian.u32(&rest, 16) & 0xffff;
-        if linktype != LINKTYPE_ETHERNET {
-            return Err(CaptureError::UnsupportedLinkType { linktype });
-        }
-        Ok(Format { endian, nanos })
+        let link = LinkType::of(linktype).ok_or(CaptureError::UnsupportedLinkType { linktype })?;
+        Ok(Format {
+            endian,
+            nanos,
+            link,
+        })
     }
 
     /// The record header `header`, which lies at `at_byte` in the file, checked.
@@ -117,6 +122,7 @@ impl Format {
                 ts_ns: h.ts_ns,
                 data,
                 orig_len: h.orig_len,
+                link: self.link,
             };
             (record, len)
         }))
@@ -171,6 +177,7 @@ impl<R: BufRead> PcapReader<R> {
                 ts_ns,
                 data,
                 orig_len,
+                link: self.format.link,
             }));
         }
         let mut header = [0u8; RECORD_HEADER_LEN];
@@ -191,6 +198,7 @@ impl<R: BufRead> PcapReader<R> {
             ts_ns: h.ts_ns,
             data: &self.buf,
             orig_len: h.orig_len,
+            link: self.format.link,
         }))
     }
 }
@@ -204,13 +212,16 @@ pub struct PcapFile {
 
 impl PcapFile {
     /// Opens `file`, named `name`, whose magic (already read) is not pcapng's, for chunked
-    /// reading; its file header is checked here.
-    pub fn after_magic(mut file: File, magic: [u8; 4], name: String) -> Result<Self, CaptureError> {
-        Ok(PcapFile {
-            format: Format::after_magic(&mut file, magic)?,
-            name,
-            file,
-        })
+    /// reading; its file header is checked here. `None` for a link type other than
+    /// Ethernet: chunks lend frames as they lie in the file, so such a capture is read as
+    /// a stream, through [`crate::capture::CaptureReader`].
+    pub fn after_magic(
+        mut file: File,
+        magic: [u8; 4],
+        name: String,
+    ) -> Result<Option<Self>, CaptureError> {
+        let format = Format::after_magic(&mut file, magic)?;
+        Ok((format.link == LinkType::Ethernet).then_some(PcapFile { name, file, format }))
     }
 }
 
@@ -364,9 +375,9 @@ mod tests {
     #[test]
     fn other_link_types_are_refused_by_name() {
         let mut w = PcapWriter::new(Vec::new(), false).unwrap().into_inner();
-        w[20..24].copy_from_slice(&113u32.to_le_bytes());
+        w[20..24].copy_from_slice(&105u32.to_le_bytes());
         let err = PcapReader::new(&w[..]).err().unwrap();
-        assert!(err.to_string().contains("LINUX_SLL"), "{err}");
+        assert!(err.to_string().contains("105 (IEEE802_11"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! pcapng files (draft-ietf-opsawg-pcapng): sections, interfaces with their own link type
 //! and timestamp resolution, and the packet blocks (enhanced, simple, obsolete). Other
-//! blocks are skipped. Interfaces that are not Ethernet are refused when described.
+//! blocks are skipped. Interfaces of a link type [`LinkType`] does not take are refused
+//! when described.
 //!
 //! A block's meaning depends on the blocks before it (the section's byte order, the
 //! interfaces it has described, the last timestamp for simple packet blocks): that is a
@@ -12,6 +13,7 @@ use crate::capture::{
     CaptureError, Endian, LINKTYPE_ETHERNET, MAX_RECORD_LEN, Record, partial_record, read_chunk_at,
     read_full,
 };
+use crate::link::LinkType;
 use stateplane_runtime::{ChunkedFile, FileRecord, RxPacket};
 use std::fs::File;
 use std::io::{self, BufRead, Write};
@@ -45,10 +47,11 @@ struct Interface {
     /// common case: micro- or nanoseconds), else 0.
     ns_per_unit: u64,
     snaplen: u32,
+    link: LinkType,
 }
 
 impl Interface {
-    fn new(snaplen: u32, units_per_sec: u64, offset_secs: i64) -> Interface {
+    fn new(link: LinkType, snaplen: u32, units_per_sec: u64, offset_secs: i64) -> Interface {
         let per_unit = 1_000_000_000u64.checked_div(units_per_sec);
         let whole = per_unit.filter(|&p| p * units_per_sec == 1_000_000_000);
         Interface {
@@ -56,6 +59,7 @@ impl Interface {
             offset_secs,
             ns_per_unit: whole.filter(|_| offset_secs == 0).unwrap_or(0),
             snaplen,
+            link,
         }
     }
 
@@ -95,12 +99,14 @@ impl Default for Section {
     }
 }
 
-/// A packet in a block: where its data starts in the block, its lengths and its time.
+/// A packet in a block: where its data starts in the block, its lengths, its time and its
+/// interface's link type.
 struct Found {
     start: usize,
     caplen: usize,
     orig_len: u32,
     ts_ns: u64,
+    link: LinkType,
 }
 
 /// The length of the block that starts with `head` (at `at_byte` in the file), checked,
@@ -171,9 +177,7 @@ impl Section {
             return Err(corrupt("interface description block too short"));
         }
         let linktype = u32::from(self.endian.u16(b, 0));
-        if linktype != LINKTYPE_ETHERNET {
-            return Err(CaptureError::UnsupportedLinkType { linktype });
-        }
+        let link = LinkType::of(linktype).ok_or(CaptureError::UnsupportedLinkType { linktype })?;
         let (mut units_per_sec, mut offset_secs) = (1_000_000, 0);
         let mut at = 8;
         while at + 4 <= b.len() {
@@ -199,7 +203,7 @@ impl Section {
             at += 4 + len.next_multiple_of(4);
         }
         let snaplen = self.endian.u32(b, 4);
-        (self.interfaces).push(Interface::new(snaplen, units_per_sec, offset_secs));
+        (self.interfaces).push(Interface::new(link, snaplen, units_per_sec, offset_secs));
         Ok(())
     }
 
@@ -236,6 +240,7 @@ impl Section {
             caplen,
             orig_len: orig_len.max(caplen as u32),
             ts_ns,
+            link: iface.link,
         })
     }
 
@@ -259,6 +264,7 @@ impl Section {
             caplen: (orig_len.min(snap) as usize).min(b.len() - 4),
             orig_len,
             ts_ns: self.last_ts_ns,
+            link: iface.link,
         })
     }
 }
@@ -394,6 +400,7 @@ impl<R: BufRead> PcapngReader<R> {
             ts_ns: found.ts_ns,
             data,
             orig_len: found.orig_len,
+            link: found.link,
         }))
     }
 }
@@ -407,10 +414,19 @@ pub struct PcapngFile {
 
 impl PcapngFile {
     /// Opens `file`, named `name`, whose magic (already read) is pcapng's, for chunked
-    /// reading; its section header is checked here, as the streaming reader does.
-    pub fn after_magic(mut file: File, magic: [u8; 4], name: String) -> Result<Self, CaptureError> {
-        PcapngReader::after_magic(io::BufReader::new(&mut file), magic)?;
-        Ok(PcapngFile { name, file })
+    /// reading; its section header is checked here, as the streaming reader does. `None`
+    /// when an interface described at its start is not Ethernet: chunks lend frames as they
+    /// lie in the file, so such a capture is read as a stream, through
+    /// [`crate::capture::CaptureReader`].
+    pub fn after_magic(
+        mut file: File,
+        magic: [u8; 4],
+        name: String,
+    ) -> Result<Option<Self>, CaptureError> {
+        let reader = PcapngReader::after_magic(io::BufReader::new(&mut file), magic)?;
+        let interfaces = reader.section.interfaces;
+        let ethernet = interfaces.iter().all(|i| i.link == LinkType::Ethernet);
+        Ok(ethernet.then_some(PcapngFile { name, file }))
     }
 }
 
@@ -447,7 +463,20 @@ impl ChunkedFile for PcapngFile {
         let Some(block) = bytes.get(..len) else {
             return partial_record(bytes, at_byte, at_end);
         };
-        let packet = section.read(block, endian, at_byte)?.map(|found| RxPacket {
+        let found = section.read(block, endian, at_byte)?;
+        if let Some(found) = found.as_ref().filter(|f| f.link != LinkType::Ethernet) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "a packet at byte {at_byte} is on an interface of link type {} ({}), \
+                     described after the file's start: chunks are read from Ethernet \
+                     captures only; read it with --read-ahead on",
+                    found.link.number(),
+                    crate::link::linktype_name(found.link.number())
+                ),
+            ));
+        }
+        let packet = found.map(|found| RxPacket {
             data: &block[found.start..found.start + found.caplen],
             orig_len: found.orig_len,
             ts_ns: found.ts_ns,
@@ -549,16 +578,19 @@ mod tests {
     }
 
     #[test]
-    fn non_ethernet_interface_is_refused() {
+    fn an_interface_of_a_link_type_not_read_is_refused() {
         let mut bytes = PcapngWriter::new(Vec::new()).unwrap().into_inner();
-        bytes[28 + 8] = 113; // the IDB's link type
+        bytes[28 + 8] = 127; // the IDB's link type
         let err = read(&bytes).err().unwrap();
-        assert!(err.to_string().contains("113 (LINUX_SLL"), "{err}");
+        assert!(
+            err.to_string().contains("127 (IEEE802_11_RADIOTAP"),
+            "{err}"
+        );
         // As the file opens, before any record is asked for.
         let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
         let opened = PcapngReader::after_magic(&bytes[4..], magic);
         let err = opened.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("113 (LINUX_SLL"), "{err}");
+        assert!(err.contains("127 (IEEE802_11_RADIOTAP"), "{err}");
     }
 
     #[test]
@@ -798,7 +830,7 @@ mod tests {
             let path = std::env::temp_dir().join(format!("garbage-{}.pcapng", std::process::id()));
             std::fs::write(&path, &framed).unwrap();
             let file = match crate::capture::ChunkedCapture::open(&path) {
-                Ok(crate::capture::ChunkedCapture::Pcapng(file)) => file,
+                Ok(Some(crate::capture::ChunkedCapture::Pcapng(file))) => file,
                 _ => panic!("a pcapng header opens as pcapng"),
             };
             prop_assert_eq!(chunked(&file, 64), streamed(&framed));

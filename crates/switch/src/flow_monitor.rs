@@ -78,9 +78,9 @@ impl ReadAheadChoice {
     /// How `workers` workers read `inputs` on a machine of `cores` cores.
     fn reading(self, inputs: &[PathBuf], workers: usize, cores: usize) -> SetupResult<Reading> {
         let one_file = || match inputs {
-            [path] if !is_stdin(path) => ChunkedCapture::open(path)
-                .map(Some)
-                .map_err(|e| format!("--in {}: {e}", path.display())),
+            [path] if !is_stdin(path) => {
+                ChunkedCapture::open(path).map_err(|e| format!("--in {}: {e}", path.display()))
+            }
             _ => Ok(None),
         };
         let stdin = inputs.iter().filter(|path| is_stdin(path)).count();
@@ -100,8 +100,9 @@ impl ReadAheadChoice {
             }
             ReadAheadChoice::Off => Reading::OwnShard { ahead: false },
             ReadAheadChoice::Chunks => Reading::Chunks(one_file()?.ok_or(
-                "--read-ahead chunks reads one capture file (not several files, not \
-                 standard input): use auto, on or off",
+                "--read-ahead chunks reads one capture file of Ethernet frames (not \
+                 several files, not standard input, not another link type, whose frames \
+                 are read through a synthesized Ethernet header): use auto, on or off",
             )?),
             ReadAheadChoice::Auto if workers > 1 => {
                 one_file()?.map_or(Reading::Shared, Reading::Chunks)

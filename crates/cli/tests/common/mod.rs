@@ -119,3 +119,18 @@ pub fn interrupted_mid_input(args: &[&str], input: &[u8]) -> Output {
     assert!(err.contains("interrupted by signal 2"), "{err}");
     out
 }
+
+/// A tool the test command installs; its absence is a failure, not a skip.
+pub fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{name} is not installed: run scripts/test.sh, which installs it (apt-get install tshark tcpdump)"
+    );
+    Command::new(name)
+}
