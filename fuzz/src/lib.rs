@@ -222,7 +222,7 @@ pub fn ipfix_round_trip(data: &[u8]) {
             // Up to 24.8 days before the export, as far back as NetFlow v9's uptime reaches.
             let o = Observation {
                 ts_ns: (EXPORT_S * 1000 - u64::from(word(12) >> 1)) * 1_000_000,
-                ip_len: half(16).max(20),
+                ip_len: u32::from(half(16).max(20)),
                 ttl: c[18],
                 tos: c[19],
                 tcp_flags: c[21],

@@ -322,7 +322,7 @@ fn ipfix_records() -> Vec<stateplane_flows::FlowRecord> {
         .map(|i| {
             let o = Observation {
                 ts_ns: 1_700_000_000_000_000_000 + u64::from(i) * 1_000_000,
-                ip_len: 100 + i,
+                ip_len: 100 + u32::from(i),
                 ttl: 64,
                 tos: 0,
                 tcp_flags: 0x12,

@@ -78,8 +78,9 @@ type Packet = (FlowKey, Observation);
 
 fn trace(workload: &str, a: &BenchFlowsArgs) -> BenchResult<Vec<Packet>> {
     let mut packets = Vec::with_capacity(a.packets as usize);
-    crate::each_parsed(workload, a.packets, a.seed, |ts_ns, p, _| {
-        packets.push((p.key, Observation::of(p, ts_ns, 0, NO_PORT)));
+    crate::each_parsed(workload, a.packets, a.seed, |ts_ns, p, frame| {
+        let orig_len = frame.len() as u32;
+        packets.push((p.key, Observation::of(p, orig_len, ts_ns, 0, NO_PORT)));
     })?;
     Ok(packets)
 }

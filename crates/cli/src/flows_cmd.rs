@@ -81,22 +81,20 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
         MonitorOutcome::Files {
             flows,
             wall,
-            malformed,
+            input,
             errors,
             records_to_stdout,
             interrupted,
         } => {
-            if malformed > 0 {
-                eprintln!("{malformed} malformed packets counted and skipped");
-            }
             if args.summary_json {
-                crate::summary_output::emit(
-                    &format!("{}\n", flows.to_json(wall)),
-                    records_to_stdout,
-                );
+                let mut json = flows.to_json(wall);
+                if let Some(fields) = json.as_object_mut() {
+                    fields.extend(input.json_fields());
+                }
+                crate::summary_output::emit(&format!("{json}\n"), records_to_stdout);
             } else {
                 // Standard error: a table is for people, and records may be on standard output.
-                eprint!("{}", flows.table(wall));
+                eprint!("{}{}", flows.table(wall), input.table());
             }
             if !errors.is_empty() {
                 return Err(errors.join("; "));

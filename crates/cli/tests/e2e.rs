@@ -109,6 +109,63 @@ fn json_summary_counts_malformed_by_reason_and_loses_nothing() {
     assert_eq!(per_worker, 998, "workers saw every well-formed packet once");
 }
 
+/// A pcap output cannot hold a time past 2106: a packet forwarded to it after that is
+/// dropped as `not_written` (not counted as sent), the earlier ones are written, the run
+/// ends well; a pcapng output holds them all.
+#[test]
+fn packets_an_output_cannot_hold_are_dropped_not_sent() {
+    let input = tmp("late.pcapng");
+    generate_trace("internet", 100, &input);
+    let mut frames = read_all(&input).unwrap();
+    // The last 30 packets in 2107 (pcap's seconds field ends at 2^32 - 1, in 2106).
+    let late = 4_354_819_200 * 1_000_000_000u64;
+    for (i, f) in frames.iter_mut().enumerate().skip(70) {
+        f.0 = late + i as u64;
+    }
+    let mut w = stateplane_io::CaptureWriter::new(
+        std::fs::File::create(&input).unwrap(),
+        stateplane_io::CaptureFormat::Pcapng,
+    )
+    .unwrap();
+    for (ts, d, l) in &frames {
+        w.write(*ts, d, *l).unwrap();
+    }
+    w.flush().unwrap();
+    let late_bytes: u64 = frames[70..].iter().map(|f| f.1.len() as u64).sum();
+    for (output, written) in [("late-out.pcap", 70), ("late-out.pcapng", 100)] {
+        let out = tmp(output);
+        let run = bin()
+            .args(["run", "forward", "--workers", "2", "--json", "-i"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&ok(run.clone())).unwrap();
+        let c = &v["counters"];
+        let not_written = 100 - written;
+        assert_eq!(c["rx_packets"], 100, "{v}");
+        assert_eq!(
+            (&c["tx_packets"], &c["dropped"]),
+            (&written.into(), &not_written.into()),
+            "{v}"
+        );
+        assert_eq!(read_all(&out).unwrap().len() as u64, written);
+        assert_eq!(v["ports"][1]["tx_packets"], written, "{v}");
+        if not_written > 0 {
+            assert_eq!(v["drops"]["not_written"], not_written, "{v}");
+            let rx_bytes = c["rx_bytes"].as_u64().unwrap();
+            assert_eq!(
+                c["tx_bytes"].as_u64().unwrap(),
+                rx_bytes - late_bytes,
+                "{v}"
+            );
+            let err = String::from_utf8_lossy(&run.stderr);
+            assert!(err.contains("timestamp beyond 2106; such packets are dropped as not_written (a .pcapng output holds them)"), "{err}");
+        }
+    }
+}
+
 #[test]
 fn errors_name_the_field_and_the_fix() {
     let input = tmp("err-in.pcap");

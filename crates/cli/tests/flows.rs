@@ -846,6 +846,116 @@ fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
     );
 }
 
+/// An Ethernet frame of `ethertype` and `payload`, from 02:00:00:00:00:01.
+fn ethernet_frame(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let header = [
+        &[2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1][..],
+        &ethertype.to_be_bytes(),
+    ];
+    [&header.concat()[..], payload].concat()
+}
+
+/// A TCP segment of `payload_len` bytes from 198.18.9.9:5555 to 198.19.9.9:80, its IPv4
+/// total length 0 where it is above 64 KiB (as Linux BIG TCP and GRO capture it).
+fn big_tcp_frame(payload_len: usize) -> Vec<u8> {
+    let total = 40 + payload_len;
+    let total_field = if total > 65_535 { 0 } else { total as u16 };
+    let mut ip = vec![
+        0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0, 198, 18, 9, 9, 198, 19, 9, 9,
+    ];
+    ip[2..4].copy_from_slice(&total_field.to_be_bytes());
+    // Ports 5555 and 80, sequence and acknowledgement numbers, data offset 5, ACK.
+    let tcp = [
+        0x15, 0xb3, 0, 80, 0, 0, 0, 1, 0, 0, 0, 1, 0x50, 0x10, 0xff, 0xff, 0, 0, 0, 0,
+    ];
+    ethernet_frame(0x0800, &[&ip[..], &tcp, &vec![0x61; payload_len]].concat())
+}
+
+/// Every packet read is counted once in the summary, as `packets` (IP, in a flow), `not_ip`,
+/// malformed by reason, or `oversize` (a frame above 64 KiB that is not IP), and they add
+/// up to `read`, however the file is read. A segment above 64 KiB whose IP length field is
+/// 0 (BIG TCP) is in its flow with all its bytes.
+#[test]
+fn every_packet_read_is_counted_once_and_big_segments_are_in_their_flows() {
+    let generated = tmp("counts-generated.pcap");
+    generate(3_000, 12, &generated);
+    let mut frames = stateplane_io::capture::read_all(&generated).unwrap();
+    let ts = frames[100].0;
+    let ipv4 = (frames.iter().map(|f| f.1.clone()))
+        .find(|f| f[12..14] == [8, 0] && f.len() > 40)
+        .expect("an untagged IPv4 frame");
+    // Its IPv4 header cut short, and its version field 6: a bad header.
+    let mut version_6 = ipv4.clone();
+    version_6[14] = 0x65;
+    let extra = [
+        big_tcp_frame(80_000),
+        big_tcp_frame(100),
+        ethernet_frame(0x88b5, &[7; 46]),
+        ethernet_frame(0x88b5, &[7; 70_000]),
+        ipv4[..30].to_vec(),
+        version_6,
+    ];
+    frames.extend(extra.into_iter().map(|f| (ts, f.clone(), f.len() as u32)));
+    let path = tmp("counts.pcap");
+    let mut w = stateplane_io::CaptureWriter::new(
+        std::fs::File::create(&path).unwrap(),
+        stateplane_io::CaptureFormat::PcapNano,
+    )
+    .unwrap();
+    frames.sort_by_key(|f| f.0);
+    for (ts, f, len) in &frames {
+        w.write(*ts, f, *len).unwrap();
+    }
+    w.flush().unwrap();
+    let mut seen = Vec::new();
+    for layout in [
+        &["--workers", "1"][..],
+        &["--workers", "2", "--read-ahead", "chunks"],
+        &["--workers", "2", "--read-ahead", "on"],
+        &["--workers", "2", "--read-ahead", "off"],
+    ] {
+        let csv = tmp("counts.csv");
+        let summary = ok(bin()
+            .args(["flows", "--summary-json", "-i"])
+            .arg(&path)
+            .args(layout)
+            .arg("--csv")
+            .arg(&csv)
+            .output()
+            .unwrap());
+        let v: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+        assert_eq!(n("read"), frames.len() as u64, "{layout:?}: {v}");
+        let parts = n("packets") + n("not_ip") + n("malformed") + n("oversize");
+        assert_eq!(parts, n("read"), "{layout:?}: {v}");
+        assert_eq!(
+            (n("not_ip"), n("oversize"), n("malformed")),
+            (1, 1, 2),
+            "{layout:?}: {v}"
+        );
+        let reasons = &v["malformed_by_reason"];
+        assert_eq!(
+            (&reasons["ipv4_truncated"], &reasons["ipv4_bad_header"]),
+            (&1.into(), &1.into())
+        );
+        let rows = csv_rows(&csv);
+        let big = rows
+            .iter()
+            .find(|r| r["src"] == "198.18.9.9")
+            .expect("the big segment's flow");
+        // Both segments: 80,040 and 140 bytes of IP.
+        assert_eq!(
+            (number(big, "packets"), number(big, "bytes")),
+            (2, 80_180),
+            "{big:?}"
+        );
+        let bytes: u64 = rows.iter().map(|r| number(r, "bytes")).sum();
+        assert_eq!(bytes, n("bytes"), "{layout:?}");
+        seen.push(v["packets"].clone());
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
+
 /// The records do not depend on how the input is read (one worker or several, each worker
 /// reading for itself, one reader thread for all, or the workers reading the file's chunks
 /// in turn: 30,000 packets make a dozen chunks) nor on whether the flow tables grow or

@@ -4,8 +4,9 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
     pub ts_ns: u64,
-    /// IP total length (IPv6: payload length plus 40), the bytes nfpcapd and pmacct count.
-    pub ip_len: u16,
+    /// IP total length (IPv6: payload length plus 40), the bytes nfpcapd and pmacct count;
+    /// above 64 KiB for a segment whose IP header gives no length (`Parsed::ip_bytes`).
+    pub ip_len: u32,
     pub ttl: u8,
     pub tos: u8,
     pub tcp_flags: u8,
@@ -97,19 +98,32 @@ impl Fate {
 }
 
 impl Observation {
-    /// What parsed packet `p`, seen at `ts_ns` on `in_port` and sent to `out_port` (a
-    /// [`Fate::code`]), adds to its flow.
+    /// What parsed packet `p`, of `orig_len` bytes on the wire, seen at `ts_ns` on
+    /// `in_port` and sent to `out_port` (a [`Fate::code`]), adds to its flow.
     #[inline]
-    pub fn of(p: &stateplane_wire::Parsed, ts_ns: u64, in_port: u16, out_port: u16) -> Self {
+    pub fn of(
+        p: &stateplane_wire::Parsed,
+        orig_len: u32,
+        ts_ns: u64,
+        in_port: u16,
+        out_port: u16,
+    ) -> Self {
         Observation {
             ts_ns,
-            ip_len: p.ip_len,
+            ip_len: p.ip_bytes(orig_len),
             ttl: p.ttl,
             tos: p.tos,
             tcp_flags: p.tcp_flags,
             in_port,
             out_port,
         }
+    }
+
+    /// The IP length as the length extremes keep it: 16 bits, a segment above 64 KiB as
+    /// 65,535 (its bytes are counted whole).
+    #[inline]
+    fn len_u16(&self) -> u16 {
+        self.ip_len.min(u32::from(u16::MAX)) as u16
     }
 }
 
@@ -173,8 +187,8 @@ impl FlowStats {
             last_ns: o.ts_ns,
             iat_min_ns: u64::MAX,
             iat_max_ns: 0,
-            len_min: o.ip_len,
-            len_max: o.ip_len,
+            len_min: o.len_u16(),
+            len_max: o.len_u16(),
             in_port: o.in_port,
             out_port: o.out_port,
             ttl_min: o.ttl,
@@ -193,8 +207,8 @@ impl FlowStats {
         self.last_ns = self.last_ns.max(o.ts_ns);
         self.iat_min_ns = self.iat_min_ns.min(gap);
         self.iat_max_ns = self.iat_max_ns.max(gap);
-        self.len_min = self.len_min.min(o.ip_len);
-        self.len_max = self.len_max.max(o.ip_len);
+        self.len_min = self.len_min.min(o.len_u16());
+        self.len_max = self.len_max.max(o.len_u16());
         self.out_port = o.out_port;
         self.ttl_min = self.ttl_min.min(o.ttl);
         self.ttl_max = self.ttl_max.max(o.ttl);
@@ -393,7 +407,7 @@ mod tests {
     fn obs(ts_ns: u64, ip_len: u16, ttl: u8, flags: u8) -> Observation {
         Observation {
             ts_ns,
-            ip_len,
+            ip_len: ip_len.into(),
             ttl,
             tcp_flags: flags,
             ..Observation::default()

@@ -468,7 +468,7 @@ pub fn observation(d: &stateplane_runtime::PacketDesc) -> Observation {
         Verdict::Drop(reason) => Fate::Dropped(reason.0),
         Verdict::ToControl(_) => Fate::ToControl,
     };
-    Observation::of(&d.parsed, d.ts_ns, d.in_port, fate.code())
+    Observation::of(&d.parsed, d.orig_len, d.ts_ns, d.in_port, fate.code())
 }
 
 /// Records a family's flush hands over at a time at the end of a run: few enough that they

@@ -70,7 +70,8 @@ fn trace(workload: Workload, packets: u64, seed: u64) -> Vec<(FlowKey, Observati
         &cfg,
         |ts_ns, frame| {
             if let Ok(p) = parse(frame, 0, &hasher) {
-                out.push((p.key, Observation::of(&p, ts_ns, 0, 1)));
+                let orig_len = frame.len() as u32;
+                out.push((p.key, Observation::of(&p, orig_len, ts_ns, 0, 1)));
             }
             Ok(())
         },

@@ -359,9 +359,9 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
             };
             clock_ns = clock_ns.max(packet.ts_ns);
             let (port, hasher) = (self.port, &self.config.hasher);
-            if ingress::parse(&packet, port, hasher, &mut parsed, Some(&mut self.stats)) {
+            let (bytes, stats) = (self.config.bytes, Some(&mut self.stats));
+            if let Some(kept) = ingress::parse(&packet, port, hasher, &mut parsed, bytes, stats) {
                 let to = shard_of(parsed.hash, self.config.workers);
-                let kept = self.config.bytes.kept(&packet, &parsed);
                 (self.room(to, kept.data.len(), clock_ns)).push_parsed(&kept, port, seq, &parsed);
             }
             seq += 1;

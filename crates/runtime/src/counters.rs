@@ -89,6 +89,12 @@ impl Stats {
         self.counters[c as usize] += n;
     }
 
+    /// Takes back `n` of what was added to `c` (no further than 0).
+    pub fn take(&mut self, c: Counter, n: u64) {
+        let counter = &mut self.counters[c as usize];
+        *counter = counter.saturating_sub(n);
+    }
+
     pub fn get(&self, c: Counter) -> u64 {
         self.counters[c as usize]
     }

@@ -10,11 +10,11 @@
 //! stage does, and every count is final.
 
 use crate::burst::Burst;
-use crate::counters::Stats;
+use crate::counters::{Counter, Stats};
 use crate::port::{RxPort, TxPort};
-use crate::program::{PortId, ProgramFactory, Verdict};
+use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
 use crate::run_config::{RunHandle, RunReport, RuntimeConfig};
-use crate::source::{Merged, Offered, ingress};
+use crate::source::{Merged, Offered, PacketBytes, ingress};
 use crate::worker_loop::{Receive, Reload, WorkerPorts, WorkerSetup, spawn_workers};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use stateplane_wire::Parsed;
@@ -84,15 +84,13 @@ pub fn run_offline(
             })
             .collect();
         let workers = spawn_workers(scope, config, setups, port_count, &reload, handle);
-        let (tx_per_port, errors) = output_stage(
+        let written = output_stage(
             &output_rx,
             &free_tx,
             &mut ports.tx,
             &mut ports.control,
             handle,
         );
-        report.tx_per_port = tx_per_port;
-        report.errors = errors;
         match dispatcher.join() {
             Ok((stats, errors)) => {
                 report.total.merge(&stats);
@@ -101,6 +99,8 @@ pub fn run_offline(
             Err(_) => (report.errors).push("the dispatcher thread panicked".to_owned()),
         }
         report.add_workers(workers);
+        // After the workers' counts, which counted as sent what was forwarded.
+        written.into_report(&mut report);
     });
     report.wall = start.elapsed();
     report
@@ -168,7 +168,8 @@ fn dispatch(
         let stopping = handle.stop.load(Ordering::Relaxed);
         while taken < config.burst_size && !stopping {
             let offered = input.offer(|Offered { port, seq, packet }| {
-                if !ingress::parse(&packet, port, &config.hasher, &mut parsed, Some(&mut stats)) {
+                let (hasher, whole, stats) = (&config.hasher, PacketBytes::Whole, Some(&mut stats));
+                if ingress::parse(&packet, port, hasher, &mut parsed, whole, stats).is_none() {
                     return true; // counted and dropped
                 }
                 let w = config.spread.worker(packet.data, &parsed, port, workers);
@@ -201,6 +202,28 @@ fn dispatch(
     (stats, input.errors)
 }
 
+/// What the output stage wrote: packets and bytes per port, the packets and bytes it could
+/// not write (counted by the workers as sent), and the errors that lost output.
+struct Written {
+    tx_per_port: Vec<(u64, u64)>,
+    not_written: (u64, u64),
+    errors: Vec<String>,
+}
+
+impl Written {
+    /// Moves what was not written from sent to dropped in `report`.
+    fn into_report(self, report: &mut RunReport) {
+        let (packets, bytes) = self.not_written;
+        let total = &mut report.total;
+        total.take(Counter::TxPackets, packets);
+        total.take(Counter::TxBytes, bytes);
+        total.add(Counter::Dropped, packets);
+        total.drops[usize::from(DropReason::NOT_WRITTEN.0)] += packets;
+        report.tx_per_port = self.tx_per_port;
+        report.errors.extend(self.errors);
+    }
+}
+
 /// The output stage: takes round `r` from every worker, merges by sequence number, sends.
 fn output_stage(
     from_workers: &[Receiver<Burst>],
@@ -208,10 +231,12 @@ fn output_stage(
     tx: &mut [Option<Box<dyn TxPort>>],
     control: &mut Option<Box<dyn TxPort>>,
     handle: &RunHandle,
-) -> (Vec<(u64, u64)>, Vec<String>) {
+) -> Written {
     let mut counts = vec![(0u64, 0u64); tx.len()];
     let mut errors: Vec<String> = Vec::new();
     let mut failed = vec![false; tx.len()];
+    let mut refused_before = vec![false; tx.len()];
+    let mut not_written = (0u64, 0u64);
     let mut control_failed = false;
     let mut bursts: Vec<Burst> = Vec::with_capacity(from_workers.len());
     // Which worker each of `bursts` came from; a worker whose queue closed has ended (one
@@ -253,12 +278,28 @@ fn output_stage(
                         let p = usize::from(port);
                         counts[p].0 += 1;
                         counts[p].1 += u64::from(d.len);
-                        if let Some(out) = tx[p].as_mut().filter(|_| !failed[p])
-                            && let Err(e) = out.send(data, d.orig_len, d.ts_ns)
-                        {
-                            errors.push(format!("writing port {} ({}): {e}; its later packets were counted but not written", p, out.name()));
-                            failed[p] = true;
-                            handle.stop.store(true, Ordering::Relaxed);
+                        let Some(out) = tx[p].as_mut() else {
+                            continue; // a port without an output counts its packets only
+                        };
+                        let sent = match failed[p] {
+                            true => false,
+                            false => out.send(data, d.orig_len, d.ts_ns).map_err(|e| {
+                                let refused = e.kind() == std::io::ErrorKind::InvalidInput;
+                                if !refused {
+                                    errors.push(format!("writing port {p} ({}): {e}; its later packets are not written (dropped as not_written)", out.name()));
+                                    failed[p] = true;
+                                    handle.stop.store(true, Ordering::Relaxed);
+                                } else if !refused_before[p] {
+                                    log::warn!("writing port {p} ({}): {e}; such packets are dropped as not_written (a .pcapng output holds them)", out.name());
+                                    refused_before[p] = true;
+                                }
+                            }).is_ok(),
+                        };
+                        if !sent {
+                            counts[p].0 -= 1;
+                            counts[p].1 -= u64::from(d.len);
+                            not_written.0 += 1;
+                            not_written.1 += u64::from(d.len);
                         }
                     }
                 }
@@ -297,5 +338,9 @@ fn output_stage(
             out.name()
         ));
     }
-    (counts, errors)
+    Written {
+        tx_per_port: counts,
+        not_written,
+        errors,
+    }
 }

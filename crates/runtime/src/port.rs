@@ -93,6 +93,9 @@ pub struct FileRecord<'a> {
 /// A sink of packets.
 pub trait TxPort: Send {
     fn name(&self) -> &str;
+    /// Sends one packet. An error of kind `InvalidInput` refuses this packet alone (the
+    /// port's format cannot hold it, e.g. a pcap timestamp past 2106); any other fails the
+    /// port.
     fn send(&mut self, data: &[u8], orig_len: u32, ts_ns: u64) -> io::Result<()>;
     /// Makes everything sent so far durable or visible (end of run).
     fn flush(&mut self) -> io::Result<()> {

@@ -37,17 +37,22 @@ impl DropReason {
     /// Bounded replication: the store's latest snapshot is older than the staleness
     /// bound, and the run's `on_stale` action drops (or stopped serving).
     pub const STALE: DropReason = DropReason(5);
+    /// Forwarded, but its port's output file did not take it: a timestamp the format
+    /// cannot hold (pcap's ends in 2106), or the file failed (the run then stops). Counted
+    /// as a drop, once per copy, and not as sent.
+    pub const NOT_WRITTEN: DropReason = DropReason(6);
     pub const PROGRAM_BASE: u8 = 16;
     /// How many codes there are in all (runtime and program).
     pub const COUNT: usize = 64;
 
-    const RUNTIME_NAMES: [&'static str; 6] = [
+    const RUNTIME_NAMES: [&'static str; 7] = [
         "no_verdict",
         "malformed",
         "no_such_port",
         "oversize",
         "unreplicated",
         "stale",
+        "not_written",
     ];
 
     /// The program's `i`-th reason. Programs have at most 48.

@@ -227,11 +227,12 @@ fn read_shared(
     loop {
         let now_ns = input.now_ns;
         let offered = input.offer(|Offered { port, seq, packet }| {
-            if !ingress::parse(&packet, port, hasher, &mut parsed, Some(&mut stats)) {
+            let stats = Some(&mut stats);
+            let Some(kept) = ingress::parse(&packet, port, hasher, &mut parsed, bytes, stats)
+            else {
                 return true; // counted and dropped
-            }
+            };
             let lane = &mut lanes[shard_of(parsed.hash, workers)];
-            let kept = bytes.kept(&packet, &parsed);
             // No room means that worker stopped: the run is stopping.
             let Some(burst) = lane.room(kept.data.len(), now_ns.max(packet.ts_ns)) else {
                 return false;

@@ -234,22 +234,34 @@ pub(crate) mod ingress {
 
     /// Parses `packet`, which arrived on `port`, into `out` (a scratch the caller keeps,
     /// so that the parse is copied once, into the descriptor of the burst its hash
-    /// chooses): `false` when it is oversize or malformed, which is counted in `stats` if
-    /// given.
-    pub fn parse(
-        packet: &RxPacket,
+    /// chooses): what of it goes into a burst (`bytes`), or `None` when that is too large
+    /// for one or the packet is malformed, which is counted in `stats` if given. A whole
+    /// packet is measured before it is parsed; one kept to its headers after, by them, so
+    /// that a segment above 64 KiB (BIG TCP, GRO) is read.
+    #[inline]
+    pub fn parse<'a>(
+        packet: &RxPacket<'a>,
         port: PortId,
         hasher: &FlowHasher,
         out: &mut Parsed,
+        bytes: PacketBytes,
         mut stats: Option<&mut Stats>,
-    ) -> bool {
+    ) -> Option<RxPacket<'a>> {
         let len = packet.data.len();
-        if !fits(len, stats.as_deref_mut()) {
-            return false;
+        if bytes == PacketBytes::Whole && !fits(len, stats.as_deref_mut()) {
+            return None;
         }
-        stateplane_wire::parse_in_place(packet.data, port, hasher, out)
-            .map_err(|m| reject_malformed(len, m, stats))
-            .is_ok()
+        if let Err(m) = stateplane_wire::parse_in_place(packet.data, port, hasher, out) {
+            reject_malformed(len, m, stats);
+            return None;
+        }
+        match bytes {
+            PacketBytes::Whole => Some(*packet),
+            PacketBytes::Headers => {
+                let kept = bytes.kept(packet, out);
+                fits(kept.data.len(), stats).then_some(kept)
+            }
+        }
     }
 }
 
@@ -349,13 +361,13 @@ impl BurstSource for OwnShard {
             let offered = self.input.offer(|Offered { port, seq, packet }| {
                 if bytes == PacketBytes::Headers {
                     // Parsed first, so that only what is kept is copied.
-                    if !ingress::parse(&packet, port, hasher, &mut parsed, stats)
-                        || shard_of(parsed.hash, workers) != worker
-                    {
-                        return true; // another worker's, or counted and dropped
-                    }
-                    let kept = bytes.kept(&packet, &parsed);
-                    return burst.push_parsed(&kept, port, seq, &parsed);
+                    let kept = ingress::parse(&packet, port, hasher, &mut parsed, bytes, stats);
+                    return match kept {
+                        Some(kept) if shard_of(parsed.hash, workers) == worker => {
+                            burst.push_parsed(&kept, port, seq, &parsed)
+                        }
+                        _ => true, // another worker's, or counted and dropped
+                    };
                 }
                 let len = packet.data.len();
                 if !ingress::fits(len, stats.as_deref_mut()) {

@@ -142,7 +142,8 @@ pub enum MonitorOutcome {
     Files {
         flows: FlowReport,
         wall: Duration,
-        malformed: u64,
+        /// What the readers did with each packet they read.
+        input: InputCounts,
         /// Problems that ended the run early (read errors).
         errors: Vec<String>,
         /// Whether records went to standard output (a summary then goes elsewhere).
@@ -314,11 +315,69 @@ impl FlowMonitor {
         Ok(MonitorOutcome::Files {
             flows: export.finish(),
             wall: start.elapsed(),
-            malformed: run.total.malformed.iter().sum(),
+            input: InputCounts::of(&run.total),
             errors: run.errors,
             records_to_stdout,
             interrupted,
         })
+    }
+}
+
+/// What became of the packets read from capture files: each was handed to the workers,
+/// whose flow stage counts it (`packets` if IP, else `not_ip`), or dropped as it was read,
+/// malformed (by reason) or too large for a burst (`oversize`: a frame above 64 KiB that is
+/// not IP, whose headers alone would be kept).
+///
+/// Invariant: `read` is the flow stage's `packets` plus `not_ip` plus these drops.
+#[derive(Debug, Clone, Default)]
+pub struct InputCounts {
+    pub read: u64,
+    pub malformed: Vec<(&'static str, u64)>,
+    pub oversize: u64,
+}
+
+impl InputCounts {
+    fn of(total: &stateplane_runtime::Stats) -> InputCounts {
+        use stateplane_runtime::{Counter, DropReason};
+        InputCounts {
+            read: total.get(Counter::RxPackets),
+            malformed: total.malformed_by_reason(),
+            oversize: total.drops[usize::from(DropReason::OVERSIZE.0)],
+        }
+    }
+
+    /// The packets dropped as malformed, every reason's.
+    pub fn malformed_total(&self) -> u64 {
+        self.malformed.iter().map(|(_, n)| n).sum()
+    }
+
+    /// The counts as JSON fields, to stand beside the flow report's.
+    pub fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let malformed: serde_json::Map<String, serde_json::Value> = (self.malformed.iter())
+            .map(|(reason, n)| ((*reason).to_owned(), serde_json::json!(n)))
+            .collect();
+        let mut fields = serde_json::Map::new();
+        fields.insert("read".into(), serde_json::json!(self.read));
+        fields.insert(
+            "malformed".into(),
+            serde_json::json!(self.malformed_total()),
+        );
+        fields.insert("malformed_by_reason".into(), malformed.into());
+        fields.insert("oversize".into(), serde_json::json!(self.oversize));
+        fields
+    }
+
+    /// The counts as table rows, to follow the flow report's.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut rows = String::new();
+        let _ = writeln!(rows, "read           {:>14}", self.read);
+        let _ = writeln!(rows, "malformed      {:>14}", self.malformed_total());
+        for (reason, n) in &self.malformed {
+            let _ = writeln!(rows, "  {reason:<24} {n:>14}");
+        }
+        let _ = writeln!(rows, "oversize       {:>14}", self.oversize);
+        rows
     }
 }
 

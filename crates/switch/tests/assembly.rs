@@ -135,15 +135,23 @@ fn a_two_worker_flow_monitor_counts_every_packet_whichever_way_it_reads() {
         );
         let MonitorOutcome::Files {
             flows,
-            malformed,
+            input,
             errors,
             ..
         } = monitor.run().unwrap()
         else {
             panic!("a run over files");
         };
-        assert_eq!((malformed, errors.len()), (0, 0), "{read_ahead:?}");
-        assert_eq!(flows.stages.packets, PACKETS, "{read_ahead:?}");
+        assert_eq!(
+            (input.malformed_total(), errors.len()),
+            (0, 0),
+            "{read_ahead:?}"
+        );
+        assert_eq!(
+            (flows.stages.packets, input.read),
+            (PACKETS, PACKETS),
+            "{read_ahead:?}"
+        );
         let records = std::fs::read_to_string(&csv).unwrap().lines().count() as u64 - 1;
         assert_eq!(records, flows.export.records, "{read_ahead:?}");
         assert!(records > 100, "{read_ahead:?}: {records} records");

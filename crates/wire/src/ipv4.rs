@@ -37,8 +37,9 @@ mod layout {
     pub const DST: usize = 16;
 }
 
-/// A view of an IPv4 packet. After `check_len`, the header and the `total_len` bytes it
-/// declares are inside the buffer; bytes past `total_len` (Ethernet padding) are ignored.
+/// A view of an IPv4 packet. After `check_len`, the header and the [`Self::packet_len`]
+/// bytes of the packet are inside the buffer; bytes past them (Ethernet padding) are
+/// ignored.
 #[derive(Debug, Clone)]
 pub struct Ipv4Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -61,7 +62,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
             return Err(Error::Truncated);
         }
         let header_len = self.header_len();
-        let total_len = usize::from(self.total_len());
+        let total_len = self.packet_len();
         if self.version() != 4 || header_len < MIN_HEADER_LEN || total_len < header_len {
             return Err(Error::Malformed);
         }
@@ -83,6 +84,20 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
     pub fn total_len(&self) -> u16 {
         be16(self.buffer.as_ref(), layout::TOTAL_LEN)
+    }
+    /// Whether the total length is 0 and the buffer holds more than 64 KiB: a segment too
+    /// large for the field (Linux BIG TCP and GRO write 0 there), which runs to the
+    /// buffer's end.
+    pub fn length_from_buffer(&self) -> bool {
+        self.total_len() == 0 && self.buffer.as_ref().len() > usize::from(u16::MAX)
+    }
+    /// The packet's length: its total length, or the buffer's where
+    /// [`Self::length_from_buffer`].
+    pub fn packet_len(&self) -> usize {
+        match self.length_from_buffer() {
+            true => self.buffer.as_ref().len(),
+            false => usize::from(self.total_len()),
+        }
     }
     pub fn ident(&self) -> u16 {
         be16(self.buffer.as_ref(), layout::IDENT)

@@ -19,9 +19,9 @@ mod layout {
     pub const DST: usize = 24;
 }
 
-/// A view of an IPv6 packet. After `check_len` the fixed header and the `payload_len` bytes
-/// it declares are inside the buffer (jumbograms, payload length 0, are refused as `Malformed`
-/// unless nothing follows the header).
+/// A view of an IPv6 packet. After `check_len` the fixed header and the payload it declares
+/// are inside the buffer: `payload_len` bytes, or where that is 0 and more than 64 KiB
+/// follow the header (a jumbogram, RFC 2675, or a Linux BIG TCP segment), all of them.
 #[derive(Debug, Clone)]
 pub struct Ipv6Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -46,7 +46,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         if self.version() != 6 {
             return Err(Error::Malformed);
         }
-        if len < HEADER_LEN + usize::from(self.payload_len()) {
+        if len < HEADER_LEN + self.payload_len_in_buffer() {
             return Err(Error::Truncated);
         }
         Ok(())
@@ -64,6 +64,21 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     pub fn payload_len(&self) -> u16 {
         be16(self.buffer.as_ref(), layout::PAYLOAD_LEN)
     }
+    /// Whether the payload length is 0 and more than 64 KiB follow the header: a jumbogram
+    /// or a BIG TCP segment, whose payload runs to the buffer's end (a jumbogram's length
+    /// option is not read: the capture says how long it is).
+    pub fn length_from_buffer(&self) -> bool {
+        let len = self.buffer.as_ref().len();
+        self.payload_len() == 0 && len > HEADER_LEN + usize::from(u16::MAX)
+    }
+    /// The payload's length: `payload_len`, or the buffer's after the header where
+    /// [`Self::length_from_buffer`].
+    fn payload_len_in_buffer(&self) -> usize {
+        match self.length_from_buffer() {
+            true => self.buffer.as_ref().len() - HEADER_LEN,
+            false => usize::from(self.payload_len()),
+        }
+    }
     pub fn next_header(&self) -> u8 {
         self.buffer.as_ref()[layout::NEXT_HEADER]
     }
@@ -78,7 +93,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
     /// The payload (extension headers included), up to `payload_len`.
     pub fn payload(&self) -> &[u8] {
-        &self.buffer.as_ref()[HEADER_LEN..HEADER_LEN + usize::from(self.payload_len())]
+        &self.buffer.as_ref()[HEADER_LEN..HEADER_LEN + self.payload_len_in_buffer()]
     }
 }
 

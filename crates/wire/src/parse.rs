@@ -125,6 +125,9 @@ impl ParseFlags {
     pub const IPV6_EXTENSIONS: u16 = 1 << 11;
     pub const GTPU: u16 = 1 << 12;
     pub const GTPC: u16 = 1 << 13;
+    /// The IP header gives no length (0: a segment above 64 KiB, a jumbogram): the IP
+    /// packet runs to the frame's end, and `ip_len` is 0 ([`Parsed::ip_bytes`]).
+    pub const IP_LEN_FROM_FRAME: u16 = 1 << 14;
 
     #[inline(always)]
     pub fn has(self, bit: u16) -> bool {
@@ -150,7 +153,8 @@ pub struct Parsed {
     pub l4_offset: u16,
     /// Where the transport payload starts (after TCP options, the UDP header, ...).
     pub payload_offset: u16,
-    /// IPv4 total length, or IPv6 payload length plus 40: the bytes flow exporters count.
+    /// IPv4 total length, or IPv6 payload length plus 40: the bytes flow exporters count
+    /// (0 with [`ParseFlags::IP_LEN_FROM_FRAME`]: see [`Parsed::ip_bytes`]).
     pub ip_len: u16,
     /// IPv4 TOS or IPv6 traffic class.
     pub tos: u8,
@@ -164,6 +168,17 @@ pub struct Parsed {
 }
 
 impl Parsed {
+    /// The IP packet's length on the wire: `ip_len`, or for a packet whose header gives
+    /// none, what follows its IP header's start in the frame of `orig_len` bytes on the
+    /// wire.
+    #[inline]
+    pub fn ip_bytes(&self, orig_len: u32) -> u32 {
+        match self.flags.has(ParseFlags::IP_LEN_FROM_FRAME) {
+            true => orig_len.saturating_sub(u32::from(self.l3_offset)),
+            false => u32::from(self.ip_len),
+        }
+    }
+
     /// All zero: no headers found, the key of nothing (usable in `const` contexts).
     pub const EMPTY: Parsed = Parsed {
         key: FlowKey::EMPTY,
@@ -284,6 +299,9 @@ fn parse_ipv4(l3: &[u8], base: usize, p: &mut Parsed) -> Result<(), Malformed> {
     p.key.dst[..4].copy_from_slice(&l3[16..20]);
     p.key.proto = ip.protocol();
     p.ip_len = ip.total_len();
+    if ip.length_from_buffer() {
+        p.flags.0 |= ParseFlags::IP_LEN_FROM_FRAME;
+    }
     p.tos = ip.tos();
     p.ttl = ip.ttl();
     let header_len = ip.header_len();
@@ -299,7 +317,7 @@ fn parse_ipv4(l3: &[u8], base: usize, p: &mut Parsed) -> Result<(), Malformed> {
             return Ok(());
         }
     }
-    let l4 = &l3[header_len..usize::from(ip.total_len())];
+    let l4 = &l3[header_len..ip.packet_len()];
     parse_transport(l4, base + header_len, false, fragmented, p)
 }
 
@@ -312,7 +330,13 @@ fn parse_ipv6(l3: &[u8], base: usize, p: &mut Parsed) -> Result<(), Malformed> {
     p.key.ip_version = 6;
     p.key.src.copy_from_slice(&l3[8..24]);
     p.key.dst.copy_from_slice(&l3[24..40]);
-    p.ip_len = ip.payload_len().saturating_add(ipv6::HEADER_LEN as u16);
+    p.ip_len = match ip.length_from_buffer() {
+        true => {
+            p.flags.0 |= ParseFlags::IP_LEN_FROM_FRAME;
+            0
+        }
+        false => ip.payload_len().saturating_add(ipv6::HEADER_LEN as u16),
+    };
     p.tos = ip.traffic_class();
     p.ttl = ip.hop_limit();
     let payload = ip.payload();
@@ -652,6 +676,69 @@ mod tests {
         let arp = parse(&corpus[8], 0, &h).unwrap();
         assert!(arp.flags.has(ParseFlags::ARP));
         assert_eq!(arp.key.dst_port, ethertype::ARP);
+    }
+
+    /// A TCP segment above 64 KiB, as a host with GRO or BIG TCP captures it: its IP length
+    /// field is 0 (IPv6: with or without a hop-by-hop header, as a jumbogram has), and the
+    /// packet runs to the frame's end. Below 64 KiB a length of 0 stays what it was.
+    #[test]
+    fn a_segment_above_64_kib_takes_its_length_from_the_frame() {
+        let h = FlowHasher::with_seed(1);
+        let payload = vec![0x61; 80_000];
+        let segment = [tcp(1000, 80, flags::ACK), payload.clone()].concat();
+        for (v6, hop_by_hop) in [(false, false), (true, false), (true, true)] {
+            let l4 = match hop_by_hop {
+                // Next header TCP, length 0 (8 bytes), jumbo payload option, 4-byte length.
+                true => [&[protocol::TCP, 0, 0xC2, 4, 0, 1, 0x38, 0x80][..], &segment].concat(),
+                false => segment.clone(),
+            };
+            let proto = if hop_by_hop {
+                protocol::HOP_BY_HOP
+            } else {
+                protocol::TCP
+            };
+            let mut f = frame(v6, 0, proto, &l4, 0);
+            // The length field: IPv4's total length at 2, IPv6's payload length at 4.
+            let at = 14 + if v6 { 4 } else { 2 };
+            f[at..at + 2].copy_from_slice(&[0, 0]);
+            let p = parse(&f, 0, &h).unwrap();
+            assert!(
+                p.flags.has(ParseFlags::IP_LEN_FROM_FRAME),
+                "{v6} {hop_by_hop}"
+            );
+            assert!(p.flags.has(ParseFlags::TCP));
+            assert_eq!(
+                (p.key.src_port, p.key.dst_port, p.tcp_flags),
+                (1000, 80, flags::ACK)
+            );
+            assert_eq!(p.ip_len, 0);
+            assert_eq!(p.ip_bytes(f.len() as u32), f.len() as u32 - 14);
+            // The helper's segment carries 10 bytes of payload of its own.
+            assert_eq!(usize::from(p.payload_offset), f.len() - payload.len() - 10);
+            // A capture that cut it short still counts what was on the wire.
+            assert_eq!(p.ip_bytes(200_000), 200_000 - 14);
+            // 64 KiB or less: IPv4's 0 is impossible, IPv6's an empty payload, which has no
+            // room for the header it names.
+            let (small, why) = match (v6, hop_by_hop) {
+                (false, _) => (&f[..14 + 65_535], Malformed::Ipv4BadHeader),
+                (true, false) => (&f[..14 + 40 + 65_535], Malformed::TcpTruncated),
+                (true, true) => (&f[..14 + 40 + 65_535], Malformed::Ipv6ExtensionTruncated),
+            };
+            assert_eq!(parse(small, 0, &h), Err(why));
+        }
+        // A UDP datagram in it (a tunnel's) has no room for its length either.
+        let datagram = [udp(4789, 4789, &payload)].concat();
+        let mut f = frame(false, 0, protocol::UDP, &datagram, 0);
+        f[16..18].copy_from_slice(&[0, 0]);
+        f[38..40].copy_from_slice(&[0, 0]);
+        let p = parse(&f, 0, &h).unwrap();
+        assert!(p.flags.has(ParseFlags::UDP) && p.flags.has(ParseFlags::IP_LEN_FROM_FRAME));
+        assert_eq!((p.key.dst_port, p.ip_bytes(f.len() as u32)), (4789, 80_028));
+        // A length that is not 0 is the length, whatever the frame holds after it.
+        let f = frame(false, 0, protocol::TCP, &segment[..1000], 0);
+        let padded = [f.clone(), vec![0; 70_000]].concat();
+        let p = parse(&padded, 0, &h).unwrap();
+        assert_eq!((p.ip_len, p.ip_bytes(padded.len() as u32)), (1020, 1020));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use crate::{Error, Result, need};
 
 pub const HEADER_LEN: usize = 8;
 
-/// A view of a UDP datagram. After `check_len` the `length` bytes the header declares are
-/// inside the buffer.
+/// A view of a UDP datagram. After `check_len` the [`Self::datagram_len`] bytes of the
+/// datagram are inside the buffer.
 #[derive(Debug, Clone)]
 pub struct UdpPacket<T: AsRef<[u8]>> {
     buffer: T,
@@ -29,10 +29,10 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         if len < HEADER_LEN {
             return Err(Error::Truncated);
         }
-        if usize::from(self.len()) < HEADER_LEN {
+        if self.datagram_len() < HEADER_LEN {
             return Err(Error::Malformed);
         }
-        if len < usize::from(self.len()) {
+        if len < self.datagram_len() {
             return Err(Error::Truncated);
         }
         Ok(())
@@ -48,6 +48,15 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
     pub fn len(&self) -> u16 {
         be16(self.buffer.as_ref(), 4)
     }
+    /// The datagram's length: the length field, or where that is 0 and the buffer holds
+    /// more than 64 KiB (a jumbogram, RFC 2675; a tunnel's BIG TCP segment), the buffer's.
+    pub fn datagram_len(&self) -> usize {
+        let buffered = self.buffer.as_ref().len();
+        match self.len() {
+            0 if buffered > usize::from(u16::MAX) => buffered,
+            len => usize::from(len),
+        }
+    }
     pub fn is_empty(&self) -> bool {
         usize::from(self.len()) <= HEADER_LEN
     }
@@ -55,14 +64,14 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
         be16(self.buffer.as_ref(), 6)
     }
     pub fn payload(&self) -> &[u8] {
-        &self.buffer.as_ref()[HEADER_LEN..usize::from(self.len())]
+        &self.buffer.as_ref()[HEADER_LEN..self.datagram_len()]
     }
     /// Whether the checksum holds; a zero checksum (none sent, IPv4 only) passes.
     pub fn verify_checksum(&self, pseudo: u32) -> bool {
         self.checksum() == 0
             || checksum::finish(checksum::accumulate(
                 pseudo,
-                &self.buffer.as_ref()[..usize::from(self.len())],
+                &self.buffer.as_ref()[..self.datagram_len()],
             )) == 0
     }
 }
