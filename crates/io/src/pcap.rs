@@ -91,13 +91,9 @@ impl Format {
                 what: "a record claims more than 256 KiB of data",
             });
         }
-        let limit = if self.nanos { 1_000_000_000 } else { 1_000_000 };
-        if frac >= limit {
-            return Err(CaptureError::Corrupt {
-                at_byte,
-                what: "a timestamp's fraction is a second or more",
-            });
-        }
+        // A fraction of a second or more (written by a broken clock or tool) is read as the
+        // fields say, its whole seconds carried over, as tcpdump and Wireshark read it: the
+        // packet is there whatever its time (and no sum here reaches 2^64).
         Ok(RecordHeader {
             ts_ns: secs * 1_000_000_000 + if self.nanos { frac } else { frac * 1000 },
             caplen: caplen as usize,
@@ -378,6 +374,27 @@ mod tests {
         w[20..24].copy_from_slice(&105u32.to_le_bytes());
         let err = PcapReader::new(&w[..]).err().unwrap();
         assert!(err.to_string().contains("105 (IEEE802_11"), "{err}");
+    }
+
+    /// A fraction of a second or more, as a broken clock writes it: the packet is read,
+    /// its time the fields' sum, in either resolution and at the fields' maxima.
+    #[test]
+    fn a_fraction_past_a_second_is_carried_into_the_seconds() {
+        for (nanos, unit) in [(false, 1000), (true, 1)] {
+            let mut w = PcapWriter::new(Vec::new(), nanos).unwrap();
+            w.write(5_000_000_000, &[1, 2, 3], 3).unwrap();
+            w.write(6_000_000_000, &[4, 5], 2).unwrap();
+            let mut bytes = w.into_inner();
+            // The first record's fraction 1,000,000 units, the second's and its seconds all ones.
+            bytes[24 + 4..24 + 8].copy_from_slice(&1_000_000u32.to_le_bytes());
+            bytes[43..51].copy_from_slice(&[0xff; 8]);
+            let mut r = PcapReader::new(&bytes[..]).unwrap();
+            let first = r.next_record().unwrap().unwrap().ts_ns;
+            assert_eq!(first, 5_000_000_000 + 1_000_000 * unit, "nanos {nanos}");
+            let last = r.next_record().unwrap().unwrap().ts_ns;
+            assert_eq!(last, u64::from(u32::MAX) * (1_000_000_000 + unit));
+            assert_eq!(r.next_record().unwrap(), None);
+        }
     }
 
     #[test]
