@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Reads every capture of a corpus (a folder of pcap and pcapng files, e.g. the tcpdump
 # project's tests/, many of them deliberately broken) as a new user would: `stateplane
-# flows` and `stateplane run forward` over each file, each run bounded to 20 s. For each
+# flows`, and `stateplane run` with each program that runs on its defaults (PROGRAMS, a
+# space-separated list, picks some), over each file, each run bounded to 20 s. For each
 # file it compares the packets read with the records capinfos (Wireshark) counts, and checks
-# that flows' summary adds up (read = packets + not_ip + malformed + oversize) and that run
-# read as many. Writes OUT/capture-corpus.csv (one row a file), OUT/summary.csv and
+# that flows' summary adds up (read = packets + not_ip + malformed + oversize) and that
+# every program read as many. Writes OUT/capture-corpus.csv (one row a file), OUT/summary.csv and
 # OUT/summary.svg (files by link type and outcome), prints the summary, and exits non-zero
 # if any run panicked, timed out, or read a count that differs or does not add up.
 #   scripts/capture-corpus.sh CORPUS_DIR [OUT_DIR]
@@ -16,10 +17,12 @@ out=${2:-out/capture-corpus}
 bash scripts/setup.sh capinfos:tshark python3 >/dev/null
 cargo build --release --quiet
 mkdir -p "$out"
-python3 - "$corpus" "$out" "$PWD/target/release/stateplane" <<'EOF'
+programs=${PROGRAMS:-forward l2 l2learn conntrack firewall counter hh superspreader udpflood synflood flowlet router acl pipeline}
+python3 - "$corpus" "$out" "$PWD/target/release/stateplane" "$programs" <<'EOF'
 import csv, glob, json, os, struct, subprocess, sys, tempfile
 
-corpus, out, stateplane = sys.argv[1:4]
+corpus, out, stateplane, programs = sys.argv[1:5]
+programs = programs.split()
 HOST = {0: "BSD loopback", 108: "BSD loopback", 101: "raw IP", 228: "raw IP",
         229: "raw IP", 113: "Linux cooked", 276: "Linux cooked"}
 
@@ -79,20 +82,26 @@ for i, path in enumerate(files):
     lt = link_type(path)
     want = records(path)
     flows, summary, flows_msg = run([stateplane, "flows", "-i", path, "--summary-json", "--csv", "/dev/null"])
-    fwd, run_summary, run_msg = run([stateplane, "run", "forward", "--json", "-i", path,
-                                     "-o", os.path.join(scratch, "out.pcap")])
+    # The worst outcome of the programs' runs, the packets each read, and a message.
+    fwd, rx, run_msg = "read", set(), ""
+    for program in programs:
+        status, run_summary, msg = run([stateplane, "run", program, "--json", "-i", path,
+                                        "-o", os.path.join(scratch, "out.pcap")])
+        if status != "read" and fwd in ("read", "refused"):
+            fwd, run_msg = status, f"{program}: {msg}"
+        if run_summary is not None and "counters" in run_summary:
+            rx.add(run_summary["counters"]["rx_packets"])
     row = {"file": os.path.basename(path), "link_type": lt, "group": group(lt),
            "capinfos_packets": want, "flows": flows, "run": fwd,
            "read": None, "packets": None, "not_ip": None, "malformed": None, "oversize": None,
-           "run_rx_packets": None, "adds_up": None, "equals_capinfos": None,
+           "run_rx_packets": " ".join(map(str, sorted(rx))), "adds_up": None,
+           "equals_capinfos": None,
            "message": flows_msg if flows != "read" else run_msg if fwd != "read" else ""}
     if summary is not None and "read" in summary:
         for k in ("read", "packets", "not_ip", "malformed", "oversize"):
             row[k] = summary[k]
         row["adds_up"] = summary["read"] == sum(summary[k] for k in ("packets", "not_ip", "malformed", "oversize"))
         row["equals_capinfos"] = want is not None and summary["read"] == want
-    if run_summary is not None and "counters" in run_summary:
-        row["run_rx_packets"] = run_summary["counters"]["rx_packets"]
     rows.append(row)
 
 with open(os.path.join(out, "capture-corpus.csv"), "w", newline="") as f:
@@ -106,10 +115,10 @@ def outcome(r):
     if r["flows"] != "read" or r["run"] != "read":
         if "is not one Stateplane reads" in r["message"]:
             return "link type refused"
-        if r["read"] is not None and r["adds_up"] and r["run_rx_packets"] == r["read"]:
+        if r["read"] is not None and r["adds_up"] and r["run_rx_packets"] == str(r["read"]):
             return "read to an error"
         return "refused"
-    if not r["adds_up"] or r["run_rx_packets"] != r["read"]:
+    if not r["adds_up"] or r["run_rx_packets"] != str(r["read"]):
         return "counts differ"
     return "read (= capinfos)" if r["equals_capinfos"] else "read (!= capinfos)"
 
@@ -122,7 +131,8 @@ with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
     w.writerow(["outcome", "link types", "files"])
     for (g, o), n in sorted(summary.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         w.writerow([o, g, n])
-print(f"{len(files)} captures in {corpus}")
+print(f"{len(files)} captures in {corpus}, through flows and run {' '.join(programs)}: "
+      f"{len(files) * (1 + len(programs))} runs")
 print(f"{'link types':<18} {'outcome':<20} {'files':>5}")
 for (g, o), n in sorted(summary.items()):
     print(f"{g:<18} {o:<20} {n:>5}")
