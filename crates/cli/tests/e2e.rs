@@ -1234,7 +1234,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
     // An ACL's rule tables, shared by the workers, two versions at once.
     refused_config(
         "budget-acl-tables.toml",
-        "memory_budget = \"400M\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
+        "memory_budget = \"450M\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
         "program.acl.capacity: two versions of the rule tables of 1048576 rules take",
     );
     // A router's tables: two versions of a first level of 64 MiB.

@@ -610,7 +610,8 @@ impl Acl {
         Ok(Acl {
             directions,
             counters: Counters::new(cfg.capacity + 1),
-            meters: vec![Meter::Off; cfg.capacity + 1],
+            // Zeroed memory is meters that are off: touched as rules get meters.
+            meters: bytemuck::zeroed_vec(cfg.capacity + 1),
             newest: Arc::new(Mutex::new(rules.clone())),
             rules,
             permit_by_default: permit(

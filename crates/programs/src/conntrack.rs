@@ -141,7 +141,7 @@ impl Timeouts {
 
 /// A connection's state; its discriminant is also its expiry profile's index. (States
 /// added later go last, so that a state's number in the control API and in stores stays.)
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 #[repr(u8)]
 pub enum ConnState {
     /// The originator's SYN seen.
@@ -253,7 +253,7 @@ impl ValueCodec for ConnCodec {
 }
 
 /// A connection's entry: what the data plane updates in place.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Conn {
     pub state: ConnState,
     /// Whether the originator's key is the canonical orientation.

@@ -42,7 +42,7 @@ fn default_idle() -> f64 {
 }
 
 /// A flow's counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Counts {
     pub packets: u64,
     pub bytes: u64,

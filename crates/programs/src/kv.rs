@@ -71,7 +71,7 @@ fn default_idle() -> f64 {
 pub const MAX_CACHED: usize = 16;
 
 /// A cached value: its length and bytes (big-endian in the number, left-aligned).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Cached {
     pub len: u8,
     pub value: u128,

@@ -352,7 +352,7 @@ pub(crate) fn budgeted_table<K, V>(
 ) -> Result<stateplane_state::ExactTable<K, V>, ConfigError>
 where
     K: stateplane_state::TableKey,
-    V: Copy + Default,
+    V: Copy + Default + bytemuck::Zeroable,
 {
     claim_bytes(
         field,

@@ -289,7 +289,7 @@ impl Default for Timeouts {
 }
 
 /// A translation's state; its discriminant is also its expiry profile's index.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 #[repr(u8)]
 pub enum NatState {
     /// TCP, opened from the inside, not answered yet.
@@ -318,7 +318,7 @@ impl NatState {
 }
 
 /// A connection's translation: what the data plane updates in place.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Translation {
     pub state: NatState,
     /// The external port (ICMP: identifier) the connection took.

@@ -140,7 +140,7 @@ impl Intervals {
 }
 
 /// What an interval found about a key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Report {
     /// The interval's number (time / interval length).
     pub interval: u32,

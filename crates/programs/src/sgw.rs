@@ -132,7 +132,7 @@ const TUNNEL_HEADERS: usize = 20 + 8 + 8;
 /// A subscriber's session: where its downlink goes (no eNodeB yet: `enb` 0.0.0.0), its
 /// IPv4 address (its place in the pool, which also gives its IPv6 /64), the TEID the MME's
 /// end of its signaling takes, and the address families it carries ([`pdn_type`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Session {
     pub enb: [u8; 4],
     pub enb_teid: u32,

@@ -18,7 +18,7 @@ use stateplane_api::{
 /// `ValueCodec` is an [`ExactCodec`].
 pub trait ValueCodec {
     type Key: KeyFields;
-    type Value: Copy + Default;
+    type Value: Copy + Default + bytemuck::Zeroable;
     /// The value of an entry whose action is `actions[action]`.
     fn value(action: usize, params: &[u128]) -> Self::Value;
     /// The action index and parameters of a value.
@@ -76,7 +76,7 @@ impl<C: ValueCodec> ExactCodec for C {
 /// [`ValueCodec`] instead where the key's own fields will do).
 pub trait ExactCodec {
     type Key: TableKey;
-    type Value: Copy + Default;
+    type Value: Copy + Default + bytemuck::Zeroable;
     fn key(fields: &[Match]) -> Self::Key;
     fn fields(key: &Self::Key) -> Vec<Match>;
     /// The value of an entry whose action is `actions[action]`.

@@ -172,7 +172,8 @@ const MAX_DIST: u32 = 255;
 const EARLY_DROP_WINDOW: usize = 16;
 const EARLY_DROP_SLOTS: usize = 128;
 
-#[derive(Clone, Copy)]
+/// Meaningful only where its `meta` is not 0: a slot never used is zeroed memory.
+#[derive(Clone, Copy, bytemuck::Zeroable)]
 struct Slot<K, V> {
     key: K,
     value: V,
@@ -183,7 +184,7 @@ struct Slot<K, V> {
 }
 
 /// An exact-match table of at most `capacity` entries. See the module documentation.
-pub struct ExactTable<K: TableKey, V: Copy + Default> {
+pub struct ExactTable<K: TableKey, V: Copy + Default + bytemuck::Zeroable> {
     /// Per slot: 0 empty, else `dist << 24 | tag` (tag: 24 hash bits).
     meta: Box<[u32]>,
     slots: Box<[Slot<K, V>]>,
@@ -207,7 +208,7 @@ pub struct ExactTable<K: TableKey, V: Copy + Default> {
     pub stats: TableStats,
 }
 
-impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
+impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// A table for `capacity` entries with these expiry profiles, hashing with `seed`
     /// (random per process in production, fixed in tests).
     pub fn new(capacity: usize, profiles: &[ExpireProfile], seed: u64) -> Self {
@@ -234,21 +235,15 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
     ) -> Self {
         let capacity = capacity.max(1);
         let slots = (capacity + capacity / 7 + 1).next_power_of_two();
-        let empty = Slot {
-            key: K::default(),
-            value: V::default(),
-            deadline_ns: NO_DEADLINE,
-            hits: 0,
-            profile: 0,
-            notified: false,
-        };
-        // Large tables get huge pages where the kernel gives them: a lookup then costs no
-        // page walk beyond the TLB's reach (see docs/BENCHMARKS.md).
+        // Zeroed memory straight from the kernel, touched as entries arrive: a table costs
+        // the memory its entries use, not its capacity (every slot is empty while its meta
+        // is 0, whatever it holds). Large tables get huge pages where the kernel gives
+        // them: a lookup then costs no page walk beyond the TLB's reach (docs/BENCHMARKS.md).
         ExactTable {
-            meta: stateplane_mem::huge_vec(slots, 0u32, huge_pages)
+            meta: stateplane_mem::lazy_zeroed_vec(slots, huge_pages)
                 .0
                 .into_boxed_slice(),
-            slots: stateplane_mem::huge_vec(slots, empty, huge_pages)
+            slots: stateplane_mem::lazy_zeroed_vec(slots, huge_pages)
                 .0
                 .into_boxed_slice(),
             mask: slots - 1,
@@ -951,19 +946,21 @@ impl<K: TableKey, V: Copy + Default> ExactTable<K, V> {
 }
 
 /// A copy in memory of its own, with huge pages again (each worker's table is a clone of a
-/// template; a derived clone would allocate 4 KiB pages).
-impl<K: TableKey, V: Copy + Default> Clone for ExactTable<K, V> {
+/// template; a derived clone would allocate 4 KiB pages). The copy of an empty table is
+/// left untouched, as a new table is, so a worker's table costs what its entries use.
+impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K, V> {
     fn clone(&self) -> Self {
-        let copy = |meta: &[u32]| {
-            let mut m = stateplane_mem::huge_vec(meta.len(), 0u32, true).0;
-            m.copy_from_slice(meta);
-            m.into_boxed_slice()
-        };
-        let mut slots = stateplane_mem::huge_vec(self.slots.len(), self.slots[0], true).0;
-        slots.copy_from_slice(&self.slots);
+        fn copy<T: Copy + bytemuck::Zeroable>(from: &[T], empty: bool) -> Box<[T]> {
+            let mut to = stateplane_mem::lazy_zeroed_vec(from.len(), true).0;
+            if !empty {
+                to.copy_from_slice(from);
+            }
+            to.into_boxed_slice()
+        }
+        let empty = self.len == 0;
         ExactTable {
-            meta: copy(&self.meta),
-            slots: slots.into_boxed_slice(),
+            meta: copy(&self.meta, empty),
+            slots: copy(&self.slots, empty),
             mask: self.mask,
             len: self.len,
             capacity: self.capacity,

@@ -134,8 +134,10 @@ impl TrTcm {
     }
 }
 
-/// One meter of a meter array: off, or a marker made from its settings.
-#[derive(Debug, Clone, Copy, Default)]
+/// One meter of a meter array: off, or a marker made from its settings. Zeroed memory is
+/// a meter that is off (a table's empty slots are zeroed).
+#[derive(Debug, Clone, Copy, Default, bytemuck::Zeroable)]
+#[repr(u8)]
 pub enum Meter {
     #[default]
     Off,

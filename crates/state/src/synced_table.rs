@@ -238,7 +238,7 @@ impl TableSync {
     /// Tracks `table` as state `id`: its slots marked when written. `None` if a slot is
     /// wider than [`MAX_STRIDE`] words, has more than [`MAX_FIELDS`] key fields or
     /// parameters, or its locations would not fit 32 bits.
-    pub fn start<K: TableKey, V: Copy + Default>(
+    pub fn start<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(
         id: u16,
         words: SlotWords,
         table: &mut ExactTable<K, V>,
@@ -269,7 +269,7 @@ impl TableSync {
     }
 
     /// Appends each word of a slot written since the last take that differs from then.
-    pub fn take_changes<K: TableKey, V: Copy + Default>(
+    pub fn take_changes<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(
         &mut self,
         table: &mut ExactTable<K, V>,
         encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),
@@ -310,7 +310,7 @@ impl TableSync {
 
     /// The words from `first` on into `out`, as the slots hold them now, each slot encoded
     /// once; how many (fewer past the state's end).
-    pub fn read_run<K: TableKey, V: Copy + Default>(
+    pub fn read_run<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(
         &self,
         table: &ExactTable<K, V>,
         encode: impl Fn(&SlotWords, Option<&K>, &V, &mut [u64]),

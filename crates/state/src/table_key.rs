@@ -2,8 +2,9 @@
 
 use stateplane_wire::FlowKey;
 
-/// A key an exact table can hold: plain, fixed-size, hashed with a seed.
-pub trait TableKey: Copy + Eq + Default + Send + 'static {
+/// A key an exact table can hold: plain, fixed-size, hashed with a seed, all-zero bytes a
+/// value of it (an empty table's slots are zeroed memory, never touched until used).
+pub trait TableKey: Copy + Eq + Default + bytemuck::Zeroable + Send + 'static {
     fn hash_with(&self, seed: u64) -> u64;
 }
 

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// and leaves the rest zero. For ICMP, `src_port` holds the echo identifier (0 for other
 /// types) and `dst_port` holds `type << 8 | code`, as flow exporters do. For frames that
 /// are not IP (ARP, ...), `src`/`dst` hold the MAC addresses and `dst_port` the EtherType.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord, bytemuck::Zeroable)]
 pub struct FlowKey {
     pub src: [u8; 16],
     pub dst: [u8; 16],

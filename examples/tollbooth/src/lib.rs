@@ -41,8 +41,9 @@ fn default_capacity() -> usize {
     65_536
 }
 
-/// What the table keeps per source.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the table keeps per source. Zeroable: a table's empty slots are zeroed memory,
+/// touched only as entries arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Usage {
     /// The interval the bytes were counted in (time / interval length).
     pub interval: u32,

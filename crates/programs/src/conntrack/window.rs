@@ -103,7 +103,7 @@ impl Segment {
 }
 
 /// What window tracking knows of one side of a connection (pf's `pf_state_peer`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Peer {
     /// One past the highest sequence number this side has sent (SYN and FIN count one).
     end: u32,

@@ -181,7 +181,7 @@ const UDP: u8 = 17;
 const HASH_SEED: u64 = 0x4c42_4d41_474c_4556;
 
 /// A connection's affinity: what the data plane keeps per connection.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable)]
 pub struct Affinity {
     /// 0 TCP, 1 TCP closing, 2 UDP, 3 TCP opened by a SYN and not yet acknowledged: also
     /// the index of its expiry profile.
