@@ -30,6 +30,13 @@ pub struct BenchArgs {
     /// Packets in the generated trace.
     #[arg(long, default_value_t = 2_000_000)]
     pub packets: u64,
+    /// Flows (connections) in the generated trace (default: the workload's).
+    #[arg(long)]
+    pub flows: Option<u64>,
+    /// conntrack's table capacity per worker (1 to 67,108,864): room for every connection
+    /// of the trace, or the benchmark's every-packet-forwarded check fails naming it.
+    #[arg(long, default_value_t = 1_048_576)]
+    pub capacity: usize,
     /// Frame size of the generated trace (as captured).
     #[arg(long, default_value_t = 64)]
     pub packet_size: usize,
@@ -112,12 +119,13 @@ fn l2_factory() -> BenchResult<ProgramFactory> {
     Ok(Arc::new(move |_| Box::new(l2.clone())))
 }
 
-/// `conntrack` tracking every connection of the trace: room for a million per worker, and
+/// `conntrack` tracking every connection of the trace: room for `capacity` per worker, and
 /// packets of connections that started before the trace are passed, not dropped, so the
 /// benchmark's every-packet-forwarded check holds.
-fn conntrack_factory() -> BenchResult<ProgramFactory> {
+fn conntrack_factory(capacity: usize) -> BenchResult<ProgramFactory> {
     let settings: toml::Value =
-        toml::from_str("capacity = 1048576\ndrop_invalid = false").map_err(|e| e.to_string())?;
+        toml::from_str(&format!("capacity = {capacity}\ndrop_invalid = false"))
+            .map_err(|e| e.to_string())?;
     stateplane_programs::build(
         "conntrack",
         Some(&settings),
@@ -180,14 +188,14 @@ fn rx_only(queues: Vec<ReplayQueue>, burst_size: usize) -> Vec<WorkerRun> {
     })
 }
 
-/// The factory of one of this benchmark's programs.
-fn factory_of(program: &str) -> BenchResult<ProgramFactory> {
+/// The factory of one of this benchmark's programs (`capacity`: conntrack's).
+fn factory_of(program: &str, capacity: usize) -> BenchResult<ProgramFactory> {
     Ok(match program {
         "forward" => {
             let f = Forward::from_pairs(&[(0, 1), (1, 0)]);
             Arc::new(move |_| Box::new(f.clone()))
         }
-        "conntrack" => conntrack_factory()?,
+        "conntrack" => conntrack_factory(capacity)?,
         "router" => router_factory()?,
         _ => l2_factory()?,
     })
@@ -275,6 +283,7 @@ pub(crate) fn rates(
 pub(crate) fn generated_trace(
     workload: &str,
     packets: u64,
+    flows: Option<u64>,
     packet_size: usize,
     ipv6_share: f64,
     seed: u64,
@@ -284,6 +293,7 @@ pub(crate) fn generated_trace(
         .map_err(|e: stateplane_gen::GenError| format!("--workload: {}", e.problem))?;
     let mut cfg = GenConfig::new(w, packets);
     cfg.seed = seed;
+    cfg.flows = flows;
     cfg.packet_size = Some(packet_size);
     cfg.ipv6_share = ipv6_share;
     let mut frames = Vec::new();
@@ -303,9 +313,10 @@ pub(crate) fn generated_trace(
             .iter()
             .map(|&(ts, at, len)| (ts, &frames[at..at + len])),
     );
+    let flows = flows.map_or(String::new(), |f| format!(" --flows {f}"));
     let input = format!(
-        "generated: stateplane gen {workload} --packets {packets} --packet-size {packet_size} \
-         --ipv6-share {ipv6_share} --seed {seed}"
+        "generated: stateplane gen {workload} --packets {packets}{flows} --packet-size \
+         {packet_size} --ipv6-share {ipv6_share} --seed {seed}"
     );
     Ok((trace, input))
 }
@@ -315,7 +326,11 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
     let burst_size = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
     let huge = !a.no_hugepages;
+    let capacity = bounded("--capacity", a.capacity, 1, 1 << 26)?;
     let programs: Vec<&str> = a.programs.split(',').map(str::trim).collect();
+    if a.trace.is_some() && a.flows.is_some() {
+        return Err("--flows shapes a generated trace; --trace replays one as it is".into());
+    }
     if let Some(bad) = programs.iter().find(|p| !PROGRAMS.contains(p)) {
         return Err(format!(
             "--programs: '{bad}' is not one of {}",
@@ -329,11 +344,22 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
                 .map_err(|e| format!("--trace {}: {e}", path.display()))?;
             (trace, format!("trace {}", path.display()))
         }
-        None => generated_trace(&a.workload, a.packets, a.packet_size, a.ipv6_share, a.seed)?,
+        None => generated_trace(
+            &a.workload,
+            a.packets,
+            a.flows,
+            a.packet_size,
+            a.ipv6_share,
+            a.seed,
+        )?,
     };
     if trace.is_empty() {
         return Err("the trace has no packets".into());
     }
+    let input = match programs.contains(&"conntrack") {
+        true => format!("{input}; conntrack capacity {capacity} per worker"),
+        false => input,
+    };
     eprintln!(
         "loaded {} packets ({} bytes) in {:.1} s",
         trace.len(),
@@ -349,7 +375,7 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
         let measured = (|| {
             let factory = match *program {
                 "rx" => None,
-                p => Some(factory_of(p)?),
+                p => Some(factory_of(p, capacity)?),
             };
             let (r, huge) = rates(factory.as_ref(), &trace, &runtime, (a.loops, repeat, huge))?;
             if r.forwarded != r.packets {

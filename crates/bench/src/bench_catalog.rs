@@ -133,7 +133,7 @@ pub fn main(a: BenchCatalogArgs) -> BenchResult<()> {
                 0.2
             };
             let (trace, input) =
-                generated_trace(workload, a.packets, a.packet_size, ipv6_share, a.seed)?;
+                generated_trace(workload, a.packets, None, a.packet_size, ipv6_share, a.seed)?;
             let (forward_rates, _) = rates(Some(&forward), &trace, &runtime, how)?;
             traces.insert(*workload, (trace, input, forward_rates.mpps_per_core));
         }

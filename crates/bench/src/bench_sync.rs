@@ -970,7 +970,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         std::thread::spawn(move || collector::run(&collector_settings, bound, stopping));
 
     eprintln!("generating {} packets of internet", a.packets);
-    let (trace, input) = generated_trace("internet", a.packets, a.packet_size, 0.2, a.seed)?;
+    let (trace, input) = generated_trace("internet", a.packets, None, a.packet_size, 0.2, a.seed)?;
     let runtime = replay_runtime(workers, burst);
     // Every mode once a round, in turn, so that the machine's drifts fall on all of them.
     let mut modes = vec![("sync off".to_string(), plain.clone(), runtime.clone(), None)];

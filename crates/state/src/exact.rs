@@ -210,9 +210,13 @@ pub struct ExactTable<K: TableKey, V: Copy + Default + bytemuck::Zeroable> {
 
 impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// A table for `capacity` entries with these expiry profiles, hashing with `seed`
-    /// (random per process in production, fixed in tests).
+    /// (random per process in production, fixed in tests). On 4 KiB pages: its memory is
+    /// touched as entries arrive, and a huge page's first touch zeroes 2 MiB and may have
+    /// the kernel compact memory to find one (1.06 s of system time for the 13,303 faults
+    /// of `bench --programs conntrack --flows 1000 --capacity 2097152` on 047b997), for a
+    /// gain in lookups no run on this machine has shown (docs/BENCHMARKS.md).
     pub fn new(capacity: usize, profiles: &[ExpireProfile], seed: u64) -> Self {
-        Self::with_pages(capacity, profiles, seed, true)
+        Self::with_pages(capacity, profiles, seed, false)
     }
 
     /// The bytes a table for `capacity` entries allocates (its slots and their metadata at
@@ -226,7 +230,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         slots * slot + notifications * std::mem::size_of::<Expired<K, V>>() as u64
     }
 
-    /// As [`ExactTable::new`]; `huge_pages` false keeps 4 KiB pages (for comparisons).
+    /// As [`ExactTable::new`]; `huge_pages` true asks for huge pages (for comparisons).
     pub fn with_pages(
         capacity: usize,
         profiles: &[ExpireProfile],
@@ -237,8 +241,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         let slots = (capacity + capacity / 7 + 1).next_power_of_two();
         // Zeroed memory straight from the kernel, touched as entries arrive: a table costs
         // the memory its entries use, not its capacity (every slot is empty while its meta
-        // is 0, whatever it holds). Large tables get huge pages where the kernel gives
-        // them: a lookup then costs no page walk beyond the TLB's reach (docs/BENCHMARKS.md).
+        // is 0, whatever it holds).
         ExactTable {
             meta: stateplane_mem::lazy_zeroed_vec(slots, huge_pages)
                 .0
@@ -945,13 +948,13 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     }
 }
 
-/// A copy in memory of its own, with huge pages again (each worker's table is a clone of a
-/// template; a derived clone would allocate 4 KiB pages). The copy of an empty table is
-/// left untouched, as a new table is, so a worker's table costs what its entries use.
+/// A copy in memory of its own (each worker's table is a clone of a template). The copy of
+/// an empty table is left untouched, as a new table is, so a worker's table costs what
+/// its entries use.
 impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K, V> {
     fn clone(&self) -> Self {
         fn copy<T: Copy + bytemuck::Zeroable>(from: &[T], empty: bool) -> Box<[T]> {
-            let mut to = stateplane_mem::lazy_zeroed_vec(from.len(), true).0;
+            let mut to = stateplane_mem::lazy_zeroed_vec(from.len(), false).0;
             if !empty {
                 to.copy_from_slice(from);
             }
