@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bin, interrupted_mid_input, ok, refused, tmp, tool};
+use common::{bin, interrupted_mid_input, ok, refused, tmp, tool, write_capture};
 use stateplane_io::capture::read_all;
 use std::path::Path;
 
@@ -69,15 +69,7 @@ fn generate_broken(
     generate_with(workload, packets, path, &["--ipv6-share", "0"]);
     let mut frames = read_all(path).unwrap();
     broken(&mut frames);
-    let mut w = stateplane_io::CaptureWriter::new(
-        std::fs::File::create(path).unwrap(),
-        stateplane_io::CaptureFormat::PcapNano,
-    )
-    .unwrap();
-    for (ts, d, l) in &frames {
-        w.write(*ts, d, *l).unwrap();
-    }
-    w.flush().unwrap();
+    write_capture(path, &frames, stateplane_io::CaptureFormat::PcapNano);
 }
 
 #[test]
@@ -122,15 +114,7 @@ fn packets_an_output_cannot_hold_are_dropped_not_sent() {
     for (i, f) in frames.iter_mut().enumerate().skip(70) {
         f.0 = late + i as u64;
     }
-    let mut w = stateplane_io::CaptureWriter::new(
-        std::fs::File::create(&input).unwrap(),
-        stateplane_io::CaptureFormat::Pcapng,
-    )
-    .unwrap();
-    for (ts, d, l) in &frames {
-        w.write(*ts, d, *l).unwrap();
-    }
-    w.flush().unwrap();
+    write_capture(&input, &frames, stateplane_io::CaptureFormat::Pcapng);
     let late_bytes: u64 = frames[70..].iter().map(|f| f.1.len() as u64).sum();
     for (output, written) in [("late-out.pcap", 70), ("late-out.pcapng", 100)] {
         let out = tmp(output);

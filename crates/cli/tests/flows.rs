@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin, interrupted_mid_input, ok, refused, tmp, tool};
+use common::{bin, interrupted_mid_input, ok, refused, tmp, tool, write_capture};
 use stateplane_flows::FlowRecord;
 use stateplane_flows::flow_stats::Fate;
 use stateplane_flows::ipfix::Decoder;
@@ -897,16 +897,8 @@ fn every_packet_read_is_counted_once_and_big_segments_are_in_their_flows() {
     ];
     frames.extend(extra.into_iter().map(|f| (ts, f.clone(), f.len() as u32)));
     let path = tmp("counts.pcap");
-    let mut w = stateplane_io::CaptureWriter::new(
-        std::fs::File::create(&path).unwrap(),
-        stateplane_io::CaptureFormat::PcapNano,
-    )
-    .unwrap();
     frames.sort_by_key(|f| f.0);
-    for (ts, f, len) in &frames {
-        w.write(*ts, f, *len).unwrap();
-    }
-    w.flush().unwrap();
+    write_capture(&path, &frames, stateplane_io::CaptureFormat::PcapNano);
     let mut seen = Vec::new();
     for layout in [
         &["--workers", "1"][..],

@@ -134,3 +134,17 @@ pub fn tool(name: &str) -> Command {
     );
     Command::new(name)
 }
+
+/// Writes `frames` (time, bytes, length on the wire) to a capture file at `path`.
+pub fn write_capture(
+    path: &std::path::Path,
+    frames: &[(u64, Vec<u8>, u32)],
+    format: stateplane_io::CaptureFormat,
+) {
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = stateplane_io::CaptureWriter::new(file, format).unwrap();
+    for (ts, data, orig_len) in frames {
+        w.write(*ts, data, *orig_len).unwrap();
+    }
+    w.flush().unwrap();
+}
