@@ -213,7 +213,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// (random per process in production, fixed in tests). On 4 KiB pages: its memory is
     /// touched as entries arrive, and a huge page's first touch zeroes 2 MiB and may have
     /// the kernel compact memory to find one (1.06 s of system time for the 13,303 faults
-    /// of `bench --programs conntrack --flows 1000 --capacity 2097152` on 047b997), for a
+    /// of `bench --programs conntrack --flows 1000 --capacity 2097152` on 87dc15e), for a
     /// gain in lookups no run on this machine has shown (docs/BENCHMARKS.md).
     pub fn new(capacity: usize, profiles: &[ExpireProfile], seed: u64) -> Self {
         Self::with_pages(capacity, profiles, seed, false)
