@@ -148,6 +148,29 @@ fn packets_an_output_cannot_hold_are_dropped_not_sent() {
             assert!(err.contains("timestamp beyond 2106; such packets are dropped as not_written (a .pcapng output holds them)"), "{err}");
         }
     }
+    // A file whose writes fail (a full disk): what its buffer held is lost, and none of
+    // it counts as sent; the run says why and fails.
+    let big = tmp("full-in.pcap");
+    generate_trace("internet", 5000, &big);
+    let run = bin()
+        .args(["run", "forward", "--json", "-i"])
+        .arg(&big)
+        .args(["-o", "/dev/full"])
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let c = &v["counters"];
+    assert!(c["rx_packets"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        (&c["tx_packets"], &c["tx_bytes"]),
+        (&0.into(), &0.into()),
+        "{v}"
+    );
+    assert_eq!(v["drops"]["not_written"], c["rx_packets"], "{v}");
+    assert_eq!(v["ports"][1]["tx_packets"], 0, "{v}");
+    let errors = v["errors"].to_string();
+    assert!(errors.contains("No space left on device"), "{errors}");
 }
 
 #[test]

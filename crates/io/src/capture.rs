@@ -393,18 +393,74 @@ impl CaptureWriter<BufWriter<File>> {
     }
 }
 
-/// A capture file opened as an output port.
+impl<W: io::Write> CaptureWriter<W> {
+    pub fn get_ref(&self) -> &W {
+        match self {
+            CaptureWriter::Pcap(p) => p.get_ref(),
+            CaptureWriter::Pcapng(p) => p.get_ref(),
+        }
+    }
+}
+
+/// A writer that counts the bytes its inner writer took: what reached the file.
+struct Landed<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: io::Write> io::Write for Landed<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A capture file opened as an output port, which knows which packets it took reached
+/// the file: a write that fails (a full disk) loses what its buffer held, and those
+/// packets were not sent ([`TxPort::unwritten`]).
 pub struct FileTx {
     name: String,
-    writer: CaptureWriter<BufWriter<File>>,
+    writer: CaptureWriter<BufWriter<Landed<File>>>,
+    /// Per packet taken and not yet known to have reached the file: where its record ends
+    /// in the file, and its captured length. In file order.
+    pending: std::collections::VecDeque<(u64, u32)>,
 }
 
 impl FileTx {
     pub fn create(path: &Path) -> io::Result<Self> {
+        let file = File::create(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
+        let landed = Landed {
+            inner: file,
+            bytes: 0,
+        };
         Ok(FileTx {
             name: path.display().to_string(),
-            writer: CaptureWriter::create(path)?,
+            writer: CaptureWriter::new(
+                BufWriter::with_capacity(1 << 20, landed),
+                CaptureFormat::from_path(path),
+            )?,
+            pending: std::collections::VecDeque::new(),
         })
+    }
+
+    /// Bytes that reached the file, and bytes given to the writer.
+    fn offsets(&self) -> (u64, u64) {
+        let buffered = self.writer.get_ref();
+        let landed = buffered.get_ref().bytes;
+        (landed, landed + buffered.buffer().len() as u64)
+    }
+
+    /// Forgets the packets that reached the file.
+    fn settle(&mut self) {
+        let (landed, _) = self.offsets();
+        while self.pending.front().is_some_and(|&(end, _)| end <= landed) {
+            self.pending.pop_front();
+        }
     }
 }
 
@@ -413,10 +469,20 @@ impl TxPort for FileTx {
         &self.name
     }
     fn send(&mut self, data: &[u8], orig_len: u32, ts_ns: u64) -> io::Result<()> {
-        self.writer.write(ts_ns, data, orig_len)
+        self.writer.write(ts_ns, data, orig_len)?;
+        let (_, given) = self.offsets();
+        self.pending.push_back((given, data.len() as u32));
+        self.settle();
+        Ok(())
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.writer.flush()
+        let flushed = self.writer.flush();
+        self.settle();
+        flushed
+    }
+    fn unwritten(&self) -> (u64, u64) {
+        let bytes = self.pending.iter().map(|&(_, len)| u64::from(len)).sum();
+        (self.pending.len() as u64, bytes)
     }
 }
 

@@ -297,6 +297,10 @@ impl<W: Write> PcapWriter<W> {
         self.w.flush()
     }
 
+    pub fn get_ref(&self) -> &W {
+        &self.w
+    }
+
     pub fn into_inner(self) -> W {
         self.w
     }

@@ -539,6 +539,10 @@ impl<W: Write> PcapngWriter<W> {
         self.w.flush()
     }
 
+    pub fn get_ref(&self) -> &W {
+        &self.w
+    }
+
     pub fn into_inner(self) -> W {
         self.w
     }

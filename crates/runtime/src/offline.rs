@@ -324,11 +324,16 @@ fn output_stage(
         }
     }
     for (p, out) in tx.iter_mut().enumerate() {
-        if let Some(out) = out
-            && let Err(e) = out.flush()
-        {
+        let Some(out) = out else { continue };
+        if let Err(e) = out.flush() {
             errors.push(format!("flushing port {p} ({}): {e}", out.name()));
         }
+        // What a failed write lost of what the port took was not sent either.
+        let (packets, bytes) = out.unwritten();
+        counts[p].0 = counts[p].0.saturating_sub(packets);
+        counts[p].1 = counts[p].1.saturating_sub(bytes);
+        not_written.0 += packets;
+        not_written.1 += bytes;
     }
     if let Some(out) = control
         && let Err(e) = out.flush()

@@ -101,6 +101,11 @@ pub trait TxPort: Send {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+    /// Packets and bytes `send` took that never reached their destination: those a file's
+    /// buffer held when a write of it failed. Asked once the port is done with.
+    fn unwritten(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 /// What a live port counts, beyond the worker's counters: what the kernel or the rings
