@@ -384,10 +384,17 @@ impl<W: io::Write> CaptureWriter<W> {
 impl CaptureWriter<BufWriter<File>> {
     /// Creates `path`, its format chosen by [`CaptureFormat::from_path`].
     pub fn create(path: &Path) -> io::Result<Self> {
+        Self::create_through(path, |file| file)
+    }
+}
+
+impl<W: io::Write> CaptureWriter<BufWriter<W>> {
+    /// Creates `path` as [`CaptureWriter::create`] does, writing through `wrap` of it.
+    fn create_through(path: &Path, wrap: impl FnOnce(File) -> W) -> io::Result<Self> {
         let file = File::create(path)
             .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
         Self::new(
-            BufWriter::with_capacity(1 << 20, file),
+            BufWriter::with_capacity(1 << 20, wrap(file)),
             CaptureFormat::from_path(path),
         )
     }
@@ -432,18 +439,10 @@ pub struct FileTx {
 
 impl FileTx {
     pub fn create(path: &Path) -> io::Result<Self> {
-        let file = File::create(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
-        let landed = Landed {
-            inner: file,
-            bytes: 0,
-        };
+        let landed = |inner| Landed { inner, bytes: 0 };
         Ok(FileTx {
             name: path.display().to_string(),
-            writer: CaptureWriter::new(
-                BufWriter::with_capacity(1 << 20, landed),
-                CaptureFormat::from_path(path),
-            )?,
+            writer: CaptureWriter::create_through(path, landed)?,
             pending: std::collections::VecDeque::new(),
         })
     }

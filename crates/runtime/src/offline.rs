@@ -224,6 +224,46 @@ impl Written {
     }
 }
 
+/// What a port's output has met: a failure, after which it takes nothing more; a packet
+/// it refused alone (its format cannot hold it), which was logged.
+#[derive(Clone, Copy, Default)]
+struct PortWrites {
+    failed: bool,
+    warned: bool,
+}
+
+impl PortWrites {
+    /// Sends packet `d` (its bytes `data`) on `out`, port `p`: whether it was written. A
+    /// refusal of this packet alone (`InvalidInput`) is logged once per port; any other
+    /// error fails the port, and is kept in `errors`.
+    fn send(
+        &mut self,
+        out: &mut dyn TxPort,
+        p: usize,
+        d: &crate::burst::PacketDesc,
+        data: &[u8],
+        errors: &mut Vec<String>,
+    ) -> bool {
+        if self.failed {
+            return false;
+        }
+        let Err(e) = out.send(data, d.orig_len, d.ts_ns) else {
+            return true;
+        };
+        let name = out.name();
+        if e.kind() != std::io::ErrorKind::InvalidInput {
+            errors.push(format!("writing port {p} ({name}): {e}; its later packets are not written (dropped as not_written)"));
+            self.failed = true;
+        } else if !self.warned {
+            log::warn!(
+                "writing port {p} ({name}): {e}; such packets are dropped as not_written (a .pcapng output holds them)"
+            );
+            self.warned = true;
+        }
+        false
+    }
+}
+
 /// The output stage: takes round `r` from every worker, merges by sequence number, sends.
 fn output_stage(
     from_workers: &[Receiver<Burst>],
@@ -234,8 +274,7 @@ fn output_stage(
 ) -> Written {
     let mut counts = vec![(0u64, 0u64); tx.len()];
     let mut errors: Vec<String> = Vec::new();
-    let mut failed = vec![false; tx.len()];
-    let mut refused_before = vec![false; tx.len()];
+    let mut writes = vec![PortWrites::default(); tx.len()];
     let mut not_written = (0u64, 0u64);
     let mut control_failed = false;
     let mut bursts: Vec<Burst> = Vec::with_capacity(from_workers.len());
@@ -276,31 +315,20 @@ fn output_stage(
                 Verdict::Forward(_) | Verdict::Flood => {
                     for port in d.verdict.out_ports(d.in_port, tx.len()) {
                         let p = usize::from(port);
-                        counts[p].0 += 1;
-                        counts[p].1 += u64::from(d.len);
-                        let Some(out) = tx[p].as_mut() else {
-                            continue; // a port without an output counts its packets only
+                        let sent = match tx[p].as_mut() {
+                            Some(out) => writes[p].send(out.as_mut(), p, &d, data, &mut errors),
+                            None => true, // a port without an output counts its packets only
                         };
-                        let sent = match failed[p] {
-                            true => false,
-                            false => out.send(data, d.orig_len, d.ts_ns).map_err(|e| {
-                                let refused = e.kind() == std::io::ErrorKind::InvalidInput;
-                                if !refused {
-                                    errors.push(format!("writing port {p} ({}): {e}; its later packets are not written (dropped as not_written)", out.name()));
-                                    failed[p] = true;
-                                    handle.stop.store(true, Ordering::Relaxed);
-                                } else if !refused_before[p] {
-                                    log::warn!("writing port {p} ({}): {e}; such packets are dropped as not_written (a .pcapng output holds them)", out.name());
-                                    refused_before[p] = true;
-                                }
-                            }).is_ok(),
-                        };
-                        if !sent {
-                            counts[p].0 -= 1;
-                            counts[p].1 -= u64::from(d.len);
-                            not_written.0 += 1;
-                            not_written.1 += u64::from(d.len);
+                        if !sent && writes[p].failed {
+                            handle.stop.store(true, Ordering::Relaxed);
                         }
+                        let to = if sent {
+                            &mut counts[p]
+                        } else {
+                            &mut not_written
+                        };
+                        to.0 += 1;
+                        to.1 += u64::from(d.len);
                     }
                 }
                 Verdict::ToControl(_) => {

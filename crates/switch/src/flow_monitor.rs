@@ -353,18 +353,12 @@ impl InputCounts {
 
     /// The counts as JSON fields, to stand beside the flow report's.
     pub fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
-        let malformed: serde_json::Map<String, serde_json::Value> = (self.malformed.iter())
-            .map(|(reason, n)| ((*reason).to_owned(), serde_json::json!(n)))
+        let by_reason: serde_json::Map<_, _> = (self.malformed.iter())
+            .map(|(reason, n)| ((*reason).to_owned(), (*n).into()))
             .collect();
-        let mut fields = serde_json::Map::new();
-        fields.insert("read".into(), serde_json::json!(self.read));
-        fields.insert(
-            "malformed".into(),
-            serde_json::json!(self.malformed_total()),
-        );
-        fields.insert("malformed_by_reason".into(), malformed.into());
-        fields.insert("oversize".into(), serde_json::json!(self.oversize));
-        fields
+        let fields = serde_json::json!({"read": self.read, "malformed": self.malformed_total(),
+            "malformed_by_reason": by_reason, "oversize": self.oversize});
+        fields.as_object().cloned().unwrap_or_default()
     }
 
     /// The counts as table rows, to follow the flow report's.
