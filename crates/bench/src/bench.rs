@@ -33,10 +33,11 @@ pub struct BenchArgs {
     /// Flows (connections) in the generated trace (default: the workload's).
     #[arg(long)]
     pub flows: Option<u64>,
-    /// conntrack's table capacity per worker (1 to 67,108,864): room for every connection
-    /// of the trace, or the benchmark's every-packet-forwarded check fails naming it.
-    #[arg(long, default_value_t = 1_048_576)]
-    pub capacity: usize,
+    /// conntrack's table capacity per worker (1 to 67,108,864; default 1,048,576): room for
+    /// every connection of the trace, or the benchmark's every-packet-forwarded check
+    /// fails naming it. Only with conntrack among --programs.
+    #[arg(long)]
+    pub capacity: Option<usize>,
     /// Frame size of the generated trace (as captured).
     #[arg(long, default_value_t = 64)]
     pub packet_size: usize,
@@ -326,8 +327,11 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
     let burst_size = bounded("--burst", a.burst, 1, 1024)?;
     let repeat = bounded("--repeat", a.repeat, 1, 101)?;
     let huge = !a.no_hugepages;
-    let capacity = bounded("--capacity", a.capacity, 1, 1 << 26)?;
+    let capacity = bounded("--capacity", a.capacity.unwrap_or(1 << 20), 1, 1 << 26)?;
     let programs: Vec<&str> = a.programs.split(',').map(str::trim).collect();
+    if a.capacity.is_some() && !programs.contains(&"conntrack") {
+        return Err("--capacity sizes conntrack's table; add conntrack to --programs".into());
+    }
     if a.trace.is_some() && a.flows.is_some() {
         return Err("--flows shapes a generated trace; --trace replays one as it is".into());
     }

@@ -233,6 +233,16 @@ fn errors_name_the_field_and_the_fix() {
         "gen writes a capture file, not standard output",
     );
     assert!(!Path::new("-").exists());
+    // bench's settings that would go unused are refused, naming the fix.
+    refused(
+        &["bench", "--programs", "forward", "--capacity", "5"],
+        "--capacity sizes conntrack's table; add conntrack to --programs",
+    );
+    let trace = input.to_str().unwrap();
+    refused(
+        &["bench", "--trace", trace, "--flows", "10"],
+        "--flows shapes a generated trace; --trace replays one as it is",
+    );
     // A capture of a link type no switch sees is refused by name, with those it reads.
     let mut bytes = std::fs::read(&input).unwrap();
     bytes[20..24].copy_from_slice(&127u32.to_le_bytes());
