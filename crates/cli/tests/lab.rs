@@ -613,18 +613,34 @@ fn frames_above_the_mtu_that_are_not_tcp_are_named_with_the_fix() {
          for _ in range(3): s.sendto(b'x'*4000,('198.18.0.2',5311))";
     let sent = lab.exec("h1", &["timeout", "10", "python3", "-c", sender]);
     assert!(sent.status.success(), "{}", text(&sent));
-    let log = std::fs::read_to_string(lab_file(&lab, "s1.log")).unwrap_or_default();
-    assert!(
+    // The switch logs the first as it drops it, and publishes its ports' counts every
+    // 100 ms: both are read until they show it (bounded).
+    let warned = |log: &str| {
         log.contains("p0: dropped a ")
             && log.contains("larger than its MTU (1500) allows")
-            && log.contains("ethtool -K"),
-        "{log}"
+            && log.contains("ethtool -K")
+    };
+    let log = read_until(
+        || std::fs::read_to_string(lab_file(&lab, "s1.log")).unwrap_or_default(),
+        warned,
     );
-    let metrics = metric_lines(&lab, "s1");
-    assert!(
-        port_count(&metrics, "rx_oversize", "p0") > Some(0),
-        "{metrics}"
-    );
+    assert!(warned(&log), "{log}");
+    let counted = |metrics: &str| port_count(metrics, "rx_oversize", "p0") > Some(0);
+    let metrics = read_until(|| metric_lines(&lab, "s1"), counted);
+    assert!(counted(&metrics), "{metrics}");
+}
+
+/// Reads with `read` until `done` holds of what it gave, for at most 5 s; returns the last
+/// reading.
+fn read_until(mut read: impl FnMut() -> String, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let reading = read();
+        if done(&reading) || std::time::Instant::now() > deadline {
+            return reading;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
