@@ -124,10 +124,7 @@ struct Outcome {
 }
 
 fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    (status.lines().find(|l| l.starts_with("VmRSS:")))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+    stateplane_mem::budget::resident(stateplane_mem::budget::Resident::Now).unwrap_or(0) / 1024
 }
 
 fn host(i: u32, base: u8) -> Ipv4Addr {

@@ -85,16 +85,20 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
             errors,
             records_to_stdout,
             interrupted,
+            memory,
         } => {
+            use stateplane_switch::summary::{memory_json, memory_table};
             if args.summary_json {
                 let mut json = flows.to_json(wall);
                 if let Some(fields) = json.as_object_mut() {
                     fields.extend(input.json_fields());
+                    fields.insert("memory".into(), memory_json(&memory));
                 }
                 crate::summary_output::emit(&format!("{json}\n"), records_to_stdout);
             } else {
                 // Standard error: a table is for people, and records may be on standard output.
-                eprint!("{}{}", flows.table(wall), input.table());
+                let memory = memory_table(&memory);
+                eprint!("{}{}{memory}", flows.table(wall), input.table());
             }
             if !errors.is_empty() {
                 return Err(errors.join("; "));

@@ -1298,6 +1298,74 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         .unwrap());
 }
 
+/// The summary says what each setting holds of the memory budget, in each copy and in
+/// all, adding up to what the run claimed, and what the run held resident at its peak:
+/// a conntrack table sized for 1,250,000 connections a worker is claimed whole in each of
+/// its three copies (two workers and the run's own) and touched only where 11 packets
+/// went. `flows` says the same of its flow tables.
+#[test]
+fn summaries_give_each_settings_share_of_the_memory_budget() {
+    let input = tmp("shares-in.pcap");
+    generate_trace("internet", 11, &input);
+    let cfg = tmp("shares.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\n[program]\nname = \"conntrack\"\n[program.conntrack]\ncapacity = 1250000\n",
+    )
+    .unwrap();
+    let run = |json: bool| {
+        let mut run = bin();
+        run.args(["run", "--config"])
+            .arg(&cfg)
+            .arg("-i")
+            .arg(&input);
+        if json {
+            run.arg("--json");
+        }
+        ok(run.output().unwrap())
+    };
+    let summary: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    let memory = &summary["memory"];
+    let shares = memory["by_setting"].as_array().unwrap();
+    let table = (shares.iter())
+        .find(|s| s["setting"] == "program.conntrack.capacity")
+        .unwrap_or_else(|| panic!("{memory}"));
+    let (each, copies) = (table["each"].as_u64().unwrap(), table["copies"].as_u64());
+    assert_eq!(copies, Some(3), "{memory}");
+    assert_eq!(table["bytes"].as_u64(), Some(each * 3));
+    assert!(
+        each >= 1_250_000 * 64,
+        "a slot holds at least its key: {memory}"
+    );
+    assert!(
+        (shares.iter()).any(|s| s["setting"] == "queue_depth, burst"),
+        "{memory}"
+    );
+    let sum: u64 = shares.iter().map(|s| s["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(memory["claimed_bytes"].as_u64(), Some(sum));
+    assert!(memory["budget_bytes"].as_u64() > Some(sum));
+    let peak = memory["resident_peak_bytes"].as_u64().unwrap();
+    assert!(peak > 0 && peak < each, "touched by need: {memory}");
+    let text = run(false);
+    assert!(
+        (text.lines()).any(|l| l.contains("program.conntrack.capacity") && l.contains("(3 x ")),
+        "{text}"
+    );
+    assert!(text.contains("resident at peak"), "{text}");
+    // The flow monitor's flow tables, every worker's, claimed once.
+    let args = ["flows", "--csv", "-", "--summary-json", "--workers", "2"];
+    let flows = bin().args(args).arg("-i").arg(&input).output().unwrap();
+    let stderr = String::from_utf8_lossy(&flows.stderr).into_owned();
+    let summary: serde_json::Value = (stderr.lines().rev())
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    let memory = &summary["memory"];
+    let shares = memory["by_setting"].as_array().unwrap();
+    assert_eq!(shares.len(), 1, "{memory}");
+    assert_eq!(shares[0]["setting"], "--max-flows");
+    assert_eq!(memory["claimed_bytes"], shares[0]["bytes"]);
+}
+
 /// What tshark reads of each frame of `file` that `filter` keeps: the `fields`, in order.
 fn tshark_fields(file: &Path, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
     let mut tshark = tool("tshark");

@@ -3016,6 +3016,14 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
     }
+    // And what the table and each interface's rings hold of the memory budget.
+    for setting in ["program.l2.capacity", "p0 rings", "p1 rings"] {
+        let prefix = format!("stateplane_memory_share_bytes{{setting=\"{setting}\"}} ");
+        let bytes = (metrics.lines())
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(bytes > Some(0), "{setting}: {metrics}");
+    }
     assert!(
         text(&out).contains("pipeline.rx_packets "),
         "{}",

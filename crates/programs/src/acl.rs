@@ -601,11 +601,13 @@ impl Acl {
         let versions = 2
             * (Ternary::<RuleAction>::bytes_for(cfg.capacity)
                 + (cfg.capacity * std::mem::size_of::<Rule<RuleAction>>()) as u64);
+        let capacity_field = format!("{field}.capacity");
         stateplane_mem::budget::claim_once(
+            &capacity_field,
             || format!("two versions of the rule tables of {} rules", cfg.capacity),
             versions,
         )
-        .map_err(|e| ConfigError::new(format!("{field}.capacity"), e.to_string()))?;
+        .map_err(|e| ConfigError::new(capacity_field, e.to_string()))?;
         let rules = Arc::new(Rules::new(rules, cfg.capacity));
         Ok(Acl {
             directions,

@@ -369,7 +369,8 @@ pub(crate) fn claim_bytes(
     what: impl FnOnce() -> String,
     bytes: u64,
 ) -> Result<(), ConfigError> {
-    stateplane_mem::budget::claim(what, bytes).map_err(|e| ConfigError::new(field, e.to_string()))
+    stateplane_mem::budget::claim(field, what, bytes)
+        .map_err(|e| ConfigError::new(field, e.to_string()))
 }
 
 /// For settings that are on unless turned off.

@@ -184,7 +184,7 @@ impl RuleBudget {
         RuleBudget {
             tables,
             held: Mutex::new(RulesHeld {
-                allowance: Allowance::new(growth),
+                allowance: Allowance::new(growth, "rules"),
                 most: 0,
                 extra_actions: 0,
             }),

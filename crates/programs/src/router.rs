@@ -315,7 +315,7 @@ impl Router {
                 newest: tables.clone(),
                 spare: None,
                 behind: Vec::new(),
-                budget: Allowance::new(Growth::of_scope()),
+                budget: Allowance::new(Growth::of_scope(), "routes"),
             })),
             tables,
             port_macs,

@@ -69,6 +69,8 @@ pub struct Switch {
     metrics: Option<std::net::SocketAddr>,
     /// The bounds it runs within, for the metrics.
     bounds: Vec<metrics::Bound>,
+    /// What it claimed of its memory budget, by setting, for the metrics and the summary.
+    memory: stateplane_mem::budget::Growth,
     ports: Ports,
 }
 
@@ -212,7 +214,7 @@ impl Switch {
                 sync: sync.clone(),
                 replication: replication.clone(),
                 bounds: bounds.clone(),
-                memory: growth,
+                memory: growth.clone(),
             }))
         } else {
             open_files(&ports, options.control_pcap.as_deref())?
@@ -228,6 +230,7 @@ impl Switch {
             handle: Arc::new(RunHandle::new(workers)),
             metrics,
             bounds,
+            memory: growth,
             ports,
         })
     }
@@ -265,6 +268,7 @@ impl Switch {
             handle,
             metrics: metrics_addr,
             bounds,
+            memory,
             ports,
         } = self;
         let (ports, _) = match ports {
@@ -284,6 +288,7 @@ impl Switch {
                     sync: sync.as_ref().map(|s| s.counters.clone()),
                     replication: replication.as_ref().map(|r| r.counters.clone()),
                     bounds,
+                    memory: memory.clone(),
                     // A run over files has no control plane to ask its tables of.
                     plane: None,
                 },
@@ -307,6 +312,7 @@ impl Switch {
             live: false,
             records_to_stdout,
             interrupted,
+            memory,
         })
     }
 }
@@ -340,20 +346,24 @@ fn claim_bursts(
         false => stateplane_runtime::Burst::pool(queue_depth, burst_size, holds_packets),
     };
     let bytes = stateplane_runtime::Burst::bytes_for(capacity) * (pool * workers) as u64;
+    let setting = "queue_depth, burst";
     stateplane_mem::budget::claim_once(
+        setting,
         || format!("packet buffers of {pool} bursts of {capacity} packets for each of {workers} workers"),
         bytes,
     )
-    .map_err(|e| format!("queue_depth, burst: {e}"))
+    .map_err(|e| format!("{setting}: {e}"))
 }
 
 /// Claims the packets each worker may hold for its replicated flows' writes.
 fn claim_parking(park_limit: usize, workers: usize) -> SetupResult<()> {
+    let setting = "replication.park_limit";
     stateplane_mem::budget::claim_once(
+        setting,
         || format!("{park_limit} parked packets for each of {workers} workers"),
         crate::replication_stage::parking_claim(park_limit, workers),
     )
-    .map_err(|e| format!("replication.park_limit: {e}"))
+    .map_err(|e| format!("{setting}: {e}"))
 }
 
 /// Claims a passive monitor's capture rings, one per worker and interface.
@@ -363,7 +373,9 @@ pub(crate) fn claim_capture_rings(
     interfaces: usize,
 ) -> SetupResult<()> {
     let rings = (workers * interfaces) as u64;
+    let setting = "--capture-buffer (capture_buffer)";
     stateplane_mem::budget::claim_once(
+        setting,
         || {
             format!(
                 "{rings} capture rings of {} bytes ({workers} workers, {interfaces} interfaces)",
@@ -372,7 +384,7 @@ pub(crate) fn claim_capture_rings(
         },
         buffer.0 as u64 * rings,
     )
-    .map_err(|e| format!("--capture-buffer (capture_buffer): {e}"))
+    .map_err(|e| format!("{setting}: {e}"))
 }
 
 /// The program named by `name` or the config, built for the ports `names`.

@@ -276,8 +276,12 @@ fn claim_rings(run: &LiveRun, iface: &str, rings: &RingConfig) -> SetupResult<()
         IoChoice::Observe => 0,
     };
     let workers = run.runtime.workers;
+    if queue == 0 {
+        return Ok(());
+    }
     (run.memory)
         .take(
+            &format!("{iface} rings"),
             || {
                 format!(
                     "rings for {workers} worker(s) at MTU {} (a lower MTU makes them smaller)",
@@ -388,6 +392,7 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
                 sync: run.sync.as_ref().map(|s| s.counters.clone()),
                 replication: run.replication.as_ref().map(|r| r.counters.clone()),
                 bounds: run.bounds.clone(),
+                memory: run.memory.clone(),
                 plane,
             },
         )?;
@@ -448,6 +453,7 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
         live: true,
         records_to_stdout,
         interrupted: None,
+        memory: run.memory,
     })
 }
 

@@ -268,7 +268,9 @@ impl FlowSettings {
         }
         // Every worker's tables at their budget, claimed before any is made.
         let per_worker = FlowStage::budget_for(&stage);
+        let setting = name("max_flows");
         stateplane_mem::budget::claim_once(
+            &setting,
             || {
                 format!(
                     "flow tables of {} flows for {workers} workers",
@@ -277,7 +279,7 @@ impl FlowSettings {
             },
             per_worker.saturating_mul(workers as u64),
         )
-        .map_err(|e| format!("{}: {e}", name("max_flows")))?;
+        .map_err(|e| format!("{setting}: {e}"))?;
         // Stages first, so that a bad size is an error before any sink is opened.
         let stages = (0..workers)
             .map(|w| {

@@ -119,6 +119,8 @@ pub struct FlowMonitor {
     export: FlowExport,
     handle: Arc<RunHandle>,
     inputs: Inputs,
+    /// What its settings claimed of the memory budget, for the summary.
+    memory: stateplane_mem::budget::Growth,
 }
 
 enum Inputs {
@@ -151,6 +153,8 @@ pub enum MonitorOutcome {
         /// The signal (SIGINT or SIGTERM) that ended the run before its inputs did: the
         /// flows of what was read were exported all the same.
         interrupted: Option<i32>,
+        /// What its settings claimed of the memory budget.
+        memory: stateplane_mem::budget::Growth,
     },
 }
 
@@ -213,9 +217,10 @@ impl FlowMonitor {
                 let rings = capture_buffer.unwrap_or_default();
                 crate::assemble::claim_capture_rings(rings, workers, interfaces.len())?;
             }
-            settings.start(Naming::Flags, workers, seed, live, None)
+            let started = settings.start(Naming::Flags, workers, seed, live, None)?;
+            SetupResult::Ok((started, stateplane_mem::budget::Growth::of_scope()))
         });
-        let (export, tap) = started?;
+        let ((export, tap), memory) = started?;
         let runtime = RuntimeConfig {
             workers,
             hasher: FlowHasher::with_seed(seed),
@@ -241,6 +246,7 @@ impl FlowMonitor {
             export,
             handle,
             inputs,
+            memory,
         })
     }
 
@@ -272,6 +278,7 @@ impl FlowMonitor {
             export,
             handle,
             inputs,
+            memory,
         } = self;
         let start = Instant::now();
         let (sources, ports) = match inputs {
@@ -299,7 +306,7 @@ impl FlowMonitor {
                     // No metrics endpoint to serve them on.
                     bounds: Vec::new(),
                     // Its rings were claimed with its settings, above.
-                    memory: stateplane_mem::budget::Growth::default(),
+                    memory,
                 })?;
                 return Ok(MonitorOutcome::Live(Box::new(outcome)));
             }
@@ -319,6 +326,7 @@ impl FlowMonitor {
             errors: run.errors,
             records_to_stdout,
             interrupted,
+            memory,
         })
     }
 }

@@ -47,6 +47,8 @@ pub struct Scrape {
     /// The replication stages' counters, where state is replicated.
     pub replication: Option<Arc<ReplicationCounters>>,
     pub bounds: Vec<Bound>,
+    /// What the run holds of its memory budget, by setting.
+    pub memory: stateplane_mem::budget::Growth,
     /// A live run's control plane: its tables' entries against their capacity, asked of
     /// the workers at each scrape.
     pub plane: Option<Arc<stateplane_runtime::ControlPlane>>,
@@ -508,7 +510,15 @@ impl Collector for Scrape {
                 vec![(Vec::new(), b.value.now())],
             )?;
         }
-        Ok(())
+        let shares = (self.memory.shares().into_iter())
+            .map(|s| (vec![("setting", s.setting.clone())], s.bytes()))
+            .collect();
+        gauge(
+            &mut e,
+            "stateplane_memory_share_bytes",
+            "What each setting holds of the memory budget, in all copies (a table's capacity, a sketch's width, the bursts; and what grows: routes, rules, an interface's rings); they add up to stateplane_memory_claimed_bytes",
+            shares,
+        )
     }
 }
 
@@ -712,7 +722,7 @@ mod tests {
             setting: "memory_budget",
         };
         let (growth, _) = stateplane_mem::budget::scope(budget, || {
-            stateplane_mem::budget::claim_once(String::new, 1000).unwrap();
+            stateplane_mem::budget::claim_once("burst", String::new, 1000).unwrap();
             stateplane_mem::budget::Growth::of_scope()
         });
         let mut registry = Registry::default();
@@ -727,6 +737,7 @@ mod tests {
                 ..ReplicationCounters::default()
             })),
             plane: None,
+            memory: growth.clone(),
             bounds: vec![
                 Bound {
                     name: "memory_budget_bytes",
@@ -746,8 +757,15 @@ mod tests {
             "{body}"
         );
         // What grows after loading is in the next scrape.
-        growth.take(String::new, 24).unwrap();
-        assert!(render(&registry).contains("\nstateplane_memory_claimed_bytes 1024\n"));
+        growth.take("routes", String::new, 24).unwrap();
+        let body = render(&registry);
+        assert!(body.contains("\nstateplane_memory_claimed_bytes 1024\n"));
+        for share in [
+            "stateplane_memory_share_bytes{setting=\"burst\"} 1000",
+            "stateplane_memory_share_bytes{setting=\"routes\"} 24",
+        ] {
+            assert!(body.lines().any(|l| l == share), "{share}: {body}");
+        }
         let body = render(&registry);
         assert!(
             body.lines()

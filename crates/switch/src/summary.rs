@@ -3,6 +3,7 @@
 
 use crate::flow_export::FlowReport;
 use serde_json::json;
+use stateplane_mem::budget::{Bytes, Growth, Resident};
 use stateplane_runtime::RunReport;
 use stateplane_runtime::{Counter, PortCounters};
 
@@ -58,9 +59,6 @@ pub fn table(report: &RunReport, program: &str, port_names: &[String]) -> String
     let mut out = String::new();
     let t = &report.total;
     let secs = report.wall.as_secs_f64();
-    let row = |out: &mut String, k: &str, v: String| {
-        let _ = writeln!(out, "  {k:<28} {v:>16}");
-    };
     let _ = writeln!(
         out,
         "stateplane run: {program}, {} worker(s)",
@@ -113,6 +111,12 @@ pub fn table(report: &RunReport, program: &str, port_names: &[String]) -> String
     out
 }
 
+/// One line of the summary table: a name and its value.
+fn row(out: &mut String, name: &str, value: String) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "  {name:<28} {value:>16}");
+}
+
 /// Live ports' own counts (kernel drops, ring full, oversize), per port.
 pub fn port_counters_json(ports: &[PortCounters], names: &[String]) -> serde_json::Value {
     let map: serde_json::Map<String, serde_json::Value> = ports
@@ -147,6 +151,47 @@ pub fn port_counters_table(ports: &[PortCounters], names: &[String]) -> String {
     out
 }
 
+/// What a run holds of its memory budget, by setting, at the end (what grew and shrank as
+/// it went, as it stands then), and the most it held resident: the budget counts every
+/// table whole, the kernel only the pages touched.
+pub fn memory_json(memory: &Growth) -> serde_json::Value {
+    let shares: Vec<serde_json::Value> = (memory.shares().iter())
+        .map(|s| {
+            json!({"setting": s.setting, "bytes": s.bytes(), "each": s.each, "copies": s.copies})
+        })
+        .collect();
+    json!({
+        "budget_bytes": memory.limit(),
+        "claimed_bytes": memory.claimed(),
+        "by_setting": shares,
+        "resident_peak_bytes": stateplane_mem::budget::resident(Resident::Peak),
+    })
+}
+
+/// [`memory_json`] as lines of the summary table.
+pub fn memory_table(memory: &Growth) -> String {
+    let mut out = String::new();
+    if let Some(limit) = memory.limit() {
+        row(&mut out, "memory budget", Bytes(limit).to_string());
+        row(&mut out, "claimed", Bytes(memory.claimed()).to_string());
+        for s in memory.shares() {
+            let copies = match s.copies {
+                1 => String::new(),
+                n => format!(" ({n} x {})", Bytes(s.each)),
+            };
+            row(
+                &mut out,
+                &format!("  {}", s.setting),
+                format!("{}{copies}", Bytes(s.bytes())),
+            );
+        }
+    }
+    if let Some(peak) = stateplane_mem::budget::resident(Resident::Peak) {
+        row(&mut out, "resident at peak", Bytes(peak).to_string());
+    }
+    out
+}
+
 /// What a run did: the runtime's report, and its flow records' if it exported any.
 pub struct Outcome {
     pub program: String,
@@ -164,6 +209,8 @@ pub struct Outcome {
     /// Over capture files: the signal (SIGINT or SIGTERM) that ended the run before its
     /// inputs did, after what was read went through (a live run's stop is its normal end).
     pub interrupted: Option<i32>,
+    /// What it holds of its memory budget, by setting.
+    pub memory: Growth,
 }
 
 impl Outcome {
@@ -184,6 +231,7 @@ impl Outcome {
         if let Some(r) = &self.replication {
             value["replication"] = json!(r);
         }
+        value["memory"] = memory_json(&self.memory);
         value
     }
 
@@ -202,7 +250,7 @@ impl Outcome {
         if let Some(r) = &self.replication {
             table += &r.table();
         }
-        table
+        table + &memory_table(&self.memory)
     }
 
     /// The run's failure, if it had one: an export that failed, then errors of the run.

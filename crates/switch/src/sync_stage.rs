@@ -217,6 +217,7 @@ impl SyncSettings {
         }
         // Each worker's read handler keeps a table of that many slots.
         stateplane_mem::budget::claim_once(
+            "sync.slots",
             || format!("sync tables of {slots} slots for {workers} workers"),
             stateplane_sync::read_handler::ReadHandler::bytes_for(slots)
                 .saturating_mul(workers as u64),
