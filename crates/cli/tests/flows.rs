@@ -736,6 +736,20 @@ fn pcapng_packet(out: &mut Vec<u8>, interface: u32, ts_ns: u64, data: &[u8], ori
 /// `frames` (Ethernet, untagged IP) as a capture of link type `linktype`
 /// ([`as_link_type`]), in pcap or pcapng.
 fn host_capture(frames: &[(u64, Vec<u8>, u32)], linktype: u32, pcapng: bool) -> Vec<u8> {
+    let packets = (frames.iter()).map(|(ts_ns, frame, orig_len)| {
+        let (data, orig_len) = as_link_type(frame, *orig_len, linktype);
+        (*ts_ns, data, orig_len)
+    });
+    capture_of(linktype, pcapng, packets)
+}
+
+/// A capture of link type `linktype`, in pcap or pcapng (microseconds), of `packets`: each
+/// its time in nanoseconds, its bytes and its length on the wire.
+fn capture_of(
+    linktype: u32,
+    pcapng: bool,
+    packets: impl IntoIterator<Item = (u64, Vec<u8>, u32)>,
+) -> Vec<u8> {
     let mut out = Vec::new();
     if pcapng {
         out = pcapng_section();
@@ -747,10 +761,9 @@ fn host_capture(frames: &[(u64, Vec<u8>, u32)], linktype: u32, pcapng: bool) -> 
             &[0xa1b2_c3d4, 0x0004_0002, 0, 0, 262_144, linktype],
         );
     }
-    for (ts_ns, frame, orig_len) in frames {
-        let (data, orig_len) = as_link_type(frame, *orig_len, linktype);
+    for (ts_ns, data, orig_len) in packets {
         if pcapng {
-            pcapng_packet(&mut out, 0, *ts_ns, &data, orig_len);
+            pcapng_packet(&mut out, 0, ts_ns, &data, orig_len);
         } else {
             let (secs, micros) = (ts_ns / 1_000_000_000, ts_ns % 1_000_000_000 / 1000);
             words(
@@ -763,6 +776,19 @@ fn host_capture(frames: &[(u64, Vec<u8>, u32)], linktype: u32, pcapng: bool) -> 
     out
 }
 
+/// The untagged IP frames (IPv4, and IPv6 if `v6`) of a generated trace of `packets`
+/// packets with `seed`, each its time, its bytes and its length on the wire.
+fn untagged_ip_frames(name: &str, packets: u32, seed: u32, v6: bool) -> Vec<(u64, Vec<u8>, u32)> {
+    let generated = tmp(name);
+    generate(packets, seed, &generated);
+    let ip = |f: &[u8]| f[12..14] == [8, 0] || (v6 && f[12..14] == [0x86, 0xdd]);
+    (stateplane_io::capture::read_all(&generated)
+        .unwrap()
+        .into_iter())
+    .filter(|(_, f, _)| f.len() >= 34 && ip(f))
+    .collect()
+}
+
 /// Captures a host makes (Linux cooked SLL and SLL2 from `tcpdump -i any`, raw IP, BSD
 /// loopback), in pcap and pcapng, give the records of the Ethernet capture they were made
 /// from, one packet counted per record, with one worker or two, and tshark counts as many
@@ -770,13 +796,7 @@ fn host_capture(frames: &[(u64, Vec<u8>, u32)], linktype: u32, pcapng: bool) -> 
 /// one, a stream reads both, and the workers' chunks refuse it with the way out.
 #[test]
 fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
-    let generated = tmp("host-generated.pcap");
-    generate(5_000, 11, &generated);
-    let frames: Vec<_> = (stateplane_io::capture::read_all(&generated)
-        .unwrap()
-        .into_iter())
-    .filter(|(_, f, _)| f.len() >= 34 && (f[12..14] == [8, 0] || f[12..14] == [0x86, 0xdd]))
-    .collect();
+    let frames = untagged_ip_frames("host-generated.pcap", 5_000, 11, true);
     assert!(frames.len() > 4_000, "{} untagged IP frames", frames.len());
     let ethernet = tmp("host-ethernet.pcap");
     std::fs::write(&ethernet, host_capture(&frames, 1, false)).unwrap();
@@ -800,6 +820,11 @@ fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
             .unwrap());
         let want_count = format!("Number of packets:   {}", frames.len());
         assert!(counted.contains(&want_count), "{name}: {counted}");
+        // SLL2 names the interface (3, arriving): the records' way in is its port, 2.
+        let want = match linktype {
+            276 => with_column(&want, "in_port", "2"),
+            _ => want.clone(),
+        };
         for workers in ["1", "2"] {
             let flags = ["--workers", workers];
             let got = sorted_records(&path, &flags, &format!("{name}-{workers}.csv"));
@@ -829,7 +854,8 @@ fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
     let path = tmp("host-mixed.pcapng");
     std::fs::write(&path, mixed).unwrap();
     let on = ["--workers", "2", "--read-ahead", "on"];
-    assert_eq!(sorted_records(&path, &on, "host-mixed.csv"), want);
+    let mixed = sorted_records(&path, &on, "host-mixed.csv");
+    assert_eq!(mixed.len(), want.len());
     let path = path.to_str().unwrap();
     let chunks = [
         "flows",
@@ -844,6 +870,117 @@ fn captures_of_host_link_types_give_the_records_of_their_ethernet_capture() {
         &[&chunks[..], &["-i", path]].concat(),
         "is on an interface of link type 276 (LINUX_SLL2 (Linux cooked capture v2, e.g. tcpdump -i any)), described after the file's start: chunks are read from Ethernet captures only; read it with --read-ahead on",
     );
+}
+
+/// CSV `lines` (a header among them) with `column` set to `value` in every record.
+fn with_column(lines: &[String], column: &str, value: &str) -> Vec<String> {
+    let header = (lines.iter()).find(|l| l.starts_with("src,")).unwrap();
+    let at = header.split(',').position(|c| c == column).unwrap();
+    let mut set: Vec<String> = (lines.iter())
+        .map(|line| match line == header {
+            true => line.clone(),
+            false => {
+                let mut fields: Vec<&str> = line.split(',').collect();
+                fields[at] = value;
+                fields.join(",")
+            }
+        })
+        .collect();
+    set.sort();
+    set
+}
+
+/// `tcpdump -i any` on a host that routes: each packet captured arriving on one interface
+/// and leaving by another (SLL2, which names both), so that its flow's record has the
+/// interface it came in by and the one it left by (ports one below the kernel's indexes in
+/// CSV and JSON, the indexes themselves in IPFIX); a flow a capture saw only leave has no
+/// way in, one it saw only arrive no way out. SLL names the direction and no interface:
+/// the input stands for it.
+#[test]
+fn cooked_captures_give_flows_the_interfaces_packets_were_seen_on() {
+    let frames = untagged_ip_frames("seen-generated.pcap", 2_000, 5, false);
+    let ethernet = tmp("seen-ethernet.pcap");
+    std::fs::write(&ethernet, host_capture(&frames, 1, false)).unwrap();
+    let want = sorted_records(&ethernet, &[], "seen-ethernet.csv");
+    assert!(want.len() > 100, "{} records", want.len());
+    // A cooked header that says interface `index`, arriving or leaving.
+    let seen_on = |frame: &[u8], orig_len: u32, linktype: u32, index: u32, leaving: bool| {
+        let (mut data, orig_len) = as_link_type(frame, orig_len, linktype);
+        let packet_type = u8::from(leaving) * 4;
+        match linktype {
+            276 => {
+                data[4..8].copy_from_slice(&index.to_be_bytes());
+                data[10] = packet_type;
+            }
+            _ => data[1] = packet_type,
+        }
+        (data, orig_len)
+    };
+    // Each frame seen once for each of `seen`, a microsecond apart.
+    let capture = |name: &str, linktype: u32, seen: &[(u32, bool)]| {
+        let packets = (frames.iter()).flat_map(|(ts_ns, frame, orig_len)| {
+            (seen.iter().enumerate()).map(move |(i, &(index, leaving))| {
+                let (data, orig_len) = seen_on(frame, *orig_len, linktype, index, leaving);
+                (ts_ns + i as u64 * 1000, data, orig_len)
+            })
+        });
+        let path = tmp(name);
+        std::fs::write(&path, capture_of(linktype, false, packets)).unwrap();
+        path
+    };
+    // Routed: in by interface 2, out by 5. Each packet is seen twice, so it counts twice;
+    // a FIN or RST ends its flow, and its second sight starts a record of its own, which
+    // the capture saw only leave.
+    let routed = capture("seen-routed.pcap", 276, &[(2, false), (5, true)]);
+    let got = sorted_records(&routed, &["--workers", "2"], "seen-routed.csv");
+    for count in ["packets", "bytes"] {
+        let sum = |lines: &[String]| {
+            column(lines, count)
+                .iter()
+                .map(|v| v.parse::<u64>().unwrap())
+                .sum::<u64>()
+        };
+        assert_eq!(sum(&got), 2 * sum(&want), "{count}");
+    }
+    let ways = column(&got, "packets")
+        .into_iter()
+        .zip(column(&got, "in_port"))
+        .zip(column(&got, "out_port"));
+    for ((packets, way_in), way_out) in ways {
+        let seen_leaving_only = packets == "1" && way_in.is_empty();
+        assert!(
+            way_in == "1" || seen_leaving_only,
+            "{packets} {way_in} {way_out}"
+        );
+        assert_eq!(way_out, "4");
+    }
+    // Seen leaving by interface 7 only; arriving by 65,535 only (past what a record holds).
+    let leaving = capture("seen-leaving.pcap", 276, &[(7, true)]);
+    let got = sorted_records(&leaving, &[], "seen-leaving.csv");
+    assert_eq!(
+        got,
+        with_column(&with_column(&want, "in_port", ""), "out_port", "6")
+    );
+    let past = capture("seen-past.pcap", 276, &[(65_535, false)]);
+    let got = sorted_records(&past, &[], "seen-past.csv");
+    assert_eq!(got, with_column(&want, "in_port", ""));
+    // SLL: leaving by the input's interface, whose port is the input's, 0.
+    let sll = capture("seen-sll.pcap", 113, &[(0, true)]);
+    let got = sorted_records(&sll, &[], "seen-sll.csv");
+    assert_eq!(
+        got,
+        with_column(&with_column(&want, "in_port", ""), "out_port", "0")
+    );
+}
+
+/// The values of `column` in CSV `lines` (a header among them), in their order.
+fn column(lines: &[String], column: &str) -> Vec<String> {
+    let header = (lines.iter()).find(|l| l.starts_with("src,")).unwrap();
+    let at = header.split(',').position(|c| c == column).unwrap();
+    (lines.iter())
+        .filter(|l| *l != header)
+        .map(|l| l.split(',').nth(at).unwrap().to_owned())
+        .collect()
 }
 
 /// An Ethernet frame of `ethertype` and `payload`, from 02:00:00:00:00:01.

@@ -18,6 +18,20 @@ pub struct Observation {
 /// An egress port for packets whose fate is not known (an observer's).
 pub const NO_PORT: u16 = u16::MAX;
 
+/// The ports a flow keeps as its later packets come (`later_in`, `later_out`): the first
+/// way in any packet had, and the last way out. A packet with none ([`NO_PORT`]: an
+/// observer's, captured on its way in or on its way out) leaves what is kept, so a flow
+/// a capture saw both arrive and leave a host has both.
+#[inline]
+fn keep_ports(kept: (&mut u16, &mut u16), later_in: u16, later_out: u16) {
+    if *kept.0 == NO_PORT {
+        *kept.0 = later_in;
+    }
+    if later_out != NO_PORT {
+        *kept.1 = later_out;
+    }
+}
+
 /// What became of a flow's last packet, kept in the `out_port` of its features: the port
 /// it left by, or above every port a switch can have, what happened instead. So a
 /// record's fate costs no byte of its flow's slot.
@@ -209,7 +223,11 @@ impl FlowStats {
         self.iat_max_ns = self.iat_max_ns.max(gap);
         self.len_min = self.len_min.min(o.len_u16());
         self.len_max = self.len_max.max(o.len_u16());
-        self.out_port = o.out_port;
+        keep_ports(
+            (&mut self.in_port, &mut self.out_port),
+            o.in_port,
+            o.out_port,
+        );
         self.ttl_min = self.ttl_min.min(o.ttl);
         self.ttl_max = self.ttl_max.max(o.ttl);
         self.tcp_flags |= o.tcp_flags;
@@ -229,7 +247,11 @@ impl FlowStats {
         self.last_ns = self.last_ns.max(later.last_ns);
         self.len_min = self.len_min.min(later.len_min);
         self.len_max = self.len_max.max(later.len_max);
-        self.out_port = later.out_port;
+        keep_ports(
+            (&mut self.in_port, &mut self.out_port),
+            later.in_port,
+            later.out_port,
+        );
         self.ttl_min = self.ttl_min.min(later.ttl_min);
         self.ttl_max = self.ttl_max.max(later.ttl_max);
         self.tcp_flags |= later.tcp_flags;
@@ -368,7 +390,11 @@ impl KeptStats for FlowTotals {
         self.packets += 1;
         self.bytes += u64::from(o.ip_len);
         self.last_ns = self.last_ns.max(o.ts_ns);
-        self.out_port = o.out_port;
+        keep_ports(
+            (&mut self.in_port, &mut self.out_port),
+            o.in_port,
+            o.out_port,
+        );
         self.tcp_flags |= o.tcp_flags;
     }
     #[inline]
@@ -377,7 +403,11 @@ impl KeptStats for FlowTotals {
         self.bytes += later.bytes;
         self.first_ns = self.first_ns.min(later.first_ns);
         self.last_ns = self.last_ns.max(later.last_ns);
-        self.out_port = later.out_port;
+        keep_ports(
+            (&mut self.in_port, &mut self.out_port),
+            later.in_port,
+            later.out_port,
+        );
         self.tcp_flags |= later.tcp_flags;
     }
     /// The extremes, not kept, read as none seen: lengths and TTLs 0, inter-arrival
@@ -456,7 +486,13 @@ mod tests {
             let mut ts = 1_000;
             let packets: Vec<Observation> = gaps.iter().map(|&(g, len, ttl, f, port)| {
                 ts += g;
-                Observation { in_port: port, out_port: port + 1, ..obs(ts, len, ttl, f) }
+                // An observer's packets may have no way in (3) or no way out (2).
+                let (in_port, out_port) = match port {
+                    3 => (NO_PORT, port),
+                    2 => (port, NO_PORT),
+                    _ => (port, port + 1),
+                };
+                Observation { in_port, out_port, ..obs(ts, len, ttl, f) }
             }).collect();
             let (whole, merged) = whole_and_merged::<FlowStats>(&packets, &cuts);
             prop_assert_eq!(merged, whole);
@@ -464,6 +500,26 @@ mod tests {
             prop_assert_eq!(merged_totals, totals);
             prop_assert_eq!(totals, FlowTotals::from(&whole));
         }
+    }
+
+    /// A flow keeps the first way in any packet had and the last way out: a capture that
+    /// saw a packet only leave, or only arrive, says nothing of the other.
+    #[test]
+    fn a_flow_keeps_its_first_way_in_and_last_way_out_that_were_seen() {
+        let seen = |in_port, out_port| Observation {
+            in_port,
+            out_port,
+            ..obs(1, 60, 64, 0)
+        };
+        let mut flow = FlowStats::start(&seen(NO_PORT, 4));
+        flow.add(&seen(1, NO_PORT));
+        flow.add(&seen(2, NO_PORT));
+        assert_eq!((flow.in_port, flow.out_port), (1, 4));
+        flow.add(&seen(NO_PORT, 6));
+        assert_eq!((flow.in_port, flow.out_port), (1, 6));
+        let mut totals = FlowTotals::start(&seen(NO_PORT, NO_PORT));
+        totals.merge(&FlowTotals::start(&seen(3, 5)));
+        assert_eq!((totals.in_port, totals.out_port), (3, 5));
     }
 
     /// Every fate is held by its own `out_port` and read back; ports past the codes'

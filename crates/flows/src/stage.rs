@@ -7,7 +7,7 @@
 
 use crate::aggregator::{Aggregator, Biflow, FlowValue, Timeouts, Uniflow};
 use crate::compact_key::{CompactKey, V4Key, V6Key, hash_key};
-use crate::flow_stats::{Fate, FlowTotals, KeptStats, Observation, TCP_FIN, TCP_RST};
+use crate::flow_stats::{Fate, FlowTotals, KeptStats, NO_PORT, Observation, TCP_FIN, TCP_RST};
 use crate::microflow::{Microflow, MicroflowTable, SizeError};
 use crate::record::FlowRecord;
 use stateplane_runtime::{Burst, Context, Tap, Verdict};
@@ -471,6 +471,35 @@ pub fn observation(d: &stateplane_runtime::PacketDesc) -> Observation {
     Observation::of(&d.parsed, d.orig_len, d.ts_ns, d.in_port, fate.code())
 }
 
+/// What a packet an observer saw contributes to its flow: its verdict says nothing, and
+/// its ports are where its capture saw it ([`captured_ports`]).
+#[inline]
+pub fn observed(d: &stateplane_runtime::PacketDesc) -> Observation {
+    let (in_port, out_port) = captured_ports(d);
+    Observation::of(&d.parsed, d.orig_len, d.ts_ns, in_port, out_port)
+}
+
+/// The ports of a packet an observer saw: the interface its capture names (a Linux cooked
+/// capture's SLL2 header), as the port one below its index, so that a record's
+/// ingressInterface and egressInterface (port + 1) are the kernel's index; where the
+/// capture names none, the input it was read from. Arriving, it is the packet's way in;
+/// leaving, its way out; the other is none ([`NO_PORT`]). An index past the ports a
+/// record holds is none.
+#[inline]
+fn captured_ports(d: &stateplane_runtime::PacketDesc) -> (u16, u16) {
+    let port = match d.seen.interface {
+        0 => d.in_port,
+        index => u16::try_from(index - 1)
+            .ok()
+            .filter(|&p| Fate::of(p) == Fate::Port(p))
+            .unwrap_or(NO_PORT),
+    };
+    match d.seen.outgoing {
+        false => (port, NO_PORT),
+        true => (NO_PORT, port),
+    }
+}
+
 /// Records a family's flush hands over at a time at the end of a run: few enough that they
 /// stay in the cache and the sink starts on them while the rest are made (all at once, a
 /// million flows were tens of MiB of fresh pages, and a tenth of a two-worker run's CPU).
@@ -486,6 +515,8 @@ pub struct FlowTap {
     sink: Box<dyn RecordSink>,
     /// Where the stage's counters go when the worker finishes.
     report: Option<std::sync::Arc<std::sync::Mutex<Vec<StageCounters>>>>,
+    /// Behind an observer: ports from where the packets were captured ([`observed`]).
+    observer: bool,
 }
 
 impl FlowTap {
@@ -494,7 +525,15 @@ impl FlowTap {
             stage,
             sink,
             report: None,
+            observer: false,
         }
+    }
+
+    /// A tap behind an observer, whose records take their ports from where the packets
+    /// were captured ([`observed`]).
+    pub fn observing(mut self) -> Self {
+        self.observer = true;
+        self
     }
 
     /// Adds the stage's counters to `report` when the worker finishes.
@@ -515,8 +554,11 @@ impl Tap for FlowTap {
                 *hash = self.stage.prefetch(&d.parsed.key);
             }
             for (d, &hash) in packets.iter().zip(&hashes) {
-                self.stage
-                    .observe_hashed(&d.parsed.key, hash, &observation(d));
+                let seen = match self.observer {
+                    false => observation(d),
+                    true => observed(d),
+                };
+                self.stage.observe_hashed(&d.parsed.key, hash, &seen);
             }
         }
         self.stage.end_burst(ctx.now_ns, self.sink.as_mut());

@@ -3,7 +3,7 @@
 
 use crate::link::{LinkType, READ_LINK_TYPES, linktype_name};
 use crate::{pcap, pcapng};
-use stateplane_runtime::{RxPacket, RxPort, TxPort};
+use stateplane_runtime::{RxPacket, RxPort, SeenAt, TxPort};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read};
@@ -18,6 +18,9 @@ pub struct Record<'a> {
     pub orig_len: u32,
     /// What `data` starts with; [`CaptureReader`] hands out Ethernet frames only.
     pub link: LinkType,
+    /// Where its link header said it was seen, once that header is taken off
+    /// ([`Record::as_ethernet`]).
+    pub seen: SeenAt,
 }
 
 impl<'a> Record<'a> {
@@ -28,12 +31,14 @@ impl<'a> Record<'a> {
         if self.link == LinkType::Ethernet {
             return self;
         }
+        let seen = self.link.seen_at(self.data);
         self.link.write_ethernet(self.data, frame);
         let orig_len = i64::from(self.orig_len) + frame.len() as i64 - self.data.len() as i64;
         Record {
             orig_len: orig_len.clamp(frame.len() as i64, i64::from(u32::MAX)) as u32,
             data: frame,
             link: LinkType::Ethernet,
+            seen,
             ..self
         }
     }
@@ -45,6 +50,7 @@ impl<'a> From<Record<'a>> for RxPacket<'a> {
             data: r.data,
             orig_len: r.orig_len,
             ts_ns: r.ts_ns,
+            seen: r.seen,
         }
     }
 }

@@ -5,7 +5,11 @@
 //! Owns the list of link types the readers take and the translation of their headers.
 //! Must never change a byte after the link header: the network layer is what was captured.
 
+use stateplane_runtime::SeenAt;
 use stateplane_wire::ethernet::ethertype;
+
+/// A Linux cooked header's packet type of a packet leaving the host (PACKET_OUTGOING).
+const PACKET_OUTGOING: u8 = 4;
 
 /// What a synthesized Ethernet header takes: destination, source, EtherType.
 const ETHERNET_HEADER_LEN: usize = 14;
@@ -85,6 +89,29 @@ impl LinkType {
         frame.extend_from_slice(&source);
         frame.extend_from_slice(&ethertype.to_be_bytes());
         frame.extend_from_slice(&data[header_len..]);
+    }
+
+    /// Where the link header at the start of `data` says the packet was seen: a Linux
+    /// cooked header's direction (SLL and SLL2) and interface (SLL2); nothing for the
+    /// others, or for a header cut short.
+    pub fn seen_at(self, data: &[u8]) -> SeenAt {
+        let outgoing = |at: usize| data.get(at) == Some(&PACKET_OUTGOING);
+        match self {
+            // Packet type 2 bytes (its low byte is the type).
+            LinkType::LinuxSll if data.len() >= 16 => SeenAt {
+                interface: 0,
+                outgoing: outgoing(1),
+            },
+            // Interface index at 4, packet type at 10.
+            LinkType::LinuxSll2 if data.len() >= 20 => SeenAt {
+                interface: data
+                    .get(4..8)
+                    .and_then(|b| b.first_chunk())
+                    .map_or(0, |b| u32::from_be_bytes(*b)),
+                outgoing: outgoing(10),
+            },
+            _ => SeenAt::default(),
+        }
     }
 
     /// The link header at the start of `data`: its length, the sender's MAC address to put
@@ -291,6 +318,22 @@ mod tests {
                 expected([0; 6], 0x86dd, IPV6_START)
             );
         }
+        // Where they say it was seen: SLL the direction, SLL2 the interface too.
+        let seen = |interface, outgoing| SeenAt {
+            interface,
+            outgoing,
+        };
+        assert_eq!(LinkType::LinuxSll.seen_at(&sll), seen(0, true));
+        assert_eq!(LinkType::LinuxSll2.seen_at(&sll2), seen(3, false));
+        let (mut leaving, mut incoming) = (sll2.clone(), sll.clone());
+        leaving[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        leaving[10] = 4;
+        incoming[1] = 0;
+        assert_eq!(LinkType::LinuxSll2.seen_at(&leaving), seen(u32::MAX, true));
+        assert_eq!(LinkType::LinuxSll.seen_at(&incoming), seen(0, false));
+        assert_eq!(LinkType::LinuxSll2.seen_at(&sll2[..19]), seen(0, false));
+        assert_eq!(LinkType::LinuxSll.seen_at(&sll[..15]), seen(0, false));
+        assert_eq!(LinkType::Ethernet.seen_at(&sll2), seen(0, false));
         // Cut inside the header: an empty frame, at every length short of the whole header.
         for cut in 0..16 {
             assert_eq!(

@@ -6,7 +6,7 @@ use crate::capture::{
     read_full,
 };
 use crate::link::LinkType;
-use stateplane_runtime::{ChunkedFile, FileRecord};
+use stateplane_runtime::{ChunkedFile, FileRecord, SeenAt};
 use std::fs::File;
 use std::io::{self, BufRead, Write};
 
@@ -119,6 +119,7 @@ impl Format {
                 data,
                 orig_len: h.orig_len,
                 link: self.link,
+                seen: SeenAt::default(),
             };
             (record, len)
         }))
@@ -174,6 +175,7 @@ impl<R: BufRead> PcapReader<R> {
                 data,
                 orig_len,
                 link: self.format.link,
+                seen: SeenAt::default(),
             }));
         }
         let mut header = [0u8; RECORD_HEADER_LEN];
@@ -195,6 +197,7 @@ impl<R: BufRead> PcapReader<R> {
             data: &self.buf,
             orig_len: h.orig_len,
             link: self.format.link,
+            seen: SeenAt::default(),
         }))
     }
 }

@@ -14,7 +14,7 @@ use crate::capture::{
     read_full,
 };
 use crate::link::LinkType;
-use stateplane_runtime::{ChunkedFile, FileRecord, RxPacket};
+use stateplane_runtime::{ChunkedFile, FileRecord, RxPacket, SeenAt};
 use std::fs::File;
 use std::io::{self, BufRead, Write};
 
@@ -401,6 +401,7 @@ impl<R: BufRead> PcapngReader<R> {
             data,
             orig_len: found.orig_len,
             link: found.link,
+            seen: SeenAt::default(),
         }))
     }
 }
@@ -480,6 +481,7 @@ impl ChunkedFile for PcapngFile {
             data: &block[found.start..found.start + found.caplen],
             orig_len: found.orig_len,
             ts_ns: found.ts_ns,
+            seen: SeenAt::default(),
         });
         Ok(Some(FileRecord { packet, len }))
     }

@@ -1,7 +1,7 @@
 //! A burst: up to `capacity` packets, their bytes packed one after another in an arena, each
 //! with a descriptor that carries its parse and, after the program, its verdict.
 
-use crate::port::RxPacket;
+use crate::port::{RxPacket, SeenAt};
 use crate::program::{DropReason, Verdict};
 use stateplane_wire::{FlowHasher, Malformed, Parsed};
 
@@ -36,6 +36,8 @@ pub struct PacketDesc {
     /// Position of the packet in its input stream, for order-preserving output.
     pub seq: u64,
     pub in_port: u16,
+    /// Where its capture says it was seen (see [`SeenAt`]).
+    pub seen: SeenAt,
     /// Free bytes before `offset` that belong to this packet (set by the burst).
     pub headroom: u8,
     /// A large segment's piece size; 0 for any other packet. A live port that receives a
@@ -82,6 +84,10 @@ const EMPTY_DESC: PacketDesc = PacketDesc {
     ts_ns: 0,
     seq: 0,
     in_port: 0,
+    seen: SeenAt {
+        interface: 0,
+        outgoing: false,
+    },
     headroom: 0,
     segment_size: 0,
     parsed: Parsed::EMPTY,
@@ -190,6 +196,7 @@ impl Burst {
         slot.ts_ns = ts_ns;
         slot.seq = seq;
         slot.in_port = in_port;
+        slot.seen = SeenAt::default();
         slot.segment_size = 0;
         slot.malformed = None;
         slot.verdict = Verdict::Drop(DropReason::NO_VERDICT);
@@ -225,7 +232,9 @@ impl Burst {
     ) -> bool {
         let pushed = self.push(packet.data, packet.orig_len, packet.ts_ns, in_port, seq);
         if pushed {
-            self.slots[self.count - 1].parsed = *parsed;
+            let slot = &mut self.slots[self.count - 1];
+            slot.parsed = *parsed;
+            slot.seen = packet.seen;
         }
         pushed
     }

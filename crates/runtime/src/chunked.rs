@@ -31,7 +31,7 @@
 
 use crate::burst::Burst;
 use crate::counters::Stats;
-use crate::port::{ChunkedFile, RxPacket};
+use crate::port::{ChunkedFile, RxPacket, SeenAt};
 use crate::program::PortId;
 use crate::run_config::RunHandle;
 use crate::source::{BurstSource, PacketBytes, ingress};
@@ -356,6 +356,8 @@ impl<F: ChunkedFile + 'static> ChunkShard<F> {
                 data: &bytes[w.at..w.at + w.len],
                 orig_len: w.orig_len,
                 ts_ns: w.ts_ns,
+                // Chunks are read from Ethernet captures only, which say nothing of this.
+                seen: SeenAt::default(),
             };
             clock_ns = clock_ns.max(packet.ts_ns);
             let (port, hasher) = (self.port, &self.config.hasher);

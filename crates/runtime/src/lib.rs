@@ -40,7 +40,7 @@ pub use held::{Held, HeldPacket};
 pub use offline::{OfflinePorts, run_offline};
 pub use port::{
     ChunkedFile, FileRecord, LiveQueue, MemoryRx, PLACE_MASK, PortCounters, RxPacket, RxPort,
-    Steering, TxPort,
+    SeenAt, Steering, TxPort,
 };
 pub use program::{
     Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,

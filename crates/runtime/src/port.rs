@@ -9,6 +9,20 @@ pub struct RxPacket<'a> {
     /// Length on the wire (more than `data.len()` if the capture was cut short).
     pub orig_len: u32,
     pub ts_ns: u64,
+    /// Where its capture says it was seen (nothing, but for Linux cooked captures).
+    pub seen: SeenAt,
+}
+
+/// Where a capture says a packet was seen: Linux cooked captures (`tcpdump -i any`) say
+/// whether it was leaving the host (SLL and SLL2) and by which interface (SLL2: its index
+/// as the kernel numbers it, `ip link` shows it). Programs see their ports, not this; an
+/// observer's flow records take their interfaces from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeenAt {
+    /// The interface's index; 0 where the capture does not say.
+    pub interface: u32,
+    /// Leaving by it; else arriving (or not said).
+    pub outgoing: bool,
 }
 
 /// A source of packets, read one at a time (capture files, live sockets).
@@ -44,6 +58,7 @@ impl RxPort for MemoryRx {
         let packet = self.packets.get(self.next);
         self.next += usize::from(packet.is_some());
         Ok(packet.map(|(ts_ns, data)| RxPacket {
+            seen: SeenAt::default(),
             data,
             orig_len: data.len() as u32,
             ts_ns: *ts_ns,

@@ -4,7 +4,7 @@
 
 use crate::burst::{Burst, MAX_FRAME};
 use crate::counters::Stats;
-use crate::port::{RxPacket, RxPort};
+use crate::port::{RxPacket, RxPort, SeenAt};
 use crate::program::{DropReason, PortId};
 use crate::run_config::RunHandle;
 use crate::worker::{count_malformed, count_port_drop};
@@ -22,6 +22,7 @@ struct Head {
     data: Vec<u8>,
     orig_len: u32,
     ts_ns: u64,
+    seen: SeenAt,
     /// Whether `data` holds a packet not yet taken.
     held: bool,
 }
@@ -33,6 +34,7 @@ impl Head {
             data: Vec::new(),
             orig_len: 0,
             ts_ns: 0,
+            seen: SeenAt::default(),
             held: false,
         }
     }
@@ -42,6 +44,7 @@ impl Head {
             data: &self.data,
             orig_len: self.orig_len,
             ts_ns: self.ts_ns,
+            seen: self.seen,
         }
     }
 
@@ -50,6 +53,7 @@ impl Head {
         self.data.extend_from_slice(packet.data);
         self.orig_len = packet.orig_len;
         self.ts_ns = packet.ts_ns;
+        self.seen = packet.seen;
         self.held = true;
     }
 }

@@ -88,6 +88,7 @@ impl ChunkedFile for MemFile {
                 data,
                 orig_len: len,
                 ts_ns,
+                seen: Default::default(),
             });
             Some(FileRecord {
                 packet,

@@ -306,10 +306,12 @@ impl FlowSettings {
             live,
         )?;
         let counters = Arc::new(Mutex::new(Vec::new()));
+        let observer = drop_names.is_none();
         let taps: Vec<Option<FlowTap>> = (stages.into_iter())
             .map(|stage| {
                 let sink = Box::new(exporter.sink());
-                Some(FlowTap::new(stage, sink).reporting_to(counters.clone()))
+                let tap = FlowTap::new(stage, sink).reporting_to(counters.clone());
+                Some(if observer { tap.observing() } else { tap })
             })
             .collect();
         let taps = Mutex::new(taps);
