@@ -64,10 +64,10 @@ agrees_with_nfdump() {
 }
 
 # Each flow nfdump read from $1/nf (addresses, packets, bytes, first and last time to the
-# millisecond) is one of stateplane's in the CSV $2 written in the same run, and the other
-# way round.
+# millisecond, input and output interface) is one of stateplane's in the CSV $2 written in
+# the same run, and the other way round.
 same_flows_as_nfdump() {
-  TZ=UTC nfdump -R "$1/nf" -q -N -o "fmt:%ts,%te,%sa,%da,%pkt,%byt" >"$1/nfdump-flows.txt"
+  TZ=UTC nfdump -R "$1/nf" -q -N -o "fmt:%ts,%te,%sa,%da,%pkt,%byt,%in,%out" >"$1/nfdump-flows.txt"
   python3 - "$1/nfdump-flows.txt" "$2" <<'PY' || fail "$1: nfdump's flows differ from stateplane's"
 import collections, csv, datetime, sys
 def ms(text):
@@ -75,11 +75,14 @@ def ms(text):
     return round(t.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
 theirs = collections.Counter()
 for line in open(sys.argv[1]):
-    ts, te, sa, da, pkt, byt = line.split(",")
-    theirs[(sa.strip(), da.strip(), int(pkt), int(byt), ms(ts), ms(te))] += 1
+    ts, te, sa, da, pkt, byt, way_in, way_out = line.split(",")
+    theirs[(sa.strip(), da.strip(), int(pkt), int(byt), ms(ts), ms(te), int(way_in), int(way_out))] += 1
+# The CSV's ports count from 0, empty for none; the records' interfaces from 1, 0 for none.
+interface = lambda port: int(port) + 1 if port else 0
 ours = collections.Counter()
 for r in csv.DictReader(open(sys.argv[2])):
-    ours[(r["src"], r["dst"], int(r["packets"]), int(r["bytes"]), int(r["start_ms"]), int(r["end_ms"]))] += 1
+    ours[(r["src"], r["dst"], int(r["packets"]), int(r["bytes"]), int(r["start_ms"]), int(r["end_ms"]),
+          interface(r["in_port"]), interface(r["out_port"]))] += 1
 only_theirs, only_ours = theirs - ours, ours - theirs
 print(f"   per flow:   {sum(theirs.values())} flows read by nfdump, {sum(ours.values())} written; "
       f"{sum(only_theirs.values())} and {sum(only_ours.values())} without their match")
@@ -89,17 +92,46 @@ sys.exit(1 if only_theirs or only_ours or not ours else 0)
 PY
 }
 
+# The Ethernet capture $1 as `tcpdump -i any` on a router would have it, into $2: Linux
+# cooked v2 (SLL2), each frame seen arriving by interface 2 and, a microsecond later,
+# leaving by interface 5.
+as_routed_sll2() {
+  python3 - "$1" "$2" <<'PY'
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+magic = struct.unpack("<I", data[:4])[0]
+assert magic in (0xa1b2c3d4, 0xa1b23c4d), "a little-endian pcap"
+per_second = 1_000_000 if magic == 0xa1b2c3d4 else 1_000_000_000
+out = [data[:20] + struct.pack("<I", 276)]
+at = 24
+while at + 16 <= len(data):
+    secs, frac, caplen, orig = struct.unpack("<IIII", data[at:at + 16])
+    frame = data[at + 16:at + 16 + caplen]
+    at += 16 + caplen
+    for interface, packet_type, later in ((2, 0, 0), (5, 4, per_second // 1_000_000)):
+        cooked = frame[12:14] + b"\0\0" + struct.pack(">IHBB", interface, 1, packet_type, 6) + frame[6:12] + b"\0\0" + frame[14:]
+        s, f = secs + (frac + later) // per_second, (frac + later) % per_second
+        out.append(struct.pack("<IIII", s, f, len(cooked), orig + 6) + cooked)
+open(sys.argv[2], "wb").write(b"".join(out))
+PY
+}
+
 # case name, gen arguments, flows arguments, nfcapd's receive buffer option (large
-# unless given: "" leaves the system's default, 208 KiB), and the protocol (ipfix unless
-# given, or netflow9)
+# unless given: "" leaves the system's default, 208 KiB), the protocol (ipfix unless
+# given, or netflow9), and `routed` to read the trace as a router's `tcpdump -i any`
+# (as_routed_sll2), whose records must carry both interfaces
 run_case() {
-  local name=$1 gen=$2 extra=$3 buffer=${4--B 33554432} protocol=${5:-ipfix} gso=false
+  local name=$1 gen=$2 extra=$3 buffer=${4--B 33554432} protocol=${5:-ipfix} seen=${6:-} gso=false
   [[ " $extra " == *" --ipfix-gso "* ]] && gso=true
   echo "-- $name"
   local dir="$work/$name" port
   mkdir -p "$dir/nf"
   # shellcheck disable=SC2086
   "$bin" gen $gen --seed 3 -o "$dir/trace.pcap" >/dev/null 2>&1
+  if [ "$seen" = routed ]; then
+    mv "$dir/trace.pcap" "$dir/ethernet.pcap"
+    as_routed_sll2 "$dir/ethernet.pcap" "$dir/trace.pcap"
+  fi
   port=$(free_port)
   # shellcheck disable=SC2086
   nfcapd -w "$dir/nf" -p "$port" -b 127.0.0.1 $buffer >"$dir/nfcapd.log" 2>&1 &
@@ -111,9 +143,10 @@ run_case() {
   for _ in $(seq 50); do grep -q "listening" "$dir/tcpdump.log" && break; sleep 0.1; done
   grep -q "listening" "$dir/tcpdump.log" || { cat "$dir/tcpdump.log" >&2; fail "$name: tcpdump did not start"; }
   sleep 1 # "listening" is printed a moment before the capture starts
-  # NetFlow v9 without biflows: a CSV of the same run, to compare flow by flow.
+  # NetFlow v9 without biflows, and the routed capture: a CSV of the same run, to compare
+  # flow by flow.
   local csv=""
-  if [ "$protocol" = netflow9 ] && [[ " $extra " != *" --biflow "* ]]; then
+  if { [ "$protocol" = netflow9 ] || [ "$seen" = routed ]; } && [[ " $extra " != *" --biflow "* ]]; then
     csv="--csv $dir/flows.csv"
   fi
   # shellcheck disable=SC2086
@@ -146,6 +179,15 @@ print(k["records"], s["packets"], s["bytes"], k["messages"], pace)' "$dir/summar
     || fail "$name: the default pacing did not find nfcapd's socket on loopback"
   agrees_with_nfdump "$name" "$dir" "$want_flows" "$want_packets" "$want_bytes"
   [ -z "$csv" ] || same_flows_as_nfdump "$dir" "$dir/flows.csv"
+  if [ "$seen" = routed ]; then
+    # Every flow of more than one packet came in by interface 2 and left by 5.
+    local routed
+    routed=$(awk -F, '$5 > 1 && $7 == 2 && $8 == 5' "$dir/nfdump-flows.txt" | wc -l)
+    echo "   interfaces: $routed flows of several packets in by 2 and out by 5, as nfdump reads them"
+    awk -F, '$5 > 1 && !($7 == 2 && $8 == 5)' "$dir/nfdump-flows.txt" | head -3 | grep . >&2 \
+      && fail "$name: flows of several packets without both interfaces"
+    [ "$routed" -gt 1000 ] || fail "$name: too few routed flows"
+  fi
   if $gso; then
     # A capture on the sending host holds each send before the kernel cuts it, so tshark
     # would see oversized packets: here the capture shows that sends carried several
@@ -239,5 +281,8 @@ v9_features=counts,times,tcp_flags,tos,ttl,sizes,ports,vlan,icmp,end_reason
 run_case v9-mixed "internet --packets 300000 --ipv6-share 0.3" "--mtu 1400 --features $v9_features" "-B 33554432" netflow9
 run_case v9-biflow "internet --packets 300000 --ipv6-share 0.3" "--biflow --workers 2" "-B 33554432" netflow9
 run_case v9-default-buffer "internet --packets 1000000 --ipv6-share 0.2" "--workers 2" "" netflow9
+# A router's `tcpdump -i any` (SLL2): each flow's way in and way out, in IPFIX and NetFlow v9.
+run_case routed-ipfix "internet --packets 200000 --ipv6-share 0.3" "--workers 2" "-B 33554432" ipfix routed
+run_case routed-v9 "internet --packets 200000 --ipv6-share 0.3" "" "-B 33554432" netflow9 routed
 run_live_case
 echo "collectors: nfdump and tshark agree with stateplane flows (IPFIX and NetFlow v9)"
