@@ -964,6 +964,9 @@ fn cooked_captures_give_flows_the_interfaces_packets_were_seen_on() {
     let past = capture("seen-past.pcap", 276, &[(65_535, false)]);
     let got = sorted_records(&past, &[], "seen-past.csv");
     assert_eq!(got, with_column(&want, "in_port", ""));
+    // SLL2 whose interface index is 0 (none): the input stands for it, as for Ethernet.
+    let unnamed = capture("seen-unnamed.pcap", 276, &[(0, false)]);
+    assert_eq!(sorted_records(&unnamed, &[], "seen-unnamed.csv"), want);
     // SLL: leaving by the input's interface, whose port is the input's, 0.
     let sll = capture("seen-sll.pcap", 113, &[(0, true)]);
     let got = sorted_records(&sll, &[], "seen-sll.csv");
