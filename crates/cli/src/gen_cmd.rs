@@ -3,8 +3,9 @@
 use crate::progress::Progress;
 use crate::summary_output::CliResult;
 use stateplane_gen::{GenConfig, Workload, generate};
-use stateplane_io::CaptureWriter;
-use std::path::PathBuf;
+use stateplane_io::{CaptureFormat, CaptureWriter};
+use stateplane_mem::budget::Bytes;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -85,6 +86,20 @@ pub fn main(a: GenArgs) -> CliResult<()> {
                 .into(),
         );
     }
+    let size = estimated_size(&cfg, CaptureFormat::from_path(&a.output))?;
+    let room = room_for(&a.output);
+    if let Some(room) = room.filter(|&room| size > room) {
+        return Err(format!(
+            "--packets {}: the capture would take about {}, and {} has {} free; give fewer --packets, or an --output on a disk with room",
+            a.packets,
+            Bytes(size),
+            directory_of(&a.output).display(),
+            Bytes(room)
+        ));
+    }
+    if size >= LARGE {
+        eprintln!("writing about {} to {}", Bytes(size), a.output.display());
+    }
     let mut writer = CaptureWriter::create(&a.output).map_err(|e| e.to_string())?;
     let done = Arc::new(AtomicU64::new(0));
     let watched = done.clone();
@@ -138,4 +153,62 @@ pub fn main(a: GenArgs) -> CliResult<()> {
         );
     }
     Ok(())
+}
+
+/// A capture this large is announced before it is written.
+const LARGE: u64 = 100 << 20;
+
+/// Packets of the sample [`estimated_size`] measures at most.
+const SAMPLE_PACKETS: u64 = 100_000;
+
+/// About how many bytes the capture of `cfg` takes in `format`: a trace of the same
+/// settings and at most [`SAMPLE_PACKETS`] packets (its flows in proportion), measured
+/// (frames and record headers), scaled to the packets asked for.
+fn estimated_size(cfg: &GenConfig, format: CaptureFormat) -> Result<u64, String> {
+    let packets = cfg.packets.min(SAMPLE_PACKETS);
+    // Flows in proportion, so that each keeps its share of the packets.
+    let flows = (cfg.flows).map(|f| {
+        (u128::from(f) * u128::from(packets) / u128::from(cfg.packets.max(1))).max(1) as u64
+    });
+    let sample = GenConfig {
+        packets,
+        flows,
+        ..cfg.clone()
+    };
+    let record = |len: usize| match format {
+        CaptureFormat::Pcapng => 32 + len.next_multiple_of(4) as u64,
+        _ => 16 + len as u64,
+    };
+    let mut bytes = 0;
+    let measure = |_, frame: &[u8]| {
+        bytes += record(frame.len());
+        Ok(())
+    };
+    generate(&sample, measure, |_| {}).map_err(|e| e.to_string())?;
+    let scaled = u128::from(bytes) * u128::from(cfg.packets) / u128::from(sample.packets.max(1));
+    Ok(u64::try_from(scaled).unwrap_or(u64::MAX))
+}
+
+/// The bytes free for `output` on its disk (with what the file holds now, which it
+/// replaces), if the system says; none for what is not a file (`/dev/null`, a pipe).
+fn room_for(output: &Path) -> Option<u64> {
+    let held = match std::fs::metadata(output) {
+        Ok(m) if !m.is_file() => return None,
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    };
+    let disk = rustix::fs::statvfs(directory_of(output)).ok()?;
+    Some(
+        disk.f_bavail
+            .saturating_mul(disk.f_frsize)
+            .saturating_add(held),
+    )
+}
+
+/// The directory `output` goes into.
+fn directory_of(output: &Path) -> &Path {
+    match output.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
 }

@@ -1298,6 +1298,42 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         .unwrap());
 }
 
+/// `gen` says how large a capture will be before it writes one above 100 MiB (within a
+/// tenth of what it then writes), and refuses one the disk has no room for, saying both
+/// sizes, before it creates the file.
+#[test]
+fn gen_says_the_size_before_writing_and_refuses_what_the_disk_cannot_hold() {
+    let path = tmp("gen-size.pcap");
+    let out = bin()
+        .args(["gen", "internet", "--packets", "150000", "-o"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    ok(out.clone());
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mib: f64 = (said.strip_prefix("writing about "))
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    let written = std::fs::metadata(&path).unwrap().len() as f64 / (1 << 20) as f64;
+    assert!(
+        (mib - written).abs() < written / 10.0,
+        "said {mib} MiB, wrote {written}"
+    );
+    std::fs::remove_file(&path).unwrap();
+    let huge = tmp("gen-huge.pcap");
+    let args = ["gen", "internet", "--packets", "1000000000000", "-o"];
+    let err = refused(
+        &[&args[..], &[huge.to_str().unwrap()]].concat(),
+        "--packets 1000000000000: the capture would take about ",
+    );
+    assert!(
+        err.contains(" TiB, and ") && err.contains(" free; give fewer --packets"),
+        "{err}"
+    );
+    assert!(!huge.exists(), "nothing written");
+}
+
 /// The summary says what each setting holds of the memory budget, in each copy and in
 /// all, adding up to what the run claimed, and what the run held resident at its peak:
 /// a conntrack table sized for 1,250,000 connections a worker is claimed whole in each of
