@@ -44,13 +44,16 @@ pub struct BenchArgs {
     /// Share of IPv6 flows in the generated trace.
     #[arg(long, default_value_t = 0.0)]
     pub ipv6_share: f64,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Times each worker replays its share of the trace.
     #[arg(long, default_value_t = 5)]
     pub loops: u64,
+    /// Worker threads, each with its own share of the flows.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Packets a worker takes at a time.
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
     /// Comma-separated: rx (baseline), forward, l2, conntrack, router.
@@ -62,6 +65,7 @@ pub struct BenchArgs {
     /// Do not ask for huge pages for the replay memory.
     #[arg(long)]
     pub no_hugepages: bool,
+    /// Print the results as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

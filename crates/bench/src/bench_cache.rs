@@ -33,6 +33,7 @@ pub struct BenchCacheArgs {
     /// protocol, ports).
     #[arg(long, value_delimiter = ',', default_value = "full,5-tuple")]
     pub keys: Vec<String>,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -22,13 +22,16 @@ pub struct BenchCatalogArgs {
     /// Frame size (as captured), raised where a workload's headers need more.
     #[arg(long, default_value_t = 64)]
     pub packet_size: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Times each worker replays its share of the trace.
     #[arg(long, default_value_t = 3)]
     pub loops: u64,
+    /// Worker threads, each with its own share of the flows.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Packets a worker takes at a time.
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
     /// Repeat each measurement and report the median.

@@ -34,6 +34,7 @@ pub struct BenchFlowModelArgs {
     /// New flows per packet for the Equation 2 rows (comma-separated, each below 1).
     #[arg(long, value_delimiter = ',', default_value = "0.01,0.05,0.2")]
     pub flow_shares: Vec<f64>,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -59,6 +59,7 @@ pub struct BenchFlowsArgs {
     /// Rounds of each timed experiment (figures are medians).
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -38,6 +38,7 @@ pub struct BenchPipelineArgs {
     /// Workloads of the generated traces (internet, datacenter).
     #[arg(long, value_delimiter = ',', default_value = "internet,datacenter")]
     pub workloads: Vec<String>,
+    /// Packets in the trace.
     #[arg(long, default_value_t = 2_000_000)]
     pub packets: u64,
     /// Times each run replays the trace (the cache stays warm from one to the next).
@@ -53,6 +54,7 @@ pub struct BenchPipelineArgs {
     /// Microflow cache entries (a power of two) and ways (the pipeline program's defaults).
     #[arg(long, default_value_t = stateplane_programs::pipeline::DEFAULT_CACHE_ENTRIES)]
     pub cache_entries: usize,
+    /// Ways of each set of the flow cache: 1, 2 or 4.
     #[arg(long, default_value_t = stateplane_programs::pipeline::DEFAULT_CACHE_WAYS)]
     pub cache_ways: usize,
     /// Consistency modes to measure (off is always measured: it is the reference).
@@ -69,11 +71,13 @@ pub struct BenchPipelineArgs {
     /// Table counts of the tables experiment (internet trace only, no updates).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     pub tables: Vec<usize>,
+    /// Packets a worker takes at a time.
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
     /// Repeat each measurement and report the median.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Measure only the modes given, without `off` (for profiling one mode): results are

@@ -39,6 +39,7 @@ pub struct BenchReplicationArgs {
     /// Repeat each measurement and report the median.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -40,6 +40,7 @@ pub struct BenchSyncRateArgs {
     /// Virtual seconds of changes per run.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -449,6 +450,7 @@ pub struct BenchSyncWriteArgs {
     /// Writes per cell (the median is shown).
     #[arg(long, default_value_t = 9)]
     pub writes: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -641,12 +643,14 @@ pub struct BenchSyncTrackArgs {
     /// Updates per round.
     #[arg(long, default_value_t = 20_000_000)]
     pub updates: usize,
+    /// Rounds of the measurement; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// Updates between two takes of the tracked register's changes (65,536: about a
     /// millisecond of a busy worker's, which is how often its sync stage takes them).
     #[arg(long, default_value_t = 65_536)]
     pub take_every: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]
@@ -768,15 +772,19 @@ pub struct BenchSyncCostArgs {
     /// Packets in the generated trace (internet workload).
     #[arg(long, default_value_t = 1_000_000)]
     pub packets: u64,
+    /// Every frame this many bytes (as captured).
     #[arg(long, default_value_t = 64)]
     pub packet_size: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Times each worker replays its share of the trace.
     #[arg(long, default_value_t = 10)]
     pub loops: u64,
+    /// Worker threads, each with its own share of the flows.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Packets a worker takes at a time.
     #[arg(long, default_value_t = 64)]
     pub burst: usize,
     /// Rounds of every mode in turn; the medians are reported.
@@ -786,6 +794,7 @@ pub struct BenchSyncCostArgs {
     /// `--program counter`.
     #[arg(long)]
     pub width: Option<usize>,
+    /// Rows of the count-min sketch.
     #[arg(long)]
     pub depth: Option<usize>,
     /// The thresholds synced with: "adaptive" or numbers (0: every change).
@@ -1208,6 +1217,7 @@ pub struct BenchSyncReadArgs {
     /// Reads of each size, each way.
     #[arg(long, default_value_t = 30)]
     pub reads: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -38,8 +38,10 @@ pub struct SketchStream {
     /// Packets a second (each changes one counter a row).
     #[arg(long, default_value_t = 1_000_000)]
     pub rate: u64,
+    /// Counters in each row of the count-min sketch.
     #[arg(long, default_value_t = 4096)]
     pub width: usize,
+    /// Rows of the count-min sketch.
     #[arg(long, default_value_t = 4)]
     pub depth: usize,
     /// A heavy hitter has at least this share of the packets (so far, or of an interval).
@@ -108,6 +110,7 @@ pub struct BenchSyncHhArgs {
     /// Virtual seconds per run.
     #[arg(long, default_value_t = 1.0)]
     pub seconds: f64,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -67,6 +67,7 @@ pub struct BenchSyncMigrateArgs {
     /// the target) instead of hh's sketch values, with `ctl sync migrate`'s code.
     #[arg(long)]
     pub table: bool,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

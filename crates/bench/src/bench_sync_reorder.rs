@@ -51,6 +51,7 @@ pub struct BenchSyncReorderArgs {
     /// Virtual seconds per run.
     #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     #[command(flatten)]

@@ -23,8 +23,10 @@ pub struct BenchTablesArgs {
     /// Lookups per measurement.
     #[arg(long, default_value_t = 4_000_000)]
     pub lookups: usize,
+    /// Runs of each measurement; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
+    /// Seed of the traces and random draws: the same seed gives the same run.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Keep exact tables on 4 KiB pages (default: huge pages where the kernel gives them).

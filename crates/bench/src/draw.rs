@@ -16,8 +16,10 @@ pub struct ChartArgs {
     /// The CSV to draw: a header line, then rows of at least three columns.
     #[arg(long = "from")]
     pub from: PathBuf,
+    /// The chart's title.
     #[arg(long, default_value = "")]
     pub title: String,
+    /// A line under the title (what was measured, on what).
     #[arg(long, default_value = "")]
     pub subtitle: String,
     /// The values' unit (default: the last column's header).

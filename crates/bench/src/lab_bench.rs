@@ -40,6 +40,7 @@ pub struct LabBenchArgs {
     pub packet_size: usize,
     #[command(flatten)]
     pub files: ResultFiles,
+    /// Print the results as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,
 }

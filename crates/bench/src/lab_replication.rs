@@ -36,6 +36,7 @@ pub struct FailoverBenchArgs {
     pub seconds: f64,
     #[command(flatten)]
     pub files: ResultFiles,
+    /// Print the results as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -466,6 +467,7 @@ pub struct LatencyBenchArgs {
     pub lease: u64,
     #[command(flatten)]
     pub files: ResultFiles,
+    /// Print the results as JSON (for scripts) instead of a table.
     #[arg(long)]
     pub json: bool,
 }

@@ -76,21 +76,25 @@ pub enum CtlCommand {
     Delete(WriteArgs),
     /// Print a table's entries (or the one with the key given) with their hit counts.
     Read {
+        /// The table's name, as `describe` lists it.
         table: String,
         /// FIELD=VALUE words of a key.
         key: Vec<String>,
     },
     /// Read a register (one index, a range FIRST..END, or all), or set values with --set.
     Register {
+        /// The register's name, as `describe` lists it.
         name: String,
         /// An index or a range FIRST..END (end excluded); all of it when left out.
         range: Option<String>,
+        /// Set every index of the range to this value instead of reading it.
         #[arg(long)]
         set: Option<String>,
     },
     /// Read meters' settings (one index, a range FIRST..END, or all), or set them: rates in
     /// bytes per second, bursts in bytes.
     Meter {
+        /// The meter array's name, as `describe` lists it.
         name: String,
         /// An index or a range FIRST..END (end excluded); all of them when left out.
         range: Option<String>,
@@ -115,7 +119,10 @@ pub enum CtlCommand {
         timeout: Option<f64>,
     },
     /// The pipeline's counters, and a table's.
-    Stats { table: Option<String> },
+    Stats {
+        /// The table whose counters to add (the pipeline's alone when left out).
+        table: Option<String>,
+    },
     /// Read the switch's configuration again and run the program it gives (as SIGHUP
     /// does), printing what each worker's program kept of the running one's state.
     Reload,
@@ -123,6 +130,7 @@ pub enum CtlCommand {
     /// keys in: `hh`'s heavy_hitters, the floods' victims): the indexes of its counters in
     /// the sketch register, what a sync collector's copy estimates the key from.
     CountersOf {
+        /// The table's name, as `describe` lists it.
         table: String,
         /// FIELD=VALUE words of the key.
         key: Vec<String>,
@@ -140,6 +148,7 @@ pub enum CtlCommand {
     },
     /// Add the rules of a file (one per line, '#' comments), all or none.
     AddFlows {
+        /// The file of rules.
         file: PathBuf,
         /// Rules that replace others keep their counters.
         #[arg(long)]
@@ -151,6 +160,7 @@ pub enum CtlCommand {
     /// table's (table=N), at once and all or none: rules identical in everything stay with
     /// their counters, the others are deleted (and printed), the new ones added.
     ReplaceFlows {
+        /// The file of rules.
         file: PathBuf,
         /// table=N: replace only that table's rules (the file's must all be in it).
         table: Option<String>,
@@ -159,6 +169,7 @@ pub enum CtlCommand {
     },
     /// Give the rules that match FILTER (table=N,cookie=VALUE/MASK) these actions.
     ModFlows {
+        /// Which rules: table=N,cookie=VALUE/MASK.
         filter: String,
         /// The actions, as after actions= (e.g. mod_dl_dst:02:00:00:00:0b:01,output:2).
         actions: String,
@@ -167,12 +178,14 @@ pub enum CtlCommand {
     },
     /// Delete the rules that match FILTER (all of them when left out).
     DelFlows {
+        /// Which rules: table=N,cookie=VALUE/MASK (all when left out).
         filter: Option<String>,
         #[command(flatten)]
         target: FlowTarget,
     },
     /// Print the rules that match FILTER with their packet and byte counters.
     DumpFlows {
+        /// Which rules: table=N,cookie=VALUE/MASK (all when left out).
         filter: Option<String>,
         #[command(flatten)]
         target: FlowTarget,
@@ -202,8 +215,10 @@ pub enum SyncCommand {
         at: SyncTarget,
         /// An index or a range FIRST..END (end excluded).
         range: String,
+        /// The values, comma-separated, from the range's first index on.
         #[arg(long, value_delimiter = ',', conflicts_with = "fill")]
         values: Option<Vec<u64>>,
+        /// One value for every index of the range.
         #[arg(long)]
         fill: Option<u64>,
         /// Each location becomes the value plus the changes made while the write was on
@@ -226,8 +241,10 @@ pub enum SyncCommand {
         /// The source switch and stream (a worker: a table is each worker's own).
         #[arg(long, default_value_t = 1)]
         from_switch: u32,
+        /// The source's stream (a worker's).
         #[arg(long, default_value_t = 0)]
         from_stream: u32,
+        /// The target switch (its sync `switch` id).
         #[arg(long)]
         to_switch: u32,
         /// One stream of the target; every stream when left out.
@@ -276,8 +293,10 @@ pub enum SyncCommand {
     },
     /// Print changes as the collector applies them.
     Watch {
+        /// Only this switch's changes (its sync `switch` id).
         #[arg(long)]
         switch: Option<u32>,
+        /// Only this state's changes (its id: 0 for the first synced name).
         #[arg(long)]
         state: Option<u32>,
         /// Stop after this many.
@@ -345,6 +364,7 @@ pub struct FlowTarget {
 
 #[derive(Debug, Args)]
 pub struct WriteArgs {
+    /// The table's name, as `describe` lists it.
     pub table: String,
     /// The entry (or, for delete, the key) as words: FIELD=VALUE ... ACTION PARAM=VALUE.
     pub entry: Vec<String>,

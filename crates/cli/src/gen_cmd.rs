@@ -17,11 +17,13 @@ pub struct GenArgs {
     /// The capture to write (`.pcapng` for pcapng; otherwise pcap with ns timestamps).
     #[arg(long, short)]
     pub output: PathBuf,
+    /// Packets to write.
     #[arg(long, default_value_t = 1_000_000)]
     pub packets: u64,
     /// Flows (users for gtp, clients for kv); default depends on the workload.
     #[arg(long)]
     pub flows: Option<u64>,
+    /// Seed of the generator: the same options and seed give the same bytes on every machine.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Share of flows that are IPv6.

@@ -13,11 +13,20 @@ pub struct LabArgs {
 #[derive(clap::Subcommand)]
 enum Action {
     /// Create the lab's namespaces, links and addresses, and start its switches.
-    Up { topology: PathBuf },
+    Up {
+        /// The topology file (TOML; topologies/ has examples, docs/lab.md the format).
+        topology: PathBuf,
+    },
     /// Stop the lab's switches and remove everything it created (also after a crash).
-    Down { topology: PathBuf },
+    Down {
+        /// The topology file (TOML; topologies/ has examples, docs/lab.md the format).
+        topology: PathBuf,
+    },
     /// Show each node: namespace, switch process, interfaces and addresses.
-    Status { topology: PathBuf },
+    Status {
+        /// The topology file (TOML; topologies/ has examples, docs/lab.md the format).
+        topology: PathBuf,
+    },
     /// Benchmark live ports on a line lab of its own: Linux bridge vs AF_PACKET vs AF_XDP.
     Bench(stateplane_bench::lab_bench::LabBenchArgs),
     /// Measure how long a TCP connection stalls when the switch carrying it dies, on a lab
@@ -30,8 +39,11 @@ enum Action {
     BenchLatency(stateplane_bench::lab_replication::LatencyBenchArgs),
     /// Run a command in a node's namespace, e.g. `lab exec line.toml h1 ping 198.18.0.2`.
     Exec {
+        /// The topology file (TOML; topologies/ has examples, docs/lab.md the format).
         topology: PathBuf,
+        /// The host or switch whose namespace runs it, as the topology names it.
         node: String,
+        /// The command and its arguments.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         command: Vec<String>,
     },

@@ -208,4 +208,31 @@ mod tests {
             }
         }
     }
+
+    /// Every command, argument and flag at every level says in a line what it is for.
+    #[test]
+    fn every_command_and_argument_has_a_line_of_help() {
+        fn undocumented(command: &clap::Command, path: &str, out: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            for arg in command.get_arguments() {
+                let builtin = ["help", "version"].contains(&arg.get_id().as_str());
+                if !builtin && arg.get_help().is_none() {
+                    out.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    out.push(format!("{path} {}", sub.get_name()));
+                }
+                undocumented(sub, &path, out);
+            }
+        }
+        let mut missing = Vec::new();
+        undocumented(
+            &<super::Cli as clap::CommandFactory>::command(),
+            "",
+            &mut missing,
+        );
+        assert!(missing.is_empty(), "no help for:\n{}", missing.join("\n"));
+    }
 }

@@ -24,6 +24,7 @@ pub struct RelayArgs {
     /// reorders them).
     #[arg(long, default_value_t = 0.0)]
     pub delay_ms: f64,
+    /// Seed of the faults drawn (loss, delay): the same seed draws the same ones.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Stop after this many seconds (else at SIGINT or SIGTERM).
