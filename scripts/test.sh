@@ -24,6 +24,15 @@ bash scripts/setup.sh tshark nfcapd:nfdump tcpdump valgrind ip:iproute2 ethtool 
   sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
+# rustfmt and clippy, the suite's first two steps: added through rustup when missing.
+components=()
+cargo fmt --version >/dev/null 2>&1 || components+=(rustfmt)
+cargo clippy --version >/dev/null 2>&1 || components+=(clippy)
+if [ ${#components[@]} -gt 0 ]; then
+  command -v rustup >/dev/null || { echo "error: ${components[*]} missing, and no rustup to add them: install them for your Rust toolchain" >&2; exit 1; }
+  echo "installing: ${components[*]} (rustup component add)"
+  rustup component add "${components[@]}"
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
