@@ -426,6 +426,9 @@ fn control_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> BenchResult<()> {
                     plane.submit(write).map_err(|e| e.to_string())?;
                 }
             } else {
+                // The server logs each write it takes (its audit trail): thousands here,
+                // which would bury the table.
+                let _quiet = QuietLog::new();
                 let service = ControlService::new(plane.clone(), "l2", Arc::new(Vec::new));
                 let any_port = &stateplane_control::endpoint::Listen::loopback(0);
                 let server = Server::start(any_port, service)?;
@@ -501,6 +504,23 @@ fn route_update_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) -> BenchResult<()
         ns: median_ns,
     });
     Ok(())
+}
+
+/// Holds the log at warnings and errors while it lives.
+struct QuietLog(log::LevelFilter);
+
+impl QuietLog {
+    fn new() -> QuietLog {
+        let level = log::max_level();
+        log::set_max_level(level.min(log::LevelFilter::Warn));
+        QuietLog(level)
+    }
+}
+
+impl Drop for QuietLog {
+    fn drop(&mut self) {
+        log::set_max_level(self.0);
+    }
 }
 
 /// Runs `f` with the control plane of one worker of `factory`'s program, the worker polling
