@@ -319,6 +319,13 @@ fn aggregator(workload: &str, packets: &[Packet], a: &BenchFlowsArgs) -> BenchRe
         ("longest batch in which the table doubled", doubling_ms),
         ("longest batch in which it did not", other_ms),
     ] {
+        // Rounds with no batch of that kind (a table that never doubled) have none; with
+        // none in any round, no row, said once.
+        let ms: Vec<f64> = ms.into_iter().filter(|m| !m.is_nan()).collect();
+        if ms.is_empty() {
+            eprintln!("  growth {workload}: no {variant}");
+            continue;
+        }
         rows.push(Row {
             experiment: "growth",
             workload: workload.into(),
