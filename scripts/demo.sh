@@ -13,9 +13,24 @@ else
   bash scripts/setup.sh
 fi
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --quiet
+echo "== building stateplane (release; a first build takes a few minutes)"
+cargo build --release
 sp=target/release/stateplane
 mkdir -p out
+
+# What ran, where its files are, and what to try next: the demo's last words.
+summary() {
+  echo
+  echo "== done: the sample trace through forward, l2, pipeline and chain$1"
+  echo "   outputs in out/ ($(du -sh out 2>/dev/null | cut -f1) in all):"
+  for f in out/sample.pcap out/forwarded.pcap out/to-clients.pcap out/to-servers.pcap out/chain-out.pcap out/chain-flows.csv; do
+    [ -e "$f" ] && printf '     %-24s %s\n' "$f" "$(du -h "$f" | cut -f1)"
+  done
+  echo "   next: $sp flows -i out/sample.pcap --csv - | head     (flow records)"
+  echo "         $sp run conntrack -i out/sample.pcap --json   (a stateful program)"
+  echo "         $sp bench                                    (Mpps per core, from memory)"
+  echo "         docs/cli.md has every command; docs/lab.md the lab"
+}
 echo "== generating a sample trace (internet workload, 1,000,000 packets, seed 1)"
 $sp gen internet --packets 1000000 --seed 1 -o out/sample.pcap
 echo
@@ -33,6 +48,7 @@ $sp run --config examples/chain.toml
 echo
 if [ $live -eq 0 ]; then
   echo "== live lab: not run, because it creates network namespaces and needs root (run ./scripts/demo.sh as root)"
+  summary ""
   exit 0
 fi
 lab=topologies/line.toml
@@ -61,3 +77,4 @@ kill -TERM "$pid"
 for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 sed -n '/stateplane run/,$p' /run/stateplane/lab/line/s1.log
 $sp lab down $lab
+summary ", then live traffic through a switch in a lab (ping, iperf3, its control API)"

@@ -40,11 +40,14 @@ step "cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 step "cargo test (release)"
 mkdir -p target
+# As it goes: each crate of the project as it compiles, each test binary as it starts and
+# its result; the whole log in target/test.log.
 set +e
-cargo test --release --workspace > target/test.log 2>&1
-rc=$?
+cargo test --release --workspace 2>&1 | tee target/test.log \
+  | grep --line-buffered -E '^ *(Compiling stateplane|Running )|^test result' | sed -u -E 's/^ +//'
+rc=${PIPESTATUS[0]}
 set -e
-grep -E '^test result|FAILED|panicked' target/test.log || true
+grep -E 'FAILED|panicked' target/test.log || true
 echo "the slowest test binaries (seconds running, building not counted):"
 awk '/^ *Running /{name=$NF; sub(".*/", "", name); sub("-[0-9a-f]+[)]$", "", name)}
   /test result:/{for(i=1;i<NF;i++) if($i=="in"){t=$(i+1); sub("s$","",t); print "  " t, name}}' \
