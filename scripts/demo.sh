@@ -26,9 +26,9 @@ summary() {
   for f in out/sample.pcap out/forwarded.pcap out/to-clients.pcap out/to-servers.pcap out/chain-out.pcap out/chain-flows.csv; do
     [ -e "$f" ] && printf '     %-24s %s\n' "$f" "$(du -h "$f" | cut -f1)"
   done
-  echo "   next: $sp flows -i out/sample.pcap --csv - | head     (flow records)"
-  echo "         $sp run conntrack -i out/sample.pcap --json   (a stateful program)"
-  echo "         $sp bench                                    (Mpps per core, from memory)"
+  echo "   next: $sp flows -i out/sample.pcap --csv out/flows.csv   (flow records)"
+  echo "         $sp run conntrack -i out/sample.pcap               (a stateful program)"
+  echo "         $sp bench                                          (Mpps per core, from memory)"
   echo "         docs/cli.md has every command; docs/lab.md the lab"
 }
 echo "== generating a sample trace (internet workload, 1,000,000 packets, seed 1)"
