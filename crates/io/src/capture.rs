@@ -334,6 +334,11 @@ impl RxPort for FileRx {
     fn next_packet(&mut self) -> io::Result<Option<RxPacket<'_>>> {
         Ok(self.reader.next_record()?.map(RxPacket::from))
     }
+
+    /// What a run's progress reads (it read 0 here, and the bar never moved).
+    fn bytes_read(&self) -> u64 {
+        self.reader.bytes_read()
+    }
 }
 
 /// Output formats.
@@ -607,6 +612,27 @@ mod tests {
                 let err = err.to_string();
                 assert!(err.starts_with("link type 127 (IEEE802_11_RADIOTAP) is not one Stateplane reads: it reads Ethernet (1), Linux cooked SLL (113)"), "{err}");
             }
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A file port says how much of its file it has read, so that a run's progress moves:
+    /// the whole file once every packet is read, in both formats.
+    #[test]
+    fn a_file_port_counts_the_bytes_it_has_read() {
+        let path = std::env::temp_dir().join(format!("read-{}.pcap", std::process::id()));
+        let frames: Vec<Vec<u8>> = (0..100).map(|i| its_ethernet_frame(&[i; 60])).collect();
+        for format in [CaptureFormat::PcapNano, CaptureFormat::Pcapng] {
+            let bytes = capture_of(1, &frames, format);
+            std::fs::write(&path, &bytes).unwrap();
+            let mut port = FileRx::open(&path).unwrap();
+            let mut read = Vec::new();
+            while port.next_packet().unwrap().is_some() {
+                read.push(port.bytes_read());
+            }
+            assert_eq!(read.len(), 100);
+            assert!(read.windows(2).all(|w| w[0] < w[1]), "{format:?}: it grows");
+            assert_eq!(port.bytes_read(), bytes.len() as u64, "{format:?}");
         }
         std::fs::remove_file(&path).unwrap();
     }
