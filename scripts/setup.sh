@@ -10,6 +10,7 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found; install Rust (https://rustup.rs) and re-run" >&2; exit 1; }
 # Rust 1.85 or later: the workspace is edition 2024.
 rust=$(rustc --version 2>/dev/null | awk '{print $2}')
+[ -n "$rust" ] || { echo "error: rustc not found beside cargo; install Rust (https://rustup.rs) and re-run" >&2; exit 1; }
 IFS=. read -r major minor _ <<<"${rust:-0.0.0}"
 if [ "$major" -lt 1 ] || { [ "$major" -eq 1 ] && [ "$minor" -lt 85 ]; }; then
   echo "error: Rust ${rust:-not found} is older than 1.85, which Stateplane needs (edition 2024): run \`rustup update stable\`" >&2

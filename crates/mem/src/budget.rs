@@ -157,8 +157,11 @@ impl Ledger {
         let Some(share) = shares.iter_mut().find(|s| s.setting == setting) else {
             return;
         };
-        let given = bytes.min(share.bytes());
-        share.each -= given / share.copies.max(1);
+        // Whole copies only, so that the total stays the sum of the shares.
+        let copies = share.copies.max(1);
+        let each = (bytes / copies).min(share.each);
+        share.each -= each;
+        let given = each * copies;
         let _ = self
             .claimed
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
