@@ -72,7 +72,7 @@ rx() {
 import urllib.request
 text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=2).read().decode()
 print(sum(int(float(l.split()[-1])) for l in text.splitlines()
-          if l.startswith("stateplane_rx_packets_total ")))' 2>/dev/null || echo 0
+          if l.startswith("stateplane_rx_packets_total{")))' 2>/dev/null || echo 0
 }
 echo "seconds,rss_kib,rx_packets" >"$out/soak.csv"
 for t in $(seq 0 "$seconds"); do

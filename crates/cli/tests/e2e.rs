@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{bin, interrupted_mid_input, ok, refused, tmp, tool, write_capture};
+use common::{
+    bin, interrupted_mid_input, ok, promtool_check, refused, sum_of, tmp, tool, write_capture,
+};
 use stateplane_io::capture::read_all;
 use std::path::Path;
 
@@ -463,23 +465,61 @@ fn metrics_endpoint_serves_prometheus_text() {
         body.clear();
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
         s.read_to_string(&mut body).unwrap();
-        if body.contains("stateplane_rx_packets_total 2000\n") {
+        if body.contains("stateplane_rx_packets_total{worker=\"0\"} 2000\n") {
             break;
         }
     }
     let _ = child.kill();
     let _ = child.wait();
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    let Some((_, text)) = body.split_once("\r\n\r\n") else {
+        panic!("no end of headers: {body}")
+    };
+    // Prometheus' own checker takes it as it is: names, `_total`, help lines, types.
+    let checked = promtool_check(text);
+    assert!(checked.is_empty(), "promtool check metrics: {checked}");
     assert!(
-        body.contains(
-            "# TYPE stateplane_rx_packets_total counter\nstateplane_rx_packets_total 2000\n"
-        ),
-        "{body}"
+        text.contains("# TYPE stateplane_rx_packets_total counter\n"),
+        "{text}"
+    );
+    // One series per thread and none for the total: `sum()` over a family counts each
+    // packet once.
+    for (family, want) in [
+        ("stateplane_rx_packets_total", 2000),
+        ("stateplane_tx_packets_total", 2000),
+        ("stateplane_dropped_total", 0),
+    ] {
+        assert_eq!(sum_of(text, family), want, "{family}: {text}");
+    }
+    assert!(
+        text.contains("stateplane_tx_packets_total{worker=\"0\"} 2000\n"),
+        "{text}"
     );
     assert!(
-        body.contains("stateplane_tx_packets_total{worker=\"0\"} 2000"),
-        "{body}"
+        !text
+            .lines()
+            .any(|l| l.starts_with("stateplane_rx_packets_total ")),
+        "no unlabelled total beside the per-thread series: {text}"
     );
+    // The Grafana dashboard's panels on traffic, workers and memory query families a run
+    // serves (ports and tables: the lab's live switches).
+    let dashboard = common::dashboard_families("stateplane_");
+    assert!(dashboard.len() >= 15, "{dashboard:?}");
+    let missing: Vec<_> = (common::dashboard_families_missing(text, "stateplane_").into_iter())
+        .filter(|f| !f.starts_with("stateplane_port_") && !f.starts_with("stateplane_table_"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}: {text}"
+    );
+    // Every reason is listed from the first scrape, at 0 until it counts: a family is never
+    // a type line with no samples.
+    for reason in [
+        "stateplane_drops_total{reason=\"no_verdict\"} 0\n",
+        "stateplane_malformed_packets_total{reason=\"ethernet_truncated\"} 0\n",
+    ] {
+        assert!(text.contains(reason), "{reason}: {text}");
+    }
     // The bounds it runs within, beside what fills them.
     for bound in [
         "# TYPE stateplane_memory_budget_bytes gauge",

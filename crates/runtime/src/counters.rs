@@ -109,17 +109,41 @@ impl Stats {
 
     /// Drop reasons with a non-zero count, named.
     pub fn drops_by_reason(&self, program_reasons: &[&'static str]) -> Vec<(&'static str, u64)> {
+        self.drops_named(program_reasons, false)
+    }
+
+    /// Every reason the runtime and the program name, with its count, 0 included (and any
+    /// other code that counted): what a metrics family lists from the first scrape, so that
+    /// a rate over it starts from 0 rather than from a series that appears.
+    pub fn drops_by_every_reason(
+        &self,
+        program_reasons: &[&'static str],
+    ) -> Vec<(&'static str, u64)> {
+        self.drops_named(program_reasons, true)
+    }
+
+    fn drops_named(
+        &self,
+        program_reasons: &[&'static str],
+        every: bool,
+    ) -> Vec<(&'static str, u64)> {
         (0..DropReason::COUNT)
-            .filter(|&i| self.drops[i] > 0)
-            .map(|i| (DropReason(i as u8).name(program_reasons), self.drops[i]))
+            .map(|i| DropReason(i as u8))
+            .filter(|&r| self.drops[r.0 as usize] > 0 || (every && r.is_named(program_reasons)))
+            .map(|r| (r.name(program_reasons), self.drops[r.0 as usize]))
             .collect()
     }
 
     /// Malformed reasons with a non-zero count, named.
     pub fn malformed_by_reason(&self) -> Vec<(&'static str, u64)> {
-        Malformed::ALL
-            .iter()
-            .filter(|m| self.malformed[m.index()] > 0)
+        (self.malformed_by_every_reason().into_iter())
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
+    /// Every malformed reason with its count, 0 included.
+    pub fn malformed_by_every_reason(&self) -> Vec<(&'static str, u64)> {
+        (Malformed::ALL.iter())
             .map(|m| (m.name(), self.malformed[m.index()]))
             .collect()
     }
@@ -166,5 +190,32 @@ impl SharedStats {
         load(&self.drops, &mut s.drops);
         load(&self.malformed, &mut s.malformed);
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metrics list every reason the runtime and the program name, at 0 until they
+    /// count, and any unnamed code that counted; the summary lists only what counted.
+    #[test]
+    fn every_named_reason_is_listed_and_only_counted_ones_are_summed_up() {
+        let mut stats = Stats::default();
+        stats.drops[DropReason::program(1).0 as usize] = 3;
+        stats.drops[DropReason::program(40).0 as usize] = 2;
+        let program = ["blocked", "rate_limited"];
+        let every = stats.drops_by_every_reason(&program);
+        assert_eq!(every.len(), 7 + 2 + 1, "{every:?}");
+        assert_eq!(every[0], ("no_verdict", 0));
+        assert!(every.contains(&("blocked", 0)));
+        assert!(every.contains(&("rate_limited", 3)));
+        assert!(every.contains(&("program_unnamed", 2)));
+        assert_eq!(
+            stats.drops_by_reason(&program),
+            vec![("rate_limited", 3), ("program_unnamed", 2)]
+        );
+        assert_eq!(stats.malformed_by_every_reason().len(), Malformed::COUNT);
+        assert!(stats.malformed_by_reason().is_empty());
     }
 }

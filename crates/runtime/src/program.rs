@@ -60,6 +60,14 @@ impl DropReason {
         DropReason(Self::PROGRAM_BASE + i)
     }
 
+    /// Whether the runtime or the program (by its list of names) names this reason.
+    pub fn is_named(self, program_reasons: &[&'static str]) -> bool {
+        match self.0.checked_sub(Self::PROGRAM_BASE) {
+            None => usize::from(self.0) < Self::RUNTIME_NAMES.len(),
+            Some(i) => usize::from(i) < program_reasons.len(),
+        }
+    }
+
     /// The name of this reason, given the program's list of names.
     pub fn name(self, program_reasons: &[&'static str]) -> &'static str {
         if self.0 < Self::PROGRAM_BASE {

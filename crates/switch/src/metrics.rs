@@ -124,15 +124,18 @@ pub fn run_bounds(
     ]
 }
 
-/// Each declared table's entries and capacity (gauges) and the adds it refused for being
-/// full, as the workers answer a stats request (summed over them); a table whose workers do
-/// not answer in time is left out of this scrape.
+/// Each declared table's entries and capacity (gauges) and every count its workers keep
+/// (lookups, hits, adds, adds refused by reason, deletes, expiries by what they did), as
+/// the workers answer a stats request, summed over them; a table whose workers do not
+/// answer in time is left out of this scrape.
 fn encode_tables(
     e: &mut DescriptorEncoder,
     plane: &stateplane_runtime::ControlPlane,
 ) -> fmt::Result {
     use stateplane_state::{Kind, Reply, Request};
-    let (mut entries, mut capacity, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut entries, mut capacity) = (Vec::new(), Vec::new());
+    // Counter families in the order they first come, each with its series.
+    let mut families: Vec<(&'static str, Series)> = Vec::new();
     for d in plane.declarations().iter() {
         if !matches!(d.kind, Kind::Table { .. }) {
             continue;
@@ -147,11 +150,20 @@ fn encode_tables(
         else {
             continue;
         };
-        let get = |name: &str| (counters.iter()).find(|(n, _)| *n == name).map(|(_, v)| *v);
-        let label = vec![("table", d.name.clone())];
-        entries.push((label.clone(), get("entries").unwrap_or(0)));
-        capacity.push((label.clone(), d.capacity as u64));
-        refused.push((label, get("adds_refused_full").unwrap_or(0)));
+        let table = ("table", d.name.clone());
+        capacity.push((vec![table.clone()], d.capacity as u64));
+        for (name, value) in counters {
+            if name == "entries" {
+                entries.push((vec![table.clone()], value));
+                continue;
+            }
+            let (family, label) = table_family(name);
+            let labels = std::iter::once(table.clone()).chain(label).collect();
+            match families.iter_mut().find(|(f, _)| *f == family) {
+                Some((_, series)) => series.push((labels, value)),
+                None => families.push((family, vec![(labels, value)])),
+            }
+        }
     }
     gauge(
         e,
@@ -165,12 +177,40 @@ fn encode_tables(
         "Entries a declared table may hold (per worker)",
         capacity,
     )?;
-    counter(
-        e,
-        "stateplane_table_adds_refused_full",
-        "Adds a declared table refused for being full, over all workers",
-        refused,
-    )
+    for (family, series) in families {
+        let help = match family {
+            "lookups" => "Lookups in a declared table, over all workers",
+            "hits" => "Lookups that found their entry",
+            "adds" => "Entries added",
+            "adds_refused" => {
+                "Adds refused, by reason: full (no slot left) or rate (the source over its insert limit)"
+            }
+            "deletes" => "Entries deleted by the program or the control plane",
+            "early_dropped" => {
+                "Entries of an early-drop profile removed to make room for a new one"
+            }
+            "expired" => {
+                "Entries past their timeout, by what was done: deleted, or kept and notified to the control plane"
+            }
+            "notifications_dropped" => "Expiry notifications lost because nobody drained them",
+            _ => "A declared table's count, over all workers",
+        };
+        counter(e, &format!("stateplane_table_{family}"), help, series)?;
+    }
+    Ok(())
+}
+
+/// The family a table's stats counter belongs to, and the label that tells it apart there
+/// (a refused add's reason, what an expiry did).
+fn table_family(name: &'static str) -> (&'static str, Option<(&'static str, String)>) {
+    let split = |family, key, value: &str| (family, Some((key, value.to_string())));
+    match name {
+        "adds_refused_full" => split("adds_refused", "reason", "full"),
+        "adds_refused_rate" => split("adds_refused", "reason", "rate"),
+        "expired_deleted" => split("expired", "action", "deleted"),
+        "expired_notified" => split("expired", "action", "notified"),
+        other => (other, None),
+    }
 }
 
 /// Encodes one counter family (the exposition names it `NAME_total`).
@@ -445,15 +485,22 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
         let total = self.handle.totals();
-        // Entry 0 is the dispatcher, whose drops are in the totals but belong to no worker.
-        let per_worker: Vec<Stats> = (self.handle.stats.iter().skip(1))
-            .map(|s| s.snapshot())
+        // One series per thread and none for the total, so that `sum()` over a family is
+        // the total: entry 0 is the dispatcher (its drops belong to no worker), then the
+        // workers.
+        let by_thread: Vec<(String, Stats)> = (self.handle.stats.iter().enumerate())
+            .map(|(i, s)| {
+                let thread = match i {
+                    0 => "dispatcher".to_string(),
+                    w => (w - 1).to_string(),
+                };
+                (thread, s.snapshot())
+            })
             .collect();
         for c in Counter::ALL {
-            let mut series: Series = vec![(Vec::new(), total.get(c))];
-            for (w, s) in per_worker.iter().enumerate() {
-                series.push((vec![("worker", w.to_string())], s.get(c)));
-            }
+            let series: Series = (by_thread.iter())
+                .map(|(thread, s)| (vec![("worker", thread.clone())], s.get(c)))
+                .collect();
             counter(
                 &mut e,
                 &format!("stateplane_{}", c.name()),
@@ -466,14 +513,14 @@ impl Collector for Scrape {
                 .map(|(reason, v)| (vec![("reason", reason.to_string())], v))
                 .collect()
         };
-        let drops = by_reason(total.drops_by_reason(self.drop_names));
+        let drops = by_reason(total.drops_by_every_reason(self.drop_names));
         counter(
             &mut e,
             "stateplane_drops",
             "Packets dropped, by reason",
             drops,
         )?;
-        let malformed = by_reason(total.malformed_by_reason());
+        let malformed = by_reason(total.malformed_by_every_reason());
         let help = "Packets that failed to parse, by reason";
         counter(&mut e, "stateplane_malformed_packets", help, malformed)?;
         // Live ports: the kernel's and the rings' own counts (drops before any worker saw them).
@@ -710,7 +757,7 @@ mod tests {
     use stateplane_runtime::DropReason;
 
     #[test]
-    fn a_scrape_has_every_counter_as_a_total_and_per_worker_and_drops_by_reason() {
+    fn a_scrape_has_every_counter_per_thread_and_drops_by_reason() {
         let handle = Arc::new(RunHandle::new(2));
         let mut worker1 = Stats::default();
         worker1.add(Counter::RxPackets, 7);
@@ -785,7 +832,7 @@ mod tests {
         for line in [
             "# HELP stateplane_rx_packets_total Packets received by the workers",
             "# TYPE stateplane_rx_packets_total counter",
-            "stateplane_rx_packets_total 7",
+            "stateplane_rx_packets_total{worker=\"dispatcher\"} 0",
             "stateplane_rx_packets_total{worker=\"0\"} 0",
             "stateplane_rx_packets_total{worker=\"1\"} 7",
             "stateplane_bursts_total{worker=\"1\"} 0",
@@ -794,6 +841,13 @@ mod tests {
         ] {
             assert!(body.lines().any(|l| l == line), "{line} missing:\n{body}");
         }
+        // One series per thread and none for the total: a sum over a family is the total.
+        assert!(
+            !body
+                .lines()
+                .any(|l| l.starts_with("stateplane_rx_packets_total ")),
+            "{body}"
+        );
         assert!(!body.contains("stateplane_port_"), "no live ports: {body}");
     }
 }

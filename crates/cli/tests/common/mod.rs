@@ -148,3 +148,76 @@ pub fn write_capture(
     }
     w.flush().unwrap();
 }
+
+/// What `promtool check metrics` says of `text` (nothing when it finds no fault).
+pub fn promtool_check(text: &str) -> String {
+    use std::io::Write;
+    let mut child = tool("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() && said.trim().is_empty() {
+        String::new()
+    } else {
+        format!("exit {:?}: {said}", out.status.code())
+    }
+}
+
+/// The sum of a family's samples in Prometheus text.
+pub fn sum_of(text: &str, family: &str) -> u64 {
+    (text.lines())
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The metric families the Grafana dashboard (`docs/grafana/stateplane.json`) queries, with
+/// `prefix` (`stateplane_port_`), or all of them; each panel must have a query.
+pub fn dashboard_families(prefix: &str) -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/grafana/stateplane.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut families = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "a panel with no query: {panel}");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap();
+            let names = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            for name in names.filter(|n| n.starts_with("stateplane_")) {
+                if name.starts_with(prefix) && !families.iter().any(|f| f == name) {
+                    families.push(name.to_string());
+                }
+            }
+        }
+    }
+    families
+}
+
+/// The dashboard's families with `prefix` that `text` (a scrape) has no sample of.
+pub fn dashboard_families_missing(text: &str, prefix: &str) -> Vec<String> {
+    let served = |family: &str| {
+        (text.lines()).any(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']))
+    };
+    (dashboard_families(prefix).into_iter())
+        .filter(|f| !served(f))
+        .collect()
+}
