@@ -40,6 +40,10 @@ step "cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 step "cargo test (release)"
 mkdir -p target
+# What the tests make in the temporary folder, they remove (checked after the tollbooth's).
+scratch="${TMPDIR:-/tmp}"
+scratch_of_tests() { ls -d "$scratch"/stateplane-* "$scratch"/tollbooth-* "$scratch"/.tmp* 2>/dev/null | sort || true; }
+scratch_before=$(scratch_of_tests)
 # As it goes: each crate of the project as it compiles, each test binary as it starts and
 # its result; the whole log in target/test.log.
 set +e
@@ -52,9 +56,6 @@ echo "the slowest test binaries (seconds running, building not counted):"
 awk '/^ *Running /{name=$NF; sub(".*/", "", name); sub("-[0-9a-f]+[)]$", "", name)}
   /test result:/{for(i=1;i<NF;i++) if($i=="in"){t=$(i+1); sub("s$","",t); print "  " t, name}}' \
   target/test.log | sort -rn | head -6 || true
-# The integration tests' traces (gigabytes a run); a later run's tests also sweep those of
-# ended runs.
-rm -rf "${TMPDIR:-/tmp}"/stateplane-test-*
 if [ $rc -ne 0 ] || ! grep -q 'test result: ok' target/test.log; then
   tail -60 target/test.log >&2
   echo "cargo test failed (exit $rc): the whole log is target/test.log" >&2
@@ -65,6 +66,13 @@ step "examples/tollbooth: a program of one's own, in its own crate (fmt, clippy,
   && cargo fmt -- --check \
   && cargo clippy --release --all-targets --quiet -- -D warnings \
   && cargo test --release --quiet 2>&1 | grep -E '^test result|FAILED|panicked')
+left=$(comm -13 <(echo "$scratch_before") <(scratch_of_tests))
+if [ -n "$left" ]; then
+  echo "error: the tests left these behind in $scratch (each test removes what it makes):" >&2
+  echo "$left" >&2
+  exit 1
+fi
+echo "nothing left behind in $scratch"
 step "stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
 step "soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"

@@ -65,8 +65,9 @@ fn write_seeds() {
 /// and each file compared.
 #[test]
 fn every_seed_is_in_the_checked_in_corpus() {
-    let scratch = std::env::temp_dir().join(format!("stateplane-seeds-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    // Removed when dropped, also when the test fails.
+    let scratch_dir = tempfile::tempdir().unwrap();
+    let scratch = scratch_dir.path().join("seeds");
     let written = write_seeds_into(&scratch);
     assert!(written.len() > 20, "{} seeds written", written.len());
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
@@ -79,7 +80,6 @@ fn every_seed_is_in_the_checked_in_corpus() {
             corpus.join(file).display()
         );
     }
-    std::fs::remove_dir_all(&scratch).unwrap();
 }
 
 /// A seed corpus: valid inputs of every kind, from the project's own encoders, examples

@@ -94,8 +94,7 @@ impl Lab {
             ),
             None => renamed,
         };
-        let dir = std::env::temp_dir().join(format!("stateplane-lab-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = common::tmp_dir("lab");
         let file = dir.join(format!("{name}.toml"));
         std::fs::write(&file, renamed).unwrap();
         let lab = Lab {
@@ -945,8 +944,7 @@ fn lab_bench_measures_each_mode_and_gives_the_bridge_no_switch_cpu() {
 fn bench_failover_checks_every_byte_and_tells_the_settings_apart() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     require("redis-server");
-    let dir = std::env::temp_dir().join(format!("stateplane-failover-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tmp_dir("failover");
     let csv = dir.join("failover.csv");
     let out = bin()
         .args(["lab", "bench-failover", "--leases", "200", "--repeat", "1"])
@@ -1040,8 +1038,7 @@ fn lab_down_cleans_up_after_a_crash_and_up_refuses_a_lab_twice() {
 
 #[test]
 fn a_topology_with_an_outside_address_is_refused_before_anything_is_made() {
-    let dir = std::env::temp_dir().join(format!("stateplane-lab-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::tmp_dir("lab");
     let file = dir.join("bad.toml");
     let text_in = std::fs::read_to_string(topologies().join("line.toml"))
         .unwrap()
@@ -3156,7 +3153,7 @@ fn pipeline_rules_change_live_through_ctl() {
     // replace-flows: the file's rules become the pipeline's, the others are deleted.
     let rules = |dumped: &str| dumped.lines().filter(|l| l.contains("n_packets=")).count();
     let before = rules(&ctl(&["dump-flows"]));
-    let file = std::env::temp_dir().join(format!("sp-replace-{}.txt", std::process::id()));
+    let file = common::tmp("replace.txt");
     std::fs::write(
         &file,
         "# one rule\npriority=1,cookie=0x79,udp,tp_dst=9,actions=drop\n",
@@ -3281,7 +3278,7 @@ fn run_of(child: &std::process::Child) -> String {
 fn flows_on_a_live_host_interface_record_real_tcp_both_ways() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up("line.toml", "tflows");
-    let csv = std::env::temp_dir().join(format!("stateplane-lab-flows-{}.csv", std::process::id()));
+    let csv = common::tmp("lab-flows.csv");
     let ns = format!("sp-{}-h2", lab.name);
     let monitor = start_in(
         &ns,
@@ -3405,8 +3402,7 @@ fn observe_runs_a_program_as_a_monitor_that_sends_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::up("line.toml", "tobserve");
     let ns = format!("sp-{}-h2", lab.name);
-    let config =
-        std::env::temp_dir().join(format!("stateplane-observe-{}.toml", std::process::id()));
+    let config = common::tmp("observe.toml");
     for io in ["observe", "afpacket"] {
         // A monitor's ring may be sized (a switch's may not).
         let ring = if io == "observe" {

@@ -37,8 +37,9 @@ fn packets_in(path: &Path) -> u64 {
 
 #[test]
 fn a_two_worker_switch_runs_from_a_configuration_string() {
-    let dir = std::env::temp_dir().join(format!("stateplane-switch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when the test fails.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     write_trace(&dir.join("in.pcap"));
     let config = r#"
         workers = 2
@@ -53,7 +54,7 @@ fn a_two_worker_switch_runs_from_a_configuration_string() {
         [flows]
         csv = "flows.csv"
     "#;
-    let switch = Switch::from_toml(config, &dir).unwrap();
+    let switch = Switch::from_toml(config, dir).unwrap();
     assert!(!switch.is_live());
     assert!(switch.input_size() > 0);
     let outcome = switch.run().unwrap();
@@ -79,7 +80,6 @@ fn a_two_worker_switch_runs_from_a_configuration_string() {
     let records = csv.lines().count() as u64 - 1;
     assert_eq!(records, flows.export.records);
     assert!(records > 100, "{records} records");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A bad key is refused by name before anything is opened.
@@ -106,8 +106,9 @@ fn a_two_worker_flow_monitor_counts_every_packet_whichever_way_it_reads() {
     use stateplane_switch::flow_monitor::{
         FlowMonitor, MonitorOptions, MonitorOutcome, ReadAheadChoice,
     };
-    let dir = std::env::temp_dir().join(format!("stateplane-monitor-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when the test fails.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let trace = dir.join("in.pcap");
     write_trace(&trace);
     for read_ahead in [
@@ -162,5 +163,4 @@ fn a_two_worker_flow_monitor_counts_every_packet_whichever_way_it_reads() {
     });
     let err = refused.err().expect("no input is refused");
     assert!(err.contains("--in FILE"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,8 +8,9 @@ fn tollbooth() -> Command {
 
 #[test]
 fn tollbooth_runs_from_a_config_and_counts_its_drops() {
-    let dir = std::env::temp_dir().join(format!("tollbooth-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, also when the test fails.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
     let trace = dir.join("in.pcap");
     let generated = tollbooth()
         .args(["gen", "internet", "--packets", "20000", "--seed", "3", "-o"])
@@ -59,5 +60,4 @@ fn tollbooth_runs_from_a_config_and_counts_its_drops() {
     assert!(!refused.status.success());
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("program.tollbooth.budget"), "{said}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,15 +9,39 @@ pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stateplane"))
 }
 
-/// A path in this test process's own temporary folder. The first call removes the
-/// folders of test processes that have ended (their traces take gigabytes, and a test
-/// binary has no end of its own to remove them at).
+/// A path in this test process's own temporary folder, which goes when the process exits,
+/// whether its tests passed or failed (the harness ends by `exit`, which runs the handler
+/// `tmp` registers). The first call also removes the folders of test processes that ended
+/// without exiting (killed): their traces take gigabytes.
 pub fn tmp(name: &str) -> PathBuf {
     static SWEPT: std::sync::Once = std::sync::Once::new();
-    SWEPT.call_once(remove_folders_of_ended_runs);
-    let dir = std::env::temp_dir().join(format!("stateplane-test-{}", std::process::id()));
+    SWEPT.call_once(|| {
+        remove_folders_of_ended_runs();
+        // SAFETY: `atexit` only records the address of a function with the C ABI that
+        // takes nothing; the function touches no state that exit has torn down (it reads
+        // the process id and removes a folder).
+        let registered = unsafe { libc::atexit(remove_this_runs_folder) };
+        assert_eq!(registered, 0, "atexit refused the clean-up handler");
+    });
+    let dir = this_runs_folder();
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
+}
+
+/// A folder of its own for `name` in this process's temporary folder (gone at exit, as
+/// `tmp`'s files).
+pub fn tmp_dir(name: &str) -> PathBuf {
+    let dir = tmp(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn this_runs_folder() -> PathBuf {
+    std::env::temp_dir().join(format!("stateplane-test-{}", std::process::id()))
+}
+
+extern "C" fn remove_this_runs_folder() {
+    let _ = std::fs::remove_dir_all(this_runs_folder());
 }
 
 fn remove_folders_of_ended_runs() {
