@@ -20,15 +20,22 @@ mkdir -p out
 
 # What ran, where its files are, and what to try next: the demo's last words.
 summary() {
+  local made=()
+  for f in out/sample.pcap out/forwarded.pcap out/l2-to-clients.pcap out/l2-to-servers.pcap \
+    out/pipeline-to-clients.pcap out/pipeline-to-servers.pcap out/chain-out.pcap out/chain-flows.csv; do
+    [ -e "$f" ] && made+=("$f")
+  done
   echo
   echo "== done: the sample trace through forward, l2, pipeline and chain$1"
-  echo "   outputs in out/ ($(du -sh out 2>/dev/null | cut -f1) in all):"
-  for f in out/sample.pcap out/forwarded.pcap out/to-clients.pcap out/to-servers.pcap out/chain-out.pcap out/chain-flows.csv; do
-    [ -e "$f" ] && printf '     %-24s %s\n' "$f" "$(du -h "$f" | cut -f1)"
+  echo "   its outputs in out/ ($(du -ch "${made[@]}" | tail -1 | cut -f1) in all):"
+  for f in "${made[@]}"; do
+    printf '     %-30s %s\n' "$f" "$(du -h "$f" | cut -f1)"
   done
-  echo "   next: $sp flows -i out/sample.pcap --csv out/flows.csv   (flow records)"
-  echo "         $sp run conntrack -i out/sample.pcap               (a stateful program)"
-  echo "         $sp bench                                          (Mpps per core, from memory)"
+  echo "   the commands in README.md and docs/ call it stateplane; put it on your PATH:"
+  echo "         export PATH=\"$PWD/target/release:\$PATH\""
+  echo "   next: stateplane flows -i out/sample.pcap --csv out/flows.csv   (flow records)"
+  echo "         stateplane run conntrack -i out/sample.pcap               (a stateful program)"
+  echo "         stateplane bench                                          (Mpps per core, from memory)"
   echo "         docs/cli.md has every command; docs/lab.md the lab"
 }
 echo "== generating a sample trace (internet workload, 1,000,000 packets, seed 1)"

@@ -435,6 +435,31 @@ fn bench_keeps_the_rows_it_measured_when_a_program_fails() {
     );
 }
 
+/// A trace that is not there (a first run's, not made yet) is named with the way to make
+/// one, by `run` (a flag and a configuration's port) and by `flows`.
+#[test]
+fn a_missing_trace_is_named_with_the_command_that_makes_one() {
+    let gone = tmp("not-made-yet.pcap");
+    let gone = gone.to_str().unwrap();
+    let fix = "no such file; write a trace with `stateplane gen internet -o FILE`";
+    refused(
+        &["run", "forward", "-i", gone],
+        &format!("port in0 (rx {gone}): {fix}"),
+    );
+    refused(&["flows", "-i", gone], &format!("--in {gone}: {fix}"));
+    let config = tmp("missing-trace.toml");
+    std::fs::write(
+        &config,
+        "[program]\nname = \"forward\"\n[[port]]\nname = \"uplink\"\nrx = \"nowhere.pcap\"\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", config.to_str().unwrap()],
+        "port uplink (rx ",
+    );
+    refused(&["run", "--config", config.to_str().unwrap()], fix);
+}
+
 #[test]
 fn metrics_endpoint_serves_prometheus_text() {
     let input = tmp("metrics-in.pcap");

@@ -402,8 +402,19 @@ impl CaptureWriter<BufWriter<File>> {
 impl<W: io::Write> CaptureWriter<BufWriter<W>> {
     /// Creates `path` as [`CaptureWriter::create`] does, writing through `wrap` of it.
     fn create_through(path: &Path, wrap: impl FnOnce(File) -> W) -> io::Result<Self> {
-        let file = File::create(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", path.display())))?;
+        let file = File::create(path).map_err(|e| {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            let why = match folder {
+                // Not made for the user: a folder made from a mistyped path would hide it.
+                Some(folder) if e.kind() == io::ErrorKind::NotFound && !folder.is_dir() => format!(
+                    "its folder {} does not exist (make it first: mkdir -p {})",
+                    folder.display(),
+                    folder.display()
+                ),
+                _ => e.to_string(),
+            };
+            io::Error::new(e.kind(), format!("creating {}: {why}", path.display()))
+        })?;
         Self::new(
             BufWriter::with_capacity(1 << 20, wrap(file)),
             CaptureFormat::from_path(path),
@@ -510,6 +521,26 @@ pub fn read_all(path: &Path) -> Result<Vec<(u64, Vec<u8>, u32)>, CaptureError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An output whose folder is not there is refused with the command that makes it; the
+    /// folder is not made (a mistyped path would make one silently).
+    #[test]
+    fn an_output_in_a_folder_not_made_says_how_to_make_it() {
+        let scratch = std::env::temp_dir().join(format!("sp-io-nofolder-{}", std::process::id()));
+        let path = scratch.join("out/sample.pcap");
+        let Err(e) = FileTx::create(&path) else {
+            panic!("{} was created", path.display())
+        };
+        let folder = scratch.join("out");
+        let want = format!(
+            "creating {}: its folder {} does not exist (make it first: mkdir -p {})",
+            path.display(),
+            folder.display(),
+            folder.display()
+        );
+        assert_eq!(e.to_string(), want);
+        assert!(!scratch.exists());
+    }
 
     #[test]
     fn files_that_are_no_capture_say_so() {

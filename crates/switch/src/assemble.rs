@@ -631,6 +631,20 @@ fn control_endpoint(cfg: &RunConfig, live: bool) -> SetupResult<ControlAddr> {
     })
 }
 
+/// Why a capture to read could not be opened, as `what` (the port or flag that named it),
+/// with the way out where the file is not there: most often a first run's trace not made
+/// yet.
+pub(crate) fn cannot_read_capture(what: &str, e: stateplane_io::capture::CaptureError) -> String {
+    let missing = matches!(&e, stateplane_io::capture::CaptureError::Io(io) if io.kind() == std::io::ErrorKind::NotFound);
+    if missing {
+        format!(
+            "{what}: no such file; write a trace with `stateplane gen internet -o FILE` (a path in a configuration file is relative to that file)"
+        )
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
 /// Opens the ports' capture files (and the control plane's, if given).
 fn open_files(ports: &[PortSection], control_pcap: Option<&Path>) -> SetupResult<Ports> {
     let mut rx: Vec<(PortId, Box<dyn RxPort>)> = Vec::new();
@@ -638,8 +652,9 @@ fn open_files(ports: &[PortSection], control_pcap: Option<&Path>) -> SetupResult
     let mut input_size = 0u64;
     for (i, p) in ports.iter().enumerate() {
         if let Some(path) = &p.rx {
-            let port = FileRx::open(path)
-                .map_err(|e| format!("port {} (rx {}): {e}", p.name, path.display()))?;
+            let port = FileRx::open(path).map_err(|e| {
+                cannot_read_capture(&format!("port {} (rx {})", p.name, path.display()), e)
+            })?;
             input_size += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             rx.push((i as PortId, Box::new(port)));
         }

@@ -190,8 +190,9 @@ impl FlowMonitor {
         let open_inputs = || {
             (inputs.iter().enumerate())
                 .map(|(i, path)| {
-                    let port =
-                        FileRx::open(path).map_err(|e| format!("--in {}: {e}", path.display()))?;
+                    let port = FileRx::open(path).map_err(|e| {
+                        crate::assemble::cannot_read_capture(&format!("--in {}", path.display()), e)
+                    })?;
                     Ok((i as PortId, Box::new(port) as Box<dyn RxPort>))
                 })
                 .collect::<SetupResult<Vec<_>>>()
