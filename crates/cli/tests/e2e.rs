@@ -1708,3 +1708,132 @@ fn tshark_reads_sgws_refusals_and_echo_responses() {
         );
     }
 }
+
+/// Every `stateplane` command the README and docs/ show (their code lines) names a command
+/// that exists and only options that command has: the docs are run as written, and a
+/// renamed flag must not leave them behind.
+#[test]
+fn every_command_in_the_docs_names_real_commands_and_options() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut helps = std::collections::HashMap::new();
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut fenced = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.starts_with("```") {
+                fenced = !fenced;
+                continue;
+            }
+            if !(fenced || line.starts_with("    ")) {
+                continue;
+            }
+            let code = line.split(" #").next().unwrap_or_default();
+            let words: Vec<&str> = code.split_whitespace().collect();
+            // Each `stateplane` on the line starts a command (`lab exec ... stateplane ctl`).
+            let starts = (words.iter().enumerate())
+                .filter(|(_, w)| **w == "stateplane" || w.ends_with("/stateplane"))
+                .map(|(i, _)| i);
+            for start in starts {
+                let args: Vec<&str> = (words[start + 1..].iter())
+                    .take_while(|w| {
+                        !["|", ">", "2>", "<", "&&", ";", "&", "--", "\\"].contains(w)
+                            && **w != "stateplane"
+                    })
+                    .copied()
+                    .collect();
+                if args.is_empty() {
+                    continue;
+                }
+                checked += 1;
+                if let Err(why) = check_command(&args, &mut helps) {
+                    let name = file.file_name().unwrap().to_string_lossy();
+                    wrong.push(format!("{name}:{}: {}: {why}", n + 1, code.trim()));
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} commands found in the docs");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Checks one command's words against `stateplane ... --help`: its commands and
+/// subcommands, and each option it gives (skipping their values).
+fn check_command(
+    args: &[&str],
+    helps: &mut std::collections::HashMap<Vec<String>, Option<String>>,
+) -> Result<(), String> {
+    let mut help_of = |path: &[String]| -> Option<String> {
+        (helps.entry(path.to_vec()))
+            .or_insert_with(|| {
+                let out = bin().args(path).arg("--help").output().unwrap();
+                out.status
+                    .success()
+                    .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+            })
+            .clone()
+    };
+    let mut path = vec![args[0].to_string()];
+    let mut help = help_of(&path).ok_or(format!("no command {}", args[0]))?;
+    let mut positionals = 0;
+    let mut words = args[1..].iter();
+    while let Some(word) = words.next() {
+        if word.starts_with('-') && word.len() > 1 {
+            let flag = word.split('=').next().unwrap_or(word);
+            // An option's line in the help: `-s, --server <ENDPOINT>  what it does`.
+            let spec = help.lines().find_map(|l| {
+                let head: Vec<&str> = (l.split_whitespace())
+                    .take_while(|w| w.starts_with('-') || w.starts_with('<'))
+                    .collect();
+                let names = head.iter().map(|w| w.trim_end_matches(','));
+                names.clone().any(|n| n == flag).then_some(head)
+            });
+            let Some(spec) = spec else {
+                return Err(format!(
+                    "`stateplane {}` has no option {flag}",
+                    path.join(" ")
+                ));
+            };
+            let takes_value = spec.iter().any(|w| w.starts_with('<'));
+            if takes_value && !word.contains('=') {
+                words.next();
+            }
+            continue;
+        }
+        let commands: Vec<&str> = (help.split_once("\nCommands:\n"))
+            .map(|(_, rest)| {
+                (rest.lines())
+                    .take_while(|l| l.starts_with("  "))
+                    .filter_map(|l| l.split_whitespace().next())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !commands.is_empty() && positionals == 0 {
+            if !commands.contains(word) {
+                return Err(format!(
+                    "`stateplane {}` has no command {word}",
+                    path.join(" ")
+                ));
+            }
+            path.push(word.to_string());
+            help = help_of(&path).ok_or(format!("no command {}", path.join(" ")))?;
+            continue;
+        }
+        positionals += 1;
+        // The arguments of a command that takes another as its last (`lab exec TOPOLOGY
+        // NODE COMMAND...`) are that command's.
+        let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap_or("");
+        if usage.ends_with("...") && positionals >= usage.matches('<').count() {
+            break;
+        }
+    }
+    Ok(())
+}
