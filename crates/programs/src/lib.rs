@@ -413,11 +413,13 @@ pub fn register(
     Ok(())
 }
 
-/// Every program `build` knows, built-in and registered, with a line about each.
+/// Every program `build` knows, built-in and registered, with a line about each, by name
+/// (as help and errors list them).
 pub fn catalog() -> Vec<(&'static str, &'static str)> {
     let registered = REGISTERED.read().unwrap_or_else(PoisonError::into_inner);
     let mut all: Vec<_> = CATALOG.to_vec();
     all.extend(registered.iter().map(|r| (r.0, r.1)));
+    all.sort_unstable_by_key(|(name, _)| *name);
     all
 }
 
@@ -874,5 +876,29 @@ impl Program for Guaranteed {
 
     fn inherit(&mut self, old: Self, now_ns: u64) -> Vec<stateplane_state::Carried> {
         self.inner.inherit(old.inner, now_ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unknown name is refused with every program, in the order of their names (as
+    /// `run --help` lists them): a reader finds one in a sorted list.
+    #[test]
+    fn an_unknown_program_is_refused_with_the_catalog_by_name() {
+        let names: Vec<&str> = catalog().iter().map(|(n, _)| *n).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+        assert!(names.len() >= 20, "{names:?}");
+        let Err(e) = build("nosuch", None, &PortNames(Vec::new())) else {
+            panic!("an unknown program was built")
+        };
+        assert!(
+            e.to_string()
+                .contains(&format!("choose one of: {}", sorted.join(", "))),
+            "{e}"
+        );
     }
 }
