@@ -22,7 +22,8 @@ mkdir -p out
 summary() {
   local made=()
   for f in out/sample.pcap out/forwarded.pcap out/l2-to-clients.pcap out/l2-to-servers.pcap \
-    out/pipeline-to-clients.pcap out/pipeline-to-servers.pcap out/chain-out.pcap out/chain-flows.csv; do
+    out/pipeline-to-clients.pcap out/pipeline-to-servers.pcap out/chain-out.pcap out/chain-flows.csv \
+    out/forward.summary.json out/l2.summary.json out/pipeline.summary.json out/chain.summary.json out/report.html; do
     [ -e "$f" ] && made+=("$f")
   done
   echo
@@ -31,6 +32,7 @@ summary() {
   for f in "${made[@]}"; do
     printf '     %-30s %s\n' "$f" "$(du -h "$f" | cut -f1)"
   done
+  echo "   look at them in one page: open out/report.html in a browser"
   echo "   the commands in README.md and docs/ call it stateplane; put it on your PATH:"
   echo "         export PATH=\"$PWD/target/release:\$PATH\""
   echo "   next: stateplane flows -i out/sample.pcap --csv out/flows.csv   (flow records)"
@@ -42,16 +44,19 @@ echo "== generating a sample trace (internet workload, 1,000,000 packets, seed 1
 $sp gen internet --packets 1000000 --seed 1 -o out/sample.pcap
 echo
 echo "== forward: every packet from port in0 to port out (out/forwarded.pcap)"
-$sp run forward --workers 2 -i out/sample.pcap -o out/forwarded.pcap
+$sp run forward --workers 2 -i out/sample.pcap -o out/forwarded.pcap --summary-file out/forward.summary.json
 echo
 echo "== l2: switching by a static MAC table (examples/l2.toml)"
-$sp run --config examples/l2.toml
+$sp run --config examples/l2.toml --summary-file out/l2.summary.json
 echo
 echo "== pipeline: an ACL then a routing table, OpenFlow style, with its microflow cache (examples/pipeline.toml)"
-$sp run --config examples/pipeline.toml
+$sp run --config examples/pipeline.toml --summary-file out/pipeline.summary.json
 echo
 echo "== chain: acl, then nat, then router, with flow records (examples/chain.toml, out/chain-flows.csv)"
-$sp run --config examples/chain.toml
+$sp run --config examples/chain.toml --summary-file out/chain.summary.json
+echo
+echo "== report: the runs' summaries and the flow records in one page (out/report.html)"
+$sp report out -o out/report.html
 echo
 if [ $live -eq 0 ]; then
   echo "== live lab: not run, because it creates network namespaces and needs root (run ./scripts/demo.sh as root)"

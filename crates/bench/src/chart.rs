@@ -43,24 +43,35 @@ fn panel_height(p: &Panel) -> u32 {
     64 + p.bars.len() as u32 * BAR
 }
 
+/// The chart's width and height in pixels.
+fn size(panels: &[Panel]) -> (u32, u32) {
+    (WIDTH, HEADER + panels.iter().map(panel_height).sum::<u32>())
+}
+
 /// Writes the chart to `path`: PNG if its name ends in `.png`, SVG otherwise.
 pub fn write(path: &Path, title: &str, subtitle: &str, panels: &[Panel]) -> Result<(), String> {
     font()?;
-    let size = (WIDTH, HEADER + panels.iter().map(panel_height).sum::<u32>());
     let png = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("png"));
     if png {
-        let area = BitMapBackend::new(path, size).into_drawing_area();
+        let area = BitMapBackend::new(path, size(panels)).into_drawing_area();
         draw(&area, title, subtitle, panels).map_err(|e| e.to_string())?;
     } else {
-        let mut svg = String::new();
-        let area = SVGBackend::with_string(&mut svg, size).into_drawing_area();
-        draw(&area, title, subtitle, panels).map_err(|e| e.to_string())?;
-        drop(area);
-        std::fs::write(path, svg).map_err(|e| e.to_string())?;
+        std::fs::write(path, svg(title, subtitle, panels)?).map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// The chart as SVG text (what `write` puts in a `.svg` file; `stateplane report` puts it
+/// inline in a page).
+pub fn svg(title: &str, subtitle: &str, panels: &[Panel]) -> Result<String, String> {
+    font()?;
+    let mut svg = String::new();
+    let area = SVGBackend::with_string(&mut svg, size(panels)).into_drawing_area();
+    draw(&area, title, subtitle, panels).map_err(|e| e.to_string())?;
+    drop(area);
+    Ok(svg)
 }
 
 type Drawn<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;

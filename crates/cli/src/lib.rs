@@ -17,6 +17,7 @@ mod lab_cmd;
 mod logging;
 mod progress;
 mod relay_cmd;
+mod report_cmd;
 mod run_cmd;
 mod send_cmd;
 mod summary_output;
@@ -125,6 +126,9 @@ enum Command {
     /// Draw a CSV (a panel per first column, a bar per row, the value last) as an SVG or
     /// PNG bar chart.
     Chart(stateplane_bench::draw::ChartArgs),
+    /// One HTML page of a folder's results (the demo's out/): run summaries, CSV tables and
+    /// charts, checked by the page itself as it loads.
+    Report(report_cmd::ReportArgs),
     /// Print the version.
     Version,
 }
@@ -171,6 +175,7 @@ pub fn main() -> ExitCode {
         Command::Collector(args) => collector_cmd::main(args),
         Command::Relay(args) => relay_cmd::main(args),
         Command::Chart(args) => stateplane_bench::draw::main(args),
+        Command::Report(args) => report_cmd::main(args),
         Command::Version => {
             println!("stateplane {}", env!("CARGO_PKG_VERSION"));
             Ok(())

@@ -52,6 +52,11 @@ pub struct RunArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write the summary as JSON to this file (what `stateplane report` gathers into
+    /// a page); created before the run starts, so that a path it cannot write is refused
+    /// at once.
+    #[arg(long, value_name = "FILE")]
+    pub summary_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     pub metrics: Option<String>,
@@ -182,6 +187,12 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             control_pcap: args.control_pcap.clone(),
         },
     )?;
+    let summary_file = (args.summary_file.as_ref())
+        .map(|path| {
+            std::fs::File::create(path)
+                .map_err(|e| format!("--summary-file {}: {e}", path.display()))
+        })
+        .transpose()?;
     let progress = (!switch.is_live()).then(|| {
         let watched = switch.handle();
         Progress::start(switch.input_size(), true, move || {
@@ -191,6 +202,14 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     let outcome = switch.run()?;
     drop(progress);
     crate::summary_output::print_summary(&outcome, args.json)?;
+    if let (Some(file), Some(path)) = (summary_file, &args.summary_file) {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(file);
+        let written = serde_json::to_writer_pretty(&mut out, &outcome.to_json())
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.flush());
+        written.map_err(|e| format!("--summary-file {}: {e}", path.display()))?;
+    }
     if let Some(signal) = outcome.interrupted {
         crate::summary_output::end_interrupted(signal, outcome.error());
     }

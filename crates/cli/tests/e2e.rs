@@ -1837,3 +1837,119 @@ fn check_command(
     }
     Ok(())
 }
+
+/// `stateplane report` gathers a folder's results into one page that a real browser
+/// (headless Chromium) draws: the page's own checks pass, each run, table and chart has
+/// its section, and a screenshot is taken. A chart that draws nothing fails the page's
+/// checks, so they are no formality.
+#[test]
+fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
+    let dir = common::tmp_dir("report");
+    let trace = dir.join("in.pcap");
+    generate_trace("internet", 20_000, &trace);
+    for program in ["forward", "conntrack"] {
+        let summary = dir.join(format!("{program}.summary.json"));
+        ok(bin()
+            .args(["run", program, "-i"])
+            .arg(&trace)
+            .arg("--summary-file")
+            .arg(&summary)
+            .output()
+            .unwrap());
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        assert_eq!(written["counters"]["rx_packets"], 20_000, "{written}");
+    }
+    ok(bin()
+        .args(["flows", "-i"])
+        .arg(&trace)
+        .arg("--csv")
+        .arg(dir.join("flows.csv"))
+        .output()
+        .unwrap());
+    std::fs::write(
+        dir.join("rates.csv"),
+        "run,kind,Mpps\nfiles,forward,2\nfiles,nat,1\n",
+    )
+    .unwrap();
+    ok(bin()
+        .args(["chart", "--from"])
+        .arg(dir.join("rates.csv"))
+        .arg("--svg")
+        .arg(dir.join("rates.svg"))
+        .output()
+        .unwrap());
+    let said = ok(bin().arg("report").arg(&dir).output().unwrap());
+    assert!(
+        said.contains(
+            "7 sections (2 run summaries, 2 tables, 2 charts; 1 other file or folder named)"
+        ),
+        "{said}"
+    );
+    let page = dir.join("report.html");
+    let dom = browse(&page, &["--dump-dom"]);
+    assert!(dom.contains("data-checks=\"passed\""), "{dom}");
+    for section in [
+        "<h2>The runs side by side</h2>",
+        "<h2>forward (forward.summary.json)</h2>",
+        "<h2>conntrack (conntrack.summary.json)</h2>",
+        "<h2>flows.csv</h2>",
+        "<h2>rates.svg</h2>",
+        "<td>in.pcap</td>",
+        "The first 20 of its ",
+    ] {
+        assert!(dom.contains(section), "{section}: {dom}");
+    }
+    let shot = dir.join("report.png");
+    browse(
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1100,1800",
+        ],
+    );
+    let png = std::fs::read(&shot).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG screenshot");
+    assert!(
+        png.len() > 20_000,
+        "a page with content, not a blank one: {} bytes",
+        png.len()
+    );
+
+    // A chart that draws nothing: the page says so.
+    std::fs::write(
+        dir.join("empty.svg"),
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"10\" height=\"10\"></svg>",
+    )
+    .unwrap();
+    ok(bin().arg("report").arg(&dir).output().unwrap());
+    let dom = browse(&page, &["--dump-dom"]);
+    assert!(dom.contains("data-checks=\"failed\""), "{dom}");
+    assert!(dom.contains("a chart drew nothing"), "{dom}");
+    // Nothing to gather, and no folder: said, with what to give.
+    let empty = common::tmp_dir("report-empty");
+    let e = refused(&["report", empty.to_str().unwrap()], "no results to gather");
+    assert!(e.contains("run --summary-file"), "{e}");
+    refused(
+        &["report", "/nonexistent-folder"],
+        "give the folder of results",
+    );
+}
+
+/// What headless Chromium makes of `page` with `args` (the DOM after the page's scripts ran,
+/// or a screenshot).
+fn browse(page: &Path, args: &[&str]) -> String {
+    let out = tool("chromium-headless-shell")
+        .args(["--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg("--virtual-time-budget=5000")
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
