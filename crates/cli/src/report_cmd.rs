@@ -285,7 +285,7 @@ fn summary_tables(v: &Value) -> String {
             continue;
         }
         let rows: Vec<Vec<String>> = (reasons.iter())
-            .map(|(reason, n)| vec![reason.clone(), n.to_string()])
+            .map(|(reason, n)| vec![reason.clone(), n.as_u64().map_or(n.to_string(), group)])
             .collect();
         html += &table(&[title, "packets"], &rows);
     }
