@@ -1953,3 +1953,76 @@ fn browse(page: &Path, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// docs/BENCHMARKS.md shows the present: each of its sections gives the command behind its
+/// figures (a code line), the date they were measured and the commit measured, a commit
+/// this repository has (where the clone holds its history), and no section tells the runs
+/// before it (history lives in git).
+#[test]
+fn every_benchmark_section_gives_its_command_date_and_commit() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join("docs/BENCHMARKS.md")).unwrap();
+    let shallow = std::process::Command::new("git")
+        .args(["rev-parse", "--is-shallow-repository"])
+        .current_dir(&root)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() != "false")
+        .unwrap_or(true);
+    let is_commit = |word: &str| {
+        word.len() >= 7
+            && word.len() <= 12
+            && word
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            && word.chars().any(|c| c.is_ascii_alphabetic())
+    };
+    let known = |hash: &str| {
+        shallow
+            || std::process::Command::new("git")
+                .args(["cat-file", "-e", &format!("{hash}^{{commit}}")])
+                .current_dir(&root)
+                .status()
+                .is_ok_and(|s| s.success())
+    };
+    let mut wrong = Vec::new();
+    let sections: Vec<&str> = text.split("\n## ").skip(1).collect();
+    assert!(sections.len() > 20, "{} sections", sections.len());
+    for section in &sections {
+        let title = section.lines().next().unwrap_or_default();
+        let words = section.split(|c: char| !c.is_ascii_alphanumeric());
+        let commits: Vec<&str> = words.filter(|w| is_commit(w)).collect();
+        if !commits.iter().any(|c| known(c)) {
+            wrong.push(format!("{title}: no commit of this repository"));
+        }
+        let dated = (section
+            .match_indices("2026-")
+            .chain(section.match_indices("2027-")))
+        .any(|(i, _)| {
+            section[i + 5..]
+                .chars()
+                .take(5)
+                .filter(char::is_ascii_digit)
+                .count()
+                == 4
+        });
+        if !dated {
+            wrong.push(format!("{title}: no date"));
+        }
+        let command = (section.lines()).any(|l| l.starts_with("    ") && !l.trim().is_empty())
+            || section.contains("`stateplane ")
+            || section.contains("scripts/");
+        if !command {
+            wrong.push(format!("{title}: no command"));
+        }
+        for diary in [
+            "The run before it",
+            "Earlier runs of the same",
+            "for comparison:",
+        ] {
+            if section.contains(diary) {
+                wrong.push(format!("{title}: tells earlier runs (\"{diary}\")"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
