@@ -527,11 +527,15 @@ fn metrics_endpoint_serves_prometheus_text() {
         "no unlabelled total beside the per-thread series: {text}"
     );
     // The Grafana dashboard's panels on traffic, workers and memory query families a run
-    // serves (ports and tables: the lab's live switches).
+    // serves (ports and tables: the lab's live switches; flow export: a run with [flows]).
     let dashboard = common::dashboard_families("stateplane_");
     assert!(dashboard.len() >= 15, "{dashboard:?}");
     let missing: Vec<_> = (common::dashboard_families_missing(text, "stateplane_").into_iter())
-        .filter(|f| !f.starts_with("stateplane_port_") && !f.starts_with("stateplane_table_"))
+        .filter(|f| {
+            !["stateplane_port_", "stateplane_table_", "stateplane_flow"]
+                .iter()
+                .any(|p| f.starts_with(p))
+        })
         .collect();
     assert!(
         missing.is_empty(),
@@ -2025,4 +2029,96 @@ fn every_benchmark_section_gives_its_command_date_and_commit() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A run with a `[flows]` section serves its exporter's counts: the records it took and,
+/// by sink, the messages, bytes, records and losses; at the end every sink's records are
+/// the CSV's rows, and the dashboard's flow panels query families it serves.
+#[test]
+fn metrics_count_the_flow_records_a_run_exports() {
+    let dir = common::tmp_dir("flow-metrics");
+    generate_trace("internet", 5000, &dir.join("in.pcap"));
+    let config = dir.join("flows.toml");
+    std::fs::write(
+        &config,
+        "[program]\nname = \"forward\"\n[[port]]\nname = \"in\"\nrx = \"in.pcap\"\n\
+         [flows]\ncsv = \"flows.csv\"\nipfix_file = [\"flows.ipfix\"]\n",
+    )
+    .unwrap();
+    let port = 20_000 + ((std::process::id() + 7_919) % 20_000) as u16;
+    let mut child = bin()
+        .args(["run", "--hold-metrics", "20", "--metrics"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let rows = || {
+        std::fs::read_to_string(dir.join("flows.csv"))
+            .map_or(0, |t| t.lines().count().saturating_sub(1) as u64)
+    };
+    let by_sink = |text: &str, family: &str| -> Vec<u64> {
+        let prefix = format!("{family}{{sink=\"");
+        (text.lines())
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    // Bounded: 200 tries, about 10 s, until the exporter has published its end.
+    let mut text = String::new();
+    for _ in 0..200 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        use std::io::{Read, Write};
+        let mut body = String::new();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        s.read_to_string(&mut body).unwrap();
+        text = body
+            .split_once("\r\n\r\n")
+            .map_or(body.clone(), |(_, t)| t.to_string());
+        let taken = sum_of(&text, "stateplane_flow_records_total");
+        let sinks = by_sink(&text, "stateplane_flow_export_records_total");
+        if taken > 0 && sinks.len() == 2 && sinks.iter().all(|&n| n == taken) && rows() == taken {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let taken = sum_of(&text, "stateplane_flow_records_total");
+    assert!(taken > 100, "{text}");
+    assert_eq!(
+        rows(),
+        taken,
+        "the CSV's rows are the records taken: {text}"
+    );
+    assert_eq!(
+        by_sink(&text, "stateplane_flow_export_records_total"),
+        vec![taken, taken],
+        "{text}"
+    );
+    assert_eq!(
+        sum_of(&text, "stateplane_flow_records_dropped_total"),
+        0,
+        "{text}"
+    );
+    assert_eq!(
+        sum_of(&text, "stateplane_flow_export_lost_messages_total"),
+        0,
+        "{text}"
+    );
+    // The CSV's lines are its messages: a header and a line a record.
+    assert!(
+        by_sink(&text, "stateplane_flow_export_messages_total").contains(&(taken + 1)),
+        "{text}"
+    );
+    let checked = promtool_check(&text);
+    assert!(checked.is_empty(), "promtool check metrics: {checked}");
+    let missing = common::dashboard_families_missing(&text, "stateplane_flow");
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}: {text}"
+    );
 }

@@ -287,6 +287,7 @@ impl Switch {
                     ports: port_names.clone(),
                     sync: sync.as_ref().map(|s| s.counters.clone()),
                     replication: replication.as_ref().map(|r| r.counters.clone()),
+                    flows: flows.as_ref().map(FlowExport::progress),
                     bounds,
                     memory: memory.clone(),
                     // A run over files has no control plane to ask its tables of.

@@ -391,6 +391,10 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
                 ports: run.port_names.clone(),
                 sync: run.sync.as_ref().map(|s| s.counters.clone()),
                 replication: run.replication.as_ref().map(|r| r.counters.clone()),
+                flows: run
+                    .flows
+                    .as_ref()
+                    .map(crate::flow_export::FlowExport::progress),
                 bounds: run.bounds.clone(),
                 memory: run.memory.clone(),
                 plane,

@@ -96,6 +96,67 @@ impl ExportReport {
     }
 }
 
+/// What the exporter has done so far, published by its thread after each batch and timeout
+/// (never by the workers) for the metrics endpoint to read.
+#[derive(Debug, Default)]
+pub struct ExportProgress {
+    /// Flow records taken from the workers.
+    pub records: AtomicU64,
+    /// Records dropped because the exporter's queue was full (live runs).
+    pub dropped: Arc<AtomicU64>,
+    sinks: std::sync::Mutex<Vec<SinkProgress>>,
+}
+
+/// One sink's counts so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SinkProgress {
+    pub name: String,
+    /// Messages (or lines) and bytes written, the flow records in them, and messages lost
+    /// (for UDP, those the collector's host refused; for TCP, those written while its
+    /// connection was down; for a file, those that found no room).
+    pub units: u64,
+    pub bytes: u64,
+    pub records: u64,
+    pub lost: u64,
+}
+
+impl ExportProgress {
+    /// Each sink's counts as last published.
+    pub fn sinks(&self) -> Vec<SinkProgress> {
+        (self.sinks.lock())
+            .map(|s| s.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    fn publish(&self, records: u64, sinks: &[Sink]) {
+        self.set(records, sinks.iter().map(Sink::so_far));
+    }
+
+    /// The sinks' counts at the end, once each has sent what it held.
+    fn publish_final(&self, records: u64, sinks: &[SinkReport]) {
+        self.set(
+            records,
+            sinks.iter().map(|s| SinkProgress {
+                name: s.name.clone(),
+                units: s.units,
+                bytes: s.bytes,
+                records: s.records,
+                lost: s.lost,
+            }),
+        );
+    }
+
+    fn set(&self, records: u64, sinks: impl Iterator<Item = SinkProgress>) {
+        self.records.store(records, Ordering::Relaxed);
+        let mut held = self
+            .sinks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.clear();
+        held.extend(sinks);
+    }
+}
+
 /// What one sink did.
 #[derive(Clone, Debug, Default)]
 pub struct SinkReport {
@@ -720,6 +781,23 @@ impl Sink {
         }
     }
 
+    /// Its counts so far, as the metrics read them while the run goes on.
+    fn so_far(&self) -> SinkProgress {
+        let (units, bytes, records, lost) = match &self.out {
+            Out::Udp(udp) => (self.units, self.bytes, udp.records, udp.refused),
+            Out::Tcp(tcp) => (self.units, self.bytes, tcp.records, tcp.lost),
+            Out::File(f) => (f.units, f.bytes, f.records, f.lost),
+            Out::Stream(_) => (self.units, self.bytes, self.records, 0),
+        };
+        SinkProgress {
+            name: self.name.clone(),
+            units,
+            bytes,
+            records,
+            lost,
+        }
+    }
+
     /// What it did, at `now` (a TCP collector still away at the end, or a UDP collector's
     /// host refusing its messages, is an error).
     fn finish(self, now: Instant) -> SinkReport {
@@ -1076,6 +1154,7 @@ pub struct Exporter {
     tx: Sender<Vec<FlowRecord>>,
     spare_rx: Receiver<Vec<FlowRecord>>,
     dropped: Arc<AtomicU64>,
+    progress: Arc<ExportProgress>,
     thread: std::thread::JoinHandle<ExportReport>,
     lossy: bool,
     stdout: bool,
@@ -1111,6 +1190,12 @@ impl Exporter {
         let stdout =
             (config.sinks.iter()).any(|s| matches!(s, SinkSpec::Csv(None) | SinkSpec::Json(None)));
         let mut exporting = Exporting::open(&config, Instant::now())?;
+        let dropped = Arc::new(AtomicU64::new(0));
+        let progress = Arc::new(ExportProgress {
+            dropped: dropped.clone(),
+            ..ExportProgress::default()
+        });
+        let published = progress.clone();
         let (tx, rx) = bounded::<Vec<FlowRecord>>(256);
         let (spare_tx, spare_rx) = bounded::<Vec<FlowRecord>>(256);
         let thread = std::thread::Builder::new()
@@ -1132,19 +1217,23 @@ impl Exporter {
                         exporting.records(now, &batch);
                         let _ = spare_tx.try_send(batch);
                     }
+                    published.publish(exporting.core.records_taken(), &exporting.sinks);
                 }
                 let records = exporting.core.records_taken();
+                let sinks = exporting.finish(Instant::now());
+                published.publish_final(records, &sinks);
                 ExportReport {
                     records,
                     dropped: 0,
-                    sinks: exporting.finish(Instant::now()),
+                    sinks,
                 }
             })
             .map_err(|e| format!("cannot start the exporter thread: {e}"))?;
         Ok(Exporter {
             tx,
             spare_rx,
-            dropped: Arc::new(AtomicU64::new(0)),
+            dropped,
+            progress,
             thread,
             lossy,
             stdout,
@@ -1154,6 +1243,11 @@ impl Exporter {
     /// Whether records go to standard output (so that a summary goes elsewhere).
     pub fn writes_to_stdout(&self) -> bool {
         self.stdout
+    }
+
+    /// What it has done so far, as its thread publishes it.
+    pub fn progress(&self) -> Arc<ExportProgress> {
+        self.progress.clone()
     }
 
     pub fn sink(&self) -> ChannelSink {

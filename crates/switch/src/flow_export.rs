@@ -335,6 +335,11 @@ impl FlowExport {
         self.exporter.writes_to_stdout()
     }
 
+    /// What the exporter has done so far (for the metrics).
+    pub fn progress(&self) -> Arc<crate::export::ExportProgress> {
+        self.exporter.progress()
+    }
+
     /// Waits until every record is written. The run and its tap factory must be gone
     /// (stages no worker took hold sinks too, and the exporter's queue ends with them).
     pub fn finish(self) -> FlowReport {

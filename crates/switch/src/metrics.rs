@@ -46,6 +46,8 @@ pub struct Scrape {
     pub sync: Option<Arc<SyncCounters>>,
     /// The replication stages' counters, where state is replicated.
     pub replication: Option<Arc<ReplicationCounters>>,
+    /// The flow exporter's counts, where a `[flows]` section exports records.
+    pub flows: Option<Arc<crate::export::ExportProgress>>,
     pub bounds: Vec<Bound>,
     /// What the run holds of its memory budget, by setting.
     pub memory: stateplane_mem::budget::Growth,
@@ -346,6 +348,55 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     )
 }
 
+/// The flow exporter's counts: records taken and dropped, and each sink's messages, bytes,
+/// records and losses.
+fn encode_flows(e: &mut DescriptorEncoder, p: &crate::export::ExportProgress) -> fmt::Result {
+    use std::sync::atomic::Ordering::Relaxed;
+    single(
+        e,
+        "stateplane_flow_records",
+        "Flow records the exporter took from the workers' flow stages",
+        p.records.load(Relaxed),
+    )?;
+    single(
+        e,
+        "stateplane_flow_records_dropped",
+        "Flow records dropped because the exporter's queue was full (live runs; a run over files waits instead)",
+        p.dropped.load(Relaxed),
+    )?;
+    let sinks = p.sinks();
+    let per_sink = |f: &dyn Fn(&crate::export::SinkProgress) -> u64| -> Series {
+        (sinks.iter())
+            .map(|s| (vec![("sink", s.name.clone())], f(s)))
+            .collect()
+    };
+    for (name, help, series) in [
+        (
+            "stateplane_flow_export_messages",
+            "Messages (IPFIX, NetFlow v9) or lines (CSV, JSON) a sink wrote",
+            per_sink(&|s| s.units),
+        ),
+        (
+            "stateplane_flow_export_bytes",
+            "Bytes a sink wrote",
+            per_sink(&|s| s.bytes),
+        ),
+        (
+            "stateplane_flow_export_records",
+            "Flow records in what a sink wrote (over TCP, less those unconfirmed)",
+            per_sink(&|s| s.records),
+        ),
+        (
+            "stateplane_flow_export_lost_messages",
+            "Messages a sink lost: refused by a UDP collector's host, written while a TCP collector's connection was down, or finding no room on a full disk",
+            per_sink(&|s| s.lost),
+        ),
+    ] {
+        counter(e, name, help, series)?;
+    }
+    Ok(())
+}
+
 /// The replication stages' counters of a switch (`replicated` state).
 fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt::Result {
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
@@ -545,6 +596,9 @@ impl Collector for Scrape {
         }
         if let Some(replication) = &self.replication {
             encode_replication(&mut e, replication)?;
+        }
+        if let Some(flows) = &self.flows {
+            encode_flows(&mut e, flows)?;
         }
         if let Some(plane) = &self.plane {
             encode_tables(&mut e, plane)?;
@@ -783,6 +837,7 @@ mod tests {
                 held: 2.into(),
                 ..ReplicationCounters::default()
             })),
+            flows: None,
             plane: None,
             memory: growth.clone(),
             bounds: vec![
