@@ -75,7 +75,19 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
         return Err("--repeat and --lookups must be above 0, and --entries 1 to 67108864".into());
     }
     let mut rows = Vec::new();
+    // Progress on standard error as each part starts (the whole takes half a minute).
+    let acls = a.acl_rules.iter().filter(|&&n| n > 0).count();
+    let parts = a.entries.len() + 2 + acls;
+    let mut part = 0;
+    let mut step = |what: String| {
+        part += 1;
+        eprintln!("[{part}/{parts}] {what}");
+    };
     for &n in &a.entries {
+        step(format!(
+            "exact table of {n} entries: inserts and lookups, {} times",
+            a.repeat
+        ));
         let mut rng = Rng::new(a.seed);
         let present: Vec<FlowKey> = (0..n).map(|_| flow(&mut rng)).collect();
         let absent: Vec<FlowKey> = (0..n).map(|_| flow(&mut rng)).collect();
@@ -139,8 +151,13 @@ pub fn main(a: BenchTablesArgs) -> BenchResult<()> {
             });
         }
     }
+    step(format!(
+        "LPM tables of {} IPv4 and {} IPv6 prefixes",
+        a.ipv4_prefixes, a.ipv6_prefixes
+    ));
     lpm_rows(&a, &mut rows);
-    ternary_rows(&a, &mut rows);
+    ternary_rows(&a, &mut rows, &mut step);
+    step("control plane: table writes directly and through gRPC".to_string());
     control_rows(&a, &mut rows)?;
     println!(
         "input: exact tables of FlowKey -> u64; LPM tables of {} IPv4 and {} IPv6 generated prefixes (stateplane_state::prefixes); seed {}, {} lookups per measurement, median of {}",
@@ -321,12 +338,15 @@ fn build_and_lookup<T, A>(
 /// Ternary ACLs: classifications per second by tuple-space search, and by the linear
 /// scan it replaces, on packets aimed at random rules (half exactly at a rule's corner,
 /// half anywhere in the rules' blocks).
-fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>) {
+fn ternary_rows(a: &BenchTablesArgs, rows: &mut Vec<Row>, step: &mut dyn FnMut(String)) {
     use stateplane_state::ternary::{Packet5, Ternary, acl_rules};
     for &n in &a.acl_rules {
         if n == 0 {
             continue;
         }
+        step(format!(
+            "ternary ACL of {n} rules: tuple-space search and linear scan"
+        ));
         let rules = acl_rules(n, a.seed);
         let table = Ternary::build(&rules);
         let mut rng = Rng::new(a.seed);
