@@ -28,6 +28,9 @@ pub struct ReportArgs {
 }
 
 pub fn main(a: ReportArgs) -> CliResult<()> {
+    if a.rows == 0 {
+        return Err("--rows 0 would show no CSV's rows: give at least 1 (default 20)".into());
+    }
     let output = a
         .output
         .clone()
@@ -313,12 +316,18 @@ fn summary_tables(v: &Value) -> String {
 fn csv_table(text: &str, rows: usize) -> String {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let Some(header) = lines.next() else {
-        return "<p>An empty file.</p>\n".into();
+        return "<p class=\"empty\">An empty file.</p>\n".into();
     };
     let header: Vec<&str> = header.split(',').collect();
     let all: Vec<Vec<String>> = lines
         .map(|l| l.split(',').map(str::to_string).collect())
         .collect();
+    if all.is_empty() {
+        return format!(
+            "<p class=\"empty\">A header and no rows: {}.</p>\n",
+            esc(&header.join(", "))
+        );
+    }
     let shown = &all[..all.len().min(rows)];
     let html = if all.len() > shown.len() {
         format!(
@@ -403,7 +412,7 @@ window.addEventListener('load', function () {
   expected.forEach(function (id) {
     var s = document.getElementById(id);
     if (!s) { problems.push('section ' + id + ' is missing'); return; }
-    if (!s.querySelector('table, svg, img')) { problems.push(id + ' shows nothing'); }
+    if (!s.querySelector('table, svg, img, .empty')) { problems.push(id + ' shows nothing'); }
   });
   Array.prototype.forEach.call(document.images, function (img) {
     if (!img.complete || img.naturalWidth === 0) { problems.push('picture ' + img.alt + ' did not load'); }

@@ -1906,6 +1906,22 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
         png.len()
     );
 
+    // A CSV with no rows, and an empty one, are said to be so; the page passes its checks.
+    std::fs::write(dir.join("no-rows.csv"), "src,dst,packets\n").unwrap();
+    std::fs::write(dir.join("nothing.csv"), "").unwrap();
+    ok(bin().arg("report").arg(&dir).output().unwrap());
+    let dom = browse(&page, &["--dump-dom"]);
+    assert!(dom.contains("data-checks=\"passed\""), "{dom}");
+    assert!(
+        dom.contains("A header and no rows: src, dst, packets."),
+        "{dom}"
+    );
+    assert!(dom.contains("An empty file."), "{dom}");
+    refused(
+        &["report", dir.to_str().unwrap(), "--rows", "0"],
+        "--rows 0",
+    );
+
     // A chart that draws nothing: the page says so.
     std::fs::write(
         dir.join("empty.svg"),
