@@ -477,21 +477,10 @@ fn metrics_endpoint_serves_prometheus_text() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Poll (bounded: 200 tries, about 10 s) until the run is over and the totals are final.
-    let mut body = String::new();
-    for _ in 0..200 {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            continue;
-        };
-        use std::io::{Read, Write};
-        body.clear();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        s.read_to_string(&mut body).unwrap();
-        if body.contains("stateplane_rx_packets_total{worker=\"0\"} 2000\n") {
-            break;
-        }
-    }
+    // Until the run is over and the totals are final.
+    let body = common::scrape_until(port, |b| {
+        b.contains("stateplane_rx_packets_total{worker=\"0\"} 2000\n")
+    });
     let _ = child.kill();
     let _ = child.wait();
     assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
@@ -2067,29 +2056,19 @@ fn metrics_count_the_flow_records_a_run_exports() {
             .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
             .collect()
     };
-    // Bounded: 200 tries, about 10 s, until the exporter has published its end.
-    let mut text = String::new();
-    for _ in 0..200 {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            continue;
-        };
-        use std::io::{Read, Write};
-        let mut body = String::new();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        s.read_to_string(&mut body).unwrap();
-        text = body
-            .split_once("\r\n\r\n")
-            .map_or(body.clone(), |(_, t)| t.to_string());
-        let taken = sum_of(&text, "stateplane_flow_records_total");
-        let sinks = by_sink(&text, "stateplane_flow_export_records_total");
-        if taken > 0 && sinks.len() == 2 && sinks.iter().all(|&n| n == taken) && rows() == taken {
-            break;
-        }
-    }
+    // Until the exporter has published its end.
+    let ended = |text: &str| {
+        let taken = sum_of(text, "stateplane_flow_records_total");
+        let sinks = by_sink(text, "stateplane_flow_export_records_total");
+        taken > 0 && sinks.len() == 2 && sinks.iter().all(|&n| n == taken) && rows() == taken
+    };
+    let body = common::scrape_until(port, ended);
+    let text = body
+        .split_once("\r\n\r\n")
+        .map_or(body.as_str(), |(_, t)| t);
     let _ = child.kill();
     let _ = child.wait();
-    let taken = sum_of(&text, "stateplane_flow_records_total");
+    let taken = sum_of(text, "stateplane_flow_records_total");
     assert!(taken > 100, "{text}");
     assert_eq!(
         rows(),
@@ -2097,24 +2076,24 @@ fn metrics_count_the_flow_records_a_run_exports() {
         "the CSV's rows are the records taken: {text}"
     );
     assert_eq!(
-        by_sink(&text, "stateplane_flow_export_records_total"),
+        by_sink(text, "stateplane_flow_export_records_total"),
         vec![taken, taken],
         "{text}"
     );
     assert_eq!(
-        sum_of(&text, "stateplane_flow_records_dropped_total"),
+        sum_of(text, "stateplane_flow_records_dropped_total"),
         0,
         "{text}"
     );
     assert_eq!(
-        sum_of(&text, "stateplane_flow_export_lost_messages_total"),
+        sum_of(text, "stateplane_flow_export_lost_messages_total"),
         0,
         "{text}"
     );
     // The CSV's lines are its messages: a header and a line a record.
     assert!(
-        by_sink(&text, "stateplane_flow_export_messages_total").contains(&(taken + 1)),
+        by_sink(text, "stateplane_flow_export_messages_total").contains(&(taken + 1)),
         "{text}"
     );
-    common::assert_scrape_sound(&text, |f| f.starts_with("stateplane_flow"));
+    common::assert_scrape_sound(text, |f| f.starts_with("stateplane_flow"));
 }

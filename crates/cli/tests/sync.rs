@@ -204,14 +204,7 @@ fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused()
 
     // The end-of-run refresh is on its way: give it a moment, then scrape, then stop.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let scrape = {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&metrics).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
-        body
-    };
+    let scrape = common::get_metrics(&metrics).expect("the collector serves its metrics");
     for line in [
         "stateplane_collector_refused_total{reason=\"bad_mac\"} 1",
         "stateplane_collector_gaps_total 0",

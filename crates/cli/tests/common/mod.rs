@@ -253,3 +253,30 @@ pub fn assert_scrape_sound(text: &str, shown: impl Fn(&str) -> bool) {
         "the dashboard queries {missing:?}: {text}"
     );
 }
+
+/// The whole HTTP answer to `GET /metrics` at `addr` (headers and text), or `None` while
+/// nothing listens there.
+pub fn get_metrics(addr: impl std::net::ToSocketAddrs) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    Some(body)
+}
+
+/// Scrapes a run's metrics on loopback `port` until `done` holds of the answer (bounded:
+/// 200 tries 50 ms apart, about 10 s), and gives the last answer whatever it holds.
+pub fn scrape_until(port: u16, done: impl Fn(&str) -> bool) -> String {
+    let mut body = String::new();
+    for _ in 0..200 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Some(answer) = get_metrics(("127.0.0.1", port)) {
+            body = answer;
+            if done(&body) {
+                break;
+            }
+        }
+    }
+    body
+}
