@@ -238,40 +238,20 @@ fn run_name(file: &str, summary: &Value) -> String {
 /// A summary's figures: the headline (packets, rate, memory), then its drops and its
 /// ports.
 fn summary_tables(v: &Value) -> String {
-    let count = |path: &[&str]| -> Option<String> {
-        let mut at = v;
-        for key in path {
-            at = at.get(*key)?;
-        }
-        Some(match at {
-            Value::Number(n) if n.is_u64() => group(n.as_u64().unwrap_or_default()),
-            Value::Number(n) => format!("{:.3}", n.as_f64().unwrap_or(f64::NAN)),
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })
-    };
-    let bytes = |path: &[&str]| {
-        let mut at = v;
-        for key in path {
-            at = at.get(*key)?;
-        }
-        at.as_u64().map(human_bytes)
-    };
+    let count = |pointer: &str| v.pointer(pointer).map(cell);
+    let bytes = |pointer: &str| v.pointer(pointer)?.as_u64().map(human_bytes);
     let headline = [
-        ("program", count(&["program"])),
-        ("workers", count(&["workers"])),
-        ("packets in", count(&["counters", "rx_packets"])),
-        ("packets out", count(&["counters", "tx_packets"])),
-        ("dropped", count(&["counters", "dropped"])),
-        ("malformed", count(&["counters", "malformed"])),
-        ("to the control plane", count(&["counters", "to_control"])),
-        ("Mpps", count(&["mpps"])),
-        ("wall seconds", count(&["wall_seconds"])),
-        ("memory claimed", bytes(&["memory", "claimed_bytes"])),
-        (
-            "resident at peak",
-            bytes(&["memory", "resident_peak_bytes"]),
-        ),
+        ("program", count("/program")),
+        ("workers", count("/workers")),
+        ("packets in", count("/counters/rx_packets")),
+        ("packets out", count("/counters/tx_packets")),
+        ("dropped", count("/counters/dropped")),
+        ("malformed", count("/counters/malformed")),
+        ("to the control plane", count("/counters/to_control")),
+        ("Mpps", count("/mpps")),
+        ("wall seconds", count("/wall_seconds")),
+        ("memory claimed", bytes("/memory/claimed_bytes")),
+        ("resident at peak", bytes("/memory/resident_peak_bytes")),
     ];
     let rows: Vec<Vec<String>> = (headline.into_iter())
         .filter_map(|(what, value)| Some(vec![what.to_string(), value?]))
@@ -288,20 +268,14 @@ fn summary_tables(v: &Value) -> String {
             continue;
         }
         let rows: Vec<Vec<String>> = (reasons.iter())
-            .map(|(reason, n)| vec![reason.clone(), n.as_u64().map_or(n.to_string(), group)])
+            .map(|(reason, n)| vec![reason.clone(), cell(n)])
             .collect();
         html += &table(&[title, "packets"], &rows);
     }
     if let Some(ports) = v.get("ports").and_then(Value::as_array) {
         let rows: Vec<Vec<String>> = (ports.iter())
             .map(|p| {
-                let field = |k: &str| {
-                    p.get(k).map_or(String::new(), |x| match x {
-                        Value::String(s) => s.clone(),
-                        Value::Number(n) => group(n.as_u64().unwrap_or_default()),
-                        other => other.to_string(),
-                    })
-                };
+                let field = |k: &str| p.get(k).map_or(String::new(), cell);
                 vec![field("port"), field("tx_packets"), field("tx_bytes")]
             })
             .collect();
@@ -310,6 +284,19 @@ fn summary_tables(v: &Value) -> String {
         }
     }
     html
+}
+
+/// A summary's value as the page shows it: counts grouped, rates with three decimals,
+/// text as it is.
+fn cell(value: &Value) -> String {
+    match value {
+        Value::Number(n) => match n.as_u64() {
+            Some(count) => group(count),
+            None => format!("{:.3}", n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// A CSV's first `rows` rows under its header, and how many it has.

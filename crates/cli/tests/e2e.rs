@@ -1875,6 +1875,9 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
         "<h2>flows.csv</h2>",
         "<h2>rates.svg</h2>",
         "<td>in.pcap</td>",
+        // A summary's counts grouped, its ports' too.
+        "<td>packets in</td><td>20,000</td>",
+        "<td>in0</td><td>0</td><td>0</td>",
         "The first 20 of its ",
     ] {
         assert!(dom.contains(section), "{section}: {dom}");
