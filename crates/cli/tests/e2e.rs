@@ -534,6 +534,120 @@ fn metrics_endpoint_serves_prometheus_text() {
     }
 }
 
+/// A run over files serves what its summary prints and more: each port's packets read and
+/// written, a pipeline's rules and microflow cache, and a table's counts and bytes, while
+/// it runs and, final, after it has ended.
+#[test]
+fn a_run_over_files_serves_its_ports_rules_cache_and_tables() {
+    let input = tmp("file-metrics-in.pcap");
+    generate_with("internet", 20_000, &input, &["--ipv6-share", "0"]);
+    std::fs::write(
+        tmp("file-metrics.rules"),
+        "table=0,priority=300,udp,actions=drop\n\
+         table=0,priority=10,ip,actions=output:1\n\
+         table=0,priority=1,actions=output:2\n",
+    )
+    .unwrap();
+    let cfg = tmp("file-metrics.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 2\n[program]\nname = \"pipeline\"\n[program.pipeline]\ntables = 1\nrules_file = \"file-metrics.rules\"\ncache_entries = 4096\n\
+         [[port]]\nname = \"in\"\nrx = \"file-metrics-in.pcap\"\n[[port]]\nname = \"ip\"\n[[port]]\nname = \"other\"\n",
+    )
+    .unwrap();
+    let port = 20_000 + (std::process::id() % 20_000) as u16 + 1;
+    let metrics = format!("127.0.0.1:{port}");
+    let summary = tmp("file-metrics.json");
+    let mut child = bin()
+        .args(["run", "--hold-metrics", "20", "--metrics", &metrics])
+        .arg("--summary-file")
+        .arg(&summary)
+        .arg("--config")
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Once the summary is written the run is over and the counts final.
+    let body = common::scrape_until(port, |_| summary.exists());
+    let body = common::get_metrics(&metrics).unwrap_or(body);
+    let _ = child.kill();
+    let _ = child.wait();
+    let Some((_, text)) = body.split_once("\r\n\r\n") else {
+        panic!("no end of headers: {body}")
+    };
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    // The dashboard's panels on live ports, tables and flow export have other tests.
+    let file_ports = ["rx_packets", "rx_bytes", "tx_packets", "tx_bytes"]
+        .map(|c| format!("stateplane_port_{c}_total"));
+    common::assert_scrape_sound(text, |f| match f.strip_prefix("stateplane_") {
+        Some(rest) if rest.starts_with("port_") => file_ports.iter().any(|p| p == f),
+        Some(rest) => !rest.starts_with("flow") && !rest.starts_with("table_"),
+        None => true,
+    });
+    let value = |line: &str| -> u64 {
+        (text.lines())
+            .find_map(|l| l.strip_prefix(line)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}: {text}"))
+    };
+    assert_eq!(
+        value("stateplane_port_rx_packets_total{port=\"in\"}"),
+        20_000
+    );
+    for (i, name) in ["in", "ip", "other"].iter().enumerate() {
+        for (family, field) in [("tx_packets", "tx_packets"), ("tx_bytes", "tx_bytes")] {
+            let line = format!("stateplane_port_{family}_total{{port=\"{name}\"}}");
+            assert_eq!(
+                value(&line),
+                summary["ports"][i][field],
+                "{line}: {summary}"
+            );
+        }
+    }
+    // Every packet parsed is looked up in a worker's cache: a hit, or a miss classified.
+    let rx = summary["counters"]["rx_packets"].as_u64().unwrap();
+    let (hits, misses) = (
+        value("stateplane_cache_hits_total{table=\"flows\"}"),
+        value("stateplane_cache_misses_total{table=\"flows\"}"),
+    );
+    assert_eq!(hits + misses, rx, "{text}");
+    assert!(misses > 0 && hits > misses, "{text}");
+    assert_eq!(
+        value("stateplane_cache_inserts_total{table=\"flows\"}"),
+        misses
+    );
+    assert_eq!(value("stateplane_rules{table=\"flows\"}"), 3);
+    // A table's counts and bytes: conntrack's, over the same trace.
+    let mut child = bin()
+        .args([
+            "run",
+            "conntrack",
+            "--hold-metrics",
+            "20",
+            "--metrics",
+            &metrics,
+        ])
+        .arg("-i")
+        .arg(&input)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = common::scrape_until(port, |b| {
+        b.contains("stateplane_table_lookups_total{table=\"connections\"} 20000\n")
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        body.contains("stateplane_table_lookups_total{table=\"connections\"} 20000\n"),
+        "{body}"
+    );
+    let bytes = (body.lines())
+        .find_map(|l| l.strip_prefix("stateplane_table_bytes{table=\"connections\"} "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(bytes > Some(65_536 * 64), "{body}");
+}
+
 #[test]
 fn tshark_and_tcpdump_read_ours_and_we_read_theirs() {
     let ours = tmp("interop.pcap");
@@ -867,6 +981,57 @@ fn pipeline_output_is_the_same_with_its_cache_in_any_mode() {
                 .unwrap()
                 .verify_checksum()
         );
+    }
+}
+
+/// A rule's timeout runs by the capture's clock over files, as live by the system's: a
+/// rule dropping IPv4 for a second of a four-second trace drops the first second's IPv4
+/// and no more than two seconds' (timeouts are checked once a second), and the rest goes
+/// out by the rule beneath it. On two workers, each keeps its own capture clock: the one
+/// that did not find the rule expired may trail the other by the bursts queued for it
+/// (8 of 64 packets a worker, and the one in hand), and stops matching the rule that much
+/// capture time early (docs/cli.md).
+#[test]
+fn rule_timeouts_expire_by_the_capture_clock_in_a_run_over_files() {
+    let input = tmp("timeout-in.pcap");
+    generate_with("internet", 20_000, &input, &["--duration", "4"]);
+    std::fs::write(
+        tmp("timeout.rules"),
+        "table=0,priority=100,hard_timeout=1,ip,actions=drop
+         table=0,priority=1,actions=output:1
+",
+    )
+    .unwrap();
+    let frames = read_all(&input).unwrap();
+    let start = frames[0].0;
+    let ipv4_before = |secs: f64| {
+        (frames.iter())
+            .filter(|(ts, f, _)| f[12..14] == [0x08, 0x00] && ((ts - start) as f64) < secs * 1e9)
+            .count() as u64
+    };
+    let (first_second, two_seconds) = (ipv4_before(1.0), ipv4_before(2.0));
+    assert!(first_second > 2_000 && two_seconds < ipv4_before(4.1));
+    let trailing = |workers: f64| (8.0 + 1.0) * 64.0 * workers / 5_000.0;
+    for (workers, least) in [("1", first_second), ("2", ipv4_before(1.0 - trailing(2.0)))] {
+        let cfg = tmp(&format!("timeout-{workers}.toml"));
+        std::fs::write(
+            &cfg,
+            "[program]\nname = \"pipeline\"\n[program.pipeline]\ntables = 1\nrules_file = \"timeout.rules\"\n\
+             [[port]]\nname = \"in\"\nrx = \"timeout-in.pcap\"\n[[port]]\nname = \"out\"\n",
+        )
+        .unwrap();
+        let text = ok(bin()
+            .args(["run", "--json", "--workers", workers, "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let dropped = v["drops"]["no_output"].as_u64().unwrap_or(0);
+        assert!(
+            (least..=two_seconds).contains(&dropped),
+            "{workers} worker(s): {dropped} dropped, {least} IPv4 packets before the rule may go, {two_seconds} in two seconds: {v}"
+        );
+        assert_eq!(v["counters"]["tx_packets"], 20_000 - dropped, "{v}");
     }
 }
 
@@ -1226,7 +1391,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "program.conntrack.capacity: 67108864 entries take",
     );
     assert!(
-        err.contains("in each of 65 copies")
+        err.contains("in each of 66 copies")
             && err.contains("past the memory budget of")
             && err.contains("raise --memory-budget (memory_budget)"),
         "{err}"
@@ -1295,7 +1460,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
     // An ACL's rule tables, shared by the workers, two versions at once.
     refused_config(
         "budget-acl-tables.toml",
-        "memory_budget = \"450M\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
+        "memory_budget = \"650M\"\n[program]\nname = \"acl\"\n[program.acl]\ncapacity = 1048576\n",
         "program.acl.capacity: two versions of the rule tables of 1048576 rules take",
     );
     // A router's tables: two versions of a first level of 64 MiB.
@@ -1381,7 +1546,7 @@ fn gen_says_the_size_before_writing_and_refuses_what_the_disk_cannot_hold() {
 /// The summary says what each setting holds of the memory budget, in each copy and in
 /// all, adding up to what the run claimed, and what the run held resident at its peak:
 /// a conntrack table sized for 1,250,000 connections a worker is claimed whole in each of
-/// its three copies (two workers and the run's own) and touched only where 11 packets
+/// its four copies (two workers, the factory's and the control plane's) and touched only where 11 packets
 /// went. `flows` says the same of its flow tables.
 #[test]
 fn summaries_give_each_settings_share_of_the_memory_budget() {
@@ -1411,8 +1576,9 @@ fn summaries_give_each_settings_share_of_the_memory_budget() {
         .find(|s| s["setting"] == "program.conntrack.capacity")
         .unwrap_or_else(|| panic!("{memory}"));
     let (each, copies) = (table["each"].as_u64().unwrap(), table["copies"].as_u64());
-    assert_eq!(copies, Some(3), "{memory}");
-    assert_eq!(table["bytes"].as_u64(), Some(each * 3));
+    // Two workers', the factory's and the control plane's.
+    assert_eq!(copies, Some(4), "{memory}");
+    assert_eq!(table["bytes"].as_u64(), Some(each * 4));
     assert!(
         each >= 1_250_000 * 64,
         "a slot holds at least its key: {memory}"
@@ -1428,7 +1594,7 @@ fn summaries_give_each_settings_share_of_the_memory_budget() {
     assert!(peak > 0 && peak < each, "touched by need: {memory}");
     let text = run(false);
     assert!(
-        (text.lines()).any(|l| l.contains("program.conntrack.capacity") && l.contains("(3 x ")),
+        (text.lines()).any(|l| l.contains("program.conntrack.capacity") && l.contains("(4 x ")),
         "{text}"
     );
     assert!(text.contains("resident at peak"), "{text}");

@@ -3021,6 +3021,21 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line}: {metrics}");
     }
+    // The control API's requests by method: the inserts and their refusals among them.
+    let count = |family: &str, method: &str| {
+        let prefix = format!("{family}{{method=\"{method}\"}} ");
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{prefix}: {metrics}"))
+    };
+    let (writes, refused) = (
+        count("stateplane_control_requests_total", "WriteStream"),
+        count("stateplane_control_refused_total", "WriteStream"),
+    );
+    assert!(writes >= 4 && (2..writes).contains(&refused), "{metrics}");
+    assert!(count("stateplane_control_requests_total", "Stats") >= 1);
+    assert_eq!(count("stateplane_control_refused_total", "Stats"), 0);
     // And what the table and each interface's rings hold of the memory budget.
     for setting in ["program.l2.capacity", "p0 rings", "p1 rings"] {
         let prefix = format!("stateplane_memory_share_bytes{{setting=\"{setting}\"}} ");

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_stream::Stream;
+use tonic::codegen::http;
 use tonic::{Response, Status};
 
 /// Reads the pipeline's counters (the data path's totals) when a client asks.
@@ -26,6 +27,81 @@ pub struct ControlService {
     program: String,
     pipeline: PipelineCounters,
     reloader: Option<Reloader>,
+    requests: Arc<RequestCounts>,
+}
+
+/// The API's requests, by method, and those it refused (answered with an error status),
+/// for the run's metrics.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    by_method: std::sync::Mutex<std::collections::BTreeMap<String, MethodCounts>>,
+}
+
+/// One method's requests and refusals.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MethodCounts {
+    pub requests: u64,
+    pub refused: u64,
+}
+
+impl RequestCounts {
+    /// Each method asked so far (by its gRPC name, e.g. `Write`), with its counts.
+    pub fn by_method(&self) -> Vec<(String, MethodCounts)> {
+        let counts = self.by_method.lock().unwrap_or_else(|e| e.into_inner());
+        counts.iter().map(|(m, c)| (m.clone(), *c)).collect()
+    }
+
+    fn count(&self, method: &str, refused: bool) {
+        let mut counts = self.by_method.lock().unwrap_or_else(|e| e.into_inner());
+        let c = counts.entry(method.to_string()).or_default();
+        c.requests += 1;
+        c.refused += u64::from(refused);
+    }
+}
+
+/// A gRPC service counted into [`RequestCounts`]: each call by its method's name, once
+/// answered, as refused when the answer's headers carry an error status (a refusal of a
+/// streaming call after its first message is counted as a request).
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    counts: Arc<RequestCounts>,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Counted<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        let method = path.rsplit('/').next().unwrap_or(path).to_string();
+        let counts = self.counts.clone();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            let refused = answer.as_ref().map_or(true, |r| {
+                (r.headers().get("grpc-status")).is_some_and(|status| status.as_bytes() != b"0")
+            });
+            counts.count(&method, refused);
+            answer
+        })
+    }
 }
 
 impl ControlService {
@@ -35,7 +111,13 @@ impl ControlService {
             program: program.to_string(),
             pipeline,
             reloader: None,
+            requests: Arc::default(),
         }
+    }
+
+    /// What counts the requests this service is asked (see [`RequestCounts`]).
+    pub fn requests(&self) -> Arc<RequestCounts> {
+        self.requests.clone()
     }
 
     /// A service whose `Reload` calls `reloader` (a live switch's).
@@ -663,10 +745,12 @@ pub struct Server {
 impl Server {
     /// Serves `service` at `listen`, on a thread of its own.
     pub fn start(listen: &Listen, service: ControlService) -> Result<Server, String> {
+        let counts = service.requests();
         Server::serve(listen, "control API", move |mut builder, token| {
-            builder.add_service(control_server::ControlServer::with_interceptor(
-                service, token,
-            ))
+            builder.add_service(Counted {
+                inner: control_server::ControlServer::with_interceptor(service, token),
+                counts,
+            })
         })
     }
 

@@ -708,6 +708,9 @@ impl Program for Pipeline {
         prepared: Option<&Arc<Prepared>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
+        if let Request::Stats { .. } = request {
+            return Ok(Reply::Counters(self.counts(ctx.worker)));
+        }
         let reply = self.change(request, prepared, ctx);
         // What the rules' budget counts from: every worker's copy holds the same rules.
         (self.rule_budget.now).store(self.flows.rules().len(), Ordering::Relaxed);
@@ -744,6 +747,26 @@ fn invalid(why: String) -> ControlError {
 }
 
 impl Pipeline {
+    /// What `ctl stats` and a metrics scrape read, summed over the workers: the rules (each
+    /// worker holds them all, so worker 0 alone counts them) and this worker's microflow
+    /// cache.
+    fn counts(&self, worker: usize) -> Vec<(&'static str, u64)> {
+        let cache = self.flows.cache_stats();
+        let rules = if worker == 0 {
+            self.flows.rules().len()
+        } else {
+            0
+        };
+        vec![
+            ("rules", rules as u64),
+            ("cache_hits", cache.hits),
+            ("cache_misses", cache.misses),
+            ("cache_inserts", cache.inserts),
+            ("cache_evictions", cache.evictions),
+            ("cache_collisions", cache.collisions),
+        ]
+    }
+
     /// Has the rules' budget cover `rules` more rules and `extra` actions beyond their
     /// share, or refuses the change.
     fn cover(&self, rules: usize, extra: u64) -> Result<(), ControlError> {

@@ -23,7 +23,7 @@ pub use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crossbeam_channel::{Sender, TrySendError};
 use stateplane_api::{self as control, ControlError, Declaration, Entry, Notification, Reply};
 use stateplane_api::{FlowChange, FlowStat, Match, NotificationKind, RemovedReason, Request};
-use stateplane_api::{WorkerCounters, Write};
+use stateplane_api::{Kind, WorkerCounters, Write};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, TryLockError, Weak};
@@ -136,6 +136,10 @@ pub struct ControlPlane {
     /// A program's own requests that its declarations refused.
     pub requests_refused: AtomicU64,
     applied: Vec<Arc<AtomicU64>>,
+    /// Each ended worker's last answers to a stats request, by table: what a scrape that
+    /// comes after the workers (a run over files that has ended) is answered from.
+    last_stats: Mutex<Vec<(String, Result<Reply, ControlError>)>>,
+    ended: AtomicU64,
 }
 
 /// A worker's side: polled by the worker between bursts.
@@ -172,6 +176,8 @@ impl ControlPlane {
             notifications_dropped: AtomicU64::new(0),
             requests_refused: AtomicU64::new(0),
             applied: applied.clone(),
+            last_stats: Mutex::new(Vec::new()),
+            ended: AtomicU64::new(0),
         });
         let ends = receivers
             .into_iter()
@@ -219,6 +225,11 @@ impl ControlPlane {
     /// answers. Blocks until all have answered (or [`ANSWER_TIMEOUT`]).
     pub fn submit(&self, request: Request) -> Result<Applied, ControlError> {
         control::find(&self.declarations(), request.target())?.check(&request)?;
+        if let Request::Stats { table } = &request
+            && self.ended.load(Ordering::Acquire) == self.workers.len() as u64
+        {
+            return self.last_stats_of(&request, table);
+        }
         let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         let prepared = next.preparer.prepare(&request)?;
         let version = next.version + 1;
@@ -247,6 +258,24 @@ impl ControlPlane {
         let reply = merge(&request, replies)?;
         self.publish(&mut removals(&request, &reply));
         Ok(Applied { version, reply })
+    }
+
+    /// Every worker's last answer to a stats request on `table`, merged, at the version
+    /// they ended with.
+    fn last_stats_of(&self, request: &Request, table: &str) -> Result<Applied, ControlError> {
+        let last = self
+            .last_stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let replies = (last.iter())
+            .filter(|(name, _)| name == table)
+            .map(|(_, reply)| reply.clone())
+            .collect();
+        let reply = merge(request, replies)?;
+        Ok(Applied {
+            version: self.version(),
+            reply,
+        })
     }
 
     /// Sends a program's own requests to every worker, each at the next version, without
@@ -501,6 +530,26 @@ impl WorkerControl {
     /// them, so that with one worker a rule found expired is gone before the next burst)
     /// and hands its notifications on. Called by the worker between bursts; costs an
     /// atomic load and two calls when nothing waits.
+    /// The worker has ended: applies what was asked of it meanwhile, and leaves its
+    /// tables' last counts with the control plane, which answers stats requests from them
+    /// once every worker has ended.
+    pub fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
+        self.poll(program, ctx);
+        let declared = self.plane.declarations();
+        let answers: Vec<_> = (declared.iter())
+            .filter(|d| matches!(d.kind, Kind::Table { .. } | Kind::Rules { .. }))
+            .map(|d| {
+                let request = Request::Stats {
+                    table: d.name.clone(),
+                };
+                (d.name.clone(), program.control(&request, None, ctx))
+            })
+            .collect();
+        let mut last = (self.plane.last_stats.lock()).unwrap_or_else(PoisonError::into_inner);
+        last.extend(answers);
+        self.plane.ended.fetch_add(1, Ordering::Release);
+    }
+
     pub fn poll(&mut self, program: &mut dyn Running, ctx: &Context) {
         program.requests(&mut self.requests);
         if !self.requests.is_empty() {

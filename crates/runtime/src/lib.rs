@@ -46,7 +46,7 @@ pub use program::{
     Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict,
 };
 pub use read_ahead::ReadAhead;
-pub use run_config::{RunHandle, RunReport, RuntimeConfig, Spread, SteerFn};
+pub use run_config::{FilePorts, RunHandle, RunReport, RuntimeConfig, Spread, SteerFn};
 pub use sharded::run_sharded;
 pub use source::{BurstSource, OwnShard, PacketBytes};
 pub use state_stage::{StateStage, StateStageFactory};

@@ -10,6 +10,7 @@
 //! stage does, and every count is final.
 
 use crate::burst::Burst;
+use crate::control::WorkerControl;
 use crate::counters::{Counter, Stats};
 use crate::port::{RxPort, TxPort};
 use crate::program::{DropReason, PortId, ProgramFactory, Verdict};
@@ -32,11 +33,14 @@ pub struct OfflinePorts {
 }
 
 /// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
+/// `controls`, one a worker or none, connects the workers to a control plane (what a
+/// metrics scrape asks the tables of); the workers answer it between bursts.
 pub fn run_offline(
     config: &RuntimeConfig,
     mut ports: OfflinePorts,
     factory: &ProgramFactory,
     handle: &RunHandle,
+    controls: Vec<WorkerControl>,
 ) -> RunReport {
     let workers = config.workers.max(1);
     let start = Instant::now();
@@ -73,14 +77,17 @@ pub fn run_offline(
     std::thread::scope(|scope| {
         let rx = std::mem::take(&mut ports.rx);
         let dispatcher = scope.spawn(|| dispatch(config, rx, to_worker, free_rx, handle));
+        let mut controls = controls.into_iter();
         let setups = (worker_rx.into_iter().zip(to_output))
             .map(|(input, output)| {
                 let by_hash = config.spread.by_hash();
-                WorkerSetup::new(Box::new(FromDispatcher {
+                let mut setup = WorkerSetup::new(Box::new(FromDispatcher {
                     input,
                     output,
                     by_hash,
-                }))
+                }));
+                setup.control = controls.next();
+                setup
             })
             .collect();
         let workers = spawn_workers(scope, config, setups, port_count, &reload, handle);
@@ -154,9 +161,17 @@ fn dispatch(
     let workers = to_worker.len();
     let mut stats = Stats::default();
     let mut parsed = Parsed::EMPTY;
-    let mut input = Merged::open(rx);
+
     let mut round = 0u64;
     let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
+    // Packets and bytes read from each port.
+    let ports = rx
+        .iter()
+        .map(|(p, _)| usize::from(*p) + 1)
+        .max()
+        .unwrap_or(0);
+    let mut read = vec![(0u64, 0u64); ports];
+    let mut input = Merged::open(rx);
     'rounds: loop {
         for f in &free {
             match f.recv() {
@@ -168,6 +183,9 @@ fn dispatch(
         let stopping = handle.stop.load(Ordering::Relaxed);
         while taken < config.burst_size && !stopping {
             let offered = input.offer(|Offered { port, seq, packet }| {
+                if let Some(r) = read.get_mut(usize::from(port)) {
+                    *r = (r.0 + 1, r.1 + packet.data.len() as u64);
+                }
                 let (hasher, whole, stats) = (&config.hasher, PacketBytes::Whole, Some(&mut stats));
                 if ingress::parse(&packet, port, hasher, &mut parsed, whole, stats).is_none() {
                     return true; // counted and dropped
@@ -185,6 +203,7 @@ fn dispatch(
             .input_bytes
             .store(input.bytes_read(), Ordering::Relaxed);
         handle.stats[0].publish(&stats);
+        handle.publish_file_ports(Some(&read), None);
         let done = stopping || input.done();
         for (w, mut b) in bursts.drain(..).enumerate() {
             b.round = round;
@@ -345,6 +364,7 @@ fn output_stage(
                 Verdict::Drop(_) => {}
             }
         }
+        handle.publish_file_ports(None, Some(&counts));
         for (&w, mut b) in from.iter().zip(bursts.drain(..)) {
             b.clear();
             // A pool already full (a burst of held packets came on top) lets it go.
@@ -363,6 +383,7 @@ fn output_stage(
         not_written.0 += packets;
         not_written.1 += bytes;
     }
+    handle.publish_file_ports(None, Some(&counts));
     if let Some(out) = control
         && let Err(e) = out.flush()
     {

@@ -98,6 +98,17 @@ pub struct RunHandle {
     /// Live ports' own counts, per worker and port, refreshed every 100 ms by live workers
     /// (empty offline).
     pub port_counters: std::sync::Mutex<Vec<Vec<crate::PortCounters>>>,
+    /// A run over files: what each port read and wrote, as of the last round (empty live).
+    pub file_ports: std::sync::Mutex<FilePorts>,
+}
+
+/// A run over files: packets and bytes read from each port's capture and written to each
+/// port's, as of the dispatcher's and the output stage's last round (live ports count
+/// their own: [`RunHandle::port_counters`]).
+#[derive(Debug, Clone, Default)]
+pub struct FilePorts {
+    pub rx: Vec<(u64, u64)>,
+    pub tx: Vec<(u64, u64)>,
 }
 
 impl RunHandle {
@@ -109,6 +120,7 @@ impl RunHandle {
             stop: Arc::new(AtomicBool::new(false)),
             input_bytes: Arc::new(AtomicU64::new(0)),
             port_counters: std::sync::Mutex::new(vec![Vec::new(); workers]),
+            file_ports: std::sync::Mutex::new(FilePorts::default()),
         }
     }
 
@@ -128,6 +140,26 @@ impl RunHandle {
             }
         }
         total
+    }
+
+    /// What each file port read and wrote, as of the last round.
+    pub fn file_ports(&self) -> FilePorts {
+        (self.file_ports.lock())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Publishes what the ports of a run over files read (`Some(rx)`) or wrote.
+    pub(crate) fn publish_file_ports(&self, rx: Option<&[(u64, u64)]>, tx: Option<&[(u64, u64)]>) {
+        let mut ports = (self.file_ports.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(rx) = rx {
+            ports.rx.clear();
+            ports.rx.extend_from_slice(rx);
+        }
+        if let Some(tx) = tx {
+            ports.tx.clear();
+            ports.tx.extend_from_slice(tx);
+        }
     }
 
     /// Totals over the dispatcher and every worker, as of now.

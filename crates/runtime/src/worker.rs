@@ -78,6 +78,9 @@ impl Worker {
         for stage in &mut self.state_stages {
             stage.finish(self.program.as_mut(), &self.ctx);
         }
+        if let Some(c) = &mut self.control {
+            c.finish(self.program.as_mut(), &self.ctx);
+        }
     }
 
     /// Ticks the state stages alone (woken by one of `wake_fds`, between two polls).

@@ -220,7 +220,7 @@ fn run(
             .stop
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    let report = run_offline(&cfg, ports, &factory, &handle);
+    let report = run_offline(&cfg, ports, &factory, &handle, Vec::new());
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let sent = out.0.lock().unwrap().clone();
     let per_worker = report

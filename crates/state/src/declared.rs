@@ -579,6 +579,10 @@ impl<C: ExactCodec> ExactControl<'_, C> {
                 let s = &self.table.stats;
                 Ok(Reply::Counters(vec![
                     ("entries", self.table.len() as u64),
+                    (
+                        "bytes",
+                        ExactTable::<C::Key, C::Value>::bytes_for(self.table.capacity()),
+                    ),
                     ("lookups", s.lookups),
                     ("hits", s.hits),
                     ("adds", s.adds),

@@ -35,8 +35,8 @@ use stateplane_io::capture::{FileRx, FileTx};
 use stateplane_io::live::steer;
 use stateplane_programs::PortNames;
 use stateplane_runtime::{
-    OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, Spread, Steering,
-    TxPort, run_offline,
+    ControlPlane, OfflinePorts, PortId, ProgramFactory, RunHandle, RuntimeConfig, RxPort, Spread,
+    Steering, TxPort, run_offline,
 };
 use stateplane_state::Guarantee;
 use stateplane_wire::FlowHasher;
@@ -104,7 +104,7 @@ impl Switch {
         let queue_depth = bounded("queue_depth", cfg.queue_depth.unwrap_or(8), 1, 1024)?;
         // What the configuration sizes is claimed from the memory budget before it is made.
         let (loaded, claimed) =
-            stateplane_mem::budget::scope(memory_budget(cfg.memory_budget, workers, live), || {
+            stateplane_mem::budget::scope(memory_budget(cfg.memory_budget, workers, true), || {
                 let (program, factory) = load_program(options.program.as_deref(), &cfg, &names)?;
                 if live && io == IoChoice::Observe {
                     claim_capture_rings(
@@ -278,6 +278,10 @@ impl Switch {
             }
             Ports::Files { ports, input_size } => (ports, input_size),
         };
+        // The workers answer a control plane between bursts, as live: a program's own
+        // requests (a pipeline's rules that timed out) reach every worker, and a metrics
+        // scrape asks the tables their counts.
+        let (plane, controls) = ControlPlane::new(runtime.workers.max(1), factory.as_ref()(0));
         if let Some(addr) = metrics_addr {
             metrics::serve(
                 addr,
@@ -290,15 +294,16 @@ impl Switch {
                     flows: flows.as_ref().map(FlowExport::progress),
                     bounds,
                     memory: memory.clone(),
-                    // A run over files has no control plane to ask its tables of.
-                    plane: None,
+                    plane: Some(plane),
+                    // A run over files serves no control API.
+                    control_requests: None,
                 },
             )?;
             log::info!("metrics on http://{addr}/metrics");
         }
         // An interrupt stops the reading; what was read goes through as at the inputs' end.
         let signals = daemon::SignalThread::start(handle.stop.clone(), None)?;
-        let report = run_offline(&runtime, ports, &factory, &handle);
+        let report = run_offline(&runtime, ports, &factory, &handle, controls);
         let interrupted = signals.close();
         // The taps no worker took hold the exporter's queue open.
         drop(runtime);
@@ -319,16 +324,16 @@ impl Switch {
 }
 
 /// The run's memory budget: the configuration's (or three quarters of the machine's), its
-/// program's state kept once per worker and once in the factory, and live once more for
-/// the control plane.
+/// program's state kept once per worker and once in the factory, and once more where a
+/// control plane prepares requests (a switch's, over files or live).
 pub(crate) fn memory_budget(
     given: Option<MemoryBudget>,
     workers: usize,
-    live: bool,
+    control_plane: bool,
 ) -> stateplane_mem::budget::Budget {
     stateplane_mem::budget::Budget {
         limit: given.unwrap_or_else(MemoryBudget::machine_default).0,
-        copies: workers as u64 + 1 + u64::from(live),
+        copies: workers as u64 + 1 + u64::from(control_plane),
         setting: "--memory-budget (memory_budget)",
     }
 }

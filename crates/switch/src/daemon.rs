@@ -5,7 +5,9 @@ use crate::flow_export::FlowExport;
 use crate::summary::Outcome;
 use crate::{SetupResult, metrics};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use stateplane_control::server::{ControlService, PipelineCounters, Reloader, Server};
+use stateplane_control::server::{
+    ControlService, PipelineCounters, Reloader, RequestCounts, Server,
+};
 use stateplane_io::live::{self, RingConfig};
 use stateplane_runtime::live::{LiveQueues, run_live};
 use stateplane_runtime::port::{LiveQueue, PortCounters};
@@ -376,7 +378,7 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
         let reloading = reloading.clone();
         Arc::new(move || reloading.publish_and_wait())
     };
-    let (_control_api, plane) = start_control(
+    let (_control_api, plane, control_requests) = start_control(
         (&run.control, &run.program, &run.factory),
         &handle,
         &mut queues,
@@ -398,6 +400,7 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
                 bounds: run.bounds.clone(),
                 memory: run.memory.clone(),
                 plane,
+                control_requests,
             },
         )?;
         log::info!("metrics on http://{addr}/metrics");
@@ -461,10 +464,12 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
     })
 }
 
-/// The control API's server (it stops when dropped) and the control plane behind it.
+/// The control API's server (it stops when dropped), the control plane behind it, and
+/// what counts the API's requests.
 type Control = (
     Option<stateplane_control::server::Server>,
     Option<Arc<ControlPlane>>,
+    Option<Arc<RequestCounts>>,
 );
 
 /// Connects the workers to a control plane and serves the control API, as the run's
@@ -478,7 +483,7 @@ fn start_control(
     let listen = match control {
         ControlAddr::Off => {
             log::info!("no control API (control is off): ctl cannot reach this switch");
-            return Ok((None, None));
+            return Ok((None, None, None));
         }
         ControlAddr::Given(listen) => listen.clone(),
         ControlAddr::Default => stateplane_control::endpoint::Listen::Unix(
@@ -495,6 +500,7 @@ fn start_control(
             .collect()
     });
     let service = ControlService::new(plane.clone(), program, pipeline).with_reloader(reloader);
+    let requests = service.requests();
     let server = Server::start(&listen, service).map_err(|e| match control {
         ControlAddr::Default => format!(
             "--control: {e}; give this one --control ENDPOINT (unix:PATH or a loopback \
@@ -510,7 +516,7 @@ fn start_control(
         server.endpoint,
         server.endpoint
     );
-    Ok((Some(server), Some(plane)))
+    Ok((Some(server), Some(plane), Some(requests)))
 }
 
 #[cfg(test)]

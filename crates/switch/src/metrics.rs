@@ -54,6 +54,8 @@ pub struct Scrape {
     /// A live run's control plane: its tables' entries against their capacity, asked of
     /// the workers at each scrape.
     pub plane: Option<Arc<stateplane_runtime::ControlPlane>>,
+    /// A live run's control API: its requests by method.
+    pub control_requests: Option<Arc<stateplane_control::server::RequestCounts>>,
 }
 
 /// A bound the run was set up with (a memory budget, a queue's depth), served as a gauge
@@ -126,22 +128,32 @@ pub fn run_bounds(
     ]
 }
 
-/// Each declared table's entries and capacity (gauges) and every count its workers keep
-/// (lookups, hits, adds, adds refused by reason, deletes, expiries by what they did), as
-/// the workers answer a stats request, summed over them; a table whose workers do not
-/// answer in time is left out of this scrape.
+/// Each declared table's entries, capacity and bytes (gauges) and every count its workers
+/// keep (lookups, hits, adds, adds refused by reason, deletes, expiries by what they did),
+/// and a rule pipeline's rules and microflow cache (hits, misses, inserts, evictions,
+/// collisions), as the workers answer a stats request, summed over them; a table whose
+/// workers do not answer in time (a run over files that has ended) is left out of this
+/// scrape.
 fn encode_tables(
     e: &mut DescriptorEncoder,
     plane: &stateplane_runtime::ControlPlane,
 ) -> fmt::Result {
     use stateplane_state::{Kind, Reply, Request};
-    let (mut entries, mut capacity) = (Vec::new(), Vec::new());
+    let mut gauges: Vec<(&'static str, Series)> = Vec::new();
     // Counter families in the order they first come, each with its series.
     let mut families: Vec<(&'static str, Series)> = Vec::new();
+    let add = |to: &mut Vec<(&'static str, Series)>, family, labels, value| match (to.iter_mut())
+        .find(|(f, _)| *f == family)
+    {
+        Some((_, series)) => series.push((labels, value)),
+        None => to.push((family, vec![(labels, value)])),
+    };
     for d in plane.declarations().iter() {
-        if !matches!(d.kind, Kind::Table { .. }) {
-            continue;
-        }
+        let capacity = match d.kind {
+            Kind::Table { .. } => "table_capacity",
+            Kind::Rules { .. } => "rules_capacity",
+            _ => continue,
+        };
         let asked = plane.submit(Request::Stats {
             table: d.name.clone(),
         });
@@ -153,32 +165,38 @@ fn encode_tables(
             continue;
         };
         let table = ("table", d.name.clone());
-        capacity.push((vec![table.clone()], d.capacity as u64));
+        add(
+            &mut gauges,
+            capacity,
+            vec![table.clone()],
+            d.capacity as u64,
+        );
         for (name, value) in counters {
-            if name == "entries" {
-                entries.push((vec![table.clone()], value));
-                continue;
-            }
-            let (family, label) = table_family(name);
-            let labels = std::iter::once(table.clone()).chain(label).collect();
-            match families.iter_mut().find(|(f, _)| *f == family) {
-                Some((_, series)) => series.push((labels, value)),
-                None => families.push((family, vec![(labels, value)])),
+            match name {
+                "entries" => add(&mut gauges, "table_entries", vec![table.clone()], value),
+                "bytes" => add(&mut gauges, "table_bytes", vec![table.clone()], value),
+                "rules" => add(&mut gauges, "rules", vec![table.clone()], value),
+                _ => {
+                    let (family, label) = table_family(name);
+                    let labels = std::iter::once(table.clone()).chain(label).collect();
+                    add(&mut families, family, labels, value);
+                }
             }
         }
     }
-    gauge(
-        e,
-        "stateplane_table_entries",
-        "Entries a declared table holds, over all workers",
-        entries,
-    )?;
-    gauge(
-        e,
-        "stateplane_table_capacity",
-        "Entries a declared table may hold (per worker)",
-        capacity,
-    )?;
+    for (family, series) in gauges {
+        let help = match family {
+            "table_entries" => "Entries a declared table holds, over all workers",
+            "table_capacity" => "Entries a declared table may hold (per worker)",
+            "table_bytes" => {
+                "Bytes a declared table allocates, over all workers (touched as entries arrive)"
+            }
+            "rules" => "Rules a rule pipeline holds (every worker holds them all)",
+            "rules_capacity" => "Rules a rule pipeline may hold",
+            _ => "A declared table's level",
+        };
+        gauge(e, &format!("stateplane_{family}"), help, series)?;
+    }
     for (family, series) in families {
         let help = match family {
             "lookups" => "Lookups in a declared table, over all workers",
@@ -195,11 +213,110 @@ fn encode_tables(
                 "Entries past their timeout, by what was done: deleted, or kept and notified to the control plane"
             }
             "notifications_dropped" => "Expiry notifications lost because nobody drained them",
+            "cache_hits" => "Packets a rule pipeline's microflow caches answered, over all workers",
+            "cache_misses" => {
+                "Packets a rule pipeline's microflow caches did not hold (classified by the rules)"
+            }
+            "cache_inserts" => "Microflows put in a rule pipeline's caches",
+            "cache_evictions" => "Microflows pushed out of a rule pipeline's caches to make room",
+            "cache_collisions" => {
+                "Cache lookups that met their signature with another key (counted as misses)"
+            }
             _ => "A declared table's count, over all workers",
         };
-        counter(e, &format!("stateplane_table_{family}"), help, series)?;
+        // A pipeline's cache is its own family; a table's counts are the table's.
+        let name = match family.strip_prefix("cache_") {
+            Some(_) => format!("stateplane_{family}"),
+            None => format!("stateplane_table_{family}"),
+        };
+        counter(e, &name, help, series)?;
     }
     Ok(())
+}
+
+/// Each port's own counts: a live port's from its socket, ring and the kernel (drops before
+/// any worker saw them); a file port's packets and bytes read from its capture and written
+/// to its output.
+fn encode_ports(e: &mut DescriptorEncoder, handle: &RunHandle, names: &[String]) -> fmt::Result {
+    let port = |p: usize| names.get(p).map_or_else(|| p.to_string(), Clone::clone);
+    let live = handle.port_totals();
+    // Each family's name and its value on each port.
+    let families: Vec<(&'static str, &'static str, Vec<u64>)> = match live.first() {
+        Some(first) => (first.named().iter().enumerate())
+            .map(|(i, (name, _))| {
+                let help = "A live port's own count (its socket, ring or the kernel)";
+                (*name, help, live.iter().map(|c| c.named()[i].1).collect())
+            })
+            .collect(),
+        // Neither yet: a live port before its first count, a file run before its first round.
+        None if handle.file_ports().rx.is_empty() => Vec::new(),
+        None => {
+            let files = handle.file_ports();
+            let at = |side: &[(u64, u64)], p: usize| side.get(p).copied().unwrap_or_default();
+            let each = |side: &[(u64, u64)], bytes: bool| -> Vec<u64> {
+                (0..names.len())
+                    .map(|p| if bytes { at(side, p).1 } else { at(side, p).0 })
+                    .collect()
+            };
+            vec![
+                (
+                    "rx_packets",
+                    "Packets a file port read from its capture",
+                    each(&files.rx, false),
+                ),
+                (
+                    "rx_bytes",
+                    "Bytes (as captured) a file port read from its capture",
+                    each(&files.rx, true),
+                ),
+                (
+                    "tx_packets",
+                    "Packets a file port wrote to its output (or counted, with no output)",
+                    each(&files.tx, false),
+                ),
+                (
+                    "tx_bytes",
+                    "Bytes a file port wrote to its output (or counted, with no output)",
+                    each(&files.tx, true),
+                ),
+            ]
+        }
+    };
+    for (name, help, values) in families {
+        let series = (values.into_iter().enumerate())
+            .map(|(p, v)| (vec![("port", port(p))], v))
+            .collect();
+        counter(e, &format!("stateplane_port_{name}"), help, series)?;
+    }
+    Ok(())
+}
+
+/// The control API's requests by method, and those refused; nothing before the first.
+fn encode_control_requests(
+    e: &mut DescriptorEncoder,
+    requests: &stateplane_control::server::RequestCounts,
+) -> fmt::Result {
+    let by_method = requests.by_method();
+    if by_method.is_empty() {
+        return Ok(());
+    }
+    let series = |f: fn(&stateplane_control::server::MethodCounts) -> u64| -> Series {
+        (by_method.iter())
+            .map(|(method, c)| (vec![("method", method.clone())], f(c)))
+            .collect()
+    };
+    counter(
+        e,
+        "stateplane_control_requests",
+        "Requests to the control API (stateplane ctl), by gRPC method",
+        series(|c| c.requests),
+    )?;
+    counter(
+        e,
+        "stateplane_control_refused",
+        "Requests to the control API answered with an error (refused, invalid, unauthenticated), by gRPC method",
+        series(|c| c.refused),
+    )
 }
 
 /// The family a table's stats counter belongs to, and the label that tells it apart there
@@ -574,23 +691,7 @@ impl Collector for Scrape {
         let malformed = by_reason(total.malformed_by_every_reason());
         let help = "Packets that failed to parse, by reason";
         counter(&mut e, "stateplane_malformed_packets", help, malformed)?;
-        // Live ports: the kernel's and the rings' own counts (drops before any worker saw them).
-        let port_totals = self.handle.port_totals();
-        if let Some(first) = port_totals.first() {
-            for (i, (name, _)) in first.named().iter().enumerate() {
-                let series = (port_totals.iter().enumerate())
-                    .map(|(p, counts)| {
-                        let port = self
-                            .ports
-                            .get(p)
-                            .map_or_else(|| p.to_string(), Clone::clone);
-                        (vec![("port", port)], counts.named()[i].1)
-                    })
-                    .collect();
-                let help = "A live port's own count (its socket, ring or the kernel)";
-                counter(&mut e, &format!("stateplane_port_{name}"), help, series)?;
-            }
-        }
+        encode_ports(&mut e, &self.handle, &self.ports)?;
         if let Some(sync) = &self.sync {
             encode_sync(&mut e, sync)?;
         }
@@ -602,6 +703,9 @@ impl Collector for Scrape {
         }
         if let Some(plane) = &self.plane {
             encode_tables(&mut e, plane)?;
+        }
+        if let Some(requests) = &self.control_requests {
+            encode_control_requests(&mut e, requests)?;
         }
         for b in &self.bounds {
             gauge(
@@ -839,6 +943,7 @@ mod tests {
             })),
             flows: None,
             plane: None,
+            control_requests: None,
             memory: growth.clone(),
             bounds: vec![
                 Bound {
