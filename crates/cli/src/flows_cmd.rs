@@ -53,10 +53,31 @@ pub struct FlowsArgs {
     /// rings) is checked against it before anything is allocated.
     #[arg(long, value_name = "BYTES")]
     pub memory_budget: Option<MemoryBudget>,
+    /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464: packets,
+    /// drops, flow records and each sink's messages (docs/cli.md).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    /// Capture files: keep serving metrics this many seconds after the run, for a last
+    /// scrape.
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    pub hold_metrics: u64,
 }
 
 pub fn main(args: FlowsArgs) -> CliResult<()> {
+    let metrics = (args.metrics.as_deref())
+        .map(|a| stateplane_switch::metrics::parse_addr("--metrics", a, "127.0.0.1:9464"))
+        .transpose()?;
+    if args.hold_metrics > 0 && metrics.is_none() {
+        return Err(
+            "--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR too"
+                .into(),
+        );
+    }
+    if args.hold_metrics > 0 && !args.interfaces.is_empty() {
+        return Err("--hold-metrics is for runs over capture files; a capture on interfaces serves metrics until it stops".into());
+    }
     let monitor = FlowMonitor::build(MonitorOptions {
+        metrics,
         inputs: args.inputs,
         interfaces: args.interfaces,
         capture_buffer: args.capture_buffer,
@@ -73,6 +94,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
     });
     let outcome = monitor.run()?;
     drop(progress);
+    let hold = || std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     match outcome {
         MonitorOutcome::Live(outcome) => {
             crate::summary_output::print_summary(&outcome, args.summary_json)?;
@@ -100,6 +122,7 @@ pub fn main(args: FlowsArgs) -> CliResult<()> {
                 let memory = memory_table(&memory);
                 eprint!("{}{}{memory}", flows.table(wall), input.table());
             }
+            hold();
             if !errors.is_empty() {
                 return Err(errors.join("; "));
             }

@@ -178,6 +178,11 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     if live && args.hold_metrics > 0 {
         return Err("--hold-metrics is for runs over capture files; a live run serves metrics until it stops".into());
     }
+    // The endpoint may come from the flag or the configuration's `metrics`.
+    let serves_metrics = cfg.metrics.is_some();
+    if args.hold_metrics > 0 && !serves_metrics {
+        return Err("--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR (or metrics in the configuration) too".into());
+    }
     let switch = Switch::build(
         cfg,
         SwitchOptions {
@@ -213,7 +218,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     if let Some(signal) = outcome.interrupted {
         crate::summary_output::end_interrupted(signal, outcome.error());
     }
-    if args.hold_metrics > 0 && args.metrics.is_some() {
+    if args.hold_metrics > 0 && serves_metrics {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     }
     outcome.error().map_or(Ok(()), Err)

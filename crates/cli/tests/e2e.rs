@@ -490,7 +490,13 @@ fn metrics_endpoint_serves_prometheus_text() {
     // Prometheus' own checker takes it as it is, and the Grafana dashboard's panels on
     // traffic, workers and memory query families it serves (ports and tables: the lab's
     // live switches; flow export: a run with [flows]).
-    let elsewhere = ["stateplane_port_", "stateplane_table_", "stateplane_flow"];
+    let elsewhere = [
+        "stateplane_port_",
+        "stateplane_table_",
+        "stateplane_flow",
+        "stateplane_cache_",
+        "stateplane_control_",
+    ];
     common::assert_scrape_sound(text, |f| !elsewhere.iter().any(|p| f.starts_with(p)));
     assert!(common::dashboard_families("stateplane_").len() >= 15);
     assert!(
@@ -582,7 +588,9 @@ fn a_run_over_files_serves_its_ports_rules_cache_and_tables() {
         .map(|c| format!("stateplane_port_{c}_total"));
     common::assert_scrape_sound(text, |f| match f.strip_prefix("stateplane_") {
         Some(rest) if rest.starts_with("port_") => file_ports.iter().any(|p| p == f),
-        Some(rest) => !rest.starts_with("flow") && !rest.starts_with("table_"),
+        Some(rest) => !["flow", "table_", "control_"]
+            .iter()
+            .any(|p| rest.starts_with(p)),
         None => true,
     });
     let value = |line: &str| -> u64 {

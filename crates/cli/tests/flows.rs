@@ -1611,3 +1611,68 @@ fn an_interrupt_exports_what_was_read_then_exits_130() {
     let counted: u64 = rows.iter().map(|r| number(r, "packets")).sum();
     assert_eq!(counted, packets, "every packet read is in a record");
 }
+
+/// `flows --metrics` serves what its summary says while it runs and, with
+/// `--hold-metrics`, after: the packets read, the records taken from the workers and each
+/// sink's lines, in a text Prometheus' checker takes; `--hold-metrics` alone is refused.
+#[test]
+fn flows_serves_its_counts_as_metrics() {
+    let input = tmp("flows-metrics.pcap");
+    generate(5000, 3, &input);
+    let csv = tmp("flows-metrics.csv");
+    let port = 20_000 + (std::process::id() % 20_000) as u16 + 2;
+    let metrics = format!("127.0.0.1:{port}");
+    let mut child = bin()
+        .args(["flows", "--metrics", &metrics, "--hold-metrics", "20"])
+        .arg("--csv")
+        .arg(&csv)
+        .arg("-i")
+        .arg(&input)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The CSV has its last line once the run is over and the counts are final.
+    let rows = || std::fs::read_to_string(&csv).map_or(0, |t| t.lines().count().saturating_sub(1));
+    let body = common::scrape_until(port, |b| {
+        let records = common::sum_of(b, "stateplane_flow_records_total");
+        records > 0 && records == rows() as u64
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let Some((_, text)) = body.split_once("\r\n\r\n") else {
+        panic!("no end of headers: {body}")
+    };
+    // No ports, tables, rules or control API in a flow monitor over files.
+    let elsewhere = ["port_", "table_", "cache_", "control_"].map(|p| format!("stateplane_{p}"));
+    common::assert_scrape_sound(text, |f| !elsewhere.iter().any(|p| f.starts_with(p)));
+    assert_eq!(common::sum_of(text, "stateplane_rx_packets_total"), 5000);
+    let records = common::sum_of(text, "stateplane_flow_records_total");
+    assert_eq!(records, csv_rows(&csv).len() as u64, "{text}");
+    assert_eq!(
+        common::sum_of(text, "stateplane_flow_export_records_total"),
+        records
+    );
+    refused(
+        &[
+            "flows",
+            "--hold-metrics",
+            "5",
+            "--csv",
+            "-",
+            "-i",
+            input.to_str().unwrap(),
+        ],
+        "--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR too",
+    );
+    refused(
+        &[
+            "run",
+            "forward",
+            "--hold-metrics",
+            "5",
+            "-i",
+            input.to_str().unwrap(),
+        ],
+        "--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR",
+    );
+}

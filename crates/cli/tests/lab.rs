@@ -3012,7 +3012,9 @@ fn ctl_programs_a_live_switch_and_streams_ageing() {
     assert!(text(&out).contains("macs.entries 2\n"), "{}", text(&out));
     // The metrics show the table against its bound.
     let metrics = metric_lines(&lab, "s1");
-    common::assert_scrape_sound(&metrics, |f| f.starts_with("stateplane_table_"));
+    common::assert_scrape_sound(&metrics, |f| {
+        f.starts_with("stateplane_table_") || f.starts_with("stateplane_control_")
+    });
     for line in [
         "stateplane_table_entries{table=\"macs\"} 2",
         "stateplane_table_capacity{table=\"macs\"} 4096",

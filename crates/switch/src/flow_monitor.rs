@@ -57,6 +57,8 @@ pub struct MonitorOptions {
     pub hash_seed: Option<u64>,
     /// The memory the run may take (default: three quarters of the machine's).
     pub memory_budget: Option<crate::units::MemoryBudget>,
+    /// Where to serve Prometheus metrics (a loopback address), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// What of each packet the workers' bursts hold: the monitor's program and its flow stage
@@ -121,6 +123,9 @@ pub struct FlowMonitor {
     inputs: Inputs,
     /// What its settings claimed of the memory budget, for the summary.
     memory: stateplane_mem::budget::Growth,
+    metrics: Option<std::net::SocketAddr>,
+    /// The bounds it runs within, for the metrics.
+    bounds: Vec<crate::metrics::Bound>,
 }
 
 enum Inputs {
@@ -172,6 +177,7 @@ impl FlowMonitor {
             read_ahead,
             hash_seed,
             memory_budget,
+            metrics,
         } = options;
         let workers = bounded("--workers", workers, 1, 64)?;
         let live = !interfaces.is_empty();
@@ -213,7 +219,7 @@ impl FlowMonitor {
         let seed = hash_seed.unwrap_or_else(stateplane_wire::flow::random_seed);
         // What the flags size is claimed from the memory budget before it is made.
         let budget = crate::assemble::memory_budget(memory_budget, workers, live);
-        let (started, _) = stateplane_mem::budget::scope(budget, || {
+        let (started, claimed) = stateplane_mem::budget::scope(budget, || {
             if live {
                 let rings = capture_buffer.unwrap_or_default();
                 crate::assemble::claim_capture_rings(rings, workers, interfaces.len())?;
@@ -228,6 +234,12 @@ impl FlowMonitor {
             taps: vec![tap],
             ..RuntimeConfig::default()
         };
+        let bounds = crate::metrics::run_bounds(
+            &claimed,
+            memory.clone(),
+            runtime.burst_size,
+            runtime.queue_depth,
+        );
         let factory: ProgramFactory = Arc::new(|_| Box::new(Monitor));
         let handle = Arc::new(RunHandle::new(workers));
         let inputs = match files {
@@ -248,6 +260,8 @@ impl FlowMonitor {
             handle,
             inputs,
             memory,
+            metrics,
+            bounds,
         })
     }
 
@@ -280,6 +294,8 @@ impl FlowMonitor {
             handle,
             inputs,
             memory,
+            metrics,
+            bounds,
         } = self;
         let start = Instant::now();
         let (sources, ports) = match inputs {
@@ -297,15 +313,14 @@ impl FlowMonitor {
                     runtime,
                     factory: factory.clone(),
                     rebuild: Box::new(move || Ok(factory.clone())),
-                    metrics: None,
+                    metrics,
                     control: ControlAddr::Off,
                     monitor_buffer: capture_buffer,
                     // The records' summary comes with the run's.
                     flows: Some(export),
                     sync: None,
                     replication: None,
-                    // No metrics endpoint to serve them on.
-                    bounds: Vec::new(),
+                    bounds,
                     // Its rings were claimed with its settings, above.
                     memory,
                 })?;
@@ -313,6 +328,25 @@ impl FlowMonitor {
             }
             Inputs::Files { sources, ports, .. } => (sources, ports),
         };
+        if let Some(addr) = metrics {
+            crate::metrics::serve(
+                addr,
+                crate::metrics::Scrape {
+                    handle: handle.clone(),
+                    drop_names: factory(0).drop_reasons(),
+                    // Its inputs are read by the workers themselves, each port uncounted.
+                    ports: Vec::new(),
+                    sync: None,
+                    replication: None,
+                    flows: Some(export.progress()),
+                    bounds,
+                    memory: memory.clone(),
+                    plane: None,
+                    control_requests: None,
+                },
+            )?;
+            log::info!("metrics on http://{addr}/metrics");
+        }
         // An interrupt stops the reading; the flows read so far end as at the inputs' end.
         let signals = SignalThread::start(handle.stop.clone(), None)?;
         let run = run_sharded(&runtime, sources, ports, &factory, &handle);
