@@ -99,10 +99,15 @@ pub enum CtlCommand {
         /// An index or a range FIRST..END (end excluded); all of them when left out.
         range: Option<String>,
         /// RFC 2697 single-rate three-colour marker: CIR,CBS,EBS.
-        #[arg(long, value_delimiter = ',', num_args = 3, conflicts_with_all = ["trtcm", "off"])]
+        #[arg(long, value_delimiter = ',', value_name = "CIR,CBS,EBS", conflicts_with_all = ["trtcm", "off"])]
         srtcm: Option<Vec<u64>>,
         /// RFC 2698 two-rate three-colour marker: CIR,CBS,PIR,PBS.
-        #[arg(long, value_delimiter = ',', num_args = 4, conflicts_with = "off")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "CIR,CBS,PIR,PBS",
+            conflicts_with = "off"
+        )]
         trtcm: Option<Vec<u64>>,
         /// Turn the meters off (every packet passes green).
         #[arg(long)]
@@ -434,11 +439,23 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             let (first, count) = parse_range(range.as_deref())?;
             let config = match (srtcm.as_deref(), trtcm.as_deref(), off) {
                 (Some(&[cir, cbs, ebs]), _, _) => Some(MeterConfig::SrTcm { cir, cbs, ebs }),
+                (Some(other), _, _) => {
+                    return Err(format!(
+                        "--srtcm takes three numbers, CIR,CBS,EBS (bytes a second, bytes, bytes), not {}",
+                        other.len()
+                    ));
+                }
                 (_, Some(&[cir, cbs, pir, pbs]), _) => {
                     Some(MeterConfig::TrTcm { cir, cbs, pir, pbs })
                 }
+                (_, Some(other), _) => {
+                    return Err(format!(
+                        "--trtcm takes four numbers, CIR,CBS,PIR,PBS (bytes a second, bytes, bytes a second, bytes), not {}",
+                        other.len()
+                    ));
+                }
                 (_, _, true) => Some(MeterConfig::Off),
-                _ => None,
+                (None, None, false) => None,
             };
             match config {
                 Some(c) => {

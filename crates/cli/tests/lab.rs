@@ -4169,3 +4169,92 @@ fn a_udp_flood_is_found_from_the_copy_and_mitigated_by_the_switch() {
     let out = interrupt(collector);
     assert!(out.status.success(), "{}", text(&out));
 }
+
+/// The `stateplane ctl` examples of docs/cli.md run as written, each against a live switch
+/// running the program whose state it names (`macs`: l2, `routes4`: router, `rules` and
+/// its registers and meters: acl, `connections`: conntrack, the flow verbs: a two-table
+/// pipeline; the rest: l2, as the first example block's), with the files they read
+/// (`entries.txt`, `rules.txt`) in the switch's run directory: every one succeeds.
+#[test]
+fn the_ctl_examples_of_the_docs_run_as_written() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let doc = std::fs::read_to_string(topologies().join("../docs/cli.md")).unwrap();
+    let section = doc
+        .split("\n## `stateplane ctl")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap();
+    // Each example, its continuation lines joined, its comment and optional parts cut.
+    let mut examples: Vec<String> = Vec::new();
+    let mut continued = false;
+    for line in section.lines() {
+        let Some(code) = line.strip_prefix("    ") else {
+            continue;
+        };
+        let code = code.split("  #").next().unwrap_or(code).trim_end();
+        if continued {
+            let last = examples.last_mut().unwrap();
+            last.push(' ');
+            last.push_str(code.trim_start());
+        } else if code.starts_with("stateplane ctl ") {
+            examples.push(code.to_owned());
+        }
+        continued = code.ends_with('\\');
+        if continued {
+            examples.last_mut().unwrap().pop();
+        }
+    }
+    let program = |example: &str| {
+        let words: Vec<&str> = example.split_whitespace().collect();
+        let has = |w: &str| words.contains(&w);
+        if has("routes4") {
+            "router"
+        } else if has("rules") || has("rule_packets") || has("rule_meters") {
+            "acl"
+        } else if has("connections") {
+            "conntrack"
+        } else if words
+            .iter()
+            .any(|w| w.ends_with("-flow") || w.ends_with("-flows"))
+        {
+            "pipeline"
+        } else {
+            "l2"
+        }
+    };
+    let mut programs: Vec<&str> = examples.iter().map(|e| program(e)).collect();
+    programs.dedup();
+    assert!(examples.len() >= 20 && programs.len() >= 5, "{examples:#?}");
+    programs.sort_unstable();
+    programs.dedup();
+    for name in programs {
+        let settings = match name {
+            "pipeline" => {
+                "[switch.program.pipeline]\ntables = 2\nrules = [\"table=0,priority=1,actions=goto_table:1\", \"table=1,priority=1,actions=output:1\"]\n"
+            }
+            _ => "",
+        };
+        let lab = Lab::up_edited("line-l2.toml", &format!("tdoc{}", &name[..2]), None, |t| {
+            let (head, rest) = t.split_once("[switch.program]").unwrap();
+            let (_, links) = rest.split_once("[[link]]").unwrap();
+            format!("{head}[switch.program]\nname = \"{name}\"\n{settings}\n[[link]]{links}")
+        });
+        let dir = run_dir_of(&format!("sp-{}-s1", lab.name));
+        std::fs::write(
+            dir.join("entries.txt"),
+            "vlan=0 mac=02:00:00:00:01:03 forward port=1\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("rules.txt"),
+            "table=1,priority=5,cookie=0x15,ip,actions=output:1\n",
+        )
+        .unwrap();
+        for example in examples.iter().filter(|e| program(e) == name) {
+            let command = example.replacen("stateplane", env!("CARGO_BIN_EXE_stateplane"), 1);
+            let shell = format!("cd {} && {command}", dir.display());
+            let out = lab.exec("s1", &["sh", "-c", &shell]);
+            assert!(out.status.success(), "{name}: {example}:\n{}", text(&out));
+        }
+    }
+}
