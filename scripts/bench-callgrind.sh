@@ -15,7 +15,10 @@ out=target/callgrind.csv
 echo "program,packets,instructions_per_packet" > "$out"
 echo "input: stateplane gen internet --packets $packets --packet-size 64 --ipv6-share 0 --seed 1; 1 worker, burst 64"
 printf '%-10s %22s\n' program instructions/packet
-for program in rx forward l2 router conntrack; do
+programs=(rx forward l2 router conntrack)
+for i in "${!programs[@]}"; do
+  program=${programs[$i]}
+  echo "[$((i + 1))/${#programs[@]}] $program under callgrind, replaying 1 and 3 times" >&2
   total() {
     local file=target/callgrind.$program.$1
     valgrind --tool=callgrind --callgrind-out-file="$file" "$sp" bench --packets "$packets" \

@@ -378,7 +378,13 @@ pub fn main(a: BenchArgs) -> BenchResult<()> {
     let mut results = Vec::new();
     let mut failures = Vec::new();
     let mut huge_used = huge;
-    for program in &programs {
+    for (i, program) in programs.iter().enumerate() {
+        eprintln!(
+            "[{}/{}] {program}: {repeat} round(s) of {} replay(s)",
+            i + 1,
+            programs.len(),
+            a.loops
+        );
         // A program that fails is reported beside the others, which are kept.
         let measured = (|| {
             let factory = match *program {
