@@ -463,30 +463,20 @@ fn metrics_endpoint_serves_prometheus_text() {
     let input = tmp("metrics-in.pcap");
     generate_trace("internet", 2000, &input);
     let port = 20_000 + (std::process::id() % 20_000) as u16;
-    let mut child = bin()
-        .args([
-            "run",
-            "forward",
-            "--hold-metrics",
-            "20",
-            "--metrics",
-            &format!("127.0.0.1:{port}"),
-            "-i",
-        ])
-        .arg(&input)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut run = bin();
+    run.args([
+        "run",
+        "forward",
+        "--hold-metrics",
+        "20",
+        "--metrics",
+        &metrics,
+    ]);
     // Until the run is over and the totals are final.
-    let body = common::scrape_until(port, |b| {
+    let text = &common::metrics_of_held_run(run.arg("-i").arg(&input), port, |b| {
         b.contains("stateplane_rx_packets_total{worker=\"0\"} 2000\n")
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
-    let Some((_, text)) = body.split_once("\r\n\r\n") else {
-        panic!("no end of headers: {body}")
-    };
     // Prometheus' own checker takes it as it is, and the Grafana dashboard's panels on
     // traffic, workers and memory query families it serves (ports and tables: the lab's
     // live switches; flow export: a run with [flows]).
@@ -536,7 +526,7 @@ fn metrics_endpoint_serves_prometheus_text() {
         "stateplane_queue_depth_bursts 8\n",
         "stateplane_burst_packets 64\n",
     ] {
-        assert!(body.contains(bound), "{bound}: {body}");
+        assert!(text.contains(bound), "{bound}: {text}");
     }
 }
 
@@ -564,23 +554,14 @@ fn a_run_over_files_serves_its_ports_rules_cache_and_tables() {
     let port = 20_000 + (std::process::id() % 20_000) as u16 + 1;
     let metrics = format!("127.0.0.1:{port}");
     let summary = tmp("file-metrics.json");
-    let mut child = bin()
-        .args(["run", "--hold-metrics", "20", "--metrics", &metrics])
-        .arg("--summary-file")
+    let mut run = bin();
+    run.args(["run", "--hold-metrics", "20", "--metrics", &metrics]);
+    run.arg("--summary-file")
         .arg(&summary)
         .arg("--config")
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .arg(&cfg);
     // Once the summary is written the run is over and the counts final.
-    let body = common::scrape_until(port, |_| summary.exists());
-    let body = common::get_metrics(&metrics).unwrap_or(body);
-    let _ = child.kill();
-    let _ = child.wait();
-    let Some((_, text)) = body.split_once("\r\n\r\n") else {
-        panic!("no end of headers: {body}")
-    };
+    let text = &common::metrics_of_held_run(&mut run, port, |_| summary.exists());
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     // The dashboard's panels on live ports, tables and flow export have other tests.
@@ -627,29 +608,19 @@ fn a_run_over_files_serves_its_ports_rules_cache_and_tables() {
     );
     assert_eq!(value("stateplane_rules{table=\"flows\"}"), 3);
     // A table's counts and bytes: conntrack's, over the same trace.
-    let mut child = bin()
-        .args([
-            "run",
-            "conntrack",
-            "--hold-metrics",
-            "20",
-            "--metrics",
-            &metrics,
-        ])
-        .arg("-i")
-        .arg(&input)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let body = common::scrape_until(port, |b| {
-        b.contains("stateplane_table_lookups_total{table=\"connections\"} 20000\n")
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        body.contains("stateplane_table_lookups_total{table=\"connections\"} 20000\n"),
-        "{body}"
-    );
+    let mut run = bin();
+    run.args([
+        "run",
+        "conntrack",
+        "--hold-metrics",
+        "20",
+        "--metrics",
+        &metrics,
+    ]);
+    let lookups = "stateplane_table_lookups_total{table=\"connections\"} 20000\n";
+    let body =
+        common::metrics_of_held_run(run.arg("-i").arg(&input), port, |b| b.contains(lookups));
+    assert!(body.contains(lookups), "{body}");
     let bytes = (body.lines())
         .find_map(|l| l.strip_prefix("stateplane_table_bytes{table=\"connections\"} "))
         .and_then(|v| v.parse::<u64>().ok());
@@ -2214,14 +2185,11 @@ fn metrics_count_the_flow_records_a_run_exports() {
     )
     .unwrap();
     let port = 20_000 + ((std::process::id() + 7_919) % 20_000) as u16;
-    let mut child = bin()
-        .args(["run", "--hold-metrics", "20", "--metrics"])
+    let mut run = bin();
+    run.args(["run", "--hold-metrics", "20", "--metrics"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--config")
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+        .arg(&config);
     let rows = || {
         std::fs::read_to_string(dir.join("flows.csv"))
             .map_or(0, |t| t.lines().count().saturating_sub(1) as u64)
@@ -2239,12 +2207,7 @@ fn metrics_count_the_flow_records_a_run_exports() {
         let sinks = by_sink(text, "stateplane_flow_export_records_total");
         taken > 0 && sinks.len() == 2 && sinks.iter().all(|&n| n == taken) && rows() == taken
     };
-    let body = common::scrape_until(port, ended);
-    let text = body
-        .split_once("\r\n\r\n")
-        .map_or(body.as_str(), |(_, t)| t);
-    let _ = child.kill();
-    let _ = child.wait();
+    let text = &common::metrics_of_held_run(&mut run, port, ended);
     let taken = sum_of(text, "stateplane_flow_records_total");
     assert!(taken > 100, "{text}");
     assert_eq!(

@@ -1622,26 +1622,15 @@ fn flows_serves_its_counts_as_metrics() {
     let csv = tmp("flows-metrics.csv");
     let port = 20_000 + (std::process::id() % 20_000) as u16 + 2;
     let metrics = format!("127.0.0.1:{port}");
-    let mut child = bin()
-        .args(["flows", "--metrics", &metrics, "--hold-metrics", "20"])
-        .arg("--csv")
-        .arg(&csv)
-        .arg("-i")
-        .arg(&input)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = bin();
+    run.args(["flows", "--metrics", &metrics, "--hold-metrics", "20"]);
+    run.arg("--csv").arg(&csv).arg("-i").arg(&input);
     // The CSV has its last line once the run is over and the counts are final.
     let rows = || std::fs::read_to_string(&csv).map_or(0, |t| t.lines().count().saturating_sub(1));
-    let body = common::scrape_until(port, |b| {
+    let text = &common::metrics_of_held_run(&mut run, port, |b| {
         let records = common::sum_of(b, "stateplane_flow_records_total");
         records > 0 && records == rows() as u64
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let Some((_, text)) = body.split_once("\r\n\r\n") else {
-        panic!("no end of headers: {body}")
-    };
     // No ports, tables, rules or control API in a flow monitor over files.
     let elsewhere = ["port_", "table_", "cache_", "control_"].map(|p| format!("stateplane_{p}"));
     common::assert_scrape_sound(text, |f| !elsewhere.iter().any(|p| f.starts_with(p)));

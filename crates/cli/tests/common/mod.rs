@@ -265,6 +265,27 @@ pub fn get_metrics(addr: impl std::net::ToSocketAddrs) -> Option<String> {
     Some(body)
 }
 
+/// Runs `command`, a run that serves metrics on loopback `port` and holds them after it
+/// ends (`--hold-metrics`); scrapes until `done` holds of an answer, then once more (what
+/// `done` waits for, such as a file the run writes at its end, may have come after the
+/// answer it was asked of); stops the run and gives that last scrape's text.
+pub fn metrics_of_held_run(
+    command: &mut Command,
+    port: u16,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let mut child = command.stdout(std::process::Stdio::null()).spawn().unwrap();
+    let body = scrape_until(port, done);
+    let body = get_metrics(("127.0.0.1", port)).unwrap_or(body);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
+    match body.split_once("\r\n\r\n") {
+        Some((_, text)) => text.to_owned(),
+        None => panic!("no end of headers: {body}"),
+    }
+}
+
 /// Scrapes a run's metrics on loopback `port` until `done` holds of the answer (bounded:
 /// 200 tries 50 ms apart, about 10 s), and gives the last answer whatever it holds.
 pub fn scrape_until(port: u16, done: impl Fn(&str) -> bool) -> String {
