@@ -1665,3 +1665,51 @@ fn flows_serves_its_counts_as_metrics() {
         "--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR",
     );
 }
+
+/// The `stateplane flows` examples of docs/cli.md run as written, in a folder holding the
+/// captures they name (`trace.pcap`, `a.pcap`, `b.pcap`), with a UDP collector listening
+/// at the address the first gives: each succeeds, and the collector receives IPFIX.
+#[test]
+fn the_flows_examples_of_the_docs_run_as_written() {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli.md"),
+    )
+    .unwrap();
+    let examples: Vec<&str> = (doc.lines())
+        .filter_map(|l| l.strip_prefix("    stateplane flows "))
+        .map(|l| l.split("  #").next().unwrap_or(l).trim_end())
+        .collect();
+    assert!(examples.len() >= 2, "{examples:?}");
+    let dir = common::tmp_dir("flows-examples");
+    for (name, seed) in [("trace.pcap", 1), ("a.pcap", 2), ("b.pcap", 3)] {
+        generate(3000, seed, &dir.join(name));
+    }
+    let collector = std::net::UdpSocket::bind("127.0.0.1:4739").expect("127.0.0.1:4739 is free");
+    collector
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    for example in examples {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{} flows {example}",
+                env!("CARGO_BIN_EXE_stateplane")
+            ))
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut datagram = [0u8; 65_535];
+    let (len, _) = collector
+        .recv_from(&mut datagram)
+        .expect("IPFIX reached the collector");
+    assert!(
+        len > 16 && datagram[..2] == [0, 10],
+        "an IPFIX message (version 10)"
+    );
+}
