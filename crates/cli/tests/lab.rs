@@ -4262,8 +4262,10 @@ fn the_ctl_examples_of_the_docs_run_as_written() {
 /// The collector examples of docs/cli.md (`ctl -s 127.0.0.1:9570 sync streams`, `read`,
 /// `write`, `watch`) run as written on the controller, against a collector holding the
 /// copy of a live `hh` switch's synced sketch while traffic crosses it: every one
-/// succeeds. (`sync migrate`, `hh` and `udpflood` need two switches, or a switch's control
-/// socket, and run in their own tests.)
+/// succeeds. The sketch applications' (`sync hh`, `sync udpflood`), which run until
+/// interrupted, start as written beside the switch of their program (they reach its
+/// control socket) and watch, still running a second later. (`sync migrate` needs two
+/// switches: `crates/cli/tests/sync.rs` moves state with it.)
 #[test]
 fn the_sync_examples_of_the_docs_run_as_written() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -4301,4 +4303,43 @@ fn the_sync_examples_of_the_docs_run_as_written() {
     let _ = ping.wait();
     let _ = collector.kill();
     let _ = collector.wait();
+    drop(lab);
+    let apps: Vec<Vec<&str>> = (doc.lines())
+        .filter_map(|l| l.strip_prefix("    stateplane ctl -s 127.0.0.1:9570 sync "))
+        .filter(|l| l.starts_with("hh ") || l.starts_with("udpflood "))
+        .map(|l| {
+            l.split("  #")
+                .next()
+                .unwrap_or(l)
+                .split_whitespace()
+                .collect()
+        })
+        .collect();
+    assert_eq!(apps.len(), 2, "{apps:?}");
+    for app in apps {
+        let settings = match app[0] {
+            "hh" => "tenants = 1\nwidth = 256\ndepth = 2\ninterval_ms = 3600000",
+            _ => "threshold = 4000000000\nwidth = 1024\ndepth = 3\ninterval_ms = 3600000",
+        };
+        let (lab, mut collector) =
+            synced_beside_collector(&format!("tdoc{}", &app[0][..2]), app[0], settings);
+        let started = once_watching(sketch_app_in(&lab, &app));
+        std::thread::sleep(Duration::from_secs(1));
+        let running = Command::new("pkill")
+            .args(["-INT", "-f", &format!("sync {}", app.join(" "))])
+            .status()
+            .unwrap();
+        assert!(
+            running.success(),
+            "{app:?} was still running a second later"
+        );
+        let out = started();
+        assert!(
+            !text(&out).contains("error"),
+            "{app:?} ended on an error: {}",
+            text(&out)
+        );
+        let _ = collector.kill();
+        let _ = collector.wait();
+    }
 }
