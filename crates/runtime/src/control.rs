@@ -530,26 +530,6 @@ impl WorkerControl {
     /// them, so that with one worker a rule found expired is gone before the next burst)
     /// and hands its notifications on. Called by the worker between bursts; costs an
     /// atomic load and two calls when nothing waits.
-    /// The worker has ended: applies what was asked of it meanwhile, and leaves its
-    /// tables' last counts with the control plane, which answers stats requests from them
-    /// once every worker has ended.
-    pub fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
-        self.poll(program, ctx);
-        let declared = self.plane.declarations();
-        let answers: Vec<_> = (declared.iter())
-            .filter(|d| matches!(d.kind, Kind::Table { .. } | Kind::Rules { .. }))
-            .map(|d| {
-                let request = Request::Stats {
-                    table: d.name.clone(),
-                };
-                (d.name.clone(), program.control(&request, None, ctx))
-            })
-            .collect();
-        let mut last = (self.plane.last_stats.lock()).unwrap_or_else(PoisonError::into_inner);
-        last.extend(answers);
-        self.plane.ended.fetch_add(1, Ordering::Release);
-    }
-
     pub fn poll(&mut self, program: &mut dyn Running, ctx: &Context) {
         program.requests(&mut self.requests);
         if !self.requests.is_empty() {
@@ -570,5 +550,25 @@ impl WorkerControl {
         if !self.notifications.is_empty() {
             self.plane.publish(&mut self.notifications);
         }
+    }
+
+    /// The worker has ended: applies what was asked of it meanwhile, and leaves its
+    /// tables' last counts with the control plane, which answers stats requests from them
+    /// once every worker has ended.
+    pub fn finish(&mut self, program: &mut dyn Running, ctx: &Context) {
+        self.poll(program, ctx);
+        let declared = self.plane.declarations();
+        let answers: Vec<_> = (declared.iter())
+            .filter(|d| matches!(d.kind, Kind::Table { .. } | Kind::Rules { .. }))
+            .map(|d| {
+                let request = Request::Stats {
+                    table: d.name.clone(),
+                };
+                (d.name.clone(), program.control(&request, None, ctx))
+            })
+            .collect();
+        let mut last = (self.plane.last_stats.lock()).unwrap_or_else(PoisonError::into_inner);
+        last.extend(answers);
+        self.plane.ended.fetch_add(1, Ordering::Release);
     }
 }

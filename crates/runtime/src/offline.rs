@@ -22,6 +22,10 @@ use stateplane_wire::Parsed;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// Rounds between two publications of what each port read and wrote (and at the end):
+/// often enough for a scrape, rarely enough to cost nothing a packet.
+const PORTS_PUBLISHED_EVERY: u64 = 16;
+
 /// The ports of an offline run.
 pub struct OfflinePorts {
     /// Input streams and the port each one arrives on.
@@ -33,8 +37,9 @@ pub struct OfflinePorts {
 }
 
 /// Runs `factory`'s program over capture-file ports until every input ends (or `handle.stop`).
-/// `controls`, one a worker or none, connects the workers to a control plane (what a
-/// metrics scrape asks the tables of); the workers answer it between bursts.
+/// `controls`, one a worker (or none), connects the workers to a control plane, which they
+/// answer between bursts: a program's own requests (a pipeline's expired rules) and a
+/// metrics scrape's questions to the tables.
 pub fn run_offline(
     config: &RuntimeConfig,
     mut ports: OfflinePorts,
@@ -161,17 +166,11 @@ fn dispatch(
     let workers = to_worker.len();
     let mut stats = Stats::default();
     let mut parsed = Parsed::EMPTY;
-
     let mut round = 0u64;
     let mut bursts: Vec<Burst> = Vec::with_capacity(workers);
-    // Packets and bytes read from each port.
-    let ports = rx
-        .iter()
-        .map(|(p, _)| usize::from(*p) + 1)
-        .max()
-        .unwrap_or(0);
-    let mut read = vec![(0u64, 0u64); ports];
     let mut input = Merged::open(rx);
+    // Packets and bytes read from each port, as of the last round.
+    let mut read = Vec::new();
     'rounds: loop {
         for f in &free {
             match f.recv() {
@@ -183,9 +182,6 @@ fn dispatch(
         let stopping = handle.stop.load(Ordering::Relaxed);
         while taken < config.burst_size && !stopping {
             let offered = input.offer(|Offered { port, seq, packet }| {
-                if let Some(r) = read.get_mut(usize::from(port)) {
-                    *r = (r.0 + 1, r.1 + packet.data.len() as u64);
-                }
                 let (hasher, whole, stats) = (&config.hasher, PacketBytes::Whole, Some(&mut stats));
                 if ingress::parse(&packet, port, hasher, &mut parsed, whole, stats).is_none() {
                     return true; // counted and dropped
@@ -203,8 +199,11 @@ fn dispatch(
             .input_bytes
             .store(input.bytes_read(), Ordering::Relaxed);
         handle.stats[0].publish(&stats);
-        handle.publish_file_ports(Some(&read), None);
         let done = stopping || input.done();
+        if round.is_multiple_of(PORTS_PUBLISHED_EVERY) || done {
+            input.taken_by_port(&mut read);
+            handle.publish_file_ports(Some(&read), None);
+        }
         for (w, mut b) in bursts.drain(..).enumerate() {
             b.round = round;
             b.now_ns = input.now_ns;
@@ -302,7 +301,7 @@ fn output_stage(
     let mut from: Vec<usize> = Vec::with_capacity(from_workers.len());
     let mut open = vec![true; from_workers.len()];
     let mut cursor = vec![0usize; from_workers.len()];
-    loop {
+    for round in 0u64.. {
         bursts.clear();
         from.clear();
         for (w, r) in from_workers.iter().enumerate() {
@@ -364,7 +363,9 @@ fn output_stage(
                 Verdict::Drop(_) => {}
             }
         }
-        handle.publish_file_ports(None, Some(&counts));
+        if round.is_multiple_of(PORTS_PUBLISHED_EVERY) {
+            handle.publish_file_ports(None, Some(&counts));
+        }
         for (&w, mut b) in from.iter().zip(bursts.drain(..)) {
             b.clear();
             // A pool already full (a burst of held packets came on top) lets it go.

@@ -84,6 +84,8 @@ pub(crate) struct Merged {
     /// The latest timestamp read so far.
     pub(crate) now_ns: u64,
     pub(crate) errors: Vec<String>,
+    /// Per port: the packets taken from it and their bytes.
+    taken: Vec<(u64, u64)>,
 }
 
 impl Merged {
@@ -92,6 +94,7 @@ impl Merged {
         let mut input = Merged {
             names: rx.iter().map(|(_, src)| src.name().to_string()).collect(),
             ended: vec![false; rx.len()],
+            taken: vec![(0, 0); rx.len()],
             rx,
             heads,
             seq: 0,
@@ -120,16 +123,19 @@ impl Merged {
             .map(|(i, _)| i)?;
         let head = &mut self.heads[i];
         self.now_ns = self.now_ns.max(head.ts_ns);
+        let packet = head.packet();
+        let len = packet.data.len() as u64;
         let offered = Offered {
             port: head.port,
             seq: self.seq,
-            packet: head.packet(),
+            packet,
         };
         if !take(offered) {
             return Some(false);
         }
         head.held = false;
         self.seq += 1;
+        self.taken[i] = (self.taken[i].0 + 1, self.taken[i].1 + len);
         if self.rx.len() > 1 {
             self.stage(i);
         }
@@ -147,10 +153,12 @@ impl Merged {
             seq,
             now_ns,
             errors,
+            taken: counts,
         } = self;
         let (port, src) = &mut rx[0];
         let packet = next_packet(src.as_mut(), &names[0], &mut ended[0], errors)?;
         *now_ns = (*now_ns).max(packet.ts_ns);
+        let len = packet.data.len() as u64;
         let taken = take(Offered {
             port: *port,
             seq: *seq,
@@ -158,6 +166,7 @@ impl Merged {
         });
         if taken {
             *seq += 1;
+            counts[0] = (counts[0].0 + 1, counts[0].1 + len);
         } else {
             heads[0].hold(&packet);
         }
@@ -179,6 +188,17 @@ impl Merged {
 
     pub(crate) fn bytes_read(&self) -> u64 {
         self.rx.iter().map(|(_, src)| src.bytes_read()).sum()
+    }
+
+    /// The packets taken from each port and their bytes, by port id, into `by_port`.
+    pub(crate) fn taken_by_port(&self, by_port: &mut Vec<(u64, u64)>) {
+        for ((port, _), &taken) in self.rx.iter().zip(&self.taken) {
+            let p = usize::from(*port);
+            if by_port.len() <= p {
+                by_port.resize(p + 1, (0, 0));
+            }
+            by_port[p] = taken;
+        }
     }
 }
 
