@@ -920,12 +920,7 @@ fn pipeline_output_is_the_same_with_its_cache_in_any_mode() {
             ),
         )
         .unwrap();
-        let text = ok(bin()
-            .args(["run", "--json", "--workers", workers, "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap());
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let v = summary_of_config(&cfg, workers);
         assert_eq!(
             v["drops"]["no_output"], udp,
             "{cache}: UDP dropped by the ACL: {v}"
@@ -999,12 +994,7 @@ fn rule_timeouts_expire_by_the_capture_clock_in_a_run_over_files() {
              [[port]]\nname = \"in\"\nrx = \"timeout-in.pcap\"\n[[port]]\nname = \"out\"\n",
         )
         .unwrap();
-        let text = ok(bin()
-            .args(["run", "--json", "--workers", workers, "--config"])
-            .arg(&cfg)
-            .output()
-            .unwrap());
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let v = summary_of_config(&cfg, workers);
         let dropped = v["drops"]["no_output"].as_u64().unwrap_or(0);
         assert!(
             (least..=two_seconds).contains(&dropped),
@@ -1066,6 +1056,17 @@ type Records = Vec<(u64, Vec<u8>, u32)>;
 
 /// What a run of `cfg` wrote to each of `written`, for each number of `workers`; each run
 /// sent `sent` packets in all.
+/// The JSON summary of `stateplane run --config cfg` on `workers` workers, which must
+/// succeed.
+fn summary_of_config(cfg: &Path, workers: &str) -> serde_json::Value {
+    let text = ok(bin()
+        .args(["run", "--json", "--workers", workers, "--config"])
+        .arg(cfg)
+        .output()
+        .unwrap());
+    serde_json::from_str(&text).unwrap()
+}
+
 fn outputs_by_workers(
     cfg: &Path,
     workers: &[&str],
@@ -1074,12 +1075,7 @@ fn outputs_by_workers(
 ) -> Vec<Vec<Records>> {
     (workers.iter())
         .map(|workers| {
-            let text = ok(bin()
-                .args(["run", "--json", "--workers", workers, "--config"])
-                .arg(cfg)
-                .output()
-                .unwrap());
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let v = summary_of_config(cfg, workers);
             assert_eq!(v["counters"]["tx_packets"].as_u64(), Some(sent), "{v}");
             (written.iter()).map(|f| read_all(f).unwrap()).collect()
         })

@@ -4256,6 +4256,21 @@ fn the_ctl_examples_of_the_docs_run_as_written() {
             let out = lab.exec("s1", &["sh", "-c", &shell]);
             assert!(out.status.success(), "{name}: {example}:\n{}", text(&out));
         }
+        if name == "acl" {
+            // A meter given the wrong count of numbers is refused, not read instead.
+            for (marker, given, want) in [
+                ("--trtcm", "1,2,3", "--trtcm takes four numbers"),
+                ("--srtcm", "1,2", "--srtcm takes three numbers"),
+            ] {
+                let out = ctl(&lab, &["meter", "rule_meters", "0", marker, given]);
+                assert!(!out.status.success(), "{marker} {given}: {}", text(&out));
+                assert!(
+                    text(&out).contains(want),
+                    "{marker} {given}: {}",
+                    text(&out)
+                );
+            }
+        }
     }
 }
 
