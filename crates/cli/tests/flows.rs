@@ -1664,6 +1664,21 @@ fn flows_serves_its_counts_as_metrics() {
         ],
         "--hold-metrics keeps the metrics endpoint up after the run: give --metrics ADDR",
     );
+    // On interfaces the endpoint lives as long as the capture: nothing to hold.
+    let on_lo = [
+        "--metrics",
+        &metrics,
+        "--hold-metrics",
+        "5",
+        "--csv",
+        "-",
+        "-I",
+        "lo",
+    ];
+    refused(
+        &[&["flows"][..], &on_lo].concat(),
+        "--hold-metrics is for runs over capture files",
+    );
 }
 
 /// The `stateplane flows` examples of docs/cli.md run as written, in a folder holding the

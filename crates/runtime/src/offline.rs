@@ -202,7 +202,7 @@ fn dispatch(
         let done = stopping || input.done();
         if round.is_multiple_of(PORTS_PUBLISHED_EVERY) || done {
             input.taken_by_port(&mut read);
-            handle.publish_file_ports(Some(&read), None);
+            handle.publish_file_reads(&read);
         }
         for (w, mut b) in bursts.drain(..).enumerate() {
             b.round = round;
@@ -364,7 +364,7 @@ fn output_stage(
             }
         }
         if round.is_multiple_of(PORTS_PUBLISHED_EVERY) {
-            handle.publish_file_ports(None, Some(&counts));
+            handle.publish_file_writes(&counts);
         }
         for (&w, mut b) in from.iter().zip(bursts.drain(..)) {
             b.clear();
@@ -384,7 +384,7 @@ fn output_stage(
         not_written.0 += packets;
         not_written.1 += bytes;
     }
-    handle.publish_file_ports(None, Some(&counts));
+    handle.publish_file_writes(&counts);
     if let Some(out) = control
         && let Err(e) = out.flush()
     {

@@ -149,17 +149,25 @@ impl RunHandle {
             .clone()
     }
 
-    /// Publishes what the ports of a run over files read (`Some(rx)`) or wrote.
-    pub(crate) fn publish_file_ports(&self, rx: Option<&[(u64, u64)]>, tx: Option<&[(u64, u64)]>) {
+    /// Publishes what each port of a run over files has read (the dispatcher's count).
+    pub(crate) fn publish_file_reads(&self, by_port: &[(u64, u64)]) {
+        self.publish_file_side(by_port, |ports| &mut ports.rx);
+    }
+
+    /// Publishes what each port of a run over files has written (the output stage's count).
+    pub(crate) fn publish_file_writes(&self, by_port: &[(u64, u64)]) {
+        self.publish_file_side(by_port, |ports| &mut ports.tx);
+    }
+
+    fn publish_file_side(
+        &self,
+        by_port: &[(u64, u64)],
+        side: fn(&mut FilePorts) -> &mut Vec<(u64, u64)>,
+    ) {
         let mut ports = (self.file_ports.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(rx) = rx {
-            ports.rx.clear();
-            ports.rx.extend_from_slice(rx);
-        }
-        if let Some(tx) = tx {
-            ports.tx.clear();
-            ports.tx.extend_from_slice(tx);
-        }
+        let side = side(&mut ports);
+        side.clear();
+        side.extend_from_slice(by_port);
     }
 
     /// Totals over the dispatcher and every worker, as of now.

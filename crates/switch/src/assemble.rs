@@ -299,7 +299,6 @@ impl Switch {
                     control_requests: None,
                 },
             )?;
-            log::info!("metrics on http://{addr}/metrics");
         }
         // An interrupt stops the reading; what was read goes through as at the inputs' end.
         let signals = daemon::SignalThread::start(handle.stop.clone(), None)?;

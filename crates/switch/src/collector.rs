@@ -150,7 +150,6 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     if let Some(addr) = settings.metrics {
         let counters = redis.as_ref().map(|r| r.counters.clone());
         crate::metrics::serve_collector(addr, handle.clone(), counters)?;
-        log::info!("metrics on http://{addr}/metrics");
     }
     Ok(Bound {
         handle,

@@ -403,7 +403,6 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
                 control_requests,
             },
         )?;
-        log::info!("metrics on http://{addr}/metrics");
     }
 
     let reload = reloading.reload.clone();

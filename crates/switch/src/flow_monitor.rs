@@ -345,7 +345,6 @@ impl FlowMonitor {
                     control_requests: None,
                 },
             )?;
-            log::info!("metrics on http://{addr}/metrics");
         }
         // An interrupt stops the reading; the flows read so far end as at the inputs' end.
         let signals = SignalThread::start(handle.stop.clone(), None)?;

@@ -252,32 +252,34 @@ fn encode_ports(e: &mut DescriptorEncoder, handle: &RunHandle, names: &[String])
         None if handle.file_ports().rx.is_empty() => Vec::new(),
         None => {
             let files = handle.file_ports();
-            let at = |side: &[(u64, u64)], p: usize| side.get(p).copied().unwrap_or_default();
-            let each = |side: &[(u64, u64)], bytes: bool| -> Vec<u64> {
+            // Each port's packets (`.0`) or bytes (`.1`) on one side; 0 for a port that
+            // has none on it (an output only, an input only).
+            let column = |side: &[(u64, u64)], pick: fn(&(u64, u64)) -> u64| -> Vec<u64> {
                 (0..names.len())
-                    .map(|p| if bytes { at(side, p).1 } else { at(side, p).0 })
+                    .map(|p| side.get(p).map_or(0, pick))
                     .collect()
             };
+            let (read, written) = (&files.rx, &files.tx);
             vec![
                 (
                     "rx_packets",
                     "Packets a file port read from its capture",
-                    each(&files.rx, false),
+                    column(read, |c| c.0),
                 ),
                 (
                     "rx_bytes",
                     "Bytes (as captured) a file port read from its capture",
-                    each(&files.rx, true),
+                    column(read, |c| c.1),
                 ),
                 (
                     "tx_packets",
                     "Packets a file port wrote to its output (or counted, with no output)",
-                    each(&files.tx, false),
+                    column(written, |c| c.0),
                 ),
                 (
                     "tx_bytes",
                     "Bytes a file port wrote to its output (or counted, with no output)",
-                    each(&files.tx, true),
+                    column(written, |c| c.1),
                 ),
             ]
         }
@@ -906,6 +908,7 @@ fn serve_registry(addr: SocketAddr, registry: Registry) -> Result<(), String> {
             );
         }
     });
+    log::info!("metrics on http://{addr}/metrics");
     Ok(())
 }
 
