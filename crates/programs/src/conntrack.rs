@@ -593,6 +593,13 @@ impl Program for Conntrack {
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
+        // The connections' slots of the whole burst are asked for first, so that their
+        // cache misses overlap instead of each packet waiting for its own.
+        for d in burst.descs() {
+            if tracked(&d.parsed.key) {
+                self.table.prefetch_key(&canonical(&d.parsed.key).0);
+            }
+        }
         for i in 0..burst.len() {
             let d = &burst.descs()[i];
             let key = d.parsed.key;

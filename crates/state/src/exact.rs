@@ -465,9 +465,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// looks ahead by this, as [`ExactTable::lookup_burst`] does).
     #[inline]
     pub fn prefetch_key(&self, key: &K) {
-        let home = self.split(key).0;
-        stateplane_mem::prefetch(&self.meta[home]);
-        stateplane_mem::prefetch(&self.slots[home]);
+        self.prefetch_slot(self.split(key).0);
     }
 
     /// Finds `key` without counting anything (control plane, tests), expired or not.
