@@ -26,7 +26,8 @@
 //!
 //! Invariant (Robin Hood): an occupied slot's `dist` is 1 + its distance from the slot its
 //! hash prefers, and along any probe sequence `dist` never rises by more than one from one
-//! slot to the next; an empty slot has `meta == 0`.
+//! slot to the next; an empty slot has `meta == 0`, and a slot's bit in `occupied` is set
+//! exactly when its `meta` is not 0.
 
 use crate::table_key::TableKey;
 
@@ -188,6 +189,10 @@ pub struct ExactTable<K: TableKey, V: Copy + Default + bytemuck::Zeroable> {
     /// Per slot: 0 empty, else `dist << 24 | tag` (tag: 24 hash bits).
     meta: Box<[u32]>,
     slots: Box<[Slot<K, V>]>,
+    /// A bit per slot, set while it holds an entry (`meta != 0`): what the sweep reads
+    /// (a 32nd of `meta`), so that walking a large table that holds few entries reads
+    /// little more than those entries.
+    occupied: Box<[u64]>,
     mask: usize,
     len: usize,
     capacity: usize,
@@ -227,7 +232,9 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         let slots = (capacity + capacity / 7 + 1).next_power_of_two() as u64;
         let slot = (std::mem::size_of::<Slot<K, V>>() + std::mem::size_of::<u32>()) as u64;
         let notifications = (capacity / 8 + 64) as u64;
-        slots * slot + notifications * std::mem::size_of::<Expired<K, V>>() as u64
+        slots * slot
+            + slots.div_ceil(64) * 8
+            + notifications * std::mem::size_of::<Expired<K, V>>() as u64
     }
 
     /// As [`ExactTable::new`]; `huge_pages` true asks for huge pages (for comparisons).
@@ -247,6 +254,9 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                 .0
                 .into_boxed_slice(),
             slots: stateplane_mem::lazy_zeroed_vec(slots, huge_pages)
+                .0
+                .into_boxed_slice(),
+            occupied: stateplane_mem::lazy_zeroed_vec(slots.div_ceil(64), false)
                 .0
                 .into_boxed_slice(),
             mask: slots - 1,
@@ -310,6 +320,24 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         if let Some(slot) = self.slots.get(i) {
             stateplane_mem::prefetch_whole(slot);
             stateplane_mem::prefetch(&self.meta[i]);
+        }
+    }
+
+    /// Whether slot `i` holds an entry, from the `occupied` bits.
+    #[inline]
+    fn is_occupied(&self, i: usize) -> bool {
+        self.occupied[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Sets slot `i`'s metadata, and its `occupied` bit to match.
+    #[inline]
+    fn set_meta(&mut self, i: usize, meta: u32) {
+        self.meta[i] = meta;
+        let bit = 1 << (i % 64);
+        if meta != 0 {
+            self.occupied[i / 64] |= bit;
+        } else {
+            self.occupied[i / 64] &= !bit;
         }
     }
 
@@ -685,7 +713,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             let m = self.meta[i];
             if m == 0 {
                 self.written(i, MOVED);
-                self.meta[i] = meta;
+                self.set_meta(i, meta);
                 self.slots[i] = carry;
                 self.len += 1;
                 self.stats.adds += 1;
@@ -758,6 +786,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             }
             std::mem::swap(&mut self.meta, &mut old.meta);
             std::mem::swap(&mut self.slots, &mut old.slots);
+            std::mem::swap(&mut self.occupied, &mut old.occupied);
             self.len = std::mem::take(&mut old.len);
             self.sweep_cursor = old.sweep_cursor;
             self.take_notifications_of(old);
@@ -806,7 +835,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         for i in 0..self.meta.len() {
             if self.meta[i] != 0 {
                 self.written(i, MOVED);
-                self.meta[i] = 0;
+                self.set_meta(i, 0);
             }
         }
         self.len = 0;
@@ -820,7 +849,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             let next = (i + 1) & self.mask;
             let m = self.meta[next];
             if m == 0 || (m >> TAG_BITS) == 1 {
-                self.meta[i] = 0;
+                self.set_meta(i, 0);
                 return;
             }
             self.meta[i] = m - (1 << TAG_BITS);
@@ -840,8 +869,9 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         // current slot, which is then looked at again without counting.
         while visited < budget.min(self.meta.len()) {
             let i = self.sweep_cursor;
-            // Empty slots cost one metadata read; only occupied ones touch the entry.
-            if self.meta[i] != 0 && self.slots[i].deadline_ns <= now_ns && !self.slots[i].notified {
+            // Empty slots cost a bit's read; only occupied ones touch the entry.
+            if self.is_occupied(i) && self.slots[i].deadline_ns <= now_ns && !self.slots[i].notified
+            {
                 let slot = self.slots[i];
                 let mode = self
                     .profiles
@@ -933,6 +963,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         let mut count = 0;
         for i in 0..self.meta.len() {
             let m = self.meta[i];
+            assert_eq!(self.is_occupied(i), m != 0, "slot {i}: occupied bit");
             if m == 0 {
                 continue;
             }
@@ -962,6 +993,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K
         ExactTable {
             meta: copy(&self.meta, empty),
             slots: copy(&self.slots, empty),
+            occupied: copy(&self.occupied, empty),
             mask: self.mask,
             len: self.len,
             capacity: self.capacity,
@@ -1011,6 +1043,7 @@ mod tests {
         for capacity in [1, 7, 1000, 65_536, 1 << 20] {
             let t: ExactTable<u64, [u64; 3]> = ExactTable::new(capacity, &profiles(), 1);
             let allocated = t.meta.len() * size_of::<u32>()
+                + t.occupied.len() * size_of::<u64>()
                 + t.slots.len() * size_of::<Slot<u64, [u64; 3]>>()
                 + t.notifications.capacity() * size_of::<Expired<u64, [u64; 3]>>();
             assert_eq!(
