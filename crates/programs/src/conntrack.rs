@@ -595,7 +595,8 @@ impl Program for Conntrack {
         self.forward.process(burst, ctx);
         // The connections' slots of the whole burst are asked for first, so that their
         // cache misses overlap instead of each packet waiting for its own.
-        for d in burst.descs() {
+        let prefetch = self.table.worth_prefetching();
+        for d in burst.descs().iter().filter(|_| prefetch) {
             if tracked(&d.parsed.key) {
                 self.table.prefetch_key(&canonical(&d.parsed.key).0);
             }
