@@ -595,9 +595,8 @@ impl Program for Conntrack {
         self.forward.process(burst, ctx);
         // The connections' slots of the whole burst are asked for first, so that their
         // cache misses overlap instead of each packet waiting for its own.
-        let prefetch = self.table.worth_prefetching();
-        for d in burst.descs().iter().filter(|_| prefetch) {
-            if tracked(&d.parsed.key) {
+        if self.table.worth_prefetching() {
+            for d in burst.descs().iter().filter(|d| tracked(&d.parsed.key)) {
                 self.table.prefetch_key(&canonical(&d.parsed.key).0);
             }
         }
@@ -920,6 +919,33 @@ mod tests {
             }
         }
         assert!(tcp_data > 50_000, "{tcp_data} full TCP segments");
+    }
+
+    /// Connections past what the cache holds take the path that asks for a burst's slots
+    /// first (`worth_prefetching`), and it tracks them as the other path does: each of
+    /// 60,000 handshakes ends established, and a stranger's ACK is still refused.
+    #[test]
+    fn a_table_past_the_cache_tracks_every_connection() {
+        let mut c = conntrack(1 << 17);
+        let ports = 1..=60_000u16;
+        for port in ports.clone() {
+            assert_eq!(send(&mut c, S, true, tcp(port, true, flags::SYN)), OUT);
+        }
+        assert!(c.table.worth_prefetching(), "{}", c.connections());
+        for port in ports.clone() {
+            let answer = tcp(port, false, flags::SYN | flags::ACK);
+            assert_eq!(send(&mut c, S, false, answer), IN);
+            assert_eq!(send(&mut c, S, true, tcp(port, true, flags::ACK)), OUT);
+        }
+        assert!(
+            ports
+                .clone()
+                .all(|p| state(&c, p) == Some(ConnState::Established))
+        );
+        assert_eq!(
+            send(&mut c, S, true, tcp(60_001, true, flags::ACK)),
+            Verdict::Drop(INVALID)
+        );
     }
 
     /// An ACK a day and a minute after an established connection's last packet (its

@@ -134,9 +134,12 @@ impl Program for Counter {
         self.forward.process(burst, ctx);
         // The flows' slots of the whole burst are asked for first, so that their cache
         // misses overlap instead of each packet waiting for its own.
-        let prefetch = self.flows.worth_prefetching();
-        for d in burst.descs().iter().filter(|_| prefetch) {
-            if !matches!(d.verdict, Verdict::Drop(_)) {
+        if self.flows.worth_prefetching() {
+            for d in burst
+                .descs()
+                .iter()
+                .filter(|d| !matches!(d.verdict, Verdict::Drop(_)))
+            {
                 self.flows.prefetch_key(&flow_of(&d.parsed));
             }
         }

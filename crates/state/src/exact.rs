@@ -492,7 +492,8 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// Whether a burst's lookups gain by asking for their slots first
     /// ([`ExactTable::prefetch_key`]): only once the entries outgrow the cache. Below that
     /// their slots are there already, and asking costs each packet a second hash of its key
-    /// (about 19 ns a packet for conntrack at 1,000 connections, docs/BENCHMARKS.md).
+    /// for nothing (conntrack's pass over a burst is most of the 85 instructions a packet
+    /// it adds at 100,000 connections, docs/BENCHMARKS.md).
     #[inline]
     pub fn worth_prefetching(&self) -> bool {
         /// About what a core's share of the last-level cache holds.
