@@ -593,13 +593,11 @@ impl Program for Conntrack {
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
-        // The connections' slots of the whole burst are asked for first, so that their
-        // cache misses overlap instead of each packet waiting for its own.
-        if self.table.worth_prefetching() {
-            for d in burst.descs().iter().filter(|d| tracked(&d.parsed.key)) {
-                self.table.prefetch_key(&canonical(&d.parsed.key).0);
-            }
-        }
+        self.table.prefetch_keys(
+            (burst.descs().iter())
+                .filter(|d| tracked(&d.parsed.key))
+                .map(|d| canonical(&d.parsed.key).0),
+        );
         for i in 0..burst.len() {
             let d = &burst.descs()[i];
             let key = d.parsed.key;

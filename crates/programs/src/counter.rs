@@ -132,17 +132,11 @@ impl Program for Counter {
 
     fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
         self.forward.process(burst, ctx);
-        // The flows' slots of the whole burst are asked for first, so that their cache
-        // misses overlap instead of each packet waiting for its own.
-        if self.flows.worth_prefetching() {
-            for d in burst
-                .descs()
-                .iter()
+        self.flows.prefetch_keys(
+            (burst.descs().iter())
                 .filter(|d| !matches!(d.verdict, Verdict::Drop(_)))
-            {
-                self.flows.prefetch_key(&flow_of(&d.parsed));
-            }
-        }
+                .map(|d| flow_of(&d.parsed)),
+        );
         for d in burst.descs_mut() {
             if matches!(d.verdict, Verdict::Drop(_)) {
                 continue;

@@ -501,6 +501,18 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         self.len * std::mem::size_of::<Slot<K, V>>() > CACHED_BYTES
     }
 
+    /// Hints that the slots of `keys` (a burst's, made only if it is worth it) will be
+    /// looked at soon, so that their cache misses overlap instead of each lookup waiting
+    /// for its own; nothing while the entries fit the cache ([`worth_prefetching`]).
+    ///
+    /// [`worth_prefetching`]: ExactTable::worth_prefetching
+    #[inline]
+    pub fn prefetch_keys(&self, keys: impl IntoIterator<Item = K>) {
+        if self.worth_prefetching() {
+            keys.into_iter().for_each(|key| self.prefetch_key(&key));
+        }
+    }
+
     /// Hints that `key`'s home slot will be looked at soon (a write placing many entries
     /// looks ahead by this, as [`ExactTable::lookup_burst`] does).
     #[inline]
