@@ -299,10 +299,18 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             return;
         };
         for (n, before) in written.before.iter().enumerate() {
-            if let Some(next) = written.before.get(n + AHEAD) {
-                self.prefetch_slot(next.slot);
-                // The marks too: a large table's are far apart as well.
+            // The marks first (a large table's are far apart as well), so that what a slot
+            // needs read is known by the time it is asked for: a value changed in place is
+            // read alone, one line of the slot's two or three, and not its metadata.
+            if let Some(next) = written.before.get(n + 2 * AHEAD) {
                 stateplane_mem::prefetch(&written.marks[next.slot]);
+            }
+            if let Some(next) = written.before.get(n + AHEAD) {
+                if written.marks[next.slot] == VALUE && next.entry.is_some() {
+                    stateplane_mem::prefetch(&self.slots[next.slot].value);
+                } else {
+                    self.prefetch_slot(next.slot);
+                }
             }
             let how = match std::mem::take(&mut written.marks[before.slot]) {
                 bits if bits & MOVED != 0 => SlotWrite::Moved,
@@ -321,6 +329,14 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             stateplane_mem::prefetch_whole(slot);
             stateplane_mem::prefetch(&self.meta[i]);
         }
+    }
+
+    /// The value slot `i` holds, without its metadata: for a slot known to hold an entry
+    /// (one whose value alone was written since it last had one, [`SlotWrite::Value`]).
+    /// An empty slot's reads as zero bytes.
+    #[inline]
+    pub fn value_in(&self, i: usize) -> Option<&V> {
+        self.slots.get(i).map(|s| &s.value)
     }
 
     /// Whether slot `i` holds an entry, from the `occupied` bits (tests check them).

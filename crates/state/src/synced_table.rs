@@ -284,15 +284,31 @@ impl TableSync {
         } = self;
         let stride = words.stride();
         table.take_written_slots(|table, slot, how, before| {
-            let entry = table.slot(slot);
-            // A value changed in place leaves the key as it was: its words are not read.
-            let moved = how == SlotWrite::Moved || entry.is_none() || before.is_none();
-            let encoded = |entry: Option<(&K, &V)>, out: &mut [u64]| match entry {
-                Some((k, v)) => encode(words, moved.then_some(k), v, out),
-                None => out.fill(0),
+            // A value changed in place has its entry there still (a slot an entry left is
+            // marked moved): only the value is read, one line of the slot, and only its
+            // action and parameter words can differ (the key's are left as they are).
+            let in_place = match (how, before) {
+                (SlotWrite::Value, Some((_, was))) => table.value_in(slot).map(|is| (was, is)),
+                _ => None,
             };
-            encoded(before.map(|(k, v)| (k, v)), then);
-            encoded(entry.map(|(k, v, _)| (k, v)), now);
+            let moved = match in_place {
+                Some((was, is)) => {
+                    encode(words, None, was, then);
+                    encode(words, None, is, now);
+                    false
+                }
+                None => {
+                    let entry = table.slot(slot);
+                    let moved = how == SlotWrite::Moved || entry.is_none() || before.is_none();
+                    let encoded = |entry: Option<(&K, &V)>, out: &mut [u64]| match entry {
+                        Some((k, v)) => encode(words, moved.then_some(k), v, out),
+                        None => out.fill(0),
+                    };
+                    encoded(before.map(|(k, v)| (k, v)), then);
+                    encoded(entry.map(|(k, v, _)| (k, v)), now);
+                    moved
+                }
+            };
             let key_words = 1..=words.key_words();
             for (w, (&then, &now)) in then.iter().zip(now.iter()).enumerate() {
                 if then != now && (moved || !key_words.contains(&w)) {
@@ -552,6 +568,81 @@ mod tests {
             for (i, &value) in out[..read].iter().enumerate() {
                 assert_eq!(value, word(first + i as u32), "word {}", first + i as u32);
             }
+        }
+    }
+
+    /// A take reports exactly the words that differ between the table's words before and
+    /// after: values changed in place (a count, the action), changed to what they were,
+    /// changed and then removed, entries added; read whole by `read_run` as the oracle.
+    #[test]
+    fn a_take_reports_exactly_the_words_that_changed() {
+        let mut table: ExactTable<u64, [u64; 2]> =
+            ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
+        let mut sync =
+            TableSync::start(3, SlotWords::of(&decl(), &["packets"]).unwrap(), &mut table).unwrap();
+        // The value's first number is its action, the second its first parameter.
+        let encode = |words: &SlotWords, k: Option<&u64>, v: &[u64; 2], out: &mut [u64]| {
+            let key = k.map(|&k| [u128::from(k), 9]);
+            words.encode(
+                v[0] as usize,
+                key.as_ref().map(|k| &k[..]),
+                &[v[1].into()],
+                out,
+            );
+        };
+        let all = |sync: &TableSync, table: &ExactTable<u64, [u64; 2]>| {
+            let mut words = vec![0; sync.length() as usize];
+            sync.read_run(table, encode, 0, &mut words);
+            words
+        };
+        type Step = fn(&mut ExactTable<u64, [u64; 2]>);
+        let steps: [(&str, Step); 5] = [
+            ("added", |t| {
+                for k in [11, 12, 13] {
+                    t.add_entry(k, [0, k], 0, 0).unwrap();
+                }
+            }),
+            ("counts changed in place", |t| {
+                let id = t.find_id(&11).unwrap();
+                t.value_mut(id)[1] += 5;
+                let id = t.find_id(&12).unwrap();
+                t.value_mut(id)[1] += 1;
+            }),
+            (
+                "a value changed and changed back, and the action changed",
+                |t| {
+                    let id = t.find_id(&11).unwrap();
+                    t.value_mut(id)[1] += 1;
+                    t.value_mut(id)[1] -= 1;
+                    let id = t.find_id(&13).unwrap();
+                    *t.value_mut(id) = [1, 13];
+                },
+            ),
+            ("a count changed, then its entry deleted", |t| {
+                let id = t.find_id(&12).unwrap();
+                t.value_mut(id)[1] += 1;
+                assert!(t.delete(&12));
+            }),
+            ("nothing", |_| {}),
+        ];
+        for (what, step) in steps {
+            let before = all(&sync, &table);
+            step(&mut table);
+            let after = all(&sync, &table);
+            let mut got = Vec::new();
+            sync.take_changes(&mut table, encode, &mut got);
+            let mut got: Vec<_> = got.iter().map(|c| (c.index, c.old, c.new)).collect();
+            let mut want: Vec<_> = (before.iter().zip(&after).enumerate())
+                .filter(|(_, (b, a))| b != a)
+                .map(|(i, (&b, &a))| (i as u32, b, a))
+                .collect();
+            got.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(got, want, "{what}");
+            assert!(
+                what == "nothing" || !want.is_empty(),
+                "{what} changes a word"
+            );
         }
     }
 
