@@ -256,7 +256,19 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
         .enumerate()
     {
         let entries = match kind {
-            Kind::Updates | Kind::Refresh => (0..5)
+            // A refresh reads locations in order: runs, its zeros a run of no value bytes.
+            Kind::Refresh => (0..40)
+                .map(|n| stateplane_sync::Update {
+                    location: stateplane_sync::Location { state: 0, index: n },
+                    value: if (5..35).contains(&n) {
+                        0
+                    } else {
+                        u64::from(n) << 40
+                    },
+                    threshold: 0,
+                })
+                .collect(),
+            Kind::Updates => (0..5)
                 .map(|n| stateplane_sync::Update {
                     location: stateplane_sync::Location {
                         state: 0,

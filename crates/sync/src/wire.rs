@@ -89,11 +89,13 @@ pub fn narrowest_width(value: u64) -> usize {
     }
 }
 
-/// Appends each value of `run` in `width` bytes (one of [`narrowest_width`]'s), big-endian:
-/// a copy of a fixed size per value, where a slice of the value's bytes would be a call to
-/// copy a length known only then (a run's values are most of a message's encoding).
+/// Appends each value of `run` in `width` bytes (one of [`narrowest_width`]'s, or 0 for a
+/// run of zeros), big-endian: a copy of a fixed size per value, where a slice of the
+/// value's bytes would be a call to copy a length known only then (a run's values are most
+/// of a message's encoding).
 fn put_values(run: &[Update], width: usize, out: &mut Vec<u8>) {
     match width {
+        0 => {}
         1 => out.extend(run.iter().map(|e| e.value as u8)),
         2 => run
             .iter()
@@ -115,41 +117,170 @@ fn continues_run(last: &Update, next: &Update) -> bool {
         && next.threshold == last.threshold
 }
 
+/// A run of a message's entries: `len` of them from the `start`-th, each value in `width`
+/// bytes (0: every value is 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    start: usize,
+    len: usize,
+    width: usize,
+}
+
+impl Run {
+    fn bytes(&self) -> usize {
+        RUN_HEADER_LEN + self.len * self.width
+    }
+}
+
+/// Cuts entries, pushed one by one, into runs: consecutive locations of one state with one
+/// threshold, and within them zeros in a row as runs of width 0 (no value bytes: a
+/// table's empty slots, most of a refresh of a large table) wherever that saves more
+/// bytes than the run headers the cut adds. The one cutting that both the encoder and
+/// [`EncodedSize`] follow, so that the size is the encoding's.
+#[derive(Clone, Debug)]
+struct RunCutter {
+    /// Whether zeros may go as runs of their own ([`cuts_zeros`]).
+    zero_runs: bool,
+    pushed: usize,
+    /// The run still open: its last entry, its length, the width its values take but for
+    /// the zeros that end it, and those zeros.
+    open: Option<(Update, usize, usize, usize)>,
+}
+
+/// Whether a message of `kind` sends zeros as runs of width 0. A write's do not: a write
+/// of zeros (a reset of a sketch) would then be one datagram whatever its size, which
+/// changes what the write experiments measure (docs/BENCHMARKS.md: a write's parts, the
+/// updates reordered while they travel); until those are measured again, a write's zeros
+/// go as values.
+fn cuts_zeros(kind: Kind) -> bool {
+    kind != Kind::Write
+}
+
+/// Whether `zeros` zeros go as a run of their own rather than as values `width` bytes
+/// wide, the cut adding `headers` run headers.
+fn cut_zeros(zeros: usize, width: usize, headers: usize) -> bool {
+    zeros * width.max(1) > headers * RUN_HEADER_LEN
+}
+
+impl RunCutter {
+    fn new(kind: Kind) -> RunCutter {
+        RunCutter {
+            zero_runs: cuts_zeros(kind),
+            pushed: 0,
+            open: None,
+        }
+    }
+
+    /// Takes the next entry; `closed` gets each run it ends.
+    fn push(&mut self, e: &Update, mut closed: impl FnMut(Run)) {
+        let at = self.pushed;
+        self.pushed += 1;
+        let zero = self.zero_runs && e.value == 0;
+        self.open = Some(match self.open {
+            Some((last, len, width, zeros)) if continues_run(&last, e) => {
+                if zero {
+                    (*e, len + 1, width, zeros + 1)
+                } else {
+                    // Zeros between values: cut out, the run goes on after them as a new
+                    // one (two headers more; one if they began it).
+                    let kept = width.max(narrowest_width(e.value));
+                    let headers = if len > zeros { 2 } else { 1 };
+                    if zeros > 0 && cut_zeros(zeros, kept, headers) {
+                        Self::close(at, (len, width, zeros), true, &mut closed);
+                        (*e, 1, narrowest_width(e.value), 0)
+                    } else {
+                        // The zeros stay values of this run, a byte each at least.
+                        (*e, len + 1, kept, 0)
+                    }
+                }
+            }
+            open => {
+                if let Some((_, len, width, zeros)) = open {
+                    Self::close_at_end(at, (len, width, zeros), &mut closed);
+                }
+                let width = if zero { 0 } else { narrowest_width(e.value) };
+                (*e, 1, width, usize::from(zero))
+            }
+        });
+    }
+
+    /// Ends the open run.
+    fn finish(&mut self, closed: impl FnMut(Run)) {
+        if let Some((_, len, width, zeros)) = self.open.take() {
+            Self::close_at_end(self.pushed, (len, width, zeros), closed);
+        }
+    }
+
+    /// The open run `(len, width, zeros)`, ended by the end of its locations: its zeros cut
+    /// out when that is shorter (always, when the run is all zeros).
+    fn close_at_end(end: usize, open: (usize, usize, usize), closed: impl FnMut(Run)) {
+        let (len, width, zeros) = open;
+        let cut = zeros > 0 && (len == zeros || cut_zeros(zeros, width, 1));
+        Self::close(end, open, cut, closed);
+    }
+
+    /// The run of `len` entries ending before entry `end`, whose last `zeros` are zeros and
+    /// the rest take `width` bytes each: one run, or with `cut` the rest and then the
+    /// zeros as a run of width 0.
+    fn close(end: usize, open: (usize, usize, usize), cut: bool, mut closed: impl FnMut(Run)) {
+        let (len, width, zeros) = open;
+        let start = end - len;
+        let head = len - zeros;
+        if cut {
+            if head > 0 {
+                closed(Run {
+                    start,
+                    len: head,
+                    width,
+                });
+            }
+            closed(Run {
+                start: end - zeros,
+                len: zeros,
+                width: 0,
+            });
+        } else {
+            let width = if zeros > 0 { width.max(1) } else { width };
+            closed(Run { start, len, width });
+        }
+    }
+}
+
 /// The size of a message of entries pushed one by one, as [`Message::encode`] writes it
 /// (runs where they are shorter): what lets a write be cut into parts of the most values
 /// a datagram carries.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct EncodedSize {
     count: usize,
-    /// The runs before the last one, in bytes.
+    cutter: RunCutter,
+    /// The runs closed so far, in bytes.
     closed_runs: usize,
-    /// The last entry, and its run's length and width.
-    run: Option<(Update, usize, usize)>,
 }
 
 impl EncodedSize {
+    /// The size of a message of `kind` with no entries yet.
+    pub fn of(kind: Kind) -> EncodedSize {
+        EncodedSize {
+            count: 0,
+            cutter: RunCutter::new(kind),
+            closed_runs: 0,
+        }
+    }
+
     pub fn push(&mut self, e: &Update) {
         self.count += 1;
-        let width = narrowest_width(e.value);
-        self.run = Some(match self.run {
-            Some((last, len, w)) if continues_run(&last, e) => (*e, len + 1, w.max(width)),
-            _ => {
-                self.closed_runs += self.last_run_bytes();
-                (*e, 1, width)
-            }
-        });
+        let closed_runs = &mut self.closed_runs;
+        self.cutter.push(e, |run| *closed_runs += run.bytes());
     }
 
     pub fn count(&self) -> usize {
         self.count
     }
 
-    fn last_run_bytes(&self) -> usize {
-        self.run.map_or(0, |(_, len, w)| RUN_HEADER_LEN + len * w)
-    }
-
     fn runs_bytes(&self) -> usize {
-        self.closed_runs + self.last_run_bytes()
+        let mut open = 0;
+        self.cutter.clone().finish(|run| open += run.bytes());
+        self.closed_runs + open
     }
 
     fn as_runs(&self) -> bool {
@@ -385,7 +516,7 @@ impl Message {
     /// Appends the message's bytes to `out`, ending with a MAC made with `key` if given.
     pub fn encode_with(&self, key: Option<&Key>, out: &mut Vec<u8>) {
         let start = out.len();
-        let mut size = EncodedSize::default();
+        let mut size = EncodedSize::of(self.kind);
         self.entries.iter().for_each(|e| size.push(e));
         let runs = size.as_runs();
         out.reserve(size.bytes() + MAC_LEN);
@@ -405,26 +536,22 @@ impl Message {
         out.extend_from_slice(&self.sent_ns.to_be_bytes());
         out.extend_from_slice(&self.t_max.to_be_bytes());
         if runs {
-            let mut rest = &self.entries[..];
-            while let Some(first) = rest.first() {
-                let len = 1
-                    + (rest.windows(2))
-                        .take_while(|pair| continues_run(&pair[0], &pair[1]))
-                        .count();
-                let (run, after) = rest.split_at(len);
-                let width = run
-                    .iter()
-                    .map(|e| narrowest_width(e.value))
-                    .max()
-                    .unwrap_or(1);
+            let entries = &self.entries;
+            let mut put = |run: Run| {
+                let values = &entries[run.start..run.start + run.len];
+                let first = &values[0];
                 out.extend_from_slice(&first.location.state.to_be_bytes());
-                out.extend_from_slice(&[width as u8, 0]);
+                out.extend_from_slice(&[run.width as u8, 0]);
                 out.extend_from_slice(&first.location.index.to_be_bytes());
-                out.extend_from_slice(&(len as u32).to_be_bytes());
+                out.extend_from_slice(&(run.len as u32).to_be_bytes());
                 out.extend_from_slice(&first.threshold.to_be_bytes());
-                put_values(run, width, out);
-                rest = after;
+                put_values(values, run.width, out);
+            };
+            let mut cutter = RunCutter::new(self.kind);
+            for e in entries {
+                cutter.push(e, &mut put);
             }
+            cutter.finish(put);
         } else {
             for e in &self.entries {
                 out.extend_from_slice(&e.location.state.to_be_bytes());
@@ -570,11 +697,9 @@ impl Message {
             need: r.at + len,
             have: r.bytes.len(),
         };
-        // A run's value takes a byte at least: `n` cannot ask for more than the bytes hold.
-        if r.left() < n {
-            return Err(truncated(r, n));
-        }
-        let mut entries = Vec::with_capacity(n);
+        // Room for as many entries as the bytes could hold as values (a run of zeros holds
+        // any number in its header alone; `n` is 65,535 at most).
+        let mut entries = Vec::with_capacity(n.min(r.left()));
         while entries.len() < n {
             if r.left() < RUN_HEADER_LEN {
                 return Err(truncated(r, RUN_HEADER_LEN));
@@ -587,7 +712,7 @@ impl Message {
             let fits = len > 0
                 && len <= n - entries.len()
                 && first.checked_add(len as u32 - 1).is_some()
-                && matches!(width, 1 | 2 | 4 | 8);
+                && matches!(width, 0 | 1 | 2 | 4 | 8);
             if !fits {
                 return Err(DecodeError::Run);
             }
@@ -737,7 +862,7 @@ mod tests {
             at(2, 13, 6, 9),
         ];
         let size = |entries: &[Update]| {
-            let mut size = EncodedSize::default();
+            let mut size = EncodedSize::of(m.kind);
             entries.iter().for_each(|e| size.push(e));
             size.bytes()
         };
@@ -767,6 +892,54 @@ mod tests {
 
     /// Each fault of a run is refused by reason, and every cut is refused.
     #[test]
+    fn zeros_between_values_go_as_a_run_of_no_value_bytes() {
+        let mut m = message(0);
+        m.entries = (0..100u32)
+            .map(|i| Update {
+                location: Location { state: 1, index: i },
+                value: match i {
+                    0..10 => u64::from(i) + 1,
+                    10..90 => 0,
+                    _ => u64::MAX,
+                },
+                threshold: 0,
+            })
+            .collect();
+        let mut bytes = Vec::new();
+        m.encode(&mut bytes);
+        // Ten values of a byte, eighty zeros in a header alone, ten of eight bytes (one
+        // run of 100 eight-byte values took 820 bytes).
+        let runs = (RUN_HEADER_LEN + 10) + RUN_HEADER_LEN + (RUN_HEADER_LEN + 80);
+        assert_eq!(bytes.len(), HEADER_LEN + runs);
+        assert_eq!(
+            bytes[HEADER_LEN + RUN_HEADER_LEN + 10 + 2],
+            0,
+            "the zeros' width"
+        );
+        assert_eq!(Message::decode(&bytes), Ok(m.clone()));
+        // A write's zeros go as values (see `cuts_zeros`).
+        let write = Message {
+            kind: Kind::Write,
+            ..m.clone()
+        };
+        bytes.clear();
+        write.encode(&mut bytes);
+        assert_eq!(bytes.len(), HEADER_LEN + RUN_HEADER_LEN + 100 * 8);
+        assert_eq!(Message::decode(&bytes), Ok(write));
+        // A few zeros stay values of their run: a cut would cost more headers than they.
+        m.entries[10..90].iter_mut().for_each(|e| e.value = 1);
+        m.entries[40..44].iter_mut().for_each(|e| e.value = 0);
+        bytes.clear();
+        m.encode(&mut bytes);
+        assert_eq!(
+            bytes.len(),
+            HEADER_LEN + RUN_HEADER_LEN + 100 * 8,
+            "one run"
+        );
+        assert_eq!(Message::decode(&bytes), Ok(m));
+    }
+
+    #[test]
     fn malformed_runs_are_refused_by_reason() {
         let mut m = message(0);
         m.entries = (0..30)
@@ -789,7 +962,9 @@ mod tests {
             Message::decode(&bad).map_err(|e| e.reason())
         };
         assert_eq!(with(run + 2, &[3]), Err("bad_run"), "width 3");
-        assert_eq!(with(run + 2, &[0]), Err("bad_run"), "width 0");
+        assert_eq!(with(run + 2, &[5]), Err("bad_run"), "width 5");
+        // Width 0 is a run of zeros, with no value bytes: the values are then left over.
+        assert_eq!(with(run + 2, &[0]), Err("trailing_bytes"), "width 0");
         assert_eq!(with(run + 3, &[1]), Err("reserved_not_zero"));
         assert_eq!(with(run + 8, &[0, 0, 0, 0]), Err("bad_run"), "length 0");
         assert_eq!(
@@ -914,6 +1089,46 @@ mod tests {
             }
         }
 
+        /// Runs of values and zeros, as a refresh of a table reads them, round-trip at the
+        /// size counted, and take no more bytes than maximal runs each as wide as its
+        /// widest value (the encoding before zeros could go as runs of width 0).
+        #[test]
+        fn zeros_cut_out_of_runs_round_trip_and_only_ever_save_bytes(
+            pieces in proptest::collection::vec((0..4u8, 1..40usize, 0..3u32), 1..30)
+        ) {
+            let mut m = message(0);
+            let mut index = 0u32;
+            for (i, &(kind, len, gap)) in pieces.iter().enumerate() {
+                index += gap;
+                for j in 0..len {
+                    let value = match kind {
+                        0 => 0,
+                        1 => (i + j) as u64 % 3,
+                        2 => 200 + j as u64,
+                        _ => u64::MAX - j as u64,
+                    };
+                    m.entries.push(Update {
+                        location: Location { state: 1, index },
+                        value,
+                        threshold: 0,
+                    });
+                    index += 1;
+                }
+            }
+            let mut size = EncodedSize::of(m.kind);
+            m.entries.iter().for_each(|e| size.push(e));
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            prop_assert_eq!(bytes.len(), size.bytes());
+            let mut widest_runs = HEADER_LEN;
+            for run in m.entries.chunk_by(continues_run) {
+                let width = run.iter().map(|e| narrowest_width(e.value)).max().unwrap_or(1);
+                widest_runs += RUN_HEADER_LEN + run.len() * width;
+            }
+            prop_assert!(bytes.len() <= widest_runs.min(HEADER_LEN + m.entries.len() * ENTRY_LEN));
+            prop_assert_eq!(Message::decode(&bytes), Ok(m));
+        }
+
         /// Any entries round-trip, in the encoding `EncodedSize` says, of the size it says.
         #[test]
         fn any_entries_round_trip_at_the_size_counted(
@@ -927,7 +1142,7 @@ mod tests {
                     threshold,
                 })
                 .collect();
-            let mut size = EncodedSize::default();
+            let mut size = EncodedSize::of(m.kind);
             m.entries.iter().for_each(|e| size.push(e));
             let mut bytes = Vec::new();
             m.encode(&mut bytes);

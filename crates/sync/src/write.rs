@@ -324,14 +324,14 @@ impl WriteEngine {
         // Each part made at its size once its end is known: a large write's parts are
         // megabytes, which growing would copy and map afresh.
         let mut parts = Vec::new();
-        let (mut first, mut size) = (0, EncodedSize::default());
+        let (mut first, mut size) = (0, EncodedSize::of(Kind::Write));
         for (i, w) in values.iter().enumerate() {
             size.push(&update(w));
             let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
             if !fits && i > first {
                 parts.push(values[first..i].iter().map(update).collect());
                 first = i;
-                size = EncodedSize::default();
+                size = EncodedSize::of(Kind::Write);
                 size.push(&update(w));
             }
         }
