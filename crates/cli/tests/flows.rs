@@ -215,6 +215,38 @@ fn a_full_flow_table_is_reported_with_its_fix() {
     assert!(early > 0 && early <= evicted, "{early} of {evicted}");
 }
 
+/// `flows --csv - | head`: the reader closing the pipe ends the records quietly, as a
+/// shell pipeline's writer does, and the run still succeeds and says where it stopped.
+#[test]
+fn a_reader_closing_standard_output_is_no_failure() {
+    use std::io::BufRead;
+    let trace = tmp("reader-gone.pcap");
+    generate(20_000, 5, &trace);
+    let mut child = bin()
+        .args(["flows", "-i"])
+        .arg(&trace)
+        .args(["--csv", "-"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("src,dst,"), "{first}");
+    // The reader goes, with the records still coming (far more than a pipe holds).
+    let out = child.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{summary}");
+    assert!(
+        summary.contains("then its reader closed the pipe"),
+        "{summary}"
+    );
+    assert!(!summary.contains("error"), "{summary}");
+}
+
 /// A TCP collector on `listener`: the bytes of its first connection, until the exporter
 /// closes it (or 60 s pass without one).
 fn tcp_collector(listener: std::net::TcpListener) -> std::thread::JoinHandle<Vec<u8>> {

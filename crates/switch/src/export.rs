@@ -190,6 +190,10 @@ pub struct SinkReport {
     pub recovered: u64,
     /// The first error, after which the sink wrote nothing more.
     pub error: Option<String>,
+    /// Standard output: its reader closed the pipe (as `head` does once it has its
+    /// lines), after which the sink wrote nothing more. Not an error: the reader has
+    /// what it wanted.
+    pub reader_gone: bool,
     /// IPFIX over UDP paced by its collector's socket queue: what it saw of it.
     pub collector: Option<CollectorQueue>,
 }
@@ -580,6 +584,8 @@ struct Sink {
     /// their own, since they may lose what was written).
     records: u64,
     error: Option<String>,
+    /// Standard output's reader closed the pipe (see [`SinkReport::reader_gone`]).
+    reader_gone: bool,
 }
 
 /// A file sink, or standard output (`None`).
@@ -703,6 +709,7 @@ impl Sink {
             bytes: 0,
             records: 0,
             error: None,
+            reader_gone: false,
         };
         Ok((sink, format))
     }
@@ -710,7 +717,7 @@ impl Sink {
     /// Writes bytes (a UDP sink may hold them for its next send), keeping the first error
     /// (a sink that fails stops; the others go on).
     fn write(&mut self, now: Instant, bytes: &[u8], records: u32) {
-        if self.error.is_some() {
+        if self.error.is_some() || self.reader_gone {
             return;
         }
         let r = match &mut self.out {
@@ -749,8 +756,20 @@ impl Sink {
                 self.units += units as u64;
                 self.bytes += bytes as u64;
             }
-            Err(e) if self.error.is_none() => self.error = Some(e.to_string()),
-            Err(_) => {}
+            Err(e) => self.failed(e),
+        }
+    }
+
+    /// Keeps the first error; standard output's reader going away (`flows --csv - |
+    /// head`) is none: the sink stops, as a shell pipeline's writer does, and says so.
+    fn failed(&mut self, e: std::io::Error) {
+        if self.error.is_some() || self.reader_gone {
+            return;
+        }
+        if matches!(self.out, Out::Stream(_)) && e.kind() == std::io::ErrorKind::BrokenPipe {
+            self.reader_gone = true;
+        } else {
+            self.error = Some(e.to_string());
         }
     }
 
@@ -771,10 +790,8 @@ impl Sink {
             Out::Tcp(tcp) => tcp.flush(now),
             Out::File(f) => f.flush(),
             Out::Stream(w) => {
-                if let Err(e) = w.flush()
-                    && self.error.is_none()
-                {
-                    self.error = Some(e.to_string());
+                if let Err(e) = w.flush() {
+                    self.failed(e);
                 }
             }
             Out::Udp(_) => {}
@@ -808,9 +825,11 @@ impl Sink {
             bytes,
             records,
             mut error,
+            reader_gone,
         } = self;
         let mut report = SinkReport {
             records,
+            reader_gone,
             ..SinkReport::default()
         };
         match out {

@@ -378,7 +378,7 @@ impl FlowReport {
                 "spooled_messages": s.spooled, "disk_recovered": s.recovered,
                 "spool": (s.spool.as_ref()).map(|(path, records)| serde_json::json!({
                     "file": path, "records_waiting": records})),
-                "unreachable": s.unreachable, "error": s.error,
+                "unreachable": s.unreachable, "error": s.error, "reader_gone": s.reader_gone,
                 "collector_queue": collector})
             })
             .collect();
@@ -434,6 +434,11 @@ impl FlowReport {
             let (name, units, bytes) = (&sink.name, sink.units, sink.bytes);
             let records = sink.records;
             let _ = match &sink.error {
+                None if sink.reader_gone => write!(
+                    s,
+                    "{name}: {units} messages/lines, {records} records, {bytes} bytes, then \
+                     its reader closed the pipe"
+                ),
                 None => write!(
                     s,
                     "{name}: {units} messages/lines, {records} records, {bytes} bytes"
