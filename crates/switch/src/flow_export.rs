@@ -434,14 +434,14 @@ impl FlowReport {
             let (name, units, bytes) = (&sink.name, sink.units, sink.bytes);
             let records = sink.records;
             let _ = match &sink.error {
-                None if sink.reader_gone => write!(
-                    s,
-                    "{name}: {units} messages/lines, {records} records, {bytes} bytes, then \
-                     its reader closed the pipe"
-                ),
                 None => write!(
                     s,
-                    "{name}: {units} messages/lines, {records} records, {bytes} bytes"
+                    "{name}: {units} messages/lines, {records} records, {bytes} bytes{}",
+                    if sink.reader_gone {
+                        ", then its reader closed the pipe"
+                    } else {
+                        ""
+                    }
                 ),
                 Some(e) => write!(s, "{name}: FAILED after {units} messages: {e}"),
             };

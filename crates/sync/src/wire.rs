@@ -142,9 +142,18 @@ struct RunCutter {
     /// Whether zeros may go as runs of their own ([`cuts_zeros`]).
     zero_runs: bool,
     pushed: usize,
-    /// The run still open: its last entry, its length, the width its values take but for
-    /// the zeros that end it, and those zeros.
-    open: Option<(Update, usize, usize, usize)>,
+    open: Option<OpenRun>,
+}
+
+/// The run a [`RunCutter`] has not closed yet.
+#[derive(Clone, Copy, Debug)]
+struct OpenRun {
+    last: Update,
+    len: usize,
+    /// The width its values take but for the zeros that end it (0: none but them).
+    width: usize,
+    /// The zeros that end it.
+    zeros: usize,
 }
 
 /// Whether a message of `kind` sends zeros as runs of width 0. A write's do not: a write
@@ -176,54 +185,71 @@ impl RunCutter {
         let at = self.pushed;
         self.pushed += 1;
         let zero = self.zero_runs && e.value == 0;
+        let fresh = OpenRun {
+            last: *e,
+            len: 1,
+            width: if zero { 0 } else { narrowest_width(e.value) },
+            zeros: usize::from(zero),
+        };
         self.open = Some(match self.open {
-            Some((last, len, width, zeros)) if continues_run(&last, e) => {
+            Some(open) if continues_run(&open.last, e) => {
+                let len = open.len + 1;
                 if zero {
-                    (*e, len + 1, width, zeros + 1)
+                    OpenRun {
+                        last: *e,
+                        len,
+                        zeros: open.zeros + 1,
+                        ..open
+                    }
                 } else {
                     // Zeros between values: cut out, the run goes on after them as a new
                     // one (two headers more; one if they began it).
-                    let kept = width.max(narrowest_width(e.value));
-                    let headers = if len > zeros { 2 } else { 1 };
-                    if zeros > 0 && cut_zeros(zeros, kept, headers) {
-                        Self::close(at, (len, width, zeros), true, &mut closed);
-                        (*e, 1, narrowest_width(e.value), 0)
+                    let kept = open.width.max(narrowest_width(e.value));
+                    let headers = if open.len > open.zeros { 2 } else { 1 };
+                    if open.zeros > 0 && cut_zeros(open.zeros, kept, headers) {
+                        Self::close(at, &open, true, &mut closed);
+                        fresh
                     } else {
                         // The zeros stay values of this run, a byte each at least.
-                        (*e, len + 1, kept, 0)
+                        OpenRun {
+                            last: *e,
+                            len,
+                            width: kept,
+                            zeros: 0,
+                        }
                     }
                 }
             }
             open => {
-                if let Some((_, len, width, zeros)) = open {
-                    Self::close_at_end(at, (len, width, zeros), &mut closed);
+                if let Some(open) = open {
+                    Self::close_at_end(at, &open, &mut closed);
                 }
-                let width = if zero { 0 } else { narrowest_width(e.value) };
-                (*e, 1, width, usize::from(zero))
+                fresh
             }
         });
     }
 
     /// Ends the open run.
     fn finish(&mut self, closed: impl FnMut(Run)) {
-        if let Some((_, len, width, zeros)) = self.open.take() {
-            Self::close_at_end(self.pushed, (len, width, zeros), closed);
+        if let Some(open) = self.open.take() {
+            Self::close_at_end(self.pushed, &open, closed);
         }
     }
 
-    /// The open run `(len, width, zeros)`, ended by the end of its locations: its zeros cut
-    /// out when that is shorter (always, when the run is all zeros).
-    fn close_at_end(end: usize, open: (usize, usize, usize), closed: impl FnMut(Run)) {
-        let (len, width, zeros) = open;
-        let cut = zeros > 0 && (len == zeros || cut_zeros(zeros, width, 1));
+    /// `open`, ended by the end of its locations: its zeros cut out when that is shorter
+    /// (always, when the run is all zeros).
+    fn close_at_end(end: usize, open: &OpenRun, closed: impl FnMut(Run)) {
+        let cut =
+            open.zeros > 0 && (open.len == open.zeros || cut_zeros(open.zeros, open.width, 1));
         Self::close(end, open, cut, closed);
     }
 
-    /// The run of `len` entries ending before entry `end`, whose last `zeros` are zeros and
-    /// the rest take `width` bytes each: one run, or with `cut` the rest and then the
-    /// zeros as a run of width 0.
-    fn close(end: usize, open: (usize, usize, usize), cut: bool, mut closed: impl FnMut(Run)) {
-        let (len, width, zeros) = open;
+    /// `open`, whose last entry is the one before entry `end`: one run, or with `cut` its
+    /// values and then its zeros as a run of width 0.
+    fn close(end: usize, open: &OpenRun, cut: bool, mut closed: impl FnMut(Run)) {
+        let OpenRun {
+            len, width, zeros, ..
+        } = *open;
         let start = end - len;
         let head = len - zeros;
         if cut {
@@ -890,7 +916,8 @@ mod tests {
         assert_eq!(Message::decode(&bytes), Ok(m));
     }
 
-    /// Each fault of a run is refused by reason, and every cut is refused.
+    /// Zeros between values go as a run of their own, with no value bytes, where that is
+    /// shorter; in a write, and where a cut costs more than it saves, as values.
     #[test]
     fn zeros_between_values_go_as_a_run_of_no_value_bytes() {
         let mut m = message(0);
@@ -939,6 +966,7 @@ mod tests {
         assert_eq!(Message::decode(&bytes), Ok(m));
     }
 
+    /// Each fault of a run is refused by reason, and every cut is refused.
     #[test]
     fn malformed_runs_are_refused_by_reason() {
         let mut m = message(0);
