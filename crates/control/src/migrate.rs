@@ -147,7 +147,7 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
         .map_or(0, |&(_, length)| length);
     let length = locations_to_read(extent, entry_words)?;
     // What moves is kept as it is read (a table's occupied slots), not the whole copy.
-    let mut moves = Moves::new(entry_words as usize);
+    let mut moves = Moves::new(entry_words as usize, length as usize);
     let (mut largest_bound, mut unbounded, mut first_unbounded) = (0, 0u64, None);
     let read = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
         moves.push(reading.value);
@@ -191,11 +191,13 @@ struct Moves {
 }
 
 impl Moves {
-    fn new(entry_words: usize) -> Moves {
+    /// Room for `locations` values, so that the values are never copied to grow (a
+    /// table's are megabytes; the room left unused is never touched).
+    fn new(entry_words: usize, locations: usize) -> Moves {
         Moves {
             entry_words: entry_words.max(1),
             in_slot: 0,
-            values: Vec::new(),
+            values: Vec::with_capacity(locations),
         }
     }
 
@@ -254,7 +256,7 @@ mod tests {
     #[test]
     fn a_table_moves_its_occupied_slots_and_a_register_every_value() {
         let moved = |values: &[u64], entry_words| {
-            let mut moves = Moves::new(entry_words);
+            let mut moves = Moves::new(entry_words, values.len());
             values.iter().for_each(|&v| moves.push(v));
             moves.values()
         };

@@ -180,53 +180,42 @@ impl RunCutter {
         }
     }
 
-    /// Takes the next entry; `closed` gets each run it ends.
+    /// Takes the next entry; `closed` gets each run it ends. The run going on is changed
+    /// in place: a write's or a refresh's entries are mostly that.
+    #[inline]
     fn push(&mut self, e: &Update, mut closed: impl FnMut(Run)) {
         let at = self.pushed;
         self.pushed += 1;
         let zero = self.zero_runs && e.value == 0;
-        let fresh = OpenRun {
-            last: *e,
-            len: 1,
-            width: if zero { 0 } else { narrowest_width(e.value) },
-            zeros: usize::from(zero),
-        };
-        self.open = Some(match self.open {
-            Some(open) if continues_run(&open.last, e) => {
-                let len = open.len + 1;
-                if zero {
-                    OpenRun {
-                        last: *e,
-                        len,
-                        zeros: open.zeros + 1,
-                        ..open
-                    }
-                } else {
-                    // Zeros between values: cut out, the run goes on after them as a new
-                    // one (two headers more; one if they began it).
-                    let kept = open.width.max(narrowest_width(e.value));
-                    let headers = if open.len > open.zeros { 2 } else { 1 };
-                    if open.zeros > 0 && cut_zeros(open.zeros, kept, headers) {
-                        Self::close(at, &open, true, &mut closed);
-                        fresh
-                    } else {
-                        // The zeros stay values of this run, a byte each at least.
-                        OpenRun {
-                            last: *e,
-                            len,
-                            width: kept,
-                            zeros: 0,
-                        }
-                    }
+        if let Some(open) = &mut self.open
+            && continues_run(&open.last, e)
+        {
+            if zero {
+                open.zeros += 1;
+            } else if open.zeros == 0 {
+                open.width = open.width.max(narrowest_width(e.value));
+            } else {
+                let kept = open.width.max(narrowest_width(e.value));
+                // Zeros between values: cut out, the run goes on after them as a new one
+                // (two headers more; one if they began it).
+                let headers = if open.len > open.zeros { 2 } else { 1 };
+                if cut_zeros(open.zeros, kept, headers) {
+                    Self::close(at, open, true, &mut closed);
+                    *open = OpenRun::fresh(e, false);
+                    return;
                 }
+                // The zeros stay values of this run, a byte each at least.
+                open.width = kept;
+                open.zeros = 0;
             }
-            open => {
-                if let Some(open) = open {
-                    Self::close_at_end(at, &open, &mut closed);
-                }
-                fresh
-            }
-        });
+            open.last = *e;
+            open.len += 1;
+            return;
+        }
+        if let Some(open) = &self.open {
+            Self::close_at_end(at, open, &mut closed);
+        }
+        self.open = Some(OpenRun::fresh(e, zero));
     }
 
     /// Ends the open run.
@@ -236,39 +225,66 @@ impl RunCutter {
         }
     }
 
-    /// `open`, ended by the end of its locations: its zeros cut out when that is shorter
-    /// (always, when the run is all zeros).
-    fn close_at_end(end: usize, open: &OpenRun, closed: impl FnMut(Run)) {
-        let cut =
-            open.zeros > 0 && (open.len == open.zeros || cut_zeros(open.zeros, open.width, 1));
-        Self::close(end, open, cut, closed);
+    /// `open`, ended by the end of its locations (see [`OpenRun::runs_at_end`]).
+    fn close_at_end(end: usize, open: &OpenRun, mut closed: impl FnMut(Run)) {
+        open.runs_at_end(end)
+            .into_iter()
+            .flatten()
+            .for_each(&mut closed);
     }
 
-    /// `open`, whose last entry is the one before entry `end`: one run, or with `cut` its
-    /// values and then its zeros as a run of width 0.
+    /// `open`, whose last entry is the one before entry `end` (see [`OpenRun::runs`]).
     fn close(end: usize, open: &OpenRun, cut: bool, mut closed: impl FnMut(Run)) {
+        open.runs(end, cut)
+            .into_iter()
+            .flatten()
+            .for_each(&mut closed);
+    }
+}
+
+impl OpenRun {
+    /// A run of `e` alone (`zero`: a zero that may go as a run of width 0).
+    fn fresh(e: &Update, zero: bool) -> OpenRun {
+        OpenRun {
+            last: *e,
+            len: 1,
+            width: if zero { 0 } else { narrowest_width(e.value) },
+            zeros: usize::from(zero),
+        }
+    }
+
+    /// The runs it makes, its last entry the one before entry `end`: one run, or with
+    /// `cut` its values (if any) and then its zeros as a run of width 0.
+    fn runs(&self, end: usize, cut: bool) -> [Option<Run>; 2] {
         let OpenRun {
             len, width, zeros, ..
-        } = *open;
+        } = *self;
         let start = end - len;
         let head = len - zeros;
         if cut {
-            if head > 0 {
-                closed(Run {
-                    start,
-                    len: head,
-                    width,
-                });
-            }
-            closed(Run {
+            let values = (head > 0).then_some(Run {
+                start,
+                len: head,
+                width,
+            });
+            let zeros = Run {
                 start: end - zeros,
                 len: zeros,
                 width: 0,
-            });
+            };
+            [values, Some(zeros)]
         } else {
             let width = if zeros > 0 { width.max(1) } else { width };
-            closed(Run { start, len, width });
+            [Some(Run { start, len, width }), None]
         }
+    }
+
+    /// As [`OpenRun::runs`], ended by the end of its locations: its zeros cut out when that
+    /// is shorter (always, when the run is all zeros).
+    fn runs_at_end(&self, end: usize) -> [Option<Run>; 2] {
+        let cut =
+            self.zeros > 0 && (self.len == self.zeros || cut_zeros(self.zeros, self.width, 1));
+        self.runs(end, cut)
     }
 }
 
@@ -293,6 +309,7 @@ impl EncodedSize {
         }
     }
 
+    #[inline]
     pub fn push(&mut self, e: &Update) {
         self.count += 1;
         let closed_runs = &mut self.closed_runs;
@@ -303,24 +320,37 @@ impl EncodedSize {
         self.count
     }
 
+    /// The entries' bytes as runs, the open one ended here. A few sums, no copy: a
+    /// write's parts are cut by asking it after every value.
+    #[inline]
     fn runs_bytes(&self) -> usize {
-        let mut open = 0;
-        self.cutter.clone().finish(|run| open += run.bytes());
+        let open = (self.cutter.open.iter())
+            .flat_map(|open| open.runs_at_end(self.cutter.pushed))
+            .flatten()
+            .map(|run| run.bytes())
+            .sum::<usize>();
         self.closed_runs + open
     }
 
+    /// The entries' bytes, and whether they go as runs (where that is shorter).
+    #[inline]
+    fn entries_bytes(&self) -> (usize, bool) {
+        let runs = self.runs_bytes();
+        let entries = self.count * ENTRY_LEN;
+        match self.count <= MAX_RUN_ENTRIES && runs < entries {
+            true => (runs, true),
+            false => (entries, false),
+        }
+    }
+
     fn as_runs(&self) -> bool {
-        self.count <= MAX_RUN_ENTRIES && self.runs_bytes() < self.count * ENTRY_LEN
+        self.entries_bytes().1
     }
 
     /// The message's bytes, its header included, its MAC not.
+    #[inline]
     pub fn bytes(&self) -> usize {
-        HEADER_LEN
-            + if self.as_runs() {
-                self.runs_bytes()
-            } else {
-                self.count * ENTRY_LEN
-            }
+        HEADER_LEN + self.entries_bytes().0
     }
 }
 

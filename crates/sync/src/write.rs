@@ -316,27 +316,29 @@ impl WriteEngine {
     /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
     /// runs counted (a register's values in order take a few bytes each, not 24).
     fn parts_of(&self, values: &[Written]) -> Vec<Vec<Update>> {
-        let update = |w: &Written| Update {
-            location: w.location,
-            value: w.value,
-            threshold: w.mode as u64,
-        };
-        // Each part made at its size once its end is known: a large write's parts are
-        // megabytes, which growing would copy and map afresh.
         let mut parts = Vec::new();
-        let (mut first, mut size) = (0, EncodedSize::of(Kind::Write));
-        for (i, w) in values.iter().enumerate() {
-            size.push(&update(w));
+        let mut part: Vec<Update> = Vec::new();
+        let mut size = EncodedSize::of(Kind::Write);
+        for w in values {
+            let update = Update {
+                location: w.location,
+                value: w.value,
+                threshold: w.mode as u64,
+            };
+            size.push(&update);
             let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
-            if !fits && i > first {
-                parts.push(values[first..i].iter().map(update).collect());
-                first = i;
+            if !fits && !part.is_empty() {
+                // Each part made at its size once its end is known: a large write's parts
+                // are megabytes, which growing would copy and map afresh.
+                let next = Vec::with_capacity(part.len());
+                parts.push(std::mem::replace(&mut part, next));
                 size = EncodedSize::of(Kind::Write);
-                size.push(&update(w));
+                size.push(&update);
             }
+            part.push(update);
         }
         // An empty write is one empty part, so that it commits (and is seen to).
-        parts.push(values[first..].iter().map(update).collect());
+        parts.push(part);
         parts
     }
 
