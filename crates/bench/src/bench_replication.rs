@@ -8,7 +8,8 @@
 //! internet workload), `firewall` (its connections: written when a connection's state
 //! moves, read by the rest; on the datacenter workload's longer flows), `nat` (its
 //! translations, on the same workload from the inside: written when a connection is
-//! made or closes), `sgw` (its sessions, on the gtp workload: signaling writes, users'
+//! made or closes), `lb` (its connections, on the kv workload's requests to a VIP of four
+//! backends: written when a client's first request places it), `sgw` (its sessions, on the gtp workload: signaling writes, users'
 //! packets read) and `kv` (its cache: PUTs write, GETs read) at two update ratios.
 //!
 //! The run checks its work before it prints: every replicated run forwards as many packets
@@ -166,6 +167,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         ("counter", Workload::Internet, None),
         ("firewall", Workload::Datacenter, None),
         ("nat", Workload::Datacenter, None),
+        ("lb", Workload::Kv, None),
         ("sgw", Workload::Gtp, None),
         ("kv, 5% PUT", Workload::Kv, Some(0.95)),
         ("kv, 50% PUT", Workload::Kv, Some(0.5)),
@@ -174,6 +176,10 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         (cfg.seed, cfg.flows) = (a.seed, Some(a.flows));
         if let Some(share) = get_share {
             cfg.kv_get_share = share;
+        }
+        // The VIP is an IPv4 address: every request is to it.
+        if name == "lb" {
+            cfg.ipv6_share = 0.0;
         }
         let trace = dir.join(format!("{}.pcap", traces.len()));
         let (packets, flows) = write_trace(&cfg, &trace)?;
@@ -196,6 +202,19 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                  external = \"198.18.255.100\""
                     .to_owned(),
                 "translations",
+            ),
+            // Each client's requests to the VIP are a connection, placed on one of four
+            // backends by its first packet (written) and followed by the rest (read).
+            "lb" => (
+                format!(
+                    "[program]\nname = \"lb\"\n[program.lb]\nclients = \"p0\"\nservers = \"p1\"\n\
+                     [[program.lb.vips]]\naddress = \"{}\"\nport = {}\nproto = \"udp\"\n\
+                     backends = [{{ address = \"198.18.200.1\" }}, {{ address = \"198.18.200.2\" }}, \
+                     {{ address = \"198.18.200.3\" }}, {{ address = \"198.18.200.4\" }}]",
+                    stateplane_gen::KV_SERVER,
+                    stateplane_wire::kv_proto::PORT
+                ),
+                "connections",
             ),
             "sgw" => (
                 "[program]\nname = \"sgw\"\n[program.sgw]\naccess = \"p0\"\ncore = \"p1\"\n\

@@ -753,7 +753,8 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
 
 /// `bench-replication` runs each program unreplicated and replicated to both stores,
 /// checks the counts and the outputs, and writes its CSV: counter writes at every packet,
-/// the firewall and kv far less (their reads write nothing); bad flags are refused by name.
+/// the firewall, nat, lb, sgw and kv far less (their reads write nothing); bad flags are
+/// refused by name.
 #[test]
 fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
     let csv = tmp("replication.csv");
@@ -774,6 +775,7 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
         "counter",
         "firewall",
         "nat",
+        "lb",
         "sgw",
         "kv 5% PUT",
         "kv 50% PUT",
