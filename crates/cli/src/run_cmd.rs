@@ -204,9 +204,21 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             watched.input_bytes.load(Ordering::Relaxed)
         })
     });
-    let outcome = switch.run()?;
+    let outcome = switch.run();
     drop(progress);
-    crate::summary_output::print_summary(&outcome, args.json)?;
+    let outcome = match (outcome, &args.summary_file) {
+        (Ok(outcome), _) => outcome,
+        // A run that never ran has no summary: the file made to be sure of it goes, so that
+        // nothing (`stateplane report`) takes an empty file for one.
+        (Err(e), path) => {
+            drop(summary_file);
+            if let Some(path) = path {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+    };
+    // The file first: a summary printed to a closed standard output still leaves it.
     if let (Some(file), Some(path)) = (summary_file, &args.summary_file) {
         use std::io::Write;
         let mut out = std::io::BufWriter::new(file);
@@ -215,6 +227,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             .and_then(|()| out.flush());
         written.map_err(|e| format!("--summary-file {}: {e}", path.display()))?;
     }
+    crate::summary_output::print_summary(&outcome, args.json)?;
     if let Some(signal) = outcome.interrupted {
         crate::summary_output::end_interrupted(signal, outcome.error());
     }

@@ -2075,6 +2075,21 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
     );
 }
 
+/// A run that cannot start (an interface that is not there) writes no summary: the file
+/// `--summary-file` names, made before the run to be sure it can be, goes again, so that
+/// nothing takes an empty file for a run's summary.
+#[test]
+fn a_run_that_cannot_start_leaves_no_summary_file() {
+    let summary = tmp("never-ran.json");
+    let _ = std::fs::remove_file(&summary);
+    let path = summary.to_str().unwrap();
+    refused(
+        &["run", "forward", "-I", "nosuchif0", "--summary-file", path],
+        "there is no interface 'nosuchif0'",
+    );
+    assert!(!summary.exists(), "{path} is left behind");
+}
+
 /// What headless Chromium makes of `page` with `args` (the DOM after the page's scripts ran,
 /// or a screenshot).
 fn browse(page: &Path, args: &[&str]) -> String {
