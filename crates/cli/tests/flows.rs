@@ -247,6 +247,72 @@ fn a_reader_closing_standard_output_is_no_failure() {
     assert!(!summary.contains("error"), "{summary}");
 }
 
+/// On an interface too, the reader going ends the capture (`flows -I eth0 --csv - | head`,
+/// as tcpdump's would), where before the capture went on until it was stopped: records are
+/// all it makes. Traffic on loopback, a new flow every 10 ms for at most 20 s.
+#[test]
+fn a_reader_closing_standard_output_ends_a_live_capture() {
+    use std::io::BufRead;
+    let mut child = bin()
+        .args([
+            "flows",
+            "-I",
+            "lo",
+            "--csv",
+            "-",
+            "--inactive-timeout",
+            "0.2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let to = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let start = std::time::Instant::now();
+            while !done.load(std::sync::atomic::Ordering::Relaxed)
+                && start.elapsed() < std::time::Duration::from_secs(20)
+            {
+                // A socket of its own each time: a flow of its own.
+                let from = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                let _ = from.send_to(b"flow", to.local_addr().unwrap());
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })
+    };
+    let mut header = String::new();
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut header)
+        .unwrap();
+    assert!(header.starts_with("src,dst,"), "{header}");
+    // The reader is gone (its end of the pipe dropped with it).
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(15) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    sender.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&out.stderr).to_string();
+    let status = status.unwrap_or_else(|| panic!("still capturing 15 s on: {summary}"));
+    assert!(status.success(), "{summary}");
+    assert!(
+        summary.contains("then its reader closed the pipe"),
+        "{summary}"
+    );
+}
+
 /// A TCP collector on `listener`: the bytes of its first connection, until the exporter
 /// closes it (or 60 s pass without one).
 fn tcp_collector(listener: std::net::TcpListener) -> std::thread::JoinHandle<Vec<u8>> {

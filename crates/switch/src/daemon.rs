@@ -369,6 +369,11 @@ pub fn run(mut run: LiveRun) -> SetupResult<Outcome> {
     }
 
     let handle = Arc::new(RunHandle::new(workers));
+    // A run that only observes makes nothing but its records: once no sink has a reader
+    // (`flows -I eth0 --csv - | head`), it stops.
+    if let (IoChoice::Observe, Some(flows)) = (&run.io, &run.flows) {
+        flows.progress().stop_when_unread(handle.stop.clone());
+    }
     let reloading = Arc::new(Reloading {
         reload: Arc::new(Reload::new(run.factory.clone())),
         rebuild: Mutex::new(run.rebuild),

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod file_out;
@@ -105,6 +105,8 @@ pub struct ExportProgress {
     /// Records dropped because the exporter's queue was full (live runs).
     pub dropped: Arc<AtomicU64>,
     sinks: std::sync::Mutex<Vec<SinkProgress>>,
+    /// Raised once no sink has a reader left ([`ExportProgress::stop_when_unread`]).
+    stop_when_unread: std::sync::OnceLock<Arc<AtomicBool>>,
 }
 
 /// One sink's counts so far.
@@ -128,8 +130,22 @@ impl ExportProgress {
             .unwrap_or_else(|e| e.into_inner().clone())
     }
 
+    /// Raises `stop` once every sink is standard output whose reader closed the pipe: a
+    /// run whose records are its only output (`flows`) then has nothing left to do, and
+    /// ends as a shell pipeline's writer does (`flows -I eth0 --csv - | head`). A run that
+    /// forwards must not ask for this: its packets still go.
+    pub fn stop_when_unread(&self, stop: Arc<AtomicBool>) {
+        let _ = self.stop_when_unread.set(stop);
+    }
+
     fn publish(&self, records: u64, sinks: &[Sink]) {
         self.set(records, sinks.iter().map(Sink::so_far));
+        if !sinks.is_empty()
+            && sinks.iter().all(|s| s.reader_gone)
+            && let Some(stop) = self.stop_when_unread.get()
+        {
+            stop.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The sinks' counts at the end, once each has sent what it held.

@@ -346,6 +346,9 @@ impl FlowMonitor {
                 },
             )?;
         }
+        // Records are all it makes: once no sink has a reader, it stops (on interfaces, the
+        // daemon's run does the same).
+        export.progress().stop_when_unread(handle.stop.clone());
         // An interrupt stops the reading; the flows read so far end as at the inputs' end.
         let signals = SignalThread::start(handle.stop.clone(), None)?;
         let run = run_sharded(&runtime, sources, ports, &factory, &handle);
