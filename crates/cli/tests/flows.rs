@@ -219,7 +219,6 @@ fn a_full_flow_table_is_reported_with_its_fix() {
 /// shell pipeline's writer does, and the run still succeeds and says where it stopped.
 #[test]
 fn a_reader_closing_standard_output_is_no_failure() {
-    use std::io::BufRead;
     let trace = tmp("reader-gone.pcap");
     generate(20_000, 5, &trace);
     let mut child = bin()
@@ -230,13 +229,8 @@ fn a_reader_closing_standard_output_is_no_failure() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut first = String::new();
-    let stdout = child.stdout.take().unwrap();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut first)
-        .unwrap();
-    assert!(first.starts_with("src,dst,"), "{first}");
-    // The reader goes, with the records still coming (far more than a pipe holds).
+    read_the_header_and_go(&mut child);
+    // The reader is gone, with the records still coming (far more than a pipe holds).
     let out = child.wait_with_output().unwrap();
     let summary = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{summary}");
@@ -247,12 +241,23 @@ fn a_reader_closing_standard_output_is_no_failure() {
     assert!(!summary.contains("error"), "{summary}");
 }
 
+/// Reads the CSV header `child` writes to its standard output, then closes the pipe's
+/// reading end, as `head -1` would.
+fn read_the_header_and_go(child: &mut std::process::Child) {
+    use std::io::BufRead;
+    let mut header = String::new();
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut header)
+        .unwrap();
+    assert!(header.starts_with("src,dst,"), "{header}");
+}
+
 /// On an interface too, the reader going ends the capture (`flows -I eth0 --csv - | head`,
 /// as tcpdump's would), where before the capture went on until it was stopped: records are
 /// all it makes. Traffic on loopback, a new flow every 10 ms for at most 20 s.
 #[test]
 fn a_reader_closing_standard_output_ends_a_live_capture() {
-    use std::io::BufRead;
     let mut child = bin()
         .args([
             "flows",
@@ -283,13 +288,7 @@ fn a_reader_closing_standard_output_ends_a_live_capture() {
             }
         })
     };
-    let mut header = String::new();
-    let stdout = child.stdout.take().unwrap();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut header)
-        .unwrap();
-    assert!(header.starts_with("src,dst,"), "{header}");
-    // The reader is gone (its end of the pipe dropped with it).
+    read_the_header_and_go(&mut child);
     let start = std::time::Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
