@@ -206,13 +206,13 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     });
     let outcome = switch.run();
     drop(progress);
-    let outcome = match (outcome, &args.summary_file) {
-        (Ok(outcome), _) => outcome,
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
         // A run that never ran has no summary: the file made to be sure of it goes, so that
         // nothing (`stateplane report`) takes an empty file for one.
-        (Err(e), path) => {
+        Err(e) => {
             drop(summary_file);
-            if let Some(path) = path {
+            if let Some(path) = &args.summary_file {
                 let _ = std::fs::remove_file(path);
             }
             return Err(e);

@@ -316,8 +316,11 @@ impl WriteEngine {
     /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
     /// runs counted (a register's values in order take a few bytes each, not 24).
     fn parts_of(&self, values: &[Written]) -> Vec<Vec<Update>> {
+        // Each part has room from the start for about what it holds (as many as the part
+        // before it; the first, as many as a part counts): a large write's parts are
+        // megabytes, which growing would copy and map afresh.
         let mut parts = Vec::new();
-        let mut part: Vec<Update> = Vec::new();
+        let mut part: Vec<Update> = Vec::with_capacity(values.len().min(MAX_RUN_ENTRIES));
         let mut size = EncodedSize::of(Kind::Write);
         for w in values {
             let update = Update {
@@ -328,8 +331,6 @@ impl WriteEngine {
             size.push(&update);
             let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
             if !fits && !part.is_empty() {
-                // Each part made at its size once its end is known: a large write's parts
-                // are megabytes, which growing would copy and map afresh.
                 let next = Vec::with_capacity(part.len());
                 parts.push(std::mem::replace(&mut part, next));
                 size = EncodedSize::of(Kind::Write);
