@@ -53,8 +53,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub json: bool,
     /// Also write the summary as JSON to this file (what `stateplane report` gathers into
-    /// a page); created before the run starts, so that a path it cannot write is refused
-    /// at once.
+    /// a page): written beside it and renamed onto it once whole; the file beside it is
+    /// made before the run starts, so that a folder it cannot write is refused at once.
     #[arg(long, value_name = "FILE")]
     pub summary_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
@@ -192,11 +192,12 @@ pub fn main(args: RunArgs) -> CliResult<()> {
             control_pcap: args.control_pcap.clone(),
         },
     )?;
+    // The summary is written beside its path and renamed onto it at the end, so that a
+    // reader (`stateplane report`, a script polling for it) never sees half of one, and a
+    // run that never runs leaves what was there as it was. Made before the run, so that a
+    // folder that cannot be written is refused first.
     let summary_file = (args.summary_file.as_ref())
-        .map(|path| {
-            std::fs::File::create(path)
-                .map_err(|e| format!("--summary-file {}: {e}", path.display()))
-        })
+        .map(|path| SummaryFile::create(path))
         .transpose()?;
     let progress = (!switch.is_live()).then(|| {
         let watched = switch.handle();
@@ -208,24 +209,16 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     drop(progress);
     let outcome = match outcome {
         Ok(outcome) => outcome,
-        // A run that never ran has no summary: the file made to be sure of it goes, so that
-        // nothing (`stateplane report`) takes an empty file for one.
         Err(e) => {
-            drop(summary_file);
-            if let Some(path) = &args.summary_file {
-                let _ = std::fs::remove_file(path);
+            if let Some(file) = summary_file {
+                file.abandon();
             }
             return Err(e);
         }
     };
     // The file first: a summary printed to a closed standard output still leaves it.
-    if let (Some(file), Some(path)) = (summary_file, &args.summary_file) {
-        use std::io::Write;
-        let mut out = std::io::BufWriter::new(file);
-        let written = serde_json::to_writer_pretty(&mut out, &outcome.to_json())
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.flush());
-        written.map_err(|e| format!("--summary-file {}: {e}", path.display()))?;
+    if let Some(file) = summary_file {
+        file.write(&outcome.to_json())?;
     }
     crate::summary_output::print_summary(&outcome, args.json)?;
     if let Some(signal) = outcome.interrupted {
@@ -235,4 +228,51 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     }
     outcome.error().map_or(Ok(()), Err)
+}
+
+/// `run --summary-file PATH`: the summary written into a file beside `PATH`, renamed onto
+/// it once whole.
+struct SummaryFile {
+    path: PathBuf,
+    partial: PathBuf,
+    file: std::fs::File,
+}
+
+impl SummaryFile {
+    fn create(path: &std::path::Path) -> CliResult<SummaryFile> {
+        let name = path.file_name().map_or_else(
+            || std::ffi::OsString::from("summary"),
+            std::ffi::OsStr::to_os_string,
+        );
+        let mut partial_name = std::ffi::OsString::from(".");
+        partial_name.push(&name);
+        partial_name.push(".partial");
+        let partial = path.with_file_name(partial_name);
+        let file = std::fs::File::create(&partial)
+            .map_err(|e| format!("--summary-file {}: {e}", path.display()))?;
+        Ok(SummaryFile {
+            path: path.to_path_buf(),
+            partial,
+            file,
+        })
+    }
+
+    fn write(self, summary: &serde_json::Value) -> CliResult<()> {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(self.file);
+        let written = serde_json::to_writer_pretty(&mut out, summary)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.flush())
+            .and_then(|()| std::fs::rename(&self.partial, &self.path));
+        written.map_err(|e| {
+            let _ = std::fs::remove_file(&self.partial);
+            format!("--summary-file {}: {e}", self.path.display())
+        })
+    }
+
+    /// No summary: the partial file goes.
+    fn abandon(self) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.partial);
+    }
 }

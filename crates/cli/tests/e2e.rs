@@ -554,6 +554,8 @@ fn a_run_over_files_serves_its_ports_rules_cache_and_tables() {
     let port = 20_000 + (std::process::id() % 20_000) as u16 + 1;
     let metrics = format!("127.0.0.1:{port}");
     let summary = tmp("file-metrics.json");
+    // The summary appears whole once the run is over (written aside, then renamed).
+    let _ = std::fs::remove_file(&summary);
     let mut run = bin();
     run.args(["run", "--hold-metrics", "20", "--metrics", &metrics]);
     run.arg("--summary-file")
@@ -2077,17 +2079,36 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
 
 /// A run that cannot start (an interface that is not there) writes no summary: the file
 /// `--summary-file` names, made before the run to be sure it can be, goes again, so that
-/// nothing takes an empty file for a run's summary.
+/// nothing takes an empty file for a run's summary; a file that was there keeps what it
+/// held, and a run that does run replaces it whole.
 #[test]
 fn a_run_that_cannot_start_leaves_no_summary_file() {
     let summary = tmp("never-ran.json");
     let _ = std::fs::remove_file(&summary);
     let path = summary.to_str().unwrap();
-    refused(
-        &["run", "forward", "-I", "nosuchif0", "--summary-file", path],
-        "there is no interface 'nosuchif0'",
-    );
+    let cannot_start = ["run", "forward", "-I", "nosuchif0", "--summary-file", path];
+    refused(&cannot_start, "there is no interface 'nosuchif0'");
     assert!(!summary.exists(), "{path} is left behind");
+    let partial = summary.with_file_name(".never-ran.json.partial");
+    assert!(!partial.exists(), "{} is left behind", partial.display());
+    let earlier = "{\"an earlier run's summary\": true, \"padding\": \"longer than a summary of a run of nothing, longer still, and longer\"}";
+    let earlier = earlier.repeat(400);
+    std::fs::write(&summary, &earlier).unwrap();
+    refused(&cannot_start, "there is no interface 'nosuchif0'");
+    assert_eq!(std::fs::read_to_string(&summary).unwrap(), earlier);
+    // A run that runs replaces it whole (a shorter summary leaves none of it behind).
+    let input = tmp("never-ran-in.pcap");
+    generate_with("internet", 100, &input, &[]);
+    ok(bin()
+        .args(["run", "forward", "--workers", "1", "-i"])
+        .arg(&input)
+        .args(["--summary-file", path])
+        .output()
+        .unwrap());
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(written["counters"]["rx_packets"], 100, "{written}");
+    assert!(!partial.exists(), "{} is left behind", partial.display());
 }
 
 /// What headless Chromium makes of `page` with `args` (the DOM after the page's scripts ran,
