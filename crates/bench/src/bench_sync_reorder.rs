@@ -18,9 +18,13 @@
 //!   away, so every update made after the read stays, for the next interval.
 //!
 //! Every way but `subtract` loses the updates made between the issue and a part's
-//! arrival (the reset is not there yet to keep them). The run checks its books: every increment is in the final
-//! counters or was erased by a commit, the way says so; and each commit in `set` and
-//! `defer` leaves every counter 0.
+//! arrival (the reset is not there yet to keep them). `set`, `defer` and `keep` run twice:
+//! the reset as the write engine sends it (its zeros a run with no value bytes: one part),
+//! and cut into parts of `--values-per-part` values (the paper's packetization, a switch's
+//! parser reading so many values a packet), where updates come while parts are on their
+//! way. The run checks its books: every increment is in the final counters or was erased
+//! by a commit, the way says so; and each commit in `set` and `defer` leaves every
+//! counter 0.
 
 use crate::BenchResult;
 use crate::bench_sync_hh::{Accuracy, Arrivals, SketchStream};
@@ -42,6 +46,11 @@ pub struct BenchSyncReorderArgs {
     /// The write channel's capacity each way, bytes a second.
     #[arg(long, default_value_t = 12_500_000)]
     pub capacity: u64,
+    /// The paper's packetization: `set`, `defer` and `keep` also run with the reset cut
+    /// into parts of this many values (by default, as many as a 1,500-byte datagram
+    /// carries at a byte each).
+    #[arg(long, default_value_t = 1_408)]
+    pub values_per_part: usize,
     /// The write channel's one-way latency, microseconds.
     #[arg(long, default_value_t = 100)]
     pub latency_us: u64,
@@ -71,7 +80,21 @@ enum Way {
 }
 
 impl Way {
-    const ALL: [Way; 5] = [Way::Ideal, Way::Set, Way::Defer, Way::Keep, Way::Subtract];
+    /// The ways run, each with the reset cut as it is: by values a part (`Some(n)`) or as
+    /// the engine cuts it.
+    fn all(values_per_part: usize) -> [(Way, Option<usize>); 8] {
+        let cut = Some(values_per_part);
+        [
+            (Way::Ideal, None),
+            (Way::Set, cut),
+            (Way::Defer, cut),
+            (Way::Keep, cut),
+            (Way::Set, None),
+            (Way::Defer, None),
+            (Way::Keep, None),
+            (Way::Subtract, None),
+        ]
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -125,7 +148,16 @@ struct Outcome {
     hitters: Accuracy,
 }
 
-fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
+/// How a run's reset is cut, for its rows.
+fn cut_name(way: Way, cut: Option<usize>) -> String {
+    match (way, cut) {
+        (Way::Ideal, _) => "-".into(),
+        (_, Some(n)) => format!("{n} a part"),
+        (_, None) => "runs".into(),
+    }
+}
+
+fn run(a: &BenchSyncReorderArgs, way: Way, cut: Option<usize>, loss: f64) -> BenchResult<Outcome> {
     let channel = |seed| {
         Channel::new(ChannelConfig {
             bytes_per_second: a.capacity,
@@ -140,6 +172,9 @@ fn run(a: &BenchSyncReorderArgs, way: Way, loss: f64) -> BenchResult<Outcome> {
     };
     let mut link = WriteLink::new(channel(a.seed), channel(a.seed ^ 0x5555));
     let mut engine = WriteEngine::new(1, 1, 0, 200_000);
+    if let Some(values) = cut {
+        engine = engine.with_values_per_part(values);
+    }
     let mut stage = WriteStage::default();
     let mut sketch = CountMin::new(a.stream.depth, a.stream.width, a.seed);
     let cells = sketch.counters().as_slice().len() as u32;
@@ -267,9 +302,17 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
             a.seconds
         ));
     }
+    let most = stateplane_sync::wire::MAX_RUN_ENTRIES;
+    if !(1..=most).contains(&a.values_per_part) {
+        return Err(format!(
+            "--values-per-part: {} is not from 1 to {most} (what a part's count field holds)",
+            a.values_per_part
+        ));
+    }
     let mut table = Table::new(
-        &["loss each way", "updates"],
+        &["loss each way", "updates", "reset cut"],
         &[
+            "parts sent",
             "made while writing",
             "lost",
             "reordered",
@@ -280,18 +323,21 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
         ],
     );
     let mut csv = Csv::new(
-        "loss,way,intervals,made_while_writing,lost,reordered,mean_reset_ms,parts_sent,true_hitters,false_negatives,false_positives,mean_relative_error",
+        "loss,way,cut,intervals,made_while_writing,lost,reordered,mean_reset_ms,parts_sent,true_hitters,false_negatives,false_positives,mean_relative_error",
     );
     let mut outcomes = Vec::new();
     for &loss in &a.losses {
-        for way in Way::ALL {
-            eprintln!("loss {loss}: {}", way.name());
-            let o = run(&a, way, loss)?;
+        for (way, cut) in Way::all(a.values_per_part) {
+            let cut_name = cut_name(way, cut);
+            eprintln!("loss {loss}: {}, reset cut {cut_name}", way.name());
+            let o = run(&a, way, cut, loss)?;
             let writes = o.intervals.max(1);
             let reset_ms = o.commit_ns as f64 / writes as f64 / 1e6;
             table.row(vec![
                 format!("{:.0}%", loss * 100.0),
                 way.name().into(),
+                cut_name.clone(),
+                format!("{:.1}", o.parts_sent as f64 / writes as f64),
                 o.made_while_writing.to_string(),
                 o.lost.to_string(),
                 o.reordered.to_string(),
@@ -301,7 +347,7 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
                 format!("{:.4}", o.hitters.mean_relative_error()),
             ]);
             csv.row(format_args!(
-                "{loss},{},{},{},{},{},{reset_ms:.4},{},{},{},{},{:.6}",
+                "{loss},{},{cut_name},{},{},{},{},{reset_ms:.4},{},{},{},{},{:.6}",
                 way.name(),
                 o.intervals,
                 o.made_while_writing,
@@ -313,18 +359,20 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
                 o.hitters.false_positives,
                 o.hitters.mean_relative_error()
             ));
-            outcomes.push((loss, way, o));
+            outcomes.push((loss, way, cut_name, o));
         }
     }
     println!(
         "input: {}, reset every {} ms by a write of all its counters (to 0, or less their \
-         values at the issue with subtract) over a channel of {} bytes/s and {} us each \
+         values at the issue with subtract), cut as the write engine cuts it (its zeros a \
+         run) or into parts of {} values, over a channel of {} bytes/s and {} us each \
          way, losing the share given each way; heavy hitters: {} of an interval's packets, \
          read from the data plane's sketch before each reset, against the exact counts since \
          the last reset was issued; {} virtual seconds; checked: every increment is in the \
          counters or was erased by a commit, and a set or defer commit leaves every counter 0",
         a.stream.describe(a.seed),
         a.interval_ms,
+        a.values_per_part,
         a.capacity,
         a.latency_us,
         a.stream.share,
@@ -339,7 +387,10 @@ pub fn main_reorder(a: BenchSyncReorderArgs) -> BenchResult<()> {
             title: title.into(),
             unit: String::new(),
             bars: (outcomes.iter())
-                .map(|(loss, way, o)| (format!("{} {:.0}%", way.name(), loss * 100.0), f(o)))
+                .map(|(loss, way, cut, o)| {
+                    let label = format!("{} ({cut}) {:.0}%", way.name(), loss * 100.0);
+                    (label, f(o))
+                })
                 .collect(),
         };
         a.files.write_chart(

@@ -137,10 +137,8 @@ impl Run {
 /// table's empty slots, most of a refresh of a large table) wherever that saves more
 /// bytes than the run headers the cut adds. The one cutting that both the encoder and
 /// [`EncodedSize`] follow, so that the size is the encoding's.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct RunCutter {
-    /// Whether zeros may go as runs of their own ([`cuts_zeros`]).
-    zero_runs: bool,
     pushed: usize,
     open: Option<OpenRun>,
 }
@@ -156,15 +154,6 @@ struct OpenRun {
     zeros: usize,
 }
 
-/// Whether a message of `kind` sends zeros as runs of width 0. A write's do not: a write
-/// of zeros (a reset of a sketch) would then be one datagram whatever its size, which
-/// changes what the write experiments measure (docs/BENCHMARKS.md: a write's parts, the
-/// updates reordered while they travel); until those are measured again, a write's zeros
-/// go as values.
-fn cuts_zeros(kind: Kind) -> bool {
-    kind != Kind::Write
-}
-
 /// Whether `zeros` zeros go as a run of their own rather than as values `width` bytes
 /// wide, the cut adding `headers` run headers.
 fn cut_zeros(zeros: usize, width: usize, headers: usize) -> bool {
@@ -172,21 +161,13 @@ fn cut_zeros(zeros: usize, width: usize, headers: usize) -> bool {
 }
 
 impl RunCutter {
-    fn new(kind: Kind) -> RunCutter {
-        RunCutter {
-            zero_runs: cuts_zeros(kind),
-            pushed: 0,
-            open: None,
-        }
-    }
-
     /// Takes the next entry; `closed` gets each run it ends. The run going on is changed
     /// in place: a write's or a refresh's entries are mostly that.
     #[inline]
     fn push(&mut self, e: &Update, mut closed: impl FnMut(Run)) {
         let at = self.pushed;
         self.pushed += 1;
-        let zero = self.zero_runs && e.value == 0;
+        let zero = e.value == 0;
         if let Some(open) = &mut self.open
             && continues_run(&open.last, e)
         {
@@ -290,8 +271,8 @@ impl OpenRun {
 
 /// The size of a message of entries pushed one by one, as [`Message::encode`] writes it
 /// (runs where they are shorter): what lets a write be cut into parts of the most values
-/// a datagram carries.
-#[derive(Clone, Debug)]
+/// a datagram carries. `default()`: a message with no entries yet.
+#[derive(Clone, Debug, Default)]
 pub struct EncodedSize {
     count: usize,
     cutter: RunCutter,
@@ -300,15 +281,6 @@ pub struct EncodedSize {
 }
 
 impl EncodedSize {
-    /// The size of a message of `kind` with no entries yet.
-    pub fn of(kind: Kind) -> EncodedSize {
-        EncodedSize {
-            count: 0,
-            cutter: RunCutter::new(kind),
-            closed_runs: 0,
-        }
-    }
-
     #[inline]
     pub fn push(&mut self, e: &Update) {
         self.count += 1;
@@ -572,7 +544,7 @@ impl Message {
     /// Appends the message's bytes to `out`, ending with a MAC made with `key` if given.
     pub fn encode_with(&self, key: Option<&Key>, out: &mut Vec<u8>) {
         let start = out.len();
-        let mut size = EncodedSize::of(self.kind);
+        let mut size = EncodedSize::default();
         self.entries.iter().for_each(|e| size.push(e));
         let runs = size.as_runs();
         out.reserve(size.bytes() + MAC_LEN);
@@ -603,7 +575,7 @@ impl Message {
                 out.extend_from_slice(&first.threshold.to_be_bytes());
                 put_values(values, run.width, out);
             };
-            let mut cutter = RunCutter::new(self.kind);
+            let mut cutter = RunCutter::default();
             for e in entries {
                 cutter.push(e, &mut put);
             }
@@ -918,7 +890,7 @@ mod tests {
             at(2, 13, 6, 9),
         ];
         let size = |entries: &[Update]| {
-            let mut size = EncodedSize::of(m.kind);
+            let mut size = EncodedSize::default();
             entries.iter().for_each(|e| size.push(e));
             size.bytes()
         };
@@ -974,14 +946,14 @@ mod tests {
             "the zeros' width"
         );
         assert_eq!(Message::decode(&bytes), Ok(m.clone()));
-        // A write's zeros go as values (see `cuts_zeros`).
+        // A write's zeros as well (a reset of a sketch is a header a run of zeros).
         let write = Message {
             kind: Kind::Write,
             ..m.clone()
         };
         bytes.clear();
         write.encode(&mut bytes);
-        assert_eq!(bytes.len(), HEADER_LEN + RUN_HEADER_LEN + 100 * 8);
+        assert_eq!(bytes.len(), HEADER_LEN + runs);
         assert_eq!(Message::decode(&bytes), Ok(write));
         // A few zeros stay values of their run: a cut would cost more headers than they.
         m.entries[10..90].iter_mut().for_each(|e| e.value = 1);
@@ -1173,7 +1145,7 @@ mod tests {
                     index += 1;
                 }
             }
-            let mut size = EncodedSize::of(m.kind);
+            let mut size = EncodedSize::default();
             m.entries.iter().for_each(|e| size.push(e));
             let mut bytes = Vec::new();
             m.encode(&mut bytes);
@@ -1200,7 +1172,7 @@ mod tests {
                     threshold,
                 })
                 .collect();
-            let mut size = EncodedSize::of(m.kind);
+            let mut size = EncodedSize::default();
             m.entries.iter().for_each(|e| size.push(e));
             let mut bytes = Vec::new();
             m.encode(&mut bytes);

@@ -276,6 +276,8 @@ pub struct WriteEngine {
     /// is taken as lost only [`REORDERING`] places, and a quarter of a round trip, before
     /// one that arrived (RACK's reordering window, RFC 8985), not at once.
     reordering_seen: bool,
+    /// A part's values at most, however few bytes they take ([`WriteEngine::with_values_per_part`]).
+    values_per_part: usize,
 }
 
 impl WriteEngine {
@@ -294,7 +296,19 @@ impl WriteEngine {
             part_bytes: SMALL_PATH_BYTES,
             loss_to_switch: 0.0,
             reordering_seen: false,
+            values_per_part: MAX_RUN_ENTRIES,
         }
+    }
+
+    /// Cuts writes into parts of at most `values` values each (at least 1), however few
+    /// bytes they take. Otherwise a write of zeros (a sketch's reset) is one part up to
+    /// [`MAX_RUN_ENTRIES`] values, its zeros going as runs with no value bytes. For
+    /// experiments that compare with a packetization of so many values a packet
+    /// (ApproSync's: a switch's parser reads a fixed number of values); a collector never
+    /// sets it.
+    pub fn with_values_per_part(mut self, values: usize) -> WriteEngine {
+        self.values_per_part = values.clamp(1, MAX_RUN_ENTRIES);
+        self
     }
 
     /// Numbers the writes from `first_id` on (1 by default). A collector numbers its
@@ -320,8 +334,8 @@ impl WriteEngine {
         // before it; the first, as many as a part counts): a large write's parts are
         // megabytes, which growing would copy and map afresh.
         let mut parts = Vec::new();
-        let mut part: Vec<Update> = Vec::with_capacity(values.len().min(MAX_RUN_ENTRIES));
-        let mut size = EncodedSize::of(Kind::Write);
+        let mut part: Vec<Update> = Vec::with_capacity(values.len().min(self.values_per_part));
+        let mut size = EncodedSize::default();
         for w in values {
             let update = Update {
                 location: w.location,
@@ -329,11 +343,12 @@ impl WriteEngine {
                 threshold: w.mode as u64,
             };
             size.push(&update);
-            let fits = size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= MAX_RUN_ENTRIES;
+            let fits =
+                size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= self.values_per_part;
             if !fits && !part.is_empty() {
                 let next = Vec::with_capacity(part.len());
                 parts.push(std::mem::replace(&mut part, next));
-                size = EncodedSize::of(Kind::Write);
+                size = EncodedSize::default();
                 size.push(&update);
             }
             part.push(update);
@@ -365,7 +380,7 @@ impl WriteEngine {
     /// [`MAX_WRITE_VALUES`]; [`MAX_VALUES`] until the path has shown larger datagrams.
     pub fn max_values(&self) -> usize {
         let per_part = (self.part_bytes - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
-        (MAX_PARTS * per_part).min(MAX_WRITE_VALUES)
+        (MAX_PARTS * per_part.min(self.values_per_part)).min(MAX_WRITE_VALUES)
     }
 
     /// The share of the parts' datagrams the path to the switch loses, as the latest
@@ -1419,6 +1434,44 @@ pub(crate) mod tests {
         }
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(65_536));
         assert!(register.iter().all(|w| state.read(w.location) == w.value));
+    }
+
+    /// A reset (a write of zeros) is one part of a few bytes, its zeros a run with no
+    /// value bytes, and commits exact; cut by values a part, it goes in as many parts.
+    #[test]
+    fn a_reset_is_one_part_unless_cut_by_values_a_part() {
+        let reset: Vec<Written> = (0..16_384u32)
+            .map(|i| Written {
+                location: at(0, i),
+                value: 0,
+                mode: Mode::Set,
+            })
+            .collect();
+        let mut out = Vec::new();
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.submit(reset.clone()).unwrap();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 1);
+        let mut bytes = Vec::new();
+        out[0].encode(&mut bytes);
+        assert_eq!(bytes.len(), HEADER_LEN + RUN_HEADER_LEN);
+        let mut state = Map::default();
+        (0..16_384).for_each(|i| state.write(at(0, i), u64::from(i) + 1));
+        let mut stage = WriteStage::default();
+        stage.on_part(Message::decode(&bytes).unwrap(), &state);
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(16_384));
+        assert!((0..16_384).all(|i| state.read(at(0, i)) == 0));
+
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(1_408);
+        engine.submit(reset).unwrap();
+        out.clear();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 16_384usize.div_ceil(1_408));
+        assert!(out[..11].iter().all(|p| p.entries.len() == 1_408));
+        assert_eq!(out[11].entries.len(), 16_384 - 11 * 1_408);
+        // What a write may hold counts parts of so many values.
+        let few = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(10);
+        assert_eq!(few.max_values(), MAX_PARTS * 10);
     }
 
     /// A write's parts together hold no more values than a write may, and the writes a
