@@ -51,6 +51,9 @@ impl<C: ValueCodec> ExactCodec for C {
     fn key(fields: &[Match]) -> C::Key {
         C::Key::of(fields)
     }
+    fn key_of_values(values: &[u128]) -> C::Key {
+        C::Key::of_values(values)
+    }
     fn fields(key: &C::Key) -> Vec<Match> {
         key.fields()
     }
@@ -78,6 +81,12 @@ pub trait ExactCodec {
     type Key: TableKey;
     type Value: Copy + Default + bytemuck::Zeroable;
     fn key(fields: &[Match]) -> Self::Key;
+    /// The key of its fields' exact values, in order (a synced table's slot decoded); as
+    /// [`ExactCodec::key`] takes them unless the codec knows a way with no `Match` made.
+    fn key_of_values(values: &[u128]) -> Self::Key {
+        let fields: Vec<Match> = values.iter().map(|&v| Match::Exact(v)).collect();
+        Self::key(&fields)
+    }
     fn fields(key: &Self::Key) -> Vec<Match>;
     /// The value of an entry whose action is `actions[action]`.
     fn value(action: usize, params: &[u128]) -> Self::Value;
@@ -224,7 +233,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
         let placing = &mut self.placing;
         placing.clear();
         let mut placed = sync.commit(|decoded| {
-            let key = C::key(&decoded.key);
+            let key = C::key_of_values(&decoded.key);
             placing.push(match decoded.action {
                 None => Place::Delete(key),
                 Some(action) => {

@@ -12,7 +12,17 @@ pub trait KeyFields: TableKey {
     /// The key's fields in a declaration; a single-field key is named `name`.
     fn declared(name: &str) -> Vec<Field>;
     /// The key of checked fields (`Declaration::check` passed them).
-    fn of(fields: &[Match]) -> Self;
+    fn of(fields: &[Match]) -> Self {
+        let mut values = [0; MAX_KEY_FIELDS];
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = exact(fields, i);
+        }
+        Self::of_values(&values)
+    }
+    /// The key of its fields' exact values, in order, checked as [`KeyFields::of`]'s (a
+    /// synced table's slots decoded, with no [`Match`] made a field: a migration places
+    /// tens of thousands). A field missing is 0.
+    fn of_values(values: &[u128]) -> Self;
     fn fields(&self) -> Vec<Match>;
     /// The fields' values into `out` (as many as declared), as [`KeyFields::fields`] has
     /// them; with no allocation where the key overrides it (a synced table encodes every
@@ -26,6 +36,9 @@ pub trait KeyFields: TableKey {
         }
     }
 }
+
+/// Fields a key has at most (a flow's six).
+const MAX_KEY_FIELDS: usize = 6;
 
 /// The exact value of field `i`, 0 if missing (checked fields never miss).
 fn exact(fields: &[Match], i: usize) -> u128 {
@@ -48,8 +61,8 @@ impl KeyFields for FlowKey {
         ]
     }
 
-    fn of(fields: &[Match]) -> Self {
-        let f = |i| exact(fields, i);
+    fn of_values(values: &[u128]) -> Self {
+        let f = |i| values.get(i).copied().unwrap_or(0);
         let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
         let mut key = match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
@@ -97,8 +110,8 @@ macro_rules! single_field_key {
                 vec![Field::exact(name, $bits, $format)]
             }
 
-            fn of(fields: &[Match]) -> Self {
-                exact(fields, 0) as $t
+            fn of_values(values: &[u128]) -> Self {
+                values.first().copied().unwrap_or(0) as $t
             }
 
             fn fields(&self) -> Vec<Match> {
@@ -139,9 +152,18 @@ mod tests {
         );
         for k in [v4, v6] {
             assert_eq!(FlowKey::of(&k.fields()), k);
+            let mut values = [0; 6];
+            k.values(&mut values);
+            assert_eq!(
+                FlowKey::of_values(&values),
+                k,
+                "as a synced slot's words decode"
+            );
         }
         assert_eq!(u32::of(&0xdead_beef_u32.fields()), 0xdead_beef);
+        assert_eq!(u32::of_values(&[0xdead_beef]), 0xdead_beef);
         assert_eq!(u64::of(&u64::MAX.fields()), u64::MAX);
+        assert_eq!(u128::of_values(&[]), 0, "a field missing is 0");
         assert_eq!(u128::declared("dst")[0].name, "dst");
     }
 }

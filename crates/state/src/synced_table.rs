@@ -25,7 +25,7 @@
 use crate::changes::Change;
 use crate::exact::{ExactTable, SlotWrite};
 use crate::table_key::TableKey;
-use stateplane_api::{Declaration, Field, Kind, Match};
+use stateplane_api::{Declaration, Field, Kind};
 
 /// Words a slot may take at most (a read of one word encodes its slot on the stack).
 pub const MAX_STRIDE: usize = 64;
@@ -150,8 +150,7 @@ impl SlotWords {
         out.params.clear();
         let mut at = 1;
         for (field, &n) in self.key_fields.iter().zip(&self.key) {
-            out.key
-                .push(Match::Exact(checked(field, get(&words[at..at + n]))?));
+            out.key.push(checked(field, get(&words[at..at + n]))?);
             at += n;
         }
         let Some(action) = words[0].checked_sub(1) else {
@@ -169,11 +168,12 @@ impl SlotWords {
 }
 
 /// A slot's words, read back: its action (none: the slot is empty, or a write deletes the
-/// key), key fields and the action's parameters.
+/// key), key fields' values (a synced table's keys match exactly) and the action's
+/// parameters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decoded {
     pub action: Option<usize>,
-    pub key: Vec<Match>,
+    pub key: Vec<u128>,
     pub params: Vec<u128>,
 }
 
@@ -188,8 +188,14 @@ fn put(value: u128, out: &mut [u64]) {
     }
 }
 
+/// A field's value from its words (one, or two high first): [`put`]'s inverse.
+#[inline]
 fn get(words: &[u64]) -> u128 {
-    words.iter().fold(0, |v, &w| (v << 64) | u128::from(w))
+    match *words {
+        [one] => u128::from(one),
+        [high, low] => (u128::from(high) << 64) | u128::from(low),
+        _ => 0,
+    }
 }
 
 fn checked(field: &Field, value: u128) -> Result<u128, String> {
@@ -399,8 +405,7 @@ impl TableSync {
                 placed.refused += 1;
                 return;
             }
-            let nothing =
-                decoded.action.is_none() && (decoded.key.iter()).all(|m| *m == Match::Exact(0));
+            let nothing = decoded.action.is_none() && decoded.key.iter().all(|&v| v == 0);
             if nothing {
                 return;
             }
@@ -503,7 +508,7 @@ mod tests {
             "position 0 is `packets` in a and `to` in b: not counting"
         );
         let mut out = vec![9; 7];
-        let key = [Match::Exact(u128::MAX), Match::Exact(65_535)];
+        let key = [u128::MAX, 65_535];
         words.encode(1, Some(&[u128::MAX, 65_535]), &[1 << 64 | 5, 80], &mut out);
         assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
         assert_eq!(
@@ -760,7 +765,7 @@ mod tests {
                     want.refused += 1;
                     continue;
                 };
-                if decoded.action.is_none() && decoded.key.iter().all(|m| *m == Match::Exact(0)) {
+                if decoded.action.is_none() && decoded.key.iter().all(|&v| v == 0) {
                     continue;
                 }
                 match decoded.action {
