@@ -238,6 +238,11 @@ struct Flow<K, V> {
     lives_until_ns: u64,
     /// The flow's other name, written with its state ([`Replica::name_alias`]).
     alias: Option<K>,
+    /// The flow's state as the store has it and the program held it with nothing to
+    /// write: installed with its lease (or what the program held instead, where it could
+    /// not take it: [`Replica::program_holds`]), or its last write acknowledged. `None`:
+    /// not known, so that the next state reported is written.
+    known: Option<V>,
 }
 
 /// Packets that name their flow only by an alias, held while the store says which flow
@@ -269,7 +274,16 @@ impl<K, V> Flow<K, V> {
             processing: 0,
             lives_until_ns: u64::MAX,
             alias: None,
+            known: None,
         }
+    }
+
+    /// The flow's latest state as this side knows it: the change waiting, else the write
+    /// on its way, else the known one.
+    fn latest(&self) -> Option<&V> {
+        (self.pending.as_ref())
+            .or(self.in_flight.as_ref().map(|w| &w.value))
+            .or(self.known.as_ref())
     }
 
     /// What a write or renewal sent at `now_ns` tells the store of the state's life: the
@@ -378,7 +392,7 @@ impl RoundTrips {
     }
 }
 
-impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
+impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     pub fn new(holder: Holder, config: ReplicaConfig) -> Self {
         Replica {
             config,
@@ -517,10 +531,61 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         change: Option<V>,
         lives_until_ns: u64,
     ) -> Release {
+        self.processed_as(now_ns, key, token, |_| change, lives_until_ns)
+    }
+
+    /// As [`Replica::processed`], given the flow's whole state after the packet (`V`'s
+    /// default: none): a change where it differs from the latest this side knows (a write
+    /// waiting or on its way, else the store's), so that a worker reads a flow's state
+    /// once, after the program, rather than before and after it. Whether it was a change.
+    pub fn processed_with_state<Q>(
+        &mut self,
+        now_ns: u64,
+        key: K,
+        token: Token,
+        state: &Q,
+        lives_until_ns: u64,
+    ) -> (Release, bool)
+    where
+        V: std::borrow::Borrow<Q>,
+        Q: PartialEq + ToOwned<Owned = V> + ?Sized,
+    {
+        let mut changed = false;
+        let release = self.processed_as(
+            now_ns,
+            key,
+            token,
+            |latest| {
+                changed = latest.is_none_or(|v| v.borrow() != state);
+                changed.then(|| state.to_owned())
+            },
+            lives_until_ns,
+        );
+        (release, changed)
+    }
+
+    /// The program holds `state` for flow `key` where the store has another (it could
+    /// not take the one its lease came with): what later states are compared with, so
+    /// that the store's is written over only once the program's changes.
+    pub fn program_holds(&mut self, key: &K, state: V) {
+        if let Some(flow) = self.flows.get_mut(key) {
+            flow.known = Some(state);
+        }
+    }
+
+    fn processed_as(
+        &mut self,
+        now_ns: u64,
+        key: K,
+        token: Token,
+        change: impl FnOnce(Option<&V>) -> Option<V>,
+        lives_until_ns: u64,
+    ) -> Release {
         let Some(flow) = self.flows.get_mut(&key) else {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
+        let change = change(flow.latest());
         flow.lives_until_ns = lives_until_ns;
         // A flow's packets are processed in order, so those named by `Event::Process` come
         // back before any admitted after them.
@@ -680,6 +745,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 flow.epoch = epoch;
                 self.counters.migrated += u64::from(value.is_some() && !renewed);
                 self.counters.waited += u64::from(waited);
+                flow.known = Some(value.clone().unwrap_or_default());
                 self.events.push_back(Event::Install { key, value, waited });
             }
             Reply::Held {
@@ -721,7 +787,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
                 }
                 *until_ns = (*until_ns).max(until(w.first_sent_ns, lease_ns));
                 flow.acked = seq;
-                flow.in_flight = None;
+                flow.known = flow.in_flight.take().map(|w| w.value);
                 if flow.pending.is_some() && !flow.queued {
                     flow.queued = true;
                     self.sendable.push(key);
@@ -1067,6 +1133,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> Replica<K, V> {
         flow.lease = Lease::None;
         flow.in_flight = None;
         flow.pending = None;
+        flow.known = None;
         flow.renewing = None;
         // Without the lease, the worker drops the packets it had to process.
         flow.processing = 0;

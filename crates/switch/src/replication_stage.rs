@@ -4,8 +4,9 @@
 //!
 //! Before the program sees a burst, each packet of a replicated flow is admitted: a flow
 //! whose lease this worker does not hold waits for it, and the store's state is installed
-//! before its packets are processed. After the program, each flow whose state the burst
-//! changed is written (one write a flow, however many of its packets changed it), and
+//! before its packets are processed. After the program, each flow whose state differs from
+//! the latest the replica knows (the store's, or a write on its way) is written (one write
+//! a flow, however many of its packets changed it), and
 //! every output waits until the writes it depends on are acknowledged; an output that
 //! cannot be (its flow's lease lost, the store out of reach past `park_timeout_ms`) is
 //! dropped as `unreplicated`.
@@ -710,12 +711,12 @@ struct BurstFlow {
     /// A packet of it was let through at admission: the burst's later ones are too
     /// ([`Replica::admitted_again`]).
     go: bool,
-    /// A packet of it is processed in this burst: its states are read.
+    /// A packet of it is processed in this burst: its state after the program is read.
     processed: bool,
-    /// The program changed its state.
+    /// Its state after the program was compared with the latest the replica knows (by
+    /// its first packet processed), and found changed: the write goes with that packet.
+    compared: bool,
     changed: bool,
-    /// Its change is on its way (with the first of its packets processed).
-    written: bool,
     /// Outputs of it were held before this burst's were processed.
     outputs_held: bool,
 }
@@ -773,10 +774,8 @@ struct ReplicationStage {
     slots: Vec<Option<Slot>>,
     /// Where each token of the burst sits in it, while its answers are taken.
     in_burst: FlowMap<Token, usize>,
-    /// The burst's flows, and the states before and after the program of those it
-    /// processes.
+    /// The burst's flows, and the states after the program of those it processes.
     flows: Vec<BurstFlow>,
-    before: FlowStates,
     after: FlowStates,
     index_of_flow: FlowMap<FlowBytes, usize>,
     /// Per flow of the burst: its last packet's place in the burst (only with a history).
@@ -856,7 +855,6 @@ impl ReplicationStage {
             slots: Vec::new(),
             in_burst: FlowMap::default(),
             flows: Vec::new(),
-            before: FlowStates::default(),
             after: FlowStates::default(),
             last_of_flow: Vec::new(),
             index_of_flow: FlowMap::default(),
@@ -983,6 +981,10 @@ impl ReplicationStage {
                         self.counters
                             .install_refused
                             .fetch_add(1, Ordering::Relaxed);
+                        // The store's state stays there until the program's changes.
+                        let mut holds = Vec::new();
+                        program.replicated_state_into(&key, &mut holds);
+                        self.replica.program_holds(&key, holds);
                     } else if let Some(alias) = program.replicated_alias_of(&key) {
                         // Its renewals keep the alias alive at the store with it, though
                         // this worker may only read the flow.
@@ -1225,8 +1227,8 @@ impl ReplicationStage {
                 key,
                 go: false,
                 processed: false,
+                compared: false,
                 changed: false,
-                written: false,
                 outputs_held: false,
             });
             self.flows.len() - 1
@@ -1415,33 +1417,24 @@ impl StateStage for ReplicationStage {
             std::mem::swap(&mut front, &mut self.slots);
         }
         self.front = front;
-        // The state before the program of each flow it processes, to see what the burst
-        // changed.
         for slot in self.slots.iter().flatten() {
             self.flows[slot.flow].processed = true;
-        }
-        self.before.clear();
-        for flow in &self.flows {
-            match flow.processed {
-                true => self.before.push(program, &flow.key),
-                false => self.before.skip(),
-            }
         }
     }
 
     fn after_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
         self.write_history();
         let now = self.now();
-        // Each flow's state after the burst, and whether it changed (written once); whether
-        // its outputs wait (the burst's own go behind them).
+        // Each flow's state after the burst (compared with the replica's with its first
+        // packet, written once if it differs); whether its outputs wait (the burst's own
+        // go behind them).
         self.after.clear();
-        for (f, flow) in self.flows.iter_mut().enumerate() {
+        for flow in self.flows.iter_mut() {
             if !flow.processed {
                 self.after.skip();
                 continue;
             }
             self.after.push(program, &flow.key);
-            flow.changed = self.after.get(f) != self.before.get(f);
             flow.outputs_held = (self.queues.get(&flow.key)).is_some_and(|q| q.outputs > 0);
         }
         let (mut processed, mut folded) = (0u64, 0u64);
@@ -1450,28 +1443,33 @@ impl StateStage for ReplicationStage {
             let Some(slot) = &self.slots[i] else { continue };
             let (key, token, flow) = (slot.key, slot.token, slot.flow);
             processed += 1;
-            // The flow's change goes with its first packet; the others' fold into it.
-            let BurstFlow {
-                changed,
-                written,
-                outputs_held: behind,
-                ..
-            } = self.flows[flow];
-            let write =
-                (changed && !written).then(|| self.after.get(flow).unwrap_or_default().to_vec());
-            self.flows[flow].written |= changed;
-            folded += u64::from(write.is_none() && changed);
             // When the state times out, in the stage's time (the store is told).
             let lives_until = match self.after.deadline_ns(flow) {
                 None | Some(u64::MAX) => u64::MAX,
                 Some(deadline) => now.saturating_add(deadline.saturating_sub(ctx.now_ns)),
             };
-            if write.is_some()
-                && let Some(alias) = program.replicated_alias_of(&key)
-            {
-                self.replica.name_alias(key, alias);
-            }
-            let outcome = match self.replica.processed(now, key, token, write, lives_until) {
+            // The flow's change goes with its first packet; the others' fold into it.
+            let BurstFlow {
+                compared,
+                changed,
+                outputs_held: behind,
+                ..
+            } = self.flows[flow];
+            let release = if compared {
+                folded += u64::from(changed);
+                self.replica.processed(now, key, token, None, lives_until)
+            } else {
+                let state = self.after.get(flow).unwrap_or_default();
+                let (release, changed) =
+                    (self.replica).processed_with_state(now, key, token, state, lives_until);
+                (self.flows[flow].compared, self.flows[flow].changed) = (true, changed);
+                // Its writes carry the alias from this one on (they go at the next pump).
+                if changed && let Some(alias) = program.replicated_alias_of(&key) {
+                    self.replica.name_alias(key, alias);
+                }
+                release
+            };
+            let outcome = match release {
                 Release::Now => Outcome::Released,
                 Release::Parked => {
                     self.counters
