@@ -1598,6 +1598,44 @@ mod tests {
         assert_eq!(r.processed(2, 7, 4, None, u64::MAX), Release::Now);
     }
 
+    /// Given the flow's whole state after each packet, the replica writes it only where it
+    /// differs from the latest it knows: the installed state, a write waiting or on its
+    /// way, the last one acknowledged; or what the program held where it could not take
+    /// the installed state.
+    #[test]
+    fn a_state_given_whole_is_written_only_where_it_differs_from_the_latest_known() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let process = |r: &mut Replica<u32, u64>, token, state: u64| {
+            assert_eq!(r.admit(0, 7, token), Admit::Process);
+            r.processed_with_state(0, 7, token, &state, u64::MAX)
+        };
+        r.admit(0, 7, 1);
+        round_trip(&mut r, &mut s, 0);
+        events(&mut r);
+        // Installed with no state: the default (none) is no change; 5 is.
+        assert_eq!(
+            r.processed_with_state(0, 7, 1, &0, u64::MAX),
+            (Release::Now, false)
+        );
+        assert_eq!(process(&mut r, 2, 5), (Release::Parked, true));
+        // 5 again, while its write waits: no second write, the output behind it.
+        assert_eq!(process(&mut r, 3, 5), (Release::Parked, false));
+        assert_eq!(round_trip(&mut r, &mut s, 0), 1, "one write");
+        assert_eq!(s.record(&7).and_then(|r| r.value), Some(5));
+        events(&mut r);
+        // Acknowledged: 5 is the store's, and reads leave at once.
+        assert_eq!(process(&mut r, 4, 5), (Release::Now, false));
+        assert_eq!(round_trip(&mut r, &mut s, 0), 0, "nothing to write");
+        // The program could not take the store's state and holds 0: 0 is no change (the
+        // store keeps 5), 6 is.
+        r.program_holds(&7, 0);
+        assert_eq!(process(&mut r, 5, 0), (Release::Now, false));
+        assert_eq!(process(&mut r, 6, 6), (Release::Parked, true));
+        round_trip(&mut r, &mut s, 0);
+        assert_eq!(s.record(&7).and_then(|r| r.value), Some(6));
+    }
+
     #[test]
     fn unanswered_writes_are_sent_again_with_the_same_sequence_number() {
         let mut r = Replica::new(A, config());
