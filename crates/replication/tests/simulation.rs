@@ -289,11 +289,24 @@ impl World {
         };
         *state += u64::from(h.count);
         h.output = Some(*state);
-        let change = h.count.then_some(*state);
-        if change.is_some() {
-            sw.replica.name_alias(flow, flow + ALIAS);
-        }
-        match sw.replica.processed(now, flow, token, change, u64::MAX) {
+        // Half the packets report the flow's whole state (the replica tells whether it
+        // changed), half the change itself: a worker does both (a flow's first packet of a
+        // burst, then the others).
+        let release = if token.is_multiple_of(2) {
+            let (release, changed) =
+                (sw.replica).processed_with_state(now, flow, token, &*state, u64::MAX);
+            if changed {
+                sw.replica.name_alias(flow, flow + ALIAS);
+            }
+            release
+        } else {
+            let change = h.count.then_some(*state);
+            if change.is_some() {
+                sw.replica.name_alias(flow, flow + ALIAS);
+            }
+            sw.replica.processed(now, flow, token, change, u64::MAX)
+        };
+        match release {
             Release::Now => {
                 let seq = None;
                 self.release(s, token, seq);
