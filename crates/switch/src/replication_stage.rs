@@ -1769,6 +1769,85 @@ mod tests {
         }
     }
 
+    /// A count per flow (the packet's input port) that the test may change between
+    /// bursts, as a control plane edits a table: port 0's packets count, the others only
+    /// read. Each output shows the count it saw.
+    #[derive(Default)]
+    struct Edited {
+        counts: Arc<std::sync::Mutex<FlowMap<FlowBytes, u64>>>,
+    }
+
+    impl Program for Edited {
+        type Prepared = ();
+
+        fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+            let mut counts = self.counts.lock().unwrap();
+            for p in burst.iter_mut() {
+                let count = counts.entry(flow(0)).or_default();
+                *count += u64::from(p.desc.in_port == 0);
+                p.data[..8].copy_from_slice(&count.to_le_bytes());
+                p.desc.verdict = Verdict::Forward(0);
+            }
+        }
+
+        fn replicated_key(
+            &self,
+            _: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
+            Some(flow(0))
+        }
+
+        fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+            count_state(&self.counts.lock().unwrap(), key)
+        }
+
+        fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
+            install_count(&mut self.counts.lock().unwrap(), key, state)
+        }
+    }
+
+    /// A flow's state changed between bursts (a control-plane edit) is written by the
+    /// flow's next packet, though that packet only reads it, and its output waits for the
+    /// write: no output shows a state the store does not have. A read that changes
+    /// nothing writes nothing.
+    #[test]
+    fn a_state_edited_between_bursts_is_written_by_the_next_packet_that_reads_it() {
+        let counts = Arc::new(std::sync::Mutex::new(FlowMap::default()));
+        let program = Edited {
+            counts: Arc::clone(&counts),
+        };
+        let store = MemoryStore::new(StoreConfig::default());
+        let (mut w, open, counters, _) =
+            worker_on(Box::new(program), &store, ReplicaConfig::default());
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(0, 1)]);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(0, 1, 1)]);
+        assert_eq!(counters.writes.load(Ordering::Relaxed), 1);
+        let mut b = burst(&[(1, 2)]);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(1, 2, 1)]);
+        assert_eq!(
+            counters.writes.load(Ordering::Relaxed),
+            1,
+            "a read writes nothing"
+        );
+        // Edited between bursts; the next packet, a read, waits for its write.
+        counts.lock().unwrap().insert(flow(0), 100);
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(&[(1, 3)]);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty(), "the read waits for the edit's write");
+        open.store(true, Ordering::Relaxed);
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(1, 3, 100)]);
+        assert_eq!(counters.writes.load(Ordering::Relaxed), 2);
+        let stored = store.read(&flow(0)).and_then(|(_, v)| v);
+        assert_eq!(stored, Some(100u64.to_le_bytes().to_vec()));
+    }
+
     fn worker(park_timeout_ns: u64) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
         worker_of(Box::new(Tally::default()), park_timeout_ns)
     }
