@@ -2,6 +2,7 @@
 //! table uses (flow keys: the 5-tuple and VLAN; single integers and addresses), so that a
 //! codec says what its values are and nothing about its keys ([`crate::ValueCodec`]).
 
+use crate::synced_table::MAX_FIELDS;
 use crate::table_key::TableKey;
 use stateplane_api::{Field, Format, Match, ip_addr, ip_value};
 use stateplane_wire::FlowKey;
@@ -13,7 +14,8 @@ pub trait KeyFields: TableKey {
     fn declared(name: &str) -> Vec<Field>;
     /// The key of checked fields (`Declaration::check` passed them).
     fn of(fields: &[Match]) -> Self {
-        let mut values = [0; MAX_KEY_FIELDS];
+        // No key type has more fields than a synced slot may hold (a flow has six).
+        let mut values = [0; MAX_FIELDS];
         for (i, v) in values.iter_mut().enumerate() {
             *v = exact(fields, i);
         }
@@ -36,9 +38,6 @@ pub trait KeyFields: TableKey {
         }
     }
 }
-
-/// Fields a key has at most (a flow's six).
-const MAX_KEY_FIELDS: usize = 6;
 
 /// The exact value of field `i`, 0 if missing (checked fields never miss).
 fn exact(fields: &[Match], i: usize) -> u128 {
