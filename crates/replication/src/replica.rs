@@ -46,6 +46,12 @@ pub struct ReplicaConfig {
     /// A packet held this long is dropped (its flow's store is unreachable or its lease
     /// is another's).
     pub park_timeout_ns: u64,
+    /// Requests unanswered past which no lease is asked for: asks wait here, in order,
+    /// until answers make room. A store offered more asks than it answers (a burst of
+    /// flows new here) would queue them, and every request behind, ever longer; the
+    /// writes and renewals of leases held would then reach it after their leases.
+    /// Writes and renewals are never held back: their flows' leases run meanwhile.
+    pub asks_from: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -56,6 +62,7 @@ impl Default for ReplicaConfig {
             retransmit_ns: 20_000_000,
             park_limit: 65_536,
             park_timeout_ns: 2_000_000_000,
+            asks_from: 512,
         }
     }
 }
@@ -315,6 +322,20 @@ impl<K, V> Flow<K, V> {
         self.in_flight.is_none() && self.pending.is_none() && self.renewing.is_none()
     }
 
+    /// The flow's requests sent and not yet answered.
+    fn unanswered(&self) -> usize {
+        let asking = matches!(
+            self.lease,
+            Lease::Acquiring {
+                first_sent_ns: Some(_),
+                ..
+            }
+        );
+        usize::from(self.in_flight.is_some())
+            + usize::from(self.renewing.is_some())
+            + usize::from(asking)
+    }
+
     /// Asks for the lease (again) at the next transmit; `waited`: another holder's lease
     /// had to pass first.
     fn ask(&mut self, key: K, now_ns: u64, waited: bool, sendable: &mut Vec<K>) {
@@ -346,6 +367,11 @@ pub struct Replica<K, V> {
     parked_by_alias: usize,
     /// Flows with something to send at the next [`Replica::poll_transmit`].
     sendable: Vec<K>,
+    /// Flows whose ask waits for fewer requests unanswered (`asks_from`), in order.
+    asks_waiting: VecDeque<K>,
+    /// The flows' requests sent and not yet answered (each flow's
+    /// [`Flow::unanswered`], summed).
+    unanswered: usize,
     timers: BinaryHeap<Reverse<(u64, K)>>,
     /// Requests made by timers, ready to go.
     outbox: Vec<Request<K, V>>,
@@ -357,19 +383,45 @@ pub struct Replica<K, V> {
     pub counters: ReplicaCounters,
 }
 
-/// How long the store takes to answer, smoothed as TCP does (RFC 6298), so that a
-/// request is sent again only once it is overdue for this store under its present load:
-/// a busy store answers late, and sending it every request again would only add to its
-/// work. Each answer's time is measured from its request's first sending (an answer to a
-/// request sent again may be to either sending; taking the longer errs towards waiting).
+/// How long the store takes to answer, smoothed as TCP does (RFC 6298), and what its
+/// answers show of the requests still unanswered, so that a request is sent again only
+/// once it is overdue for this store under its present load: a busy store answers late,
+/// and sending it every request again would only add to its work. Each answer's time is
+/// measured from its request's first sending (an answer to a request sent again may be
+/// to either sending; taking the longer errs towards waiting).
 #[derive(Clone, Copy, Debug, Default)]
 struct RoundTrips {
     smoothed_ns: u64,
     variation_ns: u64,
     measured: bool,
+    /// When the store last answered anything.
+    answered_ns: u64,
+    /// The first sending of the latest-sent request answered.
+    answered_sent_ns: u64,
 }
 
 impl RoundTrips {
+    /// A request first sent at `first_sent_ns` is answered at `now_ns`.
+    fn answered(&mut self, now_ns: u64, first_sent_ns: u64) {
+        self.answered_sent_ns = self.answered_sent_ns.max(first_sent_ns);
+        self.sample(now_ns.saturating_sub(first_sent_ns));
+    }
+
+    /// When a request last sent at `sent_ns` is to be sent again, `wait_ns` being its
+    /// timeout: once a request sent after it has been answered (as TCP's RACK, RFC 8985,
+    /// takes a later segment's delivery as evidence of loss), else once the store has
+    /// been silent that long. A store that answers in order (Redis, over one connection)
+    /// answers a request before any sent after it, so while it keeps answering, however
+    /// far behind, nothing is sent again: a queue at the store is waited out, not added to.
+    fn resend_at(&self, sent_ns: u64, wait_ns: u64) -> u64 {
+        let since = if self.answered_sent_ns > sent_ns {
+            sent_ns
+        } else {
+            sent_ns.max(self.answered_ns)
+        };
+        since.saturating_add(wait_ns)
+    }
+
     fn sample(&mut self, took_ns: u64) {
         if !self.measured {
             (self.smoothed_ns, self.variation_ns, self.measured) = (took_ns, took_ns / 2, true);
@@ -403,6 +455,8 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             aliases: crate::FlowMap::default(),
             parked_by_alias: 0,
             sendable: Vec::new(),
+            asks_waiting: VecDeque::new(),
+            unanswered: 0,
             timers: BinaryHeap::new(),
             outbox: Vec::new(),
             events: VecDeque::new(),
@@ -629,77 +683,108 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             self.counters.resolves += 1;
             self.arm_alias(alias, now_ns);
         }
-        let lease_ns = self.config.lease_ns;
-        for key in std::mem::take(&mut self.sendable) {
-            let Some(flow) = self.flows.get_mut(&key) else {
-                continue;
-            };
-            flow.queued = false;
-            if let Lease::Acquiring {
-                first_sent_ns: first @ None,
-                sent_ns,
-                nonce,
-                ..
-            } = &mut flow.lease
-            {
-                *first = Some(now_ns);
-                *sent_ns = now_ns;
-                self.nonce += 1;
-                *nonce = self.nonce;
-                out.push(Request::Acquire {
-                    key,
-                    lease_ns,
-                    nonce: *nonce,
-                });
-                self.counters.acquires += 1;
-            }
-            if let Lease::Held { epoch, until_ns } = flow.lease {
-                if flow.in_flight.is_none()
-                    && let Some(value) = flow.pending.take()
-                {
-                    let seq = flow.acked + 1;
-                    out.push(Request::Write {
-                        key,
-                        epoch,
-                        seq,
-                        value: value.clone(),
-                        lease_ns,
-                        keep_ns: flow.keep_ns(now_ns, lease_ns),
-                        alias: flow.alias,
-                    });
-                    flow.in_flight = Some(InFlight {
-                        seq,
-                        value,
-                        first_sent_ns: now_ns,
-                        sent_ns: now_ns,
-                        tries: 0,
-                    });
-                    self.counters.writes += 1;
-                } else if flow.idle() && renewal_due(now_ns, until_ns, lease_ns) {
-                    self.nonce += 1;
-                    out.push(Request::Renew {
-                        key,
-                        epoch,
-                        lease_ns,
-                        nonce: self.nonce,
-                        keep_ns: flow.keep_ns(now_ns, lease_ns),
-                        alias: flow.alias,
-                    });
-                    flow.renewing = Some(Renewing {
-                        nonce: self.nonce,
-                        first_sent_ns: now_ns,
-                        sent_ns: now_ns,
-                        tries: 0,
-                    });
-                    self.counters.renewals += 1;
-                }
-            }
-            self.arm(key, now_ns);
+        // Asks held back go first, as far as there is room, then what came since.
+        while self.unanswered < self.config.asks_from
+            && let Some(key) = self.asks_waiting.pop_front()
+        {
+            self.transmit(key, now_ns, out, true);
         }
+        for key in std::mem::take(&mut self.sendable) {
+            self.transmit(key, now_ns, out, false);
+        }
+    }
+
+    /// The flow's request due now, if any: its ask, its next write, or its renewal.
+    /// `waited`: the flow comes from `asks_waiting`.
+    fn transmit(&mut self, key: K, now_ns: u64, out: &mut Vec<Request<K, V>>, waited: bool) {
+        let (lease_ns, asks_from) = (self.config.lease_ns, self.config.asks_from);
+        let room = self.unanswered < asks_from && (waited || self.asks_waiting.is_empty());
+        let Some(flow) = self.flows.get_mut(&key) else {
+            return;
+        };
+        let unanswered = flow.unanswered();
+        if let Lease::Acquiring {
+            first_sent_ns: first @ None,
+            sent_ns,
+            nonce,
+            ..
+        } = &mut flow.lease
+        {
+            if !room {
+                // Still queued: it waits its turn.
+                self.asks_waiting.push_back(key);
+                return;
+            }
+            if flow.parked.is_empty() {
+                // Its packets were dropped (held past the timeout) while it waited: none
+                // needs the lease now, and the flow is forgotten.
+                flow.lease = Lease::None;
+                flow.queued = false;
+                self.arm(key, now_ns);
+                return;
+            }
+            *first = Some(now_ns);
+            *sent_ns = now_ns;
+            self.nonce += 1;
+            *nonce = self.nonce;
+            out.push(Request::Acquire {
+                key,
+                lease_ns,
+                nonce: *nonce,
+            });
+            self.counters.acquires += 1;
+        }
+        flow.queued = false;
+        if let Lease::Held { epoch, until_ns } = flow.lease {
+            if flow.in_flight.is_none()
+                && let Some(value) = flow.pending.take()
+            {
+                let seq = flow.acked + 1;
+                out.push(Request::Write {
+                    key,
+                    epoch,
+                    seq,
+                    value: value.clone(),
+                    lease_ns,
+                    keep_ns: flow.keep_ns(now_ns, lease_ns),
+                    alias: flow.alias,
+                });
+                flow.in_flight = Some(InFlight {
+                    seq,
+                    value,
+                    first_sent_ns: now_ns,
+                    sent_ns: now_ns,
+                    tries: 0,
+                });
+                self.counters.writes += 1;
+            } else if flow.idle() && renewal_due(now_ns, until_ns, lease_ns) {
+                self.nonce += 1;
+                out.push(Request::Renew {
+                    key,
+                    epoch,
+                    lease_ns,
+                    nonce: self.nonce,
+                    keep_ns: flow.keep_ns(now_ns, lease_ns),
+                    alias: flow.alias,
+                });
+                flow.renewing = Some(Renewing {
+                    nonce: self.nonce,
+                    first_sent_ns: now_ns,
+                    sent_ns: now_ns,
+                    tries: 0,
+                });
+                self.counters.renewals += 1;
+            }
+        }
+        self.unanswered += flow.unanswered() - unanswered;
+        self.arm(key, now_ns);
     }
 
     /// An answer from the store.
     pub fn handle_reply(&mut self, now_ns: u64, reply: Reply<K, V>) {
+        // Any answer, even to a request answered before, shows the store is answering.
+        let answered = &mut self.round_trips.answered_ns;
+        *answered = (*answered).max(now_ns);
         // An alias has no flow of its own here: its packets wait apart.
         if let Reply::Resolved { alias, flow, nonce } = reply {
             self.resolved(now_ns, alias, flow, nonce);
@@ -710,6 +795,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
+        let unanswered = flow.unanswered();
         let until = |first_sent_ns: u64, lease_ns: u64| {
             lease_end(first_sent_ns, lease_ns, self.config.lease_ns, margin)
         };
@@ -734,7 +820,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 if nonce != asked {
                     return; // to an earlier ask: its lease may have started before this one
                 }
-                self.round_trips.sample(now_ns.saturating_sub(first));
+                self.round_trips.answered(now_ns, first);
                 flow.lease = Lease::Held {
                     epoch,
                     until_ns: until(first, lease_ns),
@@ -777,8 +863,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 let Some(w) = flow.in_flight.as_ref().filter(|w| w.seq == seq) else {
                     return;
                 };
-                self.round_trips
-                    .sample(now_ns.saturating_sub(w.first_sent_ns));
+                self.round_trips.answered(now_ns, w.first_sent_ns);
                 let Lease::Held { epoch: e, until_ns } = &mut flow.lease else {
                     return;
                 };
@@ -802,8 +887,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 let Some(r) = flow.renewing.filter(|r| r.nonce == nonce) else {
                     return;
                 };
-                self.round_trips
-                    .sample(now_ns.saturating_sub(r.first_sent_ns));
+                self.round_trips.answered(now_ns, r.first_sent_ns);
                 if let Lease::Held { epoch: e, until_ns } = &mut flow.lease
                     && *e == epoch
                 {
@@ -823,6 +907,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             }
             Reply::Resolved { .. } => return, // taken above
         }
+        // An answer ends at most the requests it answers (a fenced write, the renewal
+        // beside it too).
+        let now_unanswered = self.flows.get(&key).map_or(0, Flow::unanswered);
+        self.unanswered -= unanswered - now_unanswered;
         self.settle(key, now_ns);
         self.arm(key, now_ns);
     }
@@ -835,7 +923,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         let Some(first) = r.first_sent_ns.filter(|_| r.nonce == nonce) else {
             return; // to an earlier ask: the alias may name a flow since
         };
-        self.round_trips.sample(now_ns.saturating_sub(first));
+        self.round_trips.answered(now_ns, first);
         let Some(r) = self.resolving.remove(&alias) else {
             return;
         };
@@ -913,6 +1001,29 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
 
     pub fn parked(&self) -> usize {
         self.parked
+    }
+
+    /// Checks the replica's running counts against its flows, walking every flow: for
+    /// tests and simulations.
+    #[doc(hidden)]
+    pub fn check_bookkeeping(&self) -> Result<(), String> {
+        let unanswered: usize = self.flows.values().map(Flow::unanswered).sum();
+        if unanswered != self.unanswered {
+            return Err(format!(
+                "{} requests counted unanswered, {unanswered} in its flows",
+                self.unanswered
+            ));
+        }
+        let parked: usize = (self.flows.values().map(|f| f.parked.len()))
+            .chain(self.resolving.values().map(|r| r.parked.len()))
+            .sum();
+        if parked != self.parked {
+            return Err(format!(
+                "{} packets counted held, {parked} in its flows",
+                self.parked
+            ));
+        }
+        Ok(())
     }
 
     fn park(&mut self, key: K, token: Token, needs: Needs, now_ns: u64) {
@@ -997,6 +1108,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// overdue.
     fn resolve_due(&mut self, alias: K, now_ns: u64) {
         let (rto, timeout) = (self.retransmit_ns(), self.config.park_timeout_ns);
+        let resend_at = self.resend_at(rto);
         let Some(r) = self.resolving.get_mut(&alias) else {
             return;
         };
@@ -1018,7 +1130,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             self.resolving.remove(&alias);
             return;
         }
-        if r.first_sent_ns.is_some() && now_ns >= r.sent_ns.saturating_add(backoff(rto, r.tries)) {
+        if r.first_sent_ns.is_some() && now_ns >= resend_at(r.sent_ns, r.tries) {
             r.sent_ns = now_ns;
             r.tries += 1;
             self.outbox.push(Request::Resolve {
@@ -1033,10 +1145,11 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// the timer heap.
     fn arm_alias(&mut self, alias: K, now_ns: u64) {
         let (rto, timeout) = (self.retransmit_ns(), self.config.park_timeout_ns);
+        let resend_at = self.resend_at(rto);
         let Some(r) = self.resolving.get_mut(&alias) else {
             return;
         };
-        let mut next = r.sent_ns.saturating_add(backoff(rto, r.tries));
+        let mut next = resend_at(r.sent_ns, r.tries);
         if let Some(&(_, since_ns)) = r.parked.front() {
             next = next.min(since_ns.saturating_add(timeout));
         }
@@ -1051,13 +1164,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
-        let backoff = |tries: u32| backoff(rto, tries);
+        let resend_at = self.resend_at(rto);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
         let keep_ns = flow.keep_ns(now_ns, lease_ns);
         if let Some(w) = &mut flow.in_flight
-            && now_ns >= w.sent_ns.saturating_add(backoff(w.tries))
+            && now_ns >= resend_at(w.sent_ns, w.tries)
             && let Lease::Held { epoch, .. } = flow.lease
         {
             w.sent_ns = now_ns;
@@ -1074,7 +1187,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             self.counters.retransmits += 1;
         }
         if let Some(r) = &mut flow.renewing
-            && now_ns >= r.sent_ns.saturating_add(backoff(r.tries))
+            && now_ns >= resend_at(r.sent_ns, r.tries)
             && let Lease::Held { epoch, .. } = flow.lease
         {
             r.sent_ns = now_ns;
@@ -1089,9 +1202,14 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             });
             self.counters.retransmits += 1;
         }
+        // In use: a packet within the last quarter of a lease. Not the last half: a lease
+        // is renewed at its halfway point, a margin less than half a lease after the
+        // packet that asked for it, so a flow of one packet would be renewed once for
+        // nothing (a store call as dear as its ask). A flow whose packets come further
+        // apart renews by its packets ([`Replica::admit`]).
         let (idle, in_use) = (
             flow.idle(),
-            flow.processing > 0 || flow.used_ns.saturating_add(lease_ns / 2) > now_ns,
+            flow.processing > 0 || flow.used_ns.saturating_add(lease_ns / 4) > now_ns,
         );
         match &mut flow.lease {
             Lease::Acquiring {
@@ -1100,7 +1218,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 tries,
                 nonce,
                 ..
-            } if now_ns >= sent_ns.saturating_add(backoff(*tries)) => {
+            } if now_ns >= resend_at(*sent_ns, *tries) => {
                 *sent_ns = now_ns;
                 *tries += 1;
                 self.outbox.push(Request::Acquire {
@@ -1199,6 +1317,12 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         (self.round_trips).timeout(floor, (self.config.lease_ns / 4).max(floor))
     }
 
+    /// When a request last sent at a time, `tries` times already, is to be sent again.
+    fn resend_at(&self, rto: u64) -> impl Fn(u64, u32) -> u64 + use<K, V> {
+        let round_trips = self.round_trips;
+        move |sent_ns, tries| round_trips.resend_at(sent_ns, backoff(rto, tries))
+    }
+
     /// Puts the flow's next deadline in the timer heap, if earlier than the one there.
     /// Deadlines are after `now_ns`, so that a pass of [`Replica::handle_timeout`] ends.
     fn arm(&mut self, key: K, now_ns: u64) {
@@ -1207,16 +1331,16 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             self.config.lease_ns,
             self.config.park_timeout_ns,
         );
-        let backoff = |tries: u32| backoff(rto, tries);
+        let resend_at = self.resend_at(rto);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
         };
         let mut next = u64::MAX;
         if let Some(w) = &flow.in_flight {
-            next = next.min(w.sent_ns.saturating_add(backoff(w.tries)));
+            next = next.min(resend_at(w.sent_ns, w.tries));
         }
         if let Some(r) = &flow.renewing {
-            next = next.min(r.sent_ns.saturating_add(backoff(r.tries)));
+            next = next.min(resend_at(r.sent_ns, r.tries));
         }
         match flow.lease {
             Lease::Acquiring {
@@ -1224,7 +1348,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 sent_ns,
                 tries,
                 ..
-            } => next = next.min(sent_ns.saturating_add(backoff(tries))),
+            } => next = next.min(resend_at(sent_ns, tries)),
             Lease::Waiting { retry_ns } => next = next.min(retry_ns),
             Lease::Held { until_ns, .. } if flow.idle() => {
                 // Renew halfway if the flow is in use then; forget it when the lease ends.
@@ -1283,6 +1407,7 @@ mod tests {
             retransmit_ns: 5 * MS,
             park_limit: 4,
             park_timeout_ns: 150 * MS,
+            asks_from: 64,
         }
     }
 
@@ -1720,6 +1845,232 @@ mod tests {
         assert!(retransmits == 0, "{retransmits} sent again of {sent}");
     }
 
+    /// A store falling ever further behind but answering in order (as Redis does over one
+    /// connection) is waited for, however late its answers: a request is sent again only
+    /// once a request sent after it has been answered, or once the store has said nothing
+    /// for the request's timeout.
+    #[test]
+    fn a_request_is_sent_again_on_evidence_of_its_loss_never_for_lateness_alone() {
+        let mut r = Replica::new(
+            A,
+            ReplicaConfig {
+                park_limit: 1_000,
+                ..config()
+            },
+        );
+        let mut s = StoreCore::new(StoreConfig::default());
+        let mut queue: VecDeque<Request<u32, u64>> = VecDeque::new();
+        let mut next_answer = 0;
+        let mut installed = 0;
+        // A new flow every 2 ms for 60 ms, the store answering one request every 3 ms:
+        // the last ask waits some 30 ms, six times the timeout's 5 ms floor.
+        for now in (0..200 * MS).step_by(MS as usize) {
+            if now < 60 * MS && now % (2 * MS) == 0 {
+                let key = (now / (2 * MS)) as u32;
+                r.admit(now, key, u64::from(key));
+            }
+            if now >= next_answer
+                && let Some(q) = queue.pop_front()
+            {
+                let a = s.handle(now, A, q);
+                r.handle_reply(now, a);
+                next_answer = now + 3 * MS;
+            }
+            while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+                r.handle_timeout(t);
+            }
+            for e in events(&mut r) {
+                match e {
+                    Event::Install { .. } => installed += 1,
+                    Event::Process { key, token } => {
+                        r.processed(now, key, token, None, u64::MAX);
+                    }
+                    _ => {}
+                }
+            }
+            let mut out = Vec::new();
+            r.poll_transmit(now, &mut out);
+            queue.extend(out);
+        }
+        assert_eq!(installed, 30, "every flow's lease granted");
+        assert_eq!(r.counters.retransmits, 0);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+
+        // Afresh, a round trip of 1 ms measured: the timeout is its floor, 5 ms. Two asks
+        // 1 ms apart; the first is lost, the second answered at once.
+        let mut r = Replica::new(A, config());
+        r.admit(0, 9, 9);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        let a = s.handle(MS, A, out.remove(0));
+        r.handle_reply(MS, a);
+        let mut lost = Vec::new();
+        r.admit(10 * MS, 100, 100);
+        r.poll_transmit(10 * MS, &mut lost);
+        r.admit(11 * MS, 101, 101);
+        r.poll_transmit(11 * MS, &mut out);
+        let a = s.handle(11 * MS, A, out.remove(0));
+        r.handle_reply(11 * MS, a);
+        // Sent again at its timeout from its sending.
+        assert_eq!(r.poll_timeout(), Some(15 * MS));
+        r.handle_timeout(15 * MS);
+        let mut again = Vec::new();
+        r.poll_transmit(15 * MS, &mut again);
+        assert_eq!(again, lost, "the lost ask, again");
+        assert_eq!(r.counters.retransmits, 1);
+
+        // An ask the store says nothing to (flow 102's, at 20 ms), while it answers one
+        // sent before it (flow 103's, sent at 18 ms, answered at 22 ms): sent again once
+        // the store has been silent its timeout since that answer.
+        for a in again.into_iter().map(|q| s.handle(16 * MS, A, q)) {
+            r.handle_reply(16 * MS, a);
+        }
+        let mut earlier = Vec::new();
+        r.admit(18 * MS, 103, 103);
+        r.poll_transmit(18 * MS, &mut earlier);
+        r.admit(20 * MS, 102, 102);
+        r.poll_transmit(20 * MS, &mut Vec::new());
+        let a = s.handle(22 * MS, A, earlier.remove(0));
+        r.handle_reply(22 * MS, a);
+        let rto = r.retransmit_ns();
+        r.handle_timeout(20 * MS + rto);
+        assert_eq!(r.counters.retransmits, 1, "not silent since 22 ms");
+        r.handle_timeout(22 * MS + rto);
+        assert_eq!(r.counters.retransmits, 2);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+    }
+
+    /// A store that answers in rounds (a pipeline: the requests that come while a round is
+    /// worked on wait for the next), each round's answers at once, the oldest first, and
+    /// rounds growing as new flows come in waves faster than it answers: the silence while
+    /// a round is worked on is no sign of loss, and nothing is sent again.
+    #[test]
+    fn a_store_answering_in_rounds_is_waited_for() {
+        let mut r = Replica::new(
+            A,
+            ReplicaConfig {
+                park_limit: 10_000,
+                lease_ns: 1_000 * MS,
+                asks_from: 10_000,
+                ..config()
+            },
+        );
+        let mut s = StoreCore::new(StoreConfig::default());
+        let (mut waiting, mut working) = (Vec::new(), Vec::new());
+        let mut round_ends = 0;
+        let (mut key, mut installed) = (0u32, 0);
+        for now in (0..600 * MS).step_by(MS as usize / 4) {
+            if now >= round_ends {
+                for q in working.drain(..) {
+                    let a = s.handle(now, A, q);
+                    r.handle_reply(now, a);
+                }
+                working = std::mem::take(&mut waiting);
+                // A round takes 0.5 ms a request.
+                round_ends = now + (working.len() as u64 * MS / 2).max(MS / 4);
+            }
+            // New flows in waves: none, then many.
+            if now < 400 * MS && (now / (10 * MS)) % 5 == 1 {
+                key += 1;
+                r.admit(now, key, u64::from(key));
+            }
+            while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+                r.handle_timeout(t);
+            }
+            for e in events(&mut r) {
+                match e {
+                    Event::Install { .. } => installed += 1,
+                    Event::Process { key, token } => {
+                        r.processed(now, key, token, None, u64::MAX);
+                    }
+                    _ => {}
+                }
+            }
+            r.poll_transmit(now, &mut waiting);
+        }
+        assert_eq!(installed, key, "every flow's lease granted");
+        assert_eq!(r.counters.retransmits, 0);
+    }
+
+    /// Asks wait, in order, while `asks_from` requests are unanswered, and go as answers
+    /// make room; a write of a lease held is never held back; an ask whose packets were
+    /// dropped while it waited is never sent, and its flow is forgotten.
+    #[test]
+    fn asks_wait_for_room_and_writes_never_do() {
+        let mut r = Replica::new(
+            A,
+            ReplicaConfig {
+                asks_from: 2,
+                ..config()
+            },
+        );
+        let mut s = StoreCore::new(StoreConfig::default());
+        let asked = |out: &[Request<u32, u64>]| -> Vec<u32> {
+            (out.iter())
+                .filter_map(|q| match q {
+                    Request::Acquire { key, .. } => Some(*key),
+                    _ => None,
+                })
+                .collect()
+        };
+        for key in 1..=4 {
+            assert_eq!(r.admit(0, key, u64::from(key)), Admit::Parked);
+        }
+        let mut first = Vec::new();
+        r.poll_transmit(0, &mut first);
+        assert_eq!(asked(&first), [1, 2]);
+        let mut none = Vec::new();
+        r.poll_transmit(0, &mut none);
+        assert_eq!(none, []);
+
+        // Flow 1's grant makes room for flow 3's ask (not 4's), and flow 1's write goes
+        // though the window is full.
+        let a = s.handle(MS, A, first.remove(0));
+        r.handle_reply(MS, a);
+        for e in events(&mut r) {
+            if let Event::Process { key, token } = e {
+                assert_eq!(
+                    r.processed(MS, key, token, Some(9), u64::MAX),
+                    Release::Parked
+                );
+            }
+        }
+        let mut out = Vec::new();
+        r.poll_transmit(MS, &mut out);
+        assert_eq!(asked(&out), [3]);
+        assert!(
+            (out.iter()).any(|q| matches!(q, Request::Write { key: 1, .. })),
+            "{out:?}"
+        );
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+
+        // Nothing answered for the park timeout (150 ms): the packets waiting are dropped,
+        // flow 4's among them, and its ask, still waiting, is never sent.
+        let mut sent = out;
+        sent.extend(first);
+        while let Some(t) = r.poll_timeout().filter(|&t| t <= 160 * MS) {
+            r.handle_timeout(t);
+            r.poll_transmit(t, &mut sent);
+        }
+        let dropped: Vec<Token> = (events(&mut r).into_iter())
+            .filter_map(|e| match e {
+                Event::Drop { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect();
+        assert!(dropped.contains(&4), "{dropped:?}");
+        for q in sent {
+            let a = s.handle(161 * MS, A, q);
+            r.handle_reply(161 * MS, a);
+        }
+        let mut out = Vec::new();
+        r.poll_transmit(161 * MS, &mut out);
+        assert_eq!(asked(&out), [] as [u32; 0]);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+        advance(&mut r, &mut s, 162 * MS);
+        assert!(!r.flows.contains_key(&4), "flow 4 forgotten");
+    }
+
     #[test]
     fn a_fenced_write_drops_the_outputs_behind_it_and_the_flow_is_taken_again() {
         let mut r = Replica::new(A, config());
@@ -1897,9 +2248,10 @@ mod tests {
             r.handle_timeout(t);
             round_trip(&mut r, &mut s, t);
         }
-        // Both were in use in the lease's first half, so both are renewed once: flow 8's
-        // renewal says 400 ms again.
-        assert_eq!(r.counters.renewals, 2);
+        // Flow 7, read within a quarter lease of its halfway point, is renewed once; flow 8,
+        // used only by the packet that asked for its lease, is not (its write's 400 ms
+        // stands at the store).
+        assert_eq!(r.counters.renewals, 1);
         assert_eq!(r.flows(), 0, "both forgotten here");
         // At 420 ms another switch takes both: flow 8 timed out (at 400 ms, a lease after
         // its entry would have), flow 7 lives (to 440 ms).

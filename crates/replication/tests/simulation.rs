@@ -113,6 +113,8 @@ fn replica_config() -> ReplicaConfig {
         retransmit_ns: 400 * US,
         park_limit: 64,
         park_timeout_ns: 8 * MS,
+        // Few, so that asks wait for room under the random streams' bursts of new flows.
+        asks_from: 3,
     }
 }
 
@@ -428,7 +430,7 @@ impl World {
         }
     }
 
-    /// At most one switch holds each flow's lease.
+    /// At most one switch holds each flow's lease, and each replica's bookkeeping adds up.
     fn check_leases(&mut self, flows: u32) {
         for f in 0..flows {
             let now = self.now;
@@ -438,6 +440,11 @@ impl World {
                 .collect();
             if holders.len() > 1 {
                 self.fail(format!("flow {f} held by switches {holders:?} at once"));
+            }
+        }
+        for s in 0..self.switches.len() {
+            if let Err(e) = self.switches[s].replica.check_bookkeeping() {
+                self.fail(format!("switch {s}: {e}"));
             }
         }
     }

@@ -302,6 +302,7 @@ impl ReplicationSettings {
             retransmit_ns: ms(retransmit_ms),
             park_limit,
             park_timeout_ns: ms(park_timeout_ms),
+            ..ReplicaConfig::default()
         };
         let (store, store_name) = match self.store.as_deref() {
             None | Some("memory") => {
@@ -956,23 +957,31 @@ impl ReplicationStage {
         self.ready_out.push_back(token);
     }
 
+    /// The store's answers come so far, handed to the replica.
+    fn take_answers(&mut self, now: u64) {
+        self.link.receive(&mut self.replies);
+        for reply in self.replies.drain(..) {
+            self.replica.handle_reply(now, reply);
+        }
+    }
+
     /// One exchange with the store: what is due goes, what came is handled, and the
     /// replica's events are applied to the program, to the burst's packets and to the
     /// held ones.
     fn pump(&mut self, program: &mut dyn Running, ctx: &Context) {
         let now = self.now();
         self.reach.saw(self.link.counters().connected > 0, now);
+        // Answers that came first: a request answered is not overdue, and an answer may
+        // make more to send (a flow's next write), which goes in this exchange.
+        self.take_answers(now);
         if self.replica.poll_timeout().is_some_and(|t| t <= now) {
             self.replica.handle_timeout(now);
         }
         self.replica.poll_transmit(now, &mut self.requests);
         let holder = self.replica.holder();
         self.link.send(holder, &mut self.requests);
-        self.link.receive(&mut self.replies);
-        for reply in self.replies.drain(..) {
-            self.replica.handle_reply(now, reply);
-        }
-        // Answers may make more to send (a flow's next write): sent at the next exchange.
+        // Then those to what was just sent, from a store that answers at once (memory).
+        self.take_answers(now);
         while let Some(event) = self.replica.poll_event() {
             match event {
                 Event::Install { key, value, .. } => {
