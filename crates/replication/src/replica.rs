@@ -496,7 +496,12 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         if !waiting_for_lease && let Some(until_ns) = flow.held_until(now_ns) {
             if !flow.idle() || flow.processing > 0 || until_ns > horizon {
                 self.counters.processed += 1;
-                if flow.idle() && !flow.queued && renewal_due(now_ns, until_ns, lease_ns) {
+                // Renewed only if the renewal can reach the store within the lease.
+                if flow.idle()
+                    && !flow.queued
+                    && until_ns > horizon
+                    && renewal_due(now_ns, until_ns, lease_ns)
+                {
                     flow.queued = true;
                     self.sendable.push(key);
                 }
@@ -1164,6 +1169,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
+        let horizon = now_ns.saturating_add(self.reach_ns());
         let resend_at = self.resend_at(rto);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
@@ -1231,8 +1237,14 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             Lease::Waiting { retry_ns } if now_ns >= *retry_ns => {
                 flow.ask(key, now_ns, true, &mut self.sendable);
             }
+            // Not a renewal that would reach the store after the lease (the timer came late:
+            // a worker busy that long): it would be refused, and the flow forgotten.
             Lease::Held { until_ns, .. }
-                if idle && in_use && renewal_due(now_ns, *until_ns, lease_ns) && !flow.queued =>
+                if idle
+                    && in_use
+                    && *until_ns > horizon
+                    && renewal_due(now_ns, *until_ns, lease_ns)
+                    && !flow.queued =>
             {
                 flow.queued = true;
                 self.sendable.push(key);
@@ -2214,6 +2226,34 @@ mod tests {
         }
         assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
         assert_eq!(r.flows(), 0);
+    }
+
+    /// A renewal due when the worker comes back to its timers too late for it to reach
+    /// the store within the lease (a worker busy that long: here with a packet the lease
+    /// let through still unprocessed) is not sent: the store would refuse it. The flow
+    /// lapses, and its next packet asks for the lease again.
+    #[test]
+    fn a_renewal_that_would_reach_the_store_after_the_lease_is_not_sent() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, 7, 1);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        // Answered in 10 ms: a request takes that long to reach the store.
+        let a = s.handle(10 * MS, A, out.remove(0));
+        r.handle_reply(10 * MS, a);
+        assert!(events(&mut r).contains(&Event::Process { key: 7, token: 1 }));
+        // The flow is in use (its packet handed to the worker), so due for renewal at the
+        // lease's halfway point (49 ms), but the timers are looked at only at 95 ms, 4 ms
+        // before the lease ends here.
+        r.handle_timeout(95 * MS);
+        let mut out = Vec::new();
+        r.poll_transmit(95 * MS, &mut out);
+        assert_eq!(out, [], "no renewal");
+        assert_eq!(r.counters.renewals, 0);
+        advance(&mut r, &mut s, 100 * MS);
+        assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
+        assert_eq!(r.admit(101 * MS, 7, 2), Admit::Parked);
     }
 
     #[test]
