@@ -380,6 +380,10 @@ pub struct Replica<K, V> {
     /// The next ask's or renewal's nonce.
     nonce: u64,
     round_trips: RoundTrips,
+    /// When requests were first sent (one entry an exchange that sent any), from the
+    /// earliest that may be unanswered: those sent before the latest-sent answered are
+    /// taken out. Its front is the oldest unanswered request's sending.
+    sent_unanswered: VecDeque<u64>,
     pub counters: ReplicaCounters,
 }
 
@@ -463,6 +467,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             parked: 0,
             nonce: 0,
             round_trips: RoundTrips::default(),
+            sent_unanswered: VecDeque::new(),
             counters: ReplicaCounters::default(),
         }
     }
@@ -481,7 +486,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
 
     /// A packet of flow `key` arrived.
     pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
-        let horizon = now_ns.saturating_add(self.reach_ns());
+        let horizon = now_ns.saturating_add(self.reach_ns(now_ns));
         let lease_ns = self.config.lease_ns;
         let flow = self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
         flow.used_ns = now_ns;
@@ -674,6 +679,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// The requests due now: the flows' waiting changes as one write each (those with no
     /// write on its way), leases to ask for or renew, and requests sent again.
     pub fn poll_transmit(&mut self, now_ns: u64, out: &mut Vec<Request<K, V>>) {
+        let before = self.counters.acquires + self.counters.writes + self.counters.renewals;
         out.append(&mut self.outbox);
         for alias in std::mem::take(&mut self.to_resolve) {
             let Some(r) = self.resolving.get_mut(&alias) else {
@@ -696,6 +702,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         }
         for key in std::mem::take(&mut self.sendable) {
             self.transmit(key, now_ns, out, false);
+        }
+        let after = self.counters.acquires + self.counters.writes + self.counters.renewals;
+        if after > before && self.sent_unanswered.back() != Some(&now_ns) {
+            self.sent_unanswered.push_back(now_ns);
         }
     }
 
@@ -916,6 +926,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         // beside it too).
         let now_unanswered = self.flows.get(&key).map_or(0, Flow::unanswered);
         self.unanswered -= unanswered - now_unanswered;
+        let answered_sent = self.round_trips.answered_sent_ns;
+        while (self.sent_unanswered.front()).is_some_and(|&t| t <= answered_sent) {
+            self.sent_unanswered.pop_front();
+        }
+        if self.unanswered == 0 {
+            self.sent_unanswered.clear();
+        }
         self.settle(key, now_ns);
         self.arm(key, now_ns);
     }
@@ -1169,7 +1186,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// The flow's timed work due at `now_ns`.
     fn due(&mut self, key: K, now_ns: u64) {
         let (rto, lease_ns) = (self.retransmit_ns(), self.config.lease_ns);
-        let horizon = now_ns.saturating_add(self.reach_ns());
+        let horizon = now_ns.saturating_add(self.reach_ns(now_ns));
         let resend_at = self.resend_at(rto);
         let Some(flow) = self.flows.get_mut(&key) else {
             return;
@@ -1308,17 +1325,20 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         }
     }
 
-    /// How long a request takes to reach the store, at most (the measured round trip,
-    /// held to a quarter of a lease): a packet is processed only if its flow's lease runs
+    /// How long a request sent at `now_ns` takes to reach the store, at most: the
+    /// measured round trip, or longer while the oldest request unanswered has waited
+    /// longer (a store, or a link, fallen behind: a request sent now queues behind it),
+    /// held to a quarter of a lease. A packet is processed only if its flow's lease runs
     /// that much longer, since a write it makes reaches the store that much later, and
     /// one reaching it after the lease is fenced and its output dropped. A flow whose
     /// lease ends sooner asks for it again first (the holder asking keeps its epoch while
     /// the lease runs).
-    fn reach_ns(&self) -> u64 {
+    fn reach_ns(&self, now_ns: u64) -> u64 {
         if !self.round_trips.measured {
             return 0;
         }
-        (self.round_trips.smoothed_ns).min(self.config.lease_ns / 4)
+        let behind = (self.sent_unanswered.front()).map_or(0, |&t| now_ns.saturating_sub(t));
+        (self.round_trips.smoothed_ns.max(behind)).min(self.config.lease_ns / 4)
     }
 
     /// The wait before a request is first sent again: the configured one, or longer as
@@ -2226,6 +2246,41 @@ mod tests {
         }
         assert_eq!(events(&mut r), [Event::Forget { key: 7 }]);
         assert_eq!(r.flows(), 0);
+    }
+
+    /// A store fallen behind (a request unanswered for 30 ms, where answers took 1 ms) is
+    /// taken to be that far away: a packet whose lease ends sooner asks for it again
+    /// rather than make a write that would reach the store after the lease. Once the
+    /// store catches up, its measured round trip counts again.
+    #[test]
+    fn a_store_fallen_behind_is_taken_to_be_as_far_as_its_oldest_unanswered_request() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        for key in [7, 9] {
+            r.admit(0, key, u64::from(key));
+        }
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        for q in out {
+            let a = s.handle(MS, A, q);
+            r.handle_reply(MS, a);
+        }
+        for e in events(&mut r) {
+            if let Event::Process { key, token } = e {
+                r.processed(MS, key, token, None, u64::MAX);
+            }
+        }
+        // Both leases end at 99 ms here. Flow 8's ask, at 50 ms, goes unanswered.
+        let mut late = Vec::new();
+        r.admit(50 * MS, 8, 8);
+        r.poll_transmit(50 * MS, &mut late);
+        // At 80 ms, 19 ms before flow 7's lease ends, the store is 30 ms behind.
+        assert_eq!(r.admit(80 * MS, 7, 70), Admit::Parked);
+        assert!(matches!(r.flows[&7].lease, Lease::Acquiring { .. }));
+        // Caught up at 81 ms: a packet of flow 9, 18 ms before its lease ends, is processed.
+        let a = s.handle(81 * MS, A, late.remove(0));
+        r.handle_reply(81 * MS, a);
+        assert_eq!(r.admit(81 * MS, 9, 90), Admit::Process);
     }
 
     /// A renewal due when the worker comes back to its timers too late for it to reach
