@@ -1460,6 +1460,25 @@ mod tests {
     }
 
     /// Runs the timers due up to `to`, each time sending what is due to the store.
+    /// The replica's side of a step at `now`: its timers, and the packets it lets
+    /// through processed with no change. The leases it installed.
+    fn work(r: &mut Replica<u32, u64>, now: u64) -> usize {
+        while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+            r.handle_timeout(t);
+        }
+        let mut installed = 0;
+        for e in events(r) {
+            match e {
+                Event::Install { .. } => installed += 1,
+                Event::Process { key, token } => {
+                    r.processed(now, key, token, None, u64::MAX);
+                }
+                _ => {}
+            }
+        }
+        installed
+    }
+
     fn advance(r: &mut Replica<u32, u64>, s: &mut StoreCore<u32, u64>, to: u64) {
         while let Some(t) = r.poll_timeout().filter(|&t| t <= to) {
             r.handle_timeout(t);
@@ -1908,18 +1927,7 @@ mod tests {
                 r.handle_reply(now, a);
                 next_answer = now + 3 * MS;
             }
-            while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
-                r.handle_timeout(t);
-            }
-            for e in events(&mut r) {
-                match e {
-                    Event::Install { .. } => installed += 1,
-                    Event::Process { key, token } => {
-                        r.processed(now, key, token, None, u64::MAX);
-                    }
-                    _ => {}
-                }
-            }
+            installed += work(&mut r, now);
             let mut out = Vec::new();
             r.poll_transmit(now, &mut out);
             queue.extend(out);
@@ -2006,21 +2014,10 @@ mod tests {
                 key += 1;
                 r.admit(now, key, u64::from(key));
             }
-            while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
-                r.handle_timeout(t);
-            }
-            for e in events(&mut r) {
-                match e {
-                    Event::Install { .. } => installed += 1,
-                    Event::Process { key, token } => {
-                        r.processed(now, key, token, None, u64::MAX);
-                    }
-                    _ => {}
-                }
-            }
+            installed += work(&mut r, now);
             r.poll_transmit(now, &mut waiting);
         }
-        assert_eq!(installed, key, "every flow's lease granted");
+        assert_eq!(installed, key as usize, "every flow's lease granted");
         assert_eq!(r.counters.retransmits, 0);
     }
 
