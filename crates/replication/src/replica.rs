@@ -814,6 +814,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         let until = |first_sent_ns: u64, lease_ns: u64| {
             lease_end(first_sent_ns, lease_ns, self.config.lease_ns, margin)
         };
+        let mut fenced = false;
         match reply {
             Reply::Granted {
                 epoch,
@@ -918,14 +919,16 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                     return; // about an earlier lease of ours, already given up
                 }
                 self.counters.fenced += 1;
-                self.lose_lease(key);
+                fenced = true;
             }
             Reply::Resolved { .. } => return, // taken above
         }
-        // An answer ends at most the requests it answers (a fenced write, the renewal
-        // beside it too).
-        let now_unanswered = self.flows.get(&key).map_or(0, Flow::unanswered);
-        self.unanswered -= unanswered - now_unanswered;
+        // An answer ends the request it answers; `Fenced` every one of the flow's (its
+        // lease lost, nothing of it is on its way any more).
+        self.unanswered -= unanswered - if fenced { 0 } else { flow.unanswered() };
+        if fenced {
+            self.lose_lease(key);
+        }
         let answered_sent = self.round_trips.answered_sent_ns;
         while (self.sent_unanswered.front()).is_some_and(|&t| t <= answered_sent) {
             self.sent_unanswered.pop_front();
