@@ -722,11 +722,91 @@ struct BurstFlow {
     outputs_held: bool,
 }
 
+impl BurstFlow {
+    fn new(key: FlowBytes) -> BurstFlow {
+        BurstFlow {
+            key,
+            go: false,
+            processed: false,
+            compared: false,
+            changed: false,
+            outputs_held: false,
+        }
+    }
+}
+
+/// The burst's flows by key: an open-addressed table of places in the burst's list of
+/// flows, kept at most half full and emptied each burst. It keeps no key of its own (a
+/// map of keys copied each 64-byte key into it, and each burst's first packets of their
+/// flows, most of a burst, are insertions).
+#[derive(Default)]
+struct FlowIndex {
+    /// A flow's place plus one (0: empty), at its key's hash, or after it.
+    places: Vec<u32>,
+}
+
+impl FlowIndex {
+    /// Empties the index, with room for `flows` flows at most half full.
+    fn clear(&mut self, flows: usize) {
+        let size = (2 * flows.max(1)).next_power_of_two();
+        if self.places.len() < size {
+            self.places = vec![0; size];
+        } else {
+            self.places.fill(0);
+        }
+    }
+
+    /// `key`'s place in `flows`, added there if it is not yet.
+    fn find_or_add(&mut self, flows: &mut Vec<BurstFlow>, key: FlowBytes) -> usize {
+        if 2 * (flows.len() + 1) > self.places.len() {
+            // Grown: the places indexed so far (not every flow's: a packet named by an
+            // alias has a place of its own, not indexed) are placed again.
+            let old = std::mem::take(&mut self.places);
+            self.clear(flows.len() + 1);
+            for place in old.into_iter().filter(|&p| p > 0) {
+                let at = self.slot_of(flows, &flows[place as usize - 1].key);
+                self.places[at] = place;
+            }
+        }
+        let at = self.slot_of(flows, &key);
+        match self.places[at] {
+            0 => {
+                flows.push(BurstFlow::new(key));
+                self.places[at] = flows.len() as u32;
+                flows.len() - 1
+            }
+            place => place as usize - 1,
+        }
+    }
+
+    /// Where `key` is, or the empty slot where it would go.
+    fn slot_of(&self, flows: &[BurstFlow], key: &FlowBytes) -> usize {
+        let mask = self.places.len() - 1;
+        let mut at = key.hash_value() as usize & mask;
+        loop {
+            match self.places[at] {
+                0 => return at,
+                place if flows[place as usize - 1].key == *key => return at,
+                _ => at = (at + 1) & mask,
+            }
+        }
+    }
+}
+
 /// The packets of one flow the stage holds: those to be processed, those to leave.
 #[derive(Default)]
 struct Queue {
     inputs: u32,
     outputs: u32,
+}
+
+/// How many packets of flow `key` the stage holds (with none held at all, without a
+/// lookup).
+fn held_of<'a>(queues: &'a FlowMap<FlowBytes, Queue>, key: &FlowBytes) -> Option<&'a Queue> {
+    match queues.is_empty() {
+        true => None,
+        false => queues.get(key),
+    }
 }
 
 /// What becomes of a packet of the burst.
@@ -747,12 +827,12 @@ enum Outcome {
 }
 
 struct Slot {
-    key: FlowBytes,
     token: Token,
     outcome: Outcome,
     /// Outputs of its flow were held when it was processed: its own goes behind them.
     behind: bool,
-    /// Its flow's place among the burst's flows (set once the burst's packets are known).
+    /// Its flow's place among the burst's flows, where its key is (a packet named by an
+    /// alias: a place of its own, its key the alias).
     flow: usize,
 }
 
@@ -778,7 +858,7 @@ struct ReplicationStage {
     /// The burst's flows, and the states after the program of those it processes.
     flows: Vec<BurstFlow>,
     after: FlowStates,
-    index_of_flow: FlowMap<FlowBytes, usize>,
+    index_of_flow: FlowIndex,
     /// Per flow of the burst: its last packet's place in the burst (only with a history).
     last_of_flow: Vec<usize>,
     /// Packets held across bursts, and per flow how many.
@@ -858,7 +938,7 @@ impl ReplicationStage {
             flows: Vec::new(),
             after: FlowStates::default(),
             last_of_flow: Vec::new(),
-            index_of_flow: FlowMap::default(),
+            index_of_flow: FlowIndex::default(),
             held: Held::with_limit(parked_bytes(config.park_limit)),
             queues: FlowMap::default(),
             ready_in: VecDeque::new(),
@@ -1217,12 +1297,12 @@ impl ReplicationStage {
                     self.held.recycle(p);
                     continue;
                 }
+                let flow = self.flow_index(p.meta.key);
                 front.push(Some(Slot {
-                    key: p.meta.key,
                     token,
                     outcome: Outcome::Go,
                     behind: false,
-                    flow: 0,
+                    flow,
                 }));
                 self.held.recycle(p);
             }
@@ -1231,17 +1311,7 @@ impl ReplicationStage {
 
     /// Flow `key`'s place among the burst's flows (added if new).
     fn flow_index(&mut self, key: FlowBytes) -> usize {
-        *self.index_of_flow.entry(key).or_insert_with(|| {
-            self.flows.push(BurstFlow {
-                key,
-                go: false,
-                processed: false,
-                compared: false,
-                changed: false,
-                outputs_held: false,
-            });
-            self.flows.len() - 1
-        })
+        self.index_of_flow.find_or_add(&mut self.flows, key)
     }
 
     /// A call line for a packet about to be processed.
@@ -1261,7 +1331,7 @@ impl StateStage for ReplicationStage {
         self.slots.clear();
         self.in_burst.clear();
         self.flows.clear();
-        self.index_of_flow.clear();
+        self.index_of_flow.clear(burst.capacity());
         let now = self.now();
         for (i, d) in burst.descs().iter().enumerate() {
             let (key, by_alias) = match program.replicated_key(d, burst.data(i)) {
@@ -1293,12 +1363,12 @@ impl StateStage for ReplicationStage {
                         _ => Outcome::Dropped,
                     },
                 };
+                self.flows.push(BurstFlow::new(key));
                 self.slots.push(Some(Slot {
-                    key,
                     token,
                     outcome,
                     behind: false,
-                    flow: 0,
+                    flow: self.flows.len() - 1,
                 }));
                 continue;
             }
@@ -1306,7 +1376,6 @@ impl StateStage for ReplicationStage {
             if self.flows[flow].go {
                 self.replica.admitted_again();
                 self.slots.push(Some(Slot {
-                    key,
                     token,
                     outcome: Outcome::Go,
                     behind: false,
@@ -1315,7 +1384,7 @@ impl StateStage for ReplicationStage {
                 continue;
             }
             // Held packets of its flow still to be processed go first.
-            let behind = self.queues.get(&key).is_some_and(|q| q.inputs > 0);
+            let behind = held_of(&self.queues, &key).is_some_and(|q| q.inputs > 0);
             // The stage holds at most `park_limit` packets, and past it only outputs of
             // this burst that wait for the store: a packet that would be held unprocessed
             // is dropped before the replica sees it.
@@ -1335,7 +1404,6 @@ impl StateStage for ReplicationStage {
             };
             self.flows[flow].go = outcome == Outcome::Go;
             self.slots.push(Some(Slot {
-                key,
                 token,
                 outcome,
                 behind,
@@ -1359,29 +1427,30 @@ impl StateStage for ReplicationStage {
                 keep.push(true);
                 continue;
             };
-            if self.history.is_some() && slot.outcome == Outcome::Go && !flows.insert(slot.key) {
+            if self.history.is_some() && slot.outcome == Outcome::Go && !flows.insert(slot.flow) {
                 slot.outcome = Outcome::HoldInput { ready: true };
             }
-            let (key, token, outcome) = (slot.key, slot.token, slot.outcome);
+            let (token, outcome, flow) = (slot.token, slot.outcome, slot.flow);
+            if outcome == Outcome::Go {
+                if self.history.is_some() {
+                    let key = self.flows[flow].key;
+                    self.history_call(token, &key, burst, i, call_ns);
+                }
+                keep.push(true);
+                continue;
+            }
             if let Outcome::HoldInput { ready: false } = outcome {
                 self.counters
                     .waited_for_lease
                     .fetch_add(1, Ordering::Relaxed);
             }
             let meta = Hold {
-                key,
+                key: self.flows[flow].key,
                 alone: false,
                 processed: false,
                 state: None,
             };
             match outcome {
-                Outcome::Go => {
-                    if self.history.is_some() {
-                        self.history_call(token, &key, burst, i, call_ns);
-                    }
-                    keep.push(true);
-                    continue;
-                }
                 Outcome::HoldInput { ready } => {
                     self.hold(burst, i, token, meta);
                     if ready {
@@ -1395,12 +1464,14 @@ impl StateStage for ReplicationStage {
             }
             keep.push(false);
         }
-        retain_kept(burst, &keep);
-        let mut i = 0;
-        self.slots.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
+        if keep.contains(&false) {
+            retain_kept(burst, &keep);
+            let mut i = 0;
+            self.slots.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
+        }
         self.keep = keep;
         // Packets whose alias the store named meanwhile are held now: admitted again.
         if !self.resolved.is_empty() {
@@ -1415,11 +1486,11 @@ impl StateStage for ReplicationStage {
         self.put_ready_in_front(burst, &mut front);
         if !front.is_empty() {
             for (i, slot) in front.iter_mut().enumerate() {
-                if let Some(slot) = slot {
-                    slot.flow = self.flow_index(slot.key);
-                    if self.history.is_some() {
-                        self.history_call(slot.token, &slot.key, burst, i, call_ns);
-                    }
+                if let Some(slot) = slot
+                    && self.history.is_some()
+                {
+                    let key = self.flows[slot.flow].key;
+                    self.history_call(slot.token, &key, burst, i, call_ns);
                 }
             }
             front.append(&mut self.slots);
@@ -1444,13 +1515,14 @@ impl StateStage for ReplicationStage {
                 continue;
             }
             self.after.push(program, &flow.key);
-            flow.outputs_held = (self.queues.get(&flow.key)).is_some_and(|q| q.outputs > 0);
+            flow.outputs_held = held_of(&self.queues, &flow.key).is_some_and(|q| q.outputs > 0);
         }
         let (mut processed, mut folded) = (0u64, 0u64);
         self.in_burst.clear();
         for i in 0..self.slots.len() {
             let Some(slot) = &self.slots[i] else { continue };
-            let (key, token, flow) = (slot.key, slot.token, slot.flow);
+            let (token, flow) = (slot.token, slot.flow);
+            let key = self.flows[flow].key;
             processed += 1;
             // When the state times out, in the stage's time (the store is told).
             let lives_until = match self.after.deadline_ns(flow) {
@@ -1523,8 +1595,7 @@ impl StateStage for ReplicationStage {
                 keep.push(true);
                 continue;
             };
-            let (key, token, outcome, behind, flow) =
-                (slot.key, slot.token, slot.outcome, slot.behind, slot.flow);
+            let (token, outcome, behind, flow) = (slot.token, slot.outcome, slot.behind, slot.flow);
             let state =
                 (self.last_of_flow[flow] == i).then(|| self.after.get(flow).map(<[u8]>::to_vec));
             match outcome {
@@ -1542,7 +1613,7 @@ impl StateStage for ReplicationStage {
                 }
                 _ => {
                     let meta = Hold {
-                        key,
+                        key: self.flows[flow].key,
                         alone: false,
                         processed: true,
                         state,
@@ -1556,7 +1627,9 @@ impl StateStage for ReplicationStage {
             }
         }
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
-        retain_kept(burst, &keep);
+        if keep.contains(&false) {
+            retain_kept(burst, &keep);
+        }
         self.keep = keep;
         // Held outputs free to leave go behind the burst's own, as many as fit.
         while let Some(&token) = self.ready_out.front() {
