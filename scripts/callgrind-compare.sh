@@ -9,9 +9,14 @@
 # worker, output stage), forward and l2learn; and `run` with a program's per-flow state
 # replicated linearizably to the memory store (`replicated PROGRAM`: firewall, nat and
 # counter), beside the same program unreplicated (`run PROGRAM`), so that the replication
-# stage's cost a packet is the difference.
+# stage's cost a packet is the difference. The cases ending in `dc` and `kv` run on
+# established flows: the datacenter workload's 1,000 flows (firewall, nat) and the kv
+# workload's requests of 1,000 clients to a VIP (lb), replicated with `lease_ms` 60,000 so
+# that no lease comes due under valgrind's slowdown: the stage's steady cost a packet on
+# flows whose leases it holds.
 # Each run's summary is checked: every packet read is written (forward) or counted.
 # Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
+#   CASES="replicated firewall dc;run firewall dc" picks cases (`;` between them).
 # Writes target/callgrind-compare.csv and target/callgrind-compare.svg; the base build
 # stays in target/base-COMMIT.
 set -euo pipefail
@@ -44,6 +49,9 @@ new_bin="$work/stateplane-$head"
 for n in "$packets" $((3 * packets)); do
   "$new_bin" gen internet --packets "$n" --packet-size 256 --ipv6-share 0.2 --seed 1 \
     -o "$work/trace-$n.pcap" >/dev/null
+  "$new_bin" gen datacenter --packets "$n" --flows 1000 --seed 1 -o "$work/dc-$n.pcap" >/dev/null
+  "$new_bin" gen kv --packets "$n" --flows 1000 --ipv6-share 0 --seed 1 \
+    -o "$work/kv-$n.pcap" >/dev/null
 done
 
 # Callgrind's instruction total of one command.
@@ -75,20 +83,24 @@ program_section() {
     firewall) printf '[program]\nname = "firewall"\n[program.firewall]\ninside = "p0"\n' ;;
     nat) printf '[program]\nname = "nat"\n[program.nat]\ninside = "p0"\noutside = "p1"\nexternal = "198.18.255.100"\n' ;;
     counter) printf '[program]\nname = "counter"\n[program.counter]\nmap = { p0 = "p1" }\ncapacity = 1048576\n' ;;
+    lb) printf '[program]\nname = "lb"\n[program.lb]\nclients = "p0"\nservers = "p1"\n[[program.lb.vips]]\naddress = "198.19.0.100"\nport = 9000\nproto = "udp"\nbackends = [{ address = "198.18.200.1" }, { address = "198.18.200.2" }, { address = "198.18.200.3" }, { address = "198.18.200.4" }]\n' ;;
   esac
 }
 replicated_state() {
-  case $1 in firewall) echo connections ;; nat) echo translations ;; counter) echo flows ;; esac
+  case $1 in firewall | lb) echo connections ;; nat) echo translations ;; counter) echo flows ;; esac
 }
 
 # Writes a run's configuration: PROGRAM over TRACE (port p0) to FILE, its state replicated
-# to the memory store if a fourth argument is given.
+# to the memory store if a fourth argument is given (with a fifth, its leases that long).
 config() {
   { echo "burst = 64"
     program_section "$1"
     printf '[[port]]\nname = "p0"\nrx = "%s"\n[[port]]\nname = "p1"\n' "$2"
     if [ -n "${4:-}" ]; then
       printf '[guarantees]\n%s = ["replicated"]\n' "$(replicated_state "$1")"
+    fi
+    if [ -n "${5:-}" ]; then
+      printf '[replication]\nlease_ms = %s\n' "$5"
     fi
   } > "$3"
 }
@@ -97,12 +109,16 @@ per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b
 
 csv=target/callgrind-compare.csv
 echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
-echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1; 1 worker, burst 64"
+echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1 (cases ending in dc: gen datacenter --flows 1000 --seed 1; kv: gen kv --flows 1000 --ipv6-share 0 --seed 1); 1 worker, burst 64"
 printf '%-24s %12s %12s %8s\n' case "$base_short" "$head" ratio
-for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run forward" "run l2learn" \
-  "run firewall" "replicated firewall" "run nat" "replicated nat" "run counter" "replicated counter"; do
+all_cases="bench forward;bench conntrack;bench-pipeline internet;run forward;run l2learn"
+all_cases+=";run firewall;replicated firewall;run nat;replicated nat;run counter;replicated counter"
+all_cases+=";run firewall dc;replicated firewall dc;run nat dc;replicated nat dc;run lb kv;replicated lb kv"
+IFS=';' read -r -a cases <<< "${CASES:-$all_cases}"
+for case in "${cases[@]}"; do
   set -- $case
-  kind=$1 program=$2
+  kind=$1 program=$2 trace=${3:-trace} lease=
+  [ "$trace" = trace ] || lease=60000
   row=()
   for bin in "$base_bin" "$new_bin"; do
     totals=()
@@ -116,11 +132,11 @@ for case in "bench forward" "bench conntrack" "bench-pipeline internet" "run for
           --loops "$loops" --repeat 1 --modes action --update-rates 0 --tables 2 \
           --acl-rules 200 --fib-prefixes 10000)")
       elif [ "$kind" = replicated ]; then
-        config "$program" "$work/trace-$n.pcap" "$work/run.toml" replicated
+        config "$program" "$work/$trace-$n.pcap" "$work/run.toml" replicated "$lease"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
         check_run "$n" "$program" || fail "$case: the run did not handle every packet"
       elif [ -n "$(program_section "$program")" ]; then
-        config "$program" "$work/trace-$n.pcap" "$work/run.toml"
+        config "$program" "$work/$trace-$n.pcap" "$work/run.toml"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
         check_run "$n" "$program" || fail "$case: the run did not handle every packet"
       else
