@@ -706,6 +706,13 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         let after = self.counters.acquires + self.counters.writes + self.counters.renewals;
         if after > before && self.sent_unanswered.back() != Some(&now_ns) {
             self.sent_unanswered.push_back(now_ns);
+            // Sendings a quarter lease old or older all make the reach its cap: the latest
+            // of them stands for them all, so that a store silent for long (gone, or a link
+            // losing everything) leaves a quarter lease's sendings here at most.
+            let old = now_ns.saturating_sub(self.config.lease_ns / 4);
+            while (self.sent_unanswered.get(1)).is_some_and(|&t| t <= old) {
+                self.sent_unanswered.pop_front();
+            }
         }
     }
 
@@ -2281,6 +2288,45 @@ mod tests {
         let a = s.handle(81 * MS, A, late.remove(0));
         r.handle_reply(81 * MS, a);
         assert_eq!(r.admit(81 * MS, 9, 90), Admit::Process);
+    }
+
+    /// A store silent for long (here for a thousand leases, a new flow asking every
+    /// millisecond, their packets dropped as they time out) leaves the replica keeping
+    /// the sendings of a quarter lease at most, and the reach at its cap.
+    #[test]
+    fn a_store_silent_for_long_leaves_a_quarter_lease_of_sendings_kept() {
+        let config = ReplicaConfig {
+            park_limit: 1_000_000,
+            ..config()
+        };
+        let quarter = config.lease_ns / 4;
+        let mut r = Replica::new(A, config);
+        // The store answers the first ask (its round trip is measured), then nothing.
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, u32::MAX, 0);
+        round_trip(&mut r, &mut s, 0);
+        let mut out = Vec::new();
+        let (mut longest, mut asked) = (0, 0);
+        for ms in 1..100_000u32 {
+            let now = u64::from(ms) * MS;
+            r.admit(now, ms, u64::from(ms));
+            work(&mut r, now);
+            r.poll_transmit(now, &mut out);
+            asked += out
+                .iter()
+                .filter(|q| matches!(q, Request::Acquire { .. }))
+                .count();
+            out.clear();
+            longest = longest.max(r.sent_unanswered.len());
+            if now > quarter {
+                assert_eq!(r.reach_ns(now), quarter, "at {ms} ms");
+            }
+        }
+        assert!(asked > 10_000, "asks kept going as flows gave up: {asked}");
+        assert!(
+            longest <= (quarter / MS) as usize + 1,
+            "{longest} sendings kept"
+        );
     }
 
     /// A renewal due when the worker comes back to its timers too late for it to reach
