@@ -2034,6 +2034,64 @@ mod tests {
     /// Asks wait, in order, while `asks_from` requests are unanswered, and go as answers
     /// make room; a write of a lease held is never held back; an ask whose packets were
     /// dropped while it waited is never sent, and its flow is forgotten.
+    /// With asks waiting for room and the park full, a packet more (of a new flow, or of
+    /// a flow whose ask waits) is dropped; the asks go in order as answers come, the flow
+    /// that came once the park had room behind those waiting before it.
+    #[test]
+    fn a_full_park_drops_new_packets_while_asks_wait_and_loses_no_ask_waiting() {
+        let mut r = Replica::new(
+            A,
+            ReplicaConfig {
+                asks_from: 2,
+                ..config()
+            },
+        );
+        let mut s = StoreCore::new(StoreConfig::default());
+        let asked = |out: &[Request<u32, u64>]| -> Vec<u32> {
+            (out.iter())
+                .filter_map(|q| match q {
+                    Request::Acquire { key, .. } => Some(*key),
+                    _ => None,
+                })
+                .collect()
+        };
+        for key in 1..=4 {
+            assert_eq!(r.admit(0, key, u64::from(key)), Admit::Parked);
+        }
+        let full = Admit::Dropped(DropReason::ParkFull);
+        assert_eq!(r.admit(0, 5, 5), full);
+        assert_eq!(r.admit(0, 3, 33), full);
+        let mut first = Vec::new();
+        r.poll_transmit(0, &mut first);
+        assert_eq!(asked(&first), [1, 2]);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+
+        // Flow 1's grant lets its packet go: the park has room for flow 5, whose ask
+        // waits behind flows 3 and 4.
+        let a = s.handle(MS, A, first.remove(0));
+        r.handle_reply(MS, a);
+        for e in events(&mut r) {
+            if let Event::Process { key, token } = e {
+                assert_eq!(r.processed(MS, key, token, None, u64::MAX), Release::Now);
+            }
+        }
+        assert_eq!(r.admit(MS, 5, 55), Admit::Parked);
+        let mut second = Vec::new();
+        r.poll_transmit(MS, &mut second);
+        assert_eq!(asked(&second), [3]);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+
+        // Flows 2 and 3 answered: flows 4 and 5 ask, in that order.
+        for q in first.into_iter().chain(second) {
+            let a = s.handle(2 * MS, A, q);
+            r.handle_reply(2 * MS, a);
+        }
+        let mut third = Vec::new();
+        r.poll_transmit(2 * MS, &mut third);
+        assert_eq!(asked(&third), [4, 5]);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+    }
+
     #[test]
     fn asks_wait_for_room_and_writes_never_do() {
         let mut r = Replica::new(
