@@ -1737,6 +1737,31 @@ mod tests {
         FlowBytes::new(&port.to_be_bytes()).unwrap()
     }
 
+    /// The burst's index of flows finds every flow it added, past the size it was emptied
+    /// with (held packets put in front of a burst of new flows), and never a place it did
+    /// not index (a packet named by an alias).
+    #[test]
+    fn the_burst_index_finds_every_flow_it_added_past_its_first_size() {
+        let mut index = FlowIndex::default();
+        index.clear(4);
+        let mut flows = vec![BurstFlow::new(flow(9_999))];
+        let places: Vec<usize> = (0..100)
+            .map(|port| index.find_or_add(&mut flows, flow(port)))
+            .collect();
+        assert_eq!(places, (1..=100).collect::<Vec<_>>());
+        for (port, &place) in (0..100).zip(&places) {
+            assert_eq!(index.find_or_add(&mut flows, flow(port)), place);
+            assert!(flows[place].key == flow(port));
+        }
+        assert_eq!(flows.len(), 101);
+        // The alias's key asked as a flow's is a flow of its own.
+        assert_eq!(index.find_or_add(&mut flows, flow(9_999)), 101);
+        // Emptied for the next burst: every flow is new again.
+        flows.clear();
+        index.clear(4);
+        assert_eq!(index.find_or_add(&mut flows, flow(7)), 0);
+    }
+
     /// A flow's count as its replicated state: eight bytes.
     fn count_state(counts: &FlowMap<FlowBytes, u64>, key: &FlowBytes) -> Option<Vec<u8>> {
         counts.get(key).map(|c| c.to_le_bytes().to_vec())
