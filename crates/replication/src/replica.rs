@@ -2031,14 +2031,19 @@ mod tests {
         assert_eq!(r.counters.retransmits, 0);
     }
 
-    /// Asks wait, in order, while `asks_from` requests are unanswered, and go as answers
-    /// make room; a write of a lease held is never held back; an ask whose packets were
-    /// dropped while it waited is never sent, and its flow is forgotten.
-    /// With asks waiting for room and the park full, a packet more (of a new flow, or of
-    /// a flow whose ask waits) is dropped; the asks go in order as answers come, the flow
-    /// that came once the park had room behind those waiting before it.
-    #[test]
-    fn a_full_park_drops_new_packets_while_asks_wait_and_loses_no_ask_waiting() {
+    /// The flows whose leases `out` asks for, in order.
+    fn asked(out: &[Request<u32, u64>]) -> Vec<u32> {
+        (out.iter())
+            .filter_map(|q| match q {
+                Request::Acquire { key, .. } => Some(*key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A replica whose asks wait past 2 unanswered, and a store, with a packet of each of
+    /// flows 1 to 4 held for its lease (the park full: `config`'s 4).
+    fn four_flows_asking_through_a_window_of_two() -> (Replica<u32, u64>, StoreCore<u32, u64>) {
         let mut r = Replica::new(
             A,
             ReplicaConfig {
@@ -2046,18 +2051,18 @@ mod tests {
                 ..config()
             },
         );
-        let mut s = StoreCore::new(StoreConfig::default());
-        let asked = |out: &[Request<u32, u64>]| -> Vec<u32> {
-            (out.iter())
-                .filter_map(|q| match q {
-                    Request::Acquire { key, .. } => Some(*key),
-                    _ => None,
-                })
-                .collect()
-        };
         for key in 1..=4 {
             assert_eq!(r.admit(0, key, u64::from(key)), Admit::Parked);
         }
+        (r, StoreCore::new(StoreConfig::default()))
+    }
+
+    /// With asks waiting for room and the park full, a packet more (of a new flow, or of
+    /// a flow whose ask waits) is dropped; the asks go in order as answers come, the flow
+    /// that came once the park had room behind those waiting before it.
+    #[test]
+    fn a_full_park_drops_new_packets_while_asks_wait_and_loses_no_ask_waiting() {
+        let (mut r, mut s) = four_flows_asking_through_a_window_of_two();
         let full = Admit::Dropped(DropReason::ParkFull);
         assert_eq!(r.admit(0, 5, 5), full);
         assert_eq!(r.admit(0, 3, 33), full);
@@ -2092,27 +2097,12 @@ mod tests {
         assert_eq!(r.check_bookkeeping(), Ok(()));
     }
 
+    /// Asks wait, in order, while `asks_from` requests are unanswered, and go as answers
+    /// make room; a write of a lease held is never held back; an ask whose packets were
+    /// dropped while it waited is never sent, and its flow is forgotten.
     #[test]
     fn asks_wait_for_room_and_writes_never_do() {
-        let mut r = Replica::new(
-            A,
-            ReplicaConfig {
-                asks_from: 2,
-                ..config()
-            },
-        );
-        let mut s = StoreCore::new(StoreConfig::default());
-        let asked = |out: &[Request<u32, u64>]| -> Vec<u32> {
-            (out.iter())
-                .filter_map(|q| match q {
-                    Request::Acquire { key, .. } => Some(*key),
-                    _ => None,
-                })
-                .collect()
-        };
-        for key in 1..=4 {
-            assert_eq!(r.admit(0, key, u64::from(key)), Admit::Parked);
-        }
+        let (mut r, mut s) = four_flows_asking_through_a_window_of_two();
         let mut first = Vec::new();
         r.poll_transmit(0, &mut first);
         assert_eq!(asked(&first), [1, 2]);
