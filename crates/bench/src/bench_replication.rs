@@ -12,6 +12,9 @@
 //! backends: written when a client's first request places it), `sgw` (its sessions, on the gtp workload: signaling writes, users'
 //! packets read) and `kv` (its cache: PUTs write, GETs read) at two update ratios.
 //!
+//! Beside each Redis row, the server's CPU time over the run's wall time (`store CPU`:
+//! 0.5 is half a core), the share of this host's cores the store took from the switch.
+//!
 //! The run checks its work before it prints: every replicated run forwards as many packets
 //! as the unreplicated one and drops none, and for `counter` Redis holds, summed over its
 //! flows, every packet counted.
@@ -55,6 +58,8 @@ struct Row {
     writes: u64,
     folded: u64,
     round_trips: u64,
+    /// Redis: the server's CPU time over the run's wall time (median; 0.5: half a core).
+    store_cpu: Option<f64>,
 }
 
 /// A program measured: its `[program]` configuration (forwarding p0 to p1), the state
@@ -120,6 +125,24 @@ pub(crate) fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64
         .map_err(|e| e.to_string())?;
     writer.flush().map_err(|e| e.to_string())?;
     Ok((summary.packets, summary.flows))
+}
+
+/// The CPU time redis-server has used so far (`INFO cpu`: user and system, seconds), so
+/// that a run's share of the host taken by the store beside the switch can be told.
+fn redis_cpu_seconds(url: &str) -> BenchResult<f64> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
+    let field = |name: &str| -> BenchResult<f64> {
+        (info.lines())
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| format!("redis INFO cpu has no {name}: {info}"))
+    };
+    Ok(field("used_cpu_user")? + field("used_cpu_sys")?)
 }
 
 /// Packets counted over every flow's record in Redis.
@@ -266,13 +289,21 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                 ("memory", replicated.as_str()),
                 ("redis", redis.as_str()),
             ] {
-                let mut rates = Vec::new();
+                let (mut rates, mut store_cpu) = (Vec::new(), Vec::new());
                 let mut last = None;
                 for _ in 0..repeat {
-                    if mode == "redis" {
-                        server.cli(&["flushall"]);
-                    }
+                    let cpu_before = match mode {
+                        "redis" => {
+                            server.cli(&["flushall"]);
+                            Some(redis_cpu_seconds(&server.url())?)
+                        }
+                        _ => None,
+                    };
                     let ran = run_case(case, burst, extra, packets)?;
+                    if let Some(before) = cpu_before {
+                        let used = redis_cpu_seconds(&server.url())? - before;
+                        store_cpu.push(used * ran.pps / packets as f64);
+                    }
                     let expected = *forwarded.get_or_insert(ran.tx);
                     if ran.tx != expected {
                         return Err(format!(
@@ -302,6 +333,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                     writes: last.writes,
                     folded: last.folded,
                     round_trips: last.round_trips,
+                    store_cpu: (!store_cpu.is_empty()).then(|| median(store_cpu)),
                 });
             }
         }
@@ -317,10 +349,11 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             "writes",
             "folded",
             "round trips",
+            "store CPU",
         ],
     );
     let mut csv = Csv::new(
-        "program,mode,burst,packets_per_s,vs_unreplicated,x_store_rate,writes,folded,round_trips",
+        "program,mode,burst,packets_per_s,vs_unreplicated,x_store_rate,writes,folded,round_trips,store_cpu",
     );
     for r in &rows {
         let base = (rows.iter())
@@ -337,16 +370,18 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             r.writes.to_string(),
             r.folded.to_string(),
             r.round_trips.to_string(),
+            r.store_cpu.map_or("-".into(), |c| format!("{c:.2}")),
         ]);
         csv.row(format_args!(
-            "{},{},{},{:.0},{ratio:.4},{x_store:.3},{},{},{}",
+            "{},{},{},{:.0},{ratio:.4},{x_store:.3},{},{},{},{}",
             r.program.replace(',', ""),
             r.mode,
             r.burst,
             r.pps,
             r.writes,
             r.folded,
-            r.round_trips
+            r.round_trips,
+            r.store_cpu.map_or(String::new(), |c| format!("{c:.4}"))
         ));
     }
     table.print();

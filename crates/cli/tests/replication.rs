@@ -793,6 +793,21 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
         writes("kv 5% PUT", "memory") < writes("kv 50% PUT", "memory"),
         "{text}"
     );
+    // Each Redis row says what share of a core the server took over the run; no other
+    // row has a store beside the switch to say it of.
+    assert!(
+        text.lines().next().unwrap().ends_with(",store_cpu"),
+        "{text}"
+    );
+    for row in text.lines().skip(1) {
+        let cpu = row.rsplit(',').next().unwrap();
+        if row.split(',').nth(1) == Some("redis") {
+            let share: f64 = cpu.parse().unwrap();
+            assert!(share > 0.0 && share < 4.0, "{row}");
+        } else {
+            assert_eq!(cpu, "", "{row}");
+        }
+    }
     refused(
         &["bench-replication", "--bursts", "0"],
         "--bursts: '0' is not a burst size from 1 to 1024",
