@@ -129,12 +129,10 @@ pub(crate) fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64
 
 /// The CPU time redis-server has used so far (`INFO cpu`: user and system, seconds), so
 /// that a run's share of the host taken by the store beside the switch can be told.
-fn redis_cpu_seconds(url: &str) -> BenchResult<f64> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+fn redis_cpu_seconds(conn: &mut redis::Connection) -> BenchResult<f64> {
     let info: String = redis::cmd("INFO")
         .arg("cpu")
-        .query(&mut conn)
+        .query(conn)
         .map_err(|e| e.to_string())?;
     let field = |name: &str| -> BenchResult<f64> {
         (info.lines())
@@ -147,8 +145,7 @@ fn redis_cpu_seconds(url: &str) -> BenchResult<f64> {
 
 /// Packets counted over every flow's record in Redis.
 fn counted_in_redis(url: &str) -> BenchResult<u64> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    let mut conn = crate::redis_connection(url)?;
     let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
         .arg("stateplane:rep:*")
         .query(&mut conn)
@@ -277,6 +274,8 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         server.url()
     );
     let store_rate = crate::bench_replication_store::one_flow_per_call(&server.url())?;
+    // One connection reads the server's CPU time before and after each Redis run.
+    let mut watch = crate::redis_connection(&server.url())?;
     let mut rows = Vec::new();
     for (case, packets) in &cases {
         let packets = *packets;
@@ -295,13 +294,13 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                     let cpu_before = match mode {
                         "redis" => {
                             server.cli(&["flushall"]);
-                            Some(redis_cpu_seconds(&server.url())?)
+                            Some(redis_cpu_seconds(&mut watch)?)
                         }
                         _ => None,
                     };
                     let ran = run_case(case, burst, extra, packets)?;
                     if let Some(before) = cpu_before {
-                        let used = redis_cpu_seconds(&server.url())? - before;
+                        let used = redis_cpu_seconds(&mut watch)? - before;
                         store_cpu.push(used * ran.pps / packets as f64);
                     }
                     let expected = *forwarded.get_or_insert(ran.tx);

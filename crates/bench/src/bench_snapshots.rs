@@ -60,8 +60,7 @@ pub type StoredSketches = ((u32, u32), Vec<Vec<u64>>);
 /// Each snapshot in the store under `url` (Redis), by (switch, worker): each sketch's row
 /// sums (the rows of a count-min sketch each sum to the packets it counted).
 pub fn stored_sketch_rows(url: &str) -> BenchResult<Vec<StoredSketches>> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    let mut conn = crate::redis_connection(url)?;
     // "snapshot/" in hex: the start of every snapshot's key.
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("stateplane:rep:{736e617073686f742f*")

@@ -44,6 +44,13 @@ use stateplane_gen::{GenConfig, Workload, generate};
 /// The error type of every experiment: a message a user can act on.
 pub type BenchResult<T> = Result<T, String>;
 
+/// A connection to the Redis server at `url` (an experiment's own, on loopback), to read
+/// what a run left there.
+pub(crate) fn redis_connection(url: &str) -> BenchResult<redis::Connection> {
+    (redis::Client::open(url).and_then(|c| c.get_connection()))
+        .map_err(|e| format!("the Redis server at {url}: {e}"))
+}
+
 /// A directory of a run's own under the system's temporary directory (traces, configs,
 /// captures), removed when dropped: at the end of the run, and also when it returns early
 /// with an error, so that no run leaves its gigabytes behind.
