@@ -54,7 +54,8 @@ pub struct RunArgs {
     pub json: bool,
     /// Also write the summary as JSON to this file (what `stateplane report` gathers into
     /// a page): written beside it and renamed onto it once whole; the file beside it is
-    /// made before the run starts, so that a folder it cannot write is refused at once.
+    /// made and removed before the run starts, so that a folder it cannot write is refused
+    /// at once, and made again only to write the summary (a killed run leaves none).
     #[arg(long, value_name = "FILE")]
     pub summary_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this loopback address, e.g. 127.0.0.1:9464.
@@ -194,10 +195,10 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     )?;
     // The summary is written beside its path and renamed onto it at the end, so that a
     // reader (`stateplane report`, a script polling for it) never sees half of one, and a
-    // run that never runs leaves what was there as it was. Made before the run, so that a
-    // folder that cannot be written is refused first.
+    // run that never runs leaves what was there as it was. Tried before the run, so that
+    // a folder that cannot be written is refused first.
     let summary_file = (args.summary_file.as_ref())
-        .map(|path| SummaryFile::create(path))
+        .map(|path| SummaryFile::checked(path))
         .transpose()?;
     let progress = (!switch.is_live()).then(|| {
         let watched = switch.handle();
@@ -207,15 +208,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     });
     let outcome = switch.run();
     drop(progress);
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            if let Some(file) = summary_file {
-                file.abandon();
-            }
-            return Err(e);
-        }
-    };
+    let outcome = outcome?;
     // The file first: a summary printed to a closed standard output still leaves it.
     if let Some(file) = summary_file {
         file.write(&outcome.to_json())?;
@@ -231,15 +224,16 @@ pub fn main(args: RunArgs) -> CliResult<()> {
 }
 
 /// `run --summary-file PATH`: the summary written into a file beside `PATH`, renamed onto
-/// it once whole.
+/// it once whole. The file beside it exists only while the summary is written: a run
+/// killed before its end (SIGKILL, the host gone) leaves nothing behind.
 struct SummaryFile {
     path: PathBuf,
     partial: PathBuf,
-    file: std::fs::File,
 }
 
 impl SummaryFile {
-    fn create(path: &std::path::Path) -> CliResult<SummaryFile> {
+    /// The file for `path`, once a file beside it could be made (and removed again).
+    fn checked(path: &std::path::Path) -> CliResult<SummaryFile> {
         let name = path.file_name().map_or_else(
             || std::ffi::OsString::from("summary"),
             std::ffi::OsStr::to_os_string,
@@ -247,32 +241,32 @@ impl SummaryFile {
         let mut partial_name = std::ffi::OsString::from(".");
         partial_name.push(&name);
         partial_name.push(".partial");
-        let partial = path.with_file_name(partial_name);
-        let file = std::fs::File::create(&partial)
-            .map_err(|e| format!("--summary-file {}: {e}", path.display()))?;
-        Ok(SummaryFile {
+        let file = SummaryFile {
             path: path.to_path_buf(),
-            partial,
-            file,
-        })
+            partial: path.with_file_name(partial_name),
+        };
+        std::fs::File::create(&file.partial)
+            .and_then(|_| std::fs::remove_file(&file.partial))
+            .map_err(|e| file.error(e))?;
+        Ok(file)
     }
 
     fn write(self, summary: &serde_json::Value) -> CliResult<()> {
         use std::io::Write;
-        let mut out = std::io::BufWriter::new(self.file);
-        let written = serde_json::to_writer_pretty(&mut out, summary)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.flush())
-            .and_then(|()| std::fs::rename(&self.partial, &self.path));
+        let written = std::fs::File::create(&self.partial).and_then(|file| {
+            let mut out = std::io::BufWriter::new(file);
+            serde_json::to_writer_pretty(&mut out, summary)
+                .map_err(std::io::Error::from)
+                .and_then(|()| out.flush())
+                .and_then(|()| std::fs::rename(&self.partial, &self.path))
+        });
         written.map_err(|e| {
             let _ = std::fs::remove_file(&self.partial);
-            format!("--summary-file {}: {e}", self.path.display())
+            self.error(e)
         })
     }
 
-    /// No summary: the partial file goes.
-    fn abandon(self) {
-        drop(self.file);
-        let _ = std::fs::remove_file(&self.partial);
+    fn error(&self, e: std::io::Error) -> String {
+        format!("--summary-file {}: {e}", self.path.display())
     }
 }

@@ -2078,9 +2078,9 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
 }
 
 /// A run that cannot start (an interface that is not there) writes no summary: the file
-/// `--summary-file` names, made before the run to be sure it can be, goes again, so that
-/// nothing takes an empty file for a run's summary; a file that was there keeps what it
-/// held, and a run that does run replaces it whole.
+/// beside the one `--summary-file` names is only tried before the run (made and removed),
+/// so that nothing takes an empty file for a run's summary; a file that was there keeps
+/// what it held, and a run that does run replaces it whole.
 #[test]
 fn a_run_that_cannot_start_leaves_no_summary_file() {
     let summary = tmp("never-ran.json");
@@ -2109,6 +2109,45 @@ fn a_run_that_cannot_start_leaves_no_summary_file() {
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(written["counters"]["rx_packets"], 100, "{written}");
     assert!(!partial.exists(), "{} is left behind", partial.display());
+}
+
+/// A run killed while it runs (SIGKILL: no summary can be written) leaves nothing beside
+/// the path `--summary-file` names: the file beside it exists only while a summary is
+/// written, at the end.
+#[test]
+fn a_run_killed_while_it_runs_leaves_no_partial_summary() {
+    use std::io::Write;
+    let summary = tmp("killed.json");
+    let partial = summary.with_file_name(".killed.json.partial");
+    let _ = std::fs::remove_file(&summary);
+    let _ = std::fs::remove_file(&partial);
+    let input = tmp("killed-in.pcap");
+    generate_with("internet", 100, &input, &[]);
+    let port = common::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut run = bin()
+        .args(["run", "forward", "--workers", "1", "-i", "-"])
+        .args(["--metrics", &metrics, "--summary-file"])
+        .arg(&summary)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The capture, its end held back: the run reads on.
+    let mut stdin = run.stdin.take().unwrap();
+    stdin.write_all(&std::fs::read(&input).unwrap()).unwrap();
+    // Its metrics come up as it is built; the summary's folder is tried just after.
+    let up = common::scrape_until(port, |b| b.starts_with("HTTP/1.0 200 OK"));
+    assert!(up.starts_with("HTTP/1.0 200 OK"), "no metrics: {up}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(run.try_wait().unwrap(), None, "it ended before the kill");
+    run.kill().unwrap();
+    run.wait().unwrap();
+    drop(stdin);
+    assert!(!partial.exists(), "{} is left behind", partial.display());
+    assert!(!summary.exists(), "{} was written", summary.display());
+    std::fs::remove_file(&input).unwrap();
 }
 
 /// What headless Chromium makes of `page` with `args` (the DOM after the page's scripts ran,
