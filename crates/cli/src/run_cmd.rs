@@ -247,7 +247,12 @@ impl SummaryFile {
         };
         std::fs::File::create(&file.partial)
             .and_then(|_| std::fs::remove_file(&file.partial))
-            .map_err(|e| file.error(e))?;
+            .map_err(|e| {
+                format!(
+                    "{}: give a path in a folder this user can write",
+                    file.error(e)
+                )
+            })?;
         Ok(file)
     }
 

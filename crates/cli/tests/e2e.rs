@@ -2083,6 +2083,7 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
 /// what it held, and a run that does run replaces it whole.
 #[test]
 fn a_run_that_cannot_start_leaves_no_summary_file() {
+    use std::io::Write;
     let summary = tmp("never-ran.json");
     let _ = std::fs::remove_file(&summary);
     let path = summary.to_str().unwrap();
@@ -2109,6 +2110,31 @@ fn a_run_that_cannot_start_leaves_no_summary_file() {
         serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(written["counters"]["rx_packets"], 100, "{written}");
     assert!(!partial.exists(), "{} is left behind", partial.display());
+    // A folder that cannot be written is refused before the run, naming the flag and
+    // the fix: the switch ends while its input has not (its standard input held open).
+    let mut run = bin()
+        .args(["run", "forward", "-i", "-"])
+        .args(["--summary-file", "/nonexistent-folder/s.json"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = run.stdin.take().unwrap();
+    stdin.write_all(&std::fs::read(&input).unwrap()).unwrap();
+    let ended = (0..200).find_map(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        run.try_wait().unwrap()
+    });
+    let _ = run.kill();
+    let out = run.wait_with_output().unwrap();
+    drop(stdin);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(ended.is_some_and(|s| !s.success()), "{ended:?} {err}");
+    assert!(
+        err.contains("--summary-file /nonexistent-folder/s.json: No such file")
+            && err.contains("give a path in a folder this user can write"),
+        "{err}"
+    );
 }
 
 /// A run killed while it runs (SIGKILL: no summary can be written) leaves nothing beside
