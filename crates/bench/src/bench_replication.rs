@@ -12,8 +12,10 @@
 //! backends: written when a client's first request places it), `sgw` (its sessions, on the gtp workload: signaling writes, users'
 //! packets read) and `kv` (its cache: PUTs write, GETs read) at two update ratios.
 //!
-//! Beside each Redis row, the server's CPU time over the run's wall time (`store CPU`:
-//! 0.5 is half a core), the share of this host's cores the store took from the switch.
+//! Beside each Redis row, the server's CPU time over the time the switch forwarded
+//! (`store CPU`: 0.5 is half a core), the share of this host's cores the store took from
+//! the switch. The server's time is read before and after the switch's process, whose
+//! start and end (connecting, loading the functions) count too: the share errs high.
 //!
 //! The run checks its work before it prints: every replicated run forwards as many packets
 //! as the unreplicated one and drops none, and for `counter` Redis holds, summed over its
@@ -58,7 +60,8 @@ struct Row {
     writes: u64,
     folded: u64,
     round_trips: u64,
-    /// Redis: the server's CPU time over the run's wall time (median; 0.5: half a core).
+    /// Redis: the server's CPU time over the time the switch forwarded (median; 0.5: half
+    /// a core).
     store_cpu: Option<f64>,
 }
 
