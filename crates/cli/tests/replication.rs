@@ -751,8 +751,8 @@ fn two_switches_one_killed_mid_run_keep_every_flow_linearizable() {
     }
 }
 
-/// `bench-replication` runs each program unreplicated and replicated to both stores,
-/// checks the counts and the outputs, and writes its CSV: counter writes at every packet,
+/// `bench-replication` runs each program unreplicated and replicated to both stores, over
+/// its trace once and twice, checks the counts and the outputs, and writes its CSV: counter writes at every packet,
 /// the firewall, nat, lb, sgw and kv far less (their reads write nothing); bad flags are
 /// refused by name.
 #[test]
@@ -769,7 +769,7 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
         let row = (text.lines())
             .find(|l| l.starts_with(&format!("{program},{mode},32,")))
             .unwrap_or_else(|| panic!("no {program} {mode} row in {text}"));
-        row.split(',').nth(6).unwrap().parse().unwrap()
+        row.split(',').nth(8).unwrap().parse().unwrap()
     };
     for program in [
         "counter",
@@ -808,9 +808,57 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
             assert_eq!(cpu, "", "{row}");
         }
     }
+    // Each row's rate on established flows (the trace's second pass) is a rate, or left
+    // empty where the two runs' times were too close to tell it; the unreplicated row's
+    // ratio is 1 wherever it is told.
+    assert!(
+        (text.lines().next().unwrap())
+            .contains(",vs_unreplicated,established_packets_per_s,established_vs_unreplicated,"),
+        "{text}"
+    );
+    for row in text.lines().skip(1) {
+        let field = |i: usize| row.split(',').nth(i).unwrap();
+        let (established, ratio) = (field(5), field(6));
+        if established.is_empty() {
+            assert_eq!(ratio, "", "{row}");
+            continue;
+        }
+        assert!(established.parse::<f64>().unwrap() > 0.0, "{row}");
+        if field(1) == "unreplicated" {
+            assert_eq!(ratio, "1.0000", "{row}");
+        }
+    }
     refused(
         &["bench-replication", "--bursts", "0"],
         "--bursts: '0' is not a burst size from 1 to 1024",
+    );
+    // `--programs` measures those alone, and refuses a name it does not know.
+    ok(bin()
+        .args(["bench-replication", "--packets", "3000", "--flows", "50"])
+        .args([
+            "--bursts",
+            "32",
+            "--repeat",
+            "1",
+            "--programs",
+            "lb,kv",
+            "--csv",
+        ])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let programs: std::collections::BTreeSet<&str> = (text.lines().skip(1))
+        .map(|row| row.split(',').next().unwrap())
+        .collect();
+    assert_eq!(
+        programs.into_iter().collect::<Vec<_>>(),
+        ["kv 5% PUT", "kv 50% PUT", "lb"],
+        "{text}"
+    );
+    refused(
+        &["bench-replication", "--programs", "firewall,foo"],
+        "--programs: 'foo' is not one of counter, firewall, nat, lb, sgw, kv",
     );
 }
 
