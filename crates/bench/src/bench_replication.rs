@@ -579,3 +579,52 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stateplane_io::capture::CaptureReader;
+
+    /// The rate of the passes after the first is their packets over the time they added;
+    /// a time added that the host's noise could make is no rate.
+    #[test]
+    fn the_established_rate_is_the_later_passes_over_the_time_they_added() {
+        let rate = established_rate(300, 1.0, 4.0).unwrap();
+        assert!((rate - 300.0).abs() < 1e-9, "{rate}");
+        assert_eq!(established_rate(300, 1.0, 1.09), None);
+        assert_eq!(established_rate(300, 1.0, 0.9), None);
+        assert!(established_rate(300, 1.0, 1.11).is_some());
+    }
+
+    /// The capture of passes is the trace's packets `PASSES` times, each pass the same
+    /// bytes, starting 1 ms after the last one ended (the trace's times are the clock's:
+    /// a pass starting at twice them would come decades later, its flows long expired).
+    #[test]
+    fn each_pass_is_the_trace_again_from_1_ms_after_the_last() {
+        let dir = crate::Scratch::new("bench-replication-passes").unwrap();
+        let mut cfg = GenConfig::new(Workload::Datacenter, 200);
+        cfg.flows = Some(10);
+        let (once, passes) = (dir.path().join("once.pcap"), dir.path().join("passes.pcap"));
+        let (packets, _) = write_trace(&cfg, &once).unwrap();
+        write_trace_passes(&cfg, &passes).unwrap();
+        let read = |path: &Path| {
+            let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+            let mut reader = CaptureReader::new(file).unwrap();
+            let mut records = Vec::new();
+            while let Some(r) = reader.next_record().unwrap() {
+                records.push((r.ts_ns, r.data.to_vec()));
+            }
+            records
+        };
+        let (once, passes) = (read(&once), read(&passes));
+        assert_eq!(once.len() as u64, packets);
+        assert_eq!(passes.len() as u64, PASSES * packets);
+        let (first, last) = (once[0].0, once[once.len() - 1].0);
+        for (pass, chunk) in passes.chunks(once.len()).enumerate() {
+            let later = pass as u64 * (last - first + 1_000_000);
+            for ((ts, data), (ts_once, data_once)) in chunk.iter().zip(&once) {
+                assert_eq!((*ts, data), (ts_once + later, data_once), "pass {pass}");
+            }
+        }
+    }
+}
