@@ -2083,7 +2083,6 @@ fn report_gathers_runs_tables_and_charts_into_a_page_a_browser_checks() {
 /// what it held, and a run that does run replaces it whole.
 #[test]
 fn a_run_that_cannot_start_leaves_no_summary_file() {
-    use std::io::Write;
     let summary = tmp("never-ran.json");
     let _ = std::fs::remove_file(&summary);
     let path = summary.to_str().unwrap();
@@ -2112,15 +2111,17 @@ fn a_run_that_cannot_start_leaves_no_summary_file() {
     assert!(!partial.exists(), "{} is left behind", partial.display());
     // A folder that cannot be written is refused before the run, naming the flag and
     // the fix: the switch ends while its input has not (its standard input held open).
-    let mut run = bin()
-        .args(["run", "forward", "-i", "-"])
-        .args(["--summary-file", "/nonexistent-folder/s.json"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = run.stdin.take().unwrap();
-    stdin.write_all(&std::fs::read(&input).unwrap()).unwrap();
+    let (mut run, stdin) = reading_held_open(
+        &[
+            "run",
+            "forward",
+            "-i",
+            "-",
+            "--summary-file",
+            "/nonexistent-folder/s.json",
+        ],
+        &input,
+    );
     let ended = (0..200).find_map(|_| {
         std::thread::sleep(std::time::Duration::from_millis(50));
         run.try_wait().unwrap()
@@ -2137,12 +2138,31 @@ fn a_run_that_cannot_start_leaves_no_summary_file() {
     );
 }
 
+/// `stateplane ARGS` reading `input` on its standard input, whose end is held back: the run
+/// reads on until the returned handle is dropped (its standard error piped, its output
+/// thrown away).
+fn reading_held_open(
+    args: &[&str],
+    input: &Path,
+) -> (std::process::Child, std::process::ChildStdin) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut run = (bin().args(args))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = run.stdin.take().unwrap();
+    stdin.write_all(&std::fs::read(input).unwrap()).unwrap();
+    (run, stdin)
+}
+
 /// A run killed while it runs (SIGKILL: no summary can be written) leaves nothing beside
 /// the path `--summary-file` names: the file beside it exists only while a summary is
 /// written, at the end.
 #[test]
 fn a_run_killed_while_it_runs_leaves_no_partial_summary() {
-    use std::io::Write;
     let summary = tmp("killed.json");
     let partial = summary.with_file_name(".killed.json.partial");
     let _ = std::fs::remove_file(&summary);
@@ -2151,18 +2171,22 @@ fn a_run_killed_while_it_runs_leaves_no_partial_summary() {
     generate_with("internet", 100, &input, &[]);
     let port = common::free_port();
     let metrics = format!("127.0.0.1:{port}");
-    let mut run = bin()
-        .args(["run", "forward", "--workers", "1", "-i", "-"])
-        .args(["--metrics", &metrics, "--summary-file"])
-        .arg(&summary)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The capture, its end held back: the run reads on.
-    let mut stdin = run.stdin.take().unwrap();
-    stdin.write_all(&std::fs::read(&input).unwrap()).unwrap();
+    let summary_arg = summary.to_str().unwrap();
+    let (mut run, stdin) = reading_held_open(
+        &[
+            "run",
+            "forward",
+            "--workers",
+            "1",
+            "-i",
+            "-",
+            "--metrics",
+            &metrics,
+            "--summary-file",
+            summary_arg,
+        ],
+        &input,
+    );
     // Its metrics come up as it is built; the summary's folder is tried just after.
     let up = common::scrape_until(port, |b| b.starts_with("HTTP/1.0 200 OK"));
     assert!(up.starts_with("HTTP/1.0 200 OK"), "no metrics: {up}");
