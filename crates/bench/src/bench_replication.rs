@@ -490,27 +490,25 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         "program,mode,burst,packets_per_s,vs_unreplicated,established_packets_per_s,\
          established_vs_unreplicated,x_store_rate,writes,folded,round_trips,store_cpu",
     );
-    let established_ratio = |r: &Row| {
-        let base = (rows.iter())
-            .find(|b| b.program == r.program && b.burst == r.burst && b.mode == "unreplicated")?;
-        Some(r.established_pps? / base.established_pps?)
-    };
-    for r in &rows {
-        let base = (rows.iter())
+    // The unreplicated row of a row's program and burst, which its ratios are to.
+    let unreplicated = |r: &Row| {
+        (rows.iter())
             .find(|b| b.program == r.program && b.burst == r.burst && b.mode == "unreplicated")
-            .map_or(f64::NAN, |b| b.pps);
+    };
+    let established_ratio = |r: &Row| Some(r.established_pps? / unreplicated(r)?.established_pps?);
+    let label = |r: &Row| format!("{}, {}, burst {}", r.program, r.mode, r.burst);
+    for r in &rows {
+        let base = unreplicated(r).map_or(f64::NAN, |b| b.pps);
         let (ratio, x_store) = (r.pps / base, r.pps / store_rate);
-        let established = r.established_pps.map(|e| (e, established_ratio(r)));
+        let (established, established_vs) = (r.established_pps, established_ratio(r));
         table.row(vec![
             r.program.clone(),
             r.mode.into(),
             r.burst.to_string(),
             format!("{:.0}", r.pps),
             format!("{ratio:.3}"),
-            established.map_or("-".into(), |(e, _)| format!("{e:.0}")),
-            established
-                .and_then(|(_, ratio)| ratio)
-                .map_or("-".into(), |ratio| format!("{ratio:.3}")),
+            established.map_or("-".into(), |e| format!("{e:.0}")),
+            established_vs.map_or("-".into(), |ratio| format!("{ratio:.3}")),
             format!("{x_store:.2}"),
             r.writes.to_string(),
             r.folded.to_string(),
@@ -523,10 +521,8 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             r.mode,
             r.burst,
             r.pps,
-            established.map_or(String::new(), |(e, _)| format!("{e:.0}")),
-            established
-                .and_then(|(_, ratio)| ratio)
-                .map_or(String::new(), |ratio| format!("{ratio:.4}")),
+            established.map_or(String::new(), |e| format!("{e:.0}")),
+            established_vs.map_or(String::new(), |ratio| format!("{ratio:.4}")),
             r.writes,
             r.folded,
             r.round_trips,
@@ -546,12 +542,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             unit: "packets/s".into(),
             bars: rows
                 .iter()
-                .map(|r| {
-                    (
-                        format!("{}, {}, burst {}", r.program, r.mode, r.burst),
-                        r.pps,
-                    )
-                })
+                .map(|r| (label(r), r.pps))
                 .chain([("Redis: one-flow writes/s".to_string(), store_rate)])
                 .collect(),
         };
@@ -561,10 +552,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             unit: "ratio".into(),
             bars: (rows.iter())
                 .filter(|r| r.mode != "unreplicated")
-                .filter_map(|r| {
-                    let label = format!("{}, {}, burst {}", r.program, r.mode, r.burst);
-                    Some((label, established_ratio(r)?))
-                })
+                .filter_map(|r| Some((label(r), established_ratio(r)?)))
                 .collect(),
         };
         let title = "Replication's cost by program";
