@@ -1336,19 +1336,23 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     }
 
     /// How long a request sent at `now_ns` takes to reach the store, at most: the
-    /// measured round trip, or longer while the oldest request unanswered has waited
-    /// longer (a store, or a link, fallen behind: a request sent now queues behind it),
-    /// held to a quarter of a lease. A packet is processed only if its flow's lease runs
-    /// that much longer, since a write it makes reaches the store that much later, and
-    /// one reaching it after the lease is fenced and its output dropped. A flow whose
-    /// lease ends sooner asks for it again first (the holder asking keeps its epoch while
-    /// the lease runs).
+    /// measured round trip with four times its variation (as a retransmission timeout
+    /// is), or longer while the oldest request unanswered has waited longer (a store, or
+    /// a link, fallen behind: a request sent now queues behind it), and never less than
+    /// an eighth of a lease nor more than a quarter. A packet is processed only if its
+    /// flow's lease runs that much longer, since a write it makes reaches the store that
+    /// much later, and one reaching it after the lease is fenced and its output dropped.
+    /// A flow whose lease ends sooner asks for it again first (the holder asking keeps its
+    /// epoch while the lease runs).
+    ///
+    /// The floor is for the store that stalls with no warning (a server descheduled for
+    /// tens of milliseconds on a busy host, after round trips of one or two): a write sent
+    /// with a few milliseconds of its lease left was fenced that way. Flows in use renew
+    /// at half a lease and never come near it.
     fn reach_ns(&self, now_ns: u64) -> u64 {
-        if !self.round_trips.measured {
-            return 0;
-        }
+        let (floor, cap) = (self.config.lease_ns / 8, self.config.lease_ns / 4);
         let behind = (self.sent_unanswered.front()).map_or(0, |&t| now_ns.saturating_sub(t));
-        (self.round_trips.smoothed_ns.max(behind)).min(self.config.lease_ns / 4)
+        (self.round_trips.timeout(floor, cap)).max(behind.min(cap))
     }
 
     /// The wait before a request is first sent again: the configured one, or longer as
@@ -2169,12 +2173,12 @@ mod tests {
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
         // The store's clock runs ahead: the write after the lease is refused.
-        assert_eq!(r.admit(98 * MS, 7, 2), Admit::Process);
-        r.processed(98 * MS, 7, 2, Some(2), u64::MAX);
-        assert_eq!(r.admit(98 * MS, 7, 3), Admit::Process);
-        r.processed(98 * MS, 7, 3, None, u64::MAX);
+        assert_eq!(r.admit(80 * MS, 7, 2), Admit::Process);
+        r.processed(80 * MS, 7, 2, Some(2), u64::MAX);
+        assert_eq!(r.admit(80 * MS, 7, 3), Admit::Process);
+        r.processed(80 * MS, 7, 3, None, u64::MAX);
         let mut out = Vec::new();
-        r.poll_transmit(98 * MS, &mut out);
+        r.poll_transmit(80 * MS, &mut out);
         let a = s.handle(200 * MS, A, out.remove(0));
         r.handle_reply(200 * MS, a);
         assert_eq!(
@@ -2332,10 +2336,55 @@ mod tests {
         // At 80 ms, 19 ms before flow 7's lease ends, the store is 30 ms behind.
         assert_eq!(r.admit(80 * MS, 7, 70), Admit::Parked);
         assert!(matches!(r.flows[&7].lease, Lease::Acquiring { .. }));
-        // Caught up at 81 ms: a packet of flow 9, 18 ms before its lease ends, is processed.
+        // Caught up at 81 ms, the oldest request unanswered counts no more; the round
+        // trip it took (31 ms, after two of 1 ms) makes the measured one vary that much
+        // that the reach is at its cap (a quarter lease): a packet of flow 9, 18 ms
+        // before its lease ends, waits for the lease again too.
         let a = s.handle(81 * MS, A, late.remove(0));
         r.handle_reply(81 * MS, a);
-        assert_eq!(r.admit(81 * MS, 9, 90), Admit::Process);
+        assert!(r.sent_unanswered.is_empty());
+        assert_eq!(r.reach_ns(81 * MS), 25 * MS);
+        assert_eq!(r.admit(81 * MS, 9, 90), Admit::Parked);
+    }
+
+    /// A store that answered in a millisecond stalls, with no request unanswered to
+    /// warn of it (a server descheduled on a busy host): a packet with less than an
+    /// eighth of its lease left asks for the lease again rather than make a write the
+    /// stall would bring to the store after the lease. What happened on a busy host
+    /// before the floor: a renewal and a write sent 4.4 ms before the lease's end, after
+    /// round trips of a few milliseconds, both fenced 20 ms later.
+    #[test]
+    fn a_write_is_never_made_in_the_last_eighth_of_a_lease_however_near_the_store_has_been() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        r.admit(0, 7, 1);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        let granted = s.handle(0, A, out.remove(0));
+        r.handle_reply(MS, granted);
+        events(&mut r);
+        assert_eq!(r.processed(MS, 7, 1, None, u64::MAX), Release::Now);
+        // The lease ends at 99 ms here (100 at the store); answers take 1 ms. At 86 ms a
+        // write may still be made (13 ms left), at 88 ms not (11 ms: an eighth is 12.5).
+        assert_eq!(r.reach_ns(86 * MS), 100 * MS / 8);
+        assert_eq!(r.admit(86 * MS, 7, 2), Admit::Process);
+        assert_eq!(r.processed(86 * MS, 7, 2, None, u64::MAX), Release::Now);
+        assert_eq!(r.admit(88 * MS, 7, 3), Admit::Parked);
+        r.poll_transmit(88 * MS, &mut out);
+        assert!(matches!(out[..], [Request::Acquire { .. }]), "{out:?}");
+        // The store stalls for 20 ms: the ask reaches it after the lease, and is granted
+        // (a new epoch); the write made under it is taken.
+        let granted = s.handle(108 * MS, A, out.remove(0));
+        r.handle_reply(109 * MS, granted);
+        assert!(events(&mut r).contains(&Event::Process { key: 7, token: 3 }));
+        assert_eq!(
+            r.processed(109 * MS, 7, 3, Some(5), u64::MAX),
+            Release::Parked
+        );
+        r.poll_transmit(109 * MS, &mut out);
+        let written = s.handle(129 * MS, A, out.remove(0));
+        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        assert_eq!(s.counters.fenced, 0);
     }
 
     /// A store silent for long (here for a thousand leases, a new flow asking every
