@@ -1955,6 +1955,49 @@ mod tests {
         assert_eq!(stored, Some(100u64.to_le_bytes().to_vec()));
     }
 
+    /// A burst's later packets of a flow are released as its first one is: all at once
+    /// when nothing changed, all held behind the write when the first read found the
+    /// state edited, and when a later one changes it (the burst's one write carries the
+    /// flow's state after it, which the outputs before it wait for too).
+    #[test]
+    fn a_bursts_packets_of_one_flow_leave_as_its_first_one_does() {
+        let counts = Arc::new(std::sync::Mutex::new(FlowMap::default()));
+        let program = Edited {
+            counts: Arc::clone(&counts),
+        };
+        let store = MemoryStore::new(StoreConfig::default());
+        let (mut w, open, counters, _) =
+            worker_on(Box::new(program), &store, ReplicaConfig::default());
+        open.store(true, Ordering::Relaxed);
+        let mut b = burst(&[(0, 1)]);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(0, 1, 1)]);
+        // Reads of an unchanged state: all leave at once.
+        let mut b = burst(&[(1, 2), (1, 3), (1, 4)]);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(1, 2, 1), (1, 3, 1), (1, 4, 1)]);
+        // Edited: every read waits for the write, not only the first.
+        counts.lock().unwrap().insert(flow(0), 100);
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(&[(1, 5), (1, 6), (1, 7)]);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty(), "the reads wait for the edit's write");
+        open.store(true, Ordering::Relaxed);
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(1, 5, 100), (1, 6, 100), (1, 7, 100)]);
+        // Reads, then a count: the burst's write carries the count, and all wait for it.
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(&[(1, 8), (1, 9), (0, 10)]);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty(), "the reads wait for the count's write");
+        open.store(true, Ordering::Relaxed);
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        assert_eq!(out(&b), [(1, 8, 100), (1, 9, 100), (0, 10, 101)]);
+        assert_eq!(counters.writes.load(Ordering::Relaxed), 3);
+    }
+
     fn worker(park_timeout_ns: u64) -> (Worker, Arc<AtomicBool>, Arc<ReplicationCounters>) {
         worker_of(Box::new(Tally::default()), park_timeout_ns)
     }
