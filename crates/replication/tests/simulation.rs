@@ -665,29 +665,38 @@ fn seeds() -> u64 {
         .unwrap_or(1_000)
 }
 
-#[test]
-fn every_history_is_linearizable_per_flow_under_faults_crashes_and_moves() {
+/// Runs every seed (`REPLICATION_SEED=N`: seed N alone) with fencing on, `calm` or not,
+/// each run's histories linearizable per flow and `each` of it holding; what they saw,
+/// summed.
+fn every_seed(calm: bool, each: impl Fn(u64, &Seen)) -> Seen {
     let mut total = Seen::default();
-    // REPLICATION_SEED=N runs that seed alone.
     let one: Option<u64> = std::env::var("REPLICATION_SEED")
         .ok()
         .and_then(|s| s.parse().ok());
     for seed in one.map_or(0..seeds(), |s| s..s + 1) {
-        let seen = run(seed, true, false);
+        let seen = run(seed, true, calm);
         if let Some(v) = &seen.violation {
             panic!("seed {seed}: {v}\n{seen:?}");
         }
+        each(seed, &seen);
         total.packets += seen.packets;
         total.outputs += seen.outputs;
         total.checks += seen.checks;
         total.crashes += seen.crashes;
         total.migrated += seen.migrated;
         total.fenced += seen.fenced;
+        total.stalls += seen.stalls;
         total.by_alias += seen.by_alias;
         total.resolved += seen.resolved;
         total.alone += seen.alone;
     }
     println!("{total:?}");
+    total
+}
+
+#[test]
+fn every_history_is_linearizable_per_flow_under_faults_crashes_and_moves() {
+    let total = every_seed(false, |_, _| {});
     // The runs did what they are for: outputs left, switches died, flows moved with their
     // state, and running switches had writes of leases they had lost refused.
     assert!(total.outputs > total.packets / 2, "{total:?}");
@@ -715,19 +724,9 @@ fn without_fencing_some_histories_are_not_linearizable() {
 /// its lease.
 #[test]
 fn a_store_stalling_for_less_than_an_eighth_of_a_lease_fences_nothing() {
-    let mut total = Seen::default();
-    for seed in 0..seeds() {
-        let seen = run(seed, true, true);
-        if let Some(v) = &seen.violation {
-            panic!("seed {seed}: {v}\n{seen:?}");
-        }
+    let total = every_seed(true, |seed, seen| {
         assert_eq!(seen.fenced, 0, "seed {seed}: {seen:?}");
-        total.packets += seen.packets;
-        total.outputs += seen.outputs;
-        total.checks += seen.checks;
-        total.stalls += seen.stalls;
-    }
-    println!("{total:?}");
+    });
     assert!(total.outputs > total.packets / 2, "{total:?}");
     assert!(total.checks > 0 && total.stalls > 0, "{total:?}");
 }

@@ -1914,13 +1914,18 @@ mod tests {
         }
     }
 
-    /// A flow's state changed between bursts (a control-plane edit) is written by the
-    /// flow's next packet, though that packet only reads it, and its output waits for the
-    /// write: no output shows a state the store does not have. A read that changes
-    /// nothing writes nothing.
-    #[test]
-    fn a_state_edited_between_bursts_is_written_by_the_next_packet_that_reads_it() {
-        let counts = Arc::new(std::sync::Mutex::new(FlowMap::default()));
+    type EditedCounts = Arc<std::sync::Mutex<FlowMap<FlowBytes, u64>>>;
+
+    /// A worker running [`Edited`] on a memory store, the store's answers let through, and
+    /// the counts the test edits; flow 0 counted once (by packet 1, which left).
+    fn edited_worker() -> (
+        Worker,
+        Arc<AtomicBool>,
+        Arc<ReplicationCounters>,
+        EditedCounts,
+        MemoryStore<FlowBytes>,
+    ) {
+        let counts = EditedCounts::default();
         let program = Edited {
             counts: Arc::clone(&counts),
         };
@@ -1931,6 +1936,34 @@ mod tests {
         let mut b = burst(&[(0, 1)]);
         w.handle(&mut b);
         assert_eq!(out(&b), [(0, 1, 1)]);
+        (w, open, counters, counts, store)
+    }
+
+    /// Handles `packets` with the store's answers held back, where nothing of them may
+    /// leave (`why`); then lets the answers through: what leaves with the next burst.
+    fn held_for_the_store(
+        w: &mut Worker,
+        open: &AtomicBool,
+        packets: &[(u16, u64)],
+        why: &str,
+    ) -> Vec<(u16, u64, u64)> {
+        open.store(false, Ordering::Relaxed);
+        let mut b = burst(packets);
+        w.handle(&mut b);
+        assert!(out(&b).is_empty(), "{why}");
+        open.store(true, Ordering::Relaxed);
+        let mut b = Burst::with_capacity(64);
+        w.handle(&mut b);
+        out(&b)
+    }
+
+    /// A flow's state changed between bursts (a control-plane edit) is written by the
+    /// flow's next packet, though that packet only reads it, and its output waits for the
+    /// write: no output shows a state the store does not have. A read that changes
+    /// nothing writes nothing.
+    #[test]
+    fn a_state_edited_between_bursts_is_written_by_the_next_packet_that_reads_it() {
+        let (mut w, open, counters, counts, store) = edited_worker();
         assert_eq!(counters.writes.load(Ordering::Relaxed), 1);
         let mut b = burst(&[(1, 2)]);
         w.handle(&mut b);
@@ -1942,14 +1975,13 @@ mod tests {
         );
         // Edited between bursts; the next packet, a read, waits for its write.
         counts.lock().unwrap().insert(flow(0), 100);
-        open.store(false, Ordering::Relaxed);
-        let mut b = burst(&[(1, 3)]);
-        w.handle(&mut b);
-        assert!(out(&b).is_empty(), "the read waits for the edit's write");
-        open.store(true, Ordering::Relaxed);
-        let mut b = Burst::with_capacity(64);
-        w.handle(&mut b);
-        assert_eq!(out(&b), [(1, 3, 100)]);
+        let left = held_for_the_store(
+            &mut w,
+            &open,
+            &[(1, 3)],
+            "the read waits for the edit's write",
+        );
+        assert_eq!(left, [(1, 3, 100)]);
         assert_eq!(counters.writes.load(Ordering::Relaxed), 2);
         let stored = store.read(&flow(0)).and_then(|(_, v)| v);
         assert_eq!(stored, Some(100u64.to_le_bytes().to_vec()));
@@ -1961,40 +1993,25 @@ mod tests {
     /// flow's state after it, which the outputs before it wait for too).
     #[test]
     fn a_bursts_packets_of_one_flow_leave_as_its_first_one_does() {
-        let counts = Arc::new(std::sync::Mutex::new(FlowMap::default()));
-        let program = Edited {
-            counts: Arc::clone(&counts),
-        };
-        let store = MemoryStore::new(StoreConfig::default());
-        let (mut w, open, counters, _) =
-            worker_on(Box::new(program), &store, ReplicaConfig::default());
-        open.store(true, Ordering::Relaxed);
-        let mut b = burst(&[(0, 1)]);
-        w.handle(&mut b);
-        assert_eq!(out(&b), [(0, 1, 1)]);
+        let (mut w, open, counters, counts, _store) = edited_worker();
         // Reads of an unchanged state: all leave at once.
         let mut b = burst(&[(1, 2), (1, 3), (1, 4)]);
         w.handle(&mut b);
         assert_eq!(out(&b), [(1, 2, 1), (1, 3, 1), (1, 4, 1)]);
         // Edited: every read waits for the write, not only the first.
         counts.lock().unwrap().insert(flow(0), 100);
-        open.store(false, Ordering::Relaxed);
-        let mut b = burst(&[(1, 5), (1, 6), (1, 7)]);
-        w.handle(&mut b);
-        assert!(out(&b).is_empty(), "the reads wait for the edit's write");
-        open.store(true, Ordering::Relaxed);
-        let mut b = Burst::with_capacity(64);
-        w.handle(&mut b);
-        assert_eq!(out(&b), [(1, 5, 100), (1, 6, 100), (1, 7, 100)]);
+        let reads = [(1, 5), (1, 6), (1, 7)];
+        let left = held_for_the_store(&mut w, &open, &reads, "the reads wait for the edit's write");
+        assert_eq!(left, [(1, 5, 100), (1, 6, 100), (1, 7, 100)]);
         // Reads, then a count: the burst's write carries the count, and all wait for it.
-        open.store(false, Ordering::Relaxed);
-        let mut b = burst(&[(1, 8), (1, 9), (0, 10)]);
-        w.handle(&mut b);
-        assert!(out(&b).is_empty(), "the reads wait for the count's write");
-        open.store(true, Ordering::Relaxed);
-        let mut b = Burst::with_capacity(64);
-        w.handle(&mut b);
-        assert_eq!(out(&b), [(1, 8, 100), (1, 9, 100), (0, 10, 101)]);
+        let packets = [(1, 8), (1, 9), (0, 10)];
+        let left = held_for_the_store(
+            &mut w,
+            &open,
+            &packets,
+            "the reads wait for the count's write",
+        );
+        assert_eq!(left, [(1, 8, 100), (1, 9, 100), (0, 10, 101)]);
         assert_eq!(counters.writes.load(Ordering::Relaxed), 3);
     }
 
