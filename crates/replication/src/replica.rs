@@ -1473,6 +1473,48 @@ mod tests {
         n
     }
 
+    /// Flow 7's first packet asks for the lease at 0, which the store takes at once and
+    /// answers at `answered`; the packet is processed then and leaves at once.
+    fn flow_7_granted(r: &mut Replica<u32, u64>, s: &mut StoreCore<u32, u64>, answered: u64) {
+        assert_eq!(r.admit(0, 7, 1), Admit::Parked);
+        let mut out = Vec::new();
+        r.poll_transmit(0, &mut out);
+        let granted = s.handle(0, A, out.remove(0));
+        r.handle_reply(answered, granted);
+        events(r);
+        assert_eq!(r.processed(answered, 7, 1, None, u64::MAX), Release::Now);
+    }
+
+    /// Flow 7's packet `token`, arriving at `at` too near its lease's end, waits for the
+    /// lease again: the ask reaches the store at `reached` and is answered at `answered`,
+    /// when the packet is processed (writing 5); that write reaches the store at
+    /// `written`, which takes it. The store's answer to the write.
+    fn flow_7_asks_again_and_writes(
+        r: &mut Replica<u32, u64>,
+        s: &mut StoreCore<u32, u64>,
+        token: Token,
+        [at, reached, answered, written]: [u64; 4],
+    ) -> Reply<u32, u64> {
+        assert_eq!(r.admit(at, 7, token), Admit::Parked);
+        let mut out = Vec::new();
+        r.poll_transmit(at, &mut out);
+        assert!(matches!(out[..], [Request::Acquire { .. }]), "{out:?}");
+        let granted = s.handle(reached, A, out.remove(0));
+        r.handle_reply(answered, granted);
+        assert!(
+            events(r).contains(&Event::Process { key: 7, token }),
+            "processed under the new lease"
+        );
+        assert_eq!(
+            r.processed(answered, 7, token, Some(5), u64::MAX),
+            Release::Parked
+        );
+        r.poll_transmit(answered, &mut out);
+        let reply = s.handle(written, A, out.remove(0));
+        assert!(matches!(reply, Reply::Written { .. }), "{reply:?}");
+        reply
+    }
+
     /// Runs the timers due up to `to`, each time sending what is due to the store.
     /// The replica's side of a step at `now`: its timers, and the packets it lets
     /// through processed with no change. The leases it installed.
@@ -2357,33 +2399,15 @@ mod tests {
     fn a_write_is_never_made_in_the_last_eighth_of_a_lease_however_near_the_store_has_been() {
         let mut r = Replica::new(A, config());
         let mut s = StoreCore::new(StoreConfig::default());
-        r.admit(0, 7, 1);
-        let mut out = Vec::new();
-        r.poll_transmit(0, &mut out);
-        let granted = s.handle(0, A, out.remove(0));
-        r.handle_reply(MS, granted);
-        events(&mut r);
-        assert_eq!(r.processed(MS, 7, 1, None, u64::MAX), Release::Now);
+        flow_7_granted(&mut r, &mut s, MS);
         // The lease ends at 99 ms here (100 at the store); answers take 1 ms. At 86 ms a
         // write may still be made (13 ms left), at 88 ms not (11 ms: an eighth is 12.5).
         assert_eq!(r.reach_ns(86 * MS), 100 * MS / 8);
         assert_eq!(r.admit(86 * MS, 7, 2), Admit::Process);
         assert_eq!(r.processed(86 * MS, 7, 2, None, u64::MAX), Release::Now);
-        assert_eq!(r.admit(88 * MS, 7, 3), Admit::Parked);
-        r.poll_transmit(88 * MS, &mut out);
-        assert!(matches!(out[..], [Request::Acquire { .. }]), "{out:?}");
         // The store stalls for 20 ms: the ask reaches it after the lease, and is granted
         // (a new epoch); the write made under it is taken.
-        let granted = s.handle(108 * MS, A, out.remove(0));
-        r.handle_reply(109 * MS, granted);
-        assert!(events(&mut r).contains(&Event::Process { key: 7, token: 3 }));
-        assert_eq!(
-            r.processed(109 * MS, 7, 3, Some(5), u64::MAX),
-            Release::Parked
-        );
-        r.poll_transmit(109 * MS, &mut out);
-        let written = s.handle(129 * MS, A, out.remove(0));
-        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        flow_7_asks_again_and_writes(&mut r, &mut s, 3, [88, 108, 109, 129].map(|t| t * MS));
         assert_eq!(s.counters.fenced, 0);
     }
 
@@ -2542,36 +2566,17 @@ mod tests {
     fn a_packet_near_its_lease_end_waits_for_the_lease_again_rather_than_risk_a_fenced_write() {
         let mut r = Replica::new(A, config());
         let mut s = StoreCore::new(StoreConfig::default());
-        assert_eq!(r.admit(0, 7, 1), Admit::Parked);
-        let mut out = Vec::new();
-        r.poll_transmit(0, &mut out);
         // The store takes the ask at once; its answer takes 30 ms to come back.
-        let granted = s.handle(0, A, out.remove(0));
-        r.handle_reply(30 * MS, granted);
-        events(&mut r);
-        assert_eq!(r.processed(30 * MS, 7, 1, None, u64::MAX), Release::Now);
+        flow_7_granted(&mut r, &mut s, 30 * MS);
         // At 60 ms a write would reach the store (30 ms away) well within its lease.
         assert_eq!(r.admit(60 * MS, 7, 2), Admit::Process);
         assert_eq!(r.processed(60 * MS, 7, 2, None, u64::MAX), Release::Now);
         // At 80 ms it would reach it at 110 ms, past the lease's end (100 ms): the packet
         // waits for the lease again instead.
-        assert_eq!(r.admit(80 * MS, 7, 3), Admit::Parked);
-        r.poll_transmit(80 * MS, &mut out);
-        assert!(matches!(out[..], [Request::Acquire { .. }]), "{out:?}");
-        let granted = s.handle(110 * MS, A, out.remove(0));
-        r.handle_reply(140 * MS, granted);
-        assert!(
-            events(&mut r).contains(&Event::Process { key: 7, token: 3 }),
-            "processed under the new lease"
-        );
-        assert_eq!(
-            r.processed(140 * MS, 7, 3, Some(5), u64::MAX),
-            Release::Parked
-        );
-        r.poll_transmit(140 * MS, &mut out);
-        let written = s.handle(170 * MS, A, out.remove(0));
-        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        let written =
+            flow_7_asks_again_and_writes(&mut r, &mut s, 3, [80, 110, 140, 170].map(|t| t * MS));
         r.handle_reply(200 * MS, written);
+        let mut out = Vec::new();
         assert!(events(&mut r).contains(&Event::Release {
             token: 3,
             epoch: 2,
