@@ -34,7 +34,7 @@ const CELLS: u32 = 65_536;
 
 /// A sketch's switches refresh every 100 ms: the copy is exact again soon after any loss.
 const SKETCH_REFRESH_MS: u64 = 100;
-/// A table's refresh carries 12 words a slot (1.6 million for 65,536 connections): the
+/// A table's refresh carries 13 words a slot (1.7 million for 65,536 connections): the
 /// run's default of once a second, not to keep the collector busy with refreshes.
 const TABLE_REFRESH_MS: u64 = 1000;
 /// The pause before each move (not timed): a move's commit sends the changes it made to

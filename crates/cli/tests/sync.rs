@@ -333,21 +333,7 @@ name = "out"
 
     // A slot: action (1: `count`), src (2 words), dst (2), proto, ports, vlan, packets,
     // bytes.
-    const STRIDE: u32 = 11;
-    let text = std::fs::read_to_string(&dump).unwrap();
-    let mut slots: BTreeMap<(u16, u32), [u64; STRIDE as usize]> = BTreeMap::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        assert_eq!(
-            f[5], "0",
-            "every word exact after the end's refresh: {line}"
-        );
-        let stream: u16 = f[1].parse().unwrap();
-        let index: u32 = f[3].parse().unwrap();
-        let words = slots.entry((stream, index / STRIDE)).or_default();
-        words[(index % STRIDE) as usize] = f[4].parse().unwrap();
-    }
-    let entries: Vec<_> = slots.values().filter(|w| w[0] != 0).collect();
+    let entries = dumped_entries(&dump, 11);
     assert!(entries.len() > 100, "{} flows", entries.len());
     for w in &entries {
         assert_eq!(w[0], 1, "the one action, `count`: {w:?}");
@@ -364,6 +350,113 @@ name = "out"
         packets, forwarded,
         "every packet counted on a flow the copy holds"
     );
+}
+
+/// The occupied slots (action word not 0) of every stream's synced table in a collector's
+/// dump, `stride` words each, every word exact (its bound 0).
+fn dumped_entries(dump: &Path, stride: u32) -> Vec<Vec<u64>> {
+    let text = std::fs::read_to_string(dump).unwrap();
+    let mut slots: BTreeMap<(u16, u32), Vec<u64>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            f[5], "0",
+            "every word exact after the end's refresh: {line}"
+        );
+        let stream: u16 = f[1].parse().unwrap();
+        let index: u32 = f[3].parse().unwrap();
+        let words = slots
+            .entry((stream, index / stride))
+            .or_insert_with(|| vec![0; stride as usize]);
+        words[(index % stride) as usize] = f[4].parse().unwrap();
+    }
+    slots.into_values().filter(|w| w[0] != 0).collect()
+}
+
+/// Runs `program` (its settings `settings`) on `trace` with its table `state` synced to a
+/// collector of its own; the summary and the collector's copy, `stride` words an entry.
+fn synced_table_run(
+    dir: &Path,
+    program: &str,
+    settings: &str,
+    state: &str,
+    trace: &str,
+    stride: u32,
+) -> (serde_json::Value, Vec<Vec<u64>>) {
+    let dump = dir.join(format!("{program}-dump.csv"));
+    let dump_arg = dump.display().to_string();
+    let (collector, addr, collector_err) =
+        start_collector(&["--switches", "1", "--dump", &dump_arg]);
+    let config = dir.join(format!("sync-{program}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n\
+             [guarantees]\n{state} = [\"synced\"]\n[sync]\ncollector = \"{addr}\"\n\
+             [[port]]\nname = \"in\"\nrx = \"{trace}\"\n[[port]]\nname = \"out\"\n"
+        ),
+    )
+    .unwrap();
+    let summary = run_json(&config);
+    assert_eq!(summary["sync"]["send_errors"], 0, "{summary}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains("gaps 0"), "{table}");
+    (summary, dumped_entries(&dump, stride))
+}
+
+/// firewall's connections and kv's cache synced end to end: the copy holds each
+/// connection once, with every packet passed counted on one of them, and each cached key
+/// once, with the value the trace PUT (every PUT of the `kv` workload carries sixteen
+/// bytes of 0x5a).
+#[test]
+fn firewall_connections_and_a_kv_cache_reach_the_collector_exactly() {
+    let dir = tmp("sync-programs");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (workload, flows) in [("datacenter", "10"), ("kv", "200")] {
+        ok(bin()
+            .args(["gen", workload, "--packets", "20000", "--seed", "3"])
+            .args(["--flows", flows, "-o"])
+            .arg(dir.join(format!("{workload}.pcap")))
+            .output()
+            .unwrap());
+    }
+
+    // A slot: action (the connection's state), key (8 words), packets, answered,
+    // originator, FINs.
+    let (summary, connections) = synced_table_run(
+        &dir,
+        "firewall",
+        "inside = \"in\"",
+        "connections",
+        "datacenter.pcap",
+        13,
+    );
+    let passed = summary["counters"]["tx_packets"].as_u64().unwrap();
+    assert_eq!(passed, 20_000, "{summary}");
+    assert_eq!(connections.len(), 10, "{connections:?}");
+    let keys: std::collections::BTreeSet<_> = connections.iter().map(|w| &w[1..9]).collect();
+    assert_eq!(keys.len(), connections.len(), "each connection in one slot");
+    assert_eq!(connections.iter().map(|w| w[9]).sum::<u64>(), passed);
+
+    // A slot: action (1: `value`), key, len, value (two words).
+    let (summary, cached) = synced_table_run(
+        &dir,
+        "kv",
+        "server = \"198.19.0.100\"\nclients = \"in\"\nbackend = \"out\"",
+        "cache",
+        "kv.pcap",
+        5,
+    );
+    assert_eq!(summary["counters"]["rx_packets"], 20_000, "{summary}");
+    assert!(cached.len() > 50, "{} keys", cached.len());
+    let keys: std::collections::BTreeSet<_> = cached.iter().map(|w| w[1]).collect();
+    assert_eq!(keys.len(), cached.len(), "each key in one slot");
+    let put = u64::from_be_bytes([0x5a; 8]);
+    for w in &cached {
+        assert_eq!(w[0], 1, "the one action, `value`: {w:?}");
+        assert_eq!(w[2..], [16, put, put], "{w:?}");
+    }
 }
 
 /// With no collector listening, the run still ends, and its summary says the sends failed.
@@ -441,9 +534,10 @@ fn sync_settings_that_cannot_hold_are_refused() {
         ),
         (
             format!(
-                "[program]\nname = \"firewall\"\n[guarantees]\nconnections = [\"synced\"]\n{ports}"
+                "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.255.1\"\n\
+                 inside = \"in\"\noutside = \"out\"\n[guarantees]\ntranslations = [\"synced\"]\n{ports}"
             ),
-            "`connections` cannot be synced",
+            "`translations` cannot be synced",
         ),
         (
             format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),

@@ -32,8 +32,8 @@
 //!
 //! State: the policy's `rules` (read-centric, shared, from configuration and the control
 //! plane), `rule_packets`/`rule_bytes`/`rule_meters` (per worker), and `connections`
-//! (write-centric, per worker) as `conntrack` declares them, which may be `replicated` as
-//! `conntrack`'s.
+//! (write-centric, per worker) as `conntrack` declares them, which may be `synced` and
+//! `replicated` as `conntrack`'s (the policy has nothing derived from them).
 //! Configuration: `inside` (default port 0), `rules`, `default`, `capacity` (rules) as
 //! `acl`; `connections` (per worker, default 65536) and `timeouts` as `conntrack`; `map`
 //! as `forward`.
@@ -325,6 +325,8 @@ impl Program for Firewall {
         self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
+    crate::synced_tables::synced_table_methods!(conntrack.table);
+
     crate::replicated_tables::replicated_table_methods!(
         conntrack.table,
         with_counts: false,
@@ -475,6 +477,54 @@ mod tests {
             ]
         );
         assert_eq!(fw.connections(), 3);
+    }
+
+    /// Synced, a firewall's connections move into another switch (another hash seed, so
+    /// other slots): there the answers of the connections opened on the first pass, an
+    /// unsolicited packet is still dropped, and the second's own connection stays.
+    #[test]
+    fn connections_move_to_another_switch_through_their_synced_words() {
+        let out = |l4| (frame(INSIDE, REMOTE, l4), true);
+        let back = |l4| (frame(REMOTE, INSIDE, l4), false);
+        let udp = |src_port, dst_port| L4::Udp { src_port, dst_port };
+        let (syn, ack) = (flags::SYN, flags::ACK);
+        // A slot: action, key (two addresses of two words, proto, ports, vlan), packets,
+        // answered, originator, FINs.
+        let stride = 1 + 8 + 4;
+        let mut a = firewall("");
+        let slots = a.conntrack.table.slot_count() as u32;
+        assert_eq!(a.track("connections", 0), Some(slots * stride));
+        let opened = [
+            out(tcp(40_000, 80, syn)),
+            back(tcp(80, 40_000, syn | ack)),
+            out(tcp(40_000, 80, ack)),
+            out(udp(5353, 53)),
+        ];
+        assert!(
+            run(&mut a, &opened)
+                .iter()
+                .all(|v| matches!(v, Verdict::Forward(_)))
+        );
+        let names = PortNames(vec!["inside".into(), "outside".into()]);
+        let cfg: FirewallConfig = toml::from_str("inside = \"inside\"").unwrap();
+        let mut b = Firewall::new(&cfg, &names, "program.firewall", 77).unwrap();
+        assert_eq!(b.track("connections", 0), Some(slots * stride));
+        assert_eq!(run(&mut b, &[out(tcp(41_000, 80, syn))]), [OUT]);
+        assert_eq!(
+            crate::testutil::move_synced_table(&mut a, &mut b, stride),
+            2
+        );
+        assert_eq!(b.connections(), 3);
+        let got = run(
+            &mut b,
+            &[
+                back(tcp(80, 40_000, ack)),
+                back(udp(53, 5353)),
+                back(tcp(80, 41_000, syn | ack)),
+                back(tcp(80, 40_001, syn | ack)),
+            ],
+        );
+        assert_eq!(got, [IN, IN, IN, Verdict::Drop(UNSOLICITED)]);
     }
 
     /// A reload keeps the connections, each as it was permitted (as Linux's tracked

@@ -15,12 +15,13 @@
 //! key come from many clients (many flows): a PUT updates only its worker's cache, so with
 //! several workers another may answer with the value before it until that entry idles
 //! out. A run of `kv` on more workers is refused at start: its cache would have to be
-//! kept in step across workers, which nothing does yet (`synced` copies a program's
-//! sketch to a collector, not a table between workers).
+//! kept in step across workers, which nothing does yet (`synced` copies a worker's
+//! table to a collector, not a table between workers).
 //!
 //! State: `cache` (declared; key `key`; action `value` with `len` and `value`, the value's
 //! bytes as a big-endian number; read-centric: GETs read it, PUTs write it); it may be
-//! `replicated`, each key a flow of its own.
+//! `synced` (a slot's five words: action, key, `len`, `value`'s two), and `replicated`,
+//! each key a flow of its own.
 //! Configuration: `server` (its address, required), `clients` and `backend` (ports,
 //! default 0 and 1), `capacity` (keys per worker, default 65536), `idle` (seconds, default
 //! 60). Drop reasons: none of its own (malformed requests go on to the server, which
@@ -345,6 +346,8 @@ impl Program for Kv {
     }
 
     answer_by_table!(cache);
+
+    crate::synced_tables::synced_table_methods!(cache);
 
     crate::replicated_tables::replicated_table_methods!(cache, with_counts: false, key: key_of);
 

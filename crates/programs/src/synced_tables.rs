@@ -7,39 +7,39 @@
 //! state behind.
 
 /// Inside a program's `impl Program`: the synced-state methods of a program whose one
-/// table named by the field `$table` may be synced.
+/// table at `self.$table` may be synced.
 macro_rules! synced_table_methods {
-    ($table:ident) => {
+    ($($table:ident).+) => {
         fn track(&mut self, name: &str, id: u16) -> Option<u32> {
-            self.$table.track(name, id)
+            self.$($table).+.track(name, id)
         }
 
         fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
-            self.$table.changes(out);
+            self.$($table).+.changes(out);
         }
 
         fn synced(&self) -> Vec<(u16, u32)> {
-            self.$table.synced().into_iter().collect()
+            self.$($table).+.synced().into_iter().collect()
         }
 
         fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
-            self.$table.read_synced(id, index)
+            self.$($table).+.read_synced(id, index)
         }
 
         fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
-            self.$table.read_synced_run(id, first, out)
+            self.$($table).+.read_synced_run(id, first, out)
         }
 
         fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
-            self.$table.write_synced(id, index, value)
+            self.$($table).+.write_synced(id, index, value)
         }
 
         fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
-            self.$table.write_synced_run(id, first, values);
+            self.$($table).+.write_synced_run(id, first, values);
         }
 
         fn commit_synced_write(&mut self) -> u64 {
-            self.$table.commit_synced_write().refused
+            self.$($table).+.commit_synced_write().refused
         }
     };
 }

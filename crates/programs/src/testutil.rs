@@ -265,7 +265,6 @@ pub fn shuffle<T>(items: &mut [T], seed: u64) {
     }
 }
 
-/// The frames of a generated trace, each arriving on port 0.
 /// The replication stage's view of a frame arriving at `port`: the key of its flow, and
 /// its alias (`Program::replicated_key`, `Program::replicated_alias`).
 pub fn replicated_names(
@@ -286,6 +285,7 @@ pub fn replicated_names(
     )
 }
 
+/// The frames of a generated trace, each arriving on port 0.
 pub fn generated(cfg: &stateplane_gen::GenConfig) -> Vec<(Vec<u8>, PortId)> {
     let mut frames = Vec::new();
     stateplane_gen::generate(
@@ -307,4 +307,39 @@ pub fn budget(limit: u64, copies: u64) -> stateplane_mem::budget::Budget {
         copies,
         setting: "memory_budget",
     }
+}
+
+/// Moves a synced table from `from` into `to` (both tracking it as id 0) as a collector
+/// that took every change would: the words the changes since tracking began leave
+/// (checked against `from`'s own words, so they rebuild the table whole), each occupied
+/// slot of `stride` words (its action word not 0) written whole, then committed with
+/// nothing refused. The slots written.
+pub fn move_synced_table(from: &mut impl Program, to: &mut impl Program, stride: u32) -> usize {
+    let mut changes = Vec::new();
+    from.changes(&mut changes);
+    let mut words = std::collections::BTreeMap::new();
+    for c in changes {
+        assert_eq!(words.get(&c.index).copied().unwrap_or(0), c.old, "{c:?}");
+        words.insert(c.index, c.new);
+    }
+    let word = |index: u32| words.get(&index).copied().unwrap_or(0);
+    let length = from.synced()[0].1;
+    for index in 0..length {
+        assert_eq!(
+            from.read_synced(0, index),
+            Some(word(index)),
+            "word {index}"
+        );
+    }
+    let mut written = 0;
+    for slot in (0..length).step_by(stride as usize) {
+        if word(slot) != 0 {
+            for index in slot..slot + stride {
+                to.write_synced(0, index, word(index)).unwrap();
+            }
+            written += 1;
+        }
+    }
+    assert_eq!(to.commit_synced_write(), 0, "no entry refused");
+    written
 }

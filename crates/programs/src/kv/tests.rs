@@ -146,6 +146,66 @@ fn on_the_kv_workload_every_answer_is_the_last_value_put() {
     assert!(passed > 3_000, "PUTs, misses and IPv6 pass: {passed}");
 }
 
+/// Synced, a switch's cache moves into another (another hash seed, so other slots): there
+/// a GET of a key PUT through the first, or filled by the server's reply, is answered by
+/// the data plane with the value last seen, and a key never seen goes on to the server.
+#[test]
+fn a_synced_cache_moves_to_another_switch_and_answers_there() {
+    // A slot: action, key, length, value (128 bits: two words).
+    let stride = 1 + 1 + 1 + 2;
+    let mut a = kv("capacity = 64");
+    let slots = a.cache.slot_count() as u32;
+    assert_eq!(a.track("cache", 0), Some(slots * stride));
+    let frames = [
+        (frame("198.18.0.1", true, &msg(Op::Put, 42, b"first")), 0),
+        (
+            frame("198.18.0.1", true, &msg(Op::Put, 42, b"sixteen bytes!!!")),
+            0,
+        ),
+        (
+            frame(
+                "198.18.0.2",
+                false,
+                &msg(Op::GetReply, 9, b"from the server"),
+            ),
+            1,
+        ),
+    ];
+    run_at(&mut a, 1, &frames, (0, 1), 2);
+    let mut b = Kv::new(
+        &toml::from_str(&format!("server = \"{SERVER}\"\ncapacity = 64")).unwrap(),
+        &PortNames(vec!["clients".into(), "server".into()]),
+        "program.kv",
+        77,
+    )
+    .unwrap();
+    assert_eq!(b.track("cache", 0), Some(slots * stride));
+    assert_eq!(
+        crate::testutil::move_synced_table(&mut a, &mut b, stride),
+        2
+    );
+    let gets = [42, 9, 5].map(|key| (frame("198.18.0.3", true, &msg(Op::Get, key, b"")), 0));
+    let out = run_at(&mut b, 2, &gets, (0, 1), 2);
+    let verdicts: Vec<Verdict> = out.iter().map(|(v, _)| *v).collect();
+    assert_eq!(
+        verdicts,
+        [
+            Verdict::Forward(0),
+            Verdict::Forward(0),
+            Verdict::Forward(1)
+        ]
+    );
+    let value = |reply: &[u8]| {
+        let r = stateplane_wire::parse(reply, 0, &hasher()).unwrap();
+        Message::parse(&reply[usize::from(r.payload_offset)..])
+            .unwrap()
+            .value
+            .to_vec()
+    };
+    assert_eq!(value(&out[0].1), b"sixteen bytes!!!");
+    assert_eq!(value(&out[1].1), b"from the server");
+}
+
 #[test]
 fn bad_settings_name_the_field() {
     let names = PortNames(vec!["a".into(), "b".into()]);
