@@ -866,6 +866,91 @@ fn a_tcp_connection_survives_the_death_of_its_nat_when_its_translation_is_replic
     );
 }
 
+/// topologies/dual-nat.toml with the translations `synced` to a collector on the
+/// controller instead of replicated: mid-transfer, `ctl sync migrate` moves the
+/// translations of the switch carrying the connection into the other (the collector reads
+/// them from its copy and writes them in), and the carrying switch is killed; the
+/// steering point moves the connection to the other, which translates it to the same
+/// external port, from the dead switch's pool: the transfer goes on to its end. (Without
+/// the move the survivor drops the server's answers and the client gives up: the nat
+/// failover test's unreplicated half.)
+#[test]
+fn a_tcp_connection_moves_to_another_nat_through_sync_migrate() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::up_edited("dual-nat.toml", "tnatsync", None, |t| {
+        let mut t = t.to_owned();
+        for id in 1..=2 {
+            t = t.replace(
+                &format!(
+                    "translations = [\"replicated\"]\n[switch.replication]\n\
+                     store = \"redis://198.19.255.1:6379/\"\nlease_ms = 1000\nswitch = {id}"
+                ),
+                &format!(
+                    "translations = [\"synced\"]\n[switch.sync]\n\
+                     collector = \"198.19.255.1:7474\"\nswitch = {id}\nrefresh_ms = 100"
+                ),
+            );
+        }
+        assert!(
+            !t.contains("[switch.replication]"),
+            "both switches edited: {t}"
+        );
+        t
+    });
+    let dump = lab.file.with_extension("sync.csv");
+    let collector = collector_in(&lab, "c1", "198.19.255.1:7474", &dump);
+    let out = lab.exec(
+        "h1",
+        &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
+    );
+    assert!(text(&out).contains("3 received"), "{}", text(&out));
+    let (mut from, mut migrated) = (String::new(), String::new());
+    let flags = ["-t", "6", "-i", "0.1", "--snd-timeout", "3000"];
+    let out = iperf3_client(&lab, &flags, 1, 30, || {
+        std::thread::sleep(Duration::from_millis(2000));
+        let (s1, s2) = (lab.rx_packets("s1", "p0"), lab.rx_packets("s2", "p0"));
+        assert!(s1.max(s2) > 1000, "the transfer is under way: {s1} {s2}");
+        let (carrying, other) = if s1 >= s2 { ("1", "2") } else { ("2", "1") };
+        from = format!("s{carrying}");
+        let moved = ctl_sync(
+            &lab,
+            &[
+                "migrate",
+                "--from-switch",
+                carrying,
+                "--from-stream",
+                "0",
+                "--to-switch",
+                other,
+            ],
+        );
+        migrated = text(&moved);
+        assert!(moved.status.success(), "{migrated}");
+        assert!(kill("-KILL", &lab.switch_pid(&from).to_string()));
+    });
+    interrupt(collector);
+    assert!(
+        out.status.success(),
+        "the transfer survived {from}'s death after the move ({migrated}):\n{}",
+        text(&out)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.get("error").is_none(), "{report}");
+    let bytes: Vec<u64> = (report["intervals"].as_array().unwrap().iter())
+        .map(|i| i["sum"]["bytes"].as_u64().unwrap())
+        .collect();
+    let last_second = &bytes[bytes.len().saturating_sub(10)..];
+    assert!(
+        last_second.iter().filter(|&&b| b > 0).count() >= 8,
+        "the connection moves data at the end: {bytes:?}"
+    );
+    eprintln!(
+        "nat moved by sync migrate: {} ms without data ({from} killed; {})",
+        bytes.iter().filter(|&&b| b == 0).count() * 100,
+        migrated.trim()
+    );
+}
+
 /// `lab bench` on a lab of its own: each mode delivers packets and TCP, and the switch's
 /// own CPU is a figure for stateplane and no figure for the bridge (the kernel's, which
 /// no process of its own shows), in JSON and in the table.

@@ -533,11 +533,8 @@ fn sync_settings_that_cannot_hold_are_refused() {
             "unknown field `channel`",
         ),
         (
-            format!(
-                "[program]\nname = \"nat\"\n[program.nat]\nexternal = \"198.18.255.1\"\n\
-                 inside = \"in\"\noutside = \"out\"\n[guarantees]\ntranslations = [\"synced\"]\n{ports}"
-            ),
-            "`translations` cannot be synced",
+            format!("[program]\nname = \"acl\"\n[guarantees]\nrules = [\"synced\"]\n{ports}"),
+            "`rules` cannot be synced",
         ),
         (
             format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),

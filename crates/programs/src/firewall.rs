@@ -512,7 +512,7 @@ mod tests {
         assert_eq!(run(&mut b, &[out(tcp(41_000, 80, syn))]), [OUT]);
         assert_eq!(
             crate::testutil::move_synced_table(&mut a, &mut b, stride),
-            2
+            (2, 0)
         );
         assert_eq!(b.connections(), 3);
         let got = run(

@@ -592,8 +592,8 @@ pub fn with_guarantees(
                     "`{name}` cannot be synced: the program does not track its changes (synced \
                      state today is a program's count-min sketch, `sketch` in hh, udpflood \
                      and synflood, and the tables `flows` in counter, `connections` in \
-                     conntrack and firewall, `cache` in kv, `macs` in l2 and `stations` in \
-                     l2learn; a table's slot \
+                     conntrack, firewall and lb, `cache` in kv, `macs` in l2, `stations` in \
+                     l2learn, `translations` in nat and `sessions` in sgw; a table's slot \
                      takes at most 64 words, 16 key fields and 16 parameters)"
                 ),
             ));

@@ -50,7 +50,8 @@
 //!
 //! State: `translations` (declared; key the inside 5-tuple and VLAN, action the TCP/UDP/ICMP
 //! state with the external port and packet counts; write-centric: created per connection,
-//! updated by every packet) and its reverse index (derived from it, kept alongside).
+//! updated by every packet) and its reverse index (derived from it, kept alongside, and
+//! made again after a synced write: `translations` may be `synced`).
 //! Configuration: `external` (the public IPv4 address, required), `inside` and `outside`
 //! (ports, default 0 and 1), `ports` (the pool, default `1024-65535`), `capacity`
 //! (connections per worker, default 65536), `early_drop` (default true: a full table makes
@@ -69,6 +70,7 @@ use stateplane_runtime::{
     Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
+use stateplane_state::synced_table::Placed;
 use stateplane_state::{
     AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
     Notification, Reply, Request, ValueCodec,
@@ -1192,25 +1194,56 @@ impl Nat {
                 };
             }
         } else {
-            self.answers.table.clear();
-            self.answers.dests.clear();
-            if let Some(m) = &mut self.answers.mappings {
-                *m = Mappings::default();
-            }
-            let kept: Vec<(FlowKey, u16)> = (self.translations.iter())
-                .map(|(inside, t, _)| (*inside, t.external_port))
-                .collect();
-            for (inside, port) in kept {
-                // As many answers as translations fit: the tables are the same size.
-                let _ =
-                    (self.answers).add(answer_key(&inside, self.external, port), inside, now_ns);
-            }
+            // The tables are the same size: every translation kept has room for its answer.
+            self.answer_again(|_| false, now_ns);
         }
         // The lists of free ports were of the old pool: listed again when next crowded.
         for d in self.answers.dests.values_mut() {
             d.free = None;
         }
         carried
+    }
+
+    /// Makes the answer entries, the destinations' counts, the mappings and the blocks
+    /// again from the translations, those `moved` says no first: a translation whose
+    /// answer an earlier one already has (the same remote end and external port) is
+    /// deleted, as is one the answers' table has no room for. How many were deleted.
+    fn answer_again(&mut self, moved: impl Fn(&FlowKey) -> bool, now_ns: u64) -> u64 {
+        let answers = &mut self.answers;
+        answers.table.clear();
+        answers.dests.clear();
+        if let Some(m) = &mut answers.mappings {
+            *m = Mappings::default();
+        }
+        if let Some(b) = &mut answers.blocks {
+            *b = Blocks::new(b.size, b.per_host, answers.pool.1);
+        }
+        let (mut first, mut then) = (Vec::new(), Vec::new());
+        for (inside, t, _) in self.translations.iter() {
+            let list = if moved(inside) { &mut then } else { &mut first };
+            list.push((*inside, t.external_port));
+        }
+        let mut deleted = 0;
+        for (inside, port) in first.into_iter().chain(then) {
+            let answer = answer_key(&inside, self.external, port);
+            if self.answers.add(answer, inside, now_ns).is_err() {
+                self.translations.delete(&inside);
+                deleted += 1;
+            }
+        }
+        deleted
+    }
+
+    /// After a synced write: the answers made again with the translations written last,
+    /// so that one clashing with a connection this switch carries is the one refused.
+    fn answer_written(&mut self, placed: &Placed) -> u64 {
+        if placed.entries + placed.deleted == 0 {
+            return 0;
+        }
+        let written: std::collections::HashSet<FlowKey> =
+            self.translations.last_written_keys().copied().collect();
+        let now_ns = self.translations.swept_at_ns();
+        self.answer_again(|inside| written.contains(inside), now_ns)
     }
 
     /// The translation of the inside connection `key` (as a packet from the inside has it).
@@ -1831,6 +1864,8 @@ impl Program for Nat {
         self.translations.take_notifications(out);
     }
 
+    crate::synced_tables::synced_table_methods!(translations, after_commit: answer_written);
+
     /// `translations` replicated, each connection a flow with its answers' alias. Not
     /// with port forwards, nor with filtering that lets packets in: there a first packet
     /// from the outside makes a translation, which a switch that knows no flow by that
@@ -1977,6 +2012,78 @@ mod tests {
 
     fn addr(key: &FlowKey, src: bool) -> std::net::IpAddr {
         if src { key.src_ip() } else { key.dst_ip() }.unwrap()
+    }
+
+    /// Synced, a NAT's translations move into another switch with the same external
+    /// address (another hash seed): there the answers to the moved connections reach
+    /// their inside hosts, a moved translation whose answer clashes with one of the
+    /// switch's own connections is refused (the switch's own goes on, and the copy never
+    /// holds the refused one), and a new connection does not take a port
+    /// the moved ones hold towards its destination.
+    #[test]
+    fn synced_translations_move_to_another_switch_and_answers_find_them() {
+        let syn = |inside: &str, p: u16| (frame(inside, REMOTE, tcp(p, 80, flags::SYN)), 0);
+        let answer = |port: u16| {
+            let f = frame(REMOTE, EXTERNAL, tcp(80, port, flags::SYN | flags::ACK));
+            (f, 1)
+        };
+        // A slot: action (the connection's state), key (8 words), external port, packets
+        // out and in.
+        let stride = 1 + 8 + 3;
+        let mut a = nat("");
+        let slots = a.translations.slot_count() as u32;
+        assert_eq!(
+            Program::track(&mut a, "translations", 0),
+            Some(slots * stride)
+        );
+        let moved: Vec<(Verdict, Vec<u8>)> = run(
+            &mut a,
+            S,
+            &(50_000..50_004).map(|p| syn(INSIDE, p)).collect::<Vec<_>>(),
+        );
+        assert!(moved.iter().all(|(v, _)| *v == OUT));
+        let cfg: NatConfig = toml::from_str(&format!(
+            "external = \"{EXTERNAL}\"\ninside = \"inside\"\noutside = \"outside\""
+        ))
+        .unwrap();
+        let names = PortNames(vec!["inside".into(), "outside".into(), "other".into()]);
+        let mut b = Nat::new(&cfg, &names, "program.nat", 77).unwrap();
+        Program::track(&mut b, "translations", 0);
+        let (v, own, _) = one(&mut b, S, syn("198.18.0.7", 50_000).0, 0);
+        assert_eq!((v, own.src_port), (OUT, 50_000));
+        assert_eq!(
+            crate::testutil::move_synced_table(&mut a, &mut b, stride),
+            (4, 1),
+            "the one clashing with the switch's own is refused"
+        );
+        assert_eq!(b.len(), 4);
+        let mut changes = Vec::new();
+        b.changes(&mut changes);
+        let occupied = changes
+            .iter()
+            .filter(|c| c.index % stride == 0 && c.new != 0);
+        assert_eq!(
+            occupied.count(),
+            4,
+            "the refused one never reaches the copy"
+        );
+        let answers = run(
+            &mut b,
+            2 * S,
+            &(50_000..50_004).map(answer).collect::<Vec<_>>(),
+        );
+        let to = |bytes: &[u8]| addr(&parse(bytes, 1, &hasher()).unwrap().key, false);
+        assert_eq!(
+            to(&answers[0].1),
+            ip("198.18.0.7"),
+            "the switch's own goes on"
+        );
+        for (v, bytes) in &answers[1..] {
+            assert_eq!((*v, to(bytes)), (IN, ip(INSIDE)), "a moved connection");
+        }
+        let (v, fresh, _) = one(&mut b, 2 * S, syn("198.18.0.9", 50_001).0, 0);
+        assert_eq!(v, OUT);
+        assert_ne!(fresh.src_port, 50_001, "held by a moved translation");
     }
 
     /// A reload keeps every translation while the external address stays: answers still

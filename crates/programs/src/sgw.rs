@@ -54,7 +54,8 @@
 //! State: `sessions` (declared; key the IMSI, as the number its digits spell; action
 //! `session` with `enb enb_teid ue mme_teid`; read-centric: written by about one packet
 //! in 18, read by the rest), the index from subscriber address to IMSI, derived from it,
-//! and the free places. `sessions` may be `replicated` (docs/REPLICATION.md): each
+//! and the free places (both made again after a synced write: `sessions` may be
+//! `synced`). `sessions` may be `replicated` (docs/REPLICATION.md): each
 //! subscriber is a flow, named by its IMSI (a Create Session Request carries it), and the
 //! packets that name it by its place (other signaling and uplink by TEID, downlink by
 //! address) find it at another switch by the place, the alias written with its session.
@@ -69,6 +70,7 @@ use stateplane_runtime::{
     Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
+use stateplane_state::synced_table::Placed;
 use stateplane_state::{
     Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
     Reply, Request, ValueCodec, Write,
@@ -562,6 +564,39 @@ impl Sgw {
             _ => return None,
         };
         (place < self.pool_size).then_some(place)
+    }
+
+    /// Makes the address index and this worker's free places again from the sessions,
+    /// those `moved` says no first: a session whose address an earlier one already has
+    /// is deleted, as is one the index has no room for. How many were deleted.
+    fn index_again(&mut self, moved: impl Fn(&u64) -> bool, now_ns: u64) -> u64 {
+        self.by_ue.clear();
+        let (mut first, mut then) = (Vec::new(), Vec::new());
+        for (imsi, s, _) in self.sessions.iter() {
+            let list = if moved(imsi) { &mut then } else { &mut first };
+            list.push((u32::from_be_bytes(s.ue), *imsi));
+        }
+        let mut deleted = 0;
+        for (ue, imsi) in first.into_iter().chain(then) {
+            if self.by_ue.get(&ue).is_some() || self.by_ue.add_entry(ue, imsi, 0, now_ns).is_err() {
+                self.sessions.delete(&imsi);
+                deleted += 1;
+            }
+        }
+        self.places = self.free_places();
+        deleted
+    }
+
+    /// After a synced write: the index made again with the sessions written last, so that
+    /// one whose address a subscriber here already has is the one refused.
+    fn index_written(&mut self, placed: &Placed) -> u64 {
+        if placed.entries + placed.deleted == 0 {
+            return 0;
+        }
+        let written: std::collections::HashSet<u64> =
+            self.sessions.last_written_keys().copied().collect();
+        let now_ns = self.sessions.swept_at_ns();
+        self.index_again(|imsi| written.contains(imsi), now_ns)
     }
 
     /// This worker's share of the places, less those its sessions hold.
@@ -1273,6 +1308,8 @@ impl Program for Sgw {
         self.sessions.take_notifications(out);
     }
 
+    crate::synced_tables::synced_table_methods!(sessions, after_commit: index_written);
+
     /// `sessions` replicated, each subscriber a flow with its address as alias.
     fn replicate(&mut self, name: &str) -> bool {
         self.sessions.replicate(name, false)
@@ -1357,16 +1394,9 @@ impl Program for Sgw {
             return vec![Carried::afresh("sessions", why)];
         }
         let carried = self.sessions.adopt(&mut old.sessions);
-        self.by_ue.clear();
-        let kept: Vec<(u32, u64)> = (self.sessions.iter())
-            .map(|(&imsi, s, _)| (u32::from_be_bytes(s.ue), imsi))
-            .collect();
         self.share = old.share;
-        self.places = self.free_places();
-        for (ue, imsi) in kept {
-            // As many as sessions: the tables are the same size.
-            let _ = self.by_ue.add_entry(ue, imsi, 0, now_ns);
-        }
+        // The tables are the same size and the old one's addresses were each one's.
+        self.index_again(|_| false, now_ns);
         vec![carried]
     }
 }

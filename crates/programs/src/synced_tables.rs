@@ -3,13 +3,30 @@
 //! one slot's words after another (`stateplane_state::synced_table`).
 //!
 //! Must never: be used by a program that keeps state derived from the table beside it
-//! (a reverse index, a port pool): a write placed by the table alone would leave that
-//! state behind.
+//! (a reverse index, a port pool) without `after_commit`: a write placed by the table
+//! alone would leave that state behind.
 
 /// Inside a program's `impl Program`: the synced-state methods of a program whose one
-/// table at `self.$table` may be synced.
+/// table at `self.$table` may be synced. With `after_commit: $after`, a program that keeps
+/// state derived from the table beside it makes that state again once a synced write is
+/// placed: `self.$after(&placed)` returns the entries it refused on top of the table's.
 macro_rules! synced_table_methods {
     ($($table:ident).+) => {
+        crate::synced_tables::synced_table_methods!(@reads_and_writes $($table).+);
+
+        fn commit_synced_write(&mut self) -> u64 {
+            self.$($table).+.commit_synced_write().refused
+        }
+    };
+    ($($table:ident).+, after_commit: $after:ident) => {
+        crate::synced_tables::synced_table_methods!(@reads_and_writes $($table).+);
+
+        fn commit_synced_write(&mut self) -> u64 {
+            let placed = self.$($table).+.commit_synced_write();
+            placed.refused + self.$after(&placed)
+        }
+    };
+    (@reads_and_writes $($table:ident).+) => {
         fn track(&mut self, name: &str, id: u16) -> Option<u32> {
             self.$($table).+.track(name, id)
         }
@@ -36,10 +53,6 @@ macro_rules! synced_table_methods {
 
         fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
             self.$($table).+.write_synced_run(id, first, values);
-        }
-
-        fn commit_synced_write(&mut self) -> u64 {
-            self.$($table).+.commit_synced_write().refused
         }
     };
 }

@@ -278,6 +278,19 @@ impl<C: ExactCodec> DeclaredTable<C> {
         placed
     }
 
+    /// The keys the last committed synced write placed or deleted (refused ones too): what
+    /// a program keeping state beside the table looks at again.
+    pub fn last_written_keys(&self) -> impl Iterator<Item = &C::Key> {
+        self.placing.iter().map(|place| match place {
+            Place::Delete(key) | Place::Put(key, ..) => key,
+        })
+    }
+
+    /// The data plane's clock at the last sweep (when a synced write's entries were placed).
+    pub fn swept_at_ns(&self) -> u64 {
+        self.now_ns
+    }
+
     /// Keeps the table's entries as replicated state if `name` is its own (`false`
     /// otherwise). The counting parameters ([`ValueCodec::COUNTING`]) are part of it only
     /// `with_counts`: where the counts are the state itself (`counter`). Where they are

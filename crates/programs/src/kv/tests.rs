@@ -182,7 +182,7 @@ fn a_synced_cache_moves_to_another_switch_and_answers_there() {
     assert_eq!(b.track("cache", 0), Some(slots * stride));
     assert_eq!(
         crate::testutil::move_synced_table(&mut a, &mut b, stride),
-        2
+        (2, 0)
     );
     let gets = [42, 9, 5].map(|key| (frame("198.18.0.3", true, &msg(Op::Get, key, b"")), 0));
     let out = run_at(&mut b, 2, &gets, (0, 1), 2);

@@ -31,8 +31,8 @@
 //! from a backend, are dropped (`no_vip`, `not_backend`), as are later fragments.
 //!
 //! State: `connections` (declared; key the client's 5-tuple; write-centric: added per
-//! connection, its timer and packet count updated by every packet; it may be
-//! `replicated`: its state and backend, not its count, so that established connections
+//! connection, its timer and packet count updated by every packet; it may be `synced`,
+//! and `replicated`: its state and backend, not its count, so that established connections
 //! only read) and `backends`
 //! (declared; key address, port and protocol; action `up`, `drain` or `down` with the
 //! VIP, weight, port and MAC; read-centric, shared by the workers, written by the control
@@ -832,7 +832,10 @@ impl Lb {
             Some(id) => {
                 let a = *self.connections.value(id);
                 let mut backend = a.backend;
-                if !pools.backends[usize::from(backend)].keeps(vip) {
+                // An affinity installed from elsewhere (a replica, a synced write) may name
+                // a place this configuration does not have: it picks again.
+                let kept = pools.backends.get(usize::from(backend));
+                if !kept.is_some_and(|b| b.keeps(vip)) {
                     let Some(other) = pools.pick(v, self.connection_hash(v, &key)) else {
                         return Verdict::Drop(NO_BACKEND);
                     };
@@ -969,6 +972,8 @@ impl Program for Lb {
     fn poll(&mut self, _out: &mut Burst, ctx: &mut Context) {
         self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
+
+    crate::synced_tables::synced_table_methods!(connections);
 
     crate::replicated_tables::replicated_table_methods!(
         connections,

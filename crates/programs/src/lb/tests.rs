@@ -596,6 +596,46 @@ fn a_replicated_affinity_keeps_its_backend_on_a_switch_with_another_pool() {
     assert_eq!(replicated_key_of(&a, &nowhere, 0), None);
 }
 
+/// Synced, the connections move into another switch (another hash seed) whose
+/// configuration has only the first VIP's first three backends: there each goes on to
+/// the backend it had, and one whose backend's place is past the switch's list picks
+/// again (counted as moved) rather than failing.
+#[test]
+fn synced_connections_move_and_one_whose_backend_is_not_there_picks_again() {
+    let grown = CONFIG.replace(
+        "{ address = \"198.18.1.3\", port = 8080 },",
+        "{ address = \"198.18.1.3\", port = 8080 },\n  { address = \"198.18.1.4\" },",
+    );
+    // A slot: action (the connection's state), key (8 words), backend, packets.
+    let stride = 1 + 8 + 2;
+    let mut a = lb_with(&grown).unwrap();
+    let slots = a.connections.slot_count() as u32;
+    assert_eq!(a.track("connections", 0), Some(slots * stride));
+    let there: Vec<Sent> = (0..100)
+        .map(|i| send(&mut a, S, &[web(i, flags::SYN)])[0].unwrap())
+        .collect();
+    let web_only = &CONFIG[..CONFIG.find("[[vips]]\naddress = \"198.19.0.11\"").unwrap()];
+    let cfg: LbConfig = toml::from_str(web_only).unwrap();
+    let mut b = Lb::new(&cfg, &names(), "program.lb", 77).unwrap();
+    assert_eq!(b.track("connections", 0), Some(slots * stride));
+    assert_eq!(
+        crate::testutil::move_synced_table(&mut a, &mut b, stride),
+        (100, 0)
+    );
+    let mut picked_again = 0;
+    for (i, was) in (0..).zip(&there) {
+        let now = send(&mut b, 2 * S, &[web(i, flags::ACK)])[0].unwrap();
+        if was.to.0 == ip("198.18.1.4") {
+            assert_ne!(now.to.0, was.to.0, "{i}");
+            picked_again += 1;
+        } else {
+            assert_eq!(now, *was, "{i}");
+        }
+    }
+    assert!(picked_again > 5, "{picked_again} of 100 were on 198.18.1.4");
+    assert_eq!(b.moved, picked_again);
+}
+
 /// A reload keeps each connection on its backend while the configuration still has
 /// that backend (wherever it now sits in the list), drops those whose backend left (their
 /// next packet picks again), and keeps the health the control plane gave each backend

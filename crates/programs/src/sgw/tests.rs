@@ -1026,6 +1026,71 @@ fn replicated_sessions_move_to_a_switch_that_sees_only_users_packets() {
     );
 }
 
+/// Synced, the sessions move into another gateway (another hash seed) with their
+/// places: there every packet of the users' traffic goes out as on a gateway that saw
+/// the signaling itself, and a new subscriber takes a place none of them holds. Moved
+/// into a gateway whose own subscriber holds a moved one's address, that one is refused
+/// and its own stays.
+#[test]
+fn synced_sessions_move_to_another_gateway_with_their_places() {
+    let cfg = GenConfig::new(Workload::Gtp, 20_000);
+    let (signaling, data): (Vec<_>, Vec<_>) = (crate::testutil::generated(&cfg).into_iter())
+        .partition(|(f, _)| {
+            let parsed = stateplane_wire::parse(f, 0, &hasher()).unwrap();
+            parsed.flags.has(ParseFlags::GTPC)
+        });
+    let (mut a, mut whole) = (sgw(), sgw());
+    let slots = a.sessions.slot_count() as u32;
+    let length = a.track("sessions", 0).unwrap();
+    let stride = length / slots;
+    run_at(&mut a, 1, &signaling, (0, 1), 2);
+    run_at(&mut whole, 1, &signaling, (0, 1), 2);
+    let other = || {
+        let names = PortNames(vec!["access".into(), "core".into()]);
+        let cfg: SgwConfig = toml::from_str(&format!(
+            "address = \"{SGW}\"\nue_pool = \"198.18.128.0/17\"\naccess = \"access\"\n\
+             core = \"core\""
+        ))
+        .unwrap();
+        let mut gateway = Sgw::new(&cfg, &names, "program.sgw", 77).unwrap();
+        assert_eq!(gateway.track("sessions", 0), Some(length));
+        gateway
+    };
+    let mut b = other();
+    let (moved, refused) = crate::testutil::move_synced_table(&mut a, &mut b, stride);
+    assert!(
+        moved > 100 && refused == 0,
+        "{moved} sessions, {refused} refused"
+    );
+    assert_eq!(
+        run_at(&mut b, 1, &data, (0, 1), 2),
+        run_at(&mut whole, 1, &data, (0, 1), 2)
+    );
+    let fresh = response(&one(&mut b, create(imsi(900_000), [198, 18, 200, 1], 9)).1);
+    let theirs = response(&one(&mut whole, create(imsi(900_000), [198, 18, 200, 1], 9)).1);
+    assert_eq!(fresh, theirs, "the next free place, as where they began");
+
+    let mut c = other();
+    let own = imsi(800_000);
+    run_at(
+        &mut c,
+        1,
+        &[(create(own, [198, 18, 200, 1], 9), 0)],
+        (0, 1),
+        2,
+    );
+    let mut a = sgw();
+    a.track("sessions", 0);
+    run_at(&mut a, 1, &signaling, (0, 1), 2);
+    assert_eq!(
+        crate::testutil::move_synced_table(&mut a, &mut c, stride),
+        (moved, 1),
+        "the subscriber of the first place is refused"
+    );
+    assert!(c.session(own).is_some());
+    assert_eq!(c.sessions.len(), moved);
+}
+
 /// A reload keeps the sessions while the gateway's address and pool stay: a subscriber's
 /// downlink still reaches its eNodeB, the places kept stay taken; a smaller capacity keeps
 /// as many as it holds; a new address or pool starts afresh, and says why.
