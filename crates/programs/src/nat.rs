@@ -70,7 +70,6 @@ use stateplane_runtime::{
     Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
-use stateplane_state::synced_table::Placed;
 use stateplane_state::{
     AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
     Notification, Reply, Request, ValueCodec,
@@ -1195,7 +1194,10 @@ impl Nat {
             }
         } else {
             // The tables are the same size: every translation kept has room for its answer.
-            self.answer_again(|_| false, now_ns);
+            let kept = (self.translations.iter())
+                .map(|(k, t, _)| (*k, *t))
+                .collect();
+            self.answer_again(kept, now_ns);
         }
         // The lists of free ports were of the old pool: listed again when next crowded.
         for d in self.answers.dests.values_mut() {
@@ -1205,10 +1207,10 @@ impl Nat {
     }
 
     /// Makes the answer entries, the destinations' counts, the mappings and the blocks
-    /// again from the translations, those `moved` says no first: a translation whose
+    /// again from `translations` (every one the table holds), in their order: one whose
     /// answer an earlier one already has (the same remote end and external port) is
     /// deleted, as is one the answers' table has no room for. How many were deleted.
-    fn answer_again(&mut self, moved: impl Fn(&FlowKey) -> bool, now_ns: u64) -> u64 {
+    fn answer_again(&mut self, translations: Vec<(FlowKey, Translation)>, now_ns: u64) -> u64 {
         let answers = &mut self.answers;
         answers.table.clear();
         answers.dests.clear();
@@ -1218,32 +1220,15 @@ impl Nat {
         if let Some(b) = &mut answers.blocks {
             *b = Blocks::new(b.size, b.per_host, answers.pool.1);
         }
-        let (mut first, mut then) = (Vec::new(), Vec::new());
-        for (inside, t, _) in self.translations.iter() {
-            let list = if moved(inside) { &mut then } else { &mut first };
-            list.push((*inside, t.external_port));
-        }
         let mut deleted = 0;
-        for (inside, port) in first.into_iter().chain(then) {
-            let answer = answer_key(&inside, self.external, port);
+        for (inside, t) in translations {
+            let answer = answer_key(&inside, self.external, t.external_port);
             if self.answers.add(answer, inside, now_ns).is_err() {
                 self.translations.delete(&inside);
                 deleted += 1;
             }
         }
         deleted
-    }
-
-    /// After a synced write: the answers made again with the translations written last,
-    /// so that one clashing with a connection this switch carries is the one refused.
-    fn answer_written(&mut self, placed: &Placed) -> u64 {
-        if placed.entries + placed.deleted == 0 {
-            return 0;
-        }
-        let written: std::collections::HashSet<FlowKey> =
-            self.translations.last_written_keys().copied().collect();
-        let now_ns = self.translations.swept_at_ns();
-        self.answer_again(|inside| written.contains(inside), now_ns)
     }
 
     /// The translation of the inside connection `key` (as a packet from the inside has it).
@@ -1864,7 +1849,7 @@ impl Program for Nat {
         self.translations.take_notifications(out);
     }
 
-    crate::synced_tables::synced_table_methods!(translations, after_commit: answer_written);
+    crate::synced_tables::synced_table_methods!(translations, after_commit: answer_again);
 
     /// `translations` replicated, each connection a flow with its answers' alias. Not
     /// with port forwards, nor with filtering that lets packets in: there a first packet

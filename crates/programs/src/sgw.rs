@@ -70,7 +70,6 @@ use stateplane_runtime::{
     Burst, Context, DropReason, FlowBytes, PacketDesc, PortId, Program, Steering, Verdict,
 };
 use stateplane_state::control::{Field, Format};
-use stateplane_state::synced_table::Placed;
 use stateplane_state::{
     Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
     Reply, Request, ValueCodec, Write,
@@ -566,18 +565,15 @@ impl Sgw {
         (place < self.pool_size).then_some(place)
     }
 
-    /// Makes the address index and this worker's free places again from the sessions,
-    /// those `moved` says no first: a session whose address an earlier one already has
-    /// is deleted, as is one the index has no room for. How many were deleted.
-    fn index_again(&mut self, moved: impl Fn(&u64) -> bool, now_ns: u64) -> u64 {
+    /// Makes the address index and this worker's free places again from `sessions`
+    /// (every one the table holds), in their order: one whose address an earlier one
+    /// already has is deleted, as is one the index has no room for. How many were
+    /// deleted.
+    fn index_again(&mut self, sessions: Vec<(u64, Session)>, now_ns: u64) -> u64 {
         self.by_ue.clear();
-        let (mut first, mut then) = (Vec::new(), Vec::new());
-        for (imsi, s, _) in self.sessions.iter() {
-            let list = if moved(imsi) { &mut then } else { &mut first };
-            list.push((u32::from_be_bytes(s.ue), *imsi));
-        }
         let mut deleted = 0;
-        for (ue, imsi) in first.into_iter().chain(then) {
+        for (imsi, session) in sessions {
+            let ue = u32::from_be_bytes(session.ue);
             if self.by_ue.get(&ue).is_some() || self.by_ue.add_entry(ue, imsi, 0, now_ns).is_err() {
                 self.sessions.delete(&imsi);
                 deleted += 1;
@@ -585,18 +581,6 @@ impl Sgw {
         }
         self.places = self.free_places();
         deleted
-    }
-
-    /// After a synced write: the index made again with the sessions written last, so that
-    /// one whose address a subscriber here already has is the one refused.
-    fn index_written(&mut self, placed: &Placed) -> u64 {
-        if placed.entries + placed.deleted == 0 {
-            return 0;
-        }
-        let written: std::collections::HashSet<u64> =
-            self.sessions.last_written_keys().copied().collect();
-        let now_ns = self.sessions.swept_at_ns();
-        self.index_again(|imsi| written.contains(imsi), now_ns)
     }
 
     /// This worker's share of the places, less those its sessions hold.
@@ -1308,7 +1292,7 @@ impl Program for Sgw {
         self.sessions.take_notifications(out);
     }
 
-    crate::synced_tables::synced_table_methods!(sessions, after_commit: index_written);
+    crate::synced_tables::synced_table_methods!(sessions, after_commit: index_again);
 
     /// `sessions` replicated, each subscriber a flow with its address as alias.
     fn replicate(&mut self, name: &str) -> bool {
@@ -1396,7 +1380,10 @@ impl Program for Sgw {
         let carried = self.sessions.adopt(&mut old.sessions);
         self.share = old.share;
         // The tables are the same size and the old one's addresses were each one's.
-        self.index_again(|_| false, now_ns);
+        let kept = (self.sessions.iter())
+            .map(|(imsi, s, _)| (*imsi, *s))
+            .collect();
+        self.index_again(kept, now_ns);
         vec![carried]
     }
 }

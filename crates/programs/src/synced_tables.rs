@@ -8,8 +8,10 @@
 
 /// Inside a program's `impl Program`: the synced-state methods of a program whose one
 /// table at `self.$table` may be synced. With `after_commit: $after`, a program that keeps
-/// state derived from the table beside it makes that state again once a synced write is
-/// placed: `self.$after(&placed)` returns the entries it refused on top of the table's.
+/// state derived from the table beside it makes that state again once a synced write has
+/// placed anything: `self.$after(entries, now_ns)`, given the table's entries with those
+/// written last (`DeclaredTable::entries_written_last`), deletes the entries it cannot
+/// keep and returns how many, counted as refused.
 macro_rules! synced_table_methods {
     ($($table:ident).+) => {
         crate::synced_tables::synced_table_methods!(@reads_and_writes $($table).+);
@@ -23,7 +25,12 @@ macro_rules! synced_table_methods {
 
         fn commit_synced_write(&mut self) -> u64 {
             let placed = self.$($table).+.commit_synced_write();
-            placed.refused + self.$after(&placed)
+            if placed.entries + placed.deleted == 0 {
+                return placed.refused;
+            }
+            let entries = self.$($table).+.entries_written_last();
+            let now_ns = self.$($table).+.swept_at_ns();
+            placed.refused + self.$after(entries, now_ns)
         }
     };
     (@reads_and_writes $($table:ident).+) => {

@@ -278,12 +278,29 @@ impl<C: ExactCodec> DeclaredTable<C> {
         placed
     }
 
-    /// The keys the last committed synced write placed or deleted (refused ones too): what
-    /// a program keeping state beside the table looks at again.
-    pub fn last_written_keys(&self) -> impl Iterator<Item = &C::Key> {
-        self.placing.iter().map(|place| match place {
-            Place::Delete(key) | Place::Put(key, ..) => key,
-        })
+    /// Every entry, those the last committed synced write placed after the others: the
+    /// order in which a program makes again the state it keeps beside the table, so that
+    /// where two entries clash there, the one written loses to the one that was here.
+    pub fn entries_written_last(&self) -> Vec<(C::Key, C::Value)> {
+        // Keys are not `Hash`: the written ones by their table hash (any seed), then equal.
+        let mut written: std::collections::HashMap<u64, Vec<C::Key>> = Default::default();
+        for place in &self.placing {
+            let (Place::Delete(key) | Place::Put(key, ..)) = place;
+            written.entry(key.hash_with(0)).or_default().push(*key);
+        }
+        let is_written =
+            |key: &C::Key| (written.get(&key.hash_with(0))).is_some_and(|keys| keys.contains(key));
+        let (mut here, mut moved) = (Vec::new(), Vec::new());
+        for (key, value, _) in self.table.iter() {
+            let to = if is_written(key) {
+                &mut moved
+            } else {
+                &mut here
+            };
+            to.push((*key, *value));
+        }
+        here.append(&mut moved);
+        here
     }
 
     /// The data plane's clock at the last sweep (when a synced write's entries were placed).
