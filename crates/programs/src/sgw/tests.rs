@@ -1042,7 +1042,9 @@ fn synced_sessions_move_to_another_gateway_with_their_places() {
     let (mut a, mut whole) = (sgw(), sgw());
     let slots = a.sessions.slot_count() as u32;
     let length = a.track("sessions", 0).unwrap();
-    let stride = length / slots;
+    // A slot: action, IMSI, then `enb enb_teid ue mme_teid pdn_type` a word each.
+    let stride = 1 + 1 + 5;
+    assert_eq!(length, slots * stride);
     run_at(&mut a, 1, &signaling, (0, 1), 2);
     run_at(&mut whole, 1, &signaling, (0, 1), 2);
     let other = || {
