@@ -244,6 +244,48 @@ mod tests {
         assert_eq!(c.flows.len(), 2);
     }
 
+    /// A flow table both synced and replicated is read by the collector, but a synced
+    /// write into it is refused whole, a new entry or a deletion alike: the table's
+    /// entries change through the store alone, which the write would go around.
+    #[test]
+    fn a_synced_write_into_a_replicated_flow_table_is_refused() {
+        let stride = 11u32;
+        for replicated in [false, true] {
+            let mut c = counter("");
+            c.track("flows", 0).unwrap();
+            assert!(!replicated || c.replicate("flows"));
+            let frame = ip_frame("198.18.0.1", "198.19.0.1", tcp(1000, 80, 0x10));
+            let flow = stateplane_wire::parse(&frame, 0, &hasher()).unwrap().key;
+            run_at(&mut c, 0, &[(frame, 0)], (0, 1), 2);
+            let counted = c.counts(&flow);
+            assert!(counted.is_some());
+            let mut changes = Vec::new();
+            c.changes(&mut changes);
+            let first = changes[0].index / stride * stride;
+            let slot: Vec<u64> = (first..first + stride)
+                .map(|index| c.read_synced(0, index).unwrap())
+                .collect();
+            let mut another = slot.clone();
+            another[7] = 2000; // another destination port: another flow
+            let mut deleted = slot.clone();
+            deleted[0] = 0; // the same key with no action: its deletion
+            for (n, entry) in [another, deleted].iter().enumerate() {
+                for (w, &v) in (0..).zip(entry) {
+                    c.write_synced(0, n as u32 * stride + w, v).unwrap();
+                }
+            }
+            let refused = c.commit_synced_write();
+            assert_eq!(c.flows.len(), 1);
+            if replicated {
+                assert_eq!(refused, 2, "both entries refused");
+                assert_eq!(c.counts(&flow), counted, "the flow as it was");
+            } else {
+                assert_eq!(refused, 0, "one placed, one deleted");
+                assert_eq!(c.counts(&flow), None);
+            }
+        }
+    }
+
     #[test]
     fn every_packet_is_counted_on_its_flow_and_forwarded() {
         let mut c = counter("");

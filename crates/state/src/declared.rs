@@ -223,11 +223,16 @@ impl<C: ExactCodec> DeclaredTable<C> {
 
     /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by
     /// its key (see [`crate::synced_table`]): added, or its value and expiry profile
-    /// replaced, or deleted.
+    /// replaced, or deleted. A replicated table refuses every entry: its entries change
+    /// through the store alone, which a synced write would go around (the store, and the
+    /// switch that takes a flow's lease next, would never see it).
     pub fn commit_synced_write(&mut self) -> Placed {
         let Some(sync) = &mut self.sync else {
             return Placed::default();
         };
+        if self.replicated.is_some() {
+            return sync.commit(|_| false);
+        }
         // The entries first, then their places: each place is a cache miss in a large
         // table, which looking ahead of the placing overlaps.
         let placing = &mut self.placing;

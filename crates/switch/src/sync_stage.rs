@@ -670,7 +670,8 @@ impl SyncStage {
             if done.refused > 0 {
                 log::warn!(
                     "sync: write {} committed with {} table entries or register values refused \
-                     (words missing, fields that do not fit the declaration, a full table, or a \
+                     (words missing, fields that do not fit the declaration, a full table, a \
+                     table also replicated, whose entries change through its store alone, or a \
                      value wider than its register's cells)",
                     done.id,
                     done.refused
