@@ -598,6 +598,13 @@ pub fn with_guarantees(
                 ),
             ));
         }
+        if parsed.contains(&Guarantee::Synced) && parsed.contains(&Guarantee::Replicated) {
+            log::info!(
+                "`{name}` is both synced and replicated: the collector reads it, but its \
+                 writes into it are refused (its entries change through the store alone; \
+                 docs/SYNC.md)"
+            );
+        }
         overrides.push((name.clone(), parsed));
     }
     let overrides = Arc::new(overrides);
