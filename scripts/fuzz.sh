@@ -9,6 +9,9 @@
 #   scripts/fuzz.sh 10              # the test suite's short run
 #   scripts/fuzz.sh 3600 ipfix      # the long mode: an hour on one target
 #
+# Targets run side by side, as many at once as there are cores (FUZZ_JOBS to change it):
+# each libFuzzer process takes one core.
+#
 # Needs a nightly toolchain and cargo-fuzz (installed here when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,29 +27,47 @@ targets=("$@")
 export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 cargo +nightly fuzz build --features libfuzzer --sanitizer none
 csv=target/fuzz-stats.csv
+bins=target/x86_64-unknown-linux-gnu/release
+jobs=${FUZZ_JOBS:-$(nproc)}
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
+# One target's run: its row of the table (and the CSV) in $results/TARGET.
+fuzz_one() {
+  local t=$1 work="target/fuzz-corpus/$1" log="target/fuzz-$1.log" before runs found crashes
+  mkdir -p "$work" "fuzz/artifacts/$t"
+  before=$(ls "fuzz/corpus/$t" | wc -l)
+  if "$bins/$t" "$work" "fuzz/corpus/$t" -artifact_prefix="fuzz/artifacts/$t/" \
+      -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+    crashes=0
+  else
+    crashes=1
+  fi
+  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
+  found=$(ls "$work" | wc -l)
+  echo "$t,$seconds,${runs:-},$before,$found,$crashes" > "$results/$t"
+}
+
+for t in "${targets[@]}"; do
+  [ -x "$bins/$t" ] || { echo "fuzz target $t was not built ($bins/$t)" >&2; exit 1; }
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+
 # seeds: the checked-in corpus; corpus: what the run's own corpus holds after it.
 echo "target,seconds,executions,seeds,corpus,crashes" > "$csv"
 printf '%-18s %8s %12s %10s %10s %8s\n' target seconds executions seeds corpus crashes
 status=0
 for t in "${targets[@]}"; do
-  work="target/fuzz-corpus/$t"
-  mkdir -p "$work" "fuzz/artifacts/$t"
-  log="target/fuzz-$t.log"
-  before=$(ls "fuzz/corpus/$t" | wc -l)
-  if cargo +nightly fuzz run --features libfuzzer --sanitizer none "$t" "$work" "fuzz/corpus/$t" -- \
-      -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
-    crashes=0
-  else
-    crashes=1
-    status=1
-  fi
-  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  found=$(ls "$work" | wc -l)
+  [ -s "$results/$t" ] || { echo "fuzz target $t did not report" >&2; status=1; continue; }
+  IFS=, read -r _ _ runs before found crashes < "$results/$t"
   printf '%-18s %8s %12s %10s %10s %8s\n' "$t" "$seconds" "${runs:-?}" "$before" "$found" "$crashes"
-  echo "$t,$seconds,${runs:-},$before,$found,$crashes" >> "$csv"
+  cat "$results/$t" >> "$csv"
   if [ "$crashes" -ne 0 ]; then
-    echo "fuzz target $t failed: see $log; the input is in fuzz/artifacts/$t/ (copy it into fuzz/regressions/$t/)" >&2
-    grep -E 'panicked|ERROR|SUMMARY|Test unit written' "$log" | head -8 >&2 || true
+    status=1
+    echo "fuzz target $t failed: see target/fuzz-$t.log; the input is in fuzz/artifacts/$t/ (copy it into fuzz/regressions/$t/)" >&2
+    grep -E 'panicked|ERROR|SUMMARY|Test unit written' "target/fuzz-$t.log" | head -8 >&2 || true
   fi
 done
 exit $status
