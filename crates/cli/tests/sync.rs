@@ -1,7 +1,8 @@
 //! The `synced` guarantee end to end through the binary: `stateplane run` with a program's
 //! sketch synced to a `stateplane collector` over UDP on loopback, signed with a key, while
-//! malformed and spoofed datagrams arrive at the collector; and the configurations that
-//! must be refused.
+//! malformed and spoofed datagrams arrive at the collector; the messages read from a
+//! capture by a decoder written from docs/SYNC.md alone; and the configurations that must
+//! be refused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -350,6 +351,141 @@ name = "out"
         packets, forwarded,
         "every packet counted on a flow the copy holds"
     );
+}
+
+/// docs/SYNC.md's *Messages* as an outside reader takes them: `scripts/sync-decode.py`, a
+/// decoder written from that section alone (sharing no code with the switch or the
+/// collector), reads every datagram of a signed run of `counter`'s synced flows captured on
+/// loopback by tcpdump: each header, each entry and run as the section lays them out, each
+/// MAC through b3sum's keyed BLAKE3, each stream numbered one more a message; and the copy
+/// the updates and refreshes build is the collector's, location for location. Given
+/// another key it finds every MAC wrong, and given none it finds every MAC unasked for:
+/// what it checks can fail.
+#[test]
+fn the_documented_message_format_reads_a_captured_run() {
+    let dir = trace_in("sync-doc");
+    let key_file = dir.join("sync.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    let other_key = dir.join("other.key");
+    std::fs::write(&other_key, format!("{}\n", "7".repeat(64))).unwrap();
+    let dump = dir.join("dump.csv");
+    let capture = dir.join("sync.pcap");
+    let (key_arg, dump_arg) = (key_file.display().to_string(), dump.display().to_string());
+    let (collector, addr, collector_err) = start_collector(&[
+        "--key-file",
+        &key_arg,
+        "--switches",
+        "1",
+        "--dump",
+        &dump_arg,
+    ]);
+    let port = addr.rsplit(':').next().unwrap();
+    let mut tcpdump = common::tool("tcpdump")
+        // Each datagram handed over as it comes (without --immediate-mode, a block still
+        // filling when tcpdump stops is lost), into a buffer the end's refresh (both
+        // workers' whole tables at once) fits in: a datagram missing from the capture
+        // would be missing from the copy read here.
+        .args([
+            "-i",
+            "lo",
+            "-nn",
+            "--immediate-mode",
+            "-U",
+            "-B",
+            "262144",
+            "-w",
+        ])
+        .arg(&capture)
+        .arg(format!("udp port {port}"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("listening on") {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("tcpdump did not start (it needs root): {said}");
+        }
+        said += &line;
+    }
+    let config = dir.join("sync-counter.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "workers = 2\n[program]\nname = \"counter\"\n[program.counter]\ncapacity = 4096\n\
+             map = {{ in = \"out\" }}\n[guarantees]\nflows = [\"synced\"]\n[sync]\n\
+             collector = \"{addr}\"\nkey_file = \"{key_arg}\"\n\
+             [[port]]\nname = \"in\"\nrx = \"sync-in.pcap\"\n[[port]]\nname = \"out\"\n"
+        ),
+    )
+    .unwrap();
+    let summary = run_json(&config);
+    assert_eq!(summary["sync"]["send_errors"], 0, "{summary}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains("gaps 0"), "{table}");
+    let stopped = Command::new("kill")
+        .args(["-INT", &tcpdump.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    tcpdump.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    let count = |what: &str| -> u64 {
+        let line = rest.lines().find(|l| l.ends_with(what)).unwrap_or_default();
+        line.split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .parse()
+            .unwrap_or(u64::MAX)
+    };
+    // (Its count "received by filter" takes each datagram on loopback twice, going and
+    // coming, so it is no measure of what it missed: the copy below is.)
+    assert_eq!(count("packets dropped by kernel"), 0, "tcpdump: {rest}");
+
+    let decode = |key: &Path| {
+        common::tool("b3sum");
+        common::tool("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../scripts/sync-decode.py"
+            ))
+            .arg(&capture)
+            .arg(key)
+            .arg(&dump)
+            .output()
+            .unwrap()
+    };
+    let read = decode(&key_file);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&read.stdout),
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert!(read.status.success(), "{said}");
+    for kind in ["'updates'", "'refresh'", "'layout'", "'report'"] {
+        assert!(said.contains(kind), "{kind}: {said}");
+    }
+    assert!(said.contains("problems: 0"), "{said}");
+    assert!(said.contains("differing: 0"), "{said}");
+    let macs: u64 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("MACs checked: "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(macs > 10, "{said}");
+    for (key, problem) in [
+        (other_key.as_path(), "a MAC the key did not make"),
+        (Path::new("-"), "a MAC where no key is set"),
+    ] {
+        let read = decode(key);
+        let said = String::from_utf8_lossy(&read.stdout);
+        assert!(!read.status.success(), "{said}");
+        assert!(said.contains(&format!("{macs} x {problem}")), "{said}");
+    }
 }
 
 /// The occupied slots (action word not 0) of every stream's synced table in a collector's
