@@ -21,7 +21,7 @@ step() {
 }
 
 bash scripts/setup.sh tshark nfcapd:nfdump tcpdump promtool:prometheus chromium-headless-shell valgrind ip:iproute2 ethtool ping:iputils-ping iperf3 python3 iptables \
-  sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools b3sum
+  sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools b3sum go:golang-go
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
 # rustfmt and clippy, the suite's first two steps: added through rustup when missing.
