@@ -1,5 +1,5 @@
 module stateplane/porcupine
 
-go 1.22
+go 1.19
 
 require github.com/anishathalye/porcupine v1.3.1
