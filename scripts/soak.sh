@@ -15,8 +15,10 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [ "$seconds" -ge 10 ] || { echo "give at least 10 seconds" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || { echo "error: the soak makes network namespaces: run as root" >&2; exit 1; }
-sp=$PWD/target/release/stateplane
-cargo build --release --quiet
+# The build profile: release, or the suite's when scripts/test.sh runs it (Cargo.toml).
+profile=${STATEPLANE_PROFILE:-release}
+sp=$PWD/target/$profile/stateplane
+cargo build --profile "$profile" --quiet
 out=$PWD/target/soak
 rm -rf "$out"
 mkdir -p "$out"

@@ -9,10 +9,12 @@ set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh nfcapd:nfdump tshark tcpdump ss:iproute2 iperf3 >/dev/null
 export PATH="$HOME/.cargo/bin:$PATH"
-bin=target/release/stateplane
+# The build profile: release, or the suite's when scripts/test.sh runs it (Cargo.toml).
+profile=${STATEPLANE_PROFILE:-release}
+bin=target/$profile/stateplane
 # Always: a binary left from before a change would run in its place (a no-op when
 # it is up to date).
-cargo build --release --quiet
+cargo build --profile "$profile" --quiet
 work=$(mktemp -d /tmp/stateplane-collectors.XXXXXX)
 pids=()
 cleanup() {

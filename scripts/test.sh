@@ -24,6 +24,10 @@ bash scripts/setup.sh tshark nfcapd:nfdump tcpdump promtool:prometheus chromium-
   sysctl:procps kill:procps pgrep:procps setpriv:util-linux getconf:libc-bin redis-server redis-cli:redis-tools b3sum go:golang-go
 [ "$(id -u)" -eq 0 ] || { echo "error: the lab tests create network namespaces: run as root" >&2; exit 1; }
 export PATH="$HOME/.cargo/bin:$PATH"
+# Every step builds with the suite's profile (Cargo.toml: release without link-time
+# optimization, which took more than half the time of compiling from nothing), into
+# target/suite, so that one build serves them all.
+export STATEPLANE_PROFILE=suite
 # rustfmt and clippy, the suite's first two steps: added through rustup when missing.
 components=()
 cargo fmt --version >/dev/null 2>&1 || components+=(rustfmt)
@@ -37,8 +41,8 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy -D warnings"
-cargo clippy --release --workspace --all-targets --quiet -- -D warnings
-step "cargo test (release)"
+cargo clippy --profile suite --workspace --all-targets --quiet -- -D warnings
+step "cargo test (suite profile)"
 mkdir -p target
 # What the tests make in the temporary folder, they remove (checked after them). The
 # workspace includes examples/tollbooth, a program of one's own in a crate of its own:
@@ -49,7 +53,7 @@ scratch_before=$(scratch_of_tests)
 # As it goes: each crate of the project as it compiles, each test binary as it starts and
 # its result; the whole log in target/test.log.
 set +e
-cargo test --release --workspace 2>&1 | tee target/test.log \
+cargo test --profile suite --workspace 2>&1 | tee target/test.log \
   | grep --line-buffered -E '^ *(Compiling stateplane|Running )|^test result' | sed -u -E 's/^ +//'
 rc=${PIPESTATUS[0]}
 set -e
@@ -75,23 +79,23 @@ bash scripts/test-flows-collectors.sh
 step "soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
 bash scripts/soak.sh "${SOAK_SECONDS:-60}"
 step "valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
-bin=$(cargo test --release -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
+bin=$(cargo test --profile suite -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" hugemem --test-threads=1 2>&1 | tail -3
 valgrind --quiet --error-exitcode=1 "$bin" live:: --test-threads=1 2>&1 | tail -3
 valgrind --quiet --error-exitcode=1 "$bin" receive_queue --test-threads=1 2>&1 | tail -3
 # The prefetch hint (stateplane-mem's) as the exact table and the microflow cache use it.
-bin=$(cargo test --release -p stateplane-state --lib --no-run --message-format=json 2>/dev/null \
+bin=$(cargo test --profile suite -p stateplane-state --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_state[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-state test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" burst --test-threads=1 2>&1 | tail -3
-bin=$(cargo test --release -p stateplane-classifier --lib --no-run --message-format=json 2>/dev/null \
+bin=$(cargo test --profile suite -p stateplane-classifier --lib --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*stateplane_classifier[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-classifier test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
 # The counting allocator the memory-budget tests measure structures with.
-bin=$(cargo test --release -p stateplane-mem --test counting --no-run --message-format=json 2>/dev/null \
+bin=$(cargo test --profile suite -p stateplane-mem --test counting --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*/counting-[^"]*"' | head -1 | cut -d'"' -f4)
 [ -n "$bin" ] || { echo "could not find the stateplane-mem counting test binary" >&2; exit 1; }
 valgrind --quiet --error-exitcode=1 "$bin" --test-threads=1 2>&1 | tail -3
