@@ -509,8 +509,10 @@ impl SyncStage {
             sum.saturating_add(if by_write(c) { 1 } else { c.cost() })
         });
         sender.expect_change(now_ns, total);
-        /// Changes looked ahead (see [`Sender::prefetch`]).
-        const AHEAD: usize = 8;
+        /// Changes looked ahead (see [`Sender::prefetch`]): on `counter`'s table of 5.8 M
+        /// words, 16 take a fifth off the read handler's time against 8, and 32 no more
+        /// (docs/BENCHMARKS.md, "A flow table: counter").
+        const AHEAD: usize = 16;
         for (i, c) in changes.iter().enumerate() {
             if let Some(next) = changes.get(i + AHEAD) {
                 sender.prefetch(at(next));
