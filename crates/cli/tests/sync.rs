@@ -113,6 +113,23 @@ fn trace_in(name: &str) -> std::path::PathBuf {
 }
 
 /// Runs the switch of `config` to its end; its summary.
+/// Runs `config` (written to `file`) to a started collector and stops the collector once
+/// what the run sent has had time to arrive: the run's summary, every message sent and
+/// none missing at the collector.
+fn run_to_collector(
+    file: &Path,
+    config: &str,
+    (collector, collector_err): (Child, std::thread::JoinHandle<String>),
+) -> serde_json::Value {
+    std::fs::write(file, config).unwrap();
+    let summary = run_json(file);
+    assert_eq!(summary["sync"]["send_errors"], 0, "{summary}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains("gaps 0"), "{table}");
+    summary
+}
+
 fn run_json(config: &Path) -> serde_json::Value {
     let out = ok(bin()
         .args(["run", "--json", "--config"])
@@ -409,22 +426,17 @@ fn the_documented_message_format_reads_a_captured_run() {
         }
         said += &line;
     }
-    let config = dir.join("sync-counter.toml");
-    std::fs::write(
+    let config = format!(
+        "workers = 2\n[program]\nname = \"counter\"\n[program.counter]\ncapacity = 4096\n\
+         map = {{ in = \"out\" }}\n[guarantees]\nflows = [\"synced\"]\n[sync]\n\
+         collector = \"{addr}\"\nkey_file = \"{key_arg}\"\n\
+         [[port]]\nname = \"in\"\nrx = \"sync-in.pcap\"\n[[port]]\nname = \"out\"\n"
+    );
+    run_to_collector(
+        &dir.join("sync-counter.toml"),
         &config,
-        format!(
-            "workers = 2\n[program]\nname = \"counter\"\n[program.counter]\ncapacity = 4096\n\
-             map = {{ in = \"out\" }}\n[guarantees]\nflows = [\"synced\"]\n[sync]\n\
-             collector = \"{addr}\"\nkey_file = \"{key_arg}\"\n\
-             [[port]]\nname = \"in\"\nrx = \"sync-in.pcap\"\n[[port]]\nname = \"out\"\n"
-        ),
-    )
-    .unwrap();
-    let summary = run_json(&config);
-    assert_eq!(summary["sync"]["send_errors"], 0, "{summary}");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let table = stop_collector(collector, collector_err);
-    assert!(table.contains("gaps 0"), "{table}");
+        (collector, collector_err),
+    );
     let stopped = Command::new("kill")
         .args(["-INT", &tcpdump.id().to_string()])
         .status()
@@ -523,21 +535,13 @@ fn synced_table_run(
     let dump_arg = dump.display().to_string();
     let (collector, addr, collector_err) =
         start_collector(&["--switches", "1", "--dump", &dump_arg]);
-    let config = dir.join(format!("sync-{program}.toml"));
-    std::fs::write(
-        &config,
-        format!(
-            "[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n\
-             [guarantees]\n{state} = [\"synced\"]\n[sync]\ncollector = \"{addr}\"\n\
-             [[port]]\nname = \"in\"\nrx = \"{trace}\"\n[[port]]\nname = \"out\"\n"
-        ),
-    )
-    .unwrap();
-    let summary = run_json(&config);
-    assert_eq!(summary["sync"]["send_errors"], 0, "{summary}");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let table = stop_collector(collector, collector_err);
-    assert!(table.contains("gaps 0"), "{table}");
+    let config = format!(
+        "[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n\
+         [guarantees]\n{state} = [\"synced\"]\n[sync]\ncollector = \"{addr}\"\n\
+         [[port]]\nname = \"in\"\nrx = \"{trace}\"\n[[port]]\nname = \"out\"\n"
+    );
+    let config_file = dir.join(format!("sync-{program}.toml"));
+    let summary = run_to_collector(&config_file, &config, (collector, collector_err));
     (summary, dumped_entries(&dump, stride))
 }
 
