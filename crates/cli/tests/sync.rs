@@ -51,6 +51,19 @@ fn start_collector(args: &[&str]) -> (Child, String, std::thread::JoinHandle<Str
     (child, addr, rest)
 }
 
+/// A collector of one switch whose messages carry MACs of [`KEY`] (written to
+/// `key_file`), dumping its copy to `dump` as it stops; `more` arguments before those.
+fn start_keyed_collector(
+    key_file: &Path,
+    dump: &Path,
+    more: &[&str],
+) -> (Child, String, std::thread::JoinHandle<String>) {
+    std::fs::write(key_file, format!("{KEY}\n")).unwrap();
+    let (key, dump) = (key_file.display().to_string(), dump.display().to_string());
+    let ours = ["--key-file", &key, "--switches", "1", "--dump", &dump];
+    start_collector(&[more, &ours[..]].concat())
+}
+
 /// Stops the collector as a user would (SIGTERM) and returns its summary.
 fn stop_collector(child: Child, stderr: std::thread::JoinHandle<String>) -> String {
     let pid = child.id().to_string();
@@ -154,21 +167,11 @@ fn signed(key: Option<&Key>, m: &Message) -> Vec<u8> {
 fn a_synced_sketch_reaches_the_collector_exactly_and_bad_datagrams_are_refused() {
     let dir = trace_in("sync-exact");
     let key_file = tmp("sync.key");
-    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     let dump = tmp("sync-dump.csv");
     let key_arg = key_file.display().to_string();
-    let dump_arg = dump.display().to_string();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let (collector, addr, collector_err) = start_collector(&[
-        "--metrics",
-        &metrics,
-        "--key-file",
-        &key_arg,
-        "--switches",
-        "1",
-        "--dump",
-        &dump_arg,
-    ]);
+    let (collector, addr, collector_err) =
+        start_keyed_collector(&key_file, &dump, &["--metrics", &metrics]);
 
     // Bad datagrams first: none of them may open a stream or touch one.
     let key = Key::from_hex(KEY).unwrap();
@@ -382,20 +385,12 @@ name = "out"
 fn the_documented_message_format_reads_a_captured_run() {
     let dir = trace_in("sync-doc");
     let key_file = dir.join("sync.key");
-    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     let other_key = dir.join("other.key");
     std::fs::write(&other_key, format!("{}\n", "7".repeat(64))).unwrap();
     let dump = dir.join("dump.csv");
     let capture = dir.join("sync.pcap");
-    let (key_arg, dump_arg) = (key_file.display().to_string(), dump.display().to_string());
-    let (collector, addr, collector_err) = start_collector(&[
-        "--key-file",
-        &key_arg,
-        "--switches",
-        "1",
-        "--dump",
-        &dump_arg,
-    ]);
+    let key_arg = key_file.display().to_string();
+    let (collector, addr, collector_err) = start_keyed_collector(&key_file, &dump, &[]);
     let port = addr.rsplit(':').next().unwrap();
     let mut tcpdump = common::tool("tcpdump")
         // Each datagram handed over as it comes (without --immediate-mode, a block still
