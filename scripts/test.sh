@@ -79,25 +79,27 @@ bash scripts/test-flows-collectors.sh
 step "soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
 bash scripts/soak.sh "${SOAK_SECONDS:-60}"
 step "valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
-bin=$(cargo test --profile suite -p stateplane-io --lib --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*stateplane_io[^"]*"' | head -1 | cut -d'"' -f4)
-[ -n "$bin" ] || { echo "could not find the stateplane-io test binary" >&2; exit 1; }
+# A test binary of the suite's build: the first whose path matches PATTERN among those
+# `cargo test ARGS --no-run` builds (the run stops here when there is none).
+test_binary() {
+  local pattern=$1 bin
+  shift
+  bin=$(cargo test --profile suite "$@" --no-run --message-format=json 2>/dev/null \
+    | grep -o "\"executable\":\"[^\"]*$pattern[^\"]*\"" | head -1 | cut -d'"' -f4)
+  [ -n "$bin" ] || { echo "could not find the test binary of: cargo test $*" >&2; return 1; }
+  echo "$bin"
+}
+bin=$(test_binary stateplane_io -p stateplane-io --lib)
 valgrind --quiet --error-exitcode=1 "$bin" hugemem --test-threads=1 2>&1 | tail -3
 valgrind --quiet --error-exitcode=1 "$bin" live:: --test-threads=1 2>&1 | tail -3
 valgrind --quiet --error-exitcode=1 "$bin" receive_queue --test-threads=1 2>&1 | tail -3
 # The prefetch hint (stateplane-mem's) as the exact table and the microflow cache use it.
-bin=$(cargo test --profile suite -p stateplane-state --lib --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*stateplane_state[^"]*"' | head -1 | cut -d'"' -f4)
-[ -n "$bin" ] || { echo "could not find the stateplane-state test binary" >&2; exit 1; }
+bin=$(test_binary stateplane_state -p stateplane-state --lib)
 valgrind --quiet --error-exitcode=1 "$bin" burst --test-threads=1 2>&1 | tail -3
-bin=$(cargo test --profile suite -p stateplane-classifier --lib --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*stateplane_classifier[^"]*"' | head -1 | cut -d'"' -f4)
-[ -n "$bin" ] || { echo "could not find the stateplane-classifier test binary" >&2; exit 1; }
+bin=$(test_binary stateplane_classifier -p stateplane-classifier --lib)
 valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
 # The counting allocator the memory-budget tests measure structures with.
-bin=$(cargo test --profile suite -p stateplane-mem --test counting --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*/counting-[^"]*"' | head -1 | cut -d'"' -f4)
-[ -n "$bin" ] || { echo "could not find the stateplane-mem counting test binary" >&2; exit 1; }
+bin=$(test_binary /counting- -p stateplane-mem --test counting)
 valgrind --quiet --error-exitcode=1 "$bin" --test-threads=1 2>&1 | tail -3
 step "fuzz: every target ${FUZZ_SECONDS:-10} s under libFuzzer (its corpus and past crashes ran on stable above)"
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then

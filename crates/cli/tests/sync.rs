@@ -125,7 +125,6 @@ fn trace_in(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// Runs the switch of `config` to its end; its summary.
 /// Runs `config` (written to `file`) to a started collector and stops the collector once
 /// what the run sent has had time to arrive: the run's summary, every message sent and
 /// none missing at the collector.
@@ -143,6 +142,7 @@ fn run_to_collector(
     summary
 }
 
+/// Runs the switch of `config` to its end; its summary.
 fn run_json(config: &Path) -> serde_json::Value {
     let out = ok(bin()
         .args(["run", "--json", "--config"])
