@@ -968,6 +968,7 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
         dump: None,
         api: None,
         redis: None,
+        redis_tls: None,
         metrics: None,
     };
     let bound = collector::bind(&collector_settings)?;

@@ -611,6 +611,7 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
         dump: None,
         api: None,
         redis: None,
+        redis_tls: None,
         metrics: None,
     };
     let bound = collector::bind(&settings)?;

@@ -3,6 +3,7 @@
 //! location, and reports back to each stream (docs/SYNC.md).
 
 use crate::summary_output::CliResult;
+use stateplane_stores::redis_client::{RedisTls, TlsFiles};
 use stateplane_switch::collector::{self, CollectorSettings};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,6 +38,17 @@ pub struct CollectorArgs {
     /// per stream and state, `stateplane:sync:SWITCH:STREAM:STATE`, index to value.
     #[arg(long)]
     pub redis: Option<String>,
+    /// With a `rediss://` URL (Redis over TLS): the certificate (PEM) of the CA that signed
+    /// the server's; without it, the system's roots.
+    #[arg(long)]
+    pub redis_ca: Option<PathBuf>,
+    /// With a `rediss://` URL: this collector's certificate (PEM), for a server that asks
+    /// its clients for one (`tls-auth-clients`).
+    #[arg(long)]
+    pub redis_cert: Option<PathBuf>,
+    /// The key of `--redis-cert` (PEM).
+    #[arg(long)]
+    pub redis_key: Option<PathBuf>,
     /// Serve Prometheus metrics on this loopback address (`GET /metrics`): what was
     /// applied and refused, each stream's age, threshold and loss, Redis's writes.
     #[arg(long)]
@@ -82,7 +94,25 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
             stateplane_sync::mirror::CELLS_A_STREAM
         ));
     }
+    let files = TlsFiles {
+        ca: (a.redis_ca.as_deref()).map(|p| ("--redis-ca", p)),
+        cert: (a.redis_cert.as_deref()).map(|p| ("--redis-cert", p)),
+        key: (a.redis_key.as_deref()).map(|p| ("--redis-key", p)),
+    };
+    let redis_tls = match a.redis.as_deref() {
+        Some(url) => RedisTls::load(url, "--redis", files)?,
+        None => match files.first_given() {
+            Some(setting) => {
+                return Err(format!(
+                    "{setting}: it is for the connection to --redis; give --redis rediss://..., \
+                     or leave {setting} out"
+                ));
+            }
+            None => None,
+        },
+    };
     let settings = CollectorSettings {
+        redis_tls,
         max_locations: a.max_locations,
         metrics,
         redis: a.redis,

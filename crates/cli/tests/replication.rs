@@ -303,6 +303,59 @@ fn counter_replicated_to_redis_leaves_every_count_in_the_store_for_the_next_swit
     assert_eq!(counts.iter().map(|c| c.0).sum::<u64>(), 2 * packets_in);
 }
 
+/// Replicated to Redis over TLS, as an ACL user with a password: the switch trusts the
+/// server through the CA it is given and shows the certificate that CA signed it (the
+/// server asks for one), every count lands in the store, and the password is in no line
+/// the run writes.
+#[test]
+fn counter_replicated_to_redis_over_tls_with_a_password_leaves_every_count_in_the_store() {
+    let pki = stateplane_test_pki::TestPki::new("replication-tls").unwrap();
+    let ca = pki.path("ca.pem");
+    let server =
+        stateplane_lab::RedisServer::start_tls(free_port(), free_port(), &pki.server_files(), true)
+            .unwrap();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "app",
+        "on",
+        ">app-secret-9",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let url = (server.tls_url().unwrap()).replace("rediss://", "rediss://app:app-secret-9@");
+    let store = format!(
+        "{REPLICATED}[replication]\nstore = \"{url}\"\ntls_ca = \"{}\"\n\
+         tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        ca.display(),
+        pki.path("client.pem").display(),
+        pki.path("client.key").display()
+    );
+    let (config, _) = counter_run("rep-redis-tls", 3_000, 100, &store);
+    let out = bin()
+        .args(["run", "--json", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stdout.contains("app-secret-9") && !stderr.contains("app-secret-9"),
+        "{stdout}{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let (packets_in, packets_out, dropped) = in_out_dropped(&summary);
+    assert_eq!((packets_out, dropped), (packets_in, 0), "{summary}");
+    assert_eq!(summary["replication"]["dropped"], 0, "{summary}");
+    // Read through the server's plain port: what came over TLS is there.
+    let counts = redis_counts(&server.url());
+    assert_eq!(counts.iter().map(|c| c.0).sum::<u64>(), packets_in);
+}
+
 /// Two workers, each holding outputs for Redis, finish an offline run with every packet
 /// forwarded: a worker's held packets wait for its next round's burst, never put it a
 /// round ahead of the other at the output (which would stall the run).
@@ -496,6 +549,22 @@ fn replication_settings_that_nothing_keeps_are_refused() {
         (
             format!("{REPLICATED}[replication]\nwait_ms = 50\n"),
             "leave wait_replicas and wait_ms out",
+        ),
+        (
+            format!("{REPLICATED}[replication]\ntls_ca = \"/etc/hostname\"\n"),
+            "replication.tls_ca: the memory store is in this process, with no connection to guard",
+        ),
+        (
+            format!(
+                "{REPLICATED}[replication]\nstore = \"redis://127.0.0.1:1/\"\ntls_ca = \"/etc/hostname\"\n"
+            ),
+            "replication.tls_ca: replication.store 'redis://127.0.0.1:1/' does not use TLS",
+        ),
+        (
+            format!(
+                "{REPLICATED}[replication]\nstore = \"rediss://127.0.0.1:1/\"\ntls_key = \"/etc/hostname\"\n"
+            ),
+            "replication.tls_key: a client key needs its certificate",
         ),
         (
             format!("{REPLICATED}[replication]\nstore = \"redis://127.0.0.1:1/\"\nwait_ms = 50\n"),

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{bin, free_port, ok, tmp};
+use common::{bin, free_port, ok, refused, tmp};
 use stateplane_lab::RedisServer;
 use stateplane_sync::wire::{Key, Kind, Message};
 use std::collections::BTreeMap;
@@ -769,6 +769,82 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     assert!(
         err.contains("--redis") && err.contains("is redis-server running there?"),
         "{err}"
+    );
+}
+
+/// With `--redis rediss://...`, the copy goes to Redis over TLS: the collector trusts the
+/// server through `--redis-ca` and shows `--redis-cert` to a server that asks for one;
+/// without the CA it is refused at start, naming `--redis-ca`; TLS files with no TLS
+/// connection to guard are refused by name.
+#[test]
+fn the_copy_is_written_through_to_redis_over_tls() {
+    let dir = trace_in("sync-redis-tls");
+    let pki = stateplane_test_pki::TestPki::new("sync-redis-tls").unwrap();
+    let redis =
+        RedisServer::start_tls(free_port(), free_port(), &pki.server_files(), true).unwrap();
+    let url = redis.tls_url().unwrap();
+    let (client_cert, client_key) = (pki.path("client.pem"), pki.path("client.key"));
+    let path = |p: &std::path::Path| p.display().to_string();
+    let (ca, client_cert, client_key) = (
+        path(&pki.path("ca.pem")),
+        path(&client_cert),
+        path(&client_key),
+    );
+    let tls = [
+        "--redis-ca",
+        &ca,
+        "--redis-cert",
+        &client_cert,
+        "--redis-key",
+        &client_key,
+    ];
+    let (collector, addr, collector_err) =
+        start_collector(&[&["--redis", url.as_str()][..], &tls[..]].concat());
+    ok(bin()
+        .args(["run", "--config"])
+        .arg(hh_config(&dir, &addr, ""))
+        .output()
+        .unwrap());
+    // Read through the server's plain port.
+    for _ in 0..250 {
+        if counted(&redis) == 30_000 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(counted(&redis), 30_000);
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains(" 0 errors"), "{table}");
+
+    let refused = |args: &[&str], message: &str| {
+        refused(
+            &[&["collector", "--listen", "127.0.0.1:0"], args].concat(),
+            message,
+        );
+    };
+    refused(
+        &["--redis", &url],
+        "give the certificate of the CA that signed it (PEM) as --redis-ca",
+    );
+    refused(
+        &["--redis-ca", &ca],
+        "--redis-ca: it is for the connection to --redis",
+    );
+    let plain = url.replace("rediss://", "redis://");
+    refused(
+        &["--redis", &plain, "--redis-ca", &ca],
+        "--redis-ca: --redis",
+    );
+    refused(
+        &[
+            "--redis",
+            &url,
+            "--redis-ca",
+            &ca,
+            "--redis-cert",
+            &client_cert,
+        ],
+        "--redis-cert: a client certificate needs its key",
     );
 }
 

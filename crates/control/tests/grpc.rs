@@ -564,48 +564,25 @@ fn the_control_api_listens_on_a_unix_socket_only_its_user_can_open() {
     assert_eq!(std::fs::read_to_string(file).unwrap(), "keep me");
 }
 
-/// A test PKI: a CA, a server certificate for loopback that it signed, a client
-/// certificate it signed, and a client certificate from another CA.
+/// The test PKI (`stateplane_test_pki`: a CA, a server certificate for loopback that it
+/// signed, a client certificate it signed, and a client certificate from another CA),
+/// with a token and a wrong one.
 struct Pki {
-    dir: TempDir,
+    pki: stateplane_test_pki::TestPki,
 }
 
 impl Pki {
     fn new(name: &str) -> Pki {
-        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-        let dir = TempDir::new(name);
-        let ca = |name: &str| {
-            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            params
-                .distinguished_name
-                .push(rcgen::DnType::CommonName, name);
-            CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-        };
-        let leaf = |ca: &CertifiedIssuer<'_, KeyPair>, sans: &[&str], name: &str| {
-            let key = KeyPair::generate().unwrap();
-            let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-            let cert = CertificateParams::new(sans)
-                .unwrap()
-                .signed_by(&key, ca)
-                .unwrap();
-            dir.file(&format!("{name}.pem"), &cert.pem());
-            dir.file(&format!("{name}.key"), &key.serialize_pem());
-        };
-        let (ours, other) = (ca("stateplane test CA"), ca("another CA"));
-        dir.file("ca.pem", &ours.pem());
-        dir.file("other-ca.pem", &other.pem());
-        leaf(&ours, &["127.0.0.1", "localhost"], "server");
-        leaf(&ours, &["operator"], "client");
-        leaf(&other, &["intruder"], "intruder");
-        leaf(&other, &["127.0.0.1"], "impostor");
-        dir.file("token", "0123456789abcdef-the-right-token\n");
-        dir.file("wrong-token", "0123456789abcdef-not-the-token\n");
-        Pki { dir }
+        let pki = stateplane_test_pki::TestPki::new(&format!("grpc-{name}")).unwrap();
+        pki.file("token", "0123456789abcdef-the-right-token\n")
+            .unwrap();
+        pki.file("wrong-token", "0123456789abcdef-not-the-token\n")
+            .unwrap();
+        Pki { pki }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
-        self.dir.0.join(name)
+        self.pki.path(name)
     }
 
     /// The server's files, with a token or a client CA.
@@ -678,7 +655,7 @@ fn beyond_loopback_the_control_api_needs_tls_and_a_token_or_client_certificates(
     let e = refused(
         "0.0.0.0:9559",
         &GuardFiles {
-            token_file: Some(pki.dir.file("short", "secret\n")),
+            token_file: Some(pki.pki.file("short", "secret\n").unwrap()),
             ..pki.guard(true, false)
         },
     );

@@ -14,6 +14,8 @@ pub struct RedisServer {
     append_only: bool,
     /// Options beyond the port, directory and persistence (`--cluster-enabled yes`).
     extra: Vec<String>,
+    /// The port it also listens on with TLS, if any.
+    tls_port: Option<u16>,
     child: Option<Child>,
 }
 
@@ -61,10 +63,57 @@ impl RedisServer {
             dir,
             append_only,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls_port: None,
             child: None,
         };
         server.restart()?;
         Ok(server)
+    }
+
+    /// As [`RedisServer::start`], listening with TLS on `tls_port` too: its certificate
+    /// and key `cert` and `key` (PEM), and clients' certificates checked against `ca`
+    /// (`tls-auth-clients yes`) when `ask_clients`, none asked for otherwise. The plain
+    /// port stays, for the tests' own looks ([`RedisServer::cli`]).
+    pub fn start_tls(
+        port: u16,
+        tls_port: u16,
+        files: &[PathBuf; 3],
+        ask_clients: bool,
+    ) -> Result<RedisServer, String> {
+        RedisServer::start_tls_with(port, tls_port, files, ask_clients, &[])
+    }
+
+    fn start_tls_with(
+        port: u16,
+        tls_port: u16,
+        [cert, key, ca]: &[PathBuf; 3],
+        ask_clients: bool,
+        extra: &[&str],
+    ) -> Result<RedisServer, String> {
+        let path = |p: &PathBuf| p.display().to_string();
+        let tls_port_text = tls_port.to_string();
+        let (cert, key, ca) = (path(cert), path(key), path(ca));
+        let mut args = vec![
+            "--tls-port",
+            &tls_port_text,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            if ask_clients { "yes" } else { "no" },
+        ];
+        args.extend(extra);
+        let mut server = RedisServer::start_with(port, false, &args)?;
+        server.tls_port = Some(tls_port);
+        Ok(server)
+    }
+
+    /// The URL of its TLS port (`rediss://`), if it has one.
+    pub fn tls_url(&self) -> Option<String> {
+        (self.tls_port).map(|port| format!("rediss://127.0.0.1:{port}/"))
     }
 
     pub fn port(&self) -> u16 {
@@ -74,20 +123,49 @@ impl RedisServer {
     /// Starts three servers as the masters of a Redis Cluster (no replicas), on `ports`,
     /// and waits until the cluster says it is ok.
     pub fn cluster(ports: [u16; 3]) -> Result<Vec<RedisServer>, String> {
-        let servers = ports
-            .iter()
-            .map(|&p| {
-                RedisServer::start_with(
-                    p,
-                    false,
-                    &["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"],
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&nodes)
+        RedisServer::cluster_of(ports, None)
+    }
+
+    /// As [`RedisServer::cluster`], each master listening with TLS on its `tls_ports`
+    /// too, with the certificate files of [`RedisServer::start_tls`] (clients are not asked
+    /// for one), and the cluster's own links over TLS (`tls-cluster yes`): a client that
+    /// comes over TLS is sent to the masters' TLS ports.
+    pub fn tls_cluster(
+        ports: [u16; 3],
+        tls_ports: [u16; 3],
+        files: &[PathBuf; 3],
+    ) -> Result<Vec<RedisServer>, String> {
+        RedisServer::cluster_of(ports, Some((tls_ports, files)))
+    }
+
+    fn cluster_of(
+        ports: [u16; 3],
+        tls: Option<([u16; 3], &[PathBuf; 3])>,
+    ) -> Result<Vec<RedisServer>, String> {
+        let cluster_args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+        let mut servers = Vec::new();
+        for (i, &port) in ports.iter().enumerate() {
+            let server = match tls {
+                None => RedisServer::start_with(port, false, &cluster_args)?,
+                Some((tls_ports, files)) => {
+                    let mut extra = cluster_args.to_vec();
+                    extra.extend(["--tls-cluster", "yes"]);
+                    RedisServer::start_tls_with(port, tls_ports[i], files, false, &extra)?
+                }
+            };
+            servers.push(server);
+        }
+        let mut create = Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        match tls {
+            None => create.args(ports.iter().map(|p| format!("127.0.0.1:{p}"))),
+            Some((tls_ports, [_, _, ca])) => create
+                .args(tls_ports.iter().map(|p| format!("127.0.0.1:{p}")))
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(ca),
+        };
+        let out = create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
             .map_err(|e| format!("redis-cli --cluster create: {e}"))?;

@@ -15,6 +15,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod redis_client;
 
 use stateplane_replication::{Holder, Reply, Request};
 use std::os::fd::RawFd;

@@ -16,6 +16,7 @@
 //! it again); stop on a lost server (the error is counted and logged once, the requests
 //! of the failed round trip are left unanswered, and the link connects again).
 
+use crate::redis_client::{self, RedisTls};
 use crate::{LinkCounters, StoreKey, StoreLink, Value};
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use stateplane_replication::protocol::KEEP_FOREVER;
@@ -57,6 +58,11 @@ pub struct RedisConfig {
     /// single functions, one flow a call. A cluster makes one call a flow whatever this
     /// is (flows of one call must share a slot).
     pub batch: usize,
+    /// With a `rediss://` URL: the certificates the connection trusts and shows (without
+    /// them, the system's roots).
+    pub tls: Option<RedisTls>,
+    /// The setting that gives the CA, named when the server's certificate is not trusted.
+    pub ca_setting: &'static str,
 }
 
 impl RedisConfig {
@@ -70,6 +76,8 @@ impl RedisConfig {
             wait: None,
             cluster: false,
             batch: 128,
+            tls: None,
+            ca_setting: "replication.tls_ca",
         }
     }
 }
@@ -87,46 +95,55 @@ fn connect(config: &RedisConfig) -> Result<Conn, String> {
         return connect_cluster(config);
     }
     let url = &config.url;
-    let client = redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+    let explain = |e: redis::RedisError| redis_client::explain(url, &e, config.ca_setting);
+    let client = redis_client::client(url, config.tls.as_ref()).map_err(explain)?;
     let mut conn = client
         .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(|e| format!("{url}: {e} (is redis-server running there?)"))?;
+        .map_err(explain)?;
     conn.set_read_timeout(Some(IO_TIMEOUT))
         .and_then(|()| conn.set_write_timeout(Some(IO_TIMEOUT)))
-        .map_err(|e| format!("{url}: {e}"))?;
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(FUNCTIONS)
-        .query::<String>(&mut conn)
-        .map_err(|e| {
-            format!(
-                "{url}: loading the replication functions failed: {e} (Redis 7 or later is \
-                 needed: FUNCTION LOAD)"
-            )
-        })?;
+        .map_err(explain)?;
+    load_functions(&mut conn, url, config.ca_setting, "")?;
     Ok(Conn::One(conn))
 }
 
 fn connect_cluster(config: &RedisConfig) -> Result<Conn, String> {
     let url = &config.url;
-    let client = redis::cluster::ClusterClient::builder(vec![url.as_str()])
-        .connection_timeout(CONNECT_TIMEOUT)
-        .response_timeout(IO_TIMEOUT)
-        .build()
-        .map_err(|e| format!("{url}: {e}"))?;
-    let mut conn = client
-        .get_connection()
-        .map_err(|e| format!("{url}: {e} (is it a node of a running Redis Cluster?)"))?;
+    let tls = config.tls.as_ref();
+    let client = redis_client::cluster_client(url, tls, CONNECT_TIMEOUT, IO_TIMEOUT)
+        .map_err(|e| redis_client::explain(url, &e, config.ca_setting))?;
+    let mut conn = client.get_connection().map_err(|e| {
+        let why = redis_client::explain(url, &e, config.ca_setting);
+        format!("{why} (is it a node of a running Redis Cluster?)")
+    })?;
+    load_functions(
+        &mut conn,
+        url,
+        config.ca_setting,
+        " on the cluster's masters",
+    )?;
+    Ok(Conn::Cluster(Box::new(conn)))
+}
+
+/// Loads the functions (`FUNCTION LOAD REPLACE`) on the server, or the cluster's masters
+/// (`where_`); a refusal of unknown cause names the Redis version needed.
+fn load_functions(
+    conn: &mut impl redis::ConnectionLike,
+    url: &str,
+    ca_setting: &str,
+    where_: &str,
+) -> Result<(), String> {
     redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
         .arg(FUNCTIONS)
-        .query::<redis::Value>(&mut conn)
+        .query::<redis::Value>(conn)
+        .map(|_| ())
         .map_err(|e| {
-            format!("{url}: loading the replication functions on the cluster's masters failed: {e}")
-        })?;
-    Ok(Conn::Cluster(Box::new(conn)))
+            let version = Some("Redis 7 or later is needed: FUNCTION LOAD");
+            let why = redis_client::explain_or(url, &e, ca_setting, version);
+            format!("loading the replication functions{where_} failed: {why}")
+        })
 }
 
 /// A Redis store, its server checked; [`RedisStore::link`] makes a worker's link.
@@ -386,7 +403,10 @@ impl<K: StoreKey> LinkThread<K> {
                 match connect(&self.config) {
                     Ok(conn) => {
                         if self.outage_logged {
-                            log::warn!("Redis store {}: connected again", self.config.url);
+                            log::warn!(
+                                "Redis store {}: connected again",
+                                redis_client::redacted(&self.config.url)
+                            );
                             self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
                         }
                         self.conn = Some(conn);
@@ -421,7 +441,7 @@ impl<K: StoreKey> LinkThread<K> {
             log::warn!(
                 "Redis store {}: {why}; replicated flows wait (their packets held, then dropped) \
                  until it is back",
-                self.config.url
+                redis_client::redacted(&self.config.url)
             );
             self.outage_logged = true;
         }

@@ -13,7 +13,9 @@ use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowBytes, Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
+use stateplane_stores::redis_client::{RedisTls, TlsFiles};
 use stateplane_stores::{StoreLink, Value};
+use stateplane_test_pki::TestPki;
 use std::time::{Duration, Instant};
 
 const MS: u64 = 1_000_000;
@@ -798,4 +800,217 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
         err.contains("WAIT with a Redis Cluster is not built yet"),
         "{err}"
     );
+}
+
+/// The TLS settings of a store at `url`: trusting the PKI's `ca` (none: the system's
+/// roots), showing its certificate `client` (with its key) if given.
+fn tls_of(pki: &TestPki, url: &str, ca: Option<&str>, client: Option<&str>) -> Option<RedisTls> {
+    let ca = ca.map(|name| pki.path(name));
+    let (cert, key) = (
+        client.map(|c| pki.path(&format!("{c}.pem"))),
+        client.map(|c| pki.path(&format!("{c}.key"))),
+    );
+    let files = TlsFiles {
+        ca: ca.as_deref().map(|p| ("replication.tls_ca", p)),
+        cert: cert.as_deref().map(|p| ("replication.tls_cert", p)),
+        key: key.as_deref().map(|p| ("replication.tls_key", p)),
+    };
+    RedisTls::load(url, "replication.store", files).unwrap()
+}
+
+/// Redis over TLS (`rediss://`): the store takes a lease through a server that asks
+/// clients for certificates when it trusts the CA it is given and shows a certificate
+/// that CA signed; every other way is refused at start with its cause and its fix.
+#[test]
+fn over_tls_the_store_trusts_only_the_ca_it_is_given_and_shows_its_certificate() {
+    let pki = TestPki::new("redis-store").unwrap();
+    let files = pki.server_files();
+    let server = RedisServer::start_tls(free_port(), free_port(), &files, true).unwrap();
+    let url = server.tls_url().unwrap();
+    let connect = |url: &str, tls: Option<RedisTls>| {
+        RedisStore::connect(RedisConfig {
+            tls,
+            ..RedisConfig::new(url)
+        })
+    };
+    let redis = connect(&url, tls_of(&pki, &url, Some("ca.pem"), Some("client"))).unwrap();
+    let mut link = redis.link::<u128>().unwrap();
+    assert!(matches!(
+        ask(&mut link, A, acquire(7, 1)),
+        Some(Reply::Granted { epoch: 1, .. })
+    ));
+    // What the server holds came over TLS: its plain port shows the record.
+    assert!(server.cli(&["dbsize"]).trim().parse::<u64>().unwrap() >= 1);
+
+    let refused = |tls: Option<RedisTls>, url: &str| connect(url, tls).err().unwrap();
+    // The system's roots, or another CA: the server's certificate is not trusted.
+    for ca in [None, Some("other-ca.pem")] {
+        let err = refused(tls_of(&pki, &url, ca, Some("client")), &url);
+        assert!(
+            err.contains("not one this side trusts") && err.contains("replication.tls_ca"),
+            "{ca:?}: {err}"
+        );
+    }
+    let err = refused(tls_of(&pki, &url, Some("ca.pem"), None), &url);
+    assert!(err.contains("tls-auth-clients"), "{err}");
+    let err = refused(tls_of(&pki, &url, Some("ca.pem"), Some("intruder")), &url);
+    assert!(
+        err.contains("does not trust this side's certificate"),
+        "{err}"
+    );
+    // The TLS port without TLS, and TLS to the plain port.
+    let plain_to_tls = url.replace("rediss://", "redis://");
+    let err = refused(None, &plain_to_tls);
+    assert!(err.contains("give a rediss:// URL"), "{err}");
+    let tls_to_plain = format!("rediss://127.0.0.1:{}/", server.port());
+    let err = refused(
+        tls_of(&pki, &tls_to_plain, Some("ca.pem"), Some("client")),
+        &tls_to_plain,
+    );
+    assert!(err.contains("tls-port"), "{err}");
+}
+
+/// TLS files that would guard nothing, or half an identity, are refused naming the
+/// setting; a file that is not PEM too.
+#[test]
+fn tls_files_that_would_guard_nothing_or_are_half_given_are_refused() {
+    let pki = TestPki::new("redis-files").unwrap();
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key"),
+    );
+    let load = |url: &str, files: TlsFiles| RedisTls::load(url, "--redis", files);
+    let ca_only = TlsFiles {
+        ca: Some(("--redis-ca", &ca)),
+        ..TlsFiles::default()
+    };
+    let not_pem = pki.file("not-pem", "hello").unwrap();
+    let refusals = [
+        (
+            "redis://",
+            ca_only,
+            "--redis-ca: --redis 'redis://127.0.0.1:6379/' does not use TLS",
+        ),
+        (
+            "rediss://",
+            TlsFiles {
+                cert: Some(("--redis-cert", &cert)),
+                ..TlsFiles::default()
+            },
+            "--redis-cert: a client certificate needs its key",
+        ),
+        (
+            "rediss://",
+            TlsFiles {
+                key: Some(("--redis-key", &key)),
+                ..TlsFiles::default()
+            },
+            "--redis-key: a client key needs its certificate",
+        ),
+        (
+            "rediss://",
+            TlsFiles {
+                ca: Some(("--redis-ca", &not_pem)),
+                ..TlsFiles::default()
+            },
+            "holds no PEM block",
+        ),
+    ];
+    for (scheme, files, message) in refusals {
+        let err = load(&format!("{scheme}127.0.0.1:6379/"), files).unwrap_err();
+        assert!(err.contains(message), "{message}: {err}");
+    }
+    assert!(
+        load("rediss://127.0.0.1:6379/", TlsFiles::default())
+            .unwrap()
+            .is_none()
+    );
+    assert!(load("rediss://127.0.0.1:6379/", ca_only).unwrap().is_some());
+}
+
+/// A Redis Cluster over TLS (its masters' links too): the store finds every master
+/// through the node it is given, over TLS, and the flows spread over the three.
+#[test]
+fn a_cluster_over_tls_takes_every_flow_over_its_three_masters() {
+    let pki = TestPki::new("redis-cluster-tls").unwrap();
+    let files = pki.server_files();
+    let servers = RedisServer::tls_cluster(
+        [free_port(), free_port(), free_port()],
+        [free_port(), free_port(), free_port()],
+        &files,
+    )
+    .unwrap();
+    let url = servers[0].tls_url().unwrap();
+    let redis = RedisStore::connect(RedisConfig {
+        cluster: true,
+        tls: tls_of(&pki, &url, Some("ca.pem"), None),
+        ..RedisConfig::new(&url)
+    })
+    .unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    let out = acquire_many(&mut link, 300);
+    assert_eq!(out.len(), 300, "{:?}", link.counters());
+    assert!(
+        out.iter().all(|r| matches!(r, Reply::Granted { .. })),
+        "{out:?}"
+    );
+    for server in &servers {
+        let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();
+        assert!(keys > 30, "a master holds {keys} of the flows");
+    }
+    let err = RedisStore::connect(RedisConfig {
+        cluster: true,
+        ..RedisConfig::new(&url)
+    })
+    .err()
+    .unwrap();
+    assert!(err.contains("replication.tls_ca"), "{err}");
+}
+
+/// A server that asks for a password: the store connects with the one in its URL (the
+/// default user's, or an ACL user's), and a missing or refused one is said so, never
+/// shown.
+#[test]
+fn a_password_comes_in_the_url_and_a_refused_one_is_said_so_and_never_shown() {
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let port = server.port();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "app",
+        "on",
+        ">app-pass-1",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    server.cli(&["config", "set", "requirepass", "s3cret-pass"]);
+    for url in [
+        format!("redis://:s3cret-pass@127.0.0.1:{port}/"),
+        format!("redis://app:app-pass-1@127.0.0.1:{port}/"),
+    ] {
+        let redis = RedisStore::connect(RedisConfig::new(&url)).unwrap();
+        let mut link = redis.link::<u128>().unwrap();
+        assert!(
+            matches!(
+                ask(&mut link, A, acquire(1, 1)),
+                Some(Reply::Granted { .. })
+            ),
+            "{url}"
+        );
+    }
+    let err = RedisStore::connect(RedisConfig::new(&format!(
+        "redis://:not-it@127.0.0.1:{port}/"
+    )))
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("refused the password") && !err.contains("not-it"),
+        "{err}"
+    );
+    let err = RedisStore::connect(RedisConfig::new(&format!("redis://127.0.0.1:{port}/")))
+        .err()
+        .unwrap();
+    assert!(err.contains("asks for a password"), "{err}");
 }

@@ -11,6 +11,7 @@
 use crate::redis_mirror::{self, RedisWriter};
 use crate::sync_stage::read_key;
 use stateplane_control::collector_api::{self, CollectorHandle};
+use stateplane_stores::redis_client::RedisTls;
 use stateplane_sync::collector::{Collector, StreamInfo};
 use stateplane_sync::mirror::MirrorCounters;
 use std::collections::BTreeMap;
@@ -38,6 +39,8 @@ pub struct CollectorSettings {
     pub api: Option<SocketAddr>,
     /// Write the copy through to the Redis server at this URL (`redis://127.0.0.1:6379`).
     pub redis: Option<String>,
+    /// With a `rediss://` URL: the certificates the connection trusts and shows.
+    pub redis_tls: Option<RedisTls>,
     /// Serve Prometheus metrics here (loopback).
     pub metrics: Option<SocketAddr>,
     /// The locations the copy holds at most, over every stream (see
@@ -138,7 +141,7 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     let redis = settings
         .redis
         .as_deref()
-        .map(redis_mirror::check)
+        .map(|url| redis_mirror::check(url, settings.redis_tls.as_ref()))
         .transpose()?;
     let core =
         Collector::new(settings.switches.clone(), key).with_max_locations(settings.max_locations);

@@ -15,6 +15,7 @@
 //! may have lost anything), as it is when the thread falls too far behind.
 
 use stateplane_control::collector_api::CollectorHandle;
+use stateplane_stores::redis_client::{self, RedisTls};
 use stateplane_sync::collector::Applied;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -58,16 +59,19 @@ const CLEAR_STATES: &str = "for _, state in ipairs(redis.call('SMEMBERS', KEYS[1
      redis.call('DEL', ARGV[1] .. ':' .. state) end \
      redis.call('DEL', KEYS[1])";
 
-/// Connects to `url` once, so that a wrong URL or a server not running is refused before
-/// the collector starts.
-pub fn check(url: &str) -> Result<redis::Client, String> {
-    let client = redis::Client::open(url).map_err(|e| format!("--redis {url}: {e}"))?;
+/// Connects to `url` once (with `tls`'s certificates), so that a wrong URL, a refused
+/// password or certificate, or a server not running is refused before the collector
+/// starts.
+pub fn check(url: &str, tls: Option<&RedisTls>) -> Result<redis::Client, String> {
+    let explain =
+        |e: redis::RedisError| format!("--redis {}", redis_client::explain(url, &e, "--redis-ca"));
+    let client = redis_client::client(url, tls).map_err(explain)?;
     let mut conn = client
         .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(|e| format!("--redis {url}: {e} (is redis-server running there?)"))?;
+        .map_err(explain)?;
     redis::cmd("PING")
         .query::<String>(&mut conn)
-        .map_err(|e| format!("--redis {url}: {e}"))?;
+        .map_err(explain)?;
     Ok(client)
 }
 

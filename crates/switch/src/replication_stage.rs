@@ -31,6 +31,7 @@ use stateplane_runtime::{
 };
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
+use stateplane_stores::redis_client::{self, RedisTls, TlsFiles};
 use stateplane_stores::{LinkCounters, StoreLink, Value};
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +57,12 @@ pub struct ReplicationSettings {
     /// `wait_ms` (100 by default).
     pub wait_replicas: Option<u32>,
     pub wait_ms: Option<u64>,
+    /// Redis over TLS (a `rediss://` store): the certificate (PEM) of the CA that signed
+    /// the server's (without it, the system's roots), and this switch's certificate and
+    /// key (PEM) for a server that asks its clients for one (`tls-auth-clients`).
+    pub tls_ca: Option<std::path::PathBuf>,
+    pub tls_cert: Option<std::path::PathBuf>,
+    pub tls_key: Option<std::path::PathBuf>,
     /// Packets a worker holds at most while they wait (65,536 by default).
     pub park_limit: Option<usize>,
     /// How long a packet may wait for its flow's lease or its output for the store
@@ -224,6 +231,15 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl ReplicationSettings {
+    /// The TLS files of a Redis store, each with its setting's name.
+    fn tls_files(&self) -> TlsFiles<'_> {
+        TlsFiles {
+            ca: (self.tls_ca.as_deref()).map(|p| ("replication.tls_ca", p)),
+            cert: (self.tls_cert.as_deref()).map(|p| ("replication.tls_cert", p)),
+            key: (self.tls_key.as_deref()).map(|p| ("replication.tls_key", p)),
+        }
+    }
+
     /// Checks the section (errors name the key and the fix) and connects to the store, so
     /// that a store out of reach is refused before the run starts.
     /// The section's `mode`.
@@ -320,6 +336,12 @@ impl ReplicationSettings {
                             .into(),
                     );
                 }
+                if let Some(setting) = self.tls_files().first_given() {
+                    return Err(format!(
+                        "{setting}: the memory store is in this process, with no connection \
+                         to guard; name a rediss:// store, or leave {setting} out"
+                    ));
+                }
                 let config = StoreConfig {
                     min_lease_ns: ms(100),
                     max_lease_ns: ms(60_000),
@@ -334,6 +356,7 @@ impl ReplicationSettings {
             Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let mut config = RedisConfig::new(url);
                 config.cluster = self.cluster.unwrap_or(false);
+                config.tls = RedisTls::load(url, "replication.store", self.tls_files())?;
                 if let Some(n) = self.wait_replicas {
                     let n = within("wait_replicas", u64::from(n), 1, 64)? as u32;
                     let wait_ms = within("wait_ms", self.wait_ms.unwrap_or(100), 1, 60_000)?;
@@ -347,7 +370,7 @@ impl ReplicationSettings {
                 }
                 let redis =
                     RedisStore::connect(config).map_err(|e| format!("replication.store: {e}"))?;
-                (Store::Redis(Arc::new(redis)), url.to_string())
+                (Store::Redis(Arc::new(redis)), redis_client::redacted(url))
             }
             Some(other) => {
                 return Err(format!(

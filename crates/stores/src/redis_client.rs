@@ -1,0 +1,255 @@
+//! Opening a Redis client, for the replication store and for the sync collector's copy:
+//! the URL (`redis://`, or `rediss://` for TLS), the certificates a TLS connection trusts
+//! and shows ([`RedisTls`]), and a failed connection's cause said with its fix
+//! ([`explain`]).
+//!
+//! Must never: use TLS settings with a `redis://` URL (they would guard nothing: refused),
+//! or call a refused password or an untrusted certificate a server not running.
+
+use std::path::Path;
+
+/// TLS to a Redis server (a `rediss://` URL): the certificate of the CA that signed the
+/// server's (PEM; without it, the system's roots), and this side's certificate and key
+/// (PEM) for a server that asks its clients for one (`tls-auth-clients yes`).
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    pub ca: Option<Vec<u8>>,
+    /// The certificate (chain) and its key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The files of a [`RedisTls`], each with the name of the setting that gave it, so that an
+/// error names the setting to fix (`replication.tls_ca`, `--redis-ca`).
+#[derive(Clone, Copy, Default)]
+pub struct TlsFiles<'a> {
+    pub ca: Option<(&'a str, &'a Path)>,
+    pub cert: Option<(&'a str, &'a Path)>,
+    pub key: Option<(&'a str, &'a Path)>,
+}
+
+impl TlsFiles<'_> {
+    /// The setting of the first file given, if any.
+    pub fn first_given(&self) -> Option<&str> {
+        [self.ca, self.cert, self.key]
+            .into_iter()
+            .flatten()
+            .next()
+            .map(|(setting, _)| setting)
+    }
+}
+
+impl std::fmt::Debug for RedisTls {
+    /// Which parts are set, never their bytes (a key is a secret).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl RedisTls {
+    /// Reads the files for a connection to `url` (`url_setting` names where the URL was
+    /// given): `None` when no file is given. Refused: a file with a `redis://` URL, a
+    /// certificate without its key or a key without its certificate, a file that cannot
+    /// be read or holds no PEM block.
+    pub fn load(url: &str, url_setting: &str, files: TlsFiles) -> Result<Option<RedisTls>, String> {
+        let Some(first) = files.first_given() else {
+            return Ok(None);
+        };
+        if !url.starts_with("rediss://") {
+            return Err(format!(
+                "{first}: {url_setting} '{url}' does not use TLS, so this would guard nothing: \
+                 give a rediss:// URL (the server's tls-port), or leave {first} out"
+            ));
+        }
+        let read = |(setting, path): (&str, &Path)| -> Result<Vec<u8>, String> {
+            let bytes =
+                std::fs::read(path).map_err(|e| format!("{setting}: {}: {e}", path.display()))?;
+            if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+                return Err(format!(
+                    "{setting}: {} holds no PEM block (-----BEGIN ...): give the file in PEM form",
+                    path.display()
+                ));
+            }
+            Ok(bytes)
+        };
+        let identity = match (files.cert, files.key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            (None, None) => None,
+            (Some((cert, _)), None) => {
+                return Err(format!(
+                    "{cert}: a client certificate needs its key: give the key file too"
+                ));
+            }
+            (None, Some((key, _))) => {
+                return Err(format!(
+                    "{key}: a client key needs its certificate: give the certificate file too"
+                ));
+            }
+        };
+        Ok(Some(RedisTls {
+            ca: files.ca.map(read).transpose()?,
+            identity,
+        }))
+    }
+
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: (self.identity.clone()).map(|(client_cert, client_key)| {
+                redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
+}
+
+/// A client of the server at `url`, with `tls`'s certificates when given (a `rediss://`
+/// URL without them trusts the system's roots).
+pub fn client(url: &str, tls: Option<&RedisTls>) -> redis::RedisResult<redis::Client> {
+    match tls {
+        Some(tls) => redis::Client::build_with_tls(url, tls.certificates()),
+        None => redis::Client::open(url),
+    }
+}
+
+/// A client of the Redis Cluster that `url` is a node of, as [`client`].
+pub fn cluster_client(
+    url: &str,
+    tls: Option<&RedisTls>,
+    connect_timeout: std::time::Duration,
+    response_timeout: std::time::Duration,
+) -> redis::RedisResult<redis::cluster::ClusterClient> {
+    let mut builder = redis::cluster::ClusterClient::builder(vec![url])
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout);
+    if let Some(tls) = tls {
+        builder = builder.certs(tls.certificates());
+    }
+    builder.build()
+}
+
+/// `url` as it may be shown (errors, logs, a run's summary): its password, if it has one,
+/// as `***`.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let shown = match userinfo.contains(':') {
+                true => format!("{user}:***"),
+                false => user.to_string(),
+            };
+            format!("{scheme}://{shown}@{host}{}", &rest[authority_end..])
+        }
+        None => url.to_string(),
+    }
+}
+
+/// What to do about a failed connection to `url` or a command refused on it: the error
+/// followed by its likely cause and fix. `ca_setting` names the setting that gives the CA
+/// (`replication.tls_ca`, `--redis-ca`).
+pub fn explain(url: &str, e: &redis::RedisError, ca_setting: &str) -> String {
+    explain_or(url, e, ca_setting, None)
+}
+
+/// As [`explain`], with `otherwise` as the cause when the error shows none of those known.
+pub fn explain_or(
+    url: &str,
+    e: &redis::RedisError,
+    ca_setting: &str,
+    otherwise: Option<&str>,
+) -> String {
+    let url = redacted(url);
+    let text = e.to_string();
+    let lower = text.to_lowercase();
+    let tls = url.starts_with("rediss://");
+    let hint = if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || lower.contains("wrongpass")
+        || lower.contains("invalid username-password")
+    {
+        "the server refused the password: give the one it has in the URL, \
+         redis://:PASSWORD@HOST:PORT/ (with an ACL user, redis://USER:PASSWORD@HOST:PORT/)"
+            .to_string()
+    } else if lower.contains("noauth") {
+        "the server asks for a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ \
+         (with an ACL user, redis://USER:PASSWORD@HOST:PORT/)"
+            .to_string()
+    } else if tls && lower.contains("unable to build client with tls") {
+        "this side's certificate or key cannot be used: give an X.509 v3 certificate (PEM) \
+         and its private key (PEM)"
+            .to_string()
+    } else if tls && (lower.contains("unknownca") || lower.contains("badcertificate")) {
+        "the server does not trust this side's certificate: give one signed by a CA of the \
+         server's tls-ca-cert-file"
+            .to_string()
+    } else if tls
+        && (lower.contains("unknownissuer")
+            || lower.contains("unknown issuer")
+            || lower.contains("invalid peer certificate"))
+    {
+        format!(
+            "the server's certificate is not one this side trusts: give the certificate of \
+             the CA that signed it (PEM) as {ca_setting}"
+        )
+    } else if tls
+        && (lower.contains("certificate required")
+            || lower.contains("handshake")
+            || lower.contains("alert"))
+    {
+        "the TLS handshake failed: if the server asks clients for a certificate \
+         (tls-auth-clients), give this side's certificate and key"
+            .to_string()
+    } else if tls && (lower.contains("corrupt message") || lower.contains("invalid content type")) {
+        "the server does not speak TLS on that port: give its tls-port, or a redis:// URL \
+         for a port without TLS"
+            .to_string()
+    } else if e.is_connection_refusal() {
+        "is redis-server running there?".to_string()
+    } else if !tls && (e.is_connection_dropped() || lower.contains("connection reset")) {
+        "the server closed the connection: if that port is its tls-port, give a rediss:// URL"
+            .to_string()
+    } else if tls && e.is_timeout() {
+        "no TLS answer in time: is that port the server's tls-port? (a port without TLS waits \
+         for a command)"
+            .to_string()
+    } else if e.is_timeout() {
+        "no answer in time: is the address right, and is the server reachable from here?"
+            .to_string()
+    } else if let Some(otherwise) = otherwise {
+        otherwise.to_string()
+    } else {
+        return format!("{url}: {text}");
+    };
+    format!("{url}: {text} ({hint})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shown_url_never_has_its_password() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/"),
+            (
+                "redis://:secret@127.0.0.1:6379/",
+                "redis://:***@127.0.0.1:6379/",
+            ),
+            (
+                "rediss://app:s3:cr@t@host:6380/0",
+                "rediss://app:***@host:6380/0",
+            ),
+            ("redis://app@host", "redis://app@host"),
+            ("memory", "memory"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
+    }
+}
