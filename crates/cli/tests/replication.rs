@@ -356,6 +356,31 @@ fn counter_replicated_to_redis_over_tls_with_a_password_leaves_every_count_in_th
     assert_eq!(counts.iter().map(|c| c.0).sum::<u64>(), packets_in);
 }
 
+/// Replicated through Redis Sentinel (`redis+sentinel://`): the switch asks the sentinel
+/// for the master and leaves every count there.
+#[test]
+fn counter_replicated_through_redis_sentinel_leaves_every_count_at_its_master() {
+    let master = stateplane_lab::RedisServer::start(free_port(), false).unwrap();
+    let sentinel =
+        stateplane_lab::RedisServer::sentinel(free_port(), "rep", master.port()).unwrap();
+    let store = format!(
+        "{REPLICATED}[replication]\nstore = \"redis+sentinel://127.0.0.1:{}/rep\"\n",
+        sentinel.port()
+    );
+    let (config, _) = counter_run("rep-redis-sentinel", 3_000, 100, &store);
+    let summary = run_json(&config);
+    let (packets_in, packets_out, dropped) = in_out_dropped(&summary);
+    assert_eq!((packets_out, dropped), (packets_in, 0), "{summary}");
+    let counts = redis_counts(&master.url());
+    assert_eq!(counts.iter().map(|c| c.0).sum::<u64>(), packets_in);
+    let store = format!(
+        "{REPLICATED}[replication]\nstore = \"redis+sentinel://127.0.0.1:{}/nobody\"\n",
+        sentinel.port()
+    );
+    let (config, _) = counter_run("rep-redis-sentinel-nobody", 10, 2, &store);
+    run_refused(&config, "the sentinels name no master of that name");
+}
+
 /// Two workers, each holding outputs for Redis, finish an offline run with every packet
 /// forwarded: a worker's held packets wait for its next round's burst, never put it a
 /// round ahead of the other at the output (which would stall the run).

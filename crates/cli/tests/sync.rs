@@ -772,6 +772,26 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     );
 }
 
+/// hh's run of `dir` to a collector started with `collector_args`: its copy, 30,000
+/// packets counted, reaches `redis` (within 5 s), with no error at the collector.
+fn copy_reaches(dir: &std::path::Path, redis: &RedisServer, collector_args: &[&str]) {
+    let (collector, addr, collector_err) = start_collector(collector_args);
+    ok(bin()
+        .args(["run", "--config"])
+        .arg(hh_config(dir, &addr, ""))
+        .output()
+        .unwrap());
+    for _ in 0..250 {
+        if counted(redis) == 30_000 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(counted(redis), 30_000);
+    let table = stop_collector(collector, collector_err);
+    assert!(table.contains(" 0 errors"), "{table}");
+}
+
 /// With `--redis rediss://...`, the copy goes to Redis over TLS: the collector trusts the
 /// server through `--redis-ca` and shows `--redis-cert` to a server that asks for one;
 /// without the CA it is refused at start, naming `--redis-ca`; TLS files with no TLS
@@ -798,23 +818,12 @@ fn the_copy_is_written_through_to_redis_over_tls() {
         "--redis-key",
         &client_key,
     ];
-    let (collector, addr, collector_err) =
-        start_collector(&[&["--redis", url.as_str()][..], &tls[..]].concat());
-    ok(bin()
-        .args(["run", "--config"])
-        .arg(hh_config(&dir, &addr, ""))
-        .output()
-        .unwrap());
     // Read through the server's plain port.
-    for _ in 0..250 {
-        if counted(&redis) == 30_000 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(counted(&redis), 30_000);
-    let table = stop_collector(collector, collector_err);
-    assert!(table.contains(" 0 errors"), "{table}");
+    copy_reaches(
+        &dir,
+        &redis,
+        &[&["--redis", url.as_str()][..], &tls[..]].concat(),
+    );
 
     let refused = |args: &[&str], message: &str| {
         refused(
@@ -846,6 +855,16 @@ fn the_copy_is_written_through_to_redis_over_tls() {
         ],
         "--redis-cert: a client certificate needs its key",
     );
+}
+
+/// With `--redis redis+sentinel://...`, the copy goes to the master the sentinel names.
+#[test]
+fn the_copy_is_written_through_to_the_master_redis_sentinel_names() {
+    let dir = trace_in("sync-redis-sentinel");
+    let master = RedisServer::start(free_port(), false).unwrap();
+    let sentinel = RedisServer::sentinel(free_port(), "copy", master.port()).unwrap();
+    let url = format!("redis+sentinel://127.0.0.1:{}/copy", sentinel.port());
+    copy_reaches(&dir, &master, &["--redis", &url]);
 }
 
 /// A collector holds at most `--max-locations`: a switch whose synced sketch is larger

@@ -16,6 +16,9 @@ pub struct RedisServer {
     extra: Vec<String>,
     /// The port it also listens on with TLS, if any.
     tls_port: Option<u16>,
+    /// A sentinel's configuration file (in `dir`, which the sentinel rewrites): it runs
+    /// as a Redis Sentinel, not as a server.
+    sentinel_conf: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -64,6 +67,7 @@ impl RedisServer {
             append_only,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             tls_port: None,
+            sentinel_conf: None,
             child: None,
         };
         server.restart()?;
@@ -109,6 +113,37 @@ impl RedisServer {
         let mut server = RedisServer::start_with(port, false, &args)?;
         server.tls_port = Some(tls_port);
         Ok(server)
+    }
+
+    /// A Redis Sentinel on `port` (127.0.0.1) watching the master at `master_port` under
+    /// the name `name`, a quorum of its own: it calls the master down after a second
+    /// without an answer and fails over to one of its replicas (then points the others at
+    /// it). Its [`RedisServer::cli`] is the sentinel's (`sentinel replicas NAME`).
+    pub fn sentinel(port: u16, name: &str, master_port: u16) -> Result<RedisServer, String> {
+        let dir =
+            std::env::temp_dir().join(format!("stateplane-sentinel-{port}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let conf = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+             sentinel down-after-milliseconds {name} 1000\n\
+             sentinel failover-timeout {name} 3000\n",
+            dir.display()
+        );
+        std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
+        let mut sentinel = RedisServer {
+            port,
+            dir,
+            append_only: false,
+            extra: Vec::new(),
+            tls_port: None,
+            sentinel_conf: Some(conf),
+            child: None,
+        };
+        sentinel.restart()?;
+        Ok(sentinel)
     }
 
     /// The URL of its TLS port (`rediss://`), if it has one.
@@ -204,17 +239,20 @@ impl RedisServer {
     /// waiting until it answers.
     pub fn restart(&mut self) -> Result<(), String> {
         self.kill();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", if self.append_only { "yes" } else { "no" }])
-            .args(["--appendfsync", "always"])
-            .args(&self.extra)
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("redis-server: {e}"))?;
+        let mut command = Command::new("redis-server");
+        match &self.sentinel_conf {
+            Some(conf) => command.arg(conf).arg("--sentinel"),
+            None => command
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", ""])
+                .args(["--appendonly", if self.append_only { "yes" } else { "no" }])
+                .args(["--appendfsync", "always"])
+                .args(&self.extra)
+                .arg("--dir")
+                .arg(&self.dir),
+        };
+        let child =
+            (command.stdout(Stdio::null()).spawn()).map_err(|e| format!("redis-server: {e}"))?;
         self.child = Some(child);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(5) {

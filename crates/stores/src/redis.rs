@@ -16,7 +16,7 @@
 //! it again); stop on a lost server (the error is counted and logged once, the requests
 //! of the failed round trip are left unanswered, and the link connects again).
 
-use crate::redis_client::{self, RedisTls};
+use crate::redis_client::{self, Connector, RedisTls};
 use crate::{LinkCounters, StoreKey, StoreLink, Value};
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use stateplane_replication::protocol::KEEP_FOREVER;
@@ -40,7 +40,8 @@ const PIPELINE: usize = 4_096;
 /// Batches a link holds for its thread before it drops them.
 const QUEUE: usize = 4_096;
 
-#[derive(Clone, Debug)]
+/// (No `Debug`: its URL may hold a password; [`redis_client::redacted`] shows it.)
+#[derive(Clone)]
 pub struct RedisConfig {
     pub url: String,
     /// Records are named `PREFIX:{KEY}`.
@@ -95,14 +96,11 @@ fn connect(config: &RedisConfig) -> Result<Conn, String> {
         return connect_cluster(config);
     }
     let url = &config.url;
-    let explain = |e: redis::RedisError| redis_client::explain(url, &e, config.ca_setting);
-    let client = redis_client::client(url, config.tls.as_ref()).map_err(explain)?;
-    let mut conn = client
-        .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(explain)?;
+    let connector = Connector::new(url, config.tls.clone(), config.ca_setting)?;
+    let mut conn = connector.connect(CONNECT_TIMEOUT)?;
     conn.set_read_timeout(Some(IO_TIMEOUT))
         .and_then(|()| conn.set_write_timeout(Some(IO_TIMEOUT)))
-        .map_err(explain)?;
+        .map_err(|e| redis_client::explain(url, &e, config.ca_setting))?;
     load_functions(&mut conn, url, config.ca_setting, "")?;
     Ok(Conn::One(conn))
 }
@@ -160,6 +158,13 @@ impl RedisStore {
                 "the lease range {:?}..{:?} is empty: give a minimum above 0 and at most the maximum",
                 config.min_lease, config.max_lease
             ));
+        }
+        if config.cluster && config.url.starts_with(redis_client::SENTINEL_SCHEME) {
+            return Err(
+                "a Redis Cluster is not reached through Sentinel: name one of its nodes \
+                 (redis://HOST:PORT/), or leave cluster out"
+                    .into(),
+            );
         }
         if config.cluster && config.wait.is_some() {
             return Err(

@@ -1,10 +1,13 @@
-//! Opening a Redis client, for the replication store and for the sync collector's copy:
-//! the URL (`redis://`, or `rediss://` for TLS), the certificates a TLS connection trusts
-//! and shows ([`RedisTls`]), and a failed connection's cause said with its fix
-//! ([`explain`]).
+//! Connecting to Redis, for the replication store and for the sync collector's copy: the
+//! URL (`redis://`, `rediss://` for TLS, or `redis+sentinel://` for the master that Redis
+//! Sentinel names), the certificates a TLS connection trusts and shows ([`RedisTls`]), and
+//! a failed connection's cause said with its fix ([`explain`]). A [`Connector`] asks the
+//! sentinels again at each connection, so that a connection made again after a failover
+//! reaches the promoted master.
 //!
 //! Must never: use TLS settings with a `redis://` URL (they would guard nothing: refused),
-//! or call a refused password or an untrusted certificate a server not running.
+//! call a refused password or an untrusted certificate a server not running, or show a
+//! URL's password.
 
 use std::path::Path;
 
@@ -57,7 +60,7 @@ impl RedisTls {
         let Some(first) = files.first_given() else {
             return Ok(None);
         };
-        if !url.starts_with("rediss://") {
+        if !url.starts_with("rediss") {
             return Err(format!(
                 "{first}: {url_setting} '{url}' does not use TLS, so this would guard nothing: \
                  give a rediss:// URL (the server's tls-port), or leave {first} out"
@@ -130,6 +133,147 @@ pub fn cluster_client(
         builder = builder.certs(tls.certificates());
     }
     builder.build()
+}
+
+/// What connections are made to: one server (`redis://`, `rediss://`), or the master that
+/// Redis Sentinel names now (`redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/
+/// MASTER`: the sentinels, and the master's name at them; the credentials are the
+/// master's).
+#[derive(Clone)]
+pub struct Connector {
+    url: String,
+    tls: Option<RedisTls>,
+    sentinel: Option<SentinelTarget>,
+    /// The setting that gives the CA, named when the server's certificate is not trusted.
+    ca_setting: &'static str,
+}
+
+#[derive(Clone)]
+struct SentinelTarget {
+    /// `redis://HOST:PORT/`, one a sentinel.
+    sentinels: Vec<String>,
+    master: String,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+/// The scheme of a store named through Redis Sentinel.
+pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
+
+impl Connector {
+    /// Connections to `url` with `tls`'s certificates; a `redis+sentinel://` URL that
+    /// names no sentinel or no master, or one given TLS files (not built yet), is refused.
+    pub fn new(
+        url: &str,
+        tls: Option<RedisTls>,
+        ca_setting: &'static str,
+    ) -> Result<Connector, String> {
+        let sentinel = match url.strip_prefix(SENTINEL_SCHEME) {
+            None if url.starts_with("rediss+sentinel://") => {
+                return Err(format!(
+                    "{}: Redis Sentinel over TLS is not built yet: name the master with a \
+                     rediss:// URL, or its sentinels without TLS",
+                    redacted(url)
+                ));
+            }
+            None => None,
+            Some(_) if tls.is_some() => {
+                return Err(format!(
+                    "{}: Redis Sentinel over TLS is not built yet: leave the TLS files out, \
+                     or name the master with a rediss:// URL",
+                    redacted(url)
+                ));
+            }
+            Some(rest) => Some(SentinelTarget::parse(rest).map_err(|why| {
+                format!(
+                    "{}: {why}; write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER",
+                    redacted(url)
+                )
+            })?),
+        };
+        Ok(Connector {
+            url: url.to_string(),
+            tls,
+            sentinel,
+            ca_setting,
+        })
+    }
+
+    /// Whether the connections go to the master Redis Sentinel names.
+    pub fn through_sentinel(&self) -> bool {
+        self.sentinel.is_some()
+    }
+
+    /// A connection, made within `timeout` (the sentinels asked first, each time), or what
+    /// went wrong with its fix.
+    pub fn connect(&self, timeout: std::time::Duration) -> Result<redis::Connection, String> {
+        let explain = |e: redis::RedisError| explain(&self.url, &e, self.ca_setting);
+        let client = match &self.sentinel {
+            Some(sentinel) => sentinel.master_client().map_err(explain)?,
+            None => client(&self.url, self.tls.as_ref()).map_err(explain)?,
+        };
+        client.get_connection_with_timeout(timeout).map_err(explain)
+    }
+}
+
+impl SentinelTarget {
+    /// What follows the scheme: `[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER`.
+    fn parse(rest: &str) -> Result<SentinelTarget, String> {
+        let (authority, master) = rest
+            .split_once('/')
+            .ok_or("no master's name after the sentinels")?;
+        let master = master.trim_end_matches('/');
+        if master.is_empty() || master.contains('/') {
+            return Err(format!("'{master}' is not a master's name"));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo.map(|u| u.split_once(':')) {
+            None => (None, None),
+            Some(None) => return Err("a user with no password".into()),
+            Some(Some((user, password))) => (
+                (!user.is_empty()).then(|| user.to_string()),
+                Some(password.to_string()),
+            ),
+        };
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .map(|host| match host.rsplit_once(':') {
+                Some((name, port)) if !name.is_empty() && port.parse::<u16>().is_ok() => {
+                    Ok(format!("redis://{host}/"))
+                }
+                _ => Err(format!("'{host}' is not a sentinel's HOST:PORT")),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(SentinelTarget {
+            sentinels,
+            master: master.to_string(),
+            username,
+            password,
+        })
+    }
+
+    /// A client of the master the sentinels name now.
+    fn master_client(&self) -> redis::RedisResult<redis::Client> {
+        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+        let mut info = redis::RedisConnectionInfo::default();
+        if let Some(user) = &self.username {
+            info = info.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            info = info.set_password(password);
+        }
+        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
+        SentinelClient::build(
+            self.sentinels.clone(),
+            &self.master,
+            Some(node),
+            SentinelServerType::Master,
+        )?
+        .get_client()
+    }
 }
 
 /// `url` as it may be shown (errors, logs, a run's summary): its password, if it has one,
@@ -210,6 +354,12 @@ pub fn explain_or(
         "the server does not speak TLS on that port: give its tls-port, or a redis:// URL \
          for a port without TLS"
             .to_string()
+    } else if e.kind() == redis::ErrorKind::MasterNameNotFoundBySentinel {
+        "the sentinels name no master of that name that is up: check the name after the \
+         last / (SENTINEL MASTERS lists them), or wait for their failover to end"
+            .to_string()
+    } else if e.is_connection_refusal() && url.starts_with(SENTINEL_SCHEME) {
+        "is redis-sentinel running at those addresses?".to_string()
     } else if e.is_connection_refusal() {
         "is redis-server running there?".to_string()
     } else if !tls && (e.is_connection_dropped() || lower.contains("connection reset")) {
@@ -247,9 +397,77 @@ mod tests {
                 "rediss://app:***@host:6380/0",
             ),
             ("redis://app@host", "redis://app@host"),
+            (
+                "redis+sentinel://:pw@127.0.0.1:26379,127.0.0.1:26380/mymaster",
+                "redis+sentinel://:***@127.0.0.1:26379,127.0.0.1:26380/mymaster",
+            ),
             ("memory", "memory"),
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
+    }
+}
+
+#[cfg(test)]
+mod sentinel_tests {
+    use super::*;
+
+    #[test]
+    fn a_sentinel_url_names_its_sentinels_master_and_credentials() {
+        let c = Connector::new(
+            "redis+sentinel://app:pw@127.0.0.1:26379,localhost:26380/mymaster",
+            None,
+            "x",
+        )
+        .unwrap();
+        let s = c.sentinel.unwrap();
+        assert_eq!(
+            s.sentinels,
+            ["redis://127.0.0.1:26379/", "redis://localhost:26380/"]
+        );
+        assert_eq!(s.master, "mymaster");
+        assert_eq!(
+            (s.username.as_deref(), s.password.as_deref()),
+            (Some("app"), Some("pw"))
+        );
+        let s = (Connector::new("redis+sentinel://:pw@h:1/m/", None, "x")
+            .unwrap()
+            .sentinel)
+            .unwrap();
+        assert_eq!(
+            (s.username, s.password.as_deref(), s.master.as_str()),
+            (None, Some("pw"), "m")
+        );
+        for (url, why) in [
+            ("redis+sentinel://h:26379", "no master's name"),
+            ("redis+sentinel://h:26379/", "'' is not a master's name"),
+            ("redis+sentinel://h/m", "'h' is not a sentinel's HOST:PORT"),
+            (
+                "redis+sentinel://h:1,:2/m",
+                "':2' is not a sentinel's HOST:PORT",
+            ),
+            ("redis+sentinel://user@h:1/m", "a user with no password"),
+            (
+                "rediss+sentinel://h:1/m",
+                "Redis Sentinel over TLS is not built yet",
+            ),
+        ] {
+            let err = Connector::new(url, None, "x").err().unwrap();
+            assert!(err.contains(why), "{url}: {err}");
+        }
+        let err = Connector::new("redis+sentinel://:secret@h:1", None, "x")
+            .err()
+            .unwrap();
+        assert!(!err.contains("secret"), "{err}");
+        let tls = RedisTls::default();
+        let err = Connector::new("redis+sentinel://h:1/m", Some(tls), "x")
+            .err()
+            .unwrap();
+        assert!(err.contains("not built yet"), "{err}");
+        assert!(
+            !Connector::new("redis://h:1/", None, "x")
+                .unwrap()
+                .through_sentinel()
+        );
     }
 }

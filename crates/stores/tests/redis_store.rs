@@ -603,16 +603,43 @@ fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
     );
 }
 
-/// A replica of `primary`, once it has every write the primary has.
+/// Flow 1's lease for holder A, `lease_ns` long, and the writes under it (`seq`, value).
+fn lease_for_writes(
+    link: &mut dyn StoreLink<u32>,
+    lease_ns: u64,
+) -> impl Fn(u64, &[u8]) -> Request<u32, Value> + use<> {
+    let acquire = Request::Acquire {
+        key: 1,
+        lease_ns,
+        nonce: 1,
+    };
+    let Some(Reply::Granted { epoch, .. }) = ask(link, A, acquire) else {
+        panic!("granted");
+    };
+    move |seq, value| Request::Write {
+        key: 1u32,
+        epoch,
+        seq,
+        value: value.to_vec(),
+        lease_ns,
+        keep_ns: KEEP_FOREVER,
+        alias: None,
+    }
+}
+
+/// A replica of `primary`, once it has every write the primary has. Its full syncs start
+/// at once when it is promoted (not after Redis 7's five seconds' wait for more replicas).
 fn replica_of(primary: &RedisServer) -> RedisServer {
-    let replica = RedisServer::start(free_port(), false).unwrap();
+    let replica = RedisServer::start_with(free_port(), false, NO_SYNC_DELAY).unwrap();
     replica.cli(&["replicaof", "127.0.0.1", &primary.port().to_string()]);
     let start = Instant::now();
-    while primary.cli(&["wait", "1", "100"]).trim() != "1" {
+    // Up once its full sync is done (a WAIT would count the primary's other replicas too).
+    while !(replica.cli(&["info", "replication"])).contains("master_link_status:up") {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the replica did not sync within 10 s"
         );
+        std::thread::sleep(Duration::from_millis(10));
     }
     replica
 }
@@ -634,26 +661,7 @@ fn a_master_failover_loses_acknowledged_writes_only_without_wait() {
         let redis = RedisStore::connect(config).unwrap();
         let mut link = redis.link::<u32>().unwrap();
         let lease = 300 * MS;
-        let Some(Reply::Granted { epoch, .. }) = ask(
-            &mut link,
-            A,
-            Request::Acquire {
-                key: 1,
-                lease_ns: lease,
-                nonce: 1,
-            },
-        ) else {
-            panic!("granted");
-        };
-        let write = |seq: u64, value: &[u8]| Request::Write {
-            key: 1u32,
-            epoch,
-            seq,
-            value: value.to_vec(),
-            lease_ns: lease,
-            keep_ns: KEEP_FOREVER,
-            alias: None,
-        };
+        let write = lease_for_writes(&mut link, lease);
         assert!(matches!(
             ask(&mut link, A, write(1, b"both have it")),
             Some(Reply::Written { seq: 1, .. })
@@ -705,6 +713,102 @@ fn a_master_failover_loses_acknowledged_writes_only_without_wait() {
             "wait {wait}"
         );
     }
+}
+
+/// A master's options that start a replica's full sync at once.
+const NO_SYNC_DELAY: &[&str] = &["--repl-diskless-sync-delay", "0"];
+
+/// A sentinel's count of `field` for master `name` (`num-slaves`, `num-other-sentinels`).
+fn sentinel_count(sentinel: &RedisServer, name: &str, field: &str) -> Option<u64> {
+    let info = sentinel.cli(&["sentinel", "master", name]);
+    let lines: Vec<&str> = info.lines().collect();
+    let at = lines.iter().position(|l| l.trim() == field)?;
+    lines.get(at + 1)?.trim().parse().ok()
+}
+
+/// Through Redis Sentinel (`redis+sentinel://`), a master failover is followed without a
+/// restart: the store's link, its master killed, connects again to the replica the
+/// sentinel promoted and goes on writing under the lease it held; with `WAIT 1`, the
+/// write acknowledged before the master died is on the promoted master (the other
+/// replica, pointed at it by the sentinel, acknowledges the writes after).
+#[test]
+fn through_sentinel_the_store_follows_a_master_failover_and_keeps_what_it_acknowledged() {
+    let mut primary = RedisServer::start_with(free_port(), false, NO_SYNC_DELAY).unwrap();
+    let _replicas = [replica_of(&primary), replica_of(&primary)];
+    let sentinel = RedisServer::sentinel(free_port(), "rep", primary.port()).unwrap();
+    let start = Instant::now();
+    while sentinel_count(&sentinel, "rep", "num-slaves") != Some(2) {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the sentinel found no replicas"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("redis+sentinel://127.0.0.1:{}/rep", sentinel.port());
+    let redis = RedisStore::connect(RedisConfig {
+        wait: Some((1, Duration::from_millis(100))),
+        min_lease: Duration::from_millis(100),
+        max_lease: Duration::from_secs(30),
+        ..RedisConfig::new(&url)
+    })
+    .unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    let lease = 30_000 * MS;
+    let write = lease_for_writes(&mut link, lease);
+    // Sent again until a replica has it in WAIT's 100 ms (a host this busy can miss it).
+    let until_answered = |link: &mut dyn StoreLink<u32>, request: Request<u32, Value>| {
+        let start = Instant::now();
+        let mut answer = None;
+        while answer.is_none() && start.elapsed() < Duration::from_secs(30) {
+            answer = ask(link, A, request.clone());
+        }
+        answer
+    };
+    let first = until_answered(&mut link, write(1, b"before"));
+    assert!(
+        matches!(first, Some(Reply::Written { seq: 1, .. })),
+        "{first:?}"
+    );
+    // Both replicas have it (the lagging replica is the test above's): whichever the
+    // sentinel promotes holds the lease and the write.
+    assert_eq!(primary.cli(&["wait", "2", "2000"]).trim(), "2");
+    primary.kill();
+    // The same link goes on once the sentinel has promoted a replica.
+    let answer = until_answered(&mut link, write(2, b"after"));
+    assert!(
+        matches!(answer, Some(Reply::Written { seq: 2, .. })),
+        "{answer:?} {:?}",
+        link.counters()
+    );
+    assert!(link.counters().reconnects >= 1, "{:?}", link.counters());
+    let again = ask(
+        &mut link,
+        A,
+        Request::Acquire {
+            key: 1,
+            lease_ns: lease,
+            nonce: 2,
+        },
+    );
+    assert!(
+        matches!(&again, Some(Reply::Granted { seq: 2, value: Some(v), .. }) if v == b"after"),
+        "{again:?}"
+    );
+    // A name the sentinel does not know, and no sentinel there: refused with the fix.
+    let err = RedisStore::connect(RedisConfig::new(&format!(
+        "redis+sentinel://127.0.0.1:{}/nobody",
+        sentinel.port()
+    )))
+    .err()
+    .unwrap();
+    assert!(err.contains("no master of that name"), "{err}");
+    let err = RedisStore::connect(RedisConfig::new(&format!(
+        "redis+sentinel://127.0.0.1:{}/rep",
+        free_port()
+    )))
+    .err()
+    .unwrap();
+    assert!(err.contains("is redis-sentinel running"), "{err}");
 }
 
 /// A request sent again while the first is still queued or on the connection (its

@@ -141,7 +141,7 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     let redis = settings
         .redis
         .as_deref()
-        .map(|url| redis_mirror::check(url, settings.redis_tls.as_ref()))
+        .map(|url| redis_mirror::check(url, settings.redis_tls.clone()))
         .transpose()?;
     let core =
         Collector::new(settings.switches.clone(), key).with_max_locations(settings.max_locations);
@@ -149,7 +149,7 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
     let api = (settings.api)
         .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))
         .transpose()?;
-    let redis = redis.map(|client| RedisWriter::start(client, handle.clone()));
+    let redis = redis.map(|connector| RedisWriter::start(connector, handle.clone()));
     if let Some(addr) = settings.metrics {
         let counters = redis.as_ref().map(|r| r.counters.clone());
         crate::metrics::serve_collector(addr, handle.clone(), counters)?;

@@ -15,7 +15,7 @@
 //! may have lost anything), as it is when the thread falls too far behind.
 
 use stateplane_control::collector_api::CollectorHandle;
-use stateplane_stores::redis_client::{self, RedisTls};
+use stateplane_stores::redis_client::{self, Connector, RedisTls};
 use stateplane_sync::collector::Applied;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -59,20 +59,17 @@ const CLEAR_STATES: &str = "for _, state in ipairs(redis.call('SMEMBERS', KEYS[1
      redis.call('DEL', ARGV[1] .. ':' .. state) end \
      redis.call('DEL', KEYS[1])";
 
-/// Connects to `url` once (with `tls`'s certificates), so that a wrong URL, a refused
-/// password or certificate, or a server not running is refused before the collector
-/// starts.
-pub fn check(url: &str, tls: Option<&RedisTls>) -> Result<redis::Client, String> {
-    let explain =
-        |e: redis::RedisError| format!("--redis {}", redis_client::explain(url, &e, "--redis-ca"));
-    let client = redis_client::client(url, tls).map_err(explain)?;
-    let mut conn = client
-        .get_connection_with_timeout(CONNECT_TIMEOUT)
-        .map_err(explain)?;
+/// Connects to `url` once (with `tls`'s certificates; through Sentinel, to the master it
+/// names), so that a wrong URL, a refused password or certificate, or a server not running
+/// is refused before the collector starts.
+pub fn check(url: &str, tls: Option<RedisTls>) -> Result<Connector, String> {
+    let with_flag = |e: String| format!("--redis {e}");
+    let connector = Connector::new(url, tls, "--redis-ca").map_err(with_flag)?;
+    let mut conn = connector.connect(CONNECT_TIMEOUT).map_err(with_flag)?;
     redis::cmd("PING")
         .query::<String>(&mut conn)
-        .map_err(explain)?;
-    Ok(client)
+        .map_err(|e| with_flag(redis_client::explain(url, &e, "--redis-ca")))?;
+    Ok(connector)
 }
 
 /// The writer's thread; it writes what is left and stops when `stop` is raised.
@@ -83,11 +80,11 @@ pub struct RedisWriter {
 }
 
 impl RedisWriter {
-    pub fn start(client: redis::Client, handle: Arc<CollectorHandle>) -> RedisWriter {
+    pub fn start(connector: Connector, handle: Arc<CollectorHandle>) -> RedisWriter {
         let counters = Arc::new(RedisCounters::default());
         let stop = Arc::new(AtomicBool::new(false));
         let mut state = Writer {
-            client,
+            connector,
             conn: None,
             cursor: 0,
             epochs: HashMap::new(),
@@ -125,7 +122,7 @@ impl RedisWriter {
 }
 
 struct Writer {
-    client: redis::Client,
+    connector: Connector,
     conn: Option<redis::Connection>,
     /// The number of the last change written.
     cursor: u64,
@@ -149,10 +146,10 @@ impl Writer {
         }
     }
 
-    fn write(&mut self, handle: &CollectorHandle) -> redis::RedisResult<()> {
+    fn write(&mut self, handle: &CollectorHandle) -> Result<(), String> {
         let resync = self.conn.is_none();
         if resync {
-            self.conn = Some(self.client.get_connection_with_timeout(CONNECT_TIMEOUT)?);
+            self.conn = Some(self.connector.connect(CONNECT_TIMEOUT)?);
             if self.failing {
                 log::info!("redis: connected again; writing the whole copy");
             }
@@ -210,7 +207,7 @@ impl Writer {
         if let Some(conn) = &mut self.conn
             && pipe.cmd_iter().next().is_some()
         {
-            pipe.query::<()>(conn)?;
+            pipe.query::<()>(conn).map_err(|e| e.to_string())?;
         }
         self.counters.values.fetch_add(values, Ordering::Relaxed);
         if self.failing {

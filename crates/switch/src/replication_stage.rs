@@ -353,7 +353,16 @@ impl ReplicationSettings {
                     "memory".to_string(),
                 )
             }
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            Some(url)
+                if [
+                    "redis://",
+                    "rediss://",
+                    "redis+sentinel://",
+                    "rediss+sentinel://",
+                ]
+                .iter()
+                .any(|scheme| url.starts_with(scheme)) =>
+            {
                 let mut config = RedisConfig::new(url);
                 config.cluster = self.cluster.unwrap_or(false);
                 config.tls = RedisTls::load(url, "replication.store", self.tls_files())?;
@@ -375,7 +384,8 @@ impl ReplicationSettings {
             Some(other) => {
                 return Err(format!(
                     "replication.store: '{other}' is not a store; use \"memory\" or a Redis URL \
-                     (\"redis://127.0.0.1:6379/\")"
+                     (\"redis://127.0.0.1:6379/\"; rediss:// for TLS; \
+                     redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER through Redis Sentinel)"
                 ));
             }
         };
