@@ -74,10 +74,10 @@ impl RedisServer {
         Ok(server)
     }
 
-    /// As [`RedisServer::start`], listening with TLS on `tls_port` too: its certificate
-    /// and key `cert` and `key` (PEM), and clients' certificates checked against `ca`
-    /// (`tls-auth-clients yes`) when `ask_clients`, none asked for otherwise. The plain
-    /// port stays, for the tests' own looks ([`RedisServer::cli`]).
+    /// As [`RedisServer::start`], listening with TLS on `tls_port` too: `files` are its
+    /// certificate, its key and a CA's certificate (PEM), against which clients'
+    /// certificates are checked (`tls-auth-clients yes`) when `ask_clients`; none are asked
+    /// for otherwise. The plain port stays, for the tests' own looks ([`RedisServer::cli`]).
     pub fn start_tls(
         port: u16,
         tls_port: u16,

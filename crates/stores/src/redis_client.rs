@@ -10,6 +10,7 @@
 //! URL's password.
 
 use std::path::Path;
+use std::time::Duration;
 
 /// TLS to a Redis server (a `rediss://` URL): the certificate of the CA that signed the
 /// server's (PEM; without it, the system's roots), and this side's certificate and key
@@ -153,8 +154,8 @@ struct SentinelTarget {
     /// `redis://HOST:PORT/`, one a sentinel.
     sentinels: Vec<String>,
     master: String,
-    username: Option<String>,
-    password: Option<String>,
+    /// The master's `USER:PASSWORD` as the URL has it (percent-encoded).
+    userinfo: Option<String>,
 }
 
 /// The scheme of a store named through Redis Sentinel.
@@ -206,13 +207,14 @@ impl Connector {
 
     /// A connection, made within `timeout` (the sentinels asked first, each time), or what
     /// went wrong with its fix.
-    pub fn connect(&self, timeout: std::time::Duration) -> Result<redis::Connection, String> {
+    pub fn connect(&self, timeout: Duration) -> Result<redis::Connection, String> {
         let explain = |e: redis::RedisError| explain(&self.url, &e, self.ca_setting);
-        let client = match &self.sentinel {
-            Some(sentinel) => sentinel.master_client().map_err(explain)?,
-            None => client(&self.url, self.tls.as_ref()).map_err(explain)?,
-        };
-        client.get_connection_with_timeout(timeout).map_err(explain)
+        match &self.sentinel {
+            Some(sentinel) => sentinel.master_connection(timeout).map_err(explain),
+            None => (client(&self.url, self.tls.as_ref()))
+                .and_then(|c| c.get_connection_with_timeout(timeout))
+                .map_err(explain),
+        }
     }
 }
 
@@ -230,14 +232,9 @@ impl SentinelTarget {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, authority),
         };
-        let (username, password) = match userinfo.map(|u| u.split_once(':')) {
-            None => (None, None),
-            Some(None) => return Err("a user with no password".into()),
-            Some(Some((user, password))) => (
-                (!user.is_empty()).then(|| user.to_string()),
-                Some(password.to_string()),
-            ),
-        };
+        if userinfo.is_some_and(|u| !u.contains(':')) {
+            return Err("a user with no password".into());
+        }
         let sentinels: Vec<String> = hosts
             .split(',')
             .map(|host| match host.rsplit_once(':') {
@@ -250,29 +247,79 @@ impl SentinelTarget {
         Ok(SentinelTarget {
             sentinels,
             master: master.to_string(),
-            username,
-            password,
+            userinfo: userinfo.map(str::to_string),
         })
     }
 
-    /// A client of the master the sentinels name now.
-    fn master_client(&self) -> redis::RedisResult<redis::Client> {
-        use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-        let mut info = redis::RedisConnectionInfo::default();
-        if let Some(user) = &self.username {
-            info = info.set_username(user);
+    /// A connection to the master the sentinels name now, each asked in turn, each step
+    /// within `timeout`; the server named must say it is the master (`ROLE`), so that no
+    /// connection is made to one a failover has demoted or not yet promoted.
+    fn master_connection(&self, timeout: Duration) -> redis::RedisResult<redis::Connection> {
+        let mut last = None;
+        for sentinel in &self.sentinels {
+            match self.master_named_by(sentinel, timeout) {
+                Ok(conn) => return Ok(conn),
+                Err(e) => last = Some(e),
+            }
         }
-        if let Some(password) = &self.password {
-            info = info.set_password(password);
+        Err(last
+            .unwrap_or_else(|| (redis::ErrorKind::EmptySentinelList, "no sentinel named").into()))
+    }
+
+    fn master_named_by(
+        &self,
+        sentinel: &str,
+        timeout: Duration,
+    ) -> redis::RedisResult<redis::Connection> {
+        let mut asked = redis::Client::open(sentinel)?.get_connection_with_timeout(timeout)?;
+        asked.set_read_timeout(Some(timeout))?;
+        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .query(&mut asked)?;
+        let Some((host, port)) = named else {
+            return Err((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the sentinel knows no master of that name",
+            )
+                .into());
+        };
+        let host = match host.contains(':') {
+            true => format!("[{host}]"),
+            false => host,
+        };
+        let credentials = (self.userinfo.as_deref()).map_or(String::new(), |u| format!("{u}@"));
+        let unreachable = |e: redis::RedisError| match e.is_io_error() {
+            true => redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the master the sentinel names cannot be reached",
+                format!("{host}:{port}: {e}"),
+            )),
+            false => e,
+        };
+        let mut master = redis::Client::open(format!("redis://{credentials}{host}:{port}/"))?
+            .get_connection_with_timeout(timeout)
+            .map_err(unreachable)?;
+        master.set_read_timeout(Some(timeout))?;
+        let role: redis::Value = redis::cmd("ROLE").query(&mut master)?;
+        let first = match &role {
+            redis::Value::Array(items) => items.first(),
+            _ => None,
+        };
+        let is_master = match first {
+            Some(redis::Value::BulkString(b)) => b == b"master",
+            Some(redis::Value::SimpleString(s)) => s == "master",
+            _ => false,
+        };
+        if !is_master {
+            return Err((
+                redis::ErrorKind::MasterNameNotFoundBySentinel,
+                "the server the sentinel names is not a master",
+            )
+                .into());
         }
-        let node = SentinelNodeConnectionInfo::default().set_redis_connection_info(info);
-        SentinelClient::build(
-            self.sentinels.clone(),
-            &self.master,
-            Some(node),
-            SentinelServerType::Master,
-        )?
-        .get_client()
+        master.set_read_timeout(None)?;
+        Ok(master)
     }
 }
 
@@ -426,17 +473,14 @@ mod sentinel_tests {
             ["redis://127.0.0.1:26379/", "redis://localhost:26380/"]
         );
         assert_eq!(s.master, "mymaster");
-        assert_eq!(
-            (s.username.as_deref(), s.password.as_deref()),
-            (Some("app"), Some("pw"))
-        );
-        let s = (Connector::new("redis+sentinel://:pw@h:1/m/", None, "x")
+        assert_eq!(s.userinfo.as_deref(), Some("app:pw"));
+        let s = (Connector::new("redis+sentinel://:p%40w@h:1/m/", None, "x")
             .unwrap()
             .sentinel)
             .unwrap();
         assert_eq!(
-            (s.username, s.password.as_deref(), s.master.as_str()),
-            (None, Some("pw"), "m")
+            (s.userinfo.as_deref(), s.master.as_str()),
+            (Some(":p%40w"), "m")
         );
         for (url, why) in [
             ("redis+sentinel://h:26379", "no master's name"),

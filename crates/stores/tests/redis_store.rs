@@ -809,6 +809,17 @@ fn through_sentinel_the_store_follows_a_master_failover_and_keeps_what_it_acknow
     .err()
     .unwrap();
     assert!(err.contains("is redis-sentinel running"), "{err}");
+    // A sentinel's address that takes connections and never answers: refused in time.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis+sentinel://{}/rep", silent.local_addr().unwrap());
+    let start = Instant::now();
+    let err = RedisStore::connect(RedisConfig::new(&url)).err().unwrap();
+    assert!(err.contains("no answer in time"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 /// A request sent again while the first is still queued or on the connection (its
