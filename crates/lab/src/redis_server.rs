@@ -120,13 +120,45 @@ impl RedisServer {
     /// without an answer and fails over to one of its replicas (then points the others at
     /// it). Its [`RedisServer::cli`] is the sentinel's (`sentinel replicas NAME`).
     pub fn sentinel(port: u16, name: &str, master_port: u16) -> Result<RedisServer, String> {
+        RedisServer::sentinel_with(port, name, master_port, None)
+    }
+
+    /// As [`RedisServer::sentinel`], also listening with TLS on `tls_port` and watching
+    /// the master over TLS (`master_port` its TLS port, `tls-replication yes`), with the
+    /// certificate files of [`RedisServer::start_tls`] (clients are not asked for one).
+    pub fn tls_sentinel(
+        port: u16,
+        tls_port: u16,
+        name: &str,
+        master_port: u16,
+        files: &[PathBuf; 3],
+    ) -> Result<RedisServer, String> {
+        RedisServer::sentinel_with(port, name, master_port, Some((tls_port, files)))
+    }
+
+    fn sentinel_with(
+        port: u16,
+        name: &str,
+        master_port: u16,
+        tls: Option<(u16, &[PathBuf; 3])>,
+    ) -> Result<RedisServer, String> {
         let dir =
             std::env::temp_dir().join(format!("stateplane-sentinel-{port}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let conf = dir.join("sentinel.conf");
+        let tls_lines = match tls {
+            None => String::new(),
+            Some((tls_port, [cert, key, ca])) => format!(
+                "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                 tls-auth-clients no\ntls-replication yes\n",
+                cert.display(),
+                key.display(),
+                ca.display()
+            ),
+        };
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {}\n\
+            "port {port}\nbind 127.0.0.1\ndir {}\n{tls_lines}\
              sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
              sentinel down-after-milliseconds {name} 1000\n\
              sentinel failover-timeout {name} 3000\n",
@@ -138,12 +170,17 @@ impl RedisServer {
             dir,
             append_only: false,
             extra: Vec::new(),
-            tls_port: None,
+            tls_port: tls.map(|(tls_port, _)| tls_port),
             sentinel_conf: Some(conf),
             child: None,
         };
         sentinel.restart()?;
         Ok(sentinel)
+    }
+
+    /// The port it listens on with TLS, if any.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The URL of its TLS port (`rediss://`), if it has one.

@@ -159,7 +159,11 @@ impl RedisStore {
                 config.min_lease, config.max_lease
             ));
         }
-        if config.cluster && config.url.starts_with(redis_client::SENTINEL_SCHEME) {
+        let sentinel = [
+            redis_client::SENTINEL_SCHEME,
+            redis_client::SENTINEL_TLS_SCHEME,
+        ];
+        if config.cluster && sentinel.iter().any(|s| config.url.starts_with(s)) {
             return Err(
                 "a Redis Cluster is not reached through Sentinel: name one of its nodes \
                  (redis://HOST:PORT/), or leave cluster out"

@@ -1,6 +1,6 @@
 //! Connecting to Redis, for the replication store and for the sync collector's copy: the
-//! URL (`redis://`, `rediss://` for TLS, or `redis+sentinel://` for the master that Redis
-//! Sentinel names), the certificates a TLS connection trusts and shows ([`RedisTls`]), and
+//! URL (`redis://`, `rediss://` for TLS, or `redis+sentinel://` and `rediss+sentinel://`
+//! for the master that Redis Sentinel names), the certificates a TLS connection trusts and shows ([`RedisTls`]), and
 //! a failed connection's cause said with its fix ([`explain`]). A [`Connector`] asks the
 //! sentinels again at each connection, so that a connection made again after a failover
 //! reaches the promoted master.
@@ -139,7 +139,7 @@ pub fn cluster_client(
 /// What connections are made to: one server (`redis://`, `rediss://`), or the master that
 /// Redis Sentinel names now (`redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/
 /// MASTER`: the sentinels, and the master's name at them; the credentials are the
-/// master's).
+/// master's; `rediss+sentinel://` reaches both over TLS).
 #[derive(Clone)]
 pub struct Connector {
     url: String,
@@ -151,47 +151,52 @@ pub struct Connector {
 
 #[derive(Clone)]
 struct SentinelTarget {
-    /// `redis://HOST:PORT/`, one a sentinel.
+    /// `redis://HOST:PORT/` (`rediss://` with TLS), one a sentinel.
     sentinels: Vec<String>,
+    /// The scheme of the sentinels' and the master's URLs.
+    scheme: &'static str,
     master: String,
     /// The master's `USER:PASSWORD` as the URL has it (percent-encoded).
     userinfo: Option<String>,
 }
 
-/// The scheme of a store named through Redis Sentinel.
+/// The schemes of a store named through Redis Sentinel, without TLS and with it (to the
+/// sentinels and to the master alike, with the same certificates).
 pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
+pub const SENTINEL_TLS_SCHEME: &str = "rediss+sentinel://";
 
 impl Connector {
     /// Connections to `url` with `tls`'s certificates; a `redis+sentinel://` URL that
-    /// names no sentinel or no master, or one given TLS files (not built yet), is refused.
+    /// names no sentinel or no master is refused.
     pub fn new(
         url: &str,
         tls: Option<RedisTls>,
         ca_setting: &'static str,
     ) -> Result<Connector, String> {
-        let sentinel = match url.strip_prefix(SENTINEL_SCHEME) {
-            None if url.starts_with("rediss+sentinel://") => {
-                return Err(format!(
-                    "{}: Redis Sentinel over TLS is not built yet: name the master with a \
-                     rediss:// URL, or its sentinels without TLS",
-                    redacted(url)
-                ));
+        let (rest, tls_scheme) = match (url.strip_prefix(SENTINEL_SCHEME))
+            .map(|rest| (rest, false))
+            .or_else(|| {
+                url.strip_prefix(SENTINEL_TLS_SCHEME)
+                    .map(|rest| (rest, true))
+            }) {
+            Some(found) => found,
+            None => {
+                return Ok(Connector {
+                    url: url.to_string(),
+                    tls,
+                    sentinel: None,
+                    ca_setting,
+                });
             }
-            None => None,
-            Some(_) if tls.is_some() => {
-                return Err(format!(
-                    "{}: Redis Sentinel over TLS is not built yet: leave the TLS files out, \
-                     or name the master with a rediss:// URL",
-                    redacted(url)
-                ));
-            }
-            Some(rest) => Some(SentinelTarget::parse(rest).map_err(|why| {
-                format!(
-                    "{}: {why}; write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER",
-                    redacted(url)
-                )
-            })?),
         };
+        let sentinel = SentinelTarget::parse(rest, tls_scheme).map_err(|why| {
+            format!(
+                "{}: {why}; write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER \
+                 (rediss+sentinel:// for TLS to the sentinels and the master)",
+                redacted(url)
+            )
+        })?;
+        let sentinel = Some(sentinel);
         Ok(Connector {
             url: url.to_string(),
             tls,
@@ -200,17 +205,14 @@ impl Connector {
         })
     }
 
-    /// Whether the connections go to the master Redis Sentinel names.
-    pub fn through_sentinel(&self) -> bool {
-        self.sentinel.is_some()
-    }
-
     /// A connection, made within `timeout` (the sentinels asked first, each time), or what
     /// went wrong with its fix.
     pub fn connect(&self, timeout: Duration) -> Result<redis::Connection, String> {
         let explain = |e: redis::RedisError| explain(&self.url, &e, self.ca_setting);
         match &self.sentinel {
-            Some(sentinel) => sentinel.master_connection(timeout).map_err(explain),
+            Some(sentinel) => {
+                (sentinel.master_connection(self.tls.as_ref(), timeout)).map_err(explain)
+            }
             None => (client(&self.url, self.tls.as_ref()))
                 .and_then(|c| c.get_connection_with_timeout(timeout))
                 .map_err(explain),
@@ -220,7 +222,8 @@ impl Connector {
 
 impl SentinelTarget {
     /// What follows the scheme: `[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER`.
-    fn parse(rest: &str) -> Result<SentinelTarget, String> {
+    fn parse(rest: &str, tls: bool) -> Result<SentinelTarget, String> {
+        let scheme = if tls { "rediss" } else { "redis" };
         let (authority, master) = rest
             .split_once('/')
             .ok_or("no master's name after the sentinels")?;
@@ -239,13 +242,14 @@ impl SentinelTarget {
             .split(',')
             .map(|host| match host.rsplit_once(':') {
                 Some((name, port)) if !name.is_empty() && port.parse::<u16>().is_ok() => {
-                    Ok(format!("redis://{host}/"))
+                    Ok(format!("{scheme}://{host}/"))
                 }
                 _ => Err(format!("'{host}' is not a sentinel's HOST:PORT")),
             })
             .collect::<Result<_, _>>()?;
         Ok(SentinelTarget {
             sentinels,
+            scheme,
             master: master.to_string(),
             userinfo: userinfo.map(str::to_string),
         })
@@ -254,10 +258,14 @@ impl SentinelTarget {
     /// A connection to the master the sentinels name now, each asked in turn, each step
     /// within `timeout`; the server named must say it is the master (`ROLE`), so that no
     /// connection is made to one a failover has demoted or not yet promoted.
-    fn master_connection(&self, timeout: Duration) -> redis::RedisResult<redis::Connection> {
+    fn master_connection(
+        &self,
+        tls: Option<&RedisTls>,
+        timeout: Duration,
+    ) -> redis::RedisResult<redis::Connection> {
         let mut last = None;
         for sentinel in &self.sentinels {
-            match self.master_named_by(sentinel, timeout) {
+            match self.master_named_by(sentinel, tls, timeout) {
                 Ok(conn) => return Ok(conn),
                 Err(e) => last = Some(e),
             }
@@ -269,9 +277,10 @@ impl SentinelTarget {
     fn master_named_by(
         &self,
         sentinel: &str,
+        tls: Option<&RedisTls>,
         timeout: Duration,
     ) -> redis::RedisResult<redis::Connection> {
-        let mut asked = redis::Client::open(sentinel)?.get_connection_with_timeout(timeout)?;
+        let mut asked = client(sentinel, tls)?.get_connection_with_timeout(timeout)?;
         asked.set_read_timeout(Some(timeout))?;
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
@@ -297,7 +306,8 @@ impl SentinelTarget {
             )),
             false => e,
         };
-        let mut master = redis::Client::open(format!("redis://{credentials}{host}:{port}/"))?
+        let scheme = self.scheme;
+        let mut master = client(&format!("{scheme}://{credentials}{host}:{port}/"), tls)?
             .get_connection_with_timeout(timeout)
             .map_err(unreachable)?;
         master.set_read_timeout(Some(timeout))?;
@@ -360,7 +370,7 @@ pub fn explain_or(
     let url = redacted(url);
     let text = e.to_string();
     let lower = text.to_lowercase();
-    let tls = url.starts_with("rediss://");
+    let tls = url.starts_with("rediss");
     let hint = if e.kind() == redis::ErrorKind::AuthenticationFailed
         || lower.contains("wrongpass")
         || lower.contains("invalid username-password")
@@ -405,7 +415,7 @@ pub fn explain_or(
         "the sentinels name no master of that name that is up: check the name after the \
          last / (SENTINEL MASTERS lists them), or wait for their failover to end"
             .to_string()
-    } else if e.is_connection_refusal() && url.starts_with(SENTINEL_SCHEME) {
+    } else if e.is_connection_refusal() && url.contains("+sentinel://") {
         "is redis-sentinel running at those addresses?".to_string()
     } else if e.is_connection_refusal() {
         "is redis-server running there?".to_string()
@@ -491,10 +501,7 @@ mod sentinel_tests {
                 "':2' is not a sentinel's HOST:PORT",
             ),
             ("redis+sentinel://user@h:1/m", "a user with no password"),
-            (
-                "rediss+sentinel://h:1/m",
-                "Redis Sentinel over TLS is not built yet",
-            ),
+            ("rediss+sentinel://h:1", "no master's name"),
         ] {
             let err = Connector::new(url, None, "x").err().unwrap();
             assert!(err.contains(why), "{url}: {err}");
@@ -503,15 +510,11 @@ mod sentinel_tests {
             .err()
             .unwrap();
         assert!(!err.contains("secret"), "{err}");
-        let tls = RedisTls::default();
-        let err = Connector::new("redis+sentinel://h:1/m", Some(tls), "x")
-            .err()
+        let s = (Connector::new("rediss+sentinel://h:1,h:2/m", None, "x")
+            .unwrap()
+            .sentinel)
             .unwrap();
-        assert!(err.contains("not built yet"), "{err}");
-        assert!(
-            !Connector::new("redis://h:1/", None, "x")
-                .unwrap()
-                .through_sentinel()
-        );
+        assert_eq!(s.sentinels, ["rediss://h:1/", "rediss://h:2/"]);
+        assert!((Connector::new("redis://h:1/", None, "x").unwrap().sentinel).is_none());
     }
 }

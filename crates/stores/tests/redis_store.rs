@@ -822,6 +822,36 @@ fn through_sentinel_the_store_follows_a_master_failover_and_keeps_what_it_acknow
     );
 }
 
+/// Redis Sentinel over TLS (`rediss+sentinel://`): the sentinel and the master it names
+/// both reached over TLS, trusting the CA given; without it, refused at start with the
+/// setting to give.
+#[test]
+fn through_sentinel_over_tls_the_store_reaches_the_master_it_names() {
+    let pki = TestPki::new("redis-sentinel-tls").unwrap();
+    let files = pki.server_files();
+    let master = RedisServer::start_tls(free_port(), free_port(), &files, false).unwrap();
+    let sentinel = RedisServer::tls_sentinel(
+        free_port(),
+        free_port(),
+        "rep",
+        master.tls_port().unwrap(),
+        &files,
+    )
+    .unwrap();
+    let sentinel_tls = (sentinel.tls_url().unwrap()).replace("rediss://", "rediss+sentinel://");
+    let url = format!("{sentinel_tls}rep");
+    let redis = RedisStore::connect(RedisConfig {
+        tls: tls_of(&pki, &url, Some("ca.pem"), None),
+        ..RedisConfig::new(&url)
+    })
+    .unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    let _write = lease_for_writes(&mut link, LEASE);
+    assert!(master.cli(&["dbsize"]).trim().parse::<u64>().unwrap() >= 1);
+    let err = RedisStore::connect(RedisConfig::new(&url)).err().unwrap();
+    assert!(err.contains("replication.tls_ca"), "{err}");
+}
+
 /// A request sent again while the first is still queued or on the connection (its
 /// answer late because the store is busy) is not sent twice; once answered, it goes again.
 #[test]
