@@ -16,6 +16,7 @@ use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
+use stateplane_stores::redis_client::{self, RedisTls, TlsFiles};
 use stateplane_stores::{StoreLink, Value};
 use stateplane_switch::units::bounded;
 use std::time::{Duration, Instant};
@@ -37,9 +38,21 @@ pub struct BenchReplicationStoreArgs {
     /// Repeat each measurement and report the median.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
-    /// A Redis server to measure (default: one started for the run on a free loopback port).
+    /// A Redis server to measure (default: one started for the run on a free loopback port);
+    /// any store URL `[replication]` takes (docs/cli.md).
     #[arg(long)]
     pub redis: Option<String>,
+    /// With a `rediss://` `--redis`: the certificate (PEM) of the CA that signed the
+    /// server's; without it, the system's roots.
+    #[arg(long)]
+    pub redis_ca: Option<std::path::PathBuf>,
+    /// With a `rediss://` `--redis`: this side's certificate (PEM), for a server that asks
+    /// its clients for one.
+    #[arg(long)]
+    pub redis_cert: Option<std::path::PathBuf>,
+    /// The key of `--redis-cert` (PEM).
+    #[arg(long)]
+    pub redis_key: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub files: ResultFiles,
 }
@@ -179,6 +192,12 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
                 .ok_or_else(|| format!("--depths: '{d}' is not a depth from 1 to 65536"))
         })
         .collect::<BenchResult<Vec<_>>>()?;
+    let files = TlsFiles::of_flags(
+        a.redis_ca.as_deref(),
+        a.redis_cert.as_deref(),
+        a.redis_key.as_deref(),
+    );
+    let tls = RedisTls::load_for(a.redis.as_deref(), "--redis", files)?;
     let (own_server, url) = match &a.redis {
         Some(url) => (None, url.clone()),
         None => {
@@ -191,10 +210,14 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
     let redis = RedisStore::connect(RedisConfig {
         prefix: format!("stateplane:bench:{}", std::process::id()),
         batch: 1,
+        tls: tls.clone(),
+        ca_setting: "--redis-ca",
         ..RedisConfig::new(&url)
     })?;
     let batched = RedisStore::connect(RedisConfig {
         prefix: format!("stateplane:bench-batched:{}", std::process::id()),
+        tls,
+        ca_setting: "--redis-ca",
         ..RedisConfig::new(&url)
     })?;
     let memory = MemoryStore::<u32>::new(StoreConfig::default());
@@ -212,7 +235,8 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
         .unwrap_or_else(|| "as named by --redis".into());
     eprintln!(
         "{writes} sequenced writes over {flows} flows ({value_bytes}-byte states) at depths {depths:?}, \
-         median of {repeat}; Redis {version} at {url}"
+         median of {repeat}; Redis {version} at {}",
+        redis_client::redacted(&url)
     );
 
     let mut links: Vec<(&'static str, Box<dyn StoreLink<u32>>)> = vec![

@@ -94,23 +94,12 @@ pub fn main(a: CollectorArgs) -> CliResult<()> {
             stateplane_sync::mirror::CELLS_A_STREAM
         ));
     }
-    let files = TlsFiles {
-        ca: (a.redis_ca.as_deref()).map(|p| ("--redis-ca", p)),
-        cert: (a.redis_cert.as_deref()).map(|p| ("--redis-cert", p)),
-        key: (a.redis_key.as_deref()).map(|p| ("--redis-key", p)),
-    };
-    let redis_tls = match a.redis.as_deref() {
-        Some(url) => RedisTls::load(url, "--redis", files)?,
-        None => match files.first_given() {
-            Some(setting) => {
-                return Err(format!(
-                    "{setting}: it is for the connection to --redis; give --redis rediss://..., \
-                     or leave {setting} out"
-                ));
-            }
-            None => None,
-        },
-    };
+    let files = TlsFiles::of_flags(
+        a.redis_ca.as_deref(),
+        a.redis_cert.as_deref(),
+        a.redis_key.as_deref(),
+    );
+    let redis_tls = RedisTls::load_for(a.redis.as_deref(), "--redis", files)?;
     let settings = CollectorSettings {
         redis_tls,
         max_locations: a.max_locations,

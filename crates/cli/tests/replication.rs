@@ -49,6 +49,66 @@ fn bench_replication_store_measures_both_stores_and_checks_their_records() {
         &["bench-replication-store", "--redis", "redis://127.0.0.1:1/"],
         "is redis-server running there?",
     );
+    refused(
+        &["bench-replication-store", "--redis-ca", "/etc/hostname"],
+        "--redis-ca: it is for the connection to --redis",
+    );
+}
+
+/// `bench-replication-store --redis rediss://...` measures a store behind TLS that asks
+/// for a client certificate, as an ACL user with a password, which it never shows.
+#[test]
+fn bench_replication_store_measures_a_store_over_tls_without_showing_its_password() {
+    let pki = stateplane_test_pki::TestPki::new("bench-store-tls").unwrap();
+    let server =
+        stateplane_lab::RedisServer::start_tls(free_port(), free_port(), &pki.server_files(), true)
+            .unwrap();
+    server.cli(&[
+        "acl",
+        "setuser",
+        "bench",
+        "on",
+        ">bench-secret-7",
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    let url = (server.tls_url().unwrap()).replace("rediss://", "rediss://bench:bench-secret-7@");
+    let csv = tmp("replication-store-tls.csv");
+    let out = bin()
+        .args([
+            "bench-replication-store",
+            "--writes",
+            "500",
+            "--flows",
+            "50",
+        ])
+        .args([
+            "--depths",
+            "1,16",
+            "--repeat",
+            "1",
+            "--redis",
+            &url,
+            "--redis-ca",
+        ])
+        .arg(pki.path("ca.pem"))
+        .arg("--redis-cert")
+        .arg(pki.path("client.pem"))
+        .arg("--redis-key")
+        .arg(pki.path("client.key"))
+        .arg("--csv")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(!(stdout.contains("bench-secret-7") || stderr.contains("bench-secret-7")));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("redis,16,")), "{text}");
 }
 
 /// Writes the trace of `stateplane gen ARGS` (`args` split at spaces) to `trace`.

@@ -31,7 +31,20 @@ pub struct TlsFiles<'a> {
     pub key: Option<(&'a str, &'a Path)>,
 }
 
-impl TlsFiles<'_> {
+impl<'a> TlsFiles<'a> {
+    /// The files of the command-line flags `--redis-ca`, `--redis-cert`, `--redis-key`.
+    pub fn of_flags(
+        ca: Option<&'a Path>,
+        cert: Option<&'a Path>,
+        key: Option<&'a Path>,
+    ) -> TlsFiles<'a> {
+        TlsFiles {
+            ca: ca.map(|p| ("--redis-ca", p)),
+            cert: cert.map(|p| ("--redis-cert", p)),
+            key: key.map(|p| ("--redis-key", p)),
+        }
+    }
+
     /// The setting of the first file given, if any.
     pub fn first_given(&self) -> Option<&str> {
         [self.ca, self.cert, self.key]
@@ -96,6 +109,23 @@ impl RedisTls {
             ca: files.ca.map(read).transpose()?,
             identity,
         }))
+    }
+
+    /// As [`RedisTls::load`], for a URL that may not be given: files without one are
+    /// refused.
+    pub fn load_for(
+        url: Option<&str>,
+        url_setting: &str,
+        files: TlsFiles,
+    ) -> Result<Option<RedisTls>, String> {
+        match (url, files.first_given()) {
+            (Some(url), _) => RedisTls::load(url, url_setting, files),
+            (None, Some(setting)) => Err(format!(
+                "{setting}: it is for the connection to {url_setting}; give {url_setting} \
+                 rediss://..., or leave {setting} out"
+            )),
+            (None, None) => Ok(None),
+        }
     }
 
     fn certificates(&self) -> redis::TlsCertificates {
