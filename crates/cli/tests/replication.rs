@@ -55,25 +55,51 @@ fn bench_replication_store_measures_both_stores_and_checks_their_records() {
     );
 }
 
-/// `bench-replication-store --redis rediss://...` measures a store behind TLS that asks
-/// for a client certificate, as an ACL user with a password, which it never shows.
-#[test]
-fn bench_replication_store_measures_a_store_over_tls_without_showing_its_password() {
-    let pki = stateplane_test_pki::TestPki::new("bench-store-tls").unwrap();
+/// A redis-server over TLS that asks for a client certificate (the PKI's), with an ACL
+/// user `user` whose password is `secret`; its TLS URL as that user.
+fn tls_server_with_user(
+    pki: &stateplane_test_pki::TestPki,
+    user: &str,
+    secret: &str,
+) -> (stateplane_lab::RedisServer, String) {
     let server =
         stateplane_lab::RedisServer::start_tls(free_port(), free_port(), &pki.server_files(), true)
             .unwrap();
     server.cli(&[
         "acl",
         "setuser",
-        "bench",
+        user,
         "on",
-        ">bench-secret-7",
+        &format!(">{secret}"),
         "~*",
         "&*",
         "+@all",
     ]);
-    let url = (server.tls_url().unwrap()).replace("rediss://", "rediss://bench:bench-secret-7@");
+    let url =
+        (server.tls_url().unwrap()).replace("rediss://", &format!("rediss://{user}:{secret}@"));
+    (server, url)
+}
+
+/// The standard output of a command that succeeded, `secret` shown in none of its output.
+fn ok_without(out: std::process::Output, secret: &str) -> String {
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stdout.contains(secret) && !stderr.contains(secret),
+        "{stdout}{stderr}"
+    );
+    stdout
+}
+
+/// `bench-replication-store --redis rediss://...` measures a store behind TLS that asks
+/// for a client certificate, as an ACL user with a password, which it never shows.
+#[test]
+fn bench_replication_store_measures_a_store_over_tls_without_showing_its_password() {
+    let pki = stateplane_test_pki::TestPki::new("bench-store-tls").unwrap();
+    let (_server, url) = tls_server_with_user(&pki, "bench", "bench-secret-7");
     let csv = tmp("replication-store-tls.csv");
     let out = bin()
         .args([
@@ -101,12 +127,7 @@ fn bench_replication_store_measures_a_store_over_tls_without_showing_its_passwor
         .arg(&csv)
         .output()
         .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stderr}");
-    assert!(!(stdout.contains("bench-secret-7") || stderr.contains("bench-secret-7")));
+    ok_without(out, "bench-secret-7");
     let text = std::fs::read_to_string(&csv).unwrap();
     assert!(text.lines().any(|l| l.starts_with("redis,16,")), "{text}");
 }
@@ -370,21 +391,8 @@ fn counter_replicated_to_redis_leaves_every_count_in_the_store_for_the_next_swit
 #[test]
 fn counter_replicated_to_redis_over_tls_with_a_password_leaves_every_count_in_the_store() {
     let pki = stateplane_test_pki::TestPki::new("replication-tls").unwrap();
+    let (server, url) = tls_server_with_user(&pki, "app", "app-secret-9");
     let ca = pki.path("ca.pem");
-    let server =
-        stateplane_lab::RedisServer::start_tls(free_port(), free_port(), &pki.server_files(), true)
-            .unwrap();
-    server.cli(&[
-        "acl",
-        "setuser",
-        "app",
-        "on",
-        ">app-secret-9",
-        "~*",
-        "&*",
-        "+@all",
-    ]);
-    let url = (server.tls_url().unwrap()).replace("rediss://", "rediss://app:app-secret-9@");
     let store = format!(
         "{REPLICATED}[replication]\nstore = \"{url}\"\ntls_ca = \"{}\"\n\
          tls_cert = \"{}\"\ntls_key = \"{}\"\n",
@@ -398,15 +406,7 @@ fn counter_replicated_to_redis_over_tls_with_a_password_leaves_every_count_in_th
         .arg(&config)
         .output()
         .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stderr}");
-    assert!(
-        !stdout.contains("app-secret-9") && !stderr.contains("app-secret-9"),
-        "{stdout}{stderr}"
-    );
+    let stdout = ok_without(out, "app-secret-9");
     let summary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let (packets_in, packets_out, dropped) = in_out_dropped(&summary);
     assert_eq!((packets_out, dropped), (packets_in, 0), "{summary}");
