@@ -40,6 +40,23 @@ fn installed(tool: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// A fresh directory for a server of `kind` on `port`, once redis-server and redis-cli
+/// are found installed.
+fn fresh_dir(kind: &str, port: u16) -> Result<PathBuf, String> {
+    for tool in ["redis-server", "redis-cli"] {
+        if !installed(tool) {
+            return Err(format!(
+                "{tool} is not installed: run scripts/test.sh, which installs it \
+                 (apt-get install redis-server redis-tools)"
+            ));
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("stateplane-{kind}-{port}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
 impl RedisServer {
     /// Starts a server on `port` (127.0.0.1), keeping its files in a fresh directory;
     /// `append_only`: with an append-only file, fsynced every write (`appendfsync always`).
@@ -49,18 +66,7 @@ impl RedisServer {
 
     /// As [`RedisServer::start`], with more options for redis-server (`extra`).
     pub fn start_with(port: u16, append_only: bool, extra: &[&str]) -> Result<RedisServer, String> {
-        for tool in ["redis-server", "redis-cli"] {
-            if !installed(tool) {
-                return Err(format!(
-                    "{tool} is not installed: run scripts/test.sh, which installs it \
-                     (apt-get install redis-server redis-tools)"
-                ));
-            }
-        }
-        let dir =
-            std::env::temp_dir().join(format!("stateplane-redis-{port}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let dir = fresh_dir("redis", port)?;
         let mut server = RedisServer {
             port,
             dir,
@@ -142,10 +148,7 @@ impl RedisServer {
         master_port: u16,
         tls: Option<(u16, &[PathBuf; 3])>,
     ) -> Result<RedisServer, String> {
-        let dir =
-            std::env::temp_dir().join(format!("stateplane-sentinel-{port}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let dir = fresh_dir("sentinel", port)?;
         let conf = dir.join("sentinel.conf");
         let tls_lines = match tls {
             None => String::new(),

@@ -76,8 +76,10 @@ impl RedisTls {
         };
         if !url.starts_with("rediss") {
             return Err(format!(
-                "{first}: {url_setting} '{url}' does not use TLS, so this would guard nothing: \
-                 give a rediss:// URL (the server's tls-port), or leave {first} out"
+                "{first}: {url_setting} '{}' does not use TLS, so this would guard nothing: \
+                 give a rediss:// URL (the server's tls-port; rediss+sentinel:// through \
+                 Sentinel), or leave {first} out",
+                redacted(url)
             ));
         }
         let read = |(setting, path): (&str, &Path)| -> Result<Vec<u8>, String> {
@@ -203,30 +205,17 @@ impl Connector {
         tls: Option<RedisTls>,
         ca_setting: &'static str,
     ) -> Result<Connector, String> {
-        let (rest, tls_scheme) = match (url.strip_prefix(SENTINEL_SCHEME))
-            .map(|rest| (rest, false))
-            .or_else(|| {
-                url.strip_prefix(SENTINEL_TLS_SCHEME)
-                    .map(|rest| (rest, true))
-            }) {
-            Some(found) => found,
-            None => {
-                return Ok(Connector {
-                    url: url.to_string(),
-                    tls,
-                    sentinel: None,
-                    ca_setting,
-                });
-            }
-        };
-        let sentinel = SentinelTarget::parse(rest, tls_scheme).map_err(|why| {
-            format!(
-                "{}: {why}; write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER \
-                 (rediss+sentinel:// for TLS to the sentinels and the master)",
-                redacted(url)
-            )
-        })?;
-        let sentinel = Some(sentinel);
+        let sentinel = (url.strip_prefix(SENTINEL_SCHEME).map(|rest| (rest, false)))
+            .or_else(|| (url.strip_prefix(SENTINEL_TLS_SCHEME)).map(|rest| (rest, true)))
+            .map(|(rest, tls_scheme)| SentinelTarget::parse(rest, tls_scheme))
+            .transpose()
+            .map_err(|why| {
+                format!(
+                    "{}: {why}; write redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER \
+                     (rediss+sentinel:// for TLS to the sentinels and the master)",
+                    redacted(url)
+                )
+            })?;
         Ok(Connector {
             url: url.to_string(),
             tls,
@@ -493,11 +482,6 @@ mod tests {
             assert_eq!(redacted(url), shown, "{url}");
         }
     }
-}
-
-#[cfg(test)]
-mod sentinel_tests {
-    use super::*;
 
     #[test]
     fn a_sentinel_url_names_its_sentinels_master_and_credentials() {
@@ -536,6 +520,15 @@ mod sentinel_tests {
             let err = Connector::new(url, None, "x").err().unwrap();
             assert!(err.contains(why), "{url}: {err}");
         }
+        let ca = TlsFiles {
+            ca: Some(("x", Path::new("/nowhere.pem"))),
+            ..TlsFiles::default()
+        };
+        let err = RedisTls::load("redis://:secret@h:1/", "store", ca).unwrap_err();
+        assert!(
+            err.contains("does not use TLS") && !err.contains("secret"),
+            "{err}"
+        );
         let err = Connector::new("redis+sentinel://:secret@h:1", None, "x")
             .err()
             .unwrap();
