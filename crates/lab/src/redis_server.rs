@@ -198,7 +198,52 @@ impl RedisServer {
     /// Starts three servers as the masters of a Redis Cluster (no replicas), on `ports`,
     /// and waits until the cluster says it is ok.
     pub fn cluster(ports: [u16; 3]) -> Result<Vec<RedisServer>, String> {
-        RedisServer::cluster_of(ports, None)
+        RedisServer::cluster_of(&ports, 0, None)
+    }
+
+    /// Starts six servers as a Redis Cluster of three masters with a replica each, on
+    /// `ports`, and waits until the cluster says it is ok and every replica has synced
+    /// with its master. Which server is which is the cluster's choice: the masters first
+    /// in the list returned, each replica at its master's index plus three. A master that
+    /// does not answer for a second (`cluster-node-timeout`) is failed over to its
+    /// replica.
+    pub fn cluster_with_replicas(ports: [u16; 6]) -> Result<Vec<RedisServer>, String> {
+        let servers = RedisServer::cluster_of(&ports, 1, None)?;
+        let id = |s: &RedisServer| s.cli(&["cluster", "myid"]).trim().to_string();
+        // A replica's line of its own in CLUSTER NODES: `ID ADDR myself,slave MASTER ...`.
+        let master_of = |s: &RedisServer| {
+            let nodes = s.cli(&["cluster", "nodes"]);
+            let fields: Vec<String> = (nodes.lines().find(|l| l.contains("myself")))?
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            (fields.get(2)?.contains("slave")).then(|| fields.get(3).cloned())?
+        };
+        let (mut replicas, mut ordered): (Vec<_>, Vec<_>) =
+            servers.into_iter().partition(|s| master_of(s).is_some());
+        for i in 0..ordered.len() {
+            let master = id(&ordered[i]);
+            let at = (replicas
+                .iter()
+                .position(|r| master_of(r) == Some(master.clone())))
+            .ok_or_else(|| format!("no replica of the master on port {}", ordered[i].port))?;
+            let replica = replicas.swap_remove(at);
+            let start = Instant::now();
+            while !(replica.cli(&["info", "replication"])).contains("master_link_status:up") {
+                if start.elapsed() > Duration::from_secs(10) {
+                    return Err(format!(
+                        "the replica on port {} did not sync within 10 s",
+                        replica.port
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            ordered.push(replica);
+        }
+        if ordered.len() != ports.len() {
+            return Err("the cluster did not make three masters of one replica each".into());
+        }
+        Ok(ordered)
     }
 
     /// As [`RedisServer::cluster`], each master listening with TLS on its `tls_ports`
@@ -210,14 +255,25 @@ impl RedisServer {
         tls_ports: [u16; 3],
         files: &[PathBuf; 3],
     ) -> Result<Vec<RedisServer>, String> {
-        RedisServer::cluster_of(ports, Some((tls_ports, files)))
+        RedisServer::cluster_of(&ports, 0, Some((&tls_ports, files)))
     }
 
+    /// A cluster of `ports`' servers, `replicas` of each master (`redis-cli --cluster
+    /// create`), in the order started.
     fn cluster_of(
-        ports: [u16; 3],
-        tls: Option<([u16; 3], &[PathBuf; 3])>,
+        ports: &[u16],
+        replicas: usize,
+        tls: Option<(&[u16], &[PathBuf; 3])>,
     ) -> Result<Vec<RedisServer>, String> {
-        let cluster_args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"];
+        let cluster_args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "2000",
+            // A replica's full sync starts at once (not after Redis 7's five seconds).
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
         let mut servers = Vec::new();
         for (i, &port) in ports.iter().enumerate() {
             let server = match tls {
@@ -241,7 +297,7 @@ impl RedisServer {
                 .arg(ca),
         };
         let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
         if !out.status.success() {

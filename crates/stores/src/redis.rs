@@ -9,8 +9,9 @@
 //! A link is a thread with its own connection: it takes the batches its worker sends,
 //! writes as many as are waiting in one pipeline (one round trip carries many flows'
 //! requests, up to [`RedisConfig::batch`] of them in each function call), and hands the answers back through a channel, waking the worker through a
-//! socket. With `wait`, each round trip that carries writes ends with `WAIT N TIMEOUT`,
-//! and its writes are passed on only if N replicas have them.
+//! socket. With `wait`, each round trip that carries writes ends with `WAIT N TIMEOUT`
+//! (on a cluster, to every master), and its writes are passed on only if N replicas (of
+//! each master) have them.
 //!
 //! Must never: block the worker (a full queue drops the batch, counted: the replica sends
 //! it again); stop on a lost server (the error is counted and logged once, the requests
@@ -51,7 +52,8 @@ pub struct RedisConfig {
     pub max_lease: Duration,
     /// A record not touched this long is dropped by the server (flows long gone).
     pub retain: Duration,
-    /// `WAIT`: a write is acknowledged once this many replicas have it, within the time.
+    /// `WAIT`: a write is acknowledged once this many replicas have it (of every master,
+    /// on a cluster), within the time.
     pub wait: Option<(u32, Duration)>,
     /// `url` is a node of a Redis Cluster: each flow's calls go to the master of its slot.
     pub cluster: bool,
@@ -90,10 +92,12 @@ enum Conn {
 }
 
 /// Connects to the server (or the cluster) and loads the functions (on every master of a
-/// cluster); what fails says how to fix it.
-fn connect(config: &RedisConfig) -> Result<Conn, String> {
+/// cluster); what fails says how to fix it. `nodes`: a cluster's nodes as last seen (asked
+/// after the URL's, so that the link finds the cluster when that node is the one gone),
+/// made the nodes it has now.
+fn connect(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String> {
     if config.cluster {
-        return connect_cluster(config);
+        return connect_cluster(config, nodes);
     }
     let url = &config.url;
     let connector = Connector::new(url, config.tls.clone(), config.ca_setting)?;
@@ -105,10 +109,12 @@ fn connect(config: &RedisConfig) -> Result<Conn, String> {
     Ok(Conn::One(conn))
 }
 
-fn connect_cluster(config: &RedisConfig) -> Result<Conn, String> {
+fn connect_cluster(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String> {
     let url = &config.url;
     let tls = config.tls.as_ref();
-    let client = redis_client::cluster_client(url, tls, CONNECT_TIMEOUT, IO_TIMEOUT)
+    let mut asked = vec![url.clone()];
+    asked.extend(nodes.iter().filter(|n| *n != url).cloned());
+    let client = redis_client::cluster_client(&asked, tls, CONNECT_TIMEOUT, IO_TIMEOUT)
         .map_err(|e| redis_client::explain(url, &e, config.ca_setting))?;
     let mut conn = client.get_connection().map_err(|e| {
         let why = redis_client::explain(url, &e, config.ca_setting);
@@ -120,7 +126,51 @@ fn connect_cluster(config: &RedisConfig) -> Result<Conn, String> {
         config.ca_setting,
         " on the cluster's masters",
     )?;
+    // Its nodes, masters and replicas: after a failover, a replica is a master.
+    if let Ok(slots) = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn) {
+        let seen = cluster_nodes(url, &slots);
+        if !seen.is_empty() {
+            *nodes = seen;
+        }
+    }
     Ok(Conn::Cluster(Box::new(conn)))
+}
+
+/// The nodes a `CLUSTER SLOTS` answer names (each range's master, then its replicas), as
+/// URLs like `url`, each once.
+fn cluster_nodes(url: &str, slots: &redis::Value) -> Vec<String> {
+    let mut nodes: Vec<String> = Vec::new();
+    let redis::Value::Array(ranges) = slots else {
+        return nodes;
+    };
+    for range in ranges {
+        let redis::Value::Array(fields) = range else {
+            continue;
+        };
+        // Start, end, then one array a node: its address, port and id.
+        for node in fields.iter().skip(2) {
+            let redis::Value::Array(node) = node else {
+                continue;
+            };
+            let host = match node.first() {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                _ => continue,
+            };
+            let port = match node.get(1) {
+                Some(redis::Value::Int(p)) => u16::try_from(*p).ok(),
+                _ => None,
+            };
+            // A node with no address known ("" or "?") is asked by none.
+            if let Some(at) = port
+                .filter(|_| !host.is_empty() && host != "?")
+                .and_then(|port| redis_client::at_address(url, &host, port))
+                && !nodes.contains(&at)
+            {
+                nodes.push(at);
+            }
+        }
+    }
+    nodes
 }
 
 /// Loads the functions (`FUNCTION LOAD REPLACE`) on the server, or the cluster's masters
@@ -170,13 +220,6 @@ impl RedisStore {
                     .into(),
             );
         }
-        if config.cluster && config.wait.is_some() {
-            return Err(
-                "WAIT with a Redis Cluster is not built yet (each master's replicas \
-                        would be waited for): leave wait_replicas out, or use one server"
-                    .into(),
-            );
-        }
         if config.retain < config.max_lease * 10 {
             return Err(format!(
                 "a retention of {:?} is shorter than ten leases of {:?}: a record must outlive \
@@ -184,7 +227,7 @@ impl RedisStore {
                 config.retain, config.max_lease
             ));
         }
-        connect(&config)?;
+        connect(&config, &mut Vec::new())?;
         Ok(RedisStore {
             config: Arc::new(config),
         })
@@ -219,6 +262,7 @@ impl RedisStore {
                         answer,
                         wake: wake_writer,
                         outage_logged: false,
+                        nodes: Vec::new(),
                     };
                     worker.run(&batches, &stop);
                 })
@@ -387,6 +431,8 @@ struct LinkThread<K> {
     answer: Sender<Reply<K, Value>>,
     wake: UnixStream,
     outage_logged: bool,
+    /// A cluster's nodes as last seen ([`connect`]).
+    nodes: Vec<String>,
 }
 
 impl<K: StoreKey> LinkThread<K> {
@@ -409,7 +455,7 @@ impl<K: StoreKey> LinkThread<K> {
                 }
             }
             if self.conn.is_none() {
-                match connect(&self.config) {
+                match connect(&self.config, &mut self.nodes) {
                     Ok(conn) => {
                         if self.outage_logged {
                             log::warn!(
@@ -474,14 +520,14 @@ impl<K: StoreKey> LinkThread<K> {
                 _ => spans.push(i..i + 1),
             }
         }
-        let mut calls: Vec<redis::Cmd> = (spans.iter())
+        let calls: Vec<redis::Cmd> = (spans.iter())
             .map(|span| call(&config, &round[span.clone()], batch > 1))
             .collect();
-        if let Some((replicas, timeout)) = config.wait.filter(|_| writes) {
+        let wait = config.wait.filter(|_| writes).map(|(replicas, timeout)| {
             let mut wait = redis::cmd("WAIT");
             wait.arg(replicas).arg(timeout.as_millis() as u64);
-            calls.push(wait);
-        }
+            wait
+        });
         let Some(conn) = self.conn.as_mut() else {
             return;
         };
@@ -489,7 +535,7 @@ impl<K: StoreKey> LinkThread<K> {
             Conn::One(c) => {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
-                for cmd in calls {
+                for cmd in calls.into_iter().chain(wait) {
                     pipe.add_command(cmd);
                 }
                 pipe.query(c)
@@ -501,7 +547,15 @@ impl<K: StoreKey> LinkThread<K> {
                 for cmd in calls {
                     pipe.add_command(cmd);
                 }
-                pipe.query(c)
+                // WAIT names no key: it goes after the pipeline to every master, on the
+                // connection the pipeline took to each, and answers the fewest replicas
+                // any master has the round's writes on (redis-rs's routing of WAIT).
+                pipe.query(c).and_then(|mut values: Vec<redis::Value>| {
+                    if let Some(wait) = wait {
+                        values.push(wait.query(c)?);
+                    }
+                    Ok(values)
+                })
             }
         };
         let values: Vec<redis::Value> = match answered {

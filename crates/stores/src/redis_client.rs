@@ -152,20 +152,41 @@ pub fn client(url: &str, tls: Option<&RedisTls>) -> redis::RedisResult<redis::Cl
     }
 }
 
-/// A client of the Redis Cluster that `url` is a node of, as [`client`].
+/// A client of the Redis Cluster whose nodes `urls` name (it asks each in turn for the
+/// cluster's slots, so one node up is enough), as [`client`].
 pub fn cluster_client(
-    url: &str,
+    urls: &[String],
     tls: Option<&RedisTls>,
     connect_timeout: std::time::Duration,
     response_timeout: std::time::Duration,
 ) -> redis::RedisResult<redis::cluster::ClusterClient> {
-    let mut builder = redis::cluster::ClusterClient::builder(vec![url])
+    let mut builder = redis::cluster::ClusterClient::builder(urls.to_vec())
         .connection_timeout(connect_timeout)
         .response_timeout(response_timeout);
     if let Some(tls) = tls {
         builder = builder.certs(tls.certificates());
     }
     builder.build()
+}
+
+/// `url`'s scheme, user information (with its `@`, or empty), host and port, and path.
+fn url_parts(url: &str) -> Option<(&str, &str, &str, &str)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    let at = authority.rfind('@').map_or(0, |at| at + 1);
+    Some((scheme, &authority[..at], &authority[at..], path))
+}
+
+/// `url` with its host and port replaced by `host` and `port` (its scheme, credentials and
+/// database kept): another node of the same cluster. `None` if `url` is not a URL.
+pub fn at_address(url: &str, host: &str, port: u16) -> Option<String> {
+    let (scheme, userinfo, _, path) = url_parts(url)?;
+    let host = match host.contains(':') {
+        true => format!("[{host}]"),
+        false => host.to_string(),
+    };
+    Some(format!("{scheme}://{userinfo}{host}:{port}{path}"))
 }
 
 /// What connections are made to: one server (`redis://`, `rediss://`), or the master that
@@ -355,20 +376,16 @@ impl SentinelTarget {
 /// `url` as it may be shown (errors, logs, a run's summary): its password, if it has one,
 /// as `***`.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let shown = match userinfo.contains(':') {
-                true => format!("{user}:***"),
-                false => user.to_string(),
+    match url_parts(url) {
+        Some((scheme, userinfo, host, path)) if !userinfo.is_empty() => {
+            let userinfo = &userinfo[..userinfo.len() - 1];
+            let shown = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => userinfo.to_string(),
             };
-            format!("{scheme}://{shown}@{host}{}", &rest[authority_end..])
+            format!("{scheme}://{shown}@{host}{path}")
         }
-        None => url.to_string(),
+        _ => url.to_string(),
     }
 }
 
@@ -481,6 +498,28 @@ mod tests {
         ] {
             assert_eq!(redacted(url), shown, "{url}");
         }
+    }
+
+    #[test]
+    fn another_node_of_a_cluster_is_named_with_the_urls_scheme_credentials_and_path() {
+        for (url, host, port, other) in [
+            (
+                "redis://127.0.0.1:7000/",
+                "127.0.0.1",
+                7001,
+                "redis://127.0.0.1:7001/",
+            ),
+            (
+                "rediss://app:s3:cr@t@h:7000/0",
+                "10.0.0.2",
+                7002,
+                "rediss://app:s3:cr@t@10.0.0.2:7002/0",
+            ),
+            ("redis://h:7000", "::1", 7003, "redis://[::1]:7003"),
+        ] {
+            assert_eq!(at_address(url, host, port).as_deref(), Some(other), "{url}");
+        }
+        assert_eq!(at_address("memory", "h", 1), None);
     }
 
     #[test]

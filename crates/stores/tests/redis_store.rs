@@ -756,14 +756,6 @@ fn through_sentinel_the_store_follows_a_master_failover_and_keeps_what_it_acknow
     let lease = 30_000 * MS;
     let write = lease_for_writes(&mut link, lease);
     // Sent again until a replica has it in WAIT's 100 ms (a host this busy can miss it).
-    let until_answered = |link: &mut dyn StoreLink<u32>, request: Request<u32, Value>| {
-        let start = Instant::now();
-        let mut answer = None;
-        while answer.is_none() && start.elapsed() < Duration::from_secs(30) {
-            answer = ask(link, A, request.clone());
-        }
-        answer
-    };
     let first = until_answered(&mut link, write(1, b"before"));
     assert!(
         matches!(first, Some(Reply::Written { seq: 1, .. })),
@@ -934,17 +926,131 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
         let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();
         assert!(keys > 30, "a master holds {keys} of the flows");
     }
-    let err = RedisStore::connect(RedisConfig {
+}
+
+/// Sends `request` again until it is answered (30 s at most): the answer.
+fn until_answered(
+    link: &mut dyn StoreLink<u32>,
+    request: Request<u32, Value>,
+) -> Option<Reply<u32, Value>> {
+    let start = Instant::now();
+    let mut answer = None;
+    while answer.is_none() && start.elapsed() < Duration::from_secs(30) {
+        answer = ask(link, A, request.clone());
+    }
+    answer
+}
+
+/// On a Redis Cluster of three masters with a replica each, `WAIT 1` goes to every master:
+/// a write is acknowledged only once the replica of each has the round's writes (one
+/// replica cut off holds back every write). When a master dies, here the node the store's
+/// URL names, the cluster promotes its replica, and the same link connects again through
+/// the other nodes it saw, each flow granted again with its last acknowledged write: none
+/// is lost. Writes go on once the dead node is back, as the promoted master's replica.
+#[test]
+fn on_a_cluster_wait_holds_writes_for_every_masters_replica_and_a_failover_loses_none() {
+    let ports = [(); 6].map(|()| free_port());
+    let mut servers = RedisServer::cluster_with_replicas(ports).unwrap();
+    let redis = RedisStore::connect(RedisConfig {
         cluster: true,
-        wait: Some((1, Duration::from_millis(10))),
-        ..redis_config(&servers[0])
+        wait: Some((1, Duration::from_millis(100))),
+        min_lease: Duration::from_millis(100),
+        max_lease: Duration::from_secs(60),
+        ..RedisConfig::new(&servers[0].url())
     })
-    .err()
     .unwrap();
-    assert!(
-        err.contains("WAIT with a Redis Cluster is not built yet"),
-        "{err}"
+    let mut link = redis.link::<u32>().unwrap();
+    let lease = 60_000 * MS;
+    let flows = 30u32;
+    let mut epochs = Vec::new();
+    for key in 0..flows {
+        let acquire = Request::Acquire {
+            key,
+            lease_ns: lease,
+            nonce: 1,
+        };
+        let Some(Reply::Granted { epoch, .. }) = until_answered(&mut link, acquire) else {
+            panic!("flow {key} granted");
+        };
+        epochs.push(epoch);
+    }
+    let write = |key: u32, seq: u64| Request::Write {
+        key,
+        epoch: epochs[key as usize],
+        seq,
+        value: format!("{key}:{seq}").into_bytes(),
+        lease_ns: lease,
+        keep_ns: KEEP_FOREVER,
+        alias: None,
+    };
+    for key in 0..flows {
+        let answer = until_answered(&mut link, write(key, 1));
+        assert!(
+            matches!(answer, Some(Reply::Written { seq: 1, .. })),
+            "flow {key}: {answer:?}"
+        );
+    }
+    for master in &servers[..3] {
+        let keys: usize = master.cli(&["dbsize"]).trim().parse().unwrap();
+        assert!(keys > 0, "each master holds some of the flows");
+    }
+    // The replica of the second master cut off: no write is acknowledged, whichever
+    // master has it (WAIT answers the fewest replicas of any master).
+    servers[4].pause().unwrap();
+    assert_eq!(
+        servers[1]
+            .cli(&["client", "kill", "type", "replica"])
+            .trim(),
+        "1"
     );
+    let short = link.counters().short_of_replicas;
+    assert_eq!(ask(&mut link, A, write(0, 2)), None, "held back");
+    assert!(link.counters().short_of_replicas > short);
+    servers[4].resume().unwrap();
+    let answer = until_answered(&mut link, write(0, 2));
+    assert!(
+        matches!(answer, Some(Reply::Written { seq: 2, .. })),
+        "{answer:?}"
+    );
+    // The replicas have everything acknowledged: the URL's node dies.
+    for master in &servers[..3] {
+        assert_eq!(master.cli(&["wait", "1", "5000"]).trim(), "1");
+    }
+    servers[0].kill();
+    let last_seq = |key: u32| if key == 0 { 2 } else { 1 };
+    for key in 0..flows {
+        let seq = last_seq(key);
+        let again = until_answered(
+            &mut link,
+            Request::Acquire {
+                key,
+                lease_ns: lease,
+                nonce: 2,
+            },
+        );
+        let expected = format!("{key}:{seq}").into_bytes();
+        assert!(
+            matches!(&again, Some(Reply::Granted { seq: s, value: Some(v), .. })
+                if *s == seq && *v == expected),
+            "flow {key}: {again:?} {:?}",
+            link.counters()
+        );
+    }
+    assert!(link.counters().reconnects >= 1, "{:?}", link.counters());
+    assert!(servers[3].cli(&["role"]).starts_with("master"));
+    // The promoted master has no replica yet: writes are held back until the dead node
+    // comes back, as its replica.
+    assert_eq!(ask(&mut link, A, write(1, 2)), None);
+    servers[0].restart().unwrap();
+    for key in 0..flows {
+        let seq = last_seq(key) + 1;
+        let answer = until_answered(&mut link, write(key, seq));
+        assert!(
+            matches!(answer, Some(Reply::Written { seq: s, .. }) if s == seq),
+            "flow {key}: {answer:?}"
+        );
+    }
+    assert!(servers[0].cli(&["role"]).starts_with("slave"));
 }
 
 /// The TLS settings of a store at `url`: trusting the PKI's `ca` (none: the system's
