@@ -770,6 +770,24 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
         err.contains("--redis") && err.contains("is redis-server running there?"),
         "{err}"
     );
+    // A server that evicts keys would lose the copy's values: refused with the fix.
+    let evicting = RedisServer::start_with(
+        free_port(),
+        false,
+        &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+    )
+    .unwrap();
+    let out = bin()
+        .args(["collector", "--listen", "127.0.0.1:0", "--redis"])
+        .arg(evicting.url())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--redis") && err.contains("maxmemory-policy noeviction"),
+        "{err}"
+    );
 }
 
 /// hh's run of `dir` to a collector started with `collector_args`: its copy, 30,000

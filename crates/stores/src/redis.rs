@@ -106,8 +106,12 @@ fn connect(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String
         .and_then(|()| conn.set_write_timeout(Some(IO_TIMEOUT)))
         .map_err(|e| redis_client::explain(url, &e, config.ca_setting))?;
     load_functions(&mut conn, url, config.ca_setting, "")?;
+    redis_client::check_keeps_keys(&mut conn, url, KEPT)?;
     Ok(Conn::One(conn))
 }
+
+/// What a store that evicts keys would lose ([`redis_client::check_keeps_keys`]).
+const KEPT: &str = "flows' acknowledged states and leases";
 
 fn connect_cluster(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String> {
     let url = &config.url;
@@ -126,6 +130,7 @@ fn connect_cluster(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn
         config.ca_setting,
         " on the cluster's masters",
     )?;
+    redis_client::check_keeps_keys(&mut conn, url, KEPT)?;
     // Its nodes, masters and replicas: after a failover, a replica is a master.
     if let Ok(slots) = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn) {
         let seen = cluster_nodes(url, &slots);

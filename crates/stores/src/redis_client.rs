@@ -169,6 +169,66 @@ pub fn cluster_client(
     builder.build()
 }
 
+/// Refuses a server that may evict keys to make room (a `maxmemory` with a policy other
+/// than `noeviction`): an evicted key is state the store acknowledged and then lost,
+/// without a word (the volatile policies too: records carry an expiry). `for_what` says
+/// what would be lost. A server that does not let its `INFO` be read is taken as it is,
+/// and the log says the check was not made.
+pub fn check_keeps_keys(
+    conn: &mut impl redis::ConnectionLike,
+    url: &str,
+    for_what: &str,
+) -> Result<(), String> {
+    let info = match redis::cmd("INFO").arg("memory").query::<redis::Value>(conn) {
+        Ok(info) => info,
+        Err(e) => {
+            log::warn!(
+                "{}: its eviction policy could not be read ({e}); make sure it is \
+                 maxmemory-policy noeviction, or {for_what} can be lost",
+                redacted(url)
+            );
+            return Ok(());
+        }
+    };
+    // One server's text, or a cluster's, one for each master.
+    let texts: Vec<String> = match &info {
+        redis::Value::Map(nodes) => nodes.iter().map(|(_, v)| info_text(v)).collect(),
+        one => vec![info_text(one)],
+    };
+    for text in texts {
+        let field = |name: &str| {
+            (text.lines())
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        let limit: u64 = field("maxmemory:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let policy = field("maxmemory_policy:").unwrap_or("noeviction");
+        if limit > 0 && policy != "noeviction" {
+            return Err(format!(
+                "{}: the server evicts keys when it reaches its maxmemory ({limit} bytes, \
+                 maxmemory-policy {policy}), and {for_what} would be lost with them; set \
+                 maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and in \
+                 redis.conf), or maxmemory 0",
+                redacted(url)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An `INFO` answer's text.
+fn info_text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::VerbatimString { text, .. } | redis::Value::SimpleString(text) => {
+            text.clone()
+        }
+        _ => String::new(),
+    }
+}
+
 /// `url`'s scheme, user information (with its `@`, or empty), host and port, and path.
 fn url_parts(url: &str) -> Option<(&str, &str, &str, &str)> {
     let (scheme, rest) = url.split_once("://")?;
@@ -192,7 +252,8 @@ pub fn at_address(url: &str, host: &str, port: u16) -> Option<String> {
 /// What connections are made to: one server (`redis://`, `rediss://`), or the master that
 /// Redis Sentinel names now (`redis+sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/
 /// MASTER`: the sentinels, and the master's name at them; the credentials are the
-/// master's; `rediss+sentinel://` reaches both over TLS).
+/// master's, and a sentinel's if it asks for a password; `rediss+sentinel://` reaches both
+/// over TLS).
 #[derive(Clone)]
 pub struct Connector {
     url: String,
@@ -314,18 +375,40 @@ impl SentinelTarget {
             .unwrap_or_else(|| (redis::ErrorKind::EmptySentinelList, "no sentinel named").into()))
     }
 
+    /// The master's address `sentinel` gives, asked with `userinfo`'s credentials if any.
+    fn ask_sentinel(
+        &self,
+        sentinel: &str,
+        userinfo: Option<&str>,
+        tls: Option<&RedisTls>,
+        timeout: Duration,
+    ) -> redis::RedisResult<Option<(String, u16)>> {
+        let url = match userinfo {
+            Some(userinfo) => sentinel.replacen("://", &format!("://{userinfo}@"), 1),
+            None => sentinel.to_string(),
+        };
+        let mut asked = client(&url, tls)?.get_connection_with_timeout(timeout)?;
+        asked.set_read_timeout(Some(timeout))?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.master)
+            .query(&mut asked)
+    }
+
     fn master_named_by(
         &self,
         sentinel: &str,
         tls: Option<&RedisTls>,
         timeout: Duration,
     ) -> redis::RedisResult<redis::Connection> {
-        let mut asked = client(sentinel, tls)?.get_connection_with_timeout(timeout)?;
-        asked.set_read_timeout(Some(timeout))?;
-        let named: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(&self.master)
-            .query(&mut asked)?;
+        let named = match self.ask_sentinel(sentinel, None, tls, timeout) {
+            // A sentinel that asks for a password is given the URL's (the common set-up:
+            // one password for the sentinels and the master they watch).
+            Err(e) if e.code() == Some("NOAUTH") && self.userinfo.is_some() => {
+                self.ask_sentinel(sentinel, self.userinfo.as_deref(), tls, timeout)?
+            }
+            named => named?,
+        };
         let Some((host, port)) = named else {
             return Err((
                 redis::ErrorKind::MasterNameNotFoundBySentinel,

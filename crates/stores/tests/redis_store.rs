@@ -814,6 +814,40 @@ fn through_sentinel_the_store_follows_a_master_failover_and_keeps_what_it_acknow
     );
 }
 
+/// A sentinel that asks for a password (the same as its master's, the common set-up) is
+/// given the URL's; with none in the URL, the store is refused, saying to give it.
+#[test]
+fn a_sentinel_that_asks_for_a_password_is_given_the_urls() {
+    let primary = RedisServer::start(free_port(), false).unwrap();
+    let sentinel = RedisServer::sentinel(free_port(), "rep", primary.port()).unwrap();
+    primary.cli(&["config", "set", "requirepass", "both-pass"]);
+    sentinel.cli(&["sentinel", "set", "rep", "auth-pass", "both-pass"]);
+    sentinel.cli(&["acl", "setuser", "default", "resetpass", ">both-pass"]);
+    let at = format!("127.0.0.1:{}/rep", sentinel.port());
+    let redis = RedisStore::connect(RedisConfig {
+        min_lease: Duration::from_millis(100),
+        ..RedisConfig::new(&format!("redis+sentinel://:both-pass@{at}"))
+    })
+    .unwrap();
+    let granted = ask(
+        &mut redis.link::<u32>().unwrap(),
+        A,
+        Request::Acquire {
+            key: 1,
+            lease_ns: LEASE,
+            nonce: 1,
+        },
+    );
+    assert!(
+        matches!(granted, Some(Reply::Granted { .. })),
+        "{granted:?}"
+    );
+    let err = RedisStore::connect(RedisConfig::new(&format!("redis+sentinel://{at}")))
+        .err()
+        .unwrap();
+    assert!(err.contains("asks for a password"), "{err}");
+}
+
 /// Redis Sentinel over TLS (`rediss+sentinel://`): the sentinel and the master it names
 /// both reached over TLS, trusting the CA given; without it, refused at start with the
 /// setting to give.
@@ -926,6 +960,74 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
         let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();
         assert!(keys > 30, "a master holds {keys} of the flows");
     }
+}
+
+/// A server that may evict keys (a `maxmemory` and any policy but `noeviction`) would lose
+/// acknowledged states: refused at start, and at every connection after (a policy changed
+/// while the switch runs holds its requests until it is put back); one with no
+/// `maxmemory`, or `noeviction`, is taken. On a cluster, every master is asked.
+#[test]
+fn a_server_that_evicts_keys_is_refused_at_every_connection() {
+    for (limit, policy, refused) in [
+        ("64mb", "allkeys-lru", true),
+        ("64mb", "volatile-ttl", true),
+        ("64mb", "noeviction", false),
+        ("0", "allkeys-lru", false),
+    ] {
+        let server = RedisServer::start_with(
+            free_port(),
+            false,
+            &["--maxmemory", limit, "--maxmemory-policy", policy],
+        )
+        .unwrap();
+        match RedisStore::connect(redis_config(&server)) {
+            Ok(_) => assert!(!refused, "{policy} with {limit}: taken"),
+            Err(e) => {
+                assert!(refused, "{policy} with {limit}: {e}");
+                assert!(
+                    e.contains(policy) && e.contains("set maxmemory-policy noeviction"),
+                    "{e}"
+                );
+            }
+        }
+    }
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let redis = RedisStore::connect(redis_config(&server)).unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    let acquire = |nonce| Request::Acquire {
+        key: 1,
+        lease_ns: LEASE,
+        nonce,
+    };
+    assert!(matches!(
+        ask(&mut link, A, acquire(1)),
+        Some(Reply::Granted { .. })
+    ));
+    server.cli(&["config", "set", "maxmemory", "64mb"]);
+    server.cli(&["config", "set", "maxmemory-policy", "allkeys-lfu"]);
+    server.cli(&["client", "kill", "type", "normal"]);
+    // The first after the kill finds its connection gone; the second, the new one refused.
+    for nonce in [2, 3] {
+        assert_eq!(ask(&mut link, A, acquire(nonce)), None);
+    }
+    assert_eq!(link.counters().connected, 0, "{:?}", link.counters());
+    server.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+    assert!(matches!(
+        until_answered(&mut link, acquire(4)),
+        Some(Reply::Granted { .. })
+    ));
+
+    let ports = [free_port(), free_port(), free_port()];
+    let servers = RedisServer::cluster(ports).unwrap();
+    servers[2].cli(&["config", "set", "maxmemory", "64mb"]);
+    servers[2].cli(&["config", "set", "maxmemory-policy", "volatile-lru"]);
+    let err = RedisStore::connect(RedisConfig {
+        cluster: true,
+        ..redis_config(&servers[0])
+    })
+    .err()
+    .unwrap();
+    assert!(err.contains("volatile-lru"), "{err}");
 }
 
 /// Sends `request` again until it is answered (30 s at most): the answer.

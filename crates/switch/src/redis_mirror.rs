@@ -60,8 +60,9 @@ const CLEAR_STATES: &str = "for _, state in ipairs(redis.call('SMEMBERS', KEYS[1
      redis.call('DEL', KEYS[1])";
 
 /// Connects to `url` once (with `tls`'s certificates; through Sentinel, to the master it
-/// names), so that a wrong URL, a refused password or certificate, or a server not running
-/// is refused before the collector starts.
+/// names), so that a wrong URL, a refused password or certificate, a server not running,
+/// or one that evicts keys ([`redis_client::check_keeps_keys`]) is refused before the
+/// collector starts.
 pub fn check(url: &str, tls: Option<RedisTls>) -> Result<Connector, String> {
     let with_flag = |e: String| format!("--redis {e}");
     let connector = Connector::new(url, tls, "--redis-ca").map_err(with_flag)?;
@@ -69,6 +70,7 @@ pub fn check(url: &str, tls: Option<RedisTls>) -> Result<Connector, String> {
     redis::cmd("PING")
         .query::<String>(&mut conn)
         .map_err(|e| with_flag(redis_client::explain(url, &e, "--redis-ca")))?;
+    redis_client::check_keeps_keys(&mut conn, url, "the copy's values").map_err(with_flag)?;
     Ok(connector)
 }
 
