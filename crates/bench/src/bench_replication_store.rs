@@ -5,6 +5,9 @@
 //! rate replication's figures are read against: a flow's write waits for its round trip.
 //! Beside it, `redis-batched`: the same writes with up to 128 flows in one function call
 //! (`stateplane_batch`, what a switch's link sends).
+//! With `--tls`, the run's server also listens with TLS (certificates of a throwaway CA),
+//! and both are measured again over it (`redis-tls`, `redis-batched-tls`): what TLS costs,
+//! against the same server in the same run.
 //!
 //! The run checks its work before it prints: every write is answered as written, with
 //! its sequence number, and afterwards the store holds each flow's last write.
@@ -53,6 +56,10 @@ pub struct BenchReplicationStoreArgs {
     /// The key of `--redis-cert` (PEM).
     #[arg(long)]
     pub redis_key: Option<std::path::PathBuf>,
+    /// Also measure the run's own server over TLS (a port of its own, a throwaway CA's
+    /// certificates), beside it in plain text.
+    #[arg(long)]
+    pub tls: bool,
     #[command(flatten)]
     pub files: ResultFiles,
 }
@@ -198,28 +205,70 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
         a.redis_key.as_deref(),
     );
     let tls = RedisTls::load_for(a.redis.as_deref(), "--redis", files)?;
+    if a.tls && a.redis.is_some() {
+        return Err(
+            "--tls: it measures the run's own server over TLS; with --redis, \
+                    give a rediss:// URL instead"
+                .into(),
+        );
+    }
+    // The throwaway CA's files live as long as the run.
+    let pki = match a.tls {
+        true => Some(stateplane_test_pki::TestPki::new(
+            "bench-replication-store",
+        )?),
+        false => None,
+    };
     let (own_server, url) = match &a.redis {
         Some(url) => (None, url.clone()),
         None => {
             let port = stateplane_lab::free_loopback_port()?;
-            let server = stateplane_lab::RedisServer::start(port, false)?;
+            let server = match &pki {
+                Some(pki) => {
+                    let tls_port = stateplane_lab::free_loopback_port()?;
+                    stateplane_lab::RedisServer::start_tls(
+                        port,
+                        tls_port,
+                        &pki.server_files(),
+                        false,
+                    )?
+                }
+                None => stateplane_lab::RedisServer::start(port, false)?,
+            };
             let url = server.url();
             (Some(server), url)
         }
     };
-    let redis = RedisStore::connect(RedisConfig {
-        prefix: format!("stateplane:bench:{}", std::process::id()),
-        batch: 1,
-        tls: tls.clone(),
-        ca_setting: "--redis-ca",
-        ..RedisConfig::new(&url)
-    })?;
-    let batched = RedisStore::connect(RedisConfig {
-        prefix: format!("stateplane:bench-batched:{}", std::process::id()),
-        tls,
-        ca_setting: "--redis-ca",
-        ..RedisConfig::new(&url)
-    })?;
+    // The store at `url` one flow a call (`batch`), and batched.
+    let stores = |url: &str, tls: Option<RedisTls>, name: &str| -> BenchResult<_> {
+        let config = |batch, kind: &str| RedisConfig {
+            prefix: format!("stateplane:{kind}:{}", std::process::id()),
+            batch,
+            tls: tls.clone(),
+            ca_setting: "--redis-ca",
+            ..RedisConfig::new(url)
+        };
+        Ok((
+            RedisStore::connect(config(1, name))?,
+            RedisStore::connect(config(
+                RedisConfig::new(url).batch,
+                &format!("{name}-batched"),
+            ))?,
+        ))
+    };
+    let (redis, batched) = stores(&url, tls, "bench")?;
+    let over_tls = match (&pki, own_server.as_ref().and_then(|s| s.tls_url())) {
+        (Some(pki), Some(tls_url)) => {
+            let ca = pki.path("ca.pem");
+            let tls = RedisTls::load_for(
+                Some(&tls_url),
+                "--tls",
+                TlsFiles::of_flags(Some(&ca), None, None),
+            )?;
+            Some(stores(&tls_url, tls, "bench-tls")?)
+        }
+        _ => None,
+    };
     let memory = MemoryStore::<u32>::new(StoreConfig::default());
     let value = vec![0xa5; value_bytes];
     let version = own_server
@@ -244,6 +293,10 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
         ("redis", Box::new(redis.link::<u32>()?)),
         ("redis-batched", Box::new(batched.link::<u32>()?)),
     ];
+    if let Some((redis, batched)) = &over_tls {
+        links.push(("redis-tls", Box::new(redis.link::<u32>()?)));
+        links.push(("redis-batched-tls", Box::new(batched.link::<u32>()?)));
+    }
     let mut measured = Vec::new();
     for (store, link) in &mut links {
         let epochs = acquire_all(link.as_mut(), flows)?;
@@ -328,8 +381,11 @@ pub fn main(a: BenchReplicationStoreArgs) -> BenchResult<()> {
             ("memory", "one flow per call"),
             ("redis", "one flow per call"),
             ("redis-batched", "up to 128 flows per call"),
+            ("redis-tls", "one flow per call, over TLS"),
+            ("redis-batched-tls", "up to 128 flows per call, over TLS"),
         ]
         .iter()
+        .filter(|(store, _)| measured.iter().any(|m| m.store == *store))
         .map(|(store, calls)| crate::chart::Panel {
             title: format!("{store}: sequenced writes a second, {calls}"),
             unit: "writes/s".into(),

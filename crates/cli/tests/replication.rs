@@ -53,6 +53,36 @@ fn bench_replication_store_measures_both_stores_and_checks_their_records() {
         &["bench-replication-store", "--redis-ca", "/etc/hostname"],
         "--redis-ca: it is for the connection to --redis",
     );
+    refused(
+        &[
+            "bench-replication-store",
+            "--tls",
+            "--redis",
+            "redis://127.0.0.1:1/",
+        ],
+        "--tls: it measures the run's own server over TLS",
+    );
+}
+
+/// With `--tls`, the run's own server is measured over TLS too, beside plain text, every
+/// write of both checked.
+#[test]
+fn bench_replication_store_measures_its_own_server_over_tls_beside_plain_text() {
+    let csv = tmp("replication-store-own-tls.csv");
+    ok(bin()
+        .args(["bench-replication-store", "--tls", "--writes", "1000"])
+        .args(["--flows", "100", "--depths", "16", "--repeat", "1", "--csv"])
+        .arg(&csv)
+        .output()
+        .unwrap());
+    let text = std::fs::read_to_string(&csv).unwrap();
+    for store in ["redis", "redis-batched", "redis-tls", "redis-batched-tls"] {
+        let row = (text.lines())
+            .find(|r| r.starts_with(&format!("{store},16,")))
+            .unwrap_or_else(|| panic!("no {store} in {text}"));
+        let rate: f64 = row.split(',').nth(2).unwrap().parse().unwrap();
+        assert!(rate > 0.0, "{row}");
+    }
 }
 
 /// A redis-server over TLS that asks for a client certificate (the PKI's), with an ACL

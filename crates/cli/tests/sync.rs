@@ -788,6 +788,19 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
         err.contains("--redis") && err.contains("maxmemory-policy noeviction"),
         "{err}"
     );
+    // Nor is the copy written to a Redis Cluster: a node of one is refused.
+    let cluster = RedisServer::cluster([free_port(), free_port(), free_port()]).unwrap();
+    let out = bin()
+        .args(["collector", "--listen", "127.0.0.1:0", "--redis"])
+        .arg(cluster[0].url())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--redis") && err.contains("a node of a Redis Cluster"),
+        "{err}"
+    );
 }
 
 /// hh's run of `dir` to a collector started with `collector_args`: its copy, 30,000

@@ -105,6 +105,11 @@ fn connect(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String
     conn.set_read_timeout(Some(IO_TIMEOUT))
         .and_then(|()| conn.set_write_timeout(Some(IO_TIMEOUT)))
         .map_err(|e| redis_client::explain(url, &e, config.ca_setting))?;
+    redis_client::check_not_cluster(
+        &mut conn,
+        url,
+        "set cluster = true ([replication]), so that each flow goes to its slot's master",
+    )?;
     load_functions(&mut conn, url, config.ca_setting, "")?;
     redis_client::check_keeps_keys(&mut conn, url, KEPT)?;
     Ok(Conn::One(conn))

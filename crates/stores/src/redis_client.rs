@@ -218,6 +218,30 @@ pub fn check_keeps_keys(
     Ok(())
 }
 
+/// Refuses a node of a Redis Cluster reached as one server (`fix` says how to reach it as
+/// a cluster, or that it cannot be): its keys are spread over the cluster's nodes, and
+/// each one elsewhere would be refused with a redirection, at every write. A server whose
+/// `INFO` cannot be read is taken as it is.
+pub fn check_not_cluster(
+    conn: &mut impl redis::ConnectionLike,
+    url: &str,
+    fix: &str,
+) -> Result<(), String> {
+    let Ok(info) = redis::cmd("INFO")
+        .arg("cluster")
+        .query::<redis::Value>(conn)
+    else {
+        return Ok(());
+    };
+    match info_text(&info).contains("cluster_enabled:1") {
+        true => Err(format!(
+            "{}: the server is a node of a Redis Cluster; {fix}",
+            redacted(url)
+        )),
+        false => Ok(()),
+    }
+}
+
 /// An `INFO` answer's text.
 fn info_text(value: &redis::Value) -> String {
     match value {
@@ -421,13 +445,19 @@ impl SentinelTarget {
             false => host,
         };
         let credentials = (self.userinfo.as_deref()).map_or(String::new(), |u| format!("{u}@"));
-        let unreachable = |e: redis::RedisError| match e.is_io_error() {
-            true => redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "the master the sentinel names cannot be reached",
-                format!("{host}:{port}: {e}"),
-            )),
-            false => e,
+        let unreachable = |e: redis::RedisError| {
+            let why = match e.is_timeout() {
+                true => "the master the sentinel names gives no answer in time",
+                false => "the master the sentinel names cannot be reached",
+            };
+            match e.is_io_error() {
+                true => redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    why,
+                    format!("{host}:{port}: {e}"),
+                )),
+                false => e,
+            }
         };
         let scheme = self.scheme;
         let mut master = client(&format!("{scheme}://{credentials}{host}:{port}/"), tls)?
@@ -500,6 +530,10 @@ pub fn explain_or(
     } else if lower.contains("noauth") {
         "the server asks for a password: give it in the URL, redis://:PASSWORD@HOST:PORT/ \
          (with an ACL user, redis://USER:PASSWORD@HOST:PORT/)"
+            .to_string()
+    } else if lower.contains("readonly") && lower.contains("replica") {
+        "the server is a replica, which takes no writes: name its master, or the sentinels \
+         that watch it (redis+sentinel://HOST:PORT/MASTER)"
             .to_string()
     } else if tls && lower.contains("unable to build client with tls") {
         "this side's certificate or key cannot be used: give an X.509 v3 certificate (PEM) \

@@ -848,6 +848,85 @@ fn a_sentinel_that_asks_for_a_password_is_given_the_urls() {
     assert!(err.contains("asks for a password"), "{err}");
 }
 
+/// A stand-in for a sentinel on loopback: it names `named` as the master of whatever name
+/// it is asked for, and answers `+OK` to anything else (what a client sends as it
+/// connects). Its threads end with the test's process.
+fn sentinel_naming(named: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let serve = move |stream: std::net::TcpStream| -> Option<()> {
+        let mut reader = BufReader::new(stream.try_clone().ok()?);
+        let mut out = stream;
+        let mut line = String::new();
+        loop {
+            // A command: `*N`, then N bulk strings (`$LEN`, then the bytes).
+            line.clear();
+            reader.read_line(&mut line).ok().filter(|&n| n > 0)?;
+            let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+            let mut first = None;
+            for _ in 0..2 * n {
+                line.clear();
+                reader.read_line(&mut line).ok()?;
+                first = first.or_else(|| (!line.starts_with('$')).then(|| line.trim().to_string()));
+            }
+            let reply = match first?.eq_ignore_ascii_case("sentinel") {
+                true => {
+                    let (ip, port) = (named.ip().to_string(), named.port().to_string());
+                    format!(
+                        "*2\r\n${}\r\n{ip}\r\n${}\r\n{port}\r\n",
+                        ip.len(),
+                        port.len()
+                    )
+                }
+                false => "+OK\r\n".to_string(),
+            };
+            out.write_all(reply.as_bytes()).ok()?;
+        }
+    };
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(stream));
+        }
+    });
+    at
+}
+
+/// The server a sentinel names must say it is the master: one that is a replica (a
+/// failover under way, or a sentinel behind) is refused, and so is one that takes the
+/// connection and never answers, in time. A replica named as the store is refused too,
+/// saying to name its master.
+#[test]
+fn a_sentinel_naming_a_replica_or_a_silent_server_is_refused_in_time() {
+    let primary = RedisServer::start(free_port(), false).unwrap();
+    let replica = replica_of(&primary);
+    let at = |addr: std::net::SocketAddr| format!("redis+sentinel://{addr}/rep");
+    let loopback = |port| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // Named directly, a replica is refused with what to name instead.
+    let err = RedisStore::connect(redis_config(&replica)).err().unwrap();
+    assert!(err.contains("the server is a replica"), "{err}");
+    let named_replica = sentinel_naming(loopback(replica.port()));
+    let err = RedisStore::connect(RedisConfig::new(&at(named_replica)))
+        .err()
+        .unwrap();
+    assert!(err.contains("is not a master"), "{err}");
+    // The stand-in itself: a master it names is taken.
+    let named_primary = sentinel_naming(loopback(primary.port()));
+    assert!(RedisStore::connect(RedisConfig::new(&at(named_primary))).is_ok());
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let named_silent = sentinel_naming(silent.local_addr().unwrap());
+    let start = Instant::now();
+    let err = RedisStore::connect(RedisConfig::new(&at(named_silent)))
+        .err()
+        .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(err.contains("no answer in time"), "{err}");
+}
+
 /// Redis Sentinel over TLS (`rediss+sentinel://`): the sentinel and the master it names
 /// both reached over TLS, trusting the CA given; without it, refused at start with the
 /// setting to give.
@@ -960,6 +1039,11 @@ fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows(
         let keys: usize = server.cli(&["dbsize"]).trim().parse().unwrap();
         assert!(keys > 30, "a master holds {keys} of the flows");
     }
+    // A node of it named as one server would have most flows redirected: refused.
+    let err = RedisStore::connect(redis_config(&servers[1]))
+        .err()
+        .unwrap();
+    assert!(err.contains("set cluster = true"), "{err}");
 }
 
 /// A server that may evict keys (a `maxmemory` and any policy but `noeviction`) would lose

@@ -61,8 +61,8 @@ const CLEAR_STATES: &str = "for _, state in ipairs(redis.call('SMEMBERS', KEYS[1
 
 /// Connects to `url` once (with `tls`'s certificates; through Sentinel, to the master it
 /// names), so that a wrong URL, a refused password or certificate, a server not running,
-/// or one that evicts keys ([`redis_client::check_keeps_keys`]) is refused before the
-/// collector starts.
+/// a node of a Redis Cluster, or a server that evicts keys
+/// ([`redis_client::check_keeps_keys`]) is refused before the collector starts.
 pub fn check(url: &str, tls: Option<RedisTls>) -> Result<Connector, String> {
     let with_flag = |e: String| format!("--redis {e}");
     let connector = Connector::new(url, tls, "--redis-ca").map_err(with_flag)?;
@@ -70,6 +70,13 @@ pub fn check(url: &str, tls: Option<RedisTls>) -> Result<Connector, String> {
     redis::cmd("PING")
         .query::<String>(&mut conn)
         .map_err(|e| with_flag(redis_client::explain(url, &e, "--redis-ca")))?;
+    redis_client::check_not_cluster(
+        &mut conn,
+        url,
+        "the copy is not written to a cluster (not built yet): name one server, or the \
+         sentinels of one (redis+sentinel://)",
+    )
+    .map_err(with_flag)?;
     redis_client::check_keeps_keys(&mut conn, url, "the copy's values").map_err(with_flag)?;
     Ok(connector)
 }

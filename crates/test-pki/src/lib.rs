@@ -1,11 +1,11 @@
-//! A throwaway PKI for tests of TLS: a CA ("ca.pem"), certificates it signed for loopback
+//! A throwaway PKI for tests of TLS (and benchmarks against servers they start): a CA ("ca.pem"), certificates it signed for loopback
 //! ("server") and for a client ("client"), and two from another CA nobody is told to trust
 //! ("other-ca.pem"): a client ("intruder") and one for loopback ("impostor"). Each
 //! certificate is `NAME.pem` with its key `NAME.key`, PEM, in a directory of the test's
 //! own, removed when the [`TestPki`] is dropped.
 //!
-//! Must never: be used outside tests (its keys are written in the clear to a temporary
-//! directory).
+//! Must never: secure anything but a test's or a benchmark's own servers on loopback (its
+//! keys are written in the clear to a temporary directory).
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use std::path::{Path, PathBuf};
