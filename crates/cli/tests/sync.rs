@@ -759,17 +759,14 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
     assert!(!line.contains(" 0 errors"), "{table}");
     assert!(table.contains("restarts 4"), "{table}");
 
+    // The collector refuses a copy at `url` with `message`, after the flag's name.
+    let collector_refuses = |url: &str, message: &str| {
+        let args = ["collector", "--listen", "127.0.0.1:0", "--redis", url];
+        let err = refused(&args, message);
+        assert!(err.contains("--redis"), "{err}");
+    };
     let nobody = format!("redis://127.0.0.1:{}", free_port());
-    let out = bin()
-        .args(["collector", "--listen", "127.0.0.1:0", "--redis", &nobody])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("--redis") && err.contains("is redis-server running there?"),
-        "{err}"
-    );
+    collector_refuses(&nobody, "is redis-server running there?");
     // A server that evicts keys would lose the copy's values: refused with the fix.
     let evicting = RedisServer::start_with(
         free_port(),
@@ -777,30 +774,10 @@ fn the_copy_is_written_through_to_redis_and_survives_its_loss() {
         &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
     )
     .unwrap();
-    let out = bin()
-        .args(["collector", "--listen", "127.0.0.1:0", "--redis"])
-        .arg(evicting.url())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("--redis") && err.contains("maxmemory-policy noeviction"),
-        "{err}"
-    );
+    collector_refuses(&evicting.url(), "maxmemory-policy noeviction");
     // Nor is the copy written to a Redis Cluster: a node of one is refused.
     let cluster = RedisServer::cluster([free_port(), free_port(), free_port()]).unwrap();
-    let out = bin()
-        .args(["collector", "--listen", "127.0.0.1:0", "--redis"])
-        .arg(cluster[0].url())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("--redis") && err.contains("a node of a Redis Cluster"),
-        "{err}"
-    );
+    collector_refuses(&cluster[0].url(), "a node of a Redis Cluster");
 }
 
 /// hh's run of `dir` to a collector started with `collector_args`: its copy, 30,000
