@@ -868,6 +868,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_clusters_nodes_are_each_named_once_and_those_with_no_address_by_none() {
+        use redis::Value::{Array, BulkString, Int};
+        let node = |host: &str, port| Array(vec![BulkString(host.into()), Int(port)]);
+        let range = |start, nodes: Vec<redis::Value>| {
+            Array([vec![Int(start), Int(start + 99)], nodes].concat())
+        };
+        let slots = Array(vec![
+            range(0, vec![node("127.0.0.1", 7000), node("127.0.0.1", 7003)]),
+            range(100, vec![node("127.0.0.1", 7000), node("?", 7004)]),
+            range(
+                200,
+                vec![node("", 7005), node("::1", 7001), node("h", 70_000)],
+            ),
+            Int(3),
+        ]);
+        assert_eq!(
+            cluster_nodes("redis://:pw@127.0.0.1:7000/", &slots),
+            [
+                "redis://:pw@127.0.0.1:7000/",
+                "redis://:pw@127.0.0.1:7003/",
+                "redis://:pw@[::1]:7001/"
+            ]
+        );
+        assert!(cluster_nodes("redis://h:1/", &Int(0)).is_empty());
+    }
+
+    #[test]
     fn records_are_named_with_the_key_as_hash_tag() {
         use stateplane_replication::FlowBytes;
         let key = FlowBytes::new(&[0, 0xab, 7]).unwrap();

@@ -179,8 +179,8 @@ pub fn check_keeps_keys(
     url: &str,
     for_what: &str,
 ) -> Result<(), String> {
-    let info = match redis::cmd("INFO").arg("memory").query::<redis::Value>(conn) {
-        Ok(info) => info,
+    let texts = match info_texts(conn, "memory") {
+        Ok(texts) => texts,
         Err(e) => {
             log::warn!(
                 "{}: its eviction policy could not be read ({e}); make sure it is \
@@ -189,11 +189,6 @@ pub fn check_keeps_keys(
             );
             return Ok(());
         }
-    };
-    // One server's text, or a cluster's, one for each master.
-    let texts: Vec<String> = match &info {
-        redis::Value::Map(nodes) => nodes.iter().map(|(_, v)| info_text(v)).collect(),
-        one => vec![info_text(one)],
     };
     for text in texts {
         let field = |name: &str| {
@@ -227,19 +222,30 @@ pub fn check_not_cluster(
     url: &str,
     fix: &str,
 ) -> Result<(), String> {
-    let Ok(info) = redis::cmd("INFO")
-        .arg("cluster")
-        .query::<redis::Value>(conn)
-    else {
+    let Ok(texts) = info_texts(conn, "cluster") else {
         return Ok(());
     };
-    match info_text(&info).contains("cluster_enabled:1") {
+    match texts.iter().any(|t| t.contains("cluster_enabled:1")) {
         true => Err(format!(
             "{}: the server is a node of a Redis Cluster; {fix}",
             redacted(url)
         )),
         false => Ok(()),
     }
+}
+
+/// The text of `INFO section`: one server's, or a cluster's, one for each master.
+fn info_texts(
+    conn: &mut impl redis::ConnectionLike,
+    section: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let info = redis::cmd("INFO")
+        .arg(section)
+        .query::<redis::Value>(conn)?;
+    Ok(match &info {
+        redis::Value::Map(nodes) => nodes.iter().map(|(_, v)| info_text(v)).collect(),
+        one => vec![info_text(one)],
+    })
 }
 
 /// An `INFO` answer's text.

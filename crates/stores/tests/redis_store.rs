@@ -1101,6 +1101,31 @@ fn a_server_that_evicts_keys_is_refused_at_every_connection() {
         Some(Reply::Granted { .. })
     ));
 
+    // A user not let read INFO: the policy goes unchecked (said in the log), and the store
+    // is taken.
+    server.cli(&[
+        "acl",
+        "setuser",
+        "no-info",
+        "on",
+        ">no-info-pass",
+        "~*",
+        "&*",
+        "+@all",
+        "-info",
+    ]);
+    let url = format!("redis://no-info:no-info-pass@127.0.0.1:{}/", server.port());
+    let redis = RedisStore::connect(RedisConfig {
+        min_lease: Duration::from_millis(100),
+        ..RedisConfig::new(&url)
+    })
+    .unwrap();
+    let granted = ask(&mut redis.link::<u32>().unwrap(), A, acquire(5));
+    assert!(
+        matches!(granted, Some(Reply::Granted { .. })),
+        "{granted:?}"
+    );
+
     let ports = [free_port(), free_port(), free_port()];
     let servers = RedisServer::cluster(ports).unwrap();
     servers[2].cli(&["config", "set", "maxmemory", "64mb"]);
