@@ -94,10 +94,16 @@ enum Conn {
 /// Connects to the server (or the cluster) and loads the functions (on every master of a
 /// cluster); what fails says how to fix it. `nodes`: a cluster's nodes as last seen (asked
 /// after the URL's, so that the link finds the cluster when that node is the one gone),
-/// made the nodes it has now.
-fn connect(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String> {
+/// made the nodes it has now. `check_replicas`: say whether a master has fewer replicas
+/// than `WAIT` asks for (once when the store starts and at each connection after an
+/// outage, not at each worker's link).
+fn connect(
+    config: &RedisConfig,
+    nodes: &mut Vec<String>,
+    check_replicas: bool,
+) -> Result<Conn, String> {
     if config.cluster {
-        return connect_cluster(config, nodes);
+        return connect_cluster(config, nodes, check_replicas);
     }
     let url = &config.url;
     let connector = Connector::new(url, config.tls.clone(), config.ca_setting)?;
@@ -112,13 +118,30 @@ fn connect(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String
     )?;
     load_functions(&mut conn, url, config.ca_setting, "")?;
     redis_client::check_keeps_keys(&mut conn, url, KEPT)?;
+    if check_replicas {
+        warn_if_short_of_replicas(&mut conn, config);
+    }
     Ok(Conn::One(conn))
+}
+
+/// Says, at each connection, when `WAIT` asks for more replicas than a master has
+/// ([`redis_client::short_of_replicas`]).
+fn warn_if_short_of_replicas(conn: &mut impl redis::ConnectionLike, config: &RedisConfig) {
+    if let Some((wanted, _)) = config.wait
+        && let Some(warning) = redis_client::short_of_replicas(conn, &config.url, wanted)
+    {
+        log::warn!("{warning}");
+    }
 }
 
 /// What a store that evicts keys would lose ([`redis_client::check_keeps_keys`]).
 const KEPT: &str = "flows' acknowledged states and leases";
 
-fn connect_cluster(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn, String> {
+fn connect_cluster(
+    config: &RedisConfig,
+    nodes: &mut Vec<String>,
+    check_replicas: bool,
+) -> Result<Conn, String> {
     let url = &config.url;
     let tls = config.tls.as_ref();
     let mut asked = vec![url.clone()];
@@ -136,6 +159,9 @@ fn connect_cluster(config: &RedisConfig, nodes: &mut Vec<String>) -> Result<Conn
         " on the cluster's masters",
     )?;
     redis_client::check_keeps_keys(&mut conn, url, KEPT)?;
+    if check_replicas {
+        warn_if_short_of_replicas(&mut conn, config);
+    }
     // Its nodes, masters and replicas: after a failover, a replica is a master.
     if let Ok(slots) = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn) {
         let seen = cluster_nodes(url, &slots);
@@ -237,7 +263,7 @@ impl RedisStore {
                 config.retain, config.max_lease
             ));
         }
-        connect(&config, &mut Vec::new())?;
+        connect(&config, &mut Vec::new(), true)?;
         Ok(RedisStore {
             config: Arc::new(config),
         })
@@ -465,7 +491,7 @@ impl<K: StoreKey> LinkThread<K> {
                 }
             }
             if self.conn.is_none() {
-                match connect(&self.config, &mut self.nodes) {
+                match connect(&self.config, &mut self.nodes, self.outage_logged) {
                     Ok(conn) => {
                         if self.outage_logged {
                             log::warn!(

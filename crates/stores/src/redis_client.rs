@@ -234,6 +234,39 @@ pub fn check_not_cluster(
     }
 }
 
+/// What a store asked to `WAIT` for `wanted` replicas is told when a master has fewer
+/// connected (`INFO replication`'s `connected_slaves`; each master of a cluster): every
+/// write is held back until it has them, and its packets are dropped after their wait.
+/// `None` when every master has them, or when `INFO` cannot be read. Replicas may still be
+/// connecting, so this is said, not refused.
+pub fn short_of_replicas(
+    conn: &mut impl redis::ConnectionLike,
+    url: &str,
+    wanted: u32,
+) -> Option<String> {
+    let fewest = fewest_replicas(&info_texts(conn, "replication").ok()?)?;
+    (fewest < wanted).then(|| {
+        format!(
+            "{}: {fewest} replica(s) connected where wait_replicas asks for {wanted}; writes \
+             are held back until that many have them, and packets waiting on them are dropped \
+             as unreplicated after park_timeout_ms: connect the replicas (replicaof), or lower \
+             replication.wait_replicas",
+            redacted(url)
+        )
+    })
+}
+
+/// The fewest `connected_slaves` of the `INFO replication` texts (one a master).
+fn fewest_replicas(texts: &[String]) -> Option<u32> {
+    (texts.iter())
+        .filter_map(|text| {
+            (text.lines())
+                .find_map(|l| l.strip_prefix("connected_slaves:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .min()
+}
+
 /// The text of `INFO section`: one server's, or a cluster's, one for each master.
 fn info_texts(
     conn: &mut impl redis::ConnectionLike,
@@ -599,6 +632,17 @@ pub fn explain_or(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fewest_replicas_are_those_of_the_master_with_fewest() {
+        let text = |n: &str| format!("# Replication\r\nrole:master\r\nconnected_slaves:{n}\r\n");
+        assert_eq!(fewest_replicas(&[text("2"), text("0"), text("1")]), Some(0));
+        assert_eq!(fewest_replicas(&[text("3")]), Some(3));
+        // A text with no count (or not a number) says nothing; none at all: not known.
+        assert_eq!(fewest_replicas(&[text("x"), text("1")]), Some(1));
+        assert_eq!(fewest_replicas(&["role:master".to_string()]), None);
+        assert_eq!(fewest_replicas(&[]), None);
+    }
 
     #[test]
     fn a_shown_url_never_has_its_password() {

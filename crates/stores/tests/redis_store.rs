@@ -13,7 +13,7 @@ use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowBytes, Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
-use stateplane_stores::redis_client::{RedisTls, TlsFiles};
+use stateplane_stores::redis_client::{self, RedisTls, TlsFiles};
 use stateplane_stores::{StoreLink, Value};
 use stateplane_test_pki::TestPki;
 use std::time::{Duration, Instant};
@@ -563,6 +563,19 @@ fn acquire_u32(nonce: u64) -> Request<u32, Value> {
 #[test]
 fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
     let primary = RedisServer::start(free_port(), false).unwrap();
+    // Said at each connection (a log line): writes will be held back.
+    let mut conn = (redis::Client::open(primary.url()).unwrap())
+        .get_connection()
+        .unwrap();
+    let short = |conn: &mut redis::Connection, wanted| {
+        redis_client::short_of_replicas(conn, &primary.url(), wanted)
+    };
+    let said = short(&mut conn, 1);
+    assert!(
+        (said.as_deref())
+            .is_some_and(|s| s.contains("0 replica(s) connected where wait_replicas asks for 1")),
+        "{said:?}"
+    );
     let mut config = redis_config(&primary);
     config.wait = Some((1, Duration::from_millis(100)));
     let redis = RedisStore::connect(config).unwrap();
@@ -600,6 +613,13 @@ fn wait_passes_writes_on_only_once_enough_replicas_have_them() {
     assert!(
         matches!(answer, Some(Reply::Written { seq: 1, .. })),
         "{answer:?}"
+    );
+    assert_eq!(short(&mut conn, 1), None);
+    let said = short(&mut conn, 2);
+    assert!(
+        (said.as_deref())
+            .is_some_and(|s| s.contains("1 replica(s) connected where wait_replicas asks for 2")),
+        "{said:?}"
     );
 }
 
@@ -1205,6 +1225,16 @@ fn on_a_cluster_wait_holds_writes_for_every_masters_replica_and_a_failover_loses
         let keys: usize = master.cli(&["dbsize"]).trim().parse().unwrap();
         assert!(keys > 0, "each master holds some of the flows");
     }
+    // Every master has its one replica (replicas, with none of their own, are not asked).
+    let cluster = redis::cluster::ClusterClient::new(vec![servers[0].url()]).unwrap();
+    let mut conn = cluster.get_connection().unwrap();
+    let url = servers[0].url();
+    assert_eq!(redis_client::short_of_replicas(&mut conn, &url, 1), None);
+    let said = redis_client::short_of_replicas(&mut conn, &url, 2);
+    assert!(
+        (said.as_deref()).is_some_and(|s| s.contains("1 replica(s) connected")),
+        "{said:?}"
+    );
     // The replica of the second master cut off: no write is acknowledged, whichever
     // master has it (WAIT answers the fewest replicas of any master).
     servers[4].pause().unwrap();
