@@ -869,8 +869,9 @@ impl Program for Guaranteed {
         &self,
         key: &stateplane_runtime::FlowBytes,
         out: &mut Vec<u8>,
+        hint: &mut u32,
     ) -> Option<u64> {
-        self.inner.replicated_state_into(key, out)
+        self.inner.replicated_state_into(key, out, hint)
     }
 
     fn install_replicated(

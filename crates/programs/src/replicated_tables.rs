@@ -60,16 +60,18 @@ macro_rules! replicated_table_methods {
 
         fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
             let mut state = Vec::new();
-            self.replicated_state_into(key, &mut state).map(|_| state)
+            let mut hint = stateplane_runtime::NO_HINT;
+            self.replicated_state_into(key, &mut state, &mut hint).map(|_| state)
         }
 
         fn replicated_state_into(
             &self,
             key: &stateplane_runtime::FlowBytes,
             out: &mut Vec<u8>,
+            hint: &mut u32,
         ) -> Option<u64> {
             crate::replicated_tables::ReplicatedKey::from_flow_bytes(key)
-                .and_then(|key| self.$($table).+.replicated_state_into(&key, out))
+                .and_then(|key| self.$($table).+.replicated_state_into(&key, out, hint))
         }
 
         fn install_replicated(

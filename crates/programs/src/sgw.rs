@@ -1324,12 +1324,19 @@ impl Program for Sgw {
 
     fn replicated_state(&self, flow: &FlowBytes) -> Option<Vec<u8>> {
         let mut state = Vec::new();
-        self.replicated_state_into(flow, &mut state).map(|_| state)
+        let mut hint = stateplane_runtime::NO_HINT;
+        self.replicated_state_into(flow, &mut state, &mut hint)
+            .map(|_| state)
     }
 
-    fn replicated_state_into(&self, flow: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
+    fn replicated_state_into(
+        &self,
+        flow: &FlowBytes,
+        out: &mut Vec<u8>,
+        hint: &mut u32,
+    ) -> Option<u64> {
         let imsi = replicated::imsi_of(flow)?;
-        self.sessions.replicated_state_into(&imsi, out)
+        self.sessions.replicated_state_into(&imsi, out, hint)
     }
 
     fn install_replicated(&mut self, flow: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {

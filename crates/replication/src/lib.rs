@@ -26,6 +26,10 @@ pub mod store;
 
 pub use protocol::{FlowBytes, Holder, Reply, Request};
 
+/// A place hint that names no place yet: where a program finds a flow's state
+/// (`Program::replicated_state_into`), kept with the flow ([`replica::Replica::admit_hinted`]).
+pub const NO_HINT: u32 = u32::MAX;
+
 /// A map keyed by flows (or per-packet tokens) on the replication path, which hashes a key
 /// a packet: foldhash with a per-process random seed, as resistant to crafted keys as the
 /// standard map and several times faster on a flow's 48 bytes than its SipHash.

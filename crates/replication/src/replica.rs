@@ -245,6 +245,9 @@ struct Flow<K, V> {
     lives_until_ns: u64,
     /// The flow's other name, written with its state ([`Replica::name_alias`]).
     alias: Option<K>,
+    /// Where the worker's program last found the flow's state (opaque here; `NO_HINT`
+    /// until told): handed back at admission, so that the state is read there first.
+    hint: u32,
     /// The flow's state as the store has it and the program held it with nothing to
     /// write: installed with its lease (or what the program held instead, where it could
     /// not take it: [`Replica::program_holds`]), or its last write acknowledged. `None`:
@@ -282,6 +285,7 @@ impl<K, V> Flow<K, V> {
             lives_until_ns: u64::MAX,
             alias: None,
             known: None,
+            hint: crate::NO_HINT,
         }
     }
 
@@ -486,10 +490,17 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
 
     /// A packet of flow `key` arrived.
     pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
+        self.admit_hinted(now_ns, key, token).0
+    }
+
+    /// As [`Replica::admit`], with where the flow's state was last found, as
+    /// [`Replica::processed_with_state`] was told (`NO_HINT`: not yet).
+    pub fn admit_hinted(&mut self, now_ns: u64, key: K, token: Token) -> (Admit, u32) {
         let horizon = now_ns.saturating_add(self.reach_ns(now_ns));
         let lease_ns = self.config.lease_ns;
         let flow = self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
         flow.used_ns = now_ns;
+        let hint = flow.hint;
         let waiting_for_lease =
             matches!(flow.parked.back(), Some(p) if matches!(p.needs, Needs::Lease));
         // A write made now would reach the store after the lease: ask for it again first
@@ -510,17 +521,17 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                     flow.queued = true;
                     self.sendable.push(key);
                 }
-                return Admit::Process;
+                return (Admit::Process, hint);
             }
             flow.ask(key, now_ns, false, &mut self.sendable);
         }
         if self.parked >= self.config.park_limit {
             self.counters.dropped_park_full += 1;
-            return Admit::Dropped(DropReason::ParkFull);
+            return (Admit::Dropped(DropReason::ParkFull), hint);
         }
         self.park(key, token, Needs::Lease, now_ns);
         self.settle(key, now_ns);
-        Admit::Parked
+        (Admit::Parked, hint)
     }
 
     /// Another packet of flow `key` that [`Replica::admit`] just answered `Process` for, at
@@ -595,19 +606,22 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         change: Option<V>,
         lives_until_ns: u64,
     ) -> Release {
-        self.processed_as(now_ns, key, token, |_| change, lives_until_ns)
+        self.processed_as(now_ns, key, token, |_| change, None, lives_until_ns)
     }
 
     /// As [`Replica::processed`], given the flow's whole state after the packet (`V`'s
     /// default: none): a change where it differs from the latest this side knows (a write
     /// waiting or on its way, else the store's), so that a worker reads a flow's state
     /// once, after the program, rather than before and after it. Whether it was a change.
+    /// `hint`: where the worker found the state, handed back at the flow's next admission
+    /// ([`Replica::admit_hinted`]).
     pub fn processed_with_state<Q>(
         &mut self,
         now_ns: u64,
         key: K,
         token: Token,
         state: &Q,
+        hint: u32,
         lives_until_ns: u64,
     ) -> (Release, bool)
     where
@@ -623,6 +637,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 changed = latest.is_none_or(|v| v.borrow() != state);
                 changed.then(|| state.to_owned())
             },
+            Some(hint),
             lives_until_ns,
         );
         (release, changed)
@@ -643,12 +658,16 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         key: K,
         token: Token,
         change: impl FnOnce(Option<&V>) -> Option<V>,
+        hint: Option<u32>,
         lives_until_ns: u64,
     ) -> Release {
         let Some(flow) = self.flows.get_mut(&key) else {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
+        if let Some(hint) = hint {
+            flow.hint = hint;
+        }
         let change = change(flow.latest());
         flow.lives_until_ns = lives_until_ns;
         // A flow's packets are processed in order, so those named by `Event::Process` come
@@ -1840,14 +1859,14 @@ mod tests {
         let mut s = StoreCore::new(StoreConfig::default());
         let process = |r: &mut Replica<u32, u64>, token, state: u64| {
             assert_eq!(r.admit(0, 7, token), Admit::Process);
-            r.processed_with_state(0, 7, token, &state, u64::MAX)
+            r.processed_with_state(0, 7, token, &state, crate::NO_HINT, u64::MAX)
         };
         r.admit(0, 7, 1);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
         // Installed with no state: the default (none) is no change; 5 is.
         assert_eq!(
-            r.processed_with_state(0, 7, 1, &0, u64::MAX),
+            r.processed_with_state(0, 7, 1, &0, crate::NO_HINT, u64::MAX),
             (Release::Now, false)
         );
         assert_eq!(process(&mut r, 2, 5), (Release::Parked, true));

@@ -24,7 +24,7 @@ use stateplane_gen::rng::Rng;
 use stateplane_replication::history::{self, Operation, PacketCounter as Counter, Verdict};
 use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
 use stateplane_replication::store::{StoreConfig, StoreCore};
-use stateplane_replication::{Holder, Reply, Request};
+use stateplane_replication::{Holder, NO_HINT, Reply, Request};
 use std::collections::{BTreeMap, HashMap};
 
 const US: u64 = 1_000;
@@ -324,7 +324,7 @@ impl World {
         // burst, then the others).
         let release = if token.is_multiple_of(2) {
             let (release, changed) =
-                (sw.replica).processed_with_state(now, flow, token, &*state, u64::MAX);
+                (sw.replica).processed_with_state(now, flow, token, &*state, NO_HINT, u64::MAX);
             if changed {
                 sw.replica.name_alias(flow, flow + ALIAS);
             }

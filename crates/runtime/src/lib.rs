@@ -50,7 +50,7 @@ pub use run_config::{FilePorts, RunHandle, RunReport, RuntimeConfig, Spread, Ste
 pub use sharded::run_sharded;
 pub use source::{BurstSource, OwnShard, PacketBytes};
 pub use state_stage::{StateStage, StateStageFactory};
-pub use stateplane_replication::FlowBytes;
+pub use stateplane_replication::{FlowBytes, NO_HINT};
 pub use tap::{Tap, TapFactory};
 pub use worker::Worker;
 pub use worker_loop::{

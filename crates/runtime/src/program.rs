@@ -399,9 +399,17 @@ pub trait Program: Send {
     /// here (on the clock of `Context::now_ns`) unless a packet of its flow restarts its
     /// idle time: `u64::MAX` never (the default). `None`: no state, nothing appended.
     /// Override it where the state can be encoded without an allocation (the replication
-    /// stage reads every flow of a burst twice), and where the state times out: the store
-    /// is told, so that it does not grant back a state this switch let expire.
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
+    /// stage reads a flow's state after each burst of its packets), and where the state
+    /// times out: the store is told, so that it does not grant back a state this switch
+    /// let expire. `hint`: where the program last found the flow's state, as it left it
+    /// there ([`NO_HINT`] at first), kept by the caller with the flow so that the next read
+    /// can look there first; any value must be safe to give.
+    fn replicated_state_into(
+        &self,
+        key: &FlowBytes,
+        out: &mut Vec<u8>,
+        _hint: &mut u32,
+    ) -> Option<u64> {
         self.replicated_state(key)
             .map(|state| out.extend_from_slice(&state))
             .map(|()| u64::MAX)
@@ -471,7 +479,12 @@ pub trait Running: Send {
     fn replicated_alias(&self, packet: &PacketDesc, data: &[u8]) -> Option<FlowBytes>;
     fn replicated_alias_of(&self, key: &FlowBytes) -> Option<FlowBytes>;
     fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>>;
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64>;
+    fn replicated_state_into(
+        &self,
+        key: &FlowBytes,
+        out: &mut Vec<u8>,
+        hint: &mut u32,
+    ) -> Option<u64>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
     /// [`Program::inherit`] from `old` when it is a program of the same type; else every
     /// declaration of `old` starts afresh, the reload having changed the program.
@@ -622,8 +635,13 @@ impl<P: Program + 'static> Running for P {
     }
 
     #[inline]
-    fn replicated_state_into(&self, key: &FlowBytes, out: &mut Vec<u8>) -> Option<u64> {
-        Program::replicated_state_into(self, key, out)
+    fn replicated_state_into(
+        &self,
+        key: &FlowBytes,
+        out: &mut Vec<u8>,
+        hint: &mut u32,
+    ) -> Option<u64> {
+        Program::replicated_state_into(self, key, out, hint)
     }
 
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {

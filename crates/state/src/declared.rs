@@ -351,9 +351,17 @@ impl<C: ExactCodec> DeclaredTable<C> {
     /// A replicated flow's state (docs/REPLICATION.md): the entry of `key` as bytes, its
     /// action (one byte) then each parameter it keeps (16 bytes, little-endian), appended
     /// to `out`, and when the entry's idle time runs out (`u64::MAX`: never); `None`
-    /// (nothing appended) without an entry, or when the table is not replicated.
-    pub fn replicated_state_into(&self, key: &C::Key, out: &mut Vec<u8>) -> Option<u64> {
-        let id = self.table.find_id(key)?;
+    /// (nothing appended) without an entry, or when the table is not replicated. `hint`:
+    /// where the entry was found last (any value will do: [`ExactTable::find_id_hinted`]),
+    /// made where it is found now.
+    pub fn replicated_state_into(
+        &self,
+        key: &C::Key,
+        out: &mut Vec<u8>,
+        hint: &mut u32,
+    ) -> Option<u64> {
+        let id = self.table.find_id_hinted(key, *hint)?;
+        *hint = ExactTable::<C::Key, C::Value>::place(id);
         let mut params = [0u128; MAX_FIELDS];
         let (action, n) = C::action_values(self.table.value(id), &mut params);
         let (Some((left_out, _)), Ok(action)) =

@@ -541,6 +541,24 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         self.find(key).map(|i| EntryId(i as u32))
     }
 
+    /// As [`ExactTable::find_id`], looking first at `hint`, where the caller last found
+    /// `key` (a key is in one slot at most, so a slot holding it is its entry): one key
+    /// compared, not hashed and probed for, while the entry has not moved. Any `hint` is
+    /// safe: one that names no slot, or another key's, costs only the lookup.
+    #[inline]
+    pub fn find_id_hinted(&self, key: &K, hint: u32) -> Option<EntryId> {
+        let at = hint as usize;
+        match self.meta.get(at) {
+            Some(&m) if m != 0 && self.slots[at].key == *key => Some(EntryId(hint)),
+            _ => self.find_id(key),
+        }
+    }
+
+    /// Where an entry is, as [`ExactTable::find_id_hinted`] takes it back.
+    pub fn place(id: EntryId) -> u32 {
+        id.0
+    }
+
     /// The expiry profile an entry was added with.
     pub fn profile(&self, id: EntryId) -> u8 {
         self.slots[id.0 as usize].profile
@@ -1085,6 +1103,36 @@ mod tests {
                 mode: ExpireMode::AutoDelete,
             },
         ]
+    }
+
+    /// A hinted find answers what a find does, whatever the hint: its own entry's place,
+    /// a place gone stale as entries moved, another key's, an empty slot's, or none.
+    #[test]
+    fn a_hinted_find_is_a_find_whatever_the_hint() {
+        let mut t: ExactTable<u64, u32> = ExactTable::new(64, &profiles(), 7);
+        let mut hints = vec![0u32; 200];
+        let mut rng = 1u64;
+        for round in 0..4_000u64 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let key = (rng >> 33) % 200;
+            if rng >> 62 == 0 {
+                t.delete(&key);
+            } else {
+                let _ = t.add_entry(key, round as u32, 0, 0);
+            }
+            for probe in [key, (rng >> 40) % 200] {
+                let hint = match round % 3 {
+                    0 => hints[probe as usize],
+                    1 => (rng >> 20) as u32 % 80, // past the slots too
+                    _ => u32::MAX,
+                };
+                let found = t.find_id_hinted(&probe, hint);
+                assert_eq!(found, t.find_id(&probe), "key {probe}, hint {hint}");
+                if let Some(id) = found {
+                    hints[probe as usize] = ExactTable::<u64, u32>::place(id);
+                }
+            }
+        }
     }
 
     /// What a run's memory budget is told a table takes is what it allocates.

@@ -710,10 +710,11 @@ impl FlowStates {
         self.spans.clear();
     }
 
-    /// Reads the next flow's state from the program.
-    fn push(&mut self, program: &dyn Running, key: &FlowBytes) {
+    /// Reads the next flow's state from the program (looking at `hint` first, made where
+    /// it is now).
+    fn push(&mut self, program: &dyn Running, key: &FlowBytes, hint: &mut u32) {
         let start = self.bytes.len();
-        let deadline = program.replicated_state_into(key, &mut self.bytes);
+        let deadline = program.replicated_state_into(key, &mut self.bytes, hint);
         self.spans.push(deadline.map(|deadline_ns| Span {
             start,
             end: self.bytes.len(),
@@ -753,6 +754,9 @@ struct BurstFlow {
     changed: bool,
     /// Outputs of it were held before this burst's were processed.
     outputs_held: bool,
+    /// Where the program last found its state ([`Running::replicated_state_into`]), as
+    /// the replica keeps it with the flow.
+    hint: u32,
 }
 
 impl BurstFlow {
@@ -764,6 +768,7 @@ impl BurstFlow {
             compared: false,
             changed: false,
             outputs_held: false,
+            hint: stateplane_runtime::NO_HINT,
         }
     }
 }
@@ -1105,7 +1110,8 @@ impl ReplicationStage {
                             .fetch_add(1, Ordering::Relaxed);
                         // The store's state stays there until the program's changes.
                         let mut holds = Vec::new();
-                        program.replicated_state_into(&key, &mut holds);
+                        let mut hint = stateplane_runtime::NO_HINT;
+                        program.replicated_state_into(&key, &mut holds, &mut hint);
                         self.replica.program_holds(&key, holds);
                     } else if let Some(alias) = program.replicated_alias_of(&key) {
                         // Its renewals keep the alias alive at the store with it, though
@@ -1425,7 +1431,9 @@ impl StateStage for ReplicationStage {
             let outcome = if full && (behind || !self.replica.holds(&key, now)) {
                 Outcome::Dropped
             } else {
-                match self.replica.admit(now, key, token) {
+                let (admit, hint) = self.replica.admit_hinted(now, key, token);
+                self.flows[flow].hint = hint;
+                match admit {
                     Admit::Process if !behind => Outcome::Go,
                     Admit::Process => Outcome::HoldInput { ready: true },
                     Admit::Parked => {
@@ -1547,7 +1555,7 @@ impl StateStage for ReplicationStage {
                 self.after.skip();
                 continue;
             }
-            self.after.push(program, &flow.key);
+            self.after.push(program, &flow.key, &mut flow.hint);
             flow.outputs_held = held_of(&self.queues, &flow.key).is_some_and(|q| q.outputs > 0);
         }
         let (mut processed, mut folded) = (0u64, 0u64);
@@ -1574,8 +1582,9 @@ impl StateStage for ReplicationStage {
                 self.replica.processed(now, key, token, None, lives_until)
             } else {
                 let state = self.after.get(flow).unwrap_or_default();
+                let hint = self.flows[flow].hint;
                 let (release, changed) =
-                    (self.replica).processed_with_state(now, key, token, state, lives_until);
+                    (self.replica).processed_with_state(now, key, token, state, hint, lives_until);
                 (self.flows[flow].compared, self.flows[flow].changed) = (true, changed);
                 // Its writes carry the alias from this one on (they go at the next pump).
                 if changed && let Some(alias) = program.replicated_alias_of(&key) {
