@@ -18,6 +18,7 @@
 //! output reflects a state the store has not acknowledged; let a switch process a flow's
 //! packet without a lease the store would still call its own.
 
+mod flow_table;
 pub mod history;
 pub mod protocol;
 pub mod replica;
@@ -27,7 +28,7 @@ pub mod store;
 pub use protocol::{FlowBytes, Holder, Reply, Request};
 
 /// A place hint that names no place yet: where a program finds a flow's state
-/// (`Program::replicated_state_into`), kept with the flow ([`replica::Replica::admit_hinted`]).
+/// (`Program::replicated_state_into`), kept with the flow ([`replica::Places`]).
 pub const NO_HINT: u32 = u32::MAX;
 
 /// A map keyed by flows (or per-packet tokens) on the replication path, which hashes a key

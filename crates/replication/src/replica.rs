@@ -67,6 +67,24 @@ impl Default for ReplicaConfig {
     }
 }
 
+/// Where a flow is kept, so that the calls after the program find it without a lookup:
+/// the replica's place for the flow, and the program's for its state (a hint the worker
+/// reads the state with, `NO_HINT` until one is told). Any value is safe: one gone stale
+/// costs a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Places {
+    pub flow: u32,
+    pub state: u32,
+}
+
+impl Places {
+    /// No place known.
+    pub const NONE: Places = Places {
+        flow: u32::MAX,
+        state: crate::NO_HINT,
+    };
+}
+
 /// What to do with a packet just arrived.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
@@ -360,7 +378,7 @@ impl<K, V> Flow<K, V> {
 pub struct Replica<K, V> {
     config: ReplicaConfig,
     holder: Holder,
-    flows: crate::FlowMap<K, Flow<K, V>>,
+    flows: crate::flow_table::FlowTable<K, Flow<K, V>>,
     /// Aliases being asked of the store, with their packets; and those whose ask is to go.
     resolving: crate::FlowMap<K, Resolving>,
     to_resolve: Vec<K>,
@@ -457,7 +475,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         Replica {
             config,
             holder,
-            flows: crate::FlowMap::default(),
+            flows: Default::default(),
             resolving: crate::FlowMap::default(),
             to_resolve: Vec::new(),
             aliases: crate::FlowMap::default(),
@@ -490,17 +508,21 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
 
     /// A packet of flow `key` arrived.
     pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
-        self.admit_hinted(now_ns, key, token).0
+        self.admit_placed(now_ns, key, token).0
     }
 
-    /// As [`Replica::admit`], with where the flow's state was last found, as
-    /// [`Replica::processed_with_state`] was told (`NO_HINT`: not yet).
-    pub fn admit_hinted(&mut self, now_ns: u64, key: K, token: Token) -> (Admit, u32) {
+    /// As [`Replica::admit`], with where the flow is kept: the replica's place for it,
+    /// and where the program last had its state, as [`Replica::processed_with_state`]
+    /// was told; both for that call after the program.
+    pub fn admit_placed(&mut self, now_ns: u64, key: K, token: Token) -> (Admit, Places) {
         let horizon = now_ns.saturating_add(self.reach_ns(now_ns));
         let lease_ns = self.config.lease_ns;
-        let flow = self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
+        let (flow, place) = self.flows.get_or_insert_with(key, || Flow::new(now_ns));
         flow.used_ns = now_ns;
-        let hint = flow.hint;
+        let places = Places {
+            flow: place,
+            state: flow.hint,
+        };
         let waiting_for_lease =
             matches!(flow.parked.back(), Some(p) if matches!(p.needs, Needs::Lease));
         // A write made now would reach the store after the lease: ask for it again first
@@ -521,17 +543,17 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                     flow.queued = true;
                     self.sendable.push(key);
                 }
-                return (Admit::Process, hint);
+                return (Admit::Process, places);
             }
             flow.ask(key, now_ns, false, &mut self.sendable);
         }
         if self.parked >= self.config.park_limit {
             self.counters.dropped_park_full += 1;
-            return (Admit::Dropped(DropReason::ParkFull), hint);
+            return (Admit::Dropped(DropReason::ParkFull), places);
         }
         self.park(key, token, Needs::Lease, now_ns);
         self.settle(key, now_ns);
-        (Admit::Parked, hint)
+        (Admit::Parked, places)
     }
 
     /// Another packet of flow `key` that [`Replica::admit`] just answered `Process` for, at
@@ -613,15 +635,16 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     /// default: none): a change where it differs from the latest this side knows (a write
     /// waiting or on its way, else the store's), so that a worker reads a flow's state
     /// once, after the program, rather than before and after it. Whether it was a change.
-    /// `hint`: where the worker found the state, handed back at the flow's next admission
-    /// ([`Replica::admit_hinted`]).
+    /// `places`: as [`Replica::admit_placed`] gave them (any will do), the program's
+    /// place for the state where the worker found it now, handed back at the flow's next
+    /// admission.
     pub fn processed_with_state<Q>(
         &mut self,
         now_ns: u64,
         key: K,
         token: Token,
         state: &Q,
-        hint: u32,
+        places: Places,
         lives_until_ns: u64,
     ) -> (Release, bool)
     where
@@ -637,7 +660,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 changed = latest.is_none_or(|v| v.borrow() != state);
                 changed.then(|| state.to_owned())
             },
-            Some(hint),
+            Some(places),
             lives_until_ns,
         );
         (release, changed)
@@ -658,15 +681,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         key: K,
         token: Token,
         change: impl FnOnce(Option<&V>) -> Option<V>,
-        hint: Option<u32>,
+        places: Option<Places>,
         lives_until_ns: u64,
     ) -> Release {
-        let Some(flow) = self.flows.get_mut(&key) else {
+        let flow = match places {
+            Some(places) => self.flows.get_mut_at(places.flow, &key),
+            None => self.flows.get_mut(&key),
+        };
+        let Some(flow) = flow else {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
-        if let Some(hint) = hint {
-            flow.hint = hint;
+        if let Some(places) = places {
+            flow.hint = places.state;
         }
         let change = change(flow.latest());
         flow.lives_until_ns = lives_until_ns;
@@ -981,7 +1008,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         self.counters.resolved += u64::from(flow.is_some());
         if let Some(key) = flow {
             // Known here from now on by its alias too (until it is forgotten).
-            self.flows.entry(key).or_insert_with(|| Flow::new(now_ns));
+            self.flows.get_or_insert_with(key, || Flow::new(now_ns));
             self.name_alias(key, alias);
             self.arm(key, now_ns);
         }
@@ -1859,14 +1886,14 @@ mod tests {
         let mut s = StoreCore::new(StoreConfig::default());
         let process = |r: &mut Replica<u32, u64>, token, state: u64| {
             assert_eq!(r.admit(0, 7, token), Admit::Process);
-            r.processed_with_state(0, 7, token, &state, crate::NO_HINT, u64::MAX)
+            r.processed_with_state(0, 7, token, &state, Places::NONE, u64::MAX)
         };
         r.admit(0, 7, 1);
         round_trip(&mut r, &mut s, 0);
         events(&mut r);
         // Installed with no state: the default (none) is no change; 5 is.
         assert_eq!(
-            r.processed_with_state(0, 7, 1, &0, crate::NO_HINT, u64::MAX),
+            r.processed_with_state(0, 7, 1, &0, Places::NONE, u64::MAX),
             (Release::Now, false)
         );
         assert_eq!(process(&mut r, 2, 5), (Release::Parked, true));
@@ -2220,7 +2247,7 @@ mod tests {
         assert_eq!(asked(&out), [] as [u32; 0]);
         assert_eq!(r.check_bookkeeping(), Ok(()));
         advance(&mut r, &mut s, 162 * MS);
-        assert!(!r.flows.contains_key(&4), "flow 4 forgotten");
+        assert!(r.flows.get(&4).is_none(), "flow 4 forgotten");
     }
 
     #[test]
@@ -2396,7 +2423,10 @@ mod tests {
         r.poll_transmit(50 * MS, &mut late);
         // At 80 ms, 19 ms before flow 7's lease ends, the store is 30 ms behind.
         assert_eq!(r.admit(80 * MS, 7, 70), Admit::Parked);
-        assert!(matches!(r.flows[&7].lease, Lease::Acquiring { .. }));
+        assert!(matches!(
+            r.flows.get(&7).map(|f| &f.lease),
+            Some(Lease::Acquiring { .. })
+        ));
         // Caught up at 81 ms, the oldest request unanswered counts no more; the round
         // trip it took (31 ms, after two of 1 ms) makes the measured one vary that much
         // that the reach is at its cap (a quarter lease): a packet of flow 9, 18 ms

@@ -22,9 +22,11 @@
 
 use stateplane_gen::rng::Rng;
 use stateplane_replication::history::{self, Operation, PacketCounter as Counter, Verdict};
-use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
+use stateplane_replication::replica::{
+    Admit, Event, Places, Release, Replica, ReplicaConfig, Token,
+};
 use stateplane_replication::store::{StoreConfig, StoreCore};
-use stateplane_replication::{Holder, NO_HINT, Reply, Request};
+use stateplane_replication::{Holder, Reply, Request};
 use std::collections::{BTreeMap, HashMap};
 
 const US: u64 = 1_000;
@@ -323,8 +325,14 @@ impl World {
         // changed), half the change itself: a worker does both (a flow's first packet of a
         // burst, then the others).
         let release = if token.is_multiple_of(2) {
-            let (release, changed) =
-                (sw.replica).processed_with_state(now, flow, token, &*state, NO_HINT, u64::MAX);
+            let (release, changed) = (sw.replica).processed_with_state(
+                now,
+                flow,
+                token,
+                &*state,
+                Places::NONE,
+                u64::MAX,
+            );
             if changed {
                 sw.replica.name_alias(flow, flow + ALIAS);
             }

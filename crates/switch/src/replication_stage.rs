@@ -22,7 +22,9 @@ use crate::snapshot_stage::{OnStale, SnapshotSettings, SnapshotStage};
 use serde::Deserialize;
 use stateplane_programs::ReplicationMode;
 use stateplane_replication::FlowBytes;
-use stateplane_replication::replica::{Admit, Event, Release, Replica, ReplicaConfig, Token};
+use stateplane_replication::replica::{
+    Admit, Event, Places, Release, Replica, ReplicaConfig, Token,
+};
 use stateplane_replication::snapshot::{SnapshotConfig, Snapshots};
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowMap, Holder, Reply, Request};
@@ -754,9 +756,9 @@ struct BurstFlow {
     changed: bool,
     /// Outputs of it were held before this burst's were processed.
     outputs_held: bool,
-    /// Where the program last found its state ([`Running::replicated_state_into`]), as
-    /// the replica keeps it with the flow.
-    hint: u32,
+    /// Where the replica keeps it, and where the program last had its state
+    /// ([`Running::replicated_state_into`]; made where it has it now).
+    places: Places,
 }
 
 impl BurstFlow {
@@ -768,7 +770,7 @@ impl BurstFlow {
             compared: false,
             changed: false,
             outputs_held: false,
-            hint: stateplane_runtime::NO_HINT,
+            places: Places::NONE,
         }
     }
 }
@@ -1431,8 +1433,8 @@ impl StateStage for ReplicationStage {
             let outcome = if full && (behind || !self.replica.holds(&key, now)) {
                 Outcome::Dropped
             } else {
-                let (admit, hint) = self.replica.admit_hinted(now, key, token);
-                self.flows[flow].hint = hint;
+                let (admit, places) = self.replica.admit_placed(now, key, token);
+                self.flows[flow].places = places;
                 match admit {
                     Admit::Process if !behind => Outcome::Go,
                     Admit::Process => Outcome::HoldInput { ready: true },
@@ -1555,7 +1557,7 @@ impl StateStage for ReplicationStage {
                 self.after.skip();
                 continue;
             }
-            self.after.push(program, &flow.key, &mut flow.hint);
+            self.after.push(program, &flow.key, &mut flow.places.state);
             flow.outputs_held = held_of(&self.queues, &flow.key).is_some_and(|q| q.outputs > 0);
         }
         let (mut processed, mut folded) = (0u64, 0u64);
@@ -1582,9 +1584,15 @@ impl StateStage for ReplicationStage {
                 self.replica.processed(now, key, token, None, lives_until)
             } else {
                 let state = self.after.get(flow).unwrap_or_default();
-                let hint = self.flows[flow].hint;
-                let (release, changed) =
-                    (self.replica).processed_with_state(now, key, token, state, hint, lives_until);
+                let places = self.flows[flow].places;
+                let (release, changed) = (self.replica).processed_with_state(
+                    now,
+                    key,
+                    token,
+                    state,
+                    places,
+                    lives_until,
+                );
                 (self.flows[flow].compared, self.flows[flow].changed) = (true, changed);
                 // Its writes carry the alias from this one on (they go at the next pump).
                 if changed && let Some(alias) = program.replicated_alias_of(&key) {
