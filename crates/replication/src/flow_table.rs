@@ -44,14 +44,13 @@ impl<K: Hash + Eq, F> FlowTable<K, F> {
 
     /// `key`'s flow, made by `make` if there is none, and its place.
     pub(crate) fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> F) -> (&mut F, u32) {
-        let hash = self.hash(&key);
+        let hash = self.hasher.hash_one(&key);
         let hasher = &self.hasher;
-        let entry = self
-            .table
-            .entry(hash, |(k, _)| *k == key, |(k, _)| hasher.hash_one(k));
-        let entry = match entry {
-            hashbrown::hash_table::Entry::Occupied(entry) => entry,
-            hashbrown::hash_table::Entry::Vacant(entry) => entry.insert((key, make())),
+        // Found without the insertion's bookkeeping (a flow's every packet but its first).
+        let entry = match self.table.find_entry(hash, |(k, _)| *k == key) {
+            Ok(entry) => entry,
+            Err(absent) => (absent.into_table())
+                .insert_unique(hash, (key, make()), |(k, _)| hasher.hash_one(k)),
         };
         // A table of more than 2^32 flows is past any park limit; such a place is never
         // found again ([`FlowTable::get_mut_at`] looks the key up).
@@ -62,11 +61,13 @@ impl<K: Hash + Eq, F> FlowTable<K, F> {
     /// `key`'s flow, looked for first at `place` (as [`FlowTable::get_or_insert_with`]
     /// gave it): any place is safe, one gone stale costs a lookup.
     pub(crate) fn get_mut_at(&mut self, place: u32, key: &K) -> Option<&mut F> {
-        let at = place as usize;
-        if self.table.get_bucket(at).is_some_and(|(k, _)| k == key) {
-            return self.table.get_bucket_mut(at).map(|(_, flow)| flow);
-        }
-        self.get_mut(key)
+        let table = match self.table.get_bucket_entry(place as usize) {
+            Ok(entry) if entry.get().0 == *key => return Some(&mut entry.into_mut().1),
+            Ok(entry) => entry.into_table(),
+            Err(absent) => absent.into_table(),
+        };
+        let found = table.find_mut(self.hasher.hash_one(key), |(k, _)| k == key);
+        found.map(|(_, flow)| flow)
     }
 
     pub(crate) fn remove(&mut self, key: &K) -> Option<F> {
