@@ -1892,10 +1892,7 @@ impl Program for Nat {
     }
 
     fn replicated_state(&self, flow: &FlowBytes) -> Option<Vec<u8>> {
-        let mut state = Vec::new();
-        let mut hint = stateplane_runtime::NO_HINT;
-        self.replicated_state_into(flow, &mut state, &mut hint)
-            .map(|_| state)
+        stateplane_runtime::state_alone(|out, hint| self.replicated_state_into(flow, out, hint))
     }
 
     fn replicated_state_into(

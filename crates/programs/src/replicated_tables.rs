@@ -59,9 +59,7 @@ macro_rules! replicated_table_methods {
         }
 
         fn replicated_state(&self, key: &stateplane_runtime::FlowBytes) -> Option<Vec<u8>> {
-            let mut state = Vec::new();
-            let mut hint = stateplane_runtime::NO_HINT;
-            self.replicated_state_into(key, &mut state, &mut hint).map(|_| state)
+            stateplane_runtime::state_alone(|out, hint| self.replicated_state_into(key, out, hint))
         }
 
         fn replicated_state_into(

@@ -181,6 +181,15 @@ impl Context {
 }
 
 /// A network function. See the module documentation for the contract.
+/// A flow's replicated state read by `read` (a program's
+/// [`Program::replicated_state_into`]) into a buffer of its own, with no place known:
+/// [`Program::replicated_state`] for a program that encodes into a buffer.
+pub fn state_alone(read: impl FnOnce(&mut Vec<u8>, &mut u32) -> Option<u64>) -> Option<Vec<u8>> {
+    let mut state = Vec::new();
+    let mut hint = crate::NO_HINT;
+    read(&mut state, &mut hint).map(|_| state)
+}
+
 pub trait Program: Send {
     /// What [`Program::prepare`] makes for every worker's [`Program::control`]; `()` for a
     /// program that prepares nothing.
