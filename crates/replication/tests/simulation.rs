@@ -122,6 +122,10 @@ struct Held {
     op: usize,
     count: bool,
     output: Option<u64>,
+    /// Where the replica said it keeps the flow when it admitted the packet: given back
+    /// when the packet is processed, however long after (stale by then, as flows come
+    /// and go, it must cost only a lookup).
+    places: Places,
 }
 
 struct Switch {
@@ -240,6 +244,7 @@ impl World {
                 op,
                 count,
                 output: None,
+                places: Places::NONE,
             },
         );
         let now = self.now;
@@ -250,7 +255,11 @@ impl World {
             sw.replica.admit_alias(now, alias, token)
         } else {
             self.seen.by_alias += u64::from(by_alias);
-            sw.replica.admit(now, flow, token)
+            let (admitted, places) = sw.replica.admit_placed(now, flow, token);
+            if let Some(h) = sw.held.get_mut(&token) {
+                h.places = places;
+            }
+            admitted
         };
         self.admitted(s, token, admitted);
         self.drain(s);
@@ -310,7 +319,7 @@ impl World {
         let Some(h) = sw.held.get_mut(&token) else {
             return;
         };
-        let flow = h.flow;
+        let (flow, places) = (h.flow, h.places);
         let Some(state) = sw.table.get_mut(&flow) else {
             let why = format!(
                 "switch {} processed flow {flow} with no state installed",
@@ -325,14 +334,8 @@ impl World {
         // changed), half the change itself: a worker does both (a flow's first packet of a
         // burst, then the others).
         let release = if token.is_multiple_of(2) {
-            let (release, changed) = (sw.replica).processed_with_state(
-                now,
-                flow,
-                token,
-                &*state,
-                Places::NONE,
-                u64::MAX,
-            );
+            let (release, changed) =
+                (sw.replica).processed_with_state(now, flow, token, &*state, places, u64::MAX);
             if changed {
                 sw.replica.name_alias(flow, flow + ALIAS);
             }
