@@ -1095,10 +1095,20 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
                     sent.writes_committed, sent.values_written
                 );
             }
+            // The workers' time in all (each round's packets at its time a packet per
+            // core): the passes' share of it moves far less with the host's speed than
+            // the rates do.
+            let worked_s: f64 = (m.iter())
+                .map(|r| r.packets as f64 * r.ns_per_packet * 1e-9)
+                .sum();
+            let share = match worked_s > 0.0 {
+                true => 100.0 * sent.pass_seconds / worked_s,
+                false => 0.0,
+            };
             eprintln!(
-                "{name}: over every round, {} changes taken in {} passes ({:.3} s: {:.3} s \
-                 taking them from the state, {:.3} s in the read handler), {} messages ({} B), \
-                 threshold carried: mean {:.1}, largest {}",
+                "{name}: over every round, {} changes taken in {} passes ({:.3} s, {share:.1}% \
+                 of the workers' time: {:.3} s taking them from the state, {:.3} s in the read \
+                 handler), {} messages ({} B), threshold carried: mean {:.1}, largest {}",
                 sent.changes,
                 sent.passes,
                 sent.pass_seconds,
