@@ -180,7 +180,6 @@ impl Context {
     }
 }
 
-/// A network function. See the module documentation for the contract.
 /// A flow's replicated state read by `read` (a program's
 /// [`Program::replicated_state_into`]) into a buffer of its own, with no place known:
 /// [`Program::replicated_state`] for a program that encodes into a buffer.
@@ -190,6 +189,7 @@ pub fn state_alone(read: impl FnOnce(&mut Vec<u8>, &mut u32) -> Option<u64>) -> 
     read(&mut state, &mut hint).map(|_| state)
 }
 
+/// A network function. See the module documentation for the contract.
 pub trait Program: Send {
     /// What [`Program::prepare`] makes for every worker's [`Program::control`]; `()` for a
     /// program that prepares nothing.

@@ -361,7 +361,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
         hint: &mut u32,
     ) -> Option<u64> {
         let id = self.table.find_id_hinted(key, *hint)?;
-        *hint = ExactTable::<C::Key, C::Value>::place(id);
+        *hint = id.place();
         let mut params = [0u128; MAX_FIELDS];
         let (action, n) = C::action_values(self.table.value(id), &mut params);
         let (Some((left_out, _)), Ok(action)) =

@@ -554,11 +554,6 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         }
     }
 
-    /// Where an entry is, as [`ExactTable::find_id_hinted`] takes it back.
-    pub fn place(id: EntryId) -> u32 {
-        id.0
-    }
-
     /// The expiry profile an entry was added with.
     pub fn profile(&self, id: EntryId) -> u8 {
         self.slots[id.0 as usize].profile
@@ -1083,6 +1078,13 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntryId(u32);
 
+impl EntryId {
+    /// Where the entry is, as [`ExactTable::find_id_hinted`] takes it back.
+    pub fn place(self) -> u32 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1129,7 +1131,7 @@ mod tests {
                 let found = t.find_id_hinted(&probe, hint);
                 assert_eq!(found, t.find_id(&probe), "key {probe}, hint {hint}");
                 if let Some(id) = found {
-                    hints[probe as usize] = ExactTable::<u64, u32>::place(id);
+                    hints[probe as usize] = id.place();
                 }
             }
         }

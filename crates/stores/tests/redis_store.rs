@@ -1145,6 +1145,11 @@ fn a_server_that_evicts_keys_is_refused_at_every_connection() {
         matches!(granted, Some(Reply::Granted { .. })),
         "{granted:?}"
     );
+    // Nor can its replicas be counted: nothing said rather than a count made up.
+    let mut conn = (redis::Client::open(url.as_str()).unwrap())
+        .get_connection()
+        .unwrap();
+    assert_eq!(redis_client::short_of_replicas(&mut conn, &url, 1), None);
 
     let ports = [free_port(), free_port(), free_port()];
     let servers = RedisServer::cluster(ports).unwrap();
