@@ -1450,7 +1450,7 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
     refused_config(
         "budget-parking.toml",
         "memory_budget = \"1G\"\n[program]\nname = \"counter\"\n[guarantees]\nflows = [\"replicated\"]\n[replication]\npark_limit = 16777216\n",
-        "replication.park_limit: 16777216 parked packets for each of 1 workers take",
+        "replication.park_limit: 16777216 parked packets and a replica's steady flows for each of 1 workers take",
     );
     // The bursts each worker's queues keep.
     refused_config(

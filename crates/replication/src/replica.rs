@@ -271,6 +271,9 @@ struct Flow<K, V> {
     /// not take it: [`Replica::program_holds`]), or its last write acknowledged. `None`:
     /// not known, so that the next state reported is written.
     known: Option<V>,
+    /// Whether the flow may have a steady mark (set with each mark; false only once its
+    /// mark, if any, is taken away): a flow that stays steady is not marked again.
+    marked: bool,
 }
 
 /// Packets that name their flow only by an alias, held while the store says which flow
@@ -303,6 +306,7 @@ impl<K, V> Flow<K, V> {
             lives_until_ns: u64::MAX,
             alias: None,
             known: None,
+            marked: false,
             hint: crate::NO_HINT,
         }
     }
@@ -344,6 +348,21 @@ impl<K, V> Flow<K, V> {
         self.in_flight.is_none() && self.pending.is_none() && self.renewing.is_none()
     }
 
+    /// Until when, from `now_ns`, [`Replica::admit`] would answer the flow's packets
+    /// `Process` with nothing else to do, as long as nothing else happens to the flow
+    /// (`None`: not now): its lease held past the time its renewal comes due (and so past
+    /// the reach of a write made before then), nothing of it waiting or on its way, no
+    /// packet of it parked or with the worker.
+    fn steady_until(&self, now_ns: u64, lease_ns: u64) -> Option<u64> {
+        let renewal_due_ns = self.held_until(now_ns)?.saturating_sub(lease_ns / 2);
+        let steady = self.idle()
+            && !self.queued
+            && self.parked.is_empty()
+            && self.processing == 0
+            && now_ns < renewal_due_ns;
+        steady.then_some(renewal_due_ns)
+    }
+
     /// The flow's requests sent and not yet answered.
     fn unanswered(&self) -> usize {
         let asking = matches!(
@@ -375,6 +394,7 @@ impl<K, V> Flow<K, V> {
     }
 }
 
+#[cfg_attr(test, derive(Clone))]
 pub struct Replica<K, V> {
     config: ReplicaConfig,
     holder: Holder,
@@ -471,6 +491,9 @@ impl RoundTrips {
 }
 
 impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
+    /// The bytes a replica keeps whatever its flows: its flows' steady marks.
+    pub const FIXED_BYTES: usize = crate::flow_table::FlowTable::<K, Flow<K, V>>::STEADY_BYTES;
+
     pub fn new(holder: Holder, config: ReplicaConfig) -> Self {
         Replica {
             config,
@@ -504,6 +527,17 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             .get(key)
             .and_then(|f| f.held_until(now_ns))
             .is_some()
+    }
+
+    /// A packet of flow `key` arrived: its places if the flow is steady (its packets are
+    /// processed with nothing else to do, [`Admit::Process`] without a lookup), else
+    /// `None` and nothing done (ask [`Replica::admit_placed`]). Established flows whose
+    /// state only their packets read are steady between their lease's renewals.
+    #[inline]
+    pub fn admit_steady(&mut self, now_ns: u64, key: &K) -> Option<Places> {
+        let (flow, state) = self.flows.steady(key, now_ns)?;
+        self.counters.processed += 1;
+        Some(Places { flow, state })
     }
 
     /// A packet of flow `key` arrived.
@@ -542,6 +576,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 {
                     flow.queued = true;
                     self.sendable.push(key);
+                }
+                if let Some(steady_ns) = flow.steady_until(now_ns, lease_ns) {
+                    flow.marked = true;
+                    self.flows.mark_steady(key, place, steady_ns, places.state);
                 }
                 return (Admit::Process, places);
             }
@@ -666,6 +704,20 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         (release, changed)
     }
 
+    /// As [`Replica::processed`] with no change, for another packet of a flow whose state
+    /// after it was just given to [`Replica::processed_with_state`] (a burst's later
+    /// packets of one flow), found by `places` as that call was.
+    pub fn processed_again(
+        &mut self,
+        now_ns: u64,
+        key: K,
+        token: Token,
+        places: Places,
+        lives_until_ns: u64,
+    ) -> Release {
+        self.processed_as(now_ns, key, token, |_| None, Some(places), lives_until_ns)
+    }
+
     /// The program holds `state` for flow `key` where the store has another (it could
     /// not take the one its lease came with): what later states are compared with, so
     /// that the store's is written over only once the program's changes.
@@ -686,15 +738,19 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
     ) -> Release {
         let flow = match places {
             Some(places) => self.flows.get_mut_at(places.flow, &key),
-            None => self.flows.get_mut(&key),
+            // No place given: one found (the flow's steady mark keeps it).
+            None => self.flows.get_mut_at(u32::MAX, &key),
         };
-        let Some(flow) = flow else {
+        let Some((flow, place)) = flow else {
             // Never admitted: nothing of it is known here, so nothing of it can be released.
             return Release::Dropped(DropReason::Fenced);
         };
+        let hint_before = flow.hint;
         if let Some(places) = places {
             flow.hint = places.state;
         }
+        // In use (admitted by its steady mark, the flow was not looked at then).
+        flow.used_ns = flow.used_ns.max(now_ns);
         let change = change(flow.latest());
         flow.lives_until_ns = lives_until_ns;
         // A flow's packets are processed in order, so those named by `Event::Process` come
@@ -712,7 +768,28 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         let needs = flow.depends_on();
         if flow.parked.is_empty() && needs <= flow.acked {
             self.counters.released_at_once += 1;
+            // Still steady (the common case): its mark stands, unless a place it keeps
+            // moved (the program's for its state, or the flow's here).
+            let moved = flow.hint != hint_before || places.is_some_and(|p| p.flow != place);
+            match flow.steady_until(now_ns, self.config.lease_ns) {
+                Some(_) if flow.marked && !moved => {}
+                Some(until_ns) => {
+                    flow.marked = true;
+                    let hint = flow.hint;
+                    self.flows.mark_steady(key, place, until_ns, hint);
+                }
+                None if flow.marked => {
+                    flow.marked = false;
+                    self.flows.restate_steady(key, place, None);
+                }
+                None => {}
+            }
             return Release::Now;
+        }
+        // Its output waits for a write: not steady.
+        if flow.marked {
+            flow.marked = false;
+            self.flows.restate_steady(key, place, None);
         }
         if self.parked >= self.config.park_limit {
             self.counters.dropped_park_full += 1;
@@ -2653,5 +2730,81 @@ mod tests {
         r.handle_reply(296 * MS, granted);
         assert!(events(&mut r).contains(&Event::Process { key: 7, token: 4 }));
         assert_eq!(r.counters.migrated, 0);
+    }
+
+    /// A steady flow's packet is admitted as [`Replica::admit_placed`] would have admitted
+    /// it: `Process`, with nothing else done (no renewal, no ask, the same counts), in
+    /// random runs of packets that change their flow's state or not, answers lost or
+    /// late, leases that lapse and renew.
+    #[test]
+    fn a_steady_flow_is_admitted_as_admission_would_admit_it() {
+        for seed in 1..=40u64 {
+            let mut rng = seed;
+            let mut next = move |n: u64| {
+                rng = rng
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1442695040888963407);
+                (rng >> 33) % n
+            };
+            let mut r: Replica<u32, u64> = Replica::new(A, config());
+            let mut s = StoreCore::new(StoreConfig::default());
+            let mut states = [0u64; 6];
+            let (mut now, mut token, mut steady) = (0u64, 0u64, 0u32);
+            for _ in 0..3_000 {
+                now += next(4 * MS);
+                let key = next(6) as u32;
+                if next(10) < 7 {
+                    token += 1;
+                    if next(10) == 0 {
+                        states[key as usize] += 1;
+                    }
+                    let before = r.clone();
+                    let places = match r.admit_steady(now, &key) {
+                        Some(places) => {
+                            steady += 1;
+                            let mut twin = before;
+                            let (admit, _) = twin.admit_placed(now, key, token);
+                            assert_eq!(admit, Admit::Process, "seed {seed}, flow {key} at {now}");
+                            assert_eq!(twin.counters, r.counters, "seed {seed} at {now}");
+                            let (mut asked, mut asked_twin) = (Vec::new(), Vec::new());
+                            r.clone().poll_transmit(now, &mut asked);
+                            twin.poll_transmit(now, &mut asked_twin);
+                            assert_eq!(asked, asked_twin, "seed {seed}, flow {key} at {now}");
+                            places
+                        }
+                        None => match r.admit_placed(now, key, token) {
+                            (Admit::Process, places) => places,
+                            _ => continue,
+                        },
+                    };
+                    let state = states[key as usize];
+                    r.processed_with_state(now, key, token, &state, places, u64::MAX);
+                } else {
+                    let mut out = Vec::new();
+                    r.poll_transmit(now, &mut out);
+                    for q in out {
+                        let reply = s.handle(now, r.holder(), q);
+                        if next(8) != 0 {
+                            r.handle_reply(now + next(2 * MS), reply);
+                        }
+                    }
+                    while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+                        r.handle_timeout(t);
+                    }
+                    for e in events(&mut r) {
+                        if let Event::Process { key, token } = e {
+                            let state = states[key as usize];
+                            let places = Places::NONE;
+                            r.processed_with_state(now, key, token, &state, places, u64::MAX);
+                        }
+                    }
+                }
+                r.check_bookkeeping().unwrap();
+            }
+            assert!(
+                steady > 300,
+                "seed {seed}: only {steady} packets admitted steady"
+            );
+        }
     }
 }

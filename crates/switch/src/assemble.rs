@@ -365,7 +365,7 @@ fn claim_parking(park_limit: usize, workers: usize) -> SetupResult<()> {
     let setting = "replication.park_limit";
     stateplane_mem::budget::claim_once(
         setting,
-        || format!("{park_limit} parked packets for each of {workers} workers"),
+        || format!("{park_limit} parked packets and a replica's steady flows for each of {workers} workers"),
         crate::replication_stage::parking_claim(park_limit, workers),
     )
     .map_err(|e| format!("{setting}: {e}"))

@@ -945,11 +945,13 @@ pub fn parked_bytes(park_limit: usize) -> usize {
     park_limit.saturating_mul(PARKED_FRAME_BYTES)
 }
 
-/// What the memory budget is told the parking places of `workers` take.
+/// What the memory budget is told the parking places of `workers` take (with each
+/// replica's fixed keeping).
 pub fn parking_claim(park_limit: usize, workers: usize) -> u64 {
     // Each packet's keeping: its descriptor and meta in the map, a map slot's spare room.
     let keeping = 2 * std::mem::size_of::<(u64, HeldPacket<Hold>)>() + 16;
-    ((parked_bytes(park_limit) + park_limit * keeping) * workers) as u64
+    let fixed = Replica::<FlowBytes, Value>::FIXED_BYTES;
+    ((parked_bytes(park_limit) + park_limit * keeping + fixed) * workers) as u64
 }
 
 impl ReplicationStage {
@@ -1430,19 +1432,29 @@ impl StateStage for ReplicationStage {
             // this burst that wait for the store: a packet that would be held unprocessed
             // is dropped before the replica sees it.
             let full = self.parking_full(burst.data(i).len());
-            let outcome = if full && (behind || !self.replica.holds(&key, now)) {
-                Outcome::Dropped
-            } else {
-                let (admit, places) = self.replica.admit_placed(now, key, token);
-                self.flows[flow].places = places;
-                match admit {
-                    Admit::Process if !behind => Outcome::Go,
-                    Admit::Process => Outcome::HoldInput { ready: true },
-                    Admit::Parked => {
-                        self.in_burst.insert(token, i);
-                        Outcome::HoldInput { ready: false }
+            // A steady flow's packet is processed (behind its held ones) with no more asked.
+            let steady = match full && behind {
+                true => None,
+                false => self.replica.admit_steady(now, &key),
+            };
+            let admit = match steady {
+                Some(places) => Some((Admit::Process, places)),
+                None if full && (behind || !self.replica.holds(&key, now)) => None,
+                None => Some(self.replica.admit_placed(now, key, token)),
+            };
+            let outcome = match admit {
+                None => Outcome::Dropped,
+                Some((admit, places)) => {
+                    self.flows[flow].places = places;
+                    match admit {
+                        Admit::Process if !behind => Outcome::Go,
+                        Admit::Process => Outcome::HoldInput { ready: true },
+                        Admit::Parked => {
+                            self.in_burst.insert(token, i);
+                            Outcome::HoldInput { ready: false }
+                        }
+                        Admit::Dropped(_) => Outcome::Dropped,
                     }
-                    Admit::Dropped(_) => Outcome::Dropped,
                 }
             };
             self.flows[flow].go = outcome == Outcome::Go;
@@ -1581,7 +1593,8 @@ impl StateStage for ReplicationStage {
             } = self.flows[flow];
             let release = if compared {
                 folded += u64::from(changed);
-                self.replica.processed(now, key, token, None, lives_until)
+                let places = self.flows[flow].places;
+                (self.replica).processed_again(now, key, token, places, lives_until)
             } else {
                 let state = self.after.get(flow).unwrap_or_default();
                 let places = self.flows[flow].places;
