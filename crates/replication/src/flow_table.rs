@@ -3,7 +3,6 @@
 //! again after the program by that place and one key compared, where a lookup hashes the
 //! key and probes for it (the replica's second lookup of a packet).
 //!
-//!
 //! Beside them, a direct-mapped cache of flows marked steady: each with a time before
 //! which nothing about its packets' admission can change but through the table, so that
 //! a packet of such a flow is admitted with one probe and one key compared (the common

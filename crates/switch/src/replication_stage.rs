@@ -23,7 +23,7 @@ use serde::Deserialize;
 use stateplane_programs::ReplicationMode;
 use stateplane_replication::FlowBytes;
 use stateplane_replication::replica::{
-    Admit, Event, Places, Release, Replica, ReplicaConfig, Token,
+    Admit, DropReason as ReplicaDrop, Event, Places, Release, Replica, ReplicaConfig, Token,
 };
 use stateplane_replication::snapshot::{SnapshotConfig, Snapshots};
 use stateplane_replication::store::StoreConfig;
@@ -1437,25 +1437,22 @@ impl StateStage for ReplicationStage {
                 true => None,
                 false => self.replica.admit_steady(now, &key),
             };
-            let admit = match steady {
-                Some(places) => Some((Admit::Process, places)),
-                None if full && (behind || !self.replica.holds(&key, now)) => None,
-                None => Some(self.replica.admit_placed(now, key, token)),
-            };
-            let outcome = match admit {
-                None => Outcome::Dropped,
-                Some((admit, places)) => {
-                    self.flows[flow].places = places;
-                    match admit {
-                        Admit::Process if !behind => Outcome::Go,
-                        Admit::Process => Outcome::HoldInput { ready: true },
-                        Admit::Parked => {
-                            self.in_burst.insert(token, i);
-                            Outcome::HoldInput { ready: false }
-                        }
-                        Admit::Dropped(_) => Outcome::Dropped,
-                    }
+            let (admit, places) = match steady {
+                Some(places) => (Admit::Process, places),
+                None if full && (behind || !self.replica.holds(&key, now)) => {
+                    (Admit::Dropped(ReplicaDrop::ParkFull), Places::NONE)
                 }
+                None => self.replica.admit_placed(now, key, token),
+            };
+            self.flows[flow].places = places;
+            let outcome = match admit {
+                Admit::Process if !behind => Outcome::Go,
+                Admit::Process => Outcome::HoldInput { ready: true },
+                Admit::Parked => {
+                    self.in_burst.insert(token, i);
+                    Outcome::HoldInput { ready: false }
+                }
+                Admit::Dropped(_) => Outcome::Dropped,
             };
             self.flows[flow].go = outcome == Outcome::Go;
             self.slots.push(Some(Slot {
