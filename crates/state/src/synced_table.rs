@@ -52,6 +52,64 @@ pub struct SlotWords {
     key_fields: Vec<Field>,
     /// Per word of a slot: whether it is sent within the threshold (a counting parameter).
     counting: Vec<bool>,
+    /// Where each key field lies, and per action where each of its parameters does: what
+    /// decoding reads, with no walk through the declaration (a migration decodes tens of
+    /// thousands of entries in the worker's pause).
+    key_at: Vec<FieldAt>,
+    params_at: Vec<Vec<FieldAt>>,
+}
+
+/// A field's place in a slot: the word that holds it (its low word, for a field of two
+/// words), and the bits of its high and low words that a value fitting its declared width
+/// leaves 0.
+#[derive(Clone, Copy, Debug)]
+struct FieldAt {
+    low: usize,
+    wide: bool,
+    over_high: u64,
+    over_low: u64,
+}
+
+impl FieldAt {
+    fn new(at: usize, field: &Field) -> FieldAt {
+        let wide = words_of(field) == 2;
+        let fits = |bits: u32| {
+            if bits >= 64 {
+                u64::MAX
+            } else {
+                (1 << bits) - 1
+            }
+        };
+        let bits = u32::from(field.bits);
+        FieldAt {
+            low: at + usize::from(wide),
+            wide,
+            over_high: !fits(bits.saturating_sub(64)) * u64::from(wide),
+            over_low: !fits(bits),
+        }
+    }
+}
+
+/// The values of the fields `at` names in `words` (a whole slot's) into `out`, or the
+/// error of the first that does not fit its field (`fields`, in the same order).
+fn read_fields(
+    at: &[FieldAt],
+    fields: &[Field],
+    words: &[u64],
+    out: &mut Vec<u128>,
+) -> Result<(), String> {
+    out.clear();
+    let mut over = false;
+    for f in at {
+        let (high, low) = (if f.wide { words[f.low - 1] } else { 0 }, words[f.low]);
+        over |= high & f.over_high != 0 || low & f.over_low != 0;
+        out.push((u128::from(high) << 64) | u128::from(low));
+    }
+    if !over {
+        return Ok(());
+    }
+    let bad = (fields.iter().zip(out.iter())).find_map(|(field, &v)| checked(field, v).err());
+    bad.map_or(Ok(()), Err)
 }
 
 impl SlotWords {
@@ -74,12 +132,29 @@ impl SlotWords {
             counting_words.extend(std::iter::repeat_n(counts, words));
             next += words;
         }
+        let field_at = FieldAt::new;
+        let key_at = (key.iter())
+            .scan(1, |at, field| {
+                let here = *at;
+                *at += words_of(field);
+                Some(field_at(here, field))
+            })
+            .collect();
+        let params_at = (actions.iter())
+            .map(|a| {
+                (a.params.iter().zip(&params))
+                    .map(|(field, &(at, _))| field_at(at, field))
+                    .collect()
+            })
+            .collect();
         Some(SlotWords {
             key: key_words,
             params,
             actions: actions.iter().map(|a| a.params.clone()).collect(),
             key_fields: key.clone(),
             counting: counting_words,
+            key_at,
+            params_at,
         })
     }
 
@@ -146,22 +221,19 @@ impl SlotWords {
                 self.stride()
             ));
         }
-        out.key.clear();
-        out.params.clear();
-        let mut at = 1;
-        for (field, &n) in self.key_fields.iter().zip(&self.key) {
-            out.key.push(checked(field, get(&words[at..at + n]))?);
-            at += n;
-        }
+        read_fields(&self.key_at, &self.key_fields, words, &mut out.key)?;
         let Some(action) = words[0].checked_sub(1) else {
+            out.params.clear();
             out.action = None;
             return Ok(());
         };
-        let params = (self.actions.get(action as usize))
-            .ok_or_else(|| format!("action word {} names no action", words[0]))?;
-        for (field, &(at, n)) in params.iter().zip(&self.params) {
-            out.params.push(checked(field, get(&words[at..at + n]))?);
-        }
+        let (Some(at), Some(params)) = (
+            self.params_at.get(action as usize),
+            self.actions.get(action as usize),
+        ) else {
+            return Err(format!("action word {} names no action", words[0]));
+        };
+        read_fields(at, params, words, &mut out.params)?;
         out.action = Some(action as usize);
         Ok(())
     }
@@ -185,16 +257,6 @@ fn put(value: u128, out: &mut [u64]) {
             *low = value as u64;
         }
         _ => {}
-    }
-}
-
-/// A field's value from its words (one, or two high first): [`put`]'s inverse.
-#[inline]
-fn get(words: &[u64]) -> u128 {
-    match *words {
-        [one] => u128::from(one),
-        [high, low] => (u128::from(high) << 64) | u128::from(low),
-        _ => 0,
     }
 }
 
@@ -491,6 +553,53 @@ mod tests {
                 ],
                 writable: false,
             },
+        }
+    }
+
+    /// A key or parameter decodes when it fits its declared width and is refused, named,
+    /// one past it, for every width of one word or two (the edges of each word).
+    #[test]
+    fn a_field_decodes_up_to_its_width_and_not_one_past() {
+        let f = |name: &str, bits| Field::new(name, bits, Format::Int, MatchKind::Exact);
+        for bits in [1u8, 7, 8, 16, 32, 63, 64, 65, 96, 127, 128] {
+            let decl = Declaration {
+                kind: Kind::Table {
+                    key: vec![f("k", bits)],
+                    actions: vec![Action {
+                        name: "a".into(),
+                        params: vec![f("p", bits)],
+                    }],
+                    writable: false,
+                },
+                ..decl()
+            };
+            let words = SlotWords::of(&decl, &[]).unwrap();
+            let mut out = vec![0; words.stride()];
+            let most = if bits == 128 {
+                u128::MAX
+            } else {
+                (1 << bits) - 1
+            };
+            for (key, param) in [(most, 0), (0, most), (most, most)] {
+                words.encode(0, Some(&[key]), &[param], &mut out);
+                assert_eq!(
+                    words.decode(&out).map(|d| (d.key, d.params)),
+                    Ok((vec![key], vec![param])),
+                    "{bits} bits"
+                );
+            }
+            // One past 64 bits takes a word more than the field has; past 128, any word.
+            if bits == 64 || bits == 128 {
+                continue;
+            }
+            for (key, param, named) in [(most + 1, 0, "`k`"), (0, most + 1, "`p`")] {
+                words.encode(0, Some(&[key]), &[param], &mut out);
+                let e = words.decode(&out).unwrap_err();
+                assert!(
+                    e.contains(named) && e.contains(&format!("({bits} bits)")),
+                    "{e}"
+                );
+            }
         }
     }
 
