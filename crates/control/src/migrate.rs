@@ -110,7 +110,8 @@ pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> 
 #[derive(Clone, Debug)]
 pub struct Planned {
     pub entry_words: u32,
-    /// Locations read from the copy, and the largest bound among them.
+    /// Locations read from the copy (a table's empty slots by their first word alone), and
+    /// the largest bound among them.
     pub read: u64,
     pub largest_bound: u64,
     /// The values written: every one of a register, the occupied slots' words of a table.
@@ -149,8 +150,9 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
     // What moves is kept as it is read (a table's occupied slots), not the whole copy.
     let mut moves = Moves::new(entry_words as usize, length as usize);
     let (mut largest_bound, mut unbounded, mut first_unbounded) = (0, 0u64, None);
-    let read = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
-        moves.push(reading.value);
+    let mut read = 0u64;
+    let any = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
+        read += 1;
         match reading.bound {
             Some(b) => largest_bound = largest_bound.max(b),
             None => {
@@ -158,9 +160,10 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
                 first_unbounded.get_or_insert(i);
             }
         }
+        moves.push(reading.value)
     }))
     .is_some();
-    if !read {
+    if !any {
         return Err(format!(
             "switch {} stream {stream} has applied no message yet",
             m.from_switch
@@ -168,14 +171,15 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
     }
     if let Some(i) = first_unbounded {
         return Err(format!(
-            "the copy of switch {} stream {stream} is unbounded at {unbounded} locations \
-             from {i} (a loss its refresh has not made up yet): try again after the refresh",
+            "the copy of switch {} stream {stream} is unbounded at {unbounded} of the \
+             locations read, from {i} (a loss its refresh has not made up yet): try again \
+             after the refresh",
             m.from_switch
         ));
     }
     Ok(Planned {
         entry_words,
-        read: u64::from(length),
+        read,
         largest_bound,
         values: moves.values(),
     })
@@ -201,20 +205,20 @@ impl Moves {
         }
     }
 
-    /// The next location's value. A slot's words go straight into `values` and leave it
-    /// again when the slot turns out empty: one push a word, where the copy's 1.57 M
-    /// words of a table of 65,536 connections are read.
+    /// The next location's value; how many locations after it move nothing, so need not
+    /// be read: the rest of a table's slot whose first word is 0 (empty: half of a table's
+    /// slots, whose 12 other words each would be read for nothing).
     #[inline]
-    fn push(&mut self, value: u64) {
+    fn push(&mut self, value: u64) -> u32 {
+        if self.in_slot == 0 && value == 0 && self.entry_words > 1 {
+            return (self.entry_words - 1) as u32;
+        }
         self.values.push(value);
         self.in_slot += 1;
         if self.in_slot == self.entry_words {
             self.in_slot = 0;
-            let start = self.values.len() - self.entry_words;
-            if self.values[start] == 0 && self.entry_words > 1 {
-                self.values.truncate(start);
-            }
         }
+        0
     }
 
     /// The values whole: a slot not read whole moves nothing.
@@ -257,7 +261,10 @@ mod tests {
     fn a_table_moves_its_occupied_slots_and_a_register_every_value() {
         let moved = |values: &[u64], entry_words| {
             let mut moves = Moves::new(entry_words, values.len());
-            values.iter().for_each(|&v| moves.push(v));
+            let mut i = 0;
+            while let Some(&v) = values.get(i) {
+                i += 1 + moves.push(v) as usize;
+            }
             moves.values()
         };
         let slots = [0, 9, 9, 1, 2, 3, 0, 0, 0, 2, 5, 6];
@@ -269,6 +276,83 @@ mod tests {
             "a slot not whole moves nothing"
         );
         assert_eq!(moved(&[], 3), []);
+    }
+
+    /// A table's copy as a collector holds it: switch 1's stream 0 announces state 0, 4
+    /// slots of 3 words, and sends `slots` in message 1 and, where `lost` is false,
+    /// nothing else; with `lost`, message 2 is lost and message 3 carries slot 3 again.
+    fn copy_of(slots: [[u64; 3]; 4], lost: bool) -> Collector {
+        use stateplane_sync::Update;
+        use stateplane_sync::wire::{Kind, Message};
+        let mut c = Collector::new(None, None);
+        let message = |kind, seq, entries: Vec<Update>| Message {
+            kind,
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            seq,
+            sent_ns: seq,
+            t_max: 0,
+            more: false,
+            entries,
+        };
+        let update = |index: usize, value| Update {
+            location: Location {
+                state: 0,
+                index: index as u32,
+            },
+            value,
+            threshold: 0,
+        };
+        let layout = vec![update(12, 3)];
+        let words = slots.iter().flatten().enumerate();
+        let mut messages = vec![
+            message(Kind::Layout, 1, layout),
+            message(
+                Kind::Updates,
+                2,
+                words.map(|(i, &v)| update(i, v)).collect(),
+            ),
+        ];
+        if lost {
+            let again = (9..12).map(|i| update(i, slots[3][i - 9])).collect();
+            messages.push(message(Kind::Updates, 4, again));
+        }
+        for m in messages {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            c.on_datagram(m.sent_ns, &bytes, "127.0.0.1:9".parse().unwrap());
+        }
+        c
+    }
+
+    /// A table's copy moves its occupied slots whole, reading an empty slot's first word
+    /// alone; a copy unbounded where it moves is refused (a loss not made up yet), and
+    /// an empty slot's other words, which move nothing, need not be bounded.
+    #[test]
+    fn a_plan_reads_an_empty_slot_by_its_first_word_and_refuses_an_unbounded_copy() {
+        let m = Move {
+            from_switch: 1,
+            from_stream: 0,
+            to_switch: 2,
+            to_stream: None,
+            state: 0,
+            entry_words: None,
+            timeout_ms: 1_000,
+        };
+        let slots = [[1, 10, 11], [0, 0, 0], [2, 20, 21], [0, 7, 7]];
+        let planned = plan(&copy_of(slots, false), &m).unwrap();
+        assert_eq!(planned.values, [1, 10, 11, 2, 20, 21]);
+        assert_eq!((planned.entry_words, planned.entries()), (3, 2));
+        assert_eq!(planned.read, 8, "two empty slots read by their first word");
+        // Message 2 lost: slots 0 to 2 may have missed an update; slot 3 came again.
+        let e = plan(&copy_of(slots, true), &m).unwrap_err();
+        assert!(
+            e.contains("unbounded at 7 of the locations read, from 0"),
+            "{e}"
+        );
+        let e = plan(&Collector::new(None, None), &m).unwrap_err();
+        assert!(e.contains("has sent nothing"), "{e}");
     }
 
     /// As few writes as the target's path allows, each of whole entries; a register's

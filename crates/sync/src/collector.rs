@@ -331,13 +331,14 @@ impl Collector {
     }
 
     /// [`Collector::read`], each reading handed to `each` with its offset from `first`
-    /// rather than gathered (`Mirror::visit_range`).
+    /// rather than gathered, but for the locations `each` says to pass over after it
+    /// (`Mirror::visit_range`).
     pub fn visit(
         &self,
         (switch, stream, state): (u32, u16, u16),
         first: u32,
         count: u32,
-        each: impl FnMut(usize, Reading),
+        each: impl FnMut(usize, Reading) -> u32,
     ) -> Option<()> {
         (self.mirror).visit_range(switch, stream, state, first, count, each)
     }

@@ -617,13 +617,18 @@ impl Mirror {
         count: u32,
     ) -> Option<Vec<Reading>> {
         let mut readings = Vec::with_capacity(count as usize);
-        self.visit_range(switch, stream, state, first, count, |_, r| readings.push(r))?;
+        self.visit_range(switch, stream, state, first, count, |_, r| {
+            readings.push(r);
+            0
+        })?;
         Some(readings)
     }
 
     /// Calls `each` with the offset from `first` and the reading of every location of
     /// `count` from `first` in order, as [`Mirror::read_range`] reads them, without
-    /// gathering them; `None` (and no call) where `read_range` answers `None`.
+    /// gathering them, but for the locations `each` says to pass over after the one it
+    /// was given (a table's empty slot's words: half of what a migration would read);
+    /// `None` (and no call) where `read_range` answers `None`.
     pub fn visit_range(
         &self,
         switch: u32,
@@ -631,7 +636,7 @@ impl Mirror {
         state: u16,
         first: u32,
         count: u32,
-        mut each: impl FnMut(usize, Reading),
+        mut each: impl FnMut(usize, Reading) -> u32,
     ) -> Option<()> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         let cells = view.values.states.get(&state);
@@ -663,13 +668,15 @@ impl Mirror {
                 as_of_ns,
             }
         };
-        for (i, held) in dense.iter().enumerate() {
+        let count = (end - first) as usize;
+        let mut i = 0;
+        while i < count {
             // A dense cell never carried is NEVER's alike (seq 0), so reads as it.
-            each(i, reading_of(held));
-        }
-        for (i, index) in (first..end).enumerate().skip(dense.len()) {
-            let held = cells.and_then(|c| c.get(index)).unwrap_or(&NEVER);
-            each(i, reading_of(held));
+            let held = match dense.get(i) {
+                Some(held) => held,
+                None => (cells.and_then(|c| c.get(first + i as u32))).unwrap_or(&NEVER),
+            };
+            i += 1 + each(i, reading_of(held)) as usize;
         }
         Some(())
     }
