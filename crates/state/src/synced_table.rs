@@ -132,18 +132,17 @@ impl SlotWords {
             counting_words.extend(std::iter::repeat_n(counts, words));
             next += words;
         }
-        let field_at = FieldAt::new;
         let key_at = (key.iter())
             .scan(1, |at, field| {
                 let here = *at;
                 *at += words_of(field);
-                Some(field_at(here, field))
+                Some(FieldAt::new(here, field))
             })
             .collect();
         let params_at = (actions.iter())
             .map(|a| {
                 (a.params.iter().zip(&params))
-                    .map(|(field, &(at, _))| field_at(at, field))
+                    .map(|(field, &(at, _))| FieldAt::new(at, field))
                     .collect()
             })
             .collect();

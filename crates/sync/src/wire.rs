@@ -758,7 +758,7 @@ impl Message {
             };
             let indexes = first..=first + (len as u32 - 1);
             // One loop a width, each value read as a fixed-size array: a part's thousands
-            // of values cost a few instructions each, not a bounds check and a shift.
+            // of values are read with no bounds check or width's shift each.
             match width {
                 0 => entries.extend(indexes.map(|i| update((i, 0)))),
                 1 => entries.extend(
