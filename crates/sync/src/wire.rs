@@ -557,13 +557,14 @@ impl Message {
         out.extend_from_slice(&self.t_max.to_be_bytes());
         // The entries go as runs where that is shorter ([`EncodedSize`]'s rule): written as
         // runs first (a write's are a few bytes a value), and again as entries where the
-        // runs came out no shorter, so that they are cut once, not measured first.
+        // runs come out no shorter, so that they are cut once, not measured first. The
+        // runs' bytes only grow as they are cut: once those written reach the entries'
+        // (scattered locations, wide values), the cutting stops.
         let body = out.len();
         let entries_bytes = self.entries.len() * ENTRY_LEN;
         let runs = self.entries.len() <= MAX_RUN_ENTRIES && {
-            let entries = &self.entries;
-            let mut put = |run: Run| {
-                let values = &entries[run.start..run.start + run.len];
+            let put = |run: Run, out: &mut Vec<u8>| {
+                let values = &self.entries[run.start..run.start + run.len];
                 let first = &values[0];
                 out.extend_from_slice(&first.location.state.to_be_bytes());
                 out.extend_from_slice(&[run.width as u8, 0]);
@@ -573,11 +574,17 @@ impl Message {
                 put_values(values, run.width, out);
             };
             let mut cutter = RunCutter::default();
-            for e in entries {
-                cutter.push(e, &mut put);
+            let shorter = |out: &Vec<u8>| out.len() - body < entries_bytes;
+            for e in &self.entries {
+                cutter.push(e, |run| put(run, out));
+                if !shorter(out) {
+                    break;
+                }
             }
-            cutter.finish(put);
-            out.len() - body < entries_bytes
+            shorter(out) && {
+                cutter.finish(|run| put(run, out));
+                shorter(out)
+            }
         };
         if runs {
             out[start + 2] |= FLAG_RUNS;
