@@ -4,8 +4,10 @@
 //!
 //! Must never: listen beyond 127.0.0.1, or leave the server running after it is dropped.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub struct RedisServer {
@@ -22,13 +24,25 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-/// A loopback port nothing listens on now, for a server of a test's or an experiment's
-/// own.
+/// A loopback port nothing listens on now and that no earlier call in this process handed
+/// out, for a server of a test's or an experiment's own. The kernel may give a port it
+/// gave before once the port is closed again, and tests that run at once in one process
+/// start their servers only after asking: without the record, two servers of one cluster
+/// have been given the same port.
 pub fn free_loopback_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("a free loopback port: {e}"))
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    for _ in 0..64 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("a free loopback port: {e}"))?;
+        // A test that panicked while holding the record leaves it whole: take it as is.
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err("a free loopback port: the kernel gave only ports handed out before, 64 times".into())
 }
 
 /// Whether `tool` is on the PATH.
@@ -332,7 +346,7 @@ impl RedisServer {
     }
 
     /// Kills the server if it runs and starts it again on the same port and directory,
-    /// waiting until it answers.
+    /// waiting until it answers as the process started.
     pub fn restart(&mut self) -> Result<(), String> {
         self.kill();
         let mut command = Command::new("redis-server");
@@ -349,10 +363,22 @@ impl RedisServer {
         };
         let child =
             (command.stdout(Stdio::null()).spawn()).map_err(|e| format!("redis-server: {e}"))?;
+        // The answer must come from this process: a server another test started on the
+        // same port answers too, and this one then exits, unable to listen.
+        let own_process = format!("process_id:{}", child.id());
         self.child = Some(child);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(5) {
-            if self.cli(&["ping"]).trim() == "PONG" {
+            let exited = (self.child.as_mut()).and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!(
+                    "redis-server on port {} exited at start ({status}): is the port taken?",
+                    self.port
+                ));
+            }
+            let info = self.cli(&["info", "server"]);
+            if info.lines().any(|line| line.trim() == own_process) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -405,5 +431,32 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Thousands of asks in one process never repeat a port, though the kernel, asked as
+    /// often, gives some port twice.
+    #[test]
+    fn no_port_is_handed_out_twice() {
+        let mut seen = BTreeSet::new();
+        for _ in 0..3000 {
+            let port = free_loopback_port().unwrap();
+            assert!(seen.insert(port), "port {port} handed out twice");
+        }
+    }
+
+    /// A server started on a port another server holds is refused, not taken for the one
+    /// that answers there.
+    #[test]
+    fn a_server_on_a_taken_port_is_refused_and_says_so() {
+        let port = free_loopback_port().unwrap();
+        let first = RedisServer::start(port, false).unwrap();
+        let err = RedisServer::start(port, false).err().unwrap();
+        assert!(err.contains("port"), "{err}");
+        assert_eq!(first.cli(&["ping"]).trim(), "PONG");
     }
 }
