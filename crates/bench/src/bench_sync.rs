@@ -504,7 +504,7 @@ fn one_write(
     let mut engine = WriteEngine::new(1, 1, 0, 200_000);
     let mut stage = WriteStage::default();
     let mut registers = Registers(vec![0; size]);
-    let values = (0..size as u32)
+    let values: Vec<Written> = (0..size as u32)
         .map(|index| Written {
             location: Location { state: 0, index },
             value: u64::from(index) + 1,

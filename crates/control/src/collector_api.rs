@@ -327,7 +327,14 @@ impl collector_server::Collector for CollectorService {
         // The writes are made with the collector let go (a table's are megabytes, which
         // its datagrams need not wait for); each target stream takes them in order, one
         // after another, the last without a copy.
-        let mut writes = crate::migrate::writes(&planned, state, max_values);
+        let reply = sync_pb::MigrateReply {
+            read: planned.read,
+            entries: planned.entries(),
+            values: planned.values.len() as u64,
+            largest_bound: planned.largest_bound,
+            done: Vec::new(),
+        };
+        let mut writes = crate::migrate::writes(planned, state, max_values);
         let writes_per_stream = writes.len() as u32;
         let mut per_target = Vec::with_capacity(targets.len());
         for (n, &stream) in targets.iter().enumerate() {
@@ -352,13 +359,7 @@ impl collector_server::Collector for CollectorService {
         // Each write its own time, as a stream commits them one after another.
         let done =
             (self.sent_and_awaited(r.to_switch, ids, r.timeout_ms, writes_per_stream)).await?;
-        Ok(Response::new(sync_pb::MigrateReply {
-            read: planned.read,
-            entries: planned.entries(),
-            values: planned.values.len() as u64,
-            largest_bound: planned.largest_bound,
-            done,
-        }))
+        Ok(Response::new(sync_pb::MigrateReply { done, ..reply }))
     }
 
     type SubscribeStream = ChangeStream;

@@ -14,7 +14,7 @@ use crate::collector_api::CollectorClient;
 use crate::sync_pb;
 use stateplane_sync::Location;
 use stateplane_sync::collector::Collector;
-use stateplane_sync::write::{MAX_VALUES, Mode, Written};
+use stateplane_sync::write::{MAX_VALUES, Mode, WriteValues};
 
 /// What to move, from where to where.
 #[derive(Clone, Debug)]
@@ -232,24 +232,29 @@ impl Moves {
 /// The writes that carry `planned`, in order, each of at most `max_values` values (what the
 /// target's path carries in one write, `Collector::max_write_values`): as few as that
 /// allows (one, committed whole, where the state fits), each holding whole entries; a
-/// register's values keep their places (a table's entries are placed by their keys).
-pub fn writes(planned: &Planned, state: u16, max_values: usize) -> Vec<Vec<Written>> {
+/// register's values keep their places (a table's entries are placed by their keys). Each
+/// is a stretch of values, encoded where it is: `planned`'s values are moved, not copied,
+/// where one write carries them all.
+pub fn writes(planned: Planned, state: u16, max_values: usize) -> Vec<WriteValues> {
     let entry_words = planned.entry_words.max(1) as usize;
     let per_write = (max_values / entry_words).max(1) * entry_words;
+    let stretch = |i: usize, values: Vec<u64>| WriteValues::Stretch {
+        first: Location {
+            state,
+            index: if entry_words == 1 {
+                (i * per_write) as u32
+            } else {
+                0
+            },
+        },
+        mode: Mode::Set,
+        values,
+    };
+    if planned.values.len() <= per_write {
+        return vec![stretch(0, planned.values)];
+    }
     (planned.values.chunks(per_write).enumerate())
-        .map(|(i, chunk)| {
-            let first = if entry_words == 1 { i * per_write } else { 0 };
-            (chunk.iter().enumerate())
-                .map(|(j, &value)| Written {
-                    location: Location {
-                        state,
-                        index: (first + j) as u32,
-                    },
-                    value,
-                    mode: Mode::Set,
-                })
-                .collect()
-        })
+        .map(|(i, chunk)| stretch(i, chunk.to_vec()))
         .collect()
 }
 
@@ -359,35 +364,46 @@ mod tests {
     /// values keep their places, a table's entries are numbered from 0 in each write.
     #[test]
     fn a_move_is_as_few_writes_of_whole_entries_as_the_path_allows() {
+        use stateplane_sync::write::MAX_WRITE_VALUES;
         let planned = |entry_words, n: u64| Planned {
             entry_words,
             read: n,
             largest_bound: 0,
             values: (0..n).collect(),
         };
+        // Each write's first location and values.
+        let stretches = |writes: Vec<WriteValues>| -> Vec<(Location, Vec<u64>)> {
+            (writes.into_iter())
+                .map(|w| match w {
+                    WriteValues::Stretch {
+                        first,
+                        mode: Mode::Set,
+                        values,
+                    } => (first, values),
+                    other => panic!("not a stretch set: {other:?}"),
+                })
+                .collect()
+        };
+        let at = |state, index| Location { state, index };
         let table = planned(12, 12 * 65_536);
-        let one = writes(&table, 3, stateplane_sync::write::MAX_WRITE_VALUES);
+        let one = stretches(writes(table.clone(), 3, MAX_WRITE_VALUES));
         assert_eq!(one.len(), 1, "65,536 entries of 12 words: one write");
-        assert_eq!(one[0].len(), 12 * 65_536);
-        let split = writes(&table, 3, 100);
+        assert_eq!(one[0], (at(3, 0), table.values));
+        let split = stretches(writes(planned(12, 12 * 65_536), 3, 100));
         assert_eq!(
             split.len(),
             65_536 * 12 / 96,
             "8 entries of 12 words a write"
         );
-        assert!(split.iter().all(|w| w.len() == 96));
-        assert_eq!((split[1][0].location.index, split[1][0].value), (0, 96));
-        let register = writes(&planned(1, 250), 0, 100);
+        assert!(split.iter().all(|(_, values)| values.len() == 96));
+        assert_eq!((split[1].0, split[1].1[0]), (at(3, 0), 96));
+        let register = stretches(writes(planned(1, 250), 0, 100));
         assert_eq!(
-            register.iter().map(Vec::len).collect::<Vec<_>>(),
+            register.iter().map(|(_, v)| v.len()).collect::<Vec<_>>(),
             [100, 100, 50]
         );
-        assert_eq!(
-            (register[2][0].location.index, register[2][0].value),
-            (200, 200)
-        );
-        assert!(register.iter().flatten().all(|w| w.location.state == 0));
-        let wide = writes(&planned(12, 24), 0, 5);
+        assert_eq!((register[2].0, register[2].1[0]), (at(0, 200), 200));
+        let wide = writes(planned(12, 24), 0, 5);
         assert_eq!(
             wide.len(),
             2,

@@ -182,8 +182,8 @@ impl WriteLink {
         stage: &mut WriteStage,
         state: &impl WriteTarget,
     ) -> Result<Option<Completed>, DecodeError> {
-        engine.poll_with(now_ns, |m, copies| {
-            let bytes = encoded(m);
+        engine.poll_with(now_ns, |datagram, copies| {
+            let bytes = datagram.to_vec();
             for _ in 1..copies {
                 let _ = self.down.send(now_ns, bytes.clone());
             }

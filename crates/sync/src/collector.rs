@@ -11,7 +11,7 @@ use crate::Location;
 use crate::mirror::{Mirror, MirrorCounters, Reading};
 use crate::sender::SyncedState;
 use crate::wire::{ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, Message};
-use crate::write::{Cancel, Completed, WriteEngine, Written};
+use crate::write::{Cancel, Completed, WriteEngine, WriteValues};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 
@@ -214,7 +214,7 @@ impl Collector {
             applied_ns: now_ns,
             longest_gap_ns: 0,
             threshold: m.t_max,
-            engine: new_engine(&m),
+            engine: new_engine(&m, self.key.clone()),
         });
         if peer.epoch != m.epoch {
             // The switch started again: its writes on the way are gone with its state.
@@ -229,7 +229,7 @@ impl Collector {
                 );
             }
             peer.epoch = m.epoch;
-            peer.engine = new_engine(&m);
+            peer.engine = new_engine(&m, self.key.clone());
         }
         peer.addr = from;
         let gap = now_ns.saturating_sub(peer.applied_ns);
@@ -296,10 +296,8 @@ impl Collector {
             self.scratch.clear();
             if !peer.is_silent(now_ns) {
                 let addr = peer.addr;
-                peer.engine.poll_with(now_ns, |m, copies| {
-                    let mut bytes = Vec::new();
-                    m.encode_with(key, &mut bytes);
-                    out.push((addr, bytes, copies));
+                peer.engine.poll_with(now_ns, |datagram, copies| {
+                    out.push((addr, datagram.to_vec(), copies));
                 });
             }
             if report && let Some(r) = self.mirror.report(switch, stream, now_ns) {
@@ -397,7 +395,7 @@ impl Collector {
         &mut self,
         switch: u32,
         stream: u16,
-        values: Vec<Written>,
+        values: impl Into<WriteValues>,
     ) -> Result<WriteTicket, String> {
         let peer = (self.peers.get_mut(&(switch, stream))).ok_or_else(|| {
             format!(
@@ -463,13 +461,16 @@ impl Collector {
 
 /// The write engine of the stream `m` came on. Its writes are numbered from a random id
 /// (below 2^62, so that no id wraps), so that a switch that outlived this collector's
-/// predecessor takes them as a new numbering, never as writes it committed already.
-fn new_engine(m: &Message) -> WriteEngine {
+/// predecessor takes them as a new numbering, never as writes it committed already. Its
+/// messages carry MACs made with `key`, the collector's.
+fn new_engine(m: &Message, key: Option<Key>) -> WriteEngine {
     use std::hash::{BuildHasher, Hasher};
     let mut random = std::collections::hash_map::RandomState::new().build_hasher();
     random.write_u32(m.epoch);
     let first_id = random.finish() >> 2;
-    WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS).numbered_from(first_id)
+    WriteEngine::new(m.switch, m.epoch, m.stream, FIRST_RTO_NS)
+        .numbered_from(first_id)
+        .with_key(key)
 }
 
 #[cfg(test)]
@@ -477,7 +478,7 @@ mod tests {
     use super::*;
     use crate::sender::{Sender, SenderConfig, Threshold};
     use crate::write::tests::answer_of;
-    use crate::write::{Mode, WriteStage, WriteTarget};
+    use crate::write::{Mode, WriteStage, WriteTarget, Written};
 
     /// Outcomes no one takes are forgotten, the oldest first, once [`MAX_OUTCOMES`] came
     /// after them; one kept again under the same write is not forgotten with its older
@@ -584,7 +585,7 @@ mod tests {
         let mut out = Vec::new();
         s.poll(0, |_| 0, &mut out);
         send(&mut c, 0, &mut out, SWITCH);
-        let values = (0..8)
+        let values: Vec<Written> = (0..8)
             .map(|index| Written {
                 location: Location { state: 0, index },
                 value: 100 + u64::from(index),
@@ -704,7 +705,7 @@ mod tests {
         assert!(bytes.len() < 2_200, "{} bytes: as a run", bytes.len());
         c.on_datagram(0, &bytes, SWITCH.parse().unwrap());
         // Every other location, 8-byte values: 24 bytes each as entries or runs of one.
-        let values = (0..2_000)
+        let values: Vec<Written> = (0..2_000)
             .map(|i| Written {
                 location: Location {
                     state: 0,

@@ -93,19 +93,89 @@ pub fn narrowest_width(value: u64) -> usize {
 /// run of zeros), big-endian: a copy of a fixed size per value, where a slice of the
 /// value's bytes would be a call to copy a length known only then (a run's values are most
 /// of a message's encoding).
-fn put_values(run: &[Update], width: usize, out: &mut Vec<u8>) {
+pub(crate) fn put_values(values: impl Iterator<Item = u64>, width: usize, out: &mut Vec<u8>) {
     match width {
         0 => {}
-        1 => out.extend(run.iter().map(|e| e.value as u8)),
-        2 => run
-            .iter()
-            .for_each(|e| out.extend_from_slice(&(e.value as u16).to_be_bytes())),
-        4 => run
-            .iter()
-            .for_each(|e| out.extend_from_slice(&(e.value as u32).to_be_bytes())),
-        _ => run
-            .iter()
-            .for_each(|e| out.extend_from_slice(&e.value.to_be_bytes())),
+        1 => out.extend(values.map(|v| v as u8)),
+        2 => values.for_each(|v| out.extend_from_slice(&(v as u16).to_be_bytes())),
+        4 => values.for_each(|v| out.extend_from_slice(&(v as u32).to_be_bytes())),
+        _ => values.for_each(|v| out.extend_from_slice(&v.to_be_bytes())),
+    }
+}
+
+/// The entries a message's encoding reads: a message's own, or a write's values where
+/// they are (a stretch of a register or a table's entries, never made into entries of 24
+/// bytes each to be encoded).
+pub trait Entries {
+    fn count(&self) -> usize;
+    /// Entry `i`, below [`Entries::count`].
+    fn entry(&self, i: usize) -> Update;
+    /// Appends the values of entries `start..start + len` in `width` bytes each (see
+    /// [`narrowest_width`]; 0 writes nothing).
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>);
+    /// The entries as a stretch, if they are one (which is cut into runs by its values
+    /// alone).
+    fn stretch(&self) -> Option<Stretch<'_>> {
+        None
+    }
+}
+
+impl Entries for [Update] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn entry(&self, i: usize) -> Update {
+        self[i]
+    }
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>) {
+        put_values(self[start..start + len].iter().map(|e| e.value), width, out);
+    }
+}
+
+/// Values at `first` and the locations after it in its state, each with `threshold`: a
+/// write of a register's values or of a table's entries as a migration moves them.
+#[derive(Clone, Copy, Debug)]
+pub struct Stretch<'a> {
+    pub first: Location,
+    pub threshold: u64,
+    pub values: &'a [u64],
+}
+
+impl Entries for Stretch<'_> {
+    fn count(&self) -> usize {
+        self.values.len()
+    }
+    #[inline]
+    fn entry(&self, i: usize) -> Update {
+        Update {
+            location: Location {
+                index: self.first.index.wrapping_add(i as u32),
+                ..self.first
+            },
+            value: self.values[i],
+            threshold: self.threshold,
+        }
+    }
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>) {
+        put_values(self.values[start..start + len].iter().copied(), width, out);
+    }
+    fn stretch(&self) -> Option<Stretch<'_>> {
+        Some(*self)
+    }
+}
+
+impl<'a> Stretch<'a> {
+    /// Its entries `range`, a stretch themselves.
+    pub fn part(&self, range: std::ops::Range<usize>) -> Stretch<'a> {
+        Stretch {
+            first: Location {
+                index: self.first.index.wrapping_add(range.start as u32),
+                ..self.first
+            },
+            threshold: self.threshold,
+            values: &self.values[range],
+        }
     }
 }
 
@@ -164,39 +234,62 @@ impl RunCutter {
     /// Takes the next entry; `closed` gets each run it ends. The run going on is changed
     /// in place: a write's or a refresh's entries are mostly that.
     #[inline]
-    fn push(&mut self, e: &Update, mut closed: impl FnMut(Run)) {
+    fn push(&mut self, e: &Update, closed: impl FnMut(Run)) {
+        match &self.open {
+            Some(open) if continues_run(&open.last, e) => self.push_next(e.value, closed),
+            _ => {
+                if let Some(open) = &self.open {
+                    Self::close_at_end(self.pushed, open, closed);
+                }
+                self.pushed += 1;
+                self.open = Some(OpenRun::fresh(e, e.value == 0));
+            }
+        }
+    }
+
+    /// Takes a stretch's entries, as [`RunCutter::push`] each: all but the first continue
+    /// the run the first opens or goes on, and are taken by their values alone.
+    #[inline]
+    fn push_stretch(&mut self, stretch: &Stretch, mut closed: impl FnMut(Run)) {
+        if let Some((&first, rest)) = stretch.values.split_first() {
+            self.push(&stretch.entry(0), &mut closed);
+            debug_assert!(first == 0 || self.open.is_some_and(|o| o.last.value == first));
+            rest.iter()
+                .for_each(|&value| self.push_next(value, &mut closed));
+        }
+    }
+
+    /// Takes the value of the next entry, which continues the open run (the next location
+    /// of its state, with its threshold).
+    #[inline]
+    fn push_next(&mut self, value: u64, mut closed: impl FnMut(Run)) {
         let at = self.pushed;
         self.pushed += 1;
-        let zero = e.value == 0;
-        if let Some(open) = &mut self.open
-            && continues_run(&open.last, e)
-        {
-            if zero {
-                open.zeros += 1;
-            } else if open.zeros == 0 {
-                open.width = open.width.max(narrowest_width(e.value));
-            } else {
-                let kept = open.width.max(narrowest_width(e.value));
-                // Zeros between values: cut out, the run goes on after them as a new one
-                // (two headers more; one if they began it).
-                let headers = if open.len > open.zeros { 2 } else { 1 };
-                if cut_zeros(open.zeros, kept, headers) {
-                    Self::close(at, open, true, &mut closed);
-                    *open = OpenRun::fresh(e, false);
-                    return;
-                }
-                // The zeros stay values of this run, a byte each at least.
-                open.width = kept;
-                open.zeros = 0;
-            }
-            open.last = *e;
-            open.len += 1;
+        let Some(open) = &mut self.open else {
             return;
+        };
+        open.last.location.index = open.last.location.index.wrapping_add(1);
+        open.last.value = value;
+        if value == 0 {
+            open.zeros += 1;
+        } else if open.zeros == 0 {
+            open.width = open.width.max(narrowest_width(value));
+        } else {
+            let kept = open.width.max(narrowest_width(value));
+            // Zeros between values: cut out, the run goes on after them as a new one
+            // (two headers more; one if they began it).
+            let headers = if open.len > open.zeros { 2 } else { 1 };
+            if cut_zeros(open.zeros, kept, headers) {
+                Self::close(at, open, true, &mut closed);
+                let next = open.last;
+                *open = OpenRun::fresh(&next, false);
+                return;
+            }
+            // The zeros stay values of this run, a byte each at least.
+            open.width = kept;
+            open.zeros = 0;
         }
-        if let Some(open) = &self.open {
-            Self::close_at_end(at, open, &mut closed);
-        }
-        self.open = Some(OpenRun::fresh(e, zero));
+        open.len += 1;
     }
 
     /// Ends the open run.
@@ -288,6 +381,19 @@ impl EncodedSize {
         self.cutter.push(e, |run| *closed_runs += run.bytes());
     }
 
+    /// As [`EncodedSize::push`] each of `entries`, a stretch's by their values alone.
+    pub fn push_all(&mut self, entries: &(impl Entries + ?Sized)) {
+        self.count += entries.count();
+        let closed_runs = &mut self.closed_runs;
+        let mut closed = |run: Run| *closed_runs += run.bytes();
+        match entries.stretch() {
+            Some(stretch) => self.cutter.push_stretch(&stretch, closed),
+            None => {
+                (0..entries.count()).for_each(|i| self.cutter.push(&entries.entry(i), &mut closed))
+            }
+        }
+    }
+
     pub fn count(&self) -> usize {
         self.count
     }
@@ -319,6 +425,42 @@ impl EncodedSize {
     #[inline]
     pub fn bytes(&self) -> usize {
         HEADER_LEN + self.entries_bytes().0
+    }
+}
+
+/// Where a message's sending time lies in its header.
+const SENT_NS_AT: usize = 24;
+
+/// A message encoded once to go many times, each time with its own sending time: a
+/// write's part, sent until it is acknowledged, is not encoded again for each
+/// transmission.
+#[derive(Clone, Debug)]
+pub struct Resendable {
+    bytes: Vec<u8>,
+    /// The key it was encoded with, which makes its MAC again at each sending.
+    key: Option<Key>,
+}
+
+impl Resendable {
+    /// `header`'s message carrying `entries` ([`Message::encode_carrying`]).
+    pub fn new(header: &Message, entries: &(impl Entries + ?Sized), key: Option<&Key>) -> Self {
+        let mut bytes = Vec::new();
+        header.encode_carrying(entries, key, &mut bytes);
+        Resendable {
+            bytes,
+            key: key.cloned(),
+        }
+    }
+
+    /// The datagram to send at `sent_ns`: its sending time set, and its MAC made again.
+    pub fn stamped(&mut self, sent_ns: u64) -> &[u8] {
+        self.bytes[SENT_NS_AT..SENT_NS_AT + 8].copy_from_slice(&sent_ns.to_be_bytes());
+        if let Some(key) = &self.key {
+            let end = self.bytes.len() - MAC_LEN;
+            let mac = key.mac(&self.bytes[..end]);
+            self.bytes[end..].copy_from_slice(mac.as_bytes());
+        }
+        &self.bytes
     }
 }
 
@@ -539,10 +681,22 @@ impl Message {
 
     /// Appends the message's bytes to `out`, ending with a MAC made with `key` if given.
     pub fn encode_with(&self, key: Option<&Key>, out: &mut Vec<u8>) {
+        self.encode_carrying(&self.entries[..], key, out);
+    }
+
+    /// As [`Message::encode_with`], carrying `entries` in place of the message's own (which
+    /// are not read): a write's part is encoded from the write's values where they are.
+    pub fn encode_carrying(
+        &self,
+        entries: &(impl Entries + ?Sized),
+        key: Option<&Key>,
+        out: &mut Vec<u8>,
+    ) {
         let start = out.len();
+        let count = entries.count();
         // Room for a message of values 8 bytes wide in one run (a write's part, the most
         // bytes its runs take): what `out` need not grow past.
-        out.reserve(HEADER_LEN + RUN_HEADER_LEN + self.entries.len() * 8 + MAC_LEN);
+        out.reserve(HEADER_LEN + RUN_HEADER_LEN + count * 8 + MAC_LEN);
         let mut flags = if self.more { FLAG_MORE } else { 0 };
         if key.is_some() {
             flags |= FLAG_MAC;
@@ -551,8 +705,9 @@ impl Message {
         out.extend_from_slice(&self.switch.to_be_bytes());
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.stream.to_be_bytes());
-        out.extend_from_slice(&(self.entries.len() as u16).to_be_bytes());
+        out.extend_from_slice(&(count as u16).to_be_bytes());
         out.extend_from_slice(&self.seq.to_be_bytes());
+        debug_assert_eq!(out.len() - start, SENT_NS_AT);
         out.extend_from_slice(&self.sent_ns.to_be_bytes());
         out.extend_from_slice(&self.t_max.to_be_bytes());
         // The entries go as runs where that is shorter ([`EncodedSize`]'s rule): written as
@@ -561,24 +716,30 @@ impl Message {
         // runs' bytes only grow as they are cut: once those written reach the entries'
         // (scattered locations, wide values), the cutting stops.
         let body = out.len();
-        let entries_bytes = self.entries.len() * ENTRY_LEN;
-        let runs = self.entries.len() <= MAX_RUN_ENTRIES && {
+        let entries_bytes = count * ENTRY_LEN;
+        let runs = count <= MAX_RUN_ENTRIES && {
             let put = |run: Run, out: &mut Vec<u8>| {
-                let values = &self.entries[run.start..run.start + run.len];
-                let first = &values[0];
+                let first = entries.entry(run.start);
                 out.extend_from_slice(&first.location.state.to_be_bytes());
                 out.extend_from_slice(&[run.width as u8, 0]);
                 out.extend_from_slice(&first.location.index.to_be_bytes());
                 out.extend_from_slice(&(run.len as u32).to_be_bytes());
                 out.extend_from_slice(&first.threshold.to_be_bytes());
-                put_values(values, run.width, out);
+                entries.put_values(run.start, run.len, run.width, out);
             };
             let mut cutter = RunCutter::default();
             let shorter = |out: &Vec<u8>| out.len() - body < entries_bytes;
-            for e in &self.entries {
-                cutter.push(e, |run| put(run, out));
-                if !shorter(out) {
-                    break;
+            match entries.stretch() {
+                // Shorter as runs, two entries or more: a run's header and 8 bytes a value
+                // at most, where a cut of zeros only saves bytes.
+                Some(stretch) => cutter.push_stretch(&stretch, |run| put(run, out)),
+                None => {
+                    for i in 0..count {
+                        cutter.push(&entries.entry(i), |run| put(run, out));
+                        if !shorter(out) {
+                            break;
+                        }
+                    }
                 }
             }
             shorter(out) && {
@@ -591,7 +752,7 @@ impl Message {
         } else {
             out.truncate(body);
             out.reserve(entries_bytes + MAC_LEN);
-            for e in &self.entries {
+            for e in (0..count).map(|i| entries.entry(i)) {
                 out.extend_from_slice(&e.location.state.to_be_bytes());
                 out.extend_from_slice(&[0, 0]);
                 out.extend_from_slice(&e.location.index.to_be_bytes());

@@ -15,11 +15,13 @@
 //! locations whose changes were kept are counted.
 
 use crate::wire::{
-    ENTRY_LEN, EncodedSize, HEADER_LEN, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES, Message,
+    ENTRY_LEN, EncodedSize, Entries, HEADER_LEN, Key, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES,
+    Message, Resendable, Stretch,
 };
 use crate::{Location, Update};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
 
 /// The parts a write may have: its acknowledgement's bitmap fits one message.
 pub const MAX_PARTS: usize = MAX_ENTRIES * 64;
@@ -98,6 +100,60 @@ pub struct Written {
     pub mode: Mode,
 }
 
+/// A write's values, as [`WriteEngine::submit`] takes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteValues {
+    /// Each at its own location, in its own mode.
+    Each(Vec<Written>),
+    /// `values` at `first` and the locations after it in its state, all in `mode`: a
+    /// register's values, or a table's entries as a migration moves them, cut into parts
+    /// and encoded where they are (never made into a [`Written`] each).
+    Stretch {
+        first: Location,
+        mode: Mode,
+        values: Vec<u64>,
+    },
+}
+
+impl WriteValues {
+    pub fn len(&self) -> usize {
+        match self {
+            WriteValues::Each(values) => values.len(),
+            WriteValues::Stretch { values, .. } => values.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Vec<Written>> for WriteValues {
+    fn from(values: Vec<Written>) -> Self {
+        WriteValues::Each(values)
+    }
+}
+
+/// A write's values as a part's encoding reads them.
+impl Entries for [Written] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn entry(&self, i: usize) -> Update {
+        let w = &self[i];
+        Update {
+            location: w.location,
+            value: w.value,
+            threshold: w.mode as u64,
+        }
+    }
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>) {
+        let values = self[start..start + len].iter().map(|w| w.value);
+        crate::wire::put_values(values, width, out);
+    }
+}
+
 /// A write the engine has seen through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completed {
@@ -137,8 +193,8 @@ pub const COMMITTED: u64 = 1 << 63;
 
 struct InFlight {
     id: u64,
-    /// Each part as it goes, but for its sending time (set as it is sent).
-    parts: Vec<Message>,
+    /// Each part as it goes, encoded once, but for its sending time (set as it is sent).
+    parts: Vec<Resendable>,
     acked: Vec<bool>,
     sent_at: Vec<Option<u64>>,
     left: usize,
@@ -262,7 +318,7 @@ pub struct WriteEngine {
     next_id: u64,
     /// The writes waiting, by id: their values, or `None` once cancelled (the switch
     /// still hears of the id, to skip it: it commits writes in order).
-    queue: VecDeque<(u64, Option<Vec<Written>>)>,
+    queue: VecDeque<(u64, Option<WriteValues>)>,
     current: Option<InFlight>,
     /// The last transmission's sending time (see `poll`).
     last_stamp_ns: Option<u64>,
@@ -281,6 +337,8 @@ pub struct WriteEngine {
     reordering_seen: bool,
     /// A part's values at most, however few bytes they take ([`WriteEngine::with_values_per_part`]).
     values_per_part: usize,
+    /// The key that makes each message's MAC, if the stream has one.
+    key: Option<Key>,
 }
 
 impl WriteEngine {
@@ -300,7 +358,15 @@ impl WriteEngine {
             loss_to_switch: 0.0,
             reordering_seen: false,
             values_per_part: MAX_RUN_ENTRIES,
+            key: None,
         }
+    }
+
+    /// Ends each message with a MAC made with `key` (the key the collector and its switches
+    /// share).
+    pub fn with_key(mut self, key: Option<Key>) -> WriteEngine {
+        self.key = key;
+        self
     }
 
     /// Cuts writes into parts of at most `values` values each (at least 1), however few
@@ -331,52 +397,82 @@ impl WriteEngine {
     }
 
     /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
-    /// runs counted (a register's values in order take a few bytes each, not 24).
-    fn parts_of(&self, values: &[Written]) -> Vec<Vec<Update>> {
-        // Each part has room from the start for about what it holds (as many as the part
-        // before it; the first, as many as a part counts): a large write's parts are
-        // megabytes, which growing would copy and map afresh.
+    /// runs counted (a register's values in order take a few bytes each, not 24): each
+    /// part's range of them.
+    fn parts_of(&self, values: &(impl Entries + ?Sized)) -> Vec<Range<usize>> {
         let mut parts = Vec::new();
-        let mut part: Vec<Update> = Vec::with_capacity(values.len().min(self.values_per_part));
+        let mut start = 0;
         let mut size = EncodedSize::default();
         let fits = |size: &EncodedSize| {
             size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= self.values_per_part
         };
-        let update = |w: &Written| Update {
-            location: w.location,
-            value: w.value,
-            threshold: w.mode as u64,
-        };
         // The size is asked after each chunk of values, and after each value only in the
         // chunk that does not fit: a part of 8,000 values is measured 125 times, not 8,000.
         // What a part holds is measured whole either way, so it fits its datagram.
-        for chunk in values.chunks(SIZED_AT_ONCE) {
+        let count = values.count();
+        let mut chunk_start = 0;
+        while chunk_start < count {
+            let chunk = chunk_start..(chunk_start + SIZED_AT_ONCE).min(count);
+            chunk_start = chunk.end;
             let before = size.clone();
-            chunk.iter().for_each(|w| size.push(&update(w)));
+            size.push_all(&Part {
+                values,
+                range: chunk.clone(),
+            });
             if fits(&size) {
-                part.extend(chunk.iter().map(update));
                 continue;
             }
             size = before;
-            for w in chunk {
-                let update = update(w);
+            for i in chunk {
+                let update = values.entry(i);
                 size.push(&update);
-                if !fits(&size) && !part.is_empty() {
-                    let next = Vec::with_capacity(part.len());
-                    parts.push(std::mem::replace(&mut part, next));
+                if !fits(&size) && i > start {
+                    parts.push(start..i);
+                    start = i;
                     size = EncodedSize::default();
                     size.push(&update);
                 }
-                part.push(update);
             }
         }
         // An empty write is one empty part, so that it commits (and is seen to).
-        parts.push(part);
+        parts.push(start..count);
         parts
     }
 
+    /// The parts of write `id` of `values`, each encoded once.
+    fn encoded_parts(&self, id: u64, values: &WriteValues) -> Vec<Resendable> {
+        match values {
+            WriteValues::Each(each) => self.encoded_parts_of(id, &each[..]),
+            &WriteValues::Stretch {
+                first,
+                mode,
+                ref values,
+            } => self.encoded_parts_of(
+                id,
+                &Stretch {
+                    first,
+                    threshold: mode as u64,
+                    values,
+                },
+            ),
+        }
+    }
+
+    fn encoded_parts_of<E: Entries + ?Sized>(&self, id: u64, values: &E) -> Vec<Resendable> {
+        let ids = (self.switch, self.epoch, self.stream);
+        let parts = self.parts_of(values);
+        let n = parts.len() as u64;
+        (parts.into_iter().enumerate())
+            .map(|(i, range)| {
+                let header = write_message(ids, id, 0, ((i as u64) << 32) | n, Vec::new());
+                Resendable::new(&header, &Part { values, range }, self.key.as_ref())
+            })
+            .collect()
+    }
+
     /// Queues a write; its id, or why it cannot go.
-    pub fn submit(&mut self, values: Vec<Written>) -> Result<u64, String> {
+    pub fn submit(&mut self, values: impl Into<WriteValues>) -> Result<u64, String> {
+        let values = values.into();
         let most = self.max_values();
         if values.len() > most {
             return Err(format!(
@@ -384,6 +480,17 @@ impl WriteEngine {
                  {} bytes); this one has {}: split it",
                 self.part_bytes,
                 values.len()
+            ));
+        }
+        if let WriteValues::Stretch { first, values, .. } = &values
+            && u64::from(first.index) + values.len() as u64 > 1 << 32
+        {
+            return Err(format!(
+                "a stretch of {} values from location {} passes the last location of a \
+                 state ({})",
+                values.len(),
+                first.index,
+                u32::MAX
             ));
         }
         let id = self.next_id;
@@ -451,26 +558,24 @@ impl WriteEngine {
     /// which look at what went).
     #[cfg(test)]
     fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
-        self.poll_with(now_ns, |m, copies| {
-            out.extend(std::iter::repeat_n(m, copies).cloned())
+        let key = self.key.clone();
+        self.poll_with(now_ns, |datagram, copies| {
+            let m = Message::decode_with(key.as_ref(), datagram).unwrap();
+            out.extend(std::iter::repeat_n(m, copies))
         });
     }
 
     /// Starts the next write if none is in flight, and sends its parts that were never
-    /// sent or not acknowledged within the timeout: each message goes to `send` with the
+    /// sent or not acknowledged within the timeout: each datagram goes to `send` with the
     /// copies of it to send, as the engine holds it, so that a part is neither copied nor
     /// encoded more than once to be sent.
-    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&Message, usize)) {
+    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&[u8], usize)) {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
             let abandon = values.is_none().then_some((None, 0));
-            let ids = (self.switch, self.epoch, self.stream);
-            let entries = values.map_or_else(Vec::new, |v| self.parts_of(&v));
-            let n = entries.len();
-            let parts = (entries.into_iter().enumerate())
-                .map(|(i, part)| write_message(ids, id, 0, ((i as u64) << 32) | n as u64, part))
-                .collect();
+            let parts = values.map_or_else(Vec::new, |v| self.encoded_parts(id, &v));
+            let n = parts.len();
             self.current = Some(InFlight {
                 id,
                 acked: vec![false; n],
@@ -509,7 +614,9 @@ impl WriteEngine {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
                 let abandon = write_message(ids, w.id, now_ns, 0, Vec::new());
-                send(&abandon, 1 << (*tries).min(MAX_COPIES_LOG2));
+                let mut datagram = Vec::new();
+                abandon.encode_with(self.key.as_ref(), &mut datagram);
+                send(&datagram, 1 << (*tries).min(MAX_COPIES_LOG2));
                 *sent_at = Some(now_ns);
                 *tries += 1;
             }
@@ -599,8 +706,7 @@ impl WriteEngine {
                 // before at least, so that the time an acknowledgement echoes names it.
                 let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
                 self.last_stamp_ns = Some(stamp);
-                w.parts[i].sent_ns = stamp;
-                send(&w.parts[i], copies as usize);
+                send(w.parts[i].stamped(stamp), copies as usize);
                 w.sent_at[i] = Some(stamp);
                 w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
@@ -717,6 +823,28 @@ impl WriteEngine {
             cancelled,
             refused,
         })
+    }
+}
+
+/// A part of a write: `range` of its values.
+struct Part<'a, E: ?Sized> {
+    values: &'a E,
+    range: Range<usize>,
+}
+
+impl<E: Entries + ?Sized> Entries for Part<'_, E> {
+    fn count(&self) -> usize {
+        self.range.len()
+    }
+    #[inline]
+    fn entry(&self, i: usize) -> Update {
+        self.values.entry(self.range.start + i)
+    }
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>) {
+        (self.values).put_values(self.range.start + start, len, width, out);
+    }
+    fn stretch(&self) -> Option<Stretch<'_>> {
+        (self.values.stretch()).map(|s| s.part(self.range.clone()))
     }
 }
 
@@ -1431,6 +1559,22 @@ pub(crate) mod tests {
 
     /// A register's values in order go as runs: a part carries as many as fit its
     /// datagram at their width, and the write still commits whole and exact.
+    /// A stretch may end at a state's last location and not one past it.
+    #[test]
+    fn a_stretch_past_the_last_location_is_refused() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let stretch = |index, n| WriteValues::Stretch {
+            first: Location { state: 0, index },
+            mode: Mode::Set,
+            values: vec![1; n],
+        };
+        assert!(engine.submit(stretch(u32::MAX, 1)).is_ok());
+        assert!(engine.submit(stretch(u32::MAX - 9, 10)).is_ok());
+        let e = engine.submit(stretch(u32::MAX - 9, 11)).unwrap_err();
+        assert!(e.contains("passes the last location"), "{e}");
+        assert_eq!(engine.pending().len(), 2);
+    }
+
     #[test]
     fn a_register_in_order_goes_in_parts_of_as_many_values_as_runs_fit() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
@@ -2301,18 +2445,11 @@ mod cutting {
     /// A write's values: stretches of locations one after another with gaps between, of
     /// zeros and values of every width, in any mode.
     fn write() -> impl Strategy<Value = Vec<Written>> {
-        let value = prop_oneof![
-            Just(0u64),
-            0..256u64,
-            0..65_536u64,
-            any::<u32>().prop_map(u64::from),
-            any::<u64>()
-        ];
         let stretch = (
             0..3u16,
             any::<u16>(),
             0..3u8,
-            proptest::collection::vec(value, 1..3_000),
+            proptest::collection::vec(value(), 1..3_000),
         );
         proptest::collection::vec(stretch, 1..6).prop_map(|stretches| {
             let mut index = 0u32;
@@ -2333,34 +2470,84 @@ mod cutting {
         })
     }
 
+    /// The datagrams of write 1 of `values`, each part as it first goes (at time 5), from
+    /// an engine with a key on a path of `path` bytes, `per_part` values a part at most.
+    fn datagrams(values: &WriteValues, path: usize, per_part: usize) -> Vec<Vec<u8>> {
+        let key = crate::wire::Key::new([7; 32]);
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000)
+            .with_values_per_part(per_part)
+            .with_key(Some(key));
+        engine.path_carries(path);
+        (engine.encoded_parts(1, values).iter_mut())
+            .map(|part| part.stamped(5).to_vec())
+            .collect()
+    }
+
+    fn value() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            0..256u64,
+            0..65_536u64,
+            any::<u32>().prop_map(u64::from),
+            any::<u64>()
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// However the values fall, a write's parts hold them all in order, none empty, and
         /// each, encoded with its MAC, fits the path's datagram (a part of one value aside,
-        /// which goes whatever its size).
+        /// which goes whatever its size), numbered as the write's parts, with the time it
+        /// goes at and a MAC made over that time.
         #[test]
         fn every_part_fits_its_datagram_and_the_parts_are_the_write(
             write in write(),
             path in 100..65_507usize,
             per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 1..2_000usize],
         ) {
-            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(per_part);
-            engine.path_carries(path);
-            let parts = engine.parts_of(&write);
             let key = crate::wire::Key::new([7; 32]);
-            let mut bytes = Vec::new();
-            for part in &parts {
-                prop_assert!(!part.is_empty());
-                prop_assert!(part.len() <= per_part.max(1));
-                let message = write_message((1, 1, 0), 1, 0, 0, part.clone());
-                bytes.clear();
-                message.encode_with(Some(&key), &mut bytes);
-                prop_assert!(bytes.len() <= engine.part_bytes || part.len() == 1, "{} bytes", bytes.len());
+            let parts = datagrams(&WriteValues::Each(write.clone()), path, per_part);
+            let mut carried = Vec::new();
+            for (i, bytes) in parts.iter().enumerate() {
+                let part = Message::decode_with(Some(&key), bytes);
+                prop_assert!(part.is_ok(), "{:?}", part);
+                let part = part.unwrap();
+                prop_assert_eq!(part.sent_ns, 5);
+                prop_assert_eq!(part.t_max, (i as u64) << 32 | parts.len() as u64);
+                prop_assert!(!part.entries.is_empty());
+                prop_assert!(part.entries.len() <= per_part.max(1));
+                let fits = bytes.len() <= path.max(SMALL_PATH_BYTES);
+                prop_assert!(fits || part.entries.len() == 1, "{} bytes", bytes.len());
+                carried.extend(part.entries.iter().map(|u| Written {
+                    location: u.location,
+                    value: u.value,
+                    mode: Mode::of(u.threshold),
+                }));
             }
-            let carried: Vec<Written> = (parts.iter().flatten())
-                .map(|u| Written { location: u.location, value: u.value, mode: Mode::of(u.threshold) })
-                .collect();
             prop_assert_eq!(carried, write);
+        }
+
+        /// A stretch of values goes in the very datagrams that the same values as a write
+        /// of each would, byte for byte.
+        #[test]
+        fn a_stretch_goes_as_the_write_of_each_of_its_values(
+            state in any::<u16>(),
+            first in prop_oneof![Just(0u32), any::<u32>()],
+            mode in 0..3u64,
+            values in proptest::collection::vec(value(), 0..12_000),
+            path in 100..65_507usize,
+            per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 1..2_000usize],
+        ) {
+            let first = Location { state, index: first.min(u32::MAX - values.len() as u32) };
+            let mode = Mode::of(mode);
+            let each = (first.index..).zip(&values)
+                .map(|(index, &value)| Written { location: Location { index, ..first }, value, mode })
+                .collect();
+            let stretch = WriteValues::Stretch { first, mode, values };
+            prop_assert_eq!(
+                datagrams(&stretch, path, per_part),
+                datagrams(&WriteValues::Each(each), path, per_part)
+            );
         }
     }
 }

@@ -91,7 +91,10 @@ fn run(seed: u64) -> (u64, u64, u64) {
                 value: submitted * 1_000 + u64::from(index),
                 mode: Mode::Set,
             });
-            assert_eq!(engine.submit(resets.chain(sets).collect()), Ok(submitted));
+            assert_eq!(
+                engine.submit(resets.chain(sets).collect::<Vec<_>>()),
+                Ok(submitted)
+            );
         }
         // The data plane counts.
         for _ in 0..rng.below(20) {
