@@ -883,7 +883,7 @@ pub const MAX_STAGED: u64 = 16;
 
 /// A write whose parts are arriving.
 struct Staging {
-    parts: Vec<Option<Vec<Update>>>,
+    parts: Vec<Option<HeldPart>>,
     received: u64,
     /// The datagrams of the write's parts taken, copies included: each acknowledgement
     /// says it (its first word's threshold), so that the engine sees what its path loses.
@@ -1055,7 +1055,8 @@ impl WriteStage {
                     .entry(at)
                     .or_insert_with(|| then.unwrap_or_else(|| state.read(at)));
             }
-            staging.parts[index] = Some(std::mem::take(&mut part.to_mut().entries));
+            let entries = std::mem::take(&mut part.to_mut().entries);
+            staging.parts[index] = Some(HeldPart::of(entries));
             staging.received += 1;
             self.last_part_new = true;
         }
@@ -1211,6 +1212,15 @@ impl WriteStage {
         // its location first finds the run before it written.
         let mut run = Run::default();
         for part in staging.parts.iter().flatten() {
+            let part = match part {
+                HeldPart::Stretch { first, values } => {
+                    run.flush(state);
+                    state.write_run(*first, values);
+                    done.values += values.len() as u64;
+                    continue;
+                }
+                HeldPart::Entries(entries) => entries,
+            };
             let mut rest = &part[..];
             while let Some(e) = rest.first() {
                 let set = set_stretch(rest);
@@ -1250,6 +1260,29 @@ impl WriteStage {
             self.answers.push(answer);
         }
         Some(done)
+    }
+}
+
+/// A part held until its write commits.
+#[derive(Clone)]
+enum HeldPart {
+    /// Values set at `first` and the locations after it in its state (a large write's
+    /// parts, a register's or a table's): the values alone, taken as the part arrives so
+    /// that the commit, which the worker waits for, writes them on in one go.
+    Stretch { first: Location, values: Vec<u64> },
+    /// Any other part's entries, as they came.
+    Entries(Vec<Update>),
+}
+
+impl HeldPart {
+    fn of(entries: Vec<Update>) -> HeldPart {
+        match entries.first() {
+            Some(e) if set_stretch(&entries) == entries.len() => HeldPart::Stretch {
+                first: e.location,
+                values: entries.iter().map(|e| e.value).collect(),
+            },
+            _ => HeldPart::Entries(entries),
+        }
     }
 }
 
@@ -2317,6 +2350,83 @@ pub(crate) mod tests {
         fn extent(&self, _state: u16) -> u32 {
             self.0.len() as u32
         }
+    }
+
+    /// A write whose parts are stretches of values set one after another, scattered sets,
+    /// subtractions and values keeping changes, overlapping, commits as its values applied
+    /// one by one in order: a part held as a stretch lands in its place among the others.
+    #[test]
+    fn a_write_of_stretches_and_scattered_values_commits_as_its_values_in_order() {
+        let w = |index: u32, value, mode| Written {
+            location: at(0, index),
+            value,
+            mode,
+        };
+        let mut write: Vec<Written> = (0..100)
+            .map(|i| w(i, 1_000 + u64::from(i), Mode::Set))
+            .collect();
+        write.extend(
+            (10..40)
+                .step_by(2)
+                .map(|i| w(i, 5_000 + u64::from(i), Mode::Set)),
+        );
+        write.extend((20..30).map(|i| w(i, 7, Mode::Set)));
+        write.extend((24..34).step_by(3).map(|i| w(i, 9, Mode::Set)));
+        write.extend((50..55).map(|i| w(i, 3, Mode::Subtract)));
+        // Where nothing else of the write goes, so that the changes kept are none.
+        write.extend((110..113).map(|i| w(i, 11, Mode::SetKeepingChanges)));
+        write.extend((90..95).map(|i| w(i, 2_000 + u64::from(i), Mode::Set)));
+        let mut expected = vec![4u64; 120];
+        for v in &write {
+            let at = &mut expected[v.location.index as usize];
+            *at = match v.mode {
+                Mode::Subtract => at.saturating_sub(v.value),
+                Mode::Set | Mode::SetKeepingChanges => v.value,
+            };
+        }
+        for per_part in [1, 7, 64, MAX_RUN_ENTRIES] {
+            let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(per_part);
+            engine.path_carries(65_507);
+            engine.submit(write.clone()).unwrap();
+            let mut parts = Vec::new();
+            let mut stage = WriteStage::default();
+            let mut register = Register(vec![4; 120]);
+            // Every part, the window's worth at a time, each acknowledged.
+            for round in 0..10 {
+                parts.clear();
+                engine.poll(round, &mut parts);
+                for part in parts.drain(..) {
+                    if let Some(ack) = stage.on_part(part, &register) {
+                        engine.on_ack(round, &ack);
+                    }
+                }
+            }
+            let done = stage.commit(&mut register).unwrap();
+            assert_eq!(done.values, write.len() as u64, "{per_part} a part");
+            assert_eq!(register.0, expected, "{per_part} values a part");
+        }
+        // A part whose last values are set one after another, then a part of a stretch
+        // over them: the stretch lands after them.
+        let update = |index, value| Update {
+            location: at(0, index),
+            value,
+            threshold: Mode::Set as u64,
+        };
+        let parts = [
+            vec![update(50, 1), update(10, 1), update(11, 1), update(12, 1)],
+            (10..13).map(|i| update(i, 99)).collect(),
+        ];
+        let mut stage = WriteStage::default();
+        let mut register = Register(vec![4; 120]);
+        for (i, part) in parts.into_iter().enumerate() {
+            stage.on_part(
+                write_message((1, 1, 0), 1, 0, (i as u64) << 32 | 2, part),
+                &register,
+            );
+        }
+        stage.commit(&mut register).unwrap();
+        assert_eq!(register.0[9..14], [4, 99, 99, 99, 4]);
+        assert_eq!(register.0[50], 1);
     }
 
     /// A reset keeping changes keeps those a counter took after the write's first part
