@@ -626,6 +626,50 @@ mod tests {
         assert_eq!(c.take_write(1, 0, id), None, "taken once");
     }
 
+    /// A collector with a key signs its writes' parts with it, each transmission anew, and
+    /// its abandons: a switch with the key takes them, one without refuses them.
+    #[test]
+    fn a_keyed_collector_signs_its_writes() {
+        let key = Key::new([9; 32]);
+        let mut c = Collector::new(None, Some(key.clone()));
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        for m in out.drain(..) {
+            let mut bytes = Vec::new();
+            m.encode_with(Some(&key), &mut bytes);
+            c.on_datagram(0, &bytes, SWITCH.parse().unwrap());
+        }
+        let write = |value| -> Vec<Written> {
+            vec![Written {
+                location: Location { state: 0, index: 1 },
+                value,
+                mode: Mode::Set,
+            }]
+        };
+        let id = c.write(1, 0, write(5)).unwrap();
+        let mut sent = Vec::new();
+        c.poll(1_000, false, &mut sent);
+        // Sent again on its timeout: signed over its new sending time.
+        c.poll(1_000 + FIRST_RTO_NS, false, &mut sent);
+        assert_eq!(sent.len(), 2);
+        for (_, datagram, _) in &sent {
+            let part = Message::decode_with(Some(&key), datagram).unwrap();
+            assert_eq!((part.kind, part.entries[0].value), (Kind::Write, 5));
+            assert!(Message::decode_with(None, datagram).is_err());
+        }
+        let first = Message::decode_with(Some(&key), &sent[0].1).unwrap();
+        let again = Message::decode_with(Some(&key), &sent[1].1).unwrap();
+        assert!(again.sent_ns > first.sent_ns);
+        sent.clear();
+        c.cancel(1, 0, id);
+        c.poll(2_000 + FIRST_RTO_NS, false, &mut sent);
+        assert_eq!(sent.len(), 1);
+        let abandon = Message::decode_with(Some(&key), &sent[0].1).unwrap();
+        assert_eq!((abandon.kind, abandon.t_max), (Kind::Write, 0));
+        assert!(abandon.entries.is_empty());
+    }
+
     /// What a new switch answers `part` with, as its sync stage does: the part taken, the
     /// write committed, the acknowledgement saying so.
     fn answered(part: &Message) -> Message {

@@ -251,16 +251,16 @@ impl RunCutter {
     /// the run the first opens or goes on, and are taken by their values alone.
     #[inline]
     fn push_stretch(&mut self, stretch: &Stretch, mut closed: impl FnMut(Run)) {
-        if let Some((&first, rest)) = stretch.values.split_first() {
+        if let Some(rest) = stretch.values.get(1..) {
+            // The first opens a run or goes on the open one: a run is open for the rest.
             self.push(&stretch.entry(0), &mut closed);
-            debug_assert!(first == 0 || self.open.is_some_and(|o| o.last.value == first));
             rest.iter()
                 .for_each(|&value| self.push_next(value, &mut closed));
         }
     }
 
     /// Takes the value of the next entry, which continues the open run (the next location
-    /// of its state, with its threshold).
+    /// of its state, with its threshold). Callers push it only where a run is open.
     #[inline]
     fn push_next(&mut self, value: u64, mut closed: impl FnMut(Run)) {
         let at = self.pushed;
