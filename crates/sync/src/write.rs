@@ -410,10 +410,8 @@ impl WriteEngine {
         // chunk that does not fit: a part of 8,000 values is measured 125 times, not 8,000.
         // What a part holds is measured whole either way, so it fits its datagram.
         let count = values.count();
-        let mut chunk_start = 0;
-        while chunk_start < count {
+        for chunk_start in (0..count).step_by(SIZED_AT_ONCE) {
             let chunk = chunk_start..(chunk_start + SIZED_AT_ONCE).min(count);
-            chunk_start = chunk.end;
             let before = size.clone();
             size.push_all(&Part {
                 values,
