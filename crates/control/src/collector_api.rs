@@ -198,7 +198,6 @@ impl collector_server::Collector for CollectorService {
                             None => unbounded.push(i as u32),
                         }
                         as_of_ns = as_of_ns.min(reading.as_of_ns);
-                        0
                     },
                 )
                 .ok_or_else(not_yet)?;

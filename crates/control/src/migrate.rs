@@ -148,85 +148,28 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
         .map_or(0, |&(_, length)| length);
     let length = locations_to_read(extent, entry_words)?;
     // What moves is kept as it is read (a table's occupied slots), not the whole copy.
-    let mut moves = Moves::new(entry_words as usize, length as usize);
-    let (mut largest_bound, mut unbounded, mut first_unbounded) = (0, 0u64, None);
-    let mut read = 0u64;
-    let any = (c.visit((m.from_switch, stream, state), 0, length, |i, reading| {
-        read += 1;
-        match reading.bound {
-            Some(b) => largest_bound = largest_bound.max(b),
-            None => {
-                unbounded += 1;
-                first_unbounded.get_or_insert(i);
-            }
-        }
-        moves.push(reading.value)
-    }))
-    .is_some();
-    if !any {
+    let mut values = Vec::with_capacity(length as usize);
+    let at = (m.from_switch, stream, state);
+    let Some(read) = c.gather_entries(at, 0, length, entry_words, &mut values) else {
         return Err(format!(
             "switch {} stream {stream} has applied no message yet",
             m.from_switch
         ));
-    }
-    if let Some(i) = first_unbounded {
+    };
+    if let Some(i) = read.first_unbounded {
         return Err(format!(
-            "the copy of switch {} stream {stream} is unbounded at {unbounded} of the \
+            "the copy of switch {} stream {stream} is unbounded at {} of the \
              locations read, from {i} (a loss its refresh has not made up yet): try again \
              after the refresh",
-            m.from_switch
+            m.from_switch, read.unbounded
         ));
     }
     Ok(Planned {
         entry_words,
-        read,
-        largest_bound,
-        values: moves.values(),
+        read: read.read,
+        largest_bound: read.largest_bound,
+        values,
     })
-}
-
-/// The values of a move, as the copy's locations are read in order: all of a register's,
-/// a table's occupied slots' (word 0 not 0), whole.
-struct Moves {
-    entry_words: usize,
-    /// Words of the slot being read that are already in `values`.
-    in_slot: usize,
-    values: Vec<u64>,
-}
-
-impl Moves {
-    /// Room for `locations` values, so that the values are never copied to grow (a
-    /// table's are megabytes; the room left unused is never touched).
-    fn new(entry_words: usize, locations: usize) -> Moves {
-        Moves {
-            entry_words: entry_words.max(1),
-            in_slot: 0,
-            values: Vec::with_capacity(locations),
-        }
-    }
-
-    /// The next location's value; how many locations after it move nothing, so need not
-    /// be read: the rest of a table's slot whose first word is 0 (empty: half of a table's
-    /// slots, whose 12 other words each would be read for nothing).
-    #[inline]
-    fn push(&mut self, value: u64) -> u32 {
-        if self.in_slot == 0 && value == 0 && self.entry_words > 1 {
-            return (self.entry_words - 1) as u32;
-        }
-        self.values.push(value);
-        self.in_slot += 1;
-        if self.in_slot == self.entry_words {
-            self.in_slot = 0;
-        }
-        0
-    }
-
-    /// The values whole: a slot not read whole moves nothing.
-    fn values(mut self) -> Vec<u64> {
-        let whole = self.values.len() - self.in_slot;
-        self.values.truncate(whole);
-        self.values
-    }
 }
 
 /// The writes that carry `planned`, in order, each of at most `max_values` values (what the
@@ -262,25 +205,32 @@ pub fn writes(planned: Planned, state: u16, max_values: usize) -> Vec<WriteValue
 mod tests {
     use super::*;
 
+    /// A table moves its occupied slots' words, read whole; a register every value.
     #[test]
     fn a_table_moves_its_occupied_slots_and_a_register_every_value() {
-        let moved = |values: &[u64], entry_words| {
-            let mut moves = Moves::new(entry_words, values.len());
-            let mut i = 0;
-            while let Some(&v) = values.get(i) {
-                i += 1 + moves.push(v) as usize;
-            }
-            moves.values()
+        let slots = [[0, 9, 9], [1, 2, 3], [0, 0, 0], [2, 5, 6]];
+        let c = copy_of(slots, false);
+        let moved = |count, entry_words| {
+            let mut values = Vec::new();
+            let read = c.gather_entries((1, 0, 0), 0, count, entry_words, &mut values);
+            (values, read.map(|r| r.read))
         };
-        let slots = [0, 9, 9, 1, 2, 3, 0, 0, 0, 2, 5, 6];
-        assert_eq!(moved(&slots, 3), [1, 2, 3, 2, 5, 6]);
-        assert_eq!(moved(&slots, 1), slots);
+        assert_eq!(moved(12, 3), (vec![1, 2, 3, 2, 5, 6], Some(8)));
+        let every: Vec<u64> = slots.iter().flatten().copied().collect();
+        assert_eq!(moved(12, 1), (every, Some(12)));
         assert_eq!(
-            moved(&slots[..11], 3),
-            [1, 2, 3],
-            "a slot not whole moves nothing"
+            moved(11, 3),
+            (vec![1, 2, 3], Some(5)),
+            "a slot not whole is not read"
         );
-        assert_eq!(moved(&[], 3), []);
+        assert_eq!(moved(0, 3), (vec![], Some(0)));
+        let mut values = Vec::new();
+        let unknown = c.gather_entries((2, 0, 0), 0, 12, 3, &mut values);
+        assert_eq!(
+            (unknown, values),
+            (None, vec![]),
+            "a stream never heard from"
+        );
     }
 
     /// A table's copy as a collector holds it: switch 1's stream 0 announces state 0, 4

@@ -8,7 +8,7 @@
 //! cannot turn the collector on someone else).
 
 use crate::Location;
-use crate::mirror::{Mirror, MirrorCounters, Reading};
+use crate::mirror::{Gathered, Mirror, MirrorCounters, Reading};
 use crate::sender::SyncedState;
 use crate::wire::{ENTRY_LEN, HEADER_LEN, Key, Kind, MAC_LEN, Message};
 use crate::write::{Cancel, Completed, WriteEngine, WriteValues};
@@ -329,16 +329,29 @@ impl Collector {
     }
 
     /// [`Collector::read`], each reading handed to `each` with its offset from `first`
-    /// rather than gathered, but for the locations `each` says to pass over after it
-    /// (`Mirror::visit_range`).
+    /// rather than gathered.
     pub fn visit(
         &self,
         (switch, stream, state): (u32, u16, u16),
         first: u32,
         count: u32,
-        each: impl FnMut(usize, Reading) -> u32,
+        each: impl FnMut(usize, Reading),
     ) -> Option<()> {
         (self.mirror).visit_range(switch, stream, state, first, count, each)
+    }
+
+    /// The values of the entries of `entry_words` words that `count` locations from
+    /// `first` hold, appended to `out`, and how far they are bounded
+    /// ([`Mirror::gather_entries`]): what a migration moves.
+    pub fn gather_entries(
+        &self,
+        at: (u32, u16, u16),
+        first: u32,
+        count: u32,
+        entry_words: u32,
+        out: &mut Vec<u64>,
+    ) -> Option<Gathered> {
+        (self.mirror).gather_entries(at, first, count, entry_words, out)
     }
 
     /// The streams heard from, in order.

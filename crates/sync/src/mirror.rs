@@ -395,6 +395,17 @@ impl StreamView {
     }
 }
 
+/// What [`Mirror::gather_entries`] read: the locations (a table's empty slots by their
+/// first word alone), the largest bound among them, and those unbounded (a loss the
+/// refresh has not made up yet) with the first of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gathered {
+    pub read: u64,
+    pub largest_bound: u64,
+    pub unbounded: u64,
+    pub first_unbounded: Option<u32>,
+}
+
 /// A location as the collector holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reading {
@@ -617,18 +628,85 @@ impl Mirror {
         count: u32,
     ) -> Option<Vec<Reading>> {
         let mut readings = Vec::with_capacity(count as usize);
-        self.visit_range(switch, stream, state, first, count, |_, r| {
-            readings.push(r);
-            0
-        })?;
+        self.visit_range(switch, stream, state, first, count, |_, r| readings.push(r))?;
         Some(readings)
+    }
+
+    /// The values of the entries of `entry_words` locations each that `count` locations
+    /// of `state` from `first` hold (whole entries: a rest is not read), appended to
+    /// `out`: every value of a register (1 word an entry), the occupied slots' words of a
+    /// table, whose empty slots (first word 0) give nothing and are read by their first
+    /// word alone (half of a table's slots, whose other words would be read for
+    /// nothing). With what was read and how far it is bounded, as [`Mirror::read_range`]
+    /// would bound each location; `None` where `read_range` answers `None`. One pass
+    /// over the cells with no reading made of each: what a migration moves is megabytes.
+    pub fn gather_entries(
+        &self,
+        (switch, stream, state): (u32, u16, u16),
+        first: u32,
+        count: u32,
+        entry_words: u32,
+        out: &mut Vec<u64>,
+    ) -> Option<Gathered> {
+        let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
+        let cells = view.values.states.get(&state);
+        let dense: &[Held] = cells.map_or(&[], |c| &c.dense);
+        // A dense cell never carried is NEVER's alike (seq 0), so reads as it.
+        let at = |index: u32| match dense.get(index as usize) {
+            Some(held) => held,
+            None => (cells.and_then(|c| c.get(index))).unwrap_or(&NEVER),
+        };
+        let stride = entry_words.max(1);
+        let (mut read, mut unbounded, mut first_unbounded) = (0, 0, None);
+        // The bound of the cell bounded from the earliest message is the largest (a
+        // threshold since a message is the largest of those since then).
+        let mut earliest_from = None::<u64>;
+        let mut note = |index: u32, held: &Held| {
+            if held.seq >= view.gap_seq {
+                earliest_from =
+                    Some(earliest_from.map_or(held.bounded_from, |e| e.min(held.bounded_from)));
+            } else {
+                unbounded += 1;
+                first_unbounded.get_or_insert(index);
+            }
+        };
+        for entry in 0..count / stride {
+            let head = first + entry * stride;
+            let (start, end) = (head as usize, (head + stride) as usize);
+            if stride > 1 && at(head).value == 0 {
+                read += 1;
+                note(head, at(head));
+                continue;
+            }
+            read += u64::from(stride);
+            match dense.get(start..end) {
+                Some(entry) => {
+                    for (index, held) in (head..).zip(entry) {
+                        note(index, held);
+                        out.push(held.value);
+                    }
+                }
+                None => {
+                    for index in head..head + stride {
+                        note(index, at(index));
+                        out.push(at(index).value);
+                    }
+                }
+            }
+        }
+        let largest_bound =
+            earliest_from.map_or(0, |from| divergence_bound(view.threshold_since(from)));
+        Some(Gathered {
+            read,
+            largest_bound,
+            unbounded,
+            first_unbounded,
+        })
     }
 
     /// Calls `each` with the offset from `first` and the reading of every location of
     /// `count` from `first` in order, as [`Mirror::read_range`] reads them, without
-    /// gathering them, but for the locations `each` says to pass over after the one it
-    /// was given (a table's empty slot's words: half of what a migration would read);
-    /// `None` (and no call) where `read_range` answers `None`.
+    /// gathering them; `None` (and no call) where `read_range` answers `None`.
     pub fn visit_range(
         &self,
         switch: u32,
@@ -636,7 +714,7 @@ impl Mirror {
         state: u16,
         first: u32,
         count: u32,
-        mut each: impl FnMut(usize, Reading) -> u32,
+        mut each: impl FnMut(usize, Reading),
     ) -> Option<()> {
         let view = (self.streams.get(&(switch, stream))).filter(|v| v.applied_seq > 0)?;
         let cells = view.values.states.get(&state);
@@ -668,15 +746,13 @@ impl Mirror {
                 as_of_ns,
             }
         };
-        let count = (end - first) as usize;
-        let mut i = 0;
-        while i < count {
+        for i in 0..(end - first) as usize {
             // A dense cell never carried is NEVER's alike (seq 0), so reads as it.
             let held = match dense.get(i) {
                 Some(held) => held,
                 None => (cells.and_then(|c| c.get(first + i as u32))).unwrap_or(&NEVER),
             };
-            i += 1 + each(i, reading_of(held)) as usize;
+            each(i, reading_of(held));
         }
         Some(())
     }
@@ -1159,6 +1235,34 @@ mod tests {
                     "{first} + {i}"
                 );
             }
+        }
+        // Entries gathered are the locations read one by one: an entry whose first word
+        // is 0 read by that word alone, the others whole, each bound taken.
+        for (first, stride) in [(0, 1), (0, 3), (far - 2, 1), (far - 2, 4)] {
+            let (mut want, mut values) = (Gathered::default(), Vec::new());
+            let mut want_values = Vec::new();
+            for entry in 0..70 / stride {
+                let head = first + entry * stride;
+                let empty = stride > 1 && m.read(1, 0, at(head)).unwrap().value == 0;
+                let len = if empty { 1 } else { stride };
+                for index in head..head + len {
+                    let r = m.read(1, 0, at(index)).unwrap();
+                    want.read += 1;
+                    match r.bound {
+                        Some(b) => want.largest_bound = want.largest_bound.max(b),
+                        None => {
+                            want.unbounded += 1;
+                            want.first_unbounded.get_or_insert(index);
+                        }
+                    }
+                    if !empty {
+                        want_values.push(r.value);
+                    }
+                }
+            }
+            let got = m.gather_entries((1, 0, 0), first, 70, stride, &mut values);
+            assert_eq!(got, Some(want), "{first}, {stride}");
+            assert_eq!(values, want_values, "{first}, {stride}");
         }
         let held = m.held(1, 0);
         assert_eq!(held.len(), m.held_count(1, 0));
