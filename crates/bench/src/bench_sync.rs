@@ -519,7 +519,7 @@ fn one_write(
                 "a write of {size} at {loss} loss still not through after 10 s"
             ));
         }
-        let completed = (link.step(now, &mut engine, &mut stage, &registers))
+        let completed = (link.step(now, &mut engine, &mut stage, &mut registers))
             .map_err(|e| format!("decoding our own: {e}"))?;
         stage.commit(&mut registers);
         if let Some(done) = completed {

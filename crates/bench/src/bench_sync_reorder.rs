@@ -246,7 +246,7 @@ fn run(a: &BenchSyncReorderArgs, way: Way, cut: Option<usize>, loss: f64) -> Ben
                 sketch.add(&(key as u64), 1);
             }
         });
-        let completed = (link.step(now, &mut engine, &mut stage, &Counters(&mut sketch)))
+        let completed = (link.step(now, &mut engine, &mut stage, &mut Counters(&mut sketch)))
             .map_err(|e| format!("decoding our own: {e}"))?;
         if let Some(done) = completed {
             outcome.parts_sent += done.transmissions;

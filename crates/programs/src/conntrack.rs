@@ -1075,6 +1075,52 @@ mod tests {
         );
         assert_eq!(conn(&b, 1002).packets, conn(&a, 1002).packets + 1);
 
+        // The same connections taken ahead of the commit, as a migration's parts arrive
+        // (the entries one after another from 0, the parts cut anywhere), after a write
+        // dropped before its commit: each lands as the commit-time write placed it, and
+        // nothing of the dropped one.
+        let moved: Vec<u64> = (0..length / stride as u32)
+            .filter(|&slot| mirror.get(&(slot * stride as u32)).is_some_and(|&w| w != 0))
+            .flat_map(|slot| (0..stride as u32).map(move |w| slot * stride as u32 + w))
+            .map(|index| mirror.get(&index).copied().unwrap_or(0))
+            .collect();
+        let mut c = Conntrack::new(&cfg, &names, "program.conntrack", 77).unwrap();
+        Program::track(&mut c, "connections", 0);
+        assert!(
+            !Program::stage_synced_run(&mut c, 1, 0, &moved),
+            "another id"
+        );
+        // The dropped write: three connections of ports of their own (word 6), after
+        // where the next write's entries go.
+        let mut dropped = moved[..3 * stride].to_vec();
+        dropped
+            .chunks_mut(stride)
+            .for_each(|entry| entry[6] += 10_000);
+        let after = moved.len() as u32;
+        assert!(Program::stage_synced_run(&mut c, 0, after, &dropped));
+        Program::drop_synced_write(&mut c);
+        for (part, values) in moved.chunks(37).enumerate() {
+            assert!(Program::stage_synced_run(
+                &mut c,
+                0,
+                part as u32 * 37,
+                values
+            ));
+        }
+        assert_eq!(c.commit_synced_write(), 0);
+        assert_eq!(c.connections(), 49, "none of the dropped write's");
+        for port in 1000..1050 {
+            let key = FlowKey::v4(
+                "198.18.0.1".parse().unwrap(),
+                "198.19.0.2".parse().unwrap(),
+                6,
+                port,
+                80,
+            );
+            let action = |p: &Conntrack| p.state_of(&key).map(|c| ConnCodec::action(&c));
+            assert_eq!(action(&c), action(&a), "port {port}");
+        }
+
         // A delete (action word 0 with its key) and a malformed entry (a port past 16 bits),
         // made of B's own words for two of the connections (word 6: the source port).
         let key_of = |port: u64| {

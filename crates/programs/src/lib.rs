@@ -830,6 +830,16 @@ impl Program for Guaranteed {
         }
     }
 
+    /// A register's values are checked as the commit writes them: only a table stages.
+    fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool {
+        let register = (self.register_bits.get(usize::from(id))).is_some_and(Option::is_some);
+        !register && self.inner.stage_synced_run(id, first, values)
+    }
+
+    fn drop_synced_write(&mut self) {
+        self.inner.drop_synced_write();
+    }
+
     fn commit_synced_write(&mut self) -> u64 {
         self.inner.commit_synced_write() + std::mem::take(&mut self.values_refused)
     }

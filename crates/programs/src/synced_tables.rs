@@ -61,6 +61,14 @@ macro_rules! synced_table_methods {
         fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
             self.$($table).+.write_synced_run(id, first, values);
         }
+
+        fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool {
+            self.$($table).+.stage_synced_run(id, first, values)
+        }
+
+        fn drop_synced_write(&mut self) {
+            self.$($table).+.drop_synced_write();
+        }
     };
 }
 pub(crate) use synced_table_methods;

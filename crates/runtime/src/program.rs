@@ -325,6 +325,19 @@ pub trait Program: Send {
         }
     }
 
+    /// Takes `values` at `first`, `first + 1`, ... of synced state `id` ahead of the
+    /// write's commit, as [`Program::write_synced_run`] at the commit would, where the
+    /// state holds a write until [`Program::commit_synced_write`] anyway (a table, which
+    /// decodes its entries as they come so that the commit only places them); `false`,
+    /// nothing taken, where values land as they are written (a register), or for an id
+    /// not tracked.
+    fn stage_synced_run(&mut self, _id: u16, _first: u32, _values: &[u64]) -> bool {
+        false
+    }
+
+    /// Drops what [`Program::stage_synced_run`] took of a write that will not commit.
+    fn drop_synced_write(&mut self) {}
+
     /// Starts a consistent snapshot of tracked state `id` as it is now, which
     /// [`Program::snapshot_read`] reads while packets go on changing the state (bounded
     /// replication's lazy snapshot); `false` if the program cannot snapshot `id` (the
@@ -477,6 +490,8 @@ pub trait Running: Send {
     fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize;
     fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64>;
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]);
+    fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool;
+    fn drop_synced_write(&mut self);
     fn commit_synced_write(&mut self) -> u64;
     fn snapshot_begin(&mut self, id: u16) -> bool;
     fn snapshot_read(&mut self, id: u16, first: u32, out: &mut [u64]) -> usize;
@@ -596,6 +611,14 @@ impl<P: Program + 'static> Running for P {
 
     fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
         Program::write_synced_run(self, id, first, values);
+    }
+
+    fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool {
+        Program::stage_synced_run(self, id, first, values)
+    }
+
+    fn drop_synced_write(&mut self) {
+        Program::drop_synced_write(self);
     }
 
     fn commit_synced_write(&mut self) -> u64 {

@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{MAX_FIELDS, Placed, SlotWords, TableSync};
+use crate::synced_table::{Decoded, MAX_FIELDS, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, Carried, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -114,6 +114,7 @@ pub trait ExactCodec {
 }
 
 /// What a synced write does with one of its entries.
+#[derive(Clone)]
 enum Place<K, V> {
     Delete(K),
     /// The key's entry becomes the value, with the expiry profile.
@@ -130,8 +131,12 @@ pub struct DeclaredTable<C: ExactCodec> {
     outbox: Outbox,
     /// With the table `synced`: its layout as synced state, and a write on its way.
     sync: Option<Box<TableSync>>,
-    /// A synced write's entries on their way into the table (kept for the next write).
+    /// A synced write's entries on their way into the table, those decoded ahead of its
+    /// commit ([`DeclaredTable::stage_synced_run`]) among them while `sync` says they
+    /// hold, with what became of those; after the commit, the write's entries
+    /// ([`DeclaredTable::entries_written_last`]) until the next write.
     placing: Vec<Place<C::Key, C::Value>>,
+    placed_ahead: Placed,
     /// The data plane's clock at the last sweep: when a synced write's entries are placed
     /// (between bursts, where no packet brings the time).
     now_ns: u64,
@@ -148,6 +153,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
             outbox: Outbox::new(Outbox::DEFAULT_LIMIT),
             sync: None,
             placing: Vec::new(),
+            placed_ahead: Placed::default(),
             now_ns: 0,
             replicated: None,
         }
@@ -221,6 +227,52 @@ impl<C: ExactCodec> DeclaredTable<C> {
         }
     }
 
+    /// As [`DeclaredTable::write_synced_run`], ahead of the write's commit (its parts as
+    /// they arrive): the entries whole so far are decoded now, so that the commit, which
+    /// the worker waits for, only places them. `false`, nothing taken, for another id or
+    /// a replicated table (whose commit refuses every entry).
+    pub fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool {
+        let Some(sync) = self.sync.as_mut().filter(|s| s.id == id) else {
+            return false;
+        };
+        if self.replicated.is_some() {
+            return false;
+        }
+        sync.stage_run(first, values);
+        if sync.decoded_ahead() == 0 {
+            // What was decoded ahead no longer holds (or there was none).
+            self.placing.clear();
+            self.placed_ahead = Placed::default();
+        }
+        let placing = &mut self.placing;
+        self.placed_ahead += sync.decode_ahead(|decoded| {
+            placing.push(Self::place_of(decoded));
+            true
+        });
+        true
+    }
+
+    /// Drops the synced write staged, which will not commit.
+    pub fn drop_synced_write(&mut self) {
+        if let Some(sync) = &mut self.sync {
+            sync.drop_staged();
+        }
+        self.placing.clear();
+        self.placed_ahead = Placed::default();
+    }
+
+    /// What a decoded entry of a synced write does.
+    fn place_of(decoded: &Decoded) -> Place<C::Key, C::Value> {
+        let key = C::key_of_values(decoded.key());
+        match decoded.action {
+            None => Place::Delete(key),
+            Some(action) => {
+                let value = C::value(action, decoded.params());
+                Place::Put(key, value, C::profile(&value))
+            }
+        }
+    }
+
     /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by
     /// its key (see [`crate::synced_table`]): added, or its value and expiry profile
     /// replaced, or deleted. A replicated table refuses every entry: its entries change
@@ -233,19 +285,17 @@ impl<C: ExactCodec> DeclaredTable<C> {
         if self.replicated.is_some() {
             return sync.commit(|_| false);
         }
-        // The entries first, then their places: each place is a cache miss in a large
-        // table, which looking ahead of the placing overlaps.
+        // The entries first (those decoded ahead of the commit are), then their places:
+        // each place is a cache miss in a large table, which looking ahead of the placing
+        // overlaps.
         let placing = &mut self.placing;
-        placing.clear();
-        let mut placed = sync.commit(|decoded| {
-            let key = C::key_of_values(&decoded.key);
-            placing.push(match decoded.action {
-                None => Place::Delete(key),
-                Some(action) => {
-                    let value = C::value(action, &decoded.params);
-                    Place::Put(key, value, C::profile(&value))
-                }
-            });
+        let mut placed = std::mem::take(&mut self.placed_ahead);
+        if sync.decoded_ahead() == 0 {
+            placing.clear();
+            placed = Placed::default();
+        }
+        placed += sync.commit(|decoded| {
+            placing.push(Self::place_of(decoded));
             true
         });
         /// Entries looked ahead.
@@ -557,7 +607,8 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             decl: self.decl.clone(),
             outbox: self.outbox.clone(),
             sync: self.sync.clone(),
-            placing: Vec::new(),
+            placing: self.placing.clone(),
+            placed_ahead: self.placed_ahead,
             now_ns: self.now_ns,
             replicated: self.replicated.clone(),
         }

@@ -96,19 +96,19 @@ fn read_fields(
     at: &[FieldAt],
     fields: &[Field],
     words: &[u64],
-    out: &mut Vec<u128>,
+    out: &mut FieldValues,
 ) -> Result<(), String> {
-    out.clear();
     let mut over = false;
-    for f in at {
+    for (value, f) in out.values.iter_mut().zip(at) {
         let (high, low) = (if f.wide { words[f.low - 1] } else { 0 }, words[f.low]);
         over |= high & f.over_high != 0 || low & f.over_low != 0;
-        out.push((u128::from(high) << 64) | u128::from(low));
+        *value = (u128::from(high) << 64) | u128::from(low);
     }
+    out.len = at.len().min(MAX_FIELDS);
     if !over {
         return Ok(());
     }
-    let bad = (fields.iter().zip(out.iter())).find_map(|(field, &v)| checked(field, v).err());
+    let bad = (fields.iter().zip(out.get())).find_map(|(field, &v)| checked(field, v).err());
     bad.map_or(Ok(()), Err)
 }
 
@@ -222,7 +222,7 @@ impl SlotWords {
         }
         read_fields(&self.key_at, &self.key_fields, words, &mut out.key)?;
         let Some(action) = words[0].checked_sub(1) else {
-            out.params.clear();
+            out.params.len = 0;
             out.action = None;
             return Ok(());
         };
@@ -244,9 +244,59 @@ impl SlotWords {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decoded {
     pub action: Option<usize>,
-    pub key: Vec<u128>,
-    pub params: Vec<u128>,
+    key: FieldValues,
+    params: FieldValues,
 }
+
+impl Decoded {
+    pub fn new(action: Option<usize>, key: &[u128], params: &[u128]) -> Decoded {
+        Decoded {
+            action,
+            key: FieldValues::of(key),
+            params: FieldValues::of(params),
+        }
+    }
+
+    pub fn key(&self) -> &[u128] {
+        self.key.get()
+    }
+
+    pub fn params(&self) -> &[u128] {
+        self.params.get()
+    }
+}
+
+/// The values of a slot's fields, at most [`MAX_FIELDS`], where a decoding writes them
+/// with no allocation or length check each (a migration decodes tens of thousands of
+/// entries as they arrive). Equal where the values are: the room past them is not
+/// compared.
+#[derive(Clone, Debug, Default)]
+struct FieldValues {
+    values: [u128; MAX_FIELDS],
+    len: usize,
+}
+
+impl FieldValues {
+    fn of(values: &[u128]) -> FieldValues {
+        let mut out = FieldValues::default();
+        let len = values.len().min(MAX_FIELDS);
+        out.values[..len].copy_from_slice(&values[..len]);
+        out.len = len;
+        out
+    }
+
+    fn get(&self) -> &[u128] {
+        &self.values[..self.len]
+    }
+}
+
+impl PartialEq for FieldValues {
+    fn eq(&self, other: &FieldValues) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for FieldValues {}
 
 fn put(value: u128, out: &mut [u64]) {
     match out {
@@ -290,6 +340,9 @@ pub struct TableSync {
     staged_runs: Vec<(u32, usize)>,
     staged_words: Vec<u64>,
     staged_in_order: bool,
+    /// The words of the one staged run, from its first, decoded already
+    /// ([`TableSync::decode_ahead`]): whole slots.
+    decoded_ahead: usize,
 }
 
 /// What committing a write into a table did.
@@ -299,6 +352,38 @@ pub struct Placed {
     pub deleted: u64,
     /// Groups with words missing, that did not decode, or that found the table full.
     pub refused: u64,
+}
+
+impl std::ops::AddAssign for Placed {
+    fn add_assign(&mut self, other: Placed) {
+        self.entries += other.entries;
+        self.deleted += other.deleted;
+        self.refused += other.refused;
+    }
+}
+
+/// Decodes a slot's words of a write (`group`) for `place`, counting what became of it
+/// in `placed`: a slot with no action and no key is nothing to place.
+fn place_group(
+    words: &SlotWords,
+    group: &[u64],
+    decoded: &mut Decoded,
+    place: &mut impl FnMut(&Decoded) -> bool,
+    placed: &mut Placed,
+) {
+    if words.decode_into(group, decoded).is_err() {
+        placed.refused += 1;
+        return;
+    }
+    let nothing = decoded.action.is_none() && decoded.key().iter().all(|&v| v == 0);
+    if nothing {
+        return;
+    }
+    match (place(decoded), decoded.action) {
+        (true, None) => placed.deleted += 1,
+        (true, Some(_)) => placed.entries += 1,
+        (false, _) => placed.refused += 1,
+    }
 }
 
 impl TableSync {
@@ -327,6 +412,7 @@ impl TableSync {
             staged_runs: Vec::new(),
             staged_words: Vec::new(),
             staged_in_order: true,
+            decoded_ahead: 0,
         })
     }
 
@@ -450,9 +536,52 @@ impl TableSync {
         self.staged_words.extend_from_slice(values);
     }
 
+    /// Words of the staged write decoded ahead of its commit, from its first
+    /// ([`TableSync::decode_ahead`]), that the commit does not decode again: 0 once the
+    /// write is no longer the one run it was (a word staged out of order, or apart).
+    pub fn decoded_ahead(&self) -> usize {
+        match self.staged_runs[..] {
+            [_] => self.decoded_ahead,
+            _ => 0,
+        }
+    }
+
+    /// Decodes the slots staged whole since the last call for `place`, as the commit
+    /// would, ahead of it, while the write is one run from a slot's first word (a large
+    /// write's parts, staged in order as they arrive): its commit then only places the
+    /// entries. Nothing is decoded otherwise, and the commit decodes the write whole.
+    pub fn decode_ahead(&mut self, mut place: impl FnMut(&Decoded) -> bool) -> Placed {
+        let stride = self.words.stride();
+        let mut placed = Placed::default();
+        let [(first, _)] = self.staged_runs[..] else {
+            return placed;
+        };
+        if !(first as usize).is_multiple_of(stride) {
+            return placed;
+        }
+        let whole = self.staged_words.len() / stride * stride;
+        let mut decoded = Decoded::default();
+        for group in self.staged_words[self.decoded_ahead..whole].chunks_exact(stride) {
+            place_group(&self.words, group, &mut decoded, &mut place, &mut placed);
+        }
+        self.decoded_ahead = whole;
+        placed
+    }
+
+    /// Drops the staged write (one that will not commit).
+    pub fn drop_staged(&mut self) {
+        self.staged_runs.clear();
+        self.staged_words.clear();
+        self.staged_in_order = true;
+        self.decoded_ahead = 0;
+    }
+
     /// The staged write's entries, whole groups decoded, for `place` (which puts an
-    /// entry in or takes its key out, and says whether it could); the rest refused.
+    /// entry in or takes its key out, and says whether it could); the rest refused. The
+    /// words [`TableSync::decoded_ahead`] counts are not decoded again.
     pub fn commit(&mut self, mut place: impl FnMut(&Decoded) -> bool) -> Placed {
+        let mut skip = self.decoded_ahead();
+        self.decoded_ahead = 0;
         let mut runs = std::mem::take(&mut self.staged_runs);
         let mut words = std::mem::take(&mut self.staged_words);
         if !std::mem::replace(&mut self.staged_in_order, true) {
@@ -461,33 +590,26 @@ impl TableSync {
         let stride = self.words.stride();
         let mut placed = Placed::default();
         let mut decoded = Decoded::default();
-        let mut place_group = |group: &[u64], placed: &mut Placed| {
-            if self.words.decode_into(group, &mut decoded).is_err() {
-                placed.refused += 1;
-                return;
-            }
-            let nothing = decoded.action.is_none() && decoded.key.iter().all(|&v| v == 0);
-            if nothing {
-                return;
-            }
-            match (place(&decoded), decoded.action) {
-                (true, None) => placed.deleted += 1,
-                (true, Some(_)) => placed.entries += 1,
-                (false, _) => placed.refused += 1,
-            }
-        };
         // A slot a run holds whole is decoded where its words are. Runs are maximal (one
         // that continues the last is merged into it), so a slot a run holds only part of
         // has a word missing: refused, once, however many runs hold parts of it.
         let mut cut = None;
         for (r, &(first, from)) in runs.iter().enumerate() {
             let to = runs.get(r + 1).map_or(words.len(), |&(_, next)| next);
-            let (mut index, mut rest) = (first as usize, &words[from..to]);
+            // The first run's words decoded ahead are passed over.
+            let ahead = std::mem::take(&mut skip);
+            let (mut index, mut rest) = (first as usize + ahead, &words[from + ahead..to]);
             while !rest.is_empty() {
                 let (slot, word) = (index / stride, index % stride);
                 let n = (stride - word).min(rest.len());
                 if n == stride {
-                    place_group(&rest[..n], &mut placed);
+                    place_group(
+                        &self.words,
+                        &rest[..n],
+                        &mut decoded,
+                        &mut place,
+                        &mut placed,
+                    );
                 } else if cut.replace(slot) != Some(slot) {
                     placed.refused += 1;
                 }
@@ -582,7 +704,9 @@ mod tests {
             for (key, param) in [(most, 0), (0, most), (most, most)] {
                 words.encode(0, Some(&[key]), &[param], &mut out);
                 assert_eq!(
-                    words.decode(&out).map(|d| (d.key, d.params)),
+                    words
+                        .decode(&out)
+                        .map(|d| (d.key().to_vec(), d.params().to_vec())),
                     Ok((vec![key], vec![param])),
                     "{bits} bits"
                 );
@@ -621,11 +745,7 @@ mod tests {
         assert_eq!(out, [2, u64::MAX, u64::MAX, 65_535, 1, 5, 80]);
         assert_eq!(
             words.decode(&out),
-            Ok(Decoded {
-                action: Some(1),
-                key: key.to_vec(),
-                params: vec![1 << 64 | 5, 80]
-            })
+            Ok(Decoded::new(Some(1), &key, &[1 << 64 | 5, 80]))
         );
         out[3] = 65_536;
         assert!(words.decode(&out).unwrap_err().contains("`port` (16 bits)"));
@@ -844,11 +964,13 @@ mod tests {
         /// However a write's words are staged (runs in order or not, overlapping, a word
         /// staged twice, slots cut between runs), the commit places what a plain model
         /// does: each slot whose words all came, as its words last staged, in order of
-        /// slot; a slot with words missing refused; an empty one nothing.
+        /// slot; a slot with words missing refused; an empty one nothing. So it does with
+        /// slots decoded ahead of it as the words come, those decoded ahead and then by
+        /// the commit together.
         #[test]
         fn a_commit_places_what_the_words_last_staged_make(
             runs in proptest::collection::vec(
-                (0u32..40, proptest::collection::vec(0u64..3, 0..20)), 0..12),
+                (0u32..40, proptest::collection::vec(0u64..3, 0..20), proptest::bool::ANY), 0..12),
         ) {
             let mut table: ExactTable<u64, u64> =
                 ExactTable::new(8, &[crate::exact::ExpireProfile::NEVER], 1);
@@ -856,10 +978,22 @@ mod tests {
             let mut sync = TableSync::start(3, words, &mut table).unwrap();
             let stride = sync.words.stride();
             let mut model = std::collections::BTreeMap::new();
-            for (first, values) in &runs {
+            // What runs decoded ahead of the commit gave, kept as a table keeps it: while
+            // `decoded_ahead` says it holds.
+            let (mut seen, mut placed) = (Vec::new(), Placed::default());
+            for (first, values, ahead) in &runs {
                 sync.stage_run(*first, values);
                 for (index, &value) in (*first..sync.length()).zip(values) {
                     model.insert(index as usize, value);
+                }
+                if sync.decoded_ahead() == 0 {
+                    (seen, placed) = (Vec::new(), Placed::default());
+                }
+                if *ahead {
+                    placed += sync.decode_ahead(|d| {
+                        seen.push(d.clone());
+                        true
+                    });
                 }
             }
             let (mut want_seen, mut want) = (Vec::new(), Placed::default());
@@ -873,7 +1007,7 @@ mod tests {
                     want.refused += 1;
                     continue;
                 };
-                if decoded.action.is_none() && decoded.key.iter().all(|&v| v == 0) {
+                if decoded.action.is_none() && decoded.key().iter().all(|&v| v == 0) {
                     continue;
                 }
                 match decoded.action {
@@ -882,8 +1016,10 @@ mod tests {
                 }
                 want_seen.push(decoded);
             }
-            let mut seen = Vec::new();
-            let placed = sync.commit(|d| {
+            if sync.decoded_ahead() == 0 {
+                (seen, placed) = (Vec::new(), Placed::default());
+            }
+            placed += sync.commit(|d| {
                 seen.push(d.clone());
                 true
             });

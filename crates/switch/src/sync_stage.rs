@@ -452,6 +452,14 @@ impl WriteTarget for ProgramState<'_> {
         self.0.commit_synced_write()
     }
 
+    fn stage_run(&mut self, first: Location, values: &[u64]) -> bool {
+        self.0.stage_synced_run(first.state, first.index, values)
+    }
+
+    fn drop_staged(&mut self) {
+        self.0.drop_synced_write();
+    }
+
     fn extent(&self, state: u16) -> u32 {
         (self.0.synced().into_iter())
             .find(|&(id, _)| id == state)
@@ -543,7 +551,8 @@ impl SyncStage {
             let writes = &self.writes;
             let datagram = &self.datagram[..n];
             let held = |m: &Message| writes.holds_part(m);
-            let message = match Message::decode_unless_held(self.key.as_ref(), datagram, held) {
+            let decoded = Message::decode_write_part(self.key.as_ref(), datagram, held);
+            let (message, stretch) = match decoded {
                 Ok(m) => m,
                 Err(e) => {
                     SyncCounters::add(&self.counters.refused, 1);
@@ -577,7 +586,8 @@ impl SyncStage {
                     SyncCounters::add(&self.counters.write_parts, 1);
                     let w = &self.writes;
                     let (abandoned, renumbered, refused) = (w.abandoned, w.renumbered, w.refused);
-                    let answer = self.writes.on_part(message, &ProgramState(program, None));
+                    let state = &mut ProgramState(program, None);
+                    let answer = self.writes.on_part_carrying(message, stretch, state);
                     let dropped = self.writes.abandoned - abandoned;
                     SyncCounters::add(&self.counters.writes_abandoned, dropped);
                     // A malformed part is a datagram refused, as one that does not decode.

@@ -180,7 +180,7 @@ impl WriteLink {
         now_ns: u64,
         engine: &mut WriteEngine,
         stage: &mut WriteStage,
-        state: &impl WriteTarget,
+        state: &mut impl WriteTarget,
     ) -> Result<Option<Completed>, DecodeError> {
         engine.poll_with(now_ns, |datagram, copies| {
             let bytes = datagram.to_vec();
@@ -200,7 +200,9 @@ impl WriteLink {
         }
         self.down.deliver(now_ns, &mut self.arrived);
         for bytes in self.arrived.drain(..) {
-            if let Some(ack) = stage.on_part(&Message::decode(&bytes)?, state) {
+            // As a switch takes them: a part that is a stretch as its values.
+            let (part, stretch) = Message::decode_write_part(None, &bytes, |_| false)?;
+            if let Some(ack) = stage.on_part_carrying(part, stretch, state) {
                 let _ = self.up.send(now_ns, encoded(&ack));
             }
         }

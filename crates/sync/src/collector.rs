@@ -616,7 +616,7 @@ mod tests {
         let mut stage = WriteStage::default();
         let mut state = State(vec![0; 8]);
         let part = Message::decode(&sent[0].1).unwrap();
-        stage.on_part(&part, &state).unwrap();
+        stage.on_part(&part, &mut state).unwrap();
         assert!(stage.commit(&mut state).is_some());
         assert_eq!(state.0[7], 107);
         let ack = answer_of(&mut stage);
@@ -687,7 +687,7 @@ mod tests {
     /// write committed, the acknowledgement saying so.
     fn answered(part: &Message) -> Message {
         let (mut stage, mut state) = (WriteStage::default(), State(vec![0; 8]));
-        stage.on_part(part, &state).unwrap();
+        stage.on_part(part, &mut state).unwrap();
         stage.commit(&mut state).unwrap();
         answer_of(&mut stage)
     }

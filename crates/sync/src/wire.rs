@@ -786,6 +786,27 @@ impl Message {
         bytes: &[u8],
         held: impl FnOnce(&Message) -> bool,
     ) -> Result<Message, DecodeError> {
+        Message::decode_body(key, bytes, held, false).map(|(message, _)| message)
+    }
+
+    /// As [`Message::decode_unless_held`], but a write's part whose runs make one stretch
+    /// (consecutive locations of one state with one threshold: a large write's parts, a
+    /// register's or a table's) comes back as the stretch's values, its entries left
+    /// empty: a switch keeps a part's values, never 24 bytes an entry.
+    pub fn decode_write_part(
+        key: Option<&Key>,
+        bytes: &[u8],
+        held: impl FnOnce(&Message) -> bool,
+    ) -> Result<(Message, Option<StretchValues>), DecodeError> {
+        Message::decode_body(key, bytes, held, true)
+    }
+
+    fn decode_body(
+        key: Option<&Key>,
+        bytes: &[u8],
+        held: impl FnOnce(&Message) -> bool,
+        write_as_stretch: bool,
+    ) -> Result<(Message, Option<StretchValues>), DecodeError> {
         let bytes = match (key, bytes.get(2).map(|f| f & FLAG_MAC != 0)) {
             (Some(key), Some(true)) => {
                 let Some(body_len) = bytes.len().checked_sub(MAC_LEN) else {
@@ -848,20 +869,28 @@ impl Message {
             entries: Vec::new(),
         };
         if n > 0 && held(&message) {
-            return Ok(message);
+            return Ok((message, None));
         }
-        message.entries = if runs {
-            Self::decode_runs(&mut r, n)?
-        } else {
-            Self::decode_entries(&mut r, n)?
+        let body = r.at;
+        let stretch = match write_as_stretch && runs && kind == Kind::Write && n > 0 {
+            true => Self::decode_stretch(&mut r, n)?,
+            false => None,
         };
+        if stretch.is_none() {
+            r.at = body;
+            message.entries = if runs {
+                Self::decode_runs(&mut r, n)?
+            } else {
+                Self::decode_entries(&mut r, n)?
+            };
+        }
         if r.left() > 0 {
             return Err(DecodeError::Trailing {
                 expected: r.at,
                 have,
             });
         }
-        Ok(message)
+        Ok((message, stretch))
     }
 
     /// `n` entries of 24 bytes each.
@@ -892,55 +921,150 @@ impl Message {
 
     /// `n` entries as runs, each checked before its values are read.
     fn decode_runs(r: &mut Reader, n: usize) -> Result<Vec<Update>, DecodeError> {
-        let truncated = |r: &Reader, len: usize| DecodeError::Truncated {
-            need: r.at + len,
-            have: r.bytes.len(),
-        };
         // Room for as many entries as the bytes could hold as values (a run of zeros holds
         // any number in its header alone; `n` is 65,535 at most).
         let mut entries = Vec::with_capacity(n.min(r.left()));
-        while entries.len() < n {
-            if r.left() < RUN_HEADER_LEN {
-                return Err(truncated(r, RUN_HEADER_LEN));
-            }
-            let (state, width) = (r.u16(), usize::from(r.u8()));
-            if r.u8() != 0 {
-                return Err(DecodeError::Reserved);
-            }
-            let (first, len, threshold) = (r.u32(), r.u32() as usize, r.u64());
-            let fits = len > 0
-                && len <= n - entries.len()
-                && first.checked_add(len as u32 - 1).is_some()
-                && matches!(width, 0 | 1 | 2 | 4 | 8);
-            if !fits {
-                return Err(DecodeError::Run);
-            }
-            let Some(values) = r.bytes.get(r.at..r.at + len * width) else {
-                return Err(truncated(r, len * width));
-            };
-            r.at += len * width;
-            let update = |(index, value)| Update {
-                location: Location { state, index },
+        read_runs(r, n, |run, values| {
+            let RunHeader {
+                state,
+                first,
+                threshold,
+                ..
+            } = run;
+            run.values_into(values, &mut entries, |i, value| Update {
+                location: Location {
+                    state,
+                    index: first + i as u32,
+                },
                 value,
                 threshold,
-            };
-            let indexes = first..=first + (len as u32 - 1);
-            // One loop a width, each value read as a fixed-size array: a part's thousands
-            // of values are read with no bounds check or width's shift each.
-            match width {
-                0 => entries.extend(indexes.map(|i| update((i, 0)))),
-                1 => entries.extend(
-                    indexes
-                        .zip(values.iter().map(|&b| u64::from(b)))
-                        .map(update),
-                ),
-                2 => entries.extend(indexes.zip(words::<2>(values)).map(update)),
-                4 => entries.extend(indexes.zip(words::<4>(values)).map(update)),
-                _ => entries.extend(indexes.zip(words::<8>(values)).map(update)),
-            }
-        }
+            });
+            true
+        })?;
         Ok(entries)
     }
+
+    /// `n` entries as runs, read as one stretch's values; `None` where the runs do not
+    /// make one (each checked as [`Message::decode_runs`] checks it, up to the first that
+    /// does not continue the one before).
+    fn decode_stretch(r: &mut Reader, n: usize) -> Result<Option<StretchValues>, DecodeError> {
+        let mut stretch: Option<StretchValues> = None;
+        read_runs(r, n, |run, values| {
+            let s = stretch.get_or_insert_with(|| StretchValues {
+                first: Location {
+                    state: run.state,
+                    index: run.first,
+                },
+                threshold: run.threshold,
+                values: Vec::with_capacity(n),
+            });
+            let continues = run.state == s.first.state
+                && run.threshold == s.threshold
+                && u64::from(s.first.index) + s.values.len() as u64 == u64::from(run.first);
+            if continues {
+                run.values_into(values, &mut s.values, |_, value| value);
+            }
+            continues
+        })
+        .map(|whole| stretch.filter(|_| whole))
+    }
+}
+
+/// A write's part as one stretch of values ([`Message::decode_write_part`]): `values` set
+/// at `first` and the locations after it in its state, each with `threshold`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StretchValues {
+    pub first: Location,
+    pub threshold: u64,
+    pub values: Vec<u64>,
+}
+
+impl StretchValues {
+    /// Its values as entries.
+    pub fn updates(&self) -> impl Iterator<Item = Update> + '_ {
+        (0..self.values.len()).map(|i| {
+            Stretch {
+                first: self.first,
+                threshold: self.threshold,
+                values: &self.values,
+            }
+            .entry(i)
+        })
+    }
+}
+
+/// A run's header, as read.
+#[derive(Clone, Copy, Debug)]
+struct RunHeader {
+    state: u16,
+    first: u32,
+    len: usize,
+    width: usize,
+    threshold: u64,
+}
+
+impl RunHeader {
+    /// Appends `make(i, value)` for each of the run's values (`bytes`, checked to be its
+    /// `len` values of its width): one loop a width, each value read as a fixed-size array,
+    /// so that a part's thousands of values are read with no bounds check or width's
+    /// shift each.
+    #[inline]
+    fn values_into<T>(&self, bytes: &[u8], out: &mut Vec<T>, make: impl Fn(usize, u64) -> T) {
+        match self.width {
+            0 => out.extend((0..self.len).map(|i| make(i, 0))),
+            1 => out.extend((bytes.iter().enumerate()).map(|(i, &b)| make(i, u64::from(b)))),
+            2 => out.extend(words::<2>(bytes).enumerate().map(|(i, v)| make(i, v))),
+            4 => out.extend(words::<4>(bytes).enumerate().map(|(i, v)| make(i, v))),
+            _ => out.extend(words::<8>(bytes).enumerate().map(|(i, v)| make(i, v))),
+        }
+    }
+}
+
+/// Reads `n` entries' runs, each checked before its values are read, handing each with
+/// its values' bytes to `each` until it says to stop; whether it never did.
+fn read_runs(
+    r: &mut Reader,
+    n: usize,
+    mut each: impl FnMut(RunHeader, &[u8]) -> bool,
+) -> Result<bool, DecodeError> {
+    let truncated = |r: &Reader, len: usize| DecodeError::Truncated {
+        need: r.at + len,
+        have: r.bytes.len(),
+    };
+    let mut read = 0;
+    while read < n {
+        if r.left() < RUN_HEADER_LEN {
+            return Err(truncated(r, RUN_HEADER_LEN));
+        }
+        let (state, width) = (r.u16(), usize::from(r.u8()));
+        if r.u8() != 0 {
+            return Err(DecodeError::Reserved);
+        }
+        let (first, len, threshold) = (r.u32(), r.u32() as usize, r.u64());
+        let fits = len > 0
+            && len <= n - read
+            && first.checked_add(len as u32 - 1).is_some()
+            && matches!(width, 0 | 1 | 2 | 4 | 8);
+        if !fits {
+            return Err(DecodeError::Run);
+        }
+        let Some(values) = r.bytes.get(r.at..r.at + len * width) else {
+            return Err(truncated(r, len * width));
+        };
+        r.at += len * width;
+        read += len;
+        let run = RunHeader {
+            state,
+            first,
+            len,
+            width,
+            threshold,
+        };
+        if !each(run, values) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -1363,6 +1487,57 @@ mod tests {
             prop_assert_eq!(bytes.len(), size.bytes());
             prop_assert_eq!(size.count(), m.entries.len());
             prop_assert_eq!(Message::decode(&bytes), Ok(m));
+        }
+
+        /// A write's part reads as a stretch of values where its runs make one (its
+        /// entries left empty), and otherwise as its entries; either way as `decode` reads
+        /// it, or refused as `decode` refuses it (the part's bytes damaged).
+        #[test]
+        fn a_part_reads_as_a_stretch_where_it_is_one_and_as_decode_reads_it(
+            pieces in proptest::collection::vec(
+                (0..2u16, 0..2u64, 0..3u32, proptest::collection::vec(0..300u64, 1..30)), 1..5),
+            stretch in any::<bool>(),
+            damage in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 0..3),
+        ) {
+            // Pieces of consecutive locations, each of a state and threshold, a gap (or
+            // none) before each; as one stretch, every piece of state 1 and threshold 0
+            // with no gap.
+            let mut m = message(0);
+            m.kind = Kind::Write;
+            let mut index = 1_000u32;
+            for (state, threshold, gap, values) in &pieces {
+                let (state, threshold, gap) =
+                    if stretch { (1, 0, 0) } else { (*state, *threshold, *gap) };
+                index += gap;
+                for &value in values {
+                    m.entries.push(Update { location: Location { state, index }, value, threshold });
+                    index += 1;
+                }
+            }
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            if damage.is_empty() && stretch && m.entries.len() > 1 {
+                let (part, values) = Message::decode_write_part(None, &bytes, |_| false).unwrap();
+                prop_assert!(part.entries.is_empty());
+                prop_assert_eq!(values.map(|s| s.updates().collect::<Vec<_>>()), Some(m.entries.clone()));
+            }
+            for (at, byte) in &damage {
+                let at = at.index(bytes.len());
+                bytes[at] = *byte;
+            }
+            let plain = Message::decode(&bytes);
+            let part = Message::decode_write_part(None, &bytes, |_| false);
+            match (plain, part) {
+                (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                (Ok(plain), Ok((mut part, values))) => {
+                    if let Some(values) = values {
+                        prop_assert!(part.entries.is_empty());
+                        part.entries = values.updates().collect();
+                    }
+                    prop_assert_eq!(part, plain);
+                }
+                (plain, part) => prop_assert!(false, "{:?} against {:?}", plain, part),
+            }
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use crate::wire::{
     ENTRY_LEN, EncodedSize, Entries, HEADER_LEN, Key, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES,
-    Message, Resendable, Stretch,
+    Message, Resendable, Stretch, StretchValues,
 };
 use crate::{Location, Update};
 use std::borrow::Cow;
@@ -58,6 +58,17 @@ pub trait WriteTarget {
     fn finish(&mut self) -> u64 {
         0
     }
+    /// Takes `values` at `first` and the locations after it ahead of the write's commit,
+    /// as [`WriteTarget::write_run`] at the commit would, if the state holds a write until
+    /// [`WriteTarget::finish`] anyway (a table, which reads its entries as they come, so
+    /// that the commit only places them); `false` where the values would land at once (a
+    /// register), and are then held until the commit. Taken values are in the next
+    /// `finish`, or dropped by [`WriteTarget::drop_staged`].
+    fn stage_run(&mut self, _first: Location, _values: &[u64]) -> bool {
+        false
+    }
+    /// Drops what [`WriteTarget::stage_run`] took of a write that will not commit.
+    fn drop_staged(&mut self) {}
 }
 
 /// How a written value lands.
@@ -896,6 +907,10 @@ struct Staging {
     /// Once every part is held: the acknowledgement of the last to arrive, which the
     /// commit sends again saying what became of the write.
     whole: Option<Message>,
+    /// The parts, from the first, that the state took ahead of the commit
+    /// ([`WriteTarget::stage_run`]). Only the next write to commit stages, in the order
+    /// of its parts, so that the state takes its values as the commit would.
+    staged_ahead: usize,
 }
 
 /// What a commit did.
@@ -951,27 +966,48 @@ pub const ANSWER_COPIES: usize = 4;
 const REMEMBERED_ABANDONS: usize = 64;
 
 impl WriteStage {
-    /// Takes a part of a write (reading `state` for the locations whose changes are kept);
-    /// the acknowledgement to send back.
-    /// A part given by value is kept without copying its values.
+    /// Takes a part of a write (reading `state` for the locations whose changes are kept,
+    /// and handing it what it stages ahead of the commit); the acknowledgement to send
+    /// back. A part given by value is kept without copying its values.
     pub fn on_part<'a>(
         &mut self,
         part: impl Into<Cow<'a, Message>>,
-        state: &impl WriteTarget,
+        state: &mut impl WriteTarget,
+    ) -> Option<Message> {
+        self.on_part_carrying(part, None, state)
+    }
+
+    /// As [`WriteStage::on_part`], for a part read as a stretch of values
+    /// ([`Message::decode_write_part`]: its entries are empty then).
+    pub fn on_part_carrying<'a>(
+        &mut self,
+        part: impl Into<Cow<'a, Message>>,
+        stretch: Option<StretchValues>,
+        state: &mut impl WriteTarget,
     ) -> Option<Message> {
         let mut part = part.into();
         self.last_part_new = false;
         if part.kind != Kind::Write {
             return None;
         }
+        // Only values set are held as a stretch; a stretch of another mode is its entries.
+        let stretch = match stretch {
+            Some(s) if Mode::named(s.threshold) == Some(Mode::Set) => Some(s),
+            Some(s) => {
+                part.to_mut().entries.extend(s.updates());
+                None
+            }
+            None => None,
+        };
+        let carried = part.entries.len() + stretch.as_ref().map_or(0, |s| s.values.len());
         if part.seq == 0 {
             // No engine numbers a write 0 (`WriteEngine::numbered_from`): malformed.
             self.refused += 1;
             return None;
         }
         let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
-        if part.t_max == 0 && part.entries.is_empty() {
-            return self.on_abandon(&part);
+        if part.t_max == 0 && carried == 0 {
+            return self.on_abandon(&part, state);
         }
         if total == 0
             || index >= total
@@ -987,6 +1023,7 @@ impl WriteStage {
             if self.committed_up_to > 0 || !self.staged.is_empty() {
                 self.renumbered += 1;
             }
+            self.drop_next(state);
             self.staged.clear();
             self.commits.clear();
             self.abandoned_ids.clear();
@@ -1013,6 +1050,7 @@ impl WriteStage {
             baseline: HashMap::new(),
             snapshots: HashMap::new(),
             whole: None,
+            staged_ahead: 0,
         });
         if staging.parts.len() != total {
             self.refused += 1;
@@ -1022,12 +1060,12 @@ impl WriteStage {
         if staging.parts[index].is_none() {
             // Parts as runs carry up to 65,535 values each: the write's parts together
             // may not hold more than a write may, nor the writes staged more than two.
-            let values = staging.values + part.entries.len();
-            if values > MAX_WRITE_VALUES || held + part.entries.len() > MAX_HELD_VALUES {
+            let values = staging.values + carried;
+            if values > MAX_WRITE_VALUES || held + carried > MAX_HELD_VALUES {
                 self.refused += 1;
                 return None;
             }
-            staging.values += part.entries.len();
+            staging.values += carried;
             let first = staging.received == 0;
             for e in &part.entries {
                 if Mode::of(e.threshold) != Mode::SetKeepingChanges {
@@ -1053,8 +1091,13 @@ impl WriteStage {
                     .entry(at)
                     .or_insert_with(|| then.unwrap_or_else(|| state.read(at)));
             }
-            let entries = std::mem::take(&mut part.to_mut().entries);
-            staging.parts[index] = Some(HeldPart::of(entries));
+            staging.parts[index] = Some(match stretch {
+                Some(s) => HeldPart::Stretch {
+                    first: s.first,
+                    values: s.values,
+                },
+                None => HeldPart::of(std::mem::take(&mut part.to_mut().entries)),
+            });
             staging.received += 1;
             self.last_part_new = true;
         }
@@ -1067,13 +1110,41 @@ impl WriteStage {
         if staging.received == total as u64 && staging.whole.is_none() {
             staging.whole = Some(ack.clone());
         }
+        self.stage_ahead(state);
         Some(ack)
+    }
+
+    /// Hands `state` the parts of the next write to commit that it may take ahead of the
+    /// commit: those held in order from the first on, each a stretch set (as the commit
+    /// would write them, first to last), while the state takes them.
+    fn stage_ahead(&mut self, state: &mut impl WriteTarget) {
+        let Some(staging) = self.staged.get_mut(&(self.committed_up_to + 1)) else {
+            return;
+        };
+        while let Some(Some(HeldPart::Stretch { first, values })) =
+            staging.parts.get(staging.staged_ahead)
+        {
+            if !state.stage_run(*first, values) {
+                return;
+            }
+            let values = values.len();
+            staging.parts[staging.staged_ahead] = Some(HeldPart::Staged { values });
+            staging.staged_ahead += 1;
+        }
+    }
+
+    /// Tells `state` to drop what it took ahead of the next write to commit, which will
+    /// not (abandoned, or another collector's numbering takes over).
+    fn drop_next(&mut self, state: &mut impl WriteTarget) {
+        if (self.staged.get(&(self.committed_up_to + 1))).is_some_and(|s| s.staged_ahead > 0) {
+            state.drop_staged();
+        }
     }
 
     /// The collector cancelled write `part.seq`: dropped if it is the next to commit and
     /// not whole; answered with [`ABANDONED`], or [`COMMITTED_ALREADY`] where it committed
     /// or is whole (and commits at once: the collector may have seen it whole).
-    fn on_abandon(&mut self, part: &Message) -> Option<Message> {
+    fn on_abandon(&mut self, part: &Message, state: &mut impl WriteTarget) -> Option<Message> {
         let next = self.committed_up_to + 1;
         let whole = |s: &Staging| s.received == s.parts.len() as u64;
         let answer = if self.of_another_numbering(part.seq) {
@@ -1087,6 +1158,7 @@ impl WriteStage {
         } else if part.seq < next || self.staged.get(&part.seq).is_some_and(whole) {
             COMMITTED_ALREADY
         } else if part.seq == next {
+            self.drop_next(state);
             self.staged.remove(&next);
             self.committed_up_to = next;
             self.abandoned += 1;
@@ -1094,6 +1166,7 @@ impl WriteStage {
                 self.abandoned_ids.pop_front();
             }
             self.abandoned_ids.push_back(next);
+            self.stage_ahead(state);
             ABANDONED
         } else {
             self.refused += 1;
@@ -1217,6 +1290,11 @@ impl WriteStage {
                     done.values += values.len() as u64;
                     continue;
                 }
+                // In the state already, ahead of the parts after it.
+                HeldPart::Staged { values } => {
+                    done.values += *values as u64;
+                    continue;
+                }
                 HeldPart::Entries(entries) => entries,
             };
             let mut rest = &part[..];
@@ -1257,6 +1335,7 @@ impl WriteStage {
             self.settle(&mut answer);
             self.answers.push(answer);
         }
+        self.stage_ahead(state);
         Some(done)
     }
 }
@@ -1268,6 +1347,9 @@ enum HeldPart {
     /// parts, a register's or a table's): the values alone, taken as the part arrives so
     /// that the commit, which the worker waits for, writes them on in one go.
     Stretch { first: Location, values: Vec<u64> },
+    /// A stretch the state took ahead of the commit ([`WriteTarget::stage_run`]): its
+    /// values, counted.
+    Staged { values: usize },
     /// Any other part's entries, as they came.
     Entries(Vec<Update>),
 }
@@ -1439,7 +1521,7 @@ pub(crate) mod tests {
         old.submit(values(100, Mode::Set)).unwrap();
         let mut out = Vec::new();
         old.poll(0, &mut out);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert!(stage.holds_parts());
 
         let mut new = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(1 << 40);
@@ -1451,7 +1533,7 @@ pub(crate) mod tests {
         assert_eq!(id, Ok(1 << 40));
         let mut out = Vec::new();
         new.poll(0, &mut out);
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let ack = stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(ack.t_max, 1, "held, not taken as committed");
         let done = stage.commit(&mut state).unwrap();
         assert_eq!((done.id, state.read(at(1, 8))), (1 << 40, 77));
@@ -1473,12 +1555,15 @@ pub(crate) mod tests {
             entries: Vec::new(),
             ..out[0].clone()
         };
-        assert_eq!(stage.on_part(&abandon, &state).unwrap().t_max, ABANDONED);
-        assert_eq!(stage.on_part(&out[0], &state).unwrap().t_max, 1, "held");
+        assert_eq!(
+            stage.on_part(&abandon, &mut state).unwrap().t_max,
+            ABANDONED
+        );
+        assert_eq!(stage.on_part(&out[0], &mut state).unwrap().t_max, 1, "held");
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(5));
         assert_eq!(stage.renumbered, 2);
         // Its own write, committed, sent again: answered as committed.
-        assert_eq!(stage.on_part(&out[0], &state).unwrap().t_max, COMMITTED);
+        assert_eq!(stage.on_part(&out[0], &mut state).unwrap().t_max, COMMITTED);
     }
 
     /// The answer of the write `stage` committed last.
@@ -1524,7 +1609,7 @@ pub(crate) mod tests {
         engine.poll(0, &mut out);
         assert_eq!(out.len(), 3);
         let acks: Vec<Message> = (out.iter())
-            .map(|part| stage.on_part(part, &state).unwrap())
+            .map(|part| stage.on_part(part, &mut state).unwrap())
             .collect();
         for ack in &acks {
             assert_eq!(engine.on_ack(10_000, ack), None, "held, not committed yet");
@@ -1540,10 +1625,10 @@ pub(crate) mod tests {
         );
         let committed = stage.commit(&mut state).unwrap();
         assert_eq!((committed.values, committed.refused), (150, 50));
-        let answer = stage.on_part(&probe[0], &state).unwrap();
+        let answer = stage.on_part(&probe[0], &mut state).unwrap();
         assert_eq!(answer.t_max, COMMITTED | 50);
         assert_eq!(
-            stage.on_part(&out[0], &state).unwrap().t_max,
+            stage.on_part(&out[0], &mut state).unwrap().t_max,
             COMMITTED | 50,
             "as often as asked"
         );
@@ -1572,7 +1657,7 @@ pub(crate) mod tests {
         let mut stage = WriteStage::default();
         let mut state = Map::default();
         for part in &out {
-            stage.on_part(part, &state).unwrap();
+            stage.on_part(part, &mut state).unwrap();
         }
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(2_500));
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
@@ -1650,7 +1735,7 @@ pub(crate) mod tests {
             part.encode(&mut bytes);
             assert!(bytes.len() + MAC_LEN <= 65_507);
             stage
-                .on_part(Message::decode(&bytes).unwrap(), &state)
+                .on_part(Message::decode(&bytes).unwrap(), &mut state)
                 .unwrap();
         }
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(65_536));
@@ -1679,7 +1764,7 @@ pub(crate) mod tests {
         let mut state = Map::default();
         (0..16_384).for_each(|i| state.write(at(0, i), u64::from(i) + 1));
         let mut stage = WriteStage::default();
-        stage.on_part(Message::decode(&bytes).unwrap(), &state);
+        stage.on_part(Message::decode(&bytes).unwrap(), &mut state);
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(16_384));
         assert!((0..16_384).all(|i| state.read(at(0, i)) == 0));
 
@@ -1701,7 +1786,7 @@ pub(crate) mod tests {
     #[test]
     fn a_stage_holds_no_more_values_of_a_write_than_a_write_may_have() {
         let mut stage = WriteStage::default();
-        let state = Map::default();
+        let mut state = Map::default();
         let part = |seq: u64, index: u64| Message {
             kind: Kind::Write,
             switch: 1,
@@ -1721,16 +1806,16 @@ pub(crate) mod tests {
         };
         let fit = MAX_WRITE_VALUES / MAX_RUN_ENTRIES;
         for i in 0..fit as u64 {
-            assert!(stage.on_part(part(1, i), &state).is_some(), "part {i}");
+            assert!(stage.on_part(part(1, i), &mut state).is_some(), "part {i}");
         }
-        assert_eq!(stage.on_part(part(1, fit as u64), &state), None);
+        assert_eq!(stage.on_part(part(1, fit as u64), &mut state), None);
         assert_eq!(stage.refused, 1);
         // Writes 2 and 3 come while 1 waits for its last parts: 2 fits as 1 did, and
         // 3 finds the stage holding two writes' worth.
         for i in 0..fit as u64 {
-            assert!(stage.on_part(part(2, i), &state).is_some(), "part {i}");
+            assert!(stage.on_part(part(2, i), &mut state).is_some(), "part {i}");
         }
-        assert_eq!(stage.on_part(part(3, 0), &state), None);
+        assert_eq!(stage.on_part(part(3, 0), &mut state), None);
         assert_eq!(stage.refused, 2);
         assert!(stage.holds_parts());
     }
@@ -1747,8 +1832,8 @@ pub(crate) mod tests {
         assert_eq!(out.len(), 3, "150 values: parts of {MAX_ENTRIES}");
         let mut state = Map::default();
         // Parts 0 and 2 arrive; 1 is lost.
-        let ack0 = stage.on_part(&out[0], &state).unwrap();
-        let ack2 = stage.on_part(&out[2], &state).unwrap();
+        let ack0 = stage.on_part(&out[0], &mut state).unwrap();
+        let ack2 = stage.on_part(&out[2], &mut state).unwrap();
         assert_eq!(ack2.t_max, 2);
         assert_eq!(stage.commit(&mut state), None);
         assert!(state.0.is_empty(), "nothing of a write half arrived");
@@ -1764,8 +1849,8 @@ pub(crate) mod tests {
         engine.poll(10_000, &mut again);
         assert_eq!(again.len(), 1, "the part not acknowledged");
         assert!(again.iter().all(|m| m.t_max >> 32 == 1), "{again:?}");
-        stage.on_part(&again[0], &state).unwrap();
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&again[0], &mut state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         let done = stage.commit(&mut state).unwrap();
         assert_eq!((done.id, done.values), (id, 150));
         assert_eq!(state.0.len(), 150);
@@ -1774,7 +1859,7 @@ pub(crate) mod tests {
         let ack = answer_of(&mut stage);
         assert_eq!(ack.t_max, COMMITTED, "committed, nothing refused");
         // A late duplicate of a committed write is acknowledged whole, not applied.
-        let late = stage.on_part(&out[1], &state).unwrap();
+        let late = stage.on_part(&out[1], &mut state).unwrap();
         assert_eq!(late.t_max, COMMITTED);
         let done = engine.on_ack(60_000, &ack).unwrap();
         assert_eq!(
@@ -1803,7 +1888,7 @@ pub(crate) mod tests {
         engine.poll(0, &mut out);
         let mut state = Map::default();
         state.write(at(0, 7), 500);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         state.write(at(0, 7), 512);
         let done = stage.commit(&mut state).unwrap();
         assert_eq!(state.read(at(0, 7)), 12);
@@ -1830,7 +1915,7 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         engine.poll(0, &mut out);
         state.write(at(0, 7), 506);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         state.write(at(0, 7), 512);
         stage.commit(&mut state).unwrap();
         assert_eq!(state.read(at(0, 7)), 22, "512 counted, 490 of them read");
@@ -1851,7 +1936,7 @@ pub(crate) mod tests {
         for e in &mut out[0].entries {
             e.threshold = 3;
         }
-        assert!(stage.on_part(&out[0], &state).is_none());
+        assert!(stage.on_part(&out[0], &mut state).is_none());
         assert_eq!(stage.refused, 1);
         assert!(stage.commit(&mut state).is_none());
         assert_eq!(state.read(at(1, 0)), 500, "nothing written");
@@ -1887,9 +1972,9 @@ pub(crate) mod tests {
         let mut bad = out[0].clone();
         bad.t_max = (5 << 32) | 1;
         let mut state = Map::default();
-        assert_eq!(stage.on_part(&bad, &state), None);
+        assert_eq!(stage.on_part(&bad, &mut state), None);
         assert_eq!(stage.refused, 1);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(0));
         let ack = answer_of(&mut stage);
         assert!(engine.on_ack(5, &ack).is_some());
@@ -1917,10 +2002,10 @@ pub(crate) mod tests {
             entries: Vec::new(),
             ..zero.clone()
         };
-        assert_eq!(stage.on_part(&zero, &state), None);
-        assert_eq!(stage.on_part(&abandon, &state), None);
+        assert_eq!(stage.on_part(&zero, &mut state), None);
+        assert_eq!(stage.on_part(&abandon, &mut state), None);
         assert_eq!((stage.refused, stage.renumbered), (2, 0));
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(102));
     }
 
@@ -1931,10 +2016,10 @@ pub(crate) mod tests {
         let (mut engine, out) = sent_in_parts(6);
         let mut stage = WriteStage::default();
         assert_eq!(out.len(), 6);
-        let state = Map::default();
+        let mut state = Map::default();
         let mut ack = None;
         for part in &out[2..] {
-            ack = stage.on_part(part, &state);
+            ack = stage.on_part(part, &mut state);
         }
         assert_eq!(engine.on_ack(10, &ack.unwrap()), None);
         let mut again = Vec::new();
@@ -1955,12 +2040,12 @@ pub(crate) mod tests {
         let sent_again = |reorder: bool| {
             let (mut engine, out) = sent_in_parts(6);
             let mut stage = WriteStage::default();
-            let state = Map::default();
-            let ack = stage.on_part(&out[4], &state).unwrap();
+            let mut state = Map::default();
+            let ack = stage.on_part(&out[4], &mut state).unwrap();
             engine.on_ack(10_000, &ack);
             if reorder {
                 // Part 1, sent once, before part 4, arrives after it: overtaken.
-                let late = stage.on_part(&out[1], &state).unwrap();
+                let late = stage.on_part(&out[1], &mut state).unwrap();
                 engine.on_ack(10_001, &late);
             }
             assert_eq!(engine.reordering_seen, reorder);
@@ -2013,9 +2098,9 @@ pub(crate) mod tests {
         );
         // The switch was slow, not the path: it took every first transmission.
         for part in &out {
-            stage.on_part(part, &state).unwrap();
+            stage.on_part(part, &mut state).unwrap();
         }
-        stage.on_part(&later[0], &state).unwrap();
+        stage.on_part(&later[0], &mut state).unwrap();
         stage.commit(&mut state).unwrap();
         let ack = answer_of(&mut stage);
         let done = engine.on_ack(3_000_030, &ack).unwrap();
@@ -2032,11 +2117,11 @@ pub(crate) mod tests {
         // acknowledgement came, so the room applies to all that follows).
         engine.reordering_seen = true;
         let mut stage = WriteStage::default();
-        let state = Map::default();
+        let mut state = Map::default();
         assert_eq!(out.len(), 12);
         let parts = |m: &[Message]| m.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
         // Only part 11 arrives: 0 to 7, sent more than three places before it, are lost.
-        let ack = stage.on_part(&out[11], &state).unwrap();
+        let ack = stage.on_part(&out[11], &mut state).unwrap();
         assert_eq!(engine.on_ack(10_000, &ack), None);
         let mut again = Vec::new();
         engine.poll(10_000, &mut again);
@@ -2048,7 +2133,7 @@ pub(crate) mod tests {
         // Of those, only the last arrives. Its echo names its transmission: the four sent
         // more than three places before it in the same round are lost (and 8 to 10, sent
         // a round before).
-        let ack = stage.on_part(&again[7], &state).unwrap();
+        let ack = stage.on_part(&again[7], &mut state).unwrap();
         assert_eq!(engine.on_ack(20_000, &ack), None);
         let mut third = Vec::new();
         engine.poll(20_000, &mut third);
@@ -2080,7 +2165,7 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         engine.poll(4_000_000, &mut out);
         let mut state = Map::default();
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         stage.commit(&mut state).unwrap();
         let ack = answer_of(&mut stage);
         let done = engine.on_ack(4_000_010, &ack).unwrap();
@@ -2120,7 +2205,7 @@ pub(crate) mod tests {
                 if lossy && n % 2 == 1 {
                     continue;
                 }
-                if let Some(ack) = stage.on_part(part, &state) {
+                if let Some(ack) = stage.on_part(part, &mut state) {
                     engine.on_ack(now + 10, &ack);
                 }
             }
@@ -2171,13 +2256,13 @@ pub(crate) mod tests {
             let (_, out) = sent_values(1);
             let mut stage = WriteStage::default();
             let mut state = Map::default();
-            stage.on_part(&out[0], &state).unwrap();
+            stage.on_part(&out[0], &mut state).unwrap();
             assert_eq!(
                 stage.ack_copies(loss),
                 copies_for(loss) as usize,
                 "a part new"
             );
-            stage.on_part(&out[0], &state).unwrap();
+            stage.on_part(&out[0], &mut state).unwrap();
             assert_eq!(stage.ack_copies(loss), 1, "a copy of one held");
             stage.commit(&mut state).unwrap();
             let mut answers = Vec::new();
@@ -2194,10 +2279,10 @@ pub(crate) mod tests {
     fn a_tail_probe_is_one_part_and_its_acknowledgement_shows_the_rest_lost() {
         let (mut engine, out) = sent_in_parts(4);
         let mut stage = WriteStage::default();
-        let state = Map::default();
+        let mut state = Map::default();
         assert_eq!(out.len(), 4);
         // Part 0 arrives (a round trip of 10 us); 1, 2 and 3 are lost.
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let ack = stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(engine.on_ack(10_000, &ack), None);
         let mut probe = Vec::new();
         engine.poll(29_999, &mut probe);
@@ -2205,7 +2290,7 @@ pub(crate) mod tests {
         engine.poll(30_000, &mut probe);
         let parts: Vec<u64> = probe.iter().map(|m| m.t_max >> 32).collect();
         assert_eq!(parts, [3, 3], "the last part alone, as two copies");
-        let ack = stage.on_part(&probe[0], &state).unwrap();
+        let ack = stage.on_part(&probe[0], &mut state).unwrap();
         assert_eq!(engine.on_ack(40_000, &ack), None);
         let mut again = Vec::new();
         engine.poll(40_000, &mut again);
@@ -2223,7 +2308,7 @@ pub(crate) mod tests {
         engine.submit(values(1, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
-        let ack = stage.on_part(&out[0], &state).unwrap();
+        let ack = stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(engine.on_ack(50_000_000, &ack), None, "held, not committed");
         assert!(engine.rto() >= 50_000_000, "{}", engine.rto());
         assert!(engine.rto() <= MAX_RTO_NS);
@@ -2240,9 +2325,9 @@ pub(crate) mod tests {
     fn copies_of_an_acknowledgement_measure_one_round_trip() {
         let (mut engine, out) = sent_in_parts(2);
         let mut stage = WriteStage::default();
-        let state = Map::default();
-        let first = stage.on_part(&out[0], &state).unwrap();
-        let second = stage.on_part(&out[1], &state).unwrap();
+        let mut state = Map::default();
+        let first = stage.on_part(&out[0], &mut state).unwrap();
+        let second = stage.on_part(&out[1], &mut state).unwrap();
         engine.on_ack(100_000, &second);
         let rto = engine.rto();
         let r = 100_000 - second.sent_ns;
@@ -2267,17 +2352,17 @@ pub(crate) mod tests {
             ..m.clone()
         };
         assert!(!stage.holds_part(&header(&out[0])));
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert!(stage.holds_part(&header(&out[0])));
         assert!(!stage.holds_part(&header(&out[1])));
-        let again = stage.on_part(header(&out[0]), &state).unwrap();
+        let again = stage.on_part(header(&out[0]), &mut state).unwrap();
         assert_eq!(
             (again.t_max, again.entries[0].value),
             (1, 0b01),
             "held: part 0"
         );
         assert_eq!(again.entries[0].threshold, 2, "two datagrams taken");
-        stage.on_part(&out[1], &state).unwrap();
+        stage.on_part(&out[1], &mut state).unwrap();
         let done = stage.commit(&mut state).unwrap();
         assert_eq!(
             done.values,
@@ -2301,12 +2386,12 @@ pub(crate) mod tests {
             );
         }
         let mut abandoned = WriteStage::default();
-        abandoned.on_part(&out[0], &state).unwrap();
+        abandoned.on_part(&out[0], &mut state).unwrap();
         let abandon = Message {
             t_max: 0,
             ..header(&out[0])
         };
-        abandoned.on_part(&abandon, &state).unwrap();
+        abandoned.on_part(&abandon, &mut state).unwrap();
         assert!(!abandoned.holds_part(&header(&out[0])), "dropped");
     }
 
@@ -2394,7 +2479,7 @@ pub(crate) mod tests {
                 parts.clear();
                 engine.poll(round, &mut parts);
                 for part in parts.drain(..) {
-                    if let Some(ack) = stage.on_part(part, &register) {
+                    if let Some(ack) = stage.on_part(part, &mut register) {
                         engine.on_ack(round, &ack);
                     }
                 }
@@ -2419,7 +2504,7 @@ pub(crate) mod tests {
         for (i, part) in parts.into_iter().enumerate() {
             stage.on_part(
                 write_message((1, 1, 0), 1, 0, (i as u64) << 32 | 2, part),
-                &register,
+                &mut register,
             );
         }
         stage.commit(&mut register).unwrap();
@@ -2454,17 +2539,17 @@ pub(crate) mod tests {
                 register.0[last.index as usize] += n;
                 map.write(last, map.read(last) + n);
             };
-            let mut arrive = |part: &Message, register: &Register, map: &Map| {
+            let mut arrive = |part: &Message, register: &mut Register, map: &mut Map| {
                 if known {
                     stage.on_part(part, register)
                 } else {
                     stage.on_part(part, map)
                 }
             };
-            arrive(&out[0], &register, &map);
+            arrive(&out[0], &mut register, &mut map);
             count(7, &mut register, &mut map);
-            arrive(&out[1], &register, &map);
-            arrive(&out[2], &register, &map);
+            arrive(&out[1], &mut register, &mut map);
+            arrive(&out[2], &mut register, &mut map);
             count(5, &mut register, &mut map);
             if known {
                 stage.commit(&mut register).unwrap();
@@ -2493,18 +2578,21 @@ pub(crate) mod tests {
         let second = engine.submit(values(1, Mode::Set)).unwrap();
         let mut out = Vec::new();
         engine.poll(0, &mut out);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(engine.cancel(first), Cancel::Asked);
         assert_eq!(engine.cancel(99), Cancel::Unknown);
         let mut abandon = Vec::new();
         engine.poll(10, &mut abandon);
         assert_eq!(abandon.len(), 1);
         assert!(abandon[0].entries.is_empty() && abandon[0].t_max == 0);
-        let answer = stage.on_part(&abandon[0], &state).unwrap();
+        let answer = stage.on_part(&abandon[0], &mut state).unwrap();
         assert_eq!((answer.entries.len(), answer.t_max), (0, ABANDONED));
         assert_eq!(stage.abandoned, 1);
-        assert_eq!(stage.on_part(&abandon[0], &state).unwrap().t_max, ABANDONED);
-        let late = stage.on_part(&out[1], &state).unwrap();
+        assert_eq!(
+            stage.on_part(&abandon[0], &mut state).unwrap().t_max,
+            ABANDONED
+        );
+        let late = stage.on_part(&out[1], &mut state).unwrap();
         assert_eq!(
             (late.entries.len(), late.t_max),
             (0, ABANDONED),
@@ -2517,7 +2605,7 @@ pub(crate) mod tests {
         // The next write goes, and commits.
         out.clear();
         engine.poll(30, &mut out);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(second));
         let ack = answer_of(&mut stage);
         let done = engine.on_ack(40, &ack).unwrap();
@@ -2526,11 +2614,11 @@ pub(crate) mod tests {
         let third = engine.submit(values(1, Mode::Set)).unwrap();
         out.clear();
         engine.poll(50, &mut out);
-        stage.on_part(&out[0], &state).unwrap();
+        stage.on_part(&out[0], &mut state).unwrap();
         engine.cancel(third);
         let mut abandon = Vec::new();
         engine.poll(60, &mut abandon);
-        let answer = stage.on_part(&abandon[0], &state).unwrap();
+        let answer = stage.on_part(&abandon[0], &mut state).unwrap();
         assert_eq!(answer.t_max, COMMITTED_ALREADY);
         assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(third));
         let done = engine.on_ack(70, &answer).unwrap();
@@ -2540,7 +2628,7 @@ pub(crate) mod tests {
             "committed, what it refused not told"
         );
         // An abandon of a write committed since is answered with what it refused.
-        let again = stage.on_part(&abandon[0], &state).unwrap();
+        let again = stage.on_part(&abandon[0], &mut state).unwrap();
         assert_eq!(again.t_max, COMMITTED);
     }
 }
@@ -2657,5 +2745,159 @@ mod cutting {
                 datagrams(&WriteValues::Each(each), path, per_part)
             );
         }
+
+        /// A write whose parts a state takes ahead of the commit (as a table does, part
+        /// after part from the first, as they arrive) lands as one the state takes at the
+        /// commit, whatever order and copies its parts arrive in: the same values, in the
+        /// same order, none left over.
+        #[test]
+        fn a_write_taken_ahead_of_its_commit_lands_as_one_taken_at_it(
+            write in write(),
+            as_stretch in any::<bool>(),
+            path in 100..65_507usize,
+            per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 1..2_000usize],
+            order in proptest::collection::vec(any::<proptest::sample::Index>(), 0..40),
+        ) {
+            let values = match (as_stretch, write.first()) {
+                (true, Some(first)) => WriteValues::Stretch {
+                    first: first.location,
+                    mode: Mode::Set,
+                    values: write.iter().map(|w| w.value).collect(),
+                },
+                _ => WriteValues::Each(write),
+            };
+            let parts = datagrams(&values, path, per_part);
+            // Each part once at least, some again, in an order of their own.
+            let mut arriving: Vec<&Vec<u8>> = parts.iter().collect();
+            for i in &order {
+                let from = i.index(arriving.len());
+                let to = i.index(parts.len());
+                arriving.swap(from, to);
+                arriving.push(&parts[to]);
+            }
+            let key = crate::wire::Key::new([7; 32]);
+            let landed = |ahead: bool| {
+                let mut stage = WriteStage::default();
+                let mut state = Staging { ahead, ..Staging::default() };
+                for bytes in &arriving {
+                    let held = |m: &Message| stage.holds_part(m);
+                    let (part, stretch) =
+                        Message::decode_write_part(Some(&key), bytes, held).unwrap();
+                    stage.on_part_carrying(part, stretch, &mut state);
+                }
+                let committed = stage.commit(&mut state).map(|c| c.values);
+                (state.landed, state.pending.len(), committed, state.taken_ahead)
+            };
+            let (at_commit, ahead) = (landed(false), landed(true));
+            prop_assert_eq!(&ahead.0, &at_commit.0);
+            prop_assert_eq!((ahead.1, ahead.2), (0, at_commit.2));
+            prop_assert_eq!(at_commit.3, 0);
+            if as_stretch && parts.len() > 1 {
+                prop_assert!(ahead.3 > 0, "a stretch's parts in order are taken ahead");
+            }
+        }
+    }
+
+    /// State that holds a write's values until its commit, as a table does, and takes a
+    /// stretch ahead of the commit where `ahead`: what lands, in order.
+    #[derive(Default)]
+    struct Staging {
+        ahead: bool,
+        pending: Vec<(Location, u64)>,
+        landed: Vec<(Location, u64)>,
+        taken_ahead: usize,
+    }
+
+    impl WriteTarget for Staging {
+        fn read(&self, location: Location) -> u64 {
+            (self.landed.iter().rev())
+                .find(|(l, _)| *l == location)
+                .map_or(0, |&(_, v)| v)
+        }
+        fn write(&mut self, location: Location, value: u64) {
+            self.pending.push((location, value));
+        }
+        fn stage_run(&mut self, first: Location, values: &[u64]) -> bool {
+            if self.ahead {
+                self.taken_ahead += values.len();
+                self.write_run(first, values);
+            }
+            self.ahead
+        }
+        fn drop_staged(&mut self) {
+            self.pending.clear();
+        }
+        fn finish(&mut self) -> u64 {
+            self.landed.append(&mut self.pending);
+            0
+        }
+    }
+
+    /// A write the state took parts of ahead of its commit and that is then abandoned
+    /// leaves nothing in the state: what was taken is dropped, and the next write lands
+    /// alone.
+    #[test]
+    fn an_abandoned_write_taken_ahead_leaves_nothing() {
+        let stretch = |value| WriteValues::Stretch {
+            first: Location { state: 0, index: 0 },
+            mode: Mode::Set,
+            values: vec![value; 3 * 1_000],
+        };
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(1_000);
+        engine.path_carries(65_507);
+        let first = engine.submit(stretch(5)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(out.len(), 3);
+        let (mut stage, mut state) = (WriteStage::default(), Staging::default());
+        state.ahead = true;
+        for part in &out[..2] {
+            stage.on_part(part, &mut state).unwrap();
+        }
+        assert_eq!(
+            state.taken_ahead, 2_000,
+            "the first two parts, taken as they came"
+        );
+        engine.cancel(first);
+        out.clear();
+        engine.poll(1, &mut out);
+        let answer = stage.on_part(&out[0], &mut state).unwrap();
+        assert_eq!(answer.t_max, ABANDONED);
+        assert!(state.pending.is_empty(), "what was taken ahead is dropped");
+        engine.on_ack(2, &answer);
+        engine.submit(stretch(9)).unwrap();
+        out.clear();
+        engine.poll(3, &mut out);
+        for part in &out {
+            stage.on_part(part, &mut state).unwrap();
+        }
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(3_000));
+        assert!(stage.commit(&mut state).is_none());
+        assert_eq!(state.landed.len(), 3_000);
+        assert!(
+            state.landed.iter().all(|&(_, v)| v == 9),
+            "the second write alone"
+        );
+        let mut answers = Vec::new();
+        stage.take_answers(&mut answers);
+        assert!(engine.on_ack(3, &answers[0]).is_some());
+
+        // A write taken in part ahead, then a collector that started again, numbering
+        // anew: the old write's values are dropped with it.
+        engine.submit(stretch(13)).unwrap();
+        out.clear();
+        engine.poll(4, &mut out);
+        stage.on_part(&out[0], &mut state).unwrap();
+        assert_eq!(state.pending.len(), 1_000);
+        let mut restarted = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(1 << 40);
+        restarted.submit(stretch(17)).unwrap();
+        out.clear();
+        restarted.poll(5, &mut out);
+        for part in &out {
+            stage.on_part(part, &mut state).unwrap();
+        }
+        assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(3_000));
+        assert!(state.landed[3_000..].iter().all(|&(_, v)| v == 17));
+        assert_eq!(state.landed.len(), 6_000, "nothing of the old write");
     }
 }

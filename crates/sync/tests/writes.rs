@@ -129,7 +129,7 @@ fn run(seed: u64) -> (u64, u64, u64) {
                 "seed {seed}: register {i} is {r}, not of write {write}"
             );
         }
-        if let Some(done) = link.step(now, &mut engine, &mut stage, &sw).unwrap() {
+        if let Some(done) = link.step(now, &mut engine, &mut stage, &mut sw).unwrap() {
             completed += 1;
             assert_eq!(done.id, completed, "seed {seed}");
             transmissions += done.transmissions;
