@@ -395,6 +395,32 @@ impl StreamView {
     }
 }
 
+/// The bounds of the cells [`Mirror::gather_entries`] reads, as it goes: the earliest
+/// message a bounded one is bounded from (whose bound is the largest: a threshold since a
+/// message is the largest of those since then), and those unbounded.
+#[derive(Default)]
+struct Bounds {
+    earliest_from: Option<u64>,
+    unbounded: u64,
+    first_unbounded: Option<u32>,
+}
+
+impl Bounds {
+    /// Cell `index`, `held`, the stream's last gap at `gap_seq`.
+    fn note(&mut self, index: u32, held: &Held, gap_seq: u64) {
+        if held.seq >= gap_seq {
+            self.bounded_from(held.bounded_from);
+        } else {
+            self.unbounded += 1;
+            self.first_unbounded.get_or_insert(index);
+        }
+    }
+
+    fn bounded_from(&mut self, from: u64) {
+        self.earliest_from = Some(self.earliest_from.map_or(from, |e| e.min(from)));
+    }
+}
+
 /// What [`Mirror::gather_entries`] read: the locations (a table's empty slots by their
 /// first word alone), the largest bound among them, and those unbounded (a loss the
 /// refresh has not made up yet) with the first of them.
@@ -657,45 +683,41 @@ impl Mirror {
             None => (cells.and_then(|c| c.get(index))).unwrap_or(&NEVER),
         };
         let stride = entry_words.max(1);
-        let (mut read, mut unbounded, mut first_unbounded) = (0, 0, None);
-        // The bound of the cell bounded from the earliest message is the largest (a
-        // threshold since a message is the largest of those since then).
-        let mut earliest_from = None::<u64>;
-        let mut note = |index: u32, held: &Held| {
-            if held.seq >= view.gap_seq {
-                earliest_from =
-                    Some(earliest_from.map_or(held.bounded_from, |e| e.min(held.bounded_from)));
-            } else {
-                unbounded += 1;
-                first_unbounded.get_or_insert(index);
-            }
-        };
+        let mut read = 0;
+        let mut bounds = Bounds::default();
         for entry in 0..count / stride {
             let head = first + entry * stride;
             let (start, end) = (head as usize, (head + stride) as usize);
             if stride > 1 && at(head).value == 0 {
                 read += 1;
-                note(head, at(head));
+                bounds.note(head, at(head), view.gap_seq);
                 continue;
             }
             read += u64::from(stride);
             match dense.get(start..end) {
-                Some(entry) => {
-                    for (index, held) in (head..).zip(entry) {
-                        note(index, held);
-                        out.push(held.value);
-                    }
+                // An entry all bounded (a copy whole: every entry a migration reads) is
+                // taken in passes over its cells, with no branch a cell.
+                Some(entry) if entry.iter().all(|held| held.seq >= view.gap_seq) => {
+                    out.extend(entry.iter().map(|held| held.value));
+                    (entry.iter().map(|held| held.bounded_from).min())
+                        .into_iter()
+                        .for_each(|from| bounds.bounded_from(from));
                 }
-                None => {
+                _ => {
                     for index in head..head + stride {
-                        note(index, at(index));
+                        bounds.note(index, at(index), view.gap_seq);
                         out.push(at(index).value);
                     }
                 }
             }
         }
         let largest_bound =
-            earliest_from.map_or(0, |from| divergence_bound(view.threshold_since(from)));
+            (bounds.earliest_from).map_or(0, |from| divergence_bound(view.threshold_since(from)));
+        let Bounds {
+            unbounded,
+            first_unbounded,
+            ..
+        } = bounds;
         Some(Gathered {
             read,
             largest_bound,
