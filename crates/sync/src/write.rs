@@ -2865,12 +2865,17 @@ mod cutting {
         assert_eq!(answer.t_max, ABANDONED);
         assert!(state.pending.is_empty(), "what was taken ahead is dropped");
         engine.on_ack(2, &answer);
-        engine.submit(stretch(9)).unwrap();
-        out.clear();
-        engine.poll(3, &mut out);
-        for part in &out {
-            stage.on_part(part, &mut state).unwrap();
-        }
+        // A write sent whole at `now` and taken, part by part.
+        let taken =
+            |engine: &mut WriteEngine, values, now, stage: &mut WriteStage, state: &mut Staging| {
+                engine.submit(values).unwrap();
+                let mut out = Vec::new();
+                engine.poll(now, &mut out);
+                for part in &out {
+                    stage.on_part(part, state).unwrap();
+                }
+            };
+        taken(&mut engine, stretch(9), 3, &mut stage, &mut state);
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(3_000));
         assert!(stage.commit(&mut state).is_none());
         assert_eq!(state.landed.len(), 3_000);
@@ -2890,12 +2895,7 @@ mod cutting {
         stage.on_part(&out[0], &mut state).unwrap();
         assert_eq!(state.pending.len(), 1_000);
         let mut restarted = WriteEngine::new(1, 1, 0, 1_000_000).numbered_from(1 << 40);
-        restarted.submit(stretch(17)).unwrap();
-        out.clear();
-        restarted.poll(5, &mut out);
-        for part in &out {
-            stage.on_part(part, &mut state).unwrap();
-        }
+        taken(&mut restarted, stretch(17), 5, &mut stage, &mut state);
         assert_eq!(stage.commit(&mut state).map(|c| c.values), Some(3_000));
         assert!(state.landed[3_000..].iter().all(|&(_, v)| v == 17));
         assert_eq!(state.landed.len(), 6_000, "nothing of the old write");
