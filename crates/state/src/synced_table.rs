@@ -17,7 +17,10 @@
 //! (the group is the written index divided by `stride`; which group says nothing of where
 //! the entry lands) is decoded and placed by its key, wherever this table's hash puts it.
 //! A group whose action word is 0 deletes its key; one with words missing, or that does
-//! not decode against the declaration, is refused and counted, never half applied.
+//! not decode against the declaration, is refused and counted, never half applied. A
+//! write's words are staged until its commit; those staged in order as one run are
+//! decoded as they come ([`TableSync::decode_ahead`]), so that the commit only places the
+//! entries.
 //!
 //! Must never: report a slot that did not change, miss one that did, or place an entry whose
 //! fields do not fit the declaration.
