@@ -1109,6 +1109,14 @@ mod tests {
         }
         assert_eq!(c.commit_synced_write(), 0);
         assert_eq!(c.connections(), 49, "none of the dropped write's");
+        // A part taken again out of order after those before it were decoded ahead: what
+        // was decoded ahead no longer holds, and each entry is placed once (five whole
+        // in the first 74 words, the sixth cut off, refused).
+        for (first, part) in [(0, &moved[..37]), (37, &moved[37..74]), (0, &moved[..37])] {
+            assert!(Program::stage_synced_run(&mut c, 0, first, part));
+        }
+        let placed = c.table.commit_synced_write();
+        assert_eq!((placed.entries, placed.refused), (5, 1));
         for port in 1000..1050 {
             let key = FlowKey::v4(
                 "198.18.0.1".parse().unwrap(),

@@ -113,6 +113,17 @@ pub trait ExactCodec {
     }
 }
 
+/// Forgets the entries of a synced write decoded ahead of its commit (`placing`, and
+/// what became of them) once they no longer hold: `sync` says none were decoded ahead, or
+/// the write is no longer the one run they were decoded from. The one place that keeps
+/// them in step with `sync`.
+fn forget_stale_ahead<K, V>(sync: &TableSync, placing: &mut Vec<Place<K, V>>, ahead: &mut Placed) {
+    if sync.decoded_ahead() == 0 {
+        placing.clear();
+        *ahead = Placed::default();
+    }
+}
+
 /// What a synced write does with one of its entries.
 #[derive(Clone)]
 enum Place<K, V> {
@@ -239,12 +250,8 @@ impl<C: ExactCodec> DeclaredTable<C> {
             return false;
         }
         sync.stage_run(first, values);
-        if sync.decoded_ahead() == 0 {
-            // What was decoded ahead no longer holds (or there was none).
-            self.placing.clear();
-            self.placed_ahead = Placed::default();
-        }
         let placing = &mut self.placing;
+        forget_stale_ahead(sync, placing, &mut self.placed_ahead);
         self.placed_ahead += sync.decode_ahead(|decoded| {
             placing.push(Self::place_of(decoded));
             true
@@ -289,11 +296,8 @@ impl<C: ExactCodec> DeclaredTable<C> {
         // each place is a cache miss in a large table, which looking ahead of the placing
         // overlaps.
         let placing = &mut self.placing;
+        forget_stale_ahead(sync, placing, &mut self.placed_ahead);
         let mut placed = std::mem::take(&mut self.placed_ahead);
-        if sync.decoded_ahead() == 0 {
-            placing.clear();
-            placed = Placed::default();
-        }
         placed += sync.commit(|decoded| {
             placing.push(Self::place_of(decoded));
             true

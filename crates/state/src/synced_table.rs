@@ -252,7 +252,8 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    pub fn new(action: Option<usize>, key: &[u128], params: &[u128]) -> Decoded {
+    #[cfg(test)]
+    fn new(action: Option<usize>, key: &[u128], params: &[u128]) -> Decoded {
         Decoded {
             action,
             key: FieldValues::of(key),
@@ -280,6 +281,7 @@ struct FieldValues {
 }
 
 impl FieldValues {
+    #[cfg(test)]
     fn of(values: &[u128]) -> FieldValues {
         let mut out = FieldValues::default();
         let len = values.len().min(MAX_FIELDS);

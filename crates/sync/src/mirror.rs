@@ -705,8 +705,9 @@ impl Mirror {
                 }
                 _ => {
                     for index in head..head + stride {
-                        bounds.note(index, at(index), view.gap_seq);
-                        out.push(at(index).value);
+                        let held = at(index);
+                        bounds.note(index, held, view.gap_seq);
+                        out.push(held.value);
                     }
                 }
             }

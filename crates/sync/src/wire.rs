@@ -982,14 +982,12 @@ pub struct StretchValues {
 impl StretchValues {
     /// Its values as entries.
     pub fn updates(&self) -> impl Iterator<Item = Update> + '_ {
-        (0..self.values.len()).map(|i| {
-            Stretch {
-                first: self.first,
-                threshold: self.threshold,
-                values: &self.values,
-            }
-            .entry(i)
-        })
+        let stretch = Stretch {
+            first: self.first,
+            threshold: self.threshold,
+            values: &self.values,
+        };
+        (0..self.values.len()).map(move |i| stretch.entry(i))
     }
 }
 
