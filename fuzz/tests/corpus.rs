@@ -295,6 +295,30 @@ fn seeds(mut write: impl FnMut(&str, &str, &[u8])) {
         message.encode(&mut bytes);
         write("sync_message", &format!("{kind:?}"), &bytes);
     }
+    // A write's part of a table's entries: one run in columns, a column of each width.
+    let slots: Vec<u64> = (0..27u64)
+        .map(|n| [1, 0, 0xffff_c612_0001, 80, 1 << 56, n][n as usize % 6])
+        .collect();
+    let stretch = stateplane_sync::wire::Stretch {
+        first: stateplane_sync::Location { state: 2, index: 0 },
+        threshold: 0,
+        values: &slots,
+        columns: 6,
+    };
+    let part = Message {
+        kind: Kind::Write,
+        switch: 1,
+        epoch: 2,
+        stream: 0,
+        seq: 9,
+        sent_ns: 1_700_000_000_000_000_000,
+        t_max: 1,
+        more: false,
+        entries: Vec::new(),
+    };
+    let mut bytes = Vec::new();
+    part.encode_carrying(&stretch, None, &mut bytes);
+    write("sync_message", "WriteInColumns", &bytes);
     for (i, key) in [&[1u8, 2, 3][..], &[9; 40], &[]].into_iter().enumerate() {
         if let Some(k) = stateplane_replication::FlowBytes::new(key) {
             let mut bytes = Vec::new();

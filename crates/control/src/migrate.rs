@@ -192,6 +192,8 @@ pub fn writes(planned: Planned, state: u16, max_values: usize) -> Vec<WriteValue
         },
         mode: Mode::Set,
         values,
+        // A table's entries go in columns, each word of a slot as narrow as its widest.
+        columns: entry_words,
     };
     if planned.values.len() <= per_write {
         return vec![stretch(0, planned.values)];
@@ -321,25 +323,27 @@ mod tests {
             largest_bound: 0,
             values: (0..n).collect(),
         };
-        // Each write's first location and values.
-        let stretches = |writes: Vec<WriteValues>| -> Vec<(Location, Vec<u64>)> {
+        // Each write's first location and values, which go in columns of an entry's words
+        // (a register's: 1).
+        let stretches = |writes: Vec<WriteValues>, entry_words| -> Vec<(Location, Vec<u64>)> {
             (writes.into_iter())
                 .map(|w| match w {
                     WriteValues::Stretch {
                         first,
                         mode: Mode::Set,
                         values,
-                    } => (first, values),
-                    other => panic!("not a stretch set: {other:?}"),
+                        columns,
+                    } if columns == entry_words => (first, values),
+                    other => panic!("not a stretch set in its columns: {other:?}"),
                 })
                 .collect()
         };
         let at = |state, index| Location { state, index };
         let table = planned(12, 12 * 65_536);
-        let one = stretches(writes(table.clone(), 3, MAX_WRITE_VALUES));
+        let one = stretches(writes(table.clone(), 3, MAX_WRITE_VALUES), 12);
         assert_eq!(one.len(), 1, "65,536 entries of 12 words: one write");
         assert_eq!(one[0], (at(3, 0), table.values));
-        let split = stretches(writes(planned(12, 12 * 65_536), 3, 100));
+        let split = stretches(writes(planned(12, 12 * 65_536), 3, 100), 12);
         assert_eq!(
             split.len(),
             65_536 * 12 / 96,
@@ -347,7 +351,7 @@ mod tests {
         );
         assert!(split.iter().all(|(_, values)| values.len() == 96));
         assert_eq!((split[1].0, split[1].1[0]), (at(3, 0), 96));
-        let register = stretches(writes(planned(1, 250), 0, 100));
+        let register = stretches(writes(planned(1, 250), 0, 100), 1);
         assert_eq!(
             register.iter().map(|(_, v)| v.len()).collect::<Vec<_>>(),
             [100, 100, 50]

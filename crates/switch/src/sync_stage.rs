@@ -78,7 +78,8 @@ const BATCH_NS: u64 = 1_000_000;
 const HEARTBEAT_NS: u64 = 10_000_000;
 /// The receive buffer asked for each stage's socket.
 const RECEIVE_BUFFER: usize = 8 << 20;
-/// Datagrams a worker takes from its socket per pass at most (reports, write parts).
+/// Datagrams a worker takes from its socket per pass at most (reports, write parts); a
+/// part that carries values ends the pass's taking (see `receive`).
 const RECEIVE_PER_PASS: usize = 64;
 /// A busy worker gives its sync stage about one part in this many of its time (see the
 /// module doc).
@@ -539,7 +540,12 @@ impl SyncStage {
         SyncCounters::add(&self.counters.handle_ns, handled_ns);
     }
 
-    /// Takes what the collector sent: reports, and parts of writes (acknowledged).
+    /// Takes what the collector sent: reports, and parts of writes (acknowledged). A part
+    /// that carries values is the last datagram taken: a table decodes a part's
+    /// thousands of entries as it takes it, and parts come faster than that, so that
+    /// taking every one waiting would hold the worker for a whole write; the worker comes
+    /// back for the next after its next burst (or at once, woken by the socket, when
+    /// idle).
     fn receive(&mut self, program: &mut dyn Running, now_ns: u64) {
         for _ in 0..RECEIVE_PER_PASS {
             let Some(socket) = &self.socket else { return };
@@ -583,6 +589,7 @@ impl SyncStage {
                     }
                 }
                 Kind::Write if ours => {
+                    let carried = stretch.is_some() || !message.entries.is_empty();
                     SyncCounters::add(&self.counters.write_parts, 1);
                     let w = &self.writes;
                     let (abandoned, renumbered, refused) = (w.abandoned, w.renumbered, w.refused);
@@ -604,6 +611,9 @@ impl SyncStage {
                     if let Some(ack) = answer {
                         let copies = self.writes.ack_copies(self.loss_to_collector());
                         self.send(&ack, copies);
+                    }
+                    if carried {
+                        return;
                     }
                 }
                 _ => SyncCounters::add(&self.counters.refused, 1),
@@ -1066,8 +1076,9 @@ mod tests {
 
     /// Through the stage's own socket: where the collector's reports show the path to it
     /// losing four messages in five, a part new to the switch is acknowledged in eleven
-    /// copies; a copy of it, its entries cut short, is taken from its header (acknowledged
-    /// once, not refused); a part numbered 0 is refused and counted.
+    /// copies, and ends the pass's taking; a copy of it, its entries cut short, is taken
+    /// from its header at the next (acknowledged once, not refused); a part numbered 0 is
+    /// refused and counted.
     #[test]
     fn write_parts_through_the_socket_are_acknowledged_by_the_paths_loss() {
         use stateplane_sync::Update;
@@ -1112,6 +1123,12 @@ mod tests {
         send(&part, 1);
         send(&to_switch(Kind::Write, 0, 2, part.entries.clone()), 0);
         let refused_before = SyncCounters::get(&plan.counters.refused);
+        stage.tick(program.as_mut(), &ctx);
+        assert_eq!(
+            SyncCounters::get(&plan.counters.write_parts),
+            1,
+            "a pass ends with the first part that carries values"
+        );
         stage.tick(program.as_mut(), &ctx);
         let mut acks = Vec::new();
         while let Ok(n) = collector.recv(&mut datagram) {

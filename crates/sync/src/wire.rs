@@ -17,9 +17,11 @@ pub const MAX_ENTRIES: usize = (1472 - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
 /// Entries that fit the largest UDP datagram (65,507 bytes of payload), with a MAC: what
 /// a message may carry on a path that takes it whole (loopback's 64 KiB MTU).
 pub const MAX_DATAGRAM_ENTRIES: usize = (65_507 - HEADER_LEN - MAC_LEN) / ENTRY_LEN;
-/// A run's header: state (2 bytes), width (1), reserved (1), first index (4), length (4),
-/// threshold (8).
+/// A run's header: state (2 bytes), width (1), columns (1), first index (4), length (4),
+/// threshold (8); a run in columns then has a byte for each column's width.
 pub const RUN_HEADER_LEN: usize = 20;
+/// Columns a run may have at most: a table's slot's words (64 at most).
+pub const MAX_RUN_COLUMNS: usize = 64;
 /// Entries a message carries at most as runs: what its count field holds.
 pub const MAX_RUN_ENTRIES: usize = u16::MAX as usize;
 
@@ -103,6 +105,58 @@ pub(crate) fn put_values(values: impl Iterator<Item = u64>, width: usize, out: &
     }
 }
 
+/// The bytes, 0 to 8, that `value` takes in a column of a run: its bytes from the
+/// highest that is not 0.
+pub fn bytes_needed(value: u64) -> usize {
+    (64 - value.leading_zeros() as usize).div_ceil(8)
+}
+
+/// The width of each column of a run in `widths.len()` columns that holds `values`: the
+/// bytes its largest value needs.
+pub fn column_widths(values: &[u64], widths: &mut [u8]) {
+    let mut any = [0u64; MAX_RUN_COLUMNS];
+    let any = &mut any[..widths.len()];
+    for row in values.chunks(widths.len()) {
+        any.iter_mut().zip(row).for_each(|(a, &v)| *a |= v);
+    }
+    for (w, &a) in widths.iter_mut().zip(any.iter()) {
+        *w = bytes_needed(a) as u8;
+    }
+}
+
+/// The bytes of `len` values in columns of `widths`: value `i` takes column `i % columns`'s.
+pub fn columns_bytes(widths: &[u8], len: usize) -> usize {
+    let row: usize = widths.iter().map(|&w| usize::from(w)).sum();
+    let rest = widths.iter().take(len % widths.len().max(1));
+    (len / widths.len().max(1)) * row + rest.map(|&w| usize::from(w)).sum::<usize>()
+}
+
+/// Appends `values` in columns of `widths` (each 0 to 8 bytes; value `i` in column `i %
+/// columns`), each value its column's width of low bytes, big-endian. Each value is
+/// written as a whole word and the next written over its unused bytes, so that no value
+/// is a copy of a length known only then.
+pub(crate) fn put_in_columns(values: &[u64], widths: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    // Room for the last value's whole word.
+    out.resize(start + columns_bytes(widths, values.len()) + 8, 0);
+    let mut shifts = [0u32; MAX_RUN_COLUMNS];
+    for (shift, &width) in shifts.iter_mut().zip(widths) {
+        *shift = 64 - 8 * u32::from(width);
+    }
+    let columns = widths.len();
+    let mut at = start;
+    for row in values.chunks(columns) {
+        for ((&value, &width), &shift) in row.iter().zip(widths).zip(&shifts[..columns]) {
+            // A width of 0 (a shift of 64, taken as 0) writes the value whole where the
+            // next one goes, or past the end: nothing of it stays.
+            let high = value.wrapping_shl(shift);
+            out[at..at + 8].copy_from_slice(&high.to_be_bytes());
+            at += usize::from(width);
+        }
+    }
+    out.truncate(at);
+}
+
 /// The entries a message's encoding reads: a message's own, or a write's values where
 /// they are (a stretch of a register or a table's entries, never made into entries of 24
 /// bytes each to be encoded).
@@ -135,11 +189,15 @@ impl Entries for [Update] {
 
 /// Values at `first` and the locations after it in its state, each with `threshold`: a
 /// write of a register's values or of a table's entries as a migration moves them.
+/// `columns` above 1 (and at most [`MAX_RUN_COLUMNS`]): the values are rows of that many
+/// words (a table's slots), each word of a row as unlike the others as a key's address
+/// and its flags, so that they go as a run in columns ([`put_in_columns`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Stretch<'a> {
     pub first: Location,
     pub threshold: u64,
     pub values: &'a [u64],
+    pub columns: usize,
 }
 
 impl Entries for Stretch<'_> {
@@ -175,6 +233,7 @@ impl<'a> Stretch<'a> {
             },
             threshold: self.threshold,
             values: &self.values[range],
+            columns: self.columns,
         }
     }
 }
@@ -428,6 +487,33 @@ impl EncodedSize {
     }
 }
 
+/// Whether `stretch` goes as a run in columns: rows of 2 to [`MAX_RUN_COLUMNS`] words.
+fn in_columns(stretch: &Stretch) -> bool {
+    (2..=MAX_RUN_COLUMNS).contains(&stretch.columns)
+}
+
+/// Appends `stretch` as one run in its columns, each column as narrow as its largest
+/// value.
+fn put_columns_run(stretch: &Stretch, out: &mut Vec<u8>) {
+    let mut widths = [0; MAX_RUN_COLUMNS];
+    let widths = &mut widths[..stretch.columns];
+    column_widths(stretch.values, widths);
+    out.extend_from_slice(&stretch.first.state.to_be_bytes());
+    out.extend_from_slice(&[0, stretch.columns as u8]);
+    out.extend_from_slice(&stretch.first.index.to_be_bytes());
+    out.extend_from_slice(&(stretch.values.len() as u32).to_be_bytes());
+    out.extend_from_slice(&stretch.threshold.to_be_bytes());
+    out.extend_from_slice(widths);
+    put_in_columns(stretch.values, widths, out);
+}
+
+/// The bytes of a message carrying `len` values in columns of `widths` as one run, its
+/// header included, its MAC not (what [`Message::encode_carrying`] writes for a stretch in
+/// columns, but where 24-byte entries are shorter).
+pub fn columns_message_bytes(widths: &[u8], len: usize) -> usize {
+    HEADER_LEN + RUN_HEADER_LEN + widths.len() + columns_bytes(widths, len)
+}
+
 /// Where a message's sending time lies in its header.
 const SENT_NS_AT: usize = 24;
 
@@ -591,8 +677,9 @@ impl std::fmt::Display for DecodeError {
             DecodeError::BadMac => write!(f, "a MAC that the configured key did not make"),
             DecodeError::Run => write!(
                 f,
-                "a run that is empty, of a width not 1, 2, 4 or 8, past the last index or \
-                 past the entries counted"
+                "a run that is empty, of a width not 0, 1, 2, 4 or 8, in more than 64 \
+                 columns or columns wider than 8 bytes, past the last index or past the \
+                 entries counted"
             ),
         }
     }
@@ -730,6 +817,7 @@ impl Message {
             let mut cutter = RunCutter::default();
             let shorter = |out: &Vec<u8>| out.len() - body < entries_bytes;
             match entries.stretch() {
+                Some(stretch) if in_columns(&stretch) => put_columns_run(&stretch, out),
                 // Shorter as runs, two entries or more: a run's header and 8 bytes a value
                 // at most, where a cut of zeros only saves bytes.
                 Some(stretch) => cutter.push_stretch(&stretch, |run| put(run, out)),
@@ -962,7 +1050,7 @@ impl Message {
                 && run.threshold == s.threshold
                 && u64::from(s.first.index) + s.values.len() as u64 == u64::from(run.first);
             if continues {
-                run.values_into(values, &mut s.values, |_, value| value);
+                run.values_onto(values, &mut s.values);
             }
             continues
         })
@@ -986,6 +1074,7 @@ impl StretchValues {
             first: self.first,
             threshold: self.threshold,
             values: &self.values,
+            columns: 1,
         };
         (0..self.values.len()).map(move |i| stretch.entry(i))
     }
@@ -993,27 +1082,131 @@ impl StretchValues {
 
 /// A run's header, as read.
 #[derive(Clone, Copy, Debug)]
-struct RunHeader {
+struct RunHeader<'a> {
     state: u16,
     first: u32,
     len: usize,
     width: usize,
+    /// A run in columns: each one's width (empty: one width, `width`, for every value).
+    widths: &'a [u8],
     threshold: u64,
 }
 
-impl RunHeader {
+impl RunHeader<'_> {
     /// Appends `make(i, value)` for each of the run's values (`bytes`, checked to be its
     /// `len` values of its width): one loop a width, each value read as a fixed-size array,
     /// so that a part's thousands of values are read with no bounds check or width's
     /// shift each.
     #[inline]
     fn values_into<T>(&self, bytes: &[u8], out: &mut Vec<T>, make: impl Fn(usize, u64) -> T) {
+        if !self.widths.is_empty() {
+            return self.values_in_columns_into(bytes, out, make);
+        }
         match self.width {
             0 => out.extend((0..self.len).map(|i| make(i, 0))),
             1 => out.extend((bytes.iter().enumerate()).map(|(i, &b)| make(i, u64::from(b)))),
             2 => out.extend(words::<2>(bytes).enumerate().map(|(i, v)| make(i, v))),
             4 => out.extend(words::<4>(bytes).enumerate().map(|(i, v)| make(i, v))),
             _ => out.extend(words::<8>(bytes).enumerate().map(|(i, v)| make(i, v))),
+        }
+    }
+
+    /// As [`RunHeader::values_into`], for a run in columns.
+    fn values_in_columns_into<T>(
+        &self,
+        bytes: &[u8],
+        out: &mut Vec<T>,
+        make: impl Fn(usize, u64) -> T,
+    ) {
+        let mut values = vec![0; self.len];
+        self.values_in_columns(bytes, &mut values);
+        out.extend(values.into_iter().enumerate().map(|(i, v)| make(i, v)));
+    }
+
+    /// Appends the run's values to `out` (a write's part read as a stretch).
+    fn values_onto(&self, bytes: &[u8], out: &mut Vec<u64>) {
+        if self.widths.is_empty() {
+            return self.values_into(bytes, out, |_, value| value);
+        }
+        let start = out.len();
+        out.resize(start + self.len, 0);
+        self.values_in_columns(bytes, &mut out[start..]);
+    }
+
+    /// A run in columns' values (`bytes`, checked to be its `len` values in its columns)
+    /// into `out` (`len` of them): column by column over the whole rows, each read at its
+    /// constant width (a part's tens of thousands of values, with no branch on widths),
+    /// then the short last row.
+    fn values_in_columns(&self, bytes: &[u8], out: &mut [u64]) {
+        let columns = self.widths.len();
+        let row_bytes = columns_bytes(self.widths, columns);
+        let rows = self.len / columns;
+        let (whole, short) = out.split_at_mut(rows * columns);
+        let mut offset = 0;
+        for (j, &width) in self.widths.iter().enumerate() {
+            let column = Column {
+                bytes,
+                row_bytes,
+                offset,
+            };
+            let values = whole.iter_mut().skip(j).step_by(columns);
+            match width {
+                0 => values.for_each(|v| *v = 0),
+                1 => column.read::<1>(values),
+                2 => column.read::<2>(values),
+                3 => column.read::<3>(values),
+                4 => column.read::<4>(values),
+                5 => column.read::<5>(values),
+                6 => column.read::<6>(values),
+                7 => column.read::<7>(values),
+                _ => column.read::<8>(values),
+            }
+            offset += usize::from(width);
+        }
+        let mut at = rows * row_bytes;
+        for (value, &width) in short.iter_mut().zip(self.widths) {
+            let width = usize::from(width);
+            *value = (u128::from(word_at(bytes, at)) >> (64 - 8 * width)) as u64;
+            at += width;
+        }
+    }
+}
+
+/// A column of a run's whole rows: its values lie `offset` bytes into each row of
+/// `row_bytes`.
+struct Column<'a> {
+    bytes: &'a [u8],
+    row_bytes: usize,
+    offset: usize,
+}
+
+impl Column<'_> {
+    /// Its values, each `W` bytes big-endian, into `out` (one a row).
+    #[inline]
+    fn read<'v, const W: usize>(&self, out: impl Iterator<Item = &'v mut u64>) {
+        for (row, value) in out.enumerate() {
+            let at = row * self.row_bytes + self.offset;
+            let mut word = [0; 8];
+            if let Some(b) = self.bytes.get(at..at + W) {
+                word[8 - W..].copy_from_slice(b);
+            }
+            *value = u64::from_be_bytes(word);
+        }
+    }
+}
+
+/// The big-endian word of the 8 bytes at `at` (those past the end of `bytes` taken as 0:
+/// a run's last values).
+#[inline]
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    match bytes.get(at..at + 8) {
+        Some(word) => u64::from_be_bytes(word.try_into().unwrap_or_default()),
+        None => {
+            let mut word = [0; 8];
+            let have = bytes.get(at..).unwrap_or_default();
+            let n = have.len().min(8);
+            word[..n].copy_from_slice(&have[..n]);
+            u64::from_be_bytes(word)
         }
     }
 }
@@ -1034,28 +1227,39 @@ fn read_runs(
         if r.left() < RUN_HEADER_LEN {
             return Err(truncated(r, RUN_HEADER_LEN));
         }
-        let (state, width) = (r.u16(), usize::from(r.u8()));
-        if r.u8() != 0 {
-            return Err(DecodeError::Reserved);
-        }
+        let (state, width, columns) = (r.u16(), usize::from(r.u8()), usize::from(r.u8()));
         let (first, len, threshold) = (r.u32(), r.u32() as usize, r.u64());
-        let fits = len > 0
-            && len <= n - read
-            && first.checked_add(len as u32 - 1).is_some()
-            && matches!(width, 0 | 1 | 2 | 4 | 8);
+        let widths_fit = match columns {
+            0 => matches!(width, 0 | 1 | 2 | 4 | 8),
+            _ => width == 0 && columns <= MAX_RUN_COLUMNS,
+        };
+        let fits =
+            len > 0 && len <= n - read && first.checked_add(len as u32 - 1).is_some() && widths_fit;
         if !fits {
             return Err(DecodeError::Run);
         }
-        let Some(values) = r.bytes.get(r.at..r.at + len * width) else {
-            return Err(truncated(r, len * width));
+        let Some(widths) = r.bytes.get(r.at..r.at + columns) else {
+            return Err(truncated(r, columns));
         };
-        r.at += len * width;
+        if widths.iter().any(|&w| w > 8) {
+            return Err(DecodeError::Run);
+        }
+        r.at += columns;
+        let bytes = match columns {
+            0 => len * width,
+            _ => columns_bytes(widths, len),
+        };
+        let Some(values) = r.bytes.get(r.at..r.at + bytes) else {
+            return Err(truncated(r, bytes));
+        };
+        r.at += bytes;
         read += len;
         let run = RunHeader {
             state,
             first,
             len,
             width,
+            widths,
             threshold,
         };
         if !each(run, values) {
@@ -1301,7 +1505,11 @@ mod tests {
         assert_eq!(with(run + 2, &[5]), Err("bad_run"), "width 5");
         // Width 0 is a run of zeros, with no value bytes: the values are then left over.
         assert_eq!(with(run + 2, &[0]), Err("trailing_bytes"), "width 0");
-        assert_eq!(with(run + 3, &[1]), Err("reserved_not_zero"));
+        assert_eq!(
+            with(run + 3, &[1]),
+            Err("bad_run"),
+            "in columns, with a width of its own"
+        );
         assert_eq!(with(run + 8, &[0, 0, 0, 0]), Err("bad_run"), "length 0");
         assert_eq!(
             with(run + 8, &[0, 0, 0, 31]),
@@ -1333,6 +1541,49 @@ mod tests {
         );
         assert_eq!(with(run + 2, &[4]), Err("truncated"), "wider than sent");
         assert_eq!(with(1, &[Kind::Heartbeat as u8]), Err("bad_count"));
+        for cut in 0..good.len() {
+            assert!(Message::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+
+    /// A run in columns that is malformed is refused by reason: a column wider than 8
+    /// bytes, more columns than a slot has words, a width of the run's own besides, its
+    /// widths or values cut short or left over; and every cut is refused.
+    #[test]
+    fn malformed_runs_in_columns_are_refused_by_reason() {
+        let values: Vec<u64> = (0..30).map(|i| [1 << 40, 7, 300][i % 3]).collect();
+        let stretch = Stretch {
+            first: Location { state: 1, index: 5 },
+            threshold: 0,
+            values: &values,
+            columns: 3,
+        };
+        let mut m = message(0);
+        m.kind = Kind::Write;
+        let mut good = Vec::new();
+        m.encode_carrying(&stretch, None, &mut good);
+        assert_eq!(
+            good.len(),
+            HEADER_LEN + RUN_HEADER_LEN + 3 + 10 * (6 + 1 + 2)
+        );
+        m.entries = (0..30).map(|i| stretch.entry(i)).collect();
+        assert_eq!(Message::decode(&good), Ok(m));
+        let run = HEADER_LEN;
+        let widths = run + RUN_HEADER_LEN;
+        let with = |at: usize, bytes: &[u8]| {
+            let mut bad = good.clone();
+            bad[at..at + bytes.len()].copy_from_slice(bytes);
+            Message::decode(&bad).map_err(|e| e.reason())
+        };
+        assert_eq!(with(widths, &[9]), Err("bad_run"), "a column of 9 bytes");
+        assert_eq!(with(run + 3, &[65]), Err("bad_run"), "65 columns");
+        assert_eq!(with(run + 2, &[8]), Err("bad_run"), "a width besides");
+        assert_eq!(with(widths, &[7]), Err("truncated"), "wider than sent");
+        assert_eq!(with(widths, &[5]), Err("trailing_bytes"), "narrower");
+        // Two columns, the third's width read as a value: 15 rows of 7 bytes asked for.
+        assert_eq!(with(run + 3, &[2]), Err("truncated"), "fewer columns");
+        // Four, the first value's first byte read as a width (1): 77 bytes of the 89.
+        assert_eq!(with(run + 3, &[4]), Err("trailing_bytes"), "more columns");
         for cut in 0..good.len() {
             assert!(Message::decode(&good[..cut]).is_err(), "cut at {cut}");
         }
@@ -1414,15 +1665,54 @@ mod tests {
     proptest! {
         /// Any bytes: decoded or refused, never a panic; what decodes encodes to bytes that
         /// decode to it again (not always the same bytes: the encoder picks the shorter of
-        /// entries and runs, and the longest runs).
+        /// entries and runs, and the longest runs; a message's entries, not a stretch, are
+        /// never put in columns, which may be shorter).
         #[test]
         fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             if let Ok(m) = Message::decode(&bytes) {
                 let mut again = Vec::new();
                 m.encode(&mut again);
-                prop_assert!(again.len() <= bytes.len());
+                prop_assert!(again.len() <= HEADER_LEN + m.entries.len() * ENTRY_LEN);
                 prop_assert_eq!(Message::decode(&again), Ok(m));
             }
+        }
+
+        /// A stretch in columns (a table's slots: rows of words as unlike as an address and
+        /// a flag) goes as one run, each column as wide as the bytes its largest value
+        /// needs, at the size `columns_message_bytes` counts; it reads back as its entries,
+        /// and as the part's stretch of values, whatever its length against its rows.
+        #[test]
+        fn a_stretch_in_columns_round_trips_each_column_as_narrow_as_its_widest(
+            columns in 2..=MAX_RUN_COLUMNS,
+            bytes_of_column in proptest::collection::vec(0..=8u32, MAX_RUN_COLUMNS),
+            seeds in proptest::collection::vec(any::<u64>(), 1..2_000),
+            first in prop_oneof![Just(0u32), any::<u32>()],
+            threshold in any::<u64>(),
+        ) {
+            // Column j's values take up to `bytes_of_column[j]` bytes.
+            let values: Vec<u64> = (seeds.iter().enumerate())
+                .map(|(i, &v)| v.checked_shr(64 - 8 * bytes_of_column[i % columns]).unwrap_or(0))
+                .collect();
+            let first = Location { state: 3, index: first.min(u32::MAX - values.len() as u32) };
+            let stretch = Stretch { first, threshold, values: &values, columns };
+            let mut m = message(0);
+            m.kind = Kind::Write;
+            let mut bytes = Vec::new();
+            m.encode_carrying(&stretch, None, &mut bytes);
+            let mut widths = vec![0u8; columns];
+            for (i, &v) in values.iter().enumerate() {
+                widths[i % columns] = widths[i % columns].max(bytes_needed(v) as u8);
+            }
+            let in_columns = columns_message_bytes(&widths, values.len());
+            if in_columns < HEADER_LEN + values.len() * ENTRY_LEN {
+                prop_assert_eq!(bytes.len(), in_columns);
+                prop_assert_eq!(&bytes[HEADER_LEN + RUN_HEADER_LEN..][..columns], &widths[..]);
+            }
+            m.entries = (0..values.len()).map(|i| stretch.entry(i)).collect();
+            prop_assert_eq!(Message::decode(&bytes), Ok(m.clone()));
+            let (part, read) = Message::decode_write_part(None, &bytes, |_| false).unwrap();
+            let read = read.map_or_else(|| part.entries.clone(), |s| s.updates().collect());
+            prop_assert_eq!(read, m.entries);
         }
 
         /// Runs of values and zeros, as a refresh of a table reads them, round-trip at the

@@ -15,8 +15,9 @@
 //! locations whose changes were kept are counted.
 
 use crate::wire::{
-    ENTRY_LEN, EncodedSize, Entries, HEADER_LEN, Key, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_ENTRIES,
-    Message, Resendable, Stretch, StretchValues,
+    ENTRY_LEN, EncodedSize, Entries, HEADER_LEN, Key, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_COLUMNS,
+    MAX_RUN_ENTRIES, Message, Resendable, Stretch, StretchValues, bytes_needed,
+    columns_message_bytes,
 };
 use crate::{Location, Update};
 use std::borrow::Cow;
@@ -118,11 +119,14 @@ pub enum WriteValues {
     Each(Vec<Written>),
     /// `values` at `first` and the locations after it in its state, all in `mode`: a
     /// register's values, or a table's entries as a migration moves them, cut into parts
-    /// and encoded where they are (never made into a [`Written`] each).
+    /// and encoded where they are (never made into a [`Written`] each). `columns`: the
+    /// words of an entry (a table's slot's, which go as runs in columns, each word as
+    /// narrow as its widest in the part: see [`Stretch`]); 1 for a register's values.
     Stretch {
         first: Location,
         mode: Mode,
         values: Vec<u64>,
+        columns: usize,
     },
 }
 
@@ -411,6 +415,9 @@ impl WriteEngine {
     /// runs counted (a register's values in order take a few bytes each, not 24): each
     /// part's range of them.
     fn parts_of(&self, values: &(impl Entries + ?Sized)) -> Vec<Range<usize>> {
+        if let Some(stretch) = values.stretch().filter(|s| self.cuts_in_rows(s)) {
+            return self.parts_in_rows(&stretch);
+        }
         let mut parts = Vec::new();
         let mut start = 0;
         let mut size = EncodedSize::default();
@@ -448,6 +455,46 @@ impl WriteEngine {
         parts
     }
 
+    /// Whether a stretch in columns is cut into parts of whole rows: where it goes in
+    /// columns, and a part may hold a row.
+    fn cuts_in_rows(&self, stretch: &Stretch) -> bool {
+        let widest_row =
+            columns_message_bytes(&[8; MAX_RUN_COLUMNS][..stretch.columns], stretch.columns);
+        (2..=MAX_RUN_COLUMNS).contains(&stretch.columns)
+            && stretch.columns <= self.values_per_part
+            && widest_row + MAC_LEN <= self.part_bytes
+    }
+
+    /// A stretch in columns cut into parts of whole rows (the last row may be short), as
+    /// many as fit a datagram with each column as wide as its widest value in the part.
+    fn parts_in_rows(&self, stretch: &Stretch) -> Vec<Range<usize>> {
+        let columns = stretch.columns;
+        let mut parts = Vec::new();
+        let mut start = 0;
+        let mut widths = RowWidths::default();
+        let fixed = columns_message_bytes(&[0; MAX_RUN_COLUMNS][..columns], 0) + MAC_LEN;
+        let count = stretch.values.len();
+        for row_start in (0..count).step_by(columns) {
+            let end = (row_start + columns).min(count);
+            let row = &stretch.values[row_start..end];
+            let row_bytes = widths.take(row);
+            // A short last row counted whole: a few bytes more, never fewer.
+            let rows = (end - start).div_ceil(columns);
+            let fits =
+                fixed + rows * row_bytes <= self.part_bytes && end - start <= self.values_per_part;
+            if fits || row_start == start {
+                continue;
+            }
+            // The row goes first in the next part, its widths its own.
+            parts.push(start..row_start);
+            start = row_start;
+            widths = RowWidths::default();
+            widths.take(row);
+        }
+        parts.push(start..count);
+        parts
+    }
+
     /// The parts of write `id` of `values`, each encoded once.
     fn encoded_parts(&self, id: u64, values: &WriteValues) -> Vec<Resendable> {
         match values {
@@ -456,12 +503,14 @@ impl WriteEngine {
                 first,
                 mode,
                 ref values,
+                columns,
             } => self.encoded_parts_of(
                 id,
                 &Stretch {
                     first,
                     threshold: mode as u64,
                     values,
+                    columns,
                 },
             ),
         }
@@ -832,6 +881,41 @@ impl WriteEngine {
             cancelled,
             refused,
         })
+    }
+}
+
+/// The widths of a part's columns as its rows are taken: each column's values or-ed, the
+/// bytes each then takes, and a row's. A column widens a few times a part, so that a row
+/// costs its values' ors.
+struct RowWidths {
+    any: [u64; MAX_RUN_COLUMNS],
+    widths: [usize; MAX_RUN_COLUMNS],
+    row_bytes: usize,
+}
+
+impl Default for RowWidths {
+    fn default() -> Self {
+        RowWidths {
+            any: [0; MAX_RUN_COLUMNS],
+            widths: [0; MAX_RUN_COLUMNS],
+            row_bytes: 0,
+        }
+    }
+}
+
+impl RowWidths {
+    /// Takes a row (or the short last one); a row's bytes now.
+    #[inline]
+    fn take(&mut self, row: &[u64]) -> usize {
+        for ((any, width), &value) in self.any.iter_mut().zip(&mut self.widths).zip(row) {
+            if *any | value != *any {
+                *any |= value;
+                let wider = bytes_needed(*any);
+                self.row_bytes += wider - *width;
+                *width = wider;
+            }
+        }
+        self.row_bytes
     }
 }
 
@@ -1673,8 +1757,6 @@ pub(crate) mod tests {
         );
     }
 
-    /// A register's values in order go as runs: a part carries as many as fit its
-    /// datagram at their width, and the write still commits whole and exact.
     /// A stretch may end at a state's last location and not one past it.
     #[test]
     fn a_stretch_past_the_last_location_is_refused() {
@@ -1683,6 +1765,7 @@ pub(crate) mod tests {
             first: Location { state: 0, index },
             mode: Mode::Set,
             values: vec![1; n],
+            columns: 1,
         };
         assert!(engine.submit(stretch(u32::MAX, 1)).is_ok());
         assert!(engine.submit(stretch(u32::MAX - 9, 10)).is_ok());
@@ -1691,6 +1774,8 @@ pub(crate) mod tests {
         assert_eq!(engine.pending().len(), 2);
     }
 
+    /// A register's values in order go as runs: a part carries as many as fit its
+    /// datagram at their width, and the write still commits whole and exact.
     #[test]
     fn a_register_in_order_goes_in_parts_of_as_many_values_as_runs_fit() {
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
@@ -2739,11 +2824,48 @@ mod cutting {
             let each = (first.index..).zip(&values)
                 .map(|(index, &value)| Written { location: Location { index, ..first }, value, mode })
                 .collect();
-            let stretch = WriteValues::Stretch { first, mode, values };
+            let stretch = WriteValues::Stretch { first, mode, values, columns: 1 };
             prop_assert_eq!(
                 datagrams(&stretch, path, per_part),
                 datagrams(&WriteValues::Each(each), path, per_part)
             );
+        }
+
+        /// A stretch in columns (a table's entries) goes in parts of whole rows, each
+        /// fitting the path's datagram with its MAC and holding no more values than a part
+        /// may, each read back as the stretch's values from its first row on; where a
+        /// part may not hold a row, the stretch goes as runs, as a register's.
+        #[test]
+        fn a_stretch_in_columns_goes_in_parts_of_whole_rows_that_fit(
+            columns in 2..=MAX_RUN_COLUMNS,
+            values in proptest::collection::vec(value(), 0..20_000),
+            path in 100..65_507usize,
+            per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 1..2_000usize],
+        ) {
+            let first = Location { state: 2, index: 0 };
+            let stretch = WriteValues::Stretch { first, mode: Mode::Set, values: values.clone(), columns };
+            let parts = datagrams(&stretch, path, per_part);
+            let key = crate::wire::Key::new([7; 32]);
+            let in_rows = columns <= per_part
+                && columns_message_bytes(&[8; MAX_RUN_COLUMNS][..columns], columns) + MAC_LEN
+                    <= path.max(SMALL_PATH_BYTES);
+            let mut carried = Vec::new();
+            for bytes in &parts {
+                let (part, read) = Message::decode_write_part(Some(&key), bytes, |_| false).unwrap();
+                let read = read.unwrap_or_else(|| StretchValues {
+                    first: part.entries.first().map_or(first, |e| e.location),
+                    threshold: 0,
+                    values: part.entries.iter().map(|e| e.value).collect(),
+                });
+                prop_assert!(read.values.len() <= per_part.max(1));
+                prop_assert_eq!(read.first.index as usize, carried.len());
+                if in_rows {
+                    prop_assert_eq!(read.first.index as usize % columns, 0, "whole rows");
+                    prop_assert!(bytes.len() <= path.max(SMALL_PATH_BYTES), "{} bytes", bytes.len());
+                }
+                carried.extend(read.values);
+            }
+            prop_assert_eq!(carried, values);
         }
 
         /// A write whose parts a state takes ahead of the commit (as a table does, part
@@ -2754,6 +2876,7 @@ mod cutting {
         fn a_write_taken_ahead_of_its_commit_lands_as_one_taken_at_it(
             write in write(),
             as_stretch in any::<bool>(),
+            columns in prop_oneof![Just(1usize), 2..=MAX_RUN_COLUMNS],
             path in 100..65_507usize,
             per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 1..2_000usize],
             order in proptest::collection::vec(any::<proptest::sample::Index>(), 0..40),
@@ -2763,6 +2886,7 @@ mod cutting {
                     first: first.location,
                     mode: Mode::Set,
                     values: write.iter().map(|w| w.value).collect(),
+                    columns,
                 },
                 _ => WriteValues::Each(write),
             };
@@ -2842,6 +2966,7 @@ mod cutting {
             first: Location { state: 0, index: 0 },
             mode: Mode::Set,
             values: vec![value; 3 * 1_000],
+            columns: 1,
         };
         let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(1_000);
         engine.path_carries(65_507);
