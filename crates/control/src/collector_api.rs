@@ -22,6 +22,10 @@ use tonic::{Response, Status};
 /// the socket its datagrams go out on.
 pub struct CollectorHandle {
     core: Mutex<Collector>,
+    /// Held while a thread polls the core and sends what it gave: the receive loop and a
+    /// write's call both pump, and a write's parts must leave in the order they were
+    /// polled (a part overtaken on the way is taken as lost).
+    sending: Mutex<()>,
     socket: UdpSocket,
     start: Instant,
 }
@@ -30,6 +34,7 @@ impl CollectorHandle {
     pub fn new(core: Collector, socket: UdpSocket) -> CollectorHandle {
         CollectorHandle {
             core: Mutex::new(core),
+            sending: Mutex::new(()),
             socket,
             start: Instant::now(),
         }
@@ -51,15 +56,24 @@ impl CollectorHandle {
 
     /// Sends what the core has to send now (the parts of writes due, and reports if
     /// `report`); a send that fails is the next poll's to retry, as a lost datagram is.
+    /// The core is let go between polls: a large write's parts are encoded a few at a
+    /// time, each few sent before the next are encoded.
     pub fn pump(&self, report: bool) {
+        let _sending = self.sending.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = Vec::new();
-        let now = self.now_ns();
-        self.with(|c| c.poll(now, report, &mut out));
-        for (addr, bytes, copies) in out {
-            for _ in 0..copies {
-                if let Err(e) = self.socket.send_to(&bytes, addr) {
-                    log::debug!("collector: sending to {addr}: {e}");
+        let mut report = report;
+        loop {
+            let now = self.now_ns();
+            let more = self.with(|c| c.poll(now, std::mem::take(&mut report), &mut out));
+            for (addr, bytes, copies) in out.drain(..) {
+                for _ in 0..copies {
+                    if let Err(e) = self.socket.send_to(&bytes, addr) {
+                        log::debug!("collector: sending to {addr}: {e}");
+                    }
                 }
+            }
+            if !more {
+                return;
             }
         }
     }

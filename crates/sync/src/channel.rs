@@ -182,13 +182,17 @@ impl WriteLink {
         stage: &mut WriteStage,
         state: &mut impl WriteTarget,
     ) -> Result<Option<Completed>, DecodeError> {
-        engine.poll_with(now_ns, |datagram, copies| {
-            let bytes = datagram.to_vec();
-            for _ in 1..copies {
-                let _ = self.down.send(now_ns, bytes.clone());
-            }
-            let _ = self.down.send(now_ns, bytes);
-        });
+        // Encoding takes no virtual time: every part due goes now.
+        let mut more = true;
+        while more {
+            more = engine.poll_with(now_ns, |datagram, copies| {
+                let bytes = datagram.to_vec();
+                for _ in 1..copies {
+                    let _ = self.down.send(now_ns, bytes.clone());
+                }
+                let _ = self.down.send(now_ns, bytes);
+            });
+        }
         // No reports cross this channel: the switch knows of no loss toward the collector,
         // so its answers go in the least copies and its acknowledgements once.
         stage.take_answers(&mut self.out);

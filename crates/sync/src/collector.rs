@@ -289,14 +289,17 @@ impl Collector {
     }
 
     /// What to send at `now_ns`: the parts of writes due, and, if `report` is true, a
-    /// report to every stream. Appends `(address, datagram, copies to send)` to `out`.
-    pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<Outgoing>) {
+    /// report to every stream. Appends `(address, datagram, copies to send)` to `out`;
+    /// whether parts are due that this poll left to the next (a write engine encodes so
+    /// many bytes of parts a poll), which the caller makes once it has sent these.
+    pub fn poll(&mut self, now_ns: u64, report: bool, out: &mut Vec<Outgoing>) -> bool {
         let key = self.key.as_ref();
+        let mut more = false;
         for (&(switch, stream), peer) in &mut self.peers {
             self.scratch.clear();
             if !peer.is_silent(now_ns) {
                 let addr = peer.addr;
-                peer.engine.poll_with(now_ns, |datagram, copies| {
+                more |= peer.engine.poll_with(now_ns, |datagram, copies| {
                     out.push((addr, datagram.to_vec(), copies));
                 });
             }
@@ -313,6 +316,7 @@ impl Collector {
                 out.push((peer.addr, bytes, 1));
             }
         }
+        more
     }
 
     /// `count` locations of `state` from `first` in `switch`'s `stream`; `None` for a

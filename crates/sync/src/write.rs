@@ -141,6 +141,55 @@ impl WriteValues {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The values as their encoding reads them.
+    fn view(&self) -> ValuesView<'_> {
+        match self {
+            WriteValues::Each(each) => ValuesView::Each(each),
+            &WriteValues::Stretch {
+                first,
+                mode,
+                ref values,
+                columns,
+            } => ValuesView::Stretch(Stretch {
+                first,
+                threshold: mode as u64,
+                values,
+                columns,
+            }),
+        }
+    }
+}
+
+/// A write's values as a message's encoding reads them: each written, or the stretch.
+enum ValuesView<'a> {
+    Each(&'a [Written]),
+    Stretch(Stretch<'a>),
+}
+
+impl Entries for WriteValues {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn entry(&self, i: usize) -> Update {
+        match self.view() {
+            ValuesView::Each(each) => each.entry(i),
+            ValuesView::Stretch(stretch) => stretch.entry(i),
+        }
+    }
+    fn put_values(&self, start: usize, len: usize, width: usize, out: &mut Vec<u8>) {
+        match self.view() {
+            ValuesView::Each(each) => each.put_values(start, len, width, out),
+            ValuesView::Stretch(stretch) => stretch.put_values(start, len, width, out),
+        }
+    }
+    fn stretch(&self) -> Option<Stretch<'_>> {
+        match self.view() {
+            ValuesView::Each(_) => None,
+            ValuesView::Stretch(stretch) => Some(stretch),
+        }
+    }
 }
 
 impl From<Vec<Written>> for WriteValues {
@@ -206,10 +255,48 @@ pub const COMMITTED_ALREADY: u64 = 1;
 /// Without it, `t_max` is the parts held, or an abandon's answer.
 pub const COMMITTED: u64 = 1 << 63;
 
+/// A write's parts: each its range of the write's values, encoded as it first goes (so
+/// that a large write's first parts are on their way while the rest are encoded) and
+/// then kept, its sending time set at each transmission.
+struct WriteParts {
+    /// A part's message but for its place and the count (`t_max`).
+    header: Message,
+    values: WriteValues,
+    ranges: Vec<Range<usize>>,
+    encoded: Vec<Option<Resendable>>,
+}
+
+impl WriteParts {
+    fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    fn is_encoded(&self, i: usize) -> bool {
+        self.encoded[i].is_some()
+    }
+
+    /// Part `i`, encoded now if it never was.
+    fn encoded(&mut self, i: usize, key: Option<&Key>) -> &mut Resendable {
+        let WriteParts {
+            header,
+            values,
+            ranges,
+            encoded,
+        } = self;
+        encoded[i].get_or_insert_with(|| {
+            header.t_max = ((i as u64) << 32) | ranges.len() as u64;
+            let part = Part {
+                values,
+                range: ranges[i].clone(),
+            };
+            Resendable::new(header, &part, key)
+        })
+    }
+}
+
 struct InFlight {
     id: u64,
-    /// Each part as it goes, encoded once, but for its sending time (set as it is sent).
-    parts: Vec<Resendable>,
+    parts: WriteParts,
     acked: Vec<bool>,
     sent_at: Vec<Option<u64>>,
     left: usize,
@@ -310,6 +397,10 @@ pub const MIN_RTO_NS: u64 = 50_000;
 /// reordering on the way; TCP's three). Before, none: on a path that keeps the order, a
 /// part not held when a part sent after it arrived is lost.
 pub const REORDERING: u64 = 3;
+
+/// Bytes of new parts a poll encodes at most (four of 64 KiB on loopback): a write of
+/// megabytes has its first parts on their way while the rest wait to be encoded.
+pub const ENCODED_PER_POLL: usize = 4 * LARGEST_DATAGRAM_BYTES;
 
 /// Values a write's cutting into parts adds before it asks whether the part still fits.
 const SIZED_AT_ONCE: usize = 64;
@@ -495,36 +586,30 @@ impl WriteEngine {
         parts
     }
 
-    /// The parts of write `id` of `values`, each encoded once.
-    fn encoded_parts(&self, id: u64, values: &WriteValues) -> Vec<Resendable> {
-        match values {
-            WriteValues::Each(each) => self.encoded_parts_of(id, &each[..]),
-            &WriteValues::Stretch {
-                first,
-                mode,
-                ref values,
-                columns,
-            } => self.encoded_parts_of(
-                id,
-                &Stretch {
-                    first,
-                    threshold: mode as u64,
-                    values,
-                    columns,
-                },
-            ),
+    /// The parts of write `id` of `values` (none for an abandon's), to be encoded as each
+    /// first goes.
+    fn parts_of_write(&self, id: u64, values: Option<WriteValues>) -> WriteParts {
+        let (values, ranges) = match values {
+            Some(values) => {
+                let ranges = self.parts_of(&values);
+                (values, ranges)
+            }
+            None => (WriteValues::Each(Vec::new()), Vec::new()),
+        };
+        WriteParts {
+            header: write_message((self.switch, self.epoch, self.stream), id, 0, 0, Vec::new()),
+            encoded: vec![None; ranges.len()],
+            ranges,
+            values,
         }
     }
 
-    fn encoded_parts_of<E: Entries + ?Sized>(&self, id: u64, values: &E) -> Vec<Resendable> {
-        let ids = (self.switch, self.epoch, self.stream);
-        let parts = self.parts_of(values);
-        let n = parts.len() as u64;
-        (parts.into_iter().enumerate())
-            .map(|(i, range)| {
-                let header = write_message(ids, id, 0, ((i as u64) << 32) | n, Vec::new());
-                Resendable::new(&header, &Part { values, range }, self.key.as_ref())
-            })
+    /// The parts of write `id` of `values`, each encoded (what `poll` sends).
+    #[cfg(test)]
+    fn encoded_parts(&self, id: u64, values: &WriteValues) -> Vec<Resendable> {
+        let mut parts = self.parts_of_write(id, Some(values.clone()));
+        (0..parts.len())
+            .map(|i| parts.encoded(i, self.key.as_ref()).clone())
             .collect()
     }
 
@@ -612,27 +697,34 @@ impl WriteEngine {
         }
     }
 
-    /// As [`WriteEngine::poll_with`], each message sent appended to `out` (for the tests,
-    /// which look at what went).
+    /// As [`WriteEngine::poll_with`] until it leaves nothing due, each message sent
+    /// appended to `out` (for the tests, which look at what went).
     #[cfg(test)]
     fn poll(&mut self, now_ns: u64, out: &mut Vec<Message>) {
         let key = self.key.clone();
-        self.poll_with(now_ns, |datagram, copies| {
-            let m = Message::decode_with(key.as_ref(), datagram).unwrap();
-            out.extend(std::iter::repeat_n(m, copies))
-        });
+        let mut more = true;
+        while more {
+            more = self.poll_with(now_ns, |datagram, copies| {
+                let m = Message::decode_with(key.as_ref(), datagram).unwrap();
+                out.extend(std::iter::repeat_n(m, copies))
+            });
+        }
     }
 
     /// Starts the next write if none is in flight, and sends its parts that were never
     /// sent or not acknowledged within the timeout: each datagram goes to `send` with the
     /// copies of it to send, as the engine holds it, so that a part is neither copied nor
-    /// encoded more than once to be sent.
-    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&[u8], usize)) {
+    /// encoded more than once to be sent. A part is encoded as it first goes, and a poll
+    /// encodes [`ENCODED_PER_POLL`] bytes of parts at most: whether it left parts due to
+    /// the next poll, which the caller makes once it has sent these (a large write's
+    /// first parts are then on their way, and the switch taking them, while the rest are
+    /// encoded).
+    pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&[u8], usize)) -> bool {
         if self.current.is_none()
             && let Some((id, values)) = self.queue.pop_front()
         {
             let abandon = values.is_none().then_some((None, 0));
-            let parts = values.map_or_else(Vec::new, |v| self.encoded_parts(id, &v));
+            let parts = self.parts_of_write(id, values);
             let n = parts.len();
             self.current = Some(InFlight {
                 id,
@@ -667,18 +759,21 @@ impl WriteEngine {
         let ids = (self.switch, self.epoch, self.stream);
         let part_bytes = self.part_bytes;
         let path_copies = copies_for(self.loss_to_switch);
-        let Some(w) = &mut self.current else { return };
+        let key = self.key.as_ref();
+        let Some(w) = &mut self.current else {
+            return false;
+        };
         if let Some((sent_at, tries)) = &mut w.abandon {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
                 let abandon = write_message(ids, w.id, now_ns, 0, Vec::new());
                 let mut datagram = Vec::new();
-                abandon.encode_with(self.key.as_ref(), &mut datagram);
+                abandon.encode_with(key, &mut datagram);
                 send(&datagram, 1 << (*tries).min(MAX_COPIES_LOG2));
                 *sent_at = Some(now_ns);
                 *tries += 1;
             }
-            return;
+            return false;
         }
         // Lost: sent well before a part since acknowledged (as TCP's SACK reasons), or
         // before a transmission known to have arrived, which an acknowledgement names by
@@ -740,11 +835,17 @@ impl WriteEngine {
             .filter(|&i| !w.acked[i] && w.sent_at[i].is_some() && !due(w, i))
             .map(|i| w.copies[i] as usize)
             .sum();
+        let mut encoded = 0;
+        let mut more = false;
         for i in 0..w.parts.len() {
             if outstanding >= WINDOW {
                 break;
             }
             if due(w, i) {
+                if !w.parts.is_encoded(i) && encoded >= ENCODED_PER_POLL {
+                    more = true;
+                    break;
+                }
                 // A part sent again on a timeout or as a probe goes as copies (2, then 4
                 // each time after): where a part and its acknowledgement each get through
                 // one time in five, a part alone needs 25 tries on average. One seen lost
@@ -764,7 +865,12 @@ impl WriteEngine {
                 // before at least, so that the time an acknowledgement echoes names it.
                 let stamp = (self.last_stamp_ns).map_or(now_ns, |last| now_ns.max(last + 1));
                 self.last_stamp_ns = Some(stamp);
-                send(w.parts[i].stamped(stamp), copies as usize);
+                let was_encoded = w.parts.is_encoded(i);
+                let datagram = w.parts.encoded(i, key).stamped(stamp);
+                if !was_encoded {
+                    encoded += datagram.len();
+                }
+                send(datagram, copies as usize);
                 w.sent_at[i] = Some(stamp);
                 w.last_event_ns = now_ns;
                 w.transmissions += copies as u64;
@@ -779,6 +885,7 @@ impl WriteEngine {
         if any_timed_out {
             self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         }
+        more
     }
 
     /// Takes an acknowledgement; the write it completes, if it does.
@@ -1772,6 +1879,64 @@ pub(crate) mod tests {
         let e = engine.submit(stretch(u32::MAX - 9, 11)).unwrap_err();
         assert!(e.contains("passes the last location"), "{e}");
         assert_eq!(engine.pending().len(), 2);
+    }
+
+    /// A write of megabytes is encoded as its parts first go, a few at a time: a poll
+    /// encodes `ENCODED_PER_POLL` bytes of new parts and says parts are left, the next
+    /// goes on from there, and the parts go once each, in order.
+    #[test]
+    fn a_large_writes_parts_are_encoded_a_few_a_poll_in_order() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.path_carries(65_507);
+        let values = (0..200_000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        let first = at(2, 0);
+        let mode = Mode::Set;
+        let columns = 1;
+        engine
+            .submit(WriteValues::Stretch {
+                first,
+                mode,
+                values,
+                columns,
+            })
+            .unwrap();
+        let mut polls = Vec::new();
+        loop {
+            let mut sent: Vec<(u64, usize)> = Vec::new();
+            let more = engine.poll_with(0, |datagram, _| {
+                let part = Message::decode(datagram).unwrap();
+                sent.push((part.t_max >> 32, datagram.len()));
+            });
+            polls.push(sent);
+            if !more {
+                break;
+            }
+        }
+        assert!(polls.len() > 1, "{} polls", polls.len());
+        let parts: Vec<u64> = polls.iter().flatten().map(|&(i, _)| i).collect();
+        assert_eq!(
+            parts,
+            (0..parts.len() as u64).collect::<Vec<_>>(),
+            "each once, in order"
+        );
+        assert_eq!(
+            parts.len(),
+            200_000usize.div_ceil(8_176),
+            "8-byte values, 8,176 a part"
+        );
+        for sent in &polls[..polls.len() - 1] {
+            let bytes: usize = sent.iter().map(|&(_, len)| len).sum();
+            let before_last = bytes - sent.last().map_or(0, |&(_, len)| len);
+            assert!(
+                before_last < ENCODED_PER_POLL && bytes >= ENCODED_PER_POLL,
+                "{sent:?}"
+            );
+        }
+        let mut again = Vec::new();
+        assert!(!engine.poll_with(1, |d, _| again.push(d.len())));
+        assert!(again.is_empty(), "nothing due before its timeout");
     }
 
     /// A register's values in order go as runs: a part carries as many as fit its
