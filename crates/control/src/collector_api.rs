@@ -13,7 +13,8 @@ use stateplane_sync::collector::{Collector, WriteTicket};
 use stateplane_sync::write::{Mode, Written};
 use std::net::{SocketAddr, UdpSocket};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 use tokio_stream::Stream;
 use tonic::{Response, Status};
@@ -26,6 +27,10 @@ pub struct CollectorHandle {
     /// write's call both pump, and a write's parts must leave in the order they were
     /// polled (a part overtaken on the way is taken as lost).
     sending: Mutex<()>,
+    /// A pump asked for (with a report): the thread sending takes it on, so that a pump
+    /// never waits for another.
+    pump_asked: AtomicBool,
+    report_asked: AtomicBool,
     socket: UdpSocket,
     start: Instant,
 }
@@ -35,6 +40,8 @@ impl CollectorHandle {
         CollectorHandle {
             core: Mutex::new(core),
             sending: Mutex::new(()),
+            pump_asked: AtomicBool::new(false),
+            report_asked: AtomicBool::new(false),
             socket,
             start: Instant::now(),
         }
@@ -57,23 +64,34 @@ impl CollectorHandle {
     /// Sends what the core has to send now (the parts of writes due, and reports if
     /// `report`); a send that fails is the next poll's to retry, as a lost datagram is.
     /// The core is let go between polls: a large write's parts are encoded a few at a
-    /// time, each few sent before the next are encoded.
+    /// time, each few sent before the next are encoded. One thread sends at a time; a
+    /// pump that finds another thread sending leaves the pump to it, and returns.
     pub fn pump(&self, report: bool) {
-        let _sending = self.sending.lock().unwrap_or_else(PoisonError::into_inner);
+        self.report_asked.fetch_or(report, Ordering::SeqCst);
+        self.pump_asked.store(true, Ordering::SeqCst);
         let mut out = Vec::new();
-        let mut report = report;
-        loop {
-            let now = self.now_ns();
-            let more = self.with(|c| c.poll(now, std::mem::take(&mut report), &mut out));
-            for (addr, bytes, copies) in out.drain(..) {
-                for _ in 0..copies {
-                    if let Err(e) = self.socket.send_to(&bytes, addr) {
-                        log::debug!("collector: sending to {addr}: {e}");
+        // An ask made after the sender's last look and before it let go is looked at
+        // again here.
+        while self.pump_asked.load(Ordering::SeqCst) {
+            let _sending = match self.sending.try_lock() {
+                Ok(guard) => guard,
+                Err(TryLockError::Poisoned(guard)) => guard.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            while self.pump_asked.swap(false, Ordering::SeqCst) {
+                let mut more = true;
+                while more {
+                    let report = self.report_asked.swap(false, Ordering::SeqCst);
+                    let now = self.now_ns();
+                    more = self.with(|c| c.poll(now, report, &mut out));
+                    for (addr, bytes, copies) in out.drain(..) {
+                        for _ in 0..copies {
+                            if let Err(e) = self.socket.send_to(&bytes, addr) {
+                                log::debug!("collector: sending to {addr}: {e}");
+                            }
+                        }
                     }
                 }
-            }
-            if !more {
-                return;
             }
         }
     }
