@@ -107,25 +107,64 @@ pub(crate) fn put_values(values: impl Iterator<Item = u64>, width: usize, out: &
 
 /// The bytes, 0 to 8, that `value` takes in a column of a run: its bytes from the
 /// highest that is not 0.
-pub fn bytes_needed(value: u64) -> usize {
+pub(crate) fn bytes_needed(value: u64) -> usize {
     (64 - value.leading_zeros() as usize).div_ceil(8)
 }
 
 /// The width of each column of a run in `widths.len()` columns that holds `values`: the
 /// bytes its largest value needs.
-pub fn column_widths(values: &[u64], widths: &mut [u8]) {
-    let mut any = [0u64; MAX_RUN_COLUMNS];
-    let any = &mut any[..widths.len()];
-    for row in values.chunks(widths.len()) {
-        any.iter_mut().zip(row).for_each(|(a, &v)| *a |= v);
+fn column_widths(values: &[u64], widths: &mut [u8]) {
+    let mut rows = RowWidths::default();
+    values.chunks(widths.len()).for_each(|row| {
+        rows.take(row);
+    });
+    for (w, taken) in widths.iter_mut().zip(rows.widths()) {
+        *w = taken;
     }
-    for (w, &a) in widths.iter_mut().zip(any.iter()) {
-        *w = bytes_needed(a) as u8;
+}
+
+/// The widths of a part's columns as its rows are taken: each column's values or-ed, the
+/// bytes each then takes, and a row's. A column widens a few times a part, so that a row
+/// costs its values' ors.
+pub(crate) struct RowWidths {
+    any: [u64; MAX_RUN_COLUMNS],
+    widths: [usize; MAX_RUN_COLUMNS],
+    row_bytes: usize,
+}
+
+impl Default for RowWidths {
+    fn default() -> Self {
+        RowWidths {
+            any: [0; MAX_RUN_COLUMNS],
+            widths: [0; MAX_RUN_COLUMNS],
+            row_bytes: 0,
+        }
+    }
+}
+
+impl RowWidths {
+    /// Takes a row (or the short last one); a row's bytes now.
+    #[inline]
+    pub(crate) fn take(&mut self, row: &[u64]) -> usize {
+        for ((any, width), &value) in self.any.iter_mut().zip(&mut self.widths).zip(row) {
+            if *any | value != *any {
+                *any |= value;
+                let wider = bytes_needed(*any);
+                self.row_bytes += wider - *width;
+                *width = wider;
+            }
+        }
+        self.row_bytes
+    }
+
+    /// Each column's width, in bytes.
+    pub(crate) fn widths(&self) -> impl Iterator<Item = u8> + '_ {
+        self.widths.iter().map(|&w| w as u8)
     }
 }
 
 /// The bytes of `len` values in columns of `widths`: value `i` takes column `i % columns`'s.
-pub fn columns_bytes(widths: &[u8], len: usize) -> usize {
+pub(crate) fn columns_bytes(widths: &[u8], len: usize) -> usize {
     let row: usize = widths.iter().map(|&w| usize::from(w)).sum();
     let rest = widths.iter().take(len % widths.len().max(1));
     (len / widths.len().max(1)) * row + rest.map(|&w| usize::from(w)).sum::<usize>()
@@ -510,7 +549,7 @@ fn put_columns_run(stretch: &Stretch, out: &mut Vec<u8>) {
 /// The bytes of a message carrying `len` values in columns of `widths` as one run, its
 /// header included, its MAC not (what [`Message::encode_carrying`] writes for a stretch in
 /// columns, but where 24-byte entries are shorter).
-pub fn columns_message_bytes(widths: &[u8], len: usize) -> usize {
+pub(crate) fn columns_message_bytes(widths: &[u8], len: usize) -> usize {
     HEADER_LEN + RUN_HEADER_LEN + widths.len() + columns_bytes(widths, len)
 }
 

@@ -16,8 +16,7 @@
 
 use crate::wire::{
     ENTRY_LEN, EncodedSize, Entries, HEADER_LEN, Key, Kind, MAC_LEN, MAX_ENTRIES, MAX_RUN_COLUMNS,
-    MAX_RUN_ENTRIES, Message, Resendable, Stretch, StretchValues, bytes_needed,
-    columns_message_bytes,
+    MAX_RUN_ENTRIES, Message, Resendable, RowWidths, Stretch, StretchValues, columns_message_bytes,
 };
 use crate::{Location, Update};
 use std::borrow::Cow;
@@ -988,41 +987,6 @@ impl WriteEngine {
             cancelled,
             refused,
         })
-    }
-}
-
-/// The widths of a part's columns as its rows are taken: each column's values or-ed, the
-/// bytes each then takes, and a row's. A column widens a few times a part, so that a row
-/// costs its values' ors.
-struct RowWidths {
-    any: [u64; MAX_RUN_COLUMNS],
-    widths: [usize; MAX_RUN_COLUMNS],
-    row_bytes: usize,
-}
-
-impl Default for RowWidths {
-    fn default() -> Self {
-        RowWidths {
-            any: [0; MAX_RUN_COLUMNS],
-            widths: [0; MAX_RUN_COLUMNS],
-            row_bytes: 0,
-        }
-    }
-}
-
-impl RowWidths {
-    /// Takes a row (or the short last one); a row's bytes now.
-    #[inline]
-    fn take(&mut self, row: &[u64]) -> usize {
-        for ((any, width), &value) in self.any.iter_mut().zip(&mut self.widths).zip(row) {
-            if *any | value != *any {
-                *any |= value;
-                let wider = bytes_needed(*any);
-                self.row_bytes += wider - *width;
-                *width = wider;
-            }
-        }
-        self.row_bytes
     }
 }
 
