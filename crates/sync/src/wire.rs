@@ -263,6 +263,12 @@ impl Entries for Stretch<'_> {
 }
 
 impl<'a> Stretch<'a> {
+    /// Whether it goes as a run in columns: rows of 2 to [`MAX_RUN_COLUMNS`] words (the
+    /// encoder's choice, which a write's cutting into parts follows).
+    pub(crate) fn in_columns(&self) -> bool {
+        (2..=MAX_RUN_COLUMNS).contains(&self.columns)
+    }
+
     /// Its entries `range`, a stretch themselves.
     pub fn part(&self, range: std::ops::Range<usize>) -> Stretch<'a> {
         Stretch {
@@ -524,11 +530,6 @@ impl EncodedSize {
     pub fn bytes(&self) -> usize {
         HEADER_LEN + self.entries_bytes().0
     }
-}
-
-/// Whether `stretch` goes as a run in columns: rows of 2 to [`MAX_RUN_COLUMNS`] words.
-fn in_columns(stretch: &Stretch) -> bool {
-    (2..=MAX_RUN_COLUMNS).contains(&stretch.columns)
 }
 
 /// Appends `stretch` as one run in its columns, each column as narrow as its largest
@@ -856,7 +857,7 @@ impl Message {
             let mut cutter = RunCutter::default();
             let shorter = |out: &Vec<u8>| out.len() - body < entries_bytes;
             match entries.stretch() {
-                Some(stretch) if in_columns(&stretch) => put_columns_run(&stretch, out),
+                Some(stretch) if stretch.in_columns() => put_columns_run(&stretch, out),
                 // Shorter as runs, two entries or more: a run's header and 8 bytes a value
                 // at most, where a cut of zeros only saves bytes.
                 Some(stretch) => cutter.push_stretch(&stretch, |run| put(run, out)),

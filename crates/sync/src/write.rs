@@ -545,14 +545,14 @@ impl WriteEngine {
         parts
     }
 
-    /// Whether a stretch in columns is cut into parts of whole rows: where it goes in
-    /// columns, and a part may hold a row.
+    /// Whether a stretch is cut into parts of whole rows: where it goes in columns, and a
+    /// part may hold a row.
     fn cuts_in_rows(&self, stretch: &Stretch) -> bool {
-        let widest_row =
-            columns_message_bytes(&[8; MAX_RUN_COLUMNS][..stretch.columns], stretch.columns);
-        (2..=MAX_RUN_COLUMNS).contains(&stretch.columns)
-            && stretch.columns <= self.values_per_part
-            && widest_row + MAC_LEN <= self.part_bytes
+        stretch.in_columns() && stretch.columns <= self.values_per_part && {
+            let widest_row =
+                columns_message_bytes(&[8; MAX_RUN_COLUMNS][..stretch.columns], stretch.columns);
+            widest_row + MAC_LEN <= self.part_bytes
+        }
     }
 
     /// A stretch in columns cut into parts of whole rows (the last row may be short), as
@@ -2995,6 +2995,24 @@ mod cutting {
                 carried.extend(read.values);
             }
             prop_assert_eq!(carried, values);
+        }
+
+        /// A stretch of entries wider than a run's columns (0, 1, or past 64: a width a
+        /// user gave for a state no switch announced) goes as runs of one width, in the
+        /// very datagrams of a register's values, never cut into rows.
+        #[test]
+        fn a_stretch_of_columns_no_run_has_goes_as_a_registers_values(
+            columns in prop_oneof![Just(0usize), Just(1), MAX_RUN_COLUMNS + 1..1_000],
+            values in proptest::collection::vec(value(), 0..3_000),
+            path in 100..65_507usize,
+        ) {
+            let first = Location { state: 2, index: 0 };
+            let mode = Mode::Set;
+            let stretch = |columns| WriteValues::Stretch { first, mode, values: values.clone(), columns };
+            prop_assert_eq!(
+                datagrams(&stretch(columns), path, MAX_RUN_ENTRIES),
+                datagrams(&stretch(1), path, MAX_RUN_ENTRIES)
+            );
         }
 
         /// A write whose parts a state takes ahead of the commit (as a table does, part
