@@ -173,6 +173,13 @@ const MAX_DIST: u32 = 255;
 const EARLY_DROP_WINDOW: usize = 16;
 const EARLY_DROP_SLOTS: usize = 128;
 
+/// Where a key hashes in a table: its home slot and tag ([`ExactTable::hashed`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Hashed {
+    home: usize,
+    tag: u32,
+}
+
 /// Meaningful only where its `meta` is not 0: a slot never used is zeroed memory.
 #[derive(Clone, Copy, bytemuck::Zeroable)]
 struct Slot<K, V> {
@@ -457,7 +464,14 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// The slot holding `key`, if any.
     #[inline]
     fn find(&self, key: &K) -> Option<usize> {
-        let (mut i, tag) = self.split(key);
+        let (home, tag) = self.split(key);
+        self.find_from(key, home, tag)
+    }
+
+    /// As [`ExactTable::find`], `key` hashed to `home` and `tag`.
+    #[inline]
+    fn find_from(&self, key: &K, home: usize, tag: u32) -> Option<usize> {
+        let mut i = home;
         let mut dist = 1u32;
         loop {
             let m = self.meta[i];
@@ -534,6 +548,29 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     #[inline]
     pub fn prefetch_key(&self, key: &K) {
         self.prefetch_slot(self.split(key).0);
+    }
+
+    /// Where `key` hashes (its home slot and tag), for [`ExactTable::prefetch_hashed`] and
+    /// [`ExactTable::find_id_hashed`]: a batch that looks ahead hashes each key once.
+    #[inline]
+    pub fn hashed(&self, key: &K) -> Hashed {
+        let (home, tag) = self.split(key);
+        Hashed { home, tag }
+    }
+
+    /// Hints that the slot `hashed` names will be looked at soon.
+    #[inline]
+    pub fn prefetch_hashed(&self, hashed: Hashed) {
+        self.prefetch_slot(hashed.home);
+    }
+
+    /// As [`ExactTable::find_id`], `key` hashed already (`hashed`, by this table: another
+    /// table's hash finds nothing, or the wrong entry's place).
+    #[inline]
+    pub fn find_id_hashed(&self, key: &K, hashed: Hashed) -> Option<EntryId> {
+        // Masked: a hash of another table looks in the wrong place, never out of bounds.
+        self.find_from(key, hashed.home & self.mask, hashed.tag)
+            .map(|i| EntryId(i as u32))
     }
 
     /// Finds `key` without counting anything (control plane, tests), expired or not.
@@ -1105,6 +1142,31 @@ mod tests {
                 mode: ExpireMode::AutoDelete,
             },
         ]
+    }
+
+    /// A key hashed ahead is found where a find finds it, present or not, as entries come,
+    /// go and move; another table's hash (of more slots) looks in the wrong place and
+    /// finds nothing, never out of bounds.
+    #[test]
+    fn a_find_of_a_key_hashed_ahead_is_a_find() {
+        let mut t: ExactTable<u64, u32> = ExactTable::new(64, &profiles(), 7);
+        let larger: ExactTable<u64, u32> = ExactTable::new(4_096, &profiles(), 8);
+        let mut rng = 3u64;
+        for round in 0..4_000u64 {
+            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let key = (rng >> 33) % 200;
+            if rng >> 62 == 0 {
+                t.delete(&key);
+            } else {
+                let _ = t.add_entry(key, round as u32, 0, 0);
+            }
+            for probe in [key, (rng >> 40) % 200] {
+                let hashed = t.hashed(&probe);
+                assert_eq!(t.find_id_hashed(&probe, hashed), t.find_id(&probe));
+                let elsewhere = t.find_id_hashed(&probe, larger.hashed(&probe));
+                assert!(elsewhere.is_none_or(|id| id == t.find_id(&probe).unwrap()));
+            }
+        }
     }
 
     /// A hinted find answers what a find does, whatever the hint: its own entry's place,
