@@ -1144,14 +1144,12 @@ mod tests {
         ]
     }
 
-    /// A key hashed ahead is found where a find finds it, present or not, as entries come,
-    /// go and move; another table's hash (of more slots) looks in the wrong place and
-    /// finds nothing, never out of bounds.
-    #[test]
-    fn a_find_of_a_key_hashed_ahead_is_a_find() {
+    /// A table of 64 that entries come into, go from and move in, 4,000 rounds from
+    /// `seed`: after each, `probe` is called with the round, its random draw and the keys
+    /// to look for (the one just added or deleted, and another, held or not).
+    fn churned(seed: u64, mut probe: impl FnMut(&ExactTable<u64, u32>, u64, u64, [u64; 2])) {
         let mut t: ExactTable<u64, u32> = ExactTable::new(64, &profiles(), 7);
-        let larger: ExactTable<u64, u32> = ExactTable::new(4_096, &profiles(), 8);
-        let mut rng = 3u64;
+        let mut rng = seed;
         for round in 0..4_000u64 {
             rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             let key = (rng >> 33) % 200;
@@ -1160,31 +1158,33 @@ mod tests {
             } else {
                 let _ = t.add_entry(key, round as u32, 0, 0);
             }
-            for probe in [key, (rng >> 40) % 200] {
+            probe(&t, round, rng, [key, (rng >> 40) % 200]);
+        }
+    }
+
+    /// A key hashed ahead is found where a find finds it, present or not, as entries come,
+    /// go and move; another table's hash (of more slots) looks in the wrong place and
+    /// finds nothing, never out of bounds.
+    #[test]
+    fn a_find_of_a_key_hashed_ahead_is_a_find() {
+        let larger: ExactTable<u64, u32> = ExactTable::new(4_096, &profiles(), 8);
+        churned(3, |t, _, _, probes| {
+            for probe in probes {
                 let hashed = t.hashed(&probe);
                 assert_eq!(t.find_id_hashed(&probe, hashed), t.find_id(&probe));
                 let elsewhere = t.find_id_hashed(&probe, larger.hashed(&probe));
-                assert!(elsewhere.is_none_or(|id| id == t.find_id(&probe).unwrap()));
+                assert!(elsewhere.is_none_or(|id| Some(id) == t.find_id(&probe)));
             }
-        }
+        });
     }
 
     /// A hinted find answers what a find does, whatever the hint: its own entry's place,
     /// a place gone stale as entries moved, another key's, an empty slot's, or none.
     #[test]
     fn a_hinted_find_is_a_find_whatever_the_hint() {
-        let mut t: ExactTable<u64, u32> = ExactTable::new(64, &profiles(), 7);
         let mut hints = vec![0u32; 200];
-        let mut rng = 1u64;
-        for round in 0..4_000u64 {
-            rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            let key = (rng >> 33) % 200;
-            if rng >> 62 == 0 {
-                t.delete(&key);
-            } else {
-                let _ = t.add_entry(key, round as u32, 0, 0);
-            }
-            for probe in [key, (rng >> 40) % 200] {
+        churned(1, |t, round, rng, probes| {
+            for probe in probes {
                 let hint = match round % 3 {
                     0 => hints[probe as usize],
                     1 => (rng >> 20) as u32 % 80, // past the slots too
@@ -1196,7 +1196,7 @@ mod tests {
                     hints[probe as usize] = id.place();
                 }
             }
-        }
+        });
     }
 
     /// What a run's memory budget is told a table takes is what it allocates.
