@@ -221,7 +221,7 @@ impl ValueCodec for ConnCodec {
             answered: p(1) != 0,
             originator_is_canonical: p(2) != 0,
             fins: p(3) as u8 & (FIN_FROM_ORIGINATOR | FIN_FROM_RESPONDER),
-            peers: Default::default(),
+            peers: [window::Peer::UNKNOWN; 2],
         }
     }
 

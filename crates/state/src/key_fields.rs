@@ -4,9 +4,9 @@
 
 use crate::synced_table::MAX_FIELDS;
 use crate::table_key::TableKey;
-use stateplane_api::{Field, Format, Match, ip_addr, ip_value};
+use stateplane_api::{Field, Format, Match, ip_value};
 use stateplane_wire::FlowKey;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 /// A table key with its fields in the control API.
 pub trait KeyFields: TableKey {
@@ -62,21 +62,29 @@ impl KeyFields for FlowKey {
 
     fn of_values(values: &[u128]) -> Self {
         let f = |i| values.get(i).copied().unwrap_or(0);
-        let (src, dst) = (ip_addr(f(0)), ip_addr(f(1)));
-        let mut key = match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                FlowKey::v4(s, d, f(2) as u8, f(3) as u16, f(4) as u16)
-            }
-            _ => FlowKey::v6(
-                Ipv6Addr::from(f(0)),
-                Ipv6Addr::from(f(1)),
-                f(2) as u8,
-                f(3) as u16,
-                f(4) as u16,
-            ),
+        let (src, dst) = (f(0), f(1));
+        // IPv4-mapped (::ffff:a.b.c.d): both, or the key is an IPv6 flow's.
+        let mapped = |v: u128| v >> 32 == 0xffff;
+        let (addresses, ip_version) = if mapped(src) && mapped(dst) {
+            // `FlowKey::v4`'s layout, the address's four bytes first and the rest 0, made
+            // in a register and stored whole: `FlowKey::v4` stores the four bytes into
+            // zeroes, which a copy of the key then reads back before they have landed (a
+            // stall a key of a migration's tens of thousands).
+            let v4 = |v: u128| u128::from((v as u32).swap_bytes()).to_le_bytes();
+            ((v4(src), v4(dst)), 4)
+        } else {
+            ((src.to_be_bytes(), dst.to_be_bytes()), 6)
         };
-        key.vlan = f(5) as u16;
-        key
+        FlowKey {
+            src: addresses.0,
+            dst: addresses.1,
+            src_port: f(3) as u16,
+            dst_port: f(4) as u16,
+            vlan: f(5) as u16,
+            in_port: 0,
+            proto: f(2) as u8,
+            ip_version,
+        }
     }
 
     fn fields(&self) -> Vec<Match> {
@@ -129,6 +137,52 @@ single_field_key! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flow key made from a synced slot's field values is the one its addresses make
+    /// as addresses (`ip_addr`): an IPv4 flow's where both are IPv4-mapped, an IPv6
+    /// flow's otherwise, at every edge of the mapped range, each field cut to its width.
+    #[test]
+    fn a_flow_key_of_field_values_is_the_one_its_addresses_make() {
+        use std::net::Ipv6Addr;
+        let mapped = |v4: u32| (0xffff_u128 << 32) | u128::from(v4);
+        let addresses = [
+            0,
+            1,
+            mapped(0),
+            mapped(0xc612_0001),
+            mapped(u32::MAX),
+            (0xffff_u128 << 32) - 1,
+            0x1_ffff_u128 << 32,
+            0x2001_0002_u128 << 96 | 1,
+            u128::MAX,
+        ];
+        for (&src, &dst) in addresses
+            .iter()
+            .flat_map(|a| addresses.iter().map(move |b| (a, b)))
+        {
+            for (proto, ports, vlan) in [
+                (6, (40_000, 80), 7),
+                (255, (65_535, 0), 4_095),
+                (17, (1, 2), 0),
+            ] {
+                let (proto, ports, vlan): (u128, (u128, u128), u128) = (proto, ports, vlan);
+                let values = [src, dst, proto, ports.0, ports.1, vlan];
+                let args = (proto as u8, ports.0 as u16, ports.1 as u16);
+                let mut want = match (stateplane_api::ip_addr(src), stateplane_api::ip_addr(dst)) {
+                    (IpAddr::V4(s), IpAddr::V4(d)) => FlowKey::v4(s, d, args.0, args.1, args.2),
+                    _ => FlowKey::v6(
+                        Ipv6Addr::from(src),
+                        Ipv6Addr::from(dst),
+                        args.0,
+                        args.1,
+                        args.2,
+                    ),
+                };
+                want.vlan = vlan as u16;
+                assert_eq!(FlowKey::of_values(&values), want, "{src:#x} {dst:#x}");
+            }
+        }
+    }
 
     #[test]
     fn keys_come_back_from_their_fields() {

@@ -124,6 +124,20 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// A side nothing is known of yet, as `Peer::default()`: a constant, so that an
+    /// entry made from a synced write's fields is written whole where it goes (made from
+    /// the default, field by field on the stack, it was read back before its stores had
+    /// landed, a stall an entry of a migration's tens of thousands).
+    pub const UNKNOWN: Peer = Peer {
+        end: 0,
+        max_end: 0,
+        max_win: 0,
+        acked: false,
+        max_ack: 0,
+        scale: 0,
+        liberal: false,
+    };
+
     /// The scaled window of a segment from this side (SYNs' windows are never scaled).
     fn window(&self, seg: &Segment, syn: bool) -> u32 {
         let shift = if syn || self.scale > MAX_SCALE {
@@ -300,6 +314,12 @@ mod tests {
     /// Initial sequence numbers; B's crosses 2^32 early on.
     const ISN_A: u32 = 1_000;
     const ISN_B: u32 = u32::MAX - 100;
+
+    /// The constant an entry from a synced write starts its peers with is the default.
+    #[test]
+    fn an_unknown_peer_is_the_default_one() {
+        assert_eq!(Peer::UNKNOWN, Peer::default());
+    }
 
     fn seg(seq: u32, ack: u32, window: u16, len: u32, scale: Option<u8>) -> Segment {
         Segment {
