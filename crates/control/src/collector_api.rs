@@ -9,7 +9,7 @@
 use crate::server::Server;
 use crate::sync_pb::{self, collector_server};
 use stateplane_sync::Location;
-use stateplane_sync::collector::{Collector, WriteTicket};
+use stateplane_sync::collector::{Collector, Outgoing, WriteTicket};
 use stateplane_sync::write::{Mode, Written};
 use std::net::{SocketAddr, UdpSocket};
 use std::pin::Pin;
@@ -79,17 +79,23 @@ impl CollectorHandle {
                 Err(TryLockError::WouldBlock) => return,
             };
             while self.pump_asked.swap(false, Ordering::SeqCst) {
-                let mut more = true;
-                while more {
-                    let report = self.report_asked.swap(false, Ordering::SeqCst);
-                    let now = self.now_ns();
-                    more = self.with(|c| c.poll(now, report, &mut out));
-                    for (addr, bytes, copies) in out.drain(..) {
-                        for _ in 0..copies {
-                            if let Err(e) = self.socket.send_to(&bytes, addr) {
-                                log::debug!("collector: sending to {addr}: {e}");
-                            }
-                        }
+                self.send_due(&mut out);
+            }
+        }
+    }
+
+    /// Polls the core and sends what it gives until nothing is left to send now (the
+    /// caller holds `sending`); `out` is the room the datagrams pass through.
+    fn send_due(&self, out: &mut Vec<Outgoing>) {
+        let mut more = true;
+        while more {
+            let report = self.report_asked.swap(false, Ordering::SeqCst);
+            let now = self.now_ns();
+            more = self.with(|c| c.poll(now, report, out));
+            for (addr, bytes, copies) in out.drain(..) {
+                for _ in 0..copies {
+                    if let Err(e) = self.socket.send_to(&bytes, addr) {
+                        log::debug!("collector: sending to {addr}: {e}");
                     }
                 }
             }
