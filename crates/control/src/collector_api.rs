@@ -92,11 +92,25 @@ impl CollectorHandle {
             let report = self.report_asked.swap(false, Ordering::SeqCst);
             let now = self.now_ns();
             more = self.with(|c| c.poll(now, report, out));
-            for (addr, bytes, copies) in out.drain(..) {
-                for _ in 0..copies {
-                    if let Err(e) = self.socket.send_to(&bytes, addr) {
-                        log::debug!("collector: sending to {addr}: {e}");
-                    }
+            self.send(out);
+        }
+    }
+
+    /// As [`CollectorHandle::send_due`] without reports, for a caller that holds both
+    /// `sending` and the core `c` (a move, sending its parts as it reads them).
+    fn send_due_from(&self, c: &mut Collector, out: &mut Vec<Outgoing>) {
+        while c.poll(self.now_ns(), false, out) {
+            self.send(out);
+        }
+        self.send(out);
+    }
+
+    /// Sends the datagrams in `out`, each in its copies.
+    fn send(&self, out: &mut Vec<Outgoing>) {
+        for (addr, bytes, copies) in out.drain(..) {
+            for _ in 0..copies {
+                if let Err(e) = self.socket.send_to(&bytes, addr) {
+                    log::debug!("collector: sending to {addr}: {e}");
                 }
             }
         }
@@ -351,52 +365,41 @@ impl collector_server::Collector for CollectorService {
             entry_words: r.entry_words,
             timeout_ms: r.timeout_ms,
         };
-        let state = state_id(r.state)?;
-        let (planned, targets, max_values) = self.handle.with(|c| {
-            let planned = crate::migrate::plan(c, &m).map_err(Status::failed_precondition)?;
-            let targets = streams_of(c, r.to_switch, r.to_stream)?;
-            let max_values = (targets.iter())
-                .map(|&stream| c.max_write_values(r.to_switch, stream))
-                .min()
-                .unwrap_or(stateplane_sync::write::MAX_VALUES);
-            Ok::<_, Status>((planned, targets, max_values))
-        })?;
-        // The writes are made with the collector let go (a table's are megabytes, which
-        // its datagrams need not wait for); each target stream takes them in order, one
-        // after another, the last without a copy.
-        let reply = sync_pb::MigrateReply {
-            read: planned.read,
-            entries: planned.entries(),
-            values: planned.values.len() as u64,
-            largest_bound: planned.largest_bound,
-            done: Vec::new(),
+        // The copy is read with the core held throughout, so that what moves is the copy
+        // of one instant, and its parts sent as it is read, so that the target takes the
+        // first while the rest are read (`migrate::start`); `sending` is taken first, as
+        // a pump takes it.
+        let handle = &self.handle;
+        let started = {
+            let _sending = (handle.sending.lock()).unwrap_or_else(PoisonError::into_inner);
+            handle.with(|c| {
+                let targets = streams_of(c, r.to_switch, r.to_stream)?;
+                let max_values = (targets.iter())
+                    .map(|&stream| c.max_write_values(r.to_switch, stream))
+                    .min()
+                    .unwrap_or(stateplane_sync::write::MAX_VALUES);
+                let mut out = Vec::new();
+                let send = |c: &mut Collector| handle.send_due_from(c, &mut out);
+                (crate::migrate::start(c, &m, &targets, max_values, send))
+                    .map_err(Status::failed_precondition)
+            })?
         };
-        let mut writes = crate::migrate::writes(planned, state, max_values);
-        let writes_per_stream = writes.len() as u32;
-        let mut per_target = Vec::with_capacity(targets.len());
-        for (n, &stream) in targets.iter().enumerate() {
-            let these = if n + 1 == targets.len() {
-                std::mem::take(&mut writes)
-            } else {
-                writes.clone()
-            };
-            per_target.push((stream, these));
-        }
-        let ids = self.handle.with(|c| {
-            let mut ids = Vec::new();
-            for (stream, these) in per_target {
-                for write in these {
-                    let id =
-                        (c.write(r.to_switch, stream, write)).map_err(Status::invalid_argument)?;
-                    ids.push((stream, id));
-                }
-            }
-            Ok::<_, Status>(ids)
-        })?;
         // Each write its own time, as a stream commits them one after another.
-        let done =
-            (self.sent_and_awaited(r.to_switch, ids, r.timeout_ms, writes_per_stream)).await?;
-        Ok(Response::new(sync_pb::MigrateReply { done, ..reply }))
+        let done = self
+            .sent_and_awaited(
+                r.to_switch,
+                started.writes,
+                r.timeout_ms,
+                started.writes_per_stream,
+            )
+            .await?;
+        Ok(Response::new(sync_pb::MigrateReply {
+            read: started.read,
+            entries: started.entries,
+            values: started.values,
+            largest_bound: started.largest_bound,
+            done,
+        }))
     }
 
     type SubscribeStream = ChangeStream;

@@ -13,8 +13,8 @@
 use crate::collector_api::CollectorClient;
 use crate::sync_pb;
 use stateplane_sync::Location;
-use stateplane_sync::collector::Collector;
-use stateplane_sync::write::{MAX_VALUES, Mode, WriteValues};
+use stateplane_sync::collector::{Collector, WriteTicket};
+use stateplane_sync::write::MAX_VALUES;
 
 /// What to move, from where to where.
 #[derive(Clone, Debug)]
@@ -106,28 +106,38 @@ pub fn migrate(client: &mut CollectorClient, m: &Move) -> Result<Moved, String> 
     })
 }
 
-/// What a move writes, as the collector's copy has it.
-#[derive(Clone, Debug)]
-pub struct Planned {
-    pub entry_words: u32,
+/// What a move read, and the writes that carry it on their way.
+#[derive(Clone, Debug, Default)]
+pub struct Started {
     /// Locations read from the copy (a table's empty slots by their first word alone), and
     /// the largest bound among them.
     pub read: u64,
     pub largest_bound: u64,
-    /// The values written: every one of a register, the occupied slots' words of a table.
-    pub values: Vec<u64>,
+    /// Entries (values, for a register) and values written.
+    pub entries: u64,
+    pub values: u64,
+    /// Each target stream's writes, in the order they commit there.
+    pub writes: Vec<(u16, WriteTicket)>,
+    /// The writes each target stream takes.
+    pub writes_per_stream: u32,
 }
 
-impl Planned {
-    pub fn entries(&self) -> u64 {
-        self.values.len() as u64 / u64::from(self.entry_words.max(1))
-    }
+/// Locations of the copy read at once, between which the writes' parts go: a fraction of
+/// a millisecond's reading, so that the target takes the first parts while the rest are
+/// read.
+const READ_AT_ONCE: u32 = 32_768;
+
+/// Where a move reads: the source's stream and state, and the words of an entry.
+struct Source {
+    at: (u32, u16, u16),
+    entry_words: u32,
+    /// The locations to read.
+    length: u32,
 }
 
-/// Reads what moves from `c`'s copy of the source's stream (`m`'s target fields aside):
-/// refused where the source is unknown, its width is not known or not agreed, or the copy
-/// is unbounded anywhere in the state.
-pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
+/// The source's side of `m` in `c`'s copy: refused where the source is unknown, or its
+/// width is not known or not agreed.
+fn source_of(c: &Collector, m: &Move) -> Result<Source, String> {
     let stream = u16::try_from(m.from_stream)
         .ok()
         .filter(|s| c.streams_of(m.from_switch).contains(s))
@@ -146,72 +156,152 @@ pub fn plan(c: &Collector, m: &Move) -> Result<Planned, String> {
     let extent = (c.extents(m.from_switch, stream).iter())
         .find(|&&(s, _)| s == state)
         .map_or(0, |&(_, length)| length);
-    let length = locations_to_read(extent, entry_words)?;
-    // What moves is kept as it is read (a table's occupied slots), not the whole copy.
-    let mut values = Vec::with_capacity(length as usize);
-    let at = (m.from_switch, stream, state);
-    let Some(read) = c.gather_entries(at, 0, length, entry_words, &mut values) else {
-        return Err(format!(
-            "switch {} stream {stream} has applied no message yet",
-            m.from_switch
-        ));
-    };
-    if let Some(i) = read.first_unbounded {
-        return Err(format!(
-            "the copy of switch {} stream {stream} is unbounded at {} of the \
-             locations read, from {i} (a loss its refresh has not made up yet): try again \
-             after the refresh",
-            m.from_switch, read.unbounded
-        ));
-    }
-    Ok(Planned {
+    Ok(Source {
+        at: (m.from_switch, stream, state),
         entry_words,
-        read: read.read,
-        largest_bound: read.largest_bound,
-        values,
+        length: locations_to_read(extent, entry_words)?,
     })
 }
 
-/// The writes that carry `planned`, in order, each of at most `max_values` values (what the
-/// target's path carries in one write, `Collector::max_write_values`): as few as that
-/// allows (one, committed whole, where the state fits), each holding whole entries; a
-/// register's values keep their places (a table's entries are placed by their keys). Each
-/// is a stretch of values, encoded where it is: `planned`'s values are moved, not copied,
-/// where one write carries them all.
-pub fn writes(planned: Planned, state: u16, max_values: usize) -> Vec<WriteValues> {
-    let entry_words = planned.entry_words.max(1) as usize;
-    let per_write = (max_values / entry_words).max(1) * entry_words;
-    let stretch = |i: usize, values: Vec<u64>| WriteValues::Stretch {
-        first: Location {
-            state,
-            index: if entry_words == 1 {
-                (i * per_write) as u32
-            } else {
-                0
-            },
-        },
-        mode: Mode::Set,
-        values,
-        // A table's entries go in columns, each word of a slot as narrow as its widest.
-        columns: entry_words,
-    };
-    if planned.values.len() <= per_write {
-        return vec![stretch(0, planned.values)];
+/// Moves what `m` names from `c`'s copy of the source's stream into each of `targets`
+/// (streams of `m.to_switch`) as it reads it: the copy is read a few thousand locations
+/// at a time, and `between` is called after each, to send the parts they filled (the
+/// caller holds `c` throughout, so that what moves is the copy of one instant). The
+/// values go in as few writes as `max_values` a write allows, each of whole entries (a
+/// register's values keep their places; a table's entries are placed by their keys),
+/// each open until the whole state is read: a copy unbounded anywhere in what moves (a
+/// loss its refresh has not made up yet) is refused, and its writes cancelled before any
+/// can commit. The writes are on their way when this returns; their outcomes come from
+/// the collector.
+pub fn start(
+    c: &mut Collector,
+    m: &Move,
+    targets: &[u16],
+    max_values: usize,
+    between: impl FnMut(&mut Collector),
+) -> Result<Started, String> {
+    start_reading(c, m, targets, (max_values, READ_AT_ONCE), between)
+}
+
+/// [`start`], reading `at_once` locations of the copy at a time.
+fn start_reading(
+    c: &mut Collector,
+    m: &Move,
+    targets: &[u16],
+    (max_values, at_once): (usize, u32),
+    mut between: impl FnMut(&mut Collector),
+) -> Result<Started, String> {
+    let source = source_of(c, m)?;
+    let mut started = Started::default();
+    let limits = (max_values, at_once);
+    let read = read_into_writes(c, m, &source, targets, limits, &mut started, &mut between);
+    let closed = read.and_then(|()| {
+        (started.writes.iter()).try_for_each(|&(stream, t)| c.close_write(m.to_switch, stream, t))
+    });
+    if let Err(e) = closed {
+        for &(stream, ticket) in &started.writes {
+            c.cancel(m.to_switch, stream, ticket);
+        }
+        between(c);
+        return Err(e);
     }
-    (planned.values.chunks(per_write).enumerate())
-        .map(|(i, chunk)| stretch(i, chunk.to_vec()))
-        .collect()
+    between(c);
+    let stride = u64::from(source.entry_words.max(1));
+    started.entries = started.values / stride;
+    started.writes_per_stream = (started.writes.len() / targets.len().max(1)) as u32;
+    // Each target's writes in the order they commit there.
+    started.writes.sort_by_key(|&(stream, _)| stream);
+    Ok(started)
+}
+
+/// Reads `source` into writes into `targets` (see [`start`]), `at_once` locations at a
+/// time, noting them in `started`.
+fn read_into_writes(
+    c: &mut Collector,
+    m: &Move,
+    source: &Source,
+    targets: &[u16],
+    (max_values, at_once): (usize, u32),
+    started: &mut Started,
+    between: &mut impl FnMut(&mut Collector),
+) -> Result<(), String> {
+    let (at, words) = (source.at, source.entry_words.max(1));
+    let stride = words as usize;
+    let per_write = (max_values / stride).max(1) * stride;
+    let at_once = (at_once / words).max(1) * words;
+    let mut read = Vec::with_capacity(at_once as usize);
+    // Locations read unbounded, and the first of them.
+    let mut unbounded: Option<(u64, u32)> = None;
+    // Values in the writes opened last (one a target).
+    let mut filled = per_write;
+    let mut first = 0;
+    loop {
+        let count = at_once.min(source.length - first);
+        read.clear();
+        let Some(gathered) = c.gather_entries(at, first, count, words, &mut read) else {
+            return Err(format!(
+                "switch {} stream {} has applied no message yet",
+                at.0, at.1
+            ));
+        };
+        started.read += gathered.read;
+        started.largest_bound = started.largest_bound.max(gathered.largest_bound);
+        if let Some(i) = gathered.first_unbounded {
+            unbounded.get_or_insert((0, i)).0 += gathered.unbounded;
+        }
+        // Once unbounded, the rest is read only to say how much is.
+        let mut rest = if unbounded.is_none() { &read[..] } else { &[] };
+        // Where nothing moves (an empty table), one write of nothing, which commits.
+        while unbounded.is_none() && (!rest.is_empty() || started.writes.is_empty()) {
+            if filled == per_write {
+                let index = if stride == 1 { started.values } else { 0 };
+                let first = Location {
+                    state: at.2,
+                    index: u32::try_from(index).map_err(|_| "a write past a state's end")?,
+                };
+                for &stream in targets {
+                    let ticket = c.open_write(m.to_switch, stream, first, stride, per_write)?;
+                    started.writes.push((stream, ticket));
+                }
+                filled = 0;
+            }
+            let (these, after) = rest.split_at(rest.len().min(per_write - filled));
+            for &(stream, ticket) in &started.writes[started.writes.len() - targets.len()..] {
+                c.extend_write(m.to_switch, stream, ticket, these)?;
+            }
+            filled += these.len();
+            started.values += these.len() as u64;
+            rest = after;
+        }
+        between(c);
+        first += count;
+        if first >= source.length {
+            break;
+        }
+    }
+    match unbounded {
+        None => Ok(()),
+        Some((n, i)) => Err(format!(
+            "the copy of switch {} stream {} is unbounded at {n} of the locations read, from \
+             {i} (a loss its refresh has not made up yet): try again after the refresh",
+            at.0, at.1
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use stateplane_sync::Update;
+    use stateplane_sync::collector::Outgoing;
+    use stateplane_sync::wire::{Kind, Message, StretchValues};
+    use stateplane_sync::write::{WriteStage, WriteTarget};
 
     /// A table moves its occupied slots' words, read whole; a register every value.
     #[test]
     fn a_table_moves_its_occupied_slots_and_a_register_every_value() {
         let slots = [[0, 9, 9], [1, 2, 3], [0, 0, 0], [2, 5, 6]];
-        let c = copy_of(slots, false);
+        let c = copy_of(slots.as_flattened(), 3, None);
         let moved = |count, entry_words| {
             let mut values = Vec::new();
             let read = c.gather_entries((1, 0, 0), 0, count, entry_words, &mut values);
@@ -227,7 +317,7 @@ mod tests {
         );
         assert_eq!(moved(0, 3), (vec![], Some(0)));
         let mut values = Vec::new();
-        let unknown = c.gather_entries((2, 0, 0), 0, 12, 3, &mut values);
+        let unknown = c.gather_entries((3, 0, 0), 0, 12, 3, &mut values);
         assert_eq!(
             (unknown, values),
             (None, vec![]),
@@ -235,16 +325,15 @@ mod tests {
         );
     }
 
-    /// A table's copy as a collector holds it: switch 1's stream 0 announces state 0, 4
-    /// slots of 3 words, and sends `slots` in message 1 and, where `lost` is false,
-    /// nothing else; with `lost`, message 2 is lost and message 3 carries slot 3 again.
-    fn copy_of(slots: [[u64; 3]; 4], lost: bool) -> Collector {
-        use stateplane_sync::Update;
-        use stateplane_sync::wire::{Kind, Message};
+    /// A copy as a collector holds it: switch 1's stream 0 announces state 0, `words`
+    /// locations in entries of `stride` words, and sends them all in message 2; with
+    /// `resent: Some(n)`, message 3 is lost and message 4 carries the first `n` entries
+    /// again. Switch 2's stream 0, the target, has announced itself.
+    fn copy_of(words: &[u64], stride: u32, resent: Option<usize>) -> Collector {
         let mut c = Collector::new(None, None);
-        let message = |kind, seq, entries: Vec<Update>| Message {
+        let message = |switch, kind, seq, entries: Vec<Update>| Message {
             kind,
-            switch: 1,
+            switch,
             epoch: 1,
             stream: 0,
             seq,
@@ -261,108 +350,257 @@ mod tests {
             value,
             threshold: 0,
         };
-        let layout = vec![update(12, 3)];
-        let words = slots.iter().flatten().enumerate();
+        let layout = vec![update(words.len(), u64::from(stride))];
+        let all = words.iter().enumerate();
         let mut messages = vec![
-            message(Kind::Layout, 1, layout),
-            message(
-                Kind::Updates,
-                2,
-                words.map(|(i, &v)| update(i, v)).collect(),
+            (SOURCE, message(1, Kind::Layout, 1, layout)),
+            (TARGET, message(2, Kind::Layout, 1, Vec::new())),
+            (
+                SOURCE,
+                message(
+                    1,
+                    Kind::Updates,
+                    2,
+                    all.map(|(i, &v)| update(i, v)).collect(),
+                ),
             ),
         ];
-        if lost {
-            let again = (9..12).map(|i| update(i, slots[3][i - 9])).collect();
-            messages.push(message(Kind::Updates, 4, again));
+        if let Some(entries) = resent {
+            let again = (0..entries * stride as usize).map(|i| update(i, words[i]));
+            messages.push((SOURCE, message(1, Kind::Updates, 4, again.collect())));
         }
-        for m in messages {
+        for (from, m) in messages {
             let mut bytes = Vec::new();
             m.encode(&mut bytes);
-            c.on_datagram(m.sent_ns, &bytes, "127.0.0.1:9".parse().unwrap());
+            c.on_datagram(m.sent_ns, &bytes, from.parse().unwrap());
         }
         c
     }
 
-    /// A table's copy moves its occupied slots whole, reading an empty slot's first word
-    /// alone; a copy unbounded where it moves is refused (a loss not made up yet), and
-    /// an empty slot's other words, which move nothing, need not be bounded.
-    #[test]
-    fn a_plan_reads_an_empty_slot_by_its_first_word_and_refuses_an_unbounded_copy() {
-        let m = Move {
+    const SOURCE: &str = "127.0.0.1:9";
+    const TARGET: &str = "127.0.0.1:10";
+
+    /// A move from switch 1's copy into switch 2.
+    fn a_move() -> Move {
+        Move {
             from_switch: 1,
             from_stream: 0,
             to_switch: 2,
-            to_stream: None,
+            to_stream: Some(0),
             state: 0,
             entry_words: None,
             timeout_ms: 1_000,
-        };
-        let slots = [[1, 10, 11], [0, 0, 0], [2, 20, 21], [0, 7, 7]];
-        let planned = plan(&copy_of(slots, false), &m).unwrap();
-        assert_eq!(planned.values, [1, 10, 11, 2, 20, 21]);
-        assert_eq!((planned.entry_words, planned.entries()), (3, 2));
-        assert_eq!(planned.read, 8, "two empty slots read by their first word");
-        // Message 2 lost: slots 0 to 2 may have missed an update; slot 3 came again.
-        let e = plan(&copy_of(slots, true), &m).unwrap_err();
+        }
+    }
+
+    /// The target's state: the runs written into it, in order.
+    #[derive(Default)]
+    struct Written(Vec<(Location, Vec<u64>)>);
+
+    impl WriteTarget for Written {
+        fn read(&self, _: Location) -> u64 {
+            0
+        }
+        fn write(&mut self, location: Location, value: u64) {
+            self.0.push((location, vec![value]));
+        }
+        fn write_run(&mut self, first: Location, values: &[u64]) {
+            self.0.push((first, values.to_vec()));
+        }
+    }
+
+    /// Parts read from datagrams to the target, as the switch reads them.
+    fn parts_in(out: &[Outgoing]) -> Vec<(Message, Option<StretchValues>)> {
+        let target = TARGET.parse().unwrap();
+        (out.iter())
+            .filter(|(addr, _, _)| *addr == target)
+            .filter_map(|(_, bytes, _)| Message::decode_write_part(None, bytes, |_| false).ok())
+            .filter(|(m, _)| m.kind == Kind::Write)
+            .collect()
+    }
+
+    /// Hands the target's stage what the collector sends it, and the collector what the
+    /// stage answers, until nothing is left to send: what the stage committed.
+    fn delivered(c: &mut Collector, stage: &mut WriteStage, state: &mut Written) -> Vec<u64> {
+        let mut committed = Vec::new();
+        for round in 1..100 {
+            let now = 1_000 * round;
+            let mut out = Vec::new();
+            while c.poll(now, false, &mut out) {}
+            let mut answers = Vec::new();
+            for (part, stretch) in parts_in(&out) {
+                answers.extend(stage.on_part_carrying(part, stretch, state));
+            }
+            while let Some(done) = stage.commit(state) {
+                committed.push(done.values);
+            }
+            stage.take_answers(&mut answers);
+            if answers.is_empty() {
+                break;
+            }
+            for a in answers {
+                let mut bytes = Vec::new();
+                a.encode(&mut bytes);
+                c.on_datagram(now, &bytes, TARGET.parse().unwrap());
+            }
+        }
+        committed
+    }
+
+    /// A table's copy moves its occupied slots whole, reading an empty slot's first word
+    /// alone, and the target commits them; an empty slot's other words, which move
+    /// nothing, need not be bounded.
+    #[test]
+    fn a_move_writes_the_occupied_slots_and_reads_an_empty_one_by_its_first_word() {
+        let slots = [1, 10, 11, 0, 0, 0, 2, 20, 21, 0, 7, 7];
+        let mut c = copy_of(&slots, 3, None);
+        let started = start(&mut c, &a_move(), &[0], 1 << 20, |_| {}).unwrap();
+        assert_eq!(
+            (started.read, started.entries, started.values),
+            (8, 2, 6),
+            "two empty slots read by their first word"
+        );
+        assert_eq!((started.writes.len(), started.writes_per_stream), (1, 1));
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        assert_eq!(delivered(&mut c, &mut stage, &mut state), [6]);
+        let at0 = Location { state: 0, index: 0 };
+        assert_eq!(state.0, [(at0, vec![1, 10, 11, 2, 20, 21])]);
+        let e = start(
+            &mut Collector::new(None, None),
+            &a_move(),
+            &[0],
+            1 << 20,
+            |_| {},
+        );
+        assert!(e.unwrap_err().contains("has sent nothing"));
+    }
+
+    /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
+    /// carries.
+    fn wide_table() -> Vec<u64> {
+        (1..=3 * 1024u64).map(|i| i << 28 | i).collect()
+    }
+
+    /// The copy is read a few locations at a time, and the parts they fill go between
+    /// two reads, each saying no count of parts (the write is not closed yet), the last
+    /// one read after the copy was read whole saying it; the target commits nothing
+    /// until it has the count, and then the whole table.
+    #[test]
+    fn a_moves_parts_go_as_the_copy_is_read_and_the_last_says_how_many() {
+        let words = wide_table();
+        let mut c = copy_of(&words, 3, None);
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        // The parts each read filled, taken as they come (none answered yet).
+        let mut sent_per_read = Vec::new();
+        let (mut taken, mut committed) = (0, Vec::new());
+        let limits = (1 << 20, 96);
+        let started = start_reading(&mut c, &a_move(), &[0], limits, |c| {
+            let mut out = Vec::new();
+            while c.poll(0, false, &mut out) {}
+            let parts = parts_in(&out);
+            sent_per_read.push(
+                parts
+                    .iter()
+                    .map(|(p, _)| p.t_max as u32)
+                    .collect::<Vec<_>>(),
+            );
+            for (part, stretch) in parts {
+                stage.on_part_carrying(part, stretch, &mut state);
+                taken += 1;
+                committed.extend(stage.commit(&mut state).map(|d| (taken, d.values)));
+            }
+        })
+        .unwrap();
+        assert_eq!(sent_per_read.len(), 1024 / 32 + 1, "a call after each read");
+        let last = sent_per_read.pop().unwrap();
+        let before: Vec<u32> = sent_per_read.concat();
         assert!(
-            e.contains("unbounded at 7 of the locations read, from 0"),
+            before.len() > 4,
+            "parts went before the copy was read whole"
+        );
+        assert!(before.iter().all(|&count| count == 0), "{before:?}");
+        let count = before.len() as u32 + 1;
+        assert_eq!(last, [count], "the last part says the count");
+        assert_eq!(taken, count);
+        assert_eq!(
+            committed,
+            [(count, 3 * 1024)],
+            "committed on the last part alone"
+        );
+        let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
+        assert_eq!(written, words);
+        assert_eq!(started.values, 3 * 1024);
+    }
+
+    /// A copy unbounded where it moves is refused (a loss not made up yet), found where
+    /// the move reads it: writes opened and parts sent before it are cancelled, and the
+    /// target commits nothing.
+    #[test]
+    fn a_copy_unbounded_where_it_moves_is_refused_and_its_writes_dropped() {
+        let slots = [1, 10, 11, 0, 0, 0, 2, 20, 21, 0, 7, 7];
+        // Message 3 lost: every slot may have missed an update (an empty one read by its
+        // first word).
+        let mut c = copy_of(&slots, 3, Some(0));
+        let e = start(&mut c, &a_move(), &[0], 1 << 20, |_| {}).unwrap_err();
+        assert!(
+            e.contains("unbounded at 8 of the locations read, from 0"),
             "{e}"
         );
-        let e = plan(&Collector::new(None, None), &m).unwrap_err();
-        assert!(e.contains("has sent nothing"), "{e}");
+        // The first 512 entries sent again: the rest unbounded, read after parts went.
+        let words = wide_table();
+        let mut c = copy_of(&words, 3, Some(512));
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        let mut sent = 0;
+        let e = start_reading(&mut c, &a_move(), &[0], (1 << 20, 96), |c| {
+            let mut out = Vec::new();
+            while c.poll(0, false, &mut out) {}
+            for (part, stretch) in parts_in(&out) {
+                sent += usize::from(part.t_max != 0 || stretch.is_some());
+                stage.on_part_carrying(part, stretch, &mut state);
+            }
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("unbounded at 1536 of the locations read, from 1536"),
+            "{e}"
+        );
+        assert!(sent > 0, "parts went before the loss was read");
+        assert_eq!(delivered(&mut c, &mut stage, &mut state), []);
+        assert_eq!((stage.abandoned, state.0.len()), (1, 0));
     }
 
     /// As few writes as the target's path allows, each of whole entries; a register's
     /// values keep their places, a table's entries are numbered from 0 in each write.
     #[test]
     fn a_move_is_as_few_writes_of_whole_entries_as_the_path_allows() {
-        use stateplane_sync::write::MAX_WRITE_VALUES;
-        let planned = |entry_words, n: u64| Planned {
-            entry_words,
-            read: n,
-            largest_bound: 0,
-            values: (0..n).collect(),
-        };
-        // Each write's first location and values, which go in columns of an entry's words
-        // (a register's: 1).
-        let stretches = |writes: Vec<WriteValues>, entry_words| -> Vec<(Location, Vec<u64>)> {
-            (writes.into_iter())
-                .map(|w| match w {
-                    WriteValues::Stretch {
-                        first,
-                        mode: Mode::Set,
-                        values,
-                        columns,
-                    } if columns == entry_words => (first, values),
-                    other => panic!("not a stretch set in its columns: {other:?}"),
-                })
-                .collect()
-        };
-        let at = |state, index| Location { state, index };
-        let table = planned(12, 12 * 65_536);
-        let one = stretches(writes(table.clone(), 3, MAX_WRITE_VALUES), 12);
-        assert_eq!(one.len(), 1, "65,536 entries of 12 words: one write");
-        assert_eq!(one[0], (at(3, 0), table.values));
-        let split = stretches(writes(planned(12, 12 * 65_536), 3, 100), 12);
-        assert_eq!(
-            split.len(),
-            65_536 * 12 / 96,
-            "8 entries of 12 words a write"
-        );
-        assert!(split.iter().all(|(_, values)| values.len() == 96));
-        assert_eq!((split[1].0, split[1].1[0]), (at(3, 0), 96));
-        let register = stretches(writes(planned(1, 250), 0, 100), 1);
-        assert_eq!(
-            register.iter().map(|(_, v)| v.len()).collect::<Vec<_>>(),
-            [100, 100, 50]
-        );
-        assert_eq!((register[2].0, register[2].1[0]), (at(0, 200), 200));
-        let wide = writes(planned(12, 24), 0, 5);
-        assert_eq!(
-            wide.len(),
-            2,
-            "an entry wider than the limit still goes whole"
-        );
+        let register: Vec<u64> = (1..=250).collect();
+        let mut c = copy_of(&register, 1, None);
+        let started = start(&mut c, &a_move(), &[0], 100, |_| {}).unwrap();
+        assert_eq!((started.writes.len(), started.entries), (3, 250));
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        assert_eq!(delivered(&mut c, &mut stage, &mut state), [100, 100, 50]);
+        let firsts: Vec<u32> = state.0.iter().map(|(at, _)| at.index).collect();
+        assert_eq!(firsts, [0, 100, 200]);
+        let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
+        assert_eq!(written, register);
+        // 4 entries of 3 words, 2 a write (a limit of 7 values: 6 whole).
+        let table: Vec<u64> = (1..=12).collect();
+        let mut c = copy_of(&table, 3, None);
+        let started = start(&mut c, &a_move(), &[0], 7, |_| {}).unwrap();
+        assert_eq!(started.writes.len(), 2);
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        assert_eq!(delivered(&mut c, &mut stage, &mut state), [6, 6]);
+        assert!(state.0.iter().all(|(at, _)| at.index == 0));
+        // An entry wider than the limit still goes whole, one a write.
+        let mut c = copy_of(&table, 3, None);
+        let started = start(&mut c, &a_move(), &[0], 2, |_| {}).unwrap();
+        assert_eq!(started.writes.len(), 4);
+        // An empty table: one write of nothing, which commits.
+        let mut c = copy_of(&[0; 12], 3, None);
+        let started = start(&mut c, &a_move(), &[0], 7, |_| {}).unwrap();
+        assert_eq!((started.writes.len(), started.entries), (1, 0));
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        assert_eq!(delivered(&mut c, &mut stage, &mut state), [0]);
     }
 
     /// A width that does not divide the copy, or none at all, is refused with the fix.

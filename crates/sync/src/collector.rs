@@ -414,15 +414,76 @@ impl Collector {
         stream: u16,
         values: impl Into<WriteValues>,
     ) -> Result<WriteTicket, String> {
-        let peer = (self.peers.get_mut(&(switch, stream))).ok_or_else(|| {
-            format!(
-                "switch {switch} stream {stream} has sent nothing yet, so there is nowhere to write"
-            )
-        })?;
+        let peer = self.peer_to_write(switch, stream)?;
         let id = peer.engine.submit(values)?;
         Ok(WriteTicket {
             epoch: peer.epoch,
             id,
+        })
+    }
+
+    /// Queues an open write into `switch`'s `stream` of values set at `first` on, in
+    /// `columns`, whose values come with [`Collector::extend_write`] and go as they come,
+    /// committed once [`Collector::close_write`] closes it (`WriteEngine::open`).
+    pub fn open_write(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        first: Location,
+        columns: usize,
+        capacity: usize,
+    ) -> Result<WriteTicket, String> {
+        let peer = self.peer_to_write(switch, stream)?;
+        let id = peer.engine.open(first, columns, capacity);
+        Ok(WriteTicket {
+            epoch: peer.epoch,
+            id,
+        })
+    }
+
+    /// Adds `values` to an open write (`WriteEngine::extend`).
+    pub fn extend_write(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        write: WriteTicket,
+        values: &[u64],
+    ) -> Result<(), String> {
+        self.engine_of(switch, stream, write)?
+            .extend(write.id, values)
+    }
+
+    /// Closes an open write (`WriteEngine::close`).
+    pub fn close_write(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        write: WriteTicket,
+    ) -> Result<(), String> {
+        self.engine_of(switch, stream, write)?.close(write.id)
+    }
+
+    /// The engine that took `write` into `switch`'s `stream`, if the stream's run did.
+    fn engine_of(
+        &mut self,
+        switch: u32,
+        stream: u16,
+        write: WriteTicket,
+    ) -> Result<&mut WriteEngine, String> {
+        match self.peers.get_mut(&(switch, stream)) {
+            Some(peer) if peer.epoch == write.epoch => Ok(&mut peer.engine),
+            _ => Err(format!(
+                "switch {switch} stream {stream} started again since write {} was queued",
+                write.id
+            )),
+        }
+    }
+
+    fn peer_to_write(&mut self, switch: u32, stream: u16) -> Result<&mut Peer, String> {
+        (self.peers.get_mut(&(switch, stream))).ok_or_else(|| {
+            format!(
+                "switch {switch} stream {stream} has sent nothing yet, so there is nowhere to write"
+            )
         })
     }
 

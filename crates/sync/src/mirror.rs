@@ -688,6 +688,17 @@ impl Mirror {
         for entry in 0..count / stride {
             let head = first + entry * stride;
             let (start, end) = (head as usize, (head + stride) as usize);
+            // The entries read are scattered among empty slots skipped whole (a table
+            // half full), a walk the hardware's prefetcher follows poorly: the lines of
+            // the entry four ahead are asked for now (a cell is 24 bytes, so every other
+            // cell touches each line). A 65,536-entry move read its copy in 5.5-6.3 ms
+            // with it, 7.3-8.9 ms without (bench-sync-migrate --table, 2026-12-05).
+            let ahead = start + 4 * stride as usize;
+            if let Some(cells) = dense.get(ahead..ahead + stride as usize) {
+                for cell in cells.iter().step_by(2) {
+                    stateplane_mem::prefetch(cell);
+                }
+            }
             if stride > 1 && at(head).value == 0 {
                 read += 1;
                 bounds.note(head, at(head), view.gap_seq);

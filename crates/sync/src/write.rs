@@ -257,21 +257,85 @@ pub const COMMITTED: u64 = 1 << 63;
 /// A write's parts: each its range of the write's values, encoded as it first goes (so
 /// that a large write's first parts are on their way while the rest are encoded) and
 /// then kept, its sending time set at each transmission.
+///
+/// A write may be open ([`WriteEngine::open`]): its values still coming, its parts cut
+/// as they fill (in rows; other values wait for the close). A part encoded while the
+/// write is open does not say how many parts the write has (its count is 0): the switch
+/// learns that from a part encoded after the close (the last part at least is), and
+/// commits nothing before it.
 struct WriteParts {
     /// A part's message but for its place and the count (`t_max`).
     header: Message,
     values: WriteValues,
     ranges: Vec<Range<usize>>,
     encoded: Vec<Option<Resendable>>,
+    /// Values may still come.
+    open: bool,
+    cutting: Cutting,
+}
+
+/// How far a write's values are cut into parts.
+enum Cutting {
+    /// Not begun (a write is cut as it goes, within the path's limits then).
+    NotYet,
+    /// In rows, as far as they have come (a cutter is a row's widths: boxed, as large as
+    /// the widest row).
+    Rows(Box<RowCutter>),
+    /// Every value in a part.
+    Done,
 }
 
 impl WriteParts {
+    fn new(header: Message, values: WriteValues, open: bool) -> WriteParts {
+        WriteParts {
+            header,
+            values,
+            ranges: Vec::new(),
+            encoded: Vec::new(),
+            open,
+            cutting: Cutting::NotYet,
+        }
+    }
+
+    /// An abandon's: no parts.
+    fn none(header: Message) -> WriteParts {
+        WriteParts {
+            cutting: Cutting::Done,
+            ..WriteParts::new(header, WriteValues::Each(Vec::new()), false)
+        }
+    }
+
     fn len(&self) -> usize {
         self.ranges.len()
     }
 
     fn is_encoded(&self, i: usize) -> bool {
         self.encoded[i].is_some()
+    }
+
+    /// Cuts the parts the values make so far within `limits`: all of them once the write
+    /// is closed; while it is open, each part of rows once it is full (values not in rows
+    /// wait for the close).
+    fn cut(&mut self, limits: PartLimits) {
+        if let Cutting::NotYet = self.cutting
+            && let Some(stretch) = (self.values.stretch()).filter(|s| limits.cuts_in_rows(s))
+        {
+            self.cutting = Cutting::Rows(Box::new(RowCutter::new(limits, stretch.columns)));
+        }
+        let closed = !self.open;
+        match &mut self.cutting {
+            Cutting::Rows(cutter) => {
+                if let WriteValues::Stretch { values, .. } = &self.values {
+                    cutter.cut(values, closed, &mut self.ranges);
+                }
+            }
+            Cutting::NotYet if closed => self.ranges = limits.parts_of(&self.values),
+            Cutting::NotYet | Cutting::Done => return,
+        }
+        if closed {
+            self.cutting = Cutting::Done;
+        }
+        self.encoded.resize(self.ranges.len(), None);
     }
 
     /// Part `i`, encoded now if it never was.
@@ -281,15 +345,142 @@ impl WriteParts {
             values,
             ranges,
             encoded,
+            open,
+            ..
         } = self;
         encoded[i].get_or_insert_with(|| {
-            header.t_max = ((i as u64) << 32) | ranges.len() as u64;
+            let count = if *open { 0 } else { ranges.len() as u64 };
+            header.t_max = ((i as u64) << 32) | count;
             let part = Part {
                 values,
                 range: ranges[i].clone(),
             };
             Resendable::new(header, &part, key)
         })
+    }
+}
+
+/// What a part may hold: the bytes of the path's datagram, and values at most.
+#[derive(Clone, Copy, Debug)]
+struct PartLimits {
+    part_bytes: usize,
+    values_per_part: usize,
+}
+
+impl PartLimits {
+    /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
+    /// runs counted (a register's values in order take a few bytes each, not 24): each
+    /// part's range of them.
+    fn parts_of(&self, values: &(impl Entries + ?Sized)) -> Vec<Range<usize>> {
+        let mut parts = Vec::new();
+        if let Some(stretch) = values.stretch().filter(|s| self.cuts_in_rows(s)) {
+            RowCutter::new(*self, stretch.columns).cut(stretch.values, true, &mut parts);
+            return parts;
+        }
+        let mut start = 0;
+        let mut size = EncodedSize::default();
+        let fits = |size: &EncodedSize| {
+            size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= self.values_per_part
+        };
+        // The size is asked after each chunk of values, and after each value only in the
+        // chunk that does not fit: a part of 8,000 values is measured 125 times, not 8,000.
+        // What a part holds is measured whole either way, so it fits its datagram.
+        let count = values.count();
+        for chunk_start in (0..count).step_by(SIZED_AT_ONCE) {
+            let chunk = chunk_start..(chunk_start + SIZED_AT_ONCE).min(count);
+            let before = size.clone();
+            size.push_all(&Part {
+                values,
+                range: chunk.clone(),
+            });
+            if fits(&size) {
+                continue;
+            }
+            size = before;
+            for i in chunk {
+                let update = values.entry(i);
+                size.push(&update);
+                if !fits(&size) && i > start {
+                    parts.push(start..i);
+                    start = i;
+                    size = EncodedSize::default();
+                    size.push(&update);
+                }
+            }
+        }
+        // An empty write is one empty part, so that it commits (and is seen to).
+        parts.push(start..count);
+        parts
+    }
+
+    /// Whether a stretch is cut into parts of whole rows: where it goes in columns, and a
+    /// part may hold a row.
+    fn cuts_in_rows(&self, stretch: &Stretch) -> bool {
+        stretch.in_columns() && stretch.columns <= self.values_per_part && {
+            let widest_row =
+                columns_message_bytes(&[8; MAX_RUN_COLUMNS][..stretch.columns], stretch.columns);
+            widest_row + MAC_LEN <= self.part_bytes
+        }
+    }
+}
+
+/// A stretch in columns cut into parts of whole rows (the last row may be short), as
+/// many as fit a datagram with each column as wide as its widest value in the part; cut
+/// as its values come, a part once a row comes that it cannot hold.
+struct RowCutter {
+    limits: PartLimits,
+    columns: usize,
+    /// A part's bytes but for its rows'.
+    fixed: usize,
+    /// The first value of the part being filled.
+    start: usize,
+    /// The first value of the first row not taken.
+    next_row: usize,
+    widths: RowWidths,
+}
+
+impl RowCutter {
+    fn new(limits: PartLimits, columns: usize) -> RowCutter {
+        RowCutter {
+            limits,
+            columns,
+            fixed: columns_message_bytes(&[0; MAX_RUN_COLUMNS][..columns], 0) + MAC_LEN,
+            start: 0,
+            next_row: 0,
+            widths: RowWidths::default(),
+        }
+    }
+
+    /// Takes the whole rows of `values` not taken before (with `closed`, the short last
+    /// one too), pushing each part they fill to `parts`; with `closed`, the last part too
+    /// (for no values, one empty part, so that an empty write commits).
+    fn cut(&mut self, values: &[u64], closed: bool, parts: &mut Vec<Range<usize>>) {
+        let (columns, count) = (self.columns, values.len());
+        while self.next_row < count {
+            let row_start = self.next_row;
+            let end = (row_start + columns).min(count);
+            if end - row_start < columns && !closed {
+                break;
+            }
+            self.next_row = end;
+            let row = &values[row_start..end];
+            let row_bytes = self.widths.take(row);
+            // A short last row counted whole: a few bytes more, never fewer.
+            let rows = (end - self.start).div_ceil(columns);
+            let fits = self.fixed + rows * row_bytes <= self.limits.part_bytes
+                && end - self.start <= self.limits.values_per_part;
+            if fits || row_start == self.start {
+                continue;
+            }
+            // The row goes first in the next part, its widths its own.
+            parts.push(self.start..row_start);
+            self.start = row_start;
+            self.widths = RowWidths::default();
+            self.widths.take(row);
+        }
+        if closed {
+            parts.push(self.start..count);
+        }
     }
 }
 
@@ -326,6 +517,24 @@ struct InFlight {
     /// The latest sending time a round trip was measured from: copies of one
     /// acknowledgement (or of one part's) give one measure, not one each.
     timed_sent_ns: Option<u64>,
+}
+
+impl InFlight {
+    /// Makes room for the parts cut since the last call (an open write's come as its
+    /// values do).
+    fn track_new_parts(&mut self) {
+        let n = self.parts.len();
+        let new = n.saturating_sub(self.acked.len());
+        if new == 0 {
+            return;
+        }
+        self.acked.resize(n, false);
+        self.sent_at.resize(n, None);
+        self.sent_order.resize(n, 0);
+        self.tries.resize(n, 0);
+        self.copies.resize(n, 0);
+        self.left += new;
+    }
 }
 
 /// Datagrams (parts, copies counted) unacknowledged on the way at most, so that they do
@@ -421,9 +630,10 @@ pub struct WriteEngine {
     /// not feed it).
     backoff: u32,
     next_id: u64,
-    /// The writes waiting, by id: their values, or `None` once cancelled (the switch
-    /// still hears of the id, to skip it: it commits writes in order).
-    queue: VecDeque<(u64, Option<WriteValues>)>,
+    /// The writes waiting, by id: their parts (values not cut yet), or `None` once
+    /// cancelled (the switch still hears of the id, to skip it: it commits writes in
+    /// order).
+    queue: VecDeque<(u64, Option<WriteParts>)>,
     current: Option<InFlight>,
     /// The last transmission's sending time (see `poll`).
     last_stamp_ns: Option<u64>,
@@ -501,112 +711,24 @@ impl WriteEngine {
         self.part_bytes = self.part_bytes.max(bytes.min(LARGEST_DATAGRAM_BYTES));
     }
 
-    /// `values` cut into parts of as many values as a datagram of `part_bytes` carries,
-    /// runs counted (a register's values in order take a few bytes each, not 24): each
-    /// part's range of them.
-    fn parts_of(&self, values: &(impl Entries + ?Sized)) -> Vec<Range<usize>> {
-        if let Some(stretch) = values.stretch().filter(|s| self.cuts_in_rows(s)) {
-            return self.parts_in_rows(&stretch);
-        }
-        let mut parts = Vec::new();
-        let mut start = 0;
-        let mut size = EncodedSize::default();
-        let fits = |size: &EncodedSize| {
-            size.bytes() + MAC_LEN <= self.part_bytes && size.count() <= self.values_per_part
-        };
-        // The size is asked after each chunk of values, and after each value only in the
-        // chunk that does not fit: a part of 8,000 values is measured 125 times, not 8,000.
-        // What a part holds is measured whole either way, so it fits its datagram.
-        let count = values.count();
-        for chunk_start in (0..count).step_by(SIZED_AT_ONCE) {
-            let chunk = chunk_start..(chunk_start + SIZED_AT_ONCE).min(count);
-            let before = size.clone();
-            size.push_all(&Part {
-                values,
-                range: chunk.clone(),
-            });
-            if fits(&size) {
-                continue;
-            }
-            size = before;
-            for i in chunk {
-                let update = values.entry(i);
-                size.push(&update);
-                if !fits(&size) && i > start {
-                    parts.push(start..i);
-                    start = i;
-                    size = EncodedSize::default();
-                    size.push(&update);
-                }
-            }
-        }
-        // An empty write is one empty part, so that it commits (and is seen to).
-        parts.push(start..count);
-        parts
-    }
-
-    /// Whether a stretch is cut into parts of whole rows: where it goes in columns, and a
-    /// part may hold a row.
-    fn cuts_in_rows(&self, stretch: &Stretch) -> bool {
-        stretch.in_columns() && stretch.columns <= self.values_per_part && {
-            let widest_row =
-                columns_message_bytes(&[8; MAX_RUN_COLUMNS][..stretch.columns], stretch.columns);
-            widest_row + MAC_LEN <= self.part_bytes
+    /// What a part may hold on this stream's path now.
+    fn limits(&self) -> PartLimits {
+        PartLimits {
+            part_bytes: self.part_bytes,
+            values_per_part: self.values_per_part,
         }
     }
 
-    /// A stretch in columns cut into parts of whole rows (the last row may be short), as
-    /// many as fit a datagram with each column as wide as its widest value in the part.
-    fn parts_in_rows(&self, stretch: &Stretch) -> Vec<Range<usize>> {
-        let columns = stretch.columns;
-        let mut parts = Vec::new();
-        let mut start = 0;
-        let mut widths = RowWidths::default();
-        let fixed = columns_message_bytes(&[0; MAX_RUN_COLUMNS][..columns], 0) + MAC_LEN;
-        let count = stretch.values.len();
-        for row_start in (0..count).step_by(columns) {
-            let end = (row_start + columns).min(count);
-            let row = &stretch.values[row_start..end];
-            let row_bytes = widths.take(row);
-            // A short last row counted whole: a few bytes more, never fewer.
-            let rows = (end - start).div_ceil(columns);
-            let fits =
-                fixed + rows * row_bytes <= self.part_bytes && end - start <= self.values_per_part;
-            if fits || row_start == start {
-                continue;
-            }
-            // The row goes first in the next part, its widths its own.
-            parts.push(start..row_start);
-            start = row_start;
-            widths = RowWidths::default();
-            widths.take(row);
-        }
-        parts.push(start..count);
-        parts
-    }
-
-    /// The parts of write `id` of `values` (none for an abandon's), to be encoded as each
-    /// first goes.
-    fn parts_of_write(&self, id: u64, values: Option<WriteValues>) -> WriteParts {
-        let (values, ranges) = match values {
-            Some(values) => {
-                let ranges = self.parts_of(&values);
-                (values, ranges)
-            }
-            None => (WriteValues::Each(Vec::new()), Vec::new()),
-        };
-        WriteParts {
-            header: write_message((self.switch, self.epoch, self.stream), id, 0, 0, Vec::new()),
-            encoded: vec![None; ranges.len()],
-            ranges,
-            values,
-        }
+    /// The header of write `id`'s parts.
+    fn header(&self, id: u64) -> Message {
+        write_message((self.switch, self.epoch, self.stream), id, 0, 0, Vec::new())
     }
 
     /// The parts of write `id` of `values`, each encoded (what `poll` sends).
     #[cfg(test)]
     fn encoded_parts(&self, id: u64, values: &WriteValues) -> Vec<Resendable> {
-        let mut parts = self.parts_of_write(id, Some(values.clone()));
+        let mut parts = WriteParts::new(self.header(id), values.clone(), false);
+        parts.cut(self.limits());
         (0..parts.len())
             .map(|i| parts.encoded(i, self.key.as_ref()).clone())
             .collect()
@@ -617,28 +739,72 @@ impl WriteEngine {
         let values = values.into();
         let most = self.max_values();
         if values.len() > most {
-            return Err(format!(
-                "a write holds at most {most} values on this path ({MAX_PARTS} messages of \
-                 {} bytes); this one has {}: split it",
-                self.part_bytes,
-                values.len()
-            ));
+            return Err(too_many(most, self.part_bytes, values.len()));
         }
-        if let WriteValues::Stretch { first, values, .. } = &values
-            && u64::from(first.index) + values.len() as u64 > 1 << 32
-        {
-            return Err(format!(
-                "a stretch of {} values from location {} passes the last location of a \
-                 state ({})",
-                values.len(),
-                first.index,
-                u32::MAX
-            ));
+        check_within_state(&values)?;
+        Ok(self.queued(values, false))
+    }
+
+    /// Queues an open write of values set at `first` and the locations after it, in
+    /// `columns` (a table's entries, as [`WriteValues::Stretch`]), with room made for
+    /// `capacity` values: its values come with [`WriteEngine::extend`], and its parts go
+    /// as they fill, before the last values are known (a migration's, sent as it reads
+    /// the copy). It commits once [`WriteEngine::close`]d, never before;
+    /// [`WriteEngine::cancel`] drops it.
+    pub fn open(&mut self, first: Location, columns: usize, capacity: usize) -> u64 {
+        let values = WriteValues::Stretch {
+            first,
+            mode: Mode::Set,
+            values: Vec::with_capacity(capacity.min(self.max_values())),
+            columns,
+        };
+        self.queued(values, true)
+    }
+
+    /// Adds `more` to open write `id`'s values; why not where it is not an open write of
+    /// this engine, or would then hold more than a write may.
+    pub fn extend(&mut self, id: u64, more: &[u64]) -> Result<(), String> {
+        let (most, part_bytes) = (self.max_values(), self.part_bytes);
+        let parts = self.open_write(id)?;
+        if let WriteValues::Stretch { values, .. } = &mut parts.values {
+            let len = values.len() + more.len();
+            if len > most {
+                return Err(too_many(most, part_bytes, len));
+            }
+            values.extend_from_slice(more);
         }
+        check_within_state(&parts.values)
+    }
+
+    /// Closes open write `id`: it holds the values it has, and commits once they have all
+    /// arrived.
+    pub fn close(&mut self, id: u64) -> Result<(), String> {
+        self.open_write(id)?.open = false;
+        Ok(())
+    }
+
+    /// The parts of open write `id`, in flight or queued.
+    fn open_write(&mut self, id: u64) -> Result<&mut WriteParts, String> {
+        let current = (self.current.as_mut())
+            .filter(|w| w.id == id && w.abandon.is_none())
+            .map(|w| &mut w.parts);
+        let parts = match current {
+            Some(parts) => Some(parts),
+            None => (self.queue.iter_mut())
+                .find(|(queued, _)| *queued == id)
+                .and_then(|(_, parts)| parts.as_mut()),
+        };
+        (parts.filter(|parts| parts.open))
+            .ok_or_else(|| format!("write {id} is not open (closed, cancelled or unknown)"))
+    }
+
+    /// Queues write `values` (`open`: more to come), numbered next.
+    fn queued(&mut self, values: WriteValues, open: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back((id, Some(values)));
-        Ok(id)
+        let parts = WriteParts::new(self.header(id), values, open);
+        self.queue.push_back((id, Some(parts)));
+        id
     }
 
     /// The values a write may hold on this stream's path: as many as [`MAX_PARTS`] of its
@@ -720,26 +886,25 @@ impl WriteEngine {
     /// encoded).
     pub fn poll_with(&mut self, now_ns: u64, mut send: impl FnMut(&[u8], usize)) -> bool {
         if self.current.is_none()
-            && let Some((id, values)) = self.queue.pop_front()
+            && let Some((id, parts)) = self.queue.pop_front()
         {
-            let abandon = values.is_none().then_some((None, 0));
-            let parts = self.parts_of_write(id, values);
-            let n = parts.len();
+            let abandon = parts.is_none().then_some((None, 0));
+            let parts = parts.unwrap_or_else(|| WriteParts::none(self.header(id)));
             self.current = Some(InFlight {
                 id,
-                acked: vec![false; n],
-                sent_at: vec![None; n],
-                left: n,
+                acked: Vec::new(),
+                sent_at: Vec::new(),
+                left: 0,
                 parts,
                 started_ns: now_ns,
                 transmissions: 0,
-                sent_order: vec![0; n],
+                sent_order: Vec::new(),
                 latest_acked_order: 0,
                 delivered_sent_ns: 0,
                 last_event_ns: now_ns,
                 abandon,
-                tries: vec![0; n],
-                copies: vec![0; n],
+                tries: Vec::new(),
+                copies: Vec::new(),
                 timeout_sent_ns: 0,
                 sends: Vec::new(),
                 datagrams_taken: 0,
@@ -759,9 +924,14 @@ impl WriteEngine {
         let part_bytes = self.part_bytes;
         let path_copies = copies_for(self.loss_to_switch);
         let key = self.key.as_ref();
+        let limits = self.limits();
         let Some(w) = &mut self.current else {
             return false;
         };
+        if w.abandon.is_none() {
+            w.parts.cut(limits);
+            w.track_new_parts();
+        }
         if let Some((sent_at, tries)) = &mut w.abandon {
             // Parts no more: the abandon (a part of no parts), until it is answered.
             if sent_at.is_none_or(|at| now_ns.saturating_sub(at) >= rto) {
@@ -816,6 +986,7 @@ impl WriteEngine {
         // again: the switch answers a part of a committed write with what it refused.
         let all_sent = w.sent_at.iter().all(Option::is_some);
         let probe_part = (!any_timed_out
+            && !w.parts.open
             && all_sent
             && w.left <= TAIL
             && now_ns.saturating_sub(w.last_event_ns) >= probe)
@@ -990,6 +1161,33 @@ impl WriteEngine {
     }
 }
 
+/// Why a write of `values` values cannot go on a path of `part_bytes` whose writes hold
+/// `most` at most.
+fn too_many(most: usize, part_bytes: usize, values: usize) -> String {
+    format!(
+        "a write holds at most {most} values on this path ({MAX_PARTS} messages of \
+         {part_bytes} bytes); this one has {values}: split it"
+    )
+}
+
+/// Why a stretch cannot go, if it passes its state's last location.
+fn check_within_state(values: &WriteValues) -> Result<(), String> {
+    match values {
+        WriteValues::Stretch { first, values, .. }
+            if u64::from(first.index) + values.len() as u64 > 1 << 32 =>
+        {
+            Err(format!(
+                "a stretch of {} values from location {} passes the last location of a \
+                 state ({})",
+                values.len(),
+                first.index,
+                u32::MAX
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A part of a write: `range` of its values.
 struct Part<'a, E: ?Sized> {
     values: &'a E,
@@ -1047,7 +1245,10 @@ pub const MAX_STAGED: u64 = 16;
 
 /// A write whose parts are arriving.
 struct Staging {
+    /// As many as the write has once a part said so (`counted`); until then, up to the
+    /// furthest part held.
     parts: Vec<Option<HeldPart>>,
+    counted: bool,
     received: u64,
     /// The datagrams of the write's parts taken, copies included: each acknowledgement
     /// says it (its first word's threshold), so that the engine sees what its path loses.
@@ -1066,6 +1267,45 @@ struct Staging {
     /// ([`WriteTarget::stage_run`]). Only the next write to commit stages, in the order
     /// of its parts, so that the state takes its values as the commit would.
     staged_ahead: usize,
+}
+
+impl Staging {
+    /// Makes room for part `index` of a write of `count` parts (`None`: not said yet);
+    /// `false` where that cannot be this write's (its count was another, or a part
+    /// beyond it is held).
+    fn place(&mut self, index: usize, count: Option<usize>) -> bool {
+        match count {
+            Some(count) if self.counted => self.parts.len() == count,
+            Some(count) if self.parts.len() <= count => {
+                self.parts.resize(count, None);
+                self.counted = true;
+                true
+            }
+            Some(_) => false,
+            None if index < self.parts.len() => true,
+            None => {
+                if !self.counted {
+                    self.parts.resize(index + 1, None);
+                }
+                !self.counted
+            }
+        }
+    }
+
+    /// Every part held, as many as the write has.
+    fn is_whole(&self) -> bool {
+        self.counted && self.received == self.parts.len() as u64
+    }
+}
+
+/// A part's place in its write as `t_max` says it (its index, and the write's parts
+/// where it says them: 0 for a part sent before its write's last values were known);
+/// `None` for no part's (an index past the count, or past [`MAX_PARTS`]).
+fn place_of(t_max: u64) -> Option<(usize, Option<usize>)> {
+    let (index, count) = ((t_max >> 32) as usize, (t_max as u32) as usize);
+    let count = (count > 0).then_some(count);
+    (index < count.unwrap_or(MAX_PARTS) && count.is_none_or(|c| c <= MAX_PARTS))
+        .then_some((index, count))
 }
 
 /// What a commit did.
@@ -1160,18 +1400,16 @@ impl WriteStage {
             self.refused += 1;
             return None;
         }
-        let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
         if part.t_max == 0 && carried == 0 {
             return self.on_abandon(&part, state);
         }
-        if total == 0
-            || index >= total
-            || total > MAX_PARTS
-            || (part.entries.iter()).any(|e| Mode::named(e.threshold).is_none())
-        {
+        let place = place_of(part.t_max);
+        let Some((index, count)) =
+            place.filter(|_| (part.entries.iter()).all(|e| Mode::named(e.threshold).is_some()))
+        else {
             self.refused += 1;
             return None;
-        }
+        };
         if self.of_another_numbering(part.seq) {
             // Another collector's (one that started again, numbering from a random id),
             // which takes over: what was held of the one before is gone with it.
@@ -1189,6 +1427,7 @@ impl WriteStage {
         }
         if part.seq <= self.committed_up_to {
             // Committed already: every part is held, as far as the engine is concerned.
+            let total = count.unwrap_or(index + 1);
             let all = (0..total.div_ceil(64))
                 .map(|word| bitmap_word(word, total, |_| true))
                 .collect();
@@ -1198,7 +1437,8 @@ impl WriteStage {
         }
         let held: usize = self.staged.values().map(|s| s.values).sum();
         let staging = self.staged.entry(part.seq).or_insert_with(|| Staging {
-            parts: vec![None; total],
+            parts: Vec::new(),
+            counted: false,
             received: 0,
             datagrams: 0,
             values: 0,
@@ -1207,7 +1447,7 @@ impl WriteStage {
             whole: None,
             staged_ahead: 0,
         });
-        if staging.parts.len() != total {
+        if !staging.place(index, count) {
             self.refused += 1;
             return None;
         }
@@ -1256,13 +1496,14 @@ impl WriteStage {
             staging.received += 1;
             self.last_part_new = true;
         }
+        let total = staging.parts.len();
         let held = |i: usize| staging.parts[i].is_some();
         let mut bits: Vec<Update> = (0..total.div_ceil(64))
             .map(|word| bitmap_word(word, total, held))
             .collect();
         bits[0].threshold = staging.datagrams;
         let ack = part.answer(Kind::WriteAck, staging.received, bits);
-        if staging.received == total as u64 && staging.whole.is_none() {
+        if staging.is_whole() && staging.whole.is_none() {
             staging.whole = Some(ack.clone());
         }
         self.stage_ahead(state);
@@ -1301,7 +1542,7 @@ impl WriteStage {
     /// or is whole (and commits at once: the collector may have seen it whole).
     fn on_abandon(&mut self, part: &Message, state: &mut impl WriteTarget) -> Option<Message> {
         let next = self.committed_up_to + 1;
-        let whole = |s: &Staging| s.received == s.parts.len() as u64;
+        let whole = Staging::is_whole;
         let answer = if self.of_another_numbering(part.seq) {
             // A write of another collector's numbering that never arrived: nothing of it
             // is held, so nothing of it commits.
@@ -1399,19 +1640,24 @@ impl WriteStage {
     /// this stage holds already, or committed, so that taking it again needs none of its
     /// entries ([`Message::decode_unless_held`]): it is acknowledged as held.
     pub fn holds_part(&self, part: &Message) -> bool {
-        let (index, total) = ((part.t_max >> 32) as usize, (part.t_max as u32) as usize);
-        // A header no part has (an index past the parts; no parts, which with entries is
-        // no abandon either) is read whole, and refused.
+        // A header no part has (an index past the parts) is read whole, and refused. So is
+        // one of `t_max` 0, an abandon's or an open write's first part's: only its entries
+        // tell one from the other.
+        let Some((index, count)) = place_of(part.t_max).filter(|_| part.t_max != 0) else {
+            return false;
+        };
         if part.kind != Kind::Write
             || part.seq == 0
-            || index >= total
             || self.of_another_numbering(part.seq)
             || self.abandoned_ids.contains(&part.seq)
         {
             return false;
         }
+        // A part that says how many parts the write has, to a stage yet to learn it, is
+        // read whole: the stage learns it there.
         let staged = (self.staged.get(&part.seq)).is_some_and(|s| {
-            s.parts.len() == total && s.parts.get(index).is_some_and(Option::is_some)
+            let count_known = count.is_none_or(|c| s.counted && s.parts.len() == c);
+            count_known && s.parts.get(index).is_some_and(Option::is_some)
         });
         staged || part.seq <= self.committed_up_to
     }
@@ -1425,7 +1671,7 @@ impl WriteStage {
     /// bursts).
     pub fn commit(&mut self, state: &mut impl WriteTarget) -> Option<Committed> {
         let next = self.committed_up_to + 1;
-        let whole = (self.staged.get(&next)).is_some_and(|s| s.received == s.parts.len() as u64);
+        let whole = (self.staged.get(&next)).is_some_and(Staging::is_whole);
         if !whole {
             return None;
         }
@@ -2553,6 +2799,76 @@ pub(crate) mod tests {
         assert_eq!(engine.rto(), rto, "copies and an older one: no measure");
     }
 
+    /// An open write of 8 rows of 2 values, 2 rows a part, its values given in `chunks`
+    /// (each polled before the next), then closed: the engine and the parts it sent.
+    fn open_write_sent(chunks: &[usize]) -> (WriteEngine, Vec<Message>) {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(4);
+        let id = engine.open(at(2, 0), 2, 16);
+        let values: Vec<u64> = (1..=16).collect();
+        let (mut out, mut from) = (Vec::new(), 0);
+        for &n in chunks {
+            engine.extend(id, &values[from..from + n]).unwrap();
+            from += n;
+            engine.poll(0, &mut out);
+        }
+        engine.close(id).unwrap();
+        assert!(engine.extend(id, &[1]).is_err(), "closed: no more values");
+        engine.poll(0, &mut out);
+        (engine, out)
+    }
+
+    /// A part sent before its write was closed says no count (0); the stage holds it,
+    /// acknowledges what it holds, commits nothing until a part says the count (the last
+    /// one at least does), and refuses a part at odds with a count it knows.
+    #[test]
+    fn a_stage_learns_a_writes_count_from_the_part_that_says_it() {
+        let (_, out) = open_write_sent(&[6, 10]);
+        let counts: Vec<u64> = out.iter().map(|p| p.t_max).collect();
+        assert_eq!(
+            counts,
+            [0, 1 << 32, 2 << 32, 3 << 32 | 4],
+            "3 parts, then the last"
+        );
+        let (mut stage, mut state) = (WriteStage::default(), Map::default());
+        let header = |m: &Message| Message {
+            entries: Vec::new(),
+            ..m.clone()
+        };
+        for part in &out[..3] {
+            stage.on_part(part, &mut state).unwrap();
+            assert_eq!(stage.commit(&mut state), None, "no count known");
+        }
+        assert!(!stage.holds_part(&header(&out[0])), "t_max 0: read whole");
+        assert!(stage.holds_part(&header(&out[1])));
+        let counted = |index: u64, count: u64| Message {
+            t_max: index << 32 | count,
+            ..out[1].clone()
+        };
+        assert!(
+            !stage.holds_part(&header(&counted(1, 4))),
+            "held, but saying a count the stage does not know: read whole"
+        );
+        // A count below the parts held: refused, and nothing changes.
+        assert_eq!(stage.on_part(counted(1, 2), &mut state), None);
+        assert_eq!(stage.refused, 1);
+        let learnt = stage.on_part(counted(1, 4), &mut state).unwrap();
+        assert_eq!(
+            (learnt.t_max, learnt.entries[0].value),
+            (3, 0b0111),
+            "3 of 4 held"
+        );
+        assert!(stage.holds_part(&header(&counted(1, 4))), "the count known");
+        for (index, count) in [(1, 5), (4, 0), (9, 0)] {
+            assert_eq!(stage.on_part(counted(index, count), &mut state), None);
+        }
+        assert_eq!(stage.refused, 4);
+        let ack = stage.on_part(&out[3], &mut state).unwrap();
+        assert_eq!((ack.t_max, ack.entries[0].value), (4, 0b1111));
+        let done = stage.commit(&mut state).unwrap();
+        assert_eq!(done.values, 16);
+        assert_eq!(state.0.get(&at(2, 15)), Some(&16));
+    }
+
     /// A stage holds a part once it took it, and every part of a write it committed; not
     /// a part of another numbering, nor of a write it dropped. A part taken from its header
     /// alone (a copy of one held) is acknowledged as held and changes nothing.
@@ -2958,6 +3274,55 @@ mod cutting {
                 datagrams(&stretch, path, per_part),
                 datagrams(&WriteValues::Each(each), path, per_part)
             );
+        }
+
+        /// An open write goes in the parts the same values would as a write submitted
+        /// whole, however they come (the parts cut as rows fill; the last row may be
+        /// short), those sent before the close saying no count of parts, those after
+        /// saying it; the last is sent after.
+        #[test]
+        fn an_open_write_goes_in_the_parts_of_the_write_whole(
+            columns in 2..=MAX_RUN_COLUMNS,
+            values in proptest::collection::vec(value(), 0..8_000),
+            cuts in proptest::collection::vec(0..200usize, 0..12),
+            path in 100..65_507usize,
+            per_part in prop_oneof![Just(MAX_RUN_ENTRIES), 32..2_000usize],
+        ) {
+            let first = Location { state: 2, index: 0 };
+            let engine = || {
+                let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(per_part);
+                engine.path_carries(path);
+                engine
+            };
+            let mut whole = engine();
+            whole.submit(WriteValues::Stretch { first, mode: Mode::Set, values: values.clone(), columns }).unwrap();
+            let mut want = Vec::new();
+            whole.poll(0, &mut want);
+            // Parts past the window wait for acknowledgements, which these tests do not give.
+            prop_assume!(want.len() < WINDOW);
+            let mut open = engine();
+            let id = open.open(first, columns, 0);
+            let (mut got, mut from) = (Vec::new(), 0);
+            // Each cut a number of rows, as the copy is read.
+            for rows in cuts {
+                let to = (from + rows * columns).min(values.len());
+                open.extend(id, &values[from..to]).unwrap();
+                from = to;
+                open.poll(0, &mut got);
+            }
+            open.extend(id, &values[from..]).unwrap();
+            open.poll(0, &mut got);
+            let before_close = got.len();
+            open.close(id).unwrap();
+            open.poll(0, &mut got);
+            prop_assert!(got.len() > before_close, "the last part goes after the close");
+            let parts = want.len() as u64;
+            prop_assert_eq!(got.len() as u64, parts);
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                let count = if i < before_close { 0 } else { parts };
+                prop_assert_eq!(got.t_max, (i as u64) << 32 | count);
+                prop_assert_eq!(&got.entries, &want.entries);
+            }
         }
 
         /// A stretch in columns (a table's entries) goes in parts of whole rows, each
