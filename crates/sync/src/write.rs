@@ -260,9 +260,9 @@ pub const COMMITTED: u64 = 1 << 63;
 ///
 /// A write may be open ([`WriteEngine::open`]): its values still coming, its parts cut
 /// as they fill (in rows; other values wait for the close). A part encoded while the
-/// write is open does not say how many parts the write has (its count is 0): the switch
-/// learns that from a part encoded after the close (the last part at least is), and
-/// commits nothing before it.
+/// write is open does not say how many parts the write has (its count is
+/// [`COUNT_NOT_KNOWN`]): the switch learns that from a part encoded after the close (the
+/// last part at least is), and commits nothing before it.
 struct WriteParts {
     /// A part's message but for its place and the count (`t_max`).
     header: Message,
@@ -349,7 +349,11 @@ impl WriteParts {
             ..
         } = self;
         encoded[i].get_or_insert_with(|| {
-            let count = if *open { 0 } else { ranges.len() as u64 };
+            let count = if *open {
+                COUNT_NOT_KNOWN
+            } else {
+                ranges.len() as u64
+            };
             header.t_max = ((i as u64) << 32) | count;
             let part = Part {
                 values,
@@ -1299,14 +1303,18 @@ impl Staging {
 }
 
 /// A part's place in its write as `t_max` says it (its index, and the write's parts
-/// where it says them: 0 for a part sent before its write's last values were known);
-/// `None` for no part's (an index past the count, or past [`MAX_PARTS`]).
+/// where it says them: not for a part sent before its write's last values were known);
+/// `None` for no part's (no parts, an index past the count or past [`MAX_PARTS`]).
 fn place_of(t_max: u64) -> Option<(usize, Option<usize>)> {
-    let (index, count) = ((t_max >> 32) as usize, (t_max as u32) as usize);
-    let count = (count > 0).then_some(count);
+    let index = (t_max >> 32) as usize;
+    let count = (t_max & COUNT_NOT_KNOWN != COUNT_NOT_KNOWN).then_some(t_max as u32 as usize);
     (index < count.unwrap_or(MAX_PARTS) && count.is_none_or(|c| c <= MAX_PARTS))
         .then_some((index, count))
 }
+
+/// The count of parts of a part sent before its write's last values were known (the low
+/// 32 bits of its `t_max`; a write has at most [`MAX_PARTS`]).
+pub const COUNT_NOT_KNOWN: u64 = u32::MAX as u64;
 
 /// What a commit did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1640,10 +1648,9 @@ impl WriteStage {
     /// this stage holds already, or committed, so that taking it again needs none of its
     /// entries ([`Message::decode_unless_held`]): it is acknowledged as held.
     pub fn holds_part(&self, part: &Message) -> bool {
-        // A header no part has (an index past the parts) is read whole, and refused. So is
-        // one of `t_max` 0, an abandon's or an open write's first part's: only its entries
-        // tell one from the other.
-        let Some((index, count)) = place_of(part.t_max).filter(|_| part.t_max != 0) else {
+        // A header no part has (an index past the parts; no parts, which with entries is
+        // no abandon either) is read whole, and refused.
+        let Some((index, count)) = place_of(part.t_max) else {
             return false;
         };
         if part.kind != Kind::Write
@@ -2817,16 +2824,18 @@ pub(crate) mod tests {
         (engine, out)
     }
 
-    /// A part sent before its write was closed says no count (0); the stage holds it,
+    /// A part sent before its write was closed says no count ([`COUNT_NOT_KNOWN`]); the
+    /// stage holds it,
     /// acknowledges what it holds, commits nothing until a part says the count (the last
     /// one at least does), and refuses a part at odds with a count it knows.
     #[test]
     fn a_stage_learns_a_writes_count_from_the_part_that_says_it() {
         let (_, out) = open_write_sent(&[6, 10]);
         let counts: Vec<u64> = out.iter().map(|p| p.t_max).collect();
+        let unknown = COUNT_NOT_KNOWN;
         assert_eq!(
             counts,
-            [0, 1 << 32, 2 << 32, 3 << 32 | 4],
+            [unknown, 1 << 32 | unknown, 2 << 32 | unknown, 3 << 32 | 4],
             "3 parts, then the last"
         );
         let (mut stage, mut state) = (WriteStage::default(), Map::default());
@@ -2838,7 +2847,7 @@ pub(crate) mod tests {
             stage.on_part(part, &mut state).unwrap();
             assert_eq!(stage.commit(&mut state), None, "no count known");
         }
-        assert!(!stage.holds_part(&header(&out[0])), "t_max 0: read whole");
+        assert!(stage.holds_part(&header(&out[0])));
         assert!(stage.holds_part(&header(&out[1])));
         let counted = |index: u64, count: u64| Message {
             t_max: index << 32 | count,
@@ -2858,10 +2867,10 @@ pub(crate) mod tests {
             "3 of 4 held"
         );
         assert!(stage.holds_part(&header(&counted(1, 4))), "the count known");
-        for (index, count) in [(1, 5), (4, 0), (9, 0)] {
+        for (index, count) in [(1, 5), (4, unknown), (9, unknown), (1, 0)] {
             assert_eq!(stage.on_part(counted(index, count), &mut state), None);
         }
-        assert_eq!(stage.refused, 4);
+        assert_eq!(stage.refused, 5);
         let ack = stage.on_part(&out[3], &mut state).unwrap();
         assert_eq!((ack.t_max, ack.entries[0].value), (4, 0b1111));
         let done = stage.commit(&mut state).unwrap();
@@ -3319,7 +3328,7 @@ mod cutting {
             let parts = want.len() as u64;
             prop_assert_eq!(got.len() as u64, parts);
             for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-                let count = if i < before_close { 0 } else { parts };
+                let count = if i < before_close { COUNT_NOT_KNOWN } else { parts };
                 prop_assert_eq!(got.t_max, (i as u64) << 32 | count);
                 prop_assert_eq!(&got.entries, &want.entries);
             }
