@@ -82,7 +82,7 @@ struct StreamView {
 
 /// Indexes below this are held in a vector per state (a read of 65,536 locations is then
 /// 65,536 array reads); those above in a map, so that a message naming a far index cannot
-/// make the collector allocate for all below it (at most 8 Mi cells of 24 bytes, 192 MiB, a
+/// make the collector allocate for all below it (at most 8 Mi cells of 16 bytes, 128 MiB, a
 /// state; a synced table of 262,144 flows, 524,288 slots of 11 words, is 5.8 Mi).
 const DENSE_INDEXES: u32 = 1 << 23;
 
@@ -530,8 +530,8 @@ pub struct Mirror {
     max_cells: usize,
 }
 
-/// The locations a collector holds at most unless told otherwise: 64 Mi cells of 24
-/// bytes, 1.5 GiB.
+/// The locations a collector holds at most unless told otherwise: 64 Mi cells of 16
+/// bytes, 1 GiB.
 pub const DEFAULT_MAX_LOCATIONS: usize = 1 << 26;
 
 /// What a stream's own keeping (its sequence, thresholds and repairs) counts as, in
