@@ -328,7 +328,7 @@ mod tests {
     /// A copy as a collector holds it: switch 1's stream 0 announces state 0, `words`
     /// locations in entries of `stride` words, and sends them all in message 2; with
     /// `resent: Some(n)`, message 3 is lost and message 4 carries the first `n` entries
-    /// again. Switch 2's stream 0, the target, has announced itself.
+    /// again. Switch 2's streams 0 and 1, the target's, have announced themselves.
     fn copy_of(words: &[u64], stride: u32, resent: Option<usize>) -> Collector {
         let mut c = Collector::new(None, None);
         let message = |switch, kind, seq, entries: Vec<Update>| Message {
@@ -355,6 +355,13 @@ mod tests {
         let mut messages = vec![
             (SOURCE, message(1, Kind::Layout, 1, layout)),
             (TARGET, message(2, Kind::Layout, 1, Vec::new())),
+            (
+                TARGET,
+                Message {
+                    stream: 1,
+                    ..message(2, Kind::Layout, 1, Vec::new())
+                },
+            ),
             (
                 SOURCE,
                 message(
@@ -409,13 +416,18 @@ mod tests {
         }
     }
 
-    /// Parts read from datagrams to the target, as the switch reads them.
+    /// Parts read from datagrams to the target's stream 0, as the switch reads them.
     fn parts_in(out: &[Outgoing]) -> Vec<(Message, Option<StretchValues>)> {
+        parts_to(out, 0)
+    }
+
+    /// Parts read from datagrams to the target's `stream`.
+    fn parts_to(out: &[Outgoing], stream: u16) -> Vec<(Message, Option<StretchValues>)> {
         let target = TARGET.parse().unwrap();
         (out.iter())
             .filter(|(addr, _, _)| *addr == target)
             .filter_map(|(_, bytes, _)| Message::decode_write_part(None, bytes, |_| false).ok())
-            .filter(|(m, _)| m.kind == Kind::Write)
+            .filter(|(m, _)| m.kind == Kind::Write && m.stream == stream)
             .collect()
     }
 
@@ -531,6 +543,41 @@ mod tests {
         let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
         assert_eq!(written, words);
         assert_eq!(started.values, 3 * 1024);
+    }
+
+    /// A move into every stream of the target writes the same values into each, read
+    /// once: each stream takes its parts as the copy is read, and commits them all.
+    #[test]
+    fn a_move_into_two_streams_writes_the_same_values_into_each() {
+        let words = wide_table();
+        let mut c = copy_of(&words, 3, None);
+        let mut stages: Vec<_> = (0..2)
+            .map(|_| (WriteStage::default(), Written::default()))
+            .collect();
+        let mut before_the_last = [0; 2];
+        let m = Move {
+            to_stream: None,
+            ..a_move()
+        };
+        let started = start_reading(&mut c, &m, &[0, 1], (1 << 20, 96), |c| {
+            let mut out = Vec::new();
+            while c.poll(0, false, &mut out) {}
+            for (stream, (stage, state)) in stages.iter_mut().enumerate() {
+                for (part, stretch) in parts_to(&out, stream as u16) {
+                    before_the_last[stream] += usize::from(part.t_max as u32 == u32::MAX);
+                    stage.on_part_carrying(part, stretch, state);
+                }
+            }
+        })
+        .unwrap();
+        assert_eq!((started.writes.len(), started.writes_per_stream), (2, 1));
+        assert_eq!(started.values, 3 * 1024);
+        for (n, (mut stage, mut state)) in before_the_last.into_iter().zip(stages) {
+            assert!(n > 4, "parts went before the copy was read whole");
+            assert_eq!(stage.commit(&mut state).map(|d| d.values), Some(3 * 1024));
+            let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
+            assert_eq!(written, words);
+        }
     }
 
     /// A copy unbounded where it moves is refused (a loss not made up yet), found where

@@ -5,7 +5,10 @@
 //! [`WriteStage`] holds the parts until it has them all, acknowledges what it holds (a
 //! bitmap, so that any one acknowledgement that gets through says everything), and the
 //! worker commits the write between two bursts, all of it at once: no packet ever sees a
-//! write half applied. Writes commit in the order they were submitted, each once.
+//! write half applied. Writes commit in the order they were submitted, each once. A write
+//! may go before its last values are known ([`WriteEngine::open`]: a migration's, sent as
+//! the collector reads its copy); the switch then learns how many parts it has from a
+//! later part, and commits nothing before.
 //!
 //! Beyond the paper, which holds back the data plane's updates to the written locations
 //! while a write is on its way and replays them after it (out of order), a location
@@ -2822,6 +2825,22 @@ pub(crate) mod tests {
         assert!(engine.extend(id, &[1]).is_err(), "closed: no more values");
         engine.poll(0, &mut out);
         (engine, out)
+    }
+
+    /// An open write holds no more than a write may: what would pass it is refused, and
+    /// nothing of it taken; a closed or unknown write takes nothing.
+    #[test]
+    fn an_open_write_takes_no_more_than_a_write_may_hold() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let id = engine.open(at(2, 0), 2, 16);
+        engine.extend(id, &vec![1; MAX_VALUES - 1]).unwrap();
+        let e = engine.extend(id, &[1, 2]).unwrap_err();
+        assert!(e.contains(&format!("at most {MAX_VALUES} values")), "{e}");
+        engine.extend(id, &[5]).unwrap();
+        assert!(engine.extend(id, &[6]).is_err(), "full: nothing more");
+        engine.close(id).unwrap();
+        assert!(engine.extend(id, &[6]).unwrap_err().contains("not open"));
+        assert!(engine.extend(id + 1, &[6]).is_err(), "unknown");
     }
 
     /// A part sent before its write was closed says no count ([`COUNT_NOT_KNOWN`]); the
