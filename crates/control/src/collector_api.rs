@@ -105,6 +105,25 @@ impl CollectorHandle {
         self.send(out);
     }
 
+    /// Starts move `m` (`migrate::start`): the copy read with the core held throughout, so
+    /// that what moves is the copy of one instant, and its parts sent as it is read, so
+    /// that the target takes the first while the rest are read; `sending` is taken first,
+    /// as a pump takes it.
+    fn start_move(&self, m: &crate::migrate::Move) -> Result<crate::migrate::Started, Status> {
+        let _sending = (self.sending.lock()).unwrap_or_else(PoisonError::into_inner);
+        self.with(|c| {
+            let targets = streams_of(c, m.to_switch, m.to_stream)?;
+            let max_values = (targets.iter())
+                .map(|&stream| c.max_write_values(m.to_switch, stream))
+                .min()
+                .unwrap_or(stateplane_sync::write::MAX_VALUES);
+            let mut out = Vec::new();
+            let send = |c: &mut Collector| self.send_due_from(c, &mut out);
+            (crate::migrate::start(c, m, &targets, max_values, send))
+                .map_err(Status::failed_precondition)
+        })
+    }
+
     /// Sends the datagrams in `out`, each in its copies.
     fn send(&self, out: &mut Vec<Outgoing>) {
         for (addr, bytes, copies) in out.drain(..) {
@@ -365,25 +384,12 @@ impl collector_server::Collector for CollectorService {
             entry_words: r.entry_words,
             timeout_ms: r.timeout_ms,
         };
-        // The copy is read with the core held throughout, so that what moves is the copy
-        // of one instant, and its parts sent as it is read, so that the target takes the
-        // first while the rest are read (`migrate::start`); `sending` is taken first, as
-        // a pump takes it.
-        let handle = &self.handle;
-        let started = {
-            let _sending = (handle.sending.lock()).unwrap_or_else(PoisonError::into_inner);
-            handle.with(|c| {
-                let targets = streams_of(c, r.to_switch, r.to_stream)?;
-                let max_values = (targets.iter())
-                    .map(|&stream| c.max_write_values(r.to_switch, stream))
-                    .min()
-                    .unwrap_or(stateplane_sync::write::MAX_VALUES);
-                let mut out = Vec::new();
-                let send = |c: &mut Collector| handle.send_due_from(c, &mut out);
-                (crate::migrate::start(c, &m, &targets, max_values, send))
-                    .map_err(Status::failed_precondition)
-            })?
-        };
+        // Reading a large copy takes milliseconds: on a thread of its own, so that the
+        // API's other calls go on meanwhile.
+        let handle = self.handle.clone();
+        let started = tokio::task::spawn_blocking(move || handle.start_move(&m))
+            .await
+            .map_err(|e| Status::internal(format!("the move's thread failed: {e}")))??;
         // Each write its own time, as a stream commits them one after another.
         let done = self
             .sent_and_awaited(

@@ -3,8 +3,8 @@
 //! another switch. A register or sketch moves value for value; a table (`entry_words`
 //! words a slot) moves as its entries, the occupied slots' words, which the target places
 //! each by its key wherever its own hash puts it (`stateplane_state::synced_table`). The
-//! collector does it where the copy is ([`plan`], [`writes`], behind its API's `Migrate`),
-//! so that no value crosses the API; `stateplane ctl sync migrate` and
+//! collector does it where the copy is ([`start`], behind its API's `Migrate`), sending
+//! the parts of what it has read while it reads the rest, so that no value crosses the API; `stateplane ctl sync migrate` and
 //! `bench-sync-migrate` ask for it with [`migrate`].
 //!
 //! Must never: move a copy the collector cannot bound (a loss its refresh has not made up

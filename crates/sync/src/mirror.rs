@@ -717,9 +717,7 @@ impl Mirror {
             // The entries read are scattered among empty slots skipped whole (a table
             // half full), a walk the hardware's prefetcher follows poorly: the lines of
             // the entry four ahead are asked for now (cells of 16 bytes, so every third
-            // touches each line). A 65,536-entry move read its copy of 24-byte cells in
-            // 5.5-6.3 ms with it, 7.3-8.9 ms without (bench-sync-migrate --table,
-            // 2026-12-05).
+            // touches each line).
             let ahead = start + 4 * stride as usize;
             if let Some(cells) = dense.get(ahead..ahead + stride as usize) {
                 for cell in cells.iter().step_by(3) {
