@@ -1189,6 +1189,17 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             "{args:?}: {err}"
         );
     }
+    // A table's rows: the lines whose first word is a loss.
+    let rows = |table: &str| -> Vec<String> {
+        (table.lines())
+            .filter(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|w| w.ends_with('%'))
+            })
+            .map(str::to_string)
+            .collect()
+    };
     // Two sizes at two losses: four rows, each move checked before the table prints.
     for (mode, checked) in [
         (None, "each target's register is the source's values"),
@@ -1204,14 +1215,10 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             .output()
             .unwrap());
         assert!(moved.contains(checked), "{moved}");
-        assert_eq!(
-            moved.lines().filter(|l| l.contains('%')).count(),
-            4,
-            "{moved}"
-        );
+        assert_eq!(rows(&moved).len(), 4, "{moved}");
         // Each move's commit is timed, and the target's longest pause in forwarding holds
         // it: a commit is made within one of the sync stage's calls between two bursts.
-        for row in moved.lines().filter(|l| l.contains('%')) {
+        for row in rows(&moved) {
             let figures: Vec<f64> = (row.split_whitespace().skip(2))
                 .map(|f| f.parse().unwrap())
                 .collect();
@@ -1233,11 +1240,7 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
         migrated.contains("each target's register is the source's values"),
         "{migrated}"
     );
-    assert_eq!(
-        migrated.lines().filter(|l| l.contains('%')).count(),
-        2,
-        "{migrated}"
-    );
+    assert_eq!(rows(&migrated).len(), 2, "{migrated}");
     let refused = bin()
         .args(["bench-sync-migrate", "--migrate", "--sizes", "256"])
         .output()

@@ -3,7 +3,7 @@
 //! of the changes as applied; served over a [`CollectorHandle`], the collector core the
 //! receive loop of `stateplane collector` shares with it.
 //!
-//! Must never: hold the core's lock across a wait (a write's wait polls, unlocked between
+//! Must never: hold the core's lock across a wait (a write's wait lets it go between
 //! looks), or listen beyond loopback.
 
 use crate::server::Server;
@@ -14,7 +14,7 @@ use stateplane_sync::write::{Mode, Written};
 use std::net::{SocketAddr, UdpSocket};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 use tokio_stream::Stream;
 use tonic::{Response, Status};
@@ -31,6 +31,9 @@ pub struct CollectorHandle {
     /// never waits for another.
     pump_asked: AtomicBool,
     report_asked: AtomicBool,
+    /// Signalled when the core keeps a write's outcome ([`Collector::outcomes_kept`]): a
+    /// write's wait wakes then, not at its next look.
+    settled: Condvar,
     socket: UdpSocket,
     start: Instant,
 }
@@ -42,6 +45,7 @@ impl CollectorHandle {
             sending: Mutex::new(()),
             pump_asked: AtomicBool::new(false),
             report_asked: AtomicBool::new(false),
+            settled: Condvar::new(),
             socket,
             start: Instant::now(),
         }
@@ -59,6 +63,29 @@ impl CollectorHandle {
     /// Runs `f` on the core.
     pub fn with<R>(&self, f: impl FnOnce(&mut Collector) -> R) -> R {
         f(&mut self.core.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Takes a datagram from `from` into the core, and wakes the writes' waits if it
+    /// settled a write.
+    pub fn receive(&self, now_ns: u64, datagram: &[u8], from: SocketAddr) {
+        let settled = self.with(|c| {
+            let kept = c.outcomes_kept();
+            c.on_datagram(now_ns, datagram, from);
+            c.outcomes_kept() != kept
+        });
+        if settled {
+            self.settled.notify_all();
+        }
+    }
+
+    /// Waits until the core has kept more than `seen` outcomes of writes, or `at_most`
+    /// has passed, its lock let go meanwhile.
+    pub(crate) fn await_outcome(&self, seen: u64, at_most: Duration) {
+        let core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        let waited = self
+            .settled
+            .wait_timeout_while(core, at_most, |c| c.outcomes_kept() == seen);
+        drop(waited.unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Sends what the core has to send now (the parts of writes due, and reports if
@@ -140,7 +167,8 @@ pub struct CollectorService {
     handle: Arc<CollectorHandle>,
 }
 
-/// A write's wait between looks at the core.
+/// The longest a write's wait goes between looks at the core, each of which sends what
+/// is due again; it wakes sooner when a write settles.
 const WRITE_LOOK: Duration = Duration::from_micros(100);
 /// Changes a subscription takes per look.
 const SUBSCRIPTION_BATCH: usize = 4096;
@@ -159,12 +187,8 @@ impl CollectorService {
         writes_per_stream: u32,
     ) -> Result<Vec<sync_pb::WriteDone>, Status> {
         self.handle.pump(false);
-        let per_write = Duration::from_millis(match timeout_ms {
-            0 => 1000,
-            t => u64::from(t),
-        });
-        let timeout = per_write * writes_per_stream.max(1);
         let handle = self.handle.clone();
+        let timeout = writes_timeout(timeout_ms, writes_per_stream);
         tokio::task::spawn_blocking(move || wait_for_writes(&handle, switch, &ids, timeout))
             .await
             .map_err(|e| Status::internal(format!("the writes' thread failed: {e}")))?
@@ -384,21 +408,21 @@ impl collector_server::Collector for CollectorService {
             entry_words: r.entry_words,
             timeout_ms: r.timeout_ms,
         };
-        // Reading a large copy takes milliseconds: on a thread of its own, so that the
-        // API's other calls go on meanwhile.
+        // Reading a large copy takes milliseconds, and its writes are waited for: on a
+        // thread of its own, so that the API's other calls go on meanwhile (one thread for
+        // both: each hand-over between threads is a wake-up, tenths of a millisecond on a
+        // busy host).
         let handle = self.handle.clone();
-        let started = tokio::task::spawn_blocking(move || handle.start_move(&m))
-            .await
-            .map_err(|e| Status::internal(format!("the move's thread failed: {e}")))??;
-        // Each write its own time, as a stream commits them one after another.
-        let done = self
-            .sent_and_awaited(
-                r.to_switch,
-                started.writes,
-                r.timeout_ms,
-                started.writes_per_stream,
-            )
-            .await?;
+        let (started, done) = tokio::task::spawn_blocking(move || {
+            let started = handle.start_move(&m)?;
+            handle.pump(false);
+            // Each write its own time, as a stream commits them one after another.
+            let timeout = writes_timeout(r.timeout_ms, started.writes_per_stream);
+            let done = wait_for_writes(&handle, r.to_switch, &started.writes, timeout)?;
+            Ok::<_, Status>((started, done))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the move's thread failed: {e}")))??;
         Ok(Response::new(sync_pb::MigrateReply {
             read: started.read,
             entries: started.entries,
@@ -495,6 +519,16 @@ fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16
 /// fall due. Past `timeout` the writes not committed are cancelled (so that none lands
 /// later unseen) and their answers awaited a while; a write given up, or cancelled, is an
 /// error that says which streams committed and what became of the others.
+/// How long writes wait for their stream to commit them: `timeout_ms` each (1 s for 0),
+/// `writes_per_stream` one after another.
+fn writes_timeout(timeout_ms: u32, writes_per_stream: u32) -> Duration {
+    let per_write = Duration::from_millis(match timeout_ms {
+        0 => 1000,
+        t => u64::from(t),
+    });
+    per_write * writes_per_stream.max(1)
+}
+
 fn wait_for_writes(
     handle: &CollectorHandle,
     switch: u32,
@@ -509,7 +543,7 @@ fn wait_for_writes(
     let mut cancelled: Option<(Instant, Vec<u16>)> = None;
     let answer_wait = timeout.clamp(Duration::from_millis(100), Duration::from_secs(1));
     while !waiting.is_empty() {
-        handle.with(|c| {
+        let seen = handle.with(|c| {
             waiting.retain(
                 |&(stream, write)| match c.take_write(switch, stream, write) {
                     None => true,
@@ -530,6 +564,7 @@ fn wait_for_writes(
                     }
                 },
             );
+            c.outcomes_kept()
         });
         if waiting.is_empty() {
             break;
@@ -556,7 +591,7 @@ fn wait_for_writes(
             }
             _ => {}
         }
-        std::thread::sleep(WRITE_LOOK);
+        handle.await_outcome(seen, WRITE_LOOK);
         handle.pump(false);
     }
     done.sort_by_key(|d| d.stream);

@@ -487,6 +487,56 @@ mod tests {
         assert!(e.unwrap_err().contains("has sent nothing"));
     }
 
+    /// A write's wait wakes when the target's answer that settles the write comes in
+    /// (from the receive loop, on another thread), not at the end of its longest look.
+    #[test]
+    fn a_writes_wait_wakes_when_the_answer_that_settles_it_comes_in() {
+        use crate::collector_api::CollectorHandle;
+        use std::time::{Duration, Instant};
+        let mut c = copy_of(&[1, 10, 11, 2, 20, 21], 3, None);
+        let started = start(&mut c, &a_move(), &[0], 1 << 20, |_| {}).unwrap();
+        // The target takes and commits the write; its answers wait to be received.
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        let mut out = Vec::new();
+        while c.poll(1_000, false, &mut out) {}
+        let mut answers = Vec::new();
+        for (part, stretch) in parts_in(&out) {
+            answers.extend(stage.on_part_carrying(part, stretch, &mut state));
+        }
+        while stage.commit(&mut state).is_some() {}
+        stage.take_answers(&mut answers);
+        let datagrams: Vec<Vec<u8>> = (answers.iter())
+            .map(|a| {
+                let mut bytes = Vec::new();
+                a.encode(&mut bytes);
+                bytes
+            })
+            .collect();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let handle = std::sync::Arc::new(CollectorHandle::new(c, socket));
+        let seen = handle.with(|c| c.outcomes_kept());
+        let receiving = {
+            let handle = handle.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                for bytes in datagrams {
+                    handle.receive(2_000, &bytes, TARGET.parse().unwrap());
+                }
+            })
+        };
+        let waited = Instant::now();
+        handle.await_outcome(seen, Duration::from_secs(20));
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "woken by the answer, not the look's end ({:?})",
+            waited.elapsed()
+        );
+        receiving.join().unwrap();
+        let (stream, ticket) = started.writes[0];
+        let outcome = handle.with(|c| c.take_write(2, stream, ticket));
+        assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
+    }
+
     /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
     /// carries.
     fn wide_table() -> Vec<u64> {

@@ -176,8 +176,7 @@ pub fn run(
         let _ = stateplane_io::live::poll_readable(&[handle.socket().as_raw_fd()], 1);
         match handle.socket().recv_from(&mut datagram) {
             Ok((n, from)) => {
-                let now = handle.now_ns();
-                handle.with(|c| c.on_datagram(now, &datagram[..n], from));
+                handle.receive(handle.now_ns(), &datagram[..n], from);
             }
             // Nothing yet; a signal (the stop, checked next); an ICMP error of a report
             // to a switch that has gone (its stream stays, to be read).
@@ -200,8 +199,7 @@ pub fn run(
     // What is already in the socket's buffer is taken before the end.
     let socket = handle.socket();
     while let Ok((n, from)) = socket.recv_from(&mut datagram) {
-        let now = handle.now_ns();
-        handle.with(|c| c.on_datagram(now, &datagram[..n], from));
+        handle.receive(handle.now_ns(), &datagram[..n], from);
     }
     let redis = bound.redis.map(|writer| {
         let counters = writer.counters.clone();

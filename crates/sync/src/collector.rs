@@ -506,6 +506,12 @@ impl Collector {
 
     /// What became of a write of `switch`'s `stream`: done, given up (why), or still on
     /// its way (`None`). Taken once.
+    /// Outcomes of writes kept so far (each write's once it settles, taken or not): a
+    /// waiter that saw this many has nothing new to look for until it grows.
+    pub fn outcomes_kept(&self) -> u64 {
+        self.outcomes.next_place
+    }
+
     pub fn take_write(
         &mut self,
         switch: u32,
