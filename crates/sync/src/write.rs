@@ -2827,6 +2827,38 @@ pub(crate) mod tests {
         (engine, out)
     }
 
+    /// An open write's parts sent last are not its tail while more may come: none goes
+    /// again as a tail-loss probe (two round trips after the last word of it, before a
+    /// timeout) until it is closed, when its last part goes.
+    #[test]
+    fn an_open_writes_last_parts_sent_are_not_probed_while_it_is_open() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(4);
+        let id = engine.open(at(2, 0), 2, 16);
+        engine.extend(id, &(1..=12).collect::<Vec<u64>>()).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        let parts = |out: &[Message]| out.iter().map(|m| m.t_max >> 32).collect::<Vec<_>>();
+        assert_eq!(
+            parts(&out),
+            [0, 1],
+            "the rows a part is filling wait for more"
+        );
+        // Part 0 arrives (a round trip of 10 us); part 1 is lost.
+        let (mut stage, mut state) = (WriteStage::default(), Map::default());
+        let ack = stage.on_part(&out[0], &mut state).unwrap();
+        assert_eq!(engine.on_ack(10_000, &ack), None);
+        // A probe would go from 30 us, a timeout from 50 us.
+        for now in [30_000, 49_999] {
+            let mut again = Vec::new();
+            engine.poll(now, &mut again);
+            assert_eq!(parts(&again), [0u64; 0], "open at {now} ns: nothing again");
+        }
+        engine.close(id).unwrap();
+        let mut last = Vec::new();
+        engine.poll(49_999, &mut last);
+        assert_eq!(parts(&last), [2], "closed: its last part");
+    }
+
     /// An open write holds no more than a write may: what would pass it is refused, and
     /// nothing of it taken; a closed or unknown write takes nothing.
     #[test]
