@@ -683,19 +683,21 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     }
     println!(
         "write: the collector's call to the target's answer that it committed; commit: the \
-         target's worker placing the write (first: the first move's, for a table the one \
-         into a target without the entries, whose later moves replace each entry's value \
-         where it is); pause: the longest its sync stage held the \
+         target's worker placing the write; first: the first move's (for a table, the one \
+         into a target without the entries, as a migration's is: the later moves replace \
+         each entry's value where it is); pause: the longest its sync stage held the \
          target's worker in one go during the move (the commit, or the pass that sends the \
          write's changes back); the worker forwards nothing meanwhile"
     );
     let median = |v: &[f64]| crate::statistics::median(v.to_vec());
     let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let first = |v: &[f64]| v.first().copied().unwrap_or(0.0);
     let mut table = Table::new(
         &["loss", if a.table { "entries" } else { "values" }],
         &[
             "move median ms",
             "move max",
+            "first move ms",
             "write median ms",
             "commit median ms",
             "first commit ms",
@@ -704,9 +706,9 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
         ],
     );
     let mut csv = Csv::new(if a.table {
-        "loss,entries,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,first_commit_ms,pause_median_ms,pause_max_ms,sent_per_part"
+        "loss,entries,move_median_ms,move_max_ms,first_move_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,first_commit_ms,pause_median_ms,pause_max_ms,sent_per_part"
     } else {
-        "loss,values,move_median_ms,move_max_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,first_commit_ms,pause_median_ms,pause_max_ms,sent_per_part"
+        "loss,values,move_median_ms,move_max_ms,first_move_ms,write_median_ms,write_max_ms,commit_median_ms,commit_max_ms,first_commit_ms,pause_median_ms,pause_max_ms,sent_per_part"
     });
     for r in &rows {
         table.row(vec![
@@ -714,23 +716,25 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
             r.values.to_string(),
             format!("{:.3}", median(&r.move_ms)),
             format!("{:.3}", max(&r.move_ms)),
+            format!("{:.3}", first(&r.move_ms)),
             format!("{:.3}", median(&r.write_ms)),
             format!("{:.3}", median(&r.commit_ms)),
-            format!("{:.3}", r.commit_ms.first().copied().unwrap_or(0.0)),
+            format!("{:.3}", first(&r.commit_ms)),
             format!("{:.3}", median(&r.pause_ms)),
             format!("{:.2}", median(&r.sent_per_part)),
         ]);
         csv.row(format_args!(
-            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
+            "{},{},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.4},{:.3}",
             r.loss,
             r.values,
             median(&r.move_ms),
             max(&r.move_ms),
+            first(&r.move_ms),
             median(&r.write_ms),
             max(&r.write_ms),
             median(&r.commit_ms),
             max(&r.commit_ms),
-            r.commit_ms.first().copied().unwrap_or(0.0),
+            first(&r.commit_ms),
             median(&r.pause_ms),
             max(&r.pause_ms),
             median(&r.sent_per_part)

@@ -1222,9 +1222,13 @@ fn the_sync_experiments_check_their_work_and_print_their_tables() {
             let figures: Vec<f64> = (row.split_whitespace().skip(2))
                 .map(|f| f.parse().unwrap())
                 .collect();
-            let (commit_ms, first_commit_ms, pause_ms) = (figures[3], figures[4], figures[5]);
+            let (first_move_ms, commit_ms, first_commit_ms, pause_ms) =
+                (figures[2], figures[4], figures[5], figures[6]);
             assert!(commit_ms > 0.0 && pause_ms >= commit_ms, "{row}");
-            assert!(first_commit_ms > 0.0, "{row}");
+            assert!(
+                first_move_ms > first_commit_ms && first_commit_ms > 0.0,
+                "{row}"
+            );
         }
     }
     // The whole sketch by `ctl sync migrate`'s call: one row a loss, checked the same way.
