@@ -1310,7 +1310,7 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
     for m in messages {
         let mut bytes = Vec::new();
         m.encode(&mut bytes);
-        handle.with(|c| c.on_datagram(1, &bytes, from));
+        handle.receive(1, &bytes, from);
     }
     let collector_api =
         collector_api::serve("127.0.0.1:0".parse().map_err(|_| "an address")?, handle)?;

@@ -515,10 +515,6 @@ fn streams_of(c: &Collector, switch: u32, stream: Option<u32>) -> Result<Vec<u16
     }
 }
 
-/// Waits until every write `ids` names has committed, sending their parts again as they
-/// fall due. Past `timeout` the writes not committed are cancelled (so that none lands
-/// later unseen) and their answers awaited a while; a write given up, or cancelled, is an
-/// error that says which streams committed and what became of the others.
 /// How long writes wait for their stream to commit them: `timeout_ms` each (1 s for 0),
 /// `writes_per_stream` one after another.
 fn writes_timeout(timeout_ms: u32, writes_per_stream: u32) -> Duration {
@@ -529,6 +525,10 @@ fn writes_timeout(timeout_ms: u32, writes_per_stream: u32) -> Duration {
     per_write * writes_per_stream.max(1)
 }
 
+/// Waits until every write `ids` names has committed, sending their parts again as they
+/// fall due. Past `timeout` the writes not committed are cancelled (so that none lands
+/// later unseen) and their answers awaited a while; a write given up, or cancelled, is an
+/// error that says which streams committed and what became of the others.
 fn wait_for_writes(
     handle: &CollectorHandle,
     switch: u32,
