@@ -2,14 +2,15 @@
 //! sockets (ApproSync Exp#4 and #9): a switch's sketch is read from the collector's copy
 //! and written into another switch, 256 to 65,536 values at a time, with the second
 //! switch's sync channel losing 0 to 80% of the datagrams each way (`stateplane relay`'s
-//! faults, in this process; at 0% the target sends to the collector directly). Every part of the run is real: the switches are workers with
-//! their sync stages (the target polling as under traffic), the collector is `stateplane
-//! collector`'s, the calls are gRPC on loopback. A move's time ends when the target's
-//! sync stage has committed its writes (its counters say so), not when the collector has
-//! their acknowledgements: a switch acknowledges a write's parts as it takes them and
-//! commits the write whole at its next pass. The run checks the work was done: every
-//! write says it committed, and at the end each target switch's register (or table) holds
-//! the source's values, read from the program.
+//! faults, in this process; at 0% the target sends to the collector directly). Every part
+//! of the run is real: the switches are workers with their sync stages (the target
+//! polling as under traffic), the collector is `stateplane collector`'s, the calls are
+//! gRPC on loopback. A move's time ends when the target's sync stage has committed its
+//! writes (its counters say so), not when the collector has their acknowledgements: a
+//! switch acknowledges a write's parts as it takes them and commits the write whole at
+//! its next pass. The run checks the work was done: every write says it committed, and at
+//! the end each target switch's register (or table) holds the source's values, read from
+//! the program.
 
 use crate::BenchResult;
 use crate::bench_sync::synced_hh_65536;
