@@ -983,7 +983,7 @@ mod tests {
     /// The words of a synced table, as a collector that took every change holds them.
     fn mirror_of(c: &mut Conntrack, mirror: &mut std::collections::BTreeMap<u32, u64>) {
         let mut changes = Vec::new();
-        c.changes(&mut changes);
+        assert!(c.changes(&mut changes, usize::MAX));
         for ch in changes {
             assert_eq!(mirror.get(&ch.index).copied().unwrap_or(0), ch.old);
             mirror.insert(ch.index, ch.new);

@@ -696,7 +696,7 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     assert_eq!(program.commit_synced_write(), 1, "the value too wide");
     assert_eq!(program.commit_synced_write(), 0, "counted once");
     assert_eq!(program.read_synced(0, 256), None);
-    program.changes(&mut taken);
+    assert!(program.changes(&mut taken, usize::MAX));
     let change = |index, new| changes::Change {
         state: 0,
         index,

@@ -215,7 +215,7 @@ mod tests {
             2,
         );
         let mut changes = Vec::new();
-        c.changes(&mut changes);
+        assert!(c.changes(&mut changes, usize::MAX));
         let (counting, exact): (Vec<_>, Vec<_>) = changes.iter().partition(|ch| !ch.exact);
         let words = |chs: &[&stateplane_state::changes::Change]| {
             chs.iter()
@@ -260,7 +260,7 @@ mod tests {
             let counted = c.counts(&flow);
             assert!(counted.is_some());
             let mut changes = Vec::new();
-            c.changes(&mut changes);
+            assert!(c.changes(&mut changes, usize::MAX));
             let first = changes[0].index / stride * stride;
             let slot: Vec<u64> = (first..first + stride)
                 .map(|index| c.read_synced(0, index).unwrap())

@@ -285,7 +285,7 @@ mod tests {
         send(&mut a, S, 2, mac(2), [0xff; 6]);
         send(&mut a, S, 1, mac(1), [0xff; 6]); // moved to port 1
         let mut changes = Vec::new();
-        a.changes(&mut changes);
+        assert!(a.changes(&mut changes, usize::MAX));
         let mut words = std::collections::BTreeMap::new();
         for c in &changes {
             words.insert(c.index, c.new);

@@ -761,8 +761,8 @@ impl Program for Guaranteed {
         self.inner.track(name, id)
     }
 
-    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
-        self.inner.changes(out);
+    fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>, budget: usize) -> bool {
+        self.inner.changes(out, budget)
     }
 
     fn synced(&self) -> Vec<(u16, u32)> {

@@ -2047,7 +2047,7 @@ mod tests {
         );
         assert_eq!(b.len(), 4);
         let mut changes = Vec::new();
-        b.changes(&mut changes);
+        assert!(b.changes(&mut changes, usize::MAX));
         let occupied = changes
             .iter()
             .filter(|c| c.index % stride == 0 && c.new != 0);

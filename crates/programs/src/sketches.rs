@@ -30,9 +30,14 @@ macro_rules! synced_sketch_methods {
             register.track(sketches, name, id)
         }
 
-        fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
+        fn changes(
+            &mut self,
+            out: &mut Vec<stateplane_state::changes::Change>,
+            _budget: usize,
+        ) -> bool {
             let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
             register.changes(sketches, out);
+            true
         }
 
         fn synced(&self) -> Vec<(u16, u32)> {

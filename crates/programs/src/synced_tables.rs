@@ -38,8 +38,12 @@ macro_rules! synced_table_methods {
             self.$($table).+.track(name, id)
         }
 
-        fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>) {
-            self.$($table).+.changes(out);
+        fn changes(
+            &mut self,
+            out: &mut Vec<stateplane_state::changes::Change>,
+            budget: usize,
+        ) -> bool {
+            self.$($table).+.changes(out, budget)
         }
 
         fn synced(&self) -> Vec<(u16, u32)> {

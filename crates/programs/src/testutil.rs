@@ -320,7 +320,7 @@ pub fn move_synced_table(
     stride: u32,
 ) -> (usize, u64) {
     let mut changes = Vec::new();
-    from.changes(&mut changes);
+    assert!(from.changes(&mut changes, usize::MAX));
     let mut words = std::collections::BTreeMap::new();
     for c in changes {
         assert_eq!(words.get(&c.index).copied().unwrap_or(0), c.old, "{c:?}");

@@ -270,8 +270,12 @@ pub trait Program: Send {
 
     /// Appends to `out` each cell of the tracked state whose value differs from the last
     /// call's (or from when tracking began), once, with both values: what the sync stage
-    /// takes between bursts.
-    fn changes(&mut self, _out: &mut Vec<Change>) {}
+    /// takes between bursts. A table's slots are taken until `budget` cells are appended
+    /// (a register's or a sketch's cells are taken whole), the rest first at the next
+    /// call: whether every change was taken.
+    fn changes(&mut self, _out: &mut Vec<Change>, _budget: usize) -> bool {
+        true
+    }
 
     /// The state tracked so far, as `(id, length)` in the order it was tracked.
     fn synced(&self) -> Vec<(u16, u32)> {
@@ -483,7 +487,7 @@ pub trait Running: Send {
     fn notifications(&mut self, out: &mut Vec<Notification>);
     fn requests(&mut self, out: &mut Vec<Request>);
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
-    fn changes(&mut self, out: &mut Vec<Change>);
+    fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool;
     fn synced(&self) -> Vec<(u16, u32)>;
     fn synced_stride(&self, id: u16) -> u32;
     fn read_synced(&self, id: u16, index: u32) -> Option<u64>;
@@ -585,8 +589,8 @@ impl<P: Program + 'static> Running for P {
         Program::track(self, name, id)
     }
 
-    fn changes(&mut self, out: &mut Vec<Change>) {
-        Program::changes(self, out);
+    fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool {
+        Program::changes(self, out, budget)
     }
 
     fn synced(&self) -> Vec<(u16, u32)> {

@@ -203,10 +203,13 @@ impl<C: ExactCodec> DeclaredTable<C> {
         Some(length)
     }
 
-    /// Appends the words of its slots changed since the last call (nothing if not synced).
-    pub fn changes(&mut self, out: &mut Vec<Change>) {
-        if let Some(sync) = &mut self.sync {
-            sync.take_changes(&mut self.table, Self::encode, out);
+    /// Appends the words of its slots changed since the last call (nothing if not
+    /// synced), slot after slot until `budget` words are appended; whether every changed
+    /// slot was taken ([`TableSync::take_changes`]).
+    pub fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool {
+        match &mut self.sync {
+            Some(sync) => sync.take_changes(&mut self.table, Self::encode, out, budget),
+            None => true,
         }
     }
 

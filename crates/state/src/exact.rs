@@ -30,6 +30,7 @@
 //! exactly when its `meta` is not 0.
 
 use crate::table_key::TableKey;
+use std::ops::ControlFlow;
 
 /// How a slot was written since the last take, as a marked table tells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,14 +51,19 @@ const MOVED: u8 = 2;
 /// with what it was without keeping a copy of the whole table (and reading it: a cache
 /// miss a slot).
 ///
-/// Invariant: a slot is in `before` once, and only if its mark is set; every write to a
-/// slot's entry is preceded by [`ExactTable::written`] or [`ExactTable::value_mut`].
+/// Invariant: a slot is in `before[taken..]` once, and only if its mark is set; every
+/// write to a slot's entry is preceded by [`ExactTable::written`] or
+/// [`ExactTable::value_mut`].
 #[derive(Clone, Debug)]
 struct Written<K, V> {
-    /// Per slot, the [`SlotWrite`] marks since the last take (0: not written).
+    /// Per slot, the [`SlotWrite`] marks since the slot was last taken (0: not written).
     marks: Box<[u8]>,
     /// In the order first written.
     before: Vec<Before<K, V>>,
+    /// How many of `before` a take cut short has taken (their marks cleared): the next
+    /// take goes on from there. A slot written again after it was taken comes again at
+    /// the end.
+    taken: usize,
 }
 
 /// A slot written since the last take, and its entry before then (none: it was empty).
@@ -287,25 +293,30 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         self.written = Some(Box::new(Written {
             marks: vec![0; self.slots.len()].into_boxed_slice(),
             before: Vec::new(),
+            taken: 0,
         }));
     }
 
     /// Calls `each` with every slot written since the last call (or since marking began),
     /// once, in the order first written: the table, the slot, whether an entry came, went
     /// or moved there ([`SlotWrite::Moved`]) or only its value may have changed in place,
-    /// and its entry before (none: it was empty); forgets them. Nothing if the table does
-    /// not mark them.
+    /// and its entry before (none: it was empty); forgets them. `each` may cut the take
+    /// short ([`ControlFlow::Break`]) after the slot it was given: the slots not taken
+    /// stay written, and the next call starts with them. Whether every written slot was
+    /// taken (true if the table does not mark them).
     pub fn take_written_slots(
         &mut self,
-        mut each: impl FnMut(&Self, usize, SlotWrite, Option<&(K, V)>),
-    ) {
+        mut each: impl FnMut(&Self, usize, SlotWrite, Option<&(K, V)>) -> ControlFlow<()>,
+    ) -> bool {
         /// Slots looked ahead: the written slots of a large table are far apart, each a
         /// cache miss, which the look ahead overlaps.
         const AHEAD: usize = 8;
         let Some(mut written) = self.written.take() else {
-            return;
+            return true;
         };
-        for (n, before) in written.before.iter().enumerate() {
+        let mut all = true;
+        let first = written.taken;
+        for (n, before) in written.before.iter().enumerate().skip(first) {
             // The marks first (a large table's are far apart as well), so that what a slot
             // needs read is known by the time it is asked for: a value changed in place is
             // read alone, one line of the slot's two or three, and not its metadata.
@@ -323,10 +334,18 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                 bits if bits & MOVED != 0 => SlotWrite::Moved,
                 _ => SlotWrite::Value,
             };
-            each(self, before.slot, how, before.entry.as_ref());
+            written.taken = n + 1;
+            if each(self, before.slot, how, before.entry.as_ref()).is_break() {
+                all = written.taken == written.before.len();
+                break;
+            }
         }
-        written.before.clear();
+        if all {
+            written.before.clear();
+            written.taken = 0;
+        }
         self.written = Some(written);
+        all
     }
 
     /// Hints that slot `i` will be read soon.
@@ -1275,6 +1294,7 @@ mod tests {
         new.take_written_slots(|t, slot, how, before| {
             assert!(before.is_none() && how == SlotWrite::Moved);
             came += usize::from(t.slot(slot).is_some());
+            ControlFlow::Continue(())
         });
         assert_eq!(came, 100);
     }
@@ -1338,8 +1358,9 @@ mod tests {
         Update(u16, u32),
         Tick(u64),
         Sweep,
-        /// The sync stage takes the slots written since it last did.
-        Take,
+        /// The sync stage takes the slots written since it last did, all of them or
+        /// (`Some(n)`) cut short after `n + 1` slots, as a pass with a budget does.
+        Take(Option<u8>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1353,7 +1374,7 @@ mod tests {
             1 => (key, any::<u32>()).prop_map(|(k, v)| Op::Update(k, v)),
             1 => (0u64..4 * MS).prop_map(Op::Tick),
             1 => Just(Op::Sweep),
-            1 => Just(Op::Take),
+            1 => proptest::option::of(0u8..4).prop_map(Op::Take),
         ]
     }
 
@@ -1361,12 +1382,19 @@ mod tests {
     struct Taken(Vec<Option<(u64, u32)>>);
 
     impl Taken {
-        /// Takes the written slots, checking each is reported once with its entry as
-        /// taken last; then that every slot not reported is as taken last (none missed).
-        fn take(&mut self, t: &mut ExactTable<u64, u32>) -> Result<(), TestCaseError> {
+        /// Takes the written slots, up to `cut + 1` of them if cut, checking each is
+        /// reported once with its entry as taken last; then, if the take went to the
+        /// end, that every slot not reported is as taken last (none missed, the slots a
+        /// take cut short left behind included).
+        fn take(
+            &mut self,
+            t: &mut ExactTable<u64, u32>,
+            cut: Option<u8>,
+        ) -> Result<(), TestCaseError> {
             let mut reported = vec![false; self.0.len()];
             let mut checked = Ok(());
-            t.take_written_slots(|t, slot, how, before| {
+            let mut left = cut.map_or(usize::MAX, usize::from);
+            let all = t.take_written_slots(|t, slot, how, before| {
                 let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
                 let then = std::mem::replace(&mut self.0[slot], now);
                 let once = !std::mem::replace(&mut reported[slot], true);
@@ -1378,11 +1406,21 @@ mod tests {
                         "slot {slot}: once {once}, {how:?}, before {before:?}, taken {then:?}"
                     )));
                 }
+                match left.checked_sub(1) {
+                    Some(l) => {
+                        left = l;
+                        ControlFlow::Continue(())
+                    }
+                    None => ControlFlow::Break(()),
+                }
             });
             checked?;
-            for (slot, taken) in self.0.iter().enumerate() {
-                let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
-                prop_assert_eq!(now, *taken, "slot {} changed unreported", slot);
+            prop_assert!(all || cut.is_some(), "a take not cut takes everything");
+            if all {
+                for (slot, taken) in self.0.iter().enumerate() {
+                    let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
+                    prop_assert_eq!(now, *taken, "slot {} changed unreported", slot);
+                }
             }
             Ok(())
         }
@@ -1479,7 +1517,7 @@ mod tests {
                         }
                     }
                     Op::Tick(d) => now += d,
-                    Op::Take => taken.take(&mut t)?,
+                    Op::Take(cut) => taken.take(&mut t, cut)?,
                     Op::Sweep => {
                         // A full sweep (budget = every slot) against the model's expiry.
                         t.sweep(now, usize::MAX);
@@ -1506,7 +1544,7 @@ mod tests {
                 t.check_invariant();
                 prop_assert_eq!(t.len(), m.map.len());
             }
-            taken.take(&mut t)?;
+            taken.take(&mut t, None)?;
             for (k, e) in &m.map {
                 let id = t.find(k).map(|i| EntryId(i as u32));
                 prop_assert_eq!(id.map(|id| (*t.value(id), t.hits(id))), Some((e.0, e.4)));

@@ -416,6 +416,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.resent),
         ),
         (
+            "passes_cut",
+            "Sync passes that left a table's changes to the next, their take over its budget",
+            get(&c.passes_cut),
+        ),
+        (
             "write_parts",
             "Parts of top-down writes taken",
             get(&c.write_parts),

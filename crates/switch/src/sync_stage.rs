@@ -14,7 +14,11 @@
 //! `PASS_SHARE` times the last pass's length has gone by since it began, and at most
 //! `max_age_ms` after it, so a busy worker gives the stage about 1/`PASS_SHARE` of its time
 //! unless its passes are so long that the configured freshness costs more, and the changes
-//! a cell makes meanwhile reach the sender as one.
+//! a cell makes meanwhile reach the sender as one. A pass takes a table's changed slots
+//! up to `CHANGES_PER_PASS` words (a write that lands a migration's connections changes
+//! hundreds of thousands at once); the passes that take the rest follow after as much
+//! forwarding as each took, and their messages make one batch with it, which the
+//! collector applies whole once the last is taken.
 //!
 //! Configured by a run's `[sync]` section ([`SyncSettings`]); docs/SYNC.md has the
 //! protocol.
@@ -87,6 +91,16 @@ const PASS_SHARE: u64 = 50;
 /// The collector's datagrams (reports, write parts) are taken at least this often, between
 /// passes too: a `recv` that finds nothing costs about a microsecond.
 const RECEIVE_EVERY_NS: u64 = 1_000_000;
+/// A pass takes a table's changed slots until it has this many changed words (its slot's
+/// words whole), and leaves the rest to the next pass: taken, handed to the read handler
+/// and sent in one go, the 851,968 words that a write of 65,536 connections lands held
+/// the worker for 31-36 ms (bench-sync-migrate --table --moves 1 on 133c9ec). A busy
+/// `counter` pass takes 20,000 to 30,000.
+const CHANGES_PER_PASS: usize = 1 << 16;
+/// A batch left open this long is ended by the next pass, which takes every change left
+/// whatever the budget: a data plane that writes new slots faster than the passes take
+/// them would otherwise keep the collector's copy waiting for the batch's end for ever.
+const MAX_OPEN_NS: u64 = 100_000_000;
 /// Under traffic the clock is read after one burst in this many (a read costs about a
 /// third of a 64-packet burst's marking of its changes).
 const CLOCK_EVERY_BURSTS: u32 = 4;
@@ -110,6 +124,8 @@ pub struct SyncCounters {
     /// changes from the state took, and handing them to the read handler.
     pub passes: AtomicU64,
     pub pass_ns: AtomicU64,
+    /// Passes that left changes to the next, their take over `CHANGES_PER_PASS` words.
+    pub passes_cut: AtomicU64,
     /// The thresholds the messages of changes carried (`t_max`, what the collector bounds
     /// their values by), summed over those messages, which are counted, and the largest.
     pub threshold_sum: AtomicU64,
@@ -285,6 +301,7 @@ impl SyncPlan {
                 next_pass_ns: 0,
                 next_receive_ns: 0,
                 bursts_unclocked: 0,
+                open_since_ns: None,
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -366,6 +383,9 @@ struct SyncStage {
     next_receive_ns: u64,
     /// Bursts since the clock was last read.
     bursts_unclocked: u32,
+    /// When the first pass whose take was cut short (`CHANGES_PER_PASS`) began, while
+    /// the passes after it have not taken every change: their messages' batch is open.
+    open_since_ns: Option<u64>,
 }
 
 /// The entries one datagram to the socket's peer carries whole, with a MAC.
@@ -491,10 +511,11 @@ impl SyncStage {
         self.started_unix_ns + self.clock.elapsed().as_nanos() as u64
     }
 
-    /// Takes the changes since the last pass into the sender.
-    fn take_changes(&mut self, program: &mut dyn Running, now_ns: u64) {
+    /// Takes the changes since the last pass into the sender, up to `budget` of a
+    /// table's; whether every change was taken.
+    fn take_changes(&mut self, program: &mut dyn Running, now_ns: u64, budget: usize) -> bool {
         let started_ns = self.now_ns();
-        program.changes(&mut self.changes);
+        let whole = program.changes(&mut self.changes, budget);
         let taken_ns = self.now_ns();
         SyncCounters::add(&self.counters.take_ns, taken_ns.saturating_sub(started_ns));
         SyncCounters::add(&self.counters.changes, self.changes.len() as u64);
@@ -538,6 +559,7 @@ impl SyncStage {
         self.changes = changes;
         let handled_ns = self.now_ns().saturating_sub(taken_ns);
         SyncCounters::add(&self.counters.handle_ns, handled_ns);
+        whole
     }
 
     /// Takes what the collector sent: reports, and parts of writes (acknowledged). A part
@@ -744,23 +766,40 @@ impl SyncStage {
     /// the sender's messages out.
     fn pass(&mut self, program: &mut dyn Running) {
         let now_ns = self.now_ns();
-        self.take_changes(program, now_ns);
+        let budget = match self.open_since_ns {
+            Some(since) if now_ns.saturating_sub(since) >= MAX_OPEN_NS => usize::MAX,
+            _ => CHANGES_PER_PASS,
+        };
+        let whole = self.take_changes(program, now_ns, budget);
         let committed = self.exchange(program, now_ns);
         self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
         let mut out = std::mem::take(&mut self.out);
         let mut reader = EntryReader::new(program);
         if let Some(sender) = &mut self.sender {
-            sender.poll(now_ns, |l| reader.read(l), &mut out);
+            if whole {
+                sender.poll(now_ns, |l| reader.read(l), &mut out);
+            } else {
+                sender.poll_open(now_ns, &mut out);
+            }
         }
         self.out = out;
         self.send_out();
         let took = self.now_ns() - now_ns;
         SyncCounters::add(&self.counters.passes, 1);
         SyncCounters::add(&self.counters.pass_ns, took);
-        // Never further apart than a change may wait unsent (`max_age_ms`): the user's
-        // choice between freshness and what the passes cost a worker whose synced state
-        // changes all over (a large table's flows).
-        self.next_pass_ns = now_ns + (took * PASS_SHARE).min(self.config.max_age_ns);
+        if whole {
+            self.open_since_ns = None;
+            // Never further apart than a change may wait unsent (`max_age_ms`): the
+            // user's choice between freshness and what the passes cost a worker whose
+            // synced state changes all over (a large table's flows).
+            self.next_pass_ns = now_ns + (took * PASS_SHARE).min(self.config.max_age_ns);
+        } else {
+            SyncCounters::add(&self.counters.passes_cut, 1);
+            self.open_since_ns.get_or_insert(now_ns);
+            // The rest of the changes after as long again of forwarding: half the
+            // worker's time until they are all taken.
+            self.next_pass_ns = now_ns + took;
+        }
         if committed {
             self.changes_due(now_ns);
         }
@@ -802,13 +841,14 @@ impl StateStage for SyncStage {
         // tracked afresh: a new epoch tells the collector to start the stream over.
         self.config.epoch = new_epoch();
         self.sender = None;
+        self.open_since_ns = None;
         self.writes = WriteStage::default();
         self.sender(program);
     }
 
     fn finish(&mut self, program: &mut dyn Running, _ctx: &Context) {
         let now_ns = self.now_ns();
-        self.take_changes(program, now_ns);
+        self.take_changes(program, now_ns, usize::MAX);
         let mut out = std::mem::take(&mut self.out);
         let mut reader = EntryReader::new(program);
         if let Some(sender) = &mut self.sender {
@@ -825,6 +865,8 @@ pub struct SyncReport {
     pub collector: String,
     pub changes: u64,
     pub passes: u64,
+    /// Passes that left changes of a table to the next ([`SyncCounters::passes_cut`]).
+    pub passes_cut: u64,
     /// Seconds the workers spent in the sync stage's passes; of them, taking the changes
     /// from the state, and handing them to the read handler (the rest: the collector's
     /// datagrams, writes committed, messages made and sent).
@@ -862,6 +904,7 @@ impl SyncPlan {
             collector: self.collector.to_string(),
             changes: get(&c.changes),
             passes: get(&c.passes),
+            passes_cut: get(&c.passes_cut),
             pass_seconds: get(&c.pass_ns) as f64 / 1e9,
             take_seconds: get(&c.take_ns) as f64 / 1e9,
             handle_seconds: get(&c.handle_ns) as f64 / 1e9,
@@ -914,6 +957,12 @@ impl SyncReport {
                 self.changes_kept,
                 self.write_parts,
                 self.commit_seconds
+            );
+        }
+        if self.passes_cut > 0 {
+            s += &format!(
+                "  {} passes left a table's changes to the next, over {} words a pass\n",
+                self.passes_cut, CHANGES_PER_PASS
             );
         }
         if self.resent > 0 {
@@ -975,9 +1024,10 @@ mod tests {
 
         fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
 
-        fn changes(&mut self, out: &mut Vec<Change>) {
+        fn changes(&mut self, out: &mut Vec<Change>, _budget: usize) -> bool {
             std::thread::sleep(self.take);
             self.cells.take_changes(out);
+            true
         }
 
         fn synced(&self) -> Vec<(u16, u32)> {

@@ -116,6 +116,8 @@ pub struct Sender {
     quickest_ns: u64,
     /// Entries a message carries at most (what one datagram on the path holds).
     message_entries: usize,
+    /// Messages have gone in a batch that no message has ended yet ([`Sender::poll_open`]).
+    batch_open: bool,
     /// The last messages sent, oldest first, at most [`KEPT_MESSAGES`] of them and
     /// [`KEPT_ENTRIES`] entries in all: what a collector's request for lost ones finds.
     kept: std::collections::VecDeque<Message>,
@@ -192,6 +194,7 @@ impl Sender {
             sent_log: std::collections::VecDeque::new(),
             quickest_ns: u64::MAX,
             message_entries: MAX_ENTRIES,
+            batch_open: false,
             feedback: FeedbackCounters::default(),
             config,
         }
@@ -341,12 +344,31 @@ impl Sender {
     /// that a batch holds every update made before it (what the collector's bound rests
     /// on). A refresh's values go in the batch of the poll that read them, after the
     /// updates made before they were read.
-    pub fn poll(
+    pub fn poll(&mut self, now_ns: u64, read: impl FnMut(Location) -> u64, out: &mut Vec<Message>) {
+        self.poll_batch(now_ns, Some(read), out);
+    }
+
+    /// As [`poll`](Self::poll), once a pass whose take was cut short: the state holds
+    /// changes the handler has not had yet. Its messages all say that more of their batch
+    /// follow, so that the collector applies none of them before the batch's last, which
+    /// the first `poll` after every change is taken sends: the batch then holds every
+    /// update made before it, as the collector's bound asks. No refresh reads the state
+    /// meanwhile: a refreshed value the handler has not had the change of would be taken
+    /// for what the collector holds, and the handler would measure that change from the
+    /// wrong value.
+    pub fn poll_open(&mut self, now_ns: u64, out: &mut Vec<Message>) {
+        self.poll_batch(now_ns, None::<fn(Location) -> u64>, out);
+    }
+
+    fn poll_batch(
         &mut self,
         now_ns: u64,
-        mut read: impl FnMut(Location) -> u64,
+        read: Option<impl FnMut(Location) -> u64>,
         out: &mut Vec<Message>,
     ) {
+        let open = read.is_none();
+        // A batch left open ends now, with a message however few updates wait.
+        let closing = self.batch_open && !open;
         let start = *self.window_start_ns.get_or_insert(now_ns);
         let rate = match self.config.threshold {
             Threshold::Adaptive(rate) => Some(RateController {
@@ -388,7 +410,9 @@ impl Sender {
         } else {
             self.pending_since_ns.get_or_insert(now_ns);
         }
-        self.refresh_some(now_ns, &mut read);
+        if let Some(mut read) = read {
+            self.refresh_some(now_ns, &mut read);
+        }
         let first = out.len();
         let layout_due = now_ns >= self.next_layout_ns;
         let waited = (self.pending_since_ns)
@@ -402,20 +426,37 @@ impl Sender {
         if layout_due {
             self.announce_layout(now_ns, out);
         }
-        if waited || quiet || full || layout_due || !self.refreshed.is_empty() {
+        if waited || quiet || full || layout_due || closing || !self.refreshed.is_empty() {
             self.send(now_ns, Kind::Updates, out);
             self.send(now_ns, Kind::Refresh, out);
             self.pending_since_ns = None;
         }
-        if quiet && out.len() == first {
+        if (quiet || closing) && out.len() == first {
             self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
         }
-        self.end_batch(&mut out[first..]);
+        if open {
+            self.leave_batch_open(&mut out[first..]);
+        } else {
+            self.end_batch(&mut out[first..]);
+        }
     }
 
-    /// The messages of one poll are one batch: all but its last say that more follow, and
-    /// all carry the period's `t_max` (the batch's updates may be older than any of its
-    /// messages). The next period starts with no change, so with no divergence.
+    /// The messages of a poll that leaves its batch open all say that more follow; the
+    /// period, and its `t_max`, go on.
+    fn leave_batch_open(&mut self, batch: &mut [Message]) {
+        for m in batch.iter_mut() {
+            m.more = true;
+        }
+        for kept in self.kept.iter_mut().rev().take(batch.len()) {
+            kept.more = true;
+        }
+        self.batch_open |= !batch.is_empty();
+    }
+
+    /// The messages of one poll end a batch (with those of the polls that left it open
+    /// before): all but its last say that more follow, and all carry the period's `t_max`
+    /// (the batch's updates may be older than any of its messages). The next period
+    /// starts with no change, so with no divergence.
     fn end_batch(&mut self, batch: &mut [Message]) {
         if let Some((_, before_last)) = batch.split_last_mut() {
             for m in before_last.iter_mut() {
@@ -426,6 +467,7 @@ impl Sender {
                 kept.more = true;
             }
             self.t_max = 0;
+            self.batch_open = false;
         }
     }
 
@@ -982,5 +1024,45 @@ mod tests {
         s.change(4_100_000_000, at(1), u64::from(u32::MAX), 5);
         s.poll(4_200_000_000, |_| 0, &mut out);
         assert!(sent(&out, 1, 5), "{out:?}");
+    }
+
+    /// Polls of a pass cut short send their updates in messages that all say more follow,
+    /// the kept copies too; the next `poll` ends the batch with a message even when
+    /// nothing waits (and only then).
+    #[test]
+    fn a_batch_left_open_is_ended_by_the_next_poll() {
+        let mut s = sender(1_000_000).with_message_entries(2);
+        let at = |index| Location { state: 0, index };
+        let mut out = Vec::new();
+        for i in 0..3 {
+            s.change_exact(at(i), 0, 7);
+        }
+        s.poll_open(100, &mut out);
+        s.poll_open(200, &mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(out.iter().all(|m| m.more), "{out:?}");
+        let seqs = |out: &[Message]| out.iter().map(|m| m.seq).collect::<Vec<_>>();
+        let mut again = Vec::new();
+        let nack = Message {
+            kind: Kind::Nack,
+            entries: (seqs(&out).into_iter())
+                .map(|seq| Update {
+                    location: at(0),
+                    value: seq,
+                    threshold: 0,
+                })
+                .collect(),
+            ..report(0, 0)
+        };
+        s.on_nack(&nack, &mut again);
+        assert_eq!(seqs(&again), seqs(&out));
+        assert!(again.iter().all(|m| m.more), "kept as they went: {again:?}");
+        // Well within the heartbeat's period: only the open batch makes it send.
+        s.poll(300, |_| 0, &mut out);
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(out[2].kind == Kind::Heartbeat && !out[2].more, "{out:?}");
+        s.poll_open(400, &mut out);
+        s.poll(500, |_| 0, &mut out);
+        assert_eq!(out.len(), 3, "nothing waits, no batch is open: {out:?}");
     }
 }

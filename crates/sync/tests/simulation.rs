@@ -8,6 +8,11 @@
 //! (of another key) arrive among them and are refused. Each seed draws its own load (0.1x to 100x the
 //! channel's capacity) and faults. `SYNC_SEEDS=100000 cargo test --release -p
 //! stateplane-sync --test simulation` runs more seeds than the default 1,000.
+//!
+//! The same runs with takes cut short: the changes wait in the data plane, as a table's
+//! marked slots do, and each step hands the sender only some of them (a location's changes
+//! since it was last handed as one), its polls leaving the batch open until every change is
+//! handed (`Sender::poll_open`).
 #![allow(clippy::unwrap_used)]
 
 use stateplane_gen::rng::Rng;
@@ -43,11 +48,47 @@ struct Seen {
     sent: u64,
     lost: u64,
     spoofed: u64,
+    /// Polls that left their batch open, changes still waiting.
+    left_open: u64,
 }
 
-fn run(seed: u64) -> Seen {
+/// Changes made but not handed to the sender yet, in the order first made, each with its
+/// value before then: a table's marked slots, which a pass cut short leaves to the next.
+#[derive(Default)]
+struct Waiting {
+    order: std::collections::VecDeque<Location>,
+    before: HashMap<Location, u64>,
+}
+
+impl Waiting {
+    fn add(&mut self, location: Location, old: u64) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.before.entry(location) {
+            e.insert(old);
+            self.order.push_back(location);
+        }
+    }
+}
+
+/// Hands the sender a change as the data plane reports it: a key's at once whatever the
+/// threshold.
+fn hand(sender: &mut Sender, now: u64, location: Location, old: u64, new: u64) {
+    if location.state == 2 {
+        sender.change_exact(location, old, new);
+    } else {
+        sender.change(now, location, old, new);
+    }
+}
+
+/// A batch is left open at most this long; then the next step hands every change waiting.
+const MAX_OPEN_NS: u64 = 5_000_000;
+
+fn run(seed: u64, cut: bool) -> Seen {
     let repair = seed.is_multiple_of(2);
     let mut rng = Rng::new(seed);
+    // Its own draws, so that a seed's load and faults are the same cut or not.
+    let mut cutter = Rng::new(seed ^ 0xc075_5e17);
+    let mut waiting = Waiting::default();
+    let mut open_since: Option<u64> = None;
     // The channel carries 200 updates a second... to 20,000; the load is 0.1x to 100x that.
     let capacity = 200 * (1 + rng.below(100));
     let load_milli = [100, 1_000, 10_000, 100_000][rng.below(4) as usize];
@@ -114,7 +155,11 @@ fn run(seed: u64) -> Seen {
                         plane[&l].wrapping_add(1)
                     };
                     let old = plane.insert(l, new).unwrap();
-                    sender.change_exact(l, old, new);
+                    if cut {
+                        waiting.add(l, old);
+                    } else {
+                        hand(&mut sender, now, l, old, new);
+                    }
                     continue;
                 }
                 let (location, new) = if rng.chance(0.5) {
@@ -138,13 +183,36 @@ fn run(seed: u64) -> Seen {
                     (l, new)
                 };
                 let old = plane.insert(location, new).unwrap();
-                sender.change(now, location, old, new);
+                if cut {
+                    waiting.add(location, old);
+                } else {
+                    hand(&mut sender, now, location, old, new);
+                }
             }
+        }
+        // Some of the changes waiting, or all of them once the batch has been open long.
+        let take = match open_since {
+            Some(since) if now - since >= MAX_OPEN_NS => usize::MAX,
+            _ => 1 + cutter.below(changes_per_step.max(1) * 2) as usize,
+        };
+        for _ in 0..take {
+            let Some(l) = waiting.order.pop_front() else {
+                break;
+            };
+            let old = waiting.before.remove(&l).unwrap();
+            hand(&mut sender, now, l, old, plane[&l]);
         }
         if now == HEAL_NS {
             channel.set_faults(Faults::default());
         }
-        sender.poll(now, |l| plane[&l], &mut out);
+        if waiting.order.is_empty() {
+            open_since = None;
+            sender.poll(now, |l| plane[&l], &mut out);
+        } else {
+            open_since.get_or_insert(now);
+            sender.poll_open(now, &mut out);
+            seen.left_open += 1;
+        }
         for m in out.drain(..) {
             snapshots.insert(m.seq, plane.clone());
             let mut bytes = Vec::new();
@@ -240,16 +308,41 @@ fn run(seed: u64) -> Seen {
     seen
 }
 
-#[test]
-fn bounds_hold_at_every_step_and_the_mirror_converges() {
-    let seeds: u64 = std::env::var("SYNC_SEEDS")
+/// Seeds to run: `SYNC_SEEDS`, or 1,000.
+fn seeds() -> u64 {
+    std::env::var("SYNC_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000);
+        .unwrap_or(1_000)
+}
+
+/// The same runs, the changes waiting in the data plane and handed a few at a time.
+#[test]
+fn bounds_hold_when_takes_are_cut_short() {
+    let seeds = seeds();
+    let mut total = Seen::default();
+    for seed in 0..seeds {
+        let s = run(seed, true);
+        total.checks += s.checks;
+        total.bounded += s.bounded;
+        total.lost += s.lost;
+        total.left_open += s.left_open;
+    }
+    assert!(
+        total.bounded * 4 > total.checks && total.lost > 0,
+        "{total:?}"
+    );
+    assert!(total.left_open > seeds, "batches were left open: {total:?}");
+    println!("{seeds} seeds, takes cut short: {total:?}");
+}
+
+#[test]
+fn bounds_hold_at_every_step_and_the_mirror_converges() {
+    let seeds = seeds();
     // Even seeds repair their losses, odd ones do not.
     let mut total = [Seen::default(), Seen::default()];
     for seed in 0..seeds {
-        let s = run(seed);
+        let s = run(seed, false);
         let t = &mut total[(seed % 2) as usize];
         t.checks += s.checks;
         t.bounded += s.bounded;
