@@ -94,8 +94,8 @@ const RECEIVE_EVERY_NS: u64 = 1_000_000;
 /// A pass takes a table's changed slots until it has this many changed words (its slot's
 /// words whole), and leaves the rest to the next pass: taken, handed to the read handler
 /// and sent in one go, the 851,968 words that a write of 65,536 connections lands held
-/// the worker for 31-36 ms (bench-sync-migrate --table --moves 1 on 133c9ec). A busy
-/// `counter` pass takes 20,000 to 30,000.
+/// the worker for 30-34 ms (`bench-sync-migrate --table --sizes 65536 --losses 0 --moves
+/// 1` on 133c9ec; docs/BENCHMARKS.md). A busy `counter` pass takes 20,000 to 40,000.
 const CHANGES_PER_PASS: usize = 1 << 16;
 /// A batch left open this long is ended by the next pass, which takes every change left
 /// whatever the budget: a data plane that writes new slots faster than the passes take
