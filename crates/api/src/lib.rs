@@ -35,6 +35,11 @@ pub struct Change {
     /// The value must reach the collector as it is, at every change, whatever the
     /// threshold: a table's key or action, where a value near the right one is a wrong one.
     pub exact: bool,
+    /// A top-down write placed it (a table's entry, wherever its key hashes): the value
+    /// goes to the collector as the write's, at once and costing the rate controller one
+    /// update, so that a write of large values does not raise the threshold the rest of
+    /// the copy is bounded by.
+    pub by_write: bool,
 }
 
 impl Change {
@@ -42,7 +47,7 @@ impl Change {
     /// divergence, or one update for a change that is always sent.
     #[inline]
     pub fn cost(&self) -> u64 {
-        if self.exact {
+        if self.exact || self.by_write {
             u64::from(self.old != self.new)
         } else {
             self.new.abs_diff(self.old)

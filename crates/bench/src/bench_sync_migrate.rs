@@ -159,6 +159,12 @@ impl Switch {
         ns as f64 / 1e6
     }
 
+    /// The largest threshold its messages of changes have carried (what the collector's
+    /// copy of it is bounded by).
+    fn largest_threshold(&self) -> u64 {
+        SyncCounters::get(&self.counters.largest_threshold)
+    }
+
     /// Waits until it has committed `writes` writes in all: a write is acknowledged once
     /// the switch holds all of it, and lands in its state at the switch's next pass.
     fn await_committed(&self, writes: u64) -> BenchResult<()> {
@@ -568,8 +574,11 @@ fn move_tables(
             row.between_moves(&target);
             rows.push(row);
             eprintln!(
-                "loss {loss}: each move {} write(s), {} parts in all",
-                shape.0, shape.1
+                "loss {loss}: each move {} write(s), {} parts in all; the target's messages \
+                 carried a threshold of {} at most",
+                shape.0,
+                shape.1,
+                target.largest_threshold()
             );
             let held = table_entries(target.stop_program()?.as_ref(), stride);
             let relayed = LossyRelay::stop(relay)?;

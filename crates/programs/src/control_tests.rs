@@ -703,6 +703,7 @@ fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
         old: 0,
         new,
         exact: false,
+        by_write: false,
     };
     assert_eq!(taken, [change(253, u64::from(u32::MAX)), change(255, 5)]);
     // The wrapper hands on what the program says of its workers (kv runs on one).

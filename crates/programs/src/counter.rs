@@ -199,7 +199,8 @@ mod tests {
     }
 
     /// A synced flow table sends its counts within the threshold and its keys exactly; a
-    /// write into a full table places what fits and refuses the rest whole.
+    /// write into a full table places what fits and refuses the rest whole, and what it
+    /// placed goes back as the write's changes, where the data plane's counts do not.
     #[test]
     fn a_synced_flow_table_counts_within_the_threshold_and_a_full_one_refuses_entries() {
         let mut c = counter("capacity = 2");
@@ -242,6 +243,21 @@ mod tests {
         }
         assert_eq!(c.commit_synced_write(), 2, "the table holds 2 flows");
         assert_eq!(c.flows.len(), 2);
+        assert!(changes.iter().all(|ch| !ch.by_write), "the data plane's");
+        let mut placed = Vec::new();
+        assert!(c.changes(&mut placed, usize::MAX));
+        assert!(
+            placed.len() >= 2 && placed.iter().all(|ch| ch.by_write),
+            "{placed:?}"
+        );
+        let frame = ip_frame("198.18.0.1", "198.19.0.1", tcp(1000, 80, 0x10));
+        run_at(&mut c, 1_000, &[(frame, 0)], (0, 1), 2);
+        let mut counted = Vec::new();
+        assert!(c.changes(&mut counted, usize::MAX));
+        assert!(
+            !counted.is_empty() && counted.iter().all(|ch| !ch.by_write),
+            "{counted:?}"
+        );
     }
 
     /// A flow table both synced and replicated is read by the collector, but a synced

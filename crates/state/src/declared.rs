@@ -320,6 +320,9 @@ impl<C: ExactCodec> DeclaredTable<C> {
         // i % AHEAD until its turn): hashing it again to find it cost a fifth of the
         // commit of 65,536 connections.
         let mut hashes = [Hashed::default(); AHEAD];
+        // What the placing changes goes to the collector as the write's (whatever the
+        // values, one update each to the rate controller), entries it moves aside too.
+        table.placing_a_write(true);
         for (place, hashed) in placing.iter().zip(&mut hashes) {
             *hashed = table.hashed(place.key());
             table.prefetch_hashed(*hashed);
@@ -355,6 +358,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
                 placed.refused += 1;
             }
         }
+        table.placing_a_write(false);
         placed
     }
 

@@ -41,9 +41,11 @@ pub enum SlotWrite {
     Moved,
 }
 
-/// The marks of [`SlotWrite`]s.
+/// The marks of [`SlotWrite`]s, and of a write made while a top-down write is placed
+/// ([`ExactTable::placing_a_write`]).
 const VALUE: u8 = 1;
 const MOVED: u8 = 2;
+const BY_WRITE: u8 = 4;
 
 /// The slots of a synced table written since the sync stage last took them: a mark per
 /// slot, and each marked slot's entry as it was before its first write. The data plane
@@ -64,6 +66,9 @@ struct Written<K, V> {
     /// take goes on from there. A slot written again after it was taken comes again at
     /// the end.
     taken: usize,
+    /// Marked on every write besides its own marks: `BY_WRITE` while a top-down write is
+    /// placed, 0 otherwise.
+    also: u8,
 }
 
 /// A slot written since the last take, and its entry before then (none: it was empty).
@@ -294,19 +299,21 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             marks: vec![0; self.slots.len()].into_boxed_slice(),
             before: Vec::new(),
             taken: 0,
+            also: 0,
         }));
     }
 
     /// Calls `each` with every slot written since the last call (or since marking began),
     /// once, in the order first written: the table, the slot, whether an entry came, went
     /// or moved there ([`SlotWrite::Moved`]) or only its value may have changed in place,
-    /// and its entry before (none: it was empty); forgets them. `each` may cut the take
+    /// whether a top-down write's placing wrote it ([`ExactTable::placing_a_write`]), and
+    /// its entry before (none: it was empty); forgets them. `each` may cut the take
     /// short ([`ControlFlow::Break`]) after the slot it was given: the slots not taken
     /// stay written, and the next call starts with them. Whether every written slot was
     /// taken (true if the table does not mark them).
     pub fn take_written_slots(
         &mut self,
-        mut each: impl FnMut(&Self, usize, SlotWrite, Option<&(K, V)>) -> ControlFlow<()>,
+        mut each: impl FnMut(&Self, usize, SlotWrite, bool, Option<&(K, V)>) -> ControlFlow<()>,
     ) -> bool {
         /// Slots looked ahead: the written slots of a large table are far apart, each a
         /// cache miss, which the look ahead overlaps.
@@ -330,12 +337,14 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                     self.prefetch_slot(next.slot);
                 }
             }
-            let how = match std::mem::take(&mut written.marks[before.slot]) {
-                bits if bits & MOVED != 0 => SlotWrite::Moved,
-                _ => SlotWrite::Value,
+            let bits = std::mem::take(&mut written.marks[before.slot]);
+            let how = match bits & MOVED {
+                0 => SlotWrite::Value,
+                _ => SlotWrite::Moved,
             };
             written.taken = n + 1;
-            if each(self, before.slot, how, before.entry.as_ref()).is_break() {
+            let by_write = bits & BY_WRITE != 0;
+            if each(self, before.slot, how, by_write, before.entry.as_ref()).is_break() {
                 all = written.taken == written.before.len();
                 break;
             }
@@ -399,7 +408,16 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                 let entry = (self.meta[i] != 0).then(|| (self.slots[i].key, self.slots[i].value));
                 written.before.push(Before { slot: i, entry });
             }
-            *mark |= bits;
+            *mark |= bits | written.also;
+        }
+    }
+
+    /// While `on`, every slot written is marked as a top-down write's too (its changes go
+    /// to the collector as the write's: [`ExactTable::take_written_slots`]); nothing if
+    /// the table does not mark its slots.
+    pub fn placing_a_write(&mut self, on: bool) {
+        if let Some(written) = &mut self.written {
+            written.also = if on { BY_WRITE } else { 0 };
         }
     }
 
@@ -1291,7 +1309,7 @@ mod tests {
         new.mark_written_slots();
         new.adopt(&mut old);
         let mut came = 0;
-        new.take_written_slots(|t, slot, how, before| {
+        new.take_written_slots(|t, slot, how, _, before| {
             assert!(before.is_none() && how == SlotWrite::Moved);
             came += usize::from(t.slot(slot).is_some());
             ControlFlow::Continue(())
@@ -1394,7 +1412,7 @@ mod tests {
             let mut reported = vec![false; self.0.len()];
             let mut checked = Ok(());
             let mut left = cut.map_or(usize::MAX, usize::from);
-            let all = t.take_written_slots(|t, slot, how, before| {
+            let all = t.take_written_slots(|t, slot, how, _, before| {
                 let now = t.slot(slot).map(|(k, v, _)| (*k, *v));
                 let then = std::mem::replace(&mut self.0[slot], now);
                 let once = !std::mem::replace(&mut reported[slot], true);

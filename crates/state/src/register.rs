@@ -205,6 +205,7 @@ impl<T: Copy + Default> Register<T> {
                         old,
                         new,
                         exact: false,
+                        by_write: false,
                     });
                     *then = *now;
                 }
@@ -333,6 +334,7 @@ mod tests {
             old,
             new,
             exact: false,
+            by_write: false,
         };
         assert_eq!(
             got,

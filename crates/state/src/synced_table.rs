@@ -427,8 +427,9 @@ impl TableSync {
         (self.slots * self.words.stride()) as u32
     }
 
-    /// Appends each word of a slot written since the last take that differs from then,
-    /// slot after slot until `budget` words are appended (the slots left are taken by the
+    /// Appends each word of a slot written since the last take that differs from then
+    /// (the write's, `Change::by_write`, where a top-down write placed anything in the
+    /// slot), slot after slot until `budget` words are appended (the slots left are taken by the
     /// next call, first); whether every written slot was taken.
     pub fn take_changes<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(
         &mut self,
@@ -446,7 +447,7 @@ impl TableSync {
             ..
         } = self;
         let stride = words.stride();
-        table.take_written_slots(|table, slot, how, before| {
+        table.take_written_slots(|table, slot, how, by_write, before| {
             // A value changed in place has its entry there still (a slot an entry left is
             // marked moved): only the value is read, one line of the slot, and only its
             // action and parameter words can differ (the key's are left as they are).
@@ -481,6 +482,7 @@ impl TableSync {
                         old: then,
                         new: now,
                         exact: !words.counting[w],
+                        by_write,
                     });
                 }
             }

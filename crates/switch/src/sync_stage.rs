@@ -363,8 +363,8 @@ struct SyncStage {
     /// The committed writes' answers on their way out (kept for the next).
     answers: Vec<Message>,
     changes: Vec<Change>,
-    /// Locations the writes committed since the last pass wrote: their changes go as a
-    /// write's (`Sender::change_written`).
+    /// Registers' locations the writes committed since the last pass wrote: their changes
+    /// go as a write's (`Sender::change_written`), as a table's do that say so.
     written: Vec<Location>,
     out: Vec<Message>,
     bytes: Vec<u8>,
@@ -442,8 +442,8 @@ impl<'a> EntryReader<'a> {
 
 /// The program's synced state, as the write stage reads and writes it, noting the
 /// locations written where given a set: a register's (a table's words are numbered by
-/// entry, not by slot: its entries land where their keys hash, and the changes they make
-/// there go as any change does).
+/// entry, not by slot: its entries land where their keys hash, and the table marks the
+/// slots its placing writes, whose changes say so: `Change::by_write`).
 struct ProgramState<'a>(&'a mut dyn Running, Option<&'a mut Vec<Location>>);
 
 impl WriteTarget for ProgramState<'_> {
@@ -529,10 +529,12 @@ impl SyncStage {
         };
         // A write is mostly a range: most changes fall outside it at one comparison.
         let span = written.first().copied().zip(written.last().copied());
+        // A table's change says so itself; a register's location is in `written`.
         let by_write = |c: &Change| {
             let l = at(c);
-            span.is_some_and(|(low, high)| low <= l && l <= high)
-                && written.binary_search(&l).is_ok()
+            c.by_write
+                || span.is_some_and(|(low, high)| low <= l && l <= high)
+                    && written.binary_search(&l).is_ok()
         };
         let sender = self.sender(program);
         let total = (changes.iter()).fold(0u64, |sum, c| {
@@ -1203,6 +1205,84 @@ mod tests {
             1,
             "the part numbered 0"
         );
+    }
+
+    /// A program whose changes wait to be taken, a budget's worth a take, as a table's
+    /// marked slots do.
+    struct Waiting(std::collections::VecDeque<Change>);
+
+    impl Program for Waiting {
+        type Prepared = ();
+
+        fn process(&mut self, _burst: &mut Burst, _ctx: &mut Context) {}
+
+        fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool {
+            let n = budget.min(self.0.len());
+            out.extend(self.0.drain(..n));
+            self.0.is_empty()
+        }
+
+        fn synced(&self) -> Vec<(u16, u32)> {
+            vec![(0, 1 << 20)]
+        }
+
+        fn read_synced(&self, _id: u16, index: u32) -> Option<u64> {
+            (index < 1 << 20).then_some(0)
+        }
+    }
+
+    /// A write's changes of three passes' budget and more go over four passes, the first
+    /// three cut short, and their messages make one batch, ended only once the last
+    /// change is taken; being a write's, their huge values leave the threshold where the
+    /// channel's capacity alone puts it.
+    #[test]
+    fn a_large_take_goes_over_passes_in_one_batch() {
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        collector
+            .set_read_timeout(Some(Duration::from_millis(1)))
+            .unwrap();
+        // Most of a pass's messages, where the kernel allows (loss is no failure here).
+        let _ = stateplane_io::udp_socket::set_receive_buffer(&collector, 32 << 20);
+        let (plan, mut stage, _) = staged(&collector, None, None, Duration::ZERO);
+        let changes = 3 * CHANGES_PER_PASS + 5;
+        let mut program: Box<dyn Running> = Box::new(Waiting(
+            (0..changes as u32)
+                .map(|index| Change {
+                    state: 0,
+                    index,
+                    old: 0,
+                    new: u64::MAX / 2,
+                    exact: false,
+                    by_write: true,
+                })
+                .collect(),
+        ));
+        let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
+        let mut datagram = vec![0; 65_536];
+        let mut got = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            stage.tick(program.as_mut(), &ctx);
+            while let Ok(n) = collector.recv(&mut datagram) {
+                got.push(Message::decode(&datagram[..n]).unwrap());
+            }
+            // The four passes that take the changes, and one after.
+            if SyncCounters::get(&plan.counters.passes) > 4 {
+                break;
+            }
+        }
+        // Three, unless a machine slow enough to keep the batch open 100 ms ends it sooner.
+        let cut = SyncCounters::get(&plan.counters.passes_cut);
+        assert!((1..=3).contains(&cut), "{cut} passes cut short");
+        let carries = |m: &Message| (m.entries.iter()).any(|e| e.value == u64::MAX / 2);
+        let last_change = (got.iter().filter(|m| carries(m)).map(|m| m.seq)).max();
+        let first_end = (got.iter().filter(|m| !m.more).map(|m| m.seq)).min();
+        assert!(
+            last_change.is_some() && first_end >= last_change,
+            "{last_change:?} {first_end:?}"
+        );
+        let largest = (got.iter().map(|m| m.t_max)).max().unwrap_or(0);
+        assert!(largest < 1 << 20, "threshold {largest}");
     }
 
     /// Bursts (each changing a cell) for `run`: the passes' count and their time.
