@@ -17,8 +17,9 @@
 //! a cell makes meanwhile reach the sender as one. A pass takes a table's changed slots
 //! up to `CHANGES_PER_PASS` words (a write that lands a migration's connections changes
 //! hundreds of thousands at once); the passes that take the rest follow after as much
-//! forwarding as each took, and their messages make one batch with it, which the
-//! collector applies whole once the last is taken.
+//! forwarding as each took (after one burst once the batch has been open `max_age_ms`),
+//! and their messages make one batch with it, which the collector applies whole once the
+//! last is taken.
 //!
 //! Configured by a run's `[sync]` section ([`SyncSettings`]); docs/SYNC.md has the
 //! protocol.
@@ -386,6 +387,25 @@ struct SyncStage {
     /// When the first pass whose take was cut short (`CHANGES_PER_PASS`) began, while
     /// the passes after it have not taken every change: their messages' batch is open.
     open_since_ns: Option<u64>,
+}
+
+/// When the pass after one that began at `now_ns` and took `took` is due, its batch open
+/// since `open_since_ns` if it left changes to take:
+/// - with every change taken, `PASS_SHARE` times `took` later, and never further apart
+///   than a change may wait unsent (`max_age_ns`): the user's choice between freshness and
+///   what the passes cost a worker whose synced state changes all over (a large table's
+///   flows);
+/// - with changes left, after as long again of forwarding (half the worker's time) while
+///   the batch is younger than `max_age_ns`, and then at once, after one burst: a data
+///   plane that changes more between two passes than a pass takes (a flood of new flows)
+///   would otherwise keep the batch open until `MAX_OPEN_NS` and its take of everything
+///   left, one long pause.
+fn next_pass_due(now_ns: u64, took: u64, open_since_ns: Option<u64>, max_age_ns: u64) -> u64 {
+    match open_since_ns {
+        None => now_ns + (took * PASS_SHARE).min(max_age_ns),
+        Some(since) if now_ns.saturating_sub(since) < max_age_ns => now_ns + took,
+        Some(_) => now_ns,
+    }
 }
 
 /// The entries one datagram to the socket's peer carries whole, with a MAC.
@@ -791,17 +811,11 @@ impl SyncStage {
         SyncCounters::add(&self.counters.pass_ns, took);
         if whole {
             self.open_since_ns = None;
-            // Never further apart than a change may wait unsent (`max_age_ms`): the
-            // user's choice between freshness and what the passes cost a worker whose
-            // synced state changes all over (a large table's flows).
-            self.next_pass_ns = now_ns + (took * PASS_SHARE).min(self.config.max_age_ns);
         } else {
             SyncCounters::add(&self.counters.passes_cut, 1);
             self.open_since_ns.get_or_insert(now_ns);
-            // The rest of the changes after as long again of forwarding: half the
-            // worker's time until they are all taken.
-            self.next_pass_ns = now_ns + took;
         }
+        self.next_pass_ns = next_pass_due(now_ns, took, self.open_since_ns, self.config.max_age_ns);
         if committed {
             self.changes_due(now_ns);
         }
@@ -1204,6 +1218,24 @@ mod tests {
             SyncCounters::get(&plan.counters.refused) - refused_before,
             1,
             "the part numbered 0"
+        );
+    }
+
+    /// A pass that took every change comes back after 50 times its length, at most
+    /// `max_age`; one that left changes, after its length while its batch is younger than
+    /// `max_age`, then at once.
+    #[test]
+    fn passes_that_leave_changes_come_back_sooner_the_longer_their_batch_is_open() {
+        let ms = 1_000_000;
+        assert_eq!(next_pass_due(100 * ms, ms / 10, None, 10 * ms), 105 * ms);
+        assert_eq!(next_pass_due(100 * ms, ms, None, 10 * ms), 110 * ms);
+        assert_eq!(
+            next_pass_due(100 * ms, 3 * ms, Some(95 * ms), 10 * ms),
+            103 * ms
+        );
+        assert_eq!(
+            next_pass_due(100 * ms, 3 * ms, Some(90 * ms), 10 * ms),
+            100 * ms
         );
     }
 
