@@ -1107,12 +1107,13 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
             };
             eprintln!(
                 "{name}: over every round, {} changes taken in {} passes ({} left changes to \
-                 the next; {:.3} s, {share:.1}% of the workers' time: {:.3} s taking them from \
-                 the state, {:.3} s in the read handler), {} messages ({} B), threshold \
-                 carried: mean {:.1}, largest {}",
+                 the next; the longest held its worker {:.3} ms; {:.3} s, {share:.1}% of the \
+                 workers' time: {:.3} s taking them from the state, {:.3} s in the read \
+                 handler), {} messages ({} B), threshold carried: mean {:.1}, largest {}",
                 sent.changes,
                 sent.passes,
                 sent.passes_cut,
+                sent.longest_pause_seconds * 1e3,
                 sent.pass_seconds,
                 sent.take_seconds,
                 sent.handle_seconds,

@@ -355,7 +355,8 @@ impl Sender {
     /// update made before it, as the collector's bound asks. No refresh reads the state
     /// meanwhile: a refreshed value the handler has not had the change of would be taken
     /// for what the collector holds, and the handler would measure that change from the
-    /// wrong value.
+    /// wrong value. Nor does the rate window end (nor the timeout monitor sweep, which
+    /// goes with it) before the batch does.
     pub fn poll_open(&mut self, now_ns: u64, out: &mut Vec<Message>) {
         self.poll_batch(now_ns, None::<fn(Location) -> u64>, out);
     }
@@ -378,7 +379,12 @@ impl Sender {
             Threshold::Fixed(_) => None,
         };
         let elapsed = now_ns.saturating_sub(start);
-        if elapsed >= self.window_ns {
+        if open {
+            // The window goes on until the batch ends: the changes its passes take came
+            // over the time since it began (they waited in the state), and measured from
+            // each pass's poll instead they would ask as many times too much of the
+            // channel as passes went by (`expect_change`).
+        } else if elapsed >= self.window_ns {
             let change = self.handler.take_change();
             if let Some(rate) = rate {
                 self.set_threshold(rate.threshold_over(change, elapsed));
@@ -1024,6 +1030,31 @@ mod tests {
         s.change(4_100_000_000, at(1), u64::from(u32::MAX), 5);
         s.poll(4_200_000_000, |_| 0, &mut out);
         assert!(sent(&out, 1, 5), "{out:?}");
+    }
+
+    /// The changes of the passes a batch is left open over are measured over the time
+    /// since the rate window began, before the batch: they waited in the state that long.
+    /// Measured from each pass's poll, the second pass's would set `t` to 400.
+    #[test]
+    fn a_batch_left_open_is_measured_over_its_whole_window() {
+        let mut s = sender(1_000_000);
+        let mut out = Vec::new();
+        let at = |index| Location { state: 0, index };
+        let ms = 1_000_000;
+        s.poll(0, |_| 0, &mut out);
+        for (part, now) in [(0, 1_000 * ms), (1, 1_002 * ms + ms / 2)] {
+            s.expect_change(now, 1_000_000);
+            s.change(now, at(2 * part), 0, 500_000);
+            s.change(now, at(2 * part + 1), 0, 500_000);
+            s.poll_open(now, &mut out);
+            assert!(s.threshold() <= 2, "part {part}: t {}", s.threshold());
+        }
+        s.poll(1_005 * ms, |_| 0, &mut out);
+        assert_eq!(
+            s.threshold(),
+            2,
+            "2,000,000 over 1,005 ms of 1,000,000 a second"
+        );
     }
 
     /// Polls of a pass cut short send their updates in messages that all say more follow,
