@@ -122,7 +122,7 @@ impl Switch {
         let counters = plan.counters.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
-        let thread = std::thread::spawn(move || {
+        let thread = named(&format!("switch-{id}"), move || {
             let hasher = stateplane_wire::FlowHasher::with_seed(1);
             let mut worker = Worker::new(program, 0, 1, 2, hasher).with_state_stages(vec![stage]);
             let mut idle = Burst::with_capacity(1);
@@ -134,7 +134,7 @@ impl Switch {
             }
             worker.finish();
             worker.into_program()
-        });
+        })?;
         Ok(Switch {
             stop,
             thread,
@@ -237,7 +237,7 @@ impl LossyRelay {
         let (socket, addr) = relay::bind(&settings)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
-        let thread = std::thread::spawn(move || relay::run(&settings, socket, stopping));
+        let thread = named("relay", move || relay::run(&settings, socket, stopping))?;
         Ok(LossyRelay { addr, stop, thread })
     }
 
@@ -595,6 +595,15 @@ fn move_tables(
     Ok(rows)
 }
 
+/// A thread named `name` (what `perf report --sort comm` and `top -H` show) running `f`.
+fn named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> BenchResult<std::thread::JoinHandle<T>> {
+    (std::thread::Builder::new().name(name.to_string()).spawn(f))
+        .map_err(|e| format!("starting the {name} thread: {e}"))
+}
+
 /// Waits until the collector's copy of `switch`'s stream 0 has carried state 0 to its
 /// end (`length` locations: the source's first refresh has gone by).
 fn await_extent(client: &mut CollectorClient, switch: u32, length: u32) -> BenchResult<()> {
@@ -649,7 +658,9 @@ pub fn main_migrate(a: BenchSyncMigrateArgs) -> BenchResult<()> {
     let api = collector_api::serve(loopback, bound.handle())?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
-    let collector_thread = std::thread::spawn(move || collector::run(&settings, bound, stopping));
+    let collector_thread = named("collector", move || {
+        collector::run(&settings, bound, stopping)
+    })?;
     let mut client =
         CollectorClient::connect(&api.endpoint.to_string()).map_err(|e| e.to_string())?;
 
