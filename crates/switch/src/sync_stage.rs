@@ -389,6 +389,16 @@ struct SyncStage {
     open_since_ns: Option<u64>,
 }
 
+/// The changed words a pass at `now_ns` takes from a table, its batch open since
+/// `open_since_ns` if the passes before it left changes: `CHANGES_PER_PASS`, or every
+/// change left once the batch has been open `MAX_OPEN_NS`.
+fn take_budget(now_ns: u64, open_since_ns: Option<u64>) -> usize {
+    match open_since_ns {
+        Some(since) if now_ns.saturating_sub(since) >= MAX_OPEN_NS => usize::MAX,
+        _ => CHANGES_PER_PASS,
+    }
+}
+
 /// When the pass after one that began at `now_ns` and took `took` is due, its batch open
 /// since `open_since_ns` if it left changes to take:
 /// - with every change taken, `PASS_SHARE` times `took` later, and never further apart
@@ -788,11 +798,7 @@ impl SyncStage {
     /// the sender's messages out.
     fn pass(&mut self, program: &mut dyn Running) {
         let now_ns = self.now_ns();
-        let budget = match self.open_since_ns {
-            Some(since) if now_ns.saturating_sub(since) >= MAX_OPEN_NS => usize::MAX,
-            _ => CHANGES_PER_PASS,
-        };
-        let whole = self.take_changes(program, now_ns, budget);
+        let whole = self.take_changes(program, now_ns, take_budget(now_ns, self.open_since_ns));
         let committed = self.exchange(program, now_ns);
         self.next_receive_ns = now_ns + RECEIVE_EVERY_NS;
         let mut out = std::mem::take(&mut self.out);
@@ -1114,6 +1120,13 @@ mod tests {
         assert_eq!(reader.read(at(7, 0)), 0, "a state not tracked");
     }
 
+    /// The collector's end of a stage's channel, on loopback, its reads waiting `wait`.
+    fn collector_socket(wait: Duration) -> UdpSocket {
+        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
+        collector.set_read_timeout(Some(wait)).unwrap();
+        collector
+    }
+
     /// A stage syncing to `collector` (as switch `switch`, with `max_age_ms`), its plan,
     /// and a program of one synced register of 64 cells whose take costs `take`.
     fn staged(
@@ -1149,10 +1162,7 @@ mod tests {
     fn write_parts_through_the_socket_are_acknowledged_by_the_paths_loss() {
         use stateplane_sync::Update;
         use stateplane_sync::write::copies_for;
-        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
-        collector
-            .set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
+        let collector = collector_socket(Duration::from_millis(200));
         let (plan, mut stage, mut program) = staged(&collector, Some(3), None, Duration::ZERO);
         let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
         stage.tick(program.as_mut(), &ctx);
@@ -1239,6 +1249,20 @@ mod tests {
         );
     }
 
+    /// A pass takes `CHANGES_PER_PASS` words, and every change left once its batch has
+    /// been open `MAX_OPEN_NS` (a clock that went back leaves the budget as it is).
+    #[test]
+    fn a_batch_open_past_its_limit_is_ended_by_a_take_of_everything_left() {
+        let at = 1_000 * MAX_OPEN_NS;
+        assert_eq!(take_budget(at, None), CHANGES_PER_PASS);
+        assert_eq!(
+            take_budget(at, Some(at - MAX_OPEN_NS + 1)),
+            CHANGES_PER_PASS
+        );
+        assert_eq!(take_budget(at, Some(at - MAX_OPEN_NS)), usize::MAX);
+        assert_eq!(take_budget(at, Some(at + 1)), CHANGES_PER_PASS);
+    }
+
     /// A program whose changes wait to be taken, a budget's worth a take, as a table's
     /// marked slots do.
     struct Waiting(std::collections::VecDeque<Change>);
@@ -1269,10 +1293,7 @@ mod tests {
     /// channel's capacity alone puts it.
     #[test]
     fn a_large_take_goes_over_passes_in_one_batch() {
-        let collector = UdpSocket::bind("127.0.0.1:0").unwrap();
-        collector
-            .set_read_timeout(Some(Duration::from_millis(1)))
-            .unwrap();
+        let collector = collector_socket(Duration::from_millis(1));
         // Most of a pass's messages, where the kernel allows (loss is no failure here).
         let _ = stateplane_io::udp_socket::set_receive_buffer(&collector, 32 << 20);
         let (plan, mut stage, _) = staged(&collector, None, None, Duration::ZERO);
