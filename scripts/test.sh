@@ -78,7 +78,7 @@ step "stateplane flows against real collectors (nfcapd/nfdump, tshark)"
 bash scripts/test-flows-collectors.sh
 step "soak: a live conntrack switch under floods for ${SOAK_SECONDS:-60} s, its memory flat (scripts/soak.sh)"
 bash scripts/soak.sh "${SOAK_SECONDS:-60}"
-step "valgrind memcheck of the unsafe blocks (huge-page buffer; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
+step "valgrind memcheck of the unsafe blocks (huge-page buffer; pages populated ahead; live ports: rings, UMEM, BPF; TCP send queue and abort; sock_diag reads; prefetch in tables and the cache; the counting allocator)"
 # A test binary of the suite's build: the first whose path matches PATTERN among those
 # `cargo test ARGS --no-run` builds (the run stops here when there is none).
 test_binary() {
@@ -98,6 +98,9 @@ bin=$(test_binary stateplane_state -p stateplane-state --lib)
 valgrind --quiet --error-exitcode=1 "$bin" burst --test-threads=1 2>&1 | tail -3
 bin=$(test_binary stateplane_classifier -p stateplane-classifier --lib)
 valgrind --quiet --error-exitcode=1 "$bin" cache:: --test-threads=1 2>&1 | tail -3
+# Pages populated ahead of a synced table's writes (stateplane-mem's madvise).
+bin=$(test_binary stateplane_mem -p stateplane-mem --lib)
+valgrind --quiet --error-exitcode=1 "$bin" populate_keeps --test-threads=1 2>&1 | tail -3
 # The counting allocator the memory-budget tests measure structures with.
 bin=$(test_binary /counting- -p stateplane-mem --test counting)
 valgrind --quiet --error-exitcode=1 "$bin" --test-threads=1 2>&1 | tail -3

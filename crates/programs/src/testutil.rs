@@ -346,3 +346,17 @@ pub fn move_synced_table(
     }
     (written, to.commit_synced_write())
 }
+
+/// The page faults the calling thread has taken that needed no disk ("minor": a page first
+/// touched), from `/proc/thread-self/stat` (its 10th field).
+pub fn page_faults_of_this_thread() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let after_name = &stat[stat.rfind(')').unwrap() + 1..];
+    after_name
+        .split_whitespace()
+        .nth(7)
+        .unwrap()
+        .parse()
+        .unwrap()
+}

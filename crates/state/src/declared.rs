@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable, Hashed};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{Decoded, MAX_FIELDS, Placed, SlotWords, TableSync};
+use crate::synced_table::{Decoded, MAX_FIELDS, Placed, STAGED_WORDS, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, Carried, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -198,6 +198,9 @@ impl<C: ExactCodec> DeclaredTable<C> {
         }
         let words = SlotWords::of(&self.decl, C::COUNTING)?;
         let sync = TableSync::start(id, words, &mut self.table)?;
+        // The entries of a write of STAGED_WORDS are decoded ahead into pages supplied now.
+        let entries = STAGED_WORDS.min(sync.length() as usize) / sync.words.stride();
+        stateplane_mem::reserve_populated(&mut self.placing, entries);
         let length = sync.length();
         self.sync = Some(Box::new(sync));
         Some(length)

@@ -303,6 +303,23 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         }));
     }
 
+    /// Has the kernel supply now the pages of every slot, and those of the saves of the
+    /// first `written` slots written between two takes (when marking), so that filling
+    /// them later (a synced write's commit, placing its entries between bursts) takes no
+    /// page fault: some 3,600 of them, 6 ms of the worker's time, for 65,536 entries
+    /// placed into an empty table of 131,072 slots. The table's memory becomes resident
+    /// (its whole claim, [`ExactTable::bytes_for`]); its entries are unchanged.
+    pub fn populate(&mut self, written: usize) {
+        stateplane_mem::populate(&mut self.meta);
+        stateplane_mem::populate(&mut self.slots);
+        stateplane_mem::populate(&mut self.occupied);
+        if let Some(marked) = &mut self.written {
+            stateplane_mem::populate(&mut marked.marks);
+            let room = written.saturating_sub(marked.before.len());
+            stateplane_mem::reserve_populated(&mut marked.before, room);
+        }
+    }
+
     /// Calls `each` with every slot written since the last call (or since marking began),
     /// once, in the order first written: the table, the slot, whether an entry came, went
     /// or moved there ([`SlotWrite::Moved`]) or only its value may have changed in place,

@@ -43,6 +43,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+// A synced table stages, in pages supplied ahead, a write as large as the channel takes.
+const _: () = assert!(
+    stateplane_state::synced_table::STAGED_WORDS == stateplane_sync::write::MAX_WRITE_VALUES
+);
+
 /// A run's `[sync]` section.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
