@@ -143,8 +143,9 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         .as_deref()
         .map(|url| redis_mirror::check(url, settings.redis_tls.clone()))
         .transpose()?;
-    let core =
-        Collector::new(settings.switches.clone(), key).with_max_locations(settings.max_locations);
+    let core = Collector::new(settings.switches.clone(), key)
+        .with_max_locations(settings.max_locations)
+        .with_write_room();
     let handle = Arc::new(CollectorHandle::new(core, socket));
     let api = (settings.api)
         .map(|a| collector_api::serve(a, handle.clone()).map_err(|e| format!("--api: {e}")))

@@ -661,6 +661,10 @@ pub struct WriteEngine {
     values_per_part: usize,
     /// The key that makes each message's MAC, if the stream has one.
     key: Option<Key>,
+    /// The room of the values of the last write that ended (emptied), for
+    /// [`WriteEngine::take_spent`]: a collector lends a write the room it fills
+    /// ([`WriteEngine::open_in`]) and takes it back.
+    spent: Vec<u64>,
 }
 
 impl WriteEngine {
@@ -681,6 +685,7 @@ impl WriteEngine {
             reordering_seen: false,
             values_per_part: MAX_RUN_ENTRIES,
             key: None,
+            spent: Vec::new(),
         }
     }
 
@@ -759,13 +764,40 @@ impl WriteEngine {
     /// the copy). It commits once [`WriteEngine::close`]d, never before;
     /// [`WriteEngine::cancel`] drops it.
     pub fn open(&mut self, first: Location, columns: usize, capacity: usize) -> u64 {
+        self.open_in(first, columns, capacity, &mut Vec::new())
+    }
+
+    /// As [`WriteEngine::open`], the values filling `room` (taken, emptied) where it has
+    /// room for `capacity` of them already, so that a large write takes no memory the
+    /// kernel has not supplied yet; it comes back with [`WriteEngine::take_spent`] once
+    /// the write ends.
+    pub fn open_in(
+        &mut self,
+        first: Location,
+        columns: usize,
+        capacity: usize,
+        room: &mut Vec<u64>,
+    ) -> u64 {
+        let capacity = capacity.min(self.max_values());
+        let values = if room.capacity() >= capacity {
+            room.clear();
+            std::mem::take(room)
+        } else {
+            Vec::with_capacity(capacity)
+        };
         let values = WriteValues::Stretch {
             first,
             mode: Mode::Set,
-            values: Vec::with_capacity(capacity.min(self.max_values())),
+            values,
             columns,
         };
         self.queued(values, true)
+    }
+
+    /// The room of the values of the writes that ended since the last call, the largest
+    /// (empty; none: no room at all).
+    pub fn take_spent(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.spent)
     }
 
     /// Adds `more` to open write `id`'s values; why not where it is not an open write of
@@ -1157,14 +1189,21 @@ impl WriteEngine {
     /// said), or dropped by the switch (`cancelled`).
     fn finish(&mut self, now_ns: u64, cancelled: bool, refused: Option<u64>) -> Option<Completed> {
         let w = self.current.take()?;
-        Some(Completed {
+        let completed = Completed {
             id: w.id,
             parts: w.parts.len() as u32,
             latency_ns: now_ns.saturating_sub(w.started_ns),
             transmissions: w.transmissions,
             cancelled,
             refused,
-        })
+        };
+        if let WriteValues::Stretch { mut values, .. } = w.parts.values
+            && values.capacity() > self.spent.capacity()
+        {
+            values.clear();
+            self.spent = values;
+        }
+        Some(completed)
     }
 }
 
@@ -2825,6 +2864,46 @@ pub(crate) mod tests {
         assert!(engine.extend(id, &[1]).is_err(), "closed: no more values");
         engine.poll(0, &mut out);
         (engine, out)
+    }
+
+    /// A write opened in room lent to it fills that room (its values move nowhere else)
+    /// and gives it back, emptied, once it commits; room too small is not taken.
+    #[test]
+    fn a_write_opened_in_room_fills_it_and_gives_it_back() {
+        let mut small = Vec::with_capacity(8);
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        engine.open_in(at(2, 0), 2, 16, &mut small);
+        assert_eq!(small.capacity(), 8, "too small for 16 values: not taken");
+
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000).with_values_per_part(4);
+        let mut room: Vec<u64> = Vec::with_capacity(64);
+        room.push(9);
+        let lent = room.as_ptr();
+        let id = engine.open_in(at(2, 0), 2, 16, &mut room);
+        assert_eq!(room.capacity(), 0, "lent");
+        engine.extend(id, &(1..=16).collect::<Vec<u64>>()).unwrap();
+        engine.close(id).unwrap();
+        let mut out = Vec::new();
+        engine.poll(0, &mut out);
+        assert_eq!(engine.take_spent().capacity(), 0, "nothing ended yet");
+        let (mut stage, mut state) = (WriteStage::default(), Map::default());
+        let mut done = None;
+        for part in &out {
+            if let Some(ack) = stage.on_part(part, &mut state) {
+                done = done.or(engine.on_ack(10_000, &ack));
+            }
+        }
+        assert_eq!(stage.commit(&mut state).map(|c| c.id), Some(id));
+        assert_eq!(state.read(at(2, 15)), 16, "its values");
+        let answer = answer_of(&mut stage);
+        let done = done.or(engine.on_ack(20_000, &answer)).unwrap();
+        assert_eq!((done.id, done.cancelled), (id, false));
+        let spent = engine.take_spent();
+        assert_eq!(
+            (spent.as_ptr(), spent.capacity(), spent.len()),
+            (lent, 64, 0)
+        );
+        assert_eq!(engine.take_spent().capacity(), 0, "taken once");
     }
 
     /// An open write's parts sent last are not its tail while more may come: none goes
