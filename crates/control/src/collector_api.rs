@@ -35,12 +35,31 @@ pub struct CollectorHandle {
     /// write's wait wakes then, not at its next look.
     settled: Condvar,
     socket: UdpSocket,
+    /// Whether `socket` is non-blocking (as the receive loop has it), so that a move may
+    /// look for its target's answers on it without waiting.
+    nonblocking: bool,
     start: Instant,
 }
 
+/// Datagrams other than a write's answers a move holds at most, taken off the socket
+/// while it reads the copy and applied once it has read it: past them, the rest wait on
+/// the socket (and the answers behind them) as they did before.
+const HELD_DURING_MOVE: usize = 4096;
+
 impl CollectorHandle {
     pub fn new(core: Collector, socket: UdpSocket) -> CollectorHandle {
+        let nonblocking = match socket.set_nonblocking(true) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!(
+                    "collector: its socket stays blocking ({e}): a move takes its target's \
+                     answers only once it has read the copy"
+                );
+                false
+            }
+        };
         CollectorHandle {
+            nonblocking,
             core: Mutex::new(core),
             sending: Mutex::new(()),
             pump_asked: AtomicBool::new(false),
@@ -76,6 +95,25 @@ impl CollectorHandle {
         if settled {
             self.settled.notify_all();
         }
+    }
+
+    /// Takes the next datagram waiting on the socket into the core, as
+    /// [`CollectorHandle::receive`] does, the core held from the socket's read on: a move
+    /// holds the core while it takes its target's answers off the socket, and a datagram
+    /// read here meanwhile would reach the core after the answers that came behind it (a
+    /// part answered later taken as lost). The socket's error where nothing was read
+    /// (`WouldBlock`: nothing waiting).
+    pub fn receive_next(&self, datagram: &mut [u8]) -> std::io::Result<()> {
+        let settled = self.with(|c| {
+            let (n, from) = self.socket.recv_from(datagram)?;
+            let kept = c.outcomes_kept();
+            c.on_datagram(self.now_ns(), &datagram[..n], from);
+            Ok::<_, std::io::Error>(c.outcomes_kept() != kept)
+        })?;
+        if settled {
+            self.settled.notify_all();
+        }
+        Ok(())
     }
 
     /// Waits until the core has kept more than `seen` outcomes of writes, or `at_most`
@@ -136,7 +174,10 @@ impl CollectorHandle {
     /// that what moves is the copy of one instant, and its parts sent as it is read, so
     /// that the target takes the first while the rest are read; `sending` is taken first,
     /// as a pump takes it.
-    fn start_move(&self, m: &crate::migrate::Move) -> Result<crate::migrate::Started, Status> {
+    pub(crate) fn start_move(
+        &self,
+        m: &crate::migrate::Move,
+    ) -> Result<crate::migrate::Started, Status> {
         let _sending = (self.sending.lock()).unwrap_or_else(PoisonError::into_inner);
         self.with(|c| {
             let targets = streams_of(c, m.to_switch, m.to_stream)?;
@@ -144,11 +185,45 @@ impl CollectorHandle {
                 .map(|&stream| c.max_write_values(m.to_switch, stream))
                 .min()
                 .unwrap_or(stateplane_sync::write::MAX_VALUES);
-            let mut out = Vec::new();
-            let send = |c: &mut Collector| self.send_due_from(c, &mut out);
-            (crate::migrate::start(c, m, &targets, max_values, send))
-                .map_err(Status::failed_precondition)
+            let (mut out, mut held) = (Vec::new(), Vec::new());
+            let mut datagram = vec![0u8; 65_536];
+            let kept = c.outcomes_kept();
+            // Between reads: the parts due sent, the target's answers taken (the rest
+            // held), and the parts those show lost sent again.
+            let between = |c: &mut Collector| {
+                self.send_due_from(c, &mut out);
+                self.take_answers(c, &mut datagram, &mut held);
+                self.send_due_from(c, &mut out);
+            };
+            let started = crate::migrate::start(c, m, &targets, max_values, between);
+            for (bytes, from) in held.drain(..) {
+                c.on_datagram(self.now_ns(), &bytes, from);
+            }
+            if c.outcomes_kept() != kept {
+                self.settled.notify_all();
+            }
+            started.map_err(Status::failed_precondition)
         })
+    }
+
+    /// Takes what waits on the socket, while `c` is held by a move: a write's answers
+    /// into `c` at once, the rest into `held` in the order it came (up to
+    /// [`HELD_DURING_MOVE`]), to be applied once the copy is read.
+    fn take_answers(
+        &self,
+        c: &mut Collector,
+        datagram: &mut [u8],
+        held: &mut Vec<(Vec<u8>, SocketAddr)>,
+    ) {
+        while self.nonblocking && held.len() < HELD_DURING_MOVE {
+            // Nothing waiting, or an error the receive loop reports when it looks.
+            let Ok((n, from)) = self.socket.recv_from(datagram) else {
+                return;
+            };
+            if !c.on_answer_datagram(self.now_ns(), &datagram[..n], from) {
+                held.push((datagram[..n].to_vec(), from));
+            }
+        }
     }
 
     /// Sends the datagrams in `out`, each in its copies.

@@ -296,6 +296,7 @@ mod tests {
     use stateplane_sync::collector::Outgoing;
     use stateplane_sync::wire::{Kind, Message, StretchValues};
     use stateplane_sync::write::{WriteStage, WriteTarget};
+    use std::net::SocketAddr;
 
     /// A table moves its occupied slots' words, read whole; a register every value.
     #[test]
@@ -330,6 +331,16 @@ mod tests {
     /// `resent: Some(n)`, message 3 is lost and message 4 carries the first `n` entries
     /// again. Switch 2's streams 0 and 1, the target's, have announced themselves.
     fn copy_of(words: &[u64], stride: u32, resent: Option<usize>) -> Collector {
+        copy_with_target_at(words, stride, resent, TARGET)
+    }
+
+    /// [`copy_of`], the target's streams announced from `target`.
+    fn copy_with_target_at(
+        words: &[u64],
+        stride: u32,
+        resent: Option<usize>,
+        target: &str,
+    ) -> Collector {
         let mut c = Collector::new(None, None);
         let message = |switch, kind, seq, entries: Vec<Update>| Message {
             kind,
@@ -354,9 +365,9 @@ mod tests {
         let all = words.iter().enumerate();
         let mut messages = vec![
             (SOURCE, message(1, Kind::Layout, 1, layout)),
-            (TARGET, message(2, Kind::Layout, 1, Vec::new())),
+            (target, message(2, Kind::Layout, 1, Vec::new())),
             (
-                TARGET,
+                target,
                 Message {
                     stream: 1,
                     ..message(2, Kind::Layout, 1, Vec::new())
@@ -423,7 +434,15 @@ mod tests {
 
     /// Parts read from datagrams to the target's `stream`.
     fn parts_to(out: &[Outgoing], stream: u16) -> Vec<(Message, Option<StretchValues>)> {
-        let target = TARGET.parse().unwrap();
+        parts_sent_to(out, TARGET.parse().unwrap(), stream)
+    }
+
+    /// Parts read from datagrams to `stream` of the target at `target`.
+    fn parts_sent_to(
+        out: &[Outgoing],
+        target: SocketAddr,
+        stream: u16,
+    ) -> Vec<(Message, Option<StretchValues>)> {
         (out.iter())
             .filter(|(addr, _, _)| *addr == target)
             .filter_map(|(_, bytes, _)| Message::decode_write_part(None, bytes, |_| false).ok())
@@ -537,7 +556,93 @@ mod tests {
         assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
     }
 
+    /// A move takes its target's answers while it reads the copy, so that the writes
+    /// they settle (and the parts they show lost) go on before the read ends; what else
+    /// comes meanwhile (the source's updates) waits until the copy is read, so that what
+    /// moves is the copy of one instant: here an update after a lost message, which
+    /// leaves the copy unbounded and the move refused had it landed between two reads.
+    #[test]
+    fn a_move_takes_its_targets_answers_while_it_reads_and_holds_the_rest() {
+        use crate::collector_api::CollectorHandle;
+        use stateplane_sync::write::{Mode, Written as Value};
+        let target = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let target_at = target.local_addr().unwrap();
+        // Read in two reads (READ_AT_ONCE locations each).
+        let words: Vec<u64> = (1..=36_000u64).map(|i| i << 28 | i).collect();
+        let late = Location {
+            state: 0,
+            index: 35_000,
+        };
+        let mut c = copy_with_target_at(&words, 3, None, &target_at.to_string());
+        // A write into the target before the move, taken and committed there: its answer
+        // waits on the collector's socket, with an update of the source's first word.
+        let at0 = Location { state: 0, index: 0 };
+        let value = |value| Value {
+            location: at0,
+            value,
+            mode: Mode::Set,
+        };
+        let earlier = c.write(2, 0, vec![value(5)]).unwrap();
+        let mut out = Vec::new();
+        while c.poll(0, false, &mut out) {}
+        let (mut stage, mut state) = (WriteStage::default(), Written::default());
+        for (part, stretch) in parts_sent_to(&out, target_at, 0) {
+            stage.on_part_carrying(part, stretch, &mut state);
+        }
+        assert!(stage.commit(&mut state).is_some());
+        let mut answers = Vec::new();
+        stage.take_answers(&mut answers);
+        let update = Message {
+            kind: Kind::Updates,
+            switch: 1,
+            epoch: 1,
+            stream: 0,
+            seq: 4,
+            sent_ns: 4,
+            t_max: 0,
+            more: false,
+            entries: vec![Update {
+                location: late,
+                value: 999,
+                threshold: 0,
+            }],
+        };
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let collector_at = socket.local_addr().unwrap();
+        for m in [&update, &answers[0]] {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            target.send_to(&bytes, collector_at).unwrap();
+        }
+        let handle = CollectorHandle::new(c, socket);
+        let started = handle.start_move(&a_move()).unwrap();
+        // The earlier write settled during the move (nothing else read the socket), so
+        // the move's own write went on: its parts reached the target.
+        let outcome = handle.with(|c| c.take_write(2, 0, earlier));
+        assert!(matches!(outcome, Some(Ok(_))), "{outcome:?}");
+        target.set_nonblocking(true).unwrap();
+        let mut datagram = vec![0; 65_536];
+        let mut moved = Vec::new();
+        while let Ok((n, _)) = target.recv_from(&mut datagram) {
+            let sent = vec![(target_at, datagram[..n].to_vec(), 1)];
+            for (part, stretch) in parts_sent_to(&sent, target_at, 0) {
+                if part.seq == started.writes[0].1.id && stretch.as_ref().is_some() {
+                    moved.extend(stretch.map(|s| s.values).unwrap_or_default());
+                }
+            }
+        }
+        assert!(!moved.is_empty(), "the move's parts went during the read");
+        assert_eq!(moved[..3], words[..3]);
+        let now = handle.with(|c| c.read(1, 0, 0, late.index, 1).unwrap()[0].value);
+        assert_eq!(now, 999, "the update held, then applied");
+        assert!(
+            handle.start_move(&a_move()).is_err(),
+            "the copy is unbounded now"
+        );
+    }
+
     /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
+    /// carries.    /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
     /// carries.
     fn wide_table() -> Vec<u64> {
         (1..=3 * 1024u64).map(|i| i << 28 | i).collect()

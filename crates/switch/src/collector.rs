@@ -175,10 +175,8 @@ pub fn run(
     let mut datagram = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) && settings.duration.is_none_or(|d| start.elapsed() < d) {
         let _ = stateplane_io::live::poll_readable(&[handle.socket().as_raw_fd()], 1);
-        match handle.socket().recv_from(&mut datagram) {
-            Ok((n, from)) => {
-                handle.receive(handle.now_ns(), &datagram[..n], from);
-            }
+        match handle.receive_next(&mut datagram) {
+            Ok(()) => {}
             // Nothing yet; a signal (the stop, checked next); an ICMP error of a report
             // to a switch that has gone (its stream stays, to be read).
             Err(e)
@@ -198,10 +196,7 @@ pub fn run(
         handle.pump(report);
     }
     // What is already in the socket's buffer is taken before the end.
-    let socket = handle.socket();
-    while let Ok((n, from)) = socket.recv_from(&mut datagram) {
-        handle.receive(handle.now_ns(), &datagram[..n], from);
-    }
+    while handle.receive_next(&mut datagram).is_ok() {}
     let redis = bound.redis.map(|writer| {
         let counters = writer.counters.clone();
         writer.finish();

@@ -217,6 +217,21 @@ impl Collector {
         }
     }
 
+    /// As [`Collector::on_datagram`] for a write's answer only (`true`); any other
+    /// datagram is left untaken and uncounted (`false`), for the caller to hold and give
+    /// to `on_datagram` after: a move takes its target's answers while it reads the copy,
+    /// so that the parts lost go again meanwhile, and must not change the copy it reads.
+    pub fn on_answer_datagram(&mut self, now_ns: u64, bytes: &[u8], from: SocketAddr) -> bool {
+        match Message::decode_with(self.key.as_ref(), bytes) {
+            Ok(m) if m.kind == Kind::WriteAck => {
+                self.datagrams += 1;
+                self.on_ack(now_ns, &m, from);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Applies `m`, which came whole in a datagram of `datagram_len` bytes.
     fn apply(&mut self, now_ns: u64, m: Message, datagram_len: usize, from: SocketAddr) {
         if let Err(why) = self.mirror.apply(&m) {
@@ -733,6 +748,59 @@ mod tests {
         let done = c.take_write(1, 0, id).unwrap().unwrap();
         assert_eq!((done.parts, done.latency_ns), (1, 1_000));
         assert_eq!(c.take_write(1, 0, id), None, "taken once");
+    }
+
+    /// A write's answer is taken alone: an update, or a datagram that does not decode, is
+    /// left as it was (nothing applied, refused or counted), for `on_datagram` later.
+    #[test]
+    fn an_answer_is_taken_alone_and_the_rest_left_for_later() {
+        let mut c = Collector::new(None, None);
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        let at = Location { state: 0, index: 3 };
+        let id = c.write(
+            1,
+            0,
+            vec![Written {
+                location: at,
+                value: 4,
+                mode: Mode::Set,
+            }],
+        );
+        let mut sent = Vec::new();
+        c.poll(1_000, false, &mut sent);
+        let mut stage = WriteStage::default();
+        let mut state = State(vec![0; 8]);
+        stage
+            .on_part(Message::decode(&sent[0].1).unwrap(), &mut state)
+            .unwrap();
+        assert!(stage.commit(&mut state).is_some());
+        s.change(0, at, 0, 5);
+        s.poll(10, |_| 0, &mut out);
+        let encoded = |m: &Message| {
+            let mut bytes = Vec::new();
+            m.encode(&mut bytes);
+            bytes
+        };
+        let (update, answer) = (encoded(&out[0]), encoded(&answer_of(&mut stage)));
+        let from = SWITCH.parse().unwrap();
+        let datagrams = c.datagrams;
+        for other in [&update[..], &update[..5], &[]] {
+            assert!(!c.on_answer_datagram(2_000, other, from));
+        }
+        assert_eq!(c.datagrams, datagrams, "nothing counted");
+        assert!(c.refused.is_empty(), "nor refused");
+        assert_eq!(c.read(1, 0, 0, 3, 1).unwrap()[0].value, 0, "nor applied");
+        assert!(c.on_answer_datagram(2_000, &answer, from));
+        assert!(c.take_write(1, 0, id.unwrap()).unwrap().is_ok());
+        c.on_datagram(2_000, &update, from);
+        assert_eq!(
+            c.read(1, 0, 0, 3, 1).unwrap()[0].value,
+            5,
+            "applied when given"
+        );
     }
 
     /// A collector with write room lends it to the write it opens and takes it back when

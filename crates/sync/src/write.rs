@@ -524,6 +524,9 @@ struct InFlight {
     /// The latest sending time a round trip was measured from: copies of one
     /// acknowledgement (or of one part's) give one measure, not one each.
     timed_sent_ns: Option<u64>,
+    /// When the switch held every part of the write closed: it commits the write then,
+    /// between two bursts, and answers.
+    held_ns: Option<u64>,
 }
 
 impl InFlight {
@@ -661,6 +664,12 @@ pub struct WriteEngine {
     values_per_part: usize,
     /// The key that makes each message's MAC, if the stream has one.
     key: Option<Key>,
+    /// How long the switch took to commit a write, from holding it whole to its answer,
+    /// in picoseconds a value (the writes' so far, smoothed; 0 before the first): a write
+    /// held whole is probed for its answer only after as long again for its values, so
+    /// that a large write's commit (3 ms for 851,968 values) is not taken for a lost
+    /// answer, and its last part sent in copies each round trip meanwhile.
+    commit_ps_per_value: u64,
     /// The room of the values of the last write that ended (emptied), for
     /// [`WriteEngine::take_spent`]: a collector lends a write the room it fills
     /// ([`WriteEngine::open_in`]) and takes it back.
@@ -685,6 +694,7 @@ impl WriteEngine {
             reordering_seen: false,
             values_per_part: MAX_RUN_ENTRIES,
             key: None,
+            commit_ps_per_value: 0,
             spent: Vec::new(),
         }
     }
@@ -948,6 +958,7 @@ impl WriteEngine {
                 sends: Vec::new(),
                 datagrams_taken: 0,
                 timed_sent_ns: None,
+                held_ns: None,
             });
         }
         let rto = self.rto();
@@ -964,6 +975,7 @@ impl WriteEngine {
         let path_copies = copies_for(self.loss_to_switch);
         let key = self.key.as_ref();
         let limits = self.limits();
+        let commit_ps_per_value = self.commit_ps_per_value;
         let Some(w) = &mut self.current else {
             return false;
         };
@@ -1024,11 +1036,13 @@ impl WriteEngine {
         // the commit (its answer lost, or the switch yet to commit), the last part goes
         // again: the switch answers a part of a committed write with what it refused.
         let all_sent = w.sent_at.iter().all(Option::is_some);
+        let values = w.parts.values.len() as u64;
+        let committing = (w.held_ns).map_or(0, |_| values * commit_ps_per_value / 1000);
         let probe_part = (!any_timed_out
             && !w.parts.open
             && all_sent
             && w.left <= TAIL
-            && now_ns.saturating_sub(w.last_event_ns) >= probe)
+            && now_ns.saturating_sub(w.last_event_ns) >= probe + committing)
             .then(|| match (0..w.parts.len()).rev().find(|&i| !w.acked[i]) {
                 None => w.parts.len().checked_sub(1),
                 last => last,
@@ -1157,6 +1171,9 @@ impl WriteEngine {
                 loss_seen = Some(1.0 - taken.min(sent) as f64 / sent as f64);
             }
         }
+        if w.left == 0 && !w.parts.open && w.held_ns.is_none() {
+            w.held_ns = Some(now_ns);
+        }
         let timed = ack.sent_ns <= now_ns && ack.t_max & COMMITTED == 0;
         let fresh = w.timed_sent_ns.is_none_or(|t| ack.sent_ns > t);
         let round_trip = (timed && fresh).then(|| {
@@ -1189,6 +1206,14 @@ impl WriteEngine {
     /// said), or dropped by the switch (`cancelled`).
     fn finish(&mut self, now_ns: u64, cancelled: bool, refused: Option<u64>) -> Option<Completed> {
         let w = self.current.take()?;
+        let values = w.parts.values.len() as u64;
+        if let (false, Some(held), 1..) = (cancelled, w.held_ns, values) {
+            let took = now_ns.saturating_sub(held).saturating_mul(1000) / values;
+            self.commit_ps_per_value = match self.commit_ps_per_value {
+                0 => took,
+                before => (3 * before + took) / 4,
+            };
+        }
         let completed = Completed {
             id: w.id,
             parts: w.parts.len() as u32,
@@ -2904,6 +2929,52 @@ pub(crate) mod tests {
             (lent, 64, 0)
         );
         assert_eq!(engine.take_spent().capacity(), 0, "taken once");
+    }
+
+    /// A write held whole is probed for its commit's answer only after as long as the
+    /// switch took to commit the writes before, for its values, so that a large write's
+    /// commit is not taken for a lost answer; before any commit was timed, the probe goes
+    /// two round trips after.
+    #[test]
+    fn a_write_held_whole_waits_for_its_commit_as_long_as_the_last_took() {
+        let mut engine = WriteEngine::new(1, 1, 0, 1_000_000);
+        let (mut stage, mut state) = (WriteStage::default(), Map::default());
+        // Each write held whole 10 us after it went, and committed 1 ms after that: when
+        // its first probe went, after being held.
+        let mut probed_after = |engine: &mut WriteEngine, start: u64| {
+            engine.submit(values(1000, Mode::Set)).unwrap();
+            let mut out = Vec::new();
+            engine.poll(start, &mut out);
+            let held = start + 10_000;
+            for part in &out {
+                let ack = stage.on_part(part, &mut state).unwrap();
+                assert_eq!(engine.on_ack(held, &ack), None);
+            }
+            let probe = (1..100).map(|step| held + step * 20_000).find(|&now| {
+                let mut again = Vec::new();
+                engine.poll(now, &mut again);
+                !again.is_empty()
+            });
+            stage.commit(&mut state).unwrap();
+            let done = engine.on_ack(held + 1_000_000, &answer_of(&mut stage));
+            assert!(done.is_some_and(|d| !d.cancelled));
+            probe.map(|at| at - held)
+        };
+        assert_eq!(
+            probed_after(&mut engine, 0),
+            Some(20_000),
+            "two round trips"
+        );
+        assert_eq!(
+            engine.commit_ps_per_value, 1_000_000,
+            "1 ms for 1,000 values"
+        );
+        let after = probed_after(&mut engine, 10_000_000);
+        assert_eq!(
+            after,
+            Some(1_020_000),
+            "the commit's time, then a round trip's two"
+        );
     }
 
     /// An open write's parts sent last are not its tail while more may come: none goes
