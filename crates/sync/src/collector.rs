@@ -656,6 +656,15 @@ mod tests {
         })
     }
 
+    /// `c` once switch 1's stream 0 (run 7) has announced itself; the switch's sender.
+    fn heard_from(mut c: Collector) -> (Collector, Sender) {
+        let mut s = sender(7);
+        let mut out = Vec::new();
+        s.poll(0, |_| 0, &mut out);
+        send(&mut c, 0, &mut out, SWITCH);
+        (c, s)
+    }
+
     struct State(Vec<u64>);
 
     impl WriteTarget for State {
@@ -704,11 +713,7 @@ mod tests {
 
     #[test]
     fn a_write_goes_to_the_stream_and_completes_on_its_acknowledgement() {
-        let mut c = Collector::new(None, None);
-        let mut s = sender(7);
-        let mut out = Vec::new();
-        s.poll(0, |_| 0, &mut out);
-        send(&mut c, 0, &mut out, SWITCH);
+        let (mut c, _) = heard_from(Collector::new(None, None));
         let values: Vec<Written> = (0..8)
             .map(|index| Written {
                 location: Location { state: 0, index },
@@ -754,11 +759,8 @@ mod tests {
     /// left as it was (nothing applied, refused or counted), for `on_datagram` later.
     #[test]
     fn an_answer_is_taken_alone_and_the_rest_left_for_later() {
-        let mut c = Collector::new(None, None);
-        let mut s = sender(7);
+        let (mut c, mut s) = heard_from(Collector::new(None, None));
         let mut out = Vec::new();
-        s.poll(0, |_| 0, &mut out);
-        send(&mut c, 0, &mut out, SWITCH);
         let at = Location { state: 0, index: 3 };
         let id = c.write(
             1,
@@ -807,13 +809,9 @@ mod tests {
     /// the write has committed, for the next; the room's pages are there from the start.
     #[test]
     fn a_collectors_write_room_goes_to_each_open_write_and_comes_back() {
-        let mut c = Collector::new(None, None).with_write_room();
+        let (mut c, _) = heard_from(Collector::new(None, None).with_write_room());
         let room = (c.write_room.as_ptr(), c.write_room.capacity());
         assert!(room.1 >= crate::write::MAX_WRITE_VALUES);
-        let mut s = sender(7);
-        let mut out = Vec::new();
-        s.poll(0, |_| 0, &mut out);
-        send(&mut c, 0, &mut out, SWITCH);
         let (mut stage, mut state) = (WriteStage::default(), State(vec![0; 8]));
         for round in 0..2u64 {
             let first = Location { state: 0, index: 0 };
