@@ -607,6 +607,12 @@ const LARGEST_DATAGRAM_BYTES: usize = 65_507;
 /// round trips: a path of 100 ms round trips still has its timeout, not the first one.
 pub const MAX_RTO_NS: u64 = 1_000_000_000;
 
+/// The longest a write held whole waits for its commit before a probe, however long the
+/// commits before took (`WriteEngine::commit_ps_per_value`): the commit of the largest
+/// write takes some 4 ms on this project's VM, and an answer lost once (its commit then
+/// timed until a probe brought it) must not hold back the probes of the writes after.
+const MAX_COMMIT_WAIT_NS: u64 = 20_000_000;
+
 /// The retransmission timeout never goes below this, however quick the round trips.
 pub const MIN_RTO_NS: u64 = 50_000;
 
@@ -1037,7 +1043,9 @@ impl WriteEngine {
         // again: the switch answers a part of a committed write with what it refused.
         let all_sent = w.sent_at.iter().all(Option::is_some);
         let values = w.parts.values.len() as u64;
-        let committing = (w.held_ns).map_or(0, |_| values * commit_ps_per_value / 1000);
+        let committing = (w.held_ns).map_or(0, |_| {
+            (values.saturating_mul(commit_ps_per_value) / 1000).min(MAX_COMMIT_WAIT_NS)
+        });
         let probe_part = (!any_timed_out
             && !w.parts.open
             && all_sent
@@ -2975,6 +2983,21 @@ pub(crate) mod tests {
             Some(1_020_000),
             "the commit's time, then a round trip's two"
         );
+        // However long commits took, the wait is bounded.
+        engine.commit_ps_per_value = u64::MAX;
+        engine.submit(values(1000, Mode::Set)).unwrap();
+        let mut out = Vec::new();
+        engine.poll(20_000_000, &mut out);
+        let held = 20_010_000;
+        for part in &out {
+            engine.on_ack(held, &stage.on_part(part, &mut state).unwrap());
+        }
+        let probe_at = held + MAX_COMMIT_WAIT_NS + 20_000;
+        for (now, probed) in [(probe_at - 1, false), (probe_at, true)] {
+            let mut again = Vec::new();
+            engine.poll(now, &mut again);
+            assert_eq!(!again.is_empty(), probed, "at {now}");
+        }
     }
 
     /// An open write's parts sent last are not its tail while more may come: none goes
