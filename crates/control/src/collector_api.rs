@@ -87,14 +87,21 @@ impl CollectorHandle {
     /// Takes a datagram from `from` into the core, and wakes the writes' waits if it
     /// settled a write.
     pub fn receive(&self, now_ns: u64, datagram: &[u8], from: SocketAddr) {
-        let settled = self.with(|c| {
+        self.settling(|c| c.on_datagram(now_ns, datagram, from));
+    }
+
+    /// Runs `f` on the core, and wakes the writes' waits if it settled a write; what `f`
+    /// gave.
+    fn settling<R>(&self, f: impl FnOnce(&mut Collector) -> R) -> R {
+        let (r, settled) = self.with(|c| {
             let kept = c.outcomes_kept();
-            c.on_datagram(now_ns, datagram, from);
-            c.outcomes_kept() != kept
+            let r = f(c);
+            (r, c.outcomes_kept() != kept)
         });
         if settled {
             self.settled.notify_all();
         }
+        r
     }
 
     /// Takes the next datagram waiting on the socket into the core, as
@@ -104,16 +111,11 @@ impl CollectorHandle {
     /// part answered later taken as lost). The socket's error where nothing was read
     /// (`WouldBlock`: nothing waiting).
     pub fn receive_next(&self, datagram: &mut [u8]) -> std::io::Result<()> {
-        let settled = self.with(|c| {
+        self.settling(|c| {
             let (n, from) = self.socket.recv_from(datagram)?;
-            let kept = c.outcomes_kept();
             c.on_datagram(self.now_ns(), &datagram[..n], from);
-            Ok::<_, std::io::Error>(c.outcomes_kept() != kept)
-        })?;
-        if settled {
-            self.settled.notify_all();
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Waits until the core has kept more than `seen` outcomes of writes, or `at_most`
@@ -179,7 +181,7 @@ impl CollectorHandle {
         m: &crate::migrate::Move,
     ) -> Result<crate::migrate::Started, Status> {
         let _sending = (self.sending.lock()).unwrap_or_else(PoisonError::into_inner);
-        self.with(|c| {
+        self.settling(|c| {
             let targets = streams_of(c, m.to_switch, m.to_stream)?;
             let max_values = (targets.iter())
                 .map(|&stream| c.max_write_values(m.to_switch, stream))
@@ -187,35 +189,32 @@ impl CollectorHandle {
                 .unwrap_or(stateplane_sync::write::MAX_VALUES);
             let (mut out, mut held) = (Vec::new(), Vec::new());
             let mut datagram = vec![0u8; 65_536];
-            let kept = c.outcomes_kept();
             // Between reads: the parts due sent, the target's answers taken (the rest
             // held), and the parts those show lost sent again.
             let between = |c: &mut Collector| {
                 self.send_due_from(c, &mut out);
-                self.take_answers(c, &mut datagram, &mut held);
+                self.take_answers(c, &mut datagram, &mut held, HELD_DURING_MOVE);
                 self.send_due_from(c, &mut out);
             };
             let started = crate::migrate::start(c, m, &targets, max_values, between);
             for (bytes, from) in held.drain(..) {
                 c.on_datagram(self.now_ns(), &bytes, from);
             }
-            if c.outcomes_kept() != kept {
-                self.settled.notify_all();
-            }
             started.map_err(Status::failed_precondition)
         })
     }
 
     /// Takes what waits on the socket, while `c` is held by a move: a write's answers
-    /// into `c` at once, the rest into `held` in the order it came (up to
-    /// [`HELD_DURING_MOVE`]), to be applied once the copy is read.
+    /// into `c` at once, the rest into `held` in the order it came, to be applied once the
+    /// copy is read; once `held` has `most` ([`HELD_DURING_MOVE`]), nothing more is read.
     fn take_answers(
         &self,
         c: &mut Collector,
         datagram: &mut [u8],
         held: &mut Vec<(Vec<u8>, SocketAddr)>,
+        most: usize,
     ) {
-        while self.nonblocking && held.len() < HELD_DURING_MOVE {
+        while self.nonblocking && held.len() < most {
             // Nothing waiting, or an error the receive loop reports when it looks.
             let Ok((n, from)) = self.socket.recv_from(datagram) else {
                 return;
@@ -932,6 +931,33 @@ impl CollectorClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A move holds what is not an answer in the order it came, up to its bound, and
+    /// leaves the rest on the socket, where the receive loop takes it after the move.
+    #[test]
+    fn a_move_holds_no_more_than_its_bound_and_leaves_the_rest_waiting() {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let at = socket.local_addr().unwrap();
+        let handle = CollectorHandle::new(Collector::new(None, None), socket);
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for bytes in [b"one", b"two", b"3rd"] {
+            peer.send_to(bytes, at).unwrap();
+        }
+        let (mut datagram, mut held) = (vec![0; 64], Vec::new());
+        handle.with(|c| handle.take_answers(c, &mut datagram, &mut held, 2));
+        let kept: Vec<&[u8]> = held.iter().map(|(bytes, _)| &bytes[..]).collect();
+        assert_eq!(kept, [b"one", b"two"]);
+        assert!(
+            held.iter()
+                .all(|&(_, from)| from == peer.local_addr().unwrap())
+        );
+        handle.with(|c| handle.take_answers(c, &mut datagram, &mut held, 2));
+        assert_eq!(held.len(), 2, "full: nothing more read");
+        let (n, _) = handle.socket().recv_from(&mut datagram).unwrap();
+        assert_eq!(&datagram[..n], b"3rd", "left waiting");
+        assert!(handle.receive_next(&mut datagram).is_err(), "nothing more");
+        assert_eq!(handle.with(|c| c.datagrams), 0, "none taken into the core");
+    }
 
     #[test]
     fn words_go_as_little_endian_bytes_as_narrow_as_the_largest_and_torn_ones_are_refused() {

@@ -68,19 +68,25 @@ fn prefetch_line(address: *const u8) {
 /// Size of a huge page on x86-64 and aarch64 with 4 KiB base pages.
 pub const HUGE_PAGE: usize = 2 << 20;
 
+/// The whole pages of `page` bytes (a power of two) inside `[start, start + len)`, as
+/// `(first, bytes)`; `None` where not one fits.
+fn whole_pages(start: usize, len: usize, page: usize) -> Option<(usize, usize)> {
+    let first = start.next_multiple_of(page);
+    let end = (start + len) / page * page;
+    (end > first).then(|| (first, end - first))
+}
+
 /// Advises the kernel to back the 2 MiB-aligned pages inside `[start, start + len)` with
 /// huge pages; returns whether it accepted. The range must lie inside one allocation that
 /// the caller owns (the advice itself changes neither contents nor validity).
 fn advise(start: usize, len: usize) -> bool {
-    let first = start.next_multiple_of(HUGE_PAGE);
-    let end = start + len;
-    if end <= first || end - first < HUGE_PAGE {
+    let Some((first, window)) = whole_pages(start, len, HUGE_PAGE) else {
         return false;
-    }
-    let window = (end - first) / HUGE_PAGE * HUGE_PAGE;
-    // SAFETY: [first, first + window) lies inside the caller's allocation (first >= start
-    // and first + window <= end). MADV_HUGEPAGE is advice about page size only: it changes
-    // neither the contents nor the validity of the memory, so no Rust reference is affected.
+    };
+    // SAFETY: [first, first + window) lies inside the caller's allocation (whole_pages
+    // keeps it within [start, start + len)). MADV_HUGEPAGE is advice about page size only:
+    // it changes neither the contents nor the validity of the memory, so no Rust reference
+    // is affected.
     let rc = unsafe { libc::madvise(first as *mut libc::c_void, window, libc::MADV_HUGEPAGE) };
     rc == 0
 }
@@ -93,29 +99,22 @@ const BASE_PAGE: usize = 4096;
 /// bytes unchanged), as the first write to each would; returns whether it did (Linux 5.14
 /// and later). The range must lie inside one allocation that the caller owns.
 fn populate_range(start: usize, len: usize) -> bool {
-    let first = start.next_multiple_of(BASE_PAGE);
-    let end = (start + len) / BASE_PAGE * BASE_PAGE;
-    if end <= first || cfg!(miri) {
+    let Some((first, bytes)) = whole_pages(start, len, BASE_PAGE).filter(|_| !cfg!(miri)) else {
         return false;
-    }
-    // SAFETY: [first, end) lies inside the caller's allocation (first >= start, end <=
-    // start + len). MADV_POPULATE_WRITE faults the pages in as a write would but writes
-    // nothing: neither the contents nor the validity of the memory change, so no Rust
-    // reference is affected.
-    let rc = unsafe {
-        libc::madvise(
-            first as *mut libc::c_void,
-            end - first,
-            libc::MADV_POPULATE_WRITE,
-        )
     };
+    // SAFETY: [first, first + bytes) lies inside the caller's allocation (whole_pages
+    // keeps it within [start, start + len)). MADV_POPULATE_WRITE faults the pages in as a
+    // write would but writes nothing: neither the contents nor the validity of the memory
+    // change, so no Rust reference is affected.
+    let rc = unsafe { libc::madvise(first as *mut libc::c_void, bytes, libc::MADV_POPULATE_WRITE) };
     rc == 0
 }
 
 /// Has the kernel supply the pages of `values` now, their contents unchanged, so that the
-/// first writes to them take no page fault (a page fault costs about 1.6 µs on this
-/// project's VM: 3,000 of them are 5 ms of a worker's time); whether it did. Memory the
-/// kernel supplies lazily (a large zeroed vector, [`lazy_zeroed_vec`]) becomes resident.
+/// first writes to them take no page fault (docs/SYNC.md, "Exact tables": a first write
+/// of 65,536 connections spent most of its time on the target in them); whether it did.
+/// Memory the kernel supplies lazily (a large zeroed vector, [`lazy_zeroed_vec`]) becomes
+/// resident.
 pub fn populate<T>(values: &mut [T]) -> bool {
     populate_range(values.as_mut_ptr() as usize, size_of_val(values))
 }
