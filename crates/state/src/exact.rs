@@ -47,19 +47,17 @@ const VALUE: u8 = 1;
 const MOVED: u8 = 2;
 const BY_WRITE: u8 = 4;
 
-/// The slots of a synced table written since the sync stage last took them: a mark per
-/// slot, and each marked slot's entry as it was before its first write. The data plane
-/// saves that entry while it has the slot in its cache, so the take compares each slot
-/// with what it was without keeping a copy of the whole table (and reading it: a cache
-/// miss a slot).
+/// The slots of a synced table written since the sync stage last took them: each marked
+/// slot's entry as it was before its first write (the marks themselves are in the slots,
+/// [`Slot::mark`]). The data plane saves that entry while it has the slot in its cache,
+/// so the take compares each slot with what it was without keeping a copy of the whole
+/// table (and reading it: a cache miss a slot).
 ///
 /// Invariant: a slot is in `before[taken..]` once, and only if its mark is set; every
 /// write to a slot's entry is preceded by [`ExactTable::written`] or
 /// [`ExactTable::value_mut`].
 #[derive(Clone, Debug)]
 struct Written<K, V> {
-    /// Per slot, the [`SlotWrite`] marks since the slot was last taken (0: not written).
-    marks: Box<[u8]>,
     /// In the order first written.
     before: Vec<Before<K, V>>,
     /// How many of `before` a take cut short has taken (their marks cleared): the next
@@ -191,7 +189,8 @@ pub struct Hashed {
     tag: u32,
 }
 
-/// Meaningful only where its `meta` is not 0: a slot never used is zeroed memory.
+/// Meaningful only where its `meta` is not 0 (but for its `mark`, the place's): a slot never
+/// used is zeroed memory.
 #[derive(Clone, Copy, bytemuck::Zeroable)]
 struct Slot<K, V> {
     key: K,
@@ -200,6 +199,12 @@ struct Slot<K, V> {
     hits: u64,
     profile: u8,
     notified: bool,
+    /// While the table marks its written slots: the [`SlotWrite`] marks of this slot (of
+    /// the place, not of the entry in it: [`ExactTable::put`] keeps them when an entry
+    /// moves in) since it was last taken, 0 if not written. In the slot's padding, on the
+    /// line the data plane's write has in its cache already, where a mark in an array
+    /// beside the table was a cache miss at most first writes of a pass.
+    mark: u8,
 }
 
 /// An exact-match table of at most `capacity` entries. See the module documentation.
@@ -295,8 +300,13 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
 
     /// Marks every slot written from now on, for [`ExactTable::take_written_slots`].
     pub fn mark_written_slots(&mut self) {
+        // Marks are set only while marking: only a table marking already has any.
+        if let Some(old) = self.written.take() {
+            for before in &old.before[old.taken..] {
+                self.slots[before.slot].mark = 0;
+            }
+        }
         self.written = Some(Box::new(Written {
-            marks: vec![0; self.slots.len()].into_boxed_slice(),
             before: Vec::new(),
             taken: 0,
             also: 0,
@@ -315,7 +325,6 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         stateplane_mem::populate(&mut self.slots);
         stateplane_mem::populate(&mut self.occupied);
         if let Some(marked) = &mut self.written {
-            stateplane_mem::populate(&mut marked.marks);
             let room = written.saturating_sub(marked.before.len());
             stateplane_mem::reserve_populated(&mut marked.before, room);
         }
@@ -346,16 +355,16 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             // needs read is known by the time it is asked for: a value changed in place is
             // read alone, one line of the slot's two or three, and not its metadata.
             if let Some(next) = written.before.get(n + 2 * AHEAD) {
-                stateplane_mem::prefetch(&written.marks[next.slot]);
+                stateplane_mem::prefetch(&self.slots[next.slot].mark);
             }
             if let Some(next) = written.before.get(n + AHEAD) {
-                if written.marks[next.slot] == VALUE && next.entry.is_some() {
+                if self.slots[next.slot].mark == VALUE && next.entry.is_some() {
                     stateplane_mem::prefetch(&self.slots[next.slot].value);
                 } else {
                     self.prefetch_slot(next.slot);
                 }
             }
-            let bits = std::mem::take(&mut written.marks[before.slot]);
+            let bits = std::mem::take(&mut self.slots[before.slot].mark);
             let how = match bits & MOVED {
                 0 => SlotWrite::Value,
                 _ => SlotWrite::Moved,
@@ -421,13 +430,21 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     #[inline]
     fn written(&mut self, i: usize, bits: u8) {
         if let Some(written) = &mut self.written {
-            let mark = &mut written.marks[i];
-            if *mark == 0 {
-                let entry = (self.meta[i] != 0).then(|| (self.slots[i].key, self.slots[i].value));
+            let slot = &mut self.slots[i];
+            if slot.mark == 0 {
+                let entry = (self.meta[i] != 0).then_some((slot.key, slot.value));
                 written.before.push(Before { slot: i, entry });
             }
-            *mark |= bits | written.also;
+            slot.mark |= bits | written.also;
         }
+    }
+
+    /// Puts `entry` into slot `i` with the slot's marks (they are the place's), and gives
+    /// back what the slot held.
+    #[inline]
+    fn put(&mut self, i: usize, entry: Slot<K, V>) -> Slot<K, V> {
+        let mark = self.slots[i].mark;
+        std::mem::replace(&mut self.slots[i], Slot { mark, ..entry })
     }
 
     /// While `on`, every slot written is marked as a top-down write's too (its changes go
@@ -818,6 +835,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             hits: 0,
             profile,
             notified: false,
+            mark: 0,
         };
         let (mut i, tag) = self.split(&key);
         let mut meta = (1 << TAG_BITS) | tag;
@@ -834,7 +852,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                 let gone = (self.slots[i].key, self.slots[i].value);
                 self.retire_expired(i, now_ns);
                 self.written(i, MOVED);
-                self.slots[i] = entry;
+                self.put(i, entry);
                 self.stats.adds += 1;
                 return Ok((EntryId(i as u32), Some(gone)));
             }
@@ -859,7 +877,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             if m == 0 {
                 self.written(i, MOVED);
                 self.set_meta(i, meta);
-                self.slots[i] = carry;
+                self.put(i, carry);
                 self.len += 1;
                 self.stats.adds += 1;
                 return Ok((EntryId(placed as u32), None));
@@ -867,7 +885,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             if (m >> TAG_BITS) < (meta >> TAG_BITS) {
                 self.written(i, MOVED);
                 std::mem::swap(&mut self.meta[i], &mut meta);
-                std::mem::swap(&mut self.slots[i], &mut carry);
+                carry = self.put(i, carry);
             }
             if (meta >> TAG_BITS) < MAX_DIST {
                 meta += 1 << TAG_BITS;
@@ -932,6 +950,12 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             std::mem::swap(&mut self.meta, &mut old.meta);
             std::mem::swap(&mut self.slots, &mut old.slots);
             std::mem::swap(&mut self.occupied, &mut old.occupied);
+            // The marks are each table's own, of its places: they go back.
+            if self.written.is_some() || old.written.is_some() {
+                for (mine, theirs) in self.slots.iter_mut().zip(old.slots.iter_mut()) {
+                    std::mem::swap(&mut mine.mark, &mut theirs.mark);
+                }
+            }
             self.len = std::mem::take(&mut old.len);
             self.sweep_cursor = old.sweep_cursor;
             self.take_notifications_of(old);
@@ -998,7 +1022,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
                 return;
             }
             self.meta[i] = m - (1 << TAG_BITS);
-            self.slots[i] = self.slots[next];
+            self.put(i, self.slots[next]);
             i = next;
         }
     }
@@ -1144,7 +1168,8 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K
             }
             to.into_boxed_slice()
         }
-        let empty = self.len == 0;
+        // An empty table's slots may still hold marks (of entries since removed).
+        let empty = self.len == 0 && self.written.is_none();
         ExactTable {
             meta: copy(&self.meta, empty),
             slots: copy(&self.slots, empty),
@@ -1333,6 +1358,52 @@ mod tests {
             ControlFlow::Continue(())
         });
         assert_eq!(came, 100);
+    }
+
+    /// A slot's marks are of its place in its table: an adoption between two tables that
+    /// both mark their slots leaves each with its own, so the new table reports every
+    /// entry that came as come (none as a value changed in place, which the old table's
+    /// marks of its own writes would say), and its next write as a first one.
+    #[test]
+    fn marks_stay_with_their_table_when_entries_are_adopted() {
+        let mut old: ExactTable<u64, u64> = ExactTable::new(100, &profiles(), 1);
+        for key in 0..100u64 {
+            old.add_entry(key, key * 10, 0, 0).unwrap();
+        }
+        old.mark_written_slots();
+        for key in 0..10u64 {
+            let id = old.find_id(&key).unwrap();
+            *old.value_mut(id) += 1;
+        }
+        let mut new = ExactTable::new(100, &profiles(), 1);
+        new.mark_written_slots();
+        new.adopt(&mut old);
+        let mut came = 0;
+        new.take_written_slots(|t, slot, how, _, before| {
+            assert_eq!((how, before), (SlotWrite::Moved, None), "slot {slot}");
+            came += usize::from(t.slot(slot).is_some());
+            ControlFlow::Continue(())
+        });
+        assert_eq!(came, 100);
+        let id = new.find_id(&50).unwrap();
+        *new.value_mut(id) = 7;
+        let mut seen = Vec::new();
+        new.take_written_slots(|_, slot, how, _, before| {
+            seen.push((slot, how, before.copied()));
+            ControlFlow::Continue(())
+        });
+        assert_eq!(seen, [(id.0 as usize, SlotWrite::Value, Some((50, 500)))]);
+        // A copy of a marking table keeps its marks, emptied or not.
+        let mut emptied = new.clone();
+        emptied.clear();
+        let mut copy = emptied.clone();
+        let mut gone = 0;
+        copy.take_written_slots(|t, slot, how, _, before| {
+            assert!(how == SlotWrite::Moved && before.is_some() && t.slot(slot).is_none());
+            gone += 1;
+            ControlFlow::Continue(())
+        });
+        assert_eq!(gone, 100);
     }
 
     /// Each source has its own bucket, which starts full, refills at the rate up to the
