@@ -1308,7 +1308,7 @@ pub fn main_read(a: BenchSyncReadArgs) -> BenchResult<()> {
         states: vec![SyncedState::register(0, CELLS)],
     });
     let mut messages = Vec::new();
-    sender.finish(1, |l| values[l.index as usize], &mut messages);
+    sender.finish(1, |l| values[l.index as usize], &mut messages, |_| {});
     let from = "127.0.0.1:9".parse().map_err(|_| "an address")?;
     for m in messages {
         let mut bytes = Vec::new();

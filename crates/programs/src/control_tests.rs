@@ -669,6 +669,35 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
     );
 }
 
+/// A synced table's room (a write's staging, the saves of its entries) is claimed from
+/// the run's memory budget for every copy when the configuration is checked, under the
+/// guarantee's name; a budget that cannot hold it refuses the configuration, naming it.
+#[test]
+fn a_synced_tables_room_is_claimed_from_the_memory_budget() {
+    let names = PortNames(vec!["a".into(), "b".into()]);
+    let wanted = [("connections".to_string(), vec!["synced".to_string()])].into();
+    let table = toml::from_str("capacity = 65536").unwrap();
+    let synced = |limit| {
+        stateplane_mem::budget::scope(budget(limit), || {
+            let factory = build("conntrack", Some(&table), &names).unwrap();
+            crate::with_guarantees(factory, &wanted, crate::ReplicationMode::Linearizable)
+        })
+    };
+    let (factory, claimed) = synced(u64::MAX);
+    let mut probe = factory.unwrap()(0);
+    probe.track("connections", 0);
+    let room = probe.synced_room_bytes();
+    assert!(room > 8 << 20, "{room}");
+    let share = (claimed.shares.iter())
+        .find(|s| s.setting == "guarantees.connections")
+        .unwrap();
+    assert_eq!((share.each, share.copies), (room, WORKERS as u64 + 1));
+    let Err(e) = synced(claimed.bytes - 1).0 else {
+        panic!("a budget one byte short holds the table but not its room")
+    };
+    assert_eq!(e.field, "guarantees.connections");
+}
+
 #[test]
 fn a_synced_sketch_is_tracked_on_every_instance_and_the_rest_is_the_programs() {
     use stateplane_state::{Guarantee, changes};

@@ -585,7 +585,17 @@ pub fn with_guarantees(
                 ),
             ));
         }
-        if parsed.contains(&Guarantee::Synced) && factory(0).track(name, 0).is_none() {
+        let mut probe = (parsed.contains(&Guarantee::Synced)).then(|| factory(0));
+        if let Some(probe) = &mut probe
+            && probe.track(name, 0).is_some()
+        {
+            // Every copy a worker runs keeps the room of the state it tracks.
+            claim_bytes(
+                &field,
+                || format!("the staging of writes into `{name}`, synced"),
+                probe.synced_room_bytes(),
+            )?;
+        } else if probe.is_some() {
             return Err(ConfigError::new(
                 field,
                 format!(
@@ -759,6 +769,14 @@ impl Program for Guaranteed {
 
     fn track(&mut self, name: &str, id: u16) -> Option<u32> {
         self.inner.track(name, id)
+    }
+
+    fn synced_room_bytes(&self) -> u64 {
+        self.inner.synced_room_bytes()
+    }
+
+    fn make_synced_resident(&mut self) {
+        self.inner.make_synced_resident();
     }
 
     fn changes(&mut self, out: &mut Vec<stateplane_state::changes::Change>, budget: usize) -> bool {

@@ -38,6 +38,14 @@ macro_rules! synced_table_methods {
             self.$($table).+.track(name, id)
         }
 
+        fn synced_room_bytes(&self) -> u64 {
+            self.$($table).+.synced_room_bytes()
+        }
+
+        fn make_synced_resident(&mut self) {
+            self.$($table).+.make_synced_resident();
+        }
+
         fn changes(
             &mut self,
             out: &mut Vec<stateplane_state::changes::Change>,

@@ -268,6 +268,21 @@ pub trait Program: Send {
         None
     }
 
+    /// The bytes the tracked state keeps besides the state itself once made resident
+    /// ([`Program::make_synced_resident`]: a table's staging of a top-down write and its
+    /// saves of entries before their first write in a pass), in each copy: what the run's
+    /// memory budget is told.
+    fn synced_room_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Has the kernel supply now the pages of the tracked state and of its room, so that
+    /// taking its changes and committing a large write later take no page fault. The
+    /// sync stage of the worker that runs the copy calls it, before its first pass; a
+    /// copy made to check the configuration never does, and keeps no memory it does not
+    /// use.
+    fn make_synced_resident(&mut self) {}
+
     /// Appends to `out` each cell of the tracked state whose value differs from the last
     /// call's (or from when tracking began), once, with both values: what the sync stage
     /// takes between bursts. A table's slots are taken until `budget` cells are appended
@@ -487,6 +502,8 @@ pub trait Running: Send {
     fn notifications(&mut self, out: &mut Vec<Notification>);
     fn requests(&mut self, out: &mut Vec<Request>);
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
+    fn synced_room_bytes(&self) -> u64;
+    fn make_synced_resident(&mut self);
     fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool;
     fn synced(&self) -> Vec<(u16, u32)>;
     fn synced_stride(&self, id: u16) -> u32;
@@ -587,6 +604,14 @@ impl<P: Program + 'static> Running for P {
 
     fn track(&mut self, name: &str, id: u16) -> Option<u32> {
         Program::track(self, name, id)
+    }
+
+    fn synced_room_bytes(&self) -> u64 {
+        Program::synced_room_bytes(self)
+    }
+
+    fn make_synced_resident(&mut self) {
+        Program::make_synced_resident(self)
     }
 
     fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool {

@@ -7,7 +7,7 @@
 use crate::changes::Change;
 use crate::exact::{AddError, ExactTable, Hashed};
 use crate::key_fields::KeyFields;
-use crate::synced_table::{Decoded, MAX_FIELDS, Placed, STAGED_WORDS, SlotWords, TableSync};
+use crate::synced_table::{Decoded, MAX_FIELDS, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
 use stateplane_api::{
     Action, Carried, ControlError, Declaration, Entry, Kind, Match, Notification, NotificationKind,
@@ -198,12 +198,29 @@ impl<C: ExactCodec> DeclaredTable<C> {
         }
         let words = SlotWords::of(&self.decl, C::COUNTING)?;
         let sync = TableSync::start(id, words, &mut self.table)?;
-        // The entries of a write of STAGED_WORDS are decoded ahead into pages supplied now.
-        let entries = STAGED_WORDS.min(sync.length() as usize) / sync.words.stride();
-        stateplane_mem::reserve_populated(&mut self.placing, entries);
         let length = sync.length();
         self.sync = Some(Box::new(sync));
         Some(length)
+    }
+
+    /// The bytes [`DeclaredTable::make_synced_resident`] has the kernel supply besides
+    /// the table (0 if not synced).
+    pub fn synced_room_bytes(&self) -> u64 {
+        self.sync.as_ref().map_or(0, |sync| {
+            let placing = sync.staged_slots() * std::mem::size_of::<Place<C::Key, C::Value>>();
+            sync.room_bytes::<C::Key, C::Value>() + placing as u64
+        })
+    }
+
+    /// Has the kernel supply now the pages of the synced table, of a write's staging and
+    /// of its entries decoded ahead (nothing if not synced): see
+    /// [`TableSync::make_resident`].
+    pub fn make_synced_resident(&mut self) {
+        if let Some(sync) = &mut self.sync {
+            sync.make_resident(&mut self.table);
+            let room = sync.staged_slots().saturating_sub(self.placing.len());
+            stateplane_mem::reserve_populated(&mut self.placing, room);
+        }
     }
 
     /// Appends the words of its slots changed since the last call (nothing if not

@@ -330,6 +330,12 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         }
     }
 
+    /// The bytes [`ExactTable::populate`] has the kernel supply for the saves of `written`
+    /// slots' entries.
+    pub fn saves_bytes(written: usize) -> u64 {
+        (written * std::mem::size_of::<Before<K, V>>()) as u64
+    }
+
     /// Calls `each` with every slot written since the last call (or since marking began),
     /// once, in the order first written: the table, the slot, whether an entry came, went
     /// or moved there ([`SlotWrite::Moved`]) or only its value may have changed in place,

@@ -39,16 +39,18 @@ pub const MAX_STRIDE: usize = 64;
 /// values would be 1 KiB to clear per entry taken).
 pub const MAX_FIELDS: usize = 16;
 
-/// Words of a write a synced table stages in memory the kernel supplied when the table
-/// was tracked ([`stateplane_mem::reserve_populated`]), with as many slots' saves of the
-/// entries before and the whole table ([`ExactTable::populate`]): a write of up to these
-/// many words (the sync channel's largest, `stateplane_sync::write::MAX_WRITE_VALUES`,
-/// held equal where the switch uses both) is staged and committed with no page fault.
-/// The first write into a table took one for each 4 KiB it filled: 45 of the target
-/// worker's 76 samples while a migration of 65,536 connections moved (`perf record`,
-/// 2026-12-06). This memory is resident from the start: 8 MiB of words and about 200
-/// bytes a slot of a write's entries (some 24 MiB for `conntrack`, 13 words a slot),
-/// less for a smaller table.
+/// Words of a write a synced table stages in memory the kernel supplied when the worker
+/// that runs it made it resident ([`TableSync::make_resident`]), with as many slots'
+/// saves of the entries before and the whole table ([`ExactTable::populate`]): a write of
+/// up to these many words (the sync channel's largest,
+/// `stateplane_sync::write::MAX_WRITE_VALUES`, held equal where the switch uses both) is
+/// staged and committed with no page fault, where the first write into a table took one
+/// for each 4 KiB it filled (3,585 for 30,000 connections, conntrack's test
+/// `a_large_write_into_a_synced_table_takes_no_page_fault` without the table populated).
+/// That memory is resident from the worker's first pass, and claimed from the run's
+/// memory budget ([`TableSync::room_bytes`]): 8 MiB of words and about 200 bytes a slot
+/// of a write's entries (some 24 MiB for `conntrack`, 13 words a slot), less for a
+/// smaller table.
 pub const STAGED_WORDS: usize = 1 << 20;
 
 /// Words a field takes.
@@ -421,10 +423,6 @@ impl TableSync {
         let slots = table.slot_count();
         u32::try_from(slots.checked_mul(stride)?).ok()?;
         table.mark_written_slots();
-        let mut staged_words = Vec::new();
-        let staged_slots = STAGED_WORDS.min(slots * stride) / stride;
-        stateplane_mem::reserve_populated(&mut staged_words, staged_slots * stride);
-        table.populate(staged_slots);
         Some(TableSync {
             id,
             words,
@@ -432,10 +430,36 @@ impl TableSync {
             then: vec![0; stride],
             now: vec![0; stride],
             staged_runs: Vec::new(),
-            staged_words,
+            staged_words: Vec::new(),
             staged_in_order: true,
             decoded_ahead: 0,
         })
+    }
+
+    /// The slots whose words a write of [`STAGED_WORDS`] holds at most (all of them, in a
+    /// table smaller than that).
+    pub fn staged_slots(&self) -> usize {
+        STAGED_WORDS.min(self.slots * self.words.stride()) / self.words.stride()
+    }
+
+    /// The bytes [`TableSync::make_resident`] has the kernel supply besides the table:
+    /// the staging of a write's words and the saves of as many slots' entries.
+    pub fn room_bytes<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(&self) -> u64 {
+        let slots = self.staged_slots();
+        let words = slots * self.words.stride();
+        (words * std::mem::size_of::<u64>()) as u64 + ExactTable::<K, V>::saves_bytes(slots)
+    }
+
+    /// Has the kernel supply now the pages of the staging of a write of [`STAGED_WORDS`]
+    /// and of `table` with the saves of as many slots' entries.
+    pub fn make_resident<K: TableKey, V: Copy + Default + bytemuck::Zeroable>(
+        &mut self,
+        table: &mut ExactTable<K, V>,
+    ) {
+        let slots = self.staged_slots();
+        let room = (slots * self.words.stride()).saturating_sub(self.staged_words.len());
+        stateplane_mem::reserve_populated(&mut self.staged_words, room);
+        table.populate(slots);
     }
 
     /// Locations: every slot's words.

@@ -307,6 +307,7 @@ impl SyncPlan {
                 next_pass_ns: 0,
                 next_receive_ns: 0,
                 bursts_unclocked: 0,
+                resident: false,
                 open_since_ns: None,
                 config: SenderConfig {
                     epoch: new_epoch(),
@@ -389,6 +390,8 @@ struct SyncStage {
     next_receive_ns: u64,
     /// Bursts since the clock was last read.
     bursts_unclocked: u32,
+    /// The program's synced state has its pages ([`Running::make_synced_resident`]).
+    resident: bool,
     /// When the first pass whose take was cut short (`CHANGES_PER_PASS`) began, while
     /// the passes after it have not taken every change: their messages' batch is open.
     open_since_ns: Option<u64>,
@@ -784,6 +787,12 @@ impl SyncStage {
     /// time while a write's parts are arriving) and the writes whole committed, so that a
     /// write does not wait for the passes' pace.
     fn between_bursts(&mut self, program: &mut dyn Running, tick: bool) {
+        if !self.resident {
+            // Before the first pass, in the worker that runs the program: the pages are
+            // supplied to the thread that uses them, and to no copy that never runs.
+            program.make_synced_resident();
+            self.resident = true;
+        }
         let now_ns = self.now_ns();
         if now_ns >= self.next_pass_ns {
             self.pass(program);
@@ -870,6 +879,7 @@ impl StateStage for SyncStage {
         self.sender = None;
         self.open_since_ns = None;
         self.writes = WriteStage::default();
+        self.resident = false;
         self.sender(program);
     }
 
@@ -878,8 +888,15 @@ impl StateStage for SyncStage {
         self.take_changes(program, now_ns, usize::MAX);
         let mut out = std::mem::take(&mut self.out);
         let mut reader = EntryReader::new(program);
-        if let Some(sender) = &mut self.sender {
-            sender.finish(now_ns, |l| reader.read(l), &mut out);
+        if let Some(mut sender) = self.sender.take() {
+            // Sent as they are made: a large table's refresh is not held whole.
+            let mut flush = |made: &mut Vec<Message>| {
+                std::mem::swap(&mut self.out, made);
+                self.send_out();
+                std::mem::swap(&mut self.out, made);
+            };
+            sender.finish(now_ns, |l| reader.read(l), &mut out, &mut flush);
+            self.sender = Some(sender);
         }
         self.out = out;
         self.send_out();

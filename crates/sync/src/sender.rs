@@ -130,6 +130,9 @@ pub struct Sender {
 pub const KEPT_MESSAGES: usize = 4096;
 pub const KEPT_ENTRIES: usize = 1 << 16;
 
+/// Messages [`Sender::finish`] makes before it has the first of them sent.
+pub const FINISH_FLUSH_MESSAGES: usize = 64;
+
 /// What the collector's reports did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FeedbackCounters {
@@ -465,28 +468,37 @@ impl Sender {
     /// starts with no change, so with no divergence.
     fn end_batch(&mut self, batch: &mut [Message]) {
         if let Some((_, before_last)) = batch.split_last_mut() {
-            for m in before_last.iter_mut() {
-                m.more = true;
-            }
-            // The kept copies of the batch, the last ones kept, go again as they went.
-            for kept in self.kept.iter_mut().rev().skip(1).take(before_last.len()) {
-                kept.more = true;
-            }
+            self.followed(before_last);
             self.t_max = 0;
             self.batch_open = false;
         }
     }
 
+    /// `messages`, all but the last made, say that more of their batch follow, and so do
+    /// their kept copies (the last ones kept but one), which go again as they went.
+    fn followed(&mut self, messages: &mut [Message]) {
+        for m in messages.iter_mut() {
+            m.more = true;
+        }
+        for kept in self.kept.iter_mut().rev().skip(1).take(messages.len()) {
+            kept.more = true;
+        }
+    }
+
     /// The worker stops: every update waiting and a whole refresh pass of every location
     /// go now (`read` reads the state), so that the collector's copy, once these messages
-    /// arrive, is the data plane's exactly.
+    /// arrive, is the data plane's exactly. Every [`FINISH_FLUSH_MESSAGES`] messages made,
+    /// `flush` is given `out` to send (and empty) all but the last of them, so that a
+    /// large table's refresh (5.8 M locations for `counter`'s default table) is never
+    /// held whole in memory.
     pub fn finish(
         &mut self,
         now_ns: u64,
         mut read: impl FnMut(Location) -> u64,
         out: &mut Vec<Message>,
+        mut flush: impl FnMut(&mut Vec<Message>),
     ) {
-        let first = out.len();
+        let mut first = out.len();
         self.announce_layout(now_ns, out);
         self.refresh = Refresh {
             state: 0,
@@ -498,6 +510,15 @@ impl Sender {
         while self.refresh.running {
             self.refresh_some(now_ns, &mut read);
             self.send(now_ns, Kind::Refresh, out);
+            if out.len() - first > FINISH_FLUSH_MESSAGES
+                && let Some(last) = out.pop()
+            {
+                // The last made waits: whether more follow it is not known yet.
+                self.followed(&mut out[first..]);
+                flush(out);
+                first = out.len();
+                out.push(last);
+            }
         }
         if out.len() == first {
             self.emit(now_ns, Kind::Heartbeat, Vec::new(), out);
@@ -816,7 +837,7 @@ mod tests {
             s.change(1, at, 0, value(at));
         }
         s.poll(2, value, &mut out);
-        s.finish(3, value, &mut out);
+        s.finish(3, value, &mut out, |_| {});
         let mut mirror = crate::mirror::Mirror::new(None);
         for m in &out {
             mirror.apply(m).unwrap();
@@ -833,9 +854,48 @@ mod tests {
         // With nothing synced, a heartbeat still says the stream ended where it did.
         let mut quiet = sender(1);
         let mut end = Vec::new();
-        quiet.finish(0, |_| 0, &mut end);
+        quiet.finish(0, |_| 0, &mut end, |_| {});
         assert_eq!(end.len(), 1);
         assert_eq!(end[0].kind, Kind::Heartbeat);
+    }
+
+    /// A large state's last refresh goes as it is made: `finish` hands over its messages
+    /// every [`FINISH_FLUSH_MESSAGES`], never holding more than that many more, and the
+    /// messages in the order sent are one batch (each but the last says more follow)
+    /// that leaves the collector every location exactly.
+    #[test]
+    fn finishing_sends_a_large_refresh_as_it_is_made() {
+        let locations = 20_000;
+        let mut s = Sender::new(SenderConfig {
+            states: vec![SyncedState::register(0, locations)],
+            ..sender(1).config
+        })
+        .with_message_entries(10);
+        let value = |l: Location| u64::from(l.index) * 3 + 1;
+        let (mut sent, mut out, mut most) = (Vec::new(), Vec::new(), 0);
+        s.finish(5, value, &mut out, |made: &mut Vec<Message>| {
+            most = most.max(made.len());
+            sent.append(made);
+        });
+        assert!(
+            sent.len() > 20 * FINISH_FLUSH_MESSAGES,
+            "{} sent while made",
+            sent.len()
+        );
+        assert!(most <= FINISH_FLUSH_MESSAGES + 1, "{most} held at once");
+        assert!(out.len() <= FINISH_FLUSH_MESSAGES + 1);
+        sent.append(&mut out);
+        let (last, batch) = sent.split_last().unwrap();
+        assert!(!last.more && batch.iter().all(|m| m.more));
+        let mut mirror = crate::mirror::Mirror::new(None);
+        for m in &sent {
+            mirror.apply(m).unwrap();
+        }
+        for index in 0..locations {
+            let at = Location { state: 0, index };
+            let r = mirror.read(1, 0, at).unwrap();
+            assert_eq!((r.value, r.bound), (value(at), Some(0)), "{at:?}");
+        }
     }
 
     /// Where the path takes larger datagrams, messages carry up to the entries asked for:
@@ -947,7 +1007,7 @@ mod tests {
         assert_eq!(layouts(&out).len(), 1, "again a second on");
         assert!(out.iter().any(|m| m.kind == Kind::Updates));
         out.clear();
-        s.finish(LAYOUT_EVERY_NS + 2, |_| 0, &mut out);
+        s.finish(LAYOUT_EVERY_NS + 2, |_| 0, &mut out, |_| {});
         assert_eq!(layouts(&out).len(), 1, "and at the end");
     }
 
