@@ -259,7 +259,12 @@ impl Collector {
                 );
             }
             peer.epoch = m.epoch;
-            peer.engine = new_engine(&m, self.key.clone());
+            let old = std::mem::replace(&mut peer.engine, new_engine(&m, self.key.clone()));
+            // The room lent to a write of the switch's last run comes back.
+            let room = old.into_room();
+            if room.capacity() > self.write_room.capacity() {
+                self.write_room = room;
+            }
         }
         peer.addr = from;
         let gap = now_ns.saturating_sub(peer.applied_ns);
@@ -806,7 +811,8 @@ mod tests {
     }
 
     /// A collector with write room lends it to the write it opens and takes it back when
-    /// the write has committed, for the next; the room's pages are there from the start.
+    /// the write has committed, or when the switch started again meanwhile, for the next;
+    /// the room's pages are there from the start.
     #[test]
     fn a_collectors_write_room_goes_to_each_open_write_and_comes_back() {
         let (mut c, _) = heard_from(Collector::new(None, None).with_write_room());
@@ -832,6 +838,17 @@ mod tests {
             let back = (c.write_room.as_ptr(), c.write_room.capacity());
             assert_eq!(back, room, "back after write {round}");
         }
+        // A write the switch's restart leaves unanswered gives its room back too.
+        let first = Location { state: 0, index: 0 };
+        let ticket = c.open_write(1, 0, first, 1, 8).unwrap();
+        c.extend_write(1, 0, ticket, &[9; 8]).unwrap();
+        assert_eq!(c.write_room.capacity(), 0, "lent");
+        let mut restarted = Vec::new();
+        sender(8).poll(3_000, |_| 0, &mut restarted);
+        send(&mut c, 3_000, &mut restarted, SWITCH);
+        assert!(c.take_write(1, 0, ticket).unwrap().is_err());
+        let back = (c.write_room.as_ptr(), c.write_room.capacity());
+        assert_eq!(back, room, "back from the write the restart ended");
     }
 
     /// A collector with a key signs its writes' parts with it, each transmission anew, and

@@ -816,6 +816,25 @@ impl WriteEngine {
         std::mem::take(&mut self.spent)
     }
 
+    /// The largest room of its writes' values, emptied: of those ended, on their way or
+    /// queued. For an engine dropped with its writes (its switch started again), so
+    /// that the room a collector lent one of them is not lost with it.
+    pub fn into_room(self) -> Vec<u64> {
+        let writes = (self.current.map(|w| w.parts))
+            .into_iter()
+            .chain(self.queue.into_iter().filter_map(|(_, parts)| parts));
+        let mut room = self.spent;
+        for parts in writes {
+            if let WriteValues::Stretch { mut values, .. } = parts.values
+                && values.capacity() > room.capacity()
+            {
+                values.clear();
+                room = values;
+            }
+        }
+        room
+    }
+
     /// Adds `more` to open write `id`'s values; why not where it is not an open write of
     /// this engine, or would then hold more than a write may.
     pub fn extend(&mut self, id: u64, more: &[u64]) -> Result<(), String> {
