@@ -368,9 +368,9 @@ impl<C: ExactCodec> DeclaredTable<C> {
                         }
                         ok
                     }
-                    None => {
-                        (table.add_entry_keeping_others(*key, *value, *profile, now_ns)).is_ok()
-                    }
+                    None => (table
+                        .add_hashed_keeping_others(*key, hashed, *value, *profile, now_ns))
+                    .is_ok(),
                 },
             };
             if !ok {

@@ -755,6 +755,21 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         self.try_add(key, value, profile, now_ns).map(|(id, _)| id)
     }
 
+    /// [`ExactTable::add_entry_keeping_others`] of a key already `hashed`
+    /// ([`ExactTable::hashed`]): a synced write's commit hashes each key once, to look it
+    /// up and place it.
+    pub fn add_hashed_keeping_others(
+        &mut self,
+        key: K,
+        hashed: Hashed,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<EntryId, AddError> {
+        self.try_add_hashed(key, hashed, value, profile, now_ns)
+            .map(|(id, _)| id)
+    }
+
     /// [`ExactTable::add_entry`], telling which entry left to make way: an expired entry
     /// of the same key, or the one a full table removed to make room. For a caller that
     /// keeps state beside the table (a NAT's reverse mapping and port).
@@ -827,6 +842,19 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         profile: u8,
         now_ns: u64,
     ) -> Result<(EntryId, Option<(K, V)>), AddError> {
+        let hashed = self.hashed(&key);
+        self.try_add_hashed(key, hashed, value, profile, now_ns)
+    }
+
+    /// [`ExactTable::try_add`] of `key`, `hashed` ([`ExactTable::hashed`]).
+    fn try_add_hashed(
+        &mut self,
+        key: K,
+        Hashed { home, tag }: Hashed,
+        value: V,
+        profile: u8,
+        now_ns: u64,
+    ) -> Result<(EntryId, Option<(K, V)>), AddError> {
         let Some(p) = self.profiles.get(usize::from(profile)).copied() else {
             return Err(AddError::NoSuchProfile);
         };
@@ -843,7 +871,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             notified: false,
             mark: 0,
         };
-        let (mut i, tag) = self.split(&key);
+        let mut i = home;
         let mut meta = (1 << TAG_BITS) | tag;
         // First part: look for the key up to its insertion point; nothing changes yet.
         loop {
