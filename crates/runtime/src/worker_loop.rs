@@ -347,6 +347,9 @@ pub fn run_worker(
     if let Some(control) = control {
         worker = worker.with_control(control);
     }
+    // The stages' first tick comes before the first burst, so that what they set up
+    // (a synced table's pages) is done before the worker forwards, not in the middle.
+    worker.tick_stages();
     // The stages keep their sockets across reloads.
     let wake = worker.wake_fds();
     let clock = match ports.timekeeping() {
@@ -1055,7 +1058,8 @@ mod tests {
     }
 
     /// Taps see every burst after the program (its verdicts set), in the order given, and
-    /// are told once at the end; a state stage runs after them, between bursts, and
+    /// are told once at the end; a state stage ticks once before the first burst (what it
+    /// sets up is done before the worker forwards), runs after them, between bursts, and
     /// finishes last.
     #[test]
     fn taps_see_each_burst_after_the_program_in_order_and_finish_once() {
@@ -1139,6 +1143,7 @@ mod tests {
         assert_eq!(
             got,
             [
+                "stage tick (0 reasons)",
                 "a 4 true",
                 "b 4 true",
                 "stage after (0 reasons)",
