@@ -47,7 +47,8 @@ pub const MAX_FIELDS: usize = 16;
 /// staged and committed with no page fault, where the first write into a table took one
 /// for each 4 KiB it filled (3,585 for 30,000 connections, conntrack's test
 /// `a_large_write_into_a_synced_table_takes_no_page_fault` without the table populated).
-/// That memory is resident from the worker's first pass, and claimed from the run's
+/// That memory is resident from its worker's start (the sync stage's first pass, at the
+/// worker's first tick), and claimed from the run's
 /// memory budget ([`TableSync::room_bytes`]): 8 MiB of words and about 200 bytes a slot
 /// of a write's entries (some 24 MiB for `conntrack`, 13 words a slot), less for a
 /// smaller table.
