@@ -585,28 +585,27 @@ pub fn with_guarantees(
                 ),
             ));
         }
-        let mut probe = (parsed.contains(&Guarantee::Synced)).then(|| factory(0));
-        if let Some(probe) = &mut probe
-            && probe.track(name, 0).is_some()
-        {
+        if parsed.contains(&Guarantee::Synced) {
+            let mut probe = factory(0);
+            if probe.track(name, 0).is_none() {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "`{name}` cannot be synced: the program does not track its changes (synced \
+                     state today is a program's count-min sketch, `sketch` in hh, udpflood \
+                     and synflood, and the tables `flows` in counter, `connections` in \
+                     conntrack, firewall and lb, `cache` in kv, `macs` in l2, `stations` in \
+                     l2learn, `translations` in nat and `sessions` in sgw; a table's slot \
+                     takes at most 64 words, 16 key fields and 16 parameters)"
+                    ),
+                ));
+            }
             // Every copy a worker runs keeps the room of the state it tracks.
             claim_bytes(
                 &field,
                 || format!("the staging of writes into `{name}`, synced"),
                 probe.synced_room_bytes(),
             )?;
-        } else if probe.is_some() {
-            return Err(ConfigError::new(
-                field,
-                format!(
-                    "`{name}` cannot be synced: the program does not track its changes (synced \
-                     state today is a program's count-min sketch, `sketch` in hh, udpflood \
-                     and synflood, and the tables `flows` in counter, `connections` in \
-                     conntrack, firewall and lb, `cache` in kv, `macs` in l2, `stations` in \
-                     l2learn, `translations` in nat and `sessions` in sgw; a table's slot \
-                     takes at most 64 words, 16 key fields and 16 parameters)"
-                ),
-            ));
         }
         if parsed.contains(&Guarantee::Synced) && parsed.contains(&Guarantee::Replicated) {
             log::info!(

@@ -201,9 +201,9 @@ struct Slot<K, V> {
     notified: bool,
     /// While the table marks its written slots: the [`SlotWrite`] marks of this slot (of
     /// the place, not of the entry in it: [`ExactTable::put`] keeps them when an entry
-    /// moves in) since it was last taken, 0 if not written. In the slot's padding, on the
-    /// line the data plane's write has in its cache already, where a mark in an array
-    /// beside the table was a cache miss at most first writes of a pass.
+    /// moves in) since it was last taken, 0 if not written. In the slot's padding, among
+    /// the lines the data plane's lookup and write have in their cache already, where a
+    /// mark in an array beside the table was a cache miss at most first writes of a pass.
     mark: u8,
 }
 
@@ -871,7 +871,9 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             notified: false,
             mark: 0,
         };
-        let mut i = home;
+        // A hash of this table's (`ExactTable::hashed`); another's stays within bounds.
+        debug_assert!(home <= self.mask, "a hash made by another table");
+        let mut i = home & self.mask;
         let mut meta = (1 << TAG_BITS) | tag;
         // First part: look for the key up to its insertion point; nothing changes yet.
         loop {
