@@ -526,18 +526,149 @@ fn synced_table_run(
     trace: &str,
     stride: u32,
 ) -> (serde_json::Value, Vec<Vec<u64>>) {
+    let (summary, dump) = synced_run(dir, program, settings, &[state], trace, 1);
+    (summary, dumped_entries(&dump, stride))
+}
+
+/// Runs `program` (its settings `settings`) on `workers` on `trace` with `states` synced to
+/// a collector of its own; the summary and the file the collector dumped its copy to.
+fn synced_run(
+    dir: &Path,
+    program: &str,
+    settings: &str,
+    states: &[&str],
+    trace: &str,
+    workers: usize,
+) -> (serde_json::Value, std::path::PathBuf) {
     let dump = dir.join(format!("{program}-dump.csv"));
     let dump_arg = dump.display().to_string();
     let (collector, addr, collector_err) =
         start_collector(&["--switches", "1", "--dump", &dump_arg]);
+    let guarantees: String = states
+        .iter()
+        .map(|s| format!("{s} = [\"synced\"]\n"))
+        .collect();
     let config = format!(
-        "[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n\
-         [guarantees]\n{state} = [\"synced\"]\n[sync]\ncollector = \"{addr}\"\n\
+        "workers = {workers}\n[program]\nname = \"{program}\"\n[program.{program}]\n{settings}\n\
+         [guarantees]\n{guarantees}[sync]\ncollector = \"{addr}\"\n\
          [[port]]\nname = \"in\"\nrx = \"{trace}\"\n[[port]]\nname = \"out\"\n"
     );
     let config_file = dir.join(format!("sync-{program}.toml"));
     let summary = run_to_collector(&config_file, &config, (collector, collector_err));
-    (summary, dumped_entries(&dump, stride))
+    (summary, dump)
+}
+
+/// The collector's dumped copy of each state of each stream, `(stream, state)` to its
+/// values by index, every one exact.
+fn dumped_states(dump: &Path) -> BTreeMap<(u16, u16), BTreeMap<u32, u64>> {
+    let text = std::fs::read_to_string(dump).unwrap();
+    let mut states: BTreeMap<(u16, u16), BTreeMap<u32, u64>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        assert_eq!(
+            f[5], "0",
+            "every value exact after the end's refresh: {line}"
+        );
+        let (stream, state) = (f[1].parse().unwrap(), f[2].parse().unwrap());
+        let values = states.entry((stream, state)).or_default();
+        values.insert(f[3].parse().unwrap(), f[4].parse().unwrap());
+    }
+    states
+}
+
+/// Rule counters synced end to end, each lane a state: acl's, which count every IPv4
+/// packet, sum over the workers to the packets and bytes the run read; the firewall's,
+/// which count each connection's first packet, beside its synced connections, to one
+/// attempt a connection, each state in each worker's stream whole.
+#[test]
+fn rule_counters_reach_the_collector_exactly_beside_the_connections() {
+    let dir = tmp("sync-rule-counters");
+    std::fs::create_dir_all(&dir).unwrap();
+    ok(bin()
+        .args(["gen", "internet", "--packets", "20000", "--seed", "3"])
+        .args(["--ipv6-share", "0", "-o"])
+        .arg(dir.join("internet.pcap"))
+        .output()
+        .unwrap());
+    ok(bin()
+        .args(["gen", "datacenter", "--packets", "20000", "--seed", "3"])
+        .args(["--flows", "10", "-o"])
+        .arg(dir.join("datacenter.pcap"))
+        .output()
+        .unwrap());
+    let counters = ["rule_packets", "rule_bytes"];
+    let default = "default = \"permit\"\nmap = { in = \"out\" }";
+    let (summary, dump) = synced_run(&dir, "acl", default, &counters, "internet.pcap", 2);
+    assert_eq!(summary["counters"]["tx_packets"], 20_000, "{summary}");
+    // Ids in the order of the names: rule_bytes 0, rule_packets 1.
+    let states = dumped_states(&dump);
+    let cells = 4097; // 4,096 rules and the default
+    assert_eq!(
+        states.len(),
+        4,
+        "two states of each worker's stream: {:?}",
+        states.keys()
+    );
+    assert!(states.values().all(|v| v.len() == cells));
+    let sum = |state| -> u64 {
+        (states.iter())
+            .filter(|((_, s), _)| *s == state)
+            .flat_map(|(_, v)| v.values())
+            .sum()
+    };
+    assert_eq!(sum(1), 20_000, "every packet counted");
+    assert_eq!(
+        json_u64(&summary["counters"]["rx_bytes"]),
+        sum(0),
+        "and its bytes"
+    );
+
+    let states = ["connections", "rule_packets", "rule_bytes"];
+    let (summary, dump) = synced_run(
+        &dir,
+        "firewall",
+        "inside = \"in\"",
+        &states,
+        "datacenter.pcap",
+        2,
+    );
+    assert_eq!(summary["counters"]["tx_packets"], 20_000, "{summary}");
+    let states = dumped_states(&dump);
+    assert_eq!(
+        states.len(),
+        6,
+        "three states of each worker's stream: {:?}",
+        states.keys()
+    );
+    let (mut held, mut held_v4) = (0, 0);
+    for stream in [0, 1] {
+        // connections 0 (13 words a slot: its action word not 0 when held, then the
+        // source's two words, the first 0 for an IPv4 address), rule_bytes 1,
+        // rule_packets 2.
+        let words = &states[&(stream, 0)];
+        let word = |i: u32| words.get(&i).copied().unwrap_or(0);
+        let slots: Vec<u32> = (words.keys())
+            .filter(|&&i| i % 13 == 0 && word(i) != 0)
+            .copied()
+            .collect();
+        let v4 = slots.iter().filter(|&&i| word(i + 1) == 0).count() as u64;
+        // The policy judges IPv4 packets alone (acl's rules are IPv4 rules).
+        let attempts: u64 = states[&(stream, 2)].values().sum();
+        let bytes: u64 = states[&(stream, 1)].values().sum();
+        assert_eq!(
+            attempts, v4,
+            "stream {stream}: an IPv4 connection's attempt"
+        );
+        assert!(bytes >= 60 * attempts, "stream {stream}: {bytes} bytes");
+        held += slots.len();
+        held_v4 += v4;
+    }
+    assert_eq!(held, 10, "the trace's flows");
+    assert!((1..10).contains(&held_v4), "{held_v4} of them IPv4");
+}
+
+fn json_u64(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("a count: {v}"))
 }
 
 /// firewall's connections and kv's cache synced end to end: the copy holds each

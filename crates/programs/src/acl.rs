@@ -414,6 +414,9 @@ pub struct Acl {
     meters: Vec<Meter>,
 }
 
+/// The counters' names in the control API, lane by lane of a counter (packets, bytes).
+const COUNTER_NAMES: &[&str] = &["rule_packets", "rule_bytes"];
+
 /// The counters in the control API: `rule_packets` and `rule_bytes`, one value per rule
 /// and a last one for the default.
 fn counter_declaration(name: &str, rules: usize) -> Declaration {
@@ -693,6 +696,21 @@ fn packet5(d: &PacketDesc) -> Option<Packet5> {
     })
 }
 
+/// What may be synced: the rule counters, packets and bytes (the rules are the control
+/// plane's, written through its API).
+impl crate::synced_parts::SyncedParts for Acl {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        f(&crate::synced_parts::LanesView(&self.counters));
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        f(&mut crate::synced_parts::LanesPart {
+            names: COUNTER_NAMES,
+            register: &mut self.counters,
+        });
+    }
+}
+
 impl Program for Acl {
     type Prepared = Prepared;
 
@@ -719,11 +737,13 @@ impl Program for Acl {
         }
     }
 
+    crate::synced_parts::synced_parts_methods!();
+
     fn declarations(&self) -> Vec<Declaration> {
         let mut d = vec![
             rules_declaration(self.rules.capacity, self.directions),
-            counter_declaration("rule_packets", self.counters.len() - 1),
-            counter_declaration("rule_bytes", self.counters.len() - 1),
+            counter_declaration(COUNTER_NAMES[0], self.counters.len() - 1),
+            counter_declaration(COUNTER_NAMES[1], self.counters.len() - 1),
             Declaration {
                 name: "rule_meters".into(),
                 capacity: self.meters.len(),
@@ -827,7 +847,7 @@ impl Program for Acl {
                     })?
                     .iter()
                     .map(|c| {
-                        u128::from(if name == "rule_packets" {
+                        u128::from(if name == COUNTER_NAMES[0] {
                             c.packets
                         } else {
                             c.bytes
@@ -848,7 +868,7 @@ impl Program for Acl {
                 let v = *value as u64;
                 for i in *first..first + count {
                     self.counters.update(i, |c| {
-                        if name == "rule_packets" {
+                        if name == COUNTER_NAMES[0] {
                             c.packets = v;
                         } else {
                             c.bytes = v;

@@ -653,6 +653,17 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
         panic!("a table whose changes nothing tracks is not synced")
     };
     assert!(e.problem.contains("cannot be synced"), "{e}");
+    assert!(
+        e.problem.contains("not the rules, routes and meters"),
+        "{e}"
+    );
+    // Its rule counters can, each lane its own state.
+    let counters = build_program(
+        "acl",
+        &[("rule_packets", &["synced"]), ("rule_bytes", &["synced"])],
+    );
+    let counters = counters.unwrap()(0).synced();
+    assert_eq!(counters.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1]);
     let synced = build_with(&[("connections", &["synced"])]).unwrap();
     assert_eq!(synced(0).synced().len(), 1, "tracked on every instance");
     let Err(e) = build_with(&[("conections", &["synced"])]) else {

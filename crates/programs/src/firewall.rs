@@ -300,6 +300,19 @@ fn dropped(judgement: Judgement) -> Option<DropReason> {
     }
 }
 
+/// What may be synced: the connections, and the policy's rule counters.
+impl crate::synced_parts::SyncedParts for Firewall {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        f(&self.conntrack.table);
+        self.policy.synced_views(f);
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        f(&mut self.conntrack.table);
+        self.policy.synced_parts(f);
+    }
+}
+
 impl Program for Firewall {
     /// What the policy prepares (the connections table prepares nothing).
     type Prepared = <Acl as Program>::Prepared;
@@ -325,7 +338,7 @@ impl Program for Firewall {
         self.expire(ctx.now_ns, crate::IDLE_SWEEP);
     }
 
-    crate::synced_tables::synced_table_methods!(conntrack.table);
+    crate::synced_parts::synced_parts_methods!();
 
     crate::replicated_tables::replicated_table_methods!(
         conntrack.table,
@@ -525,6 +538,86 @@ mod tests {
             ],
         );
         assert_eq!(got, [IN, IN, IN, Verdict::Drop(UNSOLICITED)]);
+    }
+
+    /// The connections and the policy's rule counters, packets and bytes, synced side by
+    /// side: each state answers under its own id, a connection attempt changes its rule's
+    /// counters in both, the copy reads what the control API reads, and a write into one
+    /// counter's packets changes that counter alone.
+    #[test]
+    fn connections_and_rule_counters_sync_side_by_side() {
+        use stateplane_state::{Reply, Request};
+        let mut fw = firewall("");
+        let slots = fw.conntrack.table.slot_count() as u32;
+        let rules = fw.policy.declarations()[1].capacity as u32; // and the default
+        assert_eq!(fw.track("connections", 0), Some(slots * 13));
+        assert_eq!(fw.track("rule_bytes", 1), Some(rules));
+        assert_eq!(fw.track("rule_packets", 2), Some(rules));
+        assert_eq!(
+            fw.track("rules", 3),
+            None,
+            "the control plane's rules are not"
+        );
+        assert_eq!(fw.synced(), [(0, slots * 13), (1, rules), (2, rules)]);
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        let len = syn.len() as u64;
+        let back = frame(REMOTE, INSIDE, tcp(80, 40_000, flags::SYN | flags::ACK));
+        assert_eq!(run(&mut fw, &[(syn, true), (back, false)]), [OUT, IN]);
+        let mut changes = Vec::new();
+        assert!(fw.changes(&mut changes, usize::MAX));
+        let default = rules - 1;
+        let of = |state| changes.iter().filter(move |c| c.state == state);
+        let slot_of = |c: &stateplane_state::changes::Change| c.index / 13;
+        let first = changes.first().map(slot_of);
+        assert!(
+            of(0).count() >= 5 && of(0).all(|c| Some(slot_of(c)) == first),
+            "the words of one connection's slot: {changes:?}"
+        );
+        let counted = |state| {
+            of(state)
+                .map(|c| (c.index, c.old, c.new))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(counted(2), [(default, 0, 1)], "one attempt, by the default");
+        assert_eq!(counted(1), [(default, 0, len)], "of its bytes");
+        let read = |fw: &mut Firewall, name: &str| {
+            let request = Request::ReadRegister {
+                name: name.into(),
+                first: default as usize,
+                count: 1,
+            };
+            match fw.control(&request, None, &crate::testutil::ctx(2, 2)) {
+                Ok(Reply::Values(v)) => v[0] as u64,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            fw.read_synced(2, default),
+            Some(read(&mut fw, "rule_packets"))
+        );
+        assert_eq!(
+            fw.read_synced(1, default),
+            Some(read(&mut fw, "rule_bytes"))
+        );
+        let mut run_of = [0; 3];
+        assert_eq!(
+            fw.read_synced_run(2, default - 1, &mut run_of),
+            2,
+            "to the end"
+        );
+        assert_eq!(run_of[..2], [0, 1]);
+        assert_eq!(fw.read_synced(2, rules), None, "past the end");
+        assert_eq!(fw.read_synced(4, 0), None, "no such state");
+        // A write (a collector resetting the packets) and its change; bytes stay.
+        assert_eq!(fw.write_synced(2, default, 0), Some(1));
+        assert_eq!(fw.write_synced(4, 0, 1), None);
+        assert_eq!(fw.commit_synced_write(), 0);
+        assert_eq!(read(&mut fw, "rule_packets"), 0);
+        assert_eq!(read(&mut fw, "rule_bytes"), len);
+        changes.clear();
+        assert!(fw.changes(&mut changes, usize::MAX));
+        let taken: Vec<_> = changes.iter().map(|c| (c.state, c.index, c.new)).collect();
+        assert_eq!(taken, [(2, default, 0)]);
     }
 
     /// A reload keeps the connections, each as it was permitted (as Linux's tracked

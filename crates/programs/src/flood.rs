@@ -31,10 +31,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, Program, Verdict};
 use stateplane_state::control::ip_value;
-use stateplane_state::{
-    Carried, Colour, ControlError, CountMin, Declaration, ExactTable, ExpireProfile, Meter,
-    MeterConfig, Notification, Reply, Request,
-};
+use stateplane_state::{Carried, Colour, CountMin, ExactTable, ExpireProfile, Meter, MeterConfig};
 use stateplane_wire::parse::Parsed;
 use stateplane_wire::tcp::flags;
 use std::collections::BTreeMap;
@@ -272,39 +269,10 @@ impl Program for Flood {
         &["no_mapping", "flood", "policed"]
     }
 
-    fn declarations(&self) -> Vec<Declaration> {
-        vec![
-            self.victims.table.declaration().clone(),
-            (self.sketch_register).declaration(std::slice::from_ref(&self.counts)),
-        ]
-    }
+    crate::report::answer_by_measurement!(victims, sketch_register, counts);
 
-    fn control(
-        &mut self,
-        request: &Request,
-        _prepared: Option<&std::sync::Arc<()>>,
-        ctx: &Context,
-    ) -> Result<Reply, ControlError> {
-        if let Request::CountersOf { keys, .. } = request {
-            return Ok(SketchRegister::counters_of(
-                std::slice::from_ref(&self.counts),
-                keys,
-                ctx.worker,
-                |_: &u128| Some(0),
-            ));
-        }
-        if request.target() == self.sketch_register.name() {
-            (self.sketch_register).answer(std::slice::from_mut(&mut self.counts), request)
-        } else {
-            self.victims.table.answer(request, ctx.now_ns)
-        }
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) {
-        self.victims.table.take_notifications(out);
-    }
-
-    crate::sketches::synced_sketch_methods!();
+    crate::synced_parts::synced_parts_methods!();
+    crate::sketches::sketch_snapshot_methods!();
 
     /// A reload keeps the victims and, while the mitigation is the same, their meters;
     /// and the interval's counts when the measurement is the same (its interval and
@@ -336,6 +304,25 @@ impl Program for Flood {
             Carried::afresh("meters", "the mitigation changed")
         };
         vec![victims, counts, meters]
+    }
+}
+
+/// What may be synced: the sketch and the reports found from it.
+impl crate::synced_parts::SyncedParts for Flood {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        f(&crate::synced_parts::SketchesView(
+            &self.sketch_register,
+            std::slice::from_ref(&self.counts),
+        ));
+        f(&self.victims.table);
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        f(&mut crate::synced_parts::SketchesPart(
+            &mut self.sketch_register,
+            std::slice::from_mut(&mut self.counts),
+        ));
+        f(&mut self.victims.table);
     }
 }
 

@@ -151,11 +151,12 @@ impl Hh {
     /// The sketch tenant `vlan` counts in; `None` while it has none (its first packet
     /// gives it one of its own if there is room, else the shared one).
     fn sketch_of(&self, vlan: u16) -> Option<usize> {
-        match self.tenant_of[usize::from(vlan & 0x0fff)] {
-            0 if self.tenants_seen + 1 < self.sketches.len() => None,
-            0 => Some(self.sketches.len() - 1),
-            s => Some(usize::from(s) - 1),
-        }
+        tenant_sketch(
+            &self.tenant_of,
+            self.tenants_seen,
+            self.sketches.len(),
+            vlan,
+        )
     }
 
     /// The sketch of tenant `vlan`, given one if it has none.
@@ -178,6 +179,16 @@ impl Hh {
             }
         }
         interval
+    }
+}
+
+/// The sketch of tenant `vlan` given `tenant_of` (VLAN -> 1 + its sketch, 0: none yet),
+/// `seen` tenants so far and `sketches` in all (the last shared by the tenants beyond).
+fn tenant_sketch(tenant_of: &[u16], seen: usize, sketches: usize, vlan: u16) -> Option<usize> {
+    match tenant_of[usize::from(vlan & 0x0fff)] {
+        0 if seen + 1 < sketches => None,
+        0 => Some(sketches - 1),
+        s => Some(usize::from(s) - 1),
     }
 }
 
@@ -217,10 +228,7 @@ impl Program for Hh {
     }
 
     fn declarations(&self) -> Vec<Declaration> {
-        vec![
-            self.reports.table.declaration().clone(),
-            self.sketch_register.declaration(&self.sketches),
-        ]
+        (self.reports).declarations_with(&self.sketch_register, &self.sketches)
     }
 
     fn control(
@@ -229,19 +237,12 @@ impl Program for Hh {
         _prepared: Option<&std::sync::Arc<()>>,
         ctx: &Context,
     ) -> Result<Reply, ControlError> {
-        if let Request::CountersOf { keys, .. } = request {
-            return Ok(SketchRegister::counters_of(
-                &self.sketches,
-                keys,
-                ctx.worker,
-                |key: &FlowKey| self.sketch_of(key.vlan),
-            ));
-        }
-        if request.target() == self.sketch_register.name() {
-            self.sketch_register.answer(&mut self.sketches, request)
-        } else {
-            self.reports.table.answer(request, ctx.now_ns)
-        }
+        let (tenant_of, seen) = (&self.tenant_of, self.tenants_seen);
+        let sketches = self.sketches.len();
+        let sketch = (&self.sketch_register, &mut self.sketches[..]);
+        (self.reports).answer_with(sketch, request, ctx, |key: &FlowKey| {
+            tenant_sketch(tenant_of, seen, sketches, key.vlan)
+        })
     }
 
     fn notifications(&mut self, out: &mut Vec<Notification>) {
@@ -298,7 +299,27 @@ impl Program for Hh {
         }
     }
 
-    crate::sketches::synced_sketch_methods!();
+    crate::synced_parts::synced_parts_methods!();
+    crate::sketches::sketch_snapshot_methods!();
+}
+
+/// What may be synced: the sketch and the reports found from it.
+impl crate::synced_parts::SyncedParts for Hh {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        f(&crate::synced_parts::SketchesView(
+            &self.sketch_register,
+            &self.sketches,
+        ));
+        f(&self.reports.table);
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        f(&mut crate::synced_parts::SketchesPart(
+            &mut self.sketch_register,
+            &mut self.sketches,
+        ));
+        f(&mut self.reports.table);
+    }
 }
 
 impl crate::sketches::Sketched for Hh {
@@ -514,6 +535,58 @@ mod tests {
             Program::snapshot_aside(&c),
             Program::snapshot_aside(&hh(config))
         );
+    }
+
+    /// The heavy hitters found sync beside the sketch they were found in, each under its
+    /// own id: the table's entries move into another switch (another hash seed) whole, by
+    /// their keys, and the sketch's counters are read as the control API reads them.
+    #[test]
+    fn the_heavy_hitters_sync_beside_their_sketch() {
+        use stateplane_state::{Reply, Request};
+        let mut a = hh("threshold = 10\ntenants = 1\nwidth = 64\ndepth = 2");
+        let cfg: HhConfig = toml::from_str("threshold = 10\ntenants = 1").unwrap();
+        let names = PortNames(vec!["a".into(), "b".into()]);
+        let mut b = Hh::new(&cfg, &names, "program.hh", 9).unwrap();
+        let declared = a.reports.table.declaration().clone();
+        let stride = stateplane_state::synced_table::SlotWords::of(&declared, &[])
+            .unwrap()
+            .stride() as u32;
+        let slots = a.reports.table.slot_count() as u32;
+        for p in [&mut a, &mut b] {
+            assert_eq!(Program::track(p, "heavy_hitters", 0), Some(slots * stride));
+        }
+        assert_eq!(Program::track(&mut a, "sketch", 1), Some(2 * 2 * 64));
+        assert_eq!(a.synced(), [(0, slots * stride), (1, 256)]);
+        send(&mut a, 1_000, 10, 0, 12);
+        send(&mut a, 1_000, 10, 1, 3);
+        let key = |i| {
+            stateplane_wire::parse(&frame(10, i), 0, &hasher())
+                .unwrap()
+                .key
+        };
+        let found = a.report(&key(0));
+        assert!(found.is_some() && a.report(&key(1)).is_none());
+        let counters = (0..256)
+            .map(|i| a.read_synced(1, i).unwrap())
+            .collect::<Vec<_>>();
+        let request = Request::ReadRegister {
+            name: "sketch".into(),
+            first: 0,
+            count: 256,
+        };
+        let Ok(Reply::Values(read)) = a.control(&request, None, &crate::testutil::ctx(2, 2)) else {
+            panic!("the sketch reads")
+        };
+        assert_eq!(counters, read.iter().map(|&v| v as u64).collect::<Vec<_>>());
+        assert_eq!(
+            counters.iter().sum::<u64>(),
+            2 * 15,
+            "each packet in each row"
+        );
+        let moved = crate::testutil::move_synced_state(&mut a, &mut b, 0, stride);
+        assert_eq!(moved, (1, 0), "one report, placed");
+        assert_eq!(b.report(&key(0)), found);
+        assert_eq!(b.report(&key(1)), None);
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod sgw;
 mod sketches;
 pub mod steer;
 pub mod superspreader;
+mod synced_parts;
 mod synced_tables;
 #[cfg(test)]
 mod testutil;
@@ -592,11 +593,15 @@ pub fn with_guarantees(
                     field,
                     format!(
                         "`{name}` cannot be synced: the program does not track its changes (synced \
-                     state today is a program's count-min sketch, `sketch` in hh, udpflood \
-                     and synflood, and the tables `flows` in counter, `connections` in \
-                     conntrack, firewall and lb, `cache` in kv, `macs` in l2, `stations` in \
-                     l2learn, `translations` in nat and `sessions` in sgw; a table's slot \
-                     takes at most 64 words, 16 key fields and 16 parameters)"
+                     state today is what the data plane writes: a program's count-min sketch, \
+                     `sketch` in hh, udpflood, synflood and superspreader, with what it \
+                     found, `heavy_hitters`, `victims` and `spreaders`; the rule counters \
+                     `rule_packets` and `rule_bytes` in acl and firewall; and the tables \
+                     `flows` in counter, `connections` in conntrack, firewall and lb, `cache` \
+                     in kv, `macs` in l2, `stations` in l2learn, `translations` in nat and \
+                     `sessions` in sgw; not the rules, routes and meters the control plane \
+                     writes; a table's slot takes at most 64 words, 16 key fields and 16 \
+                     parameters)"
                     ),
                 ));
             }

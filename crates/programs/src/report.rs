@@ -7,10 +7,43 @@
 //! (the programs do).
 
 use crate::keys::{KeyFields, filled_table};
+use crate::sketches::SketchRegister;
 use serde::Deserialize;
+use stateplane_runtime::Context;
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ExpireMode, ExpireProfile, Kind, ValueCodec};
+use stateplane_state::{
+    ControlError, CountMin, Declaration, DeclaredTable, ExpireMode, ExpireProfile, Kind, Reply,
+    Request, ValueCodec,
+};
 use std::marker::PhantomData;
+
+/// Inside the `impl Program` of a measurement that counts in one sketch (`self.$sketch`,
+/// declared by `self.$register`) and files what it finds, by address, in `self.$reports`:
+/// its control API ([`Reports::declarations_with`], [`Reports::answer_with`]) and its
+/// digests.
+macro_rules! answer_by_measurement {
+    ($reports:ident, $register:ident, $sketch:ident) => {
+        fn declarations(&self) -> Vec<stateplane_state::Declaration> {
+            let sketch = std::slice::from_ref(&self.$sketch);
+            self.$reports.declarations_with(&self.$register, sketch)
+        }
+
+        fn control(
+            &mut self,
+            request: &stateplane_state::Request,
+            _prepared: Option<&std::sync::Arc<()>>,
+            ctx: &stateplane_runtime::Context,
+        ) -> Result<stateplane_state::Reply, stateplane_state::ControlError> {
+            let sketch = (&self.$register, std::slice::from_mut(&mut self.$sketch));
+            (self.$reports).answer_with(sketch, request, ctx, |_: &u128| Some(0))
+        }
+
+        fn notifications(&mut self, out: &mut Vec<stateplane_state::Notification>) {
+            self.$reports.table.take_notifications(out);
+        }
+    };
+}
+pub(crate) use answer_by_measurement;
 
 /// The settings every measurement program has.
 #[derive(Debug, Clone, Deserialize)]
@@ -255,6 +288,40 @@ impl<K: KeyFields> Reports<K> {
 
     pub fn expire(&mut self, now_ns: u64, budget: usize) {
         self.table.expire(now_ns, budget, |_, _| {});
+    }
+
+    /// The declarations of a measurement that counts in `sketches`, declared by
+    /// `register`, and files what it finds here: this table, then the sketch.
+    pub fn declarations_with(
+        &self,
+        register: &SketchRegister,
+        sketches: &[CountMin],
+    ) -> Vec<Declaration> {
+        vec![
+            self.table.declaration().clone(),
+            register.declaration(sketches),
+        ]
+    }
+
+    /// Answers the control plane for such a measurement: where keys are counted
+    /// (`sketch_of` says in which sketch), the sketch's register, else this table.
+    pub fn answer_with(
+        &mut self,
+        (register, sketches): (&SketchRegister, &mut [CountMin]),
+        request: &Request,
+        ctx: &Context,
+        sketch_of: impl Fn(&K) -> Option<usize>,
+    ) -> Result<Reply, ControlError> {
+        if let Request::CountersOf { keys, .. } = request {
+            return Ok(SketchRegister::counters_of(
+                sketches, keys, ctx.worker, sketch_of,
+            ));
+        }
+        if request.target() == register.name() {
+            register.answer(sketches, request)
+        } else {
+            self.table.answer(request, ctx.now_ns)
+        }
     }
 }
 

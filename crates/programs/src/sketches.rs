@@ -14,47 +14,17 @@ use stateplane_state::{
 };
 
 /// A program whose sketches are one [`SketchRegister`]: its register and sketches, for
-/// [`synced_sketch_methods!`].
+/// [`sketch_snapshot_methods!`].
 pub(crate) trait Sketched {
     fn sketches_mut(&mut self) -> (&mut SketchRegister, &mut [CountMin]);
     fn sketches(&self) -> (&SketchRegister, &[CountMin]);
 }
 
-/// Inside a program's `impl Program`: the synced-state methods (`track`, `changes`,
-/// `synced`, `read_synced`, `write_synced`) and the snapshots of bounded replication of a program that is [`Sketched`], all answered
-/// by its sketch register.
-macro_rules! synced_sketch_methods {
+/// Inside a program's `impl Program`: the snapshots of bounded replication of a program
+/// that is [`Sketched`], answered by its sketch register (its sync is a part of the
+/// program's synced state: `crate::synced_parts::SketchesPart`).
+macro_rules! sketch_snapshot_methods {
     () => {
-        fn track(&mut self, name: &str, id: u16) -> Option<u32> {
-            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
-            register.track(sketches, name, id)
-        }
-
-        fn changes(
-            &mut self,
-            out: &mut Vec<stateplane_state::changes::Change>,
-            _budget: usize,
-        ) -> bool {
-            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
-            register.changes(sketches, out);
-            true
-        }
-
-        fn synced(&self) -> Vec<(u16, u32)> {
-            let (register, sketches) = $crate::sketches::Sketched::sketches(self);
-            register.synced(sketches)
-        }
-
-        fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
-            let (register, sketches) = $crate::sketches::Sketched::sketches(self);
-            register.read_synced(sketches, id, index)
-        }
-
-        fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
-            let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
-            register.write_synced(sketches, id, index, value)
-        }
-
         fn snapshot_begin(&mut self, id: u16) -> bool {
             let (register, sketches) = $crate::sketches::Sketched::sketches_mut(self);
             register.snapshot_begin(sketches, id)
@@ -71,7 +41,7 @@ macro_rules! synced_sketch_methods {
         }
     };
 }
-pub(crate) use synced_sketch_methods;
+pub(crate) use sketch_snapshot_methods;
 
 /// What a reload does with a measurement's counts (`name`): `old`'s counters taken into
 /// `new`, sketch by sketch, when the measurement still counts the same thing over the same

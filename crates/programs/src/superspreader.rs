@@ -13,14 +13,16 @@
 //! workers each counts the destinations it sees; run with one worker, or a threshold per
 //! worker, for whole counts. Packets are forwarded by `forward`'s port map.
 //!
-//! State: the pair filter and the sketch (per worker, write-centric) and `spreaders`
-//! (declared; key `src`; action `found` with `interval` and `destinations`).
+//! State: the pair filter (per worker, write-centric, not declared), the sketch (per
+//! worker, write-centric; declared, `sketch`, each source's destinations) and
+//! `spreaders` (declared; key `src`; action `found` with `interval` and `destinations`);
+//! the sketch and `spreaders` may be synced.
 //! Configuration: `threshold` (default 100), `pair_bits` (the filter's size, default
 //! 2^22), `interval_ms`, `width`, `depth`, `reports`, `map`.
 
 use crate::forward::{Forward, ForwardConfig};
 use crate::report::{Intervals, Measurement, Reports, Writers};
-use crate::sketches::inherit_counts;
+use crate::sketches::{SketchRegister, inherit_counts};
 use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, Program, Verdict};
@@ -103,6 +105,8 @@ pub struct Superspreader {
     intervals: Intervals,
     pairs: PairFilter,
     destinations: CountMin,
+    /// The sketch as a declared register, `sketch`.
+    sketch_register: SketchRegister,
     reports: Reports<u128>,
 }
 
@@ -144,6 +148,7 @@ impl Superspreader {
             intervals: Intervals::new(m.interval_ns()),
             pairs: PairFilter::new(cfg.pair_bits, seed),
             destinations: CountMin::new(m.depth, m.width, seed.rotate_left(13)),
+            sketch_register: SketchRegister::new("sketch"),
             reports: Reports::new(
                 field,
                 "spreaders",
@@ -169,6 +174,28 @@ impl Superspreader {
             self.destinations.clear();
         }
         interval
+    }
+}
+
+/// What may be synced: the sketch and the spreaders found from it (not the pair filter,
+/// which only says which pairs the sketch has counted).
+impl crate::synced_parts::SyncedParts for Superspreader {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        let sketch = std::slice::from_ref(&self.destinations);
+        f(&crate::synced_parts::SketchesView(
+            &self.sketch_register,
+            sketch,
+        ));
+        f(&self.reports.table);
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        let sketch = std::slice::from_mut(&mut self.destinations);
+        f(&mut crate::synced_parts::SketchesPart(
+            &mut self.sketch_register,
+            sketch,
+        ));
+        f(&mut self.reports.table);
     }
 }
 
@@ -204,7 +231,9 @@ impl Program for Superspreader {
         self.forward.drop_reasons()
     }
 
-    crate::answer_by_table!(reports.table);
+    crate::report::answer_by_measurement!(reports, sketch_register, destinations);
+
+    crate::synced_parts::synced_parts_methods!();
 
     /// A reload keeps the reports (a new threshold applies from the next packet), and the
     /// interval's counts (the pairs seen and each source's destinations) when the
@@ -218,7 +247,7 @@ impl Program for Superspreader {
             Ok(())
         };
         let destinations = inherit_counts(
-            "destinations",
+            self.sketch_register.name(),
             std::slice::from_mut(&mut self.destinations),
             std::slice::from_ref(&old.destinations),
             measure,
@@ -258,6 +287,47 @@ mod tests {
         addr.parse().unwrap()
     }
 
+    /// The sketch is declared (`sketch`, read as the control API reads it) and syncs
+    /// beside the spreaders found: each new pair counts once in each row, a pair seen
+    /// again not at all, and a spreader's report is an entry of the synced table.
+    #[test]
+    fn the_sketch_and_the_spreaders_sync_side_by_side() {
+        use stateplane_state::{Reply, Request};
+        let mut p = spreader("threshold = 10\nwidth = 64\ndepth = 2");
+        let declared = p.declarations();
+        assert_eq!(declared[1].name, "sketch");
+        assert_eq!(declared[1].capacity, 128);
+        let length = Program::track(&mut p, "spreaders", 0).unwrap();
+        assert_eq!(Program::track(&mut p, "sketch", 1), Some(128));
+        assert_eq!(p.synced(), [(0, length), (1, 128)]);
+        let packets: Vec<_> = (0..12)
+            .chain(0..5)
+            .map(|d| packet("198.18.1.1", d))
+            .collect();
+        run_at(&mut p, 1, &packets, (0, 1), 2);
+        assert!(p.report(bytes("198.18.1.1")).is_some());
+        let mut changes = Vec::new();
+        assert!(p.changes(&mut changes, usize::MAX));
+        let counted: u64 = (changes.iter().filter(|c| c.state == 1))
+            .map(|c| c.new - c.old)
+            .sum();
+        assert_eq!(counted, 2 * 12, "12 pairs, each once in each of 2 rows");
+        assert!(
+            changes.iter().any(|c| c.state == 0 && c.exact),
+            "the report's key"
+        );
+        let request = Request::ReadRegister {
+            name: "sketch".into(),
+            first: 0,
+            count: 128,
+        };
+        let Ok(Reply::Values(read)) = p.control(&request, None, &crate::testutil::ctx(2, 2)) else {
+            panic!("the sketch reads")
+        };
+        let synced = (0..128).map(|i| p.read_synced(1, i).map(u128::from));
+        assert_eq!(synced.collect::<Option<Vec<_>>>(), Some(read));
+    }
+
     #[test]
     fn a_reload_keeps_the_pairs_seen_and_the_destinations_counted() {
         let config = "threshold = 100\nwidth = 1024";
@@ -266,7 +336,7 @@ mod tests {
         run_at(&mut old, 1, &before, (0, 1), 2);
         let mut new = spreader(config);
         let carried = Program::inherit(&mut new, old.clone(), 1);
-        assert_eq!(carried[1].to_string(), "destinations: kept 4096 entries");
+        assert_eq!(carried[1].to_string(), "sketch: kept 4096 entries");
         // 30 destinations seen before the reload and 60 new ones: 120 in all, the repeats
         // not counted again.
         let after: Vec<_> = (30..120).map(|d| packet("198.18.1.1", d)).collect();
@@ -277,7 +347,7 @@ mod tests {
         let carried = Program::inherit(&mut shorter, old, 1);
         assert_eq!(
             carried[1].to_string(),
-            "destinations: starts afresh (the measurement interval changed)"
+            "sketch: starts afresh (the measurement interval changed)"
         );
     }
 

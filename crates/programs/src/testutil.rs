@@ -309,28 +309,42 @@ pub fn budget(limit: u64, copies: u64) -> stateplane_mem::budget::Budget {
     }
 }
 
-/// Moves a synced table from `from` into `to` (both tracking it as id 0) as a collector
-/// that took every change would: the words the changes since tracking began leave
-/// (checked against `from`'s own words, so they rebuild the table whole), each occupied
-/// slot of `stride` words (its action word not 0) written whole, then committed. The
-/// slots written, and the entries `to` refused.
+/// Moves a synced table from `from` into `to` (both tracking it as id 0): see
+/// [`move_synced_state`].
 pub fn move_synced_table(
     from: &mut impl Program,
     to: &mut impl Program,
     stride: u32,
 ) -> (usize, u64) {
+    move_synced_state(from, to, 0, stride)
+}
+
+/// Moves synced table `id` from `from` into `to` (both tracking it as `id`) as a
+/// collector that took every change would: the words the changes since tracking began
+/// leave (checked against `from`'s own words, so they rebuild the table whole), each
+/// occupied slot of `stride` words (its action word not 0) written whole, then committed.
+/// The slots written, and the entries `to` refused. `from`'s changes of its other states
+/// are taken and dropped.
+pub fn move_synced_state(
+    from: &mut impl Program,
+    to: &mut impl Program,
+    id: u16,
+    stride: u32,
+) -> (usize, u64) {
     let mut changes = Vec::new();
     assert!(from.changes(&mut changes, usize::MAX));
     let mut words = std::collections::BTreeMap::new();
-    for c in changes {
+    for c in changes.into_iter().filter(|c| c.state == id) {
         assert_eq!(words.get(&c.index).copied().unwrap_or(0), c.old, "{c:?}");
         words.insert(c.index, c.new);
     }
     let word = |index: u32| words.get(&index).copied().unwrap_or(0);
-    let length = from.synced()[0].1;
+    let length = (from.synced().into_iter())
+        .find_map(|(state, length)| (state == id).then_some(length))
+        .expect("`from` tracks the state");
     for index in 0..length {
         assert_eq!(
-            from.read_synced(0, index),
+            from.read_synced(id, index),
             Some(word(index)),
             "word {index}"
         );
@@ -339,7 +353,7 @@ pub fn move_synced_table(
     for slot in (0..length).step_by(stride as usize) {
         if word(slot) != 0 {
             for index in slot..slot + stride {
-                to.write_synced(0, index, word(index)).unwrap();
+                to.write_synced(id, index, word(index)).unwrap();
             }
             written += 1;
         }

@@ -20,10 +20,29 @@ impl std::fmt::Display for OutOfRange {
     }
 }
 
-/// A cell's value as synced state reports it: one 64-bit word.
+/// A cell's values as synced state reports them: a 64-bit word for each of its `LANES`
+/// (one for a number; a counter's packets and bytes are two, each its own declared
+/// state). Lane 0 is [`Word::word`], the one a snapshot reads.
 pub trait Word: Copy {
+    /// At most [`MAX_LANES`].
+    const LANES: usize = 1;
+
     fn word(&self) -> u64;
+
+    /// The word of lane `lane` (below `LANES`).
+    #[inline]
+    fn lane(&self, lane: usize) -> u64 {
+        debug_assert!(lane < Self::LANES);
+        self.word()
+    }
+
+    /// Sets lane `lane` (below `LANES`) to `word`, cut to the lane's width (whoever
+    /// writes a declared register checks a value against its width first).
+    fn set_lane(&mut self, lane: usize, word: u64);
 }
+
+/// The most lanes a cell has ([`Word::LANES`]).
+pub const MAX_LANES: usize = 2;
 
 macro_rules! word_of_unsigned {
     ($($t:ty),*) => {$(
@@ -32,14 +51,19 @@ macro_rules! word_of_unsigned {
             fn word(&self) -> u64 {
                 u64::from(*self)
             }
+
+            fn set_lane(&mut self, lane: usize, word: u64) {
+                debug_assert_eq!(lane, 0);
+                *self = word as $t;
+            }
         }
     )*};
 }
 word_of_unsigned!(u8, u16, u32, u64);
 
-/// Where a register is synced or snapshotted: its state id, the marks of the blocks changed
-/// since the last take, and the cells as they were at the last take (a copy as large as
-/// the register).
+/// Where a register is synced or snapshotted: the state each tracked lane of its cells is
+/// (its id and first location), the marks of the blocks changed since the last take, and
+/// the cells as they were at the last take (a copy as large as the register).
 ///
 /// A snapshot (`snapshot_begin`) is a take that the reader makes a block at a time while
 /// the data plane goes on writing (RedPlane's lazy snapshotting, its Appendix A): `taken`
@@ -50,8 +74,8 @@ word_of_unsigned!(u8, u16, u32, u64);
 /// when the snapshot began.
 #[derive(Debug, Clone)]
 struct Tracked<T> {
-    state: u16,
-    first: u32,
+    /// By lane: `(state, first)`, cell `i` being the state's location `first + i`.
+    lanes: [Option<(u16, u32)>; MAX_LANES],
     dirty: Dirty,
     taken: Box<[T]>,
     pending: Dirty,
@@ -98,15 +122,48 @@ impl<T: Copy + Default> Register<T> {
     where
         T: Word,
     {
-        self.tracked = Some(Tracked {
-            state,
-            first,
-            dirty: Dirty::new(self.cells.len()),
-            taken: self.cells.clone(),
-            pending: Dirty::new(self.cells.len()),
+        self.tracked = None;
+        self.track_lane(0, state, first);
+    }
+
+    /// Tracks lane `lane` of the cells ([`Word::lane`]) as state `state` from location
+    /// `first`, beside the lanes tracked already; `false` (nothing tracked) for a lane
+    /// the cells do not have. The register's first lane tracked starts the tracking as
+    /// [`Register::track`] does; a later one reports at the next take the cells changed
+    /// since the last, so its lanes are tracked before the data plane writes (as a
+    /// program's are, when it is built).
+    pub fn track_lane(&mut self, lane: usize, state: u16, first: u32) -> bool
+    where
+        T: Word,
+    {
+        if lane >= T::LANES.min(MAX_LANES) {
+            return false;
+        }
+        let cells = &self.cells;
+        let tracked = self.tracked.get_or_insert_with(|| Tracked {
+            lanes: [None; MAX_LANES],
+            dirty: Dirty::new(cells.len()),
+            taken: cells.clone(),
+            pending: Dirty::new(cells.len()),
             pending_blocks: 0,
-            changed: Dirty::new(self.cells.len()),
+            changed: Dirty::new(cells.len()),
         });
+        tracked.lanes[lane] = Some((state, first));
+        true
+    }
+
+    /// The lane tracked as state `state`, if one is.
+    pub fn lane_of(&self, state: u16) -> Option<usize> {
+        let tracked = self.tracked.as_ref()?;
+        (tracked.lanes.iter()).position(|l| l.is_some_and(|(s, _)| s == state))
+    }
+
+    /// The states tracked, `(state, cells)` lane by lane.
+    pub fn tracked_states(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
+        let cells = self.cells.len() as u32;
+        (self.tracked.iter())
+            .flat_map(|t| t.lanes.iter().flatten())
+            .map(move |&(state, _)| (state, cells))
     }
 
     /// Cell `index` is about to change: marks it if the register is tracked (and, while a
@@ -176,15 +233,15 @@ impl<T: Copy + Default> Register<T> {
         self.tracked.as_ref().is_some_and(|t| t.pending_blocks > 0)
     }
 
-    /// Appends to `out` each cell whose word differs from the last take's (or from the
-    /// start of tracking), with both words; nothing if the register is not tracked.
+    /// Appends to `out`, for each cell and tracked lane whose word differs from the last
+    /// take's (or from the start of tracking), the change with both words, lane after
+    /// lane of a cell; nothing if the register is not tracked.
     pub fn take_changes(&mut self, out: &mut Vec<Change>)
     where
         T: Word,
     {
         let Some(Tracked {
-            state,
-            first,
+            lanes,
             dirty,
             taken,
             ..
@@ -192,23 +249,28 @@ impl<T: Copy + Default> Register<T> {
         else {
             return;
         };
+        let lanes = &lanes[..T::LANES.min(MAX_LANES)];
         let cells = &self.cells;
         dirty.take(|block| {
             let start = block.start;
             let then = &mut taken[block.clone()];
             for (i, (now, then)) in cells[block].iter().zip(then).enumerate() {
-                let (old, new) = (then.word(), now.word());
-                if old != new {
-                    out.push(Change {
-                        state: *state,
-                        index: first.wrapping_add((start + i) as u32),
-                        old,
-                        new,
-                        exact: false,
-                        by_write: false,
-                    });
-                    *then = *now;
+                for (lane, &(state, first)) in (lanes.iter().enumerate())
+                    .filter_map(|(lane, tracked)| Some((lane, tracked.as_ref()?)))
+                {
+                    let (old, new) = (then.lane(lane), now.lane(lane));
+                    if old != new {
+                        out.push(Change {
+                            state,
+                            index: first.wrapping_add((start + i) as u32),
+                            old,
+                            new,
+                            exact: false,
+                            by_write: false,
+                        });
+                    }
                 }
+                *then = *now;
             }
         });
     }
@@ -283,11 +345,26 @@ pub struct PacketBytes {
     pub bytes: u64,
 }
 
-/// A counter's packets are its word when synced (its bytes are not).
+/// A counter's packets are its first lane when synced, its bytes the second.
 impl Word for PacketBytes {
+    const LANES: usize = 2;
+
     #[inline]
     fn word(&self) -> u64 {
         self.packets
+    }
+
+    #[inline]
+    fn lane(&self, lane: usize) -> u64 {
+        if lane == 0 { self.packets } else { self.bytes }
+    }
+
+    fn set_lane(&mut self, lane: usize, word: u64) {
+        if lane == 0 {
+            self.packets = word;
+        } else {
+            self.bytes = word;
+        }
     }
 }
 
@@ -359,6 +436,60 @@ mod tests {
                 ..c(10, 0, 1)
             }],
             "packets are the word, cell 0 is location 10"
+        );
+    }
+
+    /// A counter's bytes are a second lane, tracked as a state of their own: each lane
+    /// reports its own changes under its own id and locations, and one lane untracked
+    /// reports nothing.
+    #[test]
+    fn each_tracked_lane_of_a_counter_reports_its_own_changes() {
+        let mut counters: Counters = Register::new(3);
+        assert!(counters.track_lane(1, 5, 100), "bytes alone");
+        assert!(!counters.track_lane(2, 6, 0), "a counter has two lanes");
+        counters.count(2, 60);
+        let mut got = Vec::new();
+        counters.take_changes(&mut got);
+        let c = |state, index, old, new| Change {
+            state,
+            index,
+            old,
+            new,
+            exact: false,
+            by_write: false,
+        };
+        assert_eq!(got, [c(5, 102, 0, 60)], "the bytes only, at 100 + 2");
+        assert!(counters.track_lane(0, 4, 0), "then the packets beside them");
+        assert_eq!(counters.lane_of(4), Some(0));
+        assert_eq!(counters.lane_of(5), Some(1));
+        assert_eq!(counters.lane_of(6), None);
+        assert_eq!(
+            counters.tracked_states().collect::<Vec<_>>(),
+            [(4, 3), (5, 3)]
+        );
+        counters.count(2, 40);
+        counters.count(0, 10);
+        counters
+            .write(
+                1,
+                PacketBytes {
+                    packets: 0,
+                    bytes: 7,
+                },
+            )
+            .unwrap();
+        got.clear();
+        counters.take_changes(&mut got);
+        assert_eq!(
+            got,
+            [
+                c(4, 0, 0, 1),
+                c(5, 100, 0, 10),
+                c(5, 101, 0, 7),
+                c(4, 2, 1, 2),
+                c(5, 102, 60, 100)
+            ],
+            "cell by cell, lane after lane; cell 1's packets did not change"
         );
     }
 

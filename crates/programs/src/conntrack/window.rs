@@ -421,7 +421,11 @@ mod tests {
                 ACK,
             ),
             (B, seg(b_next, a_next + 1, 65_535, 10, None), ACK),
-            (B, seg(b_next, a_next - 70_000, 65_535, 10, None), ACK),
+            (
+                B,
+                seg(b_next, a_next.wrapping_sub(70_000), 65_535, 10, None),
+                ACK,
+            ),
             (A, seg(a_next, b_next.wrapping_add(1), 65_535, 0, None), ACK),
             (
                 A,
