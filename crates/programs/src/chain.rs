@@ -198,6 +198,17 @@ fn rebase(burst: &mut Burst, base: u8) {
     }
 }
 
+/// Each stage syncs what it tracks (stages declare distinct names).
+impl crate::synced_parts::SyncedParts for Chain {
+    fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+        self.stages.iter().for_each(|s| f(s));
+    }
+
+    fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+        self.stages.iter_mut().for_each(|s| f(s));
+    }
+}
+
 impl Program for Chain {
     /// What the stage the request is for prepared.
     type Prepared = Prepared;
@@ -247,6 +258,8 @@ impl Program for Chain {
     fn declarations(&self) -> Vec<Declaration> {
         self.stages.iter().flat_map(|s| s.declarations()).collect()
     }
+
+    crate::synced_parts::synced_parts_methods!();
 
     fn prepare(&self, request: &Request) -> Result<Option<Arc<Prepared>>, ControlError> {
         let stage = &self.stages[self.stage_of(request.target())?];
@@ -366,6 +379,18 @@ routes = [
         fn process(&mut self, burst: &mut Burst, ctx: &mut Context) {
             self.0.process(burst, ctx);
         }
+
+        crate::synced_parts::synced_parts_methods!();
+    }
+
+    impl crate::synced_parts::SyncedParts for Boxed {
+        fn synced_views(&self, f: &mut dyn FnMut(&dyn crate::synced_parts::SyncedView)) {
+            f(&self.0);
+        }
+
+        fn synced_parts(&mut self, f: &mut dyn FnMut(&mut dyn crate::synced_parts::SyncedPart)) {
+            f(&mut self.0);
+        }
     }
 
     /// A chain built again from the same configuration (a reload) reuses the drop-reason
@@ -430,6 +455,48 @@ routes = [
             said.contains(&"translations: starts afresh (the reload changed the program)".into()),
             "{said:?}"
         );
+    }
+
+    /// Each stage syncs its own state under the ids the run gives it: acl's counters and
+    /// nat's translations side by side, a translation moving into another chain whole
+    /// (another hash seed) and a counter written alone.
+    #[test]
+    fn each_stage_syncs_its_own_state() {
+        let syn = ip_frame("198.18.0.5", "198.19.0.9", tcp(40_000, 80, 0x02));
+        let answer = ip_frame("198.19.0.9", "198.18.255.1", tcp(80, 40_000, 0x12));
+        let mut a = Boxed(chain(CHAIN).unwrap());
+        let mut b = Boxed(chain(CHAIN).unwrap());
+        let translations = a.0.track("translations", 0).unwrap();
+        assert_eq!(b.0.track("translations", 0), Some(translations));
+        let cells = a.0.declarations()[1].capacity as u32;
+        assert_eq!(a.0.track("rule_packets", 1), Some(cells));
+        assert_eq!(a.0.track("routes4", 2), None, "the control plane's");
+        assert_eq!(a.0.synced(), [(0, translations), (1, cells)]);
+        run_at(&mut a, 1, &[(syn, 0)], (0, 1), 2);
+        let declared = a.0.declarations();
+        let translations_declared = declared.iter().find(|d| d.name == "translations");
+        let stride =
+            stateplane_state::synced_table::SlotWords::of(translations_declared.unwrap(), &[])
+                .unwrap()
+                .stride() as u32;
+        let (moved, refused) = crate::testutil::move_synced_state(&mut a, &mut b, 0, stride);
+        assert_eq!((moved, refused), (1, 0));
+        assert_eq!(
+            run_at(&mut b, 2, &[(answer, 1)], (0, 1), 2)[0].0,
+            Verdict::Forward(0),
+            "answered through the moved translation"
+        );
+        let default = cells - 1;
+        assert_eq!(
+            a.0.read_synced(1, default),
+            Some(1),
+            "the SYN, by the default"
+        );
+        assert_eq!(a.0.write_synced(1, default, 7), Some(1));
+        let mut changes = Vec::new();
+        assert!(a.0.changes(&mut changes, usize::MAX));
+        let taken: Vec<_> = changes.iter().map(|c| (c.state, c.index, c.new)).collect();
+        assert_eq!(taken, [(1, default, 7)], "the counter alone");
     }
 
     const CHAIN_NAT: &str = r#"

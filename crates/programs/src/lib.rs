@@ -599,9 +599,9 @@ pub fn with_guarantees(
                      `rule_packets` and `rule_bytes` in acl and firewall; and the tables \
                      `flows` in counter, `connections` in conntrack, firewall and lb, `cache` \
                      in kv, `macs` in l2, `stations` in l2learn, `translations` in nat and \
-                     `sessions` in sgw; not the rules, routes and meters the control plane \
-                     writes; a table's slot takes at most 64 words, 16 key fields and 16 \
-                     parameters)"
+                     `sessions` in sgw, and in a chain what its stages sync; not the rules, \
+                     routes and meters the control plane writes; a table's slot takes at \
+                     most 64 words, 16 key fields and 16 parameters)"
                     ),
                 ));
             }

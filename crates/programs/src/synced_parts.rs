@@ -1,11 +1,13 @@
 //! Programs with several pieces of state that may be synced (a report table beside the
-//! sketch it is derived from, a connection table beside the policy's rule counters):
-//! each piece is a [`SyncedPart`], and [`synced_parts_methods!`] answers the sync stage
-//! for all of them, each part answering only for the ids it tracks.
+//! sketch it is derived from, a connection table beside the policy's rule counters, the
+//! stages of a `chain`): each piece is a [`SyncedPart`], and [`synced_parts_methods!`]
+//! answers the sync stage for all of them, each part answering only for the ids it
+//! tracks.
 //!
 //! Must never: let a part answer for an id it did not track: another part's values would
 //! be read or written through it, or its changes counted twice.
 
+use stateplane_runtime::Running;
 use stateplane_state::changes::Change;
 use stateplane_state::{CountMin, DeclaredTable, ExactCodec, Register, Word};
 
@@ -113,7 +115,8 @@ macro_rules! synced_parts_methods {
 
         fn read_synced(&self, id: u16, index: u32) -> Option<u64> {
             let mut word = [0];
-            (Self::read_synced_run(self, id, index, &mut word) == 1).then_some(word[0])
+            let read = stateplane_runtime::Program::read_synced_run(self, id, index, &mut word);
+            (read == 1).then_some(word[0])
         }
 
         fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
@@ -318,5 +321,55 @@ impl<T: Word + Default> SyncedPart for LanesPart<'_, T> {
         cell.set_lane(lane, value);
         self.register.write(index as usize, cell).ok()?;
         Some(old)
+    }
+}
+
+/// A program as a part of another (a stage of `chain`): it answers for the ids it tracks,
+/// as every program does.
+impl SyncedView for Box<dyn Running> {
+    fn synced_into(&self, out: &mut Vec<(u16, u32)>) {
+        out.extend(self.synced());
+    }
+
+    fn synced_room_bytes(&self) -> u64 {
+        Running::synced_room_bytes(self.as_ref())
+    }
+
+    fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
+        Running::read_synced_run(self.as_ref(), id, first, out)
+    }
+}
+
+impl SyncedPart for Box<dyn Running> {
+    fn track(&mut self, name: &str, id: u16) -> Option<u32> {
+        Running::track(self.as_mut(), name, id)
+    }
+
+    fn make_synced_resident(&mut self) {
+        Running::make_synced_resident(self.as_mut());
+    }
+
+    fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool {
+        Running::changes(self.as_mut(), out, budget)
+    }
+
+    fn write_synced(&mut self, id: u16, index: u32, value: u64) -> Option<u64> {
+        Running::write_synced(self.as_mut(), id, index, value)
+    }
+
+    fn write_synced_run(&mut self, id: u16, first: u32, values: &[u64]) {
+        Running::write_synced_run(self.as_mut(), id, first, values);
+    }
+
+    fn stage_synced_run(&mut self, id: u16, first: u32, values: &[u64]) -> bool {
+        Running::stage_synced_run(self.as_mut(), id, first, values)
+    }
+
+    fn drop_synced_write(&mut self) {
+        Running::drop_synced_write(self.as_mut());
+    }
+
+    fn commit_synced_write(&mut self) -> u64 {
+        Running::commit_synced_write(self.as_mut())
     }
 }
