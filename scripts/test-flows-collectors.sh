@@ -254,10 +254,12 @@ run_live_case() {
   drained "$port"
   sleep 0.5
   kill -INT "$nf"; wait "$nf" || true
-  local want_flows want_packets want_bytes drops
+  local want_flows want_packets want_bytes drops port
   read -r want_flows want_packets want_bytes drops < <(python3 -c '
 import json,sys; s=json.load(open(sys.argv[1])); f=s["flows"]
 print(f["records"], f["packets"], f["bytes"], s["port_counters"]["lo"]["rx_kernel_drops"])' "$dir/summary.json")
+  # The port's counts whole, for a failure to say where packets went.
+  port=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["port_counters"]["lo"])' "$dir/summary.json")
   echo "   stateplane: $want_flows records, $want_packets packets, $want_bytes bytes, $drops kernel drops"
   agrees_with_nfdump live-lo "$dir" "$want_flows" "$want_packets" "$want_bytes"
   [ "$want_packets" -gt 10000 ] || fail "live-lo: the monitor saw too little of iperf3's transfer"
@@ -271,7 +273,7 @@ print(f["records"], f["packets"], f["bytes"], s["port_counters"]["lo"]["rx_kerne
   echo "   iperf3:     $received bytes of payload received"
   [ "$received" -gt 0 ] || fail "live-lo: no iperf3 total"
   python3 -c 'import sys; got, received = int(sys.argv[1]), int(sys.argv[2]); sys.exit(0 if received <= got < 1.2 * received else 1)' "$want_bytes" "$received" \
-    || fail "live-lo: $want_bytes bytes seen for $received received (each packet must be taken once)"
+    || fail "live-lo: $want_bytes bytes seen for $received received (each packet must be taken once; the port's counts: $port)"
 }
 
 # Messages as large as loopback carries (--mtu auto, 64 KiB), and of Ethernet's size.

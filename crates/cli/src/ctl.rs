@@ -255,7 +255,8 @@ pub enum SyncCommand {
         /// One stream of the target; every stream when left out.
         #[arg(long)]
         to_stream: Option<u32>,
-        /// The state's id (0 for the first synced name of the run's [guarantees]).
+        /// The state's id (the run's summary gives each synced name's: they number the names
+        /// in their order, from 0).
         #[arg(long, default_value_t = 0)]
         state: u32,
         /// Words per entry: 1 for a register or sketch; for a table, its slot's words
@@ -301,7 +302,7 @@ pub enum SyncCommand {
         /// Only this switch's changes (its sync `switch` id).
         #[arg(long)]
         switch: Option<u32>,
-        /// Only this state's changes (its id: 0 for the first synced name).
+        /// Only this state's changes (its id, as the run's summary gives it).
         #[arg(long)]
         state: Option<u32>,
         /// Stop after this many.
@@ -322,7 +323,8 @@ pub struct SyncTarget {
     /// them).
     #[arg(long)]
     pub stream: Option<u32>,
-    /// The state's id (0 for the first synced name of the run's [guarantees]).
+    /// The state's id (the run's summary gives each synced name's: they number the names
+    /// in their order, from 0).
     #[arg(long, default_value_t = 0)]
     pub state: u32,
 }
@@ -337,8 +339,8 @@ pub struct SketchAppArgs {
     /// The switch's id (its [sync] switch).
     #[arg(long, default_value_t = 1)]
     pub switch: u32,
-    /// The sketch register's state id (0 for the first synced name of the run's
-    /// [guarantees]).
+    /// The sketch register's state id (the run's summary gives each synced name's: they
+    /// number the names in their order, from 0).
     #[arg(long, default_value_t = 0)]
     pub state: u32,
     /// The count in an interval that makes a key heavy (a victim).

@@ -1464,6 +1464,12 @@ fn sizes_past_the_memory_budget_are_refused_before_allocating() {
         "workers = 64\nmemory_budget = \"1G\"\n[program]\nname = \"hh\"\n[guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:9\"\nslots = 16777216\n",
         "sync.slots: sync tables of 16777216 slots for 64 workers take 32.0 GiB",
     );
+    // The messages each worker's sync stage keeps for the collector's repairs.
+    refused_config(
+        "budget-sync-kept.toml",
+        "workers = 8\nmemory_budget = \"20M\"\n[program]\nname = \"hh\"\n[program.hh]\ntenants = 1\nwidth = 64\ndepth = 1\n[guarantees]\nsketch = [\"synced\"]\n[sync]\ncollector = \"127.0.0.1:9\"\nslots = 1\n",
+        "sync: the last 4096 messages each of 8 workers keeps to send again take 16.0 MiB",
+    );
     // A live run's rings, claimed as each interface opens: AF_PACKET on loopback (MTU
     // 65536) has a 16 MiB receive ring, an 8 MiB socket buffer for large segments and
     // room to read one, and room to gather 64 frames of 64 KiB to send.

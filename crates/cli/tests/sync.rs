@@ -600,7 +600,10 @@ fn rule_counters_reach_the_collector_exactly_beside_the_connections() {
     let default = "default = \"permit\"\nmap = { in = \"out\" }";
     let (summary, dump) = synced_run(&dir, "acl", default, &counters, "internet.pcap", 2);
     assert_eq!(summary["counters"]["tx_packets"], 20_000, "{summary}");
-    // Ids in the order of the names: rule_bytes 0, rule_packets 1.
+    // Ids in the order of the names, as the summary says.
+    let ids = &summary["sync"]["states"];
+    let expected = serde_json::json!({"rule_bytes": 0, "rule_packets": 1});
+    assert_eq!(ids, &expected, "{summary}");
     let states = dumped_states(&dump);
     let cells = 4097; // 4,096 rules and the default
     assert_eq!(
@@ -633,6 +636,9 @@ fn rule_counters_reach_the_collector_exactly_beside_the_connections() {
         2,
     );
     assert_eq!(summary["counters"]["tx_packets"], 20_000, "{summary}");
+    let ids = &summary["sync"]["states"];
+    let expected = serde_json::json!({"connections": 0, "rule_bytes": 1, "rule_packets": 2});
+    assert_eq!(ids, &expected, "{summary}");
     let states = dumped_states(&dump);
     assert_eq!(
         states.len(),

@@ -682,8 +682,10 @@ impl Guaranteed {
                 let _ = inner.replicate(name);
             }
         }
-        // Tracked, ids 0, 1, ...: synced state, or state replicated in snapshots (never
-        // both in one run: `with_guarantees` refuses it).
+        // Tracked, ids 0, 1, ... in the names' order (`overrides` is in the order of the
+        // configuration's map): synced state, or state replicated in snapshots (never
+        // both in one run: `with_guarantees` refuses it). The switch's sync plan names
+        // them so (`SyncPlan::naming`).
         let synced = overrides.iter().filter(|(_, g)| {
             g.contains(&Guarantee::Synced) || (mode == ReplicationMode::Bounded && replicated(g))
         });

@@ -455,7 +455,7 @@ fn sync_plan(
         .collect();
     match (&cfg.sync, synced.is_empty()) {
         (None, true) => Ok(None),
-        (Some(settings), false) => Ok(Some(settings.plan(workers)?)),
+        (Some(settings), false) => Ok(Some(settings.plan(workers)?.naming(synced))),
         (None, false) => Err(format!(
             "guarantees: {} is synced, but the run has no [sync] section to say where to: add [sync] with collector = \"127.0.0.1:7474\" (where `stateplane collector` listens)",
             synced.join(", ")

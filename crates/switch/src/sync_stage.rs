@@ -118,6 +118,8 @@ pub struct SyncPlan {
     pub key: Option<Key>,
     sender: SenderConfig,
     pub counters: Arc<SyncCounters>,
+    /// The names synced, each at its state id (see [`SyncPlan::naming`]).
+    pub states: Vec<String>,
 }
 
 /// What the sync stages of a run did, summed over workers.
@@ -246,6 +248,15 @@ impl SyncSettings {
                 .saturating_mul(workers as u64),
         )
         .map_err(|e| format!("sync.slots: {e}"))?;
+        stateplane_mem::budget::claim_once(
+            "sync",
+            || {
+                let kept = stateplane_sync::sender::KEPT_MESSAGES;
+                format!("the last {kept} messages each of {workers} workers keeps to send again")
+            },
+            stateplane_sync::sender::KEPT_BYTES_MOST.saturating_mul(workers as u64),
+        )
+        .map_err(|e| format!("sync: {e}"))?;
         let key = match &self.key_file {
             None => None,
             Some(path) => Some(read_key(path).map_err(|e| format!("sync.key_file: {e}"))?),
@@ -266,6 +277,7 @@ impl SyncSettings {
                 states: Vec::new(),
             },
             counters: Arc::new(SyncCounters::default()),
+            states: Vec::new(),
         })
     }
 }
@@ -907,6 +919,8 @@ impl StateStage for SyncStage {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SyncReport {
     pub collector: String,
+    /// Each synced name's state id, as the collector and `ctl sync` name the state.
+    pub states: std::collections::BTreeMap<String, u16>,
     pub changes: u64,
     pub passes: u64,
     /// Passes that left changes of a table to the next ([`SyncCounters::passes_cut`]).
@@ -940,12 +954,23 @@ pub struct SyncReport {
 }
 
 impl SyncPlan {
+    /// The plan for synced state `names`: their state ids number them in the names' order,
+    /// from 0, as the run's programs track them (`stateplane_programs::with_guarantees`).
+    pub fn naming(mut self, mut names: Vec<String>) -> SyncPlan {
+        names.sort_unstable();
+        self.states = names;
+        self
+    }
+
     /// The counters as of now.
     pub fn report(&self) -> SyncReport {
         let c = &*self.counters;
         let get = SyncCounters::get;
         SyncReport {
             collector: self.collector.to_string(),
+            states: (self.states.iter().zip(0u16..))
+                .map(|(name, id)| (name.clone(), id))
+                .collect(),
             changes: get(&c.changes),
             passes: get(&c.passes),
             passes_cut: get(&c.passes_cut),
@@ -975,11 +1000,15 @@ impl SyncPlan {
 
 impl SyncReport {
     pub fn table(&self) -> String {
+        let states: Vec<String> = (self.states.iter())
+            .map(|(name, id)| format!("{name} {id}"))
+            .collect();
         let mut s = format!(
-            "sync to {}:\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s: \
+            "sync to {} (state ids: {}):\n  changes {}  messages {} ({} B)  reports {}  passes {} ({:.3} s: \
              {:.3} s taking the changes, {:.3} s in the read handler; the worker paused \
              {:.3} ms at most)  threshold carried: mean {:.1}, largest {}\n",
             self.collector,
+            states.join(", "),
             self.changes,
             self.messages,
             self.bytes,

@@ -130,6 +130,11 @@ pub struct Sender {
 pub const KEPT_MESSAGES: usize = 4096;
 pub const KEPT_ENTRIES: usize = 1 << 16;
 
+/// The most a sender's kept messages take ([`KEPT_MESSAGES`] and [`KEPT_ENTRIES`]; the
+/// queue of them grows to twice its length, a power of two, before the oldest leaves).
+pub const KEPT_BYTES_MOST: u64 = (KEPT_ENTRIES * std::mem::size_of::<Update>()
+    + 2 * KEPT_MESSAGES * std::mem::size_of::<Message>()) as u64;
+
 /// Messages [`Sender::finish`] makes before it has the first of them sent.
 pub const FINISH_FLUSH_MESSAGES: usize = 64;
 
