@@ -241,8 +241,15 @@ run_live_case() {
   # collectors agree.
   timeout 60 "$bin" flows -I lo --capture-buffer 256M --ipfix "127.0.0.1:$port" --summary-json >"$dir/summary.json" 2>"$dir/flows.log" &
   local mon=$!; pids+=("$mon")
-  sleep 1.5
-  kill -0 "$mon" 2>/dev/null || { cat "$dir/flows.log" >&2; fail "live-lo: the monitor did not start (root is needed)"; }
+  # The transfer starts once the monitor says it runs (its ring is bound by then), not
+  # after a fixed wait: a start slower than the wait would miss the transfer's beginning.
+  for _ in $(seq 300); do
+    grep -q "running flows on lo" "$dir/flows.log" 2>/dev/null && break
+    kill -0 "$mon" 2>/dev/null || break
+    sleep 0.1
+  done
+  grep -q "running flows on lo" "$dir/flows.log" \
+    || { cat "$dir/flows.log" >&2; fail "live-lo: the monitor did not start within 30 s (root is needed)"; }
   timeout 30 iperf3 -s -1 -B 127.0.0.1 -p "$data" >"$dir/iperf-server.log" 2>&1 &
   local srv=$!; pids+=("$srv")
   sleep 0.5
