@@ -537,6 +537,28 @@ mod tests {
         );
     }
 
+    /// A pass of a small budget: the sketch's counters, taken whole, leave the table
+    /// beside them its own budget, not nothing (else a busy sketch would hold its
+    /// reports back pass after pass).
+    #[test]
+    fn a_busy_sketch_leaves_the_reports_their_budget() {
+        let mut p = hh("threshold = 10\ntenants = 1\nwidth = 64\ndepth = 2");
+        Program::track(&mut p, "heavy_hitters", 0).unwrap();
+        Program::track(&mut p, "sketch", 1).unwrap();
+        for flow in 0..6 {
+            send(&mut p, 1_000, 10, flow, 12);
+        }
+        let budget = 20;
+        let mut taken = Vec::new();
+        assert!(
+            !p.changes(&mut taken, budget),
+            "six reports are more than 20 words"
+        );
+        let of = |state| taken.iter().filter(|c| c.state == state).count();
+        assert!(of(1) >= 6, "the sketch's counters, whole: {taken:?}");
+        assert!(of(0) >= budget, "the reports' own budget: {taken:?}");
+    }
+
     /// The heavy hitters found sync beside the sketch they were found in, each under its
     /// own id: the table's entries move into another switch (another hash seed) whole, by
     /// their keys, and the sketch's counters are read as the control API reads them.

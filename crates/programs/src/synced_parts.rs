@@ -89,16 +89,17 @@ macro_rules! synced_parts_methods {
             });
         }
 
-        /// Each part takes its changes in turn, within what the budget has left.
+        /// Each part takes its changes in turn, each within the budget: what one part
+        /// took never leaves another nothing (a sketch's counters, taken whole, would
+        /// otherwise starve the table beside it pass after pass).
         fn changes(
             &mut self,
             out: &mut Vec<stateplane_state::changes::Change>,
             budget: usize,
         ) -> bool {
-            let (start, mut all) = (out.len(), true);
+            let mut all = true;
             $crate::synced_parts::SyncedParts::synced_parts(self, &mut |p| {
-                let left = budget.saturating_sub(out.len() - start);
-                all &= p.changes(out, left);
+                all &= p.changes(out, budget);
             });
             all
         }

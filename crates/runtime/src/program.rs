@@ -285,9 +285,10 @@ pub trait Program: Send {
 
     /// Appends to `out` each cell of the tracked state whose value differs from the last
     /// call's (or from when tracking began), once, with both values: what the sync stage
-    /// takes between bursts. A table's slots are taken until `budget` cells are appended
-    /// (a register's or a sketch's cells are taken whole), the rest first at the next
-    /// call: whether every change was taken.
+    /// takes between bursts. A table's slots are taken until `budget` cells of it are
+    /// appended (each table of a program within the budget; a register's or a sketch's
+    /// cells are taken whole), the rest first at the next call: whether every change was
+    /// taken.
     fn changes(&mut self, _out: &mut Vec<Change>, _budget: usize) -> bool {
         true
     }
