@@ -203,12 +203,32 @@ impl SketchRegister {
             .collect()
     }
 
-    pub fn read_synced(&self, sketches: &[CountMin], id: u16, index: u32) -> Option<u64> {
+    /// The counters from `first` on into `out`, sketch after sketch (see
+    /// `Program::read_synced_run`: what a refresh reads); how many (fewer past the end,
+    /// none for another id).
+    pub fn read_synced_run(
+        &self,
+        sketches: &[CountMin],
+        id: u16,
+        first: u32,
+        out: &mut [u64],
+    ) -> usize {
         if self.synced != Some(id) {
-            return None;
+            return 0;
         }
-        let (k, j) = Self::locate(sketches, index as usize)?;
-        Some(u64::from(sketches[k].counters().as_slice()[j]))
+        let Some((mut k, mut j)) = Self::locate(sketches, first as usize) else {
+            return 0;
+        };
+        let mut read = 0;
+        while read < out.len() && k < sketches.len() {
+            let cells = &sketches[k].counters().as_slice()[j..];
+            let n = cells.len().min(out.len() - read);
+            for (o, &c) in out[read..read + n].iter_mut().zip(cells) {
+                *o = u64::from(c);
+            }
+            (read, k, j) = (read + n, k + 1, 0);
+        }
+        read
     }
 
     /// Starts a snapshot of every sketch at once (see `Program::snapshot_begin`).
@@ -321,20 +341,37 @@ mod tests {
         ));
     }
 
+    /// Counter `index` of state `id`, read as a run of one.
+    fn read_one(r: &SketchRegister, s: &[CountMin], id: u16, index: u32) -> Option<u64> {
+        let mut one = [0];
+        (r.read_synced_run(s, id, index, &mut one) == 1).then_some(one[0])
+    }
+
     #[test]
     fn synced_only_once_tracked_and_only_inside() {
         let mut s = sketches();
         let mut r = SketchRegister::new("sketch");
-        assert_eq!(r.read_synced(&s, 0, 0), None);
+        assert_eq!(read_one(&r, &s, 0, 0), None);
         assert_eq!(r.track(&mut s, "other", 0), None);
         assert_eq!(r.track(&mut s, "sketch", 3), Some(16));
         assert_eq!(r.synced(&s), [(3, 16)]);
         let mut taken = Vec::new();
         assert_eq!(r.write_synced(&mut s, 3, 9, 1 << 40), Some(0));
-        assert_eq!(r.read_synced(&s, 3, 9), Some(u64::from(u32::MAX)));
+        assert_eq!(read_one(&r, &s, 3, 9), Some(u64::from(u32::MAX)));
         assert_eq!(r.write_synced(&mut s, 3, 16, 1), None);
-        assert_eq!(r.read_synced(&s, 3, 16), None);
-        assert_eq!(r.read_synced(&s, 2, 9), None);
+        assert_eq!(read_one(&r, &s, 3, 16), None);
+        assert_eq!(read_one(&r, &s, 2, 9), None);
+        // A run reads across the sketches as the values one by one do.
+        let mut run = [7; 20];
+        assert_eq!(r.read_synced_run(&s, 3, 2, &mut run), 14, "to the end");
+        // Counter by counter as the sketches hold them: 8 in each, two rows of 4.
+        let one_by_one: Vec<u64> = (2..16)
+            .map(|i| u64::from(s[i as usize / 8].counters().as_slice()[i as usize % 8]))
+            .collect();
+        assert_eq!(run[..14], one_by_one[..]);
+        assert_eq!(run[14..], [7; 6], "nothing past the end");
+        assert_eq!(r.read_synced_run(&s, 3, 16, &mut run), 0);
+        assert_eq!(r.read_synced_run(&s, 2, 0, &mut run), 0, "another id");
         s[0].add(&7u32, 2);
         r.changes(&mut s, &mut taken);
         let mut changed: Vec<(u16, u32)> = taken.iter().map(|c| (c.state, c.index)).collect();

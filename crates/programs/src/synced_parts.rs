@@ -227,15 +227,7 @@ impl SyncedView for SketchesView<'_> {
     }
 
     fn read_synced_run(&self, id: u16, first: u32, out: &mut [u64]) -> usize {
-        let mut read = 0;
-        for (index, o) in (first..).zip(out.iter_mut()) {
-            match self.0.read_synced(self.1, id, index) {
-                Some(value) => *o = value,
-                None => break,
-            }
-            read += 1;
-        }
-        read
+        self.0.read_synced_run(self.1, id, first, out)
     }
 }
 
