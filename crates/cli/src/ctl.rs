@@ -256,7 +256,7 @@ pub enum SyncCommand {
         #[arg(long)]
         to_stream: Option<u32>,
         /// The state's id (the run's summary gives each synced name's: they number the names
-        /// in their order, from 0).
+        /// in their order, after any state replicated in bounded mode).
         #[arg(long, default_value_t = 0)]
         state: u32,
         /// Words per entry: 1 for a register or sketch; for a table, its slot's words
@@ -324,7 +324,7 @@ pub struct SyncTarget {
     #[arg(long)]
     pub stream: Option<u32>,
     /// The state's id (the run's summary gives each synced name's: they number the names
-    /// in their order, from 0).
+    /// in their order, after any state replicated in bounded mode).
     #[arg(long, default_value_t = 0)]
     pub state: u32,
 }
@@ -340,7 +340,7 @@ pub struct SketchAppArgs {
     #[arg(long, default_value_t = 1)]
     pub switch: u32,
     /// The sketch register's state id (the run's summary gives each synced name's: they
-    /// number the names in their order, from 0).
+    /// number the names in their order, after any state replicated in bounded mode).
     #[arg(long, default_value_t = 0)]
     pub state: u32,
     /// The count in an interval that makes a key heavy (a victim).

@@ -741,7 +741,7 @@ fn bounded_settings_that_nothing_keeps_are_refused() {
             "[guarantees]\nsketch = [\"replicated\", \"synced\"]\n[replication]\n\
              mode = \"bounded\"\n"
                 .to_string(),
-            "bounded replication and synced state in one run are not built yet",
+            "`sketch` cannot be both synced and replicated in bounded mode",
         ),
     ];
     for (i, (extra, message)) in cases.iter().enumerate() {

@@ -673,6 +673,59 @@ fn rule_counters_reach_the_collector_exactly_beside_the_connections() {
     assert!((1..10).contains(&held_v4), "{held_v4} of them IPv4");
 }
 
+/// hh's sketch replicated in bounded mode and the heavy hitters found in it synced, in one
+/// run: the snapshots go to the store, the reports to the collector, each state under its
+/// own id (the snapshots' first), and the sketch, which the snapshots read, never to the
+/// collector.
+#[test]
+fn a_sketch_replicated_in_snapshots_beside_synced_heavy_hitters() {
+    let dir = trace_in("sync-bounded");
+    let dump = dir.join("dump.csv");
+    let dump_arg = dump.display().to_string();
+    let (collector, addr, collector_err) =
+        start_collector(&["--switches", "1", "--dump", &dump_arg]);
+    let config = format!(
+        "workers = 2\n[program]\nname = \"hh\"\n[program.hh]\nthreshold = 5\ntenants = 1\n\
+         interval_ms = 3600000\nmap = {{ in = \"out\" }}\n\
+         [guarantees]\nsketch = [\"replicated\"]\nheavy_hitters = [\"synced\"]\n\
+         [replication]\nmode = \"bounded\"\nsnapshot_ms = 5\n[sync]\ncollector = \"{addr}\"\n\
+         [[port]]\nname = \"in\"\nrx = \"sync-in.pcap\"\n[[port]]\nname = \"out\"\n"
+    );
+    let file = dir.join("sync-bounded.toml");
+    let summary = run_to_collector(&file, &config, (collector, collector_err));
+    let out = summary.to_string();
+    assert_eq!(summary["counters"]["tx_packets"], 30_000, "{out}");
+    assert_eq!(
+        summary["sync"]["states"],
+        serde_json::json!({"heavy_hitters": 1}),
+        "{out}"
+    );
+    let r = &summary["replication"];
+    assert_eq!(r["mode"], "bounded", "{out}");
+    assert!(json_u64(&r["snapshots"]) >= 2, "{out}");
+    let states = dumped_states(&dump);
+    assert!(
+        states.keys().all(|&(_, state)| state == 1),
+        "the heavy hitters alone: {:?}",
+        states.keys()
+    );
+    // A report's slot: action (1: `found`), the flow's key, interval, estimate.
+    let stride = 1 + 8 + 2;
+    let mut reports = 0;
+    for words in states.values() {
+        let word = |i: u32| words.get(&i).copied().unwrap_or(0);
+        for slot in (words.keys()).filter(|&&i| i % stride == 0 && word(i) != 0) {
+            assert_eq!(word(*slot), 1, "the one action, `found`");
+            assert!(
+                word(slot + stride - 1) >= 5,
+                "an estimate at the threshold or more"
+            );
+            reports += 1;
+        }
+    }
+    assert!(reports > 50, "{reports} heavy hitters");
+}
+
 fn json_u64(v: &serde_json::Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("a count: {v}"))
 }

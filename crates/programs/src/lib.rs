@@ -552,7 +552,7 @@ pub fn with_guarantees(
         }
         if parsed.contains(&Guarantee::Replicated) && mode == ReplicationMode::Bounded {
             let mut probe = factory(0);
-            if probe.track(name, 0).is_none() || !probe.snapshot_begin(0) {
+            if probe.track_snapshots(name, 0).is_none() || !probe.snapshot_begin(0) {
                 return Err(ConfigError::new(
                     field,
                     format!(
@@ -563,15 +563,15 @@ pub fn with_guarantees(
                     ),
                 ));
             }
-            if wanted
-                .values()
-                .flatten()
-                .any(|g| g == Guarantee::Synced.name())
-            {
+            if parsed.contains(&Guarantee::Synced) {
                 return Err(ConfigError::new(
                     field,
-                    "bounded replication and synced state in one run are not built yet \
-                     (both keep the state's last take): sync it, or replicate it, not both",
+                    format!(
+                        "`{name}` cannot be both synced and replicated in bounded mode (the \
+                         snapshots read the marks the sync stage would take): sync it, or \
+                         replicate it, not both; other state of the program may be synced \
+                         beside it"
+                    ),
                 ));
             }
         } else if parsed.contains(&Guarantee::Replicated) && !factory(0).replicate(name) {
@@ -653,12 +653,14 @@ fn not_built(g: Guarantee) -> String {
     )
 }
 
-/// A program whose declarations carry the configured guarantees, and whose `synced`
-/// state is tracked, ids 0, 1, ... in the configuration's order of names; everything else
-/// is the program's own.
+/// A program whose declarations carry the configured guarantees, and whose state
+/// replicated in snapshots and `synced` state are tracked, in that order, ids 0, 1, ...,
+/// each kind in the configuration's order of names; everything else is the program's own.
 struct Guaranteed {
     inner: Box<dyn Running>,
     overrides: Arc<Vec<(String, Vec<Guarantee>)>>,
+    /// The ids below this are the snapshots' state, those from it the synced state.
+    first_synced: u16,
     /// The bits of each synced state that is a register (by id), whose top-down writes
     /// are checked against them.
     register_bits: Vec<Option<u8>>,
@@ -682,21 +684,30 @@ impl Guaranteed {
                 let _ = inner.replicate(name);
             }
         }
-        // Tracked, ids 0, 1, ... in the names' order (`overrides` is in the order of the
-        // configuration's map): synced state, or state replicated in snapshots (never
-        // both in one run: `with_guarantees` refuses it). The switch's sync plan names
-        // them so (`SyncPlan::naming`).
-        let synced = overrides.iter().filter(|(_, g)| {
-            g.contains(&Guarantee::Synced) || (mode == ReplicationMode::Bounded && replicated(g))
-        });
+        // Tracked, ids 0, 1, ...: the state replicated in snapshots, then the synced state
+        // (`with_guarantees` refuses a name that is both), each in the names' order
+        // (`overrides` is in the order of the configuration's map). The snapshots' ids
+        // stay as they are when state is synced beside them, and the switch's sync plan
+        // names the synced ones so (`SyncPlan::naming`).
+        let snapshotted: Vec<&String> = (overrides.iter())
+            .filter(|(_, g)| mode == ReplicationMode::Bounded && replicated(g))
+            .map(|(name, _)| name)
+            .collect();
+        let synced = (overrides.iter())
+            .filter(|(_, g)| g.contains(&Guarantee::Synced))
+            .map(|(name, _)| name);
+        let first_synced = snapshotted.len() as u16;
         let declared = inner.declarations();
         let mut register_bits = Vec::new();
         let mut strides = Vec::new();
-        for (id, (name, _)) in synced.enumerate() {
+        for (id, name) in snapshotted.iter().copied().chain(synced).enumerate() {
             // `with_guarantees` made sure an instance tracks each name; one that did not
             // would sync nothing, so the sync stage checks `synced()` against the
             // declarations before it starts.
-            let _ = inner.track(name, id as u16);
+            let _ = match (id as u16) < first_synced {
+                true => inner.track_snapshots(name, id as u16),
+                false => inner.track(name, id as u16),
+            };
             let d = declared.iter().find(|d| &d.name == name);
             register_bits.push(d.and_then(|d| match d.kind {
                 stateplane_state::Kind::Register { bits } => Some(bits),
@@ -710,6 +721,7 @@ impl Guaranteed {
         Box::new(Guaranteed {
             inner,
             overrides,
+            first_synced,
             register_bits,
             values_refused: 0,
             strides,
@@ -789,8 +801,22 @@ impl Program for Guaranteed {
         self.inner.changes(out, budget)
     }
 
+    /// The synced state alone.
     fn synced(&self) -> Vec<(u16, u32)> {
-        self.inner.synced()
+        let mut synced = self.inner.synced();
+        synced.retain(|&(id, _)| id >= self.first_synced);
+        synced
+    }
+
+    fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
+        self.inner.track_snapshots(name, id)
+    }
+
+    /// The state replicated in snapshots alone.
+    fn snapshotted(&self) -> Vec<(u16, u32)> {
+        let mut snapshotted = self.inner.synced();
+        snapshotted.retain(|&(id, _)| id < self.first_synced);
+        snapshotted
     }
 
     fn synced_stride(&self, id: u16) -> u32 {
@@ -925,6 +951,73 @@ impl Program for Guaranteed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// hh's sketch replicated in snapshots beside its heavy hitters synced: the snapshots'
+    /// state takes the first id and is never among the sync stage's changes (the
+    /// snapshots read its marks), the synced table's changes are; one name cannot be both.
+    #[test]
+    fn a_sketch_in_snapshots_and_synced_reports_are_tracked_apart() {
+        use stateplane_state::{Reply, Request};
+        let names = PortNames(vec!["a".into(), "b".into()]);
+        let wanted = |pairs: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
+            (pairs.iter())
+                .map(|(n, g)| (n.to_string(), g.iter().map(|g| g.to_string()).collect()))
+                .collect()
+        };
+        let both = wanted(&[("sketch", &["replicated"]), ("heavy_hitters", &["synced"])]);
+        let cfg = toml::Value::Table(toml::from_str("tenants = 1\nwidth = 64\ndepth = 2").unwrap());
+        let factory = build("hh", Some(&cfg), &names).unwrap();
+        let factory = with_guarantees(factory, &both, ReplicationMode::Bounded).unwrap();
+        let mut p = factory(0);
+        let cells = 2 * 2 * 64;
+        assert_eq!(p.snapshotted(), [(0, cells)]);
+        let synced = p.synced();
+        assert_eq!(synced.len(), 1);
+        assert_eq!(synced[0].0, 1, "after the snapshots' state");
+        // A change of the sketch (the control API's write) and one of the table (a synced
+        // write of one report, whole).
+        let request = Request::WriteRegister {
+            name: "sketch".into(),
+            first: 3,
+            count: 1,
+            value: 9,
+        };
+        let ctx = crate::testutil::ctx(1, 2);
+        assert!(matches!(p.control(&request, None, &ctx), Ok(Reply::Done)));
+        let declared = p.declarations();
+        let reports = declared.iter().find(|d| d.name == "heavy_hitters").unwrap();
+        let stride = stateplane_state::synced_table::SlotWords::of(reports, &[])
+            .unwrap()
+            .stride() as u32;
+        for w in 0..stride {
+            // Action 1 (`found`), a key of 7s, interval 1, estimate 7.
+            let value = if w == 0 { 1 } else { 7 };
+            assert_eq!(p.write_synced(1, w, value), Some(0));
+        }
+        assert_eq!(p.commit_synced_write(), 0);
+        let mut changes = Vec::new();
+        assert!(p.changes(&mut changes, usize::MAX));
+        assert!(
+            !changes.is_empty() && changes.iter().all(|c| c.state == 1),
+            "{changes:?}"
+        );
+        // The snapshot has the sketch's write.
+        assert!(p.snapshot_begin(0));
+        let mut words = vec![0; cells as usize];
+        assert_eq!(p.snapshot_read(0, 0, &mut words), cells as usize);
+        assert_eq!(words[3], 9);
+
+        let same = wanted(&[("sketch", &["replicated", "synced"])]);
+        let factory = build("hh", None, &names).unwrap();
+        let Err(e) = with_guarantees(factory, &same, ReplicationMode::Bounded) else {
+            panic!("one name both synced and in snapshots")
+        };
+        assert!(
+            e.problem
+                .contains("cannot be both synced and replicated in bounded mode"),
+            "{e}"
+        );
+    }
 
     /// An unknown name is refused with every program, in the order of their names (as
     /// `run --help` lists them): a reader finds one in a sorted list.

@@ -63,16 +63,22 @@ pub(crate) fn inherit_counts(
     Carried::entries(name, kept, 0, "")
 }
 
-/// The register's name, its synced state id once tracked.
+/// The register's name, its synced state id once tracked, and whether it is tracked for
+/// snapshots alone (its changes are then never taken).
 #[derive(Clone, Debug)]
 pub(crate) struct SketchRegister {
     name: &'static str,
     synced: Option<u16>,
+    snapshots_only: bool,
 }
 
 impl SketchRegister {
     pub fn new(name: &'static str) -> SketchRegister {
-        SketchRegister { name, synced: None }
+        SketchRegister {
+            name,
+            synced: None,
+            snapshots_only: false,
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -189,8 +195,25 @@ impl SketchRegister {
         Some(cells)
     }
 
-    /// The counters changed since the last take (see `Program::changes`).
+    /// As [`SketchRegister::track`], for snapshots alone (see
+    /// `Program::track_snapshots`).
+    pub fn track_snapshots(
+        &mut self,
+        sketches: &mut [CountMin],
+        name: &str,
+        id: u16,
+    ) -> Option<u32> {
+        let cells = self.track(sketches, name, id)?;
+        self.snapshots_only = true;
+        Some(cells)
+    }
+
+    /// The counters changed since the last take (see `Program::changes`); none when
+    /// tracked for snapshots alone, whose marks the snapshots read.
     pub fn changes(&self, sketches: &mut [CountMin], out: &mut Vec<Change>) {
+        if self.snapshots_only {
+            return;
+        }
         for s in sketches {
             s.counters_mut().take_changes(out);
         }

@@ -32,6 +32,10 @@ pub(crate) trait SyncedView {
 pub(crate) trait SyncedPart: SyncedView {
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
 
+    fn track_snapshots(&mut self, _name: &str, _id: u16) -> Option<u32> {
+        None
+    }
+
     fn make_synced_resident(&mut self) {}
 
     fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool;
@@ -71,6 +75,14 @@ macro_rules! synced_parts_methods {
             let mut length = None;
             $crate::synced_parts::SyncedParts::synced_parts(self, &mut |p| {
                 length = length.or_else(|| p.track(name, id));
+            });
+            length
+        }
+
+        fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
+            let mut length = None;
+            $crate::synced_parts::SyncedParts::synced_parts(self, &mut |p| {
+                length = length.or_else(|| p.track_snapshots(name, id));
             });
             length
         }
@@ -246,6 +258,10 @@ impl SyncedPart for SketchesPart<'_> {
         self.0.track(self.1, name, id)
     }
 
+    fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
+        self.0.track_snapshots(self.1, name, id)
+    }
+
     /// A sketch's counters are taken whole.
     fn changes(&mut self, out: &mut Vec<Change>, _budget: usize) -> bool {
         self.0.changes(self.1, out);
@@ -336,6 +352,10 @@ impl SyncedView for Box<dyn Running> {
 impl SyncedPart for Box<dyn Running> {
     fn track(&mut self, name: &str, id: u16) -> Option<u32> {
         Running::track(self.as_mut(), name, id)
+    }
+
+    fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
+        Running::track_snapshots(self.as_mut(), name, id)
     }
 
     fn make_synced_resident(&mut self) {

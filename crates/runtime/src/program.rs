@@ -268,6 +268,14 @@ pub trait Program: Send {
         None
     }
 
+    /// As [`Program::track`], for bounded replication's snapshots
+    /// ([`Program::snapshot_begin`]) alone: the state's cells are marked for the snapshots,
+    /// and [`Program::changes`] never takes them (a sync stage beside would take the marks
+    /// the snapshots read). `None` if the program cannot snapshot it.
+    fn track_snapshots(&mut self, _name: &str, _id: u16) -> Option<u32> {
+        None
+    }
+
     /// The bytes the tracked state keeps besides the state itself once made resident
     /// ([`Program::make_synced_resident`]: a table's staging of a top-down write and its
     /// saves of entries before their first write in a pass), in each copy: what the run's
@@ -296,6 +304,13 @@ pub trait Program: Send {
     /// The state tracked so far, as `(id, length)` in the order it was tracked.
     fn synced(&self) -> Vec<(u16, u32)> {
         Vec::new()
+    }
+
+    /// The state tracked for snapshots ([`Program::track_snapshots`]), as
+    /// [`Program::synced`] gives it; by default all the state tracked (a program that
+    /// knows better, the guarantees' wrapper, tells the two apart).
+    fn snapshotted(&self) -> Vec<(u16, u32)> {
+        self.synced()
     }
 
     /// The words of one entry of synced state `id`: 1 for a register's cells, a slot's
@@ -503,6 +518,8 @@ pub trait Running: Send {
     fn notifications(&mut self, out: &mut Vec<Notification>);
     fn requests(&mut self, out: &mut Vec<Request>);
     fn track(&mut self, name: &str, id: u16) -> Option<u32>;
+    fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32>;
+    fn snapshotted(&self) -> Vec<(u16, u32)>;
     fn synced_room_bytes(&self) -> u64;
     fn make_synced_resident(&mut self);
     fn changes(&mut self, out: &mut Vec<Change>, budget: usize) -> bool;
@@ -605,6 +622,14 @@ impl<P: Program + 'static> Running for P {
 
     fn track(&mut self, name: &str, id: u16) -> Option<u32> {
         Program::track(self, name, id)
+    }
+
+    fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
+        Program::track_snapshots(self, name, id)
+    }
+
+    fn snapshotted(&self) -> Vec<(u16, u32)> {
+        Program::snapshotted(self)
     }
 
     fn synced_room_bytes(&self) -> u64 {

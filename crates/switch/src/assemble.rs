@@ -455,7 +455,16 @@ fn sync_plan(
         .collect();
     match (&cfg.sync, synced.is_empty()) {
         (None, true) => Ok(None),
-        (Some(settings), false) => Ok(Some(settings.plan(workers)?.naming(synced))),
+        (Some(settings), false) => {
+            // The state replicated in snapshots takes the first ids (see `naming`).
+            let bounded = match &cfg.replication {
+                Some(r) if r.mode()? == stateplane_programs::ReplicationMode::Bounded => {
+                    replicated_states(factory).len()
+                }
+                _ => 0,
+            };
+            Ok(Some(settings.plan(workers)?.naming(synced, bounded as u16)))
+        }
         (None, false) => Err(format!(
             "guarantees: {} is synced, but the run has no [sync] section to say where to: add [sync] with collector = \"127.0.0.1:7474\" (where `stateplane collector` listens)",
             synced.join(", ")

@@ -164,7 +164,7 @@ impl SnapshotStage {
     /// shares.
     fn pump(&mut self, program: &mut dyn Running, shares: usize) {
         if self.states.is_empty() {
-            self.states = program.synced();
+            self.states = program.snapshotted();
             self.chunks = vec![Vec::new(); self.states.len()];
         }
         let now = self.now();
@@ -448,7 +448,7 @@ impl StateStage for SnapshotStage {
             true => None,
             false => self.whole_image(old),
         };
-        self.states = program.synced();
+        self.states = program.snapshotted();
         self.chunks = vec![Vec::new(); self.states.len()];
         if let Some(image) = image
             && let Err(e) = self.install(program, &image)

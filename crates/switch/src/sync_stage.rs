@@ -118,8 +118,9 @@ pub struct SyncPlan {
     pub key: Option<Key>,
     sender: SenderConfig,
     pub counters: Arc<SyncCounters>,
-    /// The names synced, each at its state id (see [`SyncPlan::naming`]).
+    /// The names synced, each at its state id, `first_id` on (see [`SyncPlan::naming`]).
     pub states: Vec<String>,
+    pub first_id: u16,
 }
 
 /// What the sync stages of a run did, summed over workers.
@@ -278,6 +279,7 @@ impl SyncSettings {
             },
             counters: Arc::new(SyncCounters::default()),
             states: Vec::new(),
+            first_id: 0,
         })
     }
 }
@@ -955,10 +957,12 @@ pub struct SyncReport {
 
 impl SyncPlan {
     /// The plan for synced state `names`: their state ids number them in the names' order,
-    /// from 0, as the run's programs track them (`stateplane_programs::with_guarantees`).
-    pub fn naming(mut self, mut names: Vec<String>) -> SyncPlan {
+    /// from `first` (0, or after the state replicated in snapshots), as the run's programs
+    /// track them (`stateplane_programs::with_guarantees`).
+    pub fn naming(mut self, mut names: Vec<String>, first: u16) -> SyncPlan {
         names.sort_unstable();
         self.states = names;
+        self.first_id = first;
         self
     }
 
@@ -968,7 +972,7 @@ impl SyncPlan {
         let get = SyncCounters::get;
         SyncReport {
             collector: self.collector.to_string(),
-            states: (self.states.iter().zip(0u16..))
+            states: (self.states.iter().zip(self.first_id..))
                 .map(|(name, id)| (name.clone(), id))
                 .collect(),
             changes: get(&c.changes),
