@@ -47,7 +47,7 @@ pub use exact::{
 pub use key_fields::KeyFields;
 pub use lpm::{Lpm4, Lpm6, PrefixError};
 pub use meter::{Colour, Meter, MeterConfig, SrTcm, TrTcm};
-pub use register::{Counters, MAX_LANES, OutOfRange, PacketBytes, Register, Word};
+pub use register::{Counters, OutOfRange, PacketBytes, Register, Word};
 pub use sketch::CountMin;
 pub use table_key::TableKey;
 pub use ternary::{Packet5, Rule, Ternary};
