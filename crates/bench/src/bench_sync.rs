@@ -1122,6 +1122,30 @@ pub fn main_cost(a: BenchSyncCostArgs) -> BenchResult<()> {
                 sent.mean_threshold,
                 sent.largest_threshold
             );
+            // Over the mode's own rounds (a stream's first and last messages span the
+            // other modes' rounds too).
+            let forwarding_bytes = sent.bytes.saturating_sub(sent.bytes_at_end);
+            let mbps = match worked_s > 0.0 {
+                true => forwarding_bytes as f64 * 8.0 / worked_s / 1e6,
+                false => 0.0,
+            };
+            let c = &sent.sent;
+            eprintln!(
+                "{name}: updates sent as the worker forwarded: {} at the threshold, {} \
+                 displaced, {} timed out, {} exact, {} by the refresh ({} B, {mbps:.1} Mbit/s, \
+                 of a channel of {}); {} as each round ended",
+                c.threshold,
+                c.displaced,
+                c.timed_out,
+                c.exact,
+                c.refresh,
+                forwarding_bytes,
+                sent.channel_mbps
+                    .map_or("none (a fixed threshold)".to_string(), |m| format!(
+                        "{m} Mbit/s"
+                    )),
+                sent.sent_at_end
+            );
         }
         let switch = synced.as_ref().map_or(0, |(s, _)| *s);
         rows.push((name.clone(), mpps, ns, forwarded, switch));

@@ -128,15 +128,15 @@ impl<T: Copy + Default> Register<T> {
 
     /// Tracks lane `lane` of the cells ([`Word::lane`]) as state `state` from location
     /// `first`, beside the lanes tracked already; `false` (nothing tracked) for a lane
-    /// the cells do not have. The register's first lane tracked starts the tracking as
-    /// [`Register::track`] does; a later one reports at the next take the cells changed
+    /// the cells do not have, or for more cells than a state's locations count (a `u32`).
+    /// The register's first lane tracked starts the tracking as [`Register::track`] does; a later one reports at the next take the cells changed
     /// since the last, so its lanes are tracked before the data plane writes (as a
     /// program's are, when it is built).
     pub fn track_lane(&mut self, lane: usize, state: u16, first: u32) -> bool
     where
         T: Word,
     {
-        if lane >= T::LANES.min(MAX_LANES) {
+        if lane >= T::LANES.min(MAX_LANES) || u32::try_from(self.cells.len()).is_err() {
             return false;
         }
         let cells = &self.cells;
@@ -160,7 +160,8 @@ impl<T: Copy + Default> Register<T> {
 
     /// The states tracked, `(state, cells)` lane by lane.
     pub fn tracked_states(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
-        let cells = self.cells.len() as u32;
+        // A register tracked has at most a state's locations (`track_lane`).
+        let cells = u32::try_from(self.cells.len()).unwrap_or(u32::MAX);
         (self.tracked.iter())
             .flat_map(|t| t.lanes.iter().flatten())
             .map(move |&(state, _)| (state, cells))

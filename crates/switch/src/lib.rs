@@ -31,6 +31,8 @@ pub mod snapshot_stage;
 pub mod summary;
 pub mod sync_stage;
 #[cfg(test)]
+mod test_packets;
+#[cfg(test)]
 mod test_store;
 pub mod units;
 

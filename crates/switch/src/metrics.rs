@@ -448,6 +448,21 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
     ] {
         single(e, &format!("stateplane_sync_{name}"), help, value)?;
     }
+    let by_cause = [
+        ("threshold", &c.sent_at_threshold),
+        ("displaced", &c.sent_displaced),
+        ("timed_out", &c.sent_timed_out),
+        ("exact", &c.sent_exact),
+        ("refresh", &c.sent_by_refresh),
+    ];
+    counter(
+        e,
+        "stateplane_sync_updates_sent",
+        "Updates of synced state sent, by why they went: the threshold holds back only those at the threshold; displaced ones left the read handler's table for another location, timed_out ones waited max_age_ms, exact ones go at each change (a table's keys and actions, writes), refresh ones are the anti-entropy refresh",
+        (by_cause.iter())
+            .map(|&(cause, n)| (vec![("cause", cause.to_string())], get(n)))
+            .collect(),
+    )?;
     let seconds = |ns: &std::sync::atomic::AtomicU64| get(ns) as f64 / 1e9;
     let help = "Seconds the workers spent committing top-down writes (a worker forwards nothing while it commits)";
     let mut family = e.encode_descriptor(

@@ -598,13 +598,12 @@ impl StateStage for SnapshotStage {
 mod tests {
     use super::*;
     use crate::test_store::Gated;
-    use stateplane_gen::build::{Hosts, L4, emit_frame};
     use stateplane_programs::{PortNames, ReplicationMode};
     use stateplane_replication::snapshot::SnapshotConfig;
     use stateplane_replication::store::StoreConfig;
     use stateplane_runtime::Worker;
     use stateplane_stores::memory::MemoryStore;
-    use stateplane_wire::{FlowHasher, MacAddr};
+    use stateplane_wire::FlowHasher;
     use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
@@ -695,25 +694,7 @@ mod tests {
 
     /// `n` packets of UDP flow `flow` from port a, on `vlan` (0: untagged).
     fn burst_on(vlan: u16, flow: u8, n: usize) -> Burst {
-        let hosts = Hosts {
-            src_mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            dst_mac: MacAddr([2, 0, 0, 0, 0, 2]),
-            vlan,
-            src: format!("198.18.0.{flow}").parse().unwrap(),
-            dst: "198.19.0.1".parse().unwrap(),
-            ttl: 64,
-        };
-        let mut frame = Vec::new();
-        let udp = L4::Udp {
-            src_port: 1000,
-            dst_port: 53,
-        };
-        emit_frame(&mut frame, &hosts, &udp, b"x");
-        let mut b = Burst::with_capacity(64);
-        for i in 0..n {
-            assert!(b.push(&frame, frame.len() as u32, i as u64, 0, i as u64));
-        }
-        b
+        crate::test_packets::udp_burst(vlan, flow, n)
     }
 
     fn forwarded(b: &Burst) -> usize {

@@ -121,6 +121,8 @@ pub struct SyncPlan {
     /// The names synced, each at its state id, `first_id` on (see [`SyncPlan::naming`]).
     pub states: Vec<String>,
     pub first_id: u16,
+    /// The channel the rate controller keeps the updates within (with `t` adaptive).
+    pub channel_mbps: Option<f64>,
 }
 
 /// What the sync stages of a run did, summed over workers.
@@ -171,6 +173,20 @@ pub struct SyncCounters {
     /// Entries of writes into tables refused whole (words missing, fields that do not fit,
     /// a full table), and register values wider than their cells.
     pub entries_refused: AtomicU64,
+    /// Updates sent, by why they went ([`SentByCause`]).
+    pub sent_at_threshold: AtomicU64,
+    pub sent_displaced: AtomicU64,
+    pub sent_timed_out: AtomicU64,
+    pub sent_exact: AtomicU64,
+    pub sent_by_refresh: AtomicU64,
+    /// When the first message and the last were sent (the stages' clock, Unix ns; 0:
+    /// none yet) as the run went: what the messages' mean rate is over.
+    pub first_sent_ns: AtomicU64,
+    pub last_sent_ns: AtomicU64,
+    /// What the stages sent as the run ended (every change left, and every location once
+    /// more), apart from the rest: entries and bytes (also in `bytes`).
+    pub final_entries: AtomicU64,
+    pub final_bytes: AtomicU64,
 }
 
 impl SyncCounters {
@@ -204,7 +220,7 @@ impl SyncSettings {
         let capacity = RateController::capacity_of(bytes_per_second, ENTRY_LEN as u64);
         // The channel is the switch's; each worker's stream gets its share.
         let capacity = (capacity / workers as u64).max(1);
-        let threshold = match &self.threshold {
+        let threshold_kind = match &self.threshold {
             None => Threshold::Adaptive(RateController::new(capacity)),
             Some(ThresholdSetting::Named(n)) if n == "adaptive" => {
                 Threshold::Adaptive(RateController::new(capacity))
@@ -270,7 +286,7 @@ impl SyncSettings {
                 epoch: 0,
                 stream: 0,
                 slots,
-                threshold,
+                threshold: threshold_kind,
                 max_age_ns: max_age_ms * 1_000_000,
                 heartbeat_ns: HEARTBEAT_NS,
                 batch_ns: BATCH_NS,
@@ -280,6 +296,7 @@ impl SyncSettings {
             counters: Arc::new(SyncCounters::default()),
             states: Vec::new(),
             first_id: 0,
+            channel_mbps: matches!(threshold_kind, Threshold::Adaptive(_)).then_some(mbps),
         })
     }
 }
@@ -323,6 +340,8 @@ impl SyncPlan {
                 bursts_unclocked: 0,
                 resident: false,
                 open_since_ns: None,
+                counted: SentByCause::default(),
+                finishing: false,
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -409,6 +428,10 @@ struct SyncStage {
     /// When the first pass whose take was cut short (`CHANGES_PER_PASS`) began, while
     /// the passes after it have not taken every change: their messages' batch is open.
     open_since_ns: Option<u64>,
+    /// What the sender had sent, by cause, when the counters last took it.
+    counted: SentByCause,
+    /// The run is ending ([`StateStage::finish`]): what goes now is counted apart.
+    finishing: bool,
 }
 
 /// The changed words a pass at `now_ns` takes from a table, its batch open since
@@ -715,6 +738,18 @@ impl SyncStage {
                 Ok(n) => {
                     SyncCounters::add(&self.counters.messages, 1);
                     SyncCounters::add(&self.counters.bytes, n as u64);
+                    if self.finishing {
+                        SyncCounters::add(&self.counters.final_bytes, n as u64);
+                    } else {
+                        let now_ns = self.now_ns();
+                        let _ = (self.counters.first_sent_ns).compare_exchange(
+                            0,
+                            now_ns,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                        (self.counters.last_sent_ns).fetch_max(now_ns, Ordering::Relaxed);
+                    }
                 }
                 Err(e) => {
                     SyncCounters::add(&self.counters.send_errors, 1);
@@ -748,6 +783,29 @@ impl SyncStage {
             self.send(&m, 1);
         }
         self.out = out;
+        self.count_sent();
+    }
+
+    /// Adds what the sender sent since the last count to the counters, by cause (as the
+    /// run ends, to what it sent then).
+    fn count_sent(&mut self) {
+        let Some(sender) = &self.sender else { return };
+        let now = SentByCause::of(sender);
+        let c = &self.counters;
+        let before = std::mem::replace(&mut self.counted, now);
+        if self.finishing {
+            SyncCounters::add(&c.final_entries, now.total().saturating_sub(before.total()));
+            return;
+        }
+        for (counter, now, before) in [
+            (&c.sent_at_threshold, now.threshold, before.threshold),
+            (&c.sent_displaced, now.displaced, before.displaced),
+            (&c.sent_timed_out, now.timed_out, before.timed_out),
+            (&c.sent_exact, now.exact, before.exact),
+            (&c.sent_by_refresh, now.refresh, before.refresh),
+        ] {
+            SyncCounters::add(counter, now.saturating_sub(before));
+        }
     }
 
     /// Commits every write whole that has all its parts; whether any was.
@@ -890,7 +948,9 @@ impl StateStage for SyncStage {
         // The new instance holds what it kept of the old one's state (`Program::inherit`),
         // tracked afresh: a new epoch tells the collector to start the stream over.
         self.config.epoch = new_epoch();
+        self.count_sent();
         self.sender = None;
+        self.counted = SentByCause::default();
         self.open_since_ns = None;
         self.writes = WriteStage::default();
         self.resident = false;
@@ -899,6 +959,8 @@ impl StateStage for SyncStage {
 
     fn finish(&mut self, program: &mut dyn Running, _ctx: &Context) {
         let now_ns = self.now_ns();
+        self.count_sent();
+        self.finishing = true;
         self.take_changes(program, now_ns, usize::MAX);
         let mut out = std::mem::take(&mut self.out);
         let mut reader = EntryReader::new(program);
@@ -914,6 +976,41 @@ impl StateStage for SyncStage {
         }
         self.out = out;
         self.send_out();
+    }
+}
+
+/// Updates sent, by why they went: the threshold holds back only the first kind, so that
+/// the others are what can take the channel past the capacity the rate controller keeps
+/// to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SentByCause {
+    /// A counting value's divergence reached the threshold.
+    pub threshold: u64,
+    /// Another location took its slot of the read handler's table (which holds `slots` of
+    /// the synced state's locations), whatever its divergence.
+    pub displaced: u64,
+    /// It waited longer than `max_age_ms` (within the channel's room).
+    pub timed_out: u64,
+    /// Sent at each change: a table's key and action words, and what writes changed.
+    pub exact: u64,
+    /// The anti-entropy refresh, every location every `refresh_ms`.
+    pub refresh: u64,
+}
+
+impl SentByCause {
+    fn of(sender: &Sender) -> SentByCause {
+        let h = sender.handler.counters;
+        SentByCause {
+            threshold: h.sent_divergent,
+            displaced: h.sent_displaced,
+            timed_out: h.sent_timed_out,
+            exact: h.sent_exact,
+            refresh: sender.refreshed_sent,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.threshold + self.displaced + self.timed_out + self.exact + self.refresh
     }
 }
 
@@ -953,6 +1050,18 @@ pub struct SyncReport {
     pub longest_pause_seconds: f64,
     pub changes_kept: u64,
     pub entries_refused: u64,
+    /// Updates sent as the run went, by cause, and entries sent as it ended.
+    pub sent: SentByCause,
+    pub sent_at_end: u64,
+    /// The bytes of `bytes` sent as the run ended.
+    pub bytes_at_end: u64,
+    /// The channel the rate controller keeps the updates within (none with a fixed
+    /// threshold), and the rate the messages took on average from the first to the last
+    /// as the run went.
+    pub channel_mbps: Option<f64>,
+    pub mean_mbps: f64,
+    /// The read handler's slots, each worker's.
+    pub slots: usize,
 }
 
 impl SyncPlan {
@@ -998,11 +1107,101 @@ impl SyncPlan {
             longest_pause_seconds: get(&c.longest_pause_ns) as f64 / 1e9,
             changes_kept: get(&c.changes_kept),
             entries_refused: get(&c.entries_refused),
+            sent: SentByCause {
+                threshold: get(&c.sent_at_threshold),
+                displaced: get(&c.sent_displaced),
+                timed_out: get(&c.sent_timed_out),
+                exact: get(&c.sent_exact),
+                refresh: get(&c.sent_by_refresh),
+            },
+            sent_at_end: get(&c.final_entries),
+            bytes_at_end: get(&c.final_bytes),
+            channel_mbps: self.channel_mbps,
+            mean_mbps: {
+                let span_ns = get(&c.last_sent_ns).saturating_sub(get(&c.first_sent_ns));
+                let bytes = get(&c.bytes).saturating_sub(get(&c.final_bytes));
+                // Over less than a millisecond a mean says nothing.
+                if span_ns < 1_000_000 {
+                    0.0
+                } else {
+                    bytes as f64 * 8.0 / span_ns as f64 * 1e3
+                }
+            },
+            slots: self.sender.slots,
         }
     }
 }
 
+/// Past this share of the channel the summary says the messages went over it (their
+/// headers and a message a batch at least are not in the capacity the rate controller
+/// keeps the entries to).
+const OVER_CHANNEL: f64 = 1.1;
+
 impl SyncReport {
+    /// The updates sent by cause, the channel's use, and where the messages went over the
+    /// channel, the cause that took them there and what lowers it.
+    fn sent_lines(&self) -> String {
+        let c = &self.sent;
+        let mut s = format!(
+            "  updates sent: {} at the threshold, {} displaced, {} timed out, {} exact, {} by the refresh; \
+             {} as the run ended (every location once more)\n",
+            c.threshold, c.displaced, c.timed_out, c.exact, c.refresh, self.sent_at_end
+        );
+        let Some(channel) = self.channel_mbps.filter(|_| self.mean_mbps > 0.0) else {
+            return s;
+        };
+        s += &format!(
+            "  the messages took {:.1} Mbit/s on average, of a channel of {channel} (sync.channel_mbps)\n",
+            self.mean_mbps
+        );
+        let over = self.mean_mbps / channel;
+        if over <= OVER_CHANNEL {
+            return s;
+        }
+        let (n, why) = [
+            (
+                c.displaced,
+                format!(
+                    "displaced: more locations change than the read handler's {} slots hold; more \
+                     sync.slots (up to the synced state's locations) keep more of them until the \
+                     threshold, and a larger sync.max_age_ms lets more changes of a location meet \
+                     in the state first",
+                    self.slots
+                ),
+            ),
+            (
+                c.exact,
+                "exact: entries came, went or moved in a synced table, and each word of a slot \
+                 goes at its change"
+                    .to_string(),
+            ),
+            (
+                c.refresh,
+                "by the refresh: a larger sync.refresh_ms sends every location less often"
+                    .to_string(),
+            ),
+            (
+                c.timed_out,
+                "timed out: a larger sync.max_age_ms sends them less often".to_string(),
+            ),
+            (
+                c.threshold,
+                "at the threshold: the collector's reports lower the capacity where the channel \
+                 loses"
+                    .to_string(),
+            ),
+        ]
+        .into_iter()
+        .max_by_key(|(n, _)| *n)
+        .unwrap_or_default();
+        s += &format!(
+            "  over the channel ({over:.1}x its rate): the threshold holds back only the updates \
+             it sends; {n} of {} went {why}\n",
+            c.total()
+        );
+        s
+    }
+
     pub fn table(&self) -> String {
         let states: Vec<String> = (self.states.iter())
             .map(|(name, id)| format!("{name} {id}"))
@@ -1025,6 +1224,7 @@ impl SyncReport {
             self.mean_threshold,
             self.largest_threshold
         );
+        s += &self.sent_lines();
         if self.writes_committed > 0 || self.write_parts > 0 {
             s += &format!(
                 "  writes committed {} ({} values, {} with their changes kept; {} parts), in \
@@ -1113,6 +1313,12 @@ mod tests {
 
         fn read_synced(&self, _id: u16, index: u32) -> Option<u64> {
             self.cells.read(index as usize).ok()
+        }
+
+        fn write_synced(&mut self, _id: u16, index: u32, value: u64) -> Option<u64> {
+            let before = self.cells.read(index as usize).ok()?;
+            self.cells.write(index as usize, value).ok()?;
+            Some(before)
         }
     }
 
@@ -1432,6 +1638,188 @@ mod tests {
         assert!(
             spent < run / 10,
             "{spent:?} of {run:?} in {quick} quick passes"
+        );
+    }
+
+    /// A reload of a program whose rule counters are synced (each a register's lane, its
+    /// own state): the new instance's counts, which start again with its rules, reach the
+    /// collector whole in a new epoch, and nothing of the old instance's stays in the copy.
+    #[test]
+    fn a_reload_syncs_the_new_instances_rule_counters_in_a_new_epoch() {
+        use stateplane_programs::{PortNames, ReplicationMode};
+        use stateplane_sync::collector::Collector;
+        use stateplane_wire::FlowHasher;
+
+        let ports = PortNames(vec!["in".into(), "out".into()]);
+        let settings: toml::Value =
+            toml::from_str("default = \"permit\"\nmap = { in = \"out\" }").unwrap();
+        let acl = stateplane_programs::build("acl", Some(&settings), &ports).unwrap();
+        let synced = ["rule_bytes", "rule_packets"]
+            .map(|name| (name.to_string(), vec!["synced".to_string()]));
+        let factory = stateplane_programs::with_guarantees(
+            acl,
+            &synced.into_iter().collect(),
+            ReplicationMode::default(),
+        )
+        .unwrap();
+        let socket = collector_socket(Duration::from_millis(20));
+        let plan = SyncSettings {
+            collector: socket.local_addr().unwrap().to_string(),
+            switch: Some(4),
+            channel_mbps: None,
+            threshold: None,
+            refresh_ms: None,
+            max_age_ms: None,
+            slots: None,
+            key_file: None,
+        }
+        .plan(1)
+        .unwrap();
+        let stage = plan.factory().unwrap()(0);
+        let mut w = stateplane_runtime::Worker::new(factory(0), 0, 1, 2, FlowHasher::with_seed(1))
+            .with_state_stages(vec![stage]);
+
+        let packets = |w: &mut stateplane_runtime::Worker, n: usize| {
+            w.handle(&mut crate::test_packets::udp_burst(0, 1, n));
+        };
+        let mut collector = Collector::new(None, None);
+        let started = Instant::now();
+        let mut datagram = vec![0; 65_536];
+        let mut take = |c: &mut Collector| {
+            while let Ok((n, from)) = socket.recv_from(&mut datagram) {
+                c.on_datagram(started.elapsed().as_nanos() as u64, &datagram[..n], from);
+            }
+        };
+        // The counts of state `id` in the copy, and the stream's epoch.
+        let copy = |c: &Collector, id: u16| -> Option<(u64, u32)> {
+            let info = c.streams().into_iter().find(|i| i.switch == 4)?;
+            let extent = (info.extents.iter()).find(|&&(s, _)| s == id)?.1;
+            let readings = c.read(4, 0, id, 0, extent)?;
+            Some((readings.iter().map(|r| r.value).sum(), info.epoch))
+        };
+
+        packets(&mut w, 10);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (bytes_before, first_epoch) = loop {
+            w.tick_stages();
+            take(&mut collector);
+            if let (Some((10, epoch)), Some((bytes, _))) =
+                (copy(&collector, 1), copy(&collector, 0))
+            {
+                break (bytes, epoch);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the first ten packets never reached the copy"
+            );
+        };
+        assert!(bytes_before > 0);
+
+        w.replace_program(factory(0), || unreachable!("no control plane"));
+        packets(&mut w, 5);
+        w.finish();
+        take(&mut collector);
+        let (after, epoch) = copy(&collector, 1).unwrap();
+        assert_ne!(epoch, first_epoch, "a reload starts a new epoch");
+        assert_eq!(after, 5, "the new instance's packets alone");
+        assert_eq!(copy(&collector, 0).unwrap().0, bytes_before / 10 * 5);
+        let refused = collector.counters();
+        assert_eq!(refused.stale, 0, "{refused:?}");
+    }
+
+    /// The updates a stage sends are counted by why they went, those of the run's end
+    /// apart: with a read handler of 4 slots for 64 changing cells, most go displaced,
+    /// whatever the threshold a channel of 1 kbit/s raises, and the summary says the
+    /// messages went over the channel and why.
+    #[test]
+    fn updates_are_counted_by_cause_and_a_channel_passed_is_told() {
+        let collector = collector_socket(Duration::from_millis(20));
+        let plan = SyncSettings {
+            collector: collector.local_addr().unwrap().to_string(),
+            switch: None,
+            channel_mbps: Some(0.001),
+            threshold: None,
+            refresh_ms: None,
+            max_age_ms: Some(1),
+            slots: Some(4),
+            key_file: None,
+        }
+        .plan(1)
+        .unwrap();
+        let mut stage = plan.factory().unwrap()(0);
+        let mut cells = Register::new(64);
+        cells.track(0, 0);
+        let mut program: Box<dyn Running> = Box::new(Slow {
+            cells,
+            take: Duration::ZERO,
+        });
+        let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
+        let start = Instant::now();
+        let mut i = 0;
+        while start.elapsed() < Duration::from_millis(50) {
+            program.write_synced(0, i % 64, u64::from(i));
+            stage.after_burst(program.as_mut(), &ctx);
+            i += 1;
+        }
+        let running = plan.report().sent;
+        stage.finish(program.as_mut(), &ctx);
+        let report = plan.report();
+        assert_eq!(report.sent, running, "the end counted apart");
+        assert!(
+            report.sent_at_end >= 64,
+            "every cell once more: {}",
+            report.sent_at_end
+        );
+        assert!(report.bytes_at_end > 0 && report.bytes_at_end < report.bytes);
+        let c = report.sent;
+        assert!(
+            c.displaced > c.threshold + c.timed_out + c.exact + c.refresh,
+            "{c:?}"
+        );
+        assert!(report.mean_mbps > 0.0011, "{}", report.mean_mbps);
+        let table = report.table();
+        assert!(
+            table.contains("over the channel") && table.contains(" went displaced"),
+            "{table}"
+        );
+    }
+
+    /// Within the channel, the summary gives its use and no more; past it, the cause that
+    /// sent the most, with what lowers it.
+    #[test]
+    fn the_summary_names_the_largest_cause_past_the_channel() {
+        let report = |mean_mbps, sent| SyncReport {
+            channel_mbps: Some(100.0),
+            mean_mbps,
+            sent,
+            slots: 65_536,
+            ..SyncReport::default()
+        };
+        let refreshing = SentByCause {
+            threshold: 10,
+            displaced: 20,
+            refresh: 30,
+            ..SentByCause::default()
+        };
+        let within = report(100.0, refreshing).table();
+        assert!(
+            within.contains("took 100.0 Mbit/s on average, of a channel of 100"),
+            "{within}"
+        );
+        assert!(!within.contains("over the channel"), "{within}");
+        let over = report(250.0, refreshing).table();
+        assert!(
+            over.contains("over the channel (2.5x its rate)")
+                && over.contains("30 of 60 went by the refresh: a larger sync.refresh_ms"),
+            "{over}"
+        );
+        let fixed = SyncReport {
+            channel_mbps: None,
+            ..report(250.0, refreshing)
+        };
+        assert!(
+            !fixed.table().contains("channel"),
+            "a fixed threshold keeps to none"
         );
     }
 }

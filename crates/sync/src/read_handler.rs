@@ -52,12 +52,15 @@ pub struct HandlerCounters {
     pub sent_displaced: u64,
     /// Updates sent because a location waited longer than the timeout.
     pub sent_timed_out: u64,
+    /// Updates sent at their change whatever the threshold ([`ReadHandler::change_exact`]:
+    /// a table's key and action words, and the values top-down writes changed).
+    pub sent_exact: u64,
 }
 
 impl HandlerCounters {
     /// Updates sent, for whatever reason.
     pub fn sent(&self) -> u64 {
-        self.sent_divergent + self.sent_displaced + self.sent_timed_out
+        self.sent_divergent + self.sent_displaced + self.sent_timed_out + self.sent_exact
     }
 }
 
@@ -190,7 +193,7 @@ impl ReadHandler {
                 value: new,
                 threshold: self.threshold,
             });
-            self.counters.sent_divergent += 1;
+            self.counters.sent_exact += 1;
         }
     }
 
@@ -367,6 +370,8 @@ mod tests {
             3,
             "2 still held: 998 from the 0 sent is within the bound"
         );
+        let c = h.counters;
+        assert_eq!((c.sent_exact, c.sent_divergent, c.sent()), (3, 0, 3));
     }
 
     /// A register that goes down after it was displaced is still sent: the paper's reinsert

@@ -123,6 +123,8 @@ pub struct Sender {
     kept: std::collections::VecDeque<Message>,
     kept_entries: usize,
     pub feedback: FeedbackCounters,
+    /// Entries the anti-entropy refresh has sent (the read handler counts the updates).
+    pub refreshed_sent: u64,
 }
 
 /// Messages a sender keeps for the collector to ask for again, and their entries at most
@@ -204,6 +206,7 @@ impl Sender {
             message_entries: MAX_ENTRIES,
             batch_open: false,
             feedback: FeedbackCounters::default(),
+            refreshed_sent: 0,
             config,
         }
     }
@@ -607,6 +610,9 @@ impl Sender {
             Kind::Refresh => std::mem::take(&mut self.refreshed),
             _ => std::mem::take(&mut self.pending),
         };
+        if kind == Kind::Refresh {
+            self.refreshed_sent += waiting.len() as u64;
+        }
         for entries in waiting.chunks(self.message_entries) {
             self.emit(now_ns, kind, entries.to_vec(), out);
         }
