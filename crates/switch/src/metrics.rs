@@ -441,6 +441,11 @@ fn encode_sync(e: &mut DescriptorEncoder, c: &SyncCounters) -> fmt::Result {
             get(&c.writes_renumbered),
         ),
         (
+            "streams_over_channel",
+            "Worker streams whose messages took more than their share of sync.channel_mbps over a second (each says so once in the log, with the cause that sent the most)",
+            get(&c.streams_over_channel),
+        ),
+        (
             "entries_refused",
             "Table entries of top-down writes refused whole (words missing, fields that do not fit, a full table), and register values wider than their cells",
             get(&c.entries_refused),

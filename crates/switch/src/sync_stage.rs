@@ -121,8 +121,10 @@ pub struct SyncPlan {
     /// The names synced, each at its state id, `first_id` on (see [`SyncPlan::naming`]).
     pub states: Vec<String>,
     pub first_id: u16,
-    /// The channel the rate controller keeps the updates within (with `t` adaptive).
+    /// The channel the rate controller keeps the updates within (with `t` adaptive), and
+    /// each worker's share of it.
     pub channel_mbps: Option<f64>,
+    share_mbps: Option<f64>,
 }
 
 /// What the sync stages of a run did, summed over workers.
@@ -187,6 +189,9 @@ pub struct SyncCounters {
     /// more), apart from the rest: entries and bytes (also in `bytes`).
     pub final_entries: AtomicU64,
     pub final_bytes: AtomicU64,
+    /// Streams that found their messages past their share of the channel over
+    /// `RATE_LOOK_NS` (each says so once in the log).
+    pub streams_over_channel: AtomicU64,
 }
 
 impl SyncCounters {
@@ -297,6 +302,8 @@ impl SyncSettings {
             states: Vec::new(),
             first_id: 0,
             channel_mbps: matches!(threshold_kind, Threshold::Adaptive(_)).then_some(mbps),
+            share_mbps: matches!(threshold_kind, Threshold::Adaptive(_))
+                .then_some(mbps / workers as f64),
         })
     }
 }
@@ -342,6 +349,10 @@ impl SyncPlan {
                 open_since_ns: None,
                 counted: SentByCause::default(),
                 finishing: false,
+                share_mbps: plan.share_mbps,
+                sent_bytes: 0,
+                rate_look: None,
+                warned_over_channel: false,
                 config: SenderConfig {
                     epoch: new_epoch(),
                     stream: w as u16,
@@ -432,6 +443,13 @@ struct SyncStage {
     counted: SentByCause,
     /// The run is ending ([`StateStage::finish`]): what goes now is counted apart.
     finishing: bool,
+    /// This stream's share of the channel (with `t` adaptive), the bytes it has sent as
+    /// the run went, its last look at its rate (when, its bytes then, and what it had sent
+    /// by cause), and whether it has said it went past its share.
+    share_mbps: Option<f64>,
+    sent_bytes: u64,
+    rate_look: Option<(u64, u64, SentByCause)>,
+    warned_over_channel: bool,
 }
 
 /// The changed words a pass at `now_ns` takes from a table, its batch open since
@@ -741,6 +759,7 @@ impl SyncStage {
                     if self.finishing {
                         SyncCounters::add(&self.counters.final_bytes, n as u64);
                     } else {
+                        self.sent_bytes += n as u64;
                         let now_ns = self.now_ns();
                         let _ = (self.counters.first_sent_ns).compare_exchange(
                             0,
@@ -793,19 +812,57 @@ impl SyncStage {
         let now = SentByCause::of(sender);
         let c = &self.counters;
         let before = std::mem::replace(&mut self.counted, now);
+        let new = now.since(&before);
         if self.finishing {
-            SyncCounters::add(&c.final_entries, now.total().saturating_sub(before.total()));
+            SyncCounters::add(&c.final_entries, new.total());
             return;
         }
-        for (counter, now, before) in [
-            (&c.sent_at_threshold, now.threshold, before.threshold),
-            (&c.sent_displaced, now.displaced, before.displaced),
-            (&c.sent_timed_out, now.timed_out, before.timed_out),
-            (&c.sent_exact, now.exact, before.exact),
-            (&c.sent_by_refresh, now.refresh, before.refresh),
+        for (counter, n) in [
+            (&c.sent_at_threshold, new.threshold),
+            (&c.sent_displaced, new.displaced),
+            (&c.sent_timed_out, new.timed_out),
+            (&c.sent_exact, new.exact),
+            (&c.sent_by_refresh, new.refresh),
         ] {
-            SyncCounters::add(counter, now.saturating_sub(before));
+            SyncCounters::add(counter, n);
         }
+        self.look_at_rate(now);
+    }
+
+    /// Once every `RATE_LOOK_NS`, until it has said so once: whether the stream's messages
+    /// took more than its share of the channel over that time, said in the log with the
+    /// cause that sent the most (`sent`: what the sender has sent so far, by cause), so
+    /// that a switch that runs for days does not keep it to its summary.
+    fn look_at_rate(&mut self, sent: SentByCause) {
+        let Some(share) = self.share_mbps.filter(|_| !self.warned_over_channel) else {
+            return;
+        };
+        let now_ns = self.now_ns();
+        let (since_ns, bytes, before) =
+            *(self.rate_look).get_or_insert((now_ns, self.sent_bytes, sent));
+        let span_ns = now_ns.saturating_sub(since_ns);
+        if span_ns < RATE_LOOK_NS {
+            return;
+        }
+        self.rate_look = Some((now_ns, self.sent_bytes, sent));
+        let mbps = self.sent_bytes.saturating_sub(bytes) as f64 * 8.0 / span_ns as f64 * 1e3;
+        if mbps <= share * OVER_CHANNEL {
+            return;
+        }
+        self.warned_over_channel = true;
+        SyncCounters::add(&self.counters.streams_over_channel, 1);
+        let window = sent.since(&before);
+        let (n, why) = window.largest(self.config.slots);
+        log::warn!(
+            "sync: stream {} sent {mbps:.1} Mbit/s over the last {:.1} s, {:.1}x its share of \
+             sync.channel_mbps ({share:.1} Mbit/s): the threshold holds back only the updates it \
+             sends, and {n} of its {} went {why} (said once; the summary and \
+             stateplane_sync_updates_sent_total count them all)",
+            self.config.stream,
+            span_ns as f64 / 1e9,
+            mbps / share,
+            window.total()
+        );
     }
 
     /// Commits every write whole that has all its parts; whether any was.
@@ -951,6 +1008,7 @@ impl StateStage for SyncStage {
         self.count_sent();
         self.sender = None;
         self.counted = SentByCause::default();
+        self.rate_look = None;
         self.open_since_ns = None;
         self.writes = WriteStage::default();
         self.resident = false;
@@ -1012,6 +1070,57 @@ impl SentByCause {
     fn total(&self) -> u64 {
         self.threshold + self.displaced + self.timed_out + self.exact + self.refresh
     }
+
+    /// What these less `before` are.
+    fn since(&self, before: &SentByCause) -> SentByCause {
+        SentByCause {
+            threshold: self.threshold.saturating_sub(before.threshold),
+            displaced: self.displaced.saturating_sub(before.displaced),
+            timed_out: self.timed_out.saturating_sub(before.timed_out),
+            exact: self.exact.saturating_sub(before.exact),
+            refresh: self.refresh.saturating_sub(before.refresh),
+        }
+    }
+
+    /// The cause that sent the most, as "its name: what lowers it" (a read handler of
+    /// `slots`), with how many it sent.
+    fn largest(&self, slots: usize) -> (u64, String) {
+        [
+            (
+                self.displaced,
+                format!(
+                    "displaced: more locations change than the read handler's {slots} slots \
+                     hold; more sync.slots (up to the synced state's locations) keep more of \
+                     them until the threshold, and a larger sync.max_age_ms lets more changes \
+                     of a location meet in the state first"
+                ),
+            ),
+            (
+                self.exact,
+                "exact: entries came, went or moved in a synced table, and each word of a slot \
+                 goes at its change"
+                    .to_string(),
+            ),
+            (
+                self.refresh,
+                "by the refresh: a larger sync.refresh_ms sends every location less often"
+                    .to_string(),
+            ),
+            (
+                self.timed_out,
+                "timed out: a larger sync.max_age_ms sends them less often".to_string(),
+            ),
+            (
+                self.threshold,
+                "at the threshold: the collector's reports lower the capacity where the channel \
+                 loses"
+                    .to_string(),
+            ),
+        ]
+        .into_iter()
+        .max_by_key(|(n, _)| *n)
+        .unwrap_or_default()
+    }
 }
 
 /// What a run's sync stages did, for its summary.
@@ -1062,6 +1171,8 @@ pub struct SyncReport {
     pub mean_mbps: f64,
     /// The read handler's slots, each worker's.
     pub slots: usize,
+    /// Streams that said in the log that they went past their share of the channel.
+    pub streams_over_channel: u64,
 }
 
 impl SyncPlan {
@@ -1128,9 +1239,14 @@ impl SyncPlan {
                 }
             },
             slots: self.sender.slots,
+            streams_over_channel: get(&c.streams_over_channel),
         }
     }
 }
+
+/// How long a stream looks at its rate over, to say whether it went past its share of the
+/// channel.
+const RATE_LOOK_NS: u64 = 1_000_000_000;
 
 /// Past this share of the channel the summary says the messages went over it (their
 /// headers and a message a batch at least are not in the capacity the rate controller
@@ -1158,42 +1274,7 @@ impl SyncReport {
         if over <= OVER_CHANNEL {
             return s;
         }
-        let (n, why) = [
-            (
-                c.displaced,
-                format!(
-                    "displaced: more locations change than the read handler's {} slots hold; more \
-                     sync.slots (up to the synced state's locations) keep more of them until the \
-                     threshold, and a larger sync.max_age_ms lets more changes of a location meet \
-                     in the state first",
-                    self.slots
-                ),
-            ),
-            (
-                c.exact,
-                "exact: entries came, went or moved in a synced table, and each word of a slot \
-                 goes at its change"
-                    .to_string(),
-            ),
-            (
-                c.refresh,
-                "by the refresh: a larger sync.refresh_ms sends every location less often"
-                    .to_string(),
-            ),
-            (
-                c.timed_out,
-                "timed out: a larger sync.max_age_ms sends them less often".to_string(),
-            ),
-            (
-                c.threshold,
-                "at the threshold: the collector's reports lower the capacity where the channel \
-                 loses"
-                    .to_string(),
-            ),
-        ]
-        .into_iter()
-        .max_by_key(|(n, _)| *n)
-        .unwrap_or_default();
+        let (n, why) = c.largest(self.slots);
         s += &format!(
             "  over the channel ({over:.1}x its rate): the threshold holds back only the updates \
              it sends; {n} of {} went {why}\n",
@@ -1729,8 +1810,9 @@ mod tests {
 
     /// The updates a stage sends are counted by why they went, those of the run's end
     /// apart: with a read handler of 4 slots for 64 changing cells, most go displaced,
-    /// whatever the threshold a channel of 1 kbit/s raises, and the summary says the
-    /// messages went over the channel and why.
+    /// whatever the threshold a channel of 1 kbit/s raises; the stream says once, after
+    /// its first second and not again after its second, that it went past its share, and the summary says the messages
+    /// went over the channel and why.
     #[test]
     fn updates_are_counted_by_cause_and_a_channel_passed_is_told() {
         let collector = collector_socket(Duration::from_millis(20));
@@ -1756,11 +1838,21 @@ mod tests {
         let ctx = Context::one_worker(0, stateplane_wire::FlowHasher::with_seed(1), 2);
         let start = Instant::now();
         let mut i = 0;
-        while start.elapsed() < Duration::from_millis(50) {
+        let mut said_within_a_second = 0;
+        while start.elapsed() < Duration::from_millis(2_100) {
             program.write_synced(0, i % 64, u64::from(i));
             stage.after_burst(program.as_mut(), &ctx);
             i += 1;
+            if start.elapsed() < Duration::from_millis(950) {
+                said_within_a_second = plan.report().streams_over_channel;
+            }
         }
+        assert_eq!(said_within_a_second, 0, "a stream looks at a second's rate");
+        assert_eq!(
+            plan.report().streams_over_channel,
+            1,
+            "and says it once, however many seconds go past it"
+        );
         let running = plan.report().sent;
         stage.finish(program.as_mut(), &ctx);
         let report = plan.report();
