@@ -625,6 +625,18 @@ fn rule_counters_reach_the_collector_exactly_beside_the_connections() {
         sum(0),
         "and its bytes"
     );
+    // The run's end sends every location once more, apart from what went as it ran, and
+    // the summary says against which channel.
+    let sync = &summary["sync"];
+    assert!(
+        json_u64(&sync["sent_at_end"]) >= 2 * 2 * cells as u64,
+        "{sync}"
+    );
+    assert!(
+        json_u64(&sync["bytes_at_end"]) <= json_u64(&sync["bytes"]),
+        "{sync}"
+    );
+    assert_eq!(sync["channel_mbps"], 100.0, "{sync}");
 
     let states = ["connections", "rule_packets", "rule_bytes"];
     let (summary, dump) = synced_run(
