@@ -192,6 +192,9 @@ pub struct SyncCounters {
     /// Streams that found their messages past their share of the channel over
     /// `RATE_LOOK_NS` (each says so once in the log).
     pub streams_over_channel: AtomicU64,
+    /// The synced locations of a worker's stream, the most of any: what `slots` is
+    /// worth raising to.
+    pub locations: AtomicU64,
 }
 
 impl SyncCounters {
@@ -583,17 +586,20 @@ impl WriteTarget for ProgramState<'_> {
 
 impl SyncStage {
     fn sender(&mut self, program: &dyn Running) -> &mut Sender {
-        let config = &self.config;
+        let (config, counters) = (&self.config, &self.counters);
         let entries = self.message_entries;
         self.sender.get_or_insert_with(|| {
+            let states: Vec<SyncedState> = (program.synced().into_iter())
+                .map(|(id, length)| SyncedState {
+                    id,
+                    length,
+                    stride: program.synced_stride(id),
+                })
+                .collect();
+            let locations = states.iter().map(|s| u64::from(s.length)).sum();
+            (counters.locations).fetch_max(locations, Ordering::Relaxed);
             Sender::new(SenderConfig {
-                states: (program.synced().into_iter())
-                    .map(|(id, length)| SyncedState {
-                        id,
-                        length,
-                        stride: program.synced_stride(id),
-                    })
-                    .collect(),
+                states,
                 ..config.clone()
             })
             .with_message_entries(entries)
@@ -852,7 +858,8 @@ impl SyncStage {
         self.warned_over_channel = true;
         SyncCounters::add(&self.counters.streams_over_channel, 1);
         let window = sent.since(&before);
-        let (n, why) = window.largest(self.config.slots);
+        let locations = SyncCounters::get(&self.counters.locations);
+        let (n, why) = window.largest(self.config.slots, locations);
         log::warn!(
             "sync: stream {} sent {mbps:.1} Mbit/s over the last {:.1} s, {:.1}x its share of \
              sync.channel_mbps ({share:.1} Mbit/s): the threshold holds back only the updates it \
@@ -1083,16 +1090,16 @@ impl SentByCause {
     }
 
     /// The cause that sent the most, as "its name: what lowers it" (a read handler of
-    /// `slots`), with how many it sent.
-    fn largest(&self, slots: usize) -> (u64, String) {
+    /// `slots` for a stream's `locations`), with how many it sent.
+    fn largest(&self, slots: usize, locations: u64) -> (u64, String) {
         [
             (
                 self.displaced,
                 format!(
                     "displaced: more locations change than the read handler's {slots} slots \
-                     hold; more sync.slots (up to the synced state's locations) keep more of \
-                     them until the threshold, and a larger sync.max_age_ms lets more changes \
-                     of a location meet in the state first"
+                     hold; more sync.slots (up to {locations}, the synced locations of a \
+                     stream) keep more of them until the threshold, and a larger \
+                     sync.max_age_ms lets more changes of a location meet in the state first"
                 ),
             ),
             (
@@ -1173,6 +1180,8 @@ pub struct SyncReport {
     pub slots: usize,
     /// Streams that said in the log that they went past their share of the channel.
     pub streams_over_channel: u64,
+    /// The synced locations of a worker's stream, the most of any.
+    pub locations: u64,
 }
 
 impl SyncPlan {
@@ -1240,6 +1249,7 @@ impl SyncPlan {
             },
             slots: self.sender.slots,
             streams_over_channel: get(&c.streams_over_channel),
+            locations: get(&c.locations),
         }
     }
 }
@@ -1274,7 +1284,7 @@ impl SyncReport {
         if over <= OVER_CHANNEL {
             return s;
         }
-        let (n, why) = c.largest(self.slots);
+        let (n, why) = c.largest(self.slots, self.locations);
         s += &format!(
             "  over the channel ({over:.1}x its rate): the threshold holds back only the updates \
              it sends; {n} of {} went {why}\n",
@@ -1871,7 +1881,9 @@ mod tests {
         assert!(report.mean_mbps > 0.0011, "{}", report.mean_mbps);
         let table = report.table();
         assert!(
-            table.contains("over the channel") && table.contains(" went displaced"),
+            table.contains("over the channel")
+                && table.contains(" went displaced")
+                && table.contains("more sync.slots (up to 64, the synced locations"),
             "{table}"
         );
     }
