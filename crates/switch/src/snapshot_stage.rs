@@ -597,6 +597,7 @@ impl StateStage for SnapshotStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_packets::udp_burst;
     use crate::test_store::Gated;
     use stateplane_programs::{PortNames, ReplicationMode};
     use stateplane_replication::snapshot::SnapshotConfig;
@@ -689,12 +690,7 @@ mod tests {
 
     /// `n` packets of UDP flow `flow` from port a, untagged.
     fn burst(flow: u8, n: usize) -> Burst {
-        burst_on(0, flow, n)
-    }
-
-    /// `n` packets of UDP flow `flow` from port a, on `vlan` (0: untagged).
-    fn burst_on(vlan: u16, flow: u8, n: usize) -> Burst {
-        crate::test_packets::udp_burst(vlan, flow, n)
+        udp_burst(0, flow, n)
     }
 
     fn forwarded(b: &Burst) -> usize {
@@ -851,16 +847,16 @@ mod tests {
         // cells: four sketches).
         let (mut w, counters) = serving_with(&store, 1);
         for vlan in 1..=3 {
-            w.handle(&mut burst_on(vlan, 1, 1));
+            w.handle(&mut udp_burst(vlan, 1, 1));
         }
-        w.handle(&mut burst_on(4, 1, 10));
+        w.handle(&mut udp_burst(4, 1, 10));
         // The next snapshot begins (and reads its first share) after them.
         let begun = counters.writes.load(Ordering::Relaxed);
         tick_until(&mut w, 2_000, |_| {
             counters.writes.load(Ordering::Relaxed) > begun
         });
         // Counted after the snapshot began: not in it.
-        let mut b = burst_on(4, 1, 3);
+        let mut b = udp_burst(4, 1, 3);
         w.handle(&mut b);
         assert_eq!(forwarded(&b), 3);
         w.replace_program(hh(), hh);
