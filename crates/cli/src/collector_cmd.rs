@@ -53,9 +53,9 @@ pub struct CollectorArgs {
     /// applied and refused, each stream's age, threshold and loss, Redis's writes.
     #[arg(long)]
     pub metrics: Option<String>,
-    /// The locations the copy holds at most, over every stream (24 bytes each; the
-    /// default, 67108864, is 1.5 GiB); messages that would add more are refused as
-    /// `full` and counted.
+    /// The locations the copy holds at most, over every stream (16 bytes each; the
+    /// default, 67108864, is 1 GiB); messages that would add more are refused as `full`
+    /// and counted.
     #[arg(long, default_value_t = stateplane_sync::mirror::DEFAULT_MAX_LOCATIONS)]
     pub max_locations: usize,
 }

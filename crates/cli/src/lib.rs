@@ -76,8 +76,9 @@ enum Command {
     /// What tracking synced state costs a register's update, against a plain array and a
     /// register not tracked.
     BenchSyncTrack(stateplane_bench::bench_sync::BenchSyncTrackArgs),
-    /// What syncing hh's sketch to a collector costs its forwarding, against sync off, in
-    /// one run, with the copy checked against the packets counted.
+    /// What syncing a program's state (hh's sketch, counter's flow table) to a collector
+    /// costs its forwarding, against sync off, in one run, with the copy checked against
+    /// the packets counted.
     BenchSyncCost(stateplane_bench::bench_sync::BenchSyncCostArgs),
     /// How long reading N values of a switch's sketch takes from the collector's copy and
     /// by polling the switch's control API.

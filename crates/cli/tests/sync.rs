@@ -844,10 +844,26 @@ fn sync_settings_that_cannot_hold_are_refused() {
             "sync.collector: 'localhost' is not an address",
         ),
         (
+            format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:0\"\n{ports}"),
+            "sync.collector: '127.0.0.1:0' is not an address",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"0.0.0.0:7474\"\n{ports}"),
+            "sync.collector: '0.0.0.0:7474' is not an address",
+        ),
+        (
             format!(
                 "{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nthreshold = \"fast\"\n{ports}"
             ),
             "sync.threshold: 'fast'",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nthreshold = -1\n{ports}"),
+            "sync.threshold: -1 is below 0; give \"adaptive\" or a threshold of 0 or more",
+        ),
+        (
+            format!("{hh}{synced}[sync]\ncollector = \"127.0.0.1:7474\"\nthreshold = 2.5\n{ports}"),
+            "expected \"adaptive\" or a threshold of 0 or more",
         ),
         (
             format!(

@@ -75,11 +75,38 @@ pub struct SyncSettings {
     pub key_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ThresholdSetting {
     Fixed(u64),
     Named(String),
+}
+
+/// A number of 0 or more, or a name: anything else is refused with the setting's fix (an
+/// untagged enum would say only that no variant matched).
+impl<'de> Deserialize<'de> for ThresholdSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl serde::de::Visitor<'_> for Either {
+            type Value = ThresholdSetting;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"adaptive\" or a threshold of 0 or more (0 sends every change)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, t: u64) -> Result<ThresholdSetting, E> {
+                Ok(ThresholdSetting::Fixed(t))
+            }
+            fn visit_i64<E: serde::de::Error>(self, t: i64) -> Result<ThresholdSetting, E> {
+                u64::try_from(t).map(ThresholdSetting::Fixed).map_err(|_| {
+                    E::custom(format!(
+                        "sync.threshold: {t} is below 0; give \"adaptive\" or a threshold of 0 or more (0 sends every change)"
+                    ))
+                })
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<ThresholdSetting, E> {
+                Ok(ThresholdSetting::Named(name.to_string()))
+            }
+        }
+        d.deserialize_any(Either)
+    }
 }
 
 /// Updates wait at most this long to fill a message.
@@ -212,12 +239,16 @@ impl SyncCounters {
 impl SyncSettings {
     /// Checks the settings for a run of `workers` workers; errors name the key and the fix.
     pub fn plan(&self, workers: usize) -> Result<SyncPlan, String> {
-        let collector: SocketAddr = self.collector.parse().map_err(|_| {
-            format!(
-                "sync.collector: '{}' is not an address like 127.0.0.1:7474 (where `stateplane collector` listens)",
-                self.collector
-            )
-        })?;
+        let collector: SocketAddr = (self.collector.parse().ok())
+            // Port 0 and an unspecified address are no collector's: a switch would send
+            // every update to nowhere, or to wherever the system takes them.
+            .filter(|a: &SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+            .ok_or_else(|| {
+                format!(
+                    "sync.collector: '{}' is not an address like 127.0.0.1:7474 (where `stateplane collector` listens; a port and host of its own, not 0)",
+                    self.collector
+                )
+            })?;
         let mbps = self.channel_mbps.unwrap_or(100.0);
         if !(mbps.is_finite() && (0.001..=1_000_000.0).contains(&mbps)) {
             return Err(format!(
