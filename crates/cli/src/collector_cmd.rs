@@ -61,28 +61,16 @@ pub struct CollectorArgs {
 }
 
 pub fn main(a: CollectorArgs) -> CliResult<()> {
-    let listen = a.listen.parse().map_err(|_| {
-        format!(
-            "--listen: '{}' is not an address like 127.0.0.1:7474",
-            a.listen
-        )
-    })?;
+    let listen = crate::flags::address("--listen", &a.listen, "127.0.0.1:7474")?;
     if !(1..=60_000).contains(&a.report_ms) {
         return Err(format!(
             "--report-ms: {} is outside 1 to 60000",
             a.report_ms
         ));
     }
-    let duration = match a.seconds {
-        Some(s) if s > 0.0 && s <= 31_536_000.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => return Err(format!("--seconds: {s} is outside 0 to 31536000")),
-        None => None,
-    };
+    let duration = crate::flags::seconds(a.seconds, 31_536_000.0)?;
     let api = (a.api.as_deref())
-        .map(|text| {
-            text.parse()
-                .map_err(|_| format!("--api: '{text}' is not an address like 127.0.0.1:9560"))
-        })
+        .map(|text| crate::flags::address("--api", text, "127.0.0.1:9560"))
         .transpose()?;
     let metrics = (a.metrics.as_deref())
         .map(|m| stateplane_switch::metrics::parse_addr("--metrics", m, "127.0.0.1:9465"))

@@ -11,6 +11,7 @@
 
 mod collector_cmd;
 mod ctl;
+mod flags;
 mod flows_cmd;
 mod gen_cmd;
 mod lab_cmd;

@@ -4,7 +4,6 @@
 use crate::summary_output::CliResult;
 use stateplane_switch::relay::{self, RelaySettings};
 use stateplane_sync::channel::Faults;
-use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct RelayArgs {
@@ -33,10 +32,6 @@ pub struct RelayArgs {
 }
 
 pub fn main(a: RelayArgs) -> CliResult<()> {
-    let addr = |flag: &str, text: &str| {
-        text.parse()
-            .map_err(|_| format!("{flag}: '{text}' is not an address like 127.0.0.1:7474"))
-    };
     for (flag, p) in [("--loss", a.loss), ("--duplicate", a.duplicate)] {
         if !(0.0..=1.0).contains(&p) {
             return Err(format!("{flag}: {p} is not a chance from 0 to 1"));
@@ -45,14 +40,10 @@ pub fn main(a: RelayArgs) -> CliResult<()> {
     if !(0.0..=10_000.0).contains(&a.delay_ms) {
         return Err(format!("--delay-ms: {} is outside 0 to 10000", a.delay_ms));
     }
-    let duration = match a.seconds {
-        Some(s) if s > 0.0 && s <= 31_536_000.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => return Err(format!("--seconds: {s} is outside 0 to 31536000")),
-        None => None,
-    };
+    let duration = crate::flags::seconds(a.seconds, 31_536_000.0)?;
     let settings = RelaySettings {
-        listen: addr("--listen", &a.listen)?,
-        target: addr("--to", &a.to)?,
+        listen: crate::flags::address("--listen", &a.listen, "127.0.0.1:7474")?,
+        target: crate::flags::address("--to", &a.to, "127.0.0.1:7474")?,
         faults: Faults {
             loss: a.loss,
             duplicate: a.duplicate,

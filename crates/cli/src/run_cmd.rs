@@ -4,6 +4,7 @@
 use crate::progress::Progress;
 use crate::summary_output::CliResult;
 use stateplane_switch::config::{PortSection, RunConfig};
+use stateplane_switch::out_file::OutFile;
 use stateplane_switch::units::{CaptureBuffer, MemoryBudget, bounded};
 use stateplane_switch::{Switch, SwitchOptions};
 use std::path::PathBuf;
@@ -198,7 +199,7 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     // run that never runs leaves what was there as it was. Tried before the run, so that
     // a folder that cannot be written is refused first.
     let summary_file = (args.summary_file.as_ref())
-        .map(|path| SummaryFile::checked(path))
+        .map(|path| OutFile::checked("--summary-file", path))
         .transpose()?;
     let progress = (!switch.is_live()).then(|| {
         let watched = switch.handle();
@@ -211,7 +212,8 @@ pub fn main(args: RunArgs) -> CliResult<()> {
     let outcome = outcome?;
     // The file first: a summary printed to a closed standard output still leaves it.
     if let Some(file) = summary_file {
-        file.write(&outcome.to_json())?;
+        let summary = outcome.to_json();
+        file.write(|out| serde_json::to_writer_pretty(out, &summary).map_err(Into::into))?;
     }
     crate::summary_output::print_summary(&outcome, args.json)?;
     if let Some(signal) = outcome.interrupted {
@@ -221,57 +223,4 @@ pub fn main(args: RunArgs) -> CliResult<()> {
         std::thread::sleep(std::time::Duration::from_secs(args.hold_metrics));
     }
     outcome.error().map_or(Ok(()), Err)
-}
-
-/// `run --summary-file PATH`: the summary written into a file beside `PATH`, renamed onto
-/// it once whole. The file beside it exists only while the summary is written: a run
-/// killed before its end (SIGKILL, the host gone) leaves nothing behind.
-struct SummaryFile {
-    path: PathBuf,
-    partial: PathBuf,
-}
-
-impl SummaryFile {
-    /// The file for `path`, once a file beside it could be made (and removed again).
-    fn checked(path: &std::path::Path) -> CliResult<SummaryFile> {
-        let name = path.file_name().map_or_else(
-            || std::ffi::OsString::from("summary"),
-            std::ffi::OsStr::to_os_string,
-        );
-        let mut partial_name = std::ffi::OsString::from(".");
-        partial_name.push(&name);
-        partial_name.push(".partial");
-        let file = SummaryFile {
-            path: path.to_path_buf(),
-            partial: path.with_file_name(partial_name),
-        };
-        std::fs::File::create(&file.partial)
-            .and_then(|_| std::fs::remove_file(&file.partial))
-            .map_err(|e| {
-                format!(
-                    "{}: give a path in a folder this user can write",
-                    file.error(e)
-                )
-            })?;
-        Ok(file)
-    }
-
-    fn write(self, summary: &serde_json::Value) -> CliResult<()> {
-        use std::io::Write;
-        let written = std::fs::File::create(&self.partial).and_then(|file| {
-            let mut out = std::io::BufWriter::new(file);
-            serde_json::to_writer_pretty(&mut out, summary)
-                .map_err(std::io::Error::from)
-                .and_then(|()| out.flush())
-                .and_then(|()| std::fs::rename(&self.partial, &self.path))
-        });
-        written.map_err(|e| {
-            let _ = std::fs::remove_file(&self.partial);
-            self.error(e)
-        })
-    }
-
-    fn error(&self, e: std::io::Error) -> String {
-        format!("--summary-file {}: {e}", self.path.display())
-    }
 }

@@ -7,7 +7,7 @@ use stateplane_io::capture::read_all;
 use stateplane_io::live::Interface;
 use stateplane_io::live::afpacket::PacketTx;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct SendArgs {
@@ -51,11 +51,7 @@ pub fn main(a: SendArgs) -> CliResult<()> {
     if frames.is_empty() {
         return Err(format!("{}: the capture has no packets", a.trace.display()));
     }
-    let limit = match a.seconds {
-        Some(s) if s > 0.0 && s <= 86_400.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => return Err(format!("--seconds: {s} is outside 0 to 86400")),
-        None => None,
-    };
+    let limit = crate::flags::seconds(a.seconds, 86_400.0)?;
     let iface = Interface::lookup(&a.iface).map_err(|e| e.to_string())?;
     let mut tx = PacketTx::open(&iface).map_err(|e| e.to_string())?;
     let start = Instant::now();

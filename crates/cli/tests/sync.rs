@@ -1130,6 +1130,43 @@ fn a_collector_past_its_location_limit_refuses_and_counts_and_goes_on() {
     );
 }
 
+/// The collector's flags that cannot hold are refused before it listens, each naming the
+/// flag and the fix: a dump into a folder that does not exist was found only at the end of
+/// the run, its copy lost.
+#[test]
+fn collector_flags_that_cannot_hold_are_refused_before_it_listens() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--seconds", "0"],
+            "--seconds: 0 is not a length to run for; give more than 0",
+        ),
+        (
+            &["--seconds=-3"],
+            "--seconds: -3 is not a length to run for",
+        ),
+        (
+            &["--dump", "/nonexistent-folder/copy.csv", "--seconds", "30"],
+            "--dump /nonexistent-folder/copy.csv: No such file or directory (os error 2): give a path in a folder this user can write",
+        ),
+        (
+            &["--listen", "127.0.0.1"],
+            "--listen: '127.0.0.1' is not an address like 127.0.0.1:7474",
+        ),
+    ];
+    for (args, message) in cases {
+        let started = std::time::Instant::now();
+        let out = bin().arg("collector").args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(err.contains(message), "{args:?}: {err}");
+        assert!(!err.contains("collector listening"), "{args:?}: {err}");
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "{args:?}: ran before refusing"
+        );
+    }
+}
+
 /// Through the collector's API (`ctl sync`): a subscription sees the changes as they are
 /// applied, a read sums a switch's streams into the packets counted, and the streams are
 /// listed with their epochs; asking for a switch that never sent is refused by name.

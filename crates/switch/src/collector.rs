@@ -8,6 +8,7 @@
 //! Must never: decide what a datagram means (the core does), or block the receive loop
 //! on the API (they share the core through a lock held only to apply or read).
 
+use crate::out_file::OutFile;
 use crate::redis_mirror::{self, RedisWriter};
 use crate::sync_stage::read_key;
 use stateplane_control::collector_api::{self, CollectorHandle};
@@ -112,6 +113,8 @@ pub struct Bound {
     /// The API's server, if asked for; stops when dropped.
     pub api: Option<stateplane_control::server::Server>,
     redis: Option<RedisWriter>,
+    /// Where the copy is dumped at the end, its folder checked as the collector starts.
+    dump: Option<OutFile>,
 }
 
 impl Bound {
@@ -127,6 +130,10 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         .map(read_key)
         .transpose()
         .map_err(|e| format!("--key-file: {e}"))?;
+    // Before anything runs: a dump that cannot be written would be found only at the end.
+    let dump = (settings.dump.as_deref())
+        .map(|path| OutFile::checked("--dump", path))
+        .transpose()?;
     let socket = UdpSocket::bind(settings.listen)
         .map_err(|e| format!("--listen {}: {e}", settings.listen))?;
     if let Err(e) = stateplane_io::udp_socket::set_receive_buffer(&socket, RECEIVE_BUFFER) {
@@ -160,6 +167,7 @@ pub fn bind(settings: &CollectorSettings) -> Result<Bound, String> {
         addr,
         api,
         redis,
+        dump,
     })
 }
 
@@ -216,8 +224,8 @@ pub fn run(
             streams: c.streams(),
             redis,
         };
-        if let Some(path) = &settings.dump {
-            dump(c, path).map_err(|e| format!("--dump {}: {e}", path.display()))?;
+        if let Some(file) = bound.dump {
+            file.write(|out| dump(c, out))?;
         }
         Ok(outcome)
     })
@@ -225,8 +233,7 @@ pub fn run(
 
 /// Writes every location held: `switch,stream,state,index,value,bound,as_of_ns` (the
 /// bound empty where there is none, after a loss until the location arrives again).
-fn dump(c: &Collector, path: &std::path::Path) -> std::io::Result<()> {
-    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+fn dump(c: &Collector, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(out, "switch,stream,state,index,value,bound,as_of_ns")?;
     for s in c.streams() {
         for (l, r) in c.held(s.switch, s.stream) {
@@ -238,7 +245,7 @@ fn dump(c: &Collector, path: &std::path::Path) -> std::io::Result<()> {
             )?;
         }
     }
-    out.flush()
+    Ok(())
 }
 
 /// A flag raised by SIGINT or SIGTERM, for a collector run from the command line.

@@ -24,6 +24,7 @@ pub mod export;
 pub mod flow_export;
 pub mod flow_monitor;
 pub mod metrics;
+pub mod out_file;
 pub mod redis_mirror;
 pub mod relay;
 pub mod replication_stage;
