@@ -735,16 +735,20 @@ fn register(
 fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
     use stateplane_control::collector_api::CollectorClient;
     use stateplane_control::sync_pb;
-    let mut client = CollectorClient::connect(server).map_err(|e| e.to_string())?;
+    // Each command connects once its own arguments are checked: a wrong one is said
+    // whether or not a collector is there.
+    let connect = || CollectorClient::connect(server).map_err(|e| e.to_string());
     let located = |range: &str| -> CliResult<(u32, u32)> {
         let (first, count) = parse_range(Some(range))?;
         let first = u32::try_from(first).map_err(|_| format!("{range}: past the last index"))?;
-        let count = u32::try_from(count).map_err(|_| format!("{range}: too long"))?;
+        let count = u32::try_from(count).map_err(|_| {
+            format!("{range}: {count} locations, past what a state's 32-bit indexes reach")
+        })?;
         Ok((first, count))
     };
     match command {
         SyncCommand::Streams => {
-            let r = client.streams().map_err(|e| e.to_string())?;
+            let r = connect()?.streams().map_err(|e| e.to_string())?;
             println!(
                 "{:>6} {:>6} {:>10} {:>10} {:>12} {:>8} {:>9} {:>9}  states (ID=LOCATIONSxWORDS)",
                 "switch", "stream", "epoch", "last", "age_ms", "missing", "threshold", "locations",
@@ -797,7 +801,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
         }
         SyncCommand::Read { at, range } => {
             let (first, count) = located(&range)?;
-            let r = client
+            let r = connect()?
                 .read(sync_pb::ReadRequest {
                     switch_id: at.switch,
                     stream: at.stream,
@@ -827,6 +831,12 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
             timeout_ms,
         } => {
             let (first, count) = located(&range)?;
+            let most = stateplane_sync::write::MAX_WRITE_VALUES;
+            if count as usize > most {
+                return Err(format!(
+                    "{range}: {count} locations; a write holds at most {most} values (write the range in parts of {most} at most)"
+                ));
+            }
             let values = match (values, fill) {
                 (Some(v), None) if v.len() as u64 == u64::from(count) => v,
                 (Some(v), None) => {
@@ -838,7 +848,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
                 (None, Some(_)) => Vec::new(),
                 _ => return Err("give --values V,V,... or --fill V".into()),
             };
-            let r = client
+            let r = connect()?
                 .write(sync_pb::WriteRequest {
                     switch_id: at.switch,
                     stream: at.stream,
@@ -864,7 +874,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
             timeout_ms,
         } => {
             let moved = stateplane_control::migrate::migrate(
-                &mut client,
+                &mut connect()?,
                 &stateplane_control::migrate::Move {
                     from_switch,
                     from_stream,
@@ -908,7 +918,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
                 }
                 Ok(parsed)
             };
-            sketch_app(&mut client, &app, auth, table, parse, Keys::AndTables)?;
+            sketch_app(&mut connect()?, &app, auth, table, parse, Keys::AndTables)?;
         }
         SyncCommand::Udpflood {
             app,
@@ -927,7 +937,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
             } else {
                 Keys::GivenPushingVictims
             };
-            sketch_app(&mut client, &app, auth, "victims", parse, pushed)?;
+            sketch_app(&mut connect()?, &app, auth, "victims", parse, pushed)?;
         }
         SyncCommand::Watch {
             switch,
@@ -937,7 +947,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
         } => {
             let quiet = timeout.map(Duration::from_secs_f64);
             let mut seen = 0u64;
-            client
+            connect()?
                 .subscribe(
                     sync_pb::SubscribeRequest {
                         switch_id: switch,

@@ -1167,6 +1167,53 @@ fn collector_flags_that_cannot_hold_are_refused_before_it_listens() {
     }
 }
 
+/// `ctl sync`'s own arguments are checked before it reaches for the collector, so that a
+/// wrong one is told as such (here no collector listens): a range past a state's indexes,
+/// a write larger than any switch stages, values that do not fill the range.
+#[test]
+fn ctl_sync_arguments_are_checked_before_the_collector_is_reached() {
+    let server = format!("127.0.0.1:{}", free_port());
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["read", "--switch", "1", "0..99999999999"],
+            "0..99999999999: 99999999999 locations, past what a state's 32-bit indexes reach",
+        ),
+        (
+            &[
+                "write",
+                "--switch",
+                "1",
+                "--state",
+                "0",
+                "--fill",
+                "1",
+                "0..1048577",
+            ],
+            "0..1048577: 1048577 locations; a write holds at most 1048576 values",
+        ),
+        (
+            &[
+                "write", "--switch", "1", "--state", "0", "--values", "1", "0..2",
+            ],
+            "--values: 1 values for the 2 locations of 0..2",
+        ),
+        (
+            &[
+                "write", "--switch", "1", "--state", "0", "--fill", "1", "0..10",
+            ],
+            "cannot reach the collector's API",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = (bin().args(["ctl", "--server", &server, "sync"]).args(args))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {err}");
+        assert!(err.contains(message), "{args:?}: {err}");
+    }
+}
+
 /// Through the collector's API (`ctl sync`): a subscription sees the changes as they are
 /// applied, a read sums a switch's streams into the packets counted, and the streams are
 /// listed with their epochs; asking for a switch that never sent is refused by name.
