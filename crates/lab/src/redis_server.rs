@@ -45,6 +45,31 @@ pub fn free_loopback_port() -> Result<u16, String> {
     Err("a free loopback port: the kernel gave only ports handed out before, 64 times".into())
 }
 
+/// A loopback port for a Redis Cluster node ([`free_loopback_port`]) whose cluster bus
+/// port, 10,000 above it, is a port too and free now: a node listens on both, and one
+/// whose bus port is taken (an outgoing connection's, in the ephemeral range) exits at
+/// start.
+fn free_cluster_port() -> Result<u16, String> {
+    for _ in 0..64 {
+        let port = free_loopback_port()?;
+        let bus_free = (port.checked_add(10_000))
+            .is_some_and(|bus| std::net::TcpListener::bind(("127.0.0.1", bus)).is_ok());
+        if bus_free {
+            return Ok(port);
+        }
+    }
+    Err("a free loopback port for a cluster node: none of 64 had its bus port free".into())
+}
+
+/// `N` ports of [`free_cluster_port`].
+fn free_cluster_ports<const N: usize>() -> Result<[u16; N], String> {
+    let mut ports = [0; N];
+    for port in &mut ports {
+        *port = free_cluster_port()?;
+    }
+    Ok(ports)
+}
+
 /// Whether `tool` is on the PATH.
 fn installed(tool: &str) -> bool {
     Command::new("sh")
@@ -209,19 +234,20 @@ impl RedisServer {
         self.port
     }
 
-    /// Starts three servers as the masters of a Redis Cluster (no replicas), on `ports`,
-    /// and waits until the cluster says it is ok.
-    pub fn cluster(ports: [u16; 3]) -> Result<Vec<RedisServer>, String> {
-        RedisServer::cluster_of(&ports, 0, None)
+    /// Starts three servers as the masters of a Redis Cluster (no replicas), on free
+    /// loopback ports, and waits until the cluster says it is ok.
+    pub fn cluster() -> Result<Vec<RedisServer>, String> {
+        RedisServer::cluster_of(&free_cluster_ports::<3>()?, 0, None)
     }
 
     /// Starts six servers as a Redis Cluster of three masters with a replica each, on
-    /// `ports`, and waits until the cluster says it is ok and every replica has synced
+    /// free loopback ports, and waits until the cluster says it is ok and every replica has synced
     /// with its master. Which server is which is the cluster's choice: the masters first
     /// in the list returned, each replica at its master's index plus three. A master that
     /// does not answer for a second (`cluster-node-timeout`) is failed over to its
     /// replica.
-    pub fn cluster_with_replicas(ports: [u16; 6]) -> Result<Vec<RedisServer>, String> {
+    pub fn cluster_with_replicas() -> Result<Vec<RedisServer>, String> {
+        let ports = free_cluster_ports::<6>()?;
         let servers = RedisServer::cluster_of(&ports, 1, None)?;
         let id = |s: &RedisServer| s.cli(&["cluster", "myid"]).trim().to_string();
         // A replica's line of its own in CLUSTER NODES: `ID ADDR myself,slave MASTER ...`.
@@ -260,20 +286,18 @@ impl RedisServer {
         Ok(ordered)
     }
 
-    /// As [`RedisServer::cluster`], each master listening with TLS on its `tls_ports`
+    /// As [`RedisServer::cluster`], each master listening with TLS on a port of its own
     /// too, with the certificate files of [`RedisServer::start_tls`] (clients are not asked
     /// for one), and the cluster's own links over TLS (`tls-cluster yes`): a client that
     /// comes over TLS is sent to the masters' TLS ports.
-    pub fn tls_cluster(
-        ports: [u16; 3],
-        tls_ports: [u16; 3],
-        files: &[PathBuf; 3],
-    ) -> Result<Vec<RedisServer>, String> {
-        RedisServer::cluster_of(&ports, 0, Some((&tls_ports, files)))
+    pub fn tls_cluster(files: &[PathBuf; 3]) -> Result<Vec<RedisServer>, String> {
+        let tls_ports = free_cluster_ports::<3>()?;
+        RedisServer::cluster_of(&free_cluster_ports::<3>()?, 0, Some((&tls_ports, files)))
     }
 
     /// A cluster of `ports`' servers, `replicas` of each master (`redis-cli --cluster
-    /// create`), in the order started.
+    /// create`), in the order started; each port's bus port, 10,000 above it, must be
+    /// free too ([`free_cluster_port`]).
     fn cluster_of(
         ports: &[u16],
         replicas: usize,

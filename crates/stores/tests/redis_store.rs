@@ -1028,8 +1028,7 @@ fn a_wrong_url_or_setting_is_refused_at_start_with_the_fix() {
 /// hash tag names the slot).
 #[test]
 fn a_cluster_of_three_masters_answers_as_the_memory_store_and_spreads_the_flows() {
-    let ports = [free_port(), free_port(), free_port()];
-    let servers = RedisServer::cluster(ports).unwrap();
+    let servers = RedisServer::cluster().unwrap();
     let config = RedisConfig {
         cluster: true,
         ..redis_config(&servers[0])
@@ -1151,8 +1150,7 @@ fn a_server_that_evicts_keys_is_refused_at_every_connection() {
         .unwrap();
     assert_eq!(redis_client::short_of_replicas(&mut conn, &url, 1), None);
 
-    let ports = [free_port(), free_port(), free_port()];
-    let servers = RedisServer::cluster(ports).unwrap();
+    let servers = RedisServer::cluster().unwrap();
     servers[2].cli(&["config", "set", "maxmemory", "64mb"]);
     servers[2].cli(&["config", "set", "maxmemory-policy", "volatile-lru"]);
     let err = RedisStore::connect(RedisConfig {
@@ -1185,8 +1183,7 @@ fn until_answered(
 /// is lost. Writes go on once the dead node is back, as the promoted master's replica.
 #[test]
 fn on_a_cluster_wait_holds_writes_for_every_masters_replica_and_a_failover_loses_none() {
-    let ports = [(); 6].map(|()| free_port());
-    let mut servers = RedisServer::cluster_with_replicas(ports).unwrap();
+    let mut servers = RedisServer::cluster_with_replicas().unwrap();
     let redis = RedisStore::connect(RedisConfig {
         cluster: true,
         wait: Some((1, Duration::from_millis(100))),
@@ -1432,12 +1429,7 @@ fn tls_files_that_would_guard_nothing_or_are_half_given_are_refused() {
 fn a_cluster_over_tls_takes_every_flow_over_its_three_masters() {
     let pki = TestPki::new("redis-cluster-tls").unwrap();
     let files = pki.server_files();
-    let servers = RedisServer::tls_cluster(
-        [free_port(), free_port(), free_port()],
-        [free_port(), free_port(), free_port()],
-        &files,
-    )
-    .unwrap();
+    let servers = RedisServer::tls_cluster(&files).unwrap();
     let url = servers[0].tls_url().unwrap();
     let redis = RedisStore::connect(RedisConfig {
         cluster: true,
