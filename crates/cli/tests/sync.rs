@@ -891,7 +891,7 @@ fn sync_settings_that_cannot_hold_are_refused() {
         ),
         (
             format!("{hh}[guarantees]\nsketch = [\"replicated\"]\n{ports}"),
-            "`sketch` cannot be replicated yet",
+            "`sketch` cannot be replicated linearizably yet",
         ),
     ];
     for (text, message) in cases {

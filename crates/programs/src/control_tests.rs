@@ -634,7 +634,20 @@ fn configured_guarantees_reach_the_declarations_and_unbuilt_or_bad_ones_are_name
         panic!("hh's sketch is not replicated yet")
     };
     assert!(
-        e.problem.contains("`sketch` cannot be replicated yet"),
+        e.problem
+            .contains("`sketch` cannot be replicated linearizably yet")
+            && e.problem.contains("set replication.mode = \"bounded\""),
+        "{e}"
+    );
+    // A table with no snapshots is not sent to bounded mode.
+    let Err(e) = build_program("l2", &[("macs", &["replicated"])]) else {
+        panic!("l2's macs are not replicated yet")
+    };
+    assert!(
+        e.problem
+            .contains("`macs` cannot be replicated linearizably yet")
+            && !e.problem.contains("bounded")
+            && e.problem.contains("docs/REPLICATION.md says what is built"),
         "{e}"
     );
     let replicated = build_with(&[("connections", &["replicated"])]).unwrap();

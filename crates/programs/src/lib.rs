@@ -575,14 +575,23 @@ pub fn with_guarantees(
                 ));
             }
         } else if parsed.contains(&Guarantee::Replicated) && !factory(0).replicate(name) {
+            // A sketch is replicated as periodic snapshots, which the user may not know.
+            let bounded = factory(0).track_snapshots(name, 0).is_some();
+            let fix = if bounded {
+                format!(
+                    "`{name}` is replicated in bounded mode, as periodic snapshots: set \
+                     replication.mode = \"bounded\" (docs/REPLICATION.md, Bounded mode)"
+                )
+            } else {
+                "docs/REPLICATION.md says what is built and what follows".to_string()
+            };
             return Err(ConfigError::new(
                 field,
                 format!(
-                    "`{name}` cannot be replicated yet: replicated state today is counter's \
+                    "`{name}` cannot be replicated linearizably yet: replicated state today is counter's \
                      `flows`, conntrack's and firewall's `connections`, lb's `connections`, \
                      kv's `cache`, nat's `translations` (without port forwards or port \
-                     blocks, under the default filtering) and sgw's `sessions` (docs/REPLICATION.md says what \
-                     is built and what follows)"
+                     blocks, under the default filtering) and sgw's `sessions`; {fix}"
                 ),
             ));
         }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 pub struct ReplicationSettings {
     /// "memory" (the default: a store in this process) or a Redis URL.
     pub store: Option<String>,
-    /// "linearizable" (the default); "bounded" is not built yet.
+    /// "linearizable" (the default), or "bounded": periodic snapshots (a count-min sketch).
     pub mode: Option<String>,
     /// The lease of a flow, in milliseconds (100 to 60,000; 1,000 by default).
     pub lease_ms: Option<u64>,
