@@ -1167,6 +1167,32 @@ fn collector_flags_that_cannot_hold_are_refused_before_it_listens() {
     }
 }
 
+/// The relay refuses a target datagrams cannot go to (port 0, an unspecified address) and
+/// its own address, which would send what it relays back to itself.
+#[test]
+fn relay_targets_that_cannot_hold_are_refused() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let cases = [
+        (
+            "127.0.0.1:0",
+            "--to: '127.0.0.1:0' is not an address like 127.0.0.1:7474",
+        ),
+        (
+            "0.0.0.0:7474",
+            "--to: '0.0.0.0:7474' is not an address like 127.0.0.1:7474",
+        ),
+        (listen.as_str(), "the relay's own address"),
+    ];
+    for (to, message) in cases {
+        let out = (bin().args(["relay", "--listen", &listen, "--to", to, "--seconds", "30"]))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{to}: {err}");
+        assert!(err.contains(message), "{to}: {err}");
+    }
+}
+
 /// `ctl sync`'s own arguments are checked before it reaches for the collector, so that a
 /// wrong one is told as such (here no collector listens): a range past a state's indexes,
 /// a write larger than any switch stages, values that do not fill the range.

@@ -97,6 +97,13 @@ pub fn bind(settings: &RelaySettings) -> Result<(UdpSocket, SocketAddr), String>
         .map_err(|e| format!("--listen: {e}"))?;
     roomy(&socket);
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
+    // What the relay sent to itself would come back as from a client, and go again.
+    if settings.target == addr {
+        return Err(format!(
+            "--to {}: the relay's own address; give the collector's (or the switch's) address, another than --listen",
+            settings.target
+        ));
+    }
     Ok((socket, addr))
 }
 

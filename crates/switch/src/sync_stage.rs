@@ -239,10 +239,7 @@ impl SyncCounters {
 impl SyncSettings {
     /// Checks the settings for a run of `workers` workers; errors name the key and the fix.
     pub fn plan(&self, workers: usize) -> Result<SyncPlan, String> {
-        let collector: SocketAddr = (self.collector.parse().ok())
-            // Port 0 and an unspecified address are no collector's: a switch would send
-            // every update to nowhere, or to wherever the system takes them.
-            .filter(|a: &SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+        let collector = crate::units::destination(&self.collector)
             .ok_or_else(|| {
                 format!(
                     "sync.collector: '{}' is not an address like 127.0.0.1:7474 (where `stateplane collector` listens; a port and host of its own, not 0)",

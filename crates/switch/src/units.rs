@@ -1,6 +1,6 @@
 //! Sizes and rates as users write them, in flags and in config files: numbers with k, M
-//! or G (`28M`), or `auto`. Each type checks its range and says what it expects; none of
-//! them does any I/O.
+//! or G (`28M`), or `auto`; and the addresses datagrams are sent to. Each type checks its
+//! range and says what it expects; none of them does any I/O.
 
 use stateplane_flows::ipfix::MESSAGE_LEN;
 use stateplane_io::live::RingConfig;
@@ -249,6 +249,13 @@ pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> crate::SetupRe
     } else {
         Err(format!("{name}: {value} is outside {lo} to {hi}"))
     }
+}
+
+/// An address datagrams are sent to, as `127.0.0.1:7474`: a host and a port of its own.
+/// Port 0 and an unspecified address (`0.0.0.0`, `::`) are none: a sender would send
+/// everything nowhere, or wherever the system takes it.
+pub fn destination(text: &str) -> Option<std::net::SocketAddr> {
+    (text.parse().ok()).filter(|a: &std::net::SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
 }
 
 #[cfg(test)]
