@@ -334,15 +334,51 @@ impl RedisServer {
                 .arg("--cacert")
                 .arg(ca),
         };
-        let out = create
+        let mut create = create
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .spawn()
             .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "redis-cli --cluster create: {}",
-                String::from_utf8_lossy(&out.stdout)
-            ));
+        // redis-cli waits without end for the nodes to know one another. On Redis 7.0 two
+        // MEETs reaching one node at once have left two nodes of three never knowing the
+        // third (CI, 2026-12-06): every few seconds, each node is told of every other
+        // again (a node it knows already is unchanged), and past 30 s it is an error.
+        let announced = tls.map_or(ports, |(tls_ports, _)| tls_ports);
+        let start = Instant::now();
+        let mut last_meet = start;
+        let status = loop {
+            if let Some(status) = create.try_wait().map_err(|e| format!("redis-cli: {e}"))? {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = create.kill();
+                let _ = create.wait();
+                return Err(
+                    "redis-cli --cluster create: the nodes did not join within 30 s".into(),
+                );
+            }
+            if last_meet.elapsed() > Duration::from_secs(3) {
+                last_meet = Instant::now();
+                for server in &servers {
+                    let others = ports
+                        .iter()
+                        .zip(announced)
+                        .filter(|(p, _)| **p != server.port);
+                    for (&port, &announce) in others {
+                        let bus = (u32::from(port) + 10_000).to_string();
+                        let announce = announce.to_string();
+                        server.cli(&["cluster", "meet", "127.0.0.1", &announce, &bus]);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !status.success() {
+            let mut said = String::new();
+            if let Some(mut out) = create.stdout.take() {
+                let _ = std::io::Read::read_to_string(&mut out, &mut said);
+            }
+            return Err(format!("redis-cli --cluster create: {said}"));
         }
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
