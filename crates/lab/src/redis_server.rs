@@ -45,6 +45,14 @@ pub fn free_loopback_port() -> Result<u16, String> {
     Err("a free loopback port: the kernel gave only ports handed out before, 64 times".into())
 }
 
+/// How far above a Redis Cluster node's port its cluster bus listens (Redis's default).
+const CLUSTER_BUS_OFFSET: u16 = 10_000;
+
+/// The cluster bus port of a node on `port`, if it is a port.
+fn bus_port(port: u16) -> Option<u16> {
+    port.checked_add(CLUSTER_BUS_OFFSET)
+}
+
 /// A loopback port for a Redis Cluster node ([`free_loopback_port`]) whose cluster bus
 /// port, 10,000 above it, is a port too and free now: a node listens on both, and one
 /// whose bus port is taken (an outgoing connection's, in the ephemeral range) exits at
@@ -52,7 +60,7 @@ pub fn free_loopback_port() -> Result<u16, String> {
 fn free_cluster_port() -> Result<u16, String> {
     for _ in 0..64 {
         let port = free_loopback_port()?;
-        let bus_free = (port.checked_add(10_000))
+        let bus_free = bus_port(port)
             .is_some_and(|bus| std::net::TcpListener::bind(("127.0.0.1", bus)).is_ok());
         if bus_free {
             return Ok(port);
@@ -365,7 +373,8 @@ impl RedisServer {
                         .zip(announced)
                         .filter(|(p, _)| **p != server.port);
                     for (&port, &announce) in others {
-                        let bus = (u32::from(port) + 10_000).to_string();
+                        let Some(bus) = bus_port(port) else { continue };
+                        let bus = bus.to_string();
                         let announce = announce.to_string();
                         server.cli(&["cluster", "meet", "127.0.0.1", &announce, &bus]);
                     }
