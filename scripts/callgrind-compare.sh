@@ -13,7 +13,13 @@
 # established flows: the datacenter workload's 1,000 flows (firewall, nat) and the kv
 # workload's requests of 1,000 clients to a VIP (lb), replicated with `lease_ms` 60,000 so
 # that no lease comes due under valgrind's slowdown: the stage's steady cost a packet on
-# flows whose leases it holds.
+# flows whose leases it holds. `synced hh` runs hh (one tenant, a sketch of 4 x 4,096) with
+# its sketch synced to a `stateplane collector` the script starts on loopback, beside `run
+# hh` unsynced, on 64-byte packets; with `max_age_ms` and `refresh_ms` at their most, so
+# that no pass comes due while the packets go (a pass's time under valgrind would make the
+# count move between runs): the difference is the data plane's own cost of syncing, its
+# marks and its checks of the clock, and the passes' work is the run's end, the same for
+# both sizes.
 # Each run's summary is checked: every packet read is written (forward) or counted.
 # Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
 #   CASES="replicated firewall dc;run firewall dc" picks cases (`;` between them).
@@ -52,7 +58,17 @@ for n in "$packets" $((3 * packets)); do
   "$new_bin" gen datacenter --packets "$n" --flows 1000 --seed 1 -o "$work/dc-$n.pcap" >/dev/null
   "$new_bin" gen kv --packets "$n" --flows 1000 --ipv6-share 0 --seed 1 \
     -o "$work/kv-$n.pcap" >/dev/null
+  "$new_bin" gen internet --packets "$n" --packet-size 64 --ipv6-share 0.2 --seed 1 \
+    -o "$work/small-$n.pcap" >/dev/null
 done
+
+# The collector of the synced cases, on a free port of loopback, for the whole run.
+collector_port=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$new_bin" collector --listen "127.0.0.1:$collector_port" >"$work/collector.log" 2>&1 &
+collector_pid=$!
+trap 'kill $collector_pid 2>/dev/null || true; cleanup' EXIT
+sleep 0.5
+kill -0 $collector_pid 2>/dev/null || fail "the collector did not start: $(cat "$work/collector.log")"
 
 # Callgrind's instruction total of one command.
 instructions() {
@@ -74,6 +90,9 @@ if program == "forward":
 r = s.get("replication")
 if r:
     assert r["processed"] > 0 and r["dropped"] == 0, f"replication: {r}"
+y = s.get("sync")
+if y:
+    assert y["changes"] > 0 and y["send_errors"] == 0 and y["refused"] == 0, f"sync: {y}"
 PY
 }
 
@@ -83,6 +102,7 @@ program_section() {
     firewall) printf '[program]\nname = "firewall"\n[program.firewall]\ninside = "p0"\n' ;;
     nat) printf '[program]\nname = "nat"\n[program.nat]\ninside = "p0"\noutside = "p1"\nexternal = "198.18.255.100"\n' ;;
     counter) printf '[program]\nname = "counter"\n[program.counter]\nmap = { p0 = "p1" }\ncapacity = 1048576\n' ;;
+    hh) printf '[program]\nname = "hh"\n[program.hh]\ntenants = 1\nwidth = 4096\ndepth = 4\ninterval_ms = 3600000\nmap = { p0 = "p1" }\n' ;;
     lb) printf '[program]\nname = "lb"\n[program.lb]\nclients = "p0"\nservers = "p1"\n[[program.lb.vips]]\naddress = "198.19.0.100"\nport = 9000\nproto = "udp"\nbackends = [{ address = "198.18.200.1" }, { address = "198.18.200.2" }, { address = "198.18.200.3" }, { address = "198.18.200.4" }]\n' ;;
   esac
 }
@@ -102,6 +122,10 @@ config() {
     if [ -n "${5:-}" ]; then
       printf '[replication]\nlease_ms = %s\n' "$5"
     fi
+    if [ -n "${6:-}" ]; then
+      printf '[guarantees]\nsketch = ["synced"]\n[sync]\ncollector = "127.0.0.1:%s"\n' "$6"
+      printf 'max_age_ms = 3600000\nrefresh_ms = 3600000\n'
+    fi
   } > "$3"
 }
 
@@ -109,16 +133,17 @@ per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b
 
 csv=target/callgrind-compare.csv
 echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
-echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1 (cases ending in dc: gen datacenter --flows 1000 --seed 1; kv: gen kv --flows 1000 --ipv6-share 0 --seed 1); 1 worker, burst 64"
+echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1 (cases ending in dc: gen datacenter --flows 1000 --seed 1; kv: gen kv --flows 1000 --ipv6-share 0 --seed 1; small: gen internet --packet-size 64 --ipv6-share 0.2 --seed 1); 1 worker, burst 64"
 printf '%-24s %12s %12s %8s\n' case "$base_short" "$head" ratio
 all_cases="bench forward;bench conntrack;bench-pipeline internet;run forward;run l2learn"
 all_cases+=";run firewall;replicated firewall;run nat;replicated nat;run counter;replicated counter"
 all_cases+=";run firewall dc;replicated firewall dc;run nat dc;replicated nat dc;run lb kv;replicated lb kv"
+all_cases+=";run hh small;synced hh small"
 IFS=';' read -r -a cases <<< "${CASES:-$all_cases}"
 for case in "${cases[@]}"; do
   set -- $case
   kind=$1 program=$2 trace=${3:-trace} lease=
-  [ "$trace" = trace ] || lease=60000
+  [ "$trace" = trace ] || [ "$trace" = small ] || lease=60000
   row=()
   for bin in "$base_bin" "$new_bin"; do
     totals=()
@@ -131,6 +156,10 @@ for case in "${cases[@]}"; do
         totals+=("$(instructions "$bin" bench-pipeline --workloads "$program" --packets "$packets" \
           --loops "$loops" --repeat 1 --modes action --update-rates 0 --tables 2 \
           --acl-rules 200 --fib-prefixes 10000)")
+      elif [ "$kind" = synced ]; then
+        config "$program" "$work/$trace-$n.pcap" "$work/run.toml" "" "" "$collector_port"
+        totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
+        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
       elif [ "$kind" = replicated ]; then
         config "$program" "$work/$trace-$n.pcap" "$work/run.toml" replicated "$lease"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")

@@ -51,6 +51,17 @@ impl Dirty {
         self.marks.fill(1);
     }
 
+    /// The marks as a [`Marker`], for many marks in a row: what a mark reads is then held
+    /// in registers, where each [`Dirty::mark`] loads it again (the compiler cannot tell a
+    /// mark's byte from the fields it reads).
+    #[inline]
+    pub fn marker(&mut self) -> Marker<'_> {
+        Marker {
+            marks: &mut self.marks,
+            shift: self.shift,
+        }
+    }
+
     /// The block of cell `cell`.
     #[inline]
     pub fn block_of(&self, cell: usize) -> usize {
@@ -128,6 +139,21 @@ impl Dirty {
                 visit(tail + i);
             }
         }
+    }
+}
+
+/// A [`Dirty`]'s marks, borrowed for a run of marks ([`Dirty::marker`]).
+pub struct Marker<'a> {
+    marks: &'a mut [u8],
+    shift: u32,
+}
+
+impl Marker<'_> {
+    /// Cell `cell` may have changed (`cell` is below the cells the marks were made for),
+    /// as [`Dirty::mark`].
+    #[inline]
+    pub fn mark(&mut self, cell: usize) {
+        self.marks[cell >> self.shift] = 1;
     }
 }
 

@@ -63,20 +63,19 @@ impl CountMin {
 
     #[inline]
     fn cell(&self, row: usize, key: &impl TableKey) -> usize {
-        row * self.width + (key.hash_with(self.seeds[row]) as usize & (self.width - 1))
+        cell_in(self.width, row, self.seeds[row], key)
     }
 
     /// Adds `n` to `key`'s count (saturating); returns the new estimate.
     #[inline]
     pub fn add(&mut self, key: &impl TableKey, n: u32) -> u32 {
         let mut estimate = u32::MAX;
-        for row in 0..self.depth {
-            let i = self.cell(row, key);
-            self.rows.update(i, |c| {
-                *c = c.saturating_add(n);
-                estimate = estimate.min(*c);
-            });
-        }
+        let (width, seeds) = (self.width, &self.seeds);
+        let cells = (seeds.iter().enumerate()).map(|(row, &seed)| cell_in(width, row, seed, key));
+        self.rows.update_each(cells, |c| {
+            *c = c.saturating_add(n);
+            estimate = estimate.min(*c);
+        });
         estimate
     }
 
@@ -119,6 +118,13 @@ impl CountMin {
         }
         old.rows.len() as u64
     }
+}
+
+/// Row `row`'s counter for `key`, hashed with the row's `seed`, in rows of `width` (a power
+/// of two).
+#[inline]
+fn cell_in(width: usize, row: usize, seed: u64, key: &impl TableKey) -> usize {
+    row * width + (key.hash_with(seed) as usize & (width - 1))
 }
 
 #[cfg(test)]
