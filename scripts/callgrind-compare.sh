@@ -15,14 +15,17 @@
 # that no lease comes due under valgrind's slowdown: the stage's steady cost a packet on
 # flows whose leases it holds. `synced hh` runs hh (one tenant, a sketch of 4 x 4,096) with
 # its sketch synced to a `stateplane collector` the script starts on loopback, beside `run
-# hh` unsynced, on 64-byte packets; with `max_age_ms` and `refresh_ms` at their most, so
-# that no pass comes due while the packets go (a pass's time under valgrind would make the
-# count move between runs): the difference is the data plane's own cost of syncing, its
-# marks and its checks of the clock, and the passes' work is the run's end, the same for
-# both sizes.
+# hh` unsynced, on 64-byte packets, with `max_age_ms` and `refresh_ms` at their most. Passes
+# still come while the packets go (one is due a share of the time the last took after it),
+# as many as valgrind's slowdown makes them, so that the whole run's count moves by tens of
+# instructions a packet between runs; with COLLECT (below) the count is the data plane's
+# alone, its marks included.
 # Each run's summary is checked: every packet read is written (forward) or counted.
 # Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
 #   CASES="replicated firewall dc;run firewall dc" picks cases (`;` between them).
+#   COLLECT='*Program>::process' counts the instructions of the functions a pattern
+#   names, and of what they call, alone (`synced hh`: the data plane's own, the passes
+#   left out, whose count moves with how often a pass comes due under valgrind).
 # Writes target/callgrind-compare.csv and target/callgrind-compare.svg; the base build
 # stays in target/base-COMMIT.
 set -euo pipefail
@@ -71,9 +74,12 @@ sleep 0.5
 kill -0 $collector_pid 2>/dev/null || fail "the collector did not start: $(cat "$work/collector.log")"
 
 # Callgrind's instruction total of one command.
+# With COLLECT set, only what runs inside the functions it names (callgrind's
+# --toggle-collect pattern) is counted.
 instructions() {
   local file="$work/cg.$RANDOM"
-  valgrind --tool=callgrind --callgrind-out-file="$file" "$@" >"$work/out.json" 2>/dev/null \
+  valgrind --tool=callgrind --callgrind-out-file="$file" \
+    ${COLLECT:+"--toggle-collect=$COLLECT"} "$@" >"$work/out.json" 2>/dev/null \
     || fail "$* failed under valgrind"
   awk '/^summary:/ {print $2}' "$file"
 }
