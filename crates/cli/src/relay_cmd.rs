@@ -43,12 +43,7 @@ pub fn main(a: RelayArgs) -> CliResult<()> {
     let duration = crate::flags::seconds(a.seconds, 31_536_000.0)?;
     let settings = RelaySettings {
         listen: crate::flags::address("--listen", &a.listen, "127.0.0.1:7474")?,
-        target: stateplane_switch::units::destination(&a.to).ok_or_else(|| {
-            format!(
-                "--to: '{}' is not an address like 127.0.0.1:7474 (a host and a port of its own, not 0)",
-                a.to
-            )
-        })?,
+        target: stateplane_switch::units::destination("--to", &a.to)?,
         faults: Faults {
             loss: a.loss,
             duplicate: a.duplicate,

@@ -1160,24 +1160,39 @@ fn collector_flags_that_cannot_hold_are_refused_before_it_listens() {
 }
 
 /// The relay refuses a target datagrams cannot go to (port 0, an unspecified address) and
-/// its own address, which would send what it relays back to itself.
+/// its own address, which would send what it relays back to itself: the address it
+/// listens at, or, listening at every address of the host, its port at one of them.
 #[test]
 fn relay_targets_that_cannot_hold_are_refused() {
-    let listen = format!("127.0.0.1:{}", free_port());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let (everywhere, everywhere6) = (format!("0.0.0.0:{port}"), format!("[::]:{port}"));
     let cases = [
         (
+            listen.as_str(),
             "127.0.0.1:0",
             "--to: '127.0.0.1:0' is not an address like 127.0.0.1:7474",
         ),
         (
+            listen.as_str(),
             "0.0.0.0:7474",
             "--to: '0.0.0.0:7474' is not an address like 127.0.0.1:7474",
         ),
-        (listen.as_str(), "the relay's own address"),
+        (listen.as_str(), listen.as_str(), "the relay's own address"),
+        (
+            everywhere.as_str(),
+            listen.as_str(),
+            "the relay's own address",
+        ),
+        (
+            everywhere6.as_str(),
+            listen.as_str(),
+            "the relay's own address",
+        ),
     ];
-    for (to, message) in cases {
+    for (listen, to, message) in cases {
         refused(
-            &["relay", "--listen", &listen, "--to", to, "--seconds", "30"],
+            &["relay", "--listen", listen, "--to", to, "--seconds", "30"],
             message,
         );
     }

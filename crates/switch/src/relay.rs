@@ -98,13 +98,24 @@ pub fn bind(settings: &RelaySettings) -> Result<(UdpSocket, SocketAddr), String>
     roomy(&socket);
     let addr = socket.local_addr().map_err(|e| format!("--listen: {e}"))?;
     // What the relay sent to itself would come back as from a client, and go again.
-    if settings.target == addr {
+    if reaches_itself(addr, settings.target) {
         return Err(format!(
-            "--to {}: the relay's own address; give the collector's (or the switch's) address, another than --listen",
-            settings.target
+            "--to {}: the relay's own address (--listen {} takes what is sent there); give the collector's (or the switch's) address, another than --listen",
+            settings.target, settings.listen
         ));
     }
     Ok((socket, addr))
+}
+
+/// Whether datagrams sent to `target` come to a socket bound to `listen`: its address, or,
+/// for a socket bound to every address of the host (`0.0.0.0`, `[::]`, which takes IPv4
+/// too), the same port at an address of this host (one a socket can be bound to).
+fn reaches_itself(listen: SocketAddr, target: SocketAddr) -> bool {
+    target == listen
+        || listen.ip().is_unspecified()
+            && target.port() == listen.port()
+            && (listen.is_ipv6() || target.is_ipv4())
+            && UdpSocket::bind((target.ip(), 0)).is_ok()
 }
 
 /// Relays until `stop` is raised or the duration ends.
@@ -171,4 +182,33 @@ pub fn run(
         add(&mut outcome.from_target, &c.from_target);
     }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reaches_itself;
+
+    /// A relay listening at every address reaches itself at its port on any address of
+    /// this host, and at no other port or host; one listening at one address, there alone.
+    #[test]
+    fn a_relay_knows_the_targets_that_are_itself() {
+        let at = |text: &str| text.parse().unwrap();
+        for (listen, target, itself) in [
+            ("127.0.0.1:5000", "127.0.0.1:5000", true),
+            ("127.0.0.1:5000", "127.0.0.2:5000", false),
+            ("0.0.0.0:5000", "127.0.0.1:5000", true),
+            ("0.0.0.0:5000", "127.0.0.1:5001", false),
+            // An address of no host here (TEST-NET-1): the datagrams leave.
+            ("0.0.0.0:5000", "192.0.2.1:5000", false),
+            ("[::]:5000", "127.0.0.1:5000", true),
+            ("[::]:5000", "[::1]:5000", true),
+            ("0.0.0.0:5000", "[::1]:5000", false),
+        ] {
+            assert_eq!(
+                reaches_itself(at(listen), at(target)),
+                itself,
+                "{listen} -> {target}"
+            );
+        }
+    }
 }

@@ -239,13 +239,8 @@ impl SyncCounters {
 impl SyncSettings {
     /// Checks the settings for a run of `workers` workers; errors name the key and the fix.
     pub fn plan(&self, workers: usize) -> Result<SyncPlan, String> {
-        let collector = crate::units::destination(&self.collector)
-            .ok_or_else(|| {
-                format!(
-                    "sync.collector: '{}' is not an address like 127.0.0.1:7474 (where `stateplane collector` listens; a port and host of its own, not 0)",
-                    self.collector
-                )
-            })?;
+        let collector = crate::units::destination("sync.collector", &self.collector)
+            .map_err(|e| format!("{e}; where `stateplane collector` listens"))?;
         let mbps = self.channel_mbps.unwrap_or(100.0);
         if !(mbps.is_finite() && (0.001..=1_000_000.0).contains(&mbps)) {
             return Err(format!(

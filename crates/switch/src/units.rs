@@ -251,16 +251,45 @@ pub fn bounded(name: &str, value: usize, lo: usize, hi: usize) -> crate::SetupRe
     }
 }
 
-/// An address datagrams are sent to, as `127.0.0.1:7474`: a host and a port of its own.
-/// Port 0 and an unspecified address (`0.0.0.0`, `::`) are none: a sender would send
-/// everything nowhere, or wherever the system takes it.
-pub fn destination(text: &str) -> Option<std::net::SocketAddr> {
-    (text.parse().ok()).filter(|a: &std::net::SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+/// An address datagrams are sent to, as `127.0.0.1:7474`: a host and a port of its own,
+/// which `field` (a setting or a flag) gives. Port 0 and an unspecified address
+/// (`0.0.0.0`, `::`) are none: a sender would send everything nowhere, or wherever the
+/// system takes it.
+pub fn destination(field: &str, text: &str) -> Result<std::net::SocketAddr, String> {
+    (text.parse().ok())
+        .filter(|a: &std::net::SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+        .ok_or_else(|| {
+            format!(
+                "{field}: '{text}' is not an address like 127.0.0.1:7474 (a host and a port of its own: not port 0, nor 0.0.0.0 or ::)"
+            )
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A destination is a host and a port of its own; anything else is refused naming the
+    /// field and what it takes.
+    #[test]
+    fn a_destination_has_a_host_and_a_port_of_its_own() {
+        for good in ["127.0.0.1:7474", "[::1]:1", "198.18.0.1:65535"] {
+            assert_eq!(destination("--to", good), Ok(good.parse().unwrap()));
+        }
+        for bad in [
+            "127.0.0.1:0",
+            "0.0.0.0:7474",
+            "[::]:7474",
+            "localhost:7474",
+            "127.0.0.1",
+        ] {
+            let e = destination("sync.collector", bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("sync.collector: '{bad}' is not an address like")),
+                "{e}"
+            );
+        }
+    }
 
     /// Rates, message sizes and capture buffers as the flags and the config give them, and
     /// errors that say what is expected.
