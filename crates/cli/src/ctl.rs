@@ -393,20 +393,24 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
         }
         other => other,
     };
-    let mut client = connect_switch(args.server.as_deref(), &args.auth)?;
+    // Each command connects once the arguments it can check alone are checked: a wrong one
+    // is said as such, not as a switch out of reach.
+    let connect = || connect_switch(args.server.as_deref(), &args.auth);
     match command {
         // Answered by the collector, before any connection to a switch.
         CtlCommand::Sync(_) => return Err("ctl sync talks to a collector".into()),
         CtlCommand::Describe => {
+            let client = connect()?;
             println!("program {}", client.program());
             for d in client.declarations() {
                 println!("{}", describe(d));
             }
         }
-        CtlCommand::Insert(w) => write(&mut client, w, Op::Insert)?,
-        CtlCommand::Modify(w) => write(&mut client, w, Op::Modify)?,
-        CtlCommand::Delete(w) => write(&mut client, w, Op::Delete)?,
+        CtlCommand::Insert(w) => write(connect, w, Op::Insert)?,
+        CtlCommand::Modify(w) => write(connect, w, Op::Modify)?,
+        CtlCommand::Delete(w) => write(connect, w, Op::Delete)?,
         CtlCommand::Read { table, key } => {
+            let mut client = connect()?;
             let d = client
                 .declaration(&table)
                 .map_err(|e| e.to_string())?
@@ -430,7 +434,10 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 .map_err(|e| e.to_string())?;
             eprintln!("{count} entries of {table} at version {version}");
         }
-        CtlCommand::Register { name, range, set } => register(&mut client, &name, range, set)?,
+        CtlCommand::Register { name, range, set } => {
+            let (first, count) = parse_range(range.as_deref())?;
+            register(&mut connect()?, &name, (first, count), set)?
+        }
         CtlCommand::Meter {
             name,
             range,
@@ -459,6 +466,7 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 (_, _, true) => Some(MeterConfig::Off),
                 (None, None, false) => None,
             };
+            let mut client = connect()?;
             match config {
                 Some(c) => {
                     let version = client
@@ -477,7 +485,8 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             }
         }
         CtlCommand::Watch { count, timeout } => {
-            let timeout = timeout.map(Duration::from_secs_f64);
+            let timeout = crate::flags::timeout(timeout)?;
+            let mut client = connect()?;
             let declarations = client.declarations().to_vec();
             let seen = client
                 .watch(count, timeout, |n| {
@@ -488,6 +497,7 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             eprintln!("{seen} notifications");
         }
         CtlCommand::CountersOf { table, key } => {
+            let mut client = connect()?;
             let d = client
                 .declaration(&table)
                 .map_err(|e| e.to_string())?
@@ -511,7 +521,7 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             }
         }
         CtlCommand::Reload => {
-            let reloaded = client.reload().map_err(|e| e.to_string())?;
+            let reloaded = connect()?.reload().map_err(|e| e.to_string())?;
             let generation = reloaded.generation;
             println!("reloaded the program (generation {generation})");
             for taken in &reloaded.taken {
@@ -527,7 +537,7 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             }
         }
         CtlCommand::Stats { table } => {
-            let reply = client
+            let reply = connect()?
                 .stats(table.as_deref().unwrap_or(""))
                 .map_err(|e| e.to_string())?;
             for c in &reply.pipeline {
@@ -541,12 +551,20 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             rule,
             keep_counters,
             target,
-        } => add_flows(&mut client, &target, vec![rule.join(",")], keep_counters)?,
+        } => add_flows(
+            &mut connect()?,
+            &target,
+            vec![rule.join(",")],
+            keep_counters,
+        )?,
         CtlCommand::AddFlows {
             file,
             keep_counters,
             target,
-        } => add_flows(&mut client, &target, rule_lines(&file)?, keep_counters)?,
+        } => {
+            let lines = rule_lines(&file)?;
+            add_flows(&mut connect()?, &target, lines, keep_counters)?
+        }
         CtlCommand::ReplaceFlows {
             file,
             table,
@@ -560,7 +578,7 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
                 table: filter.table,
                 lines: rule_lines(&file)?,
             };
-            flows(&mut client, &target, change)?
+            flows(&mut connect()?, &target, change)?
         }
         CtlCommand::ModFlows {
             filter,
@@ -568,15 +586,19 @@ pub fn main(args: CtlArgs) -> CliResult<()> {
             target,
         } => {
             let filter = parse_flow_filter(&filter)?;
-            flows(&mut client, &target, FlowChange::Modify { filter, actions })?
+            flows(
+                &mut connect()?,
+                &target,
+                FlowChange::Modify { filter, actions },
+            )?
         }
         CtlCommand::DelFlows { filter, target } => {
             let filter = parse_flow_filter(filter.as_deref().unwrap_or(""))?;
-            flows(&mut client, &target, FlowChange::Delete(filter))?
+            flows(&mut connect()?, &target, FlowChange::Delete(filter))?
         }
         CtlCommand::DumpFlows { filter, target } => {
             let filter = parse_flow_filter(filter.as_deref().unwrap_or(""))?;
-            flows(&mut client, &target, FlowChange::Dump(filter))?
+            flows(&mut connect()?, &target, FlowChange::Dump(filter))?
         }
     }
     Ok(())
@@ -589,14 +611,21 @@ enum Op {
     Delete,
 }
 
-fn write(client: &mut Client, args: WriteArgs, op: Op) -> CliResult<()> {
+/// Connects (`connect`) once the entry or the file is known to be given, and the file to
+/// be readable.
+fn write(connect: impl FnOnce() -> CliResult<Client>, args: WriteArgs, op: Op) -> CliResult<()> {
+    if args.entry.is_empty() && args.file.is_none() {
+        return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
+    }
+    if let Some(path) = &args.file {
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    }
+    let mut client = connect()?;
+    let client = &mut client;
     let d = client
         .declaration(&args.table)
         .map_err(|e| e.to_string())?
         .clone();
-    if args.entry.is_empty() && args.file.is_none() {
-        return Err("give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file".into());
-    }
     let mut command_line = (!args.entry.is_empty()).then(|| args.entry.join(" "));
     if let (Op::Modify, Some(line)) = (op, &command_line) {
         command_line = Some(keeping_params(client, &d, &args.table, line)?);
@@ -695,10 +724,11 @@ fn parsed_writes(
         })
 }
 
+/// Register `name`'s cells `first..first + count` (all of them, `count` 0): read, or `set`.
 fn register(
     client: &mut Client,
     name: &str,
-    range: Option<String>,
+    (first, count): (u64, u64),
     set: Option<String>,
 ) -> CliResult<()> {
     let d = client.declaration(name).map_err(|e| e.to_string())?.clone();
@@ -707,7 +737,6 @@ fn register(
             "`{name}` is not a register; `ctl describe` says what it is"
         ));
     };
-    let (first, count) = parse_range(range.as_deref())?;
     let field = Field::exact("value", bits, Format::Int);
     match set {
         Some(v) => {
@@ -945,7 +974,7 @@ fn sync(server: &str, auth: &AuthArgs, command: SyncCommand) -> CliResult<()> {
             count,
             timeout,
         } => {
-            let quiet = timeout.map(Duration::from_secs_f64);
+            let quiet = crate::flags::timeout(timeout)?;
             let mut seen = 0u64;
             connect()?
                 .subscribe(

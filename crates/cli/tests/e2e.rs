@@ -2364,3 +2364,41 @@ fn metrics_count_the_flow_records_a_run_exports() {
     );
     common::assert_scrape_sound(text, |f| f.starts_with("stateplane_flow"));
 }
+
+/// `ctl`'s own arguments are checked before it reaches for the switch, so that a wrong one
+/// is told as such (here no switch listens), and a timeout that is no length of time is
+/// refused where it used to panic.
+#[test]
+fn ctl_arguments_are_checked_before_the_switch_is_reached() {
+    let server = format!("127.0.0.1:{}", common::free_port());
+    let missing = tmp("ctl-args").join("missing.rules");
+    let missing = missing.to_str().unwrap();
+    let cases: [(&[&str], &str); 8] = [
+        (&["register", "sketch", "5..3"], "the range 5..3 is empty"),
+        (
+            &["watch", "--timeout=nan"],
+            "--timeout: NaN is not a time to wait",
+        ),
+        (
+            &["insert", "connections"],
+            "give an entry (FIELD=VALUE ... ACTION PARAM=VALUE) or --file",
+        ),
+        (&["insert", "connections", "--file", missing], "cannot read"),
+        (&["add-flows", missing], "cannot read"),
+        (
+            &["meter", "rule_meters", "--srtcm", "1,2"],
+            "--srtcm takes three numbers",
+        ),
+        (&["dump-flows", "table=x"], "'x' is not a number"),
+        (
+            &["register", "sketch", "0..4"],
+            "cannot reach the control API",
+        ),
+    ];
+    for (args, message) in cases {
+        let err = refused(&[&["ctl", "--server", &server], args].concat(), message);
+        if !message.starts_with("cannot reach") {
+            assert!(!err.contains("cannot reach"), "{args:?}: {err}");
+        }
+    }
+}

@@ -1199,12 +1199,17 @@ fn relay_targets_that_cannot_hold_are_refused() {
 }
 
 /// `ctl sync`'s own arguments are checked before it reaches for the collector, so that a
-/// wrong one is told as such (here no collector listens): a range past a state's indexes,
-/// a write larger than any switch stages, values that do not fill the range.
+/// wrong one is told as such (here no collector listens): a watch's timeout that is no
+/// length of time, a range past a state's indexes, a write larger than any switch stages,
+/// values that do not fill the range.
 #[test]
 fn ctl_sync_arguments_are_checked_before_the_collector_is_reached() {
     let server = format!("127.0.0.1:{}", free_port());
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["watch", "--timeout=-1"],
+            "--timeout: -1 is not a time to wait",
+        ),
         (
             &["read", "--switch", "1", "0..99999999999"],
             "0..99999999999: 99999999999 locations, past what a state's 32-bit indexes reach",
