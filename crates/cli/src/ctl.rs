@@ -620,8 +620,7 @@ fn write(connect: impl FnOnce() -> CliResult<Client>, args: WriteArgs, op: Op) -
     if let Some(path) = &args.file {
         std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     }
-    let mut client = connect()?;
-    let client = &mut client;
+    let client = &mut connect()?;
     let d = client
         .declaration(&args.table)
         .map_err(|e| e.to_string())?

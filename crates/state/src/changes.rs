@@ -44,7 +44,7 @@ impl Dirty {
     /// Cell `cell` may have changed (`cell` is below the cells this was made for).
     #[inline]
     pub fn mark(&mut self, cell: usize) {
-        self.marks[cell >> self.shift] = 1;
+        self.marker().mark(cell);
     }
 
     pub fn mark_all(&mut self) {
@@ -149,8 +149,7 @@ pub struct Marker<'a> {
 }
 
 impl Marker<'_> {
-    /// Cell `cell` may have changed (`cell` is below the cells the marks were made for),
-    /// as [`Dirty::mark`].
+    /// Cell `cell` may have changed (`cell` is below the cells the marks were made for).
     #[inline]
     pub fn mark(&mut self, cell: usize) {
         self.marks[cell >> self.shift] = 1;
