@@ -5,6 +5,8 @@
 //! now. This is dirty-page tracking, as live migration of virtual machines does it: the
 //! data plane's path pays one byte stored per change, the take pays for the blocks changed
 //! however often each changed, and state that is not tracked pays one predictable branch.
+//! A register whose takes find most of its blocks marked stops marking and is compared
+//! whole at each take until few change (a sketch under traffic: `Register::take_changes`).
 //! (A tracked exact table marks its slots itself, and saves each one's entry at its first
 //! write instead of keeping a copy: [`crate::exact::ExactTable::take_written_slots`].)
 //!
@@ -66,6 +68,11 @@ impl Dirty {
     #[inline]
     pub fn block_of(&self, cell: usize) -> usize {
         cell >> self.shift
+    }
+
+    /// How many blocks the cells make.
+    pub fn blocks(&self) -> usize {
+        self.marks.len()
     }
 
     /// The cells of block `block`.

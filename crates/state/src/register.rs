@@ -1,6 +1,8 @@
 //! Registers (typed arrays indexed by the data plane and the control plane) and indexed
 //! packet/byte counters built on them.
 
+use std::ops::Range;
+
 use crate::changes::{Change, Dirty};
 
 /// An index past the end, for the control plane's error.
@@ -22,7 +24,8 @@ impl std::fmt::Display for OutOfRange {
 
 /// A cell's values as synced state reports them: a 64-bit word for each of its `LANES`
 /// (one for a number; a counter's packets and bytes are two, each its own declared
-/// state). Lane 0 is [`Word::word`], the one a snapshot reads.
+/// state). Lane 0 is [`Word::word`], the one a snapshot reads. Invariant: the lanes are
+/// the whole of a cell's value (two cells with the same lanes are the same).
 pub trait Word: Copy {
     /// At most [`MAX_LANES`].
     const LANES: usize = 1;
@@ -39,6 +42,13 @@ pub trait Word: Copy {
     /// Sets lane `lane` (below `LANES`) to `word`, cut to the lane's width (whoever
     /// writes a declared register checks a value against its width first).
     fn set_lane(&mut self, lane: usize, word: u64);
+
+    /// Whether `self` and `other` hold the same value: every lane the same (a cell's lanes
+    /// are the whole of its value).
+    #[inline]
+    fn same(&self, other: &Self) -> bool {
+        (0..Self::LANES.min(MAX_LANES)).all(|lane| self.lane(lane) == other.lane(lane))
+    }
 }
 
 /// The most lanes a cell has ([`Word::LANES`]).
@@ -72,10 +82,19 @@ word_of_unsigned!(u8, u16, u32, u64);
 /// `taken` (the paper's "first packet to update an index synchronizes the two copies"),
 /// and so does the reader's visit; every block's `taken` is then the cells as they were
 /// when the snapshot began.
+///
+/// A synced register whose takes find most of its blocks changed (a count-min sketch
+/// under traffic, every counter changing between two passes) stops marking: its takes
+/// compare every cell, which they nearly did already, and the data plane's updates pay
+/// nothing for the tracking. It marks again once a take finds few blocks changed
+/// ([`Tracked::marks_next`]).
 #[derive(Debug, Clone)]
 struct Tracked<T> {
     /// By lane: `(state, first)`, cell `i` being the state's location `first + i`.
     lanes: [Option<(u16, u32)>; MAX_LANES],
+    /// Whether the data plane marks the blocks it changes in `dirty`. Invariant: while it
+    /// does not, the next take compares every block, and no snapshot is pending.
+    marking: bool,
     dirty: Dirty,
     taken: Box<[T]>,
     pending: Dirty,
@@ -87,6 +106,19 @@ struct Tracked<T> {
 }
 
 impl<T: Copy> Tracked<T> {
+    /// Whether the takes after one that found `changed` of `blocks` blocks changed (or
+    /// marked, while marking) should find them by marks: not once half are marked, when
+    /// a take compares little less than every cell anyway; again once fewer than an
+    /// eighth change, when comparing every cell costs a take eight times what the
+    /// changes do. The gap keeps a rate near either end from switching at every take.
+    fn marks_next(&self, changed: usize, blocks: usize) -> bool {
+        if self.marking {
+            changed * 2 < blocks
+        } else {
+            changed * 8 < blocks
+        }
+    }
+
     /// Brings pending block `block` of `cells` into `taken` before anything changes it.
     #[inline]
     fn settle(&mut self, cells: &[T], block: usize) {
@@ -150,6 +182,7 @@ impl<T: Copy + Default> Register<T> {
         let cells = &self.cells;
         let tracked = self.tracked.get_or_insert_with(|| Tracked {
             lanes: [None; MAX_LANES],
+            marking: true,
             dirty: Dirty::new(cells.len()),
             taken: cells.clone(),
             pending: Dirty::new(cells.len()),
@@ -184,7 +217,9 @@ impl<T: Copy + Default> Register<T> {
                 let block = tracked.dirty.block_of(index);
                 tracked.settle(&self.cells, block);
             }
-            tracked.dirty.mark(index);
+            if tracked.marking {
+                tracked.dirty.mark(index);
+            }
         }
     }
 
@@ -197,6 +232,12 @@ impl<T: Copy + Default> Register<T> {
         let Some(tracked) = &mut self.tracked else {
             return false;
         };
+        if !tracked.marking {
+            // Synced and snapshotted both (which must not be): every block may have
+            // changed since the last take.
+            tracked.dirty.mark_all();
+            tracked.marking = true;
+        }
         tracked.pending.absorb(&mut tracked.dirty);
         tracked.pending_blocks = tracked.pending.marked();
         tracked.changed.copy_from(&tracked.pending);
@@ -249,24 +290,38 @@ impl<T: Copy + Default> Register<T> {
     where
         T: Word,
     {
-        let Some(Tracked {
+        let Some(tracked) = &mut self.tracked else {
+            return;
+        };
+        let Tracked {
             lanes,
             dirty,
             taken,
+            marking,
             ..
-        }) = &mut self.tracked
-        else {
-            return;
-        };
-        let lanes = &lanes[..T::LANES.min(MAX_LANES)];
+        } = tracked;
+        // `(lane, state, first)` of each lane tracked, in order.
+        let mut active = [(0, 0, 0); MAX_LANES];
+        let mut tracked_lanes = 0;
+        for (lane, l) in lanes.iter().enumerate().take(T::LANES.min(MAX_LANES)) {
+            if let Some((state, first)) = *l {
+                active[tracked_lanes] = (lane, state, first);
+                tracked_lanes += 1;
+            }
+        }
+        let active = &active[..tracked_lanes];
         let cells = &self.cells;
-        dirty.take(|block| {
+        let (mut looked, mut changed) = (0, 0);
+        let mut compare = |block: Range<usize>| {
             let start = block.start;
+            let reported = out.len();
             let then = &mut taken[block.clone()];
             for (i, (now, then)) in cells[block].iter().zip(then).enumerate() {
-                for (lane, &(state, first)) in (lanes.iter().enumerate())
-                    .filter_map(|(lane, tracked)| Some((lane, tracked.as_ref()?)))
-                {
+                // Most cells of a block are as they were: one comparison a lane passes them.
+                if now.same(then) {
+                    continue;
+                }
+                for &(lane, state, first) in active {
                     let (old, new) = (then.lane(lane), now.lane(lane));
                     if old != new {
                         out.push(Change {
@@ -281,7 +336,24 @@ impl<T: Copy + Default> Register<T> {
                 }
                 *then = *now;
             }
-        });
+            looked += 1;
+            changed += usize::from(out.len() > reported);
+        };
+        if *marking {
+            dirty.take(&mut compare);
+        } else {
+            dirty.take(|_| {});
+            (0..dirty.blocks()).for_each(|block| compare(dirty.cells_of(block)));
+        }
+        let found = if *marking { looked } else { changed };
+        let blocks = dirty.blocks();
+        tracked.marking = tracked.marks_next(found, blocks);
+    }
+
+    /// Whether the data plane's updates mark the blocks they change (see [`Tracked`]);
+    /// `false` for a register not tracked.
+    pub fn marks_changes(&self) -> bool {
+        self.tracked.as_ref().is_some_and(|t| t.marking)
     }
 
     pub fn len(&self) -> usize {
@@ -334,7 +406,7 @@ impl<T: Copy + Default> Register<T> {
     /// index in turn, as [`Register::update`] does to one: a tracked register's tracking is
     /// looked at once for all of them, and its marks' array held in registers (a count-min
     /// sketch's rows at every packet: docs/BENCHMARKS.md, "What syncing costs the data
-    /// plane").
+    /// plane"), or no mark made while its takes compare every cell.
     #[inline]
     pub fn update_each(
         &mut self,
@@ -347,12 +419,13 @@ impl<T: Copy + Default> Register<T> {
         }
         let cells = &mut self.cells;
         match &mut self.tracked {
-            None => {
+            // A snapshot is being read: each cell's block is settled first, as one at a time.
+            Some(tracked) if tracked.pending_blocks > 0 => {
                 for i in indexes {
-                    f(&mut cells[within(i, n)]);
+                    self.update(i, &mut f);
                 }
             }
-            Some(tracked) if tracked.pending_blocks == 0 => {
+            Some(tracked) if tracked.marking => {
                 let mut marker = tracked.dirty.marker();
                 for i in indexes {
                     let i = within(i, n);
@@ -360,10 +433,10 @@ impl<T: Copy + Default> Register<T> {
                     f(&mut cells[i]);
                 }
             }
-            // A snapshot is being read: each cell's block is settled first, as one at a time.
-            Some(_) => {
+            // Not tracked, or tracked by comparing every cell.
+            _ => {
                 for i in indexes {
-                    self.update(i, &mut f);
+                    f(&mut cells[within(i, n)]);
                 }
             }
         }
@@ -433,6 +506,7 @@ impl Register<PacketBytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changes::BLOCK;
 
     /// A tracked register reports each cell changed since the last take once, by write,
     /// update and clear, and none that is back where it was; one not tracked reports none.
@@ -649,6 +723,105 @@ mod tests {
             }
             proptest::prop_assert_eq!(each.as_slice(), one.as_slice());
             proptest::prop_assert_eq!(untracked.as_slice(), one.as_slice());
+        }
+    }
+
+    /// The changes a take of `r` should report: each cell (lane 0, first location 0,
+    /// state `state`) that differs from `then`, in order; `then` becomes `r`'s cells.
+    fn changes_since(then: &mut [u32], r: &Register<u32>, state: u16) -> Vec<Change> {
+        let mut want = Vec::new();
+        for (i, (then, &now)) in then.iter_mut().zip(r.as_slice()).enumerate() {
+            if *then != now {
+                want.push(Change {
+                    state,
+                    index: i as u32,
+                    old: u64::from(*then),
+                    new: u64::from(now),
+                    exact: false,
+                    by_write: false,
+                });
+                *then = now;
+            }
+        }
+        want
+    }
+
+    /// A register whose takes find most of its blocks changed stops marking, and marks
+    /// again once a take finds few: its takes report every change either way.
+    #[test]
+    fn a_register_changed_all_over_is_compared_whole_and_marks_again_when_quiet() {
+        let cells = BLOCK * 64;
+        let mut r: Register<u32> = Register::new(cells);
+        r.track(4, 0);
+        let mut then = vec![0; cells];
+        let mut got = Vec::new();
+        let mut take = |r: &mut Register<u32>, then: &mut Vec<u32>| {
+            got.clear();
+            r.take_changes(&mut got);
+            assert_eq!(got, changes_since(then, r, 4));
+        };
+        assert!(r.marks_changes(), "a register tracked starts by marking");
+        // Half the blocks changed: a take that marks compares little less than them all.
+        r.update_each((0..cells).step_by(2 * BLOCK), |c| *c += 1);
+        take(&mut r, &mut then);
+        assert!(
+            !r.marks_changes(),
+            "half the blocks marked: the next take compares all"
+        );
+        // Unmarked, the writes and updates are found by the comparison alone.
+        r.update_each([5, cells - 1, 3 * BLOCK], |c| *c += 7);
+        r.update(9 * BLOCK + 2, |c| *c += 1);
+        r.write(40 * BLOCK, 11).unwrap();
+        r.update_each((0..cells).step_by(BLOCK), |c| *c += 1);
+        take(&mut r, &mut then);
+        assert!(
+            !r.marks_changes(),
+            "every block changed: still compared whole"
+        );
+        // Seven blocks of 64 changed: fewer than an eighth.
+        r.update_each((0..7).map(|b| b * 9 * BLOCK), |c| *c += 1);
+        take(&mut r, &mut then);
+        assert!(r.marks_changes(), "few blocks changed: marks again");
+        r.update_each([1, 63 * BLOCK], |c| *c += 2);
+        r.clear();
+        take(&mut r, &mut then);
+        take(&mut r, &mut then);
+        assert!(r.marks_changes(), "nothing changed: still marks");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// Whatever the mix of dense and sparse changes between takes (so that the
+        /// register marks, compares whole, and goes from one to the other), each take
+        /// reports exactly the cells that differ from the last, once.
+        #[test]
+        fn takes_report_exactly_the_cells_changed_since_the_last_marked_or_not(
+            ops in proptest::collection::vec(
+                (proptest::collection::vec(0..700usize, 0..400), 1..5u32, 0..8u8),
+                1..60,
+            )
+        ) {
+            let mut r: Register<u32> = Register::new(290);
+            r.track(6, 0);
+            let mut then = vec![0u32; 290];
+            let mut got = Vec::new();
+            for (indexes, v, how) in ops {
+                match how {
+                    0 => r.clear(),
+                    1 => {
+                        for &i in &indexes {
+                            r.write(i % 290, v).unwrap();
+                        }
+                    }
+                    2 => r.update(indexes.first().copied().unwrap_or(0), |c| *c += v),
+                    _ => r.update_each(indexes.iter().copied(), |c| *c = c.wrapping_add(v)),
+                }
+                if how % 2 == 1 {
+                    got.clear();
+                    r.take_changes(&mut got);
+                    proptest::prop_assert_eq!(&got, &changes_since(&mut then, &r, 6));
+                }
+            }
         }
     }
 
