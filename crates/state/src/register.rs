@@ -842,6 +842,37 @@ mod tests {
         assert_eq!(r.snapshot_read(8, &mut out), 0, "nothing past the end");
     }
 
+    /// A register compared whole at its takes (which a synced one may be) and then
+    /// snapshotted (which it must not be) still snapshots the cells as they were: its
+    /// unmarked changes are all taken as marked. One of no cells takes nothing.
+    #[test]
+    fn a_register_compared_whole_snapshots_every_cell_and_an_empty_one_takes_nothing() {
+        let cells = BLOCK * 4;
+        let mut r: Register<u32> = Register::new(cells);
+        r.track(1, 0);
+        r.update_each((0..cells).step_by(BLOCK), |c| *c += 1);
+        r.take_changes(&mut Vec::new());
+        assert!(!r.marks_changes());
+        r.update_each([3, BLOCK + 1, 3 * BLOCK + 15], |c| *c += 9);
+        let frozen: Vec<u64> = r.as_slice().iter().map(|&c| u64::from(c)).collect();
+        assert!(r.snapshot_begin());
+        assert!(
+            r.marks_changes(),
+            "a snapshot's writes settle blocks by their marks"
+        );
+        r.update_each([3, 2 * BLOCK], |c| *c += 1);
+        let mut out = vec![0u64; cells];
+        assert_eq!(r.snapshot_read(0, &mut out), cells);
+        assert_eq!(out, frozen);
+        let mut empty: Register<u64> = Register::new(0);
+        empty.track(2, 0);
+        empty.update_each([0, 5], |c| *c += 1);
+        let mut got = Vec::new();
+        empty.take_changes(&mut got);
+        empty.take_changes(&mut got);
+        assert!(got.is_empty());
+    }
+
     #[test]
     fn reads_writes_ranges_and_errors() {
         let mut r: Register<u32> = Register::new(8);
