@@ -418,23 +418,27 @@ impl<T: Copy + Default> Register<T> {
             return;
         }
         let cells = &mut self.cells;
-        match &mut self.tracked {
+        let marker = match &mut self.tracked {
+            None => None,
             // A snapshot is being read: each cell's block is settled first, as one at a time.
             Some(tracked) if tracked.pending_blocks > 0 => {
                 for i in indexes {
                     self.update(i, &mut f);
                 }
+                return;
             }
-            Some(tracked) if tracked.marking => {
-                let mut marker = tracked.dirty.marker();
+            // None while tracked by comparing every cell.
+            Some(tracked) => tracked.marking.then(|| tracked.dirty.marker()),
+        };
+        match marker {
+            Some(mut marker) => {
                 for i in indexes {
                     let i = within(i, n);
                     marker.mark(i);
                     f(&mut cells[i]);
                 }
             }
-            // Not tracked, or tracked by comparing every cell.
-            _ => {
+            None => {
                 for i in indexes {
                     f(&mut cells[within(i, n)]);
                 }
