@@ -53,6 +53,10 @@ impl Dirty {
         self.marks.fill(1);
     }
 
+    pub fn unmark_all(&mut self) {
+        self.marks.fill(0);
+    }
+
     /// The marks as a [`Marker`], for many marks in a row: what a mark reads is then held
     /// in registers, where each [`Dirty::mark`] loads it again (the compiler cannot tell a
     /// mark's byte from the fields it reads).

@@ -106,11 +106,11 @@ struct Tracked<T> {
 }
 
 impl<T: Copy> Tracked<T> {
-    /// Whether the takes after one that found `changed` of `blocks` blocks changed (or
-    /// marked, while marking) should find them by marks: not once half are marked, when
-    /// a take compares little less than every cell anyway; again once fewer than an
-    /// eighth change, when comparing every cell costs a take eight times what the
-    /// changes do. The gap keeps a rate near either end from switching at every take.
+    /// Whether the takes after one that found `changed` of `blocks` blocks changed should
+    /// find them by marks: not once half change, when a take compares little less than
+    /// every cell anyway; again once fewer than an eighth do, when comparing every cell
+    /// costs a take eight times what the changes do. The gap keeps a rate near either
+    /// end from switching at every take.
     fn marks_next(&self, changed: usize, blocks: usize) -> bool {
         if self.marking {
             changed * 2 < blocks
@@ -311,7 +311,7 @@ impl<T: Copy + Default> Register<T> {
         }
         let active = &active[..tracked_lanes];
         let cells = &self.cells;
-        let (mut looked, mut changed) = (0, 0);
+        let mut changed = 0;
         let mut compare = |block: Range<usize>| {
             let start = block.start;
             let reported = out.len();
@@ -336,18 +336,17 @@ impl<T: Copy + Default> Register<T> {
                 }
                 *then = *now;
             }
-            looked += 1;
             changed += usize::from(out.len() > reported);
         };
         if *marking {
             dirty.take(&mut compare);
         } else {
-            dirty.take(|_| {});
+            // Marks a write or a clear made meanwhile say nothing the comparison misses.
+            dirty.unmark_all();
             (0..dirty.blocks()).for_each(|block| compare(dirty.cells_of(block)));
         }
-        let found = if *marking { looked } else { changed };
         let blocks = dirty.blocks();
-        tracked.marking = tracked.marks_next(found, blocks);
+        tracked.marking = tracked.marks_next(changed, blocks);
     }
 
     /// Whether the data plane's updates mark the blocks they change (see [`Tracked`]);
@@ -770,7 +769,7 @@ mod tests {
         take(&mut r, &mut then);
         assert!(
             !r.marks_changes(),
-            "half the blocks marked: the next take compares all"
+            "half the blocks changed: the next take compares all"
         );
         // Unmarked, the writes and updates are found by the comparison alone.
         r.update_each([5, cells - 1, 3 * BLOCK], |c| *c += 7);
