@@ -117,7 +117,7 @@ pub trait ExactCodec {
 /// what became of them) once they no longer hold: `sync` says none were decoded ahead, or
 /// the write is no longer the one run they were decoded from. The one place that keeps
 /// them in step with `sync`.
-fn forget_stale_ahead<K, V>(sync: &TableSync, placing: &mut Vec<Place<K, V>>, ahead: &mut Placed) {
+fn forget_stale_ahead<T>(sync: &TableSync, placing: &mut Vec<T>, ahead: &mut Placed) {
     if sync.decoded_ahead() == 0 {
         placing.clear();
         *ahead = Placed::default();
@@ -131,6 +131,9 @@ enum Place<K, V> {
     /// The key's entry becomes the value, with the expiry profile.
     Put(K, V, u8),
 }
+
+/// A synced write's entry, with where its key hashes in the table it goes into.
+type Placing<K, V> = (Place<K, V>, Hashed);
 
 impl<K, V> Place<K, V> {
     fn key(&self) -> &K {
@@ -153,8 +156,10 @@ pub struct DeclaredTable<C: ExactCodec> {
     /// A synced write's entries on their way into the table, those decoded ahead of its
     /// commit ([`DeclaredTable::stage_synced_run`]) among them while `sync` says they
     /// hold, with what became of those; after the commit, the write's entries
-    /// ([`DeclaredTable::entries_written_last`]) until the next write.
-    placing: Vec<Place<C::Key, C::Value>>,
+    /// ([`DeclaredTable::entries_written_last`]) until the next write. Each with where
+    /// its key hashes in `table`, worked out as it is decoded: most are decoded ahead,
+    /// while the worker waits for the write's next part, not in the commit it waits for.
+    placing: Vec<Placing<C::Key, C::Value>>,
     placed_ahead: Placed,
     /// The data plane's clock at the last sweep: when a synced write's entries are placed
     /// (between bursts, where no packet brings the time).
@@ -207,7 +212,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
     /// the table (0 if not synced).
     pub fn synced_room_bytes(&self) -> u64 {
         self.sync.as_ref().map_or(0, |sync| {
-            let placing = sync.staged_slots() * std::mem::size_of::<Place<C::Key, C::Value>>();
+            let placing = sync.staged_slots() * std::mem::size_of::<Placing<C::Key, C::Value>>();
             sync.room_bytes::<C::Key, C::Value>() + placing as u64
         })
     }
@@ -281,10 +286,10 @@ impl<C: ExactCodec> DeclaredTable<C> {
             return false;
         }
         sync.stage_run(first, values);
-        let placing = &mut self.placing;
+        let (placing, table) = (&mut self.placing, &self.table);
         forget_stale_ahead(sync, placing, &mut self.placed_ahead);
         self.placed_ahead += sync.decode_ahead(|decoded| {
-            placing.push(Self::place_of(decoded));
+            placing.push(Self::place_of(table, decoded));
             true
         });
         true
@@ -299,16 +304,21 @@ impl<C: ExactCodec> DeclaredTable<C> {
         self.placed_ahead = Placed::default();
     }
 
-    /// What a decoded entry of a synced write does.
-    fn place_of(decoded: &Decoded) -> Place<C::Key, C::Value> {
+    /// What a decoded entry of a synced write does, and where its key hashes in `table`.
+    fn place_of(
+        table: &ExactTable<C::Key, C::Value>,
+        decoded: &Decoded,
+    ) -> Placing<C::Key, C::Value> {
         let key = C::key_of_values(decoded.key());
-        match decoded.action {
+        let hashed = table.hashed(&key);
+        let place = match decoded.action {
             None => Place::Delete(key),
             Some(action) => {
                 let value = C::value(action, decoded.params());
                 Place::Put(key, value, C::profile(&value))
             }
-        }
+        };
+        (place, hashed)
     }
 
     /// Places the entries of the write staged by [`DeclaredTable::write_synced`], each by
@@ -326,41 +336,35 @@ impl<C: ExactCodec> DeclaredTable<C> {
         // The entries first (those decoded ahead of the commit are), then their places:
         // each place is a cache miss in a large table, which looking ahead of the placing
         // overlaps.
-        let placing = &mut self.placing;
+        let (placing, table) = (&mut self.placing, &self.table);
         forget_stale_ahead(sync, placing, &mut self.placed_ahead);
         let mut placed = std::mem::take(&mut self.placed_ahead);
         placed += sync.commit(|decoded| {
-            placing.push(Self::place_of(decoded));
+            placing.push(Self::place_of(table, decoded));
             true
         });
         /// Entries looked ahead.
         const AHEAD: usize = 8;
         let (table, now_ns) = (&mut self.table, self.now_ns);
-        // Each key is hashed once, as it is looked ahead (entry i's hash is held at
-        // i % AHEAD until its turn): hashing it again to find it cost a fifth of the
-        // commit of 65,536 connections.
-        let mut hashes = [Hashed::default(); AHEAD];
         // What the placing changes goes to the collector as the write's (whatever the
         // values, one update each to the rate controller), entries it moves aside too.
         table.placing_a_write(true);
-        for (place, hashed) in placing.iter().zip(&mut hashes) {
-            *hashed = table.hashed(place.key());
+        for (_, hashed) in placing.iter().take(AHEAD) {
             table.prefetch_hashed(*hashed);
         }
         for i in 0..placing.len() {
-            let hashed = hashes[i % AHEAD];
-            if let Some(next) = placing.get(i + AHEAD) {
-                hashes[i % AHEAD] = table.hashed(next.key());
-                table.prefetch_hashed(hashes[i % AHEAD]);
+            if let Some((_, ahead)) = placing.get(i + AHEAD) {
+                table.prefetch_hashed(*ahead);
             }
-            let ok = match &placing[i] {
+            let (place, hashed) = &placing[i];
+            let ok = match place {
                 // A key not held is deleted already: nothing to refuse.
                 Place::Delete(key) => {
                     table.delete(key);
                     true
                 }
                 // The profile first: one that does not exist changes nothing.
-                Place::Put(key, value, profile) => match table.find_id_hashed(key, hashed) {
+                Place::Put(key, value, profile) => match table.find_id_hashed(key, *hashed) {
                     Some(id) => {
                         let ok = table.set_profile(id, *profile, now_ns).is_ok();
                         if ok {
@@ -369,7 +373,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
                         ok
                     }
                     None => (table
-                        .add_hashed_keeping_others(*key, hashed, *value, *profile, now_ns))
+                        .add_hashed_keeping_others(*key, *hashed, *value, *profile, now_ns))
                     .is_ok(),
                 },
             };
@@ -388,7 +392,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
     pub fn entries_written_last(&self) -> Vec<(C::Key, C::Value)> {
         // Keys are not `Hash`: the written ones by their table hash (any seed), then equal.
         let mut written: std::collections::HashMap<u64, Vec<C::Key>> = Default::default();
-        for place in &self.placing {
+        for (place, _) in &self.placing {
             let key = place.key();
             written.entry(key.hash_with(0)).or_default().push(*key);
         }
