@@ -237,13 +237,31 @@ fn read_into_writes(
     let mut first = 0;
     loop {
         let count = at_once.min(source.length - first);
+        // Read straight into the write open last where all it reads goes there (one
+        // target, the write room enough, nothing unbounded so far).
+        let direct = match started.writes[..] {
+            [.., (stream, ticket)] if targets.len() == 1 && unbounded.is_none() => {
+                Some((stream, ticket)).filter(|_| filled + count as usize <= per_write)
+            }
+            _ => None,
+        };
         read.clear();
-        let Some(gathered) = c.gather_entries(at, first, count, words, &mut read) else {
+        let gathered = match direct {
+            Some((stream, ticket)) => {
+                c.gather_into_write(at, (first, count, words), (m.to_switch, stream, ticket))?
+            }
+            None => c.gather_entries(at, first, count, words, &mut read),
+        };
+        let Some(gathered) = gathered else {
             return Err(format!(
                 "switch {} stream {} has applied no message yet",
                 at.0, at.1
             ));
         };
+        if direct.is_some() {
+            filled += gathered.values as usize;
+            started.values += gathered.values;
+        }
         started.read += gathered.read;
         started.largest_bound = started.largest_bound.max(gathered.largest_bound);
         if let Some(i) = gathered.first_unbounded {
@@ -642,7 +660,6 @@ mod tests {
     }
 
     /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
-    /// carries.    /// 1,024 entries of 3 words, values of up to 40 bits: the parts a 1,500-byte path
     /// carries.
     fn wide_table() -> Vec<u64> {
         (1..=3 * 1024u64).map(|i| i << 28 | i).collect()
@@ -777,15 +794,20 @@ mod tests {
     #[test]
     fn a_move_is_as_few_writes_of_whole_entries_as_the_path_allows() {
         let register: Vec<u64> = (1..=250).collect();
-        let mut c = copy_of(&register, 1, None);
-        let started = start(&mut c, &a_move(), &[0], 100, |_| {}).unwrap();
-        assert_eq!((started.writes.len(), started.entries), (3, 250));
-        let (mut stage, mut state) = (WriteStage::default(), Written::default());
-        assert_eq!(delivered(&mut c, &mut stage, &mut state), [100, 100, 50]);
-        let firsts: Vec<u32> = state.0.iter().map(|(at, _)| at.index).collect();
-        assert_eq!(firsts, [0, 100, 200]);
-        let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
-        assert_eq!(written, register);
+        // Read whole at once, and 30 at a time: most reads then go straight into the
+        // write open, those that would fill it past its limit through a copy.
+        for at_once in [READ_AT_ONCE, 30] {
+            let mut c = copy_of(&register, 1, None);
+            let started = start_reading(&mut c, &a_move(), &[0], (100, at_once), |_| {});
+            let started = started.unwrap();
+            assert_eq!((started.writes.len(), started.entries), (3, 250));
+            let (mut stage, mut state) = (WriteStage::default(), Written::default());
+            assert_eq!(delivered(&mut c, &mut stage, &mut state), [100, 100, 50]);
+            let firsts: Vec<u32> = state.0.iter().map(|(at, _)| at.index).collect();
+            assert_eq!(firsts, [0, 100, 200]);
+            let written: Vec<u64> = state.0.iter().flat_map(|(_, v)| v.clone()).collect();
+            assert_eq!(written, register);
+        }
         // 4 entries of 3 words, 2 a write (a limit of 7 values: 6 whole).
         let table: Vec<u64> = (1..=12).collect();
         let mut c = copy_of(&table, 3, None);

@@ -490,8 +490,23 @@ impl Collector {
         write: WriteTicket,
         values: &[u64],
     ) -> Result<(), String> {
-        self.engine_of(switch, stream, write)?
-            .extend(write.id, values)
+        Self::engine_of(&mut self.peers, switch, stream, write)?.extend(write.id, values)
+    }
+
+    /// Appends to an open write the values [`Collector::gather_entries`] reads from the
+    /// copy, read straight into the write (what a migration moves is megabytes); what it
+    /// read, or `None` as `gather_entries` answers it.
+    pub fn gather_into_write(
+        &mut self,
+        at: (u32, u16, u16),
+        (first, count, entry_words): (u32, u32, u32),
+        (switch, stream, write): (u32, u16, WriteTicket),
+    ) -> Result<Option<Gathered>, String> {
+        let mirror = &self.mirror;
+        let engine = Self::engine_of(&mut self.peers, switch, stream, write)?;
+        engine.extend_with(write.id, |values| {
+            mirror.gather_entries(at, first, count, entry_words, values)
+        })
     }
 
     /// Closes an open write (`WriteEngine::close`).
@@ -501,17 +516,17 @@ impl Collector {
         stream: u16,
         write: WriteTicket,
     ) -> Result<(), String> {
-        self.engine_of(switch, stream, write)?.close(write.id)
+        Self::engine_of(&mut self.peers, switch, stream, write)?.close(write.id)
     }
 
     /// The engine that took `write` into `switch`'s `stream`, if the stream's run did.
     fn engine_of(
-        &mut self,
+        peers: &mut HashMap<(u32, u16), Peer>,
         switch: u32,
         stream: u16,
         write: WriteTicket,
     ) -> Result<&mut WriteEngine, String> {
-        match self.peers.get_mut(&(switch, stream)) {
+        match peers.get_mut(&(switch, stream)) {
             Some(peer) if peer.epoch == write.epoch => Ok(&mut peer.engine),
             _ => Err(format!(
                 "switch {switch} stream {stream} started again since write {} was queued",

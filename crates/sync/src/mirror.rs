@@ -457,6 +457,8 @@ impl Bounds {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Gathered {
     pub read: u64,
+    /// The values appended (an occupied slot's words; none of an empty one).
+    pub values: u64,
     pub largest_bound: u64,
     pub unbounded: u64,
     pub first_unbounded: Option<u32>,
@@ -708,45 +710,65 @@ impl Mirror {
             Some(held) => held,
             None => (cells.and_then(|c| c.get(index))).unwrap_or(&NEVER),
         };
-        let stride = entry_words.max(1);
-        let mut read = 0;
+        let (stride, gap_seq) = (entry_words.max(1), view.gap_seq);
+        let out_before = out.len();
         let mut bounds = Bounds::default();
-        for entry in 0..count / stride {
-            let head = first + entry * stride;
-            let (start, end) = (head as usize, (head + stride) as usize);
-            // The entries read are scattered among empty slots skipped whole (a table
-            // half full), a walk the hardware's prefetcher follows poorly: the lines of
-            // the entry four ahead are asked for now (cells of 16 bytes, so every third
-            // touches each line).
-            let ahead = start + 4 * stride as usize;
-            if let Some(cells) = dense.get(ahead..ahead + stride as usize) {
-                for cell in cells.iter().step_by(3) {
-                    stateplane_mem::prefetch(cell);
-                }
-            }
+        // Entry `head` cell by cell (one unbounded, or past the dense cells); the
+        // locations read.
+        let each_cell = |head: u32, out: &mut Vec<u64>, bounds: &mut Bounds| {
             if stride > 1 && at(head).value == 0 {
+                bounds.note(head, at(head), gap_seq);
+                return 1;
+            }
+            for index in head..head + stride {
+                let held = at(index);
+                bounds.note(index, held, gap_seq);
+                out.push(held.value);
+            }
+            u64::from(stride)
+        };
+        let entries = count / stride;
+        // The entries whose cells are all dense, walked as one slice.
+        let from_first = dense.get(first as usize..).unwrap_or_default();
+        let in_dense = (from_first.len() / stride as usize).min(entries as usize);
+        let walked = &from_first[..in_dense * stride as usize];
+        let (mut read, mut head) = (0, first);
+        // The entries read are scattered among empty slots skipped whole (a table half
+        // full), a walk the hardware's prefetcher follows poorly: the walk asks for each
+        // line of cells (four of 16 bytes) as it comes within four entries.
+        const LINE: usize = 4;
+        let mut asked = 0;
+        for (i, entry) in walked.chunks_exact(stride as usize).enumerate() {
+            while asked < (i + 5) * stride as usize
+                && let Some(cell) = walked.get(asked)
+            {
+                stateplane_mem::prefetch(cell);
+                asked += LINE;
+            }
+            let this = head;
+            head += stride;
+            if stride > 1 && entry[0].value == 0 {
                 read += 1;
-                bounds.note(head, at(head), view.gap_seq);
+                bounds.note(this, &entry[0], gap_seq);
                 continue;
             }
-            read += u64::from(stride);
-            match dense.get(start..end) {
-                // An entry all bounded (a copy whole: every entry a migration reads) is
-                // taken in passes over its cells, with no branch a cell.
-                Some(entry) if entry.iter().all(|held| held.seq() >= view.gap_seq) => {
-                    out.extend(entry.iter().map(|held| held.value));
-                    (entry.iter().map(Held::bounded_from).min())
-                        .into_iter()
-                        .for_each(|from| bounds.bounded_from(from));
-                }
-                _ => {
-                    for index in head..head + stride {
-                        let held = at(index);
-                        bounds.note(index, held, view.gap_seq);
-                        out.push(held.value);
-                    }
-                }
+            // An entry all bounded (a copy whole: every entry a migration reads) is taken
+            // in one pass over its cells' bounds and one over their values, with no
+            // branch a cell.
+            let (oldest, from) = (entry.iter()).fold((u64::MAX, u64::MAX), |(o, f), held| {
+                (o.min(held.seq()), f.min(held.bounded_from()))
+            });
+            if oldest >= gap_seq {
+                out.extend(entry.iter().map(|held| held.value));
+                bounds.bounded_from(from);
+                read += u64::from(stride);
+            } else {
+                read += each_cell(this, out, &mut bounds);
             }
+        }
+        for _ in in_dense as u32..entries {
+            read += each_cell(head, out, &mut bounds);
+            head += stride;
         }
         let largest_bound =
             (bounds.earliest_from).map_or(0, |from| divergence_bound(view.threshold_since(from)));
@@ -757,6 +779,7 @@ impl Mirror {
         } = bounds;
         Some(Gathered {
             read,
+            values: (out.len() - out_before) as u64,
             largest_bound,
             unbounded,
             first_unbounded,
@@ -1337,6 +1360,7 @@ mod tests {
                     }
                     if !empty {
                         want_values.push(r.value);
+                        want.values += 1;
                     }
                 }
             }

@@ -838,16 +838,30 @@ impl WriteEngine {
     /// Adds `more` to open write `id`'s values; why not where it is not an open write of
     /// this engine, or would then hold more than a write may.
     pub fn extend(&mut self, id: u64, more: &[u64]) -> Result<(), String> {
+        self.extend_with(id, |values| values.extend_from_slice(more))
+    }
+
+    /// Adds to open write `id` the values `fill` appends to its own (what it returns, as
+    /// it returns it): a migration reads its copy straight into the write.
+    pub fn extend_with<R>(
+        &mut self,
+        id: u64,
+        fill: impl FnOnce(&mut Vec<u64>) -> R,
+    ) -> Result<R, String> {
         let (most, part_bytes) = (self.max_values(), self.part_bytes);
         let parts = self.open_write(id)?;
-        if let WriteValues::Stretch { values, .. } = &mut parts.values {
-            let len = values.len() + more.len();
-            if len > most {
-                return Err(too_many(most, part_bytes, len));
-            }
-            values.extend_from_slice(more);
+        let WriteValues::Stretch { values, .. } = &mut parts.values else {
+            return Err(format!("write {id} is not a stretch of values to extend"));
+        };
+        let before = values.len();
+        let filled = fill(values);
+        if values.len() > most {
+            let len = values.len();
+            values.truncate(before);
+            return Err(too_many(most, part_bytes, len));
         }
-        check_within_state(&parts.values)
+        check_within_state(&parts.values)?;
+        Ok(filled)
     }
 
     /// Closes open write `id`: it holds the values it has, and commits once they have all
