@@ -221,7 +221,12 @@ impl Collector {
     /// datagram is left untaken and uncounted (`false`), for the caller to hold and give
     /// to `on_datagram` after: a move takes its target's answers while it reads the copy,
     /// so that the parts lost go again meanwhile, and must not change the copy it reads.
+    /// A datagram whose header names another kind is left undecoded (the updates of every
+    /// switch that come during a move, decoded once, when they are given again).
     pub fn on_answer_datagram(&mut self, now_ns: u64, bytes: &[u8], from: SocketAddr) -> bool {
+        if Message::kind_named(bytes) != Some(Kind::WriteAck) {
+            return false;
+        }
         match Message::decode_with(self.key.as_ref(), bytes) {
             Ok(m) if m.kind == Kind::WriteAck => {
                 self.datagrams += 1;
@@ -809,7 +814,8 @@ mod tests {
         let (update, answer) = (encoded(&out[0]), encoded(&answer_of(&mut stage)));
         let from = SWITCH.parse().unwrap();
         let datagrams = c.datagrams;
-        for other in [&update[..], &update[..5], &[]] {
+        // Another kind, a header cut short, nothing, an answer cut short.
+        for other in [&update[..], &update[..5], &[], &answer[..answer.len() - 1]] {
             assert!(!c.on_answer_datagram(2_000, other, from));
         }
         assert_eq!(c.datagrams, datagrams, "nothing counted");

@@ -554,7 +554,8 @@ pub(crate) fn columns_message_bytes(widths: &[u8], len: usize) -> usize {
     HEADER_LEN + RUN_HEADER_LEN + widths.len() + columns_bytes(widths, len)
 }
 
-/// Where a message's sending time lies in its header.
+/// Where a message's kind and sending time lie in its header.
+const KIND_AT: usize = 1;
 const SENT_NS_AT: usize = 24;
 
 /// A message encoded once to go many times, each time with its own sending time: a
@@ -901,6 +902,13 @@ impl Message {
 
     /// Reads one message, all of `bytes`, whose MAC `key` must have made (and which must
     /// have none where `key` is `None`), or says why not.
+    /// The kind a datagram's header names, from that byte alone, nothing checked (the
+    /// datagram may still be refused whole): for a reader that passes over the other
+    /// kinds without decoding them.
+    pub fn kind_named(bytes: &[u8]) -> Option<Kind> {
+        Kind::from_byte(*bytes.get(KIND_AT)?)
+    }
+
     pub fn decode_with(key: Option<&Key>, bytes: &[u8]) -> Result<Message, DecodeError> {
         Message::decode_unless_held(key, bytes, |_| false)
     }

@@ -443,6 +443,9 @@ struct RowCutter {
     start: usize,
     /// The first value of the first row not taken.
     next_row: usize,
+    /// The rows the part being filled has taken (a short last row counted whole: a few
+    /// bytes more, never fewer).
+    rows: usize,
     widths: RowWidths,
 }
 
@@ -454,6 +457,7 @@ impl RowCutter {
             fixed: columns_message_bytes(&[0; MAX_RUN_COLUMNS][..columns], 0) + MAC_LEN,
             start: 0,
             next_row: 0,
+            rows: 0,
             widths: RowWidths::default(),
         }
     }
@@ -472,16 +476,17 @@ impl RowCutter {
             self.next_row = end;
             let row = &values[row_start..end];
             let row_bytes = self.widths.take(row);
-            // A short last row counted whole: a few bytes more, never fewer.
-            let rows = (end - self.start).div_ceil(columns);
+            let rows = self.rows + 1;
             let fits = self.fixed + rows * row_bytes <= self.limits.part_bytes
                 && end - self.start <= self.limits.values_per_part;
             if fits || row_start == self.start {
+                self.rows = rows;
                 continue;
             }
             // The row goes first in the next part, its widths its own.
             parts.push(self.start..row_start);
             self.start = row_start;
+            self.rows = 1;
             self.widths = RowWidths::default();
             self.widths.take(row);
         }
