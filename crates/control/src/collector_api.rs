@@ -154,22 +154,31 @@ impl CollectorHandle {
     /// Polls the core and sends what it gives until nothing is left to send now (the
     /// caller holds `sending`); `out` is the room the datagrams pass through.
     fn send_due(&self, out: &mut Vec<Outgoing>) {
-        let mut more = true;
-        while more {
+        self.send_polled(out, |now, out| {
             let report = self.report_asked.swap(false, Ordering::SeqCst);
-            let now = self.now_ns();
-            more = self.with(|c| c.poll(now, report, out));
-            self.send(out);
-        }
+            self.with(|c| c.poll(now, report, out))
+        });
     }
 
     /// As [`CollectorHandle::send_due`] without reports, for a caller that holds both
     /// `sending` and the core `c` (a move, sending its parts as it reads them).
     fn send_due_from(&self, c: &mut Collector, out: &mut Vec<Outgoing>) {
-        while c.poll(self.now_ns(), false, out) {
+        self.send_polled(out, |now, out| c.poll(now, false, out));
+    }
+
+    /// Sends what `poll` (given the time) puts in `out`, again while it says more is due.
+    fn send_polled(
+        &self,
+        out: &mut Vec<Outgoing>,
+        mut poll: impl FnMut(u64, &mut Vec<Outgoing>) -> bool,
+    ) {
+        loop {
+            let more = poll(self.now_ns(), out);
             self.send(out);
+            if !more {
+                return;
+            }
         }
-        self.send(out);
     }
 
     /// Starts move `m` (`migrate::start`): the copy read with the core held throughout, so
