@@ -736,6 +736,14 @@ impl Guaranteed {
             strides,
         })
     }
+
+    /// The state the inner program tracks that is synced (`synced`: the ids from
+    /// `first_synced` on), or else replicated in snapshots (the ids below).
+    fn tracked(&self, synced: bool) -> Vec<(u16, u32)> {
+        let mut tracked = self.inner.synced();
+        tracked.retain(|&(id, _)| (id >= self.first_synced) == synced);
+        tracked
+    }
 }
 
 impl Program for Guaranteed {
@@ -812,9 +820,7 @@ impl Program for Guaranteed {
 
     /// The synced state alone.
     fn synced(&self) -> Vec<(u16, u32)> {
-        let mut synced = self.inner.synced();
-        synced.retain(|&(id, _)| id >= self.first_synced);
-        synced
+        self.tracked(true)
     }
 
     fn track_snapshots(&mut self, name: &str, id: u16) -> Option<u32> {
@@ -823,9 +829,7 @@ impl Program for Guaranteed {
 
     /// The state replicated in snapshots alone.
     fn snapshotted(&self) -> Vec<(u16, u32)> {
-        let mut snapshotted = self.inner.synced();
-        snapshotted.retain(|&(id, _)| id < self.first_synced);
-        snapshotted
+        self.tracked(false)
     }
 
     fn synced_stride(&self, id: u16) -> u32 {

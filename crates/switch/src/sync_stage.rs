@@ -309,6 +309,7 @@ impl SyncSettings {
             None => None,
             Some(path) => Some(read_key(path).map_err(|e| format!("sync.key_file: {e}"))?),
         };
+        let adaptive = matches!(threshold_kind, Threshold::Adaptive(_));
         Ok(SyncPlan {
             collector,
             key,
@@ -327,9 +328,10 @@ impl SyncSettings {
             counters: Arc::new(SyncCounters::default()),
             states: Vec::new(),
             first_id: 0,
-            channel_mbps: matches!(threshold_kind, Threshold::Adaptive(_)).then_some(mbps),
-            share_mbps: matches!(threshold_kind, Threshold::Adaptive(_))
-                .then_some(mbps / workers as f64),
+            // The channel's capacity, and each worker's share of it, where a rate
+            // controller keeps to them.
+            channel_mbps: adaptive.then_some(mbps),
+            share_mbps: adaptive.then_some(mbps / workers as f64),
         })
     }
 }
