@@ -900,8 +900,6 @@ impl Message {
         Message::decode_with(None, bytes)
     }
 
-    /// Reads one message, all of `bytes`, whose MAC `key` must have made (and which must
-    /// have none where `key` is `None`), or says why not.
     /// The kind a datagram's header names, from that byte alone, nothing checked (the
     /// datagram may still be refused whole): for a reader that passes over the other
     /// kinds without decoding them.
@@ -909,6 +907,8 @@ impl Message {
         Kind::from_byte(*bytes.get(KIND_AT)?)
     }
 
+    /// Reads one message, all of `bytes`, whose MAC `key` must have made (and which must
+    /// have none where `key` is `None`), or says why not.
     pub fn decode_with(key: Option<&Key>, bytes: &[u8]) -> Result<Message, DecodeError> {
         Message::decode_unless_held(key, bytes, |_| false)
     }
