@@ -53,6 +53,7 @@ impl Dirty {
         self.marks.fill(1);
     }
 
+    /// Clears every mark, for a take that compares every block whatever is marked.
     pub fn unmark_all(&mut self) {
         self.marks.fill(0);
     }

@@ -716,8 +716,9 @@ impl Mirror {
         // Entry `head` cell by cell (one unbounded, or past the dense cells); the
         // locations read.
         let each_cell = |head: u32, out: &mut Vec<u64>, bounds: &mut Bounds| {
-            if stride > 1 && at(head).value == 0 {
-                bounds.note(head, at(head), gap_seq);
+            let first_cell = at(head);
+            if stride > 1 && first_cell.value == 0 {
+                bounds.note(head, first_cell, gap_seq);
                 return 1;
             }
             for index in head..head + stride {
