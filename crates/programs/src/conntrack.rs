@@ -60,7 +60,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{Carried, Declaration, DeclaredTable, ValueCodec};
+use stateplane_state::{Carried, Declaration, DeclaredTable, NotLeased, ValueCodec};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
@@ -284,6 +284,9 @@ pub(crate) enum Refusal {
     TableFull,
     /// A TCP segment outside its connection's windows ([`window`]).
     OutOfWindow,
+    /// Its connection is replicated and not marked leased, and the replication stage did
+    /// not admit the packet: left unprocessed, for the stage (`DropReason::NOT_LEASED`).
+    NotLeased,
 }
 
 /// Whether ICMP key `key` is an echo request or reply (`Some(true)` for a request).
@@ -400,25 +403,35 @@ impl Conntrack {
     /// the `seq` of a TCP segment an ICMP error quotes as sent from `key`'s source,
     /// whether that segment lies within the connection's windows: read only, its timer
     /// left as it is.
-    pub(crate) fn knows(&mut self, key: &FlowKey, seq: Option<u32>, now: u64) -> bool {
+    /// `lease_check`: as [`Conntrack::track`]'s.
+    pub(crate) fn knows(
+        &mut self,
+        key: &FlowKey,
+        seq: Option<u32>,
+        now: u64,
+        lease_check: Option<u16>,
+    ) -> Result<bool, NotLeased> {
         let (ckey, is_canonical) = canonical(key);
-        let Some(id) = self.table.lookup(&ckey, now) else {
-            return false;
+        let Some(id) = self.table.lookup_leased(&ckey, now, lease_check)? else {
+            return Ok(false);
         };
         let conn = self.table.value(id);
-        match seq {
+        Ok(match seq {
             Some(seq) if self.window_checks && key.proto == 6 => {
                 let sender = usize::from(conn.originator_is_canonical != is_canonical);
                 window::quoted(&conn.peers, sender, seq)
             }
             _ => true,
-        }
+        })
     }
 
     /// Tracks one packet of a tracked kind (see [`tracked`]); a TCP packet's `segment`,
     /// when its header is whole, is checked against its connection's windows. One that
     /// belongs to no connection opens one if `may_open` and it can (a TCP SYN, UDP, an
-    /// echo request); with `drop_invalid` off, one that cannot passes untracked.
+    /// echo request); with `drop_invalid` off, one that cannot passes untracked. With
+    /// the table replicated and checking leases, a packet whose `lease_check` says so
+    /// (`PacketDesc::lease_check`) is refused ([`Refusal::NotLeased`]) unless its
+    /// connection is marked leased.
     pub(crate) fn track(
         &mut self,
         key: &FlowKey,
@@ -426,12 +439,14 @@ impl Conntrack {
         segment: Option<&Segment>,
         now: u64,
         may_open: bool,
+        lease_check: Option<u16>,
     ) -> Result<(), Refusal> {
         let (ckey, is_canonical) = canonical(key);
         let tcp = key.proto == 6;
         let segment = segment.filter(|_| tcp && self.window_checks);
         let syn_only = tcp && tcp_flags & (flags::SYN | flags::ACK) == flags::SYN;
-        let mut found = self.table.lookup(&ckey, now);
+        let mut found = (self.table.lookup_leased(&ckey, now, lease_check))
+            .map_err(|NotLeased| Refusal::NotLeased)?;
         if let Some(id) = found {
             let conn = self.table.value(id);
             if syn_only
@@ -605,12 +620,14 @@ impl Program for Conntrack {
                 continue;
             }
             let segment = self.segment(d, burst.data(i));
-            let reason = match self.track(&key, d.parsed.tcp_flags, segment.as_ref(), d.ts_ns, true)
-            {
+            let flags = d.parsed.tcp_flags;
+            let check = d.lease_check;
+            let reason = match self.track(&key, flags, segment.as_ref(), d.ts_ns, true, check) {
                 Ok(()) => continue,
                 Err(Refusal::TableFull) => TABLE_FULL,
                 Err(Refusal::Invalid | Refusal::Unknown) => INVALID,
                 Err(Refusal::OutOfWindow) => OUT_OF_WINDOW,
+                Err(Refusal::NotLeased) => DropReason::NOT_LEASED,
             };
             burst.descs_mut()[i].verdict = Verdict::Drop(reason);
         }
@@ -630,7 +647,12 @@ impl Program for Conntrack {
 
     crate::synced_tables::synced_table_methods!(table);
 
-    crate::replicated_tables::replicated_table_methods!(table, with_counts: false, key: connection_of);
+    crate::replicated_tables::replicated_table_methods!(
+        table,
+        with_counts: false,
+        key: connection_of,
+        leases_checked
+    );
 
     fn inherit(&mut self, mut old: Self, _now_ns: u64) -> Vec<Carried> {
         vec![self.inherit_connections(&mut old)]

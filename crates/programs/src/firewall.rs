@@ -121,6 +121,7 @@ fn refused(refusal: Refusal) -> DropReason {
         Refusal::Unknown | Refusal::Invalid => INVALID,
         Refusal::TableFull => TABLE_FULL,
         Refusal::OutOfWindow => OUT_OF_WINDOW,
+        Refusal::NotLeased => DropReason::NOT_LEASED,
     }
 }
 
@@ -220,8 +221,14 @@ impl Firewall {
         // A TCP quote's sequence number (the 8 bytes quoted are its ports and it).
         let at = usize::from(d.parsed.payload_offset) + quoted.l4_at;
         let seq = (data.get(at + 4..at + 8)).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-        let known = !tracked(&key) || self.conntrack.knows(&key, seq, d.ts_ns);
-        (!known && by_hash).then_some(UNRELATED_ICMP)
+        let known = match tracked(&key) {
+            true => self.conntrack.knows(&key, seq, d.ts_ns, d.lease_check),
+            false => Ok(true),
+        };
+        match known {
+            Ok(known) => (!known && by_hash).then_some(UNRELATED_ICMP),
+            Err(_) => Some(DropReason::NOT_LEASED),
+        }
     }
 
     /// Why to drop packet `d` (`None`: it passes), its connection's state moved on; its
@@ -251,7 +258,7 @@ impl Firewall {
             let (flags, now) = (d.parsed.tcp_flags, d.ts_ns);
             let segment = self.conntrack.segment(d, data());
             let segment = segment.as_ref();
-            match self.conntrack.track(&key, flags, segment, now, false) {
+            match (self.conntrack).track(&key, flags, segment, now, false, d.lease_check) {
                 Ok(()) => None,
                 Err(Refusal::Unknown) => {
                     let judged = if from_inside {
@@ -259,12 +266,13 @@ impl Firewall {
                     } else {
                         self.judge_inbound(d)
                     };
-                    judged.or_else(
-                        || match self.conntrack.track(&key, flags, segment, now, true) {
+                    judged.or_else(|| {
+                        match (self.conntrack).track(&key, flags, segment, now, true, d.lease_check)
+                        {
                             Ok(()) => None,
                             Err(refusal) => Some(refused(refusal)),
-                        },
-                    )
+                        }
+                    })
                 }
                 Err(refusal) => Some(refused(refusal)),
             }
@@ -343,7 +351,8 @@ impl Program for Firewall {
     crate::replicated_tables::replicated_table_methods!(
         conntrack.table,
         with_counts: false,
-        key: connection_of
+        key: connection_of,
+        leases_checked
     );
 
     /// Connections stay (as `conntrack`'s do), each as it was permitted: the new policy

@@ -956,6 +956,30 @@ impl Program for Guaranteed {
         self.inner.install_replicated(key, state, now_ns)
     }
 
+    fn check_leases(&mut self) -> bool {
+        self.inner.check_leases()
+    }
+
+    fn mark_leased(&mut self, key: &stateplane_runtime::FlowBytes, until_ns: Option<u64>) {
+        self.inner.mark_leased(key, until_ns);
+    }
+
+    fn set_lease_clock(&mut self, now_ns: u64) {
+        self.inner.set_lease_clock(now_ns);
+    }
+
+    fn clear_leases(&mut self) {
+        self.inner.clear_leases();
+    }
+
+    fn take_leased_changes(
+        &mut self,
+        every: bool,
+        out: &mut Vec<stateplane_runtime::LeasedPacket>,
+    ) -> u64 {
+        self.inner.take_leased_changes(every, out)
+    }
+
     fn inherit(&mut self, old: Self, now_ns: u64) -> Vec<stateplane_state::Carried> {
         self.inner.inherit(old.inner, now_ns)
     }

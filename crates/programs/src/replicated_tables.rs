@@ -40,7 +40,46 @@ impl ReplicatedKey for u64 {
 /// (`$with_counts`, see `DeclaredTable::replicate`). `self.$key_of(packet, data)` is the
 /// table key of the entry a packet reads or writes (`None`: none), from the packet alone,
 /// the same for every packet of a flow whichever way it travels.
+///
+/// With `leases_checked`, the program looks its packets' entries up with
+/// `DeclaredTable::lookup_leased` wherever it reads or writes them, and the table's lease
+/// marks are the replication stage's to set (`Program::check_leases`).
 macro_rules! replicated_table_methods {
+    ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident, leases_checked) => {
+        crate::replicated_tables::replicated_table_methods!(
+            $($table).+, with_counts: $with_counts, key: $key_of
+        );
+
+        fn check_leases(&mut self) -> bool {
+            self.$($table).+.check_leases()
+        }
+
+        fn mark_leased(&mut self, key: &stateplane_runtime::FlowBytes, until_ns: Option<u64>) {
+            if let Some(key) = crate::replicated_tables::ReplicatedKey::from_flow_bytes(key) {
+                self.$($table).+.mark_leased(&key, until_ns);
+            }
+        }
+
+        fn set_lease_clock(&mut self, now_ns: u64) {
+            self.$($table).+.set_lease_clock(now_ns);
+        }
+
+        fn clear_leases(&mut self) {
+            self.$($table).+.clear_leases();
+        }
+
+        fn take_leased_changes(
+            &mut self,
+            every: bool,
+            out: &mut Vec<stateplane_runtime::LeasedPacket>,
+        ) -> u64 {
+            self.$($table).+.take_leased_changes(every, |key, place, changed| {
+                if let Some(flow) = crate::replicated_tables::ReplicatedKey::to_flow_bytes(key) {
+                    out.push(stateplane_runtime::LeasedPacket { flow, place, changed });
+                }
+            })
+        }
+    };
     ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident) => {
         fn replicate(&mut self, name: &str) -> bool {
             self.$($table).+.replicate(name, $with_counts)

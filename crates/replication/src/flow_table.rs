@@ -8,9 +8,14 @@
 //! a packet of such a flow is admitted with one probe and one key compared (the common
 //! case of established flows), without the table's lookup.
 //!
+//! A flow's steady mark may also be told to the program ([`FlowTable::tell_program`]),
+//! which then processes the flow's packets with nothing asked of the replica: every mark
+//! made and taken away is reported, for every flow (the cache forgets marks, the
+//! program's table does not).
+//!
 //! Must never: answer a place with another key's flow; keep a flow's steady mark past
 //! any change to it (every access that could change a flow takes its mark away, but
-//! [`FlowTable::get_mut_at`], whose caller restates it).
+//! [`FlowTable::get_mut_at`], whose caller restates it), in the cache or in the program.
 
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hash};
@@ -22,6 +27,16 @@ pub(crate) struct FlowTable<K, F> {
     /// The steady marks, at their key's hash (one a slot: a flow whose slot another takes
     /// is looked up in the table again).
     steady: Box<[Option<Steady<K>>]>,
+    /// While the program is told of steady marks: the flows it holds marked.
+    program: Option<ProgramMarks<K>>,
+}
+
+/// The flows marked steady in the program, and the marks made and taken away that it has
+/// not been told of yet (in order: the last of a flow's stands).
+#[derive(Clone)]
+struct ProgramMarks<K> {
+    marked: hashbrown::HashSet<K, foldhash::quality::RandomState>,
+    untold: Vec<(K, Option<u64>)>,
 }
 
 /// A flow's steady mark: until `until_ns`, its place and the note the replica keeps with
@@ -48,6 +63,7 @@ impl<K: Copy, F> Default for FlowTable<K, F> {
             table: HashTable::new(),
             hasher: foldhash::quality::RandomState::default(),
             steady: vec![None; STEADY_SLOTS].into_boxed_slice(),
+            program: None,
         }
     }
 }
@@ -66,6 +82,42 @@ impl<K: Hash + Eq + Copy, F> FlowTable<K, F> {
         let slot = &mut self.steady[Self::steady_slot(hash)];
         if slot.is_some_and(|s| s.key == *key) {
             *slot = None;
+        }
+        self.tell_unmarked(key);
+    }
+
+    /// Reports every steady mark made and taken away from now on
+    /// ([`FlowTable::take_told`]); the program holds none now.
+    pub(crate) fn tell_program(&mut self) {
+        self.program = Some(ProgramMarks {
+            marked: hashbrown::HashSet::with_hasher(self.hasher),
+            untold: Vec::new(),
+        });
+    }
+
+    /// The marks made (the flow's key and until when) and taken away (`None`) since the
+    /// last call, in order, for the program.
+    pub(crate) fn take_told(&mut self, out: &mut Vec<(K, Option<u64>)>) {
+        if let Some(p) = &mut self.program {
+            out.append(&mut p.untold);
+        }
+    }
+
+    /// Tells the program `key` is steady until `until_ns` (the flow says so), its cache
+    /// mark left as it is.
+    pub(crate) fn tell_marked(&mut self, key: K, until_ns: u64) {
+        if let Some(p) = &mut self.program {
+            p.marked.insert(key);
+            p.untold.push((key, Some(until_ns)));
+        }
+    }
+
+    fn tell_unmarked(&mut self, key: &K) {
+        if let Some(p) = &mut self.program
+            && !p.marked.is_empty()
+            && p.marked.remove(key)
+        {
+            p.untold.push((*key, None));
         }
     }
 
@@ -88,6 +140,15 @@ impl<K: Hash + Eq + Copy, F> FlowTable<K, F> {
     /// until a time, with a note (`None`: not steady), so that its mark is made, kept or
     /// taken away.
     pub(crate) fn restate_steady(&mut self, key: K, place: u32, steady: Option<(u64, u32)>) {
+        match steady {
+            Some((until_ns, _)) => {
+                if let Some(p) = &mut self.program {
+                    p.marked.insert(key);
+                    p.untold.push((key, Some(until_ns)));
+                }
+            }
+            None => self.tell_unmarked(&key),
+        }
         let slot = &mut self.steady[Self::steady_slot(self.hash(&key))];
         match (slot, steady) {
             (Some(s), Some((until_ns, note))) if s.key == key => {

@@ -540,6 +540,35 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         Some(Places { flow, state })
     }
 
+    /// Reports from now on every flow marked steady, with until when
+    /// ([`Replica::admit_steady`] would admit its packets so), and every mark taken away,
+    /// for a program that admits those packets itself ([`Replica::take_steady_told`]):
+    /// one whose packets, marked, are processed with nothing asked here, and whose changes
+    /// come through [`Replica::processed_with_state`].
+    pub fn tell_steady(&mut self) {
+        self.flows.tell_program();
+    }
+
+    /// The steady marks made (`Some(until)`) and taken away (`None`) since the last call,
+    /// in order (a flow's last stands), once [`Replica::tell_steady`] was called.
+    pub fn take_steady_told(&mut self, out: &mut Vec<(K, Option<u64>)>) {
+        self.flows.take_told(out);
+    }
+
+    /// Until when flow `key` is steady at `now_ns`, if it is, for the program to mark it
+    /// so at once (told as well, [`Replica::take_steady_told`], and taken away as any
+    /// mark): for a flow whose told mark the program did not take (packets of it were
+    /// held).
+    pub fn steady_for_program(&mut self, key: &K, now_ns: u64) -> Option<u64> {
+        self.tell_if_steady(*key, now_ns)
+    }
+
+    /// Packets processed under their flow's steady mark with nothing asked here (a
+    /// program told of the marks, [`Replica::tell_steady`]): counted as admitted.
+    pub fn admitted_steady(&mut self, packets: u64) {
+        self.counters.processed += packets;
+    }
+
     /// A packet of flow `key` arrived.
     pub fn admit(&mut self, now_ns: u64, key: K, token: Token) -> Admit {
         self.admit_placed(now_ns, key, token).0
@@ -1068,6 +1097,21 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         }
         self.settle(key, now_ns);
         self.arm(key, now_ns);
+        // A flow steady again (its write acknowledged, its outputs released) is told to
+        // the program at once, so that its next packets are not left for admission.
+        self.tell_if_steady(key, now_ns);
+    }
+
+    /// Tells the program flow `key` is steady, if it is (and the program is told of
+    /// marks), with until when: marked as any flow marked steady is, so that any change
+    /// to it takes the mark away.
+    fn tell_if_steady(&mut self, key: K, now_ns: u64) -> Option<u64> {
+        let lease_ns = self.config.lease_ns;
+        let (flow, _) = self.flows.get_mut_at(u32::MAX, &key)?;
+        let until_ns = flow.steady_until(now_ns, lease_ns)?;
+        flow.marked = true;
+        self.flows.tell_marked(key, until_ns);
+        Some(until_ns)
     }
 
     /// The store named the flow of `alias`: its packets go to be admitted again, in order.
@@ -2804,6 +2848,108 @@ mod tests {
             assert!(
                 steady > 300,
                 "seed {seed}: only {steady} packets admitted steady"
+            );
+        }
+    }
+
+    /// A flow the program holds marked steady ([`Replica::tell_steady`], the marks made
+    /// and taken away applied as told) has its packets admitted as
+    /// [`Replica::admit_placed`] would have admitted them: `Process`, with nothing else
+    /// asked; the program processes them with nothing asked of the replica, and tells it
+    /// only of a change. Random runs as above; the program's marks never outlast the
+    /// replica's own.
+    #[test]
+    fn a_flow_marked_in_the_program_is_admitted_as_admission_would_admit_it() {
+        for seed in 1..=40u64 {
+            let mut rng = seed;
+            let mut next = move |n: u64| {
+                rng = rng
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1442695040888963407);
+                (rng >> 33) % n
+            };
+            let mut r: Replica<u32, u64> = Replica::new(A, config());
+            r.tell_steady();
+            let mut s = StoreCore::new(StoreConfig::default());
+            let mut states = [0u64; 6];
+            let mut program: std::collections::HashMap<u32, u64> = Default::default();
+            let mut told = Vec::new();
+            let (mut now, mut token, mut marked) = (0u64, 0u64, 0u32);
+            for _ in 0..3_000 {
+                now += next(4 * MS);
+                let key = next(6) as u32;
+                if next(10) < 7 {
+                    token += 1;
+                    let changes = next(10) == 0;
+                    if changes {
+                        states[key as usize] += 1;
+                    }
+                    let state = states[key as usize];
+                    if program.get(&key).is_some_and(|&until| now < until) {
+                        marked += 1;
+                        let mut twin = r.clone();
+                        let (admit, places) = twin.admit_placed(now, key, token);
+                        assert_eq!(admit, Admit::Process, "seed {seed}, flow {key} at {now}");
+                        r.admitted_steady(1);
+                        assert_eq!(twin.counters, r.counters, "seed {seed} at {now}");
+                        // Unchanged, its output leaves at once, as the program lets it.
+                        let latest = r.flows.get(&key).and_then(|f| f.latest().copied());
+                        let before = latest.unwrap_or_default();
+                        let (release, changed) = (twin.clone()).processed_with_state(
+                            now,
+                            key,
+                            token,
+                            &before,
+                            places,
+                            u64::MAX,
+                        );
+                        assert_eq!(
+                            (release, changed),
+                            (Release::Now, false),
+                            "seed {seed}, flow {key} at {now}"
+                        );
+                        let (mut asked, mut asked_twin) = (Vec::new(), Vec::new());
+                        r.clone().poll_transmit(now, &mut asked);
+                        twin.poll_transmit(now, &mut asked_twin);
+                        assert_eq!(asked, asked_twin, "seed {seed}, flow {key} at {now}");
+                        if changes {
+                            r.processed_with_state(now, key, token, &state, places, u64::MAX);
+                        }
+                    } else if let (Admit::Process, places) = r.admit_placed(now, key, token) {
+                        r.processed_with_state(now, key, token, &state, places, u64::MAX);
+                    }
+                } else {
+                    let mut out = Vec::new();
+                    r.poll_transmit(now, &mut out);
+                    for q in out {
+                        let reply = s.handle(now, r.holder(), q);
+                        if next(8) != 0 {
+                            r.handle_reply(now + next(2 * MS), reply);
+                        }
+                    }
+                    while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+                        r.handle_timeout(t);
+                    }
+                    for e in events(&mut r) {
+                        if let Event::Process { key, token } = e {
+                            let state = states[key as usize];
+                            let places = Places::NONE;
+                            r.processed_with_state(now, key, token, &state, places, u64::MAX);
+                        }
+                    }
+                }
+                r.take_steady_told(&mut told);
+                for (key, until) in told.drain(..) {
+                    match until {
+                        Some(until) => program.insert(key, until),
+                        None => program.remove(&key),
+                    };
+                }
+                r.check_bookkeeping().unwrap();
+            }
+            assert!(
+                marked > 300,
+                "seed {seed}: only {marked} packets processed under the program's mark"
             );
         }
     }

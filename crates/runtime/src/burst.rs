@@ -45,6 +45,14 @@ pub struct PacketDesc {
     /// sets it to the size of the pieces the sender asked for; such a packet's transport
     /// checksum is left partial (its pseudo-header's sum), for the device that cuts it.
     pub segment_size: u16,
+    /// Set by the replication stage for every packet of a burst whose program checks its
+    /// flows' leases (meaningless elsewhere): `None` for a packet the stage admitted (its
+    /// flow's lease is held, and the stage accounts for what processing it changes), which
+    /// the program processes whatever its entry's lease mark says; else the packet's place
+    /// in the burst, which the program's table keeps with each entry it finds under its
+    /// lease mark (`DeclaredTable::lookup_leased`), for the stage to find the packet
+    /// again after the program.
+    pub lease_check: Option<u16>,
     /// Valid when `malformed` is `None`.
     pub parsed: Parsed,
     pub malformed: Option<Malformed>,
@@ -90,6 +98,7 @@ const EMPTY_DESC: PacketDesc = PacketDesc {
     },
     headroom: 0,
     segment_size: 0,
+    lease_check: None,
     parsed: Parsed::EMPTY,
     malformed: None,
     verdict: Verdict::Drop(DropReason::NO_VERDICT),

@@ -206,7 +206,7 @@ mod tests {
         stats.drops[DropReason::program(40).0 as usize] = 2;
         let program = ["blocked", "rate_limited"];
         let every = stats.drops_by_every_reason(&program);
-        assert_eq!(every.len(), 7 + 2 + 1, "{every:?}");
+        assert_eq!(every.len(), 8 + 2 + 1, "{every:?}");
         assert_eq!(every[0], ("no_verdict", 0));
         assert!(every.contains(&("blocked", 0)));
         assert!(every.contains(&("rate_limited", 3)));

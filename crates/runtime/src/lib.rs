@@ -43,7 +43,8 @@ pub use port::{
     SeenAt, Steering, TxPort,
 };
 pub use program::{
-    Context, DropReason, PortId, Prepared, Program, ProgramFactory, Running, Verdict, state_alone,
+    Context, DropReason, LeasedPacket, PortId, Prepared, Program, ProgramFactory, Running, Verdict,
+    state_alone,
 };
 pub use read_ahead::ReadAhead;
 pub use run_config::{FilePorts, RunHandle, RunReport, RuntimeConfig, Spread, SteerFn};

@@ -41,11 +41,16 @@ impl DropReason {
     /// cannot hold (pcap's ends in 2106), or the file failed (the run then stops). Counted
     /// as a drop, once per copy, and not as sent.
     pub const NOT_WRITTEN: DropReason = DropReason(6);
+    /// Replicated state: the program left the packet unprocessed, its flow's entry not
+    /// marked leased (`DeclaredTable::lookup_leased`), for the replication stage to admit
+    /// and put in a later burst. The stage takes every such packet back: none leaves, and
+    /// one that did would be counted here.
+    pub const NOT_LEASED: DropReason = DropReason(7);
     pub const PROGRAM_BASE: u8 = 16;
     /// How many codes there are in all (runtime and program).
     pub const COUNT: usize = 64;
 
-    const RUNTIME_NAMES: [&'static str; 7] = [
+    const RUNTIME_NAMES: [&'static str; 8] = [
         "no_verdict",
         "malformed",
         "no_such_port",
@@ -53,6 +58,7 @@ impl DropReason {
         "unreplicated",
         "stale",
         "not_written",
+        "not_leased",
     ];
 
     /// The program's `i`-th reason. Programs have at most 48.
@@ -178,6 +184,17 @@ impl Context {
             by_hash: true,
         }
     }
+}
+
+/// A packet a program processed under its flow's lease mark
+/// ([`Program::take_leased_changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeasedPacket {
+    pub flow: FlowBytes,
+    /// Its place in its burst (`PacketDesc::lease_check`).
+    pub place: u16,
+    /// Whether its flow's replicated state may have changed since it was found.
+    pub changed: bool,
 }
 
 /// A flow's replicated state read by `read` (a program's
@@ -484,6 +501,33 @@ pub trait Program: Send {
         false
     }
 
+    /// Has the program check, where it looks a packet's flow up, that the replication
+    /// stage marked the flow leased ([`Program::mark_leased`]), and leave unprocessed
+    /// (`DropReason::NOT_LEASED`) a packet whose flow is not marked and that the stage did
+    /// not admit (`PacketDesc::admitted`), so that the stage looks at no other packet
+    /// before the program. `false` (the default): the program cannot, and the stage
+    /// admits each packet itself.
+    fn check_leases(&mut self) -> bool {
+        false
+    }
+
+    /// Marks the flow leased until `until_ns` on the stage's clock ([`Program::set_lease_clock`];
+    /// `None`: not leased), where the program holds its state; nothing otherwise.
+    fn mark_leased(&mut self, _key: &FlowBytes, _until_ns: Option<u64>) {}
+
+    /// The stage's time, which lease marks are read against until the next call.
+    fn set_lease_clock(&mut self, _now_ns: u64) {}
+
+    /// Takes every lease mark away.
+    fn clear_leases(&mut self) {}
+
+    /// Appends the packets that found their flow under its lease mark since the last
+    /// call, in order, of the flows whose replicated state may have changed since (or,
+    /// with `every`, all of them); how many found their flow so.
+    fn take_leased_changes(&mut self, _every: bool, _out: &mut Vec<LeasedPacket>) -> u64 {
+        0
+    }
+
     /// Takes what it can of the state of `old`, the instance this one replaces on a reload
     /// (made from the configuration as it was), and says, per piece of declared state,
     /// what came across and what was left behind and why ([`Carried`]). By default
@@ -549,6 +593,11 @@ pub trait Running: Send {
         hint: &mut u32,
     ) -> Option<u64>;
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool;
+    fn check_leases(&mut self) -> bool;
+    fn mark_leased(&mut self, key: &FlowBytes, until_ns: Option<u64>);
+    fn set_lease_clock(&mut self, now_ns: u64);
+    fn clear_leases(&mut self);
+    fn take_leased_changes(&mut self, every: bool, out: &mut Vec<LeasedPacket>) -> u64;
     /// [`Program::inherit`] from `old` when it is a program of the same type; else every
     /// declaration of `old` starts afresh, the reload having changed the program.
     fn inherit(&mut self, old: Box<dyn Running>, now_ns: u64) -> Vec<Carried>;
@@ -733,6 +782,29 @@ impl<P: Program + 'static> Running for P {
 
     fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, now_ns: u64) -> bool {
         Program::install_replicated(self, key, state, now_ns)
+    }
+
+    fn check_leases(&mut self) -> bool {
+        Program::check_leases(self)
+    }
+
+    #[inline]
+    fn mark_leased(&mut self, key: &FlowBytes, until_ns: Option<u64>) {
+        Program::mark_leased(self, key, until_ns);
+    }
+
+    #[inline]
+    fn set_lease_clock(&mut self, now_ns: u64) {
+        Program::set_lease_clock(self, now_ns);
+    }
+
+    fn clear_leases(&mut self) {
+        Program::clear_leases(self);
+    }
+
+    #[inline]
+    fn take_leased_changes(&mut self, every: bool, out: &mut Vec<LeasedPacket>) -> u64 {
+        Program::take_leased_changes(self, every, out)
     }
 
     fn inherit(&mut self, old: Box<dyn Running>, now_ns: u64) -> Vec<Carried> {

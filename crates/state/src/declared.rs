@@ -5,7 +5,7 @@
 //! Must never: change any state when a request fails.
 
 use crate::changes::Change;
-use crate::exact::{AddError, ExactTable, Hashed};
+use crate::exact::{AddError, EntryId, ExactTable, Hashed};
 use crate::key_fields::KeyFields;
 use crate::synced_table::{Decoded, MAX_FIELDS, Placed, SlotWords, TableSync};
 use crate::table_key::TableKey;
@@ -167,7 +167,37 @@ pub struct DeclaredTable<C: ExactCodec> {
     /// With the table `replicated`: per action, the parameters its replicated state
     /// leaves out (bit i: parameter i), see [`DeclaredTable::replicate`].
     replicated: Option<Vec<u32>>,
+    /// With leases checked where the program looks its entries up
+    /// ([`DeclaredTable::check_leases`]): the entries found under their lease mark since
+    /// the replication stage last took their changes.
+    leased_reads: Option<Box<LeasedReads<C::Key, C::Value>>>,
 }
+
+/// The entries found under their lease mark, each as it was then, and (while they are
+/// taken) the places of those changed since.
+#[derive(Clone)]
+struct LeasedReads<K, V> {
+    reads: Vec<LeasedRead<K, V>>,
+    changed: Vec<EntryId>,
+    /// The table's [`ExactTable::moved`] at the first of `reads`.
+    moved: u64,
+}
+
+/// An entry a packet found under its lease mark, and its value then.
+#[derive(Clone, Copy)]
+struct LeasedRead<K, V> {
+    id: EntryId,
+    key: K,
+    value: V,
+    /// The packet's place in its burst (as its lookup was told).
+    packet: u16,
+}
+
+/// A packet's entry is not marked leased, and the replication stage did not admit the
+/// packet: the program must leave the packet unprocessed, for the stage to admit
+/// ([`DeclaredTable::lookup_leased`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotLeased;
 
 impl<C: ExactCodec> DeclaredTable<C> {
     pub fn new(table: ExactTable<C::Key, C::Value>, decl: Declaration) -> Self {
@@ -180,6 +210,7 @@ impl<C: ExactCodec> DeclaredTable<C> {
             placed_ahead: Placed::default(),
             now_ns: 0,
             replicated: None,
+            leased_reads: None,
         }
     }
 
@@ -442,6 +473,126 @@ impl<C: ExactCodec> DeclaredTable<C> {
         self.replicated.is_some()
     }
 
+    /// Has the program's lookups ([`DeclaredTable::lookup_leased`]) check each entry's
+    /// lease mark, for a replicated table; whether they do.
+    pub fn check_leases(&mut self) -> bool {
+        if self.replicated.is_some() && self.leased_reads.is_none() {
+            self.leased_reads = Some(Box::new(LeasedReads {
+                reads: Vec::new(),
+                changed: Vec::new(),
+                moved: 0,
+            }));
+        }
+        self.leased_reads.is_some()
+    }
+
+    /// The entry of `key` at `now_ns` as [`ExactTable::lookup`] finds it, for a packet
+    /// whose lease is to be checked at `check` (its place in its burst;
+    /// `PacketDesc::lease_check`), where the table checks leases: only an entry marked
+    /// leased ([`ExactTable::mark_leased`]), kept with its value and the packet's place to
+    /// compare after the program ([`DeclaredTable::take_leased_changes`]). For a packet
+    /// the replication stage admitted (`None`: it accounts for that packet itself), or
+    /// where the table does not check leases, any entry or none. [`NotLeased`]
+    /// otherwise: the packet is to be left as it is.
+    #[inline]
+    pub fn lookup_leased(
+        &mut self,
+        key: &C::Key,
+        now_ns: u64,
+        check: Option<u16>,
+    ) -> Result<Option<EntryId>, NotLeased> {
+        let (Some(reads), Some(packet)) = (&mut self.leased_reads, check) else {
+            return Ok(self.table.lookup(key, now_ns));
+        };
+        match self.table.lookup(key, now_ns) {
+            Some(id) if self.table.leased(id) => {
+                if reads.reads.is_empty() {
+                    reads.moved = self.table.moved();
+                }
+                reads.reads.push(LeasedRead {
+                    id,
+                    key: *key,
+                    value: *self.table.value(id),
+                    packet,
+                });
+                Ok(Some(id))
+            }
+            _ => Err(NotLeased),
+        }
+    }
+
+    /// The lookups that found an entry under its lease mark since the last call, in
+    /// order: each of an entry whose replicated state may have changed since (its action,
+    /// or a parameter the state keeps; an entry gone or moved counts as changed), or with
+    /// `every`, each, given to `found` with its key, its packet's place and whether its
+    /// entry changed; how many there were.
+    pub fn take_leased_changes(
+        &mut self,
+        every: bool,
+        mut found: impl FnMut(&C::Key, u16, bool),
+    ) -> u64 {
+        let Some(mut leased) = self.leased_reads.take() else {
+            return 0;
+        };
+        let LeasedReads {
+            reads,
+            changed,
+            moved,
+        } = &mut *leased;
+        let looked = reads.len() as u64;
+        // With no entry moved since, each is where it was found, and looked at there alone.
+        let unmoved = *moved == self.table.moved();
+        // Entries changed, by their place when found (a burst's few).
+        for read in reads.iter() {
+            let same = match unmoved {
+                true => self.same_replicated(&read.value, self.table.value(read.id)),
+                false => {
+                    (self.table.slot(read.id.place() as usize)).is_some_and(|(key, value, _)| {
+                        *key == read.key && self.same_replicated(&read.value, value)
+                    })
+                }
+            };
+            if !same && !changed.contains(&read.id) {
+                changed.push(read.id);
+            }
+        }
+        if every || !changed.is_empty() {
+            for read in reads.iter() {
+                let change = changed.contains(&read.id);
+                if every || change {
+                    found(&read.key, read.packet, change);
+                }
+            }
+        }
+        reads.clear();
+        changed.clear();
+        self.leased_reads = Some(leased);
+        looked
+    }
+
+    /// Whether two values hold the same replicated state (the counts left out of it may
+    /// differ).
+    fn same_replicated(&self, a: &C::Value, b: &C::Value) -> bool {
+        /// Most tables' actions have this many parameters or fewer: read into arrays this
+        /// small, they are compared with no more zeroed.
+        const FEW: usize = 4;
+        let (mut pa, mut pb) = ([0u128; FEW], [0u128; FEW]);
+        let (action, n) = C::action_values(a, &mut pa);
+        if n > FEW {
+            let (mut pa, mut pb) = ([0u128; MAX_FIELDS], [0u128; MAX_FIELDS]);
+            return C::action_values(b, &mut pb) == (action, n)
+                && C::action_values(a, &mut pa) == (action, n)
+                && self.same_kept(action, &pa[..n], &pb[..n]);
+        }
+        C::action_values(b, &mut pb) == (action, n) && self.same_kept(action, &pa[..n], &pb[..n])
+    }
+
+    /// Whether two parameter lists of `action` agree on those its replicated state keeps.
+    fn same_kept(&self, action: usize, a: &[u128], b: &[u128]) -> bool {
+        let left_out = self.replicated_params(action).map_or(0, |(mask, _)| mask);
+        (a.iter().zip(b).enumerate()).all(|(i, (x, y))| x == y || left_out & (1 << i) != 0)
+    }
+
     /// The parameters action `action`'s replicated state leaves out, and how many it has.
     fn replicated_params(&self, action: usize) -> Option<(u32, usize)> {
         let left_out = *self.replicated.as_ref()?.get(action)?;
@@ -487,6 +638,8 @@ impl<C: ExactCodec> DeclaredTable<C> {
     /// removing another entry (whose flow's state this worker must keep); `false` if
     /// `state` is not an entry of this table or the table is full (nothing changed).
     pub fn install_replicated(&mut self, key: C::Key, state: Option<&[u8]>, now_ns: u64) -> bool {
+        // An entry installed is one the stage marks again when its flow is steady.
+        self.table.mark_leased(&key, None);
         let Some((&action, kept)) = state.and_then(<[u8]>::split_first) else {
             self.table.delete(&key);
             return true;
@@ -664,6 +817,7 @@ impl<C: ExactCodec> Clone for DeclaredTable<C> {
             placed_ahead: self.placed_ahead,
             now_ns: self.now_ns,
             replicated: self.replicated.clone(),
+            leased_reads: self.leased_reads.clone(),
         }
     }
 }

@@ -205,6 +205,11 @@ struct Slot<K, V> {
     /// the lines the data plane's lookup and write have in their cache already, where a
     /// mark in an array beside the table was a cache miss at most first writes of a pass.
     mark: u8,
+    /// Until when (on the [`LeaseClock`]) the replication stage lets the data plane process
+    /// this entry's packets with nothing asked of it (its flow's lease held, nothing of it
+    /// waiting); 0: not now. The entry's own (it moves with the entry; a new entry, or one
+    /// put in place of another, has none). In the slot's padding, as `mark` is.
+    leased_until: u32,
 }
 
 /// An exact-match table of at most `capacity` entries. See the module documentation.
@@ -233,7 +238,32 @@ pub struct ExactTable<K: TableKey, V: Copy + Default + bytemuck::Zeroable> {
     /// With the table synced: the slots written since the sync stage last took them
     /// (entries added, moved, removed, or handed out to be updated in place).
     written: Option<Box<Written<K, V>>>,
+    /// The time the entries' lease marks are read against ([`ExactTable::leased`]).
+    lease_clock: LeaseClock,
+    /// Entries put in, taken out or moved so far ([`ExactTable::moved`]).
+    moved: u64,
     pub stats: TableStats,
+}
+
+/// The replication stage's time as lease marks hold it: units of 2^20 ns (about 1 ms),
+/// plus one, in 32 bits, so that a mark fits a slot's padding. Units are taken rounded
+/// down, so a mark read against the clock never outlasts the time it was made for.
+///
+/// Invariant: every mark is less than 2^30 units (about 13 days) from the clock's time, so
+/// that a wrapping comparison orders them: the clock takes every mark away each time it
+/// passes a multiple of 2^30 ([`ExactTable::set_lease_clock`]), far more often than a mark
+/// may last (a lease, at most a minute).
+#[derive(Clone, Copy, Debug, Default)]
+struct LeaseClock {
+    now: u32,
+    /// `now >> 30` when the marks were last all taken away.
+    era: u32,
+}
+
+impl LeaseClock {
+    fn units(ns: u64) -> u32 {
+        ((ns >> 20) as u32).wrapping_add(1).max(1)
+    }
 }
 
 impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
@@ -294,6 +324,8 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             notifications: Vec::with_capacity(capacity / 8 + 64),
             notification_limit: capacity / 8 + 64,
             written: None,
+            lease_clock: LeaseClock::default(),
+            moved: 0,
             stats: TableStats::default(),
         }
     }
@@ -435,6 +467,9 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// write since the last take, its entry saved as it is.
     #[inline]
     fn written(&mut self, i: usize, bits: u8) {
+        if bits & MOVED != 0 {
+            self.moved = self.moved.wrapping_add(1);
+        }
         if let Some(written) = &mut self.written {
             let slot = &mut self.slots[i];
             if slot.mark == 0 {
@@ -698,6 +733,54 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         &self.slots[id.0 as usize].value
     }
 
+    /// How many times an entry was put in, taken out or moved so far (wrapping): while
+    /// it is unchanged, every [`EntryId`] found before still names the entry it named.
+    #[inline]
+    pub fn moved(&self) -> u64 {
+        self.moved
+    }
+
+    /// Whether entry `id`'s lease mark holds at the lease clock's time
+    /// ([`ExactTable::mark_leased`]).
+    #[inline]
+    pub fn leased(&self, id: EntryId) -> bool {
+        let until = self.slots[id.0 as usize].leased_until;
+        until != 0 && (until.wrapping_sub(self.lease_clock.now) as i32) > 0
+    }
+
+    /// Marks `key`'s entry leased until `until_ns` (the replication stage's time; `None`:
+    /// not leased), for [`ExactTable::leased`]; whether the table holds the key.
+    pub fn mark_leased(&mut self, key: &K, until_ns: Option<u64>) -> bool {
+        let Some(i) = self.find(key) else {
+            return false;
+        };
+        // Rounded down: the mark ends no later than `until_ns`.
+        let until = until_ns.map_or(0, |ns| LeaseClock::units(ns).saturating_sub(1).max(1));
+        self.slots[i].leased_until = until;
+        true
+    }
+
+    /// Sets the time lease marks are read against (the replication stage's, in
+    /// nanoseconds; it only goes forward). Every 2^30 units the marks are all taken away
+    /// (see [`LeaseClock`]).
+    pub fn set_lease_clock(&mut self, now_ns: u64) {
+        let now = LeaseClock::units(now_ns);
+        self.lease_clock.now = now;
+        if now >> 30 != self.lease_clock.era {
+            self.lease_clock.era = now >> 30;
+            self.clear_leases();
+        }
+    }
+
+    /// Takes every entry's lease mark away.
+    pub fn clear_leases(&mut self) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if self.meta[i] != 0 {
+                slot.leased_until = 0;
+            }
+        }
+    }
+
     /// Hits counted on an entry so far.
     pub fn hits(&self, id: EntryId) -> u64 {
         self.slots[id.0 as usize].hits
@@ -870,6 +953,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
             profile,
             notified: false,
             mark: 0,
+            leased_until: 0,
         };
         // A hash of this table's (`ExactTable::hashed`); another's stays within bounds.
         debug_assert!(home <= self.mask, "a hash made by another table");
@@ -1222,6 +1306,8 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> Clone for ExactTable<K
             notifications: self.notifications.clone(),
             notification_limit: self.notification_limit,
             written: self.written.clone(),
+            lease_clock: self.lease_clock,
+            moved: self.moved,
             stats: self.stats,
         }
     }

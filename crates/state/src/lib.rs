@@ -40,7 +40,7 @@ pub use control::{
     FlowFilter, FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox,
     RemovedReason, Reply, Request, WorkerCounters, Write,
 };
-pub use declared::ValueCodec;
+pub use declared::{NotLeased, ValueCodec};
 pub use exact::{
     AddError, Adopted, ExactTable, ExpireMode, ExpireProfile, Expired, InsertLimit, TableStats,
 };

@@ -29,7 +29,8 @@ use stateplane_replication::snapshot::{SnapshotConfig, Snapshots};
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowMap, Holder, Reply, Request};
 use stateplane_runtime::{
-    Burst, Context, DropReason, Held, HeldPacket, Running, StateStage, StateStageFactory, Verdict,
+    Burst, Context, DropReason, Held, HeldPacket, LeasedPacket, Running, StateStage,
+    StateStageFactory, Verdict,
 };
 use stateplane_stores::memory::MemoryStore;
 use stateplane_stores::redis::{RedisConfig, RedisStore};
@@ -819,6 +820,14 @@ impl FlowIndex {
         }
     }
 
+    /// `key`'s place in `flows`, if it is there.
+    fn find(&self, flows: &[BurstFlow], key: &FlowBytes) -> Option<usize> {
+        match self.places[self.slot_of(flows, key)] {
+            0 => None,
+            place => Some(place as usize - 1),
+        }
+    }
+
     /// Where `key` is, or the empty slot where it would go.
     fn slot_of(&self, flows: &[BurstFlow], key: &FlowBytes) -> usize {
         let mask = self.places.len() - 1;
@@ -933,6 +942,20 @@ struct ReplicationStage {
     /// History lines not yet written.
     lines: String,
     reach: Reach,
+    /// Whether the program checks its flows' leases where it looks them up
+    /// ([`Running::check_leases`]; `None`: not asked yet, at the first burst and after a
+    /// reload): the stage then admits only the packets the program leaves unprocessed.
+    leases_checked: Option<bool>,
+    /// The replica's steady marks made and taken away, for the program.
+    told: Vec<(FlowBytes, Option<u64>)>,
+    /// Flows a packet of which the stage holds, or held since the program's marks were
+    /// last set: not marked while it holds any (the program must not process a packet of
+    /// theirs ahead of the held ones), and marked again as the replica says once it holds
+    /// none.
+    unleased: HashSet<FlowBytes>,
+    /// The packets the program processed under their flow's lease mark that the stage
+    /// accounts for (their flow changed, or held packets of it went in front).
+    leased: Vec<LeasedPacket>,
 }
 
 /// The bytes a worker's parked packets may take, on average, each: room for a frame of an
@@ -996,6 +1019,10 @@ impl ReplicationStage {
             history,
             lines: String::new(),
             reach: Reach::default(),
+            leases_checked: None,
+            told: Vec::new(),
+            unleased: HashSet::new(),
+            leased: Vec::new(),
         }
     }
 
@@ -1022,6 +1049,9 @@ impl ReplicationStage {
 
     /// Holds packet `i` of the burst.
     fn hold(&mut self, burst: &Burst, i: usize, token: Token, meta: Hold) {
+        if self.leases_checked == Some(true) {
+            self.unleased.insert(meta.key);
+        }
         let q = self.queues.entry(meta.key).or_default();
         if meta.processed {
             q.outputs += 1;
@@ -1352,6 +1382,188 @@ impl ReplicationStage {
         }
     }
 
+    /// Whether the program checks its flows' leases where it looks them up, asked once
+    /// (at the first burst, and the first after a reload); when it does, the replica tells
+    /// the stage its steady marks, for the program. Not with a history, which reads each
+    /// flow's state after each of its packets.
+    fn leases_checked(&mut self, program: &mut dyn Running) -> bool {
+        if let Some(on) = self.leases_checked {
+            return on;
+        }
+        let on = self.history.is_none() && program.check_leases();
+        if on {
+            program.clear_leases();
+            self.replica.tell_steady();
+            self.unleased.extend(self.queues.keys().copied());
+        }
+        self.leases_checked = Some(on);
+        on
+    }
+
+    /// [`StateStage::before_program`] for a program that checks its flows' leases: the
+    /// burst's own packets go to it as they came (it processes those of flows marked
+    /// leased, and leaves the others for [`ReplicationStage::admit_left`]), behind the
+    /// held packets now ready, which it processes as admitted.
+    fn before_checked(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
+        self.slots.clear();
+        self.in_burst.clear();
+        self.flows.clear();
+        self.index_of_flow.clear(burst.capacity());
+        self.slots.resize_with(burst.len(), || None);
+        self.pump(program, ctx);
+        if !self.resolved.is_empty() {
+            for (token, flow) in std::mem::take(&mut self.resolved) {
+                self.readmit(token, flow, program);
+            }
+            self.pump(program, ctx);
+        }
+        self.recheck_alone(program, ctx);
+        let mut front = std::mem::take(&mut self.front);
+        self.put_ready_in_front(burst, &mut front);
+        let admitted = front.len();
+        if admitted > 0 {
+            front.append(&mut self.slots);
+            std::mem::swap(&mut front, &mut self.slots);
+        }
+        self.front = front;
+        for (i, d) in burst.descs_mut().iter_mut().enumerate() {
+            d.lease_check = (i >= admitted).then_some(i as u16);
+        }
+        for slot in self.slots.iter().flatten() {
+            self.flows[slot.flow].processed = true;
+        }
+        self.tell_program_leases(program);
+    }
+
+    /// Sets the program's lease marks as the replica's stand now, but for a flow the
+    /// stage holds a packet of (every such flow is in `unleased`): its packets wait
+    /// behind that one. A flow whose held packets are all gone on is marked again as the
+    /// replica says.
+    fn tell_program_leases(&mut self, program: &mut dyn Running) {
+        let now = self.now();
+        program.set_lease_clock(now);
+        self.replica.take_steady_told(&mut self.told);
+        for (key, until) in self.told.drain(..) {
+            program.mark_leased(&key, until);
+        }
+        let (queues, replica) = (&self.queues, &mut self.replica);
+        self.unleased.retain(|key| {
+            let holding = queues.contains_key(key);
+            let until = match holding {
+                true => None,
+                false => replica.steady_for_program(key, now),
+            };
+            program.mark_leased(key, until);
+            holding
+        });
+    }
+
+    /// [`StateStage::after_program`]'s first step where the program checks its flows'
+    /// leases: each packet it left unprocessed is admitted and held for a later burst,
+    /// and the packets it processed under their lease mark whose flows may have changed
+    /// (there, or by a held packet processed in front of them) are given slots, to be
+    /// accounted for as admitted packets are.
+    fn admit_left(&mut self, burst: &mut Burst, program: &mut dyn Running) {
+        // With held packets in front, every packet found under its mark is looked at.
+        let every = !self.flows.is_empty();
+        let mut leased = std::mem::take(&mut self.leased);
+        let found = program.take_leased_changes(every, &mut leased);
+        self.replica.admitted_steady(found);
+        for p in leased.iter().filter(|p| p.changed) {
+            self.flow_index(p.flow);
+        }
+        let mut slotted = 0;
+        for p in leased.drain(..) {
+            let i = usize::from(p.place);
+            let flow = self.index_of_flow.find(&self.flows, &p.flow);
+            if let (Some(flow), Some(None)) = (flow, self.slots.get(i)) {
+                self.flows[flow].processed = true;
+                let token = self.next_token;
+                self.next_token += 1;
+                self.slots[i] = Some(Slot {
+                    token,
+                    outcome: Outcome::Go,
+                    behind: false,
+                    flow,
+                });
+                slotted += 1;
+            }
+        }
+        self.leased = leased;
+        let left =
+            |d: &stateplane_runtime::PacketDesc| d.verdict == Verdict::Drop(DropReason::NOT_LEASED);
+        // Those found under their mark and not given a slot (whose are counted with it).
+        (self.counters.processed).fetch_add(found.saturating_sub(slotted), Ordering::Relaxed);
+        let Some(first) = burst.descs().iter().position(left) else {
+            return;
+        };
+        let now = self.now();
+        let (mut keep, mut dropped) = (std::mem::take(&mut self.keep), 0);
+        keep.clear();
+        keep.resize(first, true);
+        for i in first..burst.len() {
+            if !left(&burst.descs()[i]) {
+                keep.push(true);
+                continue;
+            }
+            match program.replicated_key(&burst.descs()[i], burst.data(i)) {
+                Some(key) => {
+                    // As it came: the program did nothing with it.
+                    burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::NO_VERDICT);
+                    self.admit_for_later(burst, i, key, now);
+                    keep.push(false);
+                }
+                // Left, yet of no flow (a program's mistake): never let through as it is.
+                None => {
+                    burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::UNREPLICATED);
+                    dropped += 1;
+                    keep.push(true);
+                }
+            }
+        }
+        if keep.contains(&false) {
+            retain_kept(burst, &keep);
+            let mut i = 0;
+            self.slots.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
+        }
+        self.keep = keep;
+        self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// A packet the program left unprocessed, its flow `key` not marked leased: admitted,
+    /// and held to be processed in a later burst (the next, if its lease is here; else
+    /// when it comes), behind its flow's held packets; dropped if the parking place is
+    /// full.
+    fn admit_for_later(&mut self, burst: &Burst, i: usize, key: FlowBytes, now: u64) {
+        let token = self.next_token;
+        self.next_token += 1;
+        let behind = held_of(&self.queues, &key).is_some_and(|q| q.inputs > 0);
+        let full = self.parking_full(burst.data(i).len());
+        let admit = match full && (behind || !self.replica.holds(&key, now)) {
+            true => Admit::Dropped(ReplicaDrop::ParkFull),
+            false => self.replica.admit_placed(now, key, token).0,
+        };
+        let meta = Hold {
+            key,
+            alone: false,
+            processed: false,
+            state: None,
+        };
+        self.hold(burst, i, token, meta);
+        match admit {
+            Admit::Process => self.ready_in.push_back(token),
+            Admit::Parked => {
+                self.counters
+                    .waited_for_lease
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Admit::Dropped(_) => self.drop_held(token),
+        }
+    }
+
     /// Flow `key`'s place among the burst's flows (added if new).
     fn flow_index(&mut self, key: FlowBytes) -> usize {
         self.index_of_flow.find_or_add(&mut self.flows, key)
@@ -1371,6 +1583,9 @@ impl ReplicationStage {
 
 impl StateStage for ReplicationStage {
     fn before_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
+        if self.leases_checked(program) {
+            return self.before_checked(burst, program, ctx);
+        }
         self.slots.clear();
         self.in_burst.clear();
         self.flows.clear();
@@ -1555,6 +1770,9 @@ impl StateStage for ReplicationStage {
     }
 
     fn after_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
+        if self.leases_checked == Some(true) {
+            self.admit_left(burst, program);
+        }
         self.write_history();
         let now = self.now();
         // Each flow's state after the burst (compared with the replica's with its first
@@ -1571,7 +1789,13 @@ impl StateStage for ReplicationStage {
         }
         let (mut processed, mut folded) = (0u64, 0u64);
         self.in_burst.clear();
-        for i in 0..self.slots.len() {
+        // Packets of no flow the stage accounts for have no slot: with no such flow, none
+        // has (a burst of flows steady in a program that checks their leases).
+        let slotted = match self.flows.is_empty() {
+            true => 0,
+            false => self.slots.len(),
+        };
+        for i in 0..slotted {
             let Some(slot) = &self.slots[i] else { continue };
             let (token, flow) = (slot.token, slot.flow);
             let key = self.flows[flow].key;
@@ -1650,7 +1874,7 @@ impl StateStage for ReplicationStage {
         let mut keep = std::mem::take(&mut self.keep);
         keep.clear();
         let mut dropped = 0;
-        for i in 0..self.slots.len() {
+        for i in 0..slotted {
             let Some(slot) = &self.slots[i] else {
                 keep.push(true);
                 continue;
@@ -1727,6 +1951,10 @@ impl StateStage for ReplicationStage {
     /// Packets held for the old instance are dropped (counted): it takes no more packets.
     fn reloaded(&mut self, _old: &mut dyn Running, _program: &mut dyn Running, _ctx: &Context) {
         self.replica = Replica::new(self.replica.holder(), self.config);
+        // The new instance is asked whether it checks leases, its marks all taken away.
+        self.leases_checked = None;
+        self.told.clear();
+        self.unleased.clear();
         // Outputs already acknowledged still leave; every other held packet is dropped.
         self.ready_in.clear();
         self.alone.clear();
@@ -2251,6 +2479,207 @@ mod tests {
         assert_eq!(w.stats.get(Counter::TxPackets), 13);
         assert_eq!(counters.dropped.load(Ordering::Relaxed), 0);
         assert!(counters.held_most.load(Ordering::Relaxed) >= 6);
+    }
+
+    /// A value per flow (the packet's input port), one more for each packet whose ninth
+    /// byte is 1 (the others only read it), written into each packet's first eight bytes:
+    /// each output shows the state it saw. It checks its flows' leases as a program whose
+    /// table does ([`Running::check_leases`]): a packet the stage did not admit is
+    /// processed only under its flow's mark, and its flow's value then is kept to compare.
+    #[derive(Default)]
+    struct Gauge {
+        values: FlowMap<FlowBytes, u64>,
+        marks: FlowMap<FlowBytes, u64>,
+        clock: u64,
+        checking: bool,
+        /// Packets found under their mark: flow, place, value then.
+        reads: Vec<(FlowBytes, u16, u64)>,
+        /// How many were, in all.
+        found: Arc<AtomicU64>,
+    }
+
+    impl Program for Gauge {
+        type Prepared = ();
+
+        fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
+            for p in burst.iter_mut() {
+                let key = flow(p.desc.in_port);
+                if self.checking
+                    && let Some(place) = p.desc.lease_check
+                {
+                    let marked = self
+                        .marks
+                        .get(&key)
+                        .is_some_and(|&until| self.clock < until);
+                    if !marked {
+                        p.desc.verdict = Verdict::Drop(DropReason::NOT_LEASED);
+                        continue;
+                    }
+                    let value = self.values.get(&key).copied().unwrap_or(0);
+                    self.reads.push((key, place, value));
+                }
+                let value = self.values.entry(key).or_default();
+                *value += u64::from(p.data[8] == 1);
+                p.data[..8].copy_from_slice(&value.to_le_bytes());
+                p.desc.verdict = Verdict::Forward(0);
+            }
+        }
+
+        fn replicated_key(
+            &self,
+            packet: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
+            Some(flow(packet.in_port))
+        }
+
+        fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
+            count_state(&self.values, key)
+        }
+
+        fn install_replicated(&mut self, key: &FlowBytes, state: Option<&[u8]>, _: u64) -> bool {
+            self.marks.remove(key);
+            install_count(&mut self.values, key, state)
+        }
+
+        fn check_leases(&mut self) -> bool {
+            self.checking = true;
+            true
+        }
+
+        fn mark_leased(&mut self, key: &FlowBytes, until_ns: Option<u64>) {
+            match until_ns {
+                Some(until) => self.marks.insert(*key, until),
+                None => self.marks.remove(key),
+            };
+        }
+
+        fn set_lease_clock(&mut self, now_ns: u64) {
+            self.clock = now_ns;
+        }
+
+        fn clear_leases(&mut self) {
+            self.marks.clear();
+        }
+
+        fn take_leased_changes(&mut self, every: bool, out: &mut Vec<LeasedPacket>) -> u64 {
+            let values = &self.values;
+            let changed = |flow: &FlowBytes| {
+                (self.reads.iter()).any(|(f, _, then)| f == flow && values.get(f) != Some(then))
+            };
+            for &(flow, place, _) in &self.reads {
+                let changed = changed(&flow);
+                if every || changed {
+                    out.push(LeasedPacket {
+                        flow,
+                        place,
+                        changed,
+                    });
+                }
+            }
+            let found = self.reads.len() as u64;
+            self.found.fetch_add(found, Ordering::Relaxed);
+            self.reads.clear();
+            found
+        }
+    }
+
+    /// A program that checks its flows' leases, on random bursts over 16 flows, one
+    /// packet in 32 changing its flow, with the store's answers held back for a few
+    /// bursts at a time and leases short enough to come due: no output shows a value the
+    /// store had not acknowledged when it left; each flow's outputs leave in order, each
+    /// packet processed once (it shows its flow's changes up to it); every packet leaves,
+    /// none dropped; and most were processed under their flow's mark, with nothing asked
+    /// of the replica before the program.
+    #[test]
+    fn a_program_that_checks_leases_lets_out_only_what_the_store_acknowledged() {
+        const FLOWS: usize = 16;
+        let store = MemoryStore::new(StoreConfig {
+            min_lease_ns: 1_000_000,
+            max_lease_ns: 60_000_000_000,
+            fencing: true,
+            ..StoreConfig::default()
+        });
+        let config = ReplicaConfig {
+            lease_ns: 40_000_000,
+            margin_ns: 1_000_000,
+            park_timeout_ns: 60_000_000_000,
+            ..ReplicaConfig::default()
+        };
+        let found = Arc::new(AtomicU64::new(0));
+        let gauge = Gauge {
+            found: Arc::clone(&found),
+            ..Gauge::default()
+        };
+        let (mut w, open, counters, _) = worker_on(Box::new(gauge), &store, config);
+        let stored = |port: u16| {
+            let state = store.read(&flow(port)).and_then(|(_, v)| v);
+            state.map_or(0, |v| u64::from_le_bytes(v[..8].try_into().unwrap()))
+        };
+        let mut rng = 11u64;
+        let mut next = move |n: u64| {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) % n
+        };
+        // Per packet (by its sequence number): its flow's value once it is processed.
+        let mut expected = std::collections::HashMap::new();
+        let mut value = [0u64; FLOWS];
+        let mut acked = [0u64; FLOWS];
+        let mut last_seq = [0u64; FLOWS];
+        let (mut seq, mut left, mut shut_for) = (0u64, 0u64, 0);
+        for round in 0..3_000 {
+            let gate = shut_for >= 3 || round >= 2_900 || next(10) < 6;
+            shut_for = if gate { 0 } else { shut_for + 1 };
+            open.store(gate, Ordering::Relaxed);
+            if next(50) == 0 {
+                std::thread::sleep(Duration::from_millis(next(4) + 1));
+            }
+            let mut b = Burst::with_capacity(64);
+            // Up to a full burst: held outputs may then wait for room behind the burst's own.
+            let n = if round >= 2_900 { 0 } else { next(65) };
+            for _ in 0..n {
+                seq += 1;
+                let port = next(FLOWS as u64) as u16;
+                let changes = next(32) == 0;
+                let mut data = [0u8; 64];
+                data[8] = u8::from(changes);
+                value[usize::from(port)] += u64::from(changes);
+                expected.insert(seq, value[usize::from(port)]);
+                assert!(b.push(&data, 64, seq, port, seq));
+            }
+            w.handle(&mut b);
+            w.tick_stages();
+            for (port, seq, shown) in out(&b) {
+                let p = usize::from(port);
+                let bound = if gate { stored(port) } else { acked[p] };
+                assert!(
+                    shown <= bound,
+                    "round {round}: packet {seq} of flow {port} left showing {shown}, the store acknowledged {bound}"
+                );
+                assert_eq!(
+                    Some(&shown),
+                    expected.get(&seq),
+                    "round {round}: packet {seq}"
+                );
+                assert!(seq > last_seq[p], "round {round}: flow {port} out of order");
+                last_seq[p] = seq;
+                left += 1;
+            }
+            if gate {
+                acked = std::array::from_fn(|p| stored(p as u16));
+            }
+        }
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 0, "{counters:?}");
+        assert_eq!((left, w.holding()), (seq, 0), "every packet left");
+        let processed = counters.processed.load(Ordering::Relaxed);
+        assert_eq!(processed, seq, "each packet counted once as processed");
+        let found = found.load(Ordering::Relaxed);
+        assert!(
+            found > seq / 2,
+            "{found} of {seq} packets processed under their mark"
+        );
     }
 
     /// A packet named by an alias no flow has at the store waits for the packets that

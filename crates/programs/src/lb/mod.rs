@@ -828,7 +828,12 @@ impl Lb {
         } else {
             0
         };
-        let backend = match self.connections.lookup(&key, now) {
+        // A connection not marked leased waits for the replication stage (checked only
+        // where its table checks leases).
+        let Ok(found) = self.connections.lookup_leased(&key, now, d.lease_check) else {
+            return Verdict::Drop(DropReason::NOT_LEASED);
+        };
+        let backend = match found {
             Some(id) => {
                 let a = *self.connections.value(id);
                 let mut backend = a.backend;
@@ -978,7 +983,8 @@ impl Program for Lb {
     crate::replicated_tables::replicated_table_methods!(
         connections,
         with_counts: false,
-        key: connection_of
+        key: connection_of,
+        leases_checked
     );
 
     /// A reload keeps the health the control plane gave each backend still configured,
