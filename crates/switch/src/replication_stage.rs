@@ -948,11 +948,13 @@ struct ReplicationStage {
     leases_checked: Option<bool>,
     /// The replica's steady marks made and taken away, for the program.
     told: Vec<(FlowBytes, Option<u64>)>,
-    /// Flows a packet of which the stage holds, or held since the program's marks were
-    /// last set: not marked while it holds any (the program must not process a packet of
-    /// theirs ahead of the held ones), and marked again as the replica says once it holds
-    /// none.
+    /// Flows the stage holds packets of: not marked in the program while it holds any
+    /// (the program must not process a packet of theirs ahead of the held ones), and
+    /// marked again as the replica says once it holds none. Those newly so, and those
+    /// whose held packets are all gone, since the program's marks were last set.
     unleased: HashSet<FlowBytes>,
+    to_unlease: Vec<FlowBytes>,
+    released: Vec<FlowBytes>,
     /// The packets the program processed under their flow's lease mark that the stage
     /// accounts for (their flow changed, or held packets of it went in front).
     leased: Vec<LeasedPacket>,
@@ -1022,6 +1024,8 @@ impl ReplicationStage {
             leases_checked: None,
             told: Vec::new(),
             unleased: HashSet::new(),
+            to_unlease: Vec::new(),
+            released: Vec::new(),
             leased: Vec::new(),
         }
     }
@@ -1049,8 +1053,8 @@ impl ReplicationStage {
 
     /// Holds packet `i` of the burst.
     fn hold(&mut self, burst: &Burst, i: usize, token: Token, meta: Hold) {
-        if self.leases_checked == Some(true) {
-            self.unleased.insert(meta.key);
+        if self.leases_checked == Some(true) && self.unleased.insert(meta.key) {
+            self.to_unlease.push(meta.key);
         }
         let q = self.queues.entry(meta.key).or_default();
         if meta.processed {
@@ -1080,6 +1084,9 @@ impl ReplicationStage {
             }
             if q.inputs == 0 && q.outputs == 0 {
                 self.queues.remove(key);
+                if self.unleased.contains(key) {
+                    self.released.push(*key);
+                }
             }
         }
     }
@@ -1395,6 +1402,7 @@ impl ReplicationStage {
             program.clear_leases();
             self.replica.tell_steady();
             self.unleased.extend(self.queues.keys().copied());
+            self.to_unlease.extend(self.queues.keys().copied());
         }
         self.leases_checked = Some(on);
         on
@@ -1444,18 +1452,19 @@ impl ReplicationStage {
         program.set_lease_clock(now);
         self.replica.take_steady_told(&mut self.told);
         for (key, until) in self.told.drain(..) {
-            program.mark_leased(&key, until);
+            if !self.unleased.contains(&key) {
+                program.mark_leased(&key, until);
+            }
         }
-        let (queues, replica) = (&self.queues, &mut self.replica);
-        self.unleased.retain(|key| {
-            let holding = queues.contains_key(key);
-            let until = match holding {
-                true => None,
-                false => replica.steady_for_program(key, now),
-            };
-            program.mark_leased(key, until);
-            holding
-        });
+        for key in self.to_unlease.drain(..) {
+            program.mark_leased(&key, None);
+        }
+        for key in self.released.drain(..) {
+            if !self.queues.contains_key(&key) && self.unleased.remove(&key) {
+                let until = self.replica.steady_for_program(&key, now);
+                program.mark_leased(&key, until);
+            }
+        }
     }
 
     /// [`StateStage::after_program`]'s first step where the program checks its flows'
@@ -1955,6 +1964,8 @@ impl StateStage for ReplicationStage {
         self.leases_checked = None;
         self.told.clear();
         self.unleased.clear();
+        self.to_unlease.clear();
+        self.released.clear();
         // Outputs already acknowledged still leave; every other held packet is dropped.
         self.ready_in.clear();
         self.alone.clear();
