@@ -1379,6 +1379,88 @@ mod tests {
         c.replicated_key(&burst.descs()[0], burst.data(0))
     }
 
+    /// As [`send`], the packet's lease checked at place `check` (`None`: admitted).
+    fn send_checked(c: &mut Conntrack, from_inside: bool, l4: L4, check: Option<u16>) -> Verdict {
+        let mut f = Vec::new();
+        emit_frame(&mut f, &hosts(from_inside), &l4, b"data");
+        let mut burst = Burst::with_capacity(4);
+        burst.push(&f, f.len() as u32, S, if from_inside { 0 } else { 1 }, 0);
+        burst.now_ns = S;
+        burst.parse(&FlowHasher::with_seed(1));
+        burst.descs_mut()[0].lease_check = check;
+        c.process(&mut burst, &mut crate::testutil::ctx(S, 2));
+        burst.descs()[0].verdict
+    }
+
+    /// Checking leases, the tracker processes a packet the stage did not admit only under
+    /// its connection's mark, until the mark's time: no mark, a mark past or taken away,
+    /// or no connection yet, and the packet is left as it came. What it found under the
+    /// mark comes back with the packet's place, as a change only where the replicated
+    /// state moved (an answer), not where a count did.
+    #[test]
+    fn a_connection_checked_for_its_lease_goes_under_its_mark_and_tells_its_changes() {
+        let mut a = conntrack(16);
+        assert!(!a.check_leases(), "not replicated");
+        assert!(a.replicate("connections"));
+        assert!(a.check_leases());
+        let key = key_of(&a, true, tcp(7, true, flags::SYN)).unwrap();
+        let syn = || tcp(7, true, flags::SYN);
+        let left = Verdict::Drop(DropReason::NOT_LEASED);
+        assert_eq!(send_checked(&mut a, true, syn(), Some(0)), left);
+        assert_eq!(state(&a, 7), None, "a new connection waits for its lease");
+        assert_eq!(send_checked(&mut a, true, syn(), None), OUT, "admitted");
+        assert_eq!(state(&a, 7), Some(ConnState::New));
+        assert_eq!(send_checked(&mut a, true, syn(), Some(0)), left, "no mark");
+
+        a.set_lease_clock(1_000_000_000);
+        a.mark_leased(&key, Some(2_000_000_000));
+        assert_eq!(send_checked(&mut a, true, syn(), Some(3)), OUT);
+        let mut found = Vec::new();
+        assert_eq!(a.take_leased_changes(false, &mut found), 1);
+        assert!(found.is_empty(), "a count is no change: {found:?}");
+        assert_eq!(send_checked(&mut a, true, syn(), Some(4)), OUT);
+        assert_eq!(a.take_leased_changes(true, &mut found), 1);
+        let as_found = |place, changed| stateplane_runtime::LeasedPacket {
+            flow: key,
+            place,
+            changed,
+        };
+        assert_eq!(found, [as_found(4, false)], "every one asked for");
+        found.clear();
+        let answer = tcp(7, false, flags::SYN | flags::ACK);
+        assert_eq!(send_checked(&mut a, true, syn(), Some(1)), OUT);
+        assert_eq!(send_checked(&mut a, false, answer, Some(2)), IN);
+        assert_eq!(a.take_leased_changes(false, &mut found), 2);
+        assert_eq!(
+            found,
+            [as_found(1, true), as_found(2, true)],
+            "the answer moved it"
+        );
+
+        a.set_lease_clock(2_000_000_000);
+        assert_eq!(
+            send_checked(&mut a, true, syn(), Some(0)),
+            left,
+            "its time passed"
+        );
+        a.set_lease_clock(1_500_000_000);
+        assert_eq!(send_checked(&mut a, true, syn(), Some(0)), OUT);
+        a.mark_leased(&key, None);
+        assert_eq!(
+            send_checked(&mut a, true, syn(), Some(0)),
+            left,
+            "taken away"
+        );
+        a.mark_leased(&key, Some(2_000_000_000));
+        let state = a.replicated_state(&key);
+        assert!(a.install_replicated(&key, state.as_deref(), S));
+        assert_eq!(
+            send_checked(&mut a, true, syn(), Some(0)),
+            left,
+            "installed anew"
+        );
+    }
+
     /// Replicated, a connection is one flow whichever way its packets go; its state moves
     /// with its TCP state, never with its packet count (kept here), and installed in
     /// another tracker it lets that tracker pass the connection's answers. Bytes of no

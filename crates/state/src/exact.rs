@@ -249,18 +249,23 @@ pub struct ExactTable<K: TableKey, V: Copy + Default + bytemuck::Zeroable> {
 /// plus one, in 32 bits, so that a mark fits a slot's padding. Units are taken rounded
 /// down, so a mark read against the clock never outlasts the time it was made for.
 ///
-/// Invariant: every mark is less than 2^30 units (about 13 days) from the clock's time, so
-/// that a wrapping comparison orders them: the clock takes every mark away each time it
-/// passes a multiple of 2^30 ([`ExactTable::set_lease_clock`]), far more often than a mark
-/// may last (a lease, at most a minute).
+/// Invariant: every mark is within 2^31 units of the clock's time, so that a wrapping
+/// comparison orders them: a mark is made at most 2^29 units ahead
+/// ([`LeaseClock::FURTHEST_NS`]; a lease lasts a minute at most), and the clock takes
+/// every mark away each time it passes a multiple of 2^30 units, about 13 days
+/// ([`ExactTable::set_lease_clock`]).
 #[derive(Clone, Copy, Debug, Default)]
 struct LeaseClock {
+    now_ns: u64,
     now: u32,
     /// `now >> 30` when the marks were last all taken away.
     era: u32,
 }
 
 impl LeaseClock {
+    /// The furthest a mark may be from the clock's time: 2^29 units (about 6.5 days).
+    const FURTHEST_NS: u64 = 1 << (29 + 20);
+
     fn units(ns: u64) -> u32 {
         ((ns >> 20) as u32).wrapping_add(1).max(1)
     }
@@ -754,8 +759,15 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
         let Some(i) = self.find(key) else {
             return false;
         };
-        // Rounded down: the mark ends no later than `until_ns`.
-        let until = until_ns.map_or(0, |ns| LeaseClock::units(ns).saturating_sub(1).max(1));
+        // Both times rounded down to the unit: the mark holds while the clock's unit is
+        // before `until_ns`'s, so it ends within a unit before `until_ns`, never after;
+        // and no later than 2^29 units from the clock's time (the invariant of
+        // `LeaseClock`, for a time given too far ahead).
+        let latest = self
+            .lease_clock
+            .now_ns
+            .saturating_add(LeaseClock::FURTHEST_NS);
+        let until = until_ns.map_or(0, |ns| LeaseClock::units(ns.min(latest)));
         self.slots[i].leased_until = until;
         true
     }
@@ -765,6 +777,7 @@ impl<K: TableKey, V: Copy + Default + bytemuck::Zeroable> ExactTable<K, V> {
     /// (see [`LeaseClock`]).
     pub fn set_lease_clock(&mut self, now_ns: u64) {
         let now = LeaseClock::units(now_ns);
+        self.lease_clock.now_ns = now_ns;
         self.lease_clock.now = now;
         if now >> 30 != self.lease_clock.era {
             self.lease_clock.era = now >> 30;
@@ -1362,6 +1375,50 @@ mod tests {
             }
             probe(&t, round, rng, [key, (rng >> 40) % 200]);
         }
+    }
+
+    /// A lease mark holds until its time, never past it (a time rounded down to the
+    /// clock's unit), moves with its entry as others come and go, is not an entry's that
+    /// takes its place, and every mark goes when the clock passes a multiple of 2^30
+    /// units (the marks then stay within half the 32 bits' range of the clock).
+    #[test]
+    fn a_lease_mark_holds_until_its_time_with_its_entry() {
+        const UNIT: u64 = 1 << 20;
+        let mut t: ExactTable<u64, u32> = ExactTable::new(64, &profiles(), 7);
+        t.add_entry(1, 10, 0, 0).unwrap();
+        t.set_lease_clock(10 * UNIT);
+        assert!(t.mark_leased(&1, Some(20 * UNIT + UNIT / 2)));
+        assert!(!t.mark_leased(&2, Some(20 * UNIT)), "no such entry");
+        let leased = |t: &ExactTable<u64, u32>, key| t.find_id(&key).is_some_and(|id| t.leased(id));
+        assert!(leased(&t, 1));
+        t.set_lease_clock(19 * UNIT);
+        assert!(leased(&t, 1));
+        t.set_lease_clock(20 * UNIT);
+        assert!(!leased(&t, 1), "within its last unit: gone");
+        t.set_lease_clock(10 * UNIT);
+        let moved = t.moved();
+        for key in 2..40 {
+            t.add_entry(key, 0, 0, 0).unwrap();
+        }
+        for key in 2..40 {
+            assert!(t.delete(&key));
+        }
+        assert!(t.moved() > moved, "entries came and went");
+        assert!(leased(&t, 1), "the mark moves with its entry");
+        assert!(!leased(&t, 2), "another entry has none");
+        t.delete(&1);
+        t.add_entry(1, 10, 0, 0).unwrap();
+        assert!(!leased(&t, 1), "a new entry of its key has none");
+        t.set_lease_clock(((1 << 30) - 3) * UNIT);
+        t.mark_leased(&1, Some(u64::MAX));
+        t.set_lease_clock(((1 << 30) - 2) * UNIT);
+        assert!(leased(&t, 1), "a time too far ahead held to the furthest");
+        t.set_lease_clock((1 << 30) * UNIT);
+        assert!(!leased(&t, 1), "the clock's era passed");
+        t.mark_leased(&1, Some((1 << 30) * UNIT + 5 * UNIT));
+        assert!(leased(&t, 1));
+        t.clear_leases();
+        assert!(!leased(&t, 1), "all taken away");
     }
 
     /// A key hashed ahead is found where a find finds it, present or not, as entries come,
