@@ -958,6 +958,8 @@ struct ReplicationStage {
     /// The packets the program processed under their flow's lease mark that the stage
     /// accounts for (their flow changed, or held packets of it went in front).
     leased: Vec<LeasedPacket>,
+    /// The packets the program left whose leases are here, processed again at once.
+    again: Burst,
 }
 
 /// The bytes a worker's parked packets may take, on average, each: room for a frame of an
@@ -1027,6 +1029,7 @@ impl ReplicationStage {
             to_unlease: Vec::new(),
             released: Vec::new(),
             leased: Vec::new(),
+            again: Burst::default(),
         }
     }
 
@@ -1472,7 +1475,7 @@ impl ReplicationStage {
     /// and the packets it processed under their lease mark whose flows may have changed
     /// (there, or by a held packet processed in front of them) are given slots, to be
     /// accounted for as admitted packets are.
-    fn admit_left(&mut self, burst: &mut Burst, program: &mut dyn Running) {
+    fn admit_left(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
         // With held packets in front, every packet found under its mark is looked at.
         let every = !self.flows.is_empty();
         let mut leased = std::mem::take(&mut self.leased);
@@ -1510,6 +1513,15 @@ impl ReplicationStage {
         let (mut keep, mut dropped) = (std::mem::take(&mut self.keep), 0);
         keep.clear();
         keep.resize(first, true);
+        // Those whose lease is here, no packet of their flow waiting to be processed:
+        // processed again at once, as admitted, behind the burst's own (a flow's packets
+        // are all left or none).
+        let mut again = Vec::new();
+        if self.again.capacity() != burst.capacity() {
+            self.again = Burst::with_capacity(burst.capacity());
+        }
+        self.again.clear();
+        self.again.now_ns = burst.now_ns;
         for i in first..burst.len() {
             if !left(&burst.descs()[i]) {
                 keep.push(true);
@@ -1519,7 +1531,12 @@ impl ReplicationStage {
                 Some(key) => {
                     // As it came: the program did nothing with it.
                     burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::NO_VERDICT);
-                    self.admit_for_later(burst, i, key, now);
+                    if let Some(token) = self.admit_for_later(burst, i, key, now) {
+                        again.push((token, key));
+                        let mut desc = burst.descs()[i];
+                        desc.lease_check = None;
+                        self.again.push_desc(&desc, burst.data(i));
+                    }
                     keep.push(false);
                 }
                 // Left, yet of no flow (a program's mistake): never let through as it is.
@@ -1540,13 +1557,49 @@ impl ReplicationStage {
         }
         self.keep = keep;
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+        if again.is_empty() {
+            return;
+        }
+        let mut ctx = Context { ..*ctx };
+        let mut done = std::mem::take(&mut self.again);
+        program.process(&mut done, &mut ctx);
+        for (i, (token, key)) in again.into_iter().enumerate() {
+            if !burst.push_desc(&done.descs()[i], done.data(i)) {
+                // Never: each came out of the burst, which keeps its room.
+                let meta = Hold {
+                    key,
+                    alone: false,
+                    processed: true,
+                    state: None,
+                };
+                self.hold(&done, i, token, meta);
+                self.drop_held(token);
+                continue;
+            }
+            let flow = self.flow_index(key);
+            self.flows[flow].processed = true;
+            self.slots.push(Some(Slot {
+                token,
+                outcome: Outcome::Go,
+                behind: false,
+                flow,
+            }));
+        }
+        self.again = done;
     }
 
     /// A packet the program left unprocessed, its flow `key` not marked leased: admitted,
-    /// and held to be processed in a later burst (the next, if its lease is here; else
-    /// when it comes), behind its flow's held packets; dropped if the parking place is
-    /// full.
-    fn admit_for_later(&mut self, burst: &Burst, i: usize, key: FlowBytes, now: u64) {
+    /// and its token if its lease is here and no packet of its flow waits to be
+    /// processed (it is to be processed now; its output goes behind its flow's held
+    /// ones); else held to be processed in a later burst (when its lease comes, or behind
+    /// its flow's held packets), or dropped if the parking place is full.
+    fn admit_for_later(
+        &mut self,
+        burst: &Burst,
+        i: usize,
+        key: FlowBytes,
+        now: u64,
+    ) -> Option<Token> {
         let token = self.next_token;
         self.next_token += 1;
         let behind = held_of(&self.queues, &key).is_some_and(|q| q.inputs > 0);
@@ -1555,6 +1608,9 @@ impl ReplicationStage {
             true => Admit::Dropped(ReplicaDrop::ParkFull),
             false => self.replica.admit_placed(now, key, token).0,
         };
+        if admit == Admit::Process && !behind {
+            return Some(token);
+        }
         let meta = Hold {
             key,
             alone: false,
@@ -1571,6 +1627,7 @@ impl ReplicationStage {
             }
             Admit::Dropped(_) => self.drop_held(token),
         }
+        None
     }
 
     /// Flow `key`'s place among the burst's flows (added if new).
@@ -1780,7 +1837,7 @@ impl StateStage for ReplicationStage {
 
     fn after_program(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
         if self.leases_checked == Some(true) {
-            self.admit_left(burst, program);
+            self.admit_left(burst, program, ctx);
         }
         self.write_history();
         let now = self.now();
