@@ -1097,9 +1097,6 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         }
         self.settle(key, now_ns);
         self.arm(key, now_ns);
-        // A flow steady again (its write acknowledged, its outputs released) is told to
-        // the program at once, so that its next packets are not left for admission.
-        self.tell_if_steady(key, now_ns);
     }
 
     /// Tells the program flow `key` is steady, if it is (and the program is told of
