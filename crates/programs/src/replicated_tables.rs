@@ -74,6 +74,8 @@ macro_rules! replicated_table_methods {
             out: &mut Vec<stateplane_runtime::LeasedPacket>,
         ) -> u64 {
             self.$($table).+.take_leased_changes(every, |key, place, changed| {
+                // A key with no name as a flow (none here: every table key fits) is one
+                // `replicated_key` names none for either: its packets are of no flow.
                 if let Some(flow) = crate::replicated_tables::ReplicatedKey::to_flow_bytes(key) {
                     out.push(stateplane_runtime::LeasedPacket { flow, place, changed });
                 }
