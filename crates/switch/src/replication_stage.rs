@@ -29,7 +29,7 @@ use stateplane_replication::snapshot::{SnapshotConfig, Snapshots};
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowMap, Holder, Reply, Request};
 use stateplane_runtime::{
-    Burst, Context, DropReason, Held, HeldPacket, LeasedPacket, Running, StateStage,
+    Burst, Context, DropReason, Held, HeldPacket, LeasedPacket, PacketDesc, Running, StateStage,
     StateStageFactory, Verdict,
 };
 use stateplane_stores::memory::MemoryStore;
@@ -1316,25 +1316,10 @@ impl ReplicationStage {
     /// `front`, in order.
     fn put_ready_in_front(&mut self, burst: &mut Burst, front: &mut Vec<Option<Slot>>) {
         front.clear();
-        let now = self.now();
-        // One whose lease passed while it was held is not processed: dropped.
-        let mut lapsed = Vec::new();
-        let (held, replica) = (&self.held, &self.replica);
+        let held = &self.held;
         self.alone
             .retain(|&t| held.get(t).is_some_and(|p| !p.meta.processed));
-        self.ready_in.retain(|&t| match held.get(t) {
-            Some(p) if !p.meta.processed => {
-                let holds = replica.holds(&p.meta.key, now);
-                if !holds {
-                    lapsed.push(t);
-                }
-                holds
-            }
-            _ => false,
-        });
-        for token in lapsed {
-            self.drop_held(token);
-        }
+        self.drop_lapsed_ready();
         if self.ready_in.is_empty() && !self.alone.iter().any(|&t| t < self.alone_before) {
             return;
         }
@@ -1389,6 +1374,27 @@ impl ReplicationStage {
                 }));
                 self.held.recycle(p);
             }
+        }
+    }
+
+    /// Keeps in `ready_in` only held inputs still to be processed; one whose lease passed
+    /// while it was held is not processed: dropped.
+    fn drop_lapsed_ready(&mut self) {
+        let now = self.now();
+        let mut lapsed = Vec::new();
+        let (held, replica) = (&self.held, &self.replica);
+        self.ready_in.retain(|&t| match held.get(t) {
+            Some(p) if !p.meta.processed => {
+                let holds = replica.holds(&p.meta.key, now);
+                if !holds {
+                    lapsed.push(t);
+                }
+                holds
+            }
+            _ => false,
+        });
+        for token in lapsed {
+            self.drop_held(token);
         }
     }
 
@@ -1471,8 +1477,9 @@ impl ReplicationStage {
     }
 
     /// [`StateStage::after_program`]'s first step where the program checks its flows'
-    /// leases: each packet it left unprocessed is admitted and held for a later burst,
-    /// and the packets it processed under their lease mark whose flows may have changed
+    /// leases: each packet it left unprocessed is admitted, and processed again at once
+    /// if its lease is here and its flow holds no packet, else held for a later burst;
+    /// held packets now ready are processed in the room the left ones freed; and the packets it processed under their lease mark whose flows may have changed
     /// (there, or by a held packet processed in front of them) are given slots, to be
     /// accounted for as admitted packets are.
     fn admit_left(&mut self, burst: &mut Burst, program: &mut dyn Running, ctx: &Context) {
@@ -1502,8 +1509,7 @@ impl ReplicationStage {
             }
         }
         self.leased = leased;
-        let left =
-            |d: &stateplane_runtime::PacketDesc| d.verdict == Verdict::Drop(DropReason::NOT_LEASED);
+        let left = |d: &PacketDesc| d.verdict == Verdict::Drop(DropReason::NOT_LEASED);
         // Those found under their mark and not given a slot (whose are counted with it).
         (self.counters.processed).fetch_add(found.saturating_sub(slotted), Ordering::Relaxed);
         let Some(first) = burst.descs().iter().position(left) else {
@@ -1557,6 +1563,27 @@ impl ReplicationStage {
         }
         self.keep = keep;
         self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+        // Held packets now ready go through too, in the room the left ones freed, in the
+        // order they came (a flow's left ones were held behind its others): a full burst,
+        // as a capture's are, had no room for them in front.
+        let mut room = burst.capacity().saturating_sub(burst.len() + again.len());
+        if room > 0 && !self.ready_in.is_empty() {
+            self.drop_lapsed_ready();
+        }
+        while room > 0
+            && let Some(token) = self.ready_in.pop_front()
+        {
+            if let Some(p) = self.unhold(token) {
+                let desc = PacketDesc {
+                    lease_check: None,
+                    ..p.desc
+                };
+                self.again.push_desc(&desc, &p.data);
+                again.push((token, p.meta.key));
+                self.held.recycle(p);
+                room -= 1;
+            }
+        }
         if again.is_empty() {
             return;
         }
@@ -1565,7 +1592,7 @@ impl ReplicationStage {
         program.process(&mut done, &mut ctx);
         for (i, (token, key)) in again.into_iter().enumerate() {
             if !burst.push_desc(&done.descs()[i], done.data(i)) {
-                // Never: each came out of the burst, which keeps its room.
+                // Never: no more were taken than the burst has room for.
                 let meta = Hold {
                     key,
                     alone: false,
@@ -2748,6 +2775,62 @@ mod tests {
             found > seq / 2,
             "{found} of {seq} packets processed under their mark"
         );
+    }
+
+    /// Held packets whose lease came go through in the room their flows' left packets
+    /// free, though every burst comes full (as a capture's do): the stage holds no more
+    /// than it held when the store answered, and none once bursts leave room; each
+    /// flow's packets leave in order.
+    #[test]
+    fn held_packets_go_through_in_the_room_left_packets_free_though_every_burst_is_full() {
+        let store = MemoryStore::new(StoreConfig::default());
+        let gauge = Gauge {
+            checking: true,
+            ..Gauge::default()
+        };
+        let (mut w, open, counters, _) =
+            worker_on(Box::new(gauge), &store, ReplicaConfig::default());
+        let (mut seq, mut left) = (0u64, 0u64);
+        let mut last_seq = [0u64; 4];
+        let mut round = |w: &mut Worker, size: u64| {
+            let packets: Vec<(u16, u64)> = (0..size)
+                .map(|_| {
+                    seq += 1;
+                    ((seq % 4) as u16, seq)
+                })
+                .collect();
+            let mut b = burst(&packets);
+            w.handle(&mut b);
+            w.tick_stages();
+            for (port, seq, _) in out(&b) {
+                let p = usize::from(port);
+                assert!(seq > last_seq[p], "flow {port} out of order");
+                last_seq[p] = seq;
+                left += 1;
+            }
+            seq
+        };
+        // The store answers nothing: each flow's packets wait for its lease.
+        for _ in 0..3 {
+            round(&mut w, 64);
+        }
+        let when_answered = w.holding();
+        assert_eq!(when_answered, 3 * 64);
+        open.store(true, Ordering::Relaxed);
+        for r in 0..50 {
+            round(&mut w, 64);
+            assert!(
+                w.holding() <= when_answered,
+                "full burst {r}: {} held, {when_answered} when the store answered",
+                w.holding()
+            );
+        }
+        for _ in 0..20 {
+            round(&mut w, 16);
+        }
+        let sent = round(&mut w, 0);
+        assert_eq!((left, w.holding()), (sent, 0), "every packet left");
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 0, "{counters:?}");
     }
 
     /// A packet named by an alias no flow has at the store waits for the packets that
