@@ -813,10 +813,13 @@ fn a_tcp_connection_survives_the_death_of_its_firewall_when_its_state_is_replica
 
     let lab = dual_firewall("tfwplain", false);
     let (out, killed, survivor, _) = transfer_killing_its_switch(&lab);
-    // iperf3 -J reports a connection it gave up on as an "error" in its JSON.
+    // iperf3 -J reports a connection it gave up on as an "error" in its JSON: "timed out"
+    // when its data stalled past --snd-timeout, or a broken control connection
+    // ("unable to send control message: Broken pipe") when that stalled first, as under
+    // a loaded host. The replicated run above has none.
     let gave_up = !out.status.success()
         || serde_json::from_slice::<serde_json::Value>(&out.stdout)
-            .is_ok_and(|r| r["error"].as_str().is_some_and(|e| e.contains("timed out")));
+            .is_ok_and(|r| r["error"].as_str().is_some());
     assert!(
         gave_up,
         "unreplicated, the connection cannot survive {killed}'s death: {}",
