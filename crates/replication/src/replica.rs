@@ -1625,6 +1625,35 @@ mod tests {
         std::iter::from_fn(|| r.poll_event()).collect()
     }
 
+    /// A step of the random runs: the replica's requests go to the store, whose answers
+    /// come back up to 2 ms late or are lost (one in eight); timers due fire; and the
+    /// packets the answers let through are processed, showing their flow's `states`.
+    fn lossy_store_step(
+        r: &mut Replica<u32, u64>,
+        s: &mut StoreCore<u32, u64>,
+        now: u64,
+        next: &mut impl FnMut(u64) -> u64,
+        states: &[u64],
+    ) {
+        let mut out = Vec::new();
+        r.poll_transmit(now, &mut out);
+        for q in out {
+            let reply = s.handle(now, r.holder(), q);
+            if next(8) != 0 {
+                r.handle_reply(now + next(2 * MS), reply);
+            }
+        }
+        while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
+            r.handle_timeout(t);
+        }
+        for e in events(r) {
+            if let Event::Process { key, token } = e {
+                let state = states[key as usize];
+                r.processed_with_state(now, key, token, &state, Places::NONE, u64::MAX);
+            }
+        }
+    }
+
     /// Sends what is due to the store and hands its answers back, at `now`.
     fn round_trip(r: &mut Replica<u32, u64>, s: &mut StoreCore<u32, u64>, now: u64) -> usize {
         let mut out = Vec::new();
@@ -2821,24 +2850,7 @@ mod tests {
                     let state = states[key as usize];
                     r.processed_with_state(now, key, token, &state, places, u64::MAX);
                 } else {
-                    let mut out = Vec::new();
-                    r.poll_transmit(now, &mut out);
-                    for q in out {
-                        let reply = s.handle(now, r.holder(), q);
-                        if next(8) != 0 {
-                            r.handle_reply(now + next(2 * MS), reply);
-                        }
-                    }
-                    while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
-                        r.handle_timeout(t);
-                    }
-                    for e in events(&mut r) {
-                        if let Event::Process { key, token } = e {
-                            let state = states[key as usize];
-                            let places = Places::NONE;
-                            r.processed_with_state(now, key, token, &state, places, u64::MAX);
-                        }
-                    }
+                    lossy_store_step(&mut r, &mut s, now, &mut next, &states);
                 }
                 r.check_bookkeeping().unwrap();
             }
@@ -2916,24 +2928,7 @@ mod tests {
                         r.processed_with_state(now, key, token, &state, places, u64::MAX);
                     }
                 } else {
-                    let mut out = Vec::new();
-                    r.poll_transmit(now, &mut out);
-                    for q in out {
-                        let reply = s.handle(now, r.holder(), q);
-                        if next(8) != 0 {
-                            r.handle_reply(now + next(2 * MS), reply);
-                        }
-                    }
-                    while let Some(t) = r.poll_timeout().filter(|&t| t <= now) {
-                        r.handle_timeout(t);
-                    }
-                    for e in events(&mut r) {
-                        if let Event::Process { key, token } = e {
-                            let state = states[key as usize];
-                            let places = Places::NONE;
-                            r.processed_with_state(now, key, token, &state, places, u64::MAX);
-                        }
-                    }
+                    lossy_store_step(&mut r, &mut s, now, &mut next, &states);
                 }
                 r.take_steady_told(&mut told);
                 for (key, until) in told.drain(..) {
