@@ -1625,6 +1625,17 @@ mod tests {
         std::iter::from_fn(|| r.poll_event()).collect()
     }
 
+    /// The random runs' draws from `seed`: each call a number below its argument.
+    fn draws(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut rng = seed;
+        move |n: u64| {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) % n
+        }
+    }
+
     /// A step of the random runs: the replica's requests go to the store, whose answers
     /// come back up to 2 ms late or are lost (one in eight); timers due fire; and the
     /// packets the answers let through are processed, showing their flow's `states`.
@@ -2809,13 +2820,7 @@ mod tests {
     #[test]
     fn a_steady_flow_is_admitted_as_admission_would_admit_it() {
         for seed in 1..=40u64 {
-            let mut rng = seed;
-            let mut next = move |n: u64| {
-                rng = rng
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1442695040888963407);
-                (rng >> 33) % n
-            };
+            let mut next = draws(seed);
             let mut r: Replica<u32, u64> = Replica::new(A, config());
             let mut s = StoreCore::new(StoreConfig::default());
             let mut states = [0u64; 6];
@@ -2870,13 +2875,7 @@ mod tests {
     #[test]
     fn a_flow_marked_in_the_program_is_admitted_as_admission_would_admit_it() {
         for seed in 1..=40u64 {
-            let mut rng = seed;
-            let mut next = move |n: u64| {
-                rng = rng
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1442695040888963407);
-                (rng >> 33) % n
-            };
+            let mut next = draws(seed);
             let mut r: Replica<u32, u64> = Replica::new(A, config());
             r.tell_steady();
             let mut s = StoreCore::new(StoreConfig::default());
