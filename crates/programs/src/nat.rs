@@ -72,7 +72,7 @@ use stateplane_runtime::{
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
-    Notification, Reply, Request, ValueCodec,
+    NotLeased, Notification, Reply, Request, ValueCodec,
 };
 use stateplane_wire::arp::ArpPacket;
 use stateplane_wire::edit::{self, EditError, Side};
@@ -1425,9 +1425,20 @@ impl Nat {
     }
 
     /// Counts a packet of the translation `key` (from the inside if `out`) and moves its
-    /// state and timer on; a RST removes it. Returns its external port.
-    fn track(&mut self, key: &FlowKey, out: bool, tcp_flags: u8, now: u64) -> Option<u16> {
-        let id = self.translations.lookup(key, now)?;
+    /// state and timer on; a RST removes it. Returns its external port (`None`: no
+    /// translation). A packet whose lease is to be checked (`check`, where the table
+    /// checks leases) finds only a translation marked leased: [`NotLeased`] otherwise.
+    fn track(
+        &mut self,
+        key: &FlowKey,
+        out: bool,
+        tcp_flags: u8,
+        now: u64,
+        check: Option<u16>,
+    ) -> Result<Option<u16>, NotLeased> {
+        let Some(id) = self.translations.lookup_leased(key, now, check)? else {
+            return Ok(None);
+        };
         let t = self.translations.value_mut(id);
         if out {
             t.packets_out = t.packets_out.saturating_add(1);
@@ -1438,7 +1449,7 @@ impl Nat {
         if key.proto == TCP {
             if tcp_flags & flags::RST != 0 {
                 self.remove(key, port);
-                return Some(port);
+                return Ok(Some(port));
             }
             if tcp_flags & flags::FIN != 0 {
                 t.state = NatState::TcpClosing;
@@ -1454,7 +1465,7 @@ impl Nat {
             // too: the side that did not close may stream on for as long as it likes.
             self.translations.restart_timer(id, now);
         }
-        Some(port)
+        Ok(Some(port))
     }
 
     /// A packet from the inside: translated on its way out.
@@ -1475,7 +1486,10 @@ impl Nat {
             return Verdict::Drop(NO_TRANSLATION);
         }
         let tcp_flags = d.parsed.tcp_flags;
-        let port = match self.track(&key, true, tcp_flags, d.ts_ns) {
+        let Ok(tracked) = self.track(&key, true, tcp_flags, d.ts_ns, d.lease_check) else {
+            return Verdict::Drop(DropReason::NOT_LEASED);
+        };
+        let port = match tracked {
             Some(port) => port,
             // A reset of nothing we translate would leak the inside address.
             None if key.proto == TCP && tcp_flags & flags::RST != 0 => {
@@ -1512,7 +1526,9 @@ impl Nat {
     /// yet (no ARP or connection of its seen) is `hairpin_unknown`.
     fn hairpin(&mut self, data: &mut [u8], d: &mut PacketDesc) -> Verdict {
         let outside = table_key(&d.parsed.key);
-        let Some(inside) = self.admit(&outside, d.parsed.tcp_flags, d.ts_ns) else {
+        // The connection it reaches is not the one it was admitted by (as without leases
+        // checked, where the stage admits it by its sender's).
+        let Ok(Some(inside)) = self.admit(&outside, d.parsed.tcp_flags, d.ts_ns, None) else {
             return Verdict::Drop(NO_TRANSLATION);
         };
         let Some(mac) = self.neighbors.get(&v4(&inside.src)).copied() else {
@@ -1538,10 +1554,24 @@ impl Nat {
 
     /// The inside connection a packet from the outside (its table key `outside`) belongs
     /// to: an answer to a translation, counted; else a new connection to a forwarded port,
-    /// or one the filtering lets in to a mapped port.
-    fn admit(&mut self, outside: &FlowKey, tcp_flags: u8, now: u64) -> Option<FlowKey> {
-        match self.answers.get(outside).copied() {
-            Some(inside) if self.track(&inside, false, tcp_flags, now).is_some() => Some(inside),
+    /// or one the filtering lets in to a mapped port. A packet whose lease is to be
+    /// checked (`check`) is [`NotLeased`] unless its translation is here, marked leased
+    /// (one with none here is the replication stage's to find by its alias).
+    fn admit(
+        &mut self,
+        outside: &FlowKey,
+        tcp_flags: u8,
+        now: u64,
+        check: Option<u16>,
+    ) -> Result<Option<FlowKey>, NotLeased> {
+        let answer = self.answers.get(outside).copied();
+        if answer.is_none() && check.is_some() && self.translations.leases_checked() {
+            return Err(NotLeased);
+        }
+        Ok(match answer {
+            Some(inside) if self.track(&inside, false, tcp_flags, now, check)?.is_some() => {
+                Some(inside)
+            }
             stale => {
                 // An answer entry whose translation has expired (the sweep has not reached
                 // it yet) goes with it now, so that a forwarded port takes the packet.
@@ -1554,7 +1584,7 @@ impl Nat {
                 (self.forwarded(outside, tcp_flags, now))
                     .or_else(|| self.let_in(outside, tcp_flags, now))
             }
-        }
+        })
     }
 
     /// A packet from the outside: an answer to a translation goes in, restored.
@@ -1572,8 +1602,10 @@ impl Nat {
             return Verdict::Drop(reason);
         }
         let outside = table_key(&d.parsed.key);
-        let Some(inside) = self.admit(&outside, d.parsed.tcp_flags, d.ts_ns) else {
-            return Verdict::Drop(NO_TRANSLATION);
+        let inside = match self.admit(&outside, d.parsed.tcp_flags, d.ts_ns, d.lease_check) {
+            Ok(Some(inside)) => inside,
+            Ok(None) => return Verdict::Drop(NO_TRANSLATION),
+            Err(NotLeased) => return Verdict::Drop(DropReason::NOT_LEASED),
         };
         match rewrite(data, &mut d.parsed, Side::Dst, inside.src, inside.src_port) {
             Ok(()) => Verdict::Forward(self.inside),
@@ -1885,6 +1917,41 @@ impl Program for Nat {
         }
     }
 
+    fn check_leases(&mut self) -> bool {
+        self.translations.check_leases()
+    }
+
+    fn mark_leased(&mut self, flow: &FlowBytes, until_ns: Option<u64>) {
+        if let Some(inside) = replicated::inside_of(flow) {
+            self.translations.mark_leased(&inside, until_ns);
+        }
+    }
+
+    fn set_lease_clock(&mut self, now_ns: u64) {
+        self.translations.set_lease_clock(now_ns);
+    }
+
+    fn clear_leases(&mut self) {
+        self.translations.clear_leases();
+    }
+
+    fn take_leased_changes(
+        &mut self,
+        every: bool,
+        out: &mut Vec<stateplane_runtime::LeasedPacket>,
+    ) -> u64 {
+        self.translations
+            .take_leased_changes(every, |inside, place, changed| {
+                if let Some(flow) = replicated::connection(inside) {
+                    out.push(stateplane_runtime::LeasedPacket {
+                        flow,
+                        place,
+                        changed,
+                    });
+                }
+            })
+    }
+
     fn replicated_alias_of(&self, flow: &FlowBytes) -> Option<FlowBytes> {
         let inside = replicated::inside_of(flow)?;
         let t = self.translations.get(&inside)?;
@@ -2146,6 +2213,88 @@ mod tests {
             carried[0].to_string(),
             "translations: starts afresh (the external address changed from 198.18.255.1 \
              to 198.18.255.2)"
+        );
+    }
+
+    /// One packet through `n` at `S`, its lease checked at `check`
+    /// (`PacketDesc::lease_check`): its verdict.
+    fn one_checked(n: &mut Nat, f: &[u8], port: PortId, check: Option<u16>) -> Verdict {
+        let mut b = Burst::with_capacity(1);
+        b.push(f, f.len() as u32, S, port, 0);
+        b.now_ns = S;
+        b.parse(&hasher());
+        b.descs_mut()[0].lease_check = check;
+        n.process(&mut b, &mut ctx(S, 3));
+        b.descs()[0].verdict
+    }
+
+    /// Checking leases, `nat` translates a packet the stage did not admit only under its
+    /// translation's mark: a new connection, a translation unmarked, and an answer whose
+    /// translation is not here (the stage's to find by its alias) are left as they came,
+    /// with no port taken. Under the mark both ways go through, and what was found comes
+    /// back as the inside connection's flow with each packet's place, changed where the
+    /// translation's replicated state moved (the answer establishing it, a RST removing
+    /// it). An answer to nothing that the stage admitted is dropped as before.
+    #[test]
+    fn a_translation_checked_for_its_lease_goes_under_its_mark_and_tells_its_changes() {
+        let mut n = nat("ports = \"40000-40010\"");
+        assert!(!n.check_leases(), "not replicated");
+        assert!(n.replicate("translations"));
+        assert!(n.check_leases());
+        let syn = frame(INSIDE, REMOTE, tcp(40_000, 80, flags::SYN));
+        let (flow, _) = crate::testutil::replicated_names(&n, &syn, 0);
+        let flow = flow.unwrap();
+        let left = Verdict::Drop(DropReason::NOT_LEASED);
+        assert_eq!(one_checked(&mut n, &syn, 0, Some(0)), left);
+        assert!(n.is_empty(), "a new connection waits for its lease");
+        assert_eq!(one_checked(&mut n, &syn, 0, None), OUT, "admitted");
+        assert_eq!(n.len(), 1);
+        assert_eq!(one_checked(&mut n, &syn, 0, Some(0)), left, "no mark");
+
+        let port = n.translations.get(&table_key(&inside_key(TCP, 40_000, 80)));
+        let port = port.unwrap().external_port;
+        let from_remote = |l4| {
+            let mut f = frame(REMOTE, EXTERNAL, l4);
+            let mut p = parse(&f, 1, &hasher()).unwrap();
+            let dst = p.key.dst;
+            rewrite(&mut f, &mut p, Side::Dst, dst, port).unwrap();
+            f
+        };
+        let answer = from_remote(tcp(80, 40_000, flags::SYN | flags::ACK));
+        let elsewhere = frame(REMOTE, EXTERNAL, tcp(80, 45_000, flags::ACK));
+        assert_eq!(one_checked(&mut n, &answer, 1, Some(0)), left, "no mark");
+        assert_eq!(
+            one_checked(&mut n, &elsewhere, 1, Some(0)),
+            left,
+            "an answer to a translation not here"
+        );
+        let no_translation = Verdict::Drop(NO_TRANSLATION);
+        assert_eq!(one_checked(&mut n, &elsewhere, 1, None), no_translation);
+
+        n.set_lease_clock(S);
+        n.mark_leased(&flow, Some(2 * S));
+        let mut found = Vec::new();
+        assert_eq!(one_checked(&mut n, &syn, 0, Some(3)), OUT);
+        assert_eq!(n.take_leased_changes(false, &mut found), 1);
+        assert!(found.is_empty(), "a count is no change: {found:?}");
+        assert_eq!(one_checked(&mut n, &answer, 1, Some(5)), IN);
+        let as_found = |place, changed| stateplane_runtime::LeasedPacket {
+            flow,
+            place,
+            changed,
+        };
+        assert_eq!(n.take_leased_changes(false, &mut found), 1);
+        assert_eq!(found, [as_found(5, true)], "the answer established it");
+        found.clear();
+        let reset = from_remote(tcp(80, 40_000, flags::RST));
+        assert_eq!(one_checked(&mut n, &reset, 1, Some(2)), IN);
+        assert_eq!(n.take_leased_changes(false, &mut found), 1);
+        assert_eq!(found, [as_found(2, true)], "a RST removed it");
+        assert!(n.is_empty());
+        assert_eq!(
+            one_checked(&mut n, &syn, 0, Some(0)),
+            left,
+            "gone, mark and all"
         );
     }
 

@@ -473,6 +473,12 @@ impl<C: ExactCodec> DeclaredTable<C> {
         self.replicated.is_some()
     }
 
+    /// Whether the program's lookups check each entry's lease mark
+    /// ([`DeclaredTable::check_leases`]).
+    pub fn leases_checked(&self) -> bool {
+        self.leased_reads.is_some()
+    }
+
     /// Has the program's lookups ([`DeclaredTable::lookup_leased`]) check each entry's
     /// lease mark, for a replicated table; whether they do.
     pub fn check_leases(&mut self) -> bool {

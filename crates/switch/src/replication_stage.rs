@@ -1264,6 +1264,10 @@ impl ReplicationStage {
         }
         self.unqueue(&alias, false);
         self.queues.entry(flow).or_default().inputs += 1;
+        // Its flow's later packets wait behind it.
+        if self.leases_checked == Some(true) && self.unleased.insert(flow) {
+            self.to_unlease.push(flow);
+        }
         match self.replica.admit(now, flow, token) {
             Admit::Process => self.ready_in.push_back(token),
             Admit::Parked => {}
@@ -1533,8 +1537,16 @@ impl ReplicationStage {
                 keep.push(true);
                 continue;
             }
-            match program.replicated_key(&burst.descs()[i], burst.data(i)) {
-                Some(key) => {
+            let (desc, data) = (&burst.descs()[i], burst.data(i));
+            let key = match program.replicated_key(desc, data) {
+                Some(key) => Some(Ok(key)),
+                // An alias of a flow known here is that flow.
+                None => program
+                    .replicated_alias(desc, data)
+                    .map(|alias| self.replica.flow_of_alias(&alias).ok_or(alias)),
+            };
+            match key {
+                Some(Ok(key)) => {
                     // As it came: the program did nothing with it.
                     burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::NO_VERDICT);
                     if let Some(token) = self.admit_for_later(burst, i, key, now) {
@@ -1543,6 +1555,11 @@ impl ReplicationStage {
                         desc.lease_check = None;
                         self.again.push_desc(&desc, burst.data(i));
                     }
+                    keep.push(false);
+                }
+                Some(Err(alias)) => {
+                    burst.descs_mut()[i].verdict = Verdict::Drop(DropReason::NO_VERDICT);
+                    self.admit_alias_for_later(burst, i, alias, now);
                     keep.push(false);
                 }
                 // Left, yet of no flow (a program's mistake): never let through as it is.
@@ -1655,6 +1672,30 @@ impl ReplicationStage {
             Admit::Dropped(_) => self.drop_held(token),
         }
         None
+    }
+
+    /// A packet the program left unprocessed, named by an alias no flow here has: held
+    /// while the store is asked which flow it is (admitted by that flow once it is
+    /// named, [`ReplicationStage::readmit`]), or dropped if the parking place is full.
+    fn admit_alias_for_later(&mut self, burst: &Burst, i: usize, alias: FlowBytes, now: u64) {
+        let token = self.next_token;
+        self.next_token += 1;
+        let full = self.parking_full(burst.data(i).len());
+        let meta = Hold {
+            key: alias,
+            alone: false,
+            processed: false,
+            state: None,
+        };
+        self.hold(burst, i, token, meta);
+        match !full && self.replica.admit_alias(now, alias, token) == Admit::Parked {
+            true => {
+                self.counters
+                    .waited_for_lease
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            false => self.drop_held(token),
+        }
     }
 
     /// Flow `key`'s place among the burst's flows (added if new).
