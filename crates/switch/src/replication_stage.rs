@@ -2622,6 +2622,8 @@ mod tests {
     /// each output shows the state it saw. It checks its flows' leases as a program whose
     /// table does ([`Running::check_leases`]): a packet the stage did not admit is
     /// processed only under its flow's mark, and its flow's value then is kept to compare.
+    /// A packet from port 100 + f reads flow f, naming it by alias (f + 1,000) while f
+    /// has no value here, as `nat`'s answers do.
     #[derive(Default)]
     struct Gauge {
         values: FlowMap<FlowBytes, u64>,
@@ -2639,14 +2641,12 @@ mod tests {
 
         fn process(&mut self, burst: &mut Burst, _ctx: &mut Context) {
             for p in burst.iter_mut() {
-                let key = flow(p.desc.in_port);
+                let key = flow(p.desc.in_port % 100);
                 if self.checking
                     && let Some(place) = p.desc.lease_check
                 {
-                    let marked = self
-                        .marks
-                        .get(&key)
-                        .is_some_and(|&until| self.clock < until);
+                    let marked = self.values.contains_key(&key)
+                        && (self.marks.get(&key)).is_some_and(|&until| self.clock < until);
                     if !marked {
                         p.desc.verdict = Verdict::Drop(DropReason::NOT_LEASED);
                         continue;
@@ -2666,7 +2666,22 @@ mod tests {
             packet: &stateplane_runtime::PacketDesc,
             _: &[u8],
         ) -> Option<FlowBytes> {
-            Some(flow(packet.in_port))
+            let key = flow(packet.in_port % 100);
+            (packet.in_port < 100 || self.values.contains_key(&key)).then_some(key)
+        }
+
+        fn replicated_alias(
+            &self,
+            packet: &stateplane_runtime::PacketDesc,
+            _: &[u8],
+        ) -> Option<FlowBytes> {
+            let f = packet.in_port % 100;
+            (packet.in_port >= 100 && !self.values.contains_key(&flow(f))).then(|| flow(f + 1_000))
+        }
+
+        fn replicated_alias_of(&self, key: &FlowBytes) -> Option<FlowBytes> {
+            let f = u16::from_be_bytes(key.as_bytes().try_into().ok()?);
+            Some(flow(f + 1_000))
         }
 
         fn replicated_state(&self, key: &FlowBytes) -> Option<Vec<u8>> {
@@ -2872,6 +2887,76 @@ mod tests {
         let sent = round(&mut w, 0);
         assert_eq!((left, w.holding()), (sent, 0), "every packet left");
         assert_eq!(counters.dropped.load(Ordering::Relaxed), 0, "{counters:?}");
+    }
+
+    /// A program that checks its flows' leases meets flows another switch made only by
+    /// packets that read them, the first of each named by its alias: each such packet is
+    /// held while the store names its flow, its flow's later packets (known here by then)
+    /// wait behind it, and every packet leaves, in its flow's order, showing the value the
+    /// other switch left, though every burst comes full.
+    #[test]
+    fn packets_known_first_by_their_alias_leave_in_order_with_the_state_they_find() {
+        const FLOWS: u16 = 4;
+        let store = MemoryStore::new(StoreConfig {
+            min_lease_ns: 1_000_000,
+            ..StoreConfig::default()
+        });
+        let config = ReplicaConfig {
+            lease_ns: 20_000_000,
+            margin_ns: 1_000_000,
+            ..ReplicaConfig::default()
+        };
+        // Switch A makes each flow's value 3.
+        let (mut a, open, _, _) = worker_on(Box::new(Gauge::default()), &store, config);
+        open.store(true, Ordering::Relaxed);
+        for seq in 0..3 * u64::from(FLOWS) {
+            let mut data = [0u8; 64];
+            data[8] = 1;
+            let mut b = Burst::with_capacity(64);
+            assert!(b.push(&data, 64, seq, (seq % 4) as u16, seq));
+            a.handle(&mut b);
+        }
+        let start = std::time::Instant::now();
+        while a.holding() > 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "A never drained");
+            a.handle(&mut Burst::with_capacity(64));
+            a.tick_stages();
+        }
+        drop(a);
+        // Switch B sees only readers, in full bursts, from before A's leases pass.
+        let gauge = Gauge {
+            checking: true,
+            ..Gauge::default()
+        };
+        let (mut w, open, counters, _) = worker_on(Box::new(gauge), &store, config);
+        open.store(true, Ordering::Relaxed);
+        let (mut seq, mut left) = (0u64, 0u64);
+        let mut last_seq = [0u64; FLOWS as usize];
+        let start = std::time::Instant::now();
+        while left < seq || seq == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{left} of {seq} left"
+            );
+            let mut b = Burst::with_capacity(64);
+            let more = start.elapsed() < Duration::from_millis(60);
+            while more && b.len() < 64 {
+                seq += 1;
+                assert!(b.push(&[0; 64], 64, seq, 100 + (seq % 4) as u16, seq));
+            }
+            w.handle(&mut b);
+            w.tick_stages();
+            for (port, seq, shown) in out(&b) {
+                let f = usize::from(port % 100);
+                assert_eq!(shown, 3, "packet {seq} of flow {f}");
+                assert!(seq > last_seq[f], "flow {f} out of order at {seq}");
+                last_seq[f] = seq;
+                left += 1;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert_eq!(counters.dropped.load(Ordering::Relaxed), 0, "{counters:?}");
+        assert_eq!(counters.resolves.load(Ordering::Relaxed), u64::from(FLOWS));
     }
 
     /// A packet named by an alias no flow has at the store waits for the packets that
