@@ -698,12 +698,25 @@ mod tests {
 
     /// Runs one packet through the program at time `t`; returns its verdict.
     fn send(c: &mut Conntrack, t: u64, from_inside: bool, l4: L4) -> Verdict {
+        send_at(c, t, from_inside, l4, None)
+    }
+
+    /// As [`send`], the packet's lease checked at place `check` (`None`: admitted, or
+    /// no lease checked).
+    fn send_at(
+        c: &mut Conntrack,
+        t: u64,
+        from_inside: bool,
+        l4: L4,
+        check: Option<u16>,
+    ) -> Verdict {
         let mut f = Vec::new();
         emit_frame(&mut f, &hosts(from_inside), &l4, b"data");
         let mut burst = Burst::with_capacity(4);
         burst.push(&f, f.len() as u32, t, if from_inside { 0 } else { 1 }, 0);
         burst.now_ns = t;
         burst.parse(&FlowHasher::with_seed(1));
+        burst.descs_mut()[0].lease_check = check;
         let mut ctx = crate::testutil::ctx(t, 2);
         c.process(&mut burst, &mut ctx);
         burst.descs()[0].verdict
@@ -1379,17 +1392,9 @@ mod tests {
         c.replicated_key(&burst.descs()[0], burst.data(0))
     }
 
-    /// As [`send`], the packet's lease checked at place `check` (`None`: admitted).
+    /// As [`send_at`] at `S`.
     fn send_checked(c: &mut Conntrack, from_inside: bool, l4: L4, check: Option<u16>) -> Verdict {
-        let mut f = Vec::new();
-        emit_frame(&mut f, &hosts(from_inside), &l4, b"data");
-        let mut burst = Burst::with_capacity(4);
-        burst.push(&f, f.len() as u32, S, if from_inside { 0 } else { 1 }, 0);
-        burst.now_ns = S;
-        burst.parse(&FlowHasher::with_seed(1));
-        burst.descs_mut()[0].lease_check = check;
-        c.process(&mut burst, &mut crate::testutil::ctx(S, 2));
-        burst.descs()[0].verdict
+        send_at(c, S, from_inside, l4, check)
     }
 
     /// Checking leases, the tracker processes a packet the stage did not admit only under

@@ -1917,40 +1917,11 @@ impl Program for Nat {
         }
     }
 
-    fn check_leases(&mut self) -> bool {
-        self.translations.check_leases()
-    }
-
-    fn mark_leased(&mut self, flow: &FlowBytes, until_ns: Option<u64>) {
-        if let Some(inside) = replicated::inside_of(flow) {
-            self.translations.mark_leased(&inside, until_ns);
-        }
-    }
-
-    fn set_lease_clock(&mut self, now_ns: u64) {
-        self.translations.set_lease_clock(now_ns);
-    }
-
-    fn clear_leases(&mut self) {
-        self.translations.clear_leases();
-    }
-
-    fn take_leased_changes(
-        &mut self,
-        every: bool,
-        out: &mut Vec<stateplane_runtime::LeasedPacket>,
-    ) -> u64 {
-        self.translations
-            .take_leased_changes(every, |inside, place, changed| {
-                if let Some(flow) = replicated::connection(inside) {
-                    out.push(stateplane_runtime::LeasedPacket {
-                        flow,
-                        place,
-                        changed,
-                    });
-                }
-            })
-    }
+    crate::replicated_tables::leased_table_methods!(
+        translations,
+        key_of_flow: replicated::inside_of,
+        flow_of_key: replicated::connection
+    );
 
     fn replicated_alias_of(&self, flow: &FlowBytes) -> Option<FlowBytes> {
         let inside = replicated::inside_of(flow)?;

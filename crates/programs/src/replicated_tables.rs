@@ -35,27 +35,20 @@ impl ReplicatedKey for u64 {
     }
 }
 
-/// Inside a program's `impl Program`: the replicated-state methods of a program whose one
-/// table at `self.$table` may be replicated, its counting parameters with it or not
-/// (`$with_counts`, see `DeclaredTable::replicate`). `self.$key_of(packet, data)` is the
-/// table key of the entry a packet reads or writes (`None`: none), from the packet alone,
-/// the same for every packet of a flow whichever way it travels.
-///
-/// With `leases_checked`, the program looks its packets' entries up with
-/// `DeclaredTable::lookup_leased` wherever it reads or writes them, and the table's lease
-/// marks are the replication stage's to set (`Program::check_leases`).
-macro_rules! replicated_table_methods {
-    ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident, leases_checked) => {
-        crate::replicated_tables::replicated_table_methods!(
-            $($table).+, with_counts: $with_counts, key: $key_of
-        );
-
+/// The `Program` methods by which the replication stage sets the lease marks of a
+/// replicated table whose program looks its entries up with
+/// `DeclaredTable::lookup_leased` (`Program::check_leases`). `$key_of_flow(&FlowBytes)`
+/// is the table key a flow names (`None`: none, an alias), `$flow_of_key(&key)` the flow
+/// a table key is; a key with no name as a flow is one `replicated_key` names none for
+/// either: its packets are of no flow.
+macro_rules! leased_table_methods {
+    ($($table:ident).+, key_of_flow: $key_of_flow:path, flow_of_key: $flow_of_key:path) => {
         fn check_leases(&mut self) -> bool {
             self.$($table).+.check_leases()
         }
 
-        fn mark_leased(&mut self, key: &stateplane_runtime::FlowBytes, until_ns: Option<u64>) {
-            if let Some(key) = crate::replicated_tables::ReplicatedKey::from_flow_bytes(key) {
+        fn mark_leased(&mut self, flow: &stateplane_runtime::FlowBytes, until_ns: Option<u64>) {
+            if let Some(key) = $key_of_flow(flow) {
                 self.$($table).+.mark_leased(&key, until_ns);
             }
         }
@@ -74,13 +67,34 @@ macro_rules! replicated_table_methods {
             out: &mut Vec<stateplane_runtime::LeasedPacket>,
         ) -> u64 {
             self.$($table).+.take_leased_changes(every, |key, place, changed| {
-                // A key with no name as a flow (none here: every table key fits) is one
-                // `replicated_key` names none for either: its packets are of no flow.
-                if let Some(flow) = crate::replicated_tables::ReplicatedKey::to_flow_bytes(key) {
+                if let Some(flow) = $flow_of_key(key) {
                     out.push(stateplane_runtime::LeasedPacket { flow, place, changed });
                 }
             })
         }
+    };
+}
+
+/// Inside a program's `impl Program`: the replicated-state methods of a program whose one
+/// table at `self.$table` may be replicated, its counting parameters with it or not
+/// (`$with_counts`, see `DeclaredTable::replicate`). `self.$key_of(packet, data)` is the
+/// table key of the entry a packet reads or writes (`None`: none), from the packet alone,
+/// the same for every packet of a flow whichever way it travels.
+///
+/// With `leases_checked`, the program looks its packets' entries up with
+/// `DeclaredTable::lookup_leased` wherever it reads or writes them, and the table's lease
+/// marks are the replication stage's to set (`Program::check_leases`).
+macro_rules! replicated_table_methods {
+    ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident, leases_checked) => {
+        crate::replicated_tables::replicated_table_methods!(
+            $($table).+, with_counts: $with_counts, key: $key_of
+        );
+
+        crate::replicated_tables::leased_table_methods!(
+            $($table).+,
+            key_of_flow: crate::replicated_tables::ReplicatedKey::from_flow_bytes,
+            flow_of_key: crate::replicated_tables::ReplicatedKey::to_flow_bytes
+        );
     };
     ($($table:ident).+, with_counts: $with_counts:expr, key: $key_of:ident) => {
         fn replicate(&mut self, name: &str) -> bool {
@@ -124,4 +138,4 @@ macro_rules! replicated_table_methods {
         }
     };
 }
-pub(crate) use replicated_table_methods;
+pub(crate) use {leased_table_methods, replicated_table_methods};

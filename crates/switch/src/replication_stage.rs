@@ -960,6 +960,8 @@ struct ReplicationStage {
     leased: Vec<LeasedPacket>,
     /// The packets the program left whose leases are here, processed again at once.
     again: Burst,
+    /// Each packet of `again`: its token and flow (kept across bursts for its room).
+    again_of: Vec<(Token, FlowBytes)>,
 }
 
 /// The bytes a worker's parked packets may take, on average, each: room for a frame of an
@@ -1030,6 +1032,7 @@ impl ReplicationStage {
             released: Vec::new(),
             leased: Vec::new(),
             again: Burst::default(),
+            again_of: Vec::new(),
         }
     }
 
@@ -1526,7 +1529,8 @@ impl ReplicationStage {
         // Those whose lease is here, no packet of their flow waiting to be processed:
         // processed again at once, as admitted, behind the burst's own (a flow's packets
         // are all left or none).
-        let mut again = Vec::new();
+        let mut again = std::mem::take(&mut self.again_of);
+        again.clear();
         if self.again.capacity() != burst.capacity() {
             self.again = Burst::with_capacity(burst.capacity());
         }
@@ -1602,12 +1606,13 @@ impl ReplicationStage {
             }
         }
         if again.is_empty() {
+            self.again_of = again;
             return;
         }
         let mut ctx = Context { ..*ctx };
         let mut done = std::mem::take(&mut self.again);
         program.process(&mut done, &mut ctx);
-        for (i, (token, key)) in again.into_iter().enumerate() {
+        for (i, &(token, key)) in again.iter().enumerate() {
             if !burst.push_desc(&done.descs()[i], done.data(i)) {
                 // Never: no more were taken than the burst has room for.
                 let meta = Hold {
@@ -1630,6 +1635,7 @@ impl ReplicationStage {
             }));
         }
         self.again = done;
+        self.again_of = again;
     }
 
     /// A packet the program left unprocessed, its flow `key` not marked leased: admitted,
