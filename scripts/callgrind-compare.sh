@@ -20,7 +20,10 @@
 # marks or by comparing every cell after what the passes found). How many come depends on
 # valgrind's slowdown, so that the whole run's count moves by tens of instructions a packet
 # between runs; with COLLECT (below) the count is the data plane's alone, its marks
-# included.
+# included. The cases ending in `est` run firewall and nat on the datacenter workload's
+# PACKETS as established flows (`gen --established-passes`, 2 passes against 4: the
+# difference is the later passes', connections open throughout, none opened or closed),
+# replicated as `dc`.
 # Each run's summary is checked: every packet read is written (forward) or counted.
 # Usage: scripts/callgrind-compare.sh BASE_COMMIT [PACKETS]   (default 100000)
 #   CASES="replicated firewall dc;run firewall dc" picks cases (`;` between them).
@@ -65,6 +68,15 @@ for n in "$packets" $((3 * packets)); do
   "$new_bin" gen internet --packets "$n" --packet-size 64 --ipv6-share 0.2 --seed 1 \
     -o "$work/small-$n.pcap" >/dev/null
 done
+# `est`: the datacenter workload's PACKETS as established flows, 2 passes and 4
+# (`gen --established-passes`): the difference is two passes of flows the switch holds,
+# connections open throughout.
+for passes in 2 4; do
+  n=$(( passes == 2 ? packets : 3 * packets ))
+  "$new_bin" gen datacenter --packets "$packets" --flows 1000 --seed 1 \
+    --established-passes "$passes" --json -o "$work/est-$n.pcap" \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["packets"])' > "$work/est-packets-$n"
+done
 
 # The collector of the synced cases, on a free port of loopback, for the whole run.
 collector_port=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -85,14 +97,15 @@ instructions() {
   awk '/^summary:/ {print $2}' "$file"
 }
 
-# Checks that a run's JSON summary wrote every packet it read (forward) or handled them all.
+# Checks that a run's JSON summary wrote every packet it read (forward, and any program on
+# `est`'s established flows, third argument `est`) or handled them all.
 check_run() {
-  python3 - "$work/out.json" "$1" "$2" <<'PY'
+  python3 - "$work/out.json" "$1" "$2" "${3:-}" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1])); n = int(sys.argv[2]); program = sys.argv[3]
 c = s["counters"]
 assert c["rx_packets"] == n, f"read {c['rx_packets']} of {n}"
-if program == "forward":
+if program == "forward" or sys.argv[4] == "est":
     assert c["tx_packets"] == n, f"wrote {c['tx_packets']} of {n}"
 r = s.get("replication")
 if r:
@@ -136,26 +149,34 @@ config() {
   } > "$3"
 }
 
-per_packet() { awk -v a="$1" -v b="$2" -v n="$packets" 'BEGIN {printf "%.1f", (b - a) / (2 * n)}'; }
+# Instructions a packet: the two runs' difference over the packets between them.
+per_packet() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN {printf "%.1f", (b - a) / n}'; }
 
 csv=target/callgrind-compare.csv
 echo "case,base_commit,base_instructions_per_packet,commit,instructions_per_packet,ratio" > "$csv"
-echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1 (cases ending in dc: gen datacenter --flows 1000 --seed 1; kv: gen kv --flows 1000 --ipv6-share 0 --seed 1; small: gen internet --packet-size 64 --ipv6-share 0.2 --seed 1); 1 worker, burst 64"
+echo "input: stateplane gen internet --packets $packets and $((3 * packets)) --packet-size 256 --ipv6-share 0.2 --seed 1 (cases ending in dc: gen datacenter --flows 1000 --seed 1; est: gen datacenter --packets $packets --flows 1000 --seed 1 --established-passes 2 and 4; kv: gen kv --flows 1000 --ipv6-share 0 --seed 1; small: gen internet --packet-size 64 --ipv6-share 0.2 --seed 1); 1 worker, burst 64"
 printf '%-24s %12s %12s %8s\n' case "$base_short" "$head" ratio
 all_cases="bench forward;bench conntrack;bench-pipeline internet;run forward;run l2learn"
 all_cases+=";run firewall;replicated firewall;run nat;replicated nat;run counter;replicated counter"
 all_cases+=";run firewall dc;replicated firewall dc;run nat dc;replicated nat dc;run lb kv;replicated lb kv"
+all_cases+=";run firewall est;replicated firewall est;run nat est;replicated nat est"
 all_cases+=";run hh small;synced hh small"
 IFS=';' read -r -a cases <<< "${CASES:-$all_cases}"
 for case in "${cases[@]}"; do
   set -- $case
   kind=$1 program=$2 trace=${3:-trace} lease=
   [ "$trace" = trace ] || [ "$trace" = small ] || lease=60000
+  # The packets each size's trace holds (`est`: as its passes came out).
+  counts=("$packets" $((3 * packets)))
+  if [ "$trace" = est ]; then
+    counts=("$(cat "$work/est-packets-$packets")" "$(cat "$work/est-packets-$((3 * packets))")")
+  fi
   row=()
   for bin in "$base_bin" "$new_bin"; do
     totals=()
     for n in "$packets" $((3 * packets)); do
       loops=$(( n / packets ))
+      read_n=${counts[$((loops / 3))]}
       if [ "$kind" = bench ]; then
         totals+=("$(instructions "$bin" bench --packets "$packets" --loops "$loops" --repeat 1 \
           --programs "$program" --no-hugepages)")
@@ -166,22 +187,22 @@ for case in "${cases[@]}"; do
       elif [ "$kind" = synced ]; then
         config "$program" "$work/$trace-$n.pcap" "$work/run.toml" "" "" "$collector_port"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
-        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+        check_run "$read_n" "$program" "$trace" || fail "$case: the run did not handle every packet"
       elif [ "$kind" = replicated ]; then
         config "$program" "$work/$trace-$n.pcap" "$work/run.toml" replicated "$lease"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
-        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+        check_run "$read_n" "$program" "$trace" || fail "$case: the run did not handle every packet"
       elif [ -n "$(program_section "$program")" ]; then
         config "$program" "$work/$trace-$n.pcap" "$work/run.toml"
         totals+=("$(instructions "$bin" run -c "$work/run.toml" --json)")
-        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+        check_run "$read_n" "$program" "$trace" || fail "$case: the run did not handle every packet"
       else
         totals+=("$(instructions "$bin" run "$program" -i "$work/trace-$n.pcap" \
           -o "$work/out.pcap" --workers 1 --hash-seed 1 --json)")
-        check_run "$n" "$program" || fail "$case: the run did not handle every packet"
+        check_run "$read_n" "$program" "$trace" || fail "$case: the run did not handle every packet"
       fi
     done
-    row+=("$(per_packet "${totals[0]}" "${totals[1]}")")
+    row+=("$(per_packet "${totals[0]}" "${totals[1]}" $(( counts[1] - counts[0] )))")
   done
   ratio=$(awk -v a="${row[0]}" -v b="${row[1]}" 'BEGIN {printf "%.3f", b / a}')
   printf '%-24s %12s %12s %8s\n' "$case" "${row[0]}" "${row[1]}" "$ratio"

@@ -31,12 +31,13 @@
 use crate::BenchResult;
 use crate::results::{Csv, ResultFiles, Table};
 use crate::statistics::median;
+use stateplane_gen::established::{Passes, generate_established};
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::capture::CaptureWriter;
 use stateplane_runtime::Counter;
 use stateplane_switch::assemble::Switch;
 use stateplane_switch::units::bounded;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct BenchReplicationArgs {
@@ -89,9 +90,10 @@ struct Case {
     name: String,
     program: String,
     state: &'static str,
-    trace: std::path::PathBuf,
-    /// A read-centric program's trace [`PASSES`] times in a row: the same flows again.
-    passes: Option<std::path::PathBuf>,
+    trace: PathBuf,
+    /// A read-centric program's trace as established flows ([`established`]): its first
+    /// pass alone, all its passes, and what they hold.
+    established: Option<(PathBuf, PathBuf, Passes)>,
 }
 
 /// What a run of a case gave: packets a second and forwarded, and the replication
@@ -158,56 +160,61 @@ pub(crate) fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64
     Ok((summary.packets, summary.flows))
 }
 
-/// Passes over the trace in the run that measures the established flows' rate: the first
-/// sees the flows come, the others are timed.
+/// Passes over a trace of established flows in the run that measures their rate: the
+/// first sees the flows come, the others are timed.
 const PASSES: u64 = 4;
 
-/// Writes `cfg`'s capture [`PASSES`] times over to `path`: the packets, then the same
-/// packets again (the generator gives the same packets for the same configuration), each
-/// pass from 1 ms after the last one's end, so that each pass is the same flows, later.
-fn write_trace_passes(cfg: &GenConfig, path: &Path) -> BenchResult<()> {
-    let mut writer = CaptureWriter::create(path).map_err(|e| e.to_string())?;
-    let (mut first_ns, mut last_ns) = (u64::MAX, 0);
-    generate(
-        cfg,
-        |ts, f| {
-            (first_ns, last_ns) = (first_ns.min(ts), last_ns.max(ts));
-            writer.write(ts, f, f.len() as u32)
-        },
-        |_| {},
-    )
+/// Writes `cfg`'s trace as [`PASSES`] passes of established flows
+/// ([`generate_established`]) to `passes`, and its first pass alone to `first`.
+fn write_established(cfg: &GenConfig, first: &Path, passes: &Path) -> BenchResult<Passes> {
+    let mut first_out = CaptureWriter::create(first).map_err(|e| e.to_string())?;
+    let mut out = CaptureWriter::create(passes).map_err(|e| e.to_string())?;
+    let written = generate_established(cfg, PASSES, |pass, ts, f| {
+        if pass == 0 {
+            first_out.write(ts, f, f.len() as u32)?;
+        }
+        out.write(ts, f, f.len() as u32)
+    })
     .map_err(|e| e.to_string())?;
-    // The trace's times are the clock's: each pass starts 1 ms after the last ends.
-    let pass_ns = last_ns.saturating_sub(first_ns) + 1_000_000;
-    for pass in 1..PASSES {
-        let later = pass * pass_ns;
-        generate(
-            cfg,
-            |ts, f| writer.write(ts + later, f, f.len() as u32),
-            |_| {},
-        )
-        .map_err(|e| e.to_string())?;
-    }
-    writer.flush().map_err(|e| e.to_string())?;
-    Ok(())
+    first_out.flush().map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
+    Ok(written)
 }
 
-/// The rate of the passes after the first over the same flows: their packets (`packets`
-/// a pass) over the difference of the median times of runs over the trace [`PASSES`]
-/// times and once; `None` when that difference is not a tenth of the single runs' time
+/// The rate on established flows: the later passes' packets (`later`, all of them) over
+/// the time they added to the first pass's (the median times of runs over the first pass
+/// alone and over all passes); `None` when that time is not a tenth of the first pass's
 /// (too small against the host's noise to tell a rate from).
-fn established_rate(packets: u64, once_s: f64, passes_s: f64) -> Option<f64> {
-    let later = passes_s - once_s;
-    (later > once_s / 10.0).then(|| ((PASSES - 1) * packets) as f64 / later)
+fn established_rate(later: u64, first_s: f64, passes_s: f64) -> Option<f64> {
+    let added = passes_s - first_s;
+    (added > first_s / 10.0).then(|| later as f64 / added)
 }
 
-/// A run's packets forwarded (`tx`) are those of the first run over the same trace
-/// (`expected`, set by it): replication changes no verdict.
 fn check_forwarded(case: &str, mode: &str, tx: u64, expected: &mut Option<u64>) -> BenchResult<()> {
     let expected = *expected.get_or_insert(tx);
     if tx != expected {
         return Err(format!(
             "{case} replicated to {mode} forwarded {tx} packets, unreplicated {expected}"
+        ));
+    }
+    Ok(())
+}
+
+/// Every packet of the later passes over established flows was forwarded (`all` ran all
+/// passes, `first` the first alone): what is timed is established flows' forwarding, not
+/// drops (a segment out of its window, a flow the program does not know).
+fn check_later_passes_forwarded(
+    case: &str,
+    first: &Ran,
+    all: &Ran,
+    written: &Passes,
+) -> BenchResult<()> {
+    let later = (PASSES - 1) * written.later;
+    let forwarded = all.tx.saturating_sub(first.tx);
+    if forwarded != later {
+        return Err(format!(
+            "{case}: the passes over established flows after the first forwarded {forwarded} \
+             of their {later} packets"
         ));
     }
     Ok(())
@@ -311,11 +318,12 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         }
         let trace = dir.join(format!("{}.pcap", traces.len()));
         let (packets, flows) = write_trace(&cfg, &trace)?;
-        let passes = match name {
+        let established = match name {
             "firewall" | "nat" | "lb" | "sgw" => {
-                let path = dir.join(format!("{}-passes.pcap", traces.len()));
-                write_trace_passes(&cfg, &path)?;
-                Some(path)
+                let first = dir.join(format!("{}-first.pcap", traces.len()));
+                let passes = dir.join(format!("{}-passes.pcap", traces.len()));
+                let written = write_established(&cfg, &first, &passes)?;
+                Some((first, passes, written))
             }
             _ => None,
         };
@@ -373,7 +381,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                 program,
                 state,
                 trace,
-                passes,
+                established,
             },
             packets,
         ));
@@ -399,15 +407,16 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         let replicated = format!("[guarantees]\n{} = [\"replicated\"]\n", case.state);
         let redis = format!("{replicated}[replication]\nstore = \"{}\"\n", server.url());
         for &burst in &bursts {
-            // What the unreplicated runs forwarded of the trace once and of its passes.
-            let (mut forwarded, mut forwarded_passes) = (None, None);
+            // What the unreplicated runs forwarded of the trace, of its first pass as
+            // established flows and of all those passes.
+            let (mut forwarded, mut forwarded_first, mut forwarded_passes) = (None, None, None);
             for (mode, extra) in [
                 ("unreplicated", ""),
                 ("memory", replicated.as_str()),
                 ("redis", redis.as_str()),
             ] {
                 let (mut rates, mut store_cpu) = (Vec::new(), Vec::new());
-                let (mut once_s, mut passes_s) = (Vec::new(), Vec::new());
+                let (mut first_s, mut passes_s) = (Vec::new(), Vec::new());
                 let mut last = None;
                 for _ in 0..repeat {
                     let cpu_before = match mode {
@@ -426,25 +435,33 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                     if mode == "redis" && case.name == "counter" {
                         check_counted(&server.url(), packets)?;
                     }
-                    once_s.push(ran.wall_s);
-                    // The same flows again, in turn with the runs once, so that the host's
-                    // speed moving between runs moves both.
-                    if let Some(path) = &case.passes {
+                    // The same flows established, in turn with the runs once, so that the
+                    // host's speed moving between runs moves both.
+                    if let Some((first, passes, written)) = &case.established {
+                        let all_packets = written.first + (PASSES - 1) * written.later;
                         if mode == "redis" {
                             server.cli(&["flushall"]);
                         }
-                        let all = run_case(case, path, burst, extra, PASSES * packets)?;
+                        let once = run_case(case, first, burst, extra, written.first)?;
+                        check_forwarded(&case.name, mode, once.tx, &mut forwarded_first)?;
+                        if mode == "redis" {
+                            server.cli(&["flushall"]);
+                        }
+                        let all = run_case(case, passes, burst, extra, all_packets)?;
                         check_forwarded(&case.name, mode, all.tx, &mut forwarded_passes)?;
+                        check_later_passes_forwarded(&case.name, &once, &all, written)?;
+                        first_s.push(once.wall_s);
                         passes_s.push(all.wall_s);
                     }
                     rates.push(ran.pps);
                     last = Some(ran);
                 }
                 let pps = median(rates);
-                let established_pps = (!passes_s.is_empty())
-                    .then(|| established_rate(packets, median(once_s), median(passes_s)))
-                    .flatten();
-                let established = match (&case.passes, established_pps) {
+                let established_pps = case.established.as_ref().and_then(|(_, _, written)| {
+                    let later = (PASSES - 1) * written.later;
+                    established_rate(later, median(first_s), median(passes_s))
+                });
+                let established = match (&case.established, established_pps) {
                     (None, _) => String::new(),
                     (Some(_), None) => ", established: not told apart from the host's noise \
                                         (try more --packets)"
@@ -571,48 +588,15 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use stateplane_io::capture::CaptureReader;
 
     /// The rate of the passes after the first is their packets over the time they added;
     /// a time added that the host's noise could make is no rate.
     #[test]
     fn the_established_rate_is_the_later_passes_over_the_time_they_added() {
-        let rate = established_rate(300, 1.0, 4.0).unwrap();
+        let rate = established_rate(900, 1.0, 4.0).unwrap();
         assert!((rate - 300.0).abs() < 1e-9, "{rate}");
         assert_eq!(established_rate(300, 1.0, 1.09), None);
         assert_eq!(established_rate(300, 1.0, 0.9), None);
         assert!(established_rate(300, 1.0, 1.11).is_some());
-    }
-
-    /// The capture of passes is the trace's packets `PASSES` times, each pass the same
-    /// bytes, starting 1 ms after the last one ended (the trace's times are the clock's:
-    /// a pass starting at twice them would come decades later, its flows long expired).
-    #[test]
-    fn each_pass_is_the_trace_again_from_1_ms_after_the_last() {
-        let dir = crate::Scratch::new("bench-replication-passes").unwrap();
-        let mut cfg = GenConfig::new(Workload::Datacenter, 200);
-        cfg.flows = Some(10);
-        let (once, passes) = (dir.path().join("once.pcap"), dir.path().join("passes.pcap"));
-        let (packets, _) = write_trace(&cfg, &once).unwrap();
-        write_trace_passes(&cfg, &passes).unwrap();
-        let read = |path: &Path| {
-            let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
-            let mut reader = CaptureReader::new(file).unwrap();
-            let mut records = Vec::new();
-            while let Some(r) = reader.next_record().unwrap() {
-                records.push((r.ts_ns, r.data.to_vec()));
-            }
-            records
-        };
-        let (once, passes) = (read(&once), read(&passes));
-        assert_eq!(once.len() as u64, packets);
-        assert_eq!(passes.len() as u64, PASSES * packets);
-        let (first, last) = (once[0].0, once[once.len() - 1].0);
-        for (pass, chunk) in passes.chunks(once.len()).enumerate() {
-            let later = pass as u64 * (last - first + 1_000_000);
-            for ((ts, data), (ts_once, data_once)) in chunk.iter().zip(&once) {
-                assert_eq!((*ts, data), (ts_once + later, data_once), "pass {pass}");
-            }
-        }
     }
 }

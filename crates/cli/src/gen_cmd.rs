@@ -2,6 +2,7 @@
 
 use crate::progress::Progress;
 use crate::summary_output::CliResult;
+use stateplane_gen::established::generate_established;
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{CaptureFormat, CaptureWriter};
 use stateplane_mem::budget::Bytes;
@@ -53,10 +54,19 @@ pub struct GenArgs {
     /// Share of GETs (kv).
     #[arg(long, default_value_t = 0.9)]
     pub kv_get_share: f64,
+    /// Write the trace this many times over as the same flows, established: the first
+    /// pass without its TCP FIN and RST segments (connections stay open), each later one
+    /// without SYN, FIN or RST, its sequence numbers going on where the last pass ended
+    /// (1 to 100; what `bench-replication` times programs on established flows over).
+    #[arg(long)]
+    pub established_passes: Option<u64>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
 }
+
+/// Passes of established flows `--established-passes` takes at most.
+const MOST_PASSES: u64 = 100;
 
 pub fn main(a: GenArgs) -> CliResult<()> {
     let workload: Workload = a
@@ -88,7 +98,15 @@ pub fn main(a: GenArgs) -> CliResult<()> {
                 .into(),
         );
     }
-    let size = estimated_size(&cfg, CaptureFormat::from_path(&a.output))?;
+    if let Some(passes) = a.established_passes
+        && !(1..=MOST_PASSES).contains(&passes)
+    {
+        return Err(format!(
+            "--established-passes {passes}: give 1 to {MOST_PASSES} passes of the trace"
+        ));
+    }
+    let passes = a.established_passes.unwrap_or(1);
+    let size = estimated_size(&cfg, CaptureFormat::from_path(&a.output))?.saturating_mul(passes);
     let room = room_for(&a.output);
     if let Some(room) = room.filter(|&room| size > room) {
         return Err(format!(
@@ -105,8 +123,45 @@ pub fn main(a: GenArgs) -> CliResult<()> {
     let mut writer = CaptureWriter::create(&a.output).map_err(|e| e.to_string())?;
     let done = Arc::new(AtomicU64::new(0));
     let watched = done.clone();
-    let progress = Progress::start(a.packets, false, move || watched.load(Ordering::Relaxed));
+    let progress = Progress::start(a.packets.saturating_mul(passes), false, move || {
+        watched.load(Ordering::Relaxed)
+    });
     let start = Instant::now();
+    if a.established_passes.is_some() {
+        let counted = generate_established(&cfg, passes, |_, ts, frame| {
+            done.fetch_add(1, Ordering::Relaxed);
+            writer.write(ts, frame, frame.len() as u32)
+        })
+        .map_err(|e| e.to_string())?;
+        writer
+            .flush()
+            .map_err(|e| format!("writing {}: {e}", a.output.display()))?;
+        drop(progress);
+        let packets = counted.first + (passes - 1) * counted.later;
+        let secs = start.elapsed().as_secs_f64();
+        if a.json {
+            let v = serde_json::json!({
+                "workload": workload.name(), "output": a.output, "seed": a.seed,
+                "established_passes": passes, "packets": packets,
+                "first_pass_packets": counted.first, "later_pass_packets": counted.later,
+                "wall_seconds": secs,
+            });
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+            );
+        } else {
+            println!(
+                "stateplane gen {}: {passes} passes of established flows, {packets} packets \
+                 (the first {}, each later one {}) -> {}",
+                workload.name(),
+                counted.first,
+                counted.later,
+                a.output.display()
+            );
+        }
+        return Ok(());
+    }
     let summary = generate(
         &cfg,
         |ts, frame| writer.write(ts, frame, frame.len() as u32),

@@ -2402,3 +2402,87 @@ fn ctl_arguments_are_checked_before_the_switch_is_reached() {
         }
     }
 }
+
+/// `gen --established-passes` writes the trace again and again as the same connections,
+/// open throughout: a firewall (which checks each segment against its connection's
+/// windows) forwards every packet of every pass, where the second pass's segments written
+/// with their sequence numbers as they were are mostly out of window.
+#[test]
+fn gen_writes_passes_of_established_flows_that_a_firewall_forwards_whole() {
+    let passes = tmp("established-passes.pcap");
+    let text = ok(bin()
+        .args([
+            "gen",
+            "datacenter",
+            "--packets",
+            "20000",
+            "--flows",
+            "100",
+            "--seed",
+            "7",
+        ])
+        .args(["--established-passes", "3", "--json", "-o"])
+        .arg(&passes)
+        .output()
+        .unwrap());
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let packets = summary["packets"].as_u64().unwrap();
+    let (first, later) = (
+        summary["first_pass_packets"].as_u64().unwrap(),
+        summary["later_pass_packets"].as_u64().unwrap(),
+    );
+    assert_eq!(packets, first + 2 * later);
+    assert!(later > 19_000 && later < first, "{text}");
+    let run = |input: &Path| {
+        let out = ok(bin()
+            .args(["run", "firewall", "--json", "-i"])
+            .arg(input)
+            .output()
+            .unwrap());
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let counters = &v["counters"];
+        (
+            counters["rx_packets"].as_u64().unwrap(),
+            counters["tx_packets"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(run(&passes), (packets, packets));
+    // The control: the same first pass, then the trace's segments with no SYN, FIN or
+    // RST again as they are, their sequence numbers behind the windows the first left.
+    let once = tmp("established-once.pcap");
+    generate_with("datacenter", 20_000, &once, &["--flows", "100"]);
+    let hasher = stateplane_wire::FlowHasher::with_seed(1);
+    let opens_or_closes = |data: &[u8]| {
+        use stateplane_wire::tcp::flags;
+        let parsed = stateplane_wire::parse(data, 0, &hasher).unwrap();
+        parsed.tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0
+    };
+    let records = read_all(&once).unwrap();
+    let written = read_all(&passes).unwrap();
+    assert_eq!(written.len() as u64, packets);
+    let shift = records.last().unwrap().0 - records[0].0 + 1_000_000;
+    let again = (records.iter())
+        .filter(|(_, data, _)| !opens_or_closes(data))
+        .map(|(ts, data, len)| (ts + shift, data.clone(), *len));
+    let both: Vec<_> = written[..first as usize]
+        .iter()
+        .cloned()
+        .chain(again)
+        .collect();
+    let twice = tmp("established-twice.pcap");
+    write_capture(&twice, &both, stateplane_io::CaptureFormat::PcapNano);
+    let (rx, tx) = run(&twice);
+    assert_eq!(rx, first + later);
+    assert!(tx < first + later / 2, "{tx} of {rx} forwarded");
+    refused(
+        &[
+            "gen",
+            "datacenter",
+            "--established-passes",
+            "0",
+            "-o",
+            "x.pcap",
+        ],
+        "--established-passes 0: give 1 to 100 passes of the trace",
+    );
+}

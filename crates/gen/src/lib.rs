@@ -11,6 +11,7 @@
 //! 198.18.0.0/16, servers in 198.19.0.0/16) and IPv6 2001:2::/48 (RFC 5180).
 
 pub mod build;
+pub mod established;
 pub use stateplane_wire::kv_proto as kv;
 pub mod rng;
 mod workloads;

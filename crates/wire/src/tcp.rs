@@ -111,6 +111,20 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> TcpPacket<T> {
     pub fn set_checksum(&mut self, c: u16) {
         set_be16(self.buffer.as_mut(), 16, c);
     }
+    /// Sets the sequence number, the checksum updated for it.
+    pub fn set_seq(&mut self, seq: u32) {
+        self.set_be32_updating_checksum(4, seq);
+    }
+    /// Sets the acknowledgment number, the checksum updated for it.
+    pub fn set_ack(&mut self, ack: u32) {
+        self.set_be32_updating_checksum(8, ack);
+    }
+    fn set_be32_updating_checksum(&mut self, at: usize, value: u32) {
+        let old = be32(self.buffer.as_ref(), at);
+        let c = checksum::update32(self.checksum(), old, value);
+        set_be32(self.buffer.as_mut(), at, value);
+        self.set_checksum(c);
+    }
     /// Computes the checksum over the whole buffer (header and payload) and the pseudo-header.
     pub fn fill_checksum(&mut self, pseudo: u32) {
         self.set_checksum(0);
@@ -292,5 +306,12 @@ mod tests {
         p.fill_checksum(pseudo);
         assert!(p.verify_checksum(pseudo));
         assert!(!p.verify_checksum(pseudo + 1));
+        // Sequence and acknowledgment numbers set keep it whole, wrapping included.
+        for (seq, ack) in [(u32::MAX, 7), (0x8000_0000, u32::MAX), (12, 0)] {
+            p.set_seq(seq);
+            p.set_ack(ack);
+            assert_eq!((p.seq(), p.ack()), (seq, ack));
+            assert!(p.verify_checksum(pseudo), "seq {seq} ack {ack}");
+        }
     }
 }
