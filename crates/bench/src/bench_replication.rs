@@ -18,11 +18,16 @@
 //! start and end (connecting, loading the functions) count too: the share errs high.
 //!
 //! The read-centric programs (`firewall`, `nat`, `lb`, `sgw`) also run over their trace
-//! four times in a row (the same flows again and again, later in time): the rate of the
-//! last three passes, from the two runs' times (`established`: their packets over the
-//! difference of the medians), is the rate on flows whose leases and state the switch
-//! holds already, with each run's start, first leases and end taken out, which is what
-//! their target is read on. (`counter` and `kv` are read against the store's rate.)
+//! as four passes of established flows (`stateplane_gen::established`: connections open
+//! throughout, none opened or closed after the first pass) and over its first pass alone:
+//! the later passes' packets over the time they added (`established`) is the rate on
+//! flows whose leases and state the switch holds already, each run's start, first leases
+//! and end taken out, which is what their target is read on. (`counter` and `kv` are read
+//! against the store's rate.)
+//!
+//! Each round runs every mode in turn, and each ratio is the median over rounds of a
+//! round's figure over its unreplicated run's: the host's speed, which moves between
+//! rounds on a shared machine, moves a ratio's two sides alike.
 //!
 //! The run checks its work before it prints: every replicated run forwards as many packets
 //! as the unreplicated one and drops none, and for `counter` Redis holds, summed over its
@@ -73,15 +78,51 @@ struct Row {
     mode: &'static str,
     burst: usize,
     pps: f64,
-    /// The rate of passes over flows already seen (`None`: not measured, or the runs'
-    /// times too close to tell it).
+    /// The median of each round's rate over the unreplicated run's of the same round.
+    vs_unreplicated: f64,
+    /// The rate on established flows, median over the rounds (`None`: not measured, or
+    /// the runs' times too close to tell it in most rounds).
     established_pps: Option<f64>,
+    /// The median of each round's established rate over the unreplicated one's.
+    established_vs_unreplicated: Option<f64>,
     writes: u64,
     folded: u64,
     round_trips: u64,
     /// Redis: the server's CPU time over the time the switch forwarded (median; 0.5: half
     /// a core).
     store_cpu: Option<f64>,
+}
+
+/// A mode's runs at a burst size, one of each kind a round.
+#[derive(Default)]
+struct Measured {
+    rates: Vec<f64>,
+    /// Per round: the rate on established flows, if told apart from the host's noise.
+    established: Vec<Option<f64>>,
+    store_cpu: Vec<f64>,
+    last: Option<Ran>,
+}
+
+impl Measured {
+    /// The median of the rounds' established rates, if most rounds told one.
+    fn established_median(&self) -> Option<f64> {
+        let told: Vec<f64> = self.established.iter().flatten().copied().collect();
+        (told.len() * 2 > self.established.len()).then(|| median(told))
+    }
+
+    /// The median over rounds of the established rate over `baseline`'s of the same
+    /// round, if most rounds told both.
+    fn established_ratio(&self, baseline: &Measured) -> Option<f64> {
+        let ratios: Vec<f64> = (self.established.iter().zip(&baseline.established))
+            .filter_map(|(e, b)| Some((*e)? / (*b)?))
+            .collect();
+        (ratios.len() * 2 > self.established.len()).then(|| median(ratios))
+    }
+}
+
+/// The median over rounds of each round's `rates` over its `baseline`.
+fn median_ratio(rates: &[f64], baseline: &[f64]) -> f64 {
+    median(rates.iter().zip(baseline).map(|(r, b)| r / b).collect())
 }
 
 /// A program measured: its `[program]` configuration (forwarding p0 to p1), the state
@@ -410,16 +451,22 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
             // What the unreplicated runs forwarded of the trace, of its first pass as
             // established flows and of all those passes.
             let (mut forwarded, mut forwarded_first, mut forwarded_passes) = (None, None, None);
-            for (mode, extra) in [
+            let modes = [
                 ("unreplicated", ""),
                 ("memory", replicated.as_str()),
                 ("redis", redis.as_str()),
-            ] {
-                let (mut rates, mut store_cpu) = (Vec::new(), Vec::new());
-                let (mut first_s, mut passes_s) = (Vec::new(), Vec::new());
-                let mut last = None;
-                for _ in 0..repeat {
-                    let cpu_before = match mode {
+            ];
+            let mut measured: Vec<Measured> = modes.iter().map(|_| Measured::default()).collect();
+            // The modes in turn within each repetition, so that the host's speed moving
+            // between repetitions moves each mode's runs and their baseline's alike.
+            for round in 0..repeat {
+                eprintln!(
+                    "  {}, burst {burst}: round {} of {repeat}",
+                    case.name,
+                    round + 1
+                );
+                for ((mode, extra), m) in modes.iter().zip(&mut measured) {
+                    let cpu_before = match *mode {
                         "redis" => {
                             server.cli(&["flushall"]);
                             Some(redis_cpu_seconds(&mut watch)?)
@@ -429,60 +476,61 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                     let ran = run_case(case, &case.trace, burst, extra, packets)?;
                     if let Some(before) = cpu_before {
                         let used = redis_cpu_seconds(&mut watch)? - before;
-                        store_cpu.push(used * ran.pps / packets as f64);
+                        m.store_cpu.push(used * ran.pps / packets as f64);
                     }
                     check_forwarded(&case.name, mode, ran.tx, &mut forwarded)?;
-                    if mode == "redis" && case.name == "counter" {
+                    if *mode == "redis" && case.name == "counter" {
                         check_counted(&server.url(), packets)?;
                     }
-                    // The same flows established, in turn with the runs once, so that the
-                    // host's speed moving between runs moves both.
                     if let Some((first, passes, written)) = &case.established {
                         let all_packets = written.first + (PASSES - 1) * written.later;
-                        if mode == "redis" {
+                        if *mode == "redis" {
                             server.cli(&["flushall"]);
                         }
                         let once = run_case(case, first, burst, extra, written.first)?;
                         check_forwarded(&case.name, mode, once.tx, &mut forwarded_first)?;
-                        if mode == "redis" {
+                        if *mode == "redis" {
                             server.cli(&["flushall"]);
                         }
                         let all = run_case(case, passes, burst, extra, all_packets)?;
                         check_forwarded(&case.name, mode, all.tx, &mut forwarded_passes)?;
                         check_later_passes_forwarded(&case.name, &once, &all, written)?;
-                        first_s.push(once.wall_s);
-                        passes_s.push(all.wall_s);
+                        let later = (PASSES - 1) * written.later;
+                        m.established
+                            .push(established_rate(later, once.wall_s, all.wall_s));
                     }
-                    rates.push(ran.pps);
-                    last = Some(ran);
+                    m.rates.push(ran.pps);
+                    m.last = Some(ran);
                 }
-                let pps = median(rates);
-                let established_pps = case.established.as_ref().and_then(|(_, _, written)| {
-                    let later = (PASSES - 1) * written.later;
-                    established_rate(later, median(first_s), median(passes_s))
-                });
-                let established = match (&case.established, established_pps) {
+            }
+            let baseline = &measured[0];
+            for ((mode, _), m) in modes.iter().zip(&measured) {
+                let established = m.established_median();
+                let said = match (&case.established, established) {
                     (None, _) => String::new(),
                     (Some(_), None) => ", established: not told apart from the host's noise \
                                         (try more --packets)"
                         .to_owned(),
                     (Some(_), Some(e)) => format!(", established {e:.0}"),
                 };
+                let pps = median(m.rates.clone());
                 eprintln!(
-                    "  {}, burst {burst}, {mode}: {pps:.0} packets/s{established}",
+                    "  {}, burst {burst}, {mode}: {pps:.0} packets/s{said}",
                     case.name
                 );
-                let last = last.ok_or("no run")?;
+                let last = m.last.as_ref().ok_or("no run")?;
                 rows.push(Row {
                     program: case.name.clone(),
                     mode,
                     burst,
                     pps,
-                    established_pps,
+                    vs_unreplicated: median_ratio(&m.rates, &baseline.rates),
+                    established_pps: established,
+                    established_vs_unreplicated: m.established_ratio(baseline),
                     writes: last.writes,
                     folded: last.folded,
                     round_trips: last.round_trips,
-                    store_cpu: (!store_cpu.is_empty()).then(|| median(store_cpu)),
+                    store_cpu: (!m.store_cpu.is_empty()).then(|| median(m.store_cpu.clone())),
                 });
             }
         }
@@ -507,16 +555,10 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
         "program,mode,burst,packets_per_s,vs_unreplicated,established_packets_per_s,\
          established_vs_unreplicated,x_store_rate,writes,folded,round_trips,store_cpu",
     );
-    // The unreplicated row of a row's program and burst, which its ratios are to.
-    let unreplicated = |r: &Row| {
-        (rows.iter())
-            .find(|b| b.program == r.program && b.burst == r.burst && b.mode == "unreplicated")
-    };
-    let established_ratio = |r: &Row| Some(r.established_pps? / unreplicated(r)?.established_pps?);
+    let established_ratio = |r: &Row| r.established_vs_unreplicated;
     let label = |r: &Row| format!("{}, {}, burst {}", r.program, r.mode, r.burst);
     for r in &rows {
-        let base = unreplicated(r).map_or(f64::NAN, |b| b.pps);
-        let (ratio, x_store) = (r.pps / base, r.pps / store_rate);
+        let (ratio, x_store) = (r.vs_unreplicated, r.pps / store_rate);
         let (established, established_vs) = (r.established_pps, established_ratio(r));
         table.row(vec![
             r.program.clone(),
@@ -598,5 +640,24 @@ mod tests {
         assert_eq!(established_rate(300, 1.0, 1.09), None);
         assert_eq!(established_rate(300, 1.0, 0.9), None);
         assert!(established_rate(300, 1.0, 1.11).is_some());
+    }
+
+    /// A ratio is the median of the rounds' own ratios: a round on a host twice as fast
+    /// for both modes moves neither side alone; a ratio of rounds that told no rate is
+    /// none when most did not.
+    #[test]
+    fn ratios_are_taken_round_by_round() {
+        assert_eq!(median_ratio(&[1.0, 4.0, 1.0], &[2.0, 8.0, 2.0]), 0.5);
+        let measured = |established: Vec<Option<f64>>| Measured {
+            established,
+            ..Measured::default()
+        };
+        let base = measured(vec![Some(2.0), Some(8.0), Some(2.0)]);
+        let replicated = measured(vec![Some(1.0), Some(4.0), None]);
+        assert_eq!(replicated.established_ratio(&base), Some(0.5));
+        assert_eq!(replicated.established_median(), Some(2.5));
+        let mostly_untold = measured(vec![Some(1.0), None, None]);
+        assert_eq!(mostly_untold.established_ratio(&base), None);
+        assert_eq!(mostly_untold.established_median(), None);
     }
 }

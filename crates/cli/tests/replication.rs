@@ -1021,7 +1021,8 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
 }
 
 /// `bench-replication` runs each program unreplicated and replicated to both stores, over
-/// its trace once and twice, checks the counts and the outputs, and writes its CSV: counter writes at every packet,
+/// its trace once and as passes of established flows, checks the counts and the outputs,
+/// and writes its CSV: counter writes at every packet,
 /// the firewall, nat, lb, sgw and kv far less (their reads write nothing); bad flags are
 /// refused by name.
 #[test]
@@ -1077,7 +1078,7 @@ fn bench_replication_runs_each_program_three_ways_and_checks_the_counts() {
             assert_eq!(cpu, "", "{row}");
         }
     }
-    // Each row's rate on established flows (the trace's second pass) is a rate, or left
+    // Each row's rate on established flows (its later passes) is a rate, or left
     // empty where the two runs' times were too close to tell it; the unreplicated row's
     // ratio is 1 wherever it is told.
     assert!(
