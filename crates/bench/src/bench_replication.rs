@@ -18,7 +18,7 @@
 //! start and end (connecting, loading the functions) count too: the share errs high.
 //!
 //! The read-centric programs (`firewall`, `nat`, `lb`, `sgw`) also run over their trace
-//! as four passes of established flows (`stateplane_gen::established`: connections open
+//! as eight passes of established flows (`stateplane_gen::established`: connections open
 //! throughout, none opened or closed after the first pass) and over its first pass alone:
 //! the later passes' packets over the time they added (`established`) is the rate on
 //! flows whose leases and state the switch holds already, each run's start, first leases
@@ -203,7 +203,7 @@ pub(crate) fn write_trace(cfg: &GenConfig, path: &Path) -> BenchResult<(u64, u64
 
 /// Passes over a trace of established flows in the run that measures their rate: the
 /// first sees the flows come, the others are timed.
-const PASSES: u64 = 4;
+const PASSES: u64 = 8;
 
 /// Writes `cfg`'s trace as [`PASSES`] passes of established flows
 /// ([`generate_established`]) to `passes`, and its first pass alone to `first`.
@@ -606,7 +606,7 @@ pub fn main(a: BenchReplicationArgs) -> BenchResult<()> {
                 .collect(),
         };
         let established = crate::chart::Panel {
-            title: "On established flows (passes 2-4 of the trace): replicated vs unreplicated"
+            title: "On established flows (passes 2-8 of the trace): replicated vs unreplicated"
                 .into(),
             unit: "ratio".into(),
             bars: (rows.iter())
