@@ -2,7 +2,7 @@
 
 use crate::progress::Progress;
 use crate::summary_output::CliResult;
-use stateplane_gen::established::generate_established;
+use stateplane_gen::established::{Passes, generate_established};
 use stateplane_gen::{GenConfig, Workload, generate};
 use stateplane_io::{CaptureFormat, CaptureWriter};
 use stateplane_mem::budget::Bytes;
@@ -127,30 +127,40 @@ pub fn main(a: GenArgs) -> CliResult<()> {
         watched.load(Ordering::Relaxed)
     });
     let start = Instant::now();
-    if a.established_passes.is_some() {
-        let counted = generate_established(&cfg, passes, |_, ts, frame| {
-            done.fetch_add(1, Ordering::Relaxed);
-            writer.write(ts, frame, frame.len() as u32)
-        })
-        .map_err(|e| e.to_string())?;
-        writer
-            .flush()
-            .map_err(|e| format!("writing {}: {e}", a.output.display()))?;
-        drop(progress);
-        let packets = counted.first + (passes - 1) * counted.later;
-        let secs = start.elapsed().as_secs_f64();
-        if a.json {
-            let v = serde_json::json!({
-                "workload": workload.name(), "output": a.output, "seed": a.seed,
-                "established_passes": passes, "packets": packets,
-                "first_pass_packets": counted.first, "later_pass_packets": counted.later,
-                "wall_seconds": secs,
-            });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-            );
-        } else {
+    let written = match a.established_passes {
+        Some(_) => Written::Passes(
+            generate_established(&cfg, passes, |_, ts, frame| {
+                done.fetch_add(1, Ordering::Relaxed);
+                writer.write(ts, frame, frame.len() as u32)
+            })
+            .map_err(|e| e.to_string())?,
+        ),
+        None => Written::Trace(
+            generate(
+                &cfg,
+                |ts, frame| writer.write(ts, frame, frame.len() as u32),
+                |n| done.store(n, Ordering::Relaxed),
+            )
+            .map_err(|e| e.to_string())?,
+        ),
+    };
+    writer
+        .flush()
+        .map_err(|e| format!("writing {}: {e}", a.output.display()))?;
+    drop(progress);
+    let secs = start.elapsed().as_secs_f64();
+    let summary = match written {
+        Written::Trace(summary) => summary,
+        Written::Passes(counted) => {
+            let packets = counted.first + (passes - 1) * counted.later;
+            if a.json {
+                return print_json(serde_json::json!({
+                    "workload": workload.name(), "output": a.output, "seed": a.seed,
+                    "established_passes": passes, "packets": packets,
+                    "first_pass_packets": counted.first, "later_pass_packets": counted.later,
+                    "wall_seconds": secs,
+                }));
+            }
             println!(
                 "stateplane gen {}: {passes} passes of established flows, {packets} packets \
                  (the first {}, each later one {}) -> {}",
@@ -159,32 +169,17 @@ pub fn main(a: GenArgs) -> CliResult<()> {
                 counted.later,
                 a.output.display()
             );
+            return Ok(());
         }
-        return Ok(());
-    }
-    let summary = generate(
-        &cfg,
-        |ts, frame| writer.write(ts, frame, frame.len() as u32),
-        |n| done.store(n, Ordering::Relaxed),
-    )
-    .map_err(|e| e.to_string())?;
-    writer
-        .flush()
-        .map_err(|e| format!("writing {}: {e}", a.output.display()))?;
-    drop(progress);
-    let secs = start.elapsed().as_secs_f64();
+    };
     if a.json {
-        let v = serde_json::json!({
+        print_json(serde_json::json!({
             "workload": workload.name(), "output": a.output, "seed": a.seed, "packets": summary.packets,
             "bytes": summary.bytes, "flows": summary.flows, "ipv6_packets": summary.ipv6_packets,
             "tcp_packets": summary.tcp_packets, "udp_packets": summary.udp_packets,
             "special_packets": summary.special_packets, "trace_seconds": (summary.last_ns - summary.first_ns) as f64 / 1e9,
             "wall_seconds": secs,
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
-        );
+        }))?;
     } else {
         println!(
             "stateplane gen {}: {} packets, {} bytes, {} flows -> {}",
@@ -209,6 +204,20 @@ pub fn main(a: GenArgs) -> CliResult<()> {
             summary.packets as f64 / secs / 1e6
         );
     }
+    Ok(())
+}
+
+/// What `gen` wrote: a trace, or passes of it as established flows.
+enum Written {
+    Trace(stateplane_gen::GenSummary),
+    Passes(Passes),
+}
+
+fn print_json(v: serde_json::Value) -> CliResult<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
+    );
     Ok(())
 }
 
