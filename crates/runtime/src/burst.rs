@@ -345,10 +345,7 @@ impl Burst {
         let mut kept = 0;
         for i in 0..self.count {
             if keep(&self.slots[i]) {
-                // A descriptor is a few hundred bytes: one kept in its place is not moved.
-                if kept != i {
-                    self.slots.swap(kept, i);
-                }
+                self.slots.swap(kept, i);
                 kept += 1;
             }
         }
