@@ -2485,4 +2485,15 @@ fn gen_writes_passes_of_established_flows_that_a_firewall_forwards_whole() {
         ],
         "--established-passes 0: give 1 to 100 passes of the trace",
     );
+    refused(
+        &[
+            "gen",
+            "datacenter",
+            "--established-passes",
+            "101",
+            "-o",
+            "x.pcap",
+        ],
+        "--established-passes 101: give 1 to 100 passes of the trace",
+    );
 }

@@ -256,4 +256,36 @@ mod tests {
         }
         assert!(went_on > 20);
     }
+
+    /// One pass is the trace with no FIN or RST: its connections opened, none closed.
+    #[test]
+    fn one_pass_is_the_trace_with_every_connection_left_open() {
+        let cfg = GenConfig::new(Workload::Datacenter, 2_000);
+        let mut trace = Vec::new();
+        generate(
+            &cfg,
+            |ts, f| {
+                trace.push((ts, f.to_vec()));
+                Ok(())
+            },
+            |_| {},
+        )
+        .unwrap();
+        let mut passes = Vec::new();
+        let counted = generate_established(&cfg, 1, |pass, ts, f| {
+            assert_eq!(pass, 0);
+            passes.push((ts, f.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        let hasher = FlowHasher::with_seed(1);
+        let closes = |f: &[u8]| {
+            segment(f, &hasher).is_some_and(|s| s.flags & (flags::FIN | flags::RST) != 0)
+        };
+        let open: Vec<_> = trace.iter().filter(|(_, f)| !closes(f)).cloned().collect();
+        assert!(open.len() < trace.len(), "the trace closes connections");
+        assert_eq!(passes, open);
+        let first = open.len() as u64;
+        assert_eq!(counted, Passes { first, later: 0 });
+    }
 }
