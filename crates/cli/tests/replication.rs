@@ -526,16 +526,21 @@ fn counter_run_losing_its_store(
     );
     let (config, out) = counter_run(name, 600_000, 2_000, &store);
     let run = spawn_run(&config);
+    kill_once_it_holds(server, 100);
+    (run, out)
+}
+
+/// Kills `server` (SIGKILL) once it holds `records` records: a run's first writes.
+fn kill_once_it_holds(server: &mut stateplane_lab::RedisServer, records: u64) {
     let start = std::time::Instant::now();
-    while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < 100 {
+    while server.cli(&["dbsize"]).trim().parse::<u64>().unwrap_or(0) < records {
         assert!(
             start.elapsed() < std::time::Duration::from_secs(30),
             "no records"
         );
-        std::thread::sleep(std::time::Duration::from_millis(5));
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
     server.kill();
-    (run, out)
 }
 
 /// The store killed in the middle of a run (SIGKILL) and started again from its append-only
@@ -573,6 +578,58 @@ fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
         (tx..=rx).contains(&counted),
         "the store counts {counted}; {tx} left, {rx} came"
     );
+}
+
+/// `firewall` over passes of established flows (`gen --established-passes 8`: 500
+/// connections opened in the first pass, none closed), its connections replicated with a
+/// 300 ms lease to a store killed (SIGKILL) while the first pass's writes are on their way
+/// and started again from its append-only file 400 ms on, past every lease: the writes
+/// the store then refuses as of a passed lease go under the leases taken again (nobody
+/// else wrote), the leases that ran out are taken again with their connections' state,
+/// and every packet is forwarded: none held past `park_timeout_ms` (2 s), none dropped by
+/// the firewall as of a connection it lost.
+#[test]
+fn a_store_lost_for_longer_than_the_lease_loses_no_connection_and_no_packet() {
+    let trace = tmp("rep-lost-fw.pcap");
+    generate(
+        &trace,
+        "datacenter --packets 30000 --flows 500 --established-passes 8",
+    );
+    let mut server = stateplane_lab::RedisServer::start(free_port(), true).unwrap();
+    let config = tmp("rep-lost-fw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[program]\nname = \"firewall\"\n[program.firewall]\ninside = \"p0\"\n\
+             [guarantees]\nconnections = [\"replicated\"]\n\
+             [replication]\nstore = \"{}\"\nlease_ms = 300\npark_timeout_ms = 2000\n\
+             [[port]]\nname = \"p0\"\nrx = \"{}\"\n[[port]]\nname = \"p1\"\ntx = \"{}\"\n",
+            server.url(),
+            trace.display(),
+            tmp("rep-lost-fw-out.pcap").display()
+        ),
+    )
+    .unwrap();
+    let run = spawn_run(&config);
+    kill_once_it_holds(&mut server, 200);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    server.restart().unwrap();
+    let output = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("connected again"), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let (rx, tx, dropped) = in_out_dropped(&summary);
+    let r = &summary["replication"];
+    assert_eq!(rx, 231_464, "the trace: {summary}");
+    assert_eq!((tx, dropped), (rx, 0), "every packet forwarded: {summary}");
+    assert!(r["reconnects"].as_u64().unwrap() >= 1, "{r}");
+    // Writes were refused as of a passed lease, and went under the lease taken again.
+    let (fenced, retaken) = (
+        r["fenced"].as_u64().unwrap(),
+        r["retaken"].as_u64().unwrap(),
+    );
+    assert!(fenced >= 1 && retaken >= 1, "{r}");
 }
 
 /// The store killed in the middle of a run over a capture and never back: once it has

@@ -87,7 +87,8 @@ impl<K: Copy, V> Request<K, V> {
 pub enum Reply<K, V> {
     /// The lease is the asker's under `epoch` for `lease_ns` from when the store took the
     /// request; the flow's state is `value` as of write `seq` (`None`: never written, or
-    /// timed out).
+    /// timed out), which was applied under the lease of `written_epoch` (0: none), so
+    /// the holder of that lease knows the write for its own.
     Granted {
         key: K,
         epoch: u64,
@@ -95,6 +96,7 @@ pub enum Reply<K, V> {
         value: Option<V>,
         lease_ns: u64,
         nonce: u64,
+        written_epoch: u64,
     },
     /// Another holder's lease runs for `remaining_ns` more.
     Held {

@@ -175,6 +175,10 @@ pub struct ReplicaCounters {
     pub migrated: u64,
     pub waited: u64,
     pub fenced: u64,
+    /// Writes fenced (the lease had run out at the store: a store or link gone longer than
+    /// it) and written after all under the lease taken again, nothing having been written
+    /// meanwhile: their outputs left, none dropped.
+    pub retaken: u64,
     /// Aliases asked of the store, and those that named a flow.
     pub resolves: u64,
     pub resolved: u64,
@@ -274,6 +278,14 @@ struct Flow<K, V> {
     /// Whether the flow may have a steady mark (set with each mark; false only once its
     /// mark, if any, is taken away): a flow that stays steady is not marked again.
     marked: bool,
+    /// Whether the flow lost its lease (fenced) with changes of its own not yet written,
+    /// and asks for it again to write them: they go under the new lease only if the store
+    /// grants it with nothing written since (`acked` still its last, or `refused` applied
+    /// under this side's lease, its answer lost); else they are given up.
+    retaking: bool,
+    /// The write on its way when the lease was lost, and the epoch it was sent under,
+    /// while `retaking`.
+    refused: Option<(InFlight<V>, u64)>,
 }
 
 /// Packets that name their flow only by an alias, held while the store says which flow
@@ -307,6 +319,8 @@ impl<K, V> Flow<K, V> {
             alias: None,
             known: None,
             marked: false,
+            retaking: false,
+            refused: None,
             hint: crate::NO_HINT,
         }
     }
@@ -889,9 +903,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 self.asks_waiting.push_back(key);
                 return;
             }
-            if flow.parked.is_empty() {
+            if flow.parked.is_empty() && !flow.retaking {
                 // Its packets were dropped (held past the timeout) while it waited: none
-                // needs the lease now, and the flow is forgotten.
+                // needs the lease now, and the flow is forgotten. (A fenced write still
+                // asks: the state its packets made is written however long they waited.)
                 flow.lease = Lease::None;
                 flow.queued = false;
                 self.arm(key, now_ns);
@@ -981,6 +996,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 value,
                 lease_ns,
                 nonce,
+                written_epoch,
                 ..
             } => {
                 let Lease::Acquiring {
@@ -1000,14 +1016,54 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                     epoch,
                     until_ns: until(first, lease_ns),
                 };
-                flow.acked = seq;
-                // The same epoch again: this side's own lease, asked for again near its end.
-                let renewed = flow.epoch == epoch;
-                flow.epoch = epoch;
-                self.counters.migrated += u64::from(value.is_some() && !renewed);
                 self.counters.waited += u64::from(waited);
-                flow.known = Some(value.clone().unwrap_or_default());
-                self.events.push_back(Event::Install { key, value, waited });
+                let retaking = std::mem::take(&mut flow.retaking);
+                let refused = flow.refused.take();
+                // Only this side wrote under its own lease: a write of the refused one's
+                // number under another's (even of the same state) is not this side's.
+                let applied =
+                    (refused.as_ref()).is_some_and(|(w, e)| seq == w.seq && written_epoch == *e);
+                if retaking && (seq == flow.acked || applied) {
+                    // Nothing written since this side's last: its changes go on under this
+                    // lease, the outputs waiting for them still waiting.
+                    flow.epoch = epoch;
+                    self.counters.retaken += 1;
+                    match refused {
+                        Some((w, _)) if applied => (flow.acked, flow.known) = (seq, Some(w.value)),
+                        // Written again: the latest state, with the changes since if any,
+                        // in one write that every output waits for.
+                        Some((w, _)) if flow.pending.is_none() => flow.pending = Some(w.value),
+                        Some(_) => {
+                            let next = flow.acked + 1;
+                            for p in &mut flow.parked {
+                                if let Needs::Seq(seq) = &mut p.needs {
+                                    *seq = next;
+                                }
+                            }
+                        }
+                        None => {}
+                    }
+                    if flow.pending.is_some() && !flow.queued {
+                        flow.queued = true;
+                        self.sendable.push(key);
+                    }
+                } else {
+                    if retaking {
+                        // Another write came first: the fenced one is never to be applied.
+                        flow.pending = None;
+                        let dropped = drop_outputs_waiting_for_writes(flow, &mut self.events);
+                        self.parked -= dropped;
+                        self.counters.dropped_fenced += dropped as u64;
+                    }
+                    flow.acked = seq;
+                    // The same epoch again: this side's own lease, asked for again near its
+                    // end.
+                    let renewed = flow.epoch == epoch;
+                    flow.epoch = epoch;
+                    self.counters.migrated += u64::from(value.is_some() && !renewed);
+                    flow.known = Some(value.clone().unwrap_or_default());
+                    self.events.push_back(Event::Install { key, value, waited });
+                }
             }
             Reply::Held {
                 remaining_ns,
@@ -1086,7 +1142,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         // lease lost, nothing of it is on its way any more).
         self.unanswered -= unanswered - if fenced { 0 } else { flow.unanswered() };
         if fenced {
-            self.lose_lease(key);
+            self.lose_lease(key, now_ns);
         }
         let answered_sent = self.round_trips.answered_sent_ns;
         while (self.sent_unanswered.front()).is_some_and(|&t| t <= answered_sent) {
@@ -1444,32 +1500,34 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         }
     }
 
-    /// The lease is lost: the packets whose outputs wait for a write are dropped (the
-    /// write was refused, so what they saw is not the store's), the flow's state is
-    /// forgotten, and packets not yet processed wait for the lease again.
-    fn lose_lease(&mut self, key: K) {
-        let Some(flow) = self.flows.get_mut(&key) else {
+    /// The lease is lost (fenced). With a write refused or a change unsent, the flow asks
+    /// for the lease again, keeping its changes and the outputs waiting for them (see
+    /// `retaking`): a store or link gone for longer than a lease loses nothing that way,
+    /// while no other holder wrote meanwhile. Else the flow's state is forgotten here, and
+    /// packets not yet processed wait for the lease again.
+    fn lose_lease(&mut self, key: K, now_ns: u64) {
+        let Some((flow, place)) = self.flows.get_mut_at(u32::MAX, &key) else {
             return;
         };
         flow.lease = Lease::None;
-        flow.in_flight = None;
-        flow.pending = None;
-        flow.known = None;
         flow.renewing = None;
         // Without the lease, the worker drops the packets it had to process.
         flow.processing = 0;
-        while let Some(p) = flow.parked.front().copied() {
-            if matches!(p.needs, Needs::Lease) {
-                break;
+        let refused = flow.in_flight.take();
+        if refused.is_some() || flow.pending.is_some() {
+            flow.refused = refused.map(|w| (w, flow.epoch));
+            flow.retaking = true;
+            let marked = std::mem::take(&mut flow.marked);
+            flow.ask(key, now_ns, false, &mut self.sendable);
+            if marked {
+                self.flows.restate_steady(key, place, None);
             }
-            flow.parked.pop_front();
-            self.parked -= 1;
-            self.counters.dropped_fenced += 1;
-            self.events.push_back(Event::Drop {
-                token: p.token,
-                reason: DropReason::Fenced,
-            });
+            return;
         }
+        flow.known = None;
+        let dropped = drop_outputs_waiting_for_writes(flow, &mut self.events);
+        self.parked -= dropped;
+        self.counters.dropped_fenced += dropped as u64;
         self.events.push_back(Event::Forget { key });
     }
 
@@ -1592,6 +1650,27 @@ pub(crate) fn lease_end(first_sent_ns: u64, granted_ns: u64, asked_ns: u64, marg
     first_sent_ns
         .saturating_add(granted_ns.min(asked_ns))
         .saturating_sub(margin_ns)
+}
+
+/// Drops the flow's packets at the front whose outputs wait for a write that will not be
+/// applied (fenced): what they saw is not the store's. How many.
+fn drop_outputs_waiting_for_writes<K, V>(
+    flow: &mut Flow<K, V>,
+    events: &mut VecDeque<Event<K, V>>,
+) -> usize {
+    let mut dropped = 0;
+    while let Some(p) = flow.parked.front().copied() {
+        if matches!(p.needs, Needs::Lease) {
+            break;
+        }
+        flow.parked.pop_front();
+        dropped += 1;
+        events.push_back(Event::Drop {
+            token: p.token,
+            reason: DropReason::Fenced,
+        });
+    }
+    dropped
 }
 
 /// A lease with half its time left, or less, is renewed.
@@ -2400,33 +2479,173 @@ mod tests {
             let a = s.handle(161 * MS, A, q);
             r.handle_reply(161 * MS, a);
         }
+        // Flow 1's write came after its lease (fenced): the flow asks for the lease
+        // again, so that the state its packet made is written though the packet was
+        // dropped; flow 4's ask is never sent.
         let mut out = Vec::new();
         r.poll_transmit(161 * MS, &mut out);
-        assert_eq!(asked(&out), [] as [u32; 0]);
+        assert_eq!(asked(&out), [1]);
         assert_eq!(r.check_bookkeeping(), Ok(()));
+        for q in out {
+            let a = s.handle(161 * MS, A, q);
+            r.handle_reply(161 * MS, a);
+        }
         advance(&mut r, &mut s, 162 * MS);
         assert!(r.flows.get(&4).is_none(), "flow 4 forgotten");
+        assert_eq!(s.record(&1).and_then(|r| r.value), Some(9));
+        assert_eq!(r.counters.retaken, 1);
     }
 
-    #[test]
-    fn a_fenced_write_drops_the_outputs_behind_it_and_the_flow_is_taken_again() {
-        let mut r = Replica::new(A, config());
-        let mut s = StoreCore::new(StoreConfig::default());
+    /// Flow 7 granted at 0 (a 100 ms lease) and written (1); at 80 ms packet 2 changes it
+    /// (2) and packet 3 reads it: the write they wait for, returned unsent.
+    fn flow_7_written_then_changed_near_its_lease_end(
+        r: &mut Replica<u32, u64>,
+        s: &mut StoreCore<u32, u64>,
+    ) -> Request<u32, u64> {
         r.admit(0, 7, 1);
-        round_trip(&mut r, &mut s, 0);
-        events(&mut r);
+        round_trip(r, s, 0);
+        events(r);
         r.processed(0, 7, 1, Some(1), u64::MAX);
-        round_trip(&mut r, &mut s, 0);
-        events(&mut r);
-        // The store's clock runs ahead: the write after the lease is refused.
+        round_trip(r, s, 0);
+        events(r);
         assert_eq!(r.admit(80 * MS, 7, 2), Admit::Process);
-        r.processed(80 * MS, 7, 2, Some(2), u64::MAX);
+        assert_eq!(
+            r.processed(80 * MS, 7, 2, Some(2), u64::MAX),
+            Release::Parked
+        );
         assert_eq!(r.admit(80 * MS, 7, 3), Admit::Process);
-        r.processed(80 * MS, 7, 3, None, u64::MAX);
+        assert_eq!(r.processed(80 * MS, 7, 3, None, u64::MAX), Release::Parked);
         let mut out = Vec::new();
         r.poll_transmit(80 * MS, &mut out);
-        let a = s.handle(200 * MS, A, out.remove(0));
-        r.handle_reply(200 * MS, a);
+        assert!(
+            matches!(out[..], [Request::Write { seq: 2, .. }]),
+            "{out:?}"
+        );
+        out.remove(0)
+    }
+
+    fn released(events: &[Event<u32, u64>]) -> Vec<Token> {
+        (events.iter())
+            .filter_map(|e| match e {
+                Event::Release { token, .. } => Some(*token),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A write reaching the store after its lease there (a store or link gone longer than
+    /// the lease) is fenced; with nobody having written since, the flow takes the lease
+    /// again and the write goes under it: its outputs leave, nothing is dropped.
+    #[test]
+    fn a_fenced_write_goes_under_the_lease_taken_again_if_nobody_wrote_since() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        let fenced = s.handle(200 * MS, A, write);
+        assert!(matches!(fenced, Reply::Fenced { .. }), "{fenced:?}");
+        r.handle_reply(200 * MS, fenced);
+        assert_eq!(events(&mut r), []);
+        // A packet meanwhile waits behind the outputs, for the lease.
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+        // The lease, then the write again (under the new epoch).
+        round_trip(&mut r, &mut s, 200 * MS);
+        assert_eq!(events(&mut r), [], "nothing installed over the changes");
+        round_trip(&mut r, &mut s, 200 * MS);
+        let after = events(&mut r);
+        assert_eq!(released(&after), [2, 3]);
+        assert!(
+            matches!(after[..], [_, _, Event::Process { token: 4, .. }]),
+            "{after:?}"
+        );
+        assert_eq!(s.record(&7).and_then(|r| r.value), Some(2));
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (1, 0));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+    }
+
+    /// A write the store applied, its answer lost, sent again after the lease and fenced:
+    /// the lease taken again shows it applied under this side's lease, so its outputs
+    /// leave and it is not written twice.
+    #[test]
+    fn a_fenced_write_the_store_had_applied_is_acknowledged_by_the_lease_taken_again() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        let lost = s.handle(90 * MS, A, write.clone());
+        assert!(matches!(lost, Reply::Written { seq: 2, .. }), "{lost:?}");
+        // The lease that write renewed there ends at 190 ms.
+        let fenced = s.handle(200 * MS, A, write);
+        assert!(matches!(fenced, Reply::Fenced { .. }), "{fenced:?}");
+        r.handle_reply(200 * MS, fenced);
+        let writes = r.counters.writes;
+        round_trip(&mut r, &mut s, 200 * MS);
+        assert_eq!(released(&events(&mut r)), [2, 3]);
+        round_trip(&mut r, &mut s, 200 * MS);
+        assert_eq!(r.counters.writes, writes, "not written again");
+        assert_eq!(s.record(&7).map(|r| r.seq), Some(2));
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (1, 0));
+    }
+
+    /// Another holder's write of the same number and state as this side's refused one
+    /// (two counts of one state) is not taken for this side's: its outputs are dropped.
+    #[test]
+    fn a_fenced_write_is_given_up_when_another_holder_wrote_its_number_and_state() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        let b = Holder { switch: 2, ..A };
+        let Reply::Granted { epoch, .. } = s.handle(150 * MS, b, acquire(7)) else {
+            panic!("not granted");
+        };
+        let same = s.handle(151 * MS, b, write_of(7, epoch, 2, 2));
+        assert!(matches!(same, Reply::Written { .. }), "{same:?}");
+        let fenced = s.handle(200 * MS, A, write);
+        r.handle_reply(200 * MS, fenced);
+        round_trip(&mut r, &mut s, 200 * MS);
+        let after = events(&mut r);
+        assert_eq!(released(&after), [] as [Token; 0]);
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (0, 2));
+    }
+
+    fn acquire(key: u32) -> Request<u32, u64> {
+        Request::Acquire {
+            key,
+            lease_ns: 10 * MS,
+            nonce: 1,
+        }
+    }
+
+    fn write_of(key: u32, epoch: u64, seq: u64, value: u64) -> Request<u32, u64> {
+        Request::Write {
+            key,
+            epoch,
+            seq,
+            value,
+            lease_ns: 10 * MS,
+            keep_ns: KEEP_FOREVER,
+            alias: None,
+        }
+    }
+
+    /// A fenced write whose flow another holder wrote meanwhile is given up: the outputs
+    /// waiting for it are dropped (what they saw is not the store's), and the other's
+    /// state is installed for the packets after them.
+    #[test]
+    fn a_fenced_write_is_given_up_if_another_holder_wrote_since() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        let b = Holder { switch: 2, ..A };
+        let granted = s.handle(150 * MS, b, acquire(7));
+        let Reply::Granted { epoch, seq: 1, .. } = granted else {
+            panic!("{granted:?}");
+        };
+        let written = s.handle(151 * MS, b, write_of(7, epoch, 2, 5));
+        assert!(matches!(written, Reply::Written { .. }), "{written:?}");
+        let fenced = s.handle(200 * MS, A, write);
+        r.handle_reply(200 * MS, fenced);
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        round_trip(&mut r, &mut s, 200 * MS);
         assert_eq!(
             events(&mut r),
             [
@@ -2438,21 +2657,16 @@ mod tests {
                     token: 3,
                     reason: DropReason::Fenced
                 },
-                Event::Forget { key: 7 },
+                Event::Install {
+                    key: 7,
+                    value: Some(5),
+                    waited: false
+                },
+                Event::Process { key: 7, token: 4 },
             ]
         );
-        // The next packet takes the flow again, with the store's state (the refused write
-        // is not in it).
-        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
-        round_trip(&mut r, &mut s, 200 * MS);
-        assert_eq!(
-            events(&mut r)[0],
-            Event::Install {
-                key: 7,
-                value: Some(1),
-                waited: false
-            }
-        );
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (0, 2));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
     }
 
     #[test]

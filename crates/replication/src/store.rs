@@ -41,8 +41,9 @@ impl Default for StoreConfig {
 #[derive(Clone, Debug)]
 pub struct Record<V> {
     pub value: Option<V>,
-    /// The last write applied (0: none).
+    /// The last write applied (0: none), and the epoch of the lease it was applied under.
     pub seq: u64,
+    pub written_epoch: u64,
     /// The last grant's epoch (0: never granted).
     pub epoch: u64,
     pub holder: Option<Holder>,
@@ -61,6 +62,7 @@ impl<V> Default for Record<V> {
         Record {
             value: None,
             seq: 0,
+            written_epoch: 0,
             epoch: 0,
             holder: None,
             lease_until_ns: 0,
@@ -298,6 +300,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
                     value: record.value.clone(),
                     lease_ns,
                     nonce,
+                    written_epoch: record.written_epoch,
                 }
             }
             Request::Write {
@@ -318,7 +321,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone> StoreCore<K, V> {
                 record.extend(now_ns, config.retain_ns);
                 if seq > record.seq {
                     record.value = Some(value);
-                    record.seq = seq;
+                    (record.seq, record.written_epoch) = (seq, epoch);
                     record.keep(now_ns, keep_ns, config.retain_ns);
                     if let Some(alias) = alias {
                         self.name(key, alias);

@@ -178,6 +178,8 @@ struct Seen {
     crashes: u64,
     migrated: u64,
     fenced: u64,
+    /// Fenced writes written after all under the lease taken again.
+    retaken: u64,
     stalls: u64,
     /// Reads named by an alias, those admitted by the flow the store named, and those
     /// answered with no state (the alias named none yet).
@@ -574,6 +576,7 @@ fn run(seed: u64, fencing: bool, calm: bool) -> Seen {
                 *at = u64::MAX;
                 w.seen.migrated += w.switches[s].replica.counters.migrated;
                 w.seen.fenced += w.switches[s].replica.counters.fenced;
+                w.seen.retaken += w.switches[s].replica.counters.retaken;
                 let incarnation = w.switches[s].incarnation + 1;
                 w.switches[s] = Switch::new(s as u32, incarnation);
             }
@@ -655,6 +658,7 @@ fn run(seed: u64, fencing: bool, calm: bool) -> Seen {
     for s in &w.switches {
         w.seen.migrated += s.replica.counters.migrated;
         w.seen.fenced += s.replica.counters.fenced;
+        w.seen.retaken += s.replica.counters.retaken;
     }
     if w.seen.violation.is_none() {
         for (f, ops) in &w.histories {
@@ -705,6 +709,7 @@ fn every_seed(calm: bool, each: impl Fn(u64, &Seen)) -> Seen {
         total.crashes += seen.crashes;
         total.migrated += seen.migrated;
         total.fenced += seen.fenced;
+        total.retaken += seen.retaken;
         total.stalls += seen.stalls;
         total.by_alias += seen.by_alias;
         total.resolved += seen.resolved;
@@ -719,10 +724,11 @@ fn every_seed(calm: bool, each: impl Fn(u64, &Seen)) -> Seen {
 fn every_history_is_linearizable_per_flow_under_faults_crashes_and_moves() {
     let total = every_seed(false, |_, _| {});
     // The runs did what they are for: outputs left, switches died, flows moved with their
-    // state, and running switches had writes of leases they had lost refused.
+    // state, and running switches had writes of leases they had lost refused, some of
+    // them written after all under the lease taken again.
     assert!(total.outputs > total.packets / 2, "{total:?}");
     assert!(
-        total.crashes > 0 && total.migrated > 0 && total.fenced > 0,
+        total.crashes > 0 && total.migrated > 0 && total.fenced > 0 && total.retaken > 0,
         "{total:?}"
     );
     // Reads by alias went both ways: to the flow the store named, and with none yet.

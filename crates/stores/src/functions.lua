@@ -4,6 +4,7 @@
 -- src/store.rs) line for line. A flow's record is a hash:
 --   v       its state (absent: never written)
 --   seq     the last write applied (decimal, 0 when absent)
+--   wepoch  the epoch of the lease it was applied under (0 when absent)
 --   epoch   the last grant's fencing epoch
 --   holder  who holds the lease ("switch:incarnation")
 --   until   when the lease ends, microseconds on the server's clock
@@ -38,7 +39,7 @@ local function lease_of(asked, min, max)
 end
 
 local function record(key)
-  local r = redis.call('HMGET', key, 'v', 'seq', 'epoch', 'holder', 'until', 'dies')
+  local r = redis.call('HMGET', key, 'v', 'seq', 'epoch', 'holder', 'until', 'dies', 'wepoch')
   return {
     value = r[1],
     seq = r[2] or '0',
@@ -46,6 +47,7 @@ local function record(key)
     holder = r[4],
     until_us = tonumber(r[5]) or 0,
     dies_us = tonumber(r[6]),
+    written_epoch = r[7] or '0',
   }
 end
 
@@ -122,9 +124,9 @@ local function acquire(keys, args, now)
     r.value = nil
   end
   if r.value then
-    return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value}
+    return {'G', epoch, r.seq, string.format('%d', lease), nonce, 1, r.value, r.written_epoch}
   end
-  return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, ''}
+  return {'G', epoch, r.seq, string.format('%d', lease), nonce, 0, '', r.written_epoch}
 end
 
 -- KEYS: the record, and its alias's record if `flow` (the flow's key, to be found by the
@@ -141,7 +143,7 @@ local function write(keys, args, now)
   end
   local lease = lease_of(args[5], args[8], args[9])
   if greater(seq, r.seq) then
-    extend(key, now, lease, args[10], 'v', args[4], 'seq', seq)
+    extend(key, now, lease, args[10], 'v', args[4], 'seq', seq, 'wepoch', epoch)
     keep(key, now, args[6], args[10])
     if args[7] ~= '' then
       follow(key, keys[2], args[7])

@@ -848,6 +848,7 @@ fn parse<K: StoreKey>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, S
             value: (number(5)? == 1)
                 .then(|| bytes(6).map(<[u8]>::to_vec))
                 .transpose()?,
+            written_epoch: number(7)?,
         },
         b"H" => Reply::Held {
             key,
@@ -952,6 +953,7 @@ mod tests {
             s("9"),
             redis::Value::Int(1),
             s("xy"),
+            s("2"),
         ]);
         assert_eq!(
             parse(7u32, &granted),
@@ -961,11 +963,12 @@ mod tests {
                 seq: u64::MAX,
                 lease_ns: 100_000_000,
                 nonce: 9,
-                value: Some(b"xy".to_vec())
+                value: Some(b"xy".to_vec()),
+                written_epoch: 2,
             })
         );
         // The same answer as its bytes on the wire.
-        let wire = b"*7\r\n$1\r\nG\r\n$1\r\n3\r\n$20\r\n18446744073709551615\r\n$6\r\n100000\r\n$1\r\n9\r\n:1\r\n$2\r\nxy\r\n";
+        let wire = b"*8\r\n$1\r\nG\r\n$1\r\n3\r\n$20\r\n18446744073709551615\r\n$6\r\n100000\r\n$1\r\n9\r\n:1\r\n$2\r\nxy\r\n$1\r\n2\r\n";
         assert_eq!(reply_from_wire(7, wire), parse(7u32, &granted));
         assert!(
             reply_from_wire(7, b"*7\r\n$1\r\nG\r\n").is_err(),

@@ -593,6 +593,11 @@ fn encode_replication(e: &mut DescriptorEncoder, c: &ReplicationCounters) -> fmt
             &c.fenced,
         ),
         (
+            "retaken",
+            "Fenced writes written under the lease taken again, nobody having written since",
+            &c.retaken,
+        ),
+        (
             "retransmits",
             "Requests sent again, unanswered",
             &c.retransmits,

@@ -117,6 +117,8 @@ pub struct ReplicationCounters {
     pub migrated: AtomicU64,
     pub waited: AtomicU64,
     pub fenced: AtomicU64,
+    /// Fenced writes written under the lease taken again, nobody having written since.
+    pub retaken: AtomicU64,
     pub install_refused: AtomicU64,
     /// Aliases asked of the store (packets that named their flow only so), and those that
     /// named a flow.
@@ -503,6 +505,7 @@ impl ReplicationPlan {
             migrated: get(&c.migrated),
             waited: get(&c.waited),
             fenced: get(&c.fenced),
+            retaken: get(&c.retaken),
             install_refused: get(&c.install_refused),
             resolves: get(&c.resolves),
             resolved: get(&c.resolved),
@@ -558,6 +561,9 @@ pub struct ReplicationReport {
     pub migrated: u64,
     pub waited: u64,
     pub fenced: u64,
+    /// Fenced writes written under the lease taken again (a store or link gone longer
+    /// than the lease, nobody having written the flow since): none of their outputs lost.
+    pub retaken: u64,
     pub install_refused: u64,
     /// Aliases asked of the store, and those that named a flow.
     pub resolves: u64,
@@ -610,8 +616,8 @@ impl ReplicationReport {
         format!(
             "replication to {}:\n  packets {}  waited for a lease {}  for the store {}  \
              dropped unreplicated {}\n  writes {} (changes folded in {})  leases asked {} \
-             (with state {}, after another's {})  renewed {}  fenced {}  sent again {} \
-             (of them still on their way {})\n  aliases asked {} (naming a flow {})  \
+             (with state {}, after another's {})  renewed {}  fenced {} (written after all {})  \
+             sent again {} (of them still on their way {})\n  aliases asked {} (naming a flow {})  \
              round trips {}  store errors {}  reconnects {}  states refused {}  \
              packets held at most {}\n",
             self.store,
@@ -626,6 +632,7 @@ impl ReplicationReport {
             self.waited,
             self.renewals,
             self.fenced,
+            self.retaken,
             self.retransmits,
             self.repeats_held,
             self.resolves,
@@ -1312,6 +1319,7 @@ impl ReplicationStage {
         add(&c.migrated, r.migrated, pr.migrated);
         add(&c.waited, r.waited, pr.waited);
         add(&c.fenced, r.fenced, pr.fenced);
+        add(&c.retaken, r.retaken, pr.retaken);
         add(&c.resolves, r.resolves, pr.resolves);
         add(&c.resolved, r.resolved, pr.resolved);
         c.publish_link_and_held((l, held, self.held.most()), (*pl, *pheld));
