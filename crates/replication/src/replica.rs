@@ -298,6 +298,11 @@ struct Resolving {
     sent_ns: u64,
     tries: u32,
     parked: VecDeque<(Token, u64)>,
+    /// The packets at the front of `parked` that were held when the ask left: its answer
+    /// is theirs. One that came after may have come after the store answered (its copy
+    /// sent first, say), so an answer of no flow could be older than the packet, which
+    /// then waits for an ask of its own.
+    covered: usize,
     armed_ns: Option<u64>,
 }
 
@@ -666,6 +671,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 sent_ns: now_ns,
                 tries: 0,
                 parked: VecDeque::new(),
+                covered: 0,
                 armed_ns: None,
             }
         });
@@ -853,6 +859,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             };
             self.nonce += 1;
             (r.nonce, r.first_sent_ns, r.sent_ns) = (self.nonce, Some(now_ns), now_ns);
+            r.covered = r.parked.len();
             out.push(Request::Resolve {
                 alias,
                 nonce: r.nonce,
@@ -1176,8 +1183,18 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             return; // to an earlier ask: the alias may name a flow since
         };
         self.round_trips.answered(now_ns, first);
-        let Some(r) = self.resolving.remove(&alias) else {
-            return;
+        let answered = match self.resolving.get_mut(&alias) {
+            // The packets that came after the ask left are asked for again.
+            Some(r) if flow.is_none() && r.covered < r.parked.len() => {
+                let answered: VecDeque<_> = r.parked.drain(..r.covered).collect();
+                (r.covered, r.first_sent_ns, r.tries) = (0, None, 0);
+                self.to_resolve.push(alias);
+                answered
+            }
+            _ => match self.resolving.remove(&alias) {
+                Some(r) => r.parked,
+                None => return,
+            },
         };
         self.counters.resolved += u64::from(flow.is_some());
         if let Some(key) = flow {
@@ -1186,10 +1203,10 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
             self.name_alias(key, alias);
             self.arm(key, now_ns);
         }
-        self.parked -= r.parked.len();
-        self.parked_by_alias -= r.parked.len();
+        self.parked -= answered.len();
+        self.parked_by_alias -= answered.len();
         self.counters.parked_now = self.parked as u64;
-        for (token, _) in r.parked {
+        for (token, _) in answered {
             self.events
                 .push_back(Event::Resolved { alias, token, flow });
         }
@@ -1369,6 +1386,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 break;
             }
             r.parked.pop_front();
+            r.covered = r.covered.saturating_sub(1);
             self.parked -= 1;
             self.parked_by_alias -= 1;
             self.counters.dropped_timed_out += 1;
@@ -1870,6 +1888,59 @@ mod tests {
             [1, 2],
             "both written under the lease and released"
         );
+    }
+
+    /// An answer of no flow to an alias's ask is only for the packets held when the ask
+    /// left: one that came after may come after the store answered (the flow written with
+    /// the alias meanwhile), so it waits for an ask of its own.
+    #[test]
+    fn an_alias_named_by_no_flow_is_asked_again_for_packets_that_came_after_the_ask() {
+        let roomy = ReplicaConfig {
+            park_limit: 16,
+            ..config()
+        };
+        let mut r = Replica::new(A, roomy);
+        let mut s = StoreCore::new(StoreConfig::default());
+        assert_eq!(r.admit_alias(0, 1007, 10), Admit::Parked);
+        let mut ask = Vec::new();
+        r.poll_transmit(0, &mut ask);
+        let none = s.handle(MS, A, ask.remove(0));
+        assert!(
+            matches!(none, Reply::Resolved { flow: None, .. }),
+            "{none:?}"
+        );
+        // Flow 7 is written with the alias, and a packet by the alias comes, before the
+        // answer of no flow does.
+        let mut w = Replica::new(Holder { switch: 2, ..A }, config());
+        w.admit(MS, 7, 1);
+        round_trip(&mut w, &mut s, MS);
+        events(&mut w);
+        w.name_alias(7, 1007);
+        w.processed(MS, 7, 1, Some(5), u64::MAX);
+        round_trip(&mut w, &mut s, MS);
+        assert_eq!(r.admit_alias(2 * MS, 1007, 11), Admit::Parked);
+        r.handle_reply(2 * MS, none);
+        assert_eq!(
+            events(&mut r),
+            [Event::Resolved {
+                alias: 1007,
+                token: 10,
+                flow: None
+            }]
+        );
+        assert_eq!(r.parked(), 1);
+        // Asked again, the store names flow 7 for it.
+        assert_eq!(round_trip(&mut r, &mut s, 2 * MS), 1);
+        assert_eq!(
+            events(&mut r),
+            [Event::Resolved {
+                alias: 1007,
+                token: 11,
+                flow: Some(7)
+            }]
+        );
+        assert_eq!((r.parked(), r.counters.resolves), (0, 2));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
     }
 
     #[test]
