@@ -1803,7 +1803,12 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
     // come after its translation has gone, as they do without reloads).
     let mut unknown = (0, 0);
     let mut said = String::new();
-    let report = iperf3(&lab, &["-t", "5"], 4, || {
+    // The connections run 10 s: the count's window (three seconds of sleeps, two reloads
+    // and two reads of the metrics: 5 s and more on a loaded host, which with 5 s
+    // connections counted their closing) ends well before they close.
+    let started = std::time::Instant::now();
+    let mut window_end = Duration::ZERO;
+    let report = iperf3(&lab, &["-t", "10"], 4, || {
         std::thread::sleep(Duration::from_millis(1000));
         unknown.0 = no_translation();
         reload(&changed, 1);
@@ -1815,7 +1820,13 @@ fn a_reload_keeps_nat_translations_and_connections_go_on() {
         said = text(&out);
         std::thread::sleep(Duration::from_millis(1000));
         unknown.1 = no_translation();
+        window_end = started.elapsed();
     });
+    assert!(
+        window_end < Duration::from_secs(9),
+        "the answers were counted until {window_end:?} after the 10 s connections began: \
+         too late to tell reloads from connections closing"
+    );
     assert_eq!(
         unknown.0, unknown.1,
         "no answer went unknown across the reloads"
