@@ -284,8 +284,8 @@ struct Flow<K, V> {
     /// under this side's lease, its answer lost); else they are given up.
     retaking: bool,
     /// The write on its way when the lease was lost, and the epoch it was sent under,
-    /// while `retaking`.
-    refused: Option<(InFlight<V>, u64)>,
+    /// while `retaking` (boxed: every flow has the field, few ever fill it).
+    refused: Option<Box<(InFlight<V>, u64)>>,
 }
 
 /// Packets that name their flow only by an alias, held while the store says which flow
@@ -1025,7 +1025,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
                 };
                 self.counters.waited += u64::from(waited);
                 let retaking = std::mem::take(&mut flow.retaking);
-                let refused = flow.refused.take();
+                let refused = flow.refused.take().map(|r| *r);
                 // Only this side wrote under its own lease: a write of the refused one's
                 // number under another's (even of the same state) is not this side's.
                 let applied =
@@ -1533,7 +1533,7 @@ impl<K: Copy + Eq + Hash + Ord, V: Clone + Default> Replica<K, V> {
         flow.processing = 0;
         let refused = flow.in_flight.take();
         if refused.is_some() || flow.pending.is_some() {
-            flow.refused = refused.map(|w| (w, flow.epoch));
+            flow.refused = refused.map(|w| Box::new((w, flow.epoch)));
             flow.retaking = true;
             let marked = std::mem::take(&mut flow.marked);
             flow.ask(key, now_ns, false, &mut self.sendable);
