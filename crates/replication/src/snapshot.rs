@@ -111,6 +111,9 @@ struct Writing {
     seq: u64,
     value: Vec<u8>,
     sent: Option<Sent>,
+    /// The epoch of the lease it was last sent under (0: never sent): a grant whose last
+    /// write is `seq` applied under it is this write, its answer lost.
+    sent_under: u64,
 }
 
 pub struct Snapshots {
@@ -223,6 +226,7 @@ impl Snapshots {
                 seq: self.seq + 1,
                 value: image,
                 sent: None,
+                sent_under: 0,
             });
         }
     }
@@ -277,6 +281,7 @@ impl Snapshots {
                 }
             };
             if send {
+                w.sent_under = epoch;
                 out.push(Request::Write {
                     key: self.key,
                     epoch,
@@ -340,6 +345,7 @@ impl Snapshots {
                 value,
                 lease_ns,
                 nonce,
+                written_epoch,
                 ..
             } => {
                 let ask = self.ask.filter(|a| a.nonce == nonce && !a.renew)?;
@@ -354,11 +360,15 @@ impl Snapshots {
                     }
                     return None;
                 }
-                // (A fenced sending of it may have followed one the store took.)
-                if let Some(w) = self
-                    .writing
-                    .take_if(|w| self.serving && w.seq == seq && value.as_ref() == Some(&w.value))
-                {
+                // (A fenced sending of it may have followed one the store took.) Known by
+                // the epoch it was applied under: another holder's write of the same
+                // number, even of the same image, is not this side's.
+                if let Some(w) = self.writing.take_if(|w| {
+                    self.serving
+                        && w.seq == seq
+                        && w.sent_under != 0
+                        && w.sent_under == written_epoch
+                }) {
                     self.acknowledged(&w);
                     return None;
                 }
@@ -932,6 +942,57 @@ mod tests {
             store.record(&key).and_then(|r| r.value.clone()),
             Some(b"z".to_vec())
         );
+    }
+
+    /// A write fenced while another holder wrote the same number and the same image is
+    /// not taken for this side's own: the other's image is installed, and this side's
+    /// write is not counted as acknowledged (its staleness is not moved on).
+    #[test]
+    fn another_holders_write_of_the_same_number_and_image_is_not_taken_for_ours() {
+        let mut store = store();
+        let key = Snapshots::key_of(1, 0);
+        let mut s = Snapshots::new(key, config(), 0);
+        trip(&mut s, &mut store, A, 0, false);
+        snapshot(&mut s, 0, b"x");
+        let mut out = Vec::new();
+        s.poll_transmit(0, &mut out);
+        assert!(
+            matches!(out[..], [Request::Write { seq: 1, .. }]),
+            "{out:?}"
+        );
+        // Lost on the way; the lease passes, and B writes the same number and image.
+        let Reply::Granted { epoch, .. } = store.handle(
+            200 * MS,
+            B,
+            Request::Acquire {
+                key,
+                lease_ns: 100 * MS,
+                nonce: 1,
+            },
+        ) else {
+            panic!("B not granted");
+        };
+        let same = store.handle(
+            201 * MS,
+            B,
+            Request::Write {
+                key,
+                epoch,
+                seq: 1,
+                value: b"x".to_vec(),
+                lease_ns: 100 * MS,
+                keep_ns: KEEP_FOREVER,
+                alias: None,
+            },
+        );
+        assert!(matches!(same, Reply::Written { .. }), "{same:?}");
+        // A's write, sent again after B's lease, is fenced; A takes the lease again.
+        let mut installed = Vec::new();
+        for t in (400..600).step_by(5) {
+            installed.extend(trip(&mut s, &mut store, A, t * MS, false));
+        }
+        assert_eq!(installed, [Installed(Some(b"x".to_vec()))]);
+        assert_eq!(s.stats.written, 0, "B's write is not A's");
     }
 
     #[test]
