@@ -1565,8 +1565,8 @@ impl Nat {
         check: Option<u16>,
     ) -> Result<Option<FlowKey>, NotLeased> {
         let answer = self.answers.get(outside).copied();
-        if answer.is_none() && check.is_some() && self.translations.leases_checked() {
-            return Err(NotLeased);
+        if answer.is_none() {
+            self.translations.no_key_leased(check)?;
         }
         Ok(match answer {
             Some(inside) if self.track(&inside, false, tcp_flags, now, check)?.is_some() => {

@@ -492,6 +492,18 @@ impl<C: ExactCodec> DeclaredTable<C> {
         self.leased_reads.is_some()
     }
 
+    /// For a packet whose lease is to be checked at `check` that names no key of this
+    /// table where its program looked (an index beside the table found nothing, as
+    /// `nat`'s answers for an answer whose translation is elsewhere): [`NotLeased`] where
+    /// the table checks leases, so that the replication stage finds the packet's flow
+    /// (by its alias) and admits it; else nothing (the program goes on without an entry).
+    pub fn no_key_leased(&self, check: Option<u16>) -> Result<(), NotLeased> {
+        match check {
+            Some(_) if self.leases_checked() => Err(NotLeased),
+            _ => Ok(()),
+        }
+    }
+
     /// The entry of `key` at `now_ns` as [`ExactTable::lookup`] finds it, for a packet
     /// whose lease is to be checked at `check` (its place in its burst;
     /// `PacketDesc::lease_check`), where the table checks leases: only an entry marked
