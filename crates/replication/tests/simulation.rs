@@ -667,7 +667,7 @@ fn run(seed: u64, fencing: bool, calm: bool) -> Seen {
                 .map(|(_, op)| op.clone())
                 .collect();
             let ops = &ops;
-            match history::check(&Counter, ops, 20_000_000) {
+            match history::check(&Counter, ops, check_steps()) {
                 Verdict::Linearizable => w.seen.checks += 1,
                 v => {
                     let ops: Vec<_> = ops.iter().map(|o| (o.input, o.call, o.ret)).collect();
@@ -680,6 +680,16 @@ fn run(seed: u64, fencing: bool, calm: bool) -> Seen {
         }
     }
     w.seen
+}
+
+/// The checker's search budget for one flow's history (`REPLICATION_CHECK_STEPS`): a
+/// history it cannot decide within it fails the run as `Unknown`, which a larger budget
+/// may settle either way.
+fn check_steps() -> u64 {
+    std::env::var("REPLICATION_CHECK_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000_000)
 }
 
 fn seeds() -> u64 {
