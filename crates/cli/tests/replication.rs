@@ -543,6 +543,22 @@ fn kill_once_it_holds(server: &mut stateplane_lab::RedisServer, records: u64) {
     server.kill();
 }
 
+/// Starts `server` again 400 ms after it was killed (longer than any lease of these
+/// tests), and waits for `run` to end: it succeeded and said it reached the store again.
+/// Its JSON summary.
+fn restart_and_finish(
+    server: &mut stateplane_lab::RedisServer,
+    run: std::process::Child,
+) -> serde_json::Value {
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    server.restart().unwrap();
+    let output = run.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("connected again"), "{stderr}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// The store killed in the middle of a run (SIGKILL) and started again from its append-only
 /// file: the switch goes on, holds what waits for it, drops (and counts) what waited past
 /// `park_timeout_ms`, connects again and finishes; no packet is unaccounted for, and every
@@ -551,13 +567,7 @@ fn kill_once_it_holds(server: &mut stateplane_lab::RedisServer, records: u64) {
 fn a_store_lost_mid_run_and_back_is_survived_and_every_packet_accounted_for() {
     let mut server = stateplane_lab::RedisServer::start(free_port(), true).unwrap();
     let (run, out) = counter_run_losing_its_store(&mut server, "rep-lost");
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    server.restart().unwrap();
-    let output = run.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert!(stderr.contains("connected again"), "{stderr}");
-    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let summary = restart_and_finish(&mut server, run);
     let (rx, tx, dropped) = in_out_dropped(&summary);
     let r = &summary["replication"];
     assert_eq!(rx, 600_000, "{summary}");
@@ -612,13 +622,7 @@ fn a_store_lost_for_longer_than_the_lease_loses_no_connection_and_no_packet() {
     .unwrap();
     let run = spawn_run(&config);
     kill_once_it_holds(&mut server, 200);
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    server.restart().unwrap();
-    let output = run.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert!(stderr.contains("connected again"), "{stderr}");
-    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let summary = restart_and_finish(&mut server, run);
     let (rx, tx, dropped) = in_out_dropped(&summary);
     let r = &summary["replication"];
     assert_eq!(rx, 231_464, "the trace: {summary}");
