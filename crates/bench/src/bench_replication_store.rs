@@ -4,7 +4,7 @@
 //! redis-server on loopback (one of the run's own unless `--redis` names one). This is the
 //! rate replication's figures are read against: a flow's write waits for its round trip.
 //! Beside it, `redis-batched`: the same writes with up to 128 flows in one function call
-//! (`stateplane_batch`, what a switch's link sends).
+//! (`stateplane_v2_batch`, what a switch's link sends).
 //! With `--tls`, the run's server also listens with TLS (certificates of a throwaway CA),
 //! and both are measured again over it (`redis-tls`, `redis-batched-tls`): what TLS costs,
 //! against the same server in the same run.

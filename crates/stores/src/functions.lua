@@ -19,6 +19,12 @@
 -- keeps a record while it can matter).
 -- Answers are arrays whose first element says which: G (granted), H (held by another),
 -- W (written), R (renewed), F (fenced), S (an alias resolved).
+-- The functions' names carry VERSION (as `VERSION` in crates/stores/src/redis.rs): a
+-- switch of another version, whose calls and answers differ, finds none of its own and is
+-- told so at its next call, rather than calling these with arguments they misread.
+-- `stateplane_version`, under the same name in every version, says which is loaded.
+
+local VERSION = 2
 
 local function now_us()
   local t = redis.call('TIME')
@@ -231,8 +237,14 @@ local function batch(keys, args)
   return out
 end
 
-redis.register_function('stateplane_batch', batch)
-redis.register_function('stateplane_acquire', acquire)
-redis.register_function('stateplane_write', write)
-redis.register_function('stateplane_renew', renew)
-redis.register_function('stateplane_resolve', resolve)
+local prefix = 'stateplane_v' .. VERSION .. '_'
+redis.register_function(prefix .. 'batch', batch)
+redis.register_function(prefix .. 'acquire', acquire)
+redis.register_function(prefix .. 'write', write)
+redis.register_function(prefix .. 'renew', renew)
+redis.register_function(prefix .. 'resolve', resolve)
+redis.register_function{
+  function_name = 'stateplane_version',
+  callback = function() return VERSION end,
+  flags = {'no-writes'},
+}

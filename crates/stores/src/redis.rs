@@ -33,6 +33,17 @@ use std::time::Duration;
 /// The functions, as loaded into the server.
 pub const FUNCTIONS: &str = include_str!("functions.lua");
 
+/// The functions' version (`VERSION` in functions.lua), in the name of each a switch
+/// calls: where switches of two versions share a store, the one whose functions were
+/// replaced finds none of its own at its next call, rather than a function that misreads
+/// its arguments or answers what it misreads.
+pub const VERSION: u64 = 2;
+
+/// The name of a step's function in this version: `stateplane_v2_batch`.
+fn function(step: &str) -> String {
+    format!("stateplane_v{VERSION}_{step}")
+}
+
 /// How long a connection may take, and a round trip.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,7 +68,7 @@ pub struct RedisConfig {
     pub wait: Option<(u32, Duration)>,
     /// `url` is a node of a Redis Cluster: each flow's calls go to the master of its slot.
     pub cluster: bool,
-    /// Requests carried by one function call at most (`stateplane_batch`); 1 calls the
+    /// Requests carried by one function call at most (`stateplane_v2_batch`); 1 calls the
     /// single functions, one flow a call. A cluster makes one call a flow whatever this
     /// is (flows of one call must share a slot).
     pub batch: usize,
@@ -210,13 +221,49 @@ fn cluster_nodes(url: &str, slots: &redis::Value) -> Vec<String> {
 }
 
 /// Loads the functions (`FUNCTION LOAD REPLACE`) on the server, or the cluster's masters
-/// (`where_`); a refusal of unknown cause names the Redis version needed.
+/// (`where_`); a refusal of unknown cause names the Redis version needed. Functions of a
+/// newer version are left there and this switch refused (they serve the switches that
+/// loaded them, and this one's calls would fight them); an older version's are replaced,
+/// with a warning: the switches that loaded them are refused at their next call.
 fn load_functions(
     conn: &mut impl redis::ConnectionLike,
     url: &str,
     ca_setting: &str,
     where_: &str,
 ) -> Result<(), String> {
+    let loaded = redis::cmd("FCALL")
+        .arg("stateplane_version")
+        .arg(0)
+        .query::<u64>(conn)
+        .ok();
+    // Before versions were named, the library had no `stateplane_version`.
+    let older = match loaded {
+        Some(version) if version > VERSION => {
+            return Err(format!(
+                "the store{where_} holds the replication functions of a newer stateplane \
+                 (version {version}; this switch's are version {VERSION}), loaded by a \
+                 switch sharing it: run this switch at that switch's version (switches of \
+                 two versions cannot share a store)"
+            ));
+        }
+        Some(version) if version < VERSION => Some(format!("version {version}")),
+        Some(_) => None,
+        None => redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg("stateplane_replication")
+            .query::<Vec<redis::Value>>(conn)
+            .is_ok_and(|libraries| !libraries.is_empty())
+            .then(|| "from before versions were named".to_string()),
+    };
+    if let Some(older) = older {
+        log::warn!(
+            "Redis store {}: replacing an older stateplane's replication functions{where_} \
+             ({older}) with version {VERSION}: switches of that version sharing the store \
+             are refused at their next call; run them at this version",
+            redis_client::redacted(url)
+        );
+    }
     redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
@@ -297,7 +344,7 @@ impl RedisStore {
                         outstanding,
                         answer,
                         wake: wake_writer,
-                        outage_logged: false,
+                        outage_logged: None,
                         nodes: Vec::new(),
                     };
                     worker.run(&batches, &stop);
@@ -466,7 +513,10 @@ struct LinkThread<K> {
     outstanding: Outstanding<K>,
     answer: Sender<Reply<K, Value>>,
     wake: UnixStream,
-    outage_logged: bool,
+    /// Why the store is out of reach, as last logged (none: it is not): each reason is
+    /// logged once an outage, so that one found while connecting again (the functions of
+    /// a newer version there) is not hidden behind the first.
+    outage_logged: Option<String>,
     /// A cluster's nodes as last seen ([`connect`]).
     nodes: Vec<String>,
 }
@@ -491,9 +541,9 @@ impl<K: StoreKey> LinkThread<K> {
                 }
             }
             if self.conn.is_none() {
-                match connect(&self.config, &mut self.nodes, self.outage_logged) {
+                match connect(&self.config, &mut self.nodes, self.outage_logged.is_some()) {
                     Ok(conn) => {
-                        if self.outage_logged {
+                        if self.outage_logged.is_some() {
                             log::warn!(
                                 "Redis store {}: connected again",
                                 redis_client::redacted(&self.config.url)
@@ -501,7 +551,7 @@ impl<K: StoreKey> LinkThread<K> {
                             self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
                         }
                         self.conn = Some(conn);
-                        self.outage_logged = false;
+                        self.outage_logged = None;
                         self.shared.connected.store(1, Ordering::Relaxed);
                         backoff = Duration::from_millis(10);
                     }
@@ -520,7 +570,7 @@ impl<K: StoreKey> LinkThread<K> {
     }
 
     /// The server is out of reach: the round's requests go unanswered (the replicas send
-    /// them again), and the outage is logged once.
+    /// them again), and each reason for the outage is logged once.
     fn lost(&mut self, why: &str, requests: usize) {
         self.conn = None;
         self.shared.connected.store(0, Ordering::Relaxed);
@@ -528,13 +578,13 @@ impl<K: StoreKey> LinkThread<K> {
         self.shared
             .dropped
             .fetch_add(requests as u64, Ordering::Relaxed);
-        if !self.outage_logged {
+        if self.outage_logged.as_deref() != Some(why) {
             log::warn!(
                 "Redis store {}: {why}; replicated flows wait (their packets held, then dropped) \
                  until it is back",
                 redis_client::redacted(&self.config.url)
             );
-            self.outage_logged = true;
+            self.outage_logged = Some(why.to_string());
         }
     }
 
@@ -693,7 +743,7 @@ fn keep_micros(keep_ns: u64) -> i64 {
 }
 
 /// The function call for `requests` (of one holder): with `batch`, one call of
-/// `stateplane_batch` for all of them; without, the single function of the one request.
+/// `stateplane_v2_batch` for all of them; without, the single function of the one request.
 fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool) -> redis::Cmd {
     let Some(first) = requests.first() else {
         return redis::cmd("PING");
@@ -710,7 +760,7 @@ fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool
         for o in requests {
             keys(&config.prefix, &o.request, &mut names);
         }
-        cmd.arg("stateplane_batch").arg(names.len()).arg(&names);
+        cmd.arg(function("batch")).arg(names.len()).arg(&names);
         cmd.arg(holder).arg(min).arg(max).arg(retain);
         for o in requests {
             let kind = match o.request {
@@ -723,14 +773,14 @@ fn call<K: StoreKey>(config: &RedisConfig, requests: &[Outgoing<K>], batch: bool
             own_args(&mut cmd, &o.request);
         }
     } else {
-        let function = match first.request {
-            Request::Acquire { .. } => "stateplane_acquire",
-            Request::Write { .. } => "stateplane_write",
-            Request::Renew { .. } => "stateplane_renew",
-            Request::Resolve { .. } => "stateplane_resolve",
+        let step = match first.request {
+            Request::Acquire { .. } => "acquire",
+            Request::Write { .. } => "write",
+            Request::Renew { .. } => "renew",
+            Request::Resolve { .. } => "resolve",
         };
         keys(&config.prefix, &first.request, &mut names);
-        cmd.arg(function).arg(names.len()).arg(&names);
+        cmd.arg(function(step)).arg(names.len()).arg(&names);
         if !matches!(first.request, Request::Resolve { .. }) {
             cmd.arg(holder);
         }
@@ -814,6 +864,14 @@ pub fn reply_from_wire(key: u32, bytes: &[u8]) -> Result<Reply<u32, Value>, Stri
 fn parse<K: StoreKey>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, String> {
     let items = match value {
         redis::Value::Array(items) => items.as_slice(),
+        redis::Value::ServerError(e) if e.details().is_some_and(|d| d.contains("not found")) => {
+            return Err(format!(
+                "the store has no function {} (a server restarted without its functions, \
+                 or a switch of another stateplane version loaded its own over them): \
+                 loading this switch's again",
+                function("*")
+            ));
+        }
         redis::Value::ServerError(e) => return Err(format!("the store refused a call: {e:?}")),
         other => {
             return Err(format!(
@@ -848,7 +906,19 @@ fn parse<K: StoreKey>(key: K, value: &redis::Value) -> Result<Reply<K, Value>, S
             value: (number(5)? == 1)
                 .then(|| bytes(6).map(<[u8]>::to_vec))
                 .transpose()?,
-            written_epoch: number(7)?,
+            // Element 7 came with the retaking of fenced writes: a grant without it is
+            // from an older stateplane's functions, loaded over ours since we started.
+            written_epoch: if items.len() == 7 {
+                return Err(
+                    "a lease granted without the epoch its record was last written \
+                     under: the store runs an older stateplane's replication functions \
+                     (FUNCTION LOAD by an older switch sharing it); stop the older \
+                     switches, then start this one again so that it loads its own"
+                        .to_string(),
+                );
+            } else {
+                number(7)?
+            },
         },
         b"H" => Reply::Held {
             key,
@@ -945,7 +1015,7 @@ mod tests {
     #[test]
     fn answers_of_another_shape_are_refused_not_trusted() {
         let s = |v: &str| redis::Value::BulkString(v.as_bytes().to_vec());
-        let granted = redis::Value::Array(vec![
+        let fields = vec![
             s("G"),
             s("3"),
             s("18446744073709551615"),
@@ -954,7 +1024,8 @@ mod tests {
             redis::Value::Int(1),
             s("xy"),
             s("2"),
-        ]);
+        ];
+        let granted = redis::Value::Array(fields.clone());
         assert_eq!(
             parse(7u32, &granted),
             Ok(Reply::Granted {
@@ -973,6 +1044,21 @@ mod tests {
         assert!(
             reply_from_wire(7, b"*7\r\n$1\r\nG\r\n").is_err(),
             "cut short"
+        );
+        // A grant as an older stateplane's functions give it: no `written_epoch`.
+        let older = redis::Value::Array(fields[..7].to_vec());
+        let refused = parse(7u32, &older).unwrap_err();
+        assert!(
+            refused.contains("older stateplane's replication functions")
+                && refused.contains("stop the older switches"),
+            "{refused}"
+        );
+        // Its functions gone: a server restarted empty, or another version's loaded.
+        let missing = reply_from_wire(7, b"-ERR Function not found\r\n").unwrap_err();
+        assert!(
+            missing.contains("no function stateplane_v2_*")
+                && missing.contains("another stateplane version"),
+            "{missing}"
         );
         for bad in [
             redis::Value::Array(vec![s("G"), s("3")]),

@@ -12,7 +12,7 @@ use stateplane_replication::protocol::KEEP_FOREVER;
 use stateplane_replication::store::StoreConfig;
 use stateplane_replication::{FlowBytes, Holder, Reply, Request};
 use stateplane_stores::memory::MemoryStore;
-use stateplane_stores::redis::{RedisConfig, RedisStore};
+use stateplane_stores::redis::{FUNCTIONS, RedisConfig, RedisStore, VERSION};
 use stateplane_stores::redis_client::{self, RedisTls, TlsFiles};
 use stateplane_stores::{StoreLink, Value};
 use stateplane_test_pki::TestPki;
@@ -1502,4 +1502,77 @@ fn a_password_comes_in_the_url_and_a_refused_one_is_said_so_and_never_shown() {
         .err()
         .unwrap();
     assert!(err.contains("asks for a password"), "{err}");
+}
+
+/// Switches of two stateplane versions cannot share a store. Functions of a newer version
+/// are left in place and a switch of this one refused, saying so; an older version's, and
+/// those from before versions were named, are replaced. A link whose functions a newer
+/// switch replaces while it runs finds none of its own at its next call, is cut off (its
+/// requests go unanswered, counted) and, connecting again, leaves the newer ones there.
+#[test]
+fn functions_of_another_version_are_replaced_only_when_older() {
+    let server = RedisServer::start(free_port(), false).unwrap();
+    let ours = format!("local VERSION = {VERSION}\n");
+    assert!(
+        FUNCTIONS.contains(&ours),
+        "the functions' version is VERSION"
+    );
+    let newer = FUNCTIONS.replace(&ours, &format!("local VERSION = {}\n", VERSION + 1));
+    let older = FUNCTIONS.replace(&ours, &format!("local VERSION = {}\n", VERSION - 1));
+    // Before versions were named: the steps' names without one, no `stateplane_version`.
+    let versioned_names = "local prefix = 'stateplane_v' .. VERSION .. '_'";
+    let version_function = FUNCTIONS.find("redis.register_function{").unwrap();
+    let unversioned =
+        FUNCTIONS[..version_function].replace(versioned_names, "local prefix = 'stateplane_'");
+    assert!(FUNCTIONS.contains(versioned_names));
+    let load = |functions: &str| {
+        let answer = server.cli(&["FUNCTION", "LOAD", "REPLACE", functions]);
+        assert_eq!(answer.trim(), "stateplane_replication", "{answer}");
+    };
+    let loaded = || {
+        server
+            .cli(&["FCALL", "stateplane_version", "0"])
+            .trim()
+            .to_string()
+    };
+
+    load(&newer);
+    let refused = RedisStore::connect(redis_config(&server)).err().unwrap();
+    assert!(
+        refused.contains(&format!("a newer stateplane (version {}", VERSION + 1))
+            && refused.contains("cannot share a store"),
+        "{refused}"
+    );
+    assert_eq!(loaded(), (VERSION + 1).to_string(), "left in place");
+
+    for (replaced, version) in [
+        (&older, (VERSION - 1).to_string()),
+        (&unversioned, "ERR Function not found".to_string()),
+    ] {
+        load(replaced);
+        assert_eq!(loaded(), version);
+        RedisStore::connect(redis_config(&server)).unwrap();
+        assert_eq!(loaded(), VERSION.to_string());
+    }
+
+    let redis = RedisStore::connect(redis_config(&server)).unwrap();
+    let mut link = redis.link::<u32>().unwrap();
+    assert!(matches!(
+        ask(&mut link, A, acquire_u32(1)),
+        Some(Reply::Granted { .. })
+    ));
+    load(&newer);
+    assert_eq!(ask(&mut link, A, acquire_u32(2)), None);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ask(&mut link, A, acquire_u32(3)), None);
+    let counters = link.counters();
+    assert!(
+        counters.errors >= 2 && counters.connected == 0,
+        "{counters:?}"
+    );
+    assert_eq!(
+        loaded(),
+        (VERSION + 1).to_string(),
+        "still the newer version's"
+    );
 }
