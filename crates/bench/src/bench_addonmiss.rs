@@ -382,8 +382,8 @@ impl ValueCodec for KeyCodec {
     fn value(_action: usize, params: &[u128]) -> u64 {
         params.first().map_or(0, |&v| v as u64)
     }
-    fn action(value: &u64) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(*value)])
+    fn action_values(value: &u64, out: &mut [u128]) -> (usize, usize) {
+        (0, stateplane_state::params_into([u128::from(*value)], out))
     }
 }
 

@@ -60,7 +60,7 @@ use crate::{ConfigError, PortNames};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{Carried, Declaration, DeclaredTable, NotLeased, ValueCodec};
+use stateplane_state::{Carried, Declaration, DeclaredTable, NotLeased, ValueCodec, params_into};
 use stateplane_wire::tcp::flags;
 use stateplane_wire::{FlowKey, icmp};
 
@@ -225,12 +225,6 @@ impl ValueCodec for ConnCodec {
         }
     }
 
-    fn action(conn: &Conn) -> (usize, Vec<u128>) {
-        let mut params = [0; 4];
-        let (action, n) = Self::action_values(conn, &mut params);
-        (action, params[..n].to_vec())
-    }
-
     fn action_values(conn: &Conn, out: &mut [u128]) -> (usize, usize) {
         let flag = |b: bool| u128::from(b);
         let params = [
@@ -239,9 +233,7 @@ impl ValueCodec for ConnCodec {
             flag(conn.originator_is_canonical),
             u128::from(conn.fins),
         ];
-        let n = params.len().min(out.len());
-        out[..n].copy_from_slice(&params[..n]);
-        (conn.state as usize, n)
+        (conn.state as usize, params_into(params, out))
     }
 
     const COUNTING: &'static [&'static str] = &["packets"];

@@ -18,7 +18,7 @@ use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PacketDesc, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ValueCodec};
+use stateplane_state::{DeclaredTable, ValueCodec, params_into};
 use stateplane_wire::FlowKey;
 use std::collections::BTreeMap;
 
@@ -62,17 +62,11 @@ impl ValueCodec for CountsCodec {
         }
     }
 
-    fn action(c: &Counts) -> (usize, Vec<u128>) {
-        let mut params = [0; 2];
-        let (action, n) = Self::action_values(c, &mut params);
-        (action, params[..n].to_vec())
-    }
-
     fn action_values(c: &Counts, out: &mut [u128]) -> (usize, usize) {
-        let params = [u128::from(c.packets), u128::from(c.bytes)];
-        let n = params.len().min(out.len());
-        out[..n].copy_from_slice(&params[..n]);
-        (0, n)
+        (
+            0,
+            params_into([u128::from(c.packets), u128::from(c.bytes)], out),
+        )
     }
 
     const COUNTING: &'static [&'static str] = &["packets", "bytes"];

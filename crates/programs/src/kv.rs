@@ -32,7 +32,7 @@ use crate::{ConfigError, PortNames, answer_by_table};
 use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, PacketDesc, PortId, Program, Verdict};
 use stateplane_state::control::{Field, Format};
-use stateplane_state::{DeclaredTable, ValueCodec};
+use stateplane_state::{DeclaredTable, ValueCodec, params_into};
 use stateplane_wire::checksum;
 use stateplane_wire::kv_proto::{self as kv, Message, Op};
 use stateplane_wire::parse::{ParseFlags, Parsed};
@@ -109,8 +109,8 @@ impl ValueCodec for CacheCodec {
         }
     }
 
-    fn action(c: &Cached) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(c.len), c.value])
+    fn action_values(c: &Cached, out: &mut [u128]) -> (usize, usize) {
+        (0, params_into([u128::from(c.len), c.value], out))
     }
 }
 

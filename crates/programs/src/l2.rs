@@ -13,7 +13,7 @@ use serde::Deserialize;
 use stateplane_runtime::{Burst, Context, DropReason, PortId, Program, Verdict};
 use stateplane_state::control::{Action, Field, Format};
 use stateplane_state::{
-    Declaration, DeclaredTable, ExactCodec, ExpireProfile, Guarantee, Kind, Match,
+    Declaration, DeclaredTable, ExactCodec, ExpireProfile, Guarantee, Kind, Match, params_into,
 };
 use stateplane_wire::MacAddr;
 
@@ -99,8 +99,8 @@ impl ExactCodec for StationCodec {
         params.first().map_or(0, |&p| p as PortId)
     }
 
-    fn action(port: &PortId) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(*port)])
+    fn action_values(port: &PortId, out: &mut [u128]) -> (usize, usize) {
+        (0, params_into([u128::from(*port)], out))
     }
 }
 

@@ -72,7 +72,7 @@ use stateplane_runtime::{
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     AddError, Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile,
-    NotLeased, Notification, Reply, Request, ValueCodec,
+    NotLeased, Notification, Reply, Request, ValueCodec, params_into,
 };
 use stateplane_wire::arp::ArpPacket;
 use stateplane_wire::edit::{self, EditError, Side};
@@ -356,15 +356,13 @@ impl ValueCodec for TranslationCodec {
         }
     }
 
-    fn action(t: &Translation) -> (usize, Vec<u128>) {
-        (
-            t.state as usize,
-            vec![
-                u128::from(t.external_port),
-                u128::from(t.packets_out),
-                u128::from(t.packets_in),
-            ],
-        )
+    fn action_values(t: &Translation, out: &mut [u128]) -> (usize, usize) {
+        let params = [
+            u128::from(t.external_port),
+            u128::from(t.packets_out),
+            u128::from(t.packets_in),
+        ];
+        (t.state as usize, params_into(params, out))
     }
 }
 

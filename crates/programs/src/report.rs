@@ -13,7 +13,7 @@ use stateplane_runtime::Context;
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     ControlError, CountMin, Declaration, DeclaredTable, ExpireMode, ExpireProfile, Kind, Reply,
-    Request, ValueCodec,
+    Request, ValueCodec, params_into,
 };
 use std::marker::PhantomData;
 
@@ -195,8 +195,11 @@ impl<K: KeyFields> ValueCodec for ReportCodec<K> {
         }
     }
 
-    fn action(r: &Report) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(r.interval), u128::from(r.estimate)])
+    fn action_values(r: &Report, out: &mut [u128]) -> (usize, usize) {
+        (
+            0,
+            params_into([u128::from(r.interval), u128::from(r.estimate)], out),
+        )
     }
 }
 

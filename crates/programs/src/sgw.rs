@@ -72,7 +72,7 @@ use stateplane_runtime::{
 use stateplane_state::control::{Field, Format};
 use stateplane_state::{
     Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Notification,
-    Reply, Request, ValueCodec, Write,
+    Reply, Request, ValueCodec, Write, params_into,
 };
 use stateplane_wire::gtp::{
     Fteid, GTPC_PORT, GTPU_ECHO_REQUEST, GTPU_ECHO_RESPONSE, GTPU_ERROR_INDICATION,
@@ -172,17 +172,15 @@ impl ValueCodec for SessionCodec {
         }
     }
 
-    fn action(s: &Session) -> (usize, Vec<u128>) {
-        (
-            0,
-            vec![
-                u128::from(u32::from_be_bytes(s.enb)),
-                u128::from(s.enb_teid),
-                u128::from(u32::from_be_bytes(s.ue)),
-                u128::from(s.mme_teid),
-                u128::from(s.pdn),
-            ],
-        )
+    fn action_values(s: &Session, out: &mut [u128]) -> (usize, usize) {
+        let params = [
+            u128::from(u32::from_be_bytes(s.enb)),
+            u128::from(s.enb_teid),
+            u128::from(u32::from_be_bytes(s.ue)),
+            u128::from(s.mme_teid),
+            u128::from(s.pdn),
+        ];
+        (0, params_into(params, out))
     }
 }
 

@@ -21,8 +21,15 @@ pub trait ValueCodec {
     type Value: Copy + Default + bytemuck::Zeroable;
     /// The value of an entry whose action is `actions[action]`.
     fn value(action: usize, params: &[u128]) -> Self::Value;
-    /// The action index and parameters of a value.
-    fn action(value: &Self::Value) -> (usize, Vec<u128>);
+    /// A value's action index, and its parameters written into `out` (room for every
+    /// declared one, at most [`MAX_FIELDS`]: [`params_into`] writes them); the action and
+    /// how many. With no allocation: a replicated table compares two values' parameters
+    /// at each packet it looks up under a lease, a synced table encodes them per slot.
+    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize);
+    /// The action index and parameters of a value, collected (requests, replies).
+    fn action(value: &Self::Value) -> (usize, Vec<u128>) {
+        collect_action(|out| Self::action_values(value, out))
+    }
     /// The parameters that count (packets, bytes): synced within the threshold, where
     /// every other field is sent exactly ([`crate::synced_table`]).
     const COUNTING: &'static [&'static str] = &[];
@@ -30,19 +37,21 @@ pub trait ValueCodec {
     fn profile(_value: &Self::Value) -> u8 {
         0
     }
-    /// As [`ValueCodec::action`], the parameters into `out` (room for every declared
-    /// one); the action and how many. Override it to save a synced table's encoding an
-    /// allocation per slot; it must agree with `action`.
-    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize) {
-        copy_action(Self::action(value), out)
-    }
 }
 
-/// An action's parameters copied into `out`: the action and how many fit.
-fn copy_action((action, params): (usize, Vec<u128>), out: &mut [u128]) -> (usize, usize) {
-    let n = params.len().min(out.len());
+/// An action's parameters `params` written into `out`, as many as fit; how many
+/// ([`ValueCodec::action_values`]).
+pub fn params_into<const N: usize>(params: [u128; N], out: &mut [u128]) -> usize {
+    let n = N.min(out.len());
     out[..n].copy_from_slice(&params[..n]);
-    (action, n)
+    n
+}
+
+/// The action and parameters `action_values` writes, collected.
+fn collect_action(action_values: impl FnOnce(&mut [u128]) -> (usize, usize)) -> (usize, Vec<u128>) {
+    let mut params = [0; MAX_FIELDS];
+    let (action, n) = action_values(&mut params);
+    (action, params[..n].to_vec())
 }
 
 impl<C: ValueCodec> ExactCodec for C {
@@ -59,9 +68,6 @@ impl<C: ValueCodec> ExactCodec for C {
     }
     fn value(action: usize, params: &[u128]) -> C::Value {
         C::value(action, params)
-    }
-    fn action(value: &C::Value) -> (usize, Vec<u128>) {
-        C::action(value)
     }
     const COUNTING: &'static [&'static str] = C::COUNTING;
     fn profile(value: &C::Value) -> u8 {
@@ -90,8 +96,12 @@ pub trait ExactCodec {
     fn fields(key: &Self::Key) -> Vec<Match>;
     /// The value of an entry whose action is `actions[action]`.
     fn value(action: usize, params: &[u128]) -> Self::Value;
-    /// The action index and parameters of a value.
-    fn action(value: &Self::Value) -> (usize, Vec<u128>);
+    /// As [`ValueCodec::action_values`].
+    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize);
+    /// As [`ValueCodec::action`].
+    fn action(value: &Self::Value) -> (usize, Vec<u128>) {
+        collect_action(|out| Self::action_values(value, out))
+    }
     /// As [`ValueCodec::COUNTING`].
     const COUNTING: &'static [&'static str] = &[];
     /// As [`ValueCodec::profile`].
@@ -106,10 +116,6 @@ pub trait ExactCodec {
                 _ => 0,
             };
         }
-    }
-    /// As [`ValueCodec::action_values`].
-    fn action_values(value: &Self::Value, out: &mut [u128]) -> (usize, usize) {
-        copy_action(Self::action(value), out)
     }
 }
 

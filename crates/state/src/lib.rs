@@ -31,7 +31,7 @@ pub mod ternary;
 
 /// The control API's types, and what applies them to tables.
 pub mod control {
-    pub use crate::declared::{DeclaredTable, ExactCodec, Outbox, ValueCodec};
+    pub use crate::declared::{DeclaredTable, ExactCodec, Outbox, ValueCodec, params_into};
     pub use stateplane_api::*;
 }
 
@@ -40,7 +40,7 @@ pub use control::{
     FlowFilter, FlowStat, Guarantee, Kind, Match, Notification, NotificationKind, Outbox,
     RemovedReason, Reply, Request, WorkerCounters, Write,
 };
-pub use declared::{NotLeased, ValueCodec};
+pub use declared::{NotLeased, ValueCodec, params_into};
 pub use exact::{
     AddError, Adopted, ExactTable, ExpireMode, ExpireProfile, Expired, InsertLimit, TableStats,
 };

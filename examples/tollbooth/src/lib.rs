@@ -17,7 +17,7 @@ use stateplane_runtime::{Burst, Context, DropReason, Program, ProgramFactory, Ve
 use stateplane_state::control::{Action, Field, Format, ip_value};
 use stateplane_state::{
     Declaration, DeclaredTable, ExactCodec, ExactTable, ExpireMode, ExpireProfile, Guarantee, Kind,
-    Match,
+    Match, params_into,
 };
 
 /// `[program.tollbooth]` in a run's configuration.
@@ -76,8 +76,11 @@ impl ExactCodec for UsageCodec {
         }
     }
 
-    fn action(u: &Usage) -> (usize, Vec<u128>) {
-        (0, vec![u128::from(u.interval), u128::from(u.bytes)])
+    fn action_values(u: &Usage, out: &mut [u128]) -> (usize, usize) {
+        (
+            0,
+            params_into([u128::from(u.interval), u128::from(u.bytes)], out),
+        )
     }
 }
 

@@ -58,7 +58,7 @@ use stateplane_runtime::{Burst, Context, DropReason, PacketDesc, PortId, Program
 use stateplane_state::control::{Action, Entry, Field, Format, MatchKind, Write, page};
 use stateplane_state::{
     Carried, ControlError, Declaration, DeclaredTable, ExactTable, ExpireProfile, Guarantee, Kind,
-    Match, Notification, Reply, Request, ValueCodec,
+    Match, Notification, Reply, Request, ValueCodec, params_into,
 };
 use stateplane_wire::edit::Side;
 use stateplane_wire::parse::ParseFlags;
@@ -225,11 +225,9 @@ impl ValueCodec for AffinityCodec {
 
     const COUNTING: &'static [&'static str] = &["packets"];
 
-    fn action(a: &Affinity) -> (usize, Vec<u128>) {
-        (
-            usize::from(a.state),
-            vec![u128::from(a.backend), u128::from(a.packets)],
-        )
+    fn action_values(a: &Affinity, out: &mut [u128]) -> (usize, usize) {
+        let params = [u128::from(a.backend), u128::from(a.packets)];
+        (usize::from(a.state), params_into(params, out))
     }
 }
 
