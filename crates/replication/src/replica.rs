@@ -2686,6 +2686,14 @@ mod tests {
         }
     }
 
+    fn lease_of_100_ms(key: u32) -> Request<u32, u64> {
+        Request::Acquire {
+            key,
+            lease_ns: 100 * MS,
+            nonce: 1,
+        }
+    }
+
     fn write_of(key: u32, epoch: u64, seq: u64, value: u64) -> Request<u32, u64> {
         Request::Write {
             key,
@@ -2737,6 +2745,80 @@ mod tests {
             ]
         );
         assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (0, 2));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+    }
+
+    /// A fenced write's flow asks for its lease again and finds another holder's: it waits
+    /// that lease out, its outputs still held, and takes the lease when it passes. That
+    /// holder only read, so the write goes under the new lease and nothing is dropped.
+    #[test]
+    fn a_fenced_write_waits_out_another_holders_lease_and_goes_on_if_that_holder_only_read() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        // A's lease ended at 100 ms; B takes the flow at 110 ms (to 210 ms) and writes
+        // nothing.
+        let b = Holder { switch: 2, ..A };
+        let granted = s.handle(110 * MS, b, lease_of_100_ms(7));
+        assert!(matches!(granted, Reply::Granted { .. }), "{granted:?}");
+        r.handle_reply(200 * MS, s.handle(200 * MS, A, write));
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        round_trip(&mut r, &mut s, 200 * MS);
+        assert_eq!(events(&mut r), [], "B's lease runs: A waits, holding all");
+        assert!(!r.holds(&7, 200 * MS));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+        advance(&mut r, &mut s, 220 * MS);
+        let after = events(&mut r);
+        assert_eq!(released(&after), [2, 3], "{after:?}");
+        assert!(
+            matches!(after[..], [_, _, Event::Process { token: 4, .. }]),
+            "{after:?}"
+        );
+        assert_eq!(s.record(&7).map(|r| (r.seq, r.value)), Some((2, Some(2))));
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (1, 0));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+    }
+
+    /// The same, with the other holder's lease running past the time the held outputs may
+    /// wait (`park_timeout_ns`): they are dropped as timed out, counted, while the write
+    /// waits on; when the lease comes, the write goes under it (the state the worker holds
+    /// is what the store gets), and the packet held for the lease is processed.
+    #[test]
+    fn outputs_held_for_a_fenced_write_time_out_while_another_holders_lease_runs() {
+        let mut r = Replica::new(A, config());
+        let mut s = StoreCore::new(StoreConfig::default());
+        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
+        let b = Holder { switch: 2, ..A };
+        let granted = s.handle(150 * MS, b, lease_of_100_ms(7));
+        assert!(matches!(granted, Reply::Granted { .. }), "{granted:?}");
+        r.handle_reply(200 * MS, s.handle(200 * MS, A, write));
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        round_trip(&mut r, &mut s, 200 * MS);
+        // Held from 80 ms, the outputs wait 150 ms at most.
+        advance(&mut r, &mut s, 240 * MS);
+        let timed_out = events(&mut r);
+        assert_eq!(
+            timed_out,
+            [
+                Event::Drop {
+                    token: 2,
+                    reason: DropReason::TimedOut
+                },
+                Event::Drop {
+                    token: 3,
+                    reason: DropReason::TimedOut
+                },
+            ]
+        );
+        assert_eq!(r.check_bookkeeping(), Ok(()));
+        advance(&mut r, &mut s, 260 * MS);
+        let after = events(&mut r);
+        assert!(
+            matches!(after[..], [Event::Process { key: 7, token: 4 }]),
+            "{after:?}"
+        );
+        assert_eq!(s.record(&7).map(|r| (r.seq, r.value)), Some((2, Some(2))));
+        assert_eq!((r.counters.retaken, r.counters.dropped_fenced), (1, 0));
         assert_eq!(r.check_bookkeeping(), Ok(()));
     }
 
