@@ -2686,12 +2686,30 @@ mod tests {
         }
     }
 
-    fn lease_of_100_ms(key: u32) -> Request<u32, u64> {
-        Request::Acquire {
-            key,
+    /// Flow 7's write (its outputs held from 80 ms) fenced at 200 ms, A's lease having
+    /// ended at 100 ms, after another holder, B, took the flow at `taken_ns` for 100 ms
+    /// and wrote nothing; a packet of it held then, and A's ask for the lease again
+    /// answered: B's lease runs, and A waits, holding all.
+    fn fenced_while_another_holds(
+        r: &mut Replica<u32, u64>,
+        s: &mut StoreCore<u32, u64>,
+        taken_ns: u64,
+    ) {
+        let write = flow_7_written_then_changed_near_its_lease_end(r, s);
+        let b = Holder { switch: 2, ..A };
+        let lease = Request::Acquire {
+            key: 7,
             lease_ns: 100 * MS,
             nonce: 1,
-        }
+        };
+        let granted = s.handle(taken_ns, b, lease);
+        assert!(matches!(granted, Reply::Granted { .. }), "{granted:?}");
+        r.handle_reply(200 * MS, s.handle(200 * MS, A, write));
+        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
+        round_trip(r, s, 200 * MS);
+        assert_eq!(events(r), []);
+        assert!(!r.holds(&7, 200 * MS));
+        assert_eq!(r.check_bookkeeping(), Ok(()));
     }
 
     fn write_of(key: u32, epoch: u64, seq: u64, value: u64) -> Request<u32, u64> {
@@ -2755,18 +2773,7 @@ mod tests {
     fn a_fenced_write_waits_out_another_holders_lease_and_goes_on_if_that_holder_only_read() {
         let mut r = Replica::new(A, config());
         let mut s = StoreCore::new(StoreConfig::default());
-        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
-        // A's lease ended at 100 ms; B takes the flow at 110 ms (to 210 ms) and writes
-        // nothing.
-        let b = Holder { switch: 2, ..A };
-        let granted = s.handle(110 * MS, b, lease_of_100_ms(7));
-        assert!(matches!(granted, Reply::Granted { .. }), "{granted:?}");
-        r.handle_reply(200 * MS, s.handle(200 * MS, A, write));
-        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
-        round_trip(&mut r, &mut s, 200 * MS);
-        assert_eq!(events(&mut r), [], "B's lease runs: A waits, holding all");
-        assert!(!r.holds(&7, 200 * MS));
-        assert_eq!(r.check_bookkeeping(), Ok(()));
+        fenced_while_another_holds(&mut r, &mut s, 110 * MS);
         advance(&mut r, &mut s, 220 * MS);
         let after = events(&mut r);
         assert_eq!(released(&after), [2, 3], "{after:?}");
@@ -2787,13 +2794,7 @@ mod tests {
     fn outputs_held_for_a_fenced_write_time_out_while_another_holders_lease_runs() {
         let mut r = Replica::new(A, config());
         let mut s = StoreCore::new(StoreConfig::default());
-        let write = flow_7_written_then_changed_near_its_lease_end(&mut r, &mut s);
-        let b = Holder { switch: 2, ..A };
-        let granted = s.handle(150 * MS, b, lease_of_100_ms(7));
-        assert!(matches!(granted, Reply::Granted { .. }), "{granted:?}");
-        r.handle_reply(200 * MS, s.handle(200 * MS, A, write));
-        assert_eq!(r.admit(200 * MS, 7, 4), Admit::Parked);
-        round_trip(&mut r, &mut s, 200 * MS);
+        fenced_while_another_holds(&mut r, &mut s, 150 * MS);
         // Held from 80 ms, the outputs wait 150 ms at most.
         advance(&mut r, &mut s, 240 * MS);
         let timed_out = events(&mut r);
